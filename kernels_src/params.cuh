@@ -1,0 +1,40 @@
+// Kernel parameter blocks, passed by value as one __grid_constant__ struct.
+// NOTES: every field is 8 bytes (pointers, int64, or two packed floats), so the numpy structured dtype in
+// cupy_dash/kernels.py reproduces this layout exactly; keep the two in the same order.
+// Layouts: q, out, dout, dq are (B, Sq, H, D); k, v, dk, dv are (B, Sk, Hkv, D); strides are in elements and the
+// last dimension is contiguous. lse is (B, H, Sq) fp32. "bh" indexes (batch, head) pairs: bh = b * H + h.
+#pragma once
+#include "common.cuh"
+
+struct Strides {             // element strides of a (B, S, H, D) tensor
+  int64_t batch, row, head;
+};
+
+struct FwdParams {
+  const elem_t* q; const elem_t* k; const elem_t* v;
+  elem_t* out;               // (B, Sq, H, D)
+  float* lse;                // (B, H, Sq), natural-log units; -inf for a row that sees no key
+  Strides q_stride, k_stride, v_stride, o_stride;
+  int64_t batch, seqlen_q, seqlen_k, num_heads, num_heads_kv;
+  float softmax_scale, softmax_scale_log2;
+};
+
+struct BwdParams {
+  const elem_t* q; const elem_t* k; const elem_t* v;
+  const elem_t* out; const elem_t* dout;
+  const float* lse;          // (B, H, Sq) from the forward
+  float* lse_log2;           // (B*H, seqlen_q_rounded): lse * log2(e); +inf for rows >= Sq or lse == -inf
+  float* dpsum;              // (B*H, seqlen_q_rounded): D = rowsum(dO * O); 0 for rows >= Sq
+  float* dq_accum;           // (B*H, seqlen_q_rounded, D) fp32, row-major, unscaled sum of dS·K
+  elem_t* dq; elem_t* dk; elem_t* dv;
+  int32_t* dq_semaphore;     // (B*H, num_m_blocks): number of dQ partials already added to tile (bh, m_block)
+  const int32_t* visits;     // (V, 4): cta, bh, n_block, m_block, grouped by cta in execution order
+  const int32_t* rank;       // (V,): position of the visit in its dQ tile's reduction order
+  const int64_t* cta_start;  // (num_ctas + 1,): visits of cta c are [cta_start[c], cta_start[c+1])
+  int32_t* error;            // (4,): [0] = 1 on semaphore timeout, [1] = visit index, [2] = rank awaited, [3] = seen
+  Strides q_stride, k_stride, v_stride, o_stride, do_stride, dq_stride, dk_stride, dv_stride;
+  int64_t batch, seqlen_q, seqlen_k, num_heads, num_heads_kv;
+  int64_t num_m_blocks, seqlen_q_rounded;
+  int64_t spin_timeout_ns;   // a semaphore wait longer than this sets error[] and abandons the kernel
+  float softmax_scale, softmax_scale_log2;
+};
