@@ -1,0 +1,194 @@
+"""Schedules for the deterministic dQ reduction (the DASH paper), usable without a GPU.
+
+The deterministic backward adds the dQ partial of every (KV tile n, Q tile m) visit into an fp32 accumulator
+in a fixed order per dQ tile.  A schedule says which CTA runs which KV tile, in which order each KV tile visits
+its Q tiles, and the rank of every visit in its dQ tile's reduction order.  ``build`` makes the table, the GPU
+kernel only reads it::
+
+    plan = schedule.build("shift", seqlen_q=8192, seqlen_k=8192, block_m=64, block_n=128,
+                          num_heads=16, causal=False, num_sms=132)
+    plan.visits      # int32 (V, 4): cta, head, n_block, m_block, in each CTA's execution order
+    plan.rank        # int32 (V,): position of the visit in its dQ tile's reduction order
+    plan.cta_start   # int64 (num_ctas + 1,): the visits of cta c are rows cta_start[c]:cta_start[c+1]
+    plan.validate()  # ValueError unless ranks are permutations, coverage is exact and nothing can deadlock
+    schedule.simulate(plan, c=1.0, r=0.25)   # makespan in the paper's DAG model
+
+Policies (ranks are always derived from the wait-free timeline, see ``_schedule.pyx``):
+
+``fa3``
+    FlashAttention-3's deterministic backward: every KV tile visits its Q tiles in ascending order.  Full mask:
+    KV tiles dispatched head by head in ascending n, ties broken by ascending n (rank = n).  Causal: upstream's
+    shortest-processing-time-first launch (high n first) and ranks in descending n, as upstream since PR #1893.
+``descending``
+    DASH's descending Q-tile iteration: every KV tile visits its Q tiles from the last one down; KV tiles are
+    dispatched head by head in ascending n (longest causal column first) to the CTA that frees up first.
+``shift``
+    DASH's shift scheduling for the full mask: KV tile n starts at Q tile ``n mod M`` and wraps around, so
+    concurrent KV tiles of a head never meet on a dQ tile.  It degrades gracefully: with more KV tiles than Q
+    tiles (seqlen_k > seqlen_q) some tiles do meet and the later one waits; with a causal mask each column
+    rotates over its own range of Q tiles.
+``symmetric_shift``
+    DASH's symmetric shift for the causal mask: a CTA takes the pair of KV tiles (k, N-1-k), so every CTA gets
+    the same work; the long column cycles over the rectangle of Q tiles shared by the long columns dispatched
+    with it, then walks its own triangle; the short column goes in descending order.  With an odd number of KV
+    tiles the middle column runs alone.  With a full mask all columns have the same length, nothing needs
+    pairing, and it builds the ``shift`` schedule.
+``auto``
+    The policy with the lowest simulated makespan in the DAG model (c = 1, r = 0.25) among the candidates for
+    the mask: ``shift`` and ``descending`` for a full mask, ``descending`` and ``symmetric_shift`` for a causal
+    one; ties go to the first.  The choice depends only on the shape, never on timing, so it is reproducible.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+
+from . import _schedule
+
+POLICIES = ("auto", "fa3", "descending", "shift", "symmetric_shift")
+AUTO_CANDIDATES = {False: ("shift", "descending"), True: ("descending", "symmetric_shift")}
+AUTO_COSTS = (1.0, 0.25)
+
+
+class Schedule:
+    """One schedule table and the problem it was built for.  Arrays are read-only (tables are cached)."""
+
+    def __init__(self, policy, requested, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms,
+                 visits, rank, cta_start):
+        self.policy = policy
+        self.requested_policy = requested
+        self.seqlen_q, self.seqlen_k = seqlen_q, seqlen_k
+        self.block_m, self.block_n = block_m, block_n
+        self.num_heads, self.causal, self.num_sms = num_heads, causal, num_sms
+        self.num_m_blocks = -(-seqlen_q // block_m)
+        self.num_n_blocks = -(-seqlen_k // block_n)
+        self.visits, self.rank, self.cta_start = visits, rank, cta_start
+        for a in (visits, rank, cta_start):
+            a.flags.writeable = False
+        self.num_ctas = len(cta_start) - 1
+        self.key = (policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms)
+        self._validated = False
+
+    @property
+    def num_visits(self) -> int:
+        return len(self.rank)
+
+    def column_starts(self) -> np.ndarray:
+        """int64 (num_n_blocks,): first unmasked Q tile of every KV tile."""
+        return _schedule.column_starts(self.seqlen_q, self.seqlen_k, self.block_m, self.block_n, self.causal)
+
+    def validate(self) -> "Schedule":
+        """Raise ValueError (naming the first offending tile) unless the table is complete, ranked and live."""
+        if not self._validated:
+            _schedule.analyze_table(self.visits, self.rank, self.cta_start, self.num_heads, self.num_m_blocks,
+                                    self.column_starts())
+            self._validated = True
+        return self
+
+    def simulate(self, c: float = 1.0, r: float = 0.25) -> float:
+        return simulate(self, c, r)
+
+    def lower_bound(self, c: float = 1.0, r: float = 0.25) -> float:
+        return lower_bound(self, c, r)
+
+    def __repr__(self):
+        return (f"Schedule({self.policy!r}, seqlen_q={self.seqlen_q}, seqlen_k={self.seqlen_k}, "
+                f"block_m={self.block_m}, block_n={self.block_n}, num_heads={self.num_heads}, "
+                f"causal={self.causal}, num_sms={self.num_sms}: {self.num_visits} visits on {self.num_ctas} CTAs)")
+
+
+def _positive_int(name, value, minimum=1):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def build(policy: str = "auto", *, seqlen_q: int, seqlen_k: int, block_m: int, block_n: int, num_heads: int,
+          causal: bool, num_sms: int) -> Schedule:
+    """Build (or fetch from the cache) the schedule table of ``policy`` for one problem.
+
+    num_heads is the number of independent (batch, head) pairs; num_sms the number of persistent CTAs that run
+    concurrently (any value >= 1; the table uses min(num_sms, number of work units) CTAs).
+    """
+    if policy not in POLICIES:
+        raise ValueError(f"unknown schedule {policy!r}; expected one of {', '.join(POLICIES)}")
+    args = (_positive_int("seqlen_q", seqlen_q), _positive_int("seqlen_k", seqlen_k),
+            _positive_int("block_m", block_m), _positive_int("block_n", block_n),
+            _positive_int("num_heads", num_heads), bool(causal), _positive_int("num_sms", num_sms))
+    if policy == "auto":
+        return _build_auto(*args)
+    return _build(policy, *args)
+
+
+@functools.lru_cache(maxsize=64)
+def _build(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms, requested=None):
+    visits, rank, cta_start = _schedule.build_table(_schedule.POLICY_CODES[policy], seqlen_q, seqlen_k, block_m,
+                                                    block_n, num_heads, causal, num_sms)
+    return Schedule(policy, requested or policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms,
+                    visits, rank, cta_start)
+
+
+@functools.lru_cache(maxsize=64)
+def _auto_choice(seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms):
+    best, best_time = None, math.inf
+    for candidate in AUTO_CANDIDATES[causal]:
+        plan = _build(candidate, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms)
+        t = simulate(plan, *AUTO_COSTS)
+        if t < best_time - 1e-9 * best_time:
+            best, best_time = candidate, t
+    return best
+
+
+def _build_auto(*args):
+    return _build(_auto_choice(*args), *args)
+
+
+def simulate(plan: Schedule, c: float = 1.0, r: float = 0.25) -> float:
+    """Makespan of ``plan`` in the DAG model: each visit computes for ``c`` then reduces for ``r`` on its CTA,
+    serially; a reduction starts only after every lower-ranked visit of the same dQ tile has reduced."""
+    makespan, _, _, _ = _schedule.analyze_table(plan.visits, plan.rank, plan.cta_start, plan.num_heads,
+                                                plan.num_m_blocks, plan.column_starts(), True, float(c), float(r))
+    return makespan
+
+
+def timeline(plan: Schedule, c: float = 1.0, r: float = 0.25) -> dict:
+    """Per-visit simulated timeline: float64 arrays (V,) ``compute_start``, ``reduce_start`` (so the wait of a
+    visit is reduce_start - compute_start - c) and (num_ctas,) ``finish``; plus ``makespan``."""
+    makespan, finish, comp, red = _schedule.analyze_table(plan.visits, plan.rank, plan.cta_start, plan.num_heads,
+                                                          plan.num_m_blocks, plan.column_starts(), True,
+                                                          float(c), float(r), True)
+    return {"makespan": makespan, "finish": finish, "compute_start": comp, "reduce_start": red}
+
+
+def lower_bound(plan: Schedule, c: float = 1.0, r: float = 0.25) -> float:
+    """No schedule beats max(total work / num_sms, the longest KV column's chain) in the DAG model."""
+    lo = plan.column_starts()
+    longest = int((plan.num_m_blocks - lo).max())
+    return max(plan.num_visits * (c + r) / plan.num_sms, longest * (c + r))
+
+
+def critical_path(policy: str, *, n: int, m: int, c: float = 1.0, r: float = 0.25, causal: bool = False) -> float:
+    """The paper's closed forms: n KV tiles on n SMs, square tiles (n Q tiles), m heads.
+
+    full fa3 / descending: m·n(c+r) + (n−1)r; full shift / symmetric_shift: m·n(c+r);
+    causal descending: m(n+1)(c+r)/2 + (n−1)r; causal symmetric_shift: m(n+1)(c+r)/2 (m even).
+    Other (policy, mask) pairs have no closed form in the paper and raise ValueError.
+    """
+    n, m = _positive_int("n", n), _positive_int("m", m)
+    if not causal:
+        if policy in ("fa3", "descending"):
+            return m * n * (c + r) + (n - 1) * r
+        if policy in ("shift", "symmetric_shift"):
+            return m * n * (c + r)
+    else:
+        if policy == "descending":
+            return m * (n + 1) * (c + r) / 2 + (n - 1) * r
+        if policy == "symmetric_shift":
+            return m * (n + 1) * (c + r) / 2
+    mask = "causal" if causal else "full"
+    raise ValueError(f"no closed form for policy {policy!r} with a {mask} mask; closed forms exist for full "
+                     f"fa3/descending/shift/symmetric_shift and causal descending/symmetric_shift")
