@@ -111,7 +111,9 @@ def build_table(int policy, long long seqlen_q, long long seqlen_k, long long bl
     cdef long long N = (seqlen_k + block_n - 1) // block_n
     lo_arr = column_starts(seqlen_q, seqlen_k, block_m, block_n, causal)
     cdef long long[::1] lo = lo_arr
-    cdef bint paired = policy == POLICY_SYMMETRIC_SHIFT and causal
+    # NOTES: pairing only pays when there are at least as many pairs as CTAs; with spare SMs every column runs
+    # alone (the longest column bounds the makespan anyway).
+    cdef bint paired = policy == POLICY_SYMMETRIC_SHIFT and causal and num_heads * ((N + 1) // 2) >= num_sms
     cdef long long P = (N + 1) // 2 if paired else N
     cdef long long U = num_heads * P
     cdef long long G = num_sms if num_sms < U else U
@@ -298,8 +300,9 @@ def analyze_table(visits_arr, rank_arr, cta_start_arr, long long num_heads, long
                     for k in range(lo[prev_n], M):
                         if mstamp[k] != chain_id:
                             break
-                    raise ValueError(f"tile (head {prev_h}, n_block {prev_n}, m_block {k}) is unmasked but never "
-                                     f"visited by its KV tile's chain")
+                    raise ValueError(f"tile (head {prev_h}, n_block {prev_n}, m_block {k}) is unmasked but not in "
+                                     f"its KV tile's chain on cta {c} ({chain_len} of {M - lo[prev_n]} Q tiles): "
+                                     f"a KV tile's visits must be one contiguous chain covering each unmasked tile")
                 if v == cta_start[c + 1]:
                     break
                 if colseen[h * N + n]:

@@ -32,7 +32,8 @@ Policies (ranks are always derived from the wait-free timeline, see ``_schedule.
     the same work; the long column cycles over the rectangle of Q tiles shared by the long columns dispatched
     with it, then walks its own triangle; the short column goes in descending order.  With an odd number of KV
     tiles the middle column runs alone.  With a full mask all columns have the same length, nothing needs
-    pairing, and it builds the ``shift`` schedule.
+    pairing, and it builds the ``shift`` schedule; likewise when there are fewer pairs than CTAs, every
+    column runs alone (the longest column bounds the makespan anyway).
 ``auto``
     The policy with the lowest simulated makespan in the DAG model (c = 1, r = 0.25) among the candidates for
     the mask: ``shift`` and ``descending`` for a full mask, ``descending`` and ``symmetric_shift`` for a causal
@@ -55,10 +56,9 @@ AUTO_COSTS = (1.0, 0.25)
 class Schedule:
     """One schedule table and the problem it was built for.  Arrays are read-only (tables are cached)."""
 
-    def __init__(self, policy, requested, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms,
+    def __init__(self, policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms,
                  visits, rank, cta_start):
         self.policy = policy
-        self.requested_policy = requested
         self.seqlen_q, self.seqlen_k = seqlen_q, seqlen_k
         self.block_m, self.block_n = block_m, block_n
         self.num_heads, self.causal, self.num_sms = num_heads, causal, num_sms
@@ -125,10 +125,10 @@ def build(policy: str = "auto", *, seqlen_q: int, seqlen_k: int, block_m: int, b
 
 
 @functools.lru_cache(maxsize=64)
-def _build(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms, requested=None):
+def _build(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms):
     visits, rank, cta_start = _schedule.build_table(_schedule.POLICY_CODES[policy], seqlen_q, seqlen_k, block_m,
                                                     block_n, num_heads, causal, num_sms)
-    return Schedule(policy, requested or policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms,
+    return Schedule(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms,
                     visits, rank, cta_start)
 
 
@@ -138,7 +138,7 @@ def _auto_choice(seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sm
     for candidate in AUTO_CANDIDATES[causal]:
         plan = _build(candidate, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms)
         t = simulate(plan, *AUTO_COSTS)
-        if t < best_time - 1e-9 * best_time:
+        if best is None or t < best_time * (1 - 1e-9):
             best, best_time = candidate, t
     return best
 

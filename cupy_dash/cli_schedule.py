@@ -1,0 +1,130 @@
+"""``python -m cupy_dash schedule``: compare the schedules of one problem in the paper's DAG model (no GPU)."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+
+from . import schedule
+
+POLICY_ORDER = ("fa3", "descending", "shift", "symmetric_shift")
+COLOURS = {"idle": "#ffffff", "compute": "#4c72b0", "reduce": "#55a868", "wait": "#c44e52"}
+
+
+def analyse(*, seqlen_q, seqlen_k, block_m, block_n, heads, causal, num_sms, c=1.0, r=0.25):
+    """Build, validate and simulate every policy; returns a list of dicts (one per policy) and auto's choice."""
+    rows = []
+    for policy in POLICY_ORDER:
+        plan = schedule.build(policy, seqlen_q=seqlen_q, seqlen_k=seqlen_k, block_m=block_m, block_n=block_n,
+                              num_heads=heads, causal=causal, num_sms=num_sms).validate()
+        tl = schedule.timeline(plan, c, r)
+        wait = float(np.sum(tl["reduce_start"] - tl["compute_start"] - c))
+        bound = schedule.lower_bound(plan, c, r)
+        rows.append({"policy": policy, "plan": plan, "timeline": tl, "makespan": tl["makespan"], "bound": bound,
+                     "wait": wait})
+    auto = schedule.build("auto", seqlen_q=seqlen_q, seqlen_k=seqlen_k, block_m=block_m, block_n=block_n,
+                          num_heads=heads, causal=causal, num_sms=num_sms).policy
+    return rows, auto
+
+
+def print_analysis(*, seqlen_q, seqlen_k, block_m, block_n, heads, causal, num_sms, c=1.0, r=0.25,
+                   file=None, rows=None):
+    """Print the simulated makespan of every policy relative to the lower bound max(work / SMs, longest chain)."""
+    file = sys.stdout if file is None else file
+    if rows is None:
+        rows, auto = analyse(seqlen_q=seqlen_q, seqlen_k=seqlen_k, block_m=block_m, block_n=block_n, heads=heads,
+                             causal=causal, num_sms=num_sms, c=c, r=r)
+    else:
+        rows, auto = rows
+    plan = rows[0]["plan"]
+    mask = "causal" if causal else "full"
+    print(f"Schedule analysis (DAG model: compute c={c:g}, reduce r={r:g} per visit): seqlen_q={seqlen_q}, "
+          f"seqlen_k={seqlen_k}, tiles {block_m}x{block_n} ({plan.num_m_blocks} Q x {plan.num_n_blocks} KV), "
+          f"{heads} (batch, head) pairs, {mask} mask, {num_sms} SMs", file=file)
+    print(f"{'policy':<16} {'CTAs':>5} {'visits':>10} {'makespan':>11} {'/ bound':>8} {'wait / work':>12}", file=file)
+    for row in rows:
+        p = row["plan"]
+        work = p.num_visits * (c + r)
+        print(f"{row['policy']:<16} {p.num_ctas:>5} {p.num_visits:>10} {row['makespan']:>11.2f} "
+              f"{row['makespan'] / row['bound']:>8.3f} {row['wait'] / work:>12.3%}", file=file)
+    print(f"lower bound {rows[0]['bound']:.2f}; auto picks {auto!r}", file=file)
+    return rows, auto
+
+
+def plot_gantt(rows, path, *, c=1.0, r=0.25, bins=1500):
+    """Per-CTA simulated timeline of every policy (compute / reduce / wait / idle), one panel each."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
+
+    horizon = max(row["makespan"] for row in rows)
+    t = (np.arange(bins) + 0.5) * horizon / bins
+    cmap = ListedColormap([COLOURS[k] for k in ("idle", "compute", "reduce", "wait")])
+    fig, axes = plt.subplots(len(rows), 1, figsize=(11, 2.2 * len(rows) + 0.8), sharex=True, squeeze=False)
+    for ax, row in zip(axes[:, 0], rows):
+        plan, tl = row["plan"], row["timeline"]
+        image = np.zeros((plan.num_ctas, bins), dtype=np.int8)
+        for cta in range(plan.num_ctas):
+            lo, hi = plan.cta_start[cta], plan.cta_start[cta + 1]
+            cs, rs = tl["compute_start"][lo:hi], tl["reduce_start"][lo:hi]
+            i = np.searchsorted(cs, t, side="right") - 1
+            valid = i >= 0
+            ii = np.where(valid, i, 0)
+            state = np.where(t < cs[ii] + c, 1, np.where(t < rs[ii], 3, np.where(t < rs[ii] + r, 2, 0)))
+            image[cta] = np.where(valid, state, 0)
+        ax.imshow(image, aspect="auto", interpolation="nearest", cmap=cmap, vmin=0, vmax=3,
+                  extent=(0, horizon, plan.num_ctas, 0))
+        ax.set_ylabel("CTA")
+        ax.set_title(f"{row['policy']}: makespan {row['makespan']:.1f} "
+                     f"({row['makespan'] / row['bound']:.3f} x lower bound)", fontsize=10, loc="left")
+    axes[-1, 0].set_xlabel("simulated time (one visit computes for c)")
+    fig.legend(handles=[Patch(color=COLOURS[k], label=k) for k in ("compute", "reduce", "wait", "idle")],
+               loc="upper right", ncol=4, frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 0.97))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        print(f"cupy_dash schedule: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _parser():
+    p = _Parser(prog="python -m cupy_dash schedule",
+                description="Simulate every schedule of one problem in the DAG model; no GPU needed.")
+    p.add_argument("--seqlen-q", type=int, default=8192)
+    p.add_argument("--seqlen-k", type=int, default=None, help="defaults to --seqlen-q")
+    p.add_argument("--block-m", type=int, default=64)
+    p.add_argument("--block-n", type=int, default=128)
+    p.add_argument("--heads", type=int, default=16, help="number of (batch, head) pairs")
+    p.add_argument("--causal", action="store_true")
+    p.add_argument("--num-sms", type=int, default=132)
+    p.add_argument("--c", type=float, default=1.0, help="compute cost of one visit")
+    p.add_argument("--r", type=float, default=0.25, help="reduction cost of one visit")
+    p.add_argument("--plot", metavar="PNG", help="write a Gantt chart of the simulated per-CTA timelines")
+    return p
+
+
+def main(argv=None):
+    args = _parser().parse_args(argv)
+    seqlen_k = args.seqlen_q if args.seqlen_k is None else args.seqlen_k
+    if not (args.c > 0 and args.r >= 0):
+        print("cupy_dash schedule: error: --c must be > 0 and --r >= 0", file=sys.stderr)
+        return 2
+    try:
+        result = analyse(seqlen_q=args.seqlen_q, seqlen_k=seqlen_k, block_m=args.block_m, block_n=args.block_n,
+                         heads=args.heads, causal=args.causal, num_sms=args.num_sms, c=args.c, r=args.r)
+    except (ValueError, TypeError) as exc:
+        print(f"cupy_dash schedule: error: {exc}", file=sys.stderr)
+        return 2
+    print_analysis(seqlen_q=args.seqlen_q, seqlen_k=seqlen_k, block_m=args.block_m, block_n=args.block_n,
+                   heads=args.heads, causal=args.causal, num_sms=args.num_sms, c=args.c, r=args.r, rows=result)
+    if args.plot:
+        plot_gantt(result[0], args.plot, c=args.c, r=args.r)
+        print(f"wrote {args.plot}")
+    return 0

@@ -1,0 +1,243 @@
+"""Schedule tables: closed forms of the DAG model, validity on awkward shapes, validation errors, speed, CLI."""
+import itertools
+import time
+
+import numpy as np
+import pytest
+
+from cupy_dash import cli_schedule, schedule
+
+POLICIES = ("fa3", "descending", "shift", "symmetric_shift")
+
+
+def square(policy, n, m, causal, tile=64):
+    """n KV tiles = n Q tiles = n SMs, m heads: the setting of the paper's closed forms."""
+    return schedule.build(policy, seqlen_q=n * tile, seqlen_k=n * tile, block_m=tile, block_n=tile, num_heads=m,
+                          causal=causal, num_sms=n).validate()
+
+
+CLOSED_FORMS = [("fa3", False), ("descending", False), ("shift", False), ("symmetric_shift", False),
+                ("descending", True), ("symmetric_shift", True)]
+
+
+@pytest.mark.parametrize("policy,causal", CLOSED_FORMS, ids=[f"{p}-{'causal' if c else 'full'}" for p, c in CLOSED_FORMS])
+@pytest.mark.parametrize("n,m,c,r", [(8, 4, 1.0, 0.25), (16, 6, 1.0, 0.25), (32, 8, 1.0, 0.5), (12, 2, 2.0, 0.1),
+                                     (6, 2, 1.0, 1.0)], ids=lambda v: str(v))
+def test_simulation_equals_closed_form(policy, causal, n, m, c, r):
+    plan = square(policy, n, m, causal)
+    assert schedule.simulate(plan, c, r) == pytest.approx(schedule.critical_path(policy, n=n, m=m, c=c, r=r,
+                                                                                 causal=causal), rel=1e-12)
+
+
+@pytest.mark.parametrize("policy,causal", [("shift", False), ("symmetric_shift", True)], ids=["shift-full", "symshift-causal"])
+@pytest.mark.parametrize("n,m", [(8, 4), (16, 6), (32, 8)], ids=lambda v: str(v))
+def test_shift_policies_reach_the_lower_bound(policy, causal, n, m):
+    plan = square(policy, n, m, causal)
+    total_work = plan.num_visits * (1.0 + 0.25)
+    assert schedule.simulate(plan) == pytest.approx(total_work / n)
+    assert schedule.simulate(plan) == pytest.approx(plan.lower_bound())
+
+
+def test_critical_path_rejects_unknown_forms():
+    with pytest.raises(ValueError, match="no closed form"):
+        schedule.critical_path("fa3", n=8, m=2, causal=True)
+    with pytest.raises(ValueError, match="no closed form"):
+        schedule.critical_path("auto", n=8, m=2)
+
+
+def test_fa3_ranks_match_upstream_orders():
+    full = square("fa3", 8, 3, False)
+    np.testing.assert_array_equal(full.rank, full.visits[:, 2])          # rank = n_block
+    causal = square("fa3", 8, 3, True)
+    n, m = causal.visits[:, 2], causal.visits[:, 3]
+    n_max = m + 1                                                         # square tiles: KV tiles 0..m see tile m
+    np.testing.assert_array_equal(causal.rank, n_max - 1 - n)           # upstream SPT: descending n
+    desc = square("descending", 8, 3, False)
+    np.testing.assert_array_equal(desc.rank, desc.visits[:, 2])
+    order = desc.visits[desc.cta_start[0]:desc.cta_start[1], 3]
+    assert list(order[:8]) == list(range(7, -1, -1))                     # Q tiles visited last to first
+
+
+def test_shift_rotates_and_never_collides_in_the_model():
+    plan = square("shift", 8, 4, False)
+    first = plan.visits[plan.cta_start[:-1], 3]
+    np.testing.assert_array_equal(first, np.arange(8))                   # KV tile n starts at Q tile n
+    tl = schedule.timeline(plan)
+    assert np.all(tl["reduce_start"] - tl["compute_start"] == pytest.approx(1.0))   # nobody waits
+
+
+AWKWARD = list(itertools.product(
+    [(1, 1), (17, 1000), (1000, 17), (300, 1000), (1000, 300), (4096, 8192), (8192, 4096), (2047, 2047)],
+    [(64, 128), (80, 128), (64, 96), (128, 128)],
+    [1, 5],
+    [1, 78, 114, 132, 1000]))
+
+
+@pytest.mark.parametrize("policy", POLICIES + ("auto",))
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_every_policy_is_valid_on_awkward_shapes(policy, causal):
+    for (sq, sk), (bm, bn), heads, sms in AWKWARD:
+        plan = schedule.build(policy, seqlen_q=sq, seqlen_k=sk, block_m=bm, block_n=bn, num_heads=heads,
+                              causal=causal, num_sms=sms)
+        plan.validate()
+        assert plan.num_ctas <= sms
+        lo = plan.column_starts()
+        expected = heads * int((plan.num_m_blocks - lo).sum())
+        assert plan.num_visits == expected, (sq, sk, bm, bn, heads, sms)
+
+
+def test_causal_bottom_right_alignment_and_fully_masked_rows():
+    # Sq > Sk: the first Sq - Sk = 700 query rows see no key; Q tiles 0..9 (64 rows each) are never visited.
+    plan = schedule.build("descending", seqlen_q=1000, seqlen_k=300, block_m=64, block_n=128, num_heads=2,
+                          causal=True, num_sms=7).validate()
+    assert plan.visits[:, 3].min() == 700 // 64
+    lo = plan.column_starts()
+    np.testing.assert_array_equal(lo, [(n * 128 + 700) // 64 for n in range(3)])
+    # Sq < Sk: every query row sees the first Sk - Sq keys, so KV tile 0 covers every Q tile.
+    plan = schedule.build("fa3", seqlen_q=300, seqlen_k=1000, block_m=64, block_n=128, num_heads=1, causal=True,
+                          num_sms=3).validate()
+    assert plan.column_starts()[0] == 0 and plan.column_starts()[-1] == (7 * 128 - 700) // 64
+
+
+def test_many_heads_do_not_overflow():
+    plan = schedule.build("symmetric_shift", seqlen_q=256, seqlen_k=256, block_m=64, block_n=128,
+                          num_heads=100_000, causal=True, num_sms=132).validate()
+    assert plan.visits[:, 1].max() == 99_999
+    plan = schedule.build("shift", seqlen_q=64, seqlen_k=64, block_m=64, block_n=64, num_heads=250_000,
+                          causal=False, num_sms=114).validate()
+    assert plan.num_visits == 250_000
+
+
+def test_auto_is_deterministic_and_picks_a_candidate():
+    for causal in (False, True):
+        kw = dict(seqlen_q=2048, seqlen_k=2048, block_m=64, block_n=128, num_heads=32, causal=causal, num_sms=132)
+        a = schedule.build("auto", **kw)
+        assert a.policy in schedule.AUTO_CANDIDATES[causal]
+        times = {p: schedule.simulate(schedule.build(p, **kw)) for p in schedule.AUTO_CANDIDATES[causal]}
+        assert times[a.policy] == min(times.values())
+
+
+def test_tables_are_cached_and_read_only():
+    kw = dict(seqlen_q=4096, seqlen_k=4096, block_m=64, block_n=128, num_heads=16, causal=True, num_sms=132)
+    first = schedule.build("shift", **kw)
+    t0 = time.perf_counter()
+    again = schedule.build("shift", **kw)
+    assert again is first and time.perf_counter() - t0 < 1e-3
+    with pytest.raises(ValueError):
+        first.rank[0] = 5
+
+
+def test_large_table_builds_and_validates_fast():
+    kw = dict(seqlen_q=128 * 64, seqlen_k=128 * 64, block_m=64, block_n=64, num_heads=512, causal=False,
+              num_sms=132)
+    best = np.inf
+    for _ in range(2):
+        schedule._build.cache_clear()
+        t0 = time.perf_counter()
+        plan = schedule.build("shift", **kw).validate()
+        best = min(best, time.perf_counter() - t0)
+    assert plan.num_visits == 512 * 128 * 128
+    assert best < 1.5, f"512 heads x 128 x 128 tiles took {best:.2f} s"   # about 0.8 s on one idle core
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="unknown schedule"):
+        schedule.build("fastest", seqlen_q=1, seqlen_k=1, block_m=64, block_n=64, num_heads=1, causal=False,
+                       num_sms=1)
+    with pytest.raises(ValueError, match="num_sms"):
+        schedule.build("fa3", seqlen_q=1, seqlen_k=1, block_m=64, block_n=64, num_heads=1, causal=False, num_sms=0)
+    with pytest.raises(TypeError, match="seqlen_q"):
+        schedule.build("fa3", seqlen_q=1.5, seqlen_k=1, block_m=64, block_n=64, num_heads=1, causal=False,
+                       num_sms=1)
+
+
+class Corrupt:
+    """A writable copy of a plan's table, checked with the same validator."""
+
+    def __init__(self, plan):
+        self.plan = plan
+        self.visits, self.rank, self.cta_start = plan.visits.copy(), plan.rank.copy(), plan.cta_start.copy()
+
+    def validate(self):
+        from cupy_dash import _schedule
+        _schedule.analyze_table(self.visits, self.rank, self.cta_start, self.plan.num_heads,
+                                self.plan.num_m_blocks, self.plan.column_starts())
+
+
+@pytest.fixture
+def plan():
+    return schedule.build("shift", seqlen_q=512, seqlen_k=512, block_m=64, block_n=128, num_heads=2, causal=True,
+                          num_sms=3).validate()
+
+
+def test_validate_rejects_duplicate_rank(plan):
+    bad = Corrupt(plan)
+    tile = (bad.visits[:, 1] == 0) & (bad.visits[:, 3] == 7)
+    i, j = np.flatnonzero(tile)[:2]
+    bad.rank[j] = bad.rank[i]
+    with pytest.raises(ValueError, match=r"dQ tile \(head 0, m_block 7\)"):
+        bad.validate()
+
+
+def test_validate_rejects_masked_and_missing_tiles(plan):
+    bad = Corrupt(plan)
+    v = np.flatnonzero((bad.visits[:, 2] == 3))[0]
+    bad.visits[v, 3] = 0                                   # KV tile 3 cannot see Q tile 0 (causal)
+    with pytest.raises(ValueError, match="masked|visited twice"):
+        bad.validate()
+    bad = Corrupt(plan)
+    bad.visits, bad.rank = bad.visits[:-1], bad.rank[:-1]
+    bad.cta_start[-1] -= 1
+    with pytest.raises(ValueError, match="unmasked but not in its KV tile.s chain"):
+        bad.validate()
+
+
+def test_validate_rejects_a_split_chain():
+    plan = schedule.build("fa3", seqlen_q=256, seqlen_k=256, block_m=64, block_n=128, num_heads=1, causal=False,
+                          num_sms=1).validate()
+    bad = Corrupt(plan)
+    bad.visits[[1, 5]] = bad.visits[[5, 1]]              # interleave the two KV tiles' chains
+    bad.rank[[1, 5]] = bad.rank[[5, 1]]
+    with pytest.raises(ValueError, match="contiguous chain"):
+        bad.validate()
+
+
+def test_validate_rejects_deadlock():
+    plan = schedule.build("fa3", seqlen_q=256, seqlen_k=256, block_m=64, block_n=128, num_heads=1, causal=False,
+                          num_sms=2).validate()
+    bad = Corrupt(plan)
+    # CTA 0 (n=0) visits Q tiles 0, 1, ...; make CTA 1 (n=1) visit tile 1 before tile 0, then let n=1 reduce
+    # first into tile 0 and n=0 first into tile 1: each CTA waits for the other.
+    s1 = bad.cta_start[1]
+    bad.visits[[s1, s1 + 1]] = bad.visits[[s1 + 1, s1]]
+    for m, first in ((0, 1), (1, 0)):
+        for v in np.flatnonzero(bad.visits[:, 3] == m):
+            bad.rank[v] = 0 if bad.visits[v, 2] == first else 1
+    with pytest.raises(ValueError, match="deadlock"):
+        bad.validate()
+    from cupy_dash import _schedule
+    with pytest.raises(ValueError, match="deadlock"):
+        _schedule.analyze_table(bad.visits, bad.rank, bad.cta_start, 1, plan.num_m_blocks, plan.column_starts(),
+                                True)
+
+
+def test_cli_prints_every_policy(capsys, tmp_path):
+    png = tmp_path / "gantt.png"
+    code = cli_schedule.main(["--seqlen-q", "1024", "--seqlen-k", "768", "--heads", "8", "--causal",
+                              "--num-sms", "78", "--plot", str(png)])
+    out = capsys.readouterr().out
+    assert code == 0
+    for policy in POLICIES:
+        assert policy in out
+    assert "auto picks" in out and png.stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("argv", [["--seqlen-q", "0"], ["--heads", "x"], ["--bogus"], ["--r", "-1"]],
+                         ids=["zero-seqlen", "non-int", "unknown-flag", "negative-r"])
+def test_cli_bad_arguments_exit_2(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        code = cli_schedule.main(argv)
+        raise SystemExit(code)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("cupy_dash schedule: error:") and "\n" not in err
