@@ -1,0 +1,368 @@
+"""NVRTC -> sm_90a cubin -> content-addressed disk cache -> CuPy.
+
+:func:`compile_spec` needs no GPU (only the ``nvidia-cuda-nvrtc`` wheel and ``cuda-bindings``); :func:`load`
+needs one. The cache key is the sha256 of every ``*.cu`` / ``*.cuh`` under :func:`kernel_dir` (recursively),
+the NVRTC options and defines, the NVRTC version and the package version, so editing any kernel source or
+header, or upgrading NVRTC or cupy_dash, rebuilds. Entries are two files, ``<name>-<key>.cubin`` and its
+``.json`` (ptxas report, cubin size and sha256); both are written atomically, the JSON last, and an entry
+whose JSON is unreadable or whose cubin's size or sha256 disagrees with it is deleted and rebuilt.
+
+NVRTC's own cache (12.9+, which skips ptxas and so drops the ptxas report) is bypassed with ``--no-cache``.
+
+Environment: ``CUPY_DASH_CACHE_DIR`` (default ``$XDG_CACHE_HOME/cupy_dash``, else ``~/.cache/cupy_dash``);
+``CUPY_DASH_JIT_VERBOSE=1`` prints each kernel's ptxas report to stderr.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import os
+import re
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from ._version import __version__
+
+ARCH = "sm_90a"
+BASE_OPTIONS = (f"-arch={ARCH}", "-std=c++17", "-default-device", "--ptxas-options=-v", "-lineinfo")
+_CACHE_FORMAT = 1
+
+
+class CompileError(RuntimeError):
+    """NVRTC failed; the message names the kernel variant and carries the full compiler log."""
+
+    def __init__(self, label: str, log: str):
+        super().__init__(f"NVRTC failed to compile {label}:\n{log}")
+        self.label = label
+        self.log = log
+
+    def __reduce__(self):                # picklable across compile worker processes
+        return type(self), (self.label, self.log)
+
+
+@dataclasses.dataclass(frozen=True)
+class CompiledKernel:
+    cubin_path: Path
+    registers: int           # per thread, of the entry function
+    spill_stores: int        # bytes, entry plus any non-inlined callees
+    spill_loads: int         # bytes, likewise
+    stack_frame: int         # bytes: max of the entry's frame and its cumulative stack size (callees included)
+    static_smem: int         # bytes of static __shared__ (the launch adds spec.smem_bytes dynamic)
+    log: str                 # NVRTC + ptxas log
+    cached: bool             # True when served from the disk cache
+    seconds: float           # wall time of this call (compile, or cache lookup + verification)
+    cubin_sha256: str = ""
+    key: str = ""
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Locations.
+def kernel_dir() -> Path:
+    """The kernels_src directory: the installed copy inside the package if present, else the repository's."""
+    here = Path(__file__).resolve().parent
+    installed = here / "kernels_src"
+    if installed.is_dir():
+        return installed
+    return here.parent / "kernels_src"
+
+
+def cache_dir() -> Path:
+    env = os.environ.get("CUPY_DASH_CACHE_DIR")
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "cupy_dash"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# NVRTC.
+def _nvrtc():
+    from cuda.bindings import nvrtc
+    return nvrtc
+
+
+def _check_nvrtc(result, what: str):
+    """Unpack a cuda.bindings result tuple ``(err, *values)``; raise on an error code."""
+    err, *values = result
+    if err != _nvrtc().nvrtcResult.NVRTC_SUCCESS:
+        raise RuntimeError(f"{what} failed: {err!r}")
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+@functools.lru_cache(maxsize=None)
+def nvrtc_version() -> tuple:
+    return tuple(_check_nvrtc(_nvrtc().nvrtcVersion(), "nvrtcVersion"))
+
+
+@functools.lru_cache(maxsize=None)
+def _nvrtc_fingerprint() -> str:
+    """NVRTC version (plus the wheel's full version when the pip wheel provides it)."""
+    fp = "nvrtc-%d.%d" % nvrtc_version()
+    try:
+        from importlib import metadata
+        fp += "+" + metadata.version("nvidia-cuda-nvrtc")
+    except Exception:
+        pass
+    return fp
+
+
+def compile_source(source: str, name: str, options) -> tuple:
+    """Compile one translation unit with NVRTC. Returns ``(cubin bytes or None, log, ok)``; never raises for
+    compile errors (only for NVRTC API failures)."""
+    nvrtc = _nvrtc()
+    options = list(options)
+    if nvrtc_version() >= (12, 9) and "--no-cache" not in options:
+        # NVRTC >= 12.9 has its own cache (shared with the driver's compute cache where a driver is present):
+        # a hit there skips ptxas and leaves the log without the ptxas report we parse. We cache ourselves.
+        options.append("--no-cache")
+    opts = [o.encode() for o in options]
+    prog = _check_nvrtc(nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], []),
+                        "nvrtcCreateProgram")
+    try:
+        (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        # Buffers are bytearrays: cuda.bindings writes into them in place (never into a bytes object, which
+        # may be an interned singleton).
+        buf = bytearray(_check_nvrtc(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize"))
+        _check_nvrtc(nvrtc.nvrtcGetProgramLog(prog, buf), "nvrtcGetProgramLog")
+        log = bytes(buf).rstrip(b"\0").decode(errors="replace")
+        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            return None, log, False
+        # cuda.bindings' nvrtcGetCUBIN fills the whole buffer (CuPy's wrapper drops the last byte: see
+        # shared/reference/toolchain.md); the size is stored with the entry and checked on every load.
+        size = _check_nvrtc(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
+        buf = bytearray(size)
+        _check_nvrtc(nvrtc.nvrtcGetCUBIN(prog, buf), "nvrtcGetCUBIN")
+        cubin = bytes(buf)
+        if len(cubin) != size or cubin[:4] != b"\x7fELF":
+            raise RuntimeError(f"NVRTC returned a malformed cubin for {name} ({len(cubin)} of {size} bytes)")
+        return cubin, log, True
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+
+
+_RE_FUNC = re.compile(r"(?:Compiling entry function|Function properties for) '?([\w$.]+)'?")
+_RE_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_RE_REGS = re.compile(r"Used (\d+) registers")
+_RE_SMEM = re.compile(r"(\d+) bytes smem")
+_RE_CUMSTACK = re.compile(r"(\d+) bytes cumulative stack size")
+
+
+def parse_ptxas_log(log: str, entry: str) -> dict:
+    """registers / spill_stores / spill_loads / stack_frame / static_smem of ``entry`` from a ptxas -v log.
+
+    Spills of non-inlined callees (their own "Function properties" blocks) are added to the entry's, so a
+    spilling helper is not hidden."""
+    funcs: dict = {}
+    current = None
+    for line in log.splitlines():
+        m = _RE_FUNC.search(line)
+        if m:
+            current = funcs.setdefault(m.group(1), {})
+            continue
+        if current is None:
+            continue
+        m = _RE_FRAME.search(line)
+        if m:
+            current["stack_frame"], current["spill_stores"], current["spill_loads"] = map(int, m.groups())
+        m = _RE_REGS.search(line)
+        if m:
+            current["registers"] = int(m.group(1))
+        m = _RE_SMEM.search(line)
+        if m:
+            current["static_smem"] = int(m.group(1))
+        m = _RE_CUMSTACK.search(line)
+        if m:
+            current["cumulative_stack"] = int(m.group(1))
+    if entry not in funcs:
+        raise ValueError(f"no ptxas report for entry {entry!r} in the log (was ptxas skipped by a compile "
+                         f"cache, or the entry name misspelt?):\n{log}")
+    e = funcs[entry]
+    others = [f for name, f in funcs.items() if name != entry]
+    return {
+        "registers": e.get("registers", 0),
+        "spill_stores": e.get("spill_stores", 0) + sum(f.get("spill_stores", 0) for f in others),
+        "spill_loads": e.get("spill_loads", 0) + sum(f.get("spill_loads", 0) for f in others),
+        "stack_frame": max(e.get("stack_frame", 0), e.get("cumulative_stack", 0)),
+        "static_smem": e.get("static_smem", 0),
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Cache.
+def _source_tree_digest(root: Path) -> str:
+    h = hashlib.sha256()
+    files = sorted(p for p in root.rglob("*") if p.suffix in (".cu", ".cuh") and p.is_file())
+    for p in files:
+        rel = p.relative_to(root).as_posix().encode()
+        data = p.read_bytes()
+        h.update(b"%d:%s:%d:" % (len(rel), rel, len(data)))
+        h.update(data)
+    return h.hexdigest()
+
+
+def spec_options(spec, root: Path | None = None) -> list:
+    root = kernel_dir() if root is None else root
+    return [*BASE_OPTIONS, f"-I{root}", *(f"-D{name}={int(value)}" for name, value in spec.defines)]
+
+
+def cache_key(spec, root: Path | None = None) -> str:
+    """sha256 over the kernel sources, options, defines, NVRTC version and package version."""
+    root = kernel_dir() if root is None else root
+    material = {
+        "format": _CACHE_FORMAT,
+        "sources": _source_tree_digest(root),
+        "source": spec.source,
+        "entry": spec.entry,
+        "options": list(BASE_OPTIONS),        # -I<dir> left out: the content is hashed, the location is not
+        "defines": [[n, int(v)] for n, v in spec.defines],
+        "nvrtc": _nvrtc_fingerprint(),
+        "package": __version__,
+    }
+    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
+
+
+def _entry_stem(spec, key: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_]+", "-", spec.label).strip("-") + "-" + key[:32]
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, 0o644)             # mkstemp makes 0600; cache entries are plain readable files
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _remove(*paths: Path) -> None:
+    for p in paths:
+        try:
+            p.unlink()
+        except FileNotFoundError:
+            pass
+
+
+def _read_entry(cubin_path: Path, meta_path: Path, key: str):
+    """The entry's metadata dict if both files are present and consistent; None if absent. A damaged entry
+    (unreadable JSON, wrong key, missing cubin, size or sha256 mismatch) is deleted and None returned."""
+    if not meta_path.exists():
+        if cubin_path.exists():           # cubin without its JSON: an interrupted write; drop it
+            _remove(cubin_path)
+        return None
+    try:
+        meta = json.loads(meta_path.read_text())
+        cubin = cubin_path.read_bytes()
+        ok = (isinstance(meta, dict) and meta.get("key") == key
+              and meta.get("cubin_size") == len(cubin)
+              and meta.get("cubin_sha256") == hashlib.sha256(cubin).hexdigest()
+              and cubin[:4] == b"\x7fELF")
+    except (OSError, ValueError):
+        ok = False
+    if not ok:
+        _remove(cubin_path, meta_path)
+        return None
+    return meta
+
+
+def _verbose(verbose) -> bool:
+    if verbose is None:
+        return os.environ.get("CUPY_DASH_JIT_VERBOSE", "") not in ("", "0")
+    return bool(verbose)
+
+
+def compile_spec(spec, *, verbose=None, force: bool = False) -> CompiledKernel:
+    """Compile ``spec`` to an sm_90a cubin (or take it from the disk cache). Works without a GPU.
+
+    ``force=True`` ignores and overwrites any cached entry. Raises :class:`CompileError` on a compile error."""
+    t0 = time.perf_counter()
+    root = kernel_dir()
+    key = cache_key(spec, root)
+    cdir = cache_dir()
+    cdir.mkdir(parents=True, exist_ok=True)
+    stem = _entry_stem(spec, key)
+    cubin_path, meta_path = cdir / f"{stem}.cubin", cdir / f"{stem}.json"
+
+    meta = None if force else _read_entry(cubin_path, meta_path, key)
+    cached = meta is not None
+    if meta is None:
+        source_path = root / spec.source
+        try:
+            source = source_path.read_text()
+        except OSError as exc:
+            raise CompileError(spec.label, f"cannot read kernel source {source_path}: {exc}") from None
+        cubin, log, ok = compile_source(source, spec.source, spec_options(spec, root))
+        if not ok:
+            raise CompileError(spec.label, log)
+        stats = parse_ptxas_log(log, spec.entry)
+        meta = {
+            "format": _CACHE_FORMAT, "key": key, "label": spec.label, "source": spec.source, "entry": spec.entry,
+            "defines": [[n, int(v)] for n, v in spec.defines], "options": spec_options(spec, root),
+            "nvrtc": _nvrtc_fingerprint(), "package": __version__, **stats, "log": log,
+            "cubin_size": len(cubin), "cubin_sha256": hashlib.sha256(cubin).hexdigest(),
+            "compile_seconds": round(time.perf_counter() - t0, 4),
+        }
+        _atomic_write(cubin_path, cubin)
+        _atomic_write(meta_path, json.dumps(meta, indent=1).encode())   # written last: commits the entry
+
+    result = CompiledKernel(
+        cubin_path=cubin_path, registers=meta["registers"], spill_stores=meta["spill_stores"],
+        spill_loads=meta["spill_loads"], stack_frame=meta["stack_frame"], static_smem=meta["static_smem"],
+        log=meta["log"], cached=cached, seconds=time.perf_counter() - t0, cubin_sha256=meta["cubin_sha256"],
+        key=key)
+    if _verbose(verbose):
+        print(f"[cupy_dash.jit] {spec.label}{' (cached)' if cached else ''}: {result.registers} registers, "
+              f"{result.spill_stores}/{result.spill_loads} bytes spill stores/loads, {result.stack_frame} bytes "
+              f"stack, {result.static_smem} static + {spec.smem_bytes} dynamic smem, {result.seconds:.2f} s\n"
+              f"{result.log.rstrip()}", file=sys.stderr)
+    return result
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Loading (GPU).
+_loaded: dict = {}
+_load_lock = threading.Lock()
+_SMEM_DEFAULT_LIMIT = 48 * 1024
+
+
+def load(spec):
+    """A launchable ``cupy.cuda.function.Function`` for ``spec`` on the current device, memoized per
+    (spec, device, kernel directory): source edits made after the first load in a process are not picked up.
+    Call it as ``f(grid, block, args, shared_mem=..., stream=...)``."""
+    import cupy
+    from cupy.cuda import driver, function
+    dev = cupy.cuda.runtime.getDevice()
+    memo_key = (spec, dev, str(kernel_dir()))
+    fn = _loaded.get(memo_key)
+    if fn is not None:
+        return fn
+    with _load_lock:
+        fn = _loaded.get(memo_key)
+        if fn is not None:
+            return fn
+        compiled = compile_spec(spec)
+        cubin = compiled.cubin_path.read_bytes()
+        if hashlib.sha256(cubin).hexdigest() != compiled.cubin_sha256:   # changed since it was verified
+            compiled = compile_spec(spec, force=True)
+            cubin = compiled.cubin_path.read_bytes()
+        module = function.Module()
+        module.load(cubin)
+        fn = module.get_function(spec.entry)    # keeps a reference to its module
+        if spec.smem_bytes > _SMEM_DEFAULT_LIMIT:
+            driver.funcSetAttribute(fn.ptr, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                    spec.smem_bytes)
+        _loaded[memo_key] = fn
+        return fn

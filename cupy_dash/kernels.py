@@ -1,0 +1,320 @@
+"""Kernel variants, their tile plans, and the host side of their parameter blocks.
+
+This module is the single source of truth for what the dispatcher can launch: every variant is a
+:class:`KernelSpec` (source file, entry point, ``-D`` defines, block size, dynamic shared memory), built from
+the one tile table :data:`TILES`. ``python -m cupy_dash compile --all`` compiles exactly :func:`all_specs`.
+
+The parameter blocks (``FwdParams`` / ``BwdParams`` in ``kernels_src/params.cuh``) are passed by value as one
+``__grid_constant__`` struct. Here they are numpy structured dtypes with the same layout (every field is 8
+bytes, except the two trailing fp32 scales), packed into a size-1 array that CuPy copies as raw bytes.
+``tests/test_jit.py`` compiles ``params_layout_check_source()`` with NVRTC so the two layouts cannot drift.
+
+Everything here works without a GPU except :func:`launch` and :func:`max_resident_ctas`.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+
+import numpy as np
+
+SUPPORTED_HEAD_DIMS = (64, 128)
+SUPPORTED_DTYPES = ("bfloat16", "float16")
+_DTYPE_TAG = {"bfloat16": "bf16", "float16": "fp16"}
+
+
+@dataclasses.dataclass(frozen=True)
+class TileConfig:
+    block_m: int     # query rows per tile
+    block_n: int     # key rows per tile
+    threads: int     # threads per CTA
+
+
+# ---------------------------------------------------------------------------------------------------------
+# THE tile table. Changing a kernel's tile plan is a one-line edit here (the kernel static_asserts that its own
+# smem layout equals DASH_SMEM_BYTES, so a mismatch fails at compile time, not at run time).
+#   (kernel, head_dim): TileConfig(block_m, block_n, threads)
+# bwd_preprocess / bwd_postprocess use bwd_main's block_m and block_n (their row tiling must match the dq_accum
+# / dpsum / lse_log2 layout of the main kernel) with AUX_THREADS threads and no dynamic smem.
+TILES = {
+    ("fwd", 64): TileConfig(block_m=128, block_n=64, threads=256),
+    ("fwd", 128): TileConfig(block_m=128, block_n=64, threads=256),
+    ("bwd_main", 64): TileConfig(block_m=64, block_n=128, threads=256),
+    ("bwd_main", 128): TileConfig(block_m=64, block_n=128, threads=256),
+}
+AUX_THREADS = 256
+
+
+def _fwd_smem(t: TileConfig, d: int) -> int:
+    return (t.block_m + 4 * t.block_n) * d * 2
+
+
+def _bwd_main_smem(t: TileConfig, d: int) -> int:
+    return (2 * t.block_n * d + 4 * t.block_m * d + t.block_m * t.block_n) * 2 + 4 * t.block_m * 4
+
+
+# kernel name: (source file, entry point, dynamic smem bytes as a function of (tile, head_dim))
+KERNELS = {
+    "fwd": ("fwd.cu", "dash_fwd", _fwd_smem),
+    "bwd_preprocess": ("bwd_preprocess.cu", "dash_bwd_preprocess", lambda t, d: 0),
+    "bwd_main": ("bwd_main.cu", "dash_bwd_main", _bwd_main_smem),
+    "bwd_postprocess": ("bwd_postprocess.cu", "dash_bwd_postprocess", lambda t, d: 0),
+}
+KERNEL_NAMES = tuple(KERNELS)
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelSpec:
+    """One compilable, launchable kernel variant. Hashable (used as a cache/memo key)."""
+    source: str              # file name under kernels_src/
+    entry: str               # extern "C" entry point
+    defines: tuple           # sorted ((name, int), ...), passed as -Dname=value
+    threads: int
+    smem_bytes: int          # dynamic shared memory at launch (DASH_SMEM_BYTES)
+
+    @property
+    def kernel(self) -> str:
+        """The kernel's name in :data:`KERNELS` ("fwd", "bwd_main", ...)."""
+        for name, (source, entry, _) in KERNELS.items():
+            if source == self.source and entry == self.entry:
+                return name
+        return self.entry
+
+    @property
+    def label(self) -> str:
+        """Readable name, e.g. ``bwd_main[bf16,d128,causal,det]`` or ``fwd[fp16,d64,full]``."""
+        d = dict(self.defines)
+        tags = []
+        if "DASH_FP16" in d:
+            tags.append("fp16" if d["DASH_FP16"] else "bf16")
+        if "DASH_HEAD_DIM" in d:
+            tags.append(f"d{d['DASH_HEAD_DIM']}")
+        if "DASH_CAUSAL" in d:
+            tags.append("causal" if d["DASH_CAUSAL"] else "full")
+        if "DASH_DETERMINISTIC" in d:
+            tags.append("det" if d["DASH_DETERMINISTIC"] else "atomic")
+        return f"{self.kernel}[{','.join(tags)}]"
+
+    @property
+    def params_dtype(self) -> np.dtype:
+        return FWD_PARAMS_DTYPE if self.entry == KERNELS["fwd"][1] else BWD_PARAMS_DTYPE
+
+
+def _check(dtype: str, head_dim: int) -> None:
+    if dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"unsupported dtype {dtype!r}; expected one of {SUPPORTED_DTYPES}")
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"unsupported head_dim {head_dim!r}; expected one of {SUPPORTED_HEAD_DIMS}")
+
+
+def fwd_tile(head_dim: int) -> TileConfig:
+    _check("bfloat16", head_dim)
+    return TILES[("fwd", head_dim)]
+
+
+def bwd_tile(head_dim: int) -> TileConfig:
+    """The backward main kernel's tile (preprocess / postprocess share block_m and block_n)."""
+    _check("bfloat16", head_dim)
+    return TILES[("bwd_main", head_dim)]
+
+
+def _spec(kernel: str, tile: TileConfig, dtype: str, head_dim: int, **flags) -> KernelSpec:
+    source, entry, smem_fn = KERNELS[kernel]
+    smem = int(smem_fn(tile, head_dim))
+    defines = {
+        "DASH_FP16": int(dtype == "float16"),
+        "DASH_HEAD_DIM": head_dim,
+        "DASH_BLOCK_M": tile.block_m,
+        "DASH_BLOCK_N": tile.block_n,
+        "DASH_NUM_THREADS": tile.threads,
+        "DASH_SMEM_BYTES": smem,
+    }
+    defines.update({k: int(bool(v)) for k, v in flags.items()})
+    return KernelSpec(source=source, entry=entry, defines=tuple(sorted(defines.items())), threads=tile.threads,
+                      smem_bytes=smem)
+
+
+def fwd_spec(dtype: str, head_dim: int, causal: bool) -> KernelSpec:
+    _check(dtype, head_dim)
+    return _spec("fwd", fwd_tile(head_dim), dtype, head_dim, DASH_CAUSAL=causal)
+
+
+BwdKernels = collections.namedtuple("BwdKernels", "preprocess main postprocess")
+
+
+def bwd_specs(dtype: str, head_dim: int, causal: bool, deterministic: bool) -> BwdKernels:
+    _check(dtype, head_dim)
+    main_tile = bwd_tile(head_dim)
+    aux_tile = TileConfig(main_tile.block_m, main_tile.block_n, AUX_THREADS)
+    return BwdKernels(
+        preprocess=_spec("bwd_preprocess", aux_tile, dtype, head_dim),
+        main=_spec("bwd_main", main_tile, dtype, head_dim, DASH_CAUSAL=causal, DASH_DETERMINISTIC=deterministic),
+        postprocess=_spec("bwd_postprocess", aux_tile, dtype, head_dim),
+    )
+
+
+def all_specs() -> list:
+    """Every distinct variant the dispatcher can emit (8 fwd, 4 preprocess, 16 main, 4 postprocess)."""
+    specs = []
+    seen = set()
+    for dtype, head_dim, causal in itertools.product(SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS, (False, True)):
+        batch = [fwd_spec(dtype, head_dim, causal)]
+        for deterministic in (False, True):
+            batch.extend(bwd_specs(dtype, head_dim, causal, deterministic))
+        for spec in batch:
+            if spec not in seen:
+                seen.add(spec)
+                specs.append(spec)
+    order = {name: i for i, name in enumerate(KERNEL_NAMES)}
+
+    def key(s):
+        d = dict(s.defines)
+        return (order.get(s.kernel, len(order)), d["DASH_FP16"], d["DASH_HEAD_DIM"], d.get("DASH_CAUSAL", 0),
+                d.get("DASH_DETERMINISTIC", 0))
+    return sorted(specs, key=key)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Parameter blocks. Field order and names exactly as in kernels_src/params.cuh.
+_STRIDES = np.dtype([("batch", "<i8"), ("row", "<i8"), ("head", "<i8")], align=True)
+_PTR, _I64, _F32 = "<u8", "<i8", "<f4"
+
+
+def _struct(fields) -> np.dtype:
+    return np.dtype([(name, _STRIDES if kind == "strides" else kind) for name, kind in fields], align=True)
+
+
+FWD_PARAMS_DTYPE = _struct(
+    [(n, _PTR) for n in ("q", "k", "v", "out", "lse")]
+    + [(n, "strides") for n in ("q_stride", "k_stride", "v_stride", "o_stride")]
+    + [(n, _I64) for n in ("batch", "seqlen_q", "seqlen_k", "num_heads", "num_heads_kv")]
+    + [(n, _F32) for n in ("softmax_scale", "softmax_scale_log2")])
+
+BWD_PARAMS_DTYPE = _struct(
+    [(n, _PTR) for n in ("q", "k", "v", "out", "dout", "lse", "lse_log2", "dpsum", "dq_accum", "dq", "dk", "dv",
+                         "dq_semaphore", "visits", "rank", "cta_start", "error")]
+    + [(n, "strides") for n in ("q_stride", "k_stride", "v_stride", "o_stride", "do_stride", "dq_stride",
+                                "dk_stride", "dv_stride")]
+    + [(n, _I64) for n in ("batch", "seqlen_q", "seqlen_k", "num_heads", "num_heads_kv", "num_m_blocks",
+                           "seqlen_q_rounded", "spin_timeout_ns")]
+    + [(n, _F32) for n in ("softmax_scale", "softmax_scale_log2")])
+
+# C struct name -> numpy dtype (for the layout check)
+PARAMS_STRUCTS = {"Strides": _STRIDES, "FwdParams": FWD_PARAMS_DTYPE, "BwdParams": BWD_PARAMS_DTYPE}
+
+
+def _pointer(name: str, value) -> int:
+    if value is None:
+        return 0
+    data = getattr(value, "data", None)          # a cupy ndarray: its device pointer
+    ptr = getattr(data, "ptr", None)
+    if ptr is not None:
+        return int(ptr)
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        if not 0 <= int(value) < 1 << 64:
+            raise ValueError(f"pointer field {name!r} out of range: {value}")
+        return int(value)
+    raise TypeError(f"pointer field {name!r} needs an int address (or a cupy array / None), "
+                    f"got {type(value).__name__}")
+
+
+def _pack(dtype: np.dtype, struct_name: str, fields: dict) -> np.ndarray:
+    names = dtype.names
+    missing = [n for n in names if n not in fields]
+    if missing:
+        raise TypeError(f"{struct_name}: missing field(s) {', '.join(missing)}")
+    unknown = [n for n in fields if n not in names]
+    if unknown:
+        raise TypeError(f"{struct_name}: unknown field(s) {', '.join(unknown)}")
+    out = np.zeros(1, dtype=dtype)
+    for name in names:
+        value = fields[name]
+        kind = dtype.fields[name][0]
+        if kind == _STRIDES:
+            value = tuple(int(x) for x in value)
+            if len(value) != 3:
+                raise ValueError(f"{struct_name}.{name}: expected 3 strides (batch, row, head), got {len(value)}")
+            out[name] = value
+        elif kind == np.dtype(_PTR):
+            out[name] = _pointer(f"{struct_name}.{name}", value)
+        elif kind == np.dtype(_I64):
+            if isinstance(value, (float, np.floating)):
+                raise TypeError(f"{struct_name}.{name} is an integer field, got {value!r}")
+            out[name] = int(value)
+        else:
+            out[name] = np.float32(value)
+    return out
+
+
+def pack_fwd_params(**fields) -> np.ndarray:
+    """A size-1 ``FWD_PARAMS_DTYPE`` array; pointers as ints, Strides as (batch, row, head) element strides."""
+    return _pack(FWD_PARAMS_DTYPE, "FwdParams", fields)
+
+
+def pack_bwd_params(**fields) -> np.ndarray:
+    """A size-1 ``BWD_PARAMS_DTYPE`` array; pointers as ints, Strides as (batch, row, head) element strides."""
+    return _pack(BWD_PARAMS_DTYPE, "BwdParams", fields)
+
+
+def params_layout_check_source(offsetof: str = "auto") -> str:
+    """CUDA source that ``static_assert``s size, alignment and every field offset/size of the C parameter
+    structs against the numpy dtypes above. Compiles iff the layouts agree (see tests/test_jit.py).
+
+    ``offsetof``: "auto" uses ``__builtin_offsetof`` where NVRTC has it (13.5 does, 13.0 does not) and the
+    front end's ``__INTADDR__`` otherwise; "intaddr" forces the latter."""
+    if offsetof not in ("auto", "intaddr"):
+        raise ValueError(f"offsetof must be 'auto' or 'intaddr', got {offsetof!r}")
+    lines = ['#include "params.cuh"']
+    if offsetof == "auto":
+        lines += ["#if defined(__has_builtin)", "#if __has_builtin(__builtin_offsetof)",
+                  "#define DASH_OFFSETOF(T, m) __builtin_offsetof(T, m)", "#endif", "#endif"]
+    lines += ["#ifndef DASH_OFFSETOF",
+              "#define DASH_OFFSETOF(T, m) ((unsigned long long)__INTADDR__(&(((T*)0)->m)))",
+              "#endif"]
+    for struct, dt in PARAMS_STRUCTS.items():
+        lines.append(f'static_assert(sizeof({struct}) == {dt.itemsize}, "sizeof({struct}) != {dt.itemsize}");')
+        lines.append(f'static_assert(alignof({struct}) == {dt.alignment}, "alignof({struct}) != {dt.alignment}");')
+        for name in dt.names:
+            fdt, off = dt.fields[name][:2]
+            lines.append(f'static_assert(DASH_OFFSETOF({struct}, {name}) == {off}, '
+                         f'"offsetof({struct}, {name}) != {off}");')
+            lines.append(f'static_assert(sizeof((({struct}*)0)->{name}) == {fdt.itemsize}, '
+                         f'"sizeof({struct}::{name}) != {fdt.itemsize}");')
+    lines.append('extern "C" __global__ void dash_params_layout_check(const __grid_constant__ FwdParams f, '
+                 'const __grid_constant__ BwdParams b) {}')
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# GPU side.
+def _grid(grid) -> tuple:
+    grid = (grid,) if isinstance(grid, (int, np.integer)) else tuple(int(g) for g in grid)
+    if not 1 <= len(grid) <= 3 or any(g < 1 for g in grid):
+        raise ValueError(f"bad grid {grid}: 1 to 3 dimensions, each >= 1")
+    return grid
+
+
+def launch(spec: KernelSpec, grid, params: np.ndarray, stream) -> None:
+    """Launch ``spec`` with ``grid`` (int or tuple), ``spec.threads`` threads and ``spec.smem_bytes`` dynamic
+    shared memory on the CuPy ``stream`` (None: CuPy's current stream). ``params`` is the packed size-1 array."""
+    from . import jit
+    if not (isinstance(params, np.ndarray) and params.shape == (1,) and params.dtype == spec.params_dtype):
+        raise TypeError(f"{spec.label}: params must be a size-1 array of dtype {spec.params_dtype} "
+                        f"(use pack_fwd_params / pack_bwd_params)")
+    fn = jit.load(spec)
+    fn(_grid(grid), (spec.threads,), (params,), shared_mem=spec.smem_bytes, stream=stream)
+
+
+def max_resident_ctas(spec: KernelSpec) -> int:
+    """CTAs of ``spec`` that can be resident at once on the current device (occupancy x SM count): the
+    upper bound for a persistent grid in which CTAs wait on each other."""
+    import cupy
+    from cupy.cuda import driver, runtime
+    from . import jit
+    fn = jit.load(spec)
+    per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.ptr, spec.threads, spec.smem_bytes)
+    dev = cupy.cuda.runtime.getDevice()
+    sms = runtime.deviceGetAttribute(runtime.cudaDevAttrMultiProcessorCount, dev)
+    return int(per_sm) * int(sms)

@@ -1,0 +1,423 @@
+"""NVRTC JIT, disk cache, kernel specs, parameter packing and ``python -m cupy_dash compile``.
+
+Everything here runs on a CPU-only machine (NVRTC from the pip wheel compiles sm_90a without a GPU) except the
+tests marked ``gpu``. Most compiles use tiny stand-in kernels in a temporary copy of the kernel sources, so the
+file stays fast; only a couple of real variants are compiled here (CI runs ``compile --all`` on its own).
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cupy_dash import cli_compile, jit, kernels
+
+REAL_KERNEL_DIR = jit.kernel_dir()
+
+# A stand-in for a kernel source: every entry point the specs name, taking its real params struct.
+STUB_KERNEL = r"""
+#include "common.cuh"
+#include "params.cuh"
+static_assert(DASH_HEAD_DIM == 64 || DASH_HEAD_DIM == 128, "head dim");
+extern "C" __global__ void __launch_bounds__(DASH_NUM_THREADS) ENTRY(const __grid_constant__ PARAMS p) {
+  __shared__ float s[DASH_NUM_THREADS];
+  s[threadIdx.x] = p.softmax_scale * (float)p.seqlen_q;
+  __syncthreads();
+  p.PTR[blockIdx.x * DASH_NUM_THREADS + threadIdx.x] = s[DASH_NUM_THREADS - 1 - threadIdx.x] + DASH_BLOCK_M;
+}
+"""
+_STUBS = {
+    "fwd.cu": ("dash_fwd", "FwdParams", "lse"),
+    "bwd_preprocess.cu": ("dash_bwd_preprocess", "BwdParams", "dpsum"),
+    "bwd_main.cu": ("dash_bwd_main", "BwdParams", "dq_accum"),
+    "bwd_postprocess.cu": ("dash_bwd_postprocess", "BwdParams", "dpsum"),
+}
+
+
+def _stub(source: str) -> str:
+    entry, params, ptr = _STUBS[source]
+    return STUB_KERNEL.replace("ENTRY", entry).replace("PARAMS", params).replace("PTR", ptr)
+
+
+@pytest.fixture
+def ksrc(tmp_path, monkeypatch):
+    """A temporary kernels_src: the real headers plus stand-in kernels; jit.kernel_dir() points at it and the
+    cache is a fresh temporary directory."""
+    root = tmp_path / "kernels_src"
+    root.mkdir()
+    for p in REAL_KERNEL_DIR.rglob("*.cuh"):
+        dest = root / p.relative_to(REAL_KERNEL_DIR)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(p, dest)
+    for source in _STUBS:
+        (root / source).write_text(_stub(source))
+    monkeypatch.setattr(jit, "kernel_dir", lambda: root)
+    monkeypatch.setenv("CUPY_DASH_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("CUPY_DASH_JIT_VERBOSE", raising=False)
+    return root
+
+
+SPEC = kernels.bwd_specs("bfloat16", 64, causal=True, deterministic=True).main
+
+
+# ------------------------------------------------------------------------------------------------ layout
+@pytest.mark.parametrize("offsetof", ["auto", "intaddr"])
+def test_params_layout_matches_c_structs(offsetof):
+    src = kernels.params_layout_check_source(offsetof)
+    # every field of every struct is checked
+    for struct, dt in kernels.PARAMS_STRUCTS.items():
+        for name in dt.names:
+            assert f"DASH_OFFSETOF({struct}, {name})" in src
+    cubin, log, ok = jit.compile_source(src, "layout_check.cu", [*jit.BASE_OPTIONS, f"-I{REAL_KERNEL_DIR}"])
+    assert ok, log
+    assert kernels.FWD_PARAMS_DTYPE.itemsize == 184 and kernels.BWD_PARAMS_DTYPE.itemsize == 400
+
+
+def test_params_layout_check_detects_drift(monkeypatch):
+    # The check must fail when the numpy side drifts: swap two fields of FwdParams.
+    names = list(kernels.FWD_PARAMS_DTYPE.names)
+    i, j = names.index("seqlen_q"), names.index("seqlen_k")
+    names[i], names[j] = names[j], names[i]
+    drifted = np.dtype([(n, kernels.FWD_PARAMS_DTYPE.fields[n][0]) for n in names], align=True)
+    monkeypatch.setitem(kernels.PARAMS_STRUCTS, "FwdParams", drifted)
+    _, log, ok = jit.compile_source(kernels.params_layout_check_source(), "layout_check.cu",
+                                    [*jit.BASE_OPTIONS, f"-I{REAL_KERNEL_DIR}"])
+    assert not ok and "offsetof(FwdParams, seqlen_q)" in log
+
+
+def _fwd_fields(**over):
+    fields = dict(q=0x1000, k=0x2000, v=0x3000, out=0x4000, lse=0x5000,
+                  q_stride=(1, 2, 3), k_stride=(4, 5, 6), v_stride=(7, 8, 9), o_stride=(10, 11, 12),
+                  batch=2, seqlen_q=300, seqlen_k=500, num_heads=8, num_heads_kv=2,
+                  softmax_scale=0.125, softmax_scale_log2=0.125 * 1.4426950408889634)
+    fields.update(over)
+    return fields
+
+
+def test_pack_fwd_params_bytes():
+    p = kernels.pack_fwd_params(**_fwd_fields())
+    assert p.shape == (1,) and p.dtype == kernels.FWD_PARAMS_DTYPE and p.nbytes == 184
+    words = np.frombuffer(p.tobytes()[:176], dtype="<i8")
+    assert list(words) == [0x1000, 0x2000, 0x3000, 0x4000, 0x5000, *range(1, 13), 2, 300, 500, 8, 2]
+    tail = np.frombuffer(p.tobytes()[176:], dtype="<f4")
+    assert tail[0] == np.float32(0.125) and tail[1] == np.float32(0.125 * 1.4426950408889634)
+
+
+def test_pack_params_errors():
+    fields = _fwd_fields()
+    del fields["num_heads_kv"]
+    with pytest.raises(TypeError, match="num_heads_kv"):
+        kernels.pack_fwd_params(**fields)
+    with pytest.raises(TypeError, match="bogus"):
+        kernels.pack_fwd_params(**_fwd_fields(bogus=1))
+    with pytest.raises(ValueError, match="q_stride"):
+        kernels.pack_fwd_params(**_fwd_fields(q_stride=(1, 2)))
+    with pytest.raises(TypeError, match="FwdParams.q"):
+        kernels.pack_fwd_params(**_fwd_fields(q=1.5))
+    with pytest.raises(TypeError, match="dq"):
+        kernels.pack_bwd_params(**_fwd_fields())
+
+
+def test_pack_bwd_params_every_field():
+    dt = kernels.BWD_PARAMS_DTYPE
+    fields, expect = {}, {}
+    counter = itertools.count(1)
+    for name in dt.names:
+        kind = dt.fields[name][0]
+        if kind.names:                                      # Strides
+            fields[name] = (next(counter), next(counter), next(counter))
+        elif kind.kind == "f":
+            fields[name] = 0.5 * next(counter)
+        else:
+            fields[name] = next(counter) * 16
+        expect[name] = fields[name]
+    fields["error"] = None                                  # None -> null pointer
+    expect["error"] = 0
+    p = kernels.pack_bwd_params(**fields)
+    assert p.nbytes == 400
+    for name in dt.names:
+        got = p[name][0]
+        want = expect[name]
+        if isinstance(want, tuple):
+            assert tuple(int(x) for x in got) == want, name
+        else:
+            assert got == (np.float32(want) if dt.fields[name][0].kind == "f" else want), name
+
+
+# ------------------------------------------------------------------------------------------------ specs
+def test_all_specs_cover_every_combination():
+    specs = kernels.all_specs()
+    labels = [s.label for s in specs]
+    assert len(set(labels)) == len(labels) == len(set(specs)) == 8 + 4 + 16 + 4
+    expected = set()
+    for dtype, d, causal in itertools.product(kernels.SUPPORTED_DTYPES, kernels.SUPPORTED_HEAD_DIMS, (0, 1)):
+        expected.add(kernels.fwd_spec(dtype, d, bool(causal)))
+        for det in (False, True):
+            expected.update(kernels.bwd_specs(dtype, d, bool(causal), det))
+    assert expected == set(specs)
+    by_kernel = {name: [s for s in specs if s.kernel == name] for name in kernels.KERNEL_NAMES}
+    assert {k: len(v) for k, v in by_kernel.items()} == {"fwd": 8, "bwd_preprocess": 4, "bwd_main": 16,
+                                                         "bwd_postprocess": 4}
+    for s in specs:
+        d = dict(s.defines)
+        assert list(s.defines) == sorted(s.defines)
+        assert d["DASH_SMEM_BYTES"] == s.smem_bytes and d["DASH_NUM_THREADS"] == s.threads
+        assert s.smem_bytes <= 227 * 1024
+        assert s.source.endswith(".cu") and s.entry.startswith("dash_")
+    assert kernels.bwd_specs("bfloat16", 128, True, True).main.label == "bwd_main[bf16,d128,causal,det]"
+    assert kernels.fwd_spec("float16", 64, False).label == "fwd[fp16,d64,full]"
+    assert kernels.bwd_specs("float16", 64, False, False).main.label == "bwd_main[fp16,d64,full,atomic]"
+
+
+def test_tile_plan_and_smem():
+    for d in kernels.SUPPORTED_HEAD_DIMS:
+        f, b = kernels.fwd_tile(d), kernels.bwd_tile(d)
+        fs = kernels.fwd_spec("bfloat16", d, False)
+        assert fs.smem_bytes == (f.block_m + 4 * f.block_n) * d * 2 and fs.threads == f.threads
+        pre, main, post = kernels.bwd_specs("bfloat16", d, False, True)
+        smem = (2 * b.block_n * d + 4 * b.block_m * d + b.block_m * b.block_n) * 2 + 4 * b.block_m * 4
+        assert main.smem_bytes == smem
+        for aux in (pre, post):
+            assert aux.smem_bytes == 0 and dict(aux.defines)["DASH_BLOCK_M"] == b.block_m
+            assert "DASH_CAUSAL" not in dict(aux.defines)
+        assert dict(main.defines)["DASH_DETERMINISTIC"] == 1
+    with pytest.raises(ValueError):
+        kernels.fwd_spec("float32", 64, False)
+    with pytest.raises(ValueError):
+        kernels.bwd_specs("bfloat16", 96, False, True)
+
+
+def test_kernel_dir_has_sources():
+    assert (REAL_KERNEL_DIR / "params.cuh").is_file() and (REAL_KERNEL_DIR / "common.cuh").is_file()
+
+
+def test_cache_dir_env(monkeypatch, tmp_path):
+    monkeypatch.delenv("CUPY_DASH_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert jit.cache_dir() == tmp_path / "xdg" / "cupy_dash"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert jit.cache_dir() == Path.home() / ".cache" / "cupy_dash"
+    monkeypatch.setenv("CUPY_DASH_CACHE_DIR", str(tmp_path / "mine"))
+    assert jit.cache_dir() == tmp_path / "mine"
+
+
+# ------------------------------------------------------------------------------------------------ ptxas log
+def test_parse_ptxas_log():
+    log = """ptxas info    : 4 bytes gmem
+ptxas info    : Compiling entry function 'dash_bwd_main' for 'sm_90a'
+ptxas info    : Function properties for dash_bwd_main
+ptxas         .     16 bytes stack frame, 8 bytes spill stores, 12 bytes spill loads
+ptxas info    : Used 168 registers, used 1 barriers, 64 bytes cumulative stack size, 1024 bytes smem
+ptxas info    : Compile time = 14.250 ms
+ptxas info    : Function properties for _Z6helperPfi
+ptxas         .     48 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads
+"""
+    assert jit.parse_ptxas_log(log, "dash_bwd_main") == dict(
+        registers=168, spill_stores=12, spill_loads=16, stack_frame=64, static_smem=1024)
+    with pytest.raises(ValueError):
+        jit.parse_ptxas_log(log, "dash_fwd")
+
+
+# ------------------------------------------------------------------------------------------------ cache
+def test_ptxas_report_on_every_compile():
+    # NVRTC >= 12.9 caches on its own (with the driver's compute cache where a driver exists) and a hit there
+    # drops the ptxas report; jit must bypass that cache so that a recompile still reports registers/spills.
+    src = 'extern "C" __global__ void dash_twice(float* p) { p[threadIdx.x] *= 2.f; }'
+    for _ in range(2):
+        _, log, ok = jit.compile_source(src, "twice.cu", jit.BASE_OPTIONS)
+        assert ok and jit.parse_ptxas_log(log, "dash_twice")["registers"] > 0
+
+
+def test_compile_then_cache_hit(ksrc, tmp_path):
+    cold = jit.compile_spec(SPEC)
+    assert not cold.cached and cold.registers > 0 and cold.spill_stores == 0
+    assert "for 'sm_90a'" in cold.log
+    cubin = cold.cubin_path.read_bytes()
+    assert cubin[:4] == b"\x7fELF" and hashlib.sha256(cubin).hexdigest() == cold.cubin_sha256
+    meta = json.loads(cold.cubin_path.with_suffix(".json").read_text())
+    assert meta["cubin_size"] == len(cubin) and meta["registers"] == cold.registers
+    warm = jit.compile_spec(SPEC)
+    assert warm.cached and warm.cubin_path == cold.cubin_path and warm.registers == cold.registers
+    assert warm.seconds < 0.5 and warm.seconds < cold.seconds
+    # atomic writes leave no temporary files behind
+    assert sorted(p.suffix for p in (tmp_path / "cache").iterdir()) == [".cubin", ".json"]
+    forced = jit.compile_spec(SPEC, force=True)
+    assert not forced.cached and forced.cubin_path.read_bytes()[:4] == b"\x7fELF"
+
+
+@pytest.mark.parametrize("damage", ["truncate_cubin", "flip_cubin_byte", "delete_cubin", "corrupt_json",
+                                    "truncate_json", "json_wrong_key"])
+def test_damaged_cache_entry_is_rebuilt(ksrc, damage):
+    first = jit.compile_spec(SPEC)
+    cubin_path, meta_path = first.cubin_path, first.cubin_path.with_suffix(".json")
+    data = cubin_path.read_bytes()
+    if damage == "truncate_cubin":
+        cubin_path.write_bytes(data[:-1])
+    elif damage == "flip_cubin_byte":
+        cubin_path.write_bytes(data[:100] + bytes([data[100] ^ 0xFF]) + data[101:])
+    elif damage == "delete_cubin":
+        cubin_path.unlink()
+    elif damage == "corrupt_json":
+        meta_path.write_text("{not json")
+    elif damage == "truncate_json":
+        meta_path.write_bytes(meta_path.read_bytes()[:40])
+    else:
+        meta = json.loads(meta_path.read_text())
+        meta["key"] = "0" * 64
+        meta_path.write_text(json.dumps(meta))
+    again = jit.compile_spec(SPEC)
+    assert not again.cached                      # detected, deleted and rebuilt, never served
+    assert again.cubin_path.read_bytes() == data
+    assert jit.compile_spec(SPEC).cached         # and the rebuilt entry is good
+
+
+def test_cubin_without_json_is_ignored(ksrc):
+    first = jit.compile_spec(SPEC)
+    first.cubin_path.with_suffix(".json").unlink()   # as if interrupted between the two writes
+    assert not jit.compile_spec(SPEC).cached
+
+
+def test_key_changes_with_define_and_header(ksrc):
+    k0 = jit.cache_key(SPEC)
+    other = kernels.bwd_specs("bfloat16", 64, causal=True, deterministic=False).main
+    assert jit.cache_key(other) != k0
+    jit.compile_spec(SPEC)
+    assert jit.compile_spec(SPEC).cached
+    header = ksrc / "ptx" / "mma.cuh"
+    header.write_bytes(header.read_bytes() + b" ")      # one byte in a nested header
+    assert jit.cache_key(SPEC) != k0
+    assert not jit.compile_spec(SPEC).cached
+    # the location of the sources is not part of the key, only their content
+    header.write_bytes(header.read_bytes()[:-1])
+    assert jit.cache_key(SPEC) == k0
+
+
+def test_compile_error_names_kernel(ksrc):
+    (ksrc / "bwd_main.cu").write_text(_stub("bwd_main.cu") + "\nthis is not C++;\n")
+    with pytest.raises(jit.CompileError) as info:
+        jit.compile_spec(SPEC)
+    assert SPEC.label in str(info.value) and "error" in info.value.log
+    assert info.value.label == SPEC.label
+    # a missing source is a CompileError too
+    (ksrc / "bwd_main.cu").unlink()
+    with pytest.raises(jit.CompileError, match=r"bwd_main\[bf16,d64,causal,det\]"):
+        jit.compile_spec(SPEC)
+
+
+def test_verbose_prints_ptxas_report(ksrc, monkeypatch, capsys):
+    monkeypatch.setenv("CUPY_DASH_JIT_VERBOSE", "1")
+    jit.compile_spec(SPEC)
+    err = capsys.readouterr().err
+    assert SPEC.label in err and "registers" in err and "ptxas" in err
+    jit.compile_spec(SPEC, verbose=False)
+    assert capsys.readouterr().err == ""
+
+
+# ------------------------------------------------------------------------------------------------ real kernels
+@pytest.mark.parametrize("spec", [kernels.fwd_spec("bfloat16", 128, True),
+                                  kernels.bwd_specs("float16", 64, False, True).main],
+                         ids=lambda s: s.label)
+def test_real_kernel_compiles(spec, tmp_path, monkeypatch):
+    monkeypatch.setenv("CUPY_DASH_CACHE_DIR", str(tmp_path))
+    ck = jit.compile_spec(spec)
+    assert ck.registers > 0 and "for 'sm_90a'" in ck.log and ck.cubin_path.is_file()
+
+
+# ------------------------------------------------------------------------------------------------ CLI
+def test_cli_compile_subset(ksrc, capsys):
+    assert cli_compile.main(["--head-dim", "64", "--dtype", "bf16"]) == 0
+    out = capsys.readouterr().out
+    assert "regs" in out and "OK: 8 kernel(s)" in out
+    for spec in cli_compile.select([64], ["bfloat16"], None):
+        assert spec.label in out
+    # the second run is served from the cache
+    assert cli_compile.main(["--kernel", "bwd_postprocess", "--head-dim", "64", "--dtype", "bfloat16"]) == 0
+    assert "(1 from the cache)" in capsys.readouterr().out
+
+
+def test_cli_compile_reports_failures(ksrc, capsys):
+    (ksrc / "bwd_postprocess.cu").write_text("#error deliberately broken\n")
+    assert cli_compile.main(["--kernel", "bwd_postprocess", "--kernel", "fwd", "--head-dim", "64",
+                             "--dtype", "fp16"]) == 1
+    captured = capsys.readouterr()
+    assert "bwd_postprocess[fp16,d64]: compile error" in captured.err
+    assert "deliberately broken" in captured.err
+    assert "fwd[fp16,d64,causal]" in captured.out
+
+
+def test_cli_compile_flags_spills(ksrc, capsys):
+    # a kernel that spills under a tight register cap
+    (ksrc / "bwd_preprocess.cu").write_text(r"""
+#include "params.cuh"
+extern "C" __global__ void __maxnreg__(24)
+dash_bwd_preprocess(const __grid_constant__ BwdParams p) {
+  float acc[48];
+  #pragma unroll
+  for (int i = 0; i < 48; ++i) acc[i] = p.dpsum[threadIdx.x * 48 + i];
+  #pragma unroll
+  for (int r = 0; r < 8; ++r)
+  #pragma unroll
+    for (int i = 0; i < 48; ++i) acc[i] = acc[i] * acc[(i + r + 1) % 48] + 1.f;
+  #pragma unroll
+  for (int i = 0; i < 48; ++i) p.dpsum[threadIdx.x * 48 + i] = acc[i];
+}
+""")
+    assert cli_compile.main(["--kernel", "bwd_preprocess", "--head-dim", "128", "--dtype", "bf16"]) == 1
+    err = capsys.readouterr().err
+    assert "bwd_preprocess[bf16,d128]: spills" in err
+
+
+@pytest.mark.parametrize("argv", [[], ["--all", "--head-dim", "64"], ["--head-dim", "96"], ["--dtype", "fp32"],
+                                  ["--kernel", "nope"], ["--bogus"]])
+def test_cli_compile_bad_arguments(argv, capsys):
+    with pytest.raises(SystemExit) as info:
+        cli_compile.main(argv)
+    assert info.value.code == 2
+    assert "error" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------------ GPU
+ECHO_KERNEL = r"""
+#include "params.cuh"
+// Copies its parameter block, byte for byte, into the buffer at p.out: proves the by-value struct passing.
+extern "C" __global__ void __launch_bounds__(DASH_NUM_THREADS) dash_fwd(const __grid_constant__ FwdParams p) {
+  extern __shared__ unsigned char smem[];
+  const unsigned char* src = reinterpret_cast<const unsigned char*>(&p);
+  unsigned char* dst = reinterpret_cast<unsigned char*>(p.out) + blockIdx.x * sizeof(FwdParams);
+  for (int i = threadIdx.x; i < (int)sizeof(FwdParams); i += blockDim.x) { smem[i] = src[i]; }
+  __syncthreads();
+  for (int i = threadIdx.x; i < (int)sizeof(FwdParams); i += blockDim.x) dst[i] = smem[i];
+  if (threadIdx.x == 0 && blockIdx.x == 0) p.lse[0] = (float)DASH_SMEM_BYTES;
+}
+"""
+
+
+@pytest.mark.gpu
+def test_launch_passes_params_by_value(ksrc):
+    import cupy
+    (ksrc / "fwd.cu").write_text(ECHO_KERNEL)
+    spec = kernels.fwd_spec("bfloat16", 128, False)          # 96 KiB dynamic smem: needs the opt-in attribute
+    assert spec.smem_bytes > 48 * 1024
+    grid = 3
+    out = cupy.zeros(grid * kernels.FWD_PARAMS_DTYPE.itemsize, dtype=cupy.uint8)
+    lse = cupy.zeros(4, dtype=cupy.float32)
+    params = kernels.pack_fwd_params(**_fwd_fields(out=out.data.ptr, lse=lse))
+    stream = cupy.cuda.Stream(non_blocking=True)
+    kernels.launch(spec, (grid,), params, stream)
+    stream.synchronize()
+    got = out.get().reshape(grid, -1)
+    for row in got:
+        assert row.tobytes() == params.tobytes()
+    assert float(lse[0].get()) == spec.smem_bytes
+    assert jit.load(spec) is jit.load(spec)                   # memoized per (spec, device)
+    n = kernels.max_resident_ctas(spec)
+    sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+    assert n % sms == 0 and sms <= n <= 2 * sms               # 96 KiB smem: 1 or 2 CTAs per SM
+    bwd_params = np.zeros(1, dtype=kernels.BWD_PARAMS_DTYPE)
+    with pytest.raises(TypeError, match="params"):             # the wrong struct for this kernel
+        kernels.launch(spec, grid, bwd_params, stream)
