@@ -1,0 +1,709 @@
+"""Benchmarks of cupy_dash against torch SDPA (FlashAttention-2 backend), in one process and one GPU run.
+
+Conventions (DESIGN.md, "Measuring"; the FA3 paper's):
+
+* FLOPs: forward ``4 * B * H * Sq * Sk * D`` (halved for causal), backward 2.5x the forward.
+* Shapes: ``tokens = B * S = 16384`` and ``hidden = H * D = 2048``; S in 512 ... 16384; head dim 64 and 128;
+  full and causal; bf16. Every tensor of every shape has the same number of elements, so one pool of random
+  buffers serves every configuration (reshaped per shape).
+* Timing: CUDA events around each call on the stream the call runs on, after warm-up; the median over
+  ``repeats`` (>= 20) calls; the calls rotate over ``input_sets`` (>= 2) independent input sets, each larger than
+  the L2 cache (optionally, ``flush_l2`` also writes a 256 MiB buffer before every timed call).
+* Backward timing is the backward call alone: q, k, v, dO, out and lse are computed beforehand; for torch the
+  graph is built once per input set and ``torch.autograd.grad(..., retain_graph=True)`` is timed.
+* Torch SDPA is measured under ``sdpa_kernel(SDPBackend.FLASH_ATTENTION)`` with layout (B, H, S, D) (a
+  transposed view of the same (B, S, H, D) buffers), its backward both with ``torch.use_deterministic_algorithms
+  (True)`` (FA2's deterministic backward) and without.
+
+Also measured: host overhead per call (a tiny shape, 1000 back-to-back calls, one synchronization at the end)
+and compile time (a cold process with empty caches, then a warm process with the disk cache filled), both in
+subprocesses so in-process memoization cannot hide anything.
+
+Run ``python -m cupy_dash bench --help`` or ``python benchmarks/bench_attention.py --help``.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+__all__ = ["attention_flops", "main", "run", "parse_args", "SCHEDULES", "DEFAULT_SEQLENS"]
+
+TOKENS = 16384
+HIDDEN = 2048
+DEFAULT_SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
+DEFAULT_HDIMS = (64, 128)
+DEFAULT_MASKS = ("full", "causal")
+SCHEDULES = ("fa3", "descending", "shift", "symmetric_shift", "auto")
+ATOMIC = "atomic"                      # deterministic=False
+DEFAULT_REPEATS = 30
+QUICK = dict(seqlens=(1024, 4096), hdims=(128,), masks=("full", "causal"), repeats=20, warmup=3,
+             overhead_calls=1000)
+FLUSH_BYTES = 256 << 20
+
+LABELS = {
+    "dash_fwd": "cupy_dash fwd",
+    "torch_fwd": "torch SDPA FA2 fwd",
+    "torch_bwd_det": "torch SDPA FA2 det bwd",
+    "torch_bwd_nondet": "torch SDPA FA2 non-det bwd",
+}
+
+
+def _label(key):
+    if key in LABELS:
+        return LABELS[key]
+    if key.startswith("dash_bwd_"):
+        s = key[len("dash_bwd_"):]
+        return f"cupy_dash bwd {s}" + (" (non-det)" if s == ATOMIC else "")
+    return key
+
+
+def attention_flops(batch, heads, seqlen_q, seqlen_k, head_dim, causal, mode="fwd"):
+    """FLOPs of one attention call, FA3 paper convention: fwd 4·B·H·Sq·Sk·D (×½ causal), bwd 2.5× fwd."""
+    f = 4.0 * batch * heads * seqlen_q * seqlen_k * head_dim
+    if causal:
+        f *= 0.5
+    if mode == "bwd":
+        f *= 2.5
+    elif mode != "fwd":
+        raise ValueError(f"mode must be 'fwd' or 'bwd', got {mode!r}")
+    return f
+
+
+def _log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# random inputs on the GPU
+# ----------------------------------------------------------------------------------------------------------------
+def random_tensor(shape, dtype="bf16", seed=0):
+    """Standard-normal CuPy array of ``shape`` in bf16 (ml_dtypes) or fp16, generated on the GPU.
+
+    bf16 is produced by round-to-nearest-even on the fp32 bit pattern with plain uint32 arithmetic, so no CuPy
+    kernel has to know the bf16 type.
+    """
+    import cupy
+    n = int(math.prod(shape))
+    x = cupy.random.RandomState(seed).standard_normal(n, dtype=cupy.float32)
+    if dtype in ("fp16", "float16"):
+        return x.astype(cupy.float16).reshape(shape)
+    if dtype not in ("bf16", "bfloat16"):
+        raise ValueError(f"dtype must be bf16 or fp16, got {dtype!r}")
+    import ml_dtypes
+    u = x.view(cupy.uint32)
+    bits = ((u + cupy.uint32(0x7FFF) + ((u >> cupy.uint32(16)) & cupy.uint32(1))) >> cupy.uint32(16))
+    return bits.astype(cupy.uint16).view(ml_dtypes.bfloat16).reshape(shape)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# timing
+# ----------------------------------------------------------------------------------------------------------------
+class _CupyEvents:
+    def __init__(self):
+        import cupy
+        self.cupy = cupy
+
+    def event(self):
+        return self.cupy.cuda.Event()
+
+    def record(self, ev):
+        ev.record(self.cupy.cuda.get_current_stream())
+
+    def synchronize(self, ev):
+        ev.synchronize()
+
+    def elapsed_ms(self, start, end):
+        return float(self.cupy.cuda.get_elapsed_time(start, end))
+
+
+class _TorchEvents:
+    def __init__(self):
+        import torch
+        self.torch = torch
+
+    def event(self):
+        return self.torch.cuda.Event(enable_timing=True)
+
+    def record(self, ev):
+        ev.record()
+
+    def synchronize(self, ev):
+        ev.synchronize()
+
+    def elapsed_ms(self, start, end):
+        return float(start.elapsed_time(end))
+
+
+def time_calls(calls, *, warmup, repeats, events, flush=None):
+    """Median-ready list of per-call GPU times (ms): ``calls[i % len(calls)]`` is call i (rotating input sets).
+
+    Every call is bracketed by two events on the current stream; calls are enqueued back to back and the host
+    synchronizes once at the end.
+    """
+    n = len(calls)
+    for i in range(warmup):
+        calls[i % n]()
+    starts = [events.event() for _ in range(repeats)]
+    ends = [events.event() for _ in range(repeats)]
+    for i in range(repeats):
+        if flush is not None:
+            flush()
+        events.record(starts[i])
+        calls[i % n]()
+        events.record(ends[i])
+    events.synchronize(ends[-1])
+    return [events.elapsed_ms(s, e) for s, e in zip(starts, ends)]
+
+
+def _summary(times_ms, flops):
+    med = statistics.median(times_ms)
+    q = sorted(times_ms)
+    return dict(median_ms=med, min_ms=q[0], max_ms=q[-1], p20_ms=q[int(0.2 * (len(q) - 1))],
+                p80_ms=q[int(0.8 * (len(q) - 1))], n=len(q), tflops=flops / (med * 1e-3) / 1e12)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# one configuration
+# ----------------------------------------------------------------------------------------------------------------
+def _measure(results, key, fn):
+    """Run ``fn() -> summary dict`` and store it (or the error) under ``key``."""
+    try:
+        results[key] = fn()
+        _log(f"    {_label(key):34s} {results[key]['median_ms']:9.3f} ms  {results[key]['tflops']:7.1f} TFLOP/s")
+    except Exception as exc:  # a failing variant must not stop the benchmark
+        results[key] = dict(error=f"{type(exc).__name__}: {exc}")
+        _log(f"    {_label(key):34s} FAILED: {results[key]['error']}")
+
+
+def bench_config(cfg, buffers, opts, torch_mod=None):
+    """Measure one (hdim, mask, seqlen) configuration; ``buffers`` is a list of input sets, each a dict of flat
+    CuPy arrays q, k, v, do of ``tokens * hidden`` elements."""
+    import cupy
+    import cupy_dash
+
+    B, S, H, D, causal = cfg["batch"], cfg["seqlen"], cfg["heads"], cfg["hdim"], cfg["causal"]
+    shape = (B, S, H, D)
+    sets = [{n: buf[n].reshape(shape) for n in ("q", "k", "v", "do")} for buf in buffers]
+    f_fwd = attention_flops(B, H, S, S, D, causal, "fwd")
+    f_bwd = attention_flops(B, H, S, S, D, causal, "bwd")
+    results = {}
+    ev = _CupyEvents()
+    flush = None
+    if opts["flush_l2"]:
+        scratch = cupy.empty(FLUSH_BYTES, dtype=cupy.uint8)
+
+        def flush():
+            scratch.fill(1)
+    timing = dict(warmup=opts["warmup"], repeats=opts["repeats"])
+
+    def fwd():
+        calls = [lambda s=s: cupy_dash.attention_forward(s["q"], s["k"], s["v"], causal=causal) for s in sets]
+        return _summary(time_calls(calls, events=ev, flush=flush, **timing), f_fwd)
+
+    _measure(results, "dash_fwd", fwd)
+    try:
+        for s in sets:
+            s["out"], s["lse"] = cupy_dash.attention_forward(s["q"], s["k"], s["v"], causal=causal)
+        cupy.cuda.get_current_stream().synchronize()
+        have_fwd = True
+    except Exception as exc:
+        have_fwd = False
+        _log(f"    forward failed, skipping the cupy_dash backward: {exc}")
+
+    for sched in opts["schedules"]:
+        key = f"dash_bwd_{sched}"
+        if not have_fwd:
+            results[key] = dict(error="forward failed")
+            continue
+        kw = dict(schedule="auto", deterministic=False) if sched == ATOMIC else dict(schedule=sched,
+                                                                                     deterministic=True)
+
+        def bwd(kw=kw):
+            calls = [lambda s=s: cupy_dash.attention_backward(s["do"], s["q"], s["k"], s["v"], s["out"], s["lse"],
+                                                              causal=causal, **kw) for s in sets]
+            t = time_calls(calls, events=ev, flush=flush, **timing)
+            cupy_dash.check_errors()
+            return _summary(t, f_bwd)
+
+        _measure(results, key, bwd)
+    for s in sets:
+        s.pop("out", None)
+        s.pop("lse", None)
+
+    if torch_mod is not None:
+        _bench_torch(torch_mod, sets, causal, f_fwd, f_bwd, results, opts, flush)
+    return dict(cfg, flops_fwd=f_fwd, flops_bwd=f_bwd, results=results)
+
+
+def _bench_torch(torch, sets, causal, f_fwd, f_bwd, results, opts, flush):
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    ev = _TorchEvents()
+    timing = dict(warmup=opts["warmup"], repeats=opts["repeats"])
+    # (B, S, H, D) buffers shared with CuPy through DLPack; SDPA sees (B, H, S, D) transposed views.
+    tsets = [{n: torch.from_dlpack(s[n]) for n in ("q", "k", "v", "do")} for s in sets]
+
+    def sdpa(t):
+        return F.scaled_dot_product_attention(t["q"].transpose(1, 2), t["k"].transpose(1, 2),
+                                              t["v"].transpose(1, 2), is_causal=causal)
+
+    def fwd():
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION), torch.no_grad():
+            calls = [lambda t=t: sdpa(t) for t in tsets]
+            return _summary(time_calls(calls, events=ev, flush=flush, **timing), f_fwd)
+
+    _measure(results, "torch_fwd", fwd)
+
+    previous = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    for deterministic, key in ((True, "torch_bwd_det"), (False, "torch_bwd_nondet")):
+        def bwd(deterministic=deterministic):
+            torch.use_deterministic_algorithms(deterministic)
+            graphs = []
+            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                for t in tsets:
+                    leaves = [t[n].detach().requires_grad_(True) for n in ("q", "k", "v")]
+                    out = F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in leaves), is_causal=causal)
+                    graphs.append((out, leaves, t["do"].transpose(1, 2)))
+                calls = [lambda g=g: torch.autograd.grad(g[0], g[1], g[2], retain_graph=True) for g in graphs]
+                return _summary(time_calls(calls, events=ev, flush=flush, **timing), f_bwd)
+
+        try:
+            _measure(results, key, bwd)
+        finally:
+            torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# host overhead and compile time
+# ----------------------------------------------------------------------------------------------------------------
+def measure_host_overhead(calls=1000, warmup=20, dtype="bf16", torch_mod=None):
+    """Average wall-clock µs per call for a tiny shape (B=1, H=1, S=128, D=64), ``calls`` calls back to back
+    with a single synchronization at the end (first-call compilation excluded by the warm-up)."""
+    import cupy
+    import cupy_dash
+
+    shape = (1, 128, 1, 64)
+    q, k, v, do = (random_tensor(shape, dtype, seed=i) for i in range(4))
+    out, lse = cupy_dash.attention_forward(q, k, v)
+    stream = cupy.cuda.get_current_stream()
+    res = {}
+
+    def per_call(fn):
+        for _ in range(warmup):
+            fn()
+        stream.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        stream.synchronize()
+        return (time.perf_counter() - t0) / calls * 1e6
+
+    res["dash_fwd_us"] = per_call(lambda: cupy_dash.attention_forward(q, k, v))
+    res["dash_bwd_us"] = per_call(lambda: cupy_dash.attention_backward(do, q, k, v, out, lse))
+    cupy_dash.check_errors()
+    if torch_mod is not None:
+        torch = torch_mod
+        import torch.nn.functional as F
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        tq, tk, tv, tdo = (torch.from_dlpack(x).transpose(1, 2) for x in (q, k, v, do))
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            with torch.no_grad():
+                res["torch_fwd_us"] = per_call(lambda: F.scaled_dot_product_attention(tq, tk, tv))
+            leaves = [x.detach().requires_grad_(True) for x in (tq, tk, tv)]
+            o = F.scaled_dot_product_attention(*leaves)
+            res["torch_bwd_us"] = per_call(lambda: torch.autograd.grad(o, leaves, tdo, retain_graph=True))
+        torch.cuda.synchronize()
+    res["calls"] = calls
+    res["shape"] = dict(batch=1, heads=1, seqlen=128, hdim=64, dtype=dtype)
+    return res
+
+
+_COMPILE_SCRIPT = r"""
+import json, sys, time
+t0 = time.perf_counter()
+import cupy
+import cupy_dash
+from cupy_dash.bench import random_tensor
+t_import = time.perf_counter() - t0
+p = json.loads(sys.argv[1])
+dev = cupy.cuda.Device(0)
+cupy.zeros(1)
+dev.synchronize()
+shape = (p["batch"], p["seqlen"], p["heads"], p["hdim"])
+q, k, v, do = (random_tensor(shape, p["dtype"], seed=i) for i in range(4))
+dev.synchronize()
+t = time.perf_counter()
+out, lse = cupy_dash.attention_forward(q, k, v, causal=p["causal"])
+dev.synchronize()
+t_fwd = time.perf_counter() - t
+t = time.perf_counter()
+cupy_dash.attention_backward(do, q, k, v, out, lse, causal=p["causal"])
+cupy_dash.check_errors()
+t_bwd = time.perf_counter() - t
+t = time.perf_counter()
+out, lse = cupy_dash.attention_forward(q, k, v, causal=p["causal"])
+cupy_dash.attention_backward(do, q, k, v, out, lse, causal=p["causal"])
+cupy_dash.check_errors()
+t_again = time.perf_counter() - t
+print("@@RESULT@@" + json.dumps(dict(import_s=t_import, first_fwd_s=t_fwd, first_bwd_s=t_bwd,
+                                     first_total_s=t_fwd + t_bwd, second_fwd_bwd_s=t_again)))
+"""
+
+
+def _run_compile_probe(params, cache_dir, cupy_cache_dir, timeout=900):
+    env = dict(os.environ)
+    env["CUPY_DASH_CACHE_DIR"] = cache_dir
+    env["CUPY_CACHE_DIR"] = cupy_cache_dir
+    pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = pkg_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    t = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT, json.dumps(params)], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    wall = time.perf_counter() - t
+    for line in proc.stdout.splitlines():
+        if line.startswith("@@RESULT@@"):
+            res = json.loads(line[len("@@RESULT@@"):])
+            res["process_wall_s"] = wall
+            return res
+    tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-5:]
+    raise RuntimeError(f"compile probe exited with {proc.returncode}: " + " | ".join(tail))
+
+
+def measure_compile_times(hdim=128, causal=True, dtype="bf16"):
+    """Cold (empty CUPY_DASH_CACHE_DIR and CUPY_CACHE_DIR) and warm (same directories, new process) first-call
+    times of forward + backward, each in a fresh Python process."""
+    params = dict(batch=1, heads=2, seqlen=256, hdim=hdim, causal=causal, dtype=dtype)
+    res = dict(shape=params)
+    with tempfile.TemporaryDirectory(prefix="cupy_dash_bench_cache_") as tmp:
+        dash_dir, cupy_dir = os.path.join(tmp, "dash"), os.path.join(tmp, "cupy")
+        os.makedirs(dash_dir)
+        os.makedirs(cupy_dir)
+        for phase in ("cold", "warm"):
+            try:
+                res[phase] = _run_compile_probe(params, dash_dir, cupy_dir)
+                _log(f"    compile {phase}: first fwd {res[phase]['first_fwd_s']:.2f} s, first bwd "
+                     f"{res[phase]['first_bwd_s']:.2f} s (process {res[phase]['process_wall_s']:.1f} s)")
+            except Exception as exc:
+                res[phase] = dict(error=f"{type(exc).__name__}: {exc}")
+                _log(f"    compile {phase}: FAILED: {res[phase]['error']}")
+    return res
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# reporting
+# ----------------------------------------------------------------------------------------------------------------
+def _seq_label(s):
+    return f"{s // 1024}k" if s >= 1024 and s % 1024 == 0 else str(s)
+
+
+def _fmt_tflops(entry):
+    if entry is None:
+        return "-"
+    if "error" in entry:
+        return "err"
+    t = entry["tflops"]
+    return f"{t:.0f}" if t >= 100 else f"{t:.1f}"
+
+
+def _fmt_ms(entry):
+    if entry is None:
+        return "-"
+    if "error" in entry:
+        return "err"
+    return f"{entry['median_ms']:.3f}"
+
+
+def _row_keys(configs):
+    keys = []
+    for cfg in configs:
+        for k in cfg["results"]:
+            if k not in keys:
+                keys.append(k)
+    order = ["dash_fwd"] + [f"dash_bwd_{s}" for s in SCHEDULES + (ATOMIC,)] + \
+        ["torch_fwd", "torch_bwd_det", "torch_bwd_nondet"]
+    return [k for k in order if k in keys] + [k for k in keys if k not in order]
+
+
+def markdown_report(report):
+    meta = report["meta"]
+    lines = [f"# cupy_dash benchmark, {meta['date']}", "",
+             f"GPU: {meta.get('gpu', '?')} ({meta.get('sms', '?')} SMs); cupy {meta.get('cupy')}, "
+             f"torch {meta.get('torch') or 'not used'}, cupy_dash {meta.get('cupy_dash')}.",
+             f"Command: `{meta['command']}`", "",
+             f"{meta['dtype']}, {meta['tokens']} tokens per batch (B = {meta['tokens']} / S), H·D = "
+             f"{meta['hidden']}. TFLOP/s with the FA3 convention (fwd 4·B·H·S²·D, ×½ causal; bwd 2.5× fwd); "
+             f"CUDA events, median of {meta['repeats']} after {meta['warmup']} warm-up calls, rotating over "
+             f"{meta['input_sets']} input sets" + (", L2 flushed before every call" if meta["flush_l2"] else "")
+             + ". Backward = the backward call alone.", ""]
+    configs = report["configs"]
+    groups = []
+    for cfg in configs:
+        g = (cfg["hdim"], cfg["causal"])
+        if g not in groups:
+            groups.append(g)
+    for unit, fmt in (("TFLOP/s", _fmt_tflops), ("median ms", _fmt_ms)):
+        lines += [f"## {unit}", ""]
+        for hdim, causal in groups:
+            cfgs = sorted((c for c in configs if (c["hdim"], c["causal"]) == (hdim, causal)),
+                          key=lambda c: c["seqlen"])
+            head = f"| head dim {hdim}, {'causal' if causal else 'full'} | " + \
+                " | ".join(_seq_label(c["seqlen"]) for c in cfgs) + " |"
+            lines += [head, "|" + "---|" * (len(cfgs) + 1)]
+            for key in _row_keys(cfgs):
+                lines.append(f"| {_label(key)} | " + " | ".join(fmt(c["results"].get(key)) for c in cfgs) + " |")
+            if unit == "TFLOP/s":
+                det = []
+                for c in cfgs:
+                    a, b = c["results"].get("dash_bwd_auto"), c["results"].get(f"dash_bwd_{ATOMIC}")
+                    ok = a and b and "error" not in a and "error" not in b
+                    det.append(f"{100.0 * b['median_ms'] / a['median_ms']:.0f}%" if ok else "-")
+                if any(d != "-" for d in det):
+                    lines.append("| cupy_dash det (auto) speed vs atomic | " + " | ".join(det) + " |")
+            lines.append("")
+    errors = [(c, k, r["error"]) for c in configs for k, r in c["results"].items() if "error" in r]
+    if errors:
+        lines += ["## Failed measurements", ""]
+        lines += [f"- d{c['hdim']} {'causal' if c['causal'] else 'full'} S={c['seqlen']}, {_label(k)}: {e}"
+                  for c, k, e in errors]
+        lines.append("")
+    ov = report.get("host_overhead")
+    if ov:
+        lines += ["## Host overhead per call", ""]
+        if "error" in ov:
+            lines.append(f"failed: {ov['error']}")
+        else:
+            lines.append(f"B=1, H=1, S=128, D=64, {ov['calls']} calls back to back, one synchronization at the "
+                         "end (µs per call):")
+            lines.append("")
+            lines += ["| | forward | backward |", "|---|---|---|",
+                      f"| cupy_dash | {ov['dash_fwd_us']:.1f} | {ov['dash_bwd_us']:.1f} |"]
+            if "torch_fwd_us" in ov:
+                lines.append(f"| torch SDPA FA2 | {ov['torch_fwd_us']:.1f} | {ov['torch_bwd_us']:.1f} |")
+        lines.append("")
+    ct = report.get("compile")
+    if ct:
+        sh = ct.get("shape", {})
+        lines += ["## Compile time (first forward + backward in a fresh process)", "",
+                  f"d{sh.get('hdim')} {'causal' if sh.get('causal') else 'full'} {sh.get('dtype')}; cold = empty "
+                  "CUPY_DASH_CACHE_DIR and CUPY_CACHE_DIR, warm = the same directories in a new process.", "",
+                  "| | first fwd (s) | first bwd (s) | second fwd+bwd (s) | import (s) | process (s) |",
+                  "|---|---|---|---|---|---|"]
+        for phase in ("cold", "warm"):
+            r = ct.get(phase)
+            if not r:
+                continue
+            if "error" in r:
+                lines.append(f"| {phase} | failed: {r['error']} | | | | |")
+            else:
+                lines.append(f"| {phase} | {r['first_fwd_s']:.2f} | {r['first_bwd_s']:.2f} | "
+                             f"{r['second_fwd_bwd_s']:.3f} | {r['import_s']:.2f} | {r['process_wall_s']:.1f} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _output_paths(out, stamp):
+    if out.endswith(".json") or out.endswith(".md"):
+        base = out.rsplit(".", 1)[0]
+    else:
+        base = os.path.join(out, f"bench_{stamp}")
+    d = os.path.dirname(base)
+    if d:
+        os.makedirs(d, exist_ok=True)
+    return base + ".json", base + ".md"
+
+
+def _meta(opts, argv):
+    import cupy
+    import cupy_dash
+    meta = dict(date=_dt.datetime.now().isoformat(timespec="seconds"),
+                command=" ".join([opts.get("prog") or "python -m cupy_dash bench"] + [shlex.quote(a) for a in argv]),
+                dtype=opts["dtype"], tokens=opts["tokens"], hidden=opts["hidden"], repeats=opts["repeats"],
+                warmup=opts["warmup"], input_sets=opts["input_sets"], flush_l2=opts["flush_l2"],
+                quick=opts["quick"], python=platform.python_version(), cupy=cupy.__version__,
+                cupy_dash=getattr(cupy_dash, "__version__", "?"), torch=None)
+    try:
+        props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
+        name = props["name"]
+        meta.update(gpu=name.decode() if isinstance(name, bytes) else str(name),
+                    sms=int(props["multiProcessorCount"]), l2_bytes=int(props.get("l2CacheSize", 0)),
+                    compute_capability=cupy.cuda.Device().compute_capability,
+                    driver=cupy.cuda.runtime.driverGetVersion(), cuda_runtime=cupy.cuda.runtime.runtimeGetVersion())
+    except Exception as exc:
+        meta["gpu_error"] = repr(exc)
+    return meta
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# command line
+# ----------------------------------------------------------------------------------------------------------------
+def _int_list(values):
+    out = []
+    for v in values:
+        out += [int(x) for x in str(v).replace(",", " ").split()]
+    return tuple(out)
+
+
+def _str_list(values):
+    out = []
+    for v in values:
+        out += [x for x in str(v).replace(",", " ").split()]
+    return tuple(out)
+
+
+def build_parser(prog=None):
+    p = argparse.ArgumentParser(
+        prog=prog, description="Benchmark cupy_dash attention (forward, backward per schedule, atomic backward) "
+        "against torch SDPA's FlashAttention-2 backend. 16k tokens per batch, H*D = 2048, bf16.")
+    p.add_argument("--seqlens", nargs="+", default=None, help=f"sequence lengths (default {DEFAULT_SEQLENS})")
+    p.add_argument("--hdims", nargs="+", default=None, help="head dims (default 64 128)")
+    p.add_argument("--masks", nargs="+", default=None, help="full and/or causal (default both)")
+    p.add_argument("--schedules", nargs="+", default=None,
+                   help=f"backward schedules; '{ATOMIC}' = deterministic=False (default: all of "
+                   f"{', '.join(SCHEDULES)}, {ATOMIC})")
+    p.add_argument("--repeats", type=int, default=None, help=f"timed calls per measurement (default "
+                   f"{DEFAULT_REPEATS}; the median is reported)")
+    p.add_argument("--warmup", type=int, default=None, help="untimed calls before timing (default 5)")
+    p.add_argument("--input-sets", type=int, default=2, help="input sets rotated between calls (default 2)")
+    p.add_argument("--flush-l2", action="store_true", help="also write a 256 MiB buffer before every timed call")
+    p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
+    p.add_argument("--tokens", type=int, default=TOKENS, help="B*S (default 16384)")
+    p.add_argument("--hidden", type=int, default=HIDDEN, help="H*D (default 2048)")
+    p.add_argument("--quick", action="store_true",
+                   help="about 2 minutes: S in {1024, 4096}, head dim 128, both masks, 20 repeats")
+    p.add_argument("--no-torch", action="store_true", help="skip torch SDPA")
+    p.add_argument("--no-overhead", action="store_true", help="skip the host-overhead measurement")
+    p.add_argument("--overhead-calls", type=int, default=None, help="calls for the host overhead (default 1000)")
+    p.add_argument("--no-compile", action="store_true", help="skip the cold/warm compile-time subprocesses")
+    p.add_argument("--out", default=os.path.join("benchmarks", "results"),
+                   help="output directory (bench_<time>.json/.md inside) or a .json/.md file path "
+                   "(default benchmarks/results/)")
+    return p
+
+
+def parse_args(argv=None, prog=None):
+    args = build_parser(prog).parse_args(argv)
+    q = QUICK if args.quick else {}
+    opts = dict(
+        seqlens=_int_list(args.seqlens) if args.seqlens else q.get("seqlens", DEFAULT_SEQLENS),
+        hdims=_int_list(args.hdims) if args.hdims else q.get("hdims", DEFAULT_HDIMS),
+        masks=_str_list(args.masks) if args.masks else q.get("masks", DEFAULT_MASKS),
+        schedules=_str_list(args.schedules) if args.schedules else SCHEDULES + (ATOMIC,),
+        repeats=args.repeats if args.repeats is not None else q.get("repeats", DEFAULT_REPEATS),
+        warmup=args.warmup if args.warmup is not None else q.get("warmup", 5),
+        overhead_calls=args.overhead_calls if args.overhead_calls is not None else q.get("overhead_calls", 1000),
+        input_sets=max(1, args.input_sets), flush_l2=args.flush_l2, dtype=args.dtype, tokens=args.tokens,
+        hidden=args.hidden, quick=args.quick, torch=not args.no_torch, overhead=not args.no_overhead,
+        compile=not args.no_compile, out=args.out, prog=prog)
+    for m in opts["masks"]:
+        if m not in ("full", "causal"):
+            raise SystemExit(f"--masks: expected full and/or causal, got {m!r}")
+    for s in opts["schedules"]:
+        if s not in SCHEDULES + (ATOMIC,):
+            raise SystemExit(f"--schedules: unknown schedule {s!r} (known: {', '.join(SCHEDULES + (ATOMIC,))})")
+    if opts["repeats"] < 1:
+        raise SystemExit("--repeats must be >= 1")
+    if opts["repeats"] < 20:
+        _log(f"note: --repeats {opts['repeats']} is below the 20 the measuring rules ask for")
+    for s in opts["seqlens"]:
+        if opts["tokens"] % s:
+            raise SystemExit(f"--seqlens: {s} does not divide the {opts['tokens']} tokens per batch")
+    for d in opts["hdims"]:
+        if opts["hidden"] % d:
+            raise SystemExit(f"--hdims: {d} does not divide the hidden size {opts['hidden']}")
+    return opts
+
+
+def run(opts, argv=()):
+    """Run the benchmark described by ``opts`` (from :func:`parse_args`); return the report dict."""
+    import cupy
+
+    torch_mod = None
+    if opts["torch"]:
+        try:
+            import torch
+            if torch.cuda.is_available():
+                torch_mod = torch
+            else:
+                _log("torch has no CUDA device: skipping torch SDPA")
+        except ImportError:
+            _log("torch not installed: skipping torch SDPA")
+    meta = _meta(opts, argv)
+    if torch_mod is not None:
+        meta["torch"] = torch_mod.__version__
+    report = dict(meta=meta, configs=[])
+    _log(f"cupy_dash bench on {meta.get('gpu', '?')}: seqlens {opts['seqlens']}, hdims {opts['hdims']}, "
+         f"masks {opts['masks']}, schedules {opts['schedules']}, {opts['repeats']} repeats")
+
+    n = opts["tokens"] * opts["hidden"]
+    buffers = [{name: random_tensor((n,), opts["dtype"], seed=10 * i + j)
+                for j, name in enumerate(("q", "k", "v", "do"))} for i in range(opts["input_sets"])]
+    cupy.cuda.get_current_stream().synchronize()
+    for hdim in opts["hdims"]:
+        for mask in opts["masks"]:
+            for S in opts["seqlens"]:
+                cfg = dict(hdim=hdim, causal=mask == "causal", seqlen=S, batch=opts["tokens"] // S,
+                           heads=opts["hidden"] // hdim)
+                _log(f"  d{hdim} {mask} S={S} B={cfg['batch']} H={cfg['heads']}")
+                report["configs"].append(bench_config(cfg, buffers, opts, torch_mod))
+                cupy.get_default_memory_pool().free_all_blocks()
+    del buffers
+    cupy.get_default_memory_pool().free_all_blocks()
+
+    if opts["overhead"]:
+        _log("  host overhead per call")
+        try:
+            report["host_overhead"] = measure_host_overhead(opts["overhead_calls"], dtype=opts["dtype"],
+                                                            torch_mod=torch_mod)
+        except Exception as exc:
+            report["host_overhead"] = dict(error=f"{type(exc).__name__}: {exc}")
+    if opts["compile"]:
+        _log("  compile time (subprocesses)")
+        report["compile"] = measure_compile_times(hdim=max(opts["hdims"]), causal=True, dtype=opts["dtype"])
+    return report
+
+
+def main(argv=None, prog=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    opts = parse_args(argv, prog=prog)
+    try:
+        import cupy
+        if not cupy.cuda.is_available():
+            print("No CUDA GPU found: nothing to benchmark.", file=sys.stderr)
+            return 1
+        cc = cupy.cuda.Device().compute_capability
+    except Exception as exc:
+        print(f"No usable CUDA GPU ({exc}): nothing to benchmark.", file=sys.stderr)
+        return 1
+    if cc != "90":
+        print(f"cupy_dash needs a Hopper GPU (sm_90); this one is sm_{cc}.", file=sys.stderr)
+        return 1
+    t0 = time.perf_counter()
+    report = run(opts, argv)
+    report["meta"]["wall_s"] = time.perf_counter() - t0
+    md = markdown_report(report)
+    print(md)
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    json_path, md_path = _output_paths(opts["out"], stamp)
+    with open(json_path, "w") as f:
+        json.dump(report, f, indent=1)
+    with open(md_path, "w") as f:
+        f.write(md + "\n")
+    _log(f"wrote {json_path} and {md_path} ({report['meta']['wall_s']:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

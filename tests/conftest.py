@@ -1,0 +1,94 @@
+"""Shared pytest configuration: the ``gpu`` marker and fixtures for tests that need an NVIDIA Hopper GPU.
+
+Every test marked ``@pytest.mark.gpu`` (or in a module with ``pytestmark = pytest.mark.gpu``) is skipped, with
+the reason, unless CuPy sees a CUDA device of compute capability 9.0 (H100 / H200). Everything here must work on
+a machine without a GPU, a driver or torch / JAX.
+"""
+from __future__ import annotations
+
+import os
+import zlib
+
+# JAX preallocates 75 % of the GPU at import unless told otherwise; the GPU tests share the device between CuPy,
+# torch and JAX, so this has to be set before anything imports JAX.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+_NO_REASON = object()
+_hopper_reason = _NO_REASON
+
+
+def hopper_skip_reason():
+    """``None`` when a Hopper GPU (compute capability 9.0) is usable through CuPy, else why not (cached)."""
+    global _hopper_reason
+    if _hopper_reason is not _NO_REASON:
+        return _hopper_reason
+    reason = None
+    try:
+        import cupy
+    except Exception as exc:  # pragma: no cover - cupy is a hard dependency
+        reason = f"CuPy is not importable: {exc!r}"
+    else:
+        try:
+            if not cupy.cuda.is_available():
+                reason = "no CUDA GPU (cupy.cuda.is_available() is False)"
+            else:
+                cc = str(cupy.cuda.Device(0).compute_capability)
+                if cc != "90":
+                    reason = f"needs an NVIDIA Hopper GPU (compute capability 9.0), found sm_{cc}"
+        except Exception as exc:  # any CUDA error while querying: no usable GPU
+            reason = f"CUDA error while querying the GPU: {exc!r}"
+    _hopper_reason = reason
+    return reason
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs an NVIDIA Hopper GPU (skipped without one)")
+
+
+def pytest_collection_modifyitems(config, items):
+    gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if not gpu_items:
+        return
+    reason = hopper_skip_reason()
+    if reason is None:
+        return
+    skip = pytest.mark.skip(reason=reason)
+    for item in gpu_items:
+        item.add_marker(skip)
+
+
+def seed_from(text: str) -> int:
+    """A stable 32-bit seed derived from a string (a test id or a case id)."""
+    return zlib.crc32(text.encode("utf-8"))
+
+
+@pytest.fixture
+def rng(request):
+    """A numpy Generator seeded by the test's node id: fresh inputs per test, reproducible across runs."""
+    return np.random.default_rng(seed_from(request.node.nodeid))
+
+
+@pytest.fixture
+def hopper():
+    """Skip unless a Hopper GPU is usable; returns the CuPy device (for tests not marked ``gpu``)."""
+    reason = hopper_skip_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    import cupy
+    return cupy.cuda.Device(0)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Print the lines tests recorded with ``record_property("report", line)`` (observations, not asserts)."""
+    lines = []
+    for report in terminalreporter.stats.get("passed", []):
+        if getattr(report, "when", "call") != "call":
+            continue
+        lines += [str(value) for key, value in getattr(report, "user_properties", ()) if key == "report"]
+    if lines:
+        terminalreporter.section("cupy_dash observations")
+        for line in lines:
+            terminalreporter.write_line(line)
