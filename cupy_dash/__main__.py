@@ -7,7 +7,9 @@ def main(argv=None):
     command = argv.pop(0) if argv and not argv[0].startswith("-") else None
     if command == "schedule":
         from .cli_schedule import main as run
-    elif command in ("compile", "demo", "bench"):
+    elif command == "compile":
+        from .cli_compile import main as run
+    elif command in ("demo", "bench"):
         from . import cli_gpu
         run = getattr(cli_gpu, f"{command}_main")
     elif command is None:
