@@ -1,0 +1,691 @@
+"""Public entry points: validation -> schedule -> launch, on the caller's stream, results in the caller's type.
+
+Layout (FlashAttention's): ``q`` ``(B, Sq, H, D)``; ``k``, ``v`` ``(B, Sk, Hkv, D)`` with ``H % Hkv == 0``;
+bf16 or fp16, any ``__dlpack__`` tensor on one CUDA device (torch, JAX, CuPy, ...). ``lse`` is ``(B, H, Sq)``
+float32 in natural-log units. Head dims 64 and 128.
+
+Every argument is validated before anything is allocated or launched; each error names the argument.
+
+Deferred errors. The deterministic backward orders the dQ reduction with per-tile semaphores read from the
+schedule table. A wait is bounded (``CUPY_DASH_SPIN_TIMEOUT_MS``, default 10000 ms): past it the main kernel
+records the failure in a small error buffer and exits instead of hanging the GPU. The host learns about it
+asynchronously: after the main kernel, the error buffer is copied to pinned host memory and an event is
+recorded. :func:`check_errors` waits for every pending backward and raises ``RuntimeError`` for a failed one;
+every public call (:func:`attention_forward`, :func:`attention_backward`, :func:`attention`) first polls the
+finished ones without blocking and raises for a failure. So a bad backward is reported by the next
+cupy_dash call or by :func:`check_errors`, not by the call that launched it (set ``CUPY_DASH_SYNC_ERRORS=1`` to
+check synchronously at the end of every backward, for debugging). CUDA graph capture is not supported.
+"""
+from __future__ import annotations
+
+import collections
+import math
+import os
+import sys
+import threading
+
+import cupy
+import ml_dtypes
+import numpy as np
+
+from . import interop, kernels
+from . import schedule as _schedule
+
+__all__ = ["attention", "attention_forward", "attention_backward", "check_errors"]
+
+_LOG2E = 1.4426950408889634
+_NP_DTYPES = {"bfloat16": np.dtype(ml_dtypes.bfloat16), "float16": np.dtype(np.float16),
+              "float32": np.dtype(np.float32), "uint8": np.dtype(np.uint8)}
+_WORKSPACE_ALIGN = 256
+_DEFAULT_SPIN_TIMEOUT_MS = 10000.0
+_MAX_PLANS = 256           # host-side plans kept (LRU)
+_MAX_TABLES = 64           # device-side schedule tables kept per process (LRU)
+_LAYOUT = "(B, S, H, D)"
+
+
+# ------------------------------------------------------------------------------------------------------------
+# validation
+# ------------------------------------------------------------------------------------------------------------
+class _Problem:
+    """Validated sizes and operand descriptions of one call."""
+    __slots__ = ("B", "Sq", "Sk", "H", "Hkv", "D", "dtype", "scale", "device_id", "infos", "lse_info")
+
+
+def _check_schedule(schedule) -> str:
+    if not isinstance(schedule, str) or schedule not in _schedule.POLICIES:
+        raise ValueError(f"schedule: expected one of {', '.join(repr(p) for p in _schedule.POLICIES)}, "
+                         f"got {schedule!r}")
+    return schedule
+
+
+def _check_scale(softmax_scale, D) -> float:
+    if softmax_scale is None:
+        return 1.0 / math.sqrt(D)
+    try:
+        scale = float(softmax_scale)
+    except (TypeError, ValueError):
+        raise ValueError(f"softmax_scale: expected a finite number > 0 or None, got {softmax_scale!r}") from None
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"softmax_scale: expected a finite number > 0 or None, got {softmax_scale!r}")
+    return scale
+
+
+_UNCHECKED = object()
+
+
+def _validate(q, k, v, do=None, out=None, lse=None, *, softmax_scale=None, schedule=_UNCHECKED,
+              backward=False) -> _Problem:
+    """All argument checks, in an order that lets CPU arrays reach every check before the device one:
+    dtype -> rank -> shapes -> head dim -> sizes / heads -> softmax_scale -> schedule -> GQA backward ->
+    strides / alignment -> device."""
+    qi = interop.describe(q, "q")
+    ki = interop.describe(k, "k")
+    vi = interop.describe(v, "v")
+    like_q = []
+    li = None
+    if backward:
+        like_q = [interop.describe(do, "do"), interop.describe(out, "out")]
+        li = interop.describe(lse, "lse")
+    operands = [qi, ki, vi, *like_q]
+
+    # dtype
+    if qi.dtype not in kernels.SUPPORTED_DTYPES:
+        raise ValueError(f"q: expected dtype {' or '.join(kernels.SUPPORTED_DTYPES)}, got {qi.dtype}")
+    for i in operands[1:]:
+        if i.dtype != qi.dtype:
+            raise ValueError(f"{i.name}: expected dtype {qi.dtype} (the dtype of q), got {i.dtype}")
+    if li is not None and li.dtype != "float32":
+        raise ValueError(f"lse: expected dtype float32, got {li.dtype}")
+
+    # rank and shapes
+    for i in operands:
+        if len(i.shape) != 4:
+            raise ValueError(f"{i.name}: expected a 4-D tensor {_LAYOUT}, got shape {i.shape}")
+    if li is not None and len(li.shape) != 3:
+        raise ValueError(f"lse: expected a 3-D tensor (B, H, Sq), got shape {li.shape}")
+    B, Sq, H, D = qi.shape
+    _, Sk, Hkv, _ = ki.shape
+    if ki.shape[0] != B or ki.shape[3] != D:
+        raise ValueError(f"k: expected shape (B, Sk, Hkv, D) with B={B} and D={D} as in q {qi.shape}, "
+                         f"got {ki.shape}")
+    if vi.shape != ki.shape:
+        raise ValueError(f"v: expected the shape of k {ki.shape}, got {vi.shape}")
+    for i in like_q:
+        if i.shape != qi.shape:
+            raise ValueError(f"{i.name}: expected the shape of q {qi.shape}, got {i.shape}")
+    if li is not None and li.shape != (B, H, Sq):
+        raise ValueError(f"lse: expected shape (B, H, Sq) = {(B, H, Sq)}, got {li.shape}")
+
+    # head dim
+    if D not in kernels.SUPPORTED_HEAD_DIMS:
+        raise NotImplementedError(f"q: head dim D={D} is not supported; supported head dims are "
+                                  f"{', '.join(str(d) for d in kernels.SUPPORTED_HEAD_DIMS)}")
+
+    # sizes and heads
+    if B == 0:
+        raise ValueError(f"q: batch size B is 0 (shape {qi.shape}); empty batches are not supported")
+    if Sq == 0:
+        raise ValueError(f"q: sequence length Sq is 0 (shape {qi.shape}); empty sequences are not supported")
+    if Sk == 0:
+        raise ValueError(f"k: sequence length Sk is 0 (shape {ki.shape}); empty sequences are not supported")
+    if H == 0:
+        raise ValueError(f"q: number of heads H is 0 (shape {qi.shape})")
+    if Hkv == 0 or H % Hkv:
+        raise ValueError(f"k: the number of kv heads Hkv={Hkv} must divide the number of query heads H={H} of q")
+
+    scale = _check_scale(softmax_scale, D)
+    if schedule is not _UNCHECKED:
+        _check_schedule(schedule)
+    if backward and H != Hkv:
+        raise NotImplementedError(f"GQA backward (q has H={H} heads, k/v have Hkv={Hkv}) is not yet supported; "
+                                  f"repeat k and v to H heads for training (the forward supports GQA)")
+
+    # strides and alignment
+    for i in operands:
+        interop.check_layout(i)
+    if li is not None:
+        interop.check_contiguous(li)
+
+    # device
+    every = operands if li is None else [*operands, li]
+    for i in every:
+        if not i.is_cuda:
+            raise ValueError(f"{i.name}: expected a tensor on a CUDA device, got one on {i.device}")
+    for i in every[1:]:
+        if i.device_id != qi.device_id:
+            raise ValueError(f"{i.name}: is on {i.device} but q is on {qi.device}; all tensors must be on one "
+                             f"CUDA device")
+
+    p = _Problem()
+    p.B, p.Sq, p.Sk, p.H, p.Hkv, p.D = B, Sq, Sk, H, Hkv, D
+    p.dtype, p.scale, p.device_id = qi.dtype, scale, qi.device_id
+    p.infos, p.lse_info = operands, li
+    return p
+
+
+def _resolve(info, x, keep):
+    """(pointer, (batch, row, head) element strides) of a validated CUDA operand.
+
+    torch and CuPy tensors are read from their attributes (no import needed; the kernels run on the caller's
+    stream, so the framework's stream-ordered memory reuse stays safe). JAX and other producers are imported
+    zero-copy through DLPack (which orders/blocks on their pending work); the imported views are kept alive in
+    ``keep`` until the launched work has finished.
+    """
+    if info.framework in ("torch", "cupy"):
+        return info.data_ptr, info.strides[:3]
+    arr = interop.to_cupy(x)
+    keep.append(arr)
+    got = interop.describe(arr, info.name)
+    if got.shape != info.shape or got.dtype != info.dtype:
+        raise ValueError(f"{info.name}: DLPack import gave shape {got.shape} {got.dtype}, expected "
+                         f"{info.shape} {info.dtype}")
+    if len(info.shape) == 4:
+        interop.check_layout(got)
+    else:
+        interop.check_contiguous(got)
+    return got.data_ptr, got.strides[:3]
+
+
+def _contiguous(shape) -> tuple:
+    _, S, H, D = shape
+    return (S * H * D, H * D, D)
+
+
+# Outputs and scratch buffers come from the caller's allocator: torch's caching allocator for torch callers
+# (stream-ordered on the current stream, no DLPack round trip), CuPy's pool (on the caller's stream) otherwise.
+_torch_dtypes: dict = {}
+_torch_devices: dict = {}
+
+
+def _new(fw, device_id, shape, dtype):
+    """An uninitialised contiguous buffer and its device pointer, in the caller's allocator."""
+    if fw == "torch":
+        torch = sys.modules["torch"]
+        tdt = _torch_dtypes.get(dtype)
+        if tdt is None:
+            tdt = _torch_dtypes[dtype] = getattr(torch, dtype)
+        dev = _torch_devices.get(device_id)
+        if dev is None:
+            dev = _torch_devices[device_id] = torch.device("cuda", device_id)
+        t = torch.empty(shape, dtype=tdt, device=dev)
+        return t, t.data_ptr()
+    a = cupy.empty(shape, dtype=_NP_DTYPES[dtype])
+    return a, a.data.ptr
+
+
+def _export(fw, arr, like):
+    """A buffer from :func:`_new` as the caller's type."""
+    return arr if fw == "torch" else interop.from_cupy(arr, like)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# deferred error reporting (see the module docstring)
+# ------------------------------------------------------------------------------------------------------------
+_lock = threading.RLock()
+
+
+class _Slot:
+    """One 16-byte error record: device int32[4], its pinned host mirror and the event after the copy."""
+    __slots__ = ("dptr", "hptr", "host", "event", "pool")
+
+
+class _SlotPool:
+    """Error slots of one device, allocated in blocks and never freed; a slot is reused once its event is done."""
+
+    def __init__(self, device_id: int):
+        self.device_id = device_id
+        self.free: list[_Slot] = []
+        self._blocks = []
+
+    def acquire(self) -> _Slot:
+        if not self.free:
+            self._grow(64)
+        return self.free.pop()
+
+    def _grow(self, n: int):
+        with cupy.cuda.Device(self.device_id):
+            dbuf = cupy.empty(4 * n, dtype=np.int32)
+            hmem = cupy.cuda.alloc_pinned_memory(16 * n)
+            host = np.frombuffer(hmem, dtype=np.int32, count=4 * n).reshape(n, 4)
+            host[:] = 0
+            self._blocks.append((dbuf, hmem))
+            for i in range(n):
+                s = _Slot()
+                s.dptr = dbuf.data.ptr + 16 * i
+                s.hptr = hmem.ptr + 16 * i
+                s.host = host[i]
+                s.event = cupy.cuda.Event(block=False, disable_timing=True)
+                s.pool = self
+                self.free.append(s)
+
+
+_slot_pools: dict[int, _SlotPool] = {}
+
+
+class _Pending:
+    """Work whose completion the host still has to observe: an error slot to read and/or objects to keep alive."""
+    __slots__ = ("event", "slot", "info", "keep")
+
+
+_pending: collections.deque = collections.deque()
+
+
+def _acquire_slot(device_id: int) -> _Slot:
+    with _lock:
+        pool = _slot_pools.get(device_id)
+        if pool is None:
+            pool = _slot_pools[device_id] = _SlotPool(device_id)
+        return pool.acquire()
+
+
+def _release_slot(slot: _Slot):
+    with _lock:
+        slot.pool.free.append(slot)
+
+
+def _spin_timeout_ms() -> float:
+    raw = os.environ.get("CUPY_DASH_SPIN_TIMEOUT_MS")
+    if raw is None or not raw.strip():
+        return _DEFAULT_SPIN_TIMEOUT_MS
+    try:
+        ms = float(raw)
+    except ValueError:
+        ms = float("nan")
+    if not (math.isfinite(ms) and ms > 0):
+        raise ValueError(f"CUPY_DASH_SPIN_TIMEOUT_MS: expected a positive number of milliseconds, got {raw!r}")
+    return ms
+
+
+def _format_failure(info, flag, visit, want, seen) -> str:
+    policy, B, H, Sq, Sk, D, causal = info
+    where = f"in schedule '{policy}' (B={B}, H={H}, Sq={Sq}, Sk={Sk}, D={D}, causal={causal})"
+    if flag == 1:
+        return (f"cupy_dash backward: dQ semaphore wait timed out {where}: visit {visit} waited for rank {want}, "
+                f"saw {seen}; the schedule table is inconsistent (a dQ tile's ranks cannot be reached in the "
+                f"CTAs' execution order) or the persistent grid exceeded the co-resident CTAs. The kernel "
+                f"abandoned the wait instead of hanging; dq/dk/dv of that call are invalid. If it was merely "
+                f"slow, raise CUPY_DASH_SPIN_TIMEOUT_MS (now {_spin_timeout_ms():g} ms).")
+    return (f"cupy_dash backward: the main kernel reported error code {flag} {where} (visit {visit}, "
+            f"values {want}, {seen}); dq/dk/dv of that call are invalid.")
+
+
+def _consume(rec: _Pending):
+    """Retire a finished record; return its failure message or None."""
+    msg = None
+    slot = rec.slot
+    if slot is not None:
+        flag, visit, want, seen = (int(x) for x in slot.host)
+        if flag:
+            msg = _format_failure(rec.info, flag, visit, want, seen)
+        _release_slot(slot)
+    rec.slot = rec.keep = None
+    return msg
+
+
+def _raise_failures(failures):
+    if failures:
+        if len(failures) == 1:
+            raise RuntimeError(failures[0])
+        raise RuntimeError(f"{len(failures)} cupy_dash backward calls failed:\n" + "\n".join(failures))
+
+
+def _poll_errors():
+    """Retire finished records without blocking (in submission order, stopping at the first unfinished one);
+    raise RuntimeError for any that failed."""
+    if not _pending:
+        return
+    failures = []
+    with _lock:
+        while _pending and _pending[0].event.done:
+            msg = _consume(_pending.popleft())
+            if msg:
+                failures.append(msg)
+    _raise_failures(failures)
+
+
+def check_errors() -> None:
+    """Wait for every pending cupy_dash backward and raise ``RuntimeError`` if any of them failed.
+
+    The main backward kernel never hangs on a dQ semaphore: past ``CUPY_DASH_SPIN_TIMEOUT_MS`` (default
+    10000 ms) it records ``error = [1, visit, rank awaited, value seen]`` and exits. Those records are read
+    asynchronously; this function synchronizes on all of them (public calls only poll finished ones). The
+    message names the schedule policy and the problem size (B, H, Sq, Sk, D, causal).
+    """
+    failures = []
+    with _lock:
+        while _pending:
+            rec = _pending.popleft()
+            rec.event.synchronize()
+            msg = _consume(rec)
+            if msg:
+                failures.append(msg)
+    _raise_failures(failures)
+
+
+def _keep_alive(keep, stream):
+    """Hold ``keep`` (imported DLPack views) until the work enqueued on ``stream`` so far has finished."""
+    rec = _Pending()
+    rec.event = cupy.cuda.Event(block=False, disable_timing=True)
+    rec.event.record(stream)
+    rec.slot, rec.info, rec.keep = None, None, keep
+    with _lock:
+        _pending.append(rec)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# caches (specs, tiles, occupancy, plans, device tables)
+# ------------------------------------------------------------------------------------------------------------
+_fwd_cache: dict = {}
+_bwd_cache: dict = {}
+_plans: collections.OrderedDict = collections.OrderedDict()
+_tables: collections.OrderedDict = collections.OrderedDict()
+
+
+def _fwd_entry(dtype, D, causal):
+    key = (dtype, D, causal)
+    e = _fwd_cache.get(key)
+    if e is None:
+        e = _fwd_cache[key] = (kernels.fwd_spec(dtype, D, causal), int(kernels.fwd_tile(D).block_m))
+    return e
+
+
+def _bwd_entry(device_id, dtype, D, causal, deterministic):
+    """(BwdKernels, block_m, block_n, max co-resident CTAs of the main kernel) per device and variant."""
+    key = (device_id, dtype, D, causal, deterministic)
+    e = _bwd_cache.get(key)
+    if e is None:
+        specs = kernels.bwd_specs(dtype, D, causal, deterministic)
+        tile = kernels.bwd_tile(D)
+        with cupy.cuda.Device(device_id):
+            max_ctas = int(kernels.max_resident_ctas(specs.main))
+        if max_ctas < 1:
+            raise RuntimeError(f"cupy_dash backward: the main kernel {getattr(specs.main, 'label', '')} cannot be "
+                               f"resident on device {device_id} (occupancy 0)")
+        e = _bwd_cache[key] = (specs, int(tile.block_m), int(tile.block_n), max_ctas)
+    return e
+
+
+class _Tables:
+    """A schedule's tables on one device: the arrays the main kernel reads."""
+    __slots__ = ("visits", "rank", "cta_start", "num_ctas", "policy", "device_id")
+
+
+def _host_tables(plan, BH, n_blocks, m_blocks):
+    """The plan's arrays in kernel dtypes, after bounds checks that keep a corrupted table from touching memory
+    outside the buffers (a bad *rank* is allowed: the kernel reports it through the semaphore timeout)."""
+    visits = np.ascontiguousarray(plan.visits, dtype=np.int32)
+    rank = np.ascontiguousarray(plan.rank, dtype=np.int32)
+    cta_start = np.ascontiguousarray(plan.cta_start, dtype=np.int64)
+    num_ctas = int(plan.num_ctas)
+    if num_ctas < 1:
+        raise ValueError(f"plan: num_ctas must be >= 1, got {num_ctas}")
+    if visits.ndim != 2 or visits.shape[1] != 4:
+        raise ValueError(f"plan: visits must be (V, 4) rows (cta, bh, n_block, m_block), got shape {visits.shape}")
+    V = visits.shape[0]
+    if rank.shape != (V,):
+        raise ValueError(f"plan: rank must have shape ({V},), got {rank.shape}")
+    if cta_start.shape != (num_ctas + 1,):
+        raise ValueError(f"plan: cta_start must have shape ({num_ctas + 1},), got {cta_start.shape}")
+    counts = np.diff(cta_start)
+    if cta_start[0] != 0 or cta_start[-1] != V or (counts < 0).any():
+        raise ValueError("plan: cta_start must rise from 0 to the number of visits")
+    if V:
+        if not np.array_equal(visits[:, 0], np.repeat(np.arange(num_ctas, dtype=np.int32), counts)):
+            raise ValueError("plan: visits[:, 0] (cta) does not match cta_start")
+        for col, name, limit in ((1, "bh", BH), (2, "n_block", n_blocks), (3, "m_block", m_blocks)):
+            c = visits[:, col]
+            if c.min() < 0 or c.max() >= limit:
+                raise ValueError(f"plan: visits[:, {col}] ({name}) must lie in [0, {limit}), "
+                                 f"got [{c.min()}, {c.max()}]")
+    return visits, rank, cta_start, num_ctas
+
+
+def _upload(plan, BH, n_blocks, m_blocks, device_id) -> _Tables:
+    visits, rank, cta_start, num_ctas = _host_tables(plan, BH, n_blocks, m_blocks)
+    t = _Tables()
+    t.visits, t.rank, t.cta_start = cupy.asarray(visits), cupy.asarray(rank), cupy.asarray(cta_start)
+    t.num_ctas, t.policy, t.device_id = num_ctas, str(getattr(plan, "policy", "custom")), device_id
+    return t
+
+
+def _cached_tables(policy, Sq, Sk, bm, bn, BH, causal, num_ctas, n_blocks, m_blocks, device_id, stream):
+    """The schedule for one problem on one device: host plans cached by shape (LRU), device tables by
+    ``(plan.key, device)`` (LRU), so a repeated call builds and uploads nothing."""
+    pkey = (policy, Sq, Sk, bm, bn, BH, causal, num_ctas)
+    with _lock:
+        plan = _plans.get(pkey)
+        if plan is None:
+            plan = _schedule.build(policy, seqlen_q=Sq, seqlen_k=Sk, block_m=bm, block_n=bn, num_heads=BH,
+                                   causal=causal, num_sms=num_ctas)
+            _plans[pkey] = plan
+            if len(_plans) > _MAX_PLANS:
+                _plans.popitem(last=False)
+        else:
+            _plans.move_to_end(pkey)
+        tkey = (getattr(plan, "key", pkey), device_id)
+        t = _tables.get(tkey)
+        if t is not None:
+            _tables.move_to_end(tkey)
+            return t
+        t = _upload(plan, BH, n_blocks, m_blocks, device_id)
+        # NOTES: the tables are shared by later calls on any stream: finish the upload before anyone uses them.
+        stream.synchronize()
+        _tables[tkey] = t
+        while len(_tables) > _MAX_TABLES:
+            _, old = _tables.popitem(last=False)
+            # in-flight kernels on any stream may still read the evicted tables: drain that device first
+            with cupy.cuda.Device(old.device_id):
+                cupy.cuda.runtime.deviceSynchronize()
+            del old
+        return t
+
+
+# ------------------------------------------------------------------------------------------------------------
+# forward
+# ------------------------------------------------------------------------------------------------------------
+def attention_forward(q, k, v, *, causal=False, softmax_scale=None):
+    """Attention forward. Returns ``(out, lse)`` in the caller's array type.
+
+    Args:
+        q: ``(B, Sq, H, D)`` bf16/fp16 CUDA tensor (torch, JAX, CuPy or any ``__dlpack__`` object).
+        k, v: ``(B, Sk, Hkv, D)``, same dtype and device; ``H % Hkv == 0`` (query head ``h`` reads kv head
+            ``h // (H // Hkv)``). D is 64 or 128. Strided inputs are read in place if the last dim is contiguous,
+            other strides are multiples of 8 elements and the base is 16-byte aligned.
+        causal: bottom-right aligned causal mask (query ``i`` sees key ``j <= i + Sk - Sq``).
+        softmax_scale: default ``1 / sqrt(D)``.
+
+    Returns:
+        out ``(B, Sq, H, D)`` (dtype of q, contiguous) and lse ``(B, H, Sq)`` float32 (natural log of the softmax
+        denominator; ``-inf`` and ``out = 0`` for a row that sees no key).
+
+    Runs on the caller's current stream (torch) or CuPy's current stream. Raises, before doing any work, for a
+    backward of an earlier call that has since failed (see :func:`check_errors`).
+    """
+    _poll_errors()
+    p = _validate(q, k, v, softmax_scale=softmax_scale)
+    causal = bool(causal)
+    spec, block_m = _fwd_entry(p.dtype, p.D, causal)
+    B, Sq, Sk, H, Hkv, D = p.B, p.Sq, p.Sk, p.H, p.Hkv, p.D
+    qi, ki, vi = p.infos
+    fw, dev = qi.framework, p.device_id
+    stream = interop.caller_stream(q, dev)
+    with cupy.cuda.Device(dev), stream:
+        keep = []
+        q_ptr, q_stride = _resolve(qi, q, keep)
+        k_ptr, k_stride = _resolve(ki, k, keep)
+        v_ptr, v_stride = _resolve(vi, v, keep)
+        out, out_ptr = _new(fw, dev, (B, Sq, H, D), p.dtype)
+        lse, lse_ptr = _new(fw, dev, (B, H, Sq), "float32")
+        params = kernels.pack_fwd_params(
+            q=q_ptr, k=k_ptr, v=v_ptr, out=out_ptr, lse=lse_ptr,
+            q_stride=q_stride, k_stride=k_stride, v_stride=v_stride, o_stride=_contiguous((B, Sq, H, D)),
+            batch=B, seqlen_q=Sq, seqlen_k=Sk, num_heads=H, num_heads_kv=Hkv,
+            softmax_scale=p.scale, softmax_scale_log2=p.scale * _LOG2E)
+        kernels.launch(spec, (-(-Sq // block_m), H, B), params, stream)
+        if keep:
+            _keep_alive(keep, stream)
+        return _export(fw, out, q), _export(fw, lse, q)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# backward
+# ------------------------------------------------------------------------------------------------------------
+def attention_backward(do, q, k, v, out, lse, *, causal=False, softmax_scale=None, schedule="auto",
+                       deterministic=True):
+    """Attention backward. Returns ``(dq, dk, dv)`` in the caller's array type.
+
+    Args:
+        do, out: ``(B, Sq, H, D)`` like q (``out`` from :func:`attention_forward`); q ``(B, Sq, H, D)``;
+            k, v ``(B, Sk, H, D)`` (GQA backward, ``Hkv < H``, is not supported yet); all one bf16/fp16 dtype on
+            one CUDA device, strided as in :func:`attention_forward`.
+        lse: ``(B, H, Sq)`` float32, contiguous, from :func:`attention_forward`.
+        causal, softmax_scale: as in the forward call.
+        schedule: dQ reduction order, one of ``cupy_dash.schedule.POLICIES`` ("auto", "fa3", "descending",
+            "shift", "symmetric_shift"). Every policy is bitwise run-to-run deterministic; they differ in speed
+            (and, since the summation order differs, in the last bits).
+        deterministic: False uses atomic dQ adds (faster, not reproducible) with the same work distribution.
+
+    Returns:
+        dq ``(B, Sq, H, D)``, dk and dv ``(B, Sk, H, D)``, contiguous, dtype of q.
+
+    Three kernels run on the caller's stream: preprocess (rowsum(dO*O), zeroing of the fp32 dQ accumulator and
+    the semaphores), main (a persistent grid, at most the co-resident CTAs, walking the schedule table) and
+    postprocess (dQ scale and conversion). A dQ semaphore wait that exceeds ``CUPY_DASH_SPIN_TIMEOUT_MS`` makes
+    the kernel give up instead of hanging; the failure is raised later, by :func:`check_errors` or by the next
+    cupy_dash call (deferred, so that this call stays asynchronous).
+    """
+    return _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, deterministic, None, None)
+
+
+def _backward_with_plan(do, q, k, v, out, lse, *, plan, causal=False, softmax_scale=None, deterministic=True,
+                        spin_timeout_ns=None):
+    """Internal/test hook: the backward driven by an explicit schedule-like ``plan``.
+
+    ``plan`` needs ``visits`` (V, 4) int32 rows (cta, bh, n_block, m_block) grouped by CTA, ``rank`` (V,) int32,
+    ``cta_start`` (num_ctas + 1,) int64, ``num_ctas`` and ``policy`` (used in error messages). Its tables are
+    uploaded for this call only (never cached) and checked only so far as memory safety needs (indices in
+    range, cta_start consistent); ranks may be arbitrary, and ``num_ctas`` may exceed the co-resident CTAs, so
+    a deliberately inconsistent table exercises the bounded semaphore wait: the call returns, and
+    :func:`check_errors` raises RuntimeError. ``spin_timeout_ns`` overrides ``CUPY_DASH_SPIN_TIMEOUT_MS``.
+    """
+    if plan is None:
+        raise ValueError("plan: a schedule-like object is required")
+    return _backward(do, q, k, v, out, lse, causal, softmax_scale, None, deterministic, plan, spin_timeout_ns)
+
+
+def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, deterministic, plan, spin_timeout_ns):
+    _poll_errors()
+    p = _validate(q, k, v, do, out, lse, softmax_scale=softmax_scale,
+                  schedule=schedule if plan is None else _UNCHECKED, backward=True)
+    causal, deterministic = bool(causal), bool(deterministic)
+    if spin_timeout_ns is None:
+        spin_timeout_ns = int(_spin_timeout_ms() * 1e6)
+    else:
+        spin_timeout_ns = int(spin_timeout_ns)
+        if spin_timeout_ns <= 0:
+            raise ValueError(f"spin_timeout_ns: expected a positive number, got {spin_timeout_ns}")
+    B, Sq, Sk, H, Hkv, D = p.B, p.Sq, p.Sk, p.H, p.Hkv, p.D
+    dev = p.device_id
+    specs, bm, bn, max_ctas = _bwd_entry(dev, p.dtype, D, causal, deterministic)
+    num_m_blocks = -(-Sq // bm)
+    num_n_blocks = -(-Sk // bn)
+    sq_rounded = num_m_blocks * bm
+    BH = B * H
+    qi, ki, vi, doi, oi = p.infos
+    fw = qi.framework
+    if plan is not None:
+        host_tables = _host_tables(plan, BH, num_n_blocks, num_m_blocks)   # checked before any allocation
+    stream = interop.caller_stream(q, dev)
+    with cupy.cuda.Device(dev), stream:
+        keep = []
+        q_ptr, q_stride = _resolve(qi, q, keep)
+        k_ptr, k_stride = _resolve(ki, k, keep)
+        v_ptr, v_stride = _resolve(vi, v, keep)
+        o_ptr, o_stride = _resolve(oi, out, keep)
+        do_ptr, do_stride = _resolve(doi, do, keep)
+        lse_ptr, _ = _resolve(p.lse_info, lse, keep)
+
+        if plan is None:
+            tables = _cached_tables(schedule, Sq, Sk, bm, bn, BH, causal, min(max_ctas, BH * num_n_blocks),
+                                    num_n_blocks, num_m_blocks, dev, stream)
+        else:
+            visits, rank, cta_start, num_ctas = host_tables
+            tables = _Tables()
+            tables.visits, tables.rank, tables.cta_start = (cupy.asarray(visits), cupy.asarray(rank),
+                                                            cupy.asarray(cta_start))
+            tables.num_ctas, tables.policy = num_ctas, str(getattr(plan, "policy", "custom"))
+            tables.device_id = dev
+            keep.append(tables)
+
+        # one workspace for the fp32/int32 scratch buffers (each 256-byte aligned)
+        rows = BH * sq_rounded
+        sizes = (rows * 4, rows * 4, rows * D * 4, BH * num_m_blocks * 4)   # lse_log2, dpsum, dq_accum, semaphore
+        offsets, total = [], 0
+        for n in sizes:
+            offsets.append(total)
+            total += -(-n // _WORKSPACE_ALIGN) * _WORKSPACE_ALIGN
+        work, base = _new(fw, dev, (total,), "uint8")
+        dq, dq_ptr = _new(fw, dev, (B, Sq, H, D), p.dtype)
+        dk, dk_ptr = _new(fw, dev, (B, Sk, Hkv, D), p.dtype)
+        dv, dv_ptr = _new(fw, dev, (B, Sk, Hkv, D), p.dtype)
+        kv_contig = _contiguous((B, Sk, Hkv, D))
+
+        slot = _acquire_slot(dev)
+        try:
+            cupy.cuda.runtime.memsetAsync(slot.dptr, 0, 16, stream.ptr)
+            params = kernels.pack_bwd_params(
+                q=q_ptr, k=k_ptr, v=v_ptr, out=o_ptr, dout=do_ptr, lse=lse_ptr,
+                lse_log2=base + offsets[0], dpsum=base + offsets[1], dq_accum=base + offsets[2],
+                dq=dq_ptr, dk=dk_ptr, dv=dv_ptr, dq_semaphore=base + offsets[3],
+                visits=tables.visits.data.ptr, rank=tables.rank.data.ptr, cta_start=tables.cta_start.data.ptr,
+                error=slot.dptr,
+                q_stride=q_stride, k_stride=k_stride, v_stride=v_stride, o_stride=o_stride, do_stride=do_stride,
+                dq_stride=_contiguous((B, Sq, H, D)), dk_stride=kv_contig, dv_stride=kv_contig,
+                batch=B, seqlen_q=Sq, seqlen_k=Sk, num_heads=H, num_heads_kv=Hkv,
+                num_m_blocks=num_m_blocks, seqlen_q_rounded=sq_rounded, spin_timeout_ns=spin_timeout_ns,
+                softmax_scale=p.scale, softmax_scale_log2=p.scale * _LOG2E)
+            row_grid = (num_m_blocks, H, B)
+            kernels.launch(specs.preprocess, row_grid, params, stream)
+            kernels.launch(specs.main, (tables.num_ctas,), params, stream)
+            cupy.cuda.runtime.memcpyAsync(slot.hptr, slot.dptr, 16, cupy.cuda.runtime.memcpyDeviceToHost,
+                                          stream.ptr)
+            slot.event.record(stream)
+        except BaseException:
+            _release_slot(slot)     # nothing recorded on it: reusable at once
+            raise
+        rec = _Pending()
+        rec.event, rec.slot, rec.keep = slot.event, slot, None
+        rec.info = (tables.policy, B, H, Sq, Sk, D, causal)
+        with _lock:
+            _pending.append(rec)
+        kernels.launch(specs.postprocess, row_grid, params, stream)
+        if keep:
+            _keep_alive(keep, stream)
+        result = _export(fw, dq, q), _export(fw, dk, q), _export(fw, dv, q)
+    if os.environ.get("CUPY_DASH_SYNC_ERRORS", "") not in ("", "0"):
+        check_errors()
+    return result
+
+
+# ------------------------------------------------------------------------------------------------------------
+# differentiable entry point
+# ------------------------------------------------------------------------------------------------------------
+def attention(q, k, v, *, causal=False, softmax_scale=None, schedule="auto", deterministic=True):
+    """Differentiable attention; returns ``out`` ``(B, Sq, H, D)`` in the caller's type.
+
+    torch tensors go through :class:`cupy_dash.torch.DashAttention` (autograd), JAX arrays through
+    ``cupy_dash.jax.attention`` (``jax.custom_vjp``, eager only: inside ``jax.jit`` it raises TypeError); CuPy
+    and other arrays get the forward only. Shapes, dtypes and the other arguments are as in
+    :func:`attention_forward` / :func:`attention_backward`.
+    """
+    fw = interop.framework_of(q)
+    if fw == "torch":
+        from .torch import attention as torch_attention
+        return torch_attention(q, k, v, causal=causal, softmax_scale=softmax_scale, schedule=schedule,
+                               deterministic=deterministic)
+    if fw == "jax":
+        from .jax import attention as jax_attention
+        return jax_attention(q, k, v, causal=causal, softmax_scale=softmax_scale, schedule=schedule,
+                             deterministic=deterministic)
+    _check_schedule(schedule)
+    return attention_forward(q, k, v, causal=causal, softmax_scale=softmax_scale)[0]

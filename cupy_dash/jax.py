@@ -1,0 +1,50 @@
+"""Optional JAX adapter: differentiable attention through ``jax.custom_vjp``, eager mode only.
+
+Imported only on demand (``cupy_dash.attention`` with JAX arrays, or ``import cupy_dash.jax``); importing
+``cupy_dash`` itself never imports jax. Layout: q ``(B, Sq, H, D)``, k/v ``(B, Sk, Hkv, D)``, bf16/fp16, on a
+GPU. ``jax.grad`` / ``jax.vjp`` work on concrete arrays; inside ``jax.jit`` (or ``vmap``) the inputs are
+tracers and the call raises TypeError: running CuPy-launched kernels inside a compiled XLA program would need
+an XLA FFI custom call, which is out of scope. Tip: set ``XLA_PYTHON_CLIENT_PREALLOCATE=false`` so that XLA
+leaves GPU memory for CuPy's pool.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+
+from . import api
+
+__all__ = ["attention"]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
+def _attention(q, k, v, causal, softmax_scale, schedule, deterministic):
+    return api.attention_forward(q, k, v, causal=causal, softmax_scale=softmax_scale)[0]
+
+
+def _attention_fwd(q, k, v, causal, softmax_scale, schedule, deterministic):
+    out, lse = api.attention_forward(q, k, v, causal=causal, softmax_scale=softmax_scale)
+    return out, (q, k, v, out, lse)
+
+
+def _attention_bwd(causal, softmax_scale, schedule, deterministic, residuals, dout):
+    q, k, v, out, lse = residuals
+    dq, dk, dv = api.attention_backward(dout, q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale,
+                                        schedule=schedule, deterministic=deterministic)
+    return dq, dk, dv
+
+
+_attention.defvjp(_attention_fwd, _attention_bwd)
+
+
+def attention(q, k, v, causal=False, softmax_scale=None, schedule="auto", deterministic=True):
+    """Differentiable attention for JAX arrays (eager): q ``(B, Sq, H, D)``, k/v ``(B, Sk, Hkv, D)`` -> out
+    ``(B, Sq, H, D)``. Arguments as in :func:`cupy_dash.attention_forward` / :func:`cupy_dash.attention_backward`;
+    the GQA backward (``Hkv < H``) is not implemented yet (NotImplementedError when differentiated).
+    Raises TypeError inside ``jax.jit`` / ``vmap`` (inputs are tracers).
+    """
+    api._check_schedule(schedule)
+    if softmax_scale is not None:
+        softmax_scale = api._check_scale(softmax_scale, None)
+    return _attention(q, k, v, bool(causal), softmax_scale, schedule, bool(deterministic))

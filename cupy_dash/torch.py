@@ -1,0 +1,59 @@
+"""Optional torch adapter: differentiable attention through ``torch.autograd.Function``.
+
+Imported only on demand (``cupy_dash.attention`` with torch tensors, or ``import cupy_dash.torch``); importing
+``cupy_dash`` itself never imports torch. Layout: q ``(B, Sq, H, D)``, k/v ``(B, Sk, Hkv, D)``, bf16/fp16, CUDA.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import api
+
+__all__ = ["DashAttention", "attention"]
+
+
+class DashAttention(torch.autograd.Function):
+    """``out = DashAttention.apply(q, k, v, causal, softmax_scale, schedule, deterministic)``.
+
+    Forward: :func:`cupy_dash.attention_forward`, saving q, k, v, out and lse ``(B, H, Sq)``. Backward:
+    :func:`cupy_dash.attention_backward` with the given schedule (a failure of the bounded dQ semaphore wait is
+    reported by the next cupy_dash call or :func:`cupy_dash.check_errors`).
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal=False, softmax_scale=None, schedule="auto", deterministic=True):
+        out, lse = api.attention_forward(q, k, v, causal=causal, softmax_scale=softmax_scale)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.causal = causal
+        ctx.softmax_scale = softmax_scale
+        ctx.schedule = schedule
+        ctx.deterministic = deterministic
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = api.attention_backward(dout.contiguous(), q, k, v, out, lse, causal=ctx.causal,
+                                            softmax_scale=ctx.softmax_scale, schedule=ctx.schedule,
+                                            deterministic=ctx.deterministic)
+        return dq, dk, dv, None, None, None, None
+
+
+def attention(q, k, v, causal=False, softmax_scale=None, schedule="auto", deterministic=True):
+    """Differentiable attention for torch tensors: q ``(B, Sq, H, D)``, k/v ``(B, Sk, Hkv, D)`` -> out
+    ``(B, Sq, H, D)``. Arguments as in :func:`cupy_dash.attention_forward` / :func:`cupy_dash.attention_backward`.
+
+    GQA (``Hkv < H``) works for inference; when a gradient would be needed it raises NotImplementedError up
+    front, because the GQA backward is not implemented yet.
+    """
+    api._check_schedule(schedule)
+    causal, deterministic = bool(causal), bool(deterministic)
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    if needs_grad and q.dim() == 4 and k.dim() == 4 and q.shape[2] != k.shape[2]:
+        raise NotImplementedError(f"GQA backward (q has H={q.shape[2]} heads, k/v have Hkv={k.shape[2]}) is not "
+                                  f"yet supported; use cupy_dash.attention_forward under torch.no_grad() for "
+                                  f"inference, or repeat k and v to H heads for training")
+    if not needs_grad:
+        return api.attention_forward(q, k, v, causal=causal, softmax_scale=softmax_scale)[0]
+    return DashAttention.apply(q, k, v, causal, softmax_scale, schedule, deterministic)
