@@ -16,6 +16,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import itertools
+import struct
 
 import numpy as np
 
@@ -73,6 +74,13 @@ class KernelSpec:
     defines: tuple           # sorted ((name, int), ...), passed as -Dname=value
     threads: int
     smem_bytes: int          # dynamic shared memory at launch (DASH_SMEM_BYTES)
+
+    def __hash__(self):      # NOTES: specs key per-launch caches; hash the fields once
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash((self.source, self.entry, self.defines, self.threads, self.smem_bytes))
+            object.__setattr__(self, "_hash", h)
+        return h
 
     @property
     def kernel(self) -> str:
@@ -220,32 +228,69 @@ def _pointer(name: str, value) -> int:
                     f"got {type(value).__name__}")
 
 
-def _pack(dtype: np.dtype, struct_name: str, fields: dict) -> np.ndarray:
-    names = dtype.names
-    missing = [n for n in names if n not in fields]
-    if missing:
-        raise TypeError(f"{struct_name}: missing field(s) {', '.join(missing)}")
-    unknown = [n for n in fields if n not in names]
-    if unknown:
-        raise TypeError(f"{struct_name}: unknown field(s) {', '.join(unknown)}")
-    out = np.zeros(1, dtype=dtype)
-    for name in names:
-        value = fields[name]
+def _struct_format(dtype: np.dtype) -> tuple:
+    """``struct`` format and per-field value kinds of a params dtype (no padding: every field is 8 bytes, the
+    two fp32 scales share the last 8)."""
+    fmt, kinds = "<", []
+    for name in dtype.names:
         kind = dtype.fields[name][0]
         if kind == _STRIDES:
-            value = tuple(int(x) for x in value)
+            fmt += "qqq"
+            kinds.append("strides")
+        elif kind == np.dtype(_PTR):
+            fmt += "Q"
+            kinds.append("ptr")
+        elif kind == np.dtype(_I64):
+            fmt += "q"
+            kinds.append("i64")
+        else:
+            fmt += "f"
+            kinds.append("f32")
+    assert struct.calcsize(fmt) == dtype.itemsize, (fmt, dtype.itemsize)
+    return struct.Struct(fmt), tuple(zip(dtype.names, kinds))
+
+
+_FORMATS = {name: _struct_format(dt) for name, dt in PARAMS_STRUCTS.items()}
+
+
+def _pack(dtype: np.dtype, struct_name: str, fields: dict) -> np.ndarray:
+    layout, kinds = _FORMATS[struct_name]
+    if len(fields) != len(kinds) or any(name not in fields for name, _ in kinds):
+        missing = [n for n, _ in kinds if n not in fields]
+        if missing:
+            raise TypeError(f"{struct_name}: missing field(s) {', '.join(missing)}")
+        unknown = [n for n in fields if n not in dtype.names]
+        raise TypeError(f"{struct_name}: unknown field(s) {', '.join(unknown)}")
+    # NOTES: fast path: plain ints, 3-tuples of strides and floats pack as they are; anything else (a cupy array
+    # or None as a pointer, a float in an integer field, a wrong stride count) fails struct.pack and takes the
+    # checking path below, which converts or raises a message naming the field.
+    values = []
+    for name, kind in kinds:
+        if kind == "strides":
+            values.extend(fields[name])
+        else:
+            values.append(fields[name])
+    try:
+        return np.frombuffer(layout.pack(*values), dtype=dtype)
+    except (struct.error, TypeError):
+        pass
+    values = []
+    for name, kind in kinds:
+        value = fields[name]
+        if kind == "strides":
             if len(value) != 3:
                 raise ValueError(f"{struct_name}.{name}: expected 3 strides (batch, row, head), got {len(value)}")
-            out[name] = value
-        elif kind == np.dtype(_PTR):
-            out[name] = _pointer(f"{struct_name}.{name}", value)
-        elif kind == np.dtype(_I64):
+            values.extend(int(x) for x in value)
+        elif kind == "ptr":
+            values.append(value if type(value) is int and value >= 0 else _pointer(f"{struct_name}.{name}", value))
+        elif kind == "i64":
             if isinstance(value, (float, np.floating)):
                 raise TypeError(f"{struct_name}.{name} is an integer field, got {value!r}")
-            out[name] = int(value)
+            values.append(int(value))
         else:
-            out[name] = np.float32(value)
-    return out
+            values.append(float(value))
+    # NOTES: one struct.pack and a zero-copy view: assigning field by field into a structured array costs ~50 µs.
+    return np.frombuffer(layout.pack(*values), dtype=dtype)
 
 
 def pack_fwd_params(**fields) -> np.ndarray:
@@ -299,12 +344,23 @@ def _grid(grid) -> tuple:
 def launch(spec: KernelSpec, grid, params: np.ndarray, stream) -> None:
     """Launch ``spec`` with ``grid`` (int or tuple), ``spec.threads`` threads and ``spec.smem_bytes`` dynamic
     shared memory on the CuPy ``stream`` (None: CuPy's current stream). ``params`` is the packed size-1 array."""
-    from . import jit
     if not (isinstance(params, np.ndarray) and params.shape == (1,) and params.dtype == spec.params_dtype):
         raise TypeError(f"{spec.label}: params must be a size-1 array of dtype {spec.params_dtype} "
                         f"(use pack_fwd_params / pack_bwd_params)")
-    fn = jit.load(spec)
-    fn(_grid(grid), (spec.threads,), (params,), shared_mem=spec.smem_bytes, stream=stream)
+    import cupy
+    key = (spec, cupy.cuda.runtime.getDevice())
+    fn = _functions.get(key)
+    if fn is None:
+        from . import jit
+        fn = _functions[key] = jit.load(spec)
+    # NOTES: CuPy copies a size-1 numpy argument by value; a plain void dtype keeps it from re-deriving the
+    # structured dtype's array-interface description on every launch (tens of µs).
+    fn(_grid(grid), (spec.threads,), (params.view(_VOID[params.dtype.itemsize]),), shared_mem=spec.smem_bytes,
+       stream=stream)
+
+
+_functions: dict = {}
+_VOID = {dt.itemsize: np.dtype((np.void, dt.itemsize)) for dt in (FWD_PARAMS_DTYPE, BWD_PARAMS_DTYPE)}
 
 
 def max_resident_ctas(spec: KernelSpec) -> int:
