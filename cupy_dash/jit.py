@@ -64,6 +64,11 @@ class CompiledKernel:
 # Locations.
 def kernel_dir() -> Path:
     """The kernels_src directory: the installed copy inside the package if present, else the repository's."""
+    return _default_kernel_dir()
+
+
+@functools.lru_cache(maxsize=1)
+def _default_kernel_dir() -> Path:
     here = Path(__file__).resolve().parent
     installed = here / "kernels_src"
     if installed.is_dir():
@@ -345,7 +350,7 @@ def load(spec):
     import cupy
     from cupy.cuda import driver, function
     dev = cupy.cuda.runtime.getDevice()
-    memo_key = (spec, dev, str(kernel_dir()))
+    memo_key = (spec, dev, kernel_dir())
     fn = _loaded.get(memo_key)
     if fn is not None:
         return fn

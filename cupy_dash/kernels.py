@@ -347,19 +347,14 @@ def launch(spec: KernelSpec, grid, params: np.ndarray, stream) -> None:
     if not (isinstance(params, np.ndarray) and params.shape == (1,) and params.dtype == spec.params_dtype):
         raise TypeError(f"{spec.label}: params must be a size-1 array of dtype {spec.params_dtype} "
                         f"(use pack_fwd_params / pack_bwd_params)")
-    import cupy
-    key = (spec, cupy.cuda.runtime.getDevice())
-    fn = _functions.get(key)
-    if fn is None:
-        from . import jit
-        fn = _functions[key] = jit.load(spec)
+    from . import jit
+    fn = jit.load(spec)
     # NOTES: CuPy copies a size-1 numpy argument by value; a plain void dtype keeps it from re-deriving the
     # structured dtype's array-interface description on every launch (tens of µs).
     fn(_grid(grid), (spec.threads,), (params.view(_VOID[params.dtype.itemsize]),), shared_mem=spec.smem_bytes,
        stream=stream)
 
 
-_functions: dict = {}
 _VOID = {dt.itemsize: np.dtype((np.void, dt.itemsize)) for dt in (FWD_PARAMS_DTYPE, BWD_PARAMS_DTYPE)}
 
 
