@@ -29,6 +29,8 @@ import ml_dtypes
 import numpy as np
 
 from . import interop, kernels
+from .errors import (_acquire_slot, _keep_alive, _release_slot, _spin_timeout_ms, _track, check_errors,
+                     poll_errors as _poll_errors)
 from . import schedule as _schedule
 
 __all__ = ["attention", "attention_forward", "attention_backward", "check_errors"]
@@ -37,7 +39,6 @@ _LOG2E = 1.4426950408889634
 _NP_DTYPES = {"bfloat16": np.dtype(ml_dtypes.bfloat16), "float16": np.dtype(np.float16),
               "float32": np.dtype(np.float32), "uint8": np.dtype(np.uint8)}
 _WORKSPACE_ALIGN = 256
-_DEFAULT_SPIN_TIMEOUT_MS = 10000.0
 _MAX_PLANS = 256           # host-side plans kept (LRU)
 _MAX_TABLES = 64           # device-side schedule tables kept per process (LRU)
 _LAYOUT = "(B, S, H, D)"
@@ -219,164 +220,11 @@ def _export(fw, arr, like):
 
 
 # ------------------------------------------------------------------------------------------------------------
-# deferred error reporting (see the module docstring)
-# ------------------------------------------------------------------------------------------------------------
-_lock = threading.RLock()
-
-
-class _Slot:
-    """One 16-byte error record: device int32[4], its pinned host mirror and the event after the copy."""
-    __slots__ = ("dptr", "hptr", "host", "event", "pool")
-
-
-class _SlotPool:
-    """Error slots of one device, allocated in blocks and never freed; a slot is reused once its event is done."""
-
-    def __init__(self, device_id: int):
-        self.device_id = device_id
-        self.free: list[_Slot] = []
-        self._blocks = []
-
-    def acquire(self) -> _Slot:
-        if not self.free:
-            self._grow(64)
-        return self.free.pop()
-
-    def _grow(self, n: int):
-        with cupy.cuda.Device(self.device_id):
-            dbuf = cupy.empty(4 * n, dtype=np.int32)
-            hmem = cupy.cuda.alloc_pinned_memory(16 * n)
-            host = np.frombuffer(hmem, dtype=np.int32, count=4 * n).reshape(n, 4)
-            host[:] = 0
-            self._blocks.append((dbuf, hmem))
-            for i in range(n):
-                s = _Slot()
-                s.dptr = dbuf.data.ptr + 16 * i
-                s.hptr = hmem.ptr + 16 * i
-                s.host = host[i]
-                s.event = cupy.cuda.Event(block=False, disable_timing=True)
-                s.pool = self
-                self.free.append(s)
-
-
-_slot_pools: dict[int, _SlotPool] = {}
-
-
-class _Pending:
-    """Work whose completion the host still has to observe: an error slot to read and/or objects to keep alive."""
-    __slots__ = ("event", "slot", "info", "keep")
-
-
-_pending: collections.deque = collections.deque()
-
-
-def _acquire_slot(device_id: int) -> _Slot:
-    with _lock:
-        pool = _slot_pools.get(device_id)
-        if pool is None:
-            pool = _slot_pools[device_id] = _SlotPool(device_id)
-        return pool.acquire()
-
-
-def _release_slot(slot: _Slot):
-    with _lock:
-        slot.pool.free.append(slot)
-
-
-def _spin_timeout_ms() -> float:
-    raw = os.environ.get("CUPY_DASH_SPIN_TIMEOUT_MS")
-    if raw is None or not raw.strip():
-        return _DEFAULT_SPIN_TIMEOUT_MS
-    try:
-        ms = float(raw)
-    except ValueError:
-        ms = float("nan")
-    if not (math.isfinite(ms) and ms > 0):
-        raise ValueError(f"CUPY_DASH_SPIN_TIMEOUT_MS: expected a positive number of milliseconds, got {raw!r}")
-    return ms
-
-
-def _format_failure(info, flag, visit, want, seen) -> str:
-    policy, B, H, Sq, Sk, D, causal = info
-    where = f"in schedule '{policy}' (B={B}, H={H}, Sq={Sq}, Sk={Sk}, D={D}, causal={causal})"
-    if flag == 1:
-        return (f"cupy_dash backward: dQ semaphore wait timed out {where}: visit {visit} waited for rank {want}, "
-                f"saw {seen}; the schedule table is inconsistent (a dQ tile's ranks cannot be reached in the "
-                f"CTAs' execution order) or the persistent grid exceeded the co-resident CTAs. The kernel "
-                f"abandoned the wait instead of hanging; dq/dk/dv of that call are invalid. If it was merely "
-                f"slow, raise CUPY_DASH_SPIN_TIMEOUT_MS (now {_spin_timeout_ms():g} ms).")
-    return (f"cupy_dash backward: the main kernel reported error code {flag} {where} (visit {visit}, "
-            f"values {want}, {seen}); dq/dk/dv of that call are invalid.")
-
-
-def _consume(rec: _Pending):
-    """Retire a finished record; return its failure message or None."""
-    msg = None
-    slot = rec.slot
-    if slot is not None:
-        flag, visit, want, seen = (int(x) for x in slot.host)
-        if flag:
-            msg = _format_failure(rec.info, flag, visit, want, seen)
-        _release_slot(slot)
-    rec.slot = rec.keep = None
-    return msg
-
-
-def _raise_failures(failures):
-    if failures:
-        if len(failures) == 1:
-            raise RuntimeError(failures[0])
-        raise RuntimeError(f"{len(failures)} cupy_dash backward calls failed:\n" + "\n".join(failures))
-
-
-def _poll_errors():
-    """Retire finished records without blocking (in submission order, stopping at the first unfinished one);
-    raise RuntimeError for any that failed."""
-    if not _pending:
-        return
-    failures = []
-    with _lock:
-        while _pending and _pending[0].event.done:
-            msg = _consume(_pending.popleft())
-            if msg:
-                failures.append(msg)
-    _raise_failures(failures)
-
-
-def check_errors() -> None:
-    """Wait for every pending cupy_dash backward and raise ``RuntimeError`` if any of them failed.
-
-    The main backward kernel never hangs on a dQ semaphore: past ``CUPY_DASH_SPIN_TIMEOUT_MS`` (default
-    10000 ms) it records ``error = [1, visit, rank awaited, value seen]`` and exits. Those records are read
-    asynchronously; this function synchronizes on all of them (public calls only poll finished ones). The
-    message names the schedule policy and the problem size (B, H, Sq, Sk, D, causal).
-    """
-    failures = []
-    with _lock:
-        while _pending:
-            rec = _pending.popleft()
-            rec.event.synchronize()
-            msg = _consume(rec)
-            if msg:
-                failures.append(msg)
-    _raise_failures(failures)
-
-
-def _keep_alive(keep, stream):
-    """Hold ``keep`` (imported DLPack views) until the work enqueued on ``stream`` so far has finished."""
-    rec = _Pending()
-    rec.event = cupy.cuda.Event(block=False, disable_timing=True)
-    rec.event.record(stream)
-    rec.slot, rec.info, rec.keep = None, None, keep
-    with _lock:
-        _pending.append(rec)
-
-
-# ------------------------------------------------------------------------------------------------------------
 # caches (specs, tiles, occupancy, plans, device tables)
 # ------------------------------------------------------------------------------------------------------------
 _fwd_cache: dict = {}
 _bwd_cache: dict = {}
+_cache_lock = threading.RLock()
 _plans: collections.OrderedDict = collections.OrderedDict()
 _tables: collections.OrderedDict = collections.OrderedDict()
 
@@ -452,7 +300,7 @@ def _cached_tables(policy, Sq, Sk, bm, bn, BH, causal, num_ctas, n_blocks, m_blo
     """The schedule for one problem on one device: host plans cached by shape (LRU), device tables by
     ``(plan.key, device)`` (LRU), so a repeated call builds and uploads nothing."""
     pkey = (policy, Sq, Sk, bm, bn, BH, causal, num_ctas)
-    with _lock:
+    with _cache_lock:
         plan = _plans.get(pkey)
         if plan is None:
             plan = _schedule.build(policy, seqlen_q=Sq, seqlen_k=Sk, block_m=bm, block_n=bn, num_heads=BH,
@@ -653,11 +501,7 @@ def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, determinis
         except BaseException:
             _release_slot(slot)     # nothing recorded on it: reusable at once
             raise
-        rec = _Pending()
-        rec.event, rec.slot, rec.keep = slot.event, slot, None
-        rec.info = (tables.policy, B, H, Sq, Sk, D, causal)
-        with _lock:
-            _pending.append(rec)
+        _track(slot, (tables.policy, B, H, Sq, Sk, D, causal))
         kernels.launch(specs.postprocess, row_grid, params, stream)
         if keep:
             _keep_alive(keep, stream)

@@ -7,6 +7,7 @@ invalid call raises before anything is allocated or launched.
 """
 from __future__ import annotations
 
+import collections
 import os
 import subprocess
 import sys
@@ -17,7 +18,7 @@ import numpy as np
 import pytest
 
 import cupy_dash
-from cupy_dash import api, interop, kernels, schedule
+from cupy_dash import api, errors, interop, kernels, schedule
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F16 = np.dtype(np.float16)
@@ -401,27 +402,27 @@ class _FakePool:
 
 
 def _failed_record(values, policy="shift"):
-    slot = api._Slot()
+    slot = errors._Slot()
     slot.host = np.array(values, np.int32)
     slot.pool = _FakePool()
     slot.event = _DoneEvent()
-    rec = api._Pending()
+    rec = errors._Pending()
     rec.event, rec.slot, rec.keep = slot.event, slot, None
     rec.info = (policy, 2, 4, 1000, 1000, 128, True)
     return rec
 
 
 def test_poll_raises_for_a_failed_backward(monkeypatch):
-    monkeypatch.setattr(api, "_pending", api.collections.deque([_failed_record([1, 17, 3, 1])]))
-    msg = raises(RuntimeError, api._poll_errors, "semaphore", "schedule 'shift'", "B=2", "H=4", "Sq=1000",
+    monkeypatch.setattr(errors, "_pending", collections.deque([_failed_record([1, 17, 3, 1])]))
+    msg = raises(RuntimeError, errors.poll_errors, "semaphore", "schedule 'shift'", "B=2", "H=4", "Sq=1000",
                  "Sk=1000", "D=128", "causal=True", "visit 17 waited for rank 3, saw 1", "inconsistent")
     assert "CUPY_DASH_SPIN_TIMEOUT_MS" in msg
-    assert not api._pending                              # retired, reported once
-    api._poll_errors()
+    assert not errors._pending                              # retired, reported once
+    errors.poll_errors()
 
 
 def test_public_call_reports_a_failed_backward_first(monkeypatch):
-    monkeypatch.setattr(api, "_pending", api.collections.deque([_failed_record([1, 0, 1, 0], "fa3")]))
+    monkeypatch.setattr(errors, "_pending", collections.deque([_failed_record([1, 0, 1, 0], "fa3")]))
     raises(RuntimeError, lambda: fwd(make()), "schedule 'fa3'")
     raises(ValueError, lambda: fwd(make()), "q:")       # the next call validates normally
 
@@ -429,9 +430,9 @@ def test_public_call_reports_a_failed_backward_first(monkeypatch):
 def test_check_errors_raises_and_drains(monkeypatch):
     ok = _failed_record([0, 0, 0, 0])
     bad = _failed_record([1, 5, 2, 1], "descending")
-    monkeypatch.setattr(api, "_pending", api.collections.deque([ok, bad]))
+    monkeypatch.setattr(errors, "_pending", collections.deque([ok, bad]))
     raises(RuntimeError, cupy_dash.check_errors, "schedule 'descending'", "visit 5")
-    assert not api._pending
+    assert not errors._pending
     cupy_dash.check_errors()
 
 
@@ -460,11 +461,11 @@ def test_plan_bounds_checks():
 
 def test_spin_timeout_env(monkeypatch):
     monkeypatch.delenv("CUPY_DASH_SPIN_TIMEOUT_MS", raising=False)
-    assert api._spin_timeout_ms() == 10000.0
+    assert errors._spin_timeout_ms() == 10000.0
     monkeypatch.setenv("CUPY_DASH_SPIN_TIMEOUT_MS", "250")
-    assert api._spin_timeout_ms() == 250.0
+    assert errors._spin_timeout_ms() == 250.0
     monkeypatch.setenv("CUPY_DASH_SPIN_TIMEOUT_MS", "-1")
-    raises(ValueError, api._spin_timeout_ms, "CUPY_DASH_SPIN_TIMEOUT_MS")
+    raises(ValueError, errors._spin_timeout_ms, "CUPY_DASH_SPIN_TIMEOUT_MS")
 
 
 def test_import_does_not_pull_torch_or_jax():
