@@ -8,6 +8,7 @@
 #include "ptx/exp2.cuh"
 #include "ptx/ldmatrix.cuh"
 #include "ptx/mma.cuh"
+#include "smem_tile.cuh"
 
 #if !defined(DASH_HEAD_DIM) || !defined(DASH_CAUSAL) || !defined(DASH_BLOCK_M) || !defined(DASH_BLOCK_N) || \
     !defined(DASH_NUM_THREADS) || !defined(DASH_SMEM_BYTES)
@@ -23,10 +24,11 @@ constexpr int kBlockN = DASH_BLOCK_N;
 constexpr int kNumThreads = DASH_NUM_THREADS;
 constexpr int kNumWarps = kNumThreads / 32;
 
-constexpr int kRowBytes = kHeadDim * 2;         // one row of a Q/K/V/O tile in shared memory
-constexpr int kChunksPerRow = kRowBytes / 16;   // 16-byte chunks per row (cp.async / ldmatrix granule)
-constexpr int kTileQBytes = kBlockM * kRowBytes;
-constexpr int kTileKVBytes = kBlockN * kRowBytes;
+using TileQ = SmemTile<kBlockM, kHeadDim>;    // Q_i (reused for the O epilogue): queries x head dim
+using TileKV = SmemTile<kBlockN, kHeadDim>;   // K_j, V_j: keys x head dim
+constexpr int kTileQBytes = TileQ::kBytes;
+constexpr int kTileKVBytes = TileKV::kBytes;
+constexpr int kChunksPerRow = TileQ::kChunks;
 // NOTES: smem = [Q (reused for the O epilogue)] [K buffer 0] [K buffer 1] [V buffer 0] [V buffer 1].
 constexpr int kSmemBytes = kTileQBytes + 4 * kTileKVBytes;
 
@@ -46,36 +48,10 @@ static_assert(kHeadDim == 64 || kHeadDim == 128, "head dim must be 64 or 128");
 static_assert(kBlockM == 64 || kBlockM == 128, "BLOCK_M must be 64 or 128");
 static_assert(kBlockN == 32 || kBlockN == 64, "BLOCK_N must be 32 or 64 (128 spills registers)");
 static_assert(kBlockM == 16 * kNumWarps, "one warp per 16 query rows: NUM_THREADS must be 2 * BLOCK_M");
-static_assert(kChunksPerRow >= 8, "the XOR swizzle permutes 8 chunks (128 bytes) of a row");
-static_assert(kTileQBytes % (16 * kNumThreads) == 0 && kTileKVBytes % (16 * kNumThreads) == 0,
-              "every thread copies the same number of 16-byte chunks per tile");
 static_assert(kSmemBytes == DASH_SMEM_BYTES, "host smem size must be (BLOCK_M + 4 * BLOCK_N) * HEAD_DIM * 2");
 static_assert(kSmemBytes * kMinBlocksPerSm <= 227 * 1024, "shared memory per SM exceeded");
 
 DASH_DEVICE float neg_inf() { return __int_as_float(0xff800000); }
-
-// NOTES: swizzle. Byte offset of (row, 16-byte chunk) in a tile: the chunk index is XORed with row % 8. Eight
-// consecutive rows at one logical chunk (an ldmatrix 8x8 matrix, or 8 lanes of a 16-byte access) land in eight
-// distinct 16-byte bank groups, so ldmatrix, cp.async and the epilogue's accesses are bank-conflict free. It only
-// permutes within each aligned group of 8 chunks (chunk ^ x with x < 8), and rows are 128 or 256 bytes, so the
-// pattern is the same for every 128-byte line.
-DASH_DEVICE uint32_t tile_offset(int row, int chunk) { return row * kRowBytes + ((chunk ^ (row & 7)) << 4); }
-
-// Copies rows [row_begin, row_begin + kRows) of a (rows, kHeadDim) global matrix into a swizzled tile; rows at or
-// past row_end are zero-filled (cp.async src-size 0, nothing read) and their address is clamped to row 0.
-template <int kRows>
-DASH_DEVICE void load_tile(uint32_t smem_tile, const elem_t* gmem, int64_t row_stride, int row_begin, int row_end,
-                           int tid) {
-#pragma unroll
-  for (int i = 0; i < kRows * kChunksPerRow / kNumThreads; ++i) {
-    const int c = tid + i * kNumThreads;
-    const int r = c / kChunksPerRow, chunk = c % kChunksPerRow;
-    const int row = row_begin + r;
-    const bool in_bounds = row < row_end;
-    const elem_t* src = gmem + (in_bounds ? (int64_t)row * row_stride : 0) + chunk * 8;
-    cp_async_16(smem_tile + tile_offset(r, chunk), src, in_bounds);
-  }
-}
 
 DASH_DEVICE float quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
@@ -112,9 +88,17 @@ extern "C" __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
   const elem_t* gK = p.k + b * p.k_stride.batch + h_kv * p.k_stride.head;
   const elem_t* gV = p.v + b * p.v_stride.batch + h_kv * p.v_stride.head;
 
-  const uint32_t sQ = smem_u32(smem);
-  const uint32_t sK0 = sQ + kTileQBytes;
+  const uint32_t smem_base = smem_u32(smem);
+  const TileQ sQ{smem_base};
+  const uint32_t sK0 = smem_base + kTileQBytes;
   const uint32_t sV0 = sK0 + 2 * kTileKVBytes;
+  // Keys [row_begin, row_begin + kBlockN) of K or V into a tile; keys >= Sk are zero-filled by cp.async, never read.
+  // NOTES: the stride goes through opaque() so the per-row 64-bit offsets are derived at each load instead of
+  // being hoisted out of the KV loop and kept live (that spills at hdim 64, two CTAs per SM).
+  const auto load_kv = [&](uint32_t tile, const elem_t* gmem, int64_t row_stride, int row_begin) {
+    row_stride = opaque(row_stride);
+    TileKV{tile}.load_async<kNumThreads>(gmem + row_begin * row_stride, row_stride, seqlen_k - row_begin, tid);
+  };
 
   // KV tiles this CTA visits: [0, n_block_max). Causal: the last key seen by the block's last valid row.
   int n_block_max = (seqlen_k + kBlockN - 1) / kBlockN;
@@ -131,21 +115,11 @@ extern "C" __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
     key_limit[r] = kCausal ? min(seqlen_k, row + 1 + causal_shift) : seqlen_k;
   }
 
-  // NOTES: ldmatrix lane addressing (lane l gives a row address of matrix l / 8). Each lane keeps the swizzled
-  // offset of its row at chunk `bit` (0 or 1); chunk 2c + bit of the same row is then at offset ^ (32 c), because
-  // (2c + bit) ^ (row & 7) == 2c ^ (bit ^ (row & 7)) and 32 c < kRowBytes never reaches the row bits. Moving 16
-  // rows down adds 16 * kRowBytes and keeps row & 7.
-  // Q, A operand (x4): matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15), (rows 8-15, k 8-15)
-  //   = a0..a3; lane row = l % 16, chunk bit = l / 16.
-  const uint32_t q_off = tile_offset(16 * warp + (lane & 15), lane >> 4);
-  // K, B operand of Q K^T (x4, rows = keys): (keys 0-7, d 0-7), (keys 0-7, d 8-15), (keys 8-15, d 0-7),
-  //   (keys 8-15, d 8-15) = b0, b1 of key tile 2i, then b0, b1 of key tile 2i + 1; lane key = l % 8 + 8 (l / 16),
-  //   chunk bit = (l / 8) % 2.
-  const uint32_t k_off = tile_offset((lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);
-  // V, B operand of P V (x4.trans, rows = keys): (keys 0-7, d 0-7), (keys 8-15, d 0-7), (keys 0-7, d 8-15),
-  //   (keys 8-15, d 8-15) = b0, b1 of d tile 2i, then of d tile 2i + 1; .trans hands lane (g, t) the pair
-  //   (key 2t, 2t + 1; d g), which is the B "col" fragment. Lane key = l % 8 + 8 ((l / 8) % 2), chunk bit = l / 16.
-  const uint32_t v_off = tile_offset((lane & 7) + (((lane >> 3) & 1) << 3), lane >> 4);
+  // NOTES: ldmatrix lane addresses (SmemTile's fragment loaders): Q as the A operand of Q K^T (its own 16 rows),
+  // K as B of Q K^T (b2: two n8 key tiles per x4), V as B of P V (b2_trans: two n8 head-dim tiles per x4, .trans
+  // hands lane (g, t) the pair (key 2t, 2t + 1; d g)). Further fragments come from TileQ/TileKV::offset.
+  const uint32_t q_lane = sQ.a_lane(16 * warp, 0, lane);
+  const uint32_t k_lane = TileKV{0}.b2_lane(0, 0, lane), v_lane = TileKV{0}.b2_trans_lane(0, 0, lane);
 
   float O[kOTiles][4];
 #pragma unroll
@@ -155,13 +129,13 @@ extern "C" __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
   uint32_t Qa[kQSteps][4];                    // Q as A fragments, one per k16 step over the head dim
   const auto load_Q = [&]() {
 #pragma unroll
-    for (int s = 0; s < kQSteps; ++s) ldmatrix_x4(Qa[s], sQ + (q_off ^ (32 * s)));
+    for (int s = 0; s < kQSteps; ++s) ldmatrix_x4(Qa[s], TileQ::offset(q_lane, 0, 16 * s));
   };
 
   if (n_block_max > 0) {
-    load_tile<kBlockM>(sQ, gQ, p.q_stride.row, row0, seqlen_q, tid);
-    load_tile<kBlockN>(sK0, gK, p.k_stride.row, (n_block_max - 1) * kBlockN, seqlen_k, tid);
-    load_tile<kBlockN>(sV0, gV, p.v_stride.row, (n_block_max - 1) * kBlockN, seqlen_k, tid);
+    sQ.load_async<kNumThreads>(gQ + row0 * p.q_stride.row, p.q_stride.row, seqlen_q - row0, tid);
+    load_kv(sK0, gK, p.k_stride.row, (n_block_max - 1) * kBlockN);
+    load_kv(sV0, gV, p.v_stride.row, (n_block_max - 1) * kBlockN);
     cp_async_commit();
     cp_async_wait<0>();
     __syncthreads();
@@ -179,8 +153,8 @@ extern "C" __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
       __syncthreads();
     }
     if (n_block > 0) {
-      load_tile<kBlockN>(sK0 + (buf ^ kTileKVBytes), gK, p.k_stride.row, (n_block - 1) * kBlockN, seqlen_k, tid);
-      load_tile<kBlockN>(sV0 + (buf ^ kTileKVBytes), gV, p.v_stride.row, (n_block - 1) * kBlockN, seqlen_k, tid);
+      load_kv(sK0 + (buf ^ kTileKVBytes), gK, p.k_stride.row, (n_block - 1) * kBlockN);
+      load_kv(sV0 + (buf ^ kTileKVBytes), gV, p.v_stride.row, (n_block - 1) * kBlockN);
       cp_async_commit();
     }
     if constexpr (!kQInRegs) load_Q();
@@ -194,7 +168,7 @@ extern "C" __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
 #pragma unroll
       for (int i = 0; i < kSTiles / 2; ++i) {
         uint32_t Kb[4];
-        ldmatrix_x4(Kb, sK + 16 * i * kRowBytes + (k_off ^ (32 * s)));
+        ldmatrix_x4(Kb, TileKV::offset(sK + k_lane, 16 * i, 16 * s));
         const uint32_t b_lo[2] = {Kb[0], Kb[1]}, b_hi[2] = {Kb[2], Kb[3]};
         mma_m16n8k16(S[2 * i], Qa[s], b_lo);
         mma_m16n8k16(S[2 * i + 1], Qa[s], b_hi);
@@ -252,7 +226,7 @@ extern "C" __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
 #pragma unroll
       for (int i = 0; i < kOTiles / 2; ++i) {
         uint32_t Vb[4];
-        ldmatrix_x4_trans(Vb, sV + 16 * s * kRowBytes + (v_off ^ (32 * i)));
+        ldmatrix_x4_trans(Vb, TileKV::offset(sV + v_lane, 16 * s, 16 * i));
         const uint32_t b_lo[2] = {Vb[0], Vb[1]}, b_hi[2] = {Vb[2], Vb[3]};
         mma_m16n8k16(O[2 * i], Pa, b_lo);
         mma_m16n8k16(O[2 * i + 1], Pa, b_hi);
@@ -288,7 +262,7 @@ extern "C" __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
     for (int r = 0; r < 2; ++r) {
       const int row = 16 * warp + g + 8 * r;
       const uint32_t packed = pack_elem2(O[j][2 * r] * inv_sum[r], O[j][2 * r + 1] * inv_sum[r]);
-      *reinterpret_cast<uint32_t*>(smem + tile_offset(row, j) + 4 * t) = packed;
+      *reinterpret_cast<uint32_t*>(smem + (sQ.word_addr(row, 8 * j + 2 * t) - smem_base)) = packed;
     }
   __syncwarp();
 
@@ -299,7 +273,7 @@ extern "C" __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
     const int r = 16 * warp + c / kChunksPerRow, chunk = c % kChunksPerRow;
     const int row = row0 + r;
     if (row < seqlen_q) {
-      const uint4 v = *reinterpret_cast<const uint4*>(smem + tile_offset(r, chunk));
+      const uint4 v = *reinterpret_cast<const uint4*>(smem + (sQ.chunk_addr(r, chunk) - smem_base));
       *reinterpret_cast<uint4*>(gO + row * p.o_stride.row + chunk * 8) = v;
     }
   }

@@ -98,3 +98,7 @@ DASH_DEVICE uint32_t opaque(uint32_t x) {
   asm volatile("" : "+r"(x));
   return x;
 }
+DASH_DEVICE int64_t opaque(int64_t x) {
+  asm volatile("" : "+l"(x));
+  return x;
+}
