@@ -1,8 +1,8 @@
 """``python -m cupy_dash compile``: compile kernel variants with NVRTC for sm_90a (no GPU needed) and report
 registers, spills, stack and shared memory per kernel.
 
-Exit status: 0 if every selected variant compiled with no spills and no stack frame, 1 otherwise (each failure
-is named), 2 on bad arguments.
+Exit status: 0 if every selected variant compiled with no spills, no stack frame and no ptxas performance
+warning (C75xx: serialized wgmma, ignored setmaxnreg), 1 otherwise (each failure is named), 2 on bad arguments.
 """
 from __future__ import annotations
 
@@ -100,7 +100,8 @@ def main(argv=None) -> int:
         for line in problems:
             print(f"  {line}", file=sys.stderr)
         return 1
-    print(f"OK: {len(specs)} kernel(s) ({n_cached} from the cache), no spills, no stack frame ({total:.1f} s)")
+    print(f"OK: {len(specs)} kernel(s) ({n_cached} from the cache), no spills, no stack frame, no ptxas "
+          f"performance warnings ({total:.1f} s)")
     return 0
 
 
@@ -123,6 +124,7 @@ def _report(results, verbose: bool) -> list:
             issues.append(f"spills {ck.spill_stores} bytes stores / {ck.spill_loads} bytes loads")
         if ck.stack_frame:
             issues.append(f"{ck.stack_frame} bytes stack frame")
+        issues.extend(ck.perf_warnings)
         out.append((f"{spec.label}: {', '.join(issues)}" if issues else "", ck.cached))
     return out
 

@@ -58,6 +58,7 @@ class CompiledKernel:
     seconds: float           # wall time of this call (compile, or cache lookup + verification)
     cubin_sha256: str = ""
     key: str = ""
+    perf_warnings: tuple = ()  # ptxas "Potential Performance Loss" lines (C75xx: wgmma serialized, setmaxnreg ignored)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -156,6 +157,12 @@ _RE_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+
 _RE_REGS = re.compile(r"Used (\d+) registers")
 _RE_SMEM = re.compile(r"(\d+) bytes smem")
 _RE_CUMSTACK = re.compile(r"(\d+) bytes cumulative stack size")
+_RE_PERF = re.compile(r"\(C75\d\d\)[^\n]*")
+
+
+def perf_warnings(log: str) -> tuple:
+    """The ptxas performance warnings of a log (C7508 setmaxnreg ignored, C7510-C7515 wgmma serialized, ...)."""
+    return tuple(dict.fromkeys(m.group(0).strip() for m in _RE_PERF.finditer(log)))
 
 
 def parse_ptxas_log(log: str, entry: str) -> dict:
@@ -327,7 +334,7 @@ def compile_spec(spec, *, verbose=None, force: bool = False) -> CompiledKernel:
         cubin_path=cubin_path, registers=meta["registers"], spill_stores=meta["spill_stores"],
         spill_loads=meta["spill_loads"], stack_frame=meta["stack_frame"], static_smem=meta["static_smem"],
         log=meta["log"], cached=cached, seconds=time.perf_counter() - t0, cubin_sha256=meta["cubin_sha256"],
-        key=key)
+        key=key, perf_warnings=perf_warnings(meta["log"]))
     if _verbose(verbose):
         print(f"[cupy_dash.jit] {spec.label}{' (cached)' if cached else ''}: {result.registers} registers, "
               f"{result.spill_stores}/{result.spill_loads} bytes spill stores/loads, {result.stack_frame} bytes "

@@ -16,9 +16,11 @@ from __future__ import annotations
 import collections
 import dataclasses
 import itertools
-import struct
 
 import numpy as np
+
+from .params import (BWD_PARAMS_DTYPE, FWD_PARAMS_DTYPE, PARAMS_STRUCTS, pack_bwd_params,  # noqa: F401
+                     pack_fwd_params, params_layout_check_source)
 
 SUPPORTED_HEAD_DIMS = (64, 128)
 SUPPORTED_DTYPES = ("bfloat16", "float16")
@@ -43,6 +45,8 @@ TILES = {
     ("fwd", 128): TileConfig(block_m=128, block_n=64, threads=256),
     ("bwd_main", 64): TileConfig(block_m=64, block_n=128, threads=256),
     ("bwd_main", 128): TileConfig(block_m=64, block_n=128, threads=256),
+    ("bwd_sm90", 64): TileConfig(block_m=128, block_n=128, threads=384),
+    ("bwd_sm90", 128): TileConfig(block_m=64, block_n=128, threads=384),
 }
 AUX_THREADS = 256
 
@@ -55,13 +59,26 @@ def _bwd_main_smem(t: TileConfig, d: int) -> int:
     return (2 * t.block_n * d + 4 * t.block_m * d + t.block_m * t.block_n) * 2 + 4 * t.block_m * 4
 
 
+def _bwd_sm90_smem(t: TileConfig, d: int) -> int:
+    """kernels_src/bwd/config.cuh SmemLayout: K, V; Q, dO, dS x2 stages; fp32 dQ; lse, dpsum x2; 10 mbarriers;
+    1 KB to align the base to 1024 bytes."""
+    stages = 2
+    return (2 * t.block_n * d * 2 + stages * 2 * t.block_m * d * 2 + stages * t.block_m * t.block_n * 2
+            + t.block_m * d * 4 + stages * 2 * t.block_m * 4 + 8 * (2 + 4 * stages) + 1024)
+
+
 # kernel name: (source file, entry point, dynamic smem bytes as a function of (tile, head_dim))
 KERNELS = {
     "fwd": ("fwd.cu", "dash_fwd", _fwd_smem),
     "bwd_preprocess": ("bwd_preprocess.cu", "dash_bwd_preprocess", lambda t, d: 0),
     "bwd_main": ("bwd_main.cu", "dash_bwd_main", _bwd_main_smem),
+    "bwd_sm90": ("bwd_sm90.cu", "dash_bwd_sm90", _bwd_sm90_smem),
     "bwd_postprocess": ("bwd_postprocess.cu", "dash_bwd_postprocess", lambda t, d: 0),
 }
+# Backward engines: "sm90" (TMA + wgmma + warp specialization, bwd_sm90.cu) and "mma" (the first engine,
+# mma.sync + cp.async, bwd_main.cu). The main kernel decides the tile and the dq_accum layout that preprocess and
+# postprocess follow.
+BWD_ENGINES = {"sm90": "bwd_sm90", "mma": "bwd_main"}
 KERNEL_NAMES = tuple(KERNELS)
 # ---------------------------------------------------------------------------------------------------------
 
@@ -103,6 +120,10 @@ class KernelSpec:
             tags.append("causal" if d["DASH_CAUSAL"] else "full")
         if "DASH_DETERMINISTIC" in d:
             tags.append("det" if d["DASH_DETERMINISTIC"] else "atomic")
+        if d.get("DASH_DQ_FRAGMENT_ORDER"):
+            tags.append("frag")
+        if self.kernel == "bwd_preprocess":
+            tags.append(f"m{d['DASH_BLOCK_M']}")
         return f"{self.kernel}[{','.join(tags)}]"
 
     @property
@@ -122,10 +143,16 @@ def fwd_tile(head_dim: int) -> TileConfig:
     return TILES[("fwd", head_dim)]
 
 
-def bwd_tile(head_dim: int) -> TileConfig:
+def _check_engine(engine: str) -> str:
+    if engine not in BWD_ENGINES:
+        raise ValueError(f"unsupported backward engine {engine!r}; expected one of {tuple(BWD_ENGINES)}")
+    return BWD_ENGINES[engine]
+
+
+def bwd_tile(head_dim: int, engine: str = "sm90") -> TileConfig:
     """The backward main kernel's tile (preprocess / postprocess share block_m and block_n)."""
     _check("bfloat16", head_dim)
-    return TILES[("bwd_main", head_dim)]
+    return TILES[(_check_engine(engine), head_dim)]
 
 
 def _spec(kernel: str, tile: TileConfig, dtype: str, head_dim: int, **flags) -> KernelSpec:
@@ -152,25 +179,26 @@ def fwd_spec(dtype: str, head_dim: int, causal: bool) -> KernelSpec:
 BwdKernels = collections.namedtuple("BwdKernels", "preprocess main postprocess")
 
 
-def bwd_specs(dtype: str, head_dim: int, causal: bool, deterministic: bool) -> BwdKernels:
+def bwd_specs(dtype: str, head_dim: int, causal: bool, deterministic: bool, engine: str = "sm90") -> BwdKernels:
     _check(dtype, head_dim)
-    main_tile = bwd_tile(head_dim)
+    main = _check_engine(engine)
+    main_tile = bwd_tile(head_dim, engine)
     aux_tile = TileConfig(main_tile.block_m, main_tile.block_n, AUX_THREADS)
     return BwdKernels(
         preprocess=_spec("bwd_preprocess", aux_tile, dtype, head_dim),
-        main=_spec("bwd_main", main_tile, dtype, head_dim, DASH_CAUSAL=causal, DASH_DETERMINISTIC=deterministic),
-        postprocess=_spec("bwd_postprocess", aux_tile, dtype, head_dim),
+        main=_spec(main, main_tile, dtype, head_dim, DASH_CAUSAL=causal, DASH_DETERMINISTIC=deterministic),
+        postprocess=_spec("bwd_postprocess", aux_tile, dtype, head_dim, DASH_DQ_FRAGMENT_ORDER=engine == "sm90"),
     )
 
 
 def all_specs() -> list:
-    """Every distinct variant the dispatcher can emit (8 fwd, 4 preprocess, 16 main, 4 postprocess)."""
+    """Every distinct variant the dispatcher can emit: 8 fwd, 6 preprocess, 16 main per engine, 8 postprocess."""
     specs = []
     seen = set()
     for dtype, head_dim, causal in itertools.product(SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS, (False, True)):
         batch = [fwd_spec(dtype, head_dim, causal)]
-        for deterministic in (False, True):
-            batch.extend(bwd_specs(dtype, head_dim, causal, deterministic))
+        for deterministic, engine in itertools.product((False, True), BWD_ENGINES):
+            batch.extend(bwd_specs(dtype, head_dim, causal, deterministic, engine))
         for spec in batch:
             if spec not in seen:
                 seen.add(spec)
@@ -179,157 +207,9 @@ def all_specs() -> list:
 
     def key(s):
         d = dict(s.defines)
-        return (order.get(s.kernel, len(order)), d["DASH_FP16"], d["DASH_HEAD_DIM"], d.get("DASH_CAUSAL", 0),
-                d.get("DASH_DETERMINISTIC", 0))
+        return (order.get(s.kernel, len(order)), d["DASH_FP16"], d["DASH_HEAD_DIM"], d["DASH_BLOCK_M"],
+                d.get("DASH_CAUSAL", 0), d.get("DASH_DETERMINISTIC", 0), d.get("DASH_DQ_FRAGMENT_ORDER", 0))
     return sorted(specs, key=key)
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Parameter blocks. Field order and names exactly as in kernels_src/params.cuh.
-_STRIDES = np.dtype([("batch", "<i8"), ("row", "<i8"), ("head", "<i8")], align=True)
-_PTR, _I64, _F32 = "<u8", "<i8", "<f4"
-
-
-def _struct(fields) -> np.dtype:
-    return np.dtype([(name, _STRIDES if kind == "strides" else kind) for name, kind in fields], align=True)
-
-
-FWD_PARAMS_DTYPE = _struct(
-    [(n, _PTR) for n in ("q", "k", "v", "out", "lse")]
-    + [(n, "strides") for n in ("q_stride", "k_stride", "v_stride", "o_stride")]
-    + [(n, _I64) for n in ("batch", "seqlen_q", "seqlen_k", "num_heads", "num_heads_kv")]
-    + [(n, _F32) for n in ("softmax_scale", "softmax_scale_log2")])
-
-BWD_PARAMS_DTYPE = _struct(
-    [(n, _PTR) for n in ("q", "k", "v", "out", "dout", "lse", "lse_log2", "dpsum", "dq_accum", "dq", "dk", "dv",
-                         "dq_semaphore", "visits", "rank", "cta_start", "error")]
-    + [(n, "strides") for n in ("q_stride", "k_stride", "v_stride", "o_stride", "do_stride", "dq_stride",
-                                "dk_stride", "dv_stride")]
-    + [(n, _I64) for n in ("batch", "seqlen_q", "seqlen_k", "num_heads", "num_heads_kv", "num_m_blocks",
-                           "seqlen_q_rounded", "spin_timeout_ns")]
-    + [(n, _F32) for n in ("softmax_scale", "softmax_scale_log2")])
-
-# C struct name -> numpy dtype (for the layout check)
-PARAMS_STRUCTS = {"Strides": _STRIDES, "FwdParams": FWD_PARAMS_DTYPE, "BwdParams": BWD_PARAMS_DTYPE}
-
-
-def _pointer(name: str, value) -> int:
-    if value is None:
-        return 0
-    data = getattr(value, "data", None)          # a cupy ndarray: its device pointer
-    ptr = getattr(data, "ptr", None)
-    if ptr is not None:
-        return int(ptr)
-    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
-        if not 0 <= int(value) < 1 << 64:
-            raise ValueError(f"pointer field {name!r} out of range: {value}")
-        return int(value)
-    raise TypeError(f"pointer field {name!r} needs an int address (or a cupy array / None), "
-                    f"got {type(value).__name__}")
-
-
-def _struct_format(dtype: np.dtype) -> tuple:
-    """``struct`` format and per-field value kinds of a params dtype (no padding: every field is 8 bytes, the
-    two fp32 scales share the last 8)."""
-    fmt, kinds = "<", []
-    for name in dtype.names:
-        kind = dtype.fields[name][0]
-        if kind == _STRIDES:
-            fmt += "qqq"
-            kinds.append("strides")
-        elif kind == np.dtype(_PTR):
-            fmt += "Q"
-            kinds.append("ptr")
-        elif kind == np.dtype(_I64):
-            fmt += "q"
-            kinds.append("i64")
-        else:
-            fmt += "f"
-            kinds.append("f32")
-    assert struct.calcsize(fmt) == dtype.itemsize, (fmt, dtype.itemsize)
-    return struct.Struct(fmt), tuple(zip(dtype.names, kinds))
-
-
-_FORMATS = {name: _struct_format(dt) for name, dt in PARAMS_STRUCTS.items()}
-
-
-def _pack(dtype: np.dtype, struct_name: str, fields: dict) -> np.ndarray:
-    layout, kinds = _FORMATS[struct_name]
-    if len(fields) != len(kinds) or any(name not in fields for name, _ in kinds):
-        missing = [n for n, _ in kinds if n not in fields]
-        if missing:
-            raise TypeError(f"{struct_name}: missing field(s) {', '.join(missing)}")
-        unknown = [n for n in fields if n not in dtype.names]
-        raise TypeError(f"{struct_name}: unknown field(s) {', '.join(unknown)}")
-    # NOTES: fast path: plain ints, 3-tuples of strides and floats pack as they are; anything else (a cupy array
-    # or None as a pointer, a float in an integer field, a wrong stride count) fails struct.pack and takes the
-    # checking path below, which converts or raises a message naming the field.
-    values = []
-    for name, kind in kinds:
-        if kind == "strides":
-            values.extend(fields[name])
-        else:
-            values.append(fields[name])
-    try:
-        return np.frombuffer(layout.pack(*values), dtype=dtype)
-    except (struct.error, TypeError):
-        pass
-    values = []
-    for name, kind in kinds:
-        value = fields[name]
-        if kind == "strides":
-            if len(value) != 3:
-                raise ValueError(f"{struct_name}.{name}: expected 3 strides (batch, row, head), got {len(value)}")
-            values.extend(int(x) for x in value)
-        elif kind == "ptr":
-            values.append(value if type(value) is int and value >= 0 else _pointer(f"{struct_name}.{name}", value))
-        elif kind == "i64":
-            if isinstance(value, (float, np.floating)):
-                raise TypeError(f"{struct_name}.{name} is an integer field, got {value!r}")
-            values.append(int(value))
-        else:
-            values.append(float(value))
-    # NOTES: one struct.pack and a zero-copy view: assigning field by field into a structured array costs ~50 µs.
-    return np.frombuffer(layout.pack(*values), dtype=dtype)
-
-
-def pack_fwd_params(**fields) -> np.ndarray:
-    """A size-1 ``FWD_PARAMS_DTYPE`` array; pointers as ints, Strides as (batch, row, head) element strides."""
-    return _pack(FWD_PARAMS_DTYPE, "FwdParams", fields)
-
-
-def pack_bwd_params(**fields) -> np.ndarray:
-    """A size-1 ``BWD_PARAMS_DTYPE`` array; pointers as ints, Strides as (batch, row, head) element strides."""
-    return _pack(BWD_PARAMS_DTYPE, "BwdParams", fields)
-
-
-def params_layout_check_source(offsetof: str = "auto") -> str:
-    """CUDA source that ``static_assert``s size, alignment and every field offset/size of the C parameter
-    structs against the numpy dtypes above. Compiles iff the layouts agree (see tests/test_jit.py).
-
-    ``offsetof``: "auto" uses ``__builtin_offsetof`` where NVRTC has it (13.5 does, 13.0 does not) and the
-    front end's ``__INTADDR__`` otherwise; "intaddr" forces the latter."""
-    if offsetof not in ("auto", "intaddr"):
-        raise ValueError(f"offsetof must be 'auto' or 'intaddr', got {offsetof!r}")
-    lines = ['#include "params.cuh"']
-    if offsetof == "auto":
-        lines += ["#if defined(__has_builtin)", "#if __has_builtin(__builtin_offsetof)",
-                  "#define DASH_OFFSETOF(T, m) __builtin_offsetof(T, m)", "#endif", "#endif"]
-    lines += ["#ifndef DASH_OFFSETOF",
-              "#define DASH_OFFSETOF(T, m) ((unsigned long long)__INTADDR__(&(((T*)0)->m)))",
-              "#endif"]
-    for struct, dt in PARAMS_STRUCTS.items():
-        lines.append(f'static_assert(sizeof({struct}) == {dt.itemsize}, "sizeof({struct}) != {dt.itemsize}");')
-        lines.append(f'static_assert(alignof({struct}) == {dt.alignment}, "alignof({struct}) != {dt.alignment}");')
-        for name in dt.names:
-            fdt, off = dt.fields[name][:2]
-            lines.append(f'static_assert(DASH_OFFSETOF({struct}, {name}) == {off}, '
-                         f'"offsetof({struct}, {name}) != {off}");')
-            lines.append(f'static_assert(sizeof((({struct}*)0)->{name}) == {fdt.itemsize}, '
-                         f'"sizeof({struct}::{name}) != {fdt.itemsize}");')
-    lines.append('extern "C" __global__ void dash_params_layout_check(const __grid_constant__ FwdParams f, '
-                 'const __grid_constant__ BwdParams b) {}')
-    return "\n".join(lines) + "\n"
 
 
 # ---------------------------------------------------------------------------------------------------------

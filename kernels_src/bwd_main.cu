@@ -87,16 +87,6 @@ struct Smem {
   DASH_DEVICE uint32_t* word(uint32_t addr) const { return reinterpret_cast<uint32_t*>(raw + (addr - base)); }
 };
 
-struct Head {  // the (batch, head) pair of a visit and its kv head (32-bit division: bh < B * H < 2^31)
-  int b, h, hk;
-  DASH_DEVICE Head(const BwdParams& p, int bh) {
-    const int num_heads = (int)p.num_heads;
-    b = bh / num_heads;
-    h = bh - b * num_heads;
-    hk = h / (num_heads / (int)p.num_heads_kv);
-  }
-};
-
 DASH_DEVICE void load_kv_async(const BwdParams& p, const Smem& s, const Visit& w, int tid) {
   const Head hd(p, w.bh);
   const int64_t row0 = (int64_t)w.n_block * kBlockN;

@@ -22,3 +22,6 @@ typedef unsigned short uint16_t;
 typedef uint16_t elem_t;
 
 constexpr float kLog2e = 1.4426950408889634f;
+
+// Shared-window (32-bit) address of a generic pointer into shared memory.
+DASH_DEVICE uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }

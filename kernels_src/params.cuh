@@ -1,10 +1,11 @@
 // Kernel parameter blocks, passed by value as one __grid_constant__ struct.
-// NOTES: every field is 8 bytes (pointers, int64, or two packed floats), so the numpy structured dtype in
-// cupy_dash/kernels.py reproduces this layout exactly; keep the two in the same order.
+// NOTES: cupy_dash/params.py reads FwdParams, BwdParams and Strides from this file and lays them out with C's
+// rules; it understands data members of pointer type, int64_t, float, Strides and TmaDesc only.
 // Layouts: q, out, dout, dq are (B, Sq, H, D); k, v, dk, dv are (B, Sk, Hkv, D); strides are in elements and the
 // last dimension is contiguous. lse is (B, H, Sq) fp32. "bh" indexes (batch, head) pairs: bh = b * H + h.
 #pragma once
 #include "common.cuh"
+#include "ptx/tma.cuh"
 
 struct Strides {             // element strides of a (B, S, H, D) tensor
   int64_t batch, row, head;
@@ -20,6 +21,7 @@ struct FwdParams {
 };
 
 struct BwdParams {
+  TmaDesc tma_q, tma_k, tma_v, tma_do;  // 5-D TMA maps {64, S, D / 64, H, B} of q, k, v, dout (Hopper engine)
   const elem_t* q; const elem_t* k; const elem_t* v;
   const elem_t* out; const elem_t* dout;
   const float* lse;          // (B, H, Sq) from the forward
@@ -37,4 +39,15 @@ struct BwdParams {
   int64_t num_m_blocks, seqlen_q_rounded;
   int64_t spin_timeout_ns;   // a semaphore wait longer than this sets error[] and abandons the kernel
   float softmax_scale, softmax_scale_log2;
+};
+
+// The (batch, head) pair of a bh index and its kv head (32-bit division: bh < B * H < 2^31).
+struct Head {
+  int b, h, hk;
+  DASH_DEVICE Head(const BwdParams& p, int bh) {
+    const int num_heads = (int)p.num_heads;
+    b = bh / num_heads;
+    h = bh - b * num_heads;
+    hk = h / (num_heads / (int)p.num_heads_kv);
+  }
 };

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cupy_dash import cli_compile, jit, kernels
+from cupy_dash import cli_compile, jit, kernels, params
 
 REAL_KERNEL_DIR = jit.kernel_dir()
 
@@ -35,6 +35,7 @@ _STUBS = {
     "fwd.cu": ("dash_fwd", "FwdParams", "lse"),
     "bwd_preprocess.cu": ("dash_bwd_preprocess", "BwdParams", "dpsum"),
     "bwd_main.cu": ("dash_bwd_main", "BwdParams", "dq_accum"),
+    "bwd_sm90.cu": ("dash_bwd_sm90", "BwdParams", "dq_accum"),
     "bwd_postprocess.cu": ("dash_bwd_postprocess", "BwdParams", "dpsum"),
 }
 
@@ -70,24 +71,45 @@ SPEC = kernels.bwd_specs("bfloat16", 64, causal=True, deterministic=True).main
 def test_params_layout_matches_c_structs(offsetof):
     src = kernels.params_layout_check_source(offsetof)
     # every field of every struct is checked
-    for struct, dt in kernels.PARAMS_STRUCTS.items():
+    for struct, (dt, _) in kernels.PARAMS_STRUCTS.items():
         for name in dt.names:
             assert f"DASH_OFFSETOF({struct}, {name})" in src
     cubin, log, ok = jit.compile_source(src, "layout_check.cu", [*jit.BASE_OPTIONS, f"-I{REAL_KERNEL_DIR}"])
     assert ok, log
-    assert kernels.FWD_PARAMS_DTYPE.itemsize == 184 and kernels.BWD_PARAMS_DTYPE.itemsize == 400
+    # BwdParams: four 64-byte-aligned 128-byte tensor maps first, 400 bytes of 8-byte fields, padded to 64
+    assert kernels.FWD_PARAMS_DTYPE.itemsize == 184 and kernels.BWD_PARAMS_DTYPE.itemsize == 960
+    assert kernels.PARAMS_STRUCTS["BwdParams"][1] == 64 and kernels.BWD_PARAMS_DTYPE.fields["q"][1] == 512
 
 
-def test_params_layout_check_detects_drift(monkeypatch):
+def test_params_layout_check_detects_drift():
     # The check must fail when the numpy side drifts: swap two fields of FwdParams.
-    names = list(kernels.FWD_PARAMS_DTYPE.names)
+    dt, align = kernels.PARAMS_STRUCTS["FwdParams"]
+    names = list(dt.names)
     i, j = names.index("seqlen_q"), names.index("seqlen_k")
     names[i], names[j] = names[j], names[i]
-    drifted = np.dtype([(n, kernels.FWD_PARAMS_DTYPE.fields[n][0]) for n in names], align=True)
-    monkeypatch.setitem(kernels.PARAMS_STRUCTS, "FwdParams", drifted)
-    _, log, ok = jit.compile_source(kernels.params_layout_check_source(), "layout_check.cu",
+    drifted = np.dtype([(n, dt.fields[n][0]) for n in names], align=True)
+    structs = dict(kernels.PARAMS_STRUCTS, FwdParams=(drifted, align))
+    _, log, ok = jit.compile_source(kernels.params_layout_check_source(structs=structs), "layout_check.cu",
                                     [*jit.BASE_OPTIONS, f"-I{REAL_KERNEL_DIR}"])
     assert not ok and "offsetof(FwdParams, seqlen_q)" in log
+
+
+def test_params_parser_reads_declarations_and_rejects_the_unknown():
+    text = """
+    struct Strides { int64_t batch, row, head; };  // comment
+    struct FwdParams { const elem_t* q; float* lse; /* block */ Strides s; int64_t n; float a, b; };
+    struct BwdParams { TmaDesc tma_q; int32_t* sem; };
+    """
+    got = params.parse_structs(text)
+    assert got["FwdParams"] == [("q", "ptr"), ("lse", "ptr"), ("s", "strides"), ("n", "i64"), ("a", "f32"),
+                                ("b", "f32")]
+    assert got["BwdParams"] == [("tma_q", "tma"), ("sem", "ptr")]
+    dt, fmt, align = params.layout(got["BwdParams"])
+    assert (dt.itemsize, dt.fields["sem"][1], align) == (192, 128, 64)
+    with pytest.raises(ValueError, match="unsupported type 'double'"):
+        params.parse_structs(text.replace("int64_t n;", "double n;"))
+    with pytest.raises(ValueError, match="BwdParams not found"):
+        params.parse_structs("struct Strides { int64_t batch, row, head; }; struct FwdParams { float a; };")
 
 
 def _fwd_fields(**over):
@@ -131,6 +153,8 @@ def test_pack_bwd_params_every_field():
         kind = dt.fields[name][0]
         if kind.names:                                      # Strides
             fields[name] = (next(counter), next(counter), next(counter))
+        elif kind.kind == "V":                              # tensor map
+            fields[name] = bytes([next(counter) % 256]) * 128
         elif kind.kind == "f":
             fields[name] = 0.5 * next(counter)
         else:
@@ -138,13 +162,19 @@ def test_pack_bwd_params_every_field():
         expect[name] = fields[name]
     fields["error"] = None                                  # None -> null pointer
     expect["error"] = 0
+    fields["tma_v"] = None                                  # None -> all-zero map
+    expect["tma_v"] = bytes(128)
     p = kernels.pack_bwd_params(**fields)
-    assert p.nbytes == 400
+    assert p.nbytes == 960
+    with pytest.raises(ValueError, match="BwdParams.tma_q: a tensor map is 128 bytes"):
+        kernels.pack_bwd_params(**dict(fields, tma_q=b"short"))
     for name in dt.names:
         got = p[name][0]
         want = expect[name]
         if isinstance(want, tuple):
             assert tuple(int(x) for x in got) == want, name
+        elif isinstance(want, bytes):
+            assert bytes(got) == want, name
         else:
             assert got == (np.float32(want) if dt.fields[name][0].kind == "f" else want), name
 
@@ -153,33 +183,34 @@ def test_pack_bwd_params_every_field():
 def test_all_specs_cover_every_combination():
     specs = kernels.all_specs()
     labels = [s.label for s in specs]
-    assert len(set(labels)) == len(labels) == len(set(specs)) == 8 + 4 + 16 + 4
+    assert len(set(labels)) == len(labels) == len(set(specs)) == 8 + 6 + 16 + 16 + 8
     expected = set()
     for dtype, d, causal in itertools.product(kernels.SUPPORTED_DTYPES, kernels.SUPPORTED_HEAD_DIMS, (0, 1)):
         expected.add(kernels.fwd_spec(dtype, d, bool(causal)))
-        for det in (False, True):
-            expected.update(kernels.bwd_specs(dtype, d, bool(causal), det))
+        for det, engine in itertools.product((False, True), kernels.BWD_ENGINES):
+            expected.update(kernels.bwd_specs(dtype, d, bool(causal), det, engine))
     assert expected == set(specs)
     by_kernel = {name: [s for s in specs if s.kernel == name] for name in kernels.KERNEL_NAMES}
-    assert {k: len(v) for k, v in by_kernel.items()} == {"fwd": 8, "bwd_preprocess": 4, "bwd_main": 16,
-                                                         "bwd_postprocess": 4}
+    assert {k: len(v) for k, v in by_kernel.items()} == {"fwd": 8, "bwd_preprocess": 6, "bwd_main": 16,
+                                                         "bwd_sm90": 16, "bwd_postprocess": 8}
     for s in specs:
         d = dict(s.defines)
         assert list(s.defines) == sorted(s.defines)
         assert d["DASH_SMEM_BYTES"] == s.smem_bytes and d["DASH_NUM_THREADS"] == s.threads
         assert s.smem_bytes <= 227 * 1024
         assert s.source.endswith(".cu") and s.entry.startswith("dash_")
-    assert kernels.bwd_specs("bfloat16", 128, True, True).main.label == "bwd_main[bf16,d128,causal,det]"
+    assert kernels.bwd_specs("bfloat16", 128, True, True).main.label == "bwd_sm90[bf16,d128,causal,det]"
     assert kernels.fwd_spec("float16", 64, False).label == "fwd[fp16,d64,full]"
-    assert kernels.bwd_specs("float16", 64, False, False).main.label == "bwd_main[fp16,d64,full,atomic]"
+    assert kernels.bwd_specs("float16", 64, False, False, "mma").main.label == "bwd_main[fp16,d64,full,atomic]"
+    assert kernels.bwd_specs("float16", 64, False, False).postprocess.label == "bwd_postprocess[fp16,d64,frag]"
 
 
 def test_tile_plan_and_smem():
     for d in kernels.SUPPORTED_HEAD_DIMS:
-        f, b = kernels.fwd_tile(d), kernels.bwd_tile(d)
+        f, b = kernels.fwd_tile(d), kernels.bwd_tile(d, "mma")
         fs = kernels.fwd_spec("bfloat16", d, False)
         assert fs.smem_bytes == (f.block_m + 4 * f.block_n) * d * 2 and fs.threads == f.threads
-        pre, main, post = kernels.bwd_specs("bfloat16", d, False, True)
+        pre, main, post = kernels.bwd_specs("bfloat16", d, False, True, "mma")
         smem = (2 * b.block_n * d + 4 * b.block_m * d + b.block_m * b.block_n) * 2 + 4 * b.block_m * 4
         assert main.smem_bytes == smem
         for aux in (pre, post):
@@ -190,6 +221,17 @@ def test_tile_plan_and_smem():
         kernels.fwd_spec("float32", 64, False)
     with pytest.raises(ValueError):
         kernels.bwd_specs("bfloat16", 96, False, True)
+    with pytest.raises(ValueError, match="engine"):
+        kernels.bwd_specs("bfloat16", 64, False, True, "sm100")
+    # the Hopper engine: 384 threads; its smem formula is checked against the kernel's own static_assert by
+    # compile --all, here against the layout it documents (bwd/config.cuh)
+    for d, (bm, bn) in ((64, (128, 128)), (128, (64, 128))):
+        t = kernels.bwd_tile(d)
+        assert (t.block_m, t.block_n, t.threads) == (bm, bn, 384)
+        pre, main, post = kernels.bwd_specs("bfloat16", d, True, True)
+        assert main.smem_bytes == (2 * bn * d * 2 + 2 * 2 * bm * d * 2 + 2 * bm * bn * 2 + bm * d * 4
+                                   + 2 * 2 * bm * 4 + 80 + 1024) <= 227 * 1024
+        assert dict(post.defines)["DASH_DQ_FRAGMENT_ORDER"] == 1 and dict(pre.defines)["DASH_BLOCK_M"] == bm
 
 
 def test_kernel_dir_has_sources():
@@ -298,14 +340,14 @@ def test_key_changes_with_define_and_header(ksrc):
 
 
 def test_compile_error_names_kernel(ksrc):
-    (ksrc / "bwd_main.cu").write_text(_stub("bwd_main.cu") + "\nthis is not C++;\n")
+    (ksrc / SPEC.source).write_text(_stub(SPEC.source) + "\nthis is not C++;\n")
     with pytest.raises(jit.CompileError) as info:
         jit.compile_spec(SPEC)
     assert SPEC.label in str(info.value) and "error" in info.value.log
     assert info.value.label == SPEC.label
     # a missing source is a CompileError too
-    (ksrc / "bwd_main.cu").unlink()
-    with pytest.raises(jit.CompileError, match=r"bwd_main\[bf16,d64,causal,det\]"):
+    (ksrc / SPEC.source).unlink()
+    with pytest.raises(jit.CompileError, match=r"bwd_sm90\[bf16,d64,causal,det\]"):
         jit.compile_spec(SPEC)
 
 
@@ -332,12 +374,13 @@ def test_real_kernel_compiles(spec, tmp_path, monkeypatch):
 def test_cli_compile_subset(ksrc, capsys):
     assert cli_compile.main(["--head-dim", "64", "--dtype", "bf16"]) == 0
     out = capsys.readouterr().out
-    assert "regs" in out and "OK: 8 kernel(s)" in out
+    # 2 fwd, 2 preprocess (block_m 64, 128), 4 main per engine, 2 postprocess (row-major, fragment order)
+    assert "regs" in out and "OK: 14 kernel(s)" in out
     for spec in cli_compile.select([64], ["bfloat16"], None):
         assert spec.label in out
     # the second run is served from the cache
     assert cli_compile.main(["--kernel", "bwd_postprocess", "--head-dim", "64", "--dtype", "bfloat16"]) == 0
-    assert "(1 from the cache)" in capsys.readouterr().out
+    assert "(2 from the cache)" in capsys.readouterr().out
 
 
 def test_cli_compile_reports_failures(ksrc, capsys):
@@ -369,7 +412,21 @@ dash_bwd_preprocess(const __grid_constant__ BwdParams p) {
 """)
     assert cli_compile.main(["--kernel", "bwd_preprocess", "--head-dim", "128", "--dtype", "bf16"]) == 1
     err = capsys.readouterr().err
-    assert "bwd_preprocess[bf16,d128]: spills" in err
+    assert "bwd_preprocess[bf16,d128,m64]: spills" in err
+
+
+def test_cli_compile_flags_ptxas_performance_warnings(ksrc, capsys):
+    # setmaxnreg without __launch_bounds__(threads, 1): ptxas ignores it and says so (C7508)
+    (ksrc / "bwd_preprocess.cu").write_text(r"""
+#include "params.cuh"
+#include "ptx/setmaxnreg.cuh"
+extern "C" __global__ void dash_bwd_preprocess(const __grid_constant__ BwdParams p) {
+  if (threadIdx.x < 128) { setmaxnreg_dec<24>(); } else { setmaxnreg_inc<240>(); p.dpsum[threadIdx.x] = 1.f; }
+}
+""")
+    assert cli_compile.main(["--kernel", "bwd_preprocess", "--head-dim", "128", "--dtype", "bf16"]) == 1
+    err = capsys.readouterr().err
+    assert "bwd_preprocess[bf16,d128,m64]: (C7508)" in err
 
 
 @pytest.mark.parametrize("argv", [[], ["--all", "--head-dim", "64"], ["--head-dim", "96"], ["--dtype", "fp32"],

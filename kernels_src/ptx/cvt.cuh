@@ -24,4 +24,17 @@ DASH_DEVICE float elem_to_float(elem_t x) {
 #endif
 }
 
+// The two 16-bit elements of a packed word (lo = lower address) as fp32.
+DASH_DEVICE float2 unpack_elem2(uint32_t w) {
+#if DASH_FP16
+  float2 r;
+  asm("{\n.reg .f16 lo, hi;\nmov.b32 {lo, hi}, %2;\ncvt.f32.f16 %0, lo;\ncvt.f32.f16 %1, hi;\n}\n"
+      : "=f"(r.x), "=f"(r.y)
+      : "r"(w));
+  return r;
+#else
+  return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+#endif
+}
+
 DASH_DEVICE elem_t float_to_elem(float f) { return (elem_t)(pack_elem2(f, 0.f) & 0xffffu); }

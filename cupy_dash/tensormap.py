@@ -1,0 +1,100 @@
+"""TMA tensor maps (CUtensorMap, 128 bytes) for the Hopper kernels, encoded on the host with
+``cuda.bindings.driver.cuTensorMapEncodeTiled`` and passed inside the ``__grid_constant__`` parameter block.
+
+A ``(B, S, H, D)`` tensor of 16-bit elements (last dimension contiguous, element strides ``(batch, row,
+head)``) is described as the 5-D map ``{64, S, D / 64, H, B}`` (innermost first) with byte strides
+``{2 row, 128, 2 head, 2 batch}`` and 128-byte swizzle. One copy of the box ``{64, rows, D / 64, 1, 1}`` at
+coordinates ``(0, s0, 0, h, b)`` then writes rows ``[s0, s0 + rows)`` of head ``h`` as ``D / 64`` panels of
+``rows x 128`` bytes: the layout of ``kernels_src/swizzled_tile.cuh``. Rows past ``S`` read as zeros, so ragged
+last tiles need no masking of the loads (and never read another head's rows).
+
+Maps embed the tensor's address, so they are built per call; :func:`bhsd_map` keeps the last few hundred
+(the same buffers come back step after step under a caching allocator). Needs the CUDA driver (libcuda) but no
+GPU work.
+"""
+from __future__ import annotations
+
+import collections
+import struct
+import threading
+
+_DTYPES = {"bfloat16": "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16", "float16": "CU_TENSOR_MAP_DATA_TYPE_FLOAT16"}
+_MAX_CACHED = 512
+_cache: collections.OrderedDict = collections.OrderedDict()
+_lock = threading.Lock()
+_driver = None
+
+
+def _cbd():
+    """cuda.bindings.driver, initialised once (cuInit is cheap and idempotent; CuPy's context stays current)."""
+    global _driver
+    if _driver is None:
+        from cuda.bindings import driver
+        err, = driver.cuInit(0)
+        if err != driver.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"cuInit failed: {err}")
+        _driver = driver
+    return _driver
+
+
+def check_encodable(name: str, shape, strides, ptr: int) -> None:
+    """Raise ValueError (naming the argument) unless a ``(B, S, H, D)`` tensor can be described by a map: D a
+    multiple of 64, base 16-byte aligned, row / head / batch strides (of dimensions longer than 1) positive
+    multiples of 8 elements (16 bytes), sizes below 2^31."""
+    B, S, H, D = shape
+    if D % 64:
+        raise ValueError(f"{name}: head dim {D} is not a multiple of 64")
+    if ptr % 16:
+        raise ValueError(f"{name}: data pointer must be 16-byte aligned for TMA, got 0x{ptr:x}")
+    for what, st, n in zip(("batch", "row", "head"), strides, (B, S, H)):
+        if n > 1 and (st % 8 or not 0 < st < (1 << 38)):
+            raise ValueError(f"{name}: {what} stride {st} must be a non-negative multiple of 8 elements")
+    if max(B, S, H) >= 1 << 31:
+        raise ValueError(f"{name}: dimensions {shape} too large for a tensor map")
+
+
+def bhsd_map(ptr: int, dtype: str, shape, strides, box_rows: int) -> bytes:
+    """The 128-byte map of a ``(B, S, H, D)`` tensor (see the module docstring) whose box is ``box_rows`` rows
+    (1..256) by the whole head dim. ``strides`` are the ``(batch, row, head)`` element strides."""
+    key = (ptr, dtype, tuple(shape), tuple(strides), box_rows)
+    with _lock:
+        m = _cache.get(key)
+        if m is not None:
+            _cache.move_to_end(key)
+            return m
+    m = _encode(ptr, dtype, shape, strides, box_rows)
+    with _lock:
+        _cache[key] = m
+        while len(_cache) > _MAX_CACHED:
+            _cache.popitem(last=False)
+    return m
+
+
+def _encode(ptr: int, dtype: str, shape, strides, box_rows: int) -> bytes:
+    if dtype not in _DTYPES:
+        raise ValueError(f"tensor map: unsupported dtype {dtype!r}")
+    if not 1 <= box_rows <= 256:
+        raise ValueError(f"tensor map: box rows {box_rows} out of [1, 256]")
+    check_encodable("tensor", shape, strides, ptr)
+    drv = _cbd()
+    B, S, H, D = (int(x) for x in shape)
+    batch_st, row_st, head_st = (int(x) for x in strides)
+    dims = [64, S, D // 64, H, B]
+    # dims 1..4 (dim 0 is contiguous); the stride of a dimension of size 1 is never applied, so any valid value
+    # (here 128 bytes) replaces what the framework reported there (which may be 0 or unaligned)
+    def stride(elements, n):
+        return 2 * elements if n > 1 else 128
+    byte_strides = [stride(row_st, S), 128, stride(head_st, H), stride(batch_st, B)]
+    box = [64, box_rows, D // 64, 1, 1]
+    err, tmap = drv.cuTensorMapEncodeTiled(
+        getattr(drv.CUtensorMapDataType, _DTYPES[dtype]), 5, ptr,
+        [drv.cuuint64_t(x) for x in dims], [drv.cuuint64_t(x) for x in byte_strides],
+        [drv.cuuint32_t(x) for x in box], [drv.cuuint32_t(1)] * 5,
+        drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+        drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+        drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+    if err != drv.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuTensorMapEncodeTiled failed ({err}) for shape {tuple(shape)}, strides "
+                           f"{tuple(strides)}, box rows {box_rows}, address 0x{ptr:x}")
+    return struct.pack("<16Q", *(int(w) for w in tmap.opaque))

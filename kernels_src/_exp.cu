@@ -1,0 +1,79 @@
+#include "common.cuh"
+// Attention backward, main kernel, Hopper engine: a persistent CTA walks its visits (bh, n_block, m_block) of
+// the schedule table in order. Warp specialized: a producer warp loads tiles by TMA (bwd/producer.cuh), two MMA
+// warpgroups compute S^T, P^T, dP^T, dS^T, dV, dK and the dQ partial with wgmma (bwd/mainloop.cuh) and write
+// dK, dV once per KV tile (bwd/epilogue.cuh), and a writer warp adds the dQ partials into dq_accum in each
+// tile's rank order (bwd/dq_reduce.cuh). The kernel applies no policy: the table decides everything.
+#include "bwd/config.cuh"
+#include "bwd/dq_reduce.cuh"
+#include "bwd/epilogue.cuh"
+#include "bwd/mainloop.cuh"
+#include "bwd/producer.cuh"
+#include "params.cuh"
+#include "ptx/mbarrier.cuh"
+#include "ptx/setmaxnreg.cuh"
+#include "schedule_view.cuh"
+
+using namespace bwd;
+
+// One MMA warpgroup: dK, dV of the current KV tile live in registers across its run of visits.
+DASH_DEVICE void consume(const BwdParams& p, const ScheduleView& sched, const Smem& s, char* smem_generic, int wg,
+                         int tid) {
+  float dK[kDkvRegs], dV[kDkvRegs];
+#pragma unroll
+  for (int i = 0; i < kDkvRegs; ++i) dK[i] = dV[i] = 0.f;
+  int groups = 0, j = 0;
+  bool group_start = true;
+  Visit cur = sched.visit(sched.begin);
+  for (int64_t v = sched.begin; v < sched.end; ++v, ++j) {
+    const bool has_next = v + 1 < sched.end;
+    const Visit next = has_next ? sched.visit(v + 1) : cur;
+    const bool group_end = !has_next || !same_kv_tile(cur, next);
+    if (group_start) wait_phase(p, s.kv_full(), groups & 1);
+    bwd_step(p, s, smem_generic, cur, j, group_start, group_end, dK, dV, wg, tid);
+    if (group_end) {
+      store_dkv(p, cur, dK, dV, wg, tid);
+      ++groups;
+    }
+    group_start = group_end;
+    cur = next;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1) dash_bwd_sm90(const __grid_constant__ BwdParams p) {
+  extern __shared__ __align__(1024) char smem_raw[];
+  const ScheduleView sched(p.visits, p.rank, p.cta_start, blockIdx.x);
+  if (sched.begin >= sched.end) return;
+
+  const uint32_t raw = smem_u32(smem_raw);
+  const Smem s{(raw + 1023u) & ~1023u};
+  char* smem_generic = smem_raw + (s.base - raw);
+  if (threadIdx.x == 0) {
+    mbar_init(s.kv_full(), 1);
+    mbar_init(s.kv_empty(), kNumMmaWg);
+#pragma unroll
+    for (int stage = 0; stage < kStages; ++stage) {
+      mbar_init(s.q_full(stage), 1);
+      mbar_init(s.q_empty(stage), kNumMmaWg);
+      mbar_init(s.do_full(stage), 1);
+      mbar_init(s.do_empty(stage), kNumMmaWg);
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();
+
+  // NOTES: role branches are warp-uniform (the shuffle tells the compiler so), as setmaxnreg and wgmma need.
+  const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x / kWgThreads, 0);
+  const int warp = __shfl_sync(0xffffffffu, (int)threadIdx.x / 32, 0);
+  if (wg == 0) {
+    
+    if (warp == 0) {
+      if (threadIdx.x == 0) produce(p, sched, s);
+    } else if (warp == 1) {
+      write_dq(p, sched, s, threadIdx.x % 32);
+    }
+  } else {
+    
+    consume(p, sched, s, smem_generic, wg - 1, threadIdx.x % kWgThreads);
+  }
+}

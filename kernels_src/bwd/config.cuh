@@ -1,0 +1,105 @@
+// Backward main kernel (Hopper engine): compile-time configuration, thread roles, named barriers and the
+// shared-memory layout. The DASH_* defines come from cupy_dash/kernels.py (one cubin per variant).
+#pragma once
+#include "../common.cuh"
+#include "dq_accum_layout.cuh"
+
+#if !defined(DASH_HEAD_DIM) || !defined(DASH_CAUSAL) || !defined(DASH_DETERMINISTIC) || !defined(DASH_BLOCK_M) || \
+    !defined(DASH_BLOCK_N) || !defined(DASH_NUM_THREADS) || !defined(DASH_SMEM_BYTES)
+#error "the backward main kernel needs DASH_HEAD_DIM, DASH_CAUSAL, DASH_DETERMINISTIC, DASH_BLOCK_M, " \
+       "DASH_BLOCK_N, DASH_NUM_THREADS, DASH_SMEM_BYTES"
+#endif
+
+namespace bwd {
+
+constexpr int kHeadDim = DASH_HEAD_DIM;
+constexpr bool kCausal = DASH_CAUSAL != 0;
+constexpr bool kDeterministic = DASH_DETERMINISTIC != 0;
+constexpr int kBlockM = DASH_BLOCK_M;  // queries per Q tile (m_block)
+constexpr int kBlockN = DASH_BLOCK_N;  // keys per KV tile (n_block)
+
+// Thread roles: warpgroup 0 is the producer (warp 0 issues TMA loads, warp 1 adds dQ partials into dq_accum,
+// warps 2-3 leave at once); warpgroups 1..kNumMmaWg compute, each for 64 keys of the KV tile.
+constexpr int kNumMmaWg = 2;
+constexpr int kWgThreads = 128;
+constexpr int kNumThreads = kWgThreads * (1 + kNumMmaWg);
+static_assert(DASH_NUM_THREADS == kNumThreads, "launched with 384 threads");
+constexpr int kEntryRegs = 168;  // what __launch_bounds__(384, 1) gives every thread at entry
+constexpr int kProducerRegs = 24, kMmaRegs = 240;
+static_assert(kProducerRegs * kWgThreads + kMmaRegs * kWgThreads * kNumMmaWg <= kEntryRegs * kNumThreads,
+              "setmaxnreg budgets exceed the CTA's register pool");
+
+static_assert(kHeadDim == 64 || kHeadDim == 128, "head dim 64 or 128");
+static_assert(kBlockN == 64 * kNumMmaWg, "each MMA warpgroup owns 64 keys: the rows of its S^T, dP^T, dK, dV");
+// dQ = dS K: warpgroup wg computes a 64 x kDqCols piece of the kBlockM x kHeadDim tile. With kBlockM = 128
+// (hdim 64) it owns query rows [64 wg, 64 wg + 64) and every column; with kBlockM = 64 (hdim 128) every row and
+// head-dim columns [64 wg, 64 wg + 64). Either way its B operand (K) is one whole 64-column panel.
+using DqLayout = DqAccumLayout<kBlockM, kHeadDim>;
+static_assert(DqLayout::kSplitRows ? kHeadDim == 64 : (kBlockM == 64 && kHeadDim == 64 * kNumMmaWg),
+              "tile plans: hdim 64 with kBlockM 128, hdim 128 with kBlockM 64");
+constexpr int kDqCols = DqLayout::kCols;
+
+// Accumulator registers per thread (m64nN fp32: N / 2).
+constexpr int kSRegs = kBlockM / 2;     // S^T and dP^T: 64 keys x kBlockM queries
+constexpr int kDkvRegs = kHeadDim / 2;  // dK and dV: 64 keys x kHeadDim
+constexpr int kDqRegs = kDqCols / 2;    // dQ piece: 64 x kDqCols
+
+constexpr int kStages = 2;  // Q (+ lse_log2), dO (+ dpsum) and dS buffers
+
+// Named barriers (id 0 is __syncthreads): both MMA warpgroups after writing dS; per MMA warpgroup, its dQ slice
+// written (MMA warpgroup arrives, dQ writer warp syncs) and free again (the other way round).
+constexpr int kBarPdS = 1;
+constexpr int kBarDqFull = 2;   // + wg
+constexpr int kBarDqEmpty = 4;  // + wg
+constexpr int kPdSThreads = kNumMmaWg * kWgThreads;
+constexpr int kDqBarThreads = kWgThreads + 32;
+
+// NOTES: shared memory, from a 1024-byte-aligned base (the 128B swizzle pattern of TMA and wgmma starts on
+// 1024-byte boundaries): K, V | Q x2 | dO x2 | dS x2 | dQ fp32 staging | lse_log2 x2 | dpsum x2 | mbarriers.
+// K, V, Q, dO are K-major for S^T = K Q^T and dP^T = V dO^T (rows x head dim, 64-column panels of rows x 128 B);
+// the same bytes serve as MN-major B operands of dV += P^T dO, dK += dS^T Q and dQ = dS K. dS is queries x keys
+// (panel wg holds the keys of MMA warpgroup wg). Every tile size is a multiple of 1024 bytes.
+struct SmemLayout {
+  static constexpr int kKV = kBlockN * kHeadDim * 2;
+  static constexpr int kQ = kBlockM * kHeadDim * 2;  // also dO
+  static constexpr int kDS = kBlockM * kBlockN * 2;
+  static constexpr int kDqSlice = DqLayout::kSliceVecs * 16;  // one MMA warpgroup's fp32 dQ piece
+  static constexpr int kRow = kBlockM * 4;           // lse_log2 or dpsum of one Q tile
+  static constexpr int kK = 0;
+  static constexpr int kV = kK + kKV;
+  static constexpr int kQs = kV + kKV;
+  static constexpr int kDOs = kQs + kStages * kQ;
+  static constexpr int kDSs = kDOs + kStages * kQ;
+  static constexpr int kDq = kDSs + kStages * kDS;
+  static constexpr int kLse = kDq + kNumMmaWg * kDqSlice;
+  static constexpr int kDpsum = kLse + kStages * kRow;
+  static constexpr int kBars = kDpsum + kStages * kRow;
+  static constexpr int kNumBars = 2 + 4 * kStages;  // kv_full, kv_empty, q_full[], q_empty[], do_full[], do_empty[]
+  static constexpr int kBytes = kBars + 8 * kNumBars;
+  static constexpr int kDynamicBytes = kBytes + 1024;  // slack to align the base
+};
+static_assert(SmemLayout::kKV % 1024 == 0 && SmemLayout::kQ % 1024 == 0 && SmemLayout::kDS % 1024 == 0,
+              "tiles keep 1024-byte alignment");
+static_assert(SmemLayout::kDynamicBytes == DASH_SMEM_BYTES, "host smem formula out of sync with the layout");
+static_assert(SmemLayout::kDynamicBytes <= 227 * 1024, "more than the 227 KB a CTA can have");
+
+struct Smem {
+  uint32_t base;  // shared-window address, 1024-byte aligned
+  DASH_DEVICE uint32_t k() const { return base + SmemLayout::kK; }
+  DASH_DEVICE uint32_t v() const { return base + SmemLayout::kV; }
+  DASH_DEVICE uint32_t q(int stage) const { return base + SmemLayout::kQs + stage * SmemLayout::kQ; }
+  DASH_DEVICE uint32_t dout(int stage) const { return base + SmemLayout::kDOs + stage * SmemLayout::kQ; }
+  DASH_DEVICE uint32_t ds(int stage) const { return base + SmemLayout::kDSs + stage * SmemLayout::kDS; }
+  DASH_DEVICE uint32_t dq(int wg) const { return base + SmemLayout::kDq + wg * SmemLayout::kDqSlice; }
+  DASH_DEVICE uint32_t lse(int stage) const { return base + SmemLayout::kLse + stage * SmemLayout::kRow; }
+  DASH_DEVICE uint32_t dpsum(int stage) const { return base + SmemLayout::kDpsum + stage * SmemLayout::kRow; }
+  DASH_DEVICE uint32_t bar(int i) const { return base + SmemLayout::kBars + 8 * i; }
+  DASH_DEVICE uint32_t kv_full() const { return bar(0); }
+  DASH_DEVICE uint32_t kv_empty() const { return bar(1); }
+  DASH_DEVICE uint32_t q_full(int stage) const { return bar(2 + stage); }
+  DASH_DEVICE uint32_t q_empty(int stage) const { return bar(2 + kStages + stage); }
+  DASH_DEVICE uint32_t do_full(int stage) const { return bar(2 + 2 * kStages + stage); }
+  DASH_DEVICE uint32_t do_empty(int stage) const { return bar(2 + 3 * kStages + stage); }
+};
+
+}  // namespace bwd

@@ -1,0 +1,28 @@
+// Layout of the fp32 dQ accumulator (dq_accum) shared by the backward main kernel, which adds dQ partials into
+// it with bulk reductions straight from the MMA fragments, and the postprocess kernel, which reads it back.
+#pragma once
+#include "../common.cuh"
+
+// NOTES: tile (bh, m_block) is kBlockM * kHeadDim floats at (bh * seqlen_q_rounded + m_block * kBlockM) *
+// kHeadDim. It holds one contiguous slice per MMA warpgroup (its 64 x kCols piece of dQ = dS K, see
+// bwd/config.cuh), and a slice holds the m64 accumulator fragments in thread order: float4 number 128 c + t is
+// registers 4c .. 4c + 3 of thread t, i.e. rows r, r, r + 8, r + 8 and columns col, col + 1, col, col + 1 of
+// the piece with r = 16 (t / 32) + (t % 32) / 4 and col = 8 c + 2 (t % 4).
+template <int kBlockM, int kHeadDim>
+struct DqAccumLayout {
+  static constexpr bool kSplitRows = kBlockM == 128;     // pieces are row halves (hdim 64) or column halves
+  static constexpr int kCols = kSplitRows ? kHeadDim : 64;
+  static constexpr int kSliceVecs = 64 * kCols / 4;
+  static constexpr int kTileVecs = kBlockM * kHeadDim / 4;
+  static_assert(kTileVecs == 2 * kSliceVecs, "two warpgroup slices per tile");
+
+  static DASH_DEVICE int row0(int wg) { return kSplitRows ? 64 * wg : 0; }
+  static DASH_DEVICE int col0(int wg) { return kSplitRows ? 0 : 64 * wg; }
+
+  // Row and column (within the tile) of elements 0 and 1 of float4 number vec; elements 2 and 3 are row + 8.
+  static DASH_DEVICE void locate(int vec, int& row, int& col) {
+    const int wg = vec / kSliceVecs, rem = vec % kSliceVecs, c = rem / 128, t = rem % 128;
+    row = row0(wg) + 16 * (t / 32) + (t % 32) / 4;
+    col = col0(wg) + 8 * c + 2 * (t % 4);
+  }
+};

@@ -1,0 +1,77 @@
+// Backward main kernel, dQ writer warp (warp 1 of the producer warpgroup): adds each visit's dQ partial, handed
+// over in shared memory by the MMA warpgroups, into the fp32 dq_accum tile with bulk reductions — in the
+// schedule's rank order when deterministic: wait for the tile's turn, add, wait for completion, release.
+#pragma once
+#include "../params.cuh"
+#include "../ptx/bulk_reduce.cuh"
+#include "../ptx/globaltimer.cuh"
+#include "../ptx/named_barrier.cuh"
+#include "../ptx/semaphore.cuh"
+#include "../schedule_view.cuh"
+#include "config.cuh"
+
+namespace bwd {
+
+// Deterministic mode: waits until rank dQ partials have been added to the visit's dQ tile. Returns false (after
+// recording the failure in p.error, first failure only) on timeout, on an impossible semaphore value, or when
+// another CTA has already failed. Called by one thread.
+DASH_DEVICE bool wait_for_turn(const BwdParams& p, const int* sem, int64_t v, int rank) {
+  const uint64_t t0 = globaltimer_ns();
+  while (true) {
+    const int seen = ld_acquire_gpu(sem);
+    if (seen == rank) return true;
+    const bool other_failed = *reinterpret_cast<volatile int*>(p.error) != 0;
+    if (other_failed || seen > rank || (int64_t)(globaltimer_ns() - t0) > p.spin_timeout_ns) {
+      if (atomicCAS(p.error, 0, 1) == 0) {
+        p.error[1] = (int)v;
+        p.error[2] = rank;
+        p.error[3] = seen;
+      }
+      return false;
+    }
+  }
+}
+
+template <int kWg>
+DASH_DEVICE void dq_slice_free() { named_barrier_arrive<kBarDqEmpty + kWg, kDqBarThreads>(); }
+template <int kWg>
+DASH_DEVICE void dq_slice_wait_full() { named_barrier_sync<kBarDqFull + kWg, kDqBarThreads>(); }
+
+// NOTES: the order of the adds into one dq_accum element is the rank order of the visits: the add of rank r
+// completes (bulk_wait, not .read: the global writes are then visible to this thread) before the release that
+// lets rank r + 1 start. Within a visit the two slices are disjoint. After a failed wait this CTA skips its
+// adds and releases (the result is discarded: the host raises) but keeps handing the slices back, so that the
+// MMA warpgroups finish and the kernel ends.
+DASH_DEVICE void write_dq(const BwdParams& p, const ScheduleView& sched, const Smem& s, int lane) {
+  constexpr uint32_t kSliceBytes = SmemLayout::kDqSlice;
+  static_assert(kNumMmaWg == 2, "two dQ slices");
+  dq_slice_free<0>();
+  dq_slice_free<1>();
+  bool ok = true;
+  for (int64_t v = sched.begin; v < sched.end; ++v) {
+    const Visit w = sched.visit(v);
+    float* tile = p.dq_accum + ((int64_t)w.bh * p.seqlen_q_rounded + w.m_block * kBlockM) * kHeadDim;
+    int* sem = p.dq_semaphore + (int64_t)w.bh * p.num_m_blocks + w.m_block;
+    if (kDeterministic && lane == 0 && ok) ok = wait_for_turn(p, sem, v, sched.rank_of(v));
+    dq_slice_wait_full<0>();
+    if (lane == 0 && ok) bulk_reduce_add_f32(tile, s.dq(0), kSliceBytes);
+    dq_slice_wait_full<1>();
+    if (lane == 0) {
+      if (ok) bulk_reduce_add_f32(tile + kSliceBytes / 4, s.dq(1), kSliceBytes);
+      bulk_commit();
+      bulk_wait_read<0>();
+    }
+    __syncwarp();
+    if (v + 1 < sched.end) {
+      dq_slice_free<0>();
+      dq_slice_free<1>();
+    }
+    if (kDeterministic && lane == 0 && ok) {
+      bulk_wait<0>();
+      red_release_gpu_add(sem, 1);
+    }
+  }
+  if (lane == 0) bulk_wait<0>();
+}
+
+}  // namespace bwd

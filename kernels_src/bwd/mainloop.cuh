@@ -1,0 +1,195 @@
+// Backward main kernel, MMA warpgroups: one call of bwd_step per visit (m_block, n_block) of the schedule.
+// Warpgroup wg owns keys [64 wg, 64 wg + 64) of the KV tile. S and dP are computed transposed (keys x queries,
+// FA3's SdP_swapAB), so P^T and dS^T leave the accumulators directly as register A operands of
+// dV += P^T dO and dK += dS^T Q; dS goes through shared memory for dQ = dS K, whose fp32 piece is handed to
+// the dQ writer warp (dq_reduce.cuh).
+#pragma once
+#include "../ptx/cvt.cuh"
+#include "../ptx/exp2.cuh"
+#include "../ptx/fence.cuh"
+#include "../ptx/mbarrier.cuh"
+#include "../ptx/named_barrier.cuh"
+#include "../ptx/wgmma.cuh"
+#include "../params.cuh"
+#include "../schedule_view.cuh"
+#include "../swizzled_tile.cuh"
+#include "../wgmma_fragment.cuh"
+#include "config.cuh"
+#include "pipeline.cuh"
+
+namespace bwd {
+
+using TileKV = SwizzledTile<kBlockN>;  // K, V: keys x head dim
+using TileQ = SwizzledTile<kBlockM>;   // Q, dO: queries x head dim; dS: queries x keys
+
+// P^T = exp2(S^T * scale_log2 - lse_log2[q]) in place, 0 where the key is masked.
+// NOTES: keys >= Sk and, causal, keys beyond q + Sk - Sq (bottom-right aligned) are masked by select. Queries
+// >= Sq and rows whose lse is -inf have lse_log2 = +inf (preprocess), so P = 2^-inf = 0 there without a mask;
+// TMA zero-fills their Q and dO rows, so S and dP stay finite.
+template <bool kMask>
+DASH_DEVICE void softmax_probs(float (&S)[kSRegs], const float* lse_log2, float scale_log2, const Fragment& f,
+                               int key0, int query0, int seqlen_k, int diag) {
+#pragma unroll
+  for (int c = 0; c < kBlockM / 8; ++c) {
+    const float2 l = *reinterpret_cast<const float2*>(lse_log2 + 8 * c + f.col0);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = 4 * c + e;
+      float p = exp2_approx(fmaf(S[i], scale_log2, -(e % 2 ? l.y : l.x)));
+      if constexpr (kMask) {
+        const int key = key0 + f.row0 + Fragment::row(i), q = query0 + f.col0 + Fragment::col(i);
+        bool visible = key < seqlen_k;
+        if constexpr (kCausal) visible = visible && key - q <= diag;
+        p = visible ? p : 0.f;
+      }
+      S[i] = p;
+    }
+  }
+}
+
+// dS^T = P^T o (dP^T - dpsum[q]) from the rounded P^T fragments, straight into A fragments.
+// NOTES: dS uses P rounded to the input precision, as the low-precision baseline of the tolerance rule does
+// (reference.backward_lowp): keeping fp32 P, its fragments, dP and dpsum live together needs more than the 240
+// registers of an MMA warpgroup (measured 241), and then ptxas serializes the wgmmas and spills.
+DASH_DEVICE void softmax_grad(uint32_t (&dSa)[kBlockM / 16][4], const uint32_t (&Pa)[kBlockM / 16][4],
+                              const float (&dP)[kSRegs], const float* dpsum, const Fragment& f) {
+#pragma unroll
+  for (int ks = 0; ks < kBlockM / 16; ++ks) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int i = 8 * ks + 2 * j;
+      const float2 d = *reinterpret_cast<const float2*>(dpsum + 8 * (i / 4) + f.col0);
+      const float2 prob = unpack_elem2(Pa[ks][j]);
+      dSa[ks][j] = pack_elem2(prob.x * (dP[i] - d.x), prob.y * (dP[i + 1] - d.y));
+    }
+  }
+}
+
+// Hands this warpgroup's fp32 dQ piece to the dQ writer warp: thread tid stores its registers 4c..4c+3 as one
+// 16-byte word at slice + 16 (128 c + tid) (the dq_accum layout of dq_accum_layout.cuh), conflict-free.
+DASH_DEVICE void store_dq(uint32_t slice, const float (&dQ)[kDqRegs], int tid) {
+#pragma unroll
+  for (int c = 0; c < kDqRegs / 4; ++c) {
+    asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(slice + 16 * (128 * c + tid)), "f"(dQ[4 * c]),
+                 "f"(dQ[4 * c + 1]), "f"(dQ[4 * c + 2]), "f"(dQ[4 * c + 3])
+                 : "memory");
+  }
+}
+
+template <int kWg>
+DASH_DEVICE void dq_barrier_sync_empty() { named_barrier_sync<kBarDqEmpty + kWg, kDqBarThreads>(); }
+template <int kWg>
+DASH_DEVICE void dq_barrier_arrive_full() { named_barrier_arrive<kBarDqFull + kWg, kDqBarThreads>(); }
+
+// One visit: j is the CTA-local visit counter (selects the stage and phase of the Q / dO / dS buffers).
+// first_in_group: dK, dV start from zero; last_in_group: K, V are released after their last use.
+DASH_DEVICE void bwd_step(const BwdParams& p, const Smem& s, char* smem_generic, const Visit& w, int j,
+                          bool first_in_group, bool last_in_group, float (&dK)[kDkvRegs], float (&dV)[kDkvRegs],
+                          int wg, int tid) {
+  const int stage = j % kStages;
+  const uint32_t phase = (j / kStages) & 1;
+  const Fragment f(tid);
+
+  // S^T = K_wg Q^T and dP^T = V_wg dO^T (both K-major from shared memory), two commit groups.
+  const uint64_t k_desc = TileKV::kmajor(s.k(), 64 * wg), v_desc = TileKV::kmajor(s.v(), 64 * wg);
+  float S[kSRegs], dP[kSRegs];
+  wait_phase(p, s.q_full(stage), phase);
+  const uint64_t q_desc = TileQ::kmajor(s.q(stage), 0);
+  wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+    wgmma_ss<kBlockM, 0, 0>(S, desc_advance(k_desc, TileKV::kmajor_step(ks)),
+                            desc_advance(q_desc, TileQ::kmajor_step(ks)), ks > 0);
+  }
+  wgmma_commit();
+  wait_phase(p, s.do_full(stage), phase);
+  const uint64_t do_desc = TileQ::kmajor(s.dout(stage), 0);
+#pragma unroll
+  for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+    wgmma_ss<kBlockM, 0, 0>(dP, desc_advance(v_desc, TileKV::kmajor_step(ks)),
+                            desc_advance(do_desc, TileQ::kmajor_step(ks)), ks > 0);
+  }
+  wgmma_commit();
+
+  // P^T from S^T while dP^T is still running.
+  wgmma_wait<1>();
+  wgmma_fence_operand(S);
+  const int key0 = w.n_block * kBlockN + 64 * wg, query0 = w.m_block * kBlockM;
+  const int seqlen_k = (int)p.seqlen_k, diag = (int)(p.seqlen_k - p.seqlen_q);
+  const float* lse = reinterpret_cast<const float*>(smem_generic + (s.lse(stage) - s.base));
+  // NOTES: a tile needs the mask only if it reaches past Sk or, causal, crosses the diagonal key - q = diag.
+  const bool need_mask = key0 + 64 > seqlen_k || (kCausal && key0 + 63 - query0 > diag);
+  if (need_mask) {
+    softmax_probs<true>(S, lse, p.softmax_scale_log2, f, key0, query0, seqlen_k, diag);
+  } else {
+    softmax_probs<false>(S, lse, p.softmax_scale_log2, f, key0, query0, seqlen_k, diag);
+  }
+  uint32_t Pa[kBlockM / 16][4], dSa[kBlockM / 16][4];
+  pack_fragments<kSRegs>(Pa, S);
+  wgmma_wait<0>();
+  wgmma_fence_operand(dP);
+  const float* dpsum = reinterpret_cast<const float*>(smem_generic + (s.dpsum(stage) - s.base));
+  softmax_grad(dSa, Pa, dP, dpsum, f);
+  // dS^T also to shared memory for dQ, which needs the keys of both warpgroups.
+  store_transposed<kBlockM>(s.ds(stage), dSa, 64 * wg, tid);
+
+  // dV += P^T dO (A from registers, B = dO MN-major).
+  wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < kBlockM / 16; ++ks) {
+    wgmma_rs<kHeadDim, 1>(dV, Pa[ks], desc_advance(TileQ::mnmajor(s.dout(stage), 0), TileQ::mnmajor_step(ks)),
+                          !(first_in_group && ks == 0));
+  }
+  wgmma_commit();
+
+  // dQ piece = dS K over all kBlockN keys, once both warpgroups' dS^T is in shared memory.
+  fence_proxy_async_smem();
+  named_barrier_sync<kBarPdS, kPdSThreads>();
+  float dQ[kDqRegs];
+  const uint64_t ds_desc = TileQ::kmajor(s.ds(stage), DqLayout::row0(wg));
+  const uint64_t kb_desc = TileKV::mnmajor(s.k(), DqLayout::col0(wg));
+#pragma unroll
+  for (int ks = 0; ks < kBlockN / 16; ++ks) {
+    wgmma_ss<kDqCols, 0, 1>(dQ, desc_advance(ds_desc, TileQ::kmajor_step(ks)),
+                            desc_advance(kb_desc, TileKV::mnmajor_step(ks)), ks > 0);
+  }
+  wgmma_commit();
+
+  // dK += dS^T Q (A from registers, B = Q MN-major).
+#pragma unroll
+  for (int ks = 0; ks < kBlockM / 16; ++ks) {
+    wgmma_rs<kHeadDim, 1>(dK, dSa[ks], desc_advance(TileQ::mnmajor(s.q(stage), 0), TileQ::mnmajor_step(ks)),
+                          !(first_in_group && ks == 0));
+  }
+  wgmma_commit();
+
+  // dV and dQ done: dO (and, after the group's last visit, K and V) may be overwritten; dQ goes to the writer.
+  wgmma_wait<1>();
+  wgmma_fence_operand(dQ);
+  wgmma_fence_operand(dV);
+  wgmma_fence_operand(Pa);
+  if (tid == 0) {
+    mbar_arrive(s.do_empty(stage));
+    if (last_in_group) mbar_arrive(s.kv_empty());
+  }
+  if (wg == 0) {
+    dq_barrier_sync_empty<0>();
+  } else {
+    dq_barrier_sync_empty<1>();
+  }
+  store_dq(s.dq(wg), dQ, tid);
+  fence_proxy_async_smem();
+  if (wg == 0) {
+    dq_barrier_arrive_full<0>();
+  } else {
+    dq_barrier_arrive_full<1>();
+  }
+
+  // dK done: Q may be overwritten.
+  wgmma_wait<0>();
+  wgmma_fence_operand(dK);
+  wgmma_fence_operand(dSa);
+  if (tid == 0) mbar_arrive(s.q_empty(stage));
+}
+
+}  // namespace bwd

@@ -1,0 +1,54 @@
+// Backward main kernel, producer warp (warp 0, one lane): TMA loads in the schedule's order. K_j, V_j once per
+// run of visits of one KV tile; per visit Q_i with lse_log2_i and dO_i with dpsum_i into the next stage.
+#pragma once
+#include "../params.cuh"
+#include "../ptx/mbarrier.cuh"
+#include "../ptx/tma.cuh"
+#include "../schedule_view.cuh"
+#include "config.cuh"
+#include "pipeline.cuh"
+
+namespace bwd {
+
+// NOTES: tensor maps are 5-D {64, S, D / 64, H, B} (bwd_tensor_maps in cupy_dash/tensormap.py): a box of
+// {64, rows, D / 64, 1, 1} lands as the 64-column panels of a SwizzledTile; rows past S are zero-filled.
+// lse_log2 and dpsum rows are padded to seqlen_q_rounded by preprocess, so their copies need no bounds.
+DASH_DEVICE void produce(const BwdParams& p, const ScheduleView& sched, const Smem& s) {
+  tma_prefetch_desc(&p.tma_q);
+  tma_prefetch_desc(&p.tma_k);
+  tma_prefetch_desc(&p.tma_v);
+  tma_prefetch_desc(&p.tma_do);
+  constexpr uint32_t kQBytes = SmemLayout::kQ + SmemLayout::kRow;
+  constexpr uint32_t kKVBytes = 2 * SmemLayout::kKV;
+  int groups = 0;
+  Visit prev{-1, -1, -1};
+  int j = 0;
+  for (int64_t v = sched.begin; v < sched.end; ++v, ++j) {
+    const Visit w = sched.visit(v);
+    const Head hd(p, w.bh);
+    const int stage = j % kStages;
+    const uint32_t phase = (j / kStages) & 1;
+    const int64_t row_offset = (int64_t)w.bh * p.seqlen_q_rounded + w.m_block * kBlockM;
+
+    wait_phase(p, s.q_empty(stage), phase ^ 1);
+    mbar_arrive_expect_tx(s.q_full(stage), kQBytes);
+    tma_load_5d(s.q(stage), &p.tma_q, s.q_full(stage), 0, w.m_block * kBlockM, 0, hd.h, hd.b);
+    bulk_load(s.lse(stage), p.lse_log2 + row_offset, SmemLayout::kRow, s.q_full(stage));
+
+    if (!same_kv_tile(prev, w)) {
+      wait_phase(p, s.kv_empty(), (groups & 1) ^ 1);
+      mbar_arrive_expect_tx(s.kv_full(), kKVBytes);
+      tma_load_5d(s.k(), &p.tma_k, s.kv_full(), 0, w.n_block * kBlockN, 0, hd.hk, hd.b);
+      tma_load_5d(s.v(), &p.tma_v, s.kv_full(), 0, w.n_block * kBlockN, 0, hd.hk, hd.b);
+      ++groups;
+    }
+
+    wait_phase(p, s.do_empty(stage), phase ^ 1);
+    mbar_arrive_expect_tx(s.do_full(stage), kQBytes);
+    tma_load_5d(s.dout(stage), &p.tma_do, s.do_full(stage), 0, w.m_block * kBlockM, 0, hd.h, hd.b);
+    bulk_load(s.dpsum(stage), p.dpsum + row_offset, SmemLayout::kRow, s.do_full(stage));
+    prev = w;
+  }
+}
+
+}  // namespace bwd
