@@ -42,7 +42,6 @@ _WORKSPACE_ALIGN = 256
 _MAX_PLANS = 256           # host-side plans kept (LRU)
 _MAX_TABLES = 64           # device-side schedule tables kept per process (LRU)
 _LAYOUT = "(B, S, H, D)"
-DEFAULT_BWD_ENGINE = "mma"
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -236,14 +235,6 @@ def _fwd_entry(dtype, D, causal):
     if e is None:
         e = _fwd_cache[key] = (kernels.fwd_spec(dtype, D, causal), int(kernels.fwd_tile(D).block_m))
     return e
-
-
-def _bwd_engine() -> str:
-    """The backward engine: ``CUPY_DASH_BWD_ENGINE`` (``sm90`` or ``mma``), default :data:`DEFAULT_BWD_ENGINE`."""
-    engine = os.environ.get("CUPY_DASH_BWD_ENGINE", "").strip() or DEFAULT_BWD_ENGINE
-    if engine not in kernels.BWD_ENGINES:
-        raise ValueError(f"CUPY_DASH_BWD_ENGINE: expected one of {', '.join(kernels.BWD_ENGINES)}, got {engine!r}")
-    return engine
 
 
 def _bwd_entry(device_id, dtype, D, causal, deterministic, engine):
@@ -443,7 +434,7 @@ def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, determinis
             raise ValueError(f"spin_timeout_ns: expected a positive number, got {spin_timeout_ns}")
     B, Sq, Sk, H, Hkv, D = p.B, p.Sq, p.Sk, p.H, p.Hkv, p.D
     dev = p.device_id
-    engine = _bwd_engine()
+    engine = kernels.bwd_engine()
     if engine == "sm90":
         for info in p.infos[:4]:                          # q, k, v, do: read through TMA maps
             tensormap.check_encodable(info.name, info.shape, info.strides[:3], info.data_ptr or 0)

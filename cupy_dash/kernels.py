@@ -16,6 +16,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import itertools
+import os
 
 import numpy as np
 
@@ -79,6 +80,16 @@ KERNELS = {
 # mma.sync + cp.async, bwd_main.cu). The main kernel decides the tile and the dq_accum layout that preprocess and
 # postprocess follow.
 BWD_ENGINES = {"sm90": "bwd_sm90", "mma": "bwd_main"}
+DEFAULT_BWD_ENGINE = "mma"
+
+
+def bwd_engine() -> str:
+    """The backward engine in use: ``CUPY_DASH_BWD_ENGINE`` (``sm90`` or ``mma``), default
+    :data:`DEFAULT_BWD_ENGINE`."""
+    engine = os.environ.get("CUPY_DASH_BWD_ENGINE", "").strip() or DEFAULT_BWD_ENGINE
+    if engine not in BWD_ENGINES:
+        raise ValueError(f"CUPY_DASH_BWD_ENGINE: expected one of {', '.join(BWD_ENGINES)}, got {engine!r}")
+    return engine
 KERNEL_NAMES = tuple(KERNELS)
 # ---------------------------------------------------------------------------------------------------------
 
@@ -143,14 +154,17 @@ def fwd_tile(head_dim: int) -> TileConfig:
     return TILES[("fwd", head_dim)]
 
 
-def _check_engine(engine: str) -> str:
+def _check_engine(engine) -> str:
+    if engine is None:
+        engine = bwd_engine()
     if engine not in BWD_ENGINES:
         raise ValueError(f"unsupported backward engine {engine!r}; expected one of {tuple(BWD_ENGINES)}")
     return BWD_ENGINES[engine]
 
 
-def bwd_tile(head_dim: int, engine: str = "sm90") -> TileConfig:
-    """The backward main kernel's tile (preprocess / postprocess share block_m and block_n)."""
+def bwd_tile(head_dim: int, engine: str | None = None) -> TileConfig:
+    """The backward main kernel's tile (preprocess / postprocess share block_m and block_n); engine None: the
+    one in use (:func:`bwd_engine`)."""
     _check("bfloat16", head_dim)
     return TILES[(_check_engine(engine), head_dim)]
 
@@ -179,8 +193,11 @@ def fwd_spec(dtype: str, head_dim: int, causal: bool) -> KernelSpec:
 BwdKernels = collections.namedtuple("BwdKernels", "preprocess main postprocess")
 
 
-def bwd_specs(dtype: str, head_dim: int, causal: bool, deterministic: bool, engine: str = "sm90") -> BwdKernels:
+def bwd_specs(dtype: str, head_dim: int, causal: bool, deterministic: bool,
+              engine: str | None = None) -> BwdKernels:
+    """The three backward kernels of one variant; engine None: the one in use (:func:`bwd_engine`)."""
     _check(dtype, head_dim)
+    engine = engine or bwd_engine()
     main = _check_engine(engine)
     main_tile = bwd_tile(head_dim, engine)
     aux_tile = TileConfig(main_tile.block_m, main_tile.block_n, AUX_THREADS)

@@ -63,7 +63,7 @@ def ksrc(tmp_path, monkeypatch):
     return root
 
 
-SPEC = kernels.bwd_specs("bfloat16", 64, causal=True, deterministic=True).main
+SPEC = kernels.bwd_specs("bfloat16", 64, causal=True, deterministic=True, engine="sm90").main
 
 
 # ------------------------------------------------------------------------------------------------ layout
@@ -199,10 +199,11 @@ def test_all_specs_cover_every_combination():
         assert d["DASH_SMEM_BYTES"] == s.smem_bytes and d["DASH_NUM_THREADS"] == s.threads
         assert s.smem_bytes <= 227 * 1024
         assert s.source.endswith(".cu") and s.entry.startswith("dash_")
-    assert kernels.bwd_specs("bfloat16", 128, True, True).main.label == "bwd_sm90[bf16,d128,causal,det]"
+    assert kernels.bwd_specs("bfloat16", 128, True, True, "sm90").main.label == "bwd_sm90[bf16,d128,causal,det]"
     assert kernels.fwd_spec("float16", 64, False).label == "fwd[fp16,d64,full]"
     assert kernels.bwd_specs("float16", 64, False, False, "mma").main.label == "bwd_main[fp16,d64,full,atomic]"
-    assert kernels.bwd_specs("float16", 64, False, False).postprocess.label == "bwd_postprocess[fp16,d64,frag]"
+    assert kernels.bwd_specs("float16", 64, False, False, "sm90").postprocess.label == \
+        "bwd_postprocess[fp16,d64,frag]"
 
 
 def test_tile_plan_and_smem():
@@ -223,12 +224,23 @@ def test_tile_plan_and_smem():
         kernels.bwd_specs("bfloat16", 96, False, True)
     with pytest.raises(ValueError, match="engine"):
         kernels.bwd_specs("bfloat16", 64, False, True, "sm100")
+
+
+def test_bwd_engine_from_environment(monkeypatch):
+    monkeypatch.delenv("CUPY_DASH_BWD_ENGINE", raising=False)
+    assert kernels.bwd_engine() == kernels.DEFAULT_BWD_ENGINE
+    for engine, source in (("sm90", "bwd_sm90.cu"), ("mma", "bwd_main.cu")):
+        monkeypatch.setenv("CUPY_DASH_BWD_ENGINE", engine)
+        assert kernels.bwd_engine() == engine and kernels.bwd_specs("bfloat16", 64, True, True).main.source == source
+    monkeypatch.setenv("CUPY_DASH_BWD_ENGINE", "fast")
+    with pytest.raises(ValueError, match="CUPY_DASH_BWD_ENGINE"):
+        kernels.bwd_tile(64)
     # the Hopper engine: 384 threads; its smem formula is checked against the kernel's own static_assert by
     # compile --all, here against the layout it documents (bwd/config.cuh)
     for d, (bm, bn) in ((64, (128, 128)), (128, (64, 128))):
-        t = kernels.bwd_tile(d)
+        t = kernels.bwd_tile(d, "sm90")
         assert (t.block_m, t.block_n, t.threads) == (bm, bn, 384)
-        pre, main, post = kernels.bwd_specs("bfloat16", d, True, True)
+        pre, main, post = kernels.bwd_specs("bfloat16", d, True, True, "sm90")
         assert main.smem_bytes == (2 * bn * d * 2 + 2 * 2 * bm * d * 2 + 2 * bm * bn * 2 + bm * d * 4
                                    + 2 * 2 * bm * 4 + 80 + 1024) <= 227 * 1024
         assert dict(post.defines)["DASH_DQ_FRAGMENT_ORDER"] == 1 and dict(pre.defines)["DASH_BLOCK_M"] == bm
@@ -326,7 +338,7 @@ def test_cubin_without_json_is_ignored(ksrc):
 
 def test_key_changes_with_define_and_header(ksrc):
     k0 = jit.cache_key(SPEC)
-    other = kernels.bwd_specs("bfloat16", 64, causal=True, deterministic=False).main
+    other = kernels.bwd_specs("bfloat16", 64, causal=True, deterministic=False, engine="sm90").main
     assert jit.cache_key(other) != k0
     jit.compile_spec(SPEC)
     assert jit.compile_spec(SPEC).cached
