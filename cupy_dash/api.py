@@ -237,13 +237,13 @@ def _fwd_entry(dtype, D, causal):
     return e
 
 
-def _bwd_entry(device_id, dtype, D, causal, deterministic, engine):
+def _bwd_entry(device_id, dtype, D, causal, deterministic):
     """(BwdKernels, block_m, block_n, max co-resident CTAs of the main kernel) per device and variant."""
-    key = (device_id, dtype, D, causal, deterministic, engine)
+    key = (device_id, dtype, D, causal, deterministic)
     e = _bwd_cache.get(key)
     if e is None:
-        specs = kernels.bwd_specs(dtype, D, causal, deterministic, engine)
-        tile = kernels.bwd_tile(D, engine)
+        specs = kernels.bwd_specs(dtype, D, causal, deterministic)
+        tile = kernels.bwd_tile(D)
         with cupy.cuda.Device(device_id):
             max_ctas = int(kernels.max_resident_ctas(specs.main))
         if max_ctas < 1:
@@ -434,11 +434,9 @@ def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, determinis
             raise ValueError(f"spin_timeout_ns: expected a positive number, got {spin_timeout_ns}")
     B, Sq, Sk, H, Hkv, D = p.B, p.Sq, p.Sk, p.H, p.Hkv, p.D
     dev = p.device_id
-    engine = kernels.bwd_engine()
-    if engine == "sm90":
-        for info in p.infos[:4]:                          # q, k, v, do: read through TMA maps
-            tensormap.check_encodable(info.name, info.shape, info.strides[:3], info.data_ptr or 0)
-    specs, bm, bn, max_ctas = _bwd_entry(dev, p.dtype, D, causal, deterministic, engine)
+    for info in p.infos[:4]:                              # q, k, v, do: read through TMA maps
+        tensormap.check_encodable(info.name, info.shape, info.strides[:3], info.data_ptr or 0)
+    specs, bm, bn, max_ctas = _bwd_entry(dev, p.dtype, D, causal, deterministic)
     num_m_blocks = -(-Sq // bm)
     num_n_blocks = -(-Sk // bn)
     sq_rounded = num_m_blocks * bm
@@ -485,15 +483,11 @@ def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, determinis
         slot = _acquire_slot(dev)
         try:
             cupy.cuda.runtime.memsetAsync(slot.dptr, 0, 16, stream.ptr)
-            if engine == "sm90":
-                maps = dict(tma_q=tensormap.bhsd_map(q_ptr, p.dtype, (B, Sq, H, D), q_stride, bm),
-                            tma_k=tensormap.bhsd_map(k_ptr, p.dtype, (B, Sk, Hkv, D), k_stride, bn),
-                            tma_v=tensormap.bhsd_map(v_ptr, p.dtype, (B, Sk, Hkv, D), v_stride, bn),
-                            tma_do=tensormap.bhsd_map(do_ptr, p.dtype, (B, Sq, H, D), do_stride, bm))
-            else:
-                maps = dict(tma_q=None, tma_k=None, tma_v=None, tma_do=None)
             params = kernels.pack_bwd_params(
-                **maps, q=q_ptr, k=k_ptr, v=v_ptr, out=o_ptr, dout=do_ptr, lse=lse_ptr,
+                tma_q=tensormap.bhsd_map(q_ptr, p.dtype, (B, Sq, H, D), q_stride, bm, "q"),
+                tma_k=tensormap.bhsd_map(k_ptr, p.dtype, (B, Sk, Hkv, D), k_stride, bn, "k"),
+                tma_v=tensormap.bhsd_map(v_ptr, p.dtype, (B, Sk, Hkv, D), v_stride, bn, "v"),
+                tma_do=tensormap.bhsd_map(do_ptr, p.dtype, (B, Sq, H, D), do_stride, bm, "do"), q=q_ptr, k=k_ptr, v=v_ptr, out=o_ptr, dout=do_ptr, lse=lse_ptr,
                 lse_log2=base + offsets[0], dpsum=base + offsets[1], dq_accum=base + offsets[2],
                 dq=dq_ptr, dk=dk_ptr, dv=dv_ptr, dq_semaphore=base + offsets[3],
                 visits=tables.visits.data.ptr, rank=tables.rank.data.ptr, cta_start=tables.cta_start.data.ptr,

@@ -16,7 +16,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import itertools
-import os
 
 import numpy as np
 
@@ -44,10 +43,8 @@ class TileConfig:
 TILES = {
     ("fwd", 64): TileConfig(block_m=128, block_n=64, threads=256),
     ("fwd", 128): TileConfig(block_m=128, block_n=64, threads=256),
-    ("bwd_main", 64): TileConfig(block_m=64, block_n=128, threads=256),
-    ("bwd_main", 128): TileConfig(block_m=64, block_n=128, threads=256),
-    ("bwd_sm90", 64): TileConfig(block_m=128, block_n=128, threads=384),
-    ("bwd_sm90", 128): TileConfig(block_m=64, block_n=128, threads=384),
+    ("bwd_main", 64): TileConfig(block_m=128, block_n=128, threads=384),
+    ("bwd_main", 128): TileConfig(block_m=64, block_n=128, threads=384),
 }
 AUX_THREADS = 256
 
@@ -57,10 +54,6 @@ def _fwd_smem(t: TileConfig, d: int) -> int:
 
 
 def _bwd_main_smem(t: TileConfig, d: int) -> int:
-    return (2 * t.block_n * d + 4 * t.block_m * d + t.block_m * t.block_n) * 2 + 4 * t.block_m * 4
-
-
-def _bwd_sm90_smem(t: TileConfig, d: int) -> int:
     """kernels_src/bwd/config.cuh SmemLayout: K, V; Q, dO, dS x2 stages; fp32 dQ; lse, dpsum x2; 10 mbarriers;
     1 KB to align the base to 1024 bytes."""
     stages = 2
@@ -73,23 +66,8 @@ KERNELS = {
     "fwd": ("fwd.cu", "dash_fwd", _fwd_smem),
     "bwd_preprocess": ("bwd_preprocess.cu", "dash_bwd_preprocess", lambda t, d: 0),
     "bwd_main": ("bwd_main.cu", "dash_bwd_main", _bwd_main_smem),
-    "bwd_sm90": ("bwd_sm90.cu", "dash_bwd_sm90", _bwd_sm90_smem),
     "bwd_postprocess": ("bwd_postprocess.cu", "dash_bwd_postprocess", lambda t, d: 0),
 }
-# Backward engines: "sm90" (TMA + wgmma + warp specialization, bwd_sm90.cu) and "mma" (the first engine,
-# mma.sync + cp.async, bwd_main.cu). The main kernel decides the tile and the dq_accum layout that preprocess and
-# postprocess follow.
-BWD_ENGINES = {"sm90": "bwd_sm90", "mma": "bwd_main"}
-DEFAULT_BWD_ENGINE = "mma"
-
-
-def bwd_engine() -> str:
-    """The backward engine in use: ``CUPY_DASH_BWD_ENGINE`` (``sm90`` or ``mma``), default
-    :data:`DEFAULT_BWD_ENGINE`."""
-    engine = os.environ.get("CUPY_DASH_BWD_ENGINE", "").strip() or DEFAULT_BWD_ENGINE
-    if engine not in BWD_ENGINES:
-        raise ValueError(f"CUPY_DASH_BWD_ENGINE: expected one of {', '.join(BWD_ENGINES)}, got {engine!r}")
-    return engine
 KERNEL_NAMES = tuple(KERNELS)
 # ---------------------------------------------------------------------------------------------------------
 
@@ -131,10 +109,6 @@ class KernelSpec:
             tags.append("causal" if d["DASH_CAUSAL"] else "full")
         if "DASH_DETERMINISTIC" in d:
             tags.append("det" if d["DASH_DETERMINISTIC"] else "atomic")
-        if d.get("DASH_DQ_FRAGMENT_ORDER"):
-            tags.append("frag")
-        if self.kernel == "bwd_preprocess":
-            tags.append(f"m{d['DASH_BLOCK_M']}")
         return f"{self.kernel}[{','.join(tags)}]"
 
     @property
@@ -154,19 +128,10 @@ def fwd_tile(head_dim: int) -> TileConfig:
     return TILES[("fwd", head_dim)]
 
 
-def _check_engine(engine) -> str:
-    if engine is None:
-        engine = bwd_engine()
-    if engine not in BWD_ENGINES:
-        raise ValueError(f"unsupported backward engine {engine!r}; expected one of {tuple(BWD_ENGINES)}")
-    return BWD_ENGINES[engine]
-
-
-def bwd_tile(head_dim: int, engine: str | None = None) -> TileConfig:
-    """The backward main kernel's tile (preprocess / postprocess share block_m and block_n); engine None: the
-    one in use (:func:`bwd_engine`)."""
+def bwd_tile(head_dim: int) -> TileConfig:
+    """The backward main kernel's tile (preprocess / postprocess share block_m and block_n)."""
     _check("bfloat16", head_dim)
-    return TILES[(_check_engine(engine), head_dim)]
+    return TILES[("bwd_main", head_dim)]
 
 
 def _spec(kernel: str, tile: TileConfig, dtype: str, head_dim: int, **flags) -> KernelSpec:
@@ -193,29 +158,26 @@ def fwd_spec(dtype: str, head_dim: int, causal: bool) -> KernelSpec:
 BwdKernels = collections.namedtuple("BwdKernels", "preprocess main postprocess")
 
 
-def bwd_specs(dtype: str, head_dim: int, causal: bool, deterministic: bool,
-              engine: str | None = None) -> BwdKernels:
-    """The three backward kernels of one variant; engine None: the one in use (:func:`bwd_engine`)."""
+def bwd_specs(dtype: str, head_dim: int, causal: bool, deterministic: bool) -> BwdKernels:
+    """The three backward kernels of one variant."""
     _check(dtype, head_dim)
-    engine = engine or bwd_engine()
-    main = _check_engine(engine)
-    main_tile = bwd_tile(head_dim, engine)
+    main_tile = bwd_tile(head_dim)
     aux_tile = TileConfig(main_tile.block_m, main_tile.block_n, AUX_THREADS)
     return BwdKernels(
         preprocess=_spec("bwd_preprocess", aux_tile, dtype, head_dim),
-        main=_spec(main, main_tile, dtype, head_dim, DASH_CAUSAL=causal, DASH_DETERMINISTIC=deterministic),
-        postprocess=_spec("bwd_postprocess", aux_tile, dtype, head_dim, DASH_DQ_FRAGMENT_ORDER=engine == "sm90"),
+        main=_spec("bwd_main", main_tile, dtype, head_dim, DASH_CAUSAL=causal, DASH_DETERMINISTIC=deterministic),
+        postprocess=_spec("bwd_postprocess", aux_tile, dtype, head_dim),
     )
 
 
 def all_specs() -> list:
-    """Every distinct variant the dispatcher can emit: 8 fwd, 6 preprocess, 16 main per engine, 8 postprocess."""
+    """Every distinct variant the dispatcher can emit (8 fwd, 4 preprocess, 16 main, 4 postprocess)."""
     specs = []
     seen = set()
     for dtype, head_dim, causal in itertools.product(SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS, (False, True)):
         batch = [fwd_spec(dtype, head_dim, causal)]
-        for deterministic, engine in itertools.product((False, True), BWD_ENGINES):
-            batch.extend(bwd_specs(dtype, head_dim, causal, deterministic, engine))
+        for deterministic in (False, True):
+            batch.extend(bwd_specs(dtype, head_dim, causal, deterministic))
         for spec in batch:
             if spec not in seen:
                 seen.add(spec)
@@ -224,8 +186,8 @@ def all_specs() -> list:
 
     def key(s):
         d = dict(s.defines)
-        return (order.get(s.kernel, len(order)), d["DASH_FP16"], d["DASH_HEAD_DIM"], d["DASH_BLOCK_M"],
-                d.get("DASH_CAUSAL", 0), d.get("DASH_DETERMINISTIC", 0), d.get("DASH_DQ_FRAGMENT_ORDER", 0))
+        return (order.get(s.kernel, len(order)), d["DASH_FP16"], d["DASH_HEAD_DIM"], d.get("DASH_CAUSAL", 0),
+                d.get("DASH_DETERMINISTIC", 0))
     return sorted(specs, key=key)
 
 

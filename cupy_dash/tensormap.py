@@ -53,16 +53,17 @@ def check_encodable(name: str, shape, strides, ptr: int) -> None:
         raise ValueError(f"{name}: dimensions {shape} too large for a tensor map")
 
 
-def bhsd_map(ptr: int, dtype: str, shape, strides, box_rows: int) -> bytes:
+def bhsd_map(ptr: int, dtype: str, shape, strides, box_rows: int, name: str = "tensor") -> bytes:
     """The 128-byte map of a ``(B, S, H, D)`` tensor (see the module docstring) whose box is ``box_rows`` rows
-    (1..256) by the whole head dim. ``strides`` are the ``(batch, row, head)`` element strides."""
+    (1..256) by the whole head dim. ``strides`` are the ``(batch, row, head)`` element strides; ``name`` names
+    the argument in errors."""
     key = (ptr, dtype, tuple(shape), tuple(strides), box_rows)
     with _lock:
         m = _cache.get(key)
         if m is not None:
             _cache.move_to_end(key)
             return m
-    m = _encode(ptr, dtype, shape, strides, box_rows)
+    m = _encode(ptr, dtype, shape, strides, box_rows, name)
     with _lock:
         _cache[key] = m
         while len(_cache) > _MAX_CACHED:
@@ -70,12 +71,12 @@ def bhsd_map(ptr: int, dtype: str, shape, strides, box_rows: int) -> bytes:
     return m
 
 
-def _encode(ptr: int, dtype: str, shape, strides, box_rows: int) -> bytes:
+def _encode(ptr: int, dtype: str, shape, strides, box_rows: int, name: str) -> bytes:
     if dtype not in _DTYPES:
         raise ValueError(f"tensor map: unsupported dtype {dtype!r}")
     if not 1 <= box_rows <= 256:
         raise ValueError(f"tensor map: box rows {box_rows} out of [1, 256]")
-    check_encodable("tensor", shape, strides, ptr)
+    check_encodable(name, shape, strides, ptr)
     drv = _cbd()
     B, S, H, D = (int(x) for x in shape)
     batch_st, row_st, head_st = (int(x) for x in strides)
@@ -95,6 +96,6 @@ def _encode(ptr: int, dtype: str, shape, strides, box_rows: int) -> bytes:
         drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
         drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
     if err != drv.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"cuTensorMapEncodeTiled failed ({err}) for shape {tuple(shape)}, strides "
+        raise RuntimeError(f"{name}: cuTensorMapEncodeTiled failed ({err}) for shape {tuple(shape)}, strides "
                            f"{tuple(strides)}, box rows {box_rows}, address 0x{ptr:x}")
     return struct.pack("<16Q", *(int(w) for w in tmap.opaque))

@@ -1,7 +1,7 @@
 #include "common.cuh"
 // Attention backward, postprocess: one CTA per (m_block, head, batch) converts the tile's fp32 dq_accum (the
-// unscaled sum of dS K) to dq = elem_t(dq_accum * softmax_scale), rows < Sq only. dq_accum is row-major (mma
-// engine) or, with DASH_DQ_FRAGMENT_ORDER, in the fragment order of bwd/dq_accum_layout.cuh (Hopper engine).
+// unscaled sum of dS K, in the fragment order of bwd/dq_accum_layout.cuh) to dq = elem_t(dq_accum *
+// softmax_scale), rows < Sq only.
 #include "bwd/dq_accum_layout.cuh"
 #include "params.cuh"
 #include "ptx/cvt.cuh"
@@ -18,20 +18,16 @@ constexpr int kNumThreads = 256;
 #ifdef DASH_NUM_THREADS
 static_assert(DASH_NUM_THREADS == kNumThreads, "launched with 256 threads");
 #endif
-constexpr int kVecPerRow = kHeadDim / 4;  // float4 vectors per dq_accum row
 static_assert(kHeadDim == 64 || kHeadDim == 128, "head dim 64 or 128");
-static_assert(kBlockM == 128 || kBlockM == 64 || kBlockM == 32, "kBlockM 128, 64 or 32");
-#ifndef DASH_DQ_FRAGMENT_ORDER
-#define DASH_DQ_FRAGMENT_ORDER 0
-#endif
-static_assert(kBlockM * kVecPerRow % kNumThreads == 0, "tile split");
+using Layout = DqAccumLayout<kBlockM, kHeadDim>;
+static_assert(Layout::kTileVecs % kNumThreads == 0, "tile split");
 
 }  // namespace bwd_post
 
 using namespace bwd_post;
 
-// NOTES: dq rows are written 2 (fragment order) or 4 (row-major) elements at a time, so dq's row and head strides
-// must be multiples of 4 elements (the host allocates dq contiguous).
+// NOTES: dq rows are written 2 elements (4 bytes) at a time, so dq's row and head strides must be even (the host
+// allocates dq contiguous).
 extern "C" __global__ void __launch_bounds__(kNumThreads) dash_bwd_postprocess(const __grid_constant__ BwdParams p) {
   const int m_block = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int64_t bh = (int64_t)b * p.num_heads + h;
@@ -39,9 +35,6 @@ extern "C" __global__ void __launch_bounds__(kNumThreads) dash_bwd_postprocess(c
   const float4* dq_accum = reinterpret_cast<const float4*>(p.dq_accum + (bh * p.seqlen_q_rounded + row0) * kHeadDim);
   elem_t* dq = p.dq + b * p.dq_stride.batch + h * p.dq_stride.head;
   const float scale = p.softmax_scale;
-#if DASH_DQ_FRAGMENT_ORDER
-  using Layout = DqAccumLayout<kBlockM, kHeadDim>;
-  static_assert(Layout::kTileVecs % kNumThreads == 0, "tile split");
 #pragma unroll
   for (int vec = threadIdx.x; vec < Layout::kTileVecs; vec += kNumThreads) {
     int r, col;
@@ -55,16 +48,4 @@ extern "C" __global__ void __launch_bounds__(kNumThreads) dash_bwd_postprocess(c
       *reinterpret_cast<uint32_t*>(dq + (row + 8) * p.dq_stride.row + col) = pack_elem2(a.z * scale, a.w * scale);
     }
   }
-#else
-#pragma unroll
-  for (int i = threadIdx.x; i < kBlockM * kVecPerRow; i += kNumThreads) {
-    const int r = i / kVecPerRow, vec = i % kVecPerRow;
-    const int64_t row = row0 + r;
-    if (row < p.seqlen_q) {
-      const float4 a = dq_accum[i];
-      const uint2 packed = make_uint2(pack_elem2(a.x * scale, a.y * scale), pack_elem2(a.z * scale, a.w * scale));
-      *reinterpret_cast<uint2*>(dq + row * p.dq_stride.row + vec * 4) = packed;
-    }
-  }
-#endif
 }

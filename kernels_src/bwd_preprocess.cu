@@ -18,7 +18,7 @@ constexpr int kNumThreads = 256;
 static_assert(DASH_NUM_THREADS == kNumThreads, "launched with 256 threads");
 #endif
 static_assert(kHeadDim == 64 || kHeadDim == 128, "head dim 64 or 128");
-static_assert(kBlockM == 128 || kBlockM == 64 || kBlockM == 32, "kBlockM 128, 64 or 32");
+static_assert(kBlockM == 128 || kBlockM == 64, "kBlockM 128 or 64");
 
 // NOTES: kThreadsPerRow consecutive lanes share one row; lane `part` of a row reads the 16-byte chunks part,
 // part + kThreadsPerRow, ... so that a warp's loads cover whole contiguous rows. The row sum is then reduced by

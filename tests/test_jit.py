@@ -35,7 +35,6 @@ _STUBS = {
     "fwd.cu": ("dash_fwd", "FwdParams", "lse"),
     "bwd_preprocess.cu": ("dash_bwd_preprocess", "BwdParams", "dpsum"),
     "bwd_main.cu": ("dash_bwd_main", "BwdParams", "dq_accum"),
-    "bwd_sm90.cu": ("dash_bwd_sm90", "BwdParams", "dq_accum"),
     "bwd_postprocess.cu": ("dash_bwd_postprocess", "BwdParams", "dpsum"),
 }
 
@@ -63,7 +62,7 @@ def ksrc(tmp_path, monkeypatch):
     return root
 
 
-SPEC = kernels.bwd_specs("bfloat16", 64, causal=True, deterministic=True, engine="sm90").main
+SPEC = kernels.bwd_specs("bfloat16", 64, causal=True, deterministic=True).main
 
 
 # ------------------------------------------------------------------------------------------------ layout
@@ -183,37 +182,39 @@ def test_pack_bwd_params_every_field():
 def test_all_specs_cover_every_combination():
     specs = kernels.all_specs()
     labels = [s.label for s in specs]
-    assert len(set(labels)) == len(labels) == len(set(specs)) == 8 + 6 + 16 + 16 + 8
+    assert len(set(labels)) == len(labels) == len(set(specs)) == 8 + 4 + 16 + 4
     expected = set()
     for dtype, d, causal in itertools.product(kernels.SUPPORTED_DTYPES, kernels.SUPPORTED_HEAD_DIMS, (0, 1)):
         expected.add(kernels.fwd_spec(dtype, d, bool(causal)))
-        for det, engine in itertools.product((False, True), kernels.BWD_ENGINES):
-            expected.update(kernels.bwd_specs(dtype, d, bool(causal), det, engine))
+        for det in (False, True):
+            expected.update(kernels.bwd_specs(dtype, d, bool(causal), det))
     assert expected == set(specs)
     by_kernel = {name: [s for s in specs if s.kernel == name] for name in kernels.KERNEL_NAMES}
-    assert {k: len(v) for k, v in by_kernel.items()} == {"fwd": 8, "bwd_preprocess": 6, "bwd_main": 16,
-                                                         "bwd_sm90": 16, "bwd_postprocess": 8}
+    assert {k: len(v) for k, v in by_kernel.items()} == {"fwd": 8, "bwd_preprocess": 4, "bwd_main": 16,
+                                                         "bwd_postprocess": 4}
     for s in specs:
         d = dict(s.defines)
         assert list(s.defines) == sorted(s.defines)
         assert d["DASH_SMEM_BYTES"] == s.smem_bytes and d["DASH_NUM_THREADS"] == s.threads
         assert s.smem_bytes <= 227 * 1024
         assert s.source.endswith(".cu") and s.entry.startswith("dash_")
-    assert kernels.bwd_specs("bfloat16", 128, True, True, "sm90").main.label == "bwd_sm90[bf16,d128,causal,det]"
+    assert kernels.bwd_specs("bfloat16", 128, True, True).main.label == "bwd_main[bf16,d128,causal,det]"
     assert kernels.fwd_spec("float16", 64, False).label == "fwd[fp16,d64,full]"
-    assert kernels.bwd_specs("float16", 64, False, False, "mma").main.label == "bwd_main[fp16,d64,full,atomic]"
-    assert kernels.bwd_specs("float16", 64, False, False, "sm90").postprocess.label == \
-        "bwd_postprocess[fp16,d64,frag]"
+    assert kernels.bwd_specs("float16", 64, False, False).main.label == "bwd_main[fp16,d64,full,atomic]"
 
 
 def test_tile_plan_and_smem():
-    for d in kernels.SUPPORTED_HEAD_DIMS:
-        f, b = kernels.fwd_tile(d), kernels.bwd_tile(d, "mma")
+    for d, (bm, bn) in ((64, (128, 128)), (128, (64, 128))):
+        f, b = kernels.fwd_tile(d), kernels.bwd_tile(d)
         fs = kernels.fwd_spec("bfloat16", d, False)
         assert fs.smem_bytes == (f.block_m + 4 * f.block_n) * d * 2 and fs.threads == f.threads
-        pre, main, post = kernels.bwd_specs("bfloat16", d, False, True, "mma")
-        smem = (2 * b.block_n * d + 4 * b.block_m * d + b.block_m * b.block_n) * 2 + 4 * b.block_m * 4
-        assert main.smem_bytes == smem
+        pre, main, post = kernels.bwd_specs("bfloat16", d, False, True)
+        # the main kernel: 384 threads; smem as bwd/config.cuh lays it out (the kernel static_asserts the same
+        # number, so compile --all checks the formula): K, V; Q, dO, dS x2; fp32 dQ; lse, dpsum x2; barriers;
+        # 1 KB of alignment slack
+        assert (b.block_m, b.block_n, b.threads, main.threads) == (bm, bn, 384, 384)
+        assert main.smem_bytes == (2 * bn * d * 2 + 2 * 2 * bm * d * 2 + 2 * bm * bn * 2 + bm * d * 4
+                                   + 2 * 2 * bm * 4 + 80 + 1024) <= 227 * 1024
         for aux in (pre, post):
             assert aux.smem_bytes == 0 and dict(aux.defines)["DASH_BLOCK_M"] == b.block_m
             assert "DASH_CAUSAL" not in dict(aux.defines)
@@ -222,28 +223,6 @@ def test_tile_plan_and_smem():
         kernels.fwd_spec("float32", 64, False)
     with pytest.raises(ValueError):
         kernels.bwd_specs("bfloat16", 96, False, True)
-    with pytest.raises(ValueError, match="engine"):
-        kernels.bwd_specs("bfloat16", 64, False, True, "sm100")
-
-
-def test_bwd_engine_from_environment(monkeypatch):
-    monkeypatch.delenv("CUPY_DASH_BWD_ENGINE", raising=False)
-    assert kernels.bwd_engine() == kernels.DEFAULT_BWD_ENGINE
-    for engine, source in (("sm90", "bwd_sm90.cu"), ("mma", "bwd_main.cu")):
-        monkeypatch.setenv("CUPY_DASH_BWD_ENGINE", engine)
-        assert kernels.bwd_engine() == engine and kernels.bwd_specs("bfloat16", 64, True, True).main.source == source
-    monkeypatch.setenv("CUPY_DASH_BWD_ENGINE", "fast")
-    with pytest.raises(ValueError, match="CUPY_DASH_BWD_ENGINE"):
-        kernels.bwd_tile(64)
-    # the Hopper engine: 384 threads; its smem formula is checked against the kernel's own static_assert by
-    # compile --all, here against the layout it documents (bwd/config.cuh)
-    for d, (bm, bn) in ((64, (128, 128)), (128, (64, 128))):
-        t = kernels.bwd_tile(d, "sm90")
-        assert (t.block_m, t.block_n, t.threads) == (bm, bn, 384)
-        pre, main, post = kernels.bwd_specs("bfloat16", d, True, True, "sm90")
-        assert main.smem_bytes == (2 * bn * d * 2 + 2 * 2 * bm * d * 2 + 2 * bm * bn * 2 + bm * d * 4
-                                   + 2 * 2 * bm * 4 + 80 + 1024) <= 227 * 1024
-        assert dict(post.defines)["DASH_DQ_FRAGMENT_ORDER"] == 1 and dict(pre.defines)["DASH_BLOCK_M"] == bm
 
 
 def test_kernel_dir_has_sources():
@@ -338,7 +317,7 @@ def test_cubin_without_json_is_ignored(ksrc):
 
 def test_key_changes_with_define_and_header(ksrc):
     k0 = jit.cache_key(SPEC)
-    other = kernels.bwd_specs("bfloat16", 64, causal=True, deterministic=False, engine="sm90").main
+    other = kernels.bwd_specs("bfloat16", 64, causal=True, deterministic=False).main
     assert jit.cache_key(other) != k0
     jit.compile_spec(SPEC)
     assert jit.compile_spec(SPEC).cached
@@ -359,7 +338,7 @@ def test_compile_error_names_kernel(ksrc):
     assert info.value.label == SPEC.label
     # a missing source is a CompileError too
     (ksrc / SPEC.source).unlink()
-    with pytest.raises(jit.CompileError, match=r"bwd_sm90\[bf16,d64,causal,det\]"):
+    with pytest.raises(jit.CompileError, match=r"bwd_main\[bf16,d64,causal,det\]"):
         jit.compile_spec(SPEC)
 
 
@@ -386,13 +365,12 @@ def test_real_kernel_compiles(spec, tmp_path, monkeypatch):
 def test_cli_compile_subset(ksrc, capsys):
     assert cli_compile.main(["--head-dim", "64", "--dtype", "bf16"]) == 0
     out = capsys.readouterr().out
-    # 2 fwd, 2 preprocess (block_m 64, 128), 4 main per engine, 2 postprocess (row-major, fragment order)
-    assert "regs" in out and "OK: 14 kernel(s)" in out
+    assert "regs" in out and "OK: 8 kernel(s)" in out
     for spec in cli_compile.select([64], ["bfloat16"], None):
         assert spec.label in out
     # the second run is served from the cache
     assert cli_compile.main(["--kernel", "bwd_postprocess", "--head-dim", "64", "--dtype", "bfloat16"]) == 0
-    assert "(2 from the cache)" in capsys.readouterr().out
+    assert "(1 from the cache)" in capsys.readouterr().out
 
 
 def test_cli_compile_reports_failures(ksrc, capsys):
@@ -424,7 +402,7 @@ dash_bwd_preprocess(const __grid_constant__ BwdParams p) {
 """)
     assert cli_compile.main(["--kernel", "bwd_preprocess", "--head-dim", "128", "--dtype", "bf16"]) == 1
     err = capsys.readouterr().err
-    assert "bwd_preprocess[bf16,d128,m64]: spills" in err
+    assert "bwd_preprocess[bf16,d128]: spills" in err
 
 
 def test_cli_compile_flags_ptxas_performance_warnings(ksrc, capsys):
@@ -438,7 +416,7 @@ extern "C" __global__ void dash_bwd_preprocess(const __grid_constant__ BwdParams
 """)
     assert cli_compile.main(["--kernel", "bwd_preprocess", "--head-dim", "128", "--dtype", "bf16"]) == 1
     err = capsys.readouterr().err
-    assert "bwd_preprocess[bf16,d128,m64]: (C7508)" in err
+    assert "bwd_preprocess[bf16,d128]: (C7508)" in err
 
 
 @pytest.mark.parametrize("argv", [[], ["--all", "--head-dim", "64"], ["--head-dim", "96"], ["--dtype", "fp32"],

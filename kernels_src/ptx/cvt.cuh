@@ -36,5 +36,3 @@ DASH_DEVICE float2 unpack_elem2(uint32_t w) {
   return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
 #endif
 }
-
-DASH_DEVICE elem_t float_to_elem(float f) { return (elem_t)(pack_elem2(f, 0.f) & 0xffffu); }

@@ -1,9 +1,7 @@
-// PTX ISA "Parallel Synchronization and Communication: membar / fence" — fence.acq_rel.gpu and the generic-to-async
-// proxy fence for shared memory.
+// PTX ISA "Parallel Synchronization and Communication: membar / fence" — the generic-to-async proxy fence for
+// shared memory.
 #pragma once
 #include "../common.cuh"
-
-DASH_DEVICE void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;\n" ::: "memory"); }
 
 // Orders this thread's earlier generic shared-memory writes (st.shared, stmatrix) before later async-proxy reads
 // (wgmma operands, bulk copies) that a barrier makes wait for them.
