@@ -104,6 +104,7 @@ DASH_DEVICE void bwd_step(const BwdParams& p, const Smem& s, char* smem_generic,
   wgmma_commit();
   wait_phase(p, s.do_full(stage), phase);
   const uint64_t do_desc = TileQ::kmajor(s.dout(stage), 0);
+  wgmma_fence();  // NOTES: not required by the ISA here, but ptxas 13.0 injects one (C7519) after the wait loop
 #pragma unroll
   for (int ks = 0; ks < kHeadDim / 16; ++ks) {
     wgmma_ss<kBlockM, 0, 0>(dP, desc_advance(v_desc, TileKV::kmajor_step(ks)),
