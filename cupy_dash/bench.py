@@ -31,12 +31,12 @@ import os
 import platform
 import shlex
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 
-from .bench_report import ATOMIC, SCHEDULES, _label, markdown_report
+from .bench_host import measure_compile_times, measure_host_overhead
+from .bench_peers import load_peers, same_bits
+from .bench_report import ATOMIC, SCHEDULES, _label, markdown_report, plot_report
 
 __all__ = ["attention_flops", "main", "run", "parse_args", "SCHEDULES", "DEFAULT_SEQLENS"]
 
@@ -109,24 +109,6 @@ class _CupyEvents:
         return float(self.cupy.cuda.get_elapsed_time(start, end))
 
 
-class _TorchEvents:
-    def __init__(self):
-        import torch
-        self.torch = torch
-
-    def event(self):
-        return self.torch.cuda.Event(enable_timing=True)
-
-    def record(self, ev):
-        ev.record()
-
-    def synchronize(self, ev):
-        ev.synchronize()
-
-    def elapsed_ms(self, start, end):
-        return float(start.elapsed_time(end))
-
-
 def time_calls(calls, *, warmup, repeats, events, flush=None):
     """Median-ready list of per-call GPU times (ms): ``calls[i % len(calls)]`` is call i (rotating input sets).
 
@@ -168,9 +150,9 @@ def _measure(results, key, fn):
         _log(f"    {_label(key):34s} FAILED: {results[key]['error']}")
 
 
-def bench_config(cfg, buffers, opts, torch_mod=None):
+def bench_config(cfg, buffers, opts, peers=()):
     """Measure one (hdim, mask, seqlen) configuration; ``buffers`` is a list of input sets, each a dict of flat
-    CuPy arrays q, k, v, do of ``tokens * hidden`` elements."""
+    CuPy arrays q, k, v, do of ``tokens * hidden`` elements; ``peers`` from :func:`bench_peers.load_peers`."""
     import cupy
     import cupy_dash
 
@@ -189,11 +171,14 @@ def bench_config(cfg, buffers, opts, torch_mod=None):
             scratch.fill(1)
     timing = dict(warmup=opts["warmup"], repeats=opts["repeats"])
 
+    def measure(key, fn):
+        _measure(results, key, fn)
+
     def fwd():
         calls = [lambda s=s: cupy_dash.attention_forward(s["q"], s["k"], s["v"], causal=causal) for s in sets]
         return _summary(time_calls(calls, events=ev, flush=flush, **timing), f_fwd)
 
-    _measure(results, "dash_fwd", fwd)
+    measure("dash_fwd", fwd)
     try:
         for s in sets:
             s["out"], s["lse"] = cupy_dash.attention_forward(s["q"], s["k"], s["v"], causal=causal)
@@ -215,174 +200,27 @@ def bench_config(cfg, buffers, opts, torch_mod=None):
             calls = [lambda s=s: cupy_dash.attention_backward(s["do"], s["q"], s["k"], s["v"], s["out"], s["lse"],
                                                               causal=causal, **kw) for s in sets]
             t = time_calls(calls, events=ev, flush=flush, **timing)
+            res = _summary(t, f_bwd)
+            if kw["deterministic"]:
+                res["repeats_bits"] = same_bits(calls[0](), calls[0]())
             cupy_dash.check_errors()
-            return _summary(t, f_bwd)
+            return res
 
-        _measure(results, key, bwd)
+        measure(key, bwd)
+
+    flops = dict(fwd=f_fwd, bwd=f_bwd)
+    for peer in peers:
+        if peer.name == "fa3":
+            if D not in peer.HEAD_DIMS:
+                continue
+            if have_fwd:
+                peer.measure_bwd(sets, causal, flops, measure, opts["repeats"], opts["warmup"])
+        else:
+            peer.measure(sets, causal, flops, measure, time_calls, _summary, flush, timing)
     for s in sets:
         s.pop("out", None)
         s.pop("lse", None)
-
-    if torch_mod is not None:
-        _bench_torch(torch_mod, sets, causal, f_fwd, f_bwd, results, opts, flush)
     return dict(cfg, flops_fwd=f_fwd, flops_bwd=f_bwd, results=results)
-
-
-def _bench_torch(torch, sets, causal, f_fwd, f_bwd, results, opts, flush):
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    ev = _TorchEvents()
-    timing = dict(warmup=opts["warmup"], repeats=opts["repeats"])
-    # (B, S, H, D) buffers shared with CuPy through DLPack; SDPA sees (B, H, S, D) transposed views.
-    tsets = [{n: torch.from_dlpack(s[n]) for n in ("q", "k", "v", "do")} for s in sets]
-
-    def sdpa(t):
-        return F.scaled_dot_product_attention(t["q"].transpose(1, 2), t["k"].transpose(1, 2),
-                                              t["v"].transpose(1, 2), is_causal=causal)
-
-    def fwd():
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION), torch.no_grad():
-            calls = [lambda t=t: sdpa(t) for t in tsets]
-            return _summary(time_calls(calls, events=ev, flush=flush, **timing), f_fwd)
-
-    _measure(results, "torch_fwd", fwd)
-
-    previous = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
-    for deterministic, key in ((True, "torch_bwd_det"), (False, "torch_bwd_nondet")):
-        def bwd(deterministic=deterministic):
-            torch.use_deterministic_algorithms(deterministic)
-            graphs = []
-            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-                for t in tsets:
-                    leaves = [t[n].detach().requires_grad_(True) for n in ("q", "k", "v")]
-                    out = F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in leaves), is_causal=causal)
-                    graphs.append((out, leaves, t["do"].transpose(1, 2)))
-                calls = [lambda g=g: torch.autograd.grad(g[0], g[1], g[2], retain_graph=True) for g in graphs]
-                return _summary(time_calls(calls, events=ev, flush=flush, **timing), f_bwd)
-
-        try:
-            _measure(results, key, bwd)
-        finally:
-            torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# host overhead and compile time
-# ----------------------------------------------------------------------------------------------------------------
-def measure_host_overhead(calls=1000, warmup=20, dtype="bf16", torch_mod=None):
-    """Average wall-clock µs per call for a tiny shape (B=1, H=1, S=128, D=64), ``calls`` calls back to back
-    with a single synchronization at the end (first-call compilation excluded by the warm-up)."""
-    import cupy
-    import cupy_dash
-
-    shape = (1, 128, 1, 64)
-    q, k, v, do = (random_tensor(shape, dtype, seed=i) for i in range(4))
-    out, lse = cupy_dash.attention_forward(q, k, v)
-    stream = cupy.cuda.get_current_stream()
-    res = {}
-
-    def per_call(fn):
-        for _ in range(warmup):
-            fn()
-        stream.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        stream.synchronize()
-        return (time.perf_counter() - t0) / calls * 1e6
-
-    res["dash_fwd_us"] = per_call(lambda: cupy_dash.attention_forward(q, k, v))
-    res["dash_bwd_us"] = per_call(lambda: cupy_dash.attention_backward(do, q, k, v, out, lse))
-    cupy_dash.check_errors()
-    if torch_mod is not None:
-        torch = torch_mod
-        import torch.nn.functional as F
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-        tq, tk, tv, tdo = (torch.from_dlpack(x).transpose(1, 2) for x in (q, k, v, do))
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            with torch.no_grad():
-                res["torch_fwd_us"] = per_call(lambda: F.scaled_dot_product_attention(tq, tk, tv))
-            leaves = [x.detach().requires_grad_(True) for x in (tq, tk, tv)]
-            o = F.scaled_dot_product_attention(*leaves)
-            res["torch_bwd_us"] = per_call(lambda: torch.autograd.grad(o, leaves, tdo, retain_graph=True))
-        torch.cuda.synchronize()
-    res["calls"] = calls
-    res["shape"] = dict(batch=1, heads=1, seqlen=128, hdim=64, dtype=dtype)
-    return res
-
-
-_COMPILE_SCRIPT = r"""
-import json, sys, time
-t0 = time.perf_counter()
-import cupy
-import cupy_dash
-from cupy_dash.bench import random_tensor
-t_import = time.perf_counter() - t0
-p = json.loads(sys.argv[1])
-dev = cupy.cuda.Device(0)
-cupy.zeros(1)
-dev.synchronize()
-shape = (p["batch"], p["seqlen"], p["heads"], p["hdim"])
-q, k, v, do = (random_tensor(shape, p["dtype"], seed=i) for i in range(4))
-dev.synchronize()
-t = time.perf_counter()
-out, lse = cupy_dash.attention_forward(q, k, v, causal=p["causal"])
-dev.synchronize()
-t_fwd = time.perf_counter() - t
-t = time.perf_counter()
-cupy_dash.attention_backward(do, q, k, v, out, lse, causal=p["causal"])
-cupy_dash.check_errors()
-t_bwd = time.perf_counter() - t
-t = time.perf_counter()
-out, lse = cupy_dash.attention_forward(q, k, v, causal=p["causal"])
-cupy_dash.attention_backward(do, q, k, v, out, lse, causal=p["causal"])
-cupy_dash.check_errors()
-t_again = time.perf_counter() - t
-print("@@RESULT@@" + json.dumps(dict(import_s=t_import, first_fwd_s=t_fwd, first_bwd_s=t_bwd,
-                                     first_total_s=t_fwd + t_bwd, second_fwd_bwd_s=t_again)))
-"""
-
-
-def _run_compile_probe(params, cache_dir, cupy_cache_dir, timeout=900):
-    env = dict(os.environ)
-    env["CUPY_DASH_CACHE_DIR"] = cache_dir
-    env["CUPY_CACHE_DIR"] = cupy_cache_dir
-    pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = pkg_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    t = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT, json.dumps(params)], env=env,
-                          capture_output=True, text=True, timeout=timeout)
-    wall = time.perf_counter() - t
-    for line in proc.stdout.splitlines():
-        if line.startswith("@@RESULT@@"):
-            res = json.loads(line[len("@@RESULT@@"):])
-            res["process_wall_s"] = wall
-            return res
-    tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-5:]
-    raise RuntimeError(f"compile probe exited with {proc.returncode}: " + " | ".join(tail))
-
-
-def measure_compile_times(hdim=128, causal=True, dtype="bf16"):
-    """Cold (empty CUPY_DASH_CACHE_DIR and CUPY_CACHE_DIR) and warm (same directories, new process) first-call
-    times of forward + backward, each in a fresh Python process."""
-    params = dict(batch=1, heads=2, seqlen=256, hdim=hdim, causal=causal, dtype=dtype)
-    res = dict(shape=params)
-    with tempfile.TemporaryDirectory(prefix="cupy_dash_bench_cache_") as tmp:
-        dash_dir, cupy_dir = os.path.join(tmp, "dash"), os.path.join(tmp, "cupy")
-        os.makedirs(dash_dir)
-        os.makedirs(cupy_dir)
-        for phase in ("cold", "warm"):
-            try:
-                res[phase] = _run_compile_probe(params, dash_dir, cupy_dir)
-                _log(f"    compile {phase}: first fwd {res[phase]['first_fwd_s']:.2f} s, first bwd "
-                     f"{res[phase]['first_bwd_s']:.2f} s (process {res[phase]['process_wall_s']:.1f} s)")
-            except Exception as exc:
-                res[phase] = dict(error=f"{type(exc).__name__}: {exc}")
-                _log(f"    compile {phase}: FAILED: {res[phase]['error']}")
-    return res
 
 
 def _output_paths(out, stamp):
@@ -437,7 +275,8 @@ def _str_list(values):
 def build_parser(prog=None):
     p = argparse.ArgumentParser(
         prog=prog, description="Benchmark cupy_dash attention (forward, backward per schedule, atomic backward) "
-        "against torch SDPA's FlashAttention-2 backend. 16k tokens per batch, H*D = 2048, bf16.")
+        "against torch SDPA's FlashAttention-2 backend and FlashAttention-3 (flash-attn3-jax, when importable). "
+        "16k tokens per batch, H*D = 2048, bf16.")
     p.add_argument("--seqlens", nargs="+", default=None, help=f"sequence lengths (default {DEFAULT_SEQLENS})")
     p.add_argument("--hdims", nargs="+", default=None, help="head dims (default 64 128)")
     p.add_argument("--masks", nargs="+", default=None, help="full and/or causal (default both)")
@@ -455,6 +294,7 @@ def build_parser(prog=None):
     p.add_argument("--quick", action="store_true",
                    help="about 2 minutes: S in {1024, 4096}, head dim 128, both masks, 20 repeats")
     p.add_argument("--no-torch", action="store_true", help="skip torch SDPA")
+    p.add_argument("--no-fa3", action="store_true", help="skip FlashAttention-3 (flash-attn3-jax)")
     p.add_argument("--no-overhead", action="store_true", help="skip the host-overhead measurement")
     p.add_argument("--overhead-calls", type=int, default=None, help="calls for the host overhead (default 1000)")
     p.add_argument("--no-compile", action="store_true", help="skip the cold/warm compile-time subprocesses")
@@ -476,7 +316,8 @@ def parse_args(argv=None, prog=None):
         warmup=args.warmup if args.warmup is not None else q.get("warmup", 5),
         overhead_calls=args.overhead_calls if args.overhead_calls is not None else q.get("overhead_calls", 1000),
         input_sets=max(1, args.input_sets), flush_l2=args.flush_l2, dtype=args.dtype, tokens=args.tokens,
-        hidden=args.hidden, quick=args.quick, torch=not args.no_torch, overhead=not args.no_overhead,
+        hidden=args.hidden, quick=args.quick, torch=not args.no_torch, fa3=not args.no_fa3,
+        overhead=not args.no_overhead,
         compile=not args.no_compile, out=args.out, prog=prog)
     for m in opts["masks"]:
         if m not in ("full", "causal"):
@@ -501,17 +342,13 @@ def run(opts, argv=()):
     """Run the benchmark described by ``opts`` (from :func:`parse_args`); return the report dict."""
     import cupy
 
-    torch_mod = None
-    if opts["torch"]:
-        try:
-            import torch
-            if torch.cuda.is_available():
-                torch_mod = torch
-            else:
-                _log("torch has no CUDA device: skipping torch SDPA")
-        except ImportError:
-            _log("torch not installed: skipping torch SDPA")
+    if opts["fa3"]:
+        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")   # JAX shares the GPU with CuPy
+    peers, missing = load_peers(opts["torch"], opts["fa3"], _log)
+    torch_mod = next((p.torch for p in peers if p.name == "torch"), None)
     meta = _meta(opts, argv)
+    meta["peers"] = {p.name: p.version for p in peers}
+    meta["missing_peers"] = missing
     if torch_mod is not None:
         meta["torch"] = torch_mod.__version__
     report = dict(meta=meta, configs=[])
@@ -528,7 +365,7 @@ def run(opts, argv=()):
                 cfg = dict(hdim=hdim, causal=mask == "causal", seqlen=S, batch=opts["tokens"] // S,
                            heads=opts["hidden"] // hdim)
                 _log(f"  d{hdim} {mask} S={S} B={cfg['batch']} H={cfg['heads']}")
-                report["configs"].append(bench_config(cfg, buffers, opts, torch_mod))
+                report["configs"].append(bench_config(cfg, buffers, opts, peers))
                 cupy.get_default_memory_pool().free_all_blocks()
     del buffers
     cupy.get_default_memory_pool().free_all_blocks()
@@ -572,7 +409,13 @@ def main(argv=None, prog=None):
         json.dump(report, f, indent=1)
     with open(md_path, "w") as f:
         f.write(md + "\n")
-    _log(f"wrote {json_path} and {md_path} ({report['meta']['wall_s']:.0f} s)")
+    png_path = md_path[:-3] + ".png"
+    try:
+        plot_report(report, png_path)
+    except Exception as exc:  # the plot must not lose the measurements
+        _log(f"plot failed: {type(exc).__name__}: {exc}")
+        png_path = "(no plot)"
+    _log(f"wrote {json_path}, {md_path} and {png_path} ({report['meta']['wall_s']:.0f} s)")
     return 0
 
 

@@ -1,5 +1,5 @@
-"""Markdown tables of a :mod:`cupy_dash.bench` report (TFLOP/s and milliseconds per configuration, host
-overhead, compile times)."""
+"""Markdown tables (TFLOP/s and milliseconds per configuration, bitwise repeatability of the deterministic
+backward passes, host overhead, compile times) and a PNG plot of a :mod:`cupy_dash.bench` report."""
 from __future__ import annotations
 
 ATOMIC = "atomic"                      # deterministic=False
@@ -10,6 +10,8 @@ LABELS = {
     "torch_fwd": "torch SDPA FA2 fwd",
     "torch_bwd_det": "torch SDPA FA2 det bwd",
     "torch_bwd_nondet": "torch SDPA FA2 non-det bwd",
+    "fa3_bwd_det": "FA3 det bwd",
+    "fa3_bwd_nondet": "FA3 non-det bwd",
 }
 
 
@@ -50,8 +52,81 @@ def _row_keys(configs):
             if k not in keys:
                 keys.append(k)
     order = ["dash_fwd"] + [f"dash_bwd_{s}" for s in SCHEDULES + (ATOMIC,)] + \
-        ["torch_fwd", "torch_bwd_det", "torch_bwd_nondet"]
+        ["torch_fwd", "torch_bwd_det", "torch_bwd_nondet", "fa3_bwd_det", "fa3_bwd_nondet"]
     return [k for k in order if k in keys] + [k for k in keys if k not in order]
+
+
+def _best_det(results):
+    """The fastest deterministic cupy_dash schedule of one configuration: (key, entry) or (None, None)."""
+    best = (None, None)
+    for s in SCHEDULES:
+        e = results.get(f"dash_bwd_{s}")
+        if e and "error" not in e and (best[1] is None or e["median_ms"] < best[1]["median_ms"]):
+            best = (f"dash_bwd_{s}", e)
+    return best
+
+
+def _repeat_table(configs, groups):
+    """Whether two deterministic backward calls on the same inputs gave identical dq, dk, dv bytes."""
+    keys = [k for k in _row_keys(configs) if any("repeats_bits" in (c["results"].get(k) or {}) for c in configs)]
+    if not keys:
+        return []
+    lines = ["## Deterministic backward: identical bits on a second call?", ""]
+    for hdim, causal in groups:
+        cfgs = sorted((c for c in configs if (c["hdim"], c["causal"]) == (hdim, causal)), key=lambda c: c["seqlen"])
+        lines += [f"| head dim {hdim}, {'causal' if causal else 'full'} | " +
+                  " | ".join(_seq_label(c["seqlen"]) for c in cfgs) + " |", "|" + "---|" * (len(cfgs) + 1)]
+        for key in keys:
+            cells = []
+            for c in cfgs:
+                r = c["results"].get(key) or {}
+                cells.append("-" if "repeats_bits" not in r else ("yes" if r["repeats_bits"] else "**no**"))
+            lines.append(f"| {_label(key)} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return lines
+
+
+def plot_report(report, path):
+    """PNG: backward TFLOP/s against S, one panel per (head dim, mask), one line per implementation."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    configs = report["configs"]
+    hdims = sorted({c["hdim"] for c in configs})
+    masks = [m for m in (False, True) if any(c["causal"] == m for c in configs)]
+    fig, axes = plt.subplots(len(hdims), len(masks), figsize=(6.5 * len(masks), 4.2 * len(hdims)), squeeze=False)
+    styles = {"dash": dict(lw=2), "torch": dict(ls="--"), "fa3": dict(ls=":", lw=2)}
+    for r, hdim in enumerate(hdims):
+        for col, causal in enumerate(masks):
+            ax = axes[r][col]
+            cfgs = sorted((c for c in configs if c["hdim"] == hdim and c["causal"] == causal),
+                          key=lambda c: c["seqlen"])
+            for key in _row_keys(cfgs):
+                if "bwd" not in key:
+                    continue
+                pts = [(c["seqlen"], c["results"][key]["tflops"]) for c in cfgs
+                       if key in c["results"] and "error" not in c["results"][key]]
+                if pts:
+                    xs, ys = zip(*pts)
+                    ax.plot(xs, ys, marker="o", ms=3, label=_label(key), **styles.get(key.split("_")[0], {}))
+            ax.set_xscale("log", base=2)
+            ax.set_xticks([c["seqlen"] for c in cfgs], [_seq_label(c["seqlen"]) for c in cfgs])
+            ax.set_title(f"backward, head dim {hdim}, {'causal' if causal else 'full'}")
+            ax.set_xlabel("sequence length (16k tokens per batch)")
+            ax.set_ylabel("TFLOP/s")
+            ax.grid(alpha=0.3)
+            ax.set_ylim(bottom=0)
+    legend = {}
+    for ax in axes.flat:
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(label, h)
+    fig.legend(list(legend.values()), list(legend), loc="lower center", ncol=4, fontsize=8, frameon=False)
+    meta = report["meta"]
+    fig.suptitle(f"{meta.get('gpu', '?')}, {meta['dtype']}, {meta['date']}")
+    fig.tight_layout(rect=(0, 0.08, 1, 0.97))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def markdown_report(report):
@@ -64,7 +139,11 @@ def markdown_report(report):
              f"{meta['hidden']}. TFLOP/s with the FA3 convention (fwd 4·B·H·S²·D, ×½ causal; bwd 2.5× fwd); "
              f"CUDA events, median of {meta['repeats']} after {meta['warmup']} warm-up calls, rotating over "
              f"{meta['input_sets']} input sets" + (", L2 flushed before every call" if meta["flush_l2"] else "")
-             + ". Backward = the backward call alone.", ""]
+             + ". Backward = the backward call alone. FA3 (flash-attn3-jax) is timed by wall clock over back-to-back "
+             "calls (no CUDA events in JAX), on the same inputs and cupy_dash's forward out / lse.", ""]
+    missing = meta.get("missing_peers") or {}
+    if missing:
+        lines += ["Missing peers: " + "; ".join(f"{k}: {v}" for k, v in missing.items()), ""]
     configs = report["configs"]
     groups = []
     for cfg in configs:
@@ -82,14 +161,18 @@ def markdown_report(report):
             for key in _row_keys(cfgs):
                 lines.append(f"| {_label(key)} | " + " | ".join(fmt(c["results"].get(key)) for c in cfgs) + " |")
             if unit == "TFLOP/s":
-                det = []
-                for c in cfgs:
-                    a, b = c["results"].get("dash_bwd_auto"), c["results"].get(f"dash_bwd_{ATOMIC}")
-                    ok = a and b and "error" not in a and "error" not in b
-                    det.append(f"{100.0 * b['median_ms'] / a['median_ms']:.0f}%" if ok else "-")
-                if any(d != "-" for d in det):
-                    lines.append("| cupy_dash det (auto) speed vs atomic | " + " | ".join(det) + " |")
+                for name, ref in (("our atomic", f"dash_bwd_{ATOMIC}"), ("torch FA2 det", "torch_bwd_det"),
+                                  ("FA3 det", "fa3_bwd_det")):
+                    cells = []
+                    for c in cfgs:
+                        _, best = _best_det(c["results"])
+                        other = c["results"].get(ref)
+                        ok = best is not None and other and "error" not in other
+                        cells.append(f"{other['median_ms'] / best['median_ms']:.2f}" if ok else "-")
+                    if any(x != "-" for x in cells):
+                        lines.append(f"| best cupy_dash det / {name} (speed) | " + " | ".join(cells) + " |")
             lines.append("")
+    lines += _repeat_table(configs, groups)
     errors = [(c, k, r["error"]) for c in configs for k, r in c["results"].items() if "error" in r]
     if errors:
         lines += ["## Failed measurements", ""]

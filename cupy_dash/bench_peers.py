@@ -1,0 +1,195 @@
+"""Peers measured beside cupy_dash by :mod:`cupy_dash.bench`, on the same input buffers.
+
+* torch SDPA with the FlashAttention-2 backend: forward, and the backward with and without
+  ``torch.use_deterministic_algorithms(True)`` (its deterministic backward); layout (B, H, S, D) as transposed
+  views of the (B, S, H, D) buffers. Timed with CUDA events, like cupy_dash.
+* FlashAttention-3 through the ``flash-attn3-jax`` wheel (prebuilt FA3 for sm90, head dim 128 in that wheel),
+  when importable: its backward FFI target called with ``deterministic`` True and False on cupy_dash's
+  forward ``out``/``lse``, shared with JAX through DLPack. JAX exposes no CUDA events, so FA3 is timed as the
+  wall time of ``repeats`` calls dispatched back to back, ended by one ``block_until_ready`` (the median of 3
+  such loops): no host gaps, which if anything favours it.
+
+Each deterministic implementation is also checked for bitwise repeatability: two backward calls on the same
+inputs, every byte of dq, dk, dv compared (``repeats_bits`` in the result).
+"""
+from __future__ import annotations
+
+import math
+import statistics
+import time
+
+__all__ = ["TorchPeer", "Fa3Peer", "same_bits", "load_peers"]
+
+
+def same_bits(first, second) -> bool:
+    """Whether two tuples of GPU arrays (CuPy, torch or JAX) hold identical bytes."""
+    import cupy
+    for a, b in zip(first, second):
+        a, b = cupy.from_dlpack(a), cupy.from_dlpack(b)
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return False
+        if a.size and bool(cupy.any(a.view(cupy.uint16) != b.view(cupy.uint16))):
+            return False
+    return True
+
+
+class _TorchEvents:
+    def __init__(self, torch):
+        self.torch = torch
+
+    def event(self):
+        return self.torch.cuda.Event(enable_timing=True)
+
+    def record(self, ev):
+        ev.record()
+
+    def synchronize(self, ev):
+        ev.synchronize()
+
+    def elapsed_ms(self, start, end):
+        return float(start.elapsed_time(end))
+
+
+class TorchPeer:
+    """torch SDPA, FlashAttention-2 backend: keys torch_fwd, torch_bwd_det, torch_bwd_nondet."""
+    name = "torch"
+
+    def __init__(self, torch):
+        self.torch = torch
+        self.version = torch.__version__
+
+    def measure(self, sets, causal, flops, measure, time_calls, summary, flush, timing):
+        torch = self.torch
+        import torch.nn.functional as F
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        ev = _TorchEvents(torch)
+        tsets = [{n: torch.from_dlpack(s[n]) for n in ("q", "k", "v", "do")} for s in sets]
+
+        def sdpa(t):
+            return F.scaled_dot_product_attention(t["q"].transpose(1, 2), t["k"].transpose(1, 2),
+                                                  t["v"].transpose(1, 2), is_causal=causal)
+
+        def fwd():
+            with sdpa_kernel(SDPBackend.FLASH_ATTENTION), torch.no_grad():
+                calls = [lambda t=t: sdpa(t) for t in tsets]
+                return summary(time_calls(calls, events=ev, flush=flush, **timing), flops["fwd"])
+
+        measure("torch_fwd", fwd)
+        previous = (torch.are_deterministic_algorithms_enabled(),
+                    torch.is_deterministic_algorithms_warn_only_enabled())
+        for deterministic, key in ((True, "torch_bwd_det"), (False, "torch_bwd_nondet")):
+            def bwd(deterministic=deterministic):
+                torch.use_deterministic_algorithms(deterministic)
+                graphs = []
+                with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                    for t in tsets:
+                        leaves = [t[n].detach().requires_grad_(True) for n in ("q", "k", "v")]
+                        out = F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in leaves),
+                                                             is_causal=causal)
+                        graphs.append((out, leaves, t["do"].transpose(1, 2)))
+                    calls = [lambda g=g: torch.autograd.grad(g[0], g[1], g[2], retain_graph=True) for g in graphs]
+                    res = summary(time_calls(calls, events=ev, flush=flush, **timing), flops["bwd"])
+                    if deterministic:
+                        res["repeats_bits"] = same_bits(calls[0](), calls[0]())
+                return res
+
+            try:
+                measure(key, bwd)
+            finally:
+                torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+class Fa3Peer:
+    """FlashAttention-3 (flash-attn3-jax wheel): keys fa3_bwd_det, fa3_bwd_nondet (head dim 128 only)."""
+    name = "fa3"
+    HEAD_DIMS = (128,)
+
+    def __init__(self):
+        import flash_attn3_jax  # registers the FFI targets
+        import jax
+        self.jax = jax
+        self.version = getattr(flash_attn3_jax, "__version__", "?")
+        self.device = jax.devices("gpu")[0]
+        self._fns = {}
+
+    def _bwd_fn(self, causal, deterministic):
+        """jit(dout, q, k, v, out, lse) -> (dq, dk, dv): the wheel's own backward FFI call, with the
+        ``deterministic`` attribute that its public wrapper fixes to False."""
+        key = (causal, deterministic)
+        if key not in self._fns:
+            jax = self.jax
+            import jax.numpy as jnp
+
+            def bwd(dout, q, k, v, out, lse):
+                n, lq, hq, d = q.shape
+                rounded = -(-lq // 128) * 128
+                types = [jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(k.shape, k.dtype),
+                         jax.ShapeDtypeStruct(v.shape, v.dtype),
+                         jax.ShapeDtypeStruct((n, hq, rounded), jnp.float32),
+                         jax.ShapeDtypeStruct((n, hq, rounded), jnp.float32)]
+                empty = jnp.array([], dtype=jnp.int32)
+                dq, dk, dv, _, _ = jax.ffi.ffi_call(
+                    "flash_mha_bwd", result_shape_dtypes=types, has_side_effect=False,
+                    input_layouts=[None] * 10, output_layouts=[None] * 5)(
+                    dout, q, k, v, out, lse, empty, empty, empty, empty,
+                    max_seqlen_q_val=lq, max_seqlen_q_has_value=True, max_seqlen_k_val=k.shape[1],
+                    max_seqlen_k_has_value=True, softmax_scale_val=1.0 / math.sqrt(d), softmax_scale_has_value=True,
+                    is_causal=causal, window_size_left=-1, window_size_right=-1, softcap=0.0,
+                    deterministic=deterministic, sm_margin=0)
+                return dq, dk, dv
+
+            self._fns[key] = jax.jit(bwd)
+        return self._fns[key]
+
+    def measure_bwd(self, sets, causal, flops, measure, repeats, warmup):
+        """``sets``: input sets with CuPy q, k, v, do, out, lse (cupy_dash's forward)."""
+        jax = self.jax
+        jsets = [tuple(jax.dlpack.from_dlpack(s[n]) for n in ("do", "q", "k", "v", "out", "lse")) for s in sets]
+        for deterministic, key in ((True, "fa3_bwd_det"), (False, "fa3_bwd_nondet")):
+            fn = self._bwd_fn(causal, deterministic)
+
+            def bwd(fn=fn, deterministic=deterministic):
+                for i in range(max(warmup, 1)):
+                    jax.block_until_ready(fn(*jsets[i % len(jsets)]))
+                loops = []
+                for _ in range(3):
+                    t0 = time.perf_counter()
+                    res = None
+                    for i in range(repeats):
+                        res = fn(*jsets[i % len(jsets)])
+                    jax.block_until_ready(res)
+                    loops.append((time.perf_counter() - t0) / repeats * 1e3)
+                med = statistics.median(loops)
+                out = dict(median_ms=med, min_ms=min(loops), max_ms=max(loops), n=3 * repeats,
+                           tflops=flops["bwd"] / (med * 1e-3) / 1e12, timing="loop")
+                if deterministic:
+                    first = jax.block_until_ready(fn(*jsets[0]))
+                    out["repeats_bits"] = same_bits(first, jax.block_until_ready(fn(*jsets[0])))
+                return out
+
+            measure(key, bwd)
+
+
+def load_peers(want_torch: bool, want_fa3: bool, log) -> tuple:
+    """(list of available peers, {peer name: why it is missing})."""
+    peers, missing = [], {}
+    if want_torch:
+        try:
+            import torch
+            if torch.cuda.is_available():
+                peers.append(TorchPeer(torch))
+            else:
+                missing["torch"] = "torch has no CUDA device"
+        except ImportError as exc:
+            missing["torch"] = f"not importable ({exc})"
+    if want_fa3:
+        try:
+            peers.append(Fa3Peer())
+        except Exception as exc:  # no wheel, no JAX GPU backend, ...
+            missing["fa3"] = f"flash-attn3-jax not usable ({type(exc).__name__}: {exc})"
+    for name, why in missing.items():
+        log(f"peer {name} missing: {why}")
+    return peers, missing

@@ -1,0 +1,52 @@
+"""The benchmark report (markdown and PNG) from a synthetic result set, and the benchmark's argument parsing:
+no GPU needed."""
+from __future__ import annotations
+
+import pytest
+
+from cupy_dash import bench, bench_report
+
+
+def _report():
+    configs = []
+    for hdim in (64, 128):
+        for causal in (False, True):
+            for S in (1024, 4096):
+                res = {"dash_fwd": dict(median_ms=1.0, tflops=300.0)}
+                for i, s in enumerate(bench_report.SCHEDULES):
+                    res[f"dash_bwd_{s}"] = dict(median_ms=2.0 + 0.1 * i, tflops=400.0 - i, repeats_bits=True)
+                res["dash_bwd_atomic"] = dict(median_ms=1.8, tflops=444.0)
+                res["torch_bwd_det"] = dict(median_ms=4.0, tflops=200.0, repeats_bits=True)
+                if hdim == 128:
+                    res["fa3_bwd_det"] = dict(median_ms=2.5, tflops=320.0, repeats_bits=S != 1024)
+                    res["fa3_bwd_nondet"] = dict(error="RuntimeError: boom")
+                configs.append(dict(hdim=hdim, causal=causal, seqlen=S, results=res))
+    meta = dict(date="2026-12-01", command="python -m cupy_dash bench", dtype="bf16", tokens=16384, hidden=2048,
+                repeats=20, warmup=3, input_sets=2, flush_l2=False, missing_peers={"fa3": "not importable"})
+    return dict(meta=meta, configs=configs)
+
+
+def test_markdown_report_has_ratios_repeatability_and_failures():
+    md = bench_report.markdown_report(_report())
+    assert "| FA3 det bwd | 320 | 320 |" in md
+    assert "| best cupy_dash det / FA3 det (speed) | 1.25 | 1.25 |" in md      # 2.5 ms / 2.0 ms (fa3 schedule)
+    assert "| best cupy_dash det / our atomic (speed) | 0.90 | 0.90 |" in md
+    assert "| FA3 det bwd | **no** | yes |" in md
+    assert "fa3_bwd_nondet" not in md and "FA3 non-det bwd: RuntimeError: boom" in md
+    assert "Missing peers: fa3: not importable" in md
+
+
+def test_plot_report_writes_a_png(tmp_path):
+    path = tmp_path / "bench.png"
+    bench_report.plot_report(_report(), str(path))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_parse_args_defaults_and_errors():
+    opts = bench.parse_args(["--quick", "--no-fa3"])
+    assert opts["seqlens"] == (1024, 4096) and opts["hdims"] == (128,) and not opts["fa3"] and opts["torch"]
+    assert opts["schedules"] == bench_report.SCHEDULES + ("atomic",)
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--seqlens", "1000"])          # does not divide 16384 tokens
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--schedules", "random"])
