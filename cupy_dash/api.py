@@ -237,12 +237,12 @@ def _fwd_entry(dtype, D, causal):
     return e
 
 
-def _bwd_entry(device_id, dtype, D, causal, deterministic):
+def _bwd_entry(device_id, dtype, D, causal, deterministic, timeline=False):
     """(BwdKernels, block_m, block_n, max co-resident CTAs of the main kernel) per device and variant."""
-    key = (device_id, dtype, D, causal, deterministic)
+    key = (device_id, dtype, D, causal, deterministic, timeline)
     e = _bwd_cache.get(key)
     if e is None:
-        specs = kernels.bwd_specs(dtype, D, causal, deterministic)
+        specs = kernels.bwd_specs(dtype, D, causal, deterministic, timeline)
         tile = kernels.bwd_tile(D)
         with cupy.cuda.Device(device_id):
             max_ctas = int(kernels.max_resident_ctas(specs.main))
@@ -402,11 +402,11 @@ def attention_backward(do, q, k, v, out, lse, *, causal=False, softmax_scale=Non
     the kernel give up instead of hanging; the failure is raised later, by :func:`check_errors` or by the next
     cupy_dash call (deferred, so that this call stays asynchronous).
     """
-    return _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, deterministic, None, None)
+    return _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, deterministic, None, None, None)
 
 
 def _backward_with_plan(do, q, k, v, out, lse, *, plan, causal=False, softmax_scale=None, deterministic=True,
-                        spin_timeout_ns=None):
+                        spin_timeout_ns=None, timeline=None):
     """Internal/test hook: the backward driven by an explicit schedule-like ``plan``.
 
     ``plan`` needs ``visits`` (V, 4) int32 rows (cta, bh, n_block, m_block) grouped by CTA, ``rank`` (V,) int32,
@@ -415,13 +415,17 @@ def _backward_with_plan(do, q, k, v, out, lse, *, plan, causal=False, softmax_sc
     range, cta_start consistent); ranks may be arbitrary, and ``num_ctas`` may exceed the co-resident CTAs, so
     a deliberately inconsistent table exercises the bounded semaphore wait: the call returns, and
     :func:`check_errors` raises RuntimeError. ``spin_timeout_ns`` overrides ``CUPY_DASH_SPIN_TIMEOUT_MS``.
+    ``timeline``: a CuPy int64 array (V, 4); the main kernel's debug build then writes %globaltimer stamps of
+    every visit into it (start, dQ ready, writer's turn, released; kernels_src/bwd/timeline.cuh).
     """
     if plan is None:
         raise ValueError("plan: a schedule-like object is required")
-    return _backward(do, q, k, v, out, lse, causal, softmax_scale, None, deterministic, plan, spin_timeout_ns)
+    return _backward(do, q, k, v, out, lse, causal, softmax_scale, None, deterministic, plan, spin_timeout_ns,
+                     timeline)
 
 
-def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, deterministic, plan, spin_timeout_ns):
+def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, deterministic, plan, spin_timeout_ns,
+              timeline):
     _poll_errors()
     p = _validate(q, k, v, do, out, lse, softmax_scale=softmax_scale,
                   schedule=schedule if plan is None else _UNCHECKED, backward=True)
@@ -436,7 +440,7 @@ def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, determinis
     dev = p.device_id
     for info in p.infos[:4]:                              # q, k, v, do: read through TMA maps
         tensormap.check_encodable(info.name, info.shape, info.strides[:3], info.data_ptr or 0)
-    specs, bm, bn, max_ctas = _bwd_entry(dev, p.dtype, D, causal, deterministic)
+    specs, bm, bn, max_ctas = _bwd_entry(dev, p.dtype, D, causal, deterministic, timeline is not None)
     num_m_blocks = -(-Sq // bm)
     num_n_blocks = -(-Sk // bn)
     sq_rounded = num_m_blocks * bm
@@ -445,6 +449,8 @@ def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, determinis
     fw = qi.framework
     if plan is not None:
         host_tables = _host_tables(plan, BH, num_n_blocks, num_m_blocks)   # checked before any allocation
+        if timeline is not None and (timeline.shape != (len(host_tables[1]), 4) or timeline.dtype != np.int64):
+            raise ValueError(f"timeline: expected an int64 CuPy array of shape ({len(host_tables[1])}, 4)")
     stream = interop.caller_stream(q, dev)
     with cupy.cuda.Device(dev), stream:
         keep = []
@@ -489,9 +495,9 @@ def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, determinis
                 tma_v=tensormap.bhsd_map(v_ptr, p.dtype, (B, Sk, Hkv, D), v_stride, bn, "v"),
                 tma_do=tensormap.bhsd_map(do_ptr, p.dtype, (B, Sq, H, D), do_stride, bm, "do"), q=q_ptr, k=k_ptr, v=v_ptr, out=o_ptr, dout=do_ptr, lse=lse_ptr,
                 lse_log2=base + offsets[0], dpsum=base + offsets[1], dq_accum=base + offsets[2],
-                dq=dq_ptr, dk=dk_ptr, dv=dv_ptr, dq_semaphore=base + offsets[3],
+                dq=dq_ptr, dk=dk_ptr, dv=dv_ptr, dq_semaphore=base + offsets[3] if deterministic else 0,
                 visits=tables.visits.data.ptr, rank=tables.rank.data.ptr, cta_start=tables.cta_start.data.ptr,
-                error=slot.dptr,
+                error=slot.dptr, timeline=0 if timeline is None else timeline.data.ptr,
                 q_stride=q_stride, k_stride=k_stride, v_stride=v_stride, o_stride=o_stride, do_stride=do_stride,
                 dq_stride=_contiguous((B, Sq, H, D)), dk_stride=kv_contig, dv_stride=kv_contig,
                 batch=B, seqlen_q=Sq, seqlen_k=Sk, num_heads=H, num_heads_kv=Hkv,

@@ -109,6 +109,8 @@ class KernelSpec:
             tags.append("causal" if d["DASH_CAUSAL"] else "full")
         if "DASH_DETERMINISTIC" in d:
             tags.append("det" if d["DASH_DETERMINISTIC"] else "atomic")
+        if d.get("DASH_TIMELINE"):
+            tags.append("timeline")
         return f"{self.kernel}[{','.join(tags)}]"
 
     @property
@@ -158,14 +160,18 @@ def fwd_spec(dtype: str, head_dim: int, causal: bool) -> KernelSpec:
 BwdKernels = collections.namedtuple("BwdKernels", "preprocess main postprocess")
 
 
-def bwd_specs(dtype: str, head_dim: int, causal: bool, deterministic: bool) -> BwdKernels:
-    """The three backward kernels of one variant."""
+def bwd_specs(dtype: str, head_dim: int, causal: bool, deterministic: bool, timeline: bool = False) -> BwdKernels:
+    """The three backward kernels of one variant; ``timeline``: the main kernel's debug build that stamps every
+    visit (kernels_src/bwd/timeline.cuh; not emitted by the dispatcher)."""
     _check(dtype, head_dim)
     main_tile = bwd_tile(head_dim)
     aux_tile = TileConfig(main_tile.block_m, main_tile.block_n, AUX_THREADS)
+    flags = dict(DASH_CAUSAL=causal, DASH_DETERMINISTIC=deterministic)
+    if timeline:
+        flags["DASH_TIMELINE"] = True
     return BwdKernels(
         preprocess=_spec("bwd_preprocess", aux_tile, dtype, head_dim),
-        main=_spec("bwd_main", main_tile, dtype, head_dim, DASH_CAUSAL=causal, DASH_DETERMINISTIC=deterministic),
+        main=_spec("bwd_main", main_tile, dtype, head_dim, **flags),
         postprocess=_spec("bwd_postprocess", aux_tile, dtype, head_dim),
     )
 

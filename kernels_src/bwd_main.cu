@@ -30,7 +30,7 @@ DASH_DEVICE void consume(const BwdParams& p, const ScheduleView& sched, const Sm
     const Visit next = has_next ? sched.visit(v + 1) : cur;
     const bool group_end = !has_next || !same_kv_tile(cur, next);
     if (group_start) wait_phase(p, s.kv_full(), groups & 1);
-    bwd_step(p, s, smem_generic, cur, j, group_start, group_end, dK, dV, wg, tid);
+    bwd_step(p, s, smem_generic, cur, v, j, group_start, group_end, dK, dV, wg, tid);
     if (group_end) {
       store_dkv(p, cur, dK, dV, wg, tid);
       ++groups;

@@ -1,7 +1,8 @@
 #include "common.cuh"
 // Attention backward, preprocess: one CTA per (m_block, head, batch) computes, for the kBlockM query rows of the
 // tile, dpsum = rowsum(dO o O) and lse_log2 = lse * log2(e) in the padded (B*H, seqlen_q_rounded) layout the main
-// kernel reads without predicates, zeroes the tile's fp32 dq_accum rows and resets its dQ semaphore.
+// kernel reads without predicates; deterministic mode (dq_semaphore set): resets the tile's dQ semaphore (the
+// first visit in rank order stores the tile); atomic mode: zeroes the tile's fp32 dq_accum.
 #include "params.cuh"
 #include "ptx/cvt.cuh"
 
@@ -80,9 +81,12 @@ extern "C" __global__ void __launch_bounds__(kNumThreads) dash_bwd_preprocess(co
     p.dpsum[bh * p.seqlen_q_rounded + row] = dpsum;
   }
 
-  float4* dq_accum = reinterpret_cast<float4*>(p.dq_accum + (bh * p.seqlen_q_rounded + (int64_t)m_block * kBlockM) *
-                                                               kHeadDim);
+  if (p.dq_semaphore != nullptr) {
+    if (tid == 0) p.dq_semaphore[bh * p.num_m_blocks + m_block] = 0;
+  } else {
+    float4* dq_accum = reinterpret_cast<float4*>(p.dq_accum + (bh * p.seqlen_q_rounded + (int64_t)m_block * kBlockM) *
+                                                                 kHeadDim);
 #pragma unroll
-  for (int i = tid; i < kBlockM * kHeadDim / 4; i += kNumThreads) dq_accum[i] = make_float4(0.f, 0.f, 0.f, 0.f);
-  if (tid == 0 && p.dq_semaphore != nullptr) p.dq_semaphore[bh * p.num_m_blocks + m_block] = 0;
+    for (int i = tid; i < kBlockM * kHeadDim / 4; i += kNumThreads) dq_accum[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
 }

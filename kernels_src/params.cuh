@@ -27,13 +27,14 @@ struct BwdParams {
   const float* lse;          // (B, H, Sq) from the forward
   float* lse_log2;           // (B*H, seqlen_q_rounded): lse * log2(e); +inf for rows >= Sq or lse == -inf
   float* dpsum;              // (B*H, seqlen_q_rounded): D = rowsum(dO * O); 0 for rows >= Sq
-  float* dq_accum;           // (B*H, seqlen_q_rounded, D) fp32, row-major, unscaled sum of dS·K
+  float* dq_accum;           // (B*H, seqlen_q_rounded, D) fp32, unscaled sum of dS·K, bwd/dq_accum_layout.cuh order
   elem_t* dq; elem_t* dk; elem_t* dv;
-  int32_t* dq_semaphore;     // (B*H, num_m_blocks): number of dQ partials already added to tile (bh, m_block)
+  int32_t* dq_semaphore;     // (B*H, num_m_blocks): dQ partials already added to tile (bh, m_block); null: atomic mode
   const int32_t* visits;     // (V, 4): cta, bh, n_block, m_block, grouped by cta in execution order
   const int32_t* rank;       // (V,): position of the visit in its dQ tile's reduction order
   const int64_t* cta_start;  // (num_ctas + 1,): visits of cta c are [cta_start[c], cta_start[c+1])
   int32_t* error;            // (4,): [0] = 1 on semaphore timeout, [1] = visit index, [2] = rank awaited, [3] = seen
+  int64_t* timeline;         // (V, 4) %globaltimer ns per visit, DASH_TIMELINE builds only (bwd/timeline.cuh)
   Strides q_stride, k_stride, v_stride, o_stride, do_stride, dq_stride, dk_stride, dv_stride;
   int64_t batch, seqlen_q, seqlen_k, num_heads, num_heads_kv;
   int64_t num_m_blocks, seqlen_q_rounded;

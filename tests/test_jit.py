@@ -353,12 +353,15 @@ def test_verbose_prints_ptxas_report(ksrc, monkeypatch, capsys):
 
 # ------------------------------------------------------------------------------------------------ real kernels
 @pytest.mark.parametrize("spec", [kernels.fwd_spec("bfloat16", 128, True),
-                                  kernels.bwd_specs("float16", 64, False, True).main],
+                                  kernels.bwd_specs("float16", 64, False, True).main,
+                                  kernels.bwd_specs("bfloat16", 128, True, True, timeline=True).main],
                          ids=lambda s: s.label)
 def test_real_kernel_compiles(spec, tmp_path, monkeypatch):
+    # (the timeline debug build is not among the dispatcher's variants that compile --all covers)
     monkeypatch.setenv("CUPY_DASH_CACHE_DIR", str(tmp_path))
     ck = jit.compile_spec(spec)
     assert ck.registers > 0 and "for 'sm_90a'" in ck.log and ck.cubin_path.is_file()
+    assert ck.spill_stores == ck.spill_loads == ck.stack_frame == 0 and not ck.perf_warnings, ck.log
 
 
 # ------------------------------------------------------------------------------------------------ CLI

@@ -19,10 +19,14 @@ struct DqAccumLayout {
   static DASH_DEVICE int row0(int wg) { return kSplitRows ? 64 * wg : 0; }
   static DASH_DEVICE int col0(int wg) { return kSplitRows ? 0 : 64 * wg; }
 
-  // Row and column (within the tile) of elements 0 and 1 of float4 number vec; elements 2 and 3 are row + 8.
-  static DASH_DEVICE void locate(int vec, int& row, int& col) {
-    const int wg = vec / kSliceVecs, rem = vec % kSliceVecs, c = rem / 128, t = rem % 128;
-    row = row0(wg) + 16 * (t / 32) + (t % 32) / 4;
-    col = col0(wg) + 8 * c + 2 * (t % 4);
+  // NOTES: the four float4 4g .. 4g + 3 (one per thread t % 4 of a quad) hold 8 consecutive columns of two rows:
+  // float4 4g + j has (row, col + 2j), (row, col + 2j + 1), (row + 8, col + 2j), (row + 8, col + 2j + 1).
+  static constexpr int kTileGroups = kTileVecs / 4;
+
+  // Row and first column (within the tile) of the 8-column segments of group g; the second row is row + 8.
+  static DASH_DEVICE void locate_group(int g, int& row, int& col) {
+    const int vec = 4 * g, wg = vec / kSliceVecs, rem = vec % kSliceVecs, c = rem / 128, quad = (rem % 128) / 4;
+    row = row0(wg) + 16 * (quad / 8) + quad % 8;
+    col = col0(wg) + 8 * c;
   }
 };

@@ -4,11 +4,13 @@
 #pragma once
 #include "../params.cuh"
 #include "../ptx/bulk_reduce.cuh"
+#include "../ptx/bulk_store.cuh"
 #include "../ptx/globaltimer.cuh"
 #include "../ptx/named_barrier.cuh"
 #include "../ptx/semaphore.cuh"
 #include "../schedule_view.cuh"
 #include "config.cuh"
+#include "timeline.cuh"
 
 namespace bwd {
 
@@ -37,13 +39,22 @@ DASH_DEVICE void dq_slice_free() { named_barrier_arrive<kBarDqEmpty + kWg, kDqBa
 template <int kWg>
 DASH_DEVICE void dq_slice_wait_full() { named_barrier_sync<kBarDqFull + kWg, kDqBarThreads>(); }
 
-// NOTES: the order of the adds into one dq_accum element is the rank order of the visits: the add of rank r
-// completes (bulk_wait, not .read: the global writes are then visible to this thread) before the release that
-// lets rank r + 1 start. Within a visit the two slices are disjoint. After a failed wait this CTA skips its
-// adds and releases (the result is discarded: the host raises) but keeps handing the slices back, so that the
-// MMA warpgroups finish and the kernel ends.
+// The slice of one MMA warpgroup into its part of the dq_accum tile: stored by the first visit of the tile's
+// reduction order (deterministic mode: the tile was not zeroed), added by every later one.
+DASH_DEVICE void put_slice(float* dst, uint32_t slice, bool first) {
+  if (first) {
+    bulk_store(dst, slice, SmemLayout::kDqSlice);
+  } else {
+    bulk_reduce_add_f32(dst, slice, SmemLayout::kDqSlice);
+  }
+}
+
+// NOTES: the order of the adds into one dq_accum element is the rank order of the visits: the store of rank 0
+// or the add of rank r completes (bulk_wait, not .read: the global writes are then visible to this thread)
+// before the release that lets rank r + 1 start. Within a visit the two slices are disjoint. Atomic mode adds
+// into the tile that preprocess zeroed. After a failed wait this CTA skips its adds and releases (the result is
+// discarded: the host raises) but keeps handing the slices back, so that the MMA warpgroups finish.
 DASH_DEVICE void write_dq(const BwdParams& p, const ScheduleView& sched, const Smem& s, int lane) {
-  constexpr uint32_t kSliceBytes = SmemLayout::kDqSlice;
   static_assert(kNumMmaWg == 2, "two dQ slices");
   dq_slice_free<0>();
   dq_slice_free<1>();
@@ -51,13 +62,19 @@ DASH_DEVICE void write_dq(const BwdParams& p, const ScheduleView& sched, const S
   for (int64_t v = sched.begin; v < sched.end; ++v) {
     const Visit w = sched.visit(v);
     float* tile = p.dq_accum + ((int64_t)w.bh * p.seqlen_q_rounded + w.m_block * kBlockM) * kHeadDim;
-    int* sem = p.dq_semaphore + (int64_t)w.bh * p.num_m_blocks + w.m_block;
-    if (kDeterministic && lane == 0 && ok) ok = wait_for_turn(p, sem, v, sched.rank_of(v));
+    int* sem = nullptr;
+    int rank = 1;  // atomic mode: every visit adds
+    if constexpr (kDeterministic) {
+      sem = p.dq_semaphore + (int64_t)w.bh * p.num_m_blocks + w.m_block;
+      rank = sched.rank_of(v);
+      if (lane == 0 && ok) ok = wait_for_turn(p, sem, v, rank);
+    }
+    if (lane == 0) stamp(p, v, kStampTurn);
     dq_slice_wait_full<0>();
-    if (lane == 0 && ok) bulk_reduce_add_f32(tile, s.dq(0), kSliceBytes);
+    if (lane == 0 && ok) put_slice(tile, s.dq(0), rank == 0);
     dq_slice_wait_full<1>();
     if (lane == 0) {
-      if (ok) bulk_reduce_add_f32(tile + kSliceBytes / 4, s.dq(1), kSliceBytes);
+      if (ok) put_slice(tile + SmemLayout::kDqSlice / 4, s.dq(1), rank == 0);
       bulk_commit();
       bulk_wait_read<0>();
     }
@@ -70,6 +87,7 @@ DASH_DEVICE void write_dq(const BwdParams& p, const ScheduleView& sched, const S
       bulk_wait<0>();
       red_release_gpu_add(sem, 1);
     }
+    if (lane == 0) stamp(p, v, kStampReleased);
   }
   if (lane == 0) bulk_wait<0>();
 }

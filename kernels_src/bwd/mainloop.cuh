@@ -16,6 +16,7 @@
 #include "../wgmma_fragment.cuh"
 #include "config.cuh"
 #include "pipeline.cuh"
+#include "timeline.cuh"
 
 namespace bwd {
 
@@ -81,9 +82,9 @@ DASH_DEVICE void dq_barrier_sync_empty() { named_barrier_sync<kBarDqEmpty + kWg,
 template <int kWg>
 DASH_DEVICE void dq_barrier_arrive_full() { named_barrier_arrive<kBarDqFull + kWg, kDqBarThreads>(); }
 
-// One visit: j is the CTA-local visit counter (selects the stage and phase of the Q / dO / dS buffers).
-// first_in_group: dK, dV start from zero; last_in_group: K, V are released after their last use.
-DASH_DEVICE void bwd_step(const BwdParams& p, const Smem& s, char* smem_generic, const Visit& w, int j,
+// One visit (index v of the table): j is the CTA-local visit counter (selects the stage and phase of the Q /
+// dO / dS buffers). first_in_group: dK, dV start from zero; last_in_group: K, V are released after their last use.
+DASH_DEVICE void bwd_step(const BwdParams& p, const Smem& s, char* smem_generic, const Visit& w, int64_t v, int j,
                           bool first_in_group, bool last_in_group, float (&dK)[kDkvRegs], float (&dV)[kDkvRegs],
                           int wg, int tid) {
   const int stage = j % kStages;
@@ -94,6 +95,7 @@ DASH_DEVICE void bwd_step(const BwdParams& p, const Smem& s, char* smem_generic,
   const uint64_t k_desc = TileKV::kmajor(s.k(), 64 * wg), v_desc = TileKV::kmajor(s.v(), 64 * wg);
   float S[kSRegs], dP[kSRegs];
   wait_phase(p, s.q_full(stage), phase);
+  if (wg == 0 && tid == 0) stamp(p, v, kStampStart);
   const uint64_t q_desc = TileQ::kmajor(s.q(stage), 0);
   wgmma_fence();
 #pragma unroll
@@ -172,6 +174,7 @@ DASH_DEVICE void bwd_step(const BwdParams& p, const Smem& s, char* smem_generic,
   if (tid == 0) {
     mbar_arrive(s.do_empty(stage));
     if (last_in_group) mbar_arrive(s.kv_empty());
+    if (wg == 0) stamp(p, v, kStampDqReady);
   }
   if (wg == 0) {
     dq_barrier_sync_empty<0>();

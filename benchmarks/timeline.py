@@ -1,0 +1,74 @@
+"""Per-visit timelines of the deterministic backward (debug build, kernels_src/bwd/timeline.cuh): where CTAs
+compute and where they wait, per schedule, measured with %globaltimer on the GPU.
+
+    python benchmarks/timeline.py --out timelines.npz --shapes 128:causal:4096 128:full:1024
+
+For each shape (bf16, 16k tokens, H*D = 2048) and schedule it runs the backward once to warm up, then once with
+stamps, and prints per-visit means (ns): compute (start -> dQ ready), dQ hand-off (dQ ready -> added and
+released), the gap before the next visit of the same CTA, and the kernel span. The raw stamps, visits and ranks
+go to the .npz for plots (benchmarks/plot_timeline.py).
+"""
+import argparse
+
+import cupy
+import numpy as np
+
+import cupy_dash
+from cupy_dash import api, schedule
+from cupy_dash.bench import random_tensor
+
+
+def run(hdim, causal, S, policy, deterministic=True):
+    B, H = 16384 // S, 2048 // hdim
+    q, k, v, do = (random_tensor((B, S, H, hdim), "bf16", seed=i) for i in range(4))
+    out, lse = cupy_dash.attention_forward(q, k, v, causal=causal)
+    dev = cupy.cuda.Device().id
+    _, bm, bn, max_ctas = api._bwd_entry(dev, "bfloat16", hdim, causal, deterministic, True)
+    plan = schedule.build(policy, seqlen_q=S, seqlen_k=S, block_m=bm, block_n=bn, num_heads=B * H, causal=causal,
+                          num_sms=max_ctas)
+    stamps = cupy.zeros((plan.num_visits, 4), dtype=cupy.int64)
+    for _ in range(2):                                # the first call compiles and warms up
+        api._backward_with_plan(do, q, k, v, out, lse, plan=plan, causal=causal, deterministic=deterministic,
+                                timeline=stamps)
+    cupy.cuda.Device().synchronize()
+    cupy_dash.check_errors()
+    t = stamps.get()
+    t = t - t[:, 0].min()
+    visits, cta_start = np.asarray(plan.visits), np.asarray(plan.cta_start)
+    compute = t[:, 1] - t[:, 0]
+    handoff = t[:, 3] - t[:, 1]
+    gaps = []
+    for c in range(plan.num_ctas):
+        a, b = int(cta_start[c]), int(cta_start[c + 1])
+        gaps.append(t[a + 1:b, 0] - t[a:b - 1, 1])
+    gaps = np.concatenate(gaps) if gaps else np.zeros(0)
+    span = int(t[:, 3].max())
+    print(f"d{hdim} {'causal' if causal else 'full'} S={S} {policy if deterministic else 'atomic':16s} "
+          f"CTAs {plan.num_ctas:4d} visits {plan.num_visits:7d}  span {span / 1e3:8.1f} us  compute "
+          f"{compute.mean():6.0f}  hand-off {handoff.mean():6.0f} (p90 {np.percentile(handoff, 90):6.0f})  gap "
+          f"{gaps.mean():6.0f} (p90 {np.percentile(gaps, 90):6.0f})  model c+r={span * plan.num_ctas / plan.num_visits:6.0f}",
+          flush=True)
+    return dict(stamps=t, visits=visits, rank=np.asarray(plan.rank), cta_start=cta_start)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", nargs="+", default=["128:causal:4096", "128:full:1024", "64:causal:16384"],
+                    help="hdim:mask:seqlen")
+    ap.add_argument("--policies", nargs="+", default=["fa3", "descending", "shift", "symmetric_shift"])
+    ap.add_argument("--out", default="timelines.npz")
+    args = ap.parse_args()
+    saved = {}
+    for shape in args.shapes:
+        d, mask, S = shape.split(":")
+        for policy in args.policies + ["atomic"]:
+            det = policy != "atomic"
+            res = run(int(d), mask == "causal", int(S), "shift" if not det else policy, det)
+            for key, val in res.items():
+                saved[f"{shape}:{policy}:{key}"] = val
+            cupy.get_default_memory_pool().free_all_blocks()
+    np.savez_compressed(args.out, **saved)
+
+
+if __name__ == "__main__":
+    main()
