@@ -34,8 +34,9 @@ DASH_DEVICE void store8(elem_t* dst, float a0, float a1, float a2, float a3, flo
 
 using namespace bwd_post;
 
-// NOTES: every thread reads four consecutive float4 (a group, 64 bytes) and writes two 16-byte row segments, so dq's
-// row and head strides must be multiples of 8 elements (the host allocates dq contiguous).
+// NOTES: every thread reads four consecutive float4 (a group, 64 bytes) and writes two 16-byte row segments; a warp
+// writes whole 128- or 256-byte rows. dq's row and head strides must be multiples of 8 elements (the host
+// allocates dq contiguous).
 extern "C" __global__ void __launch_bounds__(kNumThreads) dash_bwd_postprocess(const __grid_constant__ BwdParams p) {
   const int m_block = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int64_t bh = (int64_t)b * p.num_heads + h;
@@ -46,11 +47,11 @@ extern "C" __global__ void __launch_bounds__(kNumThreads) dash_bwd_postprocess(c
   const float scale = reached ? p.softmax_scale : 0.f;
 #pragma unroll
   for (int g = threadIdx.x; g < Layout::kTileGroups; g += kNumThreads) {
-    int r, col;
-    Layout::locate_group(g, r, col);
+    int vec, r, col;
+    Layout::locate_group(g, vec, r, col);
     float4 a[4];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) a[j] = reached ? dq_accum[4 * g + j] : make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int j = 0; j < 4; ++j) a[j] = reached ? dq_accum[vec + j] : make_float4(0.f, 0.f, 0.f, 0.f);
     const int64_t row = row0 + r;
     if (row < p.seqlen_q) {
       store8(dq + row * p.dq_stride.row + col, a[0].x, a[0].y, a[1].x, a[1].y, a[2].x, a[2].y, a[3].x, a[3].y, scale);

@@ -19,14 +19,20 @@ struct DqAccumLayout {
   static DASH_DEVICE int row0(int wg) { return kSplitRows ? 64 * wg : 0; }
   static DASH_DEVICE int col0(int wg) { return kSplitRows ? 0 : 64 * wg; }
 
-  // NOTES: the four float4 4g .. 4g + 3 (one per thread t % 4 of a quad) hold 8 consecutive columns of two rows:
-  // float4 4g + j has (row, col + 2j), (row, col + 2j + 1), (row + 8, col + 2j), (row + 8, col + 2j + 1).
+  // NOTES: the four float4 4q .. 4q + 3 of column block c (quad q of a warpgroup: the threads 4q .. 4q + 3)
+  // hold 8 consecutive columns of two rows: float4 4q + j has (row, col + 2j), (row, col + 2j + 1),
+  // (row + 8, col + 2j), (row + 8, col + 2j + 1), with row = 16 (q / 8) + q % 8 and col = 8 c of the piece.
+  // Groups are numbered row pair by row pair, 8 columns at a time along the whole tile row, so that consecutive
+  // groups write consecutive 16-byte segments of one dq row.
   static constexpr int kTileGroups = kTileVecs / 4;
+  static constexpr int kGroupsPerRow = kHeadDim / 8;
 
-  // Row and first column (within the tile) of the 8-column segments of group g; the second row is row + 8.
-  static DASH_DEVICE void locate_group(int g, int& row, int& col) {
-    const int vec = 4 * g, wg = vec / kSliceVecs, rem = vec % kSliceVecs, c = rem / 128, quad = (rem % 128) / 4;
-    row = row0(wg) + 16 * (quad / 8) + quad % 8;
+  // Group g: its first float4 (vec), its first row in the tile (the second is row + 8) and first column.
+  static DASH_DEVICE void locate_group(int g, int& vec, int& row, int& col) {
+    const int pair = g / kGroupsPerRow, cg = g % kGroupsPerRow;
+    row = 16 * (pair / 8) + pair % 8;
+    const int wg = kSplitRows ? row / 64 : cg / 8, c = kSplitRows ? cg : cg % 8, r = row % 64;
+    vec = wg * kSliceVecs + 128 * c + 4 * (8 * (r / 16) + r % 8);
     col = col0(wg) + 8 * c;
   }
 };
