@@ -214,7 +214,7 @@ def bench_config(cfg, buffers, opts, peers=()):
             if D not in peer.HEAD_DIMS:
                 continue
             if have_fwd:
-                peer.measure_bwd(sets, causal, flops, measure, opts["repeats"], opts["warmup"])
+                peer.measure_bwd(sets, causal, flops, measure, opts["repeats"], opts["warmup"], _log)
         else:
             peer.measure(sets, causal, flops, measure, time_calls, _summary, flush, timing)
     for s in sets:

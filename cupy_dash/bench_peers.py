@@ -144,7 +144,7 @@ class Fa3Peer:
             self._fns[key] = jax.jit(bwd)
         return self._fns[key]
 
-    def measure_bwd(self, sets, causal, flops, measure, repeats, warmup):
+    def measure_bwd(self, sets, causal, flops, measure, repeats, warmup, log=print):
         """``sets``: input sets with CuPy q, k, v, do, out, lse (cupy_dash's forward)."""
         jax = self.jax
         jsets = [tuple(jax.dlpack.from_dlpack(s[n]) for n in ("do", "q", "k", "v", "out", "lse")) for s in sets]
@@ -152,6 +152,7 @@ class Fa3Peer:
             fn = self._bwd_fn(causal, deterministic)
 
             def bwd(fn=fn, deterministic=deterministic):
+                log(f"    (FA3 backward, deterministic={deterministic}: compile and warm up)")
                 for i in range(max(warmup, 1)):
                     jax.block_until_ready(fn(*jsets[i % len(jsets)]))
                 loops = []

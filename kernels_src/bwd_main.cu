@@ -29,8 +29,7 @@ DASH_DEVICE void consume(const BwdParams& p, const ScheduleView& sched, const Sm
     const bool has_next = v + 1 < sched.end;
     const Visit next = has_next ? sched.visit(v + 1) : cur;
     const bool group_end = !has_next || !same_kv_tile(cur, next);
-    if (group_start) wait_phase(p, s.kv_full(), groups & 1);
-    bwd_step(p, s, smem_generic, cur, v, j, group_start, group_end, dK, dV, wg, tid);
+    bwd_step(p, s, smem_generic, cur, v, j, groups, group_start, group_end, dK, dV, wg, tid);
     if (group_end) {
       store_dkv(p, cur, dK, dV, wg, tid);
       ++groups;
@@ -49,8 +48,13 @@ extern "C" __global__ void __launch_bounds__(kNumThreads, 1) dash_bwd_main(const
   const Smem s{(raw + 1023u) & ~1023u};
   char* smem_generic = smem_raw + (s.base - raw);
   if (threadIdx.x == 0) {
-    mbar_init(s.kv_full(), 1);
-    mbar_init(s.kv_empty(), kNumMmaWg);
+#pragma unroll
+    for (int buf = 0; buf < kKStages; ++buf) {
+      mbar_init(s.k_full(buf), 1);
+      mbar_init(s.k_empty(buf), kNumMmaWg);
+    }
+    mbar_init(s.v_full(), 1);
+    mbar_init(s.v_empty(), kNumMmaWg);
 #pragma unroll
     for (int stage = 0; stage < kStages; ++stage) {
       mbar_init(s.q_full(stage), 1);

@@ -44,7 +44,8 @@ constexpr int kSRegs = kBlockM / 2;     // S^T and dP^T: 64 keys x kBlockM queri
 constexpr int kDkvRegs = kHeadDim / 2;  // dK and dV: 64 keys x kHeadDim
 constexpr int kDqRegs = kDqCols / 2;    // dQ piece: 64 x kDqCols
 
-constexpr int kStages = 2;  // Q (+ lse_log2), dO (+ dpsum) and dS buffers
+constexpr int kStages = 2;   // Q (+ lse_log2), dO (+ dpsum) and dS buffers
+constexpr int kKStages = 2;  // K buffers: the next KV tile's K loads while the current one is still in use
 
 // Named barriers (id 0 is __syncthreads): both MMA warpgroups after writing dS; per MMA warpgroup, its dQ slice
 // written (MMA warpgroup arrives, dQ writer warp syncs) and free again (the other way round).
@@ -55,7 +56,9 @@ constexpr int kPdSThreads = kNumMmaWg * kWgThreads;
 constexpr int kDqBarThreads = kWgThreads + 32;
 
 // NOTES: shared memory, from a 1024-byte-aligned base (the 128B swizzle pattern of TMA and wgmma starts on
-// 1024-byte boundaries): K, V | Q x2 | dO x2 | dS x2 | dQ fp32 staging | lse_log2 x2 | dpsum x2 | mbarriers.
+// 1024-byte boundaries): K x2 | V | Q x2 | dO x2 | dS x2 | dQ fp32 staging | lse_log2 x2 | dpsum x2 | mbarriers.
+// K is double-buffered and V released right after the last dP^T of its KV tile, so that loading the next KV tile
+// overlaps the last visit of the current one (V is single-buffered: hdim 128 has no room for a second one).
 // K, V, Q, dO are K-major for S^T = K Q^T and dP^T = V dO^T (rows x head dim, 64-column panels of rows x 128 B);
 // the same bytes serve as MN-major B operands of dV += P^T dO, dK += dS^T Q and dQ = dS K. dS is queries x keys
 // (panel wg holds the keys of MMA warpgroup wg). Every tile size is a multiple of 1024 bytes.
@@ -66,7 +69,7 @@ struct SmemLayout {
   static constexpr int kDqSlice = DqLayout::kSliceVecs * 16;  // one MMA warpgroup's fp32 dQ piece
   static constexpr int kRow = kBlockM * 4;           // lse_log2 or dpsum of one Q tile
   static constexpr int kK = 0;
-  static constexpr int kV = kK + kKV;
+  static constexpr int kV = kK + kKStages * kKV;
   static constexpr int kQs = kV + kKV;
   static constexpr int kDOs = kQs + kStages * kQ;
   static constexpr int kDSs = kDOs + kStages * kQ;
@@ -74,7 +77,8 @@ struct SmemLayout {
   static constexpr int kLse = kDq + kNumMmaWg * kDqSlice;
   static constexpr int kDpsum = kLse + kStages * kRow;
   static constexpr int kBars = kDpsum + kStages * kRow;
-  static constexpr int kNumBars = 2 + 4 * kStages;  // kv_full, kv_empty, q_full[], q_empty[], do_full[], do_empty[]
+  // k_full[], k_empty[], v_full, v_empty, q_full[], q_empty[], do_full[], do_empty[]
+  static constexpr int kNumBars = 2 * kKStages + 2 + 4 * kStages;
   static constexpr int kBytes = kBars + 8 * kNumBars;
   static constexpr int kDynamicBytes = kBytes + 1024;  // slack to align the base
 };
@@ -85,7 +89,7 @@ static_assert(SmemLayout::kDynamicBytes <= 227 * 1024, "more than the 227 KB a C
 
 struct Smem {
   uint32_t base;  // shared-window address, 1024-byte aligned
-  DASH_DEVICE uint32_t k() const { return base + SmemLayout::kK; }
+  DASH_DEVICE uint32_t k(int buf) const { return base + SmemLayout::kK + buf * SmemLayout::kKV; }
   DASH_DEVICE uint32_t v() const { return base + SmemLayout::kV; }
   DASH_DEVICE uint32_t q(int stage) const { return base + SmemLayout::kQs + stage * SmemLayout::kQ; }
   DASH_DEVICE uint32_t dout(int stage) const { return base + SmemLayout::kDOs + stage * SmemLayout::kQ; }
@@ -94,12 +98,14 @@ struct Smem {
   DASH_DEVICE uint32_t lse(int stage) const { return base + SmemLayout::kLse + stage * SmemLayout::kRow; }
   DASH_DEVICE uint32_t dpsum(int stage) const { return base + SmemLayout::kDpsum + stage * SmemLayout::kRow; }
   DASH_DEVICE uint32_t bar(int i) const { return base + SmemLayout::kBars + 8 * i; }
-  DASH_DEVICE uint32_t kv_full() const { return bar(0); }
-  DASH_DEVICE uint32_t kv_empty() const { return bar(1); }
-  DASH_DEVICE uint32_t q_full(int stage) const { return bar(2 + stage); }
-  DASH_DEVICE uint32_t q_empty(int stage) const { return bar(2 + kStages + stage); }
-  DASH_DEVICE uint32_t do_full(int stage) const { return bar(2 + 2 * kStages + stage); }
-  DASH_DEVICE uint32_t do_empty(int stage) const { return bar(2 + 3 * kStages + stage); }
+  DASH_DEVICE uint32_t k_full(int buf) const { return bar(buf); }
+  DASH_DEVICE uint32_t k_empty(int buf) const { return bar(kKStages + buf); }
+  DASH_DEVICE uint32_t v_full() const { return bar(2 * kKStages); }
+  DASH_DEVICE uint32_t v_empty() const { return bar(2 * kKStages + 1); }
+  DASH_DEVICE uint32_t q_full(int stage) const { return bar(2 * kKStages + 2 + stage); }
+  DASH_DEVICE uint32_t q_empty(int stage) const { return bar(2 * kKStages + 2 + kStages + stage); }
+  DASH_DEVICE uint32_t do_full(int stage) const { return bar(2 * kKStages + 2 + 2 * kStages + stage); }
+  DASH_DEVICE uint32_t do_empty(int stage) const { return bar(2 * kKStages + 2 + 3 * kStages + stage); }
 };
 
 }  // namespace bwd

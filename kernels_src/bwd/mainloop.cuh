@@ -83,17 +83,21 @@ template <int kWg>
 DASH_DEVICE void dq_barrier_arrive_full() { named_barrier_arrive<kBarDqFull + kWg, kDqBarThreads>(); }
 
 // One visit (index v of the table): j is the CTA-local visit counter (selects the stage and phase of the Q /
-// dO / dS buffers). first_in_group: dK, dV start from zero; last_in_group: K, V are released after their last use.
+// dO / dS buffers), group the CTA-local KV-tile counter (selects the K buffer and the K, V phases).
+// first_in_group: K and V must be waited for, dK and dV start from zero; last_in_group: V is released after
+// dP^T, K after dQ.
 DASH_DEVICE void bwd_step(const BwdParams& p, const Smem& s, char* smem_generic, const Visit& w, int64_t v, int j,
-                          bool first_in_group, bool last_in_group, float (&dK)[kDkvRegs], float (&dV)[kDkvRegs],
-                          int wg, int tid) {
+                          int group, bool first_in_group, bool last_in_group, float (&dK)[kDkvRegs],
+                          float (&dV)[kDkvRegs], int wg, int tid) {
   const int stage = j % kStages;
   const uint32_t phase = (j / kStages) & 1;
+  const int kbuf = group % kKStages;
   const Fragment f(tid);
 
   // S^T = K_wg Q^T and dP^T = V_wg dO^T (both K-major from shared memory), two commit groups.
-  const uint64_t k_desc = TileKV::kmajor(s.k(), 64 * wg), v_desc = TileKV::kmajor(s.v(), 64 * wg);
+  const uint64_t k_desc = TileKV::kmajor(s.k(kbuf), 64 * wg), v_desc = TileKV::kmajor(s.v(), 64 * wg);
   float S[kSRegs], dP[kSRegs];
+  if (first_in_group) wait_phase(p, s.k_full(kbuf), (group / kKStages) & 1);
   wait_phase(p, s.q_full(stage), phase);
   if (wg == 0 && tid == 0) stamp(p, v, kStampStart);
   const uint64_t q_desc = TileQ::kmajor(s.q(stage), 0);
@@ -104,6 +108,7 @@ DASH_DEVICE void bwd_step(const BwdParams& p, const Smem& s, char* smem_generic,
                             desc_advance(q_desc, TileQ::kmajor_step(ks)), ks > 0);
   }
   wgmma_commit();
+  if (first_in_group) wait_phase(p, s.v_full(), group & 1);
   wait_phase(p, s.do_full(stage), phase);
   const uint64_t do_desc = TileQ::kmajor(s.dout(stage), 0);
   wgmma_fence();  // NOTES: not required by the ISA here, but ptxas 13.0 injects one (C7519) after the wait loop
@@ -131,6 +136,7 @@ DASH_DEVICE void bwd_step(const BwdParams& p, const Smem& s, char* smem_generic,
   pack_fragments<kSRegs>(Pa, S);
   wgmma_wait<0>();
   wgmma_fence_operand(dP);
+  if (last_in_group && tid == 0) mbar_arrive(s.v_empty());  // dP^T was V's last use
   const float* dpsum = reinterpret_cast<const float*>(smem_generic + (s.dpsum(stage) - s.base));
   softmax_grad(dSa, Pa, dP, dpsum, f);
   // dS^T also to shared memory for dQ, which needs the keys of both warpgroups.
@@ -150,7 +156,7 @@ DASH_DEVICE void bwd_step(const BwdParams& p, const Smem& s, char* smem_generic,
   named_barrier_sync<kBarPdS, kPdSThreads>();
   float dQ[kDqRegs];
   const uint64_t ds_desc = TileQ::kmajor(s.ds(stage), DqLayout::row0(wg));
-  const uint64_t kb_desc = TileKV::mnmajor(s.k(), DqLayout::col0(wg));
+  const uint64_t kb_desc = TileKV::mnmajor(s.k(kbuf), DqLayout::col0(wg));
 #pragma unroll
   for (int ks = 0; ks < kBlockN / 16; ++ks) {
     wgmma_ss<kDqCols, 0, 1>(dQ, desc_advance(ds_desc, TileQ::kmajor_step(ks)),
@@ -166,14 +172,14 @@ DASH_DEVICE void bwd_step(const BwdParams& p, const Smem& s, char* smem_generic,
   }
   wgmma_commit();
 
-  // dV and dQ done: dO (and, after the group's last visit, K and V) may be overwritten; dQ goes to the writer.
+  // dV and dQ done: dO (and, after the group's last visit, K) may be overwritten; dQ goes to the writer.
   wgmma_wait<1>();
   wgmma_fence_operand(dQ);
   wgmma_fence_operand(dV);
   wgmma_fence_operand(Pa);
   if (tid == 0) {
     mbar_arrive(s.do_empty(stage));
-    if (last_in_group) mbar_arrive(s.kv_empty());
+    if (last_in_group) mbar_arrive(s.k_empty(kbuf));
     if (wg == 0) stamp(p, v, kStampDqReady);
   }
   if (wg == 0) {

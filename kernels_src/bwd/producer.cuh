@@ -1,5 +1,6 @@
 // Backward main kernel, producer warp (warp 0, one lane): TMA loads in the schedule's order. K_j, V_j once per
-// run of visits of one KV tile; per visit Q_i with lse_log2_i and dO_i with dpsum_i into the next stage.
+// run of visits of one KV tile (K into the other of its two buffers); per visit Q_i with lse_log2_i and dO_i with
+// dpsum_i into the next stage.
 #pragma once
 #include "../params.cuh"
 #include "../ptx/mbarrier.cuh"
@@ -19,7 +20,6 @@ DASH_DEVICE void produce(const BwdParams& p, const ScheduleView& sched, const Sm
   tma_prefetch_desc(&p.tma_v);
   tma_prefetch_desc(&p.tma_do);
   constexpr uint32_t kQBytes = SmemLayout::kQ + SmemLayout::kRow;
-  constexpr uint32_t kKVBytes = 2 * SmemLayout::kKV;
   int groups = 0;
   Visit prev{-1, -1, -1};
   int j = 0;
@@ -36,10 +36,13 @@ DASH_DEVICE void produce(const BwdParams& p, const ScheduleView& sched, const Sm
     bulk_load(s.lse(stage), p.lse_log2 + row_offset, SmemLayout::kRow, s.q_full(stage));
 
     if (!same_kv_tile(prev, w)) {
-      wait_phase(p, s.kv_empty(), (groups & 1) ^ 1);
-      mbar_arrive_expect_tx(s.kv_full(), kKVBytes);
-      tma_load_5d(s.k(), &p.tma_k, s.kv_full(), 0, w.n_block * kBlockN, 0, hd.hk, hd.b);
-      tma_load_5d(s.v(), &p.tma_v, s.kv_full(), 0, w.n_block * kBlockN, 0, hd.hk, hd.b);
+      const int kbuf = groups % kKStages;
+      wait_phase(p, s.k_empty(kbuf), ((groups / kKStages) & 1) ^ 1);
+      mbar_arrive_expect_tx(s.k_full(kbuf), SmemLayout::kKV);
+      tma_load_5d(s.k(kbuf), &p.tma_k, s.k_full(kbuf), 0, w.n_block * kBlockN, 0, hd.hk, hd.b);
+      wait_phase(p, s.v_empty(), (groups & 1) ^ 1);
+      mbar_arrive_expect_tx(s.v_full(), SmemLayout::kKV);
+      tma_load_5d(s.v(), &p.tma_v, s.v_full(), 0, w.n_block * kBlockN, 0, hd.hk, hd.b);
       ++groups;
     }
 
