@@ -241,14 +241,19 @@ def build_table(int policy, long long seqlen_q, long long seqlen_k, long long bl
 
 
 def analyze_table(visits_arr, rank_arr, cta_start_arr, long long num_heads, long long num_m_blocks, lo_arr,
-                  bint timed=False, double c_cost=1.0, double r_cost=0.25, bint timeline=False):
-    """Validate a table and, if ``timed``, simulate it in the DAG model.
+                  bint timed=False, double c_cost=1.0, double r_cost=0.25, bint timeline=False, bint engine=False):
+    """Validate a table and, if ``timed``, simulate it in the DAG model (``engine``: in the engine model).
 
     Raises ValueError naming the first offending tile unless: the layout is consistent; every visited tile is
     unmasked and in range; each KV column's visits form one contiguous chain on one CTA that covers every
     unmasked Q tile once; every dQ tile's ranks are 0..k-1 exactly once; execution cannot deadlock.
     Returns None, or with ``timed`` (makespan, per-CTA finish times, compute-start and reduce-start per visit
-    when ``timeline``) where each visit computes for c_cost, then waits for its rank, then reduces for r_cost.
+    when ``timeline``). DAG model (the paper's): each visit computes for c_cost, then waits for its rank, then
+    reduces for r_cost, and the CTA's next visit starts after that. Engine model (the Hopper kernel): a CTA's
+    compute and its reductions are two serial resources with one dQ buffer between them: a visit's compute
+    ends with the hand-off of its dQ, which waits until the previous reduction has taken the buffer; a
+    reduction starts once its visit is handed off, its rank is reached and the CTA's previous reduction has
+    completed, and takes r_cost.
     """
     cdef const int[:, ::1] visits = np.ascontiguousarray(visits_arr, dtype=np.int32)
     cdef const int[::1] rank = np.ascontiguousarray(rank_arr, dtype=np.int32)
@@ -386,9 +391,14 @@ def analyze_table(visits_arr, rank_arr, cta_start_arr, long long num_heads, long
         for c in range(C):
             if cta_start[c + 1] > cta_start[c]:
                 heap_push(ht, hc, &hsize, c_cost, c)
-        _simulate_loop(visits, rank, cta_start, ptr, sem, blocked, pos, cnt, pre, per_head, M, ht, hc, hsize,
-                       tfree_arr, finish, c_cost, r_cost, timeline,
-                       comp_start if timeline else None, red_start if timeline else None)
+        if engine:
+            _simulate_engine(visits, rank, cta_start, ptr, sem, blocked, pos, cnt, pre, per_head, M, ht, hc, hsize,
+                             tfree_arr, finish, c_cost, r_cost, np.full(C, c_cost), np.zeros(C), timeline,
+                             comp_start if timeline else None, red_start if timeline else None)
+        else:
+            _simulate_loop(visits, rank, cta_start, ptr, sem, blocked, pos, cnt, pre, per_head, M, ht, hc, hsize,
+                           tfree_arr, finish, c_cost, r_cost, timeline,
+                           comp_start if timeline else None, red_start if timeline else None)
         free(ht)
         free(hc)
     for c in range(C):
@@ -436,6 +446,49 @@ cdef void _simulate_loop(const int[:, ::1] visits, const int[::1] rank, const lo
             if timeline:
                 comp_start[ptr[c]] = end
             heap_push(ht, hc, &hsize, end + c_cost, c)
+        else:
+            finish[c] = end
+        m = visits[v, 3]
+        if sem[t_off] < cnt[m]:
+            nxt = pos[<long long>visits[v, 1] * per_head + pre[m] + sem[t_off]]
+            c2 = visits[nxt, 0]
+            if blocked[c2] and ptr[c2] == nxt:
+                blocked[c2] = 0
+                heap_push(ht, hc, &hsize, end, c2)
+
+
+cdef void _simulate_engine(const int[:, ::1] visits, const int[::1] rank, const long long[::1] cta_start,
+                           long long[::1] ptr, long long[::1] sem, unsigned char[::1] blocked, long long[::1] pos,
+                           long long[::1] cnt, long long[::1] pre, long long per_head, long long M, double* ht,
+                           long long* hc, long long hsize, double[::1] tfree, double[::1] finish, double c_cost,
+                           double r_cost, double[::1] dq_ready, double[::1] prev_take, bint timeline,
+                           double[::1] comp_start, double[::1] red_start) noexcept:
+    # Heap events: a CTA's reducer is ready for its visit ptr[c] at max(dQ ready, previous reduction done).
+    # dq_ready[c]: end of the compute of visit ptr[c]; prev_take[c]: when the CTA's previous reduction started
+    # (took the dQ buffer). The compute of the next visit starts at the hand-off max(dq_ready, prev_take).
+    cdef double now, start, end, handoff
+    cdef long long c, v, t_off, m, nxt, c2
+    while hsize > 0:
+        heap_pop(ht, hc, &hsize, &now, &c)
+        v = ptr[c]
+        t_off = <long long>visits[v, 1] * M + visits[v, 3]
+        if rank[v] != sem[t_off]:
+            blocked[c] = 1
+            continue
+        start = now if now > tfree[t_off] else tfree[t_off]
+        end = start + r_cost
+        tfree[t_off] = end
+        sem[t_off] += 1
+        if timeline:
+            red_start[v] = start
+        handoff = dq_ready[c] if dq_ready[c] > prev_take[c] else prev_take[c]
+        prev_take[c] = start
+        ptr[c] += 1
+        if ptr[c] < cta_start[c + 1]:
+            if timeline:
+                comp_start[ptr[c]] = handoff
+            dq_ready[c] = handoff + c_cost
+            heap_push(ht, hc, &hsize, dq_ready[c] if dq_ready[c] > end else end, c)
         else:
             finish[c] = end
         m = visits[v, 3]

@@ -35,7 +35,7 @@ import sys
 import time
 
 from .bench_host import measure_compile_times, measure_host_overhead
-from .bench_peers import load_peers, same_bits
+from .bench_peers import Fa3Peer, fa3_subprocess, load_peers, same_bits
 from .bench_report import ATOMIC, SCHEDULES, _label, markdown_report, plot_report
 
 __all__ = ["attention_flops", "main", "run", "parse_args", "SCHEDULES", "DEFAULT_SEQLENS"]
@@ -150,9 +150,10 @@ def _measure(results, key, fn):
         _log(f"    {_label(key):34s} FAILED: {results[key]['error']}")
 
 
-def bench_config(cfg, buffers, opts, peers=()):
+def bench_config(cfg, buffers, opts, peers=(), fa3=False):
     """Measure one (hdim, mask, seqlen) configuration; ``buffers`` is a list of input sets, each a dict of flat
-    CuPy arrays q, k, v, do of ``tokens * hidden`` elements; ``peers`` from :func:`bench_peers.load_peers`."""
+    CuPy arrays q, k, v, do of ``tokens * hidden`` elements; ``peers`` from :func:`bench_peers.load_peers`;
+    ``fa3``: also measure FlashAttention-3 (head dim 128) in a subprocess on the same seeded inputs."""
     import cupy
     import cupy_dash
 
@@ -210,13 +211,12 @@ def bench_config(cfg, buffers, opts, peers=()):
 
     flops = dict(fwd=f_fwd, bwd=f_bwd)
     for peer in peers:
-        if peer.name == "fa3":
-            if D not in peer.HEAD_DIMS:
-                continue
-            if have_fwd:
-                peer.measure_bwd(sets, causal, flops, measure, opts["repeats"], opts["warmup"], _log)
-        else:
-            peer.measure(sets, causal, flops, measure, time_calls, _summary, flush, timing)
+        peer.measure(sets, causal, flops, measure, time_calls, _summary, flush, timing)
+    if fa3 and D in Fa3Peer.HEAD_DIMS:
+        for key, res in fa3_subprocess(cfg, opts).items():
+            results[key] = res
+            _log(f"    {_label(key):34s} " + (f"{res['median_ms']:9.3f} ms  {res['tflops']:7.1f} TFLOP/s"
+                                               if "error" not in res else f"FAILED: {res['error']}"))
     for s in sets:
         s.pop("out", None)
         s.pop("lse", None)
@@ -342,12 +342,12 @@ def run(opts, argv=()):
     """Run the benchmark described by ``opts`` (from :func:`parse_args`); return the report dict."""
     import cupy
 
-    if opts["fa3"]:
-        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")   # JAX shares the GPU with CuPy
-    peers, missing = load_peers(opts["torch"], opts["fa3"], _log)
+    peers, missing, fa3 = load_peers(opts["torch"], opts["fa3"], _log)
     torch_mod = next((p.torch for p in peers if p.name == "torch"), None)
     meta = _meta(opts, argv)
     meta["peers"] = {p.name: p.version for p in peers}
+    if fa3:
+        meta["peers"]["fa3"] = "flash-attn3-jax (subprocess per configuration)"
     meta["missing_peers"] = missing
     if torch_mod is not None:
         meta["torch"] = torch_mod.__version__
@@ -365,7 +365,7 @@ def run(opts, argv=()):
                 cfg = dict(hdim=hdim, causal=mask == "causal", seqlen=S, batch=opts["tokens"] // S,
                            heads=opts["hidden"] // hdim)
                 _log(f"  d{hdim} {mask} S={S} B={cfg['batch']} H={cfg['heads']}")
-                report["configs"].append(bench_config(cfg, buffers, opts, peers))
+                report["configs"].append(bench_config(cfg, buffers, opts, peers, fa3))
                 cupy.get_default_memory_pool().free_all_blocks()
     del buffers
     cupy.get_default_memory_pool().free_all_blocks()

@@ -7,18 +7,24 @@
   when importable: its backward FFI target called with ``deterministic`` True and False on cupy_dash's
   forward ``out``/``lse``, shared with JAX through DLPack. JAX exposes no CUDA events, so FA3 is timed as the
   wall time of ``repeats`` calls dispatched back to back, ended by one ``block_until_ready`` (the median of 3
-  such loops): no host gaps, which if anything favours it.
+  such loops): no host gaps, which if anything favours it. Each configuration runs in a fresh process
+  (:func:`fa3_subprocess`, the same seeded inputs) under a timeout: in a long-lived process that had used the
+  GPU for other work, FA3's deterministic backward hung on our H200 (2026-12-01, d128 full S=1024 B=16 H=16).
 
 Each deterministic implementation is also checked for bitwise repeatability: two backward calls on the same
 inputs, every byte of dq, dk, dv compared (``repeats_bits`` in the result).
 """
 from __future__ import annotations
 
+import json
 import math
+import os
 import statistics
+import subprocess
+import sys
 import time
 
-__all__ = ["TorchPeer", "Fa3Peer", "same_bits", "load_peers"]
+__all__ = ["TorchPeer", "Fa3Peer", "same_bits", "load_peers", "fa3_subprocess"]
 
 
 def same_bits(first, second) -> bool:
@@ -174,8 +180,68 @@ class Fa3Peer:
             measure(key, bwd)
 
 
+_FA3_SCRIPT = r"""
+import json, os, sys
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+import cupy
+import cupy_dash
+from cupy_dash.bench import attention_flops, random_tensor
+from cupy_dash.bench_peers import Fa3Peer
+p = json.loads(sys.argv[1])
+B, S, H, D, causal = p["batch"], p["seqlen"], p["heads"], p["hdim"], p["causal"]
+n = p["tokens"] * p["hidden"]
+sets = []
+for i in range(p["input_sets"]):
+    s = {name: random_tensor((n,), p["dtype"], seed=10 * i + j).reshape(B, S, H, D)
+         for j, name in enumerate(("q", "k", "v", "do"))}
+    s["out"], s["lse"] = cupy_dash.attention_forward(s["q"], s["k"], s["v"], causal=causal)
+    sets.append(s)
+cupy.cuda.Device().synchronize()
+flops = dict(bwd=attention_flops(B, H, S, S, D, causal, "bwd"))
+results = {}
+def measure(key, fn):
+    try:
+        results[key] = fn()
+    except Exception as exc:
+        results[key] = dict(error=f"{type(exc).__name__}: {exc}")
+Fa3Peer().measure_bwd(sets, causal, flops, measure, p["repeats"], p["warmup"],
+                      lambda m: print(m, file=sys.stderr, flush=True))
+print("@@RESULT@@" + json.dumps(results))
+"""
+
+
+def fa3_subprocess(cfg: dict, opts: dict, timeout: float = 150.0) -> dict:
+    """FA3 backward measurements (keys fa3_bwd_det, fa3_bwd_nondet) of one configuration, in a fresh process
+    on the benchmark's seeded inputs (cupy_dash.bench.random_tensor, seeds 10 i + j). A timeout or a crash
+    becomes an error entry naming it."""
+    params = dict(batch=cfg["batch"], seqlen=cfg["seqlen"], heads=cfg["heads"], hdim=cfg["hdim"],
+                  causal=cfg["causal"], tokens=opts["tokens"], hidden=opts["hidden"], dtype=opts["dtype"],
+                  input_sets=opts["input_sets"], repeats=opts["repeats"], warmup=opts["warmup"])
+    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    keys = ("fa3_bwd_det", "fa3_bwd_nondet")
+    try:
+        proc = subprocess.run([sys.executable, "-c", _FA3_SCRIPT, json.dumps(params)], env=env,
+                              capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {k: dict(error=f"no result within {timeout:.0f} s (FA3 hung or was too slow)") for k in keys}
+    for line in proc.stdout.splitlines():
+        if line.startswith("@@RESULT@@"):
+            return json.loads(line[len("@@RESULT@@"):])
+    tail = " | ".join((proc.stderr or proc.stdout or "").strip().splitlines()[-3:])
+    return {k: dict(error=f"FA3 process exited with {proc.returncode}: {tail}") for k in keys}
+
+
+def fa3_available() -> str | None:
+    """None if the flash-attn3-jax wheel and JAX are importable, else why not (no GPU work, no JAX start-up)."""
+    import importlib.util
+    for mod in ("flash_attn3_jax", "jax"):
+        if importlib.util.find_spec(mod) is None:
+            return f"{mod} is not installed"
+    return None
+
+
 def load_peers(want_torch: bool, want_fa3: bool, log) -> tuple:
-    """(list of available peers, {peer name: why it is missing})."""
+    """(list of in-process peers, {peer name: why it is missing}, whether FA3 can run in a subprocess)."""
     peers, missing = [], {}
     if want_torch:
         try:
@@ -186,11 +252,13 @@ def load_peers(want_torch: bool, want_fa3: bool, log) -> tuple:
                 missing["torch"] = "torch has no CUDA device"
         except ImportError as exc:
             missing["torch"] = f"not importable ({exc})"
+    fa3 = False
     if want_fa3:
-        try:
-            peers.append(Fa3Peer())
-        except Exception as exc:  # no wheel, no JAX GPU backend, ...
-            missing["fa3"] = f"flash-attn3-jax not usable ({type(exc).__name__}: {exc})"
+        why = fa3_available()
+        if why is None:
+            fa3 = True
+        else:
+            missing["fa3"] = why
     for name, why in missing.items():
         log(f"peer {name} missing: {why}")
-    return peers, missing
+    return peers, missing, fa3
