@@ -1,4 +1,5 @@
-"""``python -m cupy_dash schedule``: compare the schedules of one problem in the paper's DAG model (no GPU)."""
+"""``python -m cupy_dash schedule``: compare the schedules of one problem in the paper's DAG model or in the
+engine model of our Hopper kernel (no GPU)."""
 from __future__ import annotations
 
 import argparse
@@ -12,15 +13,16 @@ POLICY_ORDER = ("fa3", "descending", "shift", "symmetric_shift")
 COLOURS = {"idle": "#ffffff", "compute": "#4c72b0", "reduce": "#55a868", "wait": "#c44e52"}
 
 
-def analyse(*, seqlen_q, seqlen_k, block_m, block_n, heads, causal, num_sms, c=1.0, r=0.25):
-    """Build, validate and simulate every policy; returns a list of dicts (one per policy) and auto's choice."""
+def analyse(*, seqlen_q, seqlen_k, block_m, block_n, heads, causal, num_sms, c=1.0, r=0.25, model="dag"):
+    """Build, validate and simulate every policy; returns a list of dicts (one per policy) and auto's choice.
+    ``wait`` sums, over the visits, the time from a visit's dQ being ready to its reduction starting."""
     rows = []
     for policy in POLICY_ORDER:
         plan = schedule.build(policy, seqlen_q=seqlen_q, seqlen_k=seqlen_k, block_m=block_m, block_n=block_n,
                               num_heads=heads, causal=causal, num_sms=num_sms).validate()
-        tl = schedule.timeline(plan, c, r)
+        tl = schedule.timeline(plan, c, r, model)
         wait = float(np.sum(tl["reduce_start"] - tl["compute_start"] - c))
-        bound = schedule.lower_bound(plan, c, r)
+        bound = schedule.lower_bound(plan, c, r, model)
         rows.append({"policy": policy, "plan": plan, "timeline": tl, "makespan": tl["makespan"], "bound": bound,
                      "wait": wait})
     auto = schedule.build("auto", seqlen_q=seqlen_q, seqlen_k=seqlen_k, block_m=block_m, block_n=block_n,
@@ -29,23 +31,24 @@ def analyse(*, seqlen_q, seqlen_k, block_m, block_n, heads, causal, num_sms, c=1
 
 
 def print_analysis(*, seqlen_q, seqlen_k, block_m, block_n, heads, causal, num_sms, c=1.0, r=0.25,
-                   file=None, rows=None):
+                   model="dag", file=None, rows=None):
     """Print the simulated makespan of every policy relative to the lower bound max(work / SMs, longest chain)."""
     file = sys.stdout if file is None else file
     if rows is None:
         rows, auto = analyse(seqlen_q=seqlen_q, seqlen_k=seqlen_k, block_m=block_m, block_n=block_n, heads=heads,
-                             causal=causal, num_sms=num_sms, c=c, r=r)
+                             causal=causal, num_sms=num_sms, c=c, r=r, model=model)
     else:
         rows, auto = rows
     plan = rows[0]["plan"]
     mask = "causal" if causal else "full"
-    print(f"Schedule analysis (DAG model: compute c={c:g}, reduce r={r:g} per visit): seqlen_q={seqlen_q}, "
+    name = "DAG model" if model == "dag" else "engine model"
+    print(f"Schedule analysis ({name}: compute c={c:g}, reduce r={r:g} per visit): seqlen_q={seqlen_q}, "
           f"seqlen_k={seqlen_k}, tiles {block_m}x{block_n} ({plan.num_m_blocks} Q x {plan.num_n_blocks} KV), "
           f"{heads} (batch, head) pairs, {mask} mask, {num_sms} SMs", file=file)
     print(f"{'policy':<16} {'CTAs':>5} {'visits':>10} {'makespan':>11} {'/ bound':>8} {'wait / work':>12}", file=file)
     for row in rows:
         p = row["plan"]
-        work = p.num_visits * (c + r)
+        work = p.num_visits * (c + r if model == "dag" else c)
         print(f"{row['policy']:<16} {p.num_ctas:>5} {p.num_visits:>10} {row['makespan']:>11.2f} "
               f"{row['makespan'] / row['bound']:>8.3f} {row['wait'] / work:>12.3%}", file=file)
     print(f"lower bound {rows[0]['bound']:.2f}; auto picks {auto!r}", file=file)
@@ -96,7 +99,8 @@ class _Parser(argparse.ArgumentParser):
 
 def _parser():
     p = _Parser(prog="python -m cupy_dash schedule",
-                description="Simulate every schedule of one problem in the DAG model; no GPU needed.")
+                description="Simulate every schedule of one problem in the paper's DAG model (default) or in the "
+                            "engine model of the Hopper kernel (--model engine); no GPU needed.")
     p.add_argument("--seqlen-q", type=int, default=8192)
     p.add_argument("--seqlen-k", type=int, default=None, help="defaults to --seqlen-q")
     p.add_argument("--block-m", type=int, default=64)
@@ -106,7 +110,10 @@ def _parser():
     p.add_argument("--num-sms", type=int, default=132)
     p.add_argument("--c", type=float, default=1.0, help="compute cost of one visit")
     p.add_argument("--r", type=float, default=0.25, help="reduction cost of one visit")
-    p.add_argument("--plot", metavar="PNG", help="write a Gantt chart of the simulated per-CTA timelines")
+    p.add_argument("--model", choices=schedule.MODELS, default="dag",
+                   help="dag: the paper's model (compute then reduce, serially); engine: the Hopper kernel's "
+                   "pipeline (auto's model, with --r 0.8)")
+    p.add_argument("--plot", metavar="PNG", help="write a Gantt chart of the simulated per-CTA timelines (DAG model)")
     return p
 
 
@@ -116,14 +123,19 @@ def main(argv=None):
     if not (args.c > 0 and args.r >= 0):
         print("cupy_dash schedule: error: --c must be > 0 and --r >= 0", file=sys.stderr)
         return 2
+    if args.plot and args.model != "dag":
+        print("cupy_dash schedule: error: --plot draws the DAG model's timelines only", file=sys.stderr)
+        return 2
     try:
         result = analyse(seqlen_q=args.seqlen_q, seqlen_k=seqlen_k, block_m=args.block_m, block_n=args.block_n,
-                         heads=args.heads, causal=args.causal, num_sms=args.num_sms, c=args.c, r=args.r)
+                         heads=args.heads, causal=args.causal, num_sms=args.num_sms, c=args.c, r=args.r,
+                         model=args.model)
     except (ValueError, TypeError) as exc:
         print(f"cupy_dash schedule: error: {exc}", file=sys.stderr)
         return 2
     print_analysis(seqlen_q=args.seqlen_q, seqlen_k=seqlen_k, block_m=args.block_m, block_n=args.block_n,
-                   heads=args.heads, causal=args.causal, num_sms=args.num_sms, c=args.c, r=args.r, rows=result)
+                   heads=args.heads, causal=args.causal, num_sms=args.num_sms, c=args.c, r=args.r,
+                   model=args.model, rows=result)
     if args.plot:
         plot_gantt(result[0], args.plot, c=args.c, r=args.r)
         print(f"wrote {args.plot}")

@@ -103,6 +103,10 @@ def _format_failure(info, flag, visit, want, seen) -> str:
                 f"CTAs' execution order) or the persistent grid exceeded the co-resident CTAs. The kernel "
                 f"abandoned the wait instead of hanging; dq/dk/dv of that call are invalid. If it was merely "
                 f"slow, raise CUPY_DASH_SPIN_TIMEOUT_MS (now {_spin_timeout_ms():g} ms).")
+    if flag == 2:
+        return (f"cupy_dash backward: a load-pipeline wait inside CTA {visit} never ended {where} (barrier at "
+                f"shared offset {want}, parity {seen}); this is a kernel bug, please report it with the shape. The "
+                f"kernel abandoned the wait instead of hanging; dq/dk/dv of that call are invalid.")
     return (f"cupy_dash backward: the main kernel reported error code {flag} {where} (visit {visit}, "
             f"values {want}, {seen}); dq/dk/dv of that call are invalid.")
 

@@ -102,8 +102,8 @@ class Schedule:
     def simulate(self, c: float = 1.0, r: float = 0.25, model: str = "dag") -> float:
         return simulate(self, c, r, model)
 
-    def lower_bound(self, c: float = 1.0, r: float = 0.25) -> float:
-        return lower_bound(self, c, r)
+    def lower_bound(self, c: float = 1.0, r: float = 0.25, model: str = "dag") -> float:
+        return lower_bound(self, c, r, model)
 
     def __repr__(self):
         return (f"Schedule({self.policy!r}, seqlen_q={self.seqlen_q}, seqlen_k={self.seqlen_k}, "
@@ -183,11 +183,13 @@ def timeline(plan: Schedule, c: float = 1.0, r: float = 0.25, model: str = "dag"
     return {"makespan": makespan, "finish": finish, "compute_start": comp, "reduce_start": red}
 
 
-def lower_bound(plan: Schedule, c: float = 1.0, r: float = 0.25) -> float:
-    """No schedule beats max(total work / num_sms, the longest KV column's chain) in the DAG model."""
+def lower_bound(plan: Schedule, c: float = 1.0, r: float = 0.25, model: str = "dag") -> float:
+    """No schedule beats max(total work / num_sms, the longest KV column's chain), where a visit costs c + r in
+    the DAG model and max(c, r) in the engine model (compute and reduction overlap)."""
     lo = plan.column_starts()
     longest = int((plan.num_m_blocks - lo).max())
-    return max(plan.num_visits * (c + r) / plan.num_sms, longest * (c + r))
+    step = max(c, r) if _engine(model) else c + r
+    return max(plan.num_visits * step / plan.num_sms, longest * step)
 
 
 def critical_path(policy: str, *, n: int, m: int, c: float = 1.0, r: float = 0.25, causal: bool = False) -> float:
