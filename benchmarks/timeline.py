@@ -14,7 +14,7 @@ import cupy
 import numpy as np
 
 import cupy_dash
-from cupy_dash import api, schedule
+from cupy_dash import api, kernels, schedule
 from cupy_dash.bench import random_tensor
 
 
@@ -23,7 +23,7 @@ def run(hdim, causal, S, policy, deterministic=True):
     q, k, v, do = (random_tensor((B, S, H, hdim), "bf16", seed=i) for i in range(4))
     out, lse = cupy_dash.attention_forward(q, k, v, causal=causal)
     dev = cupy.cuda.Device().id
-    _, bm, bn, max_ctas = api._bwd_entry(dev, "bfloat16", hdim, causal, deterministic, True)
+    _, bm, bn, max_ctas = kernels.bwd_entry(dev, "bfloat16", hdim, causal, deterministic, True)
     plan = schedule.build(policy, seqlen_q=S, seqlen_k=S, block_m=bm, block_n=bn, num_heads=B * H, causal=causal,
                           num_sms=max_ctas)
     stamps = cupy.zeros((plan.num_visits, 4), dtype=cupy.int64)

@@ -18,11 +18,9 @@ check synchronously at the end of every backward, for debugging). CUDA graph cap
 """
 from __future__ import annotations
 
-import collections
 import math
 import os
 import sys
-import threading
 
 import cupy
 import ml_dtypes
@@ -39,8 +37,6 @@ _LOG2E = 1.4426950408889634
 _NP_DTYPES = {"bfloat16": np.dtype(ml_dtypes.bfloat16), "float16": np.dtype(np.float16),
               "float32": np.dtype(np.float32), "uint8": np.dtype(np.uint8)}
 _WORKSPACE_ALIGN = 256
-_MAX_PLANS = 256           # host-side plans kept (LRU)
-_MAX_TABLES = 64           # device-side schedule tables kept per process (LRU)
 _LAYOUT = "(B, S, H, D)"
 
 
@@ -220,115 +216,6 @@ def _export(fw, arr, like):
 
 
 # ------------------------------------------------------------------------------------------------------------
-# caches (specs, tiles, occupancy, plans, device tables)
-# ------------------------------------------------------------------------------------------------------------
-_fwd_cache: dict = {}
-_bwd_cache: dict = {}
-_cache_lock = threading.RLock()
-_plans: collections.OrderedDict = collections.OrderedDict()
-_tables: collections.OrderedDict = collections.OrderedDict()
-
-
-def _fwd_entry(dtype, D, causal):
-    key = (dtype, D, causal)
-    e = _fwd_cache.get(key)
-    if e is None:
-        e = _fwd_cache[key] = (kernels.fwd_spec(dtype, D, causal), int(kernels.fwd_tile(D).block_m))
-    return e
-
-
-def _bwd_entry(device_id, dtype, D, causal, deterministic, timeline=False):
-    """(BwdKernels, block_m, block_n, max co-resident CTAs of the main kernel) per device and variant."""
-    key = (device_id, dtype, D, causal, deterministic, timeline)
-    e = _bwd_cache.get(key)
-    if e is None:
-        specs = kernels.bwd_specs(dtype, D, causal, deterministic, timeline)
-        tile = kernels.bwd_tile(D)
-        with cupy.cuda.Device(device_id):
-            max_ctas = int(kernels.max_resident_ctas(specs.main))
-        if max_ctas < 1:
-            raise RuntimeError(f"cupy_dash backward: the main kernel {getattr(specs.main, 'label', '')} cannot be "
-                               f"resident on device {device_id} (occupancy 0)")
-        e = _bwd_cache[key] = (specs, int(tile.block_m), int(tile.block_n), max_ctas)
-    return e
-
-
-class _Tables:
-    """A schedule's tables on one device: the arrays the main kernel reads."""
-    __slots__ = ("visits", "rank", "cta_start", "num_ctas", "policy", "device_id")
-
-
-def _host_tables(plan, BH, n_blocks, m_blocks):
-    """The plan's arrays in kernel dtypes, after bounds checks that keep a corrupted table from touching memory
-    outside the buffers (a bad *rank* is allowed: the kernel reports it through the semaphore timeout)."""
-    visits = np.ascontiguousarray(plan.visits, dtype=np.int32)
-    rank = np.ascontiguousarray(plan.rank, dtype=np.int32)
-    cta_start = np.ascontiguousarray(plan.cta_start, dtype=np.int64)
-    num_ctas = int(plan.num_ctas)
-    if num_ctas < 1:
-        raise ValueError(f"plan: num_ctas must be >= 1, got {num_ctas}")
-    if visits.ndim != 2 or visits.shape[1] != 4:
-        raise ValueError(f"plan: visits must be (V, 4) rows (cta, bh, n_block, m_block), got shape {visits.shape}")
-    V = visits.shape[0]
-    if rank.shape != (V,):
-        raise ValueError(f"plan: rank must have shape ({V},), got {rank.shape}")
-    if cta_start.shape != (num_ctas + 1,):
-        raise ValueError(f"plan: cta_start must have shape ({num_ctas + 1},), got {cta_start.shape}")
-    counts = np.diff(cta_start)
-    if cta_start[0] != 0 or cta_start[-1] != V or (counts < 0).any():
-        raise ValueError("plan: cta_start must rise from 0 to the number of visits")
-    if V:
-        if not np.array_equal(visits[:, 0], np.repeat(np.arange(num_ctas, dtype=np.int32), counts)):
-            raise ValueError("plan: visits[:, 0] (cta) does not match cta_start")
-        for col, name, limit in ((1, "bh", BH), (2, "n_block", n_blocks), (3, "m_block", m_blocks)):
-            c = visits[:, col]
-            if c.min() < 0 or c.max() >= limit:
-                raise ValueError(f"plan: visits[:, {col}] ({name}) must lie in [0, {limit}), "
-                                 f"got [{c.min()}, {c.max()}]")
-    return visits, rank, cta_start, num_ctas
-
-
-def _upload(plan, BH, n_blocks, m_blocks, device_id) -> _Tables:
-    visits, rank, cta_start, num_ctas = _host_tables(plan, BH, n_blocks, m_blocks)
-    t = _Tables()
-    t.visits, t.rank, t.cta_start = cupy.asarray(visits), cupy.asarray(rank), cupy.asarray(cta_start)
-    t.num_ctas, t.policy, t.device_id = num_ctas, str(getattr(plan, "policy", "custom")), device_id
-    return t
-
-
-def _cached_tables(policy, Sq, Sk, bm, bn, BH, causal, num_ctas, n_blocks, m_blocks, device_id, stream):
-    """The schedule for one problem on one device: host plans cached by shape (LRU), device tables by
-    ``(plan.key, device)`` (LRU), so a repeated call builds and uploads nothing."""
-    pkey = (policy, Sq, Sk, bm, bn, BH, causal, num_ctas)
-    with _cache_lock:
-        plan = _plans.get(pkey)
-        if plan is None:
-            plan = _schedule.build(policy, seqlen_q=Sq, seqlen_k=Sk, block_m=bm, block_n=bn, num_heads=BH,
-                                   causal=causal, num_sms=num_ctas)
-            _plans[pkey] = plan
-            if len(_plans) > _MAX_PLANS:
-                _plans.popitem(last=False)
-        else:
-            _plans.move_to_end(pkey)
-        tkey = (getattr(plan, "key", pkey), device_id)
-        t = _tables.get(tkey)
-        if t is not None:
-            _tables.move_to_end(tkey)
-            return t
-        t = _upload(plan, BH, n_blocks, m_blocks, device_id)
-        # NOTES: the tables are shared by later calls on any stream: finish the upload before anyone uses them.
-        stream.synchronize()
-        _tables[tkey] = t
-        while len(_tables) > _MAX_TABLES:
-            _, old = _tables.popitem(last=False)
-            # in-flight kernels on any stream may still read the evicted tables: drain that device first
-            with cupy.cuda.Device(old.device_id):
-                cupy.cuda.runtime.deviceSynchronize()
-            del old
-        return t
-
-
-# ------------------------------------------------------------------------------------------------------------
 # forward
 # ------------------------------------------------------------------------------------------------------------
 def attention_forward(q, k, v, *, causal=False, softmax_scale=None):
@@ -352,7 +239,7 @@ def attention_forward(q, k, v, *, causal=False, softmax_scale=None):
     _poll_errors()
     p = _validate(q, k, v, softmax_scale=softmax_scale)
     causal = bool(causal)
-    spec, block_m = _fwd_entry(p.dtype, p.D, causal)
+    spec, block_m = kernels.fwd_entry(p.dtype, p.D, causal)
     B, Sq, Sk, H, Hkv, D = p.B, p.Sq, p.Sk, p.H, p.Hkv, p.D
     qi, ki, vi = p.infos
     fw, dev = qi.framework, p.device_id
@@ -440,7 +327,7 @@ def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, determinis
     dev = p.device_id
     for info in p.infos[:4]:                              # q, k, v, do: read through TMA maps
         tensormap.check_encodable(info.name, info.shape, info.strides[:3], info.data_ptr or 0)
-    specs, bm, bn, max_ctas = _bwd_entry(dev, p.dtype, D, causal, deterministic, timeline is not None)
+    specs, bm, bn, max_ctas = kernels.bwd_entry(dev, p.dtype, D, causal, deterministic, timeline is not None)
     num_m_blocks = -(-Sq // bm)
     num_n_blocks = -(-Sk // bn)
     sq_rounded = num_m_blocks * bm
@@ -448,9 +335,9 @@ def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, determinis
     qi, ki, vi, doi, oi = p.infos
     fw = qi.framework
     if plan is not None:
-        host_tables = _host_tables(plan, BH, num_n_blocks, num_m_blocks)   # checked before any allocation
-        if timeline is not None and (timeline.shape != (len(host_tables[1]), 4) or timeline.dtype != np.int64):
-            raise ValueError(f"timeline: expected an int64 CuPy array of shape ({len(host_tables[1])}, 4)")
+        num_visits = len(_schedule.check_plan(plan, BH, num_n_blocks, num_m_blocks)[1])   # before any allocation
+        if timeline is not None and (timeline.shape != (num_visits, 4) or timeline.dtype != np.int64):
+            raise ValueError(f"timeline: expected an int64 CuPy array of shape ({num_visits}, 4)")
     stream = interop.caller_stream(q, dev)
     with cupy.cuda.Device(dev), stream:
         keep = []
@@ -462,15 +349,10 @@ def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, determinis
         lse_ptr, _ = _resolve(p.lse_info, lse, keep)
 
         if plan is None:
-            tables = _cached_tables(schedule, Sq, Sk, bm, bn, BH, causal, min(max_ctas, BH * num_n_blocks),
-                                    num_n_blocks, num_m_blocks, dev, stream)
+            tables = _schedule.device_tables(schedule, Sq, Sk, bm, bn, BH, causal, min(max_ctas, BH * num_n_blocks),
+                                             dev, stream)
         else:
-            visits, rank, cta_start, num_ctas = host_tables
-            tables = _Tables()
-            tables.visits, tables.rank, tables.cta_start = (cupy.asarray(visits), cupy.asarray(rank),
-                                                            cupy.asarray(cta_start))
-            tables.num_ctas, tables.policy = num_ctas, str(getattr(plan, "policy", "custom"))
-            tables.device_id = dev
+            tables = _schedule.upload(plan, BH, num_n_blocks, num_m_blocks, dev)
             keep.append(tables)
 
         # one workspace for the fp32/int32 scratch buffers (each 256-byte aligned)

@@ -234,3 +234,37 @@ def max_resident_ctas(spec: KernelSpec) -> int:
     dev = cupy.cuda.runtime.getDevice()
     sms = runtime.deviceGetAttribute(runtime.cudaDevAttrMultiProcessorCount, dev)
     return int(per_sm) * int(sms)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# What a call needs per variant, cached: specs, tile rows and (backward) the co-resident CTA count.
+_fwd_cache: dict = {}
+_bwd_cache: dict = {}
+
+
+def fwd_entry(dtype: str, head_dim: int, causal: bool) -> tuple:
+    """(forward KernelSpec, block_m), cached."""
+    key = (dtype, head_dim, causal)
+    e = _fwd_cache.get(key)
+    if e is None:
+        e = _fwd_cache[key] = (fwd_spec(dtype, head_dim, causal), int(fwd_tile(head_dim).block_m))
+    return e
+
+
+def bwd_entry(device_id: int, dtype: str, head_dim: int, causal: bool, deterministic: bool,
+              timeline: bool = False) -> tuple:
+    """(BwdKernels, block_m, block_n, max co-resident CTAs of the main kernel) per device and variant, cached
+    (the occupancy query loads the main kernel: needs the GPU)."""
+    key = (device_id, dtype, head_dim, causal, deterministic, timeline)
+    e = _bwd_cache.get(key)
+    if e is None:
+        import cupy
+        specs = bwd_specs(dtype, head_dim, causal, deterministic, timeline)
+        tile = bwd_tile(head_dim)
+        with cupy.cuda.Device(device_id):
+            max_ctas = int(max_resident_ctas(specs.main))
+        if max_ctas < 1:
+            raise RuntimeError(f"cupy_dash backward: the main kernel {specs.main.label} cannot be resident on "
+                               f"device {device_id} (occupancy 0)")
+        e = _bwd_cache[key] = (specs, int(tile.block_m), int(tile.block_n), max_ctas)
+    return e

@@ -1,4 +1,5 @@
-"""Schedules for the deterministic dQ reduction (the DASH paper), usable without a GPU.
+"""Schedules for the deterministic dQ reduction (the DASH paper), usable without a GPU (except
+:func:`device_tables` / :func:`upload`, which put a table on the GPU for the backward kernel).
 
 The deterministic backward adds the dQ partial of every (KV tile n, Q tile m) visit into an fp32 accumulator
 in a fixed order per dQ tile.  A schedule says which CTA runs which KV tile, in which order each KV tile visits
@@ -52,7 +53,9 @@ under a causal mask (both predict a tie; the measured per-visit timelines show l
 """
 from __future__ import annotations
 
+import collections
 import functools
+import threading
 
 import numpy as np
 
@@ -213,3 +216,93 @@ def critical_path(policy: str, *, n: int, m: int, c: float = 1.0, r: float = 0.2
     mask = "causal" if causal else "full"
     raise ValueError(f"no closed form for policy {policy!r} with a {mask} mask; closed forms exist for full "
                      f"fa3/descending/shift/symmetric_shift and causal descending/symmetric_shift")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Tables on the GPU (the arrays the backward main kernel reads), cached per problem and device.
+_MAX_PLANS = 256           # host-side plans kept (LRU)
+_MAX_TABLES = 64           # device-side tables kept per process (LRU)
+_table_lock = threading.RLock()
+_plans: collections.OrderedDict = collections.OrderedDict()
+_tables: collections.OrderedDict = collections.OrderedDict()
+
+
+class DeviceTables:
+    """A schedule's tables on one device: ``visits`` (V, 4) int32, ``rank`` (V,) int32, ``cta_start``
+    (num_ctas + 1,) int64 CuPy arrays, plus ``num_ctas``, ``policy`` and ``device_id``."""
+    __slots__ = ("visits", "rank", "cta_start", "num_ctas", "policy", "device_id")
+
+
+def check_plan(plan, num_heads: int, n_blocks: int, m_blocks: int) -> tuple:
+    """A schedule-like object's arrays in kernel dtypes ``(visits, rank, cta_start, num_ctas)``, after bounds
+    checks that keep a corrupted table from touching memory outside the kernel's buffers (a bad *rank* is
+    allowed: the kernel reports it through the semaphore timeout). Raises ValueError naming ``plan``."""
+    visits = np.ascontiguousarray(plan.visits, dtype=np.int32)
+    rank = np.ascontiguousarray(plan.rank, dtype=np.int32)
+    cta_start = np.ascontiguousarray(plan.cta_start, dtype=np.int64)
+    num_ctas = int(plan.num_ctas)
+    if num_ctas < 1:
+        raise ValueError(f"plan: num_ctas must be >= 1, got {num_ctas}")
+    if visits.ndim != 2 or visits.shape[1] != 4:
+        raise ValueError(f"plan: visits must be (V, 4) rows (cta, bh, n_block, m_block), got shape {visits.shape}")
+    V = visits.shape[0]
+    if rank.shape != (V,):
+        raise ValueError(f"plan: rank must have shape ({V},), got {rank.shape}")
+    if cta_start.shape != (num_ctas + 1,):
+        raise ValueError(f"plan: cta_start must have shape ({num_ctas + 1},), got {cta_start.shape}")
+    counts = np.diff(cta_start)
+    if cta_start[0] != 0 or cta_start[-1] != V or (counts < 0).any():
+        raise ValueError("plan: cta_start must rise from 0 to the number of visits")
+    if V:
+        if not np.array_equal(visits[:, 0], np.repeat(np.arange(num_ctas, dtype=np.int32), counts)):
+            raise ValueError("plan: visits[:, 0] (cta) does not match cta_start")
+        for col, name, limit in ((1, "bh", num_heads), (2, "n_block", n_blocks), (3, "m_block", m_blocks)):
+            c = visits[:, col]
+            if c.min() < 0 or c.max() >= limit:
+                raise ValueError(f"plan: visits[:, {col}] ({name}) must lie in [0, {limit}), "
+                                 f"got [{c.min()}, {c.max()}]")
+    return visits, rank, cta_start, num_ctas
+
+
+def upload(plan, num_heads: int, n_blocks: int, m_blocks: int, device_id: int) -> DeviceTables:
+    """The plan's tables (checked by :func:`check_plan`) as CuPy arrays on the current device."""
+    import cupy
+    visits, rank, cta_start, num_ctas = check_plan(plan, num_heads, n_blocks, m_blocks)
+    t = DeviceTables()
+    t.visits, t.rank, t.cta_start = cupy.asarray(visits), cupy.asarray(rank), cupy.asarray(cta_start)
+    t.num_ctas, t.policy, t.device_id = num_ctas, str(getattr(plan, "policy", "custom")), device_id
+    return t
+
+
+def device_tables(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_ctas, device_id,
+                  stream) -> DeviceTables:
+    """The schedule for one problem on one device: host plans cached by shape (LRU), device tables by
+    ``(plan.key, device)`` (LRU), so a repeated call builds and uploads nothing."""
+    import cupy
+    pkey = (policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_ctas)
+    with _table_lock:
+        plan = _plans.get(pkey)
+        if plan is None:
+            plan = build(policy, seqlen_q=seqlen_q, seqlen_k=seqlen_k, block_m=block_m, block_n=block_n,
+                         num_heads=num_heads, causal=causal, num_sms=num_ctas)
+            _plans[pkey] = plan
+            if len(_plans) > _MAX_PLANS:
+                _plans.popitem(last=False)
+        else:
+            _plans.move_to_end(pkey)
+        tkey = (plan.key, device_id)
+        t = _tables.get(tkey)
+        if t is not None:
+            _tables.move_to_end(tkey)
+            return t
+        t = upload(plan, num_heads, plan.num_n_blocks, plan.num_m_blocks, device_id)
+        # NOTES: the tables are shared by later calls on any stream: finish the upload before anyone uses them.
+        stream.synchronize()
+        _tables[tkey] = t
+        while len(_tables) > _MAX_TABLES:
+            _, old = _tables.popitem(last=False)
+            # in-flight kernels on any stream may still read the evicted tables: drain that device first
+            with cupy.cuda.Device(old.device_id):
+                cupy.cuda.runtime.deviceSynchronize()
+            del old
+        return t

@@ -271,3 +271,36 @@ def test_cli_bad_arguments_exit_2(argv, capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("cupy_dash schedule: error:") and "\n" not in err
+
+
+def test_device_tables_are_checked_uploaded_once_and_cached(monkeypatch):
+    """The device-table cache, with CuPy's upload replaced by numpy (no GPU needed)."""
+    import cupy
+    uploads = []
+
+    def fake_asarray(a):
+        uploads.append(a.dtype)
+        return np.asarray(a)
+
+    class Stream:
+        synced = 0
+
+        def synchronize(self):
+            Stream.synced += 1
+
+    monkeypatch.setattr(cupy, "asarray", fake_asarray)
+    schedule._tables.clear()
+    schedule._plans.clear()
+    args = ("symmetric_shift", 1000, 1000, 64, 128, 3, True, 7, 0, Stream())
+    t = schedule.device_tables(*args)
+    assert isinstance(t, schedule.DeviceTables) and t.num_ctas == 7 and t.policy == "symmetric_shift"
+    assert uploads == [np.int32, np.int32, np.int64] and Stream.synced == 1
+    assert t.visits.shape[1] == 4 and t.rank.shape == (t.visits.shape[0],) and t.cta_start.shape == (8,)
+    assert schedule.device_tables(*args) is t and len(uploads) == 3      # cached: built and uploaded once
+    other = schedule.device_tables("shift", 1000, 1000, 64, 128, 3, True, 7, 0, Stream())
+    assert other is not t and other.policy == "shift"
+    with pytest.raises(ValueError, match=r"plan: visits\[:, 1\] \(bh\) must lie in \[0, 2\)"):
+        schedule.upload(schedule.build("shift", seqlen_q=1000, seqlen_k=1000, block_m=64, block_n=128,
+                                       num_heads=3, causal=True, num_sms=7), 2, 8, 16, 0)
+    schedule._tables.clear()
+    schedule._plans.clear()

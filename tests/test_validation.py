@@ -439,7 +439,7 @@ def test_check_errors_raises_and_drains(monkeypatch):
 def test_plan_bounds_checks():
     plan = _build_schedule("shift", seqlen_q=256, seqlen_k=512, block_m=64, block_n=128, num_heads=3,
                            causal=False, num_sms=5)
-    visits, rank, cta_start, num_ctas = api._host_tables(plan, 3, 4, 4)
+    visits, rank, cta_start, num_ctas = schedule.check_plan(plan, 3, 4, 4)
     assert visits.dtype == np.int32 and rank.dtype == np.int32 and cta_start.dtype == np.int64
     assert num_ctas == plan.num_ctas
 
@@ -451,12 +451,12 @@ def test_plan_bounds_checks():
         bad.visits = plan.visits.copy()
         bad.visits[0, col] = value
         bad.rank, bad.cta_start, bad.num_ctas, bad.policy = plan.rank, plan.cta_start, plan.num_ctas, "bad"
-        raises(ValueError, lambda: api._host_tables(bad, 3, 4, 4), "plan:", needle)
+        raises(ValueError, lambda: schedule.check_plan(bad, 3, 4, 4), "plan:", needle)
     # a wrong rank is memory-safe: allowed through (the kernel's bounded wait reports it)
     bad = Bad()
     bad.visits, bad.cta_start, bad.num_ctas, bad.policy = plan.visits, plan.cta_start, plan.num_ctas, "bad"
     bad.rank = plan.rank + 1
-    api._host_tables(bad, 3, 4, 4)
+    schedule.check_plan(bad, 3, 4, 4)
 
 
 def test_spin_timeout_env(monkeypatch):
