@@ -391,14 +391,9 @@ def analyze_table(visits_arr, rank_arr, cta_start_arr, long long num_heads, long
         for c in range(C):
             if cta_start[c + 1] > cta_start[c]:
                 heap_push(ht, hc, &hsize, c_cost, c)
-        if engine:
-            _simulate_engine(visits, rank, cta_start, ptr, sem, blocked, pos, cnt, pre, per_head, M, ht, hc, hsize,
-                             tfree_arr, finish, c_cost, r_cost, np.full(C, c_cost), np.zeros(C), timeline,
-                             comp_start if timeline else None, red_start if timeline else None)
-        else:
-            _simulate_loop(visits, rank, cta_start, ptr, sem, blocked, pos, cnt, pre, per_head, M, ht, hc, hsize,
-                           tfree_arr, finish, c_cost, r_cost, timeline,
-                           comp_start if timeline else None, red_start if timeline else None)
+        _simulate_loop(visits, rank, cta_start, ptr, sem, blocked, pos, cnt, pre, per_head, M, ht, hc, hsize,
+                       tfree_arr, finish, c_cost, r_cost, engine, np.full(C, c_cost), np.zeros(C), timeline,
+                       comp_start if timeline else None, red_start if timeline else None)
         free(ht)
         free(hc)
     for c in range(C):
@@ -425,8 +420,13 @@ cdef void _simulate_loop(const int[:, ::1] visits, const int[::1] rank, const lo
                          long long[::1] sem, unsigned char[::1] blocked, long long[::1] pos, long long[::1] cnt,
                          long long[::1] pre, long long per_head, long long M, double* ht, long long* hc,
                          long long hsize, double[::1] tfree, double[::1] finish, double c_cost, double r_cost,
-                         bint timeline, double[::1] comp_start, double[::1] red_start) noexcept:
-    cdef double now, start, end
+                         bint engine, double[::1] dq_ready, double[::1] prev_take, bint timeline,
+                         double[::1] comp_start, double[::1] red_start) noexcept:
+    # Heap events: a CTA is ready to reduce its visit ptr[c] (DAG model: its compute ended; engine model: its dQ
+    # is ready and its previous reduction is done). Engine model: dq_ready[c] is when the compute of visit ptr[c]
+    # ends, prev_take[c] when the CTA's previous reduction started (took the dQ buffer); the next visit's compute
+    # starts at the hand-off max(dq_ready, prev_take) instead of after the reduction.
+    cdef double now, start, end, next_start
     cdef long long c, v, t_off, m, nxt, c2
     while hsize > 0:
         heap_pop(ht, hc, &hsize, &now, &c)
@@ -441,54 +441,19 @@ cdef void _simulate_loop(const int[:, ::1] visits, const int[::1] rank, const lo
         sem[t_off] += 1
         if timeline:
             red_start[v] = start
+        next_start = end
+        if engine:
+            next_start = dq_ready[c] if dq_ready[c] > prev_take[c] else prev_take[c]
+            prev_take[c] = start
+            dq_ready[c] = next_start + c_cost
         ptr[c] += 1
         if ptr[c] < cta_start[c + 1]:
             if timeline:
-                comp_start[ptr[c]] = end
-            heap_push(ht, hc, &hsize, end + c_cost, c)
-        else:
-            finish[c] = end
-        m = visits[v, 3]
-        if sem[t_off] < cnt[m]:
-            nxt = pos[<long long>visits[v, 1] * per_head + pre[m] + sem[t_off]]
-            c2 = visits[nxt, 0]
-            if blocked[c2] and ptr[c2] == nxt:
-                blocked[c2] = 0
-                heap_push(ht, hc, &hsize, end, c2)
-
-
-cdef void _simulate_engine(const int[:, ::1] visits, const int[::1] rank, const long long[::1] cta_start,
-                           long long[::1] ptr, long long[::1] sem, unsigned char[::1] blocked, long long[::1] pos,
-                           long long[::1] cnt, long long[::1] pre, long long per_head, long long M, double* ht,
-                           long long* hc, long long hsize, double[::1] tfree, double[::1] finish, double c_cost,
-                           double r_cost, double[::1] dq_ready, double[::1] prev_take, bint timeline,
-                           double[::1] comp_start, double[::1] red_start) noexcept:
-    # Heap events: a CTA's reducer is ready for its visit ptr[c] at max(dQ ready, previous reduction done).
-    # dq_ready[c]: end of the compute of visit ptr[c]; prev_take[c]: when the CTA's previous reduction started
-    # (took the dQ buffer). The compute of the next visit starts at the hand-off max(dq_ready, prev_take).
-    cdef double now, start, end, handoff
-    cdef long long c, v, t_off, m, nxt, c2
-    while hsize > 0:
-        heap_pop(ht, hc, &hsize, &now, &c)
-        v = ptr[c]
-        t_off = <long long>visits[v, 1] * M + visits[v, 3]
-        if rank[v] != sem[t_off]:
-            blocked[c] = 1
-            continue
-        start = now if now > tfree[t_off] else tfree[t_off]
-        end = start + r_cost
-        tfree[t_off] = end
-        sem[t_off] += 1
-        if timeline:
-            red_start[v] = start
-        handoff = dq_ready[c] if dq_ready[c] > prev_take[c] else prev_take[c]
-        prev_take[c] = start
-        ptr[c] += 1
-        if ptr[c] < cta_start[c + 1]:
-            if timeline:
-                comp_start[ptr[c]] = handoff
-            dq_ready[c] = handoff + c_cost
-            heap_push(ht, hc, &hsize, dq_ready[c] if dq_ready[c] > end else end, c)
+                comp_start[ptr[c]] = next_start
+            if engine:
+                heap_push(ht, hc, &hsize, dq_ready[c] if dq_ready[c] > end else end, c)
+            else:
+                heap_push(ht, hc, &hsize, end + c_cost, c)
         else:
             finish[c] = end
         m = visits[v, 3]
