@@ -49,9 +49,11 @@ def print_default_analysis(file=None):
     from . import cli_schedule
     block_m, block_n = _analysis_tile()
     s = ANALYSIS_SHAPE
+    from .schedule import AUTO_COSTS
+    c, r = AUTO_COSTS
     cli_schedule.print_analysis(seqlen_q=s["seqlen"], seqlen_k=s["seqlen"], block_m=block_m, block_n=block_n,
-                                heads=s["heads"], causal=s["causal"], num_sms=s["num_sms"],
-                                file=sys.stdout if file is None else file)
+                                heads=s["heads"], causal=s["causal"], num_sms=s["num_sms"], c=c, r=r,
+                                model="engine", file=sys.stdout if file is None else file)
 
 
 def default_main(argv=None):
