@@ -46,8 +46,8 @@ def run(hdim, causal, S, policy, deterministic=True):
     print(f"d{hdim} {'causal' if causal else 'full'} S={S} {policy if deterministic else 'atomic':16s} "
           f"CTAs {plan.num_ctas:4d} visits {plan.num_visits:7d}  span {span / 1e3:8.1f} us  compute "
           f"{compute.mean():6.0f}  hand-off {handoff.mean():6.0f} (p90 {np.percentile(handoff, 90):6.0f})  gap "
-          f"{gaps.mean():6.0f} (p90 {np.percentile(gaps, 90):6.0f})  model c+r={span * plan.num_ctas / plan.num_visits:6.0f}",
-          flush=True)
+          f"{gaps.mean():6.0f} (p90 {np.percentile(gaps, 90):6.0f})  CTA time per visit "
+          f"{span * plan.num_ctas / plan.num_visits:6.0f}", flush=True)
     return dict(stamps=t, visits=visits, rank=np.asarray(plan.rank), cta_start=cta_start)
 
 

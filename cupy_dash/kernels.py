@@ -1,15 +1,14 @@
-"""Kernel variants, their tile plans, and the host side of their parameter blocks.
+"""Kernel variants, their tile plans, and how they are launched.
 
 This module is the single source of truth for what the dispatcher can launch: every variant is a
 :class:`KernelSpec` (source file, entry point, ``-D`` defines, block size, dynamic shared memory), built from
 the one tile table :data:`TILES`. ``python -m cupy_dash compile --all`` compiles exactly :func:`all_specs`.
 
 The parameter blocks (``FwdParams`` / ``BwdParams`` in ``kernels_src/params.cuh``) are passed by value as one
-``__grid_constant__`` struct. Here they are numpy structured dtypes with the same layout (every field is 8
-bytes, except the two trailing fp32 scales), packed into a size-1 array that CuPy copies as raw bytes.
-``tests/test_jit.py`` compiles ``params_layout_check_source()`` with NVRTC so the two layouts cannot drift.
+``__grid_constant__`` struct; :mod:`cupy_dash.params` derives their numpy layout from that header and packs
+them (its names are re-exported here).
 
-Everything here works without a GPU except :func:`launch` and :func:`max_resident_ctas`.
+Everything here works without a GPU except :func:`launch`, :func:`max_resident_ctas` and :func:`bwd_entry`.
 """
 from __future__ import annotations
 

@@ -66,6 +66,29 @@ DASH_DEVICE void softmax_grad(uint32_t (&dSa)[kBlockM / 16][4], const uint32_t (
   }
 }
 
+// acc (64 keys x kBlockM queries) = A B^T over the head dim, A = this warpgroup's 64 rows of K or V (a_desc at
+// k-step 0), B = the Q or dO tile; both K-major: S^T = K Q^T, dP^T = V dO^T. Issues the wgmmas, no commit.
+DASH_DEVICE void gemm_keys_by_queries(float (&acc)[kSRegs], uint64_t a_desc, uint32_t b_tile) {
+  const uint64_t b_desc = TileQ::kmajor(b_tile, 0);
+#pragma unroll
+  for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+    wgmma_ss<kBlockM, 0, 0>(acc, desc_advance(a_desc, TileKV::kmajor_step(ks)),
+                            desc_advance(b_desc, TileQ::kmajor_step(ks)), ks > 0);
+  }
+}
+
+// acc (64 keys x kHeadDim) += A B, A = rounded fragments of P^T or dS^T (64 keys x kBlockM queries), B = the dO or
+// Q tile as an MN-major operand: dV += P^T dO, dK += dS^T Q. restart: the first k-step ignores acc (new KV tile).
+// Issues the wgmmas, no commit.
+DASH_DEVICE void gemm_accumulate_rs(float (&acc)[kDkvRegs], const uint32_t (&a)[kBlockM / 16][4], uint32_t b_tile,
+                                    bool restart) {
+  const uint64_t b_desc = TileQ::mnmajor(b_tile, 0);
+#pragma unroll
+  for (int ks = 0; ks < kBlockM / 16; ++ks) {
+    wgmma_rs<kHeadDim, 1>(acc, a[ks], desc_advance(b_desc, TileQ::mnmajor_step(ks)), !(restart && ks == 0));
+  }
+}
+
 // Hands this warpgroup's fp32 dQ piece to the dQ writer warp: thread tid stores its registers 4c..4c+3 as one
 // 16-byte word at slice + 16 (128 c + tid) (the dq_accum layout of dq_accum_layout.cuh), conflict-free.
 DASH_DEVICE void store_dq(uint32_t slice, const float (&dQ)[kDqRegs], int tid) {
@@ -100,23 +123,13 @@ DASH_DEVICE void bwd_step(const BwdParams& p, const Smem& s, char* smem_generic,
   if (first_in_group) wait_phase(p, s.k_full(kbuf), (group / kKStages) & 1);
   wait_phase(p, s.q_full(stage), phase);
   if (wg == 0 && tid == 0) stamp(p, v, kStampStart);
-  const uint64_t q_desc = TileQ::kmajor(s.q(stage), 0);
   wgmma_fence();
-#pragma unroll
-  for (int ks = 0; ks < kHeadDim / 16; ++ks) {
-    wgmma_ss<kBlockM, 0, 0>(S, desc_advance(k_desc, TileKV::kmajor_step(ks)),
-                            desc_advance(q_desc, TileQ::kmajor_step(ks)), ks > 0);
-  }
+  gemm_keys_by_queries(S, k_desc, s.q(stage));
   wgmma_commit();
   if (first_in_group) wait_phase(p, s.v_full(), group & 1);
   wait_phase(p, s.do_full(stage), phase);
-  const uint64_t do_desc = TileQ::kmajor(s.dout(stage), 0);
   wgmma_fence();  // NOTES: not required by the ISA here, but ptxas 13.0 injects one (C7519) after the wait loop
-#pragma unroll
-  for (int ks = 0; ks < kHeadDim / 16; ++ks) {
-    wgmma_ss<kBlockM, 0, 0>(dP, desc_advance(v_desc, TileKV::kmajor_step(ks)),
-                            desc_advance(do_desc, TileQ::kmajor_step(ks)), ks > 0);
-  }
+  gemm_keys_by_queries(dP, v_desc, s.dout(stage));
   wgmma_commit();
 
   // P^T from S^T while dP^T is still running.
@@ -142,13 +155,9 @@ DASH_DEVICE void bwd_step(const BwdParams& p, const Smem& s, char* smem_generic,
   // dS^T also to shared memory for dQ, which needs the keys of both warpgroups.
   store_transposed<kBlockM>(s.ds(stage), dSa, 64 * wg, tid);
 
-  // dV += P^T dO (A from registers, B = dO MN-major).
+  // dV += P^T dO.
   wgmma_fence();
-#pragma unroll
-  for (int ks = 0; ks < kBlockM / 16; ++ks) {
-    wgmma_rs<kHeadDim, 1>(dV, Pa[ks], desc_advance(TileQ::mnmajor(s.dout(stage), 0), TileQ::mnmajor_step(ks)),
-                          !(first_in_group && ks == 0));
-  }
+  gemm_accumulate_rs(dV, Pa, s.dout(stage), first_in_group);
   wgmma_commit();
 
   // dQ piece = dS K over all kBlockN keys, once both warpgroups' dS^T is in shared memory.
@@ -164,12 +173,8 @@ DASH_DEVICE void bwd_step(const BwdParams& p, const Smem& s, char* smem_generic,
   }
   wgmma_commit();
 
-  // dK += dS^T Q (A from registers, B = Q MN-major).
-#pragma unroll
-  for (int ks = 0; ks < kBlockM / 16; ++ks) {
-    wgmma_rs<kHeadDim, 1>(dK, dSa[ks], desc_advance(TileQ::mnmajor(s.q(stage), 0), TileQ::mnmajor_step(ks)),
-                          !(first_in_group && ks == 0));
-  }
+  // dK += dS^T Q.
+  gemm_accumulate_rs(dK, dSa, s.q(stage), first_in_group);
   wgmma_commit();
 
   // dV and dQ done: dO (and, after the group's last visit, K) may be overwritten; dQ goes to the writer.
