@@ -239,7 +239,7 @@ def attention_forward(q, k, v, *, causal=False, softmax_scale=None):
     _poll_errors()
     p = _validate(q, k, v, softmax_scale=softmax_scale)
     causal = bool(causal)
-    spec, block_m = kernels.fwd_entry(p.dtype, p.D, causal)
+    spec, block_m, block_n = kernels.fwd_entry(p.dtype, p.D, causal)
     B, Sq, Sk, H, Hkv, D = p.B, p.Sq, p.Sk, p.H, p.Hkv, p.D
     qi, ki, vi = p.infos
     fw, dev = qi.framework, p.device_id
@@ -252,9 +252,12 @@ def attention_forward(q, k, v, *, causal=False, softmax_scale=None):
         out, out_ptr = _new(fw, dev, (B, Sq, H, D), p.dtype)
         lse, lse_ptr = _new(fw, dev, (B, H, Sq), "float32")
         params = kernels.pack_fwd_params(
-            q=q_ptr, k=k_ptr, v=v_ptr, out=out_ptr, lse=lse_ptr,
-            q_stride=q_stride, k_stride=k_stride, v_stride=v_stride, o_stride=_contiguous((B, Sq, H, D)),
-            batch=B, seqlen_q=Sq, seqlen_k=Sk, num_heads=H, num_heads_kv=Hkv,
+            tma_q=tensormap.bhsd_map(q_ptr, p.dtype, (B, Sq, H, D), q_stride, block_m, "q"),
+            tma_k=tensormap.bhsd_map(k_ptr, p.dtype, (B, Sk, Hkv, D), k_stride, block_n, "k"),
+            tma_v=tensormap.bhsd_map(v_ptr, p.dtype, (B, Sk, Hkv, D), v_stride, block_n, "v"),
+            tma_o=tensormap.bhsd_map(out_ptr, p.dtype, (B, Sq, H, D), _contiguous((B, Sq, H, D)), 64, "out",
+                                     box_panels=1),
+            lse=lse_ptr, batch=B, seqlen_q=Sq, seqlen_k=Sk, num_heads=H, num_heads_kv=Hkv,
             softmax_scale=p.scale, softmax_scale_log2=p.scale * _LOG2E)
         kernels.launch(spec, (-(-Sq // block_m), H, B), params, stream)
         if keep:

@@ -109,7 +109,8 @@ class TorchPeer:
 
 
 class Fa3Peer:
-    """FlashAttention-3 (flash-attn3-jax wheel): keys fa3_bwd_det, fa3_bwd_nondet (head dim 128 only)."""
+    """FlashAttention-3 (flash-attn3-jax wheel): keys fa3_fwd, fa3_bwd_det, fa3_bwd_nondet (head dim 128
+    only)."""
     name = "fa3"
     HEAD_DIMS = (128,)
 
@@ -150,6 +151,36 @@ class Fa3Peer:
             self._fns[key] = jax.jit(bwd)
         return self._fns[key]
 
+    def _loop_time(self, fn, jsets, repeats, warmup, flops):
+        """Median over 3 loops of ``repeats`` calls (ms per call), after ``warmup`` calls that also compile."""
+        jax = self.jax
+        for i in range(max(warmup, 1)):
+            jax.block_until_ready(fn(*jsets[i % len(jsets)]))
+        loops = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            res = None
+            for i in range(repeats):
+                res = fn(*jsets[i % len(jsets)])
+            jax.block_until_ready(res)
+            loops.append((time.perf_counter() - t0) / repeats * 1e3)
+        med = statistics.median(loops)
+        return dict(median_ms=med, min_ms=min(loops), max_ms=max(loops), n=3 * repeats,
+                    tflops=flops / (med * 1e-3) / 1e12, timing="loop")
+
+    def measure_fwd(self, sets, causal, flops, measure, repeats, warmup, log=print):
+        """Key fa3_fwd: the wheel's public forward (flash_mha) on the CuPy q, k, v of ``sets``."""
+        jax = self.jax
+        from flash_attn3_jax import flash_mha
+        jsets = [tuple(jax.dlpack.from_dlpack(s[n]) for n in ("q", "k", "v")) for s in sets]
+        fn = jax.jit(lambda q, k, v: flash_mha(q, k, v, is_causal=causal))
+
+        def fwd():
+            log("    (FA3 forward: compile and warm up)")
+            return self._loop_time(fn, jsets, repeats, warmup, flops["fwd"])
+
+        measure("fa3_fwd", fwd)
+
     def measure_bwd(self, sets, causal, flops, measure, repeats, warmup, log=print):
         """``sets``: input sets with CuPy q, k, v, do, out, lse (cupy_dash's forward)."""
         jax = self.jax
@@ -159,19 +190,7 @@ class Fa3Peer:
 
             def bwd(fn=fn, deterministic=deterministic):
                 log(f"    (FA3 backward, deterministic={deterministic}: compile and warm up)")
-                for i in range(max(warmup, 1)):
-                    jax.block_until_ready(fn(*jsets[i % len(jsets)]))
-                loops = []
-                for _ in range(3):
-                    t0 = time.perf_counter()
-                    res = None
-                    for i in range(repeats):
-                        res = fn(*jsets[i % len(jsets)])
-                    jax.block_until_ready(res)
-                    loops.append((time.perf_counter() - t0) / repeats * 1e3)
-                med = statistics.median(loops)
-                out = dict(median_ms=med, min_ms=min(loops), max_ms=max(loops), n=3 * repeats,
-                           tflops=flops["bwd"] / (med * 1e-3) / 1e12, timing="loop")
+                out = self._loop_time(fn, jsets, repeats, warmup, flops["bwd"])
                 if deterministic:
                     first = jax.block_until_ready(fn(*jsets[0]))
                     out["repeats_bits"] = same_bits(first, jax.block_until_ready(fn(*jsets[0])))
@@ -197,38 +216,50 @@ for i in range(p["input_sets"]):
     s["out"], s["lse"] = cupy_dash.attention_forward(s["q"], s["k"], s["v"], causal=causal)
     sets.append(s)
 cupy.cuda.Device().synchronize()
-flops = dict(bwd=attention_flops(B, H, S, S, D, causal, "bwd"))
+flops = dict(fwd=attention_flops(B, H, S, S, D, causal, "fwd"), bwd=attention_flops(B, H, S, S, D, causal, "bwd"))
 results = {}
 def measure(key, fn):
     try:
         results[key] = fn()
     except Exception as exc:
         results[key] = dict(error=f"{type(exc).__name__}: {exc}")
-Fa3Peer().measure_bwd(sets, causal, flops, measure, p["repeats"], p["warmup"],
-                      lambda m: print(m, file=sys.stderr, flush=True))
+peer = Fa3Peer()
+log = lambda m: print(m, file=sys.stderr, flush=True)
+peer.measure_fwd(sets, causal, flops, measure, p["repeats"], p["warmup"], log)
+print("@@RESULT@@" + json.dumps(results), flush=True)
+peer.measure_bwd(sets, causal, flops, measure, p["repeats"], p["warmup"], log)
 print("@@RESULT@@" + json.dumps(results))
 """
 
 
 def fa3_subprocess(cfg: dict, opts: dict, timeout: float = 150.0) -> dict:
-    """FA3 backward measurements (keys fa3_bwd_det, fa3_bwd_nondet) of one configuration, in a fresh process
-    on the benchmark's seeded inputs (cupy_dash.bench.random_tensor, seeds 10 i + j). A timeout or a crash
-    becomes an error entry naming it."""
+    """FA3 measurements (keys fa3_fwd, fa3_bwd_det, fa3_bwd_nondet) of one configuration, in a fresh process
+    on the benchmark's seeded inputs (cupy_dash.bench.random_tensor, seeds 10 i + j). The process prints its
+    results after the forward and again at the end, so a backward that hangs keeps the forward's figure; a
+    timeout or a crash becomes an error entry naming it for every key without a result."""
     params = dict(batch=cfg["batch"], seqlen=cfg["seqlen"], heads=cfg["heads"], hdim=cfg["hdim"],
                   causal=cfg["causal"], tokens=opts["tokens"], hidden=opts["hidden"], dtype=opts["dtype"],
                   input_sets=opts["input_sets"], repeats=opts["repeats"], warmup=opts["warmup"])
     env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
-    keys = ("fa3_bwd_det", "fa3_bwd_nondet")
+    keys = ("fa3_fwd", "fa3_bwd_det", "fa3_bwd_nondet")
     try:
         proc = subprocess.run([sys.executable, "-c", _FA3_SCRIPT, json.dumps(params)], env=env,
                               capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {k: dict(error=f"no result within {timeout:.0f} s (FA3 hung or was too slow)") for k in keys}
-    for line in proc.stdout.splitlines():
+        stdout, why = proc.stdout, None
+        if proc.returncode:
+            tail = " | ".join((proc.stderr or proc.stdout or "").strip().splitlines()[-3:])
+            why = f"FA3 process exited with {proc.returncode}: {tail}"
+    except subprocess.TimeoutExpired as exc:
+        stdout = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        why = f"no result within {timeout:.0f} s (FA3 hung or was too slow)"
+    results = {}
+    for line in stdout.splitlines():
         if line.startswith("@@RESULT@@"):
-            return json.loads(line[len("@@RESULT@@"):])
-    tail = " | ".join((proc.stderr or proc.stdout or "").strip().splitlines()[-3:])
-    return {k: dict(error=f"FA3 process exited with {proc.returncode}: {tail}") for k in keys}
+            results = json.loads(line[len("@@RESULT@@"):])
+    for k in keys:
+        if k not in results:
+            results[k] = dict(error=why or "FA3 process gave no result")
+    return results
 
 
 def fa3_available() -> str | None:

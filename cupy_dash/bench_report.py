@@ -8,6 +8,7 @@ SCHEDULES = ("fa3", "descending", "shift", "symmetric_shift", "auto")
 LABELS = {
     "dash_fwd": "cupy_dash fwd",
     "torch_fwd": "torch SDPA FA2 fwd",
+    "fa3_fwd": "FA3 fwd",
     "torch_bwd_det": "torch SDPA FA2 det bwd",
     "torch_bwd_nondet": "torch SDPA FA2 non-det bwd",
     "fa3_bwd_det": "FA3 det bwd",
@@ -52,7 +53,7 @@ def _row_keys(configs):
             if k not in keys:
                 keys.append(k)
     order = ["dash_fwd"] + [f"dash_bwd_{s}" for s in SCHEDULES + (ATOMIC,)] + \
-        ["torch_fwd", "torch_bwd_det", "torch_bwd_nondet", "fa3_bwd_det", "fa3_bwd_nondet"]
+        ["torch_fwd", "fa3_fwd", "torch_bwd_det", "torch_bwd_nondet", "fa3_bwd_det", "fa3_bwd_nondet"]
     return [k for k in order if k in keys] + [k for k in keys if k not in order]
 
 
@@ -87,7 +88,8 @@ def _repeat_table(configs, groups):
 
 
 def plot_report(report, path):
-    """PNG: backward TFLOP/s against S, one panel per (head dim, mask), one line per implementation."""
+    """PNG: TFLOP/s against S, one panel per (pass, head dim, mask): a row of forward panels and a row of
+    backward panels per head dim, one line per implementation."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -95,15 +97,16 @@ def plot_report(report, path):
     configs = report["configs"]
     hdims = sorted({c["hdim"] for c in configs})
     masks = [m for m in (False, True) if any(c["causal"] == m for c in configs)]
-    fig, axes = plt.subplots(len(hdims), len(masks), figsize=(6.5 * len(masks), 4.2 * len(hdims)), squeeze=False)
+    rows = [(kind, hdim) for hdim in hdims for kind in ("fwd", "bwd")]
+    fig, axes = plt.subplots(len(rows), len(masks), figsize=(6.5 * len(masks), 4.2 * len(rows)), squeeze=False)
     styles = {"dash": dict(lw=2), "torch": dict(ls="--"), "fa3": dict(ls=":", lw=2)}
-    for r, hdim in enumerate(hdims):
+    for r, (kind, hdim) in enumerate(rows):
         for col, causal in enumerate(masks):
             ax = axes[r][col]
             cfgs = sorted((c for c in configs if c["hdim"] == hdim and c["causal"] == causal),
                           key=lambda c: c["seqlen"])
             for key in _row_keys(cfgs):
-                if "bwd" not in key:
+                if kind not in key:
                     continue
                 pts = [(c["seqlen"], c["results"][key]["tflops"]) for c in cfgs
                        if key in c["results"] and "error" not in c["results"][key]]
@@ -112,7 +115,8 @@ def plot_report(report, path):
                     ax.plot(xs, ys, marker="o", ms=3, label=_label(key), **styles.get(key.split("_")[0], {}))
             ax.set_xscale("log", base=2)
             ax.set_xticks([c["seqlen"] for c in cfgs], [_seq_label(c["seqlen"]) for c in cfgs])
-            ax.set_title(f"backward, head dim {hdim}, {'causal' if causal else 'full'}")
+            name = "forward" if kind == "fwd" else "backward"
+            ax.set_title(f"{name}, head dim {hdim}, {'causal' if causal else 'full'}")
             ax.set_xlabel("sequence length (16k tokens per batch)")
             ax.set_ylabel("TFLOP/s")
             ax.grid(alpha=0.3)
@@ -124,7 +128,7 @@ def plot_report(report, path):
     fig.legend(list(legend.values()), list(legend), loc="lower center", ncol=4, fontsize=8, frameon=False)
     meta = report["meta"]
     fig.suptitle(f"{meta.get('gpu', '?')}, {meta['dtype']}, {meta['date']}")
-    fig.tight_layout(rect=(0, 0.08, 1, 0.97))
+    fig.tight_layout(rect=(0, 0.04 + 0.04 / len(rows), 1, 0.97))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -171,6 +175,14 @@ def markdown_report(report):
                         cells.append(f"{other['median_ms'] / best['median_ms']:.2f}" if ok else "-")
                     if any(x != "-" for x in cells):
                         lines.append(f"| best cupy_dash det / {name} (speed) | " + " | ".join(cells) + " |")
+                for name, ref in (("torch FA2 fwd", "torch_fwd"), ("FA3 fwd", "fa3_fwd")):
+                    cells = []
+                    for c in cfgs:
+                        ours, other = c["results"].get("dash_fwd"), c["results"].get(ref)
+                        ok = ours and other and "error" not in ours and "error" not in other
+                        cells.append(f"{other['median_ms'] / ours['median_ms']:.2f}" if ok else "-")
+                    if any(x != "-" for x in cells):
+                        lines.append(f"| cupy_dash fwd / {name} (speed) | " + " | ".join(cells) + " |")
             lines.append("")
     lines += _repeat_table(configs, groups)
     errors = [(c, k, r["error"]) for c in configs for k, r in c["results"].items() if "error" in r]

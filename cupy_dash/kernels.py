@@ -40,8 +40,8 @@ class TileConfig:
 # bwd_preprocess / bwd_postprocess use bwd_main's block_m and block_n (their row tiling must match the dq_accum
 # / dpsum / lse_log2 layout of the main kernel) with AUX_THREADS threads and no dynamic smem.
 TILES = {
-    ("fwd", 64): TileConfig(block_m=128, block_n=64, threads=256),
-    ("fwd", 128): TileConfig(block_m=128, block_n=64, threads=256),
+    ("fwd", 64): TileConfig(block_m=128, block_n=128, threads=384),
+    ("fwd", 128): TileConfig(block_m=128, block_n=128, threads=384),
     ("bwd_main", 64): TileConfig(block_m=128, block_n=128, threads=384),
     ("bwd_main", 128): TileConfig(block_m=64, block_n=128, threads=384),
 }
@@ -49,7 +49,9 @@ AUX_THREADS = 256
 
 
 def _fwd_smem(t: TileConfig, d: int) -> int:
-    return (t.block_m + 4 * t.block_n) * d * 2
+    """kernels_src/fwd/config.cuh SmemLayout: Q; K, V x2 stages; 9 mbarriers; 1 KB to align the base."""
+    stages = 2
+    return (t.block_m + 2 * stages * t.block_n) * d * 2 + 8 * (1 + 4 * stages) + 1024
 
 
 def _bwd_main_smem(t: TileConfig, d: int) -> int:
@@ -242,11 +244,12 @@ _bwd_cache: dict = {}
 
 
 def fwd_entry(dtype: str, head_dim: int, causal: bool) -> tuple:
-    """(forward KernelSpec, block_m), cached."""
+    """(forward KernelSpec, block_m, block_n), cached."""
     key = (dtype, head_dim, causal)
     e = _fwd_cache.get(key)
     if e is None:
-        e = _fwd_cache[key] = (fwd_spec(dtype, head_dim, causal), int(fwd_tile(head_dim).block_m))
+        tile = fwd_tile(head_dim)
+        e = _fwd_cache[key] = (fwd_spec(dtype, head_dim, causal), int(tile.block_m), int(tile.block_n))
     return e
 
 

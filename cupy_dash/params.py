@@ -147,16 +147,22 @@ def _pack(struct_name: str, fields: dict) -> np.ndarray:
     # NOTES: fast path: plain ints, 3-tuples of strides, floats and 128-byte maps pack as they are; anything else
     # (a cupy array or None as a pointer, None as a map, a float in an integer field, a wrong stride count) fails
     # struct.pack and takes the checking path below, which converts or raises a message naming the field.
+    # struct.pack pads a short bytes value with zeros, so maps of any other length take the checking path too.
     values = []
+    fast = True
     for name, kind in kinds:
         if kind == "strides":
             values.extend(fields[name])
         else:
-            values.append(fields[name])
-    try:
-        return np.frombuffer(layout_struct.pack(*values), dtype=dtype)
-    except (struct.error, TypeError):
-        pass
+            v = fields[name]
+            if kind == "tma" and (type(v) is not bytes or len(v) != 128):
+                fast = False
+            values.append(v)
+    if fast:
+        try:
+            return np.frombuffer(layout_struct.pack(*values), dtype=dtype)
+        except (struct.error, TypeError):
+            pass
     values = []
     for name, kind in kinds:
         value = fields[name]

@@ -53,17 +53,18 @@ def check_encodable(name: str, shape, strides, ptr: int) -> None:
         raise ValueError(f"{name}: dimensions {shape} too large for a tensor map")
 
 
-def bhsd_map(ptr: int, dtype: str, shape, strides, box_rows: int, name: str = "tensor") -> bytes:
+def bhsd_map(ptr: int, dtype: str, shape, strides, box_rows: int, name: str = "tensor",
+             box_panels: int | None = None) -> bytes:
     """The 128-byte map of a ``(B, S, H, D)`` tensor (see the module docstring) whose box is ``box_rows`` rows
-    (1..256) by the whole head dim. ``strides`` are the ``(batch, row, head)`` element strides; ``name`` names
-    the argument in errors."""
-    key = (ptr, dtype, tuple(shape), tuple(strides), box_rows)
+    (1..256) by ``box_panels`` 64-column panels (default: the whole head dim). ``strides`` are the
+    ``(batch, row, head)`` element strides; ``name`` names the argument in errors."""
+    key = (ptr, dtype, tuple(shape), tuple(strides), box_rows, box_panels)
     with _lock:
         m = _cache.get(key)
         if m is not None:
             _cache.move_to_end(key)
             return m
-    m = _encode(ptr, dtype, shape, strides, box_rows, name)
+    m = _encode(ptr, dtype, shape, strides, box_rows, name, box_panels)
     with _lock:
         _cache[key] = m
         while len(_cache) > _MAX_CACHED:
@@ -71,7 +72,7 @@ def bhsd_map(ptr: int, dtype: str, shape, strides, box_rows: int, name: str = "t
     return m
 
 
-def _encode(ptr: int, dtype: str, shape, strides, box_rows: int, name: str) -> bytes:
+def _encode(ptr: int, dtype: str, shape, strides, box_rows: int, name: str, box_panels) -> bytes:
     if dtype not in _DTYPES:
         raise ValueError(f"tensor map: unsupported dtype {dtype!r}")
     if not 1 <= box_rows <= 256:
@@ -86,7 +87,11 @@ def _encode(ptr: int, dtype: str, shape, strides, box_rows: int, name: str) -> b
     def stride(elements, n):
         return 2 * elements if n > 1 else 128
     byte_strides = [stride(row_st, S), 128, stride(head_st, H), stride(batch_st, B)]
-    box = [64, box_rows, D // 64, 1, 1]
+    if box_panels is None:
+        box_panels = D // 64
+    if not 1 <= box_panels <= D // 64:
+        raise ValueError(f"tensor map: box panels {box_panels} out of [1, {D // 64}]")
+    box = [64, box_rows, box_panels, 1, 1]
     err, tmap = drv.cuTensorMapEncodeTiled(
         getattr(drv.CUtensorMapDataType, _DTYPES[dtype]), 5, ptr,
         [drv.cuuint64_t(x) for x in dims], [drv.cuuint64_t(x) for x in byte_strides],

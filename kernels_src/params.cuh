@@ -12,10 +12,9 @@ struct Strides {             // element strides of a (B, S, H, D) tensor
 };
 
 struct FwdParams {
-  const elem_t* q; const elem_t* k; const elem_t* v;
-  elem_t* out;               // (B, Sq, H, D)
-  float* lse;                // (B, H, Sq), natural-log units; -inf for a row that sees no key
-  Strides q_stride, k_stride, v_stride, o_stride;
+  TmaDesc tma_q, tma_k, tma_v;  // 5-D TMA maps {64, S, D / 64, H, B}; boxes of BLOCK_M (q) or BLOCK_N (k, v) rows
+  TmaDesc tma_o;                // the same map of out (B, Sq, H, D), box {64, 64, 1}: one panel of 64 rows
+  float* lse;                   // (B, H, Sq), natural-log units; -inf for a row that sees no key
   int64_t batch, seqlen_q, seqlen_k, num_heads, num_heads_kv;
   float softmax_scale, softmax_scale_log2;
 };

@@ -17,7 +17,9 @@ def _report():
                     res[f"dash_bwd_{s}"] = dict(median_ms=2.0 + 0.1 * i, tflops=400.0 - i, repeats_bits=True)
                 res["dash_bwd_atomic"] = dict(median_ms=1.8, tflops=444.0)
                 res["torch_bwd_det"] = dict(median_ms=4.0, tflops=200.0, repeats_bits=True)
+                res["torch_fwd"] = dict(median_ms=1.1, tflops=273.0)
                 if hdim == 128:
+                    res["fa3_fwd"] = dict(median_ms=0.8, tflops=375.0)
                     res["fa3_bwd_det"] = dict(median_ms=2.5, tflops=320.0, repeats_bits=S != 1024)
                     res["fa3_bwd_nondet"] = dict(error="RuntimeError: boom")
                 configs.append(dict(hdim=hdim, causal=causal, seqlen=S, results=res))
@@ -34,6 +36,9 @@ def test_markdown_report_has_ratios_repeatability_and_failures():
     assert "| FA3 det bwd | **no** | yes |" in md
     assert "fa3_bwd_nondet" not in md and "FA3 non-det bwd: RuntimeError: boom" in md
     assert "Missing peers: fa3: not importable" in md
+    assert "| cupy_dash fwd / torch FA2 fwd (speed) | 1.10 | 1.10 |" in md
+    assert "| cupy_dash fwd / FA3 fwd (speed) | 0.80 | 0.80 |" in md
+    assert md.count("cupy_dash fwd / FA3 fwd") == 2                             # d128 full and causal only
 
 
 def test_plot_report_writes_a_png(tmp_path):

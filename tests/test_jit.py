@@ -76,7 +76,7 @@ def test_params_layout_matches_c_structs(offsetof):
     cubin, log, ok = jit.compile_source(src, "layout_check.cu", [*jit.BASE_OPTIONS, f"-I{REAL_KERNEL_DIR}"])
     assert ok, log
     # BwdParams: four 64-byte-aligned 128-byte tensor maps first, 400 bytes of 8-byte fields, padded to 64
-    assert kernels.FWD_PARAMS_DTYPE.itemsize == 184 and kernels.BWD_PARAMS_DTYPE.itemsize == 960
+    assert kernels.FWD_PARAMS_DTYPE.itemsize == 576 and kernels.BWD_PARAMS_DTYPE.itemsize == 960
     assert kernels.PARAMS_STRUCTS["BwdParams"][1] == 64 and kernels.BWD_PARAMS_DTYPE.fields["q"][1] == 512
 
 
@@ -112,8 +112,7 @@ def test_params_parser_reads_declarations_and_rejects_the_unknown():
 
 
 def _fwd_fields(**over):
-    fields = dict(q=0x1000, k=0x2000, v=0x3000, out=0x4000, lse=0x5000,
-                  q_stride=(1, 2, 3), k_stride=(4, 5, 6), v_stride=(7, 8, 9), o_stride=(10, 11, 12),
+    fields = dict(tma_q=b"\x01" * 128, tma_k=b"\x02" * 128, tma_v=b"\x03" * 128, tma_o=b"\x04" * 128, lse=0x5000,
                   batch=2, seqlen_q=300, seqlen_k=500, num_heads=8, num_heads_kv=2,
                   softmax_scale=0.125, softmax_scale_log2=0.125 * 1.4426950408889634)
     fields.update(over)
@@ -122,10 +121,13 @@ def _fwd_fields(**over):
 
 def test_pack_fwd_params_bytes():
     p = kernels.pack_fwd_params(**_fwd_fields())
-    assert p.shape == (1,) and p.dtype == kernels.FWD_PARAMS_DTYPE and p.nbytes == 184
-    words = np.frombuffer(p.tobytes()[:176], dtype="<i8")
-    assert list(words) == [0x1000, 0x2000, 0x3000, 0x4000, 0x5000, *range(1, 13), 2, 300, 500, 8, 2]
-    tail = np.frombuffer(p.tobytes()[176:], dtype="<f4")
+    # four 128-byte tensor maps, lse, five int64, two floats; padded to the maps' 64-byte alignment
+    assert p.shape == (1,) and p.dtype == kernels.FWD_PARAMS_DTYPE and p.nbytes == 576
+    raw = p.tobytes()
+    assert raw[:512] == b"".join(bytes([i]) * 128 for i in (1, 2, 3, 4))
+    words = np.frombuffer(raw[512:560], dtype="<i8")
+    assert list(words) == [0x5000, 2, 300, 500, 8, 2]
+    tail = np.frombuffer(raw[560:568], dtype="<f4")
     assert tail[0] == np.float32(0.125) and tail[1] == np.float32(0.125 * 1.4426950408889634)
 
 
@@ -136,10 +138,10 @@ def test_pack_params_errors():
         kernels.pack_fwd_params(**fields)
     with pytest.raises(TypeError, match="bogus"):
         kernels.pack_fwd_params(**_fwd_fields(bogus=1))
-    with pytest.raises(ValueError, match="q_stride"):
-        kernels.pack_fwd_params(**_fwd_fields(q_stride=(1, 2)))
-    with pytest.raises(TypeError, match="FwdParams.q"):
-        kernels.pack_fwd_params(**_fwd_fields(q=1.5))
+    with pytest.raises(TypeError, match="FwdParams.lse"):
+        kernels.pack_fwd_params(**_fwd_fields(lse=1.5))
+    with pytest.raises(ValueError, match="FwdParams.tma_o: a tensor map is 128 bytes"):
+        kernels.pack_fwd_params(**_fwd_fields(tma_o=b"short"))
     with pytest.raises(TypeError, match="dq"):
         kernels.pack_bwd_params(**_fwd_fields())
 
@@ -167,6 +169,8 @@ def test_pack_bwd_params_every_field():
     assert p.nbytes == 960
     with pytest.raises(ValueError, match="BwdParams.tma_q: a tensor map is 128 bytes"):
         kernels.pack_bwd_params(**dict(fields, tma_q=b"short"))
+    with pytest.raises(ValueError, match="q_stride"):
+        kernels.pack_bwd_params(**dict(fields, q_stride=(1, 2)))
     for name in dt.names:
         got = p[name][0]
         want = expect[name]
@@ -207,7 +211,8 @@ def test_tile_plan_and_smem():
     for d, (bm, bn) in ((64, (128, 128)), (128, (64, 128))):
         f, b = kernels.fwd_tile(d), kernels.bwd_tile(d)
         fs = kernels.fwd_spec("bfloat16", d, False)
-        assert fs.smem_bytes == (f.block_m + 4 * f.block_n) * d * 2 and fs.threads == f.threads
+        # the forward: Q; K, V x2 stages; 9 barriers; 1 KB of alignment slack (fwd/config.cuh static_asserts it)
+        assert fs.smem_bytes == (f.block_m + 4 * f.block_n) * d * 2 + 72 + 1024 and fs.threads == f.threads == 384
         pre, main, post = kernels.bwd_specs("bfloat16", d, False, True)
         # the main kernel: 384 threads; smem as bwd/config.cuh lays it out (the kernel static_asserts the same
         # number, so compile --all checks the formula): K x2, V; Q, dO, dS x2; fp32 dQ; lse, dpsum x2; 14
@@ -434,11 +439,12 @@ def test_cli_compile_bad_arguments(argv, capsys):
 # ------------------------------------------------------------------------------------------------ GPU
 ECHO_KERNEL = r"""
 #include "params.cuh"
-// Copies its parameter block, byte for byte, into the buffer at p.out: proves the by-value struct passing.
+// Copies its parameter block, byte for byte, into the buffer at p.lse + 16 bytes (one copy per CTA) and writes
+// DASH_SMEM_BYTES to p.lse[0]: proves the by-value struct passing.
 extern "C" __global__ void __launch_bounds__(DASH_NUM_THREADS) dash_fwd(const __grid_constant__ FwdParams p) {
   extern __shared__ unsigned char smem[];
   const unsigned char* src = reinterpret_cast<const unsigned char*>(&p);
-  unsigned char* dst = reinterpret_cast<unsigned char*>(p.out) + blockIdx.x * sizeof(FwdParams);
+  unsigned char* dst = reinterpret_cast<unsigned char*>(p.lse) + 16 + blockIdx.x * sizeof(FwdParams);
   for (int i = threadIdx.x; i < (int)sizeof(FwdParams); i += blockDim.x) { smem[i] = src[i]; }
   __syncthreads();
   for (int i = threadIdx.x; i < (int)sizeof(FwdParams); i += blockDim.x) dst[i] = smem[i];
@@ -451,12 +457,13 @@ extern "C" __global__ void __launch_bounds__(DASH_NUM_THREADS) dash_fwd(const __
 def test_launch_passes_params_by_value(ksrc):
     import cupy
     (ksrc / "fwd.cu").write_text(ECHO_KERNEL)
-    spec = kernels.fwd_spec("bfloat16", 128, False)          # 96 KiB dynamic smem: needs the opt-in attribute
+    spec = kernels.fwd_spec("bfloat16", 128, False)          # 161 KiB dynamic smem: needs the opt-in attribute
     assert spec.smem_bytes > 48 * 1024
     grid = 3
-    out = cupy.zeros(grid * kernels.FWD_PARAMS_DTYPE.itemsize, dtype=cupy.uint8)
-    lse = cupy.zeros(4, dtype=cupy.float32)
-    params = kernels.pack_fwd_params(**_fwd_fields(out=out.data.ptr, lse=lse))
+    buf = cupy.zeros(16 + grid * kernels.FWD_PARAMS_DTYPE.itemsize, dtype=cupy.uint8)
+    lse = buf[:16].view(cupy.float32)
+    out = buf[16:]
+    params = kernels.pack_fwd_params(**_fwd_fields(lse=buf.data.ptr))
     stream = cupy.cuda.Stream(non_blocking=True)
     kernels.launch(spec, (grid,), params, stream)
     stream.synchronize()
@@ -467,7 +474,7 @@ def test_launch_passes_params_by_value(ksrc):
     assert jit.load(spec) is jit.load(spec)                   # memoized per (spec, device)
     n = kernels.max_resident_ctas(spec)
     sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
-    assert n % sms == 0 and sms <= n <= 2 * sms               # 96 KiB smem: 1 or 2 CTAs per SM
+    assert n == sms                                           # 161 KiB smem, 384 threads: 1 CTA per SM
     bwd_params = np.zeros(1, dtype=kernels.BWD_PARAMS_DTYPE)
     with pytest.raises(TypeError, match="params"):             # the wrong struct for this kernel
         kernels.launch(spec, grid, bwd_params, stream)

@@ -30,3 +30,10 @@ DASH_DEVICE bool mbar_try_wait(uint32_t bar, uint32_t parity) {
       : "memory");
   return done != 0;
 }
+
+// Spins until the phase of the given parity has completed. NOTES: only for waits that end by construction (the
+// forward's pipelines inside one CTA); the backward bounds its waits (bwd/pipeline.cuh).
+DASH_DEVICE void mbar_wait(uint32_t bar, uint32_t parity) {
+  while (!mbar_try_wait(bar, parity)) {
+  }
+}

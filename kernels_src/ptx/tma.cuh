@@ -1,5 +1,5 @@
 // PTX ISA "Data Movement: cp.async.bulk.tensor, cp.async.bulk" — TMA tile loads and flat bulk loads from global
-// into shared memory, completing on an mbarrier.
+// into shared memory, completing on an mbarrier; TMA tile stores from shared memory (bulk_group completion).
 #pragma once
 #include "../common.cuh"
 
@@ -21,6 +21,15 @@ DASH_DEVICE void tma_load_5d(uint32_t dst, const TmaDesc* desc, uint32_t bar, in
       " [%0], [%1, {%2, %3, %4, %5, %6}], [%7];\n" ::"r"(dst),
       "l"(desc), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "r"(bar)
       : "memory");
+}
+
+// The box of a 5-D tensor map at (c0 .. c4) from shared memory at src into global memory; elements outside the
+// tensor are not written. Joins the calling thread's current bulk group (commit / wait: ptx/bulk_reduce.cuh).
+DASH_DEVICE void tma_store_5d(const TmaDesc* desc, uint32_t src, int c0, int c1, int c2, int c3, int c4) {
+  asm volatile("cp.async.bulk.tensor.5d.global.shared::cta.tile.bulk_group [%0, {%1, %2, %3, %4, %5}], [%6];\n" ::"l"(
+                   desc),
+               "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "r"(src)
+               : "memory");
 }
 
 // bytes (a multiple of 16) from src (16-byte aligned) to dst (16-byte aligned), completing on bar.

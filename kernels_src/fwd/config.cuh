@@ -1,0 +1,103 @@
+// Forward kernel (Hopper engine): compile-time configuration, thread roles, named barriers, the shared-memory
+// layout and the tile a CTA computes. The DASH_* defines come from cupy_dash/kernels.py (one cubin per variant).
+#pragma once
+#include "../common.cuh"
+#include "../params.cuh"
+
+#if !defined(DASH_HEAD_DIM) || !defined(DASH_CAUSAL) || !defined(DASH_BLOCK_M) || !defined(DASH_BLOCK_N) || \
+    !defined(DASH_NUM_THREADS) || !defined(DASH_SMEM_BYTES)
+#error "the forward kernel needs DASH_HEAD_DIM, DASH_CAUSAL, DASH_BLOCK_M, DASH_BLOCK_N, DASH_NUM_THREADS, " \
+       "DASH_SMEM_BYTES"
+#endif
+
+namespace fwd {
+
+constexpr int kHeadDim = DASH_HEAD_DIM;
+constexpr bool kCausal = DASH_CAUSAL != 0;
+constexpr int kBlockM = DASH_BLOCK_M;  // queries per Q tile (m_block)
+constexpr int kBlockN = DASH_BLOCK_N;  // keys per KV tile (n_block)
+
+// Thread roles: warpgroup 0 is the producer (one lane of warp 0 issues the TMA loads; the rest leave at once);
+// warpgroups 1..kNumMmaWg compute, each for 64 query rows of the Q tile.
+constexpr int kNumMmaWg = 2;
+constexpr int kWgThreads = 128;
+constexpr int kNumThreads = kWgThreads * (1 + kNumMmaWg);
+static_assert(DASH_NUM_THREADS == kNumThreads, "launched with 384 threads");
+constexpr int kProducerRegs = 24, kMmaRegs = 240;
+static_assert(kProducerRegs * kWgThreads + kMmaRegs * kWgThreads * kNumMmaWg <= 168 * kNumThreads,
+              "setmaxnreg budgets exceed the CTA's register pool (168 per thread at entry)");
+
+static_assert(kHeadDim == 64 || kHeadDim == 128, "head dim 64 or 128");
+static_assert(kBlockM == 64 * kNumMmaWg, "each MMA warpgroup owns 64 query rows");
+static_assert(kBlockN == 64 || kBlockN == 128, "the wgmma wrappers have N = 64 or 128");
+
+// Accumulator registers per thread (m64nN fp32: N / 2).
+constexpr int kSRegs = kBlockN / 2;   // S = Q K^T, then P: 64 queries x kBlockN keys
+constexpr int kORegs = kHeadDim / 2;  // O: 64 queries x kHeadDim
+
+constexpr int kStages = 2;  // K and V buffers (separate pipelines)
+
+// Named barriers (id 0 is __syncthreads): the GEMM turn of MMA warpgroup wg (ping-pong: a warpgroup syncs on its
+// own id before issuing its GEMMs, the other one arrives on it after issuing its own), and the O tile of
+// warpgroup wg written to shared memory before the TMA store.
+constexpr int kBarTurn = 1;      // + wg
+constexpr int kBarOStaged = 3;   // + wg
+constexpr int kTurnThreads = kNumMmaWg * kWgThreads;
+
+// NOTES: shared memory, from a 1024-byte-aligned base (the 128B swizzle pattern of TMA and wgmma starts on
+// 1024-byte boundaries): Q | K x kStages | V x kStages | mbarriers. Q is K-major for S = Q K^T (queries x head
+// dim, 64-column panels of kBlockM x 128 B), K K-major (keys x head dim) as B of S, V the same bytes as the
+// MN-major B operand of O += P V. After its last S GEMM, a warpgroup's 64 rows of the Q tile hold its O tile
+// for the TMA store (only that warpgroup ever reads those rows).
+struct SmemLayout {
+  static constexpr int kQ = kBlockM * kHeadDim * 2;
+  static constexpr int kKV = kBlockN * kHeadDim * 2;
+  static constexpr int kQs = 0;
+  static constexpr int kK = kQs + kQ;
+  static constexpr int kV = kK + kStages * kKV;
+  static constexpr int kBars = kV + kStages * kKV;
+  // q_full, k_full[], k_empty[], v_full[], v_empty[]
+  static constexpr int kNumBars = 1 + 4 * kStages;
+  static constexpr int kBytes = kBars + 8 * kNumBars;
+  static constexpr int kDynamicBytes = kBytes + 1024;  // slack to align the base
+};
+static_assert(SmemLayout::kQ % 1024 == 0 && SmemLayout::kKV % 1024 == 0, "tiles keep 1024-byte alignment");
+static_assert(SmemLayout::kDynamicBytes == DASH_SMEM_BYTES, "host smem formula out of sync with the layout");
+static_assert(SmemLayout::kDynamicBytes <= 227 * 1024, "more than the 227 KB a CTA can have");
+
+struct Smem {
+  uint32_t base;  // shared-window address, 1024-byte aligned
+  DASH_DEVICE uint32_t q() const { return base + SmemLayout::kQs; }
+  DASH_DEVICE uint32_t k(int stage) const { return base + SmemLayout::kK + stage * SmemLayout::kKV; }
+  DASH_DEVICE uint32_t v(int stage) const { return base + SmemLayout::kV + stage * SmemLayout::kKV; }
+  DASH_DEVICE uint32_t bar(int i) const { return base + SmemLayout::kBars + 8 * i; }
+  DASH_DEVICE uint32_t q_full() const { return bar(0); }
+  DASH_DEVICE uint32_t k_full(int stage) const { return bar(1 + stage); }
+  DASH_DEVICE uint32_t k_empty(int stage) const { return bar(1 + kStages + stage); }
+  DASH_DEVICE uint32_t v_full(int stage) const { return bar(1 + 2 * kStages + stage); }
+  DASH_DEVICE uint32_t v_empty(int stage) const { return bar(1 + 3 * kStages + stage); }
+};
+
+// The tile of one CTA: query rows [m_block kBlockM, +kBlockM) of head h (kv head hk) of batch b, against KV
+// tiles n_block_max - 1 down to 0.
+struct Tile {
+  int m_block, h, hk, b;
+  int n_block_max;  // 0: no row of the tile sees a key
+  DASH_DEVICE Tile(const FwdParams& p) {
+    const int num_m_blocks = (int)gridDim.x;
+    // NOTES: causal tiles get shorter as m_block falls; launching the longest first shortens the tail.
+    m_block = kCausal ? num_m_blocks - 1 - (int)blockIdx.x : (int)blockIdx.x;
+    h = (int)blockIdx.y;
+    b = (int)blockIdx.z;
+    hk = h / ((int)p.num_heads / (int)p.num_heads_kv);
+    const int seqlen_q = (int)p.seqlen_q, seqlen_k = (int)p.seqlen_k;
+    n_block_max = (seqlen_k + kBlockN - 1) / kBlockN;
+    if (kCausal) {
+      // bottom-right aligned: query i sees key j iff j <= i + Sk - Sq; the tile's last valid row decides
+      const int last_key = min((m_block + 1) * kBlockM, seqlen_q) - 1 + seqlen_k - seqlen_q;
+      n_block_max = min(n_block_max, last_key < 0 ? 0 : last_key / kBlockN + 1);
+    }
+  }
+};
+
+}  // namespace fwd

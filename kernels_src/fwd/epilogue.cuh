@@ -1,0 +1,58 @@
+// Forward kernel, epilogue of an MMA warpgroup: O / rowsum through its 64 rows of the Q tile to global memory by
+// TMA store (rows past Sq are clipped by the tensor map), and lse = max * scale + ln(rowsum) per row.
+#pragma once
+#include "../ptx/bulk_reduce.cuh"
+#include "../ptx/cvt.cuh"
+#include "../ptx/fence.cuh"
+#include "../ptx/named_barrier.cuh"
+#include "../ptx/stmatrix.cuh"
+#include "../ptx/tma.cuh"
+#include "../swizzled_tile.cuh"
+#include "../wgmma_fragment.cuh"
+#include "config.cuh"
+#include "mainloop.cuh"
+
+namespace fwd {
+
+// NOTES: a row that saw no key has rowsum 0 (every P was 2^-inf): it gets O = 0 and lse = -inf, never NaN. Any
+// row that saw a key has rowsum >= 1 (its max contributes 2^0). The warpgroup's rows of the Q tile are free: its
+// last S wgmma has completed, and the other warpgroup reads only its own rows. A tile without KV tiles never
+// loaded Q, so nothing is in flight there either.
+DASH_DEVICE void store_output(const FwdParams& p, const Smem& s, const Tile& t, float (&O)[kORegs],
+                              const RowStats& st, int wg, int tid) {
+  const Fragment f(tid);
+  const int row_first = t.m_block * kBlockM + 64 * wg;
+  float inv_sum[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float sum = quad_sum(st.sum[r]);
+    inv_sum[r] = sum == 0.f ? 0.f : __fdividef(1.f, sum);
+    const int row = row_first + f.row0 + 8 * r;
+    if (tid % 4 == 0 && row < p.seqlen_q) {
+      p.lse[((int64_t)t.b * p.num_heads + t.h) * p.seqlen_q + row] =
+          sum == 0.f ? neg_inf() : st.max[r] * p.softmax_scale + logf(sum);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kORegs; ++i) O[i] *= inv_sum[(i / 2) % 2];
+  uint32_t Oa[kHeadDim / 16][4];
+  pack_fragments<kORegs>(Oa, O);
+  store_rows<kBlockM>(s.q(), Oa, 64 * wg, tid);
+  fence_proxy_async_smem();
+  if (wg == 0) {
+    named_barrier_sync<kBarOStaged, kWgThreads>();
+  } else {
+    named_barrier_sync<kBarOStaged + 1, kWgThreads>();
+  }
+  if (tid == 0) {
+    // one box {64 columns, 64 rows} per 64-column panel of the head dim
+#pragma unroll
+    for (int panel = 0; panel < kHeadDim / 64; ++panel) {
+      tma_store_5d(&p.tma_o, s.q() + panel * TileQ::kPanelBytes + 64 * wg * 128, 0, row_first, panel, t.h, t.b);
+    }
+    bulk_commit();
+    bulk_wait_read<0>();  // the shared memory must outlive the reads of the store
+  }
+}
+
+}  // namespace fwd

@@ -1,0 +1,204 @@
+// Forward kernel, MMA warpgroups: warpgroup wg owns query rows [64 wg, 64 wg + 64) of the Q tile and walks the
+// KV tiles from n_block_max - 1 down to 0 with an online softmax in the log2 domain. S = Q K^T is an SS wgmma,
+// O += P V an RS wgmma with P straight from the registers of S.
+// NOTES: overlap. Inside a warpgroup, step i issues S_n = Q K_n^T and O += P_{n+1} V_{n+1} together and computes
+// the softmax of S_n while the P V wgmma runs (FA3's intra-warpgroup overlap). Across the two warpgroups, the
+// GEMM issues alternate (ping-pong on the kBarTurn barriers), so one warpgroup's softmax runs under the other's
+// GEMMs.
+#pragma once
+#include "../ptx/exp2.cuh"
+#include "../ptx/mbarrier.cuh"
+#include "../ptx/named_barrier.cuh"
+#include "../ptx/wgmma.cuh"
+#include "../swizzled_tile.cuh"
+#include "../wgmma_fragment.cuh"
+#include "config.cuh"
+
+namespace fwd {
+
+using TileQ = SwizzledTile<kBlockM>;   // Q (and the O staging): queries x head dim
+using TileKV = SwizzledTile<kBlockN>;  // K, V: keys x head dim
+
+DASH_DEVICE float neg_inf() { return __int_as_float(0xff800000); }
+
+// Max and sum over the four lanes of a quad, which together hold whole rows of an m64 accumulator.
+DASH_DEVICE float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+DASH_DEVICE float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// The ping-pong turn of MMA warpgroup wg: wait for it before issuing GEMMs, pass it on after.
+DASH_DEVICE void turn_wait(int wg) {
+  if (wg == 0) {
+    named_barrier_sync<kBarTurn, kTurnThreads>();
+  } else {
+    named_barrier_sync<kBarTurn + 1, kTurnThreads>();
+  }
+}
+DASH_DEVICE void turn_pass(int wg) {
+  if (wg == 0) {
+    named_barrier_arrive<kBarTurn + 1, kTurnThreads>();
+  } else {
+    named_barrier_arrive<kBarTurn, kTurnThreads>();
+  }
+}
+
+// Row state of the online softmax for this thread's two rows (r = 0: fragment row f.row0, r = 1: f.row0 + 8):
+// the running max of the raw scores and this thread's partial sum of P (its columns; quad-reduced at the end).
+struct RowStats {
+  float max[2], sum[2];
+};
+
+// S (64 x kBlockN raw scores) -> P = 2^(S scale_log2 - max scale_log2) in place, with the new row max; corr gets
+// the factor 2^((max_old - max_new) scale_log2) by which O and the sums are rescaled. Register i of S is row
+// r = (i / 2) % 2 (Fragment::row).
+// NOTES: -inf guard. While a row has seen only masked keys its max is -inf; it then subtracts 0 instead, so
+// P = 2^-inf = 0 and corr = 2^-inf = 0 rather than NaN from (-inf) - (-inf).
+template <bool kFirst>
+DASH_DEVICE void online_softmax(float (&S)[kSRegs], RowStats& st, float (&corr)[2], float scale_log2) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float m = kFirst ? neg_inf() : st.max[r];
+#pragma unroll
+    for (int c = 0; c < kSRegs / 4; ++c) m = fmaxf(m, fmaxf(S[4 * c + 2 * r], S[4 * c + 2 * r + 1]));
+    m = quad_max(m);
+    const float m_scaled = m == neg_inf() ? 0.f : m * scale_log2;
+    corr[r] = kFirst ? 0.f : exp2_approx(st.max[r] * scale_log2 - m_scaled);
+    st.max[r] = m;
+    float sum = 0.f;
+#pragma unroll
+    for (int c = 0; c < kSRegs / 4; ++c) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int i = 4 * c + 2 * r + e;
+        S[i] = exp2_approx(fmaf(S[i], scale_log2, -m_scaled));
+        sum += S[i];
+      }
+    }
+    st.sum[r] = kFirst ? sum : fmaf(st.sum[r], corr[r], sum);
+  }
+}
+
+// Keys at or past this thread's row limits become -inf: key_limit[r] is the first key row r may not see
+// (min(Sk, q + Sk - Sq + 1) with causal, Sk without).
+DASH_DEVICE void mask_scores(float (&S)[kSRegs], int key0, const int (&key_limit)[2], const Fragment& f) {
+#pragma unroll
+  for (int i = 0; i < kSRegs; ++i) {
+    const int key = key0 + f.col0 + Fragment::col(i);
+    if (key >= key_limit[(i / 2) % 2]) S[i] = neg_inf();
+  }
+}
+
+// S = Q_wg K^T over the head dim (both K-major). Issues the wgmmas, no commit.
+DASH_DEVICE void gemm_qk(float (&S)[kSRegs], uint64_t q_desc, uint32_t k_tile) {
+  const uint64_t k_desc = TileKV::kmajor(k_tile, 0);
+#pragma unroll
+  for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+    wgmma_ss<kBlockN, 0, 0>(S, desc_advance(q_desc, TileQ::kmajor_step(ks)),
+                            desc_advance(k_desc, TileKV::kmajor_step(ks)), ks > 0);
+  }
+}
+
+// O += P V over the keys, P as register A fragments, V the MN-major B operand. Issues the wgmmas, no commit.
+DASH_DEVICE void gemm_pv(float (&O)[kORegs], const uint32_t (&Pa)[kBlockN / 16][4], uint32_t v_tile) {
+  const uint64_t v_desc = TileKV::mnmajor(v_tile, 0);
+#pragma unroll
+  for (int ks = 0; ks < kBlockN / 16; ++ks) {
+    wgmma_rs<kHeadDim, 1>(O, Pa[ks], desc_advance(v_desc, TileKV::mnmajor_step(ks)), 1);
+  }
+}
+
+// Scores of KV tile n_block into P (rows need the mask only on tiles that reach past Sk or cross the diagonal).
+template <bool kFirst>
+DASH_DEVICE void scores_to_probs(float (&S)[kSRegs], RowStats& st, float (&corr)[2], int n_block, int row_first,
+                                 const int (&key_limit)[2], const FwdParams& p, const Fragment& f) {
+  const int key0 = n_block * kBlockN;
+  const bool need_mask = key0 + kBlockN > (int)p.seqlen_k ||
+                         (kCausal && key0 + kBlockN - 1 > row_first + (int)(p.seqlen_k - p.seqlen_q));
+  if (need_mask) mask_scores(S, key0, key_limit, f);
+  online_softmax<kFirst>(S, st, corr, p.softmax_scale_log2);
+}
+
+// The mainloop of MMA warpgroup wg (thread tid of it): O (unnormalised) and the row statistics of its 64 rows.
+// NOTES: K stage i % kStages holds K of step i (KV tile n_block_max - 1 - i), V likewise; each warpgroup arrives
+// once on an empty barrier (count kNumMmaWg) when its wgmmas reading that stage have completed. Every warpgroup
+// takes the turn n_block_max + 1 times; warpgroup 1 passes it to warpgroup 0 once up front (so 0 goes first) and
+// not after its last GEMMs, so every arrive is matched by a sync.
+DASH_DEVICE void consume(const FwdParams& p, const Smem& s, const Tile& t, float (&O)[kORegs], RowStats& st, int wg,
+                         int tid) {
+  const Fragment f(tid);
+#pragma unroll
+  for (int i = 0; i < kORegs; ++i) O[i] = 0.f;
+  const int n_blocks = t.n_block_max;
+  const int row_first = t.m_block * kBlockM + 64 * wg;  // first query row of this warpgroup
+  int key_limit[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = row_first + f.row0 + 8 * r;
+    key_limit[r] = kCausal ? min((int)p.seqlen_k, row + 1 + (int)(p.seqlen_k - p.seqlen_q)) : (int)p.seqlen_k;
+  }
+  if (wg == 1) turn_pass(wg);
+
+  const uint64_t q_desc = TileQ::kmajor(s.q(), 64 * wg);
+  float S[kSRegs], corr[2];
+  uint32_t Pa[kBlockN / 16][4];
+  mbar_wait(s.q_full(), 0);
+
+  // Step 0: S of the last KV tile alone.
+  mbar_wait(s.k_full(0), 0);
+  turn_wait(wg);
+  wgmma_fence();
+  gemm_qk(S, q_desc, s.k(0));
+  wgmma_commit();
+  turn_pass(wg);
+  wgmma_wait<0>();
+  wgmma_fence_operand(S);
+  if (tid == 0) mbar_arrive(s.k_empty(0));
+  scores_to_probs<true>(S, st, corr, n_blocks - 1, row_first, key_limit, p, f);
+  pack_fragments<kSRegs>(Pa, S);
+
+  // Step i: S of KV tile n_block_max - 1 - i with O += P V of the tile before it.
+  for (int i = 1; i < n_blocks; ++i) {
+    const int ks = i % kStages, vs = (i - 1) % kStages;
+    mbar_wait(s.k_full(ks), (i / kStages) & 1);
+    turn_wait(wg);
+    wgmma_fence();
+    gemm_qk(S, q_desc, s.k(ks));
+    wgmma_commit();
+    mbar_wait(s.v_full(vs), ((i - 1) / kStages) & 1);
+    wgmma_fence();  // NOTES: not required by the ISA here, but ptxas 13.0 injects one after a wait loop (C7519)
+    gemm_pv(O, Pa, s.v(vs));
+    wgmma_commit();
+    turn_pass(wg);
+
+    wgmma_wait<1>();
+    wgmma_fence_operand(S);
+    if (tid == 0) mbar_arrive(s.k_empty(ks));
+    scores_to_probs<false>(S, st, corr, n_blocks - 1 - i, row_first, key_limit, p, f);
+    wgmma_wait<0>();
+    wgmma_fence_operand(O);
+    wgmma_fence_operand(Pa);
+    if (tid == 0) mbar_arrive(s.v_empty(vs));
+#pragma unroll
+    for (int j = 0; j < kORegs; ++j) O[j] *= corr[(j / 2) % 2];
+    pack_fragments<kSRegs>(Pa, S);
+  }
+
+  // Last step: O += P V of KV tile 0.
+  const int vs = (n_blocks - 1) % kStages;
+  mbar_wait(s.v_full(vs), ((n_blocks - 1) / kStages) & 1);
+  turn_wait(wg);
+  wgmma_fence();
+  gemm_pv(O, Pa, s.v(vs));
+  wgmma_commit();
+  if (wg == 0) turn_pass(wg);
+  wgmma_wait<0>();
+  wgmma_fence_operand(O);
+  if (tid == 0) mbar_arrive(s.v_empty(vs));
+}
+
+}  // namespace fwd

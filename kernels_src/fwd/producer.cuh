@@ -1,0 +1,44 @@
+// Forward kernel, producer (one lane of warp 0): TMA loads of Q once, then K and V of each KV tile from the last
+// visible one down to 0, in the order the MMA warpgroups consume them: K_n is needed one step before V_n.
+#pragma once
+#include "../params.cuh"
+#include "../ptx/mbarrier.cuh"
+#include "../ptx/tma.cuh"
+#include "config.cuh"
+
+namespace fwd {
+
+// NOTES: tensor maps are 5-D {64, S, D / 64, H, B} (cupy_dash/tensormap.py): a box of {64, rows, D / 64, 1, 1}
+// lands as the 64-column panels of a SwizzledTile; rows past S are zero-filled (masked or never stored).
+// Load i of a ring uses stage i % kStages at parity (i / kStages) & 1; the producer waits for the opposite
+// parity on the empty barrier, which a fresh barrier grants for the first kStages loads.
+DASH_DEVICE void load_kv_tile(const TmaDesc* map, uint32_t dst, uint32_t full, uint32_t empty, int i, int n_block,
+                              const Tile& t) {
+  mbar_wait(empty, ((i / kStages) & 1) ^ 1);
+  mbar_arrive_expect_tx(full, SmemLayout::kKV);
+  tma_load_5d(dst, map, full, 0, n_block * kBlockN, 0, t.hk, t.b);
+}
+
+DASH_DEVICE void produce(const FwdParams& p, const Smem& s, const Tile& t) {
+  if (t.n_block_max == 0) return;
+  tma_prefetch_desc(&p.tma_q);
+  tma_prefetch_desc(&p.tma_k);
+  tma_prefetch_desc(&p.tma_v);
+  mbar_arrive_expect_tx(s.q_full(), SmemLayout::kQ);
+  tma_load_5d(s.q(), &p.tma_q, s.q_full(), 0, t.m_block * kBlockM, 0, t.h, t.b);
+  const int last = t.n_block_max - 1;
+  const auto load_k = [&](int i) {
+    load_kv_tile(&p.tma_k, s.k(i % kStages), s.k_full(i % kStages), s.k_empty(i % kStages), i, last - i, t);
+  };
+  const auto load_v = [&](int i) {
+    load_kv_tile(&p.tma_v, s.v(i % kStages), s.v_full(i % kStages), s.v_empty(i % kStages), i, last - i, t);
+  };
+  load_k(0);
+  for (int i = 1; i < t.n_block_max; ++i) {
+    load_k(i);
+    load_v(i - 1);
+  }
+  load_v(last);
+}
+
+}  // namespace fwd
