@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One device run on the H200: install, compile, GPU tests, demo, benchmarks; every log under $OUT.
-#   bash benchmarks/device_run.sh [smoke|tests|bench|all] [extra pytest args...]
+#   bash benchmarks/device_run.sh [smoke|fwd|tests|bench|all] [extra pytest args...]
+# FA3 (flash-attn3-jax) is measured when its wheel is importable: carry .whl/ and set FA3_WHL=1.
 set -o pipefail
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false CUPY_DASH_CACHE_DIR=${CUPY_DASH_CACHE_DIR:-/tmp/dash_cache}
 OUT=${OUT:-/tmp/dash_out}; mkdir -p "$OUT"
@@ -9,10 +10,19 @@ py=python3
 $py -m pip install --no-build-isolation --no-deps -q -e . >"$OUT/install.log" 2>&1 || { tail -20 "$OUT/install.log"; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
 git rev-parse --short HEAD 2>/dev/null | tee -a "$OUT/gpu.txt"
+if [ -n "${FA3_WHL:-}" ]; then
+  $py -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >"$OUT/fa3_install.log" 2>&1 && export PYTHONPATH=/tmp/site
+fi
 $py -m cupy_dash compile --all -j 8 >"$OUT/compile.log" 2>&1 || { tail -20 "$OUT/compile.log"; exit 1; }
 tail -1 "$OUT/compile.log"
 if [ "$stage" = smoke ] || [ "$stage" = all ]; then
   timeout 300 $py -m pytest tests/test_gpu_attention.py -q -x --maxfail=3 -k "d64-full-sq128-sk128 or d128-causal-sq300-sk1000" "$@" 2>&1 | tee "$OUT/smoke.log" | tail -25
+fi
+if [ "$stage" = fwd ]; then
+  timeout 200 $py -m pytest tests/test_gpu_forward.py tests/test_gpu_attention.py -q -x --maxfail=3 \
+    -k "forward or rows_without" 2>&1 | tee "$OUT/fwd_tests.log" | tail -15
+  timeout 300 $py -m cupy_dash bench --fwd-only --no-overhead --no-compile --out "$OUT" "$@" 2>&1 \
+    | tee "$OUT/fwd_bench.log" | tail -45
 fi
 if [ "$stage" = tests ] || [ "$stage" = all ]; then
   timeout 540 $py -m pytest tests/ -q -ra --maxfail=20 --durations=15 "$@" 2>&1 | tee "$OUT/tests.log" | tail -40

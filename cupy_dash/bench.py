@@ -150,6 +150,10 @@ def _measure(results, key, fn):
         _log(f"    {_label(key):34s} FAILED: {results[key]['error']}")
 
 
+class _ForwardOnly(Exception):
+    """--fwd-only: no forward outputs are kept for a backward."""
+
+
 def bench_config(cfg, buffers, opts, peers=(), fa3=False):
     """Measure one (hdim, mask, seqlen) configuration; ``buffers`` is a list of input sets, each a dict of flat
     CuPy arrays q, k, v, do of ``tokens * hidden`` elements; ``peers`` from :func:`bench_peers.load_peers`;
@@ -180,16 +184,21 @@ def bench_config(cfg, buffers, opts, peers=(), fa3=False):
         return _summary(time_calls(calls, events=ev, flush=flush, **timing), f_fwd)
 
     measure("dash_fwd", fwd)
+    fwd_only = opts.get("fwd_only", False)
     try:
+        if fwd_only:
+            raise _ForwardOnly()
         for s in sets:
             s["out"], s["lse"] = cupy_dash.attention_forward(s["q"], s["k"], s["v"], causal=causal)
         cupy.cuda.get_current_stream().synchronize()
         have_fwd = True
+    except _ForwardOnly:
+        have_fwd = False
     except Exception as exc:
         have_fwd = False
         _log(f"    forward failed, skipping the cupy_dash backward: {exc}")
 
-    for sched in opts["schedules"]:
+    for sched in () if fwd_only else opts["schedules"]:
         key = f"dash_bwd_{sched}"
         if not have_fwd:
             results[key] = dict(error="forward failed")
@@ -211,7 +220,7 @@ def bench_config(cfg, buffers, opts, peers=(), fa3=False):
 
     flops = dict(fwd=f_fwd, bwd=f_bwd)
     for peer in peers:
-        peer.measure(sets, causal, flops, measure, time_calls, _summary, flush, timing)
+        peer.measure(sets, causal, flops, measure, time_calls, _summary, flush, timing, fwd_only=fwd_only)
     if fa3 and D in Fa3Peer.HEAD_DIMS:
         for key, res in fa3_subprocess(cfg, opts).items():
             results[key] = res
@@ -293,6 +302,7 @@ def build_parser(prog=None):
     p.add_argument("--hidden", type=int, default=HIDDEN, help="H*D (default 2048)")
     p.add_argument("--quick", action="store_true",
                    help="about 2 minutes: S in {1024, 4096}, head dim 128, both masks, 20 repeats")
+    p.add_argument("--fwd-only", action="store_true", help="forward passes only (ours, torch, FA3)")
     p.add_argument("--no-torch", action="store_true", help="skip torch SDPA")
     p.add_argument("--no-fa3", action="store_true", help="skip FlashAttention-3 (flash-attn3-jax)")
     p.add_argument("--no-overhead", action="store_true", help="skip the host-overhead measurement")
@@ -317,7 +327,7 @@ def parse_args(argv=None, prog=None):
         overhead_calls=args.overhead_calls if args.overhead_calls is not None else q.get("overhead_calls", 1000),
         input_sets=max(1, args.input_sets), flush_l2=args.flush_l2, dtype=args.dtype, tokens=args.tokens,
         hidden=args.hidden, quick=args.quick, torch=not args.no_torch, fa3=not args.no_fa3,
-        overhead=not args.no_overhead,
+        overhead=not args.no_overhead, fwd_only=args.fwd_only,
         compile=not args.no_compile, out=args.out, prog=prog)
     for m in opts["masks"]:
         if m not in ("full", "causal"):

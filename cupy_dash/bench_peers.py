@@ -64,7 +64,7 @@ class TorchPeer:
         self.torch = torch
         self.version = torch.__version__
 
-    def measure(self, sets, causal, flops, measure, time_calls, summary, flush, timing):
+    def measure(self, sets, causal, flops, measure, time_calls, summary, flush, timing, fwd_only=False):
         torch = self.torch
         import torch.nn.functional as F
         from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -82,6 +82,8 @@ class TorchPeer:
                 return summary(time_calls(calls, events=ev, flush=flush, **timing), flops["fwd"])
 
         measure("torch_fwd", fwd)
+        if fwd_only:
+            return
         previous = (torch.are_deterministic_algorithms_enabled(),
                     torch.is_deterministic_algorithms_warn_only_enabled())
         for deterministic, key in ((True, "torch_bwd_det"), (False, "torch_bwd_nondet")):
@@ -227,7 +229,8 @@ peer = Fa3Peer()
 log = lambda m: print(m, file=sys.stderr, flush=True)
 peer.measure_fwd(sets, causal, flops, measure, p["repeats"], p["warmup"], log)
 print("@@RESULT@@" + json.dumps(results), flush=True)
-peer.measure_bwd(sets, causal, flops, measure, p["repeats"], p["warmup"], log)
+if not p["fwd_only"]:
+    peer.measure_bwd(sets, causal, flops, measure, p["repeats"], p["warmup"], log)
 print("@@RESULT@@" + json.dumps(results))
 """
 
@@ -239,9 +242,10 @@ def fa3_subprocess(cfg: dict, opts: dict, timeout: float = 150.0) -> dict:
     timeout or a crash becomes an error entry naming it for every key without a result."""
     params = dict(batch=cfg["batch"], seqlen=cfg["seqlen"], heads=cfg["heads"], hdim=cfg["hdim"],
                   causal=cfg["causal"], tokens=opts["tokens"], hidden=opts["hidden"], dtype=opts["dtype"],
-                  input_sets=opts["input_sets"], repeats=opts["repeats"], warmup=opts["warmup"])
+                  input_sets=opts["input_sets"], repeats=opts["repeats"], warmup=opts["warmup"],
+                  fwd_only=opts.get("fwd_only", False))
     env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
-    keys = ("fa3_fwd", "fa3_bwd_det", "fa3_bwd_nondet")
+    keys = ("fa3_fwd",) if opts.get("fwd_only") else ("fa3_fwd", "fa3_bwd_det", "fa3_bwd_nondet")
     try:
         proc = subprocess.run([sys.executable, "-c", _FA3_SCRIPT, json.dumps(params)], env=env,
                               capture_output=True, text=True, timeout=timeout)
