@@ -1,10 +1,47 @@
-"""``python -m cupy_dash [demo|compile|bench|schedule] ...``; no subcommand runs the default job."""
+"""``python -m cupy_dash [demo|compile|bench|schedule] ...``; no subcommand runs the default job.
+
+The top level only dispatches: ``-h`` / ``--help`` and ``--version`` are answered here, a subcommand's own
+arguments (``--help`` included) go to that subcommand, and anything else (an unknown flag or subcommand) is an
+argparse error (exit status 2).
+"""
+import argparse
 import sys
+
+from ._version import __version__
+
+COMMANDS = {
+    "demo": "forward + backward with every schedule on one shape (needs a Hopper GPU)",
+    "compile": "compile kernel variants for sm_90a with NVRTC and check for spills (no GPU needed)",
+    "bench": "the benchmark of benchmarks/RESULTS.md (needs a Hopper GPU)",
+    "schedule": "compare the schedules of one problem in a simulation (no GPU needed)",
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    commands = "\n".join(f"  {name:<10} {what}" for name, what in COMMANDS.items())
+    p = argparse.ArgumentParser(
+        prog="python -m cupy_dash", usage="%(prog)s [-h] [--version] [COMMAND [ARGS ...]]",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Deterministic FlashAttention-style attention for Hopper GPUs.\n\nWith no command: the demo "
+                    "on a Hopper GPU, else the schedule analysis of a default training shape.",
+        epilog=f"commands:\n{commands}\n\n`python -m cupy_dash COMMAND --help` describes a command's options.")
+    p.add_argument("--version", action="version", version=f"cupy_dash {__version__}")
+    # No argparse choices: with them, `--flag VALUE` would be reported as an invalid command VALUE instead of
+    # an unrecognized --flag. main() checks the name.
+    p.add_argument("command", nargs="?", metavar="COMMAND", help=f"one of {', '.join(COMMANDS)} (listed below)")
+    return p
 
 
 def main(argv=None):
+    """Run one command; returns its exit status (argparse exits by itself for --help, --version and errors)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    command = argv.pop(0) if argv and not argv[0].startswith("-") else None
+    parser = _parser()
+    if argv and not argv[0].startswith("-"):
+        command, rest = argv[0], argv[1:]            # the rest, --help included, is the command's
+    else:
+        command, rest = parser.parse_args(argv).command, []     # -h, --version, or exit 2 naming an unknown flag
+    if command is not None and command not in COMMANDS:
+        parser.error(f"unknown command {command!r} (choose from {', '.join(COMMANDS)})")
     if command == "schedule":
         from .cli_schedule import main as run
     elif command == "compile":
@@ -12,13 +49,9 @@ def main(argv=None):
     elif command in ("demo", "bench"):
         from . import cli_gpu
         run = getattr(cli_gpu, f"{command}_main")
-    elif command is None:
-        from .cli_gpu import default_main as run
     else:
-        print(f"cupy_dash: unknown command {command!r}; expected one of demo, compile, bench, schedule",
-              file=sys.stderr)
-        return 2
-    return run(argv)
+        from .cli_gpu import default_main as run
+    return run(rest)
 
 
 if __name__ == "__main__":

@@ -67,6 +67,14 @@ def _check_scale(softmax_scale, D) -> float:
     return scale
 
 
+def _check_flag(name, value) -> bool:
+    """``value`` as a bool if it is one (``bool`` or ``numpy.bool_``); anything else, such as the string "no"
+    (truthy), raises TypeError naming ``name``."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name}: expected a bool (True or False), got {type(value).__name__} {value!r}")
+    return bool(value)
+
+
 _UNCHECKED = object()
 
 
@@ -237,8 +245,8 @@ def attention_forward(q, k, v, *, causal=False, softmax_scale=None):
     backward of an earlier call that has since failed (see :func:`check_errors`).
     """
     _poll_errors()
+    causal = _check_flag("causal", causal)
     p = _validate(q, k, v, softmax_scale=softmax_scale)
-    causal = bool(causal)
     spec, block_m, block_n = kernels.fwd_entry(p.dtype, p.D, causal)
     B, Sq, Sk, H, Hkv, D = p.B, p.Sq, p.Sk, p.H, p.Hkv, p.D
     qi, ki, vi = p.infos
@@ -317,9 +325,9 @@ def _backward_with_plan(do, q, k, v, out, lse, *, plan, causal=False, softmax_sc
 def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, deterministic, plan, spin_timeout_ns,
               timeline):
     _poll_errors()
+    causal, deterministic = _check_flag("causal", causal), _check_flag("deterministic", deterministic)
     p = _validate(q, k, v, do, out, lse, softmax_scale=softmax_scale,
                   schedule=schedule if plan is None else _UNCHECKED, backward=True)
-    causal, deterministic = bool(causal), bool(deterministic)
     if spin_timeout_ns is None:
         spin_timeout_ns = int(_spin_timeout_ms() * 1e6)
     else:
@@ -419,6 +427,8 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, schedule="auto", det
     and other arrays get the forward only. Shapes, dtypes and the other arguments are as in
     :func:`attention_forward` / :func:`attention_backward`.
     """
+    _check_flag("causal", causal)
+    _check_flag("deterministic", deterministic)
     fw = interop.framework_of(q)
     if fw == "torch":
         from .torch import attention as torch_attention

@@ -3,6 +3,8 @@ engine model of our Hopper kernel (no GPU)."""
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
 
 import numpy as np
@@ -97,35 +99,98 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
+def _int_at_least(minimum):
+    """argparse type: an integer >= minimum."""
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {text!r}")
+        return value
+    return parse
+
+
+def _cost(zero_ok):
+    """argparse type: a finite float > 0 (>= 0 with zero_ok); rejects inf and nan, which make every makespan
+    infinite or nan."""
+    def parse(text):
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not math.isfinite(value) or value < 0 or (value == 0 and not zero_ok):
+            raise argparse.ArgumentTypeError(f"must be a finite number {'>=' if zero_ok else '>'} 0, got {text!r}")
+        return value
+    return parse
+
+
+def plot_formats() -> dict:
+    """File extensions ``--plot`` can write, mapped to their descriptions: matplotlib's, less pgf (LaTeX
+    source, which needs a TeX installation to write)."""
+    from matplotlib.backend_bases import FigureCanvasBase
+    formats = dict(FigureCanvasBase.get_supported_filetypes())
+    formats.pop("pgf", None)
+    return formats
+
+
+def check_plot_path(path) -> str | None:
+    """Why ``path`` cannot take the ``--plot`` chart (one line), or None if it can: its extension must be one
+    matplotlib writes, and the file must be writable. Checked by opening it for appending; a file created by
+    the check is removed again."""
+    try:
+        formats = plot_formats()
+    except ImportError as exc:
+        return f"--plot needs matplotlib ({exc})"
+    ext = os.path.splitext(path)[1].lower().lstrip(".")
+    if ext not in formats:
+        what = f"unsupported file extension {'.' + ext!r}" if ext else "no file extension"
+        return f"--plot {path}: {what}; use one of {', '.join('.' + f for f in sorted(formats))}"
+    existed = os.path.lexists(path)
+    try:
+        with open(path, "ab"):
+            pass
+    except OSError as exc:
+        return f"--plot {path}: cannot write it: {exc.strerror or exc}"
+    if not existed:
+        os.unlink(path)
+    return None
+
+
 def _parser():
     p = _Parser(prog="python -m cupy_dash schedule",
                 description="Simulate every schedule of one problem in the paper's DAG model (default) or in the "
                             "engine model of the Hopper kernel (--model engine); no GPU needed.")
-    p.add_argument("--seqlen-q", type=int, default=8192)
-    p.add_argument("--seqlen-k", type=int, default=None, help="defaults to --seqlen-q")
-    p.add_argument("--block-m", type=int, default=64)
-    p.add_argument("--block-n", type=int, default=128)
-    p.add_argument("--heads", type=int, default=16, help="number of (batch, head) pairs")
+    positive = _int_at_least(1)
+    p.add_argument("--seqlen-q", type=positive, default=8192)
+    p.add_argument("--seqlen-k", type=positive, default=None, help="defaults to --seqlen-q")
+    p.add_argument("--block-m", type=positive, default=64)
+    p.add_argument("--block-n", type=positive, default=128)
+    p.add_argument("--heads", type=positive, default=16, help="number of (batch, head) pairs")
     p.add_argument("--causal", action="store_true")
-    p.add_argument("--num-sms", type=int, default=132)
-    p.add_argument("--c", type=float, default=1.0, help="compute cost of one visit")
-    p.add_argument("--r", type=float, default=0.25, help="reduction cost of one visit")
+    p.add_argument("--num-sms", type=positive, default=132)
+    p.add_argument("--c", type=_cost(zero_ok=False), default=1.0, help="compute cost of one visit (> 0)")
+    p.add_argument("--r", type=_cost(zero_ok=True), default=0.25, help="reduction cost of one visit (>= 0)")
     p.add_argument("--model", choices=schedule.MODELS, default="dag",
                    help="dag: the paper's model (compute then reduce, serially); engine: the Hopper kernel's "
                    "pipeline (auto's model, with --r 0.8)")
-    p.add_argument("--plot", metavar="PNG", help="write a Gantt chart of the simulated per-CTA timelines (DAG model)")
+    p.add_argument("--plot", metavar="PATH", help="write a Gantt chart of the simulated per-CTA timelines (DAG "
+                   "model) to PATH (.png, .pdf, .svg, ...: any format matplotlib writes)")
     return p
 
 
 def main(argv=None):
     args = _parser().parse_args(argv)
     seqlen_k = args.seqlen_q if args.seqlen_k is None else args.seqlen_k
-    if not (args.c > 0 and args.r >= 0):
-        print("cupy_dash schedule: error: --c must be > 0 and --r >= 0", file=sys.stderr)
-        return 2
-    if args.plot and args.model != "dag":
-        print("cupy_dash schedule: error: --plot draws the DAG model's timelines only", file=sys.stderr)
-        return 2
+    if args.plot is not None:
+        if args.model != "dag":
+            print("cupy_dash schedule: error: --plot draws the DAG model's timelines only", file=sys.stderr)
+            return 2
+        problem = check_plot_path(args.plot)     # before the analysis, which can take a while
+        if problem:
+            print(f"cupy_dash schedule: error: {problem}", file=sys.stderr)
+            return 2
     try:
         result = analyse(seqlen_q=args.seqlen_q, seqlen_k=seqlen_k, block_m=args.block_m, block_n=args.block_n,
                          heads=args.heads, causal=args.causal, num_sms=args.num_sms, c=args.c, r=args.r,
@@ -136,7 +201,12 @@ def main(argv=None):
     print_analysis(seqlen_q=args.seqlen_q, seqlen_k=seqlen_k, block_m=args.block_m, block_n=args.block_n,
                    heads=args.heads, causal=args.causal, num_sms=args.num_sms, c=args.c, r=args.r,
                    model=args.model, rows=result)
-    if args.plot:
-        plot_gantt(result[0], args.plot, c=args.c, r=args.r)
+    if args.plot is not None:
+        try:
+            plot_gantt(result[0], args.plot, c=args.c, r=args.r)
+        except OSError as exc:                   # e.g. the disk filled up since the check
+            print(f"cupy_dash schedule: error: --plot {args.plot}: cannot write it: {exc.strerror or exc}",
+                  file=sys.stderr)
+            return 1
         print(f"wrote {args.plot}")
     return 0

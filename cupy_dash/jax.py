@@ -47,4 +47,5 @@ def attention(q, k, v, causal=False, softmax_scale=None, schedule="auto", determ
     api._check_schedule(schedule)
     if softmax_scale is not None:
         softmax_scale = api._check_scale(softmax_scale, None)
-    return _attention(q, k, v, bool(causal), softmax_scale, schedule, bool(deterministic))
+    causal, deterministic = api._check_flag("causal", causal), api._check_flag("deterministic", deterministic)
+    return _attention(q, k, v, causal, softmax_scale, schedule, deterministic)

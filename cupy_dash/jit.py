@@ -7,6 +7,14 @@ header, or upgrading NVRTC or cupy_dash, rebuilds. Entries are two files, ``<nam
 ``.json`` (ptxas report, cubin size and sha256); both are written atomically, the JSON last, and an entry
 whose JSON is unreadable or whose cubin's size or sha256 disagrees with it is deleted and rebuilt.
 
+Concurrent processes: a lookup-or-compile holds an exclusive ``flock`` on ``<name>-<key>.lock`` (an empty file
+left next to the entry), and looks the entry up again once it has the lock, so processes that need the same
+kernel at the same time wait for the first one's compile and load its result instead of running NVRTC again.
+
+An unusable cache directory (read-only, not a directory, ...) costs no kernel: entries already there are still
+read, new compiles are kept in memory for the life of the process, and one warning (:class:`CacheWarning`)
+per process names the directory and ``CUPY_DASH_CACHE_DIR``.
+
 NVRTC's own cache (12.9+, which skips ptxas and so drops the ptxas report) is bypassed with ``--no-cache``.
 
 Environment: ``CUPY_DASH_CACHE_DIR`` (default ``$XDG_CACHE_HOME/cupy_dash``, else ``~/.cache/cupy_dash``);
@@ -24,13 +32,23 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:                      # not POSIX: no inter-process lock (entries are still written atomically)
+    fcntl = None
 
 from ._version import __version__
 
 ARCH = "sm_90a"
 BASE_OPTIONS = (f"-arch={ARCH}", "-std=c++17", "-default-device", "--ptxas-options=-v", "-lineinfo")
 _CACHE_FORMAT = 1
+
+
+class CacheWarning(RuntimeWarning):
+    """The disk cache cannot be written; compiled kernels are kept in memory for this process only."""
 
 
 class CompileError(RuntimeError):
@@ -47,18 +65,23 @@ class CompileError(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class CompiledKernel:
-    cubin_path: Path
+    cubin_path: Path | None  # the cache entry's cubin; None when the cubin lives in memory only (see cubin)
     registers: int           # per thread, of the entry function
     spill_stores: int        # bytes, entry plus any non-inlined callees
     spill_loads: int         # bytes, likewise
     stack_frame: int         # bytes: max of the entry's frame and its cumulative stack size (callees included)
     static_smem: int         # bytes of static __shared__ (the launch adds spec.smem_bytes dynamic)
     log: str                 # NVRTC + ptxas log
-    cached: bool             # True when served from the disk cache
+    cached: bool             # True when served from a cache (disk, or memory if the disk cache is unusable)
     seconds: float           # wall time of this call (compile, or cache lookup + verification)
     cubin_sha256: str = ""
     key: str = ""
     perf_warnings: tuple = ()  # ptxas "Potential Performance Loss" lines (C75xx: wgmma serialized, setmaxnreg ignored)
+    cubin: bytes | None = dataclasses.field(default=None, repr=False)   # set when not on disk (cubin_path None)
+
+    def read_cubin(self) -> bytes:
+        """The cubin's bytes: from memory if the disk cache was unusable, else read from ``cubin_path``."""
+        return self.cubin if self.cubin is not None else self.cubin_path.read_bytes()
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -261,10 +284,12 @@ def _atomic_write(path: Path, data: bytes) -> None:
 
 
 def _remove(*paths: Path) -> None:
+    """Best effort: a file that is gone, or that a read-only cache keeps, is left alone (a damaged entry that
+    stays is never served, and the next successful write replaces it)."""
     for p in paths:
         try:
             p.unlink()
-        except FileNotFoundError:
+        except OSError:
             pass
 
 
@@ -296,45 +321,132 @@ def _verbose(verbose) -> bool:
     return bool(verbose)
 
 
+def _build(spec, root: Path, key: str, t0: float) -> tuple:
+    """Run NVRTC on ``spec``: ``(cubin bytes, the entry's metadata dict)``. Raises :class:`CompileError`."""
+    source_path = root / spec.source
+    try:
+        source = source_path.read_text()
+    except OSError as exc:
+        raise CompileError(spec.label, f"cannot read kernel source {source_path}: {exc}") from None
+    cubin, log, ok = compile_source(source, spec.source, spec_options(spec, root))
+    if not ok:
+        raise CompileError(spec.label, log)
+    stats = parse_ptxas_log(log, spec.entry)
+    meta = {
+        "format": _CACHE_FORMAT, "key": key, "label": spec.label, "source": spec.source, "entry": spec.entry,
+        "defines": [[n, int(v)] for n, v in spec.defines], "options": spec_options(spec, root),
+        "nvrtc": _nvrtc_fingerprint(), "package": __version__, **stats, "log": log,
+        "cubin_size": len(cubin), "cubin_sha256": hashlib.sha256(cubin).hexdigest(),
+        "compile_seconds": round(time.perf_counter() - t0, 4),
+    }
+    return cubin, meta
+
+
+class _CacheUnwritable(Exception):
+    """Internal: the disk cache cannot take a new entry. ``error`` is the OSError; ``built`` the ``(cubin, meta)``
+    compiled before a write failed, or None."""
+
+    def __init__(self, error: OSError, built=None):
+        super().__init__(str(error))
+        self.error, self.built = error, built
+
+
+def _lock_entry(lock_path: Path) -> int:
+    """Open (creating it if needed) ``lock_path`` and take an exclusive ``flock`` on it, waiting for any other
+    holder; returns the descriptor, whose closing releases the lock. Raises OSError if the file cannot be opened
+    (an unwritable cache). Where the file system refuses flock (some network file systems), the caller goes on
+    unlocked: entries are written atomically either way, at worst a kernel is compiled twice."""
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    if fcntl is not None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:
+            pass
+    return fd
+
+
+def _disk_entry(spec, root: Path, key: str, cubin_path: Path, meta_path: Path, force: bool, t0: float) -> tuple:
+    """``(meta, cached)`` of the entry on disk, compiled and written under the entry's lock when it is missing
+    (or ``force``). Raises :class:`_CacheUnwritable` when the entry is needed but cannot be written."""
+    try:
+        cubin_path.parent.mkdir(parents=True, exist_ok=True)
+        fd = _lock_entry(cubin_path.with_suffix(".lock"))
+    except OSError as exc:
+        # A read-only cache still serves what it holds (entries are written atomically: no lock needed to read).
+        meta = None if force else _read_entry(cubin_path, meta_path, key)
+        if meta is not None:
+            return meta, True
+        raise _CacheUnwritable(exc) from None
+    try:
+        # Looked up only once the lock is held: a process that waited for it finds the entry just written.
+        meta = None if force else _read_entry(cubin_path, meta_path, key)
+        if meta is not None:
+            return meta, True
+        cubin, meta = _build(spec, root, key, t0)
+        try:
+            _atomic_write(cubin_path, cubin)
+            _atomic_write(meta_path, json.dumps(meta, indent=1).encode())   # written last: commits the entry
+        except OSError as exc:
+            raise _CacheUnwritable(exc, (cubin, meta)) from None
+        return meta, False
+    finally:
+        os.close(fd)
+
+
+# Kernels compiled while the disk cache was unusable: cache key -> (cubin, meta), for the life of the process.
+_memory_cache: dict = {}
+_cache_warned = False
+_cache_warned_lock = threading.Lock()
+
+
+def _warn_cache_unwritable(cdir: Path, error: OSError) -> None:
+    """One :class:`CacheWarning` per process about the unusable cache directory."""
+    global _cache_warned
+    with _cache_warned_lock:
+        if _cache_warned:
+            return
+        _cache_warned = True
+    warnings.warn(f"cupy_dash: cannot write the kernel cache {cdir} ({error}); kernels compiled from now on are "
+                  f"kept in memory for this process only. Point CUPY_DASH_CACHE_DIR at a writable directory to "
+                  f"keep them across runs.", CacheWarning, stacklevel=3)
+
+
+def _memory_entry(spec, root: Path, key: str, force: bool, t0: float, built) -> tuple:
+    """``(cubin, meta, cached)`` from the in-memory cache, compiling into it (or storing ``built``) if needed."""
+    if built is None:
+        hit = None if force else _memory_cache.get(key)
+        if hit is not None:
+            return (*hit, True)
+        built = _build(spec, root, key, t0)
+    _memory_cache[key] = built
+    return (*built, False)
+
+
 def compile_spec(spec, *, verbose=None, force: bool = False) -> CompiledKernel:
     """Compile ``spec`` to an sm_90a cubin (or take it from the disk cache). Works without a GPU.
 
-    ``force=True`` ignores and overwrites any cached entry. Raises :class:`CompileError` on a compile error."""
+    ``force=True`` ignores and overwrites any cached entry. Raises :class:`CompileError` on a compile error.
+    When the cache directory cannot be written, the kernel is compiled into (or taken from) an in-memory cache
+    and the result's ``cubin_path`` is None (use :meth:`CompiledKernel.read_cubin`)."""
     t0 = time.perf_counter()
     root = kernel_dir()
     key = cache_key(spec, root)
     cdir = cache_dir()
-    cdir.mkdir(parents=True, exist_ok=True)
     stem = _entry_stem(spec, key)
     cubin_path, meta_path = cdir / f"{stem}.cubin", cdir / f"{stem}.json"
-
-    meta = None if force else _read_entry(cubin_path, meta_path, key)
-    cached = meta is not None
-    if meta is None:
-        source_path = root / spec.source
-        try:
-            source = source_path.read_text()
-        except OSError as exc:
-            raise CompileError(spec.label, f"cannot read kernel source {source_path}: {exc}") from None
-        cubin, log, ok = compile_source(source, spec.source, spec_options(spec, root))
-        if not ok:
-            raise CompileError(spec.label, log)
-        stats = parse_ptxas_log(log, spec.entry)
-        meta = {
-            "format": _CACHE_FORMAT, "key": key, "label": spec.label, "source": spec.source, "entry": spec.entry,
-            "defines": [[n, int(v)] for n, v in spec.defines], "options": spec_options(spec, root),
-            "nvrtc": _nvrtc_fingerprint(), "package": __version__, **stats, "log": log,
-            "cubin_size": len(cubin), "cubin_sha256": hashlib.sha256(cubin).hexdigest(),
-            "compile_seconds": round(time.perf_counter() - t0, 4),
-        }
-        _atomic_write(cubin_path, cubin)
-        _atomic_write(meta_path, json.dumps(meta, indent=1).encode())   # written last: commits the entry
+    cubin = None
+    try:
+        meta, cached = _disk_entry(spec, root, key, cubin_path, meta_path, force, t0)
+    except _CacheUnwritable as exc:
+        _warn_cache_unwritable(cdir, exc.error)
+        cubin_path = None
+        cubin, meta, cached = _memory_entry(spec, root, key, force, t0, exc.built)
 
     result = CompiledKernel(
         cubin_path=cubin_path, registers=meta["registers"], spill_stores=meta["spill_stores"],
         spill_loads=meta["spill_loads"], stack_frame=meta["stack_frame"], static_smem=meta["static_smem"],
         log=meta["log"], cached=cached, seconds=time.perf_counter() - t0, cubin_sha256=meta["cubin_sha256"],
-        key=key, perf_warnings=perf_warnings(meta["log"]))
+        key=key, perf_warnings=perf_warnings(meta["log"]), cubin=cubin)
     if _verbose(verbose):
         print(f"[cupy_dash.jit] {spec.label}{' (cached)' if cached else ''}: {result.registers} registers, "
               f"{result.spill_stores}/{result.spill_loads} bytes spill stores/loads, {result.stack_frame} bytes "
@@ -366,10 +478,10 @@ def load(spec):
         if fn is not None:
             return fn
         compiled = compile_spec(spec)
-        cubin = compiled.cubin_path.read_bytes()
+        cubin = compiled.read_cubin()
         if hashlib.sha256(cubin).hexdigest() != compiled.cubin_sha256:   # changed since it was verified
             compiled = compile_spec(spec, force=True)
-            cubin = compiled.cubin_path.read_bytes()
+            cubin = compiled.read_cubin()
         module = function.Module()
         module.load(cubin)
         fn = module.get_function(spec.entry)    # keeps a reference to its module

@@ -55,6 +55,8 @@ from __future__ import annotations
 
 import collections
 import functools
+import math
+import numbers
 import threading
 
 import numpy as np
@@ -122,6 +124,28 @@ def _positive_int(name, value, minimum=1):
     return int(value)
 
 
+def _flag(name, value) -> bool:
+    """A real bool (``bool`` or ``numpy.bool_``): a string such as ``"no"`` would otherwise count as True."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+    return bool(value)
+
+
+def _cost(name, value, *, zero_ok: bool) -> float:
+    """A model cost as a float: finite, and > 0 (or >= 0 with ``zero_ok``); raises naming ``name``."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
+    value = float(value)
+    if not math.isfinite(value) or value < 0 or (value == 0 and not zero_ok):
+        raise ValueError(f"{name} must be a finite number {'>=' if zero_ok else '>'} 0, got {value!r}")
+    return value
+
+
+def _costs(c, r) -> tuple:
+    """(c, r) checked: a visit's compute c > 0 and its reduction r >= 0, both finite."""
+    return _cost("c", c, zero_ok=False), _cost("r", r, zero_ok=True)
+
+
 def build(policy: str = "auto", *, seqlen_q: int, seqlen_k: int, block_m: int, block_n: int, num_heads: int,
           causal: bool, num_sms: int) -> Schedule:
     """Build (or fetch from the cache) the schedule table of ``policy`` for one problem.
@@ -133,7 +157,7 @@ def build(policy: str = "auto", *, seqlen_q: int, seqlen_k: int, block_m: int, b
         raise ValueError(f"unknown schedule {policy!r}; expected one of {', '.join(POLICIES)}")
     args = (_positive_int("seqlen_q", seqlen_q), _positive_int("seqlen_k", seqlen_k),
             _positive_int("block_m", block_m), _positive_int("block_n", block_n),
-            _positive_int("num_heads", num_heads), bool(causal), _positive_int("num_sms", num_sms))
+            _positive_int("num_heads", num_heads), _flag("causal", causal), _positive_int("num_sms", num_sms))
     if policy == "auto":
         return _build_auto(*args)
     return _build(policy, *args)
@@ -170,25 +194,32 @@ def _engine(model: str) -> bool:
 def simulate(plan: Schedule, c: float = 1.0, r: float = 0.25, model: str = "dag") -> float:
     """Makespan of ``plan``. ``model="dag"``: the paper's DAG model, each visit computes for ``c`` then reduces
     for ``r`` on its CTA, serially; a reduction starts only after every lower-ranked visit of the same dQ tile
-    has reduced. ``model="engine"``: the Hopper kernel's pipeline (see the module docstring)."""
+    has reduced. ``model="engine"``: the Hopper kernel's pipeline (see the module docstring).
+
+    ``c`` must be finite and > 0, ``r`` finite and >= 0 (ValueError naming the argument otherwise)."""
+    c, r = _costs(c, r)
     makespan, _, _, _ = _schedule.analyze_table(plan.visits, plan.rank, plan.cta_start, plan.num_heads,
-                                                plan.num_m_blocks, plan.column_starts(), True, float(c), float(r),
+                                                plan.num_m_blocks, plan.column_starts(), True, c, r,
                                                 False, _engine(model))
     return makespan
 
 
 def timeline(plan: Schedule, c: float = 1.0, r: float = 0.25, model: str = "dag") -> dict:
     """Per-visit simulated timeline: float64 arrays (V,) ``compute_start``, ``reduce_start`` (in the DAG model
-    the wait of a visit is reduce_start - compute_start - c) and (num_ctas,) ``finish``; plus ``makespan``."""
+    the wait of a visit is reduce_start - compute_start - c) and (num_ctas,) ``finish``; plus ``makespan``.
+    ``c`` and ``r`` are checked as in :func:`simulate`."""
+    c, r = _costs(c, r)
     makespan, finish, comp, red = _schedule.analyze_table(plan.visits, plan.rank, plan.cta_start, plan.num_heads,
                                                           plan.num_m_blocks, plan.column_starts(), True,
-                                                          float(c), float(r), True, _engine(model))
+                                                          c, r, True, _engine(model))
     return {"makespan": makespan, "finish": finish, "compute_start": comp, "reduce_start": red}
 
 
 def lower_bound(plan: Schedule, c: float = 1.0, r: float = 0.25, model: str = "dag") -> float:
     """No schedule beats max(total work / num_sms, the longest KV column's chain), where a visit costs c + r in
-    the DAG model and max(c, r) in the engine model (compute and reduction overlap)."""
+    the DAG model and max(c, r) in the engine model (compute and reduction overlap). ``c`` and ``r`` are
+    checked as in :func:`simulate`."""
+    c, r = _costs(c, r)
     lo = plan.column_starts()
     longest = int((plan.num_m_blocks - lo).max())
     step = max(c, r) if _engine(model) else c + r
@@ -200,9 +231,12 @@ def critical_path(policy: str, *, n: int, m: int, c: float = 1.0, r: float = 0.2
 
     full fa3 / descending: m·n(c+r) + (n−1)r; full shift / symmetric_shift: m·n(c+r);
     causal descending: m(n+1)(c+r)/2 + (n−1)r; causal symmetric_shift: m(n+1)(c+r)/2 (m even).
-    Other (policy, mask) pairs have no closed form in the paper and raise ValueError.
+    Other (policy, mask) pairs have no closed form in the paper and raise ValueError, as do costs that
+    :func:`simulate` rejects.
     """
     n, m = _positive_int("n", n), _positive_int("m", m)
+    c, r = _costs(c, r)
+    causal = _flag("causal", causal)
     if not causal:
         if policy in ("fa3", "descending"):
             return m * n * (c + r) + (n - 1) * r

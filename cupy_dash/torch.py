@@ -48,7 +48,7 @@ def attention(q, k, v, causal=False, softmax_scale=None, schedule="auto", determ
     front, because the GQA backward is not implemented yet.
     """
     api._check_schedule(schedule)
-    causal, deterministic = bool(causal), bool(deterministic)
+    causal, deterministic = api._check_flag("causal", causal), api._check_flag("deterministic", deterministic)
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     if needs_grad and q.dim() == 4 and k.dim() == 4 and q.shape[2] != k.shape[2]:
         raise NotImplementedError(f"GQA backward (q has H={q.shape[2]} heads, k/v have Hkv={k.shape[2]}) is not "

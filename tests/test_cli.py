@@ -1,0 +1,134 @@
+"""``python -m cupy_dash``: the top-level dispatcher (help, version, unknown flags and commands) and the argument
+checks of ``schedule`` (costs, sizes, ``--plot``). CPU only."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import cupy_dash
+from cupy_dash import __main__ as entry
+from cupy_dash import cli_gpu, cli_schedule
+
+REPO_ROOT = Path(cupy_dash.__file__).resolve().parent.parent
+SMALL = ["--seqlen-q", "256", "--heads", "2", "--num-sms", "4"]     # a shape that simulates in milliseconds
+
+
+def run_main(argv):
+    """The exit status of ``python -m cupy_dash ARGV`` run in this process (argparse exits count too)."""
+    try:
+        code = entry.main(argv)
+    except SystemExit as exc:
+        code = exc.code
+    return code
+
+
+@pytest.fixture
+def no_analysis(monkeypatch):
+    """Make the schedule analysis (the default job's and the schedule command's) fail the test if it runs."""
+    def forbidden(*args, **kwargs):
+        raise AssertionError("the schedule analysis ran")
+    monkeypatch.setattr(cli_gpu, "print_default_analysis", forbidden)
+    monkeypatch.setattr(cli_schedule, "analyse", forbidden)
+
+
+# ------------------------------------------------------------------------------------------------ top level
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_help_prints_usage_and_exits_0(flag, capsys, no_analysis):
+    assert run_main([flag]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: python -m cupy_dash")
+    for command in ("demo", "compile", "bench", "schedule"):
+        assert f"  {command} " in out
+
+
+def test_version(capsys, no_analysis):
+    assert run_main(["--version"]) == 0
+    assert capsys.readouterr().out == f"cupy_dash {cupy_dash.__version__}\n"
+
+
+@pytest.mark.parametrize("argv, named", [(["--bogus"], "--bogus"), (["frobnicate"], "'frobnicate'"),
+                                         (["--seqlen", "4096"], "--seqlen"), (["--causal", "schedule"], "--causal")],
+                         ids=["flag", "command", "flag-with-value", "flag-before-command"])
+def test_unknown_flag_or_command_exits_2(argv, named, capsys, no_analysis):
+    assert run_main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "python -m cupy_dash: error:" in captured.err and named in captured.err.splitlines()[-1]
+
+
+def test_dispatch(monkeypatch):
+    calls = []
+    monkeypatch.setattr(cli_gpu, "default_main", lambda argv: calls.append(("default", argv)) or 0)
+    monkeypatch.setattr(cli_schedule, "main", lambda argv: calls.append(("schedule", argv)) or 0)
+    assert run_main([]) == 0
+    assert run_main(["schedule", "--help", "--causal"]) == 0          # a command's --help is the command's
+    assert calls == [("default", []), ("schedule", ["--help", "--causal"])]
+
+
+def test_python_m_help_on_this_machine():
+    """The real entry point: no GPU here, where --help used to print the schedule analysis."""
+    p = subprocess.run([sys.executable, "-m", "cupy_dash", "--help"], cwd=REPO_ROOT, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.startswith("usage:") and "Schedule analysis" not in p.stdout, p.stderr
+    p = subprocess.run([sys.executable, "-m", "cupy_dash", "--nope"], cwd=REPO_ROOT, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 2 and p.stdout == "" and "--nope" in p.stderr
+
+
+# ------------------------------------------------------------------------------------------------ schedule
+BAD_NUMBERS = [["--c", "inf"], ["--c", "nan"], ["--c", "0"], ["--c", "-1"], ["--c", "fast"], ["--r", "inf"],
+               ["--r", "nan"], ["--r", "-0.5"], ["--num-sms", "0"], ["--block-m", "-64"], ["--seqlen-k", "1.5"]]
+
+
+@pytest.mark.parametrize("argv", BAD_NUMBERS, ids=["=".join(a) for a in BAD_NUMBERS])
+def test_schedule_rejects_bad_numbers_before_the_analysis(argv, capsys, no_analysis):
+    named = argv[0]
+    assert run_main(["schedule", *argv]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert captured.out == "" and "\n" not in err
+    assert err.startswith(f"cupy_dash schedule: error: argument {named}:") and repr(argv[1]) in err
+
+
+def test_schedule_accepts_zero_reduction_cost(capsys):
+    assert cli_schedule.main([*SMALL, "--r", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "reduce r=0 per visit" in out and "nan" not in out and "inf" not in out
+
+
+def _plot_targets(tmp_path):
+    directory = tmp_path / "a-directory.png"
+    directory.mkdir()
+    return {
+        "missing-directory": (tmp_path / "no" / "such" / "dir" / "gantt.png", "cannot write it"),
+        "a-directory": (directory, "cannot write it"),
+        "unsupported-extension": (tmp_path / "gantt.xyz", "unsupported file extension '.xyz'"),
+        "no-extension": (tmp_path / "gantt", "no file extension"),
+    }
+
+
+@pytest.mark.parametrize("case", ["missing-directory", "a-directory", "unsupported-extension", "no-extension"])
+def test_schedule_plot_path_checked_before_the_analysis(case, tmp_path, capsys, no_analysis):
+    path, reason = _plot_targets(tmp_path)[case]
+    assert run_main(["schedule", *SMALL, "--plot", str(path)]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert captured.out == "" and "\n" not in err and "Traceback" not in err
+    assert err.startswith(f"cupy_dash schedule: error: --plot {path}: {reason}")
+
+
+def test_plot_path_check_leaves_files_as_they_were(tmp_path):
+    new = tmp_path / "new.svg"
+    assert cli_schedule.check_plot_path(str(new)) is None and not new.exists()
+    old = tmp_path / "old.PDF"                     # extensions are case-insensitive, as in matplotlib
+    old.write_bytes(b"keep me")
+    assert cli_schedule.check_plot_path(str(old)) is None and old.read_bytes() == b"keep me"
+
+
+def test_schedule_plot_writes_a_pdf(tmp_path, capsys):
+    pdf = tmp_path / "gantt.pdf"
+    assert cli_schedule.main([*SMALL, "--causal", "--plot", str(pdf)]) == 0
+    assert pdf.read_bytes()[:5] == b"%PDF-" and f"wrote {pdf}" in capsys.readouterr().out
