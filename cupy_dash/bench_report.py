@@ -97,7 +97,8 @@ def plot_report(report, path):
     configs = report["configs"]
     hdims = sorted({c["hdim"] for c in configs})
     masks = [m for m in (False, True) if any(c["causal"] == m for c in configs)]
-    rows = [(kind, hdim) for hdim in hdims for kind in ("fwd", "bwd")]
+    rows = [(kind, hdim) for hdim in hdims for kind in ("fwd", "bwd")
+            if any(kind in k for c in configs if c["hdim"] == hdim for k in c["results"])]
     fig, axes = plt.subplots(len(rows), len(masks), figsize=(6.5 * len(masks), 4.2 * len(rows)), squeeze=False)
     styles = {"dash": dict(lw=2), "torch": dict(ls="--"), "fa3": dict(ls=":", lw=2)}
     for r, (kind, hdim) in enumerate(rows):

@@ -6,7 +6,7 @@ without a GPU: :func:`describe` works on numpy / ``ml_dtypes`` arrays too, which
 
 * :func:`describe` -> :class:`TensorInfo` (shape, element strides, dtype name, DLPack device, data pointer).
 * :func:`check_layout` -> the stride / alignment rules of the kernels (last dim contiguous, other strides
-  multiples of 8 elements = 16 bytes, base pointer 16-byte aligned: the kernels load with 16-byte cp.async / TMA).
+  multiples of 8 elements = 16 bytes, base pointer 16-byte aligned: the kernels load through TMA tensor maps).
 * :func:`to_cupy` / :func:`from_cupy`: zero-copy in and out (``cupy.from_dlpack``, ``torch.from_dlpack``,
   ``jax.dlpack.from_dlpack``).
 * :func:`caller_stream`: the stream the caller's framework is currently using, as a CuPy stream.
