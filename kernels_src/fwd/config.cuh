@@ -35,7 +35,13 @@ static_assert(kBlockN == 64 || kBlockN == 128, "the wgmma wrappers have N = 64 o
 constexpr int kSRegs = kBlockN / 2;   // S = Q K^T, then P: 64 queries x kBlockN keys
 constexpr int kORegs = kHeadDim / 2;  // O: 64 queries x kHeadDim
 
-constexpr int kStages = 2;  // K and V buffers (separate pipelines)
+// K and V buffers (separate pipelines); DASH_KV_STAGES overrides the default for tile sweeps
+// (benchmarks/fwd_tiles.py).
+#ifndef DASH_KV_STAGES
+#define DASH_KV_STAGES 2
+#endif
+constexpr int kStages = DASH_KV_STAGES;
+static_assert(kStages >= 2, "two or more K / V stages");
 
 // Named barriers (id 0 is __syncthreads): the GEMM turn of MMA warpgroup wg (ping-pong: a warpgroup syncs on its
 // own id before issuing its GEMMs, the other one arrives on it after issuing its own), and the O tile of
