@@ -326,7 +326,7 @@ def test_key_changes_with_define_and_header(ksrc):
     assert jit.cache_key(other) != k0
     jit.compile_spec(SPEC)
     assert jit.compile_spec(SPEC).cached
-    header = ksrc / "ptx" / "mma.cuh"
+    header = ksrc / "ptx" / "wgmma.cuh"
     header.write_bytes(header.read_bytes() + b" ")      # one byte in a nested header
     assert jit.cache_key(SPEC) != k0
     assert not jit.compile_spec(SPEC).cached
