@@ -75,6 +75,27 @@ def _check_flag(name, value) -> bool:
     return bool(value)
 
 
+def _check_window(window, causal) -> tuple:
+    """``window`` = (left, right) as FlashAttention defines it: query ``i`` sees keys ``j`` with
+    ``i + Sk - Sq - left <= j <= i + Sk - Sq + right``; -1 leaves a side unbounded. Returns the (left, right) the
+    kernels get: with ``causal`` the right side is 0 (a positive right with causal is a contradiction and raises)."""
+    try:
+        left, right = window
+    except (TypeError, ValueError):
+        raise TypeError(f"window: expected a pair (left, right) of ints >= -1, got {window!r}") from None
+    for side, x in (("left", left), ("right", right)):
+        if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)):
+            raise TypeError(f"window: {side} must be an int >= -1, got {type(x).__name__} {x!r}")
+        if x < -1 or x >= 1 << 31:
+            raise ValueError(f"window: {side} must be -1 (unbounded) or in [0, 2^31), got {x}")
+    left, right = int(left), int(right)
+    if causal:
+        if right > 0:
+            raise ValueError(f"window: right={right} contradicts causal=True (causal means right = 0)")
+        right = 0
+    return left, right
+
+
 _UNCHECKED = object()
 
 
@@ -226,7 +247,7 @@ def _export(fw, arr, like):
 # ------------------------------------------------------------------------------------------------------------
 # forward
 # ------------------------------------------------------------------------------------------------------------
-def attention_forward(q, k, v, *, causal=False, softmax_scale=None):
+def attention_forward(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1)):
     """Attention forward. Returns ``(out, lse)`` in the caller's array type.
 
     Args:
@@ -236,6 +257,9 @@ def attention_forward(q, k, v, *, causal=False, softmax_scale=None):
             other strides are multiples of 8 elements and the base is 16-byte aligned.
         causal: bottom-right aligned causal mask (query ``i`` sees key ``j <= i + Sk - Sq``).
         softmax_scale: default ``1 / sqrt(D)``.
+        window: sliding-window (local) attention, FlashAttention's ``window_size``: query ``i`` sees keys
+            ``i + Sk - Sq - left <= j <= i + Sk - Sq + right``; -1 leaves a side unbounded; with ``causal``,
+            right is 0.
 
     Returns:
         out ``(B, Sq, H, D)`` (dtype of q, contiguous) and lse ``(B, H, Sq)`` float32 (natural log of the softmax
@@ -246,6 +270,7 @@ def attention_forward(q, k, v, *, causal=False, softmax_scale=None):
     """
     _poll_errors()
     causal = _check_flag("causal", causal)
+    window_left, window_right = _check_window(window, causal)
     p = _validate(q, k, v, softmax_scale=softmax_scale)
     spec, block_m, block_n = kernels.fwd_entry(p.dtype, p.D, causal)
     B, Sq, Sk, H, Hkv, D = p.B, p.Sq, p.Sk, p.H, p.Hkv, p.D
@@ -266,6 +291,7 @@ def attention_forward(q, k, v, *, causal=False, softmax_scale=None):
             tma_o=tensormap.bhsd_map(out_ptr, p.dtype, (B, Sq, H, D), _contiguous((B, Sq, H, D)), 64, "out",
                                      box_panels=1),
             lse=lse_ptr, batch=B, seqlen_q=Sq, seqlen_k=Sk, num_heads=H, num_heads_kv=Hkv,
+            window_left=window_left, window_right=window_right,
             softmax_scale=p.scale, softmax_scale_log2=p.scale * _LOG2E)
         kernels.launch(spec, (-(-Sq // block_m), H, B), params, stream)
         if keep:

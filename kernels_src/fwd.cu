@@ -41,7 +41,7 @@ extern "C" __global__ void __launch_bounds__(kNumThreads, 1) dash_fwd(const __gr
     const int tid = (int)threadIdx.x % kWgThreads;
     float O[kORegs];
     RowStats st;
-    if (t.n_block_max > 0) {
+    if (t.n_blocks > 0) {
       consume(p, s, t, O, st, wg - 1, tid);
     } else {
 #pragma unroll

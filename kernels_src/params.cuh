@@ -16,6 +16,7 @@ struct FwdParams {
   TmaDesc tma_o;                // the same map of out (B, Sq, H, D), box {64, 64, 1}: one panel of 64 rows
   float* lse;                   // (B, H, Sq), natural-log units; -inf for a row that sees no key
   int64_t batch, seqlen_q, seqlen_k, num_heads, num_heads_kv;
+  int64_t window_left, window_right;  // query i sees keys [i + Sk - Sq - left, i + Sk - Sq + right]; -1: unbounded
   float softmax_scale, softmax_scale_log2;
 };
 

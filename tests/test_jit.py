@@ -76,7 +76,7 @@ def test_params_layout_matches_c_structs(offsetof):
     cubin, log, ok = jit.compile_source(src, "layout_check.cu", [*jit.BASE_OPTIONS, f"-I{REAL_KERNEL_DIR}"])
     assert ok, log
     # BwdParams: four 64-byte-aligned 128-byte tensor maps first, 400 bytes of 8-byte fields, padded to 64
-    assert kernels.FWD_PARAMS_DTYPE.itemsize == 576 and kernels.BWD_PARAMS_DTYPE.itemsize == 960
+    assert kernels.FWD_PARAMS_DTYPE.itemsize == 640 and kernels.BWD_PARAMS_DTYPE.itemsize == 960
     assert kernels.PARAMS_STRUCTS["BwdParams"][1] == 64 and kernels.BWD_PARAMS_DTYPE.fields["q"][1] == 512
 
 
@@ -113,21 +113,21 @@ def test_params_parser_reads_declarations_and_rejects_the_unknown():
 
 def _fwd_fields(**over):
     fields = dict(tma_q=b"\x01" * 128, tma_k=b"\x02" * 128, tma_v=b"\x03" * 128, tma_o=b"\x04" * 128, lse=0x5000,
-                  batch=2, seqlen_q=300, seqlen_k=500, num_heads=8, num_heads_kv=2,
-                  softmax_scale=0.125, softmax_scale_log2=0.125 * 1.4426950408889634)
+                  batch=2, seqlen_q=300, seqlen_k=500, num_heads=8, num_heads_kv=2, window_left=-1,
+                  window_right=7, softmax_scale=0.125, softmax_scale_log2=0.125 * 1.4426950408889634)
     fields.update(over)
     return fields
 
 
 def test_pack_fwd_params_bytes():
     p = kernels.pack_fwd_params(**_fwd_fields())
-    # four 128-byte tensor maps, lse, five int64, two floats; padded to the maps' 64-byte alignment
-    assert p.shape == (1,) and p.dtype == kernels.FWD_PARAMS_DTYPE and p.nbytes == 576
+    # four 128-byte tensor maps, lse, seven int64, two floats; padded to the maps' 64-byte alignment
+    assert p.shape == (1,) and p.dtype == kernels.FWD_PARAMS_DTYPE and p.nbytes == 640
     raw = p.tobytes()
     assert raw[:512] == b"".join(bytes([i]) * 128 for i in (1, 2, 3, 4))
-    words = np.frombuffer(raw[512:560], dtype="<i8")
-    assert list(words) == [0x5000, 2, 300, 500, 8, 2]
-    tail = np.frombuffer(raw[560:568], dtype="<f4")
+    words = np.frombuffer(raw[512:576], dtype="<i8")
+    assert list(words) == [0x5000, 2, 300, 500, 8, 2, -1, 7]
+    tail = np.frombuffer(raw[576:584], dtype="<f4")
     assert tail[0] == np.float32(0.125) and tail[1] == np.float32(0.125 * 1.4426950408889634)
 
 

@@ -85,10 +85,12 @@ struct Smem {
 };
 
 // The tile of one CTA: query rows [m_block kBlockM, +kBlockM) of head h (kv head hk) of batch b, against KV
-// tiles n_block_max - 1 down to 0.
+// tiles n_block_min + n_blocks - 1 down to n_block_min.
+// NOTES: masks, bottom-right aligned: query i sees key j iff i + diag - left <= j <= i + diag + right with
+// diag = Sk - Sq; causal is right = 0 (the host sets it), -1 leaves a side unbounded. Keys >= Sk are never seen.
 struct Tile {
   int m_block, h, hk, b;
-  int n_block_max;  // 0: no row of the tile sees a key
+  int n_block_min, n_blocks;  // n_blocks 0: no row of the tile sees a key
   DASH_DEVICE Tile(const FwdParams& p) {
     const int num_m_blocks = (int)gridDim.x;
     // NOTES: causal tiles get shorter as m_block falls; launching the longest first shortens the tail.
@@ -96,13 +98,18 @@ struct Tile {
     h = (int)blockIdx.y;
     b = (int)blockIdx.z;
     hk = h / ((int)p.num_heads / (int)p.num_heads_kv);
-    const int seqlen_q = (int)p.seqlen_q, seqlen_k = (int)p.seqlen_k;
-    n_block_max = (seqlen_k + kBlockN - 1) / kBlockN;
-    if (kCausal) {
-      // bottom-right aligned: query i sees key j iff j <= i + Sk - Sq; the tile's last valid row decides
-      const int last_key = min((m_block + 1) * kBlockM, seqlen_q) - 1 + seqlen_k - seqlen_q;
+    const int seqlen_q = (int)p.seqlen_q, seqlen_k = (int)p.seqlen_k, diag = seqlen_k - seqlen_q;
+    int n_block_max = (seqlen_k + kBlockN - 1) / kBlockN;
+    if (p.window_right >= 0) {  // the tile's last valid row sees the furthest key
+      const int last_key = min((m_block + 1) * kBlockM, seqlen_q) - 1 + diag + (int)p.window_right;
       n_block_max = min(n_block_max, last_key < 0 ? 0 : last_key / kBlockN + 1);
     }
+    n_block_min = 0;
+    if (p.window_left >= 0) {  // the tile's first row sees the nearest key
+      const int first_key = m_block * kBlockM + diag - (int)p.window_left;
+      n_block_min = first_key <= 0 ? 0 : first_key / kBlockN;
+    }
+    n_blocks = max(n_block_max - n_block_min, 0);
   }
 };
 

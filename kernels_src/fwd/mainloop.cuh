@@ -1,6 +1,6 @@
 // Forward kernel, MMA warpgroups: warpgroup wg owns query rows [64 wg, 64 wg + 64) of the Q tile and walks the
-// KV tiles from n_block_max - 1 down to 0 with an online softmax in the log2 domain. S = Q K^T is an SS wgmma,
-// O += P V an RS wgmma with P straight from the registers of S.
+// KV tiles from the last visible one down to the first with an online softmax in the log2 domain. S = Q K^T is
+// an SS wgmma, O += P V an RS wgmma with P straight from the registers of S.
 // NOTES: overlap. Inside a warpgroup, step i issues S_n = Q K_n^T and O += P_{n+1} V_{n+1} together and computes
 // the softmax of S_n while the P V wgmma runs (FA3's intra-warpgroup overlap). Across the two warpgroups, the
 // GEMM issues alternate (ping-pong on the kBarTurn barriers), so one warpgroup's softmax runs under the other's
@@ -83,13 +83,17 @@ DASH_DEVICE void online_softmax(float (&S)[kSRegs], RowStats& st, float (&corr)[
   }
 }
 
-// Keys at or past this thread's row limits become -inf: key_limit[r] is the first key row r may not see
-// (min(Sk, q + Sk - Sq + 1) with causal, Sk without).
-DASH_DEVICE void mask_scores(float (&S)[kSRegs], int key0, const int (&key_limit)[2], const Fragment& f) {
+// This thread's rows r = 0, 1 see keys [lo[r], hi[r]) (config.cuh Tile: the window and causal masks, and
+// keys < Sk); everything else becomes -inf.
+struct KeyRange {
+  int lo[2], hi[2];
+};
+
+DASH_DEVICE void mask_scores(float (&S)[kSRegs], int key0, const KeyRange& keys, const Fragment& f) {
 #pragma unroll
   for (int i = 0; i < kSRegs; ++i) {
-    const int key = key0 + f.col0 + Fragment::col(i);
-    if (key >= key_limit[(i / 2) % 2]) S[i] = neg_inf();
+    const int key = key0 + f.col0 + Fragment::col(i), r = (i / 2) % 2;
+    if (key >= keys.hi[r] || key < keys.lo[r]) S[i] = neg_inf();
   }
 }
 
@@ -112,34 +116,37 @@ DASH_DEVICE void gemm_pv(float (&O)[kORegs], const uint32_t (&Pa)[kBlockN / 16][
   }
 }
 
-// Scores of KV tile n_block into P (rows need the mask only on tiles that reach past Sk or cross the diagonal).
+// Scores of KV tile n_block into P. NOTES: a tile needs the element mask only if it reaches past Sk, or past the
+// right edge of the window of the warpgroup's first row, or before the left edge of its last row's.
 template <bool kFirst>
 DASH_DEVICE void scores_to_probs(float (&S)[kSRegs], RowStats& st, float (&corr)[2], int n_block, int row_first,
-                                 const int (&key_limit)[2], const FwdParams& p, const Fragment& f) {
-  const int key0 = n_block * kBlockN;
+                                 const KeyRange& keys, const FwdParams& p, const Fragment& f) {
+  const int key0 = n_block * kBlockN, diag = (int)(p.seqlen_k - p.seqlen_q);
   const bool need_mask = key0 + kBlockN > (int)p.seqlen_k ||
-                         (kCausal && key0 + kBlockN - 1 > row_first + (int)(p.seqlen_k - p.seqlen_q));
-  if (need_mask) mask_scores(S, key0, key_limit, f);
+                         (p.window_right >= 0 && key0 + kBlockN - 1 > row_first + diag + (int)p.window_right) ||
+                         (p.window_left >= 0 && key0 < row_first + 63 + diag - (int)p.window_left);
+  if (need_mask) mask_scores(S, key0, keys, f);
   online_softmax<kFirst>(S, st, corr, p.softmax_scale_log2);
 }
 
 // The mainloop of MMA warpgroup wg (thread tid of it): O (unnormalised) and the row statistics of its 64 rows.
-// NOTES: K stage i % kStages holds K of step i (KV tile n_block_max - 1 - i), V likewise; each warpgroup arrives
-// once on an empty barrier (count kNumMmaWg) when its wgmmas reading that stage have completed. Every warpgroup
-// takes the turn n_block_max + 1 times; warpgroup 1 passes it to warpgroup 0 once up front (so 0 goes first) and
+// NOTES: K stage i % kStages holds K of step i (KV tile n_block_min + n_blocks - 1 - i), V likewise; each
+// warpgroup arrives once on an empty barrier (count kNumMmaWg) when its wgmmas reading that stage have
+// completed. Every warpgroup takes the turn n_blocks + 1 times; warpgroup 1 passes it to warpgroup 0 once up front (so 0 goes first) and
 // not after its last GEMMs, so every arrive is matched by a sync.
 DASH_DEVICE void consume(const FwdParams& p, const Smem& s, const Tile& t, float (&O)[kORegs], RowStats& st, int wg,
                          int tid) {
   const Fragment f(tid);
 #pragma unroll
   for (int i = 0; i < kORegs; ++i) O[i] = 0.f;
-  const int n_blocks = t.n_block_max;
+  const int n_blocks = t.n_blocks, n_block_last = t.n_block_min + n_blocks - 1;
   const int row_first = t.m_block * kBlockM + 64 * wg;  // first query row of this warpgroup
-  int key_limit[2];
+  KeyRange keys;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const int row = row_first + f.row0 + 8 * r;
-    key_limit[r] = kCausal ? min((int)p.seqlen_k, row + 1 + (int)(p.seqlen_k - p.seqlen_q)) : (int)p.seqlen_k;
+    const int sees = row_first + f.row0 + 8 * r + (int)(p.seqlen_k - p.seqlen_q);  // the diagonal key of the row
+    keys.hi[r] = p.window_right >= 0 ? min((int)p.seqlen_k, sees + (int)p.window_right + 1) : (int)p.seqlen_k;
+    keys.lo[r] = p.window_left >= 0 ? sees - (int)p.window_left : 0;
   }
   if (wg == 1) turn_pass(wg);
 
@@ -158,10 +165,10 @@ DASH_DEVICE void consume(const FwdParams& p, const Smem& s, const Tile& t, float
   wgmma_wait<0>();
   wgmma_fence_operand(S);
   if (tid == 0) mbar_arrive(s.k_empty(0));
-  scores_to_probs<true>(S, st, corr, n_blocks - 1, row_first, key_limit, p, f);
+  scores_to_probs<true>(S, st, corr, n_block_last, row_first, keys, p, f);
   pack_fragments<kSRegs>(Pa, S);
 
-  // Step i: S of KV tile n_block_max - 1 - i with O += P V of the tile before it.
+  // Step i: S of KV tile n_block_last - i with O += P V of the tile before it.
   for (int i = 1; i < n_blocks; ++i) {
     const int ks = i % kStages, vs = (i - 1) % kStages;
     mbar_wait(s.k_full(ks), (i / kStages) & 1);
@@ -178,7 +185,7 @@ DASH_DEVICE void consume(const FwdParams& p, const Smem& s, const Tile& t, float
     wgmma_wait<1>();
     wgmma_fence_operand(S);
     if (tid == 0) mbar_arrive(s.k_empty(ks));
-    scores_to_probs<false>(S, st, corr, n_blocks - 1 - i, row_first, key_limit, p, f);
+    scores_to_probs<false>(S, st, corr, n_block_last - i, row_first, keys, p, f);
     wgmma_wait<0>();
     wgmma_fence_operand(O);
     wgmma_fence_operand(Pa);
@@ -188,7 +195,7 @@ DASH_DEVICE void consume(const FwdParams& p, const Smem& s, const Tile& t, float
     pack_fragments<kSRegs>(Pa, S);
   }
 
-  // Last step: O += P V of KV tile 0.
+  // Last step: O += P V of KV tile n_block_min.
   const int vs = (n_blocks - 1) % kStages;
   mbar_wait(s.v_full(vs), ((n_blocks - 1) / kStages) & 1);
   turn_wait(wg);

@@ -1,5 +1,5 @@
 // Forward kernel, producer (one lane of warp 0): TMA loads of Q once, then K and V of each KV tile from the last
-// visible one down to 0, in the order the MMA warpgroups consume them: K_n is needed one step before V_n.
+// visible one down to the first, in the order the MMA warpgroups consume them: K_n is needed one step before V_n.
 #pragma once
 #include "../params.cuh"
 #include "../ptx/mbarrier.cuh"
@@ -20,13 +20,13 @@ DASH_DEVICE void load_kv_tile(const TmaDesc* map, uint32_t dst, uint32_t full, u
 }
 
 DASH_DEVICE void produce(const FwdParams& p, const Smem& s, const Tile& t) {
-  if (t.n_block_max == 0) return;
+  if (t.n_blocks == 0) return;
   tma_prefetch_desc(&p.tma_q);
   tma_prefetch_desc(&p.tma_k);
   tma_prefetch_desc(&p.tma_v);
   mbar_arrive_expect_tx(s.q_full(), SmemLayout::kQ);
   tma_load_5d(s.q(), &p.tma_q, s.q_full(), 0, t.m_block * kBlockM, 0, t.h, t.b);
-  const int last = t.n_block_max - 1;
+  const int last = t.n_block_min + t.n_blocks - 1;
   const auto load_k = [&](int i) {
     load_kv_tile(&p.tma_k, s.k(i % kStages), s.k_full(i % kStages), s.k_empty(i % kStages), i, last - i, t);
   };
@@ -34,11 +34,11 @@ DASH_DEVICE void produce(const FwdParams& p, const Smem& s, const Tile& t) {
     load_kv_tile(&p.tma_v, s.v(i % kStages), s.v_full(i % kStages), s.v_empty(i % kStages), i, last - i, t);
   };
   load_k(0);
-  for (int i = 1; i < t.n_block_max; ++i) {
+  for (int i = 1; i < t.n_blocks; ++i) {
     load_k(i);
     load_v(i - 1);
   }
-  load_v(last);
+  load_v(t.n_blocks - 1);
 }
 
 }  // namespace fwd
