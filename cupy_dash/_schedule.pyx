@@ -5,12 +5,27 @@ A table is three arrays:
   visits    int32 (V, 4)  rows (cta, head, n_block, m_block), grouped by cta, each cta's rows in execution order
   rank      int32 (V,)    position of the visit in the reduction order of its dQ tile (head, m_block)
   cta_start int64 (C+1,)  visits of cta c are rows [cta_start[c], cta_start[c+1])
+"head" is a (batch, query head) pair. With grouped-query attention (GQA, MQA) g = group_size consecutive heads
+share the KV head head // g, and a KV column is (head // g, n_block): its visits cover the g query heads of the
+group, back to back on one CTA, so that dK and dV stay in registers for the whole group.
 
 NOTES: every policy is (1) an ordered list of work units (one KV column, or a pair of columns for the symmetric
 shift) dispatched greedily to the CTA that frees up first, (2) a Q-tile order inside each column, (3) a tie-break
 between columns.  Ranks are then *derived*: visits are ordered by (step, tie-break), where step is the visit's
 position in its CTA's list, and each dQ tile receives ranks in that order.  Every wait then points from a later
 (step, tie-break) key to an earlier one, so no table built here can deadlock, whatever the number of CTAs.
+
+NOTES: grouped columns (g > 1) are Q-tile-major: the table is the g = 1 table of the KV heads with every visit
+repeated for the g query heads of its group, in ascending order, and its rank repeated with it. Dispatch, Q-tile
+orders and ties are those of the KV heads' table, every CTA is at query head j = step mod g at every step and
+time runs g times slower; so dQ tile (head, m) ranks its visits in the order the g = 1 table ranks tile
+(head // g, m), deadlock freedom carries over, the start-up waits are paid once rather than once per query head,
+and the paper's closed forms hold with m = query heads. Head-major columns (all Q tiles of one query head, then
+the next) would start head j's pass of column n at step j * (M - lo[n]): with a causal mask that differs between
+columns and breaks the phase relations the policies are built on (descending's common start at the last Q tile,
+the shift rotations). On the paper's shapes (132 SMs, H = 32, Hkv = 8 or 1) head-major was never faster in
+either model and up to 1.45x the lower bound where Q-tile-major stays at 1.17x (shift, d64 causal, S = 4096,
+engine model).
 """
 import numpy as np
 from libc.stdlib cimport malloc, free
@@ -105,8 +120,24 @@ cdef inline void heap_pop(double* ht, long long* hc, long long* size, double* t,
 
 
 def build_table(int policy, long long seqlen_q, long long seqlen_k, long long block_m, long long block_n,
-                long long num_heads, bint causal, long long num_sms):
-    """Build (visits, rank, cta_start) for one policy; see the module docstring for the layout."""
+                long long num_heads, bint causal, long long num_sms, long long group_size=1):
+    """Build (visits, rank, cta_start) for one policy; see the module docstring for the layout. num_heads counts
+    (batch, query head) pairs, group_size the query heads per KV head (it must divide num_heads)."""
+    if group_size < 1 or num_heads % group_size:
+        raise ValueError(f"group_size must be >= 1 and divide num_heads={num_heads}, got {group_size}")
+    visits, rank, cta_start = _build_kv_table(policy, seqlen_q, seqlen_k, block_m, block_n,
+                                              num_heads // group_size, causal, num_sms)
+    if group_size == 1:
+        return visits, rank, cta_start
+    # every visit of KV head kh, once per query head kh * g + j, j = 0..g-1 (Q-tile-major, see NOTES above)
+    grouped = np.repeat(visits, group_size, axis=0)
+    grouped[:, 1] = grouped[:, 1] * group_size + np.tile(np.arange(group_size, dtype=np.int32), len(rank))
+    return grouped, np.repeat(rank, group_size), cta_start * group_size
+
+
+def _build_kv_table(int policy, long long seqlen_q, long long seqlen_k, long long block_m, long long block_n,
+                    long long num_heads, bint causal, long long num_sms):
+    """The g = 1 table of num_heads (batch, KV head) pairs."""
     cdef long long M = (seqlen_q + block_m - 1) // block_m
     cdef long long N = (seqlen_k + block_n - 1) // block_n
     lo_arr = column_starts(seqlen_q, seqlen_k, block_m, block_n, causal)
@@ -241,12 +272,14 @@ def build_table(int policy, long long seqlen_q, long long seqlen_k, long long bl
 
 
 def analyze_table(visits_arr, rank_arr, cta_start_arr, long long num_heads, long long num_m_blocks, lo_arr,
-                  bint timed=False, double c_cost=1.0, double r_cost=0.25, bint timeline=False, bint engine=False):
+                  bint timed=False, double c_cost=1.0, double r_cost=0.25, bint timeline=False, bint engine=False,
+                  long long group_size=1):
     """Validate a table and, if ``timed``, simulate it in the DAG model (``engine``: in the engine model).
 
     Raises ValueError naming the first offending tile unless: the layout is consistent; every visited tile is
-    unmasked and in range; each KV column's visits form one contiguous chain on one CTA that covers every
-    unmasked Q tile once; every dQ tile's ranks are 0..k-1 exactly once; execution cannot deadlock.
+    unmasked and in range; the visits of each KV column (head // group_size, n_block) form one contiguous chain
+    on one CTA that covers every unmasked Q tile of each query head of its group once, in any order (so its dK,
+    dV are written once); every dQ tile's ranks are 0..k-1 exactly once; execution cannot deadlock.
     Returns None, or with ``timed`` (makespan, per-CTA finish times, compute-start and reduce-start per visit
     when ``timeline``). DAG model (the paper's): each visit computes for c_cost, then waits for its rank, then
     reduces for r_cost, and the CTA's next visit starts after that. Engine model (the Hopper kernel): a CTA's
@@ -259,9 +292,11 @@ def analyze_table(visits_arr, rank_arr, cta_start_arr, long long num_heads, long
     cdef const int[::1] rank = np.ascontiguousarray(rank_arr, dtype=np.int32)
     cdef const long long[::1] cta_start = np.ascontiguousarray(cta_start_arr, dtype=np.int64)
     cdef const long long[::1] lo = np.ascontiguousarray(lo_arr, dtype=np.int64)
-    cdef long long M = num_m_blocks, N = lo.shape[0], NH = num_heads
+    cdef long long M = num_m_blocks, N = lo.shape[0], NH = num_heads, g = group_size
     cdef long long V = visits.shape[0], C = cta_start.shape[0] - 1
     cdef long long c, v, h = 0, n = 0, m = 0, r, i, idx, prev_h, prev_n, chain_len, chain_id = 0, k = 0, vend
+    if g < 1 or NH % g:
+        raise ValueError(f"group_size must be >= 1 and divide num_heads={NH}, got {g}")
     if visits.shape[1] != 4 or rank.shape[0] != V:
         raise ValueError(f"visits must be (V, 4) and rank (V,), got {visits_arr.shape} and {rank_arr.shape}")
     if C < 1 or cta_start[0] != 0 or cta_start[C] != V:
@@ -279,9 +314,9 @@ def analyze_table(visits_arr, rank_arr, cta_start_arr, long long num_heads, long
     cdef long long per_head = pre[M]
     pos_arr = np.full(NH * per_head, -1, dtype=np.int64)
     cdef long long[::1] pos = pos_arr
-    colseen_arr = np.zeros(NH * N, dtype=np.uint8)
+    colseen_arr = np.zeros(NH // g * N, dtype=np.uint8)
     cdef unsigned char[::1] colseen = colseen_arr
-    mstamp_arr = np.full(M, -1, dtype=np.int64)
+    mstamp_arr = np.full(g * M, -1, dtype=np.int64)      # last chain to visit (query head of the group, m)
     cdef long long[::1] mstamp = mstamp_arr
 
     for c in range(C):
@@ -300,29 +335,30 @@ def analyze_table(visits_arr, rank_arr, cta_start_arr, long long num_heads, long
                 if h < 0 or h >= NH or n < 0 or n >= N or m < 0 or m >= M:
                     raise ValueError(f"visit {v}: (head {h}, n_block {n}, m_block {m}) is out of range "
                                      f"(heads {NH}, n_blocks {N}, m_blocks {M})")
-            if v == cta_start[c + 1] or h != prev_h or n != prev_n:
-                if prev_h >= 0 and chain_len != M - lo[prev_n]:
-                    for k in range(lo[prev_n], M):
-                        if mstamp[k] != chain_id:
+            if v == cta_start[c + 1] or h // g != prev_h // g or n != prev_n:
+                if prev_h >= 0 and chain_len != g * (M - lo[prev_n]):
+                    for k in range(g * M):
+                        if k % M >= lo[prev_n] and mstamp[k] != chain_id:
                             break
-                    raise ValueError(f"tile (head {prev_h}, n_block {prev_n}, m_block {k}) is unmasked but not in "
-                                     f"its KV tile's chain on cta {c} ({chain_len} of {M - lo[prev_n]} Q tiles): "
-                                     f"a KV tile's visits must be one contiguous chain covering each unmasked tile")
+                    raise ValueError(f"tile (head {prev_h // g * g + k // M}, n_block {prev_n}, m_block {k % M}) is "
+                                     f"unmasked but not in its KV tile's chain on cta {c} ({chain_len} of "
+                                     f"{g * (M - lo[prev_n])} visits): a KV tile's visits must be one contiguous "
+                                     f"chain covering each unmasked tile of each query head of its group")
                 if v == cta_start[c + 1]:
                     break
-                if colseen[h * N + n]:
-                    raise ValueError(f"KV tile (head {h}, n_block {n}): its visits are not one contiguous chain "
-                                     f"on one CTA (again at visit {v}, cta {c})")
-                colseen[h * N + n] = 1
+                if colseen[h // g * N + n]:
+                    raise ValueError(f"KV tile (kv head {h // g}, n_block {n}): its visits are not one contiguous "
+                                     f"chain on one CTA (again at visit {v}, cta {c})")
+                colseen[h // g * N + n] = 1
                 chain_id += 1
                 chain_len = 0
                 prev_h = h
                 prev_n = n
             if m < lo[n]:
                 raise ValueError(f"tile (head {h}, n_block {n}, m_block {m}) is fully masked but visited (visit {v})")
-            if mstamp[m] == chain_id:
+            if mstamp[h % g * M + m] == chain_id:
                 raise ValueError(f"tile (head {h}, n_block {n}, m_block {m}) is visited twice")
-            mstamp[m] = chain_id
+            mstamp[h % g * M + m] = chain_id
             chain_len += 1
             r = rank[v]
             if r < 0 or r >= cnt[m]:
@@ -331,9 +367,9 @@ def analyze_table(visits_arr, rank_arr, cta_start_arr, long long num_heads, long
             if pos[idx] >= 0:
                 raise ValueError(f"dQ tile (head {h}, m_block {m}): rank {r} is given to visits {pos[idx]} and {v}")
             pos[idx] = v
-    for i in range(NH * N):
+    for i in range(NH // g * N):
         if not colseen[i]:
-            raise ValueError(f"tile (head {i // N}, n_block {i % N}, m_block {lo[i % N]}) is unmasked but never "
+            raise ValueError(f"tile (head {i // N * g}, n_block {i % N}, m_block {lo[i % N]}) is unmasked but never "
                              f"visited (its KV tile has no chain)")
 
     # execution: each CTA runs its visits in order; a visit's reduction waits until its rank is reached

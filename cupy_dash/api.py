@@ -102,8 +102,8 @@ _UNCHECKED = object()
 def _validate(q, k, v, do=None, out=None, lse=None, *, softmax_scale=None, schedule=_UNCHECKED,
               backward=False) -> _Problem:
     """All argument checks, in an order that lets CPU arrays reach every check before the device one:
-    dtype -> rank -> shapes -> head dim -> sizes / heads -> softmax_scale -> schedule -> GQA backward ->
-    strides / alignment -> device."""
+    dtype -> rank -> shapes -> head dim -> sizes / heads -> softmax_scale -> schedule -> strides / alignment ->
+    device."""
     qi = interop.describe(q, "q")
     ki = interop.describe(k, "k")
     vi = interop.describe(v, "v")
@@ -162,9 +162,6 @@ def _validate(q, k, v, do=None, out=None, lse=None, *, softmax_scale=None, sched
     scale = _check_scale(softmax_scale, D)
     if schedule is not _UNCHECKED:
         _check_schedule(schedule)
-    if backward and H != Hkv:
-        raise NotImplementedError(f"GQA backward (q has H={H} heads, k/v have Hkv={Hkv}) is not yet supported; "
-                                  f"repeat k and v to H heads for training (the forward supports GQA)")
 
     # strides and alignment
     for i in operands:
@@ -308,8 +305,9 @@ def attention_backward(do, q, k, v, out, lse, *, causal=False, softmax_scale=Non
 
     Args:
         do, out: ``(B, Sq, H, D)`` like q (``out`` from :func:`attention_forward`); q ``(B, Sq, H, D)``;
-            k, v ``(B, Sk, H, D)`` (GQA backward, ``Hkv < H``, is not supported yet); all one bf16/fp16 dtype on
-            one CUDA device, strided as in :func:`attention_forward`.
+            k, v ``(B, Sk, Hkv, D)`` with ``H % Hkv == 0`` (GQA / MQA: query head ``h`` reads kv head
+            ``h // (H // Hkv)``); all one bf16/fp16 dtype on one CUDA device, strided as in
+            :func:`attention_forward`.
         lse: ``(B, H, Sq)`` float32, contiguous, from :func:`attention_forward`.
         causal, softmax_scale: as in the forward call.
         schedule: dQ reduction order, one of ``cupy_dash.schedule.POLICIES`` ("auto", "fa3", "descending",
@@ -318,7 +316,9 @@ def attention_backward(do, q, k, v, out, lse, *, causal=False, softmax_scale=Non
         deterministic: False uses atomic dQ adds (faster, not reproducible) with the same work distribution.
 
     Returns:
-        dq ``(B, Sq, H, D)``, dk and dv ``(B, Sk, H, D)``, contiguous, dtype of q.
+        dq ``(B, Sq, H, D)``, dk and dv ``(B, Sk, Hkv, D)``, contiguous, dtype of q. With GQA the dK, dV of a kv
+        head sum over the ``H // Hkv`` query heads of its group inside one CTA (the schedule keeps a KV tile's
+        visits for the whole group on one CTA), so they are as deterministic as in MHA.
 
     Three kernels run on the caller's stream: preprocess (rowsum(dO*O), zeroing of the fp32 dQ accumulator and
     the semaphores), main (a persistent grid, at most the co-resident CTAs, walking the schedule table) and
@@ -334,7 +334,8 @@ def _backward_with_plan(do, q, k, v, out, lse, *, plan, causal=False, softmax_sc
     """Internal/test hook: the backward driven by an explicit schedule-like ``plan``.
 
     ``plan`` needs ``visits`` (V, 4) int32 rows (cta, bh, n_block, m_block) grouped by CTA, ``rank`` (V,) int32,
-    ``cta_start`` (num_ctas + 1,) int64, ``num_ctas`` and ``policy`` (used in error messages). Its tables are
+    ``cta_start`` (num_ctas + 1,) int64, ``num_ctas`` and ``policy`` (used in error messages); a ``group_size``
+    attribute, if present, must be ``H // Hkv`` (the kernel groups visits into KV tiles by it). Its tables are
     uploaded for this call only (never cached) and checked only so far as memory safety needs (indices in
     range, cta_start consistent); ranks may be arbitrary, and ``num_ctas`` may exceed the co-resident CTAs, so
     a deliberately inconsistent table exercises the bounded semaphore wait: the call returns, and
@@ -361,6 +362,10 @@ def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, determinis
         if spin_timeout_ns <= 0:
             raise ValueError(f"spin_timeout_ns: expected a positive number, got {spin_timeout_ns}")
     B, Sq, Sk, H, Hkv, D = p.B, p.Sq, p.Sk, p.H, p.Hkv, p.D
+    group = H // Hkv                                      # query heads per kv head
+    if plan is not None and getattr(plan, "group_size", group) != group:
+        raise ValueError(f"plan: built for group_size={plan.group_size} query heads per kv head, but q has H={H} "
+                         f"and k, v have Hkv={Hkv} heads (group_size {group})")
     dev = p.device_id
     for info in p.infos[:4]:                              # q, k, v, do: read through TMA maps
         tensormap.check_encodable(info.name, info.shape, info.strides[:3], info.data_ptr or 0)
@@ -386,8 +391,9 @@ def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, determinis
         lse_ptr, _ = _resolve(p.lse_info, lse, keep)
 
         if plan is None:
-            tables = _schedule.device_tables(schedule, Sq, Sk, bm, bn, BH, causal, min(max_ctas, BH * num_n_blocks),
-                                             dev, stream)
+            kv_tiles = B * Hkv * num_n_blocks             # work units: a KV tile with all its query heads
+            tables = _schedule.device_tables(schedule, Sq, Sk, bm, bn, BH, causal, min(max_ctas, kv_tiles), dev,
+                                             stream, group)
         else:
             tables = _schedule.upload(plan, BH, num_n_blocks, num_m_blocks, dev)
             keep.append(tables)

@@ -15,30 +15,32 @@ POLICY_ORDER = ("fa3", "descending", "shift", "symmetric_shift")
 COLOURS = {"idle": "#ffffff", "compute": "#4c72b0", "reduce": "#55a868", "wait": "#c44e52"}
 
 
-def analyse(*, seqlen_q, seqlen_k, block_m, block_n, heads, causal, num_sms, c=1.0, r=0.25, model="dag"):
+def analyse(*, seqlen_q, seqlen_k, block_m, block_n, heads, causal, num_sms, c=1.0, r=0.25, model="dag",
+            group_size=1):
     """Build, validate and simulate every policy; returns a list of dicts (one per policy) and auto's choice.
-    ``wait`` sums, over the visits, the time from a visit's dQ being ready to its reduction starting."""
+    ``wait`` sums, over the visits, the time from a visit's dQ being ready to its reduction starting. heads
+    counts (batch, query head) pairs, group_size query heads per KV head (GQA)."""
     rows = []
     for policy in POLICY_ORDER:
         plan = schedule.build(policy, seqlen_q=seqlen_q, seqlen_k=seqlen_k, block_m=block_m, block_n=block_n,
-                              num_heads=heads, causal=causal, num_sms=num_sms).validate()
+                              num_heads=heads, causal=causal, num_sms=num_sms, group_size=group_size).validate()
         tl = schedule.timeline(plan, c, r, model)
         wait = float(np.sum(tl["reduce_start"] - tl["compute_start"] - c))
         bound = schedule.lower_bound(plan, c, r, model)
         rows.append({"policy": policy, "plan": plan, "timeline": tl, "makespan": tl["makespan"], "bound": bound,
                      "wait": wait})
     auto = schedule.build("auto", seqlen_q=seqlen_q, seqlen_k=seqlen_k, block_m=block_m, block_n=block_n,
-                          num_heads=heads, causal=causal, num_sms=num_sms).policy
+                          num_heads=heads, causal=causal, num_sms=num_sms, group_size=group_size).policy
     return rows, auto
 
 
 def print_analysis(*, seqlen_q, seqlen_k, block_m, block_n, heads, causal, num_sms, c=1.0, r=0.25,
-                   model="dag", file=None, rows=None):
+                   model="dag", file=None, rows=None, group_size=1):
     """Print the simulated makespan of every policy relative to the lower bound max(work / SMs, longest chain)."""
     file = sys.stdout if file is None else file
     if rows is None:
         rows, auto = analyse(seqlen_q=seqlen_q, seqlen_k=seqlen_k, block_m=block_m, block_n=block_n, heads=heads,
-                             causal=causal, num_sms=num_sms, c=c, r=r, model=model)
+                             causal=causal, num_sms=num_sms, c=c, r=r, model=model, group_size=group_size)
     else:
         rows, auto = rows
     plan = rows[0]["plan"]
@@ -46,7 +48,8 @@ def print_analysis(*, seqlen_q, seqlen_k, block_m, block_n, heads, causal, num_s
     name = "DAG model" if model == "dag" else "engine model"
     print(f"Schedule analysis ({name}: compute c={c:g}, reduce r={r:g} per visit): seqlen_q={seqlen_q}, "
           f"seqlen_k={seqlen_k}, tiles {block_m}x{block_n} ({plan.num_m_blocks} Q x {plan.num_n_blocks} KV), "
-          f"{heads} (batch, head) pairs, {mask} mask, {num_sms} SMs", file=file)
+          f"{heads} (batch, head) pairs{f' in groups of {group_size} per KV head' if group_size > 1 else ''}, "
+          f"{mask} mask, {num_sms} SMs", file=file)
     print(f"{'policy':<16} {'CTAs':>5} {'visits':>10} {'makespan':>11} {'/ bound':>8} {'wait / work':>12}", file=file)
     for row in rows:
         p = row["plan"]
@@ -167,7 +170,8 @@ def _parser():
     p.add_argument("--seqlen-k", type=positive, default=None, help="defaults to --seqlen-q")
     p.add_argument("--block-m", type=positive, default=64)
     p.add_argument("--block-n", type=positive, default=128)
-    p.add_argument("--heads", type=positive, default=16, help="number of (batch, head) pairs")
+    p.add_argument("--heads", type=positive, default=16, help="number of (batch, query head) pairs")
+    p.add_argument("--group-size", type=positive, default=1, help="query heads per KV head (GQA: H / Hkv)")
     p.add_argument("--causal", action="store_true")
     p.add_argument("--num-sms", type=positive, default=132)
     p.add_argument("--c", type=_cost(zero_ok=False), default=1.0, help="compute cost of one visit (> 0)")
@@ -194,13 +198,13 @@ def main(argv=None):
     try:
         result = analyse(seqlen_q=args.seqlen_q, seqlen_k=seqlen_k, block_m=args.block_m, block_n=args.block_n,
                          heads=args.heads, causal=args.causal, num_sms=args.num_sms, c=args.c, r=args.r,
-                         model=args.model)
+                         model=args.model, group_size=args.group_size)
     except (ValueError, TypeError) as exc:
         print(f"cupy_dash schedule: error: {exc}", file=sys.stderr)
         return 2
     print_analysis(seqlen_q=args.seqlen_q, seqlen_k=seqlen_k, block_m=args.block_m, block_n=args.block_n,
                    heads=args.heads, causal=args.causal, num_sms=args.num_sms, c=args.c, r=args.r,
-                   model=args.model, rows=result)
+                   model=args.model, rows=result, group_size=args.group_size)
     if args.plot is not None:
         try:
             plot_gantt(result[0], args.plot, c=args.c, r=args.r)

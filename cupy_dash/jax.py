@@ -39,9 +39,9 @@ _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
 def attention(q, k, v, causal=False, softmax_scale=None, schedule="auto", deterministic=True):
-    """Differentiable attention for JAX arrays (eager): q ``(B, Sq, H, D)``, k/v ``(B, Sk, Hkv, D)`` -> out
-    ``(B, Sq, H, D)``. Arguments as in :func:`cupy_dash.attention_forward` / :func:`cupy_dash.attention_backward`;
-    the GQA backward (``Hkv < H``) is not implemented yet (NotImplementedError when differentiated).
+    """Differentiable attention for JAX arrays (eager): q ``(B, Sq, H, D)``, k/v ``(B, Sk, Hkv, D)`` with
+    ``H % Hkv == 0`` (GQA / MQA; the cotangents of k, v are ``(B, Sk, Hkv, D)``) -> out ``(B, Sq, H, D)``.
+    Arguments as in :func:`cupy_dash.attention_forward` / :func:`cupy_dash.attention_backward`.
     Raises TypeError inside ``jax.jit`` / ``vmap`` (inputs are tracers).
     """
     api._check_schedule(schedule)

@@ -15,6 +15,14 @@ kernel only reads it::
     schedule.simulate(plan, c=1.0, r=0.25)   # makespan in the paper's DAG model
     schedule.simulate(plan, c=1.0, r=0.8, model="engine")   # ... in the model of our Hopper kernel
 
+Grouped-query attention (GQA, MQA): ``build(..., num_heads=B * H, group_size=H // Hkv)``. Heads stay (batch,
+query head) pairs; a KV column is (head // group_size, n_block) and covers the group_size query heads of its KV
+head on one CTA, so dK and dV need no cross-CTA reduction. Inside a column the order is Q-tile-major: each Q
+tile of the policy's order is visited for every query head of the group (ascending) before the next Q tile, so
+a grouped table is the table of the B * Hkv KV heads with every visit (and its rank) repeated group_size times
+and time running group_size times slower: every policy keeps its wait-free behaviour (``_schedule.pyx`` says
+why head-major columns would not).
+
 Policies (ranks are always derived from the wait-free timeline, see ``_schedule.pyx``):
 
 ``fa3``
@@ -74,18 +82,19 @@ class Schedule:
     """One schedule table and the problem it was built for.  Arrays are read-only (tables are cached)."""
 
     def __init__(self, policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms,
-                 visits, rank, cta_start):
+                 visits, rank, cta_start, group_size=1):
         self.policy = policy
         self.seqlen_q, self.seqlen_k = seqlen_q, seqlen_k
         self.block_m, self.block_n = block_m, block_n
         self.num_heads, self.causal, self.num_sms = num_heads, causal, num_sms
+        self.group_size = group_size          # query heads per KV head (1: MHA)
         self.num_m_blocks = -(-seqlen_q // block_m)
         self.num_n_blocks = -(-seqlen_k // block_n)
         self.visits, self.rank, self.cta_start = visits, rank, cta_start
         for a in (visits, rank, cta_start):
             a.flags.writeable = False
         self.num_ctas = len(cta_start) - 1
-        self.key = (policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms)
+        self.key = (policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms, group_size)
         self._validated = False
 
     @property
@@ -100,7 +109,7 @@ class Schedule:
         """Raise ValueError (naming the first offending tile) unless the table is complete, ranked and live."""
         if not self._validated:
             _schedule.analyze_table(self.visits, self.rank, self.cta_start, self.num_heads, self.num_m_blocks,
-                                    self.column_starts())
+                                    self.column_starts(), group_size=self.group_size)
             self._validated = True
         return self
 
@@ -111,8 +120,9 @@ class Schedule:
         return lower_bound(self, c, r, model)
 
     def __repr__(self):
+        group = f", group_size={self.group_size}" if self.group_size != 1 else ""
         return (f"Schedule({self.policy!r}, seqlen_q={self.seqlen_q}, seqlen_k={self.seqlen_k}, "
-                f"block_m={self.block_m}, block_n={self.block_n}, num_heads={self.num_heads}, "
+                f"block_m={self.block_m}, block_n={self.block_n}, num_heads={self.num_heads}{group}, "
                 f"causal={self.causal}, num_sms={self.num_sms}: {self.num_visits} visits on {self.num_ctas} CTAs)")
 
 
@@ -147,35 +157,39 @@ def _costs(c, r) -> tuple:
 
 
 def build(policy: str = "auto", *, seqlen_q: int, seqlen_k: int, block_m: int, block_n: int, num_heads: int,
-          causal: bool, num_sms: int) -> Schedule:
+          causal: bool, num_sms: int, group_size: int = 1) -> Schedule:
     """Build (or fetch from the cache) the schedule table of ``policy`` for one problem.
 
-    num_heads is the number of independent (batch, head) pairs; num_sms the number of persistent CTAs that run
-    concurrently (any value >= 1; the table uses min(num_sms, number of work units) CTAs).
+    num_heads is the number of (batch, query head) pairs, B * H; group_size the number of query heads that share
+    one KV head, H // Hkv (1 for MHA, H for MQA; it must divide num_heads); num_sms the number of persistent CTAs
+    that run concurrently (any value >= 1; the table uses min(num_sms, number of work units) CTAs).
     """
     if policy not in POLICIES:
         raise ValueError(f"unknown schedule {policy!r}; expected one of {', '.join(POLICIES)}")
+    heads, group = _positive_int("num_heads", num_heads), _positive_int("group_size", group_size)
+    if heads % group:
+        raise ValueError(f"group_size ({group}) must divide num_heads ({heads})")
     args = (_positive_int("seqlen_q", seqlen_q), _positive_int("seqlen_k", seqlen_k),
             _positive_int("block_m", block_m), _positive_int("block_n", block_n),
-            _positive_int("num_heads", num_heads), _flag("causal", causal), _positive_int("num_sms", num_sms))
+            heads, _flag("causal", causal), _positive_int("num_sms", num_sms), group)
     if policy == "auto":
         return _build_auto(*args)
     return _build(policy, *args)
 
 
 @functools.lru_cache(maxsize=64)
-def _build(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms):
+def _build(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms, group_size=1):
     visits, rank, cta_start = _schedule.build_table(_schedule.POLICY_CODES[policy], seqlen_q, seqlen_k, block_m,
-                                                    block_n, num_heads, causal, num_sms)
+                                                    block_n, num_heads, causal, num_sms, group_size)
     return Schedule(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms,
-                    visits, rank, cta_start)
+                    visits, rank, cta_start, group_size)
 
 
 @functools.lru_cache(maxsize=64)
-def _auto_choice(seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms):
+def _auto_choice(seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms, group_size=1):
     times = {}
     for candidate in AUTO_CANDIDATES:
-        plan = _build(candidate, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms)
+        plan = _build(candidate, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms, group_size)
         times[candidate] = simulate(plan, *AUTO_COSTS, model="engine")
     best = min(times.values())
     return next(p for p in AUTO_CANDIDATES if times[p] <= best * (1 + AUTO_TOLERANCE))
@@ -200,7 +214,7 @@ def simulate(plan: Schedule, c: float = 1.0, r: float = 0.25, model: str = "dag"
     c, r = _costs(c, r)
     makespan, _, _, _ = _schedule.analyze_table(plan.visits, plan.rank, plan.cta_start, plan.num_heads,
                                                 plan.num_m_blocks, plan.column_starts(), True, c, r,
-                                                False, _engine(model))
+                                                False, _engine(model), _group_size(plan))
     return makespan
 
 
@@ -211,17 +225,21 @@ def timeline(plan: Schedule, c: float = 1.0, r: float = 0.25, model: str = "dag"
     c, r = _costs(c, r)
     makespan, finish, comp, red = _schedule.analyze_table(plan.visits, plan.rank, plan.cta_start, plan.num_heads,
                                                           plan.num_m_blocks, plan.column_starts(), True,
-                                                          c, r, True, _engine(model))
+                                                          c, r, True, _engine(model), _group_size(plan))
     return {"makespan": makespan, "finish": finish, "compute_start": comp, "reduce_start": red}
 
 
+def _group_size(plan) -> int:
+    return int(getattr(plan, "group_size", 1))
+
+
 def lower_bound(plan: Schedule, c: float = 1.0, r: float = 0.25, model: str = "dag") -> float:
-    """No schedule beats max(total work / num_sms, the longest KV column's chain), where a visit costs c + r in
-    the DAG model and max(c, r) in the engine model (compute and reduction overlap). ``c`` and ``r`` are
-    checked as in :func:`simulate`."""
+    """No schedule beats max(total work / num_sms, the longest KV column's chain: group_size times the most
+    unmasked Q tiles of a KV tile), where a visit costs c + r in the DAG model and max(c, r) in the engine model
+    (compute and reduction overlap). ``c`` and ``r`` are checked as in :func:`simulate`."""
     c, r = _costs(c, r)
     lo = plan.column_starts()
-    longest = int((plan.num_m_blocks - lo).max())
+    longest = _group_size(plan) * int((plan.num_m_blocks - lo).max())
     step = max(c, r) if _engine(model) else c + r
     return max(plan.num_visits * step / plan.num_sms, longest * step)
 
@@ -309,16 +327,17 @@ def upload(plan, num_heads: int, n_blocks: int, m_blocks: int, device_id: int) -
 
 
 def device_tables(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_ctas, device_id,
-                  stream) -> DeviceTables:
-    """The schedule for one problem on one device: host plans cached by shape (LRU), device tables by
-    ``(plan.key, device)`` (LRU), so a repeated call builds and uploads nothing."""
+                  stream, group_size=1) -> DeviceTables:
+    """The schedule for one problem on one device (num_heads = B * H query heads, group_size = H // Hkv): host
+    plans cached by shape (LRU), device tables by ``(plan.key, device)`` (LRU), so a repeated call builds and
+    uploads nothing."""
     import cupy
-    pkey = (policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_ctas)
+    pkey = (policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_ctas, group_size)
     with _table_lock:
         plan = _plans.get(pkey)
         if plan is None:
             plan = build(policy, seqlen_q=seqlen_q, seqlen_k=seqlen_k, block_m=block_m, block_n=block_n,
-                         num_heads=num_heads, causal=causal, num_sms=num_ctas)
+                         num_heads=num_heads, causal=causal, num_sms=num_ctas, group_size=group_size)
             _plans[pkey] = plan
             if len(_plans) > _MAX_PLANS:
                 _plans.popitem(last=False)

@@ -41,19 +41,13 @@ class DashAttention(torch.autograd.Function):
 
 
 def attention(q, k, v, causal=False, softmax_scale=None, schedule="auto", deterministic=True):
-    """Differentiable attention for torch tensors: q ``(B, Sq, H, D)``, k/v ``(B, Sk, Hkv, D)`` -> out
-    ``(B, Sq, H, D)``. Arguments as in :func:`cupy_dash.attention_forward` / :func:`cupy_dash.attention_backward`.
-
-    GQA (``Hkv < H``) works for inference; when a gradient would be needed it raises NotImplementedError up
-    front, because the GQA backward is not implemented yet.
+    """Differentiable attention for torch tensors: q ``(B, Sq, H, D)``, k/v ``(B, Sk, Hkv, D)`` with
+    ``H % Hkv == 0`` (GQA / MQA; the gradients of k, v are ``(B, Sk, Hkv, D)``) -> out ``(B, Sq, H, D)``.
+    Arguments as in :func:`cupy_dash.attention_forward` / :func:`cupy_dash.attention_backward`.
     """
     api._check_schedule(schedule)
     causal, deterministic = api._check_flag("causal", causal), api._check_flag("deterministic", deterministic)
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    if needs_grad and q.dim() == 4 and k.dim() == 4 and q.shape[2] != k.shape[2]:
-        raise NotImplementedError(f"GQA backward (q has H={q.shape[2]} heads, k/v have Hkv={k.shape[2]}) is not "
-                                  f"yet supported; use cupy_dash.attention_forward under torch.no_grad() for "
-                                  f"inference, or repeat k and v to H heads for training")
     if not needs_grad:
         return api.attention_forward(q, k, v, causal=causal, softmax_scale=softmax_scale)[0]
     return DashAttention.apply(q, k, v, causal, softmax_scale, schedule, deterministic)

@@ -28,7 +28,7 @@ DASH_DEVICE void consume(const BwdParams& p, const ScheduleView& sched, const Sm
   for (int64_t v = sched.begin; v < sched.end; ++v, ++j) {
     const bool has_next = v + 1 < sched.end;
     const Visit next = has_next ? sched.visit(v + 1) : cur;
-    const bool group_end = !has_next || !same_kv_tile(cur, next);
+    const bool group_end = !has_next || !sched.same_kv_tile(cur, next);
     bwd_step(p, s, smem_generic, cur, v, j, groups, group_start, group_end, dK, dV, wg, tid);
     if (group_end) {
       store_dkv(p, cur, dK, dV, wg, tid);
@@ -41,7 +41,7 @@ DASH_DEVICE void consume(const BwdParams& p, const ScheduleView& sched, const Sm
 
 extern "C" __global__ void __launch_bounds__(kNumThreads, 1) dash_bwd_main(const __grid_constant__ BwdParams p) {
   extern __shared__ __align__(1024) char smem_raw[];
-  const ScheduleView sched(p.visits, p.rank, p.cta_start, blockIdx.x);
+  const ScheduleView sched(p.visits, p.rank, p.cta_start, blockIdx.x, (int)(p.num_heads / p.num_heads_kv));
   if (sched.begin >= sched.end) return;
 
   const uint32_t raw = smem_u32(smem_raw);

@@ -232,10 +232,23 @@ def test_bad_softmax_scale(scale):
     raises(ValueError, lambda: bwd(t, softmax_scale=scale), "softmax_scale")
 
 
-def test_gqa_backward_not_supported():
-    t = make(H=8, Hkv=2)
-    t["lse"] = np.zeros((2, 8, 96), F32)
-    raises(NotImplementedError, lambda: bwd(t), "GQA backward", "not yet supported")
+@pytest.mark.parametrize("H,Hkv", [(8, 2), (8, 1)], ids=["gqa", "mqa"])
+def test_gqa_backward_passes_validation(H, Hkv, gpu_work_log):
+    """GQA / MQA backward is supported: validation passes and the call reaches GPU work (the sentinel)."""
+    t = fake(make(H=H, Hkv=Hkv))
+    with pytest.raises(GpuTouched):
+        bwd(t)
+    assert gpu_work_log
+
+
+def test_gqa_backward_rejects_a_plan_of_another_group_size(gpu_work_log):
+    from cupy_dash.api import _backward_with_plan
+    t = fake(make(H=8, Hkv=2))
+    plan = _build_schedule("shift", seqlen_q=96, seqlen_k=160, block_m=64, block_n=128, num_heads=16,
+                           causal=False, num_sms=4)                      # built as MHA: group_size 1, not 4
+    raises(ValueError, lambda: _backward_with_plan(t["do"], t["q"], t["k"], t["v"], t["out"], t["lse"], plan=plan),
+           "plan:", "group_size=1", "Hkv=2", "group_size 4")
+    assert gpu_work_log == []
 
 
 def test_gqa_forward_passes_validation():
@@ -368,7 +381,7 @@ def _bad_calls():
         "empty": lambda: fwd(make(Sk=0)),
         "scale": lambda: bwd(make(), softmax_scale=-1.0),
         "schedule": lambda: bwd(make(), schedule="nope"),
-        "gqa": lambda: bwd(with_(k=np.zeros((2, 160, 2, 64), BF16), v=np.zeros((2, 160, 2, 64), BF16))),
+        "gqa_heads": lambda: bwd(with_(k=np.zeros((2, 160, 3, 64), BF16), v=np.zeros((2, 160, 3, 64), BF16))),
         "layout": lambda: fwd(with_(q=np.zeros((2, 96, 4, 128), BF16)[..., ::2])),
         "device": lambda: bwd(make()),
         "fake_device_mix": lambda: bwd({**fake(make()), "lse": make()["lse"]}),

@@ -21,7 +21,7 @@ DASH_DEVICE void produce(const BwdParams& p, const ScheduleView& sched, const Sm
   tma_prefetch_desc(&p.tma_do);
   constexpr uint32_t kQBytes = SmemLayout::kQ + SmemLayout::kRow;
   int groups = 0;
-  Visit prev{-1, -1, -1};
+  Visit prev{};
   int j = 0;
   for (int64_t v = sched.begin; v < sched.end; ++v, ++j) {
     const Visit w = sched.visit(v);
@@ -35,7 +35,7 @@ DASH_DEVICE void produce(const BwdParams& p, const ScheduleView& sched, const Sm
     tma_load_5d(s.q(stage), &p.tma_q, s.q_full(stage), 0, w.m_block * kBlockM, 0, hd.h, hd.b);
     bulk_load(s.lse(stage), p.lse_log2 + row_offset, SmemLayout::kRow, s.q_full(stage));
 
-    if (!same_kv_tile(prev, w)) {
+    if (v == sched.begin || !sched.same_kv_tile(prev, w)) {
       const int kbuf = groups % kKStages;
       wait_phase(p, s.k_empty(kbuf), ((groups / kKStages) & 1) ^ 1);
       mbar_arrive_expect_tx(s.k_full(kbuf), SmemLayout::kKV);
