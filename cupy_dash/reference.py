@@ -31,7 +31,8 @@ import math
 import ml_dtypes
 import numpy as np
 
-__all__ = ["forward", "backward", "forward_lowp", "backward_lowp", "assert_close_fa3", "causal_mask"]
+__all__ = ["forward", "backward", "forward_lowp", "backward_lowp", "assert_close_fa3", "causal_mask",
+           "visibility_mask"]
 
 # Score-matrix elements per chunk (float64: 32 MiB per matrix).
 _CHUNK_ELEMS = 1 << 22
@@ -52,6 +53,24 @@ def causal_mask(seqlen_q: int, seqlen_k: int, causal: bool = True) -> np.ndarray
     i = np.arange(seqlen_q)[:, None]
     j = np.arange(seqlen_k)[None, :]
     return j <= i + (seqlen_k - seqlen_q)
+
+
+def visibility_mask(seqlen_q: int, seqlen_k: int, causal: bool = False, window=(-1, -1)) -> np.ndarray:
+    """Boolean ``(Sq, Sk)`` mask with a sliding window (FlashAttention's ``window_size``): query ``i`` sees key
+    ``j`` iff ``i + Sk - Sq - left <= j <= i + Sk - Sq + right``, a side of -1 being unbounded; ``causal`` sets
+    right to 0."""
+    left, right = window
+    if causal:
+        right = 0
+    i = np.arange(seqlen_q)[:, None]
+    j = np.arange(seqlen_k)[None, :]
+    diag = i + (seqlen_k - seqlen_q)
+    mask = np.ones((seqlen_q, seqlen_k), dtype=bool)
+    if right >= 0:
+        mask &= j <= diag + right
+    if left >= 0:
+        mask &= j >= diag - left
+    return mask
 
 
 def _check_shapes(q, k, v, extra=()):
@@ -111,7 +130,7 @@ def _lowp_dtype(dtype, like):
 # --------------------------------------------------------------------------------------------------------------
 # shared core (float64 with no rounding, or float32 with rounding to a low-precision dtype)
 # --------------------------------------------------------------------------------------------------------------
-def _forward_core(q, k, v, causal, scale, work, rnd):
+def _forward_core(q, k, v, causal, scale, work, rnd, window=(-1, -1)):
     """q, k, v already in the work dtype. Returns out (B, Sq, H, Dv) and lse (B, H, Sq), both in ``work``."""
     B, Sq, Sk, H, Hkv, D, Dv = _check_shapes(q, k, v)
     g = H // Hkv
@@ -119,7 +138,7 @@ def _forward_core(q, k, v, causal, scale, work, rnd):
     lse = np.full((B, H, Sq), -np.inf, dtype=work)
     if Sq == 0 or Sk == 0:
         return out, lse
-    mask_full = causal_mask(Sq, Sk, causal)
+    mask_full = visibility_mask(Sq, Sk, causal, window)
     rows = _row_chunk(Sq, g, Sk)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         for b in range(B):
@@ -148,7 +167,7 @@ def _forward_core(q, k, v, causal, scale, work, rnd):
     return out, lse
 
 
-def _backward_core(do, q, k, v, out, lse, causal, scale, work, rnd):
+def _backward_core(do, q, k, v, out, lse, causal, scale, work, rnd, window=(-1, -1)):
     """All tensors already in the work dtype. Returns dq, dk, dv in ``work``."""
     B, Sq, Sk, H, Hkv, D, Dv = _check_shapes(q, k, v)
     _check_shapes(q, k, v, extra=(("do", do, (B, Sq, H, Dv)), ("out", out, (B, Sq, H, Dv)),
@@ -159,7 +178,7 @@ def _backward_core(do, q, k, v, out, lse, causal, scale, work, rnd):
     dv = np.zeros((B, Sk, Hkv, Dv), dtype=work)
     if Sq == 0 or Sk == 0:
         return dq, dk, dv
-    mask_full = causal_mask(Sq, Sk, causal)
+    mask_full = visibility_mask(Sq, Sk, causal, window)
     rows = _row_chunk(Sq, g, Sk)
     sc = work.type(scale)
     # D_i = rowsum(dO * O), (B, Sq, H), accumulated in the work precision.
@@ -198,7 +217,7 @@ def _backward_core(do, q, k, v, out, lse, causal, scale, work, rnd):
 # --------------------------------------------------------------------------------------------------------------
 # float64 reference
 # --------------------------------------------------------------------------------------------------------------
-def forward(q, k, v, *, causal=False, softmax_scale=None):
+def forward(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1)):
     """Exact (float64) attention forward.
 
     Args:
@@ -207,6 +226,7 @@ def forward(q, k, v, *, causal=False, softmax_scale=None):
         v: ``(B, Sk, Hkv, Dv)`` (normally ``Dv == D``).
         causal: bottom-right aligned causal mask (query ``i`` sees key ``j`` iff ``j <= i + Sk - Sq``).
         softmax_scale: score scale, default ``1 / sqrt(D)``.
+        window: ``(left, right)`` sliding window (:func:`visibility_mask`), ``(-1, -1)``: none.
 
     Returns:
         ``(out, lse)``: ``out`` ``(B, Sq, H, Dv)`` float64 and ``lse`` ``(B, H, Sq)`` float64, the natural log of
@@ -217,10 +237,10 @@ def forward(q, k, v, *, causal=False, softmax_scale=None):
     q = np.asarray(q, dtype=f64)
     k = np.asarray(k, dtype=f64)
     v = np.asarray(v, dtype=f64)
-    return _forward_core(q, k, v, causal, _scale(softmax_scale, q.shape[-1]), f64, _identity)
+    return _forward_core(q, k, v, causal, _scale(softmax_scale, q.shape[-1]), f64, _identity, window)
 
 
-def backward(do, q, k, v, out, lse, *, causal=False, softmax_scale=None):
+def backward(do, q, k, v, out, lse, *, causal=False, softmax_scale=None, window=(-1, -1)):
     """Exact (float64) attention backward, FlashAttention's formulation.
 
     With ``S = softmax_scale * Q K^T`` (masked entries ``-inf``) and the *given* ``out`` and ``lse``:
@@ -239,13 +259,14 @@ def backward(do, q, k, v, out, lse, *, causal=False, softmax_scale=None):
     """
     f64 = np.dtype(np.float64)
     do, q, k, v, out, lse = (np.asarray(t, dtype=f64) for t in (do, q, k, v, out, lse))
-    return _backward_core(do, q, k, v, out, lse, causal, _scale(softmax_scale, q.shape[-1]), f64, _identity)
+    return _backward_core(do, q, k, v, out, lse, causal, _scale(softmax_scale, q.shape[-1]), f64, _identity,
+                          window)
 
 
 # --------------------------------------------------------------------------------------------------------------
 # low-precision baseline (emulates a bf16 / fp16 PyTorch implementation)
 # --------------------------------------------------------------------------------------------------------------
-def forward_lowp(q, k, v, *, causal=False, softmax_scale=None, dtype=None):
+def forward_lowp(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1), dtype=None):
     """Attention forward "in the input precision": the baseline of FA3's tolerance rule.
 
     Computation (float32 arithmetic; ``rnd`` = round to ``dtype``):
@@ -268,11 +289,11 @@ def forward_lowp(q, k, v, *, causal=False, softmax_scale=None, dtype=None):
     rnd = _rounder(dtype)
     f32 = np.dtype(np.float32)
     q, k, v = (rnd(np.asarray(t, dtype=f32)) for t in (q, k, v))
-    out, lse = _forward_core(q, k, v, causal, _scale(softmax_scale, q.shape[-1]), f32, rnd)
+    out, lse = _forward_core(q, k, v, causal, _scale(softmax_scale, q.shape[-1]), f32, rnd, window)
     return out.astype(dtype), lse
 
 
-def backward_lowp(do, q, k, v, out, lse, *, causal=False, softmax_scale=None, dtype=None):
+def backward_lowp(do, q, k, v, out, lse, *, causal=False, softmax_scale=None, window=(-1, -1), dtype=None):
     """Attention backward "in the input precision": the baseline of FA3's tolerance rule.
 
     Computation (float32 arithmetic; ``rnd`` = round to ``dtype``):
@@ -295,7 +316,8 @@ def backward_lowp(do, q, k, v, out, lse, *, causal=False, softmax_scale=None, dt
     f32 = np.dtype(np.float32)
     do, q, k, v, out = (rnd(np.asarray(t, dtype=f32)) for t in (do, q, k, v, out))
     lse = np.asarray(lse, dtype=f32)
-    dq, dk, dv = _backward_core(do, q, k, v, out, lse, causal, _scale(softmax_scale, q.shape[-1]), f32, rnd)
+    dq, dk, dv = _backward_core(do, q, k, v, out, lse, causal, _scale(softmax_scale, q.shape[-1]), f32, rnd,
+                                window)
     return dq.astype(dtype), dk.astype(dtype), dv.astype(dtype)
 
 

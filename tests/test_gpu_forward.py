@@ -66,20 +66,20 @@ def _poison():
     del buf
 
 
-def _check(shape: Shape, q, k, v, out, lse):
+def _check(shape: Shape, q, k, v, out, lse, window=(-1, -1)):
     dt = DTYPES[shape.dtype]
-    out_ref, lse_ref = reference.forward(q, k, v, causal=shape.causal)
-    out_lowp, _ = reference.forward_lowp(q, k, v, causal=shape.causal, dtype=dt)
+    out_ref, lse_ref = reference.forward(q, k, v, causal=shape.causal, window=window)
+    out_lowp, _ = reference.forward_lowp(q, k, v, causal=shape.causal, window=window, dtype=dt)
     out_h, lse_h = _host(out), _host(lse)
     assert out_h.shape == q.shape and lse_h.shape == (shape.batch, shape.heads, shape.seqlen_q)
-    empty = max(0, shape.seqlen_q - shape.seqlen_k) if shape.causal else 0
+    blind = ~reference.visibility_mask(shape.seqlen_q, shape.seqlen_k, shape.causal, window).any(axis=1)
     assert np.isfinite(out_h.astype(np.float32)).all(), "out has non-finite values"
-    if empty:
-        assert (out_h[:, :empty].astype(np.float32) == 0).all(), "out must be 0 on rows that see no key"
-        assert np.isneginf(lse_h[:, :, :empty]).all(), "lse must be -inf on rows that see no key"
+    if blind.any():
+        assert (out_h[:, blind].astype(np.float32) == 0).all(), "out must be 0 on rows that see no key"
+        assert np.isneginf(lse_h[:, :, blind]).all(), "lse must be -inf on rows that see no key"
     reference.assert_close_fa3("out", out_h, out_ref, out_lowp)
-    seen = lse_h[:, :, empty:].astype(np.float64)
-    err = float(np.abs(seen - lse_ref[:, :, empty:]).max()) if seen.size else 0.0
+    seen = lse_h[:, :, ~blind].astype(np.float64)
+    err = float(np.abs(seen - lse_ref[:, :, ~blind]).max()) if seen.size else 0.0
     assert err <= LSE_TOL, f"lse: max error {err:.3g} > {LSE_TOL}"
 
 
@@ -137,3 +137,35 @@ def test_forward_bitwise_repeatable(hdim, causal):
         diffs.append(int(cupy.count_nonzero(out.view(cupy.int16) != bits0[0])))
         diffs.append(int(cupy.count_nonzero(lse.view(cupy.int32) != bits0[1])))
     assert not any(diffs), f"forward bits changed between identical runs: {diffs}"
+
+
+# (left, right) windows: narrower than a tile, straddling tiles, one-sided, with causal, with Sq != Sk (rows
+# whose whole window lies outside the keys see nothing)
+WINDOW_CASES = [(Shape("bf16", 128, False, 1000, 1000, 2, 4, 4), (100, 50)),
+                (Shape("bf16", 128, True, 1000, 1000, 2, 4, 2), (257, -1)),
+                (Shape("bf16", 64, False, 777, 1500, 1, 4, 4), (-1, 0)),
+                (Shape("bf16", 64, False, 1500, 777, 1, 4, 1), (64, 64)),
+                (Shape("fp16", 128, False, 513, 513, 2, 2, 2), (0, 0)),
+                (Shape("bf16", 128, False, 300, 1000, 2, 2, 2), (-1, 130)),
+                (Shape("bf16", 64, True, 2048, 2048, 1, 2, 2), (511, -1)),
+                (Shape("bf16", 128, False, 1000, 300, 1, 2, 2), (10, 5))]
+
+
+@pytest.mark.parametrize("shape,window", WINDOW_CASES, ids=lambda x: x.id if isinstance(x, Shape) else
+                         f"w{x[0]}_{x[1]}")
+def test_forward_sliding_window(shape, window):
+    q, k, v = _inputs(shape)
+    _poison()
+    out, lse = cupy_dash.attention_forward(_dev(q), _dev(k), _dev(v), causal=shape.causal, window=window)
+    _check(shape, q, k, v, out, lse, window)
+
+
+def test_forward_unbounded_window_is_bitwise_the_plain_forward():
+    shape = Shape("bf16", 128, True, 1000, 1000, 1, 2, 2)
+    q, k, v = (_dev(x) for x in _inputs(shape))
+    a = cupy_dash.attention_forward(q, k, v, causal=True)
+    b = cupy_dash.attention_forward(q, k, v, causal=True, window=(-1, 0))
+    c = cupy_dash.attention_forward(q, k, v, causal=True, window=(4096, -1))   # wider than the sequence
+    for x, y in ((a, b), (a, c)):
+        assert bool((x[0].view(cupy.int16) == y[0].view(cupy.int16)).all())
+        assert bool((x[1].view(cupy.int32) == y[1].view(cupy.int32)).all())

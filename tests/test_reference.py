@@ -389,3 +389,31 @@ def test_fa3_atol_is_rounding_noise_of_the_dtype():
     assert math.isclose(err, 0.9) and bound > 1.0
     with pytest.raises(AssertionError):
         reference.assert_close_fa3("x", ref + 0.9, ref, lowp, rtol=1.0)
+
+
+@pytest.mark.parametrize("sq,sk", [(7, 7), (5, 11), (11, 5)])
+@pytest.mark.parametrize("window,causal", [((-1, -1), False), ((-1, -1), True), ((2, -1), False), ((-1, 3), False),
+                                           ((2, 3), False), ((3, 0), False), ((4, -1), True), ((0, 0), False)])
+def test_visibility_mask_matches_the_definition(sq, sk, window, causal):
+    mask = reference.visibility_mask(sq, sk, causal, window)
+    left, right = window[0], 0 if causal else window[1]
+    for i in range(sq):
+        for j in range(sk):
+            d = i + sk - sq
+            want = (left < 0 or j >= d - left) and (right < 0 or j <= d + right)
+            assert mask[i, j] == want, (i, j)
+    if window == (-1, -1):
+        assert (mask == reference.causal_mask(sq, sk, causal)).all()
+
+
+def test_window_forward_equals_masking_by_hand():
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal((1, n, 2, 8)) for n in (9, 13, 13))
+    out, lse = reference.forward(q, k, v, window=(3, 2))
+    mask = reference.visibility_mask(9, 13, False, (3, 2))
+    s = np.einsum("bihd,bjhd->bhij", q, k) / np.sqrt(8)
+    s = np.where(mask, s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    want = np.einsum("bhij,bjhd->bihd", p / p.sum(-1, keepdims=True), v)
+    np.testing.assert_allclose(out, want, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(lse, np.log(np.exp(s).sum(-1)), rtol=1e-12)

@@ -232,6 +232,28 @@ def test_bad_softmax_scale(scale):
     raises(ValueError, lambda: bwd(t, softmax_scale=scale), "softmax_scale")
 
 
+@pytest.mark.parametrize("window,causal,exc,match", [
+    ((1, 2, 3), False, TypeError, "window: expected a pair"),
+    (5, False, TypeError, "window: expected a pair"),
+    ((1.5, 2), False, TypeError, "window: left must be an int"),
+    ((1, True), False, TypeError, "window: right must be an int"),
+    ((-2, 0), False, ValueError, "window: left must be -1"),
+    ((0, -3), False, ValueError, "window: right must be -1"),
+    ((4, 2), True, ValueError, "window: right=2 contradicts causal=True")])
+def test_bad_window(window, causal, exc, match, gpu_work_log):
+    t = make()
+    with pytest.raises(exc, match=match):
+        fwd(t, causal=causal, window=window)
+    assert gpu_work_log == []
+
+
+@pytest.mark.parametrize("window,causal,want", [((-1, -1), False, (-1, -1)), ((-1, -1), True, (-1, 0)),
+                                                ((7, 0), True, (7, 0)), ((np.int64(3), 9), False, (3, 9))])
+def test_window_as_the_kernel_gets_it(window, causal, want):
+    from cupy_dash import api
+    assert api._check_window(window, causal) == want
+
+
 @pytest.mark.parametrize("H,Hkv", [(8, 2), (8, 1)], ids=["gqa", "mqa"])
 def test_gqa_backward_passes_validation(H, Hkv, gpu_work_log):
     """GQA / MQA backward is supported: validation passes and the call reaches GPU work (the sentinel)."""
