@@ -225,6 +225,7 @@ _MAX_TABLES = 64           # device-side tables kept per process (LRU)
 _table_lock = threading.RLock()
 _plans: collections.OrderedDict = collections.OrderedDict()
 _tables: collections.OrderedDict = collections.OrderedDict()
+_captured: dict = {}       # tables used by a CUDA graph capture: never freed
 
 
 class DeviceTables:
@@ -275,9 +276,15 @@ def upload(plan, num_heads: int, n_blocks: int, m_blocks: int, device_id: int) -
 
 
 def device_tables(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_ctas, device_id,
-                  stream) -> DeviceTables:
+                  stream, capture=False) -> DeviceTables | None:
     """The schedule for one problem on one device: host plans cached by shape (LRU), device tables by
-    ``(plan.key, device)`` (LRU), so a repeated call builds and uploads nothing."""
+    ``(plan.key, device)`` (LRU), so a repeated call builds and uploads nothing. A miss uploads the tables and
+    synchronizes ``stream`` once (later calls may use them on any stream).
+
+    ``capture=True`` (``stream`` is capturing a CUDA graph): never uploads or synchronizes; returns the cached
+    tables, now kept for the life of the process (the graph holds their address, so LRU eviction must not free
+    them), or None on a miss.
+    """
     import cupy
     pkey = (policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_ctas)
     with _table_lock:
@@ -294,6 +301,11 @@ def device_tables(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causa
         t = _tables.get(tkey)
         if t is not None:
             _tables.move_to_end(tkey)
+        else:
+            t = _captured.get(tkey)        # evicted from the LRU, kept alive for a graph
+        if t is not None or capture:
+            if capture and t is not None:
+                _captured[tkey] = t
             return t
         t = upload(plan, num_heads, plan.num_n_blocks, plan.num_m_blocks, device_id)
         # NOTES: the tables are shared by later calls on any stream: finish the upload before anyone uses them.
