@@ -7,6 +7,8 @@ Public API (layout q (B, Sq, H, D), k/v (B, Sk, Hkv, D), bf16 or fp16, any ``__d
                                               schedule="auto", deterministic=True)
 
 ``cupy_dash.schedule`` builds, validates and simulates the dQ-reduction schedules and needs no GPU.
+``cupy_dash.torch`` (registered torch ops) and ``cupy_dash.jax`` are imported on first access, so importing
+``cupy_dash`` never imports torch or JAX.
 """
 from ._version import __version__
 from . import schedule, reference
@@ -14,3 +16,14 @@ from .api import attention, attention_backward, attention_forward, check_errors
 
 __all__ = ["__version__", "attention", "attention_backward", "attention_forward", "check_errors", "reference",
            "schedule"]
+
+_LAZY_SUBMODULES = ("torch", "jax")
+
+
+def __getattr__(name):
+    """``cupy_dash.torch`` / ``cupy_dash.jax`` without an explicit import: the adapter is imported on first access
+    (ModuleNotFoundError if its framework is not installed)."""
+    if name in _LAZY_SUBMODULES:
+        import importlib
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -14,7 +14,14 @@ recorded. :func:`check_errors` waits for every pending backward and raises ``Run
 every public call (:func:`attention_forward`, :func:`attention_backward`, :func:`attention`) first polls the
 finished ones without blocking and raises for a failure. So a bad backward is reported by the next
 cupy_dash call or by :func:`check_errors`, not by the call that launched it (set ``CUPY_DASH_SYNC_ERRORS=1`` to
-check synchronously at the end of every backward, for debugging). CUDA graph capture is not supported.
+check synchronously at the end of every backward, for debugging).
+
+CUDA graphs (torch callers; see :mod:`cupy_dash.torch`). A call made while torch's current stream is capturing
+enqueues only its kernels (and, being a torch caller, allocates with torch): it does not poll or record the
+deferred errors, never compiles or loads a kernel, never uploads a schedule table and never synchronizes. So a
+call of the same variant and shape (and, for the backward, schedule) must have run eagerly before, on that
+device; otherwise it raises RuntimeError saying so, before enqueueing anything. A captured backward reports a
+semaphore timeout through its own device record, which :func:`check_errors` reads (see :mod:`cupy_dash.errors`).
 """
 from __future__ import annotations
 
@@ -26,9 +33,9 @@ import cupy
 import ml_dtypes
 import numpy as np
 
-from . import interop, kernels, tensormap
-from .errors import (_acquire_slot, _keep_alive, _release_slot, _spin_timeout_ms, _track, check_errors,
-                     poll_errors as _poll_errors)
+from . import interop, jit, kernels, tensormap
+from .errors import (_acquire_slot, _graph_record, _keep_alive, _release_slot, _spin_timeout_ms, _track,
+                     check_errors, poll_errors as _poll_errors)
 from . import schedule as _schedule
 
 __all__ = ["attention", "attention_forward", "attention_backward", "check_errors"]
@@ -236,6 +243,16 @@ def _new(fw, device_id, shape, dtype):
     return a, a.data.ptr
 
 
+def _not_warm(what, p, causal) -> RuntimeError:
+    """The error for a call captured into a CUDA graph before its resources exist (see the module docstring)."""
+    return RuntimeError(
+        f"cupy_dash: {what} (B={p.B}, H={p.H}, Hkv={p.Hkv}, Sq={p.Sq}, Sk={p.Sk}, D={p.D}, {p.dtype}, "
+        f"causal={causal}), and the current stream is capturing a CUDA graph, where cupy_dash neither loads "
+        f"kernels nor uploads schedule tables. Run the same call once eagerly (outside capture) first: "
+        f"torch.compile(mode='reduce-overhead') does this warm-up itself; with torch.cuda.graph, run the step "
+        f"once before capturing it.")
+
+
 def _export(fw, arr, like):
     """A buffer from :func:`_new` as the caller's type."""
     return arr if fw == "torch" else interop.from_cupy(arr, like)
@@ -263,9 +280,12 @@ def attention_forward(q, k, v, *, causal=False, softmax_scale=None, window=(-1, 
         denominator; ``-inf`` and ``out = 0`` for a row that sees no key).
 
     Runs on the caller's current stream (torch) or CuPy's current stream. Raises, before doing any work, for a
-    backward of an earlier call that has since failed (see :func:`check_errors`).
+    backward of an earlier call that has since failed (see :func:`check_errors`). May be captured into a CUDA
+    graph by torch callers after one eager call of the same variant (see the module docstring).
     """
-    _poll_errors()
+    capturing = interop.capturing(q)
+    if not capturing:
+        _poll_errors()
     causal = _check_flag("causal", causal)
     window_left, window_right = _check_window(window, causal)
     p = _validate(q, k, v, softmax_scale=softmax_scale)
@@ -275,6 +295,8 @@ def attention_forward(q, k, v, *, causal=False, softmax_scale=None, window=(-1, 
     fw, dev = qi.framework, p.device_id
     stream = interop.caller_stream(q, dev)
     with cupy.cuda.Device(dev), stream:
+        if capturing and not jit.is_loaded(spec):
+            raise _not_warm(f"the kernel {spec.label} is not loaded yet", p, causal)
         keep = []
         q_ptr, q_stride = _resolve(qi, q, keep)
         k_ptr, k_stride = _resolve(ki, k, keep)
@@ -351,10 +373,15 @@ def _backward_with_plan(do, q, k, v, out, lse, *, plan, causal=False, softmax_sc
 
 def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, deterministic, plan, spin_timeout_ns,
               timeline):
-    _poll_errors()
+    capturing = interop.capturing(q)
+    if not capturing:
+        _poll_errors()
     causal, deterministic = _check_flag("causal", causal), _check_flag("deterministic", deterministic)
     p = _validate(q, k, v, do, out, lse, softmax_scale=softmax_scale,
                   schedule=schedule if plan is None else _UNCHECKED, backward=True)
+    if capturing and plan is not None:
+        raise RuntimeError("plan: an explicit plan is uploaded per call, which cannot happen during CUDA graph "
+                           "capture")
     if spin_timeout_ns is None:
         spin_timeout_ns = int(_spin_timeout_ms() * 1e6)
     else:
@@ -369,6 +396,11 @@ def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, determinis
     dev = p.device_id
     for info in p.infos[:4]:                              # q, k, v, do: read through TMA maps
         tensormap.check_encodable(info.name, info.shape, info.strides[:3], info.data_ptr or 0)
+    if capturing:
+        with cupy.cuda.Device(dev):
+            cold = [s.label for s in kernels.bwd_specs(p.dtype, D, causal, deterministic) if not jit.is_loaded(s)]
+        if cold:
+            raise _not_warm(f"the kernels {', '.join(cold)} are not loaded yet", p, causal)
     specs, bm, bn, max_ctas = kernels.bwd_entry(dev, p.dtype, D, causal, deterministic, timeline is not None)
     num_m_blocks = -(-Sq // bm)
     num_n_blocks = -(-Sk // bn)
@@ -393,10 +425,19 @@ def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, determinis
         if plan is None:
             kv_tiles = B * Hkv * num_n_blocks             # work units: a KV tile with all its query heads
             tables = _schedule.device_tables(schedule, Sq, Sk, bm, bn, BH, causal, min(max_ctas, kv_tiles), dev,
-                                             stream, group)
+                                             stream, group, capture=capturing)
+            if tables is None:
+                raise _not_warm(f"the {schedule!r} schedule tables of this shape are not on device {dev} yet", p,
+                                causal)
         else:
             tables = _schedule.upload(plan, BH, num_n_blocks, num_m_blocks, dev)
             keep.append(tables)
+        call = (tables.policy, B, H, Sq, Sk, D, causal)       # names the call in an error message
+        graph_error = None
+        if capturing:       # a record of its own, never reset by the graph (errors.py); no slot, event or copy
+            graph_error = _graph_record(dev, call)
+            if graph_error is None:
+                raise _not_warm(f"no backward has run eagerly on device {dev} yet", p, causal)
 
         # one workspace for the fp32/int32 scratch buffers (each 256-byte aligned)
         rows = BH * sq_rounded
@@ -411,9 +452,10 @@ def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, determinis
         dv, dv_ptr = _new(fw, dev, (B, Sk, Hkv, D), p.dtype)
         kv_contig = _contiguous((B, Sk, Hkv, D))
 
-        slot = _acquire_slot(dev)
+        slot = None if capturing else _acquire_slot(dev)
         try:
-            cupy.cuda.runtime.memsetAsync(slot.dptr, 0, 16, stream.ptr)
+            if slot is not None:
+                cupy.cuda.runtime.memsetAsync(slot.dptr, 0, 16, stream.ptr)
             params = kernels.pack_bwd_params(
                 tma_q=tensormap.bhsd_map(q_ptr, p.dtype, (B, Sq, H, D), q_stride, bm, "q"),
                 tma_k=tensormap.bhsd_map(k_ptr, p.dtype, (B, Sk, Hkv, D), k_stride, bn, "k"),
@@ -423,7 +465,8 @@ def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, determinis
                 lse_log2=base + offsets[0], dpsum=base + offsets[1], dq_accum=base + offsets[2],
                 dq=dq_ptr, dk=dk_ptr, dv=dv_ptr, dq_semaphore=base + offsets[3] if deterministic else 0,
                 visits=tables.visits.data.ptr, rank=tables.rank.data.ptr, cta_start=tables.cta_start.data.ptr,
-                error=slot.dptr, timeline=0 if timeline is None else timeline.data.ptr,
+                error=graph_error if slot is None else slot.dptr,
+                timeline=0 if timeline is None else timeline.data.ptr,
                 q_stride=q_stride, k_stride=k_stride, v_stride=v_stride, o_stride=o_stride, do_stride=do_stride,
                 dq_stride=_contiguous((B, Sq, H, D)), dk_stride=kv_contig, dv_stride=kv_contig,
                 batch=B, seqlen_q=Sq, seqlen_k=Sk, num_heads=H, num_heads_kv=Hkv,
@@ -432,18 +475,21 @@ def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, determinis
             row_grid = (num_m_blocks, H, B)
             kernels.launch(specs.preprocess, row_grid, params, stream)
             kernels.launch(specs.main, (tables.num_ctas,), params, stream)
-            cupy.cuda.runtime.memcpyAsync(slot.hptr, slot.dptr, 16, cupy.cuda.runtime.memcpyDeviceToHost,
-                                          stream.ptr)
-            slot.event.record(stream)
+            if slot is not None:
+                cupy.cuda.runtime.memcpyAsync(slot.hptr, slot.dptr, 16, cupy.cuda.runtime.memcpyDeviceToHost,
+                                              stream.ptr)
+                slot.event.record(stream)
         except BaseException:
-            _release_slot(slot)     # nothing recorded on it: reusable at once
+            if slot is not None:
+                _release_slot(slot)     # nothing recorded on it: reusable at once
             raise
-        _track(slot, (tables.policy, B, H, Sq, Sk, D, causal))
+        if slot is not None:
+            _track(slot, call)
         kernels.launch(specs.postprocess, row_grid, params, stream)
         if keep:
             _keep_alive(keep, stream)
         result = _export(fw, dq, q), _export(fw, dk, q), _export(fw, dv, q)
-    if os.environ.get("CUPY_DASH_SYNC_ERRORS", "") not in ("", "0"):
+    if not capturing and os.environ.get("CUPY_DASH_SYNC_ERRORS", "") not in ("", "0"):
         check_errors()
     return result
 
@@ -454,7 +500,8 @@ def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, determinis
 def attention(q, k, v, *, causal=False, softmax_scale=None, schedule="auto", deterministic=True):
     """Differentiable attention; returns ``out`` ``(B, Sq, H, D)`` in the caller's type.
 
-    torch tensors go through :class:`cupy_dash.torch.DashAttention` (autograd), JAX arrays through
+    torch tensors go through the registered op ``torch.ops.cupy_dash.attention_forward`` (autograd, torch.compile
+    and CUDA graphs; :func:`cupy_dash.torch.attention`), JAX arrays through
     ``cupy_dash.jax.attention`` (``jax.custom_vjp``, eager only: inside ``jax.jit`` it raises TypeError); CuPy
     and other arrays get the forward only. Shapes, dtypes and the other arguments are as in
     :func:`attention_forward` / :func:`attention_backward`.

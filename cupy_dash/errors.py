@@ -6,6 +6,13 @@ is bounded (``CUPY_DASH_SPIN_TIMEOUT_MS``, default 10000 ms): past it the main k
 record is copied to pinned host memory after the main kernel and an event is recorded; :func:`check_errors`
 waits for every pending record and raises ``RuntimeError`` for a failed one, and every public call polls the
 finished ones first without blocking (:func:`poll_errors`).
+
+Backward calls captured into a CUDA graph (torch ops under ``torch.cuda.graph`` or ``torch.compile(...,
+mode="reduce-overhead")``) cannot copy the record to the host or record events: each captured call gets its own
+device record instead (:func:`_graph_record`), taken from a block allocated outside capture, never reused (the
+graph keeps its address) and never zeroed by the graph, so a failure in any replay stays recorded (and makes
+later replays of that call abandon their waits at once) until :func:`check_errors` reads and clears it.
+:func:`poll_errors` cannot see these records without synchronizing: only :func:`check_errors` reports them.
 """
 from __future__ import annotations
 
@@ -28,12 +35,14 @@ class _Slot:
 
 
 class _SlotPool:
-    """Error slots of one device, allocated in blocks and never freed; a slot is reused once its event is done."""
+    """Error slots of one device, allocated in blocks and never freed; a slot is reused once its event is done.
+    Also holds the device's records for backward calls captured in CUDA graphs (:class:`_GraphRecords`)."""
 
     def __init__(self, device_id: int):
         self.device_id = device_id
         self.free: list[_Slot] = []
         self._blocks = []
+        self.graph = _GraphRecords(device_id)
 
     def acquire(self) -> _Slot:
         if not self.free:
@@ -57,6 +66,53 @@ class _SlotPool:
                 self.free.append(s)
 
 
+GRAPH_RECORDS = 1024     # error records per device for backward calls captured in CUDA graphs
+
+
+class _GraphRecords:
+    """Error records of captured backward calls on one device: a zeroed device int32 (GRAPH_RECORDS, 4) block
+    (allocated outside capture, with the device's first eager backward), handed out one per captured call and
+    never reused; once all are taken, the last one is shared. ``infos[i]`` names the calls of record ``i``."""
+
+    def __init__(self, device_id: int):
+        self.device_id = device_id
+        with cupy.cuda.Device(device_id):
+            self.block = cupy.zeros((GRAPH_RECORDS, 4), dtype=np.int32)
+            # NOTES: once per device and process: graphs captured later (on any stream) must see the zeros
+            cupy.cuda.runtime.deviceSynchronize()
+        self.infos: list[list] = []
+
+    def take(self, info) -> int:
+        """Device address of a fresh record for one captured call described by ``info``."""
+        if len(self.infos) < GRAPH_RECORDS:
+            self.infos.append([info])
+        else:
+            self.infos[-1].append(info)
+        return self.block.data.ptr + 16 * (len(self.infos) - 1)
+
+    def collect(self) -> list:
+        """Synchronize the device, read the records in use, clear the failed ones; return their messages."""
+        n = len(self.infos)
+        if not n:
+            return []
+        with cupy.cuda.Device(self.device_id):
+            cupy.cuda.runtime.deviceSynchronize()
+            host = cupy.asnumpy(self.block[:n])
+            failed = np.flatnonzero(host[:, 0])
+            if not len(failed):
+                return []
+            self.block[:n] = 0
+            cupy.cuda.runtime.deviceSynchronize()
+        msgs = []
+        for i in failed:
+            flag, visit, want, seen = (int(x) for x in host[i])
+            calls = self.infos[i]
+            msg = _format_failure(calls[0], flag, visit, want, seen)
+            extra = f" (or one of {len(calls) - 1} other captured calls sharing its record)" if len(calls) > 1 else ""
+            msgs.append(f"{msg} [in a CUDA graph replay of a captured call{extra}]")
+        return msgs
+
+
 _slot_pools: dict[int, _SlotPool] = {}
 
 
@@ -74,6 +130,14 @@ def _acquire_slot(device_id: int) -> _Slot:
         if pool is None:
             pool = _slot_pools[device_id] = _SlotPool(device_id)
         return pool.acquire()
+
+
+def _graph_record(device_id: int, info):
+    """Device address of a fresh error record for a backward call being captured into a CUDA graph, or None when
+    no backward has run eagerly on ``device_id`` yet (its records are allocated then, outside capture)."""
+    with _lock:
+        pool = _slot_pools.get(device_id)
+        return None if pool is None else pool.graph.take(info)
 
 
 def _release_slot(slot: _Slot):
@@ -152,6 +216,10 @@ def check_errors() -> None:
     10000 ms) it records ``error = [1, visit, rank awaited, value seen]`` and exits. Those records are read
     asynchronously; this function synchronizes on all of them (public calls only poll finished ones). The
     message names the schedule policy and the problem size (B, H, Sq, Sk, D, causal).
+
+    Once a backward has been captured into a CUDA graph on a device, this also synchronizes that device and
+    reads (and clears) the records of the captured calls, so failures in graph replays are reported here (and
+    only here). Do not call it while a stream is capturing.
     """
     failures = []
     with _lock:
@@ -161,6 +229,8 @@ def check_errors() -> None:
             msg = _consume(rec)
             if msg:
                 failures.append(msg)
+        for pool in _slot_pools.values():
+            failures += pool.graph.collect()
     _raise_failures(failures)
 
 

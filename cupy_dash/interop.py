@@ -9,7 +9,8 @@ without a GPU: :func:`describe` works on numpy / ``ml_dtypes`` arrays too, which
   multiples of 8 elements = 16 bytes, base pointer 16-byte aligned: the kernels load through TMA tensor maps).
 * :func:`to_cupy` / :func:`from_cupy`: zero-copy in and out (``cupy.from_dlpack``, ``torch.from_dlpack``,
   ``jax.dlpack.from_dlpack``).
-* :func:`caller_stream`: the stream the caller's framework is currently using, as a CuPy stream.
+* :func:`caller_stream`: the stream the caller's framework is currently using, as a CuPy stream;
+  :func:`capturing`: whether that stream is capturing a CUDA graph (torch callers).
 
 torch and jax are imported lazily, only when an input is one of theirs (their modules are then already loaded).
 """
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["TensorInfo", "describe", "check_layout", "check_contiguous", "framework_of", "to_cupy",
-           "from_cupy", "caller_stream", "DLPACK_CPU", "DLPACK_CUDA", "device_name"]
+           "from_cupy", "caller_stream", "capturing", "DLPACK_CPU", "DLPACK_CUDA", "device_name"]
 
 DLPACK_CPU = 1
 DLPACK_CUDA = 2
@@ -313,6 +314,18 @@ def caller_stream(x, device_id: int | None = None):
     if fw == "torch":
         return _external_stream(_torch_stream_ptr(device_id), device_id)
     return cupy.cuda.get_current_stream(device_id)
+
+
+def capturing(x) -> bool:
+    """Whether the caller's current stream on ``x``'s device is capturing a CUDA graph.
+
+    Only torch CUDA tensors are checked (torch's current stream is the one cupy_dash launches on; capture from
+    other frameworks is not supported); anything else gives False without touching the GPU.
+    """
+    if framework_of(x) != "torch" or not x.is_cuda:
+        return False
+    import cupy
+    return bool(cupy.cuda.runtime.streamIsCapturing(_torch_stream_ptr(x.get_device())))
 
 
 _raw_torch_stream = None

@@ -277,6 +277,7 @@ _MAX_TABLES = 64           # device-side tables kept per process (LRU)
 _table_lock = threading.RLock()
 _plans: collections.OrderedDict = collections.OrderedDict()
 _tables: collections.OrderedDict = collections.OrderedDict()
+_captured: dict = {}       # tables used by a CUDA graph capture: never freed
 
 
 class DeviceTables:
@@ -327,10 +328,16 @@ def upload(plan, num_heads: int, n_blocks: int, m_blocks: int, device_id: int) -
 
 
 def device_tables(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_ctas, device_id,
-                  stream, group_size=1) -> DeviceTables:
+                  stream, group_size=1, capture=False) -> DeviceTables | None:
     """The schedule for one problem on one device (num_heads = B * H query heads, group_size = H // Hkv): host
     plans cached by shape (LRU), device tables by ``(plan.key, device)`` (LRU), so a repeated call builds and
-    uploads nothing."""
+    uploads nothing. A miss uploads the tables and synchronizes ``stream`` once (later calls may use them on any
+    stream).
+
+    ``capture=True`` (``stream`` is capturing a CUDA graph): never uploads or synchronizes; returns the cached
+    tables, now kept for the life of the process (the graph holds their address, so LRU eviction must not free
+    them), or None on a miss.
+    """
     import cupy
     pkey = (policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_ctas, group_size)
     with _table_lock:
@@ -347,6 +354,11 @@ def device_tables(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causa
         t = _tables.get(tkey)
         if t is not None:
             _tables.move_to_end(tkey)
+        else:
+            t = _captured.get(tkey)        # evicted from the LRU, kept alive for a graph
+        if t is not None or capture:
+            if capture and t is not None:
+                _captured[tkey] = t
             return t
         t = upload(plan, num_heads, plan.num_n_blocks, plan.num_m_blocks, device_id)
         # NOTES: the tables are shared by later calls on any stream: finish the upload before anyone uses them.

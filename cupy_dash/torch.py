@@ -1,53 +1,186 @@
-"""Optional torch adapter: differentiable attention through ``torch.autograd.Function``.
+"""torch integration: the forward and backward as registered ``torch.library`` custom ops.
 
-Imported only on demand (``cupy_dash.attention`` with torch tensors, or ``import cupy_dash.torch``); importing
-``cupy_dash`` itself never imports torch. Layout: q ``(B, Sq, H, D)``, k/v ``(B, Sk, Hkv, D)``, bf16/fp16, CUDA.
+Imported only on demand (``cupy_dash.torch``, or ``cupy_dash.attention`` with torch tensors); importing
+``cupy_dash`` itself never imports torch. Layout: q ``(B, Sq, H, D)``, k/v ``(B, Sk, Hkv, D)`` with
+``H % Hkv == 0``, bf16/fp16, one CUDA device; D is 64 or 128. The ops (namespace ``cupy_dash``)::
+
+    out, lse = torch.ops.cupy_dash.attention_forward(q, k, v, causal=False, softmax_scale=None,
+                                                     schedule="auto", deterministic=True)
+    dq, dk, dv = torch.ops.cupy_dash.attention_backward(dout, q, k, v, out, lse, causal=False,
+                                                        softmax_scale=None, schedule="auto", deterministic=True)
+
+``attention_forward`` is differentiable (``register_autograd``): its gradient is ``attention_backward`` with the
+forward's ``schedule`` and ``deterministic`` (carried by the forward op for that purpose; the forward kernel
+does not use them). ``lse`` ``(B, H, Sq)`` float32 is returned but not differentiable. Both ops have fake
+implementations (exact output shapes, dtypes and contiguous strides, and the argument checks of
+:mod:`cupy_dash.api` wherever sizes are concrete), so ``torch.compile(fullgraph=True)`` traces forward and
+backward without graph breaks, and ``torch.library.opcheck`` passes.
+
+Inside an op: kernels run on torch's current stream; outputs and scratch buffers are ``torch.empty`` on the
+inputs' device (under CUDA graph capture they come from the graph's private pool); nothing synchronizes the
+host. Two one-time costs of the first *eager* call of a variant and shape happen outside any op-level
+contract: NVRTC compile / module load of its kernels, and the upload of the backward's schedule tables (which
+synchronizes the stream once; the tables are then cached in device memory per shape and schedule).
+
+CUDA graphs (``torch.cuda.graph`` or ``torch.compile(..., mode="reduce-overhead")``): a call captured into a
+graph only enqueues kernels, so it needs the kernels loaded and the schedule tables uploaded by an earlier
+eager call of the same dtype, head dim, causal flag, shape and schedule on that device. If the first call of a
+shape happens under capture, it raises RuntimeError (before enqueueing anything) asking for one eager warm-up
+call. ``mode="reduce-overhead"`` warms up eagerly by itself; with ``torch.cuda.graph``, run the step once
+before capturing (as torch's documentation advises anyway). Tables used by a graph are kept for the life of
+the process. A captured backward cannot hand its semaphore-timeout record to the host asynchronously;
+failures inside graph replays are reported by :func:`cupy_dash.check_errors` (which synchronizes), not by the
+next call; call it outside capture.
 """
-from __future__ import annotations
+from typing import Optional
 
+import ml_dtypes
+import numpy as np
 import torch
+from torch import Tensor
 
 from . import api
 
-__all__ = ["DashAttention", "attention"]
-
-
-class DashAttention(torch.autograd.Function):
-    """``out = DashAttention.apply(q, k, v, causal, softmax_scale, schedule, deterministic)``.
-
-    Forward: :func:`cupy_dash.attention_forward`, saving q, k, v, out and lse ``(B, H, Sq)``. Backward:
-    :func:`cupy_dash.attention_backward` with the given schedule (a failure of the bounded dQ semaphore wait is
-    reported by the next cupy_dash call or :func:`cupy_dash.check_errors`).
-    """
-
-    @staticmethod
-    def forward(ctx, q, k, v, causal=False, softmax_scale=None, schedule="auto", deterministic=True):
-        out, lse = api.attention_forward(q, k, v, causal=causal, softmax_scale=softmax_scale)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.causal = causal
-        ctx.softmax_scale = softmax_scale
-        ctx.schedule = schedule
-        ctx.deterministic = deterministic
-        return out
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, dout):
-        q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = api.attention_backward(dout.contiguous(), q, k, v, out, lse, causal=ctx.causal,
-                                            softmax_scale=ctx.softmax_scale, schedule=ctx.schedule,
-                                            deterministic=ctx.deterministic)
-        return dq, dk, dv, None, None, None, None
+__all__ = ["attention", "attention_forward", "attention_backward"]
 
 
 def attention(q, k, v, causal=False, softmax_scale=None, schedule="auto", deterministic=True):
     """Differentiable attention for torch tensors: q ``(B, Sq, H, D)``, k/v ``(B, Sk, Hkv, D)`` with
-    ``H % Hkv == 0`` (GQA / MQA; the gradients of k, v are ``(B, Sk, Hkv, D)``) -> out ``(B, Sq, H, D)``.
-    Arguments as in :func:`cupy_dash.attention_forward` / :func:`cupy_dash.attention_backward`.
+    ``H % Hkv == 0`` (GQA / MQA; the gradients of k, v are ``(B, Sk, Hkv, D)``) -> out ``(B, Sq, H, D)``
+    (contiguous, dtype of q). Arguments as in :func:`cupy_dash.attention_forward` /
+    :func:`cupy_dash.attention_backward`; ``schedule`` and ``deterministic`` apply to the backward.
+
+    Runs :func:`attention_forward` (the op ``torch.ops.cupy_dash.attention_forward``): usable under
+    ``torch.compile(fullgraph=True)``, ``mode="reduce-overhead"`` and ``torch.cuda.graph`` (see the module
+    docstring for the eager warm-up a capture needs).
     """
     api._check_schedule(schedule)
+    if softmax_scale is not None:
+        softmax_scale = api._check_scale(softmax_scale, None)
     causal, deterministic = api._check_flag("causal", causal), api._check_flag("deterministic", deterministic)
-    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    if not needs_grad:
-        return api.attention_forward(q, k, v, causal=causal, softmax_scale=softmax_scale)[0]
-    return DashAttention.apply(q, k, v, causal, softmax_scale, schedule, deterministic)
+    return attention_forward(q, k, v, causal, softmax_scale, schedule, deterministic)[0]
+
+
+# ------------------------------------------------------------------------------------------------------------
+# argument checks on metadata (fake / meta tensors): the checks of api._validate, without a data pointer
+# ------------------------------------------------------------------------------------------------------------
+_DTYPES = {torch.bfloat16: np.dtype(ml_dtypes.bfloat16), torch.float16: np.dtype(np.float16),
+           torch.float32: np.dtype(np.float32)}
+
+
+# DLPack device types; "meta" counts as CUDA so that shape inference on the meta device passes
+_DLPACK_TYPES = {"cpu": 1, "cuda": 2, "meta": 2}
+
+
+class _Meta:
+    """What :func:`cupy_dash.interop.describe` reads of an array (shape, dtype, byte strides, DLPack device),
+    taken from a torch tensor's metadata only; its address stays unknown, so alignment is not checked."""
+    __slots__ = ("shape", "dtype", "strides", "_device")
+
+    def __init__(self, t: Tensor):
+        self.shape = tuple(t.shape)
+        self.dtype = _DTYPES.get(t.dtype) or _UnknownDtype(t.dtype, t.element_size())
+        self.strides = tuple(s * t.element_size() for s in t.stride())
+        self._device = (_DLPACK_TYPES.get(t.device.type, 0), t.device.index or 0)
+
+    def __dlpack_device__(self):
+        return self._device
+
+
+class _UnknownDtype:
+    """A dtype name for error messages (``float64``, ``int32``, ...) of a dtype the kernels do not take."""
+    __slots__ = ("name", "itemsize")
+
+    def __init__(self, dtype, itemsize):
+        self.name, self.itemsize = str(dtype).rpartition(".")[2], itemsize
+
+
+def _concrete(*tensors) -> bool:
+    return all(isinstance(n, int) for t in tensors for n in (*t.shape, *t.stride()))
+
+
+def _check_ranks(**tensors):
+    for name, t in tensors.items():
+        want = 3 if name == "lse" else 4
+        if t.dim() != want:
+            layout = "(B, H, Sq)" if name == "lse" else "(B, S, H, D)"
+            raise ValueError(f"{name}: expected a {want}-D tensor {layout}, got shape {tuple(t.shape)}")
+
+
+def _check_meta(q, k, v, softmax_scale, schedule, dout=None, out=None, lse=None):
+    """The checks of the real op, as far as metadata allows: all of them when every size and stride is a plain
+    int; with symbolic sizes (dynamic shapes) only the ranks (the real op checks the rest at run time)."""
+    api._check_schedule(schedule)
+    backward = dout is not None
+    tensors = dict(q=q, k=k, v=v, do=dout, out=out, lse=lse) if backward else dict(q=q, k=k, v=v)
+    if not _concrete(*tensors.values()):
+        _check_ranks(**tensors)
+        return
+    views = {name: _Meta(t) for name, t in tensors.items()}
+    api._validate(views["q"], views["k"], views["v"], views.get("do"), views.get("out"), views.get("lse"),
+                  softmax_scale=softmax_scale, backward=backward)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# forward
+# ------------------------------------------------------------------------------------------------------------
+@torch.library.custom_op("cupy_dash::attention_forward", mutates_args=())
+def attention_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, softmax_scale: Optional[float] = None,
+                      schedule: str = "auto", deterministic: bool = True) -> tuple[Tensor, Tensor]:
+    """The op ``torch.ops.cupy_dash.attention_forward``: q ``(B, Sq, H, D)``, k/v ``(B, Sk, Hkv, D)`` ->
+    ``(out (B, Sq, H, D), lse (B, H, Sq) float32)``, as :func:`cupy_dash.attention_forward`. ``schedule`` and
+    ``deterministic`` are checked here and used by its gradient, :func:`attention_backward`."""
+    api._check_schedule(schedule)
+    return api.attention_forward(q, k, v, causal=causal, softmax_scale=softmax_scale)
+
+
+@attention_forward.register_fake
+def _attention_forward_fake(q, k, v, causal=False, softmax_scale=None, schedule="auto", deterministic=True):
+    _check_meta(q, k, v, softmax_scale, schedule)
+    B, Sq, H, D = q.shape
+    return q.new_empty((B, Sq, H, D)), q.new_empty((B, H, Sq), dtype=torch.float32)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, causal, softmax_scale, schedule, deterministic = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.causal, ctx.softmax_scale, ctx.schedule, ctx.deterministic = causal, softmax_scale, schedule, deterministic
+    ctx.mark_non_differentiable(lse)
+    ctx.set_materialize_grads(False)
+
+
+def _attention_forward_grad(ctx, dout, dlse):
+    """Gradient of :func:`attention_forward` (``dlse`` is always None: lse is not differentiable)."""
+    if dout is None:
+        return None, None, None, None, None, None, None
+    q, k, v, out, lse = ctx.saved_tensors
+    # the kernels read dout through TMA: last dim contiguous, 16-byte strides (an expanded grad has stride 0)
+    dq, dk, dv = attention_backward(dout.contiguous(), q, k, v, out, lse, ctx.causal, ctx.softmax_scale,
+                                    ctx.schedule, ctx.deterministic)
+    return dq, dk, dv, None, None, None, None
+
+
+attention_forward.register_autograd(_attention_forward_grad, setup_context=_setup_context)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# backward
+# ------------------------------------------------------------------------------------------------------------
+@torch.library.custom_op("cupy_dash::attention_backward", mutates_args=())
+def attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                       causal: bool = False, softmax_scale: Optional[float] = None, schedule: str = "auto",
+                       deterministic: bool = True) -> tuple[Tensor, Tensor, Tensor]:
+    """The op ``torch.ops.cupy_dash.attention_backward``: dout, q, out ``(B, Sq, H, D)``, k/v
+    ``(B, Sk, Hkv, D)``, lse ``(B, H, Sq)`` float32 -> ``(dq (B, Sq, H, D), dk, dv (B, Sk, Hkv, D))``, as
+    :func:`cupy_dash.attention_backward` (contiguous, dtype of q)."""
+    return api.attention_backward(dout, q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale,
+                                  schedule=schedule, deterministic=deterministic)
+
+
+@attention_backward.register_fake
+def _attention_backward_fake(dout, q, k, v, out, lse, causal=False, softmax_scale=None, schedule="auto",
+                             deterministic=True):
+    _check_meta(q, k, v, softmax_scale, schedule, dout, out, lse)
+    return q.new_empty(tuple(q.shape)), q.new_empty(tuple(k.shape)), q.new_empty(tuple(v.shape))
+

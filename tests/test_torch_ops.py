@@ -1,0 +1,239 @@
+"""The torch ops of ``cupy_dash.torch`` on the CPU (skipped without torch): registration and schemas, the fake
+implementations' outputs (FakeTensorMode and the meta device), their argument checks, the real ops' argument
+checks on CPU tensors (raised before any GPU work), and a ``torch.compile(fullgraph=True)`` trace of forward and
+backward on the meta device whose graphs hold exactly the two ops. GPU behaviour: tests/test_gpu_torch_ops.py.
+"""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
+
+import cupy_dash  # noqa: E402
+from cupy_dash import api  # noqa: E402
+import cupy_dash.torch as dash_torch  # noqa: E402
+
+BF16, FP16 = torch.bfloat16, torch.float16
+OPS = torch.ops.cupy_dash
+
+
+def shapes(B=2, Sq=96, Sk=160, H=4, Hkv=4, D=64):
+    return (B, Sq, H, D), (B, Sk, Hkv, D), (B, H, Sq)
+
+
+def fwd_inputs(device, dtype=BF16, requires_grad=False, **kw):
+    q_shape, kv_shape, _ = shapes(**kw)
+    return tuple(torch.empty(s, device=device, dtype=dtype, requires_grad=requires_grad)
+                 for s in (q_shape, kv_shape, kv_shape))
+
+
+def bwd_inputs(device, dtype=BF16, **kw):
+    q_shape, kv_shape, lse_shape = shapes(**kw)
+    q, k, v = fwd_inputs(device, dtype, **kw)
+    do, out = torch.empty(q_shape, device=device, dtype=dtype), torch.empty(q_shape, device=device, dtype=dtype)
+    return do, q, k, v, out, torch.empty(lse_shape, device=device, dtype=torch.float32)
+
+
+def raises(exc, call, *needles):
+    with pytest.raises(exc) as info:
+        call()
+    for needle in needles:
+        assert needle in str(info.value), f"{needle!r} not in {str(info.value)!r}"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# registration
+# --------------------------------------------------------------------------------------------------------------
+def test_ops_are_registered_with_their_schemas():
+    fwd = str(OPS.attention_forward.default._schema)
+    bwd = str(OPS.attention_backward.default._schema)
+    assert fwd == ("cupy_dash::attention_forward(Tensor q, Tensor k, Tensor v, bool causal=False, "
+                   "float? softmax_scale=None, str schedule=\"auto\", bool deterministic=True) -> (Tensor, Tensor)")
+    assert bwd == ("cupy_dash::attention_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, "
+                   "Tensor lse, bool causal=False, float? softmax_scale=None, str schedule=\"auto\", "
+                   "bool deterministic=True) -> (Tensor, Tensor, Tensor)")
+    # neither op mutates or aliases its inputs
+    for schema in (OPS.attention_forward.default._schema, OPS.attention_backward.default._schema):
+        assert not any(a.alias_info for a in (*schema.arguments, *schema.returns))
+
+
+def test_lazy_attribute_is_the_registered_module():
+    assert cupy_dash.torch is dash_torch
+    assert cupy_dash.torch.attention is dash_torch.attention
+
+
+# --------------------------------------------------------------------------------------------------------------
+# fake implementations
+# --------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [BF16, FP16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("Hkv", [4, 2, 1], ids=["mha", "gqa2", "mqa"])
+def test_fake_outputs(dtype, D, Hkv):
+    with FakeTensorMode():
+        do, q, k, v, out, lse = bwd_inputs("cuda", dtype, Sq=96, Sk=160, H=4, Hkv=Hkv, D=D)
+        o, l = OPS.attention_forward(q, k, v, True, None, "auto", True)
+        dq, dk, dv = OPS.attention_backward(do, q, k, v, out, lse, True, 0.125, "shift", True)
+    assert (o.shape, o.dtype, o.stride(), o.device.type) == ((2, 96, 4, D), dtype, (96 * 4 * D, 4 * D, D, 1), "cuda")
+    assert (l.shape, l.dtype, l.stride()) == ((2, 4, 96), torch.float32, (4 * 96, 96, 1))
+    assert (dq.shape, dq.dtype, dq.stride()) == ((2, 96, 4, D), dtype, o.stride())
+    for g in (dk, dv):      # GQA passes through: (B, Sk, Hkv, D), contiguous, dtype of q
+        assert (g.shape, g.dtype, g.stride()) == ((2, 160, Hkv, D), dtype, (160 * Hkv * D, Hkv * D, D, 1))
+
+
+def test_fake_output_of_strided_input_is_contiguous():
+    with FakeTensorMode():
+        # q, k, v as views into a packed (B, S, 3, H, D) qkv tensor: strides (S*3*H*D, 3*H*D, D, 1)
+        B, S, H, D = 2, 64, 4, 64
+        q, k, v = (torch.empty_strided((B, S, H, D), (S * 3 * H * D, 3 * H * D, D, 1), device="cuda",
+                                       dtype=BF16) for _ in range(3))
+        o, l = OPS.attention_forward(q, k, v)
+    assert o.stride() == (S * H * D, H * D, D, 1) and l.shape == (B, H, S)
+
+
+def test_meta_device_gives_shapes():
+    q, k, v = fwd_inputs("meta", Hkv=2)
+    o, l = OPS.attention_forward(q, k, v, False)
+    assert o.shape == q.shape and l.shape == (2, 4, 96) and o.device.type == "meta"
+
+
+# argument checks of the fake implementations: the messages of cupy_dash.api, naming the argument
+def _fake_call(case):
+    do, q, k, v, out, lse = bwd_inputs("cuda")
+
+    def fwd(**kw):
+        a = dict(q=q, k=k, v=v, causal=False, softmax_scale=None, schedule="auto")
+        a.update(kw)
+        return OPS.attention_forward(a["q"], a["k"], a["v"], a["causal"], a["softmax_scale"], a["schedule"])
+
+    def bwd(**kw):
+        a = dict(do=do, q=q, k=k, v=v, out=out, lse=lse)
+        a.update(kw)
+        return OPS.attention_backward(a["do"], a["q"], a["k"], a["v"], a["out"], a["lse"])
+
+    cuda = dict(device="cuda", dtype=BF16)
+    return {
+        "dtype": lambda: fwd(q=q.float()),
+        "rank": lambda: fwd(q=torch.empty(96, 4, 64, **cuda)),
+        "k_shape": lambda: fwd(k=torch.empty(2, 160, 4, 128, **cuda)),
+        "v_shape": lambda: fwd(v=torch.empty(2, 150, 4, 64, **cuda)),
+        "head_dim": lambda: fwd(q=torch.empty(2, 96, 4, 32, **cuda), k=torch.empty(2, 160, 4, 32, **cuda),
+                                v=torch.empty(2, 160, 4, 32, **cuda)),
+        "heads": lambda: fwd(k=torch.empty(2, 160, 3, 64, **cuda), v=torch.empty(2, 160, 3, 64, **cuda)),
+        "scale": lambda: fwd(softmax_scale=-1.0),
+        "schedule": lambda: fwd(schedule="nope"),
+        "stride": lambda: fwd(q=torch.empty_strided((2, 96, 4, 64), (96 * 4 * 64, 4 * 64, 64, 2), **cuda)),
+        "device": lambda: fwd(k=torch.empty(2, 160, 4, 64, device="cpu", dtype=BF16)),
+        "lse_dtype": lambda: bwd(lse=lse.half()),
+        "lse_shape": lambda: bwd(lse=torch.empty(2, 96, 4, device="cuda", dtype=torch.float32)),
+        "do_shape": lambda: bwd(do=torch.empty(2, 95, 4, 64, **cuda)),
+        "out_dtype": lambda: bwd(out=out.half()),
+    }
+
+
+_FAKE_ERRORS = {
+    "dtype": (ValueError, "q:", "float32"), "rank": (ValueError, "q:", "4-D"), "k_shape": (ValueError, "k:"),
+    "v_shape": (ValueError, "v:"), "head_dim": (NotImplementedError, "q:", "head dim"),
+    "heads": (ValueError, "k:", "Hkv=3"), "scale": (ValueError, "softmax_scale"),
+    "schedule": (ValueError, "schedule", "'nope'"), "stride": (ValueError, "q:", "contiguous"),
+    "device": (ValueError, "k:", "CUDA"), "lse_dtype": (ValueError, "lse:", "float32"),
+    "lse_shape": (ValueError, "lse:", "(B, H, Sq)"), "do_shape": (ValueError, "do:"),
+    "out_dtype": (ValueError, "out:", "float16"),
+}
+
+
+@pytest.mark.parametrize("case", list(_FAKE_ERRORS))
+def test_fake_argument_errors(case):
+    exc, *needles = _FAKE_ERRORS[case]
+    with FakeTensorMode():
+        raises(exc, _fake_call(case)[case], *needles)
+
+
+def test_fake_leaves_the_gqa_backward_decision_to_the_real_op():
+    """The fake backward passes GQA shapes through; whether the kernels support them is decided at run time."""
+    with FakeTensorMode():
+        do, q, k, v, out, lse = bwd_inputs("cuda", Hkv=2)
+        dq, dk, dv = OPS.attention_backward(do, q, k, v, out, lse)
+    assert dk.shape == k.shape and dv.shape == v.shape
+
+
+# --------------------------------------------------------------------------------------------------------------
+# the real ops and the public wrapper on CPU tensors: validation errors, raised before any GPU work
+# --------------------------------------------------------------------------------------------------------------
+@pytest.fixture
+def no_gpu_work(monkeypatch):
+    """Every GPU entry point of cupy_dash raises AssertionError."""
+    from cupy_dash import interop, kernels
+
+    def boom(*args, **kwargs):
+        raise AssertionError("GPU work started before the error")
+    # (interop.capturing runs first on every call: for CPU tensors it answers False without the GPU)
+    for mod, name in ((interop, "caller_stream"), (interop, "to_cupy"), (kernels, "launch"),
+                      (kernels, "max_resident_ctas"), (api, "_acquire_slot"), (api, "_new")):
+        monkeypatch.setattr(mod, name, boom)
+
+
+def test_real_ops_reject_cpu_tensors(no_gpu_work):
+    q, k, v = fwd_inputs("cpu")
+    raises(ValueError, lambda: OPS.attention_forward(q, k, v), "q:", "CUDA device", "cpu")
+    do, q, k, v, out, lse = bwd_inputs("cpu")
+    raises(ValueError, lambda: OPS.attention_backward(do, q, k, v, out, lse), "CUDA device")
+
+
+def test_real_ops_check_arguments_before_the_device(no_gpu_work):
+    q, k, v = fwd_inputs("cpu")
+    raises(ValueError, lambda: OPS.attention_forward(q[0], k, v), "q:", "4-D")
+    raises(ValueError, lambda: OPS.attention_forward(q, k, v, False, None, "bogus"), "schedule", "'bogus'")
+    raises(ValueError, lambda: OPS.attention_forward(q, k, v, False, float("nan")), "softmax_scale")
+    do, q, k, v, out, lse = bwd_inputs("cpu")
+    raises(ValueError, lambda: OPS.attention_backward(do, q, k, v, out, lse[:, :, :-1]), "lse:", "(B, H, Sq)")
+    raises(ValueError, lambda: OPS.attention_backward(do, q, k, v, out, lse, False, None, "x"), "schedule")
+
+
+def test_public_wrapper_checks_its_arguments(no_gpu_work):
+    q, k, v = fwd_inputs("cpu", requires_grad=True)
+    raises(ValueError, lambda: dash_torch.attention(q, k, v, schedule="fastest"), "schedule", "'fastest'")
+    raises(ValueError, lambda: dash_torch.attention(q, k, v, softmax_scale="big"), "softmax_scale", "'big'")
+    raises(ValueError, lambda: dash_torch.attention(q, k, v, softmax_scale=0.0), "softmax_scale")
+    raises(ValueError, lambda: dash_torch.attention(q, k, v), "q:", "CUDA device")
+    raises(ValueError, lambda: cupy_dash.attention(q, k, v), "q:", "CUDA device")   # routed through the op
+
+
+# --------------------------------------------------------------------------------------------------------------
+# torch.compile: one graph, the two ops, traced on the meta device (the real kernels need a GPU)
+# --------------------------------------------------------------------------------------------------------------
+def test_compile_fullgraph_traces_forward_and_backward_ops():
+    from torch._dynamo.backends.common import aot_autograd
+    from functorch.compile import make_boxed_func
+
+    graphs = []
+
+    def grab(gm, example_inputs):
+        graphs.append(gm)
+        return make_boxed_func(gm.forward)
+
+    def f(q, k, v):
+        return dash_torch.attention(q, k, v, causal=True, softmax_scale=0.1, schedule="shift", deterministic=False)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, fullgraph=True, backend=aot_autograd(fw_compiler=grab, bw_compiler=grab))
+    q, k, v = fwd_inputs("meta", requires_grad=True, Hkv=2)
+    out = compiled(q, k, v)
+    assert out.shape == q.shape
+    out.backward(torch.empty_like(out))
+    assert q.grad.shape == q.shape and k.grad.shape == k.shape and v.grad.shape == v.shape
+    assert len(graphs) == 2
+    fw_targets = [n.target for n in graphs[0].graph.nodes if n.op == "call_function"]
+    bw_targets = [n.target for n in graphs[1].graph.nodes if n.op == "call_function"]
+    assert OPS.attention_forward.default in fw_targets and OPS.attention_backward.default not in fw_targets
+    assert OPS.attention_backward.default in bw_targets
+    bw = next(n for n in graphs[1].graph.nodes if n.target is OPS.attention_backward.default)
+    assert bw.args[6:] == (True, 0.1, "shift", False)    # the forward's options reach the backward op
+    torch._dynamo.reset()
+
+
+def test_lse_is_not_differentiable():
+    q, k, v = fwd_inputs("meta", requires_grad=True)
+    out, lse = OPS.attention_forward(q, k, v)
+    assert out.requires_grad and not lse.requires_grad
