@@ -420,7 +420,15 @@ def test_errors_happen_before_any_gpu_work(case, gpu_work_log):
 # --------------------------------------------------------------------------------------------------------------
 # deferred error reporting, plan checks, environment (CPU-level pieces)
 # --------------------------------------------------------------------------------------------------------------
-def test_check_errors_without_pending_work():
+@pytest.fixture
+def fresh_error_state(monkeypatch):
+    """No pending backward and no CUDA-graph error records (a GPU run of earlier test modules may have captured
+    calls, whose records check_errors would then read from the device)."""
+    monkeypatch.setattr(errors, "_pending", collections.deque())
+    monkeypatch.setattr(errors, "_slot_pools", {})
+
+
+def test_check_errors_without_pending_work(fresh_error_state):
     assert cupy_dash.check_errors() is None
 
 
@@ -462,7 +470,7 @@ def test_public_call_reports_a_failed_backward_first(monkeypatch):
     raises(ValueError, lambda: fwd(make()), "q:")       # the next call validates normally
 
 
-def test_check_errors_raises_and_drains(monkeypatch):
+def test_check_errors_raises_and_drains(monkeypatch, fresh_error_state):
     ok = _failed_record([0, 0, 0, 0])
     bad = _failed_record([1, 5, 2, 1], "descending")
     monkeypatch.setattr(errors, "_pending", collections.deque([ok, bad]))
