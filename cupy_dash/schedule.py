@@ -50,6 +50,15 @@ Policies (ranks are always derived from the wait-free timeline, see ``_schedule.
     tie, and ties go to the first of ``AUTO_CANDIDATES`` (symmetric_shift, shift, descending, fa3). The choice
     depends only on the shape, never on timing, so it is reproducible.
 
+Portable bits. The bits of dq, dk and dv depend on the table only through the order of the additions: the
+order in which each KV column visits its Q tiles (dK and dV accumulate in registers in that order) and the rank
+order of the partials of each dQ tile. :func:`reduction_order` extracts both. For ``fa3`` and ``descending``
+they do not depend on ``num_sms`` (both orders follow from the tile indices alone), so a job gets the same bits
+on an H100 PCIe (114 SMs), an H100 SXM or an H200 (132): :data:`PORTABLE_POLICIES`. ``shift`` and
+``symmetric_shift`` derive their ranks from the wait-free timeline of the given CTA count (and
+``symmetric_shift`` pairs columns per CTA), so their bits, and ``auto``'s, follow the GPU model; they are still
+bitwise reproducible on one GPU model.
+
 Models (``simulate``). The paper's DAG model: each visit computes for ``c``, waits for its rank, reduces for
 ``r``; the CTA then starts its next visit. The engine model follows the Hopper kernel: a CTA's MMA warpgroups
 and its dQ writer are two serial resources with one dQ buffer between them, so the next visit computes while
@@ -72,6 +81,7 @@ import numpy as np
 from . import _schedule
 
 POLICIES = ("auto", "fa3", "descending", "shift", "symmetric_shift")
+PORTABLE_POLICIES = ("fa3", "descending")   # bits independent of the CTA count (see "Portable bits" above)
 AUTO_CANDIDATES = ("symmetric_shift", "shift", "descending", "fa3")
 AUTO_COSTS = (1.0, 0.8)      # (c, r) of the engine model, calibrated on the H200 (see the module docstring)
 AUTO_TOLERANCE = 0.03
@@ -371,3 +381,34 @@ def device_tables(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causa
                 cupy.cuda.runtime.deviceSynchronize()
             del old
         return t
+
+
+def reduction_order(plan) -> tuple:
+    """The two addition orders that fix the bits of a backward run with ``plan`` (a :class:`Schedule` or any
+    object with ``visits``, ``rank``, ``cta_start`` and optionally ``group_size``):
+
+    * ``columns``: int64 (V, 4) rows (kv_head, n_block, head, m_block), the visits of each KV column (kv_head =
+      head // group_size) in execution order, columns in ascending (kv_head, n_block);
+    * ``dq``: int64 (V, 3) rows (head, m_block, n_block), the partials of each dQ tile in rank order, tiles in
+      ascending (head, m_block).
+
+    Two tables with equal orders give bitwise equal dq, dk, dv (the kernel's arithmetic per visit does not
+    depend on the CTA that runs it)."""
+    visits = np.asarray(plan.visits, dtype=np.int64)
+    rank = np.asarray(plan.rank, dtype=np.int64)
+    g = int(getattr(plan, "group_size", 1))
+    head, n_block, m_block = visits[:, 1], visits[:, 2], visits[:, 3]
+    kv_head = head // g
+    col = np.lexsort((np.arange(len(rank)), n_block, kv_head))       # stable: execution order inside a column
+    columns = np.stack([kv_head[col], n_block[col], head[col], m_block[col]], axis=1)
+    tile = np.lexsort((rank, m_block, head))
+    dq = np.stack([head[tile], m_block[tile], n_block[tile]], axis=1)
+    return columns, dq
+
+
+def same_reduction_order(a, b) -> bool:
+    """Whether tables ``a`` and ``b`` add in the same orders (:func:`reduction_order`): then their backward
+    results are bitwise identical, whatever CTA counts they were built for."""
+    ca, qa = reduction_order(a)
+    cb, qb = reduction_order(b)
+    return ca.shape == cb.shape and bool((ca == cb).all()) and bool((qa == qb).all())
