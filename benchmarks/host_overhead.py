@@ -1,0 +1,93 @@
+"""Host time per call (µs) of the forward and the backward with torch tensors: each call timed alone on the host
+(GPU work excluded: kernels run asynchronously, and the device is drained every 100 calls outside the timed
+region so the launch queue never pushes back), median over >= 1000 calls, tiny shape (B=1, H=1, S=128, D=64).
+Paths: the functional API (cupy_dash.attention_forward / attention_backward on torch tensors), the torch ops
+(torch.ops.cupy_dash.*), and torch SDPA (FlashAttention-2) for scale; then a cProfile of each cupy_dash path.
+
+    python benchmarks/host_overhead.py [--calls 2000] [--profile] [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import statistics
+import time
+
+import torch
+
+import cupy_dash
+
+
+def per_call_us(fn, calls, warmup=50):
+    """Median and 10th / 90th percentiles of the host time of single calls, in µs."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for i in range(calls):
+        if i % 100 == 0:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter_ns()
+        fn()
+        times.append((time.perf_counter_ns() - t0) / 1e3)
+    torch.cuda.synchronize()
+    times.sort()
+    return dict(median=statistics.median(times), p10=times[len(times) // 10], p90=times[9 * len(times) // 10])
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--profile", action="store_true", help="print a cProfile of the cupy_dash paths")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    import cupy_dash.torch  # noqa: F401  (registers the ops)
+    torch.manual_seed(0)
+    q, k, v, dout = (torch.randn(1, 128, 1, 64, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    out, lse = cupy_dash.attention_forward(q, k, v)
+    ops = torch.ops.cupy_dash
+    paths = {
+        "api forward": lambda: cupy_dash.attention_forward(q, k, v),
+        "api backward": lambda: cupy_dash.attention_backward(dout, q, k, v, out, lse),
+        "op forward": lambda: ops.attention_forward(q, k, v, False, None, "auto", True),
+        "op backward": lambda: ops.attention_backward(dout, q, k, v, out, lse, False, None, "auto", True),
+    }
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    tq, tk, tv = (x.transpose(1, 2) for x in (q, k, v))
+    leaves = [x.detach().requires_grad_(True) for x in (tq, tk, tv)]
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        o = F.scaled_dot_product_attention(*leaves)
+
+        def sdpa_fwd():
+            with torch.no_grad():
+                F.scaled_dot_product_attention(tq, tk, tv)
+        paths["torch SDPA forward"] = sdpa_fwd
+        paths["torch SDPA backward"] = lambda: torch.autograd.grad(o, leaves, dout.transpose(1, 2), retain_graph=True)
+        res = {name: per_call_us(fn, args.calls) for name, fn in paths.items()}
+    cupy_dash.check_errors()
+    print(f"host µs per call, median of {args.calls} (p10 / p90), torch {torch.__version__}:")
+    for name, r in res.items():
+        print(f"  {name:22s} {r['median']:7.1f}   ({r['p10']:.1f} / {r['p90']:.1f})")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(calls=args.calls, torch=torch.__version__, results=res), f, indent=1)
+    if args.profile:
+        for name in ("api forward", "api backward", "op backward"):
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(500):
+                paths[name]()
+            prof.disable()
+            torch.cuda.synchronize()
+            buf = io.StringIO()
+            pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(18)
+            print(f"--- cProfile, 500 calls of {name} ---")
+            print(buf.getvalue())
+
+
+if __name__ == "__main__":
+    main()
