@@ -14,7 +14,7 @@ def plot(results, path, title):
             a.plot(r["losses"], lw=1.2, ls="-" if i == 0 else "--", label=f"{name}, run {i + 1}")
         diff = [abs(x - y) for x, y in zip(runs[0]["losses"], runs[1]["losses"])]
         b.plot(diff, lw=1.2, label=f"{name}: |run 1 - run 2|")
-    a.set_xlabel("step"), a.set_ylabel("loss (repeated half)"), a.legend(fontsize=8), a.grid(alpha=0.3)
+    a.set_xlabel("step"), a.set_ylabel("training loss"), a.legend(fontsize=8), a.grid(alpha=0.3)
     b.set_xlabel("step"), b.set_ylabel("loss difference between the two runs"), b.legend(fontsize=8)
     b.grid(alpha=0.3)
     fig.suptitle(title)
