@@ -162,8 +162,11 @@ def bench_config(cfg, buffers, opts, peers=(), fa3=False):
     import cupy_dash
 
     B, S, H, D, causal = cfg["batch"], cfg["seqlen"], cfg["heads"], cfg["hdim"], cfg["causal"]
-    shape = (B, S, H, D)
-    sets = [{n: buf[n].reshape(shape) for n in ("q", "k", "v", "do")} for buf in buffers]
+    Hkv = cfg.get("heads_kv", H)
+    shape, kv_shape = (B, S, H, D), (B, S, Hkv, D)
+    kv_size = B * S * Hkv * D
+    sets = [{n: buf[n].reshape(shape) if n in ("q", "do") else buf[n][:kv_size].reshape(kv_shape)
+             for n in ("q", "k", "v", "do")} for buf in buffers]
     f_fwd = attention_flops(B, H, S, S, D, causal, "fwd")
     f_bwd = attention_flops(B, H, S, S, D, causal, "bwd")
     results = {}
@@ -219,6 +222,8 @@ def bench_config(cfg, buffers, opts, peers=(), fa3=False):
         measure(key, bwd)
 
     flops = dict(fwd=f_fwd, bwd=f_bwd)
+    if Hkv != H:        # the peers here take H == Hkv only; GQA runs compare cupy_dash with itself
+        peers, fa3 = (), False
     for peer in peers:
         peer.measure(sets, causal, flops, measure, time_calls, _summary, flush, timing, fwd_only=fwd_only)
     if fa3 and D in Fa3Peer.HEAD_DIMS:
@@ -249,7 +254,7 @@ def _meta(opts, argv):
     meta = dict(date=_dt.datetime.now().isoformat(timespec="seconds"),
                 command=" ".join([opts.get("prog") or "python -m cupy_dash bench"] + [shlex.quote(a) for a in argv]),
                 dtype=opts["dtype"], tokens=opts["tokens"], hidden=opts["hidden"], repeats=opts["repeats"],
-                warmup=opts["warmup"], input_sets=opts["input_sets"], flush_l2=opts["flush_l2"],
+                warmup=opts["warmup"], input_sets=opts["input_sets"], flush_l2=opts["flush_l2"], group=opts["group"],
                 quick=opts["quick"], python=platform.python_version(), cupy=cupy.__version__,
                 cupy_dash=getattr(cupy_dash, "__version__", "?"), torch=None)
     try:
@@ -303,6 +308,8 @@ def build_parser(prog=None):
     p.add_argument("--quick", action="store_true",
                    help="about 2 minutes: S in {1024, 4096}, head dim 128, both masks, 20 repeats")
     p.add_argument("--fwd-only", action="store_true", help="forward passes only (ours, torch, FA3)")
+    p.add_argument("--group", type=int, default=1,
+                   help="query heads per KV head (GQA; default 1). With a group > 1 the peers are skipped")
     p.add_argument("--no-torch", action="store_true", help="skip torch SDPA")
     p.add_argument("--no-fa3", action="store_true", help="skip FlashAttention-3 (flash-attn3-jax)")
     p.add_argument("--no-overhead", action="store_true", help="skip the host-overhead measurement")
@@ -327,7 +334,7 @@ def parse_args(argv=None, prog=None):
         overhead_calls=args.overhead_calls if args.overhead_calls is not None else q.get("overhead_calls", 1000),
         input_sets=max(1, args.input_sets), flush_l2=args.flush_l2, dtype=args.dtype, tokens=args.tokens,
         hidden=args.hidden, quick=args.quick, torch=not args.no_torch, fa3=not args.no_fa3,
-        overhead=not args.no_overhead, fwd_only=args.fwd_only,
+        overhead=not args.no_overhead, fwd_only=args.fwd_only, group=args.group,
         compile=not args.no_compile, out=args.out, prog=prog)
     for m in opts["masks"]:
         if m not in ("full", "causal"):
@@ -345,6 +352,9 @@ def parse_args(argv=None, prog=None):
     for d in opts["hdims"]:
         if opts["hidden"] % d:
             raise SystemExit(f"--hdims: {d} does not divide the hidden size {opts['hidden']}")
+        if opts["group"] < 1 or (opts["hidden"] // d) % opts["group"]:
+            raise SystemExit(f"--group: {opts['group']} must be >= 1 and divide the {opts['hidden'] // d} heads "
+                             f"of head dim {d}")
     return opts
 
 
@@ -374,7 +384,8 @@ def run(opts, argv=()):
             for S in opts["seqlens"]:
                 cfg = dict(hdim=hdim, causal=mask == "causal", seqlen=S, batch=opts["tokens"] // S,
                            heads=opts["hidden"] // hdim)
-                _log(f"  d{hdim} {mask} S={S} B={cfg['batch']} H={cfg['heads']}")
+                cfg["heads_kv"] = cfg["heads"] // opts.get("group", 1)
+                _log(f"  d{hdim} {mask} S={S} B={cfg['batch']} H={cfg['heads']} Hkv={cfg['heads_kv']}")
                 report["configs"].append(bench_config(cfg, buffers, opts, peers, fa3))
                 cupy.get_default_memory_pool().free_all_blocks()
     del buffers

@@ -55,3 +55,6 @@ def test_parse_args_defaults_and_errors():
         bench.parse_args(["--seqlens", "1000"])          # does not divide 16384 tokens
     with pytest.raises(SystemExit):
         bench.parse_args(["--schedules", "random"])
+    assert bench.parse_args(["--group", "8"])["group"] == 8 and bench.parse_args([])["group"] == 1
+    with pytest.raises(SystemExit, match="--group: 3"):
+        bench.parse_args(["--group", "3"])               # 32 heads of head dim 64 are not a multiple of 3
