@@ -126,7 +126,7 @@ def train(attention_name, steps, seed=0, compile_mode="default"):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--attention", choices=("cupy_dash", "sdpa", "both"), default="both")
-    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--mode", default="default", help="torch.compile mode (default, reduce-overhead, ...)")
     ap.add_argument("--plot", default=None, help="PNG of the loss curves and run-to-run differences")
     ap.add_argument("--json", default=None, help="write losses, weight digests and timings here")
