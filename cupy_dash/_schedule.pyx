@@ -26,10 +26,28 @@ columns and breaks the phase relations the policies are built on (descending's c
 the shift rotations). On the paper's shapes (132 SMs, H = 32, Hkv = 8 or 1) head-major was never faster in
 either model and up to 1.45x the lower bound where Q-tile-major stays at 1.17x (shift, d64 causal, S = 4096,
 engine model).
+
+NOTES: masks are band-shaped (causal, full and sliding windows alike): KV tile n sees the contiguous range of Q
+tiles [lo[n], hi[n]) of ``column_ranges``, and both ends rise with n. A KV tile that no query sees has an empty
+range and no visits (the backward zeroes its dK, dV rows on the host side); the others form one run of columns,
+which are the work units. Every policy keeps its meaning on causal and full masks (their tables are those of a
+build without windows). With a left window bound ("band": hi[n] < M for some n) the interior columns all have
+the same length, as in a full mask restricted to a diagonal band, and its two ends are clipped triangles:
+``fa3`` and ``descending`` walk each column's range up or down as before; ``shift`` rotates each column along
+the band, on the clock of its CTA (step (2) below), so that equally long columns never meet however the
+dispatch staggers them; ``symmetric_shift`` needs no pairing (a band's columns are equally long) and handles
+the two triangles mirror-wise, which arrives at every dQ tile in a strict order (the NOTES at ``mirrored``).
+With a right bound alone the shape is triangular like a causal mask, and it is paired as one.
+
+``analyze_table`` (validation and the two simulation models) lives in _schedule_check.pyx and is re-exported
+here; the heap both use is _heap.pxi.
 """
 import numpy as np
 from libc.stdlib cimport malloc, free
-from libc.string cimport memset
+
+from cupy_dash._schedule_check import analyze_table  # noqa: F401  (re-exported)
+
+include "_heap.pxi"
 
 cdef enum:
     POLICY_FA3 = 0
@@ -43,90 +61,87 @@ POLICY_CODES = {"fa3": POLICY_FA3, "descending": POLICY_DESCENDING, "shift": POL
 cdef long long LLMAX = 0x7fffffffffffffff
 
 
-def column_starts(long long seqlen_q, long long seqlen_k, long long block_m, long long block_n, bint causal):
-    """First unmasked Q tile of every KV tile: int64 (N,), N = ceil(seqlen_k / block_n).
+def column_ranges(long long seqlen_q, long long seqlen_k, long long block_m, long long block_n, bint causal,
+                  long long window_left=-1, long long window_right=-1):
+    """The Q tiles every KV tile sees: (lo, hi), int64 (N,) each, N = ceil(seqlen_k / block_n); KV tile n sees
+    Q tiles [lo[n], hi[n]), an empty range when no query sees any of its keys.
 
-    Causal masks are bottom-right aligned: query i sees key j iff j <= i + seqlen_k - seqlen_q.  KV tile n is
-    first seen by query row n*block_n - seqlen_k + seqlen_q, which is always < seqlen_q, so no column is empty.
+    Masks are bottom-right aligned, as FlashAttention's: query i sees key j iff
+    i + Sk - Sq - left <= j <= i + Sk - Sq + right, a side of -1 unbounded; causal means right = 0. Key j is
+    seen by queries [j - (Sk - Sq) - right, j - (Sk - Sq) + left], at least one index wide and one further per
+    key, so the keys [k0, k1) of KV tile n are seen by one interval of queries,
+    [k0 - (Sk - Sq) - right, k1 - 1 - (Sk - Sq) + left] clipped to [0, Sq), and every Q tile that meets it has a
+    visible element. Both ends rise with n; an empty range is [0, 0) before the visible tiles and [M, M) after
+    them (M = ceil(seqlen_q / block_m)). Causal, no window: lo[n] = max(0, n block_n - Sk + Sq) // block_m,
+    hi[n] = M, never empty; full mask: [0, M).
     """
-    cdef long long N = (seqlen_k + block_n - 1) // block_n
-    out = np.zeros(N, dtype=np.int64)
-    cdef long long[::1] lo = out
-    cdef long long n, t
-    if causal:
-        for n in range(N):
-            t = n * block_n - seqlen_k + seqlen_q
-            lo[n] = (t if t > 0 else 0) // block_m
-    return out
+    cdef long long N = (seqlen_k + block_n - 1) // block_n, M = (seqlen_q + block_m - 1) // block_m
+    cdef long long diag = seqlen_k - seqlen_q, right = 0 if causal else window_right
+    lo_arr = np.zeros(N, dtype=np.int64)
+    hi_arr = np.full(N, M, dtype=np.int64)
+    cdef long long[::1] lo = lo_arr, hi = hi_arr
+    cdef long long n, k0, k1, first, last
+    for n in range(N):
+        k0 = n * block_n
+        k1 = min(k0 + block_n, seqlen_k)
+        first = max(k0 - diag - right, 0) if right >= 0 else 0
+        last = min(k1 - 1 - diag + window_left, seqlen_q - 1) if window_left >= 0 else seqlen_q - 1
+        if last < 0:
+            hi[n] = 0
+        elif first > seqlen_q - 1:
+            lo[n] = M
+        else:
+            lo[n] = first // block_m
+            hi[n] = last // block_m + 1
+    return lo_arr, hi_arr
 
 
-cdef inline void unit_columns(int policy, bint causal, bint paired, long long u, long long num_heads,
-                              long long N, long long P, long long* head, long long* n0, long long* n1) noexcept:
-    """Work unit u (in dispatch order) -> head and one or two KV columns (n1 = -1 when single)."""
+def column_starts(long long seqlen_q, long long seqlen_k, long long block_m, long long block_n, bint causal,
+                  long long window_left=-1, long long window_right=-1):
+    """First visible Q tile of every KV tile: int64 (N,), the ``lo`` of :func:`column_ranges`."""
+    return column_ranges(seqlen_q, seqlen_k, block_m, block_n, causal, window_left, window_right)[0]
+
+
+cdef inline void unit_columns(int policy, bint causal, bint paired, bint mirrored, long long u,
+                              long long num_heads, long long n_first, long long NC, long long T, long long P,
+                              long long* head, long long* n0, long long* n1) noexcept:
+    """Work unit u (in dispatch order) -> head and one or two KV columns (n1 = -1 when single), among the NC
+    visible columns n_first .. n_first + NC - 1 of every head; ``mirrored`` (symmetric_shift on a band): the
+    T start-clipped columns in ascending n, then the others in descending n."""
     cdef long long k
-    if paired:
+    if mirrored:
+        head[0] = u // NC
+        k = u % NC
+        n0[0] = n_first + k if k < T else n_first + NC - 1 - (k - T)
+        n1[0] = -1
+    elif paired:
         head[0] = u // P
         k = u % P
-        n0[0] = k
-        n1[0] = N - 1 - k if N - 1 - k != k else -1
+        n0[0] = n_first + k
+        n1[0] = n_first + NC - 1 - k if NC - 1 - k != k else -1
     elif policy == POLICY_FA3 and causal:
         # upstream FA3's shortest-processing-time-first launch order: short (high n) columns first
-        n0[0] = N - 1 - u // num_heads
+        n0[0] = n_first + NC - 1 - u // num_heads
         head[0] = u % num_heads
         n1[0] = -1
     else:
-        head[0] = u // N
-        n0[0] = u % N
+        head[0] = u // NC
+        n0[0] = n_first + u % NC
         n1[0] = -1
 
 
-cdef inline void heap_push(double* ht, long long* hc, long long* size, double t, long long c) noexcept:
-    cdef long long i = size[0], p
-    size[0] += 1
-    while i > 0:
-        p = (i - 1) >> 1
-        if ht[p] < t or (ht[p] == t and hc[p] < c):
-            break
-        ht[i] = ht[p]
-        hc[i] = hc[p]
-        i = p
-    ht[i] = t
-    hc[i] = c
-
-
-cdef inline void heap_pop(double* ht, long long* hc, long long* size, double* t, long long* c) noexcept:
-    cdef long long n, i = 0, ch
-    cdef double lt
-    cdef long long lc
-    t[0] = ht[0]
-    c[0] = hc[0]
-    size[0] -= 1
-    n = size[0]
-    lt = ht[n]
-    lc = hc[n]
-    while True:
-        ch = 2 * i + 1
-        if ch >= n:
-            break
-        if ch + 1 < n and (ht[ch + 1] < ht[ch] or (ht[ch + 1] == ht[ch] and hc[ch + 1] < hc[ch])):
-            ch += 1
-        if lt < ht[ch] or (lt == ht[ch] and lc < hc[ch]):
-            break
-        ht[i] = ht[ch]
-        hc[i] = hc[ch]
-        i = ch
-    ht[i] = lt
-    hc[i] = lc
-
-
 def build_table(int policy, long long seqlen_q, long long seqlen_k, long long block_m, long long block_n,
-                long long num_heads, bint causal, long long num_sms, long long group_size=1):
+                long long num_heads, bint causal, long long num_sms, long long group_size=1,
+                long long window_left=-1, long long window_right=-1):
     """Build (visits, rank, cta_start) for one policy; see the module docstring for the layout. num_heads counts
-    (batch, query head) pairs, group_size the query heads per KV head (it must divide num_heads)."""
+    (batch, query head) pairs, group_size the query heads per KV head (it must divide num_heads); the mask is
+    causal or full with the sliding window (window_left, window_right) of :func:`column_ranges`."""
     if group_size < 1 or num_heads % group_size:
         raise ValueError(f"group_size must be >= 1 and divide num_heads={num_heads}, got {group_size}")
+    if window_left < -1 or window_right < -1:
+        raise ValueError(f"window sides must be >= -1, got ({window_left}, {window_right})")
     visits, rank, cta_start = _build_kv_table(policy, seqlen_q, seqlen_k, block_m, block_n,
-                                              num_heads // group_size, causal, num_sms)
+                                              num_heads // group_size, causal, num_sms, window_left, window_right)
     if group_size == 1:
         return visits, rank, cta_start
     # every visit of KV head kh, once per query head kh * g + j, j = 0..g-1 (Q-tile-major, see NOTES above)
@@ -136,19 +151,44 @@ def build_table(int policy, long long seqlen_q, long long seqlen_k, long long bl
 
 
 def _build_kv_table(int policy, long long seqlen_q, long long seqlen_k, long long block_m, long long block_n,
-                    long long num_heads, bint causal, long long num_sms):
+                    long long num_heads, bint causal, long long num_sms, long long window_left,
+                    long long window_right):
     """The g = 1 table of num_heads (batch, KV head) pairs."""
     cdef long long M = (seqlen_q + block_m - 1) // block_m
     cdef long long N = (seqlen_k + block_n - 1) // block_n
-    lo_arr = column_starts(seqlen_q, seqlen_k, block_m, block_n, causal)
-    cdef long long[::1] lo = lo_arr
-    # NOTES: pairing only pays when there are at least as many pairs as CTAs; with spare SMs every column runs
-    # alone (the longest column bounds the makespan anyway).
-    cdef bint paired = policy == POLICY_SYMMETRIC_SHIFT and causal and num_heads * ((N + 1) // 2) >= num_sms
-    cdef long long P = (N + 1) // 2 if paired else N
+    lo_arr, hi_arr = column_ranges(seqlen_q, seqlen_k, block_m, block_n, causal, window_left, window_right)
+    cdef long long[::1] lo = lo_arr, hi = hi_arr
+    # NOTES: the columns that some query sees are one run [n_first, n_first + NC) (column_ranges: both range
+    # ends rise with n) and NC >= 1 (the last query sees the last key); only they become work units.
+    cdef long long n_first = -1, NC = 0, T = 0, n
+    cdef bint triangular = causal or window_right >= 0, band = False
+    for n in range(N):
+        if lo[n] < hi[n]:
+            if n_first < 0:
+                n_first = n
+            NC += 1
+            T += lo[n] == lo[n_first]       # the start-clipped columns: their ranges all begin at one Q tile
+            triangular = triangular and hi[n] == M
+            band = band or hi[n] < M
+    # NOTES: pairing balances columns whose lengths fall with n and all end at the last Q tile (the triangular
+    # shape of causal or right-bounded masks); a band's interior columns are equally long and need none. And it
+    # only pays when there are at least as many pairs as CTAs; with spare SMs every column runs alone (the
+    # longest column bounds the makespan anyway).
+    cdef bint paired = (policy == POLICY_SYMMETRIC_SHIFT and triangular and
+                        num_heads * ((NC + 1) // 2) >= num_sms)
+    # NOTES: symmetric_shift on a band treats its two clipped triangles mirror-wise. The columns whose range
+    # start rises with n (interior and end triangle) walk their Q tiles in ascending order and are dispatched
+    # from the highest n down, as upstream's SPT does for causal masks: column n reaches dQ tile m at
+    # start(n) + m - lo[n], and since start(n) falls (or stays) as n rises while lo[n] strictly rises, no two
+    # of them reach one dQ tile at the same step, whatever the dispatch timing. The T start-clipped columns
+    # (equal lo, rising hi) are the mirror image: dispatched first, in ascending n, each walking down from its
+    # last Q tile. Columns of the two groups that share dQ tiles are dispatched far apart whenever a head spans
+    # more than one wave of CTAs.
+    cdef bint mirrored = policy == POLICY_SYMMETRIC_SHIFT and band
+    cdef long long P = (NC + 1) // 2 if paired else NC
     cdef long long U = num_heads * P
     cdef long long G = num_sms if num_sms < U else U
-    cdef long long u, c, h, n0, n1, n, L, s, m, v, w, k, k0, k1, rs, off, i, j, key
+    cdef long long u, c, h, n0, n1, L, s, m, v, w, k, k0, k1, rs, off, i, j, key
     cdef int tb_sign = -1 if (policy == POLICY_SYMMETRIC_SHIFT or (policy == POLICY_FA3 and causal)) else 1
 
     # (1) greedy dispatch of units to the CTA that frees up first (ties: lowest CTA index)
@@ -163,10 +203,10 @@ def _build_kv_table(int policy, long long seqlen_q, long long seqlen_k, long lon
     for c in range(G):
         heap_push(ht, hc, &hsize, 0.0, c)
     for u in range(U):
-        unit_columns(policy, causal, paired, u, num_heads, N, P, &h, &n0, &n1)
-        L = M - lo[n0]
+        unit_columns(policy, causal, paired, mirrored, u, num_heads, n_first, NC, T, P, &h, &n0, &n1)
+        L = hi[n0] - lo[n0]
         if n1 >= 0:
-            L += M - lo[n1]
+            L += hi[n1] - lo[n1]
         heap_pop(ht, hc, &hsize, &t, &c)
         unit_cta[u] = <int>c
         count[c] += L
@@ -187,38 +227,49 @@ def _build_kv_table(int policy, long long seqlen_q, long long seqlen_k, long lon
     cdef long long[::1] wp = wp_arr
 
     # (2) each CTA's visit list, Q-tile order per column
+    # NOTES: shift on a band rotates column n's range by tau + n + M - hi[n], tau being the CTA's clock (the
+    # visit's position in its CTA's list, the step of the rank derivation below), where DASH's full-mask shift
+    # rotates by n + s. In a band's interior both range ends advance by a stride of block_n / block_m tiles per
+    # column, so column n visits lo[n] + (tau + (1 - stride) n + const) mod L at time tau, which differs from
+    # column n + d's tile (stride d further up, rotated by (1 - stride) d) for every d whose range overlaps
+    # (stride d < L): equally long columns never meet on a dQ tile, whenever each one started. (On the column's
+    # own clock s, columns started at different times, as the dispatch does once the shorter edge columns
+    # finish early, meet often.)
     cdef long long col, ncols
     cdef long long cols[2]
     for u in range(U):
-        unit_columns(policy, causal, paired, u, num_heads, N, P, &h, &n0, &n1)
+        unit_columns(policy, causal, paired, mirrored, u, num_heads, n_first, NC, T, P, &h, &n0, &n1)
         c = unit_cta[u]
         cols[0] = n0
         cols[1] = n1
         ncols = 2 if n1 >= 0 else 1
         for col in range(ncols):
             n = cols[col]
-            L = M - lo[n]
+            L = hi[n] - lo[n]
             v = wp[c]
             wp[c] += L
             for s in range(L):
-                if policy == POLICY_FA3:
+                if policy == POLICY_FA3 or (mirrored and n >= n_first + T):
                     m = lo[n] + s
-                elif policy == POLICY_DESCENDING:
-                    m = M - 1 - s
+                elif policy == POLICY_DESCENDING or mirrored:
+                    m = hi[n] - 1 - s
                 elif paired and col == 1:
-                    m = M - 1 - s                       # short column of a pair: descending
+                    m = hi[n] - 1 - s                   # short column of a pair: descending
                 elif paired:
                     # long column: cyclic shift over the rectangle of Q tiles that every long column of this
-                    # head in the same dispatch wave covers, then its own triangle in ascending order
+                    # head in the same dispatch wave covers, then its own triangle in ascending order (paired
+                    # columns all end at hi = M)
                     w = u // G
                     k = u % P
                     k0 = (w * G if w * G > h * P else h * P) - h * P
                     k1 = ((w + 1) * G if (w + 1) * G < (h + 1) * P else (h + 1) * P) - 1 - h * P
-                    rs = lo[k1]
+                    rs = lo[n_first + k1]
                     if s < M - rs:
                         m = rs + (k - k0 + s) % (M - rs)
                     else:
                         m = lo[n] + (s - (M - rs))
+                elif band:
+                    m = lo[n] + (v - cta_start[c] + s + n + M - hi[n]) % L   # band shift on the CTA's clock
                 else:
                     m = lo[n] + (n + s) % L           # shift: rotate the column's range by n
                 visits[v + s, 0] = <int>c
@@ -271,231 +322,3 @@ def _build_kv_table(int policy, long long seqlen_q, long long seqlen_k, long lon
     return visits_arr, rank_arr, cta_start_arr
 
 
-def analyze_table(visits_arr, rank_arr, cta_start_arr, long long num_heads, long long num_m_blocks, lo_arr,
-                  bint timed=False, double c_cost=1.0, double r_cost=0.25, bint timeline=False, bint engine=False,
-                  long long group_size=1):
-    """Validate a table and, if ``timed``, simulate it in the DAG model (``engine``: in the engine model).
-
-    Raises ValueError naming the first offending tile unless: the layout is consistent; every visited tile is
-    unmasked and in range; the visits of each KV column (head // group_size, n_block) form one contiguous chain
-    on one CTA that covers every unmasked Q tile of each query head of its group once, in any order (so its dK,
-    dV are written once); every dQ tile's ranks are 0..k-1 exactly once; execution cannot deadlock.
-    Returns None, or with ``timed`` (makespan, per-CTA finish times, compute-start and reduce-start per visit
-    when ``timeline``). DAG model (the paper's): each visit computes for c_cost, then waits for its rank, then
-    reduces for r_cost, and the CTA's next visit starts after that. Engine model (the Hopper kernel): a CTA's
-    compute and its reductions are two serial resources with one dQ buffer between them: a visit's compute
-    ends with the hand-off of its dQ, which waits until the previous reduction has taken the buffer; a
-    reduction starts once its visit is handed off, its rank is reached and the CTA's previous reduction has
-    completed, and takes r_cost.
-    """
-    cdef const int[:, ::1] visits = np.ascontiguousarray(visits_arr, dtype=np.int32)
-    cdef const int[::1] rank = np.ascontiguousarray(rank_arr, dtype=np.int32)
-    cdef const long long[::1] cta_start = np.ascontiguousarray(cta_start_arr, dtype=np.int64)
-    cdef const long long[::1] lo = np.ascontiguousarray(lo_arr, dtype=np.int64)
-    cdef long long M = num_m_blocks, N = lo.shape[0], NH = num_heads, g = group_size
-    cdef long long V = visits.shape[0], C = cta_start.shape[0] - 1
-    cdef long long c, v, h = 0, n = 0, m = 0, r, i, idx, prev_h, prev_n, chain_len, chain_id = 0, k = 0, vend
-    if g < 1 or NH % g:
-        raise ValueError(f"group_size must be >= 1 and divide num_heads={NH}, got {g}")
-    if visits.shape[1] != 4 or rank.shape[0] != V:
-        raise ValueError(f"visits must be (V, 4) and rank (V,), got {visits_arr.shape} and {rank_arr.shape}")
-    if C < 1 or cta_start[0] != 0 or cta_start[C] != V:
-        raise ValueError("cta_start must start at 0 and end at the number of visits")
-    # expected number of contributions per dQ tile and the offset of each tile's rank slots
-    cnt_arr = np.zeros(M, dtype=np.int64)
-    cdef long long[::1] cnt = cnt_arr
-    for n in range(N):
-        for m in range(lo[n], M):
-            cnt[m] += 1
-    pre_arr = np.zeros(M + 1, dtype=np.int64)
-    cdef long long[::1] pre = pre_arr
-    for m in range(M):
-        pre[m + 1] = pre[m] + cnt[m]
-    cdef long long per_head = pre[M]
-    pos_arr = np.full(NH * per_head, -1, dtype=np.int64)
-    cdef long long[::1] pos = pos_arr
-    colseen_arr = np.zeros(NH // g * N, dtype=np.uint8)
-    cdef unsigned char[::1] colseen = colseen_arr
-    mstamp_arr = np.full(g * M, -1, dtype=np.int64)      # last chain to visit (query head of the group, m)
-    cdef long long[::1] mstamp = mstamp_arr
-
-    for c in range(C):
-        if cta_start[c + 1] < cta_start[c]:
-            raise ValueError(f"cta_start is not non-decreasing at cta {c}")
-        prev_h = -1
-        prev_n = -1
-        chain_len = 0
-        for v in range(cta_start[c], cta_start[c + 1] + 1):
-            if v < cta_start[c + 1]:
-                h = visits[v, 1]
-                n = visits[v, 2]
-                m = visits[v, 3]
-                if visits[v, 0] != c:
-                    raise ValueError(f"visit {v}: cta column is {visits[v, 0]} but the row lies in cta {c}'s range")
-                if h < 0 or h >= NH or n < 0 or n >= N or m < 0 or m >= M:
-                    raise ValueError(f"visit {v}: (head {h}, n_block {n}, m_block {m}) is out of range "
-                                     f"(heads {NH}, n_blocks {N}, m_blocks {M})")
-            if v == cta_start[c + 1] or h // g != prev_h // g or n != prev_n:
-                if prev_h >= 0 and chain_len != g * (M - lo[prev_n]):
-                    for k in range(g * M):
-                        if k % M >= lo[prev_n] and mstamp[k] != chain_id:
-                            break
-                    raise ValueError(f"tile (head {prev_h // g * g + k // M}, n_block {prev_n}, m_block {k % M}) is "
-                                     f"unmasked but not in its KV tile's chain on cta {c} ({chain_len} of "
-                                     f"{g * (M - lo[prev_n])} visits): a KV tile's visits must be one contiguous "
-                                     f"chain covering each unmasked tile of each query head of its group")
-                if v == cta_start[c + 1]:
-                    break
-                if colseen[h // g * N + n]:
-                    raise ValueError(f"KV tile (kv head {h // g}, n_block {n}): its visits are not one contiguous "
-                                     f"chain on one CTA (again at visit {v}, cta {c})")
-                colseen[h // g * N + n] = 1
-                chain_id += 1
-                chain_len = 0
-                prev_h = h
-                prev_n = n
-            if m < lo[n]:
-                raise ValueError(f"tile (head {h}, n_block {n}, m_block {m}) is fully masked but visited (visit {v})")
-            if mstamp[h % g * M + m] == chain_id:
-                raise ValueError(f"tile (head {h}, n_block {n}, m_block {m}) is visited twice")
-            mstamp[h % g * M + m] = chain_id
-            chain_len += 1
-            r = rank[v]
-            if r < 0 or r >= cnt[m]:
-                raise ValueError(f"dQ tile (head {h}, m_block {m}): rank {r} of visit {v} is outside 0..{cnt[m] - 1}")
-            idx = h * per_head + pre[m] + r
-            if pos[idx] >= 0:
-                raise ValueError(f"dQ tile (head {h}, m_block {m}): rank {r} is given to visits {pos[idx]} and {v}")
-            pos[idx] = v
-    for i in range(NH // g * N):
-        if not colseen[i]:
-            raise ValueError(f"tile (head {i // N * g}, n_block {i % N}, m_block {lo[i % N]}) is unmasked but never "
-                             f"visited (its KV tile has no chain)")
-
-    # execution: each CTA runs its visits in order; a visit's reduction waits until its rank is reached
-    ptr_arr = np.array(cta_start[:C], dtype=np.int64)
-    cdef long long[::1] ptr = ptr_arr
-    sem_arr = np.zeros(NH * M, dtype=np.int64)
-    cdef long long[::1] sem = sem_arr
-    blocked_arr = np.zeros(C, dtype=np.uint8)
-    cdef unsigned char[::1] blocked = blocked_arr
-    cdef long long* stack = <long long*>malloc((C + 1) * sizeof(long long))
-    cdef long long sp = 0, t_off, nxt, c2
-    cdef double* ht
-    cdef long long* hc
-    cdef long long hsize = 0
-    cdef double makespan = 0.0
-    finish_arr = np.zeros(C, dtype=np.float64)
-    cdef double[::1] finish = finish_arr
-    cdef double[::1] comp_start
-    cdef double[::1] red_start
-    if timeline:
-        comp_start_arr = np.zeros(V, dtype=np.float64)
-        red_start_arr = np.zeros(V, dtype=np.float64)
-        comp_start = comp_start_arr
-        red_start = red_start_arr
-    if not timed:
-        for c in range(C):
-            stack[sp] = c
-            sp += 1
-        while sp > 0:
-            sp -= 1
-            c = stack[sp]
-            vend = cta_start[c + 1]
-            while ptr[c] < vend:
-                v = ptr[c]
-                t_off = <long long>visits[v, 1] * M + visits[v, 3]
-                if rank[v] != sem[t_off]:
-                    blocked[c] = 1
-                    break
-                sem[t_off] += 1
-                ptr[c] += 1
-                m = visits[v, 3]
-                if sem[t_off] < cnt[m]:
-                    nxt = pos[<long long>visits[v, 1] * per_head + pre[m] + sem[t_off]]
-                    c2 = visits[nxt, 0]
-                    if blocked[c2] and ptr[c2] == nxt:
-                        blocked[c2] = 0
-                        stack[sp] = c2
-                        sp += 1
-        free(stack)
-    else:
-        free(stack)
-        ht = <double*>malloc((C + 1) * sizeof(double))
-        hc = <long long*>malloc((C + 1) * sizeof(long long))
-        tfree_arr = np.zeros(NH * M, dtype=np.float64)
-        for c in range(C):
-            if cta_start[c + 1] > cta_start[c]:
-                heap_push(ht, hc, &hsize, c_cost, c)
-        _simulate_loop(visits, rank, cta_start, ptr, sem, blocked, pos, cnt, pre, per_head, M, ht, hc, hsize,
-                       tfree_arr, finish, c_cost, r_cost, engine, np.full(C, c_cost), np.zeros(C), timeline,
-                       comp_start if timeline else None, red_start if timeline else None)
-        free(ht)
-        free(hc)
-    for c in range(C):
-        if ptr[c] < cta_start[c + 1]:
-            v = ptr[c]
-            h = visits[v, 1]
-            m = visits[v, 3]
-            t_off = h * M + m
-            nxt = pos[h * per_head + pre[m] + sem[t_off]]
-            raise ValueError(f"deadlock: cta {c} waits at visit {v} (head {h}, n_block {visits[v, 2]}, m_block {m}) "
-                             f"for rank {rank[v]}, but dQ tile (head {h}, m_block {m}) is at {sem[t_off]}, whose "
-                             f"visit {nxt} lies on cta {visits[nxt, 0]} behind visit {ptr[visits[nxt, 0]]}")
-    if not timed:
-        return None
-    for c in range(C):
-        if finish[c] > makespan:
-            makespan = finish[c]
-    if timeline:
-        return makespan, finish_arr, comp_start_arr, red_start_arr
-    return makespan, finish_arr, None, None
-
-
-cdef void _simulate_loop(const int[:, ::1] visits, const int[::1] rank, const long long[::1] cta_start, long long[::1] ptr,
-                         long long[::1] sem, unsigned char[::1] blocked, long long[::1] pos, long long[::1] cnt,
-                         long long[::1] pre, long long per_head, long long M, double* ht, long long* hc,
-                         long long hsize, double[::1] tfree, double[::1] finish, double c_cost, double r_cost,
-                         bint engine, double[::1] dq_ready, double[::1] prev_take, bint timeline,
-                         double[::1] comp_start, double[::1] red_start) noexcept:
-    # Heap events: a CTA is ready to reduce its visit ptr[c] (DAG model: its compute ended; engine model: its dQ
-    # is ready and its previous reduction is done). Engine model: dq_ready[c] is when the compute of visit ptr[c]
-    # ends, prev_take[c] when the CTA's previous reduction started (took the dQ buffer); the next visit's compute
-    # starts at the hand-off max(dq_ready, prev_take) instead of after the reduction.
-    cdef double now, start, end, next_start
-    cdef long long c, v, t_off, m, nxt, c2
-    while hsize > 0:
-        heap_pop(ht, hc, &hsize, &now, &c)
-        v = ptr[c]
-        t_off = <long long>visits[v, 1] * M + visits[v, 3]
-        if rank[v] != sem[t_off]:
-            blocked[c] = 1
-            continue
-        start = now if now > tfree[t_off] else tfree[t_off]
-        end = start + r_cost
-        tfree[t_off] = end
-        sem[t_off] += 1
-        if timeline:
-            red_start[v] = start
-        next_start = end
-        if engine:
-            next_start = dq_ready[c] if dq_ready[c] > prev_take[c] else prev_take[c]
-            prev_take[c] = start
-            dq_ready[c] = next_start + c_cost
-        ptr[c] += 1
-        if ptr[c] < cta_start[c + 1]:
-            if timeline:
-                comp_start[ptr[c]] = next_start
-            if engine:
-                heap_push(ht, hc, &hsize, dq_ready[c] if dq_ready[c] > end else end, c)
-            else:
-                heap_push(ht, hc, &hsize, end + c_cost, c)
-        else:
-            finish[c] = end
-        m = visits[v, 3]
-        if sem[t_off] < cnt[m]:
-            nxt = pos[<long long>visits[v, 1] * per_head + pre[m] + sem[t_off]]
-            c2 = visits[nxt, 0]
-            if blocked[c2] and ptr[c2] == nxt:
-                blocked[c2] = 0
-                heap_push(ht, hc, &hsize, end, c2)

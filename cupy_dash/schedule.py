@@ -15,6 +15,11 @@ kernel only reads it::
     schedule.simulate(plan, c=1.0, r=0.25)   # makespan in the paper's DAG model
     schedule.simulate(plan, c=1.0, r=0.8, model="engine")   # ... in the model of our Hopper kernel
 
+Sliding windows: ``build(..., window=(left, right))`` with FlashAttention's semantics (query i sees key j iff
+i + Sk - Sq - left <= j <= i + Sk - Sq + right; -1 unbounded; causal means right = 0). KV tile n then sees the
+contiguous Q tiles [lo[n], hi[n]) of :meth:`Schedule.column_ranges`; tiles outside the band are not in the
+table, and a KV tile that no query sees has no visits at all (the backward writes zeros for its dK, dV).
+
 Grouped-query attention (GQA, MQA): ``build(..., num_heads=B * H, group_size=H // Hkv)``. Heads stay (batch,
 query head) pairs; a KV column is (head // group_size, n_block) and covers the group_size query heads of its KV
 head on one CTA, so dK and dV need no cross-CTA reduction. Inside a column the order is Q-tile-major: each Q
@@ -36,14 +41,19 @@ Policies (ranks are always derived from the wait-free timeline, see ``_schedule.
     DASH's shift scheduling for the full mask: KV tile n starts at Q tile ``n mod M`` and wraps around, so
     concurrent KV tiles of a head never meet on a dQ tile.  It degrades gracefully: with more KV tiles than Q
     tiles (seqlen_k > seqlen_q) some tiles do meet and the later one waits; with a causal mask each column
-    rotates over its own range of Q tiles.
+    rotates over its own range of Q tiles.  With a sliding window whose left side cuts the columns from above
+    (a band), the rotation is measured along the band (by n + M - hi[n] rather than n), so that the
+    equally long interior columns, whose ranges move up by block_n / block_m tiles per column, never meet when
+    they run in lockstep, just as full-mask columns do.
 ``symmetric_shift``
     DASH's symmetric shift for the causal mask: a CTA takes the pair of KV tiles (k, N-1-k), so every CTA gets
     the same work; the long column cycles over the rectangle of Q tiles shared by the long columns dispatched
     with it, then walks its own triangle; the short column goes in descending order.  With an odd number of KV
-    tiles the middle column runs alone.  With a full mask all columns have the same length, nothing needs
-    pairing, and it builds the ``shift`` schedule; likewise when there are fewer pairs than CTAs, every
-    column runs alone (the longest column bounds the makespan anyway).
+    tiles the middle column runs alone.  A right-bounded sliding window without a left bound has the same
+    triangular shape and is paired the same way.  With a full mask, or a band (a left window bound), the
+    (interior) columns have the same length, nothing needs pairing, and it builds the ``shift`` schedule;
+    likewise when there are fewer pairs than CTAs, every column runs alone (the longest column bounds the
+    makespan anyway).
 ``auto``
     The policy with the lowest simulated makespan in the *engine* model (below) with costs calibrated on our
     H200 (``AUTO_COSTS``), among all four policies; a policy within ``AUTO_TOLERANCE`` of the best counts as a
@@ -92,34 +102,43 @@ class Schedule:
     """One schedule table and the problem it was built for.  Arrays are read-only (tables are cached)."""
 
     def __init__(self, policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms,
-                 visits, rank, cta_start, group_size=1):
+                 visits, rank, cta_start, group_size=1, window=(-1, -1)):
         self.policy = policy
         self.seqlen_q, self.seqlen_k = seqlen_q, seqlen_k
         self.block_m, self.block_n = block_m, block_n
         self.num_heads, self.causal, self.num_sms = num_heads, causal, num_sms
         self.group_size = group_size          # query heads per KV head (1: MHA)
+        self.window = tuple(window)           # (left, right), canonical: see canonical_window
         self.num_m_blocks = -(-seqlen_q // block_m)
         self.num_n_blocks = -(-seqlen_k // block_n)
         self.visits, self.rank, self.cta_start = visits, rank, cta_start
         for a in (visits, rank, cta_start):
             a.flags.writeable = False
         self.num_ctas = len(cta_start) - 1
-        self.key = (policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms, group_size)
+        self.key = (policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms, group_size,
+                    self.window)
         self._validated = False
 
     @property
     def num_visits(self) -> int:
         return len(self.rank)
 
+    def column_ranges(self) -> tuple:
+        """(lo, hi), int64 (num_n_blocks,) each: KV tile n sees Q tiles [lo[n], hi[n]) (empty: no query sees
+        it)."""
+        return _schedule.column_ranges(self.seqlen_q, self.seqlen_k, self.block_m, self.block_n, self.causal,
+                                       *self.window)
+
     def column_starts(self) -> np.ndarray:
-        """int64 (num_n_blocks,): first unmasked Q tile of every KV tile."""
-        return _schedule.column_starts(self.seqlen_q, self.seqlen_k, self.block_m, self.block_n, self.causal)
+        """int64 (num_n_blocks,): first unmasked Q tile of every KV tile (``column_ranges()[0]``)."""
+        return self.column_ranges()[0]
 
     def validate(self) -> "Schedule":
         """Raise ValueError (naming the first offending tile) unless the table is complete, ranked and live."""
         if not self._validated:
+            lo, hi = self.column_ranges()
             _schedule.analyze_table(self.visits, self.rank, self.cta_start, self.num_heads, self.num_m_blocks,
-                                    self.column_starts(), group_size=self.group_size)
+                                    lo, group_size=self.group_size, hi_arr=hi)
             self._validated = True
         return self
 
@@ -131,9 +150,11 @@ class Schedule:
 
     def __repr__(self):
         group = f", group_size={self.group_size}" if self.group_size != 1 else ""
+        window = f", window={self.window}" if self.window != (-1, -1) else ""
         return (f"Schedule({self.policy!r}, seqlen_q={self.seqlen_q}, seqlen_k={self.seqlen_k}, "
                 f"block_m={self.block_m}, block_n={self.block_n}, num_heads={self.num_heads}{group}, "
-                f"causal={self.causal}, num_sms={self.num_sms}: {self.num_visits} visits on {self.num_ctas} CTAs)")
+                f"causal={self.causal}{window}, num_sms={self.num_sms}: {self.num_visits} visits on "
+                f"{self.num_ctas} CTAs)")
 
 
 def _positive_int(name, value, minimum=1):
@@ -166,40 +187,71 @@ def _costs(c, r) -> tuple:
     return _cost("c", c, zero_ok=False), _cost("r", r, zero_ok=True)
 
 
+def canonical_window(window, seqlen_q: int, seqlen_k: int, causal: bool) -> tuple:
+    """``window`` = (left, right) (ints >= -1; FlashAttention's semantics, see the module docstring) in the
+    canonical form that the kernels and the table caches get: a side that bounds nothing for these lengths
+    becomes -1 (left >= Sk - 1: every query's window starts at or before key 0; right >= Sq - 1: every
+    query's window ends at or after key Sk - 1), and with ``causal`` right is 0. The visible set is unchanged.
+    Raises TypeError / ValueError (naming ``window``) for anything else, and for right > 0 with causal."""
+    try:
+        left, right = window
+    except (TypeError, ValueError):
+        raise TypeError(f"window: expected a pair (left, right) of ints >= -1, got {window!r}") from None
+    for side, x in (("left", left), ("right", right)):
+        if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)):
+            raise TypeError(f"window: {side} must be an int >= -1, got {type(x).__name__} {x!r}")
+        if x < -1:
+            raise ValueError(f"window: {side} must be -1 (unbounded) or >= 0, got {x}")
+    left, right = int(left), int(right)
+    if causal:
+        if right > 0:
+            raise ValueError(f"window: right={right} contradicts causal=True (causal means right = 0)")
+        right = 0
+    elif right >= seqlen_q - 1:
+        right = -1
+    if left >= seqlen_k - 1:
+        left = -1
+    return left, right
+
+
 def build(policy: str = "auto", *, seqlen_q: int, seqlen_k: int, block_m: int, block_n: int, num_heads: int,
-          causal: bool, num_sms: int, group_size: int = 1) -> Schedule:
+          causal: bool, num_sms: int, group_size: int = 1, window=(-1, -1)) -> Schedule:
     """Build (or fetch from the cache) the schedule table of ``policy`` for one problem.
 
     num_heads is the number of (batch, query head) pairs, B * H; group_size the number of query heads that share
     one KV head, H // Hkv (1 for MHA, H for MQA; it must divide num_heads); num_sms the number of persistent CTAs
-    that run concurrently (any value >= 1; the table uses min(num_sms, number of work units) CTAs).
+    that run concurrently (any value >= 1; the table uses min(num_sms, number of work units) CTAs); window the
+    sliding window (left, right), -1 unbounded (stored in :func:`canonical_window` form as ``plan.window``).
     """
     if policy not in POLICIES:
         raise ValueError(f"unknown schedule {policy!r}; expected one of {', '.join(POLICIES)}")
     heads, group = _positive_int("num_heads", num_heads), _positive_int("group_size", group_size)
     if heads % group:
         raise ValueError(f"group_size ({group}) must divide num_heads ({heads})")
-    args = (_positive_int("seqlen_q", seqlen_q), _positive_int("seqlen_k", seqlen_k),
-            _positive_int("block_m", block_m), _positive_int("block_n", block_n),
-            heads, _flag("causal", causal), _positive_int("num_sms", num_sms), group)
+    sq, sk, causal = _positive_int("seqlen_q", seqlen_q), _positive_int("seqlen_k", seqlen_k), _flag("causal", causal)
+    args = (sq, sk, _positive_int("block_m", block_m), _positive_int("block_n", block_n),
+            heads, causal, _positive_int("num_sms", num_sms), group, canonical_window(window, sq, sk, causal))
     if policy == "auto":
         return _build_auto(*args)
     return _build(policy, *args)
 
 
 @functools.lru_cache(maxsize=64)
-def _build(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms, group_size=1):
+def _build(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms, group_size=1,
+           window=(-1, -1)):
     visits, rank, cta_start = _schedule.build_table(_schedule.POLICY_CODES[policy], seqlen_q, seqlen_k, block_m,
-                                                    block_n, num_heads, causal, num_sms, group_size)
+                                                    block_n, num_heads, causal, num_sms, group_size, *window)
     return Schedule(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms,
-                    visits, rank, cta_start, group_size)
+                    visits, rank, cta_start, group_size, window)
 
 
 @functools.lru_cache(maxsize=64)
-def _auto_choice(seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms, group_size=1):
+def _auto_choice(seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms, group_size=1,
+                 window=(-1, -1)):
     times = {}
     for candidate in AUTO_CANDIDATES:
-        plan = _build(candidate, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms, group_size)
+        plan = _build(candidate, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms, group_size,
+                      window)
         times[candidate] = simulate(plan, *AUTO_COSTS, model="engine")
     best = min(times.values())
     return next(p for p in AUTO_CANDIDATES if times[p] <= best * (1 + AUTO_TOLERANCE))
@@ -222,9 +274,10 @@ def simulate(plan: Schedule, c: float = 1.0, r: float = 0.25, model: str = "dag"
 
     ``c`` must be finite and > 0, ``r`` finite and >= 0 (ValueError naming the argument otherwise)."""
     c, r = _costs(c, r)
+    lo, hi = _ranges(plan)
     makespan, _, _, _ = _schedule.analyze_table(plan.visits, plan.rank, plan.cta_start, plan.num_heads,
-                                                plan.num_m_blocks, plan.column_starts(), True, c, r,
-                                                False, _engine(model), _group_size(plan))
+                                                plan.num_m_blocks, lo, True, c, r, False, _engine(model),
+                                                _group_size(plan), hi)
     return makespan
 
 
@@ -233,9 +286,10 @@ def timeline(plan: Schedule, c: float = 1.0, r: float = 0.25, model: str = "dag"
     the wait of a visit is reduce_start - compute_start - c) and (num_ctas,) ``finish``; plus ``makespan``.
     ``c`` and ``r`` are checked as in :func:`simulate`."""
     c, r = _costs(c, r)
+    lo, hi = _ranges(plan)
     makespan, finish, comp, red = _schedule.analyze_table(plan.visits, plan.rank, plan.cta_start, plan.num_heads,
-                                                          plan.num_m_blocks, plan.column_starts(), True,
-                                                          c, r, True, _engine(model), _group_size(plan))
+                                                          plan.num_m_blocks, lo, True, c, r, True,
+                                                          _engine(model), _group_size(plan), hi)
     return {"makespan": makespan, "finish": finish, "compute_start": comp, "reduce_start": red}
 
 
@@ -243,13 +297,21 @@ def _group_size(plan) -> int:
     return int(getattr(plan, "group_size", 1))
 
 
+def _ranges(plan) -> tuple:
+    """(lo, hi) of a Schedule, or of a schedule-like object with ``column_starts()`` only (ranges end at M)."""
+    if hasattr(plan, "column_ranges"):
+        return plan.column_ranges()
+    lo = plan.column_starts()
+    return lo, np.full(len(lo), plan.num_m_blocks, dtype=np.int64)
+
+
 def lower_bound(plan: Schedule, c: float = 1.0, r: float = 0.25, model: str = "dag") -> float:
     """No schedule beats max(total work / num_sms, the longest KV column's chain: group_size times the most
     unmasked Q tiles of a KV tile), where a visit costs c + r in the DAG model and max(c, r) in the engine model
     (compute and reduction overlap). ``c`` and ``r`` are checked as in :func:`simulate`."""
     c, r = _costs(c, r)
-    lo = plan.column_starts()
-    longest = _group_size(plan) * int((plan.num_m_blocks - lo).max())
+    lo, hi = _ranges(plan)
+    longest = _group_size(plan) * int((hi - lo).max())
     step = max(c, r) if _engine(model) else c + r
     return max(plan.num_visits * step / plan.num_sms, longest * step)
 
@@ -338,23 +400,24 @@ def upload(plan, num_heads: int, n_blocks: int, m_blocks: int, device_id: int) -
 
 
 def device_tables(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_ctas, device_id,
-                  stream, group_size=1, capture=False) -> DeviceTables | None:
-    """The schedule for one problem on one device (num_heads = B * H query heads, group_size = H // Hkv): host
-    plans cached by shape (LRU), device tables by ``(plan.key, device)`` (LRU), so a repeated call builds and
-    uploads nothing. A miss uploads the tables and synchronizes ``stream`` once (later calls may use them on any
-    stream).
+                  stream, group_size=1, window=(-1, -1), capture=False) -> DeviceTables | None:
+    """The schedule for one problem on one device (num_heads = B * H query heads, group_size = H // Hkv, window
+    (left, right) in :func:`canonical_window` form): host plans cached by shape and window (LRU), device tables
+    by ``(plan.key, device)`` (LRU), so a repeated call builds and uploads nothing. A miss uploads the tables and
+    synchronizes ``stream`` once (later calls may use them on any stream).
 
     ``capture=True`` (``stream`` is capturing a CUDA graph): never uploads or synchronizes; returns the cached
     tables, now kept for the life of the process (the graph holds their address, so LRU eviction must not free
     them), or None on a miss.
     """
     import cupy
-    pkey = (policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_ctas, group_size)
+    pkey = (policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_ctas, group_size, tuple(window))
     with _table_lock:
         plan = _plans.get(pkey)
         if plan is None:
             plan = build(policy, seqlen_q=seqlen_q, seqlen_k=seqlen_k, block_m=block_m, block_n=block_n,
-                         num_heads=num_heads, causal=causal, num_sms=num_ctas, group_size=group_size)
+                         num_heads=num_heads, causal=causal, num_sms=num_ctas, group_size=group_size,
+                         window=window)
             _plans[pkey] = plan
             if len(_plans) > _MAX_PLANS:
                 _plans.popitem(last=False)
