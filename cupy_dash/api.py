@@ -287,8 +287,9 @@ def attention_forward(q, k, v, *, causal=False, softmax_scale=None, window=(-1, 
     if not capturing:
         _poll_errors()
     causal = _check_flag("causal", causal)
-    window_left, window_right = _check_window(window, causal)
+    window = _check_window(window, causal)
     p = _validate(q, k, v, softmax_scale=softmax_scale)
+    window_left, window_right = _schedule.canonical_window(window, p.Sq, p.Sk, causal)
     spec, block_m, block_n = kernels.fwd_entry(p.dtype, p.D, causal)
     B, Sq, Sk, H, Hkv, D = p.B, p.Sq, p.Sk, p.H, p.Hkv, p.D
     qi, ki, vi = p.infos
@@ -322,7 +323,7 @@ def attention_forward(q, k, v, *, causal=False, softmax_scale=None, window=(-1, 
 # backward
 # ------------------------------------------------------------------------------------------------------------
 def attention_backward(do, q, k, v, out, lse, *, causal=False, softmax_scale=None, schedule="auto",
-                       deterministic=True):
+                       deterministic=True, window=(-1, -1)):
     """Attention backward. Returns ``(dq, dk, dv)`` in the caller's array type.
 
     Args:
@@ -331,7 +332,8 @@ def attention_backward(do, q, k, v, out, lse, *, causal=False, softmax_scale=Non
             ``h // (H // Hkv)``); all one bf16/fp16 dtype on one CUDA device, strided as in
             :func:`attention_forward`.
         lse: ``(B, H, Sq)`` float32, contiguous, from :func:`attention_forward`.
-        causal, softmax_scale: as in the forward call.
+        causal, softmax_scale, window: as in the forward call (:func:`attention_forward`); the sliding window
+            ``(left, right)`` must be the forward's, so that ``out`` and ``lse`` belong to the same mask.
         schedule: dQ reduction order, one of ``cupy_dash.schedule.POLICIES`` ("auto", "fa3", "descending",
             "shift", "symmetric_shift"). Every policy is bitwise run-to-run deterministic; they differ in speed
             (and, since the summation order differs, in the last bits).
@@ -340,7 +342,8 @@ def attention_backward(do, q, k, v, out, lse, *, causal=False, softmax_scale=Non
     Returns:
         dq ``(B, Sq, H, D)``, dk and dv ``(B, Sk, Hkv, D)``, contiguous, dtype of q. With GQA the dK, dV of a kv
         head sum over the ``H // Hkv`` query heads of its group inside one CTA (the schedule keeps a KV tile's
-        visits for the whole group on one CTA), so they are as deterministic as in MHA.
+        visits for the whole group on one CTA), so they are as deterministic as in MHA. Rows of dq whose query
+        sees no key, and rows of dk, dv whose key no query sees, are 0.
 
     Three kernels run on the caller's stream: preprocess (rowsum(dO*O), zeroing of the fp32 dQ accumulator and
     the semaphores), main (a persistent grid, at most the co-resident CTAs, walking the schedule table) and
@@ -348,16 +351,19 @@ def attention_backward(do, q, k, v, out, lse, *, causal=False, softmax_scale=Non
     the kernel give up instead of hanging; the failure is raised later, by :func:`check_errors` or by the next
     cupy_dash call (deferred, so that this call stays asynchronous).
     """
-    return _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, deterministic, None, None, None)
+    return _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, deterministic, None, None, None,
+                     window)
 
 
 def _backward_with_plan(do, q, k, v, out, lse, *, plan, causal=False, softmax_scale=None, deterministic=True,
-                        spin_timeout_ns=None, timeline=None):
+                        spin_timeout_ns=None, timeline=None, window=(-1, -1)):
     """Internal/test hook: the backward driven by an explicit schedule-like ``plan``.
 
     ``plan`` needs ``visits`` (V, 4) int32 rows (cta, bh, n_block, m_block) grouped by CTA, ``rank`` (V,) int32,
     ``cta_start`` (num_ctas + 1,) int64, ``num_ctas`` and ``policy`` (used in error messages); a ``group_size``
-    attribute, if present, must be ``H // Hkv`` (the kernel groups visits into KV tiles by it). Its tables are
+    attribute, if present, must be ``H // Hkv`` (the kernel groups visits into KV tiles by it), and a ``window``
+    attribute, if present, must be this call's window in canonical form (``schedule.canonical_window``; a
+    table of another mask would leave tiles out or add masked ones). Its tables are
     uploaded for this call only (never cached) and checked only so far as memory safety needs (indices in
     range, cta_start consistent); ranks may be arbitrary, and ``num_ctas`` may exceed the co-resident CTAs, so
     a deliberately inconsistent table exercises the bounded semaphore wait: the call returns, and
@@ -368,20 +374,22 @@ def _backward_with_plan(do, q, k, v, out, lse, *, plan, causal=False, softmax_sc
     if plan is None:
         raise ValueError("plan: a schedule-like object is required")
     return _backward(do, q, k, v, out, lse, causal, softmax_scale, None, deterministic, plan, spin_timeout_ns,
-                     timeline)
+                     timeline, window)
 
 
 def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, deterministic, plan, spin_timeout_ns,
-              timeline):
+              timeline, window):
     capturing = interop.capturing(q)
     if not capturing:
         _poll_errors()
     causal, deterministic = _check_flag("causal", causal), _check_flag("deterministic", deterministic)
+    window = _check_window(window, causal)
     p = _validate(q, k, v, do, out, lse, softmax_scale=softmax_scale,
                   schedule=schedule if plan is None else _UNCHECKED, backward=True)
     if capturing and plan is not None:
         raise RuntimeError("plan: an explicit plan is uploaded per call, which cannot happen during CUDA graph "
                            "capture")
+    window = _schedule.canonical_window(window, p.Sq, p.Sk, causal)
     if spin_timeout_ns is None:
         spin_timeout_ns = int(_spin_timeout_ms() * 1e6)
     else:
@@ -393,6 +401,9 @@ def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, determinis
     if plan is not None and getattr(plan, "group_size", group) != group:
         raise ValueError(f"plan: built for group_size={plan.group_size} query heads per kv head, but q has H={H} "
                          f"and k, v have Hkv={Hkv} heads (group_size {group})")
+    if plan is not None and tuple(getattr(plan, "window", window)) != window:
+        raise ValueError(f"plan: built for window={tuple(plan.window)}, but this call's window is {window} "
+                         f"(canonical form for Sq={Sq}, Sk={Sk})")
     dev = p.device_id
     for info in p.infos[:4]:                              # q, k, v, do: read through TMA maps
         tensormap.check_encodable(info.name, info.shape, info.strides[:3], info.data_ptr or 0)
@@ -405,6 +416,10 @@ def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, determinis
     num_m_blocks = -(-Sq // bm)
     num_n_blocks = -(-Sk // bn)
     sq_rounded = num_m_blocks * bm
+    # NOTES: a KV tile that no query sees has no visit in any table, so the main kernel never writes its dK, dV
+    # rows: they are zeroed here, the whole of dk and dv (two memsets, no more traffic than writing them). Only
+    # a left window bound leaves such tiles: the leading keys of schedule.unseen_keys.
+    unseen_kv_tiles = _schedule.unseen_keys(Sq, Sk, causal, window) >= bn
     BH = B * H
     qi, ki, vi, doi, oi = p.infos
     fw = qi.framework
@@ -425,14 +440,14 @@ def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, determinis
         if plan is None:
             kv_tiles = B * Hkv * num_n_blocks             # work units: a KV tile with all its query heads
             tables = _schedule.device_tables(schedule, Sq, Sk, bm, bn, BH, causal, min(max_ctas, kv_tiles), dev,
-                                             stream, group, capture=capturing)
+                                             stream, group, window, capture=capturing)
             if tables is None:
                 raise _not_warm(f"the {schedule!r} schedule tables of this shape are not on device {dev} yet", p,
                                 causal)
         else:
             tables = _schedule.upload(plan, BH, num_n_blocks, num_m_blocks, dev)
             keep.append(tables)
-        call = (tables.policy, B, H, Sq, Sk, D, causal)       # names the call in an error message
+        call = (tables.policy, B, H, Sq, Sk, D, causal, window)   # names the call in an error message
         graph_error = None
         if capturing:       # a record of its own, never reset by the graph (errors.py); no slot, event or copy
             graph_error = _graph_record(dev, call)
@@ -456,6 +471,10 @@ def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, determinis
         try:
             if slot is not None:
                 cupy.cuda.runtime.memsetAsync(slot.dptr, 0, 16, stream.ptr)
+            if unseen_kv_tiles:
+                kv_bytes = B * Sk * Hkv * D * 2
+                cupy.cuda.runtime.memsetAsync(dk_ptr, 0, kv_bytes, stream.ptr)
+                cupy.cuda.runtime.memsetAsync(dv_ptr, 0, kv_bytes, stream.ptr)
             params = kernels.pack_bwd_params(
                 tma_q=tensormap.bhsd_map(q_ptr, p.dtype, (B, Sq, H, D), q_stride, bm, "q"),
                 tma_k=tensormap.bhsd_map(k_ptr, p.dtype, (B, Sk, Hkv, D), k_stride, bn, "k"),
@@ -470,6 +489,7 @@ def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, determinis
                 q_stride=q_stride, k_stride=k_stride, v_stride=v_stride, o_stride=o_stride, do_stride=do_stride,
                 dq_stride=_contiguous((B, Sq, H, D)), dk_stride=kv_contig, dv_stride=kv_contig,
                 batch=B, seqlen_q=Sq, seqlen_k=Sk, num_heads=H, num_heads_kv=Hkv,
+                window_left=window[0], window_right=window[1],
                 num_m_blocks=num_m_blocks, seqlen_q_rounded=sq_rounded, spin_timeout_ns=spin_timeout_ns,
                 softmax_scale=p.scale, softmax_scale_log2=p.scale * _LOG2E)
             row_grid = (num_m_blocks, H, B)
@@ -497,25 +517,27 @@ def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, determinis
 # ------------------------------------------------------------------------------------------------------------
 # differentiable entry point
 # ------------------------------------------------------------------------------------------------------------
-def attention(q, k, v, *, causal=False, softmax_scale=None, schedule="auto", deterministic=True):
+def attention(q, k, v, *, causal=False, softmax_scale=None, schedule="auto", deterministic=True, window=(-1, -1)):
     """Differentiable attention; returns ``out`` ``(B, Sq, H, D)`` in the caller's type.
 
     torch tensors go through the registered op ``torch.ops.cupy_dash.attention_forward`` (autograd, torch.compile
     and CUDA graphs; :func:`cupy_dash.torch.attention`), JAX arrays through
     ``cupy_dash.jax.attention`` (``jax.custom_vjp``, eager only: inside ``jax.jit`` it raises TypeError); CuPy
-    and other arrays get the forward only. Shapes, dtypes and the other arguments are as in
-    :func:`attention_forward` / :func:`attention_backward`.
+    and other arrays get the forward only. Shapes, dtypes and the other arguments (``window``: the sliding
+    window (left, right), used by the forward and the backward alike) are as in :func:`attention_forward` /
+    :func:`attention_backward`.
     """
-    _check_flag("causal", causal)
+    causal = _check_flag("causal", causal)
     _check_flag("deterministic", deterministic)
+    _check_window(window, causal)
     fw = interop.framework_of(q)
     if fw == "torch":
         from .torch import attention as torch_attention
         return torch_attention(q, k, v, causal=causal, softmax_scale=softmax_scale, schedule=schedule,
-                               deterministic=deterministic)
+                               deterministic=deterministic, window=window)
     if fw == "jax":
         from .jax import attention as jax_attention
         return jax_attention(q, k, v, causal=causal, softmax_scale=softmax_scale, schedule=schedule,
-                             deterministic=deterministic)
+                             deterministic=deterministic, window=window)
     _check_schedule(schedule)
-    return attention_forward(q, k, v, causal=causal, softmax_scale=softmax_scale)[0]
+    return attention_forward(q, k, v, causal=causal, softmax_scale=softmax_scale, window=window)[0]

@@ -16,21 +16,24 @@ COLOURS = {"idle": "#ffffff", "compute": "#4c72b0", "reduce": "#55a868", "wait":
 
 
 def analyse(*, seqlen_q, seqlen_k, block_m, block_n, heads, causal, num_sms, c=1.0, r=0.25, model="dag",
-            group_size=1):
+            group_size=1, window=(-1, -1)):
     """Build, validate and simulate every policy; returns a list of dicts (one per policy) and auto's choice.
     ``wait`` sums, over the visits, the time from a visit's dQ being ready to its reduction starting. heads
-    counts (batch, query head) pairs, group_size query heads per KV head (GQA)."""
+    counts (batch, query head) pairs, group_size query heads per KV head (GQA), window the sliding window
+    (left, right)."""
     rows = []
     for policy in POLICY_ORDER:
         plan = schedule.build(policy, seqlen_q=seqlen_q, seqlen_k=seqlen_k, block_m=block_m, block_n=block_n,
-                              num_heads=heads, causal=causal, num_sms=num_sms, group_size=group_size).validate()
+                              num_heads=heads, causal=causal, num_sms=num_sms, group_size=group_size,
+                              window=window).validate()
         tl = schedule.timeline(plan, c, r, model)
         wait = float(np.sum(tl["reduce_start"] - tl["compute_start"] - c))
         bound = schedule.lower_bound(plan, c, r, model)
         rows.append({"policy": policy, "plan": plan, "timeline": tl, "makespan": tl["makespan"], "bound": bound,
                      "wait": wait})
     auto = schedule.build("auto", seqlen_q=seqlen_q, seqlen_k=seqlen_k, block_m=block_m, block_n=block_n,
-                          num_heads=heads, causal=causal, num_sms=num_sms, group_size=group_size).policy
+                          num_heads=heads, causal=causal, num_sms=num_sms, group_size=group_size,
+                          window=window).policy
     return rows, auto
 
 
@@ -45,6 +48,8 @@ def print_analysis(*, seqlen_q, seqlen_k, block_m, block_n, heads, causal, num_s
         rows, auto = rows
     plan = rows[0]["plan"]
     mask = "causal" if causal else "full"
+    if plan.window != (-1, -1):
+        mask += f" with window {plan.window}"
     name = "DAG model" if model == "dag" else "engine model"
     print(f"Schedule analysis ({name}: compute c={c:g}, reduce r={r:g} per visit): seqlen_q={seqlen_q}, "
           f"seqlen_k={seqlen_k}, tiles {block_m}x{block_n} ({plan.num_m_blocks} Q x {plan.num_n_blocks} KV), "
@@ -173,6 +178,9 @@ def _parser():
     p.add_argument("--heads", type=positive, default=16, help="number of (batch, query head) pairs")
     p.add_argument("--group-size", type=positive, default=1, help="query heads per KV head (GQA: H / Hkv)")
     p.add_argument("--causal", action="store_true")
+    p.add_argument("--window", nargs=2, type=_int_at_least(-1), default=(-1, -1), metavar=("LEFT", "RIGHT"),
+                   help="sliding window: query i sees keys i + Sk - Sq - LEFT .. i + Sk - Sq + RIGHT; -1 leaves a "
+                   "side unbounded (with --causal, RIGHT is 0)")
     p.add_argument("--num-sms", type=positive, default=132)
     p.add_argument("--c", type=_cost(zero_ok=False), default=1.0, help="compute cost of one visit (> 0)")
     p.add_argument("--r", type=_cost(zero_ok=True), default=0.25, help="reduction cost of one visit (>= 0)")
@@ -198,7 +206,7 @@ def main(argv=None):
     try:
         result = analyse(seqlen_q=args.seqlen_q, seqlen_k=seqlen_k, block_m=args.block_m, block_n=args.block_n,
                          heads=args.heads, causal=args.causal, num_sms=args.num_sms, c=args.c, r=args.r,
-                         model=args.model, group_size=args.group_size)
+                         model=args.model, group_size=args.group_size, window=tuple(args.window))
     except (ValueError, TypeError) as exc:
         print(f"cupy_dash schedule: error: {exc}", file=sys.stderr)
         return 2

@@ -159,8 +159,9 @@ def _spin_timeout_ms() -> float:
 
 
 def _format_failure(info, flag, visit, want, seen) -> str:
-    policy, B, H, Sq, Sk, D, causal = info
-    where = f"in schedule '{policy}' (B={B}, H={H}, Sq={Sq}, Sk={Sk}, D={D}, causal={causal})"
+    policy, B, H, Sq, Sk, D, causal, *window = info
+    window = f", window={tuple(window[0])}" if window and tuple(window[0]) != (-1, -1) else ""
+    where = f"in schedule '{policy}' (B={B}, H={H}, Sq={Sq}, Sk={Sk}, D={D}, causal={causal}{window})"
     if flag == 1:
         return (f"cupy_dash backward: dQ semaphore wait timed out {where}: visit {visit} waited for rank {want}, "
                 f"saw {seen}; the schedule table is inconsistent (a dQ tile's ranks cannot be reached in the "
@@ -215,7 +216,7 @@ def check_errors() -> None:
     The main backward kernel never hangs on a dQ semaphore: past ``CUPY_DASH_SPIN_TIMEOUT_MS`` (default
     10000 ms) it records ``error = [1, visit, rank awaited, value seen]`` and exits. Those records are read
     asynchronously; this function synchronizes on all of them (public calls only poll finished ones). The
-    message names the schedule policy and the problem size (B, H, Sq, Sk, D, causal).
+    message names the schedule policy and the problem size (B, H, Sq, Sk, D, causal, window).
 
     Once a backward has been captured into a CUDA graph on a device, this also synchronizes that device and
     reads (and clears) the records of the captured calls, so failures in graph replays are reported here (and

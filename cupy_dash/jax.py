@@ -18,34 +18,36 @@ from . import api
 __all__ = ["attention"]
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
-def _attention(q, k, v, causal, softmax_scale, schedule, deterministic):
-    return api.attention_forward(q, k, v, causal=causal, softmax_scale=softmax_scale)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6, 7))
+def _attention(q, k, v, causal, softmax_scale, schedule, deterministic, window):
+    return api.attention_forward(q, k, v, causal=causal, softmax_scale=softmax_scale, window=window)[0]
 
 
-def _attention_fwd(q, k, v, causal, softmax_scale, schedule, deterministic):
-    out, lse = api.attention_forward(q, k, v, causal=causal, softmax_scale=softmax_scale)
+def _attention_fwd(q, k, v, causal, softmax_scale, schedule, deterministic, window):
+    out, lse = api.attention_forward(q, k, v, causal=causal, softmax_scale=softmax_scale, window=window)
     return out, (q, k, v, out, lse)
 
 
-def _attention_bwd(causal, softmax_scale, schedule, deterministic, residuals, dout):
+def _attention_bwd(causal, softmax_scale, schedule, deterministic, window, residuals, dout):
     q, k, v, out, lse = residuals
     dq, dk, dv = api.attention_backward(dout, q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale,
-                                        schedule=schedule, deterministic=deterministic)
+                                        schedule=schedule, deterministic=deterministic, window=window)
     return dq, dk, dv
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
-def attention(q, k, v, causal=False, softmax_scale=None, schedule="auto", deterministic=True):
+def attention(q, k, v, causal=False, softmax_scale=None, schedule="auto", deterministic=True, window=(-1, -1)):
     """Differentiable attention for JAX arrays (eager): q ``(B, Sq, H, D)``, k/v ``(B, Sk, Hkv, D)`` with
     ``H % Hkv == 0`` (GQA / MQA; the cotangents of k, v are ``(B, Sk, Hkv, D)``) -> out ``(B, Sq, H, D)``.
-    Arguments as in :func:`cupy_dash.attention_forward` / :func:`cupy_dash.attention_backward`.
+    Arguments as in :func:`cupy_dash.attention_forward` / :func:`cupy_dash.attention_backward`; ``window``
+    (left, right) is the sliding window of both passes.
     Raises TypeError inside ``jax.jit`` / ``vmap`` (inputs are tracers).
     """
     api._check_schedule(schedule)
     if softmax_scale is not None:
         softmax_scale = api._check_scale(softmax_scale, None)
     causal, deterministic = api._check_flag("causal", causal), api._check_flag("deterministic", deterministic)
-    return _attention(q, k, v, causal, softmax_scale, schedule, deterministic)
+    window = api._check_window(window, causal)       # a tuple of ints: hashable, as nondiff_argnums needs
+    return _attention(q, k, v, causal, softmax_scale, schedule, deterministic, window)

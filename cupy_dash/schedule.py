@@ -214,6 +214,15 @@ def canonical_window(window, seqlen_q: int, seqlen_k: int, causal: bool) -> tupl
     return left, right
 
 
+def unseen_keys(seqlen_q: int, seqlen_k: int, causal: bool, window) -> int:
+    """How many keys no query sees, for ``window`` in :func:`canonical_window` form: they are always the leading
+    keys 0 .. Sk - Sq - left - 1 (query i's window ends at or after key i + Sk - Sq, so the last query sees the
+    last key and every key after the first one seen), and there are none without a left bound. KV tiles made of
+    such keys only have an empty Q-tile range (:meth:`Schedule.column_ranges`) and no visits."""
+    left = window[0]
+    return max(0, seqlen_k - seqlen_q - left) if left >= 0 else 0
+
+
 def build(policy: str = "auto", *, seqlen_q: int, seqlen_k: int, block_m: int, block_n: int, num_heads: int,
           causal: bool, num_sms: int, group_size: int = 1, window=(-1, -1)) -> Schedule:
     """Build (or fetch from the cache) the schedule table of ``policy`` for one problem.

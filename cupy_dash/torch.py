@@ -5,14 +5,18 @@ Imported only on demand (``cupy_dash.torch``, or ``cupy_dash.attention`` with to
 ``H % Hkv == 0``, bf16/fp16, one CUDA device; D is 64 or 128. The ops (namespace ``cupy_dash``)::
 
     out, lse = torch.ops.cupy_dash.attention_forward(q, k, v, causal=False, softmax_scale=None,
-                                                     schedule="auto", deterministic=True)
+                                                     schedule="auto", deterministic=True,
+                                                     window_left=-1, window_right=-1)
     dq, dk, dv = torch.ops.cupy_dash.attention_backward(dout, q, k, v, out, lse, causal=False,
-                                                        softmax_scale=None, schedule="auto", deterministic=True)
+                                                        softmax_scale=None, schedule="auto", deterministic=True,
+                                                        window_left=-1, window_right=-1)
 
-``attention_forward`` is differentiable (``register_autograd``): its gradient is ``attention_backward`` with the
-forward's ``schedule`` and ``deterministic`` (carried by the forward op for that purpose; the forward kernel
-does not use them). ``lse`` ``(B, H, Sq)`` float32 is returned but not differentiable. Both ops have fake
-implementations (exact output shapes, dtypes and contiguous strides, and the argument checks of
+The sliding window ``(left, right)`` of :func:`cupy_dash.attention_forward` is two int arguments of the ops
+(-1: unbounded). ``attention_forward`` is differentiable (``register_autograd``): its gradient is
+``attention_backward`` with the forward's window, ``schedule`` and ``deterministic`` (the latter two carried by
+the forward op for that purpose; the forward kernel does not use them). ``lse`` ``(B, H, Sq)`` float32 is
+returned but not differentiable. Both ops have fake implementations (exact output shapes, dtypes and
+contiguous strides, and the argument checks of
 :mod:`cupy_dash.api` wherever sizes are concrete), so ``torch.compile(fullgraph=True)`` traces forward and
 backward without graph breaks, and ``torch.library.opcheck`` passes.
 
@@ -44,11 +48,12 @@ from . import api
 __all__ = ["attention", "attention_forward", "attention_backward"]
 
 
-def attention(q, k, v, causal=False, softmax_scale=None, schedule="auto", deterministic=True):
+def attention(q, k, v, causal=False, softmax_scale=None, schedule="auto", deterministic=True, window=(-1, -1)):
     """Differentiable attention for torch tensors: q ``(B, Sq, H, D)``, k/v ``(B, Sk, Hkv, D)`` with
     ``H % Hkv == 0`` (GQA / MQA; the gradients of k, v are ``(B, Sk, Hkv, D)``) -> out ``(B, Sq, H, D)``
     (contiguous, dtype of q). Arguments as in :func:`cupy_dash.attention_forward` /
-    :func:`cupy_dash.attention_backward`; ``schedule`` and ``deterministic`` apply to the backward.
+    :func:`cupy_dash.attention_backward`; ``schedule`` and ``deterministic`` apply to the backward, ``window``
+    (left, right) to both passes.
 
     Runs :func:`attention_forward` (the op ``torch.ops.cupy_dash.attention_forward``): usable under
     ``torch.compile(fullgraph=True)``, ``mode="reduce-overhead"`` and ``torch.cuda.graph`` (see the module
@@ -58,7 +63,8 @@ def attention(q, k, v, causal=False, softmax_scale=None, schedule="auto", determ
     if softmax_scale is not None:
         softmax_scale = api._check_scale(softmax_scale, None)
     causal, deterministic = api._check_flag("causal", causal), api._check_flag("deterministic", deterministic)
-    return attention_forward(q, k, v, causal, softmax_scale, schedule, deterministic)[0]
+    left, right = api._check_window(window, causal)
+    return attention_forward(q, k, v, causal, softmax_scale, schedule, deterministic, left, right)[0]
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -107,10 +113,11 @@ def _check_ranks(**tensors):
             raise ValueError(f"{name}: expected a {want}-D tensor {layout}, got shape {tuple(t.shape)}")
 
 
-def _check_meta(q, k, v, softmax_scale, schedule, dout=None, out=None, lse=None):
+def _check_meta(q, k, v, softmax_scale, schedule, causal, window, dout=None, out=None, lse=None):
     """The checks of the real op, as far as metadata allows: all of them when every size and stride is a plain
     int; with symbolic sizes (dynamic shapes) only the ranks (the real op checks the rest at run time)."""
     api._check_schedule(schedule)
+    api._check_window(window, causal)
     backward = dout is not None
     tensors = dict(q=q, k=k, v=v, do=dout, out=out, lse=lse) if backward else dict(q=q, k=k, v=v)
     if not _concrete(*tensors.values()):
@@ -126,26 +133,31 @@ def _check_meta(q, k, v, softmax_scale, schedule, dout=None, out=None, lse=None)
 # ------------------------------------------------------------------------------------------------------------
 @torch.library.custom_op("cupy_dash::attention_forward", mutates_args=())
 def attention_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, softmax_scale: Optional[float] = None,
-                      schedule: str = "auto", deterministic: bool = True) -> tuple[Tensor, Tensor]:
+                      schedule: str = "auto", deterministic: bool = True, window_left: int = -1,
+                      window_right: int = -1) -> tuple[Tensor, Tensor]:
     """The op ``torch.ops.cupy_dash.attention_forward``: q ``(B, Sq, H, D)``, k/v ``(B, Sk, Hkv, D)`` ->
-    ``(out (B, Sq, H, D), lse (B, H, Sq) float32)``, as :func:`cupy_dash.attention_forward`. ``schedule`` and
-    ``deterministic`` are checked here and used by its gradient, :func:`attention_backward`."""
+    ``(out (B, Sq, H, D), lse (B, H, Sq) float32)``, as :func:`cupy_dash.attention_forward` with
+    ``window=(window_left, window_right)``. ``schedule`` and ``deterministic`` are checked here and used by its
+    gradient, :func:`attention_backward`."""
     api._check_schedule(schedule)
-    return api.attention_forward(q, k, v, causal=causal, softmax_scale=softmax_scale)
+    return api.attention_forward(q, k, v, causal=causal, softmax_scale=softmax_scale,
+                                 window=(window_left, window_right))
 
 
 @attention_forward.register_fake
-def _attention_forward_fake(q, k, v, causal=False, softmax_scale=None, schedule="auto", deterministic=True):
-    _check_meta(q, k, v, softmax_scale, schedule)
+def _attention_forward_fake(q, k, v, causal=False, softmax_scale=None, schedule="auto", deterministic=True,
+                            window_left=-1, window_right=-1):
+    _check_meta(q, k, v, softmax_scale, schedule, causal, (window_left, window_right))
     B, Sq, H, D = q.shape
     return q.new_empty((B, Sq, H, D)), q.new_empty((B, H, Sq), dtype=torch.float32)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, causal, softmax_scale, schedule, deterministic = inputs
+    q, k, v, causal, softmax_scale, schedule, deterministic, window_left, window_right = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
     ctx.causal, ctx.softmax_scale, ctx.schedule, ctx.deterministic = causal, softmax_scale, schedule, deterministic
+    ctx.window = (window_left, window_right)
     ctx.mark_non_differentiable(lse)
     ctx.set_materialize_grads(False)
 
@@ -153,12 +165,12 @@ def _setup_context(ctx, inputs, output):
 def _attention_forward_grad(ctx, dout, dlse):
     """Gradient of :func:`attention_forward` (``dlse`` is always None: lse is not differentiable)."""
     if dout is None:
-        return None, None, None, None, None, None, None
+        return (None,) * 9
     q, k, v, out, lse = ctx.saved_tensors
     # the kernels read dout through TMA: last dim contiguous, 16-byte strides (an expanded grad has stride 0)
     dq, dk, dv = attention_backward(dout.contiguous(), q, k, v, out, lse, ctx.causal, ctx.softmax_scale,
-                                    ctx.schedule, ctx.deterministic)
-    return dq, dk, dv, None, None, None, None
+                                    ctx.schedule, ctx.deterministic, *ctx.window)
+    return (dq, dk, dv) + (None,) * 6
 
 
 attention_forward.register_autograd(_attention_forward_grad, setup_context=_setup_context)
@@ -170,17 +182,19 @@ attention_forward.register_autograd(_attention_forward_grad, setup_context=_setu
 @torch.library.custom_op("cupy_dash::attention_backward", mutates_args=())
 def attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                        causal: bool = False, softmax_scale: Optional[float] = None, schedule: str = "auto",
-                       deterministic: bool = True) -> tuple[Tensor, Tensor, Tensor]:
+                       deterministic: bool = True, window_left: int = -1,
+                       window_right: int = -1) -> tuple[Tensor, Tensor, Tensor]:
     """The op ``torch.ops.cupy_dash.attention_backward``: dout, q, out ``(B, Sq, H, D)``, k/v
     ``(B, Sk, Hkv, D)``, lse ``(B, H, Sq)`` float32 -> ``(dq (B, Sq, H, D), dk, dv (B, Sk, Hkv, D))``, as
-    :func:`cupy_dash.attention_backward` (contiguous, dtype of q)."""
+    :func:`cupy_dash.attention_backward` with ``window=(window_left, window_right)`` (contiguous, dtype of q)."""
     return api.attention_backward(dout, q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale,
-                                  schedule=schedule, deterministic=deterministic)
+                                  schedule=schedule, deterministic=deterministic,
+                                  window=(window_left, window_right))
 
 
 @attention_backward.register_fake
 def _attention_backward_fake(dout, q, k, v, out, lse, causal=False, softmax_scale=None, schedule="auto",
-                             deterministic=True):
-    _check_meta(q, k, v, softmax_scale, schedule, dout, out, lse)
+                             deterministic=True, window_left=-1, window_right=-1):
+    _check_meta(q, k, v, softmax_scale, schedule, causal, (window_left, window_right), dout, out, lse)
     return q.new_empty(tuple(q.shape)), q.new_empty(tuple(k.shape)), q.new_empty(tuple(v.shape))
 

@@ -37,6 +37,7 @@ struct BwdParams {
   int64_t* timeline;         // (V, 4) %globaltimer ns per visit, DASH_TIMELINE builds only (bwd/timeline.cuh)
   Strides q_stride, k_stride, v_stride, o_stride, do_stride, dq_stride, dk_stride, dv_stride;
   int64_t batch, seqlen_q, seqlen_k, num_heads, num_heads_kv;
+  int64_t window_left, window_right;  // as in FwdParams; the host sets right = 0 for causal
   int64_t num_m_blocks, seqlen_q_rounded;
   int64_t spin_timeout_ns;   // a semaphore wait longer than this sets error[] and abandons the kernel
   float softmax_scale, softmax_scale_log2;

@@ -14,9 +14,9 @@ struct Visit {
 // A KV tile is (bh / group_size, n_block) = (b * Hkv + hk, n_block): with GQA / MQA the group_size = H / Hkv
 // query heads of one KV head share it. The kernel relies on two properties that schedule validation must
 // guarantee: every visit of one KV tile sits on one CTA in one consecutive run, over every query head of its
-// group (dK, dV are accumulated in registers over the run and written once at its end), and every KV tile has
-// at least one visit (otherwise its dK, dV rows stay unwritten). The producer and the MMA warpgroups find the
-// runs with the same same_kv_tile, so they agree on where K, V change.
+// group (dK, dV are accumulated in registers over the run and written once at its end). A KV tile without
+// visits (with a sliding window: keys no query sees) is never written here; the host zeroes dk, dv for it. The
+// producer and the MMA warpgroups find the runs with the same same_kv_tile, so they agree on where K, V change.
 struct ScheduleView {
   const int32_t* visits;
   const int32_t* rank;

@@ -50,10 +50,11 @@ def test_ops_are_registered_with_their_schemas():
     fwd = str(OPS.attention_forward.default._schema)
     bwd = str(OPS.attention_backward.default._schema)
     assert fwd == ("cupy_dash::attention_forward(Tensor q, Tensor k, Tensor v, bool causal=False, "
-                   "float? softmax_scale=None, str schedule=\"auto\", bool deterministic=True) -> (Tensor, Tensor)")
+                   "float? softmax_scale=None, str schedule=\"auto\", bool deterministic=True, "
+                   "int window_left=-1, int window_right=-1) -> (Tensor, Tensor)")
     assert bwd == ("cupy_dash::attention_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, "
                    "Tensor lse, bool causal=False, float? softmax_scale=None, str schedule=\"auto\", "
-                   "bool deterministic=True) -> (Tensor, Tensor, Tensor)")
+                   "bool deterministic=True, int window_left=-1, int window_right=-1) -> (Tensor, Tensor, Tensor)")
     # neither op mutates or aliases its inputs
     for schema in (OPS.attention_forward.default._schema, OPS.attention_backward.default._schema):
         assert not any(a.alias_info for a in (*schema.arguments, *schema.returns))

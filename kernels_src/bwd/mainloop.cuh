@@ -23,13 +23,29 @@ namespace bwd {
 using TileKV = SwizzledTile<kBlockN>;  // K, V: keys x head dim
 using TileQ = SwizzledTile<kBlockM>;   // Q, dO: queries x head dim; dS: queries x keys
 
+// The keys query q sees, bottom-right aligned: lo <= key - q <= hi with hi = Sk - Sq + window_right (causal:
+// Sk - Sq) and lo = Sk - Sq - window_left; an unbounded side is the int extreme, which every offset satisfies.
+struct Band {
+  static constexpr int kUnboundedHi = 0x7fffffff, kUnboundedLo = -kUnboundedHi - 1;
+  int lo, hi;
+  DASH_DEVICE explicit Band(const BwdParams& p) {
+    const int64_t diag = p.seqlen_k - p.seqlen_q;
+    const int64_t right = kCausal ? 0 : p.window_right;
+    hi = right >= 0 ? clamp(diag + right) : kUnboundedHi;
+    lo = p.window_left >= 0 ? clamp(diag - p.window_left) : kUnboundedLo;
+  }
+  DASH_DEVICE static int clamp(int64_t x) {
+    return (int)(x > kUnboundedHi ? kUnboundedHi : x < kUnboundedLo ? kUnboundedLo : x);
+  }
+};
+
 // P^T = exp2(S^T * scale_log2 - lse_log2[q]) in place, 0 where the key is masked.
-// NOTES: keys >= Sk and, causal, keys beyond q + Sk - Sq (bottom-right aligned) are masked by select. Queries
-// >= Sq and rows whose lse is -inf have lse_log2 = +inf (preprocess), so P = 2^-inf = 0 there without a mask;
-// TMA zero-fills their Q and dO rows, so S and dP stay finite.
+// NOTES: keys >= Sk and keys outside the query's band (window and causal masks) are masked by select. Queries
+// >= Sq and rows whose lse is -inf (no key in their window) have lse_log2 = +inf (preprocess), so P = 2^-inf = 0
+// there without a mask; TMA zero-fills their Q and dO rows, so S and dP stay finite.
 template <bool kMask>
 DASH_DEVICE void softmax_probs(float (&S)[kSRegs], const float* lse_log2, float scale_log2, const Fragment& f,
-                               int key0, int query0, int seqlen_k, int diag) {
+                               int key0, int query0, int seqlen_k, const Band& band) {
 #pragma unroll
   for (int c = 0; c < kBlockM / 8; ++c) {
     const float2 l = *reinterpret_cast<const float2*>(lse_log2 + 8 * c + f.col0);
@@ -39,8 +55,7 @@ DASH_DEVICE void softmax_probs(float (&S)[kSRegs], const float* lse_log2, float 
       float p = exp2_approx(fmaf(S[i], scale_log2, -(e % 2 ? l.y : l.x)));
       if constexpr (kMask) {
         const int key = key0 + f.row0 + Fragment::row(i), q = query0 + f.col0 + Fragment::col(i);
-        bool visible = key < seqlen_k;
-        if constexpr (kCausal) visible = visible && key - q <= diag;
+        const bool visible = key < seqlen_k && key - q <= band.hi && key - q >= band.lo;
         p = visible ? p : 0.f;
       }
       S[i] = p;
@@ -136,14 +151,17 @@ DASH_DEVICE void bwd_step(const BwdParams& p, const Smem& s, char* smem_generic,
   wgmma_wait<1>();
   wgmma_fence_operand(S);
   const int key0 = w.n_block * kBlockN + 64 * wg, query0 = w.m_block * kBlockM;
-  const int seqlen_k = (int)p.seqlen_k, diag = (int)(p.seqlen_k - p.seqlen_q);
+  const int seqlen_k = (int)p.seqlen_k;
+  const Band band(p);
   const float* lse = reinterpret_cast<const float*>(smem_generic + (s.lse(stage) - s.base));
-  // NOTES: a tile needs the mask only if it reaches past Sk or, causal, crosses the diagonal key - q = diag.
-  const bool need_mask = key0 + 64 > seqlen_k || (kCausal && key0 + 63 - query0 > diag);
+  // NOTES: a tile needs the mask only if it reaches past Sk or one of its offsets key - q leaves the band: the
+  // largest is key0 + 63 - query0, the smallest key0 - (query0 + kBlockM - 1).
+  const bool need_mask =
+      key0 + 64 > seqlen_k || key0 + 63 - query0 > band.hi || key0 - (query0 + kBlockM - 1) < band.lo;
   if (need_mask) {
-    softmax_probs<true>(S, lse, p.softmax_scale_log2, f, key0, query0, seqlen_k, diag);
+    softmax_probs<true>(S, lse, p.softmax_scale_log2, f, key0, query0, seqlen_k, band);
   } else {
-    softmax_probs<false>(S, lse, p.softmax_scale_log2, f, key0, query0, seqlen_k, diag);
+    softmax_probs<false>(S, lse, p.softmax_scale_log2, f, key0, query0, seqlen_k, band);
   }
   uint32_t Pa[kBlockM / 16][4], dSa[kBlockM / 16][4];
   pack_fragments<kSRegs>(Pa, S);
