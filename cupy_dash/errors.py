@@ -160,7 +160,8 @@ def _spin_timeout_ms() -> float:
 
 def _format_failure(info, flag, visit, want, seen) -> str:
     policy, B, H, Sq, Sk, D, causal, *window = info
-    window = f", window={tuple(window[0])}" if window and tuple(window[0]) != (-1, -1) else ""
+    bounds = tuple(window[0]) if window else (-1, 0 if causal else -1)
+    window = f", window={bounds}" if bounds != (-1, 0 if causal else -1) else ""
     where = f"in schedule '{policy}' (B={B}, H={H}, Sq={Sq}, Sk={Sk}, D={D}, causal={causal}{window})"
     if flag == 1:
         return (f"cupy_dash backward: dQ semaphore wait timed out {where}: visit {visit} waited for rank {want}, "
