@@ -42,18 +42,22 @@ Policies (ranks are always derived from the wait-free timeline, see ``_schedule.
     concurrent KV tiles of a head never meet on a dQ tile.  It degrades gracefully: with more KV tiles than Q
     tiles (seqlen_k > seqlen_q) some tiles do meet and the later one waits; with a causal mask each column
     rotates over its own range of Q tiles.  With a sliding window whose left side cuts the columns from above
-    (a band), the rotation is measured along the band (by n + M - hi[n] rather than n), so that the
-    equally long interior columns, whose ranges move up by block_n / block_m tiles per column, never meet when
-    they run in lockstep, just as full-mask columns do.
+    (a band), the rotation is measured along the band and on the CTA's clock (column n visits
+    lo[n] + (tau + n + M - hi[n]) mod L at step tau of its CTA), so that the equally long interior columns,
+    whose ranges move up by block_n / block_m tiles per column, never meet on a dQ tile, whenever the dispatch
+    starts them; the shorter columns at the band's ends can.
 ``symmetric_shift``
     DASH's symmetric shift for the causal mask: a CTA takes the pair of KV tiles (k, N-1-k), so every CTA gets
     the same work; the long column cycles over the rectangle of Q tiles shared by the long columns dispatched
     with it, then walks its own triangle; the short column goes in descending order.  With an odd number of KV
     tiles the middle column runs alone.  A right-bounded sliding window without a left bound has the same
-    triangular shape and is paired the same way.  With a full mask, or a band (a left window bound), the
-    (interior) columns have the same length, nothing needs pairing, and it builds the ``shift`` schedule;
-    likewise when there are fewer pairs than CTAs, every column runs alone (the longest column bounds the
-    makespan anyway).
+    triangular shape and is paired the same way.  With a full mask all columns have the same length, nothing
+    needs pairing, and it builds the ``shift`` schedule; likewise when there are fewer pairs than CTAs, every
+    column runs alone (the longest column bounds the makespan anyway).  A band (a left window bound) has equally
+    long interior columns and two clipped triangles at its ends, treated mirror-wise without pairing: the
+    columns whose range start rises with n walk up and are dispatched from the highest n down (upstream's
+    shortest-first order; a dQ tile then receives them one step apart whatever the dispatch timing), the
+    columns clipped at the first Q tile walk down and are dispatched first, in ascending n.
 ``auto``
     The policy with the lowest simulated makespan in the *engine* model (below) with costs calibrated on our
     H200 (``AUTO_COSTS``), among all four policies; a policy within ``AUTO_TOLERANCE`` of the best counts as a
