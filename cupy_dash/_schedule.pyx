@@ -33,7 +33,8 @@ range and no visits (the backward zeroes its dK, dV rows on the host side); the 
 which are the work units. Every policy keeps its meaning on causal and full masks (their tables are those of a
 build without windows). With a left window bound ("band": hi[n] < M for some n) the interior columns all have
 the same length, as in a full mask restricted to a diagonal band, and its two ends are clipped triangles:
-``fa3`` and ``descending`` walk each column's range up or down as before; ``shift`` rotates each column along
+``fa3`` and ``descending`` walk each column's range up or down as before (fa3 with upstream's shortest-first
+order whenever the window bounds keys on the right, see ``spt``); ``shift`` rotates each column along
 the band, on the clock of its CTA (step (2) below), so that equally long columns never meet however the
 dispatch staggers them; ``symmetric_shift`` needs no pairing (a band's columns are equally long) and handles
 the two triangles mirror-wise, which arrives at every dQ tile in a strict order (the NOTES at ``mirrored``).
@@ -102,7 +103,7 @@ def column_starts(long long seqlen_q, long long seqlen_k, long long block_m, lon
     return column_ranges(seqlen_q, seqlen_k, block_m, block_n, causal, window_left, window_right)[0]
 
 
-cdef inline void unit_columns(int policy, bint causal, bint paired, bint mirrored, long long u,
+cdef inline void unit_columns(int policy, bint spt, bint paired, bint mirrored, long long u,
                               long long num_heads, long long n_first, long long NC, long long T, long long P,
                               long long* head, long long* n0, long long* n1) noexcept:
     """Work unit u (in dispatch order) -> head and one or two KV columns (n1 = -1 when single), among the NC
@@ -119,7 +120,7 @@ cdef inline void unit_columns(int policy, bint causal, bint paired, bint mirrore
         k = u % P
         n0[0] = n_first + k
         n1[0] = n_first + NC - 1 - k if NC - 1 - k != k else -1
-    elif policy == POLICY_FA3 and causal:
+    elif spt:
         # upstream FA3's shortest-processing-time-first launch order: short (high n) columns first
         n0[0] = n_first + NC - 1 - u // num_heads
         head[0] = u % num_heads
@@ -185,11 +186,17 @@ def _build_kv_table(int policy, long long seqlen_q, long long seqlen_k, long lon
     # last Q tile. Columns of the two groups that share dQ tiles are dispatched far apart whenever a head spans
     # more than one wave of CTAs.
     cdef bint mirrored = policy == POLICY_SYMMETRIC_SHIFT and band
+    # NOTES: fa3 takes upstream's SPT order (high n dispatched first, ties to high n) whenever the mask bounds
+    # keys on the right (causal, or window_right >= 0), i.e. whenever lo[n] can rise with n: column n reaches
+    # dQ tile m at start(n) + m - lo[n], which then never rises with n, so every dQ tile adds in descending n
+    # whatever the dispatch timing, and the bits do not depend on the CTA count (PORTABLE_POLICIES). Without a
+    # right bound lo is 0 everywhere and ascending dispatch gives ascending n the same way.
+    cdef bint spt = policy == POLICY_FA3 and (causal or window_right >= 0)
     cdef long long P = (NC + 1) // 2 if paired else NC
     cdef long long U = num_heads * P
     cdef long long G = num_sms if num_sms < U else U
     cdef long long u, c, h, n0, n1, L, s, m, v, w, k, k0, k1, rs, off, i, j, key
-    cdef int tb_sign = -1 if (policy == POLICY_SYMMETRIC_SHIFT or (policy == POLICY_FA3 and causal)) else 1
+    cdef int tb_sign = -1 if (policy == POLICY_SYMMETRIC_SHIFT or spt) else 1
 
     # (1) greedy dispatch of units to the CTA that frees up first (ties: lowest CTA index)
     unit_cta_arr = np.empty(U, dtype=np.int32)
@@ -203,7 +210,7 @@ def _build_kv_table(int policy, long long seqlen_q, long long seqlen_k, long lon
     for c in range(G):
         heap_push(ht, hc, &hsize, 0.0, c)
     for u in range(U):
-        unit_columns(policy, causal, paired, mirrored, u, num_heads, n_first, NC, T, P, &h, &n0, &n1)
+        unit_columns(policy, spt, paired, mirrored, u, num_heads, n_first, NC, T, P, &h, &n0, &n1)
         L = hi[n0] - lo[n0]
         if n1 >= 0:
             L += hi[n1] - lo[n1]
@@ -238,7 +245,7 @@ def _build_kv_table(int policy, long long seqlen_q, long long seqlen_k, long lon
     cdef long long col, ncols
     cdef long long cols[2]
     for u in range(U):
-        unit_columns(policy, causal, paired, mirrored, u, num_heads, n_first, NC, T, P, &h, &n0, &n1)
+        unit_columns(policy, spt, paired, mirrored, u, num_heads, n_first, NC, T, P, &h, &n0, &n1)
         c = unit_cta[u]
         cols[0] = n0
         cols[1] = n1

@@ -33,7 +33,9 @@ Policies (ranks are always derived from the wait-free timeline, see ``_schedule.
 ``fa3``
     FlashAttention-3's deterministic backward: every KV tile visits its Q tiles in ascending order.  Full mask:
     KV tiles dispatched head by head in ascending n, ties broken by ascending n (rank = n).  Causal: upstream's
-    shortest-processing-time-first launch (high n first) and ranks in descending n, as upstream since PR #1893.
+    shortest-processing-time-first launch (high n first) and ranks in descending n, as upstream since PR #1893;
+    likewise with any sliding window bounded on the right (the ranges then start higher as n rises, and only
+    this order keeps the ranks independent of the CTA count, see "Portable bits").
 ``descending``
     DASH's descending Q-tile iteration: every KV tile visits its Q tiles from the last one down; KV tiles are
     dispatched head by head in ascending n (longest causal column first) to the CTA that frees up first.
@@ -67,11 +69,12 @@ Policies (ranks are always derived from the wait-free timeline, see ``_schedule.
 Portable bits. The bits of dq, dk and dv depend on the table only through the order of the additions: the
 order in which each KV column visits its Q tiles (dK and dV accumulate in registers in that order) and the rank
 order of the partials of each dQ tile. :func:`reduction_order` extracts both. For ``fa3`` and ``descending``
-they do not depend on ``num_sms`` (both orders follow from the tile indices alone), so a job gets the same bits
-on an H100 PCIe (114 SMs), an H100 SXM or an H200 (132): :data:`PORTABLE_POLICIES`. ``shift`` and
-``symmetric_shift`` derive their ranks from the wait-free timeline of the given CTA count (and
-``symmetric_shift`` pairs columns per CTA), so their bits, and ``auto``'s, follow the GPU model; they are still
-bitwise reproducible on one GPU model.
+they do not depend on ``num_sms`` (both orders follow from the tile indices alone, also with sliding windows:
+fa3's dQ tiles add in ascending n, or in descending n when the mask has a right bound; descending's in
+ascending n), so a job gets the same bits on an H100 PCIe (114 SMs), an H100 SXM or an H200 (132):
+:data:`PORTABLE_POLICIES`. ``shift`` and ``symmetric_shift`` derive their ranks from the wait-free timeline of
+the given CTA count (and ``symmetric_shift`` pairs columns per CTA), so their bits, and ``auto``'s, follow the GPU
+model; they are still bitwise reproducible on one GPU model.
 
 Models (``simulate``). The paper's DAG model: each visit computes for ``c``, waits for its rank, reduces for
 ``r``; the CTA then starts its next visit. The engine model follows the Hopper kernel: a CTA's MMA warpgroups
