@@ -82,25 +82,8 @@ def _check_flag(name, value) -> bool:
     return bool(value)
 
 
-def _check_window(window, causal) -> tuple:
-    """``window`` = (left, right) as FlashAttention defines it: query ``i`` sees keys ``j`` with
-    ``i + Sk - Sq - left <= j <= i + Sk - Sq + right``; -1 leaves a side unbounded. Returns the (left, right) the
-    kernels get: with ``causal`` the right side is 0 (a positive right with causal is a contradiction and raises)."""
-    try:
-        left, right = window
-    except (TypeError, ValueError):
-        raise TypeError(f"window: expected a pair (left, right) of ints >= -1, got {window!r}") from None
-    for side, x in (("left", left), ("right", right)):
-        if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)):
-            raise TypeError(f"window: {side} must be an int >= -1, got {type(x).__name__} {x!r}")
-        if x < -1 or x >= 1 << 31:
-            raise ValueError(f"window: {side} must be -1 (unbounded) or in [0, 2^31), got {x}")
-    left, right = int(left), int(right)
-    if causal:
-        if right > 0:
-            raise ValueError(f"window: right={right} contradicts causal=True (causal means right = 0)")
-        right = 0
-    return left, right
+# window = (left, right) -> the (left, right) the kernels get, right = 0 with causal; raises naming "window"
+_check_window = _schedule.check_window
 
 
 _UNCHECKED = object()

@@ -194,12 +194,11 @@ def _costs(c, r) -> tuple:
     return _cost("c", c, zero_ok=False), _cost("r", r, zero_ok=True)
 
 
-def canonical_window(window, seqlen_q: int, seqlen_k: int, causal: bool) -> tuple:
-    """``window`` = (left, right) (ints >= -1; FlashAttention's semantics, see the module docstring) in the
-    canonical form that the kernels and the table caches get: a side that bounds nothing for these lengths
-    becomes -1 (left >= Sk - 1: every query's window starts at or before key 0; right >= Sq - 1: every
-    query's window ends at or after key Sk - 1), and with ``causal`` right is 0. The visible set is unchanged.
-    Raises TypeError / ValueError (naming ``window``) for anything else, and for right > 0 with causal."""
+def check_window(window, causal: bool) -> tuple:
+    """``window`` = (left, right) as FlashAttention defines it: query ``i`` sees keys ``j`` with
+    ``i + Sk - Sq - left <= j <= i + Sk - Sq + right``; -1 leaves a side unbounded. Returns (left, right) as ints,
+    with ``causal`` the right side 0 (a positive right with causal is a contradiction and raises). Raises
+    TypeError / ValueError naming ``window`` for anything but a pair of ints in [-1, 2^31)."""
     try:
         left, right = window
     except (TypeError, ValueError):
@@ -207,14 +206,23 @@ def canonical_window(window, seqlen_q: int, seqlen_k: int, causal: bool) -> tupl
     for side, x in (("left", left), ("right", right)):
         if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)):
             raise TypeError(f"window: {side} must be an int >= -1, got {type(x).__name__} {x!r}")
-        if x < -1:
-            raise ValueError(f"window: {side} must be -1 (unbounded) or >= 0, got {x}")
+        if x < -1 or x >= 1 << 31:
+            raise ValueError(f"window: {side} must be -1 (unbounded) or in [0, 2^31), got {x}")
     left, right = int(left), int(right)
     if causal:
         if right > 0:
             raise ValueError(f"window: right={right} contradicts causal=True (causal means right = 0)")
         right = 0
-    elif right >= seqlen_q - 1:
+    return left, right
+
+
+def canonical_window(window, seqlen_q: int, seqlen_k: int, causal: bool) -> tuple:
+    """``window`` checked by :func:`check_window`, in the canonical form that the kernels and the table caches
+    get: a side that bounds nothing for these lengths becomes -1 (left >= Sk - 1: every query's window starts at
+    or before key 0; right >= Sq - 1: every query's window ends at or after key Sk - 1), and with ``causal``
+    right is 0. The visible set is unchanged."""
+    left, right = check_window(window, causal)
+    if not causal and right >= seqlen_q - 1:
         right = -1
     if left >= seqlen_k - 1:
         left = -1
