@@ -12,7 +12,7 @@ struct Visit {
 // NOTES: visits is (V, 4) int32 rows (cta, bh, n_block, m_block); the table is 16-byte aligned, so one vector
 // load reads a row. cta_start is (num_ctas + 1,) int64: CTA c owns [cta_start[c], cta_start[c + 1]).
 // A KV tile is (bh / group_size, n_block) = (b * Hkv + hk, n_block): with GQA / MQA the group_size = H / Hkv
-// query heads of one KV head share it. The kernel relies on two properties that schedule validation must
+// query heads of one KV head share it. The kernel relies on a property that schedule validation must
 // guarantee: every visit of one KV tile sits on one CTA in one consecutive run, over every query head of its
 // group (dK, dV are accumulated in registers over the run and written once at its end). A KV tile without
 // visits (with a sliding window: keys no query sees) is never written here; the host zeroes dk, dv for it. The
