@@ -2,8 +2,11 @@ from Cython.Build import cythonize
 from setuptools import Extension, setup
 
 # _schedule builds the tables, _schedule_check validates and simulates them (both include _heap.pxi); _launch is
-# the host fast path's kernel launch.
+# the host fast path's kernel launch; _xla_ffi is cupy_dash.jax's XLA FFI handler (xla_ffi.c).
 setup(ext_modules=cythonize([Extension("cupy_dash._schedule", ["cupy_dash/_schedule.pyx"]),
                              Extension("cupy_dash._schedule_check", ["cupy_dash/_schedule_check.pyx"]),
-                             Extension("cupy_dash._launch", ["cupy_dash/_launch.pyx"], libraries=["dl"])],
+                             Extension("cupy_dash._launch", ["cupy_dash/_launch.pyx"], libraries=["dl"]),
+                             Extension("cupy_dash._xla_ffi", ["cupy_dash/_xla_ffi.pyx", "cupy_dash/xla_ffi.c"],
+                                       depends=["cupy_dash/xla_ffi.h"], include_dirs=["cupy_dash"], libraries=["dl"],
+                                       extra_compile_args=["-std=gnu11"])],
                             language_level=3))

@@ -33,17 +33,15 @@ import cupy
 import ml_dtypes
 import numpy as np
 
-from . import interop, jit, kernels, tensormap
-from .errors import (_acquire_slot, _graph_record, _keep_alive, _release_slot, _spin_timeout_ms, _track,
-                     check_errors, poll_errors as _poll_errors)
+from . import interop, jit, kernels, launchers, tensormap
+from .errors import (_acquire_slot, _graph_record, _keep_alive, _spin_timeout_ms, check_errors,
+                     poll_errors as _poll_errors)
 from . import schedule as _schedule
 
 __all__ = ["attention", "attention_forward", "attention_backward", "check_errors"]
 
-_LOG2E = 1.4426950408889634
 _NP_DTYPES = {"bfloat16": np.dtype(ml_dtypes.bfloat16), "float16": np.dtype(np.float16),
               "float32": np.dtype(np.float32), "uint8": np.dtype(np.uint8)}
-_WORKSPACE_ALIGN = 256
 _LAYOUT = "(B, S, H, D)"
 
 
@@ -199,11 +197,6 @@ def _resolve(info, x, keep):
     return got.data_ptr, got.strides[:3]
 
 
-def _contiguous(shape) -> tuple:
-    _, S, H, D = shape
-    return (S * H * D, H * D, D)
-
-
 # Outputs and scratch buffers come from the caller's allocator: torch's caching allocator for torch callers
 # (stream-ordered on the current stream, no DLPack round trip), CuPy's pool (on the caller's stream) otherwise.
 _torch_dtypes: dict = {}
@@ -274,7 +267,7 @@ def attention_forward(q, k, v, *, causal=False, softmax_scale=None, window=(-1, 
     p = _validate(q, k, v, softmax_scale=softmax_scale)
     window_left, window_right = _schedule.canonical_window(window, p.Sq, p.Sk, causal)
     spec, block_m, block_n = kernels.fwd_entry(p.dtype, p.D, causal)
-    B, Sq, Sk, H, Hkv, D = p.B, p.Sq, p.Sk, p.H, p.Hkv, p.D
+    B, Sq, H, D = p.B, p.Sq, p.H, p.D
     qi, ki, vi = p.infos
     fw, dev = qi.framework, p.device_id
     stream = interop.caller_stream(q, dev)
@@ -282,21 +275,11 @@ def attention_forward(q, k, v, *, causal=False, softmax_scale=None, window=(-1, 
         if capturing and not jit.is_loaded(spec):
             raise _not_warm(f"the kernel {spec.label} is not loaded yet", p, causal)
         keep = []
-        q_ptr, q_stride = _resolve(qi, q, keep)
-        k_ptr, k_stride = _resolve(ki, k, keep)
-        v_ptr, v_stride = _resolve(vi, v, keep)
+        operands = _resolve(qi, q, keep), _resolve(ki, k, keep), _resolve(vi, v, keep)
         out, out_ptr = _new(fw, dev, (B, Sq, H, D), p.dtype)
         lse, lse_ptr = _new(fw, dev, (B, H, Sq), "float32")
-        params = kernels.pack_fwd_params(
-            tma_q=tensormap.bhsd_map(q_ptr, p.dtype, (B, Sq, H, D), q_stride, block_m, "q"),
-            tma_k=tensormap.bhsd_map(k_ptr, p.dtype, (B, Sk, Hkv, D), k_stride, block_n, "k"),
-            tma_v=tensormap.bhsd_map(v_ptr, p.dtype, (B, Sk, Hkv, D), v_stride, block_n, "v"),
-            tma_o=tensormap.bhsd_map(out_ptr, p.dtype, (B, Sq, H, D), _contiguous((B, Sq, H, D)), 64, "out",
-                                     box_panels=1),
-            lse=lse_ptr, batch=B, seqlen_q=Sq, seqlen_k=Sk, num_heads=H, num_heads_kv=Hkv,
-            window_left=window_left, window_right=window_right,
-            softmax_scale=p.scale, softmax_scale_log2=p.scale * _LOG2E)
-        kernels.launch(spec, (-(-Sq // block_m), H, B), params, stream)
+        launchers.launch_forward(spec, block_m, block_n, p, (window_left, window_right), operands, out_ptr,
+                                 lse_ptr, stream)
         if keep:
             _keep_alive(keep, stream)
         return _export(fw, out, q), _export(fw, lse, q)
@@ -396,99 +379,43 @@ def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, determinis
         if cold:
             raise _not_warm(f"the kernels {', '.join(cold)} are not loaded yet", p, causal)
     specs, bm, bn, max_ctas = kernels.bwd_entry(dev, p.dtype, D, causal, deterministic, timeline is not None)
-    num_m_blocks = -(-Sq // bm)
-    num_n_blocks = -(-Sk // bn)
-    sq_rounded = num_m_blocks * bm
-    # NOTES: a KV tile that no query sees has no visit in any table, so the main kernel never writes its dK, dV
-    # rows: they are zeroed here, the whole of dk and dv (two memsets, no more traffic than writing them). Only
-    # a left window bound leaves such tiles: the leading keys of schedule.unseen_keys.
-    unseen_kv_tiles = _schedule.unseen_keys(Sq, Sk, causal, window) >= bn
-    BH = B * H
+    c = launchers.BwdLaunch(specs, bm, bn, p, deterministic, spin_timeout_ns, causal, window)
     qi, ki, vi, doi, oi = p.infos
     fw = qi.framework
     if plan is not None:
-        num_visits = len(_schedule.check_plan(plan, BH, num_n_blocks, num_m_blocks)[1])   # before any allocation
+        num_visits = len(_schedule.check_plan(plan, B * H, -(-Sk // bn), c.num_m_blocks)[1])   # before allocating
         if timeline is not None and (timeline.shape != (num_visits, 4) or timeline.dtype != np.int64):
             raise ValueError(f"timeline: expected an int64 CuPy array of shape ({num_visits}, 4)")
     stream = interop.caller_stream(q, dev)
     with cupy.cuda.Device(dev), stream:
         keep = []
-        q_ptr, q_stride = _resolve(qi, q, keep)
-        k_ptr, k_stride = _resolve(ki, k, keep)
-        v_ptr, v_stride = _resolve(vi, v, keep)
-        o_ptr, o_stride = _resolve(oi, out, keep)
-        do_ptr, do_stride = _resolve(doi, do, keep)
+        operands = (_resolve(qi, q, keep), _resolve(ki, k, keep), _resolve(vi, v, keep), _resolve(oi, out, keep),
+                    _resolve(doi, do, keep))
         lse_ptr, _ = _resolve(p.lse_info, lse, keep)
 
         if plan is None:
-            kv_tiles = B * Hkv * num_n_blocks             # work units: a KV tile with all its query heads
-            tables = _schedule.device_tables(schedule, Sq, Sk, bm, bn, BH, causal, min(max_ctas, kv_tiles), dev,
-                                             stream, group, window, capture=capturing)
-            if tables is None:
+            c.tables = launchers.bwd_tables(schedule, c, max_ctas, dev, stream, capture=capturing)
+            if c.tables is None:
                 raise _not_warm(f"the {schedule!r} schedule tables of this shape are not on device {dev} yet", p,
                                 causal)
         else:
-            tables = _schedule.upload(plan, BH, num_n_blocks, num_m_blocks, dev)
-            keep.append(tables)
-        call = (tables.policy, B, H, Sq, Sk, D, causal, window)   # names the call in an error message
+            c.tables = _schedule.upload(plan, B * H, -(-Sk // bn), c.num_m_blocks, dev)
+            keep.append(c.tables)
+        call = (c.tables.policy, B, H, Sq, Sk, D, causal, window)   # names the call in an error message
         graph_error = None
         if capturing:       # a record of its own, never reset by the graph (errors.py); no slot, event or copy
             graph_error = _graph_record(dev, call)
             if graph_error is None:
                 raise _not_warm(f"no backward has run eagerly on device {dev} yet", p, causal)
 
-        # one workspace for the fp32/int32 scratch buffers (each 256-byte aligned)
-        rows = BH * sq_rounded
-        sizes = (rows * 4, rows * 4, rows * D * 4, BH * num_m_blocks * 4)   # lse_log2, dpsum, dq_accum, semaphore
-        offsets, total = [], 0
-        for n in sizes:
-            offsets.append(total)
-            total += -(-n // _WORKSPACE_ALIGN) * _WORKSPACE_ALIGN
-        work, base = _new(fw, dev, (total,), "uint8")
+        work, base = _new(fw, dev, (c.work_bytes,), "uint8")
         dq, dq_ptr = _new(fw, dev, (B, Sq, H, D), p.dtype)
         dk, dk_ptr = _new(fw, dev, (B, Sk, Hkv, D), p.dtype)
         dv, dv_ptr = _new(fw, dev, (B, Sk, Hkv, D), p.dtype)
-        kv_contig = _contiguous((B, Sk, Hkv, D))
-
         slot = None if capturing else _acquire_slot(dev)
-        try:
-            if slot is not None:
-                cupy.cuda.runtime.memsetAsync(slot.dptr, 0, 16, stream.ptr)
-            if unseen_kv_tiles:
-                kv_bytes = B * Sk * Hkv * D * 2
-                cupy.cuda.runtime.memsetAsync(dk_ptr, 0, kv_bytes, stream.ptr)
-                cupy.cuda.runtime.memsetAsync(dv_ptr, 0, kv_bytes, stream.ptr)
-            params = kernels.pack_bwd_params(
-                tma_q=tensormap.bhsd_map(q_ptr, p.dtype, (B, Sq, H, D), q_stride, bm, "q"),
-                tma_k=tensormap.bhsd_map(k_ptr, p.dtype, (B, Sk, Hkv, D), k_stride, bn, "k"),
-                tma_v=tensormap.bhsd_map(v_ptr, p.dtype, (B, Sk, Hkv, D), v_stride, bn, "v"),
-                tma_do=tensormap.bhsd_map(do_ptr, p.dtype, (B, Sq, H, D), do_stride, bm, "do"),
-                q=q_ptr, k=k_ptr, v=v_ptr, out=o_ptr, dout=do_ptr, lse=lse_ptr,
-                lse_log2=base + offsets[0], dpsum=base + offsets[1], dq_accum=base + offsets[2],
-                dq=dq_ptr, dk=dk_ptr, dv=dv_ptr, dq_semaphore=base + offsets[3] if deterministic else 0,
-                visits=tables.visits.data.ptr, rank=tables.rank.data.ptr, cta_start=tables.cta_start.data.ptr,
-                error=graph_error if slot is None else slot.dptr,
-                timeline=0 if timeline is None else timeline.data.ptr,
-                q_stride=q_stride, k_stride=k_stride, v_stride=v_stride, o_stride=o_stride, do_stride=do_stride,
-                dq_stride=_contiguous((B, Sq, H, D)), dk_stride=kv_contig, dv_stride=kv_contig,
-                batch=B, seqlen_q=Sq, seqlen_k=Sk, num_heads=H, num_heads_kv=Hkv,
-                window_left=window[0], window_right=window[1],
-                num_m_blocks=num_m_blocks, seqlen_q_rounded=sq_rounded, spin_timeout_ns=spin_timeout_ns,
-                softmax_scale=p.scale, softmax_scale_log2=p.scale * _LOG2E)
-            row_grid = (num_m_blocks, H, B)
-            kernels.launch(specs.preprocess, row_grid, params, stream)
-            kernels.launch(specs.main, (tables.num_ctas,), params, stream)
-            if slot is not None:
-                cupy.cuda.runtime.memcpyAsync(slot.hptr, slot.dptr, 16, cupy.cuda.runtime.memcpyDeviceToHost,
-                                              stream.ptr)
-                slot.event.record(stream)
-        except BaseException:
-            if slot is not None:
-                _release_slot(slot)     # nothing recorded on it: reusable at once
-            raise
-        if slot is not None:
-            _track(slot, call)
-        kernels.launch(specs.postprocess, row_grid, params, stream)
+        launchers.launch_backward(c, operands, lse_ptr, base, (dq_ptr, dk_ptr, dv_ptr), stream,
+                                  error_ptr=graph_error, slot=slot, call=call,
+                                  timeline_ptr=0 if timeline is None else timeline.data.ptr)
         if keep:
             _keep_alive(keep, stream)
         result = _export(fw, dq, q), _export(fw, dk, q), _export(fw, dv, q)
@@ -504,9 +431,9 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, schedule="auto", det
     """Differentiable attention; returns ``out`` ``(B, Sq, H, D)`` in the caller's type.
 
     torch tensors go through the registered op ``torch.ops.cupy_dash.attention_forward`` (autograd, torch.compile
-    and CUDA graphs; :func:`cupy_dash.torch.attention`), JAX arrays through
-    ``cupy_dash.jax.attention`` (``jax.custom_vjp``, eager only: inside ``jax.jit`` it raises TypeError); CuPy
-    and other arrays get the forward only. Shapes, dtypes and the other arguments (``window``: the sliding
+    and CUDA graphs; :func:`cupy_dash.torch.attention`), JAX arrays through :func:`cupy_dash.jax.attention`
+    (``jax.custom_vjp``; eagerly and under ``jax.jit`` / ``grad`` / ``vmap``); CuPy and other arrays get the
+    forward only. Shapes, dtypes and the other arguments (``window``: the sliding
     window (left, right), used by the forward and the backward alike) are as in :func:`attention_forward` /
     :func:`attention_backward`.
     """

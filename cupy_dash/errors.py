@@ -12,6 +12,8 @@ mode="reduce-overhead")``) cannot copy the record to the host or record events: 
 device record instead (:func:`_graph_record`), taken from a block allocated outside capture, never reused (the
 graph keeps its address) and never zeroed by the graph, so a failure in any replay stays recorded (and makes
 later replays of that call abandon their waits at once) until :func:`check_errors` reads and clears it.
+Backward calls inside ``jax.jit`` (:mod:`cupy_dash.jax`) work the same way: each traced call gets a device record
+when it is traced (:func:`_jit_record`), written by every execution of the compiled program.
 :func:`poll_errors` cannot see these records without synchronizing: only :func:`check_errors` reports them.
 """
 from __future__ import annotations
@@ -70,9 +72,10 @@ GRAPH_RECORDS = 1024     # error records per device for backward calls captured 
 
 
 class _GraphRecords:
-    """Error records of captured backward calls on one device: a zeroed device int32 (GRAPH_RECORDS, 4) block
-    (allocated outside capture, with the device's first eager backward), handed out one per captured call and
-    never reused; once all are taken, the last one is shared. ``infos[i]`` names the calls of record ``i``."""
+    """Error records of captured (or jax-traced) backward calls on one device: a zeroed device int32
+    (GRAPH_RECORDS, 4) block (allocated outside capture, with the device's first eager backward or first traced
+    one), handed out one per call and never reused; once all are taken, the last one is shared. ``infos[i]``
+    names the calls of record ``i``, ``wheres[i]`` how the first of them runs."""
 
     def __init__(self, device_id: int):
         self.device_id = device_id
@@ -81,11 +84,13 @@ class _GraphRecords:
             # NOTES: once per device and process: graphs captured later (on any stream) must see the zeros
             cupy.cuda.runtime.deviceSynchronize()
         self.infos: list[list] = []
+        self.wheres: list[str] = []
 
-    def take(self, info) -> int:
-        """Device address of a fresh record for one captured call described by ``info``."""
+    def take(self, info, where="a CUDA graph replay of a captured call") -> int:
+        """Device address of a fresh record for one call described by ``info``, run as ``where`` says."""
         if len(self.infos) < GRAPH_RECORDS:
             self.infos.append([info])
+            self.wheres.append(where)
         else:
             self.infos[-1].append(info)
         return self.block.data.ptr + 16 * (len(self.infos) - 1)
@@ -108,8 +113,8 @@ class _GraphRecords:
             flag, visit, want, seen = (int(x) for x in host[i])
             calls = self.infos[i]
             msg = _format_failure(calls[0], flag, visit, want, seen)
-            extra = f" (or one of {len(calls) - 1} other captured calls sharing its record)" if len(calls) > 1 else ""
-            msgs.append(f"{msg} [in a CUDA graph replay of a captured call{extra}]")
+            extra = f" (or one of {len(calls) - 1} other calls sharing its record)" if len(calls) > 1 else ""
+            msgs.append(f"{msg} [in {self.wheres[i]}{extra}]")
         return msgs
 
 
@@ -138,6 +143,16 @@ def _graph_record(device_id: int, info):
     with _lock:
         pool = _slot_pools.get(device_id)
         return None if pool is None else pool.graph.take(info)
+
+
+def _jit_record(device_id: int, info) -> int:
+    """Device address of a fresh error record for a backward call traced by ``jax.jit`` (called at trace time,
+    outside any capture: creates the device's records on first use, which synchronizes the device once)."""
+    with _lock:
+        pool = _slot_pools.get(device_id)
+        if pool is None:
+            pool = _slot_pools[device_id] = _SlotPool(device_id)
+        return pool.graph.take(info, "an execution of a jax.jit-compiled call")
 
 
 def _release_slot(slot: _Slot):
@@ -219,9 +234,10 @@ def check_errors() -> None:
     asynchronously; this function synchronizes on all of them (public calls only poll finished ones). The
     message names the schedule policy and the problem size (B, H, Sq, Sk, D, causal, window).
 
-    Once a backward has been captured into a CUDA graph on a device, this also synchronizes that device and
-    reads (and clears) the records of the captured calls, so failures in graph replays are reported here (and
-    only here). Do not call it while a stream is capturing.
+    Once a backward has been captured into a CUDA graph on a device, or traced by ``jax.jit``
+    (:mod:`cupy_dash.jax`), this also synchronizes that device and reads (and clears) the records of those calls,
+    so failures in graph replays and in compiled JAX programs are reported here (and only here). Do not call it
+    while a stream is capturing.
     """
     failures = []
     with _lock:

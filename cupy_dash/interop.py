@@ -139,7 +139,7 @@ def describe(x, name: str) -> TensorInfo:
 
     No DLPack capsule is consumed and no GPU is touched, so this also works on CPU objects (numpy and
     ``ml_dtypes`` arrays). Raises TypeError naming ``name`` for objects that are not arrays, and for JAX tracers
-    (cupy_dash runs eagerly: it cannot be used inside ``jax.jit`` / ``vmap`` tracing).
+    (the functional API takes concrete arrays; :mod:`cupy_dash.jax` is the one for ``jax.jit`` / ``vmap``).
     """
     fw = framework_of(x)
     if fw == "torch":
@@ -166,9 +166,9 @@ def describe(x, name: str) -> TensorInfo:
         return TensorInfo(name, tuple(x.shape), strides, dtype, DLPACK_CPU, 0, ptr, fw, itemsize)
     if fw == "jax":
         if _is_jax_tracer(x):
-            raise TypeError(f"{name}: got a JAX tracer ({type(x).__name__}). cupy_dash runs eagerly on concrete "
-                            f"arrays only; it cannot be called inside jax.jit / vmap / other tracing "
-                            f"transformations (that would need an XLA FFI custom call)")
+            raise TypeError(f"{name}: got a JAX tracer ({type(x).__name__}). This function takes concrete arrays "
+                            f"only; inside jax.jit / grad / vmap use cupy_dash.jax.attention, "
+                            f"cupy_dash.jax.attention_forward or cupy_dash.jax.attention_backward")
         dtype, itemsize = _dtype_name_and_size(x.dtype)
         shape = tuple(int(n) for n in x.shape)
         dev_type, dev_id = _dlpack_device(x, name)

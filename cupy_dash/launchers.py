@@ -1,0 +1,181 @@
+"""Launches into given buffers on a given stream: the layer every entry point shares.
+
+The eager API (:mod:`cupy_dash.api`: outputs and scratch from the caller's allocator, the caller's stream) and
+the JAX custom calls (:mod:`cupy_dash.jax`: XLA's buffers and stream) build the same parameter blocks and launch
+the same kernels with the same schedule tables through these functions, which is why they give the same bits.
+Nothing here validates arguments (the callers did), allocates device memory or synchronizes.
+
+Operands are ``(pointer, (batch, row, head) element strides)`` pairs; outputs and scratch are contiguous.
+"""
+from __future__ import annotations
+
+import cupy
+import numpy as np
+
+from . import kernels, tensormap
+from . import schedule as _schedule
+from .errors import _release_slot, _track
+
+_LOG2E = 1.4426950408889634
+_WORKSPACE_ALIGN = 256
+
+
+def _contiguous(shape) -> tuple:
+    _, S, H, D = shape
+    return (S * H * D, H * D, D)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# forward
+# ------------------------------------------------------------------------------------------------------------
+def launch_forward(spec, block_m, block_n, p, window, operands, out_ptr, lse_ptr, stream) -> None:
+    """Enqueue the forward kernel of problem ``p`` on the CuPy ``stream`` (current device: the buffers' device).
+
+    The launch shared by every entry point (eager calls here, ``jax.jit`` calls in :mod:`cupy_dash.jax`): it
+    depends only on ``p``'s sizes and scale, ``window`` = (left, right) as the kernel takes it, and the buffer
+    addresses (arguments as in :func:`fwd_params`). Encodes the tensor maps (host only), packs the parameters,
+    launches; never synchronizes or allocates device memory.
+    """
+    params = fwd_params(block_m, block_n, p, window, operands, out_ptr, lse_ptr)
+    kernels.launch(spec, fwd_grid(p, block_m), params, stream)
+
+
+def fwd_grid(p, block_m) -> tuple:
+    return -(-p.Sq // block_m), p.H, p.B
+
+
+def fwd_params(block_m, block_n, p, window, operands, out_ptr, lse_ptr) -> np.ndarray:
+    """The forward's packed parameter block. ``operands``: ``(pointer, (batch, row, head) element strides)`` of
+    q ``(B, Sq, H, D)``, k and v ``(B, Sk, Hkv, D)``; ``out_ptr``: a contiguous ``(B, Sq, H, D)`` buffer;
+    ``lse_ptr``: a contiguous float32 ``(B, H, Sq)`` buffer."""
+    B, Sq, Sk, H, Hkv, D = p.B, p.Sq, p.Sk, p.H, p.Hkv, p.D
+    (q_ptr, q_stride), (k_ptr, k_stride), (v_ptr, v_stride) = operands
+    return kernels.pack_fwd_params(
+        tma_q=tensormap.bhsd_map(q_ptr, p.dtype, (B, Sq, H, D), q_stride, block_m, "q"),
+        tma_k=tensormap.bhsd_map(k_ptr, p.dtype, (B, Sk, Hkv, D), k_stride, block_n, "k"),
+        tma_v=tensormap.bhsd_map(v_ptr, p.dtype, (B, Sk, Hkv, D), v_stride, block_n, "v"),
+        tma_o=tensormap.bhsd_map(out_ptr, p.dtype, (B, Sq, H, D), _contiguous((B, Sq, H, D)), 64, "out",
+                                 box_panels=1),
+        lse=lse_ptr, batch=B, seqlen_q=Sq, seqlen_k=Sk, num_heads=H, num_heads_kv=Hkv,
+        window_left=window[0], window_right=window[1],
+        softmax_scale=p.scale, softmax_scale_log2=p.scale * _LOG2E)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# backward
+# ------------------------------------------------------------------------------------------------------------
+class BwdLaunch:
+    """What a backward launch needs besides buffer addresses: kernels, sizes, mask, workspace layout, schedule
+    tables (``tables``, set by the caller).
+
+    Built per call by the eager path and once per traced call by :mod:`cupy_dash.jax` (whose launches must
+    depend on nothing but these constants and the buffer addresses). ``window``: (left, right) in
+    ``schedule.canonical_window`` form. The workspace (one buffer, ``work_bytes``) holds the fp32 / int32 scratch
+    arrays at ``offsets`` (each 256-byte aligned): lse_log2 and dpsum ``(B*H, Sq_rounded)`` float32, dq_accum
+    ``(B*H, Sq_rounded, D)`` float32, dq_semaphore ``(B*H, num_m_blocks)`` int32; preprocess initialises them, so
+    the buffer may hold anything. ``zero_kv``: whether dk and dv must be zeroed before the kernels run.
+    """
+    __slots__ = ("specs", "p", "block_m", "block_n", "num_m_blocks", "sq_rounded", "offsets", "work_bytes",
+                 "tables", "deterministic", "spin_timeout_ns", "causal", "window", "zero_kv")
+
+    def __init__(self, specs, block_m, block_n, p, deterministic, spin_timeout_ns, causal, window, tables=None):
+        self.specs, self.block_m, self.block_n, self.p, self.tables = specs, block_m, block_n, p, tables
+        self.deterministic, self.spin_timeout_ns = deterministic, spin_timeout_ns
+        self.causal, self.window = causal, tuple(window)
+        # NOTES: a KV tile that no query sees has no visit in any table, so the main kernel never writes its dK,
+        # dV rows: the whole of dk and dv is zeroed first (two memsets, no more traffic than writing them). Only
+        # a left window bound leaves such tiles: the leading keys of schedule.unseen_keys.
+        self.zero_kv = _schedule.unseen_keys(p.Sq, p.Sk, causal, self.window) >= block_n
+        self.num_m_blocks = -(-p.Sq // block_m)
+        self.sq_rounded = self.num_m_blocks * block_m
+        rows = p.B * p.H * self.sq_rounded
+        sizes = (rows * 4, rows * 4, rows * p.D * 4, p.B * p.H * self.num_m_blocks * 4)
+        self.offsets, total = [], 0
+        for n in sizes:
+            self.offsets.append(total)
+            total += -(-n // _WORKSPACE_ALIGN) * _WORKSPACE_ALIGN
+        self.work_bytes = total
+
+
+def bwd_tables(schedule, c, max_ctas, device_id, stream, capture=False):
+    """The device tables of ``schedule`` for the backward ``c`` (:func:`cupy_dash.schedule.device_tables`): one
+    KV tile with all the query heads of its group per work unit, at most ``max_ctas`` (co-resident) CTAs. Every
+    entry point gets its tables here, so equal problems get equal tables, hence equal bits."""
+    p = c.p
+    kv_tiles = p.B * p.Hkv * -(-p.Sk // c.block_n)
+    return _schedule.device_tables(schedule, p.Sq, p.Sk, c.block_m, c.block_n, p.B * p.H, c.causal,
+                                   min(max_ctas, kv_tiles), device_id, stream, p.H // p.Hkv, c.window,
+                                   capture=capture)
+
+
+def launch_backward(c, operands, lse_ptr, work_base, grads, stream, *, error_ptr=None, slot=None, call=None,
+                     timeline_ptr=0) -> None:
+    """Enqueue preprocess, main and postprocess of the backward ``c`` (:class:`BwdLaunch`, tables set) on the
+    CuPy ``stream`` (current device: the buffers' device); buffers as in :func:`bwd_params`.
+
+    Errors of the main kernel go to the 16-byte device record ``error_ptr``, or, with an error ``slot`` (eager
+    calls), to the slot's record: zeroed before, copied to the host and tracked (as ``call``) after the main
+    kernel. dk and dv are zeroed first when ``c.zero_kv``. Never synchronizes or allocates device memory.
+    """
+    specs = c.specs
+    pre_grid, main_grid, post_grid = bwd_grids(c)
+    try:
+        params = bwd_params(c, operands, lse_ptr, work_base, grads, error_ptr if slot is None else slot.dptr,
+                            timeline_ptr)
+        if slot is not None:
+            cupy.cuda.runtime.memsetAsync(slot.dptr, 0, 16, stream.ptr)
+        if c.zero_kv:
+            for ptr in grads[1:]:
+                cupy.cuda.runtime.memsetAsync(ptr, 0, kv_bytes(c.p), stream.ptr)
+        kernels.launch(specs.preprocess, pre_grid, params, stream)
+        kernels.launch(specs.main, main_grid, params, stream)
+        if slot is not None:
+            cupy.cuda.runtime.memcpyAsync(slot.hptr, slot.dptr, 16, cupy.cuda.runtime.memcpyDeviceToHost,
+                                          stream.ptr)
+            slot.event.record(stream)
+    except BaseException:
+        if slot is not None:
+            _release_slot(slot)     # nothing recorded on it: reusable at once
+        raise
+    if slot is not None:
+        _track(slot, call)
+    kernels.launch(specs.postprocess, post_grid, params, stream)
+
+
+def kv_bytes(p) -> int:
+    """Bytes of a contiguous (B, Sk, Hkv, D) 16-bit buffer (dk, dv)."""
+    return p.B * p.Sk * p.Hkv * p.D * 2
+
+
+def bwd_grids(c) -> tuple:
+    """Grids of preprocess, main (persistent: one CTA per table column list) and postprocess."""
+    row_grid = (c.num_m_blocks, c.p.H, c.p.B)
+    return row_grid, (c.tables.num_ctas,), row_grid
+
+
+def bwd_params(c, operands, lse_ptr, work_base, grads, error_ptr, timeline_ptr=0) -> np.ndarray:
+    """The backward's packed parameter block (the three kernels share it; window from ``c``). ``operands``: ``(pointer, (batch,
+    row, head) element strides)`` of q, k, v, out, dout; ``lse_ptr``: float32 ``(B, H, Sq)`` contiguous;
+    ``work_base``: ``c.work_bytes`` of scratch; ``grads``: pointers of contiguous dq ``(B, Sq, H, D)``, dk and dv
+    ``(B, Sk, Hkv, D)``; ``error_ptr``: the main kernel's 16-byte error record."""
+    p, tables = c.p, c.tables
+    B, Sq, Sk, H, Hkv, D = p.B, p.Sq, p.Sk, p.H, p.Hkv, p.D
+    (q_ptr, q_stride), (k_ptr, k_stride), (v_ptr, v_stride), (o_ptr, o_stride), (do_ptr, do_stride) = operands
+    dq_ptr, dk_ptr, dv_ptr = grads
+    kv_contig = _contiguous((B, Sk, Hkv, D))
+    base, offsets, bm, bn = work_base, c.offsets, c.block_m, c.block_n
+    return kernels.pack_bwd_params(
+        tma_q=tensormap.bhsd_map(q_ptr, p.dtype, (B, Sq, H, D), q_stride, bm, "q"),
+        tma_k=tensormap.bhsd_map(k_ptr, p.dtype, (B, Sk, Hkv, D), k_stride, bn, "k"),
+        tma_v=tensormap.bhsd_map(v_ptr, p.dtype, (B, Sk, Hkv, D), v_stride, bn, "v"),
+        tma_do=tensormap.bhsd_map(do_ptr, p.dtype, (B, Sq, H, D), do_stride, bm, "do"),
+        q=q_ptr, k=k_ptr, v=v_ptr, out=o_ptr, dout=do_ptr, lse=lse_ptr,
+        lse_log2=base + offsets[0], dpsum=base + offsets[1], dq_accum=base + offsets[2],
+        dq=dq_ptr, dk=dk_ptr, dv=dv_ptr, dq_semaphore=base + offsets[3] if c.deterministic else 0,
+        visits=tables.visits.data.ptr, rank=tables.rank.data.ptr, cta_start=tables.cta_start.data.ptr,
+        error=error_ptr, timeline=timeline_ptr,
+        q_stride=q_stride, k_stride=k_stride, v_stride=v_stride, o_stride=o_stride, do_stride=do_stride,
+        dq_stride=_contiguous((B, Sq, H, D)), dk_stride=kv_contig, dv_stride=kv_contig,
+        batch=B, seqlen_q=Sq, seqlen_k=Sk, num_heads=H, num_heads_kv=Hkv,
+        window_left=c.window[0], window_right=c.window[1], num_m_blocks=c.num_m_blocks, seqlen_q_rounded=c.sq_rounded, spin_timeout_ns=c.spin_timeout_ns,
+        softmax_scale=p.scale, softmax_scale_log2=p.scale * _LOG2E)

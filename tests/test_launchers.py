@@ -1,0 +1,99 @@
+"""CPU tests of cupy_dash.launchers, the layer the eager API and the JAX custom calls share: the parameter blocks
+hold what each argument says (the tensor-map encoder is replaced, since it needs the CUDA driver), the backward
+workspace layout, the grids."""
+from __future__ import annotations
+
+import math
+import types
+
+import numpy as np
+import pytest
+
+from cupy_dash import kernels, launchers, tensormap
+
+
+def fake_map(ptr, dtype, shape, strides, box_rows, name="tensor", box_panels=None):
+    text = repr((hex(ptr), dtype, tuple(shape), tuple(strides), box_rows, box_panels, name)).encode()
+    assert len(text) <= 128
+    return text.ljust(128, b"\0")
+
+
+@pytest.fixture(autouse=True)
+def no_driver(monkeypatch):
+    monkeypatch.setattr(tensormap, "bhsd_map", fake_map)
+
+
+def problem(B=2, Sq=200, Sk=320, H=4, Hkv=2, D=128, scale=0.1):
+    return types.SimpleNamespace(B=B, Sq=Sq, Sk=Sk, H=H, Hkv=Hkv, D=D, dtype="float16", scale=scale)
+
+
+def unmap(raw) -> tuple:
+    import ast
+    return ast.literal_eval(bytes(raw).rstrip(b"\0").decode())
+
+
+def test_forward_params():
+    p = problem()
+    q_st, kv_st = (1 << 20, 1024, 128), (1 << 19, 512, 128)
+    params = launchers.fwd_params(128, 96, p, (16, -1), ((0x1000, q_st), (0x2000, kv_st), (0x3000, kv_st)), 0x4000,
+                               0x5000)
+    assert params.dtype == kernels.FWD_PARAMS_DTYPE and params.shape == (1,)
+    f = params[0]
+    assert unmap(f["tma_q"]) == ("0x1000", "float16", (2, 200, 4, 128), q_st, 128, None, "q")
+    assert unmap(f["tma_k"]) == ("0x2000", "float16", (2, 320, 2, 128), kv_st, 96, None, "k")
+    assert unmap(f["tma_v"])[:1] == ("0x3000",)
+    assert unmap(f["tma_o"]) == ("0x4000", "float16", (2, 200, 4, 128), (200 * 4 * 128, 4 * 128, 128), 64, 1,
+                                 "out")
+    assert int(f["lse"]) == 0x5000
+    assert [int(f[n]) for n in ("batch", "seqlen_q", "seqlen_k", "num_heads", "num_heads_kv")] == [2, 200, 320, 4, 2]
+    assert (int(f["window_left"]), int(f["window_right"])) == (16, -1)
+    assert math.isclose(float(f["softmax_scale"]), 0.1, rel_tol=1e-7)
+    assert math.isclose(float(f["softmax_scale_log2"]), 0.1 / math.log(2), rel_tol=1e-6)
+    assert launchers.fwd_grid(p, 128) == (2, 4, 2)
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_backward_workspace_and_params(deterministic):
+    p = problem(Sq=200)
+    specs = kernels.bwd_specs("float16", 128, True, deterministic)
+    tile = kernels.bwd_tile(128)
+    c = launchers.BwdLaunch(specs, tile.block_m, tile.block_n, p, deterministic, 12345, True, (150, 0))
+    m_blocks = -(-200 // tile.block_m)
+    rows = 2 * 4 * m_blocks * tile.block_m
+    assert (c.num_m_blocks, c.sq_rounded) == (m_blocks, m_blocks * tile.block_m)
+    sizes = (rows * 4, rows * 4, rows * 128 * 4, 2 * 4 * m_blocks * 4)
+    for start, end, size in zip(c.offsets, [*c.offsets[1:], c.work_bytes], sizes):
+        assert start % 256 == 0 and size <= end - start < size + 256
+    ptr = types.SimpleNamespace
+    c.tables = ptr(visits=ptr(data=ptr(ptr=0xA000)), rank=ptr(data=ptr(ptr=0xB000)),
+                   cta_start=ptr(data=ptr(ptr=0xC000)), num_ctas=33, policy="shift")
+    q_st, kv_st = (200 * 4 * 128, 4 * 128, 128), (320 * 2 * 128, 2 * 128, 128)
+    operands = ((0x1000, q_st), (0x2000, kv_st), (0x3000, kv_st), (0x4000, q_st), (0x5000, q_st))
+    params = launchers.bwd_params(c, operands, 0x6000, 0x100000, (0x7000, 0x8000, 0x9000), 0xD000, 0xE000)
+    f = params[0]
+    assert params.dtype == kernels.BWD_PARAMS_DTYPE
+    assert {n: int(f[n]) for n in ("q", "k", "v", "out", "dout", "lse", "dq", "dk", "dv")} == dict(
+        q=0x1000, k=0x2000, v=0x3000, out=0x4000, dout=0x5000, lse=0x6000, dq=0x7000, dk=0x8000, dv=0x9000)
+    assert [int(f[n]) for n in ("lse_log2", "dpsum", "dq_accum")] == [0x100000 + o for o in c.offsets[:3]]
+    assert int(f["dq_semaphore"]) == (0x100000 + c.offsets[3] if deterministic else 0)
+    assert [int(f[n]) for n in ("visits", "rank", "cta_start", "error", "timeline")] == [
+        0xA000, 0xB000, 0xC000, 0xD000, 0xE000]
+    assert unmap(f["tma_do"])[:1] == ("0x5000",) and unmap(f["tma_q"])[4] == tile.block_m
+    assert unmap(f["tma_k"])[4] == tile.block_n
+    assert tuple(f["dk_stride"].tolist()) == kv_st and tuple(f["dq_stride"].tolist()) == q_st
+    assert (int(f["num_m_blocks"]), int(f["seqlen_q_rounded"]), int(f["spin_timeout_ns"])) == (
+        m_blocks, m_blocks * tile.block_m, 12345)
+    assert launchers.bwd_grids(c) == ((m_blocks, 4, 2), (33,), (m_blocks, 4, 2))
+    assert (int(f["window_left"]), int(f["window_right"])) == (150, 0)
+    assert not c.zero_kv                 # every key is seen by some query
+    assert np.isclose(float(f["softmax_scale_log2"]), 0.1 / math.log(2))
+
+
+@pytest.mark.parametrize("window,zero", [((-1, 0), False), ((0, 0), True), ((200, 0), False), ((127, 0), True)])
+def test_backward_zeroes_dk_dv_when_a_whole_kv_tile_is_unseen(window, zero):
+    p = problem(Sq=64, Sk=320)                  # keys 0 .. Sk - Sq - left - 1 are seen by no query
+    tile = kernels.bwd_tile(128)
+    c = launchers.BwdLaunch(kernels.bwd_specs("float16", 128, True, True), tile.block_m, tile.block_n, p, True, 1,
+                            True, window)
+    assert c.zero_kv == zero, (window, 320 - 64 - window[0], tile.block_n)
+    assert launchers.kv_bytes(p) == 2 * 320 * 2 * 128 * 2
