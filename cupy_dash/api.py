@@ -33,7 +33,7 @@ import cupy
 import ml_dtypes
 import numpy as np
 
-from . import interop, jit, kernels, launchers, tensormap
+from . import fastpath, interop, jit, kernels, launchers, tensormap
 from .errors import (_acquire_slot, _graph_record, _keep_alive, _spin_timeout_ms, check_errors,
                      poll_errors as _poll_errors)
 from . import schedule as _schedule
@@ -259,6 +259,12 @@ def attention_forward(q, k, v, *, causal=False, softmax_scale=None, window=(-1, 
     backward of an earlier call that has since failed (see :func:`check_errors`). May be captured into a CUDA
     graph by torch callers after one eager call of the same variant (see the module docstring).
     """
+    fast_key = None
+    if fastpath.is_torch(q) and fastpath.enabled():
+        result = fastpath.forward(q, k, v, causal, softmax_scale, window)
+        if result is not None:
+            return result
+        fast_key = fastpath.fwd_key(q, k, v, causal, softmax_scale, window)
     capturing = interop.capturing(q)
     if not capturing:
         _poll_errors()
@@ -282,6 +288,9 @@ def attention_forward(q, k, v, *, causal=False, softmax_scale=None, window=(-1, 
                                  lse_ptr, stream)
         if keep:
             _keep_alive(keep, stream)
+        elif fast_key is not None and not capturing:
+            fastpath.register_forward(fast_key, spec, block_m, block_n, p, (window_left, window_right), operands,
+                                      out_ptr, lse_ptr, q)
         return _export(fw, out, q), _export(fw, lse, q)
 
 
@@ -317,8 +326,14 @@ def attention_backward(do, q, k, v, out, lse, *, causal=False, softmax_scale=Non
     the kernel give up instead of hanging; the failure is raised later, by :func:`check_errors` or by the next
     cupy_dash call (deferred, so that this call stays asynchronous).
     """
+    fast_key = None
+    if fastpath.is_torch(q) and fastpath.enabled():
+        result = fastpath.backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, deterministic, window)
+        if result is not None:
+            return result
+        fast_key = fastpath.bwd_key(do, q, k, v, out, lse, causal, softmax_scale, schedule, deterministic, window)
     return _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, deterministic, None, None, None,
-                     window)
+                     window, fast_key)
 
 
 def _backward_with_plan(do, q, k, v, out, lse, *, plan, causal=False, softmax_scale=None, deterministic=True,
@@ -344,7 +359,7 @@ def _backward_with_plan(do, q, k, v, out, lse, *, plan, causal=False, softmax_sc
 
 
 def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, deterministic, plan, spin_timeout_ns,
-              timeline, window):
+              timeline, window, fast_key=None):
     capturing = interop.capturing(q)
     if not capturing:
         _poll_errors()
@@ -418,6 +433,8 @@ def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, determinis
                                   timeline_ptr=0 if timeline is None else timeline.data.ptr)
         if keep:
             _keep_alive(keep, stream)
+        elif fast_key is not None and not capturing and plan is None and timeline is None:
+            fastpath.register_backward(fast_key, c, operands, lse_ptr, base, (dq_ptr, dk_ptr, dv_ptr), call, q)
         result = _export(fw, dq, q), _export(fw, dk, q), _export(fw, dv, q)
     if not capturing and os.environ.get("CUPY_DASH_SYNC_ERRORS", "") not in ("", "0"):
         check_errors()

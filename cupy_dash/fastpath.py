@@ -1,0 +1,267 @@
+"""Host fast path for repeated calls with torch tensors.
+
+A training step calls attention with the same shapes, strides, dtypes, flags and (under a caching allocator)
+often the same addresses, step after step. After a call of :func:`cupy_dash.attention_forward` or
+:func:`cupy_dash.attention_backward` with torch CUDA tensors has been validated and launched by the full path,
+its *plan* is kept here: the kernel handles, grids, the packed parameter block with the offsets of the fields
+that change per call (tensor addresses, their TMA maps, the scratch and output buffers, the error record), the
+schedule tables. A later call whose *signature* matches re-launches from the plan: allocate the outputs with
+torch, patch the parameter block, one ``cuLaunchKernel`` per kernel (:mod:`cupy_dash._launch`).
+
+NOTES: the signature holds everything the full path's checks depend on: for every tensor its shape, strides,
+dtype and device, whether all base addresses are 16-byte aligned, and the arguments by type and value (``causal``
+must be a ``bool``, ``window`` a tuple, ``softmax_scale`` None or a float, ``schedule`` a str, the spin timeout of
+the environment). A call that would fail a check never matches a plan (plans are only made by calls that passed
+them), so bad input still raises before anything is launched. The fast path steps aside (returns None) when the
+current stream is capturing a CUDA graph (the full path has its capture rules), when the current device is not
+the tensors' device, or when ``CUPY_DASH_FASTPATH=0``. Launches, allocations and the order of the asynchronous
+operations are those of :mod:`cupy_dash.launchers`, so the bits are the same.
+"""
+from __future__ import annotations
+
+import os
+import struct
+import threading
+
+import cupy
+
+from . import _launch, errors, jit, kernels, launchers, tensormap
+
+_MAX_PLANS = 256
+_MAX_MAPS = 64          # tensor maps kept per operand of a plan (keyed by address)
+_fwd_plans: dict = {}
+_bwd_plans: dict = {}
+_lock = threading.Lock()
+_torch = None
+_stats = {"fwd_hits": 0, "bwd_hits": 0}
+
+
+def enabled() -> bool:
+    return os.environ.get("CUPY_DASH_FASTPATH", "1") not in ("0", "")
+
+
+def clear() -> None:
+    """Forget every plan (tests; also frees the schedule tables only plans still held)."""
+    with _lock:
+        _fwd_plans.clear()
+        _bwd_plans.clear()
+
+
+def stats() -> dict:
+    """Fast-path hits since import: ``{"fwd_hits": n, "bwd_hits": n}``."""
+    return dict(_stats)
+
+
+def _torch_mod():
+    global _torch
+    if _torch is None:
+        import torch
+        _torch = torch
+    return _torch
+
+
+def is_torch(x) -> bool:
+    t = type(x)
+    return t.__name__ == "Tensor" and t.__module__ == "torch"
+
+
+def _sig(t) -> tuple:
+    return t.shape, t.stride(), t.dtype, t.device
+
+
+def fwd_key(q, k, v, causal, softmax_scale, window):
+    """The forward's signature (module docstring), or None when an argument's type rules the fast path out."""
+    if not (is_torch(q) and is_torch(k) and is_torch(v)) or type(causal) is not bool or type(window) is not tuple or (
+            softmax_scale is not None and type(softmax_scale) is not float):
+        return None
+    aligned = not ((q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15)
+    return _sig(q), _sig(k), _sig(v), causal, softmax_scale, window, aligned
+
+
+def bwd_key(do, q, k, v, out, lse, causal, softmax_scale, schedule, deterministic, window):
+    """The backward's signature (module docstring), or None."""
+    if not all(is_torch(x) for x in (do, q, k, v, out, lse)) or type(causal) is not bool or type(deterministic) is not bool or type(window) is not tuple or \
+            type(schedule) is not str or (softmax_scale is not None and type(softmax_scale) is not float):
+        return None
+    ptrs = do.data_ptr() | q.data_ptr() | k.data_ptr() | v.data_ptr() | out.data_ptr() | lse.data_ptr()
+    return (_sig(do), _sig(q), _sig(k), _sig(v), _sig(out), _sig(lse), causal, softmax_scale, schedule,
+            deterministic, window, not (ptrs & 15), os.environ.get("CUPY_DASH_SPIN_TIMEOUT_MS"))
+
+
+class _Maps:
+    """The 128-byte TMA maps of one operand of a plan, by address (encoded on first sight)."""
+    __slots__ = ("args", "cache")
+
+    def __init__(self, dtype, shape, strides, box_rows, name, box_panels=None):
+        self.args = (dtype, shape, strides, box_rows, name, box_panels)
+        self.cache = {}
+
+    def get(self, ptr) -> bytes:
+        m = self.cache.get(ptr)
+        if m is None:
+            dtype, shape, strides, box_rows, name, box_panels = self.args
+            m = tensormap.bhsd_map(ptr, dtype, shape, strides, box_rows, name, box_panels)
+            if len(self.cache) >= _MAX_MAPS:
+                self.cache.clear()
+            self.cache[ptr] = m
+        return m
+
+
+def _offset(dtype, name) -> int:
+    return dtype.fields[name][1]
+
+
+def _store(table: dict, key, plan) -> None:
+    with _lock:
+        if len(table) >= _MAX_PLANS:
+            table.pop(next(iter(table)))
+        table[key] = plan
+
+
+def _ready(device_index) -> bool:
+    """Not capturing on the current torch stream, and the current device is the tensors' device."""
+    torch = _torch_mod()
+    return cupy.cuda.runtime.getDevice() == device_index and not torch.cuda.is_current_stream_capturing()
+
+
+# ------------------------------------------------------------------------------------------------------------
+# forward
+# ------------------------------------------------------------------------------------------------------------
+class _FwdPlan:
+    __slots__ = ("func", "grid", "smem", "threads", "template", "maps", "map_offsets", "lse_offset", "out_shape",
+                 "lse_shape", "dtype", "device", "device_index")
+
+
+def register_forward(key, spec, block_m, block_n, p, window, operands, out_ptr, lse_ptr, like) -> None:
+    """Keep the plan of a forward the full path has just launched (current device: its device). ``like``: q."""
+    if key is None:
+        return
+    B, Sq, Sk, H, Hkv, D = p.B, p.Sq, p.Sk, p.H, p.Hkv, p.D
+    plan = _FwdPlan()
+    plan.func = jit.load(spec).ptr
+    plan.grid = launchers.fwd_grid(p, block_m)
+    plan.smem, plan.threads = spec.smem_bytes, spec.threads
+    plan.template = launchers.fwd_params(block_m, block_n, p, window, operands, out_ptr, lse_ptr).tobytes()
+    (_, q_stride), (_, k_stride), (_, v_stride) = operands
+    plan.maps = (_Maps(p.dtype, (B, Sq, H, D), q_stride, block_m, "q"),
+                 _Maps(p.dtype, (B, Sk, Hkv, D), k_stride, block_n, "k"),
+                 _Maps(p.dtype, (B, Sk, Hkv, D), v_stride, block_n, "v"),
+                 _Maps(p.dtype, (B, Sq, H, D), launchers._contiguous((B, Sq, H, D)), 64, "out", 1))
+    dt = kernels.FWD_PARAMS_DTYPE
+    plan.map_offsets = tuple(_offset(dt, n) for n in ("tma_q", "tma_k", "tma_v", "tma_o"))
+    plan.lse_offset = _offset(dt, "lse")
+    plan.out_shape, plan.lse_shape = (B, Sq, H, D), (B, H, Sq)
+    plan.dtype, plan.device, plan.device_index = like.dtype, like.device, like.get_device()
+    _store(_fwd_plans, key, plan)
+
+
+def forward(q, k, v, causal, softmax_scale, window):
+    """``(out, lse)`` from a stored plan, or None (then the caller takes the full path)."""
+    key = fwd_key(q, k, v, causal, softmax_scale, window)
+    plan = _fwd_plans.get(key) if key is not None else None
+    if plan is None or not _ready(plan.device_index):
+        return None
+    errors.poll_errors()
+    torch = _torch
+    out = torch.empty(plan.out_shape, dtype=plan.dtype, device=plan.device)
+    lse = torch.empty(plan.lse_shape, dtype=torch.float32, device=plan.device)
+    buf = bytearray(plan.template)
+    for maps, off, ptr in zip(plan.maps, plan.map_offsets, (q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                                                             out.data_ptr())):
+        buf[off:off + 128] = maps.get(ptr)
+    struct.pack_into("<Q", buf, plan.lse_offset, lse.data_ptr())
+    gx, gy, gz = plan.grid
+    _launch.launch(plan.func, gx, gy, gz, plan.threads, plan.smem, torch._C._cuda_getCurrentRawStream(
+        plan.device_index), buf)
+    _stats["fwd_hits"] += 1
+    return out, lse
+
+
+# ------------------------------------------------------------------------------------------------------------
+# backward
+# ------------------------------------------------------------------------------------------------------------
+_BWD_POINTERS = ("q", "k", "v", "out", "dout", "lse", "lse_log2", "dpsum", "dq_accum", "dq_semaphore", "dq", "dk",
+                 "dv", "error")
+
+
+class _BwdPlan:
+    __slots__ = ("c", "call", "funcs", "grids", "threads", "smems", "template", "maps", "map_offsets", "offsets",
+                 "deterministic", "dq_shape", "kv_shape", "dtype", "device", "device_index", "kv_bytes")
+
+
+def register_backward(key, c, operands, lse_ptr, work_base, grads, call, like) -> None:
+    """Keep the plan of a backward the full path has just launched (``c``: its launchers.BwdLaunch with tables;
+    current device: its device). ``like``: q."""
+    if key is None:
+        return
+    p = c.p
+    B, Sq, Sk, H, Hkv, D = p.B, p.Sq, p.Sk, p.H, p.Hkv, p.D
+    plan = _BwdPlan()
+    plan.c, plan.call = c, call
+    specs = c.specs
+    plan.funcs = tuple(jit.load(s).ptr for s in (specs.preprocess, specs.main, specs.postprocess))
+    plan.grids = launchers.bwd_grids(c)
+    plan.threads = tuple(s.threads for s in (specs.preprocess, specs.main, specs.postprocess))
+    plan.smems = tuple(s.smem_bytes for s in (specs.preprocess, specs.main, specs.postprocess))
+    plan.template = launchers.bwd_params(c, operands, lse_ptr, work_base, grads, 0).tobytes()
+    (_, q_stride), (_, k_stride), (_, v_stride), _, (_, do_stride) = operands
+    plan.maps = (_Maps(p.dtype, (B, Sq, H, D), q_stride, c.block_m, "q"),
+                 _Maps(p.dtype, (B, Sk, Hkv, D), k_stride, c.block_n, "k"),
+                 _Maps(p.dtype, (B, Sk, Hkv, D), v_stride, c.block_n, "v"),
+                 _Maps(p.dtype, (B, Sq, H, D), do_stride, c.block_m, "do"))
+    dt = kernels.BWD_PARAMS_DTYPE
+    plan.map_offsets = tuple(_offset(dt, n) for n in ("tma_q", "tma_k", "tma_v", "tma_do"))
+    plan.offsets = tuple(_offset(dt, n) for n in _BWD_POINTERS)
+    plan.deterministic = c.deterministic
+    plan.dq_shape, plan.kv_shape = (B, Sq, H, D), (B, Sk, Hkv, D)
+    plan.dtype, plan.device, plan.device_index = like.dtype, like.device, like.get_device()
+    plan.kv_bytes = launchers.kv_bytes(p)
+    _store(_bwd_plans, key, plan)
+
+
+def backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, deterministic, window):
+    """``(dq, dk, dv)`` from a stored plan, or None (then the caller takes the full path)."""
+    key = bwd_key(do, q, k, v, out, lse, causal, softmax_scale, schedule, deterministic, window)
+    plan = _bwd_plans.get(key) if key is not None else None
+    if plan is None or not _ready(plan.device_index):
+        return None
+    errors.poll_errors()
+    torch = _torch
+    c = plan.c
+    work = torch.empty((c.work_bytes,), dtype=torch.uint8, device=plan.device)
+    dq = torch.empty(plan.dq_shape, dtype=plan.dtype, device=plan.device)
+    dk = torch.empty(plan.kv_shape, dtype=plan.dtype, device=plan.device)
+    dv = torch.empty(plan.kv_shape, dtype=plan.dtype, device=plan.device)
+    slot = errors._acquire_slot(plan.device_index)
+    base = work.data_ptr()
+    off = c.offsets
+    values = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), do.data_ptr(), lse.data_ptr(),
+              base + off[0], base + off[1], base + off[2], base + off[3] if plan.deterministic else 0,
+              dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), slot.dptr)
+    buf = bytearray(plan.template)
+    for maps, o, ptr in zip(plan.maps, plan.map_offsets, values[:3] + values[4:5]):
+        buf[o:o + 128] = maps.get(ptr)
+    for o, value in zip(plan.offsets, values):
+        struct.pack_into("<Q", buf, o, value)
+    stream = torch._C._cuda_getCurrentRawStream(plan.device_index)
+    rt = cupy.cuda.runtime
+    (pre, main, post), (g_pre, g_main, g_post) = plan.funcs, plan.grids
+    (t_pre, t_main, t_post), (s_pre, s_main, s_post) = plan.threads, plan.smems
+    try:   # NOTES: the order of launchers.launch_backward
+        rt.memsetAsync(slot.dptr, 0, 16, stream)
+        if c.zero_kv:
+            rt.memsetAsync(values[11], 0, plan.kv_bytes, stream)
+            rt.memsetAsync(values[12], 0, plan.kv_bytes, stream)
+        _launch.launch(pre, g_pre[0], g_pre[1], g_pre[2], t_pre, s_pre, stream, buf)
+        _launch.launch(main, g_main[0], 1, 1, t_main, s_main, stream, buf)
+        rt.memcpyAsync(slot.hptr, slot.dptr, 16, rt.memcpyDeviceToHost, stream)
+        rt.eventRecord(slot.event.ptr, stream)
+    except BaseException:
+        errors._release_slot(slot)
+        raise
+    errors._track(slot, plan.call)
+    _launch.launch(post, g_post[0], g_post[1], g_post[2], t_post, s_post, stream, buf)
+    _stats["bwd_hits"] += 1
+    if os.environ.get("CUPY_DASH_SYNC_ERRORS", "") not in ("", "0"):
+        errors.check_errors()
+    return dq, dk, dv
