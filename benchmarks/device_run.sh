@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device run on the H200: install, compile, GPU tests, demo, benchmarks; every log under $OUT.
-#   bash benchmarks/device_run.sh [smoke|fwd|tests|bench|all] [extra pytest args...]
+#   bash benchmarks/device_run.sh [smoke|fwd|tests|bench|integration|all] [extra pytest args...]
 # FA3 (flash-attn3-jax) is measured when its wheel is importable: carry .whl/ and set FA3_WHL=1.
 set -o pipefail
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false CUPY_DASH_CACHE_DIR=${CUPY_DASH_CACHE_DIR:-/tmp/dash_cache}
@@ -23,6 +23,17 @@ if [ "$stage" = fwd ]; then
     -k "forward or rows_without" 2>&1 | tee "$OUT/fwd_tests.log" | tail -15
   timeout 300 $py -m cupy_dash bench --fwd-only --no-overhead --no-compile --out "$OUT" "$@" 2>&1 \
     | tee "$OUT/fwd_bench.log" | tail -45
+fi
+if [ "$stage" = integration ]; then   # host fast path, JAX under jit, overheads, the training examples
+  timeout 200 $py -m pytest tests/test_gpu_fastpath.py tests/test_gpu_jax_jit.py -q -ra "$@" 2>&1 \
+    | tee "$OUT/integration_tests.log" | tail -15
+  timeout 60 $py benchmarks/host_overhead.py --json "$OUT/host_overhead.json" 2>&1 | tee "$OUT/host_overhead.txt"
+  timeout 90 $py benchmarks/jax_overhead.py --json "$OUT/jax_overhead.json" 2>&1 | tee "$OUT/jax_overhead.txt" \
+    | tail -12
+  (cd examples && timeout 200 $py train_tiny_transformer.py --plot "$OUT/train_torch.png" \
+    --json "$OUT/train_torch.json" 2>&1 | tee "$OUT/train_torch.txt" | tail -8)
+  (cd examples && timeout 200 $py train_tiny_transformer_jax.py --plot "$OUT/train_jax.png" \
+    --json "$OUT/train_jax.json" 2>&1 | tee "$OUT/train_jax.txt" | tail -8)
 fi
 if [ "$stage" = tests ] || [ "$stage" = all ]; then
   timeout 540 $py -m pytest tests/ -q -ra --maxfail=20 --durations=15 "$@" 2>&1 | tee "$OUT/tests.log" | tail -40

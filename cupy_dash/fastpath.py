@@ -25,7 +25,7 @@ import threading
 
 import cupy
 
-from . import _launch, errors, jit, kernels, launchers, tensormap
+from . import _launch, errors, interop, jit, kernels, launchers, tensormap
 
 _MAX_PLANS = 256
 _MAX_MAPS = 64          # tensor maps kept per operand of a plan (keyed by address)
@@ -171,8 +171,8 @@ def forward(q, k, v, causal, softmax_scale, window):
         buf[off:off + 128] = maps.get(ptr)
     struct.pack_into("<Q", buf, plan.lse_offset, lse.data_ptr())
     gx, gy, gz = plan.grid
-    _launch.launch(plan.func, gx, gy, gz, plan.threads, plan.smem, torch._C._cuda_getCurrentRawStream(
-        plan.device_index), buf)
+    _launch.launch(plan.func, gx, gy, gz, plan.threads, plan.smem, interop._torch_stream_ptr(plan.device_index),
+                   buf)
     _stats["fwd_hits"] += 1
     return out, lse
 
@@ -243,7 +243,7 @@ def backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, determinist
         buf[o:o + 128] = maps.get(ptr)
     for o, value in zip(plan.offsets, values):
         struct.pack_into("<Q", buf, o, value)
-    stream = torch._C._cuda_getCurrentRawStream(plan.device_index)
+    stream = interop._torch_stream_ptr(plan.device_index)
     rt = cupy.cuda.runtime
     (pre, main, post), (g_pre, g_main, g_post) = plan.funcs, plan.grids
     (t_pre, t_main, t_post), (s_pre, s_main, s_post) = plan.threads, plan.smems
