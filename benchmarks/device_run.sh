@@ -28,12 +28,12 @@ if [ "$stage" = integration ]; then   # host fast path, JAX under jit, overheads
   timeout 200 $py -m pytest tests/test_gpu_fastpath.py tests/test_gpu_jax_jit.py -q -ra "$@" 2>&1 \
     | tee "$OUT/integration_tests.log" | tail -15
   timeout 60 $py benchmarks/host_overhead.py --json "$OUT/host_overhead.json" 2>&1 | tee "$OUT/host_overhead.txt"
-  timeout 90 $py benchmarks/jax_overhead.py --json "$OUT/jax_overhead.json" 2>&1 | tee "$OUT/jax_overhead.txt" \
-    | tail -12
   (cd examples && timeout 200 $py train_tiny_transformer.py --plot "$OUT/train_torch.png" \
     --json "$OUT/train_torch.json" 2>&1 | tee "$OUT/train_torch.txt" | tail -8)
   (cd examples && timeout 200 $py train_tiny_transformer_jax.py --plot "$OUT/train_jax.png" \
     --json "$OUT/train_jax.json" 2>&1 | tee "$OUT/train_jax.txt" | tail -8)
+  timeout 90 $py benchmarks/jax_overhead.py --json "$OUT/jax_overhead.json" 2>&1 | tee "$OUT/jax_overhead.txt" \
+    | tail -12
 fi
 if [ "$stage" = tests ] || [ "$stage" = all ]; then
   timeout 540 $py -m pytest tests/ -q -ra --maxfail=20 --durations=15 "$@" 2>&1 | tee "$OUT/tests.log" | tail -40
