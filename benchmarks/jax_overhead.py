@@ -60,8 +60,9 @@ def main(argv=None):
         jit_fwd = jax.jit(lambda q, k, v: cj.attention_forward(q, k, v))
         jit_bwd = jax.jit(lambda *a: cj.attention_backward(*a))
         jit_vjp = jax.jit(lambda q, k, v, do: jax.vjp(cj.attention, q, k, v)[1](do))
-        for fn, args in ((jit_fwd, (q, k, v)), (jit_bwd, (dout, q, k, v, out, lse)), (jit_vjp, (q, k, v, dout))):
-            jax.block_until_ready(fn(*args))                  # traced now, with this mechanism
+        for fn, fn_args in ((jit_fwd, (q, k, v)), (jit_bwd, (dout, q, k, v, out, lse)),
+                            (jit_vjp, (q, k, v, dout))):
+            jax.block_until_ready(fn(*fn_args))               # traced now, with this mechanism
         paths.update({
             f"jit forward [{mechanism}]": functools.partial(jit_fwd, q, k, v),
             f"jit backward [{mechanism}]": functools.partial(jit_bwd, dout, q, k, v, out, lse),
