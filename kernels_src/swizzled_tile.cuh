@@ -34,3 +34,14 @@ struct SwizzledTile {
 // desc advanced by byte_offset bytes: the start-address field holds address >> 4 in its low 14 bits, and every
 // operand lies below 256 KB, so the addition never carries out of the field.
 DASH_DEVICE uint64_t desc_advance(uint64_t desc, uint32_t byte_offset) { return desc + (byte_offset >> 4); }
+
+// acc (64 x kN) = A B^T over kSteps k16-steps, A and B K-major operands (TileA, TileB: their SwizzledTile types;
+// a_desc, b_desc at k-step 0). Issues the wgmmas, no fence or commit.
+template <int kN, int kSteps, class TileA, class TileB>
+DASH_DEVICE void gemm_ss_kmajor(float (&acc)[kN / 2], uint64_t a_desc, uint64_t b_desc) {
+#pragma unroll
+  for (int ks = 0; ks < kSteps; ++ks) {
+    wgmma_ss<kN, 0, 0>(acc, desc_advance(a_desc, TileA::kmajor_step(ks)), desc_advance(b_desc, TileB::kmajor_step(ks)),
+                       ks > 0);
+  }
+}

@@ -2,6 +2,7 @@
 // shared-memory layout. The DASH_* defines come from cupy_dash/kernels.py (one cubin per variant).
 #pragma once
 #include "../common.cuh"
+#include "../warp_roles.cuh"
 #include "dq_accum_layout.cuh"
 
 #if !defined(DASH_HEAD_DIM) || !defined(DASH_CAUSAL) || !defined(DASH_DETERMINISTIC) || !defined(DASH_BLOCK_M) || \
@@ -20,14 +21,8 @@ constexpr int kBlockN = DASH_BLOCK_N;  // keys per KV tile (n_block)
 
 // Thread roles: warpgroup 0 is the producer (warp 0 issues TMA loads, warp 1 adds dQ partials into dq_accum,
 // warps 2-3 leave at once); warpgroups 1..kNumMmaWg compute, each for 64 keys of the KV tile.
-constexpr int kNumMmaWg = 2;
-constexpr int kWgThreads = 128;
-constexpr int kNumThreads = kWgThreads * (1 + kNumMmaWg);
+using namespace roles;  // kNumMmaWg, kWgThreads, kNumThreads, kProducerRegs, kMmaRegs (warp_roles.cuh)
 static_assert(DASH_NUM_THREADS == kNumThreads, "launched with 384 threads");
-constexpr int kEntryRegs = 168;  // what __launch_bounds__(384, 1) gives every thread at entry
-constexpr int kProducerRegs = 24, kMmaRegs = 240;
-static_assert(kProducerRegs * kWgThreads + kMmaRegs * kWgThreads * kNumMmaWg <= kEntryRegs * kNumThreads,
-              "setmaxnreg budgets exceed the CTA's register pool");
 
 static_assert(kHeadDim == 64 || kHeadDim == 128, "head dim 64 or 128");
 static_assert(kBlockN == 64 * kNumMmaWg, "each MMA warpgroup owns 64 keys: the rows of its S^T, dP^T, dK, dV");

@@ -3,6 +3,7 @@
 #pragma once
 #include "../common.cuh"
 #include "../params.cuh"
+#include "../warp_roles.cuh"
 
 #if !defined(DASH_HEAD_DIM) || !defined(DASH_CAUSAL) || !defined(DASH_BLOCK_M) || !defined(DASH_BLOCK_N) || \
     !defined(DASH_NUM_THREADS) || !defined(DASH_SMEM_BYTES)
@@ -19,13 +20,8 @@ constexpr int kBlockN = DASH_BLOCK_N;  // keys per KV tile (n_block)
 
 // Thread roles: warpgroup 0 is the producer (one lane of warp 0 issues the TMA loads; the rest leave at once);
 // warpgroups 1..kNumMmaWg compute, each for 64 query rows of the Q tile.
-constexpr int kNumMmaWg = 2;
-constexpr int kWgThreads = 128;
-constexpr int kNumThreads = kWgThreads * (1 + kNumMmaWg);
+using namespace roles;  // kNumMmaWg, kWgThreads, kNumThreads, kProducerRegs, kMmaRegs (warp_roles.cuh)
 static_assert(DASH_NUM_THREADS == kNumThreads, "launched with 384 threads");
-constexpr int kProducerRegs = 24, kMmaRegs = 240;
-static_assert(kProducerRegs * kWgThreads + kMmaRegs * kWgThreads * kNumMmaWg <= 168 * kNumThreads,
-              "setmaxnreg budgets exceed the CTA's register pool (168 per thread at entry)");
 
 static_assert(kHeadDim == 64 || kHeadDim == 128, "head dim 64 or 128");
 static_assert(kBlockM == 64 * kNumMmaWg, "each MMA warpgroup owns 64 query rows");

@@ -99,12 +99,7 @@ DASH_DEVICE void mask_scores(float (&S)[kSRegs], int key0, const KeyRange& keys,
 
 // S = Q_wg K^T over the head dim (both K-major). Issues the wgmmas, no commit.
 DASH_DEVICE void gemm_qk(float (&S)[kSRegs], uint64_t q_desc, uint32_t k_tile) {
-  const uint64_t k_desc = TileKV::kmajor(k_tile, 0);
-#pragma unroll
-  for (int ks = 0; ks < kHeadDim / 16; ++ks) {
-    wgmma_ss<kBlockN, 0, 0>(S, desc_advance(q_desc, TileQ::kmajor_step(ks)),
-                            desc_advance(k_desc, TileKV::kmajor_step(ks)), ks > 0);
-  }
+  gemm_ss_kmajor<kBlockN, kHeadDim / 16, TileQ, TileKV>(S, q_desc, TileKV::kmajor(k_tile, 0));
 }
 
 // O += P V over the keys, P as register A fragments, V the MN-major B operand. Issues the wgmmas, no commit.
@@ -132,8 +127,8 @@ DASH_DEVICE void scores_to_probs(float (&S)[kSRegs], RowStats& st, float (&corr)
 // The mainloop of MMA warpgroup wg (thread tid of it): O (unnormalised) and the row statistics of its 64 rows.
 // NOTES: K stage i % kStages holds K of step i (KV tile n_block_min + n_blocks - 1 - i), V likewise; each
 // warpgroup arrives once on an empty barrier (count kNumMmaWg) when its wgmmas reading that stage have
-// completed. Every warpgroup takes the turn n_blocks + 1 times; warpgroup 1 passes it to warpgroup 0 once up front (so 0 goes first) and
-// not after its last GEMMs, so every arrive is matched by a sync.
+// completed. Every warpgroup takes the turn n_blocks + 1 times; warpgroup 1 passes it to warpgroup 0 once up
+// front (so 0 goes first) and not after its last GEMMs, so every arrive is matched by a sync.
 DASH_DEVICE void consume(const FwdParams& p, const Smem& s, const Tile& t, float (&O)[kORegs], RowStats& st, int wg,
                          int tid) {
   const Fragment f(tid);
