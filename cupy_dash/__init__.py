@@ -6,6 +6,9 @@ Public API (layout q (B, Sq, H, D), k/v (B, Sk, Hkv, D), bf16 or fp16, any ``__d
     dq, dk, dv = cupy_dash.attention_backward(do, q, k, v, out, lse, causal=False, softmax_scale=None,
                                               schedule="auto", deterministic=True)
 
+Packed variable-length batches: ``attention_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+max_seqlen_k, ...)`` (q (total_q, H, D)).
+
 ``cupy_dash.schedule`` builds, validates and simulates the dQ-reduction schedules and needs no GPU.
 ``cupy_dash.torch`` (registered torch ops) and ``cupy_dash.jax`` are imported on first access, so importing
 ``cupy_dash`` never imports torch or JAX.
@@ -13,9 +16,10 @@ Public API (layout q (B, Sq, H, D), k/v (B, Sk, Hkv, D), bf16 or fp16, any ``__d
 from ._version import __version__
 from . import schedule, reference
 from .api import attention, attention_backward, attention_forward, check_errors
+from .varlen import attention_forward_varlen
 
-__all__ = ["__version__", "attention", "attention_backward", "attention_forward", "check_errors", "reference",
-           "schedule"]
+__all__ = ["__version__", "attention", "attention_backward", "attention_forward", "attention_forward_varlen",
+           "check_errors", "reference", "schedule"]
 
 _LAZY_SUBMODULES = ("torch", "jax")
 

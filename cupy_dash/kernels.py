@@ -110,6 +110,8 @@ class KernelSpec:
             tags.append("causal" if d["DASH_CAUSAL"] else "full")
         if "DASH_DETERMINISTIC" in d:
             tags.append("det" if d["DASH_DETERMINISTIC"] else "atomic")
+        if d.get("DASH_VARLEN"):
+            tags.append("varlen")
         if d.get("DASH_TIMELINE"):
             tags.append("timeline")
         return f"{self.kernel}[{','.join(tags)}]"
@@ -153,9 +155,13 @@ def _spec(kernel: str, tile: TileConfig, dtype: str, head_dim: int, **flags) -> 
                       smem_bytes=smem)
 
 
-def fwd_spec(dtype: str, head_dim: int, causal: bool) -> KernelSpec:
+def fwd_spec(dtype: str, head_dim: int, causal: bool, varlen: bool = False) -> KernelSpec:
+    """The forward kernel; ``varlen``: the build for packed variable-length sequences (``cu_seqlens``)."""
     _check(dtype, head_dim)
-    return _spec("fwd", fwd_tile(head_dim), dtype, head_dim, DASH_CAUSAL=causal)
+    flags = dict(DASH_CAUSAL=causal)
+    if varlen:
+        flags["DASH_VARLEN"] = True
+    return _spec("fwd", fwd_tile(head_dim), dtype, head_dim, **flags)
 
 
 BwdKernels = collections.namedtuple("BwdKernels", "preprocess main postprocess")
@@ -178,11 +184,12 @@ def bwd_specs(dtype: str, head_dim: int, causal: bool, deterministic: bool, time
 
 
 def all_specs() -> list:
-    """Every distinct variant the dispatcher can emit (8 fwd, 4 preprocess, 16 main, 4 postprocess)."""
+    """Every distinct variant the dispatcher can emit (8 fwd + 8 varlen fwd, 4 preprocess, 16 main, 4
+    postprocess)."""
     specs = []
     seen = set()
     for dtype, head_dim, causal in itertools.product(SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS, (False, True)):
-        batch = [fwd_spec(dtype, head_dim, causal)]
+        batch = [fwd_spec(dtype, head_dim, causal), fwd_spec(dtype, head_dim, causal, varlen=True)]
         for deterministic in (False, True):
             batch.extend(bwd_specs(dtype, head_dim, causal, deterministic))
         for spec in batch:
@@ -193,8 +200,8 @@ def all_specs() -> list:
 
     def key(s):
         d = dict(s.defines)
-        return (order.get(s.kernel, len(order)), d["DASH_FP16"], d["DASH_HEAD_DIM"], d.get("DASH_CAUSAL", 0),
-                d.get("DASH_DETERMINISTIC", 0))
+        return (order.get(s.kernel, len(order)), d.get("DASH_VARLEN", 0), d["DASH_FP16"], d["DASH_HEAD_DIM"],
+                d.get("DASH_CAUSAL", 0), d.get("DASH_DETERMINISTIC", 0))
     return sorted(specs, key=key)
 
 
@@ -243,13 +250,13 @@ _fwd_cache: dict = {}
 _bwd_cache: dict = {}
 
 
-def fwd_entry(dtype: str, head_dim: int, causal: bool) -> tuple:
+def fwd_entry(dtype: str, head_dim: int, causal: bool, varlen: bool = False) -> tuple:
     """(forward KernelSpec, block_m, block_n), cached."""
-    key = (dtype, head_dim, causal)
+    key = (dtype, head_dim, causal, varlen)
     e = _fwd_cache.get(key)
     if e is None:
         tile = fwd_tile(head_dim)
-        e = _fwd_cache[key] = (fwd_spec(dtype, head_dim, causal), int(tile.block_m), int(tile.block_n))
+        e = _fwd_cache[key] = (fwd_spec(dtype, head_dim, causal, varlen), int(tile.block_m), int(tile.block_n))
     return e
 
 

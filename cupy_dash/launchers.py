@@ -44,21 +44,25 @@ def fwd_grid(p, block_m) -> tuple:
     return -(-p.Sq // block_m), p.H, p.B
 
 
-def fwd_params(block_m, block_n, p, window, operands, out_ptr, lse_ptr) -> np.ndarray:
+def fwd_params(block_m, block_n, p, window, operands, out_ptr, lse_ptr, varlen=None) -> np.ndarray:
     """The forward's packed parameter block. ``operands``: ``(pointer, (batch, row, head) element strides)`` of
     q ``(B, Sq, H, D)``, k and v ``(B, Sk, Hkv, D)``; ``out_ptr``: a contiguous ``(B, Sq, H, D)`` buffer;
-    ``lse_ptr``: a contiguous float32 ``(B, H, Sq)`` buffer."""
+    ``lse_ptr``: a contiguous float32 ``(B, H, Sq)`` buffer. ``varlen``: ``(num_sequences, cu_seqlens_q pointer,
+    cu_seqlens_k pointer)`` for the varlen build; then ``p`` describes the packed tensors as one batch (B = 1,
+    Sq = total_q, Sk = total_k) and lse is ``(H, total_q)``."""
     B, Sq, Sk, H, Hkv, D = p.B, p.Sq, p.Sk, p.H, p.Hkv, p.D
     (q_ptr, q_stride), (k_ptr, k_stride), (v_ptr, v_stride) = operands
+    batch, cu_q, cu_k = (B, 0, 0) if varlen is None else varlen
     return kernels.pack_fwd_params(
         tma_q=tensormap.bhsd_map(q_ptr, p.dtype, (B, Sq, H, D), q_stride, block_m, "q"),
         tma_k=tensormap.bhsd_map(k_ptr, p.dtype, (B, Sk, Hkv, D), k_stride, block_n, "k"),
         tma_v=tensormap.bhsd_map(v_ptr, p.dtype, (B, Sk, Hkv, D), v_stride, block_n, "v"),
         tma_o=tensormap.bhsd_map(out_ptr, p.dtype, (B, Sq, H, D), _contiguous((B, Sq, H, D)), 64, "out",
                                  box_panels=1),
-        lse=lse_ptr, batch=B, seqlen_q=Sq, seqlen_k=Sk, num_heads=H, num_heads_kv=Hkv,
+        lse=lse_ptr, batch=batch, seqlen_q=Sq, seqlen_k=Sk, num_heads=H, num_heads_kv=Hkv,
         window_left=window[0], window_right=window[1],
-        softmax_scale=p.scale, softmax_scale_log2=p.scale * _LOG2E)
+        softmax_scale=p.scale, softmax_scale_log2=p.scale * _LOG2E,
+        cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, out=out_ptr if varlen is not None else 0)
 
 
 # ------------------------------------------------------------------------------------------------------------

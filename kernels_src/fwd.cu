@@ -18,6 +18,7 @@ extern "C" __global__ void __launch_bounds__(kNumThreads, 1) dash_fwd(const __gr
   const uint32_t raw = smem_u32(smem_raw);
   const Smem s{(raw + 1023u) & ~1023u};
   const Tile t(p);
+  if (t.outside()) return;  // uniform over the CTA, before any barrier
   if (threadIdx.x == 0) {
     mbar_init(s.q_full(), 1);
 #pragma unroll

@@ -18,6 +18,11 @@ struct FwdParams {
   int64_t batch, seqlen_q, seqlen_k, num_heads, num_heads_kv;
   int64_t window_left, window_right;  // query i sees keys [i + Sk - Sq - left, i + Sk - Sq + right]; -1: unbounded
   float softmax_scale, softmax_scale_log2;
+  // Varlen builds (DASH_VARLEN) only, null otherwise: q, out are (total_q, H, D) and k, v (total_k, Hkv, D)
+  // packed (seqlen_q, seqlen_k above are total_q, total_k; batch is the number of sequences); sequence b is rows
+  // [cu_seqlens[b], cu_seqlens[b + 1]); lse is (H, total_q); out (contiguous) takes the partial last tiles.
+  const int32_t* cu_seqlens_q; const int32_t* cu_seqlens_k;  // (batch + 1,) int32
+  elem_t* out;
 };
 
 struct BwdParams {

@@ -114,14 +114,15 @@ def test_params_parser_reads_declarations_and_rejects_the_unknown():
 def _fwd_fields(**over):
     fields = dict(tma_q=b"\x01" * 128, tma_k=b"\x02" * 128, tma_v=b"\x03" * 128, tma_o=b"\x04" * 128, lse=0x5000,
                   batch=2, seqlen_q=300, seqlen_k=500, num_heads=8, num_heads_kv=2, window_left=-1,
-                  window_right=7, softmax_scale=0.125, softmax_scale_log2=0.125 * 1.4426950408889634)
+                  window_right=7, cu_seqlens_q=0x6000, cu_seqlens_k=0x7000, out=0x8000, softmax_scale=0.125, softmax_scale_log2=0.125 * 1.4426950408889634)
     fields.update(over)
     return fields
 
 
 def test_pack_fwd_params_bytes():
     p = kernels.pack_fwd_params(**_fwd_fields())
-    # four 128-byte tensor maps, lse, seven int64, two floats; padded to the maps' 64-byte alignment
+    # four 128-byte tensor maps, lse, seven int64, two floats, three varlen pointers; padded to the maps'
+    # 64-byte alignment
     assert p.shape == (1,) and p.dtype == kernels.FWD_PARAMS_DTYPE and p.nbytes == 640
     raw = p.tobytes()
     assert raw[:512] == b"".join(bytes([i]) * 128 for i in (1, 2, 3, 4))
@@ -129,6 +130,7 @@ def test_pack_fwd_params_bytes():
     assert list(words) == [0x5000, 2, 300, 500, 8, 2, -1, 7]
     tail = np.frombuffer(raw[576:584], dtype="<f4")
     assert tail[0] == np.float32(0.125) and tail[1] == np.float32(0.125 * 1.4426950408889634)
+    assert list(np.frombuffer(raw[584:608], dtype="<u8")) == [0x6000, 0x7000, 0x8000]
 
 
 def test_pack_params_errors():
@@ -186,15 +188,16 @@ def test_pack_bwd_params_every_field():
 def test_all_specs_cover_every_combination():
     specs = kernels.all_specs()
     labels = [s.label for s in specs]
-    assert len(set(labels)) == len(labels) == len(set(specs)) == 8 + 4 + 16 + 4
+    assert len(set(labels)) == len(labels) == len(set(specs)) == 16 + 4 + 16 + 4
     expected = set()
     for dtype, d, causal in itertools.product(kernels.SUPPORTED_DTYPES, kernels.SUPPORTED_HEAD_DIMS, (0, 1)):
         expected.add(kernels.fwd_spec(dtype, d, bool(causal)))
+        expected.add(kernels.fwd_spec(dtype, d, bool(causal), varlen=True))
         for det in (False, True):
             expected.update(kernels.bwd_specs(dtype, d, bool(causal), det))
     assert expected == set(specs)
     by_kernel = {name: [s for s in specs if s.kernel == name] for name in kernels.KERNEL_NAMES}
-    assert {k: len(v) for k, v in by_kernel.items()} == {"fwd": 8, "bwd_preprocess": 4, "bwd_main": 16,
+    assert {k: len(v) for k, v in by_kernel.items()} == {"fwd": 16, "bwd_preprocess": 4, "bwd_main": 16,
                                                          "bwd_postprocess": 4}
     for s in specs:
         d = dict(s.defines)
@@ -204,6 +207,7 @@ def test_all_specs_cover_every_combination():
         assert s.source.endswith(".cu") and s.entry.startswith("dash_")
     assert kernels.bwd_specs("bfloat16", 128, True, True).main.label == "bwd_main[bf16,d128,causal,det]"
     assert kernels.fwd_spec("float16", 64, False).label == "fwd[fp16,d64,full]"
+    assert kernels.fwd_spec("bfloat16", 128, True, varlen=True).label == "fwd[bf16,d128,causal,varlen]"
     assert kernels.bwd_specs("float16", 64, False, False).main.label == "bwd_main[fp16,d64,full,atomic]"
 
 
@@ -373,7 +377,7 @@ def test_real_kernel_compiles(spec, tmp_path, monkeypatch):
 def test_cli_compile_subset(ksrc, capsys):
     assert cli_compile.main(["--head-dim", "64", "--dtype", "bf16"]) == 0
     out = capsys.readouterr().out
-    assert "regs" in out and "OK: 8 kernel(s)" in out
+    assert "regs" in out and "OK: 10 kernel(s)" in out
     for spec in cli_compile.select([64], ["bfloat16"], None):
         assert spec.label in out
     # the second run is served from the cache

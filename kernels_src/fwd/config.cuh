@@ -11,9 +11,14 @@
        "DASH_SMEM_BYTES"
 #endif
 
+#ifndef DASH_VARLEN
+#define DASH_VARLEN 0
+#endif
+
 namespace fwd {
 
 constexpr int kHeadDim = DASH_HEAD_DIM;
+constexpr bool kVarlen = DASH_VARLEN != 0;  // packed variable-length sequences (FwdParams::cu_seqlens_q/k)
 constexpr bool kCausal = DASH_CAUSAL != 0;
 constexpr int kBlockM = DASH_BLOCK_M;  // queries per Q tile (m_block)
 constexpr int kBlockN = DASH_BLOCK_N;  // keys per KV tile (n_block)
@@ -80,12 +85,17 @@ struct Smem {
   DASH_DEVICE uint32_t v_empty(int stage) const { return bar(1 + 3 * kStages + stage); }
 };
 
-// The tile of one CTA: query rows [m_block kBlockM, +kBlockM) of head h (kv head hk) of batch b, against KV
-// tiles n_block_min + n_blocks - 1 down to n_block_min.
-// NOTES: masks, bottom-right aligned: query i sees key j iff i + diag - left <= j <= i + diag + right with
-// diag = Sk - Sq; causal is right = 0 (the host sets it), -1 leaves a side unbounded. Keys >= Sk are never seen.
+// The tile of one CTA: query rows [m_block kBlockM, +kBlockM) of head h (kv head hk) of sequence b, against KV
+// tiles n_block_min + n_blocks - 1 down to n_block_min. Rows and keys count from the sequence's first row.
+// NOTES: masks, bottom-right aligned per sequence: query i sees key j iff i + diag - left <= j <= i + diag + right
+// with diag = Sk - Sq; causal is right = 0 (the host sets it), -1 leaves a side unbounded; keys >= Sk are never
+// seen. Varlen: sequence b is rows [cu_seqlens[b], cu_seqlens[b + 1]) of the packed tensors, clamped to them, so
+// that a corrupt cu_seqlens cannot send a load or store outside the buffers (TMA clips at the packed length too).
 struct Tile {
   int m_block, h, hk, b;
+  int seqlen_q, seqlen_k;     // this sequence's lengths
+  int row_q, row_k;           // its first row in q / out and in k / v (0 without varlen)
+  int batch;                  // batch coordinate of the TMA boxes: b, or 0 for the one packed batch of varlen
   int n_block_min, n_blocks;  // n_blocks 0: no row of the tile sees a key
   DASH_DEVICE Tile(const FwdParams& p) {
     const int num_m_blocks = (int)gridDim.x;
@@ -94,7 +104,20 @@ struct Tile {
     h = (int)blockIdx.y;
     b = (int)blockIdx.z;
     hk = h / ((int)p.num_heads / (int)p.num_heads_kv);
-    const int seqlen_q = (int)p.seqlen_q, seqlen_k = (int)p.seqlen_k, diag = seqlen_k - seqlen_q;
+    if constexpr (kVarlen) {
+      const int total_q = (int)p.seqlen_q, total_k = (int)p.seqlen_k;
+      row_q = min(max(p.cu_seqlens_q[b], 0), total_q);
+      row_k = min(max(p.cu_seqlens_k[b], 0), total_k);
+      seqlen_q = min(max(p.cu_seqlens_q[b + 1], row_q), total_q) - row_q;
+      seqlen_k = min(max(p.cu_seqlens_k[b + 1], row_k), total_k) - row_k;
+      batch = 0;
+    } else {
+      seqlen_q = (int)p.seqlen_q;
+      seqlen_k = (int)p.seqlen_k;
+      row_q = row_k = 0;
+      batch = b;
+    }
+    const int diag = seqlen_k - seqlen_q;
     int n_block_max = (seqlen_k + kBlockN - 1) / kBlockN;
     if (p.window_right >= 0) {  // the tile's last valid row sees the furthest key
       const int last_key = min((m_block + 1) * kBlockM, seqlen_q) - 1 + diag + (int)p.window_right;
@@ -107,6 +130,8 @@ struct Tile {
     }
     n_blocks = max(n_block_max - n_block_min, 0);
   }
+  // Varlen grids cover the longest sequence: a tile past the end of its sequence has nothing to do.
+  DASH_DEVICE bool outside() const { return kVarlen && m_block * kBlockM >= seqlen_q; }
 };
 
 }  // namespace fwd

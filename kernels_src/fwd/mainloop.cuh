@@ -115,9 +115,9 @@ DASH_DEVICE void gemm_pv(float (&O)[kORegs], const uint32_t (&Pa)[kBlockN / 16][
 // right edge of the window of the warpgroup's first row, or before the left edge of its last row's.
 template <bool kFirst>
 DASH_DEVICE void scores_to_probs(float (&S)[kSRegs], RowStats& st, float (&corr)[2], int n_block, int row_first,
-                                 const KeyRange& keys, const FwdParams& p, const Fragment& f) {
-  const int key0 = n_block * kBlockN, diag = (int)(p.seqlen_k - p.seqlen_q);
-  const bool need_mask = key0 + kBlockN > (int)p.seqlen_k ||
+                                 const KeyRange& keys, const FwdParams& p, const Tile& t, const Fragment& f) {
+  const int key0 = n_block * kBlockN, diag = t.seqlen_k - t.seqlen_q;
+  const bool need_mask = key0 + kBlockN > t.seqlen_k ||
                          (p.window_right >= 0 && key0 + kBlockN - 1 > row_first + diag + (int)p.window_right) ||
                          (p.window_left >= 0 && key0 < row_first + 63 + diag - (int)p.window_left);
   if (need_mask) mask_scores(S, key0, keys, f);
@@ -139,8 +139,8 @@ DASH_DEVICE void consume(const FwdParams& p, const Smem& s, const Tile& t, float
   KeyRange keys;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const int sees = row_first + f.row0 + 8 * r + (int)(p.seqlen_k - p.seqlen_q);  // the diagonal key of the row
-    keys.hi[r] = p.window_right >= 0 ? min((int)p.seqlen_k, sees + (int)p.window_right + 1) : (int)p.seqlen_k;
+    const int sees = row_first + f.row0 + 8 * r + t.seqlen_k - t.seqlen_q;  // the diagonal key of the row
+    keys.hi[r] = p.window_right >= 0 ? min(t.seqlen_k, sees + (int)p.window_right + 1) : t.seqlen_k;
     keys.lo[r] = p.window_left >= 0 ? sees - (int)p.window_left : 0;
   }
   if (wg == 1) turn_pass(wg);
@@ -160,7 +160,7 @@ DASH_DEVICE void consume(const FwdParams& p, const Smem& s, const Tile& t, float
   wgmma_wait<0>();
   wgmma_fence_operand(S);
   if (tid == 0) mbar_arrive(s.k_empty(0));
-  scores_to_probs<true>(S, st, corr, n_block_last, row_first, keys, p, f);
+  scores_to_probs<true>(S, st, corr, n_block_last, row_first, keys, p, t, f);
   pack_fragments<kSRegs>(Pa, S);
 
   // Step i: S of KV tile n_block_last - i with O += P V of the tile before it.
@@ -180,7 +180,7 @@ DASH_DEVICE void consume(const FwdParams& p, const Smem& s, const Tile& t, float
     wgmma_wait<1>();
     wgmma_fence_operand(S);
     if (tid == 0) mbar_arrive(s.k_empty(ks));
-    scores_to_probs<false>(S, st, corr, n_block_last - i, row_first, keys, p, f);
+    scores_to_probs<false>(S, st, corr, n_block_last - i, row_first, keys, p, t, f);
     wgmma_wait<0>();
     wgmma_fence_operand(O);
     wgmma_fence_operand(Pa);

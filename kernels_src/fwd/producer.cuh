@@ -16,7 +16,7 @@ DASH_DEVICE void load_kv_tile(const TmaDesc* map, uint32_t dst, uint32_t full, u
                               const Tile& t) {
   mbar_wait(empty, ((i / kStages) & 1) ^ 1);
   mbar_arrive_expect_tx(full, SmemLayout::kKV);
-  tma_load_5d(dst, map, full, 0, n_block * kBlockN, 0, t.hk, t.b);
+  tma_load_5d(dst, map, full, 0, t.row_k + n_block * kBlockN, 0, t.hk, t.batch);
 }
 
 DASH_DEVICE void produce(const FwdParams& p, const Smem& s, const Tile& t) {
@@ -25,7 +25,7 @@ DASH_DEVICE void produce(const FwdParams& p, const Smem& s, const Tile& t) {
   tma_prefetch_desc(&p.tma_k);
   tma_prefetch_desc(&p.tma_v);
   mbar_arrive_expect_tx(s.q_full(), SmemLayout::kQ);
-  tma_load_5d(s.q(), &p.tma_q, s.q_full(), 0, t.m_block * kBlockM, 0, t.h, t.b);
+  tma_load_5d(s.q(), &p.tma_q, s.q_full(), 0, t.row_q + t.m_block * kBlockM, 0, t.h, t.batch);
   const int last = t.n_block_min + t.n_blocks - 1;
   const auto load_k = [&](int i) {
     load_kv_tile(&p.tma_k, s.k(i % kStages), s.k_full(i % kStages), s.k_empty(i % kStages), i, last - i, t);

@@ -1,0 +1,47 @@
+"""Argument checks of cupy_dash.attention_forward_varlen, raised before any GPU work (numpy inputs: the
+device check comes last, so every other error shows on a machine without a GPU)."""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import cupy_dash
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def _args(**over):
+    a = dict(q=np.zeros((300, 4, 64), BF16), k=np.zeros((500, 2, 64), BF16), v=np.zeros((500, 2, 64), BF16),
+             cu_seqlens_q=np.array([0, 100, 300], np.int32), cu_seqlens_k=np.array([0, 200, 500], np.int32),
+             max_seqlen_q=200, max_seqlen_k=300)
+    a.update(over)
+    return a
+
+
+def call(**over):
+    a = _args(**over)
+    causal = a.pop("causal", False)
+    return cupy_dash.attention_forward_varlen(a.pop("q"), a.pop("k"), a.pop("v"), a.pop("cu_seqlens_q"),
+                                              a.pop("cu_seqlens_k"), a.pop("max_seqlen_q"), a.pop("max_seqlen_k"),
+                                              causal=causal, **a)
+
+
+@pytest.mark.parametrize("over,exc,match", [
+    (dict(cu_seqlens_q=np.array([0, 100, 300], np.int64)), ValueError, "cu_seqlens_q: expected dtype int32"),
+    (dict(cu_seqlens_k=np.array([[0, 500]], np.int32)), ValueError, "cu_seqlens_k: expected a 1-D"),
+    (dict(cu_seqlens_q=np.array([0], np.int32)), ValueError, "cu_seqlens_q: expected a 1-D"),
+    (dict(cu_seqlens_k=np.array([0, 500], np.int32)), ValueError, "cu_seqlens_k: expected 3 entries"),
+    (dict(max_seqlen_q=True), TypeError, "max_seqlen_q: expected an int"),
+    (dict(max_seqlen_k=0), ValueError, "max_seqlen_k: expected an int >= 1"),
+    (dict(max_seqlen_q=2.5), TypeError, "max_seqlen_q"),
+    (dict(q=np.zeros((1, 300, 4, 64), BF16)), ValueError, "q: expected a 3-D packed tensor"),
+    (dict(causal="yes"), TypeError, "causal"),
+    (dict(window=(1, 2, 3)), TypeError, "window"),
+    (dict(q=np.zeros((300, 4, 96), BF16), k=np.zeros((500, 2, 96), BF16), v=np.zeros((500, 2, 96), BF16)),
+     NotImplementedError, "head dim"),
+    (dict(), ValueError, "CUDA device"),                   # numpy arrays: everything else was fine
+])
+def test_varlen_argument_errors(over, exc, match):
+    with pytest.raises(exc, match=match):
+        call(**over)
