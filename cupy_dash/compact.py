@@ -39,11 +39,15 @@ index among them, mod the rectangle's height; then its own triangle ascending).
 
 ``cta_columns`` int32 (num columns,), 4 bytes per column: record indices in each CTA's execution order;
 ``cta_col_start`` int64 (num_ctas + 1,): CTA c runs ``cta_columns[cta_col_start[c]:cta_col_start[c + 1]]``.
+``scan_bounds`` int32 (num columns, 4), 16 bytes per column, only where ranks are counted: (x, y, x2, y2) of
+record i: the columns of its KV head among the first x and last y (n order) all end before it starts, those
+outside the first x2 and last y2 all start after it ends, so the dQ writer counts the former wholesale and
+compares keys only with the columns in between (those that run at some time with it).
 Header (kernel parameters): num_m_blocks, n_first, NC, group_size, tie_sign (+1: ties to ascending n, -1:
 descending n), rank_rule (0: count; 1: every dQ tile adds in ascending n, rank = n - first column visiting it;
 2: descending n, rank = last column visiting it - n; 1 and 2 for fa3 and descending, the portable policies).
-In all 36 bytes per column + 8 per CTA: 1.2 MB at S = 128k, 32 heads, causal, 64 x 128 tiles (the per-visit
-table: 20 bytes per visit, 690 MB).
+In all 52 bytes per column (36 with a closed-form rank rule) + 8 per CTA: 1.7 MB at S = 128k, 32 heads,
+causal, 64 x 128 tiles (the per-visit table: 20 bytes per visit, 672 MB).
 """
 from __future__ import annotations
 
@@ -60,17 +64,29 @@ RANK_RULES = ("count", "ascending n", "descending n")
 class CompactSchedule:
     """Compact records of one schedule and the problem they were built for (arrays read-only, cached)."""
 
-    def __init__(self, policy, args, records, cta_columns, cta_col_start, loads, meta, auto_method=None):
+    def __init__(self, policy, args, records, cta_columns, cta_col_start, dispatch_order, loads, meta,
+                 auto_method=None):
         (self.seqlen_q, self.seqlen_k, self.block_m, self.block_n, self.num_heads, self.causal, self.num_sms,
          self.group_size, self.window) = args
         self.policy, self.auto_method = policy, auto_method
         self.records, self.cta_columns, self.cta_col_start, self.loads = records, cta_columns, cta_col_start, loads
-        for a in (records, cta_columns, cta_col_start, loads):
+        self._dispatch_order, self._scan_bounds = dispatch_order, None      # bounds: computed when first needed
+        for a in (records, cta_columns, cta_col_start, dispatch_order, loads):
             a.flags.writeable = False
         self.num_m_blocks, self.num_n_blocks = meta["M"], meta["N"]
         self.n_first, self.columns_per_head = meta["n_first"], meta["NC"]
         self.num_ctas, self.tie_sign, self.rank_rule = meta["num_ctas"], meta["tie_sign"], meta["rank_rule"]
         self.key = (policy,) + tuple(args)
+
+    @property
+    def scan_bounds(self) -> np.ndarray:
+        """int32 (columns, 4): the dQ writer's scan bounds (module docstring), computed on first use in
+        O(columns) (auto's candidates and closed-form rank rules never need them)."""
+        if self._scan_bounds is None:
+            bounds = _compact.scan_bounds(self.records, self._dispatch_order, self.columns_per_head)
+            bounds.flags.writeable = False
+            self._scan_bounds = bounds
+        return self._scan_bounds
 
     @property
     def num_columns(self) -> int:
@@ -82,8 +98,10 @@ class CompactSchedule:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the device tables: records, cta_columns, cta_col_start."""
-        return self.records.nbytes + self.cta_columns.nbytes + self.cta_col_start.nbytes
+        """Bytes of the device tables: records, cta_columns, cta_col_start, and scan_bounds where the rank rule
+        is the count."""
+        bounds = self.scan_bounds.nbytes if self.rank_rule == 0 else 0
+        return self.records.nbytes + self.cta_columns.nbytes + self.cta_col_start.nbytes + bounds
 
     def header(self) -> dict:
         """The scalar parameters the kernel needs besides the three arrays."""
@@ -100,7 +118,7 @@ class CompactSchedule:
         ranks 0..k-1 and cannot deadlock (``_compact.check_records`` says why that is a proof)."""
         lo, hi = self.column_ranges()
         _compact.check_records(self.records, self.cta_columns, self.cta_col_start, self.num_heads // self.group_size,
-                               lo, hi, self.n_first, self.columns_per_head, self.tie_sign)
+                               lo, hi, self.n_first, self.columns_per_head, self.tie_sign, self.scan_bounds)
         return self
 
     def _view(self):
@@ -111,14 +129,25 @@ class CompactSchedule:
         """(cta, head, n_block, m_block) of CTA cta's i-th visit, walking its column list (the producer's loop)."""
         return _compact_view.visit_of(*self._view(), cta, i)
 
-    def rank_of(self, head: int, m_block: int, n_block: int, count: bool = False) -> tuple:
-        """(rank, records scanned) of visit (head, m_block, n_block): the dQ writer's loop (``count=True``: count
-        even where the rank rule has a closed form)."""
-        return _compact_view.rank_of(*self._view(), self.tie_sign, self.rank_rule, head, m_block, n_block, count)
+    def _rank_view(self):
+        return (self.records, self.cta_columns, self.cta_col_start, self.scan_bounds, self.n_first,
+                self.columns_per_head, self.group_size, self.tie_sign, self.rank_rule)
 
-    def visits_and_ranks(self, count: bool = False) -> tuple:
-        """(visits, rank, scanned) for every visit by visit_of's walk and rank_of's loop (slow: a reference)."""
-        return _compact_view.visits_and_ranks(*self._view(), self.tie_sign, self.rank_rule, count)
+    def rank_of(self, head: int, m_block: int, n_block: int, mode: str = "kernel") -> tuple:
+        """(rank, records compared) of visit (head, m_block, n_block): the dQ writer's loop. ``mode``: "count"
+        compares every column of the KV head that visits the tile; "window" only those between the column's
+        scan bounds; "kernel" (what the kernel will do) the rank rule's closed form where there is one, else
+        "window"."""
+        return _compact_view.rank_of(*self._rank_view(), head, m_block, n_block, mode)
+
+    def visits_and_ranks(self, mode: str = "kernel") -> tuple:
+        """(visits, rank, compared) for every visit by visit_of's walk and rank_of's loop (slow: a reference)."""
+        return _compact_view.visits_and_ranks(*self._rank_view(), mode)
+
+    def window_scan_stats(self, stride: int = 1) -> tuple:
+        """(mean, max) records compared per visit by the "window" count, from the records alone (O(visits) time;
+        stride > 1: over every stride-th column's visits)."""
+        return _compact_view.window_scan_stats(self.records, self.scan_bounds, self.columns_per_head, stride)
 
     def expand(self) -> tuple:
         return expand(self)

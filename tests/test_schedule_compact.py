@@ -64,30 +64,35 @@ def test_expanded_compact_table_equals_the_table_randomized():
         policy = str(rng.choice(POLICIES))
         kw = kwargs(sq, sk, bm, bn, heads, g, causal, sms, (left, right))
         plan, cplan = assert_same_table(policy, kw)
-        visits, rank, scanned = cplan.visits_and_ranks(count=True)     # the kernel's loops, for every visit
-        np.testing.assert_array_equal(visits, plan.visits, err_msg=str(kw))
-        np.testing.assert_array_equal(rank, plan.rank, err_msg=str(kw))
+        for mode in ("count", "window"):                # the kernel's loops, for every visit
+            visits, rank, scanned = cplan.visits_and_ranks(mode)
+            np.testing.assert_array_equal(visits, plan.visits, err_msg=str(kw))
+            np.testing.assert_array_equal(rank, plan.rank, err_msg=f"{mode} {kw}")
 
 
-@pytest.mark.parametrize("count", [False, True], ids=["rank-rule", "count"])
+@pytest.mark.parametrize("mode", ["kernel", "count", "window"])
 @pytest.mark.parametrize("policy", POLICIES)
-def test_kernel_side_visits_and_ranks_equal_the_table(policy, count):
-    """visit_of walks the CTA's columns, rank_of counts the tile's columns with smaller keys (or uses the
-    closed form of fa3 / descending): both equal the table for every visit."""
+def test_kernel_side_visits_and_ranks_equal_the_table(policy, mode):
+    """visit_of walks the CTA's columns, rank_of counts the tile's columns with smaller keys (all of them, or
+    only those within the column's scan bounds) or uses the closed form of fa3 / descending: both equal the
+    table for every visit."""
     for (sq, sk), (bm, bn), causal, g, sms in itertools.product(LENGTHS, TILES, (False, True), (1, 8), (1, 7, 132)):
         for window in windows(causal)[::2]:
             kw = kwargs(sq, sk, bm, bn, 16, g, causal, sms, window)
             plan = schedule.build(policy, **kw)
             cplan = schedule.build_compact(policy, **kw)
-            visits, rank, scanned = cplan.visits_and_ranks(count=count)
+            visits, rank, scanned = cplan.visits_and_ranks(mode)
             np.testing.assert_array_equal(visits, plan.visits, err_msg=str(kw))
             np.testing.assert_array_equal(rank, plan.rank, err_msg=str(kw))
-            if count or cplan.rank_rule == 0:
-                # the count reads exactly the columns of the KV head that visit the tile
-                per_tile = cplan.scan_lengths()
-                np.testing.assert_array_equal(scanned, per_tile[plan.visits[:, 3]])
-            else:
+            per_tile = cplan.scan_lengths()[plan.visits[:, 3]]
+            if mode == "count":       # the count reads exactly the columns of the KV head that visit the tile
+                np.testing.assert_array_equal(scanned, per_tile)
+            elif mode == "kernel" and cplan.rank_rule:
                 assert not scanned.any()
+            else:
+                assert (scanned <= per_tile).all() and (scanned >= 1).all()
+                if g == 1:
+                    assert cplan.window_scan_stats() == pytest.approx((scanned.mean(), scanned.max()))
 
 
 def test_rank_rules_are_the_portable_orders():
@@ -108,8 +113,11 @@ def test_large_shape_sampled_visits_and_ranks():
         for v in rng.integers(0, plan.num_visits, 3000):
             cta = int(plan.visits[v, 0])
             assert cplan.visit_of(cta, int(v - plan.cta_start[cta])) == tuple(plan.visits[v])
-            r, scanned = cplan.rank_of(*(int(x) for x in plan.visits[v, [1, 3, 2]]))
-            assert r == plan.rank[v] and scanned == cplan.scan_lengths()[plan.visits[v, 3]]
+            head, n, m = (int(x) for x in plan.visits[v, 1:])
+            r, scanned = cplan.rank_of(head, m, n, mode="count")
+            assert r == plan.rank[v] and scanned == cplan.scan_lengths()[m]
+            r, windowed = cplan.rank_of(head, m, n, mode="window")
+            assert r == plan.rank[v] and windowed <= min(scanned, 2 * 132)
 
 
 def test_visit_of_and_rank_of_reject_what_is_not_in_the_table():
@@ -130,10 +138,10 @@ def writable(cplan):
     return cplan.records.copy(), cplan.cta_columns.copy(), cplan.cta_col_start.copy()
 
 
-def check(cplan, records, cols, cs, tie_sign=None):
+def check(cplan, records, cols, cs, tie_sign=None, bounds=None):
     lo, hi = cplan.column_ranges()
     _compact.check_records(records, cols, cs, cplan.num_heads // cplan.group_size, lo, hi, cplan.n_first,
-                           cplan.columns_per_head, cplan.tie_sign if tie_sign is None else tie_sign)
+                           cplan.columns_per_head, cplan.tie_sign if tie_sign is None else tie_sign, bounds)
 
 
 @pytest.fixture
@@ -172,6 +180,47 @@ def test_check_records_rejects_bad_lists(cplan):
         check(cplan, cplan.records[:-1], cplan.cta_columns[:-1], cplan.cta_col_start)
 
 
+def bounds_hold(cplan, bounds):
+    """Independent oracle (numpy): bool per record, whether its scan bounds (x, y, x2, y2) are nested runs and
+    true: the columns of its KV head among the first x and last y end by its start, and those outside the
+    first x2 and last y2 start at or after its end."""
+    NC = cplan.columns_per_head
+    start = cplan.records[:, 0].astype(np.int64)
+    end = start + cplan.records[:, 2] - cplan.records[:, 1]
+    ok = np.zeros(len(bounds), dtype=bool)
+    for i, (x, y, x2, y2) in enumerate(bounds.astype(np.int64)):
+        if not (0 <= x <= x2 and 0 <= y <= y2 and x2 + y2 <= NC):
+            continue
+        head = slice(i // NC * NC, i // NC * NC + NC)
+        s, e = start[head], end[head]
+        before = np.r_[e[:x], e[NC - y:]]
+        ok[i] = (before <= start[i]).all() and (s[x2:NC - y2] >= end[i]).all()
+    return ok
+
+
+def test_check_records_accepts_exactly_the_true_scan_bounds(cplan):
+    assert bounds_hold(cplan, cplan.scan_bounds).all()
+    assert (cplan.scan_bounds[:, :2] > 0).any() and (cplan.scan_bounds[:, 2:] < cplan.columns_per_head).any()
+    check(cplan, *writable(cplan), bounds=cplan.scan_bounds)
+    rng = np.random.default_rng(11)
+    verdicts = set()
+    for _ in range(300):
+        bounds = cplan.scan_bounds.copy()
+        i, col = int(rng.integers(len(bounds))), int(rng.integers(4))
+        bounds[i, col] += int(rng.choice([-3, -1, 1, 3, 1000]))
+        holds = bool(bounds_hold(cplan, bounds).all())
+        try:
+            check(cplan, *writable(cplan), bounds=bounds)
+            accepted = True
+        except ValueError:
+            accepted = False
+        assert accepted == holds, (i, col, bounds[i])
+        verdicts.add(holds)
+    assert verdicts == {True, False}
+    with pytest.raises(ValueError, match="scan bounds must be"):
+        check(cplan, *writable(cplan), bounds=cplan.scan_bounds[:-1])
+
+
 def test_check_records_is_sound_under_random_corruption():
     """Whenever check_records accepts randomly corrupted records, the expanded table passes validate()."""
     rng = np.random.default_rng(3)
@@ -206,12 +255,13 @@ def test_compact_build_is_per_column_at_128k():
     tracemalloc.start()
     t0 = time.perf_counter()
     cplan = schedule.build_compact("symmetric_shift", **kw)
+    assert cplan.scan_bounds.shape == (32 * 1024, 4)
     elapsed = time.perf_counter() - t0
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert cplan.num_columns == 32 * 1024 and cplan.num_visits == 32 * 1024 * 1025
-    assert cplan.nbytes == 32 * 1024 * 36 + 133 * 8                 # 36 bytes per column, 8 per CTA
     assert peak < 4 << 20, f"{peak} bytes allocated"                # no per-visit arrays (34M visits)
+    assert cplan.nbytes == 32 * 1024 * 52 + 133 * 8                 # 52 bytes per column, 8 per CTA
     assert elapsed < 0.1, f"{elapsed:.3f} s"
     cplan.validate()
 
