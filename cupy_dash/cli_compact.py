@@ -48,7 +48,7 @@ def print_compact(rows, auto, method, *, c, r, model, reason, file=None):
     file = sys.stdout if file is None else file
     plan = rows[0]["plan"]
     mask = "causal" if plan.causal else "full"
-    if plan.window != (-1, -1):
+    if plan.window != ((-1, 0) if plan.causal else (-1, -1)):      # causal alone is window (-1, 0)
         mask += f" with window {plan.window}"
     group = f" in groups of {plan.group_size} per KV head" if plan.group_size > 1 else ""
     step = "max(c, r) per visit + min(c, r)" if model == "engine" else "(c + r) per visit"

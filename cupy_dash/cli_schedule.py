@@ -49,7 +49,7 @@ def print_analysis(*, seqlen_q, seqlen_k, block_m, block_n, heads, causal, num_s
         rows, auto = rows
     plan = rows[0]["plan"]
     mask = "causal" if causal else "full"
-    if plan.window != (-1, -1):
+    if plan.window != ((-1, 0) if plan.causal else (-1, -1)):      # causal alone is window (-1, 0)
         mask += f" with window {plan.window}"
     name = "DAG model" if model == "dag" else "engine model"
     print(f"Schedule analysis ({name}: compute c={c:g}, reduce r={r:g} per visit): seqlen_q={seqlen_q}, "

@@ -58,7 +58,7 @@ import numpy as np
 
 from . import _compact, _compact_view, _schedule, schedule
 
-RANK_RULES = ("count", "ascending n", "descending n")
+RANK_RULES = ("count", "ascending n", "descending n")   # rank_rule 0, 1, 2
 
 
 class CompactSchedule:
@@ -115,10 +115,12 @@ class CompactSchedule:
 
     def validate(self) -> "CompactSchedule":
         """O(columns): raise ValueError unless the records cover every visible tile once, give every dQ tile the
-        ranks 0..k-1 and cannot deadlock (``_compact.check_records`` says why that is a proof)."""
+        ranks 0..k-1 and cannot deadlock, and (count rank rule) the scan bounds are true
+        (``_compact.check_records`` says why that is a proof)."""
         lo, hi = self.column_ranges()
+        bounds = self.scan_bounds if self.rank_rule == 0 else None      # the kernel reads them only to count
         _compact.check_records(self.records, self.cta_columns, self.cta_col_start, self.num_heads // self.group_size,
-                               lo, hi, self.n_first, self.columns_per_head, self.tie_sign, self.scan_bounds)
+                               lo, hi, self.n_first, self.columns_per_head, self.tie_sign, bounds)
         return self
 
     def _view(self):
@@ -205,7 +207,8 @@ class CompactSchedule:
         return (f"CompactSchedule({self.policy!r}, seqlen_q={self.seqlen_q}, seqlen_k={self.seqlen_k}, "
                 f"block_m={self.block_m}, block_n={self.block_n}, num_heads={self.num_heads}, group_size="
                 f"{self.group_size}, causal={self.causal}, window={self.window}, num_sms={self.num_sms}: "
-                f"{self.num_columns} columns, {self.num_visits} visits on {self.num_ctas} CTAs, {self.nbytes} bytes)")
+                f"{self.num_columns} columns, {self.num_visits} visits on {self.num_ctas} CTAs, rank rule "
+                f"{RANK_RULES[self.rank_rule]!r}, {self.nbytes} bytes)")
 
 
 def build_compact(policy: str = "auto", *, seqlen_q: int, seqlen_k: int, block_m: int, block_n: int,
