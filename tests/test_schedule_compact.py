@@ -64,6 +64,7 @@ def test_expanded_compact_table_equals_the_table_randomized():
         policy = str(rng.choice(POLICIES))
         kw = kwargs(sq, sk, bm, bn, heads, g, causal, sms, (left, right))
         plan, cplan = assert_same_table(policy, kw)
+        cplan.to_schedule().validate()                  # validate() works on the expanded view
         for mode in ("count", "window"):                # the kernel's loops, for every visit
             visits, rank, scanned = cplan.visits_and_ranks(mode)
             np.testing.assert_array_equal(visits, plan.visits, err_msg=str(kw))
@@ -118,6 +119,18 @@ def test_large_shape_sampled_visits_and_ranks():
             assert r == plan.rank[v] and scanned == cplan.scan_lengths()[m]
             r, windowed = cplan.rank_of(head, m, n, mode="window")
             assert r == plan.rank[v] and windowed <= min(scanned, 2 * 132)
+
+
+def test_build_compact_checks_its_arguments_as_build_does():
+    good = kwargs(1000, 1000, 64, 128, 4, 2, True, 3, (-1, -1))
+    for bad, exc in ((dict(group_size=3), ValueError), (dict(num_sms=0), ValueError), (dict(seqlen_q=1.5), TypeError),
+                     (dict(window=(5, 3)), ValueError), (dict(causal="yes"), TypeError)):
+        with pytest.raises(exc):
+            schedule.build(**dict(good, **bad))
+        with pytest.raises(exc):
+            schedule.build_compact(**dict(good, **bad))
+    with pytest.raises(ValueError, match="unknown schedule"):
+        schedule.build_compact("fastest", **good)
 
 
 def test_visit_of_and_rank_of_reject_what_is_not_in_the_table():
