@@ -49,12 +49,7 @@ from libc.stdlib cimport malloc, free
 from cupy_dash._schedule_check import analyze_table  # noqa: F401  (re-exported)
 
 include "_heap.pxi"
-
-cdef enum:
-    POLICY_FA3 = 0
-    POLICY_DESCENDING = 1
-    POLICY_SHIFT = 2
-    POLICY_SYMMETRIC_SHIFT = 3
+include "_units.pxi"
 
 POLICY_CODES = {"fa3": POLICY_FA3, "descending": POLICY_DESCENDING, "shift": POLICY_SHIFT,
                 "symmetric_shift": POLICY_SYMMETRIC_SHIFT}
@@ -103,34 +98,6 @@ def column_starts(long long seqlen_q, long long seqlen_k, long long block_m, lon
     return column_ranges(seqlen_q, seqlen_k, block_m, block_n, causal, window_left, window_right)[0]
 
 
-cdef inline void unit_columns(int policy, bint spt, bint paired, bint mirrored, long long u,
-                              long long num_heads, long long n_first, long long NC, long long T, long long P,
-                              long long* head, long long* n0, long long* n1) noexcept:
-    """Work unit u (in dispatch order) -> head and one or two KV columns (n1 = -1 when single), among the NC
-    visible columns n_first .. n_first + NC - 1 of every head; ``mirrored`` (symmetric_shift on a band): the
-    T start-clipped columns in ascending n, then the others in descending n."""
-    cdef long long k
-    if mirrored:
-        head[0] = u // NC
-        k = u % NC
-        n0[0] = n_first + k if k < T else n_first + NC - 1 - (k - T)
-        n1[0] = -1
-    elif paired:
-        head[0] = u // P
-        k = u % P
-        n0[0] = n_first + k
-        n1[0] = n_first + NC - 1 - k if NC - 1 - k != k else -1
-    elif spt:
-        # upstream FA3's shortest-processing-time-first launch order: short (high n) columns first
-        n0[0] = n_first + NC - 1 - u // num_heads
-        head[0] = u % num_heads
-        n1[0] = -1
-    else:
-        head[0] = u // NC
-        n0[0] = n_first + u % NC
-        n1[0] = -1
-
-
 def build_table(int policy, long long seqlen_q, long long seqlen_k, long long block_m, long long block_n,
                 long long num_heads, bint causal, long long num_sms, long long group_size=1,
                 long long window_left=-1, long long window_right=-1):
@@ -161,22 +128,14 @@ def _build_kv_table(int policy, long long seqlen_q, long long seqlen_k, long lon
     cdef long long[::1] lo = lo_arr, hi = hi_arr
     # NOTES: the columns that some query sees are one run [n_first, n_first + NC) (column_ranges: both range
     # ends rise with n) and NC >= 1 (the last query sees the last key); only they become work units.
-    cdef long long n_first = -1, NC = 0, T = 0, n
-    cdef bint triangular = causal or window_right >= 0, band = False
-    for n in range(N):
-        if lo[n] < hi[n]:
-            if n_first < 0:
-                n_first = n
-            NC += 1
-            T += lo[n] == lo[n_first]       # the start-clipped columns: their ranges all begin at one Q tile
-            triangular = triangular and hi[n] == M
-            band = band or hi[n] < M
+    cdef UnitShape sh = unit_shape(policy, M, lo, hi, num_heads, causal, num_sms, window_right)
+    cdef long long n_first = sh.n_first, NC = sh.NC, T = sh.T, n
+    cdef bint band = sh.band
     # NOTES: pairing balances columns whose lengths fall with n and all end at the last Q tile (the triangular
     # shape of causal or right-bounded masks); a band's interior columns are equally long and need none. And it
     # only pays when there are at least as many pairs as CTAs; with spare SMs every column runs alone (the
     # longest column bounds the makespan anyway).
-    cdef bint paired = (policy == POLICY_SYMMETRIC_SHIFT and triangular and
-                        num_heads * ((NC + 1) // 2) >= num_sms)
+    cdef bint paired = sh.paired
     # NOTES: symmetric_shift on a band treats its two clipped triangles mirror-wise. The columns whose range
     # start rises with n (interior and end triangle) walk their Q tiles in ascending order and are dispatched
     # from the highest n down, as upstream's SPT does for causal masks: column n reaches dQ tile m at
@@ -185,18 +144,16 @@ def _build_kv_table(int policy, long long seqlen_q, long long seqlen_k, long lon
     # (equal lo, rising hi) are the mirror image: dispatched first, in ascending n, each walking down from its
     # last Q tile. Columns of the two groups that share dQ tiles are dispatched far apart whenever a head spans
     # more than one wave of CTAs.
-    cdef bint mirrored = policy == POLICY_SYMMETRIC_SHIFT and band
+    cdef bint mirrored = sh.mirrored
     # NOTES: fa3 takes upstream's SPT order (high n dispatched first, ties to high n) whenever the mask bounds
     # keys on the right (causal, or window_right >= 0), i.e. whenever lo[n] can rise with n: column n reaches
     # dQ tile m at start(n) + m - lo[n], which then never rises with n, so every dQ tile adds in descending n
     # whatever the dispatch timing, and the bits do not depend on the CTA count (PORTABLE_POLICIES). Without a
     # right bound lo is 0 everywhere and ascending dispatch gives ascending n the same way.
-    cdef bint spt = policy == POLICY_FA3 and (causal or window_right >= 0)
-    cdef long long P = (NC + 1) // 2 if paired else NC
-    cdef long long U = num_heads * P
-    cdef long long G = num_sms if num_sms < U else U
-    cdef long long u, c, h, n0, n1, L, s, m, v, w, k, k0, k1, rs, off, i, j, key
-    cdef int tb_sign = -1 if (policy == POLICY_SYMMETRIC_SHIFT or spt) else 1
+    cdef bint spt = sh.spt
+    cdef long long P = sh.P, U = sh.U, G = sh.G
+    cdef long long u, c, h, n0, n1, L, s, m, v, rs, rot, off, i, j, key
+    cdef int tb_sign = sh.tb_sign
 
     # (1) greedy dispatch of units to the CTA that frees up first (ties: lowest CTA index)
     unit_cta_arr = np.empty(U, dtype=np.int32)
@@ -266,13 +223,9 @@ def _build_kv_table(int policy, long long seqlen_q, long long seqlen_k, long lon
                     # long column: cyclic shift over the rectangle of Q tiles that every long column of this
                     # head in the same dispatch wave covers, then its own triangle in ascending order (paired
                     # columns all end at hi = M)
-                    w = u // G
-                    k = u % P
-                    k0 = (w * G if w * G > h * P else h * P) - h * P
-                    k1 = ((w + 1) * G if (w + 1) * G < (h + 1) * P else (h + 1) * P) - 1 - h * P
-                    rs = lo[n_first + k1]
+                    pair_rectangle(u, h, G, P, n_first, lo, &rs, &rot)
                     if s < M - rs:
-                        m = rs + (k - k0 + s) % (M - rs)
+                        m = rs + (rot + s) % (M - rs)
                     else:
                         m = lo[n] + (s - (M - rs))
                 elif band:

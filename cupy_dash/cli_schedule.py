@@ -9,7 +9,8 @@ import sys
 
 import numpy as np
 
-from . import schedule
+from . import compact, schedule
+from .cli_compact import CLI_MAX_SIMULATED_VISITS, analyse_compact, print_compact
 
 POLICY_ORDER = ("fa3", "descending", "shift", "symmetric_shift")
 COLOURS = {"idle": "#ffffff", "compute": "#4c72b0", "reduce": "#55a868", "wait": "#c44e52"}
@@ -48,7 +49,7 @@ def print_analysis(*, seqlen_q, seqlen_k, block_m, block_n, heads, causal, num_s
         rows, auto = rows
     plan = rows[0]["plan"]
     mask = "causal" if causal else "full"
-    if plan.window != (-1, -1):
+    if plan.window != ((-1, 0) if plan.causal else (-1, -1)):      # causal alone is window (-1, 0)
         mask += f" with window {plan.window}"
     name = "DAG model" if model == "dag" else "engine model"
     print(f"Schedule analysis ({name}: compute c={c:g}, reduce r={r:g} per visit): seqlen_q={seqlen_q}, "
@@ -187,6 +188,9 @@ def _parser():
     p.add_argument("--model", choices=schedule.MODELS, default="dag",
                    help="dag: the paper's model (compute then reduce, serially); engine: the Hopper kernel's "
                    "pipeline (auto's model, with --r 0.8)")
+    p.add_argument("--compact", action="store_true", help="analyse compact (per-column) records with the column "
+                   "model, in O(columns) time and memory, instead of simulating every visit (automatic above "
+                   f"{CLI_MAX_SIMULATED_VISITS} visits per table)")
     p.add_argument("--plot", metavar="PATH", help="write a Gantt chart of the simulated per-CTA timelines (DAG "
                    "model) to PATH (.png, .pdf, .svg, ...: any format matplotlib writes)")
     return p
@@ -203,6 +207,29 @@ def main(argv=None):
         if problem:
             print(f"cupy_dash schedule: error: {problem}", file=sys.stderr)
             return 2
+    try:
+        args.window = schedule.canonical_window(tuple(args.window), args.seqlen_q, seqlen_k, args.causal)
+        visits = compact.num_visits(args.seqlen_q, seqlen_k, args.block_m, args.block_n, args.heads, args.causal,
+                                    args.window)
+    except (ValueError, TypeError) as exc:
+        print(f"cupy_dash schedule: error: {exc}", file=sys.stderr)
+        return 2
+    if args.compact or visits > CLI_MAX_SIMULATED_VISITS:
+        if args.plot is not None:
+            print("cupy_dash schedule: error: --plot needs the per-visit simulation (problems up to "
+                  f"{CLI_MAX_SIMULATED_VISITS} visits, without --compact)", file=sys.stderr)
+            return 2
+        reason = "--compact" if args.compact else f"{visits} visits per table > {CLI_MAX_SIMULATED_VISITS}"
+        try:
+            rows, auto, method = analyse_compact(seqlen_q=args.seqlen_q, seqlen_k=seqlen_k, block_m=args.block_m,
+                                                 block_n=args.block_n, heads=args.heads, causal=args.causal,
+                                                 num_sms=args.num_sms, c=args.c, r=args.r, model=args.model,
+                                                 group_size=args.group_size, window=args.window)
+        except (ValueError, TypeError) as exc:
+            print(f"cupy_dash schedule: error: {exc}", file=sys.stderr)
+            return 2
+        print_compact(rows, auto, method, c=args.c, r=args.r, model=args.model, reason=reason)
+        return 0
     try:
         result = analyse(seqlen_q=args.seqlen_q, seqlen_k=seqlen_k, block_m=args.block_m, block_n=args.block_n,
                          heads=args.heads, causal=args.causal, num_sms=args.num_sms, c=args.c, r=args.r,

@@ -64,7 +64,12 @@ Policies (ranks are always derived from the wait-free timeline, see ``_schedule.
     The policy with the lowest simulated makespan in the *engine* model (below) with costs calibrated on our
     H200 (``AUTO_COSTS``), among all four policies; a policy within ``AUTO_TOLERANCE`` of the best counts as a
     tie, and ties go to the first of ``AUTO_CANDIDATES`` (symmetric_shift, shift, descending, fa3). The choice
-    depends only on the shape, never on timing, so it is reproducible.
+    depends only on the shape, never on timing, so it is reproducible. Above ``AUTO_MAX_SIMULATED_VISITS``
+    visits the per-visit simulation is replaced by the column model of :mod:`cupy_dash.compact` (busiest CTA's
+    load plus the paper's start-up staircase), with the same costs, tolerance and tie order.
+
+Compact tables (long contexts): :func:`build_compact` gives the same schedule as one record per KV column,
+built in O(columns); :func:`expand` turns it back into these arrays (see :mod:`cupy_dash.compact`).
 
 Portable bits. The bits of dq, dk and dv depend on the table only through the order of the additions: the
 order in which each KV column visits its Q tiles (dK and dV accumulate in registers in that order) and the rank
@@ -102,6 +107,7 @@ PORTABLE_POLICIES = ("fa3", "descending")   # bits independent of the CTA count 
 AUTO_CANDIDATES = ("symmetric_shift", "shift", "descending", "fa3")
 AUTO_COSTS = (1.0, 0.8)      # (c, r) of the engine model, calibrated on the H200 (see the module docstring)
 AUTO_TOLERANCE = 0.03
+AUTO_MAX_SIMULATED_VISITS = 1 << 21   # above: auto decides by the column model (cupy_dash.compact), not per visit
 MODELS = ("dag", "engine")
 
 
@@ -247,17 +253,23 @@ def build(policy: str = "auto", *, seqlen_q: int, seqlen_k: int, block_m: int, b
     that run concurrently (any value >= 1; the table uses min(num_sms, number of work units) CTAs); window the
     sliding window (left, right), -1 unbounded (stored in :func:`canonical_window` form as ``plan.window``).
     """
+    args = _checked_args(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms, group_size,
+                         window)
+    if policy == "auto":
+        return _build_auto(*args)
+    return _build(policy, *args)
+
+
+def _checked_args(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms, group_size, window):
+    """build()'s argument checks; the problem as a tuple of plain ints, a bool and the canonical window."""
     if policy not in POLICIES:
         raise ValueError(f"unknown schedule {policy!r}; expected one of {', '.join(POLICIES)}")
     heads, group = _positive_int("num_heads", num_heads), _positive_int("group_size", group_size)
     if heads % group:
         raise ValueError(f"group_size ({group}) must divide num_heads ({heads})")
     sq, sk, causal = _positive_int("seqlen_q", seqlen_q), _positive_int("seqlen_k", seqlen_k), _flag("causal", causal)
-    args = (sq, sk, _positive_int("block_m", block_m), _positive_int("block_n", block_n),
+    return (sq, sk, _positive_int("block_m", block_m), _positive_int("block_n", block_n),
             heads, causal, _positive_int("num_sms", num_sms), group, canonical_window(window, sq, sk, causal))
-    if policy == "auto":
-        return _build_auto(*args)
-    return _build(policy, *args)
 
 
 @functools.lru_cache(maxsize=64)
@@ -272,6 +284,10 @@ def _build(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_
 @functools.lru_cache(maxsize=64)
 def _auto_choice(seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms, group_size=1,
                  window=(-1, -1)):
+    from . import compact
+    args = (seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms, group_size, window)
+    if compact.auto_method(*args) == "column model":
+        return compact.column_model_choice(*args)
     times = {}
     for candidate in AUTO_CANDIDATES:
         plan = _build(candidate, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms, group_size,
@@ -499,3 +515,6 @@ def same_reduction_order(a, b) -> bool:
     ca, qa = reduction_order(a)
     cb, qb = reduction_order(b)
     return ca.shape == cb.shape and bool((ca == cb).all()) and bool((qa == qb).all())
+
+
+from .compact import CompactSchedule, build_compact, expand  # noqa: E402,F401  (compact imports this module)

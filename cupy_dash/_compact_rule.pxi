@@ -1,0 +1,47 @@
+# One column record of a compact schedule (layout in cupy_dash/compact.py): the Q-tile order rule and its
+# inverse, included by _compact.pyx (builder, record checks) and _compact_view.pyx (expansion and the per-visit
+# computations of the kernel). A record is 8 int32 fields:
+
+cdef enum:
+    REC_STEP = 0    # position of the column's first visit in its CTA's list (KV-head visits)
+    REC_LO = 1      # the column visits the Q tiles [lo, hi)
+    REC_HI = 2
+    REC_SPLIT = 3   # -1: descending walk hi - 1, ..., lo; else: [split, hi) rotated by rot, then lo .. split - 1
+    REC_ROT = 4
+    REC_CTA = 5
+    REC_HEAD = 6    # KV head (batch * Hkv + kv head)
+    REC_N = 7       # KV tile n_block
+    REC_FIELDS = 8
+
+cdef enum:
+    RANK_COUNT = 0  # rank = number of the tile's columns with a smaller (step, tie-break) key
+    RANK_ASC_N = 1  # every dQ tile adds in ascending n: rank = n - (first column that visits the tile)
+    RANK_DESC_N = 2 # ... in descending n: rank = (last column that visits the tile) - n
+
+
+cdef inline long long rule_tile(const int* rec, long long s) noexcept nogil:
+    """The Q tile of the column's s-th visit (0 <= s < hi - lo)."""
+    cdef long long split = rec[REC_SPLIT], r, x
+    if split < 0:
+        return rec[REC_HI] - 1 - s
+    r = rec[REC_HI] - split
+    if s < r:
+        x = s + rec[REC_ROT]
+        if x >= r:
+            x -= r
+        return split + x
+    return rec[REC_LO] + s - r
+
+
+cdef inline long long rule_index(const int* rec, long long m) noexcept nogil:
+    """Inverse of rule_tile: at which of its visits the column reaches Q tile m (lo <= m < hi)."""
+    cdef long long split = rec[REC_SPLIT], r, x
+    if split < 0:
+        return rec[REC_HI] - 1 - m
+    r = rec[REC_HI] - split
+    if m >= split:
+        x = m - split - rec[REC_ROT]
+        if x < 0:
+            x += r
+        return x
+    return r + m - rec[REC_LO]

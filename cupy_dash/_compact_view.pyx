@@ -1,0 +1,288 @@
+# cython: boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""What the backward kernel will compute from compact records alone (format: cupy_dash/compact.py), as a CPU
+reference, plus the expansion into today's per-visit table.
+
+``visit_of``: the i-th visit of a CTA, by walking the CTA's column list (the producer and the MMA warpgroups).
+``rank_of``: the rank of visit (head, m_block, n_block) in its dQ tile's reduction order, by counting the
+columns of the same KV head that visit the tile with a smaller (step, tie-break) key (the dQ writer warp), or by
+the closed form when the table's rank rule has one. ``expand``: the per-visit arrays, with the ranks derived
+independently of both (a sort per dQ tile), equal to ``_schedule.build_table``'s output.
+"""
+import numpy as np
+from libc.stdlib cimport malloc, free, qsort
+
+include "_compact_rule.pxi"
+
+cdef enum:
+    MODE_KERNEL = 0
+    MODE_COUNT = 1
+    MODE_WINDOW = 2
+
+MODES = {"kernel": MODE_KERNEL, "count": MODE_COUNT, "window": MODE_WINDOW}
+
+
+
+cdef struct View:
+    const int* rec              # records, REC_FIELDS int32 each, in (kv head, n_block) order
+    const int* bounds           # scan bounds (x, y, x2, y2) per record (NULL: count over every column)
+    const int* cols             # cta_columns
+    const long long* cs         # cta_col_start
+    long long num_ctas, n_first, NC, g
+    int tie_sign, rank_rule
+
+
+cdef View make_view(const int[:, ::1] rec, const int[::1] cols, const long long[::1] cs, long long n_first,
+                    long long NC, long long g, int tie_sign, int rank_rule, const int[:, ::1] bounds=None):
+    cdef View v
+    if rec.shape[1] != REC_FIELDS or cols.shape[0] != rec.shape[0] or cs.shape[0] < 2 or NC < 1 or g < 1:
+        raise ValueError("inconsistent compact records")
+    if bounds is not None and (bounds.shape[0] != rec.shape[0] or bounds.shape[1] != 4):
+        raise ValueError("scan bounds must be (columns, 4)")
+    v.bounds = &bounds[0, 0] if bounds is not None and bounds.shape[0] else NULL
+    v.rec = &rec[0, 0] if rec.shape[0] else NULL
+    v.cols = &cols[0] if cols.shape[0] else NULL
+    v.cs = &cs[0]
+    v.num_ctas = cs.shape[0] - 1
+    v.n_first, v.NC, v.g, v.tie_sign, v.rank_rule = n_first, NC, g, tie_sign, rank_rule
+    return v
+
+
+cdef inline bint visit_at(const View* v, long long cta, long long i, long long* head, long long* n,
+                          long long* m) noexcept nogil:
+    """Producer / MMA warpgroups: the i-th visit of CTA cta (grouped: query-head visits). False if past the end."""
+    cdef long long iv = i // v.g, j, L
+    cdef const int* r
+    for j in range(v.cs[cta], v.cs[cta + 1]):
+        r = v.rec + <long long>v.cols[j] * REC_FIELDS
+        L = r[REC_HI] - r[REC_LO]
+        if iv < r[REC_STEP] + L:
+            head[0] = r[REC_HEAD] * v.g + i % v.g
+            n[0] = r[REC_N]
+            m[0] = rule_tile(r, iv - r[REC_STEP])
+            return True
+    return False
+
+
+cdef inline long long overlap(long long a0, long long a1, long long b0, long long b1) noexcept nogil:
+    cdef long long lo = a0 if a0 > b0 else b0, hi = a1 if a1 < b1 else b1
+    return hi - lo if hi > lo else 0
+
+
+cdef inline long long count_smaller(const View* v, long long j0, long long j1, long long m, long long key,
+                                    long long tb) noexcept nogil:
+    cdef long long j, st, cnt = 0
+    cdef const int* q
+    for j in range(j0, j1):
+        q = v.rec + j * REC_FIELDS
+        st = q[REC_STEP] + rule_index(q, m)
+        if st < key or (st == key and v.tie_sign * q[REC_N] < tb):
+            cnt += 1
+    return cnt
+
+
+cdef inline long long rank_at(const View* v, long long head, long long m, long long n, int mode,
+                              long long* scanned) noexcept nogil:
+    """dQ writer: rank of visit (head, m, n), assumed to be in the table. The columns of KV head head // g that
+    visit Q tile m are one run of records [a, b) (range ends rise with n): two binary searches find it.
+    mode MODE_COUNT: count the run's columns whose key (step at which they reach m, tie_sign * n) is smaller.
+    MODE_WINDOW: the scan bounds (x, y, x2, y2) of column n: the run's columns among the head's first x and last
+    y columns all have smaller keys (they end before n starts), those outside the first x2 and last y2 larger
+    (they start after n ends); only the rest are compared. MODE_KERNEL: the closed form of the table's rank rule,
+    else MODE_WINDOW. scanned = records whose keys were compared."""
+    cdef long long base = head // v.g * v.NC, me = base + n - v.n_first, a, b, lo_i, hi_i, mid, cnt
+    cdef long long tb = v.tie_sign * n, NC = v.NC
+    cdef const int* r = v.rec + me * REC_FIELDS
+    cdef const int* bd
+    cdef long long key = r[REC_STEP] + rule_index(r, m)
+    lo_i, hi_i = base, me                     # a: first record with hi > m (me qualifies)
+    while lo_i < hi_i:
+        mid = (lo_i + hi_i) >> 1
+        if v.rec[mid * REC_FIELDS + REC_HI] > m:
+            hi_i = mid
+        else:
+            lo_i = mid + 1
+    a = lo_i
+    lo_i, hi_i = me + 1, base + NC            # b: first record with lo > m
+    while lo_i < hi_i:
+        mid = (lo_i + hi_i) >> 1
+        if v.rec[mid * REC_FIELDS + REC_LO] > m:
+            hi_i = mid
+        else:
+            lo_i = mid + 1
+    b = lo_i
+    scanned[0] = 0
+    if mode == MODE_KERNEL and v.rank_rule == RANK_ASC_N:
+        return me - a
+    if mode == MODE_KERNEL and v.rank_rule == RANK_DESC_N:
+        return b - 1 - me
+    if mode == MODE_COUNT or v.bounds == NULL:
+        scanned[0] = b - a
+        return count_smaller(v, a, b, m, key, tb)
+    bd = v.bounds + me * 4
+    a -= base
+    b -= base
+    cnt = overlap(0, bd[0], a, b) + overlap(NC - bd[1], NC, a, b)
+    lo_i = a if a > bd[0] else bd[0]
+    hi_i = b if b < bd[2] else bd[2]
+    if hi_i > lo_i:
+        cnt += count_smaller(v, base + lo_i, base + hi_i, m, key, tb)
+        scanned[0] += hi_i - lo_i
+    lo_i = a if a > NC - bd[3] else NC - bd[3]
+    hi_i = b if b < NC - bd[1] else NC - bd[1]
+    if hi_i > lo_i:
+        cnt += count_smaller(v, base + lo_i, base + hi_i, m, key, tb)
+        scanned[0] += hi_i - lo_i
+    return cnt
+
+
+def visit_of(records, cta_columns, cta_col_start, long long n_first, long long NC, long long g, long long cta,
+             long long i):
+    """(cta, head, n_block, m_block) of the i-th visit of CTA cta; IndexError past its last visit."""
+    cdef View v = make_view(records, cta_columns, cta_col_start, n_first, NC, g, 1, RANK_COUNT)
+    cdef long long head, n, m
+    if not 0 <= cta < v.num_ctas or i < 0 or not visit_at(&v, cta, i, &head, &n, &m):
+        raise IndexError(f"CTA {cta} has no visit {i}")
+    return cta, head, n, m
+
+
+def rank_of(records, cta_columns, cta_col_start, bounds, long long n_first, long long NC, long long g,
+            int tie_sign, int rank_rule, long long head, long long m, long long n, mode="kernel"):
+    """(rank, records compared) of visit (head, m_block, n_block) by rank_at's ``mode`` ("kernel", "count",
+    "window"); ValueError if the table has no such visit."""
+    cdef View v = make_view(records, cta_columns, cta_col_start, n_first, NC, g, tie_sign, rank_rule, bounds)
+    cdef long long scanned, idx = head // g * NC + n - n_first
+    if head < 0 or n < n_first or n >= n_first + NC or idx >= records.shape[0]:
+        raise ValueError(f"no column (head {head}, n_block {n}) in the table")
+    if not records[idx, REC_LO] <= m < records[idx, REC_HI]:
+        raise ValueError(f"column (head {head}, n_block {n}) does not visit Q tile {m}")
+    r = rank_at(&v, head, m, n, MODES[mode], &scanned)
+    return r, scanned
+
+
+def visits_and_ranks(records, cta_columns, cta_col_start, bounds, long long n_first, long long NC, long long g,
+                     int tie_sign, int rank_rule, mode="kernel"):
+    """Every visit computed by visit_of's walk and every rank by rank_of's loop, in table order: (visits (V, 4)
+    int32, rank (V,) int32, scanned (V,) int32). The reference of the kernel side, to compare with expand()."""
+    cdef View v = make_view(records, cta_columns, cta_col_start, n_first, NC, g, tie_sign, rank_rule, bounds)
+    cdef const int[:, ::1] rec = records
+    cdef long long c, i, j, V = 0, k = 0, head, n, m, sc
+    cdef int md = MODES[mode]
+    for j in range(rec.shape[0]):
+        V += rec[j, REC_HI] - rec[j, REC_LO]
+    V *= g
+    visits_arr = np.empty((V, 4), dtype=np.int32)
+    rank_arr = np.empty(V, dtype=np.int32)
+    scanned_arr = np.empty(V, dtype=np.int32)
+    cdef int[:, ::1] visits = visits_arr
+    cdef int[::1] rank = rank_arr, scanned = scanned_arr
+    for c in range(v.num_ctas):
+        i = 0
+        while visit_at(&v, c, i, &head, &n, &m):
+            visits[k, 0] = <int>c
+            visits[k, 1] = <int>head
+            visits[k, 2] = <int>n
+            visits[k, 3] = <int>m
+            rank[k] = <int>rank_at(&v, head, m, n, md, &sc)
+            scanned[k] = <int>sc
+            i += 1
+            k += 1
+    if k != V:
+        raise ValueError(f"the CTA lists hold {k} visits, the records {V}")
+    return visits_arr, rank_arr, scanned_arr
+
+
+def window_scan_stats(records, bounds, long long NC, long long stride=1):
+    """(mean, max) over every KV-head visit of the records rank_at compares in MODE_WINDOW, computed per column
+    and Q tile without the visit lists (O(visits) time, O(columns) memory); stride > 1: over the visits of every
+    stride-th record only."""
+    cdef const int[:, ::1] rec = records
+    cdef const int[:, ::1] bd = bounds
+    cdef long long ncols = rec.shape[0], i, h, base, m, a, b, sc, total = 0, peak = 0, visits = 0, rel
+    for i in range(0, ncols, stride):
+        base = i // NC * NC
+        rel = i - base
+        a = base
+        b = base + rel + 1
+        for m in range(rec[i, REC_LO], rec[i, REC_HI]):
+            while rec[a, REC_HI] <= m:              # first column of the head with hi > m
+                a += 1
+            while b < base + NC and rec[b, REC_LO] <= m:
+                b += 1
+            sc = (overlap(bd[i, 0], bd[i, 2], a - base, b - base)
+                  + overlap(NC - bd[i, 3], NC - bd[i, 1], a - base, b - base))
+            total += sc
+            visits += 1
+            if sc > peak:
+                peak = sc
+    return (<double>total / visits if visits else 0.0), peak
+
+
+cdef struct KeyIdx:
+    long long key
+    long long idx
+
+
+cdef int cmp_key(const void* x, const void* y) noexcept nogil:
+    cdef long long a = (<const KeyIdx*>x).key, b = (<const KeyIdx*>y).key
+    return (a > b) - (a < b)
+
+
+def expand(records, cta_columns, cta_col_start, long long num_m_blocks, long long n_first, long long NC,
+           long long g, int tie_sign):
+    """The per-visit table (visits (V, 4) int32, rank (V,) int32, cta_start (num_ctas + 1,) int64) of
+    ``_schedule.build_table``'s layout. Visits come from the rules in list order (positions, not the records'
+    steps); ranks from sorting every dQ tile's visits by (step, tie_sign * n) with the records' steps."""
+    cdef const int[:, ::1] rec = records
+    cdef const int[::1] cols = cta_columns
+    cdef const long long[::1] cs = cta_col_start
+    cdef long long G = cs.shape[0] - 1, ncols = rec.shape[0], M = num_m_blocks, Nb = n_first + NC
+    cdef long long c, j, idx, s, q, L, m, pos, row, kvh, a, b, end, k, h, n
+    if rec.shape[1] != REC_FIELDS or cols.shape[0] != ncols or NC < 1 or ncols % NC or g < 1:
+        raise ValueError("inconsistent compact records")
+    cta_start_arr = np.zeros(G + 1, dtype=np.int64)
+    colpos_arr = np.empty(ncols, dtype=np.int64)
+    cdef long long[::1] cta_start = cta_start_arr, colpos = colpos_arr
+    pos = 0
+    for c in range(G):
+        for j in range(cs[c], cs[c + 1]):
+            colpos[cols[j]] = pos
+            pos += rec[cols[j], REC_HI] - rec[cols[j], REC_LO]
+        cta_start[c + 1] = pos * g
+    visits_arr = np.empty((pos * g, 4), dtype=np.int32)
+    rank_arr = np.full(pos * g, -1, dtype=np.int32)
+    cdef int[:, ::1] visits = visits_arr
+    cdef int[::1] rank = rank_arr
+    for c in range(G):
+        for j in range(cs[c], cs[c + 1]):
+            idx = cols[j]
+            L = rec[idx, REC_HI] - rec[idx, REC_LO]
+            for s in range(L):
+                m = rule_tile(&rec[idx, 0], s)
+                for q in range(g):
+                    row = (colpos[idx] + s) * g + q
+                    visits[row, 0] = <int>c
+                    visits[row, 1] = <int>(rec[idx, REC_HEAD] * g + q)
+                    visits[row, 2] = rec[idx, REC_N]
+                    visits[row, 3] = <int>m
+    cdef KeyIdx* buf = <KeyIdx*>malloc((NC + 1) * sizeof(KeyIdx))
+    for kvh in range(ncols // NC):
+        a = kvh * NC
+        b = a
+        end = a + NC
+        for m in range(M):
+            while a < end and rec[a, REC_HI] <= m:
+                a += 1
+            while b < end and rec[b, REC_LO] <= m:
+                b += 1
+            k = 0
+            for idx in range(a, b):
+                s = rule_index(&rec[idx, 0], m)
+                buf[k].key = (rec[idx, REC_STEP] + s) * (2 * Nb + 1) + tie_sign * rec[idx, REC_N] + Nb
+                buf[k].idx = colpos[idx] + s
+                k += 1
+            qsort(buf, k, sizeof(KeyIdx), cmp_key)
+            for j in range(k):
+                for q in range(g):
+                    rank[buf[j].idx * g + q] = <int>j
+    free(buf)
+    return visits_arr, rank_arr, cta_start_arr

@@ -1,0 +1,264 @@
+"""Compact schedules: one record per KV column instead of one row per visit, for long contexts (issue 7).
+
+Why it suffices. ``_schedule.pyx`` derives every rank from the wait-free timeline: a visit's key is (step,
+tie-break), step = the visit's position in its CTA's list, tie-break = ``tie_sign * n_block``, and a dQ tile
+ranks its visits by key. A column's visits are consecutive in its CTA's list and follow a closed-form Q-tile
+rule, so its CTA, its KV head and tile, the step of its first visit and the rule's two parameters determine
+every visit and every rank (grouped-query tables repeat each KV-head visit for the g query heads of its group,
+Q-tile-major, so the records are those of the KV heads)::
+
+    plan = schedule.build_compact("auto", seqlen_q=131072, seqlen_k=131072, block_m=64, block_n=128,
+                                  num_heads=32, causal=True, num_sms=132)
+    plan.records, plan.cta_columns, plan.cta_col_start     # the tables (below); plan.nbytes in all
+    plan.validate()                    # O(columns) proof of coverage, rank permutations and no deadlock
+    visits, rank, cta_start = schedule.expand(plan)       # == schedule.build(...)'s arrays
+    plan.visit_of(cta, i); plan.rank_of(head, m_block, n_block)   # what the kernel computes per visit
+
+Format (all little-endian int32 / int64, what the kernel will read):
+
+``records`` int32 (num_kv_heads * NC, 8), 32 bytes per column, 32-byte aligned rows, one per visible KV column
+(``column_ranges``: the visible columns are the run n_first .. n_first + NC - 1 of every head), in
+(kv head, n_block) order: record ``kv_head * NC + n_block - n_first``. Fields:
+
+====  =======  ================================================================================================
+ 0    step     position of the column's first visit in its CTA's list, counted in KV-head visits (the grouped
+               table's position is step * g + query head index)
+ 1,2  lo, hi   the column visits the Q tiles [lo, hi) (its mask range)
+ 3    split    -1: descending walk, visit s at tile hi - 1 - s. Otherwise: first the tiles [split, hi) rotated by
+ 4    rot      rot (visit s < R = hi - split at tile split + (s + rot) mod R), then lo .. split - 1 ascending
+ 5    cta      the CTA that runs the column
+ 6    kv_head  batch * Hkv + KV head (query heads kv_head * g .. kv_head * g + g - 1)
+ 7    n_block  KV tile
+====  =======  ================================================================================================
+
+Every policy is one of these rules: ascending (fa3, band symmetric_shift's rising columns; split = lo, rot = 0),
+descending (descending, the short column of a symmetric_shift pair, the start-clipped band columns), shift
+(split = lo, rot = n mod L, or on a band rot = (step + n + M - hi) mod L), and symmetric_shift's long column
+(split = the first Q tile of the rectangle shared by the long columns of its head in its dispatch wave, rot = its
+index among them, mod the rectangle's height; then its own triangle ascending).
+
+``cta_columns`` int32 (num columns,), 4 bytes per column: record indices in each CTA's execution order;
+``cta_col_start`` int64 (num_ctas + 1,): CTA c runs ``cta_columns[cta_col_start[c]:cta_col_start[c + 1]]``.
+``scan_bounds`` int32 (num columns, 4), 16 bytes per column, only where ranks are counted: (x, y, x2, y2) of
+record i: the columns of its KV head among the first x and last y (n order) all end before it starts, those
+outside the first x2 and last y2 all start after it ends, so the dQ writer counts the former wholesale and
+compares keys only with the columns in between (those that run at some time with it).
+Header (kernel parameters): num_m_blocks, n_first, NC, group_size, tie_sign (+1: ties to ascending n, -1:
+descending n), rank_rule (0: count; 1: every dQ tile adds in ascending n, rank = n - first column visiting it;
+2: descending n, rank = last column visiting it - n; 1 and 2 for fa3 and descending, the portable policies).
+In all 52 bytes per column (36 with a closed-form rank rule) + 8 per CTA: 1.7 MB at S = 128k, 32 heads,
+causal, 64 x 128 tiles (the per-visit table: 20 bytes per visit, 672 MB).
+"""
+from __future__ import annotations
+
+import copy
+import functools
+
+import numpy as np
+
+from . import _compact, _compact_view, _schedule, schedule
+
+RANK_RULES = ("count", "ascending n", "descending n")   # rank_rule 0, 1, 2
+
+
+class CompactSchedule:
+    """Compact records of one schedule and the problem they were built for (arrays read-only, cached)."""
+
+    def __init__(self, policy, args, records, cta_columns, cta_col_start, dispatch_order, loads, meta,
+                 auto_method=None):
+        (self.seqlen_q, self.seqlen_k, self.block_m, self.block_n, self.num_heads, self.causal, self.num_sms,
+         self.group_size, self.window) = args
+        self.policy, self.auto_method = policy, auto_method
+        self.records, self.cta_columns, self.cta_col_start, self.loads = records, cta_columns, cta_col_start, loads
+        self._dispatch_order, self._scan_bounds = dispatch_order, None      # bounds: computed when first needed
+        for a in (records, cta_columns, cta_col_start, dispatch_order, loads):
+            a.flags.writeable = False
+        self.num_m_blocks, self.num_n_blocks = meta["M"], meta["N"]
+        self.n_first, self.columns_per_head = meta["n_first"], meta["NC"]
+        self.num_ctas, self.tie_sign, self.rank_rule = meta["num_ctas"], meta["tie_sign"], meta["rank_rule"]
+        self.key = (policy,) + tuple(args)
+
+    @property
+    def scan_bounds(self) -> np.ndarray:
+        """int32 (columns, 4): the dQ writer's scan bounds (module docstring), computed on first use in
+        O(columns) (auto's candidates and closed-form rank rules never need them)."""
+        if self._scan_bounds is None:
+            bounds = _compact.scan_bounds(self.records, self._dispatch_order, self.columns_per_head)
+            bounds.flags.writeable = False
+            self._scan_bounds = bounds
+        return self._scan_bounds
+
+    @property
+    def num_columns(self) -> int:
+        return len(self.records)
+
+    @property
+    def num_visits(self) -> int:
+        return int(self.loads.sum()) * self.group_size
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the device tables: records, cta_columns, cta_col_start, and scan_bounds where the rank rule
+        is the count."""
+        bounds = self.scan_bounds.nbytes if self.rank_rule == 0 else 0
+        return self.records.nbytes + self.cta_columns.nbytes + self.cta_col_start.nbytes + bounds
+
+    def header(self) -> dict:
+        """The scalar parameters the kernel needs besides the three arrays."""
+        return {"num_m_blocks": self.num_m_blocks, "n_first": self.n_first, "columns_per_head":
+                self.columns_per_head, "group_size": self.group_size, "tie_sign": self.tie_sign,
+                "rank_rule": self.rank_rule, "num_ctas": self.num_ctas}
+
+    def column_ranges(self) -> tuple:
+        return _schedule.column_ranges(self.seqlen_q, self.seqlen_k, self.block_m, self.block_n, self.causal,
+                                       *self.window)
+
+    def validate(self) -> "CompactSchedule":
+        """O(columns): raise ValueError unless the records cover every visible tile once, give every dQ tile the
+        ranks 0..k-1 and cannot deadlock, and (count rank rule) the scan bounds are true
+        (``_compact.check_records`` says why that is a proof)."""
+        lo, hi = self.column_ranges()
+        bounds = self.scan_bounds if self.rank_rule == 0 else None      # the kernel reads them only to count
+        _compact.check_records(self.records, self.cta_columns, self.cta_col_start, self.num_heads // self.group_size,
+                               lo, hi, self.n_first, self.columns_per_head, self.tie_sign, bounds)
+        return self
+
+    def _view(self):
+        return self.records, self.cta_columns, self.cta_col_start, self.n_first, self.columns_per_head, \
+            self.group_size
+
+    def visit_of(self, cta: int, i: int) -> tuple:
+        """(cta, head, n_block, m_block) of CTA cta's i-th visit, walking its column list (the producer's loop)."""
+        return _compact_view.visit_of(*self._view(), cta, i)
+
+    def _rank_view(self):
+        return (self.records, self.cta_columns, self.cta_col_start, self.scan_bounds, self.n_first,
+                self.columns_per_head, self.group_size, self.tie_sign, self.rank_rule)
+
+    def rank_of(self, head: int, m_block: int, n_block: int, mode: str = "kernel") -> tuple:
+        """(rank, records compared) of visit (head, m_block, n_block): the dQ writer's loop. ``mode``: "count"
+        compares every column of the KV head that visits the tile; "window" only those between the column's
+        scan bounds; "kernel" (what the kernel will do) the rank rule's closed form where there is one, else
+        "window"."""
+        return _compact_view.rank_of(*self._rank_view(), head, m_block, n_block, mode)
+
+    def visits_and_ranks(self, mode: str = "kernel") -> tuple:
+        """(visits, rank, compared) for every visit by visit_of's walk and rank_of's loop (slow: a reference)."""
+        return _compact_view.visits_and_ranks(*self._rank_view(), mode)
+
+    def window_scan_stats(self, stride: int = 1) -> tuple:
+        """(mean, max) records compared per visit by the "window" count, from the records alone (O(visits) time;
+        stride > 1: over every stride-th column's visits)."""
+        return _compact_view.window_scan_stats(self.records, self.scan_bounds, self.columns_per_head, stride)
+
+    def expand(self) -> tuple:
+        return expand(self)
+
+    def to_schedule(self) -> schedule.Schedule:
+        """The expanded view as a :class:`schedule.Schedule` (validate / simulate work on it)."""
+        visits, rank, cta_start = expand(self)
+        return schedule.Schedule(self.policy, self.seqlen_q, self.seqlen_k, self.block_m, self.block_n,
+                                 self.num_heads, self.causal, self.num_sms, visits, rank, cta_start,
+                                 self.group_size, self.window)
+
+    def scan_lengths(self) -> np.ndarray:
+        """int64 (num_m_blocks,): columns of one KV head that visit each Q tile, i.e. the records the dQ writer's
+        count scans per visit of that tile (every head has the same ranges)."""
+        lo, hi = self.column_ranges()
+        first = np.searchsorted(hi, np.arange(self.num_m_blocks), side="right")
+        last = np.searchsorted(lo, np.arange(self.num_m_blocks), side="right")
+        return last - first
+
+    def model_makespan(self, c: float = 1.0, r: float = 0.25, model: str = "dag") -> float:
+        """The column-level model (no per-visit simulation): the busiest CTA runs its visits back to back, as it
+        does when no visit waits (DAG model: c + r per visit; engine model: max(c, r) per visit plus min(c, r)
+        for the pipeline's fill), plus the paper's start-up staircase (n - 1) r of the closed forms for tables
+        whose dQ tiles all add in ascending n (fa3 without a right mask bound, descending), n = the columns of
+        a head that start together, min(NC, CTAs). Waits other than the staircase are not modelled."""
+        c, r = schedule._costs(c, r)
+        engine = schedule._engine(model)
+        load = int(self.loads.max()) * self.group_size
+        busy = load * max(c, r) + min(c, r) if engine else load * (c + r)
+        stairs = (min(self.columns_per_head, self.num_ctas) - 1) * r if self.rank_rule == 1 else 0.0
+        return busy + stairs
+
+    @property
+    def column_model_applies(self) -> bool:
+        """Whether :meth:`model_makespan` accounts for the waits of this table: always for symmetric_shift and
+        fa3 (their dQ tiles are reached in a strict order whatever the dispatch timing: pairs rotating in their
+        wave's rectangle, upstream's shortest-first order, or the staircase of the closed forms), and for every
+        policy when all columns are equally long (full masks: columns start in lockstep). shift and descending
+        on columns of unequal lengths (causal, windows) wait wherever the dispatch staggers column starts, which
+        only a per-visit simulation sees (engine model: up to 1.2x and 1.3x the bound at S = 32k, causal,
+        128 x 128 tiles, against 1.00x by the column model; benchmarks/NOTES.md, 2026-12-01, compact tables)."""
+        if self.policy in ("symmetric_shift", "fa3"):
+            return True
+        lengths = self.records[:, 2] - self.records[:, 1]
+        return bool((lengths == lengths[0]).all())
+
+    def lower_bound(self, c: float = 1.0, r: float = 0.25, model: str = "dag") -> float:
+        """:func:`schedule.lower_bound` from the records."""
+        c, r = schedule._costs(c, r)
+        lo, hi = self.column_ranges()
+        step = max(c, r) if schedule._engine(model) else c + r
+        return max(self.num_visits * step / self.num_sms, self.group_size * int((hi - lo).max()) * step)
+
+    def __repr__(self):
+        return (f"CompactSchedule({self.policy!r}, seqlen_q={self.seqlen_q}, seqlen_k={self.seqlen_k}, "
+                f"block_m={self.block_m}, block_n={self.block_n}, num_heads={self.num_heads}, group_size="
+                f"{self.group_size}, causal={self.causal}, window={self.window}, num_sms={self.num_sms}: "
+                f"{self.num_columns} columns, {self.num_visits} visits on {self.num_ctas} CTAs, rank rule "
+                f"{RANK_RULES[self.rank_rule]!r}, {self.nbytes} bytes)")
+
+
+def build_compact(policy: str = "auto", *, seqlen_q: int, seqlen_k: int, block_m: int, block_n: int,
+                  num_heads: int, causal: bool, num_sms: int, group_size: int = 1, window=(-1, -1)):
+    """The compact records of :func:`schedule.build`'s table (same arguments, same checks), built in
+    O(columns). ``auto`` picks as :func:`schedule.build` does (``plan.auto_method`` says how)."""
+    args = schedule._checked_args(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms,
+                                  group_size, window)
+    if policy == "auto":
+        plan = copy.copy(_build_compact(schedule._auto_choice(*args), *args))
+        plan.auto_method = auto_method(*args)
+        return plan
+    return _build_compact(policy, *args)
+
+
+@functools.lru_cache(maxsize=64)
+def _build_compact(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms, group_size=1,
+                   window=(-1, -1)):
+    out = _compact.build_columns(_schedule.POLICY_CODES[policy], seqlen_q, seqlen_k, block_m, block_n,
+                                 num_heads // group_size, causal, num_sms, *window)
+    return CompactSchedule(policy, (seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms, group_size,
+                                    tuple(window)), *out)
+
+
+def expand(plan: CompactSchedule) -> tuple:
+    """(visits, rank, cta_start): the per-visit arrays of ``plan``, equal to :func:`schedule.build`'s for the
+    same arguments (ranks derived independently, by sorting every dQ tile's visits by key)."""
+    return _compact_view.expand(plan.records, plan.cta_columns, plan.cta_col_start, plan.num_m_blocks,
+                                plan.n_first, plan.columns_per_head, plan.group_size, plan.tie_sign)
+
+
+def num_visits(seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, window=(-1, -1)) -> int:
+    """Visits of any table of this problem (every policy visits every visible tile once per query head)."""
+    lo, hi = _schedule.column_ranges(seqlen_q, seqlen_k, block_m, block_n, causal, *window)
+    return num_heads * int((hi - lo).sum())
+
+
+def auto_method(seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms, group_size=1,
+                window=(-1, -1)) -> str:
+    """How ``auto`` chooses for this problem: 'engine simulation' (per visit, up to
+    ``schedule.AUTO_MAX_SIMULATED_VISITS`` visits) or 'column model' (:meth:`CompactSchedule.model_makespan`)."""
+    v = num_visits(seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, window)
+    return "engine simulation" if v <= schedule.AUTO_MAX_SIMULATED_VISITS else "column model"
+
+
+def column_model_choice(*args) -> str:
+    """``auto``'s choice by the column model (engine costs AUTO_COSTS, same tolerance and tie order as the
+    per-visit simulation), among the candidates whose waits it accounts for (``column_model_applies``)."""
+    plans = [_build_compact(p, *args) for p in schedule.AUTO_CANDIDATES]
+    times = {p.policy: p.model_makespan(*schedule.AUTO_COSTS, model="engine") for p in plans
+             if p.column_model_applies}
+    best = min(times.values())
+    return next(p for p in schedule.AUTO_CANDIDATES if p in times and times[p] <= best * (1 + schedule.AUTO_TOLERANCE))
