@@ -92,3 +92,19 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("cupy_dash observations")
         for line in lines:
             terminalreporter.write_line(line)
+
+
+@pytest.fixture
+def host_tables(monkeypatch):
+    """``schedule.device_tables`` without a GPU: uploads become numpy arrays, the table caches start empty; the
+    fixture's value stands in for the stream argument."""
+    import cupy
+    from cupy_dash import schedule
+    monkeypatch.setattr(cupy, "asarray", np.asarray)
+    schedule._tables.clear()
+    schedule._plans.clear()
+
+    class Stream:
+        def synchronize(self):
+            pass
+    return Stream()

@@ -260,17 +260,8 @@ def test_validate_rejects_a_grouped_deadlock():
 # ----------------------------------------------------------------------------------------------------------------
 # device-table cache and CLI
 # ----------------------------------------------------------------------------------------------------------------
-def test_device_tables_are_keyed_by_group_size(monkeypatch):
-    import cupy
-    monkeypatch.setattr(cupy, "asarray", np.asarray)
-
-    class Stream:
-        def synchronize(self):
-            pass
-
-    schedule._tables.clear()
-    schedule._plans.clear()
-    args = ("shift", 1000, 1000, 64, 128, 32, True, 7, 0, Stream())
+def test_device_tables_are_keyed_by_group_size(host_tables):
+    args = ("shift", 1000, 1000, 64, 128, 32, True, 7, 0, host_tables)
     mha, gqa = schedule.device_tables(*args), schedule.device_tables(*args, group_size=8)
     assert gqa is not mha and gqa is schedule.device_tables(*args, group_size=8)
     assert len(gqa.visits) == len(mha.visits) and not np.array_equal(gqa.visits, mha.visits)

@@ -365,17 +365,8 @@ def test_validate_rejects_a_band_deadlock():
 # ----------------------------------------------------------------------------------------------------------------
 # device-table cache and CLI
 # ----------------------------------------------------------------------------------------------------------------
-def test_device_tables_are_keyed_by_window(monkeypatch):
-    import cupy
-    monkeypatch.setattr(cupy, "asarray", np.asarray)
-
-    class Stream:
-        def synchronize(self):
-            pass
-
-    schedule._tables.clear()
-    schedule._plans.clear()
-    args = ("shift", 1000, 1000, 64, 128, 8, False, 7, 0, Stream())
+def test_device_tables_are_keyed_by_window(host_tables):
+    args = ("shift", 1000, 1000, 64, 128, 8, False, 7, 0, host_tables)
     plain = schedule.device_tables(*args)
     band = schedule.device_tables(*args, window=(100, 100))
     assert band is not plain and band is schedule.device_tables(*args, window=(100, 100))
