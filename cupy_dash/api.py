@@ -33,7 +33,7 @@ import cupy
 import ml_dtypes
 import numpy as np
 
-from . import fastpath, interop, jit, kernels, launchers, tensormap
+from . import compact_device, fastpath, interop, jit, kernels, launchers, tensormap
 from .errors import (_acquire_slot, _graph_record, _keep_alive, _spin_timeout_ms, check_errors,
                      poll_errors as _poll_errors)
 from . import schedule as _schedule
@@ -388,12 +388,17 @@ def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, determinis
     dev = p.device_id
     for info in p.infos[:4]:                              # q, k, v, do: read through TMA maps
         tensormap.check_encodable(info.name, info.shape, info.strides[:3], info.data_ptr or 0)
+    # NOTES: compact tables are opt-in (CUPY_DASH_COMPACT_TABLES=1) and only for policy-built tables without a
+    # timeline; such calls are not registered on the torch fast path, which replays per-visit launches.
+    compact = plan is None and timeline is None and compact_device.enabled()
     if capturing:
         with cupy.cuda.Device(dev):
-            cold = [s.label for s in kernels.bwd_specs(p.dtype, D, causal, deterministic) if not jit.is_loaded(s)]
+            cold = [s.label for s in kernels.bwd_specs(p.dtype, D, causal, deterministic, compact=compact)
+                    if not jit.is_loaded(s)]
         if cold:
             raise _not_warm(f"the kernels {', '.join(cold)} are not loaded yet", p, causal)
-    specs, bm, bn, max_ctas = kernels.bwd_entry(dev, p.dtype, D, causal, deterministic, timeline is not None)
+    specs, bm, bn, max_ctas = kernels.bwd_entry(dev, p.dtype, D, causal, deterministic, timeline is not None,
+                                                compact)
     c = launchers.BwdLaunch(specs, bm, bn, p, deterministic, spin_timeout_ns, causal, window)
     qi, ki, vi, doi, oi = p.infos
     fw = qi.framework
@@ -409,7 +414,7 @@ def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, determinis
         lse_ptr, _ = _resolve(p.lse_info, lse, keep)
 
         if plan is None:
-            c.tables = launchers.bwd_tables(schedule, c, max_ctas, dev, stream, capture=capturing)
+            c.tables = launchers.bwd_tables(schedule, c, max_ctas, dev, stream, capture=capturing, compact=compact)
             if c.tables is None:
                 raise _not_warm(f"the {schedule!r} schedule tables of this shape are not on device {dev} yet", p,
                                 causal)
@@ -433,7 +438,7 @@ def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, determinis
                                   timeline_ptr=0 if timeline is None else timeline.data.ptr)
         if keep:
             _keep_alive(keep, stream)
-        elif fast_key is not None and not capturing and plan is None and timeline is None:
+        elif fast_key is not None and not capturing and plan is None and timeline is None and not compact:
             fastpath.register_backward(fast_key, c, operands, lse_ptr, base, (dq_ptr, dk_ptr, dv_ptr), call, q)
         result = _export(fw, dq, q), _export(fw, dk, q), _export(fw, dv, q)
     if not capturing and os.environ.get("CUPY_DASH_SYNC_ERRORS", "") not in ("", "0"):

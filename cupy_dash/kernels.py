@@ -112,6 +112,8 @@ class KernelSpec:
             tags.append("det" if d["DASH_DETERMINISTIC"] else "atomic")
         if d.get("DASH_VARLEN"):
             tags.append("varlen")
+        if d.get("DASH_COMPACT"):
+            tags.append("compact")
         if d.get("DASH_TIMELINE"):
             tags.append("timeline")
         return f"{self.kernel}[{','.join(tags)}]"
@@ -167,15 +169,21 @@ def fwd_spec(dtype: str, head_dim: int, causal: bool, varlen: bool = False) -> K
 BwdKernels = collections.namedtuple("BwdKernels", "preprocess main postprocess")
 
 
-def bwd_specs(dtype: str, head_dim: int, causal: bool, deterministic: bool, timeline: bool = False) -> BwdKernels:
+def bwd_specs(dtype: str, head_dim: int, causal: bool, deterministic: bool, timeline: bool = False,
+              compact: bool = False) -> BwdKernels:
     """The three backward kernels of one variant; ``timeline``: the main kernel's debug build that stamps every
-    visit (kernels_src/bwd/timeline.cuh; not emitted by the dispatcher)."""
+    visit (kernels_src/bwd/timeline.cuh; not emitted by the dispatcher); ``compact``: the main kernel reads
+    per-column records (kernels_src/compact_view.cuh, :mod:`cupy_dash.compact`) instead of per-visit rows."""
+    if timeline and compact:
+        raise ValueError("timeline builds need the per-visit tables: no compact timeline variant")
     _check(dtype, head_dim)
     main_tile = bwd_tile(head_dim)
     aux_tile = TileConfig(main_tile.block_m, main_tile.block_n, AUX_THREADS)
     flags = dict(DASH_CAUSAL=causal, DASH_DETERMINISTIC=deterministic)
     if timeline:
         flags["DASH_TIMELINE"] = True
+    if compact:
+        flags["DASH_COMPACT"] = True
     return BwdKernels(
         preprocess=_spec("bwd_preprocess", aux_tile, dtype, head_dim),
         main=_spec("bwd_main", main_tile, dtype, head_dim, **flags),
@@ -184,14 +192,15 @@ def bwd_specs(dtype: str, head_dim: int, causal: bool, deterministic: bool, time
 
 
 def all_specs() -> list:
-    """Every distinct variant the dispatcher can emit (8 fwd + 8 varlen fwd, 4 preprocess, 16 main, 4
-    postprocess)."""
+    """Every distinct variant the dispatcher can emit (8 fwd + 8 varlen fwd, 4 preprocess, 16 main + 16 compact
+    main, 4 postprocess)."""
     specs = []
     seen = set()
     for dtype, head_dim, causal in itertools.product(SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS, (False, True)):
         batch = [fwd_spec(dtype, head_dim, causal), fwd_spec(dtype, head_dim, causal, varlen=True)]
         for deterministic in (False, True):
             batch.extend(bwd_specs(dtype, head_dim, causal, deterministic))
+            batch.append(bwd_specs(dtype, head_dim, causal, deterministic, compact=True).main)
         for spec in batch:
             if spec not in seen:
                 seen.add(spec)
@@ -201,7 +210,7 @@ def all_specs() -> list:
     def key(s):
         d = dict(s.defines)
         return (order.get(s.kernel, len(order)), d.get("DASH_VARLEN", 0), d["DASH_FP16"], d["DASH_HEAD_DIM"],
-                d.get("DASH_CAUSAL", 0), d.get("DASH_DETERMINISTIC", 0))
+                d.get("DASH_CAUSAL", 0), d.get("DASH_DETERMINISTIC", 0), d.get("DASH_COMPACT", 0))
     return sorted(specs, key=key)
 
 
@@ -261,14 +270,14 @@ def fwd_entry(dtype: str, head_dim: int, causal: bool, varlen: bool = False) -> 
 
 
 def bwd_entry(device_id: int, dtype: str, head_dim: int, causal: bool, deterministic: bool,
-              timeline: bool = False) -> tuple:
+              timeline: bool = False, compact: bool = False) -> tuple:
     """(BwdKernels, block_m, block_n, max co-resident CTAs of the main kernel) per device and variant, cached
     (the occupancy query loads the main kernel: needs the GPU)."""
-    key = (device_id, dtype, head_dim, causal, deterministic, timeline)
+    key = (device_id, dtype, head_dim, causal, deterministic, timeline, compact)
     e = _bwd_cache.get(key)
     if e is None:
         import cupy
-        specs = bwd_specs(dtype, head_dim, causal, deterministic, timeline)
+        specs = bwd_specs(dtype, head_dim, causal, deterministic, timeline, compact)
         tile = bwd_tile(head_dim)
         with cupy.cuda.Device(device_id):
             max_ctas = int(max_resident_ctas(specs.main))

@@ -101,13 +101,17 @@ class BwdLaunch:
         self.work_bytes = total
 
 
-def bwd_tables(schedule, c, max_ctas, device_id, stream, capture=False):
+def bwd_tables(schedule, c, max_ctas, device_id, stream, capture=False, compact=False):
     """The device tables of ``schedule`` for the backward ``c`` (:func:`cupy_dash.schedule.device_tables`): one
     KV tile with all the query heads of its group per work unit, at most ``max_ctas`` (co-resident) CTAs. Every
-    entry point gets its tables here, so equal problems get equal tables, hence equal bits."""
+    entry point gets its tables here, so equal problems get equal tables, hence equal bits. ``compact``: the
+    per-column records of the same schedule (:mod:`cupy_dash.compact_device`) for the DASH_COMPACT build."""
     p = c.p
     kv_tiles = p.B * p.Hkv * -(-p.Sk // c.block_n)
-    return _schedule.device_tables(schedule, p.Sq, p.Sk, c.block_m, c.block_n, p.B * p.H, c.causal,
+    build = _schedule.device_tables
+    if compact:
+        from .compact_device import device_tables as build
+    return build(schedule, p.Sq, p.Sk, c.block_m, c.block_n, p.B * p.H, c.causal,
                                    min(max_ctas, kv_tiles), device_id, stream, p.H // p.Hkv, c.window,
                                    capture=capture)
 
@@ -167,6 +171,13 @@ def bwd_params(c, operands, lse_ptr, work_base, grads, error_ptr, timeline_ptr=0
     (q_ptr, q_stride), (k_ptr, k_stride), (v_ptr, v_stride), (o_ptr, o_stride), (do_ptr, do_stride) = operands
     dq_ptr, dk_ptr, dv_ptr = grads
     kv_contig = _contiguous((B, Sk, Hkv, D))
+    if hasattr(tables, "col_records"):       # compact records (DASH_COMPACT build): no per-visit table
+        schedule_fields = tables.params()
+    else:
+        schedule_fields = dict(visits=tables.visits.data.ptr, rank=tables.rank.data.ptr,
+                               cta_start=tables.cta_start.data.ptr, col_records=0, cta_columns=0,
+                               cta_col_start=0, scan_bounds=0, n_first=0, columns_per_head=0, tie_sign=0,
+                               rank_rule=0)
     base, offsets, bm, bn = work_base, c.offsets, c.block_m, c.block_n
     return kernels.pack_bwd_params(
         tma_q=tensormap.bhsd_map(q_ptr, p.dtype, (B, Sq, H, D), q_stride, bm, "q"),
@@ -176,8 +187,7 @@ def bwd_params(c, operands, lse_ptr, work_base, grads, error_ptr, timeline_ptr=0
         q=q_ptr, k=k_ptr, v=v_ptr, out=o_ptr, dout=do_ptr, lse=lse_ptr,
         lse_log2=base + offsets[0], dpsum=base + offsets[1], dq_accum=base + offsets[2],
         dq=dq_ptr, dk=dk_ptr, dv=dv_ptr, dq_semaphore=base + offsets[3] if c.deterministic else 0,
-        visits=tables.visits.data.ptr, rank=tables.rank.data.ptr, cta_start=tables.cta_start.data.ptr,
-        error=error_ptr, timeline=timeline_ptr,
+        **schedule_fields, error=error_ptr, timeline=timeline_ptr,
         q_stride=q_stride, k_stride=k_stride, v_stride=v_stride, o_stride=o_stride, do_stride=do_stride,
         dq_stride=_contiguous((B, Sq, H, D)), dk_stride=kv_contig, dv_stride=kv_contig,
         batch=B, seqlen_q=Sq, seqlen_k=Sk, num_heads=H, num_heads_kv=Hkv,

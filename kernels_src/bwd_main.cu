@@ -41,7 +41,11 @@ DASH_DEVICE void consume(const BwdParams& p, const ScheduleView& sched, const Sm
 
 extern "C" __global__ void __launch_bounds__(kNumThreads, 1) dash_bwd_main(const __grid_constant__ BwdParams p) {
   extern __shared__ __align__(1024) char smem_raw[];
+#if DASH_COMPACT
+  const ScheduleView sched(p, blockIdx.x);
+#else
   const ScheduleView sched(p.visits, p.rank, p.cta_start, blockIdx.x, (int)(p.num_heads / p.num_heads_kv));
+#endif
   if (sched.begin >= sched.end) return;
 
   const uint32_t raw = smem_u32(smem_raw);

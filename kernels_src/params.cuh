@@ -46,6 +46,15 @@ struct BwdParams {
   int64_t num_m_blocks, seqlen_q_rounded;
   int64_t spin_timeout_ns;   // a semaphore wait longer than this sets error[] and abandons the kernel
   float softmax_scale, softmax_scale_log2;
+  // Compact-table builds (DASH_COMPACT) only, null / 0 otherwise; appended last so that the fields above keep
+  // their offsets. One record per KV column instead of a row per visit (format: cupy_dash/compact.py); visits,
+  // rank and cta_start above are then null.
+  const int32_t* col_records;    // (columns, 8): step, lo, hi, split, rot, cta, kv_head, n_block; 32-byte rows
+  const int32_t* cta_columns;    // (columns,): record indices in each CTA's execution order
+  const int64_t* cta_col_start;  // (num_ctas + 1,): CTA c runs cta_columns[cta_col_start[c] .. cta_col_start[c+1])
+  const int32_t* scan_bounds;    // (columns, 4): x, y, x2, y2 per record; rank_rule 0 only, else null
+  int64_t n_first, columns_per_head;  // the visible KV tiles of every head: n_first .. n_first + columns_per_head - 1
+  int64_t tie_sign, rank_rule;   // +1 / -1: equal steps add in ascending / descending n; 0 count, 1 / 2 closed form
 };
 
 // The (batch, head) pair of a bh index and its kv head (32-bit division: bh < B * H < 2^31).

@@ -9,6 +9,13 @@ struct Visit {
   int m_block;  // Q tile, and dQ tile
 };
 
+#ifndef DASH_COMPACT
+#define DASH_COMPACT 0
+#endif
+
+#if DASH_COMPACT
+#include "compact_view.cuh"  // the same interface over per-column records
+#else
 // NOTES: visits is (V, 4) int32 rows (cta, bh, n_block, m_block); the table is 16-byte aligned, so one vector
 // load reads a row. cta_start is (num_ctas + 1,) int64: CTA c owns [cta_start[c], cta_start[c + 1]).
 // A KV tile is (bh / group_size, n_block) = (b * Hkv + hk, n_block): with GQA / MQA the group_size = H / Hkv
@@ -37,3 +44,4 @@ struct ScheduleView {
     return a.n_block == b.n_block && a.bh / group_size == b.bh / group_size;
   }
 };
+#endif  // DASH_COMPACT

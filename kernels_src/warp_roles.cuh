@@ -9,7 +9,13 @@ constexpr int kNumMmaWg = 2;
 constexpr int kWgThreads = 128;
 constexpr int kNumThreads = kWgThreads * (1 + kNumMmaWg);
 constexpr int kEntryRegs = 168;  // what __launch_bounds__(384, 1) gives every thread at entry
+#if DASH_COMPACT
+// NOTES: compact-table backward builds: the dQ writer counts ranks (compact_view.cuh), which does not fit in 24
+// registers (52 bytes of spills); the MMA warpgroups give up 8 each.
+constexpr int kProducerRegs = 40, kMmaRegs = 232;
+#else
 constexpr int kProducerRegs = 24, kMmaRegs = 240;
+#endif
 static_assert(kProducerRegs * kWgThreads + kMmaRegs * kWgThreads * kNumMmaWg <= kEntryRegs * kNumThreads,
               "setmaxnreg budgets exceed the CTA's register pool");
 

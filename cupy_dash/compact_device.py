@@ -1,0 +1,110 @@
+"""Compact schedule records on the device, for the backward's DASH_COMPACT builds (opt-in).
+
+The main kernel's compact build (``kernels_src/compact_view.cuh``) reads, instead of the per-visit table, the
+four arrays and four scalars of :mod:`cupy_dash.compact` as BwdParams fields (``kernels_src/params.cuh``, the
+fields after ``softmax_scale_log2``). :func:`device_arrays` gives them as numpy arrays in exactly the layout
+uploaded (the mirror that the CPU tests check against :func:`cupy_dash.compact.expand`); :func:`device_tables`
+builds, uploads and caches them like :func:`cupy_dash.schedule.device_tables`.
+
+Opt-in: ``CUPY_DASH_COMPACT_TABLES=1`` makes eager backward calls (:func:`cupy_dash.attention_backward` with
+CuPy arrays, or torch arrays off the fast path) use the compact build; by default nothing changes.
+"""
+from __future__ import annotations
+
+import collections
+import os
+import threading
+
+import numpy as np
+
+from . import compact
+
+ENV = "CUPY_DASH_COMPACT_TABLES"
+_MAX_TABLES = 8
+_lock = threading.Lock()
+_tables: "collections.OrderedDict" = collections.OrderedDict()
+_captured: dict = {}
+
+
+def enabled() -> bool:
+    """Whether ``CUPY_DASH_COMPACT_TABLES`` asks for compact tables (read on every call)."""
+    return os.environ.get(ENV, "") not in ("", "0")
+
+
+def device_arrays(plan: compact.CompactSchedule) -> dict:
+    """What the kernel reads, as numpy arrays / ints keyed by BwdParams field: ``col_records`` int32 (columns,
+    8) C-contiguous (32-byte rows: the kernel loads each as two int4), ``cta_columns`` int32, ``cta_col_start``
+    int64 (num_ctas + 1,), ``scan_bounds`` int32 (columns, 4) (rank rule 0 only, else None: the kernel then
+    never reads them), and the scalars ``n_first``, ``columns_per_head``, ``tie_sign``, ``rank_rule``. Raises
+    ValueError where the kernel's 32-bit index arithmetic would overflow."""
+    records = np.ascontiguousarray(plan.records, dtype=np.int32)
+    if records.ndim != 2 or records.shape[1] != 8:
+        raise ValueError(f"compact records must be (columns, 8), got {records.shape}")
+    if records.size >= 2 ** 31:
+        raise ValueError(f"{len(records)} columns: the kernel indexes records with 32-bit ints")
+    bounds = np.ascontiguousarray(plan.scan_bounds, dtype=np.int32) if plan.rank_rule == 0 else None
+    return {"col_records": records, "cta_columns": np.ascontiguousarray(plan.cta_columns, dtype=np.int32),
+            "cta_col_start": np.ascontiguousarray(plan.cta_col_start, dtype=np.int64), "scan_bounds": bounds,
+            "n_first": int(plan.n_first), "columns_per_head": int(plan.columns_per_head),
+            "tie_sign": int(plan.tie_sign), "rank_rule": int(plan.rank_rule)}
+
+
+class CompactDeviceTables:
+    """A compact schedule on one device: the arrays of :func:`device_arrays` as CuPy arrays (``scan_bounds``
+    None where unused), the scalars, ``num_ctas``, ``policy``, ``device_id`` and ``nbytes``."""
+    __slots__ = ("col_records", "cta_columns", "cta_col_start", "scan_bounds", "n_first", "columns_per_head",
+                 "tie_sign", "rank_rule", "num_ctas", "policy", "device_id", "nbytes")
+
+    def params(self) -> dict:
+        """The BwdParams fields of these tables (addresses and scalars), for ``pack_bwd_params``."""
+        ptr = {k: (0 if getattr(self, k) is None else getattr(self, k).data.ptr)
+               for k in ("col_records", "cta_columns", "cta_col_start", "scan_bounds")}
+        return dict(ptr, visits=0, rank=0, cta_start=0, n_first=self.n_first,
+                    columns_per_head=self.columns_per_head, tie_sign=self.tie_sign, rank_rule=self.rank_rule)
+
+
+def upload(plan: compact.CompactSchedule, device_id: int) -> CompactDeviceTables:
+    """:func:`device_arrays` of ``plan`` as CuPy arrays on the current device (asynchronous copies)."""
+    import cupy
+    arrays = device_arrays(plan)
+    t = CompactDeviceTables()
+    t.nbytes = 0
+    for name, value in arrays.items():
+        if isinstance(value, np.ndarray):
+            value = cupy.asarray(value)
+            t.nbytes += value.nbytes
+        setattr(t, name, value)
+    t.num_ctas, t.policy, t.device_id = int(plan.num_ctas), str(plan.policy), device_id
+    return t
+
+
+def device_tables(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_ctas, device_id,
+                  stream, group_size=1, window=(-1, -1), capture=False) -> CompactDeviceTables | None:
+    """:func:`cupy_dash.schedule.device_tables` (same arguments, same caching and capture rules) for the compact
+    build: the records of :func:`cupy_dash.compact.build_compact` (host plans cached there), uploaded once per
+    plan and device."""
+    import cupy
+    plan = compact.build_compact(policy, seqlen_q=seqlen_q, seqlen_k=seqlen_k, block_m=block_m, block_n=block_n,
+                                 num_heads=num_heads, causal=causal, num_sms=num_ctas, group_size=group_size,
+                                 window=tuple(window))
+    key = (plan.key, device_id)
+    with _lock:
+        t = _tables.get(key)
+        if t is not None:
+            _tables.move_to_end(key)
+        else:
+            t = _captured.get(key)
+        if t is not None or capture:
+            if capture and t is not None:
+                _captured[key] = t
+            return t
+        t = upload(plan, device_id)
+        # NOTES: as for the per-visit tables: later calls on any stream use them, so the copies finish first.
+        stream.synchronize()
+        _tables[key] = t
+        while len(_tables) > _MAX_TABLES:
+            _, old = _tables.popitem(last=False)
+            with cupy.cuda.Device(old.device_id):
+                cupy.cuda.runtime.deviceSynchronize()   # in-flight kernels may still read the evicted tables
+            del old
+        return t
