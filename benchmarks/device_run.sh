@@ -37,7 +37,8 @@ if [ "$stage" = integration ]; then   # host fast path, JAX under jit, overheads
     | tail -12
 fi
 if [ "$stage" = pending ]; then
-  timeout 120 $py -m pytest tests/test_gpu_varlen.py tests/test_readme_snippets.py tests/test_gpu_forward.py -q -ra \
+  timeout 240 $py -m pytest tests/test_gpu_varlen.py tests/test_readme_snippets.py tests/test_gpu_forward.py \
+    tests/test_gpu_compact.py -q -ra \
     2>&1 | tee "$OUT/pending_new_tests.log" | tail -12
   timeout 420 $py -m pytest tests/ -q -ra --maxfail=20 2>&1 | tee "$OUT/tests.log" | tail -25
   timeout 150 $py -m cupy_dash bench --fwd-only --no-overhead --no-compile --seqlens 1024 4096 16384 \
