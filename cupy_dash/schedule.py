@@ -490,3 +490,4 @@ def device_tables(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causa
 
 
 from .compact import CompactSchedule, build_compact, expand  # noqa: E402,F401  (compact imports this module)
+from .varlen_schedule import VarlenSchedule, build_varlen  # noqa: E402,F401  (imports this module)

@@ -1,0 +1,63 @@
+"""Build time of compact varlen schedules (cupy_dash.varlen_schedule): 16k tokens in B random-length sequences
+(lengths summing to --tokens), every policy and auto, causal and full; median of --repeat builds after one warm-up,
+and the validator's time. Host only (the upload needs a GPU).
+
+    python benchmarks/varlen_tables.py [--tokens 16384] [--heads 16] [--batches 1 4 16 64] [--repeat 50]
+"""
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from cupy_dash import schedule  # noqa: E402
+
+
+def lengths(tokens, batch, rng):
+    cuts = np.sort(rng.choice(np.arange(1, tokens), batch - 1, replace=False))
+    return np.diff(np.concatenate([[0], cuts, [tokens]]))
+
+
+def median_ms(fn, repeat):
+    fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return 1e3 * float(np.median(times))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", type=int, default=16384)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16, 64])
+    ap.add_argument("--block-m", type=int, default=64)
+    ap.add_argument("--block-n", type=int, default=128)
+    ap.add_argument("--num-sms", type=int, default=132)
+    ap.add_argument("--repeat", type=int, default=50)
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args()
+    rng = np.random.default_rng(a.seed)
+    print("| B | mask | columns | " + " | ".join(("auto",) + schedule.AUTO_CANDIDATES) + " | auto picks | "
+          "validate | tables |")
+    print("|---" * (7 + len(schedule.AUTO_CANDIDATES)) + "|")
+    for batch in a.batches:
+        lens = lengths(a.tokens, batch, rng)
+        for causal in (True, False):
+            kw = dict(block_m=a.block_m, block_n=a.block_n, heads=a.heads, causal=causal, num_sms=a.num_sms)
+            cells = []
+            for policy in ("auto",) + schedule.AUTO_CANDIDATES:
+                cells.append(median_ms(lambda: schedule.build_varlen(policy, lens, lens, **kw), a.repeat))
+            plan = schedule.build_varlen("auto", lens, lens, **kw)
+            check = median_ms(plan.validate, a.repeat)
+            print(f"| {batch} | {'causal' if causal else 'full'} | {plan.num_columns} | "
+                  + " | ".join(f"{t:.3f}" for t in cells)
+                  + f" | {plan.policy} | {check:.3f} | {plan.nbytes / 1024:.0f} KB |")
+
+
+if __name__ == "__main__":
+    main()
