@@ -90,21 +90,7 @@ def build_columns(int policy, long long seqlen_q, long long seqlen_k, long long 
     for c in range(G):
         if loads[c] > INT32_MAX:
             raise ValueError(f"CTA {c} has {loads[c]} visits: a record's step is int32")
-    # the CTAs' lists: a stable counting sort of the dispatch order by CTA
-    cta_col_start_arr = np.zeros(G + 1, dtype=np.int64)
-    cdef long long[::1] cs = cta_col_start_arr
-    for idx in range(ncols):
-        cs[rec[idx, REC_CTA] + 1] += 1
-    for c in range(G):
-        cs[c + 1] += cs[c]
-    fill_arr = cta_col_start_arr[:G].copy()
-    cdef long long[::1] fill = fill_arr
-    cta_columns_arr = np.empty(ncols, dtype=np.int32)
-    cdef int[::1] cta_columns = cta_columns_arr
-    for u in range(ncols):
-        c = rec[order[u], REC_CTA]
-        cta_columns[fill[c]] = <int>order[u]
-        fill[c] += 1
+    cta_columns_arr, cta_col_start_arr = cta_lists(rec, order, ncols, G)
     cdef int rank_rule = RANK_COUNT
     if policy == POLICY_FA3:
         rank_rule = RANK_DESC_N if sh.spt else RANK_ASC_N

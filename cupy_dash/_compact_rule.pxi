@@ -45,3 +45,24 @@ cdef inline long long rule_index(const int* rec, long long m) noexcept nogil:
             x += r
         return x
     return r + m - rec[REC_LO]
+
+
+cdef tuple cta_lists(int[:, ::1] rec, const long long[::1] order, long long ncols, long long G):
+    """(cta_columns int32 (ncols,), cta_col_start int64 (G + 1,)): every CTA's record indices in dispatch order,
+    a stable counting sort of ``order`` (record indices in dispatch order) by the records' CTA."""
+    cta_col_start_arr = np.zeros(G + 1, dtype=np.int64)
+    cdef long long[::1] cs = cta_col_start_arr
+    cdef long long idx, c, u
+    for idx in range(ncols):
+        cs[rec[idx, REC_CTA] + 1] += 1
+    for c in range(G):
+        cs[c + 1] += cs[c]
+    fill_arr = cta_col_start_arr[:G].copy()
+    cdef long long[::1] fill = fill_arr
+    cta_columns_arr = np.empty(ncols, dtype=np.int32)
+    cdef int[::1] cta_columns = cta_columns_arr
+    for u in range(ncols):
+        c = rec[order[u], REC_CTA]
+        cta_columns[fill[c]] = <int>order[u]
+        fill[c] += 1
+    return cta_columns_arr, cta_col_start_arr

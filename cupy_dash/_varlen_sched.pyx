@@ -187,20 +187,7 @@ def build_varlen(int policy, const long long[:, ::1] info, const long long[::1] 
     for c in range(G):
         if loads[c] > INT32_MAX:
             raise ValueError(f"CTA {c} has {loads[c]} visits: a record's step is int32")
-    cs_arr = np.zeros(G + 1, dtype=np.int64)
-    cdef long long[::1] cs = cs_arr
-    for idx in range(ncols):
-        cs[rec[idx, REC_CTA] + 1] += 1
-    for c in range(G):
-        cs[c + 1] += cs[c]
-    fill_arr = cs_arr[:G].copy()
-    cdef long long[::1] fill = fill_arr
-    cols_arr = np.empty(ncols, dtype=np.int32)
-    cdef int[::1] cols = cols_arr
-    for u in range(ncols):
-        c = rec[order[u], REC_CTA]
-        cols[fill[c]] = <int>order[u]
-        fill[c] += 1
+    cols_arr, cs_arr = cta_lists(rec, order, ncols, G)
     tie = -1 if (sym or spt) else 1
     return records_arr, cols_arr, cs_arr, seg_arr, loads_arr, G, tie
 
