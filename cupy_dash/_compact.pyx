@@ -222,27 +222,7 @@ def check_records(records_arr, cta_columns_arr, cta_col_start_arr, long long num
                              f"visible range [{lo[n]}, {hi[n]})")
         if not (split == -1 and rot == 0 or lo[n] <= split < hi[n] and 0 <= rot < hi[n] - split):
             raise ValueError(f"record {i}: split {split}, rot {rot} do not give an order of [{lo[n]}, {hi[n]})")
-    seen_arr = np.zeros(ncols, dtype=np.uint8)
-    cdef unsigned char[::1] seen = seen_arr
-    for c in range(G):
-        if cs[c + 1] < cs[c]:
-            raise ValueError(f"cta_col_start falls at CTA {c}")
-        step = 0
-        for j in range(cs[c], cs[c + 1]):
-            i = cols[j]
-            if i < 0 or i >= ncols:
-                raise ValueError(f"CTA {c}'s list names record {i}, outside 0..{ncols - 1}")
-            if seen[i]:
-                raise ValueError(f"record {i} is on a CTA list twice (again on CTA {c})")
-            seen[i] = 1
-            if rec[i, REC_CTA] != c:
-                raise ValueError(f"record {i} says CTA {rec[i, REC_CTA]} but is on CTA {c}'s list")
-            if rec[i, REC_STEP] != step:
-                raise ValueError(f"record {i} on CTA {c}: step {rec[i, REC_STEP]}, but its position there is {step}")
-            L = rec[i, REC_HI] - rec[i, REC_LO]
-            step += L
-            if step > INT32_MAX:
-                raise ValueError(f"CTA {c}: more than 2^31 - 1 visits")
+    check_cta_lists(rec, cols, cs, ncols, G)
     if bounds_arr is not None:
         _check_bounds(rec, np.ascontiguousarray(bounds_arr, dtype=np.int32), num_kv_heads, NC)
 
