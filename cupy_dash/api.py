@@ -261,10 +261,10 @@ def attention_forward(q, k, v, *, causal=False, softmax_scale=None, window=(-1, 
     """
     fast_key = None
     if fastpath.is_torch(q) and fastpath.enabled():
-        result = fastpath.forward(q, k, v, causal, softmax_scale, window)
+        fast_key = fastpath.fwd_key(q, k, v, causal, softmax_scale, window)
+        result = fastpath.forward(fast_key, q, k, v)
         if result is not None:
             return result
-        fast_key = fastpath.fwd_key(q, k, v, causal, softmax_scale, window)
     capturing = interop.capturing(q)
     if not capturing:
         _poll_errors()
@@ -328,10 +328,10 @@ def attention_backward(do, q, k, v, out, lse, *, causal=False, softmax_scale=Non
     """
     fast_key = None
     if fastpath.is_torch(q) and fastpath.enabled():
-        result = fastpath.backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, deterministic, window)
+        fast_key = fastpath.bwd_key(do, q, k, v, out, lse, causal, softmax_scale, schedule, deterministic, window)
+        result = fastpath.backward(fast_key, do, q, k, v, out, lse)
         if result is not None:
             return result
-        fast_key = fastpath.bwd_key(do, q, k, v, out, lse, causal, softmax_scale, schedule, deterministic, window)
     return _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, deterministic, None, None, None,
                      window, fast_key)
 

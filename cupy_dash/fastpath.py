@@ -6,7 +6,7 @@ often the same addresses, step after step. After a call of :func:`cupy_dash.atte
 its *plan* is kept here: the kernel handles, grids, the packed parameter block with the offsets of the fields
 that change per call (tensor addresses, their TMA maps, the scratch and output buffers, the error record), the
 schedule tables. A later call whose *signature* matches re-launches from the plan: allocate the outputs with
-torch, patch the parameter block, one ``cuLaunchKernel`` per kernel (:mod:`cupy_dash._launch`).
+torch, patch the parameter block, launch (one ``cuLaunchKernel`` per kernel, as every launch).
 
 NOTES: the signature holds everything the full path's checks depend on: for every tensor its shape, strides,
 dtype and device, whether all base addresses are 16-byte aligned, and the arguments by type and value (``causal``
@@ -14,8 +14,8 @@ must be a ``bool``, ``window`` a tuple, ``softmax_scale`` None or a float, ``sch
 the environment). A call that would fail a check never matches a plan (plans are only made by calls that passed
 them), so bad input still raises before anything is launched. The fast path steps aside (returns None) when the
 current stream is capturing a CUDA graph (the full path has its capture rules), when the current device is not
-the tensors' device, or when ``CUPY_DASH_FASTPATH=0``. Launches, allocations and the order of the asynchronous
-operations are those of :mod:`cupy_dash.launchers`, so the bits are the same.
+the tensors' device, or when ``CUPY_DASH_FASTPATH=0``. The asynchronous work is enqueued by the same
+:mod:`cupy_dash.launchers` functions as the full path's, so the bits are the same.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ import threading
 
 import cupy
 
-from . import _launch, errors, interop, jit, kernels, launchers, tensormap
+from . import errors, interop, jit, kernels, launchers, tensormap
 
 _MAX_PLANS = 256
 _MAX_MAPS = 64          # tensor maps kept per operand of a plan (keyed by address)
@@ -118,6 +118,11 @@ def _store(table: dict, key, plan) -> None:
         table[key] = plan
 
 
+def _stream(device_index):
+    """torch's current stream on the device, as the (cached) CuPy view the launchers take."""
+    return interop._external_stream(interop._torch_stream_ptr(device_index), device_index)
+
+
 def _ready(device_index) -> bool:
     """Not capturing on the current torch stream, and the current device is the tensors' device."""
     torch = _torch_mod()
@@ -128,8 +133,8 @@ def _ready(device_index) -> bool:
 # forward
 # ------------------------------------------------------------------------------------------------------------
 class _FwdPlan:
-    __slots__ = ("func", "grid", "smem", "threads", "template", "maps", "map_offsets", "lse_offset", "out_shape",
-                 "lse_shape", "dtype", "device", "device_index")
+    __slots__ = ("spec", "func", "grid", "template", "maps", "map_offsets", "lse_offset", "out_shape", "lse_shape",
+                 "dtype", "device", "device_index")
 
 
 def register_forward(key, spec, block_m, block_n, p, window, operands, out_ptr, lse_ptr, like) -> None:
@@ -138,9 +143,8 @@ def register_forward(key, spec, block_m, block_n, p, window, operands, out_ptr, 
         return
     B, Sq, Sk, H, Hkv, D = p.B, p.Sq, p.Sk, p.H, p.Hkv, p.D
     plan = _FwdPlan()
-    plan.func = jit.load(spec).ptr
+    plan.spec, plan.func = spec, jit.load(spec).ptr
     plan.grid = launchers.fwd_grid(p, block_m)
-    plan.smem, plan.threads = spec.smem_bytes, spec.threads
     plan.template = launchers.fwd_params(block_m, block_n, p, window, operands, out_ptr, lse_ptr).tobytes()
     (_, q_stride), (_, k_stride), (_, v_stride) = operands
     plan.maps = (_Maps(p.dtype, (B, Sq, H, D), q_stride, block_m, "q"),
@@ -155,9 +159,9 @@ def register_forward(key, spec, block_m, block_n, p, window, operands, out_ptr, 
     _store(_fwd_plans, key, plan)
 
 
-def forward(q, k, v, causal, softmax_scale, window):
-    """``(out, lse)`` from a stored plan, or None (then the caller takes the full path)."""
-    key = fwd_key(q, k, v, causal, softmax_scale, window)
+def forward(key, q, k, v):
+    """``(out, lse)`` from the plan stored under ``key`` (:func:`fwd_key` of the call), or None (then the caller
+    takes the full path)."""
     plan = _fwd_plans.get(key) if key is not None else None
     if plan is None or not _ready(plan.device_index):
         return None
@@ -170,9 +174,7 @@ def forward(q, k, v, causal, softmax_scale, window):
                                                              out.data_ptr())):
         buf[off:off + 128] = maps.get(ptr)
     struct.pack_into("<Q", buf, plan.lse_offset, lse.data_ptr())
-    gx, gy, gz = plan.grid
-    _launch.launch(plan.func, gx, gy, gz, plan.threads, plan.smem, interop._torch_stream_ptr(plan.device_index),
-                   buf)
+    kernels.launch(plan.spec, plan.grid, buf, _stream(plan.device_index), plan.func)
     _stats["fwd_hits"] += 1
     return out, lse
 
@@ -181,12 +183,12 @@ def forward(q, k, v, causal, softmax_scale, window):
 # backward
 # ------------------------------------------------------------------------------------------------------------
 _BWD_POINTERS = ("q", "k", "v", "out", "dout", "lse", "lse_log2", "dpsum", "dq_accum", "dq_semaphore", "dq", "dk",
-                 "dv", "error")
+                 "dv")
 
 
 class _BwdPlan:
-    __slots__ = ("c", "call", "funcs", "grids", "threads", "smems", "template", "maps", "map_offsets", "offsets",
-                 "deterministic", "dq_shape", "kv_shape", "dtype", "device", "device_index", "kv_bytes")
+    __slots__ = ("c", "call", "funcs", "template", "maps", "map_offsets", "offsets", "error_offset", "deterministic",
+                 "dq_shape", "kv_shape", "dtype", "device", "device_index")
 
 
 def register_backward(key, c, operands, lse_ptr, work_base, grads, call, like) -> None:
@@ -200,9 +202,6 @@ def register_backward(key, c, operands, lse_ptr, work_base, grads, call, like) -
     plan.c, plan.call = c, call
     specs = c.specs
     plan.funcs = tuple(jit.load(s).ptr for s in (specs.preprocess, specs.main, specs.postprocess))
-    plan.grids = launchers.bwd_grids(c)
-    plan.threads = tuple(s.threads for s in (specs.preprocess, specs.main, specs.postprocess))
-    plan.smems = tuple(s.smem_bytes for s in (specs.preprocess, specs.main, specs.postprocess))
     plan.template = launchers.bwd_params(c, operands, lse_ptr, work_base, grads, 0).tobytes()
     (_, q_stride), (_, k_stride), (_, v_stride), _, (_, do_stride) = operands
     plan.maps = (_Maps(p.dtype, (B, Sq, H, D), q_stride, c.block_m, "q"),
@@ -212,16 +211,16 @@ def register_backward(key, c, operands, lse_ptr, work_base, grads, call, like) -
     dt = kernels.BWD_PARAMS_DTYPE
     plan.map_offsets = tuple(_offset(dt, n) for n in ("tma_q", "tma_k", "tma_v", "tma_do"))
     plan.offsets = tuple(_offset(dt, n) for n in _BWD_POINTERS)
+    plan.error_offset = _offset(dt, "error")
     plan.deterministic = c.deterministic
     plan.dq_shape, plan.kv_shape = (B, Sq, H, D), (B, Sk, Hkv, D)
     plan.dtype, plan.device, plan.device_index = like.dtype, like.device, like.get_device()
-    plan.kv_bytes = launchers.kv_bytes(p)
     _store(_bwd_plans, key, plan)
 
 
-def backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, deterministic, window):
-    """``(dq, dk, dv)`` from a stored plan, or None (then the caller takes the full path)."""
-    key = bwd_key(do, q, k, v, out, lse, causal, softmax_scale, schedule, deterministic, window)
+def backward(key, do, q, k, v, out, lse):
+    """``(dq, dk, dv)`` from the plan stored under ``key`` (:func:`bwd_key` of the call), or None (then the caller
+    takes the full path)."""
     plan = _bwd_plans.get(key) if key is not None else None
     if plan is None or not _ready(plan.device_index):
         return None
@@ -232,35 +231,20 @@ def backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, determinist
     dq = torch.empty(plan.dq_shape, dtype=plan.dtype, device=plan.device)
     dk = torch.empty(plan.kv_shape, dtype=plan.dtype, device=plan.device)
     dv = torch.empty(plan.kv_shape, dtype=plan.dtype, device=plan.device)
-    slot = errors._acquire_slot(plan.device_index)
     base = work.data_ptr()
     off = c.offsets
     values = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), do.data_ptr(), lse.data_ptr(),
               base + off[0], base + off[1], base + off[2], base + off[3] if plan.deterministic else 0,
-              dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), slot.dptr)
+              dq.data_ptr(), dk.data_ptr(), dv.data_ptr())
     buf = bytearray(plan.template)
     for maps, o, ptr in zip(plan.maps, plan.map_offsets, values[:3] + values[4:5]):
         buf[o:o + 128] = maps.get(ptr)
     for o, value in zip(plan.offsets, values):
         struct.pack_into("<Q", buf, o, value)
-    stream = interop._torch_stream_ptr(plan.device_index)
-    rt = cupy.cuda.runtime
-    (pre, main, post), (g_pre, g_main, g_post) = plan.funcs, plan.grids
-    (t_pre, t_main, t_post), (s_pre, s_main, s_post) = plan.threads, plan.smems
-    try:   # NOTES: the order of launchers.launch_backward
-        rt.memsetAsync(slot.dptr, 0, 16, stream)
-        if c.zero_kv:
-            rt.memsetAsync(values[11], 0, plan.kv_bytes, stream)
-            rt.memsetAsync(values[12], 0, plan.kv_bytes, stream)
-        _launch.launch(pre, g_pre[0], g_pre[1], g_pre[2], t_pre, s_pre, stream, buf)
-        _launch.launch(main, g_main[0], 1, 1, t_main, s_main, stream, buf)
-        rt.memcpyAsync(slot.hptr, slot.dptr, 16, rt.memcpyDeviceToHost, stream)
-        rt.eventRecord(slot.event.ptr, stream)
-    except BaseException:
-        errors._release_slot(slot)
-        raise
-    errors._track(slot, plan.call)
-    _launch.launch(post, g_post[0], g_post[1], g_post[2], t_post, s_post, stream, buf)
+    slot = errors._acquire_slot(plan.device_index)     # enqueue_backward releases it if anything fails
+    struct.pack_into("<Q", buf, plan.error_offset, slot.dptr)
+    launchers.enqueue_backward(c, buf, values[10:13], _stream(plan.device_index), slot=slot, call=plan.call,
+                               funcs=plan.funcs)
     _stats["bwd_hits"] += 1
     if os.environ.get("CUPY_DASH_SYNC_ERRORS", "") not in ("", "0"):
         errors.check_errors()

@@ -18,6 +18,7 @@ import itertools
 
 import numpy as np
 
+from . import _launch
 from .params import (BWD_PARAMS_DTYPE, FWD_PARAMS_DTYPE, PARAMS_STRUCTS, pack_bwd_params,  # noqa: F401
                      pack_fwd_params, params_layout_check_source)
 
@@ -217,27 +218,35 @@ def all_specs() -> list:
 # ---------------------------------------------------------------------------------------------------------
 # GPU side.
 def _grid(grid) -> tuple:
+    """``grid`` (int or 1 to 3 ints, each >= 1) as (x, y, z)."""
     grid = (grid,) if isinstance(grid, (int, np.integer)) else tuple(int(g) for g in grid)
     if not 1 <= len(grid) <= 3 or any(g < 1 for g in grid):
         raise ValueError(f"bad grid {grid}: 1 to 3 dimensions, each >= 1")
-    return grid
+    return grid + (1,) * (3 - len(grid))
 
 
-def launch(spec: KernelSpec, grid, params: np.ndarray, stream) -> None:
+def launch(spec: KernelSpec, grid, params, stream, func=None) -> None:
     """Launch ``spec`` with ``grid`` (int or tuple), ``spec.threads`` threads and ``spec.smem_bytes`` dynamic
-    shared memory on the CuPy ``stream`` (None: CuPy's current stream). ``params`` is the packed size-1 array."""
-    if not (isinstance(params, np.ndarray) and params.shape == (1,) and params.dtype == spec.params_dtype):
-        raise TypeError(f"{spec.label}: params must be a size-1 array of dtype {spec.params_dtype} "
-                        f"(use pack_fwd_params / pack_bwd_params)")
-    from . import jit
-    fn = jit.load(spec)
-    # NOTES: CuPy copies a size-1 numpy argument by value; a plain void dtype keeps it from re-deriving the
-    # structured dtype's array-interface description on every launch (tens of µs).
-    fn(_grid(grid), (spec.threads,), (params.view(_VOID[params.dtype.itemsize]),), shared_mem=spec.smem_bytes,
-       stream=stream)
-
-
-_VOID = {dt.itemsize: np.dtype((np.void, dt.itemsize)) for dt in (FWD_PARAMS_DTYPE, BWD_PARAMS_DTYPE)}
+    shared memory on the CuPy ``stream`` (None: CuPy's current stream), one ``cuLaunchKernel``
+    (:mod:`cupy_dash._launch`). ``params``: the packed size-1 array, or its bytes (a bytes / bytearray of the
+    struct's size: the host fast path's patched copy); the driver copies them during the call. ``func``: the
+    kernel's CUfunction handle when the caller holds it (default: ``jit.load(spec)`` on the current device)."""
+    if isinstance(params, np.ndarray):
+        if not (params.shape == (1,) and params.dtype == spec.params_dtype):
+            raise TypeError(f"{spec.label}: params must be a size-1 array of dtype {spec.params_dtype} "
+                            f"(use pack_fwd_params / pack_bwd_params)")
+        params = params.view(np.uint8)
+    elif not (isinstance(params, (bytes, bytearray)) and len(params) == spec.params_dtype.itemsize):
+        raise TypeError(f"{spec.label}: params must be a packed size-1 array or its {spec.params_dtype.itemsize} "
+                        f"bytes")
+    if func is None:
+        from . import jit
+        func = jit.load(spec).ptr
+    if stream is None:
+        import cupy
+        stream = cupy.cuda.get_current_stream()
+    gx, gy, gz = _grid(grid)
+    _launch.launch(func, gx, gy, gz, spec.threads, spec.smem_bytes, stream.ptr, params)
 
 
 def max_resident_ctas(spec: KernelSpec) -> int:

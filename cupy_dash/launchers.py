@@ -122,32 +122,46 @@ def launch_backward(c, operands, lse_ptr, work_base, grads, stream, *, error_ptr
     CuPy ``stream`` (current device: the buffers' device); buffers as in :func:`bwd_params`.
 
     Errors of the main kernel go to the 16-byte device record ``error_ptr``, or, with an error ``slot`` (eager
-    calls), to the slot's record: zeroed before, copied to the host and tracked (as ``call``) after the main
-    kernel. dk and dv are zeroed first when ``c.zero_kv``. Never synchronizes or allocates device memory.
+    calls), to the slot's record (see :func:`enqueue_backward`). Never synchronizes or allocates device memory.
     """
-    specs = c.specs
-    pre_grid, main_grid, post_grid = bwd_grids(c)
     try:
         params = bwd_params(c, operands, lse_ptr, work_base, grads, error_ptr if slot is None else slot.dptr,
                             timeline_ptr)
+    except BaseException:
         if slot is not None:
-            cupy.cuda.runtime.memsetAsync(slot.dptr, 0, 16, stream.ptr)
+            _release_slot(slot)     # nothing recorded on it: reusable at once
+        raise
+    enqueue_backward(c, params, grads, stream, slot=slot, call=call)
+
+
+def enqueue_backward(c, params, grads, stream, *, slot=None, call=None, funcs=(None, None, None)) -> None:
+    """The asynchronous work of a backward whose parameter block ``params`` is packed (an array from
+    :func:`bwd_params`, or its patched bytes: the host fast path), in this order on the CuPy ``stream``: zero the
+    error ``slot``'s device record (eager calls), zero dk and dv when ``c.zero_kv``, preprocess, main, copy the
+    record to the host and record the slot's event, then postprocess; the slot is tracked as ``call``.
+    ``grads``: pointers of dq, dk, dv; ``funcs``: the three kernels' CUfunction handles if the caller holds them.
+    """
+    specs = c.specs
+    pre_grid, main_grid, post_grid = bwd_grids(c)
+    rt = cupy.cuda.runtime
+    try:
+        if slot is not None:
+            rt.memsetAsync(slot.dptr, 0, 16, stream.ptr)
         if c.zero_kv:
             for ptr in grads[1:]:
-                cupy.cuda.runtime.memsetAsync(ptr, 0, kv_bytes(c.p), stream.ptr)
-        kernels.launch(specs.preprocess, pre_grid, params, stream)
-        kernels.launch(specs.main, main_grid, params, stream)
+                rt.memsetAsync(ptr, 0, kv_bytes(c.p), stream.ptr)
+        kernels.launch(specs.preprocess, pre_grid, params, stream, funcs[0])
+        kernels.launch(specs.main, main_grid, params, stream, funcs[1])
         if slot is not None:
-            cupy.cuda.runtime.memcpyAsync(slot.hptr, slot.dptr, 16, cupy.cuda.runtime.memcpyDeviceToHost,
-                                          stream.ptr)
-            slot.event.record(stream)
+            rt.memcpyAsync(slot.hptr, slot.dptr, 16, rt.memcpyDeviceToHost, stream.ptr)
+            rt.eventRecord(slot.event.ptr, stream.ptr)
     except BaseException:
         if slot is not None:
             _release_slot(slot)     # nothing recorded on it: reusable at once
         raise
     if slot is not None:
         _track(slot, call)
-    kernels.launch(specs.postprocess, post_grid, params, stream)
+    kernels.launch(specs.postprocess, post_grid, params, stream, funcs[2])
 
 
 def kv_bytes(p) -> int:

@@ -57,6 +57,6 @@ def test_backward_key_includes_flags_schedule_and_spin_timeout(monkeypatch):
 def test_no_plan_means_the_full_path(monkeypatch):
     fastpath.clear()
     q, k, v = _qkv()
-    assert fastpath.forward(q, k, v, False, None, (-1, -1)) is None
+    assert fastpath.forward(fastpath.fwd_key(q, k, v, False, None, (-1, -1)), q, k, v) is None
     monkeypatch.setenv("CUPY_DASH_FASTPATH", "0")
     assert not fastpath.enabled()

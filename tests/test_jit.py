@@ -490,3 +490,14 @@ def test_launch_passes_params_by_value(ksrc):
     bwd_params = np.zeros(1, dtype=kernels.BWD_PARAMS_DTYPE)
     with pytest.raises(TypeError, match="params"):             # the wrong struct for this kernel
         kernels.launch(spec, grid, bwd_params, stream)
+
+
+def test_launch_checks_its_parameter_block_before_loading_anything():
+    spec = kernels.fwd_spec("bfloat16", 64, False)
+    size = kernels.FWD_PARAMS_DTYPE.itemsize
+    with pytest.raises(TypeError, match=f"its {size} bytes"):
+        kernels.launch(spec, 1, bytearray(size - 8), None)            # patched bytes of the wrong size
+    with pytest.raises(TypeError, match="size-1 array of dtype"):
+        kernels.launch(spec, 1, np.zeros(1, kernels.BWD_PARAMS_DTYPE), None)
+    with pytest.raises(TypeError, match="params"):
+        kernels.launch(spec, 1, "not a block", None)
