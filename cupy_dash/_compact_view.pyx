@@ -31,6 +31,19 @@ cdef struct View:
     int tie_sign, rank_rule
 
 
+cdef inline long long first_above(const int* rec, int field, long long lo, long long hi, long long m) noexcept nogil:
+    """The first record index in [lo, hi) whose ``field`` is > m, or hi (the records are sorted by that field
+    over the range): a binary search, as the kernel's dQ writer does it."""
+    cdef long long mid
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if rec[mid * REC_FIELDS + field] > m:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
 cdef View make_view(const int[:, ::1] rec, const int[::1] cols, const long long[::1] cs, long long n_first,
                     long long NC, long long g, int tie_sign, int rank_rule, const int[:, ::1] bounds=None):
     cdef View v
@@ -89,27 +102,13 @@ cdef inline long long rank_at(const View* v, long long head, long long m, long l
     y columns all have smaller keys (they end before n starts), those outside the first x2 and last y2 larger
     (they start after n ends); only the rest are compared. MODE_KERNEL: the closed form of the table's rank rule,
     else MODE_WINDOW. scanned = records whose keys were compared."""
-    cdef long long base = head // v.g * v.NC, me = base + n - v.n_first, a, b, lo_i, hi_i, mid, cnt
+    cdef long long base = head // v.g * v.NC, me = base + n - v.n_first, a, b, lo_i, hi_i, cnt
     cdef long long tb = v.tie_sign * n, NC = v.NC
     cdef const int* r = v.rec + me * REC_FIELDS
     cdef const int* bd
     cdef long long key = r[REC_STEP] + rule_index(r, m)
-    lo_i, hi_i = base, me                     # a: first record with hi > m (me qualifies)
-    while lo_i < hi_i:
-        mid = (lo_i + hi_i) >> 1
-        if v.rec[mid * REC_FIELDS + REC_HI] > m:
-            hi_i = mid
-        else:
-            lo_i = mid + 1
-    a = lo_i
-    lo_i, hi_i = me + 1, base + NC            # b: first record with lo > m
-    while lo_i < hi_i:
-        mid = (lo_i + hi_i) >> 1
-        if v.rec[mid * REC_FIELDS + REC_LO] > m:
-            hi_i = mid
-        else:
-            lo_i = mid + 1
-    b = lo_i
+    a = first_above(v.rec, REC_HI, base, me, m)           # first record with hi > m (me qualifies)
+    b = first_above(v.rec, REC_LO, me + 1, base + NC, m)   # first record with lo > m
     scanned[0] = 0
     if mode == MODE_KERNEL and v.rank_rule == RANK_ASC_N:
         return me - a

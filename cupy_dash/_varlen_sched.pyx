@@ -15,6 +15,7 @@ from libc.stdlib cimport malloc, free
 include "_heap.pxi"
 include "_units.pxi"
 include "_compact_rule.pxi"
+include "_cta_lists.pxi"
 
 cdef long long INT32_MAX = 0x7fffffff
 

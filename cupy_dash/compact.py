@@ -61,7 +61,20 @@ from . import _compact, _compact_view, _schedule, schedule
 RANK_RULES = ("count", "ascending n", "descending n")   # rank_rule 0, 1, 2
 
 
-class CompactSchedule:
+class ColumnRecords:
+    """What every table of per-column records has: ``records`` (one row per KV column), ``loads`` (visits per CTA
+    of the group-size-1 schedule) and ``group_size``."""
+
+    @property
+    def num_columns(self) -> int:
+        return len(self.records)
+
+    @property
+    def num_visits(self) -> int:
+        return int(self.loads.sum()) * self.group_size
+
+
+class CompactSchedule(ColumnRecords):
     """Compact records of one schedule and the problem they were built for (arrays read-only, cached)."""
 
     def __init__(self, policy, args, records, cta_columns, cta_col_start, dispatch_order, loads, meta,
@@ -87,14 +100,6 @@ class CompactSchedule:
             bounds.flags.writeable = False
             self._scan_bounds = bounds
         return self._scan_bounds
-
-    @property
-    def num_columns(self) -> int:
-        return len(self.records)
-
-    @property
-    def num_visits(self) -> int:
-        return int(self.loads.sum()) * self.group_size
 
     @property
     def nbytes(self) -> int:

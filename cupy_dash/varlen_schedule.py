@@ -43,11 +43,12 @@ from __future__ import annotations
 import numpy as np
 
 from . import _schedule, _varlen_sched, schedule
+from .compact import ColumnRecords
 
 RANK_COUNT, RANK_ASC_N, RANK_DESC_N = 0, 1, 2
 
 
-class VarlenSchedule:
+class VarlenSchedule(ColumnRecords):
     """Compact records of one packed batch (arrays read-only)."""
 
     def __init__(self, policy, problem, out, info, vlo, vhi):
@@ -68,14 +69,6 @@ class VarlenSchedule:
             self.rank_rule = RANK_ASC_N
         for a in (self.records, self.cta_columns, self.cta_col_start, self.seg_col_start, self.n_first, self.loads):
             a.flags.writeable = False
-
-    @property
-    def num_columns(self) -> int:
-        return len(self.records)
-
-    @property
-    def num_visits(self) -> int:
-        return int(self.loads.sum()) * self.group_size
 
     @property
     def nbytes(self) -> int:

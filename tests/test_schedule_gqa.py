@@ -5,6 +5,7 @@ import itertools
 
 import numpy as np
 import pytest
+from table_checks import assert_ranks_follow_time, steps  # noqa: F401
 
 from cupy_dash import _schedule, cli_schedule, schedule
 
@@ -23,12 +24,6 @@ def tie_sign(policy, causal):
     return -1 if policy == "symmetric_shift" or (policy == "fa3" and causal) else 1
 
 
-def steps(plan):
-    """Position of every visit in its CTA's list."""
-    counts = np.diff(plan.cta_start)
-    return np.arange(plan.num_visits) - np.repeat(plan.cta_start[:-1], counts)
-
-
 def check_independently(plan):
     """The validator's guarantees, recomputed with numpy: every visible (head, n, m) tile once; each KV column
     (head // g, n) one contiguous run on one CTA; ranks a permutation per dQ tile (head, m); and every rank
@@ -43,14 +38,7 @@ def check_independently(plan):
     column = (head // g) * N + n
     new_run = np.r_[True, (column[1:] != column[:-1]) | (cta[1:] != cta[:-1])]
     assert new_run.sum() == plan.num_heads // g * N, "a KV column is split or interleaved"
-    tile = head * M + m
-    order = np.lexsort((plan.rank, tile))
-    t, r = tile[order], plan.rank[order].astype(np.int64)
-    first = np.r_[True, t[1:] != t[:-1]]
-    group_start = np.maximum.accumulate(np.where(first, np.arange(len(t)), 0))
-    assert np.array_equal(r, np.arange(len(t)) - group_start), "ranks are not 0..k-1 per dQ tile"
-    s = steps(plan)[order]
-    assert np.all((s[1:] >= s[:-1]) | first[1:]), "a rank edge points back in time"
+    assert_ranks_follow_time(plan, head * M + m)
 
 
 SHAPES = [(1, 1), (17, 1000), (1000, 17), (300, 1000), (1000, 300), (777, 777), (2047, 1500)]

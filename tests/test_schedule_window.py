@@ -7,6 +7,7 @@ import types
 
 import numpy as np
 import pytest
+from table_checks import assert_ranks_follow_time, steps  # noqa: F401
 
 from cupy_dash import _schedule, cli_schedule, reference, schedule
 
@@ -33,11 +34,6 @@ def windows_for(causal):
     return sorted({(left, 0 if causal else right) for left, right in WINDOWS})
 
 
-def steps(plan):
-    counts = np.diff(plan.cta_start)
-    return np.arange(plan.num_visits) - np.repeat(plan.cta_start[:-1], counts)
-
-
 def check_independently(plan):
     """The validator's guarantees recomputed with numpy from the reference mask: every visible (head, n, m)
     tile exactly once and nothing else; each non-empty KV column (head // g, n) one contiguous run on one CTA;
@@ -53,14 +49,7 @@ def check_independently(plan):
     column = (head // g) * N + n
     new_run = np.r_[True, (column[1:] != column[:-1]) | (cta[1:] != cta[:-1])]
     assert new_run.sum() == plan.num_heads // g * int(tiles.any(axis=0).sum()), "a KV column split or interleaved"
-    tile = head * M + m
-    order = np.lexsort((plan.rank, tile))
-    t, r = tile[order], plan.rank[order].astype(np.int64)
-    first = np.r_[True, t[1:] != t[:-1]]
-    group_start = np.maximum.accumulate(np.where(first, np.arange(len(t)), 0))
-    assert np.array_equal(r, np.arange(len(t)) - group_start), "ranks are not 0..k-1 per dQ tile"
-    s = steps(plan)[order]
-    assert np.all((s[1:] >= s[:-1]) | first[1:]), "a rank edge points back in time"
+    assert_ranks_follow_time(plan, head * M + m)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])

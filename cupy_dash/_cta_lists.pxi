@@ -1,0 +1,49 @@
+# The CTAs' column lists of per-column records: built by the compact and varlen builders, checked by their
+# record checks (include after _compact_rule.pxi).
+cdef tuple cta_lists(int[:, ::1] rec, const long long[::1] order, long long ncols, long long G):
+    """(cta_columns int32 (ncols,), cta_col_start int64 (G + 1,)): every CTA's record indices in dispatch order,
+    a stable counting sort of ``order`` (record indices in dispatch order) by the records' CTA."""
+    cta_col_start_arr = np.zeros(G + 1, dtype=np.int64)
+    cdef long long[::1] cs = cta_col_start_arr
+    cdef long long idx, c, u
+    for idx in range(ncols):
+        cs[rec[idx, REC_CTA] + 1] += 1
+    for c in range(G):
+        cs[c + 1] += cs[c]
+    fill_arr = cta_col_start_arr[:G].copy()
+    cdef long long[::1] fill = fill_arr
+    cta_columns_arr = np.empty(ncols, dtype=np.int32)
+    cdef int[::1] cta_columns = cta_columns_arr
+    for u in range(ncols):
+        c = rec[order[u], REC_CTA]
+        cta_columns[fill[c]] = <int>order[u]
+        fill[c] += 1
+    return cta_columns_arr, cta_col_start_arr
+
+
+cdef check_cta_lists(const int[:, ::1] rec, const int[::1] cols, const long long[::1] cs, long long ncols,
+                     long long G):
+    """Every CTA's list (cols[cs[c]:cs[c + 1]]): record indices in range, each record on one list only and on its
+    own CTA's, its step the number of visits before it there, at most 2^31 - 1 visits per CTA. Raises
+    ValueError naming the first offence."""
+    seen_arr = np.zeros(ncols, dtype=np.uint8)
+    cdef unsigned char[::1] seen = seen_arr
+    cdef long long c, j, i, step
+    for c in range(G):
+        if cs[c + 1] < cs[c]:
+            raise ValueError(f"cta_col_start falls at CTA {c}")
+        step = 0
+        for j in range(cs[c], cs[c + 1]):
+            i = cols[j]
+            if i < 0 or i >= ncols:
+                raise ValueError(f"CTA {c}'s list names record {i}, outside 0..{ncols - 1}")
+            if seen[i]:
+                raise ValueError(f"record {i} is on a CTA list twice (again on CTA {c})")
+            seen[i] = 1
+            if rec[i, REC_CTA] != c:
+                raise ValueError(f"record {i} says CTA {rec[i, REC_CTA]} but is on CTA {c}'s list")
+            if rec[i, REC_STEP] != step:
+                raise ValueError(f"record {i} on CTA {c}: step {rec[i, REC_STEP]}, but its position there is {step}")
+            step += rec[i, REC_HI] - rec[i, REC_LO]
+            if step > 0x7fffffff:
+                raise ValueError(f"CTA {c}: more than 2^31 - 1 visits")
