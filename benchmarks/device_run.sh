@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device run on the H200: install, compile, GPU tests, demo, benchmarks; every log under $OUT.
-#   bash benchmarks/device_run.sh [smoke|fwd|tests|bench|integration|pending|all] [extra pytest args...]
+#   bash benchmarks/device_run.sh [smoke|fwd|tests|bench|integration|pending|long|gqa|all] [extra pytest args...]
 # "pending": what the 2026-12-01 (second) session could not run (benchmarks/NOTES.md), in priority order.
 # FA3 (flash-attn3-jax) is measured when its wheel is importable: carry .whl/ and set FA3_WHL=1.
 set -o pipefail
@@ -14,7 +14,7 @@ git rev-parse --short HEAD 2>/dev/null | tee -a "$OUT/gpu.txt"
 if [ -n "${FA3_WHL:-}" ]; then
   $py -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >"$OUT/fa3_install.log" 2>&1 && export PYTHONPATH=/tmp/site
 fi
-$py -m cupy_dash compile --all -j 8 >"$OUT/compile.log" 2>&1 || { tail -20 "$OUT/compile.log"; exit 1; }
+$py -m cupy_dash compile --all -j 16 >"$OUT/compile.log" 2>&1 || { tail -20 "$OUT/compile.log"; exit 1; }
 tail -1 "$OUT/compile.log"
 if [ "$stage" = smoke ] || [ "$stage" = all ]; then
   timeout 300 $py -m pytest tests/test_gpu_attention.py -q -x --maxfail=3 -k "d64-full-sq128-sk128 or d128-causal-sq300-sk1000" "$@" 2>&1 | tee "$OUT/smoke.log" | tail -25
@@ -36,11 +36,17 @@ if [ "$stage" = integration ]; then   # host fast path, JAX under jit, overheads
   timeout 90 $py benchmarks/jax_overhead.py --json "$OUT/jax_overhead.json" 2>&1 | tee "$OUT/jax_overhead.txt" \
     | tail -12
 fi
-if [ "$stage" = pending ]; then
-  timeout 240 $py -m pytest tests/test_gpu_varlen.py tests/test_readme_snippets.py tests/test_gpu_forward.py \
-    tests/test_gpu_compact.py -q -ra \
-    2>&1 | tee "$OUT/pending_new_tests.log" | tail -12
-  timeout 420 $py -m pytest tests/ -q -ra --maxfail=20 2>&1 | tee "$OUT/tests.log" | tail -25
+if [ "$stage" = pending ]; then   # tests never run on a GPU, then the whole suite
+  timeout 150 $py -m pytest tests/test_gpu_varlen.py tests/test_readme_snippets.py tests/test_gpu_compact.py \
+    -q -ra "$@" 2>&1 | tee "$OUT/pending_new_tests.log" | tail -12
+  timeout 330 $py -m pytest tests/ -q -ra --maxfail=20 "$@" 2>&1 | tee "$OUT/tests.log" | tail -25
+fi
+if [ "$stage" = long ] || [ "$stage" = pending ]; then   # long context: S = 256k causal through compact records
+  CUPY_DASH_COMPACT_TABLES=1 timeout 120 $py -m cupy_dash bench --seqlens 262144 --tokens 262144 --hdims 128 \
+    --masks causal --schedules descending auto --repeats 3 --warmup 1 --input-sets 1 --no-torch --no-fa3 \
+    --no-overhead --no-compile --out "$OUT" 2>&1 | tee "$OUT/long_bench.log" | tail -20
+fi
+if [ "$stage" = gqa ]; then   # forward re-check after the varlen change, GQA throughput
   timeout 150 $py -m cupy_dash bench --fwd-only --no-overhead --no-compile --seqlens 1024 4096 16384 \
     --out "$OUT" 2>&1 | tee "$OUT/fwd_bench.log" | tail -30
   for g in 4 8; do
