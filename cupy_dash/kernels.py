@@ -171,12 +171,15 @@ BwdKernels = collections.namedtuple("BwdKernels", "preprocess main postprocess")
 
 
 def bwd_specs(dtype: str, head_dim: int, causal: bool, deterministic: bool, timeline: bool = False,
-              compact: bool = False) -> BwdKernels:
+              compact: bool = False, varlen: bool = False) -> BwdKernels:
     """The three backward kernels of one variant; ``timeline``: the main kernel's debug build that stamps every
     visit (kernels_src/bwd/timeline.cuh; not emitted by the dispatcher); ``compact``: the main kernel reads
-    per-column records (kernels_src/compact_view.cuh, :mod:`cupy_dash.compact`) instead of per-visit rows."""
+    per-column records (kernels_src/compact_view.cuh, :mod:`cupy_dash.compact`) instead of per-visit rows;
+    ``varlen``: the three kernels of packed variable-length sequences (kernels_src/bwd_rows.cuh)."""
     if timeline and compact:
         raise ValueError("timeline builds need the per-visit tables: no compact timeline variant")
+    if varlen and compact:
+        raise ValueError("varlen builds read per-visit tables: no compact varlen variant")
     _check(dtype, head_dim)
     main_tile = bwd_tile(head_dim)
     aux_tile = TileConfig(main_tile.block_m, main_tile.block_n, AUX_THREADS)
@@ -185,16 +188,19 @@ def bwd_specs(dtype: str, head_dim: int, causal: bool, deterministic: bool, time
         flags["DASH_TIMELINE"] = True
     if compact:
         flags["DASH_COMPACT"] = True
+    aux_flags = {}
+    if varlen:
+        flags["DASH_VARLEN"] = aux_flags["DASH_VARLEN"] = True
     return BwdKernels(
-        preprocess=_spec("bwd_preprocess", aux_tile, dtype, head_dim),
+        preprocess=_spec("bwd_preprocess", aux_tile, dtype, head_dim, **aux_flags),
         main=_spec("bwd_main", main_tile, dtype, head_dim, **flags),
-        postprocess=_spec("bwd_postprocess", aux_tile, dtype, head_dim),
+        postprocess=_spec("bwd_postprocess", aux_tile, dtype, head_dim, **aux_flags),
     )
 
 
 def all_specs() -> list:
-    """Every distinct variant the dispatcher can emit (8 fwd + 8 varlen fwd, 4 preprocess, 16 main + 16 compact
-    main, 4 postprocess)."""
+    """Every distinct variant the dispatcher can emit (8 fwd + 8 varlen fwd, 4 + 4 varlen preprocess, 16 main +
+    16 compact main + 16 varlen main, 4 + 4 varlen postprocess)."""
     specs = []
     seen = set()
     for dtype, head_dim, causal in itertools.product(SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS, (False, True)):
@@ -202,6 +208,7 @@ def all_specs() -> list:
         for deterministic in (False, True):
             batch.extend(bwd_specs(dtype, head_dim, causal, deterministic))
             batch.append(bwd_specs(dtype, head_dim, causal, deterministic, compact=True).main)
+            batch.extend(bwd_specs(dtype, head_dim, causal, deterministic, varlen=True))
         for spec in batch:
             if spec not in seen:
                 seen.add(spec)
@@ -279,14 +286,14 @@ def fwd_entry(dtype: str, head_dim: int, causal: bool, varlen: bool = False) -> 
 
 
 def bwd_entry(device_id: int, dtype: str, head_dim: int, causal: bool, deterministic: bool,
-              timeline: bool = False, compact: bool = False) -> tuple:
+              timeline: bool = False, compact: bool = False, varlen: bool = False) -> tuple:
     """(BwdKernels, block_m, block_n, max co-resident CTAs of the main kernel) per device and variant, cached
     (the occupancy query loads the main kernel: needs the GPU)."""
-    key = (device_id, dtype, head_dim, causal, deterministic, timeline, compact)
+    key = (device_id, dtype, head_dim, causal, deterministic, timeline, compact, varlen)
     e = _bwd_cache.get(key)
     if e is None:
         import cupy
-        specs = bwd_specs(dtype, head_dim, causal, deterministic, timeline, compact)
+        specs = bwd_specs(dtype, head_dim, causal, deterministic, timeline, compact, varlen)
         tile = bwd_tile(head_dim)
         with cupy.cuda.Device(device_id):
             max_ctas = int(max_resident_ctas(specs.main))

@@ -80,18 +80,30 @@ class BwdLaunch:
     the buffer may hold anything. ``zero_kv``: whether dk and dv must be zeroed before the kernels run.
     """
     __slots__ = ("specs", "p", "block_m", "block_n", "num_m_blocks", "sq_rounded", "offsets", "work_bytes",
-                 "tables", "deterministic", "spin_timeout_ns", "causal", "window", "zero_kv")
+                 "tables", "deterministic", "spin_timeout_ns", "causal", "window", "zero_kv", "varlen", "row_grid")
 
-    def __init__(self, specs, block_m, block_n, p, deterministic, spin_timeout_ns, causal, window, tables=None):
+    def __init__(self, specs, block_m, block_n, p, deterministic, spin_timeout_ns, causal, window, tables=None,
+                 varlen=None):
         self.specs, self.block_m, self.block_n, self.p, self.tables = specs, block_m, block_n, p, tables
         self.deterministic, self.spin_timeout_ns = deterministic, spin_timeout_ns
-        self.causal, self.window = causal, tuple(window)
-        # NOTES: a KV tile that no query sees has no visit in any table, so the main kernel never writes its dK,
-        # dV rows: the whole of dk and dv is zeroed first (two memsets, no more traffic than writing them). Only
-        # a left window bound leaves such tiles: the leading keys of schedule.unseen_keys.
-        self.zero_kv = _schedule.unseen_keys(p.Sq, p.Sk, causal, self.window) >= block_n
-        self.num_m_blocks = -(-p.Sq // block_m)
-        self.sq_rounded = self.num_m_blocks * block_m
+        self.causal, self.window, self.varlen = causal, tuple(window), varlen
+        if varlen is None:
+            # NOTES: a KV tile that no query sees has no visit in any table, so the main kernel never writes its
+            # dK, dV rows: the whole of dk and dv is zeroed first (two memsets, no more traffic than writing
+            # them). Only a left window bound leaves such tiles: the leading keys of schedule.unseen_keys.
+            self.zero_kv = _schedule.unseen_keys(p.Sq, p.Sk, causal, self.window) >= block_n
+            self.num_m_blocks = -(-p.Sq // block_m)
+            self.sq_rounded = self.num_m_blocks * block_m
+            self.row_grid = (self.num_m_blocks, p.H, p.B)
+        else:
+            # varlen = (number of sequences, max_seqlen_q); p is the packed batch (B = 1, Sq = total_q). Scratch
+            # rows are padded per sequence (kernels_src/bwd_rows.cuh): total_q + sequences * block_m per head.
+            # Sequences without queries, or keys outside every window, leave dk, dv rows unwritten: zeroed.
+            num_seqs, max_q = varlen
+            self.zero_kv = True
+            self.num_m_blocks = -(-(p.Sq + num_seqs * block_m) // block_m)
+            self.sq_rounded = self.num_m_blocks * block_m
+            self.row_grid = (-(-max_q // block_m), p.H, num_seqs)
         rows = p.B * p.H * self.sq_rounded
         sizes = (rows * 4, rows * 4, rows * p.D * 4, p.B * p.H * self.num_m_blocks * 4)
         self.offsets, total = [], 0
@@ -117,7 +129,7 @@ def bwd_tables(schedule, c, max_ctas, device_id, stream, capture=False, compact=
 
 
 def launch_backward(c, operands, lse_ptr, work_base, grads, stream, *, error_ptr=None, slot=None, call=None,
-                     timeline_ptr=0) -> None:
+                    timeline_ptr=0, cu_seqlens=(0, 0)) -> None:
     """Enqueue preprocess, main and postprocess of the backward ``c`` (:class:`BwdLaunch`, tables set) on the
     CuPy ``stream`` (current device: the buffers' device); buffers as in :func:`bwd_params`.
 
@@ -126,7 +138,7 @@ def launch_backward(c, operands, lse_ptr, work_base, grads, stream, *, error_ptr
     """
     try:
         params = bwd_params(c, operands, lse_ptr, work_base, grads, error_ptr if slot is None else slot.dptr,
-                            timeline_ptr)
+                            timeline_ptr, cu_seqlens)
     except BaseException:
         if slot is not None:
             _release_slot(slot)     # nothing recorded on it: reusable at once
@@ -171,15 +183,16 @@ def kv_bytes(p) -> int:
 
 def bwd_grids(c) -> tuple:
     """Grids of preprocess, main (persistent: one CTA per table column list) and postprocess."""
-    row_grid = (c.num_m_blocks, c.p.H, c.p.B)
-    return row_grid, (c.tables.num_ctas,), row_grid
+    return c.row_grid, (c.tables.num_ctas,), c.row_grid
 
 
-def bwd_params(c, operands, lse_ptr, work_base, grads, error_ptr, timeline_ptr=0) -> np.ndarray:
-    """The backward's packed parameter block (the three kernels share it; window from ``c``). ``operands``: ``(pointer, (batch,
-    row, head) element strides)`` of q, k, v, out, dout; ``lse_ptr``: float32 ``(B, H, Sq)`` contiguous;
-    ``work_base``: ``c.work_bytes`` of scratch; ``grads``: pointers of contiguous dq ``(B, Sq, H, D)``, dk and dv
-    ``(B, Sk, Hkv, D)``; ``error_ptr``: the main kernel's 16-byte error record."""
+def bwd_params(c, operands, lse_ptr, work_base, grads, error_ptr, timeline_ptr=0, cu_seqlens=(0, 0)) -> np.ndarray:
+    """The backward's packed parameter block (the three kernels share it; window from ``c``). ``operands``:
+    ``(pointer, (batch, row, head) element strides)`` of q, k, v, out, dout; ``lse_ptr``: float32 ``(B, H, Sq)``
+    contiguous; ``work_base``: ``c.work_bytes`` of scratch; ``grads``: pointers of contiguous dq
+    ``(B, Sq, H, D)``, dk and dv ``(B, Sk, Hkv, D)``; ``error_ptr``: the main kernel's 16-byte error record.
+    Varlen (``c.varlen``): the operands are the packed tensors as one batch, lse is ``(H, total_q)`` and
+    ``cu_seqlens`` the device pointers of cu_seqlens_q and cu_seqlens_k."""
     p, tables = c.p, c.tables
     B, Sq, Sk, H, Hkv, D = p.B, p.Sq, p.Sk, p.H, p.Hkv, p.D
     (q_ptr, q_stride), (k_ptr, k_stride), (v_ptr, v_stride), (o_ptr, o_stride), (do_ptr, do_stride) = operands
@@ -204,6 +217,8 @@ def bwd_params(c, operands, lse_ptr, work_base, grads, error_ptr, timeline_ptr=0
         **schedule_fields, error=error_ptr, timeline=timeline_ptr,
         q_stride=q_stride, k_stride=k_stride, v_stride=v_stride, o_stride=o_stride, do_stride=do_stride,
         dq_stride=_contiguous((B, Sq, H, D)), dk_stride=kv_contig, dv_stride=kv_contig,
-        batch=B, seqlen_q=Sq, seqlen_k=Sk, num_heads=H, num_heads_kv=Hkv,
-        window_left=c.window[0], window_right=c.window[1], num_m_blocks=c.num_m_blocks, seqlen_q_rounded=c.sq_rounded, spin_timeout_ns=c.spin_timeout_ns,
-        softmax_scale=p.scale, softmax_scale_log2=p.scale * _LOG2E)
+        batch=B if c.varlen is None else c.varlen[0], seqlen_q=Sq, seqlen_k=Sk, num_heads=H, num_heads_kv=Hkv,
+        window_left=c.window[0], window_right=c.window[1], num_m_blocks=c.num_m_blocks,
+        seqlen_q_rounded=c.sq_rounded, spin_timeout_ns=c.spin_timeout_ns,
+        softmax_scale=p.scale, softmax_scale_log2=p.scale * _LOG2E, cu_seqlens_q=cu_seqlens[0],
+        cu_seqlens_k=cu_seqlens[1])

@@ -1,24 +1,29 @@
 """Packed variable-length batches, FlashAttention's varlen layout: the sequences of a batch are concatenated
-along the row axis and ``cu_seqlens`` (int32, ``(B + 1,)``, on the device) gives where each starts.
+along the row axis and ``cu_seqlens`` (int32, ``(B + 1,)``) gives where each starts.
 
-The forward is here (:func:`attention_forward_varlen`); the varlen backward needs schedule tables built from the
-lengths and is not implemented yet (benchmarks/NOTES.md, "design for compact tables and varlen").
-
-How the host learns the lengths: it does not need them for the forward. The grid covers ``max_seqlen_q`` (given
-by the caller, as in FlashAttention) for every sequence, and each CTA reads its sequence's bounds from
-``cu_seqlens`` on the device (a CTA past the end of its sequence exits at once), so there is no device-to-host
-copy and no synchronisation. The kernel clamps every bound to the packed lengths, so inconsistent ``cu_seqlens``
-give wrong results for the rows they describe but never a load or store outside the buffers.
+How the host learns the lengths. The forward does not need them: the grid covers ``max_seqlen_q`` (given by the
+caller, as in FlashAttention) for every sequence, and each CTA reads its sequence's bounds from ``cu_seqlens`` on
+the device (a CTA past the end of its sequence exits at once), so there is no device-to-host copy and no
+synchronisation. The backward needs them on the host, to build its schedule table (which KV column visits which
+Q tiles, in which dQ order: :func:`cupy_dash.schedule.build_varlen`): pass ``cu_seqlens`` as host arrays (numpy,
+a list, a CPU torch tensor; uploaded once per call, no synchronisation) or as device arrays (then copied to the
+host: one device-to-host copy, which waits for the caller's stream — the cost is in benchmarks/RESULTS.md). The
+kernels clamp every bound to the packed lengths, so inconsistent ``cu_seqlens`` give wrong results for the rows
+they describe but never a load or store outside the buffers.
 """
 from __future__ import annotations
 
+import collections
 import numbers
+import os
+import threading
 
 import cupy
+import numpy as np
 
-from . import api, interop, kernels, launchers
+from . import api, interop, kernels, launchers, varlen_schedule
 from . import schedule as _schedule
-from .errors import _keep_alive, poll_errors as _poll_errors
+from .errors import _acquire_slot, _keep_alive, _spin_timeout_ms, check_errors, poll_errors as _poll_errors
 
 
 def _check_max_seqlen(name, value) -> int:
@@ -109,3 +114,187 @@ def attention_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, 
         if keep:
             _keep_alive(keep, stream)
         return api._export(fw, out, q), api._export(fw, lse, q)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# backward
+# ------------------------------------------------------------------------------------------------------------
+def _cu_seqlens_form(name, cu):
+    """``(None, host int64 array)`` for host ``cu_seqlens`` (numpy, list, CPU tensor), ``(info, None)`` for a device
+    one (1-D int32 contiguous, checked here; its values after the copy)."""
+    info = None if isinstance(cu, (list, tuple)) else interop.describe(cu, name)
+    if info is not None and info.is_cuda:
+        if info.dtype != "int32" or len(info.shape) != 1:
+            raise ValueError(f"{name}: expected a 1-D int32 tensor (B + 1,), got {info.dtype} {info.shape}")
+        interop.check_contiguous(info)
+        return info, None
+    host = np.asarray(cu)
+    if host.dtype.kind not in "iu":
+        raise ValueError(f"{name}: expected integers, got dtype {host.dtype}")
+    return None, host.astype(np.int64)
+
+
+def _cu_seqlens_values(name, host, total, max_len, max_name) -> np.ndarray:
+    """``host`` checked (1-D, 0 = cu[0] <= ... <= cu[B] = total, no length above max_len) as int32."""
+    if host.ndim != 1 or host.shape[0] < 2:
+        raise ValueError(f"{name}: expected a 1-D array (B + 1,) with B >= 1, got shape {host.shape}")
+    lengths = np.diff(host)
+    if host[0] != 0 or (lengths < 0).any() or host[-1] != total:
+        raise ValueError(f"{name}: expected 0 = cu[0] <= cu[1] <= ... <= cu[B] = {total} (the packed length), got "
+                         f"{np.array2string(host, threshold=12)}")
+    if lengths.max() > max_len:
+        raise ValueError(f"{name}: a sequence of {int(lengths.max())} rows exceeds {max_name} ({max_len})")
+    return host.astype(np.int32)
+
+
+def _device_to_host(info, cu, stream) -> np.ndarray:
+    """A device cu_seqlens copied to the host after the caller's stream's pending work (a wait)."""
+    keep = []
+    ptr, _ = api._resolve(info, cu, keep)
+    host = np.empty(info.shape[0], dtype=np.int32)
+    rt = cupy.cuda.runtime
+    rt.memcpyAsync(host.ctypes.data, ptr, host.nbytes, rt.memcpyDeviceToHost, stream.ptr)
+    stream.synchronize()
+    return host.astype(np.int64)
+
+
+_MAX_PLANS = 32
+_plans: "collections.OrderedDict" = collections.OrderedDict()
+_plans_lock = threading.Lock()
+
+
+class _Tables:
+    """A varlen schedule's per-visit table (varlen_schedule.expand), as :func:`cupy_dash.schedule.upload` takes
+    it."""
+    __slots__ = ("visits", "rank", "cta_start", "num_ctas", "policy", "group_size", "n_blocks", "m_blocks")
+
+
+def _plan(policy, lens_q, lens_k, block_m, block_n, heads, causal, num_sms, group, window) -> _Tables:
+    """The expanded varlen schedule of one packed batch, cached by lengths (LRU): training on fixed packings
+    builds each once."""
+    key = (policy, lens_q.tobytes(), lens_k.tobytes(), block_m, block_n, heads, causal, num_sms, group, window)
+    with _plans_lock:
+        t = _plans.get(key)
+        if t is not None:
+            _plans.move_to_end(key)
+            return t
+    plan = varlen_schedule.build_varlen(policy, lens_q, lens_k, block_m=block_m, block_n=block_n, heads=heads,
+                                        causal=causal, num_sms=num_sms, group_size=group, window=window)
+    t = _Tables()
+    t.visits, t.rank, t.cta_start = plan.expand()
+    t.num_ctas, t.policy, t.group_size = int(plan.num_ctas), str(plan.policy), group
+    t.n_blocks = max(1, int((-(-lens_k // block_n)).max()))
+    t.m_blocks = max(1, int((-(-lens_q // block_m)).max()))
+    with _plans_lock:
+        _plans[key] = t
+        while len(_plans) > _MAX_PLANS:
+            _plans.popitem(last=False)
+    return t
+
+
+def attention_backward_varlen(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
+                              causal=False, softmax_scale=None, window=(-1, -1), schedule="auto",
+                              deterministic=True):
+    """Attention backward over packed variable-length sequences. Returns ``(dq, dk, dv)`` in the caller's type.
+
+    Args:
+        do, out: ``(total_q, H, D)`` like q; q ``(total_q, H, D)``; k, v ``(total_k, Hkv, D)`` (GQA as in
+            :func:`cupy_dash.attention_backward`); lse ``(H, total_q)`` float32 from
+            :func:`attention_forward_varlen`.
+        cu_seqlens_q, cu_seqlens_k: ``(B + 1,)`` int32, as in :func:`attention_forward_varlen`, on q's device
+            (copied to the host: one wait on the caller's stream) or on the host (numpy, list, CPU tensor: no
+            wait). Empty sequences are allowed.
+        max_seqlen_q, max_seqlen_k: ints >= the longest sequence.
+        causal, softmax_scale, window: the forward's. schedule, deterministic: as in
+            :func:`cupy_dash.attention_backward`; every sequence is its own set of KV columns in one table
+            (:func:`cupy_dash.schedule.build_varlen`).
+
+    Returns:
+        dq ``(total_q, H, D)``, dk and dv ``(total_k, Hkv, D)``, contiguous. Rows of dq whose query sees no key
+        and rows of dk, dv whose key no query sees are 0. With ``schedule="fa3"`` or ``"descending"`` (dQ tiles
+        add in KV-tile order) each sequence's gradients are bitwise those of
+        :func:`cupy_dash.attention_backward` on that sequence alone; every schedule is run-to-run deterministic.
+    """
+    capturing = interop.capturing(q)
+    if capturing:
+        raise RuntimeError("cupy_dash: the varlen backward builds its schedule table from the lengths on every "
+                           "call, which cannot happen during CUDA graph capture")
+    _poll_errors()
+    causal = api._check_flag("causal", causal)
+    deterministic = api._check_flag("deterministic", deterministic)
+    window = api._check_window(window, causal)
+    max_q = _check_max_seqlen("max_seqlen_q", max_seqlen_q)
+    max_k = _check_max_seqlen("max_seqlen_k", max_seqlen_k)
+    q4, k4, v4, do4, out4 = (_packed(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v"), (do, "do"), (out, "out")))
+    li = interop.describe(lse, "lse")
+    if len(li.shape) != 2:
+        raise ValueError(f"lse: expected a 2-D tensor (H, total_q), got shape {li.shape}")
+    totals = interop.describe(q, "q").shape[0], interop.describe(k, "k").shape[0]
+    if max_q > totals[0] or max_k > totals[1]:
+        raise ValueError(f"max_seqlen_q / max_seqlen_k ({max_q}, {max_k}) exceed the packed lengths {totals}")
+    cu_args = (("cu_seqlens_q", cu_seqlens_q, totals[0], max_q), ("cu_seqlens_k", cu_seqlens_k, totals[1], max_k))
+    forms = [_cu_seqlens_form(n, cu) for n, cu, _, _ in cu_args]
+    for (n, _, total, m), (_, host) in zip(cu_args, forms):
+        if host is not None:                              # host cu_seqlens: checked before any GPU work
+            _cu_seqlens_values(n, host, total, m, n.replace("cu_seqlens", "max_seqlen"))
+    if forms[0][1] is not None and forms[1][1] is not None and len(forms[0][1]) != len(forms[1][1]):
+        raise ValueError(f"cu_seqlens_k: expected {len(forms[0][1])} entries (as cu_seqlens_q), got "
+                         f"{len(forms[1][1])}")
+    p = api._validate(q4, k4, v4, do4, out4, lse[None], softmax_scale=softmax_scale, schedule=schedule,
+                      backward=True)
+    for info, _ in forms:
+        if info is not None:
+            _check_device(info, p.device_id)
+    window = _schedule.canonical_window(window, max_q, max_k, causal)
+    total_q, total_k, H, Hkv, D = p.Sq, p.Sk, p.H, p.Hkv, p.D
+    dev = p.device_id
+    stream = interop.caller_stream(q, dev)
+    with cupy.cuda.Device(dev), stream:
+        cu_host = []
+        for (n, cu, total, m), (info, host) in zip(cu_args, forms):
+            if info is not None:
+                host = _device_to_host(info, cu, stream)
+            cu_host.append(_cu_seqlens_values(n, host, total, m, n.replace("cu_seqlens", "max_seqlen")))
+        if len(cu_host[0]) != len(cu_host[1]):
+            raise ValueError(f"cu_seqlens_k: expected {len(cu_host[0])} entries (as cu_seqlens_q), got "
+                             f"{len(cu_host[1])}")
+        num_seqs = len(cu_host[0]) - 1
+        lens_q, lens_k = (np.diff(c).astype(np.int64) for c in cu_host)
+        for info in p.infos[:4]:                          # q, k, v, do: read through TMA maps
+            _check_tma(info)
+        specs, bm, bn, max_ctas = kernels.bwd_entry(dev, p.dtype, D, causal, deterministic, varlen=True)
+        columns = Hkv * int((-(-lens_k // bn)).sum())
+        tables = _plan(schedule, lens_q, lens_k, bm, bn, H, causal, max(1, min(max_ctas, columns)), H // Hkv,
+                       window)
+        c = launchers.BwdLaunch(specs, bm, bn, p, deterministic, int(_spin_timeout_ms() * 1e6), causal, window,
+                                varlen=(num_seqs, max_q))
+        fw = p.infos[0].framework
+        keep = []
+        operands = tuple(api._resolve(i, x, keep) for i, x in zip(p.infos, (q4, k4, v4, out4, do4)))
+        lse_ptr, _ = api._resolve(p.lse_info, lse[None], keep)
+        cu_dev = [cupy.asarray(c_) for c_ in cu_host]     # the lengths the table was built from
+        keep.extend(cu_dev)
+        dq, dq_ptr = api._new(fw, dev, (total_q, H, D), p.dtype)
+        dk, dk_ptr = api._new(fw, dev, (total_k, Hkv, D), p.dtype)
+        dv, dv_ptr = api._new(fw, dev, (total_k, Hkv, D), p.dtype)
+        if len(tables.visits) == 0:                       # no sequence sees a key: every gradient is 0
+            for ptr, n in ((dq_ptr, total_q * H), (dk_ptr, total_k * Hkv), (dv_ptr, total_k * Hkv)):
+                cupy.cuda.runtime.memsetAsync(ptr, 0, n * D * 2, stream.ptr)
+            return api._export(fw, dq, q), api._export(fw, dk, q), api._export(fw, dv, q)
+        c.tables = _schedule.upload(tables, num_seqs * H, tables.n_blocks, tables.m_blocks, dev)
+        keep.append(c.tables)
+        work, base = api._new(fw, dev, (c.work_bytes,), "uint8")
+        call = (c.tables.policy, num_seqs, H, total_q, total_k, D, causal, window)
+        slot = _acquire_slot(dev)
+        launchers.launch_backward(c, operands, lse_ptr, base, (dq_ptr, dk_ptr, dv_ptr), stream, slot=slot,
+                                  call=call, cu_seqlens=(cu_dev[0].data.ptr, cu_dev[1].data.ptr))
+        _keep_alive(keep, stream)
+        result = api._export(fw, dq, q), api._export(fw, dk, q), api._export(fw, dv, q)
+    if os.environ.get("CUPY_DASH_SYNC_ERRORS", "") not in ("", "0"):
+        check_errors()
+    return result
+
+
+def _check_tma(info) -> None:
+    from . import tensormap
+    tensormap.check_encodable(info.name, info.shape, info.strides[:3], info.data_ptr or 0)

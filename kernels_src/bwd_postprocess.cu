@@ -1,9 +1,10 @@
 #include "common.cuh"
 // Attention backward, postprocess: one CTA per (m_block, head, batch) converts the tile's fp32 dq_accum (the
 // unscaled sum of dS K, in the fragment order of bwd/dq_accum_layout.cuh) to dq = elem_t(dq_accum *
-// softmax_scale), rows < Sq only. Deterministic mode: a tile no visit reached (rows that see no key) is left
-// unwritten by the main kernel, its semaphore is 0, and its dq rows are 0.
+// softmax_scale), rows < Sq (of the sequence, in varlen builds) only. Deterministic mode: a tile no visit reached
+// (rows that see no key) is left unwritten by the main kernel, its semaphore is 0, and its dq rows are 0.
 #include "bwd/dq_accum_layout.cuh"
+#include "bwd_rows.cuh"
 #include "params.cuh"
 #include "ptx/cvt.cuh"
 
@@ -39,11 +40,13 @@ using namespace bwd_post;
 // allocates dq contiguous).
 extern "C" __global__ void __launch_bounds__(kNumThreads) dash_bwd_postprocess(const __grid_constant__ BwdParams p) {
   const int m_block = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-  const int64_t bh = (int64_t)b * p.num_heads + h;
-  const int64_t row0 = (int64_t)m_block * kBlockM;
-  const float4* dq_accum = reinterpret_cast<const float4*>(p.dq_accum + (bh * p.seqlen_q_rounded + row0) * kHeadDim);
-  elem_t* dq = p.dq + b * p.dq_stride.batch + h * p.dq_stride.head;
-  const bool reached = p.dq_semaphore == nullptr || p.dq_semaphore[bh * p.num_m_blocks + m_block] != 0;
+  const BwdRows<kBlockM> seq(p, b, h);
+  if (m_block * kBlockM >= seq.seqlen_q) return;  // varlen grids cover the longest sequence
+  const int row0 = m_block * kBlockM;
+  const float4* dq_accum =
+      reinterpret_cast<const float4*>(p.dq_accum + (seq.scratch_row + (int64_t)row0) * kHeadDim);
+  elem_t* dq = p.dq + seq.batch * p.dq_stride.batch + (int64_t)seq.row_q * p.dq_stride.row + h * p.dq_stride.head;
+  const bool reached = p.dq_semaphore == nullptr || p.dq_semaphore[seq.semaphore(m_block)] != 0;
   const float scale = reached ? p.softmax_scale : 0.f;
 #pragma unroll
   for (int g = threadIdx.x; g < Layout::kTileGroups; g += kNumThreads) {
@@ -53,10 +56,10 @@ extern "C" __global__ void __launch_bounds__(kNumThreads) dash_bwd_postprocess(c
 #pragma unroll
     for (int j = 0; j < 4; ++j) a[j] = reached ? dq_accum[vec + j] : make_float4(0.f, 0.f, 0.f, 0.f);
     const int64_t row = row0 + r;
-    if (row < p.seqlen_q) {
+    if (row < seq.seqlen_q) {
       store8(dq + row * p.dq_stride.row + col, a[0].x, a[0].y, a[1].x, a[1].y, a[2].x, a[2].y, a[3].x, a[3].y, scale);
     }
-    if (row + 8 < p.seqlen_q) {
+    if (row + 8 < seq.seqlen_q) {
       store8(dq + (row + 8) * p.dq_stride.row + col, a[0].z, a[0].w, a[1].z, a[1].w, a[2].z, a[2].w, a[3].z, a[3].w,
              scale);
     }

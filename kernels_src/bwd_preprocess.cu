@@ -1,8 +1,10 @@
 #include "common.cuh"
 // Attention backward, preprocess: one CTA per (m_block, head, batch) computes, for the kBlockM query rows of the
-// tile, dpsum = rowsum(dO o O) and lse_log2 = lse * log2(e) in the padded (B*H, seqlen_q_rounded) layout the main
-// kernel reads without predicates; deterministic mode (dq_semaphore set): resets the tile's dQ semaphore (the
-// first visit in rank order stores the tile); atomic mode: zeroes the tile's fp32 dq_accum.
+// tile, dpsum = rowsum(dO o O) and lse_log2 = lse * log2(e) in the padded scratch layout the main kernel reads
+// without predicates ((B*H, seqlen_q_rounded), or per sequence in varlen builds: bwd_rows.cuh); deterministic
+// mode (dq_semaphore set): resets the tile's dQ semaphore (the first visit in rank order stores the tile);
+// atomic mode: zeroes the tile's fp32 dq_accum.
+#include "bwd_rows.cuh"
 #include "params.cuh"
 #include "ptx/cvt.cuh"
 
@@ -46,17 +48,20 @@ using namespace bwd_pre;
 
 extern "C" __global__ void __launch_bounds__(kNumThreads) dash_bwd_preprocess(const __grid_constant__ BwdParams p) {
   const int m_block = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-  const int64_t bh = (int64_t)b * p.num_heads + h;
+  const BwdRows<kBlockM> seq(p, b, h);
+  if (m_block * kBlockM >= seq.seqlen_q) return;  // varlen grids cover the longest sequence
   const int tid = threadIdx.x;
   const int r = tid / kThreadsPerRow, part = tid % kThreadsPerRow;
-  const int64_t row = (int64_t)m_block * kBlockM + r;
+  const int row = m_block * kBlockM + r;  // within the sequence
+  const int64_t scratch = seq.scratch_row + row;
 
   float dpsum = 0.f;
-  if (row < p.seqlen_q) {
-    const uint4* o = reinterpret_cast<const uint4*>(p.out + b * p.o_stride.batch + row * p.o_stride.row +
-                                                    h * p.o_stride.head);
-    const uint4* dout = reinterpret_cast<const uint4*>(p.dout + b * p.do_stride.batch + row * p.do_stride.row +
-                                                       h * p.do_stride.head);
+  if (row < seq.seqlen_q) {
+    const int64_t packed_row = seq.row_q + row;
+    const uint4* o = reinterpret_cast<const uint4*>(p.out + seq.batch * p.o_stride.batch +
+                                                    packed_row * p.o_stride.row + h * p.o_stride.head);
+    const uint4* dout = reinterpret_cast<const uint4*>(p.dout + seq.batch * p.do_stride.batch +
+                                                       packed_row * p.do_stride.row + h * p.do_stride.head);
 #pragma unroll
     for (int i = 0; i < kChunksPerThread; ++i) {
       const int chunk = part + i * kThreadsPerRow;
@@ -68,24 +73,25 @@ extern "C" __global__ void __launch_bounds__(kNumThreads) dash_bwd_preprocess(co
     dpsum += __shfl_xor_sync(0xffffffffu, dpsum, offset);
   }
 
-  // NOTES: rows >= Sq, and rows that see no key (lse == -inf), get lse_log2 = +inf so that the main kernel's
-  // P = exp2(S * scale_log2 - lse_log2) is exactly 0 there; their dpsum is 0 (O and dO rows are 0 or absent).
+  // NOTES: rows >= Sq (of the sequence), and rows that see no key (lse == -inf), get lse_log2 = +inf so that the
+  // main kernel's P = exp2(S * scale_log2 - lse_log2) is exactly 0 there; their dpsum is 0. In varlen builds the
+  // rows past a sequence's end in its last Q tile are the next sequence's queries: this +inf is their only mask.
   if (part == 0) {
     const float inf = __int_as_float(0x7f800000);
     float lse_log2 = inf;
-    if (row < p.seqlen_q) {
-      const float lse = p.lse[bh * p.seqlen_q + row];
+    if (row < seq.seqlen_q) {
+      const float lse = p.lse[seq.lse_index(p, b, h, row)];
       lse_log2 = lse == -inf ? inf : lse * kLog2e;
     }
-    p.lse_log2[bh * p.seqlen_q_rounded + row] = lse_log2;
-    p.dpsum[bh * p.seqlen_q_rounded + row] = dpsum;
+    p.lse_log2[scratch] = lse_log2;
+    p.dpsum[scratch] = dpsum;
   }
 
   if (p.dq_semaphore != nullptr) {
-    if (tid == 0) p.dq_semaphore[bh * p.num_m_blocks + m_block] = 0;
+    if (tid == 0) p.dq_semaphore[seq.semaphore(m_block)] = 0;
   } else {
-    float4* dq_accum = reinterpret_cast<float4*>(p.dq_accum + (bh * p.seqlen_q_rounded + (int64_t)m_block * kBlockM) *
-                                                                 kHeadDim);
+    float4* dq_accum =
+        reinterpret_cast<float4*>(p.dq_accum + (seq.scratch_row + (int64_t)m_block * kBlockM) * kHeadDim);
 #pragma unroll
     for (int i = tid; i < kBlockM * kHeadDim / 4; i += kNumThreads) dq_accum[i] = make_float4(0.f, 0.f, 0.f, 0.f);
   }

@@ -5,6 +5,9 @@
 #include "common.cuh"
 #include "params.cuh"
 
+#if DASH_VARLEN
+#error "varlen builds read the per-visit tables of cupy_dash/varlen_schedule.py (expand), not DASH_COMPACT records"
+#endif
 #if DASH_TIMELINE
 #error "timeline builds index p.timeline by table row: they need the per-visit tables, not DASH_COMPACT"
 #endif

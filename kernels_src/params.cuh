@@ -55,6 +55,10 @@ struct BwdParams {
   const int32_t* scan_bounds;    // (columns, 4): x, y, x2, y2 per record; rank_rule 0 only, else null
   int64_t n_first, columns_per_head;  // the visible KV tiles of every head: n_first .. n_first + columns_per_head - 1
   int64_t tie_sign, rank_rule;   // +1 / -1: equal steps add in ascending / descending n; 0 count, 1 / 2 closed form
+  // Varlen builds (DASH_VARLEN) only, null otherwise (bwd_rows.cuh): q, out, dout, dq are (total_q, H, D) and k, v,
+  // dk, dv (total_k, Hkv, D) packed, one batch; seqlen_q, seqlen_k above are total_q, total_k and batch the number
+  // of sequences; lse is (H, total_q); the scratch rows are padded per sequence (seqlen_q_rounded per head).
+  const int32_t* cu_seqlens_q; const int32_t* cu_seqlens_k;  // (batch + 1,) int32
 };
 
 // The (batch, head) pair of a bh index and its kv head (32-bit division: bh < B * H < 2^31).

@@ -76,13 +76,14 @@ def test_params_layout_matches_c_structs(offsetof):
     cubin, log, ok = jit.compile_source(src, "layout_check.cu", [*jit.BASE_OPTIONS, f"-I{REAL_KERNEL_DIR}"])
     assert ok, log
     # BwdParams: four 64-byte-aligned 128-byte tensor maps first, 400 bytes of 8-byte fields, then the compact
-    # tables' 64 bytes appended (the earlier offsets unchanged: softmax_scale_log2 still ends at 936), padded to 64
+    # tables' 64 bytes and the varlen builds' two pointers appended (the earlier offsets unchanged:
+    # softmax_scale_log2 still ends at 936), padded to 64
     assert kernels.FWD_PARAMS_DTYPE.itemsize == 640 and kernels.BWD_PARAMS_DTYPE.itemsize == 1024
     bwd = kernels.BWD_PARAMS_DTYPE
-    compact = ("col_records", "cta_columns", "cta_col_start", "scan_bounds", "n_first", "columns_per_head",
-               "tie_sign", "rank_rule")
-    assert bwd.names[-8:] == compact and bwd.fields["softmax_scale_log2"][1] == 932
-    assert [bwd.fields[n][1] for n in compact] == list(range(936, 1000, 8))
+    appended = ("col_records", "cta_columns", "cta_col_start", "scan_bounds", "n_first", "columns_per_head",
+                "tie_sign", "rank_rule", "cu_seqlens_q", "cu_seqlens_k")
+    assert bwd.names[-10:] == appended and bwd.fields["softmax_scale_log2"][1] == 932
+    assert [bwd.fields[n][1] for n in appended] == list(range(936, 1016, 8))
     assert kernels.PARAMS_STRUCTS["BwdParams"][1] == 64 and kernels.BWD_PARAMS_DTYPE.fields["q"][1] == 512
 
 
@@ -194,7 +195,7 @@ def test_pack_bwd_params_every_field():
 def test_all_specs_cover_every_combination():
     specs = kernels.all_specs()
     labels = [s.label for s in specs]
-    assert len(set(labels)) == len(labels) == len(set(specs)) == 16 + 4 + 32 + 4
+    assert len(set(labels)) == len(labels) == len(set(specs)) == 16 + 8 + 48 + 8
     expected = set()
     for dtype, d, causal in itertools.product(kernels.SUPPORTED_DTYPES, kernels.SUPPORTED_HEAD_DIMS, (0, 1)):
         expected.add(kernels.fwd_spec(dtype, d, bool(causal)))
@@ -202,10 +203,11 @@ def test_all_specs_cover_every_combination():
         for det in (False, True):
             expected.update(kernels.bwd_specs(dtype, d, bool(causal), det))
             expected.add(kernels.bwd_specs(dtype, d, bool(causal), det, compact=True).main)
+            expected.update(kernels.bwd_specs(dtype, d, bool(causal), det, varlen=True))
     assert expected == set(specs)
     by_kernel = {name: [s for s in specs if s.kernel == name] for name in kernels.KERNEL_NAMES}
-    assert {k: len(v) for k, v in by_kernel.items()} == {"fwd": 16, "bwd_preprocess": 4, "bwd_main": 32,
-                                                         "bwd_postprocess": 4}
+    assert {k: len(v) for k, v in by_kernel.items()} == {"fwd": 16, "bwd_preprocess": 8, "bwd_main": 48,
+                                                         "bwd_postprocess": 8}
     for s in specs:
         d = dict(s.defines)
         assert list(s.defines) == sorted(s.defines)
@@ -371,7 +373,8 @@ def test_verbose_prints_ptxas_report(ksrc, monkeypatch, capsys):
 @pytest.mark.parametrize("spec", [kernels.fwd_spec("bfloat16", 128, True),
                                   kernels.bwd_specs("float16", 64, False, True).main,
                                   kernels.bwd_specs("bfloat16", 128, True, True, timeline=True).main,
-                                  kernels.bwd_specs("bfloat16", 128, True, True, compact=True).main],
+                                  kernels.bwd_specs("bfloat16", 128, True, True, compact=True).main,
+                                  kernels.bwd_specs("bfloat16", 128, True, True, varlen=True).main],
                          ids=lambda s: s.label)
 def test_real_kernel_compiles(spec, tmp_path, monkeypatch):
     # (the timeline debug build is not among the dispatcher's variants that compile --all covers)
@@ -385,12 +388,12 @@ def test_real_kernel_compiles(spec, tmp_path, monkeypatch):
 def test_cli_compile_subset(ksrc, capsys):
     assert cli_compile.main(["--head-dim", "64", "--dtype", "bf16"]) == 0
     out = capsys.readouterr().out
-    assert "regs" in out and "OK: 14 kernel(s)" in out   # 4 of them compact mains
+    assert "regs" in out and "OK: 20 kernel(s)" in out   # 4 compact mains, 4 varlen mains and 2 varlen aux
     for spec in cli_compile.select([64], ["bfloat16"], None):
         assert spec.label in out
     # the second run is served from the cache
     assert cli_compile.main(["--kernel", "bwd_postprocess", "--head-dim", "64", "--dtype", "bfloat16"]) == 0
-    assert "(1 from the cache)" in capsys.readouterr().out
+    assert "(2 from the cache)" in capsys.readouterr().out   # plain and varlen
 
 
 def test_cli_compile_reports_failures(ksrc, capsys):

@@ -2,6 +2,7 @@
 // over in shared memory by the MMA warpgroups, into the fp32 dq_accum tile with bulk reductions — in the
 // schedule's rank order when deterministic: wait for the tile's turn, add, wait for completion, release.
 #pragma once
+#include "../bwd_rows.cuh"
 #include "../params.cuh"
 #include "../ptx/bulk_reduce.cuh"
 #include "../ptx/bulk_store.cuh"
@@ -61,11 +62,13 @@ DASH_DEVICE void write_dq(const BwdParams& p, const ScheduleView& sched, const S
   bool ok = true;
   for (int64_t v = sched.begin; v < sched.end; ++v) {
     const Visit w = sched.visit(v);
-    float* tile = p.dq_accum + ((int64_t)w.bh * p.seqlen_q_rounded + w.m_block * kBlockM) * kHeadDim;
+    const Head hd(p, w.bh);
+    const BwdRows<kBlockM> seq(p, hd.b, hd.h);
+    float* tile = p.dq_accum + (seq.scratch_row + w.m_block * kBlockM) * kHeadDim;
     int* sem = nullptr;
     int rank = 1;  // atomic mode: every visit adds
     if constexpr (kDeterministic) {
-      sem = p.dq_semaphore + (int64_t)w.bh * p.num_m_blocks + w.m_block;
+      sem = p.dq_semaphore + seq.semaphore(w.m_block);
       rank = sched.rank_of(v);
       if (lane == 0 && ok) ok = wait_for_turn(p, sem, v, rank);
     }

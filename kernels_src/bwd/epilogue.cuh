@@ -1,6 +1,8 @@
 // Backward main kernel, dK / dV epilogue: after the last visit of a KV tile each MMA warpgroup writes its 64 rows
-// of dK (scaled by softmax_scale) and dV from the accumulators, rows < Sk only.
+// of dK (scaled by softmax_scale) and dV from the accumulators, rows < Sk (of the sequence, in varlen builds)
+// only: a varlen sequence's last KV tile must not write into the next sequence's rows.
 #pragma once
+#include "../bwd_rows.cuh"
 #include "../params.cuh"
 #include "../ptx/cvt.cuh"
 #include "../schedule_view.cuh"
@@ -13,16 +15,18 @@ namespace bwd {
 DASH_DEVICE void store_dkv(const BwdParams& p, const Visit& w, const float (&dK)[kDkvRegs],
                            const float (&dV)[kDkvRegs], int wg, int tid) {
   const Head hd(p, w.bh);
+  const BwdRows<kBlockM> seq(p, hd.b, hd.h);
   const int lane = tid % 32;
   const int key0 = w.n_block * kBlockN + 64 * wg + 16 * (tid / 32) + lane / 4;
   const int col0 = 2 * (lane % 4);
   const float scale = p.softmax_scale;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    const int64_t key = key0 + 8 * half;
-    if (key < p.seqlen_k) {
-      elem_t* dk_row = p.dk + hd.b * p.dk_stride.batch + key * p.dk_stride.row + hd.hk * p.dk_stride.head + col0;
-      elem_t* dv_row = p.dv + hd.b * p.dv_stride.batch + key * p.dv_stride.row + hd.hk * p.dv_stride.head + col0;
+    const int key = key0 + 8 * half;
+    if (key < seq.seqlen_k) {
+      const int64_t row = seq.row_k + key;
+      elem_t* dk_row = p.dk + seq.batch * p.dk_stride.batch + row * p.dk_stride.row + hd.hk * p.dk_stride.head + col0;
+      elem_t* dv_row = p.dv + seq.batch * p.dv_stride.batch + row * p.dv_stride.row + hd.hk * p.dv_stride.head + col0;
 #pragma unroll
       for (int c = 0; c < kHeadDim / 8; ++c) {
         const int i = 4 * c + 2 * half;

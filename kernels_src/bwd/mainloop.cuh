@@ -10,6 +10,7 @@
 #include "../ptx/mbarrier.cuh"
 #include "../ptx/named_barrier.cuh"
 #include "../ptx/wgmma.cuh"
+#include "../bwd_rows.cuh"
 #include "../params.cuh"
 #include "../schedule_view.cuh"
 #include "../swizzled_tile.cuh"
@@ -28,8 +29,8 @@ using TileQ = SwizzledTile<kBlockM>;   // Q, dO: queries x head dim; dS: queries
 struct Band {
   static constexpr int kUnboundedHi = 0x7fffffff, kUnboundedLo = -kUnboundedHi - 1;
   int lo, hi;
-  DASH_DEVICE explicit Band(const BwdParams& p) {
-    const int64_t diag = p.seqlen_k - p.seqlen_q;
+  DASH_DEVICE Band(const BwdParams& p, int seqlen_q, int seqlen_k) {
+    const int64_t diag = (int64_t)seqlen_k - seqlen_q;
     const int64_t right = kCausal ? 0 : p.window_right;
     hi = right >= 0 ? clamp(diag + right) : kUnboundedHi;
     lo = p.window_left >= 0 ? clamp(diag - p.window_left) : kUnboundedLo;
@@ -42,7 +43,8 @@ struct Band {
 // P^T = exp2(S^T * scale_log2 - lse_log2[q]) in place, 0 where the key is masked.
 // NOTES: keys >= Sk and keys outside the query's band (window and causal masks) are masked by select. Queries
 // >= Sq and rows whose lse is -inf (no key in their window) have lse_log2 = +inf (preprocess), so P = 2^-inf = 0
-// there without a mask; TMA zero-fills their Q and dO rows, so S and dP stay finite.
+// there without a mask; TMA zero-fills their Q and dO rows (varlen: loads the next sequence's), so S and dP stay
+// finite. Varlen builds: Sq, Sk and the band are the visit's sequence's.
 template <bool kMask>
 DASH_DEVICE void softmax_probs(float (&S)[kSRegs], const float* lse_log2, float scale_log2, const Fragment& f,
                                int key0, int query0, int seqlen_k, const Band& band) {
@@ -146,8 +148,10 @@ DASH_DEVICE void bwd_step(const BwdParams& p, const Smem& s, char* smem_generic,
   wgmma_wait<1>();
   wgmma_fence_operand(S);
   const int key0 = w.n_block * kBlockN + 64 * wg, query0 = w.m_block * kBlockM;
-  const int seqlen_k = (int)p.seqlen_k;
-  const Band band(p);
+  const Head hd(p, w.bh);
+  const BwdRows<kBlockM> seq(p, hd.b, hd.h);
+  const int seqlen_k = seq.seqlen_k;
+  const Band band(p, seq.seqlen_q, seq.seqlen_k);
   const float* lse = reinterpret_cast<const float*>(smem_generic + (s.lse(stage) - s.base));
   // NOTES: a tile needs the mask only if it reaches past Sk or one of its offsets key - q leaves the band: the
   // largest is key0 + 63 - query0, the smallest key0 - (query0 + kBlockM - 1).

@@ -2,6 +2,7 @@
 // run of visits of one KV tile (K into the other of its two buffers); per visit Q_i with lse_log2_i and dO_i with
 // dpsum_i into the next stage.
 #pragma once
+#include "../bwd_rows.cuh"
 #include "../params.cuh"
 #include "../ptx/mbarrier.cuh"
 #include "../ptx/tma.cuh"
@@ -13,7 +14,9 @@ namespace bwd {
 
 // NOTES: tensor maps are 5-D {64, S, D / 64, H, B} (bwd_tensor_maps in cupy_dash/tensormap.py): a box of
 // {64, rows, D / 64, 1, 1} lands as the 64-column panels of a SwizzledTile; rows past S are zero-filled.
-// lse_log2 and dpsum rows are padded to seqlen_q_rounded by preprocess, so their copies need no bounds.
+// lse_log2 and dpsum rows are padded to seqlen_q_rounded by preprocess, so their copies need no bounds. Varlen
+// builds: the maps cover the packed tensors as one batch, so the last tile of a sequence also loads rows of the
+// next one (masked in the mainloop: keys by the sequence's Sk, queries by their +inf lse_log2).
 DASH_DEVICE void produce(const BwdParams& p, const ScheduleView& sched, const Smem& s) {
   tma_prefetch_desc(&p.tma_q);
   tma_prefetch_desc(&p.tma_k);
@@ -26,29 +29,31 @@ DASH_DEVICE void produce(const BwdParams& p, const ScheduleView& sched, const Sm
   for (int64_t v = sched.begin; v < sched.end; ++v, ++j) {
     const Visit w = sched.visit(v);
     const Head hd(p, w.bh);
+    const BwdRows<kBlockM> seq(p, hd.b, hd.h);
     const int stage = j % kStages;
     const uint32_t phase = (j / kStages) & 1;
-    const int64_t row_offset = (int64_t)w.bh * p.seqlen_q_rounded + w.m_block * kBlockM;
+    const int64_t row_offset = seq.scratch_row + w.m_block * kBlockM;
+    const int q_row = seq.row_q + w.m_block * kBlockM, k_row = seq.row_k + w.n_block * kBlockN;
 
     wait_phase(p, s.q_empty(stage), phase ^ 1);
     mbar_arrive_expect_tx(s.q_full(stage), kQBytes);
-    tma_load_5d(s.q(stage), &p.tma_q, s.q_full(stage), 0, w.m_block * kBlockM, 0, hd.h, hd.b);
+    tma_load_5d(s.q(stage), &p.tma_q, s.q_full(stage), 0, q_row, 0, hd.h, seq.batch);
     bulk_load(s.lse(stage), p.lse_log2 + row_offset, SmemLayout::kRow, s.q_full(stage));
 
     if (v == sched.begin || !sched.same_kv_tile(prev, w)) {
       const int kbuf = groups % kKStages;
       wait_phase(p, s.k_empty(kbuf), ((groups / kKStages) & 1) ^ 1);
       mbar_arrive_expect_tx(s.k_full(kbuf), SmemLayout::kKV);
-      tma_load_5d(s.k(kbuf), &p.tma_k, s.k_full(kbuf), 0, w.n_block * kBlockN, 0, hd.hk, hd.b);
+      tma_load_5d(s.k(kbuf), &p.tma_k, s.k_full(kbuf), 0, k_row, 0, hd.hk, seq.batch);
       wait_phase(p, s.v_empty(), (groups & 1) ^ 1);
       mbar_arrive_expect_tx(s.v_full(), SmemLayout::kKV);
-      tma_load_5d(s.v(), &p.tma_v, s.v_full(), 0, w.n_block * kBlockN, 0, hd.hk, hd.b);
+      tma_load_5d(s.v(), &p.tma_v, s.v_full(), 0, k_row, 0, hd.hk, seq.batch);
       ++groups;
     }
 
     wait_phase(p, s.do_empty(stage), phase ^ 1);
     mbar_arrive_expect_tx(s.do_full(stage), kQBytes);
-    tma_load_5d(s.dout(stage), &p.tma_do, s.do_full(stage), 0, w.m_block * kBlockM, 0, hd.h, hd.b);
+    tma_load_5d(s.dout(stage), &p.tma_do, s.do_full(stage), 0, q_row, 0, hd.h, seq.batch);
     bulk_load(s.dpsum(stage), p.dpsum + row_offset, SmemLayout::kRow, s.do_full(stage));
     prev = w;
   }

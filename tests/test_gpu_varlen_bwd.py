@@ -1,0 +1,155 @@
+"""GPU tests of the varlen backward (cupy_dash.attention_backward_varlen; need an NVIDIA Hopper GPU): against the
+float64 reference per sequence (FA3's tolerance rule) for every schedule; with the `fa3` and `descending`
+schedules (dQ tiles add in KV-tile order, KV columns walk a fixed Q-tile order) each sequence's gradients are
+those of cupy_dash.attention_backward on that sequence alone, bit for bit up to the sign of exact zeros (the
+last tile of a sequence multiplies its masked zeros by the next sequence's rows where the padded batch
+multiplies them by zero-filled rows); empty and one-token sequences, GQA, windows, host or device cu_seqlens,
+bitwise repeats."""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+cupy = pytest.importorskip("cupy")
+import cupy_dash  # noqa: E402
+from cupy_dash import reference  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+BF16 = np.dtype(ml_dtypes.bfloat16)
+POLICIES = ("fa3", "descending", "shift", "symmetric_shift", "auto")
+
+LENGTHS = {  # (query lengths, key lengths) per sequence
+    "mixed": ([1, 17, 128, 300, 1000, 129, 256], [1, 17, 128, 300, 1000, 129, 256]),
+    "empty_and_unequal": ([0, 64, 200, 5, 513], [10, 0, 777, 5, 400]),
+    "long_and_short": ([3000, 1, 64], [2048, 2, 64]),
+}
+
+
+def _dev(a):
+    return cupy.asarray(np.ascontiguousarray(a).view(np.uint16)).view(a.dtype)
+
+
+def _host(x):
+    return cupy.asnumpy(x.view(cupy.uint16)).view(x.dtype) if x.dtype.itemsize == 2 else cupy.asnumpy(x)
+
+
+def _zero_signless_bits(a):
+    """int16 bits of a bf16 / fp16 host array with -0 mapped to +0."""
+    bits = np.ascontiguousarray(a).view(np.int16).copy()
+    bits[(bits & 0x7FFF) == 0] = 0
+    return bits
+
+
+def _problem(lengths, hdim, causal, window, H=4, Hkv=2, seed=0):
+    lq, lk = LENGTHS[lengths]
+    if causal and window[1] > 0:
+        window = (window[0], 0)
+    rng = np.random.default_rng(seed + len(lq) * 1000 + hdim)
+    q, do = (rng.standard_normal((sum(lq), H, hdim), dtype=np.float32).astype(BF16) for _ in range(2))
+    k, v = (rng.standard_normal((sum(lk), Hkv, hdim), dtype=np.float32).astype(BF16) for _ in range(2))
+    cu_q, cu_k = (np.concatenate([[0], np.cumsum(x)]).astype(np.int32) for x in (lq, lk))
+    dq_, dk_, dv_, do_ = _dev(q), _dev(k), _dev(v), _dev(do)
+    cq, ck = cupy.asarray(cu_q), cupy.asarray(cu_k)
+    out, lse = cupy_dash.attention_forward_varlen(dq_, dk_, dv_, cq, ck, max(lq), max(lk), causal=causal,
+                                                  window=window)
+    host = dict(q=q, k=k, v=v, do=do, out=_host(out), lse=_host(lse), cu_q=cu_q, cu_k=cu_k, lq=lq, lk=lk)
+    dev = (do_, dq_, dk_, dv_, out, lse, cq, ck, max(lq), max(lk))
+    return host, dev, window
+
+
+def _poison():
+    buf = cupy.empty(256 << 20, dtype=cupy.uint8)
+    buf.fill(0xFF)                                           # unwritten outputs would be NaN
+    del buf
+
+
+def _sequences(h):
+    for b, (sq, sk) in enumerate(zip(h["lq"], h["lk"])):
+        rq = slice(int(h["cu_q"][b]), int(h["cu_q"][b + 1]))
+        rk = slice(int(h["cu_k"][b]), int(h["cu_k"][b + 1]))
+        yield b, sq, sk, rq, rk
+
+
+@pytest.mark.parametrize("schedule", POLICIES)
+@pytest.mark.parametrize("window", [(-1, -1), (100, 50)], ids=["nowindow", "window"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("hdim", [64, 128])
+@pytest.mark.parametrize("lengths", list(LENGTHS), ids=str)
+def test_varlen_backward_per_sequence(lengths, hdim, causal, window, schedule):
+    h, dev, window = _problem(lengths, hdim, causal, window)
+    _poison()
+    dq, dk, dv = cupy_dash.attention_backward_varlen(*dev, causal=causal, window=window, schedule=schedule)
+    cupy_dash.check_errors()
+    dq_h, dk_h, dv_h = _host(dq), _host(dk), _host(dv)
+    assert dq_h.shape == h["q"].shape and dk_h.shape == h["k"].shape and dv_h.shape == h["v"].shape
+    for b, sq, sk, rq, rk in _sequences(h):
+        if sq == 0 or sk == 0:                               # nothing seen: zero gradients
+            for name, a, rows in (("dq", dq_h, rq), ("dk", dk_h, rk), ("dv", dv_h, rk)):
+                assert (a[rows].astype(np.float32) == 0).all(), f"sequence {b}: {name} not zero"
+            continue
+        qb, kb, vb, dob = (h[n][None, r] for n, r in (("q", rq), ("k", rk), ("v", rk), ("do", rq)))
+        outb, lseb = h["out"][None, rq], np.ascontiguousarray(h["lse"][None, :, rq])
+        if schedule in ("fa3", "descending"):                # bits of the sequence alone
+            want = cupy_dash.attention_backward(_dev(dob), _dev(qb), _dev(kb), _dev(vb), _dev(outb),
+                                                cupy.asarray(lseb), causal=causal, window=window,
+                                                schedule=schedule)
+            for name, a, rows, w in zip(("dq", "dk", "dv"), (dq_h, dk_h, dv_h), (rq, rk, rk), want):
+                got, exp = _zero_signless_bits(a[rows]), _zero_signless_bits(_host(w)[0])
+                assert (got == exp).all(), f"sequence {b}: {name}: {int((got != exp).sum())} elements differ"
+        if sq * sk <= 300 * 1000 or b == 0:                  # float64 reference (bounded host time)
+            ref = reference.backward(dob, qb, kb, vb, outb, lseb, causal=causal, window=window)
+            lowp = reference.backward_lowp(dob, qb, kb, vb, outb, lseb, causal=causal, window=window, dtype=BF16)
+            for name, a, rows, r64, rlp in zip(("dq", "dk", "dv"), (dq_h, dk_h, dv_h), (rq, rk, rk), ref, lowp):
+                reference.assert_close_fa3(f"sequence {b}: {name}", a[None, rows], r64, rlp)
+
+
+@pytest.mark.parametrize("schedule", ["auto", "fa3"])
+def test_varlen_backward_bits_repeat_and_host_cu_seqlens(schedule):
+    h, dev, window = _problem("mixed", 128, True, (-1, -1), H=8, Hkv=8, seed=7)
+    first = cupy_dash.attention_backward_varlen(*dev, causal=True, schedule=schedule)
+    for i in range(10):
+        again = cupy_dash.attention_backward_varlen(*dev, causal=True, schedule=schedule)
+        for name, a, e in zip(("dq", "dk", "dv"), again, first):
+            assert bool((a.view(cupy.int16) == e.view(cupy.int16)).all()), f"repeat {i}: {name} differs"
+    host_cu = (*dev[:6], h["cu_q"], list(h["cu_k"]), *dev[8:])  # host cu_seqlens: same table, same bits
+    again = cupy_dash.attention_backward_varlen(*host_cu, causal=True, schedule=schedule)
+    for name, a, e in zip(("dq", "dk", "dv"), again, first):
+        assert bool((a.view(cupy.int16) == e.view(cupy.int16)).all()), f"host cu_seqlens: {name} differs"
+    cupy_dash.check_errors()
+
+
+def test_varlen_backward_many_sequences_several_heads():
+    """A batch whose table puts several KV tiles, heads and sequences on each CTA: 64 sequences, GQA 4."""
+    rng = np.random.default_rng(11)
+    lq = [int(x) for x in rng.integers(1, 700, size=64)]
+    H, Hkv, D = 8, 2, 128
+    q, do = (rng.standard_normal((sum(lq), H, D), dtype=np.float32).astype(BF16) for _ in range(2))
+    k, v = (rng.standard_normal((sum(lq), Hkv, D), dtype=np.float32).astype(BF16) for _ in range(2))
+    cu = np.concatenate([[0], np.cumsum(lq)]).astype(np.int32)
+    args = (_dev(q), _dev(k), _dev(v), cupy.asarray(cu), cupy.asarray(cu), max(lq), max(lq))
+    out, lse = cupy_dash.attention_forward_varlen(*args, causal=True)
+    dq, dk, dv = cupy_dash.attention_backward_varlen(_dev(do), *args[:3], out, lse, *args[3:], causal=True)
+    cupy_dash.check_errors()
+    out_h, lse_h, grads = _host(out), _host(lse), [_host(x) for x in (dq, dk, dv)]
+    for b in (0, 17, 63):
+        r = slice(int(cu[b]), int(cu[b + 1]))
+        args_b = (do[None, r], q[None, r], k[None, r], v[None, r], out_h[None, r],
+                  np.ascontiguousarray(lse_h[None, :, r]))
+        ref = reference.backward(*args_b, causal=True)
+        lowp = reference.backward_lowp(*args_b, causal=True, dtype=BF16)
+        for name, a, r64, rlp in zip(("dq", "dk", "dv"), grads, ref, lowp):
+            reference.assert_close_fa3(f"sequence {b}: {name}", a[None, r], r64, rlp)
+
+
+def test_varlen_backward_rejects_bad_cu_seqlens():
+    h, dev, _ = _problem("mixed", 64, False, (-1, -1))
+    bad = h["cu_q"].copy()
+    bad[3] = bad[2] - 1                                      # decreasing
+    with pytest.raises(ValueError, match="cu_seqlens_q"):
+        cupy_dash.attention_backward_varlen(*dev[:6], cupy.asarray(bad), *dev[7:])
+    short = h["cu_k"][:-1]
+    with pytest.raises(ValueError, match="cu_seqlens_k"):
+        cupy_dash.attention_backward_varlen(*dev[:7], short, *dev[8:])
+    with pytest.raises(ValueError, match="max_seqlen_q"):
+        cupy_dash.attention_backward_varlen(*dev[:8], 100, dev[9])
