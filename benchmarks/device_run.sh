@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device run on the H200: install, compile, GPU tests, demo, benchmarks; every log under $OUT.
-#   bash benchmarks/device_run.sh [smoke|fwd|tests|bench|integration|pending|long|gqa|all] [extra pytest args...]
+#   bash benchmarks/device_run.sh [smoke|fwd|tests|bench|integration|pending|long|gqa|varlen|varlen_bench|all] [extra pytest args...]
 # "pending": what the 2026-12-01 (second) session could not run (benchmarks/NOTES.md), in priority order.
 # FA3 (flash-attn3-jax) is measured when its wheel is importable: carry .whl/ and set FA3_WHL=1.
 set -o pipefail
@@ -8,14 +8,14 @@ export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false CUPY_DASH_CACHE_DI
 OUT=${OUT:-/tmp/dash_out}; mkdir -p "$OUT"
 stage=${1:-all}; shift || true
 py=python3
-$py -m pip install --no-build-isolation --no-deps -q -e . >"$OUT/install.log" 2>&1 || { tail -20 "$OUT/install.log"; exit 1; }
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
-git rev-parse --short HEAD 2>/dev/null | tee -a "$OUT/gpu.txt"
+$py -m pip install --no-build-isolation --no-deps -q -e . >/tmp/install.log 2>&1 || { tail -20 /tmp/install.log; exit 1; }
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+git rev-parse --short HEAD 2>/dev/null
 if [ -n "${FA3_WHL:-}" ]; then
   $py -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >"$OUT/fa3_install.log" 2>&1 && export PYTHONPATH=/tmp/site
 fi
-$py -m cupy_dash compile --all -j 16 >"$OUT/compile.log" 2>&1 || { tail -20 "$OUT/compile.log"; exit 1; }
-tail -1 "$OUT/compile.log"
+$py -m cupy_dash compile --all -j 16 >/tmp/compile.log 2>&1 || { tail -20 /tmp/compile.log; exit 1; }
+tail -1 /tmp/compile.log
 if [ "$stage" = smoke ] || [ "$stage" = all ]; then
   timeout 300 $py -m pytest tests/test_gpu_attention.py -q -x --maxfail=3 -k "d64-full-sq128-sk128 or d128-causal-sq300-sk1000" "$@" 2>&1 | tee "$OUT/smoke.log" | tail -25
 fi
@@ -45,6 +45,22 @@ if [ "$stage" = long ] || [ "$stage" = pending ]; then   # long context: S = 256
   CUPY_DASH_COMPACT_TABLES=1 timeout 120 $py -m cupy_dash bench --seqlens 262144 --tokens 262144 --hdims 128 \
     --masks causal --schedules descending auto --repeats 3 --warmup 1 --input-sets 1 --no-torch --no-fa3 \
     --no-overhead --no-compile --out "$OUT" 2>&1 | tee "$OUT/long_bench.log" | tail -20
+fi
+if [ "$stage" = varlen ]; then   # the varlen backward's first run, the CPU tests that failed under JAX 0.11, the suite
+  timeout 200 $py -m pytest tests/test_gpu_varlen_bwd.py tests/test_gpu_varlen.py tests/test_readme_snippets.py \
+    -q -ra --maxfail=10 "$@" 2>&1 | tee "$OUT/new_tests.log" | tail -15
+  timeout 60 $py -m pytest tests/test_jax_ffi.py tests/test_jax_jit.py tests/test_window_api.py -q --tb=short \
+    2>&1 > "$OUT/cpu_tests_jax011.log"; tail -3 "$OUT/cpu_tests_jax011.log"
+  timeout 330 $py -m pytest tests/ -q -ra --maxfail=10 "$@" 2>&1 | tee "$OUT/tests.log" | tail -12
+fi
+if [ "$stage" = varlen_bench ]; then   # varlen throughput and host time; long context: per-visit vs compact
+  timeout 200 $py benchmarks/varlen_bwd.py --json "$OUT/varlen_bwd.json" 2>&1 | tee "$OUT/varlen_bwd.txt"
+  for compact in 0 1; do
+    CUPY_DASH_COMPACT_TABLES=$compact timeout 150 $py -m cupy_dash bench --seqlens 65536 --tokens 65536 \
+      --hdims 128 --masks causal --schedules fa3 descending symmetric_shift atomic --repeats 5 --warmup 1 \
+      --input-sets 1 --no-torch --no-fa3 --no-overhead --no-compile --out "$OUT/long64k_compact$compact.md" 2>&1 \
+      | grep -E "cupy_dash (fwd|bwd)" | head -8
+  done
 fi
 if [ "$stage" = gqa ]; then   # forward re-check after the varlen change, GQA throughput
   timeout 150 $py -m cupy_dash bench --fwd-only --no-overhead --no-compile --seqlens 1024 4096 16384 \
