@@ -270,7 +270,8 @@ def attention_backward_varlen(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
                                 varlen=(num_seqs, max_q))
         fw = p.infos[0].framework
         keep = []
-        operands = tuple(api._resolve(i, x, keep) for i, x in zip(p.infos, (q4, k4, v4, out4, do4)))
+        qi, ki, vi, doi, oi = p.infos                     # _validate's order; the kernels take out before dout
+        operands = tuple(api._resolve(i, x, keep) for i, x in ((qi, q4), (ki, k4), (vi, v4), (oi, out4), (doi, do4)))
         lse_ptr, _ = api._resolve(p.lse_info, lse[None], keep)
         cu_dev = [cupy.asarray(c_) for c_ in cu_host]     # the lengths the table was built from
         keep.extend(cu_dev)

@@ -112,7 +112,10 @@ def test_declared_abi_matches_jaxlib_header(tmp_path):
     if cc is None or not (pathlib.Path(include) / "xla/ffi/api/c_api.h").exists():
         pytest.skip("no C compiler, or jaxlib without its FFI headers")
     src = tmp_path / "abi_check.c"
-    src.write_text(ABI_CHECK)
+    header = (pathlib.Path(include) / "xla/ffi/api/c_api.h").read_text()
+    # jaxlib 0.11 renamed the extension header struct XLA_FFI_Extension_Base to XLA_FFI_Extension
+    base = "XLA_FFI_Extension_Base" if "XLA_FFI_Extension_Base" in header else "XLA_FFI_Extension"
+    src.write_text(ABI_CHECK.replace("XLA_FFI_Extension_Base", base))
     here = str(pathlib.Path(cupy_dash.__file__).parent)
     run = subprocess.run([cc, "-std=c11", "-fsyntax-only", f"-I{include}", f"-I{here}", str(src)],
                          capture_output=True, text=True)
@@ -217,6 +220,11 @@ def cpu_target():
 
 def test_handler_writes_addresses_where_the_plan_says(cpu_target, no_driver):
     jax = cpu_target
+    with jax.default_device(jax.devices("cpu")[0]):     # the CPU backend, also where a GPU is the default
+        _handler_writes_addresses(jax)
+
+
+def _handler_writes_addresses(jax):
     jnp = jax.numpy
     p = problem(B=1, Sq=64, Sk=128, H=2, Hkv=1, D=64)
     c = backward_launch(p)

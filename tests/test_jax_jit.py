@@ -27,9 +27,12 @@ TARGET = "xla_buffer_python_gpu_callback_cmd_buffer"
 
 @pytest.fixture
 def jx():
+    """(jax, cupy_dash.jax), with JAX's CPU device as the default: these tests exercise the CPU backend, also on a
+    machine whose default backend is a GPU (test_gpu_jax_jit.py runs the real kernels)."""
     jax = pytest.importorskip("jax")
     import cupy_dash.jax as cj
-    return jax, cj
+    with jax.default_device(jax.devices("cpu")[0]):
+        yield jax, cj
 
 
 def sds(jax, shape, dtype=BF16):
