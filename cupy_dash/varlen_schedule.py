@@ -7,7 +7,7 @@ visible KV column of every (sequence, KV head), built in O(columns) from the hos
     plan = schedule.build_varlen("auto", seqlens_q, seqlens_k, block_m=64, block_n=128, heads=16, causal=True,
                                  num_sms=132)               # seqlens_*: host ints, one per sequence, zeros allowed
     plan.validate()                 # O(columns) proof: coverage, rank permutations, no deadlock, rank rule
-    visits, rank, cta_start = plan.expand()                 # per-visit arrays (tests, reference)
+    visits, rank, cta_start = plan.expand()                 # per-visit arrays, O(visits), no sort
 
 Naming. A *segment* is (sequence b, KV head kh): ``seg = b * Hkv + kh``; its query heads are
 ``bh = seg * g + j = b * H + kh * g + j`` (j < g = group_size), the "head" of the expanded visits. Every segment
@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _schedule, _varlen_sched, schedule
+from . import _schedule, _varlen_sched, _varlen_view, schedule
 from .compact import ColumnRecords
 
 RANK_COUNT, RANK_ASC_N, RANK_DESC_N = 0, 1, 2
@@ -215,28 +215,6 @@ def build_varlen(policy: str = "auto", seqlens_q=None, seqlens_k=None, *, block_
 def expand(plan: VarlenSchedule) -> tuple:
     """(visits int32 (V, 4) rows (cta, bh, n_block, m_block) in every CTA's execution order, rank int32 (V,),
     cta_start int64 (num_ctas + 1,)): the per-visit table, ranks derived independently of the rank rule (every
-    dQ tile (bh, m) sorts its visits by (step, tie_sign * n))."""
-    rec = plan.records.astype(np.int64)
-    g = plan.group_size
-    length = rec[:, 2] - rec[:, 1]
-    rid = np.repeat(np.arange(len(rec)), length)
-    s = np.arange(len(rid)) - np.repeat(np.cumsum(length) - length, length)
-    step, lo, hi, split, rot, cta, seg, n = (rec[rid, f] for f in range(8))
-    width = hi - split                                   # > 0 (split = -1 included)
-    m = np.where(split < 0, hi - 1 - s, np.where(s < width, split + (s + rot) % width, lo + s - width))
-    key = step + s
-    order = np.lexsort((plan.tie_sign * n, key, m, seg))
-    first = np.ones(len(order), dtype=bool)
-    first[1:] = (seg[order][1:] != seg[order][:-1]) | (m[order][1:] != m[order][:-1])
-    starts = np.maximum.accumulate(np.where(first, np.arange(len(order)), 0))
-    rank1 = np.empty(len(order), dtype=np.int64)
-    rank1[order] = np.arange(len(order)) - starts
-    cta_start1 = np.zeros(plan.num_ctas + 1, dtype=np.int64)
-    np.cumsum(plan.loads, out=cta_start1[1:])
-    row = (cta_start1[cta] + key) * g
-    visits = np.empty((len(rid) * g, 4), dtype=np.int32)
-    rank = np.empty(len(rid) * g, dtype=np.int32)
-    for j in range(g):
-        visits[row + j] = np.stack([cta, seg * g + j, n, m], axis=1)
-        rank[row + j] = rank1
-    return visits, rank, cta_start1 * g
+    dQ tile (bh, m) sorts its visits by (step, tie_sign * n)), in O(visits) without a sort (_varlen_view)."""
+    return _varlen_view.expand(plan.records, plan.cta_columns, plan.cta_col_start, plan.num_m_blocks,
+                               plan.num_kv_heads, plan.group_size, plan.tie_sign)
