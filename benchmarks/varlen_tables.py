@@ -1,10 +1,13 @@
 """Build time of compact varlen schedules (cupy_dash.varlen_schedule): 16k tokens in B random-length sequences
-(lengths summing to --tokens), every policy and auto, causal and full; median of --repeat builds after one warm-up,
-and the validator's time. Host only (the upload needs a GPU).
+(lengths summing to --tokens), every policy and auto, causal and full, for each GQA group size; median of
+--repeat calls after one warm-up, of the build, the validator and expand (the per-visit table of auto's plan,
+which the backward reads for varlen). Host only (the upload needs a GPU).
 
-    python benchmarks/varlen_tables.py [--tokens 16384] [--heads 16] [--batches 1 4 16 64] [--repeat 50]
+    python benchmarks/varlen_tables.py [--tokens 16384] [--heads 16] [--batches 1 4 16 64] [--groups 1 4]
+                                       [--repeat 50]
 """
 import argparse
+import itertools
 import os
 import sys
 import time
@@ -35,6 +38,7 @@ def main():
     ap.add_argument("--tokens", type=int, default=16384)
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16, 64])
+    ap.add_argument("--groups", type=int, nargs="+", default=[1, 4], help="query heads per KV head")
     ap.add_argument("--block-m", type=int, default=64)
     ap.add_argument("--block-n", type=int, default=128)
     ap.add_argument("--num-sms", type=int, default=132)
@@ -42,21 +46,23 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
     rng = np.random.default_rng(a.seed)
-    print("| B | mask | columns | " + " | ".join(("auto",) + schedule.AUTO_CANDIDATES) + " | auto picks | "
-          "validate | tables |")
-    print("|---" * (7 + len(schedule.AUTO_CANDIDATES)) + "|")
+    print("| B | g | mask | columns | visits | " + " | ".join(("auto",) + schedule.AUTO_CANDIDATES)
+          + " | auto picks | validate | expand | tables |")
+    print("|---" * (10 + len(schedule.AUTO_CANDIDATES)) + "|")
     for batch in a.batches:
         lens = lengths(a.tokens, batch, rng)
-        for causal in (True, False):
-            kw = dict(block_m=a.block_m, block_n=a.block_n, heads=a.heads, causal=causal, num_sms=a.num_sms)
+        for group, causal in itertools.product(a.groups, (True, False)):
+            kw = dict(block_m=a.block_m, block_n=a.block_n, heads=a.heads, causal=causal, num_sms=a.num_sms,
+                      group_size=group)
             cells = []
             for policy in ("auto",) + schedule.AUTO_CANDIDATES:
                 cells.append(median_ms(lambda: schedule.build_varlen(policy, lens, lens, **kw), a.repeat))
             plan = schedule.build_varlen("auto", lens, lens, **kw)
             check = median_ms(plan.validate, a.repeat)
-            print(f"| {batch} | {'causal' if causal else 'full'} | {plan.num_columns} | "
+            expand = median_ms(plan.expand, a.repeat)
+            print(f"| {batch} | {group} | {'causal' if causal else 'full'} | {plan.num_columns} | {plan.num_visits} | "
                   + " | ".join(f"{t:.3f}" for t in cells)
-                  + f" | {plan.policy} | {check:.3f} | {plan.nbytes / 1024:.0f} KB |")
+                  + f" | {plan.policy} | {check:.3f} | {expand:.3f} | {plan.nbytes / 1024:.0f} KB |")
 
 
 if __name__ == "__main__":

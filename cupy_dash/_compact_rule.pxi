@@ -1,6 +1,7 @@
 # One column record of a compact schedule (layout in cupy_dash/compact.py): the Q-tile order rule and its
-# inverse, included by _compact.pyx (builder, record checks) and _compact_view.pyx (expansion and the per-visit
-# computations of the kernel). A record is 8 int32 fields:
+# inverse, included by _compact.pyx (builder, record checks), _compact_view.pyx (expansion and the per-visit
+# computations of the kernel) and their varlen counterparts _varlen_sched.pyx, _varlen_view.pyx. A record is 8
+# int32 fields:
 
 cdef enum:
     REC_STEP = 0    # position of the column's first visit in its CTA's list (KV-head visits)

@@ -5,14 +5,15 @@ A *segment* is one (sequence, KV head) pair, seg = b * Hkv + kv_head; it owns th
 sequence, with the sequence's own M, N and mask ranges (bottom-right causal and windows per sequence). The
 records are those of _compact.pyx (8 int32 fields, _compact_rule.pxi) with REC_HEAD = seg and REC_N the KV tile
 local to the sequence; segment seg's records are rows seg_col_start[seg] .. seg_col_start[seg + 1] - 1, in n
-order. ``build_varlen`` dispatches the units of every segment by list scheduling at column granularity (the heap
-of _heap.pxi); ``check_varlen`` proves coverage, rank permutations, deadlock freedom and the rank rule in
-O(columns).
+order. ``build_varlen`` dispatches the units of every segment by list scheduling at column granularity (to the
+CTA that frees up first, ties to the lower CTA, as the heap of _heap.pxi pops them; here a tournament tree);
+``busiest_load`` runs the same dispatch on the units' lengths alone, for ``auto``; ``check_varlen`` proves
+coverage, rank permutations, deadlock freedom and the rank rule in O(columns).
 """
 import numpy as np
+from libc.limits cimport LLONG_MAX
 from libc.stdlib cimport malloc, free
 
-include "_heap.pxi"
 include "_units.pxi"
 include "_compact_rule.pxi"
 include "_cta_lists.pxi"
@@ -80,31 +81,92 @@ def sequence_shapes(const long long[::1] sq, const long long[::1] sk, const long
     return info_arr, off_arr, vlo_arr, vhi_arr
 
 
-def build_varlen(int policy, const long long[:, ::1] info, const long long[::1] voff, const long long[::1] vlo,
-                 const long long[::1] vhi, const long long[::1] seq_order, long long Hkv, bint spt,
-                 long long num_sms):
-    """Records of the g = 1 schedule of B * Hkv segments (sequence_shapes' output; seq_order: the sequences in
-    dispatch order). Returns records, cta_columns, cta_col_start, seg_col_start, loads, num_ctas, tie_sign."""
-    cdef long long B = info.shape[0], S = B * Hkv, b, o, kh, seg, k, j, U = 0, P, NC, T, maxnc = 0, pairable = 0
-    seg_arr = np.zeros(S + 1, dtype=np.int64)
-    cdef long long[::1] segc = seg_arr
-    for seg in range(S):
-        segc[seg + 1] = segc[seg] + info[seg // Hkv, 3]
-    cdef long long ncols = segc[S]
-    if ncols > INT32_MAX:
-        raise ValueError("compact records are indexed by int32")
+cdef struct CtaTree:
+    # the CTA that frees up first: least load, then lowest index (the order of _heap.pxi), as the minimum of the
+    # keys load << 32 | cta (loads < 2^31, CTAs < 2^31) in a tournament tree; CTA c's leaf at P + c, unused
+    # leaves maximal
+    long long P
+    long long* key
+
+
+cdef int tree_init(CtaTree* tr, long long G) except -1:
+    """G CTAs, all free at 0 (tr.key: free it)."""
+    cdef long long i
+    tr.P = 1
+    while tr.P < G:
+        tr.P *= 2
+    tr.key = <long long*>malloc(2 * tr.P * sizeof(long long))
+    if tr.key == NULL:
+        raise MemoryError()
+    for i in range(tr.P):
+        tr.key[tr.P + i] = i if i < G else LLONG_MAX
+    for i in range(tr.P - 1, 0, -1):
+        tr.key[i] = tr.key[2 * i] if tr.key[2 * i] < tr.key[2 * i + 1] else tr.key[2 * i + 1]
+    return 0
+
+
+cdef inline long long tree_first(const CtaTree* tr) noexcept:
+    return tr.key[1] & INT32_MAX        # the CTA that frees up first (CTAs < 2^31: num_ctas <= columns)
+
+
+cdef inline long long tree_load(const CtaTree* tr, long long c) noexcept:
+    return tr.key[tr.P + c] >> 32
+
+
+cdef inline int tree_add(CtaTree* tr, long long c, long long L) except -1:
+    """CTA c takes L more visits; returns 0, or raises when its load passes 2^31 - 1 (a record's step is int32)."""
+    cdef long long i = tr.P + c, k = tr.key[i] + (L << 32), sib
+    if (k >> 32) > INT32_MAX:
+        raise ValueError(f"CTA {c} has {k >> 32} visits: a record's step is int32")
+    tr.key[i] = k
+    while i > 1:
+        sib = tr.key[i ^ 1]
+        k = k if k < sib else sib
+        i >>= 1
+        tr.key[i] = k
+    return 0
+
+
+cdef struct Units:
+    # build_varlen's work units in dispatch order: unit u is local column k0[u] (index among its sequence's
+    # visible columns) of segment seg[u], paired with k1[u] (-1: alone); base[u] is its segment's first unit
+    long long U
+    long long* seg
+    long long* k0
+    long long* k1
+    long long* base
+    bint sym, paired_all
+    bint plain              # every segment's columns alone in ascending n: the same units for every such policy
+    int tie                 # tie_sign of the schedule: -1 (descending n) for symmetric_shift and spt, else +1
+
+
+cdef int make_units(Units* un, int policy, const long long[:, ::1] info, const long long[::1] seq_order,
+                    long long Hkv, bint spt, long long num_sms, long long ncols, bint fill) except -1:
+    """The units of every segment in its policy's order, the sequences in seq_order (spt: upstream's
+    shortest-first rounds instead): the flags and U, and with ``fill`` the arrays (ncols units at most;
+    free_units releases them)."""
+    cdef long long B = info.shape[0], b, o, kh, k, j, U = 0, P, NC, T, maxnc = 0, pairable = 0
+    cdef bint paired, mirrored
+    un.seg = NULL
+    un.sym = policy == POLICY_SYMMETRIC_SHIFT
+    un.plain = not spt
+    un.U = 0
     for b in range(B):
         NC = info[b, 3]
         maxnc = NC if NC > maxnc else maxnc
         pairable += Hkv * ((NC + 1) // 2 if info[b, 5] & 2 else NC)
-    cdef bint sym = policy == POLICY_SYMMETRIC_SHIFT, paired_all = sym and pairable >= num_sms
-    # the units in dispatch order: (segment, local column, second column or -1, first unit of the segment)
-    useg_arr = np.empty(ncols, dtype=np.int64)
-    uk0_arr = np.empty(ncols, dtype=np.int64)
-    uk1_arr = np.empty(ncols, dtype=np.int64)
-    ubase_arr = np.empty(ncols, dtype=np.int64)
-    cdef long long[::1] useg = useg_arr, uk0 = uk0_arr, uk1 = uk1_arr, ubase = ubase_arr
-    cdef bint paired, mirrored
+    un.paired_all = un.sym and pairable >= num_sms
+    un.tie = -1 if (un.sym or spt) else 1
+    for b in range(B):
+        paired = un.paired_all and info[b, 5] & 2
+        un.U += Hkv * ((info[b, 3] + 1) // 2 if paired else info[b, 3])
+        un.plain = un.plain and not paired and not (un.sym and info[b, 5] & 1)
+    if not fill:
+        return 0
+    un.seg = <long long*>malloc((4 * ncols + 1) * sizeof(long long))
+    if un.seg == NULL:
+        raise MemoryError()
+    un.k0, un.k1, un.base = un.seg + ncols, un.seg + 2 * ncols, un.seg + 3 * ncols
     if spt:
         # NOTES: upstream FA3's shortest-first order, per sequence: round j dispatches every segment's j-th
         # column from the right (the j-th shortest), segments in dispatch order.
@@ -114,83 +176,140 @@ def build_varlen(int policy, const long long[:, ::1] info, const long long[::1] 
                 NC = info[b, 3]
                 if j < NC:
                     for kh in range(Hkv):
-                        useg[U], uk0[U], uk1[U], ubase[U] = b * Hkv + kh, NC - 1 - j, -1, 0
+                        un.seg[U], un.k0[U], un.k1[U], un.base[U] = b * Hkv + kh, NC - 1 - j, -1, 0
                         U += 1
     else:
         for o in range(B):
             b = seq_order[o]
             NC, T = info[b, 3], info[b, 4]
-            paired = paired_all and info[b, 5] & 2
-            mirrored = sym and info[b, 5] & 1
+            paired = un.paired_all and info[b, 5] & 2
+            mirrored = un.sym and info[b, 5] & 1
             P = (NC + 1) // 2 if paired else NC
             for kh in range(Hkv):
                 for k in range(P):
-                    useg[U + k], ubase[U + k], uk1[U + k] = b * Hkv + kh, U, -1
+                    un.seg[U + k], un.base[U + k], un.k1[U + k] = b * Hkv + kh, U, -1
                     if mirrored:
-                        uk0[U + k] = k if k < T else NC - 1 - (k - T)
+                        un.k0[U + k] = k if k < T else NC - 1 - (k - T)
                     else:
-                        uk0[U + k] = k
+                        un.k0[U + k] = k
                         if paired and NC - 1 - k != k:
-                            uk1[U + k] = NC - 1 - k
+                            un.k1[U + k] = NC - 1 - k
                 U += P
-    cdef long long G = num_sms if num_sms < U else U
+    return 0
+
+
+cdef inline void free_units(Units* un) noexcept:
+    free(un.seg)
+
+
+cdef inline long long total_columns(const long long[:, ::1] info, long long Hkv) except -1:
+    cdef long long b, ncols = 0
+    for b in range(info.shape[0]):
+        ncols += Hkv * info[b, 3]
+    if ncols > INT32_MAX:
+        raise ValueError("compact records are indexed by int32")
+    return ncols
+
+
+def busiest_load(int policy, const long long[:, ::1] info, const long long[::1] voff, const long long[::1] vlo,
+                 const long long[::1] vhi, const long long[::1] seq_order, long long Hkv, bint spt,
+                 long long num_sms, long long plain_load=-1):
+    """(visits of the busiest CTA, num_ctas, tie_sign, plain) of build_varlen's schedule for the same arguments,
+    by the same list scheduling on the units' lengths alone (no records): what ``auto``'s column model reads.
+    plain: the units are every segment's columns alone in ascending n, as for every policy that returns plain;
+    plain_load >= 0 is such a policy's load, returned without dispatching again."""
+    cdef long long ncols = total_columns(info, Hkv), u, c, b, L, best = 0
+    cdef Units un
+    make_units(&un, policy, info, seq_order, Hkv, spt, num_sms, ncols, False)
+    if un.plain and plain_load >= 0:
+        return plain_load, (num_sms if num_sms < un.U else un.U), un.tie, True
+    make_units(&un, policy, info, seq_order, Hkv, spt, num_sms, ncols, True)
+    cdef long long G = num_sms if num_sms < un.U else un.U
+    cdef CtaTree tr
+    tr.key = NULL
+    try:
+        tree_init(&tr, G)
+        for u in range(un.U):
+            b = un.seg[u] // Hkv
+            L = vhi[voff[b] + un.k0[u]] - vlo[voff[b] + un.k0[u]]
+            if un.k1[u] >= 0:
+                L += vhi[voff[b] + un.k1[u]] - vlo[voff[b] + un.k1[u]]
+            c = tree_first(&tr)
+            tree_add(&tr, c, L)
+            best = tree_load(&tr, c) if tree_load(&tr, c) > best else best
+    finally:
+        free(tr.key)
+        free_units(&un)
+    return best, G, un.tie, un.plain
+
+
+def build_varlen(int policy, const long long[:, ::1] info, const long long[::1] voff, const long long[::1] vlo,
+                 const long long[::1] vhi, const long long[::1] seq_order, long long Hkv, bint spt,
+                 long long num_sms):
+    """Records of the g = 1 schedule of B * Hkv segments (sequence_shapes' output; seq_order: the sequences in
+    dispatch order). Returns records, cta_columns, cta_col_start, seg_col_start, loads, num_ctas, tie_sign."""
+    cdef long long B = info.shape[0], S = B * Hkv, b, seg, P, NC, T, ncols = total_columns(info, Hkv)
+    seg_arr = np.zeros(S + 1, dtype=np.int64)
+    cdef long long[::1] segc = seg_arr
+    for seg in range(S):
+        segc[seg + 1] = segc[seg] + info[seg // Hkv, 3]
+    cdef Units un
+    make_units(&un, policy, info, seq_order, Hkv, spt, num_sms, ncols, True)
+    cdef long long G = num_sms if num_sms < un.U else un.U
+    cdef bint paired, mirrored
     records_arr = np.empty((ncols, REC_FIELDS), dtype=np.int32)
     cdef int[:, ::1] rec = records_arr
     order_arr = np.empty(ncols, dtype=np.int64)
     cdef long long[::1] order = order_arr
     loads_arr = np.zeros(G, dtype=np.int64)
     cdef long long[::1] loads = loads_arr
-    cdef double* ht = <double*>malloc((G + 1) * sizeof(double))
-    cdef long long* hc = <long long*>malloc((G + 1) * sizeof(long long))
-    cdef long long hsize = 0, nd = 0, u, c, col, kk, M, n, lo, hi, L, split, rot, t0, idx, w, q0, q1
-    cdef double t
-    for c in range(G):
-        heap_push(ht, hc, &hsize, 0.0, c)
-    for u in range(U):
-        seg = useg[u]
-        b = seg // Hkv
-        M, NC, T = info[b, 0], info[b, 3], info[b, 4]
-        paired = paired_all and info[b, 5] & 2
-        mirrored = sym and info[b, 5] & 1
-        P = (NC + 1) // 2 if paired else NC
-        heap_pop(ht, hc, &hsize, &t, &c)
-        for col in range(2 if uk1[u] >= 0 else 1):
-            kk = uk0[u] if col == 0 else uk1[u]
-            n = info[b, 2] + kk
-            lo, hi = vlo[voff[b] + kk], vhi[voff[b] + kk]
-            L = hi - lo
-            t0 = loads[c]
-            if policy == POLICY_FA3 or (mirrored and kk >= T):
-                split, rot = lo, 0                            # ascending
-            elif policy == POLICY_DESCENDING or mirrored or (paired and col == 1):
-                split, rot = -1, 0                            # descending
-            elif paired:
-                # the rectangle shared by the long columns of this segment in this dispatch wave
-                w = u // G
-                q0 = (w * G if w * G > ubase[u] else ubase[u]) - ubase[u]
-                q1 = ((w + 1) * G if (w + 1) * G < ubase[u] + P else ubase[u] + P) - 1 - ubase[u]
-                split = vlo[voff[b] + q1]
-                rot = (u - ubase[u] - q0) % (M - split)
-            elif info[b, 5] & 1:
-                split, rot = lo, (t0 + n + M - hi) % L         # band shift on the CTA's clock
-            else:
-                split, rot = lo, n % L                        # shift
-            idx = segc[seg] + kk
-            rec[idx, REC_STEP], rec[idx, REC_LO], rec[idx, REC_HI] = <int>t0, <int>lo, <int>hi
-            rec[idx, REC_SPLIT], rec[idx, REC_ROT], rec[idx, REC_CTA] = <int>split, <int>rot, <int>c
-            rec[idx, REC_HEAD], rec[idx, REC_N] = <int>seg, <int>n
-            order[nd] = idx
-            nd += 1
-            loads[c] += L
-        heap_push(ht, hc, &hsize, <double>loads[c], c)
-    free(ht)
-    free(hc)
-    for c in range(G):
-        if loads[c] > INT32_MAX:
-            raise ValueError(f"CTA {c} has {loads[c]} visits: a record's step is int32")
+    cdef long long nd = 0, u, c, col, kk, M, n, lo, hi, L, split, rot, t0, idx, w, q0, q1
+    cdef CtaTree tr
+    tr.key = NULL
+    try:
+        tree_init(&tr, G)
+        for u in range(un.U):
+            seg = un.seg[u]
+            b = seg // Hkv
+            M, NC, T = info[b, 0], info[b, 3], info[b, 4]
+            paired = un.paired_all and info[b, 5] & 2
+            mirrored = un.sym and info[b, 5] & 1
+            P = (NC + 1) // 2 if paired else NC
+            c = tree_first(&tr)
+            for col in range(2 if un.k1[u] >= 0 else 1):
+                kk = un.k0[u] if col == 0 else un.k1[u]
+                n = info[b, 2] + kk
+                lo, hi = vlo[voff[b] + kk], vhi[voff[b] + kk]
+                L = hi - lo
+                t0 = loads[c]
+                if policy == POLICY_FA3 or (mirrored and kk >= T):
+                    split, rot = lo, 0                            # ascending
+                elif policy == POLICY_DESCENDING or mirrored or (paired and col == 1):
+                    split, rot = -1, 0                            # descending
+                elif paired:
+                    # the rectangle shared by the long columns of this segment in this dispatch wave
+                    w = u // G
+                    q0 = (w * G if w * G > un.base[u] else un.base[u]) - un.base[u]
+                    q1 = ((w + 1) * G if (w + 1) * G < un.base[u] + P else un.base[u] + P) - 1 - un.base[u]
+                    split = vlo[voff[b] + q1]
+                    rot = (u - un.base[u] - q0) % (M - split)
+                elif info[b, 5] & 1:
+                    split, rot = lo, (t0 + n + M - hi) % L         # band shift on the CTA's clock
+                else:
+                    split, rot = lo, n % L                        # shift
+                idx = segc[seg] + kk
+                rec[idx, REC_STEP], rec[idx, REC_LO], rec[idx, REC_HI] = <int>t0, <int>lo, <int>hi
+                rec[idx, REC_SPLIT], rec[idx, REC_ROT], rec[idx, REC_CTA] = <int>split, <int>rot, <int>c
+                rec[idx, REC_HEAD], rec[idx, REC_N] = <int>seg, <int>n
+                order[nd] = idx
+                nd += 1
+                tree_add(&tr, c, L)
+                loads[c] += L
+    finally:
+        free(tr.key)
+        free_units(&un)
     cols_arr, cs_arr = cta_lists(rec, order, ncols, G)
-    tie = -1 if (sym or spt) else 1
-    return records_arr, cols_arr, cs_arr, seg_arr, loads_arr, G, tie
+    return records_arr, cols_arr, cs_arr, seg_arr, loads_arr, G, un.tie
 
 
 cdef inline bint key_less(const int* a, const int* b, long long m, int tie_sign) noexcept:

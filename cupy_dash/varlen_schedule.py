@@ -7,7 +7,7 @@ visible KV column of every (sequence, KV head), built in O(columns) from the hos
     plan = schedule.build_varlen("auto", seqlens_q, seqlens_k, block_m=64, block_n=128, heads=16, causal=True,
                                  num_sms=132)               # seqlens_*: host ints, one per sequence, zeros allowed
     plan.validate()                 # O(columns) proof: coverage, rank permutations, no deadlock, rank rule
-    visits, rank, cta_start = plan.expand()                 # per-visit arrays (tests, reference)
+    visits, rank, cta_start = plan.expand()                 # per-visit arrays, O(visits), no sort
 
 Naming. A *segment* is (sequence b, KV head kh): ``seg = b * Hkv + kh``; its query heads are
 ``bh = seg * g + j = b * H + kh * g + j`` (j < g = group_size), the "head" of the expanded visits. Every segment
@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _schedule, _varlen_sched, schedule
+from . import _schedule, _varlen_sched, _varlen_view, schedule
 from .compact import ColumnRecords
 
 RANK_COUNT, RANK_ASC_N, RANK_DESC_N = 0, 1, 2
@@ -62,11 +62,7 @@ class VarlenSchedule(ColumnRecords):
         self.n_first = np.maximum(info[:, 2], 0).astype(np.int32)
         self.num_m_blocks, self.num_n_blocks = info[:, 0].copy(), info[:, 1].copy()
         self._lengths = vhi - vlo
-        self.rank_rule = RANK_COUNT
-        if policy == "fa3":
-            self.rank_rule = RANK_DESC_N if self.tie_sign < 0 else RANK_ASC_N
-        elif policy == "descending":
-            self.rank_rule = RANK_ASC_N
+        self.rank_rule = _rank_rule(policy, self.tie_sign)
         for a in (self.records, self.cta_columns, self.cta_col_start, self.seg_col_start, self.n_first, self.loads):
             a.flags.writeable = False
 
@@ -96,19 +92,15 @@ class VarlenSchedule(ColumnRecords):
         """compact.CompactSchedule.model_makespan on the mixed columns (staircase: the most columns of a
         segment, or the CTAs)."""
         c, r = schedule._costs(c, r)
-        load = int(self.loads.max(initial=0)) * self.group_size
-        busy = load * max(c, r) + min(c, r) if schedule._engine(model) else load * (c + r)
-        widest = int(np.diff(self.seg_col_start).max(initial=0))
-        stairs = (min(widest, self.num_ctas) - 1) * r if self.rank_rule == RANK_ASC_N else 0.0
-        return busy + stairs
+        return _column_model(int(self.loads.max(initial=0)) * self.group_size, self.num_ctas,
+                             int(np.diff(self.seg_col_start).max(initial=0)), self.rank_rule, c, r,
+                             schedule._engine(model))
 
     @property
     def column_model_applies(self) -> bool:
         """As compact.CompactSchedule.column_model_applies: symmetric_shift and fa3 always, the others only when
         every column of the batch is equally long."""
-        if self.policy in ("symmetric_shift", "fa3") or len(self._lengths) == 0:
-            return True
-        return bool((self._lengths == self._lengths[0]).all())
+        return _model_applies(self.policy, self._lengths)
 
     def __repr__(self):
         return (f"VarlenSchedule({self.policy!r}, {len(self.seqlens_q)} sequences, heads={self.heads}, "
@@ -144,58 +136,85 @@ def _problem(policy, seqlens_q, seqlens_k, block_m, block_n, heads, causal, num_
             causal, schedule._positive_int("num_sms", num_sms), group, wins)
 
 
-def _build(policy, problem, shapes):
-    sq, sk, bm, bn, heads, causal, num_sms, group, wins = problem
+def _rank_rule(policy, tie_sign) -> int:
+    """The closed-form rank rule of a policy's tables (RANK_COUNT: none)."""
+    if policy == "fa3":
+        return RANK_DESC_N if tie_sign < 0 else RANK_ASC_N
+    return RANK_ASC_N if policy == "descending" else RANK_COUNT
+
+
+def _column_model(load, num_ctas, widest, rank_rule, c, r, engine) -> float:
+    """The column model of a table: ``load`` visits on its busiest CTA (group size included), ``widest`` the
+    most columns of a segment (VarlenSchedule.model_makespan)."""
+    busy = load * max(c, r) + min(c, r) if engine else load * (c + r)
+    stairs = (min(widest, num_ctas) - 1) * r if rank_rule == RANK_ASC_N else 0.0
+    return busy + stairs
+
+
+def _model_applies(policy, lengths) -> bool:
+    """VarlenSchedule.column_model_applies for the visible columns' lengths int64 (columns,)."""
+    if policy in ("symmetric_shift", "fa3") or len(lengths) == 0:
+        return True
+    return bool((lengths == lengths[0]).all())
+
+
+def _dispatch_order(shapes) -> np.ndarray:
+    """int64 (B,): the sequences in dispatch order, longest first by visible tiles (stable)."""
     info, voff, vlo, vhi = shapes
     tiles = np.concatenate(([0], np.cumsum(vhi - vlo)))
-    work = tiles[voff[1:]] - tiles[voff[:-1]]            # visible tiles per sequence
-    order = np.argsort(-work, kind="stable")
+    return np.argsort(tiles[voff[:-1]] - tiles[voff[1:]], kind="stable")
+
+
+def _args(policy, problem, shapes, order) -> tuple:
+    """The arguments of _varlen_sched.build_varlen and busiest_load; fa3 with a right mask bound dispatches
+    upstream's shortest-first rounds (spt)."""
+    causal, num_sms, group, wins = problem[5], problem[6], problem[7], problem[8]
+    info, voff, vlo, vhi = shapes
     spt = policy == "fa3" and (causal or bool((wins[:, 1] >= 0).any()))
-    out = _varlen_sched.build_varlen(_schedule.POLICY_CODES[policy], info, voff, vlo, vhi, order, heads // group,
-                                     spt, num_sms)
-    return VarlenSchedule(policy, problem, out, info, vlo, vhi)
+    return (_schedule.POLICY_CODES[policy], info, voff, vlo, vhi, order, problem[4] // group, spt, num_sms)
+
+
+def _build(policy, problem, shapes, order):
+    out = _varlen_sched.build_varlen(*_args(policy, problem, shapes, order))
+    return VarlenSchedule(policy, problem, out, shapes[0], shapes[2], shapes[3])
+
+
+def _auto_policy(problem, shapes, order) -> str:
+    """``auto``'s choice: the candidates' column models (VarlenSchedule.model_makespan, engine costs
+    schedule.AUTO_COSTS) from their busiest CTA's load alone (_varlen_sched.busiest_load runs the builder's
+    dispatch without records), the first within schedule.AUTO_TOLERANCE of the best among those whose
+    column_model_applies: the choice of building every candidate."""
+    info, _, vlo, vhi = shapes
+    group, lengths = problem[7], vhi - vlo
+    widest = int(info[:, 3].max(initial=0))              # the most columns of a segment
+    c, r = schedule.AUTO_COSTS
+    times, plain_load = {}, -1
+    for policy in schedule.AUTO_CANDIDATES:
+        if _model_applies(policy, lengths):
+            load, num_ctas, tie_sign, plain = _varlen_sched.busiest_load(*_args(policy, problem, shapes, order),
+                                                                         plain_load)
+            plain_load = load if plain else plain_load
+            times[policy] = _column_model(load * group, num_ctas, widest, _rank_rule(policy, tie_sign), c, r, True)
+    best = min(times.values())
+    return next(p for p in times if times[p] <= best * (1 + schedule.AUTO_TOLERANCE))
 
 
 def build_varlen(policy: str = "auto", seqlens_q=None, seqlens_k=None, *, block_m: int, block_n: int, heads: int,
                  causal: bool, num_sms: int, group_size: int = 1, window=(-1, -1)) -> VarlenSchedule:
     """Compact records of the backward schedule of a packed batch (module docstring), O(columns). ``auto``
-    picks among schedule.AUTO_CANDIDATES by the column model, as compact.column_model_choice does."""
+    picks among schedule.AUTO_CANDIDATES by the column model, as compact.column_model_choice does, and builds
+    the records of its choice only."""
     problem = _problem(policy, seqlens_q, seqlens_k, block_m, block_n, heads, causal, num_sms, group_size, window)
     shapes = _varlen_sched.sequence_shapes(problem[0], problem[1], problem[8], problem[2], problem[3], problem[5])
-    if policy != "auto":
-        return _build(policy, problem, shapes)
-    plans = [_build(p, problem, shapes) for p in schedule.AUTO_CANDIDATES]
-    times = {p.policy: p.model_makespan(*schedule.AUTO_COSTS, model="engine") for p in plans
-             if p.column_model_applies}
-    best = min(times.values())
-    return next(p for p in plans if p.policy in times and times[p.policy] <= best * (1 + schedule.AUTO_TOLERANCE))
+    order = _dispatch_order(shapes)
+    if policy == "auto":
+        policy = _auto_policy(problem, shapes, order)
+    return _build(policy, problem, shapes, order)
 
 
 def expand(plan: VarlenSchedule) -> tuple:
     """(visits int32 (V, 4) rows (cta, bh, n_block, m_block) in every CTA's execution order, rank int32 (V,),
     cta_start int64 (num_ctas + 1,)): the per-visit table, ranks derived independently of the rank rule (every
-    dQ tile (bh, m) sorts its visits by (step, tie_sign * n))."""
-    rec = plan.records.astype(np.int64)
-    g = plan.group_size
-    length = rec[:, 2] - rec[:, 1]
-    rid = np.repeat(np.arange(len(rec)), length)
-    s = np.arange(len(rid)) - np.repeat(np.cumsum(length) - length, length)
-    step, lo, hi, split, rot, cta, seg, n = (rec[rid, f] for f in range(8))
-    width = hi - split                                   # > 0 (split = -1 included)
-    m = np.where(split < 0, hi - 1 - s, np.where(s < width, split + (s + rot) % width, lo + s - width))
-    key = step + s
-    order = np.lexsort((plan.tie_sign * n, key, m, seg))
-    first = np.ones(len(order), dtype=bool)
-    first[1:] = (seg[order][1:] != seg[order][:-1]) | (m[order][1:] != m[order][:-1])
-    starts = np.maximum.accumulate(np.where(first, np.arange(len(order)), 0))
-    rank1 = np.empty(len(order), dtype=np.int64)
-    rank1[order] = np.arange(len(order)) - starts
-    cta_start1 = np.zeros(plan.num_ctas + 1, dtype=np.int64)
-    np.cumsum(plan.loads, out=cta_start1[1:])
-    row = (cta_start1[cta] + key) * g
-    visits = np.empty((len(rid) * g, 4), dtype=np.int32)
-    rank = np.empty(len(rid) * g, dtype=np.int32)
-    for j in range(g):
-        visits[row + j] = np.stack([cta, seg * g + j, n, m], axis=1)
-        rank[row + j] = rank1
-    return visits, rank, cta_start1 * g
+    dQ tile (bh, m) sorts its visits by (step, tie_sign * n)), in O(visits) without a sort (_varlen_view)."""
+    return _varlen_view.expand(plan.records, plan.cta_columns, plan.cta_col_start, plan.num_m_blocks,
+                               plan.num_kv_heads, plan.group_size, plan.tie_sign)
