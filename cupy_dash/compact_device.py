@@ -45,20 +45,33 @@ def device_arrays(plan: compact.CompactSchedule) -> dict:
     bounds = np.ascontiguousarray(plan.scan_bounds, dtype=np.int32) if plan.rank_rule == 0 else None
     return {"col_records": records, "cta_columns": np.ascontiguousarray(plan.cta_columns, dtype=np.int32),
             "cta_col_start": np.ascontiguousarray(plan.cta_col_start, dtype=np.int64), "scan_bounds": bounds,
+            "tile_columns": tile_columns(plan),
             "n_first": int(plan.n_first), "columns_per_head": int(plan.columns_per_head),
             "tie_sign": int(plan.tie_sign), "rank_rule": int(plan.rank_rule)}
+
+
+def tile_columns(plan: compact.CompactSchedule) -> np.ndarray:
+    """int32 (num_m_blocks, 2): for Q tile m, the first visible column (index n_block - n_first) whose range
+    [lo, hi) ends after m, and the first that starts after m; the columns in between visit m. Every head has the
+    same ranges (``plan.column_ranges()``, non-decreasing in n), so one row per Q tile serves all heads."""
+    lo, hi = (np.asarray(x, dtype=np.int64) for x in plan.column_ranges())
+    m = np.arange(-(-plan.seqlen_q // plan.block_m), dtype=np.int64)
+    out = np.empty((len(m), 2), dtype=np.int32)
+    out[:, 0] = np.searchsorted(hi, m, side="right")
+    out[:, 1] = np.searchsorted(lo, m, side="right")
+    return out
 
 
 class CompactDeviceTables:
     """A compact schedule on one device: the arrays of :func:`device_arrays` as CuPy arrays (``scan_bounds``
     None where unused), the scalars, ``num_ctas``, ``policy``, ``device_id`` and ``nbytes``."""
-    __slots__ = ("col_records", "cta_columns", "cta_col_start", "scan_bounds", "n_first", "columns_per_head",
-                 "tie_sign", "rank_rule", "num_ctas", "policy", "device_id", "nbytes")
+    __slots__ = ("col_records", "cta_columns", "cta_col_start", "scan_bounds", "tile_columns", "n_first",
+                 "columns_per_head", "tie_sign", "rank_rule", "num_ctas", "policy", "device_id", "nbytes")
 
     def params(self) -> dict:
         """The BwdParams fields of these tables (addresses and scalars), for ``pack_bwd_params``."""
         ptr = {k: (0 if getattr(self, k) is None else getattr(self, k).data.ptr)
-               for k in ("col_records", "cta_columns", "cta_col_start", "scan_bounds")}
+               for k in ("col_records", "cta_columns", "cta_col_start", "scan_bounds", "tile_columns")}
         return dict(ptr, visits=0, rank=0, cta_start=0, n_first=self.n_first,
                     columns_per_head=self.columns_per_head, tie_sign=self.tie_sign, rank_rule=self.rank_rule)
 

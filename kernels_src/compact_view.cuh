@@ -101,9 +101,12 @@ struct ScheduleView {
 
   // This lane's share of the records j in [j0, j1) (all visiting Q tile m) whose key (step at which they reach
   // m, tie_sign * n) is smaller than (key, tb). Record j is column n = n_first + j - base of its head.
+  // NOTES: the loads of different iterations are independent; unrolled, they are in flight together (the dQ
+  // writer computes the rank while the MMA warpgroups run the visit, so its latency is what counts).
   DASH_DEVICE int count_smaller(int j0, int j1, int base, int m, int key, int tb) const {
     const int tie = (int)p.tie_sign, n0 = (int)p.n_first - base;
     int count = 0;
+#pragma unroll 4
     for (int j = j0 + (int)(threadIdx.x % 32); j < j1; j += 32) {
       const int4 a = __ldg(reinterpret_cast<const int4*>(p.col_records) + 2 * j);
       const ColumnRule rule{a.y, a.z, a.w, __ldg(p.col_records + 8 * j + 4)};
@@ -114,25 +117,15 @@ struct ScheduleView {
   }
 
   // rank(kv head, m, n) of the current record at Q tile m, as _compact_view.rank_at in MODE_KERNEL: the head's
-  // columns visiting m are the records [a, b) (lo and hi rise with n: two binary searches around this one,
-  // me); the closed forms need only a or b, the count compares keys within the scan bounds (x, y, x2, y2):
-  // the head's first x and last y columns finished before this one started (all smaller), those outside the
-  // first x2 and last y2 start after it ends (all larger).
+  // columns visiting m are the records [a, b) (lo and hi rise with n; every head has the same column ranges, so
+  // p.tile_columns holds a and b per Q tile: one load instead of two dependent binary searches); the closed
+  // forms need only a or b, the count compares keys within the scan bounds (x, y, x2, y2): the head's first x
+  // and last y columns finished before this one started (all smaller), those outside the first x2 and last y2
+  // start after it ends (all larger).
   DASH_DEVICE int column_rank(int m) const {
     const int NC = (int)p.columns_per_head, base = rec.kv_head * NC, me = base + rec.n_block - (int)p.n_first;
-    const int* records = p.col_records;
-    int lo = base, hi = me;  // a: first record with hi > m (me qualifies)
-    while (lo < hi) {
-      const int mid = (lo + hi) >> 1;
-      if (__ldg(records + 8 * mid + 2) > m) hi = mid; else lo = mid + 1;
-    }
-    const int a = lo;
-    lo = me + 1, hi = base + NC;  // b: first record with lo > m
-    while (lo < hi) {
-      const int mid = (lo + hi) >> 1;
-      if (__ldg(records + 8 * mid + 1) > m) hi = mid; else lo = mid + 1;
-    }
-    const int b = lo;
+    const int2 ab = __ldg(reinterpret_cast<const int2*>(p.tile_columns) + m);
+    const int a = base + ab.x, b = base + ab.y;
     if (p.rank_rule == kRankAscendingN) return me - a;
     if (p.rank_rule == kRankDescendingN) return b - 1 - me;
     const int key = rec.step + rec.rule.index(m), tb = (int)p.tie_sign * rec.n_block;

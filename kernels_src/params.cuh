@@ -59,6 +59,9 @@ struct BwdParams {
   // dk, dv (total_k, Hkv, D) packed, one batch; seqlen_q, seqlen_k above are total_q, total_k and batch the number
   // of sequences; lse is (H, total_q); the scratch rows are padded per sequence (seqlen_q_rounded per head).
   const int32_t* cu_seqlens_q; const int32_t* cu_seqlens_k;  // (batch + 1,) int32
+  // Compact-table builds only: (num_m_blocks, 2) int32, for Q tile m the first column (n_block - n_first) whose
+  // range [lo, hi) ends after m and the first that starts after m: the columns visiting m, the same for every head.
+  const int32_t* tile_columns;
 };
 
 // The (batch, head) pair of a bh index and its kv head (32-bit division: bh < B * H < 2^31).

@@ -47,16 +47,10 @@ def _column_rank(arr, int4, rec, m):
     base = kv_head * NC
     me = base + n_block - n_first
     flat = arr["col_records"].reshape(-1)
-    lo, hi = base, me
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        lo, hi = (lo, mid) if flat[8 * mid + 2] > m else (mid + 1, hi)
-    a = lo
-    lo, hi = me + 1, base + NC
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        lo, hi = (lo, mid) if flat[8 * mid + 1] > m else (mid + 1, hi)
-    b = lo
+    a, b = (base + int(x) for x in arr["tile_columns"][m])      # one row per Q tile, shared by the heads
+    recs = arr["col_records"][base:base + NC]                    # and what it stands for: this head's records
+    assert a == base + int(np.argmax(np.append(recs[:, 2] > m, True)))
+    assert b == base + int(np.argmax(np.append(recs[:, 1] > m, True)))
     if arr["rank_rule"] == 1:
         return me - a
     if arr["rank_rule"] == 2:
@@ -149,6 +143,7 @@ def _fake_tables(bounds=True):
     t = compact_device.CompactDeviceTables()
     t.col_records, t.cta_columns, t.cta_col_start = _FakeDev(0x1000), _FakeDev(0x2000), _FakeDev(0x3000)
     t.scan_bounds = _FakeDev(0x4000) if bounds else None
+    t.tile_columns = _FakeDev(0x5000)
     t.n_first, t.columns_per_head, t.tie_sign, t.rank_rule = 3, 17, -1, 0 if bounds else 1
     t.num_ctas, t.policy, t.device_id, t.nbytes = 5, "shift", 0, 0
     return t
@@ -166,7 +161,7 @@ def test_bwd_params_carry_compact_fields(bounds, monkeypatch):
     params = launchers.bwd_params(c, operands, 0x6000, 0x100000, (0x7000, 0x8000, 0x9000), 0xD000)[0]
     assert params["visits"] == params["rank"] == params["cta_start"] == 0
     assert (params["col_records"], params["cta_columns"], params["cta_col_start"]) == (0x1000, 0x2000, 0x3000)
-    assert params["scan_bounds"] == (0x4000 if bounds else 0)
+    assert params["scan_bounds"] == (0x4000 if bounds else 0) and params["tile_columns"] == 0x5000
     assert (params["n_first"], params["columns_per_head"], params["tie_sign"], params["rank_rule"]) == \
         (3, 17, -1, 0 if bounds else 1)
     assert launchers.bwd_grids(c)[1] == (5,)
