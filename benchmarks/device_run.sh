@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device run on the H200: install, compile, GPU tests, demo, benchmarks; every log under $OUT.
-#   bash benchmarks/device_run.sh [smoke|fwd|tests|bench|integration|pending|long|gqa|varlen|varlen2|varlen_bench|all] [extra pytest args...]
+#   bash benchmarks/device_run.sh [smoke|fwd|tests|bench|integration|pending|long|gqa|varlen|varlen2|varlen_bench|final|all] [extra pytest args...]
 # "pending": what the 2026-12-01 (second) session could not run (benchmarks/NOTES.md), in priority order.
 # FA3 (flash-attn3-jax) is measured when its wheel is importable: carry .whl/ and set FA3_WHL=1.
 set -o pipefail
@@ -66,6 +66,20 @@ if [ "$stage" = varlen_bench ]; then   # varlen throughput and host time; long c
       --input-sets 1 --no-torch --no-fa3 --no-overhead --no-compile --out "/tmp/long64k_compact$compact.md" 2>&1 \
       | grep -E "cupy_dash (fwd|bwd)" | head -8
   done
+fi
+if [ "$stage" = final ]; then   # compact rank table, varlen table cache, JAX 0.11's FFI header, long context
+  grep -n -B2 -A8 "typedef struct XLA_FFI_Extension" \
+    "$($py -c 'import jax; print(jax.ffi.include_dir())')/xla/ffi/api/c_api.h" > "$OUT/jax011_c_api.txt" 2>&1
+  timeout 150 $py -m pytest tests/test_gpu_compact.py tests/test_gpu_varlen_bwd.py -q -ra -x \
+    -k "compact or repeat or many" 2>&1 | tee "$OUT/final_tests.log" | tail -4
+  for s in 65536 262144; do
+    CUPY_DASH_COMPACT_TABLES=1 timeout 150 $py -m cupy_dash bench --seqlens $s --tokens $s --hdims 128 \
+      --masks causal --schedules fa3 descending symmetric_shift auto --repeats 3 --warmup 1 --input-sets 1 \
+      --no-torch --no-fa3 --no-overhead --no-compile --out "/tmp/long$s.md" 2>&1 | grep -E "cupy_dash (fwd|bwd)" \
+      | head -6 | tee -a "$OUT/long_compact.txt"
+  done
+  timeout 150 $py benchmarks/varlen_bwd.py --repeats 10 --json "$OUT/varlen_bwd.json" 2>&1 | tee "$OUT/varlen_bwd.txt" \
+    | tail -34
 fi
 if [ "$stage" = gqa ]; then   # forward re-check after the varlen change, GQA throughput
   timeout 150 $py -m cupy_dash bench --fwd-only --no-overhead --no-compile --seqlens 1024 4096 16384 \

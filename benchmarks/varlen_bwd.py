@@ -35,7 +35,7 @@ def _median_ms(fn, repeats):
     return statistics.median(times)
 
 
-def _host_us(fn, calls=200):
+def _host_us(fn, calls=100):
     fn()
     cupy.cuda.Device().synchronize()
     times = []
@@ -67,7 +67,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     rng = np.random.default_rng(0)
     rows = []
-    print(f"varlen backward, {TOKENS} tokens, H={H}, D={D}, fp16 ({cupy.cuda.runtime.getDeviceProperties(0)['name'].decode()})")
+    gpu = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
+    print(f"varlen backward, {TOKENS} tokens, H={H}, D={D}, fp16 ({gpu})")
     print(f"{'lengths':8s} {'seqs':>4s} {'mask':6s} {'schedule':16s} {'varlen ms':>9s} {'TFLOP/s':>8s} "
           f"{'fixed ms':>8s} {'TFLOP/s':>8s} {'host us dev-cu':>14s} {'host us host-cu':>15s}")
     for kind in ("equal", "random"):

@@ -164,9 +164,58 @@ _plans_lock = threading.Lock()
 
 
 class _Tables:
-    """A varlen schedule's per-visit table (varlen_schedule.expand), as :func:`cupy_dash.schedule.upload` takes
-    it."""
-    __slots__ = ("visits", "rank", "cta_start", "num_ctas", "policy", "group_size", "n_blocks", "m_blocks")
+    """A varlen schedule's per-visit table (varlen_schedule.expand), as :func:`cupy_dash.schedule.check_plan`
+    takes it, with its key (policy, lengths, tiles, heads, mask, CTAs) and the lengths as cu_seqlens."""
+    __slots__ = ("visits", "rank", "cta_start", "num_ctas", "policy", "group_size", "n_blocks", "m_blocks", "key",
+                 "cu_q", "cu_k")
+
+
+_MAX_DEVICE_TABLES = 16
+_device_tables: "collections.OrderedDict" = collections.OrderedDict()
+
+
+def _upload_async(arrays, stream) -> list:
+    """Device copies of host ``arrays``, enqueued on ``stream`` from pinned staging buffers (kept alive until the
+    copies finish): unlike a copy from pageable memory, this neither blocks the host nor waits for the stream."""
+    import cupyx
+    out, staging = [], []
+    for a in arrays:
+        pinned = cupyx.empty_pinned(a.shape, a.dtype)
+        pinned[...] = a
+        d = cupy.empty(a.shape, a.dtype)
+        d.set(pinned, stream=stream)
+        out.append(d)
+        staging.append(pinned)
+    _keep_alive(staging, stream)
+    return out
+
+
+def _device(t: _Tables, num_heads, dev, stream):
+    """(DeviceTables, cu_seqlens_q, cu_seqlens_k) of ``t`` on device ``dev``, cached (LRU) so that a repeated
+    packing uploads nothing; a miss enqueues the uploads on ``stream`` (no wait). The device cu_seqlens are the
+    lengths the table was built from, so the kernels never see other ones."""
+    key = (t.key, dev)
+    with _plans_lock:
+        hit = _device_tables.get(key)
+        if hit is not None:
+            _device_tables.move_to_end(key)
+            return hit
+    visits, rank, cta_start, num_ctas = _schedule.check_plan(t, num_heads, t.n_blocks, t.m_blocks)
+    d = _schedule.DeviceTables()
+    d.visits, d.rank, d.cta_start, cu_q, cu_k = _upload_async((visits, rank, cta_start, t.cu_q, t.cu_k), stream)
+    d.num_ctas, d.policy, d.device_id = num_ctas, t.policy, dev
+    # NOTES: later calls may run on other streams: they must not read the tables before the copies land.
+    done = cupy.cuda.Event(block=False, disable_timing=True)
+    done.record(stream)
+    entry = (d, cu_q, cu_k, done)
+    with _plans_lock:
+        _device_tables[key] = entry
+        evicted = []
+        while len(_device_tables) > _MAX_DEVICE_TABLES:
+            evicted.append(_device_tables.popitem(last=False)[1])
+    if evicted:
+        cupy.cuda.runtime.deviceSynchronize()    # in-flight kernels may still read the evicted tables
+    return entry
 
 
 def _plan(policy, lens_q, lens_k, block_m, block_n, heads, causal, num_sms, group, window) -> _Tables:
@@ -182,7 +231,8 @@ def _plan(policy, lens_q, lens_k, block_m, block_n, heads, causal, num_sms, grou
                                         causal=causal, num_sms=num_sms, group_size=group, window=window)
     t = _Tables()
     t.visits, t.rank, t.cta_start = plan.expand()
-    t.num_ctas, t.policy, t.group_size = int(plan.num_ctas), str(plan.policy), group
+    t.num_ctas, t.policy, t.group_size, t.key = int(plan.num_ctas), str(plan.policy), group, key
+    t.cu_q, t.cu_k = (np.concatenate(([0], np.cumsum(x))).astype(np.int32) for x in (lens_q, lens_k))
     t.n_blocks = max(1, int((-(-lens_k // block_n)).max()))
     t.m_blocks = max(1, int((-(-lens_q // block_m)).max()))
     with _plans_lock:
@@ -273,8 +323,6 @@ def attention_backward_varlen(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
         qi, ki, vi, doi, oi = p.infos                     # _validate's order; the kernels take out before dout
         operands = tuple(api._resolve(i, x, keep) for i, x in ((qi, q4), (ki, k4), (vi, v4), (oi, out4), (doi, do4)))
         lse_ptr, _ = api._resolve(p.lse_info, lse[None], keep)
-        cu_dev = [cupy.asarray(c_) for c_ in cu_host]     # the lengths the table was built from
-        keep.extend(cu_dev)
         dq, dq_ptr = api._new(fw, dev, (total_q, H, D), p.dtype)
         dk, dk_ptr = api._new(fw, dev, (total_k, Hkv, D), p.dtype)
         dv, dv_ptr = api._new(fw, dev, (total_k, Hkv, D), p.dtype)
@@ -282,14 +330,15 @@ def attention_backward_varlen(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
             for ptr, n in ((dq_ptr, total_q * H), (dk_ptr, total_k * Hkv), (dv_ptr, total_k * Hkv)):
                 cupy.cuda.runtime.memsetAsync(ptr, 0, n * D * 2, stream.ptr)
             return api._export(fw, dq, q), api._export(fw, dk, q), api._export(fw, dv, q)
-        c.tables = _schedule.upload(tables, num_seqs * H, tables.n_blocks, tables.m_blocks, dev)
-        keep.append(c.tables)
+        c.tables, cu_q_dev, cu_k_dev, uploaded = _device(tables, num_seqs * H, dev, stream)
+        stream.wait_event(uploaded)
         work, base = api._new(fw, dev, (c.work_bytes,), "uint8")
         call = (c.tables.policy, num_seqs, H, total_q, total_k, D, causal, window)
         slot = _acquire_slot(dev)
         launchers.launch_backward(c, operands, lse_ptr, base, (dq_ptr, dk_ptr, dv_ptr), stream, slot=slot,
-                                  call=call, cu_seqlens=(cu_dev[0].data.ptr, cu_dev[1].data.ptr))
-        _keep_alive(keep, stream)
+                                  call=call, cu_seqlens=(cu_q_dev.data.ptr, cu_k_dev.data.ptr))
+        if keep:
+            _keep_alive(keep, stream)
         result = api._export(fw, dq, q), api._export(fw, dk, q), api._export(fw, dv, q)
     if os.environ.get("CUPY_DASH_SYNC_ERRORS", "") not in ("", "0"):
         check_errors()
