@@ -16,7 +16,11 @@ time). Results have exactly the
 bits of :func:`cupy_dash.attention_forward` / :func:`cupy_dash.attention_backward` on the same inputs: the same
 kernels with the same schedule tables.
 
-Mechanism: ``jax.experimental.buffer_callback``. Each call is one XLA custom call whose outputs (out and lse;
+Mechanism: a C XLA FFI handler built with the package (:mod:`cupy_dash._jax_ffi`, the default where the extension
+``cupy_dash._xla_ffi`` is built), or ``jax.experimental.buffer_callback`` (``CUPY_DASH_JAX_FFI=0``, or no
+extension). Both share what follows; the handler patches a launch plan per device with the buffer addresses and
+launches without Python (no GIL at run time), the callback does the same in Python. Each call is one XLA custom
+call whose outputs (out and lse;
 dq, dk, dv and the backward's fp32 / int32 scratch workspace) are XLA buffers. At *trace time* (the first call of
 a shape, eager calls included: every function here is ``jax.jit``-compiled), the arguments are checked on their
 shapes and dtypes (errors name the argument, as in :mod:`cupy_dash.api`), and the call is prepared on every
@@ -32,9 +36,8 @@ constants. Host cost per call: the Python callback (tens of µs, with the GIL; `
 :data:`callback_runs` counts its executions. Programs that use these functions cannot be serialized
 (``jax.export``; JAX's persistent compilation cache skips them): the callback lives in this process.
 
-``CUPY_DASH_JAX_FFI=1`` (read when a call is traced) selects the other mechanism, a C XLA FFI handler built with
-the package (:mod:`cupy_dash._jax_ffi`): the same preparation, plus a launch plan per device that the handler
-patches with the buffer addresses and launches without Python (no GIL at run time); same bits.
+``CUPY_DASH_JAX_FFI`` (read when a call is traced): ``0`` selects the callback, ``1`` requires the C handler; both
+give the same bits.
 
 ``vmap``: a ``jax.custom_batching.custom_vmap`` rule folds the mapped axis into the batch (``(N, B, ...)`` ->
 ``(N*B, ...)``, broadcasting unmapped arguments) and makes one call: the result equals one call on the folded
@@ -106,14 +109,28 @@ _Config = collections.namedtuple("_Config", "causal scale window schedule determ
 
 def _config(causal, softmax_scale, window=(-1, -1), schedule="auto", deterministic=True) -> _Config:
     """The static (hashable) arguments, checked as :mod:`cupy_dash.api` checks them (window: right side 0 when
-    causal; its canonical form depends on the shapes, see :func:`_problem`); ``ffi``: whether
-    ``CUPY_DASH_JAX_FFI`` asks for the C handler."""
+    causal; its canonical form depends on the shapes, see :func:`_problem`); ``ffi``: whether the calls go
+    through the C handler (:func:`_use_ffi`)."""
     causal = api._check_flag("causal", causal)
     deterministic = api._check_flag("deterministic", deterministic)
     api._check_schedule(schedule)
     scale = None if softmax_scale is None else api._check_scale(softmax_scale, None)
-    ffi = os.environ.get("CUPY_DASH_JAX_FFI", "") not in ("", "0")
-    return _Config(causal, scale, api._check_window(window, causal), schedule, deterministic, ffi)
+    return _Config(causal, scale, api._check_window(window, causal), schedule, deterministic, _use_ffi())
+
+
+def _use_ffi() -> bool:
+    """The C FFI handler unless ``CUPY_DASH_JAX_FFI=0`` asks for the Python buffer_callback, or the extension
+    ``cupy_dash._xla_ffi`` is not built (``CUPY_DASH_JAX_FFI=1`` then raises when a call is traced)."""
+    env = os.environ.get("CUPY_DASH_JAX_FFI", "")
+    if env == "0":
+        return False
+    if env:
+        return True
+    try:
+        from . import _xla_ffi  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -3,7 +3,8 @@
 Everything is compared bit for bit with the eager functional API (:func:`cupy_dash.attention_forward` /
 :func:`cupy_dash.attention_backward` on the same JAX arrays, through DLPack): both run the same kernels with the
 same schedule tables, so any difference is a bug of the integration, not rounding. Most tests run with both
-mechanisms: the Python ``buffer_callback`` (default) and the C FFI handler (``CUPY_DASH_JAX_FFI=1``).
+mechanisms: the C FFI handler (default where built, ``CUPY_DASH_JAX_FFI=1``) and the Python ``buffer_callback``
+(``CUPY_DASH_JAX_FFI=0``).
 
 * ``jax.jit`` forward (hdim 64 / 128, causal / full, GQA with Sq != Sk, fp16, sliding windows, one of which
   leaves whole KV tiles unseen, so dk / dv are zeroed first) and ``jax.jit(jax.grad(loss))``; the backward
@@ -77,7 +78,7 @@ def mechanism(request, monkeypatch):
         pytest.importorskip("cupy_dash._xla_ffi", reason="the extension is not built (setup.py build_ext)")
         monkeypatch.setenv("CUPY_DASH_JAX_FFI", "1")
     else:
-        monkeypatch.delenv("CUPY_DASH_JAX_FFI", raising=False)
+        monkeypatch.setenv("CUPY_DASH_JAX_FFI", "0")
     return request.param
 
 
@@ -270,7 +271,7 @@ def test_jitted_train_step_is_reproducible_and_prepares_once(mechanism):
 # errors inside a compiled call
 # ----------------------------------------------------------------------------------------------------------------
 def test_semaphore_timeout_in_compiled_call_is_reported_by_check_errors(monkeypatch):
-    monkeypatch.delenv("CUPY_DASH_JAX_FFI", raising=False)        # the callback reads the tables it is given
+    monkeypatch.setenv("CUPY_DASH_JAX_FFI", "0")                 # the callback reads the tables it is given
     from cupy_dash import schedule as sched
     case = Case(64, False, seqlen_q=512, seqlen_k=512, heads=2, heads_kv=2, batch=1)
     q, k, v, dout = make(case, salt="timeout")

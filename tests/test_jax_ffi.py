@@ -113,8 +113,9 @@ def test_declared_abi_matches_jaxlib_header(tmp_path):
         pytest.skip("no C compiler, or jaxlib without its FFI headers")
     src = tmp_path / "abi_check.c"
     header = (pathlib.Path(include) / "xla/ffi/api/c_api.h").read_text()
-    # jaxlib 0.11 renamed the extension header struct XLA_FFI_Extension_Base to XLA_FFI_Extension
-    base = "XLA_FFI_Extension_Base" if "XLA_FFI_Extension_Base" in header else "XLA_FFI_Extension"
+    # jaxlib 0.11 renamed the call frame's extension header XLA_FFI_Extension_Base to XLA_FFI_InternalExtension
+    # (same fields; XLA_FFI_Extension is now another struct, of the public extension API)
+    base = "XLA_FFI_Extension_Base" if "XLA_FFI_Extension_Base" in header else "XLA_FFI_InternalExtension"
     src.write_text(ABI_CHECK.replace("XLA_FFI_Extension_Base", base))
     here = str(pathlib.Path(cupy_dash.__file__).parent)
     run = subprocess.run([cc, "-std=c11", "-fsyntax-only", f"-I{include}", f"-I{here}", str(src)],
@@ -270,3 +271,13 @@ def test_ffi_lowering_and_vmap_fold(monkeypatch):
     assert all("tensor<6x256x4x64xbf16>" in operands for *_, operands in calls)      # N * B folded
     grads = jax.eval_shape(jax.vmap(jax.grad(loss, argnums=(0, 1, 2))), q, k, k)
     assert [g.shape for g in grads] == [q.shape, k.shape, k.shape]
+
+
+def test_the_c_handler_is_the_default_where_built(monkeypatch):
+    import cupy_dash.jax as cj
+    monkeypatch.delenv("CUPY_DASH_JAX_FFI", raising=False)
+    assert cj._use_ffi() is True                       # this module runs only where cupy_dash._xla_ffi is built
+    monkeypatch.setenv("CUPY_DASH_JAX_FFI", "0")
+    assert cj._use_ffi() is False
+    monkeypatch.setenv("CUPY_DASH_JAX_FFI", "1")
+    assert cj._use_ffi() is True
