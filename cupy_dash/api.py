@@ -388,9 +388,12 @@ def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, determinis
     dev = p.device_id
     for info in p.infos[:4]:                              # q, k, v, do: read through TMA maps
         tensormap.check_encodable(info.name, info.shape, info.strides[:3], info.data_ptr or 0)
-    # NOTES: compact tables are opt-in (CUPY_DASH_COMPACT_TABLES=1) and only for policy-built tables without a
-    # timeline; such calls are not registered on the torch fast path, which replays per-visit launches.
-    compact = plan is None and timeline is None and compact_device.enabled()
+    # NOTES: compact tables (per-column records) serve policy-built tables without a timeline, for problems whose
+    # per-visit table would be large or on request (compact_device.wanted); such calls are not registered on the
+    # torch fast path, which replays per-visit launches.
+    tile = kernels.bwd_tile(D)
+    compact = plan is None and timeline is None and compact_device.wanted(Sq, Sk, tile.block_m, tile.block_n, B * H,
+                                                                          causal, window)
     if capturing:
         with cupy.cuda.Device(dev):
             cold = [s.label for s in kernels.bwd_specs(p.dtype, D, causal, deterministic, compact=compact)

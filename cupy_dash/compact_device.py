@@ -6,8 +6,12 @@ fields after ``softmax_scale_log2``). :func:`device_arrays` gives them as numpy 
 uploaded (the mirror that the CPU tests check against :func:`cupy_dash.compact.expand`); :func:`device_tables`
 builds, uploads and caches them like :func:`cupy_dash.schedule.device_tables`.
 
-Opt-in: ``CUPY_DASH_COMPACT_TABLES=1`` makes eager backward calls (:func:`cupy_dash.attention_backward` with
-CuPy arrays, or torch arrays off the fast path) use the compact build; by default nothing changes.
+When: eager backward calls (:func:`cupy_dash.attention_backward`) use the compact build where the per-visit
+table would hold more than ``AUTO_VISITS`` visits (20 bytes each: 335 MB, e.g. S = 128k with 32 heads, causal),
+and always with ``CUPY_DASH_COMPACT_TABLES=1``; ``CUPY_DASH_COMPACT_TABLES=0`` never uses it. There ``"auto"`` is
+``KERNEL_AUTO``: the writer warp computes a counted rank (``shift``, ``symmetric_shift``) from the records at about
+half the speed of a closed-form one (measured at S = 64k and 256k causal: ``descending`` 468 / 460 TFLOP/s,
+``fa3`` 392 / 409, ``symmetric_shift`` 256 / 263; benchmarks/RESULTS.md), so auto takes the fastest closed form.
 """
 from __future__ import annotations
 
@@ -26,9 +30,22 @@ _tables: "collections.OrderedDict" = collections.OrderedDict()
 _captured: dict = {}
 
 
+AUTO_VISITS = 1 << 24
+KERNEL_AUTO = "descending"
+
+
 def enabled() -> bool:
-    """Whether ``CUPY_DASH_COMPACT_TABLES`` asks for compact tables (read on every call)."""
+    """Whether ``CUPY_DASH_COMPACT_TABLES`` asks for compact tables whatever the size (read on every call)."""
     return os.environ.get(ENV, "") not in ("", "0")
+
+
+def wanted(seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, window) -> bool:
+    """Whether a backward of this problem (num_heads = B * H) uses the compact build: ``CUPY_DASH_COMPACT_TABLES``
+    if set (0 / 1), else whether its per-visit table would exceed ``AUTO_VISITS`` visits (O(columns) to count)."""
+    env = os.environ.get(ENV, "")
+    if env:
+        return env != "0"
+    return compact.num_visits(seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, window) > AUTO_VISITS
 
 
 def device_arrays(plan: compact.CompactSchedule) -> dict:
@@ -97,6 +114,8 @@ def device_tables(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causa
     build: the records of :func:`cupy_dash.compact.build_compact` (host plans cached there), uploaded once per
     plan and device."""
     import cupy
+    if policy == "auto":
+        policy = KERNEL_AUTO
     plan = compact.build_compact(policy, seqlen_q=seqlen_q, seqlen_k=seqlen_k, block_m=block_m, block_n=block_n,
                                  num_heads=num_heads, causal=causal, num_sms=num_ctas, group_size=group_size,
                                  window=tuple(window))

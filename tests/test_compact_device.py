@@ -184,6 +184,21 @@ def test_opt_in_env(monkeypatch):
         assert compact_device.enabled() is on
 
 
+@pytest.mark.parametrize("S,heads,causal,big", [(16384, 16, True, False), (65536, 16, True, False),
+                                                (131072, 32, True, True), (65536, 64, False, True),
+                                                (1 << 20, 16, True, True)])
+def test_compact_tables_by_size(S, heads, causal, big, monkeypatch):
+    """Without the variable, large problems (per-visit table > AUTO_VISITS visits) take the compact build;
+    the variable forces either."""
+    monkeypatch.delenv(compact_device.ENV, raising=False)
+    args = (S, S, 64, 128, heads, causal, (-1, 0) if causal else (-1, -1))
+    visits = compact.num_visits(*args)
+    assert compact_device.wanted(*args) is big is (visits > compact_device.AUTO_VISITS)
+    for value, on in (("0", False), ("1", True)):
+        monkeypatch.setenv(compact_device.ENV, value)
+        assert compact_device.wanted(*args) is on
+
+
 def test_device_arrays_rejects_bad_records():
     plan = compact.build_compact("fa3", seqlen_q=256, seqlen_k=256, block_m=64, block_n=128, num_heads=2,
                                  causal=True, num_sms=2)

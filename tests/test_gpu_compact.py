@@ -33,10 +33,12 @@ def _inputs(shape, seed):
 
 
 def _both(monkeypatch, shape, args, schedule):
+    """(per-visit, compact) gradients of one schedule; the compact build's "auto" is compact_device.KERNEL_AUTO."""
     causal, window = shape[6], shape[7]
     kw = dict(causal=causal, schedule=schedule, deterministic=True, window=window)
-    monkeypatch.delenv(compact_device.ENV, raising=False)
-    per_visit = cupy_dash.attention_backward(*args, **kw)
+    monkeypatch.setenv(compact_device.ENV, "0")
+    per_visit = cupy_dash.attention_backward(
+        *args, **dict(kw, schedule=compact_device.KERNEL_AUTO if schedule == "auto" else schedule))
     monkeypatch.setenv(compact_device.ENV, "1")
     compact = cupy_dash.attention_backward(*args, **kw)
     cupy_dash.check_errors()
