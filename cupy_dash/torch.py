@@ -11,6 +11,9 @@ Imported only on demand (``cupy_dash.torch``, or ``cupy_dash.attention`` with to
                                                         softmax_scale=None, schedule="auto", deterministic=True,
                                                         window_left=-1, window_right=-1)
 
+Packed variable-length batches have their own ops, ``attention_forward_varlen`` / ``attention_backward_varlen``
+(:mod:`cupy_dash.torch_varlen`), and :func:`attention_varlen`.
+
 The sliding window ``(left, right)`` of :func:`cupy_dash.attention_forward` is two int arguments of the ops
 (-1: unbounded). ``attention_forward`` is differentiable (``register_autograd``): its gradient is
 ``attention_backward`` with the forward's window, ``schedule`` and ``deterministic`` (the latter two carried by
@@ -45,7 +48,8 @@ from torch import Tensor
 
 from . import api
 
-__all__ = ["attention", "attention_forward", "attention_backward"]
+__all__ = ["attention", "attention_forward", "attention_backward", "attention_varlen", "attention_forward_varlen",
+           "attention_backward_varlen"]
 
 
 def attention(q, k, v, causal=False, softmax_scale=None, schedule="auto", deterministic=True, window=(-1, -1)):
@@ -198,3 +202,6 @@ def _attention_backward_fake(dout, q, k, v, out, lse, causal=False, softmax_scal
     _check_meta(q, k, v, softmax_scale, schedule, causal, (window_left, window_right), dout, out, lse)
     return q.new_empty(tuple(q.shape)), q.new_empty(tuple(k.shape)), q.new_empty(tuple(v.shape))
 
+
+# packed variable-length batches: their ops live in torch_varlen.py and are registered with this module
+from .torch_varlen import attention_backward_varlen, attention_forward_varlen, attention_varlen  # noqa: E402

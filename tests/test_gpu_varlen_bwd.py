@@ -153,3 +153,27 @@ def test_varlen_backward_rejects_bad_cu_seqlens():
         cupy_dash.attention_backward_varlen(*dev[:7], short, *dev[8:])
     with pytest.raises(ValueError, match="max_seqlen_q"):
         cupy_dash.attention_backward_varlen(*dev[:8], 100, dev[9])
+
+
+def test_torch_varlen_ops_match_the_functional_api():
+    """cupy_dash.torch.attention_varlen under autograd gives the bits of the functional varlen forward and
+    backward on the same torch tensors (device cu_seqlens)."""
+    torch = pytest.importorskip("torch")
+    import cupy_dash.torch as dash_torch
+    h, _, _ = _problem("empty_and_unequal", 128, True, (-1, -1))
+
+    def dev(a, grad=False):
+        return torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16).cuda().requires_grad_(grad)
+    q, k, v = (dev(h[n], True) for n in ("q", "k", "v"))
+    do = dev(h["do"])
+    cu_q, cu_k = (torch.from_numpy(h[n]).cuda() for n in ("cu_q", "cu_k"))
+    args = (cu_q, cu_k, max(h["lq"]), max(h["lk"]))
+    out = dash_torch.attention_varlen(q, k, v, *args, causal=True, schedule="fa3")
+    out.backward(do)
+    want_out, lse = cupy_dash.attention_forward_varlen(q.detach(), k.detach(), v.detach(), *args, causal=True)
+    want = cupy_dash.attention_backward_varlen(do, q.detach(), k.detach(), v.detach(), want_out, lse, *args,
+                                               causal=True, schedule="fa3")
+    assert torch.equal(out.detach().view(torch.int16), want_out.view(torch.int16))
+    for name, got, w in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad), want):
+        assert torch.equal(got.view(torch.int16), w.view(torch.int16)), name
+    cupy_dash.check_errors()

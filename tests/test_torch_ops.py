@@ -240,3 +240,47 @@ def test_lse_is_not_differentiable():
     q, k, v = fwd_inputs("meta", requires_grad=True)
     out, lse = OPS.attention_forward(q, k, v)
     assert out.requires_grad and not lse.requires_grad
+
+
+# --------------------------------------------------------------------------------------------------------------
+# varlen ops (cupy_dash/torch_varlen.py): schemas, fake shapes, argument checks, autograd on the meta device
+# --------------------------------------------------------------------------------------------------------------
+def varlen_inputs(device, total_q=300, total_k=500, H=4, Hkv=2, D=64, requires_grad=False):
+    q = torch.empty((total_q, H, D), device=device, dtype=BF16, requires_grad=requires_grad)
+    k, v = (torch.empty((total_k, Hkv, D), device=device, dtype=BF16, requires_grad=requires_grad)
+            for _ in range(2))
+    cu_q = torch.tensor([0, 100, total_q], dtype=torch.int32, device=device)
+    cu_k = torch.tensor([0, 200, total_k], dtype=torch.int32, device=device)
+    return q, k, v, cu_q, cu_k
+
+
+def test_varlen_ops_registered_and_fake_shapes():
+    fwd = str(OPS.attention_forward_varlen.default._schema).replace("SymInt ", "int ")
+    assert fwd.startswith("cupy_dash::attention_forward_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, "
+                          "Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, bool causal=False")
+    q, k, v, cu_q, cu_k = varlen_inputs("meta")                 # meta tensors run the fake implementations
+    out, lse = OPS.attention_forward_varlen(q, k, v, cu_q, cu_k, 200, 300, True)
+    assert out.shape == q.shape and lse.shape == (4, 300) and lse.dtype == torch.float32
+    dq, dk, dv = OPS.attention_backward_varlen(out, q, k, v, out, lse, cu_q, cu_k, 200, 300, True)
+    assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
+    with pytest.raises(ValueError, match="window: right=3 contradicts causal=True"):
+        OPS.attention_forward_varlen(q, k, v, cu_q, cu_k, 200, 300, True, None, "auto", True, -1, 3)
+    with pytest.raises(ValueError, match="lse: expected a 2-D tensor"):
+        OPS.attention_backward_varlen(out, q, k, v, out, lse[None], cu_q, cu_k, 200, 300)
+
+
+def test_varlen_real_ops_check_arguments_before_the_device(no_gpu_work):
+    q, k, v, cu_q, cu_k = varlen_inputs("cpu")
+    raises(ValueError, lambda: OPS.attention_forward_varlen(q, k, v, cu_q, cu_k, 200, 300), "CUDA device")
+    raises(ValueError, lambda: OPS.attention_forward_varlen(q[None], k, v, cu_q, cu_k, 200, 300), "q:", "3-D")
+    lse = torch.empty((4, 300), dtype=torch.float32)
+    raises(ValueError, lambda: OPS.attention_backward_varlen(q, q, k, v, q, lse, cu_q, cu_k, 50, 300),
+           "cu_seqlens_q", "max_seqlen_q")
+    raises(ValueError, lambda: OPS.attention_backward_varlen(q, q, k, v, q, lse, cu_q, cu_k, 200, 300), "CUDA device")
+
+
+def test_varlen_autograd_reaches_the_backward_op():
+    q, k, v, cu_q, cu_k = varlen_inputs("meta", requires_grad=True)
+    out = dash_torch.attention_varlen(q, k, v, cu_q, cu_k, 200, 300, causal=True, schedule="fa3")
+    out.backward(torch.empty_like(out))
+    assert q.grad.shape == q.shape and k.grad.shape == k.shape and v.grad.shape == v.shape

@@ -1,0 +1,113 @@
+"""torch ops for packed variable-length batches (imported by :mod:`cupy_dash.torch`, which registers them)::
+
+    out, lse = torch.ops.cupy_dash.attention_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                                            max_seqlen_k, causal=False, softmax_scale=None,
+                                                            schedule="auto", deterministic=True,
+                                                            window_left=-1, window_right=-1)
+    dq, dk, dv = torch.ops.cupy_dash.attention_backward_varlen(dout, q, k, v, out, lse, cu_seqlens_q,
+                                                               cu_seqlens_k, max_seqlen_q, max_seqlen_k, ...)
+    out = cupy_dash.torch.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ...)
+
+Layouts are FlashAttention's: q ``(total_q, H, D)``, k/v ``(total_k, Hkv, D)``, int32 ``cu_seqlens`` ``(B + 1,)``,
+out ``(total_q, H, D)``, lse ``(H, total_q)`` float32 (see :mod:`cupy_dash.varlen`). The forward op is
+differentiable in q, k, v; its gradient is the backward op with the same cu_seqlens, window, schedule and
+deterministic flag. The backward builds its schedule table from the lengths: with ``cu_seqlens`` on the GPU it
+copies them to the host (a wait on the current stream; pass CPU tensors to avoid it, the forward accepts only
+CUDA ones), and it cannot run under CUDA graph capture (it raises). Fake implementations give the output shapes
+for ``torch.compile``.
+"""
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from . import api, varlen
+
+__all__ = ["attention_varlen", "attention_forward_varlen", "attention_backward_varlen"]
+
+
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False,
+                     softmax_scale=None, schedule="auto", deterministic=True, window=(-1, -1)):
+    """Differentiable varlen attention for torch tensors -> out ``(total_q, H, D)`` (module docstring)."""
+    api._check_schedule(schedule)
+    if softmax_scale is not None:
+        softmax_scale = api._check_scale(softmax_scale, None)
+    causal, deterministic = api._check_flag("causal", causal), api._check_flag("deterministic", deterministic)
+    left, right = api._check_window(window, causal)
+    return attention_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                                    softmax_scale, schedule, deterministic, left, right)[0]
+
+
+def _check_packed(**tensors):
+    for name, t in tensors.items():
+        want = 2 if name == "lse" else 3
+        if t.dim() != want:
+            layout = "(H, total_q)" if name == "lse" else "(total, heads, head_dim)"
+            raise ValueError(f"{name}: expected a {want}-D tensor {layout}, got shape {tuple(t.shape)}")
+
+
+@torch.library.custom_op("cupy_dash::attention_forward_varlen", mutates_args=())
+def attention_forward_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+                             max_seqlen_q: int, max_seqlen_k: int, causal: bool = False,
+                             softmax_scale: Optional[float] = None, schedule: str = "auto",
+                             deterministic: bool = True, window_left: int = -1,
+                             window_right: int = -1) -> tuple[Tensor, Tensor]:
+    """The op ``torch.ops.cupy_dash.attention_forward_varlen``: :func:`cupy_dash.attention_forward_varlen`
+    (``schedule`` and ``deterministic`` are checked here and used by its gradient)."""
+    api._check_schedule(schedule)
+    return varlen.attention_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                           causal=causal, softmax_scale=softmax_scale,
+                                           window=(window_left, window_right))
+
+
+@attention_forward_varlen.register_fake
+def _forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False,
+                  softmax_scale=None, schedule="auto", deterministic=True, window_left=-1, window_right=-1):
+    api._check_schedule(schedule)
+    api._check_window((window_left, window_right), causal)
+    _check_packed(q=q, k=k, v=v)
+    total_q, H, D = q.shape
+    return q.new_empty((total_q, H, D)), q.new_empty((H, total_q), dtype=torch.float32)
+
+
+def _setup_context(ctx, inputs, output):
+    (q, k, v, cu_q, cu_k, max_q, max_k, causal, softmax_scale, schedule, deterministic, window_left,
+     window_right) = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+    ctx.options = (max_q, max_k, causal, softmax_scale, schedule, deterministic, window_left, window_right)
+    ctx.mark_non_differentiable(lse)
+    ctx.set_materialize_grads(False)
+
+
+def _forward_grad(ctx, dout, dlse):
+    if dout is None:
+        return (None,) * 13
+    q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+    dq, dk, dv = attention_backward_varlen(dout.contiguous(), q, k, v, out, lse, cu_q, cu_k, *ctx.options)
+    return (dq, dk, dv) + (None,) * 10
+
+
+attention_forward_varlen.register_autograd(_forward_grad, setup_context=_setup_context)
+
+
+@torch.library.custom_op("cupy_dash::attention_backward_varlen", mutates_args=())
+def attention_backward_varlen(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                              cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
+                              causal: bool = False, softmax_scale: Optional[float] = None, schedule: str = "auto",
+                              deterministic: bool = True, window_left: int = -1,
+                              window_right: int = -1) -> tuple[Tensor, Tensor, Tensor]:
+    """The op ``torch.ops.cupy_dash.attention_backward_varlen``: :func:`cupy_dash.attention_backward_varlen`."""
+    return varlen.attention_backward_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                            max_seqlen_k, causal=causal, softmax_scale=softmax_scale,
+                                            window=(window_left, window_right), schedule=schedule,
+                                            deterministic=deterministic)
+
+
+@attention_backward_varlen.register_fake
+def _backward_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False,
+                   softmax_scale=None, schedule="auto", deterministic=True, window_left=-1, window_right=-1):
+    api._check_schedule(schedule)
+    api._check_window((window_left, window_right), causal)
+    _check_packed(dout=dout, q=q, k=k, v=v, out=out, lse=lse)
+    return q.new_empty(tuple(q.shape)), q.new_empty(tuple(k.shape)), q.new_empty(tuple(v.shape))
