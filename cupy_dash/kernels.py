@@ -175,11 +175,10 @@ def bwd_specs(dtype: str, head_dim: int, causal: bool, deterministic: bool, time
     """The three backward kernels of one variant; ``timeline``: the main kernel's debug build that stamps every
     visit (kernels_src/bwd/timeline.cuh; not emitted by the dispatcher); ``compact``: the main kernel reads
     per-column records (kernels_src/compact_view.cuh, :mod:`cupy_dash.compact`) instead of per-visit rows;
-    ``varlen``: the three kernels of packed variable-length sequences (kernels_src/bwd_rows.cuh)."""
+    ``varlen``: the three kernels of packed variable-length sequences (kernels_src/bwd_rows.cuh), with
+    ``compact`` reading cupy_dash.varlen_schedule's records."""
     if timeline and compact:
         raise ValueError("timeline builds need the per-visit tables: no compact timeline variant")
-    if varlen and compact:
-        raise ValueError("varlen builds read per-visit tables: no compact varlen variant")
     _check(dtype, head_dim)
     main_tile = bwd_tile(head_dim)
     aux_tile = TileConfig(main_tile.block_m, main_tile.block_n, AUX_THREADS)
@@ -200,7 +199,7 @@ def bwd_specs(dtype: str, head_dim: int, causal: bool, deterministic: bool, time
 
 def all_specs() -> list:
     """Every distinct variant the dispatcher can emit (8 fwd + 8 varlen fwd, 4 + 4 varlen preprocess, 16 main +
-    16 compact main + 16 varlen main, 4 + 4 varlen postprocess)."""
+    16 compact main + 16 varlen main + 16 compact varlen main, 4 + 4 varlen postprocess)."""
     specs = []
     seen = set()
     for dtype, head_dim, causal in itertools.product(SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS, (False, True)):
@@ -209,6 +208,7 @@ def all_specs() -> list:
             batch.extend(bwd_specs(dtype, head_dim, causal, deterministic))
             batch.append(bwd_specs(dtype, head_dim, causal, deterministic, compact=True).main)
             batch.extend(bwd_specs(dtype, head_dim, causal, deterministic, varlen=True))
+            batch.append(bwd_specs(dtype, head_dim, causal, deterministic, compact=True, varlen=True).main)
         for spec in batch:
             if spec not in seen:
                 seen.add(spec)

@@ -198,13 +198,14 @@ def bwd_params(c, operands, lse_ptr, work_base, grads, error_ptr, timeline_ptr=0
     (q_ptr, q_stride), (k_ptr, k_stride), (v_ptr, v_stride), (o_ptr, o_stride), (do_ptr, do_stride) = operands
     dq_ptr, dk_ptr, dv_ptr = grads
     kv_contig = _contiguous((B, Sk, Hkv, D))
-    if hasattr(tables, "col_records"):       # compact records (DASH_COMPACT build): no per-visit table
-        schedule_fields = tables.params()
+    if hasattr(tables, "params"):            # compact records (DASH_COMPACT builds): no per-visit table
+        schedule_fields = dict(dict(tile_columns=0, seg_col_start=0, seq_n_first=0, seq_tile_start=0),
+                               **tables.params())
     else:
         schedule_fields = dict(visits=tables.visits.data.ptr, rank=tables.rank.data.ptr,
                                cta_start=tables.cta_start.data.ptr, col_records=0, cta_columns=0,
                                cta_col_start=0, scan_bounds=0, n_first=0, columns_per_head=0, tie_sign=0,
-                               rank_rule=0, tile_columns=0)
+                               rank_rule=0, tile_columns=0, seg_col_start=0, seq_n_first=0, seq_tile_start=0)
     base, offsets, bm, bn = work_base, c.offsets, c.block_m, c.block_n
     return kernels.pack_bwd_params(
         tma_q=tensormap.bhsd_map(q_ptr, p.dtype, (B, Sq, H, D), q_stride, bm, "q"),

@@ -13,15 +13,13 @@ they describe but never a load or store outside the buffers.
 """
 from __future__ import annotations
 
-import collections
 import numbers
 import os
-import threading
 
 import cupy
 import numpy as np
 
-from . import api, interop, kernels, launchers, varlen_schedule
+from . import api, compact_device, interop, kernels, launchers, varlen_device
 from . import schedule as _schedule
 from .errors import _acquire_slot, _keep_alive, _spin_timeout_ms, check_errors, poll_errors as _poll_errors
 
@@ -158,90 +156,6 @@ def _device_to_host(info, cu, stream) -> np.ndarray:
     return host.astype(np.int64)
 
 
-_MAX_PLANS = 32
-_plans: "collections.OrderedDict" = collections.OrderedDict()
-_plans_lock = threading.Lock()
-
-
-class _Tables:
-    """A varlen schedule's per-visit table (varlen_schedule.expand), as :func:`cupy_dash.schedule.check_plan`
-    takes it, with its key (policy, lengths, tiles, heads, mask, CTAs) and the lengths as cu_seqlens."""
-    __slots__ = ("visits", "rank", "cta_start", "num_ctas", "policy", "group_size", "n_blocks", "m_blocks", "key",
-                 "cu_q", "cu_k")
-
-
-_MAX_DEVICE_TABLES = 16
-_device_tables: "collections.OrderedDict" = collections.OrderedDict()
-
-
-def _upload_async(arrays, stream) -> list:
-    """Device copies of host ``arrays``, enqueued on ``stream`` from pinned staging buffers (kept alive until the
-    copies finish): unlike a copy from pageable memory, this neither blocks the host nor waits for the stream."""
-    import cupyx
-    out, staging = [], []
-    for a in arrays:
-        pinned = cupyx.empty_pinned(a.shape, a.dtype)
-        pinned[...] = a
-        d = cupy.empty(a.shape, a.dtype)
-        d.set(pinned, stream=stream)
-        out.append(d)
-        staging.append(pinned)
-    _keep_alive(staging, stream)
-    return out
-
-
-def _device(t: _Tables, num_heads, dev, stream):
-    """(DeviceTables, cu_seqlens_q, cu_seqlens_k) of ``t`` on device ``dev``, cached (LRU) so that a repeated
-    packing uploads nothing; a miss enqueues the uploads on ``stream`` (no wait). The device cu_seqlens are the
-    lengths the table was built from, so the kernels never see other ones."""
-    key = (t.key, dev)
-    with _plans_lock:
-        hit = _device_tables.get(key)
-        if hit is not None:
-            _device_tables.move_to_end(key)
-            return hit
-    visits, rank, cta_start, num_ctas = _schedule.check_plan(t, num_heads, t.n_blocks, t.m_blocks)
-    d = _schedule.DeviceTables()
-    d.visits, d.rank, d.cta_start, cu_q, cu_k = _upload_async((visits, rank, cta_start, t.cu_q, t.cu_k), stream)
-    d.num_ctas, d.policy, d.device_id = num_ctas, t.policy, dev
-    # NOTES: later calls may run on other streams: they must not read the tables before the copies land.
-    done = cupy.cuda.Event(block=False, disable_timing=True)
-    done.record(stream)
-    entry = (d, cu_q, cu_k, done)
-    with _plans_lock:
-        _device_tables[key] = entry
-        evicted = []
-        while len(_device_tables) > _MAX_DEVICE_TABLES:
-            evicted.append(_device_tables.popitem(last=False)[1])
-    if evicted:
-        cupy.cuda.runtime.deviceSynchronize()    # in-flight kernels may still read the evicted tables
-    return entry
-
-
-def _plan(policy, lens_q, lens_k, block_m, block_n, heads, causal, num_sms, group, window) -> _Tables:
-    """The expanded varlen schedule of one packed batch, cached by lengths (LRU): training on fixed packings
-    builds each once."""
-    key = (policy, lens_q.tobytes(), lens_k.tobytes(), block_m, block_n, heads, causal, num_sms, group, window)
-    with _plans_lock:
-        t = _plans.get(key)
-        if t is not None:
-            _plans.move_to_end(key)
-            return t
-    plan = varlen_schedule.build_varlen(policy, lens_q, lens_k, block_m=block_m, block_n=block_n, heads=heads,
-                                        causal=causal, num_sms=num_sms, group_size=group, window=window)
-    t = _Tables()
-    t.visits, t.rank, t.cta_start = plan.expand()
-    t.num_ctas, t.policy, t.group_size, t.key = int(plan.num_ctas), str(plan.policy), group, key
-    t.cu_q, t.cu_k = (np.concatenate(([0], np.cumsum(x))).astype(np.int32) for x in (lens_q, lens_k))
-    t.n_blocks = max(1, int((-(-lens_k // block_n)).max()))
-    t.m_blocks = max(1, int((-(-lens_q // block_m)).max()))
-    with _plans_lock:
-        _plans[key] = t
-        while len(_plans) > _MAX_PLANS:
-            _plans.popitem(last=False)
-    return t
-
-
 def attention_backward_varlen(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
                               causal=False, softmax_scale=None, window=(-1, -1), schedule="auto",
                               deterministic=True):
@@ -312,10 +226,13 @@ def attention_backward_varlen(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
         lens_q, lens_k = (np.diff(c).astype(np.int64) for c in cu_host)
         for info in p.infos[:4]:                          # q, k, v, do: read through TMA maps
             _check_tma(info)
-        specs, bm, bn, max_ctas = kernels.bwd_entry(dev, p.dtype, D, causal, deterministic, varlen=True)
+        # NOTES: compact varlen tables are opt-in until their GPU tests have run (varlen_device.py)
+        compact = compact_device.enabled()
+        specs, bm, bn, max_ctas = kernels.bwd_entry(dev, p.dtype, D, causal, deterministic, compact=compact,
+                                                    varlen=True)
         columns = Hkv * int((-(-lens_k // bn)).sum())
-        tables = _plan(schedule, lens_q, lens_k, bm, bn, H, causal, max(1, min(max_ctas, columns)), H // Hkv,
-                       window)
+        tables = varlen_device.plan(schedule, lens_q, lens_k, bm, bn, H, causal, max(1, min(max_ctas, columns)),
+                                    H // Hkv, window, compact)
         c = launchers.BwdLaunch(specs, bm, bn, p, deterministic, int(_spin_timeout_ms() * 1e6), causal, window,
                                 varlen=(num_seqs, max_q))
         fw = p.infos[0].framework
@@ -326,11 +243,11 @@ def attention_backward_varlen(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
         dq, dq_ptr = api._new(fw, dev, (total_q, H, D), p.dtype)
         dk, dk_ptr = api._new(fw, dev, (total_k, Hkv, D), p.dtype)
         dv, dv_ptr = api._new(fw, dev, (total_k, Hkv, D), p.dtype)
-        if len(tables.visits) == 0:                       # no sequence sees a key: every gradient is 0
+        if tables.num_visits == 0:                        # no sequence sees a key: every gradient is 0
             for ptr, n in ((dq_ptr, total_q * H), (dk_ptr, total_k * Hkv), (dv_ptr, total_k * Hkv)):
                 cupy.cuda.runtime.memsetAsync(ptr, 0, n * D * 2, stream.ptr)
             return api._export(fw, dq, q), api._export(fw, dk, q), api._export(fw, dv, q)
-        c.tables, cu_q_dev, cu_k_dev, uploaded = _device(tables, num_seqs * H, dev, stream)
+        c.tables, cu_q_dev, cu_k_dev, uploaded = varlen_device.device(tables, num_seqs * H, dev, stream)
         stream.wait_event(uploaded)
         work, base = api._new(fw, dev, (c.work_bytes,), "uint8")
         call = (c.tables.policy, num_seqs, H, total_q, total_k, D, causal, window)

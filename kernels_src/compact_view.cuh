@@ -5,9 +5,6 @@
 #include "common.cuh"
 #include "params.cuh"
 
-#if DASH_VARLEN
-#error "varlen builds read the per-visit tables of cupy_dash/varlen_schedule.py (expand), not DASH_COMPACT records"
-#endif
 #if DASH_TIMELINE
 #error "timeline builds index p.timeline by table row: they need the per-visit tables, not DASH_COMPACT"
 #endif
@@ -100,11 +97,11 @@ struct ScheduleView {
   }
 
   // This lane's share of the records j in [j0, j1) (all visiting Q tile m) whose key (step at which they reach
-  // m, tie_sign * n) is smaller than (key, tb). Record j is column n = n_first + j - base of its head.
+  // m, tie_sign * n) is smaller than (key, tb). Record j is column n = n0 + j of its head.
   // NOTES: the loads of different iterations are independent; unrolled, they are in flight together (the dQ
   // writer computes the rank while the MMA warpgroups run the visit, so its latency is what counts).
-  DASH_DEVICE int count_smaller(int j0, int j1, int base, int m, int key, int tb) const {
-    const int tie = (int)p.tie_sign, n0 = (int)p.n_first - base;
+  DASH_DEVICE int count_smaller(int j0, int j1, int n0, int m, int key, int tb) const {
+    const int tie = (int)p.tie_sign;
     int count = 0;
 #pragma unroll 4
     for (int j = j0 + (int)(threadIdx.x % 32); j < j1; j += 32) {
@@ -122,19 +119,27 @@ struct ScheduleView {
   // forms need only a or b, the count compares keys within the scan bounds (x, y, x2, y2): the head's first x
   // and last y columns finished before this one started (all smaller), those outside the first x2 and last y2
   // start after it ends (all larger).
+  // Varlen records: the head is segment s = b * Hkv + kv head, whose columns and Q tiles are its sequence's.
   DASH_DEVICE int column_rank(int m) const {
-    const int NC = (int)p.columns_per_head, base = rec.kv_head * NC, me = base + rec.n_block - (int)p.n_first;
+#if DASH_VARLEN
+    const int seq = rec.kv_head / (int)p.num_heads_kv, base = __ldg(p.seg_col_start + rec.kv_head);
+    const int NC = __ldg(p.seg_col_start + rec.kv_head + 1) - base, n_first = __ldg(p.seq_n_first + seq);
+    const int2 ab = __ldg(reinterpret_cast<const int2*>(p.tile_columns) + __ldg(p.seq_tile_start + seq) + m);
+#else
+    const int NC = (int)p.columns_per_head, base = rec.kv_head * NC, n_first = (int)p.n_first;
     const int2 ab = __ldg(reinterpret_cast<const int2*>(p.tile_columns) + m);
+#endif
+    const int me = base + rec.n_block - n_first, n0 = n_first - base;
     const int a = base + ab.x, b = base + ab.y;
     if (p.rank_rule == kRankAscendingN) return me - a;
     if (p.rank_rule == kRankDescendingN) return b - 1 - me;
     const int key = rec.step + rec.rule.index(m), tb = (int)p.tie_sign * rec.n_block;
-    if (p.scan_bounds == nullptr) return __reduce_add_sync(0xffffffffu, count_smaller(a, b, base, m, key, tb));
+    if (p.scan_bounds == nullptr) return __reduce_add_sync(0xffffffffu, count_smaller(a, b, n0, m, key, tb));
     const int4 bd = __ldg(reinterpret_cast<const int4*>(p.scan_bounds) + me);
     const int ra = a - base, rb = b - base;
     const int before = overlap(0, bd.x, ra, rb) + overlap(NC - bd.y, NC, ra, rb);
-    const int mine = count_smaller(base + max(ra, bd.x), base + min(rb, bd.z), base, m, key, tb) +
-                     count_smaller(base + max(ra, NC - bd.w), base + min(rb, NC - bd.y), base, m, key, tb);
+    const int mine = count_smaller(base + max(ra, bd.x), base + min(rb, bd.z), n0, m, key, tb) +
+                     count_smaller(base + max(ra, NC - bd.w), base + min(rb, NC - bd.y), n0, m, key, tb);
     return before + __reduce_add_sync(0xffffffffu, mine);
   }
 };

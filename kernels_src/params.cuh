@@ -62,6 +62,11 @@ struct BwdParams {
   // Compact-table builds only: (num_m_blocks, 2) int32, for Q tile m the first column (n_block - n_first) whose
   // range [lo, hi) ends after m and the first that starts after m: the columns visiting m, the same for every head.
   const int32_t* tile_columns;
+  // Compact varlen builds (DASH_COMPACT and DASH_VARLEN; records of cupy_dash/varlen_schedule.py, whose kv_head
+  // field is the segment b * Hkv + kv head and n_block is local to the sequence): segment s owns the records
+  // seg_col_start[s] .. seg_col_start[s + 1] - 1, sequence b's first visible KV tile is seq_n_first[b], and its
+  // tile_columns rows start at seq_tile_start[b] (one per Q tile of the sequence).
+  const int32_t* seg_col_start; const int32_t* seq_n_first; const int32_t* seq_tile_start;
 };
 
 // The (batch, head) pair of a bh index and its kv head (32-bit division: bh < B * H < 2^31).

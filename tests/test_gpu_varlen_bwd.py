@@ -177,3 +177,20 @@ def test_torch_varlen_ops_match_the_functional_api():
     for name, got, w in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad), want):
         assert torch.equal(got.view(torch.int16), w.view(torch.int16)), name
     cupy_dash.check_errors()
+
+
+@pytest.mark.parametrize("schedule", POLICIES)
+@pytest.mark.parametrize("lengths", list(LENGTHS), ids=str)
+def test_compact_varlen_tables_same_bits_as_per_visit(lengths, schedule, monkeypatch):
+    """The DASH_COMPACT + DASH_VARLEN build (CUPY_DASH_COMPACT_TABLES=1) reads the same schedule from per-column
+    records: same visits in the same order, same ranks, hence the per-visit build's bits."""
+    _, dev, window = _problem(lengths, 128, True, (300, 0), seed=3)
+    kw = dict(causal=True, window=window, schedule=schedule)
+    monkeypatch.setenv("CUPY_DASH_COMPACT_TABLES", "0")
+    want = cupy_dash.attention_backward_varlen(*dev, **kw)
+    monkeypatch.setenv("CUPY_DASH_COMPACT_TABLES", "1")
+    for _ in range(2):                                       # the second call reads the cached tables
+        got = cupy_dash.attention_backward_varlen(*dev, **kw)
+        for name, a, e in zip(("dq", "dk", "dv"), got, want):
+            assert bool((a.view(cupy.int16) == e.view(cupy.int16)).all()), f"{name} differs"
+    cupy_dash.check_errors()

@@ -76,14 +76,15 @@ def test_params_layout_matches_c_structs(offsetof):
     cubin, log, ok = jit.compile_source(src, "layout_check.cu", [*jit.BASE_OPTIONS, f"-I{REAL_KERNEL_DIR}"])
     assert ok, log
     # BwdParams: four 64-byte-aligned 128-byte tensor maps first, 400 bytes of 8-byte fields, then the compact
-    # tables' 64 bytes, the varlen builds' two pointers and tile_columns appended (the earlier offsets unchanged:
-    # softmax_scale_log2 still ends at 936), padded to 64
-    assert kernels.FWD_PARAMS_DTYPE.itemsize == 640 and kernels.BWD_PARAMS_DTYPE.itemsize == 1024
+    # tables' 64 bytes, the varlen builds' two pointers, tile_columns and the compact varlen builds' three pointers
+    # appended (the earlier offsets unchanged: softmax_scale_log2 still ends at 936), padded to 64
+    assert kernels.FWD_PARAMS_DTYPE.itemsize == 640 and kernels.BWD_PARAMS_DTYPE.itemsize == 1088
     bwd = kernels.BWD_PARAMS_DTYPE
     appended = ("col_records", "cta_columns", "cta_col_start", "scan_bounds", "n_first", "columns_per_head",
-                "tie_sign", "rank_rule", "cu_seqlens_q", "cu_seqlens_k", "tile_columns")
-    assert bwd.names[-11:] == appended and bwd.fields["softmax_scale_log2"][1] == 932
-    assert [bwd.fields[n][1] for n in appended] == list(range(936, 1024, 8))
+                "tie_sign", "rank_rule", "cu_seqlens_q", "cu_seqlens_k", "tile_columns", "seg_col_start",
+                "seq_n_first", "seq_tile_start")
+    assert bwd.names[-14:] == appended and bwd.fields["softmax_scale_log2"][1] == 932
+    assert [bwd.fields[n][1] for n in appended] == list(range(936, 1048, 8))
     assert kernels.PARAMS_STRUCTS["BwdParams"][1] == 64 and kernels.BWD_PARAMS_DTYPE.fields["q"][1] == 512
 
 
@@ -175,7 +176,7 @@ def test_pack_bwd_params_every_field():
     fields["tma_v"] = None                                  # None -> all-zero map
     expect["tma_v"] = bytes(128)
     p = kernels.pack_bwd_params(**fields)
-    assert p.nbytes == 1024
+    assert p.nbytes == 1088
     with pytest.raises(ValueError, match="BwdParams.tma_q: a tensor map is 128 bytes"):
         kernels.pack_bwd_params(**dict(fields, tma_q=b"short"))
     with pytest.raises(ValueError, match="q_stride"):
@@ -195,7 +196,7 @@ def test_pack_bwd_params_every_field():
 def test_all_specs_cover_every_combination():
     specs = kernels.all_specs()
     labels = [s.label for s in specs]
-    assert len(set(labels)) == len(labels) == len(set(specs)) == 16 + 8 + 48 + 8
+    assert len(set(labels)) == len(labels) == len(set(specs)) == 16 + 8 + 64 + 8
     expected = set()
     for dtype, d, causal in itertools.product(kernels.SUPPORTED_DTYPES, kernels.SUPPORTED_HEAD_DIMS, (0, 1)):
         expected.add(kernels.fwd_spec(dtype, d, bool(causal)))
@@ -204,9 +205,10 @@ def test_all_specs_cover_every_combination():
             expected.update(kernels.bwd_specs(dtype, d, bool(causal), det))
             expected.add(kernels.bwd_specs(dtype, d, bool(causal), det, compact=True).main)
             expected.update(kernels.bwd_specs(dtype, d, bool(causal), det, varlen=True))
+            expected.add(kernels.bwd_specs(dtype, d, bool(causal), det, compact=True, varlen=True).main)
     assert expected == set(specs)
     by_kernel = {name: [s for s in specs if s.kernel == name] for name in kernels.KERNEL_NAMES}
-    assert {k: len(v) for k, v in by_kernel.items()} == {"fwd": 16, "bwd_preprocess": 8, "bwd_main": 48,
+    assert {k: len(v) for k, v in by_kernel.items()} == {"fwd": 16, "bwd_preprocess": 8, "bwd_main": 64,
                                                          "bwd_postprocess": 8}
     for s in specs:
         d = dict(s.defines)
@@ -374,7 +376,8 @@ def test_verbose_prints_ptxas_report(ksrc, monkeypatch, capsys):
                                   kernels.bwd_specs("float16", 64, False, True).main,
                                   kernels.bwd_specs("bfloat16", 128, True, True, timeline=True).main,
                                   kernels.bwd_specs("bfloat16", 128, True, True, compact=True).main,
-                                  kernels.bwd_specs("bfloat16", 128, True, True, varlen=True).main],
+                                  kernels.bwd_specs("bfloat16", 128, True, True, varlen=True).main,
+                                  kernels.bwd_specs("bfloat16", 128, True, True, compact=True, varlen=True).main],
                          ids=lambda s: s.label)
 def test_real_kernel_compiles(spec, tmp_path, monkeypatch):
     # (the timeline debug build is not among the dispatcher's variants that compile --all covers)
@@ -388,7 +391,7 @@ def test_real_kernel_compiles(spec, tmp_path, monkeypatch):
 def test_cli_compile_subset(ksrc, capsys):
     assert cli_compile.main(["--head-dim", "64", "--dtype", "bf16"]) == 0
     out = capsys.readouterr().out
-    assert "regs" in out and "OK: 20 kernel(s)" in out   # 4 compact mains, 4 varlen mains and 2 varlen aux
+    assert "regs" in out and "OK: 24 kernel(s)" in out   # 4 compact, 4 varlen, 4 compact varlen mains, 2 varlen aux
     for spec in cli_compile.select([64], ["bfloat16"], None):
         assert spec.label in out
     # the second run is served from the cache

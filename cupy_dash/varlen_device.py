@@ -1,0 +1,175 @@
+"""The varlen backward's schedule tables on the device: built from the lengths, cached per packing, uploaded
+without blocking.
+
+Two forms. The per-visit table (``varlen_schedule.expand``, read by the DASH_VARLEN build) is 20 bytes per visit
+and query head: about 5 MB and 1 ms of host work per new packing of 16k tokens in one sequence with 16 heads.
+The compact records of :func:`cupy_dash.schedule.build_varlen` (read by the DASH_COMPACT + DASH_VARLEN build,
+``kernels_src/compact_view.cuh``) hold the same schedule in ~36 bytes per KV column (73 KB there), built in
+~0.1 ms; :func:`device_arrays` gives them in the layout uploaded (BwdParams fields; tests/test_varlen_compact.py
+walks them as the kernel does and compares with ``expand``). The compact form is opt-in
+(``CUPY_DASH_COMPACT_TABLES=1``) until its GPU tests have run.
+"""
+from __future__ import annotations
+
+import collections
+import threading
+
+import cupy
+import numpy as np
+
+from . import schedule as _schedule
+from . import varlen_schedule
+from .errors import _keep_alive
+from .varlen_schedule import VarlenSchedule
+
+
+def tile_columns(plan: VarlenSchedule) -> tuple:
+    """(tile_columns int32 (sum of M_b, 2), seq_tile_start int32 (B + 1,)): for Q tile m of sequence b, row
+    ``seq_tile_start[b] + m`` holds the first column (index n_block - n_first[b]) whose range [lo, hi) ends
+    after m and the first that starts after m. Every KV head of a sequence has the same ranges (those of its
+    first segment's records); a sequence without records gets rows (0, 0)."""
+    B, Hkv = len(plan.seqlens_q), plan.num_kv_heads
+    M = np.asarray(plan.num_m_blocks, dtype=np.int64)
+    start = np.zeros(B + 1, dtype=np.int64)
+    np.cumsum(M, out=start[1:])
+    out = np.zeros((int(start[-1]), 2), dtype=np.int32)
+    seg_start = plan.seg_col_start
+    for b in range(B):
+        r0, r1 = int(seg_start[b * Hkv]), int(seg_start[b * Hkv + 1])
+        if r1 == r0 or M[b] == 0:
+            continue
+        lo, hi = plan.records[r0:r1, 1], plan.records[r0:r1, 2]
+        m = np.arange(M[b])
+        out[start[b]:start[b + 1], 0] = np.searchsorted(hi, m, side="right")
+        out[start[b]:start[b + 1], 1] = np.searchsorted(lo, m, side="right")
+    return out, start.astype(np.int32)
+
+
+def device_arrays(plan: VarlenSchedule) -> dict:
+    """What the kernel reads, keyed by BwdParams field: ``col_records`` int32 (columns, 8) (32-byte rows),
+    ``cta_columns`` int32, ``cta_col_start`` int64 (num_ctas + 1,), ``seg_col_start`` int32 (B * Hkv + 1,),
+    ``seq_n_first`` int32 (B,), ``tile_columns`` int32 (sum M_b, 2), ``seq_tile_start`` int32 (B + 1,), and the
+    scalars ``tie_sign``, ``rank_rule`` (no scan bounds: a counted rank compares with every column of the segment
+    that visits the tile). Raises ValueError where the kernel's 32-bit indices would overflow."""
+    records = np.ascontiguousarray(plan.records, dtype=np.int32)
+    if records.size >= 2 ** 31:
+        raise ValueError(f"{len(records)} columns: the kernel indexes records with 32-bit ints")
+    tiles, tile_start = tile_columns(plan)
+    return {"col_records": records, "cta_columns": np.ascontiguousarray(plan.cta_columns, dtype=np.int32),
+            "cta_col_start": np.ascontiguousarray(plan.cta_col_start, dtype=np.int64),
+            "seg_col_start": np.ascontiguousarray(plan.seg_col_start, dtype=np.int32),
+            "seq_n_first": np.ascontiguousarray(plan.n_first, dtype=np.int32), "tile_columns": tiles,
+            "seq_tile_start": tile_start, "tie_sign": int(plan.tie_sign), "rank_rule": int(plan.rank_rule)}
+
+
+_MAX_PLANS = 32
+_plans: "collections.OrderedDict" = collections.OrderedDict()
+_plans_lock = threading.Lock()
+
+
+class Tables:
+    """A varlen schedule on the host: the per-visit table (varlen_schedule.expand) as
+    :func:`cupy_dash.schedule.check_plan` takes it, or (``compact``) the arrays of :func:`device_arrays`; its key
+    (policy, lengths, tiles, heads, mask, CTAs, form), ``num_visits`` and the lengths as cu_seqlens."""
+    __slots__ = ("visits", "rank", "cta_start", "num_ctas", "policy", "group_size", "n_blocks", "m_blocks", "key",
+                 "cu_q", "cu_k", "compact", "arrays", "num_visits")
+
+
+class CompactTables:
+    """Compact varlen records on one device (CuPy arrays of :func:`device_arrays`), ``num_ctas``, ``policy``."""
+    __slots__ = ("arrays", "tie_sign", "rank_rule", "num_ctas", "policy", "device_id")
+
+    def params(self) -> dict:
+        """The BwdParams fields of these tables (addresses and scalars), for ``pack_bwd_params``."""
+        ptr = {k: a.data.ptr for k, a in self.arrays.items()}
+        return dict(ptr, visits=0, rank=0, cta_start=0, scan_bounds=0, n_first=0, columns_per_head=0,
+                    tie_sign=self.tie_sign, rank_rule=self.rank_rule)
+
+
+_MAX_DEVICE_TABLES = 16
+_device_tables: "collections.OrderedDict" = collections.OrderedDict()
+
+
+def upload_async(arrays, stream) -> list:
+    """Device copies of host ``arrays``, enqueued on ``stream`` from pinned staging buffers (kept alive until the
+    copies finish): unlike a copy from pageable memory, this neither blocks the host nor waits for the stream."""
+    import cupyx
+    out, staging = [], []
+    for a in arrays:
+        pinned = cupyx.empty_pinned(a.shape, a.dtype)
+        pinned[...] = a
+        d = cupy.empty(a.shape, a.dtype)
+        d.set(pinned, stream=stream)
+        out.append(d)
+        staging.append(pinned)
+    _keep_alive(staging, stream)
+    return out
+
+
+def device(t: Tables, num_heads, dev, stream):
+    """(tables, cu_seqlens_q, cu_seqlens_k, event) of ``t`` on device ``dev``: ``schedule.DeviceTables`` or
+    :class:`CompactTables`, cached (LRU) so that a repeated packing uploads nothing; a miss enqueues the uploads
+    on ``stream`` (no wait) and ``event`` marks their end. The device cu_seqlens are the lengths the table was
+    built from, so the kernels never see other ones."""
+    key = (t.key, dev)
+    with _plans_lock:
+        hit = _device_tables.get(key)
+        if hit is not None:
+            _device_tables.move_to_end(key)
+            return hit
+    if t.compact:
+        names = list(t.arrays)
+        *uploaded, cu_q, cu_k = upload_async([t.arrays[n] for n in names] + [t.cu_q, t.cu_k], stream)
+        d = CompactTables()
+        d.arrays = dict(zip(names, uploaded))
+        d.num_ctas, d.tie_sign, d.rank_rule = t.num_ctas, int(t.compact[0]), int(t.compact[1])
+    else:
+        visits, rank, cta_start, num_ctas = _schedule.check_plan(t, num_heads, t.n_blocks, t.m_blocks)
+        d = _schedule.DeviceTables()
+        d.visits, d.rank, d.cta_start, cu_q, cu_k = upload_async((visits, rank, cta_start, t.cu_q, t.cu_k), stream)
+        d.num_ctas = num_ctas
+    d.policy, d.device_id = t.policy, dev
+    # NOTES: later calls may run on other streams: they must not read the tables before the copies land.
+    done = cupy.cuda.Event(block=False, disable_timing=True)
+    done.record(stream)
+    entry = (d, cu_q, cu_k, done)
+    with _plans_lock:
+        _device_tables[key] = entry
+        evicted = []
+        while len(_device_tables) > _MAX_DEVICE_TABLES:
+            evicted.append(_device_tables.popitem(last=False)[1])
+    if evicted:
+        cupy.cuda.runtime.deviceSynchronize()    # in-flight kernels may still read the evicted tables
+    return entry
+
+
+def plan(policy, lens_q, lens_k, block_m, block_n, heads, causal, num_sms, group, window, compact=False) -> Tables:
+    """The varlen schedule of one packed batch (lengths: int64 host arrays), per-visit or ``compact``, cached by
+    lengths (LRU): training on fixed packings builds each once."""
+    key = (policy, lens_q.tobytes(), lens_k.tobytes(), block_m, block_n, heads, causal, num_sms, group, window,
+           compact)
+    with _plans_lock:
+        t = _plans.get(key)
+        if t is not None:
+            _plans.move_to_end(key)
+            return t
+    built = varlen_schedule.build_varlen(policy, lens_q, lens_k, block_m=block_m, block_n=block_n, heads=heads,
+                                         causal=causal, num_sms=num_sms, group_size=group, window=window)
+    t = Tables()
+    t.compact, t.arrays, t.visits, t.rank, t.cta_start = None, None, None, None, None
+    if compact:
+        arrays = device_arrays(built)
+        t.compact = (arrays.pop("tie_sign"), arrays.pop("rank_rule"))
+        t.arrays = arrays
+    else:
+        t.visits, t.rank, t.cta_start = built.expand()
+    t.num_visits = int(built.num_visits)
+    t.num_ctas, t.policy, t.group_size, t.key = int(built.num_ctas), str(built.policy), group, key
+    t.cu_q, t.cu_k = (np.concatenate(([0], np.cumsum(x))).astype(np.int32) for x in (lens_q, lens_k))
+    t.n_blocks = max(1, int((-(-lens_k // block_n)).max()))
+    t.m_blocks = max(1, int((-(-lens_q // block_m)).max()))
+    with _plans_lock:
+        _plans[key] = t
+        while len(_plans) > _MAX_PLANS:
+            _plans.popitem(last=False)
+    return t

@@ -1,0 +1,90 @@
+"""The compact varlen backward's tables on the CPU (cupy_dash/varlen_device.py): walked exactly as the kernel's
+ScheduleView does in DASH_COMPACT + DASH_VARLEN builds (kernels_src/compact_view.cuh: the CTA's records in order,
+each visit's Q tile from its record's rule, its rank from the per-tile column table), they give the per-visit
+table of varlen_schedule.expand, visit for visit and rank for rank, for every policy, GQA, windows, empty and
+unequal sequences. The GPU side: tests/test_gpu_varlen_bwd.py."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cupy_dash import schedule, varlen_device
+
+
+def _tile(rec, s):
+    lo, hi, split, rot = rec[1], rec[2], rec[3], rec[4]
+    if split < 0:
+        return hi - 1 - s
+    r = hi - split
+    return split + (s + rot) % r if s < r else lo + s - r
+
+
+def _index(rec, m):
+    lo, hi, split, rot = rec[1], rec[2], rec[3], rec[4]
+    if split < 0:
+        return hi - 1 - m
+    r = hi - split
+    return (m - split - rot) % r if m >= split else r + m - lo
+
+
+def _rank(arr, hkv, rec, m):
+    """ScheduleView::column_rank of a varlen build (the count as one sum: the lanes' split does not change it)."""
+    recs = arr["col_records"].astype(np.int64)
+    seg, n = int(rec[6]), int(rec[7])
+    seq = seg // hkv
+    base, n_first = int(arr["seg_col_start"][seg]), int(arr["seq_n_first"][seq])
+    a, b = (base + int(x) for x in arr["tile_columns"][int(arr["seq_tile_start"][seq]) + m])
+    me = base + n - n_first
+    if arr["rank_rule"] == 1:
+        return me - a
+    if arr["rank_rule"] == 2:
+        return b - 1 - me
+    key, tie, tb = rec[0] + _index(rec, m), arr["tie_sign"], arr["tie_sign"] * n
+    count = 0
+    for j in range(a, b):
+        step = recs[j][0] + _index(recs[j], m)
+        count += step < key or (step == key and tie * (n_first - base + j) < tb)
+    return count
+
+
+def kernel_walk(arr, g, hkv):
+    """(visits (V, 4), rank (V,), cta_start) as the CTAs of the compact varlen build walk their records."""
+    recs = arr["col_records"].astype(np.int64)
+    cols, cs = arr["cta_columns"], arr["cta_col_start"]
+    visits, ranks, starts = [], [], [0]
+    for cta in range(len(cs) - 1):
+        own = [recs[int(c)] for c in cols[int(cs[cta]):int(cs[cta + 1])]]
+        for rec in own:
+            for s in range(int(rec[2] - rec[1])):
+                m = _tile(rec, s)
+                r = _rank(arr, hkv, rec, m)
+                for q in range(g):
+                    visits.append((cta, int(rec[6]) * g + q, int(rec[7]), m))
+                    ranks.append(r)
+        starts.append(len(visits))
+    return np.array(visits, np.int32).reshape(-1, 4), np.array(ranks, np.int32), np.array(starts, np.int64)
+
+
+CASES = [  # (seqlens_q, seqlens_k, heads, group_size, causal, window)
+    ([1, 17, 128, 300, 1000, 129, 256], [1, 17, 128, 300, 1000, 129, 256], 4, 2, True, (-1, 0)),
+    ([0, 64, 200, 5, 513], [10, 0, 777, 5, 400], 4, 2, False, (-1, -1)),
+    ([3000, 1, 64], [2048, 2, 64], 2, 1, True, (100, 0)),
+    ([700, 900, 50], [700, 900, 50], 8, 4, False, (300, 200)),
+]
+
+
+@pytest.mark.parametrize("policy", ["fa3", "descending", "shift", "symmetric_shift", "auto"])
+@pytest.mark.parametrize("case", range(len(CASES)))
+@pytest.mark.parametrize("ctas", [3, 132])
+def test_kernel_walk_of_compact_varlen_records_equals_expand(policy, case, ctas):
+    sq, sk, heads, g, causal, window = CASES[case]
+    plan = schedule.build_varlen(policy, sq, sk, block_m=64, block_n=128, heads=heads, causal=causal,
+                                 num_sms=ctas, group_size=g, window=window)
+    arr = varlen_device.device_arrays(plan)
+    assert arr["col_records"].dtype == np.int32 and arr["col_records"].shape[1] == 8
+    assert arr["tile_columns"].shape == (int(np.sum(plan.num_m_blocks)), 2)
+    visits, rank, cta_start = kernel_walk(arr, g, heads // g)
+    ev, er, ec = plan.expand()
+    np.testing.assert_array_equal(visits, ev)
+    np.testing.assert_array_equal(rank, er)
+    np.testing.assert_array_equal(cta_start, ec)
