@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device run on the H200: install, compile, GPU tests, demo, benchmarks; every log under $OUT.
-#   bash benchmarks/device_run.sh [smoke|fwd|tests|bench|integration|pending|long|gqa|varlen|varlen2|varlen_bench|final|all] [extra pytest args...]
+#   bash benchmarks/device_run.sh [smoke|fwd|tests|bench|integration|pending|long|gqa|varlen|varlen2|varlen_bench|final|next|all] [extra pytest args...]
 # "pending": what the 2026-12-01 (second) session could not run (benchmarks/NOTES.md), in priority order.
 # FA3 (flash-attn3-jax) is measured when its wheel is importable: carry .whl/ and set FA3_WHL=1.
 set -o pipefail
@@ -80,6 +80,15 @@ if [ "$stage" = final ]; then   # compact rank table, varlen table cache, JAX 0.
   done
   timeout 150 $py benchmarks/varlen_bwd.py --repeats 10 --json "$OUT/varlen_bwd.json" 2>&1 | tee "$OUT/varlen_bwd.txt" \
     | tail -34
+fi
+if [ "$stage" = next ]; then   # what the third session built after its GPU budget was spent (benchmarks/NOTES.md)
+  timeout 240 $py -m pytest tests/test_gpu_varlen_bwd.py tests/test_gpu_compact.py tests/test_gpu_torch_ops.py \
+    -q -ra --maxfail=10 "$@" 2>&1 | tee "$OUT/next_tests.log" | tail -12
+  CUPY_DASH_COMPACT_TABLES=1 timeout 150 $py benchmarks/varlen_bwd.py --repeats 10 2>&1 \
+    | tee "$OUT/varlen_bwd_compact.txt" | tail -34
+  timeout 200 $py -m cupy_dash bench --seqlens 1048576 --tokens 1048576 --hdims 128 --masks causal \
+    --schedules descending --repeats 2 --warmup 1 --input-sets 1 --no-torch --no-fa3 --no-overhead --no-compile \
+    --out /tmp/long1m.md 2>&1 | grep -E "cupy_dash (fwd|bwd)" | tee "$OUT/long1m.txt"
 fi
 if [ "$stage" = gqa ]; then   # forward re-check after the varlen change, GQA throughput
   timeout 150 $py -m cupy_dash bench --fwd-only --no-overhead --no-compile --seqlens 1024 4096 16384 \

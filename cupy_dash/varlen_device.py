@@ -27,21 +27,26 @@ def tile_columns(plan: VarlenSchedule) -> tuple:
     """(tile_columns int32 (sum of M_b, 2), seq_tile_start int32 (B + 1,)): for Q tile m of sequence b, row
     ``seq_tile_start[b] + m`` holds the first column (index n_block - n_first[b]) whose range [lo, hi) ends
     after m and the first that starts after m. Every KV head of a sequence has the same ranges (those of its
-    first segment's records); a sequence without records gets rows (0, 0)."""
+    first segment's records); a sequence without records gets rows (0, 0). Vectorised over the sequences: one
+    search over (sequence, bound) keys, which rise along the first segments' records."""
     B, Hkv = len(plan.seqlens_q), plan.num_kv_heads
     M = np.asarray(plan.num_m_blocks, dtype=np.int64)
     start = np.zeros(B + 1, dtype=np.int64)
     np.cumsum(M, out=start[1:])
-    out = np.zeros((int(start[-1]), 2), dtype=np.int32)
-    seg_start = plan.seg_col_start
-    for b in range(B):
-        r0, r1 = int(seg_start[b * Hkv]), int(seg_start[b * Hkv + 1])
-        if r1 == r0 or M[b] == 0:
-            continue
-        lo, hi = plan.records[r0:r1, 1], plan.records[r0:r1, 2]
-        m = np.arange(M[b])
-        out[start[b]:start[b + 1], 0] = np.searchsorted(hi, m, side="right")
-        out[start[b]:start[b + 1], 1] = np.searchsorted(lo, m, side="right")
+    seg_start = np.asarray(plan.seg_col_start, dtype=np.int64)
+    r0, r1 = seg_start[0:B * Hkv:Hkv], seg_start[1:B * Hkv + 1:Hkv]
+    L = r1 - r0
+    first = np.zeros(B + 1, dtype=np.int64)
+    np.cumsum(L, out=first[1:])
+    rows = np.arange(first[-1]) + np.repeat(r0 - first[:-1], L)     # the first segment's records, sequence order
+    big = int(M.max(initial=0)) + 1
+    seq_of_row = np.repeat(np.arange(B, dtype=np.int64), L) * big
+    seq_of_tile = np.repeat(np.arange(B, dtype=np.int64), M)
+    query = seq_of_tile * big + (np.arange(start[-1]) - np.repeat(start[:-1], M))
+    out = np.empty((int(start[-1]), 2), dtype=np.int32)
+    for col, field in ((0, 2), (1, 1)):                                 # hi, then lo
+        keys = seq_of_row + plan.records[rows, field]
+        out[:, col] = np.searchsorted(keys, query, side="right") - first[seq_of_tile]
     return out, start.astype(np.int32)
 
 
@@ -91,19 +96,21 @@ _device_tables: "collections.OrderedDict" = collections.OrderedDict()
 
 
 def upload_async(arrays, stream) -> list:
-    """Device copies of host ``arrays``, enqueued on ``stream`` from pinned staging buffers (kept alive until the
-    copies finish): unlike a copy from pageable memory, this neither blocks the host nor waits for the stream."""
+    """Device copies of host ``arrays`` (views of one device buffer, each 256-byte aligned), enqueued on ``stream``
+    as one copy from one pinned staging buffer (kept alive until the copy finishes): unlike copies from pageable
+    memory, this neither blocks the host nor waits for the stream."""
     import cupyx
-    out, staging = [], []
+    offsets, total = [], 0
     for a in arrays:
-        pinned = cupyx.empty_pinned(a.shape, a.dtype)
-        pinned[...] = a
-        d = cupy.empty(a.shape, a.dtype)
-        d.set(pinned, stream=stream)
-        out.append(d)
-        staging.append(pinned)
-    _keep_alive(staging, stream)
-    return out
+        offsets.append(total)
+        total += -(-a.nbytes // 256) * 256
+    staging = cupyx.empty_pinned(max(total, 1), dtype=np.uint8)
+    for a, off in zip(arrays, offsets):
+        staging[off:off + a.nbytes] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+    buf = cupy.empty(max(total, 1), dtype=cupy.uint8)
+    buf.set(staging, stream=stream)
+    _keep_alive([staging], stream)
+    return [buf[off:off + a.nbytes].view(a.dtype).reshape(a.shape) for a, off in zip(arrays, offsets)]
 
 
 def device(t: Tables, num_heads, dev, stream):
