@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 import time
 
-from . import compact, schedule
+from . import compact, compact_device, schedule
 
 CLI_MAX_SIMULATED_VISITS = 1 << 24    # above: the CLI analyses compact records (the per-visit tables need GBs)
 SCAN_STATS_VISITS = 1 << 26           # the windowed-count figures look at about this many visits (every k-th column)
@@ -83,6 +83,9 @@ def print_compact(rows, auto, method, *, c, r, model, reason, file=None):
           f"{'; ~: over the visits of every k-th column' if any(r['scan'] and r['scan'][2] > 1 for r in rows) else ''}",
           file=file)
     print(f"lower bound {rows[0]['bound']:.1f}; auto picks {auto!r} ({method})", file=file)
+    print(f"the backward's compact build runs auto as {compact_device.KERNEL_AUTO!r}: its dQ writer derives counted "
+          f"ranks (shift, symmetric_shift) at about half the speed of the closed forms (benchmarks/RESULTS.md)",
+          file=file)
 
 
 def _mb(nbytes):
