@@ -109,12 +109,18 @@ def _concrete(*tensors) -> bool:
     return all(isinstance(n, int) for t in tensors for n in (*t.shape, *t.stride()))
 
 
-def _check_ranks(**tensors):
+def _check_dims(layouts, **tensors):
+    """Raise ValueError naming the first tensor whose rank is not that of its layout (``layouts``: name ->
+    layout text, "" for the default entry)."""
     for name, t in tensors.items():
-        want = 3 if name == "lse" else 4
+        layout = layouts.get(name, layouts[""])
+        want = layout.count(",") + 1
         if t.dim() != want:
-            layout = "(B, H, Sq)" if name == "lse" else "(B, S, H, D)"
             raise ValueError(f"{name}: expected a {want}-D tensor {layout}, got shape {tuple(t.shape)}")
+
+
+def _check_ranks(**tensors):
+    _check_dims({"lse": "(B, H, Sq)", "": "(B, S, H, D)"}, **tensors)
 
 
 def _check_meta(q, k, v, softmax_scale, schedule, causal, window, dout=None, out=None, lse=None):

@@ -39,11 +39,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
 
 
 def _check_packed(**tensors):
-    for name, t in tensors.items():
-        want = 2 if name == "lse" else 3
-        if t.dim() != want:
-            layout = "(H, total_q)" if name == "lse" else "(total, heads, head_dim)"
-            raise ValueError(f"{name}: expected a {want}-D tensor {layout}, got shape {tuple(t.shape)}")
+    from .torch import _check_dims
+    _check_dims({"lse": "(H, total_q)", "": "(total, heads, head_dim)"}, **tensors)
 
 
 @torch.library.custom_op("cupy_dash::attention_forward_varlen", mutates_args=())
