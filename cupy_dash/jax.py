@@ -63,7 +63,7 @@ import threading
 import jax
 import numpy as np
 
-from . import api, interop, jit, kernels, launchers
+from . import api, compact_device, interop, jit, kernels, launchers
 from . import schedule as _schedule
 from .errors import _jit_record, _spin_timeout_ms
 
@@ -344,7 +344,9 @@ class _Backward:
         import cupy
         self.p, self.causal, self.window = p, cfg.causal, cfg.window
         tile = kernels.bwd_tile(p.D)
-        specs = kernels.bwd_specs(p.dtype, p.D, cfg.causal, cfg.deterministic)
+        # NOTES: long problems read compact records, as the eager path does (compact_device.wanted)
+        compact = compact_device.wanted(p.Sq, p.Sk, tile.block_m, tile.block_n, p.B * p.H, cfg.causal, cfg.window)
+        specs = kernels.bwd_specs(p.dtype, p.D, cfg.causal, cfg.deterministic, compact=compact)
         self.work_bytes = launchers.BwdLaunch(specs, tile.block_m, tile.block_n, p, cfg.deterministic,
                                               spin_timeout_ns, cfg.causal, cfg.window).work_bytes
         self.q_strides = interop._contiguous_strides((p.B, p.Sq, p.H, p.D))[:3]
@@ -353,13 +355,14 @@ class _Backward:
         self.launches, self.records = {}, {}
         for dev in self.devices:
             with cupy.cuda.Device(dev):
-                specs, bm, bn, max_ctas = kernels.bwd_entry(dev, p.dtype, p.D, cfg.causal, cfg.deterministic)
+                specs, bm, bn, max_ctas = kernels.bwd_entry(dev, p.dtype, p.D, cfg.causal, cfg.deterministic,
+                                                            compact=compact)
                 _load(specs)
                 c = launchers.BwdLaunch(specs, bm, bn, p, cfg.deterministic, spin_timeout_ns, cfg.causal,
                                         cfg.window)
                 stream = cupy.cuda.Stream(non_blocking=True)       # the upload waits for nothing of XLA's
                 with stream:
-                    c.tables = launchers.bwd_tables(cfg.schedule, c, max_ctas, dev, stream)
+                    c.tables = launchers.bwd_tables(cfg.schedule, c, max_ctas, dev, stream, compact=compact)
                 self.launches[dev] = c
                 self.records[dev] = _jit_record(dev, (c.tables.policy, p.B, p.H, p.Sq, p.Sk, p.D, cfg.causal,
                                                       cfg.window))

@@ -85,3 +85,24 @@ def test_compact_tables_long_context_smoke(schedule, monkeypatch):
     for name, a, e in zip(("dq", "dk", "dv"), compact, per_visit):
         _assert_same_bits(name, a, e)
     assert np.isfinite(_host(compact[0]).astype(np.float32)).all()
+
+
+@pytest.mark.parametrize("mechanism", ["ffi", "callback"])
+def test_jax_jit_reads_the_same_compact_tables(mechanism, monkeypatch):
+    """Under jax.jit the backward takes the compact build where the eager path does (here forced with
+    CUPY_DASH_COMPACT_TABLES=1) and gives the eager call's bits."""
+    jax = pytest.importorskip("jax")
+    import cupy_dash.jax as cj
+    if mechanism == "ffi":
+        pytest.importorskip("cupy_dash._xla_ffi", reason="the extension is not built")
+    monkeypatch.setenv("CUPY_DASH_JAX_FFI", "1" if mechanism == "ffi" else "0")
+    shape = SHAPES[1]
+    causal, window = shape[6], shape[7]
+    do, q, k, v = (jax.device_put(_host(x)) for x in _inputs(shape, _seed("compact-jax"))[:4])
+    out, lse = cupy_dash.attention_forward(q, k, v, causal=causal, window=window)
+    monkeypatch.setenv(compact_device.ENV, "1")
+    eager = cupy_dash.attention_backward(do, q, k, v, out, lse, causal=causal, window=window)
+    jitted = jax.jit(lambda *a: cj.attention_backward(*a, causal=causal, window=window))(do, q, k, v, out, lse)
+    cupy_dash.check_errors()
+    for name, a, e in zip(("dq", "dk", "dv"), jitted, eager):
+        _assert_same_bits(name, a, e)
