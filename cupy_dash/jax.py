@@ -104,18 +104,20 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, softmax_scale=N
     return _backward_jit(dout, q, k, v, out, lse, cfg)
 
 
-_Config = collections.namedtuple("_Config", "causal scale window schedule deterministic ffi")
+_Config = collections.namedtuple("_Config", "causal scale window schedule deterministic ffi compact_env")
 
 
 def _config(causal, softmax_scale, window=(-1, -1), schedule="auto", deterministic=True) -> _Config:
     """The static (hashable) arguments, checked as :mod:`cupy_dash.api` checks them (window: right side 0 when
     causal; its canonical form depends on the shapes, see :func:`_problem`); ``ffi``: whether the calls go
-    through the C handler (:func:`_use_ffi`)."""
+    through the C handler (:func:`_use_ffi`); ``compact_env``: CUPY_DASH_COMPACT_TABLES, which a traced backward
+    reads (compact_device.wanted), so that a change of it retraces."""
     causal = api._check_flag("causal", causal)
     deterministic = api._check_flag("deterministic", deterministic)
     api._check_schedule(schedule)
     scale = None if softmax_scale is None else api._check_scale(softmax_scale, None)
-    return _Config(causal, scale, api._check_window(window, causal), schedule, deterministic, _use_ffi())
+    return _Config(causal, scale, api._check_window(window, causal), schedule, deterministic, _use_ffi(),
+                   os.environ.get(compact_device.ENV, ""))
 
 
 def _use_ffi() -> bool:
