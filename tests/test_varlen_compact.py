@@ -88,3 +88,36 @@ def test_kernel_walk_of_compact_varlen_records_equals_expand(policy, case, ctas)
     np.testing.assert_array_equal(visits, ev)
     np.testing.assert_array_equal(rank, er)
     np.testing.assert_array_equal(cta_start, ec)
+
+
+@pytest.mark.parametrize("block_m", [64, 128])
+def test_padded_scratch_rows_of_the_sequences_never_overlap(block_m):
+    """kernels_src/bwd_rows.cuh's padded scratch rows, per sequence b: floor((cu[b] + b * block_m) / block_m) *
+    block_m onward, ceil(len_b / block_m) tiles; launchers.BwdLaunch sizes the scratch for them."""
+    import types
+    from cupy_dash import kernels, launchers
+    rng = np.random.default_rng(block_m)
+    for _ in range(200):
+        lens = rng.integers(0, 3 * block_m, size=int(rng.integers(1, 40)))
+        if lens.sum() == 0:
+            continue
+        cu = np.concatenate([[0], np.cumsum(lens)])
+        B, total = len(lens), int(cu[-1])
+        p = types.SimpleNamespace(B=1, Sq=total, Sk=total, H=2, Hkv=2, D=64, dtype="bfloat16", scale=0.125)
+        specs = kernels.bwd_specs("bfloat16", 64, False, True, varlen=True)
+        c = launchers.BwdLaunch(specs, block_m, 128, p, True, 10 ** 9, False, (-1, -1), varlen=(B, int(lens.max())))
+        start = (cu[:-1] + np.arange(B) * block_m) // block_m * block_m
+        end = start + -(-lens // block_m) * block_m
+        assert (end[:-1] <= start[1:]).all() and end[-1] <= c.sq_rounded and c.sq_rounded % block_m == 0
+        assert c.num_m_blocks * block_m == c.sq_rounded and c.zero_kv
+        assert c.row_grid == (-(-int(lens.max()) // block_m), 2, B)
+
+
+def test_plans_are_cached_per_packing_and_form():
+    lens = np.array([100, 0, 700], dtype=np.int64)
+    args = ("fa3", lens, lens, 64, 128, 4, True, 7, 2, (-1, 0))
+    a, b = varlen_device.plan(*args), varlen_device.plan(*args)
+    c = varlen_device.plan(*args, compact=True)
+    assert a is b and c is not a and c.compact and a.visits is not None and c.visits is None
+    assert a.num_visits == c.num_visits == len(a.visits)
+    np.testing.assert_array_equal(a.cu_q, [0, 100, 100, 800])
