@@ -44,6 +44,8 @@ give the same bits.
 batch bit for bit (and a loop over the axis bit for bit for the forward; for the backward with the
 ``PORTABLE_POLICIES`` schedules, whose addition orders do not depend on the batch size).
 
+Packed variable-length batches: :func:`attention_varlen` (:mod:`cupy_dash.jax_varlen`; host cu_seqlens, static).
+
 Errors: argument errors raise at trace time. A dQ semaphore timeout of a backward (see
 :func:`cupy_dash.check_errors`) is written to the call's device record, which only :func:`cupy_dash.check_errors`
 reads (it synchronizes the device): call it after a step to make sure none happened; until it is called, later
@@ -67,7 +69,7 @@ from . import api, compact_device, interop, jit, kernels, launchers
 from . import schedule as _schedule
 from .errors import _jit_record, _spin_timeout_ms
 
-__all__ = ["attention", "attention_forward", "attention_backward"]
+__all__ = ["attention", "attention_forward", "attention_backward", "attention_varlen"]
 
 _lock = threading.RLock()
 _prepared: dict = {}                           # key -> _Forward / _Backward, kept for the life of the process
@@ -410,3 +412,7 @@ def _device(buffer, prepared) -> int:
 
 def _ptr(buffer) -> int:
     return buffer.__cuda_array_interface__["data"][0]
+
+
+# packed variable-length batches (static host cu_seqlens): jax_varlen.py
+from .jax_varlen import attention_varlen  # noqa: E402

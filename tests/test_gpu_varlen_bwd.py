@@ -180,3 +180,26 @@ def test_compact_varlen_tables_same_bits_as_per_visit(lengths, schedule, monkeyp
         for name, a, e in zip(("dq", "dk", "dv"), got, want):
             assert bool((a.view(cupy.int16) == e.view(cupy.int16)).all()), f"{name} differs"
     cupy_dash.check_errors()
+
+
+def test_jax_varlen_matches_the_functional_api():
+    """cupy_dash.jax.attention_varlen under jax.jit(jax.grad) gives the bits of the eager varlen forward and
+    backward (same kernels, same schedule table)."""
+    jax = pytest.importorskip("jax")
+    import cupy_dash.jax as cj
+    h, _, _ = _problem("empty_and_unequal", 128, True, (-1, -1))
+    q, k, v, do = (jax.device_put(h[n]) for n in ("q", "k", "v", "do"))
+    args = (h["cu_q"], h["cu_k"], max(h["lq"]), max(h["lk"]))
+    jnp = jax.numpy
+
+    def loss(q, k, v):
+        out = cj.attention_varlen(q, k, v, *args, causal=True, schedule="fa3")
+        return jnp.sum(out.astype(jnp.float32) * do.astype(jnp.float32))
+    grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
+    out, lse = cupy_dash.attention_forward_varlen(q, k, v, cupy.asarray(h["cu_q"]), cupy.asarray(h["cu_k"]),
+                                                  *args[2:], causal=True)
+    # the loss's cotangent of out is do rounded to bf16 by the astype: the same dout as the eager call's
+    want = cupy_dash.attention_backward_varlen(do, q, k, v, out, lse, *args, causal=True, schedule="fa3")
+    cupy_dash.check_errors()
+    for name, g, w in zip(("dq", "dk", "dv"), grads, want):
+        assert (np.asarray(g).view(np.int16) == np.asarray(w).view(np.int16)).all(), name

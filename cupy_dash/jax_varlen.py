@@ -1,0 +1,212 @@
+"""JAX: attention over packed variable-length batches (FlashAttention's varlen layout), under ``jax.jit`` and
+``jax.grad``::
+
+    out = cupy_dash.jax.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                         causal=True)
+
+q ``(total_q, H, D)``, k/v ``(total_k, Hkv, D)`` JAX arrays; ``cu_seqlens_q`` / ``cu_seqlens_k`` ``(B + 1,)``
+integers **on the host** (numpy arrays, lists): the backward's schedule table is built from the lengths when the
+call is traced, so they are static arguments of the traced function (hashed into its cache key). A new packing
+is a new trace and XLA compilation: this suits batches whose packing repeats (fixed-length documents, a few
+bucketed layouts); for a new packing at every step the eager functional API
+(:func:`cupy_dash.attention_backward_varlen` with host cu_seqlens) builds a table in about 0.1 ms instead. The
+calls are ``jax.experimental.buffer_callback`` custom calls on XLA's stream (command-buffer compatible), prepared
+at trace time on every local Hopper GPU (kernels loaded, tables and cu_seqlens uploaded, an error record), with
+the bits of the eager varlen functions on the same inputs. Not batched by ``jax.vmap`` (the sequences already
+are the batch).
+"""
+from __future__ import annotations
+
+import collections
+import functools
+
+import jax
+import numpy as np
+
+from . import api, interop, kernels, launchers, varlen_device
+from . import jax as _jax
+from . import schedule as _schedule
+from .errors import _jit_record, _spin_timeout_ms
+
+__all__ = ["attention_varlen"]
+
+_VarlenConfig = collections.namedtuple("_VarlenConfig", "base cu_q cu_k max_q max_k")
+
+
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False,
+                     softmax_scale=None, schedule="auto", deterministic=True, window=(-1, -1)):
+    """Differentiable varlen attention -> out ``(total_q, H, D)`` (module docstring); ``schedule`` and
+    ``deterministic`` apply to the backward, ``window`` to both passes (per sequence)."""
+    from .varlen import _check_max_seqlen, _cu_seqlens_form, _cu_seqlens_values
+    base = _jax._config(causal, softmax_scale, window=window, schedule=schedule, deterministic=deterministic)
+    max_q, max_k = _check_max_seqlen("max_seqlen_q", max_seqlen_q), _check_max_seqlen("max_seqlen_k", max_seqlen_k)
+    cus = []
+    for name, cu, total, m in (("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_q),
+                               ("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_k)):
+        if isinstance(cu, jax.Array):
+            raise TypeError(f"{name}: cupy_dash.jax.attention_varlen needs the lengths on the host when it is "
+                            f"traced (numpy array or list); got a JAX array")
+        info, host = _cu_seqlens_form(name, cu)
+        if info is not None:
+            raise TypeError(f"{name}: expected a host array (numpy or list), got one on {info.device}")
+        cus.append(tuple(int(x) for x in _cu_seqlens_values(name, host, int(total), m,
+                                                            name.replace("cu_seqlens", "max_seqlen"))))
+    if len(cus[0]) != len(cus[1]):
+        raise ValueError(f"cu_seqlens_k: expected {len(cus[0])} entries (as cu_seqlens_q), got {len(cus[1])}")
+    return _attention_jit(q, k, v, _VarlenConfig(base, cus[0], cus[1], max_q, max_k))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _attention(q, k, v, vcfg):
+    return _forward(vcfg, q, k, v)[0]
+
+
+def _attention_fwd(q, k, v, vcfg):
+    out, lse = _forward(vcfg, q, k, v)
+    return out, (q, k, v, out, lse)
+
+
+def _attention_bwd(vcfg, residuals, dout):
+    return tuple(_backward(vcfg, dout, *residuals))
+
+
+_attention.defvjp(_attention_fwd, _attention_bwd)
+_attention_jit = jax.jit(_attention, static_argnums=(3,))
+
+
+_Shape = collections.namedtuple("_Shape", "shape dtype")
+
+
+def _problem(vcfg, q, k, v, dout=None, out=None, lse=None):
+    """(validated problem of the packed operands as one batch, the base config with the window in the form the
+    kernels take: canonical for the longest sequences, as the eager varlen functions do)."""
+    views = [_jax._Aval(_Shape((1, *x.shape), x.dtype)) if x is not None else None
+             for x in (q, k, v, dout, out, lse)]
+    for name, x in (("q", q), ("k", k), ("v", v), ("dout", dout), ("out", out)):
+        if x is not None and len(x.shape) != 3:
+            raise ValueError(f"{name}: expected a 3-D packed tensor (total, heads, head_dim), got shape {x.shape}")
+    p = api._validate(*views, softmax_scale=vcfg.base.scale, backward=dout is not None)
+    base = vcfg.base
+    return p, base._replace(window=_schedule.canonical_window(base.window, vcfg.max_q, vcfg.max_k, base.causal))
+
+
+def _forward(vcfg, q, k, v):
+    p, cfg = _problem(vcfg, q, k, v)
+    key = ("fwd-varlen", p.dtype, (p.Sq, p.Sk, p.H, p.Hkv, p.D), p.scale, cfg.causal, cfg.window, vcfg.cu_q,
+           vcfg.cu_k, vcfg.max_q)
+    return _jax._get(key, lambda: _VarlenForward(p, cfg, vcfg)).bind(q, k, v)
+
+
+def _backward(vcfg, dout, q, k, v, out, lse):
+    p, cfg = _problem(vcfg, q, k, v, dout, out, lse)
+    spin = int(_spin_timeout_ms() * 1e6)
+    key = ("bwd-varlen", p.dtype, (p.Sq, p.Sk, p.H, p.Hkv, p.D), p.scale, cfg.causal, cfg.window, cfg.schedule,
+           cfg.deterministic, spin, vcfg.cu_q, vcfg.cu_k, vcfg.max_q)
+    return _jax._get(key, lambda: _VarlenBackward(p, cfg, vcfg, spin)).bind(dout, q, k, v, out, lse)
+
+
+def _cu_device(vcfg, stream):
+    return varlen_device.upload_async([np.asarray(vcfg.cu_q, np.int32), np.asarray(vcfg.cu_k, np.int32)], stream)
+
+
+class _VarlenForward:
+    """A traced varlen forward: the callback ``(ctx, (out, lse), q, k, v)``; per device the uploaded cu_seqlens."""
+
+    def __init__(self, p, cfg, vcfg):
+        import cupy
+        self.p, self.window, self.num_seqs = p, cfg.window, len(vcfg.cu_q) - 1
+        self.spec, self.block_m, self.block_n = kernels.fwd_entry(p.dtype, p.D, cfg.causal, varlen=True)
+        self.grid = (-(-vcfg.max_q // self.block_m), p.H, self.num_seqs)
+        self.q_strides = interop._contiguous_strides((1, p.Sq, p.H, p.D))[:3]
+        self.kv_strides = interop._contiguous_strides((1, p.Sk, p.Hkv, p.D))[:3]
+        self.devices, self.cu = _jax._gpus(), {}
+        for dev in self.devices:
+            with cupy.cuda.Device(dev):
+                _jax._load([self.spec])
+                stream = cupy.cuda.Stream(non_blocking=True)
+                self.cu[dev] = _cu_device(vcfg, stream)
+                stream.synchronize()
+
+    def bind(self, q, k, v):
+        from jax.experimental.buffer_callback import buffer_callback
+        p = self.p
+        types = (jax.ShapeDtypeStruct((p.Sq, p.H, p.D), api._NP_DTYPES[p.dtype]),
+                 jax.ShapeDtypeStruct((p.H, p.Sq), np.float32))
+        return buffer_callback(self, types, command_buffer_compatible=True)(q, k, v)
+
+    def __call__(self, ctx, outs, q, k, v):
+        _jax.callback_runs["forward"] += 1
+        out, lse = outs
+        dev = _jax._device(out, self.devices)
+        import cupy
+        with cupy.cuda.Device(dev):
+            ptr = _jax._ptr
+            operands = (ptr(q), self.q_strides), (ptr(k), self.kv_strides), (ptr(v), self.kv_strides)
+            cu_q, cu_k = self.cu[dev]
+            params = launchers.fwd_params(self.block_m, self.block_n, self.p, self.window, operands, ptr(out),
+                                          ptr(lse), varlen=(self.num_seqs, cu_q.data.ptr, cu_k.data.ptr))
+            kernels.launch(self.spec, self.grid, params, interop._external_stream(ctx.stream, dev))
+
+
+class _VarlenBackward:
+    """A traced varlen backward: the callback ``(ctx, (dq, dk, dv, workspace), dout, q, k, v, out, lse)``; per
+    device its BwdLaunch (kernels loaded, the packing's schedule table uploaded), cu_seqlens and error record."""
+
+    def __init__(self, p, cfg, vcfg, spin_timeout_ns):
+        import cupy
+        self.p = p
+        num_seqs = len(vcfg.cu_q) - 1
+        lens_q, lens_k = (np.diff(np.asarray(c, np.int64)) for c in (vcfg.cu_q, vcfg.cu_k))
+        tile = kernels.bwd_tile(p.D)
+        specs = kernels.bwd_specs(p.dtype, p.D, cfg.causal, cfg.deterministic, varlen=True)
+        self.work_bytes = launchers.BwdLaunch(specs, tile.block_m, tile.block_n, p, cfg.deterministic,
+                                              spin_timeout_ns, cfg.causal, cfg.window,
+                                              varlen=(num_seqs, vcfg.max_q)).work_bytes
+        self.q_strides = interop._contiguous_strides((1, p.Sq, p.H, p.D))[:3]
+        self.kv_strides = interop._contiguous_strides((1, p.Sk, p.Hkv, p.D))[:3]
+        self.devices, self.launches, self.records, self.cu = _jax._gpus(), {}, {}, {}
+        for dev in self.devices:
+            with cupy.cuda.Device(dev):
+                specs, bm, bn, max_ctas = kernels.bwd_entry(dev, p.dtype, p.D, cfg.causal, cfg.deterministic,
+                                                            varlen=True)
+                _jax._load(specs)
+                c = launchers.BwdLaunch(specs, bm, bn, p, cfg.deterministic, spin_timeout_ns, cfg.causal,
+                                        cfg.window, varlen=(num_seqs, vcfg.max_q))
+                columns = p.Hkv * int((-(-lens_k // bn)).sum())
+                t = varlen_device.plan(cfg.schedule, lens_q, lens_k, bm, bn, p.H, cfg.causal,
+                                       max(1, min(max_ctas, columns)), p.H // p.Hkv, cfg.window)
+                if t.num_visits == 0:                    # no sequence sees a key: zero gradients, no kernel
+                    self.launches[dev] = None
+                    continue
+                stream = cupy.cuda.Stream(non_blocking=True)
+                c.tables, cu_q, cu_k, _ = varlen_device.device(t, num_seqs * p.H, dev, stream)
+                stream.synchronize()
+                self.launches[dev], self.cu[dev] = c, (cu_q, cu_k)
+                self.records[dev] = _jit_record(dev, (c.tables.policy, num_seqs, p.H, p.Sq, p.Sk, p.D, cfg.causal,
+                                                      cfg.window))
+
+    def bind(self, dout, q, k, v, out, lse):
+        from jax.experimental.buffer_callback import buffer_callback
+        p = self.p
+        kv = jax.ShapeDtypeStruct((p.Sk, p.Hkv, p.D), api._NP_DTYPES[p.dtype])
+        types = (jax.ShapeDtypeStruct((p.Sq, p.H, p.D), api._NP_DTYPES[p.dtype]), kv, kv,
+                 jax.ShapeDtypeStruct((self.work_bytes,), np.uint8))
+        return buffer_callback(self, types, command_buffer_compatible=True)(dout, q, k, v, out, lse)[:3]
+
+    def __call__(self, ctx, outs, dout, q, k, v, out, lse):
+        _jax.callback_runs["backward"] += 1
+        dq, dk, dv, work = outs
+        dev = _jax._device(dq, self.devices)
+        ptr, qs, kvs = _jax._ptr, self.q_strides, self.kv_strides
+        import cupy
+        with cupy.cuda.Device(dev):
+            stream = interop._external_stream(ctx.stream, dev)
+            if self.launches[dev] is None:
+                for x in (dq, dk, dv):
+                    cupy.cuda.runtime.memsetAsync(ptr(x), 0, int(np.prod(x.shape)) * 2, stream.ptr)
+                return
+            operands = ((ptr(q), qs), (ptr(k), kvs), (ptr(v), kvs), (ptr(out), qs), (ptr(dout), qs))
+            cu_q, cu_k = self.cu[dev]
+            launchers.launch_backward(self.launches[dev], operands, ptr(lse), ptr(work), (ptr(dq), ptr(dk), ptr(dv)),
+                                      stream, error_ptr=self.records[dev],
+                                      cu_seqlens=(cu_q.data.ptr, cu_k.data.ptr))

@@ -1,0 +1,113 @@
+"""cupy_dash.jax.attention_varlen on the CPU (skipped without JAX): lowering (one custom call per pass under
+jax.grad), argument checks at trace time, and the custom_vjp plumbing on JAX's CPU backend with the kernels
+replaced by the float64 reference per sequence. The real kernels: tests/test_gpu_varlen_bwd.py."""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from cupy_dash import reference
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+CU_Q, CU_K = np.array([0, 100, 100, 300]), np.array([0, 200, 260, 500])   # the middle sequence has no queries
+
+
+@pytest.fixture
+def jx(monkeypatch):
+    jax = pytest.importorskip("jax")
+    import cupy_dash.jax as cj
+    monkeypatch.setenv("CUPY_DASH_JAX_FFI", "0")
+    jax.clear_caches()                  # no executable traced by an earlier test (with other callbacks) is reused
+    with jax.default_device(jax.devices("cpu")[0]):
+        yield jax, cj
+
+
+def test_lowering_has_one_custom_call_per_pass(jx):
+    jax, cj = jx
+    jnp = jax.numpy
+    q, k = jax.ShapeDtypeStruct((300, 4, 64), jnp.bfloat16), jax.ShapeDtypeStruct((500, 2, 64), jnp.bfloat16)
+
+    def loss(q, k, v):
+        return jnp.sum(cj.attention_varlen(q, k, v, CU_Q, CU_K, 200, 240, causal=True).astype(jnp.float32))
+    text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(q, k, k).lower(lowering_platforms=("cuda",)).as_text()
+    assert text.count("stablehlo.custom_call") == 2
+
+
+@pytest.mark.parametrize("over,exc,match", [
+    (dict(cu_seqlens_q="jax"), TypeError, "cu_seqlens_q: .* on the host"),
+    (dict(cu_seqlens_q=np.array([0, 200, 100, 300])), ValueError, "cu_seqlens_q: expected 0 = cu"),
+    (dict(cu_seqlens_k=np.array([0, 500]), max_seqlen_k=500), ValueError, "cu_seqlens_k: expected 4 entries"),
+    (dict(max_seqlen_q=150), ValueError, "exceeds max_seqlen_q"),
+    (dict(max_seqlen_k=0), ValueError, "max_seqlen_k"),
+    (dict(schedule="fastest"), ValueError, "schedule"),
+    (dict(causal="yes"), TypeError, "causal"),
+])
+def test_argument_errors_at_trace_time(jx, over, exc, match):
+    jax, cj = jx
+    jnp = jax.numpy
+    q, k = jnp.zeros((300, 4, 64), jnp.bfloat16), jnp.zeros((500, 2, 64), jnp.bfloat16)
+    a = dict(cu_seqlens_q=CU_Q, cu_seqlens_k=CU_K, max_seqlen_q=200, max_seqlen_k=240)
+    a.update(over)
+    if isinstance(a["cu_seqlens_q"], str):
+        a["cu_seqlens_q"] = jnp.asarray(CU_Q)
+    kw = {n: a.pop(n) for n in ("schedule", "causal") if n in a}
+    with pytest.raises(exc, match=match):
+        cj.attention_varlen(q, k, k, a["cu_seqlens_q"], a["cu_seqlens_k"], a["max_seqlen_q"], a["max_seqlen_k"],
+                            **kw)
+
+
+def _sequences(cu_q, cu_k):
+    for b in range(len(cu_q) - 1):
+        yield slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b + 1]))
+
+
+def test_plumbing_with_reference_callbacks(jx, monkeypatch):
+    """jit(grad) of a varlen loss runs one forward and one backward call and gives the per-sequence float64
+    reference's gradients (the kernels replaced by the reference on JAX's CPU backend)."""
+    jax, cj = jx
+    from cupy_dash import jax_varlen
+    calls = []
+
+    def forward(self, ctx, outs, q, k, v):
+        calls.append("forward")
+        q, k, v = (np.asarray(x) for x in (q, k, v))
+        out, lse = (np.asarray(x) for x in outs)
+        out[...], lse[...] = 0, -np.inf
+        for rq, rk in _sequences(CU_Q, CU_K):
+            if rq.stop > rq.start and rk.stop > rk.start:
+                o, l_ = reference.forward(q[None, rq], k[None, rk], v[None, rk], causal=True)
+                out[rq], lse[:, rq] = o[0].astype(out.dtype), l_[0]
+
+    def backward(self, ctx, outs, dout, q, k, v, out, lse):
+        calls.append("backward")
+        dout, q, k, v, out, lse = (np.asarray(x) for x in (dout, q, k, v, out, lse))
+        dq, dk, dv = (np.asarray(x) for x in outs[:3])
+        dq[...], dk[...], dv[...] = 0, 0, 0
+        for rq, rk in _sequences(CU_Q, CU_K):
+            if rq.stop > rq.start and rk.stop > rk.start:
+                g = reference.backward(dout[None, rq], q[None, rq], k[None, rk], v[None, rk], out[None, rq],
+                                       np.ascontiguousarray(lse[None, :, rq]), causal=True)
+                dq[rq], dk[rk], dv[rk] = (x[0].astype(dq.dtype) for x in g)
+    monkeypatch.setattr(jax_varlen._VarlenForward, "__call__", forward)
+    monkeypatch.setattr(jax_varlen._VarlenBackward, "__call__", backward)
+    jnp = jax.numpy
+    rng = np.random.default_rng(0)
+    q, dout = (rng.standard_normal((300, 4, 64), dtype=np.float32).astype(BF16) for _ in range(2))
+    k, v = (rng.standard_normal((500, 2, 64), dtype=np.float32).astype(BF16) for _ in range(2))
+
+    def loss(q, k, v):
+        out = cj.attention_varlen(q, k, v, CU_Q, CU_K, 200, 240, causal=True)
+        return jnp.sum(out.astype(jnp.float32) * dout.astype(jnp.float32))
+    grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
+    assert calls == ["forward", "backward"]
+    for rq, rk in _sequences(CU_Q, CU_K):
+        if rq.stop == rq.start or rk.stop == rk.start:
+            assert not np.asarray(grads[1][rk], np.float32).any()       # keys no query sees: zero gradient
+            continue
+        o, l_ = reference.forward(q[None, rq], k[None, rk], v[None, rk], causal=True)
+        want = reference.backward(dout[None, rq], q[None, rq], k[None, rk], v[None, rk], o.astype(BF16),
+                                  l_.astype(np.float32), causal=True)
+        for got, w in zip((grads[0][rq], grads[1][rk], grads[2][rk]), want):
+            got = np.asarray(got, np.float64)
+            assert np.max(np.abs(got - w[0]) / (1 + np.abs(w[0]))) < 2e-2
