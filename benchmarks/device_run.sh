@@ -82,8 +82,9 @@ if [ "$stage" = final ]; then   # compact rank table, varlen table cache, JAX 0.
     | tail -34
 fi
 if [ "$stage" = next ]; then   # what the third session built after its GPU budget was spent (benchmarks/NOTES.md)
-  timeout 240 $py -m pytest tests/test_gpu_varlen_bwd.py tests/test_gpu_compact.py tests/test_gpu_torch_ops.py \
-    -q -ra --maxfail=10 "$@" 2>&1 | tee "$OUT/next_tests.log" | tail -12
+  timeout 300 $py -m pytest tests/test_gpu_varlen_bwd.py tests/test_gpu_compact.py tests/test_gpu_torch_ops.py \
+    tests/test_gpu_jax_jit.py tests/test_jax_varlen.py tests/test_jax_jit.py -q -ra --maxfail=10 "$@" 2>&1 \
+    | tee "$OUT/next_tests.log" | tail -12
   CUPY_DASH_COMPACT_TABLES=1 timeout 150 $py benchmarks/varlen_bwd.py --repeats 10 2>&1 \
     | tee "$OUT/varlen_bwd_compact.txt" | tail -34
   timeout 200 $py -m cupy_dash bench --seqlens 1048576 --tokens 1048576 --hdims 128 --masks causal \
