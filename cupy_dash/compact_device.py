@@ -1,4 +1,4 @@
-"""Compact schedule records on the device, for the backward's DASH_COMPACT builds (opt-in).
+"""Compact schedule records on the device, for the backward's DASH_COMPACT builds (large problems, or on request).
 
 The main kernel's compact build (``kernels_src/compact_view.cuh``) reads, instead of the per-visit table, the
 four arrays and four scalars of :mod:`cupy_dash.compact` as BwdParams fields (``kernels_src/params.cuh``, the
