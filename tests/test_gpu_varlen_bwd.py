@@ -27,13 +27,13 @@ def _zero_signless_bits(a):
     return bits
 
 
-def _problem(lengths, hdim, causal, window, H=4, Hkv=2, seed=0):
+def _problem(lengths, hdim, causal, window, H=4, Hkv=2, seed=0, dtype=BF16):
     lq, lk = LENGTHS[lengths]
     if causal and window[1] > 0:
         window = (window[0], 0)
     rng = np.random.default_rng(seed + len(lq) * 1000 + hdim)
-    q, do = (rng.standard_normal((sum(lq), H, hdim), dtype=np.float32).astype(BF16) for _ in range(2))
-    k, v = (rng.standard_normal((sum(lk), Hkv, hdim), dtype=np.float32).astype(BF16) for _ in range(2))
+    q, do = (rng.standard_normal((sum(lq), H, hdim), dtype=np.float32).astype(dtype) for _ in range(2))
+    k, v = (rng.standard_normal((sum(lk), Hkv, hdim), dtype=np.float32).astype(dtype) for _ in range(2))
     cu_q, cu_k = (np.concatenate([[0], np.cumsum(x)]).astype(np.int32) for x in (lq, lk))
     dq_, dk_, dv_, do_ = _dev(q), _dev(k), _dev(v), _dev(do)
     cq, ck = cupy.asarray(cu_q), cupy.asarray(cu_k)
@@ -203,3 +203,23 @@ def test_jax_varlen_matches_the_functional_api():
     cupy_dash.check_errors()
     for name, g, w in zip(("dq", "dk", "dv"), grads, want):
         assert (np.asarray(g).view(np.int16) == np.asarray(w).view(np.int16)).all(), name
+
+
+@pytest.mark.parametrize("hdim", [64, 128])
+def test_varlen_backward_fp16(hdim):
+    """fp16 inputs: the fp16 varlen kernels against the float64 reference and, with fa3, the sequence alone."""
+    h, dev, _ = _problem("mixed", hdim, True, (-1, -1), seed=9, dtype=np.float16)
+    dq, dk, dv = cupy_dash.attention_backward_varlen(*dev, causal=True, schedule="fa3")
+    cupy_dash.check_errors()
+    grads = [cupy.asnumpy(x) for x in (dq, dk, dv)]
+    for b, sq, sk, rq, rk in _sequences(h):
+        qb, kb, vb, dob = (h[n][None, r] for n, r in (("q", rq), ("k", rk), ("v", rk), ("do", rq)))
+        outb, lseb = h["out"][None, rq], np.ascontiguousarray(h["lse"][None, :, rq])
+        want = cupy_dash.attention_backward(*(cupy.asarray(x) for x in (dob, qb, kb, vb, outb, lseb)), causal=True,
+                                            schedule="fa3")
+        ref = reference.backward(dob, qb, kb, vb, outb, lseb, causal=True)
+        lowp = reference.backward_lowp(dob, qb, kb, vb, outb, lseb, causal=True, dtype=np.float16)
+        for name, a, rows, w, r64, rlp in zip(("dq", "dk", "dv"), grads, (rq, rk, rk), want, ref, lowp):
+            got, exp = _zero_signless_bits(a[rows]), _zero_signless_bits(cupy.asnumpy(w)[0])
+            assert (got == exp).all(), f"sequence {b}: {name}"
+            reference.assert_close_fa3(f"sequence {b}: {name}", a[None, rows], r64, rlp)
