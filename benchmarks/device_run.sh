@@ -87,6 +87,7 @@ if [ "$stage" = next ]; then   # what the third session built after its GPU budg
     | tee "$OUT/next_tests.log" | tail -12
   CUPY_DASH_COMPACT_TABLES=1 timeout 150 $py benchmarks/varlen_bwd.py --repeats 10 2>&1 \
     | tee "$OUT/varlen_bwd_compact.txt" | tail -34
+  timeout 60 $py benchmarks/varlen_bwd.py --profile > "$OUT/varlen_profile.txt" 2>&1
 fi
 if [ "$stage" = long1m ]; then   # issue 7: the backward at 1M tokens (compact tables by default there)
   timeout 300 $py -m cupy_dash bench --seqlens 1048576 --tokens 1048576 --hdims 128 --masks causal \

@@ -4,12 +4,18 @@ lengths are equal, and the host time of one call with device cu_seqlens (a devic
 with host cu_seqlens (no wait). TFLOP/s with FA3's convention per sequence (bwd = 2.5 x 4 Sq Sk H D, x 1/2
 causal), CUDA events, median of --repeats after 3 warm-up calls.
 
-    python benchmarks/varlen_bwd.py [--repeats 20] [--json out.json]
+    python benchmarks/varlen_bwd.py [--repeats 20] [--json out.json] [--profile]
+
+``--profile``: instead, a cProfile of 200 host-cu_seqlens calls at 64 equal sequences (where the call's host
+time shows most), the 25 functions with the most cumulative time.
 """
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
+import pstats
 import statistics
 import time
 
@@ -64,7 +70,10 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--json")
+    ap.add_argument("--profile", action="store_true")
     args = ap.parse_args(argv)
+    if args.profile:
+        return _profile()
     rng = np.random.default_rng(0)
     rows = []
     gpu = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
@@ -108,6 +117,32 @@ def main(argv=None):
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
+
+
+def _profile():
+    lengths = [TOKENS // 64] * 64
+    cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    q, k, v, do = (cupy.random.standard_normal((TOKENS, H, D), dtype=cupy.float32).astype(cupy.float16)
+                   for _ in range(4))
+    out, lse = cupy_dash.attention_forward_varlen(q, k, v, cupy.asarray(cu), cupy.asarray(cu), lengths[0], lengths[0],
+                                                  causal=True)
+
+    def call():
+        return cupy_dash.attention_backward_varlen(do, q, k, v, out, lse, cu, cu, lengths[0], lengths[0],
+                                                   causal=True)
+    for _ in range(5):
+        call()
+    cupy.cuda.Device().synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    for i in range(200):
+        call()
+        if i % 20 == 19:
+            cupy.cuda.Device().synchronize()
+    prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(25)
+    print(text.getvalue())
 
 
 if __name__ == "__main__":
