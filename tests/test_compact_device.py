@@ -1,6 +1,7 @@
 """CPU tests of the compact-table kernel plumbing: the arrays uploaded for the DASH_COMPACT build, read the way
 kernels_src/compact_view.cuh reads them (a Python mirror of its cursor, rule and 32-lane rank count), give
 exactly the per-visit table of compact.expand; the parameter block and the specs of the compact build."""
+import collections
 import itertools
 import types
 
@@ -209,3 +210,23 @@ def test_device_arrays_rejects_bad_records():
         compact_device.device_arrays(bad)
     assert list(itertools.islice(compact_device.device_arrays(plan), 4)) == ["col_records", "cta_columns",
                                                                              "cta_col_start", "scan_bounds"]
+
+
+def test_compact_backward_runs_auto_as_kernel_auto(monkeypatch):
+    """compact_device.device_tables builds KERNEL_AUTO's records for "auto" (counted ranks cost the writer)."""
+    import cupy
+    seen = []
+    real = compact.build_compact
+
+    def build(policy, **kw):
+        seen.append(policy)
+        return real(policy, **kw)
+    monkeypatch.setattr(compact, "build_compact", build)
+    monkeypatch.setattr(compact_device, "upload", lambda plan, dev: types.SimpleNamespace(policy=plan.policy))
+    monkeypatch.setattr(compact_device, "_tables", collections.OrderedDict())
+    stream = types.SimpleNamespace(synchronize=lambda: None)
+    monkeypatch.setattr(cupy.cuda, "Device", lambda dev: None)
+    t = compact_device.device_tables("auto", 1000, 1000, 64, 128, 4, True, 7, 0, stream, window=(-1, 0))
+    assert seen == [compact_device.KERNEL_AUTO] and t.policy == compact_device.KERNEL_AUTO
+    compact_device.device_tables("shift", 1000, 1000, 64, 128, 4, True, 7, 0, stream, window=(-1, 0))
+    assert seen[-1] == "shift"
