@@ -174,6 +174,12 @@ def _validate(q, k, v, do=None, out=None, lse=None, *, softmax_scale=None, sched
     return p
 
 
+def _check_tma_operands(p) -> None:
+    """The backward's q, k, v, do (read through TMA maps) can be encoded: raises ValueError naming the argument."""
+    for info in p.infos[:4]:
+        tensormap.check_encodable(info.name, info.shape, info.strides[:3], info.data_ptr or 0)
+
+
 def _resolve(info, x, keep):
     """(pointer, (batch, row, head) element strides) of a validated CUDA operand.
 
@@ -386,8 +392,7 @@ def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, determinis
         raise ValueError(f"plan: built for window={tuple(plan.window)}, but this call's window is {window} "
                          f"(canonical form for Sq={Sq}, Sk={Sk})")
     dev = p.device_id
-    for info in p.infos[:4]:                              # q, k, v, do: read through TMA maps
-        tensormap.check_encodable(info.name, info.shape, info.strides[:3], info.data_ptr or 0)
+    _check_tma_operands(p)
     # NOTES: compact tables (per-column records) serve policy-built tables without a timeline, for problems whose
     # per-visit table would be large or on request (compact_device.wanted); such calls are not registered on the
     # torch fast path, which replays per-visit launches.

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 import time
 
-from . import compact, compact_device, schedule
+from . import compact_device, schedule
 
 CLI_MAX_SIMULATED_VISITS = 1 << 24    # above: the CLI analyses compact records (the per-visit tables need GBs)
 SCAN_STATS_VISITS = 1 << 26           # the windowed-count figures look at about this many visits (every k-th column)

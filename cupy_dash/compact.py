@@ -245,8 +245,10 @@ def expand(plan: CompactSchedule) -> tuple:
                                 plan.n_first, plan.columns_per_head, plan.group_size, plan.tie_sign)
 
 
+@functools.lru_cache(maxsize=256)
 def num_visits(seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, window=(-1, -1)) -> int:
-    """Visits of any table of this problem (every policy visits every visible tile once per query head)."""
+    """Visits of any table of this problem (every policy visits every visible tile once per query head); cached:
+    every eager backward asks (compact_device.wanted)."""
     lo, hi = _schedule.column_ranges(seqlen_q, seqlen_k, block_m, block_n, causal, *window)
     return num_heads * int((hi - lo).sum())
 

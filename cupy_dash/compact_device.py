@@ -86,11 +86,11 @@ class CompactDeviceTables:
                  "columns_per_head", "tie_sign", "rank_rule", "num_ctas", "policy", "device_id", "nbytes")
 
     def params(self) -> dict:
-        """The BwdParams fields of these tables (addresses and scalars), for ``pack_bwd_params``."""
+        """The BwdParams fields these tables set (addresses and scalars; launchers.bwd_params nulls the rest)."""
         ptr = {k: (0 if getattr(self, k) is None else getattr(self, k).data.ptr)
                for k in ("col_records", "cta_columns", "cta_col_start", "scan_bounds", "tile_columns")}
-        return dict(ptr, visits=0, rank=0, cta_start=0, n_first=self.n_first,
-                    columns_per_head=self.columns_per_head, tie_sign=self.tie_sign, rank_rule=self.rank_rule)
+        return dict(ptr, n_first=self.n_first, columns_per_head=self.columns_per_head, tie_sign=self.tie_sign,
+                    rank_rule=self.rank_rule)
 
 
 def upload(plan: compact.CompactSchedule, device_id: int) -> CompactDeviceTables:

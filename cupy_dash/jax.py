@@ -126,10 +126,11 @@ def _use_ffi() -> bool:
     """The C FFI handler unless ``CUPY_DASH_JAX_FFI=0`` asks for the Python buffer_callback, or the extension
     ``cupy_dash._xla_ffi`` is not built (``CUPY_DASH_JAX_FFI=1`` then raises when a call is traced)."""
     env = os.environ.get("CUPY_DASH_JAX_FFI", "")
-    if env == "0":
-        return False
-    if env:
-        return True
+    return env != "0" and (bool(env) or _ffi_built())
+
+
+@functools.lru_cache(maxsize=None)
+def _ffi_built() -> bool:
     try:
         from . import _xla_ffi  # noqa: F401
     except ImportError:

@@ -37,7 +37,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
                      softmax_scale=None, schedule="auto", deterministic=True, window=(-1, -1)):
     """Differentiable varlen attention -> out ``(total_q, H, D)`` (module docstring); ``schedule`` and
     ``deterministic`` apply to the backward, ``window`` to both passes (per sequence)."""
-    from .varlen import _check_max_seqlen, _cu_seqlens_form, _cu_seqlens_values
+    from .varlen import _check_max_seqlen, _check_same_count, _cu_seqlens_form, _cu_seqlens_values
     base = _jax._config(causal, softmax_scale, window=window, schedule=schedule, deterministic=deterministic)
     max_q, max_k = _check_max_seqlen("max_seqlen_q", max_seqlen_q), _check_max_seqlen("max_seqlen_k", max_seqlen_k)
     cus = []
@@ -49,10 +49,9 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
         info, host = _cu_seqlens_form(name, cu)
         if info is not None:
             raise TypeError(f"{name}: expected a host array (numpy or list), got one on {info.device}")
-        cus.append(tuple(int(x) for x in _cu_seqlens_values(name, host, int(total), m,
-                                                            name.replace("cu_seqlens", "max_seqlen"))))
-    if len(cus[0]) != len(cus[1]):
-        raise ValueError(f"cu_seqlens_k: expected {len(cus[0])} entries (as cu_seqlens_q), got {len(cus[1])}")
+        cus.append(tuple(int(x) for x in _cu_seqlens_values(name, host, int(total),
+                                                            name.replace("cu_seqlens", "max_seqlen"), m)))
+    _check_same_count(*cus)
     return _attention_jit(q, k, v, _VarlenConfig(base, cus[0], cus[1], max_q, max_k))
 
 
@@ -172,9 +171,8 @@ class _VarlenBackward:
                 _jax._load(specs)
                 c = launchers.BwdLaunch(specs, bm, bn, p, cfg.deterministic, spin_timeout_ns, cfg.causal,
                                         cfg.window, varlen=(num_seqs, vcfg.max_q))
-                columns = p.Hkv * int((-(-lens_k // bn)).sum())
-                t = varlen_device.plan(cfg.schedule, lens_q, lens_k, bm, bn, p.H, cfg.causal,
-                                       max(1, min(max_ctas, columns)), p.H // p.Hkv, cfg.window)
+                t = varlen_device.plan(cfg.schedule, lens_q, lens_k, bm, bn, p.H, p.Hkv, cfg.causal, max_ctas,
+                                       cfg.window)
                 if t.num_visits == 0:                    # no sequence sees a key: zero gradients, no kernel
                     self.launches[dev] = None
                     continue

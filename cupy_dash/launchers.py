@@ -186,6 +186,13 @@ def bwd_grids(c) -> tuple:
     return c.row_grid, (c.tables.num_ctas,), c.row_grid
 
 
+# The schedule fields of BwdParams, null / 0: each kind of table sets its own (per-visit rows, compact records,
+# compact varlen records) over these.
+_NO_SCHEDULE = dict(visits=0, rank=0, cta_start=0, col_records=0, cta_columns=0, cta_col_start=0, scan_bounds=0,
+                    n_first=0, columns_per_head=0, tie_sign=0, rank_rule=0, tile_columns=0, seg_col_start=0,
+                    seq_n_first=0, seq_tile_start=0)
+
+
 def bwd_params(c, operands, lse_ptr, work_base, grads, error_ptr, timeline_ptr=0, cu_seqlens=(0, 0)) -> np.ndarray:
     """The backward's packed parameter block (the three kernels share it; window from ``c``). ``operands``:
     ``(pointer, (batch, row, head) element strides)`` of q, k, v, out, dout; ``lse_ptr``: float32 ``(B, H, Sq)``
@@ -199,13 +206,10 @@ def bwd_params(c, operands, lse_ptr, work_base, grads, error_ptr, timeline_ptr=0
     dq_ptr, dk_ptr, dv_ptr = grads
     kv_contig = _contiguous((B, Sk, Hkv, D))
     if hasattr(tables, "params"):            # compact records (DASH_COMPACT builds): no per-visit table
-        schedule_fields = dict(dict(tile_columns=0, seg_col_start=0, seq_n_first=0, seq_tile_start=0),
-                               **tables.params())
+        schedule_fields = dict(_NO_SCHEDULE, **tables.params())
     else:
-        schedule_fields = dict(visits=tables.visits.data.ptr, rank=tables.rank.data.ptr,
-                               cta_start=tables.cta_start.data.ptr, col_records=0, cta_columns=0,
-                               cta_col_start=0, scan_bounds=0, n_first=0, columns_per_head=0, tie_sign=0,
-                               rank_rule=0, tile_columns=0, seg_col_start=0, seq_n_first=0, seq_tile_start=0)
+        schedule_fields = dict(_NO_SCHEDULE, visits=tables.visits.data.ptr, rank=tables.rank.data.ptr,
+                               cta_start=tables.cta_start.data.ptr)
     base, offsets, bm, bn = work_base, c.offsets, c.block_m, c.block_n
     return kernels.pack_bwd_params(
         tma_q=tensormap.bhsd_map(q_ptr, p.dtype, (B, Sq, H, D), q_stride, bm, "q"),

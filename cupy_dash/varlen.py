@@ -132,7 +132,12 @@ def _cu_seqlens_form(name, cu):
     return None, host.astype(np.int64)
 
 
-def _cu_seqlens_values(name, host, total, max_len, max_name) -> np.ndarray:
+def _check_same_count(cu_q, cu_k) -> None:
+    if len(cu_q) != len(cu_k):
+        raise ValueError(f"cu_seqlens_k: expected {len(cu_q)} entries (as cu_seqlens_q), got {len(cu_k)}")
+
+
+def _cu_seqlens_values(name, host, total, max_name, max_len) -> np.ndarray:
     """``host`` checked (1-D, 0 = cu[0] <= ... <= cu[B] = total, no length above max_len) as int32."""
     if host.ndim != 1 or host.shape[0] < 2:
         raise ValueError(f"{name}: expected a 1-D array (B + 1,) with B >= 1, got shape {host.shape}")
@@ -196,43 +201,38 @@ def attention_backward_varlen(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
     totals = interop.describe(q, "q").shape[0], interop.describe(k, "k").shape[0]
     if max_q > totals[0] or max_k > totals[1]:
         raise ValueError(f"max_seqlen_q / max_seqlen_k ({max_q}, {max_k}) exceed the packed lengths {totals}")
-    cu_args = (("cu_seqlens_q", cu_seqlens_q, totals[0], max_q), ("cu_seqlens_k", cu_seqlens_k, totals[1], max_k))
-    forms = [_cu_seqlens_form(n, cu) for n, cu, _, _ in cu_args]
-    for (n, _, total, m), (_, host) in zip(cu_args, forms):
-        if host is not None:                              # host cu_seqlens: checked before any GPU work
-            _cu_seqlens_values(n, host, total, m, n.replace("cu_seqlens", "max_seqlen"))
-    if forms[0][1] is not None and forms[1][1] is not None and len(forms[0][1]) != len(forms[1][1]):
-        raise ValueError(f"cu_seqlens_k: expected {len(forms[0][1])} entries (as cu_seqlens_q), got "
-                         f"{len(forms[1][1])}")
+    cu_args = (("cu_seqlens_q", cu_seqlens_q, totals[0], "max_seqlen_q", max_q),
+               ("cu_seqlens_k", cu_seqlens_k, totals[1], "max_seqlen_k", max_k))
+    forms = [_cu_seqlens_form(name, cu) for name, cu, *_ in cu_args]
+    # host cu_seqlens are checked here, before any GPU work; device ones after their copy to the host
+    cu_host = [None if host is None else _cu_seqlens_values(name, host, *limits)
+               for (name, _, *limits), (_, host) in zip(cu_args, forms)]
+    device_cu = any(c is None for c in cu_host)
+    if not device_cu:
+        _check_same_count(*cu_host)
     p = api._validate(q4, k4, v4, do4, out4, lse[None], softmax_scale=softmax_scale, schedule=schedule,
                       backward=True)
     for info, _ in forms:
         if info is not None:
             _check_device(info, p.device_id)
+    api._check_tma_operands(p)
     window = _schedule.canonical_window(window, max_q, max_k, causal)
     total_q, total_k, H, Hkv, D = p.Sq, p.Sk, p.H, p.Hkv, p.D
     dev = p.device_id
     stream = interop.caller_stream(q, dev)
     with cupy.cuda.Device(dev), stream:
-        cu_host = []
-        for (n, cu, total, m), (info, host) in zip(cu_args, forms):
-            if info is not None:
-                host = _device_to_host(info, cu, stream)
-            cu_host.append(_cu_seqlens_values(n, host, total, m, n.replace("cu_seqlens", "max_seqlen")))
-        if len(cu_host[0]) != len(cu_host[1]):
-            raise ValueError(f"cu_seqlens_k: expected {len(cu_host[0])} entries (as cu_seqlens_q), got "
-                             f"{len(cu_host[1])}")
+        if device_cu:
+            for i, ((name, cu, *limits), (info, _)) in enumerate(zip(cu_args, forms)):
+                if info is not None:
+                    cu_host[i] = _cu_seqlens_values(name, _device_to_host(info, cu, stream), *limits)
+            _check_same_count(*cu_host)
         num_seqs = len(cu_host[0]) - 1
         lens_q, lens_k = (np.diff(c).astype(np.int64) for c in cu_host)
-        for info in p.infos[:4]:                          # q, k, v, do: read through TMA maps
-            _check_tma(info)
         # NOTES: compact varlen tables are opt-in until their GPU tests have run (varlen_device.py)
         compact = compact_device.enabled()
         specs, bm, bn, max_ctas = kernels.bwd_entry(dev, p.dtype, D, causal, deterministic, compact=compact,
                                                     varlen=True)
-        columns = Hkv * int((-(-lens_k // bn)).sum())
-        tables = varlen_device.plan(schedule, lens_q, lens_k, bm, bn, H, causal, max(1, min(max_ctas, columns)),
-                                    H // Hkv, window, compact)
+        tables = varlen_device.plan(schedule, lens_q, lens_k, bm, bn, H, Hkv, causal, max_ctas, window, compact)
         c = launchers.BwdLaunch(specs, bm, bn, p, deterministic, int(_spin_timeout_ms() * 1e6), causal, window,
                                 varlen=(num_seqs, max_q))
         fw = p.infos[0].framework
@@ -260,8 +260,3 @@ def attention_backward_varlen(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
     if os.environ.get("CUPY_DASH_SYNC_ERRORS", "") not in ("", "0"):
         check_errors()
     return result
-
-
-def _check_tma(info) -> None:
-    from . import tensormap
-    tensormap.check_encodable(info.name, info.shape, info.strides[:3], info.data_ptr or 0)

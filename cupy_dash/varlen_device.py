@@ -85,10 +85,9 @@ class CompactTables:
     __slots__ = ("arrays", "tie_sign", "rank_rule", "num_ctas", "policy", "device_id")
 
     def params(self) -> dict:
-        """The BwdParams fields of these tables (addresses and scalars), for ``pack_bwd_params``."""
-        ptr = {k: a.data.ptr for k, a in self.arrays.items()}
-        return dict(ptr, visits=0, rank=0, cta_start=0, scan_bounds=0, n_first=0, columns_per_head=0,
-                    tie_sign=self.tie_sign, rank_rule=self.rank_rule)
+        """The BwdParams fields these tables set (addresses and scalars; launchers.bwd_params nulls the rest)."""
+        return dict({k: a.data.ptr for k, a in self.arrays.items()}, tie_sign=self.tie_sign,
+                    rank_rule=self.rank_rule)
 
 
 _MAX_DEVICE_TABLES = 16
@@ -150,9 +149,13 @@ def device(t: Tables, num_heads, dev, stream):
     return entry
 
 
-def plan(policy, lens_q, lens_k, block_m, block_n, heads, causal, num_sms, group, window, compact=False) -> Tables:
-    """The varlen schedule of one packed batch (lengths: int64 host arrays), per-visit or ``compact``, cached by
-    lengths (LRU): training on fixed packings builds each once."""
+def plan(policy, lens_q, lens_k, block_m, block_n, heads, kv_heads, causal, max_ctas, window,
+         compact=False) -> Tables:
+    """The varlen schedule of one packed batch (lengths: int64 host arrays) on at most ``max_ctas`` CTAs (fewer
+    when the batch has fewer KV columns), per-visit or ``compact``, cached by lengths (LRU): training on fixed
+    packings builds each once."""
+    columns = kv_heads * int((-(-lens_k // block_n)).sum())
+    num_sms, group = max(1, min(max_ctas, columns)), heads // kv_heads
     key = (policy, lens_q.tobytes(), lens_k.tobytes(), block_m, block_n, heads, causal, num_sms, group, window,
            compact)
     with _plans_lock:

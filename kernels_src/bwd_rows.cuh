@@ -3,13 +3,13 @@
 #pragma once
 #include "common.cuh"
 #include "params.cuh"
+#include "varlen_span.cuh"
 
 #ifndef DASH_VARLEN
 #define DASH_VARLEN 0
 #endif
 
-// NOTES: varlen: sequence b is rows [cu_seqlens[b], cu_seqlens[b + 1]) of the packed tensors, clamped to them
-// (as the forward does), so a corrupt cu_seqlens cannot send a load or store outside the buffers. Its padded
+// NOTES: varlen: sequence b is the SeqSpan of varlen_span.cuh (clamped, as in the forward). Its padded
 // scratch rows (lse_log2, dpsum, dq_accum; one dQ semaphore per kBlockM rows) start at
 // h * seqlen_q_rounded + floor((cu_seqlens_q[b] + b kBlockM) / kBlockM) kBlockM: a multiple of kBlockM, and
 // sequence b + 1 starts at least ceil(Sq_b / kBlockM) tiles later, so no tile holds rows of two sequences; the
@@ -24,11 +24,8 @@ struct BwdRows {
 
   DASH_DEVICE BwdRows(const BwdParams& p, int b, int h) {
 #if DASH_VARLEN
-    const int total_q = (int)p.seqlen_q, total_k = (int)p.seqlen_k;
-    row_q = min(max(__ldg(p.cu_seqlens_q + b), 0), total_q);
-    row_k = min(max(__ldg(p.cu_seqlens_k + b), 0), total_k);
-    seqlen_q = min(max(__ldg(p.cu_seqlens_q + b + 1), row_q), total_q) - row_q;
-    seqlen_k = min(max(__ldg(p.cu_seqlens_k + b + 1), row_k), total_k) - row_k;
+    const SeqSpan s(p.cu_seqlens_q, p.cu_seqlens_k, (int)p.seqlen_q, (int)p.seqlen_k, b);
+    row_q = s.row_q, row_k = s.row_k, seqlen_q = s.seqlen_q, seqlen_k = s.seqlen_k;
     batch = 0;
     scratch_row = (int64_t)h * p.seqlen_q_rounded + (int64_t)((row_q + b * kBlockM) / kBlockM) * kBlockM;
 #else

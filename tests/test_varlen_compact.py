@@ -115,7 +115,7 @@ def test_padded_scratch_rows_of_the_sequences_never_overlap(block_m):
 
 def test_plans_are_cached_per_packing_and_form():
     lens = np.array([100, 0, 700], dtype=np.int64)
-    args = ("fa3", lens, lens, 64, 128, 4, True, 7, 2, (-1, 0))
+    args = ("fa3", lens, lens, 64, 128, 4, 2, True, 7, (-1, 0))
     a, b = varlen_device.plan(*args), varlen_device.plan(*args)
     c = varlen_device.plan(*args, compact=True)
     assert a is b and c is not a and c.compact and a.visits is not None and c.visits is None

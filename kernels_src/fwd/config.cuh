@@ -3,6 +3,7 @@
 #pragma once
 #include "../common.cuh"
 #include "../params.cuh"
+#include "../varlen_span.cuh"
 #include "../warp_roles.cuh"
 
 #if !defined(DASH_HEAD_DIM) || !defined(DASH_CAUSAL) || !defined(DASH_BLOCK_M) || !defined(DASH_BLOCK_N) || \
@@ -89,8 +90,7 @@ struct Smem {
 // tiles n_block_min + n_blocks - 1 down to n_block_min. Rows and keys count from the sequence's first row.
 // NOTES: masks, bottom-right aligned per sequence: query i sees key j iff i + diag - left <= j <= i + diag + right
 // with diag = Sk - Sq; causal is right = 0 (the host sets it), -1 leaves a side unbounded; keys >= Sk are never
-// seen. Varlen: sequence b is rows [cu_seqlens[b], cu_seqlens[b + 1]) of the packed tensors, clamped to them, so
-// that a corrupt cu_seqlens cannot send a load or store outside the buffers (TMA clips at the packed length too).
+// seen. Varlen: sequence b is the SeqSpan of varlen_span.cuh (rows of the packed tensors, clamped to them).
 struct Tile {
   int m_block, h, hk, b;
   int seqlen_q, seqlen_k;     // this sequence's lengths
@@ -105,11 +105,8 @@ struct Tile {
     b = (int)blockIdx.z;
     hk = h / ((int)p.num_heads / (int)p.num_heads_kv);
     if constexpr (kVarlen) {
-      const int total_q = (int)p.seqlen_q, total_k = (int)p.seqlen_k;
-      row_q = min(max(p.cu_seqlens_q[b], 0), total_q);
-      row_k = min(max(p.cu_seqlens_k[b], 0), total_k);
-      seqlen_q = min(max(p.cu_seqlens_q[b + 1], row_q), total_q) - row_q;
-      seqlen_k = min(max(p.cu_seqlens_k[b + 1], row_k), total_k) - row_k;
+      const SeqSpan s(p.cu_seqlens_q, p.cu_seqlens_k, (int)p.seqlen_q, (int)p.seqlen_k, b);
+      row_q = s.row_q, row_k = s.row_k, seqlen_q = s.seqlen_q, seqlen_k = s.seqlen_k;
       batch = 0;
     } else {
       seqlen_q = (int)p.seqlen_q;
