@@ -27,6 +27,7 @@ from . import api, interop, kernels, launchers, varlen_device
 from . import jax as _jax
 from . import schedule as _schedule
 from .errors import _jit_record, _spin_timeout_ms
+from .varlen import _check_max_seqlen, _check_same_count, _cu_seqlens_form, _cu_seqlens_values
 
 __all__ = ["attention_varlen"]
 
@@ -37,7 +38,6 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
                      softmax_scale=None, schedule="auto", deterministic=True, window=(-1, -1)):
     """Differentiable varlen attention -> out ``(total_q, H, D)`` (module docstring); ``schedule`` and
     ``deterministic`` apply to the backward, ``window`` to both passes (per sequence)."""
-    from .varlen import _check_max_seqlen, _check_same_count, _cu_seqlens_form, _cu_seqlens_values
     base = _jax._config(causal, softmax_scale, window=window, schedule=schedule, deterministic=deterministic)
     max_q, max_k = _check_max_seqlen("max_seqlen_q", max_seqlen_q), _check_max_seqlen("max_seqlen_k", max_seqlen_k)
     cus = []

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from . import api, varlen
+from .torch import _check_dims
 
 __all__ = ["attention_varlen", "attention_forward_varlen", "attention_backward_varlen"]
 
@@ -39,7 +40,6 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
 
 
 def _check_packed(**tensors):
-    from .torch import _check_dims
     _check_dims({"lse": "(H, total_q)", "": "(total, heads, head_dim)"}, **tensors)
 
 
