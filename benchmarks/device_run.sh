@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device run on the H200: install, compile, GPU tests, demo, benchmarks; every log under $OUT.
-#   bash benchmarks/device_run.sh [smoke|fwd|tests|bench|integration|pending|long|gqa|varlen|varlen2|varlen_bench|final|next|long1m|all] [extra pytest args...]
+#   bash benchmarks/device_run.sh [smoke|fwd|tests|bench|integration|pending|long|gqa|varlen|varlen2|varlen_bench|final|next|long1m|session4|all] [extra pytest args...]
 # "pending": what the 2026-12-01 (second) session could not run (benchmarks/NOTES.md), in priority order.
 # FA3 (flash-attn3-jax) is measured when its wheel is importable: carry .whl/ and set FA3_WHL=1.
 set -o pipefail
@@ -101,6 +101,11 @@ if [ "$stage" = gqa ]; then   # forward re-check after the varlen change, GQA th
     timeout 150 $py -m cupy_dash bench --group $g --no-overhead --no-compile --seqlens 1024 4096 16384 \
       --schedules auto descending atomic --out "$OUT" 2>&1 | tee "$OUT/gqa${g}_bench.log" | tail -20
   done
+fi
+if [ "$stage" = session4 ]; then   # fourth session: the error record without copy / event, Library-defined torch ops
+  timeout 450 $py -m pytest tests/ -q -ra --maxfail=20 "$@" 2>&1 | tee "$OUT/tests.log" | tail -25
+  timeout 90 $py benchmarks/host_overhead.py --profile --json "$OUT/host_overhead.json" > "$OUT/host_overhead.txt" 2>&1
+  head -8 "$OUT/host_overhead.txt"
 fi
 if [ "$stage" = tests ] || [ "$stage" = all ]; then
   timeout 540 $py -m pytest tests/ -q -ra --maxfail=20 --durations=15 "$@" 2>&1 | tee "$OUT/tests.log" | tail -40

@@ -166,7 +166,7 @@ class _Backward(_jax._Backward):
     def _pack(self, c, record, a):
         qs, kvs = self.q_strides, self.kv_strides
         operands = ((a["q"], qs), (a["k"], kvs), (a["v"], kvs), (a["out"], qs), (a["dout"], qs))
-        return launchers.bwd_params(c, operands, a["lse"], a["work"], (a["dq"], a["dk"], a["dv"]), record)
+        return launchers.bwd_params(c, operands, a["lse"], a["work"], (a["dq"], a["dk"], a["dv"]), (record, 0))
 
     def bind(self, dout, q, k, v, out, lse):
         import jax

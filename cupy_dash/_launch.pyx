@@ -53,3 +53,24 @@ def launch(uintptr_t function, unsigned int grid_x, unsigned int grid_y, unsigne
                         NULL)
     if rc != 0:
         raise RuntimeError(f"cuLaunchKernel failed with CUresult {rc}")
+
+
+def launch_sequence(uintptr_t stream, const unsigned char[::1] params, tuple launches):
+    """Launch, in order on ``stream``, every kernel of ``launches``: tuples ``(function, grid_x, grid_y, grid_z,
+    block_x, smem_bytes)``, all taking the same parameter block ``params`` (the backward's preprocess, main and
+    postprocess). Stops at the first failure and raises RuntimeError naming its position and CUresult."""
+    cdef void* args[1]
+    cdef int rc
+    cdef Py_ssize_t i
+    cdef uintptr_t function
+    cdef unsigned int gx, gy, gz, bx, smem
+    _init()
+    if params.shape[0] == 0:
+        raise ValueError("params: empty parameter block")
+    args[0] = <void*>&params[0]
+    for i in range(len(launches)):
+        function, gx, gy, gz, bx, smem = launches[i]
+        with nogil:
+            rc = _cu_launch(<void*>function, gx, gy, gz, bx, 1, 1, smem, <void*>stream, args, NULL)
+        if rc != 0:
+            raise RuntimeError(f"cuLaunchKernel of kernel {i} of {len(launches)} failed with CUresult {rc}")

@@ -2,10 +2,12 @@
 
 The deterministic backward orders the dQ reduction with per-tile semaphores read from the schedule table. A wait
 is bounded (``CUPY_DASH_SPIN_TIMEOUT_MS``, default 10000 ms): past it the main kernel records
-``error = [1, visit, rank awaited, value seen]`` in a 16-byte record and exits instead of hanging the GPU. The
-record is copied to pinned host memory after the main kernel and an event is recorded; :func:`check_errors`
-waits for every pending record and raises ``RuntimeError`` for a failed one, and every public call polls the
-finished ones first without blocking (:func:`poll_errors`).
+``error = [1, visit, rank awaited, value seen]`` in a 16-byte device record and exits instead of hanging the GPU.
+An eager call's record (a *slot*) has a 32-byte mirror in mapped pinned host memory: the preprocess kernel zeroes
+the device record, and the postprocess kernel, after the main kernel, writes it to the mirror and then sets the
+mirror's first word (``kernels_src/bwd/error_record.cuh``), so a call costs no memset, copy or event.
+:func:`check_errors` waits for every pending record and raises ``RuntimeError`` for a failed one, and every
+public call polls the finished ones first without blocking (:func:`poll_errors`: a read of host memory).
 
 Backward calls captured into a CUDA graph (torch ops under ``torch.cuda.graph`` or ``torch.compile(...,
 mode="reduce-overhead")``) cannot copy the record to the host or record events: each captured call gets its own
@@ -19,6 +21,7 @@ when it is traced (:func:`_jit_record`), written by every execution of the compi
 from __future__ import annotations
 
 import collections
+import ctypes
 import math
 import os
 import threading
@@ -32,12 +35,16 @@ _lock = threading.RLock()
 
 
 class _Slot:
-    """One 16-byte error record: device int32[4], its pinned host mirror and the event after the copy."""
-    __slots__ = ("dptr", "hptr", "host", "event", "pool")
+    """One error record: device int32[4] at ``dptr``, and its mirror ``host`` int32[8] in mapped pinned memory
+    (device address ``hdev``): ``host[0]`` = 1 once the call finished, ``host[1:5]`` = the device record."""
+    __slots__ = ("dptr", "hdev", "host", "pool", "device_id")
+
+    def done(self) -> bool:
+        return bool(self.host[0])
 
 
 class _SlotPool:
-    """Error slots of one device, allocated in blocks and never freed; a slot is reused once its event is done.
+    """Error slots of one device, allocated in blocks and never freed; a slot is reused once its call has finished.
     Also holds the device's records for backward calls captured in CUDA graphs (:class:`_GraphRecords`)."""
 
     def __init__(self, device_id: int):
@@ -49,22 +56,25 @@ class _SlotPool:
     def acquire(self) -> _Slot:
         if not self.free:
             self._grow(64)
-        return self.free.pop()
+        slot = self.free.pop()
+        slot.host[0] = 0    # NOTES: a free slot's last call has finished: nothing on the GPU writes it now
+        return slot
 
     def _grow(self, n: int):
+        rt = cupy.cuda.runtime
         with cupy.cuda.Device(self.device_id):
-            dbuf = cupy.empty(4 * n, dtype=np.int32)
-            hmem = cupy.cuda.alloc_pinned_memory(16 * n)
-            host = np.frombuffer(hmem, dtype=np.int32, count=4 * n).reshape(n, 4)
+            dbuf = cupy.zeros(4 * n, dtype=np.int32)
+            hptr = rt.hostAlloc(32 * n, rt.hostAllocMapped | rt.hostAllocPortable)   # never freed (pool)
+            hdev = rt.pointerGetAttributes(hptr).devicePointer
+            host = np.ctypeslib.as_array((ctypes.c_int32 * (8 * n)).from_address(hptr)).reshape(n, 8)
             host[:] = 0
-            self._blocks.append((dbuf, hmem))
+            self._blocks.append((dbuf, hptr))
             for i in range(n):
                 s = _Slot()
                 s.dptr = dbuf.data.ptr + 16 * i
-                s.hptr = hmem.ptr + 16 * i
+                s.hdev = hdev + 32 * i
                 s.host = host[i]
-                s.event = cupy.cuda.Event(block=False, disable_timing=True)
-                s.pool = self
+                s.pool, s.device_id = self, self.device_id
                 self.free.append(s)
 
 
@@ -122,8 +132,20 @@ _slot_pools: dict[int, _SlotPool] = {}
 
 
 class _Pending:
-    """Work whose completion the host still has to observe: an error slot to read and/or objects to keep alive."""
+    """Work whose completion the host still has to observe: an eager backward's error slot to read (finished when
+    the slot says so), or objects to keep alive until ``event``."""
     __slots__ = ("event", "slot", "info", "keep")
+
+    def done(self) -> bool:
+        return self.slot.done() if self.slot is not None else self.event.done
+
+    def wait(self) -> None:
+        if self.slot is None:
+            self.event.synchronize()
+        elif not self.slot.done():
+            # NOTES: the slot's postprocess runs on a stream the host does not know here: wait for the device
+            with cupy.cuda.Device(self.slot.device_id):
+                cupy.cuda.runtime.deviceSynchronize()
 
 
 _pending: collections.deque = collections.deque()
@@ -197,8 +219,11 @@ def _consume(rec: _Pending):
     msg = None
     slot = rec.slot
     if slot is not None:
-        flag, visit, want, seen = (int(x) for x in slot.host)
-        if flag:
+        done, flag, visit, want, seen = (int(x) for x in slot.host[:5])
+        if not done:
+            msg = (f"cupy_dash backward: the call {rec.info} finished without its postprocess kernel writing its "
+                   f"error record (an earlier CUDA error?); its dq/dk/dv may be invalid.")
+        elif flag:
             msg = _format_failure(rec.info, flag, visit, want, seen)
         _release_slot(slot)
     rec.slot = rec.keep = None
@@ -219,7 +244,7 @@ def poll_errors():
         return
     failures = []
     with _lock:
-        while _pending and _pending[0].event.done:
+        while _pending and _pending[0].done():
             msg = _consume(_pending.popleft())
             if msg:
                 failures.append(msg)
@@ -243,7 +268,7 @@ def check_errors() -> None:
     with _lock:
         while _pending:
             rec = _pending.popleft()
-            rec.event.synchronize()
+            rec.wait()
             msg = _consume(rec)
             if msg:
                 failures.append(msg)
@@ -253,10 +278,10 @@ def check_errors() -> None:
 
 
 def _track(slot: _Slot, info) -> None:
-    """Remember a launched backward whose error record ``slot`` (event recorded) the host must still read;
-    ``info`` = (policy, B, H, Sq, Sk, D, causal) names it in a failure message."""
+    """Remember a launched backward whose error record ``slot`` the host must still read; ``info`` = (policy, B,
+    H, Sq, Sk, D, causal, window) names it in a failure message."""
     rec = _Pending()
-    rec.event, rec.slot, rec.keep, rec.info = slot.event, slot, None, info
+    rec.event, rec.slot, rec.keep, rec.info = None, slot, None, info
     with _lock:
         _pending.append(rec)
 

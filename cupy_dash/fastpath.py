@@ -187,7 +187,7 @@ _BWD_POINTERS = ("q", "k", "v", "out", "dout", "lse", "lse_log2", "dpsum", "dq_a
 
 
 class _BwdPlan:
-    __slots__ = ("c", "call", "funcs", "template", "maps", "map_offsets", "offsets", "error_offset", "deterministic",
+    __slots__ = ("c", "call", "launches", "template", "maps", "map_offsets", "offsets", "error_offsets", "deterministic",
                  "dq_shape", "kv_shape", "dtype", "device", "device_index")
 
 
@@ -200,9 +200,8 @@ def register_backward(key, c, operands, lse_ptr, work_base, grads, call, like) -
     B, Sq, Sk, H, Hkv, D = p.B, p.Sq, p.Sk, p.H, p.Hkv, p.D
     plan = _BwdPlan()
     plan.c, plan.call = c, call
-    specs = c.specs
-    plan.funcs = tuple(jit.load(s).ptr for s in (specs.preprocess, specs.main, specs.postprocess))
-    plan.template = launchers.bwd_params(c, operands, lse_ptr, work_base, grads, 0).tobytes()
+    plan.launches = launchers.bwd_launches(c)
+    plan.template = launchers.bwd_params(c, operands, lse_ptr, work_base, grads, (0, 0)).tobytes()
     (_, q_stride), (_, k_stride), (_, v_stride), _, (_, do_stride) = operands
     plan.maps = (_Maps(p.dtype, (B, Sq, H, D), q_stride, c.block_m, "q"),
                  _Maps(p.dtype, (B, Sk, Hkv, D), k_stride, c.block_n, "k"),
@@ -211,7 +210,7 @@ def register_backward(key, c, operands, lse_ptr, work_base, grads, call, like) -
     dt = kernels.BWD_PARAMS_DTYPE
     plan.map_offsets = tuple(_offset(dt, n) for n in ("tma_q", "tma_k", "tma_v", "tma_do"))
     plan.offsets = tuple(_offset(dt, n) for n in _BWD_POINTERS)
-    plan.error_offset = _offset(dt, "error")
+    plan.error_offsets = _offset(dt, "error"), _offset(dt, "error_host")
     plan.deterministic = c.deterministic
     plan.dq_shape, plan.kv_shape = (B, Sq, H, D), (B, Sk, Hkv, D)
     plan.dtype, plan.device, plan.device_index = like.dtype, like.device, like.get_device()
@@ -242,9 +241,10 @@ def backward(key, do, q, k, v, out, lse):
     for o, value in zip(plan.offsets, values):
         struct.pack_into("<Q", buf, o, value)
     slot = errors._acquire_slot(plan.device_index)     # enqueue_backward releases it if anything fails
-    struct.pack_into("<Q", buf, plan.error_offset, slot.dptr)
+    struct.pack_into("<Q", buf, plan.error_offsets[0], slot.dptr)
+    struct.pack_into("<Q", buf, plan.error_offsets[1], slot.hdev)
     launchers.enqueue_backward(c, buf, values[10:13], _stream(plan.device_index), slot=slot, call=plan.call,
-                               funcs=plan.funcs)
+                               launches=plan.launches)
     _stats["bwd_hits"] += 1
     if os.environ.get("CUPY_DASH_SYNC_ERRORS", "") not in ("", "0"):
         errors.check_errors()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import cupy
 import numpy as np
 
-from . import kernels, tensormap
+from . import _launch, jit, kernels, tensormap
 from . import schedule as _schedule
 from .errors import _release_slot, _track
 
@@ -134,11 +134,11 @@ def launch_backward(c, operands, lse_ptr, work_base, grads, stream, *, error_ptr
     CuPy ``stream`` (current device: the buffers' device); buffers as in :func:`bwd_params`.
 
     Errors of the main kernel go to the 16-byte device record ``error_ptr``, or, with an error ``slot`` (eager
-    calls), to the slot's record (see :func:`enqueue_backward`). Never synchronizes or allocates device memory.
+    calls), to the slot's records (see :func:`enqueue_backward`). Never synchronizes or allocates device memory.
     """
     try:
-        params = bwd_params(c, operands, lse_ptr, work_base, grads, error_ptr if slot is None else slot.dptr,
-                            timeline_ptr, cu_seqlens)
+        error = (error_ptr, 0) if slot is None else (slot.dptr, slot.hdev)
+        params = bwd_params(c, operands, lse_ptr, work_base, grads, error, timeline_ptr, cu_seqlens)
     except BaseException:
         if slot is not None:
             _release_slot(slot)     # nothing recorded on it: reusable at once
@@ -146,34 +146,41 @@ def launch_backward(c, operands, lse_ptr, work_base, grads, stream, *, error_ptr
     enqueue_backward(c, params, grads, stream, slot=slot, call=call)
 
 
-def enqueue_backward(c, params, grads, stream, *, slot=None, call=None, funcs=(None, None, None)) -> None:
+def bwd_launches(c, funcs=None) -> tuple:
+    """``(function, grid x, y, z, threads, dynamic smem)`` of preprocess, main and postprocess of ``c`` (tables
+    set), in launch order; ``funcs``: their CUfunction handles (default: loaded on the current device)."""
+    specs = (c.specs.preprocess, c.specs.main, c.specs.postprocess)
+    if funcs is None:
+        funcs = tuple(jit.load(s).ptr for s in specs)
+    return tuple((int(f), *kernels._grid(g), s.threads, s.smem_bytes) for f, g, s in zip(funcs, bwd_grids(c), specs))
+
+
+def enqueue_backward(c, params, grads, stream, *, slot=None, call=None, launches=None) -> None:
     """The asynchronous work of a backward whose parameter block ``params`` is packed (an array from
-    :func:`bwd_params`, or its patched bytes: the host fast path), in this order on the CuPy ``stream``: zero the
-    error ``slot``'s device record (eager calls), zero dk and dv when ``c.zero_kv``, preprocess, main, copy the
-    record to the host and record the slot's event, then postprocess; the slot is tracked as ``call``.
-    ``grads``: pointers of dq, dk, dv; ``funcs``: the three kernels' CUfunction handles if the caller holds them.
+    :func:`bwd_params`, or its patched bytes: the host fast path), in this order on the CuPy ``stream``: zero dk
+    and dv when ``c.zero_kv``, preprocess, main, postprocess. With an error ``slot`` (eager calls; the block holds
+    its device record and its host mirror, ``bwd_params``' ``error``) preprocess zeroes the record and
+    postprocess hands it to the host; the slot is then tracked as ``call``. ``grads``: pointers of dq, dk, dv;
+    ``launches``: :func:`bwd_launches` of ``c`` if the caller holds them. One ``cuLaunchKernel`` per kernel.
     """
-    specs = c.specs
-    pre_grid, main_grid, post_grid = bwd_grids(c)
-    rt = cupy.cuda.runtime
     try:
-        if slot is not None:
-            rt.memsetAsync(slot.dptr, 0, 16, stream.ptr)
+        if isinstance(params, np.ndarray):
+            if not (params.shape == (1,) and params.dtype == kernels.BWD_PARAMS_DTYPE):
+                raise TypeError("params must be a size-1 array of dtype BWD_PARAMS_DTYPE (bwd_params)")
+            params = params.view(np.uint8)
+        elif len(params) != kernels.BWD_PARAMS_DTYPE.itemsize:
+            raise TypeError(f"params must be the {kernels.BWD_PARAMS_DTYPE.itemsize} bytes of a packed block")
         if c.zero_kv:
+            rt = cupy.cuda.runtime
             for ptr in grads[1:]:
                 rt.memsetAsync(ptr, 0, kv_bytes(c.p), stream.ptr)
-        kernels.launch(specs.preprocess, pre_grid, params, stream, funcs[0])
-        kernels.launch(specs.main, main_grid, params, stream, funcs[1])
-        if slot is not None:
-            rt.memcpyAsync(slot.hptr, slot.dptr, 16, rt.memcpyDeviceToHost, stream.ptr)
-            rt.eventRecord(slot.event.ptr, stream.ptr)
+        _launch.launch_sequence(stream.ptr, params, launches if launches is not None else bwd_launches(c))
     except BaseException:
         if slot is not None:
-            _release_slot(slot)     # nothing recorded on it: reusable at once
+            _release_slot(slot)     # NOTES: a launch failed: the device context is unusable anyway
         raise
     if slot is not None:
         _track(slot, call)
-    kernels.launch(specs.postprocess, post_grid, params, stream, funcs[2])
 
 
 def kv_bytes(p) -> int:
@@ -193,11 +200,12 @@ _NO_SCHEDULE = dict(visits=0, rank=0, cta_start=0, col_records=0, cta_columns=0,
                     seq_n_first=0, seq_tile_start=0)
 
 
-def bwd_params(c, operands, lse_ptr, work_base, grads, error_ptr, timeline_ptr=0, cu_seqlens=(0, 0)) -> np.ndarray:
+def bwd_params(c, operands, lse_ptr, work_base, grads, error, timeline_ptr=0, cu_seqlens=(0, 0)) -> np.ndarray:
     """The backward's packed parameter block (the three kernels share it; window from ``c``). ``operands``:
     ``(pointer, (batch, row, head) element strides)`` of q, k, v, out, dout; ``lse_ptr``: float32 ``(B, H, Sq)``
     contiguous; ``work_base``: ``c.work_bytes`` of scratch; ``grads``: pointers of contiguous dq
-    ``(B, Sq, H, D)``, dk and dv ``(B, Sk, Hkv, D)``; ``error_ptr``: the main kernel's 16-byte error record.
+    ``(B, Sq, H, D)``, dk and dv ``(B, Sk, Hkv, D)``; ``error``: ``(device record, host mirror)`` addresses, the
+    main kernel's 16-byte error record and, for eager calls (else 0), its mirror (``errors._Slot``).
     Varlen (``c.varlen``): the operands are the packed tensors as one batch, lse is ``(H, total_q)`` and
     ``cu_seqlens`` the device pointers of cu_seqlens_q and cu_seqlens_k."""
     p, tables = c.p, c.tables
@@ -219,7 +227,7 @@ def bwd_params(c, operands, lse_ptr, work_base, grads, error_ptr, timeline_ptr=0
         q=q_ptr, k=k_ptr, v=v_ptr, out=o_ptr, dout=do_ptr, lse=lse_ptr,
         lse_log2=base + offsets[0], dpsum=base + offsets[1], dq_accum=base + offsets[2],
         dq=dq_ptr, dk=dk_ptr, dv=dv_ptr, dq_semaphore=base + offsets[3] if c.deterministic else 0,
-        **schedule_fields, error=error_ptr, timeline=timeline_ptr,
+        **schedule_fields, error=error[0], error_host=error[1], timeline=timeline_ptr,
         q_stride=q_stride, k_stride=k_stride, v_stride=v_stride, o_stride=o_stride, do_stride=do_stride,
         dq_stride=_contiguous((B, Sq, H, D)), dk_stride=kv_contig, dv_stride=kv_contig,
         batch=B if c.varlen is None else c.varlen[0], seqlen_q=Sq, seqlen_k=Sk, num_heads=H, num_heads_kv=Hkv,

@@ -141,20 +141,39 @@ def _check_meta(q, k, v, softmax_scale, schedule, causal, window, dout=None, out
 # ------------------------------------------------------------------------------------------------------------
 # forward
 # ------------------------------------------------------------------------------------------------------------
-@torch.library.custom_op("cupy_dash::attention_forward", mutates_args=())
-def attention_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, softmax_scale: Optional[float] = None,
-                      schedule: str = "auto", deterministic: bool = True, window_left: int = -1,
-                      window_right: int = -1) -> tuple[Tensor, Tensor]:
-    """The op ``torch.ops.cupy_dash.attention_forward``: q ``(B, Sq, H, D)``, k/v ``(B, Sk, Hkv, D)`` ->
-    ``(out (B, Sq, H, D), lse (B, H, Sq) float32)``, as :func:`cupy_dash.attention_forward` with
-    ``window=(window_left, window_right)``. ``schedule`` and ``deterministic`` are checked here and used by its
-    gradient, :func:`attention_backward`."""
+# NOTES: the two hot ops are defined with torch.library.Library (schema, one CompositeExplicitAutograd kernel,
+# register_fake, register_autograd), not torch.library.custom_op, whose per-call Python wrapper (an output
+# aliasing check; an autograd wrapper on the backward op too) cost ~90 µs of host time per backward on the H200
+# (benchmarks/RESULTS.md). The schemas are the ones custom_op inferred from these signatures.
+_lib = torch.library.Library("cupy_dash", "FRAGMENT")
+_lib.define("attention_forward(Tensor q, Tensor k, Tensor v, bool causal=False, float? softmax_scale=None, "
+            "str schedule=\"auto\", bool deterministic=True, SymInt window_left=-1, SymInt window_right=-1) "
+            "-> (Tensor, Tensor)")
+_lib.define("attention_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
+            "bool causal=False, float? softmax_scale=None, str schedule=\"auto\", bool deterministic=True, "
+            "SymInt window_left=-1, SymInt window_right=-1) -> (Tensor, Tensor, Tensor)")
+attention_forward = torch.ops.cupy_dash.attention_forward
+attention_backward = torch.ops.cupy_dash.attention_backward
+attention_forward.__doc__ = """The op ``torch.ops.cupy_dash.attention_forward``: q ``(B, Sq, H, D)``, k/v
+    ``(B, Sk, Hkv, D)`` -> ``(out (B, Sq, H, D), lse (B, H, Sq) float32)``, as :func:`cupy_dash.attention_forward`
+    with ``window=(window_left, window_right)``. ``schedule`` and ``deterministic`` are checked here and used by
+    its gradient, :func:`attention_backward`."""
+attention_backward.__doc__ = """The op ``torch.ops.cupy_dash.attention_backward``: dout, q, out ``(B, Sq, H, D)``,
+    k/v ``(B, Sk, Hkv, D)``, lse ``(B, H, Sq)`` float32 -> ``(dq (B, Sq, H, D), dk, dv (B, Sk, Hkv, D))``, as
+    :func:`cupy_dash.attention_backward` with ``window=(window_left, window_right)`` (contiguous, dtype of q)."""
+
+
+def _attention_forward_impl(q, k, v, causal=False, softmax_scale=None, schedule="auto", deterministic=True,
+                            window_left=-1, window_right=-1):
     api._check_schedule(schedule)
     return api.attention_forward(q, k, v, causal=causal, softmax_scale=softmax_scale,
                                  window=(window_left, window_right))
 
 
-@attention_forward.register_fake
+_lib.impl("attention_forward", _attention_forward_impl, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("cupy_dash::attention_forward", lib=_lib)
 def _attention_forward_fake(q, k, v, causal=False, softmax_scale=None, schedule="auto", deterministic=True,
                             window_left=-1, window_right=-1):
     _check_meta(q, k, v, softmax_scale, schedule, causal, (window_left, window_right))
@@ -183,26 +202,24 @@ def _attention_forward_grad(ctx, dout, dlse):
     return (dq, dk, dv) + (None,) * 6
 
 
-attention_forward.register_autograd(_attention_forward_grad, setup_context=_setup_context)
+torch.library.register_autograd("cupy_dash::attention_forward", _attention_forward_grad,
+                                setup_context=_setup_context, lib=_lib)
 
 
 # ------------------------------------------------------------------------------------------------------------
 # backward
 # ------------------------------------------------------------------------------------------------------------
-@torch.library.custom_op("cupy_dash::attention_backward", mutates_args=())
-def attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-                       causal: bool = False, softmax_scale: Optional[float] = None, schedule: str = "auto",
-                       deterministic: bool = True, window_left: int = -1,
-                       window_right: int = -1) -> tuple[Tensor, Tensor, Tensor]:
-    """The op ``torch.ops.cupy_dash.attention_backward``: dout, q, out ``(B, Sq, H, D)``, k/v
-    ``(B, Sk, Hkv, D)``, lse ``(B, H, Sq)`` float32 -> ``(dq (B, Sq, H, D), dk, dv (B, Sk, Hkv, D))``, as
-    :func:`cupy_dash.attention_backward` with ``window=(window_left, window_right)`` (contiguous, dtype of q)."""
+def _attention_backward_impl(dout, q, k, v, out, lse, causal=False, softmax_scale=None, schedule="auto",
+                             deterministic=True, window_left=-1, window_right=-1):
     return api.attention_backward(dout, q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale,
                                   schedule=schedule, deterministic=deterministic,
                                   window=(window_left, window_right))
 
 
-@attention_backward.register_fake
+_lib.impl("attention_backward", _attention_backward_impl, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("cupy_dash::attention_backward", lib=_lib)
 def _attention_backward_fake(dout, q, k, v, out, lse, causal=False, softmax_scale=None, schedule="auto",
                              deterministic=True, window_left=-1, window_right=-1):
     _check_meta(q, k, v, softmax_scale, schedule, causal, (window_left, window_right), dout, out, lse)

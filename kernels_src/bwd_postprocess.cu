@@ -3,7 +3,9 @@
 // unscaled sum of dS K, in the fragment order of bwd/dq_accum_layout.cuh) to dq = elem_t(dq_accum *
 // softmax_scale), rows < Sq (of the sequence, in varlen builds) only. Deterministic mode: a tile no visit reached
 // (rows that see no key) is left unwritten by the main kernel, its semaphore is 0, and its dq rows are 0.
+// Eager calls: CTA (0, 0, 0) first hands the main kernel's error record to the host (bwd/error_record.cuh).
 #include "bwd/dq_accum_layout.cuh"
+#include "bwd/error_record.cuh"
 #include "bwd_rows.cuh"
 #include "params.cuh"
 #include "ptx/cvt.cuh"
@@ -39,6 +41,7 @@ using namespace bwd_post;
 // writes whole 128- or 256-byte rows. dq's row and head strides must be multiples of 8 elements (the host
 // allocates dq contiguous).
 extern "C" __global__ void __launch_bounds__(kNumThreads) dash_bwd_postprocess(const __grid_constant__ BwdParams p) {
+  error_record_publish(p);
   const int m_block = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const BwdRows<kBlockM> seq(p, b, h);
   if (m_block * kBlockM >= seq.seqlen_q) return;  // varlen grids cover the longest sequence

@@ -3,7 +3,8 @@
 // tile, dpsum = rowsum(dO o O) and lse_log2 = lse * log2(e) in the padded scratch layout the main kernel reads
 // without predicates ((B*H, seqlen_q_rounded), or per sequence in varlen builds: bwd_rows.cuh); deterministic
 // mode (dq_semaphore set): resets the tile's dQ semaphore (the first visit in rank order stores the tile);
-// atomic mode: zeroes the tile's fp32 dq_accum.
+// atomic mode: zeroes the tile's fp32 dq_accum. Eager calls: CTA (0, 0, 0) also zeroes the error record.
+#include "bwd/error_record.cuh"
 #include "bwd_rows.cuh"
 #include "params.cuh"
 #include "ptx/cvt.cuh"
@@ -47,6 +48,7 @@ DASH_DEVICE float dot_chunk(const uint4& a, const uint4& b) {
 using namespace bwd_pre;
 
 extern "C" __global__ void __launch_bounds__(kNumThreads) dash_bwd_preprocess(const __grid_constant__ BwdParams p) {
+  error_record_reset(p);
   const int m_block = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const BwdRows<kBlockM> seq(p, b, h);
   if (m_block * kBlockM >= seq.seqlen_q) return;  // varlen grids cover the longest sequence

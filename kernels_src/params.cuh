@@ -67,6 +67,11 @@ struct BwdParams {
   // seg_col_start[s] .. seg_col_start[s + 1] - 1, sequence b's first visible KV tile is seq_n_first[b], and its
   // tile_columns rows start at seq_tile_start[b] (one per Q tile of the sequence).
   const int32_t* seg_col_start; const int32_t* seq_n_first; const int32_t* seq_tile_start;
+  // Eager calls only, null otherwise (graph-captured and jax-traced calls keep a sticky device record): the
+  // device address of the call's 32-byte host record in mapped pinned memory. Preprocess zeroes error[] first;
+  // postprocess, after the main kernel, copies error[0..3] to error_host[1..4] and then sets error_host[0] = 1
+  // (bwd/error_record.cuh): the host learns that the call finished, and how, without a copy or an event.
+  int32_t* error_host;
 };
 
 // The (batch, head) pair of a bh index and its kv head (32-bit division: bh < B * H < 2^31).

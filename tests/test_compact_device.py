@@ -159,7 +159,7 @@ def test_bwd_params_carry_compact_fields(bounds, monkeypatch):
     strides = (1000 * 4 * 128, 4 * 128, 128)
     kv = (1000 * 128, 128, 128)
     operands = ((0x10000, strides), (0x20000, kv), (0x30000, kv), (0x40000, strides), (0x50000, strides))
-    params = launchers.bwd_params(c, operands, 0x6000, 0x100000, (0x7000, 0x8000, 0x9000), 0xD000)[0]
+    params = launchers.bwd_params(c, operands, 0x6000, 0x100000, (0x7000, 0x8000, 0x9000), (0xD000, 0))[0]
     assert params["visits"] == params["rank"] == params["cta_start"] == 0
     assert (params["col_records"], params["cta_columns"], params["cta_col_start"]) == (0x1000, 0x2000, 0x3000)
     assert params["scan_bounds"] == (0x4000 if bounds else 0) and params["tile_columns"] == 0x5000

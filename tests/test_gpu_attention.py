@@ -726,6 +726,12 @@ def test_corrupt_schedule_reports_error_instead_of_hanging(corruption, request):
     assert "schedule" in str(info.value).lower(), f"error should mention the schedule: {info.value}"
     assert elapsed < 60, f"the timed-out backward took {elapsed:.1f} s to report"
 
+    # Once the failed call has finished, the next public call reports it (a poll of its host record).
+    _backward_with_plan(do, q, k, v, out, lse, plan=bad, spin_timeout_ns=200_000_000, **common)
+    cupy.cuda.Device().synchronize()
+    with pytest.raises(RuntimeError, match="in schedule"):
+        cupy_dash.attention_forward(q, k, v, causal=case.causal)
+
     # The GPU is still usable and the error was consumed: a normal backward gives the same bits as before.
     again = cupy_dash.attention_backward(do, q, k, v, out, lse, causal=case.causal, schedule="auto")
     cupy_dash.check_errors()

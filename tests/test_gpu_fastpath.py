@@ -69,3 +69,23 @@ def test_bad_input_after_a_plan_still_raises():
     with pytest.raises(ValueError, match="k"):
         cupy_dash.attention_backward(do, q, k.to(torch.float16), v, out, lse, causal=True)
     cupy_dash.check_errors()
+
+
+def test_every_backward_publishes_its_error_record():
+    """The postprocess kernel marks each eager call's host record finished: after the device drains, a poll
+    retires every pending call (none waits for an event or copy), and the slots are reused, not grown."""
+    from cupy_dash import errors
+    fastpath.clear()
+    q, k, v, do = _inputs(64, 300, 300, 2, 1, 4)
+    out, lse = cupy_dash.attention_forward(q, k, v, causal=True)
+    cupy_dash.attention_backward(do, q, k, v, out, lse, causal=True)
+    cupy_dash.check_errors()
+    hits = fastpath.stats()["bwd_hits"]
+    for _ in range(300):                                    # more calls than one block of 64 slots
+        cupy_dash.attention_backward(do, q, k, v, out, lse, causal=True)
+        torch.cuda.synchronize()
+    assert fastpath.stats()["bwd_hits"] == hits + 300
+    errors.poll_errors()
+    assert not errors._pending
+    pool = errors._slot_pools[torch.cuda.current_device()]
+    assert len(pool._blocks) == 1 and len(pool.free) == 64

@@ -148,7 +148,7 @@ def backward_pack(p, c):
     def pack(a):
         qs, kvs = strides((p.B, p.Sq, p.H, p.D)), strides((p.B, p.Sk, p.Hkv, p.D))
         operands = ((a["q"], qs), (a["k"], kvs), (a["v"], kvs), (a["out"], qs), (a["dout"], qs))
-        return launchers.bwd_params(c, operands, a["lse"], a["work"], (a["dq"], a["dk"], a["dv"]), 0x8000)
+        return launchers.bwd_params(c, operands, a["lse"], a["work"], (a["dq"], a["dk"], a["dv"]), (0x8000, 0))
     return pack
 
 

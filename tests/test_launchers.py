@@ -69,15 +69,16 @@ def test_backward_workspace_and_params(deterministic):
                    cta_start=ptr(data=ptr(ptr=0xC000)), num_ctas=33, policy="shift")
     q_st, kv_st = (200 * 4 * 128, 4 * 128, 128), (320 * 2 * 128, 2 * 128, 128)
     operands = ((0x1000, q_st), (0x2000, kv_st), (0x3000, kv_st), (0x4000, q_st), (0x5000, q_st))
-    params = launchers.bwd_params(c, operands, 0x6000, 0x100000, (0x7000, 0x8000, 0x9000), 0xD000, 0xE000)
+    params = launchers.bwd_params(c, operands, 0x6000, 0x100000, (0x7000, 0x8000, 0x9000), (0xD000, 0xF000),
+                                  0xE000)
     f = params[0]
     assert params.dtype == kernels.BWD_PARAMS_DTYPE
     assert {n: int(f[n]) for n in ("q", "k", "v", "out", "dout", "lse", "dq", "dk", "dv")} == dict(
         q=0x1000, k=0x2000, v=0x3000, out=0x4000, dout=0x5000, lse=0x6000, dq=0x7000, dk=0x8000, dv=0x9000)
     assert [int(f[n]) for n in ("lse_log2", "dpsum", "dq_accum")] == [0x100000 + o for o in c.offsets[:3]]
     assert int(f["dq_semaphore"]) == (0x100000 + c.offsets[3] if deterministic else 0)
-    assert [int(f[n]) for n in ("visits", "rank", "cta_start", "error", "timeline")] == [
-        0xA000, 0xB000, 0xC000, 0xD000, 0xE000]
+    assert [int(f[n]) for n in ("visits", "rank", "cta_start", "error", "error_host", "timeline")] == [
+        0xA000, 0xB000, 0xC000, 0xD000, 0xF000, 0xE000]
     assert unmap(f["tma_do"])[:1] == ("0x5000",) and unmap(f["tma_q"])[4] == tile.block_m
     assert unmap(f["tma_k"])[4] == tile.block_n
     assert tuple(f["dk_stride"].tolist()) == kv_st and tuple(f["dq_stride"].tolist()) == q_st
@@ -97,3 +98,54 @@ def test_backward_zeroes_dk_dv_when_a_whole_kv_tile_is_unseen(window, zero):
                             True, window)
     assert c.zero_kv == zero, (window, 320 - 64 - window[0], tile.block_n)
     assert launchers.kv_bytes(p) == 2 * 320 * 2 * 128 * 2
+
+
+def _backward_launch(window=(-1, 0)):
+    p = problem(Sq=64, Sk=320)
+    tile = kernels.bwd_tile(128)
+    c = launchers.BwdLaunch(kernels.bwd_specs("float16", 128, True, True), tile.block_m, tile.block_n, p, True, 1,
+                            True, window)
+    c.tables = types.SimpleNamespace(num_ctas=7, policy="fa3")
+    return c
+
+
+@pytest.mark.parametrize("window", [(-1, 0), (0, 0)], ids=["causal", "window-unseen-kv"])
+def test_enqueue_backward_order_without_a_copy_or_event(window, monkeypatch):
+    """One parameter block, launched as preprocess, main, postprocess (grids and blocks of each); dk, dv zeroed
+    before them when a KV tile is unseen; the slot tracked after the launches, and no memset / copy / event for the
+    error record (the kernels zero and publish it)."""
+    c = _backward_launch(window)
+    calls, tracked = [], []
+    monkeypatch.setattr(launchers._launch, "launch_sequence", lambda s, prm, l: calls.append(("launch", s, l)))
+    monkeypatch.setattr(launchers.cupy.cuda.runtime, "memsetAsync", lambda *a: calls.append(("memset",) + a))
+    monkeypatch.setattr(launchers, "_track", lambda slot, call: tracked.append((slot, call)))
+    launches = ((0xA, 1, 2, 3, 256, 0), (0xB, 7, 1, 1, 384, 1000), (0xC, 1, 2, 3, 256, 0))
+    stream = types.SimpleNamespace(ptr=0x55)
+    slot = types.SimpleNamespace(dptr=0x9000, hdev=0x9800)
+    launchers.enqueue_backward(c, np.zeros(1, kernels.BWD_PARAMS_DTYPE), (1, 2, 3), stream, slot=slot, call="x",
+                               launches=launches)
+    memsets = [(a[1], a[3]) for a in calls if a[0] == "memset"]
+    assert memsets == ([(2, launchers.kv_bytes(c.p)), (3, launchers.kv_bytes(c.p))] if c.zero_kv else [])
+    assert calls[-1] == ("launch", 0x55, launches) and tracked == [(slot, "x")]
+    monkeypatch.setattr(launchers.jit, "load", lambda spec: types.SimpleNamespace(ptr=hash(spec.label) & 0xffff))
+    (pre, main, post) = launchers.bwd_launches(c)
+    assert main[1:] == (7, 1, 1, c.specs.main.threads, c.specs.main.smem_bytes)
+    assert pre[1:4] == post[1:4] == tuple(c.row_grid) and pre[4] == c.specs.preprocess.threads
+
+
+def test_enqueue_backward_releases_the_slot_when_a_launch_fails(monkeypatch):
+    c = _backward_launch()
+    released = []
+    monkeypatch.setattr(launchers, "_release_slot", released.append)
+    monkeypatch.setattr(launchers, "_track", lambda *a: pytest.fail("a failed call must not be tracked"))
+
+    def fail(*a):
+        raise RuntimeError("cuLaunchKernel of kernel 1 of 3 failed with CUresult 700")
+    monkeypatch.setattr(launchers._launch, "launch_sequence", fail)
+    slot = types.SimpleNamespace(dptr=0x9000, hdev=0x9800)
+    with pytest.raises(RuntimeError, match="kernel 1 of 3"):
+        launchers.enqueue_backward(c, bytes(kernels.BWD_PARAMS_DTYPE.itemsize), (1, 2, 3),
+                                   types.SimpleNamespace(ptr=0), slot=slot, launches=())
+    with pytest.raises(TypeError, match="bytes of a packed block"):
+        launchers.enqueue_backward(c, bytes(8), (1, 2, 3), types.SimpleNamespace(ptr=0), slot=slot, launches=())
+    assert released == [slot, slot]

@@ -432,13 +432,6 @@ def test_check_errors_without_pending_work(fresh_error_state):
     assert cupy_dash.check_errors() is None
 
 
-class _DoneEvent:
-    done = True
-
-    def synchronize(self):
-        pass
-
-
 class _FakePool:
     def __init__(self):
         self.free = []
@@ -446,11 +439,10 @@ class _FakePool:
 
 def _failed_record(values, policy="shift"):
     slot = errors._Slot()
-    slot.host = np.array(values, np.int32)
+    slot.host = np.array([1, *values, 0, 0, 0], np.int32)     # finished (host[0] = 1), then the device record
     slot.pool = _FakePool()
-    slot.event = _DoneEvent()
     rec = errors._Pending()
-    rec.event, rec.slot, rec.keep = slot.event, slot, None
+    rec.event, rec.slot, rec.keep = None, slot, None
     rec.info = (policy, 2, 4, 1000, 1000, 128, True)
     return rec
 
@@ -468,6 +460,28 @@ def test_public_call_reports_a_failed_backward_first(monkeypatch):
     monkeypatch.setattr(errors, "_pending", collections.deque([_failed_record([1, 0, 1, 0], "fa3")]))
     raises(RuntimeError, lambda: fwd(make()), "schedule 'fa3'")
     raises(ValueError, lambda: fwd(make()), "q:")       # the next call validates normally
+
+
+def test_poll_waits_for_the_postprocess_flag(monkeypatch):
+    """A slot is finished only once its postprocess kernel set host[0]; poll_errors retires records in order."""
+    running = _failed_record([1, 9, 2, 1])
+    running.slot.host[0] = 0
+    later = _failed_record([1, 3, 1, 0])
+    pending = collections.deque([running, later])
+    monkeypatch.setattr(errors, "_pending", pending)
+    errors.poll_errors()                                     # nothing finished in order yet: no raise
+    assert list(pending) == [running, later]
+    running.slot.host[0] = 1
+    raises(RuntimeError, errors.poll_errors, "2 cupy_dash backward calls failed", "visit 9", "visit 3")
+    assert not pending
+
+
+def test_a_record_never_published_is_reported(monkeypatch, fresh_error_state):
+    rec = _failed_record([0, 0, 0, 0], "fa3")
+    rec.slot.host[0] = 0
+    monkeypatch.setattr(errors._Pending, "wait", lambda self: None)     # the device sync, without a device
+    monkeypatch.setattr(errors, "_pending", collections.deque([rec]))
+    raises(RuntimeError, cupy_dash.check_errors, "without its postprocess kernel writing its error record")
 
 
 def test_check_errors_raises_and_drains(monkeypatch, fresh_error_state):

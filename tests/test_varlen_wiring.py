@@ -75,11 +75,11 @@ def test_backward_varlen_parameter_block(monkeypatch):
         cu = [types.SimpleNamespace(data=types.SimpleNamespace(ptr=p)) for p in (0x8000, 0x8100)]
         return tables, cu[0], cu[1], None
     monkeypatch.setattr(varlen_device, "device", device)
-    slot = types.SimpleNamespace(dptr=0x9000)
+    slot = types.SimpleNamespace(dptr=0x9000, hdev=0x9800)
     monkeypatch.setattr(varlen, "_acquire_slot", lambda dev: slot)
     enqueued = {}
 
-    def enqueue(c, params, grads, s, *, slot=None, call=None, funcs=(None, None, None)):
+    def enqueue(c, params, grads, s, *, slot=None, call=None, launches=None):
         enqueued.update(c=c, params=params[0], grads=grads, slot=slot, call=call)
     monkeypatch.setattr(launchers, "enqueue_backward", enqueue)
     monkeypatch.setattr(errors, "poll_errors", lambda: None)
@@ -95,7 +95,7 @@ def test_backward_varlen_parameter_block(monkeypatch):
     assert (int(f["dq"]), int(f["dk"]), int(f["dv"])) == (dq.ptr, dk.ptr, dv.ptr) == enqueued["grads"]
     assert (int(f["cu_seqlens_q"]), int(f["cu_seqlens_k"])) == (0x8000, 0x8100)
     assert (int(f["visits"]), int(f["rank"]), int(f["cta_start"])) == (0x7000, 0x7100, 0x7200)
-    assert int(f["error"]) == slot.dptr and enqueued["slot"] is slot
+    assert (int(f["error"]), int(f["error_host"])) == (slot.dptr, slot.hdev) and enqueued["slot"] is slot
     assert [int(f[n]) for n in ("batch", "seqlen_q", "seqlen_k", "num_heads", "num_heads_kv")] == \
         [3, total_q, total_k, H, Hkv]
     assert (int(f["window_left"]), int(f["window_right"])) == (-1, 0)
