@@ -219,7 +219,7 @@ def _consume(rec: _Pending):
     msg = None
     slot = rec.slot
     if slot is not None:
-        done, flag, visit, want, seen = (int(x) for x in slot.host[:5])
+        done, flag, visit, want, seen = slot.host[:5].tolist()
         if not done:
             msg = (f"cupy_dash backward: the call {rec.info} finished without its postprocess kernel writing its "
                    f"error record (an earlier CUDA error?); its dq/dk/dv may be invalid.")

@@ -228,7 +228,8 @@ def attention_backward_varlen(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
             _check_same_count(*cu_host)
         num_seqs = len(cu_host[0]) - 1
         lens_q, lens_k = (np.diff(c).astype(np.int64) for c in cu_host)
-        # NOTES: compact varlen tables are opt-in until their GPU tests have run (varlen_device.py)
+        # NOTES: compact varlen tables stay opt-in (varlen_device.py): bitwise equal to the per-visit ones on the
+        # H200, but their kernel ran at 0.6-0.9x of the per-visit tables' speed (benchmarks/RESULTS.md, fourth session)
         compact = compact_device.enabled()
         specs, bm, bn, max_ctas = kernels.bwd_entry(dev, p.dtype, D, causal, deterministic, compact=compact,
                                                     varlen=True)

@@ -7,7 +7,9 @@ The compact records of :func:`cupy_dash.schedule.build_varlen` (read by the DASH
 ``kernels_src/compact_view.cuh``) hold the same schedule in ~36 bytes per KV column (73 KB there), built in
 ~0.1 ms; :func:`device_arrays` gives them in the layout uploaded (BwdParams fields; tests/test_varlen_compact.py
 walks them as the kernel does and compares with ``expand``). The compact form is opt-in
-(``CUPY_DASH_COMPACT_TABLES=1``) until its GPU tests have run.
+(``CUPY_DASH_COMPACT_TABLES=1``): on the H200 it gives the per-visit tables' bits, and a new packing costs ~0.1 ms of
+host time instead of up to ~2 ms, but the kernel's counted rank rules make the backward 0.6-0.9x as fast
+(benchmarks/RESULTS.md, fourth session), which costs more than the per-visit build saves at 16k tokens.
 """
 from __future__ import annotations
 
@@ -91,6 +93,7 @@ class CompactTables:
 
 
 _MAX_DEVICE_TABLES = 16
+_table_streams: dict = {}       # cache key -> {stream handle: CuPy stream} of the calls that read the tables
 _device_tables: "collections.OrderedDict" = collections.OrderedDict()
 
 
@@ -122,6 +125,7 @@ def device(t: Tables, num_heads, dev, stream):
         hit = _device_tables.get(key)
         if hit is not None:
             _device_tables.move_to_end(key)
+            _table_streams[key][stream.ptr] = stream
             return hit
     if t.compact:
         names = list(t.arrays)
@@ -141,12 +145,27 @@ def device(t: Tables, num_heads, dev, stream):
     entry = (d, cu_q, cu_k, done)
     with _plans_lock:
         _device_tables[key] = entry
+        _table_streams[key] = {stream.ptr: stream}
         evicted = []
         while len(_device_tables) > _MAX_DEVICE_TABLES:
-            evicted.append(_device_tables.popitem(last=False)[1])
-    if evicted:
-        cupy.cuda.runtime.deviceSynchronize()    # in-flight kernels may still read the evicted tables
+            old_key, old = _device_tables.popitem(last=False)
+            evicted.append((old, _table_streams.pop(old_key)))
+    for old, streams in evicted:
+        _release_after(old, streams.values())
     return entry
+
+
+def _release_after(entry, streams) -> None:
+    """Free an evicted cache ``entry`` once the work enqueued so far on every stream that used it has finished.
+
+    NOTES: a packed batch with new lengths at every training step evicts one entry per step; an event per stream
+    that read it (held by errors._keep_alive) frees it without blocking the host. Where an event cannot be
+    recorded (a stream destroyed since), the device is synchronized instead."""
+    try:
+        for s in streams:
+            _keep_alive([entry], s)
+    except cupy.cuda.runtime.CUDARuntimeError:
+        cupy.cuda.runtime.deviceSynchronize()
 
 
 def plan(policy, lens_q, lens_k, block_m, block_n, heads, kv_heads, causal, max_ctas, window,

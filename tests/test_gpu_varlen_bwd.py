@@ -105,6 +105,40 @@ def test_varlen_backward_bits_repeat_and_host_cu_seqlens(schedule):
     cupy_dash.check_errors()
 
 
+def test_new_packing_every_step_never_synchronizes(monkeypatch):
+    """Training with new lengths at every step: more packings than the device-table cache holds, so every call
+    evicts one; evicted tables are freed by events, not by a device synchronization, and each call still gives
+    the bits of a call on a fresh cache."""
+    from cupy_dash import varlen_device
+    rng = np.random.default_rng(5)
+    H, D, total = 4, 64, 1536
+    q, k, v, do = (_dev(rng.standard_normal((total, H, D), dtype=np.float32).astype(BF16)) for _ in range(4))
+    packings = []
+    for _ in range(varlen_device._MAX_DEVICE_TABLES + 8):
+        cuts = np.sort(rng.choice(np.arange(1, total), size=5, replace=False))
+        packings.append(np.concatenate([[0], cuts, [total]]).astype(np.int32))
+    firsts = []
+    syncs = []
+    real_sync = cupy.cuda.runtime.deviceSynchronize
+    monkeypatch.setattr(cupy.cuda.runtime, "deviceSynchronize", lambda: syncs.append(1) or real_sync())
+    for cu in packings:
+        lens = np.diff(cu)
+        args = (cu, cu, int(lens.max()), int(lens.max()))
+        out, lse = cupy_dash.attention_forward_varlen(q, k, v, cupy.asarray(cu), cupy.asarray(cu), *args[2:],
+                                                      causal=True)
+        firsts.append((out, lse, cupy_dash.attention_backward_varlen(do, q, k, v, out, lse, *args, causal=True)))
+    assert not syncs, f"{len(syncs)} device synchronizations in {len(packings)} steps"
+    monkeypatch.undo()
+    cupy_dash.check_errors()
+    for cu, (out, lse, grads) in zip(packings, firsts):
+        lens = np.diff(cu)
+        again = cupy_dash.attention_backward_varlen(do, q, k, v, out, lse, cu, cu, int(lens.max()),
+                                                    int(lens.max()), causal=True)
+        for name, a, e in zip(("dq", "dk", "dv"), again, grads):
+            assert bool((a.view(cupy.int16) == e.view(cupy.int16)).all()), f"{name} differs after evictions"
+    cupy_dash.check_errors()
+
+
 def test_varlen_backward_many_sequences_several_heads():
     """A batch whose table puts several KV tiles, heads and sequences on each CTA: 64 sequences, GQA 4."""
     rng = np.random.default_rng(11)
