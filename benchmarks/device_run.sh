@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device run on the H200: install, compile, GPU tests, demo, benchmarks; every log under $OUT.
-#   bash benchmarks/device_run.sh [smoke|fwd|tests|bench|integration|pending|long|gqa|varlen|varlen2|varlen_bench|final|next|long1m|session4|all] [extra pytest args...]
+#   bash benchmarks/device_run.sh [smoke|fwd|tests|bench|integration|pending|long|gqa|varlen|varlen2|varlen_bench|final|next|long1m|session4|session4b|all] [extra pytest args...]
 # "pending": what the 2026-12-01 (second) session could not run (benchmarks/NOTES.md), in priority order.
 # FA3 (flash-attn3-jax) is measured when its wheel is importable: carry .whl/ and set FA3_WHL=1.
 set -o pipefail
@@ -106,6 +106,14 @@ if [ "$stage" = session4 ]; then   # fourth session: the error record without co
   timeout 450 $py -m pytest tests/ -q -ra --maxfail=20 "$@" 2>&1 | tee "$OUT/tests.log" | tail -25
   timeout 90 $py benchmarks/host_overhead.py --profile --json "$OUT/host_overhead.json" > "$OUT/host_overhead.txt" 2>&1
   head -8 "$OUT/host_overhead.txt"
+fi
+if [ "$stage" = session4b ]; then   # fourth session, second run: fixes, new-packing steps, host time, GQA
+  timeout 150 $py -m pytest tests/test_gpu_fastpath.py tests/test_gpu_varlen_bwd.py -q -ra \
+    -k "publishes or new_packing or fast_path or repeat" "$@" 2>&1 | tee "$OUT/tests_b.log" | tail -5
+  timeout 150 $py benchmarks/varlen_step.py --json "$OUT/varlen_step.json" 2>&1 | tee "$OUT/varlen_step.txt"
+  timeout 60 $py benchmarks/host_overhead.py --json "$OUT/host_overhead.json" 2>&1 | tee "$OUT/host_overhead.txt"
+  timeout 150 $py -m cupy_dash bench --group 8 --no-overhead --no-compile --seqlens 4096 16384 \
+    --schedules auto descending atomic --out "$OUT" 2>&1 | tee "$OUT/gqa8_bench.log" | tail -24
 fi
 if [ "$stage" = tests ] || [ "$stage" = all ]; then
   timeout 540 $py -m pytest tests/ -q -ra --maxfail=20 --durations=15 "$@" 2>&1 | tee "$OUT/tests.log" | tail -40

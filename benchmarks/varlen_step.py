@@ -1,0 +1,87 @@
+"""Varlen training steps with a new packing at every call, on the GPU: what a step pays for its schedule table.
+
+16,384 tokens cut at random into B sequences (a new cut per call, seed 0), 16 heads of 128, fp16, causal,
+host cu_seqlens. Per call: the host time of ``attention_backward_varlen`` (median, µs: validation, the table
+built for the new lengths, its upload enqueued from pinned memory, three launches; the GPU is drained every 10
+calls outside the timed region), the same with a repeated packing (cached table), the difference (what a new
+packing costs the host), and the GPU time of the call (CUDA events, median, ms). Per-visit tables (default) and
+compact records (``CUPY_DASH_COMPACT_TABLES=1``).
+
+    python benchmarks/varlen_step.py [--calls 40] [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import cupy
+import numpy as np
+
+import cupy_dash
+
+TOKENS, H, D = 16384, 16, 128
+
+
+def _packing(rng, b):
+    cuts = np.sort(rng.choice(np.arange(1, TOKENS), size=b - 1, replace=False)) if b > 1 else np.zeros(0, int)
+    return np.concatenate([[0], cuts, [TOKENS]]).astype(np.int32)
+
+
+def _run(q, k, v, do, steps):
+    """``steps``: (cu_seqlens, out, lse) per call. Median host µs and GPU ms of the backward calls."""
+    host, gpu = [], []
+    for i, (cu, out, lse) in enumerate(steps):
+        if i % 10 == 0:
+            cupy.cuda.Device().synchronize()
+        m = int(np.diff(cu).max())
+        a, b = cupy.cuda.Event(), cupy.cuda.Event()
+        a.record()
+        t0 = time.perf_counter_ns()
+        cupy_dash.attention_backward_varlen(do, q, k, v, out, lse, cu, cu, m, m, causal=True)
+        host.append((time.perf_counter_ns() - t0) / 1e3)
+        b.record()
+        gpu.append((a, b))
+    cupy.cuda.Device().synchronize()
+    cupy_dash.check_errors()
+    return statistics.median(host), statistics.median(cupy.cuda.get_elapsed_time(a, b) for a, b in gpu)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--calls", type=int, default=40)
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16, 64])
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    rng = np.random.default_rng(0)
+    q, k, v, do = (cupy.asarray(rng.standard_normal((TOKENS, H, D), dtype=np.float32).astype(np.float16))
+                   for _ in range(4))
+    rows = []
+    print(f"varlen steps, {TOKENS} tokens, H={H}, D={D}, fp16, causal, host cu_seqlens, {args.calls} calls "
+          f"({cupy.cuda.runtime.getDeviceProperties(0)['name'].decode()})")
+    print("tables     B  new packing host us  repeated host us  new - repeated us  GPU ms (new)")
+    for compact in ("0", "1"):
+        os.environ["CUPY_DASH_COMPACT_TABLES"] = compact
+        for b in args.batches:
+            steps = []
+            for cu in (_packing(rng, b) for _ in range(args.calls)):
+                m = int(np.diff(cu).max())
+                steps.append((cu, *cupy_dash.attention_forward_varlen(q, k, v, cupy.asarray(cu), cupy.asarray(cu),
+                                                                      m, m, causal=True)))
+            fresh_host, fresh_gpu = _run(q, k, v, do, steps)
+            same_host, _ = _run(q, k, v, do, [steps[0]] * args.calls)
+            kind = "compact" if compact == "1" else "per-visit"
+            rows.append(dict(tables=kind, batch=b, new_host_us=fresh_host, repeated_host_us=same_host,
+                             gpu_ms=fresh_gpu))
+            print(f"{kind:9s} {b:3d}  {fresh_host:19.1f}  {same_host:16.1f}  {fresh_host - same_host:17.1f}  "
+                  f"{fresh_gpu:12.3f}")
+    os.environ.pop("CUPY_DASH_COMPACT_TABLES")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
