@@ -28,7 +28,7 @@ fi
 if [ "$stage" = integration ]; then   # host fast path, JAX under jit, overheads, the training examples
   timeout 200 $py -m pytest tests/test_gpu_fastpath.py tests/test_gpu_jax_jit.py -q -ra "$@" 2>&1 \
     | tee "$OUT/integration_tests.log" | tail -15
-  timeout 60 $py benchmarks/host_overhead.py --json "$OUT/host_overhead.json" 2>&1 | tee "$OUT/host_overhead.txt"
+  timeout 60 $py benchmarks/host_overhead.py 2>&1 | tee "$OUT/host_overhead.txt"
   (cd examples && timeout 200 $py train_tiny_transformer.py --plot "$OUT/train_torch.png" \
     --json "$OUT/train_torch.json" 2>&1 | tee "$OUT/train_torch.txt" | tail -8)
   (cd examples && timeout 200 $py train_tiny_transformer_jax.py --plot "$OUT/train_jax.png" \
@@ -111,7 +111,7 @@ if [ "$stage" = session4b ]; then   # fourth session, second run: fixes, new-pac
   timeout 150 $py -m pytest tests/test_gpu_fastpath.py tests/test_gpu_varlen_bwd.py -q -ra \
     -k "publishes or new_packing or fast_path or repeat" "$@" 2>&1 | tee "$OUT/tests_b.log" | tail -5
   timeout 150 $py benchmarks/varlen_step.py --json "$OUT/varlen_step.json" 2>&1 | tee "$OUT/varlen_step.txt"
-  timeout 60 $py benchmarks/host_overhead.py --json "$OUT/host_overhead.json" 2>&1 | tee "$OUT/host_overhead.txt"
+  timeout 60 $py benchmarks/host_overhead.py 2>&1 | tee "$OUT/host_overhead.txt"
   timeout 150 $py -m cupy_dash bench --group 8 --no-overhead --no-compile --seqlens 4096 16384 \
     --schedules auto descending atomic --out "$OUT" 2>&1 | tee "$OUT/gqa8_bench.log" | tail -24
 fi
