@@ -106,11 +106,13 @@ def upload_async(arrays, stream) -> list:
     for a in arrays:
         offsets.append(total)
         total += -(-a.nbytes // 256) * 256
-    staging = cupyx.empty_pinned(max(total, 1), dtype=np.uint8)
+    # NOTES: CuPy's pinned pool reuses a freed block only for the same size, and pinning new host memory costs
+    # ~1 ms; a new packing's tables differ in size at every step, so the staging size is a power of two.
+    staging = cupyx.empty_pinned(1 << max(total - 1, 0).bit_length(), dtype=np.uint8)
     for a, off in zip(arrays, offsets):
         staging[off:off + a.nbytes] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
     buf = cupy.empty(max(total, 1), dtype=cupy.uint8)
-    buf.set(staging, stream=stream)
+    buf.set(staging[:buf.size], stream=stream)
     _keep_alive([staging], stream)
     return [buf[off:off + a.nbytes].view(a.dtype).reshape(a.shape) for a, off in zip(arrays, offsets)]
 
