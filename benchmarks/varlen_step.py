@@ -7,13 +7,19 @@ calls outside the timed region), the same with a repeated packing (cached table)
 packing costs the host), and the GPU time of the call (CUDA events, median, ms). Per-visit tables (default) and
 compact records (``CUPY_DASH_COMPACT_TABLES=1``).
 
-    python benchmarks/varlen_step.py [--calls 40] [--json out.json]
+    python benchmarks/varlen_step.py [--calls 40] [--json out.json] [--profile B]
+
+``--profile B``: instead, a cProfile of the new-packing calls at B sequences, per kind of table (top 25 by
+cumulative time).
 """
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
 import os
+import pstats
 import statistics
 import time
 
@@ -54,7 +60,10 @@ def main(argv=None):
     ap.add_argument("--calls", type=int, default=40)
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16, 64])
     ap.add_argument("--json", default=None)
+    ap.add_argument("--profile", type=int, default=None, metavar="B")
     args = ap.parse_args(argv)
+    if args.profile:
+        args.batches = [args.profile]
     rng = np.random.default_rng(0)
     q, k, v, do = (cupy.asarray(rng.standard_normal((TOKENS, H, D), dtype=np.float32).astype(np.float16))
                    for _ in range(4))
@@ -70,6 +79,16 @@ def main(argv=None):
                 m = int(np.diff(cu).max())
                 steps.append((cu, *cupy_dash.attention_forward_varlen(q, k, v, cupy.asarray(cu), cupy.asarray(cu),
                                                                       m, m, causal=True)))
+            if args.profile:
+                _run(q, k, v, do, steps[:5])                 # warm: kernels, pools
+                prof = cProfile.Profile()
+                prof.enable()
+                _run(q, k, v, do, steps[5:])
+                prof.disable()
+                buf = io.StringIO()
+                pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(25)
+                print(f"--- cProfile, {len(steps) - 5} new packings, B={b}, compact={compact} ---\n{buf.getvalue()}")
+                continue
             fresh_host, fresh_gpu = _run(q, k, v, do, steps)
             same_host, _ = _run(q, k, v, do, [steps[0]] * args.calls)
             kind = "compact" if compact == "1" else "per-visit"
