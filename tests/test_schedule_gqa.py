@@ -266,3 +266,24 @@ def test_cli_takes_a_group_size(capsys):
     assert "in groups of 8 per KV head" in out and all(p in out for p in POLICIES)
     assert cli_schedule.main(["--heads", "6", "--group-size", "4"]) == 2
     assert "group_size (4) must divide num_heads (6)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("seqlen,batch,group,causal,want", [
+    (4096, 4, 8, True, "descending"), (16384, 1, 8, False, "descending"), (1024, 16, 16, True, "descending"),
+    (16384, 1, 4, True, None), (4096, 4, 2, True, None), (4096, 4, 1, True, None)],
+    ids=lambda x: str(x))
+def test_auto_takes_descending_for_few_grouped_columns(seqlen, batch, group, causal, want):
+    """The measured override: grouped columns with at most AUTO_FEW_GROUPED per CTA go to descending; otherwise
+    the engine model decides (want None: whatever it picks, the same as without the override)."""
+    from cupy_dash import compact
+    args = (seqlen, seqlen, 64, 128, batch * 16, causal, 132, group, (-1, -1))
+    columns = len(compact._build_compact("descending", *args).records)
+    few = group > 1 and columns <= schedule.AUTO_FEW_GROUPED * 132
+    assert few == (want is not None)
+    choice = schedule._auto_choice(*args)
+    if want is not None:
+        assert choice == want
+    plan = schedule.build("auto", seqlen_q=seqlen, seqlen_k=seqlen, block_m=64, block_n=128, num_heads=batch * 16,
+                          causal=causal, num_sms=132, group_size=group)
+    assert plan.policy == choice
+    plan.validate()
