@@ -12,8 +12,9 @@ Layouts are FlashAttention's: q ``(total_q, H, D)``, k/v ``(total_k, Hkv, D)``, 
 out ``(total_q, H, D)``, lse ``(H, total_q)`` float32 (see :mod:`cupy_dash.varlen`). The forward op is
 differentiable in q, k, v; its gradient is the backward op with the same cu_seqlens, window, schedule and
 deterministic flag. The backward builds its schedule table from the lengths: with ``cu_seqlens`` on the GPU it
-copies them to the host (a wait on the current stream; pass CPU tensors to avoid it, the forward accepts only
-CUDA ones), and it cannot run under CUDA graph capture (it raises). Fake implementations give the output shapes
+takes the host copy that the forward enqueued without waiting (the same tensors, unmodified:
+:mod:`cupy_dash.varlen_host_cu`), else copies them to the host (a wait on the current stream; the backward op
+also takes CPU tensors, the forward only CUDA ones); it cannot run under CUDA graph capture (it raises). Fake implementations give the output shapes
 for ``torch.compile``.
 """
 from typing import Optional

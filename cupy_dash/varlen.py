@@ -7,7 +7,9 @@ the device (a CTA past the end of its sequence exits at once), so there is no de
 synchronisation. The backward needs them on the host, to build its schedule table (which KV column visits which
 Q tiles, in which dQ order: :func:`cupy_dash.schedule.build_varlen`): pass ``cu_seqlens`` as host arrays (numpy,
 a list, a CPU torch tensor; uploaded once per call, no synchronisation) or as device arrays (then copied to the
-host: one device-to-host copy, which waits for the caller's stream — the cost is in benchmarks/RESULTS.md). The
+host: one device-to-host copy, which waits for the caller's stream — the cost is in benchmarks/RESULTS.md —
+except for torch tensors that the varlen forward saw: it copies them without waiting, for the backward,
+:mod:`cupy_dash.varlen_host_cu`). The
 kernels clamp every bound to the packed lengths, so inconsistent ``cu_seqlens`` give wrong results for the rows
 they describe but never a load or store outside the buffers.
 """
@@ -19,7 +21,7 @@ import os
 import cupy
 import numpy as np
 
-from . import api, compact_device, interop, kernels, launchers, varlen_device
+from . import api, compact_device, interop, kernels, launchers, varlen_device, varlen_host_cu
 from . import schedule as _schedule
 from .errors import _acquire_slot, _keep_alive, _spin_timeout_ms, check_errors, poll_errors as _poll_errors
 
@@ -109,6 +111,10 @@ def attention_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, 
         params = launchers.fwd_params(block_m, block_n, p, window, operands, out_ptr, lse_ptr,
                                       varlen=(num_seqs, cu_q_ptr, cu_k_ptr))
         kernels.launch(spec, (-(-max_q // block_m), H, num_seqs), params, stream)
+        if not interop.capturing(q):         # for the backward of this call (varlen_host_cu.py): no wait there
+            varlen_host_cu.remember(cu_seqlens_q, cu_q_info, cu_q_ptr, stream)
+            if cu_seqlens_k is not cu_seqlens_q:
+                varlen_host_cu.remember(cu_seqlens_k, cu_k_info, cu_k_ptr, stream)
         if keep:
             _keep_alive(keep, stream)
         return api._export(fw, out, q), api._export(fw, lse, q)
@@ -151,9 +157,13 @@ def _cu_seqlens_values(name, host, total, max_name, max_len) -> np.ndarray:
 
 
 def _device_to_host(info, cu, stream) -> np.ndarray:
-    """A device cu_seqlens copied to the host after the caller's stream's pending work (a wait)."""
+    """A device cu_seqlens on the host: the copy its forward took (:mod:`cupy_dash.varlen_host_cu`), else one
+    copied after the caller's stream's pending work (a wait)."""
     keep = []
     ptr, _ = api._resolve(info, cu, keep)
+    host = varlen_host_cu.lookup(cu, info, ptr)
+    if host is not None:
+        return host
     host = np.empty(info.shape[0], dtype=np.int32)
     rt = cupy.cuda.runtime
     rt.memcpyAsync(host.ctypes.data, ptr, host.nbytes, rt.memcpyDeviceToHost, stream.ptr)

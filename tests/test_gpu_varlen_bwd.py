@@ -188,8 +188,12 @@ def test_torch_varlen_ops_match_the_functional_api():
     do = dev(h["do"])
     cu_q, cu_k = (torch.from_numpy(h[n]).cuda() for n in ("cu_q", "cu_k"))
     args = (cu_q, cu_k, max(h["lq"]), max(h["lk"]))
+    from cupy_dash import varlen_host_cu
+    hits = varlen_host_cu.stats()["hits"]
     out = dash_torch.attention_varlen(q, k, v, *args, causal=True, schedule="fa3")
     out.backward(do)
+    # the backward took the forward's asynchronous host copy of both cu_seqlens (no synchronizing copy)
+    assert varlen_host_cu.stats()["hits"] == hits + 2
     want_out, lse = cupy_dash.attention_forward_varlen(q.detach(), k.detach(), v.detach(), *args, causal=True)
     want = cupy_dash.attention_backward_varlen(do, q.detach(), k.detach(), v.detach(), want_out, lse, *args,
                                                causal=True, schedule="fa3")

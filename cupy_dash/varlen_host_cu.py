@@ -1,0 +1,80 @@
+"""Host copies of device ``cu_seqlens`` taken by the varlen forward, for the backward of the same call.
+
+The varlen backward needs the lengths on the host (its schedule table). Given device ``cu_seqlens`` it would copy
+them to the host and wait for the stream, which stops the host from running ahead of the GPU at every layer's
+backward. FlashAttention's users (and ``cupy_dash.torch.attention_varlen``'s autograd) pass the *same* device
+tensors to the forward and to its backward, so the forward enqueues an asynchronous copy of them into pinned host
+memory, after the work that produced them, and the backward takes that copy (waiting on its event, long finished
+by then) instead of synchronizing.
+
+NOTES: an entry serves a backward only for the very tensor object the forward saw (a weak reference) with the same
+address and the same torch version counter (an in-place change bumps it), so reused memory or a modified tensor
+never gets another tensor's lengths. torch tensors only (CuPy arrays have no version counter: their backward copies
+as before; JAX passes host lengths).
+"""
+from __future__ import annotations
+
+import collections
+import threading
+import weakref
+
+import cupy
+import cupyx
+import numpy as np
+
+_MAX_ENTRIES = 64
+_lock = threading.Lock()
+_entries: "collections.OrderedDict" = collections.OrderedDict()
+_stats = {"hits": 0, "misses": 0}
+
+
+class _Entry:
+    __slots__ = ("ref", "version", "host", "event")
+
+
+def remember(cu, info, ptr: int, stream) -> None:
+    """Enqueue on ``stream`` (current device: the tensor's) a copy of the device int32 ``cu`` (``info``: its
+    :class:`cupy_dash.interop.TensorInfo`, ``ptr`` its address) to pinned host memory, for :func:`lookup`."""
+    if info.framework != "torch":
+        return
+    try:
+        ref = weakref.ref(cu)
+    except TypeError:
+        return
+    e = _Entry()
+    e.ref, e.version = ref, cu._version
+    e.host = cupyx.empty_pinned(info.shape[0], dtype=np.int32)
+    rt = cupy.cuda.runtime
+    rt.memcpyAsync(e.host.ctypes.data, ptr, e.host.nbytes, rt.memcpyDeviceToHost, stream.ptr)
+    e.event = cupy.cuda.Event(block=False, disable_timing=True)
+    e.event.record(stream)
+    key = (ptr, info.device_id)
+    with _lock:
+        _entries[key] = e
+        _entries.move_to_end(key)
+        while len(_entries) > _MAX_ENTRIES:
+            _entries.popitem(last=False)
+
+
+def lookup(cu, info, ptr: int):
+    """The host int64 copy of ``cu`` that a forward took (after waiting for it), or None when there is none for
+    this very tensor, address and version."""
+    if info.framework != "torch":
+        return None
+    with _lock:
+        e = _entries.get((ptr, info.device_id))
+    if e is None or e.ref() is not cu or e.version != cu._version:
+        _stats["misses"] += 1
+        return None
+    e.event.synchronize()
+    _stats["hits"] += 1
+    return e.host.astype(np.int64)
+
+
+def stats() -> dict:
+    return dict(_stats)
+
+
+def clear() -> None:
+    with _lock:
+        _entries.clear()

@@ -1,0 +1,99 @@
+"""CPU tests of cupy_dash.varlen_host_cu (the forward's asynchronous host copy of device cu_seqlens, taken by the
+backward instead of a synchronizing copy), with the CUDA calls replaced: an entry serves only the very tensor the
+forward saw, at the same address and version; anything else falls back (None)."""
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+
+from cupy_dash import varlen_host_cu
+
+
+class FakeTensor:
+    """What the module reads of a torch tensor: weak-referenceable, with a version counter."""
+
+    def __init__(self, values):
+        self.values = np.asarray(values, np.int32)
+        self._version = 0
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    device = {}
+    events = []
+
+    def memcpy(dst, src, nbytes, kind, stream):
+        np.ctypeslib.as_array((np.ctypeslib.ctypes.c_int32 * (nbytes // 4)).from_address(dst))[:] = device[src]
+
+    class Event:
+        def __init__(self, **kw):
+            self.synced = 0
+            events.append(self)
+
+        def record(self, stream):
+            pass
+
+        def synchronize(self):
+            self.synced += 1
+    monkeypatch.setattr(varlen_host_cu.cupyx, "empty_pinned", lambda n, dtype: np.zeros(n, dtype))
+    monkeypatch.setattr(varlen_host_cu.cupy.cuda.runtime, "memcpyAsync", memcpy)
+    monkeypatch.setattr(varlen_host_cu.cupy.cuda, "Event", Event)
+    varlen_host_cu.clear()
+    yield device, events
+    varlen_host_cu.clear()
+
+
+def _info(n, framework="torch", device_id=0):
+    return types.SimpleNamespace(framework=framework, shape=(n,), device_id=device_id)
+
+
+def test_the_backward_gets_the_forwards_copy(fake_cuda):
+    device, events = fake_cuda
+    cu = FakeTensor([0, 3, 10, 12])
+    device[0x1000] = cu.values
+    varlen_host_cu.remember(cu, _info(4), 0x1000, types.SimpleNamespace(ptr=7))
+    device[0x1000] = np.array([0, 1, 2, 12], np.int32)     # later device contents are not what the forward saw
+    host = varlen_host_cu.lookup(cu, _info(4), 0x1000)
+    assert host.dtype == np.int64 and host.tolist() == [0, 3, 10, 12] and events[0].synced == 1
+
+
+def test_other_tensors_versions_and_frameworks_fall_back(fake_cuda):
+    device, _ = fake_cuda
+    cu = FakeTensor([0, 5, 9])
+    device[0x2000] = cu.values
+    varlen_host_cu.remember(cu, _info(3), 0x2000, types.SimpleNamespace(ptr=0))
+    other = FakeTensor([0, 5, 9])                            # same address, another tensor (memory reused)
+    assert varlen_host_cu.lookup(other, _info(3), 0x2000) is None
+    assert varlen_host_cu.lookup(cu, _info(3), 0x3000) is None                 # another address
+    assert varlen_host_cu.lookup(cu, _info(3, device_id=1), 0x2000) is None    # another device
+    cu._version += 1                                                           # modified in place
+    assert varlen_host_cu.lookup(cu, _info(3), 0x2000) is None
+    cupy_like = FakeTensor([0, 5, 9])
+    varlen_host_cu.remember(cupy_like, _info(3, "cupy"), 0x4000, types.SimpleNamespace(ptr=0))
+    assert varlen_host_cu.lookup(cupy_like, _info(3, "cupy"), 0x4000) is None
+
+
+def test_a_freed_tensor_is_not_served(fake_cuda):
+    device, _ = fake_cuda
+    cu = FakeTensor([0, 2])
+    device[0x5000] = cu.values
+    varlen_host_cu.remember(cu, _info(2), 0x5000, types.SimpleNamespace(ptr=0))
+    del cu
+    new = FakeTensor([0, 2])
+    assert varlen_host_cu.lookup(new, _info(2), 0x5000) is None
+
+
+def test_entries_are_bounded(fake_cuda):
+    device, _ = fake_cuda
+    tensors = []
+    for i in range(varlen_host_cu._MAX_ENTRIES + 5):
+        t = FakeTensor([0, i + 1])
+        device[0x10000 + 64 * i] = t.values
+        varlen_host_cu.remember(t, _info(2), 0x10000 + 64 * i, types.SimpleNamespace(ptr=0))
+        tensors.append(t)
+    assert len(varlen_host_cu._entries) == varlen_host_cu._MAX_ENTRIES
+    assert varlen_host_cu.lookup(tensors[0], _info(2), 0x10000) is None
+    assert varlen_host_cu.lookup(tensors[-1], _info(2), 0x10000 + 64 * (len(tensors) - 1)).tolist() == [
+        0, len(tensors)]
