@@ -21,7 +21,7 @@ import os
 import cupy
 import numpy as np
 
-from . import api, compact_device, interop, kernels, launchers, varlen_device, varlen_host_cu
+from . import api, compact_device, fastpath_varlen, interop, kernels, launchers, varlen_device, varlen_host_cu
 from . import schedule as _schedule
 from .errors import _acquire_slot, _keep_alive, _spin_timeout_ms, check_errors, poll_errors as _poll_errors
 
@@ -194,6 +194,12 @@ def attention_backward_varlen(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
         add in KV-tile order) each sequence's gradients are bitwise those of
         :func:`cupy_dash.attention_backward` on that sequence alone; every schedule is run-to-run deterministic.
     """
+    fast_key = fastpath_varlen.key(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                   causal, softmax_scale, window, schedule, deterministic)
+    if fast_key is not None:
+        result = fastpath_varlen.backward(fast_key, do, q, k, v, out, lse)
+        if result is not None:
+            return result
     capturing = interop.capturing(q)
     if capturing:
         raise RuntimeError("cupy_dash: the varlen backward builds its schedule table from the lengths on every "
@@ -263,10 +269,14 @@ def attention_backward_varlen(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
         work, base = api._new(fw, dev, (c.work_bytes,), "uint8")
         call = (c.tables.policy, num_seqs, H, total_q, total_k, D, causal, window)
         slot = _acquire_slot(dev)
+        cu_ptrs = cu_q_dev.data.ptr, cu_k_dev.data.ptr
         launchers.launch_backward(c, operands, lse_ptr, base, (dq_ptr, dk_ptr, dv_ptr), stream, slot=slot,
-                                  call=call, cu_seqlens=(cu_q_dev.data.ptr, cu_k_dev.data.ptr))
+                                  call=call, cu_seqlens=cu_ptrs)
         if keep:
             _keep_alive(keep, stream)
+        elif fast_key is not None:
+            fastpath_varlen.register(fast_key, c, operands, lse_ptr, base, (dq_ptr, dk_ptr, dv_ptr), cu_ptrs, call,
+                                     q, stream, (c.tables, cu_q_dev, cu_k_dev))
         result = api._export(fw, dq, q), api._export(fw, dk, q), api._export(fw, dv, q)
     if os.environ.get("CUPY_DASH_SYNC_ERRORS", "") not in ("", "0"):
         check_errors()

@@ -1,0 +1,183 @@
+"""CPU test of the varlen backward's host fast path (cupy_dash.fastpath_varlen) with every GPU call replaced and
+torch tensors imitated: the first call takes the full path and stores a plan; a repeated call with the same
+signature and lengths is served from it with a parameter block equal to the full path's except for the new
+outputs, scratch and error slot; other lengths, flags or argument types miss and take the full path."""
+from __future__ import annotations
+
+import contextlib
+import types
+
+import numpy as np
+import pytest
+
+import cupy_dash
+from cupy_dash import api, errors, fastpath, fastpath_varlen, interop, kernels, launchers, tensormap, varlen, \
+    varlen_device
+
+
+class _Dtype:
+    def __init__(self, name, size):
+        self.name, self.size = name, size
+
+    def __str__(self):
+        return f"torch.{self.name}"
+
+
+BF16, F32, U8 = _Dtype("bfloat16", 2), _Dtype("float32", 4), _Dtype("uint8", 1)
+
+
+class Tensor:
+    """A torch CUDA tensor stand-in (the class name and module are what cupy_dash checks), contiguous."""
+    __module__ = "torch"
+    is_cuda = True
+    device = "cuda:0"
+
+    def __init__(self, shape, dtype, ptr):
+        self.shape, self.dtype, self.ptr = tuple(shape), dtype, ptr
+
+    def stride(self):
+        out, acc = [], 1
+        for n in reversed(self.shape):
+            out.append(acc)
+            acc *= n
+        return tuple(reversed(out))
+
+    def data_ptr(self):
+        return self.ptr
+
+    def get_device(self):
+        return 0
+
+    def element_size(self):
+        return self.dtype.size
+
+    def __getitem__(self, index):
+        assert index is None
+        return Tensor((1, *self.shape), self.dtype, self.ptr)
+
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    addresses = iter(range(0x1000000, 0x9000000, 0x10000))
+
+    def empty(shape, dtype=None, device=None):
+        return Tensor(shape if isinstance(shape, tuple) else (shape,), dtype, next(addresses))
+    fake_torch = types.SimpleNamespace(empty=empty, uint8=U8)
+    monkeypatch.setattr(fastpath, "_torch", fake_torch)
+    monkeypatch.setattr(fastpath, "_ready", lambda dev: True)
+    monkeypatch.setattr(interop, "_torch_stream_ptr", lambda dev: 0x77)
+    monkeypatch.setattr(interop, "capturing", lambda x: False)
+    monkeypatch.setattr(tensormap, "bhsd_map", lambda ptr, *a, **kw: int(ptr).to_bytes(8, "little").ljust(128, b"\0"))
+    monkeypatch.setattr(tensormap, "check_encodable", lambda *a, **kw: None)
+
+    def new(fw, dev, shape, dtype):
+        t = empty(tuple(shape), {"uint8": U8, "float32": F32}.get(dtype, BF16))
+        return t, t.ptr
+    monkeypatch.setattr(api, "_new", new)
+    monkeypatch.setattr(api, "_export", lambda fw, arr, like: arr)
+
+    class Stream(contextlib.nullcontext):
+        ptr = 0x77
+
+        def wait_event(self, event):
+            pass
+    monkeypatch.setattr(interop, "caller_stream", lambda x, dev: Stream())
+    monkeypatch.setattr(varlen.cupy.cuda, "Device", lambda dev: contextlib.nullcontext())
+    specs = kernels.bwd_specs("bfloat16", 128, True, True, varlen=True)
+    tile = kernels.bwd_tile(128)
+    monkeypatch.setattr(kernels, "bwd_entry", lambda *a, **kw: (specs, tile.block_m, tile.block_n, 132))
+    monkeypatch.setattr(launchers.jit, "load", lambda spec: types.SimpleNamespace(ptr=0xF00))
+    ptr = types.SimpleNamespace
+
+    def device(t, num_heads, dev, s):
+        tables = ptr(visits=ptr(data=ptr(ptr=0x7000)), rank=ptr(data=ptr(ptr=0x7100)),
+                     cta_start=ptr(data=ptr(ptr=0x7200)), num_ctas=t.num_ctas, policy=t.policy)
+        return tables, ptr(data=ptr(ptr=0x8000)), ptr(data=ptr(ptr=0x8100)), None
+    monkeypatch.setattr(varlen_device, "device", device)
+    slots = iter(range(0xA000, 0xB000, 0x40))
+
+    def acquire(dev):
+        d = next(slots)
+        return ptr(dptr=d, hdev=d + 0x10000)
+    monkeypatch.setattr(varlen, "_acquire_slot", acquire)
+    monkeypatch.setattr(errors, "_acquire_slot", acquire)
+    enqueued = []
+
+    def enqueue(c, params, grads, s, *, slot=None, call=None, launches=None):
+        block = np.frombuffer(bytes(params), dtype=kernels.BWD_PARAMS_DTYPE)[0] if not isinstance(
+            params, np.ndarray) else params[0]
+        enqueued.append(dict(c=c, params=block, grads=grads, slot=slot, launches=launches))
+    monkeypatch.setattr(launchers, "enqueue_backward", enqueue)
+    monkeypatch.setattr(errors, "poll_errors", lambda: None)
+    monkeypatch.setattr(varlen, "_poll_errors", lambda: None)
+    fastpath_varlen.clear()
+    yield enqueued
+    fastpath_varlen.clear()
+
+
+def _inputs():
+    total_q, total_k, H, Hkv, D = 300, 500, 4, 2, 128
+    q, do, out = (Tensor((total_q, H, D), BF16, p) for p in (0x10000, 0x40000, 0x50000))
+    k, v = (Tensor((total_k, Hkv, D), BF16, p) for p in (0x20000, 0x30000))
+    lse = Tensor((H, total_q), F32, 0x60000)
+    return do, q, k, v, out, lse
+
+
+_PER_CALL = ("lse_log2", "dpsum", "dq_accum", "dq_semaphore", "dq", "dk", "dv", "error", "error_host")
+
+
+def test_a_repeated_call_is_served_with_the_full_paths_block(no_gpu):
+    enqueued = no_gpu
+    args = _inputs()
+    cu_q, cu_k = np.array([0, 100, 100, 300], np.int32), [0, 200, 260, 500]
+    kw = dict(causal=True, schedule="fa3")
+    first = cupy_dash.attention_backward_varlen(*args, cu_q, cu_k, 200, 240, **kw)
+    hits = fastpath_varlen.stats()["hits"]
+    second = cupy_dash.attention_backward_varlen(*args, cu_q.copy(), list(cu_k), 200, 240, **kw)
+    assert fastpath_varlen.stats()["hits"] == hits + 1 and len(enqueued) == 2
+    full, fast = enqueued[0]["params"], enqueued[1]["params"]
+    for name in kernels.BWD_PARAMS_DTYPE.names:
+        if name not in _PER_CALL:
+            same = bytes(np.atleast_1d(full[name]).view(np.uint8)) == bytes(np.atleast_1d(fast[name]).view(np.uint8))
+            assert same, name
+    assert (int(fast["dq"]), int(fast["dk"]), int(fast["dv"])) == tuple(t.ptr for t in second) == enqueued[1]["grads"]
+    assert (int(fast["error"]), int(fast["error_host"])) == (enqueued[1]["slot"].dptr, enqueued[1]["slot"].hdev)
+    c = enqueued[1]["c"]
+    work = int(fast["lse_log2"]) - c.offsets[0]
+    assert [int(fast[n]) - work for n in ("lse_log2", "dpsum", "dq_accum", "dq_semaphore")] == list(c.offsets[:4])
+    assert enqueued[1]["c"] is enqueued[0]["c"] and enqueued[1]["launches"][1][1:4] == (c.tables.num_ctas, 1, 1)
+    assert [t.shape for t in second] == [t.shape for t in first]
+
+
+@pytest.mark.parametrize("change", ["lengths", "float lengths", "causal", "max_seqlen", "schedule", "int causal",
+                                    "window"])
+def test_a_different_call_takes_the_full_path(no_gpu, change):
+    enqueued = no_gpu
+    args = _inputs()
+    cu_q, cu_k = np.array([0, 100, 100, 300], np.int32), np.array([0, 200, 260, 500], np.int32)
+    kw = dict(causal=True, schedule="fa3")
+    cupy_dash.attention_backward_varlen(*args, cu_q, cu_k, 200, 240, **kw)
+    hits = fastpath_varlen.stats()["hits"]
+    call = dict(cu_q=cu_q, cu_k=cu_k, max_q=200, kw=dict(kw))
+    if change == "lengths":
+        call["cu_q"] = np.array([0, 150, 150, 300], np.int32)
+    elif change == "float lengths":
+        call["cu_k"] = [0.0, 200.0, 260.0, 500.0]
+    elif change == "causal":
+        call["kw"]["causal"] = False
+    elif change == "max_seqlen":
+        call["max_q"] = 250
+    elif change == "schedule":
+        call["kw"]["schedule"] = "descending"
+    elif change == "int causal":
+        call["kw"]["causal"] = 1
+    elif change == "window":
+        call["kw"]["window"] = (64, 0)
+    run = lambda: cupy_dash.attention_backward_varlen(*args, call["cu_q"], call["cu_k"], call["max_q"],  # noqa: E731
+                                                       240, **call["kw"])
+    if change in ("float lengths", "int causal"):
+        with pytest.raises((TypeError, ValueError)):           # the full path's checks still raise
+            run()
+    else:
+        run()
+    assert fastpath_varlen.stats()["hits"] == hits
