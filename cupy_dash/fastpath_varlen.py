@@ -22,12 +22,12 @@ import threading
 
 import numpy as np
 
-from . import errors, fastpath, interop, kernels, launchers, varlen_host_cu
+from . import _launch, errors, fastpath, interop, kernels, launchers, varlen_host_cu
 
 _MAX_PLANS = 8            # each holds its packing's device tables (up to a few MB)
 _plans: dict = {}
 _lock = threading.Lock()
-_stats = {"hits": 0}
+_stats = {"hits": 0, "fwd_hits": 0}
 _POINTERS = ("q", "k", "v", "out", "dout", "lse", "lse_log2", "dpsum", "dq_accum", "dq_semaphore", "dq", "dk",
              "dv")
 
@@ -39,6 +39,7 @@ def stats() -> dict:
 def clear() -> None:
     with _lock:
         _plans.clear()
+        _fwd_plans.clear()
 
 
 def _lengths_key(cu, device_index):
@@ -153,3 +154,83 @@ def backward(key_, do, q, k, v, out, lse):
     if os.environ.get("CUPY_DASH_SYNC_ERRORS", "") not in ("", "0"):
         errors.check_errors()
     return dq, dk, dv
+
+
+# ------------------------------------------------------------------------------------------------------------
+# forward: no lengths on the host; cu_seqlens are patched in by address (their layout is in the signature)
+# ------------------------------------------------------------------------------------------------------------
+class _FwdPlan:
+    __slots__ = ("func", "launch", "template", "maps", "map_offsets", "offsets", "out_shape", "lse_shape", "dtype",
+                 "device", "device_index", "cu_infos")
+
+
+_fwd_plans: dict = {}
+_FWD_POINTERS = ("lse", "out", "cu_seqlens_q", "cu_seqlens_k")
+
+
+def forward_key(q, k, v, cu_q, cu_k, max_q, max_k, causal, softmax_scale, window):
+    """The varlen forward's signature, or None when the fast path cannot serve the call."""
+    if not fastpath.enabled() or not all(fastpath.is_torch(x) for x in (q, k, v, cu_q, cu_k)) or \
+            type(causal) is not bool or type(window) is not tuple or type(max_q) is not int or \
+            type(max_k) is not int or (softmax_scale is not None and type(softmax_scale) is not float):
+        return None
+    sig = fastpath._sig
+    ptrs = q.data_ptr() | k.data_ptr() | v.data_ptr() | cu_q.data_ptr() | cu_k.data_ptr()
+    return (sig(q), sig(k), sig(v), sig(cu_q), sig(cu_k), max_q, max_k, causal, softmax_scale, window,
+            not (ptrs & 15), cu_q is cu_k)
+
+
+def register_forward(key_, spec, grid, block_m, block_n, p, operands, params, cu_infos, like) -> None:
+    """Keep the plan of a varlen forward the full path has just launched (``params``: its packed block;
+    ``cu_infos``: the TensorInfo of cu_seqlens_q and cu_seqlens_k, for the host copies of later calls)."""
+    if key_ is None:
+        return
+    from . import jit
+    total_q, total_k, H, Hkv, D = p.Sq, p.Sk, p.H, p.Hkv, p.D
+    plan = _FwdPlan()
+    plan.func = jit.load(spec).ptr
+    gx, gy, gz = kernels._grid(grid)
+    plan.launch = (gx, gy, gz, spec.threads, spec.smem_bytes)
+    plan.template = params.tobytes()
+    (_, q_stride), (_, k_stride), (_, v_stride) = operands
+    maps = fastpath._Maps
+    plan.maps = (maps(p.dtype, (1, total_q, H, D), q_stride, block_m, "q"),
+                 maps(p.dtype, (1, total_k, Hkv, D), k_stride, block_n, "k"),
+                 maps(p.dtype, (1, total_k, Hkv, D), v_stride, block_n, "v"),
+                 maps(p.dtype, (1, total_q, H, D), launchers._contiguous((1, total_q, H, D)), 64, "out", 1))
+    dt = kernels.FWD_PARAMS_DTYPE
+    off = fastpath._offset
+    plan.map_offsets = tuple(off(dt, n) for n in ("tma_q", "tma_k", "tma_v", "tma_o"))
+    plan.offsets = tuple(off(dt, n) for n in _FWD_POINTERS)
+    plan.out_shape, plan.lse_shape = (total_q, H, D), (H, total_q)
+    plan.dtype, plan.device, plan.device_index = like.dtype, like.device, like.get_device()
+    plan.cu_infos = cu_infos
+    with _lock:
+        if len(_fwd_plans) >= _MAX_PLANS * 8:
+            _fwd_plans.pop(next(iter(_fwd_plans)))
+        _fwd_plans[key_] = plan
+
+
+def forward(key_, q, k, v, cu_q, cu_k):
+    """``(out, lse)`` from the plan stored under ``key_``, or None (the caller takes the full path)."""
+    plan = _fwd_plans.get(key_) if key_ is not None else None
+    if plan is None or not fastpath._ready(plan.device_index):
+        return None
+    errors.poll_errors()
+    torch = fastpath._torch
+    out = torch.empty(plan.out_shape, dtype=plan.dtype, device=plan.device)
+    lse = torch.empty(plan.lse_shape, dtype=torch.float32, device=plan.device)
+    out_ptr, cu_q_ptr, cu_k_ptr = out.data_ptr(), cu_q.data_ptr(), cu_k.data_ptr()
+    buf = bytearray(plan.template)
+    for maps, o, ptr in zip(plan.maps, plan.map_offsets, (q.data_ptr(), k.data_ptr(), v.data_ptr(), out_ptr)):
+        buf[o:o + 128] = maps.get(ptr)
+    for o, value in zip(plan.offsets, (lse.data_ptr(), out_ptr, cu_q_ptr, cu_k_ptr)):
+        struct.pack_into("<Q", buf, o, value)
+    stream = fastpath._stream(plan.device_index)
+    gx, gy, gz, threads, smem = plan.launch
+    _launch.launch(plan.func, gx, gy, gz, threads, smem, stream.ptr, buf)
+    varlen_host_cu.remember(cu_q, plan.cu_infos[0], cu_q_ptr, stream)
+    if cu_k is not cu_q:
+        varlen_host_cu.remember(cu_k, plan.cu_infos[1], cu_k_ptr, stream)
+    _stats["fwd_hits"] += 1
+    return out, lse

@@ -78,6 +78,12 @@ def attention_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, 
         see no key get out 0 and lse -inf. Each sequence's rows are bitwise those of
         :func:`cupy_dash.attention_forward` on that sequence alone.
     """
+    fast_key = fastpath_varlen.forward_key(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                                           softmax_scale, window)
+    if fast_key is not None:
+        result = fastpath_varlen.forward(fast_key, q, k, v, cu_seqlens_q, cu_seqlens_k)
+        if result is not None:
+            return result
     if not interop.capturing(q):
         _poll_errors()
     causal = api._check_flag("causal", causal)
@@ -110,13 +116,18 @@ def attention_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, 
         lse, lse_ptr = api._new(fw, dev, (H, total_q), "float32")
         params = launchers.fwd_params(block_m, block_n, p, window, operands, out_ptr, lse_ptr,
                                       varlen=(num_seqs, cu_q_ptr, cu_k_ptr))
-        kernels.launch(spec, (-(-max_q // block_m), H, num_seqs), params, stream)
-        if not interop.capturing(q):         # for the backward of this call (varlen_host_cu.py): no wait there
+        grid = (-(-max_q // block_m), H, num_seqs)
+        kernels.launch(spec, grid, params, stream)
+        capturing = interop.capturing(q)
+        if not capturing:                    # for the backward of this call (varlen_host_cu.py): no wait there
             varlen_host_cu.remember(cu_seqlens_q, cu_q_info, cu_q_ptr, stream)
             if cu_seqlens_k is not cu_seqlens_q:
                 varlen_host_cu.remember(cu_seqlens_k, cu_k_info, cu_k_ptr, stream)
         if keep:
             _keep_alive(keep, stream)
+        elif fast_key is not None and not capturing:
+            fastpath_varlen.register_forward(fast_key, spec, grid, block_m, block_n, p, operands, params,
+                                             (cu_q_info, cu_k_info), q)
         return api._export(fw, out, q), api._export(fw, lse, q)
 
 

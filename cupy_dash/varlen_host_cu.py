@@ -37,6 +37,11 @@ def remember(cu, info, ptr: int, stream) -> None:
     :class:`cupy_dash.interop.TensorInfo`, ``ptr`` its address) to pinned host memory, for :func:`lookup`."""
     if info.framework != "torch":
         return
+    key = (ptr, info.device_id)
+    with _lock:
+        e = _entries.get(key)
+    if e is not None and e.ref() is cu and e.version == cu._version:
+        return          # this very tensor, unchanged since its copy was enqueued: the copy still holds
     try:
         ref = weakref.ref(cu)
     except TypeError:
@@ -48,7 +53,6 @@ def remember(cu, info, ptr: int, stream) -> None:
     rt.memcpyAsync(e.host.ctypes.data, ptr, e.host.nbytes, rt.memcpyDeviceToHost, stream.ptr)
     e.event = cupy.cuda.Event(block=False, disable_timing=True)
     e.event.record(stream)
-    key = (ptr, info.device_id)
     with _lock:
         _entries[key] = e
         _entries.move_to_end(key)

@@ -62,7 +62,7 @@ def no_gpu(monkeypatch):
 
     def empty(shape, dtype=None, device=None):
         return Tensor(shape if isinstance(shape, tuple) else (shape,), dtype, next(addresses))
-    fake_torch = types.SimpleNamespace(empty=empty, uint8=U8)
+    fake_torch = types.SimpleNamespace(empty=empty, uint8=U8, float32=F32)
     monkeypatch.setattr(fastpath, "_torch", fake_torch)
     monkeypatch.setattr(fastpath, "_ready", lambda dev: True)
     monkeypatch.setattr(interop, "_torch_stream_ptr", lambda dev: 0x77)
@@ -181,3 +181,39 @@ def test_a_different_call_takes_the_full_path(no_gpu, change):
     else:
         run()
     assert fastpath_varlen.stats()["hits"] == hits
+
+
+I32 = _Dtype("int32", 4)
+
+
+def test_a_repeated_forward_is_served_with_the_full_paths_block(no_gpu, monkeypatch):
+    from cupy_dash import _launch, jit, varlen_host_cu
+    launched, remembered = [], []
+    monkeypatch.setattr(kernels, "launch", lambda spec, grid, params, stream, func=None: launched.append(
+        (kernels._grid(grid), params[0].copy())))
+    monkeypatch.setattr(_launch, "launch", lambda func, gx, gy, gz, bx, smem, stream, buf: launched.append(
+        ((gx, gy, gz), np.frombuffer(bytes(buf), dtype=kernels.FWD_PARAMS_DTYPE)[0])))
+    monkeypatch.setattr(jit, "load", lambda spec: types.SimpleNamespace(ptr=0xF00))
+    monkeypatch.setattr(fastpath, "_stream", lambda dev: types.SimpleNamespace(ptr=0x77))
+    monkeypatch.setattr(varlen_host_cu, "remember", lambda cu, info, ptr, stream: remembered.append(ptr))
+    _, q, k, v, _, _ = _inputs()
+    cu_q, cu_k = Tensor((4,), I32, 0x70000), Tensor((4,), I32, 0x70100)
+    first = cupy_dash.attention_forward_varlen(q, k, v, cu_q, cu_k, 200, 240, causal=True)
+    hits = fastpath_varlen.stats()["fwd_hits"]
+    second = cupy_dash.attention_forward_varlen(q, k, v, cu_q, cu_k, 200, 240, causal=True)
+    assert fastpath_varlen.stats()["fwd_hits"] == hits + 1 and len(launched) == 2
+    assert remembered == [0x70000, 0x70100] * 2                 # the backward's host copies, on both paths
+    (grid0, full), (grid1, fast) = launched
+    assert grid0 == grid1 == (-(-200 // kernels.fwd_tile(128).block_m), 4, 3)
+    for name in kernels.FWD_PARAMS_DTYPE.names:
+        if name not in ("tma_o", "out", "lse"):
+            same = bytes(np.atleast_1d(full[name]).view(np.uint8)) == bytes(np.atleast_1d(fast[name]).view(np.uint8))
+            assert same, name
+    out, lse = second
+    assert (int(fast["out"]), int(fast["lse"])) == (out.ptr, lse.ptr) and out.shape == first[0].shape
+    assert int.from_bytes(bytes(fast["tma_o"])[:8], "little") == out.ptr
+    # another cu_seqlens layout or max length: the full path
+    cupy_dash.attention_forward_varlen(q, k, v, cu_q, cu_k, 250, 240, causal=True)
+    cupy_dash.attention_forward_varlen(q, k, v, Tensor((5,), I32, 0x70200), Tensor((5,), I32, 0x70300), 200, 240,
+                                       causal=True)
+    assert fastpath_varlen.stats()["fwd_hits"] == hits + 1

@@ -97,3 +97,15 @@ def test_entries_are_bounded(fake_cuda):
     assert varlen_host_cu.lookup(tensors[0], _info(2), 0x10000) is None
     assert varlen_host_cu.lookup(tensors[-1], _info(2), 0x10000 + 64 * (len(tensors) - 1)).tolist() == [
         0, len(tensors)]
+
+
+def test_an_unchanged_tensor_is_copied_once(fake_cuda):
+    device, events = fake_cuda
+    cu = FakeTensor([0, 4, 8])
+    device[0x6000] = cu.values
+    for _ in range(3):                                       # the forward of every layer of one step
+        varlen_host_cu.remember(cu, _info(3), 0x6000, types.SimpleNamespace(ptr=0))
+    assert len(events) == 1
+    cu._version += 1                                         # changed in place: copied again
+    varlen_host_cu.remember(cu, _info(3), 0x6000, types.SimpleNamespace(ptr=0))
+    assert len(events) == 2 and varlen_host_cu.lookup(cu, _info(3), 0x6000).tolist() == [0, 4, 8]
