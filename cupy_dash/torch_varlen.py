@@ -17,13 +17,10 @@ takes the host copy that the forward enqueued without waiting (the same tensors,
 also takes CPU tensors, the forward only CUDA ones); it cannot run under CUDA graph capture (it raises). Fake implementations give the output shapes
 for ``torch.compile``.
 """
-from typing import Optional
-
 import torch
-from torch import Tensor
 
 from . import api, varlen
-from .torch import _check_dims
+from .torch import _check_dims, _lib
 
 __all__ = ["attention_varlen", "attention_forward_varlen", "attention_backward_varlen"]
 
@@ -44,21 +41,37 @@ def _check_packed(**tensors):
     _check_dims({"lse": "(H, total_q)", "": "(total, heads, head_dim)"}, **tensors)
 
 
-@torch.library.custom_op("cupy_dash::attention_forward_varlen", mutates_args=())
-def attention_forward_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
-                             max_seqlen_q: int, max_seqlen_k: int, causal: bool = False,
-                             softmax_scale: Optional[float] = None, schedule: str = "auto",
-                             deterministic: bool = True, window_left: int = -1,
-                             window_right: int = -1) -> tuple[Tensor, Tensor]:
-    """The op ``torch.ops.cupy_dash.attention_forward_varlen``: :func:`cupy_dash.attention_forward_varlen`
-    (``schedule`` and ``deterministic`` are checked here and used by its gradient)."""
+# NOTES: defined with torch.library.Library like the fixed-length ops (cupy_dash/torch.py says why); the schemas
+# are the ones torch.library.custom_op inferred from these signatures.
+_lib.define("attention_forward_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
+            "SymInt max_seqlen_q, SymInt max_seqlen_k, bool causal=False, float? softmax_scale=None, "
+            "str schedule=\"auto\", bool deterministic=True, SymInt window_left=-1, SymInt window_right=-1) "
+            "-> (Tensor, Tensor)")
+_lib.define("attention_backward_varlen(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
+            "Tensor cu_seqlens_q, Tensor cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k, bool causal=False, "
+            "float? softmax_scale=None, str schedule=\"auto\", bool deterministic=True, SymInt window_left=-1, "
+            "SymInt window_right=-1) -> (Tensor, Tensor, Tensor)")
+attention_forward_varlen = torch.ops.cupy_dash.attention_forward_varlen
+attention_backward_varlen = torch.ops.cupy_dash.attention_backward_varlen
+attention_forward_varlen.__doc__ = """The op ``torch.ops.cupy_dash.attention_forward_varlen``:
+    :func:`cupy_dash.attention_forward_varlen` (``schedule`` and ``deterministic`` are checked here and used by its
+    gradient)."""
+attention_backward_varlen.__doc__ = """The op ``torch.ops.cupy_dash.attention_backward_varlen``:
+    :func:`cupy_dash.attention_backward_varlen`."""
+
+
+def _forward_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False,
+                  softmax_scale=None, schedule="auto", deterministic=True, window_left=-1, window_right=-1):
     api._check_schedule(schedule)
     return varlen.attention_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                            causal=causal, softmax_scale=softmax_scale,
                                            window=(window_left, window_right))
 
 
-@attention_forward_varlen.register_fake
+_lib.impl("attention_forward_varlen", _forward_impl, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("cupy_dash::attention_forward_varlen", lib=_lib)
 def _forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False,
                   softmax_scale=None, schedule="auto", deterministic=True, window_left=-1, window_right=-1):
     api._check_schedule(schedule)
@@ -86,23 +99,22 @@ def _forward_grad(ctx, dout, dlse):
     return (dq, dk, dv) + (None,) * 10
 
 
-attention_forward_varlen.register_autograd(_forward_grad, setup_context=_setup_context)
+torch.library.register_autograd("cupy_dash::attention_forward_varlen", _forward_grad,
+                                setup_context=_setup_context, lib=_lib)
 
 
-@torch.library.custom_op("cupy_dash::attention_backward_varlen", mutates_args=())
-def attention_backward_varlen(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-                              cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
-                              causal: bool = False, softmax_scale: Optional[float] = None, schedule: str = "auto",
-                              deterministic: bool = True, window_left: int = -1,
-                              window_right: int = -1) -> tuple[Tensor, Tensor, Tensor]:
-    """The op ``torch.ops.cupy_dash.attention_backward_varlen``: :func:`cupy_dash.attention_backward_varlen`."""
+def _backward_impl(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False,
+                   softmax_scale=None, schedule="auto", deterministic=True, window_left=-1, window_right=-1):
     return varlen.attention_backward_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                             max_seqlen_k, causal=causal, softmax_scale=softmax_scale,
                                             window=(window_left, window_right), schedule=schedule,
                                             deterministic=deterministic)
 
 
-@attention_backward_varlen.register_fake
+_lib.impl("attention_backward_varlen", _backward_impl, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("cupy_dash::attention_backward_varlen", lib=_lib)
 def _backward_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False,
                    softmax_scale=None, schedule="auto", deterministic=True, window_left=-1, window_right=-1):
     api._check_schedule(schedule)
