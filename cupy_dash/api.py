@@ -6,13 +6,13 @@ float32 in natural-log units. Head dims 64 and 128.
 
 Every argument is validated before anything is allocated or launched; each error names the argument.
 
-Deferred errors. The deterministic backward orders the dQ reduction with per-tile semaphores read from the
-schedule table. A wait is bounded (``CUPY_DASH_SPIN_TIMEOUT_MS``, default 10000 ms): past it the main kernel
-records the failure in a small error buffer and exits instead of hanging the GPU. The host learns about it
-asynchronously: after the main kernel, the postprocess kernel writes the buffer to mapped pinned host memory
-and marks it finished (no copy or event on the host's side). :func:`check_errors` waits for every pending backward and raises ``RuntimeError`` for a failed one;
-every public call (:func:`attention_forward`, :func:`attention_backward`, :func:`attention`) first polls the
-finished ones without blocking and raises for a failure. So a bad backward is reported by the next
+Deferred errors. The deterministic backward orders the dQ reduction with per-tile semaphores read from the schedule
+table. A wait is bounded (``CUPY_DASH_SPIN_TIMEOUT_MS``, default 10000 ms): past it the main kernel records the
+failure in a small error buffer and exits instead of hanging the GPU. The host learns about it asynchronously: after
+the main kernel, the postprocess kernel writes the buffer to mapped pinned host memory and marks it finished (no
+copy or event on the host's side). :func:`check_errors` waits for every pending backward and raises ``RuntimeError``
+for a failed one; every public call (:func:`attention_forward`, :func:`attention_backward`, :func:`attention`) first
+polls the finished ones without blocking and raises for a failure. So a bad backward is reported by the next
 cupy_dash call or by :func:`check_errors`, not by the call that launched it (set ``CUPY_DASH_SYNC_ERRORS=1`` to
 check synchronously at the end of every backward, for debugging).
 

@@ -11,11 +11,11 @@
 Layouts are FlashAttention's: q ``(total_q, H, D)``, k/v ``(total_k, Hkv, D)``, int32 ``cu_seqlens`` ``(B + 1,)``,
 out ``(total_q, H, D)``, lse ``(H, total_q)`` float32 (see :mod:`cupy_dash.varlen`). The forward op is
 differentiable in q, k, v; its gradient is the backward op with the same cu_seqlens, window, schedule and
-deterministic flag. The backward builds its schedule table from the lengths: with ``cu_seqlens`` on the GPU it
-takes the host copy that the forward enqueued without waiting (the same tensors, unmodified:
-:mod:`cupy_dash.varlen_host_cu`), else copies them to the host (a wait on the current stream; the backward op
-also takes CPU tensors, the forward only CUDA ones); it cannot run under CUDA graph capture (it raises). Fake implementations give the output shapes
-for ``torch.compile``.
+deterministic flag. The backward builds its schedule table from the lengths: with ``cu_seqlens`` on the GPU it takes
+the host copy that the forward enqueued without waiting (the same tensors, unmodified:
+:mod:`cupy_dash.varlen_host_cu`), else copies them to the host (a wait on the current stream; the backward op also
+takes CPU tensors, the forward only CUDA ones); it cannot run under CUDA graph capture (it raises). Fake
+implementations give the output shapes for ``torch.compile``.
 """
 import torch
 
