@@ -186,6 +186,8 @@ def _auto_policy(problem, shapes, order) -> str:
     column_model_applies: the choice of building every candidate."""
     info, _, vlo, vhi = shapes
     group, lengths = problem[7], vhi - vlo
+    if group > 1 and (problem[4] // group) * len(lengths) <= schedule.AUTO_FEW_GROUPED * problem[6]:
+        return "descending"                              # schedule.AUTO_FEW_GROUPED's measured override
     widest = int(info[:, 3].max(initial=0))              # the most columns of a segment
     c, r = schedule.AUTO_COSTS
     times, plain_load = {}, -1

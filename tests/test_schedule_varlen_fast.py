@@ -51,6 +51,8 @@ def auto_by_building(sq, sk, **kw):
     times = {}
     for policy in schedule.AUTO_CANDIDATES:
         plan = schedule.build_varlen(policy, sq, sk, **kw)
+        if kw["group_size"] > 1 and len(plan.records) <= schedule.AUTO_FEW_GROUPED * kw["num_sms"]:
+            return "descending"                      # the measured override for few grouped columns
         lengths = (plan.records[:, 2] - plan.records[:, 1]).astype(np.int64)
         if policy not in ("symmetric_shift", "fa3") and len(lengths) and not (lengths == lengths[0]).all():
             continue
