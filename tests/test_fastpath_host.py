@@ -1,0 +1,74 @@
+"""CPU test of the fixed-length host fast path (cupy_dash.fastpath) with torch imitated and every GPU call replaced
+(the fakes of test_fastpath_varlen): a repeated backward gets the full path's parameter block but for its new
+outputs, scratch and error slot; the scratch of a small problem is the plan's own on the same stream and a new
+one on another stream or above the size limit."""
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+
+import cupy_dash
+from cupy_dash import api, fastpath, interop, kernels, launchers
+from test_fastpath_varlen import BF16, F32, Tensor, no_gpu  # noqa: F401  (fixture)
+
+_PER_CALL = ("lse_log2", "dpsum", "dq_accum", "dq_semaphore", "dq", "dk", "dv", "error", "error_host")
+
+
+@pytest.fixture
+def fixed(no_gpu, monkeypatch):
+    ptr = types.SimpleNamespace
+
+    def tables(schedule, c, max_ctas, dev, stream, capture=False, compact=False):
+        return ptr(visits=ptr(data=ptr(ptr=0x7000)), rank=ptr(data=ptr(ptr=0x7100)),
+                   cta_start=ptr(data=ptr(ptr=0x7200)), num_ctas=33, policy="fa3")
+    monkeypatch.setattr(launchers, "bwd_tables", tables)
+    specs = kernels.bwd_specs("bfloat16", 128, True, True)
+    tile = kernels.bwd_tile(128)
+    monkeypatch.setattr(kernels, "bwd_entry", lambda *a, **kw: (specs, tile.block_m, tile.block_n, 132))
+    monkeypatch.setattr(api, "_acquire_slot", __import__("cupy_dash").varlen._acquire_slot)
+    monkeypatch.setattr(api, "_poll_errors", lambda: None)
+    current = {"ptr": 0x77}
+    monkeypatch.setattr(fastpath, "_stream", lambda dev: types.SimpleNamespace(ptr=current["ptr"]))
+    fastpath.clear()
+    yield no_gpu, current
+    fastpath.clear()
+
+
+def _inputs(S=128, H=1):
+    q, do, out = (Tensor((1, S, H, 128), BF16, p) for p in (0x10000, 0x40000, 0x50000))
+    k, v = (Tensor((1, S, H, 128), BF16, p) for p in (0x20000, 0x30000))
+    lse = Tensor((1, H, S), F32, 0x60000)
+    return do, q, k, v, out, lse
+
+
+def test_a_repeated_backward_reuses_the_block_and_small_scratch(fixed, monkeypatch):
+    enqueued, current = fixed
+    args = _inputs()
+    cupy_dash.attention_backward(*args, causal=True, schedule="fa3")
+    hits = fastpath.stats()["bwd_hits"]
+    grads = [cupy_dash.attention_backward(*args, causal=True, schedule="fa3") for _ in range(3)]
+    assert fastpath.stats()["bwd_hits"] == hits + 3 and len(enqueued) == 4
+    full = enqueued[0]["params"]
+    works = []
+    for e, g in zip(enqueued[1:], grads):
+        fast = e["params"]
+        for name in kernels.BWD_PARAMS_DTYPE.names:
+            if name not in _PER_CALL:
+                same = bytes(np.atleast_1d(full[name]).view(np.uint8)) == \
+                    bytes(np.atleast_1d(fast[name]).view(np.uint8))
+                assert same, name
+        assert (int(fast["dq"]), int(fast["dk"]), int(fast["dv"])) == tuple(t.ptr for t in g)
+        works.append(int(fast["lse_log2"]) - e["c"].offsets[0])
+    assert works[0] == works[1] == works[2]                  # the plan's scratch, same stream
+    current["ptr"] = 0x99
+    cupy_dash.attention_backward(*args, causal=True, schedule="fa3")
+    other = int(enqueued[-1]["params"]["lse_log2"]) - enqueued[-1]["c"].offsets[0]
+    assert other != works[0]                                 # another stream: a fresh buffer
+    monkeypatch.setattr(fastpath, "_CACHED_WORK_BYTES", 0)
+    fastpath.clear()
+    cupy_dash.attention_backward(*args, causal=True, schedule="fa3")
+    big = [cupy_dash.attention_backward(*args, causal=True, schedule="fa3") for _ in range(2)]
+    a, b = (int(e["params"]["lse_log2"]) for e in enqueued[-2:])
+    assert a != b and len(big) == 2                          # above the limit: never kept
