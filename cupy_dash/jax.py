@@ -44,7 +44,8 @@ give the same bits.
 batch bit for bit (and a loop over the axis bit for bit for the forward; for the backward with the
 ``PORTABLE_POLICIES`` schedules, whose addition orders do not depend on the batch size).
 
-Packed variable-length batches: :func:`attention_varlen` (:mod:`cupy_dash.jax_varlen`; host cu_seqlens, static).
+Packed variable-length batches: :func:`attention_varlen` (:mod:`cupy_dash.jax_varlen`: host cu_seqlens, static;
+or JAX arrays, one program for every packing, :mod:`cupy_dash.jax_varlen_dyn`).
 
 Errors: argument errors raise at trace time. A dQ semaphore timeout of a backward (see
 :func:`cupy_dash.check_errors`) is written to the call's device record, which only :func:`cupy_dash.check_errors`

@@ -5,15 +5,15 @@
                                          causal=True)
 
 q ``(total_q, H, D)``, k/v ``(total_k, Hkv, D)`` JAX arrays; ``cu_seqlens_q`` / ``cu_seqlens_k`` ``(B + 1,)``
-integers **on the host** (numpy arrays, lists): the backward's schedule table is built from the lengths when the
-call is traced, so they are static arguments of the traced function (hashed into its cache key). A new packing
-is a new trace and XLA compilation: this suits batches whose packing repeats (fixed-length documents, a few
-bucketed layouts); for a new packing at every step the eager functional API
-(:func:`cupy_dash.attention_backward_varlen` with host cu_seqlens) builds a table in about 0.1 ms instead. The
-calls are ``jax.experimental.buffer_callback`` custom calls on XLA's stream (command-buffer compatible), prepared
-at trace time on every local Hopper GPU (kernels loaded, tables and cu_seqlens uploaded, an error record), with
-the bits of the eager varlen functions on the same inputs. Not batched by ``jax.vmap`` (the sequences already
-are the batch).
+integers, either **on the host** (numpy arrays, lists) or as **JAX arrays** (int32, traced). Host lengths: the
+backward's schedule table is built when the call is traced, so they are static arguments of the traced function
+(hashed into its cache key) and a new packing is a new trace and XLA compilation: this suits batches whose packing
+repeats (fixed-length documents, a few bucketed layouts). JAX arrays: one compiled program serves every packing; the
+backward reads the lengths back when it runs (a wait for XLA's stream) and finds or builds the packing's table then
+(:mod:`cupy_dash.jax_varlen_dyn`). The calls are ``jax.experimental.buffer_callback`` custom calls on XLA's stream
+(command-buffer compatible), prepared at trace time on every local Hopper GPU (kernels loaded, tables and cu_seqlens
+uploaded, an error record), with the bits of the eager varlen functions on the same inputs. Not batched by
+``jax.vmap`` (the sequences already are the batch).
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import functools
 import jax
 import numpy as np
 
-from . import api, interop, kernels, launchers, varlen_device
+from . import api, interop, jax_varlen_dyn, kernels, launchers, varlen_device
 from . import jax as _jax
 from . import schedule as _schedule
 from .errors import _jit_record, _spin_timeout_ms
@@ -40,12 +40,22 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     ``deterministic`` apply to the backward, ``window`` to both passes (per sequence)."""
     base = _jax._config(causal, softmax_scale, window=window, schedule=schedule, deterministic=deterministic)
     max_q, max_k = _check_max_seqlen("max_seqlen_q", max_seqlen_q), _check_max_seqlen("max_seqlen_k", max_seqlen_k)
+    traced = [isinstance(cu, jax.Array) for cu in (cu_seqlens_q, cu_seqlens_k)]
+    if any(traced):                                      # device lengths: jax_varlen_dyn.py
+        if not all(traced):
+            raise TypeError("cu_seqlens_q, cu_seqlens_k: pass both as JAX arrays or both on the host")
+        num_seqs = jax_varlen_dyn.check_cu("cu_seqlens_q", cu_seqlens_q)
+        if jax_varlen_dyn.check_cu("cu_seqlens_k", cu_seqlens_k) != num_seqs:
+            raise ValueError(f"cu_seqlens_k: expected {num_seqs + 1} entries (as cu_seqlens_q), got "
+                             f"{cu_seqlens_k.shape[0]}")
+        if max_q > q.shape[0] or max_k > k.shape[0]:
+            raise ValueError(f"max_seqlen_q / max_seqlen_k ({max_q}, {max_k}) exceed the packed lengths "
+                             f"({q.shape[0]}, {k.shape[0]})")
+        dcfg = jax_varlen_dyn._DynConfig(base, num_seqs, max_q, max_k)
+        return jax_varlen_dyn.attention_jit(q, k, v, cu_seqlens_q, cu_seqlens_k, dcfg)
     cus = []
     for name, cu, total, m in (("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_q),
                                ("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_k)):
-        if isinstance(cu, jax.Array):
-            raise TypeError(f"{name}: cupy_dash.jax.attention_varlen needs the lengths on the host when it is "
-                            f"traced (numpy array or list); got a JAX array")
         info, host = _cu_seqlens_form(name, cu)
         if info is not None:
             raise TypeError(f"{name}: expected a host array (numpy or list), got one on {info.device}")

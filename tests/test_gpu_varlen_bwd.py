@@ -242,6 +242,29 @@ def test_jax_varlen_matches_the_functional_api():
     cupy_dash.check_errors()
     for name, g, w in zip(("dq", "dk", "dv"), grads, want):
         assert (np.asarray(g).view(np.int16) == np.asarray(w).view(np.int16)).all(), name
+    # cu_seqlens as JAX arrays (cupy_dash.jax_varlen_dyn): one program, the same bits, and a second packing
+    traces = []
+
+    def loss_dyn(q, k, v, cu_q, cu_k):
+        traces.append(1)
+        out = cj.attention_varlen(q, k, v, cu_q, cu_k, *args[2:], causal=True, schedule="fa3")
+        return jnp.sum(out.astype(jnp.float32) * do.astype(jnp.float32))
+    step = jax.jit(jax.grad(loss_dyn, argnums=(0, 1, 2)))
+    cus = (jnp.asarray(h["cu_q"], jnp.int32), jnp.asarray(h["cu_k"], jnp.int32))
+    dyn = step(q, k, v, *cus)
+    for name, g, w in zip(("dq", "dk", "dv"), dyn, want):
+        assert (np.asarray(g).view(np.int16) == np.asarray(w).view(np.int16)).all(), f"traced lengths: {name}"
+    B = len(h["cu_q"]) - 1                               # another packing of the same sizes: no new trace
+    other = [np.round(np.linspace(0, int(c[-1]), B + 1)).astype(np.int32) for c in (h["cu_q"], h["cu_k"])]
+    dyn2 = step(q, k, v, *(jnp.asarray(c) for c in other))
+    out2, lse2 = cupy_dash.attention_forward_varlen(q, k, v, *(cupy.asarray(c) for c in other), *args[2:],
+                                                    causal=True)
+    want2 = cupy_dash.attention_backward_varlen(do, q, k, v, out2, lse2, *other, *args[2:], causal=True,
+                                                schedule="fa3")
+    cupy_dash.check_errors()
+    assert len(traces) == 1
+    for name, g, w in zip(("dq", "dk", "dv"), dyn2, want2):
+        assert (np.asarray(g).view(np.int16) == np.asarray(w).view(np.int16)).all(), f"second packing: {name}"
 
 
 @pytest.mark.parametrize("hdim", [64, 128])

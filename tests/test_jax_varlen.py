@@ -35,7 +35,7 @@ def test_lowering_has_one_custom_call_per_pass(jx):
 
 
 @pytest.mark.parametrize("over,exc,match", [
-    (dict(cu_seqlens_q="jax"), TypeError, "cu_seqlens_q: .* on the host"),
+    (dict(cu_seqlens_q="jax"), TypeError, "both as JAX arrays or both on the host"),
     (dict(cu_seqlens_q=np.array([0, 200, 100, 300])), ValueError, "cu_seqlens_q: expected 0 = cu"),
     (dict(cu_seqlens_k=np.array([0, 500]), max_seqlen_k=500), ValueError, "cu_seqlens_k: expected 4 entries"),
     (dict(max_seqlen_q=150), ValueError, "exceeds max_seqlen_q"),
@@ -111,3 +111,83 @@ def test_plumbing_with_reference_callbacks(jx, monkeypatch):
         for got, w in zip((grads[0][rq], grads[1][rk], grads[2][rk]), want):
             got = np.asarray(got, np.float64)
             assert np.max(np.abs(got - w[0]) / (1 + np.abs(w[0]))) < 2e-2
+
+
+def test_traced_lengths_one_program_for_every_packing(jx, monkeypatch):
+    """cu_seqlens as JAX arrays: jit(grad) is traced once for two packings of the same sizes, each execution
+    runs one forward and one backward callback that see that packing's lengths, and the gradients are the
+    per-sequence float64 reference's (kernels replaced by the reference on JAX's CPU backend)."""
+    jax, cj = jx
+    from cupy_dash import jax_varlen_dyn
+    calls = []
+
+    def forward(self, ctx, outs, q, k, v, cu_q, cu_k):
+        cu_q, cu_k = np.asarray(cu_q).copy(), np.asarray(cu_k).copy()
+        calls.append(("forward", cu_q.tolist()))
+        q, k, v = (np.asarray(x) for x in (q, k, v))
+        out, lse = (np.asarray(x) for x in outs)
+        out[...], lse[...] = 0, -np.inf
+        for rq, rk in _sequences(cu_q, cu_k):
+            if rq.stop > rq.start and rk.stop > rk.start:
+                o, l_ = reference.forward(q[None, rq], k[None, rk], v[None, rk], causal=True)
+                out[rq], lse[:, rq] = o[0].astype(out.dtype), l_[0]
+
+    def backward(self, ctx, outs, dout, q, k, v, out, lse, cu_q, cu_k):
+        cu_q, cu_k = np.asarray(cu_q).copy(), np.asarray(cu_k).copy()
+        calls.append(("backward", cu_q.tolist()))
+        dout, q, k, v, out, lse = (np.asarray(x) for x in (dout, q, k, v, out, lse))
+        dq, dk, dv = (np.asarray(x) for x in outs[:3])
+        dq[...], dk[...], dv[...] = 0, 0, 0
+        for rq, rk in _sequences(cu_q, cu_k):
+            if rq.stop > rq.start and rk.stop > rk.start:
+                g = reference.backward(dout[None, rq], q[None, rq], k[None, rk], v[None, rk], out[None, rq],
+                                       np.ascontiguousarray(lse[None, :, rq]), causal=True)
+                dq[rq], dk[rk], dv[rk] = (x[0].astype(dq.dtype) for x in g)
+    monkeypatch.setattr(jax_varlen_dyn._Forward, "__call__", forward)
+    monkeypatch.setattr(jax_varlen_dyn._Backward, "__call__", backward)
+    jnp = jax.numpy
+    rng = np.random.default_rng(1)
+    q, dout = (rng.standard_normal((300, 4, 64), dtype=np.float32).astype(BF16) for _ in range(2))
+    k, v = (rng.standard_normal((500, 2, 64), dtype=np.float32).astype(BF16) for _ in range(2))
+    traces = []
+
+    def loss(q, k, v, cu_q, cu_k):
+        traces.append(1)
+        out = cj.attention_varlen(q, k, v, cu_q, cu_k, 250, 300, causal=True)
+        return jnp.sum(out.astype(jnp.float32) * dout.astype(jnp.float32))
+    step = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+    packings = [(CU_Q, CU_K), (np.array([0, 50, 250, 300]), np.array([0, 100, 300, 500]))]
+    for cu_q, cu_k in packings:
+        grads = step(q, k, v, jnp.asarray(cu_q, jnp.int32), jnp.asarray(cu_k, jnp.int32))
+        for rq, rk in _sequences(cu_q, cu_k):
+            if rq.stop == rq.start or rk.stop == rk.start:
+                continue
+            o, l_ = reference.forward(q[None, rq], k[None, rk], v[None, rk], causal=True)
+            want = reference.backward(dout[None, rq], q[None, rq], k[None, rk], v[None, rk], o.astype(BF16),
+                                      l_.astype(np.float32), causal=True)
+            for got, w in zip((grads[0][rq], grads[1][rk], grads[2][rk]), want):
+                got = np.asarray(got, np.float64)
+                assert np.max(np.abs(got - w[0]) / (1 + np.abs(w[0]))) < 2e-2
+    assert len(traces) == 1
+    assert calls == [("forward", CU_Q.tolist()), ("backward", CU_Q.tolist()),
+                     ("forward", packings[1][0].tolist()), ("backward", packings[1][0].tolist())]
+
+
+def test_traced_lengths_lowering_and_checks(jx):
+    jax, cj = jx
+    jnp = jax.numpy
+    q, k = jax.ShapeDtypeStruct((300, 4, 64), jnp.bfloat16), jax.ShapeDtypeStruct((500, 2, 64), jnp.bfloat16)
+    cu = jax.ShapeDtypeStruct((4,), jnp.int32)
+
+    def loss(q, k, v, cu_q, cu_k):
+        return jnp.sum(cj.attention_varlen(q, k, v, cu_q, cu_k, 200, 240, causal=True).astype(jnp.float32))
+    text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(q, k, k, cu, cu).lower(
+        lowering_platforms=("cuda",)).as_text()
+    assert text.count("stablehlo.custom_call") == 2
+    qa, ka = jnp.zeros((300, 4, 64), jnp.bfloat16), jnp.zeros((500, 2, 64), jnp.bfloat16)
+    with pytest.raises(ValueError, match="cu_seqlens_q: expected an int32"):
+        cj.attention_varlen(qa, ka, ka, jnp.asarray(CU_Q, jnp.float32), jnp.asarray(CU_K, jnp.int32), 200, 240)
+    with pytest.raises(ValueError, match="cu_seqlens_k: expected 4 entries"):
+        cj.attention_varlen(qa, ka, ka, jnp.asarray(CU_Q, jnp.int32), jnp.asarray([0, 500], jnp.int32), 200, 500)
+    with pytest.raises(ValueError, match="exceed the packed lengths"):
+        cj.attention_varlen(qa, ka, ka, jnp.asarray(CU_Q, jnp.int32), jnp.asarray(CU_K, jnp.int32), 400, 240)

@@ -1,0 +1,179 @@
+"""JAX varlen attention with ``cu_seqlens`` as JAX arrays (traced): one compiled program serves every packing.
+
+:func:`cupy_dash.jax.attention_varlen` takes this path when ``cu_seqlens_q`` and ``cu_seqlens_k`` are JAX arrays
+(int32 ``(B + 1,)``; ``max_seqlen_q`` / ``max_seqlen_k`` stay static ints, as in FlashAttention). The forward
+kernel reads the sequence bounds from the device (a command-buffer compatible ``buffer_callback``). The backward
+needs the lengths on the host for its schedule table, so its ``buffer_callback`` copies them from the device when
+XLA runs it (a wait for XLA's stream), checks them (a ValueError from the callback fails the computation), builds
+or finds the packing's table (:mod:`cupy_dash.varlen_device`, cached per packing) and launches on XLA's stream;
+it is not command-buffer compatible. Same bits as the eager varlen functions and as the static-lengths path.
+"""
+from __future__ import annotations
+
+import collections
+import functools
+
+import jax
+import numpy as np
+
+from . import api, interop, kernels, launchers, varlen_device
+from . import jax as _jax
+from .errors import _jit_record, _spin_timeout_ms
+from .varlen import _check_same_count, _cu_seqlens_values
+
+_DynConfig = collections.namedtuple("_DynConfig", "base num_seqs max_q max_k")
+
+
+def check_cu(name, cu) -> int:
+    """The number of sequences of a traced ``cu_seqlens`` (int32, 1-D, at least 2 entries), checked at trace time."""
+    if cu.dtype != np.int32 or len(cu.shape) != 1 or cu.shape[0] < 2:
+        raise ValueError(f"{name}: expected an int32 JAX array (B + 1,) with B >= 1, got {cu.dtype} {cu.shape}")
+    return int(cu.shape[0]) - 1
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _attention(q, k, v, cu_q, cu_k, dcfg):
+    return _forward(dcfg, q, k, v, cu_q, cu_k)[0]
+
+
+def _attention_fwd(q, k, v, cu_q, cu_k, dcfg):
+    out, lse = _forward(dcfg, q, k, v, cu_q, cu_k)
+    return out, (q, k, v, cu_q, cu_k, out, lse)
+
+
+def _attention_bwd(dcfg, residuals, dout):
+    q, k, v, cu_q, cu_k, out, lse = residuals
+    dq, dk, dv = _backward(dcfg, dout, q, k, v, out, lse, cu_q, cu_k)
+    return dq, dk, dv, None, None
+
+
+_attention.defvjp(_attention_fwd, _attention_bwd)
+attention_jit = jax.jit(_attention, static_argnums=(5,))
+
+
+def _forward(dcfg, q, k, v, cu_q, cu_k):
+    from .jax_varlen import _problem
+    p, cfg = _problem(dcfg, q, k, v)
+    key = ("fwd-varlen-dyn", p.dtype, (p.Sq, p.Sk, p.H, p.Hkv, p.D), p.scale, cfg.causal, cfg.window, dcfg.num_seqs,
+           dcfg.max_q)
+    return _jax._get(key, lambda: _Forward(p, cfg, dcfg)).bind(q, k, v, cu_q, cu_k)
+
+
+def _backward(dcfg, dout, q, k, v, out, lse, cu_q, cu_k):
+    from .jax_varlen import _problem
+    p, cfg = _problem(dcfg, q, k, v, dout, out, lse)
+    spin = int(_spin_timeout_ms() * 1e6)
+    key = ("bwd-varlen-dyn", p.dtype, (p.Sq, p.Sk, p.H, p.Hkv, p.D), p.scale, cfg.causal, cfg.window, cfg.schedule,
+           cfg.deterministic, spin, dcfg.num_seqs, dcfg.max_q, dcfg.max_k)
+    return _jax._get(key, lambda: _Backward(p, cfg, dcfg, spin)).bind(dout, q, k, v, out, lse, cu_q, cu_k)
+
+
+class _Forward:
+    """A traced varlen forward with device cu_seqlens: the callback ``(ctx, (out, lse), q, k, v, cu_q, cu_k)``."""
+
+    def __init__(self, p, cfg, dcfg):
+        import cupy
+        self.p, self.window, self.num_seqs = p, cfg.window, dcfg.num_seqs
+        self.spec, self.block_m, self.block_n = kernels.fwd_entry(p.dtype, p.D, cfg.causal, varlen=True)
+        self.grid = (-(-dcfg.max_q // self.block_m), p.H, self.num_seqs)
+        self.q_strides = interop._contiguous_strides((1, p.Sq, p.H, p.D))[:3]
+        self.kv_strides = interop._contiguous_strides((1, p.Sk, p.Hkv, p.D))[:3]
+        self.devices = _jax._gpus()
+        for dev in self.devices:
+            with cupy.cuda.Device(dev):
+                _jax._load([self.spec])
+
+    def bind(self, q, k, v, cu_q, cu_k):
+        from jax.experimental.buffer_callback import buffer_callback
+        p = self.p
+        types = (jax.ShapeDtypeStruct((p.Sq, p.H, p.D), api._NP_DTYPES[p.dtype]),
+                 jax.ShapeDtypeStruct((p.H, p.Sq), np.float32))
+        return buffer_callback(self, types, command_buffer_compatible=True)(q, k, v, cu_q, cu_k)
+
+    def __call__(self, ctx, outs, q, k, v, cu_q, cu_k):
+        _jax.callback_runs["forward"] += 1
+        out, lse = outs
+        dev = _jax._device(out, self.devices)
+        import cupy
+        with cupy.cuda.Device(dev):
+            ptr = _jax._ptr
+            operands = (ptr(q), self.q_strides), (ptr(k), self.kv_strides), (ptr(v), self.kv_strides)
+            params = launchers.fwd_params(self.block_m, self.block_n, self.p, self.window, operands, ptr(out),
+                                          ptr(lse), varlen=(self.num_seqs, ptr(cu_q), ptr(cu_k)))
+            kernels.launch(self.spec, self.grid, params, interop._external_stream(ctx.stream, dev))
+
+
+class _Backward:
+    """A traced varlen backward with device cu_seqlens: the callback ``(ctx, (dq, dk, dv, workspace), dout, q, k,
+    v, out, lse, cu_q, cu_k)``; per device its kernels (loaded at trace time) and error record; the packing's
+    schedule table is found or built when the callback runs."""
+
+    def __init__(self, p, cfg, dcfg, spin_timeout_ns):
+        import cupy
+        self.p, self.cfg, self.dcfg, self.spin = p, cfg, dcfg, spin_timeout_ns
+        tile = kernels.bwd_tile(p.D)
+        specs = kernels.bwd_specs(p.dtype, p.D, cfg.causal, cfg.deterministic, varlen=True)
+        self.work_bytes = launchers.BwdLaunch(specs, tile.block_m, tile.block_n, p, cfg.deterministic,
+                                              spin_timeout_ns, cfg.causal, cfg.window,
+                                              varlen=(dcfg.num_seqs, dcfg.max_q)).work_bytes
+        self.q_strides = interop._contiguous_strides((1, p.Sq, p.H, p.D))[:3]
+        self.kv_strides = interop._contiguous_strides((1, p.Sk, p.Hkv, p.D))[:3]
+        self.devices, self.entries, self.records = _jax._gpus(), {}, {}
+        for dev in self.devices:
+            with cupy.cuda.Device(dev):
+                self.entries[dev] = kernels.bwd_entry(dev, p.dtype, p.D, cfg.causal, cfg.deterministic, varlen=True)
+                _jax._load(self.entries[dev][0])
+                self.records[dev] = _jit_record(dev, (cfg.schedule, dcfg.num_seqs, p.H, p.Sq, p.Sk, p.D, cfg.causal,
+                                                      cfg.window))
+
+    def bind(self, dout, q, k, v, out, lse, cu_q, cu_k):
+        from jax.experimental.buffer_callback import buffer_callback
+        p = self.p
+        kv = jax.ShapeDtypeStruct((p.Sk, p.Hkv, p.D), api._NP_DTYPES[p.dtype])
+        types = (jax.ShapeDtypeStruct((p.Sq, p.H, p.D), api._NP_DTYPES[p.dtype]), kv, kv,
+                 jax.ShapeDtypeStruct((self.work_bytes,), np.uint8))
+        # NOTES: not command-buffer compatible: the callback reads the lengths back and may upload a table
+        return buffer_callback(self, types, command_buffer_compatible=False)(dout, q, k, v, out, lse, cu_q,
+                                                                             cu_k)[:3]
+
+    def lengths(self, cu_q, cu_k, stream) -> tuple:
+        """The host int32 cu_seqlens of the device buffers (after XLA's pending work on ``stream``), checked."""
+        import cupy
+        rt = cupy.cuda.runtime
+        hosts = []
+        for buffer in (cu_q, cu_k):
+            host = np.empty(self.dcfg.num_seqs + 1, dtype=np.int32)
+            rt.memcpyAsync(host.ctypes.data, _jax._ptr(buffer), host.nbytes, rt.memcpyDeviceToHost, stream.ptr)
+            hosts.append(host)
+        stream.synchronize()
+        p, d = self.p, self.dcfg
+        checked = (_cu_seqlens_values("cu_seqlens_q", hosts[0].astype(np.int64), p.Sq, "max_seqlen_q", d.max_q),
+                   _cu_seqlens_values("cu_seqlens_k", hosts[1].astype(np.int64), p.Sk, "max_seqlen_k", d.max_k))
+        _check_same_count(*checked)
+        return checked
+
+    def __call__(self, ctx, outs, dout, q, k, v, out, lse, cu_q, cu_k):
+        _jax.callback_runs["backward"] += 1
+        dq, dk, dv, work = outs
+        dev = _jax._device(dq, self.devices)
+        p, cfg, ptr = self.p, self.cfg, _jax._ptr
+        import cupy
+        with cupy.cuda.Device(dev):
+            stream = interop._external_stream(ctx.stream, dev)
+            host_q, host_k = self.lengths(cu_q, cu_k, stream)
+            lens_q, lens_k = (np.diff(c).astype(np.int64) for c in (host_q, host_k))
+            specs, bm, bn, max_ctas = self.entries[dev]
+            t = varlen_device.plan(cfg.schedule, lens_q, lens_k, bm, bn, p.H, p.Hkv, cfg.causal, max_ctas,
+                                   cfg.window)
+            if t.num_visits == 0:                        # no sequence sees a key: zero gradients, no kernel
+                for x in (dq, dk, dv):
+                    cupy.cuda.runtime.memsetAsync(ptr(x), 0, int(np.prod(x.shape)) * 2, stream.ptr)
+                return
+            c = launchers.BwdLaunch(specs, bm, bn, p, cfg.deterministic, self.spin, cfg.causal, cfg.window,
+                                    varlen=(self.dcfg.num_seqs, self.dcfg.max_q))
+            c.tables, cu_q_dev, cu_k_dev, uploaded = varlen_device.device(t, self.dcfg.num_seqs * p.H, dev, stream)
+            stream.wait_event(uploaded)
+            qs, kvs = self.q_strides, self.kv_strides
+            operands = ((ptr(q), qs), (ptr(k), kvs), (ptr(v), kvs), (ptr(out), qs), (ptr(dout), qs))
+            launchers.launch_backward(c, operands, ptr(lse), ptr(work), (ptr(dq), ptr(dk), ptr(dv)), stream,
+                                      error_ptr=self.records[dev], cu_seqlens=(cu_q_dev.data.ptr, cu_k_dev.data.ptr))
