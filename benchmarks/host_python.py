@@ -16,7 +16,7 @@ addresses = iter(range(0x1000000, 0x900000000, 0x10000))
 def empty(shape, dtype=None, device=None):
     return Tensor(shape if isinstance(shape, tuple) else (shape,), dtype, next(addresses) % (1 << 40))
 mp.setattr(fastpath, "_torch", types.SimpleNamespace(empty=empty, uint8=U8, float32=F32))
-mp.setattr(fastpath, "_ready", lambda dev: True)
+mp.setattr(fastpath, "_ready_stream", lambda dev: Stream())
 mp.setattr(interop, "capturing", lambda x: False)
 mp.setattr(tensormap, "bhsd_map", lambda ptr, *a, **kw: int(ptr).to_bytes(8, "little").ljust(128, b"\0"))
 mp.setattr(tensormap, "check_encodable", lambda *a, **kw: None)
@@ -40,7 +40,7 @@ def acquire(dev):
     s = Slot(); s.dptr=0xA000; s.hdev=0xB000; s.host=np.array([1,0,0,0,0,0,0,0],np.int32); s.pool=pool; s.device_id=0; return s
 mp.setattr(api, "_acquire_slot", acquire); mp.setattr(errors, "_acquire_slot", acquire)
 mp.setattr(_launch, "launch_sequence", lambda s, p, l: None)
-mp.setattr(fastpath, "_stream", lambda dev: Stream())
+
 q, do, out, k, v = (Tensor((1,128,1,64), BF16, 0x10000*(i+1)) for i in range(5))
 lse = Tensor((1,1,128), F32, 0x90000)
 cupy_dash.attention_backward(do, q, k, v, out, lse)
@@ -51,3 +51,14 @@ print("python-only backward fast path: %.1f us/call" % ((time.perf_counter()-t0)
 pr = cProfile.Profile(); pr.enable()
 for _ in range(5000): cupy_dash.attention_backward(do, q, k, v, out, lse)
 pr.disable(); pstats.Stats(pr).sort_stats("tottime").print_stats(14)
+
+# the forward's fast path, the same way
+mp.setattr(fastpath, "_ready_stream", lambda dev: Stream())
+mp.setattr(kernels, "fwd_entry", lambda *a, **kw: (kernels.fwd_spec("bfloat16", 64, False), 128, 128))
+mp.setattr(kernels, "launch", lambda *a, **kw: None)
+mp.setattr(_launch, "launch", lambda *a, **kw: None)
+out0, lse0 = cupy_dash.attention_forward(q, k, v)
+t0 = time.perf_counter()
+for _ in range(n):
+    cupy_dash.attention_forward(q, k, v)
+print("python-only forward fast path: %.1f us/call" % ((time.perf_counter() - t0) / n * 1e6), fastpath.stats())

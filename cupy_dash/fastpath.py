@@ -25,7 +25,7 @@ import threading
 
 import cupy
 
-from . import errors, interop, jit, kernels, launchers, tensormap
+from . import _launch, errors, interop, jit, kernels, launchers, tensormap
 
 _MAX_PLANS = 256
 _MAX_MAPS = 64          # tensor maps kept per operand of a plan (keyed by address)
@@ -119,23 +119,25 @@ def _store(table: dict, key, plan) -> None:
         table[key] = plan
 
 
-def _stream(device_index):
-    """torch's current stream on the device, as the (cached) CuPy view the launchers take."""
-    return interop._external_stream(interop._torch_stream_ptr(device_index), device_index)
-
-
-def _ready(device_index) -> bool:
-    """Not capturing on the current torch stream, and the current device is the tensors' device."""
-    torch = _torch_mod()
-    return cupy.cuda.runtime.getDevice() == device_index and not torch.cuda.is_current_stream_capturing()
+def _ready_stream(device_index):
+    """torch's current stream on the tensors' device, as the (cached) CuPy view the launchers take; None (the
+    fast path steps aside) when the current device is another one or the stream is capturing a CUDA graph."""
+    _torch_mod()
+    rt = cupy.cuda.runtime
+    if rt.getDevice() != device_index:
+        return None
+    ptr = interop._torch_stream_ptr(device_index)
+    if rt.streamIsCapturing(ptr):
+        return None
+    return interop._external_stream(ptr, device_index)
 
 
 # ------------------------------------------------------------------------------------------------------------
 # forward
 # ------------------------------------------------------------------------------------------------------------
 class _FwdPlan:
-    __slots__ = ("spec", "func", "grid", "template", "maps", "map_offsets", "lse_offset", "out_shape", "lse_shape",
-                 "dtype", "device", "device_index")
+    __slots__ = ("spec", "func", "launch", "template", "maps", "map_offsets", "lse_offset", "out_shape",
+                 "lse_shape", "dtype", "device", "device_index")
 
 
 def register_forward(key, spec, block_m, block_n, p, window, operands, out_ptr, lse_ptr, like) -> None:
@@ -145,7 +147,8 @@ def register_forward(key, spec, block_m, block_n, p, window, operands, out_ptr, 
     B, Sq, Sk, H, Hkv, D = p.B, p.Sq, p.Sk, p.H, p.Hkv, p.D
     plan = _FwdPlan()
     plan.spec, plan.func = spec, jit.load(spec).ptr
-    plan.grid = launchers.fwd_grid(p, block_m)
+    gx, gy, gz = kernels._grid(launchers.fwd_grid(p, block_m))
+    plan.launch = (gx, gy, gz, spec.threads, spec.smem_bytes)
     plan.template = launchers.fwd_params(block_m, block_n, p, window, operands, out_ptr, lse_ptr).tobytes()
     (_, q_stride), (_, k_stride), (_, v_stride) = operands
     plan.maps = (_Maps(p.dtype, (B, Sq, H, D), q_stride, block_m, "q"),
@@ -164,7 +167,8 @@ def forward(key, q, k, v):
     """``(out, lse)`` from the plan stored under ``key`` (:func:`fwd_key` of the call), or None (then the caller
     takes the full path)."""
     plan = _fwd_plans.get(key) if key is not None else None
-    if plan is None or not _ready(plan.device_index):
+    stream = _ready_stream(plan.device_index) if plan is not None else None
+    if stream is None:
         return None
     errors.poll_errors()
     torch = _torch
@@ -175,7 +179,8 @@ def forward(key, q, k, v):
                                                              out.data_ptr())):
         buf[off:off + 128] = maps.get(ptr)
     struct.pack_into("<Q", buf, plan.lse_offset, lse.data_ptr())
-    kernels.launch(plan.spec, plan.grid, buf, _stream(plan.device_index), plan.func)
+    gx, gy, gz, threads, smem = plan.launch
+    _launch.launch(plan.func, gx, gy, gz, threads, smem, stream.ptr, buf)
     _stats["fwd_hits"] += 1
     return out, lse
 
@@ -241,12 +246,12 @@ def backward(key, do, q, k, v, out, lse):
     """``(dq, dk, dv)`` from the plan stored under ``key`` (:func:`bwd_key` of the call), or None (then the caller
     takes the full path)."""
     plan = _bwd_plans.get(key) if key is not None else None
-    if plan is None or not _ready(plan.device_index):
+    stream = _ready_stream(plan.device_index) if plan is not None else None
+    if stream is None:
         return None
     errors.poll_errors()
     torch = _torch
     c = plan.c
-    stream = _stream(plan.device_index)
     work = _work(plan, c.work_bytes, stream.ptr)
     dq = torch.empty(plan.dq_shape, dtype=plan.dtype, device=plan.device)
     dk = torch.empty(plan.kv_shape, dtype=plan.dtype, device=plan.device)

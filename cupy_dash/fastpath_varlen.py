@@ -127,7 +127,7 @@ def register(key_, c, operands, lse_ptr, work_base, grads, cu_ptrs, call, like, 
 def backward(key_, do, q, k, v, out, lse):
     """``(dq, dk, dv)`` from the plan stored under ``key_``, or None (the caller takes the full path)."""
     plan = _plans.get(key_) if key_ is not None else None
-    if plan is None or not fastpath._ready(plan.device_index):
+    if plan is None or fastpath._ready_stream(plan.device_index) is None:
         return None
     errors.poll_errors()
     torch = fastpath._torch
@@ -214,7 +214,8 @@ def register_forward(key_, spec, grid, block_m, block_n, p, operands, params, cu
 def forward(key_, q, k, v, cu_q, cu_k):
     """``(out, lse)`` from the plan stored under ``key_``, or None (the caller takes the full path)."""
     plan = _fwd_plans.get(key_) if key_ is not None else None
-    if plan is None or not fastpath._ready(plan.device_index):
+    stream = fastpath._ready_stream(plan.device_index) if plan is not None else None
+    if stream is None:
         return None
     errors.poll_errors()
     torch = fastpath._torch
@@ -226,7 +227,6 @@ def forward(key_, q, k, v, cu_q, cu_k):
         buf[o:o + 128] = maps.get(ptr)
     for o, value in zip(plan.offsets, (lse.data_ptr(), out_ptr, cu_q_ptr, cu_k_ptr)):
         struct.pack_into("<Q", buf, o, value)
-    stream = fastpath._stream(plan.device_index)
     gx, gy, gz, threads, smem = plan.launch
     _launch.launch(plan.func, gx, gy, gz, threads, smem, stream.ptr, buf)
     varlen_host_cu.remember(cu_q, plan.cu_infos[0], cu_q_ptr, stream)

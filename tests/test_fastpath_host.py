@@ -30,7 +30,7 @@ def fixed(no_gpu, monkeypatch):
     monkeypatch.setattr(api, "_acquire_slot", __import__("cupy_dash").varlen._acquire_slot)
     monkeypatch.setattr(api, "_poll_errors", lambda: None)
     current = {"ptr": 0x77}
-    monkeypatch.setattr(fastpath, "_stream", lambda dev: types.SimpleNamespace(ptr=current["ptr"]))
+    monkeypatch.setattr(fastpath, "_ready_stream", lambda dev: types.SimpleNamespace(ptr=current["ptr"]))
     fastpath.clear()
     yield no_gpu, current
     fastpath.clear()

@@ -64,7 +64,7 @@ def no_gpu(monkeypatch):
         return Tensor(shape if isinstance(shape, tuple) else (shape,), dtype, next(addresses))
     fake_torch = types.SimpleNamespace(empty=empty, uint8=U8, float32=F32)
     monkeypatch.setattr(fastpath, "_torch", fake_torch)
-    monkeypatch.setattr(fastpath, "_ready", lambda dev: True)
+    monkeypatch.setattr(fastpath, "_ready_stream", lambda dev: types.SimpleNamespace(ptr=0x77))
     monkeypatch.setattr(interop, "_torch_stream_ptr", lambda dev: 0x77)
     monkeypatch.setattr(interop, "capturing", lambda x: False)
     monkeypatch.setattr(tensormap, "bhsd_map", lambda ptr, *a, **kw: int(ptr).to_bytes(8, "little").ljust(128, b"\0"))
@@ -194,7 +194,7 @@ def test_a_repeated_forward_is_served_with_the_full_paths_block(no_gpu, monkeypa
     monkeypatch.setattr(_launch, "launch", lambda func, gx, gy, gz, bx, smem, stream, buf: launched.append(
         ((gx, gy, gz), np.frombuffer(bytes(buf), dtype=kernels.FWD_PARAMS_DTYPE)[0])))
     monkeypatch.setattr(jit, "load", lambda spec: types.SimpleNamespace(ptr=0xF00))
-    monkeypatch.setattr(fastpath, "_stream", lambda dev: types.SimpleNamespace(ptr=0x77))
+    monkeypatch.setattr(fastpath, "_ready_stream", lambda dev: types.SimpleNamespace(ptr=0x77))
     monkeypatch.setattr(varlen_host_cu, "remember", lambda cu, info, ptr, stream: remembered.append(ptr))
     _, q, k, v, _, _ = _inputs()
     cu_q, cu_k = Tensor((4,), I32, 0x70000), Tensor((4,), I32, 0x70100)
