@@ -72,3 +72,22 @@ def test_a_repeated_backward_reuses_the_block_and_small_scratch(fixed, monkeypat
     big = [cupy_dash.attention_backward(*args, causal=True, schedule="fa3") for _ in range(2)]
     a, b = (int(e["params"]["lse_log2"]) for e in enqueued[-2:])
     assert a != b and len(big) == 2                          # above the limit: never kept
+
+
+def test_ready_stream_steps_aside_on_another_device_or_under_capture(monkeypatch):
+    """The fast path's one query per call: torch's current stream on the tensors' device, or None when the
+    current device differs or that stream is capturing (cudaStreamIsCapturing, replaced here)."""
+    state = {"device": 0, "capturing": 0}
+    monkeypatch.setattr(fastpath, "_torch_mod", lambda: None)
+    monkeypatch.setattr(fastpath.cupy.cuda.runtime, "getDevice", lambda: state["device"])
+    monkeypatch.setattr(fastpath.cupy.cuda.runtime, "streamIsCapturing", lambda ptr: state["capturing"])
+    monkeypatch.setattr(interop, "_torch_stream_ptr", lambda dev: 0x500 + dev)
+    monkeypatch.setattr(interop, "_external_stream", lambda ptr, dev: types.SimpleNamespace(ptr=ptr, dev=dev))
+    s = fastpath._ready_stream(0)
+    assert (s.ptr, s.dev) == (0x500, 0)
+    state["device"] = 1
+    assert fastpath._ready_stream(0) is None
+    state["device"], state["capturing"] = 0, 1          # cudaStreamCaptureStatusActive
+    assert fastpath._ready_stream(0) is None
+    state["capturing"] = 2                              # invalidated: still not an eager stream
+    assert fastpath._ready_stream(0) is None
