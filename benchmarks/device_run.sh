@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device run on the H200: install, compile, GPU tests, demo, benchmarks; every log under $OUT.
-#   bash benchmarks/device_run.sh [smoke|fwd|tests|bench|integration|pending|long|gqa|varlen|varlen2|varlen_bench|final|next|long1m|session4|session4b|session5|all] [extra pytest args...]
+#   bash benchmarks/device_run.sh [smoke|fwd|tests|bench|integration|pending|long|gqa|varlen|varlen2|varlen_bench|final|next|long1m|session4|session4b|session5|rank_ahead|all] [extra pytest args...]
 # "pending": what the 2026-12-01 (second) session could not run (benchmarks/NOTES.md), in priority order.
 # FA3 (flash-attn3-jax) is measured when its wheel is importable: carry .whl/ and set FA3_WHL=1.
 set -o pipefail
@@ -125,6 +125,21 @@ if [ "$stage" = session5 ]; then   # what the fourth session built after its GPU
     timeout 100 $py -m cupy_dash bench --group $g --no-overhead --no-compile --seqlens 4096 16384 --hdims 128 \
       --schedules auto descending --repeats 10 --warmup 2 --input-sets 1 --out /tmp/g$g 2>&1 \
       | grep -E "head dim|bwd" | head -12 | tee -a "$OUT/gqa_auto.txt"
+  done
+fi
+if [ "$stage" = rank_ahead ]; then   # benchmarks/patches/writer_rank_ahead.patch (branch writer-rank-ahead) applied
+  # to a copy of this tree: its bits against the main tree's (same tables), then compact throughput
+  rm -rf /tmp/wra && cp -r . /tmp/wra && (cd /tmp/wra && patch -p1 < benchmarks/patches/writer_rank_ahead.patch \
+    && CUPY_DASH_CACHE_DIR=/tmp/wra_cache $py -m cupy_dash compile --all -j 16 2>&1 | tail -1)
+  (cd /tmp/wra && CUPY_DASH_CACHE_DIR=/tmp/wra_cache timeout 200 $py -m pytest tests/test_gpu_compact.py \
+    tests/test_gpu_varlen_bwd.py -q -ra --maxfail=5 -k "compact or repeat or per_sequence" 2>&1 \
+    | tee "$OUT/rank_ahead_tests.log" | tail -4)
+  for tree in . /tmp/wra; do
+    (cd $tree && CUPY_DASH_CACHE_DIR=$([ $tree = . ] && echo $CUPY_DASH_CACHE_DIR || echo /tmp/wra_cache) \
+      CUPY_DASH_COMPACT_TABLES=1 timeout 100 $py -m cupy_dash bench --seqlens 65536 --tokens 65536 --hdims 128 \
+      --masks causal --schedules descending symmetric_shift --repeats 3 --warmup 1 --input-sets 1 --no-torch \
+      --no-fa3 --no-overhead --no-compile --out /tmp/ra_bench 2>&1 | grep -E "cupy_dash bwd" | head -2 \
+      | sed "s|^|$tree |" | tee -a "$OUT/rank_ahead_bench.txt")
   done
 fi
 if [ "$stage" = tests ] || [ "$stage" = all ]; then
