@@ -130,6 +130,7 @@ fi
 if [ "$stage" = rank_ahead ]; then   # benchmarks/patches/writer_rank_ahead.patch (branch writer-rank-ahead) applied
   # to a copy of this tree: its bits against the main tree's (same tables), then compact throughput
   rm -rf /tmp/wra && cp -r . /tmp/wra && (cd /tmp/wra && patch -p1 < benchmarks/patches/writer_rank_ahead.patch \
+    && $py -c "import cupy_dash.jit as j; print('patched tree kernels:', j.kernel_dir())" \
     && CUPY_DASH_CACHE_DIR=/tmp/wra_cache $py -m cupy_dash compile --all -j 16 2>&1 | tail -1)
   (cd /tmp/wra && CUPY_DASH_CACHE_DIR=/tmp/wra_cache timeout 200 $py -m pytest tests/test_gpu_compact.py \
     tests/test_gpu_varlen_bwd.py -q -ra --maxfail=5 -k "compact or repeat or per_sequence" 2>&1 \
