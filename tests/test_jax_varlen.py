@@ -191,3 +191,31 @@ def test_traced_lengths_lowering_and_checks(jx):
         cj.attention_varlen(qa, ka, ka, jnp.asarray(CU_Q, jnp.int32), jnp.asarray([0, 500], jnp.int32), 200, 500)
     with pytest.raises(ValueError, match="exceed the packed lengths"):
         cj.attention_varlen(qa, ka, ka, jnp.asarray(CU_Q, jnp.int32), jnp.asarray(CU_K, jnp.int32), 400, 240)
+
+
+def test_traced_lengths_are_checked_when_the_backward_runs(monkeypatch):
+    """The traced-lengths backward reads cu_seqlens back when it runs and checks them as the eager API does (a
+    ValueError naming the argument), device copies replaced by host ones."""
+    pytest.importorskip("jax")
+    import types
+    from cupy_dash import jax_varlen_dyn
+    device = {}
+
+    def memcpy(dst, src, nbytes, kind, stream):
+        np.ctypeslib.as_array((np.ctypeslib.ctypes.c_int32 * (nbytes // 4)).from_address(dst))[:] = device[src]
+    import cupy
+    monkeypatch.setattr(cupy.cuda.runtime, "memcpyAsync", memcpy)
+    monkeypatch.setattr(jax_varlen_dyn._jax, "_ptr", lambda buffer: buffer)
+    bwd = object.__new__(jax_varlen_dyn._Backward)
+    bwd.p = types.SimpleNamespace(Sq=300, Sk=500)
+    bwd.dcfg = jax_varlen_dyn._DynConfig(None, 3, 250, 300)
+    stream = types.SimpleNamespace(ptr=0, synchronize=lambda: None)
+    device[1], device[2] = CU_Q.astype(np.int32), CU_K.astype(np.int32)
+    q, k = bwd.lengths(1, 2, stream)
+    assert q.tolist() == CU_Q.tolist() and k.tolist() == CU_K.tolist()
+    device[1] = np.array([0, 200, 100, 300], np.int32)
+    with pytest.raises(ValueError, match="cu_seqlens_q: expected 0 = cu"):
+        bwd.lengths(1, 2, stream)
+    device[1], device[2] = CU_Q.astype(np.int32), np.array([0, 400, 450, 500], np.int32)
+    with pytest.raises(ValueError, match="cu_seqlens_k: a sequence of 400 rows exceeds max_seqlen_k"):
+        bwd.lengths(1, 2, stream)
