@@ -5,7 +5,8 @@ host cu_seqlens. Per call: the host time of ``attention_backward_varlen`` (media
 built for the new lengths, its upload enqueued from pinned memory, three launches; the GPU is drained every 10
 calls outside the timed region), the same with a repeated packing (cached table), the difference (what a new
 packing costs the host), and the GPU time of the call (CUDA events, median, ms). Per-visit tables (default) and
-compact records (``CUPY_DASH_COMPACT_TABLES=1``).
+compact records (``CUPY_DASH_COMPACT_TABLES=1``) and per-visit tables expanded on the GPU from compact records
+(``CUPY_DASH_VARLEN_EXPAND=device``).
 
     python benchmarks/varlen_step.py [--calls 40] [--json out.json] [--profile B]
 
@@ -71,8 +72,12 @@ def main(argv=None):
     print(f"varlen steps, {TOKENS} tokens, H={H}, D={D}, fp16, causal, host cu_seqlens, {args.calls} calls "
           f"({cupy.cuda.runtime.getDeviceProperties(0)['name'].decode()})")
     print("tables     B  new packing host us  repeated host us  new - repeated us  GPU ms (new)")
-    for compact in ("0", "1"):
-        os.environ["CUPY_DASH_COMPACT_TABLES"] = compact
+    modes = {"per-visit": {}, "compact": {"CUPY_DASH_COMPACT_TABLES": "1"},
+             "gpu-expand": {"CUPY_DASH_VARLEN_EXPAND": "device"}}
+    for kind, env in modes.items():
+        for name in ("CUPY_DASH_COMPACT_TABLES", "CUPY_DASH_VARLEN_EXPAND"):
+            os.environ.pop(name, None)
+        os.environ.update(env)
         for b in args.batches:
             steps = []
             for cu in (_packing(rng, b) for _ in range(args.calls)):
@@ -87,16 +92,16 @@ def main(argv=None):
                 prof.disable()
                 buf = io.StringIO()
                 pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(25)
-                print(f"--- cProfile, {len(steps) - 5} new packings, B={b}, compact={compact} ---\n{buf.getvalue()}")
+                print(f"--- cProfile, {len(steps) - 5} new packings, B={b}, {kind} ---\n{buf.getvalue()}")
                 continue
             fresh_host, fresh_gpu = _run(q, k, v, do, steps)
             same_host, _ = _run(q, k, v, do, [steps[0]] * args.calls)
-            kind = "compact" if compact == "1" else "per-visit"
             rows.append(dict(tables=kind, batch=b, new_host_us=fresh_host, repeated_host_us=same_host,
                              gpu_ms=fresh_gpu))
-            print(f"{kind:9s} {b:3d}  {fresh_host:19.1f}  {same_host:16.1f}  {fresh_host - same_host:17.1f}  "
+            print(f"{kind:10s} {b:3d}  {fresh_host:19.1f}  {same_host:16.1f}  {fresh_host - same_host:17.1f}  "
                   f"{fresh_gpu:12.3f}")
-    os.environ.pop("CUPY_DASH_COMPACT_TABLES")
+    for name in ("CUPY_DASH_COMPACT_TABLES", "CUPY_DASH_VARLEN_EXPAND"):
+        os.environ.pop(name, None)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

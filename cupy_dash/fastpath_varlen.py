@@ -7,12 +7,12 @@ table and of cu_seqlens that the full path uploaded, which the plan keeps alive)
 change per call. A later call with the same signature, lengths and stream re-launches from it: four
 ``torch.empty``, the patched block, one ``launch_sequence`` (dk, dv zeroed first when the full path did).
 
-NOTES: the signature holds what the full path's checks depend on: every tensor's shape, strides, dtype and
-device, 16-byte alignment of all six addresses, the arguments by type and value, both environment variables
-that change the launch (spin timeout, compact tables), the torch stream (the table's upload was ordered before
-the full call's kernels on that stream only), and the lengths: host cu_seqlens by dtype and bytes (checked by
-the full path when the plan was made), device ones through the forward's host copy
-(:mod:`cupy_dash.varlen_host_cu`; no copy, no fast path). So a call that would fail a check never matches.
+NOTES: the signature holds what the full path's checks depend on: every tensor's shape, strides, dtype and device,
+16-byte alignment of all six addresses, the arguments by type and value, the environment variables that change the
+launch (spin timeout, compact tables, device expansion), the torch stream (the table's upload was ordered before the
+full call's kernels on that stream only), and the lengths: host cu_seqlens by dtype and bytes (checked by the full
+path when the plan was made), device ones through the forward's host copy (:mod:`cupy_dash.varlen_host_cu`; no copy,
+no fast path). So a call that would fail a check never matches.
 """
 from __future__ import annotations
 
@@ -84,7 +84,8 @@ def key(do, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, softmax_scale, 
     ptrs = do.data_ptr() | q.data_ptr() | k.data_ptr() | v.data_ptr() | out.data_ptr() | lse.data_ptr()
     return (sig(do), sig(q), sig(k), sig(v), sig(out), sig(lse), lens, max_q, max_k, causal, softmax_scale, window,
             schedule, deterministic, not (ptrs & 15), interop._torch_stream_ptr(dev),
-            os.environ.get("CUPY_DASH_SPIN_TIMEOUT_MS"), os.environ.get("CUPY_DASH_COMPACT_TABLES"))
+            os.environ.get("CUPY_DASH_SPIN_TIMEOUT_MS"), os.environ.get("CUPY_DASH_COMPACT_TABLES"),
+            os.environ.get("CUPY_DASH_VARLEN_EXPAND"))
 
 
 class _Plan:

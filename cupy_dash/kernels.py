@@ -69,6 +69,7 @@ KERNELS = {
     "bwd_preprocess": ("bwd_preprocess.cu", "dash_bwd_preprocess", lambda t, d: 0),
     "bwd_main": ("bwd_main.cu", "dash_bwd_main", _bwd_main_smem),
     "bwd_postprocess": ("bwd_postprocess.cu", "dash_bwd_postprocess", lambda t, d: 0),
+    "bwd_expand": ("bwd_expand.cu", "dash_bwd_expand", lambda t, d: 0),
 }
 KERNEL_NAMES = tuple(KERNELS)
 # ---------------------------------------------------------------------------------------------------------
@@ -197,9 +198,22 @@ def bwd_specs(dtype: str, head_dim: int, causal: bool, deterministic: bool, time
     )
 
 
+EXPAND_CHUNKS = 4       # bwd_expand's grid: (schedule CTAs, EXPAND_CHUNKS) blocks of AUX_THREADS threads
+
+
+def expand_spec(varlen: bool = False) -> KernelSpec:
+    """The kernel that expands compact records into the per-visit table on the GPU (kernels_src/bwd_expand.cu);
+    it depends on no dtype or head dim (built with bf16 / d64's defines), only on the record format."""
+    tile = bwd_tile(64)
+    flags = dict(DASH_COMPACT=True)
+    if varlen:
+        flags["DASH_VARLEN"] = True
+    return _spec("bwd_expand", TileConfig(tile.block_m, tile.block_n, AUX_THREADS), "bfloat16", 64, **flags)
+
+
 def all_specs() -> list:
     """Every distinct variant the dispatcher can emit (8 fwd + 8 varlen fwd, 4 + 4 varlen preprocess, 16 main +
-    16 compact main + 16 varlen main + 16 compact varlen main, 4 + 4 varlen postprocess)."""
+    16 compact main + 16 varlen main + 16 compact varlen main, 4 + 4 varlen postprocess, 2 bwd_expand)."""
     specs = []
     seen = set()
     for dtype, head_dim, causal in itertools.product(SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS, (False, True)):
@@ -209,6 +223,7 @@ def all_specs() -> list:
             batch.append(bwd_specs(dtype, head_dim, causal, deterministic, compact=True).main)
             batch.extend(bwd_specs(dtype, head_dim, causal, deterministic, varlen=True))
             batch.append(bwd_specs(dtype, head_dim, causal, deterministic, compact=True, varlen=True).main)
+        batch.extend((expand_spec(False), expand_spec(True)))
         for spec in batch:
             if spec not in seen:
                 seen.add(spec)

@@ -258,9 +258,12 @@ def attention_backward_varlen(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
         # NOTES: compact varlen tables stay opt-in (varlen_device.py): bitwise equal to the per-visit ones on the
         # H200, but their kernel ran at 0.6-0.9x of the per-visit tables' speed (benchmarks/RESULTS.md, fourth session)
         compact = compact_device.enabled()
+        # NOTES: CUPY_DASH_VARLEN_EXPAND=device (opt-in until its GPU run): the host builds compact records
+        # (O(columns)) and kernels_src/bwd_expand.cu writes the per-visit table on the GPU for the main kernel
+        form = compact or ("expand" if os.environ.get(varlen_device.EXPAND_ENV, "") == "device" else False)
         specs, bm, bn, max_ctas = kernels.bwd_entry(dev, p.dtype, D, causal, deterministic, compact=compact,
                                                     varlen=True)
-        tables = varlen_device.plan(schedule, lens_q, lens_k, bm, bn, H, Hkv, causal, max_ctas, window, compact)
+        tables = varlen_device.plan(schedule, lens_q, lens_k, bm, bn, H, Hkv, causal, max_ctas, window, form)
         c = launchers.BwdLaunch(specs, bm, bn, p, deterministic, int(_spin_timeout_ms() * 1e6), causal, window,
                                 varlen=(num_seqs, max_q))
         fw = p.infos[0].framework

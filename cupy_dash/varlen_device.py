@@ -69,6 +69,19 @@ def device_arrays(plan: VarlenSchedule) -> dict:
             "seq_tile_start": tile_start, "tie_sign": int(plan.tie_sign), "rank_rule": int(plan.rank_rule)}
 
 
+def cta_visit_start(arrays: dict, group_size: int) -> np.ndarray:
+    """int64 (num_ctas + 1,): where each CTA's rows start in the per-visit table of the compact ``arrays``
+    (:func:`device_arrays`): CTA c runs (step + hi - lo) x group_size visits up to the end of its last record."""
+    records, columns, start = arrays["col_records"], arrays["cta_columns"], arrays["cta_col_start"]
+    counts = np.zeros(len(start) - 1, dtype=np.int64)
+    busy = start[1:] > start[:-1]
+    last = records[columns[start[1:][busy] - 1]].astype(np.int64)
+    counts[busy] = (last[:, 0] + last[:, 2] - last[:, 1]) * group_size
+    out = np.zeros(len(start), dtype=np.int64)
+    np.cumsum(counts, out=out[1:])
+    return out
+
+
 _MAX_PLANS = 32
 _plans: "collections.OrderedDict" = collections.OrderedDict()
 _plans_lock = threading.Lock()
@@ -79,7 +92,7 @@ class Tables:
     :func:`cupy_dash.schedule.check_plan` takes it, or (``compact``) the arrays of :func:`device_arrays`; its key
     (policy, lengths, tiles, heads, mask, CTAs, form), ``num_visits`` and the lengths as cu_seqlens."""
     __slots__ = ("visits", "rank", "cta_start", "num_ctas", "policy", "group_size", "n_blocks", "m_blocks", "key",
-                 "cu_q", "cu_k", "compact", "arrays", "num_visits")
+                 "cu_q", "cu_k", "compact", "arrays", "num_visits", "expand", "heads", "kv_heads")
 
 
 class CompactTables:
@@ -92,6 +105,7 @@ class CompactTables:
                     rank_rule=self.rank_rule)
 
 
+EXPAND_ENV = "CUPY_DASH_VARLEN_EXPAND"   # "device": per-visit tables expanded on the GPU (_expand_on_device)
 _MAX_DEVICE_TABLES = 16
 _table_streams: dict = {}       # cache key -> {stream handle: CuPy stream} of the calls that read the tables
 _device_tables: "collections.OrderedDict" = collections.OrderedDict()
@@ -129,7 +143,9 @@ def device(t: Tables, num_heads, dev, stream):
             _device_tables.move_to_end(key)
             _table_streams[key][stream.ptr] = stream
             return hit
-    if t.compact:
+    if t.expand:
+        d, cu_q, cu_k = _expand_on_device(t, dev, stream)
+    elif t.compact:
         names = list(t.arrays)
         *uploaded, cu_q, cu_k = upload_async([t.arrays[n] for n in names] + [t.cu_q, t.cu_k], stream)
         d = CompactTables()
@@ -155,6 +171,29 @@ def device(t: Tables, num_heads, dev, stream):
     for old, streams in evicted:
         _release_after(old, streams.values())
     return entry
+
+
+def _expand_on_device(t: Tables, dev, stream):
+    """(schedule.DeviceTables, cu_seqlens_q, cu_seqlens_k) of ``t`` (compact records, ``t.expand``): the records,
+    the CTAs' row starts and the lengths uploaded in one copy, then the per-visit rows and ranks written on the
+    GPU by kernels_src/bwd_expand.cu, both enqueued on ``stream``."""
+    from . import jit, kernels
+    names = list(t.arrays)
+    *uploaded, cta_start, cu_q, cu_k = upload_async([t.arrays[n] for n in names] + [t.cta_start, t.cu_q, t.cu_k],
+                                                    stream)
+    d = _schedule.DeviceTables()
+    d.visits = cupy.empty((max(t.num_visits, 1), 4), dtype=np.int32)
+    d.rank = cupy.empty(max(t.num_visits, 1), dtype=np.int32)
+    d.cta_start, d.num_ctas = cta_start, t.num_ctas
+    params = np.zeros(1, dtype=kernels.BWD_PARAMS_DTYPE)
+    for name, a in zip(names, uploaded):
+        params[name] = a.data.ptr
+    params["tie_sign"], params["rank_rule"] = t.compact
+    params["num_heads"], params["num_heads_kv"] = t.heads, t.kv_heads
+    params["visits"], params["rank"], params["cta_start"] = d.visits.data.ptr, d.rank.data.ptr, cta_start.data.ptr
+    spec = kernels.expand_spec(varlen=True)
+    kernels.launch(spec, (t.num_ctas, kernels.EXPAND_CHUNKS), params, stream, jit.load(spec).ptr)
+    return d, cu_q, cu_k
 
 
 def _release_after(entry, streams) -> None:
@@ -188,10 +227,13 @@ def plan(policy, lens_q, lens_k, block_m, block_n, heads, kv_heads, causal, max_
                                          causal=causal, num_sms=num_sms, group_size=group, window=window)
     t = Tables()
     t.compact, t.arrays, t.visits, t.rank, t.cta_start = None, None, None, None, None
+    t.expand, t.heads, t.kv_heads = compact == "expand", heads, kv_heads
     if compact:
         arrays = device_arrays(built)
         t.compact = (arrays.pop("tie_sign"), arrays.pop("rank_rule"))
         t.arrays = arrays
+        if t.expand:
+            t.cta_start = cta_visit_start(arrays, group)
     else:
         t.visits, t.rank, t.cta_start = built.expand()
     t.num_visits = int(built.num_visits)

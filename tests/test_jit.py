@@ -36,6 +36,7 @@ _STUBS = {
     "bwd_preprocess.cu": ("dash_bwd_preprocess", "BwdParams", "dpsum"),
     "bwd_main.cu": ("dash_bwd_main", "BwdParams", "dq_accum"),
     "bwd_postprocess.cu": ("dash_bwd_postprocess", "BwdParams", "dpsum"),
+    "bwd_expand.cu": ("dash_bwd_expand", "BwdParams", "dpsum"),
 }
 
 
@@ -197,8 +198,8 @@ def test_pack_bwd_params_every_field():
 def test_all_specs_cover_every_combination():
     specs = kernels.all_specs()
     labels = [s.label for s in specs]
-    assert len(set(labels)) == len(labels) == len(set(specs)) == 16 + 8 + 64 + 8
-    expected = set()
+    assert len(set(labels)) == len(labels) == len(set(specs)) == 16 + 8 + 64 + 8 + 2
+    expected = {kernels.expand_spec(False), kernels.expand_spec(True)}
     for dtype, d, causal in itertools.product(kernels.SUPPORTED_DTYPES, kernels.SUPPORTED_HEAD_DIMS, (0, 1)):
         expected.add(kernels.fwd_spec(dtype, d, bool(causal)))
         expected.add(kernels.fwd_spec(dtype, d, bool(causal), varlen=True))
@@ -210,7 +211,8 @@ def test_all_specs_cover_every_combination():
     assert expected == set(specs)
     by_kernel = {name: [s for s in specs if s.kernel == name] for name in kernels.KERNEL_NAMES}
     assert {k: len(v) for k, v in by_kernel.items()} == {"fwd": 16, "bwd_preprocess": 8, "bwd_main": 64,
-                                                         "bwd_postprocess": 8}
+                                                         "bwd_postprocess": 8, "bwd_expand": 2}
+    assert kernels.expand_spec(True).label == "bwd_expand[bf16,d64,varlen,compact]"
     for s in specs:
         d = dict(s.defines)
         assert list(s.defines) == sorted(s.defines)
@@ -392,7 +394,8 @@ def test_real_kernel_compiles(spec, tmp_path, monkeypatch):
 def test_cli_compile_subset(ksrc, capsys):
     assert cli_compile.main(["--head-dim", "64", "--dtype", "bf16"]) == 0
     out = capsys.readouterr().out
-    assert "regs" in out and "OK: 24 kernel(s)" in out   # 4 compact, 4 varlen, 4 compact varlen mains, 2 varlen aux
+    assert "regs" in out and "OK: 26 kernel(s)" in out   # 4 compact, 4 varlen, 4 compact varlen mains, 2 varlen
+    # aux, and the two bwd_expand builds (bf16 / d64 defines, whatever the variant)
     for spec in cli_compile.select([64], ["bfloat16"], None):
         assert spec.label in out
     # the second run is served from the cache

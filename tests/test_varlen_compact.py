@@ -90,6 +90,24 @@ def test_kernel_walk_of_compact_varlen_records_equals_expand(policy, case, ctas)
     np.testing.assert_array_equal(cta_start, ec)
 
 
+@pytest.mark.parametrize("policy", ["fa3", "descending", "symmetric_shift", "auto"])
+@pytest.mark.parametrize("case", range(len(CASES)))
+@pytest.mark.parametrize("ctas", [3, 132])
+def test_device_expansion_rows_start_where_expand_puts_them(policy, case, ctas):
+    """kernels_src/bwd_expand.cu writes CTA c's visit v (the kernel walk above) at row cta_start[c] + v, with
+    the host's cta_visit_start: that must be expand's cta_start, and plan(form "expand") must carry it."""
+    sq, sk, heads, g, causal, window = CASES[case]
+    plan = schedule.build_varlen(policy, sq, sk, block_m=64, block_n=128, heads=heads, causal=causal,
+                                 num_sms=ctas, group_size=g, window=window)
+    arr = varlen_device.device_arrays(plan)
+    np.testing.assert_array_equal(varlen_device.cta_visit_start(arr, g), plan.expand()[2])
+    t = varlen_device.plan(policy, np.asarray(sq, np.int64), np.asarray(sk, np.int64), 64, 128, heads, heads // g,
+                           causal, ctas, window, "expand")
+    assert t.expand and t.compact is not None and t.visits is None and (t.heads, t.kv_heads) == (heads, heads // g)
+    np.testing.assert_array_equal(t.cta_start, varlen_device.cta_visit_start(t.arrays, g))
+    assert t.cta_start[-1] == t.num_visits
+
+
 @pytest.mark.parametrize("block_m", [64, 128])
 def test_padded_scratch_rows_of_the_sequences_never_overlap(block_m):
     """kernels_src/bwd_rows.cuh's padded scratch rows, per sequence b: floor((cu[b] + b * block_m) / block_m) *
