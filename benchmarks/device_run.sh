@@ -120,7 +120,7 @@ if [ "$stage" = session5 ]; then   # what the fourth session built after its GPU
     -q -ra --maxfail=10 "$@" 2>&1 | tee "$OUT/new_tests.log" | tail -8
   timeout 60 $py benchmarks/host_overhead.py 2>&1 | tee "$OUT/host_overhead.txt"
   timeout 150 $py benchmarks/varlen_bwd.py --repeats 10 2>&1 | tee "$OUT/varlen_bwd.txt" | tail -34
-  timeout 100 $py benchmarks/varlen_step.py --calls 30 2>&1 | tee "$OUT/varlen_step.txt"
+  timeout 150 $py benchmarks/varlen_step.py --calls 30 2>&1 | tee "$OUT/varlen_step.txt"
   for g in 4 8; do
     timeout 100 $py -m cupy_dash bench --group $g --no-overhead --no-compile --seqlens 4096 16384 --hdims 128 \
       --schedules auto descending --repeats 10 --warmup 2 --input-sets 1 --out /tmp/g$g 2>&1 \
