@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device run on the H200: install, compile, GPU tests, demo, benchmarks; every log under $OUT.
-#   bash benchmarks/device_run.sh [smoke|fwd|tests|bench|integration|pending|long|gqa|varlen|varlen2|varlen_bench|final|next|long1m|session4|session4b|session5|rank_ahead|all] [extra pytest args...]
+#   bash benchmarks/device_run.sh [smoke|fwd|tests|bench|integration|pending|long|gqa|varlen|varlen2|varlen_bench|final|next|long1m|session4|session4b|session5|session5b|rank_ahead|all] [extra pytest args...]
 # "pending": what the 2026-12-01 (second) session could not run (benchmarks/NOTES.md), in priority order.
 # FA3 (flash-attn3-jax) is measured when its wheel is importable: carry .whl/ and set FA3_WHL=1.
 set -o pipefail
@@ -116,11 +116,15 @@ if [ "$stage" = session4b ]; then   # fourth session, second run: fixes, new-pac
     --schedules auto descending atomic --out "$OUT" 2>&1 | tee "$OUT/gqa8_bench.log" | tail -24
 fi
 if [ "$stage" = session5 ]; then   # what the fourth session built after its GPU budget (benchmarks/NOTES.md)
-  timeout 200 $py -m pytest tests/test_gpu_varlen_bwd.py tests/test_gpu_fastpath.py tests/test_gpu_torch_ops.py \
+  timeout 240 $py -m pytest tests/test_gpu_varlen_bwd.py tests/test_gpu_fastpath.py tests/test_gpu_torch_ops.py \
     -q -ra --maxfail=10 "$@" 2>&1 | tee "$OUT/new_tests.log" | tail -8
   timeout 60 $py benchmarks/host_overhead.py 2>&1 | tee "$OUT/host_overhead.txt"
   timeout 150 $py benchmarks/varlen_bwd.py --repeats 10 2>&1 | tee "$OUT/varlen_bwd.txt" | tail -34
-  timeout 150 $py benchmarks/varlen_step.py --calls 30 2>&1 | tee "$OUT/varlen_step.txt"
+fi
+if [ "$stage" = session5b ]; then   # the per-step table costs (three forms) and the GQA auto check
+  timeout 200 $py benchmarks/varlen_step.py --calls 30 2>&1 | tee "$OUT/varlen_step.txt"
+  CUPY_DASH_VARLEN_EXPAND=device timeout 150 $py benchmarks/varlen_bwd.py --repeats 10 2>&1 \
+    | tee "$OUT/varlen_bwd_gpu_expand.txt" | tail -34
   for g in 4 8; do
     timeout 100 $py -m cupy_dash bench --group $g --no-overhead --no-compile --seqlens 4096 16384 --hdims 128 \
       --schedules auto descending --repeats 10 --warmup 2 --input-sets 1 --out /tmp/g$g 2>&1 \
