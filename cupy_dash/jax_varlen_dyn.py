@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import os
 
 import jax
 import numpy as np
@@ -163,8 +164,9 @@ class _Backward:
             host_q, host_k = self.lengths(cu_q, cu_k, stream)
             lens_q, lens_k = (np.diff(c).astype(np.int64) for c in (host_q, host_k))
             specs, bm, bn, max_ctas = self.entries[dev]
+            form = "expand" if os.environ.get(varlen_device.EXPAND_ENV, "") == "device" else False
             t = varlen_device.plan(cfg.schedule, lens_q, lens_k, bm, bn, p.H, p.Hkv, cfg.causal, max_ctas,
-                                   cfg.window)
+                                   cfg.window, form)
             if t.num_visits == 0:                        # no sequence sees a key: zero gradients, no kernel
                 for x in (dq, dk, dv):
                     cupy.cuda.runtime.memsetAsync(ptr(x), 0, int(np.prod(x.shape)) * 2, stream.ptr)
