@@ -139,3 +139,55 @@ def test_plans_are_cached_per_packing_and_form():
     assert a is b and c is not a and c.compact and a.visits is not None and c.visits is None
     assert a.num_visits == c.num_visits == len(a.visits)
     np.testing.assert_array_equal(a.cu_q, [0, 100, 100, 800])
+
+
+def test_gpu_expansion_launch_wiring(monkeypatch):
+    """varlen_device._expand_on_device with every GPU call replaced: one upload of the records, the CTAs' row
+    starts and the lengths; the expand kernel's block names each uploaded array in its own field, the outputs in
+    visits / rank, the heads, the rank rule; its grid is (schedule CTAs, EXPAND_CHUNKS)."""
+    import types
+    from cupy_dash import jit, kernels
+    sq = np.array([1, 17, 300, 129], np.int64)
+    t = varlen_device.plan("symmetric_shift", sq, sq, 64, 128, 8, 2, True, 7, (-1, 0), "expand")
+    uploaded = {}
+
+    class Buf:
+        def __init__(self, base):
+            self.data = types.SimpleNamespace(ptr=base)
+
+        def __getitem__(self, sl):
+            return Buf(self.data.ptr + sl.start)
+
+        def view(self, dtype):
+            return self
+
+        def reshape(self, shape):
+            return self
+
+    def upload(arrays, stream, views=True):
+        assert not views
+        ptrs, base = [], 0x100000
+        for a in arrays:
+            ptrs.append(base)
+            uploaded[base] = np.array(a, copy=True)
+            base += -(-a.nbytes // 256) * 256
+        return Buf(0x100000), ptrs
+    monkeypatch.setattr(varlen_device, "upload_async", upload)
+    allocs = iter([0x900000, 0xA00000])
+    monkeypatch.setattr(varlen_device.cupy, "empty", lambda shape, dtype: Buf(next(allocs)))
+    launched = {}
+    monkeypatch.setattr(kernels, "launch", lambda spec, grid, params, stream, func: launched.update(
+        spec=spec, grid=grid, params=params[0].copy()))
+    monkeypatch.setattr(jit, "load", lambda spec: types.SimpleNamespace(ptr=0x1))
+    d, cu_q, cu_k = varlen_device._expand_on_device(t, 0, types.SimpleNamespace(ptr=0))
+    f = launched["params"]
+    assert launched["spec"] == kernels.expand_spec(True) and launched["grid"] == (t.num_ctas, kernels.EXPAND_CHUNKS)
+    for name, host in t.arrays.items():
+        np.testing.assert_array_equal(uploaded[int(f[name])], host, err_msg=name)
+    np.testing.assert_array_equal(uploaded[int(f["cta_start"])], t.cta_start)
+    np.testing.assert_array_equal(uploaded[cu_q.data.ptr], t.cu_q)
+    np.testing.assert_array_equal(uploaded[cu_k.data.ptr], t.cu_k)
+    assert (int(f["visits"]), int(f["rank"])) == (d.visits.data.ptr, d.rank.data.ptr) == (0x900000, 0xA00000)
+    assert d.cta_start.data.ptr == int(f["cta_start"]) and d.num_ctas == t.num_ctas
+    assert (int(f["tie_sign"]), int(f["rank_rule"])) == t.compact
+    assert (int(f["num_heads"]), int(f["num_heads_kv"])) == (8, 2) and int(f["scan_bounds"]) == 0
