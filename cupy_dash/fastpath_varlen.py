@@ -1,11 +1,14 @@
-"""Host fast path of the varlen backward for torch tensors (see :mod:`cupy_dash.fastpath` for the idea).
+"""Host fast paths of the varlen forward and backward for torch tensors (see :mod:`cupy_dash.fastpath` for the
+idea).
 
 A training step with packed sequences calls :func:`cupy_dash.attention_backward_varlen` once per layer with the
 same packing, shapes and flags. After a full-path call with torch tensors has been validated and launched, its
 plan is kept here: the three kernels, the packed parameter block (pointing at the device copies of the schedule
 table and of cu_seqlens that the full path uploaded, which the plan keeps alive), the offsets of the fields that
 change per call. A later call with the same signature, lengths and stream re-launches from it: four
-``torch.empty``, the patched block, one ``launch_sequence`` (dk, dv zeroed first when the full path did).
+``torch.empty``, the patched block, one ``launch_sequence`` (dk, dv zeroed first when the full path did). The
+forward's plan needs no lengths (its kernel reads cu_seqlens on the device): its signature holds their layouts,
+and their addresses are patched per call.
 
 NOTES: the signature holds what the full path's checks depend on: every tensor's shape, strides, dtype and device,
 16-byte alignment of all six addresses, the arguments by type and value, the environment variables that change the
@@ -26,6 +29,7 @@ from . import _launch, errors, fastpath, interop, kernels, launchers, varlen_hos
 
 _MAX_PLANS = 8            # each holds its packing's device tables (up to a few MB)
 _plans: dict = {}
+_fwd_plans: dict = {}
 _lock = threading.Lock()
 _stats = {"hits": 0, "fwd_hits": 0}
 _POINTERS = ("q", "k", "v", "out", "dout", "lse", "lse_log2", "dpsum", "dq_accum", "dq_semaphore", "dq", "dk",
@@ -165,7 +169,6 @@ class _FwdPlan:
                  "device", "device_index", "cu_infos")
 
 
-_fwd_plans: dict = {}
 _FWD_POINTERS = ("lse", "out", "cu_seqlens_q", "cu_seqlens_k")
 
 
