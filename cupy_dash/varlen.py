@@ -255,15 +255,24 @@ def attention_backward_varlen(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
             _check_same_count(*cu_host)
         num_seqs = len(cu_host[0]) - 1
         lens_q, lens_k = (np.diff(c).astype(np.int64) for c in cu_host)
-        # NOTES: compact varlen tables stay opt-in (varlen_device.py): bitwise equal to the per-visit ones on the
-        # H200, but their kernel ran at 0.6-0.9x of the per-visit tables' speed (benchmarks/RESULTS.md, fourth session)
-        compact = compact_device.enabled()
-        # NOTES: CUPY_DASH_VARLEN_EXPAND=device (opt-in until its GPU run): the host builds compact records
-        # (O(columns)) and kernels_src/bwd_expand.cu writes the per-visit table on the GPU for the main kernel
-        form = compact or ("expand" if os.environ.get(varlen_device.EXPAND_ENV, "") == "device" else False)
-        specs, bm, bn, max_ctas = kernels.bwd_entry(dev, p.dtype, D, causal, deterministic, compact=compact,
-                                                    varlen=True)
-        tables = varlen_device.plan(schedule, lens_q, lens_k, bm, bn, H, Hkv, causal, max_ctas, window, form)
+        # NOTES: compact varlen tables: with CUPY_DASH_COMPACT_TABLES=1, or (unset) where the per-visit table would
+        # exceed compact_device.AUTO_VISITS visits (long sequences), as for fixed lengths; below that they stay
+        # opt-in: bitwise equal to the per-visit ones on the H200, but their kernel ran at 0.6-0.9x of the
+        # per-visit tables' speed (benchmarks/RESULTS.md, fourth session). CUPY_DASH_VARLEN_EXPAND=device (opt-in
+        # until its GPU run): the host builds compact records (O(columns)) and kernels_src/bwd_expand.cu writes
+        # the per-visit table on the GPU for the per-visit main kernel.
+        env = os.environ.get(compact_device.ENV, "")
+        expand = os.environ.get(varlen_device.EXPAND_ENV, "") == "device"
+        form = True if env not in ("", "0") else ("expand" if expand else False)
+        _, bm, bn, max_ctas = kernels.bwd_entry(dev, p.dtype, D, causal, deterministic, varlen=True)
+        tables = varlen_device.plan(schedule, lens_q, lens_k, bm, bn, H, Hkv, causal, max_ctas, window, form,
+                                    compact_device.AUTO_VISITS if env == "" else None)
+        compact = tables.compact is not None and not tables.expand
+        specs, _, _, compact_ctas = kernels.bwd_entry(dev, p.dtype, D, causal, deterministic, compact=compact,
+                                                      varlen=True)
+        if tables.num_ctas > compact_ctas:
+            raise RuntimeError(f"cupy_dash: the compact varlen kernel holds {compact_ctas} co-resident CTAs, fewer "
+                               f"than the {tables.num_ctas} of its table")
         c = launchers.BwdLaunch(specs, bm, bn, p, deterministic, int(_spin_timeout_ms() * 1e6), causal, window,
                                 varlen=(num_seqs, max_q))
         fw = p.infos[0].framework

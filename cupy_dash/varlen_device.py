@@ -220,14 +220,16 @@ def _release_after(entry, streams) -> None:
 
 
 def plan(policy, lens_q, lens_k, block_m, block_n, heads, kv_heads, causal, max_ctas, window,
-         compact=False) -> Tables:
+         compact=False, compact_above=None) -> Tables:
     """The varlen schedule of one packed batch (lengths: int64 host arrays) on at most ``max_ctas`` CTAs (fewer
-    when the batch has fewer KV columns), per-visit or ``compact``, cached by lengths (LRU): training on fixed
-    packings builds each once."""
+    when the batch has fewer KV columns), per-visit, ``compact`` (True) or compact records to be expanded on the
+    GPU (``"expand"``), cached by lengths (LRU): training on fixed packings builds each once. ``compact_above``:
+    a per-visit form whose table would hold more visits than this is built compact instead (``t.compact`` says
+    which form came out)."""
     columns = kv_heads * int((-(-lens_k // block_n)).sum())
     num_sms, group = max(1, min(max_ctas, columns)), heads // kv_heads
     key = (policy, lens_q.tobytes(), lens_k.tobytes(), block_m, block_n, heads, causal, num_sms, group, window,
-           compact)
+           compact, compact_above)
     with _plans_lock:
         t = _plans.get(key)
         if t is not None:
@@ -235,6 +237,8 @@ def plan(policy, lens_q, lens_k, block_m, block_n, heads, kv_heads, causal, max_
             return t
     built = varlen_schedule.build_varlen(policy, lens_q, lens_k, block_m=block_m, block_n=block_n, heads=heads,
                                          causal=causal, num_sms=num_sms, group_size=group, window=window)
+    if compact is not True and compact_above is not None and built.num_visits > compact_above:
+        compact = True                   # a per-visit table this large: compact records (as compact_device.wanted)
     t = Tables()
     t.compact, t.arrays, t.visits, t.rank, t.cta_start = None, None, None, None, None
     t.expand, t.heads, t.kv_heads = compact == "expand", heads, kv_heads

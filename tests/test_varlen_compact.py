@@ -191,3 +191,19 @@ def test_gpu_expansion_launch_wiring(monkeypatch):
     assert d.cta_start.data.ptr == int(f["cta_start"]) and d.num_ctas == t.num_ctas
     assert (int(f["tie_sign"]), int(f["rank_rule"])) == t.compact
     assert (int(f["num_heads"]), int(f["num_heads_kv"])) == (8, 2) and int(f["scan_bounds"]) == 0
+
+
+def test_large_varlen_tables_switch_to_compact_records():
+    """Without CUPY_DASH_COMPACT_TABLES the varlen backward asks for per-visit tables but compact records above
+    compact_device.AUTO_VISITS visits (varlen.py passes it as compact_above), as fixed-length problems do."""
+    lens = np.array([3000, 1, 700], np.int64)
+    args = ("auto", lens, lens, 64, 128, 4, 2, True, 132, (-1, 0))
+    small = varlen_device.plan(*args, False, None)
+    assert small.compact is None and small.visits is not None and small.num_visits > 1000
+    big = varlen_device.plan(*args, False, 1000)
+    assert big.compact is not None and big.visits is None and not big.expand and big.num_visits == small.num_visits
+    kept = varlen_device.plan(*args, False, small.num_visits)            # at the threshold: still per-visit
+    assert kept.compact is None
+    expand = varlen_device.plan(*args, "expand", 1000)                    # nor expanded on the GPU
+    assert not expand.expand and expand.compact is not None
+    assert varlen_device.plan(*args, "expand", None).expand
