@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import collections
 import functools
+import os
 
 import jax
 import numpy as np
 
-from . import api, interop, jax_varlen_dyn, kernels, launchers, varlen_device
+from . import api, compact_device, interop, jax_varlen_dyn, kernels, launchers, varlen_device
 from . import jax as _jax
 from . import schedule as _schedule
 from .errors import _jit_record, _spin_timeout_ms
@@ -176,13 +177,17 @@ class _VarlenBackward:
         self.devices, self.launches, self.records, self.cu = _jax._gpus(), {}, {}, {}
         for dev in self.devices:
             with cupy.cuda.Device(dev):
-                specs, bm, bn, max_ctas = kernels.bwd_entry(dev, p.dtype, p.D, cfg.causal, cfg.deterministic,
-                                                            varlen=True)
+                _, bm, bn, max_ctas = kernels.bwd_entry(dev, p.dtype, p.D, cfg.causal, cfg.deterministic,
+                                                        varlen=True)
+                env = os.environ.get(compact_device.ENV, "")          # the eager varlen backward's choice
+                t = varlen_device.plan(cfg.schedule, lens_q, lens_k, bm, bn, p.H, p.Hkv, cfg.causal, max_ctas,
+                                       cfg.window, env not in ("", "0"),
+                                       compact_device.AUTO_VISITS if env == "" else None)
+                specs = kernels.bwd_entry(dev, p.dtype, p.D, cfg.causal, cfg.deterministic,
+                                          compact=t.compact is not None, varlen=True)[0]
                 _jax._load(specs)
                 c = launchers.BwdLaunch(specs, bm, bn, p, cfg.deterministic, spin_timeout_ns, cfg.causal,
                                         cfg.window, varlen=(num_seqs, vcfg.max_q))
-                t = varlen_device.plan(cfg.schedule, lens_q, lens_k, bm, bn, p.H, p.Hkv, cfg.causal, max_ctas,
-                                       cfg.window)
                 if t.num_visits == 0:                    # no sequence sees a key: zero gradients, no kernel
                     self.launches[dev] = None
                     continue
