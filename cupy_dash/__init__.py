@@ -8,7 +8,8 @@ Public API (layout q (B, Sq, H, D), k/v (B, Sk, Hkv, D), bf16 or fp16, any ``__d
 
 Packed variable-length batches: ``attention_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
 max_seqlen_k, ...)`` (q (total_q, H, D)) and ``attention_backward_varlen(do, q, k, v, out, lse, cu_seqlens_q,
-cu_seqlens_k, max_seqlen_q, max_seqlen_k, ...)``.
+cu_seqlens_k, max_seqlen_q, max_seqlen_k, ...)``; ``prepare_varlen_backward(...)`` builds a future packing's
+schedule table ahead of time (e.g. from a data-loader thread).
 
 ``cupy_dash.schedule`` builds, validates and simulates the dQ-reduction schedules and needs no GPU.
 ``cupy_dash.torch`` (registered torch ops) and ``cupy_dash.jax`` are imported on first access, so importing
@@ -17,10 +18,10 @@ cu_seqlens_k, max_seqlen_q, max_seqlen_k, ...)``.
 from ._version import __version__
 from . import schedule, reference
 from .api import attention, attention_backward, attention_forward, check_errors
-from .varlen import attention_backward_varlen, attention_forward_varlen
+from .varlen import attention_backward_varlen, attention_forward_varlen, prepare_varlen_backward
 
 __all__ = ["__version__", "attention", "attention_backward", "attention_backward_varlen", "attention_forward",
-           "attention_forward_varlen", "check_errors", "reference", "schedule"]
+           "attention_forward_varlen", "check_errors", "prepare_varlen_backward", "reference", "schedule"]
 
 _LAZY_SUBMODULES = ("torch", "jax")
 

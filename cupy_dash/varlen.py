@@ -134,6 +134,71 @@ def attention_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, 
 # ------------------------------------------------------------------------------------------------------------
 # backward
 # ------------------------------------------------------------------------------------------------------------
+def _tables(dev, dtype, D, causal, deterministic, schedule, lens_q, lens_k, H, Hkv, window) -> tuple:
+    """(host tables, BwdKernels, block_m, block_n) of a varlen backward (``window`` canonical): the one place
+    that decides the table form, so that :func:`prepare_varlen_backward` finds what the backward will ask for.
+
+    NOTES: compact varlen tables: with CUPY_DASH_COMPACT_TABLES=1, or (unset) where the per-visit table would
+    exceed compact_device.AUTO_VISITS visits (long sequences), as for fixed lengths; below that they stay opt-in:
+    bitwise equal to the per-visit ones on the H200, but their kernel ran at 0.6-0.9x of the per-visit tables'
+    speed (benchmarks/RESULTS.md, fourth session). CUPY_DASH_VARLEN_EXPAND=device (opt-in until its GPU run): the
+    host builds compact records (O(columns)) and kernels_src/bwd_expand.cu writes the per-visit table on the GPU
+    for the per-visit main kernel."""
+    env = os.environ.get(compact_device.ENV, "")
+    expand = os.environ.get(varlen_device.EXPAND_ENV, "") == "device"
+    form = True if env not in ("", "0") else ("expand" if expand else False)
+    _, bm, bn, max_ctas = kernels.bwd_entry(dev, dtype, D, causal, deterministic, varlen=True)
+    tables = varlen_device.plan(schedule, lens_q, lens_k, bm, bn, H, Hkv, causal, max_ctas, window, form,
+                                compact_device.AUTO_VISITS if env == "" else None)
+    compact = tables.compact is not None and not tables.expand
+    specs, _, _, compact_ctas = kernels.bwd_entry(dev, dtype, D, causal, deterministic, compact=compact, varlen=True)
+    if tables.num_ctas > compact_ctas:
+        raise RuntimeError(f"cupy_dash: the compact varlen kernel holds {compact_ctas} co-resident CTAs, fewer than "
+                           f"the {tables.num_ctas} of its table")
+    return tables, specs, bm, bn
+
+
+def prepare_varlen_backward(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, num_heads, num_heads_kv,
+                            head_dim, dtype="bfloat16", causal=False, window=(-1, -1), schedule="auto",
+                            deterministic=True, device=0, stream=None) -> None:
+    """Build and upload, ahead of time, the schedule table that :func:`attention_backward_varlen` will need for
+    these lengths (host ``cu_seqlens``: numpy, list or CPU tensor), heads, head dim, dtype and flags, so that the
+    call finds it cached instead of building it on the training step's critical path: for a data-loader thread
+    that knows the next batches' packings (the caches hold 16 packings per device). Thread-safe. The upload is
+    enqueued on ``stream`` (a CuPy stream; default: a stream of this call's own) and the backward waits for it on
+    its own stream. ``total_q`` / ``total_k`` are the last entries of the cu_seqlens. Raises ValueError as the
+    backward would for bad lengths, flags or sizes."""
+    causal = api._check_flag("causal", causal)
+    deterministic = api._check_flag("deterministic", deterministic)
+    window = api._check_window(window, causal)
+    api._check_schedule(schedule)
+    max_q = _check_max_seqlen("max_seqlen_q", max_seqlen_q)
+    max_k = _check_max_seqlen("max_seqlen_k", max_seqlen_k)
+    hosts = []
+    for name, cu, max_name, m in (("cu_seqlens_q", cu_seqlens_q, "max_seqlen_q", max_q),
+                                  ("cu_seqlens_k", cu_seqlens_k, "max_seqlen_k", max_k)):
+        info, host = _cu_seqlens_form(name, cu)
+        if info is not None:
+            raise ValueError(f"{name}: prepare_varlen_backward takes host lengths (numpy, list, CPU tensor)")
+        hosts.append(_cu_seqlens_values(name, host, int(host[-1]) if host.size else 0, max_name, m))
+    _check_same_count(*hosts)
+    dtype = {"bf16": "bfloat16", "fp16": "float16"}.get(dtype, dtype)
+    kernels._check(dtype, head_dim)
+    if not (isinstance(num_heads, int) and isinstance(num_heads_kv, int) and num_heads_kv >= 1
+            and num_heads >= num_heads_kv and num_heads % num_heads_kv == 0):
+        raise ValueError(f"num_heads, num_heads_kv: expected ints with num_heads % num_heads_kv == 0, got "
+                         f"{num_heads}, {num_heads_kv}")
+    window = _schedule.canonical_window(window, max_q, max_k, causal)
+    lens_q, lens_k = (np.diff(c).astype(np.int64) for c in hosts)
+    with cupy.cuda.Device(device):
+        tables, _, _, _ = _tables(device, dtype, head_dim, causal, deterministic, schedule, lens_q, lens_k,
+                                  num_heads, num_heads_kv, window)
+        if tables.num_visits == 0:
+            return
+        stream = stream if stream is not None else cupy.cuda.Stream(non_blocking=True)
+        varlen_device.device(tables, (len(hosts[0]) - 1) * num_heads, device, stream)
+
+
 def _cu_seqlens_form(name, cu):
     """``(None, host int64 array)`` for host ``cu_seqlens`` (numpy, list, CPU tensor), ``(info, None)`` for a device
     one (1-D int32 contiguous, checked here; its values after the copy)."""
@@ -255,24 +320,8 @@ def attention_backward_varlen(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
             _check_same_count(*cu_host)
         num_seqs = len(cu_host[0]) - 1
         lens_q, lens_k = (np.diff(c).astype(np.int64) for c in cu_host)
-        # NOTES: compact varlen tables: with CUPY_DASH_COMPACT_TABLES=1, or (unset) where the per-visit table would
-        # exceed compact_device.AUTO_VISITS visits (long sequences), as for fixed lengths; below that they stay
-        # opt-in: bitwise equal to the per-visit ones on the H200, but their kernel ran at 0.6-0.9x of the
-        # per-visit tables' speed (benchmarks/RESULTS.md, fourth session). CUPY_DASH_VARLEN_EXPAND=device (opt-in
-        # until its GPU run): the host builds compact records (O(columns)) and kernels_src/bwd_expand.cu writes
-        # the per-visit table on the GPU for the per-visit main kernel.
-        env = os.environ.get(compact_device.ENV, "")
-        expand = os.environ.get(varlen_device.EXPAND_ENV, "") == "device"
-        form = True if env not in ("", "0") else ("expand" if expand else False)
-        _, bm, bn, max_ctas = kernels.bwd_entry(dev, p.dtype, D, causal, deterministic, varlen=True)
-        tables = varlen_device.plan(schedule, lens_q, lens_k, bm, bn, H, Hkv, causal, max_ctas, window, form,
-                                    compact_device.AUTO_VISITS if env == "" else None)
-        compact = tables.compact is not None and not tables.expand
-        specs, _, _, compact_ctas = kernels.bwd_entry(dev, p.dtype, D, causal, deterministic, compact=compact,
-                                                      varlen=True)
-        if tables.num_ctas > compact_ctas:
-            raise RuntimeError(f"cupy_dash: the compact varlen kernel holds {compact_ctas} co-resident CTAs, fewer "
-                               f"than the {tables.num_ctas} of its table")
+        tables, specs, bm, bn = _tables(dev, p.dtype, D, causal, deterministic, schedule, lens_q, lens_k, H, Hkv,
+                                        window)
         c = launchers.BwdLaunch(specs, bm, bn, p, deterministic, int(_spin_timeout_ms() * 1e6), causal, window,
                                 varlen=(num_seqs, max_q))
         fw = p.infos[0].framework

@@ -107,3 +107,55 @@ def test_backward_varlen_parameter_block(monkeypatch):
     np.testing.assert_array_equal(t.cu_k, cu_k)
     assert t.policy == "fa3" and built["num_heads"] == 3 * H and not t.compact
     assert dq.shape == (total_q, H, D) and dk.shape == dv.shape == (total_k, Hkv, D)
+
+
+def test_prepared_tables_are_the_ones_the_backward_uses(monkeypatch):
+    """prepare_varlen_backward builds and uploads the table that a later attention_backward_varlen with the same
+    lengths, heads, head dim, dtype and flags asks for (the same host plan object: a cache hit), and checks its
+    arguments as the backward does."""
+    import pytest
+    total_q, H, Hkv, D = 300, 4, 2, 128
+    cu = np.array([0, 100, 100, 300], np.int32)
+    ptrs = dict(q=0x10000, k=0x20000, v=0x30000, do=0x40000, out=0x50000, lse=0x60000)
+    q, do, out = (Fake((total_q, H, D), BF16, ptrs[n]) for n in ("q", "do", "out"))
+    k, v = (Fake((total_q, Hkv, D), BF16, ptrs[n]) for n in ("k", "v"))
+    lse = Fake((H, total_q), np.float32, ptrs["lse"])
+    monkeypatch.setattr(tensormap, "bhsd_map", lambda ptr, *a, **kw: bytes(128))
+    monkeypatch.setattr(tensormap, "check_encodable", lambda *a, **kw: None)
+    monkeypatch.setattr(api, "_resolve", lambda info, x, keep: (info.data_ptr, info.strides[:3]))
+    addresses = iter(range(0x100000, 0x200000, 0x1000))
+    monkeypatch.setattr(api, "_new", lambda fw, dev, shape, dtype: (Fake(shape, BF16, next(addresses)), 0))
+    monkeypatch.setattr(api, "_export", lambda fw, arr, like: arr)
+
+    class Stream(contextlib.nullcontext):
+        ptr = 0
+
+        def wait_event(self, event):
+            pass
+    monkeypatch.setattr(interop, "caller_stream", lambda x, dev: Stream())
+    monkeypatch.setattr(varlen.cupy.cuda, "Device", lambda dev: contextlib.nullcontext())
+    specs = kernels.bwd_specs("bfloat16", D, True, True, varlen=True)
+    tile = kernels.bwd_tile(D)
+    monkeypatch.setattr(kernels, "bwd_entry", lambda *a, **kw: (specs, tile.block_m, tile.block_n, 132))
+    seen = []
+    P = types.SimpleNamespace
+
+    def device(t, num_heads, dev, s):
+        seen.append((t, num_heads))
+        return (P(visits=P(data=P(ptr=1)), rank=P(data=P(ptr=2)), cta_start=P(data=P(ptr=3)), num_ctas=t.num_ctas,
+                  policy=t.policy), P(data=P(ptr=4)), P(data=P(ptr=5)), None)
+    monkeypatch.setattr(varlen_device, "device", device)
+    monkeypatch.setattr(varlen, "_acquire_slot", lambda dev: P(dptr=0x9000, hdev=0x9800))
+    monkeypatch.setattr(launchers, "enqueue_backward", lambda *a, **kw: None)
+    monkeypatch.setattr(varlen, "_poll_errors", lambda: None)
+    cupy_dash.prepare_varlen_backward(list(cu), cu, 200, 200, num_heads=H, num_heads_kv=Hkv, head_dim=D,
+                                      dtype="bf16", causal=True, window=(500, 0), stream=Stream())
+    cupy_dash.attention_backward_varlen(do, q, k, v, out, lse, cu, cu, 200, 200, causal=True, window=(500, 0))
+    assert len(seen) == 2 and seen[0][0] is seen[1][0] and seen[0][1] == seen[1][1] == 3 * H
+    with pytest.raises(ValueError, match="cu_seqlens_q: expected 0 = cu"):
+        cupy_dash.prepare_varlen_backward([0, 200, 100, 300], cu, 200, 200, num_heads=H, num_heads_kv=Hkv,
+                                          head_dim=D)
+    with pytest.raises(ValueError, match="num_heads % num_heads_kv"):
+        cupy_dash.prepare_varlen_backward(cu, cu, 200, 200, num_heads=4, num_heads_kv=3, head_dim=D)
+    with pytest.raises(ValueError, match="head_dim"):
+        cupy_dash.prepare_varlen_backward(cu, cu, 200, 200, num_heads=4, num_heads_kv=2, head_dim=96)
