@@ -339,3 +339,40 @@ def test_torch_varlen_fast_path_gives_the_full_paths_bits(monkeypatch):
     for name, a, e in zip(("dq", "dk", "dv"), off, full):
         assert torch.equal(a.view(torch.int16), e.view(torch.int16)), name
     cupy_dash.check_errors()
+
+
+def test_prepared_table_from_another_thread(monkeypatch):
+    """prepare_varlen_backward from a second thread (its own stream) uploads the table; the backward on this
+    thread's stream then builds nothing and gives the bits of an unprepared call."""
+    import threading
+    from cupy_dash import varlen_schedule
+    h, dev, window = _problem("mixed", 128, True, (-1, -1), H=8, Hkv=2, seed=12)
+    do, q, k, v, out, lse, cq, ck, mq, mk = dev
+    want = cupy_dash.attention_backward_varlen(*dev, causal=True, schedule="symmetric_shift")
+    cupy_dash.check_errors()
+    other = [h["cu_q"], h["cu_k"]]
+    other = [np.concatenate([c[:1], c[1:] + 0]) for c in other]       # the same lengths, new arrays
+    from cupy_dash import varlen_device
+    varlen_device._plans.clear()
+    varlen_device._device_tables.clear()
+    errors_seen = []
+
+    def prepare():
+        try:
+            cupy_dash.prepare_varlen_backward(*other, mq, mk, num_heads=8, num_heads_kv=2, head_dim=128,
+                                              dtype="bfloat16", causal=True, schedule="symmetric_shift")
+        except Exception as e:                                   # pragma: no cover - reported below
+            errors_seen.append(e)
+    worker = threading.Thread(target=prepare)
+    worker.start()
+    worker.join()
+    assert not errors_seen, errors_seen
+    builds = []
+    real = varlen_schedule.build_varlen
+    monkeypatch.setattr(varlen_schedule, "build_varlen", lambda *a, **kw: builds.append(1) or real(*a, **kw))
+    got = cupy_dash.attention_backward_varlen(do, q, k, v, out, lse, *other, mq, mk, causal=True,
+                                              schedule="symmetric_shift")
+    cupy_dash.check_errors()
+    assert not builds
+    for name, a, e in zip(("dq", "dk", "dv"), got, want):
+        assert bool((a.view(cupy.int16) == e.view(cupy.int16)).all()), name
