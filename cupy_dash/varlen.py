@@ -180,7 +180,8 @@ def prepare_varlen_backward(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
         info, host = _cu_seqlens_form(name, cu)
         if info is not None:
             raise ValueError(f"{name}: prepare_varlen_backward takes host lengths (numpy, list, CPU tensor)")
-        hosts.append(_cu_seqlens_values(name, host, int(host[-1]) if host.size else 0, max_name, m))
+        total = int(host.reshape(-1)[-1]) if host.size else 0        # the shape is checked next
+        hosts.append(_cu_seqlens_values(name, host, total, max_name, m))
     _check_same_count(*hosts)
     dtype = {"bf16": "bfloat16", "fp16": "float16"}.get(dtype, dtype)
     kernels._check(dtype, head_dim)
