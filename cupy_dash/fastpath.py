@@ -136,20 +136,23 @@ def _ready_stream(device_index):
 # forward
 # ------------------------------------------------------------------------------------------------------------
 class _FwdPlan:
-    __slots__ = ("spec", "func", "launch", "template", "maps", "map_offsets", "lse_offset", "out_shape",
-                 "lse_shape", "dtype", "device", "device_index")
+    __slots__ = ("func", "launch", "template", "maps", "map_offsets", "offsets", "out_shape", "lse_shape", "dtype",
+                 "device", "device_index", "cu_infos")
 
 
-def register_forward(key, spec, block_m, block_n, p, window, operands, out_ptr, lse_ptr, like) -> None:
-    """Keep the plan of a forward the full path has just launched (current device: its device). ``like``: q."""
-    if key is None:
-        return
+_FWD_POINTERS = ("lse", "out", "cu_seqlens_q", "cu_seqlens_k")
+
+
+def forward_plan(spec, grid, block_m, block_n, p, operands, params, out_shape, lse_shape, like, cu_infos=None):
+    """The plan of a forward the full path has just launched with the packed block ``params`` (current device:
+    its device; ``like``: q): patched per call are the maps of q, k, v, out and the address of lse, and for the
+    varlen build (``cu_infos``: the TensorInfo of cu_seqlens_q, cu_seqlens_k) those of out and cu_seqlens."""
     B, Sq, Sk, H, Hkv, D = p.B, p.Sq, p.Sk, p.H, p.Hkv, p.D
     plan = _FwdPlan()
-    plan.spec, plan.func = spec, jit.load(spec).ptr
-    gx, gy, gz = kernels._grid(launchers.fwd_grid(p, block_m))
+    plan.func = jit.load(spec).ptr
+    gx, gy, gz = kernels._grid(grid)
     plan.launch = (gx, gy, gz, spec.threads, spec.smem_bytes)
-    plan.template = launchers.fwd_params(block_m, block_n, p, window, operands, out_ptr, lse_ptr).tobytes()
+    plan.template = params.tobytes()
     (_, q_stride), (_, k_stride), (_, v_stride) = operands
     plan.maps = (_Maps(p.dtype, (B, Sq, H, D), q_stride, block_m, "q"),
                  _Maps(p.dtype, (B, Sk, Hkv, D), k_stride, block_n, "k"),
@@ -157,10 +160,39 @@ def register_forward(key, spec, block_m, block_n, p, window, operands, out_ptr, 
                  _Maps(p.dtype, (B, Sq, H, D), launchers._contiguous((B, Sq, H, D)), 64, "out", 1))
     dt = kernels.FWD_PARAMS_DTYPE
     plan.map_offsets = tuple(_offset(dt, n) for n in ("tma_q", "tma_k", "tma_v", "tma_o"))
-    plan.lse_offset = _offset(dt, "lse")
-    plan.out_shape, plan.lse_shape = (B, Sq, H, D), (B, H, Sq)
+    plan.offsets = tuple(_offset(dt, n) for n in _FWD_POINTERS[:1 if cu_infos is None else 4])
+    plan.out_shape, plan.lse_shape, plan.cu_infos = out_shape, lse_shape, cu_infos
     plan.dtype, plan.device, plan.device_index = like.dtype, like.device, like.get_device()
+    return plan
+
+
+def register_forward(key, spec, block_m, block_n, p, window, operands, out_ptr, lse_ptr, like) -> None:
+    """Keep the plan of a forward the full path has just launched (current device: its device). ``like``: q."""
+    if key is None:
+        return
+    params = launchers.fwd_params(block_m, block_n, p, window, operands, out_ptr, lse_ptr)
+    plan = forward_plan(spec, launchers.fwd_grid(p, block_m), block_m, block_n, p, operands, params,
+                        (p.B, p.Sq, p.H, p.D), (p.B, p.H, p.Sq), like)
     _store(_fwd_plans, key, plan)
+
+
+def run_forward(plan, stream, q, k, v, cu=()):
+    """``(out, lse)`` of a forward launched from ``plan`` on ``stream`` (``cu``: the varlen build's cu_seqlens)."""
+    errors.poll_errors()
+    torch = _torch
+    out = torch.empty(plan.out_shape, dtype=plan.dtype, device=plan.device)
+    lse = torch.empty(plan.lse_shape, dtype=torch.float32, device=plan.device)
+    out_ptr = out.data_ptr()
+    buf = bytearray(plan.template)
+    for maps, off, ptr in zip(plan.maps, plan.map_offsets, (q.data_ptr(), k.data_ptr(), v.data_ptr(), out_ptr)):
+        buf[off:off + 128] = maps.get(ptr)
+    struct.pack_into("<Q", buf, plan.offsets[0], lse.data_ptr())
+    if cu:                                   # varlen: out's address and the lengths'
+        for off, value in zip(plan.offsets[1:], (out_ptr, cu[0].data_ptr(), cu[1].data_ptr())):
+            struct.pack_into("<Q", buf, off, value)
+    gx, gy, gz, threads, smem = plan.launch
+    _launch.launch(plan.func, gx, gy, gz, threads, smem, stream.ptr, buf)
+    return out, lse
 
 
 def forward(key, q, k, v):
@@ -170,19 +202,9 @@ def forward(key, q, k, v):
     stream = _ready_stream(plan.device_index) if plan is not None else None
     if stream is None:
         return None
-    errors.poll_errors()
-    torch = _torch
-    out = torch.empty(plan.out_shape, dtype=plan.dtype, device=plan.device)
-    lse = torch.empty(plan.lse_shape, dtype=torch.float32, device=plan.device)
-    buf = bytearray(plan.template)
-    for maps, off, ptr in zip(plan.maps, plan.map_offsets, (q.data_ptr(), k.data_ptr(), v.data_ptr(),
-                                                             out.data_ptr())):
-        buf[off:off + 128] = maps.get(ptr)
-    struct.pack_into("<Q", buf, plan.lse_offset, lse.data_ptr())
-    gx, gy, gz, threads, smem = plan.launch
-    _launch.launch(plan.func, gx, gy, gz, threads, smem, stream.ptr, buf)
+    result = run_forward(plan, stream, q, k, v)
     _stats["fwd_hits"] += 1
-    return out, lse
+    return result
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -194,20 +216,21 @@ _BWD_POINTERS = ("q", "k", "v", "out", "dout", "lse", "lse_log2", "dpsum", "dq_a
 
 class _BwdPlan:
     __slots__ = ("c", "call", "launches", "template", "maps", "map_offsets", "offsets", "error_offsets",
-                 "deterministic", "dq_shape", "kv_shape", "dtype", "device", "device_index", "work")
+                 "deterministic", "dq_shape", "kv_shape", "dtype", "device", "device_index", "work", "stream", "keep")
 
 
-def register_backward(key, c, operands, lse_ptr, work_base, grads, call, like) -> None:
-    """Keep the plan of a backward the full path has just launched (``c``: its launchers.BwdLaunch with tables;
-    current device: its device). ``like``: q."""
-    if key is None:
-        return
+def backward_plan(c, operands, lse_ptr, work_base, grads, call, like, dq_shape, kv_shape, cu_seqlens=(0, 0)):
+    """The plan of a backward the full path has just launched (``c``: its launchers.BwdLaunch with tables;
+    current device: its device; ``like``: q): its block with every per-call field patched in :func:`run_backward`
+    (operands and their maps, scratch, outputs of ``dq_shape`` / ``kv_shape``, the error slot); ``cu_seqlens``:
+    the varlen build's device lengths, constant in the block."""
     p = c.p
     B, Sq, Sk, H, Hkv, D = p.B, p.Sq, p.Sk, p.H, p.Hkv, p.D
     plan = _BwdPlan()
-    plan.c, plan.call = c, call
+    plan.c, plan.call, plan.stream, plan.keep, plan.work = c, call, None, None, None
     plan.launches = launchers.bwd_launches(c)
-    plan.template = launchers.bwd_params(c, operands, lse_ptr, work_base, grads, (0, 0)).tobytes()
+    plan.template = launchers.bwd_params(c, operands, lse_ptr, work_base, grads, (0, 0),
+                                         cu_seqlens=cu_seqlens).tobytes()
     (_, q_stride), (_, k_stride), (_, v_stride), _, (_, do_stride) = operands
     plan.maps = (_Maps(p.dtype, (B, Sq, H, D), q_stride, c.block_m, "q"),
                  _Maps(p.dtype, (B, Sk, Hkv, D), k_stride, c.block_n, "k"),
@@ -218,9 +241,19 @@ def register_backward(key, c, operands, lse_ptr, work_base, grads, call, like) -
     plan.offsets = tuple(_offset(dt, n) for n in _BWD_POINTERS)
     plan.error_offsets = _offset(dt, "error"), _offset(dt, "error_host")
     plan.deterministic = c.deterministic
-    plan.dq_shape, plan.kv_shape = (B, Sq, H, D), (B, Sk, Hkv, D)
+    plan.dq_shape, plan.kv_shape = dq_shape, kv_shape
     plan.dtype, plan.device, plan.device_index = like.dtype, like.device, like.get_device()
-    plan.work = None
+    return plan
+
+
+def register_backward(key, c, operands, lse_ptr, work_base, grads, call, like) -> None:
+    """Keep the plan of a backward the full path has just launched (``c``: its launchers.BwdLaunch with tables;
+    current device: its device). ``like``: q."""
+    if key is None:
+        return
+    p = c.p
+    plan = backward_plan(c, operands, lse_ptr, work_base, grads, call, like, (p.B, p.Sq, p.H, p.D),
+                         (p.B, p.Sk, p.Hkv, p.D))
     _store(_bwd_plans, key, plan)
 
 
@@ -231,8 +264,8 @@ def _work(plan, nbytes, stream_ptr):
     """The backward's scratch buffer: the plan's own one if it was allocated on this stream and is small (a later
     call on the same stream runs after the earlier one's kernels: stream order makes the reuse safe; preprocess
     initialises it), else a fresh ``torch.empty``.
-    NOTES: at most _MAX_PLANS x _CACHED_WORK_BYTES (64 MiB) stays allocated this way; the host time where this
-    matters (~3 µs per call) is that of small problems."""
+    NOTES: at most _CACHED_WORK_BYTES per plan (here and fastpath_varlen's: 264 plans, 66 MiB) stays allocated
+    this way; the host time where this matters (~3 µs per call) is that of small problems."""
     cached = plan.work
     if cached is not None and cached[0] == stream_ptr:
         return cached[1]
@@ -242,13 +275,9 @@ def _work(plan, nbytes, stream_ptr):
     return work
 
 
-def backward(key, do, q, k, v, out, lse):
-    """``(dq, dk, dv)`` from the plan stored under ``key`` (:func:`bwd_key` of the call), or None (then the caller
-    takes the full path)."""
-    plan = _bwd_plans.get(key) if key is not None else None
-    stream = _ready_stream(plan.device_index) if plan is not None else None
-    if stream is None:
-        return None
+def run_backward(plan, stream, do, q, k, v, out, lse):
+    """``(dq, dk, dv)`` of a backward launched from ``plan`` on ``stream``: outputs allocated with torch, the
+    block patched, the kernels enqueued by the full path's launchers.enqueue_backward (so the bits are its)."""
     errors.poll_errors()
     torch = _torch
     c = plan.c
@@ -270,7 +299,18 @@ def backward(key, do, q, k, v, out, lse):
     struct.pack_into("<Q", buf, plan.error_offsets[0], slot.dptr)
     struct.pack_into("<Q", buf, plan.error_offsets[1], slot.hdev)
     launchers.enqueue_backward(c, buf, values[10:13], stream, slot=slot, call=plan.call, launches=plan.launches)
-    _stats["bwd_hits"] += 1
     if os.environ.get("CUPY_DASH_SYNC_ERRORS", "") not in ("", "0"):
         errors.check_errors()
     return dq, dk, dv
+
+
+def backward(key, do, q, k, v, out, lse):
+    """``(dq, dk, dv)`` from the plan stored under ``key`` (:func:`bwd_key` of the call), or None (then the caller
+    takes the full path)."""
+    plan = _bwd_plans.get(key) if key is not None else None
+    stream = _ready_stream(plan.device_index) if plan is not None else None
+    if stream is None:
+        return None
+    result = run_backward(plan, stream, do, q, k, v, out, lse)
+    _stats["bwd_hits"] += 1
+    return result

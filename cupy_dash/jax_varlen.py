@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import collections
 import functools
-import os
 
 import jax
 import numpy as np
 
-from . import api, compact_device, interop, jax_varlen_dyn, kernels, launchers, varlen_device
+from . import api, interop, jax_varlen_dyn, kernels, launchers, varlen, varlen_device
 from . import jax as _jax
 from . import schedule as _schedule
 from .errors import _jit_record, _spin_timeout_ms
@@ -104,7 +103,8 @@ def _forward(vcfg, q, k, v):
     p, cfg = _problem(vcfg, q, k, v)
     key = ("fwd-varlen", p.dtype, (p.Sq, p.Sk, p.H, p.Hkv, p.D), p.scale, cfg.causal, cfg.window, vcfg.cu_q,
            vcfg.cu_k, vcfg.max_q)
-    return _jax._get(key, lambda: _VarlenForward(p, cfg, vcfg)).bind(q, k, v)
+    return _jax._get(key, lambda: _VarlenForward(p, cfg, len(vcfg.cu_q) - 1, vcfg.max_q,
+                                                 (vcfg.cu_q, vcfg.cu_k))).bind(q, k, v)
 
 
 def _backward(vcfg, dout, q, k, v, out, lse):
@@ -115,36 +115,34 @@ def _backward(vcfg, dout, q, k, v, out, lse):
     return _jax._get(key, lambda: _VarlenBackward(p, cfg, vcfg, spin)).bind(dout, q, k, v, out, lse)
 
 
-def _cu_device(vcfg, stream):
-    return varlen_device.upload_async([np.asarray(vcfg.cu_q, np.int32), np.asarray(vcfg.cu_k, np.int32)], stream)
-
-
 class _VarlenForward:
-    """A traced varlen forward: the callback ``(ctx, (out, lse), q, k, v)``; per device the uploaded cu_seqlens."""
+    """A traced varlen forward: the callback ``(ctx, (out, lse), q, k, v[, cu_q, cu_k])``, with the lengths
+    uploaded here per device (``host_cu``: the static lengths) or, without them, read from the call's own device
+    operands cu_q, cu_k (:mod:`cupy_dash.jax_varlen_dyn`)."""
 
-    def __init__(self, p, cfg, vcfg):
+    def __init__(self, p, cfg, num_seqs, max_q, host_cu=None):
         import cupy
-        self.p, self.window, self.num_seqs = p, cfg.window, len(vcfg.cu_q) - 1
+        self.p, self.window, self.num_seqs = p, cfg.window, num_seqs
         self.spec, self.block_m, self.block_n = kernels.fwd_entry(p.dtype, p.D, cfg.causal, varlen=True)
-        self.grid = (-(-vcfg.max_q // self.block_m), p.H, self.num_seqs)
-        self.q_strides = interop._contiguous_strides((1, p.Sq, p.H, p.D))[:3]
-        self.kv_strides = interop._contiguous_strides((1, p.Sk, p.Hkv, p.D))[:3]
+        self.grid = (-(-max_q // self.block_m), p.H, self.num_seqs)
+        self.q_strides, self.kv_strides = _packed_strides(p.Sq, p.Sk, p.H, p.Hkv, p.D)
         self.devices, self.cu = _jax._gpus(), {}
         for dev in self.devices:
             with cupy.cuda.Device(dev):
                 _jax._load([self.spec])
-                stream = cupy.cuda.Stream(non_blocking=True)
-                self.cu[dev] = _cu_device(vcfg, stream)
-                stream.synchronize()
+                if host_cu is not None:
+                    stream = cupy.cuda.Stream(non_blocking=True)
+                    self.cu[dev] = varlen_device.upload_async([np.asarray(c, np.int32) for c in host_cu], stream)
+                    stream.synchronize()
 
-    def bind(self, q, k, v):
+    def bind(self, q, k, v, *cu):
         from jax.experimental.buffer_callback import buffer_callback
         p = self.p
         types = (jax.ShapeDtypeStruct((p.Sq, p.H, p.D), api._NP_DTYPES[p.dtype]),
                  jax.ShapeDtypeStruct((p.H, p.Sq), np.float32))
-        return buffer_callback(self, types, command_buffer_compatible=True)(q, k, v)
+        return buffer_callback(self, types, command_buffer_compatible=True)(q, k, v, *cu)
 
-    def __call__(self, ctx, outs, q, k, v):
+    def __call__(self, ctx, outs, q, k, v, *cu):
         _jax.callback_runs["forward"] += 1
         out, lse = outs
         dev = _jax._device(out, self.devices)
@@ -152,10 +150,33 @@ class _VarlenForward:
         with cupy.cuda.Device(dev):
             ptr = _jax._ptr
             operands = (ptr(q), self.q_strides), (ptr(k), self.kv_strides), (ptr(v), self.kv_strides)
-            cu_q, cu_k = self.cu[dev]
+            cu_ptrs = tuple(ptr(x) for x in cu) if cu else tuple(x.data.ptr for x in self.cu[dev])
             params = launchers.fwd_params(self.block_m, self.block_n, self.p, self.window, operands, ptr(out),
-                                          ptr(lse), varlen=(self.num_seqs, cu_q.data.ptr, cu_k.data.ptr))
+                                          ptr(lse), varlen=(self.num_seqs, *cu_ptrs))
             kernels.launch(self.spec, self.grid, params, interop._external_stream(ctx.stream, dev))
+
+
+@functools.lru_cache(maxsize=64)
+def _packed_strides(Sq, Sk, H, Hkv, D) -> tuple:
+    """(batch, row, head) element strides of contiguous packed q-like (1, Sq, H, D) and k-like tensors."""
+    return (interop._contiguous_strides((1, Sq, H, D))[:3], interop._contiguous_strides((1, Sk, Hkv, D))[:3])
+
+
+def launch_backward(c, record, ctx, dev, outs, dout, q, k, v, out, lse, cu_ptrs):
+    """Enqueue the varlen backward ``c`` (tables set; None: no sequence sees a key, so dq, dk, dv are zeroed) on
+    XLA's stream, buffers as the callbacks get them, errors to the traced call's device ``record``."""
+    import cupy
+    dq, dk, dv, work = outs
+    ptr, p = _jax._ptr, (c.p if c is not None else None)
+    stream = interop._external_stream(ctx.stream, dev)
+    if c is None:
+        for x in (dq, dk, dv):
+            cupy.cuda.runtime.memsetAsync(ptr(x), 0, int(np.prod(x.shape)) * 2, stream.ptr)
+        return
+    qs, kvs = _packed_strides(p.Sq, p.Sk, p.H, p.Hkv, p.D)
+    operands = ((ptr(q), qs), (ptr(k), kvs), (ptr(v), kvs), (ptr(out), qs), (ptr(dout), qs))
+    launchers.launch_backward(c, operands, ptr(lse), ptr(work), (ptr(dq), ptr(dk), ptr(dv)), stream,
+                              error_ptr=record, cu_seqlens=cu_ptrs)
 
 
 class _VarlenBackward:
@@ -172,19 +193,11 @@ class _VarlenBackward:
         self.work_bytes = launchers.BwdLaunch(specs, tile.block_m, tile.block_n, p, cfg.deterministic,
                                               spin_timeout_ns, cfg.causal, cfg.window,
                                               varlen=(num_seqs, vcfg.max_q)).work_bytes
-        self.q_strides = interop._contiguous_strides((1, p.Sq, p.H, p.D))[:3]
-        self.kv_strides = interop._contiguous_strides((1, p.Sk, p.Hkv, p.D))[:3]
         self.devices, self.launches, self.records, self.cu = _jax._gpus(), {}, {}, {}
         for dev in self.devices:
             with cupy.cuda.Device(dev):
-                _, bm, bn, max_ctas = kernels.bwd_entry(dev, p.dtype, p.D, cfg.causal, cfg.deterministic,
-                                                        varlen=True)
-                env = os.environ.get(compact_device.ENV, "")          # the eager varlen backward's choice
-                t = varlen_device.plan(cfg.schedule, lens_q, lens_k, bm, bn, p.H, p.Hkv, cfg.causal, max_ctas,
-                                       cfg.window, env not in ("", "0"),
-                                       compact_device.AUTO_VISITS if env == "" else None)
-                specs = kernels.bwd_entry(dev, p.dtype, p.D, cfg.causal, cfg.deterministic,
-                                          compact=t.compact is not None, varlen=True)[0]
+                t, specs, bm, bn = varlen._tables(dev, p.dtype, p.D, cfg.causal, cfg.deterministic, cfg.schedule,
+                                                  lens_q, lens_k, p.H, p.Hkv, cfg.window)    # the eager choice
                 _jax._load(specs)
                 c = launchers.BwdLaunch(specs, bm, bn, p, cfg.deterministic, spin_timeout_ns, cfg.causal,
                                         cfg.window, varlen=(num_seqs, vcfg.max_q))
@@ -208,18 +221,9 @@ class _VarlenBackward:
 
     def __call__(self, ctx, outs, dout, q, k, v, out, lse):
         _jax.callback_runs["backward"] += 1
-        dq, dk, dv, work = outs
-        dev = _jax._device(dq, self.devices)
-        ptr, qs, kvs = _jax._ptr, self.q_strides, self.kv_strides
+        dev = _jax._device(outs[0], self.devices)
         import cupy
         with cupy.cuda.Device(dev):
-            stream = interop._external_stream(ctx.stream, dev)
-            if self.launches[dev] is None:
-                for x in (dq, dk, dv):
-                    cupy.cuda.runtime.memsetAsync(ptr(x), 0, int(np.prod(x.shape)) * 2, stream.ptr)
-                return
-            operands = ((ptr(q), qs), (ptr(k), kvs), (ptr(v), kvs), (ptr(out), qs), (ptr(dout), qs))
-            cu_q, cu_k = self.cu[dev]
-            launchers.launch_backward(self.launches[dev], operands, ptr(lse), ptr(work), (ptr(dq), ptr(dk), ptr(dv)),
-                                      stream, error_ptr=self.records[dev],
-                                      cu_seqlens=(cu_q.data.ptr, cu_k.data.ptr))
+            c = self.launches[dev]
+            cu = tuple(x.data.ptr for x in self.cu[dev]) if c is not None else None
+            launch_backward(c, self.records.get(dev), ctx, dev, outs, dout, q, k, v, out, lse, cu)

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import collections
 import functools
-import os
 
 import jax
 import numpy as np
 
-from . import api, interop, kernels, launchers, varlen_device
+from . import api, interop, kernels, launchers, varlen, varlen_device
+from . import jax_varlen as _static        # (partly initialised while it imports this module: used at call time)
 from . import jax as _jax
 from .errors import _jit_record, _spin_timeout_ms
 from .varlen import _check_same_count, _cu_seqlens_values
@@ -53,55 +53,18 @@ attention_jit = jax.jit(_attention, static_argnums=(5,))
 
 
 def _forward(dcfg, q, k, v, cu_q, cu_k):
-    from .jax_varlen import _problem
-    p, cfg = _problem(dcfg, q, k, v)
+    p, cfg = _static._problem(dcfg, q, k, v)
     key = ("fwd-varlen-dyn", p.dtype, (p.Sq, p.Sk, p.H, p.Hkv, p.D), p.scale, cfg.causal, cfg.window, dcfg.num_seqs,
            dcfg.max_q)
-    return _jax._get(key, lambda: _Forward(p, cfg, dcfg)).bind(q, k, v, cu_q, cu_k)
+    return _jax._get(key, lambda: _static._VarlenForward(p, cfg, dcfg.num_seqs, dcfg.max_q)).bind(q, k, v, cu_q, cu_k)
 
 
 def _backward(dcfg, dout, q, k, v, out, lse, cu_q, cu_k):
-    from .jax_varlen import _problem
-    p, cfg = _problem(dcfg, q, k, v, dout, out, lse)
+    p, cfg = _static._problem(dcfg, q, k, v, dout, out, lse)
     spin = int(_spin_timeout_ms() * 1e6)
     key = ("bwd-varlen-dyn", p.dtype, (p.Sq, p.Sk, p.H, p.Hkv, p.D), p.scale, cfg.causal, cfg.window, cfg.schedule,
            cfg.deterministic, spin, dcfg.num_seqs, dcfg.max_q, dcfg.max_k)
     return _jax._get(key, lambda: _Backward(p, cfg, dcfg, spin)).bind(dout, q, k, v, out, lse, cu_q, cu_k)
-
-
-class _Forward:
-    """A traced varlen forward with device cu_seqlens: the callback ``(ctx, (out, lse), q, k, v, cu_q, cu_k)``."""
-
-    def __init__(self, p, cfg, dcfg):
-        import cupy
-        self.p, self.window, self.num_seqs = p, cfg.window, dcfg.num_seqs
-        self.spec, self.block_m, self.block_n = kernels.fwd_entry(p.dtype, p.D, cfg.causal, varlen=True)
-        self.grid = (-(-dcfg.max_q // self.block_m), p.H, self.num_seqs)
-        self.q_strides = interop._contiguous_strides((1, p.Sq, p.H, p.D))[:3]
-        self.kv_strides = interop._contiguous_strides((1, p.Sk, p.Hkv, p.D))[:3]
-        self.devices = _jax._gpus()
-        for dev in self.devices:
-            with cupy.cuda.Device(dev):
-                _jax._load([self.spec])
-
-    def bind(self, q, k, v, cu_q, cu_k):
-        from jax.experimental.buffer_callback import buffer_callback
-        p = self.p
-        types = (jax.ShapeDtypeStruct((p.Sq, p.H, p.D), api._NP_DTYPES[p.dtype]),
-                 jax.ShapeDtypeStruct((p.H, p.Sq), np.float32))
-        return buffer_callback(self, types, command_buffer_compatible=True)(q, k, v, cu_q, cu_k)
-
-    def __call__(self, ctx, outs, q, k, v, cu_q, cu_k):
-        _jax.callback_runs["forward"] += 1
-        out, lse = outs
-        dev = _jax._device(out, self.devices)
-        import cupy
-        with cupy.cuda.Device(dev):
-            ptr = _jax._ptr
-            operands = (ptr(q), self.q_strides), (ptr(k), self.kv_strides), (ptr(v), self.kv_strides)
-            params = launchers.fwd_params(self.block_m, self.block_n, self.p, self.window, operands, ptr(out),
-                                          ptr(lse), varlen=(self.num_seqs, ptr(cu_q), ptr(cu_k)))
-            kernels.launch(self.spec, self.grid, params, interop._external_stream(ctx.stream, dev))
 
 
 class _Backward:
@@ -117,13 +80,10 @@ class _Backward:
         self.work_bytes = launchers.BwdLaunch(specs, tile.block_m, tile.block_n, p, cfg.deterministic,
                                               spin_timeout_ns, cfg.causal, cfg.window,
                                               varlen=(dcfg.num_seqs, dcfg.max_q)).work_bytes
-        self.q_strides = interop._contiguous_strides((1, p.Sq, p.H, p.D))[:3]
-        self.kv_strides = interop._contiguous_strides((1, p.Sk, p.Hkv, p.D))[:3]
-        self.devices, self.entries, self.records = _jax._gpus(), {}, {}
+        self.devices, self.records = _jax._gpus(), {}
         for dev in self.devices:
-            with cupy.cuda.Device(dev):
-                self.entries[dev] = kernels.bwd_entry(dev, p.dtype, p.D, cfg.causal, cfg.deterministic, varlen=True)
-                _jax._load(self.entries[dev][0])
+            with cupy.cuda.Device(dev):                  # the per-visit kernels, loaded before any execution
+                _jax._load(kernels.bwd_entry(dev, p.dtype, p.D, cfg.causal, cfg.deterministic, varlen=True)[0])
                 self.records[dev] = _jit_record(dev, (cfg.schedule, dcfg.num_seqs, p.H, p.Sq, p.Sk, p.D, cfg.causal,
                                                       cfg.window))
 
@@ -155,27 +115,21 @@ class _Backward:
 
     def __call__(self, ctx, outs, dout, q, k, v, out, lse, cu_q, cu_k):
         _jax.callback_runs["backward"] += 1
-        dq, dk, dv, work = outs
-        dev = _jax._device(dq, self.devices)
-        p, cfg, ptr = self.p, self.cfg, _jax._ptr
+        dev = _jax._device(outs[0], self.devices)
+        p, cfg = self.p, self.cfg
         import cupy
         with cupy.cuda.Device(dev):
             stream = interop._external_stream(ctx.stream, dev)
             host_q, host_k = self.lengths(cu_q, cu_k, stream)
             lens_q, lens_k = (np.diff(c).astype(np.int64) for c in (host_q, host_k))
-            specs, bm, bn, max_ctas = self.entries[dev]
-            form = "expand" if os.environ.get(varlen_device.EXPAND_ENV, "") == "device" else False
-            t = varlen_device.plan(cfg.schedule, lens_q, lens_k, bm, bn, p.H, p.Hkv, cfg.causal, max_ctas,
-                                   cfg.window, form)
-            if t.num_visits == 0:                        # no sequence sees a key: zero gradients, no kernel
-                for x in (dq, dk, dv):
-                    cupy.cuda.runtime.memsetAsync(ptr(x), 0, int(np.prod(x.shape)) * 2, stream.ptr)
-                return
-            c = launchers.BwdLaunch(specs, bm, bn, p, cfg.deterministic, self.spin, cfg.causal, cfg.window,
-                                    varlen=(self.dcfg.num_seqs, self.dcfg.max_q))
-            c.tables, cu_q_dev, cu_k_dev, uploaded = varlen_device.device(t, self.dcfg.num_seqs * p.H, dev, stream)
-            stream.wait_event(uploaded)
-            qs, kvs = self.q_strides, self.kv_strides
-            operands = ((ptr(q), qs), (ptr(k), kvs), (ptr(v), kvs), (ptr(out), qs), (ptr(dout), qs))
-            launchers.launch_backward(c, operands, ptr(lse), ptr(work), (ptr(dq), ptr(dk), ptr(dv)), stream,
-                                      error_ptr=self.records[dev], cu_seqlens=(cu_q_dev.data.ptr, cu_k_dev.data.ptr))
+            t, specs, bm, bn = varlen._tables(dev, p.dtype, p.D, cfg.causal, cfg.deterministic, cfg.schedule,
+                                              lens_q, lens_k, p.H, p.Hkv, cfg.window)   # the eager choice
+            c, cu = None, None
+            if t.num_visits:                             # else no sequence sees a key: zero gradients, no kernel
+                c = launchers.BwdLaunch(specs, bm, bn, p, cfg.deterministic, self.spin, cfg.causal, cfg.window,
+                                        varlen=(self.dcfg.num_seqs, self.dcfg.max_q))
+                c.tables, cu_q_dev, cu_k_dev, uploaded = varlen_device.device(t, self.dcfg.num_seqs * p.H, dev,
+                                                                              stream)
+                stream.wait_event(uploaded)
+                cu = cu_q_dev.data.ptr, cu_k_dev.data.ptr
+            _static.launch_backward(c, self.records[dev], ctx, dev, outs, dout, q, k, v, out, lse, cu)

@@ -146,13 +146,11 @@ def launch_backward(c, operands, lse_ptr, work_base, grads, stream, *, error_ptr
     enqueue_backward(c, params, grads, stream, slot=slot, call=call)
 
 
-def bwd_launches(c, funcs=None) -> tuple:
+def bwd_launches(c) -> tuple:
     """``(function, grid x, y, z, threads, dynamic smem)`` of preprocess, main and postprocess of ``c`` (tables
-    set), in launch order; ``funcs``: their CUfunction handles (default: loaded on the current device)."""
+    set), in launch order, the kernels loaded on the current device."""
     specs = (c.specs.preprocess, c.specs.main, c.specs.postprocess)
-    if funcs is None:
-        funcs = tuple(jit.load(s).ptr for s in specs)
-    return tuple((int(f), *kernels._grid(g), s.threads, s.smem_bytes) for f, g, s in zip(funcs, bwd_grids(c), specs))
+    return tuple((jit.load(s).ptr, *kernels._grid(g), s.threads, s.smem_bytes) for g, s in zip(bwd_grids(c), specs))
 
 
 def enqueue_backward(c, params, grads, stream, *, slot=None, call=None, launches=None) -> None:

@@ -84,7 +84,8 @@ def attention_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, 
         result = fastpath_varlen.forward(fast_key, q, k, v, cu_seqlens_q, cu_seqlens_k)
         if result is not None:
             return result
-    if not interop.capturing(q):
+    capturing = interop.capturing(q)
+    if not capturing:
         _poll_errors()
     causal = api._check_flag("causal", causal)
     window = api._check_window(window, causal)
@@ -118,7 +119,6 @@ def attention_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, 
                                       varlen=(num_seqs, cu_q_ptr, cu_k_ptr))
         grid = (-(-max_q // block_m), H, num_seqs)
         kernels.launch(spec, grid, params, stream)
-        capturing = interop.capturing(q)
         if not capturing:                    # for the backward of this call (varlen_host_cu.py): no wait there
             varlen_host_cu.remember(cu_seqlens_q, cu_q_info, cu_q_ptr, stream)
             if cu_seqlens_k is not cu_seqlens_q:

@@ -62,6 +62,43 @@ def _sequences(cu_q, cu_k):
         yield slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b + 1]))
 
 
+def _reference_forward(outs, q, k, v, cu_q, cu_k):
+    """What the forward callback writes, by the float64 reference per sequence (CPU buffers)."""
+    q, k, v = (np.asarray(x) for x in (q, k, v))
+    out, lse = (np.asarray(x) for x in outs)
+    out[...], lse[...] = 0, -np.inf
+    for rq, rk in _sequences(cu_q, cu_k):
+        if rq.stop > rq.start and rk.stop > rk.start:
+            o, l_ = reference.forward(q[None, rq], k[None, rk], v[None, rk], causal=True)
+            out[rq], lse[:, rq] = o[0].astype(out.dtype), l_[0]
+
+
+def _reference_backward(outs, dout, q, k, v, out, lse, cu_q, cu_k):
+    """What the backward callback writes, by the float64 reference per sequence (CPU buffers)."""
+    dout, q, k, v, out, lse = (np.asarray(x) for x in (dout, q, k, v, out, lse))
+    dq, dk, dv = (np.asarray(x) for x in outs[:3])
+    dq[...], dk[...], dv[...] = 0, 0, 0
+    for rq, rk in _sequences(cu_q, cu_k):
+        if rq.stop > rq.start and rk.stop > rk.start:
+            g = reference.backward(dout[None, rq], q[None, rq], k[None, rk], v[None, rk], out[None, rq],
+                                   np.ascontiguousarray(lse[None, :, rq]), causal=True)
+            dq[rq], dk[rk], dv[rk] = (x[0].astype(dq.dtype) for x in g)
+
+
+def _check_grads(grads, q, k, v, dout, cu_q, cu_k):
+    """The gradients against the float64 reference per sequence; keys no query sees get zero gradients."""
+    for rq, rk in _sequences(cu_q, cu_k):
+        if rq.stop == rq.start or rk.stop == rk.start:
+            assert not np.asarray(grads[1][rk], np.float32).any()
+            continue
+        o, l_ = reference.forward(q[None, rq], k[None, rk], v[None, rk], causal=True)
+        want = reference.backward(dout[None, rq], q[None, rq], k[None, rk], v[None, rk], o.astype(BF16),
+                                  l_.astype(np.float32), causal=True)
+        for got, w in zip((grads[0][rq], grads[1][rk], grads[2][rk]), want):
+            got = np.asarray(got, np.float64)
+            assert np.max(np.abs(got - w[0]) / (1 + np.abs(w[0]))) < 2e-2
+
+
 def test_plumbing_with_reference_callbacks(jx, monkeypatch):
     """jit(grad) of a varlen loss runs one forward and one backward call and gives the per-sequence float64
     reference's gradients (the kernels replaced by the reference on JAX's CPU backend)."""
@@ -71,24 +108,11 @@ def test_plumbing_with_reference_callbacks(jx, monkeypatch):
 
     def forward(self, ctx, outs, q, k, v):
         calls.append("forward")
-        q, k, v = (np.asarray(x) for x in (q, k, v))
-        out, lse = (np.asarray(x) for x in outs)
-        out[...], lse[...] = 0, -np.inf
-        for rq, rk in _sequences(CU_Q, CU_K):
-            if rq.stop > rq.start and rk.stop > rk.start:
-                o, l_ = reference.forward(q[None, rq], k[None, rk], v[None, rk], causal=True)
-                out[rq], lse[:, rq] = o[0].astype(out.dtype), l_[0]
+        _reference_forward(outs, q, k, v, CU_Q, CU_K)
 
     def backward(self, ctx, outs, dout, q, k, v, out, lse):
         calls.append("backward")
-        dout, q, k, v, out, lse = (np.asarray(x) for x in (dout, q, k, v, out, lse))
-        dq, dk, dv = (np.asarray(x) for x in outs[:3])
-        dq[...], dk[...], dv[...] = 0, 0, 0
-        for rq, rk in _sequences(CU_Q, CU_K):
-            if rq.stop > rq.start and rk.stop > rk.start:
-                g = reference.backward(dout[None, rq], q[None, rq], k[None, rk], v[None, rk], out[None, rq],
-                                       np.ascontiguousarray(lse[None, :, rq]), causal=True)
-                dq[rq], dk[rk], dv[rk] = (x[0].astype(dq.dtype) for x in g)
+        _reference_backward(outs, dout, q, k, v, out, lse, CU_Q, CU_K)
     monkeypatch.setattr(jax_varlen._VarlenForward, "__call__", forward)
     monkeypatch.setattr(jax_varlen._VarlenBackward, "__call__", backward)
     jnp = jax.numpy
@@ -99,18 +123,10 @@ def test_plumbing_with_reference_callbacks(jx, monkeypatch):
     def loss(q, k, v):
         out = cj.attention_varlen(q, k, v, CU_Q, CU_K, 200, 240, causal=True)
         return jnp.sum(out.astype(jnp.float32) * dout.astype(jnp.float32))
-    grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
+    # NOTES: the callbacks run when the computation does, after an asynchronous dispatch: wait before looking
+    grads = jax.block_until_ready(jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v))
     assert calls == ["forward", "backward"]
-    for rq, rk in _sequences(CU_Q, CU_K):
-        if rq.stop == rq.start or rk.stop == rk.start:
-            assert not np.asarray(grads[1][rk], np.float32).any()       # keys no query sees: zero gradient
-            continue
-        o, l_ = reference.forward(q[None, rq], k[None, rk], v[None, rk], causal=True)
-        want = reference.backward(dout[None, rq], q[None, rq], k[None, rk], v[None, rk], o.astype(BF16),
-                                  l_.astype(np.float32), causal=True)
-        for got, w in zip((grads[0][rq], grads[1][rk], grads[2][rk]), want):
-            got = np.asarray(got, np.float64)
-            assert np.max(np.abs(got - w[0]) / (1 + np.abs(w[0]))) < 2e-2
+    _check_grads(grads, q, k, v, dout, CU_Q, CU_K)
 
 
 def test_traced_lengths_one_program_for_every_packing(jx, monkeypatch):
@@ -118,32 +134,19 @@ def test_traced_lengths_one_program_for_every_packing(jx, monkeypatch):
     runs one forward and one backward callback that see that packing's lengths, and the gradients are the
     per-sequence float64 reference's (kernels replaced by the reference on JAX's CPU backend)."""
     jax, cj = jx
-    from cupy_dash import jax_varlen_dyn
+    from cupy_dash import jax_varlen, jax_varlen_dyn
     calls = []
 
     def forward(self, ctx, outs, q, k, v, cu_q, cu_k):
         cu_q, cu_k = np.asarray(cu_q).copy(), np.asarray(cu_k).copy()
         calls.append(("forward", cu_q.tolist()))
-        q, k, v = (np.asarray(x) for x in (q, k, v))
-        out, lse = (np.asarray(x) for x in outs)
-        out[...], lse[...] = 0, -np.inf
-        for rq, rk in _sequences(cu_q, cu_k):
-            if rq.stop > rq.start and rk.stop > rk.start:
-                o, l_ = reference.forward(q[None, rq], k[None, rk], v[None, rk], causal=True)
-                out[rq], lse[:, rq] = o[0].astype(out.dtype), l_[0]
+        _reference_forward(outs, q, k, v, cu_q, cu_k)
 
     def backward(self, ctx, outs, dout, q, k, v, out, lse, cu_q, cu_k):
         cu_q, cu_k = np.asarray(cu_q).copy(), np.asarray(cu_k).copy()
         calls.append(("backward", cu_q.tolist()))
-        dout, q, k, v, out, lse = (np.asarray(x) for x in (dout, q, k, v, out, lse))
-        dq, dk, dv = (np.asarray(x) for x in outs[:3])
-        dq[...], dk[...], dv[...] = 0, 0, 0
-        for rq, rk in _sequences(cu_q, cu_k):
-            if rq.stop > rq.start and rk.stop > rk.start:
-                g = reference.backward(dout[None, rq], q[None, rq], k[None, rk], v[None, rk], out[None, rq],
-                                       np.ascontiguousarray(lse[None, :, rq]), causal=True)
-                dq[rq], dk[rk], dv[rk] = (x[0].astype(dq.dtype) for x in g)
-    monkeypatch.setattr(jax_varlen_dyn._Forward, "__call__", forward)
+        _reference_backward(outs, dout, q, k, v, out, lse, cu_q, cu_k)
+    monkeypatch.setattr(jax_varlen._VarlenForward, "__call__", forward)   # shared with the static path
     monkeypatch.setattr(jax_varlen_dyn._Backward, "__call__", backward)
     jnp = jax.numpy
     rng = np.random.default_rng(1)
@@ -158,16 +161,8 @@ def test_traced_lengths_one_program_for_every_packing(jx, monkeypatch):
     step = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
     packings = [(CU_Q, CU_K), (np.array([0, 50, 250, 300]), np.array([0, 100, 300, 500]))]
     for cu_q, cu_k in packings:
-        grads = step(q, k, v, jnp.asarray(cu_q, jnp.int32), jnp.asarray(cu_k, jnp.int32))
-        for rq, rk in _sequences(cu_q, cu_k):
-            if rq.stop == rq.start or rk.stop == rk.start:
-                continue
-            o, l_ = reference.forward(q[None, rq], k[None, rk], v[None, rk], causal=True)
-            want = reference.backward(dout[None, rq], q[None, rq], k[None, rk], v[None, rk], o.astype(BF16),
-                                      l_.astype(np.float32), causal=True)
-            for got, w in zip((grads[0][rq], grads[1][rk], grads[2][rk]), want):
-                got = np.asarray(got, np.float64)
-                assert np.max(np.abs(got - w[0]) / (1 + np.abs(w[0]))) < 2e-2
+        grads = jax.block_until_ready(step(q, k, v, jnp.asarray(cu_q, jnp.int32), jnp.asarray(cu_k, jnp.int32)))
+        _check_grads(grads, q, k, v, dout, cu_q, cu_k)
     assert len(traces) == 1
     assert calls == [("forward", CU_Q.tolist()), ("backward", CU_Q.tolist()),
                      ("forward", packings[1][0].tolist()), ("backward", packings[1][0].tolist())]

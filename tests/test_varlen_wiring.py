@@ -10,6 +10,7 @@ import types
 
 import ml_dtypes
 import numpy as np
+import pytest
 
 import cupy_dash
 from cupy_dash import api, errors, interop, kernels, launchers, tensormap, varlen, varlen_device
@@ -35,14 +36,22 @@ class Fake:
         return Fake((1, *self.shape), self.dtype, self.ptr)
 
 
-def test_backward_varlen_parameter_block(monkeypatch):
-    total_q, total_k, H, Hkv, D = 300, 500, 4, 2, 128
-    ptrs = dict(q=0x10000, k=0x20000, v=0x30000, do=0x40000, out=0x50000, lse=0x60000)
-    q, do, out = (Fake((total_q, H, D), BF16, ptrs[n]) for n in ("q", "do", "out"))
-    k, v = (Fake((total_k, Hkv, D), BF16, ptrs[n]) for n in ("k", "v"))
-    lse = Fake((H, total_q), np.float32, ptrs["lse"])
-    cu_q, cu_k = np.array([0, 100, 100, 300], np.int32), np.array([0, 200, 260, 500], np.int32)
+class Stream(contextlib.nullcontext):
+    """A CuPy stream stand-in: usable as a context, handle 0."""
+    ptr = 0
 
+    def wait_event(self, event):
+        pass
+
+
+D = 128
+
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    """Every GPU-touching step of the varlen API's full path replaced: tensor maps (the address in the first 8
+    bytes), operand resolution, allocations (fresh made-up addresses), the caller's stream, the device context and
+    the kernels' occupancy query (bf16, d128, causal, deterministic specs)."""
     monkeypatch.setattr(tensormap, "bhsd_map", lambda ptr, *a, **kw: int(ptr).to_bytes(8, "little").ljust(128, b"\0"))
     monkeypatch.setattr(tensormap, "check_encodable", lambda *a, **kw: None)
     monkeypatch.setattr(api, "_resolve", lambda info, x, keep: (info.data_ptr, info.strides[:3]))
@@ -53,17 +62,28 @@ def test_backward_varlen_parameter_block(monkeypatch):
         return Fake(shape, {"uint8": np.uint8}.get(dtype, BF16), ptr), ptr
     monkeypatch.setattr(api, "_new", new)
     monkeypatch.setattr(api, "_export", lambda fw, arr, like: arr)
-    class Stream(contextlib.nullcontext):
-        ptr = 0
-
-        def wait_event(self, event):
-            pass
-    stream = Stream()
-    monkeypatch.setattr(interop, "caller_stream", lambda x, dev: stream)
+    monkeypatch.setattr(interop, "caller_stream", lambda x, dev: Stream())
     monkeypatch.setattr(varlen.cupy.cuda, "Device", lambda dev: contextlib.nullcontext())
     specs = kernels.bwd_specs("bfloat16", D, True, True, varlen=True)
     tile = kernels.bwd_tile(D)
     monkeypatch.setattr(kernels, "bwd_entry", lambda *a, **kw: (specs, tile.block_m, tile.block_n, 132))
+    return tile
+
+
+def _operands(total_q, total_k, H, Hkv):
+    """do, q, k, v, out, lse fakes at fixed made-up addresses, and those addresses by name."""
+    ptrs = dict(q=0x10000, k=0x20000, v=0x30000, do=0x40000, out=0x50000, lse=0x60000)
+    q, do, out = (Fake((total_q, H, D), BF16, ptrs[n]) for n in ("q", "do", "out"))
+    k, v = (Fake((total_k, Hkv, D), BF16, ptrs[n]) for n in ("k", "v"))
+    lse = Fake((H, total_q), np.float32, ptrs["lse"])
+    return (do, q, k, v, out, lse), ptrs
+
+
+def test_backward_varlen_parameter_block(no_gpu, monkeypatch):
+    total_q, total_k, H, Hkv = 300, 500, 4, 2
+    tile = no_gpu
+    (do, q, k, v, out, lse), ptrs = _operands(total_q, total_k, H, Hkv)
+    cu_q, cu_k = np.array([0, 100, 100, 300], np.int32), np.array([0, 200, 260, 500], np.int32)
     built = {}
 
     def device(t, num_heads, dev, s):
@@ -109,34 +129,13 @@ def test_backward_varlen_parameter_block(monkeypatch):
     assert dq.shape == (total_q, H, D) and dk.shape == dv.shape == (total_k, Hkv, D)
 
 
-def test_prepared_tables_are_the_ones_the_backward_uses(monkeypatch):
+def test_prepared_tables_are_the_ones_the_backward_uses(no_gpu, monkeypatch):
     """prepare_varlen_backward builds and uploads the table that a later attention_backward_varlen with the same
     lengths, heads, head dim, dtype and flags asks for (the same host plan object: a cache hit), and checks its
     arguments as the backward does."""
-    import pytest
-    total_q, H, Hkv, D = 300, 4, 2, 128
+    total_q, H, Hkv = 300, 4, 2
     cu = np.array([0, 100, 100, 300], np.int32)
-    ptrs = dict(q=0x10000, k=0x20000, v=0x30000, do=0x40000, out=0x50000, lse=0x60000)
-    q, do, out = (Fake((total_q, H, D), BF16, ptrs[n]) for n in ("q", "do", "out"))
-    k, v = (Fake((total_q, Hkv, D), BF16, ptrs[n]) for n in ("k", "v"))
-    lse = Fake((H, total_q), np.float32, ptrs["lse"])
-    monkeypatch.setattr(tensormap, "bhsd_map", lambda ptr, *a, **kw: bytes(128))
-    monkeypatch.setattr(tensormap, "check_encodable", lambda *a, **kw: None)
-    monkeypatch.setattr(api, "_resolve", lambda info, x, keep: (info.data_ptr, info.strides[:3]))
-    addresses = iter(range(0x100000, 0x200000, 0x1000))
-    monkeypatch.setattr(api, "_new", lambda fw, dev, shape, dtype: (Fake(shape, BF16, next(addresses)), 0))
-    monkeypatch.setattr(api, "_export", lambda fw, arr, like: arr)
-
-    class Stream(contextlib.nullcontext):
-        ptr = 0
-
-        def wait_event(self, event):
-            pass
-    monkeypatch.setattr(interop, "caller_stream", lambda x, dev: Stream())
-    monkeypatch.setattr(varlen.cupy.cuda, "Device", lambda dev: contextlib.nullcontext())
-    specs = kernels.bwd_specs("bfloat16", D, True, True, varlen=True)
-    tile = kernels.bwd_tile(D)
-    monkeypatch.setattr(kernels, "bwd_entry", lambda *a, **kw: (specs, tile.block_m, tile.block_n, 132))
+    (do, q, k, v, out, lse), _ = _operands(total_q, total_q, H, Hkv)
     seen = []
     P = types.SimpleNamespace
 
