@@ -20,7 +20,7 @@ static_assert(DASH_NUM_THREADS == kExpandThreads, "launched with 256 threads");
 // NOTES: the compact view's rank_of is a warp reduction: the 32 lanes of a warp walk the same visits together and
 // lane 0 stores. p.visits and p.rank are the outputs here (the main kernel's inputs, hence const in BwdParams);
 // p.cta_start (num_ctas + 1,) is the host's prefix sum of the CTAs' visit counts.
-extern "C" __global__ void __launch_bounds__(kExpandThreads) dash_bwd_expand(const __grid_constant__ BwdParams p) {
+extern "C" __global__ void __launch_bounds__(kExpandThreads, 1) dash_bwd_expand(const __grid_constant__ BwdParams p) {
   const int cta = blockIdx.x;
   const ScheduleView sched(p, cta);
   const int g = sched.group_size;
