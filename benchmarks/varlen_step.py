@@ -4,9 +4,9 @@
 host cu_seqlens. Per call: the host time of ``attention_backward_varlen`` (median, µs: validation, the table
 built for the new lengths, its upload enqueued from pinned memory, three launches; the GPU is drained every 10
 calls outside the timed region), the same with a repeated packing (cached table), the difference (what a new
-packing costs the host), and the GPU time of the call (CUDA events, median, ms). Per-visit tables (default) and
-compact records (``CUPY_DASH_COMPACT_TABLES=1``) and per-visit tables expanded on the GPU from compact records
-(``CUPY_DASH_VARLEN_EXPAND=device``).
+packing costs the host), and the GPU time of the call (CUDA events, median, ms). Per-visit tables expanded on the
+host (``CUPY_DASH_VARLEN_EXPAND=host``), compact records (``CUPY_DASH_COMPACT_TABLES=1``) and per-visit tables
+expanded on the GPU from compact records (the default).
 
     python benchmarks/varlen_step.py [--calls 40] [--json out.json] [--profile B]
 
@@ -72,8 +72,8 @@ def main(argv=None):
     print(f"varlen steps, {TOKENS} tokens, H={H}, D={D}, fp16, causal, host cu_seqlens, {args.calls} calls "
           f"({cupy.cuda.runtime.getDeviceProperties(0)['name'].decode()})")
     print("tables     B  new packing host us  repeated host us  new - repeated us  GPU ms (new)")
-    modes = {"per-visit": {}, "compact": {"CUPY_DASH_COMPACT_TABLES": "1"},
-             "gpu-expand": {"CUPY_DASH_VARLEN_EXPAND": "device"}}
+    modes = {"per-visit": {"CUPY_DASH_VARLEN_EXPAND": "host"}, "compact": {"CUPY_DASH_COMPACT_TABLES": "1"},
+             "gpu-expand": {}}
     for kind, env in modes.items():
         for name in ("CUPY_DASH_COMPACT_TABLES", "CUPY_DASH_VARLEN_EXPAND"):
             os.environ.pop(name, None)

@@ -141,11 +141,12 @@ def _tables(dev, dtype, D, causal, deterministic, schedule, lens_q, lens_k, H, H
     NOTES: compact varlen tables: with CUPY_DASH_COMPACT_TABLES=1, or (unset) where the per-visit table would
     exceed compact_device.AUTO_VISITS visits (long sequences), as for fixed lengths; below that they stay opt-in:
     bitwise equal to the per-visit ones on the H200, but their kernel ran at 0.6-0.9x of the per-visit tables'
-    speed (benchmarks/RESULTS.md, fourth session). CUPY_DASH_VARLEN_EXPAND=device (opt-in until its GPU run): the
-    host builds compact records (O(columns)) and kernels_src/bwd_expand.cu writes the per-visit table on the GPU
-    for the per-visit main kernel."""
+    speed (benchmarks/RESULTS.md, fourth session). The per-visit table is expanded on the GPU by default: the host
+    builds compact records (O(columns)) and kernels_src/bwd_expand.cu writes the per-visit rows for the per-visit
+    main kernel (the same bits and kernel speed, half the host time of a new packing: RESULTS, fifth session);
+    CUPY_DASH_VARLEN_EXPAND=host expands on the host instead (varlen_schedule.expand, uploads 20 bytes per visit)."""
     env = os.environ.get(compact_device.ENV, "")
-    expand = os.environ.get(varlen_device.EXPAND_ENV, "") == "device"
+    expand = os.environ.get(varlen_device.EXPAND_ENV, "") != "host"
     form = True if env not in ("", "0") else ("expand" if expand else False)
     _, bm, bn, max_ctas = kernels.bwd_entry(dev, dtype, D, causal, deterministic, varlen=True)
     tables = varlen_device.plan(schedule, lens_q, lens_k, bm, bn, H, Hkv, causal, max_ctas, window, form,

@@ -1,15 +1,16 @@
 """The varlen backward's schedule tables on the device: built from the lengths, cached per packing, uploaded
 without blocking.
 
-Two forms. The per-visit table (``varlen_schedule.expand``, read by the DASH_VARLEN build) is 20 bytes per visit
-and query head: about 5 MB and 1 ms of host work per new packing of 16k tokens in one sequence with 16 heads.
-The compact records of :func:`cupy_dash.schedule.build_varlen` (read by the DASH_COMPACT + DASH_VARLEN build,
-``kernels_src/compact_view.cuh``) hold the same schedule in ~36 bytes per KV column (73 KB there), built in
-~0.1 ms; :func:`device_arrays` gives them in the layout uploaded (BwdParams fields; tests/test_varlen_compact.py
-walks them as the kernel does and compares with ``expand``). The compact form is opt-in
-(``CUPY_DASH_COMPACT_TABLES=1``): on the H200 it gives the per-visit tables' bits, and a new packing costs ~0.1 ms of
-host time instead of up to ~2 ms, but the kernel's counted rank rules make the backward 0.6-0.9x as fast
-(benchmarks/RESULTS.md, fourth session), which costs more than the per-visit build saves at 16k tokens.
+Three forms. The per-visit table (20 bytes per visit and query head, read by the DASH_VARLEN build), expanded
+on the GPU by default: the host builds and uploads the compact records of :func:`cupy_dash.schedule.build_varlen`
+(~36 bytes per KV column: 73 KB for 16k tokens in one sequence with 16 heads, against ~5 MB of per-visit rows)
+and kernels_src/bwd_expand.cu writes the rows (:func:`_expand_on_device`); ``CUPY_DASH_VARLEN_EXPAND=host``
+expands on the host (``varlen_schedule.expand``, up to ~2 ms per new packing). The compact records read as they
+are by the DASH_COMPACT + DASH_VARLEN build (``kernels_src/compact_view.cuh``; :func:`device_arrays` gives them
+in the layout uploaded, tests/test_varlen_compact.py walks them as the kernel does and compares with ``expand``)
+are opt-in (``CUPY_DASH_COMPACT_TABLES=1``) below compact_device.AUTO_VISITS visits: on the H200 they give the
+per-visit tables' bits, but the kernel's counted rank rules make the backward 0.6-0.9x as fast (benchmarks/
+RESULTS.md, fourth session).
 """
 from __future__ import annotations
 
@@ -105,7 +106,7 @@ class CompactTables:
                     rank_rule=self.rank_rule)
 
 
-EXPAND_ENV = "CUPY_DASH_VARLEN_EXPAND"   # "device": per-visit tables expanded on the GPU (_expand_on_device)
+EXPAND_ENV = "CUPY_DASH_VARLEN_EXPAND"   # "host": per-visit tables expanded on the host, not the GPU (default)
 _MAX_DEVICE_TABLES = 16
 _table_streams: dict = {}       # cache key -> {stream handle: CuPy stream} of the calls that read the tables
 _device_tables: "collections.OrderedDict" = collections.OrderedDict()

@@ -207,15 +207,15 @@ def test_torch_varlen_ops_match_the_functional_api():
 @pytest.mark.parametrize("schedule", POLICIES)
 @pytest.mark.parametrize("lengths", list(LENGTHS), ids=str)
 def test_device_expanded_tables_same_bits_as_host_ones(lengths, schedule, monkeypatch):
-    """CUPY_DASH_VARLEN_EXPAND=device: the host uploads compact records and kernels_src/bwd_expand.cu writes the
-    per-visit table on the GPU; the main kernel then gives the host-expanded table's bits."""
+    """The default: the host uploads compact records and kernels_src/bwd_expand.cu writes the per-visit table on
+    the GPU; the main kernel then gives the bits of the table expanded on the host (CUPY_DASH_VARLEN_EXPAND=host)."""
     from cupy_dash import varlen_device
     _, dev, window = _problem(lengths, 128, True, (300, 0), seed=4)
     kw = dict(causal=True, window=window, schedule=schedule)
     monkeypatch.setenv("CUPY_DASH_COMPACT_TABLES", "0")
-    monkeypatch.delenv(varlen_device.EXPAND_ENV, raising=False)
+    monkeypatch.setenv(varlen_device.EXPAND_ENV, "host")
     want = cupy_dash.attention_backward_varlen(*dev, **kw)
-    monkeypatch.setenv(varlen_device.EXPAND_ENV, "device")
+    monkeypatch.delenv(varlen_device.EXPAND_ENV)
     for _ in range(2):                                       # the second call reads the cached tables
         got = cupy_dash.attention_backward_varlen(*dev, **kw)
         for name, a, e in zip(("dq", "dk", "dv"), got, want):

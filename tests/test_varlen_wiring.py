@@ -125,7 +125,7 @@ def test_backward_varlen_parameter_block(no_gpu, monkeypatch):
     t = built["t"]
     np.testing.assert_array_equal(t.cu_q, cu_q)
     np.testing.assert_array_equal(t.cu_k, cu_k)
-    assert t.policy == "fa3" and built["num_heads"] == 3 * H and not t.compact
+    assert t.policy == "fa3" and built["num_heads"] == 3 * H and t.expand     # rows written on the GPU (default)
     assert dq.shape == (total_q, H, D) and dk.shape == dv.shape == (total_k, Hkv, D)
 
 
