@@ -10,6 +10,10 @@ expanded on the GPU from compact records (the default).
 
     python benchmarks/varlen_step.py [--calls 40] [--json out.json] [--profile B]
 
+Two more columns split a new packing's host cost: the median µs of the host build (``varlen._tables``: the
+schedule, its records packed for the upload) and of the upload (``varlen_device.device``: the copy enqueued,
+for the GPU expansion also its kernel) of the new-packing calls.
+
 ``--profile B``: instead, a cProfile of the new-packing calls at B sequences, per kind of table (top 25 by
 cumulative time).
 """
@@ -35,6 +39,35 @@ TOKENS, H, D = 16384, 16, 128
 def _packing(rng, b):
     cuts = np.sort(rng.choice(np.arange(1, TOKENS), size=b - 1, replace=False)) if b > 1 else np.zeros(0, int)
     return np.concatenate([[0], cuts, [TOKENS]]).astype(np.int32)
+
+
+class _Parts:
+    """Host ns of every call of the build (varlen._tables) and of the upload (varlen_device.device), by wrapping
+    them in their modules while the benchmark runs."""
+
+    def __init__(self):
+        from cupy_dash import varlen, varlen_device
+        self.times = {"build": [], "upload": []}
+        self._undo = []
+        self._wrap(varlen, "_tables", "build")
+        self._wrap(varlen_device, "device", "upload")
+
+    def _wrap(self, mod, name, part):
+        fn, times = getattr(mod, name), self.times[part]
+
+        def timed(*a, **kw):
+            t0 = time.perf_counter_ns()
+            try:
+                return fn(*a, **kw)
+            finally:
+                times.append(time.perf_counter_ns() - t0)
+        setattr(mod, name, timed)
+        self._undo.append((mod, name, fn))
+
+    def medians(self):
+        for mod, name, fn in self._undo:
+            setattr(mod, name, fn)
+        return {k: statistics.median(v) / 1e3 if v else float("nan") for k, v in self.times.items()}
 
 
 def _run(q, k, v, do, steps):
@@ -71,7 +104,7 @@ def main(argv=None):
     rows = []
     print(f"varlen steps, {TOKENS} tokens, H={H}, D={D}, fp16, causal, host cu_seqlens, {args.calls} calls "
           f"({cupy.cuda.runtime.getDeviceProperties(0)['name'].decode()})")
-    print("tables     B  new packing host us  repeated host us  new - repeated us  GPU ms (new)")
+    print("tables     B  new packing host us  repeated host us  new - repeated us  GPU ms (new)  build us  upload us")
     modes = {"per-visit": {"CUPY_DASH_VARLEN_EXPAND": "host"}, "compact": {"CUPY_DASH_COMPACT_TABLES": "1"},
              "gpu-expand": {}}
     for kind, env in modes.items():
@@ -94,12 +127,14 @@ def main(argv=None):
                 pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(25)
                 print(f"--- cProfile, {len(steps) - 5} new packings, B={b}, {kind} ---\n{buf.getvalue()}")
                 continue
+            parts = _Parts()
             fresh_host, fresh_gpu = _run(q, k, v, do, steps)
+            parts = parts.medians()
             same_host, _ = _run(q, k, v, do, [steps[0]] * args.calls)
             rows.append(dict(tables=kind, batch=b, new_host_us=fresh_host, repeated_host_us=same_host,
-                             gpu_ms=fresh_gpu))
+                             gpu_ms=fresh_gpu, build_us=parts["build"], upload_us=parts["upload"]))
             print(f"{kind:10s} {b:3d}  {fresh_host:19.1f}  {same_host:16.1f}  {fresh_host - same_host:17.1f}  "
-                  f"{fresh_gpu:12.3f}")
+                  f"{fresh_gpu:12.3f}  {parts['build']:8.1f}  {parts['upload']:9.1f}")
     for name in ("CUPY_DASH_COMPACT_TABLES", "CUPY_DASH_VARLEN_EXPAND"):
         os.environ.pop(name, None)
     if args.json:

@@ -18,10 +18,11 @@ import collections
 import threading
 
 import cupy
+import cupyx
 import numpy as np
 
+from . import _varlen_pack, varlen_schedule
 from . import schedule as _schedule
-from . import varlen_schedule
 from .errors import _keep_alive
 from .varlen_schedule import VarlenSchedule
 
@@ -90,20 +91,37 @@ _plans_lock = threading.Lock()
 
 class Tables:
     """A varlen schedule on the host: the per-visit table (varlen_schedule.expand) as
-    :func:`cupy_dash.schedule.check_plan` takes it, or (``compact``) the arrays of :func:`device_arrays`; its key
-    (policy, lengths, tiles, heads, mask, CTAs, form), ``num_visits`` and the lengths as cu_seqlens."""
+    :func:`cupy_dash.schedule.check_plan` takes it, or (``compact``: (tie_sign, rank_rule)) the compact records
+    packed in the byte layout uploaded (``blob``, ``offsets`` of _varlen_pack.NAMES, ``arrays``: views of the
+    arrays of :func:`device_arrays`); its key (policy, lengths, tiles, heads, mask, CTAs, form), ``num_visits``
+    and the lengths as cu_seqlens."""
     __slots__ = ("visits", "rank", "cta_start", "num_ctas", "policy", "group_size", "n_blocks", "m_blocks", "key",
-                 "cu_q", "cu_k", "compact", "arrays", "num_visits", "expand", "heads", "kv_heads")
+                 "cu_q", "cu_k", "compact", "num_visits", "expand", "heads", "kv_heads", "blob", "offsets", "shapes")
+
+    def _view(self, i):
+        off = int(self.offsets[i])
+        dtype = np.dtype(_varlen_pack.DTYPES[i])
+        n = int(np.prod(self.shapes[i])) * dtype.itemsize
+        return self.blob[off:off + n].view(dtype).reshape(self.shapes[i])
+
+    @property
+    def arrays(self) -> dict:
+        """The compact arrays by BwdParams field (:func:`device_arrays`' layout), views of ``blob``."""
+        return {name: self._view(i) for i, name in enumerate(_varlen_pack.NAMES[:_NUM_RECORD_ARRAYS])}
+
+
+_NUM_RECORD_ARRAYS = 7          # _varlen_pack.NAMES: the compact arrays, then cta_start, cu_seqlens_q / _k
+_CTA_START, _CU_Q, _CU_K = 7, 8, 9
 
 
 class CompactTables:
-    """Compact varlen records on one device (CuPy arrays of :func:`device_arrays`), ``num_ctas``, ``policy``."""
-    __slots__ = ("arrays", "tie_sign", "rank_rule", "num_ctas", "policy", "device_id")
+    """Compact varlen records on one device: ``ptrs`` (device address by BwdParams field of
+    :func:`device_arrays`' arrays), ``buffer`` (the CuPy allocation holding them), ``num_ctas``, ``policy``."""
+    __slots__ = ("ptrs", "buffer", "tie_sign", "rank_rule", "num_ctas", "policy", "device_id")
 
     def params(self) -> dict:
         """The BwdParams fields these tables set (addresses and scalars; launchers.bwd_params nulls the rest)."""
-        return dict({k: a.data.ptr for k, a in self.arrays.items()}, tie_sign=self.tie_sign,
-                    rank_rule=self.rank_rule)
+        return dict(self.ptrs, tie_sign=self.tie_sign, rank_rule=self.rank_rule)
 
 
 EXPAND_ENV = "CUPY_DASH_VARLEN_EXPAND"   # "host": per-visit tables expanded on the host, not the GPU (default)
@@ -118,7 +136,6 @@ def upload_async(arrays, stream, views=True):
     memory, this neither blocks the host nor waits for the stream.
     With ``views=False``: ``(buffer, [device address of each array])`` instead (CuPy views cost ~7 µs each).
     """
-    import cupyx
     offsets, total = [], 0
     for a in arrays:
         offsets.append(total)
@@ -151,10 +168,10 @@ def device(t: Tables, num_heads, dev, stream):
     if t.expand:
         d, cu_q, cu_k = _expand_on_device(t, dev, stream)
     elif t.compact:
-        names = list(t.arrays)
-        *uploaded, cu_q, cu_k = upload_async([t.arrays[n] for n in names] + [t.cu_q, t.cu_k], stream)
+        buf, _ = _upload_blob(t.blob, 0, stream)
         d = CompactTables()
-        d.arrays = dict(zip(names, uploaded))
+        d.ptrs, d.buffer = _record_ptrs(t, buf.data.ptr), buf
+        cu_q, cu_k = _device_view(buf, t, _CU_Q), _device_view(buf, t, _CU_K)
         d.num_ctas, d.tie_sign, d.rank_rule = t.num_ctas, int(t.compact[0]), int(t.compact[1])
     else:
         visits, rank, cta_start, num_ctas = _schedule.check_plan(t, num_heads, t.n_blocks, t.m_blocks)
@@ -178,33 +195,51 @@ def device(t: Tables, num_heads, dev, stream):
     return entry
 
 
+def _upload_blob(blob, extra_bytes: int, stream):
+    """(buffer, head): a CuPy uint8 device buffer of ``head`` (``blob``'s size rounded up to 256 bytes) +
+    ``extra_bytes`` bytes, its first bytes a copy of host ``blob`` enqueued on ``stream`` from pinned staging, as
+    in :func:`upload_async` (one copy, no wait)."""
+    head = -(-blob.nbytes // 256) * 256
+    staging = cupyx.empty_pinned(1 << max(blob.nbytes - 1, 0).bit_length(), dtype=np.uint8)
+    staging[:blob.nbytes] = blob
+    buf = cupy.empty(max(head + extra_bytes, 1), dtype=cupy.uint8)
+    cupy.cuda.runtime.memcpyAsync(buf.data.ptr, staging.ctypes.data, blob.nbytes,
+                                  cupy.cuda.runtime.memcpyHostToDevice, stream.ptr)
+    _keep_alive([staging], stream)
+    return buf, head
+
+
+def _record_ptrs(t: Tables, base: int) -> dict:
+    """Device address by BwdParams field of the compact arrays of ``t.blob`` copied to ``base``."""
+    return {name: base + int(t.offsets[i]) for i, name in enumerate(_varlen_pack.NAMES[:_NUM_RECORD_ARRAYS])}
+
+
+def _device_view(buf, t: Tables, i: int):
+    """The CuPy array of _varlen_pack.NAMES[i] in ``buf`` (``t.blob`` copied to its head)."""
+    return cupy.ndarray(t.shapes[i], _varlen_pack.DTYPES[i], memptr=buf.data + int(t.offsets[i]))
+
+
 def _expand_on_device(t: Tables, dev, stream):
     """(schedule.DeviceTables, cu_seqlens_q, cu_seqlens_k) of ``t`` (compact records, ``t.expand``): the records,
-    the CTAs' row starts and the lengths uploaded in one copy, then the per-visit rows and ranks written on the
-    GPU by kernels_src/bwd_expand.cu, both enqueued on ``stream``."""
+    the CTAs' row starts and the lengths uploaded in one copy to the head of one allocation, then the per-visit
+    rows and ranks written behind them on the GPU by kernels_src/bwd_expand.cu, both enqueued on ``stream``."""
     from . import jit, kernels
-    names = list(t.arrays)
-    host = [t.arrays[n] for n in names] + [t.cta_start, t.cu_q, t.cu_k]
-    buf, ptrs = upload_async(host, stream, views=False)
+    num_rows = max(t.num_visits, 1)
+    visits_bytes = -(-num_rows * 16 // 256) * 256
+    buf, head = _upload_blob(t.blob, visits_bytes + num_rows * 4, stream)
     d = _schedule.DeviceTables()
-    d.visits = cupy.empty((max(t.num_visits, 1), 4), dtype=np.int32)
-    d.rank = cupy.empty(max(t.num_visits, 1), dtype=np.int32)
-    cta_start, cu_q, cu_k = (_view(buf, ptr, a) for ptr, a in zip(ptrs[-3:], host[-3:]))
-    d.cta_start, d.num_ctas = cta_start, t.num_ctas
-    fields = dict(zip(names, ptrs), tie_sign=t.compact[0], rank_rule=t.compact[1], num_heads=t.heads,
-                  num_heads_kv=t.kv_heads, visits=d.visits.data.ptr, rank=d.rank.data.ptr, cta_start=ptrs[-3])
+    d.visits = cupy.ndarray((num_rows, 4), np.int32, memptr=buf.data + head)
+    d.rank = cupy.ndarray((num_rows,), np.int32, memptr=buf.data + (head + visits_bytes))
+    d.cta_start, d.num_ctas = _device_view(buf, t, _CTA_START), t.num_ctas
+    fields = dict(_record_ptrs(t, buf.data.ptr), tie_sign=t.compact[0], rank_rule=t.compact[1],
+                  num_heads=t.heads, num_heads_kv=t.kv_heads, visits=d.visits.data.ptr, rank=d.rank.data.ptr,
+                  cta_start=d.cta_start.data.ptr)
     params = np.zeros(1, dtype=kernels.BWD_PARAMS_DTYPE)
     for name, value in fields.items():
         params[name] = value
     spec = kernels.expand_spec(varlen=True)
     kernels.launch(spec, (t.num_ctas, kernels.EXPAND_CHUNKS), params, stream, jit.load(spec).ptr)
-    return d, cu_q, cu_k
-
-
-def _view(buf, ptr, a):
-    """The CuPy array of host array ``a``'s bytes at device address ``ptr`` inside ``buf``."""
-    off = ptr - buf.data.ptr
-    return buf[off:off + a.nbytes].view(a.dtype).reshape(a.shape)
+    return d, _device_view(buf, t, _CU_Q), _device_view(buf, t, _CU_K)
 
 
 def _release_after(entry, streams) -> None:
@@ -241,19 +276,21 @@ def plan(policy, lens_q, lens_k, block_m, block_n, heads, kv_heads, causal, max_
     if compact is not True and compact_above is not None and built.num_visits > compact_above:
         compact = True                   # a per-visit table this large: compact records (as compact_device.wanted)
     t = Tables()
-    t.compact, t.arrays, t.visits, t.rank, t.cta_start = None, None, None, None, None
+    t.compact, t.visits, t.rank, t.cta_start, t.blob = None, None, None, None, None
     t.expand, t.heads, t.kv_heads = compact == "expand", heads, kv_heads
     if compact:
-        arrays = device_arrays(built)
-        t.compact = (arrays.pop("tie_sign"), arrays.pop("rank_rule"))
-        t.arrays = arrays
+        t.blob, t.offsets, t.shapes, _ = _varlen_pack.pack(
+            built.records, built.cta_columns, built.cta_col_start, built.seg_col_start, built.n_first,
+            built.num_m_blocks, built.seqlens_q, built.seqlens_k, kv_heads, group, t.expand)
+        t.compact = (int(built.tie_sign), int(built.rank_rule))
+        t.cu_q, t.cu_k = t._view(_CU_Q), t._view(_CU_K)
         if t.expand:
-            t.cta_start = cta_visit_start(arrays, group)
+            t.cta_start = t._view(_CTA_START)
     else:
         t.visits, t.rank, t.cta_start = built.expand()
+        t.cu_q, t.cu_k = (np.concatenate(([0], np.cumsum(x))).astype(np.int32) for x in (lens_q, lens_k))
     t.num_visits = int(built.num_visits)
     t.num_ctas, t.policy, t.group_size, t.key = int(built.num_ctas), str(built.policy), group, key
-    t.cu_q, t.cu_k = (np.concatenate(([0], np.cumsum(x))).astype(np.int32) for x in (lens_q, lens_k))
     t.n_blocks = max(1, int((-(-lens_k // block_n)).max()))
     t.m_blocks = max(1, int((-(-lens_q // block_m)).max()))
     with _plans_lock:

@@ -108,6 +108,44 @@ def test_device_expansion_rows_start_where_expand_puts_them(policy, case, ctas):
     assert t.cta_start[-1] == t.num_visits
 
 
+@pytest.mark.parametrize("policy", ["fa3", "descending", "symmetric_shift", "auto"])
+@pytest.mark.parametrize("case", range(len(CASES)))
+@pytest.mark.parametrize("ctas", [3, 132])
+@pytest.mark.parametrize("expand", [False, True], ids=["compact", "expand"])
+def test_packed_upload_holds_the_numpy_arrays(policy, case, ctas, expand):
+    """_varlen_pack.pack (one pass, what plan() uploads) against the numpy statements of the same arrays:
+    device_arrays, cta_visit_start and the cu_seqlens, each at its own 256-byte aligned offset of one buffer."""
+    from cupy_dash import _varlen_pack
+    sq, sk, heads, g, causal, window = CASES[case]
+    plan = schedule.build_varlen(policy, sq, sk, block_m=64, block_n=128, heads=heads, causal=causal,
+                                 num_sms=ctas, group_size=g, window=window)
+    want = varlen_device.device_arrays(plan)
+    want["cta_start"] = varlen_device.cta_visit_start(want, g)
+    want["cu_seqlens_q"], want["cu_seqlens_k"] = (np.concatenate(([0], np.cumsum(x))) for x in (sq, sk))
+    blob, offsets, shapes, visits = _varlen_pack.pack(
+        plan.records, plan.cta_columns, plan.cta_col_start, plan.seg_col_start, plan.n_first, plan.num_m_blocks,
+        plan.seqlens_q, plan.seqlens_k, heads // g, g, expand)
+    assert visits == plan.num_visits and blob.dtype == np.uint8
+    ends = []
+    for name, dtype, off, shape in zip(_varlen_pack.NAMES, _varlen_pack.DTYPES, offsets, shapes):
+        if name == "cta_start" and not expand:
+            assert off == -1
+            continue
+        assert off % 256 == 0 and all(off >= e for e in ends), name
+        n = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        ends.append(off + n)
+        got = blob[off:off + n].view(dtype).reshape(shape)
+        np.testing.assert_array_equal(got, want[name], err_msg=name)
+        assert got.dtype == want[name].dtype or name.startswith("cu_"), name
+    assert max(ends) <= len(blob)
+    t = varlen_device.plan(policy, np.asarray(sq, np.int64), np.asarray(sk, np.int64), 64, 128, heads, heads // g,
+                           causal, ctas, window, "expand" if expand else True)
+    for name, a in t.arrays.items():
+        np.testing.assert_array_equal(a, want[name], err_msg=name)
+    np.testing.assert_array_equal(t.cu_q, want["cu_seqlens_q"])
+    assert t.compact == (want["tie_sign"], want["rank_rule"])
+
+
 @pytest.mark.parametrize("block_m", [64, 128])
 def test_padded_scratch_rows_of_the_sequences_never_overlap(block_m):
     """kernels_src/bwd_rows.cuh's padded scratch rows, per sequence b: floor((cu[b] + b * block_m) / block_m) *
@@ -142,39 +180,47 @@ def test_plans_are_cached_per_packing_and_form():
 
 
 def test_gpu_expansion_launch_wiring(monkeypatch):
-    """varlen_device._expand_on_device with every GPU call replaced: one upload of the records, the CTAs' row
-    starts and the lengths; the expand kernel's block names each uploaded array in its own field, the outputs in
-    visits / rank, the heads, the rank rule; its grid is (schedule CTAs, EXPAND_CHUNKS)."""
+    """varlen_device._expand_on_device with every GPU call replaced: one copy of the packed records, the CTAs' row
+    starts and the lengths to the head of one allocation, the per-visit rows and ranks behind them; the expand
+    kernel's block names each uploaded array in its own field, the outputs in visits / rank, the heads, the rank
+    rule; its grid is (schedule CTAs, EXPAND_CHUNKS)."""
     import types
     from cupy_dash import jit, kernels
     sq = np.array([1, 17, 300, 129], np.int64)
     t = varlen_device.plan("symmetric_shift", sq, sq, 64, 128, 8, 2, True, 7, (-1, 0), "expand")
-    uploaded = {}
+    base, device_bytes = 0x100000, {}
+
+    class Mem:
+        def __init__(self, ptr):
+            self.ptr = ptr
+
+        def __add__(self, off):
+            return Mem(self.ptr + off)
 
     class Buf:
-        def __init__(self, base):
-            self.data = types.SimpleNamespace(ptr=base)
+        def __init__(self, nbytes):
+            self.data, self.nbytes = Mem(base), nbytes
 
-        def __getitem__(self, sl):
-            return Buf(self.data.ptr + sl.start)
+    def empty(n, dtype):
+        device_bytes["size"] = n
+        return Buf(n)
 
-        def view(self, dtype):
-            return self
+    def memcpy(dst, src, n, kind, stream):
+        device_bytes.update(dst=dst, n=n, blob=np.ctypeslib.as_array(
+            (np.ctypeslib.ctypes.c_uint8 * n).from_address(src)).copy())
 
-        def reshape(self, shape):
-            return self
-
-    def upload(arrays, stream, views=True):
-        assert not views
-        ptrs, base = [], 0x100000
-        for a in arrays:
-            ptrs.append(base)
-            uploaded[base] = np.array(a, copy=True)
-            base += -(-a.nbytes // 256) * 256
-        return Buf(0x100000), ptrs
-    monkeypatch.setattr(varlen_device, "upload_async", upload)
-    allocs = iter([0x900000, 0xA00000])
-    monkeypatch.setattr(varlen_device.cupy, "empty", lambda shape, dtype: Buf(next(allocs)))
+    def ndarray(shape, dtype, memptr):
+        off = memptr.ptr - base
+        a = types.SimpleNamespace(data=types.SimpleNamespace(ptr=memptr.ptr), shape=shape, dtype=np.dtype(dtype))
+        nbytes = int(np.prod(shape)) * a.dtype.itemsize
+        a.host = device_bytes["blob"][off:off + nbytes].view(dtype).reshape(shape) if off < device_bytes["n"] \
+            else None
+        return a
+    monkeypatch.setattr(varlen_device.cupy, "empty", empty)
+    monkeypatch.setattr(varlen_device.cupy, "ndarray", ndarray)
+    monkeypatch.setattr(varlen_device.cupy.cuda.runtime, "memcpyAsync", memcpy)
+    monkeypatch.setattr(varlen_device.cupyx, "empty_pinned", lambda n, dtype: np.empty(n, dtype))
+    monkeypatch.setattr(varlen_device, "_keep_alive", lambda objs, stream: None)
     launched = {}
     monkeypatch.setattr(kernels, "launch", lambda spec, grid, params, stream, func: launched.update(
         spec=spec, grid=grid, params=params[0].copy()))
@@ -182,12 +228,20 @@ def test_gpu_expansion_launch_wiring(monkeypatch):
     d, cu_q, cu_k = varlen_device._expand_on_device(t, 0, types.SimpleNamespace(ptr=0))
     f = launched["params"]
     assert launched["spec"] == kernels.expand_spec(True) and launched["grid"] == (t.num_ctas, kernels.EXPAND_CHUNKS)
+    assert device_bytes["dst"] == base and device_bytes["n"] == t.blob.nbytes
+    np.testing.assert_array_equal(device_bytes["blob"], t.blob)
     for name, host in t.arrays.items():
-        np.testing.assert_array_equal(uploaded[int(f[name])], host, err_msg=name)
-    np.testing.assert_array_equal(uploaded[int(f["cta_start"])], t.cta_start)
-    np.testing.assert_array_equal(uploaded[cu_q.data.ptr], t.cu_q)
-    np.testing.assert_array_equal(uploaded[cu_k.data.ptr], t.cu_k)
-    assert (int(f["visits"]), int(f["rank"])) == (d.visits.data.ptr, d.rank.data.ptr) == (0x900000, 0xA00000)
+        off = int(f[name]) - base
+        np.testing.assert_array_equal(device_bytes["blob"][off:off + host.nbytes].view(host.dtype).reshape(
+            host.shape), host, err_msg=name)
+    np.testing.assert_array_equal(d.cta_start.host, t.cta_start)
+    np.testing.assert_array_equal(cu_q.host, t.cu_q)
+    np.testing.assert_array_equal(cu_k.host, t.cu_k)
+    rows = max(t.num_visits, 1)
+    assert d.visits.shape == (rows, 4) and d.rank.shape == (rows,) and d.visits.host is None
+    assert t.blob.nbytes <= d.visits.data.ptr - base and d.visits.data.ptr + 16 * rows <= d.rank.data.ptr
+    assert d.rank.data.ptr + 4 * rows <= base + device_bytes["size"]
+    assert (int(f["visits"]), int(f["rank"])) == (d.visits.data.ptr, d.rank.data.ptr)
     assert d.cta_start.data.ptr == int(f["cta_start"]) and d.num_ctas == t.num_ctas
     assert (int(f["tie_sign"]), int(f["rank_rule"])) == t.compact
     assert (int(f["num_heads"]), int(f["num_heads_kv"])) == (8, 2) and int(f["scan_bounds"]) == 0
