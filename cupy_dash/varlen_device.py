@@ -237,9 +237,16 @@ def _expand_on_device(t: Tables, dev, stream):
     params = np.zeros(1, dtype=kernels.BWD_PARAMS_DTYPE)
     for name, value in fields.items():
         params[name] = value
-    spec = kernels.expand_spec(varlen=True)
-    kernels.launch(spec, (t.num_ctas, kernels.EXPAND_CHUNKS), params, stream, jit.load(spec).ptr)
+    key = (dev, jit.kernel_dir())
+    loaded = _expand_kernels.get(key)
+    if loaded is None:
+        spec = kernels.expand_spec(varlen=True)
+        loaded = _expand_kernels[key] = (spec, jit.load(spec).ptr)
+    kernels.launch(loaded[0], (t.num_ctas, kernels.EXPAND_CHUNKS), params, stream, loaded[1])
     return d, _device_view(buf, t, _CU_Q), _device_view(buf, t, _CU_K)
+
+
+_expand_kernels: dict = {}      # (device, kernel dir) -> (varlen bwd_expand spec, its CUfunction handle)
 
 
 def _release_after(entry, streams) -> None:

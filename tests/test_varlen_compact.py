@@ -225,6 +225,7 @@ def test_gpu_expansion_launch_wiring(monkeypatch):
     monkeypatch.setattr(kernels, "launch", lambda spec, grid, params, stream, func: launched.update(
         spec=spec, grid=grid, params=params[0].copy()))
     monkeypatch.setattr(jit, "load", lambda spec: types.SimpleNamespace(ptr=0x1))
+    monkeypatch.setattr(varlen_device, "_expand_kernels", {})     # the fake handle must not outlive the test
     d, cu_q, cu_k = varlen_device._expand_on_device(t, 0, types.SimpleNamespace(ptr=0))
     f = launched["params"]
     assert launched["spec"] == kernels.expand_spec(True) and launched["grid"] == (t.num_ctas, kernels.EXPAND_CHUNKS)
