@@ -190,6 +190,11 @@ def _auto_policy(problem, shapes, order) -> str:
         return "descending"                              # schedule.AUTO_FEW_GROUPED's measured override
     widest = int(info[:, 3].max(initial=0))              # the most columns of a segment
     c, r = schedule.AUTO_COSTS
+    # NOTES: no table's model time is below ``floor`` (its busiest CTA holds at least the mean load over num_sms
+    # CTAs; stairs >= 0), so a first candidate within the tolerance of it is within the tolerance of the best
+    # and is the choice: the other candidates' dispatches are skipped (most packings of several sequences).
+    floor = _column_model(-(-int(lengths.sum()) * (problem[4] // group) // problem[6]) * group, 1, 0, RANK_COUNT,
+                          c, r, True)
     times, plain_load = {}, -1
     for policy in schedule.AUTO_CANDIDATES:
         if _model_applies(policy, lengths):
@@ -197,6 +202,8 @@ def _auto_policy(problem, shapes, order) -> str:
                                                                          plain_load)
             plain_load = load if plain else plain_load
             times[policy] = _column_model(load * group, num_ctas, widest, _rank_rule(policy, tie_sign), c, r, True)
+            if len(times) == 1 and times[policy] <= floor * (1 + schedule.AUTO_TOLERANCE):
+                return policy
     best = min(times.values())
     return next(p for p in times if times[p] <= best * (1 + schedule.AUTO_TOLERANCE))
 

@@ -111,6 +111,23 @@ def test_auto_on_the_benchmark_batches(tokens, batch):
         assert schedule.build_varlen("auto", lens, lens, **kw).policy == auto_by_building(lens, lens, **kw)
 
 
+def test_auto_stops_at_a_first_candidate_near_the_floor(monkeypatch):
+    """16 causal sequences of a 16k-token batch on 132 CTAs: symmetric_shift's busiest CTA is within the
+    tolerance of the mean load, which no table beats, so auto dispatches it alone (one busiest_load, not three)
+    and still picks what building every candidate picks."""
+    from cupy_dash import _schedule, _varlen_sched, varlen_schedule
+    rng = np.random.default_rng(5)
+    cuts = np.sort(rng.choice(np.arange(1, 16384), 15, replace=False))
+    lens = np.diff(np.concatenate([[0], cuts, [16384]]))
+    kw = dict(block_m=128, block_n=128, heads=16, causal=True, num_sms=132, group_size=1)
+    calls = []
+    real = _varlen_sched.busiest_load
+    monkeypatch.setattr(_varlen_sched, "busiest_load", lambda *a: calls.append(a[0]) or real(*a))
+    plan = varlen_schedule.build_varlen("auto", lens, lens, **kw)
+    assert calls == [_schedule.POLICY_CODES["symmetric_shift"]]
+    assert plan.policy == auto_by_building(lens, lens, **kw) == "symmetric_shift"
+
+
 def test_auto_on_batches_without_columns():
     for sq, sk in (([0], [0]), ([0, 0], [5, 0]), ([7, 0], [0, 9])):
         for causal in (True, False):
