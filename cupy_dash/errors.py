@@ -286,11 +286,14 @@ def _track(slot: _Slot, info) -> None:
         _pending.append(rec)
 
 
-def _keep_alive(keep, stream):
-    """Hold ``keep`` (imported DLPack views) until the work enqueued on ``stream`` so far has finished."""
+def _keep_alive(keep, stream, event=None):
+    """Hold ``keep`` (imported DLPack views) until the work enqueued on ``stream`` so far has finished, or (an
+    ``event`` the caller has just recorded on ``stream``) until ``event`` has completed."""
     rec = _Pending()
-    rec.event = cupy.cuda.Event(block=False, disable_timing=True)
-    rec.event.record(stream)
+    if event is None:
+        event = cupy.cuda.Event(block=False, disable_timing=True)
+        event.record(stream)
+    rec.event = event
     rec.slot, rec.info, rec.keep = None, None, keep
     with _lock:
         _pending.append(rec)

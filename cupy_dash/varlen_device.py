@@ -15,6 +15,7 @@ RESULTS.md, fourth session).
 from __future__ import annotations
 
 import collections
+import math
 import threading
 
 import cupy
@@ -99,10 +100,8 @@ class Tables:
                  "cu_q", "cu_k", "compact", "num_visits", "expand", "heads", "kv_heads", "blob", "offsets", "shapes")
 
     def _view(self, i):
-        off = int(self.offsets[i])
-        dtype = np.dtype(_varlen_pack.DTYPES[i])
-        n = int(np.prod(self.shapes[i])) * dtype.itemsize
-        return self.blob[off:off + n].view(dtype).reshape(self.shapes[i])
+        off, dtype = int(self.offsets[i]), _varlen_pack.DTYPES[i]
+        return self.blob[off:off + math.prod(self.shapes[i]) * dtype().itemsize].view(dtype).reshape(self.shapes[i])
 
     @property
     def arrays(self) -> dict:
@@ -165,10 +164,11 @@ def device(t: Tables, num_heads, dev, stream):
             _device_tables.move_to_end(key)
             _table_streams[key][stream.ptr] = stream
             return hit
+    staging = []
     if t.expand:
-        d, cu_q, cu_k = _expand_on_device(t, dev, stream)
+        d, cu_q, cu_k = _expand_on_device(t, dev, stream, staging)
     elif t.compact:
-        buf, _ = _upload_blob(t.blob, 0, stream)
+        buf, _ = _upload_blob(t.blob, 0, stream, staging)
         d = CompactTables()
         d.ptrs, d.buffer = _record_ptrs(t, buf.data.ptr), buf
         cu_q, cu_k = _device_view(buf, t, _CU_Q), _device_view(buf, t, _CU_K)
@@ -179,9 +179,12 @@ def device(t: Tables, num_heads, dev, stream):
         d.visits, d.rank, d.cta_start, cu_q, cu_k = upload_async((visits, rank, cta_start, t.cu_q, t.cu_k), stream)
         d.num_ctas = num_ctas
     d.policy, d.device_id = t.policy, dev
-    # NOTES: later calls may run on other streams: they must not read the tables before the copies land.
+    # NOTES: later calls may run on other streams: they must not read the tables before the copies land. The
+    # same event frees the pinned staging of the copy and the entries this miss evicts from this stream.
     done = cupy.cuda.Event(block=False, disable_timing=True)
     done.record(stream)
+    if staging:
+        _keep_alive(staging, stream, done)
     entry = (d, cu_q, cu_k, done)
     with _plans_lock:
         _device_tables[key] = entry
@@ -191,21 +194,22 @@ def device(t: Tables, num_heads, dev, stream):
             old_key, old = _device_tables.popitem(last=False)
             evicted.append((old, _table_streams.pop(old_key)))
     for old, streams in evicted:
-        _release_after(old, streams.values())
+        _release_after(old, streams.values(), stream, done)
     return entry
 
 
-def _upload_blob(blob, extra_bytes: int, stream):
+def _upload_blob(blob, extra_bytes: int, stream, staging_out: list):
     """(buffer, head): a CuPy uint8 device buffer of ``head`` (``blob``'s size rounded up to 256 bytes) +
-    ``extra_bytes`` bytes, its first bytes a copy of host ``blob`` enqueued on ``stream`` from pinned staging, as
-    in :func:`upload_async` (one copy, no wait)."""
+    ``extra_bytes`` bytes, its first bytes a copy of host ``blob`` enqueued on ``stream`` from pinned staging (one
+    copy, no wait). The staging buffer is appended to ``staging_out``: the caller keeps it alive until the copy
+    has finished."""
     head = -(-blob.nbytes // 256) * 256
     staging = cupyx.empty_pinned(1 << max(blob.nbytes - 1, 0).bit_length(), dtype=np.uint8)
     staging[:blob.nbytes] = blob
     buf = cupy.empty(max(head + extra_bytes, 1), dtype=cupy.uint8)
     cupy.cuda.runtime.memcpyAsync(buf.data.ptr, staging.ctypes.data, blob.nbytes,
                                   cupy.cuda.runtime.memcpyHostToDevice, stream.ptr)
-    _keep_alive([staging], stream)
+    staging_out.append(staging)
     return buf, head
 
 
@@ -219,14 +223,15 @@ def _device_view(buf, t: Tables, i: int):
     return cupy.ndarray(t.shapes[i], _varlen_pack.DTYPES[i], memptr=buf.data + int(t.offsets[i]))
 
 
-def _expand_on_device(t: Tables, dev, stream):
+def _expand_on_device(t: Tables, dev, stream, staging_out: list):
     """(schedule.DeviceTables, cu_seqlens_q, cu_seqlens_k) of ``t`` (compact records, ``t.expand``): the records,
     the CTAs' row starts and the lengths uploaded in one copy to the head of one allocation, then the per-visit
-    rows and ranks written behind them on the GPU by kernels_src/bwd_expand.cu, both enqueued on ``stream``."""
+    rows and ranks written behind them on the GPU by kernels_src/bwd_expand.cu, both enqueued on ``stream``
+    (the staging of the copy appended to ``staging_out``, as :func:`_upload_blob`)."""
     from . import jit, kernels
     num_rows = max(t.num_visits, 1)
     visits_bytes = -(-num_rows * 16 // 256) * 256
-    buf, head = _upload_blob(t.blob, visits_bytes + num_rows * 4, stream)
+    buf, head = _upload_blob(t.blob, visits_bytes + num_rows * 4, stream, staging_out)
     d = _schedule.DeviceTables()
     d.visits = cupy.ndarray((num_rows, 4), np.int32, memptr=buf.data + head)
     d.rank = cupy.ndarray((num_rows,), np.int32, memptr=buf.data + (head + visits_bytes))
@@ -249,15 +254,16 @@ def _expand_on_device(t: Tables, dev, stream):
 _expand_kernels: dict = {}      # (device, kernel dir) -> (varlen bwd_expand spec, its CUfunction handle)
 
 
-def _release_after(entry, streams) -> None:
-    """Free an evicted cache ``entry`` once the work enqueued so far on every stream that used it has finished.
+def _release_after(entry, streams, stream=None, event=None) -> None:
+    """Free an evicted cache ``entry`` once the work enqueued so far on every stream that used it has finished
+    (``event``: just recorded on ``stream``, which it stands for).
 
     NOTES: a packed batch with new lengths at every training step evicts one entry per step; an event per stream
     that read it (held by errors._keep_alive) frees it without blocking the host. Where an event cannot be
     recorded (a stream destroyed since), the device is synchronized instead."""
     try:
         for s in streams:
-            _keep_alive([entry], s)
+            _keep_alive([entry], s, event if stream is not None and s.ptr == stream.ptr else None)
     except cupy.cuda.runtime.CUDARuntimeError:
         cupy.cuda.runtime.deviceSynchronize()
 

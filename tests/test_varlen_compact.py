@@ -220,13 +220,14 @@ def test_gpu_expansion_launch_wiring(monkeypatch):
     monkeypatch.setattr(varlen_device.cupy, "ndarray", ndarray)
     monkeypatch.setattr(varlen_device.cupy.cuda.runtime, "memcpyAsync", memcpy)
     monkeypatch.setattr(varlen_device.cupyx, "empty_pinned", lambda n, dtype: np.empty(n, dtype))
-    monkeypatch.setattr(varlen_device, "_keep_alive", lambda objs, stream: None)
     launched = {}
     monkeypatch.setattr(kernels, "launch", lambda spec, grid, params, stream, func: launched.update(
         spec=spec, grid=grid, params=params[0].copy()))
     monkeypatch.setattr(jit, "load", lambda spec: types.SimpleNamespace(ptr=0x1))
     monkeypatch.setattr(varlen_device, "_expand_kernels", {})     # the fake handle must not outlive the test
-    d, cu_q, cu_k = varlen_device._expand_on_device(t, 0, types.SimpleNamespace(ptr=0))
+    staging = []
+    d, cu_q, cu_k = varlen_device._expand_on_device(t, 0, types.SimpleNamespace(ptr=0), staging)
+    assert len(staging) == 1 and staging[0].nbytes >= t.blob.nbytes      # held by the caller until the copy ends
     f = launched["params"]
     assert launched["spec"] == kernels.expand_spec(True) and launched["grid"] == (t.num_ctas, kernels.EXPAND_CHUNKS)
     assert device_bytes["dst"] == base and device_bytes["n"] == t.blob.nbytes
