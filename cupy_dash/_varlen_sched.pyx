@@ -213,11 +213,13 @@ cdef inline long long total_columns(const long long[:, ::1] info, long long Hkv)
 
 def busiest_load(int policy, const long long[:, ::1] info, const long long[::1] voff, const long long[::1] vlo,
                  const long long[::1] vhi, const long long[::1] seq_order, long long Hkv, bint spt,
-                 long long num_sms, long long plain_load=-1):
+                 long long num_sms, long long plain_load=-1, int[::1] assign=None):
     """(visits of the busiest CTA, num_ctas, tie_sign, plain) of build_varlen's schedule for the same arguments,
     by the same list scheduling on the units' lengths alone (no records): what ``auto``'s column model reads.
     plain: the units are every segment's columns alone in ascending n, as for every policy that returns plain;
-    plain_load >= 0 is such a policy's load, returned without dispatching again."""
+    plain_load >= 0 is such a policy's load, returned without dispatching again (``assign`` untouched).
+    ``assign`` (int32, at least one entry per column): receives each unit's CTA, which build_varlen then takes
+    instead of dispatching again."""
     cdef long long ncols = total_columns(info, Hkv), u, c, b, L, best = 0
     cdef Units un
     make_units(&un, policy, info, seq_order, Hkv, spt, num_sms, ncols, False)
@@ -237,6 +239,8 @@ def busiest_load(int policy, const long long[:, ::1] info, const long long[::1] 
             c = tree_first(&tr)
             tree_add(&tr, c, L)
             best = tree_load(&tr, c) if tree_load(&tr, c) > best else best
+            if assign is not None:
+                assign[u] = <int>c
     finally:
         free(tr.key)
         free_units(&un)
@@ -245,9 +249,11 @@ def busiest_load(int policy, const long long[:, ::1] info, const long long[::1] 
 
 def build_varlen(int policy, const long long[:, ::1] info, const long long[::1] voff, const long long[::1] vlo,
                  const long long[::1] vhi, const long long[::1] seq_order, long long Hkv, bint spt,
-                 long long num_sms):
+                 long long num_sms, const int[::1] assign=None):
     """Records of the g = 1 schedule of B * Hkv segments (sequence_shapes' output; seq_order: the sequences in
-    dispatch order). Returns records, cta_columns, cta_col_start, seg_col_start, loads, num_ctas, tie_sign."""
+    dispatch order). Returns records, cta_columns, cta_col_start, seg_col_start, loads, num_ctas, tie_sign.
+    ``assign``: each unit's CTA as busiest_load found it for the same arguments (the list scheduling is then not
+    run again)."""
     cdef long long B = info.shape[0], S = B * Hkv, b, seg, P, NC, T, ncols = total_columns(info, Hkv)
     seg_arr = np.zeros(S + 1, dtype=np.int64)
     cdef long long[::1] segc = seg_arr
@@ -267,7 +273,8 @@ def build_varlen(int policy, const long long[:, ::1] info, const long long[::1] 
     cdef CtaTree tr
     tr.key = NULL
     try:
-        tree_init(&tr, G)
+        if assign is None:
+            tree_init(&tr, G)
         for u in range(un.U):
             seg = un.seg[u]
             b = seg // Hkv
@@ -275,7 +282,7 @@ def build_varlen(int policy, const long long[:, ::1] info, const long long[::1] 
             paired = un.paired_all and info[b, 5] & 2
             mirrored = un.sym and info[b, 5] & 1
             P = (NC + 1) // 2 if paired else NC
-            c = tree_first(&tr)
+            c = tree_first(&tr) if assign is None else assign[u]
             for col in range(2 if un.k1[u] >= 0 else 1):
                 kk = un.k0[u] if col == 0 else un.k1[u]
                 n = info[b, 2] + kk
@@ -303,7 +310,10 @@ def build_varlen(int policy, const long long[:, ::1] info, const long long[::1] 
                 rec[idx, REC_HEAD], rec[idx, REC_N] = <int>seg, <int>n
                 order[nd] = idx
                 nd += 1
-                tree_add(&tr, c, L)
+                if assign is None:
+                    tree_add(&tr, c, L)
+                elif loads[c] + L > INT32_MAX:
+                    raise ValueError(f"CTA {c} has {loads[c] + L} visits: a record's step is int32")
                 loads[c] += L
     finally:
         free(tr.key)

@@ -275,7 +275,8 @@ def plan(policy, lens_q, lens_k, block_m, block_n, heads, kv_heads, causal, max_
     GPU (``"expand"``), cached by lengths (LRU): training on fixed packings builds each once. ``compact_above``:
     a per-visit form whose table would hold more visits than this is built compact instead (``t.compact`` says
     which form came out)."""
-    columns = kv_heads * int((-(-lens_k // block_n)).sum())
+    n_tiles = -(-lens_k // block_n)
+    columns = kv_heads * int(n_tiles.sum())
     num_sms, group = max(1, min(max_ctas, columns)), heads // kv_heads
     key = (policy, lens_q.tobytes(), lens_k.tobytes(), block_m, block_n, heads, causal, num_sms, group, window,
            compact, compact_above)
@@ -292,7 +293,7 @@ def plan(policy, lens_q, lens_k, block_m, block_n, heads, kv_heads, causal, max_
     t.compact, t.visits, t.rank, t.cta_start, t.blob = None, None, None, None, None
     t.expand, t.heads, t.kv_heads = compact == "expand", heads, kv_heads
     if compact:
-        t.blob, t.offsets, t.shapes, _ = _varlen_pack.pack(
+        t.blob, t.offsets, t.shapes, t.num_visits = _varlen_pack.pack(
             built.records, built.cta_columns, built.cta_col_start, built.seg_col_start, built.n_first,
             built.num_m_blocks, built.seqlens_q, built.seqlens_k, kv_heads, group, t.expand)
         t.compact = (int(built.tie_sign), int(built.rank_rule))
@@ -302,9 +303,9 @@ def plan(policy, lens_q, lens_k, block_m, block_n, heads, kv_heads, causal, max_
     else:
         t.visits, t.rank, t.cta_start = built.expand()
         t.cu_q, t.cu_k = (np.concatenate(([0], np.cumsum(x))).astype(np.int32) for x in (lens_q, lens_k))
-    t.num_visits = int(built.num_visits)
+        t.num_visits = int(built.num_visits)
     t.num_ctas, t.policy, t.group_size, t.key = int(built.num_ctas), str(built.policy), group, key
-    t.n_blocks = max(1, int((-(-lens_k // block_n)).max()))
+    t.n_blocks = max(1, int(n_tiles.max()))
     t.m_blocks = max(1, int((-(-lens_q // block_m)).max()))
     with _plans_lock:
         _plans[key] = t

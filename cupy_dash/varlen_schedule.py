@@ -112,7 +112,7 @@ def _lengths(name, seqlens) -> np.ndarray:
     arr = np.asarray(seqlens)
     if arr.ndim != 1 or len(arr) < 1 or arr.dtype.kind not in "iu":
         raise ValueError(f"{name}: expected a 1-D host sequence of ints (one per sequence), got {seqlens!r}")
-    if (arr < 0).any() or (arr >= 1 << 31).any():
+    if len(arr) and (arr.min() < 0 or arr.max() >= 1 << 31):
         raise ValueError(f"{name}: lengths must be in [0, 2^31)")
     return np.ascontiguousarray(arr, dtype=np.int64)
 
@@ -174,20 +174,21 @@ def _args(policy, problem, shapes, order) -> tuple:
     return (_schedule.POLICY_CODES[policy], info, voff, vlo, vhi, order, problem[4] // group, spt, num_sms)
 
 
-def _build(policy, problem, shapes, order):
-    out = _varlen_sched.build_varlen(*_args(policy, problem, shapes, order))
+def _build(policy, problem, shapes, order, assign=None):
+    out = _varlen_sched.build_varlen(*_args(policy, problem, shapes, order), assign)
     return VarlenSchedule(policy, problem, out, shapes[0], shapes[2], shapes[3])
 
 
-def _auto_policy(problem, shapes, order) -> str:
-    """``auto``'s choice: the candidates' column models (VarlenSchedule.model_makespan, engine costs
-    schedule.AUTO_COSTS) from their busiest CTA's load alone (_varlen_sched.busiest_load runs the builder's
+def _auto_policy(problem, shapes, order) -> tuple:
+    """(policy, assign): ``auto``'s choice: the candidates' column models (VarlenSchedule.model_makespan, engine
+    costs schedule.AUTO_COSTS) from their busiest CTA's load alone (_varlen_sched.busiest_load runs the builder's
     dispatch without records), the first within schedule.AUTO_TOLERANCE of the best among those whose
-    column_model_applies: the choice of building every candidate."""
+    column_model_applies: the choice of building every candidate. ``assign``: its dispatch (each unit's CTA) for
+    _build, or None."""
     info, _, vlo, vhi = shapes
     group, lengths = problem[7], vhi - vlo
     if group > 1 and (problem[4] // group) * len(lengths) <= schedule.AUTO_FEW_GROUPED * problem[6]:
-        return "descending"                              # schedule.AUTO_FEW_GROUPED's measured override
+        return "descending", None                        # schedule.AUTO_FEW_GROUPED's measured override
     widest = int(info[:, 3].max(initial=0))              # the most columns of a segment
     c, r = schedule.AUTO_COSTS
     # NOTES: no table's model time is below ``floor`` (its busiest CTA holds at least the mean load over num_sms
@@ -195,17 +196,24 @@ def _auto_policy(problem, shapes, order) -> str:
     # and is the choice: the other candidates' dispatches are skipped (most packings of several sequences).
     floor = _column_model(-(-int(lengths.sum()) * (problem[4] // group) // problem[6]) * group, 1, 0, RANK_COUNT,
                           c, r, True)
-    times, plain_load = {}, -1
+    times, assigns, plain_load, plain_assign = {}, {}, -1, None
+    units = len(lengths) * (problem[4] // group)          # the columns: at most one unit each
     for policy in schedule.AUTO_CANDIDATES:
         if _model_applies(policy, lengths):
+            assign = np.empty(max(units, 1), dtype=np.int32)
             load, num_ctas, tie_sign, plain = _varlen_sched.busiest_load(*_args(policy, problem, shapes, order),
-                                                                         plain_load)
-            plain_load = load if plain else plain_load
+                                                                         plain_load, assign)
+            if plain:                                    # the plain policies share one dispatch
+                if plain_load < 0:
+                    plain_load, plain_assign = load, assign
+                assign = plain_assign
+            assigns[policy] = assign
             times[policy] = _column_model(load * group, num_ctas, widest, _rank_rule(policy, tie_sign), c, r, True)
             if len(times) == 1 and times[policy] <= floor * (1 + schedule.AUTO_TOLERANCE):
-                return policy
+                return policy, assign
     best = min(times.values())
-    return next(p for p in times if times[p] <= best * (1 + schedule.AUTO_TOLERANCE))
+    choice = next(p for p in times if times[p] <= best * (1 + schedule.AUTO_TOLERANCE))
+    return choice, assigns[choice]
 
 
 def build_varlen(policy: str = "auto", seqlens_q=None, seqlens_k=None, *, block_m: int, block_n: int, heads: int,
@@ -216,9 +224,10 @@ def build_varlen(policy: str = "auto", seqlens_q=None, seqlens_k=None, *, block_
     problem = _problem(policy, seqlens_q, seqlens_k, block_m, block_n, heads, causal, num_sms, group_size, window)
     shapes = _varlen_sched.sequence_shapes(problem[0], problem[1], problem[8], problem[2], problem[3], problem[5])
     order = _dispatch_order(shapes)
+    assign = None
     if policy == "auto":
-        policy = _auto_policy(problem, shapes, order)
-    return _build(policy, problem, shapes, order)
+        policy, assign = _auto_policy(problem, shapes, order)
+    return _build(policy, problem, shapes, order, assign)
 
 
 def expand(plan: VarlenSchedule) -> tuple:
