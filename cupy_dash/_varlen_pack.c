@@ -3,6 +3,7 @@
 /* BEGIN: Cython Metadata
 {
     "distutils": {
+        "depends": [],
         "name": "cupy_dash._varlen_pack",
         "sources": [
             "cupy_dash/_varlen_pack.pyx"
@@ -1264,8 +1265,8 @@ static int __Pyx_init_tpflags_variables(void) {
 #define __PYX_HAVE__cupy_dash___varlen_pack
 #define __PYX_HAVE_API__cupy_dash___varlen_pack
 /* Early includes */
-#include "pythread.h"
 #include <string.h>
+#include "pythread.h"
 
     typedef int (*__pyx_memoryview_to_dtype_func_type)(char*, PyObject*);
     
@@ -1743,10 +1744,53 @@ typedef struct {
 /* #### Code section: type_declarations ### */
 
 /*--- Type declarations ---*/
+struct __pyx_obj_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr;
 struct __pyx_array_obj;
 struct __pyx_MemviewEnum_obj;
 struct __pyx_memoryview_obj;
 struct __pyx_memoryviewslice_obj;
+struct __pyx_opt_args_9cupy_dash_13_varlen_sched_busiest_load;
+struct __pyx_opt_args_9cupy_dash_13_varlen_sched_build_varlen;
+
+/* "cupy_dash/_varlen_sched.pxd":4
+ * cpdef tuple sequence_shapes(const long long[::1] sq, const long long[::1] sk, const long long[:, ::1] win,
+ *                             long long bm, long long bn, bint causal)
+ * cpdef tuple busiest_load(int policy, const long long[:, ::1] info, const long long[::1] voff,             # <<<<<<<<<<<<<<
+ *                          const long long[::1] vlo, const long long[::1] vhi, const long long[::1] seq_order,
+ *                          long long Hkv, bint spt, long long num_sms, long long plain_load=*, int[::1] assign=*)
+*/
+struct __pyx_opt_args_9cupy_dash_13_varlen_sched_busiest_load {
+  int __pyx_n;
+  PY_LONG_LONG plain_load;
+  __Pyx_memviewslice assign;
+};
+
+/* "cupy_dash/_varlen_sched.pxd":7
+ *                          const long long[::1] vlo, const long long[::1] vhi, const long long[::1] seq_order,
+ *                          long long Hkv, bint spt, long long num_sms, long long plain_load=*, int[::1] assign=*)
+ * cpdef tuple build_varlen(int policy, const long long[:, ::1] info, const long long[::1] voff,             # <<<<<<<<<<<<<<
+ *                          const long long[::1] vlo, const long long[::1] vhi, const long long[::1] seq_order,
+ *                          long long Hkv, bint spt, long long num_sms, const int[::1] assign=*)
+*/
+struct __pyx_opt_args_9cupy_dash_13_varlen_sched_build_varlen {
+  int __pyx_n;
+  __Pyx_memviewslice assign;
+};
+struct __pyx_t_9cupy_dash_12_varlen_pack_UnitShape;
+
+/* "cupy_dash/_units.pxi":5
+ * # records), so that both dispatch exactly the same units to the same CTAs. The NOTES are in _schedule.pyx.
+ * 
+ * cdef enum:             # <<<<<<<<<<<<<<
+ *     POLICY_FA3 = 0
+ *     POLICY_DESCENDING = 1
+*/
+enum  {
+  __pyx_e_9cupy_dash_12_varlen_pack_POLICY_FA3 = 0,
+  __pyx_e_9cupy_dash_12_varlen_pack_POLICY_DESCENDING = 1,
+  __pyx_e_9cupy_dash_12_varlen_pack_POLICY_SHIFT = 2,
+  __pyx_e_9cupy_dash_12_varlen_pack_POLICY_SYMMETRIC_SHIFT = 3
+};
 
 /* "cupy_dash/_compact_rule.pxi":6
  * # int32 fields:
@@ -1779,6 +1823,45 @@ enum  {
   __pyx_e_9cupy_dash_12_varlen_pack_RANK_ASC_N = 1,
   __pyx_e_9cupy_dash_12_varlen_pack_RANK_DESC_N = 2
 };
+
+/* "cupy_dash/_units.pxi":12
+ * 
+ * 
+ * cdef struct UnitShape:             # <<<<<<<<<<<<<<
+ *     long long M, N          # Q tiles, KV tiles
+ *     long long n_first, NC   # the visible columns are n_first .. n_first + NC - 1
+*/
+struct __pyx_t_9cupy_dash_12_varlen_pack_UnitShape {
+  PY_LONG_LONG M;
+  PY_LONG_LONG N;
+  PY_LONG_LONG n_first;
+  PY_LONG_LONG NC;
+  PY_LONG_LONG T;
+  PY_LONG_LONG P;
+  PY_LONG_LONG U;
+  PY_LONG_LONG G;
+  int band;
+  int paired;
+  int mirrored;
+  int spt;
+  int tb_sign;
+};
+
+/* "cupy_dash/_varlen_pack.pyx":200
+ *             times.append((cand, t, a))
+ *         if policy < 0:
+ *             best = min(x[1] for x in times)             # <<<<<<<<<<<<<<
+ *             for cand, t, a in times:
+ *                 if t <= best * (1 + tolerance):
+*/
+struct __pyx_obj_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr {
+  PyObject_HEAD
+  PyObject *__pyx_genexpr_arg_0;
+  PyObject *__pyx_v_x;
+  PyObject *__pyx_t_0;
+  Py_ssize_t __pyx_t_1;
+};
+
 
 /* "View.MemoryView":128
  * 
@@ -1981,6 +2064,95 @@ static struct __pyx_vtabstruct__memoryviewslice *__pyx_vtabptr__memoryviewslice;
 #define __Pyx_CLEAR(r)    do { PyObject* tmp = ((PyObject*)(r)); r = NULL; __Pyx_DECREF(tmp);} while(0)
 #define __Pyx_XCLEAR(r)   do { if((r) != NULL) {PyObject* tmp = ((PyObject*)(r)); r = NULL; __Pyx_DECREF(tmp);}} while(0)
 
+/* FastTypeChecks.proto (used by GivenExceptionMatches) */
+#if CYTHON_COMPILING_IN_CPYTHON
+#define __Pyx_TypeCheck(obj, type) __Pyx_IsSubtype(Py_TYPE(obj), (PyTypeObject *)type)
+#define __Pyx_TypeCheck2(obj, type1, type2) __Pyx_IsAnySubtype2(Py_TYPE(obj), (PyTypeObject *)type1, (PyTypeObject *)type2)
+static CYTHON_INLINE int __Pyx_IsSubtype(PyTypeObject *a, PyTypeObject *b);
+static CYTHON_INLINE int __Pyx_IsAnySubtype2(PyTypeObject *cls, PyTypeObject *a, PyTypeObject *b);
+#define __Pyx_PyAnySet_Check(obj)  __Pyx_TypeCheck2(obj, &PySet_Type, &PyFrozenSet_Type)
+#else
+#define __Pyx_TypeCheck(obj, type) PyObject_TypeCheck(obj, (PyTypeObject *)type)
+#define __Pyx_TypeCheck2(obj, type1, type2) (PyObject_TypeCheck(obj, (PyTypeObject *)type1) || PyObject_TypeCheck(obj, (PyTypeObject *)type2))
+#define __Pyx_PyAnySet_Check(obj)  PyAnySet_Check(obj)
+#endif
+
+/* PyThreadStateGet.proto (used by PyErrFetchRestore) */
+#if CYTHON_FAST_THREAD_STATE
+#define __Pyx_PyThreadState_declare  PyThreadState *__pyx_tstate;
+#define __Pyx_PyThreadState_assign  __pyx_tstate = __Pyx_PyThreadState_Current;
+#if PY_VERSION_HEX >= 0x030C00A6
+#define __Pyx_PyErr_Occurred()  (__pyx_tstate->current_exception != NULL)
+#define __Pyx_PyErr_CurrentExceptionType()  (__pyx_tstate->current_exception ? (PyObject*) Py_TYPE(__pyx_tstate->current_exception) : (PyObject*) NULL)
+#else
+#define __Pyx_PyErr_Occurred()  (__pyx_tstate->curexc_type != NULL)
+#define __Pyx_PyErr_CurrentExceptionType()  (__pyx_tstate->curexc_type)
+#endif
+#else
+#define __Pyx_PyThreadState_declare
+#define __Pyx_PyThreadState_assign
+#define __Pyx_PyErr_Occurred()  (PyErr_Occurred() != NULL)
+#define __Pyx_PyErr_CurrentExceptionType()  PyErr_Occurred()
+#endif
+
+/* PyErrFetchRestore.proto (used by GivenExceptionMatches) */
+#if CYTHON_FAST_THREAD_STATE
+#define __Pyx_PyErr_Clear() __Pyx_ErrRestore(NULL, NULL, NULL)
+#define __Pyx_ErrRestoreWithState(type, value, tb)  __Pyx_ErrRestoreInState(PyThreadState_GET(), type, value, tb)
+#define __Pyx_ErrFetchWithState(type, value, tb)    __Pyx_ErrFetchInState(PyThreadState_GET(), type, value, tb)
+#define __Pyx_ErrRestore(type, value, tb)  __Pyx_ErrRestoreInState(__pyx_tstate, type, value, tb)
+#define __Pyx_ErrFetch(type, value, tb)    __Pyx_ErrFetchInState(__pyx_tstate, type, value, tb)
+static CYTHON_INLINE void __Pyx_ErrRestoreInState(PyThreadState *tstate, PyObject *type, PyObject *value, PyObject *tb);
+static CYTHON_INLINE void __Pyx_ErrFetchInState(PyThreadState *tstate, PyObject **type, PyObject **value, PyObject **tb);
+#if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX < 0x030C00A6
+#define __Pyx_PyErr_SetNone(exc) (Py_INCREF(exc), __Pyx_ErrRestore((exc), NULL, NULL))
+#else
+#define __Pyx_PyErr_SetNone(exc) PyErr_SetNone(exc)
+#endif
+#else
+#define __Pyx_PyErr_Clear() PyErr_Clear()
+#define __Pyx_PyErr_SetNone(exc) PyErr_SetNone(exc)
+#define __Pyx_ErrRestoreWithState(type, value, tb)  PyErr_Restore(type, value, tb)
+#define __Pyx_ErrFetchWithState(type, value, tb)  PyErr_Fetch(type, value, tb)
+#define __Pyx_ErrRestoreInState(tstate, type, value, tb)  PyErr_Restore(type, value, tb)
+#define __Pyx_ErrFetchInState(tstate, type, value, tb)  PyErr_Fetch(type, value, tb)
+#define __Pyx_ErrRestore(type, value, tb)  PyErr_Restore(type, value, tb)
+#define __Pyx_ErrFetch(type, value, tb)  PyErr_Fetch(type, value, tb)
+#endif
+
+/* GivenExceptionMatches.proto (used by PyErrExceptionMatches) */
+#if CYTHON_COMPILING_IN_CPYTHON
+static CYTHON_INLINE int __Pyx_PyErr_GivenExceptionMatches(PyObject *err, PyObject *type);
+static CYTHON_INLINE int __Pyx_PyErr_GivenExceptionMatches2(PyObject *err, PyObject *type1, PyObject *type2);
+#else
+#define __Pyx_PyErr_GivenExceptionMatches(err, type) PyErr_GivenExceptionMatches(err, type)
+static CYTHON_INLINE int __Pyx_PyErr_GivenExceptionMatches2(PyObject *err, PyObject *type1, PyObject *type2) {
+    return PyErr_GivenExceptionMatches(err, type1) || PyErr_GivenExceptionMatches(err, type2);
+}
+#endif
+#define __Pyx_PyErr_ExceptionMatches2(err1, err2)  __Pyx_PyErr_GivenExceptionMatches2(__Pyx_PyErr_CurrentExceptionType(), err1, err2)
+
+/* PyErrExceptionMatches.proto (used by PyObjectGetAttrStrNoError) */
+#if CYTHON_FAST_THREAD_STATE
+#define __Pyx_PyErr_ExceptionMatches(err) __Pyx_PyErr_ExceptionMatchesInState(__pyx_tstate, err)
+static CYTHON_INLINE int __Pyx_PyErr_ExceptionMatchesInState(PyThreadState* tstate, PyObject* err);
+#else
+#define __Pyx_PyErr_ExceptionMatches(err)  PyErr_ExceptionMatches(err)
+#endif
+
+/* PyObjectGetAttrStr.proto (used by PyObjectGetAttrStrNoError) */
+#if CYTHON_USE_TYPE_SLOTS
+static CYTHON_INLINE PyObject* __Pyx_PyObject_GetAttrStr(PyObject* obj, PyObject* attr_name);
+#else
+#define __Pyx_PyObject_GetAttrStr(o,n) PyObject_GetAttr(o,n)
+#endif
+
+/* PyObjectGetAttrStrNoError.proto (used by GetBuiltinName) */
+static CYTHON_INLINE PyObject* __Pyx_PyObject_GetAttrStrNoError(PyObject* obj, PyObject* attr_name);
+
+/* GetBuiltinName.proto */
+static PyObject *__Pyx_GetBuiltinName(PyObject *name);
+
 /* CopyObjectArray.proto (used by TupleOrListFromArrayImpl) */
 #if CYTHON_COMPILING_IN_CPYTHON
 static CYTHON_INLINE void __Pyx_copy_object_array(PyObject *const *CYTHON_RESTRICT src, PyObject** CYTHON_RESTRICT dest, Py_ssize_t length);
@@ -2109,26 +2281,6 @@ typedef struct {
 static CYTHON_INLINE int __Pyx_IgnoreGivenException(PyObject *given_exception, PyObject *ignorable_exception);
 #define __Pyx_IgnoreException(ignorable_exception) __Pyx_IgnoreGivenException(NULL, ignorable_exception)
 
-/* FastTypeChecks.proto (used by UnpackUnboundCMethod_impl) */
-#if CYTHON_COMPILING_IN_CPYTHON
-#define __Pyx_TypeCheck(obj, type) __Pyx_IsSubtype(Py_TYPE(obj), (PyTypeObject *)type)
-#define __Pyx_TypeCheck2(obj, type1, type2) __Pyx_IsAnySubtype2(Py_TYPE(obj), (PyTypeObject *)type1, (PyTypeObject *)type2)
-static CYTHON_INLINE int __Pyx_IsSubtype(PyTypeObject *a, PyTypeObject *b);
-static CYTHON_INLINE int __Pyx_IsAnySubtype2(PyTypeObject *cls, PyTypeObject *a, PyTypeObject *b);
-#define __Pyx_PyAnySet_Check(obj)  __Pyx_TypeCheck2(obj, &PySet_Type, &PyFrozenSet_Type)
-#else
-#define __Pyx_TypeCheck(obj, type) PyObject_TypeCheck(obj, (PyTypeObject *)type)
-#define __Pyx_TypeCheck2(obj, type1, type2) (PyObject_TypeCheck(obj, (PyTypeObject *)type1) || PyObject_TypeCheck(obj, (PyTypeObject *)type2))
-#define __Pyx_PyAnySet_Check(obj)  PyAnySet_Check(obj)
-#endif
-
-/* PyObjectGetAttrStr.proto (used by UnpackUnboundCMethod_impl) */
-#if CYTHON_USE_TYPE_SLOTS
-static CYTHON_INLINE PyObject* __Pyx_PyObject_GetAttrStr(PyObject* obj, PyObject* attr_name);
-#else
-#define __Pyx_PyObject_GetAttrStr(o,n) PyObject_GetAttr(o,n)
-#endif
-
 /* UnpackUnboundCMethod_impl.export */
 static int __Pyx_TryUnpackUnboundCMethod(__Pyx_CachedCFunction* target);
 
@@ -2238,75 +2390,6 @@ static void __Pyx_ArgTypeError(PyObject *obj, PyTypeObject *type, const char *na
 
 /* ArgTypeTest.proto */
 static CYTHON_INLINE int __Pyx_ArgTypeTest(PyObject *obj, PyTypeObject *type, int none_allowed, const char *name, int exact);
-
-/* PyThreadStateGet.proto (used by PyErrFetchRestore) */
-#if CYTHON_FAST_THREAD_STATE
-#define __Pyx_PyThreadState_declare  PyThreadState *__pyx_tstate;
-#define __Pyx_PyThreadState_assign  __pyx_tstate = __Pyx_PyThreadState_Current;
-#if PY_VERSION_HEX >= 0x030C00A6
-#define __Pyx_PyErr_Occurred()  (__pyx_tstate->current_exception != NULL)
-#define __Pyx_PyErr_CurrentExceptionType()  (__pyx_tstate->current_exception ? (PyObject*) Py_TYPE(__pyx_tstate->current_exception) : (PyObject*) NULL)
-#else
-#define __Pyx_PyErr_Occurred()  (__pyx_tstate->curexc_type != NULL)
-#define __Pyx_PyErr_CurrentExceptionType()  (__pyx_tstate->curexc_type)
-#endif
-#else
-#define __Pyx_PyThreadState_declare
-#define __Pyx_PyThreadState_assign
-#define __Pyx_PyErr_Occurred()  (PyErr_Occurred() != NULL)
-#define __Pyx_PyErr_CurrentExceptionType()  PyErr_Occurred()
-#endif
-
-/* PyErrFetchRestore.proto (used by GivenExceptionMatches) */
-#if CYTHON_FAST_THREAD_STATE
-#define __Pyx_PyErr_Clear() __Pyx_ErrRestore(NULL, NULL, NULL)
-#define __Pyx_ErrRestoreWithState(type, value, tb)  __Pyx_ErrRestoreInState(PyThreadState_GET(), type, value, tb)
-#define __Pyx_ErrFetchWithState(type, value, tb)    __Pyx_ErrFetchInState(PyThreadState_GET(), type, value, tb)
-#define __Pyx_ErrRestore(type, value, tb)  __Pyx_ErrRestoreInState(__pyx_tstate, type, value, tb)
-#define __Pyx_ErrFetch(type, value, tb)    __Pyx_ErrFetchInState(__pyx_tstate, type, value, tb)
-static CYTHON_INLINE void __Pyx_ErrRestoreInState(PyThreadState *tstate, PyObject *type, PyObject *value, PyObject *tb);
-static CYTHON_INLINE void __Pyx_ErrFetchInState(PyThreadState *tstate, PyObject **type, PyObject **value, PyObject **tb);
-#if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX < 0x030C00A6
-#define __Pyx_PyErr_SetNone(exc) (Py_INCREF(exc), __Pyx_ErrRestore((exc), NULL, NULL))
-#else
-#define __Pyx_PyErr_SetNone(exc) PyErr_SetNone(exc)
-#endif
-#else
-#define __Pyx_PyErr_Clear() PyErr_Clear()
-#define __Pyx_PyErr_SetNone(exc) PyErr_SetNone(exc)
-#define __Pyx_ErrRestoreWithState(type, value, tb)  PyErr_Restore(type, value, tb)
-#define __Pyx_ErrFetchWithState(type, value, tb)  PyErr_Fetch(type, value, tb)
-#define __Pyx_ErrRestoreInState(tstate, type, value, tb)  PyErr_Restore(type, value, tb)
-#define __Pyx_ErrFetchInState(tstate, type, value, tb)  PyErr_Fetch(type, value, tb)
-#define __Pyx_ErrRestore(type, value, tb)  PyErr_Restore(type, value, tb)
-#define __Pyx_ErrFetch(type, value, tb)  PyErr_Fetch(type, value, tb)
-#endif
-
-/* GivenExceptionMatches.proto (used by PyErrExceptionMatches) */
-#if CYTHON_COMPILING_IN_CPYTHON
-static CYTHON_INLINE int __Pyx_PyErr_GivenExceptionMatches(PyObject *err, PyObject *type);
-static CYTHON_INLINE int __Pyx_PyErr_GivenExceptionMatches2(PyObject *err, PyObject *type1, PyObject *type2);
-#else
-#define __Pyx_PyErr_GivenExceptionMatches(err, type) PyErr_GivenExceptionMatches(err, type)
-static CYTHON_INLINE int __Pyx_PyErr_GivenExceptionMatches2(PyObject *err, PyObject *type1, PyObject *type2) {
-    return PyErr_GivenExceptionMatches(err, type1) || PyErr_GivenExceptionMatches(err, type2);
-}
-#endif
-#define __Pyx_PyErr_ExceptionMatches2(err1, err2)  __Pyx_PyErr_GivenExceptionMatches2(__Pyx_PyErr_CurrentExceptionType(), err1, err2)
-
-/* PyErrExceptionMatches.proto (used by PyObjectGetAttrStrNoError) */
-#if CYTHON_FAST_THREAD_STATE
-#define __Pyx_PyErr_ExceptionMatches(err) __Pyx_PyErr_ExceptionMatchesInState(__pyx_tstate, err)
-static CYTHON_INLINE int __Pyx_PyErr_ExceptionMatchesInState(PyThreadState* tstate, PyObject* err);
-#else
-#define __Pyx_PyErr_ExceptionMatches(err)  PyErr_ExceptionMatches(err)
-#endif
-
-/* PyObjectGetAttrStrNoError.proto (used by GetBuiltinName) */
-static CYTHON_INLINE PyObject* __Pyx_PyObject_GetAttrStrNoError(PyObject* obj, PyObject* attr_name);
-
-/* GetBuiltinName.proto */
-static PyObject *__Pyx_GetBuiltinName(PyObject *name);
 
 /* PyObjectFastCallMethod.proto */
 #if CYTHON_VECTORCALL
@@ -2803,6 +2886,36 @@ CYTHON_UNUSED static PyObject *__Pyx_MakeKwargDict(PyObject **keys, PyObject **v
 CYTHON_UNUSED static int __Pyx_CheckVectorcallKwarg(PyObject **kwnames, Py_ssize_t i);
 #endif
 
+/* pep479.proto */
+static void __Pyx_Generator_Replace_StopIteration(int in_async_gen);
+
+/* ListAppend.proto */
+#if CYTHON_USE_PYLIST_INTERNALS && CYTHON_ASSUME_SAFE_MACROS && CYTHON_ASSUME_SAFE_SIZE
+static CYTHON_INLINE int __Pyx_PyList_Append(PyObject* list, PyObject* x);
+#else
+#define __Pyx_PyList_Append(L,x) PyList_Append(L,x)
+#endif
+
+/* IterFinish.proto */
+static CYTHON_INLINE int __Pyx_IterFinish(void);
+
+/* UnpackItemEndCheck.proto */
+static int __Pyx_IternextUnpackEndCheck(PyObject *retval, Py_ssize_t expected);
+
+/* CheckTypeForFreelists.proto */
+#if CYTHON_USE_FREELISTS
+#if CYTHON_USE_TYPE_SPECS
+#define __PYX_CHECK_FINAL_TYPE_FOR_FREELISTS(t, expected_tp, expected_size) ((int) ((t) == (expected_tp)))
+#define __PYX_CHECK_TYPE_FOR_FREELIST_FLAGS  Py_TPFLAGS_IS_ABSTRACT
+#else
+#define __PYX_CHECK_FINAL_TYPE_FOR_FREELISTS(t, expected_tp, expected_size) ((int) ((t)->tp_basicsize == (expected_size)))
+#define __PYX_CHECK_TYPE_FOR_FREELIST_FLAGS  (Py_TPFLAGS_IS_ABSTRACT | Py_TPFLAGS_HEAPTYPE)
+#endif
+#define __PYX_CHECK_TYPE_FOR_FREELISTS(t, expected_tp, expected_size)\
+    (__PYX_CHECK_FINAL_TYPE_FOR_FREELISTS((t), (expected_tp), (expected_size)) &\
+     (int) (!__Pyx_PyType_HasFeature((t), __PYX_CHECK_TYPE_FOR_FREELIST_FLAGS)))
+#endif
+
 /* AllocateExtensionType.proto */
 static PyObject *__Pyx_AllocateExtensionType(PyTypeObject *t, int is_final);
 
@@ -2815,6 +2928,13 @@ static PyObject * __Pyx_CallTpnewAsVectorcall(__Pyx_tpnewvectorcallfunc f, PyTyp
 /* CallNewInitFromVectorcall.proto */
 #if CYTHON_VECTORCALL_TPNEW
 static PyObject *__Pyx_CallNewInitFromVectorcall(PyTypeObject *t, PyObject *const *args, size_t nargsf, PyObject *kwnames);
+#endif
+
+/* CallTypeTraverse.proto */
+#if !CYTHON_USE_TYPE_SPECS
+#define __Pyx_call_type_traverse(o, always_call, visit, arg) 0
+#else
+static int __Pyx_call_type_traverse(PyObject *o, int always_call, visitproc visit, void *arg);
 #endif
 
 /* DeallocKeepAlive.proto */
@@ -2837,20 +2957,6 @@ typedef int (*__Pyx_tpinitvectorcallfunc)(PyObject* o, PyObject *const *args, Py
 static int __Pyx_CallTpinitAsVectorcall(__Pyx_tpinitvectorcallfunc f, PyObject* o, PyObject *a, PyObject *k);
 #endif
 
-/* CallTypeTraverse.proto */
-#if !CYTHON_USE_TYPE_SPECS
-#define __Pyx_call_type_traverse(o, always_call, visit, arg) 0
-#else
-static int __Pyx_call_type_traverse(PyObject *o, int always_call, visitproc visit, void *arg);
-#endif
-
-/* ApplySequenceOrMappingFlag.proto */
-#if CYTHON_COMPILING_IN_LIMITED_API || CYTHON_COMPILING_IN_PYPY
-int __Pyx_ApplySequenceOrMappingFlag(PyTypeObject *tp, int is_sequence);
-#else
-#define __Pyx_ApplySequenceOrMappingFlag(tp, is_sequence) (0)
-#endif
-
 /* PyObjectCallMethod0.proto (used by PyType_Ready) */
 static CYTHON_INLINE PyObject* __Pyx_PyObject_CallMethod0(PyObject* obj, PyObject* method_name);
 
@@ -2866,6 +2972,13 @@ static int __Pyx_validate_bases_tuple(const char *type_name, int has_dictoffset,
 
 /* PyType_Ready.export */
 CYTHON_UNUSED static int __Pyx_PyType_Ready(PyTypeObject *t);
+
+/* ApplySequenceOrMappingFlag.proto */
+#if CYTHON_COMPILING_IN_LIMITED_API || CYTHON_COMPILING_IN_PYPY
+int __Pyx_ApplySequenceOrMappingFlag(PyTypeObject *tp, int is_sequence);
+#else
+#define __Pyx_ApplySequenceOrMappingFlag(tp, is_sequence) (0)
+#endif
 
 /* GetVTable.proto (used by MergeVTables) */
 static int __Pyx_GetVtable(PyTypeObject *type, void** table);
@@ -2895,6 +3008,9 @@ static int __Pyx__SetItemOnTypeDict(PyTypeObject *tp, PyObject *k, PyObject *v);
 
 /* SetupReduce.export */
 static int __Pyx_setup_reduce(PyObject* type_obj);
+
+/* FunctionImport.proto */
+static int __Pyx_ImportFunction_3_3_1(PyObject *module, const char *funcname, void (**f)(void), const char *sig);
 
 /* dict_setdefault.proto (used by FetchCommonType) */
 static CYTHON_INLINE PyObject *__Pyx_PyDict_SetDefault(PyObject *d, PyObject *key, PyObject *default_value);
@@ -3166,6 +3282,12 @@ static CYTHON_INLINE __Pyx_memviewslice __Pyx_PyObject_to_MemoryviewSlice_dc_PY_
 /* ObjectToMemviewSlice.proto */
 static CYTHON_INLINE __Pyx_memviewslice __Pyx_PyObject_to_MemoryviewSlice_dc_unsigned_char(PyObject *, int writable_flag);
 
+/* ObjectToMemviewSlice.proto */
+static CYTHON_INLINE __Pyx_memviewslice __Pyx_PyObject_to_MemoryviewSlice_d_dc_PY_LONG_LONG(PyObject *, int writable_flag);
+
+/* ObjectToMemviewSlice.proto */
+static CYTHON_INLINE __Pyx_memviewslice __Pyx_PyObject_to_MemoryviewSlice_dc_int(PyObject *, int writable_flag);
+
 /* MemviewSliceCopy.proto */
 static __Pyx_memviewslice
 __pyx_memoryview_copy_new_contig(const __Pyx_memviewslice *from_mvs,
@@ -3175,6 +3297,9 @@ __pyx_memoryview_copy_new_contig(const __Pyx_memviewslice *from_mvs,
 
 /* CIntFromPy.proto */
 static CYTHON_INLINE PY_LONG_LONG __Pyx_PyLong_As_PY_LONG_LONG(PyObject *);
+
+/* CIntFromPy.proto */
+static CYTHON_INLINE int __Pyx_PyLong_As_int(PyObject *);
 
 /* PyObjectVectorcallMethodKwds.proto (used by CIntToPy) */
 #if CYTHON_VECTORCALL
@@ -3189,6 +3314,12 @@ static CYTHON_INLINE PyObject* __Pyx_PyLong_From_PY_LONG_LONG(PY_LONG_LONG value
 /* CIntToPy.proto */
 static CYTHON_INLINE PyObject* __Pyx_PyLong_From___pyx_anon_enum(int value);
 
+/* CIntToPy.proto */
+static CYTHON_INLINE PyObject* __Pyx_PyLong_From_int(int value);
+
+/* CIntToPy.proto */
+static CYTHON_INLINE PyObject* __Pyx_PyLong_From_long(long value);
+
 /* PyObjectCallMethod1.proto (used by UpdateUnpickledDict) */
 static CYTHON_INLINE PyObject* __Pyx_PyObject_CallMethod1(PyObject* obj, PyObject* method_name, PyObject* arg);
 
@@ -3202,16 +3333,7 @@ static void __Pyx_RaiseUnpickleChecksumError(long checksum, long checksum1, long
 static CYTHON_INLINE int __Pyx_CheckUnpickleChecksum(long checksum, long checksum1, long checksum2, long checksum3, const char *members);
 
 /* CIntFromPy.proto */
-static CYTHON_INLINE int __Pyx_PyLong_As_int(PyObject *);
-
-/* CIntFromPy.proto */
 static CYTHON_INLINE long __Pyx_PyLong_As_long(PyObject *);
-
-/* CIntToPy.proto */
-static CYTHON_INLINE PyObject* __Pyx_PyLong_From_int(int value);
-
-/* CIntToPy.proto */
-static CYTHON_INLINE PyObject* __Pyx_PyLong_From_long(long value);
 
 /* CIntFromPy.proto */
 static CYTHON_INLINE char __Pyx_PyLong_As_char(PyObject *);
@@ -3224,6 +3346,111 @@ static void __Pyx_init_runtime_version(void);
 #define __Pyx_init_runtime_version()
 #endif
 static unsigned long __Pyx_get_runtime_version(void);
+
+/* IterNextPlain.proto (used by CoroutineBase) */
+static CYTHON_INLINE PyObject *__Pyx_PyIter_Next_Plain(PyObject *iterator);
+#if CYTHON_COMPILING_IN_LIMITED_API && __PYX_LIMITED_VERSION_HEX < 0x030A0000
+static PyObject *__Pyx_GetBuiltinNext_LimitedAPI(void);
+#endif
+
+/* PyObjectCallNoArg.proto (used by CoroutineBase) */
+static CYTHON_INLINE PyObject* __Pyx_PyObject_CallNoArg(PyObject *func);
+
+/* ReturnWithStopIteration.proto (used by CoroutineBase) */
+static CYTHON_INLINE void __Pyx_ReturnWithStopIteration(PyObject* value, int async, int iternext);
+
+/* CoroutineBase.proto (used by Generator) */
+struct __pyx_CoroutineObject;
+typedef PyObject *(*__pyx_coroutine_body_t)(struct __pyx_CoroutineObject *, PyThreadState *, PyObject *);
+#if CYTHON_USE_EXC_INFO_STACK
+#define __Pyx_ExcInfoStruct  _PyErr_StackItem
+#else
+typedef struct {
+    PyObject *exc_type;
+    PyObject *exc_value;
+    PyObject *exc_traceback;
+} __Pyx_ExcInfoStruct;
+#endif
+typedef struct __pyx_CoroutineObject {
+    PyObject_HEAD
+    __pyx_coroutine_body_t body;
+    PyObject *closure;
+    __Pyx_ExcInfoStruct gi_exc_state;
+#if PY_VERSION_HEX < 0x030C0000 || CYTHON_COMPILING_IN_LIMITED_API
+    PyObject *gi_weakreflist;
+#endif
+    PyObject *classobj;
+    PyObject *yieldfrom;
+    __Pyx_pyiter_sendfunc yieldfrom_am_send;
+    PyObject *gi_name;
+    PyObject *gi_qualname;
+    PyObject *gi_modulename;
+    PyObject *gi_code;
+    PyObject *gi_frame;
+#if CYTHON_USE_SYS_MONITORING && (CYTHON_PROFILE || CYTHON_TRACE)
+    PyMonitoringState __pyx_pymonitoring_state[__Pyx_MonitoringEventTypes_CyGen_count];
+    uint64_t __pyx_pymonitoring_version;
+#endif
+    int resume_label;
+    char is_running;
+} __pyx_CoroutineObject;
+static __pyx_CoroutineObject *__Pyx__Coroutine_New(
+    PyTypeObject *type, __pyx_coroutine_body_t body, PyObject *code, PyObject *closure,
+    PyObject *name, PyObject *qualname, PyObject *module_name);
+static __pyx_CoroutineObject *__Pyx__Coroutine_NewInit(
+            __pyx_CoroutineObject *gen, __pyx_coroutine_body_t body, PyObject *code, PyObject *closure,
+            PyObject *name, PyObject *qualname, PyObject *module_name);
+static CYTHON_INLINE void __Pyx_Coroutine_ExceptionClear(__Pyx_ExcInfoStruct *self);
+static int __Pyx_Coroutine_clear(PyObject *self);
+static __Pyx_PySendResult __Pyx_Coroutine_AmSend(PyObject *self, PyObject *value, PyObject **retval);
+static PyObject *__Pyx_Coroutine_Send(PyObject *self, PyObject *value);
+static __Pyx_PySendResult __Pyx_Coroutine_Close(PyObject *self, PyObject **retval);
+static PyObject *__Pyx_Coroutine_Throw(PyObject *gen,
+#if CYTHON_COMPILING_IN_LIMITED_API && __PYX_LIMITED_VERSION_HEX < 0x030A0000
+    PyObject *args
+#else
+    PyObject *const *args, Py_ssize_t nargs
+#endif
+    );
+#if CYTHON_USE_EXC_INFO_STACK
+#define __Pyx_Coroutine_SwapException(self)
+#define __Pyx_Coroutine_ResetAndClearException(self)  __Pyx_Coroutine_ExceptionClear(&(self)->gi_exc_state)
+#else
+#define __Pyx_Coroutine_SwapException(self) {\
+    __Pyx_ExceptionSwap(&(self)->gi_exc_state.exc_type, &(self)->gi_exc_state.exc_value, &(self)->gi_exc_state.exc_traceback);\
+    __Pyx_Coroutine_ResetFrameBackpointer(&(self)->gi_exc_state);\
+    }
+#define __Pyx_Coroutine_ResetAndClearException(self) {\
+    __Pyx_ExceptionReset((self)->gi_exc_state.exc_type, (self)->gi_exc_state.exc_value, (self)->gi_exc_state.exc_traceback);\
+    (self)->gi_exc_state.exc_type = (self)->gi_exc_state.exc_value = (self)->gi_exc_state.exc_traceback = NULL;\
+    }
+#endif
+#if CYTHON_FAST_THREAD_STATE
+#define __Pyx_PyGen_FetchStopIterationValue(pvalue)\
+    __Pyx_PyGen__FetchStopIterationValue(__pyx_tstate, pvalue)
+#else
+#define __Pyx_PyGen_FetchStopIterationValue(pvalue)\
+    __Pyx_PyGen__FetchStopIterationValue(__Pyx_PyThreadState_Current, pvalue)
+#endif
+static int __Pyx_PyGen__FetchStopIterationValue(PyThreadState *tstate, PyObject **pvalue);
+static CYTHON_INLINE void __Pyx_Coroutine_ResetFrameBackpointer(__Pyx_ExcInfoStruct *exc_state);
+static char __Pyx_Coroutine_test_and_set_is_running(__pyx_CoroutineObject *gen);
+static void __Pyx_Coroutine_unset_is_running(__pyx_CoroutineObject *gen);
+static char __Pyx_Coroutine_get_is_running(__pyx_CoroutineObject *gen);
+static PyObject *__Pyx_Coroutine_get_is_running_getter(PyObject *gen, void *closure);
+#if __PYX_HAS_PY_AM_SEND == 2
+static void __Pyx_SetBackportTypeAmSend(PyTypeObject *type, __Pyx_PyAsyncMethodsStruct *static_amsend_methods, __Pyx_pyiter_sendfunc am_send);
+#endif
+static PyObject *__Pyx_Coroutine_fail_reduce_ex(PyObject *self, PyObject *arg);
+
+/* Generator.proto */
+#define __Pyx_Generator_USED
+#define __Pyx_Generator_CheckExact(obj) Py_IS_TYPE(obj, __pyx_mstate_global->__pyx_GeneratorType)
+#define __Pyx_Generator_New(body, code, closure, name, qualname, module_name)\
+    __Pyx__Coroutine_New(__pyx_mstate_global->__pyx_GeneratorType, body, code, closure, name, qualname, module_name)
+static PyObject *__Pyx_Generator_Next(PyObject *self);
+static int __pyx_Generator_init(PyObject *module);
+static CYTHON_INLINE PyObject *__Pyx_Generator_GetInlinedResult(PyObject *self);
 
 /* CheckBinaryVersion.proto */
 static int __Pyx_check_binary_version(unsigned long ct_version, unsigned long rt_version, int allow_newer);
@@ -3320,6 +3547,13 @@ static PyObject *__pyx_memoryviewslice_convert_item_to_object(struct __pyx_memor
 static PyObject *__pyx_memoryviewslice_assign_item_from_object(struct __pyx_memoryviewslice_obj *__pyx_v_self, char *__pyx_v_itemp, PyObject *__pyx_v_value); /* proto*/
 static PyObject *__pyx_memoryviewslice__get_base(struct __pyx_memoryviewslice_obj *__pyx_v_self); /* proto*/
 
+/* Module declarations from "libc.string" */
+
+/* Module declarations from "cupy_dash._varlen_sched" */
+static PyObject *(*__pyx_f_9cupy_dash_13_varlen_sched_sequence_shapes)(__Pyx_memviewslice, __Pyx_memviewslice, __Pyx_memviewslice, PY_LONG_LONG, PY_LONG_LONG, int, int __pyx_skip_dispatch); /*proto*/
+static PyObject *(*__pyx_f_9cupy_dash_13_varlen_sched_busiest_load)(int, __Pyx_memviewslice, __Pyx_memviewslice, __Pyx_memviewslice, __Pyx_memviewslice, __Pyx_memviewslice, PY_LONG_LONG, int, PY_LONG_LONG, int __pyx_skip_dispatch, struct __pyx_opt_args_9cupy_dash_13_varlen_sched_busiest_load *__pyx_optional_args); /*proto*/
+static PyObject *(*__pyx_f_9cupy_dash_13_varlen_sched_build_varlen)(int, __Pyx_memviewslice, __Pyx_memviewslice, __Pyx_memviewslice, __Pyx_memviewslice, __Pyx_memviewslice, PY_LONG_LONG, int, PY_LONG_LONG, int __pyx_skip_dispatch, struct __pyx_opt_args_9cupy_dash_13_varlen_sched_build_varlen *__pyx_optional_args); /*proto*/
+
 /* Module declarations from "cupy_dash._varlen_pack" */
 static PyObject *__pyx_collections_abc_Sequence = 0;
 static PyObject *generic = 0;
@@ -3330,6 +3564,9 @@ static PyObject *indirect_contiguous = 0;
 static int __pyx_memoryview_thread_locks_used;
 static PyThread_type_lock __pyx_memoryview_thread_locks[8];
 static CYTHON_INLINE PY_LONG_LONG __pyx_f_9cupy_dash_12_varlen_pack_aligned(PY_LONG_LONG); /*proto*/
+static PyObject *__pyx_f_9cupy_dash_12_varlen_pack_pack(__Pyx_memviewslice, __Pyx_memviewslice, __Pyx_memviewslice, __Pyx_memviewslice, __Pyx_memviewslice, __Pyx_memviewslice, __Pyx_memviewslice, __Pyx_memviewslice, PY_LONG_LONG, PY_LONG_LONG, int, int __pyx_skip_dispatch); /*proto*/
+static CYTHON_INLINE double __pyx_f_9cupy_dash_12_varlen_pack_column_model(PY_LONG_LONG, PY_LONG_LONG, PY_LONG_LONG, int, double, double); /*proto*/
+static CYTHON_INLINE int __pyx_f_9cupy_dash_12_varlen_pack_rank_rule_of(int, int); /*proto*/
 static int __pyx_array_allocate_buffer(struct __pyx_array_obj *); /*proto*/
 static struct __pyx_array_obj *__pyx_array_new(PyObject *, Py_ssize_t, char *, char const *, char *); /*proto*/
 static PyObject *__pyx_memoryview_new(PyObject *, int, int, __Pyx_TypeInfo const *); /*proto*/
@@ -3372,6 +3609,7 @@ static const __Pyx_TypeInfo __Pyx_TypeInfo_int__const__ = { "const int", NULL, s
 static const __Pyx_TypeInfo __Pyx_TypeInfo_PY_LONG_LONG__const__ = { "const long long", NULL, sizeof(PY_LONG_LONG const ), { 0 }, 0, __PYX_IS_UNSIGNED(PY_LONG_LONG const ) ? 'U' : 'I', __PYX_IS_UNSIGNED(PY_LONG_LONG const ), 0 };
 static const __Pyx_TypeInfo __Pyx_TypeInfo_PY_LONG_LONG = { "long long", NULL, sizeof(PY_LONG_LONG), { 0 }, 0, __PYX_IS_UNSIGNED(PY_LONG_LONG) ? 'U' : 'I', __PYX_IS_UNSIGNED(PY_LONG_LONG), 0 };
 static const __Pyx_TypeInfo __Pyx_TypeInfo_unsigned_char = { "unsigned char", NULL, sizeof(unsigned char), { 0 }, 0, __PYX_IS_UNSIGNED(unsigned char) ? 'U' : 'I', __PYX_IS_UNSIGNED(unsigned char), 0 };
+static const __Pyx_TypeInfo __Pyx_TypeInfo_int = { "int", NULL, sizeof(int), { 0 }, 0, __PYX_IS_UNSIGNED(int) ? 'U' : 'I', __PYX_IS_UNSIGNED(int), 0 };
 /* #### Code section: before_global_var ### */
 #define __Pyx_MODULE_NAME "cupy_dash._varlen_pack"
 extern int __pyx_module_is_main_cupy_dash___varlen_pack;
@@ -3379,6 +3617,7 @@ int __pyx_module_is_main_cupy_dash___varlen_pack = 0;
 
 /* Implementation of "cupy_dash._varlen_pack" */
 /* #### Code section: global_var ### */
+static PyObject *__pyx_builtin_min;
 static PyObject *__pyx_builtin___import__;
 static PyObject *__pyx_builtin_enumerate;
 static PyObject *__pyx_builtin_Ellipsis;
@@ -3390,7 +3629,7 @@ static const char __pyx_k_fortran[] = "fortran";
 static const char __pyx_k_Dimension_d_is_not_direct[] = "Dimension %d is not direct";
 static const char __pyx_k_Cannot_index_with_type_200U[] = "Cannot index with type \047%.200U\047";
 static const char __pyx_k_itemsize_0_for_cython_array[] = "itemsize <= 0 for cython.array";
-static const char __pyx_k_A_packed_batch_s_compact_varlen[] = "A packed batch\047s compact varlen records in the byte layout that is uploaded (one host buffer, one copy).\n\nThe arrays of varlen_device.device_arrays (what the DASH_COMPACT + DASH_VARLEN kernel and kernels_src/bwd_expand.cu\nread) plus, for the GPU expansion, each CTA\047s first row in the per-visit table, and the lengths as cu_seqlens,\neach at a 256-byte aligned offset of one uint8 buffer. tile_columns and the CTAs\047 row starts are computed here\nin one pass each (varlen_device.tile_columns / cta_visit_start are the numpy statements of the same values,\nwhich the tests compare with these), so that a new packing costs one call rather than a dozen numpy ones.\n";
+static const char __pyx_k_A_packed_batch_s_compact_varlen[] = "A packed batch\047s compact varlen records in the byte layout that is uploaded (one host buffer, one copy).\n\nThe arrays of varlen_device.device_arrays (what the DASH_COMPACT + DASH_VARLEN kernel and kernels_src/bwd_expand.cu\nread) plus, for the GPU expansion, each CTA\047s first row in the per-visit table, and the lengths as cu_seqlens,\neach at a 256-byte aligned offset of one uint8 buffer. tile_columns and the CTAs\047 row starts are computed here\nin one pass each (varlen_device.tile_columns / cta_visit_start are the numpy statements of the same values,\nwhich the tests compare with these), so that a new packing costs one call rather than a dozen numpy ones.\n\n``new_packing`` is the whole host side of a training step\047s new packing in one call: the per-sequence windows,\nshapes and dispatch order, ``auto``\047s choice, the records and the packed upload, the same steps as\nvarlen_schedule.build_varlen + pack (tests/test_varlen_compact.py compares the bytes) without their Python glue.\n";
 static const char __pyx_k_Buffer_view_does_not_expose_stri[] = "Buffer view does not expose strides";
 static const char __pyx_k_Can_only_create_a_buffer_that_is[] = "Can only create a buffer that is contiguous in memory.";
 static const char __pyx_k_Cannot_create_writable_memory_vi[] = "Cannot create writable memory view from read-only memoryview";
@@ -3443,6 +3682,31 @@ static PyObject *__pyx_pf___pyx_memoryviewslice___reduce_cython__(CYTHON_UNUSED 
 static PyObject *__pyx_pf___pyx_memoryviewslice_2__setstate_cython__(CYTHON_UNUSED struct __pyx_memoryviewslice_obj *__pyx_v_self, CYTHON_UNUSED PyObject *__pyx_v___pyx_state); /* proto */
 static PyObject *__pyx_pf_15View_dot_MemoryView___pyx_unpickle_Enum(CYTHON_UNUSED PyObject *__pyx_self, PyObject *__pyx_v___pyx_type, long __pyx_v___pyx_checksum, PyObject *__pyx_v___pyx_state); /* proto */
 static PyObject *__pyx_pf_9cupy_dash_12_varlen_pack_pack(CYTHON_UNUSED PyObject *__pyx_self, __Pyx_memviewslice __pyx_v_records, __Pyx_memviewslice __pyx_v_cta_columns, __Pyx_memviewslice __pyx_v_cta_col_start, __Pyx_memviewslice __pyx_v_seg_col_start, __Pyx_memviewslice __pyx_v_n_first, __Pyx_memviewslice __pyx_v_num_m_blocks, __Pyx_memviewslice __pyx_v_seqlens_q, __Pyx_memviewslice __pyx_v_seqlens_k, PY_LONG_LONG __pyx_v_kv_heads, PY_LONG_LONG __pyx_v_group_size, int __pyx_v_visit_starts); /* proto */
+static PyObject *__pyx_pf_9cupy_dash_12_varlen_pack_11new_packing_genexpr(CYTHON_UNUSED PyObject *__pyx_self, PyObject *__pyx_genexpr_arg_0); /* proto */
+static PyObject *__pyx_pf_9cupy_dash_12_varlen_pack_2new_packing(CYTHON_UNUSED PyObject *__pyx_self, int __pyx_v_policy, __Pyx_memviewslice __pyx_v_sq, __Pyx_memviewslice __pyx_v_sk, PY_LONG_LONG __pyx_v_left, PY_LONG_LONG __pyx_v_right, PY_LONG_LONG __pyx_v_bm, PY_LONG_LONG __pyx_v_bn, PY_LONG_LONG __pyx_v_heads, PY_LONG_LONG __pyx_v_group, int __pyx_v_causal, PY_LONG_LONG __pyx_v_num_sms, PyObject *__pyx_v_candidates, double __pyx_v_c, double __pyx_v_r, double __pyx_v_tolerance, PY_LONG_LONG __pyx_v_few_grouped, int __pyx_v_visit_starts); /* proto */
+static PyObject *__pyx_tp_new__initialisation_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr(PyObject *o, 
+#if CYTHON_VECTORCALL_TPNEW
+    PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames
+#else
+    PyObject *a, PyObject *k
+#endif
+); /*proto*/
+static PyObject *__pyx_tp_new_vectorcall_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr(PyTypeObject *t, 
+#if CYTHON_VECTORCALL_TPNEW
+    PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames
+#else
+    PyObject *a, PyObject *k
+#endif
+); /*proto*/
+#if CYTHON_VECTORCALL_TPNEW
+static PyObject *__pyx_tp_new_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr(PyTypeObject *t, PyObject *a, PyObject *k); /*proto*/
+#endif
+#if !CYTHON_VECTORCALL_TPNEW
+#define __pyx_tp_new_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr __pyx_tp_new_vectorcall_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr
+#endif
+#if CYTHON_VECTORCALL_TPNEW
+static PyObject *__pyx_tp_vectorcall_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr(PyObject *t, PyObject *const *args, size_t nargsf, PyObject *kwnames); /*proto*/
+#endif
 static PyObject *__pyx_tp_new__initialisation_array(PyObject *o, 
 #if CYTHON_VECTORCALL_TPNEW
     PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames
@@ -3564,10 +3828,12 @@ namespace {
     PyObject *__pyx_empty_tuple;
     PyObject *__pyx_empty_bytes;
     PyObject *__pyx_empty_unicode;
+    PyObject *__pyx_type_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr;
     PyObject *__pyx_type___pyx_array;
     PyObject *__pyx_type___pyx_MemviewEnum;
     PyObject *__pyx_type___pyx_memoryview;
     PyObject *__pyx_type___pyx_memoryviewslice;
+    PyTypeObject *__pyx_ptype_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr;
     PyTypeObject *__pyx_array_type;
     PyTypeObject *__pyx_MemviewEnum_type;
     PyTypeObject *__pyx_memoryview_type;
@@ -3576,9 +3842,9 @@ namespace {
     __Pyx_CachedCFunction __pyx_umethod_PyDict_Type_pop;
     __Pyx_CachedCFunction __pyx_umethod_PyDict_Type_values;
     PyObject *__pyx_slice[1];
-    PyObject *__pyx_tuple[5];
-    PyObject *__pyx_codeobj_tab[1];
-    PyObject *__pyx_string_tab[158];
+    PyObject *__pyx_tuple[6];
+    PyObject *__pyx_codeobj_tab[3];
+    PyObject *__pyx_string_tab[202];
     PyObject *__pyx_number_tab[6];
 /* #### Code section: module_state_contents ### */
 /* PyFrozenDict.module_state_decls */
@@ -3586,6 +3852,11 @@ namespace {
 PyObject *__Pyx_PyFrozenDictType;
 #endif
 
+
+#if CYTHON_USE_FREELISTS
+struct __pyx_obj_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr *__pyx_freelist_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr[8];
+int __pyx_freecount_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr;
+#endif
 /* CommonTypesMetaclass.module_state_decls */
 PyTypeObject *__pyx_CommonTypesMetaclassType;
 
@@ -3599,6 +3870,14 @@ PyTypeObject *__pyx_CyFunctionType;
 
 /* CodeObjectCache.module_state_decls */
 struct __Pyx_CodeObjectCache __pyx_code_cache;
+
+/* IterNextPlain.module_state_decls */
+#if CYTHON_COMPILING_IN_LIMITED_API && __PYX_LIMITED_VERSION_HEX < 0x030A0000
+PyObject *__Pyx_GetBuiltinNext_LimitedAPI_cache;
+#endif
+
+/* Generator.module_state_decls */
+PyTypeObject *__pyx_GeneratorType;
 
 /* #### Code section: module_state_end ### */
 } __pyx_mstatetype;
@@ -3660,132 +3939,176 @@ static __pyx_mstatetype * const __pyx_mstate_global = &__pyx_mstate_global_stati
 #define __pyx_n_u_DTYPES __pyx_string_tab[29]
 #define __pyx_n_u_Ellipsis __pyx_string_tab[30]
 #define __pyx_n_u_G __pyx_string_tab[31]
-#define __pyx_n_u_L __pyx_string_tab[32]
+#define __pyx_n_u_Hkv __pyx_string_tab[32]
 #define __pyx_n_u_NAMES __pyx_string_tab[33]
-#define __pyx_n_u_S __pyx_string_tab[34]
-#define __pyx_n_u_Sequence __pyx_string_tab[35]
-#define __pyx_n_u_View_MemoryView __pyx_string_tab[36]
-#define __pyx_n_u_Pyx_PyDict_NextRef __pyx_string_tab[37]
-#define __pyx_n_u_annotate __pyx_string_tab[38]
-#define __pyx_n_u_class __pyx_string_tab[39]
-#define __pyx_n_u_class_getitem __pyx_string_tab[40]
-#define __pyx_n_u_dict __pyx_string_tab[41]
-#define __pyx_n_u_func __pyx_string_tab[42]
-#define __pyx_n_u_getstate __pyx_string_tab[43]
-#define __pyx_n_u_import __pyx_string_tab[44]
-#define __pyx_n_u_main __pyx_string_tab[45]
-#define __pyx_n_u_module __pyx_string_tab[46]
-#define __pyx_n_u_name_2 __pyx_string_tab[47]
-#define __pyx_n_u_new __pyx_string_tab[48]
-#define __pyx_n_u_pyx_checksum __pyx_string_tab[49]
-#define __pyx_n_u_pyx_state __pyx_string_tab[50]
-#define __pyx_n_u_pyx_type __pyx_string_tab[51]
-#define __pyx_n_u_pyx_unpickle_Enum __pyx_string_tab[52]
-#define __pyx_n_u_pyx_vtable __pyx_string_tab[53]
-#define __pyx_n_u_qualname __pyx_string_tab[54]
-#define __pyx_n_u_reduce __pyx_string_tab[55]
-#define __pyx_n_u_reduce_cython __pyx_string_tab[56]
-#define __pyx_n_u_reduce_ex __pyx_string_tab[57]
-#define __pyx_n_u_set_name __pyx_string_tab[58]
-#define __pyx_n_u_setstate __pyx_string_tab[59]
-#define __pyx_n_u_setstate_cython __pyx_string_tab[60]
-#define __pyx_n_u_test __pyx_string_tab[61]
-#define __pyx_n_u_is_coroutine __pyx_string_tab[62]
+#define __pyx_n_u_Sequence __pyx_string_tab[34]
+#define __pyx_n_u_View_MemoryView __pyx_string_tab[35]
+#define __pyx_n_u_Pyx_PyDict_NextRef __pyx_string_tab[36]
+#define __pyx_n_u_annotate __pyx_string_tab[37]
+#define __pyx_n_u_class __pyx_string_tab[38]
+#define __pyx_n_u_class_getitem __pyx_string_tab[39]
+#define __pyx_n_u_dict __pyx_string_tab[40]
+#define __pyx_n_u_func __pyx_string_tab[41]
+#define __pyx_n_u_getstate __pyx_string_tab[42]
+#define __pyx_n_u_import __pyx_string_tab[43]
+#define __pyx_n_u_main __pyx_string_tab[44]
+#define __pyx_n_u_module __pyx_string_tab[45]
+#define __pyx_n_u_name_2 __pyx_string_tab[46]
+#define __pyx_n_u_new __pyx_string_tab[47]
+#define __pyx_n_u_pyx_checksum __pyx_string_tab[48]
+#define __pyx_n_u_pyx_state __pyx_string_tab[49]
+#define __pyx_n_u_pyx_type __pyx_string_tab[50]
+#define __pyx_n_u_pyx_unpickle_Enum __pyx_string_tab[51]
+#define __pyx_n_u_pyx_vtable __pyx_string_tab[52]
+#define __pyx_n_u_qualname __pyx_string_tab[53]
+#define __pyx_n_u_reduce __pyx_string_tab[54]
+#define __pyx_n_u_reduce_cython __pyx_string_tab[55]
+#define __pyx_n_u_reduce_ex __pyx_string_tab[56]
+#define __pyx_n_u_set_name __pyx_string_tab[57]
+#define __pyx_n_u_setstate __pyx_string_tab[58]
+#define __pyx_n_u_setstate_cython __pyx_string_tab[59]
+#define __pyx_n_u_test __pyx_string_tab[60]
+#define __pyx_n_u_is_coroutine __pyx_string_tab[61]
+#define __pyx_n_u_a __pyx_string_tab[62]
 #define __pyx_n_u_abc __pyx_string_tab[63]
 #define __pyx_n_u_allocate_buffer __pyx_string_tab[64]
-#define __pyx_n_u_asyncio_coroutines __pyx_string_tab[65]
-#define __pyx_n_u_b __pyx_string_tab[66]
-#define __pyx_n_u_base __pyx_string_tab[67]
-#define __pyx_n_u_buf __pyx_string_tab[68]
-#define __pyx_n_u_buf_arr __pyx_string_tab[69]
-#define __pyx_n_u_c __pyx_string_tab[70]
-#define __pyx_n_u_cline_in_traceback __pyx_string_tab[71]
-#define __pyx_n_u_col_records __pyx_string_tab[72]
-#define __pyx_n_u_cols_out __pyx_string_tab[73]
-#define __pyx_n_u_count __pyx_string_tab[74]
-#define __pyx_n_u_cs_out __pyx_string_tab[75]
-#define __pyx_n_u_cta_col_start __pyx_string_tab[76]
-#define __pyx_n_u_cta_columns __pyx_string_tab[77]
-#define __pyx_n_u_cta_start __pyx_string_tab[78]
-#define __pyx_n_u_cu_k __pyx_string_tab[79]
-#define __pyx_n_u_cu_q __pyx_string_tab[80]
-#define __pyx_n_u_cu_seqlens_k __pyx_string_tab[81]
-#define __pyx_n_u_cu_seqlens_q __pyx_string_tab[82]
-#define __pyx_n_u_cupy_dash__varlen_pack __pyx_string_tab[83]
-#define __pyx_n_u_dtype __pyx_string_tab[84]
-#define __pyx_n_u_dtype_is_object __pyx_string_tab[85]
-#define __pyx_n_u_empty __pyx_string_tab[86]
-#define __pyx_n_u_encode __pyx_string_tab[87]
-#define __pyx_n_u_enumerate __pyx_string_tab[88]
-#define __pyx_n_u_error __pyx_string_tab[89]
-#define __pyx_n_u_flags __pyx_string_tab[90]
-#define __pyx_n_u_format __pyx_string_tab[91]
-#define __pyx_n_u_fortran __pyx_string_tab[92]
-#define __pyx_n_u_full __pyx_string_tab[93]
-#define __pyx_n_u_group_size __pyx_string_tab[94]
-#define __pyx_n_u_i __pyx_string_tab[95]
-#define __pyx_n_u_id __pyx_string_tab[96]
-#define __pyx_n_u_index __pyx_string_tab[97]
-#define __pyx_n_u_int32 __pyx_string_tab[98]
-#define __pyx_n_u_int64 __pyx_string_tab[99]
-#define __pyx_n_u_items __pyx_string_tab[100]
-#define __pyx_n_u_itemsize __pyx_string_tab[101]
-#define __pyx_n_u_k __pyx_string_tab[102]
-#define __pyx_n_u_kv_heads __pyx_string_tab[103]
-#define __pyx_n_u_last __pyx_string_tab[104]
-#define __pyx_n_u_m __pyx_string_tab[105]
-#define __pyx_n_u_memview __pyx_string_tab[106]
-#define __pyx_n_u_mode __pyx_string_tab[107]
-#define __pyx_n_u_n_first __pyx_string_tab[108]
-#define __pyx_n_u_name __pyx_string_tab[109]
-#define __pyx_n_u_ncols __pyx_string_tab[110]
-#define __pyx_n_u_ndim __pyx_string_tab[111]
-#define __pyx_n_u_nf_out __pyx_string_tab[112]
-#define __pyx_n_u_np __pyx_string_tab[113]
-#define __pyx_n_u_num_m_blocks __pyx_string_tab[114]
-#define __pyx_n_u_numpy __pyx_string_tab[115]
-#define __pyx_n_u_obj __pyx_string_tab[116]
-#define __pyx_n_u_off __pyx_string_tab[117]
-#define __pyx_n_u_offsets_arr __pyx_string_tab[118]
-#define __pyx_n_u_p_hi __pyx_string_tab[119]
-#define __pyx_n_u_p_lo __pyx_string_tab[120]
-#define __pyx_n_u_pack __pyx_string_tab[121]
-#define __pyx_n_u_pop __pyx_string_tab[122]
-#define __pyx_n_u_r0 __pyx_string_tab[123]
-#define __pyx_n_u_rec_out __pyx_string_tab[124]
-#define __pyx_n_u_records __pyx_string_tab[125]
-#define __pyx_n_u_register __pyx_string_tab[126]
-#define __pyx_n_u_row __pyx_string_tab[127]
-#define __pyx_n_u_seg_col_start __pyx_string_tab[128]
-#define __pyx_n_u_seg_out __pyx_string_tab[129]
-#define __pyx_n_u_seq_n_first __pyx_string_tab[130]
-#define __pyx_n_u_seq_tile_start __pyx_string_tab[131]
-#define __pyx_n_u_seqlens_k __pyx_string_tab[132]
-#define __pyx_n_u_seqlens_q __pyx_string_tab[133]
-#define __pyx_n_u_setdefault __pyx_string_tab[134]
-#define __pyx_n_u_shape __pyx_string_tab[135]
-#define __pyx_n_u_shapes __pyx_string_tab[136]
-#define __pyx_n_u_size __pyx_string_tab[137]
-#define __pyx_n_u_sizes __pyx_string_tab[138]
-#define __pyx_n_u_start __pyx_string_tab[139]
-#define __pyx_n_u_step __pyx_string_tab[140]
-#define __pyx_n_u_stop __pyx_string_tab[141]
-#define __pyx_n_u_struct __pyx_string_tab[142]
-#define __pyx_n_u_tile_columns __pyx_string_tab[143]
-#define __pyx_n_u_tile_start __pyx_string_tab[144]
-#define __pyx_n_u_tiles __pyx_string_tab[145]
-#define __pyx_n_u_total __pyx_string_tab[146]
-#define __pyx_n_u_total_m __pyx_string_tab[147]
-#define __pyx_n_u_uint8 __pyx_string_tab[148]
-#define __pyx_n_u_unpack __pyx_string_tab[149]
-#define __pyx_n_u_update __pyx_string_tab[150]
-#define __pyx_n_u_values __pyx_string_tab[151]
-#define __pyx_n_u_visit_starts __pyx_string_tab[152]
-#define __pyx_n_u_visits __pyx_string_tab[153]
-#define __pyx_n_u_vstart __pyx_string_tab[154]
-#define __pyx_n_u_x __pyx_string_tab[155]
-#define __pyx_n_b_O __pyx_string_tab[156]
-#define __pyx_kp_b_iso88591_7_fAS_QZZ_aab_F_3b0JJ___vR_q_j __pyx_string_tab[157]
+#define __pyx_n_u_argsort __pyx_string_tab[65]
+#define __pyx_n_u_assign __pyx_string_tab[66]
+#define __pyx_n_u_astype __pyx_string_tab[67]
+#define __pyx_n_u_asyncio_coroutines __pyx_string_tab[68]
+#define __pyx_n_u_b __pyx_string_tab[69]
+#define __pyx_n_u_base __pyx_string_tab[70]
+#define __pyx_n_u_best __pyx_string_tab[71]
+#define __pyx_n_u_best_policy __pyx_string_tab[72]
+#define __pyx_n_u_bm __pyx_string_tab[73]
+#define __pyx_n_u_bn __pyx_string_tab[74]
+#define __pyx_n_u_c __pyx_string_tab[75]
+#define __pyx_n_u_cand __pyx_string_tab[76]
+#define __pyx_n_u_candidates __pyx_string_tab[77]
+#define __pyx_n_u_causal __pyx_string_tab[78]
+#define __pyx_n_u_cline_in_traceback __pyx_string_tab[79]
+#define __pyx_n_u_close __pyx_string_tab[80]
+#define __pyx_n_u_col_records __pyx_string_tab[81]
+#define __pyx_n_u_cols __pyx_string_tab[82]
+#define __pyx_n_u_count __pyx_string_tab[83]
+#define __pyx_n_u_cs __pyx_string_tab[84]
+#define __pyx_n_u_cta_col_start __pyx_string_tab[85]
+#define __pyx_n_u_cta_columns __pyx_string_tab[86]
+#define __pyx_n_u_cta_start __pyx_string_tab[87]
+#define __pyx_n_u_cu_seqlens_k __pyx_string_tab[88]
+#define __pyx_n_u_cu_seqlens_q __pyx_string_tab[89]
+#define __pyx_n_u_cupy_dash__varlen_pack __pyx_string_tab[90]
+#define __pyx_n_u_dtype __pyx_string_tab[91]
+#define __pyx_n_u_dtype_is_object __pyx_string_tab[92]
+#define __pyx_n_u_empty __pyx_string_tab[93]
+#define __pyx_n_u_encode __pyx_string_tab[94]
+#define __pyx_n_u_enumerate __pyx_string_tab[95]
+#define __pyx_n_u_equal __pyx_string_tab[96]
+#define __pyx_n_u_error __pyx_string_tab[97]
+#define __pyx_n_u_few_grouped __pyx_string_tab[98]
+#define __pyx_n_u_flags __pyx_string_tab[99]
+#define __pyx_n_u_floor __pyx_string_tab[100]
+#define __pyx_n_u_format __pyx_string_tab[101]
+#define __pyx_n_u_fortran __pyx_string_tab[102]
+#define __pyx_n_u_full __pyx_string_tab[103]
+#define __pyx_n_u_genexpr __pyx_string_tab[104]
+#define __pyx_n_u_group __pyx_string_tab[105]
+#define __pyx_n_u_group_size __pyx_string_tab[106]
+#define __pyx_n_u_heads __pyx_string_tab[107]
+#define __pyx_n_u_i __pyx_string_tab[108]
+#define __pyx_n_u_id __pyx_string_tab[109]
+#define __pyx_n_u_index __pyx_string_tab[110]
+#define __pyx_n_u_info __pyx_string_tab[111]
+#define __pyx_n_u_info_arr __pyx_string_tab[112]
+#define __pyx_n_u_int32 __pyx_string_tab[113]
+#define __pyx_n_u_int64 __pyx_string_tab[114]
+#define __pyx_n_u_items __pyx_string_tab[115]
+#define __pyx_n_u_itemsize __pyx_string_tab[116]
+#define __pyx_n_u_key __pyx_string_tab[117]
+#define __pyx_n_u_key_arr __pyx_string_tab[118]
+#define __pyx_n_u_kind __pyx_string_tab[119]
+#define __pyx_n_u_kv_heads __pyx_string_tab[120]
+#define __pyx_n_u_left __pyx_string_tab[121]
+#define __pyx_n_u_load __pyx_string_tab[122]
+#define __pyx_n_u_loads __pyx_string_tab[123]
+#define __pyx_n_u_m_blocks __pyx_string_tab[124]
+#define __pyx_n_u_m_blocks_arr __pyx_string_tab[125]
+#define __pyx_n_u_memview __pyx_string_tab[126]
+#define __pyx_n_u_min __pyx_string_tab[127]
+#define __pyx_n_u_mode __pyx_string_tab[128]
+#define __pyx_n_u_n_first __pyx_string_tab[129]
+#define __pyx_n_u_n_first_arr __pyx_string_tab[130]
+#define __pyx_n_u_name __pyx_string_tab[131]
+#define __pyx_n_u_ncols_seq __pyx_string_tab[132]
+#define __pyx_n_u_ndim __pyx_string_tab[133]
+#define __pyx_n_u_new_packing __pyx_string_tab[134]
+#define __pyx_n_u_new_packing_locals_genexpr __pyx_string_tab[135]
+#define __pyx_n_u_next __pyx_string_tab[136]
+#define __pyx_n_u_np __pyx_string_tab[137]
+#define __pyx_n_u_num_m_blocks __pyx_string_tab[138]
+#define __pyx_n_u_num_sms __pyx_string_tab[139]
+#define __pyx_n_u_numpy __pyx_string_tab[140]
+#define __pyx_n_u_obj __pyx_string_tab[141]
+#define __pyx_n_u_order __pyx_string_tab[142]
+#define __pyx_n_u_order_arr __pyx_string_tab[143]
+#define __pyx_n_u_out __pyx_string_tab[144]
+#define __pyx_n_u_pack __pyx_string_tab[145]
+#define __pyx_n_u_plain __pyx_string_tab[146]
+#define __pyx_n_u_plain_assign __pyx_string_tab[147]
+#define __pyx_n_u_plain_load __pyx_string_tab[148]
+#define __pyx_n_u_policy __pyx_string_tab[149]
+#define __pyx_n_u_pop __pyx_string_tab[150]
+#define __pyx_n_u_r __pyx_string_tab[151]
+#define __pyx_n_u_records __pyx_string_tab[152]
+#define __pyx_n_u_register __pyx_string_tab[153]
+#define __pyx_n_u_right __pyx_string_tab[154]
+#define __pyx_n_u_right_bound __pyx_string_tab[155]
+#define __pyx_n_u_seg __pyx_string_tab[156]
+#define __pyx_n_u_seg_col_start __pyx_string_tab[157]
+#define __pyx_n_u_send __pyx_string_tab[158]
+#define __pyx_n_u_seq_n_first __pyx_string_tab[159]
+#define __pyx_n_u_seq_tile_start __pyx_string_tab[160]
+#define __pyx_n_u_seqlens_k __pyx_string_tab[161]
+#define __pyx_n_u_seqlens_q __pyx_string_tab[162]
+#define __pyx_n_u_setdefault __pyx_string_tab[163]
+#define __pyx_n_u_shape __pyx_string_tab[164]
+#define __pyx_n_u_size __pyx_string_tab[165]
+#define __pyx_n_u_sk __pyx_string_tab[166]
+#define __pyx_n_u_sq __pyx_string_tab[167]
+#define __pyx_n_u_stable __pyx_string_tab[168]
+#define __pyx_n_u_start __pyx_string_tab[169]
+#define __pyx_n_u_step __pyx_string_tab[170]
+#define __pyx_n_u_stop __pyx_string_tab[171]
+#define __pyx_n_u_struct __pyx_string_tab[172]
+#define __pyx_n_u_t __pyx_string_tab[173]
+#define __pyx_n_u_throw __pyx_string_tab[174]
+#define __pyx_n_u_tie __pyx_string_tab[175]
+#define __pyx_n_u_tile_columns __pyx_string_tab[176]
+#define __pyx_n_u_times __pyx_string_tab[177]
+#define __pyx_n_u_tolerance __pyx_string_tab[178]
+#define __pyx_n_u_total __pyx_string_tab[179]
+#define __pyx_n_u_uint8 __pyx_string_tab[180]
+#define __pyx_n_u_units __pyx_string_tab[181]
+#define __pyx_n_u_unpack __pyx_string_tab[182]
+#define __pyx_n_u_update __pyx_string_tab[183]
+#define __pyx_n_u_value __pyx_string_tab[184]
+#define __pyx_n_u_values __pyx_string_tab[185]
+#define __pyx_n_u_vhi __pyx_string_tab[186]
+#define __pyx_n_u_vhi_arr __pyx_string_tab[187]
+#define __pyx_n_u_visit_starts __pyx_string_tab[188]
+#define __pyx_n_u_vlo __pyx_string_tab[189]
+#define __pyx_n_u_vlo_arr __pyx_string_tab[190]
+#define __pyx_n_u_voff __pyx_string_tab[191]
+#define __pyx_n_u_voff_arr __pyx_string_tab[192]
+#define __pyx_n_u_widest __pyx_string_tab[193]
+#define __pyx_n_u_win __pyx_string_tab[194]
+#define __pyx_n_u_win_arr __pyx_string_tab[195]
+#define __pyx_n_u_x __pyx_string_tab[196]
+#define __pyx_n_b_O __pyx_string_tab[197]
+#define __pyx_kp_b_PyObject___Pyx_memviewslice___Py __pyx_string_tab[198]
+#define __pyx_kp_b_iso88591_r_q_3SS___b_b_4vRq_A_U_1_1CuAU __pyx_string_tab[199]
+#define __pyx_kp_b_iso88591_7_fAS_QZZ_aab_F_3b0JJ___vR_q_j __pyx_string_tab[200]
+#define __pyx_kp_b_iso88591__5 __pyx_string_tab[201]
 #define __pyx_int_0 __pyx_number_tab[0]
 #define __pyx_int_neg_1 __pyx_number_tab[1]
 #define __pyx_int_2 __pyx_number_tab[2]
@@ -3806,6 +4129,8 @@ static CYTHON_SMALL_CODE int __pyx_m_clear(PyObject *m) {
   #if CYTHON_PEP489_MULTI_PHASE_INIT
   __Pyx_State_RemoveModule(NULL);
   #endif
+  Py_CLEAR(clear_module_state->__pyx_ptype_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr);
+  Py_CLEAR(clear_module_state->__pyx_type_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr);
   Py_CLEAR(clear_module_state->__pyx_array_type);
   Py_CLEAR(clear_module_state->__pyx_type___pyx_array);
   Py_CLEAR(clear_module_state->__pyx_MemviewEnum_type);
@@ -3818,9 +4143,9 @@ static CYTHON_SMALL_CODE int __pyx_m_clear(PyObject *m) {
   Py_CLEAR(clear_module_state->__pyx_umethod_PyDict_Type_pop.method);
   Py_CLEAR(clear_module_state->__pyx_umethod_PyDict_Type_values.method);
   for (int i=0; i<1; ++i) { Py_CLEAR(clear_module_state->__pyx_slice[i]); }
-  for (int i=0; i<5; ++i) { Py_CLEAR(clear_module_state->__pyx_tuple[i]); }
-  for (int i=0; i<1; ++i) { Py_CLEAR(clear_module_state->__pyx_codeobj_tab[i]); }
-  for (int i=0; i<158; ++i) { Py_CLEAR(clear_module_state->__pyx_string_tab[i]); }
+  for (int i=0; i<6; ++i) { Py_CLEAR(clear_module_state->__pyx_tuple[i]); }
+  for (int i=0; i<3; ++i) { Py_CLEAR(clear_module_state->__pyx_codeobj_tab[i]); }
+  for (int i=0; i<202; ++i) { Py_CLEAR(clear_module_state->__pyx_string_tab[i]); }
   for (int i=0; i<6; ++i) { Py_CLEAR(clear_module_state->__pyx_number_tab[i]); }
 /* #### Code section: module_state_clear_contents ### */
 /* CommonTypesMetaclass.module_state_clear */
@@ -3828,6 +4153,9 @@ Py_CLEAR(clear_module_state->__pyx_CommonTypesMetaclassType);
 
 /* CythonFunctionPerModule.module_state_clear */
 Py_CLEAR(clear_module_state->__pyx_CyFunctionType);
+
+/* Generator.module_state_clear */
+Py_CLEAR(clear_module_state->__pyx_GeneratorType);
 
 /* #### Code section: module_state_clear_end ### */
 return 0;
@@ -3844,6 +4172,8 @@ static CYTHON_SMALL_CODE int __pyx_m_traverse(PyObject *m, visitproc visit, void
   __Pyx_VISIT_CONST(traverse_module_state->__pyx_empty_tuple);
   __Pyx_VISIT_CONST(traverse_module_state->__pyx_empty_bytes);
   __Pyx_VISIT_CONST(traverse_module_state->__pyx_empty_unicode);
+  Py_VISIT(traverse_module_state->__pyx_ptype_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr);
+  Py_VISIT(traverse_module_state->__pyx_type_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr);
   Py_VISIT(traverse_module_state->__pyx_array_type);
   Py_VISIT(traverse_module_state->__pyx_type___pyx_array);
   Py_VISIT(traverse_module_state->__pyx_MemviewEnum_type);
@@ -3856,9 +4186,9 @@ static CYTHON_SMALL_CODE int __pyx_m_traverse(PyObject *m, visitproc visit, void
   Py_VISIT(traverse_module_state->__pyx_umethod_PyDict_Type_pop.method);
   Py_VISIT(traverse_module_state->__pyx_umethod_PyDict_Type_values.method);
   for (int i=0; i<1; ++i) { __Pyx_VISIT_CONST(traverse_module_state->__pyx_slice[i]); }
-  for (int i=0; i<5; ++i) { __Pyx_VISIT_CONST(traverse_module_state->__pyx_tuple[i]); }
-  for (int i=0; i<1; ++i) { __Pyx_VISIT_CONST(traverse_module_state->__pyx_codeobj_tab[i]); }
-  for (int i=0; i<158; ++i) { __Pyx_VISIT_CONST(traverse_module_state->__pyx_string_tab[i]); }
+  for (int i=0; i<6; ++i) { __Pyx_VISIT_CONST(traverse_module_state->__pyx_tuple[i]); }
+  for (int i=0; i<3; ++i) { __Pyx_VISIT_CONST(traverse_module_state->__pyx_codeobj_tab[i]); }
+  for (int i=0; i<202; ++i) { __Pyx_VISIT_CONST(traverse_module_state->__pyx_string_tab[i]); }
   for (int i=0; i<6; ++i) { __Pyx_VISIT_CONST(traverse_module_state->__pyx_number_tab[i]); }
 /* #### Code section: module_state_traverse_contents ### */
 /* CommonTypesMetaclass.module_state_traverse */
@@ -3866,6 +4196,9 @@ Py_VISIT(traverse_module_state->__pyx_CommonTypesMetaclassType);
 
 /* CythonFunctionPerModule.module_state_traverse */
 Py_VISIT(traverse_module_state->__pyx_CyFunctionType);
+
+/* Generator.module_state_traverse */
+Py_VISIT(traverse_module_state->__pyx_GeneratorType);
 
 /* #### Code section: module_state_traverse_end ### */
 return 0;
@@ -18045,6 +18378,767 @@ static PyObject *__pyx_unpickle_Enum__set_state(struct __pyx_MemviewEnum_obj *__
   return __pyx_r;
 }
 
+/* "cupy_dash/_units.pxi":22
+ * 
+ * 
+ * cdef inline UnitShape unit_shape(int policy, long long M, const long long[::1] lo, const long long[::1] hi,             # <<<<<<<<<<<<<<
+ *                                  long long num_heads, bint causal, long long num_sms,
+ *                                  long long window_right) noexcept:
+*/
+
+static CYTHON_INLINE struct __pyx_t_9cupy_dash_12_varlen_pack_UnitShape __pyx_f_9cupy_dash_12_varlen_pack_unit_shape(int __pyx_v_policy, PY_LONG_LONG __pyx_v_M, __Pyx_memviewslice __pyx_v_lo, __Pyx_memviewslice __pyx_v_hi, PY_LONG_LONG __pyx_v_num_heads, int __pyx_v_causal, PY_LONG_LONG __pyx_v_num_sms, PY_LONG_LONG __pyx_v_window_right) {
+  struct __pyx_t_9cupy_dash_12_varlen_pack_UnitShape __pyx_v_sh;
+  PY_LONG_LONG __pyx_v_n;
+  PY_LONG_LONG __pyx_v_N;
+  int __pyx_v_triangular;
+  struct __pyx_t_9cupy_dash_12_varlen_pack_UnitShape __pyx_r;
+  int __pyx_t_1;
+  int __pyx_t_2;
+  PY_LONG_LONG __pyx_t_3;
+  PY_LONG_LONG __pyx_t_4;
+  PY_LONG_LONG __pyx_t_5;
+  PY_LONG_LONG __pyx_t_6;
+  PY_LONG_LONG __pyx_t_7;
+  int __pyx_t_8;
+
+  /* "cupy_dash/_units.pxi":27
+ *     """The units of one problem; lo / hi are column_ranges (N entries)."""
+ *     cdef UnitShape sh
+ *     cdef long long n, N = lo.shape[0]             # <<<<<<<<<<<<<<
+ *     cdef bint triangular = causal or window_right >= 0
+ *     sh.M = M
+*/
+  __pyx_v_N = (__pyx_v_lo.shape[0]);
+
+  /* "cupy_dash/_units.pxi":28
+ *     cdef UnitShape sh
+ *     cdef long long n, N = lo.shape[0]
+ *     cdef bint triangular = causal or window_right >= 0             # <<<<<<<<<<<<<<
+ *     sh.M = M
+ *     sh.N = N
+*/
+  if (!__pyx_v_causal) {
+  } else {
+
+    __pyx_t_1 = __pyx_v_causal;
+    goto __pyx_L3_bool_binop_done;
+  }
+  __pyx_t_2 = (__pyx_v_window_right >= 0);
+
+
+  __pyx_t_1 = __pyx_t_2;
+
+  __pyx_L3_bool_binop_done:;
+  __pyx_v_triangular = __pyx_t_1;
+
+  /* "cupy_dash/_units.pxi":29
+ *     cdef long long n, N = lo.shape[0]
+ *     cdef bint triangular = causal or window_right >= 0
+ *     sh.M = M             # <<<<<<<<<<<<<<
+ *     sh.N = N
+ *     sh.n_first = -1
+*/
+  __pyx_v_sh.M = __pyx_v_M;
+
+  /* "cupy_dash/_units.pxi":30
+ *     cdef bint triangular = causal or window_right >= 0
+ *     sh.M = M
+ *     sh.N = N             # <<<<<<<<<<<<<<
+ *     sh.n_first = -1
+ *     sh.NC = 0
+*/
+  __pyx_v_sh.N = __pyx_v_N;
+
+  /* "cupy_dash/_units.pxi":31
+ *     sh.M = M
+ *     sh.N = N
+ *     sh.n_first = -1             # <<<<<<<<<<<<<<
+ *     sh.NC = 0
+ *     sh.T = 0
+*/
+  __pyx_v_sh.n_first = -1LL;
+
+  /* "cupy_dash/_units.pxi":32
+ *     sh.N = N
+ *     sh.n_first = -1
+ *     sh.NC = 0             # <<<<<<<<<<<<<<
+ *     sh.T = 0
+ *     sh.band = False
+*/
+  __pyx_v_sh.NC = 0;
+
+  /* "cupy_dash/_units.pxi":33
+ *     sh.n_first = -1
+ *     sh.NC = 0
+ *     sh.T = 0             # <<<<<<<<<<<<<<
+ *     sh.band = False
+ *     for n in range(N):
+*/
+  __pyx_v_sh.T = 0;
+
+  /* "cupy_dash/_units.pxi":34
+ *     sh.NC = 0
+ *     sh.T = 0
+ *     sh.band = False             # <<<<<<<<<<<<<<
+ *     for n in range(N):
+ *         if lo[n] < hi[n]:
+*/
+  __pyx_v_sh.band = 0;
+
+  /* "cupy_dash/_units.pxi":35
+ *     sh.T = 0
+ *     sh.band = False
+ *     for n in range(N):             # <<<<<<<<<<<<<<
+ *         if lo[n] < hi[n]:
+ *             if sh.n_first < 0:
+*/
+
+  __pyx_t_3 = __pyx_v_N;
+  __pyx_t_4 = __pyx_t_3;
+
+  for (__pyx_t_5 = 0; __pyx_t_5 < __pyx_t_4; __pyx_t_5+=1) {
+    __pyx_v_n = __pyx_t_5;
+
+    /* "cupy_dash/_units.pxi":36
+ *     sh.band = False
+ *     for n in range(N):
+ *         if lo[n] < hi[n]:             # <<<<<<<<<<<<<<
+ *             if sh.n_first < 0:
+ *                 sh.n_first = n
+*/
+    __pyx_t_6 = __pyx_v_n;
+    __pyx_t_7 = __pyx_v_n;
+    __pyx_t_1 = ((*((PY_LONG_LONG const  *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG const  *) __pyx_v_lo.data) + __pyx_t_6)) ))) < (*((PY_LONG_LONG const  *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG const  *) __pyx_v_hi.data) + __pyx_t_7)) ))));
+
+    if (__pyx_t_1) {
+
+
+      /* "cupy_dash/_units.pxi":37
+ *     for n in range(N):
+ *         if lo[n] < hi[n]:
+ *             if sh.n_first < 0:             # <<<<<<<<<<<<<<
+ *                 sh.n_first = n
+ *             sh.NC += 1
+*/
+      __pyx_t_1 = (__pyx_v_sh.n_first < 0);
+
+      if (__pyx_t_1) {
+
+
+        /* "cupy_dash/_units.pxi":38
+ *         if lo[n] < hi[n]:
+ *             if sh.n_first < 0:
+ *                 sh.n_first = n             # <<<<<<<<<<<<<<
+ *             sh.NC += 1
+ *             sh.T += lo[n] == lo[sh.n_first]
+*/
+        __pyx_v_sh.n_first = __pyx_v_n;
+
+        /* "cupy_dash/_units.pxi":37
+ *     for n in range(N):
+ *         if lo[n] < hi[n]:
+ *             if sh.n_first < 0:             # <<<<<<<<<<<<<<
+ *                 sh.n_first = n
+ *             sh.NC += 1
+*/
+      }
+
+      /* "cupy_dash/_units.pxi":39
+ *             if sh.n_first < 0:
+ *                 sh.n_first = n
+ *             sh.NC += 1             # <<<<<<<<<<<<<<
+ *             sh.T += lo[n] == lo[sh.n_first]
+ *             triangular = triangular and hi[n] == M
+*/
+      __pyx_v_sh.NC = (__pyx_v_sh.NC + 1);
+
+      /* "cupy_dash/_units.pxi":40
+ *                 sh.n_first = n
+ *             sh.NC += 1
+ *             sh.T += lo[n] == lo[sh.n_first]             # <<<<<<<<<<<<<<
+ *             triangular = triangular and hi[n] == M
+ *             sh.band = sh.band or hi[n] < M
+*/
+      __pyx_t_7 = __pyx_v_n;
+      __pyx_t_6 = __pyx_v_sh.n_first;
+      __pyx_v_sh.T = (__pyx_v_sh.T + ((*((PY_LONG_LONG const  *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG const  *) __pyx_v_lo.data) + __pyx_t_7)) ))) == (*((PY_LONG_LONG const  *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG const  *) __pyx_v_lo.data) + __pyx_t_6)) )))));
+
+      /* "cupy_dash/_units.pxi":41
+ *             sh.NC += 1
+ *             sh.T += lo[n] == lo[sh.n_first]
+ *             triangular = triangular and hi[n] == M             # <<<<<<<<<<<<<<
+ *             sh.band = sh.band or hi[n] < M
+ *     sh.paired = (policy == POLICY_SYMMETRIC_SHIFT and triangular and num_heads * ((sh.NC + 1) // 2) >= num_sms)
+*/
+      if (__pyx_v_triangular) {
+      } else {
+
+        __pyx_t_1 = __pyx_v_triangular;
+        goto __pyx_L9_bool_binop_done;
+      }
+      __pyx_t_6 = __pyx_v_n;
+      __pyx_t_2 = ((*((PY_LONG_LONG const  *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG const  *) __pyx_v_hi.data) + __pyx_t_6)) ))) == __pyx_v_M);
+
+
+      __pyx_t_1 = __pyx_t_2;
+
+      __pyx_L9_bool_binop_done:;
+      __pyx_v_triangular = __pyx_t_1;
+
+      /* "cupy_dash/_units.pxi":42
+ *             sh.T += lo[n] == lo[sh.n_first]
+ *             triangular = triangular and hi[n] == M
+ *             sh.band = sh.band or hi[n] < M             # <<<<<<<<<<<<<<
+ *     sh.paired = (policy == POLICY_SYMMETRIC_SHIFT and triangular and num_heads * ((sh.NC + 1) // 2) >= num_sms)
+ *     sh.mirrored = policy == POLICY_SYMMETRIC_SHIFT and sh.band
+*/
+      if (!__pyx_v_sh.band) {
+      } else {
+
+        __pyx_t_1 = __pyx_v_sh.band;
+        goto __pyx_L11_bool_binop_done;
+      }
+      __pyx_t_6 = __pyx_v_n;
+      __pyx_t_2 = ((*((PY_LONG_LONG const  *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG const  *) __pyx_v_hi.data) + __pyx_t_6)) ))) < __pyx_v_M);
+
+
+      __pyx_t_1 = __pyx_t_2;
+
+      __pyx_L11_bool_binop_done:;
+      __pyx_v_sh.band = __pyx_t_1;
+
+      /* "cupy_dash/_units.pxi":36
+ *     sh.band = False
+ *     for n in range(N):
+ *         if lo[n] < hi[n]:             # <<<<<<<<<<<<<<
+ *             if sh.n_first < 0:
+ *                 sh.n_first = n
+*/
+    }
+  }
+
+
+  /* "cupy_dash/_units.pxi":43
+ *             triangular = triangular and hi[n] == M
+ *             sh.band = sh.band or hi[n] < M
+ *     sh.paired = (policy == POLICY_SYMMETRIC_SHIFT and triangular and num_heads * ((sh.NC + 1) // 2) >= num_sms)             # <<<<<<<<<<<<<<
+ *     sh.mirrored = policy == POLICY_SYMMETRIC_SHIFT and sh.band
+ *     sh.spt = policy == POLICY_FA3 and (causal or window_right >= 0)
+*/
+  __pyx_t_2 = (__pyx_v_policy == __pyx_e_9cupy_dash_12_varlen_pack_POLICY_SYMMETRIC_SHIFT);
+
+  if (__pyx_t_2) {
+
+  } else {
+
+    __pyx_t_1 = __pyx_t_2;
+
+    goto __pyx_L13_bool_binop_done;
+  }
+  if (__pyx_v_triangular) {
+  } else {
+
+    __pyx_t_1 = __pyx_v_triangular;
+    goto __pyx_L13_bool_binop_done;
+  }
+  __pyx_t_2 = ((__pyx_v_num_heads * ((__pyx_v_sh.NC + 1) / 2)) >= __pyx_v_num_sms);
+
+
+  __pyx_t_1 = __pyx_t_2;
+
+  __pyx_L13_bool_binop_done:;
+  __pyx_v_sh.paired = __pyx_t_1;
+
+  /* "cupy_dash/_units.pxi":44
+ *             sh.band = sh.band or hi[n] < M
+ *     sh.paired = (policy == POLICY_SYMMETRIC_SHIFT and triangular and num_heads * ((sh.NC + 1) // 2) >= num_sms)
+ *     sh.mirrored = policy == POLICY_SYMMETRIC_SHIFT and sh.band             # <<<<<<<<<<<<<<
+ *     sh.spt = policy == POLICY_FA3 and (causal or window_right >= 0)
+ *     sh.P = (sh.NC + 1) // 2 if sh.paired else sh.NC
+*/
+  __pyx_t_2 = (__pyx_v_policy == __pyx_e_9cupy_dash_12_varlen_pack_POLICY_SYMMETRIC_SHIFT);
+
+  if (__pyx_t_2) {
+
+  } else {
+
+    __pyx_t_1 = __pyx_t_2;
+
+    goto __pyx_L16_bool_binop_done;
+  }
+
+  __pyx_t_1 = __pyx_v_sh.band;
+  __pyx_L16_bool_binop_done:;
+  __pyx_v_sh.mirrored = __pyx_t_1;
+
+  /* "cupy_dash/_units.pxi":45
+ *     sh.paired = (policy == POLICY_SYMMETRIC_SHIFT and triangular and num_heads * ((sh.NC + 1) // 2) >= num_sms)
+ *     sh.mirrored = policy == POLICY_SYMMETRIC_SHIFT and sh.band
+ *     sh.spt = policy == POLICY_FA3 and (causal or window_right >= 0)             # <<<<<<<<<<<<<<
+ *     sh.P = (sh.NC + 1) // 2 if sh.paired else sh.NC
+ *     sh.U = num_heads * sh.P
+*/
+  __pyx_t_2 = (__pyx_v_policy == __pyx_e_9cupy_dash_12_varlen_pack_POLICY_FA3);
+
+  if (__pyx_t_2) {
+
+  } else {
+
+    __pyx_t_1 = __pyx_t_2;
+
+    goto __pyx_L18_bool_binop_done;
+  }
+  if (!__pyx_v_causal) {
+  } else {
+
+    __pyx_t_1 = __pyx_v_causal;
+    goto __pyx_L18_bool_binop_done;
+  }
+  __pyx_t_2 = (__pyx_v_window_right >= 0);
+
+
+  __pyx_t_1 = __pyx_t_2;
+
+  __pyx_L18_bool_binop_done:;
+  __pyx_v_sh.spt = __pyx_t_1;
+
+  /* "cupy_dash/_units.pxi":46
+ *     sh.mirrored = policy == POLICY_SYMMETRIC_SHIFT and sh.band
+ *     sh.spt = policy == POLICY_FA3 and (causal or window_right >= 0)
+ *     sh.P = (sh.NC + 1) // 2 if sh.paired else sh.NC             # <<<<<<<<<<<<<<
+ *     sh.U = num_heads * sh.P
+ *     sh.G = num_sms if num_sms < sh.U else sh.U
+*/
+  if (__pyx_v_sh.paired) {
+
+    __pyx_t_3 = ((__pyx_v_sh.NC + 1) / 2);
+  } else {
+
+    __pyx_t_3 = __pyx_v_sh.NC;
+  }
+  __pyx_v_sh.P = __pyx_t_3;
+
+  /* "cupy_dash/_units.pxi":47
+ *     sh.spt = policy == POLICY_FA3 and (causal or window_right >= 0)
+ *     sh.P = (sh.NC + 1) // 2 if sh.paired else sh.NC
+ *     sh.U = num_heads * sh.P             # <<<<<<<<<<<<<<
+ *     sh.G = num_sms if num_sms < sh.U else sh.U
+ *     sh.tb_sign = -1 if (policy == POLICY_SYMMETRIC_SHIFT or sh.spt) else 1
+*/
+  __pyx_v_sh.U = (__pyx_v_num_heads * __pyx_v_sh.P);
+
+  /* "cupy_dash/_units.pxi":48
+ *     sh.P = (sh.NC + 1) // 2 if sh.paired else sh.NC
+ *     sh.U = num_heads * sh.P
+ *     sh.G = num_sms if num_sms < sh.U else sh.U             # <<<<<<<<<<<<<<
+ *     sh.tb_sign = -1 if (policy == POLICY_SYMMETRIC_SHIFT or sh.spt) else 1
+ *     return sh
+*/
+  __pyx_t_1 = (__pyx_v_num_sms < __pyx_v_sh.U);
+
+  if (__pyx_t_1) {
+
+    __pyx_t_3 = __pyx_v_num_sms;
+  } else {
+
+    __pyx_t_3 = __pyx_v_sh.U;
+  }
+
+  __pyx_v_sh.G = __pyx_t_3;
+
+  /* "cupy_dash/_units.pxi":49
+ *     sh.U = num_heads * sh.P
+ *     sh.G = num_sms if num_sms < sh.U else sh.U
+ *     sh.tb_sign = -1 if (policy == POLICY_SYMMETRIC_SHIFT or sh.spt) else 1             # <<<<<<<<<<<<<<
+ *     return sh
+ * 
+*/
+  __pyx_t_2 = (__pyx_v_policy == __pyx_e_9cupy_dash_12_varlen_pack_POLICY_SYMMETRIC_SHIFT);
+
+  if (!__pyx_t_2) {
+
+  } else {
+
+    __pyx_t_1 = __pyx_t_2;
+
+    goto __pyx_L21_bool_binop_done;
+  }
+
+  __pyx_t_1 = __pyx_v_sh.spt;
+  __pyx_L21_bool_binop_done:;
+  if (__pyx_t_1) {
+
+    __pyx_t_8 = -1;
+  } else {
+
+    __pyx_t_8 = 1;
+  }
+
+  __pyx_v_sh.tb_sign = __pyx_t_8;
+
+  /* "cupy_dash/_units.pxi":50
+ *     sh.G = num_sms if num_sms < sh.U else sh.U
+ *     sh.tb_sign = -1 if (policy == POLICY_SYMMETRIC_SHIFT or sh.spt) else 1
+ *     return sh             # <<<<<<<<<<<<<<
+ * 
+ * 
+*/
+  {
+
+    __pyx_r = __pyx_v_sh;
+  }
+  goto __pyx_L0;
+
+  /* "cupy_dash/_units.pxi":22
+ * 
+ * 
+ * cdef inline UnitShape unit_shape(int policy, long long M, const long long[::1] lo, const long long[::1] hi,             # <<<<<<<<<<<<<<
+ *                                  long long num_heads, bint causal, long long num_sms,
+ *                                  long long window_right) noexcept:
+*/
+
+  /* function exit code */
+  __pyx_L0:;
+
+
+
+
+
+  return __pyx_r;
+}
+
+/* "cupy_dash/_units.pxi":53
+ * 
+ * 
+ * cdef inline void unit_columns(int policy, bint spt, bint paired, bint mirrored, long long u,             # <<<<<<<<<<<<<<
+ *                               long long num_heads, long long n_first, long long NC, long long T, long long P,
+ *                               long long* head, long long* n0, long long* n1) noexcept:
+*/
+
+static CYTHON_INLINE void __pyx_f_9cupy_dash_12_varlen_pack_unit_columns(CYTHON_UNUSED int __pyx_v_policy, int __pyx_v_spt, int __pyx_v_paired, int __pyx_v_mirrored, PY_LONG_LONG __pyx_v_u, PY_LONG_LONG __pyx_v_num_heads, PY_LONG_LONG __pyx_v_n_first, PY_LONG_LONG __pyx_v_NC, PY_LONG_LONG __pyx_v_T, PY_LONG_LONG __pyx_v_P, PY_LONG_LONG *__pyx_v_head, PY_LONG_LONG *__pyx_v_n0, PY_LONG_LONG *__pyx_v_n1) {
+  PY_LONG_LONG __pyx_v_k;
+  PY_LONG_LONG __pyx_t_1;
+  int __pyx_t_2;
+
+  /* "cupy_dash/_units.pxi":60
+ *     T start-clipped columns in ascending n, then the others in descending n."""
+ *     cdef long long k
+ *     if mirrored:             # <<<<<<<<<<<<<<
+ *         head[0] = u // NC
+ *         k = u % NC
+*/
+  if (__pyx_v_mirrored) {
+
+    /* "cupy_dash/_units.pxi":61
+ *     cdef long long k
+ *     if mirrored:
+ *         head[0] = u // NC             # <<<<<<<<<<<<<<
+ *         k = u % NC
+ *         n0[0] = n_first + k if k < T else n_first + NC - 1 - (k - T)
+*/
+    (__pyx_v_head[0]) = (__pyx_v_u / __pyx_v_NC);
+
+    /* "cupy_dash/_units.pxi":62
+ *     if mirrored:
+ *         head[0] = u // NC
+ *         k = u % NC             # <<<<<<<<<<<<<<
+ *         n0[0] = n_first + k if k < T else n_first + NC - 1 - (k - T)
+ *         n1[0] = -1
+*/
+    __pyx_v_k = (__pyx_v_u % __pyx_v_NC);
+
+    /* "cupy_dash/_units.pxi":63
+ *         head[0] = u // NC
+ *         k = u % NC
+ *         n0[0] = n_first + k if k < T else n_first + NC - 1 - (k - T)             # <<<<<<<<<<<<<<
+ *         n1[0] = -1
+ *     elif paired:
+*/
+    __pyx_t_2 = (__pyx_v_k < __pyx_v_T);
+
+    if (__pyx_t_2) {
+
+      __pyx_t_1 = (__pyx_v_n_first + __pyx_v_k);
+    } else {
+
+      __pyx_t_1 = (((__pyx_v_n_first + __pyx_v_NC) - 1) - (__pyx_v_k - __pyx_v_T));
+    }
+
+    (__pyx_v_n0[0]) = __pyx_t_1;
+
+
+    /* "cupy_dash/_units.pxi":64
+ *         k = u % NC
+ *         n0[0] = n_first + k if k < T else n_first + NC - 1 - (k - T)
+ *         n1[0] = -1             # <<<<<<<<<<<<<<
+ *     elif paired:
+ *         head[0] = u // P
+*/
+    (__pyx_v_n1[0]) = -1LL;
+
+    /* "cupy_dash/_units.pxi":60
+ *     T start-clipped columns in ascending n, then the others in descending n."""
+ *     cdef long long k
+ *     if mirrored:             # <<<<<<<<<<<<<<
+ *         head[0] = u // NC
+ *         k = u % NC
+*/
+    goto __pyx_L3;
+  }
+
+  /* "cupy_dash/_units.pxi":65
+ *         n0[0] = n_first + k if k < T else n_first + NC - 1 - (k - T)
+ *         n1[0] = -1
+ *     elif paired:             # <<<<<<<<<<<<<<
+ *         head[0] = u // P
+ *         k = u % P
+*/
+  if (__pyx_v_paired) {
+
+    /* "cupy_dash/_units.pxi":66
+ *         n1[0] = -1
+ *     elif paired:
+ *         head[0] = u // P             # <<<<<<<<<<<<<<
+ *         k = u % P
+ *         n0[0] = n_first + k
+*/
+    (__pyx_v_head[0]) = (__pyx_v_u / __pyx_v_P);
+
+    /* "cupy_dash/_units.pxi":67
+ *     elif paired:
+ *         head[0] = u // P
+ *         k = u % P             # <<<<<<<<<<<<<<
+ *         n0[0] = n_first + k
+ *         n1[0] = n_first + NC - 1 - k if NC - 1 - k != k else -1
+*/
+    __pyx_v_k = (__pyx_v_u % __pyx_v_P);
+
+    /* "cupy_dash/_units.pxi":68
+ *         head[0] = u // P
+ *         k = u % P
+ *         n0[0] = n_first + k             # <<<<<<<<<<<<<<
+ *         n1[0] = n_first + NC - 1 - k if NC - 1 - k != k else -1
+ *     elif spt:
+*/
+    (__pyx_v_n0[0]) = (__pyx_v_n_first + __pyx_v_k);
+
+    /* "cupy_dash/_units.pxi":69
+ *         k = u % P
+ *         n0[0] = n_first + k
+ *         n1[0] = n_first + NC - 1 - k if NC - 1 - k != k else -1             # <<<<<<<<<<<<<<
+ *     elif spt:
+ *         # upstream FA3's shortest-processing-time-first launch order: short (high n) columns first
+*/
+    __pyx_t_2 = (((__pyx_v_NC - 1) - __pyx_v_k) != __pyx_v_k);
+
+    if (__pyx_t_2) {
+
+      __pyx_t_1 = (((__pyx_v_n_first + __pyx_v_NC) - 1) - __pyx_v_k);
+    } else {
+
+      __pyx_t_1 = -1LL;
+    }
+
+    (__pyx_v_n1[0]) = __pyx_t_1;
+
+
+    /* "cupy_dash/_units.pxi":65
+ *         n0[0] = n_first + k if k < T else n_first + NC - 1 - (k - T)
+ *         n1[0] = -1
+ *     elif paired:             # <<<<<<<<<<<<<<
+ *         head[0] = u // P
+ *         k = u % P
+*/
+    goto __pyx_L3;
+  }
+
+  /* "cupy_dash/_units.pxi":70
+ *         n0[0] = n_first + k
+ *         n1[0] = n_first + NC - 1 - k if NC - 1 - k != k else -1
+ *     elif spt:             # <<<<<<<<<<<<<<
+ *         # upstream FA3's shortest-processing-time-first launch order: short (high n) columns first
+ *         n0[0] = n_first + NC - 1 - u // num_heads
+*/
+  if (__pyx_v_spt) {
+
+    /* "cupy_dash/_units.pxi":72
+ *     elif spt:
+ *         # upstream FA3's shortest-processing-time-first launch order: short (high n) columns first
+ *         n0[0] = n_first + NC - 1 - u // num_heads             # <<<<<<<<<<<<<<
+ *         head[0] = u % num_heads
+ *         n1[0] = -1
+*/
+    (__pyx_v_n0[0]) = (((__pyx_v_n_first + __pyx_v_NC) - 1) - (__pyx_v_u / __pyx_v_num_heads));
+
+    /* "cupy_dash/_units.pxi":73
+ *         # upstream FA3's shortest-processing-time-first launch order: short (high n) columns first
+ *         n0[0] = n_first + NC - 1 - u // num_heads
+ *         head[0] = u % num_heads             # <<<<<<<<<<<<<<
+ *         n1[0] = -1
+ *     else:
+*/
+    (__pyx_v_head[0]) = (__pyx_v_u % __pyx_v_num_heads);
+
+    /* "cupy_dash/_units.pxi":74
+ *         n0[0] = n_first + NC - 1 - u // num_heads
+ *         head[0] = u % num_heads
+ *         n1[0] = -1             # <<<<<<<<<<<<<<
+ *     else:
+ *         head[0] = u // NC
+*/
+    (__pyx_v_n1[0]) = -1LL;
+
+    /* "cupy_dash/_units.pxi":70
+ *         n0[0] = n_first + k
+ *         n1[0] = n_first + NC - 1 - k if NC - 1 - k != k else -1
+ *     elif spt:             # <<<<<<<<<<<<<<
+ *         # upstream FA3's shortest-processing-time-first launch order: short (high n) columns first
+ *         n0[0] = n_first + NC - 1 - u // num_heads
+*/
+    goto __pyx_L3;
+  }
+
+  /* "cupy_dash/_units.pxi":76
+ *         n1[0] = -1
+ *     else:
+ *         head[0] = u // NC             # <<<<<<<<<<<<<<
+ *         n0[0] = n_first + u % NC
+ *         n1[0] = -1
+*/
+  /*else*/ {
+    (__pyx_v_head[0]) = (__pyx_v_u / __pyx_v_NC);
+
+    /* "cupy_dash/_units.pxi":77
+ *     else:
+ *         head[0] = u // NC
+ *         n0[0] = n_first + u % NC             # <<<<<<<<<<<<<<
+ *         n1[0] = -1
+ * 
+*/
+    (__pyx_v_n0[0]) = (__pyx_v_n_first + (__pyx_v_u % __pyx_v_NC));
+
+    /* "cupy_dash/_units.pxi":78
+ *         head[0] = u // NC
+ *         n0[0] = n_first + u % NC
+ *         n1[0] = -1             # <<<<<<<<<<<<<<
+ * 
+ * 
+*/
+    (__pyx_v_n1[0]) = -1LL;
+  }
+  __pyx_L3:;
+
+  /* "cupy_dash/_units.pxi":53
+ * 
+ * 
+ * cdef inline void unit_columns(int policy, bint spt, bint paired, bint mirrored, long long u,             # <<<<<<<<<<<<<<
+ *                               long long num_heads, long long n_first, long long NC, long long T, long long P,
+ *                               long long* head, long long* n0, long long* n1) noexcept:
+*/
+
+  /* function exit code */
+
+
+}
+
+/* "cupy_dash/_units.pxi":81
+ * 
+ * 
+ * cdef inline void pair_rectangle(long long u, long long h, long long G, long long P, long long n_first,             # <<<<<<<<<<<<<<
+ *                                 const long long[::1] lo, long long* rs, long long* rot) noexcept:
+ *     """Paired long column of unit u (head h): the rectangle [rs, M) of Q tiles shared by every long column of its
+*/
+
+static CYTHON_INLINE void __pyx_f_9cupy_dash_12_varlen_pack_pair_rectangle(PY_LONG_LONG __pyx_v_u, PY_LONG_LONG __pyx_v_h, PY_LONG_LONG __pyx_v_G, PY_LONG_LONG __pyx_v_P, PY_LONG_LONG __pyx_v_n_first, __Pyx_memviewslice __pyx_v_lo, PY_LONG_LONG *__pyx_v_rs, PY_LONG_LONG *__pyx_v_rot) {
+  PY_LONG_LONG __pyx_v_w;
+  PY_LONG_LONG __pyx_v_k;
+  PY_LONG_LONG __pyx_v_k0;
+  PY_LONG_LONG __pyx_v_k1;
+  PY_LONG_LONG __pyx_t_1;
+  int __pyx_t_2;
+
+  /* "cupy_dash/_units.pxi":85
+ *     """Paired long column of unit u (head h): the rectangle [rs, M) of Q tiles shared by every long column of its
+ *     head in its dispatch wave (units w G .. (w + 1) G - 1), and its rotation there (its index in the wave)."""
+ *     cdef long long w = u // G, k = u % P, k0, k1             # <<<<<<<<<<<<<<
+ *     k0 = (w * G if w * G > h * P else h * P) - h * P
+ *     k1 = ((w + 1) * G if (w + 1) * G < (h + 1) * P else (h + 1) * P) - 1 - h * P
+*/
+  __pyx_v_w = (__pyx_v_u / __pyx_v_G);
+  __pyx_v_k = (__pyx_v_u % __pyx_v_P);
+
+  /* "cupy_dash/_units.pxi":86
+ *     head in its dispatch wave (units w G .. (w + 1) G - 1), and its rotation there (its index in the wave)."""
+ *     cdef long long w = u // G, k = u % P, k0, k1
+ *     k0 = (w * G if w * G > h * P else h * P) - h * P             # <<<<<<<<<<<<<<
+ *     k1 = ((w + 1) * G if (w + 1) * G < (h + 1) * P else (h + 1) * P) - 1 - h * P
+ *     rs[0] = lo[n_first + k1]
+*/
+  __pyx_t_2 = ((__pyx_v_w * __pyx_v_G) > (__pyx_v_h * __pyx_v_P));
+
+  if (__pyx_t_2) {
+
+    __pyx_t_1 = (__pyx_v_w * __pyx_v_G);
+  } else {
+
+    __pyx_t_1 = (__pyx_v_h * __pyx_v_P);
+  }
+
+  __pyx_v_k0 = (__pyx_t_1 - (__pyx_v_h * __pyx_v_P));
+
+
+  /* "cupy_dash/_units.pxi":87
+ *     cdef long long w = u // G, k = u % P, k0, k1
+ *     k0 = (w * G if w * G > h * P else h * P) - h * P
+ *     k1 = ((w + 1) * G if (w + 1) * G < (h + 1) * P else (h + 1) * P) - 1 - h * P             # <<<<<<<<<<<<<<
+ *     rs[0] = lo[n_first + k1]
+ *     rot[0] = k - k0
+*/
+  __pyx_t_2 = (((__pyx_v_w + 1) * __pyx_v_G) < ((__pyx_v_h + 1) * __pyx_v_P));
+
+  if (__pyx_t_2) {
+
+    __pyx_t_1 = ((__pyx_v_w + 1) * __pyx_v_G);
+  } else {
+
+    __pyx_t_1 = ((__pyx_v_h + 1) * __pyx_v_P);
+  }
+
+  __pyx_v_k1 = ((__pyx_t_1 - 1) - (__pyx_v_h * __pyx_v_P));
+
+
+  /* "cupy_dash/_units.pxi":88
+ *     k0 = (w * G if w * G > h * P else h * P) - h * P
+ *     k1 = ((w + 1) * G if (w + 1) * G < (h + 1) * P else (h + 1) * P) - 1 - h * P
+ *     rs[0] = lo[n_first + k1]             # <<<<<<<<<<<<<<
+ *     rot[0] = k - k0
+*/
+  __pyx_t_1 = (__pyx_v_n_first + __pyx_v_k1);
+  (__pyx_v_rs[0]) = (*((PY_LONG_LONG const  *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG const  *) __pyx_v_lo.data) + __pyx_t_1)) )));
+
+  /* "cupy_dash/_units.pxi":89
+ *     k1 = ((w + 1) * G if (w + 1) * G < (h + 1) * P else (h + 1) * P) - 1 - h * P
+ *     rs[0] = lo[n_first + k1]
+ *     rot[0] = k - k0             # <<<<<<<<<<<<<<
+*/
+  (__pyx_v_rot[0]) = (__pyx_v_k - __pyx_v_k0);
+
+  /* "cupy_dash/_units.pxi":81
+ * 
+ * 
+ * cdef inline void pair_rectangle(long long u, long long h, long long G, long long P, long long n_first,             # <<<<<<<<<<<<<<
+ *                                 const long long[::1] lo, long long* rs, long long* rot) noexcept:
+ *     """Paired long column of unit u (head h): the rectangle [rs, M) of Q tiles shared by every long column of its
+*/
+
+  /* function exit code */
+
+
+
+
+
+}
+
 /* "cupy_dash/_compact_rule.pxi":23
  * 
  * 
@@ -18382,7 +19476,7 @@ static CYTHON_INLINE PY_LONG_LONG __pyx_f_9cupy_dash_12_varlen_pack_rule_index(i
   return __pyx_r;
 }
 
-/* "cupy_dash/_varlen_pack.pyx":19
+/* "cupy_dash/_varlen_pack.pyx":27
  * 
  * 
  * cdef inline long long aligned(long long nbytes) noexcept:             # <<<<<<<<<<<<<<
@@ -18393,7 +19487,7 @@ static CYTHON_INLINE PY_LONG_LONG __pyx_f_9cupy_dash_12_varlen_pack_rule_index(i
 static CYTHON_INLINE PY_LONG_LONG __pyx_f_9cupy_dash_12_varlen_pack_aligned(PY_LONG_LONG __pyx_v_nbytes) {
   PY_LONG_LONG __pyx_r;
 
-  /* "cupy_dash/_varlen_pack.pyx":20
+  /* "cupy_dash/_varlen_pack.pyx":28
  * 
  * cdef inline long long aligned(long long nbytes) noexcept:
  *     return (nbytes + 255) // 256 * 256             # <<<<<<<<<<<<<<
@@ -18406,7 +19500,7 @@ static CYTHON_INLINE PY_LONG_LONG __pyx_f_9cupy_dash_12_varlen_pack_aligned(PY_L
   }
   goto __pyx_L0;
 
-  /* "cupy_dash/_varlen_pack.pyx":19
+  /* "cupy_dash/_varlen_pack.pyx":27
  * 
  * 
  * cdef inline long long aligned(long long nbytes) noexcept:             # <<<<<<<<<<<<<<
@@ -18420,13 +19514,1387 @@ static CYTHON_INLINE PY_LONG_LONG __pyx_f_9cupy_dash_12_varlen_pack_aligned(PY_L
   return __pyx_r;
 }
 
-/* "cupy_dash/_varlen_pack.pyx":23
+/* "cupy_dash/_varlen_pack.pyx":31
  * 
  * 
- * def pack(const int[:, ::1] records, const int[::1] cta_columns, const long long[::1] cta_col_start,             # <<<<<<<<<<<<<<
- *          const int[::1] seg_col_start, const int[::1] n_first, const long long[::1] num_m_blocks,
- *          const long long[::1] seqlens_q, const long long[::1] seqlens_k, long long kv_heads, long long group_size,
+ * cpdef tuple pack(const int[:, ::1] records, const int[::1] cta_columns, const long long[::1] cta_col_start,             # <<<<<<<<<<<<<<
+ *                 const int[::1] seg_col_start, const int[::1] n_first, const long long[::1] num_m_blocks,
+ *                 const long long[::1] seqlens_q, const long long[::1] seqlens_k, long long kv_heads,
 */
+
+static PyObject *__pyx_pw_9cupy_dash_12_varlen_pack_1pack(PyObject *__pyx_self, 
+#if CYTHON_VECTORCALL
+PyObject *const *__pyx_args, Py_ssize_t __pyx_nargs, PyObject *__pyx_kwds
+#else
+PyObject *__pyx_args, PyObject *__pyx_kwds
+#endif
+); /*proto*/
+static PyObject *__pyx_f_9cupy_dash_12_varlen_pack_pack(__Pyx_memviewslice __pyx_v_records, __Pyx_memviewslice __pyx_v_cta_columns, __Pyx_memviewslice __pyx_v_cta_col_start, __Pyx_memviewslice __pyx_v_seg_col_start, __Pyx_memviewslice __pyx_v_n_first, __Pyx_memviewslice __pyx_v_num_m_blocks, __Pyx_memviewslice __pyx_v_seqlens_q, __Pyx_memviewslice __pyx_v_seqlens_k, PY_LONG_LONG __pyx_v_kv_heads, PY_LONG_LONG __pyx_v_group_size, int __pyx_v_visit_starts, CYTHON_UNUSED int __pyx_skip_dispatch) {
+  PY_LONG_LONG __pyx_v_ncols;
+  PY_LONG_LONG __pyx_v_G;
+  PY_LONG_LONG __pyx_v_B;
+  PY_LONG_LONG __pyx_v_S;
+  PY_LONG_LONG __pyx_v_b;
+  PY_LONG_LONG __pyx_v_m;
+  PY_LONG_LONG __pyx_v_r0;
+  PY_LONG_LONG __pyx_v_L;
+  PY_LONG_LONG __pyx_v_total_m;
+  PY_LONG_LONG __pyx_v_c;
+  PY_LONG_LONG __pyx_v_last;
+  PY_LONG_LONG __pyx_v_visits;
+  PyObject *__pyx_v_shapes = NULL;
+  PyObject *__pyx_v_sizes = NULL;
+  PyObject *__pyx_v_offsets_arr = NULL;
+  __Pyx_memviewslice __pyx_v_off = { 0, 0, { 0 }, { 0 }, { 0 } };
+  PY_LONG_LONG __pyx_v_total;
+  PY_LONG_LONG __pyx_v_i;
+  PyObject *__pyx_v_buf_arr = NULL;
+  __Pyx_memviewslice __pyx_v_buf = { 0, 0, { 0 }, { 0 }, { 0 } };
+  unsigned char *__pyx_v_base;
+  PY_LONG_LONG __pyx_v_nbytes;
+  int *__pyx_v_rec_out;
+  int *__pyx_v_cols_out;
+  PY_LONG_LONG *__pyx_v_cs_out;
+  int *__pyx_v_seg_out;
+  int *__pyx_v_nf_out;
+  int *__pyx_v_tiles;
+  int *__pyx_v_tile_start;
+  int *__pyx_v_cu_q;
+  int *__pyx_v_cu_k;
+  PY_LONG_LONG *__pyx_v_vstart;
+  PY_LONG_LONG __pyx_v_k;
+  PY_LONG_LONG __pyx_v_row;
+  PY_LONG_LONG __pyx_v_p_hi;
+  PY_LONG_LONG __pyx_v_p_lo;
+  PyObject *__pyx_r = NULL;
+  __Pyx_RefNannyDeclarations
+  PyObject *__pyx_t_1 = NULL;
+  int __pyx_t_2;
+  PyObject *__pyx_t_3 = NULL;
+  PyObject *__pyx_t_4 = NULL;
+  PyObject *__pyx_t_5 = NULL;
+  size_t __pyx_t_6;
+  PY_LONG_LONG __pyx_t_7;
+  PY_LONG_LONG __pyx_t_8;
+  PY_LONG_LONG __pyx_t_9;
+  PY_LONG_LONG __pyx_t_10;
+  PyObject *__pyx_t_11 = NULL;
+  PyObject *__pyx_t_12 = NULL;
+  PyObject *__pyx_t_13 = NULL;
+  PyObject *__pyx_t_14 = NULL;
+  PyObject *__pyx_t_15 = NULL;
+  PyObject *__pyx_t_16 = NULL;
+  PyObject *__pyx_t_17 = NULL;
+  __Pyx_memviewslice __pyx_t_18 = { 0, 0, { 0 }, { 0 }, { 0 } };
+  int __pyx_t_19;
+  long __pyx_t_20;
+  __Pyx_memviewslice __pyx_t_21 = { 0, 0, { 0 }, { 0 }, { 0 } };
+  Py_ssize_t __pyx_t_22;
+  int __pyx_t_23;
+  int __pyx_t_24;
+  PY_LONG_LONG __pyx_t_25;
+  PY_LONG_LONG __pyx_t_26;
+  PY_LONG_LONG __pyx_t_27;
+  Py_ssize_t __pyx_t_28;
+  Py_ssize_t __pyx_t_29;
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  __Pyx_RefNannySetupContext("pack", 0);
+
+  /* "cupy_dash/_varlen_pack.pyx":39
+ *     records (columns, 8), cta_columns, cta_col_start, seg_col_start, n_first: a VarlenSchedule's; num_m_blocks,
+ *     seqlens_q, seqlens_k int64 (B,). num_visits: the per-visit table's rows (query heads included)."""
+ *     cdef long long ncols = records.shape[0], G = cta_col_start.shape[0] - 1, B = seqlens_q.shape[0]             # <<<<<<<<<<<<<<
+ *     cdef long long S = seg_col_start.shape[0] - 1, b, m, r0, L, total_m = 0, c, last, visits = 0
+ *     if ncols * REC_FIELDS >= 2 ** 31:
+*/
+  __pyx_v_ncols = (__pyx_v_records.shape[0]);
+  __pyx_v_G = ((__pyx_v_cta_col_start.shape[0]) - 1);
+  __pyx_v_B = (__pyx_v_seqlens_q.shape[0]);
+
+  /* "cupy_dash/_varlen_pack.pyx":40
+ *     seqlens_q, seqlens_k int64 (B,). num_visits: the per-visit table's rows (query heads included)."""
+ *     cdef long long ncols = records.shape[0], G = cta_col_start.shape[0] - 1, B = seqlens_q.shape[0]
+ *     cdef long long S = seg_col_start.shape[0] - 1, b, m, r0, L, total_m = 0, c, last, visits = 0             # <<<<<<<<<<<<<<
+ *     if ncols * REC_FIELDS >= 2 ** 31:
+ *         raise ValueError(f"{ncols} columns: the kernel indexes records with 32-bit ints")
+*/
+  __pyx_v_S = ((__pyx_v_seg_col_start.shape[0]) - 1);
+  __pyx_v_total_m = 0;
+  __pyx_v_visits = 0;
+
+  /* "cupy_dash/_varlen_pack.pyx":41
+ *     cdef long long ncols = records.shape[0], G = cta_col_start.shape[0] - 1, B = seqlens_q.shape[0]
+ *     cdef long long S = seg_col_start.shape[0] - 1, b, m, r0, L, total_m = 0, c, last, visits = 0
+ *     if ncols * REC_FIELDS >= 2 ** 31:             # <<<<<<<<<<<<<<
+ *         raise ValueError(f"{ncols} columns: the kernel indexes records with 32-bit ints")
+ *     for b in range(B):
+*/
+  __pyx_t_1 = __Pyx_PyLong_From_PY_LONG_LONG((__pyx_v_ncols * __pyx_e_9cupy_dash_12_varlen_pack_REC_FIELDS)); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 41, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_1);
+  __pyx_t_2 = __Pyx_PyObject_CompareBoolGe_int_object(__pyx_t_1, __pyx_mstate_global->__pyx_int_2147483648, Py_GE); if (unlikely((__pyx_t_2 < 0))) __PYX_ERR(0, 41, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+  if (unlikely(__pyx_t_2)) {
+
+
+    /* "cupy_dash/_varlen_pack.pyx":42
+ *     cdef long long S = seg_col_start.shape[0] - 1, b, m, r0, L, total_m = 0, c, last, visits = 0
+ *     if ncols * REC_FIELDS >= 2 ** 31:
+ *         raise ValueError(f"{ncols} columns: the kernel indexes records with 32-bit ints")             # <<<<<<<<<<<<<<
+ *     for b in range(B):
+ *         total_m += num_m_blocks[b]
+*/
+    __pyx_t_3 = NULL;
+    __pyx_t_4 = __Pyx_PyUnicode_From_PY_LONG_LONG(__pyx_v_ncols, 0, ' ', 'd'); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 42, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_4);
+    __pyx_t_5 = __Pyx_PyUnicode_Concat__Pyx_ReferenceSharing_OwnStrongReferenceInPlace(__pyx_t_4, __pyx_mstate_global->__pyx_kp_u_columns_the_kernel_indexes_reco); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 42, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_5);
+    __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
+    __pyx_t_6 = 1;
+    {
+      PyObject *__pyx_callargs[2] = {__pyx_t_3, __pyx_t_5};
+      __pyx_t_1 = __Pyx_PyObject_FastCall((PyObject*)(((PyTypeObject*)PyExc_ValueError)), __pyx_callargs+__pyx_t_6, (2-__pyx_t_6) | (__pyx_t_6*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
+      __Pyx_XDECREF(__pyx_t_3); __pyx_t_3 = 0;
+      __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
+      if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 42, __pyx_L1_error)
+      __Pyx_GOTREF(__pyx_t_1);
+    }
+    __Pyx_Raise(__pyx_t_1, 0, 0, 0);
+    __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+    __PYX_ERR(0, 42, __pyx_L1_error)
+
+    /* "cupy_dash/_varlen_pack.pyx":41
+ *     cdef long long ncols = records.shape[0], G = cta_col_start.shape[0] - 1, B = seqlens_q.shape[0]
+ *     cdef long long S = seg_col_start.shape[0] - 1, b, m, r0, L, total_m = 0, c, last, visits = 0
+ *     if ncols * REC_FIELDS >= 2 ** 31:             # <<<<<<<<<<<<<<
+ *         raise ValueError(f"{ncols} columns: the kernel indexes records with 32-bit ints")
+ *     for b in range(B):
+*/
+  }
+
+  /* "cupy_dash/_varlen_pack.pyx":43
+ *     if ncols * REC_FIELDS >= 2 ** 31:
+ *         raise ValueError(f"{ncols} columns: the kernel indexes records with 32-bit ints")
+ *     for b in range(B):             # <<<<<<<<<<<<<<
+ *         total_m += num_m_blocks[b]
+ *     shapes = ((ncols, REC_FIELDS), (ncols,), (G + 1,), (S + 1,), (B,), (total_m, 2), (B + 1,), (G + 1,),
+*/
+
+  __pyx_t_7 = __pyx_v_B;
+  __pyx_t_8 = __pyx_t_7;
+
+  for (__pyx_t_9 = 0; __pyx_t_9 < __pyx_t_8; __pyx_t_9+=1) {
+    __pyx_v_b = __pyx_t_9;
+
+    /* "cupy_dash/_varlen_pack.pyx":44
+ *         raise ValueError(f"{ncols} columns: the kernel indexes records with 32-bit ints")
+ *     for b in range(B):
+ *         total_m += num_m_blocks[b]             # <<<<<<<<<<<<<<
+ *     shapes = ((ncols, REC_FIELDS), (ncols,), (G + 1,), (S + 1,), (B,), (total_m, 2), (B + 1,), (G + 1,),
+ *               (B + 1,), (B + 1,))
+*/
+    __pyx_t_10 = __pyx_v_b;
+    __pyx_v_total_m = (__pyx_v_total_m + (*((PY_LONG_LONG const  *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG const  *) __pyx_v_num_m_blocks.data) + __pyx_t_10)) ))));
+  }
+
+
+  /* "cupy_dash/_varlen_pack.pyx":45
+ *     for b in range(B):
+ *         total_m += num_m_blocks[b]
+ *     shapes = ((ncols, REC_FIELDS), (ncols,), (G + 1,), (S + 1,), (B,), (total_m, 2), (B + 1,), (G + 1,),             # <<<<<<<<<<<<<<
+ *               (B + 1,), (B + 1,))
+ *     sizes = (ncols * REC_FIELDS * 4, ncols * 4, (G + 1) * 8, (S + 1) * 4, B * 4, total_m * 8, (B + 1) * 4,
+*/
+  __pyx_t_1 = __Pyx_PyLong_From_PY_LONG_LONG(__pyx_v_ncols); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 45, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_1);
+  __pyx_t_5 = __Pyx_PyLong_From___pyx_anon_enum(__pyx_e_9cupy_dash_12_varlen_pack_REC_FIELDS); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 45, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_5);
+  __pyx_t_3 = PyTuple_New(2); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 45, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_3);
+  __Pyx_GIVEREF(__pyx_t_1);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_3, 0, __pyx_t_1) != (0)) __PYX_ERR(0, 45, __pyx_L1_error);
+  __Pyx_GIVEREF(__pyx_t_5);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_3, 1, __pyx_t_5) != (0)) __PYX_ERR(0, 45, __pyx_L1_error);
+  __pyx_t_1 = 0;
+  __pyx_t_5 = 0;
+  __pyx_t_5 = __Pyx_PyLong_From_PY_LONG_LONG(__pyx_v_ncols); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 45, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_5);
+  __pyx_t_1 = PyTuple_New(1); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 45, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_1);
+  __Pyx_GIVEREF(__pyx_t_5);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_1, 0, __pyx_t_5) != (0)) __PYX_ERR(0, 45, __pyx_L1_error);
+  __pyx_t_5 = 0;
+  __pyx_t_5 = __Pyx_PyLong_From_PY_LONG_LONG((__pyx_v_G + 1)); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 45, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_5);
+  __pyx_t_4 = PyTuple_New(1); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 45, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_4);
+  __Pyx_GIVEREF(__pyx_t_5);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_4, 0, __pyx_t_5) != (0)) __PYX_ERR(0, 45, __pyx_L1_error);
+  __pyx_t_5 = 0;
+  __pyx_t_5 = __Pyx_PyLong_From_PY_LONG_LONG((__pyx_v_S + 1)); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 45, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_5);
+  __pyx_t_11 = PyTuple_New(1); if (unlikely(!__pyx_t_11)) __PYX_ERR(0, 45, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_11);
+  __Pyx_GIVEREF(__pyx_t_5);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_11, 0, __pyx_t_5) != (0)) __PYX_ERR(0, 45, __pyx_L1_error);
+  __pyx_t_5 = 0;
+  __pyx_t_5 = __Pyx_PyLong_From_PY_LONG_LONG(__pyx_v_B); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 45, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_5);
+  __pyx_t_12 = PyTuple_New(1); if (unlikely(!__pyx_t_12)) __PYX_ERR(0, 45, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_12);
+  __Pyx_GIVEREF(__pyx_t_5);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_12, 0, __pyx_t_5) != (0)) __PYX_ERR(0, 45, __pyx_L1_error);
+  __pyx_t_5 = 0;
+  __pyx_t_5 = __Pyx_PyLong_From_PY_LONG_LONG(__pyx_v_total_m); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 45, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_5);
+  __pyx_t_13 = PyTuple_New(2); if (unlikely(!__pyx_t_13)) __PYX_ERR(0, 45, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_13);
+  __Pyx_GIVEREF(__pyx_t_5);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_13, 0, __pyx_t_5) != (0)) __PYX_ERR(0, 45, __pyx_L1_error);
+  __Pyx_INCREF(__pyx_mstate_global->__pyx_int_2);
+  __Pyx_GIVEREF(__pyx_mstate_global->__pyx_int_2);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_13, 1, __pyx_mstate_global->__pyx_int_2) != (0)) __PYX_ERR(0, 45, __pyx_L1_error);
+  __pyx_t_5 = 0;
+  __pyx_t_5 = __Pyx_PyLong_From_PY_LONG_LONG((__pyx_v_B + 1)); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 45, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_5);
+  __pyx_t_14 = PyTuple_New(1); if (unlikely(!__pyx_t_14)) __PYX_ERR(0, 45, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_14);
+  __Pyx_GIVEREF(__pyx_t_5);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_14, 0, __pyx_t_5) != (0)) __PYX_ERR(0, 45, __pyx_L1_error);
+  __pyx_t_5 = 0;
+  __pyx_t_5 = __Pyx_PyLong_From_PY_LONG_LONG((__pyx_v_G + 1)); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 45, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_5);
+  __pyx_t_15 = PyTuple_New(1); if (unlikely(!__pyx_t_15)) __PYX_ERR(0, 45, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_15);
+  __Pyx_GIVEREF(__pyx_t_5);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_15, 0, __pyx_t_5) != (0)) __PYX_ERR(0, 45, __pyx_L1_error);
+  __pyx_t_5 = 0;
+
+  /* "cupy_dash/_varlen_pack.pyx":46
+ *         total_m += num_m_blocks[b]
+ *     shapes = ((ncols, REC_FIELDS), (ncols,), (G + 1,), (S + 1,), (B,), (total_m, 2), (B + 1,), (G + 1,),
+ *               (B + 1,), (B + 1,))             # <<<<<<<<<<<<<<
+ *     sizes = (ncols * REC_FIELDS * 4, ncols * 4, (G + 1) * 8, (S + 1) * 4, B * 4, total_m * 8, (B + 1) * 4,
+ *              (G + 1) * 8 if visit_starts else 0, (B + 1) * 4, (B + 1) * 4)
+*/
+  __pyx_t_5 = __Pyx_PyLong_From_PY_LONG_LONG((__pyx_v_B + 1)); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 46, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_5);
+  __pyx_t_16 = PyTuple_New(1); if (unlikely(!__pyx_t_16)) __PYX_ERR(0, 46, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_16);
+  __Pyx_GIVEREF(__pyx_t_5);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_16, 0, __pyx_t_5) != (0)) __PYX_ERR(0, 46, __pyx_L1_error);
+  __pyx_t_5 = 0;
+  __pyx_t_5 = __Pyx_PyLong_From_PY_LONG_LONG((__pyx_v_B + 1)); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 46, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_5);
+  __pyx_t_17 = PyTuple_New(1); if (unlikely(!__pyx_t_17)) __PYX_ERR(0, 46, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_17);
+  __Pyx_GIVEREF(__pyx_t_5);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_17, 0, __pyx_t_5) != (0)) __PYX_ERR(0, 46, __pyx_L1_error);
+  __pyx_t_5 = 0;
+
+  /* "cupy_dash/_varlen_pack.pyx":45
+ *     for b in range(B):
+ *         total_m += num_m_blocks[b]
+ *     shapes = ((ncols, REC_FIELDS), (ncols,), (G + 1,), (S + 1,), (B,), (total_m, 2), (B + 1,), (G + 1,),             # <<<<<<<<<<<<<<
+ *               (B + 1,), (B + 1,))
+ *     sizes = (ncols * REC_FIELDS * 4, ncols * 4, (G + 1) * 8, (S + 1) * 4, B * 4, total_m * 8, (B + 1) * 4,
+*/
+  __pyx_t_5 = PyTuple_New(10); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 45, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_5);
+  __Pyx_GIVEREF(__pyx_t_3);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_5, 0, __pyx_t_3) != (0)) __PYX_ERR(0, 45, __pyx_L1_error);
+  __Pyx_GIVEREF(__pyx_t_1);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_5, 1, __pyx_t_1) != (0)) __PYX_ERR(0, 45, __pyx_L1_error);
+  __Pyx_GIVEREF(__pyx_t_4);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_5, 2, __pyx_t_4) != (0)) __PYX_ERR(0, 45, __pyx_L1_error);
+  __Pyx_GIVEREF(__pyx_t_11);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_5, 3, __pyx_t_11) != (0)) __PYX_ERR(0, 45, __pyx_L1_error);
+  __Pyx_GIVEREF(__pyx_t_12);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_5, 4, __pyx_t_12) != (0)) __PYX_ERR(0, 45, __pyx_L1_error);
+  __Pyx_GIVEREF(__pyx_t_13);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_5, 5, __pyx_t_13) != (0)) __PYX_ERR(0, 45, __pyx_L1_error);
+  __Pyx_GIVEREF(__pyx_t_14);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_5, 6, __pyx_t_14) != (0)) __PYX_ERR(0, 45, __pyx_L1_error);
+  __Pyx_GIVEREF(__pyx_t_15);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_5, 7, __pyx_t_15) != (0)) __PYX_ERR(0, 45, __pyx_L1_error);
+  __Pyx_GIVEREF(__pyx_t_16);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_5, 8, __pyx_t_16) != (0)) __PYX_ERR(0, 45, __pyx_L1_error);
+  __Pyx_GIVEREF(__pyx_t_17);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_5, 9, __pyx_t_17) != (0)) __PYX_ERR(0, 45, __pyx_L1_error);
+  __pyx_t_3 = 0;
+  __pyx_t_1 = 0;
+  __pyx_t_4 = 0;
+  __pyx_t_11 = 0;
+  __pyx_t_12 = 0;
+  __pyx_t_13 = 0;
+  __pyx_t_14 = 0;
+  __pyx_t_15 = 0;
+  __pyx_t_16 = 0;
+  __pyx_t_17 = 0;
+  __pyx_v_shapes = ((PyObject*)__pyx_t_5);
+  __pyx_t_5 = 0;
+
+  /* "cupy_dash/_varlen_pack.pyx":47
+ *     shapes = ((ncols, REC_FIELDS), (ncols,), (G + 1,), (S + 1,), (B,), (total_m, 2), (B + 1,), (G + 1,),
+ *               (B + 1,), (B + 1,))
+ *     sizes = (ncols * REC_FIELDS * 4, ncols * 4, (G + 1) * 8, (S + 1) * 4, B * 4, total_m * 8, (B + 1) * 4,             # <<<<<<<<<<<<<<
+ *              (G + 1) * 8 if visit_starts else 0, (B + 1) * 4, (B + 1) * 4)
+ *     offsets_arr = np.full(10, -1, dtype=np.int64)
+*/
+  __pyx_t_5 = __Pyx_PyLong_From_PY_LONG_LONG(((__pyx_v_ncols * __pyx_e_9cupy_dash_12_varlen_pack_REC_FIELDS) * 4)); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 47, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_5);
+  __pyx_t_17 = __Pyx_PyLong_From_PY_LONG_LONG((__pyx_v_ncols * 4)); if (unlikely(!__pyx_t_17)) __PYX_ERR(0, 47, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_17);
+  __pyx_t_16 = __Pyx_PyLong_From_PY_LONG_LONG(((__pyx_v_G + 1) * 8)); if (unlikely(!__pyx_t_16)) __PYX_ERR(0, 47, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_16);
+  __pyx_t_15 = __Pyx_PyLong_From_PY_LONG_LONG(((__pyx_v_S + 1) * 4)); if (unlikely(!__pyx_t_15)) __PYX_ERR(0, 47, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_15);
+  __pyx_t_14 = __Pyx_PyLong_From_PY_LONG_LONG((__pyx_v_B * 4)); if (unlikely(!__pyx_t_14)) __PYX_ERR(0, 47, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_14);
+  __pyx_t_13 = __Pyx_PyLong_From_PY_LONG_LONG((__pyx_v_total_m * 8)); if (unlikely(!__pyx_t_13)) __PYX_ERR(0, 47, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_13);
+  __pyx_t_12 = __Pyx_PyLong_From_PY_LONG_LONG(((__pyx_v_B + 1) * 4)); if (unlikely(!__pyx_t_12)) __PYX_ERR(0, 47, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_12);
+
+  /* "cupy_dash/_varlen_pack.pyx":48
+ *               (B + 1,), (B + 1,))
+ *     sizes = (ncols * REC_FIELDS * 4, ncols * 4, (G + 1) * 8, (S + 1) * 4, B * 4, total_m * 8, (B + 1) * 4,
+ *              (G + 1) * 8 if visit_starts else 0, (B + 1) * 4, (B + 1) * 4)             # <<<<<<<<<<<<<<
+ *     offsets_arr = np.full(10, -1, dtype=np.int64)
+ *     cdef long long[::1] off = offsets_arr
+*/
+  if (__pyx_v_visit_starts) {
+    __pyx_t_4 = __Pyx_PyLong_From_PY_LONG_LONG(((__pyx_v_G + 1) * 8)); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 48, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_4);
+    __pyx_t_11 = __pyx_t_4;
+    __pyx_t_4 = 0;
+  } else {
+    __Pyx_INCREF(__pyx_mstate_global->__pyx_int_0);
+    __pyx_t_11 = __pyx_mstate_global->__pyx_int_0;
+  }
+  __pyx_t_4 = __Pyx_PyLong_From_PY_LONG_LONG(((__pyx_v_B + 1) * 4)); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 48, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_4);
+  __pyx_t_1 = __Pyx_PyLong_From_PY_LONG_LONG(((__pyx_v_B + 1) * 4)); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 48, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_1);
+
+  /* "cupy_dash/_varlen_pack.pyx":47
+ *     shapes = ((ncols, REC_FIELDS), (ncols,), (G + 1,), (S + 1,), (B,), (total_m, 2), (B + 1,), (G + 1,),
+ *               (B + 1,), (B + 1,))
+ *     sizes = (ncols * REC_FIELDS * 4, ncols * 4, (G + 1) * 8, (S + 1) * 4, B * 4, total_m * 8, (B + 1) * 4,             # <<<<<<<<<<<<<<
+ *              (G + 1) * 8 if visit_starts else 0, (B + 1) * 4, (B + 1) * 4)
+ *     offsets_arr = np.full(10, -1, dtype=np.int64)
+*/
+  __pyx_t_3 = PyTuple_New(10); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 47, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_3);
+  __Pyx_GIVEREF(__pyx_t_5);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_3, 0, __pyx_t_5) != (0)) __PYX_ERR(0, 47, __pyx_L1_error);
+  __Pyx_GIVEREF(__pyx_t_17);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_3, 1, __pyx_t_17) != (0)) __PYX_ERR(0, 47, __pyx_L1_error);
+  __Pyx_GIVEREF(__pyx_t_16);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_3, 2, __pyx_t_16) != (0)) __PYX_ERR(0, 47, __pyx_L1_error);
+  __Pyx_GIVEREF(__pyx_t_15);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_3, 3, __pyx_t_15) != (0)) __PYX_ERR(0, 47, __pyx_L1_error);
+  __Pyx_GIVEREF(__pyx_t_14);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_3, 4, __pyx_t_14) != (0)) __PYX_ERR(0, 47, __pyx_L1_error);
+  __Pyx_GIVEREF(__pyx_t_13);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_3, 5, __pyx_t_13) != (0)) __PYX_ERR(0, 47, __pyx_L1_error);
+  __Pyx_GIVEREF(__pyx_t_12);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_3, 6, __pyx_t_12) != (0)) __PYX_ERR(0, 47, __pyx_L1_error);
+  __Pyx_GIVEREF(__pyx_t_11);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_3, 7, __pyx_t_11) != (0)) __PYX_ERR(0, 47, __pyx_L1_error);
+  __Pyx_GIVEREF(__pyx_t_4);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_3, 8, __pyx_t_4) != (0)) __PYX_ERR(0, 47, __pyx_L1_error);
+  __Pyx_GIVEREF(__pyx_t_1);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_3, 9, __pyx_t_1) != (0)) __PYX_ERR(0, 47, __pyx_L1_error);
+  __pyx_t_5 = 0;
+  __pyx_t_17 = 0;
+  __pyx_t_16 = 0;
+  __pyx_t_15 = 0;
+  __pyx_t_14 = 0;
+  __pyx_t_13 = 0;
+  __pyx_t_12 = 0;
+  __pyx_t_11 = 0;
+  __pyx_t_4 = 0;
+  __pyx_t_1 = 0;
+  __pyx_v_sizes = ((PyObject*)__pyx_t_3);
+  __pyx_t_3 = 0;
+
+  /* "cupy_dash/_varlen_pack.pyx":49
+ *     sizes = (ncols * REC_FIELDS * 4, ncols * 4, (G + 1) * 8, (S + 1) * 4, B * 4, total_m * 8, (B + 1) * 4,
+ *              (G + 1) * 8 if visit_starts else 0, (B + 1) * 4, (B + 1) * 4)
+ *     offsets_arr = np.full(10, -1, dtype=np.int64)             # <<<<<<<<<<<<<<
+ *     cdef long long[::1] off = offsets_arr
+ *     cdef long long total = 0, i
+*/
+  __Pyx_GetModuleGlobalName(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 49, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_3);
+  __pyx_t_1 = __Pyx_PyObject_GetAttrStr(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_full); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 49, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_1);
+  __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
+  __pyx_t_3 = __Pyx_PyDict_NewPresized(1); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 49, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_3);
+  __Pyx_GetModuleGlobalName(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 49, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_4);
+  __pyx_t_11 = __Pyx_PyObject_GetAttrStr(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_int64); if (unlikely(!__pyx_t_11)) __PYX_ERR(0, 49, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_11);
+  __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
+  if (PyDict_SetItem(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_dtype, __pyx_t_11) < (0)) __PYX_ERR(0, 49, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_11); __pyx_t_11 = 0;
+  __pyx_t_11 = __Pyx_PyObject_Call(__pyx_t_1, __pyx_mstate_global->__pyx_tuple[2], __pyx_t_3); if (unlikely(!__pyx_t_11)) __PYX_ERR(0, 49, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_11);
+  __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+  __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
+  __pyx_v_offsets_arr = __pyx_t_11;
+  __pyx_t_11 = 0;
+
+  /* "cupy_dash/_varlen_pack.pyx":50
+ *              (G + 1) * 8 if visit_starts else 0, (B + 1) * 4, (B + 1) * 4)
+ *     offsets_arr = np.full(10, -1, dtype=np.int64)
+ *     cdef long long[::1] off = offsets_arr             # <<<<<<<<<<<<<<
+ *     cdef long long total = 0, i
+ *     for i in range(10):
+*/
+  __pyx_t_18 = __Pyx_PyObject_to_MemoryviewSlice_dc_PY_LONG_LONG(__pyx_v_offsets_arr, PyBUF_WRITABLE); if (unlikely(!__pyx_t_18.memview)) __PYX_ERR(0, 50, __pyx_L1_error)
+  __pyx_v_off = __pyx_t_18;
+  __pyx_t_18.memview = NULL;
+  __pyx_t_18.data = NULL;
+
+  /* "cupy_dash/_varlen_pack.pyx":51
+ *     offsets_arr = np.full(10, -1, dtype=np.int64)
+ *     cdef long long[::1] off = offsets_arr
+ *     cdef long long total = 0, i             # <<<<<<<<<<<<<<
+ *     for i in range(10):
+ *         if i != 7 or visit_starts:
+*/
+  __pyx_v_total = 0;
+
+  /* "cupy_dash/_varlen_pack.pyx":52
+ *     cdef long long[::1] off = offsets_arr
+ *     cdef long long total = 0, i
+ *     for i in range(10):             # <<<<<<<<<<<<<<
+ *         if i != 7 or visit_starts:
+ *             off[i] = total
+*/
+  for (__pyx_t_7 = 0; __pyx_t_7 < 10; __pyx_t_7+=1) {
+    __pyx_v_i = __pyx_t_7;
+
+    /* "cupy_dash/_varlen_pack.pyx":53
+ *     cdef long long total = 0, i
+ *     for i in range(10):
+ *         if i != 7 or visit_starts:             # <<<<<<<<<<<<<<
+ *             off[i] = total
+ *             total += aligned(sizes[i])
+*/
+    __pyx_t_19 = (__pyx_v_i != 7);
+
+    if (!__pyx_t_19) {
+
+    } else {
+
+      __pyx_t_2 = __pyx_t_19;
+
+      goto __pyx_L9_bool_binop_done;
+    }
+
+    __pyx_t_2 = __pyx_v_visit_starts;
+    __pyx_L9_bool_binop_done:;
+    if (__pyx_t_2) {
+
+
+      /* "cupy_dash/_varlen_pack.pyx":54
+ *     for i in range(10):
+ *         if i != 7 or visit_starts:
+ *             off[i] = total             # <<<<<<<<<<<<<<
+ *             total += aligned(sizes[i])
+ *     buf_arr = np.empty(max(total, 1), dtype=np.uint8)
+*/
+      __pyx_t_8 = __pyx_v_i;
+      *((PY_LONG_LONG *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG *) __pyx_v_off.data) + __pyx_t_8)) )) = __pyx_v_total;
+
+      /* "cupy_dash/_varlen_pack.pyx":55
+ *         if i != 7 or visit_starts:
+ *             off[i] = total
+ *             total += aligned(sizes[i])             # <<<<<<<<<<<<<<
+ *     buf_arr = np.empty(max(total, 1), dtype=np.uint8)
+ *     cdef unsigned char[::1] buf = buf_arr
+*/
+      __pyx_t_8 = __Pyx_PyLong_As_PY_LONG_LONG(__Pyx_PyTuple_GET_ITEM(__pyx_v_sizes, __pyx_v_i)); if (unlikely((__pyx_t_8 == (PY_LONG_LONG)-1) && PyErr_Occurred())) __PYX_ERR(0, 55, __pyx_L1_error)
+      __pyx_v_total = (__pyx_v_total + __pyx_f_9cupy_dash_12_varlen_pack_aligned(__pyx_t_8));
+
+
+      /* "cupy_dash/_varlen_pack.pyx":53
+ *     cdef long long total = 0, i
+ *     for i in range(10):
+ *         if i != 7 or visit_starts:             # <<<<<<<<<<<<<<
+ *             off[i] = total
+ *             total += aligned(sizes[i])
+*/
+    }
+  }
+
+  /* "cupy_dash/_varlen_pack.pyx":56
+ *             off[i] = total
+ *             total += aligned(sizes[i])
+ *     buf_arr = np.empty(max(total, 1), dtype=np.uint8)             # <<<<<<<<<<<<<<
+ *     cdef unsigned char[::1] buf = buf_arr
+ *     cdef unsigned char* base = &buf[0]
+*/
+  __pyx_t_3 = NULL;
+  __Pyx_GetModuleGlobalName(__pyx_t_1, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 56, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_1);
+  __pyx_t_4 = __Pyx_PyObject_GetAttrStr(__pyx_t_1, __pyx_mstate_global->__pyx_n_u_empty); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 56, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_4);
+  __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+
+  __pyx_t_20 = 1;
+
+  __pyx_t_7 = __pyx_v_total;
+  __pyx_t_2 = (__pyx_t_20 > __pyx_t_7);
+
+  if (__pyx_t_2) {
+
+    __pyx_t_8 = __pyx_t_20;
+  } else {
+
+    __pyx_t_8 = __pyx_t_7;
+  }
+
+  __pyx_t_1 = __Pyx_PyLong_From_PY_LONG_LONG(__pyx_t_8); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 56, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_1);
+
+  __Pyx_GetModuleGlobalName(__pyx_t_12, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_12)) __PYX_ERR(0, 56, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_12);
+  __pyx_t_13 = __Pyx_PyObject_GetAttrStr(__pyx_t_12, __pyx_mstate_global->__pyx_n_u_uint8); if (unlikely(!__pyx_t_13)) __PYX_ERR(0, 56, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_13);
+  __Pyx_DECREF(__pyx_t_12); __pyx_t_12 = 0;
+  #if CYTHON_VECTORCALL
+  #endif
+  __pyx_t_6 = 1;
+  #if CYTHON_UNPACK_METHODS
+  if (unlikely(PyMethod_Check(__pyx_t_4))) {
+    __pyx_t_3 = PyMethod_GET_SELF(__pyx_t_4);
+    assert(__pyx_t_3);
+    PyObject* __pyx__function = PyMethod_GET_FUNCTION(__pyx_t_4);
+    __Pyx_INCREF(__pyx_t_3);
+    __Pyx_INCREF(__pyx__function);
+    __Pyx_DECREF_SET(__pyx_t_4, __pyx__function);
+    __pyx_t_6 = 0;
+  }
+  #endif
+  {
+    PyObject *__pyx_callargs[3] = {__pyx_t_3, __pyx_t_1, __pyx_t_13};
+    #if CYTHON_VECTORCALL
+    __pyx_t_12 = __pyx_mstate_global->__pyx_tuple[3];
+    if (unlikely(!__pyx_t_12)) __PYX_ERR(0, 56, __pyx_L1_error)
+    __Pyx_INCREF(__pyx_t_12);
+    #else
+    {
+      PyObject *__pyx_temp[1] = {__pyx_mstate_global->__pyx_n_u_dtype};
+      __pyx_t_12 = __Pyx_MakeKwargDict(__pyx_temp, __pyx_callargs+2, 1);
+      if (unlikely(!__pyx_t_12)) __PYX_ERR(0, 56, __pyx_L1_error)
+      __Pyx_GOTREF(__pyx_t_12);
+    }
+    #endif
+    __pyx_t_11 = __Pyx_Object_VectorcallKwds((PyObject*)__pyx_t_4, __pyx_callargs+__pyx_t_6, (2-__pyx_t_6) | (__pyx_t_6*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET), __pyx_t_12);
+    __Pyx_XDECREF(__pyx_t_3); __pyx_t_3 = 0;
+    __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+    #if CYTHON_VECTORCALL
+    #endif
+    __Pyx_DECREF(__pyx_t_13); __pyx_t_13 = 0;
+    __Pyx_DECREF(__pyx_t_12); __pyx_t_12 = 0;
+    __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
+    if (unlikely(!__pyx_t_11)) __PYX_ERR(0, 56, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_11);
+  }
+  __pyx_v_buf_arr = __pyx_t_11;
+  __pyx_t_11 = 0;
+
+  /* "cupy_dash/_varlen_pack.pyx":57
+ *             total += aligned(sizes[i])
+ *     buf_arr = np.empty(max(total, 1), dtype=np.uint8)
+ *     cdef unsigned char[::1] buf = buf_arr             # <<<<<<<<<<<<<<
+ *     cdef unsigned char* base = &buf[0]
+ *     cdef long long nbytes
+*/
+  __pyx_t_21 = __Pyx_PyObject_to_MemoryviewSlice_dc_unsigned_char(__pyx_v_buf_arr, PyBUF_WRITABLE); if (unlikely(!__pyx_t_21.memview)) __PYX_ERR(0, 57, __pyx_L1_error)
+  __pyx_v_buf = __pyx_t_21;
+  __pyx_t_21.memview = NULL;
+  __pyx_t_21.data = NULL;
+
+  /* "cupy_dash/_varlen_pack.pyx":58
+ *     buf_arr = np.empty(max(total, 1), dtype=np.uint8)
+ *     cdef unsigned char[::1] buf = buf_arr
+ *     cdef unsigned char* base = &buf[0]             # <<<<<<<<<<<<<<
+ *     cdef long long nbytes
+ *     for i in range(10):                                  # the padding after each array: zeros, not leftovers
+*/
+  __pyx_t_22 = 0;
+  __pyx_v_base = (&(*((unsigned char *) ( /* dim=0 */ ((char *) (((unsigned char *) __pyx_v_buf.data) + __pyx_t_22)) ))));
+
+  /* "cupy_dash/_varlen_pack.pyx":60
+ *     cdef unsigned char* base = &buf[0]
+ *     cdef long long nbytes
+ *     for i in range(10):                                  # the padding after each array: zeros, not leftovers             # <<<<<<<<<<<<<<
+ *         if off[i] >= 0:
+ *             nbytes = sizes[i]
+*/
+  for (__pyx_t_8 = 0; __pyx_t_8 < 10; __pyx_t_8+=1) {
+    __pyx_v_i = __pyx_t_8;
+
+    /* "cupy_dash/_varlen_pack.pyx":61
+ *     cdef long long nbytes
+ *     for i in range(10):                                  # the padding after each array: zeros, not leftovers
+ *         if off[i] >= 0:             # <<<<<<<<<<<<<<
+ *             nbytes = sizes[i]
+ *             memset(base + off[i] + nbytes, 0, aligned(nbytes) - nbytes)
+*/
+    __pyx_t_7 = __pyx_v_i;
+    __pyx_t_2 = ((*((PY_LONG_LONG *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG *) __pyx_v_off.data) + __pyx_t_7)) ))) >= 0);
+
+    if (__pyx_t_2) {
+
+
+      /* "cupy_dash/_varlen_pack.pyx":62
+ *     for i in range(10):                                  # the padding after each array: zeros, not leftovers
+ *         if off[i] >= 0:
+ *             nbytes = sizes[i]             # <<<<<<<<<<<<<<
+ *             memset(base + off[i] + nbytes, 0, aligned(nbytes) - nbytes)
+ *     cdef int* rec_out = <int*>(base + off[0])
+*/
+      __pyx_t_7 = __Pyx_PyLong_As_PY_LONG_LONG(__Pyx_PyTuple_GET_ITEM(__pyx_v_sizes, __pyx_v_i)); if (unlikely((__pyx_t_7 == (PY_LONG_LONG)-1) && PyErr_Occurred())) __PYX_ERR(0, 62, __pyx_L1_error)
+      __pyx_v_nbytes = __pyx_t_7;
+
+      /* "cupy_dash/_varlen_pack.pyx":63
+ *         if off[i] >= 0:
+ *             nbytes = sizes[i]
+ *             memset(base + off[i] + nbytes, 0, aligned(nbytes) - nbytes)             # <<<<<<<<<<<<<<
+ *     cdef int* rec_out = <int*>(base + off[0])
+ *     cdef int* cols_out = <int*>(base + off[1])
+*/
+      __pyx_t_7 = __pyx_v_i;
+      (void)(memset(((__pyx_v_base + (*((PY_LONG_LONG *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG *) __pyx_v_off.data) + __pyx_t_7)) )))) + __pyx_v_nbytes), 0, (__pyx_f_9cupy_dash_12_varlen_pack_aligned(__pyx_v_nbytes) - __pyx_v_nbytes)));
+
+      /* "cupy_dash/_varlen_pack.pyx":61
+ *     cdef long long nbytes
+ *     for i in range(10):                                  # the padding after each array: zeros, not leftovers
+ *         if off[i] >= 0:             # <<<<<<<<<<<<<<
+ *             nbytes = sizes[i]
+ *             memset(base + off[i] + nbytes, 0, aligned(nbytes) - nbytes)
+*/
+    }
+  }
+
+  /* "cupy_dash/_varlen_pack.pyx":64
+ *             nbytes = sizes[i]
+ *             memset(base + off[i] + nbytes, 0, aligned(nbytes) - nbytes)
+ *     cdef int* rec_out = <int*>(base + off[0])             # <<<<<<<<<<<<<<
+ *     cdef int* cols_out = <int*>(base + off[1])
+ *     cdef long long* cs_out = <long long*>(base + off[2])
+*/
+  __pyx_t_22 = 0;
+  __pyx_v_rec_out = ((int *)(__pyx_v_base + (*((PY_LONG_LONG *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG *) __pyx_v_off.data) + __pyx_t_22)) )))));
+
+  /* "cupy_dash/_varlen_pack.pyx":65
+ *             memset(base + off[i] + nbytes, 0, aligned(nbytes) - nbytes)
+ *     cdef int* rec_out = <int*>(base + off[0])
+ *     cdef int* cols_out = <int*>(base + off[1])             # <<<<<<<<<<<<<<
+ *     cdef long long* cs_out = <long long*>(base + off[2])
+ *     cdef int* seg_out = <int*>(base + off[3])
+*/
+  __pyx_t_22 = 1;
+  __pyx_v_cols_out = ((int *)(__pyx_v_base + (*((PY_LONG_LONG *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG *) __pyx_v_off.data) + __pyx_t_22)) )))));
+
+  /* "cupy_dash/_varlen_pack.pyx":66
+ *     cdef int* rec_out = <int*>(base + off[0])
+ *     cdef int* cols_out = <int*>(base + off[1])
+ *     cdef long long* cs_out = <long long*>(base + off[2])             # <<<<<<<<<<<<<<
+ *     cdef int* seg_out = <int*>(base + off[3])
+ *     cdef int* nf_out = <int*>(base + off[4])
+*/
+  __pyx_t_22 = 2;
+  __pyx_v_cs_out = ((PY_LONG_LONG *)(__pyx_v_base + (*((PY_LONG_LONG *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG *) __pyx_v_off.data) + __pyx_t_22)) )))));
+
+  /* "cupy_dash/_varlen_pack.pyx":67
+ *     cdef int* cols_out = <int*>(base + off[1])
+ *     cdef long long* cs_out = <long long*>(base + off[2])
+ *     cdef int* seg_out = <int*>(base + off[3])             # <<<<<<<<<<<<<<
+ *     cdef int* nf_out = <int*>(base + off[4])
+ *     cdef int* tiles = <int*>(base + off[5])
+*/
+  __pyx_t_22 = 3;
+  __pyx_v_seg_out = ((int *)(__pyx_v_base + (*((PY_LONG_LONG *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG *) __pyx_v_off.data) + __pyx_t_22)) )))));
+
+  /* "cupy_dash/_varlen_pack.pyx":68
+ *     cdef long long* cs_out = <long long*>(base + off[2])
+ *     cdef int* seg_out = <int*>(base + off[3])
+ *     cdef int* nf_out = <int*>(base + off[4])             # <<<<<<<<<<<<<<
+ *     cdef int* tiles = <int*>(base + off[5])
+ *     cdef int* tile_start = <int*>(base + off[6])
+*/
+  __pyx_t_22 = 4;
+  __pyx_v_nf_out = ((int *)(__pyx_v_base + (*((PY_LONG_LONG *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG *) __pyx_v_off.data) + __pyx_t_22)) )))));
+
+  /* "cupy_dash/_varlen_pack.pyx":69
+ *     cdef int* seg_out = <int*>(base + off[3])
+ *     cdef int* nf_out = <int*>(base + off[4])
+ *     cdef int* tiles = <int*>(base + off[5])             # <<<<<<<<<<<<<<
+ *     cdef int* tile_start = <int*>(base + off[6])
+ *     cdef int* cu_q = <int*>(base + off[8])
+*/
+  __pyx_t_22 = 5;
+  __pyx_v_tiles = ((int *)(__pyx_v_base + (*((PY_LONG_LONG *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG *) __pyx_v_off.data) + __pyx_t_22)) )))));
+
+  /* "cupy_dash/_varlen_pack.pyx":70
+ *     cdef int* nf_out = <int*>(base + off[4])
+ *     cdef int* tiles = <int*>(base + off[5])
+ *     cdef int* tile_start = <int*>(base + off[6])             # <<<<<<<<<<<<<<
+ *     cdef int* cu_q = <int*>(base + off[8])
+ *     cdef int* cu_k = <int*>(base + off[9])
+*/
+  __pyx_t_22 = 6;
+  __pyx_v_tile_start = ((int *)(__pyx_v_base + (*((PY_LONG_LONG *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG *) __pyx_v_off.data) + __pyx_t_22)) )))));
+
+  /* "cupy_dash/_varlen_pack.pyx":71
+ *     cdef int* tiles = <int*>(base + off[5])
+ *     cdef int* tile_start = <int*>(base + off[6])
+ *     cdef int* cu_q = <int*>(base + off[8])             # <<<<<<<<<<<<<<
+ *     cdef int* cu_k = <int*>(base + off[9])
+ *     cdef long long* vstart
+*/
+  __pyx_t_22 = 8;
+  __pyx_v_cu_q = ((int *)(__pyx_v_base + (*((PY_LONG_LONG *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG *) __pyx_v_off.data) + __pyx_t_22)) )))));
+
+  /* "cupy_dash/_varlen_pack.pyx":72
+ *     cdef int* tile_start = <int*>(base + off[6])
+ *     cdef int* cu_q = <int*>(base + off[8])
+ *     cdef int* cu_k = <int*>(base + off[9])             # <<<<<<<<<<<<<<
+ *     cdef long long* vstart
+ *     cdef long long k
+*/
+  __pyx_t_22 = 9;
+  __pyx_v_cu_k = ((int *)(__pyx_v_base + (*((PY_LONG_LONG *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG *) __pyx_v_off.data) + __pyx_t_22)) )))));
+
+  /* "cupy_dash/_varlen_pack.pyx":75
+ *     cdef long long* vstart
+ *     cdef long long k
+ *     for i in range(ncols):             # <<<<<<<<<<<<<<
+ *         for k in range(REC_FIELDS):
+ *             rec_out[i * REC_FIELDS + k] = records[i, k]
+*/
+
+  __pyx_t_8 = __pyx_v_ncols;
+  __pyx_t_7 = __pyx_t_8;
+
+  for (__pyx_t_9 = 0; __pyx_t_9 < __pyx_t_7; __pyx_t_9+=1) {
+    __pyx_v_i = __pyx_t_9;
+
+    /* "cupy_dash/_varlen_pack.pyx":76
+ *     cdef long long k
+ *     for i in range(ncols):
+ *         for k in range(REC_FIELDS):             # <<<<<<<<<<<<<<
+ *             rec_out[i * REC_FIELDS + k] = records[i, k]
+ *         cols_out[i] = cta_columns[i]
+*/
+
+    __pyx_t_23 = __pyx_e_9cupy_dash_12_varlen_pack_REC_FIELDS;
+    __pyx_t_24 = __pyx_t_23;
+
+    for (__pyx_t_10 = 0; __pyx_t_10 < __pyx_t_24; __pyx_t_10+=1) {
+      __pyx_v_k = __pyx_t_10;
+
+      /* "cupy_dash/_varlen_pack.pyx":77
+ *     for i in range(ncols):
+ *         for k in range(REC_FIELDS):
+ *             rec_out[i * REC_FIELDS + k] = records[i, k]             # <<<<<<<<<<<<<<
+ *         cols_out[i] = cta_columns[i]
+ *     for c in range(G + 1):
+*/
+      __pyx_t_25 = __pyx_v_i;
+      __pyx_t_26 = __pyx_v_k;
+      (__pyx_v_rec_out[((__pyx_v_i * __pyx_e_9cupy_dash_12_varlen_pack_REC_FIELDS) + __pyx_v_k)]) = (*((int const  *) ( /* dim=1 */ ((char *) (((int const  *) ( /* dim=0 */ (__pyx_v_records.data + __pyx_t_25 * __pyx_v_records.strides[0]) )) + __pyx_t_26)) )));
+    }
+
+
+    /* "cupy_dash/_varlen_pack.pyx":78
+ *         for k in range(REC_FIELDS):
+ *             rec_out[i * REC_FIELDS + k] = records[i, k]
+ *         cols_out[i] = cta_columns[i]             # <<<<<<<<<<<<<<
+ *     for c in range(G + 1):
+ *         cs_out[c] = cta_col_start[c]
+*/
+    __pyx_t_10 = __pyx_v_i;
+    (__pyx_v_cols_out[__pyx_v_i]) = (*((int const  *) ( /* dim=0 */ ((char *) (((int const  *) __pyx_v_cta_columns.data) + __pyx_t_10)) )));
+  }
+
+
+  /* "cupy_dash/_varlen_pack.pyx":79
+ *             rec_out[i * REC_FIELDS + k] = records[i, k]
+ *         cols_out[i] = cta_columns[i]
+ *     for c in range(G + 1):             # <<<<<<<<<<<<<<
+ *         cs_out[c] = cta_col_start[c]
+ *     for i in range(S + 1):
+*/
+
+  __pyx_t_8 = (__pyx_v_G + 1);
+  __pyx_t_7 = __pyx_t_8;
+
+  for (__pyx_t_9 = 0; __pyx_t_9 < __pyx_t_7; __pyx_t_9+=1) {
+    __pyx_v_c = __pyx_t_9;
+
+    /* "cupy_dash/_varlen_pack.pyx":80
+ *         cols_out[i] = cta_columns[i]
+ *     for c in range(G + 1):
+ *         cs_out[c] = cta_col_start[c]             # <<<<<<<<<<<<<<
+ *     for i in range(S + 1):
+ *         seg_out[i] = seg_col_start[i]
+*/
+    __pyx_t_10 = __pyx_v_c;
+    (__pyx_v_cs_out[__pyx_v_c]) = (*((PY_LONG_LONG const  *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG const  *) __pyx_v_cta_col_start.data) + __pyx_t_10)) )));
+  }
+
+
+  /* "cupy_dash/_varlen_pack.pyx":81
+ *     for c in range(G + 1):
+ *         cs_out[c] = cta_col_start[c]
+ *     for i in range(S + 1):             # <<<<<<<<<<<<<<
+ *         seg_out[i] = seg_col_start[i]
+ *     # NOTES: Q tile m of sequence b: the first column of the sequence's first segment (records in n order, lo
+*/
+
+  __pyx_t_8 = (__pyx_v_S + 1);
+  __pyx_t_7 = __pyx_t_8;
+
+  for (__pyx_t_9 = 0; __pyx_t_9 < __pyx_t_7; __pyx_t_9+=1) {
+    __pyx_v_i = __pyx_t_9;
+
+    /* "cupy_dash/_varlen_pack.pyx":82
+ *         cs_out[c] = cta_col_start[c]
+ *     for i in range(S + 1):
+ *         seg_out[i] = seg_col_start[i]             # <<<<<<<<<<<<<<
+ *     # NOTES: Q tile m of sequence b: the first column of the sequence's first segment (records in n order, lo
+ *     # and hi rising with n) with hi > m, and the first with lo > m (varlen_device.tile_columns).
+*/
+    __pyx_t_10 = __pyx_v_i;
+    (__pyx_v_seg_out[__pyx_v_i]) = (*((int const  *) ( /* dim=0 */ ((char *) (((int const  *) __pyx_v_seg_col_start.data) + __pyx_t_10)) )));
+  }
+
+
+  /* "cupy_dash/_varlen_pack.pyx":85
+ *     # NOTES: Q tile m of sequence b: the first column of the sequence's first segment (records in n order, lo
+ *     # and hi rising with n) with hi > m, and the first with lo > m (varlen_device.tile_columns).
+ *     cdef long long row = 0, p_hi, p_lo             # <<<<<<<<<<<<<<
+ *     cu_q[0] = cu_k[0] = 0
+ *     for b in range(B):
+*/
+  __pyx_v_row = 0;
+
+  /* "cupy_dash/_varlen_pack.pyx":86
+ *     # and hi rising with n) with hi > m, and the first with lo > m (varlen_device.tile_columns).
+ *     cdef long long row = 0, p_hi, p_lo
+ *     cu_q[0] = cu_k[0] = 0             # <<<<<<<<<<<<<<
+ *     for b in range(B):
+ *         nf_out[b] = n_first[b]
+*/
+  (__pyx_v_cu_q[0]) = 0;
+  (__pyx_v_cu_k[0]) = 0;
+
+  /* "cupy_dash/_varlen_pack.pyx":87
+ *     cdef long long row = 0, p_hi, p_lo
+ *     cu_q[0] = cu_k[0] = 0
+ *     for b in range(B):             # <<<<<<<<<<<<<<
+ *         nf_out[b] = n_first[b]
+ *         tile_start[b] = <int>row
+*/
+
+  __pyx_t_8 = __pyx_v_B;
+  __pyx_t_7 = __pyx_t_8;
+
+  for (__pyx_t_9 = 0; __pyx_t_9 < __pyx_t_7; __pyx_t_9+=1) {
+    __pyx_v_b = __pyx_t_9;
+
+    /* "cupy_dash/_varlen_pack.pyx":88
+ *     cu_q[0] = cu_k[0] = 0
+ *     for b in range(B):
+ *         nf_out[b] = n_first[b]             # <<<<<<<<<<<<<<
+ *         tile_start[b] = <int>row
+ *         cu_q[b + 1] = <int>(cu_q[b] + seqlens_q[b])
+*/
+    __pyx_t_10 = __pyx_v_b;
+    (__pyx_v_nf_out[__pyx_v_b]) = (*((int const  *) ( /* dim=0 */ ((char *) (((int const  *) __pyx_v_n_first.data) + __pyx_t_10)) )));
+
+    /* "cupy_dash/_varlen_pack.pyx":89
+ *     for b in range(B):
+ *         nf_out[b] = n_first[b]
+ *         tile_start[b] = <int>row             # <<<<<<<<<<<<<<
+ *         cu_q[b + 1] = <int>(cu_q[b] + seqlens_q[b])
+ *         cu_k[b + 1] = <int>(cu_k[b] + seqlens_k[b])
+*/
+    (__pyx_v_tile_start[__pyx_v_b]) = ((int)__pyx_v_row);
+
+    /* "cupy_dash/_varlen_pack.pyx":90
+ *         nf_out[b] = n_first[b]
+ *         tile_start[b] = <int>row
+ *         cu_q[b + 1] = <int>(cu_q[b] + seqlens_q[b])             # <<<<<<<<<<<<<<
+ *         cu_k[b + 1] = <int>(cu_k[b] + seqlens_k[b])
+ *         r0 = seg_col_start[b * kv_heads]
+*/
+    __pyx_t_10 = __pyx_v_b;
+    (__pyx_v_cu_q[(__pyx_v_b + 1)]) = ((int)((__pyx_v_cu_q[__pyx_v_b]) + (*((PY_LONG_LONG const  *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG const  *) __pyx_v_seqlens_q.data) + __pyx_t_10)) )))));
+
+    /* "cupy_dash/_varlen_pack.pyx":91
+ *         tile_start[b] = <int>row
+ *         cu_q[b + 1] = <int>(cu_q[b] + seqlens_q[b])
+ *         cu_k[b + 1] = <int>(cu_k[b] + seqlens_k[b])             # <<<<<<<<<<<<<<
+ *         r0 = seg_col_start[b * kv_heads]
+ *         L = seg_col_start[b * kv_heads + 1] - r0
+*/
+    __pyx_t_10 = __pyx_v_b;
+    (__pyx_v_cu_k[(__pyx_v_b + 1)]) = ((int)((__pyx_v_cu_k[__pyx_v_b]) + (*((PY_LONG_LONG const  *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG const  *) __pyx_v_seqlens_k.data) + __pyx_t_10)) )))));
+
+    /* "cupy_dash/_varlen_pack.pyx":92
+ *         cu_q[b + 1] = <int>(cu_q[b] + seqlens_q[b])
+ *         cu_k[b + 1] = <int>(cu_k[b] + seqlens_k[b])
+ *         r0 = seg_col_start[b * kv_heads]             # <<<<<<<<<<<<<<
+ *         L = seg_col_start[b * kv_heads + 1] - r0
+ *         p_hi = p_lo = 0
+*/
+    __pyx_t_10 = (__pyx_v_b * __pyx_v_kv_heads);
+    __pyx_v_r0 = (*((int const  *) ( /* dim=0 */ ((char *) (((int const  *) __pyx_v_seg_col_start.data) + __pyx_t_10)) )));
+
+    /* "cupy_dash/_varlen_pack.pyx":93
+ *         cu_k[b + 1] = <int>(cu_k[b] + seqlens_k[b])
+ *         r0 = seg_col_start[b * kv_heads]
+ *         L = seg_col_start[b * kv_heads + 1] - r0             # <<<<<<<<<<<<<<
+ *         p_hi = p_lo = 0
+ *         for m in range(num_m_blocks[b]):
+*/
+    __pyx_t_10 = ((__pyx_v_b * __pyx_v_kv_heads) + 1);
+    __pyx_v_L = ((*((int const  *) ( /* dim=0 */ ((char *) (((int const  *) __pyx_v_seg_col_start.data) + __pyx_t_10)) ))) - __pyx_v_r0);
+
+    /* "cupy_dash/_varlen_pack.pyx":94
+ *         r0 = seg_col_start[b * kv_heads]
+ *         L = seg_col_start[b * kv_heads + 1] - r0
+ *         p_hi = p_lo = 0             # <<<<<<<<<<<<<<
+ *         for m in range(num_m_blocks[b]):
+ *             while p_hi < L and records[r0 + p_hi, REC_HI] <= m:
+*/
+    __pyx_v_p_hi = 0;
+    __pyx_v_p_lo = 0;
+
+    /* "cupy_dash/_varlen_pack.pyx":95
+ *         L = seg_col_start[b * kv_heads + 1] - r0
+ *         p_hi = p_lo = 0
+ *         for m in range(num_m_blocks[b]):             # <<<<<<<<<<<<<<
+ *             while p_hi < L and records[r0 + p_hi, REC_HI] <= m:
+ *                 p_hi += 1
+*/
+    __pyx_t_10 = __pyx_v_b;
+
+    __pyx_t_26 = (*((PY_LONG_LONG const  *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG const  *) __pyx_v_num_m_blocks.data) + __pyx_t_10)) )));
+    __pyx_t_10 = __pyx_t_26;
+
+    for (__pyx_t_25 = 0; __pyx_t_25 < __pyx_t_10; __pyx_t_25+=1) {
+      __pyx_v_m = __pyx_t_25;
+
+      /* "cupy_dash/_varlen_pack.pyx":96
+ *         p_hi = p_lo = 0
+ *         for m in range(num_m_blocks[b]):
+ *             while p_hi < L and records[r0 + p_hi, REC_HI] <= m:             # <<<<<<<<<<<<<<
+ *                 p_hi += 1
+ *             while p_lo < L and records[r0 + p_lo, REC_LO] <= m:
+*/
+      while (1) {
+        __pyx_t_19 = (__pyx_v_p_hi < __pyx_v_L);
+
+        if (__pyx_t_19) {
+
+        } else {
+
+          __pyx_t_2 = __pyx_t_19;
+
+          goto __pyx_L28_bool_binop_done;
+        }
+        __pyx_t_27 = (__pyx_v_r0 + __pyx_v_p_hi);
+        __pyx_t_22 = __pyx_e_9cupy_dash_12_varlen_pack_REC_HI;
+        __pyx_t_19 = ((*((int const  *) ( /* dim=1 */ ((char *) (((int const  *) ( /* dim=0 */ (__pyx_v_records.data + __pyx_t_27 * __pyx_v_records.strides[0]) )) + __pyx_t_22)) ))) <= __pyx_v_m);
+
+
+        __pyx_t_2 = __pyx_t_19;
+
+        __pyx_L28_bool_binop_done:;
+
+        if (!__pyx_t_2) break;
+
+        /* "cupy_dash/_varlen_pack.pyx":97
+ *         for m in range(num_m_blocks[b]):
+ *             while p_hi < L and records[r0 + p_hi, REC_HI] <= m:
+ *                 p_hi += 1             # <<<<<<<<<<<<<<
+ *             while p_lo < L and records[r0 + p_lo, REC_LO] <= m:
+ *                 p_lo += 1
+*/
+        __pyx_v_p_hi = (__pyx_v_p_hi + 1);
+      }
+
+      /* "cupy_dash/_varlen_pack.pyx":98
+ *             while p_hi < L and records[r0 + p_hi, REC_HI] <= m:
+ *                 p_hi += 1
+ *             while p_lo < L and records[r0 + p_lo, REC_LO] <= m:             # <<<<<<<<<<<<<<
+ *                 p_lo += 1
+ *             tiles[2 * row] = <int>p_hi
+*/
+      while (1) {
+        __pyx_t_19 = (__pyx_v_p_lo < __pyx_v_L);
+
+        if (__pyx_t_19) {
+
+        } else {
+
+          __pyx_t_2 = __pyx_t_19;
+
+          goto __pyx_L32_bool_binop_done;
+        }
+        __pyx_t_27 = (__pyx_v_r0 + __pyx_v_p_lo);
+        __pyx_t_22 = __pyx_e_9cupy_dash_12_varlen_pack_REC_LO;
+        __pyx_t_19 = ((*((int const  *) ( /* dim=1 */ ((char *) (((int const  *) ( /* dim=0 */ (__pyx_v_records.data + __pyx_t_27 * __pyx_v_records.strides[0]) )) + __pyx_t_22)) ))) <= __pyx_v_m);
+
+
+        __pyx_t_2 = __pyx_t_19;
+
+        __pyx_L32_bool_binop_done:;
+
+        if (!__pyx_t_2) break;
+
+        /* "cupy_dash/_varlen_pack.pyx":99
+ *                 p_hi += 1
+ *             while p_lo < L and records[r0 + p_lo, REC_LO] <= m:
+ *                 p_lo += 1             # <<<<<<<<<<<<<<
+ *             tiles[2 * row] = <int>p_hi
+ *             tiles[2 * row + 1] = <int>p_lo
+*/
+        __pyx_v_p_lo = (__pyx_v_p_lo + 1);
+      }
+
+      /* "cupy_dash/_varlen_pack.pyx":100
+ *             while p_lo < L and records[r0 + p_lo, REC_LO] <= m:
+ *                 p_lo += 1
+ *             tiles[2 * row] = <int>p_hi             # <<<<<<<<<<<<<<
+ *             tiles[2 * row + 1] = <int>p_lo
+ *             row += 1
+*/
+      (__pyx_v_tiles[(2 * __pyx_v_row)]) = ((int)__pyx_v_p_hi);
+
+      /* "cupy_dash/_varlen_pack.pyx":101
+ *                 p_lo += 1
+ *             tiles[2 * row] = <int>p_hi
+ *             tiles[2 * row + 1] = <int>p_lo             # <<<<<<<<<<<<<<
+ *             row += 1
+ *     tile_start[B] = <int>row
+*/
+      (__pyx_v_tiles[((2 * __pyx_v_row) + 1)]) = ((int)__pyx_v_p_lo);
+
+      /* "cupy_dash/_varlen_pack.pyx":102
+ *             tiles[2 * row] = <int>p_hi
+ *             tiles[2 * row + 1] = <int>p_lo
+ *             row += 1             # <<<<<<<<<<<<<<
+ *     tile_start[B] = <int>row
+ *     # NOTES: a CTA runs (step + hi - lo) x group_size visits up to the end of its last column (steps count
+*/
+      __pyx_v_row = (__pyx_v_row + 1);
+    }
+
+  }
+
+
+  /* "cupy_dash/_varlen_pack.pyx":103
+ *             tiles[2 * row + 1] = <int>p_lo
+ *             row += 1
+ *     tile_start[B] = <int>row             # <<<<<<<<<<<<<<
+ *     # NOTES: a CTA runs (step + hi - lo) x group_size visits up to the end of its last column (steps count
+ *     # KV-head visits); the per-visit table holds every CTA's rows in CTA order.
+*/
+  (__pyx_v_tile_start[__pyx_v_B]) = ((int)__pyx_v_row);
+
+  /* "cupy_dash/_varlen_pack.pyx":106
+ *     # NOTES: a CTA runs (step + hi - lo) x group_size visits up to the end of its last column (steps count
+ *     # KV-head visits); the per-visit table holds every CTA's rows in CTA order.
+ *     if visit_starts:             # <<<<<<<<<<<<<<
+ *         vstart = <long long*>(base + off[7])
+ *         vstart[0] = 0
+*/
+  if (__pyx_v_visit_starts) {
+
+    /* "cupy_dash/_varlen_pack.pyx":107
+ *     # KV-head visits); the per-visit table holds every CTA's rows in CTA order.
+ *     if visit_starts:
+ *         vstart = <long long*>(base + off[7])             # <<<<<<<<<<<<<<
+ *         vstart[0] = 0
+ *         for c in range(G):
+*/
+    __pyx_t_22 = 7;
+    __pyx_v_vstart = ((PY_LONG_LONG *)(__pyx_v_base + (*((PY_LONG_LONG *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG *) __pyx_v_off.data) + __pyx_t_22)) )))));
+
+    /* "cupy_dash/_varlen_pack.pyx":108
+ *     if visit_starts:
+ *         vstart = <long long*>(base + off[7])
+ *         vstart[0] = 0             # <<<<<<<<<<<<<<
+ *         for c in range(G):
+ *             if cta_col_start[c + 1] > cta_col_start[c]:
+*/
+    (__pyx_v_vstart[0]) = 0;
+
+    /* "cupy_dash/_varlen_pack.pyx":109
+ *         vstart = <long long*>(base + off[7])
+ *         vstart[0] = 0
+ *         for c in range(G):             # <<<<<<<<<<<<<<
+ *             if cta_col_start[c + 1] > cta_col_start[c]:
+ *                 last = cta_columns[cta_col_start[c + 1] - 1]
+*/
+
+    __pyx_t_8 = __pyx_v_G;
+    __pyx_t_7 = __pyx_t_8;
+
+    for (__pyx_t_9 = 0; __pyx_t_9 < __pyx_t_7; __pyx_t_9+=1) {
+      __pyx_v_c = __pyx_t_9;
+
+      /* "cupy_dash/_varlen_pack.pyx":110
+ *         vstart[0] = 0
+ *         for c in range(G):
+ *             if cta_col_start[c + 1] > cta_col_start[c]:             # <<<<<<<<<<<<<<
+ *                 last = cta_columns[cta_col_start[c + 1] - 1]
+ *                 visits += (records[last, REC_STEP] + records[last, REC_HI] - records[last, REC_LO]) * group_size
+*/
+      __pyx_t_26 = (__pyx_v_c + 1);
+      __pyx_t_10 = __pyx_v_c;
+      __pyx_t_2 = ((*((PY_LONG_LONG const  *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG const  *) __pyx_v_cta_col_start.data) + __pyx_t_26)) ))) > (*((PY_LONG_LONG const  *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG const  *) __pyx_v_cta_col_start.data) + __pyx_t_10)) ))));
+
+      if (__pyx_t_2) {
+
+
+        /* "cupy_dash/_varlen_pack.pyx":111
+ *         for c in range(G):
+ *             if cta_col_start[c + 1] > cta_col_start[c]:
+ *                 last = cta_columns[cta_col_start[c + 1] - 1]             # <<<<<<<<<<<<<<
+ *                 visits += (records[last, REC_STEP] + records[last, REC_HI] - records[last, REC_LO]) * group_size
+ *             vstart[c + 1] = visits
+*/
+        __pyx_t_10 = (__pyx_v_c + 1);
+        __pyx_t_26 = ((*((PY_LONG_LONG const  *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG const  *) __pyx_v_cta_col_start.data) + __pyx_t_10)) ))) - 1);
+        __pyx_v_last = (*((int const  *) ( /* dim=0 */ ((char *) (((int const  *) __pyx_v_cta_columns.data) + __pyx_t_26)) )));
+
+        /* "cupy_dash/_varlen_pack.pyx":112
+ *             if cta_col_start[c + 1] > cta_col_start[c]:
+ *                 last = cta_columns[cta_col_start[c + 1] - 1]
+ *                 visits += (records[last, REC_STEP] + records[last, REC_HI] - records[last, REC_LO]) * group_size             # <<<<<<<<<<<<<<
+ *             vstart[c + 1] = visits
+ *     else:
+*/
+        __pyx_t_10 = __pyx_v_last;
+        __pyx_t_22 = __pyx_e_9cupy_dash_12_varlen_pack_REC_STEP;
+        __pyx_t_26 = __pyx_v_last;
+        __pyx_t_28 = __pyx_e_9cupy_dash_12_varlen_pack_REC_HI;
+        __pyx_t_25 = __pyx_v_last;
+        __pyx_t_29 = __pyx_e_9cupy_dash_12_varlen_pack_REC_LO;
+        __pyx_v_visits = (__pyx_v_visits + ((((*((int const  *) ( /* dim=1 */ ((char *) (((int const  *) ( /* dim=0 */ (__pyx_v_records.data + __pyx_t_10 * __pyx_v_records.strides[0]) )) + __pyx_t_22)) ))) + (*((int const  *) ( /* dim=1 */ ((char *) (((int const  *) ( /* dim=0 */ (__pyx_v_records.data + __pyx_t_26 * __pyx_v_records.strides[0]) )) + __pyx_t_28)) )))) - (*((int const  *) ( /* dim=1 */ ((char *) (((int const  *) ( /* dim=0 */ (__pyx_v_records.data + __pyx_t_25 * __pyx_v_records.strides[0]) )) + __pyx_t_29)) )))) * __pyx_v_group_size));
+
+        /* "cupy_dash/_varlen_pack.pyx":110
+ *         vstart[0] = 0
+ *         for c in range(G):
+ *             if cta_col_start[c + 1] > cta_col_start[c]:             # <<<<<<<<<<<<<<
+ *                 last = cta_columns[cta_col_start[c + 1] - 1]
+ *                 visits += (records[last, REC_STEP] + records[last, REC_HI] - records[last, REC_LO]) * group_size
+*/
+      }
+
+      /* "cupy_dash/_varlen_pack.pyx":113
+ *                 last = cta_columns[cta_col_start[c + 1] - 1]
+ *                 visits += (records[last, REC_STEP] + records[last, REC_HI] - records[last, REC_LO]) * group_size
+ *             vstart[c + 1] = visits             # <<<<<<<<<<<<<<
+ *     else:
+ *         for c in range(G):
+*/
+      (__pyx_v_vstart[(__pyx_v_c + 1)]) = __pyx_v_visits;
+    }
+
+
+    /* "cupy_dash/_varlen_pack.pyx":106
+ *     # NOTES: a CTA runs (step + hi - lo) x group_size visits up to the end of its last column (steps count
+ *     # KV-head visits); the per-visit table holds every CTA's rows in CTA order.
+ *     if visit_starts:             # <<<<<<<<<<<<<<
+ *         vstart = <long long*>(base + off[7])
+ *         vstart[0] = 0
+*/
+    goto __pyx_L34;
+  }
+
+  /* "cupy_dash/_varlen_pack.pyx":115
+ *             vstart[c + 1] = visits
+ *     else:
+ *         for c in range(G):             # <<<<<<<<<<<<<<
+ *             if cta_col_start[c + 1] > cta_col_start[c]:
+ *                 last = cta_columns[cta_col_start[c + 1] - 1]
+*/
+  /*else*/ {
+
+    __pyx_t_8 = __pyx_v_G;
+    __pyx_t_7 = __pyx_t_8;
+
+    for (__pyx_t_9 = 0; __pyx_t_9 < __pyx_t_7; __pyx_t_9+=1) {
+      __pyx_v_c = __pyx_t_9;
+
+      /* "cupy_dash/_varlen_pack.pyx":116
+ *     else:
+ *         for c in range(G):
+ *             if cta_col_start[c + 1] > cta_col_start[c]:             # <<<<<<<<<<<<<<
+ *                 last = cta_columns[cta_col_start[c + 1] - 1]
+ *                 visits += (records[last, REC_STEP] + records[last, REC_HI] - records[last, REC_LO]) * group_size
+*/
+      __pyx_t_25 = (__pyx_v_c + 1);
+      __pyx_t_26 = __pyx_v_c;
+      __pyx_t_2 = ((*((PY_LONG_LONG const  *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG const  *) __pyx_v_cta_col_start.data) + __pyx_t_25)) ))) > (*((PY_LONG_LONG const  *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG const  *) __pyx_v_cta_col_start.data) + __pyx_t_26)) ))));
+
+      if (__pyx_t_2) {
+
+
+        /* "cupy_dash/_varlen_pack.pyx":117
+ *         for c in range(G):
+ *             if cta_col_start[c + 1] > cta_col_start[c]:
+ *                 last = cta_columns[cta_col_start[c + 1] - 1]             # <<<<<<<<<<<<<<
+ *                 visits += (records[last, REC_STEP] + records[last, REC_HI] - records[last, REC_LO]) * group_size
+ *     return buf_arr, offsets_arr, shapes, visits
+*/
+        __pyx_t_26 = (__pyx_v_c + 1);
+        __pyx_t_25 = ((*((PY_LONG_LONG const  *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG const  *) __pyx_v_cta_col_start.data) + __pyx_t_26)) ))) - 1);
+        __pyx_v_last = (*((int const  *) ( /* dim=0 */ ((char *) (((int const  *) __pyx_v_cta_columns.data) + __pyx_t_25)) )));
+
+        /* "cupy_dash/_varlen_pack.pyx":118
+ *             if cta_col_start[c + 1] > cta_col_start[c]:
+ *                 last = cta_columns[cta_col_start[c + 1] - 1]
+ *                 visits += (records[last, REC_STEP] + records[last, REC_HI] - records[last, REC_LO]) * group_size             # <<<<<<<<<<<<<<
+ *     return buf_arr, offsets_arr, shapes, visits
+ * 
+*/
+        __pyx_t_26 = __pyx_v_last;
+        __pyx_t_29 = __pyx_e_9cupy_dash_12_varlen_pack_REC_STEP;
+        __pyx_t_25 = __pyx_v_last;
+        __pyx_t_28 = __pyx_e_9cupy_dash_12_varlen_pack_REC_HI;
+        __pyx_t_10 = __pyx_v_last;
+        __pyx_t_22 = __pyx_e_9cupy_dash_12_varlen_pack_REC_LO;
+        __pyx_v_visits = (__pyx_v_visits + ((((*((int const  *) ( /* dim=1 */ ((char *) (((int const  *) ( /* dim=0 */ (__pyx_v_records.data + __pyx_t_26 * __pyx_v_records.strides[0]) )) + __pyx_t_29)) ))) + (*((int const  *) ( /* dim=1 */ ((char *) (((int const  *) ( /* dim=0 */ (__pyx_v_records.data + __pyx_t_25 * __pyx_v_records.strides[0]) )) + __pyx_t_28)) )))) - (*((int const  *) ( /* dim=1 */ ((char *) (((int const  *) ( /* dim=0 */ (__pyx_v_records.data + __pyx_t_10 * __pyx_v_records.strides[0]) )) + __pyx_t_22)) )))) * __pyx_v_group_size));
+
+        /* "cupy_dash/_varlen_pack.pyx":116
+ *     else:
+ *         for c in range(G):
+ *             if cta_col_start[c + 1] > cta_col_start[c]:             # <<<<<<<<<<<<<<
+ *                 last = cta_columns[cta_col_start[c + 1] - 1]
+ *                 visits += (records[last, REC_STEP] + records[last, REC_HI] - records[last, REC_LO]) * group_size
+*/
+      }
+    }
+
+  }
+  __pyx_L34:;
+
+  /* "cupy_dash/_varlen_pack.pyx":119
+ *                 last = cta_columns[cta_col_start[c + 1] - 1]
+ *                 visits += (records[last, REC_STEP] + records[last, REC_HI] - records[last, REC_LO]) * group_size
+ *     return buf_arr, offsets_arr, shapes, visits             # <<<<<<<<<<<<<<
+ * 
+ * 
+*/
+  __pyx_t_11 = __Pyx_PyLong_From_PY_LONG_LONG(__pyx_v_visits); if (unlikely(!__pyx_t_11)) __PYX_ERR(0, 119, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_11);
+  __pyx_t_4 = PyTuple_New(4); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 119, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_4);
+  __Pyx_INCREF(__pyx_v_buf_arr);
+  __Pyx_GIVEREF(__pyx_v_buf_arr);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_4, 0, __pyx_v_buf_arr) != (0)) __PYX_ERR(0, 119, __pyx_L1_error);
+  __Pyx_INCREF(__pyx_v_offsets_arr);
+  __Pyx_GIVEREF(__pyx_v_offsets_arr);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_4, 1, __pyx_v_offsets_arr) != (0)) __PYX_ERR(0, 119, __pyx_L1_error);
+  __Pyx_INCREF(__pyx_v_shapes);
+  __Pyx_GIVEREF(__pyx_v_shapes);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_4, 2, __pyx_v_shapes) != (0)) __PYX_ERR(0, 119, __pyx_L1_error);
+  __Pyx_GIVEREF(__pyx_t_11);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_4, 3, __pyx_t_11) != (0)) __PYX_ERR(0, 119, __pyx_L1_error);
+  __pyx_t_11 = 0;
+  {
+    PyObject *__pyx_temp;
+    {
+      __pyx_temp = __pyx_r;
+      __pyx_r = ((PyObject*)__pyx_t_4);
+    }
+    __Pyx_XDECREF(__pyx_temp);
+  }
+  __pyx_t_4 = 0;
+  goto __pyx_L0;
+
+  /* "cupy_dash/_varlen_pack.pyx":31
+ * 
+ * 
+ * cpdef tuple pack(const int[:, ::1] records, const int[::1] cta_columns, const long long[::1] cta_col_start,             # <<<<<<<<<<<<<<
+ *                 const int[::1] seg_col_start, const int[::1] n_first, const long long[::1] num_m_blocks,
+ *                 const long long[::1] seqlens_q, const long long[::1] seqlens_k, long long kv_heads,
+*/
+
+  /* function exit code */
+  __pyx_L1_error:;
+  __Pyx_XDECREF(__pyx_t_1);
+  __Pyx_XDECREF(__pyx_t_3);
+  __Pyx_XDECREF(__pyx_t_4);
+  __Pyx_XDECREF(__pyx_t_5);
+  __Pyx_XDECREF(__pyx_t_11);
+  __Pyx_XDECREF(__pyx_t_12);
+  __Pyx_XDECREF(__pyx_t_13);
+  __Pyx_XDECREF(__pyx_t_14);
+  __Pyx_XDECREF(__pyx_t_15);
+  __Pyx_XDECREF(__pyx_t_16);
+  __Pyx_XDECREF(__pyx_t_17);
+  __PYX_XCLEAR_MEMVIEW(&__pyx_t_18, 1);
+  __PYX_XCLEAR_MEMVIEW(&__pyx_t_21, 1);
+  __Pyx_AddTraceback("cupy_dash._varlen_pack.pack", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __pyx_r = 0;
+  __pyx_L0:;
+
+
+
+
+
+
+
+
+
+
+
+
+  __Pyx_XDECREF(__pyx_v_shapes);
+  __Pyx_XDECREF(__pyx_v_sizes);
+  __Pyx_XDECREF(__pyx_v_offsets_arr);
+  __PYX_XCLEAR_MEMVIEW(&__pyx_v_off, 1);
+
+
+  __Pyx_XDECREF(__pyx_v_buf_arr);
+  __PYX_XCLEAR_MEMVIEW(&__pyx_v_buf, 1);
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+  __Pyx_XGIVEREF(__pyx_r);
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
 
 /* Python wrapper */
 static PyObject *__pyx_pw_9cupy_dash_12_varlen_pack_1pack(PyObject *__pyx_self, 
@@ -18478,102 +20946,102 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   {
     PyObject ** const __pyx_pyargnames[] = {&__pyx_mstate_global->__pyx_n_u_records,&__pyx_mstate_global->__pyx_n_u_cta_columns,&__pyx_mstate_global->__pyx_n_u_cta_col_start,&__pyx_mstate_global->__pyx_n_u_seg_col_start,&__pyx_mstate_global->__pyx_n_u_n_first,&__pyx_mstate_global->__pyx_n_u_num_m_blocks,&__pyx_mstate_global->__pyx_n_u_seqlens_q,&__pyx_mstate_global->__pyx_n_u_seqlens_k,&__pyx_mstate_global->__pyx_n_u_kv_heads,&__pyx_mstate_global->__pyx_n_u_group_size,&__pyx_mstate_global->__pyx_n_u_visit_starts,0};
     const Py_ssize_t __pyx_kwds_len = (__pyx_kwds) ? __Pyx_NumKwargs_FASTCALL(__pyx_kwds) : 0;
-    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 23, __pyx_L3_error)
+    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 31, __pyx_L3_error)
     if (__pyx_kwds_len > 0) {
       switch (__pyx_nargs) {
         case 11:
         values[10] = __Pyx_ArgRef_FASTCALL(__pyx_args, 10);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[10])) __PYX_ERR(0, 23, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[10])) __PYX_ERR(0, 31, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case 10:
         values[9] = __Pyx_ArgRef_FASTCALL(__pyx_args, 9);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[9])) __PYX_ERR(0, 23, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[9])) __PYX_ERR(0, 31, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  9:
         values[8] = __Pyx_ArgRef_FASTCALL(__pyx_args, 8);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[8])) __PYX_ERR(0, 23, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[8])) __PYX_ERR(0, 31, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  8:
         values[7] = __Pyx_ArgRef_FASTCALL(__pyx_args, 7);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[7])) __PYX_ERR(0, 23, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[7])) __PYX_ERR(0, 31, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  7:
         values[6] = __Pyx_ArgRef_FASTCALL(__pyx_args, 6);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[6])) __PYX_ERR(0, 23, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[6])) __PYX_ERR(0, 31, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  6:
         values[5] = __Pyx_ArgRef_FASTCALL(__pyx_args, 5);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[5])) __PYX_ERR(0, 23, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[5])) __PYX_ERR(0, 31, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  5:
         values[4] = __Pyx_ArgRef_FASTCALL(__pyx_args, 4);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 23, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 31, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  4:
         values[3] = __Pyx_ArgRef_FASTCALL(__pyx_args, 3);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 23, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 31, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  3:
         values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 23, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 31, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  2:
         values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 23, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 31, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  1:
         values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 23, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 31, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  0: break;
         default: goto __pyx_L5_argtuple_error;
       }
       const Py_ssize_t kwd_pos_args = __pyx_nargs;
-      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "pack", 0) < (0)) __PYX_ERR(0, 23, __pyx_L3_error)
+      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "pack", 0) < (0)) __PYX_ERR(0, 31, __pyx_L3_error)
       for (Py_ssize_t i = __pyx_nargs; i < 11; i++) {
-        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("pack", 1, 11, 11, i); __PYX_ERR(0, 23, __pyx_L3_error) }
+        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("pack", 1, 11, 11, i); __PYX_ERR(0, 31, __pyx_L3_error) }
       }
     } else if (unlikely(__pyx_nargs != 11)) {
       goto __pyx_L5_argtuple_error;
     } else {
       values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 23, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 31, __pyx_L3_error)
       values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 23, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 31, __pyx_L3_error)
       values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 23, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 31, __pyx_L3_error)
       values[3] = __Pyx_ArgRef_FASTCALL(__pyx_args, 3);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 23, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 31, __pyx_L3_error)
       values[4] = __Pyx_ArgRef_FASTCALL(__pyx_args, 4);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 23, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 31, __pyx_L3_error)
       values[5] = __Pyx_ArgRef_FASTCALL(__pyx_args, 5);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[5])) __PYX_ERR(0, 23, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[5])) __PYX_ERR(0, 31, __pyx_L3_error)
       values[6] = __Pyx_ArgRef_FASTCALL(__pyx_args, 6);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[6])) __PYX_ERR(0, 23, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[6])) __PYX_ERR(0, 31, __pyx_L3_error)
       values[7] = __Pyx_ArgRef_FASTCALL(__pyx_args, 7);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[7])) __PYX_ERR(0, 23, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[7])) __PYX_ERR(0, 31, __pyx_L3_error)
       values[8] = __Pyx_ArgRef_FASTCALL(__pyx_args, 8);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[8])) __PYX_ERR(0, 23, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[8])) __PYX_ERR(0, 31, __pyx_L3_error)
       values[9] = __Pyx_ArgRef_FASTCALL(__pyx_args, 9);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[9])) __PYX_ERR(0, 23, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[9])) __PYX_ERR(0, 31, __pyx_L3_error)
       values[10] = __Pyx_ArgRef_FASTCALL(__pyx_args, 10);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[10])) __PYX_ERR(0, 23, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[10])) __PYX_ERR(0, 31, __pyx_L3_error)
     }
-    __pyx_v_records = __Pyx_PyObject_to_MemoryviewSlice_d_dc_int__const__(values[0], 0); if (unlikely(!__pyx_v_records.memview)) __PYX_ERR(0, 23, __pyx_L3_error)
-    __pyx_v_cta_columns = __Pyx_PyObject_to_MemoryviewSlice_dc_int__const__(values[1], 0); if (unlikely(!__pyx_v_cta_columns.memview)) __PYX_ERR(0, 23, __pyx_L3_error)
-    __pyx_v_cta_col_start = __Pyx_PyObject_to_MemoryviewSlice_dc_PY_LONG_LONG__const__(values[2], 0); if (unlikely(!__pyx_v_cta_col_start.memview)) __PYX_ERR(0, 23, __pyx_L3_error)
-    __pyx_v_seg_col_start = __Pyx_PyObject_to_MemoryviewSlice_dc_int__const__(values[3], 0); if (unlikely(!__pyx_v_seg_col_start.memview)) __PYX_ERR(0, 24, __pyx_L3_error)
-    __pyx_v_n_first = __Pyx_PyObject_to_MemoryviewSlice_dc_int__const__(values[4], 0); if (unlikely(!__pyx_v_n_first.memview)) __PYX_ERR(0, 24, __pyx_L3_error)
-    __pyx_v_num_m_blocks = __Pyx_PyObject_to_MemoryviewSlice_dc_PY_LONG_LONG__const__(values[5], 0); if (unlikely(!__pyx_v_num_m_blocks.memview)) __PYX_ERR(0, 24, __pyx_L3_error)
-    __pyx_v_seqlens_q = __Pyx_PyObject_to_MemoryviewSlice_dc_PY_LONG_LONG__const__(values[6], 0); if (unlikely(!__pyx_v_seqlens_q.memview)) __PYX_ERR(0, 25, __pyx_L3_error)
-    __pyx_v_seqlens_k = __Pyx_PyObject_to_MemoryviewSlice_dc_PY_LONG_LONG__const__(values[7], 0); if (unlikely(!__pyx_v_seqlens_k.memview)) __PYX_ERR(0, 25, __pyx_L3_error)
-    __pyx_v_kv_heads = __Pyx_PyLong_As_PY_LONG_LONG(values[8]); if (unlikely((__pyx_v_kv_heads == (PY_LONG_LONG)-1) && PyErr_Occurred())) __PYX_ERR(0, 25, __pyx_L3_error)
-    __pyx_v_group_size = __Pyx_PyLong_As_PY_LONG_LONG(values[9]); if (unlikely((__pyx_v_group_size == (PY_LONG_LONG)-1) && PyErr_Occurred())) __PYX_ERR(0, 25, __pyx_L3_error)
-    __pyx_v_visit_starts = __Pyx_PyObject_IsTrue(values[10]); if (unlikely((__pyx_v_visit_starts == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 26, __pyx_L3_error)
+    __pyx_v_records = __Pyx_PyObject_to_MemoryviewSlice_d_dc_int__const__(values[0], 0); if (unlikely(!__pyx_v_records.memview)) __PYX_ERR(0, 31, __pyx_L3_error)
+    __pyx_v_cta_columns = __Pyx_PyObject_to_MemoryviewSlice_dc_int__const__(values[1], 0); if (unlikely(!__pyx_v_cta_columns.memview)) __PYX_ERR(0, 31, __pyx_L3_error)
+    __pyx_v_cta_col_start = __Pyx_PyObject_to_MemoryviewSlice_dc_PY_LONG_LONG__const__(values[2], 0); if (unlikely(!__pyx_v_cta_col_start.memview)) __PYX_ERR(0, 31, __pyx_L3_error)
+    __pyx_v_seg_col_start = __Pyx_PyObject_to_MemoryviewSlice_dc_int__const__(values[3], 0); if (unlikely(!__pyx_v_seg_col_start.memview)) __PYX_ERR(0, 32, __pyx_L3_error)
+    __pyx_v_n_first = __Pyx_PyObject_to_MemoryviewSlice_dc_int__const__(values[4], 0); if (unlikely(!__pyx_v_n_first.memview)) __PYX_ERR(0, 32, __pyx_L3_error)
+    __pyx_v_num_m_blocks = __Pyx_PyObject_to_MemoryviewSlice_dc_PY_LONG_LONG__const__(values[5], 0); if (unlikely(!__pyx_v_num_m_blocks.memview)) __PYX_ERR(0, 32, __pyx_L3_error)
+    __pyx_v_seqlens_q = __Pyx_PyObject_to_MemoryviewSlice_dc_PY_LONG_LONG__const__(values[6], 0); if (unlikely(!__pyx_v_seqlens_q.memview)) __PYX_ERR(0, 33, __pyx_L3_error)
+    __pyx_v_seqlens_k = __Pyx_PyObject_to_MemoryviewSlice_dc_PY_LONG_LONG__const__(values[7], 0); if (unlikely(!__pyx_v_seqlens_k.memview)) __PYX_ERR(0, 33, __pyx_L3_error)
+    __pyx_v_kv_heads = __Pyx_PyLong_As_PY_LONG_LONG(values[8]); if (unlikely((__pyx_v_kv_heads == (PY_LONG_LONG)-1) && PyErr_Occurred())) __PYX_ERR(0, 33, __pyx_L3_error)
+    __pyx_v_group_size = __Pyx_PyLong_As_PY_LONG_LONG(values[9]); if (unlikely((__pyx_v_group_size == (PY_LONG_LONG)-1) && PyErr_Occurred())) __PYX_ERR(0, 34, __pyx_L3_error)
+    __pyx_v_visit_starts = __Pyx_PyObject_IsTrue(values[10]); if (unlikely((__pyx_v_visit_starts == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 34, __pyx_L3_error)
   }
   goto __pyx_L6_skip;
   __pyx_L5_argtuple_error:;
-  __Pyx_RaiseArgtupleInvalid("pack", 1, 11, 11, __pyx_nargs); __PYX_ERR(0, 23, __pyx_L3_error)
+  __Pyx_RaiseArgtupleInvalid("pack", 1, 11, 11, __pyx_nargs); __PYX_ERR(0, 31, __pyx_L3_error)
   __pyx_L6_skip:;
   goto __pyx_L4_argument_unpacking_done;
   __pyx_L3_error:;
@@ -18614,1237 +21082,2472 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
 }
 
 static PyObject *__pyx_pf_9cupy_dash_12_varlen_pack_pack(CYTHON_UNUSED PyObject *__pyx_self, __Pyx_memviewslice __pyx_v_records, __Pyx_memviewslice __pyx_v_cta_columns, __Pyx_memviewslice __pyx_v_cta_col_start, __Pyx_memviewslice __pyx_v_seg_col_start, __Pyx_memviewslice __pyx_v_n_first, __Pyx_memviewslice __pyx_v_num_m_blocks, __Pyx_memviewslice __pyx_v_seqlens_q, __Pyx_memviewslice __pyx_v_seqlens_k, PY_LONG_LONG __pyx_v_kv_heads, PY_LONG_LONG __pyx_v_group_size, int __pyx_v_visit_starts) {
-  PY_LONG_LONG __pyx_v_ncols;
-  PY_LONG_LONG __pyx_v_G;
-  PY_LONG_LONG __pyx_v_B;
-  PY_LONG_LONG __pyx_v_S;
-  PY_LONG_LONG __pyx_v_b;
-  PY_LONG_LONG __pyx_v_m;
-  PY_LONG_LONG __pyx_v_r0;
-  PY_LONG_LONG __pyx_v_L;
-  PY_LONG_LONG __pyx_v_total_m;
-  PY_LONG_LONG __pyx_v_c;
-  PY_LONG_LONG __pyx_v_last;
-  PY_LONG_LONG __pyx_v_visits;
-  PyObject *__pyx_v_shapes = NULL;
-  PyObject *__pyx_v_sizes = NULL;
-  PyObject *__pyx_v_offsets_arr = NULL;
-  __Pyx_memviewslice __pyx_v_off = { 0, 0, { 0 }, { 0 }, { 0 } };
-  PY_LONG_LONG __pyx_v_total;
-  PY_LONG_LONG __pyx_v_i;
-  PyObject *__pyx_v_buf_arr = NULL;
-  __Pyx_memviewslice __pyx_v_buf = { 0, 0, { 0 }, { 0 }, { 0 } };
-  unsigned char *__pyx_v_base;
-  int *__pyx_v_rec_out;
-  int *__pyx_v_cols_out;
-  PY_LONG_LONG *__pyx_v_cs_out;
-  int *__pyx_v_seg_out;
-  int *__pyx_v_nf_out;
-  int *__pyx_v_tiles;
-  int *__pyx_v_tile_start;
-  int *__pyx_v_cu_q;
-  int *__pyx_v_cu_k;
-  PY_LONG_LONG *__pyx_v_vstart;
-  PY_LONG_LONG __pyx_v_k;
-  PY_LONG_LONG __pyx_v_row;
-  PY_LONG_LONG __pyx_v_p_hi;
-  PY_LONG_LONG __pyx_v_p_lo;
   PyObject *__pyx_r = NULL;
   __Pyx_RefNannyDeclarations
   PyObject *__pyx_t_1 = NULL;
-  int __pyx_t_2;
-  PyObject *__pyx_t_3 = NULL;
-  PyObject *__pyx_t_4 = NULL;
-  PyObject *__pyx_t_5 = NULL;
-  size_t __pyx_t_6;
-  PY_LONG_LONG __pyx_t_7;
-  PY_LONG_LONG __pyx_t_8;
-  PY_LONG_LONG __pyx_t_9;
-  PY_LONG_LONG __pyx_t_10;
-  PyObject *__pyx_t_11 = NULL;
-  PyObject *__pyx_t_12 = NULL;
-  PyObject *__pyx_t_13 = NULL;
-  PyObject *__pyx_t_14 = NULL;
-  PyObject *__pyx_t_15 = NULL;
-  PyObject *__pyx_t_16 = NULL;
-  PyObject *__pyx_t_17 = NULL;
-  __Pyx_memviewslice __pyx_t_18 = { 0, 0, { 0 }, { 0 }, { 0 } };
-  int __pyx_t_19;
-  long __pyx_t_20;
-  __Pyx_memviewslice __pyx_t_21 = { 0, 0, { 0 }, { 0 }, { 0 } };
-  Py_ssize_t __pyx_t_22;
-  int __pyx_t_23;
-  int __pyx_t_24;
-  PY_LONG_LONG __pyx_t_25;
-  PY_LONG_LONG __pyx_t_26;
-  PY_LONG_LONG __pyx_t_27;
-  Py_ssize_t __pyx_t_28;
-  Py_ssize_t __pyx_t_29;
   int __pyx_lineno = 0;
   const char *__pyx_filename = NULL;
   int __pyx_clineno = 0;
   __Pyx_RefNannySetupContext("pack", 0);
-
-  /* "cupy_dash/_varlen_pack.pyx":31
- *     records (columns, 8), cta_columns, cta_col_start, seg_col_start, n_first: a VarlenSchedule's; num_m_blocks,
- *     seqlens_q, seqlens_k int64 (B,). num_visits: the per-visit table's rows (query heads included)."""
- *     cdef long long ncols = records.shape[0], G = cta_col_start.shape[0] - 1, B = seqlens_q.shape[0]             # <<<<<<<<<<<<<<
- *     cdef long long S = seg_col_start.shape[0] - 1, b, m, r0, L, total_m = 0, c, last, visits = 0
- *     if ncols * REC_FIELDS >= 2 ** 31:
-*/
-  __pyx_v_ncols = (__pyx_v_records.shape[0]);
-  __pyx_v_G = ((__pyx_v_cta_col_start.shape[0]) - 1);
-  __pyx_v_B = (__pyx_v_seqlens_q.shape[0]);
-
-  /* "cupy_dash/_varlen_pack.pyx":32
- *     seqlens_q, seqlens_k int64 (B,). num_visits: the per-visit table's rows (query heads included)."""
- *     cdef long long ncols = records.shape[0], G = cta_col_start.shape[0] - 1, B = seqlens_q.shape[0]
- *     cdef long long S = seg_col_start.shape[0] - 1, b, m, r0, L, total_m = 0, c, last, visits = 0             # <<<<<<<<<<<<<<
- *     if ncols * REC_FIELDS >= 2 ** 31:
- *         raise ValueError(f"{ncols} columns: the kernel indexes records with 32-bit ints")
-*/
-  __pyx_v_S = ((__pyx_v_seg_col_start.shape[0]) - 1);
-  __pyx_v_total_m = 0;
-  __pyx_v_visits = 0;
-
-  /* "cupy_dash/_varlen_pack.pyx":33
- *     cdef long long ncols = records.shape[0], G = cta_col_start.shape[0] - 1, B = seqlens_q.shape[0]
- *     cdef long long S = seg_col_start.shape[0] - 1, b, m, r0, L, total_m = 0, c, last, visits = 0
- *     if ncols * REC_FIELDS >= 2 ** 31:             # <<<<<<<<<<<<<<
- *         raise ValueError(f"{ncols} columns: the kernel indexes records with 32-bit ints")
- *     for b in range(B):
-*/
-  __pyx_t_1 = __Pyx_PyLong_From_PY_LONG_LONG((__pyx_v_ncols * __pyx_e_9cupy_dash_12_varlen_pack_REC_FIELDS)); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 33, __pyx_L1_error)
+  __pyx_t_1 = __pyx_f_9cupy_dash_12_varlen_pack_pack(__pyx_v_records, __pyx_v_cta_columns, __pyx_v_cta_col_start, __pyx_v_seg_col_start, __pyx_v_n_first, __pyx_v_num_m_blocks, __pyx_v_seqlens_q, __pyx_v_seqlens_k, __pyx_v_kv_heads, __pyx_v_group_size, __pyx_v_visit_starts, 1); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 31, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_1);
-  __pyx_t_2 = __Pyx_PyObject_CompareBoolGe_int_object(__pyx_t_1, __pyx_mstate_global->__pyx_int_2147483648, Py_GE); if (unlikely((__pyx_t_2 < 0))) __PYX_ERR(0, 33, __pyx_L1_error)
-  __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
-  if (unlikely(__pyx_t_2)) {
-
-
-    /* "cupy_dash/_varlen_pack.pyx":34
- *     cdef long long S = seg_col_start.shape[0] - 1, b, m, r0, L, total_m = 0, c, last, visits = 0
- *     if ncols * REC_FIELDS >= 2 ** 31:
- *         raise ValueError(f"{ncols} columns: the kernel indexes records with 32-bit ints")             # <<<<<<<<<<<<<<
- *     for b in range(B):
- *         total_m += num_m_blocks[b]
-*/
-    __pyx_t_3 = NULL;
-    __pyx_t_4 = __Pyx_PyUnicode_From_PY_LONG_LONG(__pyx_v_ncols, 0, ' ', 'd'); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 34, __pyx_L1_error)
-    __Pyx_GOTREF(__pyx_t_4);
-    __pyx_t_5 = __Pyx_PyUnicode_Concat__Pyx_ReferenceSharing_OwnStrongReferenceInPlace(__pyx_t_4, __pyx_mstate_global->__pyx_kp_u_columns_the_kernel_indexes_reco); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 34, __pyx_L1_error)
-    __Pyx_GOTREF(__pyx_t_5);
-    __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
-    __pyx_t_6 = 1;
+  {
+    PyObject *__pyx_temp;
     {
-      PyObject *__pyx_callargs[2] = {__pyx_t_3, __pyx_t_5};
-      __pyx_t_1 = __Pyx_PyObject_FastCall((PyObject*)(((PyTypeObject*)PyExc_ValueError)), __pyx_callargs+__pyx_t_6, (2-__pyx_t_6) | (__pyx_t_6*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
-      __Pyx_XDECREF(__pyx_t_3); __pyx_t_3 = 0;
-      __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
-      if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 34, __pyx_L1_error)
-      __Pyx_GOTREF(__pyx_t_1);
+      __pyx_temp = __pyx_r;
+      __pyx_r = __pyx_t_1;
     }
-    __Pyx_Raise(__pyx_t_1, 0, 0, 0);
-    __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
-    __PYX_ERR(0, 34, __pyx_L1_error)
-
-    /* "cupy_dash/_varlen_pack.pyx":33
- *     cdef long long ncols = records.shape[0], G = cta_col_start.shape[0] - 1, B = seqlens_q.shape[0]
- *     cdef long long S = seg_col_start.shape[0] - 1, b, m, r0, L, total_m = 0, c, last, visits = 0
- *     if ncols * REC_FIELDS >= 2 ** 31:             # <<<<<<<<<<<<<<
- *         raise ValueError(f"{ncols} columns: the kernel indexes records with 32-bit ints")
- *     for b in range(B):
-*/
+    __Pyx_XDECREF(__pyx_temp);
   }
-
-  /* "cupy_dash/_varlen_pack.pyx":35
- *     if ncols * REC_FIELDS >= 2 ** 31:
- *         raise ValueError(f"{ncols} columns: the kernel indexes records with 32-bit ints")
- *     for b in range(B):             # <<<<<<<<<<<<<<
- *         total_m += num_m_blocks[b]
- *     shapes = ((ncols, REC_FIELDS), (ncols,), (G + 1,), (S + 1,), (B,), (total_m, 2), (B + 1,), (G + 1,),
-*/
-
-  __pyx_t_7 = __pyx_v_B;
-  __pyx_t_8 = __pyx_t_7;
-
-  for (__pyx_t_9 = 0; __pyx_t_9 < __pyx_t_8; __pyx_t_9+=1) {
-    __pyx_v_b = __pyx_t_9;
-
-    /* "cupy_dash/_varlen_pack.pyx":36
- *         raise ValueError(f"{ncols} columns: the kernel indexes records with 32-bit ints")
- *     for b in range(B):
- *         total_m += num_m_blocks[b]             # <<<<<<<<<<<<<<
- *     shapes = ((ncols, REC_FIELDS), (ncols,), (G + 1,), (S + 1,), (B,), (total_m, 2), (B + 1,), (G + 1,),
- *               (B + 1,), (B + 1,))
-*/
-    __pyx_t_10 = __pyx_v_b;
-    __pyx_v_total_m = (__pyx_v_total_m + (*((PY_LONG_LONG const  *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG const  *) __pyx_v_num_m_blocks.data) + __pyx_t_10)) ))));
-  }
-
-
-  /* "cupy_dash/_varlen_pack.pyx":37
- *     for b in range(B):
- *         total_m += num_m_blocks[b]
- *     shapes = ((ncols, REC_FIELDS), (ncols,), (G + 1,), (S + 1,), (B,), (total_m, 2), (B + 1,), (G + 1,),             # <<<<<<<<<<<<<<
- *               (B + 1,), (B + 1,))
- *     sizes = (ncols * REC_FIELDS * 4, ncols * 4, (G + 1) * 8, (S + 1) * 4, B * 4, total_m * 8, (B + 1) * 4,
-*/
-  __pyx_t_1 = __Pyx_PyLong_From_PY_LONG_LONG(__pyx_v_ncols); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 37, __pyx_L1_error)
-  __Pyx_GOTREF(__pyx_t_1);
-  __pyx_t_5 = __Pyx_PyLong_From___pyx_anon_enum(__pyx_e_9cupy_dash_12_varlen_pack_REC_FIELDS); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 37, __pyx_L1_error)
-  __Pyx_GOTREF(__pyx_t_5);
-  __pyx_t_3 = PyTuple_New(2); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 37, __pyx_L1_error)
-  __Pyx_GOTREF(__pyx_t_3);
-  __Pyx_GIVEREF(__pyx_t_1);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_3, 0, __pyx_t_1) != (0)) __PYX_ERR(0, 37, __pyx_L1_error);
-  __Pyx_GIVEREF(__pyx_t_5);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_3, 1, __pyx_t_5) != (0)) __PYX_ERR(0, 37, __pyx_L1_error);
   __pyx_t_1 = 0;
-  __pyx_t_5 = 0;
-  __pyx_t_5 = __Pyx_PyLong_From_PY_LONG_LONG(__pyx_v_ncols); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 37, __pyx_L1_error)
-  __Pyx_GOTREF(__pyx_t_5);
-  __pyx_t_1 = PyTuple_New(1); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 37, __pyx_L1_error)
-  __Pyx_GOTREF(__pyx_t_1);
-  __Pyx_GIVEREF(__pyx_t_5);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_1, 0, __pyx_t_5) != (0)) __PYX_ERR(0, 37, __pyx_L1_error);
-  __pyx_t_5 = 0;
-  __pyx_t_5 = __Pyx_PyLong_From_PY_LONG_LONG((__pyx_v_G + 1)); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 37, __pyx_L1_error)
-  __Pyx_GOTREF(__pyx_t_5);
-  __pyx_t_4 = PyTuple_New(1); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 37, __pyx_L1_error)
-  __Pyx_GOTREF(__pyx_t_4);
-  __Pyx_GIVEREF(__pyx_t_5);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_4, 0, __pyx_t_5) != (0)) __PYX_ERR(0, 37, __pyx_L1_error);
-  __pyx_t_5 = 0;
-  __pyx_t_5 = __Pyx_PyLong_From_PY_LONG_LONG((__pyx_v_S + 1)); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 37, __pyx_L1_error)
-  __Pyx_GOTREF(__pyx_t_5);
-  __pyx_t_11 = PyTuple_New(1); if (unlikely(!__pyx_t_11)) __PYX_ERR(0, 37, __pyx_L1_error)
-  __Pyx_GOTREF(__pyx_t_11);
-  __Pyx_GIVEREF(__pyx_t_5);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_11, 0, __pyx_t_5) != (0)) __PYX_ERR(0, 37, __pyx_L1_error);
-  __pyx_t_5 = 0;
-  __pyx_t_5 = __Pyx_PyLong_From_PY_LONG_LONG(__pyx_v_B); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 37, __pyx_L1_error)
-  __Pyx_GOTREF(__pyx_t_5);
-  __pyx_t_12 = PyTuple_New(1); if (unlikely(!__pyx_t_12)) __PYX_ERR(0, 37, __pyx_L1_error)
-  __Pyx_GOTREF(__pyx_t_12);
-  __Pyx_GIVEREF(__pyx_t_5);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_12, 0, __pyx_t_5) != (0)) __PYX_ERR(0, 37, __pyx_L1_error);
-  __pyx_t_5 = 0;
-  __pyx_t_5 = __Pyx_PyLong_From_PY_LONG_LONG(__pyx_v_total_m); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 37, __pyx_L1_error)
-  __Pyx_GOTREF(__pyx_t_5);
-  __pyx_t_13 = PyTuple_New(2); if (unlikely(!__pyx_t_13)) __PYX_ERR(0, 37, __pyx_L1_error)
-  __Pyx_GOTREF(__pyx_t_13);
-  __Pyx_GIVEREF(__pyx_t_5);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_13, 0, __pyx_t_5) != (0)) __PYX_ERR(0, 37, __pyx_L1_error);
-  __Pyx_INCREF(__pyx_mstate_global->__pyx_int_2);
-  __Pyx_GIVEREF(__pyx_mstate_global->__pyx_int_2);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_13, 1, __pyx_mstate_global->__pyx_int_2) != (0)) __PYX_ERR(0, 37, __pyx_L1_error);
-  __pyx_t_5 = 0;
-  __pyx_t_5 = __Pyx_PyLong_From_PY_LONG_LONG((__pyx_v_B + 1)); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 37, __pyx_L1_error)
-  __Pyx_GOTREF(__pyx_t_5);
-  __pyx_t_14 = PyTuple_New(1); if (unlikely(!__pyx_t_14)) __PYX_ERR(0, 37, __pyx_L1_error)
-  __Pyx_GOTREF(__pyx_t_14);
-  __Pyx_GIVEREF(__pyx_t_5);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_14, 0, __pyx_t_5) != (0)) __PYX_ERR(0, 37, __pyx_L1_error);
-  __pyx_t_5 = 0;
-  __pyx_t_5 = __Pyx_PyLong_From_PY_LONG_LONG((__pyx_v_G + 1)); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 37, __pyx_L1_error)
-  __Pyx_GOTREF(__pyx_t_5);
-  __pyx_t_15 = PyTuple_New(1); if (unlikely(!__pyx_t_15)) __PYX_ERR(0, 37, __pyx_L1_error)
-  __Pyx_GOTREF(__pyx_t_15);
-  __Pyx_GIVEREF(__pyx_t_5);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_15, 0, __pyx_t_5) != (0)) __PYX_ERR(0, 37, __pyx_L1_error);
-  __pyx_t_5 = 0;
+  goto __pyx_L0;
 
-  /* "cupy_dash/_varlen_pack.pyx":38
- *         total_m += num_m_blocks[b]
- *     shapes = ((ncols, REC_FIELDS), (ncols,), (G + 1,), (S + 1,), (B,), (total_m, 2), (B + 1,), (G + 1,),
- *               (B + 1,), (B + 1,))             # <<<<<<<<<<<<<<
- *     sizes = (ncols * REC_FIELDS * 4, ncols * 4, (G + 1) * 8, (S + 1) * 4, B * 4, total_m * 8, (B + 1) * 4,
- *              (G + 1) * 8 if visit_starts else 0, (B + 1) * 4, (B + 1) * 4)
+  /* function exit code */
+  __pyx_L1_error:;
+  __Pyx_XDECREF(__pyx_t_1);
+  __Pyx_AddTraceback("cupy_dash._varlen_pack.pack", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __pyx_r = NULL;
+  __pyx_L0:;
+  __Pyx_XGIVEREF(__pyx_r);
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* "cupy_dash/_varlen_pack.pyx":122
+ * 
+ * 
+ * cdef inline double column_model(long long load, long long num_ctas, long long widest, int rank_rule, double c,             # <<<<<<<<<<<<<<
+ *                                 double r) noexcept:
+ *     """varlen_schedule._column_model with the engine costs: the same floating-point operations in the same order."""
 */
-  __pyx_t_5 = __Pyx_PyLong_From_PY_LONG_LONG((__pyx_v_B + 1)); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 38, __pyx_L1_error)
-  __Pyx_GOTREF(__pyx_t_5);
-  __pyx_t_16 = PyTuple_New(1); if (unlikely(!__pyx_t_16)) __PYX_ERR(0, 38, __pyx_L1_error)
-  __Pyx_GOTREF(__pyx_t_16);
-  __Pyx_GIVEREF(__pyx_t_5);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_16, 0, __pyx_t_5) != (0)) __PYX_ERR(0, 38, __pyx_L1_error);
-  __pyx_t_5 = 0;
-  __pyx_t_5 = __Pyx_PyLong_From_PY_LONG_LONG((__pyx_v_B + 1)); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 38, __pyx_L1_error)
-  __Pyx_GOTREF(__pyx_t_5);
-  __pyx_t_17 = PyTuple_New(1); if (unlikely(!__pyx_t_17)) __PYX_ERR(0, 38, __pyx_L1_error)
-  __Pyx_GOTREF(__pyx_t_17);
-  __Pyx_GIVEREF(__pyx_t_5);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_17, 0, __pyx_t_5) != (0)) __PYX_ERR(0, 38, __pyx_L1_error);
-  __pyx_t_5 = 0;
 
-  /* "cupy_dash/_varlen_pack.pyx":37
- *     for b in range(B):
- *         total_m += num_m_blocks[b]
- *     shapes = ((ncols, REC_FIELDS), (ncols,), (G + 1,), (S + 1,), (B,), (total_m, 2), (B + 1,), (G + 1,),             # <<<<<<<<<<<<<<
- *               (B + 1,), (B + 1,))
- *     sizes = (ncols * REC_FIELDS * 4, ncols * 4, (G + 1) * 8, (S + 1) * 4, B * 4, total_m * 8, (B + 1) * 4,
+static CYTHON_INLINE double __pyx_f_9cupy_dash_12_varlen_pack_column_model(PY_LONG_LONG __pyx_v_load, PY_LONG_LONG __pyx_v_num_ctas, PY_LONG_LONG __pyx_v_widest, int __pyx_v_rank_rule, double __pyx_v_c, double __pyx_v_r) {
+  double __pyx_v_busy;
+  double __pyx_r;
+  double __pyx_t_1;
+  int __pyx_t_2;
+  double __pyx_t_3;
+  PY_LONG_LONG __pyx_t_4;
+
+  /* "cupy_dash/_varlen_pack.pyx":125
+ *                                 double r) noexcept:
+ *     """varlen_schedule._column_model with the engine costs: the same floating-point operations in the same order."""
+ *     cdef double busy = load * (c if c > r else r) + (c if c < r else r)             # <<<<<<<<<<<<<<
+ *     if rank_rule == 1:
+ *         return busy + ((widest if widest < num_ctas else num_ctas) - 1) * r
 */
-  __pyx_t_5 = PyTuple_New(10); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 37, __pyx_L1_error)
-  __Pyx_GOTREF(__pyx_t_5);
-  __Pyx_GIVEREF(__pyx_t_3);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_5, 0, __pyx_t_3) != (0)) __PYX_ERR(0, 37, __pyx_L1_error);
-  __Pyx_GIVEREF(__pyx_t_1);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_5, 1, __pyx_t_1) != (0)) __PYX_ERR(0, 37, __pyx_L1_error);
-  __Pyx_GIVEREF(__pyx_t_4);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_5, 2, __pyx_t_4) != (0)) __PYX_ERR(0, 37, __pyx_L1_error);
-  __Pyx_GIVEREF(__pyx_t_11);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_5, 3, __pyx_t_11) != (0)) __PYX_ERR(0, 37, __pyx_L1_error);
-  __Pyx_GIVEREF(__pyx_t_12);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_5, 4, __pyx_t_12) != (0)) __PYX_ERR(0, 37, __pyx_L1_error);
-  __Pyx_GIVEREF(__pyx_t_13);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_5, 5, __pyx_t_13) != (0)) __PYX_ERR(0, 37, __pyx_L1_error);
-  __Pyx_GIVEREF(__pyx_t_14);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_5, 6, __pyx_t_14) != (0)) __PYX_ERR(0, 37, __pyx_L1_error);
-  __Pyx_GIVEREF(__pyx_t_15);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_5, 7, __pyx_t_15) != (0)) __PYX_ERR(0, 37, __pyx_L1_error);
-  __Pyx_GIVEREF(__pyx_t_16);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_5, 8, __pyx_t_16) != (0)) __PYX_ERR(0, 37, __pyx_L1_error);
-  __Pyx_GIVEREF(__pyx_t_17);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_5, 9, __pyx_t_17) != (0)) __PYX_ERR(0, 37, __pyx_L1_error);
-  __pyx_t_3 = 0;
-  __pyx_t_1 = 0;
-  __pyx_t_4 = 0;
-  __pyx_t_11 = 0;
-  __pyx_t_12 = 0;
-  __pyx_t_13 = 0;
-  __pyx_t_14 = 0;
-  __pyx_t_15 = 0;
-  __pyx_t_16 = 0;
-  __pyx_t_17 = 0;
-  __pyx_v_shapes = ((PyObject*)__pyx_t_5);
-  __pyx_t_5 = 0;
-
-  /* "cupy_dash/_varlen_pack.pyx":39
- *     shapes = ((ncols, REC_FIELDS), (ncols,), (G + 1,), (S + 1,), (B,), (total_m, 2), (B + 1,), (G + 1,),
- *               (B + 1,), (B + 1,))
- *     sizes = (ncols * REC_FIELDS * 4, ncols * 4, (G + 1) * 8, (S + 1) * 4, B * 4, total_m * 8, (B + 1) * 4,             # <<<<<<<<<<<<<<
- *              (G + 1) * 8 if visit_starts else 0, (B + 1) * 4, (B + 1) * 4)
- *     offsets_arr = np.full(10, -1, dtype=np.int64)
-*/
-  __pyx_t_5 = __Pyx_PyLong_From_PY_LONG_LONG(((__pyx_v_ncols * __pyx_e_9cupy_dash_12_varlen_pack_REC_FIELDS) * 4)); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 39, __pyx_L1_error)
-  __Pyx_GOTREF(__pyx_t_5);
-  __pyx_t_17 = __Pyx_PyLong_From_PY_LONG_LONG((__pyx_v_ncols * 4)); if (unlikely(!__pyx_t_17)) __PYX_ERR(0, 39, __pyx_L1_error)
-  __Pyx_GOTREF(__pyx_t_17);
-  __pyx_t_16 = __Pyx_PyLong_From_PY_LONG_LONG(((__pyx_v_G + 1) * 8)); if (unlikely(!__pyx_t_16)) __PYX_ERR(0, 39, __pyx_L1_error)
-  __Pyx_GOTREF(__pyx_t_16);
-  __pyx_t_15 = __Pyx_PyLong_From_PY_LONG_LONG(((__pyx_v_S + 1) * 4)); if (unlikely(!__pyx_t_15)) __PYX_ERR(0, 39, __pyx_L1_error)
-  __Pyx_GOTREF(__pyx_t_15);
-  __pyx_t_14 = __Pyx_PyLong_From_PY_LONG_LONG((__pyx_v_B * 4)); if (unlikely(!__pyx_t_14)) __PYX_ERR(0, 39, __pyx_L1_error)
-  __Pyx_GOTREF(__pyx_t_14);
-  __pyx_t_13 = __Pyx_PyLong_From_PY_LONG_LONG((__pyx_v_total_m * 8)); if (unlikely(!__pyx_t_13)) __PYX_ERR(0, 39, __pyx_L1_error)
-  __Pyx_GOTREF(__pyx_t_13);
-  __pyx_t_12 = __Pyx_PyLong_From_PY_LONG_LONG(((__pyx_v_B + 1) * 4)); if (unlikely(!__pyx_t_12)) __PYX_ERR(0, 39, __pyx_L1_error)
-  __Pyx_GOTREF(__pyx_t_12);
-
-  /* "cupy_dash/_varlen_pack.pyx":40
- *               (B + 1,), (B + 1,))
- *     sizes = (ncols * REC_FIELDS * 4, ncols * 4, (G + 1) * 8, (S + 1) * 4, B * 4, total_m * 8, (B + 1) * 4,
- *              (G + 1) * 8 if visit_starts else 0, (B + 1) * 4, (B + 1) * 4)             # <<<<<<<<<<<<<<
- *     offsets_arr = np.full(10, -1, dtype=np.int64)
- *     cdef long long[::1] off = offsets_arr
-*/
-  if (__pyx_v_visit_starts) {
-    __pyx_t_4 = __Pyx_PyLong_From_PY_LONG_LONG(((__pyx_v_G + 1) * 8)); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 40, __pyx_L1_error)
-    __Pyx_GOTREF(__pyx_t_4);
-    __pyx_t_11 = __pyx_t_4;
-    __pyx_t_4 = 0;
-  } else {
-    __Pyx_INCREF(__pyx_mstate_global->__pyx_int_0);
-    __pyx_t_11 = __pyx_mstate_global->__pyx_int_0;
-  }
-  __pyx_t_4 = __Pyx_PyLong_From_PY_LONG_LONG(((__pyx_v_B + 1) * 4)); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 40, __pyx_L1_error)
-  __Pyx_GOTREF(__pyx_t_4);
-  __pyx_t_1 = __Pyx_PyLong_From_PY_LONG_LONG(((__pyx_v_B + 1) * 4)); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 40, __pyx_L1_error)
-  __Pyx_GOTREF(__pyx_t_1);
-
-  /* "cupy_dash/_varlen_pack.pyx":39
- *     shapes = ((ncols, REC_FIELDS), (ncols,), (G + 1,), (S + 1,), (B,), (total_m, 2), (B + 1,), (G + 1,),
- *               (B + 1,), (B + 1,))
- *     sizes = (ncols * REC_FIELDS * 4, ncols * 4, (G + 1) * 8, (S + 1) * 4, B * 4, total_m * 8, (B + 1) * 4,             # <<<<<<<<<<<<<<
- *              (G + 1) * 8 if visit_starts else 0, (B + 1) * 4, (B + 1) * 4)
- *     offsets_arr = np.full(10, -1, dtype=np.int64)
-*/
-  __pyx_t_3 = PyTuple_New(10); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 39, __pyx_L1_error)
-  __Pyx_GOTREF(__pyx_t_3);
-  __Pyx_GIVEREF(__pyx_t_5);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_3, 0, __pyx_t_5) != (0)) __PYX_ERR(0, 39, __pyx_L1_error);
-  __Pyx_GIVEREF(__pyx_t_17);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_3, 1, __pyx_t_17) != (0)) __PYX_ERR(0, 39, __pyx_L1_error);
-  __Pyx_GIVEREF(__pyx_t_16);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_3, 2, __pyx_t_16) != (0)) __PYX_ERR(0, 39, __pyx_L1_error);
-  __Pyx_GIVEREF(__pyx_t_15);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_3, 3, __pyx_t_15) != (0)) __PYX_ERR(0, 39, __pyx_L1_error);
-  __Pyx_GIVEREF(__pyx_t_14);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_3, 4, __pyx_t_14) != (0)) __PYX_ERR(0, 39, __pyx_L1_error);
-  __Pyx_GIVEREF(__pyx_t_13);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_3, 5, __pyx_t_13) != (0)) __PYX_ERR(0, 39, __pyx_L1_error);
-  __Pyx_GIVEREF(__pyx_t_12);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_3, 6, __pyx_t_12) != (0)) __PYX_ERR(0, 39, __pyx_L1_error);
-  __Pyx_GIVEREF(__pyx_t_11);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_3, 7, __pyx_t_11) != (0)) __PYX_ERR(0, 39, __pyx_L1_error);
-  __Pyx_GIVEREF(__pyx_t_4);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_3, 8, __pyx_t_4) != (0)) __PYX_ERR(0, 39, __pyx_L1_error);
-  __Pyx_GIVEREF(__pyx_t_1);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_3, 9, __pyx_t_1) != (0)) __PYX_ERR(0, 39, __pyx_L1_error);
-  __pyx_t_5 = 0;
-  __pyx_t_17 = 0;
-  __pyx_t_16 = 0;
-  __pyx_t_15 = 0;
-  __pyx_t_14 = 0;
-  __pyx_t_13 = 0;
-  __pyx_t_12 = 0;
-  __pyx_t_11 = 0;
-  __pyx_t_4 = 0;
-  __pyx_t_1 = 0;
-  __pyx_v_sizes = ((PyObject*)__pyx_t_3);
-  __pyx_t_3 = 0;
-
-  /* "cupy_dash/_varlen_pack.pyx":41
- *     sizes = (ncols * REC_FIELDS * 4, ncols * 4, (G + 1) * 8, (S + 1) * 4, B * 4, total_m * 8, (B + 1) * 4,
- *              (G + 1) * 8 if visit_starts else 0, (B + 1) * 4, (B + 1) * 4)
- *     offsets_arr = np.full(10, -1, dtype=np.int64)             # <<<<<<<<<<<<<<
- *     cdef long long[::1] off = offsets_arr
- *     cdef long long total = 0, i
-*/
-  __Pyx_GetModuleGlobalName(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 41, __pyx_L1_error)
-  __Pyx_GOTREF(__pyx_t_3);
-  __pyx_t_1 = __Pyx_PyObject_GetAttrStr(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_full); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 41, __pyx_L1_error)
-  __Pyx_GOTREF(__pyx_t_1);
-  __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
-  __pyx_t_3 = __Pyx_PyDict_NewPresized(1); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 41, __pyx_L1_error)
-  __Pyx_GOTREF(__pyx_t_3);
-  __Pyx_GetModuleGlobalName(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 41, __pyx_L1_error)
-  __Pyx_GOTREF(__pyx_t_4);
-  __pyx_t_11 = __Pyx_PyObject_GetAttrStr(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_int64); if (unlikely(!__pyx_t_11)) __PYX_ERR(0, 41, __pyx_L1_error)
-  __Pyx_GOTREF(__pyx_t_11);
-  __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
-  if (PyDict_SetItem(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_dtype, __pyx_t_11) < (0)) __PYX_ERR(0, 41, __pyx_L1_error)
-  __Pyx_DECREF(__pyx_t_11); __pyx_t_11 = 0;
-  __pyx_t_11 = __Pyx_PyObject_Call(__pyx_t_1, __pyx_mstate_global->__pyx_tuple[2], __pyx_t_3); if (unlikely(!__pyx_t_11)) __PYX_ERR(0, 41, __pyx_L1_error)
-  __Pyx_GOTREF(__pyx_t_11);
-  __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
-  __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
-  __pyx_v_offsets_arr = __pyx_t_11;
-  __pyx_t_11 = 0;
-
-  /* "cupy_dash/_varlen_pack.pyx":42
- *              (G + 1) * 8 if visit_starts else 0, (B + 1) * 4, (B + 1) * 4)
- *     offsets_arr = np.full(10, -1, dtype=np.int64)
- *     cdef long long[::1] off = offsets_arr             # <<<<<<<<<<<<<<
- *     cdef long long total = 0, i
- *     for i in range(10):
-*/
-  __pyx_t_18 = __Pyx_PyObject_to_MemoryviewSlice_dc_PY_LONG_LONG(__pyx_v_offsets_arr, PyBUF_WRITABLE); if (unlikely(!__pyx_t_18.memview)) __PYX_ERR(0, 42, __pyx_L1_error)
-  __pyx_v_off = __pyx_t_18;
-  __pyx_t_18.memview = NULL;
-  __pyx_t_18.data = NULL;
-
-  /* "cupy_dash/_varlen_pack.pyx":43
- *     offsets_arr = np.full(10, -1, dtype=np.int64)
- *     cdef long long[::1] off = offsets_arr
- *     cdef long long total = 0, i             # <<<<<<<<<<<<<<
- *     for i in range(10):
- *         if i != 7 or visit_starts:
-*/
-  __pyx_v_total = 0;
-
-  /* "cupy_dash/_varlen_pack.pyx":44
- *     cdef long long[::1] off = offsets_arr
- *     cdef long long total = 0, i
- *     for i in range(10):             # <<<<<<<<<<<<<<
- *         if i != 7 or visit_starts:
- *             off[i] = total
-*/
-  for (__pyx_t_7 = 0; __pyx_t_7 < 10; __pyx_t_7+=1) {
-    __pyx_v_i = __pyx_t_7;
-
-    /* "cupy_dash/_varlen_pack.pyx":45
- *     cdef long long total = 0, i
- *     for i in range(10):
- *         if i != 7 or visit_starts:             # <<<<<<<<<<<<<<
- *             off[i] = total
- *             total += aligned(sizes[i])
-*/
-    __pyx_t_19 = (__pyx_v_i != 7);
-
-    if (!__pyx_t_19) {
-
-    } else {
-
-      __pyx_t_2 = __pyx_t_19;
-
-      goto __pyx_L9_bool_binop_done;
-    }
-
-    __pyx_t_2 = __pyx_v_visit_starts;
-    __pyx_L9_bool_binop_done:;
-    if (__pyx_t_2) {
-
-
-      /* "cupy_dash/_varlen_pack.pyx":46
- *     for i in range(10):
- *         if i != 7 or visit_starts:
- *             off[i] = total             # <<<<<<<<<<<<<<
- *             total += aligned(sizes[i])
- *     buf_arr = np.empty(max(total, 1), dtype=np.uint8)
-*/
-      __pyx_t_8 = __pyx_v_i;
-      *((PY_LONG_LONG *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG *) __pyx_v_off.data) + __pyx_t_8)) )) = __pyx_v_total;
-
-      /* "cupy_dash/_varlen_pack.pyx":47
- *         if i != 7 or visit_starts:
- *             off[i] = total
- *             total += aligned(sizes[i])             # <<<<<<<<<<<<<<
- *     buf_arr = np.empty(max(total, 1), dtype=np.uint8)
- *     cdef unsigned char[::1] buf = buf_arr
-*/
-      __pyx_t_8 = __Pyx_PyLong_As_PY_LONG_LONG(__Pyx_PyTuple_GET_ITEM(__pyx_v_sizes, __pyx_v_i)); if (unlikely((__pyx_t_8 == (PY_LONG_LONG)-1) && PyErr_Occurred())) __PYX_ERR(0, 47, __pyx_L1_error)
-      __pyx_v_total = (__pyx_v_total + __pyx_f_9cupy_dash_12_varlen_pack_aligned(__pyx_t_8));
-
-
-      /* "cupy_dash/_varlen_pack.pyx":45
- *     cdef long long total = 0, i
- *     for i in range(10):
- *         if i != 7 or visit_starts:             # <<<<<<<<<<<<<<
- *             off[i] = total
- *             total += aligned(sizes[i])
-*/
-    }
-  }
-
-  /* "cupy_dash/_varlen_pack.pyx":48
- *             off[i] = total
- *             total += aligned(sizes[i])
- *     buf_arr = np.empty(max(total, 1), dtype=np.uint8)             # <<<<<<<<<<<<<<
- *     cdef unsigned char[::1] buf = buf_arr
- *     cdef unsigned char* base = &buf[0]
-*/
-  __pyx_t_3 = NULL;
-  __Pyx_GetModuleGlobalName(__pyx_t_1, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 48, __pyx_L1_error)
-  __Pyx_GOTREF(__pyx_t_1);
-  __pyx_t_4 = __Pyx_PyObject_GetAttrStr(__pyx_t_1, __pyx_mstate_global->__pyx_n_u_empty); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 48, __pyx_L1_error)
-  __Pyx_GOTREF(__pyx_t_4);
-  __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
-
-  __pyx_t_20 = 1;
-
-  __pyx_t_7 = __pyx_v_total;
-  __pyx_t_2 = (__pyx_t_20 > __pyx_t_7);
+  __pyx_t_2 = (__pyx_v_c > __pyx_v_r);
 
   if (__pyx_t_2) {
 
-    __pyx_t_8 = __pyx_t_20;
+    __pyx_t_1 = __pyx_v_c;
   } else {
 
-    __pyx_t_8 = __pyx_t_7;
+    __pyx_t_1 = __pyx_v_r;
   }
 
-  __pyx_t_1 = __Pyx_PyLong_From_PY_LONG_LONG(__pyx_t_8); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 48, __pyx_L1_error)
-  __Pyx_GOTREF(__pyx_t_1);
+  __pyx_t_2 = (__pyx_v_c < __pyx_v_r);
 
-  __Pyx_GetModuleGlobalName(__pyx_t_12, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_12)) __PYX_ERR(0, 48, __pyx_L1_error)
-  __Pyx_GOTREF(__pyx_t_12);
-  __pyx_t_13 = __Pyx_PyObject_GetAttrStr(__pyx_t_12, __pyx_mstate_global->__pyx_n_u_uint8); if (unlikely(!__pyx_t_13)) __PYX_ERR(0, 48, __pyx_L1_error)
-  __Pyx_GOTREF(__pyx_t_13);
-  __Pyx_DECREF(__pyx_t_12); __pyx_t_12 = 0;
+  if (__pyx_t_2) {
+
+    __pyx_t_3 = __pyx_v_c;
+  } else {
+
+    __pyx_t_3 = __pyx_v_r;
+  }
+
+  __pyx_v_busy = ((__pyx_v_load * __pyx_t_1) + __pyx_t_3);
+
+
+
+  /* "cupy_dash/_varlen_pack.pyx":126
+ *     """varlen_schedule._column_model with the engine costs: the same floating-point operations in the same order."""
+ *     cdef double busy = load * (c if c > r else r) + (c if c < r else r)
+ *     if rank_rule == 1:             # <<<<<<<<<<<<<<
+ *         return busy + ((widest if widest < num_ctas else num_ctas) - 1) * r
+ *     return busy
+*/
+  __pyx_t_2 = (__pyx_v_rank_rule == 1);
+
+  if (__pyx_t_2) {
+
+
+    /* "cupy_dash/_varlen_pack.pyx":127
+ *     cdef double busy = load * (c if c > r else r) + (c if c < r else r)
+ *     if rank_rule == 1:
+ *         return busy + ((widest if widest < num_ctas else num_ctas) - 1) * r             # <<<<<<<<<<<<<<
+ *     return busy
+ * 
+*/
+    __pyx_t_2 = (__pyx_v_widest < __pyx_v_num_ctas);
+
+    if (__pyx_t_2) {
+
+      __pyx_t_4 = __pyx_v_widest;
+    } else {
+
+      __pyx_t_4 = __pyx_v_num_ctas;
+    }
+
+    {
+
+      __pyx_r = (__pyx_v_busy + ((__pyx_t_4 - 1) * __pyx_v_r));
+    }
+
+    goto __pyx_L0;
+
+    /* "cupy_dash/_varlen_pack.pyx":126
+ *     """varlen_schedule._column_model with the engine costs: the same floating-point operations in the same order."""
+ *     cdef double busy = load * (c if c > r else r) + (c if c < r else r)
+ *     if rank_rule == 1:             # <<<<<<<<<<<<<<
+ *         return busy + ((widest if widest < num_ctas else num_ctas) - 1) * r
+ *     return busy
+*/
+  }
+
+  /* "cupy_dash/_varlen_pack.pyx":128
+ *     if rank_rule == 1:
+ *         return busy + ((widest if widest < num_ctas else num_ctas) - 1) * r
+ *     return busy             # <<<<<<<<<<<<<<
+ * 
+ * 
+*/
+  {
+
+    __pyx_r = __pyx_v_busy;
+  }
+  goto __pyx_L0;
+
+  /* "cupy_dash/_varlen_pack.pyx":122
+ * 
+ * 
+ * cdef inline double column_model(long long load, long long num_ctas, long long widest, int rank_rule, double c,             # <<<<<<<<<<<<<<
+ *                                 double r) noexcept:
+ *     """varlen_schedule._column_model with the engine costs: the same floating-point operations in the same order."""
+*/
+
+  /* function exit code */
+  __pyx_L0:;
+
+
+  return __pyx_r;
+}
+
+/* "cupy_dash/_varlen_pack.pyx":131
+ * 
+ * 
+ * cdef inline int rank_rule_of(int policy, int tie_sign) noexcept:             # <<<<<<<<<<<<<<
+ *     """varlen_schedule._rank_rule."""
+ *     if policy == POLICY_FA3:
+*/
+
+static CYTHON_INLINE int __pyx_f_9cupy_dash_12_varlen_pack_rank_rule_of(int __pyx_v_policy, int __pyx_v_tie_sign) {
+  int __pyx_r;
+  int __pyx_t_1;
+  int __pyx_t_2;
+
+  /* "cupy_dash/_varlen_pack.pyx":133
+ * cdef inline int rank_rule_of(int policy, int tie_sign) noexcept:
+ *     """varlen_schedule._rank_rule."""
+ *     if policy == POLICY_FA3:             # <<<<<<<<<<<<<<
+ *         return 2 if tie_sign < 0 else 1
+ *     return 1 if policy == POLICY_DESCENDING else 0
+*/
+  __pyx_t_1 = (__pyx_v_policy == __pyx_e_9cupy_dash_12_varlen_pack_POLICY_FA3);
+
+  if (__pyx_t_1) {
+
+
+    /* "cupy_dash/_varlen_pack.pyx":134
+ *     """varlen_schedule._rank_rule."""
+ *     if policy == POLICY_FA3:
+ *         return 2 if tie_sign < 0 else 1             # <<<<<<<<<<<<<<
+ *     return 1 if policy == POLICY_DESCENDING else 0
+ * 
+*/
+    __pyx_t_1 = (__pyx_v_tie_sign < 0);
+
+    if (__pyx_t_1) {
+
+      __pyx_t_2 = 2;
+    } else {
+
+      __pyx_t_2 = 1;
+    }
+
+    {
+      __pyx_r = __pyx_t_2;
+    }
+    goto __pyx_L0;
+
+    /* "cupy_dash/_varlen_pack.pyx":133
+ * cdef inline int rank_rule_of(int policy, int tie_sign) noexcept:
+ *     """varlen_schedule._rank_rule."""
+ *     if policy == POLICY_FA3:             # <<<<<<<<<<<<<<
+ *         return 2 if tie_sign < 0 else 1
+ *     return 1 if policy == POLICY_DESCENDING else 0
+*/
+  }
+
+  /* "cupy_dash/_varlen_pack.pyx":135
+ *     if policy == POLICY_FA3:
+ *         return 2 if tie_sign < 0 else 1
+ *     return 1 if policy == POLICY_DESCENDING else 0             # <<<<<<<<<<<<<<
+ * 
+ * 
+*/
+  __pyx_t_1 = (__pyx_v_policy == __pyx_e_9cupy_dash_12_varlen_pack_POLICY_DESCENDING);
+
+  if (__pyx_t_1) {
+
+    __pyx_t_2 = 1;
+  } else {
+
+    __pyx_t_2 = 0;
+  }
+
+  {
+    __pyx_r = __pyx_t_2;
+  }
+  goto __pyx_L0;
+
+  /* "cupy_dash/_varlen_pack.pyx":131
+ * 
+ * 
+ * cdef inline int rank_rule_of(int policy, int tie_sign) noexcept:             # <<<<<<<<<<<<<<
+ *     """varlen_schedule._rank_rule."""
+ *     if policy == POLICY_FA3:
+*/
+
+  /* function exit code */
+  __pyx_L0:;
+
+  return __pyx_r;
+}
+
+/* "cupy_dash/_varlen_pack.pyx":138
+ * 
+ * 
+ * def new_packing(int policy, const long long[::1] sq, const long long[::1] sk, long long left, long long right,             # <<<<<<<<<<<<<<
+ *                 long long bm, long long bn, long long heads, long long group, bint causal, long long num_sms,
+ *                 tuple candidates, double c, double r, double tolerance, long long few_grouped, bint visit_starts):
+*/
+
+/* Python wrapper */
+static PyObject *__pyx_pw_9cupy_dash_12_varlen_pack_3new_packing(PyObject *__pyx_self, 
+#if CYTHON_VECTORCALL
+PyObject *const *__pyx_args, Py_ssize_t __pyx_nargs, PyObject *__pyx_kwds
+#else
+PyObject *__pyx_args, PyObject *__pyx_kwds
+#endif
+); /*proto*/
+PyDoc_STRVAR(__pyx_doc_9cupy_dash_12_varlen_pack_2new_packing, "(policy, pack\047s four outputs, num_ctas, tie_sign, rank_rule) of varlen_schedule.build_varlen(policy, sq,\n    sk, ...) packed as ``pack`` packs it: ``policy`` a _schedule.POLICY_CODES value or -1 (auto, over the codes\n    ``candidates`` with the engine costs c, r, ``tolerance`` and the few-grouped-columns override\n    ``few_grouped``, schedule.AUTO_*); (left, right) the checked window (schedule.check_window); sq, sk int64\n    (B,) lengths in [0, 2^31).");
+static PyMethodDef __pyx_mdef_9cupy_dash_12_varlen_pack_3new_packing = {"new_packing", (PyCFunction)(void(*)(void))(__Pyx_PyCFunction_FastCallWithKeywords)__pyx_pw_9cupy_dash_12_varlen_pack_3new_packing, __Pyx_METH_FASTCALL|METH_KEYWORDS, __pyx_doc_9cupy_dash_12_varlen_pack_2new_packing};
+static PyObject *__pyx_pw_9cupy_dash_12_varlen_pack_3new_packing(PyObject *__pyx_self, 
+#if CYTHON_VECTORCALL
+PyObject *const *__pyx_args, Py_ssize_t __pyx_nargs, PyObject *__pyx_kwds
+#else
+PyObject *__pyx_args, PyObject *__pyx_kwds
+#endif
+) {
+  int __pyx_v_policy;
+  __Pyx_memviewslice __pyx_v_sq = { 0, 0, { 0 }, { 0 }, { 0 } };
+  __Pyx_memviewslice __pyx_v_sk = { 0, 0, { 0 }, { 0 }, { 0 } };
+  PY_LONG_LONG __pyx_v_left;
+  PY_LONG_LONG __pyx_v_right;
+  PY_LONG_LONG __pyx_v_bm;
+  PY_LONG_LONG __pyx_v_bn;
+  PY_LONG_LONG __pyx_v_heads;
+  PY_LONG_LONG __pyx_v_group;
+  int __pyx_v_causal;
+  PY_LONG_LONG __pyx_v_num_sms;
+  PyObject *__pyx_v_candidates = 0;
+  double __pyx_v_c;
+  double __pyx_v_r;
+  double __pyx_v_tolerance;
+  PY_LONG_LONG __pyx_v_few_grouped;
+  int __pyx_v_visit_starts;
+  #if !CYTHON_VECTORCALL
+  CYTHON_UNUSED Py_ssize_t __pyx_nargs;
+  #endif
+  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
+  PyObject* values[17] = {0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0};
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  PyObject *__pyx_r = 0;
+  __Pyx_RefNannyDeclarations
+  __Pyx_RefNannySetupContext("new_packing (wrapper)", 0);
+  #if !CYTHON_VECTORCALL
+  #if CYTHON_ASSUME_SAFE_SIZE
+  __pyx_nargs = PyTuple_GET_SIZE(__pyx_args);
+  #else
+  __pyx_nargs = PyTuple_Size(__pyx_args); if (unlikely(__pyx_nargs < 0)) return NULL;
+  #endif
+  #endif
+  __pyx_kwvalues = __Pyx_KwValues_FASTCALL(__pyx_args, __pyx_nargs);
+  {
+    PyObject ** const __pyx_pyargnames[] = {&__pyx_mstate_global->__pyx_n_u_policy,&__pyx_mstate_global->__pyx_n_u_sq,&__pyx_mstate_global->__pyx_n_u_sk,&__pyx_mstate_global->__pyx_n_u_left,&__pyx_mstate_global->__pyx_n_u_right,&__pyx_mstate_global->__pyx_n_u_bm,&__pyx_mstate_global->__pyx_n_u_bn,&__pyx_mstate_global->__pyx_n_u_heads,&__pyx_mstate_global->__pyx_n_u_group,&__pyx_mstate_global->__pyx_n_u_causal,&__pyx_mstate_global->__pyx_n_u_num_sms,&__pyx_mstate_global->__pyx_n_u_candidates,&__pyx_mstate_global->__pyx_n_u_c,&__pyx_mstate_global->__pyx_n_u_r,&__pyx_mstate_global->__pyx_n_u_tolerance,&__pyx_mstate_global->__pyx_n_u_few_grouped,&__pyx_mstate_global->__pyx_n_u_visit_starts,0};
+    const Py_ssize_t __pyx_kwds_len = (__pyx_kwds) ? __Pyx_NumKwargs_FASTCALL(__pyx_kwds) : 0;
+    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 138, __pyx_L3_error)
+    if (__pyx_kwds_len > 0) {
+      switch (__pyx_nargs) {
+        case 17:
+        values[16] = __Pyx_ArgRef_FASTCALL(__pyx_args, 16);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[16])) __PYX_ERR(0, 138, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case 16:
+        values[15] = __Pyx_ArgRef_FASTCALL(__pyx_args, 15);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[15])) __PYX_ERR(0, 138, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case 15:
+        values[14] = __Pyx_ArgRef_FASTCALL(__pyx_args, 14);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[14])) __PYX_ERR(0, 138, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case 14:
+        values[13] = __Pyx_ArgRef_FASTCALL(__pyx_args, 13);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[13])) __PYX_ERR(0, 138, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case 13:
+        values[12] = __Pyx_ArgRef_FASTCALL(__pyx_args, 12);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[12])) __PYX_ERR(0, 138, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case 12:
+        values[11] = __Pyx_ArgRef_FASTCALL(__pyx_args, 11);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[11])) __PYX_ERR(0, 138, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case 11:
+        values[10] = __Pyx_ArgRef_FASTCALL(__pyx_args, 10);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[10])) __PYX_ERR(0, 138, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case 10:
+        values[9] = __Pyx_ArgRef_FASTCALL(__pyx_args, 9);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[9])) __PYX_ERR(0, 138, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  9:
+        values[8] = __Pyx_ArgRef_FASTCALL(__pyx_args, 8);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[8])) __PYX_ERR(0, 138, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  8:
+        values[7] = __Pyx_ArgRef_FASTCALL(__pyx_args, 7);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[7])) __PYX_ERR(0, 138, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  7:
+        values[6] = __Pyx_ArgRef_FASTCALL(__pyx_args, 6);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[6])) __PYX_ERR(0, 138, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  6:
+        values[5] = __Pyx_ArgRef_FASTCALL(__pyx_args, 5);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[5])) __PYX_ERR(0, 138, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  5:
+        values[4] = __Pyx_ArgRef_FASTCALL(__pyx_args, 4);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 138, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  4:
+        values[3] = __Pyx_ArgRef_FASTCALL(__pyx_args, 3);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 138, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  3:
+        values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 138, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  2:
+        values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 138, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  1:
+        values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 138, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  0: break;
+        default: goto __pyx_L5_argtuple_error;
+      }
+      const Py_ssize_t kwd_pos_args = __pyx_nargs;
+      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "new_packing", 0) < (0)) __PYX_ERR(0, 138, __pyx_L3_error)
+      for (Py_ssize_t i = __pyx_nargs; i < 17; i++) {
+        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("new_packing", 1, 17, 17, i); __PYX_ERR(0, 138, __pyx_L3_error) }
+      }
+    } else if (unlikely(__pyx_nargs != 17)) {
+      goto __pyx_L5_argtuple_error;
+    } else {
+      values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 138, __pyx_L3_error)
+      values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 138, __pyx_L3_error)
+      values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 138, __pyx_L3_error)
+      values[3] = __Pyx_ArgRef_FASTCALL(__pyx_args, 3);
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 138, __pyx_L3_error)
+      values[4] = __Pyx_ArgRef_FASTCALL(__pyx_args, 4);
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 138, __pyx_L3_error)
+      values[5] = __Pyx_ArgRef_FASTCALL(__pyx_args, 5);
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[5])) __PYX_ERR(0, 138, __pyx_L3_error)
+      values[6] = __Pyx_ArgRef_FASTCALL(__pyx_args, 6);
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[6])) __PYX_ERR(0, 138, __pyx_L3_error)
+      values[7] = __Pyx_ArgRef_FASTCALL(__pyx_args, 7);
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[7])) __PYX_ERR(0, 138, __pyx_L3_error)
+      values[8] = __Pyx_ArgRef_FASTCALL(__pyx_args, 8);
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[8])) __PYX_ERR(0, 138, __pyx_L3_error)
+      values[9] = __Pyx_ArgRef_FASTCALL(__pyx_args, 9);
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[9])) __PYX_ERR(0, 138, __pyx_L3_error)
+      values[10] = __Pyx_ArgRef_FASTCALL(__pyx_args, 10);
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[10])) __PYX_ERR(0, 138, __pyx_L3_error)
+      values[11] = __Pyx_ArgRef_FASTCALL(__pyx_args, 11);
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[11])) __PYX_ERR(0, 138, __pyx_L3_error)
+      values[12] = __Pyx_ArgRef_FASTCALL(__pyx_args, 12);
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[12])) __PYX_ERR(0, 138, __pyx_L3_error)
+      values[13] = __Pyx_ArgRef_FASTCALL(__pyx_args, 13);
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[13])) __PYX_ERR(0, 138, __pyx_L3_error)
+      values[14] = __Pyx_ArgRef_FASTCALL(__pyx_args, 14);
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[14])) __PYX_ERR(0, 138, __pyx_L3_error)
+      values[15] = __Pyx_ArgRef_FASTCALL(__pyx_args, 15);
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[15])) __PYX_ERR(0, 138, __pyx_L3_error)
+      values[16] = __Pyx_ArgRef_FASTCALL(__pyx_args, 16);
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[16])) __PYX_ERR(0, 138, __pyx_L3_error)
+    }
+    __pyx_v_policy = __Pyx_PyLong_As_int(values[0]); if (unlikely((__pyx_v_policy == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 138, __pyx_L3_error)
+    __pyx_v_sq = __Pyx_PyObject_to_MemoryviewSlice_dc_PY_LONG_LONG__const__(values[1], 0); if (unlikely(!__pyx_v_sq.memview)) __PYX_ERR(0, 138, __pyx_L3_error)
+    __pyx_v_sk = __Pyx_PyObject_to_MemoryviewSlice_dc_PY_LONG_LONG__const__(values[2], 0); if (unlikely(!__pyx_v_sk.memview)) __PYX_ERR(0, 138, __pyx_L3_error)
+    __pyx_v_left = __Pyx_PyLong_As_PY_LONG_LONG(values[3]); if (unlikely((__pyx_v_left == (PY_LONG_LONG)-1) && PyErr_Occurred())) __PYX_ERR(0, 138, __pyx_L3_error)
+    __pyx_v_right = __Pyx_PyLong_As_PY_LONG_LONG(values[4]); if (unlikely((__pyx_v_right == (PY_LONG_LONG)-1) && PyErr_Occurred())) __PYX_ERR(0, 138, __pyx_L3_error)
+    __pyx_v_bm = __Pyx_PyLong_As_PY_LONG_LONG(values[5]); if (unlikely((__pyx_v_bm == (PY_LONG_LONG)-1) && PyErr_Occurred())) __PYX_ERR(0, 139, __pyx_L3_error)
+    __pyx_v_bn = __Pyx_PyLong_As_PY_LONG_LONG(values[6]); if (unlikely((__pyx_v_bn == (PY_LONG_LONG)-1) && PyErr_Occurred())) __PYX_ERR(0, 139, __pyx_L3_error)
+    __pyx_v_heads = __Pyx_PyLong_As_PY_LONG_LONG(values[7]); if (unlikely((__pyx_v_heads == (PY_LONG_LONG)-1) && PyErr_Occurred())) __PYX_ERR(0, 139, __pyx_L3_error)
+    __pyx_v_group = __Pyx_PyLong_As_PY_LONG_LONG(values[8]); if (unlikely((__pyx_v_group == (PY_LONG_LONG)-1) && PyErr_Occurred())) __PYX_ERR(0, 139, __pyx_L3_error)
+    __pyx_v_causal = __Pyx_PyObject_IsTrue(values[9]); if (unlikely((__pyx_v_causal == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 139, __pyx_L3_error)
+    __pyx_v_num_sms = __Pyx_PyLong_As_PY_LONG_LONG(values[10]); if (unlikely((__pyx_v_num_sms == (PY_LONG_LONG)-1) && PyErr_Occurred())) __PYX_ERR(0, 139, __pyx_L3_error)
+    __pyx_v_candidates = ((PyObject*)values[11]);
+    __pyx_v_c = __Pyx_PyFloat_AsDouble(values[12]); if (unlikely((__pyx_v_c == (double)-1) && PyErr_Occurred())) __PYX_ERR(0, 140, __pyx_L3_error)
+    __pyx_v_r = __Pyx_PyFloat_AsDouble(values[13]); if (unlikely((__pyx_v_r == (double)-1) && PyErr_Occurred())) __PYX_ERR(0, 140, __pyx_L3_error)
+    __pyx_v_tolerance = __Pyx_PyFloat_AsDouble(values[14]); if (unlikely((__pyx_v_tolerance == (double)-1) && PyErr_Occurred())) __PYX_ERR(0, 140, __pyx_L3_error)
+    __pyx_v_few_grouped = __Pyx_PyLong_As_PY_LONG_LONG(values[15]); if (unlikely((__pyx_v_few_grouped == (PY_LONG_LONG)-1) && PyErr_Occurred())) __PYX_ERR(0, 140, __pyx_L3_error)
+    __pyx_v_visit_starts = __Pyx_PyObject_IsTrue(values[16]); if (unlikely((__pyx_v_visit_starts == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 140, __pyx_L3_error)
+  }
+  goto __pyx_L6_skip;
+  __pyx_L5_argtuple_error:;
+  __Pyx_RaiseArgtupleInvalid("new_packing", 1, 17, 17, __pyx_nargs); __PYX_ERR(0, 138, __pyx_L3_error)
+  __pyx_L6_skip:;
+  goto __pyx_L4_argument_unpacking_done;
+  __pyx_L3_error:;
+  for (Py_ssize_t __pyx_temp=0; __pyx_temp < (Py_ssize_t)(sizeof(values)/sizeof(values[0])); ++__pyx_temp) {
+    Py_XDECREF(values[__pyx_temp]);
+  }
+  __PYX_XCLEAR_MEMVIEW(&__pyx_v_sq, 1);
+  __PYX_XCLEAR_MEMVIEW(&__pyx_v_sk, 1);
+  __Pyx_AddTraceback("cupy_dash._varlen_pack.new_packing", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __Pyx_RefNannyFinishContext();
+  return NULL;
+  __pyx_L4_argument_unpacking_done:;
+  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_candidates), (&PyTuple_Type), 1, "candidates", 1))) __PYX_ERR(0, 140, __pyx_L1_error)
+  __pyx_r = __pyx_pf_9cupy_dash_12_varlen_pack_2new_packing(__pyx_self, __pyx_v_policy, __pyx_v_sq, __pyx_v_sk, __pyx_v_left, __pyx_v_right, __pyx_v_bm, __pyx_v_bn, __pyx_v_heads, __pyx_v_group, __pyx_v_causal, __pyx_v_num_sms, __pyx_v_candidates, __pyx_v_c, __pyx_v_r, __pyx_v_tolerance, __pyx_v_few_grouped, __pyx_v_visit_starts);
+
+  /* function exit code */
+  goto __pyx_L0;
+  __pyx_L1_error:;
+  __pyx_r = NULL;
+  for (Py_ssize_t __pyx_temp=0; __pyx_temp < (Py_ssize_t)(sizeof(values)/sizeof(values[0])); ++__pyx_temp) {
+    Py_XDECREF(values[__pyx_temp]);
+  }
+  goto __pyx_L7_cleaned_up;
+  __pyx_L0:;
+  for (Py_ssize_t __pyx_temp=0; __pyx_temp < (Py_ssize_t)(sizeof(values)/sizeof(values[0])); ++__pyx_temp) {
+    Py_XDECREF(values[__pyx_temp]);
+  }
+  __pyx_L7_cleaned_up:;
+
+  __PYX_XCLEAR_MEMVIEW(&__pyx_v_sq, 1);
+  __PYX_XCLEAR_MEMVIEW(&__pyx_v_sk, 1);
+
+
+
+
+
+
+
+
+
+
+
+
+
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+static PyObject *__pyx_gb_9cupy_dash_12_varlen_pack_11new_packing_2generator(__pyx_CoroutineObject *__pyx_generator, CYTHON_UNUSED PyThreadState *__pyx_tstate, PyObject *__pyx_sent_value); /* proto */
+
+/* "cupy_dash/_varlen_pack.pyx":200
+ *             times.append((cand, t, a))
+ *         if policy < 0:
+ *             best = min(x[1] for x in times)             # <<<<<<<<<<<<<<
+ *             for cand, t, a in times:
+ *                 if t <= best * (1 + tolerance):
+*/
+
+static PyObject *__pyx_pf_9cupy_dash_12_varlen_pack_11new_packing_genexpr(CYTHON_UNUSED PyObject *__pyx_self, PyObject *__pyx_genexpr_arg_0) {
+  struct __pyx_obj_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr *__pyx_cur_scope;
+  PyObject *__pyx_r = NULL;
+  __Pyx_RefNannyDeclarations
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  __Pyx_RefNannySetupContext("genexpr", 0);
+  __pyx_cur_scope = (struct __pyx_obj_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr *)__pyx_tp_new_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr(__pyx_mstate_global->__pyx_ptype_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr, __pyx_mstate_global->__pyx_empty_tuple, NULL);
+  if (unlikely(!__pyx_cur_scope)) {
+    __pyx_cur_scope = ((struct __pyx_obj_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr *)Py_None);
+    __Pyx_INCREF(Py_None);
+    __PYX_ERR(0, 200, __pyx_L1_error)
+  } else {
+    __Pyx_GOTREF((PyObject *)__pyx_cur_scope);
+  }
+  __pyx_cur_scope->__pyx_genexpr_arg_0 = __pyx_genexpr_arg_0;
+  __Pyx_INCREF(__pyx_cur_scope->__pyx_genexpr_arg_0);
+  __Pyx_GIVEREF(__pyx_cur_scope->__pyx_genexpr_arg_0);
+  {
+    __pyx_CoroutineObject *gen = __Pyx_Generator_New((__pyx_coroutine_body_t) __pyx_gb_9cupy_dash_12_varlen_pack_11new_packing_2generator, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[0]), (PyObject *) __pyx_cur_scope, __pyx_mstate_global->__pyx_n_u_genexpr, __pyx_mstate_global->__pyx_n_u_new_packing_locals_genexpr, __pyx_mstate_global->__pyx_n_u_cupy_dash__varlen_pack); if (unlikely(!gen)) __PYX_ERR(0, 200, __pyx_L1_error)
+    __Pyx_DECREF(__pyx_cur_scope);
+    __Pyx_RefNannyFinishContext();
+    return (PyObject *) gen;
+  }
+
+  /* function exit code */
+  __pyx_L1_error:;
+  __Pyx_AddTraceback("cupy_dash._varlen_pack.new_packing.genexpr", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __pyx_r = NULL;
+  __Pyx_DECREF((PyObject *)__pyx_cur_scope);
+  __Pyx_XGIVEREF(__pyx_r);
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+static PyObject *__pyx_gb_9cupy_dash_12_varlen_pack_11new_packing_2generator(__pyx_CoroutineObject *__pyx_generator, CYTHON_UNUSED PyThreadState *__pyx_tstate, PyObject *__pyx_sent_value) /* generator body */
+{
+  struct __pyx_obj_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr *__pyx_cur_scope = ((struct __pyx_obj_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr *)__pyx_generator->closure);
+  PyObject *__pyx_r = NULL;
+  PyObject *__pyx_t_1 = NULL;
+  Py_ssize_t __pyx_t_2;
+  PyObject *__pyx_t_3 = NULL;
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  __Pyx_RefNannyDeclarations
+  __Pyx_RefNannySetupContext("genexpr", 0);
+  switch (__pyx_generator->resume_label) {
+    case 0: goto __pyx_L3_first_run;
+    case 1: goto __pyx_L6_resume_from_yield;
+    default: /* CPython raises the right error here */
+    __Pyx_RefNannyFinishContext();
+    return NULL;
+  }
+  __pyx_L3_first_run:;
+  if (unlikely(__pyx_sent_value != Py_None)) {
+    if (unlikely(__pyx_sent_value)) PyErr_SetString(PyExc_TypeError, "can't send non-None value to a just-started generator");
+    __PYX_ERR(0, 200, __pyx_L1_error)
+  }
+  if (unlikely(!__pyx_cur_scope->__pyx_genexpr_arg_0)) { __Pyx_RaiseUnboundLocalError(".0"); __PYX_ERR(0, 200, __pyx_L1_error) }
+  __pyx_t_1 = __pyx_cur_scope->__pyx_genexpr_arg_0; __Pyx_INCREF(__pyx_t_1);
+  __pyx_t_2 = 0;
+  for (;;) {
+    {
+      Py_ssize_t __pyx_temp = __Pyx_PyList_GET_SIZE(__pyx_t_1);
+      #if !CYTHON_ASSUME_SAFE_SIZE
+      if (unlikely((__pyx_temp < 0))) __PYX_ERR(0, 200, __pyx_L1_error)
+      #endif
+      if (__pyx_t_2 >= __pyx_temp) break;
+    }
+    __pyx_t_3 = __Pyx_PyList_GET_ITEM_REF(__pyx_t_1, __pyx_t_2, __Pyx_ReferenceSharing_OwnStrongReference);
+    ++__pyx_t_2;
+    if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 200, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_3);
+    __Pyx_XGOTREF(__pyx_cur_scope->__pyx_v_x);
+    __Pyx_XDECREF_SET(__pyx_cur_scope->__pyx_v_x, __pyx_t_3);
+    __Pyx_GIVEREF(__pyx_t_3);
+    __pyx_t_3 = 0;
+    __pyx_t_3 = __Pyx_GetItemInt(__pyx_cur_scope->__pyx_v_x, 1, long, 1, __Pyx_PyLong_From_long, 0, 0, 1, __Pyx_ReferenceSharing_SharedReference); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 200, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_3);
+    __pyx_r = __pyx_t_3;
+    __pyx_t_3 = 0;
+    __Pyx_XGIVEREF(__pyx_t_1);
+    __pyx_cur_scope->__pyx_t_0 = __pyx_t_1;
+
+    __pyx_cur_scope->__pyx_t_1 = __pyx_t_2;
+    __Pyx_XGIVEREF(__pyx_r);
+    __Pyx_RefNannyFinishContext();
+    __Pyx_Coroutine_ResetAndClearException(__pyx_generator);
+    /* return from generator, yielding value */
+    __pyx_generator->resume_label = 1;
+    return __pyx_r;
+    __pyx_L6_resume_from_yield:;
+    __pyx_t_1 = __pyx_cur_scope->__pyx_t_0;
+    __pyx_cur_scope->__pyx_t_0 = 0;
+    __Pyx_XGOTREF(__pyx_t_1);
+    __pyx_t_2 = __pyx_cur_scope->__pyx_t_1;
+    if (unlikely(!__pyx_sent_value)) __PYX_ERR(0, 200, __pyx_L1_error)
+  }
+  __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+  CYTHON_MAYBE_UNUSED_VAR(__pyx_cur_scope);
+
+  /* function exit code */
+  __pyx_r = Py_None; __Pyx_INCREF(Py_None);
+  goto __pyx_L0;
+  __pyx_L1_error:;
+  __Pyx_XDECREF(__pyx_t_1);
+  __Pyx_XDECREF(__pyx_t_3);
+  if (__Pyx_PyErr_Occurred()) {
+    __Pyx_Generator_Replace_StopIteration(0);
+    __Pyx_AddTraceback("genexpr", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  }
+  __pyx_L0:;
+  __Pyx_XGIVEREF(__pyx_r);
+  #if !CYTHON_USE_EXC_INFO_STACK
+  __Pyx_Coroutine_ResetAndClearException(__pyx_generator);
+  #endif
+  __pyx_generator->resume_label = -1;
+  __Pyx_Coroutine_clear((PyObject*)__pyx_generator);
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* "cupy_dash/_varlen_pack.pyx":138
+ * 
+ * 
+ * def new_packing(int policy, const long long[::1] sq, const long long[::1] sk, long long left, long long right,             # <<<<<<<<<<<<<<
+ *                 long long bm, long long bn, long long heads, long long group, bint causal, long long num_sms,
+ *                 tuple candidates, double c, double r, double tolerance, long long few_grouped, bint visit_starts):
+*/
+
+static PyObject *__pyx_pf_9cupy_dash_12_varlen_pack_2new_packing(CYTHON_UNUSED PyObject *__pyx_self, int __pyx_v_policy, __Pyx_memviewslice __pyx_v_sq, __Pyx_memviewslice __pyx_v_sk, PY_LONG_LONG __pyx_v_left, PY_LONG_LONG __pyx_v_right, PY_LONG_LONG __pyx_v_bm, PY_LONG_LONG __pyx_v_bn, PY_LONG_LONG __pyx_v_heads, PY_LONG_LONG __pyx_v_group, int __pyx_v_causal, PY_LONG_LONG __pyx_v_num_sms, PyObject *__pyx_v_candidates, double __pyx_v_c, double __pyx_v_r, double __pyx_v_tolerance, PY_LONG_LONG __pyx_v_few_grouped, int __pyx_v_visit_starts) {
+  PY_LONG_LONG __pyx_v_B;
+  PY_LONG_LONG __pyx_v_Hkv;
+  PY_LONG_LONG __pyx_v_b;
+  PY_LONG_LONG __pyx_v_i;
+  PY_LONG_LONG __pyx_v_ncols_seq;
+  PY_LONG_LONG __pyx_v_total;
+  PY_LONG_LONG __pyx_v_widest;
+  PY_LONG_LONG __pyx_v_units;
+  PyObject *__pyx_v_win_arr = NULL;
+  __Pyx_memviewslice __pyx_v_win = { 0, 0, { 0 }, { 0 }, { 0 } };
+  int __pyx_v_right_bound;
+  PyObject *__pyx_v_info_arr = NULL;
+  PyObject *__pyx_v_voff_arr = NULL;
+  PyObject *__pyx_v_vlo_arr = NULL;
+  PyObject *__pyx_v_vhi_arr = NULL;
+  __Pyx_memviewslice __pyx_v_info = { 0, 0, { 0 }, { 0 }, { 0 } };
+  __Pyx_memviewslice __pyx_v_voff = { 0, 0, { 0 }, { 0 }, { 0 } };
+  __Pyx_memviewslice __pyx_v_vlo = { 0, 0, { 0 }, { 0 }, { 0 } };
+  __Pyx_memviewslice __pyx_v_vhi = { 0, 0, { 0 }, { 0 }, { 0 } };
+  PyObject *__pyx_v_key_arr = NULL;
+  __Pyx_memviewslice __pyx_v_key = { 0, 0, { 0 }, { 0 }, { 0 } };
+  PyObject *__pyx_v_order_arr = NULL;
+  __Pyx_memviewslice __pyx_v_order = { 0, 0, { 0 }, { 0 }, { 0 } };
+  int __pyx_v_equal;
+  PyObject *__pyx_v_assign = NULL;
+  int __pyx_v_cand;
+  int __pyx_v_tie;
+  CYTHON_UNUSED int __pyx_v_best_policy;
+  PY_LONG_LONG __pyx_v_load;
+  PY_LONG_LONG __pyx_v_G;
+  PY_LONG_LONG __pyx_v_plain_load;
+  double __pyx_v_t;
+  double __pyx_v_floor;
+  double __pyx_v_best;
+  PyObject *__pyx_v_times = 0;
+  PyObject *__pyx_v_plain_assign = NULL;
+  PyObject *__pyx_v_a = NULL;
+  PyObject *__pyx_v_plain = NULL;
+  PyObject *__pyx_v_records = NULL;
+  PyObject *__pyx_v_cols = NULL;
+  PyObject *__pyx_v_cs = NULL;
+  PyObject *__pyx_v_seg = NULL;
+  CYTHON_UNUSED PyObject *__pyx_v_loads = NULL;
+  PyObject *__pyx_v_n_first_arr = NULL;
+  PyObject *__pyx_v_m_blocks_arr = NULL;
+  __Pyx_memviewslice __pyx_v_n_first = { 0, 0, { 0 }, { 0 }, { 0 } };
+  __Pyx_memviewslice __pyx_v_m_blocks = { 0, 0, { 0 }, { 0 }, { 0 } };
+  PyObject *__pyx_v_out = NULL;
+  PyObject *__pyx_gb_9cupy_dash_12_varlen_pack_11new_packing_2generator = 0;
+  PyObject *__pyx_r = NULL;
+  __Pyx_RefNannyDeclarations
+  PyObject *__pyx_t_1 = NULL;
+  PyObject *__pyx_t_2 = NULL;
+  PyObject *__pyx_t_3 = NULL;
+  PyObject *__pyx_t_4 = NULL;
+  PyObject *__pyx_t_5 = NULL;
+  PyObject *__pyx_t_6 = NULL;
+  size_t __pyx_t_7;
+  __Pyx_memviewslice __pyx_t_8 = { 0, 0, { 0 }, { 0 }, { 0 } };
+  PY_LONG_LONG __pyx_t_9;
+  PY_LONG_LONG __pyx_t_10;
+  PY_LONG_LONG __pyx_t_11;
+  PY_LONG_LONG __pyx_t_12;
+  PY_LONG_LONG __pyx_t_13;
+  int __pyx_t_14;
+  Py_ssize_t __pyx_t_15;
+  PY_LONG_LONG __pyx_t_16;
+  int __pyx_t_17;
+  __Pyx_memviewslice __pyx_t_18 = { 0, 0, { 0 }, { 0 }, { 0 } };
+  PY_LONG_LONG __pyx_t_19;
+  PY_LONG_LONG __pyx_t_20;
+  PY_LONG_LONG __pyx_t_21;
+  PY_LONG_LONG __pyx_t_22;
+  Py_ssize_t __pyx_t_23;
+  Py_ssize_t __pyx_t_24;
+  int __pyx_t_25;
+  PyObject *__pyx_t_26 = NULL;
+  __Pyx_memviewslice __pyx_t_27 = { 0, 0, { 0 }, { 0 }, { 0 } };
+  struct __pyx_opt_args_9cupy_dash_13_varlen_sched_busiest_load __pyx_t_28;
+  int __pyx_t_29;
+  int __pyx_t_30;
+  double __pyx_t_31;
+  PyObject *(*__pyx_t_32)(PyObject *);
+  __Pyx_memviewslice __pyx_t_33 = { 0, 0, { 0 }, { 0 }, { 0 } };
+  struct __pyx_opt_args_9cupy_dash_13_varlen_sched_build_varlen __pyx_t_34;
+  PyObject *__pyx_t_35 = NULL;
+  __Pyx_memviewslice __pyx_t_36 = { 0, 0, { 0 }, { 0 }, { 0 } };
+  __Pyx_memviewslice __pyx_t_37 = { 0, 0, { 0 }, { 0 }, { 0 } };
+  __Pyx_memviewslice __pyx_t_38 = { 0, 0, { 0 }, { 0 }, { 0 } };
+  __Pyx_memviewslice __pyx_t_39 = { 0, 0, { 0 }, { 0 }, { 0 } };
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  __Pyx_RefNannySetupContext("new_packing", 0);
+
+
+  /* "cupy_dash/_varlen_pack.pyx":146
+ *     ``few_grouped``, schedule.AUTO_*); (left, right) the checked window (schedule.check_window); sq, sk int64
+ *     (B,) lengths in [0, 2^31)."""
+ *     cdef long long B = sq.shape[0], Hkv = heads // group, b, i, ncols_seq, total = 0, widest = 0, units             # <<<<<<<<<<<<<<
+ *     win_arr = np.empty((B, 2), dtype=np.int64)
+ *     cdef long long[:, ::1] win = win_arr
+*/
+  __pyx_v_B = (__pyx_v_sq.shape[0]);
+  __pyx_v_Hkv = (__pyx_v_heads / __pyx_v_group);
+  __pyx_v_total = 0;
+  __pyx_v_widest = 0;
+
+  /* "cupy_dash/_varlen_pack.pyx":147
+ *     (B,) lengths in [0, 2^31)."""
+ *     cdef long long B = sq.shape[0], Hkv = heads // group, b, i, ncols_seq, total = 0, widest = 0, units
+ *     win_arr = np.empty((B, 2), dtype=np.int64)             # <<<<<<<<<<<<<<
+ *     cdef long long[:, ::1] win = win_arr
+ *     cdef bint right_bound = False
+*/
+  __pyx_t_2 = NULL;
+  __Pyx_GetModuleGlobalName(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 147, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_3);
+  __pyx_t_4 = __Pyx_PyObject_GetAttrStr(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_empty); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 147, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_4);
+  __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
+  __pyx_t_3 = __Pyx_PyLong_From_PY_LONG_LONG(__pyx_v_B); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 147, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_3);
+  __pyx_t_5 = PyTuple_New(2); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 147, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_5);
+  __Pyx_GIVEREF(__pyx_t_3);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_5, 0, __pyx_t_3) != (0)) __PYX_ERR(0, 147, __pyx_L1_error);
+  __Pyx_INCREF(__pyx_mstate_global->__pyx_int_2);
+  __Pyx_GIVEREF(__pyx_mstate_global->__pyx_int_2);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_5, 1, __pyx_mstate_global->__pyx_int_2) != (0)) __PYX_ERR(0, 147, __pyx_L1_error);
+  __pyx_t_3 = 0;
+  __Pyx_GetModuleGlobalName(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 147, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_3);
+  __pyx_t_6 = __Pyx_PyObject_GetAttrStr(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_int64); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 147, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_6);
+  __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
   #if CYTHON_VECTORCALL
   #endif
-  __pyx_t_6 = 1;
+  __pyx_t_7 = 1;
   #if CYTHON_UNPACK_METHODS
   if (unlikely(PyMethod_Check(__pyx_t_4))) {
-    __pyx_t_3 = PyMethod_GET_SELF(__pyx_t_4);
-    assert(__pyx_t_3);
+    __pyx_t_2 = PyMethod_GET_SELF(__pyx_t_4);
+    assert(__pyx_t_2);
     PyObject* __pyx__function = PyMethod_GET_FUNCTION(__pyx_t_4);
-    __Pyx_INCREF(__pyx_t_3);
+    __Pyx_INCREF(__pyx_t_2);
     __Pyx_INCREF(__pyx__function);
     __Pyx_DECREF_SET(__pyx_t_4, __pyx__function);
-    __pyx_t_6 = 0;
+    __pyx_t_7 = 0;
   }
   #endif
   {
-    PyObject *__pyx_callargs[3] = {__pyx_t_3, __pyx_t_1, __pyx_t_13};
+    PyObject *__pyx_callargs[3] = {__pyx_t_2, __pyx_t_5, __pyx_t_6};
     #if CYTHON_VECTORCALL
-    __pyx_t_12 = __pyx_mstate_global->__pyx_tuple[3];
-    if (unlikely(!__pyx_t_12)) __PYX_ERR(0, 48, __pyx_L1_error)
-    __Pyx_INCREF(__pyx_t_12);
+    __pyx_t_3 = __pyx_mstate_global->__pyx_tuple[3];
+    if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 147, __pyx_L1_error)
+    __Pyx_INCREF(__pyx_t_3);
     #else
     {
       PyObject *__pyx_temp[1] = {__pyx_mstate_global->__pyx_n_u_dtype};
-      __pyx_t_12 = __Pyx_MakeKwargDict(__pyx_temp, __pyx_callargs+2, 1);
-      if (unlikely(!__pyx_t_12)) __PYX_ERR(0, 48, __pyx_L1_error)
-      __Pyx_GOTREF(__pyx_t_12);
+      __pyx_t_3 = __Pyx_MakeKwargDict(__pyx_temp, __pyx_callargs+2, 1);
+      if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 147, __pyx_L1_error)
+      __Pyx_GOTREF(__pyx_t_3);
     }
     #endif
-    __pyx_t_11 = __Pyx_Object_VectorcallKwds((PyObject*)__pyx_t_4, __pyx_callargs+__pyx_t_6, (2-__pyx_t_6) | (__pyx_t_6*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET), __pyx_t_12);
-    __Pyx_XDECREF(__pyx_t_3); __pyx_t_3 = 0;
-    __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+    __pyx_t_1 = __Pyx_Object_VectorcallKwds((PyObject*)__pyx_t_4, __pyx_callargs+__pyx_t_7, (2-__pyx_t_7) | (__pyx_t_7*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET), __pyx_t_3);
+    __Pyx_XDECREF(__pyx_t_2); __pyx_t_2 = 0;
+    __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
     #if CYTHON_VECTORCALL
     #endif
-    __Pyx_DECREF(__pyx_t_13); __pyx_t_13 = 0;
-    __Pyx_DECREF(__pyx_t_12); __pyx_t_12 = 0;
+    __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
+    __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
     __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
-    if (unlikely(!__pyx_t_11)) __PYX_ERR(0, 48, __pyx_L1_error)
-    __Pyx_GOTREF(__pyx_t_11);
+    if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 147, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_1);
   }
-  __pyx_v_buf_arr = __pyx_t_11;
-  __pyx_t_11 = 0;
+  __pyx_v_win_arr = __pyx_t_1;
+  __pyx_t_1 = 0;
 
-  /* "cupy_dash/_varlen_pack.pyx":49
- *             total += aligned(sizes[i])
- *     buf_arr = np.empty(max(total, 1), dtype=np.uint8)
- *     cdef unsigned char[::1] buf = buf_arr             # <<<<<<<<<<<<<<
- *     cdef unsigned char* base = &buf[0]
- *     cdef int* rec_out = <int*>(base + off[0])
+  /* "cupy_dash/_varlen_pack.pyx":148
+ *     cdef long long B = sq.shape[0], Hkv = heads // group, b, i, ncols_seq, total = 0, widest = 0, units
+ *     win_arr = np.empty((B, 2), dtype=np.int64)
+ *     cdef long long[:, ::1] win = win_arr             # <<<<<<<<<<<<<<
+ *     cdef bint right_bound = False
+ *     for b in range(B):                                   # varlen_schedule._problem's canonical windows
 */
-  __pyx_t_21 = __Pyx_PyObject_to_MemoryviewSlice_dc_unsigned_char(__pyx_v_buf_arr, PyBUF_WRITABLE); if (unlikely(!__pyx_t_21.memview)) __PYX_ERR(0, 49, __pyx_L1_error)
-  __pyx_v_buf = __pyx_t_21;
-  __pyx_t_21.memview = NULL;
-  __pyx_t_21.data = NULL;
+  __pyx_t_8 = __Pyx_PyObject_to_MemoryviewSlice_d_dc_PY_LONG_LONG(__pyx_v_win_arr, PyBUF_WRITABLE); if (unlikely(!__pyx_t_8.memview)) __PYX_ERR(0, 148, __pyx_L1_error)
+  __pyx_v_win = __pyx_t_8;
+  __pyx_t_8.memview = NULL;
+  __pyx_t_8.data = NULL;
 
-  /* "cupy_dash/_varlen_pack.pyx":50
- *     buf_arr = np.empty(max(total, 1), dtype=np.uint8)
- *     cdef unsigned char[::1] buf = buf_arr
- *     cdef unsigned char* base = &buf[0]             # <<<<<<<<<<<<<<
- *     cdef int* rec_out = <int*>(base + off[0])
- *     cdef int* cols_out = <int*>(base + off[1])
+  /* "cupy_dash/_varlen_pack.pyx":149
+ *     win_arr = np.empty((B, 2), dtype=np.int64)
+ *     cdef long long[:, ::1] win = win_arr
+ *     cdef bint right_bound = False             # <<<<<<<<<<<<<<
+ *     for b in range(B):                                   # varlen_schedule._problem's canonical windows
+ *         win[b, 0] = -1 if left >= sk[b] - 1 else left
 */
-  __pyx_t_22 = 0;
-  __pyx_v_base = (&(*((unsigned char *) ( /* dim=0 */ ((char *) (((unsigned char *) __pyx_v_buf.data) + __pyx_t_22)) ))));
+  __pyx_v_right_bound = 0;
 
-  /* "cupy_dash/_varlen_pack.pyx":51
- *     cdef unsigned char[::1] buf = buf_arr
- *     cdef unsigned char* base = &buf[0]
- *     cdef int* rec_out = <int*>(base + off[0])             # <<<<<<<<<<<<<<
- *     cdef int* cols_out = <int*>(base + off[1])
- *     cdef long long* cs_out = <long long*>(base + off[2])
-*/
-  __pyx_t_22 = 0;
-  __pyx_v_rec_out = ((int *)(__pyx_v_base + (*((PY_LONG_LONG *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG *) __pyx_v_off.data) + __pyx_t_22)) )))));
-
-  /* "cupy_dash/_varlen_pack.pyx":52
- *     cdef unsigned char* base = &buf[0]
- *     cdef int* rec_out = <int*>(base + off[0])
- *     cdef int* cols_out = <int*>(base + off[1])             # <<<<<<<<<<<<<<
- *     cdef long long* cs_out = <long long*>(base + off[2])
- *     cdef int* seg_out = <int*>(base + off[3])
-*/
-  __pyx_t_22 = 1;
-  __pyx_v_cols_out = ((int *)(__pyx_v_base + (*((PY_LONG_LONG *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG *) __pyx_v_off.data) + __pyx_t_22)) )))));
-
-  /* "cupy_dash/_varlen_pack.pyx":53
- *     cdef int* rec_out = <int*>(base + off[0])
- *     cdef int* cols_out = <int*>(base + off[1])
- *     cdef long long* cs_out = <long long*>(base + off[2])             # <<<<<<<<<<<<<<
- *     cdef int* seg_out = <int*>(base + off[3])
- *     cdef int* nf_out = <int*>(base + off[4])
-*/
-  __pyx_t_22 = 2;
-  __pyx_v_cs_out = ((PY_LONG_LONG *)(__pyx_v_base + (*((PY_LONG_LONG *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG *) __pyx_v_off.data) + __pyx_t_22)) )))));
-
-  /* "cupy_dash/_varlen_pack.pyx":54
- *     cdef int* cols_out = <int*>(base + off[1])
- *     cdef long long* cs_out = <long long*>(base + off[2])
- *     cdef int* seg_out = <int*>(base + off[3])             # <<<<<<<<<<<<<<
- *     cdef int* nf_out = <int*>(base + off[4])
- *     cdef int* tiles = <int*>(base + off[5])
-*/
-  __pyx_t_22 = 3;
-  __pyx_v_seg_out = ((int *)(__pyx_v_base + (*((PY_LONG_LONG *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG *) __pyx_v_off.data) + __pyx_t_22)) )))));
-
-  /* "cupy_dash/_varlen_pack.pyx":55
- *     cdef long long* cs_out = <long long*>(base + off[2])
- *     cdef int* seg_out = <int*>(base + off[3])
- *     cdef int* nf_out = <int*>(base + off[4])             # <<<<<<<<<<<<<<
- *     cdef int* tiles = <int*>(base + off[5])
- *     cdef int* tile_start = <int*>(base + off[6])
-*/
-  __pyx_t_22 = 4;
-  __pyx_v_nf_out = ((int *)(__pyx_v_base + (*((PY_LONG_LONG *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG *) __pyx_v_off.data) + __pyx_t_22)) )))));
-
-  /* "cupy_dash/_varlen_pack.pyx":56
- *     cdef int* seg_out = <int*>(base + off[3])
- *     cdef int* nf_out = <int*>(base + off[4])
- *     cdef int* tiles = <int*>(base + off[5])             # <<<<<<<<<<<<<<
- *     cdef int* tile_start = <int*>(base + off[6])
- *     cdef int* cu_q = <int*>(base + off[8])
-*/
-  __pyx_t_22 = 5;
-  __pyx_v_tiles = ((int *)(__pyx_v_base + (*((PY_LONG_LONG *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG *) __pyx_v_off.data) + __pyx_t_22)) )))));
-
-  /* "cupy_dash/_varlen_pack.pyx":57
- *     cdef int* nf_out = <int*>(base + off[4])
- *     cdef int* tiles = <int*>(base + off[5])
- *     cdef int* tile_start = <int*>(base + off[6])             # <<<<<<<<<<<<<<
- *     cdef int* cu_q = <int*>(base + off[8])
- *     cdef int* cu_k = <int*>(base + off[9])
-*/
-  __pyx_t_22 = 6;
-  __pyx_v_tile_start = ((int *)(__pyx_v_base + (*((PY_LONG_LONG *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG *) __pyx_v_off.data) + __pyx_t_22)) )))));
-
-  /* "cupy_dash/_varlen_pack.pyx":58
- *     cdef int* tiles = <int*>(base + off[5])
- *     cdef int* tile_start = <int*>(base + off[6])
- *     cdef int* cu_q = <int*>(base + off[8])             # <<<<<<<<<<<<<<
- *     cdef int* cu_k = <int*>(base + off[9])
- *     cdef long long* vstart
-*/
-  __pyx_t_22 = 8;
-  __pyx_v_cu_q = ((int *)(__pyx_v_base + (*((PY_LONG_LONG *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG *) __pyx_v_off.data) + __pyx_t_22)) )))));
-
-  /* "cupy_dash/_varlen_pack.pyx":59
- *     cdef int* tile_start = <int*>(base + off[6])
- *     cdef int* cu_q = <int*>(base + off[8])
- *     cdef int* cu_k = <int*>(base + off[9])             # <<<<<<<<<<<<<<
- *     cdef long long* vstart
- *     cdef long long k
-*/
-  __pyx_t_22 = 9;
-  __pyx_v_cu_k = ((int *)(__pyx_v_base + (*((PY_LONG_LONG *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG *) __pyx_v_off.data) + __pyx_t_22)) )))));
-
-  /* "cupy_dash/_varlen_pack.pyx":62
- *     cdef long long* vstart
- *     cdef long long k
- *     for i in range(ncols):             # <<<<<<<<<<<<<<
- *         for k in range(REC_FIELDS):
- *             rec_out[i * REC_FIELDS + k] = records[i, k]
+  /* "cupy_dash/_varlen_pack.pyx":150
+ *     cdef long long[:, ::1] win = win_arr
+ *     cdef bint right_bound = False
+ *     for b in range(B):                                   # varlen_schedule._problem's canonical windows             # <<<<<<<<<<<<<<
+ *         win[b, 0] = -1 if left >= sk[b] - 1 else left
+ *         win[b, 1] = right if causal else (-1 if right >= sq[b] - 1 else right)
 */
 
-  __pyx_t_8 = __pyx_v_ncols;
-  __pyx_t_7 = __pyx_t_8;
+  __pyx_t_9 = __pyx_v_B;
+  __pyx_t_10 = __pyx_t_9;
 
-  for (__pyx_t_9 = 0; __pyx_t_9 < __pyx_t_7; __pyx_t_9+=1) {
-    __pyx_v_i = __pyx_t_9;
+  for (__pyx_t_11 = 0; __pyx_t_11 < __pyx_t_10; __pyx_t_11+=1) {
+    __pyx_v_b = __pyx_t_11;
 
-    /* "cupy_dash/_varlen_pack.pyx":63
- *     cdef long long k
- *     for i in range(ncols):
- *         for k in range(REC_FIELDS):             # <<<<<<<<<<<<<<
- *             rec_out[i * REC_FIELDS + k] = records[i, k]
- *         cols_out[i] = cta_columns[i]
+    /* "cupy_dash/_varlen_pack.pyx":151
+ *     cdef bint right_bound = False
+ *     for b in range(B):                                   # varlen_schedule._problem's canonical windows
+ *         win[b, 0] = -1 if left >= sk[b] - 1 else left             # <<<<<<<<<<<<<<
+ *         win[b, 1] = right if causal else (-1 if right >= sq[b] - 1 else right)
+ *         right_bound = right_bound or win[b, 1] >= 0
 */
+    __pyx_t_13 = __pyx_v_b;
+    __pyx_t_14 = (__pyx_v_left >= ((*((PY_LONG_LONG const  *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG const  *) __pyx_v_sk.data) + __pyx_t_13)) ))) - 1));
 
-    __pyx_t_23 = __pyx_e_9cupy_dash_12_varlen_pack_REC_FIELDS;
-    __pyx_t_24 = __pyx_t_23;
+    if (__pyx_t_14) {
 
-    for (__pyx_t_10 = 0; __pyx_t_10 < __pyx_t_24; __pyx_t_10+=1) {
-      __pyx_v_k = __pyx_t_10;
+      __pyx_t_12 = -1LL;
+    } else {
 
-      /* "cupy_dash/_varlen_pack.pyx":64
- *     for i in range(ncols):
- *         for k in range(REC_FIELDS):
- *             rec_out[i * REC_FIELDS + k] = records[i, k]             # <<<<<<<<<<<<<<
- *         cols_out[i] = cta_columns[i]
- *     for c in range(G + 1):
-*/
-      __pyx_t_25 = __pyx_v_i;
-      __pyx_t_26 = __pyx_v_k;
-      (__pyx_v_rec_out[((__pyx_v_i * __pyx_e_9cupy_dash_12_varlen_pack_REC_FIELDS) + __pyx_v_k)]) = (*((int const  *) ( /* dim=1 */ ((char *) (((int const  *) ( /* dim=0 */ (__pyx_v_records.data + __pyx_t_25 * __pyx_v_records.strides[0]) )) + __pyx_t_26)) )));
+      __pyx_t_12 = __pyx_v_left;
     }
 
+    __pyx_t_13 = __pyx_v_b;
+    __pyx_t_15 = 0;
+    *((PY_LONG_LONG *) ( /* dim=1 */ ((char *) (((PY_LONG_LONG *) ( /* dim=0 */ (__pyx_v_win.data + __pyx_t_13 * __pyx_v_win.strides[0]) )) + __pyx_t_15)) )) = __pyx_t_12;
 
-    /* "cupy_dash/_varlen_pack.pyx":65
- *         for k in range(REC_FIELDS):
- *             rec_out[i * REC_FIELDS + k] = records[i, k]
- *         cols_out[i] = cta_columns[i]             # <<<<<<<<<<<<<<
- *     for c in range(G + 1):
- *         cs_out[c] = cta_col_start[c]
+
+    /* "cupy_dash/_varlen_pack.pyx":152
+ *     for b in range(B):                                   # varlen_schedule._problem's canonical windows
+ *         win[b, 0] = -1 if left >= sk[b] - 1 else left
+ *         win[b, 1] = right if causal else (-1 if right >= sq[b] - 1 else right)             # <<<<<<<<<<<<<<
+ *         right_bound = right_bound or win[b, 1] >= 0
+ *     info_arr, voff_arr, vlo_arr, vhi_arr = sequence_shapes(sq, sk, win, bm, bn, causal)
 */
-    __pyx_t_10 = __pyx_v_i;
-    (__pyx_v_cols_out[__pyx_v_i]) = (*((int const  *) ( /* dim=0 */ ((char *) (((int const  *) __pyx_v_cta_columns.data) + __pyx_t_10)) )));
-  }
+    if (__pyx_v_causal) {
 
+      __pyx_t_12 = __pyx_v_right;
+    } else {
+      __pyx_t_16 = __pyx_v_b;
+      __pyx_t_14 = (__pyx_v_right >= ((*((PY_LONG_LONG const  *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG const  *) __pyx_v_sq.data) + __pyx_t_16)) ))) - 1));
 
-  /* "cupy_dash/_varlen_pack.pyx":66
- *             rec_out[i * REC_FIELDS + k] = records[i, k]
- *         cols_out[i] = cta_columns[i]
- *     for c in range(G + 1):             # <<<<<<<<<<<<<<
- *         cs_out[c] = cta_col_start[c]
- *     for i in range(S + 1):
-*/
+      if (__pyx_t_14) {
 
-  __pyx_t_8 = (__pyx_v_G + 1);
-  __pyx_t_7 = __pyx_t_8;
+        __pyx_t_13 = -1L;
+      } else {
 
-  for (__pyx_t_9 = 0; __pyx_t_9 < __pyx_t_7; __pyx_t_9+=1) {
-    __pyx_v_c = __pyx_t_9;
-
-    /* "cupy_dash/_varlen_pack.pyx":67
- *         cols_out[i] = cta_columns[i]
- *     for c in range(G + 1):
- *         cs_out[c] = cta_col_start[c]             # <<<<<<<<<<<<<<
- *     for i in range(S + 1):
- *         seg_out[i] = seg_col_start[i]
-*/
-    __pyx_t_10 = __pyx_v_c;
-    (__pyx_v_cs_out[__pyx_v_c]) = (*((PY_LONG_LONG const  *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG const  *) __pyx_v_cta_col_start.data) + __pyx_t_10)) )));
-  }
-
-
-  /* "cupy_dash/_varlen_pack.pyx":68
- *     for c in range(G + 1):
- *         cs_out[c] = cta_col_start[c]
- *     for i in range(S + 1):             # <<<<<<<<<<<<<<
- *         seg_out[i] = seg_col_start[i]
- *     # NOTES: Q tile m of sequence b: the first column of the sequence's first segment (records in n order, lo
-*/
-
-  __pyx_t_8 = (__pyx_v_S + 1);
-  __pyx_t_7 = __pyx_t_8;
-
-  for (__pyx_t_9 = 0; __pyx_t_9 < __pyx_t_7; __pyx_t_9+=1) {
-    __pyx_v_i = __pyx_t_9;
-
-    /* "cupy_dash/_varlen_pack.pyx":69
- *         cs_out[c] = cta_col_start[c]
- *     for i in range(S + 1):
- *         seg_out[i] = seg_col_start[i]             # <<<<<<<<<<<<<<
- *     # NOTES: Q tile m of sequence b: the first column of the sequence's first segment (records in n order, lo
- *     # and hi rising with n) with hi > m, and the first with lo > m (varlen_device.tile_columns).
-*/
-    __pyx_t_10 = __pyx_v_i;
-    (__pyx_v_seg_out[__pyx_v_i]) = (*((int const  *) ( /* dim=0 */ ((char *) (((int const  *) __pyx_v_seg_col_start.data) + __pyx_t_10)) )));
-  }
-
-
-  /* "cupy_dash/_varlen_pack.pyx":72
- *     # NOTES: Q tile m of sequence b: the first column of the sequence's first segment (records in n order, lo
- *     # and hi rising with n) with hi > m, and the first with lo > m (varlen_device.tile_columns).
- *     cdef long long row = 0, p_hi, p_lo             # <<<<<<<<<<<<<<
- *     cu_q[0] = cu_k[0] = 0
- *     for b in range(B):
-*/
-  __pyx_v_row = 0;
-
-  /* "cupy_dash/_varlen_pack.pyx":73
- *     # and hi rising with n) with hi > m, and the first with lo > m (varlen_device.tile_columns).
- *     cdef long long row = 0, p_hi, p_lo
- *     cu_q[0] = cu_k[0] = 0             # <<<<<<<<<<<<<<
- *     for b in range(B):
- *         nf_out[b] = n_first[b]
-*/
-  (__pyx_v_cu_q[0]) = 0;
-  (__pyx_v_cu_k[0]) = 0;
-
-  /* "cupy_dash/_varlen_pack.pyx":74
- *     cdef long long row = 0, p_hi, p_lo
- *     cu_q[0] = cu_k[0] = 0
- *     for b in range(B):             # <<<<<<<<<<<<<<
- *         nf_out[b] = n_first[b]
- *         tile_start[b] = <int>row
-*/
-
-  __pyx_t_8 = __pyx_v_B;
-  __pyx_t_7 = __pyx_t_8;
-
-  for (__pyx_t_9 = 0; __pyx_t_9 < __pyx_t_7; __pyx_t_9+=1) {
-    __pyx_v_b = __pyx_t_9;
-
-    /* "cupy_dash/_varlen_pack.pyx":75
- *     cu_q[0] = cu_k[0] = 0
- *     for b in range(B):
- *         nf_out[b] = n_first[b]             # <<<<<<<<<<<<<<
- *         tile_start[b] = <int>row
- *         cu_q[b + 1] = <int>(cu_q[b] + seqlens_q[b])
-*/
-    __pyx_t_10 = __pyx_v_b;
-    (__pyx_v_nf_out[__pyx_v_b]) = (*((int const  *) ( /* dim=0 */ ((char *) (((int const  *) __pyx_v_n_first.data) + __pyx_t_10)) )));
-
-    /* "cupy_dash/_varlen_pack.pyx":76
- *     for b in range(B):
- *         nf_out[b] = n_first[b]
- *         tile_start[b] = <int>row             # <<<<<<<<<<<<<<
- *         cu_q[b + 1] = <int>(cu_q[b] + seqlens_q[b])
- *         cu_k[b + 1] = <int>(cu_k[b] + seqlens_k[b])
-*/
-    (__pyx_v_tile_start[__pyx_v_b]) = ((int)__pyx_v_row);
-
-    /* "cupy_dash/_varlen_pack.pyx":77
- *         nf_out[b] = n_first[b]
- *         tile_start[b] = <int>row
- *         cu_q[b + 1] = <int>(cu_q[b] + seqlens_q[b])             # <<<<<<<<<<<<<<
- *         cu_k[b + 1] = <int>(cu_k[b] + seqlens_k[b])
- *         r0 = seg_col_start[b * kv_heads]
-*/
-    __pyx_t_10 = __pyx_v_b;
-    (__pyx_v_cu_q[(__pyx_v_b + 1)]) = ((int)((__pyx_v_cu_q[__pyx_v_b]) + (*((PY_LONG_LONG const  *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG const  *) __pyx_v_seqlens_q.data) + __pyx_t_10)) )))));
-
-    /* "cupy_dash/_varlen_pack.pyx":78
- *         tile_start[b] = <int>row
- *         cu_q[b + 1] = <int>(cu_q[b] + seqlens_q[b])
- *         cu_k[b + 1] = <int>(cu_k[b] + seqlens_k[b])             # <<<<<<<<<<<<<<
- *         r0 = seg_col_start[b * kv_heads]
- *         L = seg_col_start[b * kv_heads + 1] - r0
-*/
-    __pyx_t_10 = __pyx_v_b;
-    (__pyx_v_cu_k[(__pyx_v_b + 1)]) = ((int)((__pyx_v_cu_k[__pyx_v_b]) + (*((PY_LONG_LONG const  *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG const  *) __pyx_v_seqlens_k.data) + __pyx_t_10)) )))));
-
-    /* "cupy_dash/_varlen_pack.pyx":79
- *         cu_q[b + 1] = <int>(cu_q[b] + seqlens_q[b])
- *         cu_k[b + 1] = <int>(cu_k[b] + seqlens_k[b])
- *         r0 = seg_col_start[b * kv_heads]             # <<<<<<<<<<<<<<
- *         L = seg_col_start[b * kv_heads + 1] - r0
- *         p_hi = p_lo = 0
-*/
-    __pyx_t_10 = (__pyx_v_b * __pyx_v_kv_heads);
-    __pyx_v_r0 = (*((int const  *) ( /* dim=0 */ ((char *) (((int const  *) __pyx_v_seg_col_start.data) + __pyx_t_10)) )));
-
-    /* "cupy_dash/_varlen_pack.pyx":80
- *         cu_k[b + 1] = <int>(cu_k[b] + seqlens_k[b])
- *         r0 = seg_col_start[b * kv_heads]
- *         L = seg_col_start[b * kv_heads + 1] - r0             # <<<<<<<<<<<<<<
- *         p_hi = p_lo = 0
- *         for m in range(num_m_blocks[b]):
-*/
-    __pyx_t_10 = ((__pyx_v_b * __pyx_v_kv_heads) + 1);
-    __pyx_v_L = ((*((int const  *) ( /* dim=0 */ ((char *) (((int const  *) __pyx_v_seg_col_start.data) + __pyx_t_10)) ))) - __pyx_v_r0);
-
-    /* "cupy_dash/_varlen_pack.pyx":81
- *         r0 = seg_col_start[b * kv_heads]
- *         L = seg_col_start[b * kv_heads + 1] - r0
- *         p_hi = p_lo = 0             # <<<<<<<<<<<<<<
- *         for m in range(num_m_blocks[b]):
- *             while p_hi < L and records[r0 + p_hi, REC_HI] <= m:
-*/
-    __pyx_v_p_hi = 0;
-    __pyx_v_p_lo = 0;
-
-    /* "cupy_dash/_varlen_pack.pyx":82
- *         L = seg_col_start[b * kv_heads + 1] - r0
- *         p_hi = p_lo = 0
- *         for m in range(num_m_blocks[b]):             # <<<<<<<<<<<<<<
- *             while p_hi < L and records[r0 + p_hi, REC_HI] <= m:
- *                 p_hi += 1
-*/
-    __pyx_t_10 = __pyx_v_b;
-
-    __pyx_t_26 = (*((PY_LONG_LONG const  *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG const  *) __pyx_v_num_m_blocks.data) + __pyx_t_10)) )));
-    __pyx_t_10 = __pyx_t_26;
-
-    for (__pyx_t_25 = 0; __pyx_t_25 < __pyx_t_10; __pyx_t_25+=1) {
-      __pyx_v_m = __pyx_t_25;
-
-      /* "cupy_dash/_varlen_pack.pyx":83
- *         p_hi = p_lo = 0
- *         for m in range(num_m_blocks[b]):
- *             while p_hi < L and records[r0 + p_hi, REC_HI] <= m:             # <<<<<<<<<<<<<<
- *                 p_hi += 1
- *             while p_lo < L and records[r0 + p_lo, REC_LO] <= m:
-*/
-      while (1) {
-        __pyx_t_19 = (__pyx_v_p_hi < __pyx_v_L);
-
-        if (__pyx_t_19) {
-
-        } else {
-
-          __pyx_t_2 = __pyx_t_19;
-
-          goto __pyx_L25_bool_binop_done;
-        }
-        __pyx_t_27 = (__pyx_v_r0 + __pyx_v_p_hi);
-        __pyx_t_22 = __pyx_e_9cupy_dash_12_varlen_pack_REC_HI;
-        __pyx_t_19 = ((*((int const  *) ( /* dim=1 */ ((char *) (((int const  *) ( /* dim=0 */ (__pyx_v_records.data + __pyx_t_27 * __pyx_v_records.strides[0]) )) + __pyx_t_22)) ))) <= __pyx_v_m);
-
-
-        __pyx_t_2 = __pyx_t_19;
-
-        __pyx_L25_bool_binop_done:;
-
-        if (!__pyx_t_2) break;
-
-        /* "cupy_dash/_varlen_pack.pyx":84
- *         for m in range(num_m_blocks[b]):
- *             while p_hi < L and records[r0 + p_hi, REC_HI] <= m:
- *                 p_hi += 1             # <<<<<<<<<<<<<<
- *             while p_lo < L and records[r0 + p_lo, REC_LO] <= m:
- *                 p_lo += 1
-*/
-        __pyx_v_p_hi = (__pyx_v_p_hi + 1);
+        __pyx_t_13 = __pyx_v_right;
       }
 
-      /* "cupy_dash/_varlen_pack.pyx":85
- *             while p_hi < L and records[r0 + p_hi, REC_HI] <= m:
- *                 p_hi += 1
- *             while p_lo < L and records[r0 + p_lo, REC_LO] <= m:             # <<<<<<<<<<<<<<
- *                 p_lo += 1
- *             tiles[2 * row] = <int>p_hi
-*/
-      while (1) {
-        __pyx_t_19 = (__pyx_v_p_lo < __pyx_v_L);
-
-        if (__pyx_t_19) {
-
-        } else {
-
-          __pyx_t_2 = __pyx_t_19;
-
-          goto __pyx_L29_bool_binop_done;
-        }
-        __pyx_t_27 = (__pyx_v_r0 + __pyx_v_p_lo);
-        __pyx_t_22 = __pyx_e_9cupy_dash_12_varlen_pack_REC_LO;
-        __pyx_t_19 = ((*((int const  *) ( /* dim=1 */ ((char *) (((int const  *) ( /* dim=0 */ (__pyx_v_records.data + __pyx_t_27 * __pyx_v_records.strides[0]) )) + __pyx_t_22)) ))) <= __pyx_v_m);
-
-
-        __pyx_t_2 = __pyx_t_19;
-
-        __pyx_L29_bool_binop_done:;
-
-        if (!__pyx_t_2) break;
-
-        /* "cupy_dash/_varlen_pack.pyx":86
- *                 p_hi += 1
- *             while p_lo < L and records[r0 + p_lo, REC_LO] <= m:
- *                 p_lo += 1             # <<<<<<<<<<<<<<
- *             tiles[2 * row] = <int>p_hi
- *             tiles[2 * row + 1] = <int>p_lo
-*/
-        __pyx_v_p_lo = (__pyx_v_p_lo + 1);
-      }
-
-      /* "cupy_dash/_varlen_pack.pyx":87
- *             while p_lo < L and records[r0 + p_lo, REC_LO] <= m:
- *                 p_lo += 1
- *             tiles[2 * row] = <int>p_hi             # <<<<<<<<<<<<<<
- *             tiles[2 * row + 1] = <int>p_lo
- *             row += 1
-*/
-      (__pyx_v_tiles[(2 * __pyx_v_row)]) = ((int)__pyx_v_p_hi);
-
-      /* "cupy_dash/_varlen_pack.pyx":88
- *                 p_lo += 1
- *             tiles[2 * row] = <int>p_hi
- *             tiles[2 * row + 1] = <int>p_lo             # <<<<<<<<<<<<<<
- *             row += 1
- *     tile_start[B] = <int>row
-*/
-      (__pyx_v_tiles[((2 * __pyx_v_row) + 1)]) = ((int)__pyx_v_p_lo);
-
-      /* "cupy_dash/_varlen_pack.pyx":89
- *             tiles[2 * row] = <int>p_hi
- *             tiles[2 * row + 1] = <int>p_lo
- *             row += 1             # <<<<<<<<<<<<<<
- *     tile_start[B] = <int>row
- *     # NOTES: a CTA runs (step + hi - lo) x group_size visits up to the end of its last column (steps count
-*/
-      __pyx_v_row = (__pyx_v_row + 1);
+      __pyx_t_12 = __pyx_t_13;
     }
+    __pyx_t_13 = __pyx_v_b;
+    __pyx_t_15 = 1;
+    *((PY_LONG_LONG *) ( /* dim=1 */ ((char *) (((PY_LONG_LONG *) ( /* dim=0 */ (__pyx_v_win.data + __pyx_t_13 * __pyx_v_win.strides[0]) )) + __pyx_t_15)) )) = __pyx_t_12;
 
-  }
 
-
-  /* "cupy_dash/_varlen_pack.pyx":90
- *             tiles[2 * row + 1] = <int>p_lo
- *             row += 1
- *     tile_start[B] = <int>row             # <<<<<<<<<<<<<<
- *     # NOTES: a CTA runs (step + hi - lo) x group_size visits up to the end of its last column (steps count
- *     # KV-head visits); the per-visit table holds every CTA's rows in CTA order.
+    /* "cupy_dash/_varlen_pack.pyx":153
+ *         win[b, 0] = -1 if left >= sk[b] - 1 else left
+ *         win[b, 1] = right if causal else (-1 if right >= sq[b] - 1 else right)
+ *         right_bound = right_bound or win[b, 1] >= 0             # <<<<<<<<<<<<<<
+ *     info_arr, voff_arr, vlo_arr, vhi_arr = sequence_shapes(sq, sk, win, bm, bn, causal)
+ *     cdef long long[:, ::1] info = info_arr
 */
-  (__pyx_v_tile_start[__pyx_v_B]) = ((int)__pyx_v_row);
+    if (!__pyx_v_right_bound) {
+    } else {
 
-  /* "cupy_dash/_varlen_pack.pyx":93
- *     # NOTES: a CTA runs (step + hi - lo) x group_size visits up to the end of its last column (steps count
- *     # KV-head visits); the per-visit table holds every CTA's rows in CTA order.
- *     if visit_starts:             # <<<<<<<<<<<<<<
- *         vstart = <long long*>(base + off[7])
- *         vstart[0] = 0
-*/
-  if (__pyx_v_visit_starts) {
-
-    /* "cupy_dash/_varlen_pack.pyx":94
- *     # KV-head visits); the per-visit table holds every CTA's rows in CTA order.
- *     if visit_starts:
- *         vstart = <long long*>(base + off[7])             # <<<<<<<<<<<<<<
- *         vstart[0] = 0
- *         for c in range(G):
-*/
-    __pyx_t_22 = 7;
-    __pyx_v_vstart = ((PY_LONG_LONG *)(__pyx_v_base + (*((PY_LONG_LONG *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG *) __pyx_v_off.data) + __pyx_t_22)) )))));
-
-    /* "cupy_dash/_varlen_pack.pyx":95
- *     if visit_starts:
- *         vstart = <long long*>(base + off[7])
- *         vstart[0] = 0             # <<<<<<<<<<<<<<
- *         for c in range(G):
- *             if cta_col_start[c + 1] > cta_col_start[c]:
-*/
-    (__pyx_v_vstart[0]) = 0;
-
-    /* "cupy_dash/_varlen_pack.pyx":96
- *         vstart = <long long*>(base + off[7])
- *         vstart[0] = 0
- *         for c in range(G):             # <<<<<<<<<<<<<<
- *             if cta_col_start[c + 1] > cta_col_start[c]:
- *                 last = cta_columns[cta_col_start[c + 1] - 1]
-*/
-
-    __pyx_t_8 = __pyx_v_G;
-    __pyx_t_7 = __pyx_t_8;
-
-    for (__pyx_t_9 = 0; __pyx_t_9 < __pyx_t_7; __pyx_t_9+=1) {
-      __pyx_v_c = __pyx_t_9;
-
-      /* "cupy_dash/_varlen_pack.pyx":97
- *         vstart[0] = 0
- *         for c in range(G):
- *             if cta_col_start[c + 1] > cta_col_start[c]:             # <<<<<<<<<<<<<<
- *                 last = cta_columns[cta_col_start[c + 1] - 1]
- *                 visits += (records[last, REC_STEP] + records[last, REC_HI] - records[last, REC_LO]) * group_size
-*/
-      __pyx_t_26 = (__pyx_v_c + 1);
-      __pyx_t_10 = __pyx_v_c;
-      __pyx_t_2 = ((*((PY_LONG_LONG const  *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG const  *) __pyx_v_cta_col_start.data) + __pyx_t_26)) ))) > (*((PY_LONG_LONG const  *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG const  *) __pyx_v_cta_col_start.data) + __pyx_t_10)) ))));
-
-      if (__pyx_t_2) {
-
-
-        /* "cupy_dash/_varlen_pack.pyx":98
- *         for c in range(G):
- *             if cta_col_start[c + 1] > cta_col_start[c]:
- *                 last = cta_columns[cta_col_start[c + 1] - 1]             # <<<<<<<<<<<<<<
- *                 visits += (records[last, REC_STEP] + records[last, REC_HI] - records[last, REC_LO]) * group_size
- *             vstart[c + 1] = visits
-*/
-        __pyx_t_10 = (__pyx_v_c + 1);
-        __pyx_t_26 = ((*((PY_LONG_LONG const  *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG const  *) __pyx_v_cta_col_start.data) + __pyx_t_10)) ))) - 1);
-        __pyx_v_last = (*((int const  *) ( /* dim=0 */ ((char *) (((int const  *) __pyx_v_cta_columns.data) + __pyx_t_26)) )));
-
-        /* "cupy_dash/_varlen_pack.pyx":99
- *             if cta_col_start[c + 1] > cta_col_start[c]:
- *                 last = cta_columns[cta_col_start[c + 1] - 1]
- *                 visits += (records[last, REC_STEP] + records[last, REC_HI] - records[last, REC_LO]) * group_size             # <<<<<<<<<<<<<<
- *             vstart[c + 1] = visits
- *     else:
-*/
-        __pyx_t_10 = __pyx_v_last;
-        __pyx_t_22 = __pyx_e_9cupy_dash_12_varlen_pack_REC_STEP;
-        __pyx_t_26 = __pyx_v_last;
-        __pyx_t_28 = __pyx_e_9cupy_dash_12_varlen_pack_REC_HI;
-        __pyx_t_25 = __pyx_v_last;
-        __pyx_t_29 = __pyx_e_9cupy_dash_12_varlen_pack_REC_LO;
-        __pyx_v_visits = (__pyx_v_visits + ((((*((int const  *) ( /* dim=1 */ ((char *) (((int const  *) ( /* dim=0 */ (__pyx_v_records.data + __pyx_t_10 * __pyx_v_records.strides[0]) )) + __pyx_t_22)) ))) + (*((int const  *) ( /* dim=1 */ ((char *) (((int const  *) ( /* dim=0 */ (__pyx_v_records.data + __pyx_t_26 * __pyx_v_records.strides[0]) )) + __pyx_t_28)) )))) - (*((int const  *) ( /* dim=1 */ ((char *) (((int const  *) ( /* dim=0 */ (__pyx_v_records.data + __pyx_t_25 * __pyx_v_records.strides[0]) )) + __pyx_t_29)) )))) * __pyx_v_group_size));
-
-        /* "cupy_dash/_varlen_pack.pyx":97
- *         vstart[0] = 0
- *         for c in range(G):
- *             if cta_col_start[c + 1] > cta_col_start[c]:             # <<<<<<<<<<<<<<
- *                 last = cta_columns[cta_col_start[c + 1] - 1]
- *                 visits += (records[last, REC_STEP] + records[last, REC_HI] - records[last, REC_LO]) * group_size
-*/
-      }
-
-      /* "cupy_dash/_varlen_pack.pyx":100
- *                 last = cta_columns[cta_col_start[c + 1] - 1]
- *                 visits += (records[last, REC_STEP] + records[last, REC_HI] - records[last, REC_LO]) * group_size
- *             vstart[c + 1] = visits             # <<<<<<<<<<<<<<
- *     else:
- *         for c in range(G):
-*/
-      (__pyx_v_vstart[(__pyx_v_c + 1)]) = __pyx_v_visits;
+      __pyx_t_14 = __pyx_v_right_bound;
+      goto __pyx_L5_bool_binop_done;
     }
+    __pyx_t_12 = __pyx_v_b;
+    __pyx_t_15 = 1;
+    __pyx_t_17 = ((*((PY_LONG_LONG *) ( /* dim=1 */ ((char *) (((PY_LONG_LONG *) ( /* dim=0 */ (__pyx_v_win.data + __pyx_t_12 * __pyx_v_win.strides[0]) )) + __pyx_t_15)) ))) >= 0);
 
 
-    /* "cupy_dash/_varlen_pack.pyx":93
- *     # NOTES: a CTA runs (step + hi - lo) x group_size visits up to the end of its last column (steps count
- *     # KV-head visits); the per-visit table holds every CTA's rows in CTA order.
- *     if visit_starts:             # <<<<<<<<<<<<<<
- *         vstart = <long long*>(base + off[7])
- *         vstart[0] = 0
-*/
-    goto __pyx_L31;
+    __pyx_t_14 = __pyx_t_17;
+
+    __pyx_L5_bool_binop_done:;
+    __pyx_v_right_bound = __pyx_t_14;
   }
 
-  /* "cupy_dash/_varlen_pack.pyx":102
- *             vstart[c + 1] = visits
- *     else:
- *         for c in range(G):             # <<<<<<<<<<<<<<
- *             if cta_col_start[c + 1] > cta_col_start[c]:
- *                 last = cta_columns[cta_col_start[c + 1] - 1]
+
+  /* "cupy_dash/_varlen_pack.pyx":154
+ *         win[b, 1] = right if causal else (-1 if right >= sq[b] - 1 else right)
+ *         right_bound = right_bound or win[b, 1] >= 0
+ *     info_arr, voff_arr, vlo_arr, vhi_arr = sequence_shapes(sq, sk, win, bm, bn, causal)             # <<<<<<<<<<<<<<
+ *     cdef long long[:, ::1] info = info_arr
+ *     cdef long long[::1] voff = voff_arr, vlo = vlo_arr, vhi = vhi_arr
 */
-  /*else*/ {
-
-    __pyx_t_8 = __pyx_v_G;
-    __pyx_t_7 = __pyx_t_8;
-
-    for (__pyx_t_9 = 0; __pyx_t_9 < __pyx_t_7; __pyx_t_9+=1) {
-      __pyx_v_c = __pyx_t_9;
-
-      /* "cupy_dash/_varlen_pack.pyx":103
- *     else:
- *         for c in range(G):
- *             if cta_col_start[c + 1] > cta_col_start[c]:             # <<<<<<<<<<<<<<
- *                 last = cta_columns[cta_col_start[c + 1] - 1]
- *                 visits += (records[last, REC_STEP] + records[last, REC_HI] - records[last, REC_LO]) * group_size
-*/
-      __pyx_t_25 = (__pyx_v_c + 1);
-      __pyx_t_26 = __pyx_v_c;
-      __pyx_t_2 = ((*((PY_LONG_LONG const  *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG const  *) __pyx_v_cta_col_start.data) + __pyx_t_25)) ))) > (*((PY_LONG_LONG const  *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG const  *) __pyx_v_cta_col_start.data) + __pyx_t_26)) ))));
-
-      if (__pyx_t_2) {
-
-
-        /* "cupy_dash/_varlen_pack.pyx":104
- *         for c in range(G):
- *             if cta_col_start[c + 1] > cta_col_start[c]:
- *                 last = cta_columns[cta_col_start[c + 1] - 1]             # <<<<<<<<<<<<<<
- *                 visits += (records[last, REC_STEP] + records[last, REC_HI] - records[last, REC_LO]) * group_size
- *     return buf_arr, offsets_arr, shapes, visits
-*/
-        __pyx_t_26 = (__pyx_v_c + 1);
-        __pyx_t_25 = ((*((PY_LONG_LONG const  *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG const  *) __pyx_v_cta_col_start.data) + __pyx_t_26)) ))) - 1);
-        __pyx_v_last = (*((int const  *) ( /* dim=0 */ ((char *) (((int const  *) __pyx_v_cta_columns.data) + __pyx_t_25)) )));
-
-        /* "cupy_dash/_varlen_pack.pyx":105
- *             if cta_col_start[c + 1] > cta_col_start[c]:
- *                 last = cta_columns[cta_col_start[c + 1] - 1]
- *                 visits += (records[last, REC_STEP] + records[last, REC_HI] - records[last, REC_LO]) * group_size             # <<<<<<<<<<<<<<
- *     return buf_arr, offsets_arr, shapes, visits
-*/
-        __pyx_t_26 = __pyx_v_last;
-        __pyx_t_29 = __pyx_e_9cupy_dash_12_varlen_pack_REC_STEP;
-        __pyx_t_25 = __pyx_v_last;
-        __pyx_t_28 = __pyx_e_9cupy_dash_12_varlen_pack_REC_HI;
-        __pyx_t_10 = __pyx_v_last;
-        __pyx_t_22 = __pyx_e_9cupy_dash_12_varlen_pack_REC_LO;
-        __pyx_v_visits = (__pyx_v_visits + ((((*((int const  *) ( /* dim=1 */ ((char *) (((int const  *) ( /* dim=0 */ (__pyx_v_records.data + __pyx_t_26 * __pyx_v_records.strides[0]) )) + __pyx_t_29)) ))) + (*((int const  *) ( /* dim=1 */ ((char *) (((int const  *) ( /* dim=0 */ (__pyx_v_records.data + __pyx_t_25 * __pyx_v_records.strides[0]) )) + __pyx_t_28)) )))) - (*((int const  *) ( /* dim=1 */ ((char *) (((int const  *) ( /* dim=0 */ (__pyx_v_records.data + __pyx_t_10 * __pyx_v_records.strides[0]) )) + __pyx_t_22)) )))) * __pyx_v_group_size));
-
-        /* "cupy_dash/_varlen_pack.pyx":103
- *     else:
- *         for c in range(G):
- *             if cta_col_start[c + 1] > cta_col_start[c]:             # <<<<<<<<<<<<<<
- *                 last = cta_columns[cta_col_start[c + 1] - 1]
- *                 visits += (records[last, REC_STEP] + records[last, REC_HI] - records[last, REC_LO]) * group_size
-*/
+  __pyx_t_1 = __pyx_f_9cupy_dash_13_varlen_sched_sequence_shapes(__pyx_v_sq, __pyx_v_sk, __pyx_v_win, __pyx_v_bm, __pyx_v_bn, __pyx_v_causal, 0); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 154, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_1);
+  if (likely(__pyx_t_1 != Py_None)) {
+    PyObject* sequence = __pyx_t_1;
+    Py_ssize_t size = __Pyx_PyTuple_GET_SIZE(sequence);
+    if (unlikely(size != 4)) {
+      if (size > 4) __Pyx_RaiseTooManyValuesError(4);
+      else if (size >= 0) __Pyx_RaiseNeedMoreValuesError(size);
+      __PYX_ERR(0, 154, __pyx_L1_error)
+    }
+    #if CYTHON_ASSUME_SAFE_MACROS && !CYTHON_AVOID_BORROWED_REFS
+    __pyx_t_4 = PyTuple_GET_ITEM(sequence, 0);
+    __Pyx_INCREF(__pyx_t_4);
+    __pyx_t_3 = PyTuple_GET_ITEM(sequence, 1);
+    __Pyx_INCREF(__pyx_t_3);
+    __pyx_t_6 = PyTuple_GET_ITEM(sequence, 2);
+    __Pyx_INCREF(__pyx_t_6);
+    __pyx_t_5 = PyTuple_GET_ITEM(sequence, 3);
+    __Pyx_INCREF(__pyx_t_5);
+    #else
+    {
+      Py_ssize_t i;
+      PyObject** temps[4] = {&__pyx_t_4,&__pyx_t_3,&__pyx_t_6,&__pyx_t_5};
+      for (i=0; i < 4; i++) {
+        PyObject* item = __Pyx_PySequence_ITEM(sequence, i); if (unlikely(!item)) __PYX_ERR(0, 154, __pyx_L1_error)
+        __Pyx_GOTREF(item);
+        *(temps[i]) = item;
       }
     }
-
+    #endif
+    __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+  } else {
+    __Pyx_RaiseNoneNotIterableError(); __PYX_ERR(0, 154, __pyx_L1_error)
   }
-  __pyx_L31:;
+  __pyx_v_info_arr = __pyx_t_4;
+  __pyx_t_4 = 0;
+  __pyx_v_voff_arr = __pyx_t_3;
+  __pyx_t_3 = 0;
+  __pyx_v_vlo_arr = __pyx_t_6;
+  __pyx_t_6 = 0;
+  __pyx_v_vhi_arr = __pyx_t_5;
+  __pyx_t_5 = 0;
 
-  /* "cupy_dash/_varlen_pack.pyx":106
- *                 last = cta_columns[cta_col_start[c + 1] - 1]
- *                 visits += (records[last, REC_STEP] + records[last, REC_HI] - records[last, REC_LO]) * group_size
- *     return buf_arr, offsets_arr, shapes, visits             # <<<<<<<<<<<<<<
+  /* "cupy_dash/_varlen_pack.pyx":155
+ *         right_bound = right_bound or win[b, 1] >= 0
+ *     info_arr, voff_arr, vlo_arr, vhi_arr = sequence_shapes(sq, sk, win, bm, bn, causal)
+ *     cdef long long[:, ::1] info = info_arr             # <<<<<<<<<<<<<<
+ *     cdef long long[::1] voff = voff_arr, vlo = vlo_arr, vhi = vhi_arr
+ *     key_arr = np.empty(B, dtype=np.int64)                # varlen_schedule._dispatch_order: longest first, stable
 */
-  __pyx_t_11 = __Pyx_PyLong_From_PY_LONG_LONG(__pyx_v_visits); if (unlikely(!__pyx_t_11)) __PYX_ERR(0, 106, __pyx_L1_error)
-  __Pyx_GOTREF(__pyx_t_11);
-  __pyx_t_4 = PyTuple_New(4); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 106, __pyx_L1_error)
+  __pyx_t_8 = __Pyx_PyObject_to_MemoryviewSlice_d_dc_PY_LONG_LONG(__pyx_v_info_arr, PyBUF_WRITABLE); if (unlikely(!__pyx_t_8.memview)) __PYX_ERR(0, 155, __pyx_L1_error)
+  __pyx_v_info = __pyx_t_8;
+  __pyx_t_8.memview = NULL;
+  __pyx_t_8.data = NULL;
+
+  /* "cupy_dash/_varlen_pack.pyx":156
+ *     info_arr, voff_arr, vlo_arr, vhi_arr = sequence_shapes(sq, sk, win, bm, bn, causal)
+ *     cdef long long[:, ::1] info = info_arr
+ *     cdef long long[::1] voff = voff_arr, vlo = vlo_arr, vhi = vhi_arr             # <<<<<<<<<<<<<<
+ *     key_arr = np.empty(B, dtype=np.int64)                # varlen_schedule._dispatch_order: longest first, stable
+ *     cdef long long[::1] key = key_arr
+*/
+  __pyx_t_18 = __Pyx_PyObject_to_MemoryviewSlice_dc_PY_LONG_LONG(__pyx_v_voff_arr, PyBUF_WRITABLE); if (unlikely(!__pyx_t_18.memview)) __PYX_ERR(0, 156, __pyx_L1_error)
+  __pyx_v_voff = __pyx_t_18;
+  __pyx_t_18.memview = NULL;
+  __pyx_t_18.data = NULL;
+  __pyx_t_18 = __Pyx_PyObject_to_MemoryviewSlice_dc_PY_LONG_LONG(__pyx_v_vlo_arr, PyBUF_WRITABLE); if (unlikely(!__pyx_t_18.memview)) __PYX_ERR(0, 156, __pyx_L1_error)
+  __pyx_v_vlo = __pyx_t_18;
+  __pyx_t_18.memview = NULL;
+  __pyx_t_18.data = NULL;
+  __pyx_t_18 = __Pyx_PyObject_to_MemoryviewSlice_dc_PY_LONG_LONG(__pyx_v_vhi_arr, PyBUF_WRITABLE); if (unlikely(!__pyx_t_18.memview)) __PYX_ERR(0, 156, __pyx_L1_error)
+  __pyx_v_vhi = __pyx_t_18;
+  __pyx_t_18.memview = NULL;
+  __pyx_t_18.data = NULL;
+
+  /* "cupy_dash/_varlen_pack.pyx":157
+ *     cdef long long[:, ::1] info = info_arr
+ *     cdef long long[::1] voff = voff_arr, vlo = vlo_arr, vhi = vhi_arr
+ *     key_arr = np.empty(B, dtype=np.int64)                # varlen_schedule._dispatch_order: longest first, stable             # <<<<<<<<<<<<<<
+ *     cdef long long[::1] key = key_arr
+ *     for b in range(B):
+*/
+  __pyx_t_5 = NULL;
+  __Pyx_GetModuleGlobalName(__pyx_t_6, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 157, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_6);
+  __pyx_t_3 = __Pyx_PyObject_GetAttrStr(__pyx_t_6, __pyx_mstate_global->__pyx_n_u_empty); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 157, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_3);
+  __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
+  __pyx_t_6 = __Pyx_PyLong_From_PY_LONG_LONG(__pyx_v_B); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 157, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_6);
+  __Pyx_GetModuleGlobalName(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 157, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_4);
-  __Pyx_INCREF(__pyx_v_buf_arr);
-  __Pyx_GIVEREF(__pyx_v_buf_arr);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_4, 0, __pyx_v_buf_arr) != (0)) __PYX_ERR(0, 106, __pyx_L1_error);
-  __Pyx_INCREF(__pyx_v_offsets_arr);
-  __Pyx_GIVEREF(__pyx_v_offsets_arr);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_4, 1, __pyx_v_offsets_arr) != (0)) __PYX_ERR(0, 106, __pyx_L1_error);
-  __Pyx_INCREF(__pyx_v_shapes);
-  __Pyx_GIVEREF(__pyx_v_shapes);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_4, 2, __pyx_v_shapes) != (0)) __PYX_ERR(0, 106, __pyx_L1_error);
-  __Pyx_GIVEREF(__pyx_t_11);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_4, 3, __pyx_t_11) != (0)) __PYX_ERR(0, 106, __pyx_L1_error);
-  __pyx_t_11 = 0;
+  __pyx_t_2 = __Pyx_PyObject_GetAttrStr(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_int64); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 157, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_2);
+  __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
+  #if CYTHON_VECTORCALL
+  #endif
+  __pyx_t_7 = 1;
+  #if CYTHON_UNPACK_METHODS
+  if (unlikely(PyMethod_Check(__pyx_t_3))) {
+    __pyx_t_5 = PyMethod_GET_SELF(__pyx_t_3);
+    assert(__pyx_t_5);
+    PyObject* __pyx__function = PyMethod_GET_FUNCTION(__pyx_t_3);
+    __Pyx_INCREF(__pyx_t_5);
+    __Pyx_INCREF(__pyx__function);
+    __Pyx_DECREF_SET(__pyx_t_3, __pyx__function);
+    __pyx_t_7 = 0;
+  }
+  #endif
+  {
+    PyObject *__pyx_callargs[3] = {__pyx_t_5, __pyx_t_6, __pyx_t_2};
+    #if CYTHON_VECTORCALL
+    __pyx_t_4 = __pyx_mstate_global->__pyx_tuple[3];
+    if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 157, __pyx_L1_error)
+    __Pyx_INCREF(__pyx_t_4);
+    #else
+    {
+      PyObject *__pyx_temp[1] = {__pyx_mstate_global->__pyx_n_u_dtype};
+      __pyx_t_4 = __Pyx_MakeKwargDict(__pyx_temp, __pyx_callargs+2, 1);
+      if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 157, __pyx_L1_error)
+      __Pyx_GOTREF(__pyx_t_4);
+    }
+    #endif
+    __pyx_t_1 = __Pyx_Object_VectorcallKwds((PyObject*)__pyx_t_3, __pyx_callargs+__pyx_t_7, (2-__pyx_t_7) | (__pyx_t_7*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET), __pyx_t_4);
+    __Pyx_XDECREF(__pyx_t_5); __pyx_t_5 = 0;
+    __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
+    #if CYTHON_VECTORCALL
+    #endif
+    __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
+    __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
+    __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
+    if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 157, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_1);
+  }
+  __pyx_v_key_arr = __pyx_t_1;
+  __pyx_t_1 = 0;
+
+  /* "cupy_dash/_varlen_pack.pyx":158
+ *     cdef long long[::1] voff = voff_arr, vlo = vlo_arr, vhi = vhi_arr
+ *     key_arr = np.empty(B, dtype=np.int64)                # varlen_schedule._dispatch_order: longest first, stable
+ *     cdef long long[::1] key = key_arr             # <<<<<<<<<<<<<<
+ *     for b in range(B):
+ *         key[b] = 0
+*/
+  __pyx_t_18 = __Pyx_PyObject_to_MemoryviewSlice_dc_PY_LONG_LONG(__pyx_v_key_arr, PyBUF_WRITABLE); if (unlikely(!__pyx_t_18.memview)) __PYX_ERR(0, 158, __pyx_L1_error)
+  __pyx_v_key = __pyx_t_18;
+  __pyx_t_18.memview = NULL;
+  __pyx_t_18.data = NULL;
+
+  /* "cupy_dash/_varlen_pack.pyx":159
+ *     key_arr = np.empty(B, dtype=np.int64)                # varlen_schedule._dispatch_order: longest first, stable
+ *     cdef long long[::1] key = key_arr
+ *     for b in range(B):             # <<<<<<<<<<<<<<
+ *         key[b] = 0
+ *         for i in range(voff[b], voff[b + 1]):
+*/
+
+  __pyx_t_9 = __pyx_v_B;
+  __pyx_t_10 = __pyx_t_9;
+
+  for (__pyx_t_11 = 0; __pyx_t_11 < __pyx_t_10; __pyx_t_11+=1) {
+    __pyx_v_b = __pyx_t_11;
+
+    /* "cupy_dash/_varlen_pack.pyx":160
+ *     cdef long long[::1] key = key_arr
+ *     for b in range(B):
+ *         key[b] = 0             # <<<<<<<<<<<<<<
+ *         for i in range(voff[b], voff[b + 1]):
+ *             key[b] -= vhi[i] - vlo[i]
+*/
+    __pyx_t_12 = __pyx_v_b;
+    *((PY_LONG_LONG *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG *) __pyx_v_key.data) + __pyx_t_12)) )) = 0;
+
+    /* "cupy_dash/_varlen_pack.pyx":161
+ *     for b in range(B):
+ *         key[b] = 0
+ *         for i in range(voff[b], voff[b + 1]):             # <<<<<<<<<<<<<<
+ *             key[b] -= vhi[i] - vlo[i]
+ *         widest = info[b, 3] if info[b, 3] > widest else widest
+*/
+    __pyx_t_12 = (__pyx_v_b + 1);
+
+    __pyx_t_13 = (*((PY_LONG_LONG *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG *) __pyx_v_voff.data) + __pyx_t_12)) )));
+    __pyx_t_12 = __pyx_v_b;
+    __pyx_t_16 = __pyx_t_13;
+
+    for (__pyx_t_19 = (*((PY_LONG_LONG *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG *) __pyx_v_voff.data) + __pyx_t_12)) ))); __pyx_t_19 < __pyx_t_16; __pyx_t_19+=1) {
+      __pyx_v_i = __pyx_t_19;
+
+      /* "cupy_dash/_varlen_pack.pyx":162
+ *         key[b] = 0
+ *         for i in range(voff[b], voff[b + 1]):
+ *             key[b] -= vhi[i] - vlo[i]             # <<<<<<<<<<<<<<
+ *         widest = info[b, 3] if info[b, 3] > widest else widest
+ *     order_arr = np.argsort(key_arr, kind="stable")
+*/
+      __pyx_t_20 = __pyx_v_i;
+      __pyx_t_21 = __pyx_v_i;
+      __pyx_t_22 = __pyx_v_b;
+      *((PY_LONG_LONG *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG *) __pyx_v_key.data) + __pyx_t_22)) )) -= ((*((PY_LONG_LONG *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG *) __pyx_v_vhi.data) + __pyx_t_20)) ))) - (*((PY_LONG_LONG *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG *) __pyx_v_vlo.data) + __pyx_t_21)) ))));
+    }
+
+
+    /* "cupy_dash/_varlen_pack.pyx":163
+ *         for i in range(voff[b], voff[b + 1]):
+ *             key[b] -= vhi[i] - vlo[i]
+ *         widest = info[b, 3] if info[b, 3] > widest else widest             # <<<<<<<<<<<<<<
+ *     order_arr = np.argsort(key_arr, kind="stable")
+ *     cdef long long[::1] order = order_arr
+*/
+    __pyx_t_16 = __pyx_v_b;
+    __pyx_t_15 = 3;
+    __pyx_t_14 = ((*((PY_LONG_LONG *) ( /* dim=1 */ ((char *) (((PY_LONG_LONG *) ( /* dim=0 */ (__pyx_v_info.data + __pyx_t_16 * __pyx_v_info.strides[0]) )) + __pyx_t_15)) ))) > __pyx_v_widest);
+
+    if (__pyx_t_14) {
+      __pyx_t_16 = __pyx_v_b;
+      __pyx_t_15 = 3;
+
+      __pyx_t_13 = (*((PY_LONG_LONG *) ( /* dim=1 */ ((char *) (((PY_LONG_LONG *) ( /* dim=0 */ (__pyx_v_info.data + __pyx_t_16 * __pyx_v_info.strides[0]) )) + __pyx_t_15)) )));
+    } else {
+
+      __pyx_t_13 = __pyx_v_widest;
+    }
+
+    __pyx_v_widest = __pyx_t_13;
+  }
+
+
+  /* "cupy_dash/_varlen_pack.pyx":164
+ *             key[b] -= vhi[i] - vlo[i]
+ *         widest = info[b, 3] if info[b, 3] > widest else widest
+ *     order_arr = np.argsort(key_arr, kind="stable")             # <<<<<<<<<<<<<<
+ *     cdef long long[::1] order = order_arr
+ *     ncols_seq = voff[B]
+*/
+  __pyx_t_3 = NULL;
+  __Pyx_GetModuleGlobalName(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 164, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_4);
+  __pyx_t_2 = __Pyx_PyObject_GetAttrStr(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_argsort); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 164, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_2);
+  __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
+  #if CYTHON_VECTORCALL
+  #endif
+  __pyx_t_7 = 1;
+  #if CYTHON_UNPACK_METHODS
+  if (unlikely(PyMethod_Check(__pyx_t_2))) {
+    __pyx_t_3 = PyMethod_GET_SELF(__pyx_t_2);
+    assert(__pyx_t_3);
+    PyObject* __pyx__function = PyMethod_GET_FUNCTION(__pyx_t_2);
+    __Pyx_INCREF(__pyx_t_3);
+    __Pyx_INCREF(__pyx__function);
+    __Pyx_DECREF_SET(__pyx_t_2, __pyx__function);
+    __pyx_t_7 = 0;
+  }
+  #endif
+  {
+    PyObject *__pyx_callargs[3] = {__pyx_t_3, __pyx_v_key_arr, __pyx_mstate_global->__pyx_n_u_stable};
+    #if CYTHON_VECTORCALL
+    __pyx_t_4 = __pyx_mstate_global->__pyx_tuple[4];
+    if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 164, __pyx_L1_error)
+    __Pyx_INCREF(__pyx_t_4);
+    #else
+    {
+      PyObject *__pyx_temp[1] = {__pyx_mstate_global->__pyx_n_u_kind};
+      __pyx_t_4 = __Pyx_MakeKwargDict(__pyx_temp, __pyx_callargs+2, 1);
+      if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 164, __pyx_L1_error)
+      __Pyx_GOTREF(__pyx_t_4);
+    }
+    #endif
+    __pyx_t_1 = __Pyx_Object_VectorcallKwds((PyObject*)__pyx_t_2, __pyx_callargs+__pyx_t_7, (2-__pyx_t_7) | (__pyx_t_7*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET), __pyx_t_4);
+    __Pyx_XDECREF(__pyx_t_3); __pyx_t_3 = 0;
+    #if CYTHON_VECTORCALL
+    #endif
+    __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
+    __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
+    if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 164, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_1);
+  }
+  __pyx_v_order_arr = __pyx_t_1;
+  __pyx_t_1 = 0;
+
+  /* "cupy_dash/_varlen_pack.pyx":165
+ *         widest = info[b, 3] if info[b, 3] > widest else widest
+ *     order_arr = np.argsort(key_arr, kind="stable")
+ *     cdef long long[::1] order = order_arr             # <<<<<<<<<<<<<<
+ *     ncols_seq = voff[B]
+ *     for i in range(ncols_seq):
+*/
+  __pyx_t_18 = __Pyx_PyObject_to_MemoryviewSlice_dc_PY_LONG_LONG(__pyx_v_order_arr, PyBUF_WRITABLE); if (unlikely(!__pyx_t_18.memview)) __PYX_ERR(0, 165, __pyx_L1_error)
+  __pyx_v_order = __pyx_t_18;
+  __pyx_t_18.memview = NULL;
+  __pyx_t_18.data = NULL;
+
+  /* "cupy_dash/_varlen_pack.pyx":166
+ *     order_arr = np.argsort(key_arr, kind="stable")
+ *     cdef long long[::1] order = order_arr
+ *     ncols_seq = voff[B]             # <<<<<<<<<<<<<<
+ *     for i in range(ncols_seq):
+ *         total += vhi[i] - vlo[i]
+*/
+  __pyx_t_9 = __pyx_v_B;
+  __pyx_v_ncols_seq = (*((PY_LONG_LONG *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG *) __pyx_v_voff.data) + __pyx_t_9)) )));
+
+  /* "cupy_dash/_varlen_pack.pyx":167
+ *     cdef long long[::1] order = order_arr
+ *     ncols_seq = voff[B]
+ *     for i in range(ncols_seq):             # <<<<<<<<<<<<<<
+ *         total += vhi[i] - vlo[i]
+ *     cdef bint equal = True
+*/
+
+  __pyx_t_9 = __pyx_v_ncols_seq;
+  __pyx_t_10 = __pyx_t_9;
+
+  for (__pyx_t_11 = 0; __pyx_t_11 < __pyx_t_10; __pyx_t_11+=1) {
+    __pyx_v_i = __pyx_t_11;
+
+    /* "cupy_dash/_varlen_pack.pyx":168
+ *     ncols_seq = voff[B]
+ *     for i in range(ncols_seq):
+ *         total += vhi[i] - vlo[i]             # <<<<<<<<<<<<<<
+ *     cdef bint equal = True
+ *     for i in range(1, ncols_seq):
+*/
+    __pyx_t_13 = __pyx_v_i;
+    __pyx_t_16 = __pyx_v_i;
+    __pyx_v_total = (__pyx_v_total + ((*((PY_LONG_LONG *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG *) __pyx_v_vhi.data) + __pyx_t_13)) ))) - (*((PY_LONG_LONG *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG *) __pyx_v_vlo.data) + __pyx_t_16)) )))));
+  }
+
+
+  /* "cupy_dash/_varlen_pack.pyx":169
+ *     for i in range(ncols_seq):
+ *         total += vhi[i] - vlo[i]
+ *     cdef bint equal = True             # <<<<<<<<<<<<<<
+ *     for i in range(1, ncols_seq):
+ *         equal = equal and vhi[i] - vlo[i] == vhi[0] - vlo[0]
+*/
+  __pyx_v_equal = 1;
+
+  /* "cupy_dash/_varlen_pack.pyx":170
+ *         total += vhi[i] - vlo[i]
+ *     cdef bint equal = True
+ *     for i in range(1, ncols_seq):             # <<<<<<<<<<<<<<
+ *         equal = equal and vhi[i] - vlo[i] == vhi[0] - vlo[0]
+ *     assign = None
+*/
+
+  __pyx_t_9 = __pyx_v_ncols_seq;
+  __pyx_t_10 = __pyx_t_9;
+
+  for (__pyx_t_11 = 1; __pyx_t_11 < __pyx_t_10; __pyx_t_11+=1) {
+    __pyx_v_i = __pyx_t_11;
+
+    /* "cupy_dash/_varlen_pack.pyx":171
+ *     cdef bint equal = True
+ *     for i in range(1, ncols_seq):
+ *         equal = equal and vhi[i] - vlo[i] == vhi[0] - vlo[0]             # <<<<<<<<<<<<<<
+ *     assign = None
+ *     cdef int cand, tie, best_policy = -1
+*/
+    if (__pyx_v_equal) {
+    } else {
+
+      __pyx_t_14 = __pyx_v_equal;
+      goto __pyx_L15_bool_binop_done;
+    }
+    __pyx_t_16 = __pyx_v_i;
+    __pyx_t_13 = __pyx_v_i;
+    __pyx_t_15 = 0;
+    __pyx_t_23 = 0;
+    __pyx_t_17 = (((*((PY_LONG_LONG *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG *) __pyx_v_vhi.data) + __pyx_t_16)) ))) - (*((PY_LONG_LONG *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG *) __pyx_v_vlo.data) + __pyx_t_13)) )))) == ((*((PY_LONG_LONG *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG *) __pyx_v_vhi.data) + __pyx_t_15)) ))) - (*((PY_LONG_LONG *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG *) __pyx_v_vlo.data) + __pyx_t_23)) )))));
+
+
+    __pyx_t_14 = __pyx_t_17;
+
+    __pyx_L15_bool_binop_done:;
+    __pyx_v_equal = __pyx_t_14;
+  }
+
+
+  /* "cupy_dash/_varlen_pack.pyx":172
+ *     for i in range(1, ncols_seq):
+ *         equal = equal and vhi[i] - vlo[i] == vhi[0] - vlo[0]
+ *     assign = None             # <<<<<<<<<<<<<<
+ *     cdef int cand, tie, best_policy = -1
+ *     cdef long long load, G, plain_load = -1
+*/
+  __Pyx_INCREF(Py_None);
+  __pyx_v_assign = Py_None;
+
+  /* "cupy_dash/_varlen_pack.pyx":173
+ *         equal = equal and vhi[i] - vlo[i] == vhi[0] - vlo[0]
+ *     assign = None
+ *     cdef int cand, tie, best_policy = -1             # <<<<<<<<<<<<<<
+ *     cdef long long load, G, plain_load = -1
+ *     cdef double t, floor, best = 0.0
+*/
+  __pyx_v_best_policy = -1;
+
+  /* "cupy_dash/_varlen_pack.pyx":174
+ *     assign = None
+ *     cdef int cand, tie, best_policy = -1
+ *     cdef long long load, G, plain_load = -1             # <<<<<<<<<<<<<<
+ *     cdef double t, floor, best = 0.0
+ *     cdef list times
+*/
+  __pyx_v_plain_load = -1LL;
+
+  /* "cupy_dash/_varlen_pack.pyx":175
+ *     cdef int cand, tie, best_policy = -1
+ *     cdef long long load, G, plain_load = -1
+ *     cdef double t, floor, best = 0.0             # <<<<<<<<<<<<<<
+ *     cdef list times
+ *     if policy < 0 and group > 1 and Hkv * ncols_seq <= few_grouped * num_sms:
+*/
+  __pyx_v_best = 0.0;
+
+  /* "cupy_dash/_varlen_pack.pyx":177
+ *     cdef double t, floor, best = 0.0
+ *     cdef list times
+ *     if policy < 0 and group > 1 and Hkv * ncols_seq <= few_grouped * num_sms:             # <<<<<<<<<<<<<<
+ *         policy = POLICY_DESCENDING                       # schedule.AUTO_FEW_GROUPED's measured override
+ *     elif policy < 0:                                     # varlen_schedule._auto_policy
+*/
+  __pyx_t_17 = (__pyx_v_policy < 0);
+
+  if (__pyx_t_17) {
+
+  } else {
+
+    __pyx_t_14 = __pyx_t_17;
+
+    goto __pyx_L18_bool_binop_done;
+  }
+  __pyx_t_17 = (__pyx_v_group > 1);
+
+  if (__pyx_t_17) {
+
+  } else {
+
+    __pyx_t_14 = __pyx_t_17;
+
+    goto __pyx_L18_bool_binop_done;
+  }
+  __pyx_t_17 = ((__pyx_v_Hkv * __pyx_v_ncols_seq) <= (__pyx_v_few_grouped * __pyx_v_num_sms));
+
+
+  __pyx_t_14 = __pyx_t_17;
+
+  __pyx_L18_bool_binop_done:;
+  if (__pyx_t_14) {
+
+
+    /* "cupy_dash/_varlen_pack.pyx":178
+ *     cdef list times
+ *     if policy < 0 and group > 1 and Hkv * ncols_seq <= few_grouped * num_sms:
+ *         policy = POLICY_DESCENDING                       # schedule.AUTO_FEW_GROUPED's measured override             # <<<<<<<<<<<<<<
+ *     elif policy < 0:                                     # varlen_schedule._auto_policy
+ *         floor = column_model(((total * Hkv + num_sms - 1) // num_sms) * group, 1, 0, 0, c, r)
+*/
+    __pyx_v_policy = __pyx_e_9cupy_dash_12_varlen_pack_POLICY_DESCENDING;
+
+    /* "cupy_dash/_varlen_pack.pyx":177
+ *     cdef double t, floor, best = 0.0
+ *     cdef list times
+ *     if policy < 0 and group > 1 and Hkv * ncols_seq <= few_grouped * num_sms:             # <<<<<<<<<<<<<<
+ *         policy = POLICY_DESCENDING                       # schedule.AUTO_FEW_GROUPED's measured override
+ *     elif policy < 0:                                     # varlen_schedule._auto_policy
+*/
+    goto __pyx_L17;
+  }
+
+  /* "cupy_dash/_varlen_pack.pyx":179
+ *     if policy < 0 and group > 1 and Hkv * ncols_seq <= few_grouped * num_sms:
+ *         policy = POLICY_DESCENDING                       # schedule.AUTO_FEW_GROUPED's measured override
+ *     elif policy < 0:                                     # varlen_schedule._auto_policy             # <<<<<<<<<<<<<<
+ *         floor = column_model(((total * Hkv + num_sms - 1) // num_sms) * group, 1, 0, 0, c, r)
+ *         units = ncols_seq * Hkv if ncols_seq * Hkv > 0 else 1
+*/
+  __pyx_t_14 = (__pyx_v_policy < 0);
+
+  if (__pyx_t_14) {
+
+
+    /* "cupy_dash/_varlen_pack.pyx":180
+ *         policy = POLICY_DESCENDING                       # schedule.AUTO_FEW_GROUPED's measured override
+ *     elif policy < 0:                                     # varlen_schedule._auto_policy
+ *         floor = column_model(((total * Hkv + num_sms - 1) // num_sms) * group, 1, 0, 0, c, r)             # <<<<<<<<<<<<<<
+ *         units = ncols_seq * Hkv if ncols_seq * Hkv > 0 else 1
+ *         times, plain_assign = [], None
+*/
+    __pyx_v_floor = __pyx_f_9cupy_dash_12_varlen_pack_column_model((((((__pyx_v_total * __pyx_v_Hkv) + __pyx_v_num_sms) - 1) / __pyx_v_num_sms) * __pyx_v_group), 1, 0, 0, __pyx_v_c, __pyx_v_r);
+
+    /* "cupy_dash/_varlen_pack.pyx":181
+ *     elif policy < 0:                                     # varlen_schedule._auto_policy
+ *         floor = column_model(((total * Hkv + num_sms - 1) // num_sms) * group, 1, 0, 0, c, r)
+ *         units = ncols_seq * Hkv if ncols_seq * Hkv > 0 else 1             # <<<<<<<<<<<<<<
+ *         times, plain_assign = [], None
+ *         for cand in candidates:
+*/
+    __pyx_t_14 = ((__pyx_v_ncols_seq * __pyx_v_Hkv) > 0);
+
+    if (__pyx_t_14) {
+
+      __pyx_t_9 = (__pyx_v_ncols_seq * __pyx_v_Hkv);
+    } else {
+
+      __pyx_t_9 = 1;
+    }
+
+    __pyx_v_units = __pyx_t_9;
+
+    /* "cupy_dash/_varlen_pack.pyx":182
+ *         floor = column_model(((total * Hkv + num_sms - 1) // num_sms) * group, 1, 0, 0, c, r)
+ *         units = ncols_seq * Hkv if ncols_seq * Hkv > 0 else 1
+ *         times, plain_assign = [], None             # <<<<<<<<<<<<<<
+ *         for cand in candidates:
+ *             if not (cand == POLICY_SYMMETRIC_SHIFT or cand == POLICY_FA3 or equal):
+*/
+    __pyx_t_1 = PyList_New(0); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 182, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_1);
+    __pyx_t_2 = Py_None;
+    __Pyx_INCREF(__pyx_t_2);
+    __pyx_v_times = ((PyObject*)__pyx_t_1);
+    __pyx_t_1 = 0;
+    __pyx_v_plain_assign = __pyx_t_2;
+    __pyx_t_2 = 0;
+
+    /* "cupy_dash/_varlen_pack.pyx":183
+ *         units = ncols_seq * Hkv if ncols_seq * Hkv > 0 else 1
+ *         times, plain_assign = [], None
+ *         for cand in candidates:             # <<<<<<<<<<<<<<
+ *             if not (cand == POLICY_SYMMETRIC_SHIFT or cand == POLICY_FA3 or equal):
+ *                 continue
+*/
+    if (unlikely(__pyx_v_candidates == Py_None)) {
+      PyErr_SetString(PyExc_TypeError, "\047NoneType\047 object is not iterable");
+      __PYX_ERR(0, 183, __pyx_L1_error)
+    }
+    __pyx_t_2 = __pyx_v_candidates; __Pyx_INCREF(__pyx_t_2);
+    __pyx_t_24 = 0;
+    for (;;) {
+      {
+        Py_ssize_t __pyx_temp = __Pyx_PyTuple_GET_SIZE(__pyx_t_2);
+        #if !CYTHON_ASSUME_SAFE_SIZE
+        if (unlikely((__pyx_temp < 0))) __PYX_ERR(0, 183, __pyx_L1_error)
+        #endif
+        if (__pyx_t_24 >= __pyx_temp) break;
+      }
+      #if CYTHON_ASSUME_SAFE_MACROS && !CYTHON_AVOID_BORROWED_REFS
+      __pyx_t_1 = __Pyx_NewRef(PyTuple_GET_ITEM(__pyx_t_2, __pyx_t_24));
+      #else
+      __pyx_t_1 = __Pyx_PySequence_ITEM(__pyx_t_2, __pyx_t_24);
+      #endif
+      ++__pyx_t_24;
+      if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 183, __pyx_L1_error)
+      __Pyx_GOTREF(__pyx_t_1);
+      __pyx_t_25 = __Pyx_PyLong_As_int(__pyx_t_1); if (unlikely((__pyx_t_25 == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 183, __pyx_L1_error)
+      __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+      __pyx_v_cand = __pyx_t_25;
+
+      /* "cupy_dash/_varlen_pack.pyx":184
+ *         times, plain_assign = [], None
+ *         for cand in candidates:
+ *             if not (cand == POLICY_SYMMETRIC_SHIFT or cand == POLICY_FA3 or equal):             # <<<<<<<<<<<<<<
+ *                 continue
+ *             a = np.empty(units, dtype=np.int32)
+*/
+      __pyx_t_17 = (__pyx_v_cand == __pyx_e_9cupy_dash_12_varlen_pack_POLICY_SYMMETRIC_SHIFT);
+
+      if (!__pyx_t_17) {
+
+      } else {
+
+        __pyx_t_14 = __pyx_t_17;
+
+        goto __pyx_L24_bool_binop_done;
+      }
+      __pyx_t_17 = (__pyx_v_cand == __pyx_e_9cupy_dash_12_varlen_pack_POLICY_FA3);
+
+      if (!__pyx_t_17) {
+
+      } else {
+
+        __pyx_t_14 = __pyx_t_17;
+
+        goto __pyx_L24_bool_binop_done;
+      }
+
+      __pyx_t_14 = __pyx_v_equal;
+      __pyx_L24_bool_binop_done:;
+      __pyx_t_17 = (!__pyx_t_14);
+
+
+      if (__pyx_t_17) {
+
+
+        /* "cupy_dash/_varlen_pack.pyx":185
+ *         for cand in candidates:
+ *             if not (cand == POLICY_SYMMETRIC_SHIFT or cand == POLICY_FA3 or equal):
+ *                 continue             # <<<<<<<<<<<<<<
+ *             a = np.empty(units, dtype=np.int32)
+ *             load, G, tie, plain = busiest_load(cand, info, voff, vlo, vhi, order, Hkv,
+*/
+        goto __pyx_L21_continue;
+
+        /* "cupy_dash/_varlen_pack.pyx":184
+ *         times, plain_assign = [], None
+ *         for cand in candidates:
+ *             if not (cand == POLICY_SYMMETRIC_SHIFT or cand == POLICY_FA3 or equal):             # <<<<<<<<<<<<<<
+ *                 continue
+ *             a = np.empty(units, dtype=np.int32)
+*/
+      }
+
+      /* "cupy_dash/_varlen_pack.pyx":186
+ *             if not (cand == POLICY_SYMMETRIC_SHIFT or cand == POLICY_FA3 or equal):
+ *                 continue
+ *             a = np.empty(units, dtype=np.int32)             # <<<<<<<<<<<<<<
+ *             load, G, tie, plain = busiest_load(cand, info, voff, vlo, vhi, order, Hkv,
+ *                                                cand == POLICY_FA3 and (causal or right_bound), num_sms,
+*/
+      __pyx_t_4 = NULL;
+      __Pyx_GetModuleGlobalName(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 186, __pyx_L1_error)
+      __Pyx_GOTREF(__pyx_t_3);
+      __pyx_t_6 = __Pyx_PyObject_GetAttrStr(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_empty); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 186, __pyx_L1_error)
+      __Pyx_GOTREF(__pyx_t_6);
+      __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
+      __pyx_t_3 = __Pyx_PyLong_From_PY_LONG_LONG(__pyx_v_units); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 186, __pyx_L1_error)
+      __Pyx_GOTREF(__pyx_t_3);
+      __Pyx_GetModuleGlobalName(__pyx_t_5, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 186, __pyx_L1_error)
+      __Pyx_GOTREF(__pyx_t_5);
+      __pyx_t_26 = __Pyx_PyObject_GetAttrStr(__pyx_t_5, __pyx_mstate_global->__pyx_n_u_int32); if (unlikely(!__pyx_t_26)) __PYX_ERR(0, 186, __pyx_L1_error)
+      __Pyx_GOTREF(__pyx_t_26);
+      __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
+      #if CYTHON_VECTORCALL
+      #endif
+      __pyx_t_7 = 1;
+      #if CYTHON_UNPACK_METHODS
+      if (unlikely(PyMethod_Check(__pyx_t_6))) {
+        __pyx_t_4 = PyMethod_GET_SELF(__pyx_t_6);
+        assert(__pyx_t_4);
+        PyObject* __pyx__function = PyMethod_GET_FUNCTION(__pyx_t_6);
+        __Pyx_INCREF(__pyx_t_4);
+        __Pyx_INCREF(__pyx__function);
+        __Pyx_DECREF_SET(__pyx_t_6, __pyx__function);
+        __pyx_t_7 = 0;
+      }
+      #endif
+      {
+        PyObject *__pyx_callargs[3] = {__pyx_t_4, __pyx_t_3, __pyx_t_26};
+        #if CYTHON_VECTORCALL
+        __pyx_t_5 = __pyx_mstate_global->__pyx_tuple[3];
+        if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 186, __pyx_L1_error)
+        __Pyx_INCREF(__pyx_t_5);
+        #else
+        {
+          PyObject *__pyx_temp[1] = {__pyx_mstate_global->__pyx_n_u_dtype};
+          __pyx_t_5 = __Pyx_MakeKwargDict(__pyx_temp, __pyx_callargs+2, 1);
+          if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 186, __pyx_L1_error)
+          __Pyx_GOTREF(__pyx_t_5);
+        }
+        #endif
+        __pyx_t_1 = __Pyx_Object_VectorcallKwds((PyObject*)__pyx_t_6, __pyx_callargs+__pyx_t_7, (2-__pyx_t_7) | (__pyx_t_7*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET), __pyx_t_5);
+        __Pyx_XDECREF(__pyx_t_4); __pyx_t_4 = 0;
+        __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
+        #if CYTHON_VECTORCALL
+        #endif
+        __Pyx_DECREF(__pyx_t_26); __pyx_t_26 = 0;
+        __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
+        __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
+        if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 186, __pyx_L1_error)
+        __Pyx_GOTREF(__pyx_t_1);
+      }
+      __Pyx_XDECREF_SET(__pyx_v_a, __pyx_t_1);
+      __pyx_t_1 = 0;
+
+      /* "cupy_dash/_varlen_pack.pyx":188
+ *             a = np.empty(units, dtype=np.int32)
+ *             load, G, tie, plain = busiest_load(cand, info, voff, vlo, vhi, order, Hkv,
+ *                                                cand == POLICY_FA3 and (causal or right_bound), num_sms,             # <<<<<<<<<<<<<<
+ *                                                plain_load, a)
+ *             if plain:
+*/
+      __pyx_t_14 = (__pyx_v_cand == __pyx_e_9cupy_dash_12_varlen_pack_POLICY_FA3);
+
+      if (__pyx_t_14) {
+
+      } else {
+
+        __pyx_t_17 = __pyx_t_14;
+
+        goto __pyx_L27_bool_binop_done;
+      }
+      if (!__pyx_v_causal) {
+      } else {
+
+        __pyx_t_17 = __pyx_v_causal;
+        goto __pyx_L27_bool_binop_done;
+      }
+
+      __pyx_t_17 = __pyx_v_right_bound;
+      __pyx_L27_bool_binop_done:;
+
+      /* "cupy_dash/_varlen_pack.pyx":189
+ *             load, G, tie, plain = busiest_load(cand, info, voff, vlo, vhi, order, Hkv,
+ *                                                cand == POLICY_FA3 and (causal or right_bound), num_sms,
+ *                                                plain_load, a)             # <<<<<<<<<<<<<<
+ *             if plain:
+ *                 if plain_load < 0:
+*/
+      __pyx_t_27 = __Pyx_PyObject_to_MemoryviewSlice_dc_int(__pyx_v_a, PyBUF_WRITABLE); if (unlikely(!__pyx_t_27.memview)) __PYX_ERR(0, 189, __pyx_L1_error)
+
+      /* "cupy_dash/_varlen_pack.pyx":187
+ *                 continue
+ *             a = np.empty(units, dtype=np.int32)
+ *             load, G, tie, plain = busiest_load(cand, info, voff, vlo, vhi, order, Hkv,             # <<<<<<<<<<<<<<
+ *                                                cand == POLICY_FA3 and (causal or right_bound), num_sms,
+ *                                                plain_load, a)
+*/
+      __pyx_t_28.__pyx_n = 2;
+      __pyx_t_28.plain_load = __pyx_v_plain_load;
+      __pyx_t_28.assign = __pyx_t_27;
+      __pyx_t_1 = __pyx_f_9cupy_dash_13_varlen_sched_busiest_load(__pyx_v_cand, __pyx_v_info, __pyx_v_voff, __pyx_v_vlo, __pyx_v_vhi, __pyx_v_order, __pyx_v_Hkv, __pyx_t_17, __pyx_v_num_sms, 0, &__pyx_t_28); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 187, __pyx_L1_error)
+      __Pyx_GOTREF(__pyx_t_1);
+
+      __PYX_XCLEAR_MEMVIEW(&__pyx_t_27, 1);; __pyx_t_27.memview = NULL; __pyx_t_27.data = NULL;
+      if (likely(__pyx_t_1 != Py_None)) {
+        PyObject* sequence = __pyx_t_1;
+        Py_ssize_t size = __Pyx_PyTuple_GET_SIZE(sequence);
+        if (unlikely(size != 4)) {
+          if (size > 4) __Pyx_RaiseTooManyValuesError(4);
+          else if (size >= 0) __Pyx_RaiseNeedMoreValuesError(size);
+          __PYX_ERR(0, 187, __pyx_L1_error)
+        }
+        #if CYTHON_ASSUME_SAFE_MACROS && !CYTHON_AVOID_BORROWED_REFS
+        __pyx_t_6 = PyTuple_GET_ITEM(sequence, 0);
+        __Pyx_INCREF(__pyx_t_6);
+        __pyx_t_5 = PyTuple_GET_ITEM(sequence, 1);
+        __Pyx_INCREF(__pyx_t_5);
+        __pyx_t_26 = PyTuple_GET_ITEM(sequence, 2);
+        __Pyx_INCREF(__pyx_t_26);
+        __pyx_t_3 = PyTuple_GET_ITEM(sequence, 3);
+        __Pyx_INCREF(__pyx_t_3);
+        #else
+        {
+          Py_ssize_t i;
+          PyObject** temps[4] = {&__pyx_t_6,&__pyx_t_5,&__pyx_t_26,&__pyx_t_3};
+          for (i=0; i < 4; i++) {
+            PyObject* item = __Pyx_PySequence_ITEM(sequence, i); if (unlikely(!item)) __PYX_ERR(0, 187, __pyx_L1_error)
+            __Pyx_GOTREF(item);
+            *(temps[i]) = item;
+          }
+        }
+        #endif
+        __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+      } else {
+        __Pyx_RaiseNoneNotIterableError(); __PYX_ERR(0, 187, __pyx_L1_error)
+      }
+      __pyx_t_9 = __Pyx_PyLong_As_PY_LONG_LONG(__pyx_t_6); if (unlikely((__pyx_t_9 == (PY_LONG_LONG)-1) && PyErr_Occurred())) __PYX_ERR(0, 187, __pyx_L1_error)
+      __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
+      __pyx_t_10 = __Pyx_PyLong_As_PY_LONG_LONG(__pyx_t_5); if (unlikely((__pyx_t_10 == (PY_LONG_LONG)-1) && PyErr_Occurred())) __PYX_ERR(0, 187, __pyx_L1_error)
+      __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
+      __pyx_t_25 = __Pyx_PyLong_As_int(__pyx_t_26); if (unlikely((__pyx_t_25 == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 187, __pyx_L1_error)
+      __Pyx_DECREF(__pyx_t_26); __pyx_t_26 = 0;
+      __pyx_v_load = __pyx_t_9;
+      __pyx_v_G = __pyx_t_10;
+      __pyx_v_tie = __pyx_t_25;
+      __Pyx_XDECREF_SET(__pyx_v_plain, __pyx_t_3);
+      __pyx_t_3 = 0;
+
+      /* "cupy_dash/_varlen_pack.pyx":190
+ *                                                cand == POLICY_FA3 and (causal or right_bound), num_sms,
+ *                                                plain_load, a)
+ *             if plain:             # <<<<<<<<<<<<<<
+ *                 if plain_load < 0:
+ *                     plain_load, plain_assign = load, a
+*/
+      __pyx_t_17 = __Pyx_PyObject_IsTrue(__pyx_v_plain); if (unlikely((__pyx_t_17 < 0))) __PYX_ERR(0, 190, __pyx_L1_error)
+      if (__pyx_t_17) {
+
+
+        /* "cupy_dash/_varlen_pack.pyx":191
+ *                                                plain_load, a)
+ *             if plain:
+ *                 if plain_load < 0:             # <<<<<<<<<<<<<<
+ *                     plain_load, plain_assign = load, a
+ *                 a = plain_assign
+*/
+        __pyx_t_17 = (__pyx_v_plain_load < 0);
+
+        if (__pyx_t_17) {
+
+
+          /* "cupy_dash/_varlen_pack.pyx":192
+ *             if plain:
+ *                 if plain_load < 0:
+ *                     plain_load, plain_assign = load, a             # <<<<<<<<<<<<<<
+ *                 a = plain_assign
+ *             t = column_model(load * group, G, widest, rank_rule_of(cand, tie), c, r)
+*/
+          __pyx_t_10 = __pyx_v_load;
+
+          __pyx_t_1 = __pyx_v_a;
+          __Pyx_INCREF(__pyx_t_1);
+          __pyx_v_plain_load = __pyx_t_10;
+          __Pyx_DECREF_SET(__pyx_v_plain_assign, __pyx_t_1);
+          __pyx_t_1 = 0;
+
+          /* "cupy_dash/_varlen_pack.pyx":191
+ *                                                plain_load, a)
+ *             if plain:
+ *                 if plain_load < 0:             # <<<<<<<<<<<<<<
+ *                     plain_load, plain_assign = load, a
+ *                 a = plain_assign
+*/
+        }
+
+        /* "cupy_dash/_varlen_pack.pyx":193
+ *                 if plain_load < 0:
+ *                     plain_load, plain_assign = load, a
+ *                 a = plain_assign             # <<<<<<<<<<<<<<
+ *             t = column_model(load * group, G, widest, rank_rule_of(cand, tie), c, r)
+ *             if not times and t <= floor * (1 + tolerance):
+*/
+        __Pyx_INCREF(__pyx_v_plain_assign);
+        __Pyx_DECREF_SET(__pyx_v_a, __pyx_v_plain_assign);
+
+        /* "cupy_dash/_varlen_pack.pyx":190
+ *                                                cand == POLICY_FA3 and (causal or right_bound), num_sms,
+ *                                                plain_load, a)
+ *             if plain:             # <<<<<<<<<<<<<<
+ *                 if plain_load < 0:
+ *                     plain_load, plain_assign = load, a
+*/
+      }
+
+      /* "cupy_dash/_varlen_pack.pyx":194
+ *                     plain_load, plain_assign = load, a
+ *                 a = plain_assign
+ *             t = column_model(load * group, G, widest, rank_rule_of(cand, tie), c, r)             # <<<<<<<<<<<<<<
+ *             if not times and t <= floor * (1 + tolerance):
+ *                 policy, assign = cand, a
+*/
+      __pyx_v_t = __pyx_f_9cupy_dash_12_varlen_pack_column_model((__pyx_v_load * __pyx_v_group), __pyx_v_G, __pyx_v_widest, __pyx_f_9cupy_dash_12_varlen_pack_rank_rule_of(__pyx_v_cand, __pyx_v_tie), __pyx_v_c, __pyx_v_r);
+
+      /* "cupy_dash/_varlen_pack.pyx":195
+ *                 a = plain_assign
+ *             t = column_model(load * group, G, widest, rank_rule_of(cand, tie), c, r)
+ *             if not times and t <= floor * (1 + tolerance):             # <<<<<<<<<<<<<<
+ *                 policy, assign = cand, a
+ *                 break
+*/
+      {
+        Py_ssize_t __pyx_temp = __Pyx_PyList_GET_SIZE(__pyx_v_times);
+        if (unlikely(((!CYTHON_ASSUME_SAFE_SIZE) && __pyx_temp < 0))) __PYX_ERR(0, 195, __pyx_L1_error)
+        __pyx_t_14 = (__pyx_temp != 0);
+      }
+
+      __pyx_t_29 = (!__pyx_t_14);
+
+
+      if (__pyx_t_29) {
+
+      } else {
+
+        __pyx_t_17 = __pyx_t_29;
+
+        goto __pyx_L33_bool_binop_done;
+      }
+      __pyx_t_29 = (__pyx_v_t <= (__pyx_v_floor * (1.0 + __pyx_v_tolerance)));
+
+
+      __pyx_t_17 = __pyx_t_29;
+
+      __pyx_L33_bool_binop_done:;
+      if (__pyx_t_17) {
+
+
+        /* "cupy_dash/_varlen_pack.pyx":196
+ *             t = column_model(load * group, G, widest, rank_rule_of(cand, tie), c, r)
+ *             if not times and t <= floor * (1 + tolerance):
+ *                 policy, assign = cand, a             # <<<<<<<<<<<<<<
+ *                 break
+ *             times.append((cand, t, a))
+*/
+        __pyx_t_25 = __pyx_v_cand;
+
+        __pyx_t_1 = __pyx_v_a;
+        __Pyx_INCREF(__pyx_t_1);
+        __pyx_v_policy = __pyx_t_25;
+        __Pyx_DECREF_SET(__pyx_v_assign, __pyx_t_1);
+        __pyx_t_1 = 0;
+
+        /* "cupy_dash/_varlen_pack.pyx":197
+ *             if not times and t <= floor * (1 + tolerance):
+ *                 policy, assign = cand, a
+ *                 break             # <<<<<<<<<<<<<<
+ *             times.append((cand, t, a))
+ *         if policy < 0:
+*/
+        goto __pyx_L22_break;
+
+        /* "cupy_dash/_varlen_pack.pyx":195
+ *                 a = plain_assign
+ *             t = column_model(load * group, G, widest, rank_rule_of(cand, tie), c, r)
+ *             if not times and t <= floor * (1 + tolerance):             # <<<<<<<<<<<<<<
+ *                 policy, assign = cand, a
+ *                 break
+*/
+      }
+
+      /* "cupy_dash/_varlen_pack.pyx":198
+ *                 policy, assign = cand, a
+ *                 break
+ *             times.append((cand, t, a))             # <<<<<<<<<<<<<<
+ *         if policy < 0:
+ *             best = min(x[1] for x in times)
+*/
+      __pyx_t_1 = __Pyx_PyLong_From_int(__pyx_v_cand); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 198, __pyx_L1_error)
+      __Pyx_GOTREF(__pyx_t_1);
+      __pyx_t_3 = PyFloat_FromDouble(__pyx_v_t); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 198, __pyx_L1_error)
+      __Pyx_GOTREF(__pyx_t_3);
+      __pyx_t_26 = PyTuple_New(3); if (unlikely(!__pyx_t_26)) __PYX_ERR(0, 198, __pyx_L1_error)
+      __Pyx_GOTREF(__pyx_t_26);
+      __Pyx_GIVEREF(__pyx_t_1);
+      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_26, 0, __pyx_t_1) != (0)) __PYX_ERR(0, 198, __pyx_L1_error);
+      __Pyx_GIVEREF(__pyx_t_3);
+      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_26, 1, __pyx_t_3) != (0)) __PYX_ERR(0, 198, __pyx_L1_error);
+      __Pyx_INCREF(__pyx_v_a);
+      __Pyx_GIVEREF(__pyx_v_a);
+      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_26, 2, __pyx_v_a) != (0)) __PYX_ERR(0, 198, __pyx_L1_error);
+      __pyx_t_1 = 0;
+      __pyx_t_3 = 0;
+      __pyx_t_30 = __Pyx_PyList_Append(__pyx_v_times, __pyx_t_26); if (unlikely(__pyx_t_30 == ((int)-1))) __PYX_ERR(0, 198, __pyx_L1_error)
+      __Pyx_DECREF(__pyx_t_26); __pyx_t_26 = 0;
+
+
+      /* "cupy_dash/_varlen_pack.pyx":183
+ *         units = ncols_seq * Hkv if ncols_seq * Hkv > 0 else 1
+ *         times, plain_assign = [], None
+ *         for cand in candidates:             # <<<<<<<<<<<<<<
+ *             if not (cand == POLICY_SYMMETRIC_SHIFT or cand == POLICY_FA3 or equal):
+ *                 continue
+*/
+      __pyx_L21_continue:;
+    }
+    __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
+    goto __pyx_L35_for_end;
+    __pyx_L22_break:;
+    __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
+    goto __pyx_L35_for_end;
+    __pyx_L35_for_end:;
+
+    /* "cupy_dash/_varlen_pack.pyx":199
+ *                 break
+ *             times.append((cand, t, a))
+ *         if policy < 0:             # <<<<<<<<<<<<<<
+ *             best = min(x[1] for x in times)
+ *             for cand, t, a in times:
+*/
+    __pyx_t_17 = (__pyx_v_policy < 0);
+
+    if (__pyx_t_17) {
+
+
+      /* "cupy_dash/_varlen_pack.pyx":200
+ *             times.append((cand, t, a))
+ *         if policy < 0:
+ *             best = min(x[1] for x in times)             # <<<<<<<<<<<<<<
+ *             for cand, t, a in times:
+ *                 if t <= best * (1 + tolerance):
+*/
+      __pyx_t_26 = NULL;
+      __pyx_t_3 = __pyx_pf_9cupy_dash_12_varlen_pack_11new_packing_genexpr(NULL, __pyx_v_times); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 200, __pyx_L1_error)
+      __Pyx_GOTREF(__pyx_t_3);
+      __pyx_t_7 = 1;
+      {
+        PyObject *__pyx_callargs[2] = {__pyx_t_26, __pyx_t_3};
+        __pyx_t_2 = __Pyx_PyObject_FastCall((PyObject*)__pyx_builtin_min, __pyx_callargs+__pyx_t_7, (2-__pyx_t_7) | (__pyx_t_7*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
+        __Pyx_XDECREF(__pyx_t_26); __pyx_t_26 = 0;
+        __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
+        if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 200, __pyx_L1_error)
+        __Pyx_GOTREF(__pyx_t_2);
+      }
+      __pyx_t_31 = __Pyx_PyFloat_AsDouble(__pyx_t_2); if (unlikely((__pyx_t_31 == (double)-1) && PyErr_Occurred())) __PYX_ERR(0, 200, __pyx_L1_error)
+      __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
+      __pyx_v_best = __pyx_t_31;
+
+      /* "cupy_dash/_varlen_pack.pyx":201
+ *         if policy < 0:
+ *             best = min(x[1] for x in times)
+ *             for cand, t, a in times:             # <<<<<<<<<<<<<<
+ *                 if t <= best * (1 + tolerance):
+ *                     policy, assign = cand, a
+*/
+      __pyx_t_2 = __pyx_v_times; __Pyx_INCREF(__pyx_t_2);
+      __pyx_t_24 = 0;
+      for (;;) {
+        {
+          Py_ssize_t __pyx_temp = __Pyx_PyList_GET_SIZE(__pyx_t_2);
+          #if !CYTHON_ASSUME_SAFE_SIZE
+          if (unlikely((__pyx_temp < 0))) __PYX_ERR(0, 201, __pyx_L1_error)
+          #endif
+          if (__pyx_t_24 >= __pyx_temp) break;
+        }
+        __pyx_t_3 = __Pyx_PyList_GET_ITEM_REF(__pyx_t_2, __pyx_t_24, __Pyx_ReferenceSharing_OwnStrongReference);
+        ++__pyx_t_24;
+        if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 201, __pyx_L1_error)
+        __Pyx_GOTREF(__pyx_t_3);
+        if ((likely(PyTuple_CheckExact(__pyx_t_3))) || (PyList_CheckExact(__pyx_t_3))) {
+          PyObject* sequence = __pyx_t_3;
+          Py_ssize_t size = __Pyx_PySequence_SIZE(sequence);
+          if (unlikely(size != 3)) {
+            if (size > 3) __Pyx_RaiseTooManyValuesError(3);
+            else if (size >= 0) __Pyx_RaiseNeedMoreValuesError(size);
+            __PYX_ERR(0, 201, __pyx_L1_error)
+          }
+          #if CYTHON_ASSUME_SAFE_MACROS && !CYTHON_AVOID_BORROWED_REFS
+          if (likely(PyTuple_CheckExact(sequence))) {
+            __pyx_t_26 = PyTuple_GET_ITEM(sequence, 0);
+            __Pyx_INCREF(__pyx_t_26);
+            __pyx_t_1 = PyTuple_GET_ITEM(sequence, 1);
+            __Pyx_INCREF(__pyx_t_1);
+            __pyx_t_5 = PyTuple_GET_ITEM(sequence, 2);
+            __Pyx_INCREF(__pyx_t_5);
+          } else {
+            __pyx_t_26 = __Pyx_PyList_GET_ITEM_REF(sequence, 0, __Pyx_ReferenceSharing_SharedReference);
+            if (unlikely(!__pyx_t_26)) __PYX_ERR(0, 201, __pyx_L1_error)
+            __Pyx_XGOTREF(__pyx_t_26);
+            __pyx_t_1 = __Pyx_PyList_GET_ITEM_REF(sequence, 1, __Pyx_ReferenceSharing_SharedReference);
+            if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 201, __pyx_L1_error)
+            __Pyx_XGOTREF(__pyx_t_1);
+            __pyx_t_5 = __Pyx_PyList_GET_ITEM_REF(sequence, 2, __Pyx_ReferenceSharing_SharedReference);
+            if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 201, __pyx_L1_error)
+            __Pyx_XGOTREF(__pyx_t_5);
+          }
+          #else
+          __pyx_t_26 = __Pyx_PySequence_ITEM(sequence, 0); if (unlikely(!__pyx_t_26)) __PYX_ERR(0, 201, __pyx_L1_error)
+          __Pyx_GOTREF(__pyx_t_26);
+          __pyx_t_1 = __Pyx_PySequence_ITEM(sequence, 1); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 201, __pyx_L1_error)
+          __Pyx_GOTREF(__pyx_t_1);
+          __pyx_t_5 = __Pyx_PySequence_ITEM(sequence, 2); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 201, __pyx_L1_error)
+          __Pyx_GOTREF(__pyx_t_5);
+          #endif
+          __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
+        } else {
+          Py_ssize_t index = -1;
+          __pyx_t_6 = PyObject_GetIter(__pyx_t_3); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 201, __pyx_L1_error)
+          __Pyx_GOTREF(__pyx_t_6);
+          __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
+          __pyx_t_32 = (CYTHON_COMPILING_IN_LIMITED_API) ? PyIter_Next : __Pyx_PyObject_GetIterNextFunc(__pyx_t_6);
+          index = 0; __pyx_t_26 = __pyx_t_32(__pyx_t_6); if (unlikely(!__pyx_t_26)) goto __pyx_L39_unpacking_failed;
+          __Pyx_GOTREF(__pyx_t_26);
+          index = 1; __pyx_t_1 = __pyx_t_32(__pyx_t_6); if (unlikely(!__pyx_t_1)) goto __pyx_L39_unpacking_failed;
+          __Pyx_GOTREF(__pyx_t_1);
+          index = 2; __pyx_t_5 = __pyx_t_32(__pyx_t_6); if (unlikely(!__pyx_t_5)) goto __pyx_L39_unpacking_failed;
+          __Pyx_GOTREF(__pyx_t_5);
+          if (__Pyx_IternextUnpackEndCheck(__pyx_t_32(__pyx_t_6), 3) < (0)) __PYX_ERR(0, 201, __pyx_L1_error)
+          __pyx_t_32 = NULL;
+          __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
+          goto __pyx_L40_unpacking_done;
+          __pyx_L39_unpacking_failed:;
+          __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
+          __pyx_t_32 = NULL;
+          if (__Pyx_IterFinish() == 0) __Pyx_RaiseNeedMoreValuesError(index);
+          __PYX_ERR(0, 201, __pyx_L1_error)
+          __pyx_L40_unpacking_done:;
+        }
+        __pyx_t_25 = __Pyx_PyLong_As_int(__pyx_t_26); if (unlikely((__pyx_t_25 == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 201, __pyx_L1_error)
+        __Pyx_DECREF(__pyx_t_26); __pyx_t_26 = 0;
+        __pyx_t_31 = __Pyx_PyFloat_AsDouble(__pyx_t_1); if (unlikely((__pyx_t_31 == (double)-1) && PyErr_Occurred())) __PYX_ERR(0, 201, __pyx_L1_error)
+        __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+        __pyx_v_cand = __pyx_t_25;
+        __pyx_v_t = __pyx_t_31;
+        __Pyx_XDECREF_SET(__pyx_v_a, __pyx_t_5);
+        __pyx_t_5 = 0;
+
+        /* "cupy_dash/_varlen_pack.pyx":202
+ *             best = min(x[1] for x in times)
+ *             for cand, t, a in times:
+ *                 if t <= best * (1 + tolerance):             # <<<<<<<<<<<<<<
+ *                     policy, assign = cand, a
+ *                     break
+*/
+        __pyx_t_17 = (__pyx_v_t <= (__pyx_v_best * (1.0 + __pyx_v_tolerance)));
+
+        if (__pyx_t_17) {
+
+
+          /* "cupy_dash/_varlen_pack.pyx":203
+ *             for cand, t, a in times:
+ *                 if t <= best * (1 + tolerance):
+ *                     policy, assign = cand, a             # <<<<<<<<<<<<<<
+ *                     break
+ *     records, cols, cs, seg, loads, G, tie = build_varlen(policy, info, voff, vlo, vhi, order, Hkv,
+*/
+          __pyx_t_25 = __pyx_v_cand;
+
+          __pyx_t_3 = __pyx_v_a;
+          __Pyx_INCREF(__pyx_t_3);
+          __pyx_v_policy = __pyx_t_25;
+          __Pyx_DECREF_SET(__pyx_v_assign, __pyx_t_3);
+          __pyx_t_3 = 0;
+
+          /* "cupy_dash/_varlen_pack.pyx":204
+ *                 if t <= best * (1 + tolerance):
+ *                     policy, assign = cand, a
+ *                     break             # <<<<<<<<<<<<<<
+ *     records, cols, cs, seg, loads, G, tie = build_varlen(policy, info, voff, vlo, vhi, order, Hkv,
+ *                                                          policy == POLICY_FA3 and (causal or right_bound),
+*/
+          goto __pyx_L38_break;
+
+          /* "cupy_dash/_varlen_pack.pyx":202
+ *             best = min(x[1] for x in times)
+ *             for cand, t, a in times:
+ *                 if t <= best * (1 + tolerance):             # <<<<<<<<<<<<<<
+ *                     policy, assign = cand, a
+ *                     break
+*/
+        }
+
+        /* "cupy_dash/_varlen_pack.pyx":201
+ *         if policy < 0:
+ *             best = min(x[1] for x in times)
+ *             for cand, t, a in times:             # <<<<<<<<<<<<<<
+ *                 if t <= best * (1 + tolerance):
+ *                     policy, assign = cand, a
+*/
+      }
+      __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
+      goto __pyx_L42_for_end;
+      __pyx_L38_break:;
+      __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
+      goto __pyx_L42_for_end;
+      __pyx_L42_for_end:;
+
+      /* "cupy_dash/_varlen_pack.pyx":199
+ *                 break
+ *             times.append((cand, t, a))
+ *         if policy < 0:             # <<<<<<<<<<<<<<
+ *             best = min(x[1] for x in times)
+ *             for cand, t, a in times:
+*/
+    }
+
+    /* "cupy_dash/_varlen_pack.pyx":179
+ *     if policy < 0 and group > 1 and Hkv * ncols_seq <= few_grouped * num_sms:
+ *         policy = POLICY_DESCENDING                       # schedule.AUTO_FEW_GROUPED's measured override
+ *     elif policy < 0:                                     # varlen_schedule._auto_policy             # <<<<<<<<<<<<<<
+ *         floor = column_model(((total * Hkv + num_sms - 1) // num_sms) * group, 1, 0, 0, c, r)
+ *         units = ncols_seq * Hkv if ncols_seq * Hkv > 0 else 1
+*/
+  }
+  __pyx_L17:;
+
+  /* "cupy_dash/_varlen_pack.pyx":206
+ *                     break
+ *     records, cols, cs, seg, loads, G, tie = build_varlen(policy, info, voff, vlo, vhi, order, Hkv,
+ *                                                          policy == POLICY_FA3 and (causal or right_bound),             # <<<<<<<<<<<<<<
+ *                                                          num_sms, assign)
+ *     n_first_arr = np.empty(B, dtype=np.int32)
+*/
+  __pyx_t_29 = (__pyx_v_policy == __pyx_e_9cupy_dash_12_varlen_pack_POLICY_FA3);
+
+  if (__pyx_t_29) {
+
+  } else {
+
+    __pyx_t_17 = __pyx_t_29;
+
+    goto __pyx_L43_bool_binop_done;
+  }
+  if (!__pyx_v_causal) {
+  } else {
+
+    __pyx_t_17 = __pyx_v_causal;
+    goto __pyx_L43_bool_binop_done;
+  }
+
+  __pyx_t_17 = __pyx_v_right_bound;
+  __pyx_L43_bool_binop_done:;
+
+  /* "cupy_dash/_varlen_pack.pyx":207
+ *     records, cols, cs, seg, loads, G, tie = build_varlen(policy, info, voff, vlo, vhi, order, Hkv,
+ *                                                          policy == POLICY_FA3 and (causal or right_bound),
+ *                                                          num_sms, assign)             # <<<<<<<<<<<<<<
+ *     n_first_arr = np.empty(B, dtype=np.int32)
+ *     m_blocks_arr = np.empty(B, dtype=np.int64)
+*/
+  __pyx_t_33 = __Pyx_PyObject_to_MemoryviewSlice_dc_int__const__(__pyx_v_assign, 0); if (unlikely(!__pyx_t_33.memview)) __PYX_ERR(0, 207, __pyx_L1_error)
+
+  /* "cupy_dash/_varlen_pack.pyx":205
+ *                     policy, assign = cand, a
+ *                     break
+ *     records, cols, cs, seg, loads, G, tie = build_varlen(policy, info, voff, vlo, vhi, order, Hkv,             # <<<<<<<<<<<<<<
+ *                                                          policy == POLICY_FA3 and (causal or right_bound),
+ *                                                          num_sms, assign)
+*/
+  __pyx_t_34.__pyx_n = 1;
+  __pyx_t_34.assign = __pyx_t_33;
+  __pyx_t_2 = __pyx_f_9cupy_dash_13_varlen_sched_build_varlen(__pyx_v_policy, __pyx_v_info, __pyx_v_voff, __pyx_v_vlo, __pyx_v_vhi, __pyx_v_order, __pyx_v_Hkv, __pyx_t_17, __pyx_v_num_sms, 0, &__pyx_t_34); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 205, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_2);
+
+  __PYX_XCLEAR_MEMVIEW(&__pyx_t_33, 1);; __pyx_t_33.memview = NULL; __pyx_t_33.data = NULL;
+  if (likely(__pyx_t_2 != Py_None)) {
+    PyObject* sequence = __pyx_t_2;
+    Py_ssize_t size = __Pyx_PyTuple_GET_SIZE(sequence);
+    if (unlikely(size != 7)) {
+      if (size > 7) __Pyx_RaiseTooManyValuesError(7);
+      else if (size >= 0) __Pyx_RaiseNeedMoreValuesError(size);
+      __PYX_ERR(0, 205, __pyx_L1_error)
+    }
+    #if CYTHON_ASSUME_SAFE_MACROS && !CYTHON_AVOID_BORROWED_REFS
+    __pyx_t_3 = PyTuple_GET_ITEM(sequence, 0);
+    __Pyx_INCREF(__pyx_t_3);
+    __pyx_t_5 = PyTuple_GET_ITEM(sequence, 1);
+    __Pyx_INCREF(__pyx_t_5);
+    __pyx_t_1 = PyTuple_GET_ITEM(sequence, 2);
+    __Pyx_INCREF(__pyx_t_1);
+    __pyx_t_26 = PyTuple_GET_ITEM(sequence, 3);
+    __Pyx_INCREF(__pyx_t_26);
+    __pyx_t_6 = PyTuple_GET_ITEM(sequence, 4);
+    __Pyx_INCREF(__pyx_t_6);
+    __pyx_t_4 = PyTuple_GET_ITEM(sequence, 5);
+    __Pyx_INCREF(__pyx_t_4);
+    __pyx_t_35 = PyTuple_GET_ITEM(sequence, 6);
+    __Pyx_INCREF(__pyx_t_35);
+    #else
+    {
+      Py_ssize_t i;
+      PyObject** temps[7] = {&__pyx_t_3,&__pyx_t_5,&__pyx_t_1,&__pyx_t_26,&__pyx_t_6,&__pyx_t_4,&__pyx_t_35};
+      for (i=0; i < 7; i++) {
+        PyObject* item = __Pyx_PySequence_ITEM(sequence, i); if (unlikely(!item)) __PYX_ERR(0, 205, __pyx_L1_error)
+        __Pyx_GOTREF(item);
+        *(temps[i]) = item;
+      }
+    }
+    #endif
+    __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
+  } else {
+    __Pyx_RaiseNoneNotIterableError(); __PYX_ERR(0, 205, __pyx_L1_error)
+  }
+  __pyx_t_10 = __Pyx_PyLong_As_PY_LONG_LONG(__pyx_t_4); if (unlikely((__pyx_t_10 == (PY_LONG_LONG)-1) && PyErr_Occurred())) __PYX_ERR(0, 205, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
+  __pyx_t_25 = __Pyx_PyLong_As_int(__pyx_t_35); if (unlikely((__pyx_t_25 == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 205, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_35); __pyx_t_35 = 0;
+  __pyx_v_records = __pyx_t_3;
+  __pyx_t_3 = 0;
+  __pyx_v_cols = __pyx_t_5;
+  __pyx_t_5 = 0;
+  __pyx_v_cs = __pyx_t_1;
+  __pyx_t_1 = 0;
+  __pyx_v_seg = __pyx_t_26;
+  __pyx_t_26 = 0;
+  __pyx_v_loads = __pyx_t_6;
+  __pyx_t_6 = 0;
+  __pyx_v_G = __pyx_t_10;
+  __pyx_v_tie = __pyx_t_25;
+
+  /* "cupy_dash/_varlen_pack.pyx":208
+ *                                                          policy == POLICY_FA3 and (causal or right_bound),
+ *                                                          num_sms, assign)
+ *     n_first_arr = np.empty(B, dtype=np.int32)             # <<<<<<<<<<<<<<
+ *     m_blocks_arr = np.empty(B, dtype=np.int64)
+ *     cdef int[::1] n_first = n_first_arr
+*/
+  __pyx_t_35 = NULL;
+  __Pyx_GetModuleGlobalName(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 208, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_4);
+  __pyx_t_6 = __Pyx_PyObject_GetAttrStr(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_empty); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 208, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_6);
+  __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
+  __pyx_t_4 = __Pyx_PyLong_From_PY_LONG_LONG(__pyx_v_B); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 208, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_4);
+  __Pyx_GetModuleGlobalName(__pyx_t_26, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_26)) __PYX_ERR(0, 208, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_26);
+  __pyx_t_1 = __Pyx_PyObject_GetAttrStr(__pyx_t_26, __pyx_mstate_global->__pyx_n_u_int32); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 208, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_1);
+  __Pyx_DECREF(__pyx_t_26); __pyx_t_26 = 0;
+  #if CYTHON_VECTORCALL
+  #endif
+  __pyx_t_7 = 1;
+  #if CYTHON_UNPACK_METHODS
+  if (unlikely(PyMethod_Check(__pyx_t_6))) {
+    __pyx_t_35 = PyMethod_GET_SELF(__pyx_t_6);
+    assert(__pyx_t_35);
+    PyObject* __pyx__function = PyMethod_GET_FUNCTION(__pyx_t_6);
+    __Pyx_INCREF(__pyx_t_35);
+    __Pyx_INCREF(__pyx__function);
+    __Pyx_DECREF_SET(__pyx_t_6, __pyx__function);
+    __pyx_t_7 = 0;
+  }
+  #endif
+  {
+    PyObject *__pyx_callargs[3] = {__pyx_t_35, __pyx_t_4, __pyx_t_1};
+    #if CYTHON_VECTORCALL
+    __pyx_t_26 = __pyx_mstate_global->__pyx_tuple[3];
+    if (unlikely(!__pyx_t_26)) __PYX_ERR(0, 208, __pyx_L1_error)
+    __Pyx_INCREF(__pyx_t_26);
+    #else
+    {
+      PyObject *__pyx_temp[1] = {__pyx_mstate_global->__pyx_n_u_dtype};
+      __pyx_t_26 = __Pyx_MakeKwargDict(__pyx_temp, __pyx_callargs+2, 1);
+      if (unlikely(!__pyx_t_26)) __PYX_ERR(0, 208, __pyx_L1_error)
+      __Pyx_GOTREF(__pyx_t_26);
+    }
+    #endif
+    __pyx_t_2 = __Pyx_Object_VectorcallKwds((PyObject*)__pyx_t_6, __pyx_callargs+__pyx_t_7, (2-__pyx_t_7) | (__pyx_t_7*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET), __pyx_t_26);
+    __Pyx_XDECREF(__pyx_t_35); __pyx_t_35 = 0;
+    __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
+    #if CYTHON_VECTORCALL
+    #endif
+    __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+    __Pyx_DECREF(__pyx_t_26); __pyx_t_26 = 0;
+    __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
+    if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 208, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_2);
+  }
+  __pyx_v_n_first_arr = __pyx_t_2;
+  __pyx_t_2 = 0;
+
+  /* "cupy_dash/_varlen_pack.pyx":209
+ *                                                          num_sms, assign)
+ *     n_first_arr = np.empty(B, dtype=np.int32)
+ *     m_blocks_arr = np.empty(B, dtype=np.int64)             # <<<<<<<<<<<<<<
+ *     cdef int[::1] n_first = n_first_arr
+ *     cdef long long[::1] m_blocks = m_blocks_arr
+*/
+  __pyx_t_6 = NULL;
+  __Pyx_GetModuleGlobalName(__pyx_t_26, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_26)) __PYX_ERR(0, 209, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_26);
+  __pyx_t_1 = __Pyx_PyObject_GetAttrStr(__pyx_t_26, __pyx_mstate_global->__pyx_n_u_empty); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 209, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_1);
+  __Pyx_DECREF(__pyx_t_26); __pyx_t_26 = 0;
+  __pyx_t_26 = __Pyx_PyLong_From_PY_LONG_LONG(__pyx_v_B); if (unlikely(!__pyx_t_26)) __PYX_ERR(0, 209, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_26);
+  __Pyx_GetModuleGlobalName(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 209, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_4);
+  __pyx_t_35 = __Pyx_PyObject_GetAttrStr(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_int64); if (unlikely(!__pyx_t_35)) __PYX_ERR(0, 209, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_35);
+  __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
+  #if CYTHON_VECTORCALL
+  #endif
+  __pyx_t_7 = 1;
+  #if CYTHON_UNPACK_METHODS
+  if (unlikely(PyMethod_Check(__pyx_t_1))) {
+    __pyx_t_6 = PyMethod_GET_SELF(__pyx_t_1);
+    assert(__pyx_t_6);
+    PyObject* __pyx__function = PyMethod_GET_FUNCTION(__pyx_t_1);
+    __Pyx_INCREF(__pyx_t_6);
+    __Pyx_INCREF(__pyx__function);
+    __Pyx_DECREF_SET(__pyx_t_1, __pyx__function);
+    __pyx_t_7 = 0;
+  }
+  #endif
+  {
+    PyObject *__pyx_callargs[3] = {__pyx_t_6, __pyx_t_26, __pyx_t_35};
+    #if CYTHON_VECTORCALL
+    __pyx_t_4 = __pyx_mstate_global->__pyx_tuple[3];
+    if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 209, __pyx_L1_error)
+    __Pyx_INCREF(__pyx_t_4);
+    #else
+    {
+      PyObject *__pyx_temp[1] = {__pyx_mstate_global->__pyx_n_u_dtype};
+      __pyx_t_4 = __Pyx_MakeKwargDict(__pyx_temp, __pyx_callargs+2, 1);
+      if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 209, __pyx_L1_error)
+      __Pyx_GOTREF(__pyx_t_4);
+    }
+    #endif
+    __pyx_t_2 = __Pyx_Object_VectorcallKwds((PyObject*)__pyx_t_1, __pyx_callargs+__pyx_t_7, (2-__pyx_t_7) | (__pyx_t_7*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET), __pyx_t_4);
+    __Pyx_XDECREF(__pyx_t_6); __pyx_t_6 = 0;
+    __Pyx_DECREF(__pyx_t_26); __pyx_t_26 = 0;
+    #if CYTHON_VECTORCALL
+    #endif
+    __Pyx_DECREF(__pyx_t_35); __pyx_t_35 = 0;
+    __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
+    __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+    if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 209, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_2);
+  }
+  __pyx_v_m_blocks_arr = __pyx_t_2;
+  __pyx_t_2 = 0;
+
+  /* "cupy_dash/_varlen_pack.pyx":210
+ *     n_first_arr = np.empty(B, dtype=np.int32)
+ *     m_blocks_arr = np.empty(B, dtype=np.int64)
+ *     cdef int[::1] n_first = n_first_arr             # <<<<<<<<<<<<<<
+ *     cdef long long[::1] m_blocks = m_blocks_arr
+ *     for b in range(B):
+*/
+  __pyx_t_27 = __Pyx_PyObject_to_MemoryviewSlice_dc_int(__pyx_v_n_first_arr, PyBUF_WRITABLE); if (unlikely(!__pyx_t_27.memview)) __PYX_ERR(0, 210, __pyx_L1_error)
+  __pyx_v_n_first = __pyx_t_27;
+  __pyx_t_27.memview = NULL;
+  __pyx_t_27.data = NULL;
+
+  /* "cupy_dash/_varlen_pack.pyx":211
+ *     m_blocks_arr = np.empty(B, dtype=np.int64)
+ *     cdef int[::1] n_first = n_first_arr
+ *     cdef long long[::1] m_blocks = m_blocks_arr             # <<<<<<<<<<<<<<
+ *     for b in range(B):
+ *         n_first[b] = <int>(info[b, 2] if info[b, 2] > 0 else 0)
+*/
+  __pyx_t_18 = __Pyx_PyObject_to_MemoryviewSlice_dc_PY_LONG_LONG(__pyx_v_m_blocks_arr, PyBUF_WRITABLE); if (unlikely(!__pyx_t_18.memview)) __PYX_ERR(0, 211, __pyx_L1_error)
+  __pyx_v_m_blocks = __pyx_t_18;
+  __pyx_t_18.memview = NULL;
+  __pyx_t_18.data = NULL;
+
+  /* "cupy_dash/_varlen_pack.pyx":212
+ *     cdef int[::1] n_first = n_first_arr
+ *     cdef long long[::1] m_blocks = m_blocks_arr
+ *     for b in range(B):             # <<<<<<<<<<<<<<
+ *         n_first[b] = <int>(info[b, 2] if info[b, 2] > 0 else 0)
+ *         m_blocks[b] = info[b, 0]
+*/
+
+  __pyx_t_10 = __pyx_v_B;
+  __pyx_t_9 = __pyx_t_10;
+
+  for (__pyx_t_11 = 0; __pyx_t_11 < __pyx_t_9; __pyx_t_11+=1) {
+    __pyx_v_b = __pyx_t_11;
+
+    /* "cupy_dash/_varlen_pack.pyx":213
+ *     cdef long long[::1] m_blocks = m_blocks_arr
+ *     for b in range(B):
+ *         n_first[b] = <int>(info[b, 2] if info[b, 2] > 0 else 0)             # <<<<<<<<<<<<<<
+ *         m_blocks[b] = info[b, 0]
+ *     out = pack(records, cols, cs, seg.astype(np.int32), n_first, m_blocks, sq, sk, Hkv, group, visit_starts)
+*/
+    __pyx_t_16 = __pyx_v_b;
+    __pyx_t_23 = 2;
+    __pyx_t_17 = ((*((PY_LONG_LONG *) ( /* dim=1 */ ((char *) (((PY_LONG_LONG *) ( /* dim=0 */ (__pyx_v_info.data + __pyx_t_16 * __pyx_v_info.strides[0]) )) + __pyx_t_23)) ))) > 0);
+
+    if (__pyx_t_17) {
+      __pyx_t_16 = __pyx_v_b;
+      __pyx_t_23 = 2;
+
+      __pyx_t_13 = (*((PY_LONG_LONG *) ( /* dim=1 */ ((char *) (((PY_LONG_LONG *) ( /* dim=0 */ (__pyx_v_info.data + __pyx_t_16 * __pyx_v_info.strides[0]) )) + __pyx_t_23)) )));
+    } else {
+
+      __pyx_t_13 = 0;
+    }
+
+    __pyx_t_16 = __pyx_v_b;
+    *((int *) ( /* dim=0 */ ((char *) (((int *) __pyx_v_n_first.data) + __pyx_t_16)) )) = ((int)__pyx_t_13);
+
+
+    /* "cupy_dash/_varlen_pack.pyx":214
+ *     for b in range(B):
+ *         n_first[b] = <int>(info[b, 2] if info[b, 2] > 0 else 0)
+ *         m_blocks[b] = info[b, 0]             # <<<<<<<<<<<<<<
+ *     out = pack(records, cols, cs, seg.astype(np.int32), n_first, m_blocks, sq, sk, Hkv, group, visit_starts)
+ *     return (policy,) + out + (G, tie, rank_rule_of(policy, tie))
+*/
+    __pyx_t_13 = __pyx_v_b;
+    __pyx_t_23 = 0;
+    __pyx_t_16 = __pyx_v_b;
+    *((PY_LONG_LONG *) ( /* dim=0 */ ((char *) (((PY_LONG_LONG *) __pyx_v_m_blocks.data) + __pyx_t_16)) )) = (*((PY_LONG_LONG *) ( /* dim=1 */ ((char *) (((PY_LONG_LONG *) ( /* dim=0 */ (__pyx_v_info.data + __pyx_t_13 * __pyx_v_info.strides[0]) )) + __pyx_t_23)) )));
+  }
+
+
+  /* "cupy_dash/_varlen_pack.pyx":215
+ *         n_first[b] = <int>(info[b, 2] if info[b, 2] > 0 else 0)
+ *         m_blocks[b] = info[b, 0]
+ *     out = pack(records, cols, cs, seg.astype(np.int32), n_first, m_blocks, sq, sk, Hkv, group, visit_starts)             # <<<<<<<<<<<<<<
+ *     return (policy,) + out + (G, tie, rank_rule_of(policy, tie))
+*/
+  __pyx_t_36 = __Pyx_PyObject_to_MemoryviewSlice_d_dc_int__const__(__pyx_v_records, 0); if (unlikely(!__pyx_t_36.memview)) __PYX_ERR(0, 215, __pyx_L1_error)
+  __pyx_t_37 = __Pyx_PyObject_to_MemoryviewSlice_dc_int__const__(__pyx_v_cols, 0); if (unlikely(!__pyx_t_37.memview)) __PYX_ERR(0, 215, __pyx_L1_error)
+  __pyx_t_38 = __Pyx_PyObject_to_MemoryviewSlice_dc_PY_LONG_LONG__const__(__pyx_v_cs, 0); if (unlikely(!__pyx_t_38.memview)) __PYX_ERR(0, 215, __pyx_L1_error)
+  __pyx_t_1 = __pyx_v_seg;
+  __Pyx_INCREF(__pyx_t_1);
+  __Pyx_GetModuleGlobalName(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 215, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_4);
+  __pyx_t_35 = __Pyx_PyObject_GetAttrStr(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_int32); if (unlikely(!__pyx_t_35)) __PYX_ERR(0, 215, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_35);
+  __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
+  __pyx_t_7 = 0;
+  {
+    PyObject *__pyx_callargs[2] = {__pyx_t_1, __pyx_t_35};
+    __pyx_t_2 = __Pyx_PyObject_FastCallMethod((PyObject*)__pyx_mstate_global->__pyx_n_u_astype, __pyx_callargs+__pyx_t_7, (2-__pyx_t_7) | (1*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
+    __Pyx_XDECREF(__pyx_t_1); __pyx_t_1 = 0;
+    __Pyx_DECREF(__pyx_t_35); __pyx_t_35 = 0;
+    if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 215, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_2);
+  }
+  __pyx_t_39 = __Pyx_PyObject_to_MemoryviewSlice_dc_int__const__(__pyx_t_2, 0); if (unlikely(!__pyx_t_39.memview)) __PYX_ERR(0, 215, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
+  __pyx_t_2 = __pyx_f_9cupy_dash_12_varlen_pack_pack(__pyx_t_36, __pyx_t_37, __pyx_t_38, __pyx_t_39, __pyx_v_n_first, __pyx_v_m_blocks, __pyx_v_sq, __pyx_v_sk, __pyx_v_Hkv, __pyx_v_group, __pyx_v_visit_starts, 0); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 215, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_2);
+  __PYX_XCLEAR_MEMVIEW(&__pyx_t_36, 1);; __pyx_t_36.memview = NULL; __pyx_t_36.data = NULL;
+  __PYX_XCLEAR_MEMVIEW(&__pyx_t_37, 1);; __pyx_t_37.memview = NULL; __pyx_t_37.data = NULL;
+  __PYX_XCLEAR_MEMVIEW(&__pyx_t_38, 1);; __pyx_t_38.memview = NULL; __pyx_t_38.data = NULL;
+  __PYX_XCLEAR_MEMVIEW(&__pyx_t_39, 1);; __pyx_t_39.memview = NULL; __pyx_t_39.data = NULL;
+  __pyx_v_out = ((PyObject*)__pyx_t_2);
+  __pyx_t_2 = 0;
+
+  /* "cupy_dash/_varlen_pack.pyx":216
+ *         m_blocks[b] = info[b, 0]
+ *     out = pack(records, cols, cs, seg.astype(np.int32), n_first, m_blocks, sq, sk, Hkv, group, visit_starts)
+ *     return (policy,) + out + (G, tie, rank_rule_of(policy, tie))             # <<<<<<<<<<<<<<
+*/
+  __pyx_t_2 = __Pyx_PyLong_From_int(__pyx_v_policy); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 216, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_2);
+  __pyx_t_35 = PyTuple_New(1); if (unlikely(!__pyx_t_35)) __PYX_ERR(0, 216, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_35);
+  __Pyx_GIVEREF(__pyx_t_2);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_35, 0, __pyx_t_2) != (0)) __PYX_ERR(0, 216, __pyx_L1_error);
+  __pyx_t_2 = 0;
+  __pyx_t_2 = PyNumber_Add(__pyx_t_35, __pyx_v_out); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 216, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_2);
+  __Pyx_DECREF(__pyx_t_35); __pyx_t_35 = 0;
+  __pyx_t_35 = __Pyx_PyLong_From_PY_LONG_LONG(__pyx_v_G); if (unlikely(!__pyx_t_35)) __PYX_ERR(0, 216, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_35);
+  __pyx_t_1 = __Pyx_PyLong_From_int(__pyx_v_tie); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 216, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_1);
+  __pyx_t_4 = __Pyx_PyLong_From_int(__pyx_f_9cupy_dash_12_varlen_pack_rank_rule_of(__pyx_v_policy, __pyx_v_tie)); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 216, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_4);
+  __pyx_t_26 = PyTuple_New(3); if (unlikely(!__pyx_t_26)) __PYX_ERR(0, 216, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_26);
+  __Pyx_GIVEREF(__pyx_t_35);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_26, 0, __pyx_t_35) != (0)) __PYX_ERR(0, 216, __pyx_L1_error);
+  __Pyx_GIVEREF(__pyx_t_1);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_26, 1, __pyx_t_1) != (0)) __PYX_ERR(0, 216, __pyx_L1_error);
+  __Pyx_GIVEREF(__pyx_t_4);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_26, 2, __pyx_t_4) != (0)) __PYX_ERR(0, 216, __pyx_L1_error);
+  __pyx_t_35 = 0;
+  __pyx_t_1 = 0;
+  __pyx_t_4 = 0;
+  __pyx_t_4 = PyNumber_Add(__pyx_t_2, __pyx_t_26); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 216, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_4);
+  __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
+  __Pyx_DECREF(__pyx_t_26); __pyx_t_26 = 0;
   {
     PyObject *__pyx_temp;
     {
@@ -19856,30 +23559,33 @@ static PyObject *__pyx_pf_9cupy_dash_12_varlen_pack_pack(CYTHON_UNUSED PyObject 
   __pyx_t_4 = 0;
   goto __pyx_L0;
 
-  /* "cupy_dash/_varlen_pack.pyx":23
+  /* "cupy_dash/_varlen_pack.pyx":138
  * 
  * 
- * def pack(const int[:, ::1] records, const int[::1] cta_columns, const long long[::1] cta_col_start,             # <<<<<<<<<<<<<<
- *          const int[::1] seg_col_start, const int[::1] n_first, const long long[::1] num_m_blocks,
- *          const long long[::1] seqlens_q, const long long[::1] seqlens_k, long long kv_heads, long long group_size,
+ * def new_packing(int policy, const long long[::1] sq, const long long[::1] sk, long long left, long long right,             # <<<<<<<<<<<<<<
+ *                 long long bm, long long bn, long long heads, long long group, bint causal, long long num_sms,
+ *                 tuple candidates, double c, double r, double tolerance, long long few_grouped, bint visit_starts):
 */
 
   /* function exit code */
   __pyx_L1_error:;
   __Pyx_XDECREF(__pyx_t_1);
+  __Pyx_XDECREF(__pyx_t_2);
   __Pyx_XDECREF(__pyx_t_3);
   __Pyx_XDECREF(__pyx_t_4);
   __Pyx_XDECREF(__pyx_t_5);
-  __Pyx_XDECREF(__pyx_t_11);
-  __Pyx_XDECREF(__pyx_t_12);
-  __Pyx_XDECREF(__pyx_t_13);
-  __Pyx_XDECREF(__pyx_t_14);
-  __Pyx_XDECREF(__pyx_t_15);
-  __Pyx_XDECREF(__pyx_t_16);
-  __Pyx_XDECREF(__pyx_t_17);
+  __Pyx_XDECREF(__pyx_t_6);
+  __PYX_XCLEAR_MEMVIEW(&__pyx_t_8, 1);
   __PYX_XCLEAR_MEMVIEW(&__pyx_t_18, 1);
-  __PYX_XCLEAR_MEMVIEW(&__pyx_t_21, 1);
-  __Pyx_AddTraceback("cupy_dash._varlen_pack.pack", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __Pyx_XDECREF(__pyx_t_26);
+  __PYX_XCLEAR_MEMVIEW(&__pyx_t_27, 1);
+  __PYX_XCLEAR_MEMVIEW(&__pyx_t_33, 1);
+  __Pyx_XDECREF(__pyx_t_35);
+  __PYX_XCLEAR_MEMVIEW(&__pyx_t_36, 1);
+  __PYX_XCLEAR_MEMVIEW(&__pyx_t_37, 1);
+  __PYX_XCLEAR_MEMVIEW(&__pyx_t_38, 1);
+  __PYX_XCLEAR_MEMVIEW(&__pyx_t_39, 1);
+  __Pyx_AddTraceback("cupy_dash._varlen_pack.new_packing", __pyx_clineno, __pyx_lineno, __pyx_filename);
   __pyx_r = NULL;
   __pyx_L0:;
 
@@ -19890,38 +23596,268 @@ static PyObject *__pyx_pf_9cupy_dash_12_varlen_pack_pack(CYTHON_UNUSED PyObject 
 
 
 
+  __Pyx_XDECREF(__pyx_v_win_arr);
+  __PYX_XCLEAR_MEMVIEW(&__pyx_v_win, 1);
+
+  __Pyx_XDECREF(__pyx_v_info_arr);
+  __Pyx_XDECREF(__pyx_v_voff_arr);
+  __Pyx_XDECREF(__pyx_v_vlo_arr);
+  __Pyx_XDECREF(__pyx_v_vhi_arr);
+  __PYX_XCLEAR_MEMVIEW(&__pyx_v_info, 1);
+  __PYX_XCLEAR_MEMVIEW(&__pyx_v_voff, 1);
+  __PYX_XCLEAR_MEMVIEW(&__pyx_v_vlo, 1);
+  __PYX_XCLEAR_MEMVIEW(&__pyx_v_vhi, 1);
+  __Pyx_XDECREF(__pyx_v_key_arr);
+  __PYX_XCLEAR_MEMVIEW(&__pyx_v_key, 1);
+  __Pyx_XDECREF(__pyx_v_order_arr);
+  __PYX_XCLEAR_MEMVIEW(&__pyx_v_order, 1);
+
+  __Pyx_XDECREF(__pyx_v_assign);
 
 
 
 
-  __Pyx_XDECREF(__pyx_v_shapes);
-  __Pyx_XDECREF(__pyx_v_sizes);
-  __Pyx_XDECREF(__pyx_v_offsets_arr);
-  __PYX_XCLEAR_MEMVIEW(&__pyx_v_off, 1);
-
-
-  __Pyx_XDECREF(__pyx_v_buf_arr);
-  __PYX_XCLEAR_MEMVIEW(&__pyx_v_buf, 1);
 
 
 
 
 
-
-
-
-
-
-
-
-
-
+  __Pyx_XDECREF(__pyx_v_times);
+  __Pyx_XDECREF(__pyx_v_plain_assign);
+  __Pyx_XDECREF(__pyx_v_a);
+  __Pyx_XDECREF(__pyx_v_plain);
+  __Pyx_XDECREF(__pyx_v_records);
+  __Pyx_XDECREF(__pyx_v_cols);
+  __Pyx_XDECREF(__pyx_v_cs);
+  __Pyx_XDECREF(__pyx_v_seg);
+  __Pyx_XDECREF(__pyx_v_loads);
+  __Pyx_XDECREF(__pyx_v_n_first_arr);
+  __Pyx_XDECREF(__pyx_v_m_blocks_arr);
+  __PYX_XCLEAR_MEMVIEW(&__pyx_v_n_first, 1);
+  __PYX_XCLEAR_MEMVIEW(&__pyx_v_m_blocks, 1);
+  __Pyx_XDECREF(__pyx_v_out);
+  __Pyx_XDECREF(__pyx_gb_9cupy_dash_12_varlen_pack_11new_packing_2generator);
 
   __Pyx_XGIVEREF(__pyx_r);
   __Pyx_RefNannyFinishContext();
   return __pyx_r;
 }
 /* #### Code section: module_exttypes ### */
+
+static PyObject *__pyx_tp_new__initialisation_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr(PyObject *o, 
+#if CYTHON_VECTORCALL_TPNEW
+    CYTHON_UNUSED PyObject *const *args, CYTHON_UNUSED Py_ssize_t nargs, CYTHON_UNUSED PyObject *kwnames
+#else
+    CYTHON_UNUSED PyObject *a, CYTHON_UNUSED PyObject *k
+#endif
+) {
+  return o;
+}
+
+static PyObject *__pyx_tp_new_vectorcall_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr(PyTypeObject *t, 
+#if CYTHON_VECTORCALL_TPNEW
+    PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames
+#else
+    PyObject *a, PyObject *k
+#endif
+) {
+  PyObject *o;
+  #if CYTHON_USE_FREELISTS
+  if (likely((int)(__pyx_mstate_global->__pyx_freecount_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr > 0) & __PYX_CHECK_FINAL_TYPE_FOR_FREELISTS(t, __pyx_mstate_global->__pyx_ptype_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr, sizeof(struct __pyx_obj_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr))))
+  {
+    o = (PyObject*)__pyx_mstate_global->__pyx_freelist_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr[--__pyx_mstate_global->__pyx_freecount_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr];
+    #if CYTHON_USE_TYPE_SPECS
+    Py_DECREF(Py_TYPE(o));
+    #endif
+    memset(o, 0, sizeof(struct __pyx_obj_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr));
+    #if CYTHON_COMPILING_IN_LIMITED_API
+    (void) PyObject_Init(o, t);
+    #else
+    (void) PyObject_INIT(o, t);
+    #endif
+    PyObject_GC_Track(o);
+  } else
+  #endif
+  {
+    o = __Pyx_AllocateExtensionType(t, 1);
+  }
+  if (unlikely(!o)) return 0;
+  return __pyx_tp_new__initialisation_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr(o, 
+#if CYTHON_VECTORCALL_TPNEW
+    args, nargs, kwnames
+#else
+    a, k
+#endif
+);
+}
+
+#if CYTHON_VECTORCALL_TPNEW
+static PyObject *__pyx_tp_new_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr(PyTypeObject *t, PyObject *a, PyObject *k) {
+  return __Pyx_CallTpnewAsVectorcall(__pyx_tp_new_vectorcall_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr, t, a, k);
+}
+#endif
+
+#if CYTHON_VECTORCALL_TPNEW
+static PyObject *__pyx_tp_vectorcall_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr(PyObject *t, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+  if (unlikely((PyTypeObject*)t != __pyx_mstate_global->__pyx_ptype_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr || __Pyx_PyType_HasFeature((PyTypeObject*)t, Py_TPFLAGS_IS_ABSTRACT))) {
+    return __Pyx_CallNewInitFromVectorcall((PyTypeObject*)t, args, nargsf, kwnames);
+  }
+  Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+  PyObject *o = __pyx_tp_new_vectorcall_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr((PyTypeObject*)t, args, nargs, kwnames);
+  return o;
+}
+#endif
+
+static void __pyx_tp_dealloc_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr(PyObject *o) {
+  struct __pyx_obj_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr *p = (struct __pyx_obj_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr *)o;
+  #if CYTHON_USE_TP_FINALIZE
+  if (unlikely(__Pyx_PyObject_GetSlot(o, tp_finalize, destructor)) && !__Pyx_PyObject_GC_IsFinalized(o)) {
+    if (__Pyx_PyObject_GetSlot(o, tp_dealloc, destructor) == __pyx_tp_dealloc_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr) {
+      if (PyObject_CallFinalizerFromDealloc(o)) return;
+    }
+  }
+  #endif
+  PyObject_GC_UnTrack(o);
+  Py_CLEAR(p->__pyx_genexpr_arg_0);
+  Py_CLEAR(p->__pyx_v_x);
+  Py_CLEAR(p->__pyx_t_0);
+  #if CYTHON_USE_FREELISTS
+  if (likely((int)(__pyx_mstate_global->__pyx_freecount_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr < 8) & __PYX_CHECK_FINAL_TYPE_FOR_FREELISTS(Py_TYPE(o), __pyx_mstate_global->__pyx_ptype_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr, sizeof(struct __pyx_obj_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr))))
+  {
+    __pyx_mstate_global->__pyx_freelist_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr[__pyx_mstate_global->__pyx_freecount_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr++] = ((struct __pyx_obj_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr *)o);
+  } else
+  #endif
+  {
+    PyTypeObject *tp = Py_TYPE(o);
+    #if CYTHON_USE_TYPE_SLOTS
+    (*tp->tp_free)(o);
+    #else
+    {
+      freefunc tp_free = (freefunc)PyType_GetSlot(tp, Py_tp_free);
+      if (tp_free) tp_free(o);
+    }
+    #endif
+    #if CYTHON_USE_TYPE_SPECS
+    Py_DECREF(tp);
+    #endif
+  }
+}
+
+static int __pyx_tp_traverse_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr(PyObject *o, visitproc v, void *a) {
+  int e;
+  struct __pyx_obj_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr *p = (struct __pyx_obj_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr *)o;
+  {
+    e = __Pyx_call_type_traverse(o, 1, v, a);
+    if (e) return e;
+  }
+  if (p->__pyx_genexpr_arg_0) {
+    e = (*v)(p->__pyx_genexpr_arg_0, a); if (e) return e;
+  }
+  if (p->__pyx_v_x) {
+    e = (*v)(p->__pyx_v_x, a); if (e) return e;
+  }
+  if (p->__pyx_t_0) {
+    e = (*v)(p->__pyx_t_0, a); if (e) return e;
+  }
+  return 0;
+}
+#if CYTHON_USE_TYPE_SPECS
+static PyType_Slot __pyx_type_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr_slots[] = {
+  {Py_tp_dealloc, (void *)__pyx_tp_dealloc_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr},
+  {Py_tp_traverse, (void *)__pyx_tp_traverse_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr},
+  {Py_tp_new, (void *)__pyx_tp_new_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr},
+  #if (!CYTHON_COMPILING_IN_PYPY || PYPY_VERSION_NUM >= 0x07030800) && (!CYTHON_COMPILING_IN_LIMITED_API || __PYX_LIMITED_VERSION_HEX >= 0x030E0000)
+  #if CYTHON_VECTORCALL_TPNEW
+  {Py_tp_vectorcall, (void *)__pyx_tp_vectorcall_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr},
+  #endif
+  #endif
+  {0, 0},
+};
+static PyType_Spec __pyx_type_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr_spec = {
+  "cupy_dash._varlen_pack.__pyx_scope_struct__genexpr",
+  sizeof(struct __pyx_obj_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr),
+  0,
+  Py_TPFLAGS_DEFAULT|Py_TPFLAGS_HAVE_VERSION_TAG|Py_TPFLAGS_HAVE_GC,
+  __pyx_type_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr_slots,
+};
+#else
+
+static PyTypeObject __pyx_type_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr = {
+  PyVarObject_HEAD_INIT(0, 0)
+  "cupy_dash._varlen_pack.""__pyx_scope_struct__genexpr", /*tp_name*/
+  sizeof(struct __pyx_obj_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr), /*tp_basicsize*/
+  0, /*tp_itemsize*/
+  __pyx_tp_dealloc_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr, /*tp_dealloc*/
+  0, /*tp_vectorcall_offset*/
+  0, /*tp_getattr*/
+  0, /*tp_setattr*/
+  0, /*tp_as_async*/
+  0, /*tp_repr*/
+  0, /*tp_as_number*/
+  0, /*tp_as_sequence*/
+  0, /*tp_as_mapping*/
+  0, /*tp_hash*/
+  0, /*tp_call*/
+  0, /*tp_str*/
+  0, /*tp_getattro*/
+  0, /*tp_setattro*/
+  0, /*tp_as_buffer*/
+  Py_TPFLAGS_DEFAULT|Py_TPFLAGS_HAVE_VERSION_TAG|Py_TPFLAGS_HAVE_GC, /*tp_flags*/
+  0, /*tp_doc*/
+  __pyx_tp_traverse_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr, /*tp_traverse*/
+  0, /*tp_clear*/
+  0, /*tp_richcompare*/
+  0, /*tp_weaklistoffset*/
+  0, /*tp_iter*/
+  0, /*tp_iternext*/
+  0, /*tp_methods*/
+  0, /*tp_members*/
+  0, /*tp_getset*/
+  0, /*tp_base*/
+  0, /*tp_dict*/
+  0, /*tp_descr_get*/
+  0, /*tp_descr_set*/
+  #if !CYTHON_USE_TYPE_SPECS
+  0, /*tp_dictoffset*/
+  #endif
+  0, /*tp_init*/
+  0, /*tp_alloc*/
+  __pyx_tp_new_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr, /*tp_new*/
+  0, /*tp_free*/
+  0, /*tp_is_gc*/
+  0, /*tp_bases*/
+  0, /*tp_mro*/
+  0, /*tp_cache*/
+  0, /*tp_subclasses*/
+  0, /*tp_weaklist*/
+  0, /*tp_del*/
+  0, /*tp_version_tag*/
+  #if CYTHON_USE_TP_FINALIZE
+  0, /*tp_finalize*/
+  #else
+  NULL, /*tp_finalize*/
+  #endif
+  #if (!CYTHON_COMPILING_IN_PYPY || PYPY_VERSION_NUM >= 0x07030800) && (!CYTHON_COMPILING_IN_LIMITED_API || __PYX_LIMITED_VERSION_HEX >= 0x030E0000)
+  #if CYTHON_VECTORCALL_TPNEW
+  __pyx_tp_vectorcall_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr, /*tp_vectorcall*/
+  #else
+  NULL, /*tp_vectorcall*/
+  #endif
+  #endif
+  #if __PYX_NEED_TP_PRINT_SLOT == 1
+  0, /*tp_print*/
+  #endif
+  #if PY_VERSION_HEX >= 0x030C0000
+  0, /*tp_watched*/
+  #endif
+  #if PY_VERSION_HEX >= 0x030d00A4
+  0, /*tp_versions_used*/
+  #endif
+  #if CYTHON_COMPILING_IN_PYPY && PY_VERSION_HEX < 0x030a0000
+  0, /*tp_pypy_flags*/
+  #endif
+};
+#endif
 static struct __pyx_vtabstruct_array __pyx_vtable_array;
 
 static PyObject *__pyx_tp_new__initialisation_array(PyObject *o, 
@@ -21033,6 +24969,7 @@ static CYTHON_SMALL_CODE int __Pyx_InitConstants(__pyx_mstatetype *__pyx_mstate)
 static CYTHON_SMALL_CODE int __Pyx_modinit_Global_init_code(__pyx_mstatetype *__pyx_mstate); /*proto*/
 static CYTHON_SMALL_CODE int __Pyx_modinit_Variable_export_code(__pyx_mstatetype *__pyx_mstate); /*proto*/
 static CYTHON_SMALL_CODE int __Pyx_modinit_Function_export_code(__pyx_mstatetype *__pyx_mstate); /*proto*/
+static CYTHON_SMALL_CODE int __Pyx_modinit_Exttype___pyx_obj_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr(__pyx_mstatetype *__pyx_mstate); /*proto*/
 static CYTHON_SMALL_CODE int __Pyx_modinit_Exttype___pyx_array_obj(__pyx_mstatetype *__pyx_mstate); /*proto*/
 static CYTHON_SMALL_CODE int __Pyx_modinit_Exttype___pyx_MemviewEnum_obj(__pyx_mstatetype *__pyx_mstate); /*proto*/
 static CYTHON_SMALL_CODE int __Pyx_modinit_Exttype___pyx_memoryview_obj(__pyx_mstatetype *__pyx_mstate); /*proto*/
@@ -21074,6 +25011,39 @@ static int __Pyx_modinit_Function_export_code(__pyx_mstatetype *__pyx_mstate) {
   /*--- Function export code ---*/
   __Pyx_RefNannyFinishContext();
   return 0;
+}
+
+static int __Pyx_modinit_Exttype___pyx_obj_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr(__pyx_mstatetype *__pyx_mstate) {
+  __Pyx_RefNannyDeclarations
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  CYTHON_UNUSED_VAR(__pyx_mstate);
+  __Pyx_RefNannySetupContext("__Pyx_modinit_Exttype___pyx_obj_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr", 0);
+  /*--- Exttype __pyx_obj_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr ---*/
+  #if CYTHON_USE_TYPE_SPECS
+  __pyx_mstate->__pyx_ptype_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr = (PyTypeObject *) __Pyx_PyType_FromModuleAndSpec(__pyx_m, &__pyx_type_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr_spec, NULL); if (unlikely(!__pyx_mstate->__pyx_ptype_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr)) __PYX_ERR(0, 200, __pyx_L1_error)
+  #else
+  __pyx_mstate->__pyx_ptype_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr = &__pyx_type_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr;
+  #endif
+  #if !CYTHON_COMPILING_IN_LIMITED_API
+  #endif
+  #if !CYTHON_USE_TYPE_SPECS
+  if (__Pyx_PyType_Ready(__pyx_mstate->__pyx_ptype_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr) < (0)) __PYX_ERR(0, 200, __pyx_L1_error)
+  #endif
+  #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
+  PyUnstable_Object_EnableDeferredRefcount((PyObject*)__pyx_mstate->__pyx_ptype_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr);
+  #endif
+  #if !CYTHON_COMPILING_IN_LIMITED_API
+  if ((CYTHON_USE_TYPE_SLOTS && CYTHON_USE_PYTYPE_LOOKUP) && likely(!__pyx_mstate->__pyx_ptype_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr->tp_dictoffset && __pyx_mstate->__pyx_ptype_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr->tp_getattro == PyObject_GenericGetAttr)) {
+    __pyx_mstate->__pyx_ptype_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr->tp_getattro = PyObject_GenericGetAttr;
+  }
+  #endif
+  __Pyx_RefNannyFinishContext();
+  return 0;
+  __pyx_L1_error:;
+  __Pyx_RefNannyFinishContext();
+  return -1;
 }
 
 static int __Pyx_modinit_Exttype___pyx_array_obj(__pyx_mstatetype *__pyx_mstate) {
@@ -21280,11 +25250,39 @@ static int __Pyx_modinit_Variable_import_code(__pyx_mstatetype *__pyx_mstate) {
 
 static int __Pyx_modinit_Function_import_code(__pyx_mstatetype *__pyx_mstate) {
   __Pyx_RefNannyDeclarations
+  PyObject *__pyx_t_1 = NULL;
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
   CYTHON_UNUSED_VAR(__pyx_mstate);
   __Pyx_RefNannySetupContext("__Pyx_modinit_Function_import_code", 0);
   /*--- Function import code ---*/
+  {
+    __pyx_t_1 = PyImport_ImportModule("cupy_dash._varlen_sched"); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 1, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_1);
+    const char * __pyx_import_signature = __Pyx_PyBytes_AsString(__pyx_mstate_global->__pyx_kp_b_PyObject___Pyx_memviewslice___Py);
+    #if !CYTHON_ASSUME_SAFE_MACROS
+    if (unlikely(!__pyx_import_signature)) __PYX_ERR(0, 1, __pyx_L1_error)
+    #endif
+    const char * __pyx_import_name = __pyx_import_signature + 645;
+    void (**const __pyx_import_pointers[])(void) = {(void (**)(void))&__pyx_f_9cupy_dash_13_varlen_sched_sequence_shapes, (void (**)(void))&__pyx_f_9cupy_dash_13_varlen_sched_build_varlen, (void (**)(void))&__pyx_f_9cupy_dash_13_varlen_sched_busiest_load, (void (**)(void)) NULL};
+    void (**const *__pyx_import_pointer)(void) = __pyx_import_pointers;
+    const char *__pyx_import_current_signature = __pyx_import_signature;
+    while (*__pyx_import_pointer) {
+      if (__Pyx_ImportFunction_3_3_1(__pyx_t_1, __pyx_import_name, *__pyx_import_pointer, __pyx_import_current_signature) < (0)) __PYX_ERR(0, 1, __pyx_L1_error)
+      ++__pyx_import_pointer;
+      __pyx_import_name = strchr(__pyx_import_name, '\0') + 1;
+      __pyx_import_signature = strchr(__pyx_import_signature, '\0') + 1;
+      if (*__pyx_import_signature != '\0') __pyx_import_current_signature = __pyx_import_signature;
+    }
+    __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+  }
   __Pyx_RefNannyFinishContext();
   return 0;
+  __pyx_L1_error:;
+  __Pyx_XDECREF(__pyx_t_1);
+  __Pyx_RefNannyFinishContext();
+  return -1;
 }
 
 #if CYTHON_PEP489_MULTI_PHASE_INIT
@@ -21576,13 +25574,14 @@ __Pyx_RefNannySetupContext("PyInit__varlen_pack", 0);
   (void)__Pyx_modinit_Variable_export_code(__pyx_mstate);
   (void)__Pyx_modinit_Function_export_code(__pyx_mstate);
   /*--- Type init code ---*/
+  if (unlikely((__Pyx_modinit_Exttype___pyx_obj_9cupy_dash_12_varlen_pack___pyx_scope_struct__genexpr(__pyx_mstate) < 0))) __PYX_ERR(0, 1, __pyx_L1_error)
   if (unlikely((__Pyx_modinit_Exttype___pyx_array_obj(__pyx_mstate) < 0))) __PYX_ERR(0, 1, __pyx_L1_error)
   if (unlikely((__Pyx_modinit_Exttype___pyx_MemviewEnum_obj(__pyx_mstate) < 0))) __PYX_ERR(0, 1, __pyx_L1_error)
   if (unlikely((__Pyx_modinit_Exttype___pyx_memoryview_obj(__pyx_mstate) < 0))) __PYX_ERR(0, 1, __pyx_L1_error)
   if (unlikely((__Pyx_modinit_Exttype___pyx_memoryviewslice_obj(__pyx_mstate) < 0))) __PYX_ERR(0, 1, __pyx_L1_error)
   (void)__Pyx_modinit_Type_import_code(__pyx_mstate);
   (void)__Pyx_modinit_Variable_import_code(__pyx_mstate);
-  (void)__Pyx_modinit_Function_import_code(__pyx_mstate);
+  if (unlikely((__Pyx_modinit_Function_import_code(__pyx_mstate) < 0))) __PYX_ERR(0, 1, __pyx_L1_error)
   if (__Pyx_InitAfterSharedUtility() < (0)) __PYX_ERR(0, 1, __pyx_L1_error)
   /*--- Execution code ---*/
 
@@ -22078,88 +26077,88 @@ __Pyx_RefNannySetupContext("PyInit__varlen_pack", 0);
   if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_pyx_unpickle_Enum, __pyx_t_4) < (0)) __PYX_ERR(1, 4, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
 
-  /* "cupy_dash/_varlen_pack.pyx":10
- * which the tests compare with these), so that a new packing costs one call rather than a dozen numpy ones.
+  /* "cupy_dash/_varlen_pack.pyx":14
+ * varlen_schedule.build_varlen + pack (tests/test_varlen_compact.py compares the bytes) without their Python glue.
  * """
  * import numpy as np             # <<<<<<<<<<<<<<
+ * from libc.string cimport memset
  * 
- * include "_compact_rule.pxi"
 */
-  __pyx_t_1 = __Pyx_Import(__pyx_mstate_global->__pyx_n_u_numpy, 0, 0, NULL, 0); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 10, __pyx_L1_error)
+  __pyx_t_1 = __Pyx_Import(__pyx_mstate_global->__pyx_n_u_numpy, 0, 0, NULL, 0); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 14, __pyx_L1_error)
   __pyx_t_4 = __pyx_t_1;
   __Pyx_GOTREF(__pyx_t_4);
-  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_np, __pyx_t_4) < (0)) __PYX_ERR(0, 10, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_np, __pyx_t_4) < (0)) __PYX_ERR(0, 14, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
 
-  /* "cupy_dash/_varlen_pack.pyx":14
+  /* "cupy_dash/_varlen_pack.pyx":22
  * include "_compact_rule.pxi"
  * 
  * NAMES = ("col_records", "cta_columns", "cta_col_start", "seg_col_start", "seq_n_first", "tile_columns",             # <<<<<<<<<<<<<<
  *          "seq_tile_start", "cta_start", "cu_seqlens_q", "cu_seqlens_k")
  * DTYPES = (np.int32, np.int32, np.int64, np.int32, np.int32, np.int32, np.int32, np.int64, np.int32, np.int32)
 */
-  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_NAMES, __pyx_mstate_global->__pyx_tuple[4]) < (0)) __PYX_ERR(0, 14, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_NAMES, __pyx_mstate_global->__pyx_tuple[5]) < (0)) __PYX_ERR(0, 22, __pyx_L1_error)
 
-  /* "cupy_dash/_varlen_pack.pyx":16
+  /* "cupy_dash/_varlen_pack.pyx":24
  * NAMES = ("col_records", "cta_columns", "cta_col_start", "seg_col_start", "seq_n_first", "tile_columns",
  *          "seq_tile_start", "cta_start", "cu_seqlens_q", "cu_seqlens_k")
  * DTYPES = (np.int32, np.int32, np.int64, np.int32, np.int32, np.int32, np.int32, np.int64, np.int32, np.int32)             # <<<<<<<<<<<<<<
  * 
  * 
 */
-  __Pyx_GetModuleGlobalName(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 16, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 24, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_4);
-  __pyx_t_5 = __Pyx_PyObject_GetAttrStr(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_int32); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 16, __pyx_L1_error)
+  __pyx_t_5 = __Pyx_PyObject_GetAttrStr(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_int32); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 24, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_5);
   __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
-  __Pyx_GetModuleGlobalName(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 16, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 24, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_4);
-  __pyx_t_9 = __Pyx_PyObject_GetAttrStr(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_int32); if (unlikely(!__pyx_t_9)) __PYX_ERR(0, 16, __pyx_L1_error)
+  __pyx_t_9 = __Pyx_PyObject_GetAttrStr(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_int32); if (unlikely(!__pyx_t_9)) __PYX_ERR(0, 24, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_9);
   __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
-  __Pyx_GetModuleGlobalName(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 16, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 24, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_4);
-  __pyx_t_10 = __Pyx_PyObject_GetAttrStr(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_int64); if (unlikely(!__pyx_t_10)) __PYX_ERR(0, 16, __pyx_L1_error)
+  __pyx_t_10 = __Pyx_PyObject_GetAttrStr(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_int64); if (unlikely(!__pyx_t_10)) __PYX_ERR(0, 24, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_10);
   __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
-  __Pyx_GetModuleGlobalName(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 16, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 24, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_4);
-  __pyx_t_11 = __Pyx_PyObject_GetAttrStr(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_int32); if (unlikely(!__pyx_t_11)) __PYX_ERR(0, 16, __pyx_L1_error)
+  __pyx_t_11 = __Pyx_PyObject_GetAttrStr(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_int32); if (unlikely(!__pyx_t_11)) __PYX_ERR(0, 24, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_11);
   __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
-  __Pyx_GetModuleGlobalName(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 16, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 24, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_4);
-  __pyx_t_12 = __Pyx_PyObject_GetAttrStr(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_int32); if (unlikely(!__pyx_t_12)) __PYX_ERR(0, 16, __pyx_L1_error)
+  __pyx_t_12 = __Pyx_PyObject_GetAttrStr(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_int32); if (unlikely(!__pyx_t_12)) __PYX_ERR(0, 24, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_12);
   __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
-  __Pyx_GetModuleGlobalName(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 16, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 24, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_4);
-  __pyx_t_13 = __Pyx_PyObject_GetAttrStr(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_int32); if (unlikely(!__pyx_t_13)) __PYX_ERR(0, 16, __pyx_L1_error)
+  __pyx_t_13 = __Pyx_PyObject_GetAttrStr(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_int32); if (unlikely(!__pyx_t_13)) __PYX_ERR(0, 24, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_13);
   __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
-  __Pyx_GetModuleGlobalName(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 16, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 24, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_4);
-  __pyx_t_14 = __Pyx_PyObject_GetAttrStr(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_int32); if (unlikely(!__pyx_t_14)) __PYX_ERR(0, 16, __pyx_L1_error)
+  __pyx_t_14 = __Pyx_PyObject_GetAttrStr(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_int32); if (unlikely(!__pyx_t_14)) __PYX_ERR(0, 24, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_14);
   __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
-  __Pyx_GetModuleGlobalName(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 16, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 24, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_4);
-  __pyx_t_15 = __Pyx_PyObject_GetAttrStr(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_int64); if (unlikely(!__pyx_t_15)) __PYX_ERR(0, 16, __pyx_L1_error)
+  __pyx_t_15 = __Pyx_PyObject_GetAttrStr(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_int64); if (unlikely(!__pyx_t_15)) __PYX_ERR(0, 24, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_15);
   __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
-  __Pyx_GetModuleGlobalName(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 16, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 24, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_4);
-  __pyx_t_16 = __Pyx_PyObject_GetAttrStr(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_int32); if (unlikely(!__pyx_t_16)) __PYX_ERR(0, 16, __pyx_L1_error)
+  __pyx_t_16 = __Pyx_PyObject_GetAttrStr(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_int32); if (unlikely(!__pyx_t_16)) __PYX_ERR(0, 24, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_16);
   __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
-  __Pyx_GetModuleGlobalName(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 16, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 24, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_4);
-  __pyx_t_17 = __Pyx_PyObject_GetAttrStr(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_int32); if (unlikely(!__pyx_t_17)) __PYX_ERR(0, 16, __pyx_L1_error)
+  __pyx_t_17 = __Pyx_PyObject_GetAttrStr(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_int32); if (unlikely(!__pyx_t_17)) __PYX_ERR(0, 24, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_17);
   __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
   {
     PyObject* __pyx_temp[10] = {__pyx_t_5, __pyx_t_9, __pyx_t_10, __pyx_t_11, __pyx_t_12, __pyx_t_13, __pyx_t_14, __pyx_t_15, __pyx_t_16, __pyx_t_17};
-    __pyx_t_4 = __Pyx_PyTuple_FromArray(__pyx_temp, 10); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 16, __pyx_L1_error)
+    __pyx_t_4 = __Pyx_PyTuple_FromArray(__pyx_temp, 10); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 24, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_4);
   }
   __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
@@ -22172,22 +26171,37 @@ __Pyx_RefNannySetupContext("PyInit__varlen_pack", 0);
   __Pyx_DECREF(__pyx_t_15); __pyx_t_15 = 0;
   __Pyx_DECREF(__pyx_t_16); __pyx_t_16 = 0;
   __Pyx_DECREF(__pyx_t_17); __pyx_t_17 = 0;
-  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_DTYPES, __pyx_t_4) < (0)) __PYX_ERR(0, 16, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_DTYPES, __pyx_t_4) < (0)) __PYX_ERR(0, 24, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
 
-  /* "cupy_dash/_varlen_pack.pyx":23
+  /* "cupy_dash/_varlen_pack.pyx":31
  * 
  * 
- * def pack(const int[:, ::1] records, const int[::1] cta_columns, const long long[::1] cta_col_start,             # <<<<<<<<<<<<<<
- *          const int[::1] seg_col_start, const int[::1] n_first, const long long[::1] num_m_blocks,
- *          const long long[::1] seqlens_q, const long long[::1] seqlens_k, long long kv_heads, long long group_size,
+ * cpdef tuple pack(const int[:, ::1] records, const int[::1] cta_columns, const long long[::1] cta_col_start,             # <<<<<<<<<<<<<<
+ *                 const int[::1] seg_col_start, const int[::1] n_first, const long long[::1] num_m_blocks,
+ *                 const long long[::1] seqlens_q, const long long[::1] seqlens_k, long long kv_heads,
 */
-  __pyx_t_4 = __Pyx_CyFunction_New(&__pyx_mdef_9cupy_dash_12_varlen_pack_1pack, 0, __pyx_mstate_global->__pyx_n_u_pack, NULL, __pyx_mstate_global->__pyx_n_u_cupy_dash__varlen_pack, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[0])); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 23, __pyx_L1_error)
+  __pyx_t_4 = __Pyx_CyFunction_New(&__pyx_mdef_9cupy_dash_12_varlen_pack_1pack, 0, __pyx_mstate_global->__pyx_n_u_pack, NULL, __pyx_mstate_global->__pyx_n_u_cupy_dash__varlen_pack, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[1])); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 31, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_4);
   #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
   PyUnstable_Object_EnableDeferredRefcount(__pyx_t_4);
   #endif
-  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_pack, __pyx_t_4) < (0)) __PYX_ERR(0, 23, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_pack, __pyx_t_4) < (0)) __PYX_ERR(0, 31, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
+
+  /* "cupy_dash/_varlen_pack.pyx":138
+ * 
+ * 
+ * def new_packing(int policy, const long long[::1] sq, const long long[::1] sk, long long left, long long right,             # <<<<<<<<<<<<<<
+ *                 long long bm, long long bn, long long heads, long long group, bint causal, long long num_sms,
+ *                 tuple candidates, double c, double r, double tolerance, long long few_grouped, bint visit_starts):
+*/
+  __pyx_t_4 = __Pyx_CyFunction_New(&__pyx_mdef_9cupy_dash_12_varlen_pack_3new_packing, 0, __pyx_mstate_global->__pyx_n_u_new_packing, NULL, __pyx_mstate_global->__pyx_n_u_cupy_dash__varlen_pack, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[2])); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 138, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_4);
+  #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
+  PyUnstable_Object_EnableDeferredRefcount(__pyx_t_4);
+  #endif
+  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_new_packing, __pyx_t_4) < (0)) __PYX_ERR(0, 138, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
 
   /* "cupy_dash/_varlen_pack.pyx":1
@@ -22249,6 +26263,7 @@ static int __Pyx_InitCachedBuiltins(__pyx_mstatetype *__pyx_mstate) {
   const char *__pyx_filename = NULL;
   int __pyx_clineno = 0;
   CYTHON_UNUSED_VAR(__pyx_mstate);
+  __pyx_builtin_min = __Pyx_GetBuiltinName(__pyx_mstate->__pyx_n_u_min); if (!__pyx_builtin_min) __PYX_ERR(0, 200, __pyx_L1_error)
   __pyx_builtin___import__ = __Pyx_GetBuiltinName(__pyx_mstate->__pyx_n_u_import); if (!__pyx_builtin___import__) __PYX_ERR(1, 119, __pyx_L1_error)
   __pyx_builtin_enumerate = __Pyx_GetBuiltinName(__pyx_mstate->__pyx_n_u_enumerate); if (!__pyx_builtin_enumerate) __PYX_ERR(1, 175, __pyx_L1_error)
   __pyx_builtin_Ellipsis = __Pyx_GetBuiltinName(__pyx_mstate->__pyx_n_u_Ellipsis); if (!__pyx_builtin_Ellipsis) __PYX_ERR(1, 436, __pyx_L1_error)
@@ -22314,7 +26329,7 @@ static int __Pyx_InitCachedConstants(__pyx_mstatetype *__pyx_mstate) {
   if (__Pyx_PyTuple_SET_ITEM(__pyx_mstate_global->__pyx_tuple[1], 0, __pyx_mstate_global->__pyx_slice[0]) != (0)) __PYX_ERR(1, 763, __pyx_L1_error);
   __Pyx_GIVEREF(__pyx_mstate_global->__pyx_tuple[1]);
 
-  /* "cupy_dash/_varlen_pack.pyx":41
+  /* "cupy_dash/_varlen_pack.pyx":49
  *     sizes = (ncols * REC_FIELDS * 4, ncols * 4, (G + 1) * 8, (S + 1) * 4, B * 4, total_m * 8, (B + 1) * 4,
  *              (G + 1) * 8 if visit_starts else 0, (B + 1) * 4, (B + 1) * 4)
  *     offsets_arr = np.full(10, -1, dtype=np.int64)             # <<<<<<<<<<<<<<
@@ -22323,12 +26338,12 @@ static int __Pyx_InitCachedConstants(__pyx_mstatetype *__pyx_mstate) {
 */
   {
     PyObject* __pyx_temp[2] = {__pyx_mstate_global->__pyx_int_10, __pyx_mstate_global->__pyx_int_neg_1};
-    __pyx_mstate_global->__pyx_tuple[2] = __Pyx_PyTuple_FromArray(__pyx_temp, 2); if (unlikely(!__pyx_mstate_global->__pyx_tuple[2])) __PYX_ERR(0, 41, __pyx_L1_error)
+    __pyx_mstate_global->__pyx_tuple[2] = __Pyx_PyTuple_FromArray(__pyx_temp, 2); if (unlikely(!__pyx_mstate_global->__pyx_tuple[2])) __PYX_ERR(0, 49, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_mstate_global->__pyx_tuple[2]);
   }
   __Pyx_GIVEREF(__pyx_mstate_global->__pyx_tuple[2]);
 
-  /* "cupy_dash/_varlen_pack.pyx":48
+  /* "cupy_dash/_varlen_pack.pyx":56
  *             off[i] = total
  *             total += aligned(sizes[i])
  *     buf_arr = np.empty(max(total, 1), dtype=np.uint8)             # <<<<<<<<<<<<<<
@@ -22337,12 +26352,26 @@ static int __Pyx_InitCachedConstants(__pyx_mstatetype *__pyx_mstate) {
 */
   {
     PyObject* __pyx_temp[1] = {__pyx_mstate_global->__pyx_n_u_dtype};
-    __pyx_mstate_global->__pyx_tuple[3] = __Pyx_PyTuple_FromArray(__pyx_temp, 1); if (unlikely(!__pyx_mstate_global->__pyx_tuple[3])) __PYX_ERR(0, 48, __pyx_L1_error)
+    __pyx_mstate_global->__pyx_tuple[3] = __Pyx_PyTuple_FromArray(__pyx_temp, 1); if (unlikely(!__pyx_mstate_global->__pyx_tuple[3])) __PYX_ERR(0, 56, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_mstate_global->__pyx_tuple[3]);
   }
   __Pyx_GIVEREF(__pyx_mstate_global->__pyx_tuple[3]);
 
-  /* "cupy_dash/_varlen_pack.pyx":14
+  /* "cupy_dash/_varlen_pack.pyx":164
+ *             key[b] -= vhi[i] - vlo[i]
+ *         widest = info[b, 3] if info[b, 3] > widest else widest
+ *     order_arr = np.argsort(key_arr, kind="stable")             # <<<<<<<<<<<<<<
+ *     cdef long long[::1] order = order_arr
+ *     ncols_seq = voff[B]
+*/
+  {
+    PyObject* __pyx_temp[1] = {__pyx_mstate_global->__pyx_n_u_kind};
+    __pyx_mstate_global->__pyx_tuple[4] = __Pyx_PyTuple_FromArray(__pyx_temp, 1); if (unlikely(!__pyx_mstate_global->__pyx_tuple[4])) __PYX_ERR(0, 164, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_mstate_global->__pyx_tuple[4]);
+  }
+  __Pyx_GIVEREF(__pyx_mstate_global->__pyx_tuple[4]);
+
+  /* "cupy_dash/_varlen_pack.pyx":22
  * include "_compact_rule.pxi"
  * 
  * NAMES = ("col_records", "cta_columns", "cta_col_start", "seg_col_start", "seq_n_first", "tile_columns",             # <<<<<<<<<<<<<<
@@ -22351,14 +26380,14 @@ static int __Pyx_InitCachedConstants(__pyx_mstatetype *__pyx_mstate) {
 */
   {
     PyObject* __pyx_temp[10] = {__pyx_mstate_global->__pyx_n_u_col_records, __pyx_mstate_global->__pyx_n_u_cta_columns, __pyx_mstate_global->__pyx_n_u_cta_col_start, __pyx_mstate_global->__pyx_n_u_seg_col_start, __pyx_mstate_global->__pyx_n_u_seq_n_first, __pyx_mstate_global->__pyx_n_u_tile_columns, __pyx_mstate_global->__pyx_n_u_seq_tile_start, __pyx_mstate_global->__pyx_n_u_cta_start, __pyx_mstate_global->__pyx_n_u_cu_seqlens_q, __pyx_mstate_global->__pyx_n_u_cu_seqlens_k};
-    __pyx_mstate_global->__pyx_tuple[4] = __Pyx_PyTuple_FromArray(__pyx_temp, 10); if (unlikely(!__pyx_mstate_global->__pyx_tuple[4])) __PYX_ERR(0, 14, __pyx_L1_error)
-    __Pyx_GOTREF(__pyx_mstate_global->__pyx_tuple[4]);
+    __pyx_mstate_global->__pyx_tuple[5] = __Pyx_PyTuple_FromArray(__pyx_temp, 10); if (unlikely(!__pyx_mstate_global->__pyx_tuple[5])) __PYX_ERR(0, 22, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_mstate_global->__pyx_tuple[5]);
   }
-  __Pyx_GIVEREF(__pyx_mstate_global->__pyx_tuple[4]);
+  __Pyx_GIVEREF(__pyx_mstate_global->__pyx_tuple[5]);
   #if CYTHON_IMMORTAL_CONSTANTS
   {
     PyObject **table = __pyx_mstate->__pyx_tuple;
-    for (Py_ssize_t i=0; i<5; ++i) {
+    for (Py_ssize_t i=0; i<6; ++i) {
       #if PY_VERSION_HEX >= 0x030F0000
       PyUnstable_SetImmortal(table[i]);
       #elif CYTHON_COMPILING_IN_CPYTHON_FREETHREADING
@@ -22415,38 +26444,38 @@ static int __Pyx_InitConstants(__pyx_mstatetype *__pyx_mstate) {
   int __pyx_clineno = 0;
   CYTHON_UNUSED_VAR(__pyx_mstate);
   {
-    const struct { const unsigned int length: 8; } str_length_index[] = {{6},{53},{8},{1},{2},{15},{23},{25},{32},{20},{22},{1},{1},{37},{45},{22},{179},{8},{15},{26},{7},{6},{2},{9},{50},{30},{37},{5},{1},{6},{8},{1},{1},{5},{1},{8},{15},{20},{12},{9},{17},{8},{8},{12},{10},{8},{10},{8},{7},{14},{11},{10},{19},{14},{12},{10},{17},{13},{12},{12},{19},{8},{13},{3},{15},{18},{1},{4},{3},{7},{1},{18},{11},{8},{5},{6},{13},{11},{9},{4},{4},{12},{12},{22},{5},{15},{5},{6},{9},{5},{5},{6},{7},{4},{10},{1},{2},{5},{5},{5},{5},{8},{1},{8},{4},{1},{7},{4},{7},{4},{5},{4},{6},{2},{12},{5},{3},{3},{11},{4},{4},{4},{3},{2},{7},{7},{8},{3},{13},{7},{11},{14},{9},{9},{10},{5},{6},{4},{5},{5},{4},{4},{6},{12},{10},{5},{5},{7},{5},{6},{6},{6},{12},{6},{6},{1}};
-    const struct { const unsigned int length: 11; } bytes_length_index[] = {{1},{1158}};
+    const struct { const unsigned int length: 8; } str_length_index[] = {{6},{53},{8},{1},{2},{15},{23},{25},{32},{20},{22},{1},{1},{37},{45},{22},{179},{8},{15},{26},{7},{6},{2},{9},{50},{30},{37},{5},{1},{6},{8},{1},{3},{5},{8},{15},{20},{12},{9},{17},{8},{8},{12},{10},{8},{10},{8},{7},{14},{11},{10},{19},{14},{12},{10},{17},{13},{12},{12},{19},{8},{13},{1},{3},{15},{7},{6},{6},{18},{1},{4},{4},{11},{2},{2},{1},{4},{10},{6},{18},{5},{11},{4},{5},{2},{13},{11},{9},{12},{12},{22},{5},{15},{5},{6},{9},{5},{5},{11},{5},{5},{6},{7},{4},{7},{5},{10},{5},{1},{2},{5},{4},{8},{5},{5},{5},{8},{3},{7},{4},{8},{4},{4},{5},{8},{12},{7},{3},{4},{7},{11},{4},{9},{4},{11},{28},{4},{2},{12},{7},{5},{3},{5},{9},{3},{4},{5},{12},{10},{6},{3},{1},{7},{8},{5},{11},{3},{13},{4},{11},{14},{9},{9},{10},{5},{4},{2},{2},{6},{5},{4},{4},{6},{1},{5},{3},{12},{5},{9},{5},{5},{5},{6},{6},{5},{6},{3},{7},{12},{3},{7},{4},{8},{6},{3},{7},{1}};
+    const struct { const unsigned int length: 11; } bytes_length_index[] = {{1},{686},{1043},{1222},{2}};
     #ifndef CYTHON_COMPRESS_STRINGS
       #define CYTHON_COMPRESS_STRINGS 90
     #endif
-    #if (CYTHON_COMPRESS_STRINGS) == 1 /* compression: zlib (1660 bytes) */
-static const char cstring[] = "x\332\265T\317s\333\306\025\016U*Q\306\262-R\343\332M\342v%\305V\0171kQ\252\343f\234t(\233\316\330\023\273\226h\311q<\236\365\002X\220\033\202\013\020\273\240\310\244\231\361\021\307=\342\210#\2168\362\310#\2178\342\330?!\177B\337\202\244$\047\231\364T\016\001\274\335\367\366\375\370\336\367\026\021\211n\017\221\351:A\217\213/\220\354P\324\245>\247\016b\334\242C*\220OM\327\267\004:a\262\203v\353\267\014&A\047\005r\215\357\251)\277\252}\201\356=\241=\327\037\0353z\202\\\033\3353].Y;p\003\201\010\267\220\305|m\370\313m\0100W\010\3513\213Z\347\214\221\353\377\256\376\335\275S\313\257\376y\237p\356JD\204`m\216\244\013\351\023\353\226\313\235\021\352\025I\016 \311G|@\034f\241\236k\321\317\020\035zp\026\\m\233\333:\356\266\355\372\322\047|\3733\324\006W\013c\321!\036\205P\210\014\231@O]I\001-\200\357\376Hv\\\216`\317\242\0163\250O$\205h:?\360\352k#\216\2365\237\335\332\273\273Wd\353S\215\233@\"0L\007\022\005\214\0014#`\216\004\357r\344QQC\217l4r\003\304)\344\005Ux`w\376\000\364\211#Ae\321\260\355\242f\"\231\3131\034g\274\275=\207\211\r\250>\375\2208\202\326\210ea\260\203v:\216\326\271\\\324\210a\232\2017\302\026\021\235\277\341\001\361\035\312\261G\314n\315\033\r-&\210\341P\312\365\273m21\223,\356B\2516\t\034\2110\366\251\025\230\024cd\005E,\356\362[P\372\200\021\007\264&\343Lb\034\024\007\265\2328\216k\002B\210\370>\031!\213HR\373\r\355\014l\215\326\254\317\242\326h\335\177\364h\377\301\363\227\317\232\255\246\3430O0\361\3657O\033O\232\255V\213\366\003\312M\252\tX;\343\"\306\317FCx\036@#\360S:\224\207\324\306x\016\026\244\014\351i8\317\2046\225L\322\236\336\260\364\031\370\331\0017\365\027Tbq\212\365<`\210\226z\204\361\342\353Z\201S\3508\351\315\276:<\306\200\"6;\324\354\212\2407[\315\275hQ\267z&\005\334cf\027<4\371\302n 5(\332G? \316\302\355\002\355S\311,\330wn\203\016\365\002\250q\232\2128\227\372\251|vNR\241ka\002\303\234\273\001p\220\002+\026\235\300F`\333\300i1\342&sk\247&\3020\210\240\240\204?\206^\232\246\003\273\030\340\200\3211\251\001\024\002\236\341\371\345""\001\242\300p\320t\003.\315\231(\t\326\026\220\216\277X\350;H\213\263\275\000w\341\351\303#h\037x)\212\365B\356\237\362\266v\236\267\226\006\265x\351\212fW\024\355yr\004\374\200i\247\200o1\241\324\367]\337vH[\300\264\367\210\234\317\274\0358N\033J\364\260`?P\306\254\342\026\204\353n\267\016\257;{\232\036b\366\372\201v\273\003\334\201\353E\000yd\017\256\027}\267\350;\205c\233\371B\352\006p]:\\O=n\353\252\271\247\033\334\303\006\240\333\025 {#\310\321\265m\370\353\336h(=\334a\036v\\]\216\347z\376m\000Q\237\235c\351\3236\023R\347\177\"h\373\014C\275\000+\300\007\317\343kQ2 \321\\?\007\361\024A\0108\237\343b\334f/]X\361\314\016I\352\t\351\302\343\007\246,\234\315\373t\346XK`#\211S\274p/\000\250\356\002\245!\377\300\203\t\247p\201\006T\014\030 7\317\245\220\305\240X\014\377\365\266\364\363\332{\313\237D\237\3077\223Rr-\275>\266\047\215Ik\2724\335\316\016\276\313\276{\223\275!\0311\362\362U\365S\3740\331Hv\023#\273\3758{\2143\374&/\177\360v\020\036\206?F7\242~\276r)\374>*E\325h\047j\344\345\225p9<R\033j\047_YW\367\242~\\\312\313\227B\022\236(\036?N\214t)\2759^\032o\216\037NnN?\314\016\216\263\343o\263og\001\215\314\2602\213\346\227+\252\252\356\200\303zt\220\227/\206\307\252\256^\305K\361V|\234\324\223\347i5\255\247-p\362\351\330\230,M\266&\207\0231\335\234\356O\315\354\340e\366\362U\366\nr\204\344\315\314\2643\273\223uX~\361Rh\250%\265\245\016U\220}RK\254t3\335O\315qu\2747\366\047\325\311\356\304\230B\236U\265\251\232Q\005\252\022\000\313R\262\221\227\377\034\221\274\374q\264\363Na\027\302z\330*\374\035\344\253\227\303\276Z\326\302\025\365\"jDG\361F\274\243K6\324\373\212\002\276\237\306v\262\237\200\227\315\030\374\375\005\020\371C\274\023\003R\327\242\017\242 \336\217\315\244\242#\375)\272\032/\307\207\261\000\260\301\301\365\350ur#\361\323\365\264\221\036\374\312\370\252:\211h\\\217[\320\274J^\376\243jC\340\315\370~\334OJ:\337\317\343\033\261\237\254\047\215\004\316\352\304\232q5\336\215I\334\377\305\362\347\367\337[\376\360\254\262\325\260\251\256(\242\372\371\352""\272\332Q\373\312\210.@\230\243d;\255\244[\220\310\312\232*\201E7\256\350j\026\230\324\001\330\202\010$\014\324\223\337\324\315`z\255\321\3211?\212*\332\244\024^\t-0\372{Tz\007\341\231\247\257\013J\255T\013\203e \003\344\327\000\336\371\220\201\035=\210K\361:@\302\222~Z\372]\325\305\360u\264\001l:\324l]\r\237@\2137\243\375\210\025\020\351\336@v\047\212\234\225\377\357\242C\253UuC\371\300\303\275\350\004\260\022\311f\3620\375\353xk|\220\257]\203\204\377\247\276\242*\300\250\375\2429\033gK\013\2427\343+1)@\236\215G\240\211\247\201Yy\0139V\324\365s\355\235\243\321x\247=\227\303\237\200m\207\221_\024\332Kw\322F\276vU\375\010\000\177\231\226Ngd#_\323l\330\210\357$\037\301\326\213qc|<\271;\255O_d\317\217\262#\030\026\0309\030\223\266\256f\326\254 j\374\347\377\032\251|!\374\007\260\344ZR\371/}\017j\026";
-    PyObject *data = __Pyx_DecompressString(cstring, 1660, 1);
+    #if (CYTHON_COMPRESS_STRINGS) == 1 /* compression: zlib (2636 bytes) */
+static const char cstring[] = "x\332\345U\313v\333\326\0255e\311\226\023\247\026\365\262\353:\r(\331\222\353e\313\021\251\370\221\270I)Yv\224\025;\"\031\311qR\007\301\343\222D\010\002$.@\211y\254x\310!\206\030b\210!\206\030r\310!\206\034\346\023\362\t\335\007 %\331I\323\256vuT.\002\270\270\317s\366\336gC\220l\341\335CA1u\247i\360\367\005\273\316\204\006\263\014\246\013\232\241\262C\306\005\213)\246\245r\341@\263\353B!\177K\326l\214\331\\0\345o\231b\177\270\366\276\360\340\tk\232Vw_c\007\202Y\025\036(\246ak5\307t\270 \031\252\240j\026M|\275\033\007\214\006\270mi*SOL\026L\353w\307_\355;\232\371\341G[\222a\230\266 q\256\325\014\3016\021\276\244\3362\r\275+4\223 ;\010r\307\350H\272\246\nMSe7\005v\330\302Zl\265\252\254\322\271\253U\323\262-\311X\275)\324\260\325x2\257K-\206\243\004\351P\343\302S\323f@\013\360mu\355\272i\010\350S\231\256\311\314\222l\206\323(>\354j\321$C\330\335\336\275\265qo#\211\326b\204\033\027\270#+:\002\005\306\000Mv4\335\306\356v\267\305\370\232\260S\025\272\246#\030\014q!\213\026\346\235\\\000\236\014\2013;!l5\311Y\2625\323\020\261\\3j\253#\230\264\016\243\325\217$\235\2635IUE\314\003\235\272Nc\246\301\327$YQ\234VWT%^\277-v$Kg\206\330\222\224\306Z\253{\250j\\\222u\306\014\272\327\024\215\247-\3250\221jUrt[\020E\213\251\216\302DQP\235\344,\3034n!\365\216&\351\030U4C\263E\321I\026\322\260\244\353\246\002\204\004\311\262\244\256\240J\266\264\366\033\243)\330\204V\3123_+V\266vv6\037~\376|w\273\262\255\353Z\213k\374\361\307\215\316\323\342\223\355J\205\265\035f(\214\024\270v,FQ\334\355\036\342z\010&\304\247\354\320.\263\252(\216\320B\314\210\217\360<n\324\230\255\331\254I\035*\255\301\257\352\030\n=1\304\307\253\264f\013\022\241VS\322\214\344i\252\216\236\214\031R3}\322\361\242\010\030E\245\316\224\006w\232\351\333h\027j\022\327i\3131Z\232\322\300\016\333\306x^\307&Th\217\266#\351\343m\307p\037\265\224D~\047:\330!\275@\033G\241\360\023\241\037\265\217\327\331\214S.\032\027Q\350\246\003\0212\t\272\030s!\312N\265\nU[5\216\244\323\302\2228\205.\361\256\241h\346\332\3212.\313\022g2\366""\243Kl\231\272\246t\345\246l(\n\250\244K\003\341\214+\222\303%]\321\261D\004~(6\205\311\020\235\242\233\234\344)\216<\007M\\\216a+\\\261%\221F\020\274e\217^\310\262\250\231\3669\310\255\r\371r\261q\242\335>\222\367\332Iy\253\024\177r\243\274S\047c\315\226\335\205\212`\n\014,$\205\314\010{fY\246U\005\2375\344\211eU]\252\361\252n\242\323\264\232\222=\362\213\252\243\3535f\300N\254dbr\023\271\366\035\253\303\203\270\246\251\211\245jF\325\244KD\005\300G\013y\334\356l\220\354xz\373\2165X\027\177\232\320\300\222FGL6\320Y\325\326MI\245\2137E\031\3644\216\2364\031\006G\356\326\324\01426C\254j\026\267G\017\032\047=\030\204)\241\003.\232\244QB\003\216q\242\271\366\200\210\327\371\207k\243lp\263\215\026\ts|\032\265y\223\036\255.\300\003W\314Jnt\014\264@;\265t\324Fr\023S\321\244m\212>\025F\313lY#\242-V\3238\314\322\322ju;\271\2112xW9\253\341\177L<\034\010}mq\224\0245m\rE2\032\034\321\177\304=\304>2\252\304O\010Z\336\340m\236TV\272\306f-n\233\270,G\261m\273n\231\007\266\306\222MG\n\263\265&\346\232P\201\004\207\261a\035\272\003\312\3569p6\216\272E\252N\213d\215\317\204\223\336x\247\256\341O`t4\260:\212\257\243\233\370\047\275f\265J\027\265\017\310\336\354\003\3158 \244,\353\360\263\335\356g\211 \205\033\327S\007\033\021\313\201\032\276W\377n\337\356s\361\323\317\236>Nn\257\277!\201\344&\214<\251\241\265\340x\274%\331J\375/\247N\004\220L\374o\242\370\317\242M\216\375U\327oE{SH\271\033\215\231-\222z\215\213\367\217\n_\\/\214K\237\303\212U\221>\265\352\250K\270q\264\016\037DIO\026\377\037 \3005rh*\306\177\202\000\037}R\305\264tN\235\004\355\324\311\365/3\277\314\234\232\272\344Z\336\242\327\366\337\010V\302\323q\241\022W\304X\374f8\371\207\236\354\236qe\357\264\267\341u\374\262\337\036N\346\374\354p\362\212W\034NN\367\246z{n\316]\037N\277\331[\357m\365\034\267\350\356y\327<\356/\371E\277\022L\004\253a\366xp\307{\021\344\202\367\3023\241\022\315F\353\321Vd\365/\0162\303\351EW\367\2271?\023\314\005[\001\017st\360\267\3369\377r\360Q\224\2136\"\273\377\336`r\3600\336-\r\047\227|\014""\277\023\277s;\370)\222\306\021J.\367V\374\t\032\372\263\047\375*\264m\027a\234\307c\0013mo\335{\350O\"\302\262o\005\331\341\371\013\2756\266P\274\254\267\354\225\021|\316\307\262\254;\357\226\320\271\350\331\376\272\277\345\363`)\3704\312\014\047g\334\t\367\272\227\363\356\373\333X<)\370I\337$R/\275rn\326\235C_\305\233\300\256%\212i\321=\021X\001/\32338VM\206\025\177\326/\370\022NY\016*a&\234\0137\001R6B>o\365\260\357*!\177#\310%\360\377<y\366\345\001\322\236p\257\272Uo\323\223\221\314C\200}#\334\n\177\350\347\373%:<;<G\221\346\350\224\363\336V\302\236\035\344\203/\302r\310\243\345\350y_\036\234\035\360\270\274\027\357}\021\177\361U\374\325\337i\352\033\336\222\367\330\177?(\007v\230\017\237E\305\341\364\205\336O\236\nd\001\340\307n\221\340r\334mo.\276R\010\013!\213\nQc07(\016g\200$\235\270\342e\274\213\376\031_\0162\303\363\263\3562\024q\335\277\031HA\047\334\217\356\364\027\372lp7.W\206\2677\020\356\367\375k\375\203\201\022\227\022\271\335\376 ZO\350\030\316\314\271\037 \257\314p^\360/`ei83OgS.Eo\017\372z\034\024\202z\250\367s\375;\203E\312\243B+m\367\2167\237\220\270\022\234F\266\345\000{]\202\222\026\001 E\230u/\202\221\025\377\264\237H\343\256\273D\333\316\201\017\331\313\320\376$\204\005\320\205\010\362`o\312\253@V\220\363p\376\212\267\343\357\007\353\303\371\005\"e\337\335p\035@U\360\253\244\213\350R\177\261\337\031\354\305\345g\361\263\257\343\257\305\341\375\277\365O\367?\030\260\270\362e\374\345\213\370\305\327\303\373\233}\0208\213#\037A?\005\257\352o\372\220\004\035\264\017Mn\215+,)\256e\004xRN$\322)\314\333@\225\236\366\357\004\363A)P\022\235\324\242\0221\227\201\270\325d_\354\371F\357jO\352u\2753`n\331\177\026\024\201D7:\327\277<\330\030\330q\005\204\247\365}\276\267\343\226Q\021\005(p\301\327\303\\x/ZO-\341\212w\027 f\202K\341\333Q\265_\354W\006\023\203\325\270\204d\276\211\277\221bI\036N^t\177\364\037\241\244\013\201\034\277\373I\374I\272\347\331\227\235^\271\367=|\240=\234\246:\316x\263H\357U\303\230s\037 \221\014\325\257\324;p\r\377\223@\016\047""\302\225h\"Z\212\036\365W\006\347\342\322~\274\217@\323\003\345XVc\225\r/d\335Yp<\353\345\275RJC\336\375\n\014-\203\232|\360y8\013\325V\260\311\325H\356O\364\227\373\345>\037,\r6Ib\317\343\347P9bD\360J\254T\343j=\256k\303\267\376\220\224\3222pp\342+k\201\032.%\3057\013\337\261\372\263\375\002\n%\223\322\266\r\213\270\226hk\"\030;\315\237\274\365\327\354&\337\253$\373\225Rg\231\242\306\202\373,\321-Y\313\310\262\030\360\275\n\361l\006\322\330\324\022j\327\375\342\317\257nX\000D<\335p\001\325\224\303\211(\254\234\373\336\310[\310<\356\201\204ZX\n\353\310\033\321^\362\316z\016\344\245\004Y\212\364\217\250\310)\210\213\203,\004\3606\214\370Z`A=ET\326\353\223/\272\007\036\363\363\211\037g\311\266jI\301m\371mT4\362\275\353_\203o\316ASXK\211m\217\314\253\375\332\353/gNM\235;Nd\354\277m\252\267uw\023\025\367&\216\331\243\217D\270\034\036\211\270\341g\t\2151\004y\020\223\010I\202\357<\371\315\261\024\346\027\204.\235y\331\313\322\224Lo\241\247&0e^a(\335\351q\"\311\351\024\307)\210\t\361\025\241[\013\021T\361}\310\370s\200D\013\332a\346w\207\336\352\275\000#yxN\233\346=\201D\226\340\311Z\002\021q\213\350\016\310\354\307\351\377@\014\023\201\327\360\315\235E=\037$\276\277\024<\n\257\303\227K\344W\231\177=\016\207\207\"7\023rr\307\257*N\337F)K\t\310iy\221]g\t\230\351\227m\3724\274}\202\336\021\032\305W\350\271\320\373\021j-{V\222h3\\\017a\357\027\335\357\001\360_\361q\032\327Xn8Cj\310\301\215.\247\037\213h\277\177o\220\037<\213?\307W\005\305\206\222E\231\325R\271\022Y\216W\374\371\177z\322\344\233\275\373P\311\245 \353e\376\001-\343\235u";
+    PyObject *data = __Pyx_DecompressString(cstring, 2636, 1);
     #define __Pyx_DecompressString_LZSS_UNUSED
     if (unlikely(!data)) __PYX_ERR(0, 1, __pyx_L1_error)
     const char* const bytes = __Pyx_PyBytes_AsString(data);
     #if !CYTHON_ASSUME_SAFE_MACROS
     if (likely(bytes)); else { Py_DECREF(data); __PYX_ERR(0, 1, __pyx_L1_error) }
     #endif
-    #elif (CYTHON_COMPRESS_STRINGS) > 0 && (CYTHON_COMPRESS_STRINGS) <= 90 /* compression: lzss (2139 bytes) */
-static const char cstring[] = "\377 at 0x c\377olumns: \377the kern\377el index\377es recor\377ds with \27732-bit\031\000t\377s object\377>.: <Mem\377oryView \377of <cont\377iguous a\337nd diA\000t>\370\007\r^\000\022\004strid{ed\"\010 or \004\031\363><(\tA\006>?Ca\377nnot ass\277ign to\274\000a\377d-only m\372\240\002v\242\000Inval\377id mode,\317 exp\305\000|\000\047c\375\047t\001\047fortr?an\047, gH\000%\005\337shape\223  a\377xis Note\374\253 \274 Cython\375 \021\000delibe\317ratek\000\320\001ct\373er!\001n PEPo-484\212\"re\264!\177s subcl\246\000\374\341 \262 builti\376\260\000ypes. I\377f you ne\304\224 \303\000p\316\000%\t\245@n \327set\254B\047\357\002at\377ion_typi\267ng\047\355$iv\242\000o\377 False.agdd_\231 \314@ll\266@\376+\000s.abccu\377py_dash/\377_varlen_\377pack.pyx\377disablee\275n\002\001gcis\004\003d\377no defau\377lt __red\377uce__ du\336g\002non-\314@vi\373al\033\000cinit\347__u>\002\213Aall\373oc\237  arra\177y data.\013\020\370\347#\271a\226cs.ASC\377IIBDTYPE\377SEllipsi\377sGLNAMES\377SSequenc\365e\375a.\202\204\007__Py\375x\001\000Dict_N\377extRef__l\246$\260\000__\373\"__\001\005\177getitem\r\001yd0\001\027\000func\035\001\346\030\000st\327@)\001imp\274\237`3\001main\003\002owdulM\002nam\002\003\363ewT\001\303 _che\017cksuT\000\n\001?\004\025\001\370\251@\266 \037\001unpicmk?\000En \005vt\370!\036\230\001qualO\005\346%\357&1c\371b\277\001\202Dex\314\001\230`\301_\203\005\244`\262\006\003\006.\007te\375s\237@_is_co\177routine\223`\376\240E_buffer\377asyncio.~\032\006sbbase\032\000\272\035\000_\311@ccl6\000_~\214 traceb\300`\357col_\266\207\004col\373s_Y\000countmc\005\003tan\000l_\323 \207rtc\007\003\200\210\001\007\001\016\003u\277_kcu_q\001\000s?eqlens\013\002\004\005\025q\257\204\006.\254\204\td\321!\000\002\316\001\276\235\210\003empty\235`o\347dee\335 \235\206\002err\377orflagsf\337ormat\355\206\004fu\367llg\203 p_si\337zeiid\201\211\002in\267t32\002\00064\233as\374\000\002\034\000kkv_he\377adslastm\347mem\330\207\001\320\207\001n_f\257irst\210an\367\001n\337dimnf""\375\001np>\335Am_blo\221`\352@\377pyobjoff\370\000\000\244A\307!p_hip\367_lo\203\206\001popr\3170rec\271!\202\212\004re\357gist\274\001wse!g\272\047\t\001\274@\251 _y\004\007\001\217tile\336#\274&\271&s#et\301\206\004\327\210\002\334\210\002s\364\001\370\001ys\224Bf\000psto\001\000\017ructH\002\245\213\004O\007_\001\276!\000talto\002\000_\273mu\255 8un\303\207\001u\377pdateval\037uesvi\267 \205\004\007\002\373sv\370BxO\200\001\360\377\020\000\005\034\2307\240&\377\250\001\250\030\260\035\270f\377\300A\300S\310\002\310\047\377\320QZ\320Z`\320`\377a\320ab\330\004\027\220\377}\240F\250!\2503\250\377b\3200J\320J_\320\377_`\330\004\007\200v\210\377R\210{\230%\230q\330\377\010\016\210j\230\001\230\022\377\2301\230A\330\004\010\210\377\005\210U\220!\2201\330\377\010\023\220<\230q\240\001\377\330\004\016\210a\210w\220\377n\240J\250b\260\002\260\377&\270\002\270\"\270F\300\377&\310\t\320QV\320V\367X\320Xk\003b\320bd\377\320de\330\017\021\220\022\373\2206N\0002\230Q\330\004\377\r\210V\2202\220[\240\377\002\240#\240V\2502\250\177T\260\022\2602\260SB\000\377$\270b\300\002\300#\300\377R\300s\310\"\310B\310\377c\320QY\320Y[\320\371[\241\000\272\000c\320cf\320\377fh\320hi\330\r\016\377\210b\220\002\220#\220R\377\220u\320\034.\250d\260\377\"\260B\260c\270\022\270\3774\270r\300\022\3003\300\373b\310\245\000\022\220\"\220E\353\230\021\323\000s\224 \002\250!\377\330\004\036\230a\330\004\033\373\2301\314\n\013\2102\210S\376K\002Q\330\014\017\210q\220\373\005\220\006\000\025\220W\230A\237\230U\240!\240+\000m\001\006\373\220e\335 $\240f\250B\255\250C\000\"\240M\000\037\217 \003\367\2401\240\247 \030\230\007\230\177u\240B\240c\250\021f\001\377\031\230\027\240\005\240R\240\371s\352 l\000\035\230]\250%\177\250r\260\023\260A\260\203 \376\036\014\027\220w\230e\2402\373\240S\272@\021\330\004\026\220\375gv\000\"\240C\240q\250\372\355 \033\324@%\240r\250\023\347\250A\250\277 \225\001E\240\022\377\2403\240a\240q\330\004\276\002\n\360\006\000\005\t\251G\014\377\210E\220\025\220a\220q\377\330\014""\023\2201\220B\220\367b\230\013d\000U\250\047\260\367\021\260#\206\000\010\020\220\001N\037\000k\240\021\312\001\345E2\326 >\204ba\210u\220M\007\022\241#\331]\232!p\001\032\230\264\000\010\210\337\001\210\025\210d\253`5\230\271\001\256j\256au\220G\316b\010\365\022\034\002\005\212`\010\014\210A\372\365`r\241\000f\230D\240\001\373\240\023\275 i\250q\260\001\375\330\000\030\010\r\210]\230!\357\2302\230R\252\204\001\014\210M>\340@\"\230B\230i\236\"\230A?\010\017\210w\220a@\001\371\003\375|\235B\014\022\220%\220r\277\230\022\2304\230w\270 s\377\250\"\250F\260(\270#\237\270Q\330\020\030\256\000\000\035\014\327\021\220\021\317`B\230B!\330\376\006\006d\230\"\230E\240\025\223\240a\340\"\231\205\003u\365a\211A\010\177\200q\330\010\021\220\035\324H\345\010\210#A\226\007\234@\017\210}\356\353`R\230r\377\002m\2601\177\260A\330\020\027\220{\374`w=\260\001\233\205\006!\330\020\212a\377!\2406\250\032\2602\260\377W\270A\270V\3008\310\3772\310W\320TU\320U\377[\320[d\320df\320\267fg\330\353\000!\220\305Au\317\230A\340\010\376H\031N\004\013;\2109\243`\030\250\021";
-    PyObject *data = __Pyx_DecompressString_LZSS(cstring, 2139, 2828);
+    #elif (CYTHON_COMPRESS_STRINGS) > 0 && (CYTHON_COMPRESS_STRINGS) <= 90 /* compression: lzss (3470 bytes) */
+static const char cstring[] = "\377 at 0x c\377olumns: \377the kern\377el index\377es recor\377ds with \27732-bit\031\000t\377s object\377>.: <Mem\377oryView \377of <cont\377iguous a\337nd diA\000t>\370\007\r^\000\022\004strid{ed\"\010 or \004\031\363><(\tA\006>?Ca\377nnot ass\277ign to\274\000a\377d-only m\372\240\002v\242\000Inval\377id mode,\317 exp\305\000|\000\047c\375\047t\001\047fortr?an\047, gH\000%\005\337shape\223  a\377xis Note\374\253 \274 Cython\375 \021\000delibe\317ratek\000\320\001ct\373er!\001n PEPo-484\212\"re\264!\177s subcl\246\000\374\341 \262 builti\376\260\000ypes. I\377f you ne\304\224 \303\000p\316\000%\t\245@n \327set\254B\047\357\002at\377ion_typi\267ng\047\355$iv\242\000o\377 False.agdd_\231 \314@ll\266@\376+\000s.abccu\377py_dash/\377_varlen_\377pack.pyx\377disablee\275n\002\001gcis\004\003d\377no defau\377lt __red\377uce__ du\336g\002non-\314@vi\373al\033\000cinit\347__u>\002\213Aall\373oc\237  arra\177y data.\013\020\370\347#\271a\226cs.ASC\377IIBDTYPE\377SEllipsi\377sGHkvNAM\377ESSequen\353ce\376a.\203\204\007__P\373yx\001\000Dict_\377NextRef_\331_\247$\261\000__\374\"__\376\001\005getitem\362\r\001d0\001\027\000func\314\035\001\030\000st\330@)\001imyp\240`3\001main\003\002\357odulM\002nam\346\002\003ewT\001\304 _ch\037ecksuT\000\n\001?\004\360\025\001\252@\267 \037\001unpi\333ck?\000En \005vt<\371!\230\001qualO\005\347%b\360&c\372b\277\001\203Dex\314\001\202\231`_\203\005\245`\262\006\003\006.\007t\373es\240@_is_c\377oroutine\371a\225`\242E_buff\377erargsor\355t\323\205\003as\267\001asy\337ncio..\006sb\237basebM\000\000\001_\377policybm\177bnccand\000\001\375i\356@escaus\257alclg\000_\275 t\337raceb\362`cl\353os\233\204\001_\355\207\004col\377scountcs\267cta\234\000l_\201@r\341t\006\004\257\210\001\024\001\016\003u_s\377eqlens_kUc\002\007q\326\204\006.\323\204\td\367!\370\000\002\364\001\304\210\003empty\036\303`odee\203@\304\206\002\325`\377alerrorf\372\315@g\234 pedfl\277agsflo\022\000o\357rmat\251\207\004ful\377lgenexpr\374$\002)\002_sizeh\177eadsiid\316\211""\002\357info\000\001_ar\277rint32\002\0006\3454\363as\000\002-\000key\374\000\000\035\001kindkv\375_<\002leftlo\373ad\000\001sm_blqo\323`\000\005J\001mem\332\210\001\367min\325\210\001n_fiGrst\000\004j\001\227\204\001n\320!\376\246!ndimnewn\350\206\002ing\000\010.<\237\206\001\317ls>.\307\004\320\000tn\361p\225\204\001n\005\241\204\001smsn\377umpyobjo\007rde\240 \002\000\321\001\300`\276\207\001_plain\000\002_\210\212\003x\006\003\276\001\223cpopr\326\213\004\277regist\345 ioghtr\001\001_b\365@\317dseg\000\000\357Gse\315n\021\000q_\325\004\356@_t\307ile\220c\366F\200eqs\343et\242\210\004\270\212\002\207Asks\343qs\325\205\002\305br\000pst\375o\001\000ructtt\177hrowtieP\002\236\216\215\004time \000\203`a\377ncetotal\375u\265@8units[un\251\211\001up\323\204\001v\026\000=e\000\002svhi\000\000\336Asvi\323@\231\004vlo\000\000\236\021\002offv\001\000\200aw\377idestwin|\000\000\220axOPyO\326\215\002\347 *(\274\210\003\322Dsli\317ce, \000\021\024\021PY\337_LONG\000\002, t\000\013\366`,\302\216\001 __\217\210\002\377kip_disp?atch)\000v\010$\002\340J9x3\233\002\242\016\232\021, syt\270A\303\004opt_\247\210\001\273_9\317\214\006_13\322\214\005s_ched_\347\215\001d\346\214\004\363 *\374\0035\000iona\031l8\002\037\340si\362\212\001\313\207\001\353\024\025s\314\215\004_\265\205\003\000\251)\n\0006\007\377\200\001\360\020\000\005\030\220\377r\230\026\230q\240\n\250\377&\260\003\3203S\320S\377_\320_`\330\004\016\210\377b\220\006\220b\230\003\230\3774\230v\240R\240q\330\377\004!\240\021\330\004\034\230\377A\330\004\010\210\005\210U\377\220!\2201\330\010\013\210\3771\210C\210u\220A\220\377U\230%\230s\240\"\240\377A\240S\250\002\250\047\260\375\021\023\007I\230]\250!\250\3775\260\006\260c\270\022\270\3771\270C\270r\300\027\310\377\001\330\010\026\220l\240#\376-\000\001\250\023\250C\250s\373\260!u\001j\230\t\240\032\377\250?\270!\2704\270t\377\3005\310\004\310D\320P\337Q\330\004\"\240\034\000\037\320\277\037/\250\177\270a\232\005a\277\220s\230&\240\002\027\001\036\333\230a\212\016E\220""\204\000\014\210\377E\220\025\220a\220t\230\3371\230D\240\004\237\000R\240\377r\250\021\330\014\017\210q\376\342\000c\230\021\230#\230R\366\272\000!\240\317\000\021\220\024\220\367Q\220c\223 t\2401\240\377C\240s\250\"\250L\270\377\001\330\004\020\220\002\220(\277\230!\2309\240E:\000\004\253 \240\017\002\004\370\000Q\206*\021\273\220\023\214 S\230\002S\000Q\326\220\001\026\220\216\0103\n\000\010\020\372\331 d\032\002c\240\022\2403\373\240ac\000#\250S\260\001o\260\023\260B\242 \021\270\207 \353\r\210\362\000\047\366!*\250!\276\372\"\340\004\007\200w\226@\002\377\220$\220f\230B\230b\372\312\000D\352 *\260C\260|\177\3002\300Q\330\010\021\356\000\355\t\246\001!\330c\000\014\230C\376\271Bt\2502\250X\260R\377\260s\270#\270Y\300b\377\310\007\310s\320RU\320\377UX\320X[\320[\\\376\047\001\n\230\"\230G\240:\377\250R\250t\2602\260W\377\270A\330\010\017\210\177\230\375d\362 \010\014\210H\220A\376\253!u\220E\230\023\320\034\3773\2603\260e\2703\270\177k\310\023\310A\330\020\307 \376\230!&\230\001\230\027\240\006\377\240b\250\001\330\014\022\220\375#\217`(\240,\250a\250\377v\260V\2706\300\025\300\377e\3107\320RS\330/\3754\254\000{\300%\300w\310\367c\320Q\352b/;\2701\276\212B\330\020\023\220;\325\000\001\337\330\024 \240\0177\000Q\330\373\020\024x\001\020\220\014\230A\373\230U\335`G\2503\250h\377\260l\300!\3006\310\026\372\304\001S\305At\2206\230\024\356\300B&\250\003\353\000R\250qw\330\020\030\307`\026\240q\235\002w\021\220\027\217@&\240\003\340A\337\013\2107\220\"\317\001\023\220\3173\220b\230\255\000\216Ac\230\371\025\300`\177\0002\220S\230\005\373\230S\324`\"\240A\330\024\377\034\230I\240V\2501\330\377\024\025\330\004\r\210V\220w4\220u\250 3\240f\224a\377\270\030\300\026\300v\310U\377\320RW\320W^\320^\377_\3309@\300\003\300;\377\310e\320SZ\320Z]\377\320]^\3309B\300!\327\330\004\022p\000F\275`3\230\377f\240B\240a\330\004\023\277\2202\220V\2301\235DqN\326\205\004#\2401\325\205\n\241\204\001\005%\000\3674\230q\272\0006\250\024\250\267Q\250c\243bg\270\356@\020\277\220\001\220\025""\220dS\002a\377\330\004\n\210$\210a\210\367y\230\006\267@#\240W\250\375A\316@y\270\t\300\032\310\2374\310t\320S\356@\332\206\003\014\377\210I\220R\220t\2303\377\230c\240\025\240l\260!\357\2608\2701\215\207\003\034\2307\377\240&\250\001\250\030\260\035\377\270f\300A\300S\310\002\357\310\047\320Q\312\000`\320`\377a\320ab\330\004\027\220\337}\240F\250!\207@b\320\3570J\320J\256\207\003\007\200v\377\210R\210{\230%\230q\337\330\010\016\210j\215`\022\230}1\242\207\014\023\220<\230q\267\205\001\375\016\245\000w\220n\240J\250\377b\260\002\260&\270\002\270\377\"\270F\300&\310\t\320\177QV\320VX\320Xk\003\377b\320bd\320de\330\357\017\021\220\022\341@\022\2302\373\230Q\201C2\220[\240\002\373\240#\230@2\250T\260\022\357\2602\260SB\000$\270b\377\300\002\300#\300R\300s\357\310\"\310B\337aY\320Y\277[\320[_\320_\272\000c\377\320cf\320fh\320hwi\330\r\340\210\001\002\220#\205 \377u\320\034.\250d\260\"\376\370\205\002\022\2704\270r\300\022\277\3003\300b\310\001\261CE;\230\021\331\210\002&\250\002\207\206\001\345\207\002\373\033\230\232K\013\2102\210S\265\220L\001Q\324\207\003\005\220\006\000\025\243\220W\263\204\002\327\207\001\316\211\004e\335 $\316\272`B\250a\315\210\005\326B1\240\353A\340\315\211\0133\310@s\220#\356B\003U\230!o\000\014\022\220\347!\2205\325\207\004\271\207\0018\2503\277\250g\260Q\260h\365\000\001\177\330\004\030\230\007\230u\334`\367c\250\021\261\207\001\031\230\027\240\377\005\240R\240s\250!\250\376\324`\035\230]\250%\250r\277\260\023\260A\260Q\034\016\027\277\220w\230e\2402\213\212\002\021\337\330\004\026\220g\354\205\002C\240\277q\250\001\330\004\033\224`%\357\240r\250\023\321`Q\330\004\352\325\001E\266\210\004q\000\014\360\006\000\363\005\t\232\213\007\370\211\005q\330\014\023\377\2201\220B\220b\230\013\272d\000U\241\213\001\260#\260\274\204\006k\363\240\021\337\212\001\326\213\0052\220R\220>\304ba\210u\220M\007\022\226\205\003\337]\240!\2401p\001\032\230}\021\231\214\001\001\210\025\210d\242\"\271\001\237\214\n\356au\220G\216\204\002\010\372\302#\005\312`\010""\014\210A\210\377R\210r\220\025\220f\230\377D\240\001\240\023\240B\240\277i\250q\260\001\330\000\030\010\377\r\210]\230!\2302\230\375R\352\204\001\014\210M\230\021\230\237\"\230B\230i\236\"\330A\010g\017\210w\351\212\001\367\213\005|\240\337@\376\226\211\001%\220r\230\022\2304\373\230w\363\212\002\"\250F\260(\257\270#\270Q\254\210\001\001\000\035\330?\014\021\220\021\220\"\302 \231A\375!\005\007d\230\"\230E\240\307\025\240a\340\"\275\216\001\263!E\230]\021\211A\010\200q\227\213\001\035\324H\305\010\210#A\340\001\231\215\003\234@\017\210\177}\230A\230R\230r\377\002\377m\2601\260A\330\020\027\273\220{\336 =\260\001\333\205\006!\373\330\020\212a!\2406\250\032\376\247\213\003\270V\3008\3102\310\377W\320TU\320U[\320\377[d\320df\320fg\366\204\213\001!\220\305Au\230A\340y\010\376H\031N\004\013\2109\243`\037\030\250\021\230\001";
+    PyObject *data = __Pyx_DecompressString_LZSS(cstring, 3470, 4894);
     #define __Pyx_DecompressString_UNUSED
     if (unlikely(!data)) __PYX_ERR(0, 1, __pyx_L1_error)
     const char* const bytes = __Pyx_PyBytes_AsString(data);
     #if !CYTHON_ASSUME_SAFE_MACROS
     if (likely(bytes)); else { Py_DECREF(data); __PYX_ERR(0, 1, __pyx_L1_error) }
     #endif
-    #else /* compression: none (2828 bytes) */
-static const char bytes[] = " at 0x columns: the kernel indexes records with 32-bit ints object>.: <MemoryView of <contiguous and direct><contiguous and indirect><strided and direct or indirect><strided and direct><strided and indirect>>?Cannot assign to read-only memoryviewInvalid mode, expected \047c\047 or \047fortran\047, got Invalid shape in axis Note that Cython is deliberately stricter than PEP-484 and rejects subclasses of builtin types. If you need to pass subclasses then set the \047annotation_typing\047 directive to False.add_notecollections.abccupy_dash/_varlen_pack.pyxdisableenablegcisenabledno default __reduce__ due to non-trivial __cinit__unable to allocate array data.unable to allocate shape and strides.ASCIIBDTYPESEllipsisGLNAMESSSequenceView.MemoryView__Pyx_PyDict_NextRef__annotate____class____class_getitem____dict____func____getstate____import____main____module____name____new____pyx_checksum__pyx_state__pyx_type__pyx_unpickle_Enum__pyx_vtable____qualname____reduce____reduce_cython____reduce_ex____set_name____setstate____setstate_cython____test___is_coroutineabcallocate_bufferasyncio.coroutinesbbasebufbuf_arrccline_in_tracebackcol_recordscols_outcountcs_outcta_col_startcta_columnscta_startcu_kcu_qcu_seqlens_kcu_seqlens_qcupy_dash._varlen_packdtypedtype_is_objectemptyencodeenumerateerrorflagsformatfortranfullgroup_sizeiidindexint32int64itemsitemsizekkv_headslastmmemviewmoden_firstnamencolsndimnf_outnpnum_m_blocksnumpyobjoffoffsets_arrp_hip_lopackpopr0rec_outrecordsregisterrowseg_col_startseg_outseq_n_firstseq_tile_startseqlens_kseqlens_qsetdefaultshapeshapessizesizesstartstepstopstructtile_columnstile_starttilestotaltotal_muint8unpackupdatevaluesvisit_startsvisitsvstartxO\200\001\360\020\000\005\034\2307\240&\250\001\250\030\260\035\270f\300A\300S\310\002\310\047\320QZ\320Z`\320`a\320ab\330\004\027\220}\240F\250!\2503\250b\3200J\320J_\320_`\330\004\007\200v\210R\210{\230%\230q\330\010\016\210j\230\001\230\022\2301\230A\330\004\010\210\005\210U\220!\2201\330\010\023\220<\230q""\240\001\330\004\016\210a\210w\220n\240J\250b\260\002\260&\270\002\270\"\270F\300&\310\t\320QV\320VX\320XZ\320Z`\320`b\320bd\320de\330\017\021\220\022\2206\230\022\2302\230Q\330\004\r\210V\2202\220[\240\002\240#\240V\2502\250T\260\022\2602\260S\270\002\270$\270b\300\002\300#\300R\300s\310\"\310B\310c\320QY\320Y[\320[_\320_a\320ac\320cf\320fh\320hi\330\r\016\210b\220\002\220#\220R\220u\320\034.\250d\260\"\260B\260c\270\022\2704\270r\300\022\3003\300b\310\001\330\004\022\220\"\220E\230\021\230%\230s\240&\250\002\250!\330\004\036\230a\330\004\033\2301\330\004\010\210\005\210U\220!\2201\330\010\013\2102\210S\220\002\220#\220Q\330\014\017\210q\220\005\220Q\330\014\025\220W\230A\230U\240!\2401\330\004\016\210b\220\006\220e\2307\240$\240f\250B\250a\330\004\"\240!\330\004\037\230q\240\003\2401\240A\330\004\030\230\007\230u\240B\240c\250\021\250!\330\004\031\230\027\240\005\240R\240s\250!\2501\330\004\035\230]\250%\250r\260\023\260A\260Q\330\004\030\230\007\230u\240B\240c\250\021\250!\330\004\027\220w\230e\2402\240S\250\001\250\021\330\004\026\220g\230U\240\"\240C\240q\250\001\330\004\033\2307\240%\240r\250\023\250A\250Q\330\004\025\220W\230E\240\022\2403\240a\240q\330\004\025\220W\230E\240\022\2403\240a\240q\360\006\000\005\t\210\005\210U\220!\2201\330\010\014\210E\220\025\220a\220q\330\014\023\2201\220B\220b\230\013\2402\240U\250\047\260\021\260#\260Q\330\010\020\220\001\220\025\220k\240\021\240!\330\004\010\210\005\210U\220!\2202\220R\220q\330\010\016\210a\210u\220M\240\021\240!\330\004\010\210\005\210U\220!\2202\220R\220q\330\010\017\210q\220\005\220]\240!\2401\360\006\000\005\032\230\021\330\004\010\210\001\210\025\210d\220!\2205\230\001\330\004\010\210\005\210U\220!\2201\330\010\016\210a\210u\220G\2301\230A\330\010\022\220!\2205\230\005\230Q\330\010\014\210A\210R\210r\220\025\220f\230D\240\001\240\023\240B\240i\250q\260\001\330\010\014\210A\210R\210r\220\025\220f\230D\240\001\240\023\240B\240i\250q\260\001\330\010\r\210]\230!\2302\230R\230q\330\010\014\210M\230\021""\230\"\230B\230i\240r\250\023\250B\250a\330\010\017\210w\220a\330\010\014\210E\220\025\220a\220|\2401\240A\330\014\022\220%\220r\230\022\2304\230w\240a\240s\250\"\250F\260(\270#\270Q\330\020\030\230\001\330\014\022\220%\220r\230\022\2304\230w\240a\240s\250\"\250F\260(\270#\270Q\330\020\030\230\001\330\014\021\220\021\220\"\220B\220g\230U\240!\330\014\021\220\021\220\"\220B\220d\230\"\230E\240\025\240a\330\014\023\2201\330\004\016\210a\210u\220E\230\021\360\006\000\005\010\200q\330\010\021\220\035\230e\2402\240S\250\001\250\021\330\010\016\210a\210u\220A\330\010\014\210E\220\025\220a\220q\330\014\017\210}\230A\230R\230r\240\023\240B\240m\2601\260A\330\020\027\220{\240!\240=\260\001\260\022\2602\260S\270\002\270!\330\020\033\2307\240!\2406\250\032\2602\260W\270A\270V\3008\3102\310W\320TU\320U[\320[d\320df\320fg\330\014\022\220!\2202\220R\220u\230A\340\010\014\210E\220\025\220a\220q\330\014\017\210}\230A\230R\230r\240\023\240B\240m\2601\260A\330\020\027\220{\240!\240=\260\001\260\022\2602\260S\270\002\270!\330\020\033\2307\240!\2406\250\032\2602\260W\270A\270V\3008\3102\310W\320TU\320U[\320[d\320df\320fg\330\004\013\2109\220M\240\030\250\021";
+    #else /* compression: none (4894 bytes) */
+static const char bytes[] = " at 0x columns: the kernel indexes records with 32-bit ints object>.: <MemoryView of <contiguous and direct><contiguous and indirect><strided and direct or indirect><strided and direct><strided and indirect>>?Cannot assign to read-only memoryviewInvalid mode, expected \047c\047 or \047fortran\047, got Invalid shape in axis Note that Cython is deliberately stricter than PEP-484 and rejects subclasses of builtin types. If you need to pass subclasses then set the \047annotation_typing\047 directive to False.add_notecollections.abccupy_dash/_varlen_pack.pyxdisableenablegcisenabledno default __reduce__ due to non-trivial __cinit__unable to allocate array data.unable to allocate shape and strides.ASCIIBDTYPESEllipsisGHkvNAMESSequenceView.MemoryView__Pyx_PyDict_NextRef__annotate____class____class_getitem____dict____func____getstate____import____main____module____name____new____pyx_checksum__pyx_state__pyx_type__pyx_unpickle_Enum__pyx_vtable____qualname____reduce____reduce_cython____reduce_ex____set_name____setstate____setstate_cython____test___is_coroutineaabcallocate_bufferargsortassignastypeasyncio.coroutinesbbasebestbest_policybmbnccandcandidatescausalcline_in_tracebackclosecol_recordscolscountcscta_col_startcta_columnscta_startcu_seqlens_kcu_seqlens_qcupy_dash._varlen_packdtypedtype_is_objectemptyencodeenumerateequalerrorfew_groupedflagsfloorformatfortranfullgenexprgroupgroup_sizeheadsiidindexinfoinfo_arrint32int64itemsitemsizekeykey_arrkindkv_headsleftloadloadsm_blocksm_blocks_arrmemviewminmoden_firstn_first_arrnamencols_seqndimnew_packingnew_packing.<locals>.genexprnextnpnum_m_blocksnum_smsnumpyobjorderorder_arroutpackplainplain_assignplain_loadpolicypoprrecordsregisterrightright_boundsegseg_col_startsendseq_n_firstseq_tile_startseqlens_kseqlens_qsetdefaultshapesizesksqstablestartstepstopstructtthrowtietile_columnstimestolerancetotaluint8unitsunpackupdatevaluevaluesvhivhi_arrvisit_startsvlovlo_arrvoffvoff_arrwidestwinwin_arrxOPyObject *(__Pyx_memviewslice, __Pyx_memv""iewslice, __Pyx_memviewslice, PY_LONG_LONG, PY_LONG_LONG, int, int __pyx_skip_dispatch)\000PyObject *(int, __Pyx_memviewslice, __Pyx_memviewslice, __Pyx_memviewslice, __Pyx_memviewslice, __Pyx_memviewslice, PY_LONG_LONG, int, PY_LONG_LONG, int __pyx_skip_dispatch, struct __pyx_opt_args_9cupy_dash_13_varlen_sched_build_varlen *__pyx_optional_args)\000PyObject *(int, __Pyx_memviewslice, __Pyx_memviewslice, __Pyx_memviewslice, __Pyx_memviewslice, __Pyx_memviewslice, PY_LONG_LONG, int, PY_LONG_LONG, int __pyx_skip_dispatch, struct __pyx_opt_args_9cupy_dash_13_varlen_sched_busiest_load *__pyx_optional_args)\000sequence_shapes\000build_varlen\000busiest_load\200\001\360\020\000\005\030\220r\230\026\230q\240\n\250&\260\003\3203S\320S_\320_`\330\004\016\210b\220\006\220b\230\003\2304\230v\240R\240q\330\004!\240\021\330\004\034\230A\330\004\010\210\005\210U\220!\2201\330\010\013\2101\210C\210u\220A\220U\230%\230s\240\"\240A\240S\250\002\250\047\260\021\330\010\013\2101\210C\210u\220I\230]\250!\2505\260\006\260c\270\022\2701\270C\270r\300\027\310\001\330\010\026\220l\240#\240S\250\001\250\023\250C\250s\260!\330\004\016\210j\230\t\240\032\250?\270!\2704\270t\3005\310\004\310D\320PQ\330\004\"\240!\330\004\037\320\037/\250\177\270a\330\004\016\210b\220\006\220a\220s\230&\240\002\240!\330\004\036\230a\330\004\010\210\005\210U\220!\2201\330\010\013\2101\210E\220\021\330\010\014\210E\220\025\220a\220t\2301\230D\240\004\240A\240R\240r\250\021\330\014\017\210q\220\006\220c\230\021\230#\230R\230s\240!\2401\330\010\021\220\024\220Q\220c\230\026\230t\2401\240C\240s\250\"\250L\270\001\330\004\020\220\002\220(\230!\2309\240E\250\021\330\004 \240\001\330\004\020\220\004\220A\220Q\330\004\010\210\005\210U\220!\2201\330\010\021\220\023\220A\220S\230\002\230#\230Q\230a\330\004\026\220a\330\004\010\210\005\210U\220!\2203\220a\330\010\020\220\006\220d\230#\230Q\230c\240\022\2403\240a\240s\250#\250S\260\001\260\023\260B\260c\270\021\270!\330\004\r\210Q\330\004\047\240q\330\004*\250!\330\004!""\240\021\340\004\007\200w\210b\220\002\220$\220f\230B\230b\240\004\240D\250\002\250*\260C\260|\3002\300Q\330\010\021\220\021\330\t\020\220\002\220!\330\010\020\220\014\230C\230v\240R\240t\2502\250X\260R\260s\270#\270Y\300b\310\007\310s\320RU\320UX\320X[\320[\\\330\010\020\220\n\230\"\230G\240:\250R\250t\2602\260W\270A\330\010\017\210\177\230d\240!\330\010\014\210H\220A\330\014\017\210u\220E\230\023\320\0343\2603\260e\2703\270k\310\023\310A\330\020\021\330\014\020\220\002\220&\230\001\230\027\240\006\240b\250\001\330\014\022\220#\220U\230(\240,\250a\250v\260V\2706\300\025\300e\3107\320RS\330/4\260C\260{\300%\300w\310c\320Q_\320_`\330/;\2701\330\014\017\210q\330\020\023\220;\230b\240\001\330\024 \240\017\250v\260Q\330\020\024\220A\330\014\020\220\014\230A\230U\240\"\240G\2503\250h\260l\300!\3006\310\026\310s\320RS\330\014\017\210t\2206\230\024\230R\230s\240&\250\003\2502\250R\250q\330\020\030\230\t\240\026\240q\330\020\021\330\014\021\220\027\230\002\230&\240\003\2401\330\010\013\2107\220\"\220A\330\014\023\2203\220b\230\001\330\014\020\220\006\220c\230\025\230a\330\020\023\2202\220S\230\005\230S\240\002\240\"\240A\330\024\034\230I\240V\2501\330\024\025\330\004\r\210V\2204\220u\230G\2403\240f\250L\270\001\270\030\300\026\300v\310U\320RW\320W^\320^_\3309@\300\003\300;\310e\320SZ\320Z]\320]^\3309B\300!\330\004\022\220\"\220F\230!\2303\230f\240B\240a\330\004\023\2202\220V\2301\230C\230v\240R\240q\330\004\034\230A\330\004#\2401\330\004\010\210\005\210U\220!\2201\330\010\017\210q\220\005\220V\2304\230q\240\003\2406\250\024\250Q\250c\260\023\260B\260g\270Q\330\010\020\220\001\220\025\220d\230!\2303\230a\330\004\n\210$\210a\210y\230\006\230d\240#\240W\250A\250R\250y\270\t\300\032\3104\310t\320SX\320X_\320_`\330\004\014\210I\220R\220t\2303\230c\240\025\240l\260!\2608\2701\200\001\360\020\000\005\034\2307\240&\250\001\250\030\260\035\270f\300A\300S\310\002\310\047\320QZ\320Z`\320`a\320ab\330\004\027\220}\240F\250!\2503\250b\3200J\320J_\320_`\330\004\007\200v\210R\210{\230%""\230q\330\010\016\210j\230\001\230\022\2301\230A\330\004\010\210\005\210U\220!\2201\330\010\023\220<\230q\240\001\330\004\016\210a\210w\220n\240J\250b\260\002\260&\270\002\270\"\270F\300&\310\t\320QV\320VX\320XZ\320Z`\320`b\320bd\320de\330\017\021\220\022\2206\230\022\2302\230Q\330\004\r\210V\2202\220[\240\002\240#\240V\2502\250T\260\022\2602\260S\270\002\270$\270b\300\002\300#\300R\300s\310\"\310B\310c\320QY\320Y[\320[_\320_a\320ac\320cf\320fh\320hi\330\r\016\210b\220\002\220#\220R\220u\320\034.\250d\260\"\260B\260c\270\022\2704\270r\300\022\3003\300b\310\001\330\004\022\220\"\220E\230\021\230%\230s\240&\250\002\250!\330\004\036\230a\330\004\033\2301\330\004\010\210\005\210U\220!\2201\330\010\013\2102\210S\220\002\220#\220Q\330\014\017\210q\220\005\220Q\330\014\025\220W\230A\230U\240!\2401\330\004\016\210b\220\006\220e\2307\240$\240f\250B\250a\330\004\"\240!\330\004\037\230q\240\003\2401\240A\340\004\010\210\005\210U\220!\2201\330\010\013\2103\210a\210s\220#\220Q\330\014\025\220U\230!\2301\330\014\022\220!\2205\230\002\230#\230Q\230c\240\022\2408\2503\250g\260Q\260h\270b\300\001\330\004\030\230\007\230u\240B\240c\250\021\250!\330\004\031\230\027\240\005\240R\240s\250!\2501\330\004\035\230]\250%\250r\260\023\260A\260Q\330\004\030\230\007\230u\240B\240c\250\021\250!\330\004\027\220w\230e\2402\240S\250\001\250\021\330\004\026\220g\230U\240\"\240C\240q\250\001\330\004\033\2307\240%\240r\250\023\250A\250Q\330\004\025\220W\230E\240\022\2403\240a\240q\330\004\025\220W\230E\240\022\2403\240a\240q\360\006\000\005\t\210\005\210U\220!\2201\330\010\014\210E\220\025\220a\220q\330\014\023\2201\220B\220b\230\013\2402\240U\250\047\260\021\260#\260Q\330\010\020\220\001\220\025\220k\240\021\240!\330\004\010\210\005\210U\220!\2202\220R\220q\330\010\016\210a\210u\220M\240\021\240!\330\004\010\210\005\210U\220!\2202\220R\220q\330\010\017\210q\220\005\220]\240!\2401\360\006\000\005\032\230\021\330\004\010\210\001\210\025\210d\220!\2205\230\001\330\004\010\210\005\210U\220!\2201\330\010""\016\210a\210u\220G\2301\230A\330\010\022\220!\2205\230\005\230Q\330\010\014\210A\210R\210r\220\025\220f\230D\240\001\240\023\240B\240i\250q\260\001\330\010\014\210A\210R\210r\220\025\220f\230D\240\001\240\023\240B\240i\250q\260\001\330\010\r\210]\230!\2302\230R\230q\330\010\014\210M\230\021\230\"\230B\230i\240r\250\023\250B\250a\330\010\017\210w\220a\330\010\014\210E\220\025\220a\220|\2401\240A\330\014\022\220%\220r\230\022\2304\230w\240a\240s\250\"\250F\260(\270#\270Q\330\020\030\230\001\330\014\022\220%\220r\230\022\2304\230w\240a\240s\250\"\250F\260(\270#\270Q\330\020\030\230\001\330\014\021\220\021\220\"\220B\220g\230U\240!\330\014\021\220\021\220\"\220B\220d\230\"\230E\240\025\240a\330\014\023\2201\330\004\016\210a\210u\220E\230\021\360\006\000\005\010\200q\330\010\021\220\035\230e\2402\240S\250\001\250\021\330\010\016\210a\210u\220A\330\010\014\210E\220\025\220a\220q\330\014\017\210}\230A\230R\230r\240\023\240B\240m\2601\260A\330\020\027\220{\240!\240=\260\001\260\022\2602\260S\270\002\270!\330\020\033\2307\240!\2406\250\032\2602\260W\270A\270V\3008\3102\310W\320TU\320U[\320[d\320df\320fg\330\014\022\220!\2202\220R\220u\230A\340\010\014\210E\220\025\220a\220q\330\014\017\210}\230A\230R\230r\240\023\240B\240m\2601\260A\330\020\027\220{\240!\240=\260\001\260\022\2602\260S\270\002\270!\330\020\033\2307\240!\2406\250\032\2602\260W\270A\270V\3008\3102\310W\320TU\320U[\320[d\320df\320fg\330\004\013\2109\220M\240\030\250\021\230\001";
     PyObject *data = NULL;
     #define __Pyx_DecompressString_UNUSED
     #define __Pyx_DecompressString_LZSS_UNUSED
     #endif
     PyObject **stringtab = __pyx_mstate->__pyx_string_tab;
     Py_ssize_t pos = 0;
-    for (int i = 0; i < 156; i++) {
+    for (int i = 0; i < 197; i++) {
       Py_ssize_t bytes_length = str_length_index[i].length;
       PyObject *string = PyUnicode_DecodeUTF8(bytes + pos, bytes_length, NULL);
       if (likely(string) && i >= 27) PyUnicode_InternInPlace(&string);
@@ -22457,8 +26486,8 @@ static const char bytes[] = " at 0x columns: the kernel indexes records with 32-
       stringtab[i] = string;
       pos += bytes_length;
     }
-    for (int i = 156; i < 158; i++) {
-      Py_ssize_t bytes_length = bytes_length_index[i-156].length;
+    for (int i = 197; i < 202; i++) {
+      Py_ssize_t bytes_length = bytes_length_index[i-197].length;
       PyObject *string = PyBytes_FromStringAndSize(bytes + pos, bytes_length);
       stringtab[i] = string;
       pos += bytes_length;
@@ -22468,15 +26497,15 @@ static const char bytes[] = " at 0x columns: the kernel indexes records with 32-
       }
     }
     Py_XDECREF(data);
-    for (Py_ssize_t i = 0; i < 158; i++) {
+    for (Py_ssize_t i = 0; i < 202; i++) {
       if (unlikely(PyObject_Hash(stringtab[i]) == -1)) {
         __PYX_ERR(0, 1, __pyx_L1_error)
       }
     }
     #if CYTHON_IMMORTAL_CONSTANTS
     {
-      PyObject **table = stringtab + 156;
-      for (Py_ssize_t i=0; i<2; ++i) {
+      PyObject **table = stringtab + 197;
+      for (Py_ssize_t i=0; i<5; ++i) {
         #if PY_VERSION_HEX >= 0x030F0000
         PyUnstable_SetImmortal(table[i]);
         #elif CYTHON_COMPILING_IN_CPYTHON_FREETHREADING
@@ -22539,12 +26568,12 @@ static const char bytes[] = " at 0x columns: the kernel indexes records with 32-
 namespace {
 #endif
 typedef struct {
-    unsigned int argcount : 4;
+    unsigned int argcount : 5;
     unsigned int num_posonly_args : 1;
     unsigned int num_kwonly_args : 1;
-    unsigned int nlocals : 6;
+    unsigned int nlocals : 7;
     unsigned int flags : 10;
-    unsigned int first_line : 5;
+    unsigned int first_line : 8;
 } __Pyx_PyCode_New_function_description;
 #ifdef __cplusplus
 } /* anonymous namespace */
@@ -22564,9 +26593,19 @@ static int __Pyx_CreateCodeObjects(__pyx_mstatetype *__pyx_mstate) {
   PyObject* tuple_dedup_map = PyDict_New();
   if (unlikely(!tuple_dedup_map)) return -1;
   {
-    const __Pyx_PyCode_New_function_description descr = {11, 0, 0, 46, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 23};
-    PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_records, __pyx_mstate->__pyx_n_u_cta_columns, __pyx_mstate->__pyx_n_u_cta_col_start, __pyx_mstate->__pyx_n_u_seg_col_start, __pyx_mstate->__pyx_n_u_n_first, __pyx_mstate->__pyx_n_u_num_m_blocks, __pyx_mstate->__pyx_n_u_seqlens_q, __pyx_mstate->__pyx_n_u_seqlens_k, __pyx_mstate->__pyx_n_u_kv_heads, __pyx_mstate->__pyx_n_u_group_size, __pyx_mstate->__pyx_n_u_visit_starts, __pyx_mstate->__pyx_n_u_ncols, __pyx_mstate->__pyx_n_u_G, __pyx_mstate->__pyx_n_u_B, __pyx_mstate->__pyx_n_u_S, __pyx_mstate->__pyx_n_u_b, __pyx_mstate->__pyx_n_u_m, __pyx_mstate->__pyx_n_u_r0, __pyx_mstate->__pyx_n_u_L, __pyx_mstate->__pyx_n_u_total_m, __pyx_mstate->__pyx_n_u_c, __pyx_mstate->__pyx_n_u_last, __pyx_mstate->__pyx_n_u_visits, __pyx_mstate->__pyx_n_u_shapes, __pyx_mstate->__pyx_n_u_sizes, __pyx_mstate->__pyx_n_u_offsets_arr, __pyx_mstate->__pyx_n_u_off, __pyx_mstate->__pyx_n_u_total, __pyx_mstate->__pyx_n_u_i, __pyx_mstate->__pyx_n_u_buf_arr, __pyx_mstate->__pyx_n_u_buf, __pyx_mstate->__pyx_n_u_base, __pyx_mstate->__pyx_n_u_rec_out, __pyx_mstate->__pyx_n_u_cols_out, __pyx_mstate->__pyx_n_u_cs_out, __pyx_mstate->__pyx_n_u_seg_out, __pyx_mstate->__pyx_n_u_nf_out, __pyx_mstate->__pyx_n_u_tiles, __pyx_mstate->__pyx_n_u_tile_start, __pyx_mstate->__pyx_n_u_cu_q, __pyx_mstate->__pyx_n_u_cu_k, __pyx_mstate->__pyx_n_u_vstart, __pyx_mstate->__pyx_n_u_k, __pyx_mstate->__pyx_n_u_row, __pyx_mstate->__pyx_n_u_p_hi, __pyx_mstate->__pyx_n_u_p_lo};
-    __pyx_mstate_global->__pyx_codeobj_tab[0] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_cupy_dash__varlen_pack_pyx, __pyx_mstate->__pyx_n_u_pack, __pyx_mstate->__pyx_kp_b_iso88591_7_fAS_QZZ_aab_F_3b0JJ___vR_q_j, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[0])) goto bad;
+    const __Pyx_PyCode_New_function_description descr = {0, 0, 0, 1, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS|CO_GENERATOR), 200};
+    PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_x};
+    __pyx_mstate_global->__pyx_codeobj_tab[0] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_cupy_dash__varlen_pack_pyx, __pyx_mstate->__pyx_n_u_genexpr, __pyx_mstate->__pyx_kp_b_iso88591__5, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[0])) goto bad;
+  }
+  {
+    const __Pyx_PyCode_New_function_description descr = {11, 0, 0, 11, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 31};
+    PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_records, __pyx_mstate->__pyx_n_u_cta_columns, __pyx_mstate->__pyx_n_u_cta_col_start, __pyx_mstate->__pyx_n_u_seg_col_start, __pyx_mstate->__pyx_n_u_n_first, __pyx_mstate->__pyx_n_u_num_m_blocks, __pyx_mstate->__pyx_n_u_seqlens_q, __pyx_mstate->__pyx_n_u_seqlens_k, __pyx_mstate->__pyx_n_u_kv_heads, __pyx_mstate->__pyx_n_u_group_size, __pyx_mstate->__pyx_n_u_visit_starts};
+    __pyx_mstate_global->__pyx_codeobj_tab[1] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_cupy_dash__varlen_pack_pyx, __pyx_mstate->__pyx_n_u_pack, __pyx_mstate->__pyx_kp_b_iso88591_7_fAS_QZZ_aab_F_3b0JJ___vR_q_j, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[1])) goto bad;
+  }
+  {
+    const __Pyx_PyCode_New_function_description descr = {17, 0, 0, 67, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 138};
+    PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_policy, __pyx_mstate->__pyx_n_u_sq, __pyx_mstate->__pyx_n_u_sk, __pyx_mstate->__pyx_n_u_left, __pyx_mstate->__pyx_n_u_right, __pyx_mstate->__pyx_n_u_bm, __pyx_mstate->__pyx_n_u_bn, __pyx_mstate->__pyx_n_u_heads, __pyx_mstate->__pyx_n_u_group, __pyx_mstate->__pyx_n_u_causal, __pyx_mstate->__pyx_n_u_num_sms, __pyx_mstate->__pyx_n_u_candidates, __pyx_mstate->__pyx_n_u_c, __pyx_mstate->__pyx_n_u_r, __pyx_mstate->__pyx_n_u_tolerance, __pyx_mstate->__pyx_n_u_few_grouped, __pyx_mstate->__pyx_n_u_visit_starts, __pyx_mstate->__pyx_n_u_B, __pyx_mstate->__pyx_n_u_Hkv, __pyx_mstate->__pyx_n_u_b, __pyx_mstate->__pyx_n_u_i, __pyx_mstate->__pyx_n_u_ncols_seq, __pyx_mstate->__pyx_n_u_total, __pyx_mstate->__pyx_n_u_widest, __pyx_mstate->__pyx_n_u_units, __pyx_mstate->__pyx_n_u_win_arr, __pyx_mstate->__pyx_n_u_win, __pyx_mstate->__pyx_n_u_right_bound, __pyx_mstate->__pyx_n_u_info_arr, __pyx_mstate->__pyx_n_u_voff_arr, __pyx_mstate->__pyx_n_u_vlo_arr, __pyx_mstate->__pyx_n_u_vhi_arr, __pyx_mstate->__pyx_n_u_info, __pyx_mstate->__pyx_n_u_voff, __pyx_mstate->__pyx_n_u_vlo, __pyx_mstate->__pyx_n_u_vhi, __pyx_mstate->__pyx_n_u_key_arr, __pyx_mstate->__pyx_n_u_key, __pyx_mstate->__pyx_n_u_order_arr, __pyx_mstate->__pyx_n_u_order, __pyx_mstate->__pyx_n_u_equal, __pyx_mstate->__pyx_n_u_assign, __pyx_mstate->__pyx_n_u_cand, __pyx_mstate->__pyx_n_u_tie, __pyx_mstate->__pyx_n_u_best_policy, __pyx_mstate->__pyx_n_u_load, __pyx_mstate->__pyx_n_u_G, __pyx_mstate->__pyx_n_u_plain_load, __pyx_mstate->__pyx_n_u_t, __pyx_mstate->__pyx_n_u_floor, __pyx_mstate->__pyx_n_u_best, __pyx_mstate->__pyx_n_u_times, __pyx_mstate->__pyx_n_u_plain_assign, __pyx_mstate->__pyx_n_u_a, __pyx_mstate->__pyx_n_u_plain, __pyx_mstate->__pyx_n_u_records, __pyx_mstate->__pyx_n_u_cols, __pyx_mstate->__pyx_n_u_cs, __pyx_mstate->__pyx_n_u_seg, __pyx_mstate->__pyx_n_u_loads, __pyx_mstate->__pyx_n_u_n_first_arr, __pyx_mstate->__pyx_n_u_m_blocks_arr, __pyx_mstate->__pyx_n_u_n_first, __pyx_mstate->__pyx_n_u_m_blocks, __pyx_mstate->__pyx_n_u_out, __pyx_mstate->__pyx_n_u_genexpr, __pyx_mstate->__pyx_n_u_genexpr};
+    __pyx_mstate_global->__pyx_codeobj_tab[2] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_cupy_dash__varlen_pack_pyx, __pyx_mstate->__pyx_n_u_new_packing, __pyx_mstate->__pyx_kp_b_iso88591_r_q_3SS___b_b_4vRq_A_U_1_1CuAU, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[2])) goto bad;
   }
   Py_DECREF(tuple_dedup_map);
   return 0;
@@ -22631,6 +26670,11 @@ static int __Pyx_InitGlobals(void) {
   
   if (unlikely(PyErr_Occurred())) __PYX_ERR(0, 1, __pyx_L1_error)
 
+  /* Generator.init */
+  if (likely(__pyx_Generator_init(__pyx_m) == 0)); else
+  
+  if (unlikely(PyErr_Occurred())) __PYX_ERR(0, 1, __pyx_L1_error)
+
   return 0;
   __pyx_L1_error:;
   return -1;
@@ -22684,6 +26728,246 @@ end:
     return (__Pyx_RefNannyAPIStruct *)r;
 }
 #endif
+
+/* FastTypeChecks (used by GivenExceptionMatches) */
+#if CYTHON_COMPILING_IN_CPYTHON
+static int __Pyx_InBases(PyTypeObject *a, PyTypeObject *b) {
+    while (a) {
+        a = __Pyx_PyType_GetSlot(a, tp_base, PyTypeObject*);
+        if (a == b)
+            return 1;
+    }
+    return b == &PyBaseObject_Type;
+}
+static CYTHON_INLINE int __Pyx_IsSubtype(PyTypeObject *a, PyTypeObject *b) {
+    PyObject *mro;
+    if (a == b) return 1;
+    mro = a->tp_mro;
+    if (likely(mro)) {
+        Py_ssize_t i, n;
+        n = PyTuple_GET_SIZE(mro);
+        for (i = 0; i < n; i++) {
+            if (PyTuple_GET_ITEM(mro, i) == (PyObject *)b)
+                return 1;
+        }
+        return 0;
+    }
+    return __Pyx_InBases(a, b);
+}
+static CYTHON_INLINE int __Pyx_IsAnySubtype2(PyTypeObject *cls, PyTypeObject *a, PyTypeObject *b) {
+    PyObject *mro;
+    if (cls == a || cls == b) return 1;
+    mro = cls->tp_mro;
+    if (likely(mro)) {
+        Py_ssize_t i, n;
+        n = PyTuple_GET_SIZE(mro);
+        for (i = 0; i < n; i++) {
+            PyObject *base = PyTuple_GET_ITEM(mro, i);
+            if (base == (PyObject *)a || base == (PyObject *)b)
+                return 1;
+        }
+        return 0;
+    }
+    return __Pyx_InBases(cls, a) || __Pyx_InBases(cls, b);
+}
+#endif
+
+/* PyErrFetchRestore (used by GivenExceptionMatches) */
+#if CYTHON_FAST_THREAD_STATE
+static CYTHON_INLINE void __Pyx_ErrRestoreInState(PyThreadState *tstate, PyObject *type, PyObject *value, PyObject *tb) {
+#if PY_VERSION_HEX >= 0x030C00A6
+    PyObject *tmp_value;
+    assert(type == NULL || (value != NULL && type == (PyObject*) Py_TYPE(value)));
+    if (value) {
+        #if CYTHON_COMPILING_IN_CPYTHON
+        if (unlikely(((PyBaseExceptionObject*) value)->traceback != tb))
+        #endif
+            PyException_SetTraceback(value, tb);
+    }
+    tmp_value = tstate->current_exception;
+    tstate->current_exception = value;
+    Py_XDECREF(tmp_value);
+    Py_XDECREF(type);
+    Py_XDECREF(tb);
+#else
+    PyObject *tmp_type, *tmp_value, *tmp_tb;
+    tmp_type = tstate->curexc_type;
+    tmp_value = tstate->curexc_value;
+    tmp_tb = tstate->curexc_traceback;
+    tstate->curexc_type = type;
+    tstate->curexc_value = value;
+    tstate->curexc_traceback = tb;
+    Py_XDECREF(tmp_type);
+    Py_XDECREF(tmp_value);
+    Py_XDECREF(tmp_tb);
+#endif
+}
+static CYTHON_INLINE void __Pyx_ErrFetchInState(PyThreadState *tstate, PyObject **type, PyObject **value, PyObject **tb) {
+#if PY_VERSION_HEX >= 0x030C00A6
+    PyObject* exc_value;
+    exc_value = tstate->current_exception;
+    tstate->current_exception = 0;
+    *value = exc_value;
+    *type = NULL;
+    *tb = NULL;
+    if (exc_value) {
+        *type = (PyObject*) Py_TYPE(exc_value);
+        Py_INCREF(*type);
+        #if CYTHON_COMPILING_IN_CPYTHON
+        *tb = ((PyBaseExceptionObject*) exc_value)->traceback;
+        Py_XINCREF(*tb);
+        #else
+        *tb = PyException_GetTraceback(exc_value);
+        #endif
+    }
+#else
+    *type = tstate->curexc_type;
+    *value = tstate->curexc_value;
+    *tb = tstate->curexc_traceback;
+    tstate->curexc_type = 0;
+    tstate->curexc_value = 0;
+    tstate->curexc_traceback = 0;
+#endif
+}
+#endif
+
+/* GivenExceptionMatches (used by PyErrExceptionMatches) */
+#if CYTHON_COMPILING_IN_CPYTHON
+static CYTHON_INLINE int __Pyx_inner_PyErr_GivenExceptionMatches2(PyObject *err, PyObject* exc_type1, PyObject *exc_type2) {
+    if (exc_type1) {
+        return __Pyx_IsAnySubtype2((PyTypeObject*)err, (PyTypeObject*)exc_type1, (PyTypeObject*)exc_type2);
+    } else {
+        return __Pyx_IsSubtype((PyTypeObject*)err, (PyTypeObject*)exc_type2);
+    }
+}
+static int __Pyx_PyErr_GivenExceptionMatchesTuple(PyObject *exc_type, PyObject *tuple) {
+    Py_ssize_t i, n;
+    assert(PyExceptionClass_Check(exc_type));
+    n = PyTuple_GET_SIZE(tuple);
+    for (i=0; i<n; i++) {
+        if (exc_type == PyTuple_GET_ITEM(tuple, i)) return 1;
+    }
+    for (i=0; i<n; i++) {
+        PyObject *t = PyTuple_GET_ITEM(tuple, i);
+        if (likely(PyExceptionClass_Check(t))) {
+            if (__Pyx_inner_PyErr_GivenExceptionMatches2(exc_type, NULL, t)) return 1;
+        } else {
+        }
+    }
+    return 0;
+}
+static CYTHON_INLINE int __Pyx_PyErr_GivenExceptionMatches(PyObject *err, PyObject* exc_type) {
+    if (likely(err == exc_type)) return 1;
+    if (likely(PyExceptionClass_Check(err))) {
+        if (likely(PyExceptionClass_Check(exc_type))) {
+            return __Pyx_inner_PyErr_GivenExceptionMatches2(err, NULL, exc_type);
+        } else if (likely(PyTuple_Check(exc_type))) {
+            return __Pyx_PyErr_GivenExceptionMatchesTuple(err, exc_type);
+        } else {
+        }
+    }
+    return PyErr_GivenExceptionMatches(err, exc_type);
+}
+static CYTHON_INLINE int __Pyx_PyErr_GivenExceptionMatches2(PyObject *err, PyObject *exc_type1, PyObject *exc_type2) {
+    assert(PyExceptionClass_Check(exc_type1));
+    assert(PyExceptionClass_Check(exc_type2));
+    if (likely(err == exc_type1 || err == exc_type2)) return 1;
+    if (likely(PyExceptionClass_Check(err))) {
+        return __Pyx_inner_PyErr_GivenExceptionMatches2(err, exc_type1, exc_type2);
+    }
+    return (PyErr_GivenExceptionMatches(err, exc_type1) || PyErr_GivenExceptionMatches(err, exc_type2));
+}
+#endif
+
+/* PyErrExceptionMatches (used by PyObjectGetAttrStrNoError) */
+#if CYTHON_FAST_THREAD_STATE
+static int __Pyx_PyErr_ExceptionMatchesTuple(PyObject *exc_type, PyObject *tuple) {
+    Py_ssize_t i, n;
+    n = PyTuple_GET_SIZE(tuple);
+    for (i=0; i<n; i++) {
+        if (exc_type == PyTuple_GET_ITEM(tuple, i)) return 1;
+    }
+    for (i=0; i<n; i++) {
+        if (__Pyx_PyErr_GivenExceptionMatches(exc_type, PyTuple_GET_ITEM(tuple, i))) return 1;
+    }
+    return 0;
+}
+static CYTHON_INLINE int __Pyx_PyErr_ExceptionMatchesInState(PyThreadState* tstate, PyObject* err) {
+    int result;
+    PyObject *exc_type;
+#if PY_VERSION_HEX >= 0x030C00A6
+    PyObject *current_exception = tstate->current_exception;
+    if (unlikely(!current_exception)) return 0;
+    exc_type = (PyObject*) Py_TYPE(current_exception);
+    if (exc_type == err) return 1;
+#else
+    exc_type = tstate->curexc_type;
+    if (exc_type == err) return 1;
+    if (unlikely(!exc_type)) return 0;
+#endif
+    #if CYTHON_AVOID_BORROWED_REFS
+    Py_INCREF(exc_type);
+    #endif
+    if (unlikely(PyTuple_Check(err))) {
+        result = __Pyx_PyErr_ExceptionMatchesTuple(exc_type, err);
+    } else {
+        result = __Pyx_PyErr_GivenExceptionMatches(exc_type, err);
+    }
+    #if CYTHON_AVOID_BORROWED_REFS
+    Py_DECREF(exc_type);
+    #endif
+    return result;
+}
+#endif
+
+/* PyObjectGetAttrStr (used by PyObjectGetAttrStrNoError) */
+#if CYTHON_USE_TYPE_SLOTS
+static CYTHON_INLINE PyObject* __Pyx_PyObject_GetAttrStr(PyObject* obj, PyObject* attr_name) {
+    PyTypeObject* tp = Py_TYPE(obj);
+    if (likely(tp->tp_getattro))
+        return tp->tp_getattro(obj, attr_name);
+    return PyObject_GetAttr(obj, attr_name);
+}
+#endif
+
+/* PyObjectGetAttrStrNoError (used by GetBuiltinName) */
+#if __PYX_LIMITED_VERSION_HEX < 0x030d0000
+static void __Pyx_PyObject_GetAttrStr_ClearAttributeError(void) {
+    __Pyx_PyThreadState_declare
+    __Pyx_PyThreadState_assign
+    if (likely(__Pyx_PyErr_ExceptionMatches(PyExc_AttributeError)))
+        __Pyx_PyErr_Clear();
+}
+#endif
+static CYTHON_INLINE PyObject* __Pyx_PyObject_GetAttrStrNoError(PyObject* obj, PyObject* attr_name) {
+    PyObject *result;
+#if __PYX_LIMITED_VERSION_HEX >= 0x030d0000
+    (void) PyObject_GetOptionalAttr(obj, attr_name, &result);
+    return result;
+#else
+#if CYTHON_COMPILING_IN_CPYTHON && CYTHON_USE_TYPE_SLOTS
+    PyTypeObject* tp = Py_TYPE(obj);
+    if (likely(tp->tp_getattro == PyObject_GenericGetAttr)) {
+        return _PyObject_GenericGetAttrWithDict(obj, attr_name, NULL, 1);
+    }
+#endif
+    result = __Pyx_PyObject_GetAttrStr(obj, attr_name);
+    if (unlikely(!result)) {
+        __Pyx_PyObject_GetAttrStr_ClearAttributeError();
+    }
+    return result;
+#endif
+}
+
+/* GetBuiltinName */
+static PyObject *__Pyx_GetBuiltinName(PyObject *name) {
+    PyObject* result = __Pyx_PyObject_GetAttrStrNoError(__pyx_mstate_global->__pyx_b, name);
+    if (unlikely(!result) && !PyErr_Occurred()) {
+        PyErr_Format(PyExc_NameError,
+            "name '%U' is not defined", name);
+    }
+    return result;
+}
 
 /* CopyObjectArray (used by TupleOrListFromArrayImpl) */
 #if CYTHON_COMPILING_IN_CPYTHON
@@ -22963,59 +27247,6 @@ static CYTHON_INLINE int __Pyx_IgnoreGivenException(PyObject *given_exception, P
     }
     return 0;
 }
-
-/* FastTypeChecks (used by UnpackUnboundCMethod_impl) */
-#if CYTHON_COMPILING_IN_CPYTHON
-static int __Pyx_InBases(PyTypeObject *a, PyTypeObject *b) {
-    while (a) {
-        a = __Pyx_PyType_GetSlot(a, tp_base, PyTypeObject*);
-        if (a == b)
-            return 1;
-    }
-    return b == &PyBaseObject_Type;
-}
-static CYTHON_INLINE int __Pyx_IsSubtype(PyTypeObject *a, PyTypeObject *b) {
-    PyObject *mro;
-    if (a == b) return 1;
-    mro = a->tp_mro;
-    if (likely(mro)) {
-        Py_ssize_t i, n;
-        n = PyTuple_GET_SIZE(mro);
-        for (i = 0; i < n; i++) {
-            if (PyTuple_GET_ITEM(mro, i) == (PyObject *)b)
-                return 1;
-        }
-        return 0;
-    }
-    return __Pyx_InBases(a, b);
-}
-static CYTHON_INLINE int __Pyx_IsAnySubtype2(PyTypeObject *cls, PyTypeObject *a, PyTypeObject *b) {
-    PyObject *mro;
-    if (cls == a || cls == b) return 1;
-    mro = cls->tp_mro;
-    if (likely(mro)) {
-        Py_ssize_t i, n;
-        n = PyTuple_GET_SIZE(mro);
-        for (i = 0; i < n; i++) {
-            PyObject *base = PyTuple_GET_ITEM(mro, i);
-            if (base == (PyObject *)a || base == (PyObject *)b)
-                return 1;
-        }
-        return 0;
-    }
-    return __Pyx_InBases(cls, a) || __Pyx_InBases(cls, b);
-}
-#endif
-
-/* PyObjectGetAttrStr (used by UnpackUnboundCMethod_impl) */
-#if CYTHON_USE_TYPE_SLOTS
-static CYTHON_INLINE PyObject* __Pyx_PyObject_GetAttrStr(PyObject* obj, PyObject* attr_name) {
-    PyTypeObject* tp = Py_TYPE(obj);
-    if (likely(tp->tp_getattro))
-        return tp->tp_getattro(obj, attr_name);
-    return PyObject_GetAttr(obj, attr_name);
-}
-#endif
 
 /* UnpackUnboundCMethod_impl (used by UnpackUnboundCMethod) */
 #if CYTHON_COMPILING_IN_LIMITED_API && __PYX_LIMITED_VERSION_HEX < 0x030C0000
@@ -23734,193 +27965,6 @@ static CYTHON_INLINE int __Pyx_ArgTypeTest(PyObject *obj, PyTypeObject *type, in
         return 1;
     __Pyx_ArgTypeError(obj, type, name, exact);
     return 0;
-}
-
-/* PyErrFetchRestore (used by GivenExceptionMatches) */
-#if CYTHON_FAST_THREAD_STATE
-static CYTHON_INLINE void __Pyx_ErrRestoreInState(PyThreadState *tstate, PyObject *type, PyObject *value, PyObject *tb) {
-#if PY_VERSION_HEX >= 0x030C00A6
-    PyObject *tmp_value;
-    assert(type == NULL || (value != NULL && type == (PyObject*) Py_TYPE(value)));
-    if (value) {
-        #if CYTHON_COMPILING_IN_CPYTHON
-        if (unlikely(((PyBaseExceptionObject*) value)->traceback != tb))
-        #endif
-            PyException_SetTraceback(value, tb);
-    }
-    tmp_value = tstate->current_exception;
-    tstate->current_exception = value;
-    Py_XDECREF(tmp_value);
-    Py_XDECREF(type);
-    Py_XDECREF(tb);
-#else
-    PyObject *tmp_type, *tmp_value, *tmp_tb;
-    tmp_type = tstate->curexc_type;
-    tmp_value = tstate->curexc_value;
-    tmp_tb = tstate->curexc_traceback;
-    tstate->curexc_type = type;
-    tstate->curexc_value = value;
-    tstate->curexc_traceback = tb;
-    Py_XDECREF(tmp_type);
-    Py_XDECREF(tmp_value);
-    Py_XDECREF(tmp_tb);
-#endif
-}
-static CYTHON_INLINE void __Pyx_ErrFetchInState(PyThreadState *tstate, PyObject **type, PyObject **value, PyObject **tb) {
-#if PY_VERSION_HEX >= 0x030C00A6
-    PyObject* exc_value;
-    exc_value = tstate->current_exception;
-    tstate->current_exception = 0;
-    *value = exc_value;
-    *type = NULL;
-    *tb = NULL;
-    if (exc_value) {
-        *type = (PyObject*) Py_TYPE(exc_value);
-        Py_INCREF(*type);
-        #if CYTHON_COMPILING_IN_CPYTHON
-        *tb = ((PyBaseExceptionObject*) exc_value)->traceback;
-        Py_XINCREF(*tb);
-        #else
-        *tb = PyException_GetTraceback(exc_value);
-        #endif
-    }
-#else
-    *type = tstate->curexc_type;
-    *value = tstate->curexc_value;
-    *tb = tstate->curexc_traceback;
-    tstate->curexc_type = 0;
-    tstate->curexc_value = 0;
-    tstate->curexc_traceback = 0;
-#endif
-}
-#endif
-
-/* GivenExceptionMatches (used by PyErrExceptionMatches) */
-#if CYTHON_COMPILING_IN_CPYTHON
-static CYTHON_INLINE int __Pyx_inner_PyErr_GivenExceptionMatches2(PyObject *err, PyObject* exc_type1, PyObject *exc_type2) {
-    if (exc_type1) {
-        return __Pyx_IsAnySubtype2((PyTypeObject*)err, (PyTypeObject*)exc_type1, (PyTypeObject*)exc_type2);
-    } else {
-        return __Pyx_IsSubtype((PyTypeObject*)err, (PyTypeObject*)exc_type2);
-    }
-}
-static int __Pyx_PyErr_GivenExceptionMatchesTuple(PyObject *exc_type, PyObject *tuple) {
-    Py_ssize_t i, n;
-    assert(PyExceptionClass_Check(exc_type));
-    n = PyTuple_GET_SIZE(tuple);
-    for (i=0; i<n; i++) {
-        if (exc_type == PyTuple_GET_ITEM(tuple, i)) return 1;
-    }
-    for (i=0; i<n; i++) {
-        PyObject *t = PyTuple_GET_ITEM(tuple, i);
-        if (likely(PyExceptionClass_Check(t))) {
-            if (__Pyx_inner_PyErr_GivenExceptionMatches2(exc_type, NULL, t)) return 1;
-        } else {
-        }
-    }
-    return 0;
-}
-static CYTHON_INLINE int __Pyx_PyErr_GivenExceptionMatches(PyObject *err, PyObject* exc_type) {
-    if (likely(err == exc_type)) return 1;
-    if (likely(PyExceptionClass_Check(err))) {
-        if (likely(PyExceptionClass_Check(exc_type))) {
-            return __Pyx_inner_PyErr_GivenExceptionMatches2(err, NULL, exc_type);
-        } else if (likely(PyTuple_Check(exc_type))) {
-            return __Pyx_PyErr_GivenExceptionMatchesTuple(err, exc_type);
-        } else {
-        }
-    }
-    return PyErr_GivenExceptionMatches(err, exc_type);
-}
-static CYTHON_INLINE int __Pyx_PyErr_GivenExceptionMatches2(PyObject *err, PyObject *exc_type1, PyObject *exc_type2) {
-    assert(PyExceptionClass_Check(exc_type1));
-    assert(PyExceptionClass_Check(exc_type2));
-    if (likely(err == exc_type1 || err == exc_type2)) return 1;
-    if (likely(PyExceptionClass_Check(err))) {
-        return __Pyx_inner_PyErr_GivenExceptionMatches2(err, exc_type1, exc_type2);
-    }
-    return (PyErr_GivenExceptionMatches(err, exc_type1) || PyErr_GivenExceptionMatches(err, exc_type2));
-}
-#endif
-
-/* PyErrExceptionMatches (used by PyObjectGetAttrStrNoError) */
-#if CYTHON_FAST_THREAD_STATE
-static int __Pyx_PyErr_ExceptionMatchesTuple(PyObject *exc_type, PyObject *tuple) {
-    Py_ssize_t i, n;
-    n = PyTuple_GET_SIZE(tuple);
-    for (i=0; i<n; i++) {
-        if (exc_type == PyTuple_GET_ITEM(tuple, i)) return 1;
-    }
-    for (i=0; i<n; i++) {
-        if (__Pyx_PyErr_GivenExceptionMatches(exc_type, PyTuple_GET_ITEM(tuple, i))) return 1;
-    }
-    return 0;
-}
-static CYTHON_INLINE int __Pyx_PyErr_ExceptionMatchesInState(PyThreadState* tstate, PyObject* err) {
-    int result;
-    PyObject *exc_type;
-#if PY_VERSION_HEX >= 0x030C00A6
-    PyObject *current_exception = tstate->current_exception;
-    if (unlikely(!current_exception)) return 0;
-    exc_type = (PyObject*) Py_TYPE(current_exception);
-    if (exc_type == err) return 1;
-#else
-    exc_type = tstate->curexc_type;
-    if (exc_type == err) return 1;
-    if (unlikely(!exc_type)) return 0;
-#endif
-    #if CYTHON_AVOID_BORROWED_REFS
-    Py_INCREF(exc_type);
-    #endif
-    if (unlikely(PyTuple_Check(err))) {
-        result = __Pyx_PyErr_ExceptionMatchesTuple(exc_type, err);
-    } else {
-        result = __Pyx_PyErr_GivenExceptionMatches(exc_type, err);
-    }
-    #if CYTHON_AVOID_BORROWED_REFS
-    Py_DECREF(exc_type);
-    #endif
-    return result;
-}
-#endif
-
-/* PyObjectGetAttrStrNoError (used by GetBuiltinName) */
-#if __PYX_LIMITED_VERSION_HEX < 0x030d0000
-static void __Pyx_PyObject_GetAttrStr_ClearAttributeError(void) {
-    __Pyx_PyThreadState_declare
-    __Pyx_PyThreadState_assign
-    if (likely(__Pyx_PyErr_ExceptionMatches(PyExc_AttributeError)))
-        __Pyx_PyErr_Clear();
-}
-#endif
-static CYTHON_INLINE PyObject* __Pyx_PyObject_GetAttrStrNoError(PyObject* obj, PyObject* attr_name) {
-    PyObject *result;
-#if __PYX_LIMITED_VERSION_HEX >= 0x030d0000
-    (void) PyObject_GetOptionalAttr(obj, attr_name, &result);
-    return result;
-#else
-#if CYTHON_COMPILING_IN_CPYTHON && CYTHON_USE_TYPE_SLOTS
-    PyTypeObject* tp = Py_TYPE(obj);
-    if (likely(tp->tp_getattro == PyObject_GenericGetAttr)) {
-        return _PyObject_GenericGetAttrWithDict(obj, attr_name, NULL, 1);
-    }
-#endif
-    result = __Pyx_PyObject_GetAttrStr(obj, attr_name);
-    if (unlikely(!result)) {
-        __Pyx_PyObject_GetAttrStr_ClearAttributeError();
-    }
-    return result;
-#endif
-}
-
-/* GetBuiltinName */
-static PyObject *__Pyx_GetBuiltinName(PyObject *name) {
-    PyObject* result = __Pyx_PyObject_GetAttrStrNoError(__pyx_mstate_global->__pyx_b, name);
-    if (unlikely(!result) && !PyErr_Occurred()) {
-        PyErr_Format(PyExc_NameError,
-            "name '%U' is not defined", name);
-    }
-    return result;
 }
 
 /* PyObjectFastCallMethod */
@@ -26188,6 +30232,76 @@ CYTHON_UNUSED static int __Pyx_CheckVectorcallKwarg(PyObject **kwnames, Py_ssize
 }
 #endif
 
+/* pep479 */
+static void __Pyx_Generator_Replace_StopIteration(int in_async_gen) {
+    PyObject *exc, *val, *tb, *cur_exc, *new_exc;
+    __Pyx_PyThreadState_declare
+    int is_async_stopiteration = 0;
+    CYTHON_MAYBE_UNUSED_VAR(in_async_gen);
+    __Pyx_PyThreadState_assign
+    cur_exc = __Pyx_PyErr_CurrentExceptionType();
+    if (likely(!__Pyx_PyErr_GivenExceptionMatches(cur_exc, PyExc_StopIteration))) {
+        if (in_async_gen && unlikely(__Pyx_PyErr_GivenExceptionMatches(cur_exc, PyExc_StopAsyncIteration))) {
+            is_async_stopiteration = 1;
+        } else {
+            return;
+        }
+    }
+    __Pyx_GetException(&exc, &val, &tb);
+    Py_XDECREF(exc);
+    Py_XDECREF(tb);
+    new_exc = PyObject_CallFunction(PyExc_RuntimeError, "s",
+        is_async_stopiteration ? "async generator raised StopAsyncIteration" :
+        in_async_gen ? "async generator raised StopIteration" :
+        "generator raised StopIteration");
+    if (!new_exc) {
+        Py_XDECREF(val);
+        return;
+    }
+    PyException_SetCause(new_exc, val); // steals ref to val
+    PyErr_SetObject(PyExc_RuntimeError, new_exc);
+    Py_DECREF(new_exc);
+}
+
+/* ListAppend */
+#if CYTHON_USE_PYLIST_INTERNALS && CYTHON_ASSUME_SAFE_MACROS && CYTHON_ASSUME_SAFE_SIZE
+static CYTHON_INLINE int __Pyx_PyList_Append(PyObject* list, PyObject* x) {
+    PyListObject* L = (PyListObject*) list;
+    Py_ssize_t len = Py_SIZE(list);
+    if (likely(L->allocated > len) & likely(len > (L->allocated >> 1))) {
+        Py_INCREF(x);
+        __Pyx__ListComp_AppendAndDecref(list, len, x);
+        return 0;
+    }
+    return PyList_Append(list, x);
+}
+#endif
+
+/* IterFinish */
+static CYTHON_INLINE int __Pyx_IterFinish(void) {
+    PyObject* exc_type;
+    __Pyx_PyThreadState_declare
+    __Pyx_PyThreadState_assign
+    exc_type = __Pyx_PyErr_CurrentExceptionType();
+    if (unlikely(exc_type)) {
+        if (unlikely(!__Pyx_PyErr_GivenExceptionMatches(exc_type, PyExc_StopIteration)))
+            return -1;
+        __Pyx_PyErr_Clear();
+        return 0;
+    }
+    return 0;
+}
+
+/* UnpackItemEndCheck */
+static int __Pyx_IternextUnpackEndCheck(PyObject *retval, Py_ssize_t expected) {
+    if (unlikely(retval)) {
+        Py_DECREF(retval);
+        __Pyx_RaiseTooManyValuesError(expected);
+        return -1;
+    }
+    return __Pyx_IterFinish();
+}
+
 /* AllocateExtensionType */
 static PyObject *__Pyx_AllocateExtensionType(PyTypeObject *t, int is_final) {
     if (is_final || likely(!__Pyx_PyType_HasFeature(t, Py_TPFLAGS_IS_ABSTRACT))) {
@@ -26354,6 +30468,22 @@ static PyObject *__Pyx_CallNewInitFromVectorcall(PyTypeObject *t, PyObject *cons
 }
 #endif
 
+/* CallTypeTraverse */
+#if !CYTHON_USE_TYPE_SPECS
+#else
+static int __Pyx_call_type_traverse(PyObject *o, int always_call, visitproc visit, void *arg) {
+    if (!always_call) {
+        PyTypeObject *base = __Pyx_PyObject_GetSlot(o, tp_base, PyTypeObject*);
+        unsigned long flags = PyType_GetFlags(base);
+        if (flags & Py_TPFLAGS_HEAPTYPE) {
+            return 0;
+        }
+    }
+    Py_VISIT((PyObject*)Py_TYPE(o));
+    return 0;
+}
+#endif
+
 /* CallSlotAsVectorcall */
 #if CYTHON_VECTORCALL_TPNEW
 static int __Pyx_CallTpinitAsVectorcall(__Pyx_tpinitvectorcallfunc f, PyObject* o, PyObject *a, PyObject *k) {
@@ -26420,49 +30550,6 @@ static int __Pyx_CallTpinitAsVectorcall(__Pyx_tpinitvectorcallfunc f, PyObject* 
         PyMem_Free(args);
     }
     return result;
-}
-#endif
-
-/* CallTypeTraverse */
-#if !CYTHON_USE_TYPE_SPECS
-#else
-static int __Pyx_call_type_traverse(PyObject *o, int always_call, visitproc visit, void *arg) {
-    if (!always_call) {
-        PyTypeObject *base = __Pyx_PyObject_GetSlot(o, tp_base, PyTypeObject*);
-        unsigned long flags = PyType_GetFlags(base);
-        if (flags & Py_TPFLAGS_HEAPTYPE) {
-            return 0;
-        }
-    }
-    Py_VISIT((PyObject*)Py_TYPE(o));
-    return 0;
-}
-#endif
-
-/* ApplySequenceOrMappingFlag */
-#if CYTHON_COMPILING_IN_LIMITED_API || (CYTHON_COMPILING_IN_PYPY && CYTHON_USE_TYPE_SPECS)
-int __Pyx_ApplySequenceOrMappingFlag(PyTypeObject *tp, int is_sequence) {
-    PyObject *abc;
-    PyObject *collections_abc = PyImport_ImportModule("collections.abc");
-    if (unlikely(!collections_abc)) return -1;
-    abc = PyObject_GetAttrString(collections_abc, is_sequence ? "Sequence": "Mapping");
-    Py_DECREF(collections_abc);
-    if (unlikely(!abc)) return -1;
-    PyObject *register_result = PyObject_CallMethod(abc, "register", "O", (PyObject*)tp);
-    Py_DECREF(abc);
-    if (unlikely(!register_result)) return -1;
-    Py_DECREF(register_result);
-    return 0;
-}
-#elif CYTHON_COMPILING_IN_PYPY // && !CYTHON_USE_TYPE_SPECS
-int __Pyx_ApplySequenceOrMappingFlag(PyTypeObject *tp, int is_sequence) {
-    CYTHON_UNUSED_VAR(tp);
-    CYTHON_UNUSED_VAR(is_sequence);
-    return PyErr_WarnEx(
-        PyExc_RuntimeWarning,
-        "cython.collection_type only works on PyPy with the C flag CYTHON_USE_TYPE_SPECS=1",
-        1
-    );
 }
 #endif
 
@@ -26681,6 +30768,33 @@ static int __Pyx_PyType_Ready(PyTypeObject *t) {
     return r;
 #endif
 }
+
+/* ApplySequenceOrMappingFlag */
+#if CYTHON_COMPILING_IN_LIMITED_API || (CYTHON_COMPILING_IN_PYPY && CYTHON_USE_TYPE_SPECS)
+int __Pyx_ApplySequenceOrMappingFlag(PyTypeObject *tp, int is_sequence) {
+    PyObject *abc;
+    PyObject *collections_abc = PyImport_ImportModule("collections.abc");
+    if (unlikely(!collections_abc)) return -1;
+    abc = PyObject_GetAttrString(collections_abc, is_sequence ? "Sequence": "Mapping");
+    Py_DECREF(collections_abc);
+    if (unlikely(!abc)) return -1;
+    PyObject *register_result = PyObject_CallMethod(abc, "register", "O", (PyObject*)tp);
+    Py_DECREF(abc);
+    if (unlikely(!register_result)) return -1;
+    Py_DECREF(register_result);
+    return 0;
+}
+#elif CYTHON_COMPILING_IN_PYPY // && !CYTHON_USE_TYPE_SPECS
+int __Pyx_ApplySequenceOrMappingFlag(PyTypeObject *tp, int is_sequence) {
+    CYTHON_UNUSED_VAR(tp);
+    CYTHON_UNUSED_VAR(is_sequence);
+    return PyErr_WarnEx(
+        PyExc_RuntimeWarning,
+        "cython.collection_type only works on PyPy with the C flag CYTHON_USE_TYPE_SPECS=1",
+        1
+    );
+}
+#endif
 
 /* GetVTable (used by MergeVTables) */
 static int __Pyx_GetVtable(PyTypeObject *type, void** table) {
@@ -27005,6 +31119,72 @@ __PYX_GOOD:
     Py_XDECREF(setstate_cython);
     return ret;
 }
+
+/* PxdImportShared (used by FunctionImport) */
+#ifndef __PYX_HAVE_RT_ImportFromPxd_3_3_1
+#define __PYX_HAVE_RT_ImportFromPxd_3_3_1
+static int __Pyx_ImportFromPxd_3_3_1(PyObject *module, const char *name, void **p, const char *sig, const char *what, int optional) {
+    PyObject *d = 0;
+    PyObject *cobj = 0;
+    d = PyObject_GetAttrString(module, "__pyx_capi__");
+    if (!d)
+        goto bad;
+#if (defined(Py_LIMITED_API) && Py_LIMITED_API >= 0x030d0000) || (!defined(Py_LIMITED_API) && PY_VERSION_HEX >= 0x030d0000)
+    PyDict_GetItemStringRef(d, name, &cobj);
+#else
+    cobj = PyDict_GetItemString(d, name);
+    Py_XINCREF(cobj);
+#endif
+    if (!cobj) {
+        if (optional && !PyErr_Occurred()) {
+            PyErr_Clear();
+            *p = NULL;
+            goto allowed_failure;
+        } else {
+            PyErr_Format(PyExc_ImportError,
+                "%.200s does not export expected C %.8s %.200s",
+                    PyModule_GetName(module), what, name);
+            goto bad;
+        }
+    }
+    if (!PyCapsule_IsValid(cobj, sig)) {
+        PyErr_Format(PyExc_TypeError,
+            "C %.8s %.200s.%.200s has wrong signature (expected %.500s, got %.500s)",
+             what, PyModule_GetName(module), name, sig, PyCapsule_GetName(cobj));
+        goto bad;
+    }
+    *p = PyCapsule_GetPointer(cobj, sig);
+    if (!(*p))
+        goto bad;
+    Py_DECREF(cobj);
+allowed_failure:
+    Py_DECREF(d);
+    return 0;
+bad:
+    Py_XDECREF(d);
+    Py_XDECREF(cobj);
+    return -1;
+}
+#endif
+
+/* FunctionImport */
+#ifndef __PYX_HAVE_RT_ImportFunction_3_3_1
+#define __PYX_HAVE_RT_ImportFunction_3_3_1
+static int __Pyx_ImportFunction_3_3_1(PyObject *module, const char *funcname, void (**f)(void), const char *sig) {
+    if (*f) {
+        return 0; // already imported under a different name
+    }
+    union {
+        void (*fp)(void);
+        void *p;
+    } tmp;
+    int result = __Pyx_ImportFromPxd_3_3_1(module, funcname, &tmp.p, sig, "function", 0);
+    if (result == 0) {
+        *f = tmp.fp;
+    }
+    return result;
+}
+#endif
 
 /* dict_setdefault (used by FetchCommonType) */
 static CYTHON_INLINE PyObject *__Pyx_PyDict_SetDefault(PyObject *d, PyObject *key, PyObject *default_value) {
@@ -29944,6 +34124,52 @@ __pyx_fail:
     return result;
 }
 
+/* ObjectToMemviewSlice */
+static CYTHON_INLINE __Pyx_memviewslice __Pyx_PyObject_to_MemoryviewSlice_d_dc_PY_LONG_LONG(PyObject *obj, int writable_flag) {
+    __Pyx_memviewslice result = __Pyx_MEMSLICE_INIT;
+    __Pyx_BufFmt_StackElem stack[1];
+    int axes_specs[] = { (__Pyx_MEMVIEW_DIRECT | __Pyx_MEMVIEW_FOLLOW), (__Pyx_MEMVIEW_DIRECT | __Pyx_MEMVIEW_CONTIG) };
+    int retcode;
+    if (obj == Py_None) {
+        result.memview = (struct __pyx_memoryview_obj *) Py_None;
+        return result;
+    }
+    retcode = __Pyx_ValidateAndInit_memviewslice(axes_specs, __Pyx_IS_C_CONTIG,
+                                                 (PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) | writable_flag, 2,
+                                                 &__Pyx_TypeInfo_PY_LONG_LONG, stack,
+                                                 &result, obj);
+    if (unlikely(retcode == -1))
+        goto __pyx_fail;
+    return result;
+__pyx_fail:
+    result.memview = NULL;
+    result.data = NULL;
+    return result;
+}
+
+/* ObjectToMemviewSlice */
+static CYTHON_INLINE __Pyx_memviewslice __Pyx_PyObject_to_MemoryviewSlice_dc_int(PyObject *obj, int writable_flag) {
+    __Pyx_memviewslice result = __Pyx_MEMSLICE_INIT;
+    __Pyx_BufFmt_StackElem stack[1];
+    int axes_specs[] = { (__Pyx_MEMVIEW_DIRECT | __Pyx_MEMVIEW_CONTIG) };
+    int retcode;
+    if (obj == Py_None) {
+        result.memview = (struct __pyx_memoryview_obj *) Py_None;
+        return result;
+    }
+    retcode = __Pyx_ValidateAndInit_memviewslice(axes_specs, __Pyx_IS_C_CONTIG,
+                                                 (PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) | writable_flag, 1,
+                                                 &__Pyx_TypeInfo_int, stack,
+                                                 &result, obj);
+    if (unlikely(retcode == -1))
+        goto __pyx_fail;
+    return result;
+__pyx_fail:
+    result.memview = NULL;
+    result.data = NULL;
+    return result;
+}
+
 /* MemviewSliceCopy */
 static __Pyx_memviewslice
 __pyx_memoryview_copy_new_contig(const __Pyx_memviewslice *from_mvs,
@@ -30315,271 +34541,6 @@ static CYTHON_INLINE PY_LONG_LONG __Pyx_PyLong_As_PY_LONG_LONG(PyObject *x) {
     }
 }
 
-/* PyObjectVectorcallMethodKwds (used by CIntToPy) */
-#if !CYTHON_VECTORCALL
-static PyObject *__Pyx_Object_VectorcallMethodKwds(PyObject *name, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
-    PyObject *result;
-    PyObject *obj = PyObject_GetAttr(args[0], name);
-    if (unlikely(!obj))
-        return NULL;
-    result = __Pyx_Object_VectorcallKwds(obj, args+1, nargsf-1, kwnames);
-    Py_DECREF(obj);
-    return result;
-}
-#endif
-
-/* CIntToPy */
-static CYTHON_INLINE PyObject* __Pyx_PyLong_From_PY_LONG_LONG(PY_LONG_LONG value) {
-#ifdef __Pyx_HAS_GCC_DIAGNOSTIC
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wconversion"
-#endif
-    const PY_LONG_LONG neg_one = (PY_LONG_LONG) -1, const_zero = (PY_LONG_LONG) 0;
-#ifdef __Pyx_HAS_GCC_DIAGNOSTIC
-#pragma GCC diagnostic pop
-#endif
-    const int is_unsigned = neg_one > const_zero;
-    if (is_unsigned) {
-        if (sizeof(PY_LONG_LONG) < sizeof(long)) {
-            return PyLong_FromLong((long) value);
-        } else if (sizeof(PY_LONG_LONG) <= sizeof(unsigned long)) {
-            return PyLong_FromUnsignedLong((unsigned long) value);
-#if !CYTHON_COMPILING_IN_PYPY
-        } else if (sizeof(PY_LONG_LONG) <= sizeof(unsigned PY_LONG_LONG)) {
-            return PyLong_FromUnsignedLongLong((unsigned PY_LONG_LONG) value);
-#endif
-        }
-    } else {
-        if (sizeof(PY_LONG_LONG) <= sizeof(long)) {
-            return PyLong_FromLong((long) value);
-        } else if (sizeof(PY_LONG_LONG) <= sizeof(PY_LONG_LONG)) {
-            return PyLong_FromLongLong((PY_LONG_LONG) value);
-        }
-    }
-    {
-        unsigned char *bytes = (unsigned char *)&value;
-#if !CYTHON_COMPILING_IN_LIMITED_API && PY_VERSION_HEX >= 0x030d00A4
-        if (is_unsigned) {
-            return PyLong_FromUnsignedNativeBytes(bytes, sizeof(value), -1);
-        } else {
-            return PyLong_FromNativeBytes(bytes, sizeof(value), -1);
-        }
-#elif !CYTHON_COMPILING_IN_LIMITED_API && PY_VERSION_HEX < 0x030d0000
-        int one = 1; int little = (int)*(unsigned char *)&one;
-        return _PyLong_FromByteArray(bytes, sizeof(PY_LONG_LONG),
-                                     little, !is_unsigned);
-#else
-        int one = 1; int little = (int)*(unsigned char *)&one;
-        PyObject *result = NULL, *kwds = NULL;
-        PyObject *py_bytes = NULL, *order_str = NULL, *from_bytes_str = NULL;;
-        py_bytes = PyBytes_FromStringAndSize((char*)bytes, sizeof(PY_LONG_LONG));
-        if (!py_bytes) goto limited_bad;
-        from_bytes_str = PyUnicode_FromStringAndSize("from_bytes", 10);
-        if (!from_bytes_str) goto limited_bad;
-        order_str = PyUnicode_FromString(little ? "little" : "big");
-        if (!order_str) goto limited_bad;
-        {
-            PyObject *args[] = { (PyObject*)&PyLong_Type, py_bytes, order_str, Py_True };
-            if (!is_unsigned) {
-                PyObject *signed_str = PyUnicode_FromStringAndSize("signed", 6);
-                if (!signed_str) goto limited_bad;
-#if CYTHON_VECTORCALL
-                kwds = PyTuple_Pack(1, signed_str);
-#else
-                {
-                    PyObject *keys[] = {signed_str};
-                    PyObject *values[] = {Py_True};
-                    kwds = __Pyx_MakeKwargDict(keys, values, 1);
-                }
-#endif
-                Py_DECREF(signed_str);
-                if (unlikely(!kwds)) goto limited_bad;
-            }
-            result = __Pyx_Object_VectorcallMethodKwds(from_bytes_str, args, 3 | __Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET, kwds);
-        }
-        limited_bad:
-        Py_XDECREF(kwds);
-        Py_XDECREF(order_str);
-        Py_XDECREF(py_bytes);
-        Py_XDECREF(from_bytes_str);
-        return result;
-#endif
-    }
-}
-
-/* CIntToPy */
-static CYTHON_INLINE PyObject* __Pyx_PyLong_From___pyx_anon_enum(int value) {
-#ifdef __Pyx_HAS_GCC_DIAGNOSTIC
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wconversion"
-#endif
-    const int neg_one = (int) -1, const_zero = (int) 0;
-#ifdef __Pyx_HAS_GCC_DIAGNOSTIC
-#pragma GCC diagnostic pop
-#endif
-    const int is_unsigned = neg_one > const_zero;
-    if (is_unsigned) {
-        if (sizeof(int) < sizeof(long)) {
-            return PyLong_FromLong((long) value);
-        } else if (sizeof(int) <= sizeof(unsigned long)) {
-            return PyLong_FromUnsignedLong((unsigned long) value);
-#if !CYTHON_COMPILING_IN_PYPY
-        } else if (sizeof(int) <= sizeof(unsigned PY_LONG_LONG)) {
-            return PyLong_FromUnsignedLongLong((unsigned PY_LONG_LONG) value);
-#endif
-        }
-    } else {
-        if (sizeof(int) <= sizeof(long)) {
-            return PyLong_FromLong((long) value);
-        } else if (sizeof(int) <= sizeof(PY_LONG_LONG)) {
-            return PyLong_FromLongLong((PY_LONG_LONG) value);
-        }
-    }
-    {
-        unsigned char *bytes = (unsigned char *)&value;
-#if !CYTHON_COMPILING_IN_LIMITED_API && PY_VERSION_HEX >= 0x030d00A4
-        if (is_unsigned) {
-            return PyLong_FromUnsignedNativeBytes(bytes, sizeof(value), -1);
-        } else {
-            return PyLong_FromNativeBytes(bytes, sizeof(value), -1);
-        }
-#elif !CYTHON_COMPILING_IN_LIMITED_API && PY_VERSION_HEX < 0x030d0000
-        int one = 1; int little = (int)*(unsigned char *)&one;
-        return _PyLong_FromByteArray(bytes, sizeof(int),
-                                     little, !is_unsigned);
-#else
-        int one = 1; int little = (int)*(unsigned char *)&one;
-        PyObject *result = NULL, *kwds = NULL;
-        PyObject *py_bytes = NULL, *order_str = NULL, *from_bytes_str = NULL;;
-        py_bytes = PyBytes_FromStringAndSize((char*)bytes, sizeof(int));
-        if (!py_bytes) goto limited_bad;
-        from_bytes_str = PyUnicode_FromStringAndSize("from_bytes", 10);
-        if (!from_bytes_str) goto limited_bad;
-        order_str = PyUnicode_FromString(little ? "little" : "big");
-        if (!order_str) goto limited_bad;
-        {
-            PyObject *args[] = { (PyObject*)&PyLong_Type, py_bytes, order_str, Py_True };
-            if (!is_unsigned) {
-                PyObject *signed_str = PyUnicode_FromStringAndSize("signed", 6);
-                if (!signed_str) goto limited_bad;
-#if CYTHON_VECTORCALL
-                kwds = PyTuple_Pack(1, signed_str);
-#else
-                {
-                    PyObject *keys[] = {signed_str};
-                    PyObject *values[] = {Py_True};
-                    kwds = __Pyx_MakeKwargDict(keys, values, 1);
-                }
-#endif
-                Py_DECREF(signed_str);
-                if (unlikely(!kwds)) goto limited_bad;
-            }
-            result = __Pyx_Object_VectorcallMethodKwds(from_bytes_str, args, 3 | __Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET, kwds);
-        }
-        limited_bad:
-        Py_XDECREF(kwds);
-        Py_XDECREF(order_str);
-        Py_XDECREF(py_bytes);
-        Py_XDECREF(from_bytes_str);
-        return result;
-#endif
-    }
-}
-
-/* PyObjectCallMethod1 (used by UpdateUnpickledDict) */
-static CYTHON_INLINE PyObject* __Pyx_PyObject_CallMethod1(PyObject* obj, PyObject* method_name, PyObject* arg) {
-#if CYTHON_VECTORCALL && (__PYX_LIMITED_VERSION_HEX >= 0x030C0000 || !CYTHON_COMPILING_IN_LIMITED_API)
-    PyObject *args[2] = {obj, arg};
-    return PyObject_VectorcallMethod(method_name, args, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
-#elif CYTHON_COMPILING_IN_LIMITED_API
-    return PyObject_CallMethodObjArgs(obj, method_name, arg, NULL);
-#else
-    return PyObject_CallMethodOneArg(obj, method_name, arg);
-#endif
-}
-
-/* UpdateUnpickledDict */
-static int __Pyx__UpdateUnpickledDict(PyObject *obj, PyObject *state, Py_ssize_t index) {
-    PyObject *state_dict = __Pyx_PySequence_ITEM(state, index);
-    if (unlikely(!state_dict)) {
-        return -1;
-    }
-    int non_empty = PyObject_IsTrue(state_dict);
-    if (non_empty == 0) {
-        Py_DECREF(state_dict);
-        return 0;
-    } else if (unlikely(non_empty == -1)) {
-        return -1;
-    }
-    PyObject *dict;
-    #if CYTHON_COMPILING_IN_LIMITED_API && __PYX_LIMITED_VERSION_HEX < 0x030A0000
-    dict = PyObject_GetAttrString(obj, "__dict__");
-    #else
-    dict = PyObject_GenericGetDict(obj, NULL);
-    #endif
-    if (unlikely(!dict)) {
-        Py_DECREF(state_dict);
-        return -1;
-    }
-    int result;
-    if (likely(PyDict_CheckExact(dict))) {
-        result = PyDict_Update(dict, state_dict);
-    } else {
-        PyObject *obj_result = __Pyx_PyObject_CallMethod1(dict, __pyx_mstate_global->__pyx_n_u_update, state_dict);
-        if (likely(obj_result)) {
-            Py_DECREF(obj_result);
-            result = 0;
-        } else {
-            result = -1;
-        }
-    }
-    Py_DECREF(state_dict);
-    Py_DECREF(dict);
-    return result;
-}
-static int __Pyx_UpdateUnpickledDict(PyObject *obj, PyObject *state, Py_ssize_t index) {
-    Py_ssize_t state_size = __Pyx_PyTuple_GET_SIZE(state);
-    #if !CYTHON_ASSUME_SAFE_SIZE
-    if (unlikely(state_size == -1)) return -1;
-    #endif
-    if (state_size <= index) {
-        return 0;
-    }
-    return __Pyx__UpdateUnpickledDict(obj, state, index);
-}
-
-/* CheckUnpickleChecksumError (used by CheckUnpickleChecksum) */
-static void __Pyx_RaiseUnpickleChecksumError(long checksum, long checksum1, long checksum2, long checksum3, const char *members) {
-    PyObject *pickle_module = PyImport_ImportModule("pickle");
-    if (unlikely(!pickle_module)) return;
-    PyObject *pickle_error = PyObject_GetAttrString(pickle_module, "PickleError");
-    Py_DECREF(pickle_module);
-    if (unlikely(!pickle_error)) return;
-    if (checksum2 == checksum1) {
-        PyErr_Format(pickle_error, "Incompatible checksums (0x%x vs (0x%x) = (%s))",
-            checksum, checksum1, members);
-    } else if (checksum3 == checksum2) {
-        PyErr_Format(pickle_error, "Incompatible checksums (0x%x vs (0x%x, 0x%x) = (%s))",
-            checksum, checksum1, checksum2, members);
-    } else {
-        PyErr_Format(pickle_error, "Incompatible checksums (0x%x vs (0x%x, 0x%x, 0x%x) = (%s))",
-            checksum, checksum1, checksum2, checksum3, members);
-    }
-    Py_DECREF(pickle_error);
-}
-
-/* CheckUnpickleChecksum */
-static int __Pyx_CheckUnpickleChecksum(long checksum, long checksum1, long checksum2, long checksum3, const char *members) {
-    int found = 0;
-    found |= checksum1 == checksum;
-    found |= checksum2 == checksum;
-    found |= checksum3 == checksum;
-    if (likely(found))
-        return 0;
-    __Pyx_RaiseUnpickleChecksumError(checksum, checksum1, checksum2, checksum3, members);
-    return -1;
-}
-
 /* CIntFromPy */
 static int __Pyx_LargePyLong___Pyx_PyLong_As_int(PyObject *x);
 static int __Pyx_raise_neg_overflow___Pyx_PyLong_As_int(void) {
@@ -30881,6 +34842,429 @@ static CYTHON_INLINE int __Pyx_PyLong_As_int(PyObject *x) {
     }
 }
 
+/* PyObjectVectorcallMethodKwds (used by CIntToPy) */
+#if !CYTHON_VECTORCALL
+static PyObject *__Pyx_Object_VectorcallMethodKwds(PyObject *name, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    PyObject *result;
+    PyObject *obj = PyObject_GetAttr(args[0], name);
+    if (unlikely(!obj))
+        return NULL;
+    result = __Pyx_Object_VectorcallKwds(obj, args+1, nargsf-1, kwnames);
+    Py_DECREF(obj);
+    return result;
+}
+#endif
+
+/* CIntToPy */
+static CYTHON_INLINE PyObject* __Pyx_PyLong_From_PY_LONG_LONG(PY_LONG_LONG value) {
+#ifdef __Pyx_HAS_GCC_DIAGNOSTIC
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wconversion"
+#endif
+    const PY_LONG_LONG neg_one = (PY_LONG_LONG) -1, const_zero = (PY_LONG_LONG) 0;
+#ifdef __Pyx_HAS_GCC_DIAGNOSTIC
+#pragma GCC diagnostic pop
+#endif
+    const int is_unsigned = neg_one > const_zero;
+    if (is_unsigned) {
+        if (sizeof(PY_LONG_LONG) < sizeof(long)) {
+            return PyLong_FromLong((long) value);
+        } else if (sizeof(PY_LONG_LONG) <= sizeof(unsigned long)) {
+            return PyLong_FromUnsignedLong((unsigned long) value);
+#if !CYTHON_COMPILING_IN_PYPY
+        } else if (sizeof(PY_LONG_LONG) <= sizeof(unsigned PY_LONG_LONG)) {
+            return PyLong_FromUnsignedLongLong((unsigned PY_LONG_LONG) value);
+#endif
+        }
+    } else {
+        if (sizeof(PY_LONG_LONG) <= sizeof(long)) {
+            return PyLong_FromLong((long) value);
+        } else if (sizeof(PY_LONG_LONG) <= sizeof(PY_LONG_LONG)) {
+            return PyLong_FromLongLong((PY_LONG_LONG) value);
+        }
+    }
+    {
+        unsigned char *bytes = (unsigned char *)&value;
+#if !CYTHON_COMPILING_IN_LIMITED_API && PY_VERSION_HEX >= 0x030d00A4
+        if (is_unsigned) {
+            return PyLong_FromUnsignedNativeBytes(bytes, sizeof(value), -1);
+        } else {
+            return PyLong_FromNativeBytes(bytes, sizeof(value), -1);
+        }
+#elif !CYTHON_COMPILING_IN_LIMITED_API && PY_VERSION_HEX < 0x030d0000
+        int one = 1; int little = (int)*(unsigned char *)&one;
+        return _PyLong_FromByteArray(bytes, sizeof(PY_LONG_LONG),
+                                     little, !is_unsigned);
+#else
+        int one = 1; int little = (int)*(unsigned char *)&one;
+        PyObject *result = NULL, *kwds = NULL;
+        PyObject *py_bytes = NULL, *order_str = NULL, *from_bytes_str = NULL;;
+        py_bytes = PyBytes_FromStringAndSize((char*)bytes, sizeof(PY_LONG_LONG));
+        if (!py_bytes) goto limited_bad;
+        from_bytes_str = PyUnicode_FromStringAndSize("from_bytes", 10);
+        if (!from_bytes_str) goto limited_bad;
+        order_str = PyUnicode_FromString(little ? "little" : "big");
+        if (!order_str) goto limited_bad;
+        {
+            PyObject *args[] = { (PyObject*)&PyLong_Type, py_bytes, order_str, Py_True };
+            if (!is_unsigned) {
+                PyObject *signed_str = PyUnicode_FromStringAndSize("signed", 6);
+                if (!signed_str) goto limited_bad;
+#if CYTHON_VECTORCALL
+                kwds = PyTuple_Pack(1, signed_str);
+#else
+                {
+                    PyObject *keys[] = {signed_str};
+                    PyObject *values[] = {Py_True};
+                    kwds = __Pyx_MakeKwargDict(keys, values, 1);
+                }
+#endif
+                Py_DECREF(signed_str);
+                if (unlikely(!kwds)) goto limited_bad;
+            }
+            result = __Pyx_Object_VectorcallMethodKwds(from_bytes_str, args, 3 | __Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET, kwds);
+        }
+        limited_bad:
+        Py_XDECREF(kwds);
+        Py_XDECREF(order_str);
+        Py_XDECREF(py_bytes);
+        Py_XDECREF(from_bytes_str);
+        return result;
+#endif
+    }
+}
+
+/* CIntToPy */
+static CYTHON_INLINE PyObject* __Pyx_PyLong_From___pyx_anon_enum(int value) {
+#ifdef __Pyx_HAS_GCC_DIAGNOSTIC
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wconversion"
+#endif
+    const int neg_one = (int) -1, const_zero = (int) 0;
+#ifdef __Pyx_HAS_GCC_DIAGNOSTIC
+#pragma GCC diagnostic pop
+#endif
+    const int is_unsigned = neg_one > const_zero;
+    if (is_unsigned) {
+        if (sizeof(int) < sizeof(long)) {
+            return PyLong_FromLong((long) value);
+        } else if (sizeof(int) <= sizeof(unsigned long)) {
+            return PyLong_FromUnsignedLong((unsigned long) value);
+#if !CYTHON_COMPILING_IN_PYPY
+        } else if (sizeof(int) <= sizeof(unsigned PY_LONG_LONG)) {
+            return PyLong_FromUnsignedLongLong((unsigned PY_LONG_LONG) value);
+#endif
+        }
+    } else {
+        if (sizeof(int) <= sizeof(long)) {
+            return PyLong_FromLong((long) value);
+        } else if (sizeof(int) <= sizeof(PY_LONG_LONG)) {
+            return PyLong_FromLongLong((PY_LONG_LONG) value);
+        }
+    }
+    {
+        unsigned char *bytes = (unsigned char *)&value;
+#if !CYTHON_COMPILING_IN_LIMITED_API && PY_VERSION_HEX >= 0x030d00A4
+        if (is_unsigned) {
+            return PyLong_FromUnsignedNativeBytes(bytes, sizeof(value), -1);
+        } else {
+            return PyLong_FromNativeBytes(bytes, sizeof(value), -1);
+        }
+#elif !CYTHON_COMPILING_IN_LIMITED_API && PY_VERSION_HEX < 0x030d0000
+        int one = 1; int little = (int)*(unsigned char *)&one;
+        return _PyLong_FromByteArray(bytes, sizeof(int),
+                                     little, !is_unsigned);
+#else
+        int one = 1; int little = (int)*(unsigned char *)&one;
+        PyObject *result = NULL, *kwds = NULL;
+        PyObject *py_bytes = NULL, *order_str = NULL, *from_bytes_str = NULL;;
+        py_bytes = PyBytes_FromStringAndSize((char*)bytes, sizeof(int));
+        if (!py_bytes) goto limited_bad;
+        from_bytes_str = PyUnicode_FromStringAndSize("from_bytes", 10);
+        if (!from_bytes_str) goto limited_bad;
+        order_str = PyUnicode_FromString(little ? "little" : "big");
+        if (!order_str) goto limited_bad;
+        {
+            PyObject *args[] = { (PyObject*)&PyLong_Type, py_bytes, order_str, Py_True };
+            if (!is_unsigned) {
+                PyObject *signed_str = PyUnicode_FromStringAndSize("signed", 6);
+                if (!signed_str) goto limited_bad;
+#if CYTHON_VECTORCALL
+                kwds = PyTuple_Pack(1, signed_str);
+#else
+                {
+                    PyObject *keys[] = {signed_str};
+                    PyObject *values[] = {Py_True};
+                    kwds = __Pyx_MakeKwargDict(keys, values, 1);
+                }
+#endif
+                Py_DECREF(signed_str);
+                if (unlikely(!kwds)) goto limited_bad;
+            }
+            result = __Pyx_Object_VectorcallMethodKwds(from_bytes_str, args, 3 | __Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET, kwds);
+        }
+        limited_bad:
+        Py_XDECREF(kwds);
+        Py_XDECREF(order_str);
+        Py_XDECREF(py_bytes);
+        Py_XDECREF(from_bytes_str);
+        return result;
+#endif
+    }
+}
+
+/* CIntToPy */
+static CYTHON_INLINE PyObject* __Pyx_PyLong_From_int(int value) {
+#ifdef __Pyx_HAS_GCC_DIAGNOSTIC
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wconversion"
+#endif
+    const int neg_one = (int) -1, const_zero = (int) 0;
+#ifdef __Pyx_HAS_GCC_DIAGNOSTIC
+#pragma GCC diagnostic pop
+#endif
+    const int is_unsigned = neg_one > const_zero;
+    if (is_unsigned) {
+        if (sizeof(int) < sizeof(long)) {
+            return PyLong_FromLong((long) value);
+        } else if (sizeof(int) <= sizeof(unsigned long)) {
+            return PyLong_FromUnsignedLong((unsigned long) value);
+#if !CYTHON_COMPILING_IN_PYPY
+        } else if (sizeof(int) <= sizeof(unsigned PY_LONG_LONG)) {
+            return PyLong_FromUnsignedLongLong((unsigned PY_LONG_LONG) value);
+#endif
+        }
+    } else {
+        if (sizeof(int) <= sizeof(long)) {
+            return PyLong_FromLong((long) value);
+        } else if (sizeof(int) <= sizeof(PY_LONG_LONG)) {
+            return PyLong_FromLongLong((PY_LONG_LONG) value);
+        }
+    }
+    {
+        unsigned char *bytes = (unsigned char *)&value;
+#if !CYTHON_COMPILING_IN_LIMITED_API && PY_VERSION_HEX >= 0x030d00A4
+        if (is_unsigned) {
+            return PyLong_FromUnsignedNativeBytes(bytes, sizeof(value), -1);
+        } else {
+            return PyLong_FromNativeBytes(bytes, sizeof(value), -1);
+        }
+#elif !CYTHON_COMPILING_IN_LIMITED_API && PY_VERSION_HEX < 0x030d0000
+        int one = 1; int little = (int)*(unsigned char *)&one;
+        return _PyLong_FromByteArray(bytes, sizeof(int),
+                                     little, !is_unsigned);
+#else
+        int one = 1; int little = (int)*(unsigned char *)&one;
+        PyObject *result = NULL, *kwds = NULL;
+        PyObject *py_bytes = NULL, *order_str = NULL, *from_bytes_str = NULL;;
+        py_bytes = PyBytes_FromStringAndSize((char*)bytes, sizeof(int));
+        if (!py_bytes) goto limited_bad;
+        from_bytes_str = PyUnicode_FromStringAndSize("from_bytes", 10);
+        if (!from_bytes_str) goto limited_bad;
+        order_str = PyUnicode_FromString(little ? "little" : "big");
+        if (!order_str) goto limited_bad;
+        {
+            PyObject *args[] = { (PyObject*)&PyLong_Type, py_bytes, order_str, Py_True };
+            if (!is_unsigned) {
+                PyObject *signed_str = PyUnicode_FromStringAndSize("signed", 6);
+                if (!signed_str) goto limited_bad;
+#if CYTHON_VECTORCALL
+                kwds = PyTuple_Pack(1, signed_str);
+#else
+                {
+                    PyObject *keys[] = {signed_str};
+                    PyObject *values[] = {Py_True};
+                    kwds = __Pyx_MakeKwargDict(keys, values, 1);
+                }
+#endif
+                Py_DECREF(signed_str);
+                if (unlikely(!kwds)) goto limited_bad;
+            }
+            result = __Pyx_Object_VectorcallMethodKwds(from_bytes_str, args, 3 | __Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET, kwds);
+        }
+        limited_bad:
+        Py_XDECREF(kwds);
+        Py_XDECREF(order_str);
+        Py_XDECREF(py_bytes);
+        Py_XDECREF(from_bytes_str);
+        return result;
+#endif
+    }
+}
+
+/* CIntToPy */
+static CYTHON_INLINE PyObject* __Pyx_PyLong_From_long(long value) {
+#ifdef __Pyx_HAS_GCC_DIAGNOSTIC
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wconversion"
+#endif
+    const long neg_one = (long) -1, const_zero = (long) 0;
+#ifdef __Pyx_HAS_GCC_DIAGNOSTIC
+#pragma GCC diagnostic pop
+#endif
+    const int is_unsigned = neg_one > const_zero;
+    if (is_unsigned) {
+        if (sizeof(long) < sizeof(long)) {
+            return PyLong_FromLong((long) value);
+        } else if (sizeof(long) <= sizeof(unsigned long)) {
+            return PyLong_FromUnsignedLong((unsigned long) value);
+#if !CYTHON_COMPILING_IN_PYPY
+        } else if (sizeof(long) <= sizeof(unsigned PY_LONG_LONG)) {
+            return PyLong_FromUnsignedLongLong((unsigned PY_LONG_LONG) value);
+#endif
+        }
+    } else {
+        if (sizeof(long) <= sizeof(long)) {
+            return PyLong_FromLong((long) value);
+        } else if (sizeof(long) <= sizeof(PY_LONG_LONG)) {
+            return PyLong_FromLongLong((PY_LONG_LONG) value);
+        }
+    }
+    {
+        unsigned char *bytes = (unsigned char *)&value;
+#if !CYTHON_COMPILING_IN_LIMITED_API && PY_VERSION_HEX >= 0x030d00A4
+        if (is_unsigned) {
+            return PyLong_FromUnsignedNativeBytes(bytes, sizeof(value), -1);
+        } else {
+            return PyLong_FromNativeBytes(bytes, sizeof(value), -1);
+        }
+#elif !CYTHON_COMPILING_IN_LIMITED_API && PY_VERSION_HEX < 0x030d0000
+        int one = 1; int little = (int)*(unsigned char *)&one;
+        return _PyLong_FromByteArray(bytes, sizeof(long),
+                                     little, !is_unsigned);
+#else
+        int one = 1; int little = (int)*(unsigned char *)&one;
+        PyObject *result = NULL, *kwds = NULL;
+        PyObject *py_bytes = NULL, *order_str = NULL, *from_bytes_str = NULL;;
+        py_bytes = PyBytes_FromStringAndSize((char*)bytes, sizeof(long));
+        if (!py_bytes) goto limited_bad;
+        from_bytes_str = PyUnicode_FromStringAndSize("from_bytes", 10);
+        if (!from_bytes_str) goto limited_bad;
+        order_str = PyUnicode_FromString(little ? "little" : "big");
+        if (!order_str) goto limited_bad;
+        {
+            PyObject *args[] = { (PyObject*)&PyLong_Type, py_bytes, order_str, Py_True };
+            if (!is_unsigned) {
+                PyObject *signed_str = PyUnicode_FromStringAndSize("signed", 6);
+                if (!signed_str) goto limited_bad;
+#if CYTHON_VECTORCALL
+                kwds = PyTuple_Pack(1, signed_str);
+#else
+                {
+                    PyObject *keys[] = {signed_str};
+                    PyObject *values[] = {Py_True};
+                    kwds = __Pyx_MakeKwargDict(keys, values, 1);
+                }
+#endif
+                Py_DECREF(signed_str);
+                if (unlikely(!kwds)) goto limited_bad;
+            }
+            result = __Pyx_Object_VectorcallMethodKwds(from_bytes_str, args, 3 | __Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET, kwds);
+        }
+        limited_bad:
+        Py_XDECREF(kwds);
+        Py_XDECREF(order_str);
+        Py_XDECREF(py_bytes);
+        Py_XDECREF(from_bytes_str);
+        return result;
+#endif
+    }
+}
+
+/* PyObjectCallMethod1 (used by UpdateUnpickledDict) */
+static CYTHON_INLINE PyObject* __Pyx_PyObject_CallMethod1(PyObject* obj, PyObject* method_name, PyObject* arg) {
+#if CYTHON_VECTORCALL && (__PYX_LIMITED_VERSION_HEX >= 0x030C0000 || !CYTHON_COMPILING_IN_LIMITED_API)
+    PyObject *args[2] = {obj, arg};
+    return PyObject_VectorcallMethod(method_name, args, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+#elif CYTHON_COMPILING_IN_LIMITED_API
+    return PyObject_CallMethodObjArgs(obj, method_name, arg, NULL);
+#else
+    return PyObject_CallMethodOneArg(obj, method_name, arg);
+#endif
+}
+
+/* UpdateUnpickledDict */
+static int __Pyx__UpdateUnpickledDict(PyObject *obj, PyObject *state, Py_ssize_t index) {
+    PyObject *state_dict = __Pyx_PySequence_ITEM(state, index);
+    if (unlikely(!state_dict)) {
+        return -1;
+    }
+    int non_empty = PyObject_IsTrue(state_dict);
+    if (non_empty == 0) {
+        Py_DECREF(state_dict);
+        return 0;
+    } else if (unlikely(non_empty == -1)) {
+        return -1;
+    }
+    PyObject *dict;
+    #if CYTHON_COMPILING_IN_LIMITED_API && __PYX_LIMITED_VERSION_HEX < 0x030A0000
+    dict = PyObject_GetAttrString(obj, "__dict__");
+    #else
+    dict = PyObject_GenericGetDict(obj, NULL);
+    #endif
+    if (unlikely(!dict)) {
+        Py_DECREF(state_dict);
+        return -1;
+    }
+    int result;
+    if (likely(PyDict_CheckExact(dict))) {
+        result = PyDict_Update(dict, state_dict);
+    } else {
+        PyObject *obj_result = __Pyx_PyObject_CallMethod1(dict, __pyx_mstate_global->__pyx_n_u_update, state_dict);
+        if (likely(obj_result)) {
+            Py_DECREF(obj_result);
+            result = 0;
+        } else {
+            result = -1;
+        }
+    }
+    Py_DECREF(state_dict);
+    Py_DECREF(dict);
+    return result;
+}
+static int __Pyx_UpdateUnpickledDict(PyObject *obj, PyObject *state, Py_ssize_t index) {
+    Py_ssize_t state_size = __Pyx_PyTuple_GET_SIZE(state);
+    #if !CYTHON_ASSUME_SAFE_SIZE
+    if (unlikely(state_size == -1)) return -1;
+    #endif
+    if (state_size <= index) {
+        return 0;
+    }
+    return __Pyx__UpdateUnpickledDict(obj, state, index);
+}
+
+/* CheckUnpickleChecksumError (used by CheckUnpickleChecksum) */
+static void __Pyx_RaiseUnpickleChecksumError(long checksum, long checksum1, long checksum2, long checksum3, const char *members) {
+    PyObject *pickle_module = PyImport_ImportModule("pickle");
+    if (unlikely(!pickle_module)) return;
+    PyObject *pickle_error = PyObject_GetAttrString(pickle_module, "PickleError");
+    Py_DECREF(pickle_module);
+    if (unlikely(!pickle_error)) return;
+    if (checksum2 == checksum1) {
+        PyErr_Format(pickle_error, "Incompatible checksums (0x%x vs (0x%x) = (%s))",
+            checksum, checksum1, members);
+    } else if (checksum3 == checksum2) {
+        PyErr_Format(pickle_error, "Incompatible checksums (0x%x vs (0x%x, 0x%x) = (%s))",
+            checksum, checksum1, checksum2, members);
+    } else {
+        PyErr_Format(pickle_error, "Incompatible checksums (0x%x vs (0x%x, 0x%x, 0x%x) = (%s))",
+            checksum, checksum1, checksum2, checksum3, members);
+    }
+    Py_DECREF(pickle_error);
+}
+
+/* CheckUnpickleChecksum */
+static int __Pyx_CheckUnpickleChecksum(long checksum, long checksum1, long checksum2, long checksum3, const char *members) {
+    int found = 0;
+    found |= checksum1 == checksum;
+    found |= checksum2 == checksum;
+    found |= checksum3 == checksum;
+    if (likely(found))
+        return 0;
+    __Pyx_RaiseUnpickleChecksumError(checksum, checksum1, checksum2, checksum3, members);
+    return -1;
+}
+
 /* CIntFromPy */
 static long __Pyx_LargePyLong___Pyx_PyLong_As_long(PyObject *x);
 static long __Pyx_raise_neg_overflow___Pyx_PyLong_As_long(void) {
@@ -31179,164 +35563,6 @@ static CYTHON_INLINE long __Pyx_PyLong_As_long(PyObject *x) {
         return __Pyx_PyLong___Pyx_PyLong_As_long(x);
     } else {
         return __Pyx_NonPyLong___Pyx_PyLong_As_long(x);
-    }
-}
-
-/* CIntToPy */
-static CYTHON_INLINE PyObject* __Pyx_PyLong_From_int(int value) {
-#ifdef __Pyx_HAS_GCC_DIAGNOSTIC
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wconversion"
-#endif
-    const int neg_one = (int) -1, const_zero = (int) 0;
-#ifdef __Pyx_HAS_GCC_DIAGNOSTIC
-#pragma GCC diagnostic pop
-#endif
-    const int is_unsigned = neg_one > const_zero;
-    if (is_unsigned) {
-        if (sizeof(int) < sizeof(long)) {
-            return PyLong_FromLong((long) value);
-        } else if (sizeof(int) <= sizeof(unsigned long)) {
-            return PyLong_FromUnsignedLong((unsigned long) value);
-#if !CYTHON_COMPILING_IN_PYPY
-        } else if (sizeof(int) <= sizeof(unsigned PY_LONG_LONG)) {
-            return PyLong_FromUnsignedLongLong((unsigned PY_LONG_LONG) value);
-#endif
-        }
-    } else {
-        if (sizeof(int) <= sizeof(long)) {
-            return PyLong_FromLong((long) value);
-        } else if (sizeof(int) <= sizeof(PY_LONG_LONG)) {
-            return PyLong_FromLongLong((PY_LONG_LONG) value);
-        }
-    }
-    {
-        unsigned char *bytes = (unsigned char *)&value;
-#if !CYTHON_COMPILING_IN_LIMITED_API && PY_VERSION_HEX >= 0x030d00A4
-        if (is_unsigned) {
-            return PyLong_FromUnsignedNativeBytes(bytes, sizeof(value), -1);
-        } else {
-            return PyLong_FromNativeBytes(bytes, sizeof(value), -1);
-        }
-#elif !CYTHON_COMPILING_IN_LIMITED_API && PY_VERSION_HEX < 0x030d0000
-        int one = 1; int little = (int)*(unsigned char *)&one;
-        return _PyLong_FromByteArray(bytes, sizeof(int),
-                                     little, !is_unsigned);
-#else
-        int one = 1; int little = (int)*(unsigned char *)&one;
-        PyObject *result = NULL, *kwds = NULL;
-        PyObject *py_bytes = NULL, *order_str = NULL, *from_bytes_str = NULL;;
-        py_bytes = PyBytes_FromStringAndSize((char*)bytes, sizeof(int));
-        if (!py_bytes) goto limited_bad;
-        from_bytes_str = PyUnicode_FromStringAndSize("from_bytes", 10);
-        if (!from_bytes_str) goto limited_bad;
-        order_str = PyUnicode_FromString(little ? "little" : "big");
-        if (!order_str) goto limited_bad;
-        {
-            PyObject *args[] = { (PyObject*)&PyLong_Type, py_bytes, order_str, Py_True };
-            if (!is_unsigned) {
-                PyObject *signed_str = PyUnicode_FromStringAndSize("signed", 6);
-                if (!signed_str) goto limited_bad;
-#if CYTHON_VECTORCALL
-                kwds = PyTuple_Pack(1, signed_str);
-#else
-                {
-                    PyObject *keys[] = {signed_str};
-                    PyObject *values[] = {Py_True};
-                    kwds = __Pyx_MakeKwargDict(keys, values, 1);
-                }
-#endif
-                Py_DECREF(signed_str);
-                if (unlikely(!kwds)) goto limited_bad;
-            }
-            result = __Pyx_Object_VectorcallMethodKwds(from_bytes_str, args, 3 | __Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET, kwds);
-        }
-        limited_bad:
-        Py_XDECREF(kwds);
-        Py_XDECREF(order_str);
-        Py_XDECREF(py_bytes);
-        Py_XDECREF(from_bytes_str);
-        return result;
-#endif
-    }
-}
-
-/* CIntToPy */
-static CYTHON_INLINE PyObject* __Pyx_PyLong_From_long(long value) {
-#ifdef __Pyx_HAS_GCC_DIAGNOSTIC
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wconversion"
-#endif
-    const long neg_one = (long) -1, const_zero = (long) 0;
-#ifdef __Pyx_HAS_GCC_DIAGNOSTIC
-#pragma GCC diagnostic pop
-#endif
-    const int is_unsigned = neg_one > const_zero;
-    if (is_unsigned) {
-        if (sizeof(long) < sizeof(long)) {
-            return PyLong_FromLong((long) value);
-        } else if (sizeof(long) <= sizeof(unsigned long)) {
-            return PyLong_FromUnsignedLong((unsigned long) value);
-#if !CYTHON_COMPILING_IN_PYPY
-        } else if (sizeof(long) <= sizeof(unsigned PY_LONG_LONG)) {
-            return PyLong_FromUnsignedLongLong((unsigned PY_LONG_LONG) value);
-#endif
-        }
-    } else {
-        if (sizeof(long) <= sizeof(long)) {
-            return PyLong_FromLong((long) value);
-        } else if (sizeof(long) <= sizeof(PY_LONG_LONG)) {
-            return PyLong_FromLongLong((PY_LONG_LONG) value);
-        }
-    }
-    {
-        unsigned char *bytes = (unsigned char *)&value;
-#if !CYTHON_COMPILING_IN_LIMITED_API && PY_VERSION_HEX >= 0x030d00A4
-        if (is_unsigned) {
-            return PyLong_FromUnsignedNativeBytes(bytes, sizeof(value), -1);
-        } else {
-            return PyLong_FromNativeBytes(bytes, sizeof(value), -1);
-        }
-#elif !CYTHON_COMPILING_IN_LIMITED_API && PY_VERSION_HEX < 0x030d0000
-        int one = 1; int little = (int)*(unsigned char *)&one;
-        return _PyLong_FromByteArray(bytes, sizeof(long),
-                                     little, !is_unsigned);
-#else
-        int one = 1; int little = (int)*(unsigned char *)&one;
-        PyObject *result = NULL, *kwds = NULL;
-        PyObject *py_bytes = NULL, *order_str = NULL, *from_bytes_str = NULL;;
-        py_bytes = PyBytes_FromStringAndSize((char*)bytes, sizeof(long));
-        if (!py_bytes) goto limited_bad;
-        from_bytes_str = PyUnicode_FromStringAndSize("from_bytes", 10);
-        if (!from_bytes_str) goto limited_bad;
-        order_str = PyUnicode_FromString(little ? "little" : "big");
-        if (!order_str) goto limited_bad;
-        {
-            PyObject *args[] = { (PyObject*)&PyLong_Type, py_bytes, order_str, Py_True };
-            if (!is_unsigned) {
-                PyObject *signed_str = PyUnicode_FromStringAndSize("signed", 6);
-                if (!signed_str) goto limited_bad;
-#if CYTHON_VECTORCALL
-                kwds = PyTuple_Pack(1, signed_str);
-#else
-                {
-                    PyObject *keys[] = {signed_str};
-                    PyObject *values[] = {Py_True};
-                    kwds = __Pyx_MakeKwargDict(keys, values, 1);
-                }
-#endif
-                Py_DECREF(signed_str);
-                if (unlikely(!kwds)) goto limited_bad;
-            }
-            result = __Pyx_Object_VectorcallMethodKwds(from_bytes_str, args, 3 | __Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET, kwds);
-        }
-        limited_bad:
-        Py_XDECREF(kwds);
-        Py_XDECREF(order_str);
-        Py_XDECREF(py_bytes);
-        Py_XDECREF(from_bytes_str);
-        return result;
-#endif
     }
 }
 
@@ -31672,6 +35898,1160 @@ static unsigned long __Pyx_get_runtime_version(void) {
 #else
     return __Pyx_cached_runtime_version;
 #endif
+}
+
+/* IterNextPlain (used by CoroutineBase) */
+#if CYTHON_COMPILING_IN_LIMITED_API && __PYX_LIMITED_VERSION_HEX < 0x030A0000
+static PyObject *__Pyx_GetBuiltinNext_LimitedAPI(void) {
+    if (unlikely(!__pyx_mstate_global->__Pyx_GetBuiltinNext_LimitedAPI_cache))
+        __pyx_mstate_global->__Pyx_GetBuiltinNext_LimitedAPI_cache = __Pyx_GetBuiltinName(__pyx_mstate_global->__pyx_n_u_next);
+    return __pyx_mstate_global->__Pyx_GetBuiltinNext_LimitedAPI_cache;
+}
+#endif
+static CYTHON_INLINE PyObject *__Pyx_PyIter_Next_Plain(PyObject *iterator) {
+#if CYTHON_COMPILING_IN_LIMITED_API && __PYX_LIMITED_VERSION_HEX < 0x030A0000
+    PyObject *result;
+    PyObject *next = __Pyx_GetBuiltinNext_LimitedAPI();
+    if (unlikely(!next)) return NULL;
+    result = PyObject_CallFunctionObjArgs(next, iterator, NULL);
+    return result;
+#else
+    (void)&__Pyx_GetBuiltinName; // only for early limited API
+    iternextfunc iternext = __Pyx_PyObject_GetIterNextFunc(iterator);
+    assert(iternext);
+    return iternext(iterator);
+#endif
+}
+
+/* PyObjectCallNoArg (used by CoroutineBase) */
+static CYTHON_INLINE PyObject* __Pyx_PyObject_CallNoArg(PyObject *func) {
+    PyObject *arg[2] = {NULL, NULL};
+    return __Pyx_PyObject_FastCall(func, arg + 1, 0 | __Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET);
+}
+
+/* ReturnWithStopIteration (used by CoroutineBase) */
+static void __Pyx__ReturnWithStopIteration(PyObject* value, int async);
+static CYTHON_INLINE void __Pyx_ReturnWithStopIteration(PyObject* value, int async, int iternext) {
+    if (value == Py_None) {
+        if (async || !iternext)
+            PyErr_SetNone(async ? PyExc_StopAsyncIteration : PyExc_StopIteration);
+        return;
+    }
+    __Pyx__ReturnWithStopIteration(value, async);
+}
+static void __Pyx__ReturnWithStopIteration(PyObject* value, int async) {
+#if CYTHON_COMPILING_IN_CPYTHON
+    __Pyx_PyThreadState_declare
+#endif
+    PyObject *exc;
+    PyObject *exc_type = async ? PyExc_StopAsyncIteration : PyExc_StopIteration;
+#if CYTHON_COMPILING_IN_CPYTHON
+    if ((PY_VERSION_HEX >= (0x030C00A6)) || unlikely(PyTuple_Check(value) || PyExceptionInstance_Check(value))) {
+        if (PY_VERSION_HEX >= (0x030e00A1)) {
+            exc = __Pyx_PyObject_CallOneArg(exc_type, value);
+        } else {
+            PyObject *args_tuple = PyTuple_New(1);
+            if (unlikely(!args_tuple)) return;
+            Py_INCREF(value);
+            PyTuple_SET_ITEM(args_tuple, 0, value);
+            exc = PyObject_Call(exc_type, args_tuple, NULL);
+            Py_DECREF(args_tuple);
+        }
+        if (unlikely(!exc)) return;
+    } else {
+        Py_INCREF(value);
+        exc = value;
+    }
+    #if CYTHON_FAST_THREAD_STATE
+    __Pyx_PyThreadState_assign
+    #if CYTHON_USE_EXC_INFO_STACK
+    if (!__pyx_tstate->exc_info->exc_value)
+    #else
+    if (!__pyx_tstate->exc_type)
+    #endif
+    {
+        Py_INCREF(exc_type);
+        __Pyx_ErrRestore(exc_type, exc, NULL);
+        return;
+    }
+    #endif
+#else
+    exc = __Pyx_PyObject_CallOneArg(exc_type, value);
+    if (unlikely(!exc)) return;
+#endif
+    PyErr_SetObject(exc_type, exc);
+    Py_DECREF(exc);
+}
+
+/* CoroutineBase (used by Generator) */
+#if !CYTHON_COMPILING_IN_LIMITED_API
+#include <frameobject.h>
+#if PY_VERSION_HEX >= 0x030b00a6 && !defined(PYPY_VERSION)
+  #ifndef Py_BUILD_CORE
+    #define Py_BUILD_CORE 1
+  #endif
+  #include "internal/pycore_frame.h"
+#endif
+#endif // CYTHON_COMPILING_IN_LIMITED_API
+static CYTHON_INLINE void
+__Pyx_Coroutine_Undelegate(__pyx_CoroutineObject *gen) {
+#if CYTHON_USE_AM_SEND
+    gen->yieldfrom_am_send = NULL;
+#endif
+    Py_CLEAR(gen->yieldfrom);
+}
+static int __Pyx_PyGen__FetchStopIterationValue(PyThreadState *__pyx_tstate, PyObject **pvalue) {
+    PyObject *et, *ev, *tb;
+    PyObject *value = NULL;
+    CYTHON_UNUSED_VAR(__pyx_tstate);
+    __Pyx_ErrFetch(&et, &ev, &tb);
+    if (!et) {
+        Py_XDECREF(tb);
+        Py_XDECREF(ev);
+        Py_INCREF(Py_None);
+        *pvalue = Py_None;
+        return 0;
+    }
+    if (likely(et == PyExc_StopIteration)) {
+        if (!ev) {
+            Py_INCREF(Py_None);
+            value = Py_None;
+        }
+        else if (likely(Py_IS_TYPE(ev, (PyTypeObject*)PyExc_StopIteration))) {
+            #if CYTHON_COMPILING_IN_LIMITED_API || CYTHON_COMPILING_IN_GRAAL
+            value = PyObject_GetAttr(ev, __pyx_mstate_global->__pyx_n_u_value);
+            if (unlikely(!value)) goto limited_api_failure;
+            #else
+            value = ((PyStopIterationObject *)ev)->value;
+            Py_INCREF(value);
+            #endif
+            Py_DECREF(ev);
+        }
+        else if (unlikely(PyTuple_Check(ev))) {
+            Py_ssize_t tuple_size = __Pyx_PyTuple_GET_SIZE(ev);
+            #if !CYTHON_ASSUME_SAFE_SIZE
+            if (unlikely(tuple_size < 0)) {
+                Py_XDECREF(tb);
+                Py_DECREF(ev);
+                Py_DECREF(et);
+                return -1;
+            }
+            #endif
+            if (tuple_size >= 1) {
+#if CYTHON_ASSUME_SAFE_MACROS && !CYTHON_AVOID_BORROWED_REFS
+                value = PyTuple_GET_ITEM(ev, 0);
+                Py_INCREF(value);
+#elif CYTHON_ASSUME_SAFE_MACROS
+                value = PySequence_ITEM(ev, 0);
+#else
+                value = PySequence_GetItem(ev, 0);
+                if (!value) goto limited_api_failure;
+#endif
+            } else {
+                Py_INCREF(Py_None);
+                value = Py_None;
+            }
+            Py_DECREF(ev);
+        }
+        else if (!__Pyx_TypeCheck(ev, (PyTypeObject*)PyExc_StopIteration)) {
+            value = ev;
+        }
+        if (likely(value)) {
+            Py_XDECREF(tb);
+            Py_DECREF(et);
+            *pvalue = value;
+            return 0;
+        }
+    } else if (!__Pyx_PyErr_GivenExceptionMatches(et, PyExc_StopIteration)) {
+        __Pyx_ErrRestore(et, ev, tb);
+        return -1;
+    }
+    PyErr_NormalizeException(&et, &ev, &tb);
+    if (unlikely(!PyObject_TypeCheck(ev, (PyTypeObject*)PyExc_StopIteration))) {
+        __Pyx_ErrRestore(et, ev, tb);
+        return -1;
+    }
+    Py_XDECREF(tb);
+    Py_DECREF(et);
+#if CYTHON_COMPILING_IN_LIMITED_API
+    value = PyObject_GetAttr(ev, __pyx_mstate_global->__pyx_n_u_value);
+#else
+    value = ((PyStopIterationObject *)ev)->value;
+    Py_INCREF(value);
+#endif
+    Py_DECREF(ev);
+#if CYTHON_COMPILING_IN_LIMITED_API
+    if (unlikely(!value)) return -1;
+#endif
+    *pvalue = value;
+    return 0;
+#if CYTHON_COMPILING_IN_LIMITED_API || CYTHON_COMPILING_IN_GRAAL || !CYTHON_ASSUME_SAFE_MACROS
+  limited_api_failure:
+    Py_XDECREF(et);
+    Py_XDECREF(tb);
+    Py_XDECREF(ev);
+    return -1;
+#endif
+}
+static CYTHON_INLINE
+__Pyx_PySendResult __Pyx_Coroutine_status_from_result(PyObject **retval) {
+    if (*retval) {
+        return PYGEN_NEXT;
+    } else if (likely(__Pyx_PyGen__FetchStopIterationValue(__Pyx_PyThreadState_Current, retval) == 0)) {
+        return PYGEN_RETURN;
+    } else {
+        return PYGEN_ERROR;
+    }
+}
+static CYTHON_INLINE
+void __Pyx_Coroutine_ExceptionClear(__Pyx_ExcInfoStruct *exc_state) {
+#if PY_VERSION_HEX >= 0x030B00a4
+    Py_CLEAR(exc_state->exc_value);
+#else
+    PyObject *t, *v, *tb;
+    t = exc_state->exc_type;
+    v = exc_state->exc_value;
+    tb = exc_state->exc_traceback;
+    exc_state->exc_type = NULL;
+    exc_state->exc_value = NULL;
+    exc_state->exc_traceback = NULL;
+    Py_XDECREF(t);
+    Py_XDECREF(v);
+    Py_XDECREF(tb);
+#endif
+}
+#define __Pyx_Coroutine_AlreadyRunningError(gen)  (__Pyx__Coroutine_AlreadyRunningError(gen), (PyObject*)NULL)
+static void __Pyx__Coroutine_AlreadyRunningError(__pyx_CoroutineObject *gen) {
+    const char *msg;
+    CYTHON_MAYBE_UNUSED_VAR(gen);
+    if ((0)) {
+    #ifdef __Pyx_Coroutine_USED
+    } else if (__Pyx_Coroutine_Check((PyObject*)gen)) {
+        msg = "coroutine already executing";
+    #endif
+    #ifdef __Pyx_AsyncGen_USED
+    } else if (__Pyx_AsyncGen_CheckExact((PyObject*)gen)) {
+        msg = "async generator already executing";
+    #endif
+    } else {
+        msg = "generator already executing";
+    }
+    PyErr_SetString(PyExc_ValueError, msg);
+}
+static void __Pyx_Coroutine_AlreadyTerminatedError(PyObject *gen, PyObject *value, int closing) {
+    CYTHON_MAYBE_UNUSED_VAR(gen);
+    CYTHON_MAYBE_UNUSED_VAR(closing);
+    #ifdef __Pyx_Coroutine_USED
+    if (!closing && __Pyx_Coroutine_Check(gen)) {
+        PyErr_SetString(PyExc_RuntimeError, "cannot reuse already awaited coroutine");
+    } else
+    #endif
+    if (value) {
+        #ifdef __Pyx_AsyncGen_USED
+        if (__Pyx_AsyncGen_CheckExact(gen))
+            PyErr_SetNone(PyExc_StopAsyncIteration);
+        else
+        #endif
+        PyErr_SetNone(PyExc_StopIteration);
+    }
+}
+static
+__Pyx_PySendResult __Pyx_Coroutine_SendEx(__pyx_CoroutineObject *self, PyObject *value, PyObject **result, int closing) {
+    __Pyx_PyThreadState_declare
+    PyThreadState *tstate;
+    __Pyx_ExcInfoStruct *exc_state;
+    PyObject *retval;
+    assert(__Pyx_Coroutine_get_is_running(self));  // Callers should ensure is_running
+    if (unlikely(self->resume_label == -1)) {
+        __Pyx_Coroutine_AlreadyTerminatedError((PyObject*)self, value, closing);
+        return PYGEN_ERROR;
+    }
+#if CYTHON_FAST_THREAD_STATE
+    __Pyx_PyThreadState_assign
+    tstate = __pyx_tstate;
+#else
+    tstate = __Pyx_PyThreadState_Current;
+#endif
+    exc_state = &self->gi_exc_state;
+    if (exc_state->exc_value) {
+        #if CYTHON_COMPILING_IN_LIMITED_API || CYTHON_COMPILING_IN_PYPY
+        #else
+        PyObject *exc_tb;
+        #if PY_VERSION_HEX >= 0x030B00a4 && !CYTHON_COMPILING_IN_CPYTHON
+        exc_tb = PyException_GetTraceback(exc_state->exc_value);
+        #elif PY_VERSION_HEX >= 0x030B00a4
+        exc_tb = ((PyBaseExceptionObject*) exc_state->exc_value)->traceback;
+        #else
+        exc_tb = exc_state->exc_traceback;
+        #endif
+        if (exc_tb) {
+            PyTracebackObject *tb = (PyTracebackObject *) exc_tb;
+            PyFrameObject *f = tb->tb_frame;
+            PyFrameObject *old_f_back = f->f_back;
+            #if PY_VERSION_HEX >= 0x030B00A1
+            f->f_back = PyThreadState_GetFrame(tstate);
+            #else
+            Py_XINCREF(tstate->frame);
+            f->f_back = tstate->frame;
+            #endif
+            Py_XDECREF(old_f_back);
+            #if PY_VERSION_HEX >= 0x030B00a4 && !CYTHON_COMPILING_IN_CPYTHON
+            Py_DECREF(exc_tb);
+            #endif
+        }
+        #endif
+    }
+#if CYTHON_USE_EXC_INFO_STACK
+    exc_state->previous_item = tstate->exc_info;
+    tstate->exc_info = exc_state;
+#else
+    if (exc_state->exc_type) {
+        __Pyx_ExceptionSwap(&exc_state->exc_type, &exc_state->exc_value, &exc_state->exc_traceback);
+    } else {
+        __Pyx_Coroutine_ExceptionClear(exc_state);
+        __Pyx_ExceptionSave(&exc_state->exc_type, &exc_state->exc_value, &exc_state->exc_traceback);
+    }
+#endif
+    retval = self->body(self, tstate, value);
+#if CYTHON_USE_EXC_INFO_STACK
+    exc_state = &self->gi_exc_state;
+    tstate->exc_info = exc_state->previous_item;
+    exc_state->previous_item = NULL;
+    __Pyx_Coroutine_ResetFrameBackpointer(exc_state);
+#endif
+    *result = retval;
+    if (self->resume_label == -1) {
+        return likely(retval) ? PYGEN_RETURN : PYGEN_ERROR;
+    }
+    return PYGEN_NEXT;
+}
+static CYTHON_INLINE void __Pyx_Coroutine_ResetFrameBackpointer(__Pyx_ExcInfoStruct *exc_state) {
+#if CYTHON_COMPILING_IN_PYPY || CYTHON_COMPILING_IN_LIMITED_API
+    CYTHON_UNUSED_VAR(exc_state);
+#else
+    PyObject *exc_tb;
+    #if PY_VERSION_HEX >= 0x030B00a4
+    if (!exc_state->exc_value) return;
+    exc_tb = PyException_GetTraceback(exc_state->exc_value);
+    #else
+    exc_tb = exc_state->exc_traceback;
+    #endif
+    if (likely(exc_tb)) {
+        PyTracebackObject *tb = (PyTracebackObject *) exc_tb;
+        PyFrameObject *f = tb->tb_frame;
+        Py_CLEAR(f->f_back);
+        #if PY_VERSION_HEX >= 0x030B00a4
+        Py_DECREF(exc_tb);
+        #endif
+    }
+#endif
+}
+#define __Pyx_Coroutine_MethodReturnFromResult(gen, result, retval, iternext)\
+    ((result) == PYGEN_NEXT ? (retval) : __Pyx__Coroutine_MethodReturnFromResult(gen, result, retval, iternext))
+static PyObject *
+__Pyx__Coroutine_MethodReturnFromResult(PyObject* gen, __Pyx_PySendResult result, PyObject *retval, int iternext) {
+    CYTHON_MAYBE_UNUSED_VAR(gen);
+    if (likely(result == PYGEN_RETURN)) {
+        int is_async = 0;
+        #ifdef __Pyx_AsyncGen_USED
+        is_async = __Pyx_AsyncGen_CheckExact(gen);
+        #endif
+        __Pyx_ReturnWithStopIteration(retval, is_async, iternext);
+        Py_XDECREF(retval);
+    }
+    return NULL;
+}
+#if CYTHON_COMPILING_IN_CPYTHON
+static CYTHON_INLINE
+PyObject *__Pyx_PyGen_Send(PyGenObject *gen, PyObject *arg) {
+#if PY_VERSION_HEX <= 0x030A00A1
+    return _PyGen_Send(gen, arg);
+#else
+    PyObject *result;
+    if (PyIter_Send((PyObject*)gen, arg ? arg : Py_None, &result) == PYGEN_RETURN) {
+        if (PyAsyncGen_CheckExact(gen)) {
+            assert(result == Py_None);
+            PyErr_SetNone(PyExc_StopAsyncIteration);
+        }
+        else if (result == Py_None) {
+            PyErr_SetNone(PyExc_StopIteration);
+        }
+        else {
+#if PY_VERSION_HEX < 0x030d00A1
+            _PyGen_SetStopIterationValue(result);
+#else
+            if (!PyTuple_Check(result) && !PyExceptionInstance_Check(result)) {
+                PyErr_SetObject(PyExc_StopIteration, result);
+            } else {
+                PyObject *exc = __Pyx_PyObject_CallOneArg(PyExc_StopIteration, result);
+                if (likely(exc != NULL)) {
+                    PyErr_SetObject(PyExc_StopIteration, exc);
+                    Py_DECREF(exc);
+                }
+            }
+#endif
+        }
+        Py_DECREF(result);
+        result = NULL;
+    }
+    return result;
+#endif
+}
+#endif
+static CYTHON_INLINE __Pyx_PySendResult
+__Pyx_Coroutine_FinishDelegation(__pyx_CoroutineObject *gen, PyObject** retval) {
+    __Pyx_PySendResult result;
+    PyObject *val = NULL;
+    assert(__Pyx_Coroutine_get_is_running(gen));
+    __Pyx_Coroutine_Undelegate(gen);
+    __Pyx_PyGen__FetchStopIterationValue(__Pyx_PyThreadState_Current, &val);
+    result = __Pyx_Coroutine_SendEx(gen, val, retval, 0);
+    Py_XDECREF(val);
+    return result;
+}
+#if CYTHON_USE_AM_SEND
+static __Pyx_PySendResult
+__Pyx_Coroutine_SendToDelegate(__pyx_CoroutineObject *gen, __Pyx_pyiter_sendfunc gen_am_send, PyObject *value, PyObject **retval) {
+    PyObject *ret = NULL;
+    __Pyx_PySendResult delegate_result, result;
+    assert(__Pyx_Coroutine_get_is_running(gen));
+    delegate_result = gen_am_send(gen->yieldfrom, value, &ret);
+    if (delegate_result == PYGEN_NEXT) {
+        assert (ret != NULL);
+        *retval = ret;
+        return PYGEN_NEXT;
+    }
+    assert (delegate_result != PYGEN_ERROR || ret == NULL);
+    __Pyx_Coroutine_Undelegate(gen);
+    result = __Pyx_Coroutine_SendEx(gen, ret, retval, 0);
+    Py_XDECREF(ret);
+    return result;
+}
+#endif
+static PyObject *__Pyx_Coroutine_Send(PyObject *self, PyObject *value) {
+    PyObject *retval = NULL;
+    __Pyx_PySendResult result = __Pyx_Coroutine_AmSend(self, value, &retval);
+    return __Pyx_Coroutine_MethodReturnFromResult(self, result, retval, 0);
+}
+static __Pyx_PySendResult
+__Pyx_Coroutine_AmSend(PyObject *self, PyObject *value, PyObject **retval) {
+    __Pyx_PySendResult result;
+    __pyx_CoroutineObject *gen = (__pyx_CoroutineObject*) self;
+    if (unlikely(__Pyx_Coroutine_test_and_set_is_running(gen))) {
+        *retval = __Pyx_Coroutine_AlreadyRunningError(gen);
+        return PYGEN_ERROR;
+    }
+    #if CYTHON_USE_AM_SEND
+    if (gen->yieldfrom_am_send) {
+        result = __Pyx_Coroutine_SendToDelegate(gen, gen->yieldfrom_am_send, value, retval);
+    } else
+    #endif
+    if (gen->yieldfrom) {
+        PyObject *yf = gen->yieldfrom;
+        PyObject *ret;
+      #if !CYTHON_USE_AM_SEND
+        #ifdef __Pyx_Generator_USED
+        if (__Pyx_Generator_CheckExact(yf)) {
+            ret = __Pyx_Coroutine_Send(yf, value);
+        } else
+        #endif
+        #ifdef __Pyx_Coroutine_USED
+        if (__Pyx_Coroutine_Check(yf)) {
+            ret = __Pyx_Coroutine_Send(yf, value);
+        } else
+        #endif
+        #ifdef __Pyx_AsyncGen_USED
+        if (__pyx_PyAsyncGenASend_CheckExact(yf)) {
+            ret = __Pyx_async_gen_asend_send(yf, value);
+        } else
+        #endif
+        #if CYTHON_COMPILING_IN_CPYTHON
+        if (PyGen_CheckExact(yf)) {
+            ret = __Pyx_PyGen_Send((PyGenObject*)yf, value == Py_None ? NULL : value);
+        } else
+        if (PyCoro_CheckExact(yf)) {
+            ret = __Pyx_PyGen_Send((PyGenObject*)yf, value == Py_None ? NULL : value);
+        } else
+        #endif
+      #endif
+        {
+            if (value == Py_None && PyIter_Check(yf))
+                ret = __Pyx_PyIter_Next_Plain(yf);
+            else
+                ret = __Pyx_PyObject_CallMethod1(yf, __pyx_mstate_global->__pyx_n_u_send, value);
+        }
+        if (likely(ret)) {
+            __Pyx_Coroutine_unset_is_running(gen);
+            *retval = ret;
+            return PYGEN_NEXT;
+        }
+        result = __Pyx_Coroutine_FinishDelegation(gen, retval);
+    } else {
+        result = __Pyx_Coroutine_SendEx(gen, value, retval, 0);
+    }
+    __Pyx_Coroutine_unset_is_running(gen);
+    return result;
+}
+static int __Pyx_Coroutine_CloseIter(__pyx_CoroutineObject *gen, PyObject *yf) {
+    __Pyx_PySendResult result;
+    PyObject *retval = NULL;
+    CYTHON_UNUSED_VAR(gen);
+    assert(__Pyx_Coroutine_get_is_running(gen));
+    #ifdef __Pyx_Generator_USED
+    if (__Pyx_Generator_CheckExact(yf)) {
+        result = __Pyx_Coroutine_Close(yf, &retval);
+    } else
+    #endif
+    #ifdef __Pyx_Coroutine_USED
+    if (__Pyx_Coroutine_Check(yf)) {
+        result = __Pyx_Coroutine_Close(yf, &retval);
+    } else
+    if (__Pyx_CoroutineAwait_CheckExact(yf)) {
+        result = __Pyx_CoroutineAwait_Close((__pyx_CoroutineAwaitObject*)yf);
+    } else
+    #endif
+    #ifdef __Pyx_AsyncGen_USED
+    if (__pyx_PyAsyncGenASend_CheckExact(yf)) {
+        retval = __Pyx_async_gen_asend_close(yf, NULL);
+        result = PYGEN_RETURN;
+    } else
+    if (__pyx_PyAsyncGenAThrow_CheckExact(yf)) {
+        retval = __Pyx_async_gen_athrow_close(yf, NULL);
+        result = PYGEN_RETURN;
+    } else
+    #endif
+    {
+        PyObject *meth;
+        result = PYGEN_RETURN;
+        meth = __Pyx_PyObject_GetAttrStrNoError(yf, __pyx_mstate_global->__pyx_n_u_close);
+        if (unlikely(!meth)) {
+            if (unlikely(PyErr_Occurred())) {
+                PyErr_WriteUnraisable(yf);
+            }
+        } else {
+            retval = __Pyx_PyObject_CallNoArg(meth);
+            Py_DECREF(meth);
+            if (unlikely(!retval)) {
+                result = PYGEN_ERROR;
+            }
+        }
+    }
+    Py_XDECREF(retval);
+    return result == PYGEN_ERROR ? -1 : 0;
+}
+static PyObject *__Pyx_Generator_Next(PyObject *self) {
+    __Pyx_PySendResult result;
+    PyObject *retval = NULL;
+    __pyx_CoroutineObject *gen = (__pyx_CoroutineObject*) self;
+    if (unlikely(__Pyx_Coroutine_test_and_set_is_running(gen))) {
+        return __Pyx_Coroutine_AlreadyRunningError(gen);
+    }
+    #if CYTHON_USE_AM_SEND
+    if (gen->yieldfrom_am_send) {
+        result = __Pyx_Coroutine_SendToDelegate(gen, gen->yieldfrom_am_send, Py_None, &retval);
+    } else
+    #endif
+    if (gen->yieldfrom) {
+        PyObject *yf = gen->yieldfrom;
+        PyObject *ret;
+        #ifdef __Pyx_Generator_USED
+        if (__Pyx_Generator_CheckExact(yf)) {
+            ret = __Pyx_Generator_Next(yf);
+        } else
+        #endif
+        #ifdef __Pyx_Coroutine_USED
+        if (__Pyx_Coroutine_CheckExact(yf)) {
+            ret = __Pyx_Coroutine_Send(yf, Py_None);
+        } else
+        #endif
+        #if CYTHON_COMPILING_IN_CPYTHON && (PY_VERSION_HEX < 0x030A00A3 || !CYTHON_USE_AM_SEND)
+        if (PyGen_CheckExact(yf)) {
+            ret = __Pyx_PyGen_Send((PyGenObject*)yf, NULL);
+        } else
+        #endif
+            ret = __Pyx_PyIter_Next_Plain(yf);
+        if (likely(ret)) {
+            __Pyx_Coroutine_unset_is_running(gen);
+            return ret;
+        }
+        result = __Pyx_Coroutine_FinishDelegation(gen, &retval);
+    } else {
+        result = __Pyx_Coroutine_SendEx(gen, Py_None, &retval, 0);
+    }
+    __Pyx_Coroutine_unset_is_running(gen);
+    return __Pyx_Coroutine_MethodReturnFromResult(self, result, retval, 1);
+}
+static PyObject *__Pyx_Coroutine_Close_Method(PyObject *self, PyObject *arg) {
+    PyObject *retval = NULL;
+    __Pyx_PySendResult result;
+    CYTHON_UNUSED_VAR(arg);
+    result = __Pyx_Coroutine_Close(self, &retval);
+    if (unlikely(result == PYGEN_ERROR))
+        return NULL;
+    Py_XDECREF(retval);
+    Py_RETURN_NONE;
+}
+static __Pyx_PySendResult
+__Pyx_Coroutine_Close(PyObject *self, PyObject **retval) {
+    __pyx_CoroutineObject *gen = (__pyx_CoroutineObject *) self;
+    __Pyx_PySendResult result;
+    PyObject *yf;
+    int err = 0;
+    if (unlikely(__Pyx_Coroutine_test_and_set_is_running(gen))) {
+        *retval = __Pyx_Coroutine_AlreadyRunningError(gen);
+        return PYGEN_ERROR;
+    }
+    yf = gen->yieldfrom;
+    if (yf) {
+        Py_INCREF(yf);
+        err = __Pyx_Coroutine_CloseIter(gen, yf);
+        __Pyx_Coroutine_Undelegate(gen);
+        Py_DECREF(yf);
+    }
+    if (err == 0)
+        PyErr_SetNone(PyExc_GeneratorExit);
+    result = __Pyx_Coroutine_SendEx(gen, NULL, retval, 1);
+    if (result == PYGEN_ERROR) {
+        __Pyx_PyThreadState_declare
+        __Pyx_PyThreadState_assign
+        __Pyx_Coroutine_unset_is_running(gen);
+        if (!__Pyx_PyErr_Occurred()) {
+            return PYGEN_RETURN;
+        } else if (likely(__Pyx_PyErr_ExceptionMatches2(PyExc_GeneratorExit, PyExc_StopIteration))) {
+            __Pyx_PyErr_Clear();
+            return PYGEN_RETURN;
+        }
+        return PYGEN_ERROR;
+    } else if (likely(result == PYGEN_RETURN && *retval == Py_None)) {
+        __Pyx_Coroutine_unset_is_running(gen);
+        return PYGEN_RETURN;
+    } else {
+        const char *msg;
+        Py_DECREF(*retval);
+        *retval = NULL;
+        if ((0)) {
+        #ifdef __Pyx_Coroutine_USED
+        } else if (__Pyx_Coroutine_Check(self)) {
+            msg = "coroutine ignored GeneratorExit";
+        #endif
+        #ifdef __Pyx_AsyncGen_USED
+        } else if (__Pyx_AsyncGen_CheckExact(self)) {
+            msg = "async generator ignored GeneratorExit";
+        #endif
+        } else {
+            msg = "generator ignored GeneratorExit";
+        }
+        PyErr_SetString(PyExc_RuntimeError, msg);
+        __Pyx_Coroutine_unset_is_running(gen);
+        return PYGEN_ERROR;
+    }
+}
+static PyObject *__Pyx__Coroutine_Throw(PyObject *self, PyObject *typ, PyObject *val, PyObject *tb,
+                                        PyObject *args, int close_on_genexit) {
+    __pyx_CoroutineObject *gen = (__pyx_CoroutineObject *) self;
+    PyObject *yf;
+    if (unlikely(__Pyx_Coroutine_test_and_set_is_running(gen)))
+        return __Pyx_Coroutine_AlreadyRunningError(gen);
+    yf = gen->yieldfrom;
+    if (yf) {
+        __Pyx_PySendResult result;
+        PyObject *ret;
+        Py_INCREF(yf);
+        if (__Pyx_PyErr_GivenExceptionMatches(typ, PyExc_GeneratorExit) && close_on_genexit) {
+            int err = __Pyx_Coroutine_CloseIter(gen, yf);
+            Py_DECREF(yf);
+            __Pyx_Coroutine_Undelegate(gen);
+            if (err < 0)
+                goto propagate_exception;
+            goto throw_here;
+        }
+        if (0
+        #ifdef __Pyx_Generator_USED
+            || __Pyx_Generator_CheckExact(yf)
+        #endif
+        #ifdef __Pyx_Coroutine_USED
+            || __Pyx_Coroutine_Check(yf)
+        #endif
+            ) {
+            ret = __Pyx__Coroutine_Throw(yf, typ, val, tb, args, close_on_genexit);
+        #ifdef __Pyx_Coroutine_USED
+        } else if (__Pyx_CoroutineAwait_CheckExact(yf)) {
+            ret = __Pyx__Coroutine_Throw(((__pyx_CoroutineAwaitObject*)yf)->coroutine, typ, val, tb, args, close_on_genexit);
+        #endif
+        } else {
+            PyObject *meth = __Pyx_PyObject_GetAttrStrNoError(yf, __pyx_mstate_global->__pyx_n_u_throw);
+            if (unlikely(!meth)) {
+                Py_DECREF(yf);
+                if (unlikely(PyErr_Occurred())) {
+                    __Pyx_Coroutine_unset_is_running(gen);
+                    return NULL;
+                }
+                __Pyx_Coroutine_Undelegate(gen);
+                goto throw_here;
+            }
+            if (args) {
+                ret = __Pyx_PyObject_Call(meth, args, NULL);
+            } else {
+                PyObject *cargs[4] = {NULL, typ, val, tb};
+                size_t nargs = 1U + (val != NULL) + (tb != NULL);
+                ret = __Pyx_PyObject_FastCall(meth, cargs+1, nargs | __Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET);
+            }
+            Py_DECREF(meth);
+        }
+        Py_DECREF(yf);
+        if (ret) {
+            __Pyx_Coroutine_unset_is_running(gen);
+            return ret;
+        }
+        result = __Pyx_Coroutine_FinishDelegation(gen, &ret);
+        __Pyx_Coroutine_unset_is_running(gen);
+        return __Pyx_Coroutine_MethodReturnFromResult(self, result, ret, 0);
+    }
+throw_here:
+    __Pyx_Raise(typ, val, tb, NULL);
+propagate_exception:
+    {
+        PyObject *retval = NULL;
+        __Pyx_PySendResult result = __Pyx_Coroutine_SendEx(gen, NULL, &retval, 0);
+        __Pyx_Coroutine_unset_is_running(gen);
+        return __Pyx_Coroutine_MethodReturnFromResult(self, result, retval, 0);
+    }
+}
+static PyObject *__Pyx_Coroutine_Throw(PyObject *self,
+#if CYTHON_COMPILING_IN_LIMITED_API && __PYX_LIMITED_VERSION_HEX < 0x030A0000
+    PyObject *args
+#else
+    PyObject *const *args, Py_ssize_t nargs
+#endif
+) {
+    PyObject *typ;
+    PyObject *val = NULL;
+    PyObject *tb = NULL;
+#if CYTHON_COMPILING_IN_LIMITED_API && __PYX_LIMITED_VERSION_HEX < 0x030A0000
+    if (unlikely(!PyArg_UnpackTuple(args, "throw", 1, 3, &typ, &val, &tb)))
+        return NULL;
+#else
+    switch (nargs) {
+    case 3:
+        tb = args[2];
+        CYTHON_FALLTHROUGH;
+    case 2:
+        val = args[1];
+        CYTHON_FALLTHROUGH;
+    case 1:
+        typ = args[0];
+        break;
+    default:
+        PyErr_SetString(PyExc_TypeError, "throw takes between 1 and 3 positional arguments");
+        return NULL;
+    }
+#endif
+    return __Pyx__Coroutine_Throw(self, typ, val, tb,
+#if CYTHON_COMPILING_IN_LIMITED_API && __PYX_LIMITED_VERSION_HEX < 0x030A0000
+                                  args,
+#else
+                                  NULL,
+#endif
+                                  1);
+}
+static CYTHON_INLINE int __Pyx_Coroutine_traverse_excstate(__Pyx_ExcInfoStruct *exc_state, visitproc visit, void *arg) {
+#if PY_VERSION_HEX >= 0x030B00a4
+    Py_VISIT(exc_state->exc_value);
+#else
+    Py_VISIT(exc_state->exc_type);
+    Py_VISIT(exc_state->exc_value);
+    Py_VISIT(exc_state->exc_traceback);
+#endif
+    return 0;
+}
+static int __Pyx_Coroutine_traverse(__pyx_CoroutineObject *gen, visitproc visit, void *arg) {
+    {
+        int e = __Pyx_call_type_traverse((PyObject*)gen, 1, visit, arg);
+        if (e) return e;
+    }
+    Py_VISIT(gen->closure);
+    Py_VISIT(gen->classobj);
+    Py_VISIT(gen->yieldfrom);
+    return __Pyx_Coroutine_traverse_excstate(&gen->gi_exc_state, visit, arg);
+}
+static int __Pyx_Coroutine_clear(PyObject *self) {
+    __pyx_CoroutineObject *gen = (__pyx_CoroutineObject *) self;
+    Py_CLEAR(gen->closure);
+    Py_CLEAR(gen->classobj);
+    __Pyx_Coroutine_Undelegate(gen);
+    __Pyx_Coroutine_ExceptionClear(&gen->gi_exc_state);
+#ifdef __Pyx_AsyncGen_USED
+    if (__Pyx_AsyncGen_CheckExact(self)) {
+        Py_CLEAR(((__pyx_PyAsyncGenObject*)gen)->ag_finalizer);
+    }
+#endif
+    Py_CLEAR(gen->gi_code);
+    Py_CLEAR(gen->gi_frame);
+    Py_CLEAR(gen->gi_name);
+    Py_CLEAR(gen->gi_qualname);
+    Py_CLEAR(gen->gi_modulename);
+    return 0;
+}
+static void __Pyx_Coroutine_dealloc(PyObject *self) {
+    __pyx_CoroutineObject *gen = (__pyx_CoroutineObject *) self;
+    PyObject_GC_UnTrack(gen);
+    #if PY_VERSION_HEX < 0x030C0000 || CYTHON_COMPILING_IN_LIMITED_API
+    if (gen->gi_weakreflist != NULL)
+    #endif
+        PyObject_ClearWeakRefs(self);
+    if (gen->resume_label >= 0) {
+#if CYTHON_USE_TP_FINALIZE
+        PyObject_GC_Track(self);
+        if (unlikely(PyObject_CallFinalizerFromDealloc(self)))
+        {
+            return;
+        }
+        PyObject_GC_UnTrack(self);
+#endif
+    }
+#ifdef __Pyx_AsyncGen_USED
+    if (__Pyx_AsyncGen_CheckExact(self)) {
+        /* We have to handle this case for asynchronous generators
+           right here, because this code has to be between UNTRACK
+           and GC_Del. */
+        Py_CLEAR(((__pyx_PyAsyncGenObject*)self)->ag_finalizer);
+    }
+#endif
+    __Pyx_Coroutine_clear(self);
+    __Pyx_PyHeapTypeObject_GC_Del(gen);
+}
+#if CYTHON_USE_TP_FINALIZE
+static void __Pyx_Coroutine_del(PyObject *self) {
+    PyObject *error_type, *error_value, *error_traceback;
+    __pyx_CoroutineObject *gen = (__pyx_CoroutineObject *) self;
+    __Pyx_PyThreadState_declare
+    if (gen->resume_label < 0) {
+        return;
+    }
+    __Pyx_PyThreadState_assign
+    __Pyx_ErrFetch(&error_type, &error_value, &error_traceback);
+#ifdef __Pyx_AsyncGen_USED
+    if (__Pyx_AsyncGen_CheckExact(self)) {
+        __pyx_PyAsyncGenObject *agen = (__pyx_PyAsyncGenObject*)self;
+        PyObject *finalizer = agen->ag_finalizer;
+        if (finalizer && !agen->ag_closed) {
+            PyObject *res = __Pyx_PyObject_CallOneArg(finalizer, self);
+            if (unlikely(!res)) {
+                PyErr_WriteUnraisable(self);
+            } else {
+                Py_DECREF(res);
+            }
+            __Pyx_ErrRestore(error_type, error_value, error_traceback);
+            return;
+        }
+    }
+#endif
+    if (unlikely(gen->resume_label == 0 && !error_value)) {
+#ifdef __Pyx_Coroutine_USED
+#ifdef __Pyx_Generator_USED
+    if (!__Pyx_Generator_CheckExact(self))
+#endif
+        {
+        PyObject_GC_UnTrack(self);
+        if (unlikely(PyErr_WarnFormat(PyExc_RuntimeWarning, 1, "coroutine '%.50S' was never awaited", gen->gi_qualname) < 0))
+            PyErr_WriteUnraisable(self);
+        PyObject_GC_Track(self);
+        }
+#endif
+    } else {
+        PyObject *retval = NULL;
+        __Pyx_PySendResult result = __Pyx_Coroutine_Close(self, &retval);
+        if (result == PYGEN_ERROR) {
+            PyErr_WriteUnraisable(self);
+        } else {
+            Py_XDECREF(retval);
+        }
+    }
+    __Pyx_ErrRestore(error_type, error_value, error_traceback);
+}
+#endif
+static PyObject *
+__Pyx_Coroutine_get_name(__pyx_CoroutineObject *self, void *context)
+{
+    PyObject *name = self->gi_name;
+    CYTHON_UNUSED_VAR(context);
+    if (unlikely(!name)) name = Py_None;
+    Py_INCREF(name);
+    return name;
+}
+static int
+__Pyx_Coroutine_set_name(__pyx_CoroutineObject *self, PyObject *value, void *context)
+{
+    CYTHON_UNUSED_VAR(context);
+    if (unlikely(value == NULL || !PyUnicode_Check(value))) {
+        PyErr_SetString(PyExc_TypeError,
+                        "__name__ must be set to a string object");
+        return -1;
+    }
+    Py_INCREF(value);
+    __Pyx_Py_XDECREF_SET(self->gi_name, value);
+    return 0;
+}
+static PyObject *
+__Pyx_Coroutine_get_qualname(__pyx_CoroutineObject *self, void *context)
+{
+    PyObject *name = self->gi_qualname;
+    CYTHON_UNUSED_VAR(context);
+    if (unlikely(!name)) name = Py_None;
+    Py_INCREF(name);
+    return name;
+}
+static int
+__Pyx_Coroutine_set_qualname(__pyx_CoroutineObject *self, PyObject *value, void *context)
+{
+    CYTHON_UNUSED_VAR(context);
+    if (unlikely(value == NULL || !PyUnicode_Check(value))) {
+        PyErr_SetString(PyExc_TypeError,
+                        "__qualname__ must be set to a string object");
+        return -1;
+    }
+    Py_INCREF(value);
+    __Pyx_Py_XDECREF_SET(self->gi_qualname, value);
+    return 0;
+}
+#if !CYTHON_COMPILING_IN_LIMITED_API
+static PyObject *
+__Pyx__Coroutine_get_frame_locked(__pyx_CoroutineObject *self) {
+    PyObject *frame;
+    frame = self->gi_frame;
+    if (!frame) {
+        if (unlikely(!self->gi_code)) {
+            Py_RETURN_NONE;
+        }
+        PyObject *globals = PyDict_New();
+        if (unlikely(!globals)) return NULL;
+        frame = (PyObject *) PyFrame_New(
+            PyThreadState_Get(),            /*PyThreadState *tstate,*/
+            (PyCodeObject*) self->gi_code,  /*PyCodeObject *code,*/
+            globals,                        /*PyObject *globals,*/
+            0                               /*PyObject *locals*/
+        );
+        Py_DECREF(globals);
+        if (unlikely(!frame))
+            return NULL;
+        if (unlikely(self->gi_frame)) {
+            Py_DECREF(frame);
+            frame = self->gi_frame;
+        } else {
+            self->gi_frame = frame;
+        }
+    }
+    Py_INCREF(frame);
+    return frame;
+}
+#endif
+static PyObject *
+__Pyx__Coroutine_get_frame(__pyx_CoroutineObject *self)
+{
+#if !CYTHON_COMPILING_IN_LIMITED_API
+    PyObject *frame;
+    __Pyx_BEGIN_CRITICAL_SECTION((PyObject*)self);
+    frame = __Pyx__Coroutine_get_frame_locked(self);
+    __Pyx_END_CRITICAL_SECTION();
+    return frame;
+#else
+    CYTHON_UNUSED_VAR(self);
+    Py_RETURN_NONE;
+#endif
+}
+static PyObject *
+__Pyx_Coroutine_get_frame(__pyx_CoroutineObject *self, void *context) {
+    CYTHON_UNUSED_VAR(context);
+    PyObject *frame = self->gi_frame;
+    if (frame)
+        return __Pyx_NewRef(frame);
+    return __Pyx__Coroutine_get_frame(self);
+}
+static __pyx_CoroutineObject *__Pyx__Coroutine_New(
+            PyTypeObject* type, __pyx_coroutine_body_t body, PyObject *code, PyObject *closure,
+            PyObject *name, PyObject *qualname, PyObject *module_name) {
+    __pyx_CoroutineObject *gen = PyObject_GC_New(__pyx_CoroutineObject, type);
+    if (unlikely(!gen))
+        return NULL;
+    return __Pyx__Coroutine_NewInit(gen, body, code, closure, name, qualname, module_name);
+}
+static __pyx_CoroutineObject *__Pyx__Coroutine_NewInit(
+            __pyx_CoroutineObject *gen, __pyx_coroutine_body_t body, PyObject *code, PyObject *closure,
+            PyObject *name, PyObject *qualname, PyObject *module_name) {
+    gen->body = body;
+    gen->closure = closure;
+    Py_XINCREF(closure);
+    gen->is_running = 0;
+    gen->resume_label = 0;
+    gen->classobj = NULL;
+    gen->yieldfrom = NULL;
+    gen->yieldfrom_am_send = NULL;
+    #if PY_VERSION_HEX >= 0x030B00a4 && !CYTHON_COMPILING_IN_LIMITED_API
+    gen->gi_exc_state.exc_value = NULL;
+    #else
+    gen->gi_exc_state.exc_type = NULL;
+    gen->gi_exc_state.exc_value = NULL;
+    gen->gi_exc_state.exc_traceback = NULL;
+    #endif
+#if CYTHON_USE_EXC_INFO_STACK
+    gen->gi_exc_state.previous_item = NULL;
+#endif
+#if PY_VERSION_HEX < 0x030C0000 || CYTHON_COMPILING_IN_LIMITED_API
+    gen->gi_weakreflist = NULL;
+#endif
+    Py_XINCREF(qualname);
+    gen->gi_qualname = qualname;
+    Py_XINCREF(name);
+    gen->gi_name = name;
+    Py_XINCREF(module_name);
+    gen->gi_modulename = module_name;
+    Py_XINCREF(code);
+    gen->gi_code = code;
+    gen->gi_frame = NULL;
+#if CYTHON_USE_SYS_MONITORING && (CYTHON_PROFILE || CYTHON_TRACE)
+    memset(gen->__pyx_pymonitoring_state, 0, sizeof(gen->__pyx_pymonitoring_state));
+    gen->__pyx_pymonitoring_version = 0;
+#endif
+    PyObject_GC_Track(gen);
+    return gen;
+}
+static char __Pyx_Coroutine_test_and_set_is_running(__pyx_CoroutineObject *gen) {
+    char result;
+    __Pyx_BEGIN_CRITICAL_SECTION((PyObject*)gen);
+    result = gen->is_running;
+    gen->is_running = 1;
+    __Pyx_END_CRITICAL_SECTION();
+    return result;
+}
+static void __Pyx_Coroutine_unset_is_running(__pyx_CoroutineObject *gen) {
+    __Pyx_BEGIN_CRITICAL_SECTION((PyObject*)gen);
+    assert(gen->is_running);
+    gen->is_running = 0;
+    __Pyx_END_CRITICAL_SECTION();
+}
+static char __Pyx_Coroutine_get_is_running(__pyx_CoroutineObject *gen) {
+    char result;
+    __Pyx_BEGIN_CRITICAL_SECTION((PyObject*)gen);
+    result = gen->is_running;
+    __Pyx_END_CRITICAL_SECTION();
+    return result;
+}
+static PyObject *__Pyx_Coroutine_get_is_running_getter(PyObject *gen, void *closure) {
+    CYTHON_UNUSED_VAR(closure);
+    char result = __Pyx_Coroutine_get_is_running((__pyx_CoroutineObject*)gen);
+    if (result) Py_RETURN_TRUE;
+    else Py_RETURN_FALSE;
+}
+#if __PYX_HAS_PY_AM_SEND == 2
+static void __Pyx_SetBackportTypeAmSend(PyTypeObject *type, __Pyx_PyAsyncMethodsStruct *static_amsend_methods, __Pyx_pyiter_sendfunc am_send) {
+    Py_ssize_t ptr_offset = (char*)(type->tp_as_async) - (char*)type;
+    if (ptr_offset < 0 || ptr_offset > type->tp_basicsize) {
+        return;
+    }
+    memcpy((void*)static_amsend_methods, (void*)(type->tp_as_async), sizeof(*type->tp_as_async));
+    static_amsend_methods->am_send = am_send;
+    type->tp_as_async = __Pyx_SlotTpAsAsync(static_amsend_methods);
+}
+#endif
+static PyObject *__Pyx_Coroutine_fail_reduce_ex(PyObject *self, PyObject *arg) {
+    CYTHON_UNUSED_VAR(arg);
+    __Pyx_RaiseTypeErrorWithObjectType(
+        "cannot pickle '" __Pyx_FMT_TYPENAME "' object", self);
+    return NULL;
+}
+
+/* Generator */
+static PyMethodDef __pyx_Generator_methods[] = {
+    {"send", (PyCFunction) __Pyx_Coroutine_Send, METH_O,
+     PyDoc_STR("send(arg) -> send 'arg' into generator,\nreturn next yielded value or raise StopIteration.")},
+    {"throw", __PYX_REINTERPRET_FUNCION(PyCFunction, __Pyx_Coroutine_Throw),
+#if CYTHON_COMPILING_IN_LIMITED_API && __PYX_LIMITED_VERSION_HEX < 0x030A0000
+        METH_VARARGS,
+#else
+        METH_FASTCALL,
+#endif
+     PyDoc_STR("throw(typ[,val[,tb]]) -> raise exception in generator,\nreturn next yielded value or raise StopIteration.")},
+    {"close", (PyCFunction) __Pyx_Coroutine_Close_Method, METH_NOARGS,
+     PyDoc_STR("close() -> raise GeneratorExit inside generator.")},
+    {"__reduce_ex__", (PyCFunction) __Pyx_Coroutine_fail_reduce_ex, METH_O, 0},
+    {"__reduce__", (PyCFunction) __Pyx_Coroutine_fail_reduce_ex, METH_NOARGS, 0},
+    {0, 0, 0, 0}
+};
+static PyMemberDef __pyx_Generator_memberlist[] = {
+    {"gi_yieldfrom", T_OBJECT, offsetof(__pyx_CoroutineObject, yieldfrom), READONLY,
+     PyDoc_STR("object being iterated by 'yield from', or None")},
+    {"gi_code", T_OBJECT, offsetof(__pyx_CoroutineObject, gi_code), READONLY, NULL},
+    {"__module__", T_OBJECT, offsetof(__pyx_CoroutineObject, gi_modulename), 0, 0},
+#if PY_VERSION_HEX < 0x030C0000 || CYTHON_COMPILING_IN_LIMITED_API
+    {"__weaklistoffset__", T_PYSSIZET, offsetof(__pyx_CoroutineObject, gi_weakreflist), READONLY, 0},
+#endif
+    {0, 0, 0, 0, 0}
+};
+static PyGetSetDef __pyx_Generator_getsets[] = {
+    {"__name__", (getter)__Pyx_Coroutine_get_name, (setter)__Pyx_Coroutine_set_name,
+     PyDoc_STR("name of the generator"), 0},
+    {"__qualname__", (getter)__Pyx_Coroutine_get_qualname, (setter)__Pyx_Coroutine_set_qualname,
+     PyDoc_STR("qualified name of the generator"), 0},
+    {"gi_frame", (getter)__Pyx_Coroutine_get_frame, NULL,
+     PyDoc_STR("Frame of the generator"), 0},
+    {"gi_running", __Pyx_Coroutine_get_is_running_getter, NULL, NULL, NULL},
+    {0, 0, 0, 0, 0}
+};
+static PyType_Slot __pyx_GeneratorType_slots[] = {
+    {Py_tp_dealloc, (void *)__Pyx_Coroutine_dealloc},
+    {Py_tp_traverse, (void *)__Pyx_Coroutine_traverse},
+    {Py_tp_iter, (void *)PyObject_SelfIter},
+    {Py_tp_iternext, (void *)__Pyx_Generator_Next},
+    {Py_tp_methods, (void *)__pyx_Generator_methods},
+    {Py_tp_members, (void *)__pyx_Generator_memberlist},
+    {Py_tp_getset, (void *)__pyx_Generator_getsets},
+    {Py_tp_getattro, (void *) PyObject_GenericGetAttr},
+#if CYTHON_USE_TP_FINALIZE
+    {Py_tp_finalize, (void *)__Pyx_Coroutine_del},
+#endif
+#if __PYX_HAS_PY_AM_SEND == 1
+    {Py_am_send, (void *)__Pyx_Coroutine_AmSend},
+#endif
+    {0, 0},
+};
+static PyType_Spec __pyx_GeneratorType_spec = {
+    __PYX_TYPE_MODULE_PREFIX "generator",
+    sizeof(__pyx_CoroutineObject),
+    0,
+#if PY_VERSION_HEX >= 0x030C0000 && !CYTHON_COMPILING_IN_LIMITED_API
+    Py_TPFLAGS_MANAGED_WEAKREF |
+#endif
+    Py_TPFLAGS_IMMUTABLETYPE | Py_TPFLAGS_DISALLOW_INSTANTIATION |
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | __Pyx_TPFLAGS_HAVE_AM_SEND,
+    __pyx_GeneratorType_slots
+};
+#if __PYX_HAS_PY_AM_SEND == 2
+static __Pyx_PyAsyncMethodsStruct __pyx_Generator_as_async;
+#endif
+static int __pyx_Generator_init(PyObject *module) {
+    __pyx_mstatetype *mstate = __Pyx_PyModule_GetState(module);
+    mstate->__pyx_GeneratorType = __Pyx_FetchCommonTypeFromSpec(
+        mstate->__pyx_CommonTypesMetaclassType, module, &__pyx_GeneratorType_spec, NULL);
+    if (unlikely(!mstate->__pyx_GeneratorType)) {
+        return -1;
+    }
+#if __PYX_HAS_PY_AM_SEND == 2
+    __Pyx_SetBackportTypeAmSend(mstate->__pyx_GeneratorType, &__pyx_Generator_as_async, &__Pyx_Coroutine_AmSend);
+#endif
+    return 0;
+}
+static PyObject *__Pyx_Generator_GetInlinedResult(PyObject *self) {
+    __pyx_CoroutineObject *gen = (__pyx_CoroutineObject*) self;
+    PyObject *retval = NULL;
+    if (unlikely(__Pyx_Coroutine_test_and_set_is_running(gen))) {
+        return __Pyx_Coroutine_AlreadyRunningError(gen);
+    }
+    __Pyx_PySendResult result = __Pyx_Coroutine_SendEx(gen, Py_None, &retval, 0);
+    __Pyx_Coroutine_unset_is_running(gen);
+    (void) result;
+    assert (result == PYGEN_RETURN || result == PYGEN_ERROR);
+    assert ((result == PYGEN_RETURN && retval != NULL) || (result == PYGEN_ERROR && retval == NULL));
+    return retval;
 }
 
 /* CheckBinaryVersion */

@@ -6,9 +6,17 @@ read) plus, for the GPU expansion, each CTA's first row in the per-visit table, 
 each at a 256-byte aligned offset of one uint8 buffer. tile_columns and the CTAs' row starts are computed here
 in one pass each (varlen_device.tile_columns / cta_visit_start are the numpy statements of the same values,
 which the tests compare with these), so that a new packing costs one call rather than a dozen numpy ones.
+
+``new_packing`` is the whole host side of a training step's new packing in one call: the per-sequence windows,
+shapes and dispatch order, ``auto``'s choice, the records and the packed upload, the same steps as
+varlen_schedule.build_varlen + pack (tests/test_varlen_compact.py compares the bytes) without their Python glue.
 """
 import numpy as np
+from libc.string cimport memset
 
+from cupy_dash._varlen_sched cimport build_varlen, busiest_load, sequence_shapes
+
+include "_units.pxi"
 include "_compact_rule.pxi"
 
 NAMES = ("col_records", "cta_columns", "cta_col_start", "seg_col_start", "seq_n_first", "tile_columns",
@@ -20,10 +28,10 @@ cdef inline long long aligned(long long nbytes) noexcept:
     return (nbytes + 255) // 256 * 256
 
 
-def pack(const int[:, ::1] records, const int[::1] cta_columns, const long long[::1] cta_col_start,
-         const int[::1] seg_col_start, const int[::1] n_first, const long long[::1] num_m_blocks,
-         const long long[::1] seqlens_q, const long long[::1] seqlens_k, long long kv_heads, long long group_size,
-         bint visit_starts):
+cpdef tuple pack(const int[:, ::1] records, const int[::1] cta_columns, const long long[::1] cta_col_start,
+                const int[::1] seg_col_start, const int[::1] n_first, const long long[::1] num_m_blocks,
+                const long long[::1] seqlens_q, const long long[::1] seqlens_k, long long kv_heads,
+                long long group_size, bint visit_starts):
     """(buffer uint8, offsets int64 (10,), shapes tuple, num_visits) of the arrays NAMES (dtypes DTYPES), the
     CTAs' row starts ``cta_start`` int64 (num_ctas + 1,) only with ``visit_starts`` (else its offset is -1).
     records (columns, 8), cta_columns, cta_col_start, seg_col_start, n_first: a VarlenSchedule's; num_m_blocks,
@@ -48,6 +56,11 @@ def pack(const int[:, ::1] records, const int[::1] cta_columns, const long long[
     buf_arr = np.empty(max(total, 1), dtype=np.uint8)
     cdef unsigned char[::1] buf = buf_arr
     cdef unsigned char* base = &buf[0]
+    cdef long long nbytes
+    for i in range(10):                                  # the padding after each array: zeros, not leftovers
+        if off[i] >= 0:
+            nbytes = sizes[i]
+            memset(base + off[i] + nbytes, 0, aligned(nbytes) - nbytes)
     cdef int* rec_out = <int*>(base + off[0])
     cdef int* cols_out = <int*>(base + off[1])
     cdef long long* cs_out = <long long*>(base + off[2])
@@ -104,3 +117,100 @@ def pack(const int[:, ::1] records, const int[::1] cta_columns, const long long[
                 last = cta_columns[cta_col_start[c + 1] - 1]
                 visits += (records[last, REC_STEP] + records[last, REC_HI] - records[last, REC_LO]) * group_size
     return buf_arr, offsets_arr, shapes, visits
+
+
+cdef inline double column_model(long long load, long long num_ctas, long long widest, int rank_rule, double c,
+                                double r) noexcept:
+    """varlen_schedule._column_model with the engine costs: the same floating-point operations in the same order."""
+    cdef double busy = load * (c if c > r else r) + (c if c < r else r)
+    if rank_rule == 1:
+        return busy + ((widest if widest < num_ctas else num_ctas) - 1) * r
+    return busy
+
+
+cdef inline int rank_rule_of(int policy, int tie_sign) noexcept:
+    """varlen_schedule._rank_rule."""
+    if policy == POLICY_FA3:
+        return 2 if tie_sign < 0 else 1
+    return 1 if policy == POLICY_DESCENDING else 0
+
+
+def new_packing(int policy, const long long[::1] sq, const long long[::1] sk, long long left, long long right,
+                long long bm, long long bn, long long heads, long long group, bint causal, long long num_sms,
+                tuple candidates, double c, double r, double tolerance, long long few_grouped, bint visit_starts):
+    """(policy, pack's four outputs, num_ctas, tie_sign, rank_rule) of varlen_schedule.build_varlen(policy, sq,
+    sk, ...) packed as ``pack`` packs it: ``policy`` a _schedule.POLICY_CODES value or -1 (auto, over the codes
+    ``candidates`` with the engine costs c, r, ``tolerance`` and the few-grouped-columns override
+    ``few_grouped``, schedule.AUTO_*); (left, right) the checked window (schedule.check_window); sq, sk int64
+    (B,) lengths in [0, 2^31)."""
+    cdef long long B = sq.shape[0], Hkv = heads // group, b, i, ncols_seq, total = 0, widest = 0, units
+    win_arr = np.empty((B, 2), dtype=np.int64)
+    cdef long long[:, ::1] win = win_arr
+    cdef bint right_bound = False
+    for b in range(B):                                   # varlen_schedule._problem's canonical windows
+        win[b, 0] = -1 if left >= sk[b] - 1 else left
+        win[b, 1] = right if causal else (-1 if right >= sq[b] - 1 else right)
+        right_bound = right_bound or win[b, 1] >= 0
+    info_arr, voff_arr, vlo_arr, vhi_arr = sequence_shapes(sq, sk, win, bm, bn, causal)
+    cdef long long[:, ::1] info = info_arr
+    cdef long long[::1] voff = voff_arr, vlo = vlo_arr, vhi = vhi_arr
+    key_arr = np.empty(B, dtype=np.int64)                # varlen_schedule._dispatch_order: longest first, stable
+    cdef long long[::1] key = key_arr
+    for b in range(B):
+        key[b] = 0
+        for i in range(voff[b], voff[b + 1]):
+            key[b] -= vhi[i] - vlo[i]
+        widest = info[b, 3] if info[b, 3] > widest else widest
+    order_arr = np.argsort(key_arr, kind="stable")
+    cdef long long[::1] order = order_arr
+    ncols_seq = voff[B]
+    for i in range(ncols_seq):
+        total += vhi[i] - vlo[i]
+    cdef bint equal = True
+    for i in range(1, ncols_seq):
+        equal = equal and vhi[i] - vlo[i] == vhi[0] - vlo[0]
+    assign = None
+    cdef int cand, tie, best_policy = -1
+    cdef long long load, G, plain_load = -1
+    cdef double t, floor, best = 0.0
+    cdef list times
+    if policy < 0 and group > 1 and Hkv * ncols_seq <= few_grouped * num_sms:
+        policy = POLICY_DESCENDING                       # schedule.AUTO_FEW_GROUPED's measured override
+    elif policy < 0:                                     # varlen_schedule._auto_policy
+        floor = column_model(((total * Hkv + num_sms - 1) // num_sms) * group, 1, 0, 0, c, r)
+        units = ncols_seq * Hkv if ncols_seq * Hkv > 0 else 1
+        times, plain_assign = [], None
+        for cand in candidates:
+            if not (cand == POLICY_SYMMETRIC_SHIFT or cand == POLICY_FA3 or equal):
+                continue
+            a = np.empty(units, dtype=np.int32)
+            load, G, tie, plain = busiest_load(cand, info, voff, vlo, vhi, order, Hkv,
+                                               cand == POLICY_FA3 and (causal or right_bound), num_sms,
+                                               plain_load, a)
+            if plain:
+                if plain_load < 0:
+                    plain_load, plain_assign = load, a
+                a = plain_assign
+            t = column_model(load * group, G, widest, rank_rule_of(cand, tie), c, r)
+            if not times and t <= floor * (1 + tolerance):
+                policy, assign = cand, a
+                break
+            times.append((cand, t, a))
+        if policy < 0:
+            best = min(x[1] for x in times)
+            for cand, t, a in times:
+                if t <= best * (1 + tolerance):
+                    policy, assign = cand, a
+                    break
+    records, cols, cs, seg, loads, G, tie = build_varlen(policy, info, voff, vlo, vhi, order, Hkv,
+                                                         policy == POLICY_FA3 and (causal or right_bound),
+                                                         num_sms, assign)
+    n_first_arr = np.empty(B, dtype=np.int32)
+    m_blocks_arr = np.empty(B, dtype=np.int64)
+    cdef int[::1] n_first = n_first_arr
+    cdef long long[::1] m_blocks = m_blocks_arr
+    for b in range(B):
+        n_first[b] = <int>(info[b, 2] if info[b, 2] > 0 else 0)
+        m_blocks[b] = info[b, 0]
+    out = pack(records, cols, cs, seg.astype(np.int32), n_first, m_blocks, sq, sk, Hkv, group, visit_starts)
+    return (policy,) + out + (G, tie, rank_rule_of(policy, tie))

@@ -40,8 +40,8 @@ cdef inline void tile_range(long long n, long long sq, long long sk, long long b
         hi[0] = last // bm + 1
 
 
-def sequence_shapes(const long long[::1] sq, const long long[::1] sk, const long long[:, ::1] win,
-                    long long bm, long long bn, bint causal):
+cpdef tuple sequence_shapes(const long long[::1] sq, const long long[::1] sk, const long long[:, ::1] win,
+                            long long bm, long long bn, bint causal):
     """Per sequence b: seq_info int64 (B, 6) = (M, N, n_first, NC, T, flags: 1 band, 2 triangular) and the
     visible columns' ranges vis_lo, vis_hi int64 (sum NC,) (sequence b's at vis_off[b] .. vis_off[b + 1])."""
     cdef long long B = sq.shape[0], b, n, N, M, lo, hi, tot = 0, k
@@ -211,9 +211,9 @@ cdef inline long long total_columns(const long long[:, ::1] info, long long Hkv)
     return ncols
 
 
-def busiest_load(int policy, const long long[:, ::1] info, const long long[::1] voff, const long long[::1] vlo,
-                 const long long[::1] vhi, const long long[::1] seq_order, long long Hkv, bint spt,
-                 long long num_sms, long long plain_load=-1, int[::1] assign=None):
+cpdef tuple busiest_load(int policy, const long long[:, ::1] info, const long long[::1] voff,
+                         const long long[::1] vlo, const long long[::1] vhi, const long long[::1] seq_order,
+                         long long Hkv, bint spt, long long num_sms, long long plain_load=-1, int[::1] assign=None):
     """(visits of the busiest CTA, num_ctas, tie_sign, plain) of build_varlen's schedule for the same arguments,
     by the same list scheduling on the units' lengths alone (no records): what ``auto``'s column model reads.
     plain: the units are every segment's columns alone in ascending n, as for every policy that returns plain;
@@ -247,9 +247,9 @@ def busiest_load(int policy, const long long[:, ::1] info, const long long[::1] 
     return best, G, un.tie, un.plain
 
 
-def build_varlen(int policy, const long long[:, ::1] info, const long long[::1] voff, const long long[::1] vlo,
-                 const long long[::1] vhi, const long long[::1] seq_order, long long Hkv, bint spt,
-                 long long num_sms, const int[::1] assign=None):
+cpdef tuple build_varlen(int policy, const long long[:, ::1] info, const long long[::1] voff,
+                         const long long[::1] vlo, const long long[::1] vhi, const long long[::1] seq_order,
+                         long long Hkv, bint spt, long long num_sms, const int[::1] assign=None):
     """Records of the g = 1 schedule of B * Hkv segments (sequence_shapes' output; seq_order: the sequences in
     dispatch order). Returns records, cta_columns, cta_col_start, seg_col_start, loads, num_ctas, tie_sign.
     ``assign``: each unit's CTA as busiest_load found it for the same arguments (the list scheduling is then not

@@ -22,6 +22,7 @@ import cupy
 import cupyx
 import numpy as np
 
+from . import _schedule as _policy_codes
 from . import _varlen_pack, varlen_schedule
 from . import schedule as _schedule
 from .errors import _keep_alive
@@ -85,6 +86,7 @@ def cta_visit_start(arrays: dict, group_size: int) -> np.ndarray:
     return out
 
 
+_POLICY_NAMES = {code: name for name, code in _policy_codes.POLICY_CODES.items()}
 _MAX_PLANS = 32
 _plans: "collections.OrderedDict" = collections.OrderedDict()
 _plans_lock = threading.Lock()
@@ -285,26 +287,44 @@ def plan(policy, lens_q, lens_k, block_m, block_n, heads, kv_heads, causal, max_
         if t is not None:
             _plans.move_to_end(key)
             return t
-    built = varlen_schedule.build_varlen(policy, lens_q, lens_k, block_m=block_m, block_n=block_n, heads=heads,
-                                         causal=causal, num_sms=num_sms, group_size=group, window=window)
-    if compact is not True and compact_above is not None and built.num_visits > compact_above:
-        compact = True                   # a per-visit table this large: compact records (as compact_device.wanted)
     t = Tables()
     t.compact, t.visits, t.rank, t.cta_start, t.blob = None, None, None, None, None
-    t.expand, t.heads, t.kv_heads = compact == "expand", heads, kv_heads
+    t.heads, t.kv_heads = heads, kv_heads
     if compact:
-        t.blob, t.offsets, t.shapes, t.num_visits = _varlen_pack.pack(
-            built.records, built.cta_columns, built.cta_col_start, built.seg_col_start, built.n_first,
-            built.num_m_blocks, built.seqlens_q, built.seqlens_k, kv_heads, group, t.expand)
-        t.compact = (int(built.tie_sign), int(built.rank_rule))
+        # NOTES: the forms a training step builds anew: one call (_varlen_pack.new_packing) gives the bytes that
+        # varlen_schedule.build_varlen + _varlen_pack.pack give (tests/test_varlen_compact.py).
+        if policy not in _schedule.POLICIES:
+            raise ValueError(f"unknown schedule {policy!r}; expected one of {', '.join(_schedule.POLICIES)}")
+        c, r = _schedule.AUTO_COSTS
+        codes = _policy_codes.POLICY_CODES
+        out = _varlen_pack.new_packing(
+            -1 if policy == "auto" else codes[policy], np.ascontiguousarray(lens_q, np.int64),
+            np.ascontiguousarray(lens_k, np.int64), *_schedule.check_window(window, causal), block_m, block_n,
+            heads, group, causal, num_sms, tuple(codes[p] for p in _schedule.AUTO_CANDIDATES), c, r,
+            _schedule.AUTO_TOLERANCE, _schedule.AUTO_FEW_GROUPED, True)
+        code, t.blob, t.offsets, t.shapes, t.num_visits, t.num_ctas, tie_sign, rank_rule = out
+        t.policy, t.compact = _POLICY_NAMES[code], (tie_sign, rank_rule)
+        if compact == "expand" and compact_above is not None and t.num_visits > compact_above:
+            compact = True               # a per-visit table this large: compact records (as compact_device.wanted)
+    else:
+        built = varlen_schedule.build_varlen(policy, lens_q, lens_k, block_m=block_m, block_n=block_n, heads=heads,
+                                             causal=causal, num_sms=num_sms, group_size=group, window=window)
+        t.num_visits, t.num_ctas, t.policy = int(built.num_visits), int(built.num_ctas), str(built.policy)
+        if compact_above is not None and t.num_visits > compact_above:
+            compact = True               # a per-visit table this large: compact records (as compact_device.wanted)
+            t.blob, t.offsets, t.shapes, _ = _varlen_pack.pack(
+                built.records, built.cta_columns, built.cta_col_start, built.seg_col_start, built.n_first,
+                built.num_m_blocks, built.seqlens_q, built.seqlens_k, kv_heads, group, False)
+            t.compact = (int(built.tie_sign), int(built.rank_rule))
+        else:
+            t.visits, t.rank, t.cta_start = built.expand()
+            t.cu_q, t.cu_k = (np.concatenate(([0], np.cumsum(x))).astype(np.int32) for x in (lens_q, lens_k))
+    t.expand = compact == "expand"
+    if t.compact is not None:
         t.cu_q, t.cu_k = t._view(_CU_Q), t._view(_CU_K)
         if t.expand:
             t.cta_start = t._view(_CTA_START)
-    else:
-        t.visits, t.rank, t.cta_start = built.expand()
-        t.cu_q, t.cu_k = (np.concatenate(([0], np.cumsum(x))).astype(np.int32) for x in (lens_q, lens_k))
-        t.num_visits = int(built.num_visits)
-    t.num_ctas, t.policy, t.group_size, t.key = int(built.num_ctas), str(built.policy), group, key
+    t.group_size, t.key = group, key
     t.n_blocks = max(1, int(n_tiles.max()))
     t.m_blocks = max(1, int((-(-lens_q // block_m)).max()))
     with _plans_lock:

@@ -146,6 +146,40 @@ def test_packed_upload_holds_the_numpy_arrays(policy, case, ctas, expand):
     assert t.compact == (want["tie_sign"], want["rank_rule"])
 
 
+def test_new_packing_in_one_call_gives_the_builder_and_pack_bytes():
+    """_varlen_pack.new_packing (what plan() runs for a new packing: windows, shapes, dispatch order, auto's
+    choice, records, pack in one Cython call) against varlen_schedule.build_varlen + pack, byte for byte, on
+    random packed batches (every policy and auto; causal, full, windows, GQA, empty sequences, few CTAs)."""
+    from test_schedule_varlen_fast import random_problem
+    from cupy_dash import _schedule, _varlen_pack
+    rng = np.random.default_rng(23)
+    codes = _schedule.POLICY_CODES
+    names = {v: k for k, v in codes.items()}
+    seen = set()
+    for i in range(300):
+        sq, sk, kw = random_problem(rng)
+        policy = ("auto",) + tuple(codes)
+        policy = policy[i % len(policy)]
+        plan = schedule.build_varlen(policy, sq, sk, **kw)
+        hkv, g = kw["heads"] // kw["group_size"], kw["group_size"]
+        want = _varlen_pack.pack(plan.records, plan.cta_columns, plan.cta_col_start, plan.seg_col_start,
+                                 plan.n_first, plan.num_m_blocks, plan.seqlens_q, plan.seqlens_k, hkv, g, True)
+        c, r = schedule.AUTO_COSTS
+        got = _varlen_pack.new_packing(
+            -1 if policy == "auto" else codes[policy], np.asarray(sq, np.int64), np.asarray(sk, np.int64),
+            *schedule.check_window(kw["window"], kw["causal"]), kw["block_m"], kw["block_n"], kw["heads"], g,
+            kw["causal"], kw["num_sms"], tuple(codes[p] for p in schedule.AUTO_CANDIDATES), c, r,
+            schedule.AUTO_TOLERANCE, schedule.AUTO_FEW_GROUPED, True)
+        where = (policy, sq.tolist(), sk.tolist(), kw)
+        assert names[got[0]] == plan.policy, where
+        np.testing.assert_array_equal(got[1], want[0], err_msg=str(where))
+        np.testing.assert_array_equal(got[2], want[1], err_msg=str(where))
+        assert got[3] == want[2] and got[4] == want[3] == plan.num_visits, where
+        assert got[5:] == (plan.num_ctas, plan.tie_sign, plan.rank_rule), where
+        seen.add(plan.policy)
+    assert seen == set(codes)
+
+
 @pytest.mark.parametrize("block_m", [64, 128])
 def test_padded_scratch_rows_of_the_sequences_never_overlap(block_m):
     """kernels_src/bwd_rows.cuh's padded scratch rows, per sequence b: floor((cu[b] + b * block_m) / block_m) *
