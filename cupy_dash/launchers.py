@@ -211,7 +211,7 @@ def bwd_params(c, operands, lse_ptr, work_base, grads, error, timeline_ptr=0, cu
     (q_ptr, q_stride), (k_ptr, k_stride), (v_ptr, v_stride), (o_ptr, o_stride), (do_ptr, do_stride) = operands
     dq_ptr, dk_ptr, dv_ptr = grads
     kv_contig = _contiguous((B, Sk, Hkv, D))
-    if hasattr(tables, "params"):            # compact records (DASH_COMPACT builds): no per-visit table
+    if hasattr(tables, "params"):            # tables that name their fields: compact records, GPU-expanded rows
         schedule_fields = dict(_NO_SCHEDULE, **tables.params())
     else:
         schedule_fields = dict(_NO_SCHEDULE, visits=tables.visits.data.ptr, rank=tables.rank.data.ptr,

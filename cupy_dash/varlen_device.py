@@ -125,6 +125,17 @@ class CompactTables:
         return dict(self.ptrs, tie_sign=self.tie_sign, rank_rule=self.rank_rule)
 
 
+class ExpandedTables:
+    """A per-visit table written on the GPU from compact records (:func:`_expand_on_device`): ``ptrs`` (device
+    addresses of visits (V, 4) int32, rank (V,) int32, cta_start (num_ctas + 1,) int64 inside ``buffer``, the
+    CuPy allocation holding them and the records), ``num_ctas``, ``policy``."""
+    __slots__ = ("ptrs", "buffer", "num_ctas", "policy", "device_id")
+
+    def params(self) -> dict:
+        """The BwdParams fields these tables set (launchers.bwd_params nulls the rest)."""
+        return self.ptrs
+
+
 EXPAND_ENV = "CUPY_DASH_VARLEN_EXPAND"   # "host": per-visit tables expanded on the host, not the GPU (default)
 _MAX_DEVICE_TABLES = 16
 _table_streams: dict = {}       # cache key -> {stream handle: CuPy stream} of the calls that read the tables
@@ -155,10 +166,10 @@ def upload_async(arrays, stream, views=True):
 
 
 def device(t: Tables, num_heads, dev, stream):
-    """(tables, cu_seqlens_q, cu_seqlens_k, event) of ``t`` on device ``dev``: ``schedule.DeviceTables`` or
-    :class:`CompactTables`, cached (LRU) so that a repeated packing uploads nothing; a miss enqueues the uploads
-    on ``stream`` (no wait) and ``event`` marks their end. The device cu_seqlens are the lengths the table was
-    built from, so the kernels never see other ones."""
+    """(tables, cu_seqlens_q, cu_seqlens_k, event) of ``t`` on device ``dev``: :class:`ExpandedTables`,
+    :class:`CompactTables` or (expanded on the host) ``schedule.DeviceTables``, cached (LRU) so that a repeated
+    packing uploads nothing; a miss enqueues the uploads on ``stream`` (no wait) and ``event`` marks their end.
+    The device cu_seqlens are the lengths the table was built from, so the kernels never see other ones."""
     key = (t.key, dev)
     with _plans_lock:
         hit = _device_tables.get(key)
@@ -226,7 +237,7 @@ def _device_view(buf, t: Tables, i: int):
 
 
 def _expand_on_device(t: Tables, dev, stream, staging_out: list):
-    """(schedule.DeviceTables, cu_seqlens_q, cu_seqlens_k) of ``t`` (compact records, ``t.expand``): the records,
+    """(:class:`ExpandedTables`, cu_seqlens_q, cu_seqlens_k) of ``t`` (compact records, ``t.expand``): the records,
     the CTAs' row starts and the lengths uploaded in one copy to the head of one allocation, then the per-visit
     rows and ranks written behind them on the GPU by kernels_src/bwd_expand.cu, both enqueued on ``stream``
     (the staging of the copy appended to ``staging_out``, as :func:`_upload_blob`)."""
@@ -234,13 +245,12 @@ def _expand_on_device(t: Tables, dev, stream, staging_out: list):
     num_rows = max(t.num_visits, 1)
     visits_bytes = -(-num_rows * 16 // 256) * 256
     buf, head = _upload_blob(t.blob, visits_bytes + num_rows * 4, stream, staging_out)
-    d = _schedule.DeviceTables()
-    d.visits = cupy.ndarray((num_rows, 4), np.int32, memptr=buf.data + head)
-    d.rank = cupy.ndarray((num_rows,), np.int32, memptr=buf.data + (head + visits_bytes))
-    d.cta_start, d.num_ctas = _device_view(buf, t, _CTA_START), t.num_ctas
-    fields = dict(_record_ptrs(t, buf.data.ptr), tie_sign=t.compact[0], rank_rule=t.compact[1],
-                  num_heads=t.heads, num_heads_kv=t.kv_heads, visits=d.visits.data.ptr, rank=d.rank.data.ptr,
-                  cta_start=d.cta_start.data.ptr)
+    d = ExpandedTables()
+    base = buf.data.ptr
+    d.ptrs = dict(visits=base + head, rank=base + head + visits_bytes, cta_start=base + int(t.offsets[_CTA_START]))
+    d.buffer, d.num_ctas = buf, t.num_ctas
+    fields = dict(_record_ptrs(t, base), tie_sign=t.compact[0], rank_rule=t.compact[1], num_heads=t.heads,
+                  num_heads_kv=t.kv_heads, **d.ptrs)
     params = np.zeros(1, dtype=kernels.BWD_PARAMS_DTYPE)
     for name, value in fields.items():
         params[name] = value

@@ -270,15 +270,16 @@ def test_gpu_expansion_launch_wiring(monkeypatch):
         off = int(f[name]) - base
         np.testing.assert_array_equal(device_bytes["blob"][off:off + host.nbytes].view(host.dtype).reshape(
             host.shape), host, err_msg=name)
-    np.testing.assert_array_equal(d.cta_start.host, t.cta_start)
+    off = d.ptrs["cta_start"] - base
+    np.testing.assert_array_equal(device_bytes["blob"][off:off + t.cta_start.nbytes].view(np.int64), t.cta_start)
     np.testing.assert_array_equal(cu_q.host, t.cu_q)
     np.testing.assert_array_equal(cu_k.host, t.cu_k)
     rows = max(t.num_visits, 1)
-    assert d.visits.shape == (rows, 4) and d.rank.shape == (rows,) and d.visits.host is None
-    assert t.blob.nbytes <= d.visits.data.ptr - base and d.visits.data.ptr + 16 * rows <= d.rank.data.ptr
-    assert d.rank.data.ptr + 4 * rows <= base + device_bytes["size"]
-    assert (int(f["visits"]), int(f["rank"])) == (d.visits.data.ptr, d.rank.data.ptr)
-    assert d.cta_start.data.ptr == int(f["cta_start"]) and d.num_ctas == t.num_ctas
+    visits, rank = d.ptrs["visits"], d.ptrs["rank"]
+    assert t.blob.nbytes <= visits - base and visits + 16 * rows <= rank and visits % 256 == 0
+    assert rank + 4 * rows <= base + device_bytes["size"]
+    assert (int(f["visits"]), int(f["rank"]), int(f["cta_start"])) == (visits, rank, d.ptrs["cta_start"])
+    assert d.params() == d.ptrs and d.num_ctas == t.num_ctas and d.buffer.data.ptr == base
     assert (int(f["tie_sign"]), int(f["rank_rule"])) == t.compact
     assert (int(f["num_heads"]), int(f["num_heads_kv"])) == (8, 2) and int(f["scan_bounds"]) == 0
 
