@@ -28,6 +28,9 @@ from . import schedule as _schedule
 from .errors import _keep_alive
 from .varlen_schedule import VarlenSchedule
 
+# NOTES: tile_columns, device_arrays and cta_visit_start state the uploaded arrays in numpy, from a VarlenSchedule;
+# the backward builds them with _varlen_pack (one Cython pass), and the tests hold the two to the same bytes.
+
 
 def tile_columns(plan: VarlenSchedule) -> tuple:
     """(tile_columns int32 (sum of M_b, 2), seq_tile_start int32 (B + 1,)): for Q tile m of sequence b, row
