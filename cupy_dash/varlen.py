@@ -53,11 +53,12 @@ def _check_device(info, device_id) -> None:
 
 
 def _packed(x, name):
-    """A (total, H, D) operand as the (1, total, H, D) view the kernels read (zero-copy for torch / CuPy)."""
+    """A (total, H, D) operand as the (1, total, H, D) view the kernels read (zero-copy for torch / CuPy), and
+    its length ``total``."""
     info = interop.describe(x, name)
     if len(info.shape) != 3:
         raise ValueError(f"{name}: expected a 3-D packed tensor (total, heads, head_dim), got shape {info.shape}")
-    return x[None]
+    return x[None], info.shape[0]
 
 
 def attention_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False,
@@ -95,7 +96,7 @@ def attention_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, 
     cu_k_info, num_seqs_k = _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k)
     if num_seqs_k != num_seqs:
         raise ValueError(f"cu_seqlens_k: expected {num_seqs + 1} entries (as cu_seqlens_q), got {num_seqs_k + 1}")
-    q4, k4, v4 = _packed(q, "q"), _packed(k, "k"), _packed(v, "v")
+    (q4, _), (k4, _), (v4, _) = _packed(q, "q"), _packed(k, "k"), _packed(v, "v")
     p = api._validate(q4, k4, v4, softmax_scale=softmax_scale)
     _check_device(cu_q_info, p.device_id)
     _check_device(cu_k_info, p.device_id)
@@ -288,11 +289,12 @@ def attention_backward_varlen(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
     window = api._check_window(window, causal)
     max_q = _check_max_seqlen("max_seqlen_q", max_seqlen_q)
     max_k = _check_max_seqlen("max_seqlen_k", max_seqlen_k)
-    q4, k4, v4, do4, out4 = (_packed(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v"), (do, "do"), (out, "out")))
+    (q4, total_q), (k4, total_k), (v4, _), (do4, _), (out4, _) = (
+        _packed(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v"), (do, "do"), (out, "out")))
     li = interop.describe(lse, "lse")
     if len(li.shape) != 2:
         raise ValueError(f"lse: expected a 2-D tensor (H, total_q), got shape {li.shape}")
-    totals = interop.describe(q, "q").shape[0], interop.describe(k, "k").shape[0]
+    totals = total_q, total_k
     if max_q > totals[0] or max_k > totals[1]:
         raise ValueError(f"max_seqlen_q / max_seqlen_k ({max_q}, {max_k}) exceed the packed lengths {totals}")
     cu_args = (("cu_seqlens_q", cu_seqlens_q, totals[0], "max_seqlen_q", max_q),
