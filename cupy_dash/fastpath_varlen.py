@@ -6,9 +6,12 @@ same packing, shapes and flags. After a full-path call with torch tensors has be
 plan is kept here: the three kernels, the packed parameter block (pointing at the device copies of the schedule
 table and of cu_seqlens that the full path uploaded, which the plan keeps alive), the offsets of the fields that
 change per call. A later call with the same signature, lengths and stream re-launches from it: four
-``torch.empty``, the patched block, one ``launch_sequence`` (dk, dv zeroed first when the full path did). The
-forward's plan needs no lengths (its kernel reads cu_seqlens on the device): its signature holds their layouts,
-and their addresses are patched per call.
+``torch.empty``, the patched block, one ``launch_sequence`` (dk, dv zeroed first when the full path did). A call
+with the same signature but new lengths (the next step's packing) starts from the same plan, kept as the
+*template* of those tensors: the lengths are checked as the full path checks them, the packing's table is built
+and uploaded, and the block's length-dependent fields are patched (fastpath.rebased_plan); the tensors are not
+validated again and no TMA map is encoded. The forward's plan needs no lengths (its kernel reads cu_seqlens on
+the device): its signature holds their layouts, and their addresses are patched per call.
 
 NOTES: the signature holds what the full path's checks depend on: every tensor's shape, strides, dtype and device,
 16-byte alignment of all six addresses, the arguments by type and value, the environment variables that change the
@@ -29,8 +32,9 @@ from . import compact_device, fastpath, interop, varlen_device, varlen_host_cu
 _MAX_PLANS = 8            # each holds its packing's device tables (up to a few MB)
 _plans: dict = {}
 _fwd_plans: dict = {}
+_templates: dict = {}     # signature without the lengths -> _Template (new packings of the same tensors)
 _lock = threading.Lock()
-_stats = {"hits": 0, "fwd_hits": 0}
+_stats = {"hits": 0, "fwd_hits": 0, "new_packing_hits": 0}
 
 
 def stats() -> dict:
@@ -41,24 +45,33 @@ def clear() -> None:
     with _lock:
         _plans.clear()
         _fwd_plans.clear()
+        _templates.clear()
 
 
-def _lengths_key(cu, device_index):
-    """Hashable lengths of a cu_seqlens argument, or None when they are not known without a copy."""
+def _host_lengths(cu, device_index):
+    """(form, host array) of a cu_seqlens argument (form: the host dtype, or "device" for a torch device tensor
+    whose forward left a host copy, :mod:`cupy_dash.varlen_host_cu`), or None when not known without a copy."""
     if type(cu) in (np.ndarray, list, tuple):
         host = np.asarray(cu)                   # a list's element types show in the dtype (1.0 is not 1)
-        return host.dtype.str, host.shape, host.tobytes()
+        return host.dtype.str, host
     if not fastpath.is_torch(cu):
         return None
     if not cu.is_cuda:
         if cu.dim() != 1:
             return None
-        return str(cu.dtype), cu.numpy().tobytes()
+        return str(cu.dtype), cu.numpy()
     if cu.get_device() != device_index:
         return None
-    info = _DeviceCu(device_index)
-    host = varlen_host_cu.lookup(cu, info, cu.data_ptr())
-    return None if host is None else ("device", host.tobytes())
+    host = varlen_host_cu.lookup(cu, _DeviceCu(device_index), cu.data_ptr())
+    return None if host is None else ("device", host)
+
+
+def _lengths_key(cu, device_index):
+    """Hashable lengths of a cu_seqlens argument (form, shape, bytes), or None (:func:`_host_lengths`)."""
+    found = _host_lengths(cu, device_index)
+    if found is None:
+        return None
+    return found[0], found[1].shape, found[1].tobytes()
 
 
 class _DeviceCu:
@@ -89,29 +102,97 @@ def key(do, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, softmax_scale, 
             os.environ.get(varlen_device.EXPAND_ENV))
 
 
+def _template_key(key_):
+    """The signature without the lengths (their forms kept): what a new packing of the same tensors shares."""
+    lens = key_[6]
+    return key_[:6] + ((lens[0][0], lens[1][0]),) + key_[7:]
+
+
+class _Template:
+    """A plan and the arguments its block was made from, for new packings of the same tensors."""
+    __slots__ = ("plan", "operands", "lse_ptr", "work_base", "grads", "like")
+
+
 def register(key_, c, operands, lse_ptr, work_base, grads, cu_ptrs, call, like, stream, keep) -> None:
     """Keep the plan of a varlen backward the full path has just launched (``c``: its BwdLaunch with tables;
-    ``keep``: the device tables and cu_seqlens copies its block points at; current device: its device)."""
+    ``keep``: the device tables and cu_seqlens copies its block points at; current device: its device), under its
+    signature and, as the template of new packings, under the signature without the lengths."""
     if key_ is None:
         return
     p = c.p
     plan = fastpath.backward_plan(c, operands, lse_ptr, work_base, grads, call, like, (p.Sq, p.H, p.D),
                                   (p.Sk, p.Hkv, p.D), cu_seqlens=cu_ptrs)
     plan.stream, plan.keep = stream, keep
+    tpl = _Template()
+    tpl.plan, tpl.operands, tpl.lse_ptr, tpl.work_base, tpl.grads, tpl.like = (plan, operands, lse_ptr, work_base,
+                                                                               grads, like)
+    _store(key_, plan, tpl)
+
+
+def _store(key_, plan, tpl=None) -> None:
     with _lock:
         if len(_plans) >= _MAX_PLANS:
             _plans.pop(next(iter(_plans)))
         _plans[key_] = plan
+        if tpl is not None:
+            if len(_templates) >= _MAX_PLANS:
+                _templates.pop(next(iter(_templates)))
+            _templates[_template_key(key_)] = tpl
 
 
-def backward(key_, do, q, k, v, out, lse):
-    """``(dq, dk, dv)`` from the plan stored under ``key_``, or None (the caller takes the full path)."""
-    plan = _plans.get(key_) if key_ is not None else None
-    if plan is None or fastpath._ready_stream(plan.device_index) is None:
+def backward(key_, do, q, k, v, out, lse, cu_q=None, cu_k=None):
+    """``(dq, dk, dv)`` from the plan stored under ``key_``, or from the template of the same tensors with other
+    lengths (:func:`_new_packing`, given ``cu_q`` and ``cu_k``), or None (the caller takes the full path)."""
+    if key_ is None:
+        return None
+    plan = _plans.get(key_)
+    if plan is None:
+        tpl = _templates.get(_template_key(key_)) if cu_q is not None else None
+        if tpl is None or fastpath._ready_stream(tpl.plan.device_index) is None:
+            return None
+        plan = _new_packing(key_, tpl, cu_q, cu_k)
+        if plan is None:
+            return None
+        _stats["new_packing_hits"] += 1
+    elif fastpath._ready_stream(plan.device_index) is None:
         return None
     result = fastpath.run_backward(plan, plan.stream, do, q, k, v, out, lse)
     _stats["hits"] += 1
     return result
+
+
+def _new_packing(key_, tpl, cu_q, cu_k):
+    """The plan of a call whose tensors, flags and stream are ``tpl``'s but whose lengths are new: the lengths
+    checked as the full path checks them (ValueError before anything is enqueued), the packing's table built and
+    uploaded (varlen._tables, varlen_device.device: the full path's), a BwdLaunch for its sequences, the block of
+    ``tpl``'s arguments with this packing's table, lengths and scratch layout (TMA maps reused: same tensors);
+    kept under ``key_`` for the packing's later calls. None where the full path must run (no visits)."""
+    import cupy
+    from . import launchers, varlen
+    base = tpl.plan
+    c0, dev = base.c, base.device_index
+    p = c0.p
+    max_q, max_k, schedule = key_[7], key_[8], key_[12]
+    hq, hk = (_host_lengths(cu, dev)[1].astype(np.int64) for cu in (cu_q, cu_k))
+    hq = varlen._cu_seqlens_values("cu_seqlens_q", hq, p.Sq, "max_seqlen_q", max_q)
+    hk = varlen._cu_seqlens_values("cu_seqlens_k", hk, p.Sk, "max_seqlen_k", max_k)
+    varlen._check_same_count(hq, hk)
+    num_seqs = len(hq) - 1
+    lens_q, lens_k = np.diff(hq).astype(np.int64), np.diff(hk).astype(np.int64)
+    with cupy.cuda.Device(dev):
+        tables, specs, bm, bn = varlen._tables(dev, p.dtype, p.D, c0.causal, c0.deterministic, schedule, lens_q,
+                                               lens_k, p.H, p.Hkv, c0.window)
+        if tables.num_visits == 0:                     # no sequence sees a key: the full path writes zeros
+            return None
+        c = launchers.BwdLaunch(specs, bm, bn, p, c0.deterministic, c0.spin_timeout_ns, c0.causal, c0.window,
+                                varlen=(num_seqs, max_q))
+        c.tables, cu_q_dev, cu_k_dev, uploaded = varlen_device.device(tables, num_seqs * p.H, dev, base.stream)
+        base.stream.wait_event(uploaded)
+        call = (tables.policy, num_seqs, p.H, p.Sq, p.Sk, p.D, c0.causal, c0.window)
+        plan = fastpath.rebased_plan(base, c, call, (cu_q_dev.data.ptr, cu_k_dev.data.ptr))
+    plan.keep = (c.tables, cu_q_dev, cu_k_dev)
+    _store(key_, plan)
+    return plan
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -198,6 +198,14 @@ _NO_SCHEDULE = dict(visits=0, rank=0, cta_start=0, col_records=0, cta_columns=0,
                     seq_n_first=0, seq_tile_start=0)
 
 
+def bwd_schedule_fields(tables) -> dict:
+    """Every schedule field of the backward's block (_NO_SCHEDULE's names) for device ``tables``."""
+    if hasattr(tables, "params"):            # tables that name their fields: compact records, GPU-expanded rows
+        return dict(_NO_SCHEDULE, **tables.params())
+    return dict(_NO_SCHEDULE, visits=tables.visits.data.ptr, rank=tables.rank.data.ptr,
+                cta_start=tables.cta_start.data.ptr)
+
+
 def bwd_params(c, operands, lse_ptr, work_base, grads, error, timeline_ptr=0, cu_seqlens=(0, 0)) -> np.ndarray:
     """The backward's packed parameter block (the three kernels share it; window from ``c``). ``operands``:
     ``(pointer, (batch, row, head) element strides)`` of q, k, v, out, dout; ``lse_ptr``: float32 ``(B, H, Sq)``
@@ -211,11 +219,7 @@ def bwd_params(c, operands, lse_ptr, work_base, grads, error, timeline_ptr=0, cu
     (q_ptr, q_stride), (k_ptr, k_stride), (v_ptr, v_stride), (o_ptr, o_stride), (do_ptr, do_stride) = operands
     dq_ptr, dk_ptr, dv_ptr = grads
     kv_contig = _contiguous((B, Sk, Hkv, D))
-    if hasattr(tables, "params"):            # tables that name their fields: compact records, GPU-expanded rows
-        schedule_fields = dict(_NO_SCHEDULE, **tables.params())
-    else:
-        schedule_fields = dict(_NO_SCHEDULE, visits=tables.visits.data.ptr, rank=tables.rank.data.ptr,
-                               cta_start=tables.cta_start.data.ptr)
+    schedule_fields = bwd_schedule_fields(tables)
     base, offsets, bm, bn = work_base, c.offsets, c.block_m, c.block_n
     return kernels.pack_bwd_params(
         tma_q=tensormap.bhsd_map(q_ptr, p.dtype, (B, Sq, H, D), q_stride, bm, "q"),

@@ -276,7 +276,7 @@ def attention_backward_varlen(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
     fast_key = fastpath_varlen.key(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                    causal, softmax_scale, window, schedule, deterministic)
     if fast_key is not None:
-        result = fastpath_varlen.backward(fast_key, do, q, k, v, out, lse)
+        result = fastpath_varlen.backward(fast_key, do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
         if result is not None:
             return result
     capturing = interop.capturing(q)

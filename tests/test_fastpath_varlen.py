@@ -149,8 +149,7 @@ def test_a_repeated_call_is_served_with_the_full_paths_block(no_gpu):
     assert [t.shape for t in second] == [t.shape for t in first]
 
 
-@pytest.mark.parametrize("change", ["lengths", "float lengths", "causal", "max_seqlen", "schedule", "int causal",
-                                    "window"])
+@pytest.mark.parametrize("change", ["float lengths", "causal", "max_seqlen", "schedule", "int causal", "window"])
 def test_a_different_call_takes_the_full_path(no_gpu, change):
     enqueued = no_gpu
     args = _inputs()
@@ -159,9 +158,7 @@ def test_a_different_call_takes_the_full_path(no_gpu, change):
     cupy_dash.attention_backward_varlen(*args, cu_q, cu_k, 200, 240, **kw)
     hits = fastpath_varlen.stats()["hits"]
     call = dict(cu_q=cu_q, cu_k=cu_k, max_q=200, kw=dict(kw))
-    if change == "lengths":
-        call["cu_q"] = np.array([0, 150, 150, 300], np.int32)
-    elif change == "float lengths":
+    if change == "float lengths":
         call["cu_k"] = [0.0, 200.0, 260.0, 500.0]
     elif change == "causal":
         call["kw"]["causal"] = False
@@ -181,6 +178,79 @@ def test_a_different_call_takes_the_full_path(no_gpu, change):
     else:
         run()
     assert fastpath_varlen.stats()["hits"] == hits
+
+
+def _tables_per_packing(monkeypatch):
+    """varlen_device.device replaced by one that gives every packing (table key) its own made-up addresses."""
+    ptr, seen = types.SimpleNamespace, {}
+
+    def device(t, num_heads, dev, s):
+        base = seen.setdefault(t.key, 0x100000 * (len(seen) + 1))
+        tables = ptr(visits=ptr(data=ptr(ptr=base)), rank=ptr(data=ptr(ptr=base + 0x100)),
+                     cta_start=ptr(data=ptr(ptr=base + 0x200)), num_ctas=t.num_ctas, policy=t.policy)
+        return tables, ptr(data=ptr(ptr=base + 0x300)), ptr(data=ptr(ptr=base + 0x400)), None
+    monkeypatch.setattr(varlen_device, "device", device)
+
+
+PACKINGS = [([0, 100, 100, 300], [0, 200, 260, 500]), ([0, 150, 300], [0, 240, 500]),
+            ([0, 1, 2, 100, 300], [0, 7, 200, 240, 500]), ([0, 200, 300], [0, 250, 500])]   # max 200 / 260
+
+
+@pytest.mark.parametrize("schedule", ["fa3", "symmetric_shift", "auto"])
+def test_a_new_packing_is_served_with_the_full_paths_block(no_gpu, monkeypatch, schedule):
+    """Other lengths of the same tensors, flags and stream: served from the first call's template (no validation
+    of the tensors, no TMA encode) with the block, grids and scratch layout the full path gives those lengths:
+    compared field by field with a full-path call of the same packing made after forgetting every plan."""
+    enqueued = no_gpu
+    _tables_per_packing(monkeypatch)
+    args = _inputs()
+    kw = dict(causal=True, schedule=schedule)
+    run = lambda cu_q, cu_k: cupy_dash.attention_backward_varlen(  # noqa: E731
+        *args, np.array(cu_q, np.int32), cu_k, 200, 260, **kw)
+    run(*PACKINGS[0])
+    for cu_q, cu_k in PACKINGS[1:]:
+        new = fastpath_varlen.stats()["new_packing_hits"]
+        run(cu_q, cu_k)
+        assert fastpath_varlen.stats()["new_packing_hits"] == new + 1
+        fast = enqueued[-1]
+        hits = fastpath_varlen.stats()["hits"]
+        run(cu_q, cu_k)
+        assert fastpath_varlen.stats()["hits"] == hits + 1                      # the packing's own plan now
+        assert enqueued[-1]["c"] is fast["c"]
+        fastpath_varlen.clear()
+        run(cu_q, cu_k)
+        full = enqueued[-1]
+        assert fastpath_varlen.stats()["new_packing_hits"] == new + 1          # the full path this time
+        for name in kernels.BWD_PARAMS_DTYPE.names:
+            if name not in _PER_CALL:
+                same = bytes(np.atleast_1d(full["params"][name]).view(np.uint8)) == bytes(
+                    np.atleast_1d(fast["params"][name]).view(np.uint8))
+                assert same, (name, cu_q, cu_k)
+        cf, cs = full["c"], fast["c"]
+        assert (cs.row_grid, cs.num_m_blocks, cs.sq_rounded, cs.work_bytes, cs.offsets) == (
+            cf.row_grid, cf.num_m_blocks, cf.sq_rounded, cf.work_bytes, cf.offsets)
+        assert [g[1:4] for g in fast["launches"]] == [g[1:4] for g in launchers.bwd_launches(cf)]
+
+
+@pytest.mark.parametrize("bad", ["last entry", "decreasing", "too long", "counts"])
+def test_a_new_packing_with_bad_lengths_raises_before_anything_is_enqueued(no_gpu, bad):
+    enqueued = no_gpu
+    args = _inputs()
+    cupy_dash.attention_backward_varlen(*args, np.array([0, 100, 100, 300], np.int32), [0, 200, 260, 500], 200,
+                                        240, causal=True)
+    cu_q, cu_k = [0, 150, 300], [0, 240, 500]
+    if bad == "last entry":
+        cu_q = [0, 150, 299]
+    elif bad == "decreasing":
+        cu_k = [0, 260, 250, 500][:3]
+    elif bad == "too long":
+        cu_q = [0, 50, 300]                      # a sequence of 250 > max_seqlen_q = 200
+    elif bad == "counts":
+        cu_k = [0, 100, 240, 500]
+    n = len(enqueued)
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        cupy_dash.attention_backward_varlen(*args, np.array(cu_q, np.int32), cu_k, 200, 240, causal=True)
+    assert len(enqueued) == n
 
 
 I32 = _Dtype("int32", 4)

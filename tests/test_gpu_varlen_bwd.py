@@ -341,6 +341,41 @@ def test_torch_varlen_fast_path_gives_the_full_paths_bits(monkeypatch):
     cupy_dash.check_errors()
 
 
+@pytest.mark.parametrize("schedule", ["auto", "fa3", "symmetric_shift"])
+def test_torch_new_packings_from_the_template_give_the_full_paths_bits(schedule, monkeypatch):
+    """A new packing of the same torch tensors each call (a training step's): served from the first call's
+    template (cupy_dash.fastpath_varlen: lengths checked, table built, block rebased), with the bits the full path
+    (CUPY_DASH_FASTPATH=0) gives the same packing; a repeated packing then hits its own plan."""
+    torch = pytest.importorskip("torch")
+    from cupy_dash import fastpath_varlen
+    total, H, Hkv, D = 4096, 8, 2, 128
+    g = torch.Generator(device="cuda").manual_seed(11)
+    q, do = (torch.randn(total, H, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    k, v = (torch.randn(total, Hkv, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    rng = np.random.default_rng(5)
+    packings = []
+    for b in (3, 1, 7, 16, 5):
+        cuts = np.sort(rng.choice(np.arange(1, total), b - 1, replace=False))
+        packings.append(np.concatenate([[0], cuts, [total]]).astype(np.int32))
+    kw = dict(causal=True, schedule=schedule)
+    fastpath_varlen.clear()
+    for i, cu in enumerate(packings):
+        out, lse = cupy_dash.attention_forward_varlen(q, k, v, cu, cu, total, total, causal=True)
+        new = fastpath_varlen.stats()["new_packing_hits"]
+        fast = cupy_dash.attention_backward_varlen(do, q, k, v, out, lse, cu, cu, total, total, **kw)
+        assert fastpath_varlen.stats()["new_packing_hits"] == new + (i > 0)
+        hits = fastpath_varlen.stats()["hits"]
+        again = cupy_dash.attention_backward_varlen(do, q, k, v, out, lse, cu, cu, total, total, **kw)
+        assert fastpath_varlen.stats()["hits"] == hits + 1
+        with monkeypatch.context() as m:
+            m.setenv("CUPY_DASH_FASTPATH", "0")
+            full = cupy_dash.attention_backward_varlen(do, q, k, v, out, lse, cu, cu, total, total, **kw)
+        for name, a, b, e in zip(("dq", "dk", "dv"), fast, again, full):
+            assert torch.equal(a.view(torch.int16), e.view(torch.int16)), f"packing {i}: {name}"
+            assert torch.equal(b.view(torch.int16), e.view(torch.int16)), f"packing {i}: {name} (repeat)"
+    cupy_dash.check_errors()
+
+
 def test_prepared_table_from_another_thread(monkeypatch):
     """prepare_varlen_backward from a second thread (its own stream) uploads the table; the backward on this
     thread's stream then builds nothing and gives the bits of an unprepared call."""
