@@ -8,7 +8,10 @@ packing costs the host), and the GPU time of the call (CUDA events, median, ms).
 host (``CUPY_DASH_VARLEN_EXPAND=host``), compact records (``CUPY_DASH_COMPACT_TABLES=1``) and per-visit tables
 expanded on the GPU from compact records (the default).
 
-    python benchmarks/varlen_step.py [--calls 40] [--json out.json] [--profile B]
+    python benchmarks/varlen_step.py [--calls 40] [--json out.json] [--profile B] [--torch]
+
+``--torch``: the tensors are torch tensors (the host fast path's new-packing plans, cupy_dash.fastpath_varlen,
+serve the calls after the first); without it CuPy arrays, which take the full path every call.
 
 Two more columns split a new packing's host cost: the median µs of the host build (``varlen._tables``: the
 schedule, its records packed for the upload) and of the upload (``varlen_device.device``: the copy enqueued,
@@ -95,14 +98,19 @@ def main(argv=None):
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16, 64])
     ap.add_argument("--json", default=None)
     ap.add_argument("--profile", type=int, default=None, metavar="B")
+    ap.add_argument("--torch", action="store_true", help="torch tensors instead of CuPy arrays")
     args = ap.parse_args(argv)
     if args.profile:
         args.batches = [args.profile]
     rng = np.random.default_rng(0)
     q, k, v, do = (cupy.asarray(rng.standard_normal((TOKENS, H, D), dtype=np.float32).astype(np.float16))
                    for _ in range(4))
+    if args.torch:
+        import torch
+        q, k, v, do = (torch.from_dlpack(x) for x in (q, k, v, do))
     rows = []
-    print(f"varlen steps, {TOKENS} tokens, H={H}, D={D}, fp16, causal, host cu_seqlens, {args.calls} calls "
+    print(f"varlen steps, {TOKENS} tokens, H={H}, D={D}, fp16, causal, host cu_seqlens, {args.calls} calls, "
+          f"{'torch' if args.torch else 'CuPy'} "
           f"({cupy.cuda.runtime.getDeviceProperties(0)['name'].decode()})")
     print("tables     B  new packing host us  repeated host us  new - repeated us  GPU ms (new)  build us  upload us")
     modes = {"per-visit": {"CUPY_DASH_VARLEN_EXPAND": "host"}, "compact": {"CUPY_DASH_COMPACT_TABLES": "1"},
