@@ -25,7 +25,7 @@ import threading
 
 import cupy
 
-from . import _launch, errors, interop, jit, kernels, launchers, tensormap
+from . import _launch, errors, interop, jit, kernels, launchers, params, tensormap
 
 _MAX_PLANS = 256
 _MAX_MAPS = 64          # tensor maps kept per operand of a plan (keyed by address)
@@ -263,11 +263,8 @@ def rebased_plan(base, c, call, cu_seqlens):
     plan.launches = launchers.bwd_launches(c)
     values = dict(launchers.bwd_schedule_fields(c.tables), batch=c.varlen[0], num_m_blocks=c.num_m_blocks,
                   seqlen_q_rounded=c.sq_rounded, cu_seqlens_q=cu_seqlens[0], cu_seqlens_k=cu_seqlens[1])
-    dt = kernels.BWD_PARAMS_DTYPE
     buf = bytearray(base.template)
-    for name in _REBASED:
-        kind, offset = dt.fields[name][0].kind, dt.fields[name][1]
-        struct.pack_into("<q" if kind == "i" else "<Q", buf, offset, values[name])
+    params.patch_ints(buf, kernels.BWD_PARAMS_DTYPE, {name: values[name] for name in _REBASED})
     plan.template = bytes(buf)
     return plan
 

@@ -193,6 +193,16 @@ def pack_fwd_params(**fields) -> np.ndarray:
     return _pack("FwdParams", fields)
 
 
+def patch_ints(buf, dtype: np.dtype, values: dict) -> None:
+    """Write ``values`` (8-byte integer fields of the struct ``dtype``, by name) into its packed bytes ``buf``
+    (a bytearray): what a host fast path changes in a block it has packed before."""
+    for name, value in values.items():
+        field, offset = dtype.fields[name][:2]
+        if field.itemsize != 8 or field.kind not in "iu":
+            raise TypeError(f"{name}: not an 8-byte integer field ({field})")
+        struct.pack_into("<q" if field.kind == "i" else "<Q", buf, offset, value)
+
+
 def pack_bwd_params(**fields) -> np.ndarray:
     """A size-1 ``BWD_PARAMS_DTYPE`` array; as :func:`pack_fwd_params`, tensor maps as 128-byte values."""
     return _pack("BwdParams", fields)

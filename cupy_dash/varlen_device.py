@@ -244,7 +244,7 @@ def _expand_on_device(t: Tables, dev, stream, staging_out: list):
     the CTAs' row starts and the lengths uploaded in one copy to the head of one allocation, then the per-visit
     rows and ranks written behind them on the GPU by kernels_src/bwd_expand.cu, both enqueued on ``stream``
     (the staging of the copy appended to ``staging_out``, as :func:`_upload_blob`)."""
-    from . import jit, kernels
+    from . import jit, kernels, params
     num_rows = max(t.num_visits, 1)
     visits_bytes = -(-num_rows * 16 // 256) * 256
     buf, head = _upload_blob(t.blob, visits_bytes + num_rows * 4, stream, staging_out)
@@ -254,15 +254,14 @@ def _expand_on_device(t: Tables, dev, stream, staging_out: list):
     d.buffer, d.num_ctas = buf, t.num_ctas
     fields = dict(_record_ptrs(t, base), tie_sign=t.compact[0], rank_rule=t.compact[1], num_heads=t.heads,
                   num_heads_kv=t.kv_heads, **d.ptrs)
-    params = np.zeros(1, dtype=kernels.BWD_PARAMS_DTYPE)
-    for name, value in fields.items():
-        params[name] = value
+    block = bytearray(kernels.BWD_PARAMS_DTYPE.itemsize)   # every other field 0: the expansion reads these only
+    params.patch_ints(block, kernels.BWD_PARAMS_DTYPE, fields)
     key = (dev, jit.kernel_dir())
     loaded = _expand_kernels.get(key)
     if loaded is None:
         spec = kernels.expand_spec(varlen=True)
         loaded = _expand_kernels[key] = (spec, jit.load(spec).ptr)
-    kernels.launch(loaded[0], (t.num_ctas, kernels.EXPAND_CHUNKS), params, stream, loaded[1])
+    kernels.launch(loaded[0], (t.num_ctas, kernels.EXPAND_CHUNKS), block, stream, loaded[1])
     return d, _device_view(buf, t, _CU_Q), _device_view(buf, t, _CU_K)
 
 

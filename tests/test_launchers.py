@@ -156,3 +156,15 @@ def test_enqueue_backward_releases_the_slot_when_a_launch_fails(monkeypatch):
     with pytest.raises(TypeError, match="bytes of a packed block"):
         launchers.enqueue_backward(c, bytes(8), (1, 2, 3), types.SimpleNamespace(ptr=0), slot=slot, launches=())
     assert released == [slot, slot]
+
+
+def test_patch_ints_writes_8_byte_integer_fields_only():
+    from cupy_dash import params
+    dt = kernels.BWD_PARAMS_DTYPE
+    buf = bytearray(dt.itemsize)
+    params.patch_ints(buf, dt, {"batch": 7, "tie_sign": -1, "visits": 0xDEAD0000})
+    f = np.frombuffer(bytes(buf), dtype=dt)[0]
+    assert (int(f["batch"]), int(f["tie_sign"]), int(f["visits"])) == (7, -1, 0xDEAD0000)
+    assert sum(bytes(buf)) == sum((7).to_bytes(8, "little")) + 8 * 255 + sum((0xDEAD0000).to_bytes(8, "little"))
+    with pytest.raises(TypeError, match="softmax_scale"):
+        params.patch_ints(buf, dt, {"softmax_scale": 1})

@@ -256,7 +256,7 @@ def test_gpu_expansion_launch_wiring(monkeypatch):
     monkeypatch.setattr(varlen_device.cupyx, "empty_pinned", lambda n, dtype: np.empty(n, dtype))
     launched = {}
     monkeypatch.setattr(kernels, "launch", lambda spec, grid, params, stream, func: launched.update(
-        spec=spec, grid=grid, params=params[0].copy()))
+        spec=spec, grid=grid, params=np.frombuffer(bytes(params), dtype=kernels.BWD_PARAMS_DTYPE)[0]))
     monkeypatch.setattr(jit, "load", lambda spec: types.SimpleNamespace(ptr=0x1))
     monkeypatch.setattr(varlen_device, "_expand_kernels", {})     # the fake handle must not outlive the test
     staging = []
@@ -282,6 +282,10 @@ def test_gpu_expansion_launch_wiring(monkeypatch):
     assert d.params() == d.ptrs and d.num_ctas == t.num_ctas and d.buffer.data.ptr == base
     assert (int(f["tie_sign"]), int(f["rank_rule"])) == t.compact
     assert (int(f["num_heads"]), int(f["num_heads_kv"])) == (8, 2) and int(f["scan_bounds"]) == 0
+    named = set(t.arrays) | {"visits", "rank", "cta_start", "tie_sign", "rank_rule", "num_heads", "num_heads_kv"}
+    for name in kernels.BWD_PARAMS_DTYPE.names:                       # the rest of the block is zero
+        if name not in named:
+            assert not bytes(np.atleast_1d(f[name]).view(np.uint8)).strip(b"\0"), name
 
 
 def test_large_varlen_tables_switch_to_compact_records():
