@@ -1,8 +1,9 @@
 """Build time of compact varlen schedules (cupy_dash.varlen_schedule): 16k tokens in B random-length sequences
 (lengths summing to --tokens), every policy and auto, causal and full, for each GQA group size; median of
 --repeat calls after one warm-up, of the build, the validator, expand (the per-visit table of auto's plan, which
-the per-visit varlen backward reads) and device_arrays (the compact varlen build's arrays: records plus per-Q-tile
-column table, cupy_dash.varlen_device) with their bytes. Host only (the upload, one pinned copy, needs a GPU).
+the per-visit varlen backward reads) and the packing of the compact arrays as they are uploaded (records plus
+per-Q-tile column table, cupy_dash._varlen_pack) with their bytes. Host only (the upload, one pinned copy, needs a
+GPU).
 
     python benchmarks/varlen_tables.py [--tokens 16384] [--heads 16] [--batches 1 4 16 64] [--groups 1 4]
                                        [--repeat 50]
@@ -16,7 +17,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from cupy_dash import schedule, varlen_device  # noqa: E402
+from cupy_dash import _varlen_pack, schedule  # noqa: E402
 
 
 def lengths(tokens, batch, rng):
@@ -48,7 +49,7 @@ def main():
     a = ap.parse_args()
     rng = np.random.default_rng(a.seed)
     print("| B | g | mask | columns | visits | " + " | ".join(("auto",) + schedule.AUTO_CANDIDATES)
-          + " | auto picks | validate | expand | tables | device arrays | compact upload |")
+          + " | auto picks | validate | expand | tables | packed arrays | compact upload |")
     print("|---" * (12 + len(schedule.AUTO_CANDIDATES)) + "|")
     for batch in a.batches:
         lens = lengths(a.tokens, batch, rng)
@@ -61,8 +62,11 @@ def main():
             plan = schedule.build_varlen("auto", lens, lens, **kw)
             check = median_ms(plan.validate, a.repeat)
             expand = median_ms(plan.expand, a.repeat)
-            arrays = median_ms(lambda: varlen_device.device_arrays(plan), a.repeat)
-            upload = sum(x.nbytes for x in varlen_device.device_arrays(plan).values() if hasattr(x, "nbytes"))
+            pack = lambda: _varlen_pack.pack(  # noqa: E731
+                plan.records, plan.cta_columns, plan.cta_col_start, plan.seg_col_start, plan.n_first,
+                plan.num_m_blocks, plan.seqlens_q, plan.seqlens_k, a.heads // group, group, False)
+            arrays = median_ms(pack, a.repeat)
+            upload = pack()[0].nbytes
             print(f"| {batch} | {group} | {'causal' if causal else 'full'} | {plan.num_columns} | {plan.num_visits} | "
                   + " | ".join(f"{t:.3f}" for t in cells)
                   + f" | {plan.policy} | {check:.3f} | {expand:.3f} | {plan.nbytes / 1024:.0f} KB | {arrays:.3f} | "

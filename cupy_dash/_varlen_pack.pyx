@@ -7,9 +7,9 @@ each at a 256-byte aligned offset of one uint8 buffer. tile_columns and the CTAs
 in one pass each (varlen_device.tile_columns / cta_visit_start are the numpy statements of the same values,
 which the tests compare with these), so that a new packing costs one call rather than a dozen numpy ones.
 
-``new_packing`` is the whole host side of a training step's new packing in one call: the per-sequence windows,
-shapes and dispatch order, ``auto``'s choice, the records and the packed upload, the same steps as
-varlen_schedule.build_varlen + pack (tests/test_varlen_compact.py compares the bytes) without their Python glue.
+``schedule_varlen`` builds a packed batch's records (the per-sequence windows, shapes and dispatch order,
+``auto``'s choice, the records: what cupy_dash.varlen_schedule.build_varlen returns after its argument checks);
+``new_packing`` is the host side of a training step's new packing in one call: those records, packed.
 """
 import numpy as np
 from libc.string cimport memset
@@ -119,42 +119,54 @@ cpdef tuple pack(const int[:, ::1] records, const int[::1] cta_columns, const lo
     return buf_arr, offsets_arr, shapes, visits
 
 
-cdef inline double column_model(long long load, long long num_ctas, long long widest, int rank_rule, double c,
-                                double r) noexcept:
-    """varlen_schedule._column_model with the engine costs: the same floating-point operations in the same order."""
-    cdef double busy = load * (c if c > r else r) + (c if c < r else r)
+cpdef double column_model(long long load, long long num_ctas, long long widest, int rank_rule, double c, double r,
+                          bint engine=True):
+    """The column model of a table (VarlenSchedule.model_makespan): ``load`` visits on its busiest CTA (group
+    size included), ``widest`` the most columns of a segment; the start-up staircase for the ascending rank
+    rule."""
+    cdef double busy = load * (c if c > r else r) + (c if c < r else r) if engine else load * (c + r)
     if rank_rule == 1:
         return busy + ((widest if widest < num_ctas else num_ctas) - 1) * r
     return busy
 
 
-cdef inline int rank_rule_of(int policy, int tie_sign) noexcept:
-    """varlen_schedule._rank_rule."""
+cpdef int rank_rule_of(int policy, int tie_sign):
+    """The closed-form rank rule of a policy's tables: 0 none (counted), 1 ascending n, 2 descending n."""
     if policy == POLICY_FA3:
         return 2 if tie_sign < 0 else 1
     return 1 if policy == POLICY_DESCENDING else 0
 
 
-def new_packing(int policy, const long long[::1] sq, const long long[::1] sk, long long left, long long right,
-                long long bm, long long bn, long long heads, long long group, bint causal, long long num_sms,
-                tuple candidates, double c, double r, double tolerance, long long few_grouped, bint visit_starts):
-    """(policy, pack's four outputs, num_ctas, tie_sign, rank_rule) of varlen_schedule.build_varlen(policy, sq,
-    sk, ...) packed as ``pack`` packs it: ``policy`` a _schedule.POLICY_CODES value or -1 (auto, over the codes
-    ``candidates`` with the engine costs c, r, ``tolerance`` and the few-grouped-columns override
-    ``few_grouped``, schedule.AUTO_*); (left, right) the checked window (schedule.check_window); sq, sk int64
-    (B,) lengths in [0, 2^31)."""
+cpdef tuple schedule_varlen(int policy, const long long[::1] sq, const long long[::1] sk, long long left,
+                            long long right, long long bm, long long bn, long long heads, long long group,
+                            bint causal, long long num_sms, tuple candidates, double c, double r,
+                            double tolerance, long long few_grouped):
+    """The compact records of a packed batch's backward schedule (cupy_dash.varlen_schedule.build_varlen, which
+    checks the arguments): ``(policy, windows int64 (B, 2), sequence_shapes' four arrays, build_varlen's seven
+    outputs, the candidates auto dispatched)``. ``policy``: a _schedule.POLICY_CODES value, or -1 for auto over
+    the codes ``candidates``: their column models (engine costs c, r) from their busiest CTA's load alone, the
+    first within ``tolerance`` of the best among those the model applies to (symmetric_shift and fa3, the others
+    only with equal columns), except that grouped columns with at most ``few_grouped`` per CTA take descending
+    (schedule.AUTO_FEW_GROUPED). (left, right): the checked window (schedule.check_window), canonicalised per
+    sequence here; sq, sk int64 (B,) lengths in [0, 2^31).
+
+    NOTES: the sequences are dispatched longest first by visible tiles (stable). No table's model time is below
+    ``floor`` (its busiest CTA holds at least the mean load over num_sms CTAs; stairs >= 0), so a first candidate
+    within the tolerance of it is within the tolerance of the best and is the choice: the other candidates'
+    dispatches are skipped (most packings of several sequences). The chosen candidate's dispatch (each unit's
+    CTA) is handed to the builder, which does not list-schedule again."""
     cdef long long B = sq.shape[0], Hkv = heads // group, b, i, ncols_seq, total = 0, widest = 0, units
     win_arr = np.empty((B, 2), dtype=np.int64)
     cdef long long[:, ::1] win = win_arr
     cdef bint right_bound = False
-    for b in range(B):                                   # varlen_schedule._problem's canonical windows
+    for b in range(B):                                   # schedule.canonical_window per sequence
         win[b, 0] = -1 if left >= sk[b] - 1 else left
         win[b, 1] = right if causal else (-1 if right >= sq[b] - 1 else right)
         right_bound = right_bound or win[b, 1] >= 0
-    info_arr, voff_arr, vlo_arr, vhi_arr = sequence_shapes(sq, sk, win, bm, bn, causal)
-    cdef long long[:, ::1] info = info_arr
-    cdef long long[::1] voff = voff_arr, vlo = vlo_arr, vhi = vhi_arr
-    key_arr = np.empty(B, dtype=np.int64)                # varlen_schedule._dispatch_order: longest first, stable
+    shapes = sequence_shapes(sq, sk, win, bm, bn, causal)
+    cdef long long[:, ::1] info = shapes[0]
+    cdef long long[::1] voff = shapes[1], vlo = shapes[2], vhi = shapes[3]
+    key_arr = np.empty(B, dtype=np.int64)
     cdef long long[::1] key = key_arr
     for b in range(B):
         key[b] = 0
@@ -170,13 +182,14 @@ def new_packing(int policy, const long long[::1] sq, const long long[::1] sk, lo
     for i in range(1, ncols_seq):
         equal = equal and vhi[i] - vlo[i] == vhi[0] - vlo[0]
     assign = None
-    cdef int cand, tie, best_policy = -1
+    ran = []
+    cdef int cand, tie
     cdef long long load, G, plain_load = -1
     cdef double t, floor, best = 0.0
     cdef list times
     if policy < 0 and group > 1 and Hkv * ncols_seq <= few_grouped * num_sms:
-        policy = POLICY_DESCENDING                       # schedule.AUTO_FEW_GROUPED's measured override
-    elif policy < 0:                                     # varlen_schedule._auto_policy
+        policy = POLICY_DESCENDING
+    elif policy < 0:
         floor = column_model(((total * Hkv + num_sms - 1) // num_sms) * group, 1, 0, 0, c, r)
         units = ncols_seq * Hkv if ncols_seq * Hkv > 0 else 1
         times, plain_assign = [], None
@@ -187,24 +200,42 @@ def new_packing(int policy, const long long[::1] sq, const long long[::1] sk, lo
             load, G, tie, plain = busiest_load(cand, info, voff, vlo, vhi, order, Hkv,
                                                cand == POLICY_FA3 and (causal or right_bound), num_sms,
                                                plain_load, a)
-            if plain:
+            if plain:                                    # the plain policies share one dispatch
                 if plain_load < 0:
                     plain_load, plain_assign = load, a
+                    ran.append(cand)
                 a = plain_assign
+            else:
+                ran.append(cand)
             t = column_model(load * group, G, widest, rank_rule_of(cand, tie), c, r)
             if not times and t <= floor * (1 + tolerance):
                 policy, assign = cand, a
                 break
             times.append((cand, t, a))
         if policy < 0:
-            best = min(x[1] for x in times)
+            best = times[0][1]
+            for cand, t, a in times:
+                best = t if t < best else best
             for cand, t, a in times:
                 if t <= best * (1 + tolerance):
                     policy, assign = cand, a
                     break
-    records, cols, cs, seg, loads, G, tie = build_varlen(policy, info, voff, vlo, vhi, order, Hkv,
-                                                         policy == POLICY_FA3 and (causal or right_bound),
-                                                         num_sms, assign)
+    built = build_varlen(policy, info, voff, vlo, vhi, order, Hkv, policy == POLICY_FA3 and (causal or right_bound),
+                         num_sms, assign)
+    return policy, win_arr, shapes, built, tuple(ran)
+
+
+def new_packing(int policy, const long long[::1] sq, const long long[::1] sk, long long left, long long right,
+                long long bm, long long bn, long long heads, long long group, bint causal, long long num_sms,
+                tuple candidates, double c, double r, double tolerance, long long few_grouped, bint visit_starts):
+    """(policy, pack's four outputs, num_ctas, tie_sign, rank_rule) of :func:`schedule_varlen`'s records for
+    these arguments, packed as :func:`pack` packs them: the host side of a training step's new packing in one
+    call."""
+    policy, _, shapes, built, _ = schedule_varlen(policy, sq, sk, left, right, bm, bn, heads, group, causal,
+                                                  num_sms, candidates, c, r, tolerance, few_grouped)
+    cdef long long[:, ::1] info = shapes[0]
+    cdef long long B = sq.shape[0], b
+    records, cols, cs, seg, loads, G, tie = built
     n_first_arr = np.empty(B, dtype=np.int32)
     m_blocks_arr = np.empty(B, dtype=np.int64)
     cdef int[::1] n_first = n_first_arr
@@ -212,5 +243,6 @@ def new_packing(int policy, const long long[::1] sq, const long long[::1] sk, lo
     for b in range(B):
         n_first[b] = <int>(info[b, 2] if info[b, 2] > 0 else 0)
         m_blocks[b] = info[b, 0]
-    out = pack(records, cols, cs, seg.astype(np.int32), n_first, m_blocks, sq, sk, Hkv, group, visit_starts)
+    out = pack(records, cols, cs, seg.astype(np.int32), n_first, m_blocks, sq, sk, heads // group, group,
+               visit_starts)
     return (policy,) + out + (G, tie, rank_rule_of(policy, tie))

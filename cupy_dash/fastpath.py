@@ -246,25 +246,21 @@ def backward_plan(c, operands, lse_ptr, work_base, grads, call, like, dq_shape, 
     return plan
 
 
-_REBASED = tuple(launchers._NO_SCHEDULE) + ("batch", "num_m_blocks", "seqlen_q_rounded", "cu_seqlens_q",
-                                            "cu_seqlens_k")
-
-
 def rebased_plan(base, c, call, cu_seqlens):
     """``base`` (the plan of a varlen backward) for another packing of the same tensors, flags and stream:
     ``c`` its launchers.BwdLaunch with tables, ``call`` its error-message tuple, ``cu_seqlens`` its device
-    lengths. The block's fields that depend on the lengths (_REBASED: the schedule table, the sequence count, the
-    padded scratch rows, the lengths) are patched in base's block; the rest is base's, per-call fields included
-    (patched again by :func:`run_backward`)."""
+    lengths. The block's fields that depend on the lengths (every schedule field, the sequence count, the padded
+    scratch rows, the lengths) are patched in base's block; the rest is base's, per-call fields included (patched
+    again by :func:`run_backward`)."""
     plan = _BwdPlan()
     for name in _BwdPlan.__slots__:
         setattr(plan, name, getattr(base, name))
     plan.c, plan.call, plan.work, plan.keep = c, call, None, None
     plan.launches = launchers.bwd_launches(c)
-    values = dict(launchers.bwd_schedule_fields(c.tables), batch=c.varlen[0], num_m_blocks=c.num_m_blocks,
-                  seqlen_q_rounded=c.sq_rounded, cu_seqlens_q=cu_seqlens[0], cu_seqlens_k=cu_seqlens[1])
     buf = bytearray(base.template)
-    params.patch_ints(buf, kernels.BWD_PARAMS_DTYPE, {name: values[name] for name in _REBASED})
+    params.patch_ints(buf, kernels.BWD_PARAMS_DTYPE, dict(
+        launchers.bwd_schedule_fields(c.tables), batch=c.varlen[0], num_m_blocks=c.num_m_blocks,
+        seqlen_q_rounded=c.sq_rounded, cu_seqlens_q=cu_seqlens[0], cu_seqlens_k=cu_seqlens[1]))
     plan.template = bytes(buf)
     return plan
 

@@ -32,7 +32,7 @@ from . import compact_device, fastpath, interop, varlen_device, varlen_host_cu
 _MAX_PLANS = 8            # each holds its packing's device tables (up to a few MB)
 _plans: dict = {}
 _fwd_plans: dict = {}
-_templates: dict = {}     # signature without the lengths -> _Template (new packings of the same tensors)
+_templates: dict = {}     # signature without the lengths -> a plan of those tensors (for their new packings)
 _lock = threading.Lock()
 _stats = {"hits": 0, "fwd_hits": 0, "new_packing_hits": 0}
 
@@ -108,11 +108,6 @@ def _template_key(key_):
     return key_[:6] + ((lens[0][0], lens[1][0]),) + key_[7:]
 
 
-class _Template:
-    """A plan and the arguments its block was made from, for new packings of the same tensors."""
-    __slots__ = ("plan", "operands", "lse_ptr", "work_base", "grads", "like")
-
-
 def register(key_, c, operands, lse_ptr, work_base, grads, cu_ptrs, call, like, stream, keep) -> None:
     """Keep the plan of a varlen backward the full path has just launched (``c``: its BwdLaunch with tables;
     ``keep``: the device tables and cu_seqlens copies its block points at; current device: its device), under its
@@ -123,21 +118,18 @@ def register(key_, c, operands, lse_ptr, work_base, grads, cu_ptrs, call, like, 
     plan = fastpath.backward_plan(c, operands, lse_ptr, work_base, grads, call, like, (p.Sq, p.H, p.D),
                                   (p.Sk, p.Hkv, p.D), cu_seqlens=cu_ptrs)
     plan.stream, plan.keep = stream, keep
-    tpl = _Template()
-    tpl.plan, tpl.operands, tpl.lse_ptr, tpl.work_base, tpl.grads, tpl.like = (plan, operands, lse_ptr, work_base,
-                                                                               grads, like)
-    _store(key_, plan, tpl)
+    _store(key_, plan, template=True)
 
 
-def _store(key_, plan, tpl=None) -> None:
+def _store(key_, plan, template=False) -> None:
     with _lock:
         if len(_plans) >= _MAX_PLANS:
             _plans.pop(next(iter(_plans)))
         _plans[key_] = plan
-        if tpl is not None:
+        if template:
             if len(_templates) >= _MAX_PLANS:
                 _templates.pop(next(iter(_templates)))
-            _templates[_template_key(key_)] = tpl
+            _templates[_template_key(key_)] = plan
 
 
 def backward(key_, do, q, k, v, out, lse, cu_q=None, cu_k=None):
@@ -147,10 +139,10 @@ def backward(key_, do, q, k, v, out, lse, cu_q=None, cu_k=None):
         return None
     plan = _plans.get(key_)
     if plan is None:
-        tpl = _templates.get(_template_key(key_)) if cu_q is not None else None
-        if tpl is None or fastpath._ready_stream(tpl.plan.device_index) is None:
+        base = _templates.get(_template_key(key_)) if cu_q is not None else None
+        if base is None or fastpath._ready_stream(base.device_index) is None:
             return None
-        plan = _new_packing(key_, tpl, cu_q, cu_k)
+        plan = _new_packing(key_, base, cu_q, cu_k)
         if plan is None:
             return None
         _stats["new_packing_hits"] += 1
@@ -161,36 +153,26 @@ def backward(key_, do, q, k, v, out, lse, cu_q=None, cu_k=None):
     return result
 
 
-def _new_packing(key_, tpl, cu_q, cu_k):
-    """The plan of a call whose tensors, flags and stream are ``tpl``'s but whose lengths are new: the lengths
-    checked as the full path checks them (ValueError before anything is enqueued), the packing's table built and
-    uploaded (varlen._tables, varlen_device.device: the full path's), a BwdLaunch for its sequences, the block of
-    ``tpl``'s arguments with this packing's table, lengths and scratch layout (TMA maps reused: same tensors);
-    kept under ``key_`` for the packing's later calls. None where the full path must run (no visits)."""
+def _new_packing(key_, base, cu_q, cu_k):
+    """The plan of a call whose tensors, flags and stream are those of the template ``base`` but whose lengths
+    are new: the lengths checked as the full path checks them (ValueError before anything is enqueued), the
+    packing's launch made as the full path makes it (varlen._packing_launch), base's block with this packing's
+    table, lengths and scratch layout (fastpath.rebased_plan; TMA maps reused: same tensors); kept under ``key_``
+    for the packing's later calls. None where the full path must run (no visits)."""
     import cupy
-    from . import launchers, varlen
-    base = tpl.plan
+    from . import varlen
     c0, dev = base.c, base.device_index
     p = c0.p
     max_q, max_k, schedule = key_[7], key_[8], key_[12]
-    hq, hk = (_host_lengths(cu, dev)[1].astype(np.int64) for cu in (cu_q, cu_k))
-    hq = varlen._cu_seqlens_values("cu_seqlens_q", hq, p.Sq, "max_seqlen_q", max_q)
-    hk = varlen._cu_seqlens_values("cu_seqlens_k", hk, p.Sk, "max_seqlen_k", max_k)
-    varlen._check_same_count(hq, hk)
-    num_seqs = len(hq) - 1
-    lens_q, lens_k = np.diff(hq).astype(np.int64), np.diff(hk).astype(np.int64)
+    cu_host = varlen._checked_cu_seqlens(*(_host_lengths(cu, dev)[1].astype(np.int64) for cu in (cu_q, cu_k)),
+                                         p.Sq, p.Sk, max_q, max_k)
     with cupy.cuda.Device(dev):
-        tables, specs, bm, bn = varlen._tables(dev, p.dtype, p.D, c0.causal, c0.deterministic, schedule, lens_q,
-                                               lens_k, p.H, p.Hkv, c0.window)
-        if tables.num_visits == 0:                     # no sequence sees a key: the full path writes zeros
+        c, cu_dev, call = varlen._packing_launch(dev, p, c0.causal, c0.deterministic, schedule, c0.window,
+                                                 c0.spin_timeout_ns, cu_host, max_q, base.stream)
+        if c is None:                                  # no sequence sees a key: the full path writes zeros
             return None
-        c = launchers.BwdLaunch(specs, bm, bn, p, c0.deterministic, c0.spin_timeout_ns, c0.causal, c0.window,
-                                varlen=(num_seqs, max_q))
-        c.tables, cu_q_dev, cu_k_dev, uploaded = varlen_device.device(tables, num_seqs * p.H, dev, base.stream)
-        base.stream.wait_event(uploaded)
-        call = (tables.policy, num_seqs, p.H, p.Sq, p.Sk, p.D, c0.causal, c0.window)
-        plan = fastpath.rebased_plan(base, c, call, (cu_q_dev.data.ptr, cu_k_dev.data.ptr))
-    plan.keep = (c.tables, cu_q_dev, cu_k_dev)
+        plan = fastpath.rebased_plan(base, c, call, (cu_dev[0].data.ptr, cu_dev[1].data.ptr))
+    plan.keep = (c.tables, *cu_dev)
     _store(key_, plan)
     return plan
 

@@ -187,7 +187,7 @@ class _VarlenBackward:
         import cupy
         self.p = p
         num_seqs = len(vcfg.cu_q) - 1
-        lens_q, lens_k = (np.diff(np.asarray(c, np.int64)) for c in (vcfg.cu_q, vcfg.cu_k))
+        cu_host = tuple(np.asarray(c, np.int64) for c in (vcfg.cu_q, vcfg.cu_k))
         tile = kernels.bwd_tile(p.D)
         specs = kernels.bwd_specs(p.dtype, p.D, cfg.causal, cfg.deterministic, varlen=True)
         self.work_bytes = launchers.BwdLaunch(specs, tile.block_m, tile.block_n, p, cfg.deterministic,
@@ -196,20 +196,15 @@ class _VarlenBackward:
         self.devices, self.launches, self.records, self.cu = _jax._gpus(), {}, {}, {}
         for dev in self.devices:
             with cupy.cuda.Device(dev):
-                t, specs, bm, bn = varlen._tables(dev, p.dtype, p.D, cfg.causal, cfg.deterministic, cfg.schedule,
-                                                  lens_q, lens_k, p.H, p.Hkv, cfg.window)    # the eager choice
-                _jax._load(specs)
-                c = launchers.BwdLaunch(specs, bm, bn, p, cfg.deterministic, spin_timeout_ns, cfg.causal,
-                                        cfg.window, varlen=(num_seqs, vcfg.max_q))
-                if t.num_visits == 0:                    # no sequence sees a key: zero gradients, no kernel
-                    self.launches[dev] = None
-                    continue
                 stream = cupy.cuda.Stream(non_blocking=True)
-                c.tables, cu_q, cu_k, _ = varlen_device.device(t, num_seqs * p.H, dev, stream)
+                c, cu, call = varlen._packing_launch(dev, p, cfg.causal, cfg.deterministic, cfg.schedule,
+                                                     cfg.window, spin_timeout_ns, cu_host, vcfg.max_q, stream)
+                self.launches[dev] = c                   # None: no sequence sees a key, zero gradients, no kernel
+                if c is None:
+                    continue
+                _jax._load(c.specs)
                 stream.synchronize()
-                self.launches[dev], self.cu[dev] = c, (cu_q, cu_k)
-                self.records[dev] = _jit_record(dev, (c.tables.policy, num_seqs, p.H, p.Sq, p.Sk, p.D, cfg.causal,
-                                                      cfg.window))
+                self.cu[dev], self.records[dev] = cu, _jit_record(dev, call)
 
     def bind(self, dout, q, k, v, out, lse):
         from jax.experimental.buffer_callback import buffer_callback

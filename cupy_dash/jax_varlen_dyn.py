@@ -16,11 +16,11 @@ import functools
 import jax
 import numpy as np
 
-from . import api, interop, kernels, launchers, varlen, varlen_device
+from . import api, interop, kernels, launchers, varlen
 from . import jax_varlen as _static        # (partly initialised while it imports this module: used at call time)
 from . import jax as _jax
 from .errors import _jit_record, _spin_timeout_ms
-from .varlen import _check_same_count, _cu_seqlens_values
+from .varlen import _checked_cu_seqlens
 
 _DynConfig = collections.namedtuple("_DynConfig", "base num_seqs max_q max_k")
 
@@ -108,10 +108,7 @@ class _Backward:
             hosts.append(host)
         stream.synchronize()
         p, d = self.p, self.dcfg
-        checked = (_cu_seqlens_values("cu_seqlens_q", hosts[0].astype(np.int64), p.Sq, "max_seqlen_q", d.max_q),
-                   _cu_seqlens_values("cu_seqlens_k", hosts[1].astype(np.int64), p.Sk, "max_seqlen_k", d.max_k))
-        _check_same_count(*checked)
-        return checked
+        return _checked_cu_seqlens(*(h.astype(np.int64) for h in hosts), p.Sq, p.Sk, d.max_q, d.max_k)
 
     def __call__(self, ctx, outs, dout, q, k, v, out, lse, cu_q, cu_k):
         _jax.callback_runs["backward"] += 1
@@ -120,16 +117,8 @@ class _Backward:
         import cupy
         with cupy.cuda.Device(dev):
             stream = interop._external_stream(ctx.stream, dev)
-            host_q, host_k = self.lengths(cu_q, cu_k, stream)
-            lens_q, lens_k = (np.diff(c).astype(np.int64) for c in (host_q, host_k))
-            t, specs, bm, bn = varlen._tables(dev, p.dtype, p.D, cfg.causal, cfg.deterministic, cfg.schedule,
-                                              lens_q, lens_k, p.H, p.Hkv, cfg.window)   # the eager choice
-            c, cu = None, None
-            if t.num_visits:                             # else no sequence sees a key: zero gradients, no kernel
-                c = launchers.BwdLaunch(specs, bm, bn, p, cfg.deterministic, self.spin, cfg.causal, cfg.window,
-                                        varlen=(self.dcfg.num_seqs, self.dcfg.max_q))
-                c.tables, cu_q_dev, cu_k_dev, uploaded = varlen_device.device(t, self.dcfg.num_seqs * p.H, dev,
-                                                                              stream)
-                stream.wait_event(uploaded)
-                cu = cu_q_dev.data.ptr, cu_k_dev.data.ptr
+            cu_host = self.lengths(cu_q, cu_k, stream)
+            c, cu_dev, _ = varlen._packing_launch(dev, p, cfg.causal, cfg.deterministic, cfg.schedule, cfg.window,
+                                                  self.spin, cu_host, self.dcfg.max_q, stream)   # the eager one
+            cu = None if c is None else (cu_dev[0].data.ptr, cu_dev[1].data.ptr)   # None: no key seen, zeros
             _static.launch_backward(c, self.records[dev], ctx, dev, outs, dout, q, k, v, out, lse, cu)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import itertools
 
 import numpy as np
@@ -201,6 +202,7 @@ def bwd_specs(dtype: str, head_dim: int, causal: bool, deterministic: bool, time
 EXPAND_CHUNKS = 4       # bwd_expand's grid: (schedule CTAs, EXPAND_CHUNKS) blocks of AUX_THREADS threads
 
 
+@functools.lru_cache(maxsize=None)
 def expand_spec(varlen: bool = False) -> KernelSpec:
     """The kernel that expands compact records into the per-visit table on the GPU (kernels_src/bwd_expand.cu);
     it depends on no dtype or head dim (built with bf16 / d64's defines), only on the record format."""

@@ -39,8 +39,6 @@ the process. A captured backward cannot hand its semaphore-timeout record to the
 failures inside graph replays are reported by :func:`cupy_dash.check_errors` (which synchronizes), not by the
 next call; call it outside capture.
 """
-from typing import Optional
-
 import ml_dtypes
 import numpy as np
 import torch

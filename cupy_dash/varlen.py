@@ -160,6 +160,35 @@ def _tables(dev, dtype, D, causal, deterministic, schedule, lens_q, lens_k, H, H
     return tables, specs, bm, bn
 
 
+def _packing_launch(dev, p, causal, deterministic, schedule, window, spin_timeout_ns, cu_host, max_q, stream):
+    """``(c, (cu_seqlens_q, cu_seqlens_k) on the device, call)`` of a varlen backward of the packed problem ``p``
+    (``window`` canonical) with checked host lengths ``cu_host`` (int32, :func:`_checked_cu_seqlens`): its
+    launchers.BwdLaunch with the packing's table (built or cached, uploaded on ``stream``, which waits for it) and
+    the tuple naming the call in an error message; ``(None, None, None)`` when no sequence sees a key. The one
+    place that turns lengths into a launch: the full path, the torch fast path's new packings and the JAX
+    backward with traced lengths."""
+    num_seqs = len(cu_host[0]) - 1
+    lens_q, lens_k = (np.diff(c).astype(np.int64) for c in cu_host)
+    tables, specs, bm, bn = _tables(dev, p.dtype, p.D, causal, deterministic, schedule, lens_q, lens_k, p.H, p.Hkv,
+                                    window)
+    if tables.num_visits == 0:
+        return None, None, None
+    c = launchers.BwdLaunch(specs, bm, bn, p, deterministic, spin_timeout_ns, causal, window,
+                            varlen=(num_seqs, max_q))
+    c.tables, cu_q_dev, cu_k_dev, uploaded = varlen_device.device(tables, num_seqs * p.H, dev, stream)
+    stream.wait_event(uploaded)
+    return c, (cu_q_dev, cu_k_dev), (c.tables.policy, num_seqs, p.H, p.Sq, p.Sk, p.D, causal, window)
+
+
+def _checked_cu_seqlens(host_q, host_k, total_q, total_k, max_q, max_k) -> tuple:
+    """Host cu_seqlens (int64) checked as the backward checks them (:func:`_cu_seqlens_values`, the same count):
+    ``(cu_seqlens_q, cu_seqlens_k)`` int32. Raises ValueError naming the argument."""
+    checked = (_cu_seqlens_values("cu_seqlens_q", host_q, total_q, "max_seqlen_q", max_q),
+               _cu_seqlens_values("cu_seqlens_k", host_k, total_k, "max_seqlen_k", max_k))
+    _check_same_count(*checked)
+    return checked
+
+
 def prepare_varlen_backward(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, num_heads, num_heads_kv,
                             head_dim, dtype="bfloat16", causal=False, window=(-1, -1), schedule="auto",
                             deterministic=True, device=0, stream=None) -> None:
@@ -322,12 +351,8 @@ def attention_backward_varlen(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
                 if info is not None:
                     cu_host[i] = _cu_seqlens_values(name, _device_to_host(info, cu, stream), *limits)
             _check_same_count(*cu_host)
-        num_seqs = len(cu_host[0]) - 1
-        lens_q, lens_k = (np.diff(c).astype(np.int64) for c in cu_host)
-        tables, specs, bm, bn = _tables(dev, p.dtype, D, causal, deterministic, schedule, lens_q, lens_k, H, Hkv,
-                                        window)
-        c = launchers.BwdLaunch(specs, bm, bn, p, deterministic, int(_spin_timeout_ms() * 1e6), causal, window,
-                                varlen=(num_seqs, max_q))
+        c, cu_dev, call = _packing_launch(dev, p, causal, deterministic, schedule, window,
+                                          int(_spin_timeout_ms() * 1e6), cu_host, max_q, stream)
         fw = p.infos[0].framework
         keep = []
         qi, ki, vi, doi, oi = p.infos                     # _validate's order; the kernels take out before dout
@@ -336,23 +361,20 @@ def attention_backward_varlen(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
         dq, dq_ptr = api._new(fw, dev, (total_q, H, D), p.dtype)
         dk, dk_ptr = api._new(fw, dev, (total_k, Hkv, D), p.dtype)
         dv, dv_ptr = api._new(fw, dev, (total_k, Hkv, D), p.dtype)
-        if tables.num_visits == 0:                        # no sequence sees a key: every gradient is 0
+        if c is None:                                     # no sequence sees a key: every gradient is 0
             for ptr, n in ((dq_ptr, total_q * H), (dk_ptr, total_k * Hkv), (dv_ptr, total_k * Hkv)):
                 cupy.cuda.runtime.memsetAsync(ptr, 0, n * D * 2, stream.ptr)
             return api._export(fw, dq, q), api._export(fw, dk, q), api._export(fw, dv, q)
-        c.tables, cu_q_dev, cu_k_dev, uploaded = varlen_device.device(tables, num_seqs * H, dev, stream)
-        stream.wait_event(uploaded)
         work, base = api._new(fw, dev, (c.work_bytes,), "uint8")
-        call = (c.tables.policy, num_seqs, H, total_q, total_k, D, causal, window)
         slot = _acquire_slot(dev)
-        cu_ptrs = cu_q_dev.data.ptr, cu_k_dev.data.ptr
+        cu_ptrs = cu_dev[0].data.ptr, cu_dev[1].data.ptr
         launchers.launch_backward(c, operands, lse_ptr, base, (dq_ptr, dk_ptr, dv_ptr), stream, slot=slot,
                                   call=call, cu_seqlens=cu_ptrs)
         if keep:
             _keep_alive(keep, stream)
         elif fast_key is not None:
             fastpath_varlen.register(fast_key, c, operands, lse_ptr, base, (dq_ptr, dk_ptr, dv_ptr), cu_ptrs, call,
-                                     q, stream, (c.tables, cu_q_dev, cu_k_dev))
+                                     q, stream, (c.tables, *cu_dev))
         result = api._export(fw, dq, q), api._export(fw, dk, q), api._export(fw, dv, q)
     if os.environ.get("CUPY_DASH_SYNC_ERRORS", "") not in ("", "0"):
         check_errors()

@@ -6,8 +6,8 @@ on the GPU by default: the host builds and uploads the compact records of :func:
 (~36 bytes per KV column: 73 KB for 16k tokens in one sequence with 16 heads, against ~5 MB of per-visit rows)
 and kernels_src/bwd_expand.cu writes the rows (:func:`_expand_on_device`); ``CUPY_DASH_VARLEN_EXPAND=host``
 expands on the host (``varlen_schedule.expand``, up to ~2 ms per new packing). The compact records read as they
-are by the DASH_COMPACT + DASH_VARLEN build (``kernels_src/compact_view.cuh``; :func:`device_arrays` gives them
-in the layout uploaded, tests/test_varlen_compact.py walks them as the kernel does and compares with ``expand``)
+are by the DASH_COMPACT + DASH_VARLEN build (``kernels_src/compact_view.cuh``; ``_varlen_pack`` packs them in the
+layout uploaded, tests/test_varlen_compact.py walks them as the kernel does and compares with ``expand``)
 are opt-in (``CUPY_DASH_COMPACT_TABLES=1``) below compact_device.AUTO_VISITS visits: on the H200 they give the
 per-visit tables' bits, but the kernel's counted rank rules make the backward 0.6-0.9x as fast (benchmarks/
 RESULTS.md, fourth session).
@@ -22,74 +22,10 @@ import cupy
 import cupyx
 import numpy as np
 
-from . import _schedule as _policy_codes
 from . import _varlen_pack, varlen_schedule
 from . import schedule as _schedule
 from .errors import _keep_alive
-from .varlen_schedule import VarlenSchedule
 
-# NOTES: tile_columns, device_arrays and cta_visit_start state the uploaded arrays in numpy, from a VarlenSchedule;
-# the backward builds them with _varlen_pack (one Cython pass), and the tests hold the two to the same bytes.
-
-
-def tile_columns(plan: VarlenSchedule) -> tuple:
-    """(tile_columns int32 (sum of M_b, 2), seq_tile_start int32 (B + 1,)): for Q tile m of sequence b, row
-    ``seq_tile_start[b] + m`` holds the first column (index n_block - n_first[b]) whose range [lo, hi) ends
-    after m and the first that starts after m. Every KV head of a sequence has the same ranges (those of its
-    first segment's records); a sequence without records gets rows (0, 0). Vectorised over the sequences: one
-    search over (sequence, bound) keys, which rise along the first segments' records."""
-    B, Hkv = len(plan.seqlens_q), plan.num_kv_heads
-    M = np.asarray(plan.num_m_blocks, dtype=np.int64)
-    start = np.zeros(B + 1, dtype=np.int64)
-    np.cumsum(M, out=start[1:])
-    seg_start = np.asarray(plan.seg_col_start, dtype=np.int64)
-    r0, r1 = seg_start[0:B * Hkv:Hkv], seg_start[1:B * Hkv + 1:Hkv]
-    L = r1 - r0
-    first = np.zeros(B + 1, dtype=np.int64)
-    np.cumsum(L, out=first[1:])
-    rows = np.arange(first[-1]) + np.repeat(r0 - first[:-1], L)     # the first segment's records, sequence order
-    big = int(M.max(initial=0)) + 1
-    seq_of_row = np.repeat(np.arange(B, dtype=np.int64), L) * big
-    seq_of_tile = np.repeat(np.arange(B, dtype=np.int64), M)
-    query = seq_of_tile * big + (np.arange(start[-1]) - np.repeat(start[:-1], M))
-    out = np.empty((int(start[-1]), 2), dtype=np.int32)
-    for col, field in ((0, 2), (1, 1)):                                 # hi, then lo
-        keys = seq_of_row + plan.records[rows, field]
-        out[:, col] = np.searchsorted(keys, query, side="right") - first[seq_of_tile]
-    return out, start.astype(np.int32)
-
-
-def device_arrays(plan: VarlenSchedule) -> dict:
-    """What the kernel reads, keyed by BwdParams field: ``col_records`` int32 (columns, 8) (32-byte rows),
-    ``cta_columns`` int32, ``cta_col_start`` int64 (num_ctas + 1,), ``seg_col_start`` int32 (B * Hkv + 1,),
-    ``seq_n_first`` int32 (B,), ``tile_columns`` int32 (sum M_b, 2), ``seq_tile_start`` int32 (B + 1,), and the
-    scalars ``tie_sign``, ``rank_rule`` (no scan bounds: a counted rank compares with every column of the segment
-    that visits the tile). Raises ValueError where the kernel's 32-bit indices would overflow."""
-    records = np.ascontiguousarray(plan.records, dtype=np.int32)
-    if records.size >= 2 ** 31:
-        raise ValueError(f"{len(records)} columns: the kernel indexes records with 32-bit ints")
-    tiles, tile_start = tile_columns(plan)
-    return {"col_records": records, "cta_columns": np.ascontiguousarray(plan.cta_columns, dtype=np.int32),
-            "cta_col_start": np.ascontiguousarray(plan.cta_col_start, dtype=np.int64),
-            "seg_col_start": np.ascontiguousarray(plan.seg_col_start, dtype=np.int32),
-            "seq_n_first": np.ascontiguousarray(plan.n_first, dtype=np.int32), "tile_columns": tiles,
-            "seq_tile_start": tile_start, "tie_sign": int(plan.tie_sign), "rank_rule": int(plan.rank_rule)}
-
-
-def cta_visit_start(arrays: dict, group_size: int) -> np.ndarray:
-    """int64 (num_ctas + 1,): where each CTA's rows start in the per-visit table of the compact ``arrays``
-    (:func:`device_arrays`): CTA c runs (step + hi - lo) x group_size visits up to the end of its last record."""
-    records, columns, start = arrays["col_records"], arrays["cta_columns"], arrays["cta_col_start"]
-    counts = np.zeros(len(start) - 1, dtype=np.int64)
-    busy = start[1:] > start[:-1]
-    last = records[columns[start[1:][busy] - 1]].astype(np.int64)
-    counts[busy] = (last[:, 0] + last[:, 2] - last[:, 1]) * group_size
-    out = np.zeros(len(start), dtype=np.int64)
-    np.cumsum(counts, out=out[1:])
-    return out
-
-
-_POLICY_NAMES = {code: name for name, code in _policy_codes.POLICY_CODES.items()}
 _MAX_PLANS = 32
 _plans: "collections.OrderedDict" = collections.OrderedDict()
 _plans_lock = threading.Lock()
@@ -98,8 +34,8 @@ _plans_lock = threading.Lock()
 class Tables:
     """A varlen schedule on the host: the per-visit table (varlen_schedule.expand) as
     :func:`cupy_dash.schedule.check_plan` takes it, or (``compact``: (tie_sign, rank_rule)) the compact records
-    packed in the byte layout uploaded (``blob``, ``offsets`` of _varlen_pack.NAMES, ``arrays``: views of the
-    arrays of :func:`device_arrays`); its key (policy, lengths, tiles, heads, mask, CTAs, form), ``num_visits``
+    packed in the byte layout uploaded (``blob``, ``offsets`` of _varlen_pack.NAMES, ``arrays``: views of its
+    compact arrays); its key (policy, lengths, tiles, heads, mask, CTAs, form), ``num_visits``
     and the lengths as cu_seqlens."""
     __slots__ = ("visits", "rank", "cta_start", "num_ctas", "policy", "group_size", "n_blocks", "m_blocks", "key",
                  "cu_q", "cu_k", "compact", "num_visits", "expand", "heads", "kv_heads", "blob", "offsets", "shapes")
@@ -110,7 +46,8 @@ class Tables:
 
     @property
     def arrays(self) -> dict:
-        """The compact arrays by BwdParams field (:func:`device_arrays`' layout), views of ``blob``."""
+        """The compact arrays by BwdParams field (the first _NUM_RECORD_ARRAYS of _varlen_pack.NAMES), views of
+        ``blob``."""
         return {name: self._view(i) for i, name in enumerate(_varlen_pack.NAMES[:_NUM_RECORD_ARRAYS])}
 
 
@@ -119,8 +56,8 @@ _CTA_START, _CU_Q, _CU_K = 7, 8, 9
 
 
 class CompactTables:
-    """Compact varlen records on one device: ``ptrs`` (device address by BwdParams field of
-    :func:`device_arrays`' arrays), ``buffer`` (the CuPy allocation holding them), ``num_ctas``, ``policy``."""
+    """Compact varlen records on one device: ``ptrs`` (device address by BwdParams field of the compact arrays of
+    :attr:`Tables.arrays`), ``buffer`` (the CuPy allocation holding them), ``num_ctas``, ``policy``."""
     __slots__ = ("ptrs", "buffer", "tie_sign", "rank_rule", "num_ctas", "policy", "device_id")
 
     def params(self) -> dict:
@@ -155,14 +92,9 @@ def upload_async(arrays, stream, views=True):
     for a in arrays:
         offsets.append(total)
         total += -(-a.nbytes // 256) * 256
-    # NOTES: CuPy's pinned pool reuses a freed block only for the same size, and pinning new host memory costs
-    # ~1 ms; a new packing's tables differ in size at every step, so the staging size is a power of two.
-    staging = cupyx.empty_pinned(1 << max(total - 1, 0).bit_length(), dtype=np.uint8)
-    for a, off in zip(arrays, offsets):
-        staging[off:off + a.nbytes] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
-    buf = cupy.empty(max(total, 1), dtype=cupy.uint8)
-    buf.set(staging[:buf.size], stream=stream)
-    _keep_alive([staging], stream)
+    staging = []
+    buf, _ = _upload(list(zip(arrays, offsets)), total, 0, stream, staging)
+    _keep_alive(staging, stream)
     if views:
         return [buf[off:off + a.nbytes].view(a.dtype).reshape(a.shape) for a, off in zip(arrays, offsets)]
     return buf, [buf.data.ptr + off for off in offsets]
@@ -184,7 +116,7 @@ def device(t: Tables, num_heads, dev, stream):
     if t.expand:
         d, cu_q, cu_k = _expand_on_device(t, dev, stream, staging)
     elif t.compact:
-        buf, _ = _upload_blob(t.blob, 0, stream, staging)
+        buf, _ = _upload([(t.blob, 0)], t.blob.nbytes, 0, stream, staging)
         d = CompactTables()
         d.ptrs, d.buffer = _record_ptrs(t, buf.data.ptr), buf
         cu_q, cu_k = _device_view(buf, t, _CU_Q), _device_view(buf, t, _CU_K)
@@ -214,17 +146,20 @@ def device(t: Tables, num_heads, dev, stream):
     return entry
 
 
-def _upload_blob(blob, extra_bytes: int, stream, staging_out: list):
-    """(buffer, head): a CuPy uint8 device buffer of ``head`` (``blob``'s size rounded up to 256 bytes) +
-    ``extra_bytes`` bytes, its first bytes a copy of host ``blob`` enqueued on ``stream`` from pinned staging (one
-    copy, no wait). The staging buffer is appended to ``staging_out``: the caller keeps it alive until the copy
-    has finished."""
-    head = -(-blob.nbytes // 256) * 256
-    staging = cupyx.empty_pinned(1 << max(blob.nbytes - 1, 0).bit_length(), dtype=np.uint8)
-    staging[:blob.nbytes] = blob
+def _upload(pieces, nbytes: int, extra_bytes: int, stream, staging_out: list):
+    """(buffer, head): a CuPy uint8 device buffer of ``head`` (``nbytes`` rounded up to 256 bytes) +
+    ``extra_bytes`` bytes whose first ``nbytes`` are the host ``pieces`` ((array, byte offset) pairs), enqueued on
+    ``stream`` as one copy from pinned staging (no wait). The staging buffer is appended to ``staging_out``: the
+    caller keeps it alive until the copy has finished."""
+    head = -(-nbytes // 256) * 256
+    # NOTES: CuPy's pinned pool reuses a freed block only for the same size, and pinning new host memory costs
+    # ~1 ms; a new packing's tables differ in size at every step, so the staging size is a power of two.
+    staging = cupyx.empty_pinned(1 << max(nbytes - 1, 0).bit_length(), dtype=np.uint8)
+    for a, off in pieces:
+        staging[off:off + a.nbytes] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
     buf = cupy.empty(max(head + extra_bytes, 1), dtype=cupy.uint8)
-    cupy.cuda.runtime.memcpyAsync(buf.data.ptr, staging.ctypes.data, blob.nbytes,
-                                  cupy.cuda.runtime.memcpyHostToDevice, stream.ptr)
+    cupy.cuda.runtime.memcpyAsync(buf.data.ptr, staging.ctypes.data, nbytes, cupy.cuda.runtime.memcpyHostToDevice,
+                                  stream.ptr)
     staging_out.append(staging)
     return buf, head
 
@@ -243,11 +178,11 @@ def _expand_on_device(t: Tables, dev, stream, staging_out: list):
     """(:class:`ExpandedTables`, cu_seqlens_q, cu_seqlens_k) of ``t`` (compact records, ``t.expand``): the records,
     the CTAs' row starts and the lengths uploaded in one copy to the head of one allocation, then the per-visit
     rows and ranks written behind them on the GPU by kernels_src/bwd_expand.cu, both enqueued on ``stream``
-    (the staging of the copy appended to ``staging_out``, as :func:`_upload_blob`)."""
-    from . import jit, kernels, params
+    (the staging of the copy appended to ``staging_out``, as :func:`_upload`)."""
+    from . import kernels, params
     num_rows = max(t.num_visits, 1)
     visits_bytes = -(-num_rows * 16 // 256) * 256
-    buf, head = _upload_blob(t.blob, visits_bytes + num_rows * 4, stream, staging_out)
+    buf, head = _upload([(t.blob, 0)], t.blob.nbytes, visits_bytes + num_rows * 4, stream, staging_out)
     d = ExpandedTables()
     base = buf.data.ptr
     d.ptrs = dict(visits=base + head, rank=base + head + visits_bytes, cta_start=base + int(t.offsets[_CTA_START]))
@@ -256,16 +191,8 @@ def _expand_on_device(t: Tables, dev, stream, staging_out: list):
                   num_heads_kv=t.kv_heads, **d.ptrs)
     block = bytearray(kernels.BWD_PARAMS_DTYPE.itemsize)   # every other field 0: the expansion reads these only
     params.patch_ints(block, kernels.BWD_PARAMS_DTYPE, fields)
-    key = (dev, jit.kernel_dir())
-    loaded = _expand_kernels.get(key)
-    if loaded is None:
-        spec = kernels.expand_spec(varlen=True)
-        loaded = _expand_kernels[key] = (spec, jit.load(spec).ptr)
-    kernels.launch(loaded[0], (t.num_ctas, kernels.EXPAND_CHUNKS), block, stream, loaded[1])
+    kernels.launch(kernels.expand_spec(varlen=True), (t.num_ctas, kernels.EXPAND_CHUNKS), block, stream)
     return d, _device_view(buf, t, _CU_Q), _device_view(buf, t, _CU_K)
-
-
-_expand_kernels: dict = {}      # (device, kernel dir) -> (varlen bwd_expand spec, its CUfunction handle)
 
 
 def _release_after(entry, streams, stream=None, event=None) -> None:
@@ -303,19 +230,15 @@ def plan(policy, lens_q, lens_k, block_m, block_n, heads, kv_heads, causal, max_
     t.compact, t.visits, t.rank, t.cta_start, t.blob = None, None, None, None, None
     t.heads, t.kv_heads = heads, kv_heads
     if compact:
-        # NOTES: the forms a training step builds anew: one call (_varlen_pack.new_packing) gives the bytes that
-        # varlen_schedule.build_varlen + _varlen_pack.pack give (tests/test_varlen_compact.py).
+        # NOTES: the forms a training step builds anew, in one call (_varlen_pack.new_packing: the records of
+        # varlen_schedule.build_varlen, packed) without build_varlen's argument checks (the lengths come checked).
         if policy not in _schedule.POLICIES:
             raise ValueError(f"unknown schedule {policy!r}; expected one of {', '.join(_schedule.POLICIES)}")
-        c, r = _schedule.AUTO_COSTS
-        codes = _policy_codes.POLICY_CODES
-        out = _varlen_pack.new_packing(
-            -1 if policy == "auto" else codes[policy], np.ascontiguousarray(lens_q, np.int64),
-            np.ascontiguousarray(lens_k, np.int64), *_schedule.check_window(window, causal), block_m, block_n,
-            heads, group, causal, num_sms, tuple(codes[p] for p in _schedule.AUTO_CANDIDATES), c, r,
-            _schedule.AUTO_TOLERANCE, _schedule.AUTO_FEW_GROUPED, True)
+        problem = (np.ascontiguousarray(lens_q, np.int64), np.ascontiguousarray(lens_k, np.int64), block_m,
+                   block_n, heads, causal, num_sms, group, _schedule.check_window(window, causal))
+        out = _varlen_pack.new_packing(*varlen_schedule._schedule_args(policy, problem), True)
         code, t.blob, t.offsets, t.shapes, t.num_visits, t.num_ctas, tie_sign, rank_rule = out
-        t.policy, t.compact = _POLICY_NAMES[code], (tie_sign, rank_rule)
+        t.policy, t.compact = varlen_schedule._POLICY_NAMES[code], (tie_sign, rank_rule)
         if compact == "expand" and compact_above is not None and t.num_visits > compact_above:
             compact = True               # a per-visit table this large: compact records (as compact_device.wanted)
     else:

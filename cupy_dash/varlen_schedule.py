@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _schedule, _varlen_sched, _varlen_view, schedule
+from . import _schedule, _varlen_pack, _varlen_sched, _varlen_view, schedule
 from .compact import ColumnRecords
 
 RANK_COUNT, RANK_ASC_N, RANK_DESC_N = 0, 1, 2
@@ -62,7 +62,8 @@ class VarlenSchedule(ColumnRecords):
         self.n_first = np.maximum(info[:, 2], 0).astype(np.int32)
         self.num_m_blocks, self.num_n_blocks = info[:, 0].copy(), info[:, 1].copy()
         self._lengths = vhi - vlo
-        self.rank_rule = _rank_rule(policy, self.tie_sign)
+        self.rank_rule = _varlen_pack.rank_rule_of(_schedule.POLICY_CODES[policy], self.tie_sign)
+        self.auto_dispatched = ()       # build_varlen("auto"): the candidates whose dispatch auto ran
         for a in (self.records, self.cta_columns, self.cta_col_start, self.seg_col_start, self.n_first, self.loads):
             a.flags.writeable = False
 
@@ -92,9 +93,9 @@ class VarlenSchedule(ColumnRecords):
         """compact.CompactSchedule.model_makespan on the mixed columns (staircase: the most columns of a
         segment, or the CTAs)."""
         c, r = schedule._costs(c, r)
-        return _column_model(int(self.loads.max(initial=0)) * self.group_size, self.num_ctas,
-                             int(np.diff(self.seg_col_start).max(initial=0)), self.rank_rule, c, r,
-                             schedule._engine(model))
+        return _varlen_pack.column_model(int(self.loads.max(initial=0)) * self.group_size, self.num_ctas,
+                                         int(np.diff(self.seg_col_start).max(initial=0)), self.rank_rule, c, r,
+                                         schedule._engine(model))
 
     @property
     def column_model_applies(self) -> bool:
@@ -127,28 +128,23 @@ def _problem(policy, seqlens_q, seqlens_k, block_m, block_n, heads, causal, num_
     if heads % group:
         raise ValueError(f"group_size ({group}) must divide heads ({heads})")
     causal = schedule._flag("causal", causal)
-    left, right = schedule.check_window(window, causal)
-    # schedule.canonical_window per sequence, vectorised: a side that bounds nothing for its lengths is -1
-    wins = np.empty((len(sq), 2), dtype=np.int64)
-    wins[:, 0] = np.where(left >= sk - 1, -1, left)
-    wins[:, 1] = right if causal else np.where(right >= sq - 1, -1, right)
     return (sq, sk, schedule._positive_int("block_m", block_m), schedule._positive_int("block_n", block_n), heads,
-            causal, schedule._positive_int("num_sms", num_sms), group, wins)
+            causal, schedule._positive_int("num_sms", num_sms), group, schedule.check_window(window, causal))
 
 
-def _rank_rule(policy, tie_sign) -> int:
-    """The closed-form rank rule of a policy's tables (RANK_COUNT: none)."""
-    if policy == "fa3":
-        return RANK_DESC_N if tie_sign < 0 else RANK_ASC_N
-    return RANK_ASC_N if policy == "descending" else RANK_COUNT
+_POLICY_NAMES = {code: name for name, code in _schedule.POLICY_CODES.items()}
 
 
-def _column_model(load, num_ctas, widest, rank_rule, c, r, engine) -> float:
-    """The column model of a table: ``load`` visits on its busiest CTA (group size included), ``widest`` the
-    most columns of a segment (VarlenSchedule.model_makespan)."""
-    busy = load * max(c, r) + min(c, r) if engine else load * (c + r)
-    stairs = (min(widest, num_ctas) - 1) * r if rank_rule == RANK_ASC_N else 0.0
-    return busy + stairs
+def _schedule_args(policy, problem) -> tuple:
+    """The arguments of _varlen_pack.schedule_varlen (and the first ones of new_packing) for ``problem``
+    (:func:`_problem`'s tuple: lengths int64, tiles, heads, causal, CTAs, group, checked window), with auto's
+    constants (schedule.AUTO_*) as they are now."""
+    sq, sk, bm, bn, heads, causal, num_sms, group, (left, right) = problem
+    codes = _schedule.POLICY_CODES
+    c, r = schedule.AUTO_COSTS
+    return (-1 if policy == "auto" else codes[policy], sq, sk, left, right, bm, bn, heads, group, causal, num_sms,
+            tuple(codes[p] for p in schedule.AUTO_CANDIDATES), c, r, schedule.AUTO_TOLERANCE,
+            schedule.AUTO_FEW_GROUPED)
 
 
 def _model_applies(policy, lengths) -> bool:
@@ -158,76 +154,17 @@ def _model_applies(policy, lengths) -> bool:
     return bool((lengths == lengths[0]).all())
 
 
-def _dispatch_order(shapes) -> np.ndarray:
-    """int64 (B,): the sequences in dispatch order, longest first by visible tiles (stable)."""
-    info, voff, vlo, vhi = shapes
-    tiles = np.concatenate(([0], np.cumsum(vhi - vlo)))
-    return np.argsort(tiles[voff[:-1]] - tiles[voff[1:]], kind="stable")
-
-
-def _args(policy, problem, shapes, order) -> tuple:
-    """The arguments of _varlen_sched.build_varlen and busiest_load; fa3 with a right mask bound dispatches
-    upstream's shortest-first rounds (spt)."""
-    causal, num_sms, group, wins = problem[5], problem[6], problem[7], problem[8]
-    info, voff, vlo, vhi = shapes
-    spt = policy == "fa3" and (causal or bool((wins[:, 1] >= 0).any()))
-    return (_schedule.POLICY_CODES[policy], info, voff, vlo, vhi, order, problem[4] // group, spt, num_sms)
-
-
-def _build(policy, problem, shapes, order, assign=None):
-    out = _varlen_sched.build_varlen(*_args(policy, problem, shapes, order), assign)
-    return VarlenSchedule(policy, problem, out, shapes[0], shapes[2], shapes[3])
-
-
-def _auto_policy(problem, shapes, order) -> tuple:
-    """(policy, assign): ``auto``'s choice: the candidates' column models (VarlenSchedule.model_makespan, engine
-    costs schedule.AUTO_COSTS) from their busiest CTA's load alone (_varlen_sched.busiest_load runs the builder's
-    dispatch without records), the first within schedule.AUTO_TOLERANCE of the best among those whose
-    column_model_applies: the choice of building every candidate. ``assign``: its dispatch (each unit's CTA) for
-    _build, or None."""
-    info, _, vlo, vhi = shapes
-    group, lengths = problem[7], vhi - vlo
-    if group > 1 and (problem[4] // group) * len(lengths) <= schedule.AUTO_FEW_GROUPED * problem[6]:
-        return "descending", None                        # schedule.AUTO_FEW_GROUPED's measured override
-    widest = int(info[:, 3].max(initial=0))              # the most columns of a segment
-    c, r = schedule.AUTO_COSTS
-    # NOTES: no table's model time is below ``floor`` (its busiest CTA holds at least the mean load over num_sms
-    # CTAs; stairs >= 0), so a first candidate within the tolerance of it is within the tolerance of the best
-    # and is the choice: the other candidates' dispatches are skipped (most packings of several sequences).
-    floor = _column_model(-(-int(lengths.sum()) * (problem[4] // group) // problem[6]) * group, 1, 0, RANK_COUNT,
-                          c, r, True)
-    times, assigns, plain_load, plain_assign = {}, {}, -1, None
-    units = len(lengths) * (problem[4] // group)          # the columns: at most one unit each
-    for policy in schedule.AUTO_CANDIDATES:
-        if _model_applies(policy, lengths):
-            assign = np.empty(max(units, 1), dtype=np.int32)
-            load, num_ctas, tie_sign, plain = _varlen_sched.busiest_load(*_args(policy, problem, shapes, order),
-                                                                         plain_load, assign)
-            if plain:                                    # the plain policies share one dispatch
-                if plain_load < 0:
-                    plain_load, plain_assign = load, assign
-                assign = plain_assign
-            assigns[policy] = assign
-            times[policy] = _column_model(load * group, num_ctas, widest, _rank_rule(policy, tie_sign), c, r, True)
-            if len(times) == 1 and times[policy] <= floor * (1 + schedule.AUTO_TOLERANCE):
-                return policy, assign
-    best = min(times.values())
-    choice = next(p for p in times if times[p] <= best * (1 + schedule.AUTO_TOLERANCE))
-    return choice, assigns[choice]
-
-
 def build_varlen(policy: str = "auto", seqlens_q=None, seqlens_k=None, *, block_m: int, block_n: int, heads: int,
                  causal: bool, num_sms: int, group_size: int = 1, window=(-1, -1)) -> VarlenSchedule:
-    """Compact records of the backward schedule of a packed batch (module docstring), O(columns). ``auto``
-    picks among schedule.AUTO_CANDIDATES by the column model, as compact.column_model_choice does, and builds
-    the records of its choice only."""
+    """Compact records of the backward schedule of a packed batch (module docstring), O(columns): the arguments
+    checked here, the records built by _varlen_pack.schedule_varlen. ``auto`` picks among
+    schedule.AUTO_CANDIDATES by the column model, as compact.column_model_choice does, and builds the records of
+    its choice only (``plan.auto_dispatched``: the candidates it had to dispatch to choose)."""
     problem = _problem(policy, seqlens_q, seqlens_k, block_m, block_n, heads, causal, num_sms, group_size, window)
-    shapes = _varlen_sched.sequence_shapes(problem[0], problem[1], problem[8], problem[2], problem[3], problem[5])
-    order = _dispatch_order(shapes)
-    assign = None
-    if policy == "auto":
-        policy, assign = _auto_policy(problem, shapes, order)
-    return _build(policy, problem, shapes, order, assign)
+    code, wins, shapes, built, dispatched = _varlen_pack.schedule_varlen(*_schedule_args(policy, problem))
+    plan = VarlenSchedule(_POLICY_NAMES[code], problem[:8] + (wins,), built, shapes[0], shapes[2], shapes[3])
+    plan.auto_dispatched = tuple(_POLICY_NAMES[c] for c in dispatched)
+    return plan
 
 
 def expand(plan: VarlenSchedule) -> tuple:

@@ -151,7 +151,6 @@ def test_a_repeated_call_is_served_with_the_full_paths_block(no_gpu):
 
 @pytest.mark.parametrize("change", ["float lengths", "causal", "max_seqlen", "schedule", "int causal", "window"])
 def test_a_different_call_takes_the_full_path(no_gpu, change):
-    enqueued = no_gpu
     args = _inputs()
     cu_q, cu_k = np.array([0, 100, 100, 300], np.int32), np.array([0, 200, 260, 500], np.int32)
     kw = dict(causal=True, schedule="fa3")

@@ -11,6 +11,68 @@ import pytest
 from cupy_dash import schedule, varlen_device
 
 
+# The uploaded compact varlen arrays stated in numpy from a VarlenSchedule: the reference the one-pass Cython
+# packing (cupy_dash._varlen_pack, what the backward uploads) is held to, byte for byte.
+
+
+def tile_columns(plan) -> tuple:
+    """(tile_columns int32 (sum of M_b, 2), seq_tile_start int32 (B + 1,)): for Q tile m of sequence b, row
+    ``seq_tile_start[b] + m`` holds the first column (index n_block - n_first[b]) whose range [lo, hi) ends
+    after m and the first that starts after m. Every KV head of a sequence has the same ranges (those of its
+    first segment's records); a sequence without records gets rows (0, 0). Vectorised over the sequences: one
+    search over (sequence, bound) keys, which rise along the first segments' records."""
+    B, Hkv = len(plan.seqlens_q), plan.num_kv_heads
+    M = np.asarray(plan.num_m_blocks, dtype=np.int64)
+    start = np.zeros(B + 1, dtype=np.int64)
+    np.cumsum(M, out=start[1:])
+    seg_start = np.asarray(plan.seg_col_start, dtype=np.int64)
+    r0, r1 = seg_start[0:B * Hkv:Hkv], seg_start[1:B * Hkv + 1:Hkv]
+    L = r1 - r0
+    first = np.zeros(B + 1, dtype=np.int64)
+    np.cumsum(L, out=first[1:])
+    rows = np.arange(first[-1]) + np.repeat(r0 - first[:-1], L)     # the first segment's records, sequence order
+    big = int(M.max(initial=0)) + 1
+    seq_of_row = np.repeat(np.arange(B, dtype=np.int64), L) * big
+    seq_of_tile = np.repeat(np.arange(B, dtype=np.int64), M)
+    query = seq_of_tile * big + (np.arange(start[-1]) - np.repeat(start[:-1], M))
+    out = np.empty((int(start[-1]), 2), dtype=np.int32)
+    for col, field in ((0, 2), (1, 1)):                                 # hi, then lo
+        keys = seq_of_row + plan.records[rows, field]
+        out[:, col] = np.searchsorted(keys, query, side="right") - first[seq_of_tile]
+    return out, start.astype(np.int32)
+
+
+def device_arrays(plan) -> dict:
+    """What the kernel reads, keyed by BwdParams field: ``col_records`` int32 (columns, 8) (32-byte rows),
+    ``cta_columns`` int32, ``cta_col_start`` int64 (num_ctas + 1,), ``seg_col_start`` int32 (B * Hkv + 1,),
+    ``seq_n_first`` int32 (B,), ``tile_columns`` int32 (sum M_b, 2), ``seq_tile_start`` int32 (B + 1,), and the
+    scalars ``tie_sign``, ``rank_rule`` (no scan bounds: a counted rank compares with every column of the segment
+    that visits the tile). Raises ValueError where the kernel's 32-bit indices would overflow."""
+    records = np.ascontiguousarray(plan.records, dtype=np.int32)
+    if records.size >= 2 ** 31:
+        raise ValueError(f"{len(records)} columns: the kernel indexes records with 32-bit ints")
+    tiles, tile_start = tile_columns(plan)
+    return {"col_records": records, "cta_columns": np.ascontiguousarray(plan.cta_columns, dtype=np.int32),
+            "cta_col_start": np.ascontiguousarray(plan.cta_col_start, dtype=np.int64),
+            "seg_col_start": np.ascontiguousarray(plan.seg_col_start, dtype=np.int32),
+            "seq_n_first": np.ascontiguousarray(plan.n_first, dtype=np.int32), "tile_columns": tiles,
+            "seq_tile_start": tile_start, "tie_sign": int(plan.tie_sign), "rank_rule": int(plan.rank_rule)}
+
+
+def cta_visit_start(arrays: dict, group_size: int) -> np.ndarray:
+    """int64 (num_ctas + 1,): where each CTA's rows start in the per-visit table of the compact ``arrays``
+    (device_arrays): CTA c runs (step + hi - lo) x group_size visits up to the end of its last record."""
+    records, columns, start = arrays["col_records"], arrays["cta_columns"], arrays["cta_col_start"]
+    counts = np.zeros(len(start) - 1, dtype=np.int64)
+    busy = start[1:] > start[:-1]
+    last = records[columns[start[1:][busy] - 1]].astype(np.int64)
+    counts[busy] = (last[:, 0] + last[:, 2] - last[:, 1]) * group_size
+    out = np.zeros(len(start), dtype=np.int64)
+    np.cumsum(counts, out=out[1:])
+    return out
+
+
+
 def _tile(rec, s):
     lo, hi, split, rot = rec[1], rec[2], rec[3], rec[4]
     if split < 0:
@@ -80,7 +142,7 @@ def test_kernel_walk_of_compact_varlen_records_equals_expand(policy, case, ctas)
     sq, sk, heads, g, causal, window = CASES[case]
     plan = schedule.build_varlen(policy, sq, sk, block_m=64, block_n=128, heads=heads, causal=causal,
                                  num_sms=ctas, group_size=g, window=window)
-    arr = varlen_device.device_arrays(plan)
+    arr = device_arrays(plan)
     assert arr["col_records"].dtype == np.int32 and arr["col_records"].shape[1] == 8
     assert arr["tile_columns"].shape == (int(np.sum(plan.num_m_blocks)), 2)
     visits, rank, cta_start = kernel_walk(arr, g, heads // g)
@@ -99,12 +161,12 @@ def test_device_expansion_rows_start_where_expand_puts_them(policy, case, ctas):
     sq, sk, heads, g, causal, window = CASES[case]
     plan = schedule.build_varlen(policy, sq, sk, block_m=64, block_n=128, heads=heads, causal=causal,
                                  num_sms=ctas, group_size=g, window=window)
-    arr = varlen_device.device_arrays(plan)
-    np.testing.assert_array_equal(varlen_device.cta_visit_start(arr, g), plan.expand()[2])
+    arr = device_arrays(plan)
+    np.testing.assert_array_equal(cta_visit_start(arr, g), plan.expand()[2])
     t = varlen_device.plan(policy, np.asarray(sq, np.int64), np.asarray(sk, np.int64), 64, 128, heads, heads // g,
                            causal, ctas, window, "expand")
     assert t.expand and t.compact is not None and t.visits is None and (t.heads, t.kv_heads) == (heads, heads // g)
-    np.testing.assert_array_equal(t.cta_start, varlen_device.cta_visit_start(t.arrays, g))
+    np.testing.assert_array_equal(t.cta_start, cta_visit_start(t.arrays, g))
     assert t.cta_start[-1] == t.num_visits
 
 
@@ -119,8 +181,8 @@ def test_packed_upload_holds_the_numpy_arrays(policy, case, ctas, expand):
     sq, sk, heads, g, causal, window = CASES[case]
     plan = schedule.build_varlen(policy, sq, sk, block_m=64, block_n=128, heads=heads, causal=causal,
                                  num_sms=ctas, group_size=g, window=window)
-    want = varlen_device.device_arrays(plan)
-    want["cta_start"] = varlen_device.cta_visit_start(want, g)
+    want = device_arrays(plan)
+    want["cta_start"] = cta_visit_start(want, g)
     want["cu_seqlens_q"], want["cu_seqlens_k"] = (np.concatenate(([0], np.cumsum(x))) for x in (sq, sk))
     blob, offsets, shapes, visits = _varlen_pack.pack(
         plan.records, plan.cta_columns, plan.cta_col_start, plan.seg_col_start, plan.n_first, plan.num_m_blocks,
@@ -255,10 +317,9 @@ def test_gpu_expansion_launch_wiring(monkeypatch):
     monkeypatch.setattr(varlen_device.cupy.cuda.runtime, "memcpyAsync", memcpy)
     monkeypatch.setattr(varlen_device.cupyx, "empty_pinned", lambda n, dtype: np.empty(n, dtype))
     launched = {}
-    monkeypatch.setattr(kernels, "launch", lambda spec, grid, params, stream, func: launched.update(
+    monkeypatch.setattr(kernels, "launch", lambda spec, grid, params, stream, func=None: launched.update(
         spec=spec, grid=grid, params=np.frombuffer(bytes(params), dtype=kernels.BWD_PARAMS_DTYPE)[0]))
     monkeypatch.setattr(jit, "load", lambda spec: types.SimpleNamespace(ptr=0x1))
-    monkeypatch.setattr(varlen_device, "_expand_kernels", {})     # the fake handle must not outlive the test
     staging = []
     d, cu_q, cu_k = varlen_device._expand_on_device(t, 0, types.SimpleNamespace(ptr=0), staging)
     assert len(staging) == 1 and staging[0].nbytes >= t.blob.nbytes      # held by the caller until the copy ends
