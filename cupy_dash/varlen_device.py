@@ -82,12 +82,10 @@ _table_streams: dict = {}       # cache key -> {stream handle: CuPy stream} of t
 _device_tables: "collections.OrderedDict" = collections.OrderedDict()
 
 
-def upload_async(arrays, stream, views=True):
+def upload_async(arrays, stream):
     """Device copies of host ``arrays`` (views of one device buffer, each 256-byte aligned), enqueued on ``stream``
     as one copy from one pinned staging buffer (kept alive until the copy finishes): unlike copies from pageable
-    memory, this neither blocks the host nor waits for the stream.
-    With ``views=False``: ``(buffer, [device address of each array])`` instead (CuPy views cost ~7 µs each).
-    """
+    memory, this neither blocks the host nor waits for the stream."""
     offsets, total = [], 0
     for a in arrays:
         offsets.append(total)
@@ -95,9 +93,7 @@ def upload_async(arrays, stream, views=True):
     staging = []
     buf, _ = _upload(list(zip(arrays, offsets)), total, 0, stream, staging)
     _keep_alive(staging, stream)
-    if views:
-        return [buf[off:off + a.nbytes].view(a.dtype).reshape(a.shape) for a, off in zip(arrays, offsets)]
-    return buf, [buf.data.ptr + off for off in offsets]
+    return [buf[off:off + a.nbytes].view(a.dtype).reshape(a.shape) for a, off in zip(arrays, offsets)]
 
 
 def device(t: Tables, num_heads, dev, stream):
