@@ -18,7 +18,7 @@ schedule, its records packed for the upload) and of the upload (``varlen_device.
 for the GPU expansion also its kernel) of the new-packing calls.
 
 ``--profile B``: instead, a cProfile of the new-packing calls at B sequences, per kind of table (top 25 by
-cumulative time).
+cumulative time, then by own time).
 """
 from __future__ import annotations
 
@@ -133,6 +133,7 @@ def main(argv=None):
                 prof.disable()
                 buf = io.StringIO()
                 pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(25)
+                pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(25)
                 print(f"--- cProfile, {len(steps) - 5} new packings, B={b}, {kind} ---\n{buf.getvalue()}")
                 continue
             parts = _Parts()
@@ -145,6 +146,9 @@ def main(argv=None):
                   f"{fresh_gpu:12.3f}  {parts['build']:8.1f}  {parts['upload']:9.1f}")
     for name in ("CUPY_DASH_COMPACT_TABLES", "CUPY_DASH_VARLEN_EXPAND"):
         os.environ.pop(name, None)
+    if args.torch:
+        from cupy_dash import fastpath_varlen
+        print("torch fast path:", fastpath_varlen.stats())
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

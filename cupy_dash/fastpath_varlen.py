@@ -103,9 +103,10 @@ def key(do, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, softmax_scale, 
 
 
 def _template_key(key_):
-    """The signature without the lengths (their forms kept): what a new packing of the same tensors shares."""
+    """The signature without the lengths (their forms kept) and without max_seqlen_q / max_seqlen_k (they follow
+    the packing): what a new packing of the same tensors shares."""
     lens = key_[6]
-    return key_[:6] + ((lens[0][0], lens[1][0]),) + key_[7:]
+    return key_[:6] + ((lens[0][0], lens[1][0]),) + key_[9:]
 
 
 def register(key_, c, operands, lse_ptr, work_base, grads, cu_ptrs, call, like, stream, keep) -> None:
@@ -158,14 +159,23 @@ def _new_packing(key_, base, cu_q, cu_k):
     are new: the lengths checked as the full path checks them (ValueError before anything is enqueued), the
     packing's launch made as the full path makes it (varlen._packing_launch), base's block with this packing's
     table, lengths and scratch layout (fastpath.rebased_plan; TMA maps reused: same tensors); kept under ``key_``
-    for the packing's later calls. None where the full path must run (no visits)."""
+    for the packing's later calls. None where the full path must run (no visits, or a window that the new
+    max_seqlen_q / max_seqlen_k make canonical otherwise than the template's)."""
     import cupy
     from . import varlen
+    from .schedule import canonical_window
     c0, dev = base.c, base.device_index
     p = c0.p
-    max_q, max_k, schedule = key_[7], key_[8], key_[12]
+    max_q, max_k, window, schedule = key_[7], key_[8], key_[11], key_[12]
+    max_q = varlen._check_max_seqlen("max_seqlen_q", max_q)
+    max_k = varlen._check_max_seqlen("max_seqlen_k", max_k)
+    if max_q > p.Sq or max_k > p.Sk:
+        raise ValueError(f"max_seqlen_q / max_seqlen_k ({max_q}, {max_k}) exceed the packed lengths "
+                         f"{(p.Sq, p.Sk)}")
     cu_host = varlen._checked_cu_seqlens(*(_host_lengths(cu, dev)[1].astype(np.int64) for cu in (cu_q, cu_k)),
                                          p.Sq, p.Sk, max_q, max_k)
+    if canonical_window(window, max_q, max_k, c0.causal) != c0.window:
+        return None
     with cupy.cuda.Device(dev):
         c, cu_dev, call = varlen._packing_launch(dev, p, c0.causal, c0.deterministic, schedule, c0.window,
                                                  c0.spin_timeout_ns, cu_host, max_q, base.stream)

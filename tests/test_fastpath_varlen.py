@@ -151,11 +151,12 @@ def test_a_repeated_call_is_served_with_the_full_paths_block(no_gpu):
 
 @pytest.mark.parametrize("change", ["float lengths", "causal", "max_seqlen", "schedule", "int causal", "window"])
 def test_a_different_call_takes_the_full_path(no_gpu, change):
+    enqueued = no_gpu
     args = _inputs()
     cu_q, cu_k = np.array([0, 100, 100, 300], np.int32), np.array([0, 200, 260, 500], np.int32)
     kw = dict(causal=True, schedule="fa3")
     cupy_dash.attention_backward_varlen(*args, cu_q, cu_k, 200, 240, **kw)
-    hits = fastpath_varlen.stats()["hits"]
+    hits, new = fastpath_varlen.stats()["hits"], fastpath_varlen.stats()["new_packing_hits"]
     call = dict(cu_q=cu_q, cu_k=cu_k, max_q=200, kw=dict(kw))
     if change == "float lengths":
         call["cu_k"] = [0.0, 200.0, 260.0, 500.0]
@@ -176,7 +177,11 @@ def test_a_different_call_takes_the_full_path(no_gpu, change):
             run()
     else:
         run()
-    assert fastpath_varlen.stats()["hits"] == hits
+    if change == "max_seqlen":          # a new max with the same tensors: the template serves it as a new packing
+        assert fastpath_varlen.stats()["new_packing_hits"] == new + 1
+        assert enqueued[-1]["c"].varlen == (2 + 1, 250)
+    else:
+        assert fastpath_varlen.stats()["hits"] == hits
 
 
 def _tables_per_packing(monkeypatch):
@@ -195,6 +200,10 @@ PACKINGS = [([0, 100, 100, 300], [0, 200, 260, 500]), ([0, 150, 300], [0, 240, 5
             ([0, 1, 2, 100, 300], [0, 7, 200, 240, 500]), ([0, 200, 300], [0, 250, 500])]   # max 200 / 260
 
 
+def _longest(cu):
+    return int(np.diff(cu).max())
+
+
 @pytest.mark.parametrize("schedule", ["fa3", "symmetric_shift", "auto"])
 def test_a_new_packing_is_served_with_the_full_paths_block(no_gpu, monkeypatch, schedule):
     """Other lengths of the same tensors, flags and stream: served from the first call's template (no validation
@@ -205,7 +214,7 @@ def test_a_new_packing_is_served_with_the_full_paths_block(no_gpu, monkeypatch, 
     args = _inputs()
     kw = dict(causal=True, schedule=schedule)
     run = lambda cu_q, cu_k: cupy_dash.attention_backward_varlen(  # noqa: E731
-        *args, np.array(cu_q, np.int32), cu_k, 200, 260, **kw)
+        *args, np.array(cu_q, np.int32), cu_k, _longest(cu_q), _longest(cu_k), **kw)
     run(*PACKINGS[0])
     for cu_q, cu_k in PACKINGS[1:]:
         new = fastpath_varlen.stats()["new_packing_hits"]
@@ -231,7 +240,25 @@ def test_a_new_packing_is_served_with_the_full_paths_block(no_gpu, monkeypatch, 
         assert [g[1:4] for g in fast["launches"]] == [g[1:4] for g in launchers.bwd_launches(cf)]
 
 
-@pytest.mark.parametrize("bad", ["last entry", "decreasing", "too long", "counts"])
+def test_a_new_packing_whose_window_becomes_vacuous_takes_the_full_path(no_gpu, monkeypatch):
+    """A window that bounds the template's sequences (longest 200 / 260) but not a new packing's (150 / 240): the
+    canonical window differs (a side becomes -1), so the block of the template cannot serve it; the full path does,
+    and that packing's later calls are served from its own plan."""
+    enqueued = no_gpu
+    _tables_per_packing(monkeypatch)
+    args = _inputs()
+    run = lambda cu_q, cu_k: cupy_dash.attention_backward_varlen(  # noqa: E731
+        *args, np.array(cu_q, np.int32), cu_k, _longest(cu_q), _longest(cu_k), window=(150, 150))
+    run(*PACKINGS[0])
+    new, hits = fastpath_varlen.stats()["new_packing_hits"], fastpath_varlen.stats()["hits"]
+    run(*PACKINGS[1])
+    assert fastpath_varlen.stats()["new_packing_hits"] == new
+    assert enqueued[-1]["c"].window == (150, -1)
+    run(*PACKINGS[1])
+    assert fastpath_varlen.stats()["hits"] == hits + 1
+
+
+@pytest.mark.parametrize("bad", ["last entry", "decreasing", "too long", "counts", "max above total"])
 def test_a_new_packing_with_bad_lengths_raises_before_anything_is_enqueued(no_gpu, bad):
     enqueued = no_gpu
     args = _inputs()
@@ -246,9 +273,10 @@ def test_a_new_packing_with_bad_lengths_raises_before_anything_is_enqueued(no_gp
         cu_q = [0, 50, 300]                      # a sequence of 250 > max_seqlen_q = 200
     elif bad == "counts":
         cu_k = [0, 100, 240, 500]
+    max_q = 301 if bad == "max above total" else 200     # the template's max was 200: a new max, same template
     n = len(enqueued)
-    with pytest.raises(ValueError, match="cu_seqlens"):
-        cupy_dash.attention_backward_varlen(*args, np.array(cu_q, np.int32), cu_k, 200, 240, causal=True)
+    with pytest.raises(ValueError, match="cu_seqlens|max_seqlen"):
+        cupy_dash.attention_backward_varlen(*args, np.array(cu_q, np.int32), cu_k, max_q, 240, causal=True)
     assert len(enqueued) == n
 
 

@@ -360,16 +360,18 @@ def test_torch_new_packings_from_the_template_give_the_full_paths_bits(schedule,
     kw = dict(causal=True, schedule=schedule)
     fastpath_varlen.clear()
     for i, cu in enumerate(packings):
-        out, lse = cupy_dash.attention_forward_varlen(q, k, v, cu, cu, total, total, causal=True)
+        m = int(np.diff(cu).max())                          # each packing's own max_seqlen, as a data loader's
+        cu_dev = torch.from_numpy(cu).cuda()
+        out, lse = cupy_dash.attention_forward_varlen(q, k, v, cu_dev, cu_dev, m, m, causal=True)
         new = fastpath_varlen.stats()["new_packing_hits"]
-        fast = cupy_dash.attention_backward_varlen(do, q, k, v, out, lse, cu, cu, total, total, **kw)
+        fast = cupy_dash.attention_backward_varlen(do, q, k, v, out, lse, cu, cu, m, m, **kw)
         assert fastpath_varlen.stats()["new_packing_hits"] == new + (i > 0)
         hits = fastpath_varlen.stats()["hits"]
-        again = cupy_dash.attention_backward_varlen(do, q, k, v, out, lse, cu, cu, total, total, **kw)
+        again = cupy_dash.attention_backward_varlen(do, q, k, v, out, lse, cu, cu, m, m, **kw)
         assert fastpath_varlen.stats()["hits"] == hits + 1
-        with monkeypatch.context() as m:
-            m.setenv("CUPY_DASH_FASTPATH", "0")
-            full = cupy_dash.attention_backward_varlen(do, q, k, v, out, lse, cu, cu, total, total, **kw)
+        with monkeypatch.context() as mp:
+            mp.setenv("CUPY_DASH_FASTPATH", "0")
+            full = cupy_dash.attention_backward_varlen(do, q, k, v, out, lse, cu, cu, m, m, **kw)
         for name, a, b, e in zip(("dq", "dk", "dv"), fast, again, full):
             assert torch.equal(a.view(torch.int16), e.view(torch.int16)), f"packing {i}: {name}"
             assert torch.equal(b.view(torch.int16), e.view(torch.int16)), f"packing {i}: {name} (repeat)"
