@@ -8,7 +8,7 @@ packing costs the host), and the GPU time of the call (CUDA events, median, ms).
 host (``CUPY_DASH_VARLEN_EXPAND=host``), compact records (``CUPY_DASH_COMPACT_TABLES=1``) and per-visit tables
 expanded on the GPU from compact records (the default).
 
-    python benchmarks/varlen_step.py [--calls 40] [--json out.json] [--profile B] [--torch]
+    python benchmarks/varlen_step.py [--calls 40] [--json out.json] [--profile B] [--torch] [--parts]
 
 ``--torch``: the tensors are torch tensors (the host fast path's new-packing plans, cupy_dash.fastpath_varlen,
 serve the calls after the first); without it CuPy arrays, which take the full path every call.
@@ -16,6 +16,9 @@ serve the calls after the first); without it CuPy arrays, which take the full pa
 Two more columns split a new packing's host cost: the median µs of the host build (``varlen._tables``: the
 schedule, its records packed for the upload) and of the upload (``varlen_device.device``: the copy enqueued,
 for the GPU expansion also its kernel) of the new-packing calls.
+
+``--parts``: also the median µs (and calls per new packing) of each step of a new packing (:func:`_fine_parts`),
+timed by wrappers (which add ~0.3 µs each).
 
 ``--profile B``: instead, a cProfile of the new-packing calls at B sequences, per kind of table (top 25 by
 cumulative time, then by own time).
@@ -44,16 +47,32 @@ def _packing(rng, b):
     return np.concatenate([[0], cuts, [TOKENS]]).astype(np.int32)
 
 
-class _Parts:
-    """Host ns of every call of the build (varlen._tables) and of the upload (varlen_device.device), by wrapping
-    them in their modules while the benchmark runs."""
+def _fine_parts():
+    """(module, attribute, label) of the steps of a new packing timed by ``--parts``."""
+    import cupyx
+    from cupy_dash import fastpath, fastpath_varlen, kernels, params, varlen, varlen_device
+    return [(varlen, "_checked_cu_seqlens", "check lengths"), (varlen_device, "plan", "plan (host build)"),
+            (kernels, "bwd_entry", "bwd_entry"), (varlen_device, "_upload", "_upload"),
+            (cupyx, "empty_pinned", "empty_pinned"), (cupy, "empty", "cupy.empty"),
+            (params, "patch_ints", "patch_ints"), (kernels, "launch", "kernels.launch (expand)"),
+            (varlen_device, "_keep_alive", "keep_alive (tables)"), (varlen_device, "_release_after", "release"),
+            (fastpath, "rebased_plan", "rebased_plan"), (fastpath_varlen, "_store", "store plan"),
+            (fastpath, "run_backward", "run_backward"), (fastpath_varlen, "key", "signature")]
 
-    def __init__(self):
+
+class _Parts:
+    """Host ns of every call of the build (varlen._tables) and of the upload (varlen_device.device), and with
+    ``fine`` of each step of :func:`_fine_parts`, by wrapping them in their modules while the benchmark runs."""
+
+    def __init__(self, fine=False):
         from cupy_dash import varlen, varlen_device
         self.times = {"build": [], "upload": []}
         self._undo = []
         self._wrap(varlen, "_tables", "build")
         self._wrap(varlen_device, "device", "upload")
+        for mod, name, label in _fine_parts() if fine else ():
+            self.times[label] = []
+            self._wrap(mod, name, label)
 
     def _wrap(self, mod, name, part):
         fn, times = getattr(mod, name), self.times[part]
@@ -68,9 +87,12 @@ class _Parts:
         self._undo.append((mod, name, fn))
 
     def medians(self):
-        for mod, name, fn in self._undo:
+        for mod, name, fn in reversed(self._undo):
             setattr(mod, name, fn)
         return {k: statistics.median(v) / 1e3 if v else float("nan") for k, v in self.times.items()}
+
+    def counts(self):
+        return {k: len(v) for k, v in self.times.items()}
 
 
 def _run(q, k, v, do, steps):
@@ -99,6 +121,7 @@ def main(argv=None):
     ap.add_argument("--json", default=None)
     ap.add_argument("--profile", type=int, default=None, metavar="B")
     ap.add_argument("--torch", action="store_true", help="torch tensors instead of CuPy arrays")
+    ap.add_argument("--parts", action="store_true", help="also time each step of a new packing (median us, calls)")
     args = ap.parse_args(argv)
     if args.profile:
         args.batches = [args.profile]
@@ -136,9 +159,12 @@ def main(argv=None):
                 pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(25)
                 print(f"--- cProfile, {len(steps) - 5} new packings, B={b}, {kind} ---\n{buf.getvalue()}")
                 continue
-            parts = _Parts()
+            parts = _Parts(args.parts)
             fresh_host, fresh_gpu = _run(q, k, v, do, steps)
-            parts = parts.medians()
+            counts, parts = parts.counts(), parts.medians()
+            if args.parts:
+                print(f"  {kind} B={b}, per new-packing call ({args.calls} calls): " + ", ".join(
+                    f"{label} {parts[label]:.1f} us x{counts[label] / args.calls:.1f}" for label in counts))
             same_host, _ = _run(q, k, v, do, [steps[0]] * args.calls)
             rows.append(dict(tables=kind, batch=b, new_host_us=fresh_host, repeated_host_us=same_host,
                              gpu_ms=fresh_gpu, build_us=parts["build"], upload_us=parts["upload"]))

@@ -6,13 +6,12 @@ sequence, with the sequence's own M, N and mask ranges (bottom-right causal and 
 records are those of _compact.pyx (8 int32 fields, _compact_rule.pxi) with REC_HEAD = seg and REC_N the KV tile
 local to the sequence; segment seg's records are rows seg_col_start[seg] .. seg_col_start[seg + 1] - 1, in n
 order. ``build_varlen`` dispatches the units of every segment by list scheduling at column granularity (to the
-CTA that frees up first, ties to the lower CTA, as the heap of _heap.pxi pops them; here a tournament tree);
+CTA that frees up first, ties to the lower CTA, as the heap of _heap.pxi pops them; here a bucket queue);
 ``busiest_load`` runs the same dispatch on the units' lengths alone, for ``auto``; ``check_varlen`` proves
 coverage, rank permutations, deadlock freedom and the rank rule in O(columns).
 """
 import numpy as np
-from libc.limits cimport LLONG_MAX
-from libc.stdlib cimport malloc, free
+from libc.stdlib cimport calloc, malloc, free
 
 include "_units.pxi"
 include "_compact_rule.pxi"
@@ -81,50 +80,88 @@ cpdef tuple sequence_shapes(const long long[::1] sq, const long long[::1] sk, co
     return info_arr, off_arr, vlo_arr, vhi_arr
 
 
-cdef struct CtaTree:
-    # the CTA that frees up first: least load, then lowest index (the order of _heap.pxi), as the minimum of the
-    # keys load << 32 | cta (loads < 2^31, CTAs < 2^31) in a tournament tree; CTA c's leaf at P + c, unused
-    # leaves maximal
-    long long P
-    long long* key
+cdef extern from *:
+    """
+    static inline int dash_ctz64(unsigned long long x) { return __builtin_ctzll(x); }
+    """
+    int dash_ctz64(unsigned long long x) nogil
 
 
-cdef int tree_init(CtaTree* tr, long long G) except -1:
-    """G CTAs, all free at 0 (tr.key: free it)."""
-    cdef long long i
-    tr.P = 1
-    while tr.P < G:
-        tr.P *= 2
-    tr.key = <long long*>malloc(2 * tr.P * sizeof(long long))
-    if tr.key == NULL:
+cdef struct CtaQueue:
+    # the CTA that frees up first: least load, then lowest index (the order of _heap.pxi), from a bucket queue.
+    # NOTES: every CTA's load lies in [m, m + R - 1], m the least load (it never falls: only the least loaded CTA
+    # takes work, at most R - 1 visits per take), so bucket load & (R - 1) (R a power of two) holds exactly the
+    # CTAs of that load, as a bitset of W words (lowest index: the lowest set bit) with its member count.
+    long long G, W, R, m
+    unsigned long long* bits
+    long long* count
+    long long* load
+
+
+cdef int queue_init(CtaQueue* q, long long G, long long max_take) except -1:
+    """G CTAs, all free at 0, each take of work at most ``max_take`` visits (queue_free releases it)."""
+    cdef long long c
+    q.G, q.W, q.R, q.m = G, (G + 63) // 64, 1, 0
+    while q.R <= max_take:
+        q.R *= 2
+    q.bits = <unsigned long long*>calloc(q.R * q.W, sizeof(unsigned long long))
+    q.count = <long long*>calloc(q.R + G, sizeof(long long))
+    if q.bits == NULL or q.count == NULL:
+        queue_free(q)
         raise MemoryError()
-    for i in range(tr.P):
-        tr.key[tr.P + i] = i if i < G else LLONG_MAX
-    for i in range(tr.P - 1, 0, -1):
-        tr.key[i] = tr.key[2 * i] if tr.key[2 * i] < tr.key[2 * i + 1] else tr.key[2 * i + 1]
+    q.load = q.count + q.R
+    for c in range(G):
+        q.bits[c >> 6] |= 1ULL << (c & 63)
+    q.count[0] = G
     return 0
 
 
-cdef inline long long tree_first(const CtaTree* tr) noexcept:
-    return tr.key[1] & INT32_MAX        # the CTA that frees up first (CTAs < 2^31: num_ctas <= columns)
+cdef inline void queue_free(CtaQueue* q) noexcept:
+    free(q.bits)
+    free(q.count)
+    q.bits, q.count = NULL, NULL
 
 
-cdef inline long long tree_load(const CtaTree* tr, long long c) noexcept:
-    return tr.key[tr.P + c] >> 32
+cdef inline long long queue_first(CtaQueue* q) noexcept:
+    """The CTA that frees up first (q.m becomes its load)."""
+    cdef long long r = q.m & (q.R - 1), w
+    while q.count[r] == 0:
+        q.m += 1
+        r = (r + 1) & (q.R - 1)
+    cdef unsigned long long* word = q.bits + r * q.W
+    w = 0
+    while word[w] == 0:
+        w += 1
+    return w * 64 + dash_ctz64(word[w])
 
 
-cdef inline int tree_add(CtaTree* tr, long long c, long long L) except -1:
-    """CTA c takes L more visits; returns 0, or raises when its load passes 2^31 - 1 (a record's step is int32)."""
-    cdef long long i = tr.P + c, k = tr.key[i] + (L << 32), sib
-    if (k >> 32) > INT32_MAX:
-        raise ValueError(f"CTA {c} has {k >> 32} visits: a record's step is int32")
-    tr.key[i] = k
-    while i > 1:
-        sib = tr.key[i ^ 1]
-        k = k if k < sib else sib
-        i >>= 1
-        tr.key[i] = k
+cdef inline void queue_add(CtaQueue* q, long long c, long long L) noexcept:
+    """CTA c takes L more visits (c's load + L <= q.m + R - 1: max_take bounds every take). Loads are not checked
+    here: the callers check the busiest one against a record's int32 step when they are done."""
+    cdef long long old = q.load[c], new = old + L, r0 = old & (q.R - 1), r1 = new & (q.R - 1)
+    q.load[c] = new
+    if r0 != r1:
+        q.bits[r0 * q.W + (c >> 6)] &= ~(1ULL << (c & 63))
+        q.count[r0] -= 1
+        q.bits[r1 * q.W + (c >> 6)] |= 1ULL << (c & 63)
+        q.count[r1] += 1
+
+
+cdef inline int check_loads(const long long* load, long long G) except -1:
+    """Raises where a CTA holds more than 2^31 - 1 visits (a record's step is int32)."""
+    cdef long long c
+    for c in range(G):
+        if load[c] > INT32_MAX:
+            raise ValueError(f"CTA {c} has {load[c]} visits: a record's step is int32")
     return 0
+
+
+cdef inline long long max_take(const long long[:, ::1] info) noexcept:
+    """At most the visits of one unit (two columns of a sequence): 2 M of the longest M."""
+    cdef long long b, m = 0
+    for b in range(info.shape[0]):
+        m = info[b, 0] if info[b, 0] > m else m
+    return 2 * m
 
 
 cdef struct Units:
@@ -227,22 +264,23 @@ cpdef tuple busiest_load(int policy, const long long[:, ::1] info, const long lo
         return plain_load, (num_sms if num_sms < un.U else un.U), un.tie, True
     make_units(&un, policy, info, seq_order, Hkv, spt, num_sms, ncols, True)
     cdef long long G = num_sms if num_sms < un.U else un.U
-    cdef CtaTree tr
-    tr.key = NULL
+    cdef CtaQueue q
+    q.bits, q.count = NULL, NULL
     try:
-        tree_init(&tr, G)
+        queue_init(&q, G, max_take(info))
         for u in range(un.U):
             b = un.seg[u] // Hkv
             L = vhi[voff[b] + un.k0[u]] - vlo[voff[b] + un.k0[u]]
             if un.k1[u] >= 0:
                 L += vhi[voff[b] + un.k1[u]] - vlo[voff[b] + un.k1[u]]
-            c = tree_first(&tr)
-            tree_add(&tr, c, L)
-            best = tree_load(&tr, c) if tree_load(&tr, c) > best else best
+            c = queue_first(&q)
+            queue_add(&q, c, L)
+            best = q.load[c] if q.load[c] > best else best
             if assign is not None:
                 assign[u] = <int>c
+        check_loads(q.load, G)
     finally:
-        free(tr.key)
+        queue_free(&q)
         free_units(&un)
     return best, G, un.tie, un.plain
 
@@ -270,11 +308,11 @@ cpdef tuple build_varlen(int policy, const long long[:, ::1] info, const long lo
     loads_arr = np.zeros(G, dtype=np.int64)
     cdef long long[::1] loads = loads_arr
     cdef long long nd = 0, u, c, col, kk, M, n, lo, hi, L, split, rot, t0, idx, w, q0, q1
-    cdef CtaTree tr
-    tr.key = NULL
+    cdef CtaQueue q
+    q.bits, q.count = NULL, NULL
     try:
         if assign is None:
-            tree_init(&tr, G)
+            queue_init(&q, G, max_take(info))
         for u in range(un.U):
             seg = un.seg[u]
             b = seg // Hkv
@@ -282,7 +320,7 @@ cpdef tuple build_varlen(int policy, const long long[:, ::1] info, const long lo
             paired = un.paired_all and info[b, 5] & 2
             mirrored = un.sym and info[b, 5] & 1
             P = (NC + 1) // 2 if paired else NC
-            c = tree_first(&tr) if assign is None else assign[u]
+            c = queue_first(&q) if assign is None else assign[u]
             for col in range(2 if un.k1[u] >= 0 else 1):
                 kk = un.k0[u] if col == 0 else un.k1[u]
                 n = info[b, 2] + kk
@@ -311,12 +349,11 @@ cpdef tuple build_varlen(int policy, const long long[:, ::1] info, const long lo
                 order[nd] = idx
                 nd += 1
                 if assign is None:
-                    tree_add(&tr, c, L)
-                elif loads[c] + L > INT32_MAX:
-                    raise ValueError(f"CTA {c} has {loads[c] + L} visits: a record's step is int32")
+                    queue_add(&q, c, L)
                 loads[c] += L
+        check_loads(&loads[0], G)
     finally:
-        free(tr.key)
+        queue_free(&q)
         free_units(&un)
     cols_arr, cs_arr = cta_lists(rec, order, ncols, G)
     return records_arr, cols_arr, cs_arr, seg_arr, loads_arr, G, un.tie
