@@ -14,7 +14,7 @@ which the tests compare with these), so that a new packing costs one call rather
 import numpy as np
 from libc.string cimport memset
 
-from cupy_dash._varlen_sched cimport build_varlen, busiest_load, sequence_shapes
+from cupy_dash._varlen_sched cimport build_varlen, busiest_load, plain_units, sequence_shapes
 
 include "_units.pxi"
 include "_compact_rule.pxi"
@@ -181,12 +181,14 @@ cpdef tuple schedule_varlen(int policy, const long long[::1] sq, const long long
     cdef bint equal = True
     for i in range(1, ncols_seq):
         equal = equal and vhi[i] - vlo[i] == vhi[0] - vlo[0]
-    assign = None
+    assign = built = first = None
     ran = []
-    cdef int cand, tie
-    cdef long long load, G, plain_load = -1
+    cdef int cand, tie, first_cand = -1
+    cdef long long load, G, plain_load = -1, k
+    cdef long long[::1] first_loads
     cdef double t, floor, best = 0.0
     cdef list times
+    cdef bint spt
     if policy < 0 and group > 1 and Hkv * ncols_seq <= few_grouped * num_sms:
         policy = POLICY_DESCENDING
     elif policy < 0:
@@ -196,17 +198,30 @@ cpdef tuple schedule_varlen(int policy, const long long[::1] sq, const long long
         for cand in candidates:
             if not (cand == POLICY_SYMMETRIC_SHIFT or cand == POLICY_FA3 or equal):
                 continue
-            a = np.empty(units, dtype=np.int32)
-            load, G, tie, plain = busiest_load(cand, info, voff, vlo, vhi, order, Hkv,
-                                               cand == POLICY_FA3 and (causal or right_bound), num_sms,
-                                               plain_load, a)
-            if plain:                                    # the plain policies share one dispatch
-                if plain_load < 0:
-                    plain_load, plain_assign = load, a
-                    ran.append(cand)
-                a = plain_assign
-            else:
+            spt = cand == POLICY_FA3 and (causal or right_bound)
+            a = None
+            if first is None:
+                # NOTES: the first candidate is built outright (its records, its loads): it is the choice in most
+                # packings (within tolerance of the floor), which then cost one dispatch, not two.
+                first, first_cand = build_varlen(cand, info, voff, vlo, vhi, order, Hkv, spt, num_sms), cand
+                first_loads, G, tie = first[4], first[5], first[6]
+                load = 0
+                for k in range(G):
+                    load = first_loads[k] if first_loads[k] > load else load
                 ran.append(cand)
+                if plain_units(cand, info, order, Hkv, spt, num_sms):
+                    plain_load = load                # the later plain candidates' load (their dispatch: this one)
+            else:
+                a = np.empty(units, dtype=np.int32)
+                load, G, tie, plain = busiest_load(cand, info, voff, vlo, vhi, order, Hkv, spt, num_sms,
+                                                   plain_load, a)
+                if plain:                                # the plain policies share one dispatch
+                    if plain_load < 0:
+                        plain_load, plain_assign = load, a
+                        ran.append(cand)
+                    a = plain_assign                     # None: the first candidate's (dispatched again if chosen)
+                else:
+                    ran.append(cand)
             t = column_model(load * group, G, widest, rank_rule_of(cand, tie), c, r)
             if not times and t <= floor * (1 + tolerance):
                 policy, assign = cand, a
@@ -220,21 +235,24 @@ cpdef tuple schedule_varlen(int policy, const long long[::1] sq, const long long
                 if t <= best * (1 + tolerance):
                     policy, assign = cand, a
                     break
-    built = build_varlen(policy, info, voff, vlo, vhi, order, Hkv, policy == POLICY_FA3 and (causal or right_bound),
-                         num_sms, assign)
+        if policy == first_cand:
+            built = first
+    if built is None:
+        built = build_varlen(policy, info, voff, vlo, vhi, order, Hkv,
+                             policy == POLICY_FA3 and (causal or right_bound), num_sms, assign)
     return policy, win_arr, shapes, built, tuple(ran)
 
 
 def new_packing(int policy, const long long[::1] sq, const long long[::1] sk, long long left, long long right,
                 long long bm, long long bn, long long heads, long long group, bint causal, long long num_sms,
                 tuple candidates, double c, double r, double tolerance, long long few_grouped, bint visit_starts):
-    """(policy, pack's four outputs, num_ctas, tie_sign, rank_rule) of :func:`schedule_varlen`'s records for
-    these arguments, packed as :func:`pack` packs them: the host side of a training step's new packing in one
-    call."""
+    """(policy, pack's four outputs, num_ctas, tie_sign, rank_rule, most Q tiles, most KV tiles of a sequence
+    (at least 1 each)) of :func:`schedule_varlen`'s records for these arguments, packed as :func:`pack` packs
+    them: the host side of a training step's new packing in one call."""
     policy, _, shapes, built, _ = schedule_varlen(policy, sq, sk, left, right, bm, bn, heads, group, causal,
                                                   num_sms, candidates, c, r, tolerance, few_grouped)
     cdef long long[:, ::1] info = shapes[0]
-    cdef long long B = sq.shape[0], b
+    cdef long long B = sq.shape[0], b, most_m = 1, most_n = 1
     records, cols, cs, seg, loads, G, tie = built
     n_first_arr = np.empty(B, dtype=np.int32)
     m_blocks_arr = np.empty(B, dtype=np.int64)
@@ -243,6 +261,8 @@ def new_packing(int policy, const long long[::1] sq, const long long[::1] sk, lo
     for b in range(B):
         n_first[b] = <int>(info[b, 2] if info[b, 2] > 0 else 0)
         m_blocks[b] = info[b, 0]
+        most_m = info[b, 0] if info[b, 0] > most_m else most_m
+        most_n = info[b, 1] if info[b, 1] > most_n else most_n
     out = pack(records, cols, cs, seg.astype(np.int32), n_first, m_blocks, sq, sk, heads // group, group,
                visit_starts)
-    return (policy,) + out + (G, tie, rank_rule_of(policy, tie))
+    return (policy,) + out + (G, tie, rank_rule_of(policy, tie), most_m, most_n)

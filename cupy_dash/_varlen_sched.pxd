@@ -7,3 +7,5 @@ cpdef tuple busiest_load(int policy, const long long[:, ::1] info, const long lo
 cpdef tuple build_varlen(int policy, const long long[:, ::1] info, const long long[::1] voff,
                          const long long[::1] vlo, const long long[::1] vhi, const long long[::1] seq_order,
                          long long Hkv, bint spt, long long num_sms, const int[::1] assign=*)
+cpdef bint plain_units(int policy, const long long[:, ::1] info, const long long[::1] seq_order, long long Hkv,
+                       bint spt, long long num_sms) except -1

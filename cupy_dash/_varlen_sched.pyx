@@ -248,6 +248,15 @@ cdef inline long long total_columns(const long long[:, ::1] info, long long Hkv)
     return ncols
 
 
+cpdef bint plain_units(int policy, const long long[:, ::1] info, const long long[::1] seq_order, long long Hkv,
+                       bint spt, long long num_sms) except -1:
+    """Whether the units of ``policy`` (as busiest_load and build_varlen make them) are every segment's columns
+    alone in ascending n: the same dispatch for every policy where this holds."""
+    cdef Units un
+    make_units(&un, policy, info, seq_order, Hkv, spt, num_sms, 0, False)
+    return un.plain
+
+
 cpdef tuple busiest_load(int policy, const long long[:, ::1] info, const long long[::1] voff,
                          const long long[::1] vlo, const long long[::1] vhi, const long long[::1] seq_order,
                          long long Hkv, bint spt, long long num_sms, long long plain_load=-1, int[::1] assign=None):

@@ -36,13 +36,31 @@ class Tables:
     :func:`cupy_dash.schedule.check_plan` takes it, or (``compact``: (tie_sign, rank_rule)) the compact records
     packed in the byte layout uploaded (``blob``, ``offsets`` of _varlen_pack.NAMES, ``arrays``: views of its
     compact arrays); its key (policy, lengths, tiles, heads, mask, CTAs, form), ``num_visits``
-    and the lengths as cu_seqlens."""
-    __slots__ = ("visits", "rank", "cta_start", "num_ctas", "policy", "group_size", "n_blocks", "m_blocks", "key",
-                 "cu_q", "cu_k", "compact", "num_visits", "expand", "heads", "kv_heads", "blob", "offsets", "shapes")
+    and the lengths as cu_seqlens (``cu_q``, ``cu_k``; for the compact forms, views of ``blob``, as ``cta_start``
+    for the GPU expansion)."""
+    __slots__ = ("visits", "rank", "_cta_start", "num_ctas", "policy", "group_size", "n_blocks", "m_blocks", "key",
+                 "_cu_q", "_cu_k", "compact", "num_visits", "expand", "heads", "kv_heads", "blob", "offsets",
+                 "shapes")
 
     def _view(self, i):
         off, dtype = int(self.offsets[i]), _varlen_pack.DTYPES[i]
         return self.blob[off:off + math.prod(self.shapes[i]) * dtype().itemsize].view(dtype).reshape(self.shapes[i])
+
+    @property
+    def cu_q(self):
+        return self._cu_q if self.compact is None else self._view(_CU_Q)
+
+    @property
+    def cu_k(self):
+        return self._cu_k if self.compact is None else self._view(_CU_K)
+
+    @property
+    def cta_start(self):
+        """int64 (num_ctas + 1,): each CTA's first row of the per-visit table (None for compact records read as
+        they are)."""
+        if self.compact is None or not self.expand:
+            return self._cta_start
+        return self._view(_CTA_START)
 
     @property
     def arrays(self) -> dict:
@@ -152,7 +170,10 @@ def _upload(pieces, nbytes: int, extra_bytes: int, stream, staging_out: list):
     # ~1 ms; a new packing's tables differ in size at every step, so the staging size is a power of two.
     staging = cupyx.empty_pinned(1 << max(nbytes - 1, 0).bit_length(), dtype=np.uint8)
     for a, off in pieces:
-        staging[off:off + a.nbytes] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+        if a.dtype == np.uint8 and a.flags.c_contiguous:          # a blob of _varlen_pack.pack
+            staging[off:off + a.nbytes] = a
+        else:
+            staging[off:off + a.nbytes] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
     buf = cupy.empty(max(head + extra_bytes, 1), dtype=cupy.uint8)
     cupy.cuda.runtime.memcpyAsync(buf.data.ptr, staging.ctypes.data, nbytes, cupy.cuda.runtime.memcpyHostToDevice,
                                   stream.ptr)
@@ -175,7 +196,6 @@ def _expand_on_device(t: Tables, dev, stream, staging_out: list):
     the CTAs' row starts and the lengths uploaded in one copy to the head of one allocation, then the per-visit
     rows and ranks written behind them on the GPU by kernels_src/bwd_expand.cu, both enqueued on ``stream``
     (the staging of the copy appended to ``staging_out``, as :func:`_upload`)."""
-    from . import kernels, params
     num_rows = max(t.num_visits, 1)
     visits_bytes = -(-num_rows * 16 // 256) * 256
     buf, head = _upload([(t.blob, 0)], t.blob.nbytes, visits_bytes + num_rows * 4, stream, staging_out)
@@ -183,12 +203,40 @@ def _expand_on_device(t: Tables, dev, stream, staging_out: list):
     base = buf.data.ptr
     d.ptrs = dict(visits=base + head, rank=base + head + visits_bytes, cta_start=base + int(t.offsets[_CTA_START]))
     d.buffer, d.num_ctas = buf, t.num_ctas
-    fields = dict(_record_ptrs(t, base), tie_sign=t.compact[0], rank_rule=t.compact[1], num_heads=t.heads,
-                  num_heads_kv=t.kv_heads, **d.ptrs)
-    block = bytearray(kernels.BWD_PARAMS_DTYPE.itemsize)   # every other field 0: the expansion reads these only
-    params.patch_ints(block, kernels.BWD_PARAMS_DTYPE, fields)
-    kernels.launch(kernels.expand_spec(varlen=True), (t.num_ctas, kernels.EXPAND_CHUNKS), block, stream)
+    launch = _expand_launches.get(dev) or _expand_launch(dev)
+    offsets = t.offsets
+    launch(t.num_ctas, stream, (base + int(offsets[0]), base + int(offsets[1]), base + int(offsets[2]),
+                                base + int(offsets[3]), base + int(offsets[4]), base + int(offsets[5]),
+                                base + int(offsets[6]), t.compact[0], t.compact[1], t.heads, t.kv_heads,
+                                d.ptrs["visits"], d.ptrs["rank"], d.ptrs["cta_start"]))
     return d, _device_view(buf, t, _CU_Q), _device_view(buf, t, _CU_K)
+
+
+_expand_launches: dict = {}    # device -> the launch of kernels_src/bwd_expand.cu there (_expand_launch)
+_EXPAND_FIELDS = _varlen_pack.NAMES[:_NUM_RECORD_ARRAYS] + ("tie_sign", "rank_rule", "num_heads", "num_heads_kv",
+                                                            "visits", "rank", "cta_start")
+
+
+def _expand_launch(dev):
+    """``launch(num_ctas, stream, values)`` of the varlen bwd_expand kernel on device ``dev`` (current): its block
+    holds ``values`` (the _EXPAND_FIELDS, in order) and zeros elsewhere (the expansion reads those fields only);
+    its grid is (num_ctas, kernels.EXPAND_CHUNKS). The function handle and the fields' places are found once."""
+    from . import _launch, jit, kernels
+    spec = kernels.expand_spec(varlen=True)
+    func = jit.load(spec).ptr
+    fields = kernels.BWD_PARAMS_DTYPE.fields
+    where = np.array([fields[name][1] // 8 for name in _EXPAND_FIELDS], dtype=np.intp)
+    if any(fields[name][0].itemsize != 8 or fields[name][1] % 8 for name in _EXPAND_FIELDS):
+        raise TypeError("bwd_expand's fields must be aligned 8-byte integers")
+    words = kernels.BWD_PARAMS_DTYPE.itemsize // 8
+
+    def launch(num_ctas, stream, values):
+        block = np.zeros(words, dtype=np.int64)
+        block[where] = values
+        _launch.launch(func, num_ctas, kernels.EXPAND_CHUNKS, 1, spec.threads, spec.smem_bytes, stream.ptr,
+                       block.view(np.uint8))
+    _expand_launches[dev] = launch
+    return launch
 
 
 def _release_after(entry, streams, stream=None, event=None) -> None:
@@ -212,8 +260,7 @@ def plan(policy, lens_q, lens_k, block_m, block_n, heads, kv_heads, causal, max_
     GPU (``"expand"``), cached by lengths (LRU): training on fixed packings builds each once. ``compact_above``:
     a per-visit form whose table would hold more visits than this is built compact instead (``t.compact`` says
     which form came out)."""
-    n_tiles = -(-lens_k // block_n)
-    columns = kv_heads * int(n_tiles.sum())
+    columns = kv_heads * int((-(-lens_k // block_n)).sum())
     num_sms, group = max(1, min(max_ctas, columns)), heads // kv_heads
     key = (policy, lens_q.tobytes(), lens_k.tobytes(), block_m, block_n, heads, causal, num_sms, group, window,
            compact, compact_above)
@@ -223,7 +270,7 @@ def plan(policy, lens_q, lens_k, block_m, block_n, heads, kv_heads, causal, max_
             _plans.move_to_end(key)
             return t
     t = Tables()
-    t.compact, t.visits, t.rank, t.cta_start, t.blob = None, None, None, None, None
+    t.compact, t.visits, t.rank, t._cta_start, t.blob, t._cu_q, t._cu_k = None, None, None, None, None, None, None
     t.heads, t.kv_heads = heads, kv_heads
     if compact:
         # NOTES: the forms a training step builds anew, in one call (_varlen_pack.new_packing: the records of
@@ -233,7 +280,7 @@ def plan(policy, lens_q, lens_k, block_m, block_n, heads, kv_heads, causal, max_
         problem = (np.ascontiguousarray(lens_q, np.int64), np.ascontiguousarray(lens_k, np.int64), block_m,
                    block_n, heads, causal, num_sms, group, _schedule.check_window(window, causal))
         out = _varlen_pack.new_packing(*varlen_schedule._schedule_args(policy, problem), True)
-        code, t.blob, t.offsets, t.shapes, t.num_visits, t.num_ctas, tie_sign, rank_rule = out
+        code, t.blob, t.offsets, t.shapes, t.num_visits, t.num_ctas, tie_sign, rank_rule, t.m_blocks, t.n_blocks = out
         t.policy, t.compact = varlen_schedule._POLICY_NAMES[code], (tie_sign, rank_rule)
         if compact == "expand" and compact_above is not None and t.num_visits > compact_above:
             compact = True               # a per-visit table this large: compact records (as compact_device.wanted)
@@ -248,16 +295,12 @@ def plan(policy, lens_q, lens_k, block_m, block_n, heads, kv_heads, causal, max_
                 built.num_m_blocks, built.seqlens_q, built.seqlens_k, kv_heads, group, False)
             t.compact = (int(built.tie_sign), int(built.rank_rule))
         else:
-            t.visits, t.rank, t.cta_start = built.expand()
-            t.cu_q, t.cu_k = (np.concatenate(([0], np.cumsum(x))).astype(np.int32) for x in (lens_q, lens_k))
+            t.visits, t.rank, t._cta_start = built.expand()
+            t._cu_q, t._cu_k = (np.concatenate(([0], np.cumsum(x))).astype(np.int32) for x in (lens_q, lens_k))
+        t.n_blocks = max(1, int((-(-lens_k // block_n)).max()))
+        t.m_blocks = max(1, int((-(-lens_q // block_m)).max()))
     t.expand = compact == "expand"
-    if t.compact is not None:
-        t.cu_q, t.cu_k = t._view(_CU_Q), t._view(_CU_K)
-        if t.expand:
-            t.cta_start = t._view(_CTA_START)
     t.group_size, t.key = group, key
-    t.n_blocks = max(1, int(n_tiles.max()))
-    t.m_blocks = max(1, int((-(-lens_q // block_m)).max()))
     with _plans_lock:
         _plans[key] = t
         while len(_plans) > _MAX_PLANS:

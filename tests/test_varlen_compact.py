@@ -237,7 +237,9 @@ def test_new_packing_in_one_call_gives_the_builder_and_pack_bytes():
         np.testing.assert_array_equal(got[1], want[0], err_msg=str(where))
         np.testing.assert_array_equal(got[2], want[1], err_msg=str(where))
         assert got[3] == want[2] and got[4] == want[3] == plan.num_visits, where
-        assert got[5:] == (plan.num_ctas, plan.tie_sign, plan.rank_rule), where
+        assert got[5:8] == (plan.num_ctas, plan.tie_sign, plan.rank_rule), where
+        assert got[8:] == (max(1, int(plan.num_m_blocks.max(initial=0))),
+                           max(1, int((-(-np.asarray(sk) // kw["block_n"])).max(initial=0)))), where
         seen.add(plan.policy)
     assert seen == set(codes)
 
@@ -316,15 +318,19 @@ def test_gpu_expansion_launch_wiring(monkeypatch):
     monkeypatch.setattr(varlen_device.cupy, "ndarray", ndarray)
     monkeypatch.setattr(varlen_device.cupy.cuda.runtime, "memcpyAsync", memcpy)
     monkeypatch.setattr(varlen_device.cupyx, "empty_pinned", lambda n, dtype: np.empty(n, dtype))
-    launched = {}
-    monkeypatch.setattr(kernels, "launch", lambda spec, grid, params, stream, func=None: launched.update(
-        spec=spec, grid=grid, params=np.frombuffer(bytes(params), dtype=kernels.BWD_PARAMS_DTYPE)[0]))
-    monkeypatch.setattr(jit, "load", lambda spec: types.SimpleNamespace(ptr=0x1))
+    from cupy_dash import _launch
+    launched, spec = {}, kernels.expand_spec(True)
+    monkeypatch.setattr(_launch, "launch", lambda func, gx, gy, gz, threads, smem, stream, params: launched.update(
+        func=func, grid=(gx, gy, gz), block=(threads, smem), stream=stream,
+        params=np.frombuffer(bytes(params), dtype=kernels.BWD_PARAMS_DTYPE)[0]))
+    monkeypatch.setattr(jit, "load", lambda s: types.SimpleNamespace(ptr=0x1 if s == spec else 0x2))
+    monkeypatch.setattr(varlen_device, "_expand_launches", {})
     staging = []
     d, cu_q, cu_k = varlen_device._expand_on_device(t, 0, types.SimpleNamespace(ptr=0), staging)
     assert len(staging) == 1 and staging[0].nbytes >= t.blob.nbytes      # held by the caller until the copy ends
     f = launched["params"]
-    assert launched["spec"] == kernels.expand_spec(True) and launched["grid"] == (t.num_ctas, kernels.EXPAND_CHUNKS)
+    assert launched["func"] == 0x1 and launched["grid"] == (t.num_ctas, kernels.EXPAND_CHUNKS, 1)
+    assert launched["block"] == (spec.threads, spec.smem_bytes) and launched["stream"] == 0
     assert device_bytes["dst"] == base and device_bytes["n"] == t.blob.nbytes
     np.testing.assert_array_equal(device_bytes["blob"], t.blob)
     for name, host in t.arrays.items():
