@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One device run on the H200: install, compile, GPU tests, demo, benchmarks; every log under $OUT.
-#   bash benchmarks/device_run.sh [smoke|fwd|tests|bench|integration|long|gqa|varlen_bench|long1m|session6|all]
+#   bash benchmarks/device_run.sh [smoke|fwd|tests|bench|integration|long|gqa|varlen_bench|long1m|varlen_step|all]
 #                                 [extra pytest args...]
-# "session6": what the fifth session built without a GPU (benchmarks/NOTES.md, "Next GPU session"). Earlier
-# sessions' one-off stages are in this file's history; the writer-rank-ahead experiment is
+# "varlen_step": a new packing's host cost, build and upload (issue 7). Earlier sessions' one-off stages are in
+# this file's history; the writer-rank-ahead experiment is
 # benchmarks/patches/writer_rank_ahead.patch (measured, not merged: RESULTS.md, fifth session).
 # FA3 (flash-attn3-jax) is measured when its wheel is importable: carry .whl/ and set FA3_WHL=1.
 set -o pipefail
@@ -66,13 +66,12 @@ if [ "$stage" = gqa ]; then   # forward re-check after the varlen change, GQA th
       --schedules auto descending atomic --out "$OUT" 2>&1 | tee "$OUT/gqa${g}_bench.log" | tail -20
   done
 fi
-if [ "$stage" = session6 ]; then   # what the fifth session built after its GPU budget (benchmarks/NOTES.md)
-  timeout 300 $py -m pytest tests/test_gpu_varlen_bwd.py tests/test_gpu_varlen.py tests/test_jax_varlen.py \
-    tests/test_gpu_torch_ops.py tests/test_gpu_fastpath.py -q -ra --maxfail=10 "$@" 2>&1 | tee "$OUT/new_tests.log" \
-    | tail -8
+if [ "$stage" = varlen_step ]; then   # a new packing's host cost (issue 7's per-step figure; RESULTS, sixth session)
+  timeout 60 $py benchmarks/varlen_plan_cpu.py --packings 200 2>&1 | tee "$OUT/varlen_plan_cpu.txt"
   for mode in "" --torch; do
     timeout 100 $py benchmarks/varlen_step.py --calls 40 --batches 4 16 64 $mode 2>&1 | tee -a "$OUT/varlen_step.txt"
   done
+  timeout 60 $py benchmarks/varlen_step.py --calls 40 --batches 16 --torch --parts 2>&1 | tee "$OUT/varlen_parts.txt"
 fi
 if [ "$stage" = tests ] || [ "$stage" = all ]; then
   timeout 540 $py -m pytest tests/ -q -ra --maxfail=20 --durations=15 "$@" 2>&1 | tee "$OUT/tests.log" | tail -40
