@@ -1,12 +1,14 @@
 # cython: boundscheck=False, wraparound=False
 """Kernel launch with one driver call (CUDA Driver API ``cuLaunchKernel``), for the host fast path
 (:mod:`cupy_dash.fastpath`): the kernels take one by-value parameter struct, so a launch is the function handle,
-the grid, the block, the dynamic shared memory, the stream and the packed struct's bytes.
+the grid, the block, the dynamic shared memory, the stream and the packed struct's bytes; ``patched_block``
+writes a call's fields (addresses, TMA maps) into a copy of a plan's packed block.
 
 libcuda is opened with ``dlopen`` on first use (CuPy has loaded it by then); building this module needs no CUDA
 headers or toolkit, and importing it needs no GPU.
 """
 from libc.stdint cimport uintptr_t
+from libc.string cimport memcpy
 
 cdef extern from "<dlfcn.h>" nogil:
     void* dlopen(const char* filename, int flag)
@@ -74,3 +76,38 @@ def launch_sequence(uintptr_t stream, const unsigned char[::1] params, tuple lau
             rc = _cu_launch(<void*>function, gx, gy, gz, bx, 1, 1, smem, <void*>stream, args, NULL)
         if rc != 0:
             raise RuntimeError(f"cuLaunchKernel of kernel {i} of {len(launches)} failed with CUresult {rc}")
+
+
+def patched_block(const unsigned char[::1] template, tuple maps, tuple map_ptrs, tuple map_offsets, tuple offsets,
+                  tuple values):
+    """A copy of the packed parameter block ``template`` (bytes) with, for each i, the 128-byte TMA map of
+    ``map_ptrs[i]`` from ``maps[i]`` (a fastpath._Maps: its cache, else its ``get``) at byte ``map_offsets[i]``,
+    and the unsigned 64-bit ``values[i]`` at byte ``offsets[i]`` (little-endian, as the struct's fields): the
+    host fast path's per-call fields, patched in one call. Returns a bytearray. Raises ValueError for a field
+    outside the block or a map that is not 128 bytes.
+
+    NOTES: values are copied in host byte order, little-endian on every host CUDA runs on (x86-64, aarch64)."""
+    cdef Py_ssize_t n = template.shape[0], i, off
+    cdef const unsigned char[::1] m
+    cdef unsigned long long value
+    if len(maps) != len(map_ptrs) or len(maps) != len(map_offsets) or len(offsets) != len(values):
+        raise ValueError("patched_block: mismatched field lists")
+    out = bytearray(n)
+    cdef unsigned char[::1] buf = out
+    if n:
+        memcpy(&buf[0], &template[0], n)
+    for i in range(len(maps)):
+        ptr = map_ptrs[i]
+        got = maps[i].cache.get(ptr)
+        m = got if got is not None else maps[i].get(ptr)
+        off = map_offsets[i]
+        if m.shape[0] != 128 or off < 0 or off + 128 > n:
+            raise ValueError(f"patched_block: map {i} at byte {off} does not fit a {n}-byte block")
+        memcpy(&buf[off], &m[0], 128)
+    for i in range(len(offsets)):
+        off = offsets[i]
+        if off < 0 or off + 8 > n:
+            raise ValueError(f"patched_block: field {i} at byte {off} does not fit a {n}-byte block")
+        value = values[i]
+        memcpy(&buf[off], &value, 8)
+    return out

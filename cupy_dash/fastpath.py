@@ -20,7 +20,6 @@ the tensors' device, or when ``CUPY_DASH_FASTPATH=0``. The asynchronous work is 
 from __future__ import annotations
 
 import os
-import struct
 import threading
 
 import cupy
@@ -36,8 +35,23 @@ _torch = None
 _stats = {"fwd_hits": 0, "bwd_hits": 0}
 
 
+# NOTES: the fast path reads a few environment variables on every call. On POSIX CPython, os.environ keeps its
+# bytes-keyed dict ``_data`` in step with every write through os.environ (monkeypatch.setenv included); reading it
+# directly skips _Environ.get's encode / decode (~0.5 µs per read on the device VM). Elsewhere, os.environ.
+_ENV_DATA = os.environ._data if os.name == "posix" and isinstance(getattr(os.environ, "_data", None), dict) \
+    else None
+
+
+def env(name: bytes):
+    """The environment variable ``name`` (ASCII bytes) as bytes, or None when unset."""
+    if _ENV_DATA is not None:
+        return _ENV_DATA.get(name)
+    value = os.environ.get(name.decode())
+    return None if value is None else value.encode()
+
+
 def enabled() -> bool:
-    return os.environ.get("CUPY_DASH_FASTPATH", "1") not in ("0", "")
+    return env(b"CUPY_DASH_FASTPATH") not in (b"0", b"")
 
 
 def clear() -> None:
@@ -86,7 +100,7 @@ def bwd_key(do, q, k, v, out, lse, causal, softmax_scale, schedule, deterministi
         return None
     ptrs = do.data_ptr() | q.data_ptr() | k.data_ptr() | v.data_ptr() | out.data_ptr() | lse.data_ptr()
     return (_sig(do), _sig(q), _sig(k), _sig(v), _sig(out), _sig(lse), causal, softmax_scale, schedule,
-            deterministic, window, not (ptrs & 15), os.environ.get("CUPY_DASH_SPIN_TIMEOUT_MS"))
+            deterministic, window, not (ptrs & 15), env(b"CUPY_DASH_SPIN_TIMEOUT_MS"))
 
 
 class _Maps:
@@ -183,13 +197,9 @@ def run_forward(plan, stream, q, k, v, cu=()):
     out = torch.empty(plan.out_shape, dtype=plan.dtype, device=plan.device)
     lse = torch.empty(plan.lse_shape, dtype=torch.float32, device=plan.device)
     out_ptr = out.data_ptr()
-    buf = bytearray(plan.template)
-    for maps, off, ptr in zip(plan.maps, plan.map_offsets, (q.data_ptr(), k.data_ptr(), v.data_ptr(), out_ptr)):
-        buf[off:off + 128] = maps.get(ptr)
-    struct.pack_into("<Q", buf, plan.offsets[0], lse.data_ptr())
-    if cu:                                   # varlen: out's address and the lengths'
-        for off, value in zip(plan.offsets[1:], (out_ptr, cu[0].data_ptr(), cu[1].data_ptr())):
-            struct.pack_into("<Q", buf, off, value)
+    ptrs = (lse.data_ptr(), out_ptr, cu[0].data_ptr(), cu[1].data_ptr()) if cu else (lse.data_ptr(),)
+    buf = _launch.patched_block(plan.template, plan.maps, (q.data_ptr(), k.data_ptr(), v.data_ptr(), out_ptr),
+                                plan.map_offsets, plan.offsets, ptrs)
     gx, gy, gz, threads, smem = plan.launch
     _launch.launch(plan.func, gx, gy, gz, threads, smem, stream.ptr, buf)
     return out, lse
@@ -215,8 +225,7 @@ _BWD_POINTERS = ("q", "k", "v", "out", "dout", "lse", "lse_log2", "dpsum", "dq_a
 
 
 class _BwdPlan:
-    __slots__ = ("c", "call", "launches", "template", "maps", "map_offsets", "offsets", "error_offsets",
-                 "deterministic", "dq_shape", "kv_shape", "dtype", "device", "device_index", "work", "stream", "keep")
+    __slots__ = ("c", "call", "launches", "template", "maps", "map_offsets", "offsets", "deterministic", "dq_shape", "kv_shape", "dtype", "device", "device_index", "work", "stream", "keep")
 
 
 def backward_plan(c, operands, lse_ptr, work_base, grads, call, like, dq_shape, kv_shape, cu_seqlens=(0, 0)):
@@ -238,8 +247,7 @@ def backward_plan(c, operands, lse_ptr, work_base, grads, call, like, dq_shape, 
                  _Maps(p.dtype, (B, Sq, H, D), do_stride, c.block_m, "do"))
     dt = kernels.BWD_PARAMS_DTYPE
     plan.map_offsets = tuple(_offset(dt, n) for n in ("tma_q", "tma_k", "tma_v", "tma_do"))
-    plan.offsets = tuple(_offset(dt, n) for n in _BWD_POINTERS)
-    plan.error_offsets = _offset(dt, "error"), _offset(dt, "error_host")
+    plan.offsets = tuple(_offset(dt, n) for n in _BWD_POINTERS + ("error", "error_host"))
     plan.deterministic = c.deterministic
     plan.dq_shape, plan.kv_shape = dq_shape, kv_shape
     plan.dtype, plan.device, plan.device_index = like.dtype, like.device, like.get_device()
@@ -306,19 +314,20 @@ def run_backward(plan, stream, do, q, k, v, out, lse):
     dv = torch.empty(plan.kv_shape, dtype=plan.dtype, device=plan.device)
     base = work.data_ptr()
     off = c.offsets
-    values = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), do.data_ptr(), lse.data_ptr(),
-              base + off[0], base + off[1], base + off[2], base + off[3] if plan.deterministic else 0,
-              dq.data_ptr(), dk.data_ptr(), dv.data_ptr())
-    buf = bytearray(plan.template)
-    for maps, o, ptr in zip(plan.maps, plan.map_offsets, values[:3] + values[4:5]):
-        buf[o:o + 128] = maps.get(ptr)
-    for o, value in zip(plan.offsets, values):
-        struct.pack_into("<Q", buf, o, value)
+    q_ptr, k_ptr, v_ptr, do_ptr = q.data_ptr(), k.data_ptr(), v.data_ptr(), do.data_ptr()
+    grads = dq.data_ptr(), dk.data_ptr(), dv.data_ptr()
     slot = errors._acquire_slot(plan.device_index)     # enqueue_backward releases it if anything fails
-    struct.pack_into("<Q", buf, plan.error_offsets[0], slot.dptr)
-    struct.pack_into("<Q", buf, plan.error_offsets[1], slot.hdev)
-    launchers.enqueue_backward(c, buf, values[10:13], stream, slot=slot, call=plan.call, launches=plan.launches)
-    if os.environ.get("CUPY_DASH_SYNC_ERRORS", "") not in ("", "0"):
+    try:
+        buf = _launch.patched_block(plan.template, plan.maps, (q_ptr, k_ptr, v_ptr, do_ptr), plan.map_offsets,
+                                    plan.offsets, (q_ptr, k_ptr, v_ptr, out.data_ptr(), do_ptr, lse.data_ptr(),
+                                                   base + off[0], base + off[1], base + off[2],
+                                                   base + off[3] if plan.deterministic else 0, *grads, slot.dptr,
+                                                   slot.hdev))
+    except BaseException:
+        errors._release_slot(slot)
+        raise
+    launchers.enqueue_backward(c, buf, grads, stream, slot=slot, call=plan.call, launches=plan.launches)
+    if env(b"CUPY_DASH_SYNC_ERRORS") not in (None, b"", b"0"):
         errors.check_errors()
     return dq, dk, dv
 

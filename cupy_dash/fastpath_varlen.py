@@ -22,7 +22,6 @@ no fast path). So a call that would fail a check never matches.
 """
 from __future__ import annotations
 
-import os
 import threading
 
 import numpy as np
@@ -35,6 +34,7 @@ _fwd_plans: dict = {}
 _templates: dict = {}     # signature without the lengths -> a plan of those tensors (for their new packings)
 _lock = threading.Lock()
 _stats = {"hits": 0, "fwd_hits": 0, "new_packing_hits": 0}
+_COMPACT_ENV, _EXPAND_ENV = compact_device.ENV.encode(), varlen_device.EXPAND_ENV.encode()
 
 
 def stats() -> dict:
@@ -98,8 +98,7 @@ def key(do, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, softmax_scale, 
     ptrs = do.data_ptr() | q.data_ptr() | k.data_ptr() | v.data_ptr() | out.data_ptr() | lse.data_ptr()
     return (sig(do), sig(q), sig(k), sig(v), sig(out), sig(lse), lens, max_q, max_k, causal, softmax_scale, window,
             schedule, deterministic, not (ptrs & 15), interop._torch_stream_ptr(dev),
-            os.environ.get("CUPY_DASH_SPIN_TIMEOUT_MS"), os.environ.get(compact_device.ENV),
-            os.environ.get(varlen_device.EXPAND_ENV))
+            fastpath.env(b"CUPY_DASH_SPIN_TIMEOUT_MS"), fastpath.env(_COMPACT_ENV), fastpath.env(_EXPAND_ENV))
 
 
 def _template_key(key_):
