@@ -82,7 +82,8 @@ def patched_block(const unsigned char[::1] template, tuple maps, tuple map_ptrs,
                   tuple values):
     """A copy of the packed parameter block ``template`` (bytes) with, for each i, the 128-byte TMA map of
     ``map_ptrs[i]`` from ``maps[i]`` (a fastpath._Maps: its cache, else its ``get``) at byte ``map_offsets[i]``,
-    and the unsigned 64-bit ``values[i]`` at byte ``offsets[i]`` (little-endian, as the struct's fields): the
+    and the 64-bit ``values[i]`` at byte ``offsets[i]`` (two's complement when negative; little-endian, as the
+    struct's fields): the
     host fast path's per-call fields, patched in one call. Returns a bytearray. Raises ValueError for a field
     outside the block or a map that is not 128 bytes.
 
@@ -90,6 +91,7 @@ def patched_block(const unsigned char[::1] template, tuple maps, tuple map_ptrs,
     cdef Py_ssize_t n = template.shape[0], i, off
     cdef const unsigned char[::1] m
     cdef unsigned long long value
+    cdef long long signed_value
     if len(maps) != len(map_ptrs) or len(maps) != len(map_offsets) or len(offsets) != len(values):
         raise ValueError("patched_block: mismatched field lists")
     out = bytearray(n)
@@ -108,6 +110,11 @@ def patched_block(const unsigned char[::1] template, tuple maps, tuple map_ptrs,
         off = offsets[i]
         if off < 0 or off + 8 > n:
             raise ValueError(f"patched_block: field {i} at byte {off} does not fit a {n}-byte block")
-        value = values[i]
-        memcpy(&buf[off], &value, 8)
+        v = values[i]
+        if v < 0:
+            signed_value = v
+            memcpy(&buf[off], &signed_value, 8)
+        else:
+            value = v
+            memcpy(&buf[off], &value, 8)
     return out

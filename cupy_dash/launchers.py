@@ -196,6 +196,7 @@ def bwd_grids(c) -> tuple:
 _NO_SCHEDULE = dict(visits=0, rank=0, cta_start=0, col_records=0, cta_columns=0, cta_col_start=0, scan_bounds=0,
                     n_first=0, columns_per_head=0, tie_sign=0, rank_rule=0, tile_columns=0, seg_col_start=0,
                     seq_n_first=0, seq_tile_start=0)
+SCHEDULE_FIELDS = tuple(_NO_SCHEDULE)   # every field bwd_schedule_fields sets
 
 
 def bwd_schedule_fields(tables) -> dict:

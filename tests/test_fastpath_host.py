@@ -142,8 +142,9 @@ def test_patched_block_writes_maps_and_fields_as_pack_into():
     one[0].cache[1] = bytes(64)
     with pytest.raises(ValueError, match="does not fit"):
         _launch.patched_block(bytes(256), one, (1,), (0,), (), ())
+    assert _launch.patched_block(bytes(16), (), (), (), (0, 8), (-2, 1 << 63)) == struct.pack("<qQ", -2, 1 << 63)
     with pytest.raises(OverflowError):
-        _launch.patched_block(bytes(256), (), (), (), (0,), (-1,))
+        _launch.patched_block(bytes(16), (), (), (), (0,), (1 << 64,))
 
 
 def test_env_follows_every_write_through_os_environ(monkeypatch):
