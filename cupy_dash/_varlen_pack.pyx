@@ -31,11 +31,13 @@ cdef inline long long aligned(long long nbytes) noexcept:
 cpdef tuple pack(const int[:, ::1] records, const int[::1] cta_columns, const long long[::1] cta_col_start,
                 const int[::1] seg_col_start, const int[::1] n_first, const long long[::1] num_m_blocks,
                 const long long[::1] seqlens_q, const long long[::1] seqlens_k, long long kv_heads,
-                long long group_size, bint visit_starts):
+                long long group_size, bint visit_starts, alloc=None):
     """(buffer uint8, offsets int64 (10,), shapes tuple, num_visits) of the arrays NAMES (dtypes DTYPES), the
     CTAs' row starts ``cta_start`` int64 (num_ctas + 1,) only with ``visit_starts`` (else its offset is -1).
     records (columns, 8), cta_columns, cta_col_start, seg_col_start, n_first: a VarlenSchedule's; num_m_blocks,
-    seqlens_q, seqlens_k int64 (B,). num_visits: the per-visit table's rows (query heads included)."""
+    seqlens_q, seqlens_k int64 (B,). num_visits: the per-visit table's rows (query heads included).
+    ``alloc(nbytes)``: a writable uint8 array of at least nbytes to pack into (e.g. pinned memory, the buffer
+    is then its first bytes); default numpy.empty."""
     cdef long long ncols = records.shape[0], G = cta_col_start.shape[0] - 1, B = seqlens_q.shape[0]
     cdef long long S = seg_col_start.shape[0] - 1, b, m, r0, L, total_m = 0, c, last, visits = 0
     if ncols * REC_FIELDS >= 2 ** 31:
@@ -53,7 +55,7 @@ cpdef tuple pack(const int[:, ::1] records, const int[::1] cta_columns, const lo
         if i != 7 or visit_starts:
             off[i] = total
             total += aligned(sizes[i])
-    buf_arr = np.empty(max(total, 1), dtype=np.uint8)
+    buf_arr = np.empty(max(total, 1), dtype=np.uint8) if alloc is None else alloc(max(total, 1))[:max(total, 1)]
     cdef unsigned char[::1] buf = buf_arr
     cdef unsigned char* base = &buf[0]
     cdef long long nbytes
@@ -245,10 +247,11 @@ cpdef tuple schedule_varlen(int policy, const long long[::1] sq, const long long
 
 def new_packing(int policy, const long long[::1] sq, const long long[::1] sk, long long left, long long right,
                 long long bm, long long bn, long long heads, long long group, bint causal, long long num_sms,
-                tuple candidates, double c, double r, double tolerance, long long few_grouped, bint visit_starts):
+                tuple candidates, double c, double r, double tolerance, long long few_grouped, bint visit_starts,
+                alloc=None):
     """(policy, pack's four outputs, num_ctas, tie_sign, rank_rule, most Q tiles, most KV tiles of a sequence
     (at least 1 each)) of :func:`schedule_varlen`'s records for these arguments, packed as :func:`pack` packs
-    them: the host side of a training step's new packing in one call."""
+    them (into ``alloc``'s buffer, as pack): the host side of a training step's new packing in one call."""
     policy, _, shapes, built, _ = schedule_varlen(policy, sq, sk, left, right, bm, bn, heads, group, causal,
                                                   num_sms, candidates, c, r, tolerance, few_grouped)
     cdef long long[:, ::1] info = shapes[0]
@@ -264,5 +267,5 @@ def new_packing(int policy, const long long[::1] sq, const long long[::1] sk, lo
         most_m = info[b, 0] if info[b, 0] > most_m else most_m
         most_n = info[b, 1] if info[b, 1] > most_n else most_n
     out = pack(records, cols, cs, seg.astype(np.int32), n_first, m_blocks, sq, sk, heads // group, group,
-               visit_starts)
+               visit_starts, alloc)
     return (policy,) + out + (G, tie, rank_rule_of(policy, tie), most_m, most_n)

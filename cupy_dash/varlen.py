@@ -151,7 +151,7 @@ def _tables(dev, dtype, D, causal, deterministic, schedule, lens_q, lens_k, H, H
     form = True if env not in ("", "0") else ("expand" if expand else False)
     _, bm, bn, max_ctas = kernels.bwd_entry(dev, dtype, D, causal, deterministic, varlen=True)
     tables = varlen_device.plan(schedule, lens_q, lens_k, bm, bn, H, Hkv, causal, max_ctas, window, form,
-                                compact_device.AUTO_VISITS if env == "" else None)
+                                compact_device.AUTO_VISITS if env == "" else None, pinned=True)
     compact = tables.compact is not None and not tables.expand
     specs, _, _, compact_ctas = kernels.bwd_entry(dev, dtype, D, causal, deterministic, compact=compact, varlen=True)
     if tables.num_ctas > compact_ctas:

@@ -37,10 +37,10 @@ class Tables:
     packed in the byte layout uploaded (``blob``, ``offsets`` of _varlen_pack.NAMES, ``arrays``: views of its
     compact arrays); its key (policy, lengths, tiles, heads, mask, CTAs, form), ``num_visits``
     and the lengths as cu_seqlens (``cu_q``, ``cu_k``; for the compact forms, views of ``blob``, as ``cta_start``
-    for the GPU expansion)."""
+    for the GPU expansion); ``pinned``: ``blob`` lies in pinned host memory (uploaded without staging)."""
     __slots__ = ("visits", "rank", "_cta_start", "num_ctas", "policy", "group_size", "n_blocks", "m_blocks", "key",
                  "_cu_q", "_cu_k", "compact", "num_visits", "expand", "heads", "kv_heads", "blob", "offsets",
-                 "shapes")
+                 "shapes", "pinned")
 
     def _view(self, i):
         off, dtype = int(self.offsets[i]), _varlen_pack.DTYPES[i]
@@ -118,7 +118,8 @@ def device(t: Tables, num_heads, dev, stream):
     """(tables, cu_seqlens_q, cu_seqlens_k, event) of ``t`` on device ``dev``: :class:`ExpandedTables`,
     :class:`CompactTables` or (expanded on the host) ``schedule.DeviceTables``, cached (LRU) so that a repeated
     packing uploads nothing; a miss enqueues the uploads on ``stream`` (no wait) and ``event`` marks their end.
-    The device cu_seqlens are the lengths the table was built from, so the kernels never see other ones."""
+    The device cu_seqlens are the lengths the table was built from, so the kernels never see other ones: CuPy
+    arrays for per-visit tables, :class:`DeviceRef` for the compact forms (read by ``.data.ptr`` alike)."""
     key = (t.key, dev)
     with _plans_lock:
         hit = _device_tables.get(key)
@@ -130,7 +131,7 @@ def device(t: Tables, num_heads, dev, stream):
     if t.expand:
         d, cu_q, cu_k = _expand_on_device(t, dev, stream, staging)
     elif t.compact:
-        buf, _ = _upload([(t.blob, 0)], t.blob.nbytes, 0, stream, staging)
+        buf, _ = _upload([(t.blob, 0)], t.blob.nbytes, 0, stream, staging, t.pinned)
         d = CompactTables()
         d.ptrs, d.buffer = _record_ptrs(t, buf.data.ptr), buf
         cu_q, cu_k = _device_view(buf, t, _CU_Q), _device_view(buf, t, _CU_K)
@@ -160,25 +161,50 @@ def device(t: Tables, num_heads, dev, stream):
     return entry
 
 
-def _upload(pieces, nbytes: int, extra_bytes: int, stream, staging_out: list):
+def _upload(pieces, nbytes: int, extra_bytes: int, stream, staging_out: list, pinned: bool = False):
     """(buffer, head): a CuPy uint8 device buffer of ``head`` (``nbytes`` rounded up to 256 bytes) +
     ``extra_bytes`` bytes whose first ``nbytes`` are the host ``pieces`` ((array, byte offset) pairs), enqueued on
-    ``stream`` as one copy from pinned staging (no wait). The staging buffer is appended to ``staging_out``: the
-    caller keeps it alive until the copy has finished."""
+    ``stream`` as one copy from pinned memory (no wait): from the one piece itself when ``pinned`` (a blob of
+    :func:`_pinned_blob`), else through pinned staging. The host buffer copied from is appended to
+    ``staging_out``: the caller keeps it alive until the copy has finished."""
     head = -(-nbytes // 256) * 256
-    # NOTES: CuPy's pinned pool reuses a freed block only for the same size, and pinning new host memory costs
-    # ~1 ms; a new packing's tables differ in size at every step, so the staging size is a power of two.
-    staging = cupyx.empty_pinned(1 << max(nbytes - 1, 0).bit_length(), dtype=np.uint8)
-    for a, off in pieces:
-        if a.dtype == np.uint8 and a.flags.c_contiguous:          # a blob of _varlen_pack.pack
-            staging[off:off + a.nbytes] = a
-        else:
-            staging[off:off + a.nbytes] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+    if pinned:
+        (staging, _), = pieces
+    else:
+        staging = cupyx.empty_pinned(_pow2(nbytes), dtype=np.uint8)
+        for a, off in pieces:
+            if a.dtype == np.uint8 and a.flags.c_contiguous:          # a blob of _varlen_pack.pack
+                staging[off:off + a.nbytes] = a
+            else:
+                staging[off:off + a.nbytes] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
     buf = cupy.empty(max(head + extra_bytes, 1), dtype=cupy.uint8)
     cupy.cuda.runtime.memcpyAsync(buf.data.ptr, staging.ctypes.data, nbytes, cupy.cuda.runtime.memcpyHostToDevice,
                                   stream.ptr)
     staging_out.append(staging)
     return buf, head
+
+
+def _pow2(nbytes: int) -> int:
+    # NOTES: CuPy's pinned pool reuses a freed block only for the same size, and pinning new host memory costs
+    # ~1 ms; a new packing's tables differ in size at every step, so pinned buffers have power-of-two sizes.
+    return 1 << max(nbytes - 1, 0).bit_length()
+
+
+_PINNED_BLOB_MAX = 1 << 20      # larger blobs (long sequences: cached, rarely new) stay pageable
+_pinned_ok = [True]
+
+
+def _pinned_blob(nbytes: int):
+    """A writable uint8 host array of at least ``nbytes`` for _varlen_pack.pack to pack a new packing into: pinned
+    (the upload then copies from it directly) up to _PINNED_BLOB_MAX bytes, else, or where pinned memory cannot be
+    had (no CUDA driver: CPU tests of the GPU paths), pageable (the upload stages it)."""
+    if nbytes <= _PINNED_BLOB_MAX and _pinned_ok[0]:
+        size = _pow2(nbytes)
+        try:
+            return np.ndarray((size,), dtype=np.uint8, buffer=cupy.cuda.alloc_pinned_memory(size))
+        except cupy.cuda.runtime.CUDARuntimeError:
+            _pinned_ok[0] = False
+    return np.empty(nbytes, dtype=np.uint8)
 
 
 def _record_ptrs(t: Tables, base: int) -> dict:
@@ -187,8 +213,17 @@ def _record_ptrs(t: Tables, base: int) -> dict:
 
 
 def _device_view(buf, t: Tables, i: int):
-    """The CuPy array of _varlen_pack.NAMES[i] in ``buf`` (``t.blob`` copied to its head)."""
-    return cupy.ndarray(t.shapes[i], _varlen_pack.DTYPES[i], memptr=buf.data + int(t.offsets[i]))
+    """The device address of _varlen_pack.NAMES[i] in ``buf`` (``t.blob`` copied to its head), as a
+    :class:`DeviceRef`."""
+    ref = DeviceRef()
+    ref.data = buf.data + int(t.offsets[i])
+    return ref
+
+
+class DeviceRef:
+    """An array's place inside a CuPy allocation: ``data``, a cupy MemoryPointer (``data.ptr``: the address; it
+    keeps the allocation alive), what the varlen launchers read of the device cu_seqlens."""
+    __slots__ = ("data",)
 
 
 def _expand_on_device(t: Tables, dev, stream, staging_out: list):
@@ -198,7 +233,7 @@ def _expand_on_device(t: Tables, dev, stream, staging_out: list):
     (the staging of the copy appended to ``staging_out``, as :func:`_upload`)."""
     num_rows = max(t.num_visits, 1)
     visits_bytes = -(-num_rows * 16 // 256) * 256
-    buf, head = _upload([(t.blob, 0)], t.blob.nbytes, visits_bytes + num_rows * 4, stream, staging_out)
+    buf, head = _upload([(t.blob, 0)], t.blob.nbytes, visits_bytes + num_rows * 4, stream, staging_out, t.pinned)
     d = ExpandedTables()
     base = buf.data.ptr
     d.ptrs = dict(visits=base + head, rank=base + head + visits_bytes, cta_start=base + int(t.offsets[_CTA_START]))
@@ -254,12 +289,13 @@ def _release_after(entry, streams, stream=None, event=None) -> None:
 
 
 def plan(policy, lens_q, lens_k, block_m, block_n, heads, kv_heads, causal, max_ctas, window,
-         compact=False, compact_above=None) -> Tables:
+         compact=False, compact_above=None, pinned=False) -> Tables:
     """The varlen schedule of one packed batch (lengths: int64 host arrays) on at most ``max_ctas`` CTAs (fewer
     when the batch has fewer KV columns), per-visit, ``compact`` (True) or compact records to be expanded on the
     GPU (``"expand"``), cached by lengths (LRU): training on fixed packings builds each once. ``compact_above``:
     a per-visit form whose table would hold more visits than this is built compact instead (``t.compact`` says
-    which form came out)."""
+    which form came out). ``pinned``: a compact form built here packs its blob into pinned memory where it can
+    (:func:`_pinned_blob`; the GPU paths)."""
     columns = kv_heads * int((-(-lens_k // block_n)).sum())
     num_sms, group = max(1, min(max_ctas, columns)), heads // kv_heads
     key = (policy, lens_q.tobytes(), lens_k.tobytes(), block_m, block_n, heads, causal, num_sms, group, window,
@@ -271,6 +307,7 @@ def plan(policy, lens_q, lens_k, block_m, block_n, heads, kv_heads, causal, max_
             return t
     t = Tables()
     t.compact, t.visits, t.rank, t._cta_start, t.blob, t._cu_q, t._cu_k = None, None, None, None, None, None, None
+    t.pinned = False
     t.heads, t.kv_heads = heads, kv_heads
     if compact:
         # NOTES: the forms a training step builds anew, in one call (_varlen_pack.new_packing: the records of
@@ -279,8 +316,10 @@ def plan(policy, lens_q, lens_k, block_m, block_n, heads, kv_heads, causal, max_
             raise ValueError(f"unknown schedule {policy!r}; expected one of {', '.join(_schedule.POLICIES)}")
         problem = (np.ascontiguousarray(lens_q, np.int64), np.ascontiguousarray(lens_k, np.int64), block_m,
                    block_n, heads, causal, num_sms, group, _schedule.check_window(window, causal))
-        out = _varlen_pack.new_packing(*varlen_schedule._schedule_args(policy, problem), True)
+        out = _varlen_pack.new_packing(*varlen_schedule._schedule_args(policy, problem), True,
+                                       _pinned_blob if pinned else None)
         code, t.blob, t.offsets, t.shapes, t.num_visits, t.num_ctas, tie_sign, rank_rule, t.m_blocks, t.n_blocks = out
+        t.pinned = pinned and t.blob.nbytes <= _PINNED_BLOB_MAX and _pinned_ok[0]     # as _pinned_blob chose
         t.policy, t.compact = varlen_schedule._POLICY_NAMES[code], (tie_sign, rank_rule)
         if compact == "expand" and compact_above is not None and t.num_visits > compact_above:
             compact = True               # a per-visit table this large: compact records (as compact_device.wanted)

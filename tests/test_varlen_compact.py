@@ -307,15 +307,7 @@ def test_gpu_expansion_launch_wiring(monkeypatch):
         device_bytes.update(dst=dst, n=n, blob=np.ctypeslib.as_array(
             (np.ctypeslib.ctypes.c_uint8 * n).from_address(src)).copy())
 
-    def ndarray(shape, dtype, memptr):
-        off = memptr.ptr - base
-        a = types.SimpleNamespace(data=types.SimpleNamespace(ptr=memptr.ptr), shape=shape, dtype=np.dtype(dtype))
-        nbytes = int(np.prod(shape)) * a.dtype.itemsize
-        a.host = device_bytes["blob"][off:off + nbytes].view(dtype).reshape(shape) if off < device_bytes["n"] \
-            else None
-        return a
     monkeypatch.setattr(varlen_device.cupy, "empty", empty)
-    monkeypatch.setattr(varlen_device.cupy, "ndarray", ndarray)
     monkeypatch.setattr(varlen_device.cupy.cuda.runtime, "memcpyAsync", memcpy)
     monkeypatch.setattr(varlen_device.cupyx, "empty_pinned", lambda n, dtype: np.empty(n, dtype))
     from cupy_dash import _launch
@@ -339,8 +331,9 @@ def test_gpu_expansion_launch_wiring(monkeypatch):
             host.shape), host, err_msg=name)
     off = d.ptrs["cta_start"] - base
     np.testing.assert_array_equal(device_bytes["blob"][off:off + t.cta_start.nbytes].view(np.int64), t.cta_start)
-    np.testing.assert_array_equal(cu_q.host, t.cu_q)
-    np.testing.assert_array_equal(cu_k.host, t.cu_k)
+    for ref, host in ((cu_q, t.cu_q), (cu_k, t.cu_k)):
+        off = ref.data.ptr - base
+        np.testing.assert_array_equal(device_bytes["blob"][off:off + host.nbytes].view(np.int32), host)
     rows = max(t.num_visits, 1)
     visits, rank = d.ptrs["visits"], d.ptrs["rank"]
     assert t.blob.nbytes <= visits - base and visits + 16 * rows <= rank and visits % 256 == 0
@@ -369,3 +362,44 @@ def test_large_varlen_tables_switch_to_compact_records():
     expand = varlen_device.plan(*args, "expand", 1000)                    # nor expanded on the GPU
     assert not expand.expand and expand.compact is not None
     assert varlen_device.plan(*args, "expand", None).expand
+
+
+def test_a_new_packing_packs_into_pinned_memory_and_uploads_without_staging(monkeypatch):
+    """plan(..., pinned=True) packs a compact form's blob into pinned memory (power-of-two blocks from CuPy's
+    pinned pool, up to _PINNED_BLOB_MAX bytes) and _upload copies from it directly (no staging buffer, the blob
+    held until the copy ends); larger blobs, and machines without a CUDA driver, stay pageable and staged."""
+    import types
+    import cupy
+    pinned_sizes, copies = [], []
+
+    def alloc_pinned(n):
+        pinned_sizes.append(n)
+        return bytearray(n)
+    monkeypatch.setattr(cupy.cuda, "alloc_pinned_memory", alloc_pinned)
+    monkeypatch.setattr(varlen_device, "_pinned_ok", [True])
+    monkeypatch.setattr(varlen_device, "_plans", __import__("collections").OrderedDict())   # no cached packing
+    sq = np.array([1, 17, 300, 129], np.int64)
+    t = varlen_device.plan("symmetric_shift", sq, sq, 64, 128, 8, 2, True, 7, (-1, 0), "expand", pinned=True)
+    assert t.pinned and pinned_sizes == [1 << (t.blob.nbytes - 1).bit_length()]
+    plain = varlen_device.plan("symmetric_shift", sq + 1, sq + 1, 64, 128, 8, 2, True, 7, (-1, 0), "expand")
+    assert not plain.pinned and len(pinned_sizes) == 1
+    monkeypatch.setattr(varlen_device.cupy, "empty", lambda n, dtype: types.SimpleNamespace(
+        data=types.SimpleNamespace(ptr=0x100000)))
+    monkeypatch.setattr(varlen_device.cupy.cuda.runtime, "memcpyAsync",
+                        lambda dst, src, n, kind, stream: copies.append((dst, src, n)))
+    monkeypatch.setattr(varlen_device.cupyx, "empty_pinned", lambda n, dtype: pytest.fail("staged a pinned blob"))
+    staging = []
+    varlen_device._upload([(t.blob, 0)], t.blob.nbytes, 0, types.SimpleNamespace(ptr=0), staging, t.pinned)
+    assert staging == [t.blob] and copies == [(0x100000, t.blob.ctypes.data, t.blob.nbytes)]
+    monkeypatch.setattr(varlen_device, "_PINNED_BLOB_MAX", 64)
+    big = varlen_device.plan("symmetric_shift", sq + 2, sq + 2, 64, 128, 8, 2, True, 7, (-1, 0), "expand",
+                             pinned=True)
+    assert not big.pinned and len(pinned_sizes) == 1
+
+    def no_driver(n):
+        raise cupy.cuda.runtime.CUDARuntimeError(35)
+    monkeypatch.setattr(varlen_device, "_PINNED_BLOB_MAX", 1 << 20)
+    monkeypatch.setattr(cupy.cuda, "alloc_pinned_memory", no_driver)
+    none = varlen_device.plan("symmetric_shift", sq + 3, sq + 3, 64, 128, 8, 2, True, 7, (-1, 0), "expand",
+                              pinned=True)
+    assert not none.pinned and varlen_device._pinned_ok == [False]
