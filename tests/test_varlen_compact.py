@@ -403,3 +403,13 @@ def test_a_new_packing_packs_into_pinned_memory_and_uploads_without_staging(monk
     none = varlen_device.plan("symmetric_shift", sq + 3, sq + 3, 64, 128, 8, 2, True, 7, (-1, 0), "expand",
                               pinned=True)
     assert not none.pinned and varlen_device._pinned_ok == [False]
+
+
+def test_device_allocations_of_new_packings_come_in_powers_of_two():
+    """_device_bytes: powers of two up to _POW2_DEVICE_MAX (CuPy's pool then reuses an evicted table's block as
+    it is), the exact size above; never below the request."""
+    cap = varlen_device._POW2_DEVICE_MAX
+    for n in (0, 1, 255, 256, 257, 70_000, 640_000, cap - 1, cap):
+        got = varlen_device._device_bytes(n)
+        assert got >= max(n, 1) and got & (got - 1) == 0 and got < 2 * max(n, 1)
+    assert varlen_device._device_bytes(cap + 1) == cap + 1
