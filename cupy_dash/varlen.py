@@ -176,7 +176,8 @@ def _packing_launch(dev, p, causal, deterministic, schedule, window, spin_timeou
     c = launchers.BwdLaunch(specs, bm, bn, p, deterministic, spin_timeout_ns, causal, window,
                             varlen=(num_seqs, max_q))
     c.tables, cu_q_dev, cu_k_dev, uploaded = varlen_device.device(tables, num_seqs * p.H, dev, stream)
-    stream.wait_event(uploaded)
+    if uploaded is not None:
+        stream.wait_event(uploaded)
     return c, (cu_q_dev, cu_k_dev), (c.tables.policy, num_seqs, p.H, p.Sq, p.Sk, p.D, causal, window)
 
 

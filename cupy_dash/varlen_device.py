@@ -117,7 +117,9 @@ def upload_async(arrays, stream):
 def device(t: Tables, num_heads, dev, stream):
     """(tables, cu_seqlens_q, cu_seqlens_k, event) of ``t`` on device ``dev``: :class:`ExpandedTables`,
     :class:`CompactTables` or (expanded on the host) ``schedule.DeviceTables``, cached (LRU) so that a repeated
-    packing uploads nothing; a miss enqueues the uploads on ``stream`` (no wait) and ``event`` marks their end.
+    packing uploads nothing; a miss enqueues the uploads on ``stream`` (no wait). ``event``: what ``stream`` must
+    wait for before reading the tables (the end of their upload, on whichever stream a miss put it), or None
+    after a miss (enqueued on ``stream`` itself).
     The device cu_seqlens are the lengths the table was built from, so the kernels never see other ones: CuPy
     arrays for per-visit tables, :class:`DeviceRef` for the compact forms (read by ``.data.ptr`` alike)."""
     key = (t.key, dev)
@@ -158,7 +160,7 @@ def device(t: Tables, num_heads, dev, stream):
             evicted.append((old, _table_streams.pop(old_key)))
     for old, streams in evicted:
         _release_after(old, streams.values(), stream, done)
-    return entry
+    return d, cu_q, cu_k, None                   # enqueued on ``stream``: nothing to wait for there
 
 
 def _upload(pieces, nbytes: int, extra_bytes: int, stream, staging_out: list, pinned: bool = False):

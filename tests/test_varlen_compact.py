@@ -413,3 +413,29 @@ def test_device_allocations_of_new_packings_come_in_powers_of_two():
         got = varlen_device._device_bytes(n)
         assert got >= max(n, 1) and got & (got - 1) == 0 and got < 2 * max(n, 1)
     assert varlen_device._device_bytes(cap + 1) == cap + 1
+
+
+def test_a_miss_needs_no_wait_on_its_own_stream_and_a_hit_waits(monkeypatch):
+    """varlen_device.device: a new packing's upload is enqueued on the caller's stream, so it returns no event to
+    wait for (no cudaStreamWaitEvent per new packing); a cached packing returns its upload's event, which the
+    caller's stream (maybe another one) waits for."""
+    import types
+    events = []
+
+    class Event:
+        def __init__(self, **kw):
+            events.append(self)
+
+        def record(self, stream=None):
+            self.stream = stream
+    monkeypatch.setattr(varlen_device.cupy.cuda, "Event", Event)
+    monkeypatch.setattr(varlen_device, "_expand_on_device", lambda t, dev, stream, staging: ("d", "cq", "ck"))
+    monkeypatch.setattr(varlen_device, "_device_tables", __import__("collections").OrderedDict())
+    monkeypatch.setattr(varlen_device, "_table_streams", {})
+    sq = np.array([5, 300, 129], np.int64)
+    t = varlen_device.plan("fa3", sq, sq, 64, 128, 4, 2, True, 7, (-1, 0), "expand")
+    first, second = types.SimpleNamespace(ptr=11), types.SimpleNamespace(ptr=22)
+    assert varlen_device.device(t, 12, 0, first) == ("d", "cq", "ck", None)
+    assert len(events) == 1 and events[0].stream is first          # the cache's event, for later hits
+    assert varlen_device.device(t, 12, 0, second) == ("d", "cq", "ck", events[0])
+    assert varlen_device.device(t, 12, 0, first) == ("d", "cq", "ck", events[0])
