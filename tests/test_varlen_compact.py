@@ -429,13 +429,14 @@ def test_a_miss_needs_no_wait_on_its_own_stream_and_a_hit_waits(monkeypatch):
         def record(self, stream=None):
             self.stream = stream
     monkeypatch.setattr(varlen_device.cupy.cuda, "Event", Event)
-    monkeypatch.setattr(varlen_device, "_expand_on_device", lambda t, dev, stream, staging: ("d", "cq", "ck"))
+    d = types.SimpleNamespace()
+    monkeypatch.setattr(varlen_device, "_expand_on_device", lambda t, dev, stream, staging: (d, "cq", "ck"))
     monkeypatch.setattr(varlen_device, "_device_tables", __import__("collections").OrderedDict())
     monkeypatch.setattr(varlen_device, "_table_streams", {})
     sq = np.array([5, 300, 129], np.int64)
     t = varlen_device.plan("fa3", sq, sq, 64, 128, 4, 2, True, 7, (-1, 0), "expand")
     first, second = types.SimpleNamespace(ptr=11), types.SimpleNamespace(ptr=22)
-    assert varlen_device.device(t, 12, 0, first) == ("d", "cq", "ck", None)
+    assert varlen_device.device(t, 12, 0, first) == (d, "cq", "ck", None)
     assert len(events) == 1 and events[0].stream is first          # the cache's event, for later hits
-    assert varlen_device.device(t, 12, 0, second) == ("d", "cq", "ck", events[0])
-    assert varlen_device.device(t, 12, 0, first) == ("d", "cq", "ck", events[0])
+    assert varlen_device.device(t, 12, 0, second) == (d, "cq", "ck", events[0])
+    assert varlen_device.device(t, 12, 0, first) == (d, "cq", "ck", events[0])
