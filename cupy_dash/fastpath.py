@@ -225,7 +225,8 @@ _BWD_POINTERS = ("q", "k", "v", "out", "dout", "lse", "lse_log2", "dpsum", "dq_a
 
 
 class _BwdPlan:
-    __slots__ = ("c", "call", "launches", "template", "maps", "map_offsets", "offsets", "deterministic", "dq_shape", "kv_shape", "dtype", "device", "device_index", "work", "stream", "keep")
+    __slots__ = ("c", "call", "launches", "template", "maps", "map_offsets", "offsets", "deterministic", "dq_shape",
+                 "kv_shape", "dtype", "device", "device_index", "work", "stream", "keep")
 
 
 def backward_plan(c, operands, lse_ptr, work_base, grads, call, like, dq_shape, kv_shape, cu_seqlens=(0, 0)):
