@@ -269,3 +269,25 @@ def new_packing(int policy, const long long[::1] sq, const long long[::1] sk, lo
     out = pack(records, cols, cs, seg.astype(np.int32), n_first, m_blocks, sq, sk, heads // group, group,
                visit_starts, alloc)
     return (policy,) + out + (G, tie, rank_rule_of(policy, tie), most_m, most_n)
+
+
+cpdef tuple checked_cu_seqlens(const long long[::1] cu, long long total, long long max_len):
+    """``(code, longest, cu int32)`` of host cu_seqlens (B + 1 >= 2 entries): code 0 when 0 = cu[0] <= ... <= cu[B]
+    = total and no length exceeds max_len (then the int32 copy), 1 when the entries are not such a sequence, 2 when
+    the longest length exceeds max_len (the copy then None): cupy_dash.varlen's check in one pass."""
+    cdef Py_ssize_t n = cu.shape[0], i
+    cdef long long L, longest = 0
+    if n < 2 or cu[0] != 0 or cu[n - 1] != total:
+        return 1, 0, None
+    out_arr = np.empty(n, dtype=np.int32)
+    cdef int[::1] out = out_arr
+    out[0] = 0
+    for i in range(1, n):
+        L = cu[i] - cu[i - 1]
+        if L < 0:
+            return 1, 0, None
+        longest = L if L > longest else longest
+        out[i] = <int>cu[i]
+    if longest > max_len:
+        return 2, longest, None
+    return 0, longest, out_arr

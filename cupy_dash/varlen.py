@@ -21,7 +21,8 @@ import os
 import cupy
 import numpy as np
 
-from . import api, compact_device, fastpath_varlen, interop, kernels, launchers, varlen_device, varlen_host_cu
+from . import _varlen_pack, api, compact_device, fastpath_varlen, interop, kernels, launchers, varlen_device, \
+    varlen_host_cu
 from . import schedule as _schedule
 from .errors import _acquire_slot, _keep_alive, _spin_timeout_ms, check_errors, poll_errors as _poll_errors
 
@@ -256,13 +257,14 @@ def _cu_seqlens_values(name, host, total, max_name, max_len) -> np.ndarray:
     """``host`` checked (1-D, 0 = cu[0] <= ... <= cu[B] = total, no length above max_len) as int32."""
     if host.ndim != 1 or host.shape[0] < 2:
         raise ValueError(f"{name}: expected a 1-D array (B + 1,) with B >= 1, got shape {host.shape}")
-    lengths = np.diff(host)
-    if host[0] != 0 or (lengths < 0).any() or host[-1] != total:
+    code, longest, checked = _varlen_pack.checked_cu_seqlens(np.ascontiguousarray(host, dtype=np.int64), total,
+                                                             max_len)
+    if code == 1:
         raise ValueError(f"{name}: expected 0 = cu[0] <= cu[1] <= ... <= cu[B] = {total} (the packed length), got "
                          f"{np.array2string(host, threshold=12)}")
-    if lengths.max() > max_len:
-        raise ValueError(f"{name}: a sequence of {int(lengths.max())} rows exceeds {max_name} ({max_len})")
-    return host.astype(np.int32)
+    if code == 2:
+        raise ValueError(f"{name}: a sequence of {longest} rows exceeds {max_name} ({max_len})")
+    return checked
 
 
 def _device_to_host(info, cu, stream) -> np.ndarray:

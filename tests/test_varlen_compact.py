@@ -440,3 +440,26 @@ def test_a_miss_needs_no_wait_on_its_own_stream_and_a_hit_waits(monkeypatch):
     assert len(events) == 1 and events[0].stream is first          # the cache's event, for later hits
     assert varlen_device.device(t, 12, 0, second) == (d, "cq", "ck", events[0])
     assert varlen_device.device(t, 12, 0, first) == (d, "cq", "ck", events[0])
+
+
+def test_cu_seqlens_check_in_one_pass_agrees_with_numpy():
+    """_varlen_pack.checked_cu_seqlens (varlen._cu_seqlens_values' check) against the numpy statements it
+    replaced, on random valid and broken host cu_seqlens."""
+    from cupy_dash import _varlen_pack
+    rng = np.random.default_rng(8)
+    for _ in range(2000):
+        lens = rng.integers(0, 50, int(rng.integers(1, 9)))
+        cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+        if rng.random() < 0.3:
+            cu[int(rng.integers(0, len(cu)))] += int(rng.integers(-3, 4))
+        total = int(cu[-1]) if rng.random() < 0.8 else int(cu[-1]) + 1
+        max_len = int(rng.integers(0, 60))
+        d = np.diff(cu)
+        ok_seq = cu[0] == 0 and (d >= 0).all() and cu[-1] == total
+        code, longest, out = _varlen_pack.checked_cu_seqlens(cu, total, max_len)
+        want = 1 if not ok_seq else (2 if d.max() > max_len else 0)
+        assert code == want, (cu, total, max_len)
+        if code:
+            assert out is None and (code == 1 or longest == d.max())
+        else:
+            assert out.dtype == np.int32 and (out == cu).all() and longest == d.max()
