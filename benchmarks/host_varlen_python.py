@@ -1,0 +1,72 @@
+"""The Python of a torch varlen backward with a new packing (cupy_dash.fastpath_varlen's new-packing path), on any
+machine: torch tensors imitated and every GPU call replaced (the fakes of tests/test_fastpath_varlen.py), 300 / 500
+tokens in 4 sequences, a new cut per call. Prints the µs per call, the part spent in the host build
+(varlen_device.plan, timed separately) and the rest, then a cProfile by own time.
+
+    python -m pytest -q -s benchmarks/host_varlen_python.py
+"""
+import cProfile
+import itertools
+import os
+import pstats
+import sys
+import time
+import types
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+
+import cupy_dash  # noqa: E402
+from cupy_dash import errors, fastpath, fastpath_varlen, launchers, varlen, varlen_device  # noqa: E402
+import test_fastpath_varlen as fakes  # noqa: E402
+from test_fastpath_varlen import no_gpu, _inputs, _tables_per_packing  # noqa: E402,F401  (fixture)
+
+
+def _packings(rng, n):
+    out = []
+    for _ in range(n):
+        cq, ck = (np.concatenate([[0], np.sort(rng.choice(np.arange(1, total), 3, replace=False)), [total]]).astype(
+            np.int32) for total in (300, 500))
+        out.append((cq, ck, int(np.diff(cq).max()), int(np.diff(ck).max())))
+    return out
+
+
+def test_new_packing_host_python(no_gpu, monkeypatch):  # noqa: F811  (the fixture)
+    _tables_per_packing(monkeypatch)
+    slots, addresses = itertools.count(0xA000, 0x40), itertools.count(0x1000000, 0x10000)
+    acquire = lambda dev: types.SimpleNamespace(dptr=next(slots), hdev=0x10)  # noqa: E731
+    monkeypatch.setattr(errors, "_acquire_slot", acquire)
+    monkeypatch.setattr(varlen, "_acquire_slot", acquire)
+    monkeypatch.setattr(launchers, "enqueue_backward", lambda *a, **kw: None)
+    monkeypatch.setattr(fastpath._torch, "empty", lambda shape, dtype=None, device=None: fakes.Tensor(
+        shape if isinstance(shape, tuple) else (shape,), dtype, next(addresses) % (1 << 40)))
+    plan_ns, real_plan = [], varlen_device.plan
+
+    def timed_plan(*a, **kw):
+        t0 = time.perf_counter_ns()
+        try:
+            return real_plan(*a, **kw)
+        finally:
+            plan_ns.append(time.perf_counter_ns() - t0)
+    monkeypatch.setattr(varlen_device, "plan", timed_plan)
+    args = _inputs()
+    run = lambda p: cupy_dash.attention_backward_varlen(*args, *p, causal=True)  # noqa: E731
+    packings = _packings(np.random.default_rng(0), 2200)
+    for p in packings[:200]:
+        run(p)
+    plan_ns.clear()
+    t0 = time.perf_counter_ns()
+    for p in packings[200:1200]:
+        run(p)
+    total = (time.perf_counter_ns() - t0) / 1000 / 1e3
+    build = np.mean(plan_ns) / 1e3
+    print(f"\nnew packing: {total:.1f} us per call, host build {build:.1f}, the rest {total - build:.1f}",
+          fastpath_varlen.stats())
+    prof = cProfile.Profile()
+    prof.enable()
+    for p in packings[1200:]:
+        run(p)
+    prof.disable()
+    pstats.Stats(prof).sort_stats("tottime").print_stats(20)
+    assert fastpath_varlen.stats()["new_packing_hits"] >= 2000
