@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # One device run on the H200: install, compile, GPU tests, demo, benchmarks; every log under $OUT.
-#   bash benchmarks/device_run.sh [smoke|fwd|tests|bench|integration|long|gqa|varlen_bench|long1m|varlen_step|all]
-#                                 [extra pytest args...]
-# "varlen_step": a new packing's host cost, build and upload (issue 7). Earlier sessions' one-off stages are in
-# this file's history; the writer-rank-ahead experiment is
+#   bash benchmarks/device_run.sh [smoke|fwd|tests|bench|integration|long|gqa|varlen_bench|long1m|varlen_step|
+#                                  session7|all] [extra pytest args...]
+# "varlen_step": a new packing's host cost, build and upload (issue 7); "session7": the sixth session's CPU-only
+# work (its GPU tests, host_parts, host_overhead, then varlen_step). Earlier sessions' one-off stages are in this
+# file's history; the writer-rank-ahead experiment is
 # benchmarks/patches/writer_rank_ahead.patch (measured, not merged: RESULTS.md, fifth session).
 # FA3 (flash-attn3-jax) is measured when its wheel is importable: carry .whl/ and set FA3_WHL=1.
 set -o pipefail
@@ -65,6 +66,14 @@ if [ "$stage" = gqa ]; then   # forward re-check after the varlen change, GQA th
     timeout 150 $py -m cupy_dash bench --group $g --no-overhead --no-compile --seqlens 1024 4096 16384 \
       --schedules auto descending atomic --out "$OUT" 2>&1 | tee "$OUT/gqa${g}_bench.log" | tail -20
   done
+fi
+if [ "$stage" = session7 ]; then   # what the sixth session built after its GPU budget (benchmarks/NOTES.md)
+  timeout 300 $py -m pytest tests/test_gpu_varlen_bwd.py tests/test_gpu_varlen.py tests/test_jax_varlen.py \
+    tests/test_gpu_fastpath.py tests/test_gpu_torch_ops.py -q -ra --maxfail=10 "$@" 2>&1 | tee "$OUT/new_tests.log" \
+    | tail -8
+  timeout 60 $py benchmarks/host_parts.py 2>&1 | tee "$OUT/host_parts.txt"
+  timeout 100 $py benchmarks/host_overhead.py --calls 2000 2>&1 | head -8 | tee "$OUT/host_overhead.txt"
+  stage=varlen_step
 fi
 if [ "$stage" = varlen_step ]; then   # a new packing's host cost (issue 7's per-step figure; RESULTS, sixth session)
   timeout 60 $py benchmarks/varlen_plan_cpu.py --packings 200 2>&1 | tee "$OUT/varlen_plan_cpu.txt"
