@@ -1,7 +1,7 @@
 """The Python of a torch varlen backward with a new packing (cupy_dash.fastpath_varlen's new-packing path), on any
 machine: torch tensors imitated and every GPU call replaced (the fakes of tests/test_fastpath_varlen.py), 300 / 500
 tokens in 4 sequences, a new cut per call. Prints the µs per call, the part spent in the host build
-(varlen_device.plan, timed separately) and the rest, then a cProfile by own time.
+(varlen._tables, timed as benchmarks/varlen_step.py times it) and the rest, then a cProfile by own time.
 
     python -m pytest -q -s benchmarks/host_varlen_python.py
 """
@@ -16,10 +16,12 @@ import types
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import cupy_dash  # noqa: E402
-from cupy_dash import errors, fastpath, fastpath_varlen, launchers, varlen, varlen_device  # noqa: E402
+from cupy_dash import errors, fastpath, fastpath_varlen, launchers, varlen  # noqa: E402
 import test_fastpath_varlen as fakes  # noqa: E402
+from varlen_step import _Parts  # noqa: E402
 from test_fastpath_varlen import no_gpu, _inputs, _tables_per_packing  # noqa: E402,F401  (fixture)
 
 
@@ -41,27 +43,18 @@ def test_new_packing_host_python(no_gpu, monkeypatch):  # noqa: F811  (the fixtu
     monkeypatch.setattr(launchers, "enqueue_backward", lambda *a, **kw: None)
     monkeypatch.setattr(fastpath._torch, "empty", lambda shape, dtype=None, device=None: fakes.Tensor(
         shape if isinstance(shape, tuple) else (shape,), dtype, next(addresses) % (1 << 40)))
-    plan_ns, real_plan = [], varlen_device.plan
-
-    def timed_plan(*a, **kw):
-        t0 = time.perf_counter_ns()
-        try:
-            return real_plan(*a, **kw)
-        finally:
-            plan_ns.append(time.perf_counter_ns() - t0)
-    monkeypatch.setattr(varlen_device, "plan", timed_plan)
     args = _inputs()
     run = lambda p: cupy_dash.attention_backward_varlen(*args, *p, causal=True)  # noqa: E731
     packings = _packings(np.random.default_rng(0), 2200)
     for p in packings[:200]:
         run(p)
-    plan_ns.clear()
+    parts = _Parts()                             # varlen_step's timers: the build is varlen._tables
     t0 = time.perf_counter_ns()
     for p in packings[200:1200]:
         run(p)
     total = (time.perf_counter_ns() - t0) / 1000 / 1e3
-    build = np.mean(plan_ns) / 1e3
-    print(f"\nnew packing: {total:.1f} us per call, host build {build:.1f}, the rest {total - build:.1f}",
+    build = parts.medians()["build"]
+    print(f"\nnew packing: {total:.1f} us per call, host build {build:.1f} (median), the rest {total - build:.1f}",
           fastpath_varlen.stats())
     prof = cProfile.Profile()
     prof.enable()
