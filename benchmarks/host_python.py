@@ -15,7 +15,8 @@ mp = pytest.MonkeyPatch()
 addresses = iter(range(0x1000000, 0x900000000, 0x10000))
 def empty(shape, dtype=None, device=None):
     return Tensor(shape if isinstance(shape, tuple) else (shape,), dtype, next(addresses) % (1 << 40))
-mp.setattr(fastpath, "_torch", types.SimpleNamespace(empty=empty, uint8=U8, float32=F32))
+mp.setattr(fastpath, "_torch", types.SimpleNamespace(empty=empty, uint8=U8, float32=F32,
+                                                     empty_like=lambda t: empty(t.shape, t.dtype)))
 mp.setattr(fastpath, "_ready_stream", lambda dev: Stream())
 mp.setattr(interop, "capturing", lambda x: False)
 mp.setattr(tensormap, "bhsd_map", lambda ptr, *a, **kw: int(ptr).to_bytes(8, "little").ljust(128, b"\0"))

@@ -41,8 +41,10 @@ def test_new_packing_host_python(no_gpu, monkeypatch):  # noqa: F811  (the fixtu
     monkeypatch.setattr(errors, "_acquire_slot", acquire)
     monkeypatch.setattr(varlen, "_acquire_slot", acquire)
     monkeypatch.setattr(launchers, "enqueue_backward", lambda *a, **kw: None)
-    monkeypatch.setattr(fastpath._torch, "empty", lambda shape, dtype=None, device=None: fakes.Tensor(
-        shape if isinstance(shape, tuple) else (shape,), dtype, next(addresses) % (1 << 40)))
+    empty = lambda shape, dtype=None, device=None: fakes.Tensor(  # noqa: E731
+        shape if isinstance(shape, tuple) else (shape,), dtype, next(addresses) % (1 << 40))
+    monkeypatch.setattr(fastpath._torch, "empty", empty)
+    monkeypatch.setattr(fastpath._torch, "empty_like", lambda t: empty(t.shape, t.dtype))
     args = _inputs()
     run = lambda p: cupy_dash.attention_backward_varlen(*args, *p, causal=True)  # noqa: E731
     packings = _packings(np.random.default_rng(0), 2200)

@@ -151,7 +151,7 @@ def _ready_stream(device_index):
 # ------------------------------------------------------------------------------------------------------------
 class _FwdPlan:
     __slots__ = ("func", "launch", "template", "maps", "map_offsets", "offsets", "out_shape", "lse_shape", "dtype",
-                 "device", "device_index", "cu_infos")
+                 "device", "device_index", "cu_infos", "out_like_q")
 
 
 _FWD_POINTERS = ("lse", "out", "cu_seqlens_q", "cu_seqlens_k")
@@ -177,6 +177,7 @@ def forward_plan(spec, grid, block_m, block_n, p, operands, params, out_shape, l
     plan.offsets = tuple(_offset(dt, n) for n in _FWD_POINTERS[:1 if cu_infos is None else 4])
     plan.out_shape, plan.lse_shape, plan.cu_infos = out_shape, lse_shape, cu_infos
     plan.dtype, plan.device, plan.device_index = like.dtype, like.device, like.get_device()
+    plan.out_like_q = like.is_contiguous() and tuple(like.shape) == tuple(out_shape)
     return plan
 
 
@@ -194,7 +195,10 @@ def run_forward(plan, stream, q, k, v, cu=()):
     """``(out, lse)`` of a forward launched from ``plan`` on ``stream`` (``cu``: the varlen build's cu_seqlens)."""
     errors.poll_errors()
     torch = _torch
-    out = torch.empty(plan.out_shape, dtype=plan.dtype, device=plan.device)
+    # NOTES: empty_like (no shape or dtype to parse: ~0.5 µs less per allocation) where q is contiguous with the
+    # output's shape: the new tensor is then contiguous too (a size-1 dimension may keep q's odd stride, which
+    # addresses nothing); the signature fixes q's layout for every call of the plan.
+    out = torch.empty_like(q) if plan.out_like_q else torch.empty(plan.out_shape, dtype=plan.dtype, device=plan.device)
     lse = torch.empty(plan.lse_shape, dtype=torch.float32, device=plan.device)
     out_ptr = out.data_ptr()
     ptrs = (lse.data_ptr(), out_ptr, cu[0].data_ptr(), cu[1].data_ptr()) if cu else (lse.data_ptr(),)
@@ -226,7 +230,7 @@ _BWD_POINTERS = ("q", "k", "v", "out", "dout", "lse", "lse_log2", "dpsum", "dq_a
 
 class _BwdPlan:
     __slots__ = ("c", "call", "launches", "template", "maps", "map_offsets", "offsets", "deterministic", "dq_shape",
-                 "kv_shape", "dtype", "device", "device_index", "work", "stream", "keep")
+                 "kv_shape", "dtype", "device", "device_index", "work", "stream", "keep", "grads_like")
 
 
 def backward_plan(c, operands, lse_ptr, work_base, grads, call, like, dq_shape, kv_shape, cu_seqlens=(0, 0)):
@@ -252,6 +256,7 @@ def backward_plan(c, operands, lse_ptr, work_base, grads, call, like, dq_shape, 
     plan.deterministic = c.deterministic
     plan.dq_shape, plan.kv_shape = dq_shape, kv_shape
     plan.dtype, plan.device, plan.device_index = like.dtype, like.device, like.get_device()
+    plan.grads_like = None
     return plan
 
 
@@ -332,9 +337,16 @@ def run_backward(plan, stream, do, q, k, v, out, lse):
     torch = _torch
     c = plan.c
     work = _work(plan, c.work_bytes, stream.ptr)
-    dq = torch.empty(plan.dq_shape, dtype=plan.dtype, device=plan.device)
-    dk = torch.empty(plan.kv_shape, dtype=plan.dtype, device=plan.device)
-    dv = torch.empty(plan.kv_shape, dtype=plan.dtype, device=plan.device)
+    like = plan.grads_like
+    if like is None:                                   # decided at the plan's first call (as run_forward's)
+        like = plan.grads_like = q.is_contiguous() and k.is_contiguous() and tuple(q.shape) == plan.dq_shape and \
+            tuple(k.shape) == plan.kv_shape
+    if like:
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(k)
+    else:
+        dq = torch.empty(plan.dq_shape, dtype=plan.dtype, device=plan.device)
+        dk = torch.empty(plan.kv_shape, dtype=plan.dtype, device=plan.device)
+        dv = torch.empty(plan.kv_shape, dtype=plan.dtype, device=plan.device)
     base = work.data_ptr()
     off = c.offsets
     q_ptr, k_ptr, v_ptr, do_ptr = q.data_ptr(), k.data_ptr(), v.data_ptr(), do.data_ptr()

@@ -74,6 +74,29 @@ def test_a_repeated_backward_reuses_the_block_and_small_scratch(fixed, monkeypat
     assert a != b and len(big) == 2                          # above the limit: never kept
 
 
+@pytest.mark.parametrize("contiguous", [True, False])
+def test_gradients_allocated_like_q_and_k_only_when_contiguous(fixed, monkeypatch, contiguous):
+    """run_backward allocates dq, dk, dv with empty_like(q / k) when q and k are contiguous with the gradients'
+    shapes (decided at the plan's first call), else with empty(shape, dtype, device): contiguous either way."""
+    calls = []
+    real = fastpath._torch
+    monkeypatch.setattr(fastpath, "_torch", types.SimpleNamespace(
+        uint8=real.uint8, float32=real.float32,
+        empty=lambda shape, dtype=None, device=None: calls.append(("empty", tuple(shape))) or real.empty(shape, dtype),
+        empty_like=lambda t: calls.append(("like", t.ptr)) or real.empty(t.shape, t.dtype)))
+    monkeypatch.setattr(Tensor, "is_contiguous", lambda self: contiguous)
+    args = _inputs()
+    cupy_dash.attention_backward(*args, causal=True, schedule="fa3")
+    calls.clear()
+    cupy_dash.attention_backward(*args, causal=True, schedule="fa3")
+    do, q, k, v, out, lse = args
+    grads = [c for c in calls if c[0] == "like" or len(c[1]) == 4]          # not the 1-D scratch
+    if contiguous:
+        assert grads == [("like", q.ptr), ("like", k.ptr), ("like", k.ptr)]
+    else:
+        assert grads == [("empty", (1, 128, 1, 128))] * 3
+
+
 def test_ready_stream_steps_aside_on_another_device_or_under_capture(monkeypatch):
     """The fast path's one query per call: torch's current stream on the tensors' device, or None when the
     current device differs or that stream is capturing (cudaStreamIsCapturing, replaced here)."""

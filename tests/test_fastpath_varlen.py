@@ -48,6 +48,9 @@ class Tensor:
     def get_device(self):
         return 0
 
+    def is_contiguous(self):
+        return True
+
     def element_size(self):
         return self.dtype.size
 
@@ -62,7 +65,8 @@ def no_gpu(monkeypatch):
 
     def empty(shape, dtype=None, device=None):
         return Tensor(shape if isinstance(shape, tuple) else (shape,), dtype, next(addresses))
-    fake_torch = types.SimpleNamespace(empty=empty, uint8=U8, float32=F32)
+    fake_torch = types.SimpleNamespace(empty=empty, uint8=U8, float32=F32,
+                                       empty_like=lambda t: empty(t.shape, t.dtype))
     monkeypatch.setattr(fastpath, "_torch", fake_torch)
     monkeypatch.setattr(fastpath, "_ready_stream", lambda dev: types.SimpleNamespace(ptr=0x77))
     monkeypatch.setattr(interop, "_torch_stream_ptr", lambda dev: 0x77)
