@@ -113,6 +113,20 @@ def test_equal_lengths_are_build_compact(policy):
                 np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("seqlen, causal, g, sms, B, H", [(262144, True, 1, 132, 1, 4), (131072, False, 2, 1000, 2, 4),
+                                                           (65536, True, 8, 700, 1, 16), (4097, True, 1, 3, 5, 2)],
+                         ids=["256k-causal-132", "128k-full-1000ctas", "64k-causal-g8-700ctas", "4097-3ctas"])
+def test_long_equal_lengths_are_build_compact(policy, seqlen, causal, g, sms, B, H):
+    """The varlen list scheduling (a bucket queue: a ring of loads, bitsets of CTAs) against the fixed-length
+    build's heap where the ring wraps many times (long columns) and the bitsets span several words (> 64 CTAs)."""
+    kw = dict(block_m=64, block_n=128, causal=causal, num_sms=sms, group_size=g, window=(-1, -1))
+    cplan = schedule.build_compact(policy, seqlen_q=seqlen, seqlen_k=seqlen, num_heads=B * H, **kw)
+    vplan = schedule.build_varlen(policy, [seqlen] * B, [seqlen] * B, heads=H, **kw)
+    for name in ("records", "cta_columns", "cta_col_start", "tie_sign", "rank_rule", "num_ctas"):
+        np.testing.assert_array_equal(getattr(vplan, name), getattr(cplan, name), err_msg=name)
+
+
 def test_auto_with_equal_lengths_is_the_column_model_choice():
     from cupy_dash import compact
     for causal in (False, True):
