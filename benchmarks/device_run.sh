@@ -72,7 +72,7 @@ if [ "$stage" = session7 ]; then   # what the sixth session built after its GPU 
     tests/test_gpu_fastpath.py tests/test_gpu_torch_ops.py -q -ra --maxfail=10 "$@" 2>&1 | tee "$OUT/new_tests.log" \
     | tail -8
   timeout 60 $py benchmarks/host_parts.py 2>&1 | tee "$OUT/host_parts.txt"
-  timeout 100 $py benchmarks/host_overhead.py --calls 2000 2>&1 | head -8 | tee "$OUT/host_overhead.txt"
+  timeout 100 $py benchmarks/host_overhead.py --calls 2000 2>&1 | head -12 | tee "$OUT/host_overhead.txt"
   stage=varlen_step
 fi
 if [ "$stage" = varlen_step ]; then   # a new packing's host cost (issue 7's per-step figure; RESULTS, sixth session)

@@ -2,7 +2,9 @@
 (GPU work excluded: kernels run asynchronously, and the device is drained every 100 calls outside the timed
 region so the launch queue never pushes back), median over >= 1000 calls, tiny shape (B=1, H=1, S=128, D=64).
 Paths: the functional API (cupy_dash.attention_forward / attention_backward on torch tensors), the torch ops
-(torch.ops.cupy_dash.*), and torch SDPA (FlashAttention-2) for scale; then a cProfile of each cupy_dash path.
+(torch.ops.cupy_dash.*), a training step's forward + backward through cupy_dash.torch.attention (eager: a plain
+autograd.Function) and through the forward op with its registered autograd, and torch SDPA (FlashAttention-2) for
+scale; then a cProfile of each cupy_dash path.
 
     python benchmarks/host_overhead.py [--calls 2000] [--profile] [--json out.json]
 """
@@ -55,6 +57,15 @@ def main(argv=None):
         "op forward": lambda: ops.attention_forward(q, k, v, False, None, "auto", True),
         "op backward": lambda: ops.attention_backward(dout, q, k, v, out, lse, False, None, "auto", True),
     }
+    qg, kg, vg = (x.detach().requires_grad_(True) for x in (q, k, v))
+
+    def train_step(attend):
+        return lambda: torch.autograd.grad(attend(qg, kg, vg), (qg, kg, vg), dout)
+    # what a training step runs: cupy_dash.torch.attention (eager: a plain autograd.Function) and the op it
+    # replaces in eager calls (register_autograd), forward then backward, one call each
+    paths["attention() fwd+bwd"] = train_step(cupy_dash.torch.attention)
+    paths["op fwd+bwd (autograd)"] = train_step(lambda a, b, c: ops.attention_forward(a, b, c, False, None, "auto",
+                                                                                    True)[0])
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
     tq, tk, tv = (x.transpose(1, 2) for x in (q, k, v))
@@ -67,11 +78,13 @@ def main(argv=None):
                 F.scaled_dot_product_attention(tq, tk, tv)
         paths["torch SDPA forward"] = sdpa_fwd
         paths["torch SDPA backward"] = lambda: torch.autograd.grad(o, leaves, dout.transpose(1, 2), retain_graph=True)
+        paths["torch SDPA fwd+bwd"] = lambda: torch.autograd.grad(F.scaled_dot_product_attention(*leaves), leaves,
+                                                                  dout.transpose(1, 2))
         res = {name: per_call_us(fn, args.calls) for name, fn in paths.items()}
     cupy_dash.check_errors()
     print(f"host µs per call, median of {args.calls} (p10 / p90), torch {torch.__version__}:")
     for name, r in res.items():
-        print(f"  {name:22s} {r['median']:7.1f}   ({r['p10']:.1f} / {r['p90']:.1f})")
+        print(f"  {name:24s} {r['median']:7.1f}   ({r['p10']:.1f} / {r['p90']:.1f})")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(calls=args.calls, torch=torch.__version__, results=res), f, indent=1)

@@ -284,3 +284,59 @@ def test_varlen_autograd_reaches_the_backward_op():
     out = dash_torch.attention_varlen(q, k, v, cu_q, cu_k, 200, 300, causal=True, schedule="fa3")
     out.backward(torch.empty_like(out))
     assert q.grad.shape == q.shape and k.grad.shape == k.shape and v.grad.shape == v.shape
+
+
+def test_eager_path_only_for_plain_cuda_tensors_outside_tracing():
+    """cupy_dash.torch.eager (the plain autograd.Function path of attention / attention_varlen): never for CPU or
+    meta tensors, fake tensors, or under a dispatch mode; those take the ops, as before."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    q, k, v = fwd_inputs("cpu")
+    assert not dash_torch.eager(q, k, v)
+    assert not dash_torch.eager(*fwd_inputs("meta"))
+    with FakeTensorMode() as mode:
+        fake = mode.from_tensor(q)
+    assert not dash_torch.eager(fake, fake, fake)
+
+    class Mode(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+    with Mode():
+        assert not dash_torch.eager(q, k, v)
+
+
+@pytest.mark.parametrize("varlen", [False, True], ids=["fixed", "varlen"])
+def test_eager_function_routes_gradients_as_the_op_does(monkeypatch, varlen):
+    """The eager autograd.Function (cupy_dash.torch._Attention / torch_varlen._AttentionVarlen) with cupy_dash's
+    functions replaced by recorders, on CPU tensors: the forward's options reach the backward, dout is made
+    contiguous, dq/dk/dv go to q/k/v, lse is not differentiable."""
+    from cupy_dash import torch_varlen, varlen as varlen_mod
+    seen = {}
+
+    def forward(q, k, v, *cu, causal, softmax_scale, window):
+        seen["fwd"] = (cu, causal, softmax_scale, window)
+        return q * 2, torch.zeros(q.shape[-2], q.shape[0])
+
+    def backward(dout, q, k, v, out, lse, *cu, causal, softmax_scale, schedule, deterministic, window):
+        seen["bwd"] = (dout.is_contiguous(), cu, causal, softmax_scale, schedule, deterministic, window)
+        return dout + 1, torch.full_like(k, 3), torch.full_like(v, 4)
+    q, k, v = (torch.randn(10, 2, 8, requires_grad=True) for _ in range(3))
+    dout = torch.randn(8, 2, 10).permute(2, 1, 0)                    # not contiguous
+    if varlen:
+        monkeypatch.setattr(varlen_mod, "attention_forward_varlen", forward)
+        monkeypatch.setattr(varlen_mod, "attention_backward_varlen", backward)
+        cu = torch.tensor([0, 4, 10], dtype=torch.int32)
+        out, lse = torch_varlen._AttentionVarlen.apply(q, k, v, cu, cu, 6, 6, True, 0.5, "fa3", True, (3, 0))
+        options = ((cu, cu, 6, 6), True, 0.5, "fa3", True, (3, 0))
+    else:
+        monkeypatch.setattr(api, "attention_forward", lambda q, k, v, **kw: forward(q, k, v, **kw))
+        monkeypatch.setattr(api, "attention_backward", backward)
+        out, lse = dash_torch._Attention.apply(q, k, v, True, 0.5, "fa3", True, (3, 0))
+        options = ((), True, 0.5, "fa3", True, (3, 0))
+    same = lambda a, b: len(a) == len(b) and all(  # noqa: E731
+        torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y for x, y in zip(a, b))
+    assert not lse.requires_grad and out.requires_grad
+    assert same(seen["fwd"][0], options[0]) and seen["fwd"][1:] == (True, 0.5, (3, 0))
+    out.backward(dout)
+    assert seen["bwd"][0] and same(seen["bwd"][1], options[0]) and seen["bwd"][2:] == options[1:]
+    assert torch.equal(q.grad, dout + 1) and torch.equal(k.grad, torch.full_like(k, 3))
+    assert torch.equal(v.grad, torch.full_like(v, 4))
