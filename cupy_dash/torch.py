@@ -83,10 +83,12 @@ def eager(*tensors) -> bool:
     """Whether a call on ``tensors`` may take the plain autograd.Function: plain CUDA ``torch.Tensor`` objects
     (no subclass: fake, functional or distributed tensors), no functorch transform wrapping them, not under
     ``torch.compile`` tracing or an active torch dispatch mode (make_fx, selective checkpointing...)."""
+    if torch.compiler.is_compiling():                  # first: Dynamo folds it, and traces nothing below
+        return False
     for t in tensors:
         if type(t) is not Tensor or not t.is_cuda or _functorch_wrapped(t):
             return False
-    return not torch.compiler.is_compiling() and _current_dispatch_mode() is None
+    return _current_dispatch_mode() is None
 
 
 _functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
