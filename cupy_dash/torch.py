@@ -70,7 +70,8 @@ def attention(q, k, v, causal=False, softmax_scale=None, schedule="auto", determ
     causal, deterministic = api._check_flag("causal", causal), api._check_flag("deterministic", deterministic)
     left, right = api._check_window(window, causal)
     if eager(q, k, v):
-        return _Attention.apply(q, k, v, causal, softmax_scale, schedule, deterministic, (left, right))[0]
+        options = causal, softmax_scale, schedule, deterministic, (left, right)
+        return _Eager.apply((api.attention_forward, api.attention_backward), (), options, q, k, v)[0]
     return attention_forward(q, k, v, causal, softmax_scale, schedule, deterministic, left, right)[0]
 
 
@@ -94,15 +95,18 @@ def eager(*tensors) -> bool:
 _functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 
 
-class _Attention(torch.autograd.Function):
-    """The eager path of :func:`attention`: the forward and its gradient as the ops compute them
-    (:func:`_attention_forward_grad`), without the dispatcher."""
+class _Eager(torch.autograd.Function):
+    """The eager path of :func:`attention` and :func:`attention_varlen`: ``fns`` = cupy_dash's (forward,
+    backward) functions, ``extra`` the positional arguments after q, k, v (varlen: cu_seqlens_q, cu_seqlens_k,
+    max_seqlen_q, max_seqlen_k), ``options`` = (causal, softmax_scale, schedule, deterministic, window); the
+    forward and its gradient as the ops compute them (:func:`_attention_forward_grad`), without the dispatcher."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, softmax_scale, schedule, deterministic, window):
-        out, lse = api.attention_forward(q, k, v, causal=causal, softmax_scale=softmax_scale, window=window)
+    def forward(ctx, fns, extra, options, q, k, v):
+        causal, softmax_scale, _, _, window = options
+        out, lse = fns[0](q, k, v, *extra, causal=causal, softmax_scale=softmax_scale, window=window)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.options = causal, softmax_scale, schedule, deterministic, window
+        ctx.fns, ctx.extra, ctx.options = fns, extra, options
         ctx.mark_non_differentiable(lse)
         ctx.set_materialize_grads(False)
         return out, lse
@@ -111,13 +115,13 @@ class _Attention(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, dout, dlse):
         if dout is None:
-            return (None,) * 8
+            return (None,) * 6
         q, k, v, out, lse = ctx.saved_tensors
         causal, softmax_scale, schedule, deterministic, window = ctx.options
-        dq, dk, dv = api.attention_backward(dout.contiguous(), q, k, v, out, lse, causal=causal,
-                                            softmax_scale=softmax_scale, schedule=schedule,
-                                            deterministic=deterministic, window=window)
-        return (dq, dk, dv) + (None,) * 5
+        dq, dk, dv = ctx.fns[1](dout.contiguous(), q, k, v, out, lse, *ctx.extra, causal=causal,
+                                softmax_scale=softmax_scale, schedule=schedule, deterministic=deterministic,
+                                window=window)
+        return None, None, None, dq, dk, dv
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ implementations give the output shapes for ``torch.compile``.
 import torch
 
 from . import api, varlen
-from .torch import _check_dims, _lib, eager
+from .torch import _Eager, _check_dims, _lib, eager
 
 __all__ = ["attention_varlen", "attention_forward_varlen", "attention_backward_varlen"]
 
@@ -33,38 +33,12 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
         softmax_scale = api._check_scale(softmax_scale, None)
     causal, deterministic = api._check_flag("causal", causal), api._check_flag("deterministic", deterministic)
     left, right = api._check_window(window, causal)
-    if eager(q, k, v, cu_seqlens_q, cu_seqlens_k):
-        return _AttentionVarlen.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-                                      softmax_scale, schedule, deterministic, (left, right))[0]
+    if eager(q, k, v, cu_seqlens_q, cu_seqlens_k):              # as cupy_dash.torch.attention
+        return _Eager.apply((varlen.attention_forward_varlen, varlen.attention_backward_varlen),
+                            (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k),
+                            (causal, softmax_scale, schedule, deterministic, (left, right)), q, k, v)[0]
     return attention_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
                                     softmax_scale, schedule, deterministic, left, right)[0]
-
-
-class _AttentionVarlen(torch.autograd.Function):
-    """The eager path of :func:`attention_varlen` (as cupy_dash.torch._Attention for the fixed-length one): the
-    forward and its gradient as the ops compute them, without the dispatcher."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, causal, softmax_scale, schedule, deterministic, window):
-        out, lse = varlen.attention_forward_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=causal,
-                                                   softmax_scale=softmax_scale, window=window)
-        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
-        ctx.options = max_q, max_k, causal, softmax_scale, schedule, deterministic, window
-        ctx.mark_non_differentiable(lse)
-        ctx.set_materialize_grads(False)
-        return out, lse
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, dout, dlse):
-        if dout is None:
-            return (None,) * 12
-        q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
-        max_q, max_k, causal, softmax_scale, schedule, deterministic, window = ctx.options
-        dq, dk, dv = varlen.attention_backward_varlen(dout.contiguous(), q, k, v, out, lse, cu_q, cu_k, max_q, max_k,
-                                                      causal=causal, softmax_scale=softmax_scale, window=window,
-                                                      schedule=schedule, deterministic=deterministic)
-        return (dq, dk, dv) + (None,) * 9
 
 
 def _check_packed(**tensors):

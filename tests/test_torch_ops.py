@@ -305,38 +305,29 @@ def test_eager_path_only_for_plain_cuda_tensors_outside_tracing():
 
 
 @pytest.mark.parametrize("varlen", [False, True], ids=["fixed", "varlen"])
-def test_eager_function_routes_gradients_as_the_op_does(monkeypatch, varlen):
-    """The eager autograd.Function (cupy_dash.torch._Attention / torch_varlen._AttentionVarlen) with cupy_dash's
-    functions replaced by recorders, on CPU tensors: the forward's options reach the backward, dout is made
-    contiguous, dq/dk/dv go to q/k/v, lse is not differentiable."""
-    from cupy_dash import torch_varlen, varlen as varlen_mod
+def test_eager_function_routes_gradients_as_the_op_does(varlen):
+    """The eager autograd.Function (cupy_dash.torch._Eager) with recorders for cupy_dash's functions, on CPU
+    tensors: the positional extras (varlen's cu_seqlens and max lengths) and the options reach both functions,
+    dout is made contiguous, dq/dk/dv go to q/k/v, lse is not differentiable."""
     seen = {}
 
-    def forward(q, k, v, *cu, causal, softmax_scale, window):
-        seen["fwd"] = (cu, causal, softmax_scale, window)
+    def forward(q, k, v, *extra, causal, softmax_scale, window):
+        seen["fwd"] = (extra, causal, softmax_scale, window)
         return q * 2, torch.zeros(q.shape[-2], q.shape[0])
 
-    def backward(dout, q, k, v, out, lse, *cu, causal, softmax_scale, schedule, deterministic, window):
-        seen["bwd"] = (dout.is_contiguous(), cu, causal, softmax_scale, schedule, deterministic, window)
+    def backward(dout, q, k, v, out, lse, *extra, causal, softmax_scale, schedule, deterministic, window):
+        seen["bwd"] = (dout.is_contiguous(), extra, causal, softmax_scale, schedule, deterministic, window)
         return dout + 1, torch.full_like(k, 3), torch.full_like(v, 4)
     q, k, v = (torch.randn(10, 2, 8, requires_grad=True) for _ in range(3))
     dout = torch.randn(8, 2, 10).permute(2, 1, 0)                    # not contiguous
-    if varlen:
-        monkeypatch.setattr(varlen_mod, "attention_forward_varlen", forward)
-        monkeypatch.setattr(varlen_mod, "attention_backward_varlen", backward)
-        cu = torch.tensor([0, 4, 10], dtype=torch.int32)
-        out, lse = torch_varlen._AttentionVarlen.apply(q, k, v, cu, cu, 6, 6, True, 0.5, "fa3", True, (3, 0))
-        options = ((cu, cu, 6, 6), True, 0.5, "fa3", True, (3, 0))
-    else:
-        monkeypatch.setattr(api, "attention_forward", lambda q, k, v, **kw: forward(q, k, v, **kw))
-        monkeypatch.setattr(api, "attention_backward", backward)
-        out, lse = dash_torch._Attention.apply(q, k, v, True, 0.5, "fa3", True, (3, 0))
-        options = ((), True, 0.5, "fa3", True, (3, 0))
-    same = lambda a, b: len(a) == len(b) and all(  # noqa: E731
-        torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y for x, y in zip(a, b))
+    cu = torch.tensor([0, 4, 10], dtype=torch.int32)
+    extra = (cu, cu, 6, 6) if varlen else ()
+    options = (True, 0.5, "fa3", True, (3, 0))
+    out, lse = dash_torch._Eager.apply((forward, backward), extra, options, q, k, v)
     assert not lse.requires_grad and out.requires_grad
-    assert same(seen["fwd"][0], options[0]) and seen["fwd"][1:] == (True, 0.5, (3, 0))
+    same = lambda a, b: len(a) == len(b) and all(x is y for x, y in zip(a, b))  # noqa: E731
+    assert same(seen["fwd"][0], extra) and seen["fwd"][1:] == (True, 0.5, (3, 0))
     out.backward(dout)
-    assert seen["bwd"][0] and same(seen["bwd"][1], options[0]) and seen["bwd"][2:] == options[1:]
+    assert seen["bwd"][0] and same(seen["bwd"][1], extra) and seen["bwd"][2:] == options
     assert torch.equal(q.grad, dout + 1) and torch.equal(k.grad, torch.full_like(k, 3))
     assert torch.equal(v.grad, torch.full_like(v, 4))
