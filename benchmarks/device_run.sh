@@ -71,6 +71,8 @@ if [ "$stage" = session7 ]; then   # what the sixth session built after its GPU 
   timeout 300 $py -m pytest tests/test_gpu_varlen_bwd.py tests/test_gpu_varlen.py tests/test_jax_varlen.py \
     tests/test_gpu_fastpath.py tests/test_gpu_torch_ops.py -q -ra --maxfail=10 "$@" 2>&1 | tee "$OUT/new_tests.log" \
     | tail -8
+  timeout 120 $py -m pytest tests/test_gpu_attention.py tests/test_gpu_gqa.py -k torch -q -ra "$@" 2>&1 \
+    | tee -a "$OUT/new_tests.log" | tail -4
   timeout 60 $py benchmarks/host_parts.py 2>&1 | tee "$OUT/host_parts.txt"
   timeout 100 $py benchmarks/host_overhead.py --calls 2000 2>&1 | head -12 | tee "$OUT/host_overhead.txt"
   stage=varlen_step
