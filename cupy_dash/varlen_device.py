@@ -11,6 +11,10 @@ layout uploaded, tests/test_varlen_compact.py walks them as the kernel does and 
 are opt-in (``CUPY_DASH_COMPACT_TABLES=1``) below compact_device.AUTO_VISITS visits: on the H200 they give the
 per-visit tables' bits, but the kernel's counted rank rules make the backward 0.6-0.9x as fast (benchmarks/
 RESULTS.md, fourth session).
+
+A training step's new packing (the GPU paths): the records are packed straight into pinned host memory
+(:func:`_pinned_blob`) and copied from there on the caller's stream, into a device block of a power-of-two size
+(:func:`_device_bytes`), so that neither pinned nor device memory is allocated anew at each step.
 """
 from __future__ import annotations
 
