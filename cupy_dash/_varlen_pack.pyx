@@ -1,11 +1,11 @@
 # cython: boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 """A packed batch's compact varlen records in the byte layout that is uploaded (one host buffer, one copy).
 
-The arrays of varlen_device.device_arrays (what the DASH_COMPACT + DASH_VARLEN kernel and kernels_src/bwd_expand.cu
-read) plus, for the GPU expansion, each CTA's first row in the per-visit table, and the lengths as cu_seqlens,
-each at a 256-byte aligned offset of one uint8 buffer. tile_columns and the CTAs' row starts are computed here
-in one pass each (varlen_device.tile_columns / cta_visit_start are the numpy statements of the same values,
-which the tests compare with these), so that a new packing costs one call rather than a dozen numpy ones.
+The compact arrays NAMES (what the DASH_COMPACT + DASH_VARLEN kernel and kernels_src/bwd_expand.cu read) plus,
+for the GPU expansion, each CTA's first row in the per-visit table, and the lengths as cu_seqlens, each at a
+256-byte aligned offset of one uint8 buffer. tile_columns and the CTAs' row starts are computed here in one pass
+each (tests/test_varlen_compact.py holds the numpy statements of the same values and compares them with these),
+so that a new packing costs one call rather than a dozen numpy ones.
 
 ``schedule_varlen`` builds a packed batch's records (the per-sequence windows, shapes and dispatch order,
 ``auto``'s choice, the records: what cupy_dash.varlen_schedule.build_varlen returns after its argument checks);
@@ -83,7 +83,7 @@ cpdef tuple pack(const int[:, ::1] records, const int[::1] cta_columns, const lo
     for i in range(S + 1):
         seg_out[i] = seg_col_start[i]
     # NOTES: Q tile m of sequence b: the first column of the sequence's first segment (records in n order, lo
-    # and hi rising with n) with hi > m, and the first with lo > m (varlen_device.tile_columns).
+    # and hi rising with n) with hi > m, and the first with lo > m.
     cdef long long row = 0, p_hi, p_lo
     cu_q[0] = cu_k[0] = 0
     for b in range(B):

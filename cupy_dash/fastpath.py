@@ -24,7 +24,7 @@ import threading
 
 import cupy
 
-from . import _launch, errors, interop, jit, kernels, launchers, tensormap
+from . import _launch, errors, interop, jit, kernels, launchers, params, tensormap
 
 _MAX_PLANS = 256
 _MAX_MAPS = 64          # tensor maps kept per operand of a plan (keyed by address)
@@ -278,27 +278,15 @@ def rebased_plan(base, c, call, cu_seqlens):
         plan.launches = launchers.bwd_launches(c)
     fields = launchers.bwd_schedule_fields(c.tables)
     plan.template = bytes(_launch.patched_block(
-        base.template, (), (), (), _rebased_offsets(),
-        (*(fields[name] for name in _REBASED_FIELDS[:-5]), c.varlen[0], c.num_m_blocks, c.sq_rounded,
+        base.template, (), (), (), _REBASED_OFFSETS,
+        (*(fields[name] for name in launchers.SCHEDULE_FIELDS), c.varlen[0], c.num_m_blocks, c.sq_rounded,
          cu_seqlens[0], cu_seqlens[1])))
     return plan
 
 
-_REBASED_FIELDS = tuple(launchers.SCHEDULE_FIELDS) + ("batch", "num_m_blocks", "seqlen_q_rounded", "cu_seqlens_q",
-                                                      "cu_seqlens_k")
-_rebased = []
-
-
-def _rebased_offsets() -> tuple:
-    """Byte offsets in BwdParams of _REBASED_FIELDS (8-byte integers, checked once)."""
-    if not _rebased:
-        dt = kernels.BWD_PARAMS_DTYPE
-        for name in _REBASED_FIELDS:
-            field, offset = dt.fields[name][:2]
-            if field.itemsize != 8 or field.kind not in "iu":
-                raise TypeError(f"{name}: not an 8-byte integer field ({field})")
-        _rebased.append(tuple(_offset(dt, name) for name in _REBASED_FIELDS))
-    return _rebased[0]
+# every schedule field, then the other length-dependent ones, in rebased_plan's order
+_REBASED_OFFSETS = params.int_field_offsets(kernels.BWD_PARAMS_DTYPE, launchers.SCHEDULE_FIELDS + (
+    "batch", "num_m_blocks", "seqlen_q_rounded", "cu_seqlens_q", "cu_seqlens_k"))
 
 
 def register_backward(key, c, operands, lse_ptr, work_base, grads, call, like) -> None:

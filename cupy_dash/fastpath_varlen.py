@@ -168,11 +168,9 @@ def _new_packing(key_, base, cu_q, cu_k):
     max_q, max_k, window, schedule = key_[7], key_[8], key_[11], key_[12]
     max_q = varlen._check_max_seqlen("max_seqlen_q", max_q)
     max_k = varlen._check_max_seqlen("max_seqlen_k", max_k)
-    if max_q > p.Sq or max_k > p.Sk:
-        raise ValueError(f"max_seqlen_q / max_seqlen_k ({max_q}, {max_k}) exceed the packed lengths "
-                         f"{(p.Sq, p.Sk)}")
-    cu_host = varlen._checked_cu_seqlens(*(_host_lengths(cu, dev)[1].astype(np.int64) for cu in (cu_q, cu_k)),
-                                         p.Sq, p.Sk, max_q, max_k)
+    varlen._check_max_within(max_q, max_k, p.Sq, p.Sk)
+    cu_host = varlen._checked_cu_seqlens(*(_host_lengths(cu, dev)[1] for cu in (cu_q, cu_k)), p.Sq, p.Sk, max_q,
+                                         max_k)
     if canonical_window(window, max_q, max_k, c0.causal) != c0.window:
         return None
     with cupy.cuda.Device(dev):

@@ -27,7 +27,7 @@ from . import api, interop, jax_varlen_dyn, kernels, launchers, varlen, varlen_d
 from . import jax as _jax
 from . import schedule as _schedule
 from .errors import _jit_record, _spin_timeout_ms
-from .varlen import _check_max_seqlen, _check_same_count, _cu_seqlens_form, _cu_seqlens_values
+from .varlen import _check_max_seqlen, _check_max_within, _check_same_count, _cu_seqlens_form, _cu_seqlens_values
 
 __all__ = ["attention_varlen"]
 
@@ -48,9 +48,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
         if jax_varlen_dyn.check_cu("cu_seqlens_k", cu_seqlens_k) != num_seqs:
             raise ValueError(f"cu_seqlens_k: expected {num_seqs + 1} entries (as cu_seqlens_q), got "
                              f"{cu_seqlens_k.shape[0]}")
-        if max_q > q.shape[0] or max_k > k.shape[0]:
-            raise ValueError(f"max_seqlen_q / max_seqlen_k ({max_q}, {max_k}) exceed the packed lengths "
-                             f"({q.shape[0]}, {k.shape[0]})")
+        _check_max_within(max_q, max_k, q.shape[0], k.shape[0])
         dcfg = jax_varlen_dyn._DynConfig(base, num_seqs, max_q, max_k)
         return jax_varlen_dyn.attention_jit(q, k, v, cu_seqlens_q, cu_seqlens_k, dcfg)
     cus = []

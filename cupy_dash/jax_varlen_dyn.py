@@ -108,7 +108,7 @@ class _Backward:
             hosts.append(host)
         stream.synchronize()
         p, d = self.p, self.dcfg
-        return _checked_cu_seqlens(*(h.astype(np.int64) for h in hosts), p.Sq, p.Sk, d.max_q, d.max_k)
+        return _checked_cu_seqlens(*hosts, p.Sq, p.Sk, d.max_q, d.max_k)
 
     def __call__(self, ctx, outs, dout, q, k, v, out, lse, cu_q, cu_k):
         _jax.callback_runs["backward"] += 1

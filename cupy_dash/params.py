@@ -193,14 +193,16 @@ def pack_fwd_params(**fields) -> np.ndarray:
     return _pack("FwdParams", fields)
 
 
-def patch_ints(buf, dtype: np.dtype, values: dict) -> None:
-    """Write ``values`` (8-byte integer fields of the struct ``dtype``, by name) into its packed bytes ``buf``
-    (a bytearray): what a host fast path changes in a block it has packed before."""
-    for name, value in values.items():
+def int_field_offsets(dtype: np.dtype, names) -> tuple:
+    """Byte offsets in the struct ``dtype`` of the 8-byte integer fields ``names``: where a host fast path writes
+    them into a block it has packed before (cupy_dash._launch.patched_block). Raises TypeError for another field."""
+    offsets = []
+    for name in names:
         field, offset = dtype.fields[name][:2]
         if field.itemsize != 8 or field.kind not in "iu":
             raise TypeError(f"{name}: not an 8-byte integer field ({field})")
-        struct.pack_into("<q" if field.kind == "i" else "<Q", buf, offset, value)
+        offsets.append(offset)
+    return tuple(offsets)
 
 
 def pack_bwd_params(**fields) -> np.ndarray:

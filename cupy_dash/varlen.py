@@ -35,6 +35,13 @@ def _check_max_seqlen(name, value) -> int:
     return int(value)
 
 
+def _check_max_within(max_q, max_k, total_q, total_k) -> None:
+    """max_seqlen_q / max_seqlen_k (checked ints) within the packed lengths ``total_q`` / ``total_k``."""
+    if max_q > total_q or max_k > total_k:
+        raise ValueError(f"max_seqlen_q / max_seqlen_k ({max_q}, {max_k}) exceed the packed lengths "
+                         f"({total_q}, {total_k})")
+
+
 def _check_cu_seqlens(name, cu) -> tuple:
     """(info, number of sequences) of a ``cu_seqlens`` argument: int32, 1-D, at least 2 entries, contiguous (its
     device is checked against q's by :func:`_check_device`)."""
@@ -101,9 +108,7 @@ def attention_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, 
     p = api._validate(q4, k4, v4, softmax_scale=softmax_scale)
     _check_device(cu_q_info, p.device_id)
     _check_device(cu_k_info, p.device_id)
-    if max_q > p.Sq or max_k > p.Sk:
-        raise ValueError(f"max_seqlen_q / max_seqlen_k ({max_q}, {max_k}) exceed the packed lengths "
-                         f"({p.Sq}, {p.Sk})")
+    _check_max_within(max_q, max_k, p.Sq, p.Sk)
     window = _schedule.canonical_window(window, max_q, max_k, causal)   # vacuous for every sequence -> -1
     spec, block_m, block_n = kernels.fwd_entry(p.dtype, p.D, causal, varlen=True)
     total_q, H, D = p.Sq, p.H, p.D
@@ -183,7 +188,7 @@ def _packing_launch(dev, p, causal, deterministic, schedule, window, spin_timeou
 
 
 def _checked_cu_seqlens(host_q, host_k, total_q, total_k, max_q, max_k) -> tuple:
-    """Host cu_seqlens (int64) checked as the backward checks them (:func:`_cu_seqlens_values`, the same count):
+    """Host cu_seqlens (integer arrays) checked as the backward checks them (:func:`_cu_seqlens_values`, the same count):
     ``(cu_seqlens_q, cu_seqlens_k)`` int32. Raises ValueError naming the argument."""
     checked = (_cu_seqlens_values("cu_seqlens_q", host_q, total_q, "max_seqlen_q", max_q),
                _cu_seqlens_values("cu_seqlens_k", host_k, total_k, "max_seqlen_k", max_k))
@@ -279,7 +284,7 @@ def _device_to_host(info, cu, stream) -> np.ndarray:
     rt = cupy.cuda.runtime
     rt.memcpyAsync(host.ctypes.data, ptr, host.nbytes, rt.memcpyDeviceToHost, stream.ptr)
     stream.synchronize()
-    return host.astype(np.int64)
+    return host
 
 
 def attention_backward_varlen(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
@@ -327,8 +332,7 @@ def attention_backward_varlen(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
     if len(li.shape) != 2:
         raise ValueError(f"lse: expected a 2-D tensor (H, total_q), got shape {li.shape}")
     totals = total_q, total_k
-    if max_q > totals[0] or max_k > totals[1]:
-        raise ValueError(f"max_seqlen_q / max_seqlen_k ({max_q}, {max_k}) exceed the packed lengths {totals}")
+    _check_max_within(max_q, max_k, total_q, total_k)
     cu_args = (("cu_seqlens_q", cu_seqlens_q, totals[0], "max_seqlen_q", max_q),
                ("cu_seqlens_k", cu_seqlens_k, totals[1], "max_seqlen_k", max_k))
     forms = [_cu_seqlens_form(name, cu) for name, cu, *_ in cu_args]

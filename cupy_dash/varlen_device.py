@@ -257,10 +257,7 @@ def _expand_on_device(t: Tables, dev, stream, staging_out: list):
     d.ptrs = dict(visits=base + head, rank=base + head + visits_bytes, cta_start=base + int(t.offsets[_CTA_START]))
     d.buffer, d.num_ctas = buf, t.num_ctas
     launch = _expand_launches.get(dev) or _expand_launch(dev)
-    offsets = t.offsets
-    launch(t.num_ctas, stream, (base + int(offsets[0]), base + int(offsets[1]), base + int(offsets[2]),
-                                base + int(offsets[3]), base + int(offsets[4]), base + int(offsets[5]),
-                                base + int(offsets[6]), t.compact[0], t.compact[1], t.heads, t.kv_heads,
+    launch(t.num_ctas, stream, (*_record_ptrs(t, base).values(), t.compact[0], t.compact[1], t.heads, t.kv_heads,
                                 d.ptrs["visits"], d.ptrs["rank"], d.ptrs["cta_start"]))
     return d, _device_view(buf, t, _CU_Q), _device_view(buf, t, _CU_K)
 
@@ -274,20 +271,15 @@ def _expand_launch(dev):
     """``launch(num_ctas, stream, values)`` of the varlen bwd_expand kernel on device ``dev`` (current): its block
     holds ``values`` (the _EXPAND_FIELDS, in order) and zeros elsewhere (the expansion reads those fields only);
     its grid is (num_ctas, kernels.EXPAND_CHUNKS). The function handle and the fields' places are found once."""
-    from . import _launch, jit, kernels
+    from . import _launch, jit, kernels, params
     spec = kernels.expand_spec(varlen=True)
     func = jit.load(spec).ptr
-    fields = kernels.BWD_PARAMS_DTYPE.fields
-    where = np.array([fields[name][1] // 8 for name in _EXPAND_FIELDS], dtype=np.intp)
-    if any(fields[name][0].itemsize != 8 or fields[name][1] % 8 for name in _EXPAND_FIELDS):
-        raise TypeError("bwd_expand's fields must be aligned 8-byte integers")
-    words = kernels.BWD_PARAMS_DTYPE.itemsize // 8
+    offsets = params.int_field_offsets(kernels.BWD_PARAMS_DTYPE, _EXPAND_FIELDS)
+    zeros = bytes(kernels.BWD_PARAMS_DTYPE.itemsize)
 
     def launch(num_ctas, stream, values):
-        block = np.zeros(words, dtype=np.int64)
-        block[where] = values
         _launch.launch(func, num_ctas, kernels.EXPAND_CHUNKS, 1, spec.threads, spec.smem_bytes, stream.ptr,
-                       block.view(np.uint8))
+                       _launch.patched_block(zeros, (), (), (), offsets, values))
     _expand_launches[dev] = launch
     return launch
 

@@ -158,13 +158,14 @@ def test_enqueue_backward_releases_the_slot_when_a_launch_fails(monkeypatch):
     assert released == [slot, slot]
 
 
-def test_patch_ints_writes_8_byte_integer_fields_only():
-    from cupy_dash import params
+def test_int_fields_patched_by_offset_write_8_byte_integer_fields_only():
+    """params.int_field_offsets + _launch.patched_block (how the fast paths rewrite a packed block's integers)."""
+    from cupy_dash import _launch, params
     dt = kernels.BWD_PARAMS_DTYPE
-    buf = bytearray(dt.itemsize)
-    params.patch_ints(buf, dt, {"batch": 7, "tie_sign": -1, "visits": 0xDEAD0000})
+    offsets = params.int_field_offsets(dt, ("batch", "tie_sign", "visits"))
+    buf = _launch.patched_block(bytes(dt.itemsize), (), (), (), offsets, (7, -1, 0xDEAD0000))
     f = np.frombuffer(bytes(buf), dtype=dt)[0]
     assert (int(f["batch"]), int(f["tie_sign"]), int(f["visits"])) == (7, -1, 0xDEAD0000)
     assert sum(bytes(buf)) == sum((7).to_bytes(8, "little")) + 8 * 255 + sum((0xDEAD0000).to_bytes(8, "little"))
     with pytest.raises(TypeError, match="softmax_scale"):
-        params.patch_ints(buf, dt, {"softmax_scale": 1})
+        params.int_field_offsets(dt, ("softmax_scale",))
