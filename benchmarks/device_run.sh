@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # One device run on the H200: install, compile, GPU tests, demo, benchmarks; every log under $OUT.
 #   bash benchmarks/device_run.sh [smoke|fwd|tests|bench|integration|long|gqa|varlen_bench|long1m|varlen_step|
-#                                  session7|all] [extra pytest args...]
-# "varlen_step": a new packing's host cost, build and upload (issue 7); "session7": the sixth session's CPU-only
-# work (its GPU tests, host_parts, host_overhead, then varlen_step). Earlier sessions' one-off stages are in this
-# file's history; the writer-rank-ahead experiment is
-# benchmarks/patches/writer_rank_ahead.patch (measured, not merged: RESULTS.md, fifth session).
+#                                  fold|fold_bench|all] [extra pytest args...]
+# "varlen_step": a new packing's host cost, build and upload (issue 7); "fold": the folded backward's tests, then
+# the whole suite; "fold_bench": its GPU and host time. Earlier sessions' one-off stages are in this file's
+# history; the writer-rank-ahead experiment is benchmarks/patches/writer_rank_ahead.patch (measured, not
+# merged: RESULTS.md, fifth session).
 # FA3 (flash-attn3-jax) is measured when its wheel is importable: carry .whl/ and set FA3_WHL=1.
 set -o pipefail
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false CUPY_DASH_CACHE_DIR=${CUPY_DASH_CACHE_DIR:-/tmp/dash_cache}
@@ -67,15 +67,19 @@ if [ "$stage" = gqa ]; then   # forward re-check after the varlen change, GQA th
       --schedules auto descending atomic --out "$OUT" 2>&1 | tee "$OUT/gqa${g}_bench.log" | tail -20
   done
 fi
-if [ "$stage" = session7 ]; then   # what the sixth session built after its GPU budget (benchmarks/NOTES.md)
-  timeout 300 $py -m pytest tests/test_gpu_varlen_bwd.py tests/test_gpu_varlen.py tests/test_jax_varlen.py \
-    tests/test_gpu_fastpath.py tests/test_gpu_torch_ops.py -q -ra --maxfail=10 "$@" 2>&1 | tee "$OUT/new_tests.log" \
-    | tail -8
-  timeout 120 $py -m pytest tests/test_gpu_attention.py tests/test_gpu_gqa.py -k torch -q -ra "$@" 2>&1 \
-    | tee -a "$OUT/new_tests.log" | tail -4
+if [ "$stage" = fold ]; then   # the folded backward (kernels_src/bwd/fold.cuh): its tests first, then the whole suite
+  timeout 240 $py -m pytest tests/test_gpu_fold.py -q -ra --maxfail=5 "$@" 2>&1 | tee "$OUT/fold_tests.log" | tail -12
+  if grep -qE "[0-9]+ (failed|error)" "$OUT/fold_tests.log"; then exit 1; fi
+  timeout 420 $py -m pytest tests/ -q -ra --maxfail=10 --ignore=tests/test_gpu_fold.py "$@" 2>&1 \
+    | tee "$OUT/tests.log" | tail -25
+fi
+if [ "$stage" = fold_bench ]; then   # GPU time folded / unfolded by size, host time of the torch fast path both ways
+  timeout 120 $py benchmarks/fold_bench.py --json "$OUT/fold_bench.json" 2>&1 | tee "$OUT/fold_bench.txt"
   timeout 60 $py benchmarks/host_parts.py 2>&1 | tee "$OUT/host_parts.txt"
-  timeout 100 $py benchmarks/host_overhead.py --calls 2000 2>&1 | head -12 | tee "$OUT/host_overhead.txt"
-  stage=varlen_step
+  for fold in 0 ""; do
+    CUPY_DASH_FOLD=$fold timeout 100 $py benchmarks/host_overhead.py --calls 2000 2>&1 | head -12 \
+      | tee -a "$OUT/host_overhead.txt"
+  done
 fi
 if [ "$stage" = varlen_step ]; then   # a new packing's host cost (issue 7's per-step figure; RESULTS, sixth session)
   timeout 60 $py benchmarks/varlen_plan_cpu.py --packings 200 2>&1 | tee "$OUT/varlen_plan_cpu.txt"

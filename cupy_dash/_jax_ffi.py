@@ -154,8 +154,7 @@ class _Backward(_jax._Backward):
             c = self.launches[dev]
             with cupy.cuda.Device(dev):
                 params, pointers, maps = find_patches(lambda a: self._pack(c, self.records[dev], a), self.names)
-                grids = launchers.bwd_grids(c)
-                kernels = [(_function(s), g, s.threads, s.smem_bytes) for s, g in zip(c.specs, grids)]
+                kernels = [(_function(s), g, s.threads, s.smem_bytes) for s, g in launchers.bwd_kernels(c)]
                 zeros = [(self.names.index(n), launchers.kv_bytes(p)) for n in ("dk", "dv")] if c.zero_kv else []
                 with _lock:
                     slots[dev] = _extension().register_plan(pack_plan(kernels, params, pointers, maps, zeros))

@@ -34,7 +34,7 @@ import ml_dtypes
 import numpy as np
 
 from . import compact_device, fastpath, interop, jit, kernels, launchers, tensormap
-from .errors import (_acquire_slot, _graph_record, _keep_alive, _spin_timeout_ms, check_errors,
+from .errors import (_acquire_slot, _graph_record, _keep_alive, _record_shared, _spin_timeout_ms, check_errors,
                      poll_errors as _poll_errors)
 from . import schedule as _schedule
 
@@ -328,7 +328,9 @@ def attention_backward(do, q, k, v, out, lse, *, causal=False, softmax_scale=Non
 
     Three kernels run on the caller's stream: preprocess (rowsum(dO*O), zeroing of the fp32 dQ accumulator and
     the semaphores), main (a persistent grid, at most the co-resident CTAs, walking the schedule table) and
-    postprocess (dQ scale and conversion). A dQ semaphore wait that exceeds ``CUPY_DASH_SPIN_TIMEOUT_MS`` makes
+    postprocess (dQ scale and conversion); small problems (at most ``launchers.FOLD_MAX_TILES`` tile pairs) run
+    all three passes in the main kernel, one launch (``CUPY_DASH_FOLD=0`` / ``1``: never / always), with the
+    same bits. A dQ semaphore wait that exceeds ``CUPY_DASH_SPIN_TIMEOUT_MS`` makes
     the kernel give up instead of hanging; the failure is raised later, by :func:`check_errors` or by the next
     cupy_dash call (deferred, so that this call stays asynchronous).
     """
@@ -408,6 +410,8 @@ def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, determinis
     specs, bm, bn, max_ctas = kernels.bwd_entry(dev, p.dtype, D, causal, deterministic, timeline is not None,
                                                 compact)
     c = launchers.BwdLaunch(specs, bm, bn, p, deterministic, spin_timeout_ns, causal, window)
+    if timeline is not None or (plan is not None and plan.num_ctas > max_ctas):
+        c.fold = False      # NOTES: the fold's grid barriers need every CTA co-resident (kernels_src/bwd/fold.cuh)
     qi, ki, vi, doi, oi = p.infos
     fw = qi.framework
     if plan is not None:
@@ -435,6 +439,8 @@ def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, determinis
             graph_error = _graph_record(dev, call)
             if graph_error is None:
                 raise _not_warm(f"no backward has run eagerly on device {dev} yet", p, causal)
+            if _record_shared(dev, graph_error):
+                c.fold = False
 
         work, base = _new(fw, dev, (c.work_bytes,), "uint8")
         dq, dq_ptr = _new(fw, dev, (B, Sq, H, D), p.dtype)

@@ -2,10 +2,13 @@
 
 The deterministic backward orders the dQ reduction with per-tile semaphores read from the schedule table. A wait
 is bounded (``CUPY_DASH_SPIN_TIMEOUT_MS``, default 10000 ms): past it the main kernel records
-``error = [1, visit, rank awaited, value seen]`` in a 16-byte device record and exits instead of hanging the GPU.
-An eager call's record (a *slot*) has a 32-byte mirror in mapped pinned host memory: the preprocess kernel zeroes
-the device record, and the postprocess kernel, after the main kernel, writes it to the mirror and then sets the
-mirror's first word (``kernels_src/bwd/error_record.cuh``), so a call costs no memset, copy or event.
+``error = [1, visit, rank awaited, value seen]`` in a 32-byte device record and exits instead of hanging the GPU
+(the record's words 4-6 count a folded backward's grid barriers: ``kernels_src/bwd/fold.cuh``). An eager call's
+record (a *slot*) has a 32-byte mirror in mapped pinned host memory: the preprocess kernel zeroes the device
+record, and the postprocess kernel, after the main kernel, writes it to the mirror and then sets the mirror's
+first word (a folded backward's main kernel does both: ``kernels_src/bwd/error_record.cuh``), so a call costs no
+memset, copy or event. A slot whose call failed, or never reported, is retired, never reused: a folded backward
+relies on finding its record zero.
 :func:`check_errors` waits for every pending record and raises ``RuntimeError`` for a failed one, and every
 public call polls the finished ones first without blocking (:func:`poll_errors`: a read of host memory).
 
@@ -34,8 +37,11 @@ _DEFAULT_SPIN_TIMEOUT_MS = 10000.0
 _lock = threading.RLock()
 
 
+RECORD_BYTES = 32       # a device error record: int32 [failure, 3 details, 3 barrier counters of a fold, unused]
+
+
 class _Slot:
-    """One error record: device int32[4] at ``dptr``, and its mirror ``host`` int32[8] in mapped pinned memory
+    """One error record: device int32[8] at ``dptr``, and its mirror ``host`` int32[8] in mapped pinned memory
     (device address ``hdev``): ``host[0]`` = 1 once the call finished, ``host[1:5]`` = the device record."""
     __slots__ = ("dptr", "hdev", "host", "pool", "device_id")
 
@@ -63,7 +69,7 @@ class _SlotPool:
     def _grow(self, n: int):
         rt = cupy.cuda.runtime
         with cupy.cuda.Device(self.device_id):
-            dbuf = cupy.zeros(4 * n, dtype=np.int32)
+            dbuf = cupy.zeros(RECORD_BYTES // 4 * n, dtype=np.int32)
             hptr = rt.hostAlloc(32 * n, rt.hostAllocMapped | rt.hostAllocPortable)   # never freed (pool)
             hdev = rt.pointerGetAttributes(hptr).devicePointer
             host = np.ctypeslib.as_array((ctypes.c_int32 * (8 * n)).from_address(hptr)).reshape(n, 8)
@@ -71,7 +77,7 @@ class _SlotPool:
             self._blocks.append((dbuf, hptr))
             for i in range(n):
                 s = _Slot()
-                s.dptr = dbuf.data.ptr + 16 * i
+                s.dptr = dbuf.data.ptr + RECORD_BYTES * i
                 s.hdev = hdev + 32 * i
                 s.host = host[i]
                 s.pool, s.device_id = self, self.device_id
@@ -83,14 +89,15 @@ GRAPH_RECORDS = 1024     # error records per device for backward calls captured 
 
 class _GraphRecords:
     """Error records of captured (or jax-traced) backward calls on one device: a zeroed device int32
-    (GRAPH_RECORDS, 4) block (allocated outside capture, with the device's first eager backward or first traced
-    one), handed out one per call and never reused; once all are taken, the last one is shared. ``infos[i]``
-    names the calls of record ``i``, ``wheres[i]`` how the first of them runs."""
+    (GRAPH_RECORDS, 8) block (allocated outside capture, with the device's first eager backward or first traced
+    one), handed out one per call and never reused; once all are taken, the last one is shared (:meth:`shared`:
+    such calls are not folded, whose grid barriers need a record of their own). ``infos[i]`` names the calls of
+    record ``i``, ``wheres[i]`` how the first of them runs."""
 
     def __init__(self, device_id: int):
         self.device_id = device_id
         with cupy.cuda.Device(device_id):
-            self.block = cupy.zeros((GRAPH_RECORDS, 4), dtype=np.int32)
+            self.block = cupy.zeros((GRAPH_RECORDS, RECORD_BYTES // 4), dtype=np.int32)
             # NOTES: once per device and process: graphs captured later (on any stream) must see the zeros
             cupy.cuda.runtime.deviceSynchronize()
         self.infos: list[list] = []
@@ -103,7 +110,11 @@ class _GraphRecords:
             self.wheres.append(where)
         else:
             self.infos[-1].append(info)
-        return self.block.data.ptr + 16 * (len(self.infos) - 1)
+        return self.block.data.ptr + RECORD_BYTES * (len(self.infos) - 1)
+
+    def shared(self, ptr) -> bool:
+        """Whether the record at ``ptr`` (from :meth:`take`) serves more than one call."""
+        return len(self.infos[(ptr - self.block.data.ptr) // RECORD_BYTES]) > 1
 
     def collect(self) -> list:
         """Synchronize the device, read the records in use, clear the failed ones; return their messages."""
@@ -112,7 +123,7 @@ class _GraphRecords:
             return []
         with cupy.cuda.Device(self.device_id):
             cupy.cuda.runtime.deviceSynchronize()
-            host = cupy.asnumpy(self.block[:n])
+            host = cupy.asnumpy(self.block[:n, :4])
             failed = np.flatnonzero(host[:, 0])
             if not len(failed):
                 return []
@@ -167,6 +178,13 @@ def _graph_record(device_id: int, info):
         return None if pool is None else pool.graph.take(info)
 
 
+def _record_shared(device_id: int, ptr) -> bool:
+    """Whether the captured or traced call's record ``ptr`` (:func:`_graph_record`, :func:`_jit_record`) is shared
+    with other calls (all GRAPH_RECORDS taken): such a call must not be folded."""
+    with _lock:
+        return _slot_pools[device_id].graph.shared(ptr)
+
+
 def _jit_record(device_id: int, info) -> int:
     """Device address of a fresh error record for a backward call traced by ``jax.jit`` (called at trace time,
     outside any capture: creates the device's records on first use, which synchronizes the device once)."""
@@ -210,6 +228,12 @@ def _format_failure(info, flag, visit, want, seen) -> str:
         return (f"cupy_dash backward: a load-pipeline wait inside CTA {visit} never ended {where} (barrier at "
                 f"shared offset {want}, parity {seen}); this is a kernel bug, please report it with the shape. The "
                 f"kernel abandoned the wait instead of hanging; dq/dk/dv of that call are invalid.")
+    if flag == 3:
+        return (f"cupy_dash backward: a grid barrier of the folded (one-launch) backward did not fill in time "
+                f"{where}: CTA {visit} saw {seen} CTAs at counter word {want}; the persistent grid exceeded the "
+                f"co-resident CTAs (another kernel holding SMs?) or an earlier failure stopped it. The kernel "
+                f"abandoned the wait instead of hanging; dq/dk/dv of that call are invalid. CUPY_DASH_FOLD=0 turns "
+                f"the fold off; CUPY_DASH_SPIN_TIMEOUT_MS (now {_spin_timeout_ms():g} ms) bounds the wait.")
     return (f"cupy_dash backward: the main kernel reported error code {flag} {where} (visit {visit}, "
             f"values {want}, {seen}); dq/dk/dv of that call are invalid.")
 
@@ -225,7 +249,8 @@ def _consume(rec: _Pending):
                    f"error record (an earlier CUDA error?); its dq/dk/dv may be invalid.")
         elif flag:
             msg = _format_failure(rec.info, flag, visit, want, seen)
-        _release_slot(slot)
+        if msg is None:
+            _release_slot(slot)     # NOTES: a failed slot is retired: its record may not be zero (module docstring)
     rec.slot = rec.keep = None
     return msg
 

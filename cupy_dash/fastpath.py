@@ -100,7 +100,7 @@ def bwd_key(do, q, k, v, out, lse, causal, softmax_scale, schedule, deterministi
         return None
     ptrs = do.data_ptr() | q.data_ptr() | k.data_ptr() | v.data_ptr() | out.data_ptr() | lse.data_ptr()
     return (_sig(do), _sig(q), _sig(k), _sig(v), _sig(out), _sig(lse), causal, softmax_scale, schedule,
-            deterministic, window, not (ptrs & 15), env(b"CUPY_DASH_SPIN_TIMEOUT_MS"))
+            deterministic, window, not (ptrs & 15), env(b"CUPY_DASH_SPIN_TIMEOUT_MS"), env(b"CUPY_DASH_FOLD"))
 
 
 class _Maps:

@@ -68,7 +68,7 @@ import numpy as np
 
 from . import api, compact_device, interop, jit, kernels, launchers
 from . import schedule as _schedule
-from .errors import _jit_record, _spin_timeout_ms
+from .errors import _jit_record, _record_shared, _spin_timeout_ms
 
 __all__ = ["attention", "attention_forward", "attention_backward", "attention_varlen"]
 
@@ -372,6 +372,8 @@ class _Backward:
                 self.launches[dev] = c
                 self.records[dev] = _jit_record(dev, (c.tables.policy, p.B, p.H, p.Sq, p.Sk, p.D, cfg.causal,
                                                       cfg.window))
+                if _record_shared(dev, self.records[dev]):
+                    c.fold = False
 
     def types(self):
         p = self.p

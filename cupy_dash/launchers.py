@@ -9,6 +9,8 @@ Operands are ``(pointer, (batch, row, head) element strides)`` pairs; outputs an
 """
 from __future__ import annotations
 
+import os
+
 import cupy
 import numpy as np
 
@@ -18,6 +20,12 @@ from .errors import _release_slot, _track
 
 _LOG2E = 1.4426950408889634
 _WORKSPACE_ALIGN = 256
+FOLD_ENV = "CUPY_DASH_FOLD"
+# NOTES: a folded backward (one launch: kernels_src/bwd/fold.cuh) saves two launches' host time (~4 µs each on the
+# H200's host) and their gaps on the GPU, but its grid barrier 2 makes every CTA wait for the slowest one's visits
+# before converting dQ, which the separate postprocess kernel overlaps with nothing either; the fold is kept to
+# problems of at most FOLD_MAX_TILES (Q tile, KV tile) pairs, where the host time matters and the wait is short.
+FOLD_MAX_TILES = 4096
 
 
 def _contiguous(shape) -> tuple:
@@ -77,10 +85,13 @@ class BwdLaunch:
     ``schedule.canonical_window`` form. The workspace (one buffer, ``work_bytes``) holds the fp32 / int32 scratch
     arrays at ``offsets`` (each 256-byte aligned): lse_log2 and dpsum ``(B*H, Sq_rounded)`` float32, dq_accum
     ``(B*H, Sq_rounded, D)`` float32, dq_semaphore ``(B*H, num_m_blocks)`` int32; preprocess initialises them, so
-    the buffer may hold anything. ``zero_kv``: whether dk and dv must be zeroed before the kernels run.
+    the buffer may hold anything. ``zero_kv``: whether dk and dv must be zeroed before the kernels run. ``fold``:
+    whether the main kernel runs preprocess and postprocess itself (:func:`fold_wanted`; a caller may clear it
+    before packing the block, never set it).
     """
     __slots__ = ("specs", "p", "block_m", "block_n", "num_m_blocks", "sq_rounded", "offsets", "work_bytes",
-                 "tables", "deterministic", "spin_timeout_ns", "causal", "window", "zero_kv", "varlen", "row_grid")
+                 "tables", "deterministic", "spin_timeout_ns", "causal", "window", "zero_kv", "varlen", "row_grid",
+                 "fold")
 
     def __init__(self, specs, block_m, block_n, p, deterministic, spin_timeout_ns, causal, window, tables=None,
                  varlen=None):
@@ -104,6 +115,7 @@ class BwdLaunch:
             self.num_m_blocks = -(-(p.Sq + num_seqs * block_m) // block_m)
             self.sq_rounded = self.num_m_blocks * block_m
             self.row_grid = (-(-max_q // block_m), p.H, num_seqs)
+        self.fold = fold_wanted(p, block_m, block_n, self.zero_kv, varlen)
         rows = p.B * p.H * self.sq_rounded
         sizes = (rows * 4, rows * 4, rows * p.D * 4, p.B * p.H * self.num_m_blocks * 4)
         self.offsets, total = [], 0
@@ -111,6 +123,20 @@ class BwdLaunch:
             self.offsets.append(total)
             total += -(-n // _WORKSPACE_ALIGN) * _WORKSPACE_ALIGN
         self.work_bytes = total
+
+
+def fold_wanted(p, block_m, block_n, zero_kv, varlen) -> bool:
+    """Whether a backward of ``p`` is folded into one launch (kernels_src/bwd/fold.cuh): fixed-length batches
+    whose dk, dv need no zeroing, of at most FOLD_MAX_TILES tile pairs; ``CUPY_DASH_FOLD`` = 0 never folds, = 1
+    folds every such backward whatever its size."""
+    if varlen is not None or zero_kv:
+        return False
+    choice = os.environ.get(FOLD_ENV, "").strip()
+    if choice == "0":
+        return False
+    if choice == "1":
+        return True
+    return p.B * p.H * -(-p.Sq // block_m) * -(-p.Sk // block_n) <= FOLD_MAX_TILES
 
 
 def bwd_tables(schedule, c, max_ctas, device_id, stream, capture=False, compact=False):
@@ -133,7 +159,7 @@ def launch_backward(c, operands, lse_ptr, work_base, grads, stream, *, error_ptr
     """Enqueue preprocess, main and postprocess of the backward ``c`` (:class:`BwdLaunch`, tables set) on the
     CuPy ``stream`` (current device: the buffers' device); buffers as in :func:`bwd_params`.
 
-    Errors of the main kernel go to the 16-byte device record ``error_ptr``, or, with an error ``slot`` (eager
+    Errors of the main kernel go to the 32-byte device record ``error_ptr``, or, with an error ``slot`` (eager
     calls), to the slot's records (see :func:`enqueue_backward`). Never synchronizes or allocates device memory.
     """
     try:
@@ -146,17 +172,25 @@ def launch_backward(c, operands, lse_ptr, work_base, grads, stream, *, error_ptr
     enqueue_backward(c, params, grads, stream, slot=slot, call=call)
 
 
+def bwd_kernels(c) -> tuple:
+    """``(spec, grid)`` of every kernel of the backward ``c`` (tables set), in launch order: preprocess, main
+    (persistent: one CTA per table column list) and postprocess, or the main kernel alone when ``c.fold``."""
+    main = (c.specs.main, (c.tables.num_ctas,))
+    if c.fold:
+        return (main,)
+    return (c.specs.preprocess, c.row_grid), main, (c.specs.postprocess, c.row_grid)
+
+
 def bwd_launches(c) -> tuple:
-    """``(function, grid x, y, z, threads, dynamic smem)`` of preprocess, main and postprocess of ``c`` (tables
-    set), in launch order, the kernels loaded on the current device."""
-    specs = (c.specs.preprocess, c.specs.main, c.specs.postprocess)
-    return tuple((jit.load(s).ptr, *kernels._grid(g), s.threads, s.smem_bytes) for g, s in zip(bwd_grids(c), specs))
+    """``(function, grid x, y, z, threads, dynamic smem)`` of :func:`bwd_kernels`, the kernels loaded on the
+    current device."""
+    return tuple((jit.load(s).ptr, *kernels._grid(g), s.threads, s.smem_bytes) for s, g in bwd_kernels(c))
 
 
 def enqueue_backward(c, params, grads, stream, *, slot=None, call=None, launches=None) -> None:
     """The asynchronous work of a backward whose parameter block ``params`` is packed (an array from
     :func:`bwd_params`, or its patched bytes: the host fast path), in this order on the CuPy ``stream``: zero dk
-    and dv when ``c.zero_kv``, preprocess, main, postprocess. With an error ``slot`` (eager calls; the block holds
+    and dv when ``c.zero_kv``, preprocess, main, postprocess (the main kernel alone when folded). With an error ``slot`` (eager calls; the block holds
     its device record and its host mirror, ``bwd_params``' ``error``) preprocess zeroes the record and
     postprocess hands it to the host; the slot is then tracked as ``call``. ``grads``: pointers of dq, dk, dv;
     ``launches``: :func:`bwd_launches` of ``c`` if the caller holds them. One ``cuLaunchKernel`` per kernel.
@@ -186,11 +220,6 @@ def kv_bytes(p) -> int:
     return p.B * p.Sk * p.Hkv * p.D * 2
 
 
-def bwd_grids(c) -> tuple:
-    """Grids of preprocess, main (persistent: one CTA per table column list) and postprocess."""
-    return c.row_grid, (c.tables.num_ctas,), c.row_grid
-
-
 # The schedule fields of BwdParams, null / 0: each kind of table sets its own (per-visit rows, compact records,
 # compact varlen records) over these.
 _NO_SCHEDULE = dict(visits=0, rank=0, cta_start=0, col_records=0, cta_columns=0, cta_col_start=0, scan_bounds=0,
@@ -212,7 +241,7 @@ def bwd_params(c, operands, lse_ptr, work_base, grads, error, timeline_ptr=0, cu
     ``(pointer, (batch, row, head) element strides)`` of q, k, v, out, dout; ``lse_ptr``: float32 ``(B, H, Sq)``
     contiguous; ``work_base``: ``c.work_bytes`` of scratch; ``grads``: pointers of contiguous dq
     ``(B, Sq, H, D)``, dk and dv ``(B, Sk, Hkv, D)``; ``error``: ``(device record, host mirror)`` addresses, the
-    main kernel's 16-byte error record and, for eager calls (else 0), its mirror (``errors._Slot``).
+    main kernel's 32-byte error record and, for eager calls (else 0), its mirror (``errors._Slot``).
     Varlen (``c.varlen``): the operands are the packed tensors as one batch, lse is ``(H, total_q)`` and
     ``cu_seqlens`` the device pointers of cu_seqlens_q and cu_seqlens_k."""
     p, tables = c.p, c.tables
@@ -237,4 +266,4 @@ def bwd_params(c, operands, lse_ptr, work_base, grads, error, timeline_ptr=0, cu
         window_left=c.window[0], window_right=c.window[1], num_m_blocks=c.num_m_blocks,
         seqlen_q_rounded=c.sq_rounded, spin_timeout_ns=c.spin_timeout_ns,
         softmax_scale=p.scale, softmax_scale_log2=p.scale * _LOG2E, cu_seqlens_q=cu_seqlens[0],
-        cu_seqlens_k=cu_seqlens[1])
+        cu_seqlens_k=cu_seqlens[1], fold=int(c.fold))

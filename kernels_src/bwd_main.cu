@@ -3,10 +3,12 @@
 // the schedule table in order. Warp specialized: a producer warp loads tiles by TMA (bwd/producer.cuh), two MMA
 // warpgroups compute S^T, P^T, dP^T, dS^T, dV, dK and the dQ partial with wgmma (bwd/mainloop.cuh) and write
 // dK, dV once per KV tile (bwd/epilogue.cuh), and a writer warp adds the dQ partials into dq_accum in each
-// tile's rank order (bwd/dq_reduce.cuh). The kernel applies no policy: the table decides everything.
+// tile's rank order (bwd/dq_reduce.cuh). The kernel applies no policy: the table decides everything. A folded
+// backward (p.fold, fixed-length batches) also runs the preprocess and postprocess passes (bwd/fold.cuh).
 #include "bwd/config.cuh"
 #include "bwd/dq_reduce.cuh"
 #include "bwd/epilogue.cuh"
+#include "bwd/fold.cuh"
 #include "bwd/mainloop.cuh"
 #include "bwd/producer.cuh"
 #include "params.cuh"
@@ -41,12 +43,22 @@ DASH_DEVICE void consume(const BwdParams& p, const ScheduleView& sched, const Sm
 
 extern "C" __global__ void __launch_bounds__(kNumThreads, 1) dash_bwd_main(const __grid_constant__ BwdParams p) {
   extern __shared__ __align__(1024) char smem_raw[];
+#if DASH_VARLEN
+  constexpr bool fold = false;
+#else
+  const bool fold = p.fold != 0;
+  if (fold) fold_prologue(p);
+#endif
 #if DASH_COMPACT
   const ScheduleView sched(p, blockIdx.x);
 #else
   const ScheduleView sched(p.visits, p.rank, p.cta_start, blockIdx.x, (int)(p.num_heads / p.num_heads_kv));
 #endif
-  if (sched.begin >= sched.end) return;
+  if (sched.begin >= sched.end) {
+    // NOTES: a CTA without visits still takes part in a folded backward's barrier 2 and postprocess pass.
+    if (fold && threadIdx.x >= kWgThreads) fold_epilogue<false>(p, (int)threadIdx.x - kWgThreads);
+    return;
+  }
 
   const uint32_t raw = smem_u32(smem_raw);
   const Smem s{(raw + 1023u) & ~1023u};
@@ -79,9 +91,11 @@ extern "C" __global__ void __launch_bounds__(kNumThreads, 1) dash_bwd_main(const
       if (threadIdx.x == 0) produce(p, sched, s);
     } else if (warp == 1) {
       write_dq(p, sched, s, threadIdx.x % 32);
+      if (fold) fold_writer_done(threadIdx.x % 32);
     }
   } else {
     setmaxnreg_inc<kMmaRegs>();
     consume(p, sched, s, smem_generic, wg - 1, threadIdx.x % kWgThreads);
+    if (fold) fold_epilogue<true>(p, (int)threadIdx.x - kWgThreads);
   }
 }

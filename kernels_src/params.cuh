@@ -38,7 +38,7 @@ struct BwdParams {
   const int32_t* visits;     // (V, 4): cta, bh, n_block, m_block, grouped by cta in execution order
   const int32_t* rank;       // (V,): position of the visit in its dQ tile's reduction order
   const int64_t* cta_start;  // (num_ctas + 1,): visits of cta c are [cta_start[c], cta_start[c+1])
-  int32_t* error;            // (4,): [0] = 1 on semaphore timeout, [1] = visit index, [2] = rank awaited, [3] = seen
+  int32_t* error;            // (8,): [0] = failure code, [1..3] its details; [4..6] fold (bwd/error_record.cuh)
   int64_t* timeline;         // (V, 4) %globaltimer ns per visit, DASH_TIMELINE builds only (bwd/timeline.cuh)
   Strides q_stride, k_stride, v_stride, o_stride, do_stride, dq_stride, dk_stride, dv_stride;
   int64_t batch, seqlen_q, seqlen_k, num_heads, num_heads_kv;
@@ -72,6 +72,9 @@ struct BwdParams {
   // postprocess, after the main kernel, copies error[0..3] to error_host[1..4] and then sets error_host[0] = 1
   // (bwd/error_record.cuh): the host learns that the call finished, and how, without a copy or an event.
   int32_t* error_host;
+  // Nonzero: a folded backward (fixed-length batches only; bwd/fold.cuh): the main kernel alone, launched without
+  // preprocess and postprocess, runs their passes itself; its error record's words [4..6] count its grid barriers.
+  int64_t fold;
 };
 
 // The (batch, head) pair of a bh index and its kv head (32-bit division: bh < B * H < 2^31).

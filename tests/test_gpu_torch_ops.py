@@ -215,7 +215,7 @@ def test_failure_in_a_graph_replay_is_reported_by_check_errors():
     index = len(records.infos) - 1                  # the record this capture took
     assert records.infos[index][0][1:7] == (case.batch, case.heads, 264, 264, 128, True)   # (policy, ..., window)
     with cupy.cuda.Device(q.device.index):
-        records.block[index] = cupy.asarray(np.array([1, 7, 2, 1], np.int32))   # as the kernel writes a timeout
+        records.block[index, :4] = cupy.asarray(np.array([1, 7, 2, 1], np.int32))   # as the kernel writes a timeout
         cupy.cuda.runtime.deviceSynchronize()
     with pytest.raises(RuntimeError, match="CUDA graph replay") as info:
         cupy_dash.check_errors()

@@ -84,7 +84,14 @@ def test_backward_workspace_and_params(deterministic):
     assert tuple(f["dk_stride"].tolist()) == kv_st and tuple(f["dq_stride"].tolist()) == q_st
     assert (int(f["num_m_blocks"]), int(f["seqlen_q_rounded"]), int(f["spin_timeout_ns"])) == (
         m_blocks, m_blocks * tile.block_m, 12345)
-    assert launchers.bwd_grids(c) == ((m_blocks, 4, 2), (33,), (m_blocks, 4, 2))
+    assert c.fold and int(f["fold"]) == 1          # 2 * 4 * 4 * 3 tile pairs: one launch
+    assert launchers.bwd_kernels(c) == ((specs.main, (33,)),)
+    c.fold = False
+    assert launchers.bwd_kernels(c) == ((specs.preprocess, (m_blocks, 4, 2)), (specs.main, (33,)),
+                                        (specs.postprocess, (m_blocks, 4, 2)))
+    assert int(launchers.bwd_params(c, operands, 0x6000, 0x100000, (0x7000, 0x8000, 0x9000), (0xD000, 0xF000),
+                                    0xE000)[0]["fold"]) == 0
+    c.fold = True
     assert (int(f["window_left"]), int(f["window_right"])) == (150, 0)
     assert not c.zero_kv                 # every key is seen by some query
     assert np.isclose(float(f["softmax_scale_log2"]), 0.1 / math.log(2))
@@ -135,8 +142,15 @@ def test_enqueue_backward_order_without_a_copy_or_event(window, monkeypatch):
     assert memsets == ([(2, launchers.kv_bytes(c.p)), (3, launchers.kv_bytes(c.p))] if c.zero_kv else [])
     assert calls[-1] == ("launch", 0x55, launches) and tracked == [(slot, "x")]
     monkeypatch.setattr(launchers.jit, "load", lambda spec: types.SimpleNamespace(ptr=hash(spec.label) & 0xffff))
-    (pre, main, post) = launchers.bwd_launches(c)
-    assert main[1:] == (7, 1, 1, c.specs.main.threads, c.specs.main.smem_bytes)
+    folded = not c.zero_kv
+    assert c.fold == folded                      # 64 x 320 keys: small; a window with unseen keys is not folded
+    if folded:
+        (main,) = launchers.bwd_launches(c)
+        c.fold = False
+    (pre, main2, post) = launchers.bwd_launches(c)
+    if not folded:
+        main = main2
+    assert main == main2 and main[1:] == (7, 1, 1, c.specs.main.threads, c.specs.main.smem_bytes)
     assert pre[1:4] == post[1:4] == tuple(c.row_grid) and pre[4] == c.specs.preprocess.threads
 
 
@@ -169,3 +183,58 @@ def test_int_fields_patched_by_offset_write_8_byte_integer_fields_only():
     assert sum(bytes(buf)) == sum((7).to_bytes(8, "little")) + 8 * 255 + sum((0xDEAD0000).to_bytes(8, "little"))
     with pytest.raises(TypeError, match="softmax_scale"):
         params.int_field_offsets(dt, ("softmax_scale",))
+
+
+@pytest.mark.parametrize("env,small,large", [("", True, False), ("0", False, False), ("1", True, True)],
+                         ids=["auto", "never", "always"])
+def test_fold_decision(env, small, large, monkeypatch):
+    """A backward is folded into one launch when its batch has fixed lengths, its dk, dv need no zeroing and it
+    has at most FOLD_MAX_TILES (Q tile, KV tile) pairs; CUPY_DASH_FOLD = 0 / 1 overrides the size rule only."""
+    monkeypatch.setenv(launchers.FOLD_ENV, env)
+    tile = kernels.bwd_tile(128)
+    specs = kernels.bwd_specs("float16", 128, True, True)
+
+    def fold(window=(-1, 0), **shape):
+        p = problem(**shape)
+        return launchers.BwdLaunch(specs, tile.block_m, tile.block_n, p, True, 1, True, window).fold
+
+    pairs = lambda B, H, Sq, Sk: B * H * -(-Sq // tile.block_m) * -(-Sk // tile.block_n)   # noqa: E731
+    edge = dict(B=1, H=4, Sq=64 * 32, Sk=128 * 32, Hkv=4)                 # exactly FOLD_MAX_TILES pairs
+    assert pairs(**{n: edge[n] for n in ("B", "H", "Sq", "Sk")}) == launchers.FOLD_MAX_TILES
+    assert fold(**edge) == small and fold(**dict(edge, Sq=64 * 32 + 1)) == large
+    assert fold(B=1, H=1, Sq=128, Sk=128, Hkv=1) == small
+    assert not fold(window=(0, 0), Sq=64, Sk=320)              # unseen keys: dk, dv zeroed first, never folded
+    varlen = launchers.BwdLaunch(specs, tile.block_m, tile.block_n, problem(B=1, Sq=300, Sk=300), True, 1, True,
+                                 (-1, 0), varlen=(3, 200))
+    assert not varlen.fold
+
+
+def test_failed_error_slots_are_retired_not_reused(monkeypatch):
+    """A folded backward relies on a zero record: a slot whose call failed, or never reported, is not freed."""
+    from cupy_dash import errors
+    released = []
+    monkeypatch.setattr(errors, "_release_slot", released.append)
+
+    def pending(host):
+        slot = types.SimpleNamespace(host=np.array(host, dtype=np.int32))
+        rec = errors._Pending()
+        rec.event, rec.slot, rec.keep, rec.info = None, slot, None, ("fa3", 1, 1, 128, 128, 64, True)
+        return rec, slot
+
+    ok, ok_slot = pending([1, 0, 0, 0, 0, 0, 0, 0])
+    assert errors._consume(ok) is None and released == [ok_slot]
+    for host, words in (([1, 3, 5, 4, 17, 0, 0, 0], "grid barrier of the folded"), ([0] * 8, "without its")):
+        rec, slot = pending(host)
+        assert words in errors._consume(rec)
+        assert released == [ok_slot]
+
+
+def test_shared_graph_record_is_reported(monkeypatch):
+    from cupy_dash import errors
+    records = errors._GraphRecords.__new__(errors._GraphRecords)
+    records.block = types.SimpleNamespace(data=types.SimpleNamespace(ptr=0x10000))
+    records.infos, records.wheres = [], []
+    monkeypatch.setattr(errors, "GRAPH_RECORDS", 2)
+    a, b, c = (records.take(i) for i in range(3))
+    assert (a, b, c) == (0x10000, 0x10000 + errors.RECORD_BYTES, 0x10000 + errors.RECORD_BYTES)
+    assert not records.shared(a) and records.shared(b) and records.shared(c)

@@ -121,7 +121,9 @@ def test_backward_varlen_parameter_block(no_gpu, monkeypatch):
     assert (int(f["window_left"]), int(f["window_right"])) == (-1, 0)
     assert c.zero_kv and c.row_grid == (-(-200 // tile.block_m), H, 3)
     assert c.sq_rounded >= total_q + 3 * tile.block_m and int(f["seqlen_q_rounded"]) == c.sq_rounded
-    assert launchers.bwd_grids(c) == (c.row_grid, (c.tables.num_ctas,), c.row_grid)
+    assert not c.fold and int(f["fold"]) == 0      # varlen backwards are never folded
+    assert launchers.bwd_kernels(c) == ((c.specs.preprocess, c.row_grid), (c.specs.main, (c.tables.num_ctas,)),
+                                        (c.specs.postprocess, c.row_grid))
     t = built["t"]
     np.testing.assert_array_equal(t.cu_q, cu_q)
     np.testing.assert_array_equal(t.cu_k, cu_k)

@@ -1,12 +1,18 @@
 // The eager backward's error record around the main kernel: zeroed by preprocess, published to the host by
-// postprocess (BwdParams::error_host). Both run in CTA (0, 0, 0), thread 0, before any early return.
+// postprocess (BwdParams::error_host), both in CTA (0, 0, 0), thread 0, before any early return; in a folded
+// backward (bwd/fold.cuh) published by the main kernel's CTA 0 once every CTA has passed its last grid barrier.
 #pragma once
 #include "../params.cuh"
 
-// NOTES: stream order makes this safe without atomics: the main kernel's writes to p.error (bwd/dq_reduce.cuh,
-// bwd/pipeline.cuh) happen after preprocess's zeroes and are complete before postprocess starts. The host zeroes
-// error_host[0] before the launch and reads the fields only after seeing error_host[0] == 1, which
-// __threadfence_system orders after them.
+// NOTES: a record is 8 int32 (32 bytes): [0..3] the failure (0 = none; bwd/dq_reduce.cuh, bwd/pipeline.cuh,
+// bwd/fold.cuh), [4..6] the counters of a folded backward's grid barriers, [7] unused. Stream order makes the
+// unfolded kernels safe without atomics: the main kernel's writes to p.error happen after preprocess's zeroes
+// and are complete before postprocess starts. The host zeroes error_host[0] before the launch and reads the
+// fields only after seeing error_host[0] == 1, which __threadfence_system orders after them. A folded backward
+// does not zero [0..3]: a record is zero when its call starts (zeroed at allocation, untouched by a call that
+// succeeds; the host never reuses a failed one) and the kernel leaves [4..6] at zero when it ends.
+constexpr int kErrorRecordInts = 8;
+
 DASH_DEVICE bool error_record_thread() {
   return threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0;
 }
@@ -17,13 +23,16 @@ DASH_DEVICE void error_record_reset(const BwdParams& p) {
   }
 }
 
-DASH_DEVICE void error_record_publish(const BwdParams& p) {
-  if (p.error_host != nullptr && error_record_thread()) {
-    const volatile int32_t* record = p.error;
-    volatile int32_t* host = p.error_host;
+// Copies the failure fields to the host mirror, then marks the call finished. One thread, eager calls only.
+DASH_DEVICE void error_record_publish_now(const BwdParams& p) {
+  const volatile int32_t* record = p.error;
+  volatile int32_t* host = p.error_host;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) host[1 + i] = record[i];
-    __threadfence_system();
-    host[0] = 1;
-  }
+  for (int i = 0; i < 4; ++i) host[1 + i] = record[i];
+  __threadfence_system();
+  host[0] = 1;
+}
+
+DASH_DEVICE void error_record_publish(const BwdParams& p) {
+  if (p.error_host != nullptr && error_record_thread()) error_record_publish_now(p);
 }

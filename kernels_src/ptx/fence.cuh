@@ -1,8 +1,12 @@
-// PTX ISA "Parallel Synchronization and Communication: membar / fence" — the generic-to-async proxy fence for
-// shared memory.
+// PTX ISA "Parallel Synchronization and Communication: membar / fence" — the generic-to-async proxy fences for
+// shared and global memory.
 #pragma once
 #include "../common.cuh"
 
 // Orders this thread's earlier generic shared-memory writes (st.shared, stmatrix) before later async-proxy reads
 // (wgmma operands, bulk copies) that a barrier makes wait for them.
 DASH_DEVICE void fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// The same for global memory, both ways: generic writes before later TMA / bulk reads and adds, and completed
+// bulk writes before later generic reads (a folded backward's phases, bwd/fold.cuh).
+DASH_DEVICE void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
