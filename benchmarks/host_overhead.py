@@ -4,9 +4,11 @@ region so the launch queue never pushes back), median over >= 1000 calls, tiny s
 Paths: the functional API (cupy_dash.attention_forward / attention_backward on torch tensors), the torch ops
 (torch.ops.cupy_dash.*), a training step's forward + backward through cupy_dash.torch.attention (eager: a plain
 autograd.Function) and through the forward op with its registered autograd, and torch SDPA (FlashAttention-2) for
-scale; then a cProfile of each cupy_dash path.
+scale; then a cProfile of each cupy_dash path. ``--fold-ab``: the functional backward with three launches
+(CUPY_DASH_FOLD=0) and folded into one (CUPY_DASH_FOLD=1), and the forward as a control, measured interleaved in
+blocks of 100 calls, so that the VM's changing speed affects both alike.
 
-    python benchmarks/host_overhead.py [--calls 2000] [--profile] [--json out.json]
+    python benchmarks/host_overhead.py [--calls 2000] [--profile] [--fold-ab] [--json out.json]
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import argparse
 import cProfile
 import io
 import json
+import os
 import pstats
 import statistics
 import time
@@ -40,10 +43,39 @@ def per_call_us(fn, calls, warmup=50):
     return dict(median=statistics.median(times), p10=times[len(times) // 10], p90=times[9 * len(times) // 10])
 
 
+def interleaved_us(fns, calls, block=100, warmup=50):
+    """``{name: (fn, environment)}``: per name, the median, p10 and p90 host time of single calls in µs, the names
+    taking turns in blocks of ``block`` calls, each block under its environment (set outside the timed calls)."""
+    times = {name: [] for name in fns}
+    saved = {k: os.environ.get(k) for _, env in fns.values() for k in env}
+    try:
+        for start in range(0, calls + warmup, block):
+            for name, (fn, env) in fns.items():
+                os.environ.update(env)
+                torch.cuda.synchronize()
+                for _ in range(block):
+                    t0 = time.perf_counter_ns()
+                    fn()
+                    times[name].append((time.perf_counter_ns() - t0) / 1e3)
+        torch.cuda.synchronize()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    res = {}
+    for name, t in times.items():
+        t = sorted(t[warmup:])
+        res[name] = dict(median=statistics.median(t), p10=t[len(t) // 10], p90=t[9 * len(t) // 10])
+    return res
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--profile", action="store_true", help="print a cProfile of the cupy_dash paths")
+    ap.add_argument("--fold-ab", action="store_true", help="the backward folded and not, interleaved (only)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     import cupy_dash.torch  # noqa: F401  (registers the ops)
@@ -57,6 +89,16 @@ def main(argv=None):
         "op forward": lambda: ops.attention_forward(q, k, v, False, None, "auto", True),
         "op backward": lambda: ops.attention_backward(dout, q, k, v, out, lse, False, None, "auto", True),
     }
+    if args.fold_ab:
+        res = interleaved_us({
+            "api forward": (paths["api forward"], {}),
+            "api backward, 3 launches": (paths["api backward"], {"CUPY_DASH_FOLD": "0"}),
+            "api backward, folded": (paths["api backward"], {"CUPY_DASH_FOLD": "1"})}, args.calls)
+        cupy_dash.check_errors()
+        print(f"host µs per call, median of {args.calls}, interleaved in blocks of 100 (p10 / p90):")
+        for name, r in res.items():
+            print(f"  {name:26s} {r['median']:7.1f}   ({r['p10']:.1f} / {r['p90']:.1f})")
+        return
     qg, kg, vg = (x.detach().requires_grad_(True) for x in (q, k, v))
 
     def train_step(attend):

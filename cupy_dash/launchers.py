@@ -22,10 +22,11 @@ _LOG2E = 1.4426950408889634
 _WORKSPACE_ALIGN = 256
 FOLD_ENV = "CUPY_DASH_FOLD"
 # NOTES: a folded backward (one launch: kernels_src/bwd/fold.cuh) saves two launches' host time (~4 µs each on the
-# H200's host) and their gaps on the GPU, but its grid barrier 2 makes every CTA wait for the slowest one's visits
-# before converting dQ, which the separate postprocess kernel overlaps with nothing either; the fold is kept to
-# problems of at most FOLD_MAX_TILES (Q tile, KV tile) pairs, where the host time matters and the wait is short.
-FOLD_MAX_TILES = 4096
+# H200's host) but costs GPU time: its two grid barriers cost more than the gaps between three kernels (measured,
+# benchmarks/fold_bench.py: +0.3 µs at one tile pair, +1-3.5 µs from 128 to 32k pairs, i.e. 1-7 %). So it is kept
+# to problems of at most FOLD_MAX_TILES (Q tile, KV tile) pairs, whose backward takes <= ~50 µs on the GPU: there a
+# training step is bound by the host, not the GPU, and the wait at barrier 2 is short.
+FOLD_MAX_TILES = 256
 
 
 def _contiguous(shape) -> tuple:

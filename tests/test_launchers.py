@@ -199,9 +199,9 @@ def test_fold_decision(env, small, large, monkeypatch):
         return launchers.BwdLaunch(specs, tile.block_m, tile.block_n, p, True, 1, True, window).fold
 
     pairs = lambda B, H, Sq, Sk: B * H * -(-Sq // tile.block_m) * -(-Sk // tile.block_n)   # noqa: E731
-    edge = dict(B=1, H=4, Sq=64 * 32, Sk=128 * 32, Hkv=4)                 # exactly FOLD_MAX_TILES pairs
+    edge = dict(B=1, H=4, Sq=64 * 8, Sk=128 * 8, Hkv=4)                   # exactly FOLD_MAX_TILES pairs
     assert pairs(**{n: edge[n] for n in ("B", "H", "Sq", "Sk")}) == launchers.FOLD_MAX_TILES
-    assert fold(**edge) == small and fold(**dict(edge, Sq=64 * 32 + 1)) == large
+    assert fold(**edge) == small and fold(**dict(edge, Sq=64 * 8 + 1)) == large
     assert fold(B=1, H=1, Sq=128, Sk=128, Hkv=1) == small
     assert not fold(window=(0, 0), Sq=64, Sk=320)              # unseen keys: dk, dv zeroed first, never folded
     varlen = launchers.BwdLaunch(specs, tile.block_m, tile.block_n, problem(B=1, Sq=300, Sk=300), True, 1, True,
