@@ -56,6 +56,7 @@ def _fine_parts():
             (cupyx, "empty_pinned", "empty_pinned"), (cupy, "empty", "cupy.empty"),
             (_launch, "patched_block", "patched_block"), (_launch, "launch", "cuLaunchKernel (expand)"),
             (varlen_device, "_keep_alive", "keep_alive (tables)"), (varlen_device, "_release_after", "release"),
+            (varlen_device, "_defer_release", "defer release"),
             (fastpath, "rebased_plan", "rebased_plan"), (fastpath_varlen, "_store", "store plan"),
             (fastpath, "run_backward", "run_backward"), (fastpath_varlen, "key", "signature")]
 

@@ -305,8 +305,8 @@ _CACHED_WORK_BYTES = 256 << 10   # scratch kept per plan (its last stream) up to
 
 def _work(plan, nbytes, stream_ptr):
     """The backward's scratch buffer: the plan's own one if it was allocated on this stream and is small (a later
-    call on the same stream runs after the earlier one's kernels: stream order makes the reuse safe; preprocess
-    initialises it), else a fresh ``torch.empty``.
+    call on the same stream runs after the earlier one's kernels: stream order makes the reuse safe; the
+    preprocess pass, folded or not, initialises it), else a fresh ``torch.empty``.
     NOTES: at most _CACHED_WORK_BYTES per plan (here and fastpath_varlen's: 264 plans, 66 MiB) stays allocated
     this way; the host time where this matters (~3 µs per call) is that of small problems."""
     cached = plan.work

@@ -122,8 +122,8 @@ def device(t: Tables, num_heads, dev, stream):
     """(tables, cu_seqlens_q, cu_seqlens_k, event) of ``t`` on device ``dev``: :class:`ExpandedTables`,
     :class:`CompactTables` or (expanded on the host) ``schedule.DeviceTables``, cached (LRU) so that a repeated
     packing uploads nothing; a miss enqueues the uploads on ``stream`` (no wait). ``event``: what ``stream`` must
-    wait for before reading the tables (the end of their upload, on whichever stream a miss put it), or None
-    after a miss (enqueued on ``stream`` itself).
+    wait for before reading the tables, or None: after a miss (enqueued on ``stream`` itself) and for a hit on
+    the stream that uploaded them; a hit on another stream gets an event recorded on the uploading stream then.
     The device cu_seqlens are the lengths the table was built from, so the kernels never see other ones: CuPy
     arrays for per-visit tables, :class:`DeviceRef` for the compact forms (read by ``.data.ptr`` alike)."""
     key = (t.key, dev)
@@ -132,7 +132,7 @@ def device(t: Tables, num_heads, dev, stream):
         if hit is not None:
             _device_tables.move_to_end(key)
             _table_streams[key][stream.ptr] = stream
-            return hit
+            return hit[0], hit[1], hit[2], _upload_event(hit, stream)
     staging = []
     if t.expand:
         d, cu_q, cu_k = _expand_on_device(t, dev, stream, staging)
@@ -148,13 +148,9 @@ def device(t: Tables, num_heads, dev, stream):
         d.visits, d.rank, d.cta_start, cu_q, cu_k = upload_async((visits, rank, cta_start, t.cu_q, t.cu_k), stream)
         d.num_ctas = num_ctas
     d.policy, d.device_id = t.policy, dev
-    # NOTES: later calls may run on other streams: they must not read the tables before the copies land. The
-    # same event frees the pinned staging of the copy and the entries this miss evicts from this stream.
-    done = cupy.cuda.Event(block=False, disable_timing=True)
-    done.record(stream)
-    if staging:
-        _keep_alive(staging, stream, done)
-    entry = (d, cu_q, cu_k, done)
+    # NOTES: an entry is [tables, cu_q, cu_k, uploading stream, event or None]: the event is recorded only when a
+    # call on another stream first finds the entry (_upload_event); a training loop on one stream records none.
+    entry = [d, cu_q, cu_k, stream, None]
     with _plans_lock:
         _device_tables[key] = entry
         _table_streams[key] = {stream.ptr: stream}
@@ -163,8 +159,55 @@ def device(t: Tables, num_heads, dev, stream):
             old_key, old = _device_tables.popitem(last=False)
             evicted.append((old, _table_streams.pop(old_key)))
     for old, streams in evicted:
-        _release_after(old, streams.values(), stream, done)
+        _release_after(old, streams.values(), stream, staging)
+    _defer_release(staging, stream)
     return d, cu_q, cu_k, None                   # enqueued on ``stream``: nothing to wait for there
+
+
+def _upload_event(entry, stream):
+    """What ``stream`` waits for before reading the cached ``entry``'s tables: None on the stream that uploaded
+    them, else an event recorded on the uploading stream (once, at the first such call: it may also cover work
+    enqueued there after the upload, which only makes the wait longer, never too short). Called under
+    _plans_lock."""
+    if entry[3].ptr == stream.ptr:
+        return None
+    if entry[4] is None:
+        event = cupy.cuda.Event(block=False, disable_timing=True)
+        event.record(entry[3])
+        entry[4] = event
+    return entry[4]
+
+
+_DEFER_MISSES = 4
+_deferred: dict = {}       # stream handle -> [stream, objects to free after its work so far]
+_deferred_misses = [0]
+
+
+def _defer_release(objs, stream) -> None:
+    """Keep ``objs`` (a new packing's pinned blob, cache entries it evicted) alive until the work enqueued on
+    ``stream`` so far has finished, with one event per stream every _DEFER_MISSES new packings rather than one
+    per new packing.
+    NOTES: held until an event recorded at a later miss completes: later than needed, never earlier (stream
+    order); every held list is handed to errors._keep_alive at every _DEFER_MISSES-th miss of any stream, so at
+    most that many packings' blobs and evicted tables wait here, whatever the number of streams (a
+    prepare_varlen_backward call may use a stream of its own)."""
+    with _plans_lock:
+        held = _deferred.get(stream.ptr)
+        if held is None:
+            held = _deferred[stream.ptr] = [stream, []]
+        held[1].extend(objs)
+        _deferred_misses[0] += 1
+        if _deferred_misses[0] < _DEFER_MISSES:
+            return
+        flush = list(_deferred.values())
+        _deferred.clear()
+        _deferred_misses[0] = 0
+    for s, keep in flush:
+        if keep:
+            try:
+                _keep_alive(keep, s)
+            except cupy.cuda.runtime.CUDARuntimeError:     # the stream is gone: wait for everything instead
+                cupy.cuda.runtime.deviceSynchronize()
 
 
 def _upload(pieces, nbytes: int, extra_bytes: int, stream, staging_out: list, pinned: bool = False):
@@ -284,16 +327,19 @@ def _expand_launch(dev):
     return launch
 
 
-def _release_after(entry, streams, stream=None, event=None) -> None:
+def _release_after(entry, streams, stream, deferred: list) -> None:
     """Free an evicted cache ``entry`` once the work enqueued so far on every stream that used it has finished
-    (``event``: just recorded on ``stream``, which it stands for).
+    (on ``stream``, the caller's: appended to ``deferred``, for :func:`_defer_release`).
 
-    NOTES: a packed batch with new lengths at every training step evicts one entry per step; an event per stream
-    that read it (held by errors._keep_alive) frees it without blocking the host. Where an event cannot be
+    NOTES: a packed batch with new lengths at every training step evicts one entry per step; an event per other
+    stream that read it (held by errors._keep_alive) frees it without blocking the host. Where an event cannot be
     recorded (a stream destroyed since), the device is synchronized instead."""
     try:
         for s in streams:
-            _keep_alive([entry], s, event if stream is not None and s.ptr == stream.ptr else None)
+            if s.ptr == stream.ptr:
+                deferred.append(entry)
+            else:
+                _keep_alive([entry], s)
     except cupy.cuda.runtime.CUDARuntimeError:
         cupy.cuda.runtime.deviceSynchronize()
 

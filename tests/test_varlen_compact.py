@@ -415,12 +415,14 @@ def test_device_allocations_of_new_packings_come_in_powers_of_two():
     assert varlen_device._device_bytes(cap + 1) == cap + 1
 
 
-def test_a_miss_needs_no_wait_on_its_own_stream_and_a_hit_waits(monkeypatch):
+def test_uploads_record_events_only_for_other_streams(monkeypatch):
     """varlen_device.device: a new packing's upload is enqueued on the caller's stream, so it returns no event to
-    wait for (no cudaStreamWaitEvent per new packing); a cached packing returns its upload's event, which the
-    caller's stream (maybe another one) waits for."""
+    wait for and records none; a hit on the same stream needs none either; the first hit on another stream gets
+    an event recorded then on the uploading stream (every later one the same event). The new packings' pinned
+    blobs and evicted entries are handed to errors._keep_alive once per _DEFER_MISSES new packings, per stream
+    that holds some."""
     import types
-    events = []
+    events, kept = [], []
 
     class Event:
         def __init__(self, **kw):
@@ -429,17 +431,39 @@ def test_a_miss_needs_no_wait_on_its_own_stream_and_a_hit_waits(monkeypatch):
         def record(self, stream=None):
             self.stream = stream
     monkeypatch.setattr(varlen_device.cupy.cuda, "Event", Event)
+    monkeypatch.setattr(varlen_device, "_keep_alive", lambda keep, stream: kept.append((list(keep), stream)))
     d = types.SimpleNamespace()
-    monkeypatch.setattr(varlen_device, "_expand_on_device", lambda t, dev, stream, staging: (d, "cq", "ck"))
+
+    def expand(t, dev, stream, staging):
+        staging.append(("blob", t.key))
+        return d, "cq", "ck"
+    monkeypatch.setattr(varlen_device, "_expand_on_device", expand)
     monkeypatch.setattr(varlen_device, "_device_tables", __import__("collections").OrderedDict())
     monkeypatch.setattr(varlen_device, "_table_streams", {})
+    monkeypatch.setattr(varlen_device, "_deferred", {})
+    monkeypatch.setattr(varlen_device, "_deferred_misses", [0])
+    monkeypatch.setattr(varlen_device, "_MAX_DEVICE_TABLES", 2)
     sq = np.array([5, 300, 129], np.int64)
     t = varlen_device.plan("fa3", sq, sq, 64, 128, 4, 2, True, 7, (-1, 0), "expand")
     first, second = types.SimpleNamespace(ptr=11), types.SimpleNamespace(ptr=22)
-    assert varlen_device.device(t, 12, 0, first) == (d, "cq", "ck", None)
-    assert len(events) == 1 and events[0].stream is first          # the cache's event, for later hits
+    assert varlen_device.device(t, 12, 0, first) == (d, "cq", "ck", None) and not events
+    assert varlen_device.device(t, 12, 0, first) == (d, "cq", "ck", None) and not events
     assert varlen_device.device(t, 12, 0, second) == (d, "cq", "ck", events[0])
-    assert varlen_device.device(t, 12, 0, first) == (d, "cq", "ck", events[0])
+    assert len(events) == 1 and events[0].stream is first
+    assert varlen_device.device(t, 12, 0, second) == (d, "cq", "ck", events[0]) and len(events) == 1
+    others = [varlen_device.plan("fa3", sq + i, sq + i, 64, 128, 4, 2, True, 7, (-1, 0), "expand")
+              for i in (1, 2, 3)]
+    entry_t = varlen_device._device_tables[(t.key, 0)]
+    varlen_device.device(others[0], 12, 0, first)
+    varlen_device.device(others[1], 12, 0, second)                   # evicts t's entry, read on both streams
+    assert kept == [([entry_t], first)]       # the other stream's share at once; the caller's deferred
+    entry_0 = varlen_device._device_tables[(others[0].key, 0)]
+    varlen_device.device(others[2], 12, 0, first)                    # the 4th new packing: every held list
+    assert len(kept) == 3 and len(events) == 1
+    by_stream = {s.ptr: keep for keep, s in kept[1:]}
+    assert by_stream[11] == [("blob", t.key), ("blob", others[0].key), ("blob", others[2].key), entry_0]
+    assert by_stream[22] == [("blob", others[1].key), entry_t]
+    assert not varlen_device._deferred and varlen_device._deferred_misses == [0]
 
 
 def test_cu_seqlens_check_in_one_pass_agrees_with_numpy():
