@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device run on the H200: install, compile, GPU tests, demo, benchmarks; every log under $OUT.
 #   bash benchmarks/device_run.sh [smoke|fwd|tests|bench|integration|long|gqa|varlen_bench|long1m|varlen_step|
-#                                  fold|fold_bench|all] [extra pytest args...]
+#                                  fold|fold_bench|varlen_events|all] [extra pytest args...]
 # "varlen_step": a new packing's host cost, build and upload (issue 7); "fold": the folded backward's tests, then
 # the whole suite; "fold_bench": its GPU and host time. Earlier sessions' one-off stages are in this file's
 # history; the writer-rank-ahead experiment is benchmarks/patches/writer_rank_ahead.patch (measured, not
@@ -80,6 +80,12 @@ if [ "$stage" = fold_bench ]; then   # GPU time folded / unfolded by size, host 
     CUPY_DASH_FOLD=$fold timeout 100 $py benchmarks/host_overhead.py --calls 2000 2>&1 | head -12 \
       | tee -a "$OUT/host_overhead.txt"
   done
+fi
+if [ "$stage" = varlen_events ]; then   # lazy upload events, deferred releases: the varlen GPU tests, then varlen_step
+  timeout 300 $py -m pytest tests/test_gpu_varlen_bwd.py tests/test_gpu_varlen.py tests/test_jax_varlen.py \
+    tests/test_gpu_fastpath.py -q -ra --maxfail=5 "$@" 2>&1 | tee "$OUT/varlen_tests.log" | tail -6
+  if grep -qE "[0-9]+ (failed|error)" "$OUT/varlen_tests.log"; then exit 1; fi
+  stage=varlen_step
 fi
 if [ "$stage" = varlen_step ]; then   # a new packing's host cost (issue 7's per-step figure; RESULTS, sixth session)
   timeout 60 $py benchmarks/varlen_plan_cpu.py --packings 200 2>&1 | tee "$OUT/varlen_plan_cpu.txt"
