@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device run on the H200: install, compile, GPU tests, demo, benchmarks; every log under $OUT.
 #   bash benchmarks/device_run.sh [smoke|fwd|tests|bench|integration|long|gqa|varlen_bench|long1m|varlen_step|
-#                                  fold|fold_bench|varlen_events|all] [extra pytest args...]
+#                                  fold|fold_bench|varlen_events|sanitize|all] [extra pytest args...]
 # "varlen_step": a new packing's host cost, build and upload (issue 7); "fold": the folded backward's tests, then
 # the whole suite; "fold_bench": its GPU and host time. Earlier sessions' one-off stages are in this file's
 # history; the writer-rank-ahead experiment is benchmarks/patches/writer_rank_ahead.patch (measured, not
@@ -86,6 +86,13 @@ if [ "$stage" = varlen_events ]; then   # lazy upload events, deferred releases:
     tests/test_gpu_fastpath.py -q -ra --maxfail=5 "$@" 2>&1 | tee "$OUT/varlen_tests.log" | tail -6
   if grep -qE "[0-9]+ (failed|error)" "$OUT/varlen_tests.log"; then exit 1; fi
   stage=varlen_step
+fi
+if [ "$stage" = sanitize ]; then   # the folded backward under compute-sanitizer (memcheck, synccheck)
+  san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  for tool in memcheck synccheck; do
+    timeout 240 "$san" --tool $tool --error-exitcode 3 $py benchmarks/fold_sanitize.py 2>&1 \
+      | tee "$OUT/sanitize_$tool.log" | tail -8
+  done
 fi
 if [ "$stage" = varlen_step ]; then   # a new packing's host cost (issue 7's per-step figure; RESULTS, sixth session)
   timeout 60 $py benchmarks/varlen_plan_cpu.py --packings 200 2>&1 | tee "$OUT/varlen_plan_cpu.txt"
