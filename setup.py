@@ -5,7 +5,8 @@ from setuptools import Extension, setup
 # builds and checks compact (per-column) tables, _compact_view expands them and computes what the kernel will
 # compute per visit, _varlen_sched builds and checks those of packed varlen batches (_units.pxi is shared by
 # _schedule, _compact and _varlen_sched, _compact_rule.pxi by the five compact modules, _cta_lists.pxi by the
-# two builders), _varlen_view expands them, _varlen_pack packs them in the byte layout uploaded; _launch is
+# two builders), _varlen_view expands them, _varlen_pack packs them in the byte layout uploaded (with
+# _scratch.pxi: the new-packing pipeline's malloc'd scratch); _launch is
 # every kernel launch (one cuLaunchKernel); _xla_ffi is cupy_dash.jax's XLA FFI handler (xla_ffi.c).
 setup(ext_modules=cythonize([Extension("cupy_dash._schedule", ["cupy_dash/_schedule.pyx"]),
                              Extension("cupy_dash._schedule_check", ["cupy_dash/_schedule_check.pyx"]),

@@ -1,23 +1,32 @@
 # The CTAs' column lists of per-column records: built by the compact and varlen builders, checked by their
 # record checks (include after _compact_rule.pxi).
-cdef tuple cta_lists(int[:, ::1] rec, const long long[::1] order, long long ncols, long long G):
-    """(cta_columns int32 (ncols,), cta_col_start int64 (G + 1,)): every CTA's record indices in dispatch order,
-    a stable counting sort of ``order`` (record indices in dispatch order) by the records' CTA."""
-    cta_col_start_arr = np.zeros(G + 1, dtype=np.int64)
-    cdef long long[::1] cs = cta_col_start_arr
+cdef void cta_lists_into(const int* rec, const long long* order, long long ncols, long long G, int* cta_columns,
+                         long long* cs, long long* fill) noexcept:
+    """cta_columns (ncols,) and cs (G + 1,): every CTA's record indices in dispatch order, a stable counting sort
+    of ``order`` (record indices in dispatch order) by the records' CTA; ``fill``: G entries of scratch."""
     cdef long long idx, c, u
+    for c in range(G + 1):
+        cs[c] = 0
     for idx in range(ncols):
-        cs[rec[idx, REC_CTA] + 1] += 1
+        cs[rec[idx * REC_FIELDS + REC_CTA] + 1] += 1
     for c in range(G):
         cs[c + 1] += cs[c]
-    fill_arr = cta_col_start_arr[:G].copy()
-    cdef long long[::1] fill = fill_arr
-    cta_columns_arr = np.empty(ncols, dtype=np.int32)
-    cdef int[::1] cta_columns = cta_columns_arr
+        fill[c] = cs[c]
     for u in range(ncols):
-        c = rec[order[u], REC_CTA]
+        c = rec[order[u] * REC_FIELDS + REC_CTA]
         cta_columns[fill[c]] = <int>order[u]
         fill[c] += 1
+
+
+cdef tuple cta_lists(int[:, ::1] rec, const long long[::1] order, long long ncols, long long G):
+    """(cta_columns int32 (ncols,), cta_col_start int64 (G + 1,)) of :func:`cta_lists_into`."""
+    cta_col_start_arr = np.empty(G + 1, dtype=np.int64)
+    fill_arr = np.empty(G + 1, dtype=np.int64)
+    cta_columns_arr = np.empty(ncols, dtype=np.int32)
+    cdef long long[::1] cs = cta_col_start_arr, fill = fill_arr
+    cdef int[::1] cols = cta_columns_arr
+    cta_lists_into(&rec[0, 0] if ncols else NULL, &order[0] if ncols else NULL, ncols, G,
+                   &cols[0] if ncols else NULL, &cs[0], &fill[0])
     return cta_columns_arr, cta_col_start_arr
 
 

@@ -39,45 +39,50 @@ cdef inline void tile_range(long long n, long long sq, long long sk, long long b
         hi[0] = last // bm + 1
 
 
-cpdef tuple sequence_shapes(const long long[::1] sq, const long long[::1] sk, const long long[:, ::1] win,
-                            long long bm, long long bn, bint causal):
-    """Per sequence b: seq_info int64 (B, 6) = (M, N, n_first, NC, T, flags: 1 band, 2 triangular) and the
-    visible columns' ranges vis_lo, vis_hi int64 (sum NC,) (sequence b's at vis_off[b] .. vis_off[b + 1])."""
-    cdef long long B = sq.shape[0], b, n, N, M, lo, hi, tot = 0, k
-    info_arr = np.zeros((B, 6), dtype=np.int64)
-    off_arr = np.zeros(B + 1, dtype=np.int64)
-    cdef long long[:, ::1] info = info_arr
-    cdef long long[::1] off = off_arr
-    for b in range(B):
+cdef long long shapes_count(const long long* sq, const long long* sk, const long long* win, long long bm,
+                            long long bn, bint causal, Shapes* sh) except -1:
+    """First half of a packed batch's shapes (sh.B sequences; win (B, 2) their canonical windows): per sequence
+    b, sh.info[b] = (M, N, -1, NC, 0, 0) and sh.off = the visible columns' offsets (B + 1,); returns off[B]."""
+    cdef long long b, n, N, M, lo, hi
+    cdef long long* info
+    sh.off[0] = 0
+    for b in range(sh.B):
+        info = sh.info + INFO_FIELDS * b
         M = (sq[b] + bm - 1) // bm
         N = (sk[b] + bn - 1) // bn
-        info[b, 0], info[b, 1], info[b, 2] = M, N, -1
+        info[0], info[1], info[2], info[3], info[4], info[5] = M, N, -1, 0, 0, 0
         if M > INT32_MAX or N > INT32_MAX:
             raise ValueError("compact records hold int32 tiles")
         for n in range(N):
-            tile_range(n, sq[b], sk[b], bm, bn, causal, win[b, 0], win[b, 1], &lo, &hi)
+            tile_range(n, sq[b], sk[b], bm, bn, causal, win[2 * b], win[2 * b + 1], &lo, &hi)
             if lo < hi:
-                info[b, 3] += 1
-        off[b + 1] = off[b] + info[b, 3]
-    vlo_arr = np.empty(off[B], dtype=np.int64)
-    vhi_arr = np.empty(off[B], dtype=np.int64)
-    cdef long long[::1] vlo = vlo_arr, vhi = vhi_arr
+                info[3] += 1
+        sh.off[b + 1] = sh.off[b] + info[3]
+    return sh.off[sh.B]
+
+
+cdef void shapes_fill(const long long* sq, const long long* sk, const long long* win, long long bm, long long bn,
+                      bint causal, Shapes* sh) noexcept:
+    """Second half (after shapes_count): the visible columns' ranges sh.lo, sh.hi (off[B],), and per sequence
+    n_first, T and the flags (1 band, 2 triangular) in sh.info."""
+    cdef long long b, n, N, M, lo, hi, k
+    cdef long long* info
     cdef bint band, tri
-    for b in range(B):
-        M, N, k = info[b, 0], info[b, 1], off[b]
-        band, tri = False, causal or win[b, 1] >= 0
+    for b in range(sh.B):
+        info = sh.info + INFO_FIELDS * b
+        M, N, k = info[0], info[1], sh.off[b]
+        band, tri = False, causal or win[2 * b + 1] >= 0
         for n in range(N):
-            tile_range(n, sq[b], sk[b], bm, bn, causal, win[b, 0], win[b, 1], &lo, &hi)
+            tile_range(n, sq[b], sk[b], bm, bn, causal, win[2 * b], win[2 * b + 1], &lo, &hi)
             if lo < hi:
-                if info[b, 2] < 0:
-                    info[b, 2] = n
-                vlo[k], vhi[k] = lo, hi
-                info[b, 4] += lo == vlo[off[b]]
+                if info[2] < 0:
+                    info[2] = n
+                sh.lo[k], sh.hi[k] = lo, hi
+                info[4] += lo == sh.lo[sh.off[b]]
                 tri = tri and hi == M
                 band = band or hi < M
                 k += 1
-        info[b, 5] = (1 if band else 0) + (2 if tri else 0)
-    return info_arr, off_arr, vlo_arr, vhi_arr
+        info[5] = (1 if band else 0) + (2 if tri else 0)
 
 
 cdef extern from *:
@@ -156,11 +161,11 @@ cdef inline int check_loads(const long long* load, long long G) except -1:
     return 0
 
 
-cdef inline long long max_take(const long long[:, ::1] info) noexcept:
+cdef inline long long max_take(const Shapes* sh) noexcept:
     """At most the visits of one unit (two columns of a sequence): 2 M of the longest M."""
     cdef long long b, m = 0
-    for b in range(info.shape[0]):
-        m = info[b, 0] if info[b, 0] > m else m
+    for b in range(sh.B):
+        m = sh.info[INFO_FIELDS * b] if sh.info[INFO_FIELDS * b] > m else m
     return 2 * m
 
 
@@ -177,27 +182,30 @@ cdef struct Units:
     int tie                 # tie_sign of the schedule: -1 (descending n) for symmetric_shift and spt, else +1
 
 
-cdef int make_units(Units* un, int policy, const long long[:, ::1] info, const long long[::1] seq_order,
-                    long long Hkv, bint spt, long long num_sms, long long ncols, bint fill) except -1:
+cdef int make_units(Units* un, int policy, const Shapes* sh, const long long* seq_order, long long Hkv, bint spt,
+                    long long num_sms, long long ncols, bint fill) except -1:
     """The units of every segment in its policy's order, the sequences in seq_order (spt: upstream's
     shortest-first rounds instead): the flags and U, and with ``fill`` the arrays (ncols units at most;
     free_units releases them)."""
-    cdef long long B = info.shape[0], b, o, kh, k, j, U = 0, P, NC, T, maxnc = 0, pairable = 0
+    cdef long long B = sh.B, b, o, kh, k, j, U = 0, P, NC, T, maxnc = 0, pairable = 0
+    cdef const long long* info
     cdef bint paired, mirrored
     un.seg = NULL
     un.sym = policy == POLICY_SYMMETRIC_SHIFT
     un.plain = not spt
     un.U = 0
     for b in range(B):
-        NC = info[b, 3]
+        info = sh.info + INFO_FIELDS * b
+        NC = info[3]
         maxnc = NC if NC > maxnc else maxnc
-        pairable += Hkv * ((NC + 1) // 2 if info[b, 5] & 2 else NC)
+        pairable += Hkv * ((NC + 1) // 2 if info[5] & 2 else NC)
     un.paired_all = un.sym and pairable >= num_sms
     un.tie = -1 if (un.sym or spt) else 1
     for b in range(B):
-        paired = un.paired_all and info[b, 5] & 2
-        un.U += Hkv * ((info[b, 3] + 1) // 2 if paired else info[b, 3])
-        un.plain = un.plain and not paired and not (un.sym and info[b, 5] & 1)
+        info = sh.info + INFO_FIELDS * b
+        paired = un.paired_all and info[5] & 2
+        un.U += Hkv * ((info[3] + 1) // 2 if paired else info[3])
+        un.plain = un.plain and not paired and not (un.sym and info[5] & 1)
     if not fill:
         return 0
     un.seg = <long long*>malloc((4 * ncols + 1) * sizeof(long long))
@@ -210,7 +218,7 @@ cdef int make_units(Units* un, int policy, const long long[:, ::1] info, const l
         for j in range(maxnc):
             for o in range(B):
                 b = seq_order[o]
-                NC = info[b, 3]
+                NC = sh.info[INFO_FIELDS * b + 3]
                 if j < NC:
                     for kh in range(Hkv):
                         un.seg[U], un.k0[U], un.k1[U], un.base[U] = b * Hkv + kh, NC - 1 - j, -1, 0
@@ -218,9 +226,10 @@ cdef int make_units(Units* un, int policy, const long long[:, ::1] info, const l
     else:
         for o in range(B):
             b = seq_order[o]
-            NC, T = info[b, 3], info[b, 4]
-            paired = un.paired_all and info[b, 5] & 2
-            mirrored = un.sym and info[b, 5] & 1
+            info = sh.info + INFO_FIELDS * b
+            NC, T = info[3], info[4]
+            paired = un.paired_all and info[5] & 2
+            mirrored = un.sym and info[5] & 1
             P = (NC + 1) // 2 if paired else NC
             for kh in range(Hkv):
                 for k in range(P):
@@ -239,101 +248,105 @@ cdef inline void free_units(Units* un) noexcept:
     free(un.seg)
 
 
-cdef inline long long total_columns(const long long[:, ::1] info, long long Hkv) except -1:
+cdef long long total_columns(const Shapes* sh, long long Hkv) except -1:
     cdef long long b, ncols = 0
-    for b in range(info.shape[0]):
-        ncols += Hkv * info[b, 3]
+    for b in range(sh.B):
+        ncols += Hkv * sh.info[INFO_FIELDS * b + 3]
     if ncols > INT32_MAX:
         raise ValueError("compact records are indexed by int32")
     return ncols
 
 
-cpdef bint plain_units(int policy, const long long[:, ::1] info, const long long[::1] seq_order, long long Hkv,
-                       bint spt, long long num_sms) except -1:
-    """Whether the units of ``policy`` (as busiest_load and build_varlen make them) are every segment's columns
-    alone in ascending n: the same dispatch for every policy where this holds."""
+cdef int plain_units(int policy, const Shapes* sh, const long long* seq_order, long long Hkv, bint spt,
+                     long long num_sms) except -1:
+    """1 when the units of ``policy`` (as busiest_load and build_varlen make them) are every segment's columns
+    alone in ascending n: the same dispatch for every policy where this holds; else 0."""
     cdef Units un
-    make_units(&un, policy, info, seq_order, Hkv, spt, num_sms, 0, False)
-    return un.plain
+    make_units(&un, policy, sh, seq_order, Hkv, spt, num_sms, 0, False)
+    return 1 if un.plain else 0
 
 
-cpdef tuple busiest_load(int policy, const long long[:, ::1] info, const long long[::1] voff,
-                         const long long[::1] vlo, const long long[::1] vhi, const long long[::1] seq_order,
-                         long long Hkv, bint spt, long long num_sms, long long plain_load=-1, int[::1] assign=None):
-    """(visits of the busiest CTA, num_ctas, tie_sign, plain) of build_varlen's schedule for the same arguments,
-    by the same list scheduling on the units' lengths alone (no records): what ``auto``'s column model reads.
-    plain: the units are every segment's columns alone in ascending n, as for every policy that returns plain;
-    plain_load >= 0 is such a policy's load, returned without dispatching again (``assign`` untouched).
-    ``assign`` (int32, at least one entry per column): receives each unit's CTA, which build_varlen then takes
-    instead of dispatching again."""
-    cdef long long ncols = total_columns(info, Hkv), u, c, b, L, best = 0
+cdef long long busiest_load(int policy, const Shapes* sh, const long long* seq_order, long long Hkv, bint spt,
+                            long long num_sms, long long plain_load, int* assign, Dispatch* out) except -1:
+    """The visits of the busiest CTA of build_varlen's schedule for the same arguments, by the same list
+    scheduling on the units' lengths alone (no records): what ``auto``'s column model reads; ``out``: num_ctas,
+    tie_sign and whether the units are plain (every segment's columns alone in ascending n, as for every policy
+    that returns plain). plain_load >= 0 is such a policy's load, returned without dispatching again (``assign``
+    untouched). ``assign`` (NULL, or one int per column): receives each unit's CTA, which build_varlen then
+    takes instead of dispatching again."""
+    cdef long long ncols = total_columns(sh, Hkv), u, c, b, L, best = 0, k
     cdef Units un
-    make_units(&un, policy, info, seq_order, Hkv, spt, num_sms, ncols, False)
+    make_units(&un, policy, sh, seq_order, Hkv, spt, num_sms, ncols, False)
+    out.G, out.tie, out.plain = (num_sms if num_sms < un.U else un.U), un.tie, un.plain
     if un.plain and plain_load >= 0:
-        return plain_load, (num_sms if num_sms < un.U else un.U), un.tie, True
-    make_units(&un, policy, info, seq_order, Hkv, spt, num_sms, ncols, True)
-    cdef long long G = num_sms if num_sms < un.U else un.U
+        return plain_load
+    make_units(&un, policy, sh, seq_order, Hkv, spt, num_sms, ncols, True)
+    cdef long long G = out.G
     cdef CtaQueue q
     q.bits, q.count = NULL, NULL
     try:
-        queue_init(&q, G, max_take(info))
+        queue_init(&q, G, max_take(sh))
         for u in range(un.U):
             b = un.seg[u] // Hkv
-            L = vhi[voff[b] + un.k0[u]] - vlo[voff[b] + un.k0[u]]
+            k = sh.off[b] + un.k0[u]
+            L = sh.hi[k] - sh.lo[k]
             if un.k1[u] >= 0:
-                L += vhi[voff[b] + un.k1[u]] - vlo[voff[b] + un.k1[u]]
+                k = sh.off[b] + un.k1[u]
+                L += sh.hi[k] - sh.lo[k]
             c = queue_first(&q)
             queue_add(&q, c, L)
             best = q.load[c] if q.load[c] > best else best
-            if assign is not None:
+            if assign != NULL:
                 assign[u] = <int>c
         check_loads(q.load, G)
     finally:
         queue_free(&q)
         free_units(&un)
-    return best, G, un.tie, un.plain
+    return best
 
 
-cpdef tuple build_varlen(int policy, const long long[:, ::1] info, const long long[::1] voff,
-                         const long long[::1] vlo, const long long[::1] vhi, const long long[::1] seq_order,
-                         long long Hkv, bint spt, long long num_sms, const int[::1] assign=None):
-    """Records of the g = 1 schedule of B * Hkv segments (sequence_shapes' output; seq_order: the sequences in
-    dispatch order). Returns records, cta_columns, cta_col_start, seg_col_start, loads, num_ctas, tie_sign.
-    ``assign``: each unit's CTA as busiest_load found it for the same arguments (the list scheduling is then not
-    run again)."""
-    cdef long long B = info.shape[0], S = B * Hkv, b, seg, P, NC, T, ncols = total_columns(info, Hkv)
-    seg_arr = np.zeros(S + 1, dtype=np.int64)
-    cdef long long[::1] segc = seg_arr
+cdef int build_varlen(int policy, const Shapes* sh, const long long* seq_order, long long Hkv, bint spt,
+                      long long num_sms, const int* assign, Built* out) except -1:
+    """Records of the g = 1 schedule of B * Hkv segments (``sh``: the batch's shapes; seq_order: the sequences
+    in dispatch order) into ``out``'s buffers (rec (columns, 8), cta_columns, cta_col_start (num_ctas + 1,),
+    seg_col_start (B * Hkv + 1,), loads (num_ctas,); order and fill are scratch of columns and num_sms
+    entries), with out.G = num_ctas and out.tie = tie_sign. ``assign``: NULL, or each unit's CTA as
+    busiest_load found it for the same arguments (the list scheduling is then not run again)."""
+    cdef long long B = sh.B, S = B * Hkv, b, seg, P, NC, T, ncols = total_columns(sh, Hkv)
+    cdef long long* segc = out.segc
+    cdef const long long* info
+    segc[0] = 0
     for seg in range(S):
-        segc[seg + 1] = segc[seg] + info[seg // Hkv, 3]
+        segc[seg + 1] = segc[seg] + sh.info[INFO_FIELDS * (seg // Hkv) + 3]
     cdef Units un
-    make_units(&un, policy, info, seq_order, Hkv, spt, num_sms, ncols, True)
+    make_units(&un, policy, sh, seq_order, Hkv, spt, num_sms, ncols, True)
     cdef long long G = num_sms if num_sms < un.U else un.U
     cdef bint paired, mirrored
-    records_arr = np.empty((ncols, REC_FIELDS), dtype=np.int32)
-    cdef int[:, ::1] rec = records_arr
-    order_arr = np.empty(ncols, dtype=np.int64)
-    cdef long long[::1] order = order_arr
-    loads_arr = np.zeros(G, dtype=np.int64)
-    cdef long long[::1] loads = loads_arr
+    cdef int* rec = out.rec
+    cdef int* r
+    cdef long long* order = out.order
+    cdef long long* loads = out.loads
     cdef long long nd = 0, u, c, col, kk, M, n, lo, hi, L, split, rot, t0, idx, w, q0, q1
+    for c in range(G):
+        loads[c] = 0
     cdef CtaQueue q
     q.bits, q.count = NULL, NULL
     try:
-        if assign is None:
-            queue_init(&q, G, max_take(info))
+        if assign == NULL:
+            queue_init(&q, G, max_take(sh))
         for u in range(un.U):
             seg = un.seg[u]
             b = seg // Hkv
-            M, NC, T = info[b, 0], info[b, 3], info[b, 4]
-            paired = un.paired_all and info[b, 5] & 2
-            mirrored = un.sym and info[b, 5] & 1
+            info = sh.info + INFO_FIELDS * b
+            M, NC, T = info[0], info[3], info[4]
+            paired = un.paired_all and info[5] & 2
+            mirrored = un.sym and info[5] & 1
             P = (NC + 1) // 2 if paired else NC
-            c = queue_first(&q) if assign is None else assign[u]
+            c = queue_first(&q) if assign == NULL else assign[u]
             for col in range(2 if un.k1[u] >= 0 else 1):
                 kk = un.k0[u] if col == 0 else un.k1[u]
-                n = info[b, 2] + kk
-                lo, hi = vlo[voff[b] + kk], vhi[voff[b] + kk]
+                n = info[2] + kk
+                lo, hi = sh.lo[sh.off[b] + kk], sh.hi[sh.off[b] + kk]
                 L = hi - lo
                 t0 = loads[c]
                 if policy == POLICY_FA3 or (mirrored and kk >= T):
@@ -345,27 +358,29 @@ cpdef tuple build_varlen(int policy, const long long[:, ::1] info, const long lo
                     w = u // G
                     q0 = (w * G if w * G > un.base[u] else un.base[u]) - un.base[u]
                     q1 = ((w + 1) * G if (w + 1) * G < un.base[u] + P else un.base[u] + P) - 1 - un.base[u]
-                    split = vlo[voff[b] + q1]
+                    split = sh.lo[sh.off[b] + q1]
                     rot = (u - un.base[u] - q0) % (M - split)
-                elif info[b, 5] & 1:
+                elif info[5] & 1:
                     split, rot = lo, (t0 + n + M - hi) % L         # band shift on the CTA's clock
                 else:
                     split, rot = lo, n % L                        # shift
                 idx = segc[seg] + kk
-                rec[idx, REC_STEP], rec[idx, REC_LO], rec[idx, REC_HI] = <int>t0, <int>lo, <int>hi
-                rec[idx, REC_SPLIT], rec[idx, REC_ROT], rec[idx, REC_CTA] = <int>split, <int>rot, <int>c
-                rec[idx, REC_HEAD], rec[idx, REC_N] = <int>seg, <int>n
+                r = rec + REC_FIELDS * idx
+                r[REC_STEP], r[REC_LO], r[REC_HI] = <int>t0, <int>lo, <int>hi
+                r[REC_SPLIT], r[REC_ROT], r[REC_CTA] = <int>split, <int>rot, <int>c
+                r[REC_HEAD], r[REC_N] = <int>seg, <int>n
                 order[nd] = idx
                 nd += 1
-                if assign is None:
+                if assign == NULL:
                     queue_add(&q, c, L)
                 loads[c] += L
-        check_loads(&loads[0], G)
+        check_loads(loads, G)
     finally:
         queue_free(&q)
         free_units(&un)
-    cols_arr, cs_arr = cta_lists(rec, order, ncols, G)
-    return records_arr, cols_arr, cs_arr, seg_arr, loads_arr, G, un.tie
+    cta_lists_into(rec, order, ncols, G, out.cols, out.cs, out.fill)
+    out.G, out.tie = G, un.tie
+    return 0
 
 
 cdef inline bint key_less(const int* a, const int* b, long long m, int tie_sign) noexcept:

@@ -352,7 +352,7 @@ def plan(policy, lens_q, lens_k, block_m, block_n, heads, kv_heads, causal, max_
     a per-visit form whose table would hold more visits than this is built compact instead (``t.compact`` says
     which form came out). ``pinned``: a compact form built here packs its blob into pinned memory where it can
     (:func:`_pinned_blob`; the GPU paths)."""
-    columns = kv_heads * int((-(-lens_k // block_n)).sum())
+    columns = kv_heads * _varlen_pack.kv_tiles(np.ascontiguousarray(lens_k, np.int64), block_n)
     num_sms, group = max(1, min(max_ctas, columns)), heads // kv_heads
     key = (policy, lens_q.tobytes(), lens_k.tobytes(), block_m, block_n, heads, causal, num_sms, group, window,
            compact, compact_above)

@@ -487,3 +487,55 @@ def test_cu_seqlens_check_in_one_pass_agrees_with_numpy():
             assert out is None and (code == 1 or longest == d.max())
         else:
             assert out.dtype == np.int32 and (out == cu).all() and longest == d.max()
+
+
+def test_kv_tiles_is_the_sum_of_ceilings():
+    from cupy_dash import _varlen_pack
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        lens = rng.integers(0, 5000, int(rng.integers(0, 70))).astype(np.int64)
+        bn = int(rng.choice([64, 128, 176]))
+        assert _varlen_pack.kv_tiles(lens, bn) == int((-(-lens // bn)).sum())
+
+
+def test_new_packing_from_threads_whose_scratch_is_taken():
+    """new_packing's shared scratch: a call that finds it taken (another thread suspended in its ``alloc``
+    callback, the one place the GIL changes hands inside) runs on scratch of its own; every thread's blob equals
+    the blob of the same packing built alone."""
+    import threading
+    from cupy_dash import _varlen_pack
+    from test_schedule_varlen_fast import random_problem
+    rng = np.random.default_rng(31)
+    c, r = schedule.AUTO_COSTS
+    cands = tuple(_schedule_codes()[p] for p in schedule.AUTO_CANDIDATES)
+
+    def args(sq, sk, kw):
+        return (-1, np.asarray(sq, np.int64), np.asarray(sk, np.int64),
+                *schedule.check_window(kw["window"], kw["causal"]), kw["block_m"], kw["block_n"], kw["heads"],
+                kw["group_size"], kw["causal"], kw["num_sms"], cands, c, r, schedule.AUTO_TOLERANCE,
+                schedule.AUTO_FEW_GROUPED, True)
+    problems = [random_problem(rng) for _ in range(12)]
+    alone = [bytes(_varlen_pack.new_packing(*args(*p))[1]) for p in problems]
+    inside, others_done = threading.Event(), threading.Event()
+
+    def slow_alloc(n):
+        inside.set()
+        others_done.wait(10)                         # holds the shared scratch while this thread builds others
+        return np.empty(n, np.uint8)
+    got = {}
+
+    def first():
+        got["first"] = bytes(_varlen_pack.new_packing(*args(*problems[0]), slow_alloc)[1])
+
+    t = threading.Thread(target=first)
+    t.start()
+    assert inside.wait(10)
+    got["others"] = [bytes(_varlen_pack.new_packing(*args(*p))[1]) for p in problems[1:]]
+    others_done.set()
+    t.join()
+    assert got["first"] == alone[0] and got["others"] == alone[1:]
+
+
+def _schedule_codes():
+    from cupy_dash import _schedule
+    return _schedule.POLICY_CODES
