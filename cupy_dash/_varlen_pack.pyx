@@ -307,6 +307,8 @@ cdef int schedule_core(int policy, const long long* sq, const long long* sk, lon
             t_cand[ntimes], t_time[ntimes], t_assign[ntimes] = cand, t, a
             ntimes += 1
         if chosen < 0:
+            if ntimes == 0:
+                raise ValueError("auto: none of its candidates applies to this batch")
             best = t_time[0]
             for j in range(ntimes):
                 best = t_time[j] if t_time[j] < best else best
