@@ -11,6 +11,7 @@
 #include "../ptx/semaphore.cuh"
 #include "../schedule_view.cuh"
 #include "config.cuh"
+#include "error_record.cuh"
 #include "timeline.cuh"
 
 namespace bwd {
@@ -25,11 +26,7 @@ DASH_DEVICE bool wait_for_turn(const BwdParams& p, const int* sem, int64_t v, in
     if (seen == rank) return true;
     const bool other_failed = *reinterpret_cast<volatile int*>(p.error) != 0;
     if (other_failed || seen > rank || (int64_t)(globaltimer_ns() - t0) > p.spin_timeout_ns) {
-      if (atomicCAS(p.error, 0, 1) == 0) {
-        p.error[1] = (int)v;
-        p.error[2] = rank;
-        p.error[3] = seen;
-      }
+      error_record_claim(p, 1, (int)v, rank, seen);
       return false;
     }
   }

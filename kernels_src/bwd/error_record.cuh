@@ -1,6 +1,7 @@
-// The eager backward's error record around the main kernel: zeroed by preprocess, published to the host by
-// postprocess (BwdParams::error_host), both in CTA (0, 0, 0), thread 0, before any early return; in a folded
-// backward (bwd/fold.cuh) published by the main kernel's CTA 0 once every CTA has passed its last grid barrier.
+// The backward's error record: claimed by the main kernel's first failure (error_record_claim); for eager calls
+// zeroed by preprocess and published to the host by postprocess (BwdParams::error_host), both in CTA (0, 0, 0),
+// thread 0, before any early return; in a folded backward (bwd/fold.cuh) published by the main kernel's CTA 0
+// once every CTA has passed its last grid barrier.
 #pragma once
 #include "../params.cuh"
 
@@ -11,8 +12,6 @@
 // fields only after seeing error_host[0] == 1, which __threadfence_system orders after them. A folded backward
 // does not zero [0..3]: a record is zero when its call starts (zeroed at allocation, untouched by a call that
 // succeeds; the host never reuses a failed one) and the kernel leaves [4..6] at zero when it ends.
-constexpr int kErrorRecordInts = 8;
-
 DASH_DEVICE bool error_record_thread() {
   return threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0;
 }
@@ -20,6 +19,16 @@ DASH_DEVICE bool error_record_thread() {
 DASH_DEVICE void error_record_reset(const BwdParams& p) {
   if (p.error_host != nullptr && error_record_thread()) {
     *reinterpret_cast<int4*>(p.error) = make_int4(0, 0, 0, 0);
+  }
+}
+
+// Records failure ``code`` with its three details, unless another failure was recorded first (the first one
+// wins: the host reports it).
+DASH_DEVICE void error_record_claim(const BwdParams& p, int code, int a, int b, int c) {
+  if (atomicCAS(p.error, 0, code) == 0) {
+    p.error[1] = a;
+    p.error[2] = b;
+    p.error[3] = c;
   }
 }
 

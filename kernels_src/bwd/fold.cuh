@@ -32,22 +32,19 @@ static_assert(kMmaThreads == bwd_rows_pass::kPassThreads, "the MMA warpgroups ru
 // NOTES: co-residency: the persistent grid is at most the co-resident CTAs (the dQ semaphores rely on it too), so
 // every CTA reaches each barrier. A wait is abandoned at once once any failure is recorded, and bounded by twice
 // the semaphore timeout plus a second, so that a semaphore wait that never ends (which holds up barrier 2) is
-// the failure reported; the result is then invalid and the host raises. The counters start at zero (bwd/error_record.cuh)
-// and count to gridDim.x; CTA 0 zeroes them once all CTAs have counted themselves past barrier 2.
-DASH_DEVICE bool wait_count(const BwdParams& p, int word, int expected) {
+// the failure reported; the result is then invalid and the host raises. The counters start at zero
+// (bwd/error_record.cuh) and count to gridDim.x; CTA 0 zeroes them once all CTAs have counted themselves past
+// barrier 2.
+DASH_DEVICE void wait_count(const BwdParams& p, int word, int expected) {
   const int* counter = p.error + word;
   const uint64_t t0 = globaltimer_ns();
   while (true) {
     const int seen = ld_acquire_gpu(counter);
-    if (seen >= expected) return true;
+    if (seen >= expected) return;
     const bool other_failed = *reinterpret_cast<volatile int*>(p.error) != 0;
     if (other_failed || (int64_t)(globaltimer_ns() - t0) > 2 * p.spin_timeout_ns + 1000000000ll) {
-      if (atomicCAS(p.error, 0, kErrorGridBarrier) == 0) {
-        p.error[1] = (int)blockIdx.x;
-        p.error[2] = word;
-        p.error[3] = seen;
-      }
-      return false;
+      error_record_claim(p, kErrorGridBarrier, (int)blockIdx.x, word, seen);
+      return;
     }
   }
 }

@@ -3,6 +3,7 @@
 #include "../params.cuh"
 #include "../ptx/globaltimer.cuh"
 #include "../ptx/mbarrier.cuh"
+#include "error_record.cuh"
 
 namespace bwd {
 
@@ -20,11 +21,7 @@ DASH_DEVICE void wait_phase(const BwdParams& p, uint32_t bar, uint32_t parity) {
   const uint64_t t0 = globaltimer_ns();
   while (!mbar_try_wait(bar, parity)) {
     if ((int64_t)(globaltimer_ns() - t0) > 2 * p.spin_timeout_ns + 1000000000ll) {
-      if (atomicCAS(p.error, 0, kErrorPipelineStall) == 0) {
-        p.error[1] = (int)blockIdx.x;
-        p.error[2] = (int)(bar % 1024u);
-        p.error[3] = (int)parity;
-      }
+      error_record_claim(p, kErrorPipelineStall, (int)blockIdx.x, (int)(bar % 1024u), (int)parity);
       return;
     }
   }
