@@ -132,11 +132,6 @@ cdef long long pack_write(unsigned char* base, const long long* off, const long 
     return visits
 
 
-cdef tuple pack_shapes(long long ncols, long long G, long long S, long long B, long long total_m):
-    return ((ncols, REC_FIELDS), (ncols,), (G + 1,), (S + 1,), (B,), (total_m, 2), (B + 1,), (G + 1,), (B + 1,),
-            (B + 1,))
-
-
 cdef tuple pack_into(const int* records, const int* cta_columns, const long long* cta_col_start,
                      const long long* seg_col_start, const int* n_first, const long long* num_m_blocks,
                      const long long* seqlens_q, const long long* seqlens_k, long long ncols, long long G,
@@ -154,8 +149,9 @@ cdef tuple pack_into(const int* records, const int* cta_columns, const long long
     cdef unsigned char[::1] buf = buf_arr
     visits = pack_write(&buf[0], off, sizes, records, cta_columns, cta_col_start, seg_col_start, n_first,
                         num_m_blocks, seqlens_q, seqlens_k, ncols, G, B, S, kv_heads, group_size, visit_starts)
-    return buf_arr, np.array([off[i] for i in range(10)], dtype=np.int64), pack_shapes(ncols, G, S, B, total_m), \
-        visits
+    shapes = ((ncols, REC_FIELDS), (ncols,), (G + 1,), (S + 1,), (B,), (total_m, 2), (B + 1,), (G + 1,), (B + 1,),
+              (B + 1,))
+    return buf_arr, np.array([off[i] for i in range(10)], dtype=np.int64), shapes, visits
 
 
 cpdef tuple pack(const int[:, ::1] records, const int[::1] cta_columns, const long long[::1] cta_col_start,
@@ -224,9 +220,7 @@ cdef int schedule_core(int policy, const long long* sq, const long long* sk, lon
         w.win[2 * b + 1] = right if causal else (-1 if right >= sq[b] - 1 else right)
         right_bound = right_bound or w.win[2 * b + 1] >= 0
     nv = shapes_count(sq, sk, w.win, bm, bn, causal, &w.sh)
-    ncols = Hkv * nv
-    if ncols > 0x7fffffff:
-        raise ValueError("compact records are indexed by int32")
+    ncols = total_columns(&w.sh, Hkv)
     units = ncols if ncols > 0 else 1
     arena_reserve(big, 2 * room(nv * 8) + room(ncols * REC_FIELDS * 4) + room(ncols * 8) + 3 * room(num_sms * 8)
                   + room((num_sms + 1) * 8) + room((B * Hkv + 1) * 8) + room(ncols * 4) + ncand * room(units * 4))
@@ -324,12 +318,13 @@ cdef int schedule_core(int policy, const long long* sq, const long long* sk, lon
     return 0
 
 
-cdef tuple candidate_codes(tuple candidates, int* out):
+cdef int candidate_codes(tuple candidates, int* out) except -1:
+    """auto's candidate codes (at most 8) into ``out``."""
     if len(candidates) > 8:
         raise ValueError("at most 8 auto candidates")
     for j, cand in enumerate(candidates):
         out[j] = cand
-    return candidates
+    return 0
 
 
 cdef inline void arenas(Arena** small, Arena** big, Arena* own_small, Arena* own_big) noexcept:

@@ -330,9 +330,9 @@ def attention_backward(do, q, k, v, out, lse, *, causal=False, softmax_scale=Non
     the semaphores), main (a persistent grid, at most the co-resident CTAs, walking the schedule table) and
     postprocess (dQ scale and conversion); small problems (at most ``launchers.FOLD_MAX_TILES`` tile pairs) run
     all three passes in the main kernel, one launch (``CUPY_DASH_FOLD=0`` / ``1``: never / always), with the
-    same bits. A dQ semaphore wait that exceeds ``CUPY_DASH_SPIN_TIMEOUT_MS`` makes
-    the kernel give up instead of hanging; the failure is raised later, by :func:`check_errors` or by the next
-    cupy_dash call (deferred, so that this call stays asynchronous).
+    same bits. A dQ semaphore wait that exceeds ``CUPY_DASH_SPIN_TIMEOUT_MS`` makes the kernel give up instead
+    of hanging; the failure is raised later, by :func:`check_errors` or by the next cupy_dash call (deferred, so
+    that this call stays asynchronous).
     """
     fast_key = None
     if fastpath.is_torch(q) and fastpath.enabled():

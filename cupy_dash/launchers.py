@@ -157,7 +157,7 @@ def bwd_tables(schedule, c, max_ctas, device_id, stream, capture=False, compact=
 
 def launch_backward(c, operands, lse_ptr, work_base, grads, stream, *, error_ptr=None, slot=None, call=None,
                     timeline_ptr=0, cu_seqlens=(0, 0)) -> None:
-    """Enqueue preprocess, main and postprocess of the backward ``c`` (:class:`BwdLaunch`, tables set) on the
+    """Enqueue the kernels of the backward ``c`` (:class:`BwdLaunch`, tables set; :func:`bwd_kernels`) on the
     CuPy ``stream`` (current device: the buffers' device); buffers as in :func:`bwd_params`.
 
     Errors of the main kernel go to the 32-byte device record ``error_ptr``, or, with an error ``slot`` (eager
@@ -191,9 +191,9 @@ def bwd_launches(c) -> tuple:
 def enqueue_backward(c, params, grads, stream, *, slot=None, call=None, launches=None) -> None:
     """The asynchronous work of a backward whose parameter block ``params`` is packed (an array from
     :func:`bwd_params`, or its patched bytes: the host fast path), in this order on the CuPy ``stream``: zero dk
-    and dv when ``c.zero_kv``, preprocess, main, postprocess (the main kernel alone when folded). With an error ``slot`` (eager calls; the block holds
-    its device record and its host mirror, ``bwd_params``' ``error``) preprocess zeroes the record and
-    postprocess hands it to the host; the slot is then tracked as ``call``. ``grads``: pointers of dq, dk, dv;
+    and dv when ``c.zero_kv``, then :func:`bwd_kernels`. With an error ``slot`` (eager calls; the block holds its
+    device record and its host mirror, ``bwd_params``' ``error``) the kernels hand the record to the host when
+    they end (kernels_src/bwd/error_record.cuh); the slot is then tracked as ``call``. ``grads``: pointers of dq, dk, dv;
     ``launches``: :func:`bwd_launches` of ``c`` if the caller holds them. One ``cuLaunchKernel`` per kernel.
     """
     try:

@@ -142,15 +142,9 @@ def _schedule_args(policy, problem) -> tuple:
     sq, sk, bm, bn, heads, causal, num_sms, group, (left, right) = problem
     codes = _schedule.POLICY_CODES
     c, r = schedule.AUTO_COSTS
-    names = schedule.AUTO_CANDIDATES
-    candidates = _candidate_codes.get(names)
-    if candidates is None:
-        candidates = _candidate_codes[names] = tuple(codes[p] for p in names)
     return (-1 if policy == "auto" else codes[policy], sq, sk, left, right, bm, bn, heads, group, causal, num_sms,
-            candidates, c, r, schedule.AUTO_TOLERANCE, schedule.AUTO_FEW_GROUPED)
-
-
-_candidate_codes: dict = {}      # schedule.AUTO_CANDIDATES (names) -> their codes
+            tuple(codes[p] for p in schedule.AUTO_CANDIDATES), c, r, schedule.AUTO_TOLERANCE,
+            schedule.AUTO_FEW_GROUPED)
 
 
 def _model_applies(policy, lengths) -> bool:
