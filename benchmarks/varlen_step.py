@@ -53,7 +53,7 @@ def _fine_parts():
     from cupy_dash import _launch, fastpath, fastpath_varlen, kernels, varlen, varlen_device
     return [(varlen, "_checked_cu_seqlens", "check lengths"), (varlen_device, "plan", "plan (host build)"),
             (kernels, "bwd_entry", "bwd_entry"), (varlen_device, "_upload", "_upload"),
-            (cupyx, "empty_pinned", "empty_pinned"), (cupy, "empty", "cupy.empty"),
+            (cupyx, "empty_pinned", "empty_pinned"), (cupy.cuda, "alloc", "cupy.cuda.alloc"),
             (_launch, "patched_block", "patched_block"), (_launch, "launch", "cuLaunchKernel (expand)"),
             (varlen_device, "_keep_alive", "keep_alive (tables)"), (varlen_device, "_release_after", "release"),
             (varlen_device, "_defer_release", "defer release"),

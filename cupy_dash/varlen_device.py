@@ -113,8 +113,9 @@ def upload_async(arrays, stream):
         offsets.append(total)
         total += -(-a.nbytes // 256) * 256
     staging = []
-    buf, _ = _upload(list(zip(arrays, offsets)), total, 0, stream, staging)
+    mem, _ = _upload(list(zip(arrays, offsets)), total, 0, stream, staging)
     _keep_alive(staging, stream)
+    buf = cupy.ndarray((max(total, 1),), dtype=cupy.uint8, memptr=mem)
     return [buf[off:off + a.nbytes].view(a.dtype).reshape(a.shape) for a, off in zip(arrays, offsets)]
 
 
@@ -139,7 +140,7 @@ def device(t: Tables, num_heads, dev, stream):
     elif t.compact:
         buf, _ = _upload([(t.blob, 0)], t.blob.nbytes, 0, stream, staging, t.pinned)
         d = CompactTables()
-        d.ptrs, d.buffer = _record_ptrs(t, buf.data.ptr), buf
+        d.ptrs, d.buffer = _record_ptrs(t, buf.ptr), buf
         cu_q, cu_k = _device_view(buf, t, _CU_Q), _device_view(buf, t, _CU_K)
         d.num_ctas, d.tie_sign, d.rank_rule = t.num_ctas, int(t.compact[0]), int(t.compact[1])
     else:
@@ -211,7 +212,7 @@ def _defer_release(objs, stream) -> None:
 
 
 def _upload(pieces, nbytes: int, extra_bytes: int, stream, staging_out: list, pinned: bool = False):
-    """(buffer, head): a CuPy uint8 device buffer of ``head`` (``nbytes`` rounded up to 256 bytes) +
+    """(buffer, head): a CuPy device allocation (MemoryPointer) of ``head`` (``nbytes`` rounded up to 256 bytes) +
     ``extra_bytes`` bytes whose first ``nbytes`` are the host ``pieces`` ((array, byte offset) pairs), enqueued on
     ``stream`` as one copy from pinned memory (no wait): from the one piece itself when ``pinned`` (a blob of
     :func:`_pinned_blob`), else through pinned staging. The host buffer copied from is appended to
@@ -226,8 +227,8 @@ def _upload(pieces, nbytes: int, extra_bytes: int, stream, staging_out: list, pi
                 staging[off:off + a.nbytes] = a
             else:
                 staging[off:off + a.nbytes] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
-    buf = cupy.empty(_device_bytes(head + extra_bytes), dtype=cupy.uint8)
-    cupy.cuda.runtime.memcpyAsync(buf.data.ptr, staging.ctypes.data, nbytes, cupy.cuda.runtime.memcpyHostToDevice,
+    buf = cupy.cuda.alloc(_device_bytes(head + extra_bytes))       # no ndarray: only the address is read
+    cupy.cuda.runtime.memcpyAsync(buf.ptr, staging.ctypes.data, nbytes, cupy.cuda.runtime.memcpyHostToDevice,
                                   stream.ptr)
     staging_out.append(staging)
     return buf, head
@@ -277,7 +278,7 @@ def _device_view(buf, t: Tables, i: int):
     """The device address of _varlen_pack.NAMES[i] in ``buf`` (``t.blob`` copied to its head), as a
     :class:`DeviceRef`."""
     ref = DeviceRef()
-    ref.data = buf.data + int(t.offsets[i])
+    ref.data = buf + int(t.offsets[i])
     return ref
 
 
@@ -296,7 +297,7 @@ def _expand_on_device(t: Tables, dev, stream, staging_out: list):
     visits_bytes = -(-num_rows * 16 // 256) * 256
     buf, head = _upload([(t.blob, 0)], t.blob.nbytes, visits_bytes + num_rows * 4, stream, staging_out, t.pinned)
     d = ExpandedTables()
-    base = buf.data.ptr
+    base = buf.ptr
     d.ptrs = dict(visits=base + head, rank=base + head + visits_bytes, cta_start=base + int(t.offsets[_CTA_START]))
     d.buffer, d.num_ctas = buf, t.num_ctas
     launch = _expand_launches.get(dev) or _expand_launch(dev)

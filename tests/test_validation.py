@@ -42,7 +42,7 @@ def gpu_work_log(monkeypatch):
         return f
 
     for mod, names in ((cupy, ("empty", "zeros", "asarray", "from_dlpack")),
-                       (cupy.cuda, ("Device", "ExternalStream", "get_current_stream")),
+                       (cupy.cuda, ("Device", "ExternalStream", "get_current_stream", "alloc")),
                        (kernels, ("launch", "max_resident_ctas")),
                        (schedule, ("build",)),
                        (interop, ("to_cupy", "caller_stream")),

@@ -295,19 +295,15 @@ def test_gpu_expansion_launch_wiring(monkeypatch):
         def __add__(self, off):
             return Mem(self.ptr + off)
 
-    class Buf:
-        def __init__(self, nbytes):
-            self.data, self.nbytes = Mem(base), nbytes
-
-    def empty(n, dtype):
+    def alloc(n):
         device_bytes["size"] = n
-        return Buf(n)
+        return Mem(base)
 
     def memcpy(dst, src, n, kind, stream):
         device_bytes.update(dst=dst, n=n, blob=np.ctypeslib.as_array(
             (np.ctypeslib.ctypes.c_uint8 * n).from_address(src)).copy())
 
-    monkeypatch.setattr(varlen_device.cupy, "empty", empty)
+    monkeypatch.setattr(varlen_device.cupy.cuda, "alloc", alloc)
     monkeypatch.setattr(varlen_device.cupy.cuda.runtime, "memcpyAsync", memcpy)
     monkeypatch.setattr(varlen_device.cupyx, "empty_pinned", lambda n, dtype: np.empty(n, dtype))
     from cupy_dash import _launch
@@ -339,7 +335,7 @@ def test_gpu_expansion_launch_wiring(monkeypatch):
     assert t.blob.nbytes <= visits - base and visits + 16 * rows <= rank and visits % 256 == 0
     assert rank + 4 * rows <= base + device_bytes["size"]
     assert (int(f["visits"]), int(f["rank"]), int(f["cta_start"])) == (visits, rank, d.ptrs["cta_start"])
-    assert d.params() == d.ptrs and d.num_ctas == t.num_ctas and d.buffer.data.ptr == base
+    assert d.params() == d.ptrs and d.num_ctas == t.num_ctas and d.buffer.ptr == base
     assert (int(f["tie_sign"]), int(f["rank_rule"])) == t.compact
     assert (int(f["num_heads"]), int(f["num_heads_kv"])) == (8, 2) and int(f["scan_bounds"]) == 0
     named = set(t.arrays) | {"visits", "rank", "cta_start", "tie_sign", "rank_rule", "num_heads", "num_heads_kv"}
@@ -383,8 +379,7 @@ def test_a_new_packing_packs_into_pinned_memory_and_uploads_without_staging(monk
     assert t.pinned and pinned_sizes == [1 << (t.blob.nbytes - 1).bit_length()]
     plain = varlen_device.plan("symmetric_shift", sq + 1, sq + 1, 64, 128, 8, 2, True, 7, (-1, 0), "expand")
     assert not plain.pinned and len(pinned_sizes) == 1
-    monkeypatch.setattr(varlen_device.cupy, "empty", lambda n, dtype: types.SimpleNamespace(
-        data=types.SimpleNamespace(ptr=0x100000)))
+    monkeypatch.setattr(varlen_device.cupy.cuda, "alloc", lambda n: types.SimpleNamespace(ptr=0x100000))
     monkeypatch.setattr(varlen_device.cupy.cuda.runtime, "memcpyAsync",
                         lambda dst, src, n, kind, stream: copies.append((dst, src, n)))
     monkeypatch.setattr(varlen_device.cupyx, "empty_pinned", lambda n, dtype: pytest.fail("staged a pinned blob"))
