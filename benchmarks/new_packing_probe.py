@@ -118,17 +118,17 @@ def main(argv=None):
             if before is not None:
                 before(cu)
             target = cu if name == "new" else cu0
-            marks = {k: len(v) for k, v in parts.items()}
+            marks = {label: len(times) for label, times in parts.items()}
             t0 = time.perf_counter_ns()
             bwd(target)
             calls.append(time.perf_counter_ns() - t0)
-            for k, v in parts.items():                 # only what ran inside the timed call
-                inside[k] += sum(v[marks[k]:])
+            for label, times in parts.items():         # only what ran inside the timed call
+                inside[label] += sum(times[marks[label]:])
             rb.append(sum(parts["run_backward"][marks["run_backward"]:]))
         torch.cuda.synchronize()
-        per_call = {k: v / len(calls) / 1e3 for k, v in inside.items() if k != "run_backward"}
+        per_call = {label: ns / len(calls) / 1e3 for label, ns in inside.items() if label != "run_backward"}
         print(f"{name:9s}  {statistics.median(calls) / 1e3:16.1f}  {statistics.median(rb) / 1e3:24.1f}  "
-              + ", ".join(f"{k} {v:.1f}" for k, v in per_call.items()))
+              + ", ".join(f"{label} {us:.1f}" for label, us in per_call.items()))
     for mod, name, fn in reversed(undo):
         setattr(mod, name, fn)
     cupy_dash.check_errors()
