@@ -19,7 +19,9 @@ Each row also gives the mean µs, per timed call, of the steps inside ``run_back
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import sys
 import time
 
 import cupy
@@ -28,6 +30,9 @@ import torch
 
 import cupy_dash
 from cupy_dash import _launch, errors, fastpath, fastpath_varlen, launchers, varlen
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from varlen_step import _Parts  # noqa: E402
 
 TOKENS, H, D, B = 16384, 16, 128, 16
 
@@ -62,25 +67,15 @@ def main(argv=None):
     for _ in range(3):
         bwd(cu0)
     torch.cuda.synchronize()
-    parts, undo = {}, []
-
-    def wrap(mod, name, label):
-        fn, times = getattr(mod, name), parts.setdefault(label, [])
-
-        def timed(*a, **kw):
-            t0 = time.perf_counter_ns()
-            try:
-                return fn(*a, **kw)
-            finally:
-                times.append(time.perf_counter_ns() - t0)
-        setattr(mod, name, timed)
-        undo.append((mod, name, fn))
-    wrap(fastpath, "run_backward", "run_backward")
-    for mod, name, label in ((fastpath._torch, "empty_like", "empty_like x3"), (fastpath._torch, "empty", "empty"),
+    timer = _Parts()                     # also times varlen._tables and varlen_device.device (not printed)
+    for mod, name, label in ((fastpath, "run_backward", "run_backward"),
+                             (fastpath._torch, "empty_like", "empty_like x3"), (fastpath._torch, "empty", "empty"),
                              (errors, "poll_errors", "poll_errors"), (errors, "_acquire_slot", "acquire slot"),
                              (_launch, "patched_block", "patched_block"),
                              (launchers, "enqueue_backward", "enqueue_backward")):
-        wrap(mod, name, label)
+        timer.times[label] = []
+        timer._wrap(mod, name, label)
+    parts = timer.times
 
     base = next(iter(fastpath_varlen._templates.values()))
     c0, dev = base.c, base.device_index
@@ -126,11 +121,11 @@ def main(argv=None):
                 inside[label] += sum(times[marks[label]:])
             rb.append(sum(parts["run_backward"][marks["run_backward"]:]))
         torch.cuda.synchronize()
-        per_call = {label: ns / len(calls) / 1e3 for label, ns in inside.items() if label != "run_backward"}
+        per_call = {label: ns / len(calls) / 1e3 for label, ns in inside.items()
+                    if label not in ("run_backward", "build", "upload")}
         print(f"{name:9s}  {statistics.median(calls) / 1e3:16.1f}  {statistics.median(rb) / 1e3:24.1f}  "
               + ", ".join(f"{label} {us:.1f}" for label, us in per_call.items()))
-    for mod, name, fn in reversed(undo):
-        setattr(mod, name, fn)
+    timer.medians()                      # puts the wrapped functions back
     cupy_dash.check_errors()
     print("torch fast path:", fastpath_varlen.stats())
 
