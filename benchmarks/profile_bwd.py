@@ -1,6 +1,8 @@
 """Where backward time goes: GPU time of each of the three backward kernels (preprocess, main, postprocess),
 per schedule, on the benchmark shapes (bf16, 16k tokens, H*D = 2048). Every launch is bracketed by CUDA events
-(by wrapping cupy_dash.kernels.launch), median of `--repeats` calls.
+(by wrapping cupy_dash._launch.launch_sequence, the backward's launcher, so that it launches one kernel at a time),
+median of `--repeats` calls. A backward folded into one launch (launchers.fold_wanted: small problems) shows its
+whole time as "main".
 
     python benchmarks/profile_bwd.py --seqlens 1024 4096 16384 --hdims 128 64
 """
@@ -10,7 +12,7 @@ import statistics
 import cupy
 
 import cupy_dash
-from cupy_dash import kernels
+from cupy_dash import _launch, interop
 from cupy_dash.bench import attention_flops, random_tensor
 
 
@@ -23,16 +25,19 @@ def main():
     args = ap.parse_args()
 
     spans = []                                  # (kernel name, start event, end event) of the calls being timed
-    launch = kernels.launch
+    launch_sequence = _launch.launch_sequence
+    names = {3: ("bwd_preprocess", "bwd_main", "bwd_postprocess"), 1: ("bwd_main",)}
 
-    def timed_launch(spec, grid, params, stream, func=None):
-        start, end = cupy.cuda.Event(), cupy.cuda.Event()
-        start.record(stream)
-        launch(spec, grid, params, stream, func)
-        end.record(stream)
-        spans.append((spec.kernel, start, end))
+    def timed_sequence(stream_ptr, params, launches):
+        stream = interop._external_stream(stream_ptr, cupy.cuda.Device().id)
+        for name, one in zip(names[len(launches)], launches):
+            start, end = cupy.cuda.Event(), cupy.cuda.Event()
+            start.record(stream)
+            launch_sequence(stream_ptr, params, (one,))
+            end.record(stream)
+            spans.append((name, start, end))
 
-    kernels.launch = timed_launch
+    _launch.launch_sequence = timed_sequence
     print(f"{'shape':<22} {'schedule':<16} {'pre ms':>8} {'main ms':>8} {'post ms':>8} {'total':>8} "
           f"{'main TFLOP/s':>12} {'all TFLOP/s':>11}")
     for hdim in args.hdims:
@@ -55,7 +60,8 @@ def main():
                     ms = {}
                     for name, s, e in spans:
                         ms.setdefault(name, []).append(cupy.cuda.get_elapsed_time(s, e))
-                    med = {n: statistics.median(t) for n, t in ms.items()}
+                    med = dict.fromkeys(("bwd_preprocess", "bwd_postprocess"), 0.0)
+                    med.update((n, statistics.median(t)) for n, t in ms.items())
                     total = sum(med.values())
                     shape = f"d{hdim} {'causal' if causal else 'full'} S={S}"
                     print(f"{shape:<22} {sched:<16} {med['bwd_preprocess']:8.3f} {med['bwd_main']:8.3f} "
