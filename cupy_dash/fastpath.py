@@ -270,10 +270,9 @@ def rebased_plan(base, c, call, cu_seqlens):
     for name in _BwdPlan.__slots__:
         setattr(plan, name, getattr(base, name))
     plan.c, plan.call, plan.work, plan.keep = c, call, None, None
-    if c.specs == base.c.specs:                  # the same kernels (not when a packing this large goes compact)
-        (f0, _, _, _, t0, s0), (f1, _, _, _, t1, s1), (f2, _, _, _, t2, s2) = base.launches
-        rows = c.row_grid
-        plan.launches = ((f0, *rows, t0, s0), (f1, c.tables.num_ctas, 1, 1, t1, s1), (f2, *rows, t2, s2))
+    if c.specs == base.c.specs:                  # the same kernels (not when a packing this large goes compact):
+        plan.launches = tuple((f, *kernels._grid(grid), t, s)      # base's handles, this packing's grids
+                              for (f, _, _, _, t, s), (_, grid) in zip(base.launches, launchers.bwd_kernels(c)))
     else:
         plan.launches = launchers.bwd_launches(c)
     fields = launchers.bwd_schedule_fields(c.tables)

@@ -256,11 +256,16 @@ _PINNED_BLOB_MAX = 1 << 20      # larger blobs (long sequences: cached, rarely n
 _pinned_ok = [True]
 
 
+def _pins(nbytes: int) -> bool:
+    """Whether :func:`_pinned_blob` gives a blob of ``nbytes`` pinned memory."""
+    return nbytes <= _PINNED_BLOB_MAX and _pinned_ok[0]
+
+
 def _pinned_blob(nbytes: int):
     """A writable uint8 host array of at least ``nbytes`` for _varlen_pack.pack to pack a new packing into: pinned
     (the upload then copies from it directly) up to _PINNED_BLOB_MAX bytes, else, or where pinned memory cannot be
     had (no CUDA driver: CPU tests of the GPU paths), pageable (the upload stages it)."""
-    if nbytes <= _PINNED_BLOB_MAX and _pinned_ok[0]:
+    if _pins(nbytes):
         size = _pow2(nbytes)
         try:
             return np.ndarray((size,), dtype=np.uint8, buffer=cupy.cuda.alloc_pinned_memory(size))
@@ -376,7 +381,7 @@ def plan(policy, lens_q, lens_k, block_m, block_n, heads, kv_heads, causal, max_
         out = _varlen_pack.new_packing(*varlen_schedule._schedule_args(policy, problem), True,
                                        _pinned_blob if pinned else None)
         code, t.blob, t.offsets, t.shapes, t.num_visits, t.num_ctas, tie_sign, rank_rule, t.m_blocks, t.n_blocks = out
-        t.pinned = pinned and t.blob.nbytes <= _PINNED_BLOB_MAX and _pinned_ok[0]     # as _pinned_blob chose
+        t.pinned = pinned and _pins(t.blob.nbytes)     # what _pinned_blob chose (a failed pin clears _pinned_ok)
         t.policy, t.compact = varlen_schedule._POLICY_NAMES[code], (tie_sign, rank_rule)
         if compact == "expand" and compact_above is not None and t.num_visits > compact_above:
             compact = True               # a per-visit table this large: compact records (as compact_device.wanted)
