@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device run on the H200: install, compile, GPU tests, demo, benchmarks; every log under $OUT.
 #   bash benchmarks/device_run.sh [smoke|fwd|tests|bench|integration|long|gqa|varlen_bench|long1m|varlen_step|
-#                                  fold|fold_bench|varlen_events|sanitize|all] [extra pytest args...]
+#                                  fold|fold_bench|varlen_events|sanitize|ncu|all] [extra pytest args...]
 # "varlen_step": a new packing's host cost, build and upload (issue 7); "fold": the folded backward's tests, then
 # the whole suite; "fold_bench": its GPU and host time. Earlier sessions' one-off stages are in this file's
 # history; the writer-rank-ahead experiment is benchmarks/patches/writer_rank_ahead.patch (measured, not
@@ -18,8 +18,10 @@ git rev-parse --short HEAD 2>/dev/null
 if [ -n "${FA3_WHL:-}" ]; then
   $py -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >"$OUT/fa3_install.log" 2>&1 && export PYTHONPATH=/tmp/site
 fi
-$py -m cupy_dash compile --all -j 16 >/tmp/compile.log 2>&1 || { tail -20 /tmp/compile.log; exit 1; }
-tail -1 /tmp/compile.log
+if [ "$stage" != ncu ]; then
+  $py -m cupy_dash compile --all -j 16 >/tmp/compile.log 2>&1 || { tail -20 /tmp/compile.log; exit 1; }
+  tail -1 /tmp/compile.log
+fi
 if [ "$stage" = smoke ] || [ "$stage" = all ]; then
   timeout 300 $py -m pytest tests/test_gpu_attention.py -q -x --maxfail=3 -k "d64-full-sq128-sk128 or d128-causal-sq300-sk1000" "$@" 2>&1 | tee "$OUT/smoke.log" | tail -25
 fi
@@ -93,6 +95,28 @@ if [ "$stage" = sanitize ]; then   # the folded backward under compute-sanitizer
     timeout 240 "$san" --tool $tool --error-exitcode 3 $py benchmarks/fold_sanitize.py 2>&1 \
       | tee "$OUT/sanitize_$tool.log" | tail -8
   done
+fi
+if [ "$stage" = ncu ]; then   # Nsight Compute: our main backward kernel and FA3's on the same shapes (FA3_WHL=1)
+  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | tail -1)
+  mkdir -p /tmp/ncu
+  for shape in "--causal --seqlen 8192 --batch 2" "--seqlen 3840 --batch 4"; do
+    tag=$(echo "$shape" | tr -d ' -' | tr -s 'a-z' | cut -c1-24)
+    for impl in ours fa3; do
+      kern=dash_bwd_main; [ $impl = fa3 ] && kern=regex:FlashAttnBwdSm90
+      timeout 240 "$ncu" --profile-from-start off --clock-control none --set full --import-source no \
+        --kernel-name-base demangled -k "$kern" -c 1 -f -o /tmp/ncu/${impl}_$tag \
+        $py benchmarks/ncu_bwd.py --impl $impl $shape "$@" >"/tmp/ncu/${impl}_$tag.log" 2>&1
+      tail -3 "/tmp/ncu/${impl}_$tag.log"
+      "$ncu" -i /tmp/ncu/${impl}_$tag.ncu-rep --page details --csv >/tmp/ncu/${impl}_$tag.details.csv 2>&1
+      "$ncu" -i /tmp/ncu/${impl}_$tag.ncu-rep --page raw --csv >/tmp/ncu/${impl}_$tag.raw.csv 2>&1
+      "$ncu" -i /tmp/ncu/${impl}_$tag.ncu-rep --page source --csv --print-source sass \
+        >/tmp/ncu/${impl}_$tag.sass.csv 2>&1
+    done
+  done
+  ls -la /tmp/ncu
+  timeout 120 $py benchmarks/profile_bwd.py --seqlens 1024 4096 16384 --hdims 128 --schedules auto atomic \
+    2>&1 | tee /tmp/ncu/profile_bwd.log | tail -20
+  (cd /tmp/ncu && tar czf "$OUT/ncu.tgz" *.csv *.log)
 fi
 if [ "$stage" = varlen_step ]; then   # a new packing's host cost (issue 7's per-step figure; RESULTS, sixth session)
   timeout 60 $py benchmarks/varlen_plan_cpu.py --packings 200 2>&1 | tee "$OUT/varlen_plan_cpu.txt"
