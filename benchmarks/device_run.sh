@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # One device run on the H200: install, compile, GPU tests, demo, benchmarks; every log under $OUT.
 #   bash benchmarks/device_run.sh [smoke|fwd|tests|bench|integration|long|gqa|varlen_bench|long1m|varlen_step|
-#                                  fold|fold_bench|varlen_events|sanitize|ncu|all] [extra pytest args...]
+#                                  fold|fold_bench|varlen_events|sanitize|ncu|engine|engine_bench|all]
+#                                  [extra pytest args...]
+# "engine": the backward kernel's GPU tests (every family: MHA, GQA, compact, varlen, fold, window, portable);
+# "engine_bench": the backward at the issue's shapes, this tree against the kernels in .ab/kernels_src (an older
+# tree's, carried: git archive <commit> kernels_src | tar -x -C .ab), FA3 beside it when FA3_WHL=1, then ncu.
 # "varlen_step": a new packing's host cost, build and upload (issue 7); "fold": the folded backward's tests, then
 # the whole suite; "fold_bench": its GPU and host time. Earlier sessions' one-off stages are in this file's
 # history; the writer-rank-ahead experiment is benchmarks/patches/writer_rank_ahead.patch (measured, not
@@ -18,7 +22,7 @@ git rev-parse --short HEAD 2>/dev/null
 if [ -n "${FA3_WHL:-}" ]; then
   $py -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >"$OUT/fa3_install.log" 2>&1 && export PYTHONPATH=/tmp/site
 fi
-if [ "$stage" != ncu ]; then
+if [ "$stage" != ncu ] && [ "$stage" != engine_bench ]; then
   $py -m cupy_dash compile --all -j 16 >/tmp/compile.log 2>&1 || { tail -20 /tmp/compile.log; exit 1; }
   tail -1 /tmp/compile.log
 fi
@@ -117,6 +121,34 @@ if [ "$stage" = ncu ]; then   # Nsight Compute: our main backward kernel and FA3
   timeout 120 $py benchmarks/profile_bwd.py --seqlens 1024 4096 16384 --hdims 128 --schedules auto atomic \
     2>&1 | tee /tmp/ncu/profile_bwd.log | tail -20
   (cd /tmp/ncu && tar czf "$OUT/ncu.tgz" *.csv *.log)
+fi
+if [ "$stage" = engine ]; then
+  timeout 330 $py -m pytest tests/test_gpu_attention.py tests/test_gpu_gqa.py tests/test_gpu_compact.py \
+    tests/test_gpu_varlen_bwd.py tests/test_gpu_fold.py tests/test_gpu_window.py tests/test_gpu_portable.py \
+    -q -ra --maxfail=5 "$@" 2>&1 | tee "$OUT/engine_tests.log" | tail -12
+  if grep -qE "[0-9]+ (failed|error)" "$OUT/engine_tests.log"; then exit 1; fi
+fi
+if [ "$stage" = engine_bench ]; then
+  mkdir -p /tmp/eb
+  common="--no-torch --no-overhead --no-compile --schedules auto atomic --repeats 20 --warmup 3"
+  for ver in new old; do
+    run=("$py" -m cupy_dash); fa3=""
+    [ $ver = old ] && run=("$py" benchmarks/with_kernels.py .ab/kernels_src cupy_dash) && fa3=--no-fa3
+    timeout 150 "${run[@]}" bench --hdims 128 --masks full --seqlens 1280 3840 15360 $common $fa3 \
+      --out /tmp/eb/${ver}_d128_full.json 2>&1 | grep -E "bwd|fwd" | tee -a "$OUT/engine_bench.log" | tail -12
+    timeout 150 "${run[@]}" bench --hdims 128 --masks causal --seqlens 2048 8192 16384 $common $fa3 \
+      --out /tmp/eb/${ver}_d128_causal.json 2>&1 | grep -E "bwd|fwd" | tee -a "$OUT/engine_bench.log" | tail -12
+    timeout 150 "${run[@]}" bench --hdims 64 --seqlens 1024 4096 16384 $common --no-fa3 \
+      --out /tmp/eb/${ver}_d64.json 2>&1 | grep -E "bwd|fwd" | tee -a "$OUT/engine_bench.log" | tail -12
+  done
+  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | tail -1)
+  timeout 120 "$ncu" --profile-from-start off --clock-control none --set full --import-source no \
+    -k dash_bwd_main -c 1 -f -o /tmp/eb/ours_causal8k $py benchmarks/ncu_bwd.py --impl ours --causal \
+    --seqlen 8192 --batch 2 >/tmp/eb/ncu.log 2>&1
+  "$ncu" -i /tmp/eb/ours_causal8k.ncu-rep --page details --csv >/tmp/eb/ours_causal8k.details.csv 2>&1
+  "$ncu" -i /tmp/eb/ours_causal8k.ncu-rep --page raw --csv >/tmp/eb/ours_causal8k.raw.csv 2>&1
+  "$ncu" -i /tmp/eb/ours_causal8k.ncu-rep --page source --csv --print-source sass >/tmp/eb/ours_causal8k.sass.csv 2>&1
+  (cd /tmp/eb && tar czf "$OUT/engine_bench.tgz" *.json *.md *.csv ncu.log)
 fi
 if [ "$stage" = varlen_step ]; then   # a new packing's host cost (issue 7's per-step figure; RESULTS, sixth session)
   timeout 60 $py benchmarks/varlen_plan_cpu.py --packings 200 2>&1 | tee "$OUT/varlen_plan_cpu.txt"

@@ -28,6 +28,7 @@ DASH_DEVICE void consume(const BwdParams& p, const ScheduleView& sched, const Sm
   bool group_start = true;
   Visit cur = sched.visit(sched.begin);
   for (int64_t v = sched.begin; v < sched.end; ++v, ++j) {
+    sched.prefetch(v);
     const bool has_next = v + 1 < sched.end;
     const Visit next = has_next ? sched.visit(v + 1) : cur;
     const bool group_end = !has_next || !sched.same_kv_tile(cur, next);

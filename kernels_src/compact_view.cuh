@@ -74,8 +74,10 @@ struct ScheduleView {
     return Visit{rec.kv_head * group_size + q, rec.n_block, rec.rule.tile(iv - rec.step)};
   }
 
+  DASH_DEVICE void prefetch(int64_t) const {}  // records are read once per column, not per visit
+
   DASH_DEVICE bool same_kv_tile(const Visit& a, const Visit& b) const {
-    return a.n_block == b.n_block && a.bh / group_size == b.bh / group_size;
+    return a.n_block == b.n_block && same_kv_head(a.bh, b.bh, group_size);
   }
 
   // Rank of visit v in its dQ tile's reduction order; v is the visit last passed to visit(). Computed once
