@@ -134,8 +134,8 @@ if [ "$stage" = engine_bench ]; then
   for ver in new old; do
     run=("$py" -m cupy_dash); fa3=""
     [ $ver = old ] && run=("$py" benchmarks/with_kernels.py .ab/kernels_src cupy_dash) && fa3=--no-fa3
-    timeout 150 "${run[@]}" bench --hdims 128 --masks full --seqlens 1280 3840 15360 $common $fa3 \
-      --out /tmp/eb/${ver}_d128_full.json 2>&1 | grep -E "bwd|fwd" | tee -a "$OUT/engine_bench.log" | tail -12
+    timeout 240 "${run[@]}" bench --hdims 128 --masks full --seqlens 1280 3840 15360 $common $fa3 \
+      --out /tmp/eb/${ver}_d128_full.json 2>&1 | tee -a "$OUT/engine_bench.log" | grep -E "bwd|fwd" | tail -12
     timeout 150 "${run[@]}" bench --hdims 128 --masks causal --seqlens 2048 8192 16384 $common $fa3 \
       --out /tmp/eb/${ver}_d128_causal.json 2>&1 | grep -E "bwd|fwd" | tee -a "$OUT/engine_bench.log" | tail -12
     timeout 150 "${run[@]}" bench --hdims 64 --seqlens 1024 4096 16384 $common --no-fa3 \

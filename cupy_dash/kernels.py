@@ -58,10 +58,11 @@ def _fwd_smem(t: TileConfig, d: int) -> int:
 
 def _bwd_main_smem(t: TileConfig, d: int) -> int:
     """kernels_src/bwd/config.cuh SmemLayout: K x2, V; Q, dO, dS x2 stages; fp32 dQ; lse, dpsum x2; 14 mbarriers;
-    1 KB to align the base to 1024 bytes."""
+    a 16-byte visit slot per stage; 1 KB to align the base to 1024 bytes."""
     stages, k_stages = 2, 2
     return ((k_stages + 1) * t.block_n * d * 2 + stages * 2 * t.block_m * d * 2 + stages * t.block_m * t.block_n * 2
-            + t.block_m * d * 4 + stages * 2 * t.block_m * 4 + 8 * (2 * k_stages + 2 + 4 * stages) + 1024)
+            + t.block_m * d * 4 + stages * 2 * t.block_m * 4 + 8 * (2 * k_stages + 2 + 4 * stages) + 16 * stages
+            + 1024)
 
 
 # kernel name: (source file, entry point, dynamic smem bytes as a function of (tile, head_dim))

@@ -18,27 +18,20 @@
 
 using namespace bwd;
 
-// One MMA warpgroup: dK, dV of the current KV tile live in registers across its run of visits.
+// One MMA warpgroup: dK, dV of the current KV tile live in registers across its run of visits. The visits come
+// from the producer (VisitSlot), so the MMA warpgroups read nothing of the schedule table.
 DASH_DEVICE void consume(const BwdParams& p, const ScheduleView& sched, const Smem& s, char* smem_generic, int wg,
                          int tid) {
   float dK[kDkvRegs], dV[kDkvRegs];
 #pragma unroll
   for (int i = 0; i < kDkvRegs; ++i) dK[i] = dV[i] = 0.f;
   int groups = 0, j = 0;
-  bool group_start = true;
-  Visit cur = sched.visit(sched.begin);
   for (int64_t v = sched.begin; v < sched.end; ++v, ++j) {
-    sched.prefetch(v);
-    const bool has_next = v + 1 < sched.end;
-    const Visit next = has_next ? sched.visit(v + 1) : cur;
-    const bool group_end = !has_next || !sched.same_kv_tile(cur, next);
-    bwd_step(p, s, smem_generic, cur, v, j, groups, group_start, group_end, dK, dV, wg, tid);
-    if (group_end) {
-      store_dkv(p, cur, dK, dV, wg, tid);
+    const VisitSlot done = bwd_step(p, s, smem_generic, v, j, groups, dK, dV, wg, tid);
+    if (done.last) {
+      store_dkv(p, done.w, dK, dV, wg, tid);
       ++groups;
     }
-    group_start = group_end;
-    cur = next;
   }
 }
 

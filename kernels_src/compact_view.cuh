@@ -74,8 +74,6 @@ struct ScheduleView {
     return Visit{rec.kv_head * group_size + q, rec.n_block, rec.rule.tile(iv - rec.step)};
   }
 
-  DASH_DEVICE void prefetch(int64_t) const {}  // records are read once per column, not per visit
-
   DASH_DEVICE bool same_kv_tile(const Visit& a, const Visit& b) const {
     return a.n_block == b.n_block && same_kv_head(a.bh, b.bh, group_size);
   }

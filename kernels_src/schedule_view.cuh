@@ -2,7 +2,6 @@
 // walks its CTA's visits in order and applies no policy of its own.
 #pragma once
 #include "common.cuh"
-#include "ptx/prefetch.cuh"
 
 struct Visit {
   int bh;       // (batch, query head) pair, b * H + h
@@ -46,15 +45,6 @@ struct ScheduleView {
     return Visit{row.y, row.z, row.w};
   }
   DASH_DEVICE int rank_of(int64_t v) const { return __ldg(rank + v); }
-
-  // Pulls into L1 the rows that visit(v) will read kPrefetchAhead visits from now.
-  // NOTES: the MMA warpgroups compare each visit with the next one before its first GEMM; a row that missed L1
-  // left the tensor pipe idle for an L2 round trip at the top of every eighth visit or so (Nsight Compute:
-  // decision record bwd-engine). A 128-byte line holds 8 rows.
-  static constexpr int kPrefetchAhead = 8;
-  DASH_DEVICE void prefetch(int64_t v) const {
-    if (v + kPrefetchAhead < end) prefetch_l1(visits + 4 * (v + kPrefetchAhead));
-  }
 
   DASH_DEVICE bool same_kv_tile(const Visit& a, const Visit& b) const {
     return a.n_block == b.n_block && same_kv_head(a.bh, b.bh, group_size);

@@ -10,9 +10,10 @@ constexpr int kWgThreads = 128;
 constexpr int kNumThreads = kWgThreads * (1 + kNumMmaWg);
 constexpr int kEntryRegs = 168;  // what __launch_bounds__(384, 1) gives every thread at entry
 #if DASH_COMPACT
-// NOTES: compact-table backward builds: the dQ writer counts ranks (compact_view.cuh), which does not fit in 24
-// registers (52 bytes of spills); the MMA warpgroups give up 8 each.
-constexpr int kProducerRegs = 40, kMmaRegs = 232;
+// NOTES: compact-table backward builds: the dQ writer counts ranks (compact_view.cuh) and the producer looks one
+// visit ahead through the records, which does not fit in 24 registers (52 bytes of spills), nor in 40 under
+// NVRTC 13.0 (fp16 d64 det: 68 bytes); the MMA warpgroups give up 16 each.
+constexpr int kProducerRegs = 48, kMmaRegs = 224;
 #else
 constexpr int kProducerRegs = 24, kMmaRegs = 240;
 #endif

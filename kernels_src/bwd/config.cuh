@@ -56,7 +56,8 @@ constexpr int kDqBarThreads = kWgThreads + 32;
 // overlaps the last visit of the current one (V is single-buffered: hdim 128 has no room for a second one).
 // K, V, Q, dO are K-major for S^T = K Q^T and dP^T = V dO^T (rows x head dim, 64-column panels of rows x 128 B);
 // the same bytes serve as MN-major B operands of dV += P^T dO, dK += dS^T Q and dQ = dS K. dS is queries x keys
-// (panel wg holds the keys of MMA warpgroup wg). Every tile size is a multiple of 1024 bytes.
+// (panel wg holds the keys of MMA warpgroup wg). Every tile size is a multiple of 1024 bytes. The producer
+// publishes each visit's coordinates in its stage's VisitSlot (producer.cuh).
 struct SmemLayout {
   static constexpr int kKV = kBlockN * kHeadDim * 2;
   static constexpr int kQ = kBlockM * kHeadDim * 2;  // also dO
@@ -74,9 +75,11 @@ struct SmemLayout {
   static constexpr int kBars = kDpsum + kStages * kRow;
   // k_full[], k_empty[], v_full, v_empty, q_full[], q_empty[], do_full[], do_empty[]
   static constexpr int kNumBars = 2 * kKStages + 2 + 4 * kStages;
-  static constexpr int kBytes = kBars + 8 * kNumBars;
+  static constexpr int kVisits = kBars + 8 * kNumBars;  // one VisitSlot per stage (16 bytes each)
+  static constexpr int kBytes = kVisits + 16 * kStages;
   static constexpr int kDynamicBytes = kBytes + 1024;  // slack to align the base
 };
+static_assert(SmemLayout::kVisits % 16 == 0, "visit slots are 16-byte words");
 static_assert(SmemLayout::kKV % 1024 == 0 && SmemLayout::kQ % 1024 == 0 && SmemLayout::kDS % 1024 == 0,
               "tiles keep 1024-byte alignment");
 static_assert(SmemLayout::kDynamicBytes == DASH_SMEM_BYTES, "host smem formula out of sync with the layout");
@@ -93,6 +96,7 @@ struct Smem {
   DASH_DEVICE uint32_t lse(int stage) const { return base + SmemLayout::kLse + stage * SmemLayout::kRow; }
   DASH_DEVICE uint32_t dpsum(int stage) const { return base + SmemLayout::kDpsum + stage * SmemLayout::kRow; }
   DASH_DEVICE uint32_t bar(int i) const { return base + SmemLayout::kBars + 8 * i; }
+  DASH_DEVICE uint32_t visit(int stage) const { return base + SmemLayout::kVisits + 16 * stage; }
   DASH_DEVICE uint32_t k_full(int buf) const { return bar(buf); }
   DASH_DEVICE uint32_t k_empty(int buf) const { return bar(kKStages + buf); }
   DASH_DEVICE uint32_t v_full() const { return bar(2 * kKStages); }

@@ -40,40 +40,17 @@ struct Band {
   }
 };
 
-// The per-query values (lse_log2 or dpsum) of one Q tile at this thread's accumulator columns col0 + 8 c +
-// {0, 1}: copied into registers where the tile plan leaves room for them (kBlockM 64), else read from the
-// tile's row buffer in shared memory where they are used (kBlockM 128: 32 more registers each would spill).
-// NOTES: load() is called before the wgmma wait that precedes the values' use (the waits' "memory" clobbers keep
-// the loads there), so their latency overlaps the GEMMs instead of stalling the softmax (Nsight Compute:
-// decision record bwd-engine).
-struct TileRows {
-  static constexpr bool kInRegs = kBlockM == 64;
-  float2 r[kInRegs ? kBlockM / 8 : 1];
-  const float* rows;
-  DASH_DEVICE void load(const char* smem_generic, uint32_t row_buf, uint32_t base, const Fragment& f) {
-    rows = reinterpret_cast<const float*>(smem_generic + (row_buf - base)) + f.col0;
-    if constexpr (kInRegs) {
-#pragma unroll
-      for (int c = 0; c < kBlockM / 8; ++c) r[c] = *reinterpret_cast<const float2*>(rows + 8 * c);
-    }
-  }
-  DASH_DEVICE float2 operator[](int c) const {
-    if constexpr (kInRegs) return r[c];
-    return *reinterpret_cast<const float2*>(rows + 8 * c);
-  }
-};
-
 // P^T = exp2(S^T * scale_log2 - lse_log2[q]) in place, 0 where the key is masked.
 // NOTES: keys >= Sk and keys outside the query's band (window and causal masks) are masked by select. Queries
 // >= Sq and rows whose lse is -inf (no key in their window) have lse_log2 = +inf (preprocess), so P = 2^-inf = 0
 // there without a mask; TMA zero-fills their Q and dO rows (varlen: loads the next sequence's), so S and dP stay
 // finite. Varlen builds: Sq, Sk and the band are the visit's sequence's.
 template <bool kMask>
-DASH_DEVICE void softmax_probs(float (&S)[kSRegs], const TileRows& lse_log2, float scale_log2,
-                               const Fragment& f, int key0, int query0, int seqlen_k, const Band& band) {
+DASH_DEVICE void softmax_probs(float (&S)[kSRegs], const float* lse_log2, float scale_log2, const Fragment& f,
+                               int key0, int query0, int seqlen_k, const Band& band) {
 #pragma unroll
   for (int c = 0; c < kBlockM / 8; ++c) {
-    const float2 l = lse_log2[c];
+    const float2 l = *reinterpret_cast<const float2*>(lse_log2 + 8 * c + f.col0);
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int i = 4 * c + e;
@@ -93,13 +70,13 @@ DASH_DEVICE void softmax_probs(float (&S)[kSRegs], const TileRows& lse_log2, flo
 // (reference.backward_lowp): keeping fp32 P, its fragments, dP and dpsum live together needs more than the 240
 // registers of an MMA warpgroup (measured 241), and then ptxas serializes the wgmmas and spills.
 DASH_DEVICE void softmax_grad(uint32_t (&dSa)[kBlockM / 16][4], const uint32_t (&Pa)[kBlockM / 16][4],
-                              const float (&dP)[kSRegs], const TileRows& dpsum) {
+                              const float (&dP)[kSRegs], const float* dpsum, const Fragment& f) {
 #pragma unroll
   for (int ks = 0; ks < kBlockM / 16; ++ks) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int i = 8 * ks + 2 * j;
-      const float2 d = dpsum[i / 4];
+      const float2 d = *reinterpret_cast<const float2*>(dpsum + 8 * (i / 4) + f.col0);
       const float2 prob = unpack_elem2(Pa[ks][j]);
       dSa[ks][j] = pack_elem2(prob.x * (dP[i] - d.x), prob.y * (dP[i + 1] - d.y));
     }
@@ -140,13 +117,12 @@ DASH_DEVICE void dq_barrier_sync_empty() { named_barrier_sync<kBarDqEmpty + kWg,
 template <int kWg>
 DASH_DEVICE void dq_barrier_arrive_full() { named_barrier_arrive<kBarDqFull + kWg, kDqBarThreads>(); }
 
-// One visit (index v of the table): j is the CTA-local visit counter (selects the stage and phase of the Q /
-// dO / dS buffers), group the CTA-local KV-tile counter (selects the K buffer and the K, V phases).
-// first_in_group: K and V must be waited for, dK and dV start from zero; last_in_group: V is released after
-// dP^T, K after dQ.
-DASH_DEVICE void bwd_step(const BwdParams& p, const Smem& s, char* smem_generic, const Visit& w, int64_t v, int j,
-                          int group, bool first_in_group, bool last_in_group, float (&dK)[kDkvRegs],
-                          float (&dV)[kDkvRegs], int wg, int tid) {
+// One visit (index v of the table, read from the producer's VisitSlot, returned): j is the CTA-local visit counter
+// (selects the stage and phase of the Q / dO / dS buffers and the slot), group the CTA-local KV-tile counter
+// (selects the K buffer and the K, V phases). The slot's first: K and V must be waited for, dK and dV start from
+// zero; last: V is released after dP^T, K after dQ.
+DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_generic, int64_t v, int j, int group,
+                               float (&dK)[kDkvRegs], float (&dV)[kDkvRegs], int wg, int tid) {
   const int stage = j % kStages;
   const uint32_t phase = (j / kStages) & 1;
   const int kbuf = group % kKStages;
@@ -155,11 +131,12 @@ DASH_DEVICE void bwd_step(const BwdParams& p, const Smem& s, char* smem_generic,
   // S^T = K_wg Q^T and dP^T = V_wg dO^T (both K-major from shared memory), two commit groups.
   const uint64_t k_desc = TileKV::kmajor(s.k(kbuf), 64 * wg), v_desc = TileKV::kmajor(s.v(), 64 * wg);
   float S[kSRegs], dP[kSRegs];
-  if (first_in_group) wait_phase(p, s.k_full(kbuf), (group / kKStages) & 1);
   wait_phase(p, s.q_full(stage), phase);
+  const VisitSlot slot = VisitSlot::read(s.visit(stage));
+  const Visit& w = slot.w;
+  const bool first_in_group = slot.first, last_in_group = slot.last;
+  if (first_in_group) wait_phase(p, s.k_full(kbuf), (group / kKStages) & 1);
   if (wg == 0 && tid == 0) stamp(p, v, kStampStart);
-  TileRows lse, dpsum;
-  lse.load(smem_generic, s.lse(stage), s.base, f);  // lse_log2 arrives with Q
   wgmma_fence();
   gemm_keys_by_queries(S, k_desc, s.q(stage));
   wgmma_commit();
@@ -168,7 +145,6 @@ DASH_DEVICE void bwd_step(const BwdParams& p, const Smem& s, char* smem_generic,
   wgmma_fence();  // NOTES: not required by the ISA here, but ptxas 13.0 injects one (C7519) after the wait loop
   gemm_keys_by_queries(dP, v_desc, s.dout(stage));
   wgmma_commit();
-  dpsum.load(smem_generic, s.dpsum(stage), s.base, f);  // dpsum arrives with dO
 
   // P^T from S^T while dP^T is still running.
   wgmma_wait<1>();
@@ -178,6 +154,7 @@ DASH_DEVICE void bwd_step(const BwdParams& p, const Smem& s, char* smem_generic,
   const BwdRows<kBlockM> seq(p, hd.b, hd.h);
   const int seqlen_k = seq.seqlen_k;
   const Band band(p, seq.seqlen_q, seq.seqlen_k);
+  const float* lse = reinterpret_cast<const float*>(smem_generic + (s.lse(stage) - s.base));
   // NOTES: a tile needs the mask only if it reaches past Sk or one of its offsets key - q leaves the band: the
   // largest is key0 + 63 - query0, the smallest key0 - (query0 + kBlockM - 1).
   const bool need_mask =
@@ -192,7 +169,8 @@ DASH_DEVICE void bwd_step(const BwdParams& p, const Smem& s, char* smem_generic,
   wgmma_wait<0>();
   wgmma_fence_operand(dP);
   if (last_in_group && tid == 0) mbar_arrive(s.v_empty());  // dP^T was V's last use
-  softmax_grad(dSa, Pa, dP, dpsum);
+  const float* dpsum = reinterpret_cast<const float*>(smem_generic + (s.dpsum(stage) - s.base));
+  softmax_grad(dSa, Pa, dP, dpsum, f);
   // dS^T also to shared memory for dQ, which needs the keys of both warpgroups.
   store_transposed<kBlockM>(s.ds(stage), dSa, 64 * wg, tid);
 
@@ -246,6 +224,7 @@ DASH_DEVICE void bwd_step(const BwdParams& p, const Smem& s, char* smem_generic,
   wgmma_fence_operand(dK);
   wgmma_fence_operand(dSa);
   if (tid == 0) mbar_arrive(s.q_empty(stage));
+  return slot;
 }
 
 }  // namespace bwd

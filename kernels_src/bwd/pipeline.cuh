@@ -3,6 +3,7 @@
 #include "../params.cuh"
 #include "../ptx/globaltimer.cuh"
 #include "../ptx/mbarrier.cuh"
+#include "../schedule_view.cuh"
 #include "error_record.cuh"
 
 namespace bwd {
@@ -26,5 +27,29 @@ DASH_DEVICE void wait_phase(const BwdParams& p, uint32_t bar, uint32_t parity) {
     }
   }
 }
+
+// One visit as the producer hands it to the MMA warpgroups, in the VisitSlot of its Q stage: written before the
+// producer's arrive on q_full, read after the wait for it (the mbarrier's release / acquire order the two), and
+// overwritten only after both MMA warpgroups have released the stage (q_empty).
+// NOTES: the MMA warpgroups thus never read the schedule table: a table row loaded at the top of each visit left
+// the tensor pipe idle for its latency (Nsight Compute: decision record bwd-engine).
+struct VisitSlot {
+  Visit w;
+  bool first, last;  // the visit starts / ends its run of one KV tile (K, V wait and release; dK, dV store)
+
+  DASH_DEVICE static void publish(uint32_t slot, const Visit& w, bool first, bool last) {
+    asm volatile("st.shared.v4.s32 [%0], {%1, %2, %3, %4};\n" ::"r"(slot), "r"(w.bh), "r"(w.n_block), "r"(w.m_block),
+                 "r"((first ? 1 : 0) | (last ? 2 : 0))
+                 : "memory");
+  }
+  DASH_DEVICE static VisitSlot read(uint32_t slot) {
+    int bh, n_block, m_block, flags;
+    asm volatile("ld.shared.v4.s32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(bh), "=r"(n_block), "=r"(m_block), "=r"(flags)
+                 : "r"(slot)
+                 : "memory");
+    return VisitSlot{Visit{bh, n_block, m_block}, (flags & 1) != 0, (flags & 2) != 0};
+  }
+};
 
 }  // namespace bwd

@@ -1,6 +1,6 @@
 // Backward main kernel, producer warp (warp 0, one lane): TMA loads in the schedule's order. K_j, V_j once per
 // run of visits of one KV tile (K into the other of its two buffers); per visit Q_i with lse_log2_i and dO_i with
-// dpsum_i into the next stage.
+// dpsum_i into the next stage, and the visit itself in the stage's VisitSlot for the MMA warpgroups.
 #pragma once
 #include "../bwd_rows.cuh"
 #include "../params.cuh"
@@ -24,10 +24,12 @@ DASH_DEVICE void produce(const BwdParams& p, const ScheduleView& sched, const Sm
   tma_prefetch_desc(&p.tma_do);
   constexpr uint32_t kQBytes = SmemLayout::kQ + SmemLayout::kRow;
   int groups = 0;
-  Visit prev{};
+  Visit prev{}, w = sched.visit(sched.begin);
   int j = 0;
   for (int64_t v = sched.begin; v < sched.end; ++v, ++j) {
-    const Visit w = sched.visit(v);
+    const Visit next = v + 1 < sched.end ? sched.visit(v + 1) : w;
+    const bool first = v == sched.begin || !sched.same_kv_tile(prev, w);
+    const bool last = v + 1 == sched.end || !sched.same_kv_tile(w, next);
     const Head hd(p, w.bh);
     const BwdRows<kBlockM> seq(p, hd.b, hd.h);
     const int stage = j % kStages;
@@ -36,11 +38,12 @@ DASH_DEVICE void produce(const BwdParams& p, const ScheduleView& sched, const Sm
     const int q_row = seq.row_q + w.m_block * kBlockM, k_row = seq.row_k + w.n_block * kBlockN;
 
     wait_phase(p, s.q_empty(stage), phase ^ 1);
+    VisitSlot::publish(s.visit(stage), w, first, last);
     mbar_arrive_expect_tx(s.q_full(stage), kQBytes);
     tma_load_5d(s.q(stage), &p.tma_q, s.q_full(stage), 0, q_row, 0, hd.h, seq.batch);
     bulk_load(s.lse(stage), p.lse_log2 + row_offset, SmemLayout::kRow, s.q_full(stage));
 
-    if (v == sched.begin || !sched.same_kv_tile(prev, w)) {
+    if (first) {
       const int kbuf = groups % kKStages;
       wait_phase(p, s.k_empty(kbuf), ((groups / kKStages) & 1) ^ 1);
       mbar_arrive_expect_tx(s.k_full(kbuf), SmemLayout::kKV);
@@ -56,6 +59,7 @@ DASH_DEVICE void produce(const BwdParams& p, const ScheduleView& sched, const Sm
     tma_load_5d(s.dout(stage), &p.tma_do, s.do_full(stage), 0, q_row, 0, hd.h, seq.batch);
     bulk_load(s.dpsum(stage), p.dpsum + row_offset, SmemLayout::kRow, s.do_full(stage));
     prev = w;
+    w = next;
   }
 }
 
