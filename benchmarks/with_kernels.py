@@ -1,5 +1,7 @@
 """Runs a cupy_dash module with the CUDA sources taken from another directory: an A/B of two kernel versions
-in one device run (the disk cache keys on the source text, so both builds coexist).
+in one device run (the disk cache keys on the source text, so both builds coexist). Only for kernel versions
+that share this tree's host contract: the parameter structs and the shared-memory formula of cupy_dash/kernels.py
+(a kernel whose smem layout changed fails its static_assert and is reported as an error).
 
     git archive <old commit> kernels_src | tar -x -C /tmp/old
     python benchmarks/with_kernels.py /tmp/old/kernels_src cupy_dash bench --hdims 128 ...
