@@ -20,20 +20,9 @@ FALLBACK_TILE = (64, 128)          # (block_m, block_n) when cupy_dash.kernels i
 
 
 def _gpu_state():
-    """``("none" | "other" | "hopper", description)`` of CUDA device 0, never raising."""
-    try:
-        import cupy
-        if not cupy.cuda.is_available():
-            return "none", "no CUDA device"
-        dev = cupy.cuda.Device(0)
-        cc = str(dev.compute_capability)
-        props = cupy.cuda.runtime.getDeviceProperties(0)
-        name = props["name"]
-        name = name.decode() if isinstance(name, bytes) else str(name)
-        desc = f"{name} (sm_{cc}, {int(props['multiProcessorCount'])} SMs)"
-    except Exception as exc:  # any CUDA error while querying counts as "no GPU"
-        return "none", f"{type(exc).__name__}: {exc}"
-    return ("hopper" if cc == "90" else "other"), desc
+    """``("none" | "other" | "hopper", description)`` of CUDA device 0, never raising (:func:`cupy_dash.gpu.state`)."""
+    from . import gpu
+    return gpu.state(0)
 
 
 def _analysis_tile():
