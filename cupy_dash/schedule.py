@@ -311,6 +311,37 @@ def _build_auto(*args):
     return _build(_auto_choice(*args), *args)
 
 
+_PER_VISIT = ("visits", "rank", "cta_start", "num_heads", "num_m_blocks", "column_ranges|column_starts")
+_PER_VISIT_WHAT = ("a per-visit schedule table (a Schedule from schedule.build(...), or an object with visits, rank, "
+                   "cta_start, num_heads, num_m_blocks and column_ranges())")
+
+
+def _table_arg(plan, needs=_PER_VISIT, what=_PER_VISIT_WHAT, name="plan"):
+    """``plan`` if it has every attribute in ``needs`` ("a|b": either); else TypeError naming ``name``, saying
+    ``what`` it must be and, for the usual mix-ups (a policy name, compact records where a per-visit table is
+    needed, or the reverse), what to call instead."""
+    missing = [n for n in needs if not any(hasattr(plan, a) for a in n.split("|"))]
+    if not missing:
+        return plan
+    per_visit, compact = "visits" in needs, "records" in needs
+    if isinstance(plan, str):
+        got = f"str {plan!r}"
+        hint = (f" (a policy name: build its table first, schedule.build{'_compact' if compact else ''}({plan!r}, "
+                f"seqlen_q=..., ...))" if plan in POLICIES else "")
+    else:
+        scalar = plan is None or isinstance(plan, (bool, numbers.Number))
+        got = f"{type(plan).__name__} {plan!r}" if scalar else type(plan).__name__
+        hint = ""
+        if per_visit and hasattr(plan, "to_schedule"):
+            hint = (" (compact records: plan.to_schedule() is their per-visit table; plan.model_makespan() and "
+                    "plan.lower_bound() evaluate the column model)")
+        elif per_visit and hasattr(plan, "records"):
+            hint = " (compact records: their expand() gives the per-visit arrays)"
+        elif compact and hasattr(plan, "visits"):
+            hint = " (a per-visit table already: its visits, rank and cta_start are what expand returns)"
+    raise TypeError(f"{name}: expected {what}, got {got}{hint}")
+
+
 def _engine(model: str) -> bool:
     if model not in MODELS:
         raise ValueError(f"model must be one of {MODELS}, got {model!r}")
@@ -323,6 +354,7 @@ def simulate(plan: Schedule, c: float = 1.0, r: float = 0.25, model: str = "dag"
     has reduced. ``model="engine"``: the Hopper kernel's pipeline (see the module docstring).
 
     ``c`` must be finite and > 0, ``r`` finite and >= 0 (ValueError naming the argument otherwise)."""
+    _table_arg(plan)
     c, r = _costs(c, r)
     lo, hi = _ranges(plan)
     makespan, _, _, _ = _schedule.analyze_table(plan.visits, plan.rank, plan.cta_start, plan.num_heads,
@@ -335,6 +367,7 @@ def timeline(plan: Schedule, c: float = 1.0, r: float = 0.25, model: str = "dag"
     """Per-visit simulated timeline: float64 arrays (V,) ``compute_start``, ``reduce_start`` (in the DAG model
     the wait of a visit is reduce_start - compute_start - c) and (num_ctas,) ``finish``; plus ``makespan``.
     ``c`` and ``r`` are checked as in :func:`simulate`."""
+    _table_arg(plan)
     c, r = _costs(c, r)
     lo, hi = _ranges(plan)
     makespan, finish, comp, red = _schedule.analyze_table(plan.visits, plan.rank, plan.cta_start, plan.num_heads,
@@ -359,6 +392,8 @@ def lower_bound(plan: Schedule, c: float = 1.0, r: float = 0.25, model: str = "d
     """No schedule beats max(total work / num_sms, the longest KV column's chain: group_size times the most
     unmasked Q tiles of a KV tile), where a visit costs c + r in the DAG model and max(c, r) in the engine model
     (compute and reduction overlap). ``c`` and ``r`` are checked as in :func:`simulate`."""
+    _table_arg(plan, ("num_visits", "num_sms", "column_ranges|column_starts"), "a schedule table (a Schedule from "
+               "schedule.build(...) or a CompactSchedule from schedule.build_compact(...))")
     c, r = _costs(c, r)
     lo, hi = _ranges(plan)
     longest = _group_size(plan) * int((hi - lo).max())

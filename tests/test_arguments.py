@@ -101,3 +101,41 @@ def test_api_flags_accept_bool_and_numpy_bool(call, flag, good):
     # numpy arrays are host memory: the flag passes and the device check is the next to object
     with pytest.raises(ValueError, match="expected a tensor on a CUDA device"):
         CALLS[call](q, lse, **{flag: good})
+
+
+# ------------------------------------------------------------------------------------------------ plans
+COMPACT = schedule.build_compact("shift", seqlen_q=512, seqlen_k=512, block_m=64, block_n=128, num_heads=2,
+                                 causal=False, num_sms=3)
+PER_VISIT_CALLS = {"simulate": schedule.simulate, "timeline": schedule.timeline,
+                   "reduction_order": schedule.reduction_order}
+
+
+@pytest.mark.parametrize("call", list(PER_VISIT_CALLS))
+@pytest.mark.parametrize("bad, got", [("shift", r"got str 'shift' \(a policy name: build its table first, "
+                                                r"schedule.build\('shift'"),
+                                      (None, "got NoneType None$"), (3, "got int 3$"),
+                                      (COMPACT, r"got CompactSchedule \(compact records: plan.to_schedule\(\)")],
+                         ids=["policy-name", "None", "int", "compact"])
+def test_per_visit_functions_name_the_plan(call, bad, got):
+    """A policy name, None or compact records where a per-visit table is needed: TypeError naming ``plan`` and
+    what it must be, not an AttributeError from inside."""
+    with pytest.raises(TypeError, match=rf"^plan: expected a per-visit schedule table \(a Schedule from "
+                                        rf"schedule.build\(\.\.\.\), .*{got}"):
+        PER_VISIT_CALLS[call](bad)
+
+
+def test_expand_takes_compact_records_only():
+    with pytest.raises(TypeError, match=r"^plan: expected compact records \(a CompactSchedule from "
+                                        r"schedule.build_compact\(\.\.\.\)\), got Schedule \(a per-visit table "
+                                        r"already"):
+        schedule.expand(PLAN)
+    with pytest.raises(TypeError, match=r"got str 'shift' \(a policy name: .*schedule.build_compact\('shift'"):
+        schedule.expand("shift")
+    visits, rank, cta_start = schedule.expand(COMPACT)
+    np.testing.assert_array_equal(visits, PLAN.visits)
+
+
+def test_lower_bound_takes_either_table():
+    assert schedule.lower_bound(COMPACT) == COMPACT.lower_bound() == schedule.lower_bound(PLAN)
+    with pytest.raises(TypeError, match=r"^plan: expected a schedule table .*, got NoneType None$"):
+        schedule.lower_bound(None)
