@@ -11,7 +11,7 @@ from . import compact_device, schedule
 CLI_MAX_SIMULATED_VISITS = 1 << 24    # above: the CLI analyses compact records (the per-visit tables need GBs)
 SCAN_STATS_VISITS = 1 << 26           # the windowed-count figures look at about this many visits (every k-th column)
 POLICY_ORDER = ("fa3", "descending", "shift", "symmetric_shift")
-ROW_BYTES = 20                        # per-visit table: visits (4 int32) + rank (int32)
+ROW_BYTES = schedule.ROW_BYTES         # per-visit table: visits (4 int32) + rank (int32)
 
 
 def scan_figures(plan, max_visits=SCAN_STATS_VISITS) -> tuple:

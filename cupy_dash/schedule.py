@@ -117,6 +117,7 @@ AUTO_TOLERANCE = 0.03
 AUTO_FEW_GROUPED = 2
 AUTO_MAX_SIMULATED_VISITS = 1 << 21   # above: auto decides by the column model (cupy_dash.compact), not per visit
 MODELS = ("dag", "engine")
+ROW_BYTES = 20          # a visit in a per-visit table: its int32 row (cta, head, n_block, m_block) and int32 rank
 
 
 class Schedule:
@@ -260,9 +261,14 @@ def build(policy: str = "auto", *, seqlen_q: int, seqlen_k: int, block_m: int, b
     one KV head, H // Hkv (1 for MHA, H for MQA; it must divide num_heads); num_sms the number of persistent CTAs
     that run concurrently (any value >= 1; the table uses min(num_sms, number of work units) CTAs); window the
     sliding window (left, right), -1 unbounded (stored in :func:`canonical_window` form as ``plan.window``).
+
+    A table above ``compact_device.AUTO_VISITS`` (2^24) visits, where the backward switches to compact tables,
+    raises ValueError saying how big it would be, before allocating anything (unless CUPY_DASH_COMPACT_TABLES=0):
+    :func:`build_compact` builds the same schedule as per-column records, in O(columns).
     """
     args = _checked_args(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms, group_size,
                          window)
+    _check_table_size(policy, *args)
     if policy == "auto":
         return _build_auto(*args)
     return _build(policy, *args)
@@ -278,6 +284,40 @@ def _checked_args(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causa
     sq, sk, causal = _positive_int("seqlen_q", seqlen_q), _positive_int("seqlen_k", seqlen_k), _flag("causal", causal)
     return (sq, sk, _positive_int("block_m", block_m), _positive_int("block_n", block_n),
             heads, causal, _positive_int("num_sms", num_sms), group, canonical_window(window, sq, sk, causal))
+
+
+def _check_table_size(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms, group_size,
+                      window):
+    """ValueError if the per-visit table of this problem (build()'s checked arguments) would hold more than
+    compact_device.AUTO_VISITS visits, the size above which the backward uses compact tables, unless
+    CUPY_DASH_COMPACT_TABLES=0 asks for per-visit tables of any size (as it does of the backward). The visits are
+    counted in O(KV tiles), or bounded below in O(1) by one per head and visible KV tile where that bound already
+    exceeds the limit (2^40 tokens: no count over 2^33 KV tiles)."""
+    import os
+    from . import compact, compact_device
+    limit = compact_device.AUTO_VISITS
+    num_n_blocks = -(-seqlen_k // block_n)
+    if num_heads * -(-seqlen_q // block_m) * num_n_blocks <= limit or os.environ.get(compact_device.ENV) == "0":
+        return
+    columns = num_n_blocks - unseen_keys(seqlen_q, seqlen_k, causal, window) // block_n    # visible KV tiles
+    if num_heads * columns > limit:
+        visits, about = num_heads * columns, "at least "
+    else:
+        visits, about = compact.num_visits(seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, window), ""
+    if visits <= limit:
+        return
+    mask = "causal" if causal else "full"
+    what = (f"schedule.build({policy!r}, seqlen_q={seqlen_q}, seqlen_k={seqlen_k}, block_m={block_m}, "
+            f"block_n={block_n}, num_heads={num_heads}, {mask} mask): the per-visit table would hold {about}{visits} "
+            f"visits ({about}{visits * ROW_BYTES / 1e9:.3g} GB at {ROW_BYTES} bytes a visit), above the {limit} "
+            f"visits where the backward switches to compact tables")
+    tiles = max(-(-seqlen_q // block_m), num_n_blocks)
+    if tiles >= 1 << 31:
+        raise ValueError(f"{what}; no table holds this problem: schedule.build_compact's records number Q and KV "
+                         f"tiles with int32, and it has {tiles} tiles on one side")
+    raise ValueError(f"{what}. Use schedule.build_compact(...) with the same arguments: the same schedule as one "
+                     f"record per KV column ({num_heads // group_size * columns} columns), in O(columns) time and "
+                     f"memory (CUPY_DASH_COMPACT_TABLES=0 lets build make per-visit tables of any size)")
 
 
 @functools.lru_cache(maxsize=64)
