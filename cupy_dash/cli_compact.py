@@ -3,15 +3,16 @@ schedules of one problem from their compact records, in O(columns) time and memo
 per-visit simulation (see cupy_dash.compact)."""
 from __future__ import annotations
 
+import os
 import sys
 import time
 
-from . import compact_device, schedule
+from . import compact, compact_device, schedule
 
 CLI_MAX_SIMULATED_VISITS = 1 << 24    # above: the CLI analyses compact records (the per-visit tables need GBs)
 SCAN_STATS_VISITS = 1 << 26           # the windowed-count figures look at about this many visits (every k-th column)
 POLICY_ORDER = ("fa3", "descending", "shift", "symmetric_shift")
-ROW_BYTES = 20                        # per-visit table: visits (4 int32) + rank (int32)
+ROW_BYTES = schedule.ROW_BYTES         # per-visit table: visits (4 int32) + rank (int32)
 
 
 def scan_figures(plan, max_visits=SCAN_STATS_VISITS) -> tuple:
@@ -26,10 +27,32 @@ def scan_figures(plan, max_visits=SCAN_STATS_VISITS) -> tuple:
             stride)
 
 
+def auto_line(plan) -> str:
+    """What ``auto`` runs in the backward of ``plan``'s problem (a Schedule or CompactSchedule: its lengths, tiles,
+    heads, mask, CTAs), in one line: the table form and the policy of compact_device.backward_auto, and why."""
+    problem = (plan.seqlen_q, plan.seqlen_k, plan.block_m, plan.block_n, plan.num_heads, plan.causal, plan.num_sms,
+               plan.group_size, tuple(plan.window))
+    policy, compact_tables = compact_device.backward_auto(*problem)
+    env = os.environ.get(compact_device.ENV, "")
+    limit = compact_device.AUTO_VISITS
+    form = f"{compact_device.ENV}={env}" if env else \
+        f"{plan.num_visits} visits {'>' if compact_tables else '<='} {limit} per table"
+    if compact_tables:
+        rule = ("the fastest closed-form rank rule (a counted rank, shift or symmetric_shift, runs the compact dQ "
+                "writer at about half speed: benchmarks/RESULTS.md)")
+    else:
+        c, r = schedule.AUTO_COSTS
+        gqa = ", or descending for few grouped columns per CTA" if plan.group_size > 1 else ""
+        rule = (f"schedule.build's choice: the lowest makespan in the engine model with c={c:g}, r={r:g} "
+                f"(by {compact.auto_method(*problem)}{gqa})")
+    return (f"auto picks {policy!r}: the backward of this problem uses {'compact' if compact_tables else 'per-visit'} "
+            f"tables ({form}), where auto is {rule}")
+
+
 def analyse_compact(*, seqlen_q, seqlen_k, block_m, block_n, heads, causal, num_sms, c=1.0, r=0.25, model="dag",
                     group_size=1, window=(-1, -1)):
     """Build and check (record-level proof) every policy's compact records and evaluate the column model;
-    returns (rows, auto's choice, how auto chose)."""
+    returns one row (dict) per policy."""
     kw = dict(seqlen_q=seqlen_q, seqlen_k=seqlen_k, block_m=block_m, block_n=block_n, num_heads=heads,
               causal=causal, num_sms=num_sms, group_size=group_size, window=window)
     rows = []
@@ -40,11 +63,10 @@ def analyse_compact(*, seqlen_q, seqlen_k, block_m, block_n, heads, causal, num_
         plan.validate()
         rows.append({"policy": policy, "plan": plan, "build_s": built, "makespan": plan.model_makespan(c, r, model),
                      "bound": plan.lower_bound(c, r, model), "scan": scan_figures(plan)})
-    auto = schedule.build_compact("auto", **kw)
-    return rows, auto.policy, auto.auto_method
+    return rows
 
 
-def print_compact(rows, auto, method, *, c, r, model, reason, file=None):
+def print_compact(rows, *, c, r, model, reason, file=None):
     file = sys.stdout if file is None else file
     plan = rows[0]["plan"]
     mask = "causal" if plan.causal else "full"
@@ -77,15 +99,13 @@ def print_compact(rows, auto, method, *, c, r, model, reason, file=None):
               f"{row['makespan'] / row['bound']:>8.3f} {scan:>26}", file=file)
     if any(not row["plan"].column_model_applies for row in rows):
         print("* the column model misses this table's waits (columns of unequal length walked on their own "
-              "clocks): a lower estimate, not offered to auto", file=file)
+              "clocks): a lower estimate, which schedule.build's choice by the column model leaves out", file=file)
     print(f"rank: records the dQ writer compares per visit within the column's scan bounds (all: against every "
           f"column of the KV head that visits the tile); closed form: fa3 / descending add in n order"
           f"{'; ~: over the visits of every k-th column' if any(r['scan'] and r['scan'][2] > 1 for r in rows) else ''}",
           file=file)
-    print(f"lower bound {rows[0]['bound']:.1f}; auto picks {auto!r} ({method})", file=file)
-    print(f"the backward's compact build runs auto as {compact_device.KERNEL_AUTO!r}: its dQ writer derives counted "
-          f"ranks (shift, symmetric_shift) at about half the speed of the closed forms (benchmarks/RESULTS.md)",
-          file=file)
+    print(f"lower bound {rows[0]['bound']:.1f}", file=file)
+    print(auto_line(plan), file=file)
 
 
 def _mb(nbytes):

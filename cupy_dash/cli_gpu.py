@@ -1,7 +1,7 @@
 """GPU commands of ``python -m cupy_dash``: the default job, ``demo`` and ``bench``.
 
-* no subcommand: on a Hopper GPU, the demo; without a CUDA GPU, the schedule analysis of a default training
-  shape (which needs no GPU).
+* no subcommand: on a Hopper GPU, the demo; without one, ``python -m cupy_dash schedule`` on a default causal
+  training shape in the engine model (:func:`default_analysis_argv`; it needs no GPU), which it names first.
 * ``demo``: one shape, forward + backward with every schedule: bitwise repeatability, error against the float64
   reference on a slice, TFLOP/s. Well under a minute once the kernels are compiled.
 * ``bench``: the front end of :mod:`cupy_dash.bench`.
@@ -20,20 +20,9 @@ FALLBACK_TILE = (64, 128)          # (block_m, block_n) when cupy_dash.kernels i
 
 
 def _gpu_state():
-    """``("none" | "other" | "hopper", description)`` of CUDA device 0, never raising."""
-    try:
-        import cupy
-        if not cupy.cuda.is_available():
-            return "none", "no CUDA device"
-        dev = cupy.cuda.Device(0)
-        cc = str(dev.compute_capability)
-        props = cupy.cuda.runtime.getDeviceProperties(0)
-        name = props["name"]
-        name = name.decode() if isinstance(name, bytes) else str(name)
-        desc = f"{name} (sm_{cc}, {int(props['multiProcessorCount'])} SMs)"
-    except Exception as exc:  # any CUDA error while querying counts as "no GPU"
-        return "none", f"{type(exc).__name__}: {exc}"
-    return ("hopper" if cc == "90" else "other"), desc
+    """``("none" | "other" | "hopper", description)`` of CUDA device 0, never raising (:func:`cupy_dash.gpu.state`)."""
+    from . import gpu
+    return gpu.state(0)
 
 
 def _analysis_tile():
@@ -45,15 +34,30 @@ def _analysis_tile():
         return FALLBACK_TILE
 
 
-def print_default_analysis(file=None):
-    from . import cli_schedule
+def default_analysis_argv() -> list:
+    """The ``python -m cupy_dash schedule`` arguments of the default job's analysis: ANALYSIS_SHAPE with the
+    backward's tiles for its head dim, in the engine model with auto's costs (schedule.AUTO_COSTS)."""
+    from .schedule import AUTO_COSTS
     block_m, block_n = _analysis_tile()
     s = ANALYSIS_SHAPE
-    from .schedule import AUTO_COSTS
     c, r = AUTO_COSTS
-    cli_schedule.print_analysis(seqlen_q=s["seqlen"], seqlen_k=s["seqlen"], block_m=block_m, block_n=block_n,
-                                heads=s["heads"], causal=s["causal"], num_sms=s["num_sms"], c=c, r=r,
-                                model="engine", file=sys.stdout if file is None else file)
+    return ["--seqlen-q", str(s["seqlen"]), "--heads", str(s["heads"]), "--num-sms", str(s["num_sms"]),
+            "--block-m", str(block_m), "--block-n", str(block_n)] + (["--causal"] if s["causal"] else []) + \
+        ["--model", "engine", "--c", f"{c:g}", "--r", f"{r:g}"]
+
+
+def print_default_analysis(why: str = "No Hopper GPU") -> int:
+    """The default job without a Hopper GPU (``why``: what there is instead): ``python -m cupy_dash schedule``
+    with :func:`default_analysis_argv` (one path: the schedule command itself), after a line that gives that
+    command and how it differs from the command's own defaults (a full mask in the paper's DAG model). Returns
+    the command's exit status."""
+    from . import cli_schedule
+    argv = default_analysis_argv()
+    mask = "causal " if ANALYSIS_SHAPE["causal"] else ""
+    print(f"{why}, so no demo: showing `python -m cupy_dash schedule {' '.join(argv)}`, a {mask}training shape "
+          f"(head dim {ANALYSIS_SHAPE['head_dim']}) in the engine model that auto uses (without these options the "
+          f"schedule command shows a full mask in the paper's DAG model).")
+    return cli_schedule.main(argv)
 
 
 def default_main(argv=None):
@@ -62,11 +66,8 @@ def default_main(argv=None):
     if state == "hopper":
         return demo_main(argv)
     if state == "none":
-        print("No CUDA GPU found: showing the schedule analysis only.")
-    else:
-        print(f"{desc} is not a Hopper GPU (the kernels need sm_90a): showing the schedule analysis only.")
-    print_default_analysis()
-    return 0
+        return print_default_analysis("No CUDA GPU found")
+    return print_default_analysis(f"{desc} is not a Hopper GPU (the kernels need sm_90a)")
 
 
 # ----------------------------------------------------------------------------------------------------------------

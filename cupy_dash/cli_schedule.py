@@ -9,8 +9,8 @@ import sys
 
 import numpy as np
 
-from . import compact, schedule
-from .cli_compact import CLI_MAX_SIMULATED_VISITS, analyse_compact, print_compact
+from . import compact, compact_device, schedule
+from .cli_compact import CLI_MAX_SIMULATED_VISITS, analyse_compact, auto_line, print_compact
 
 POLICY_ORDER = ("fa3", "descending", "shift", "symmetric_shift")
 COLOURS = {"idle": "#ffffff", "compute": "#4c72b0", "reduce": "#55a868", "wait": "#c44e52"}
@@ -18,7 +18,8 @@ COLOURS = {"idle": "#ffffff", "compute": "#4c72b0", "reduce": "#55a868", "wait":
 
 def analyse(*, seqlen_q, seqlen_k, block_m, block_n, heads, causal, num_sms, c=1.0, r=0.25, model="dag",
             group_size=1, window=(-1, -1)):
-    """Build, validate and simulate every policy; returns a list of dicts (one per policy) and auto's choice.
+    """Build, validate and simulate every policy; returns a list of dicts (one per policy) and what auto runs in
+    the backward of this problem (compact_device.backward_auto, as :func:`cli_compact.auto_line` says).
     ``wait`` sums, over the visits, the time from a visit's dQ being ready to its reduction starting. heads
     counts (batch, query head) pairs, group_size query heads per KV head (GQA), window the sliding window
     (left, right)."""
@@ -32,9 +33,9 @@ def analyse(*, seqlen_q, seqlen_k, block_m, block_n, heads, causal, num_sms, c=1
         bound = schedule.lower_bound(plan, c, r, model)
         rows.append({"policy": policy, "plan": plan, "timeline": tl, "makespan": tl["makespan"], "bound": bound,
                      "wait": wait})
-    auto = schedule.build("auto", seqlen_q=seqlen_q, seqlen_k=seqlen_k, block_m=block_m, block_n=block_n,
-                          num_heads=heads, causal=causal, num_sms=num_sms, group_size=group_size,
-                          window=window).policy
+    plan = rows[0]["plan"]
+    auto, _ = compact_device.backward_auto(seqlen_q, seqlen_k, block_m, block_n, heads, plan.causal, num_sms,
+                                           group_size, plan.window)
     return rows, auto
 
 
@@ -62,7 +63,8 @@ def print_analysis(*, seqlen_q, seqlen_k, block_m, block_n, heads, causal, num_s
         work = p.num_visits * (c + r if model == "dag" else c)
         print(f"{row['policy']:<16} {p.num_ctas:>5} {p.num_visits:>10} {row['makespan']:>11.2f} "
               f"{row['makespan'] / row['bound']:>8.3f} {row['wait'] / work:>12.3%}", file=file)
-    print(f"lower bound {rows[0]['bound']:.2f}; auto picks {auto!r}", file=file)
+    print(f"lower bound {rows[0]['bound']:.2f}", file=file)
+    print(auto_line(plan), file=file)
     return rows, auto
 
 
@@ -221,14 +223,14 @@ def main(argv=None):
             return 2
         reason = "--compact" if args.compact else f"{visits} visits per table > {CLI_MAX_SIMULATED_VISITS}"
         try:
-            rows, auto, method = analyse_compact(seqlen_q=args.seqlen_q, seqlen_k=seqlen_k, block_m=args.block_m,
-                                                 block_n=args.block_n, heads=args.heads, causal=args.causal,
-                                                 num_sms=args.num_sms, c=args.c, r=args.r, model=args.model,
-                                                 group_size=args.group_size, window=args.window)
+            rows = analyse_compact(seqlen_q=args.seqlen_q, seqlen_k=seqlen_k, block_m=args.block_m,
+                                   block_n=args.block_n, heads=args.heads, causal=args.causal, num_sms=args.num_sms,
+                                   c=args.c, r=args.r, model=args.model, group_size=args.group_size,
+                                   window=args.window)
         except (ValueError, TypeError) as exc:
             print(f"cupy_dash schedule: error: {exc}", file=sys.stderr)
             return 2
-        print_compact(rows, auto, method, c=args.c, r=args.r, model=args.model, reason=reason)
+        print_compact(rows, c=args.c, r=args.r, model=args.model, reason=reason)
         return 0
     try:
         result = analyse(seqlen_q=args.seqlen_q, seqlen_k=seqlen_k, block_m=args.block_m, block_n=args.block_n,

@@ -240,7 +240,11 @@ def _build_compact(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, caus
 
 def expand(plan: CompactSchedule) -> tuple:
     """(visits, rank, cta_start): the per-visit arrays of ``plan``, equal to :func:`schedule.build`'s for the
-    same arguments (ranks derived independently, by sorting every dQ tile's visits by key)."""
+    same arguments (ranks derived independently, by sorting every dQ tile's visits by key). Raises TypeError
+    naming ``plan`` unless it is compact records."""
+    schedule._table_arg(plan, ("records", "cta_columns", "cta_col_start", "num_m_blocks", "n_first",
+                               "columns_per_head", "group_size", "tie_sign"),
+                        "compact records (a CompactSchedule from schedule.build_compact(...))")
     return _compact_view.expand(plan.records, plan.cta_columns, plan.cta_col_start, plan.num_m_blocks,
                                 plan.n_first, plan.columns_per_head, plan.group_size, plan.tie_sign)
 

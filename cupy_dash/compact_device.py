@@ -21,7 +21,7 @@ import threading
 
 import numpy as np
 
-from . import compact
+from . import compact, schedule
 
 ENV = "CUPY_DASH_COMPACT_TABLES"
 _MAX_TABLES = 8
@@ -46,6 +46,22 @@ def wanted(seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, window) -> b
     if env:
         return env != "0"
     return compact.num_visits(seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, window) > AUTO_VISITS
+
+
+def auto_policy(compact_tables: bool, *problem) -> str:
+    """What ``auto`` runs in each form of the backward's tables, the one place that decides it: compact tables take
+    KERNEL_AUTO (the fastest closed-form rank rule: module docstring); per-visit tables take schedule.build's
+    choice for ``problem`` (schedule._checked_args's tuple, not needed for compact tables)."""
+    return KERNEL_AUTO if compact_tables else schedule._auto_choice(*problem)
+
+
+def backward_auto(*problem) -> tuple:
+    """``(policy, compact_tables)``: what a backward of ``problem`` (schedule._checked_args's tuple: seqlen_q,
+    seqlen_k, block_m, block_n, num_heads = B * H, causal, num_sms = co-resident CTAs, group_size, window) runs
+    for ``schedule="auto"``, and whether in compact tables (:func:`wanted`; then :func:`auto_policy`)."""
+    seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, _, _, window = problem
+    compact_tables = wanted(seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, window)
+    return auto_policy(compact_tables, *problem), compact_tables
 
 
 def device_arrays(plan: compact.CompactSchedule) -> dict:
@@ -115,7 +131,7 @@ def device_tables(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causa
     plan and device."""
     import cupy
     if policy == "auto":
-        policy = KERNEL_AUTO
+        policy = auto_policy(True)
     plan = compact.build_compact(policy, seqlen_q=seqlen_q, seqlen_k=seqlen_k, block_m=block_m, block_n=block_n,
                                  num_heads=num_heads, causal=causal, num_sms=num_ctas, group_size=group_size,
                                  window=tuple(window))

@@ -40,6 +40,7 @@ try:
 except ImportError:                      # not POSIX: no inter-process lock (entries are still written atomically)
     fcntl = None
 
+from . import gpu
 from ._version import __version__
 
 ARCH = "sm_90a"
@@ -480,6 +481,7 @@ def load(spec):
     fn = _loaded.get(memo_key)
     if fn is not None:
         return fn
+    gpu.require(f"cupy_dash (loading the kernel {spec.label})", dev)   # once per device: not another GPU model
     with _load_lock:
         fn = _loaded.get(memo_key)
         if fn is not None:

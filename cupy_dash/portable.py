@@ -15,7 +15,10 @@ def reduction_order(plan) -> tuple:
       ascending (head, m_block).
 
     Two tables with equal orders give bitwise equal dq, dk, dv (the kernel's arithmetic per visit does not
-    depend on the CTA that runs it)."""
+    depend on the CTA that runs it). Raises TypeError naming ``plan`` for anything else."""
+    from .schedule import _table_arg        # schedule imports this module
+    _table_arg(plan, ("visits", "rank"), "a per-visit schedule table (a Schedule from schedule.build(...), or an "
+               "object with visits, rank and optionally group_size)")
     visits = np.asarray(plan.visits, dtype=np.int64)
     rank = np.asarray(plan.rank, dtype=np.int64)
     g = int(getattr(plan, "group_size", 1))

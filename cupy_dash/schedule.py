@@ -117,6 +117,7 @@ AUTO_TOLERANCE = 0.03
 AUTO_FEW_GROUPED = 2
 AUTO_MAX_SIMULATED_VISITS = 1 << 21   # above: auto decides by the column model (cupy_dash.compact), not per visit
 MODELS = ("dag", "engine")
+ROW_BYTES = 20          # a visit in a per-visit table: its int32 row (cta, head, n_block, m_block) and int32 rank
 
 
 class Schedule:
@@ -260,9 +261,14 @@ def build(policy: str = "auto", *, seqlen_q: int, seqlen_k: int, block_m: int, b
     one KV head, H // Hkv (1 for MHA, H for MQA; it must divide num_heads); num_sms the number of persistent CTAs
     that run concurrently (any value >= 1; the table uses min(num_sms, number of work units) CTAs); window the
     sliding window (left, right), -1 unbounded (stored in :func:`canonical_window` form as ``plan.window``).
+
+    A table above ``compact_device.AUTO_VISITS`` (2^24) visits, where the backward switches to compact tables,
+    raises ValueError saying how big it would be, before allocating anything (unless CUPY_DASH_COMPACT_TABLES=0):
+    :func:`build_compact` builds the same schedule as per-column records, in O(columns).
     """
     args = _checked_args(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms, group_size,
                          window)
+    _check_table_size(policy, *args)
     if policy == "auto":
         return _build_auto(*args)
     return _build(policy, *args)
@@ -278,6 +284,40 @@ def _checked_args(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causa
     sq, sk, causal = _positive_int("seqlen_q", seqlen_q), _positive_int("seqlen_k", seqlen_k), _flag("causal", causal)
     return (sq, sk, _positive_int("block_m", block_m), _positive_int("block_n", block_n),
             heads, causal, _positive_int("num_sms", num_sms), group, canonical_window(window, sq, sk, causal))
+
+
+def _check_table_size(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms, group_size,
+                      window):
+    """ValueError if the per-visit table of this problem (build()'s checked arguments) would hold more than
+    compact_device.AUTO_VISITS visits, the size above which the backward uses compact tables, unless
+    CUPY_DASH_COMPACT_TABLES=0 asks for per-visit tables of any size (as it does of the backward). The visits are
+    counted in O(KV tiles), or bounded below in O(1) by one per head and visible KV tile where that bound already
+    exceeds the limit (2^40 tokens: no count over 2^33 KV tiles)."""
+    import os
+    from . import compact, compact_device
+    limit = compact_device.AUTO_VISITS
+    num_n_blocks = -(-seqlen_k // block_n)
+    if num_heads * -(-seqlen_q // block_m) * num_n_blocks <= limit or os.environ.get(compact_device.ENV) == "0":
+        return
+    columns = num_n_blocks - unseen_keys(seqlen_q, seqlen_k, causal, window) // block_n    # visible KV tiles
+    if num_heads * columns > limit:
+        visits, about = num_heads * columns, "at least "
+    else:
+        visits, about = compact.num_visits(seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, window), ""
+    if visits <= limit:
+        return
+    mask = "causal" if causal else "full"
+    what = (f"schedule.build({policy!r}, seqlen_q={seqlen_q}, seqlen_k={seqlen_k}, block_m={block_m}, "
+            f"block_n={block_n}, num_heads={num_heads}, {mask} mask): the per-visit table would hold {about}{visits} "
+            f"visits ({about}{visits * ROW_BYTES / 1e9:.3g} GB at {ROW_BYTES} bytes a visit), above the {limit} "
+            f"visits where the backward switches to compact tables")
+    tiles = max(-(-seqlen_q // block_m), num_n_blocks)
+    if tiles >= 1 << 31:
+        raise ValueError(f"{what}; no table holds this problem: schedule.build_compact's records number Q and KV "
+                         f"tiles with int32, and it has {tiles} tiles on one side")
+    raise ValueError(f"{what}. Use schedule.build_compact(...) with the same arguments: the same schedule as one "
+                     f"record per KV column ({num_heads // group_size * columns} columns), in O(columns) time and "
+                     f"memory (CUPY_DASH_COMPACT_TABLES=0 lets build make per-visit tables of any size)")
 
 
 @functools.lru_cache(maxsize=64)
@@ -311,6 +351,37 @@ def _build_auto(*args):
     return _build(_auto_choice(*args), *args)
 
 
+_PER_VISIT = ("visits", "rank", "cta_start", "num_heads", "num_m_blocks", "column_ranges|column_starts")
+_PER_VISIT_WHAT = ("a per-visit schedule table (a Schedule from schedule.build(...), or an object with visits, rank, "
+                   "cta_start, num_heads, num_m_blocks and column_ranges())")
+
+
+def _table_arg(plan, needs=_PER_VISIT, what=_PER_VISIT_WHAT, name="plan"):
+    """``plan`` if it has every attribute in ``needs`` ("a|b": either); else TypeError naming ``name``, saying
+    ``what`` it must be and, for the usual mix-ups (a policy name, compact records where a per-visit table is
+    needed, or the reverse), what to call instead."""
+    missing = [n for n in needs if not any(hasattr(plan, a) for a in n.split("|"))]
+    if not missing:
+        return plan
+    per_visit, compact = "visits" in needs, "records" in needs
+    if isinstance(plan, str):
+        got = f"str {plan!r}"
+        hint = (f" (a policy name: build its table first, schedule.build{'_compact' if compact else ''}({plan!r}, "
+                f"seqlen_q=..., ...))" if plan in POLICIES else "")
+    else:
+        scalar = plan is None or isinstance(plan, (bool, numbers.Number))
+        got = f"{type(plan).__name__} {plan!r}" if scalar else type(plan).__name__
+        hint = ""
+        if per_visit and hasattr(plan, "to_schedule"):
+            hint = (" (compact records: plan.to_schedule() is their per-visit table; plan.model_makespan() and "
+                    "plan.lower_bound() evaluate the column model)")
+        elif per_visit and hasattr(plan, "records"):
+            hint = " (compact records: their expand() gives the per-visit arrays)"
+        elif compact and hasattr(plan, "visits"):
+            hint = " (a per-visit table already: its visits, rank and cta_start are what expand returns)"
+    raise TypeError(f"{name}: expected {what}, got {got}{hint}")
+
+
 def _engine(model: str) -> bool:
     if model not in MODELS:
         raise ValueError(f"model must be one of {MODELS}, got {model!r}")
@@ -323,6 +394,7 @@ def simulate(plan: Schedule, c: float = 1.0, r: float = 0.25, model: str = "dag"
     has reduced. ``model="engine"``: the Hopper kernel's pipeline (see the module docstring).
 
     ``c`` must be finite and > 0, ``r`` finite and >= 0 (ValueError naming the argument otherwise)."""
+    _table_arg(plan)
     c, r = _costs(c, r)
     lo, hi = _ranges(plan)
     makespan, _, _, _ = _schedule.analyze_table(plan.visits, plan.rank, plan.cta_start, plan.num_heads,
@@ -335,6 +407,7 @@ def timeline(plan: Schedule, c: float = 1.0, r: float = 0.25, model: str = "dag"
     """Per-visit simulated timeline: float64 arrays (V,) ``compute_start``, ``reduce_start`` (in the DAG model
     the wait of a visit is reduce_start - compute_start - c) and (num_ctas,) ``finish``; plus ``makespan``.
     ``c`` and ``r`` are checked as in :func:`simulate`."""
+    _table_arg(plan)
     c, r = _costs(c, r)
     lo, hi = _ranges(plan)
     makespan, finish, comp, red = _schedule.analyze_table(plan.visits, plan.rank, plan.cta_start, plan.num_heads,
@@ -359,6 +432,8 @@ def lower_bound(plan: Schedule, c: float = 1.0, r: float = 0.25, model: str = "d
     """No schedule beats max(total work / num_sms, the longest KV column's chain: group_size times the most
     unmasked Q tiles of a KV tile), where a visit costs c + r in the DAG model and max(c, r) in the engine model
     (compute and reduction overlap). ``c`` and ``r`` are checked as in :func:`simulate`."""
+    _table_arg(plan, ("num_visits", "num_sms", "column_ranges|column_starts"), "a schedule table (a Schedule from "
+               "schedule.build(...) or a CompactSchedule from schedule.build_compact(...))")
     c, r = _costs(c, r)
     lo, hi = _ranges(plan)
     longest = _group_size(plan) * int((hi - lo).max())

@@ -21,7 +21,7 @@ import os
 import cupy
 import numpy as np
 
-from . import _varlen_pack, api, compact_device, fastpath_varlen, interop, kernels, launchers, varlen_device, \
+from . import _varlen_pack, api, compact_device, fastpath_varlen, gpu, interop, kernels, launchers, varlen_device, \
     varlen_host_cu
 from . import schedule as _schedule
 from .errors import _acquire_slot, _keep_alive, _spin_timeout_ms, check_errors, poll_errors as _poll_errors
@@ -205,7 +205,9 @@ def prepare_varlen_backward(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
     that knows the next batches' packings (the caches hold 16 packings per device). Thread-safe. The upload is
     enqueued on ``stream`` (a CuPy stream; default: a stream of this call's own) and the backward waits for it on
     its own stream. ``total_q`` / ``total_k`` are the last entries of the cu_seqlens. Raises ValueError as the
-    backward would for bad lengths, flags or sizes."""
+    backward would for bad lengths, flags or sizes (TypeError for a ``device`` that is not an int >= 0), then,
+    before touching the device, RuntimeError unless CUDA device ``device`` is a Hopper GPU
+    (:func:`cupy_dash.gpu.require`: no GPU, no driver, another GPU)."""
     causal = api._check_flag("causal", causal)
     deterministic = api._check_flag("deterministic", deterministic)
     window = api._check_window(window, causal)
@@ -227,8 +229,14 @@ def prepare_varlen_backward(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
             and num_heads >= num_heads_kv and num_heads % num_heads_kv == 0):
         raise ValueError(f"num_heads, num_heads_kv: expected ints with num_heads % num_heads_kv == 0, got "
                          f"{num_heads}, {num_heads_kv}")
+    if isinstance(device, bool) or not isinstance(device, numbers.Integral) or device < 0:
+        raise TypeError(f"device: expected a CUDA device ordinal (an int >= 0), got {type(device).__name__} "
+                        f"{device!r}")
+    device = int(device)
     window = _schedule.canonical_window(window, max_q, max_k, causal)
     lens_q, lens_k = (np.diff(c).astype(np.int64) for c in hosts)
+    gpu.require("cupy_dash.prepare_varlen_backward (it builds the schedule table for the GPU's co-resident CTAs "
+                "and uploads it)", device)
     with cupy.cuda.Device(device):
         tables, _, _, _ = _tables(device, dtype, head_dim, causal, deterministic, schedule, lens_q, lens_k,
                                   num_heads, num_heads_kv, window)

@@ -21,9 +21,17 @@ import json
 import math
 import time
 
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
+if __name__ == "__main__":             # before torch is imported: one line, not a traceback, where anything is missing
+    from preflight import require
+
+    def _torch_cuda():
+        import torch
+        return None if torch.cuda.is_available() else f"a CUDA build of PyTorch (torch {torch.__version__} sees no GPU)"
+    require("torch", "pip install torch", _torch_cuda)
+
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 VOCAB, D_MODEL, LAYERS, HEADS, KV_HEADS, HEAD_DIM, SEQ, BATCH = 256, 256, 4, 8, 2, 64, 512, 16
 

@@ -101,3 +101,76 @@ def test_api_flags_accept_bool_and_numpy_bool(call, flag, good):
     # numpy arrays are host memory: the flag passes and the device check is the next to object
     with pytest.raises(ValueError, match="expected a tensor on a CUDA device"):
         CALLS[call](q, lse, **{flag: good})
+
+
+# ------------------------------------------------------------------------------------------------ plans
+COMPACT = schedule.build_compact("shift", seqlen_q=512, seqlen_k=512, block_m=64, block_n=128, num_heads=2,
+                                 causal=False, num_sms=3)
+PER_VISIT_CALLS = {"simulate": schedule.simulate, "timeline": schedule.timeline,
+                   "reduction_order": schedule.reduction_order}
+
+
+@pytest.mark.parametrize("call", list(PER_VISIT_CALLS))
+@pytest.mark.parametrize("bad, got", [("shift", r"got str 'shift' \(a policy name: build its table first, "
+                                                r"schedule.build\('shift'"),
+                                      (None, "got NoneType None$"), (3, "got int 3$"),
+                                      (COMPACT, r"got CompactSchedule \(compact records: plan.to_schedule\(\)")],
+                         ids=["policy-name", "None", "int", "compact"])
+def test_per_visit_functions_name_the_plan(call, bad, got):
+    """A policy name, None or compact records where a per-visit table is needed: TypeError naming ``plan`` and
+    what it must be, not an AttributeError from inside."""
+    with pytest.raises(TypeError, match=rf"^plan: expected a per-visit schedule table \(a Schedule from "
+                                        rf"schedule.build\(\.\.\.\), .*{got}"):
+        PER_VISIT_CALLS[call](bad)
+
+
+def test_expand_takes_compact_records_only():
+    with pytest.raises(TypeError, match=r"^plan: expected compact records \(a CompactSchedule from "
+                                        r"schedule.build_compact\(\.\.\.\)\), got Schedule \(a per-visit table "
+                                        r"already"):
+        schedule.expand(PLAN)
+    with pytest.raises(TypeError, match=r"got str 'shift' \(a policy name: .*schedule.build_compact\('shift'"):
+        schedule.expand("shift")
+    visits, rank, cta_start = schedule.expand(COMPACT)
+    np.testing.assert_array_equal(visits, PLAN.visits)
+
+
+def test_lower_bound_takes_either_table():
+    assert schedule.lower_bound(COMPACT) == COMPACT.lower_bound() == schedule.lower_bound(PLAN)
+    with pytest.raises(TypeError, match=r"^plan: expected a schedule table .*, got NoneType None$"):
+        schedule.lower_bound(None)
+
+
+# ------------------------------------------------------------------------------------------------ sizes
+LONG = dict(block_m=64, block_n=128, num_heads=16, num_sms=132)
+
+
+def test_build_refuses_a_per_visit_table_above_the_compact_switch(monkeypatch):
+    """Above compact_device.AUTO_VISITS visits (where the backward takes compact tables) build raises ValueError
+    with the table's size and build_compact, before allocating (was numpy's MemoryError)."""
+    monkeypatch.delenv("CUPY_DASH_COMPACT_TABLES", raising=False)
+    with pytest.raises(ValueError, match=r"^schedule.build\('auto', seqlen_q=1048576, .*causal mask\): the per-visit "
+                                         r"table would hold 1073872896 visits \(21.5 GB at 20 bytes a visit\), above "
+                                         r"the 16777216 visits .* Use schedule.build_compact\(\.\.\.\)"):
+        schedule.build("auto", seqlen_q=1 << 20, seqlen_k=1 << 20, causal=True, **LONG)
+    with pytest.raises(ValueError, match=r"would hold 17592186044416 visits .*; no table holds this problem: "
+                                         r"schedule.build_compact's records number Q and KV tiles with int32"):
+        schedule.build("shift", seqlen_q=1 << 40, seqlen_k=8192, causal=False, **LONG)
+    with pytest.raises(ValueError, match=r"would hold at least 137438953472 visits"):     # not counted per tile
+        schedule.build("fa3", seqlen_q=1 << 40, seqlen_k=1 << 40, causal=True, **LONG)
+
+
+def test_build_keeps_tables_up_to_the_switch(monkeypatch):
+    """Up to AUTO_VISITS visits (here: a causal problem whose full rectangle would exceed it), and at any size with
+    CUPY_DASH_COMPACT_TABLES=0 (per-visit tables forced, as for the backward), build builds."""
+    from cupy_dash import compact, compact_device
+    built = []
+    monkeypatch.setattr(schedule, "_build", lambda policy, *args: built.append(policy) or policy)
+    monkeypatch.delenv("CUPY_DASH_COMPACT_TABLES", raising=False)
+    kw = dict(seqlen_q=1 << 17, seqlen_k=1 << 17, causal=True, block_m=64, block_n=128, num_heads=15, num_sms=132)
+    assert compact.num_visits(1 << 17, 1 << 17, 64, 128, 15, True, (-1, 0)) <= compact_device.AUTO_VISITS
+    assert 15 * 2048 * 1024 > compact_device.AUTO_VISITS
+    assert schedule.build("fa3", **kw) == "fa3"
+    monkeypatch.setenv("CUPY_DASH_COMPACT_TABLES", "0")
+    assert schedule.build("descending", seqlen_q=1 << 20, seqlen_k=1 << 20, causal=True, **LONG) == "descending"
+    assert built == ["fa3", "descending"]

@@ -132,3 +132,58 @@ def test_schedule_plot_writes_a_pdf(tmp_path, capsys):
     pdf = tmp_path / "gantt.pdf"
     assert cli_schedule.main([*SMALL, "--causal", "--plot", str(pdf)]) == 0
     assert pdf.read_bytes()[:5] == b"%PDF-" and f"wrote {pdf}" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------------------------ what auto is
+def _auto_lines(out):
+    return [line for line in out.splitlines() if "auto" in line and "pick" in line]
+
+
+@pytest.mark.parametrize("argv, policy, form", [
+    (["--seqlen-q", "131072", "--causal"], "descending", "compact"),        # 16793600 visits: compact tables
+    (SMALL + ["--causal"], None, "per-visit"),
+    (SMALL + ["--causal", "--compact"], None, "per-visit"),                 # the analysis's form is not the backward's
+], ids=["128k-causal", "small", "small-compact-analysis"])
+def test_schedule_says_once_what_auto_runs(monkeypatch, capsys, argv, policy, form):
+    """One line says what auto is for the problem: the backward's table form and its policy there
+    (compact_device.backward_auto), whichever analysis the command runs (the 128k problem used to say
+    'auto picks symmetric_shift' and then 'the compact build runs auto as descending')."""
+    from cupy_dash import compact_device, schedule
+    monkeypatch.delenv(compact_device.ENV, raising=False)
+    assert cli_schedule.main(argv) == 0
+    lines = _auto_lines(capsys.readouterr().out)
+    assert len(lines) == 1, lines
+    if policy is None:              # per-visit tables: schedule.build's choice for the same problem
+        policy = schedule.build("auto", seqlen_q=256, seqlen_k=256, block_m=64, block_n=128, num_heads=2,
+                                causal=True, num_sms=4).policy
+    assert lines[0].startswith(f"auto picks {policy!r}: the backward of this problem uses {form} tables (")
+    others = {"fa3", "descending", "shift", "symmetric_shift"} - {policy}
+    assert not any(f"'{p}'" in lines[0] for p in others), lines[0]
+
+
+def test_schedule_auto_follows_the_compact_tables_variable(monkeypatch, capsys):
+    monkeypatch.setenv("CUPY_DASH_COMPACT_TABLES", "1")
+    assert cli_schedule.main(SMALL + ["--causal"]) == 0
+    assert _auto_lines(capsys.readouterr().out) == [
+        "auto picks 'descending': the backward of this problem uses compact tables (CUPY_DASH_COMPACT_TABLES=1), "
+        "where auto is the fastest closed-form rank rule (a counted rank, shift or symmetric_shift, runs the compact "
+        "dQ writer at about half speed: benchmarks/RESULTS.md)"]
+
+
+def test_default_job_is_the_schedule_command_it_names(monkeypatch, capsys):
+    """Without a Hopper GPU the default job runs the schedule command with explicit options and names them (a
+    causal shape in the engine model; the command's own defaults are a full mask in the DAG model): what follows
+    its first line is exactly that command's output."""
+    monkeypatch.setattr(cli_gpu, "_gpu_state", lambda: ("none", "no CUDA device"))
+    assert run_main([]) == 0
+    first, *rest = capsys.readouterr().out.splitlines()
+    argv = cli_gpu.default_analysis_argv()
+    assert first.startswith(f"No CUDA GPU found, so no demo: showing `python -m cupy_dash schedule {' '.join(argv)}`")
+    assert "--causal" in argv and argv[argv.index("--model") + 1] == "engine"
+    assert "full mask in the paper's DAG model" in first
+    assert rest[0].startswith("Schedule analysis (engine model: compute c=1, reduce r=0.8") and "causal mask" in rest[0]
+    assert run_main(["schedule", *argv]) == 0
+    assert capsys.readouterr().out.splitlines() == rest
+    assert run_main(["schedule"]) == 0
+    header = capsys.readouterr().out.splitlines()[0]
+    assert header.startswith("Schedule analysis (DAG model") and "full mask" in header

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import cupy_dash
-from cupy_dash import api, errors, interop, kernels, launchers, tensormap, varlen, varlen_device
+from cupy_dash import api, errors, gpu, interop, kernels, launchers, tensormap, varlen, varlen_device
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
@@ -50,8 +50,8 @@ D = 128
 @pytest.fixture
 def no_gpu(monkeypatch):
     """Every GPU-touching step of the varlen API's full path replaced: tensor maps (the address in the first 8
-    bytes), operand resolution, allocations (fresh made-up addresses), the caller's stream, the device context and
-    the kernels' occupancy query (bf16, d128, causal, deterministic specs)."""
+    bytes), operand resolution, allocations (fresh made-up addresses), the caller's stream, the device context, the
+    GPU check and the kernels' occupancy query (bf16, d128, causal, deterministic specs)."""
     monkeypatch.setattr(tensormap, "bhsd_map", lambda ptr, *a, **kw: int(ptr).to_bytes(8, "little").ljust(128, b"\0"))
     monkeypatch.setattr(tensormap, "check_encodable", lambda *a, **kw: None)
     monkeypatch.setattr(api, "_resolve", lambda info, x, keep: (info.data_ptr, info.strides[:3]))
@@ -64,6 +64,7 @@ def no_gpu(monkeypatch):
     monkeypatch.setattr(api, "_export", lambda fw, arr, like: arr)
     monkeypatch.setattr(interop, "caller_stream", lambda x, dev: Stream())
     monkeypatch.setattr(varlen.cupy.cuda, "Device", lambda dev: contextlib.nullcontext())
+    monkeypatch.setattr(gpu, "require", lambda what, device=0: None)
     specs = kernels.bwd_specs("bfloat16", D, True, True, varlen=True)
     tile = kernels.bwd_tile(D)
     monkeypatch.setattr(kernels, "bwd_entry", lambda *a, **kw: (specs, tile.block_m, tile.block_n, 132))
