@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
-import math
 import os
 import platform
 import shlex
@@ -36,9 +35,10 @@ import time
 
 from .bench_host import measure_compile_times, measure_host_overhead
 from .bench_peers import Fa3Peer, fa3_subprocess, load_peers, same_bits
-from .bench_report import ATOMIC, SCHEDULES, _label, markdown_report, plot_report
+from .bench_report import _label, markdown_report, plot_report
+from .measure import ATOMIC, SCHEDULES, CupyEvents, attention_flops, random_tensor, time_calls
 
-__all__ = ["attention_flops", "main", "run", "parse_args", "SCHEDULES", "DEFAULT_SEQLENS"]
+__all__ = ["main", "run", "parse_args", "DEFAULT_SEQLENS"]
 
 TOKENS = 16384
 HIDDEN = 2048
@@ -50,86 +50,13 @@ QUICK = dict(seqlens=(1024, 4096), hdims=(128,), masks=("full", "causal"), repea
              overhead_calls=1000)
 FLUSH_BYTES = 256 << 20
 
-def attention_flops(batch, heads, seqlen_q, seqlen_k, head_dim, causal, mode="fwd"):
-    """FLOPs of one attention call, FA3 paper convention: fwd 4·B·H·Sq·Sk·D (×½ causal), bwd 2.5× fwd."""
-    f = 4.0 * batch * heads * seqlen_q * seqlen_k * head_dim
-    if causal:
-        f *= 0.5
-    if mode == "bwd":
-        f *= 2.5
-    elif mode != "fwd":
-        raise ValueError(f"mode must be 'fwd' or 'bwd', got {mode!r}")
-    return f
-
-
 def _log(msg):
     print(msg, file=sys.stderr, flush=True)
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# random inputs on the GPU
-# ----------------------------------------------------------------------------------------------------------------
-def random_tensor(shape, dtype="bf16", seed=0):
-    """Standard-normal CuPy array of ``shape`` in bf16 (ml_dtypes) or fp16, generated on the GPU.
-
-    bf16 is produced by round-to-nearest-even on the fp32 bit pattern with plain uint32 arithmetic, so no CuPy
-    kernel has to know the bf16 type.
-    """
-    import cupy
-    n = int(math.prod(shape))
-    x = cupy.random.RandomState(seed).standard_normal(n, dtype=cupy.float32)
-    if dtype in ("fp16", "float16"):
-        return x.astype(cupy.float16).reshape(shape)
-    if dtype not in ("bf16", "bfloat16"):
-        raise ValueError(f"dtype must be bf16 or fp16, got {dtype!r}")
-    import ml_dtypes
-    u = x.view(cupy.uint32)
-    bits = ((u + cupy.uint32(0x7FFF) + ((u >> cupy.uint32(16)) & cupy.uint32(1))) >> cupy.uint32(16))
-    return bits.astype(cupy.uint16).view(ml_dtypes.bfloat16).reshape(shape)
-
-
-# ----------------------------------------------------------------------------------------------------------------
 # timing
 # ----------------------------------------------------------------------------------------------------------------
-class _CupyEvents:
-    def __init__(self):
-        import cupy
-        self.cupy = cupy
-
-    def event(self):
-        return self.cupy.cuda.Event()
-
-    def record(self, ev):
-        ev.record(self.cupy.cuda.get_current_stream())
-
-    def synchronize(self, ev):
-        ev.synchronize()
-
-    def elapsed_ms(self, start, end):
-        return float(self.cupy.cuda.get_elapsed_time(start, end))
-
-
-def time_calls(calls, *, warmup, repeats, events, flush=None):
-    """Median-ready list of per-call GPU times (ms): ``calls[i % len(calls)]`` is call i (rotating input sets).
-
-    Every call is bracketed by two events on the current stream; calls are enqueued back to back and the host
-    synchronizes once at the end.
-    """
-    n = len(calls)
-    for i in range(warmup):
-        calls[i % n]()
-    starts = [events.event() for _ in range(repeats)]
-    ends = [events.event() for _ in range(repeats)]
-    for i in range(repeats):
-        if flush is not None:
-            flush()
-        events.record(starts[i])
-        calls[i % n]()
-        events.record(ends[i])
-    events.synchronize(ends[-1])
-    return [events.elapsed_ms(s, e) for s, e in zip(starts, ends)]
-
-
 def _summary(times_ms, flops):
     med = statistics.median(times_ms)
     q = sorted(times_ms)
@@ -170,7 +97,7 @@ def bench_config(cfg, buffers, opts, peers=(), fa3=False):
     f_fwd = attention_flops(B, H, S, S, D, causal, "fwd")
     f_bwd = attention_flops(B, H, S, S, D, causal, "bwd")
     results = {}
-    ev = _CupyEvents()
+    ev = CupyEvents()
     flush = None
     if opts["flush_l2"]:
         scratch = cupy.empty(FLUSH_BYTES, dtype=cupy.uint8)

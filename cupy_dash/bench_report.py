@@ -2,8 +2,7 @@
 backward passes, host overhead, compile times) and a PNG plot of a :mod:`cupy_dash.bench` report."""
 from __future__ import annotations
 
-ATOMIC = "atomic"                      # deterministic=False
-SCHEDULES = ("fa3", "descending", "shift", "symmetric_shift", "auto")
+from .measure import ATOMIC, SCHEDULES
 
 LABELS = {
     "dash_fwd": "cupy_dash fwd",

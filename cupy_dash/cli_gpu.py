@@ -134,7 +134,7 @@ def demo_main(argv=None):
 
     import cupy_dash
     from . import reference
-    from .bench import ATOMIC, SCHEDULES, _CupyEvents, attention_flops, random_tensor, time_calls
+    from .measure import ATOMIC, SCHEDULES, CupyEvents, attention_flops, random_tensor, time_calls
 
     B, H, S, D = args.batch, args.heads, args.seqlen, args.hdim
     causal = not args.full
@@ -145,7 +145,7 @@ def demo_main(argv=None):
     print(f"shape: B={B} H={H} S={S} D={D} {'causal' if causal else 'full'} {args.dtype}; "
           f"forward {f_fwd / 1e9:.1f} GFLOP, backward {f_bwd / 1e9:.1f} GFLOP")
     q, k, v, do = (random_tensor(shape, args.dtype, seed=i) for i in range(4))
-    ev = _CupyEvents()
+    ev = CupyEvents()
     dev = cupy.cuda.Device()
     failures = []
 

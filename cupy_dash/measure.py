@@ -1,0 +1,87 @@
+"""FLOP counts, seeded random inputs on the GPU and CUDA-event timing: what the demo (``python -m cupy_dash``)
+measures with, and what the benchmark scripts of ``benchmarks/`` build on.
+
+Conventions (DESIGN.md, "Measuring"; the FA3 paper's): forward ``4 * B * H * Sq * Sk * D`` FLOPs (halved for
+causal), backward 2.5x the forward; GPU time from CUDA events around each call on the stream it runs on.
+"""
+from __future__ import annotations
+
+import math
+
+__all__ = ["ATOMIC", "SCHEDULES", "CupyEvents", "attention_flops", "random_tensor", "time_calls"]
+
+ATOMIC = "atomic"                      # the backward with deterministic=False
+SCHEDULES = ("fa3", "descending", "shift", "symmetric_shift", "auto")    # the deterministic backward's schedules
+
+
+def attention_flops(batch, heads, seqlen_q, seqlen_k, head_dim, causal, mode="fwd"):
+    """FLOPs of one attention call, FA3 paper convention: fwd 4·B·H·Sq·Sk·D (×½ causal), bwd 2.5× fwd."""
+    f = 4.0 * batch * heads * seqlen_q * seqlen_k * head_dim
+    if causal:
+        f *= 0.5
+    if mode == "bwd":
+        f *= 2.5
+    elif mode != "fwd":
+        raise ValueError(f"mode must be 'fwd' or 'bwd', got {mode!r}")
+    return f
+
+
+def random_tensor(shape, dtype="bf16", seed=0):
+    """Standard-normal CuPy array of ``shape`` in bf16 (ml_dtypes) or fp16, generated on the GPU.
+
+    bf16 is produced by round-to-nearest-even on the fp32 bit pattern with plain uint32 arithmetic, so no CuPy
+    kernel has to know the bf16 type.
+    """
+    import cupy
+    n = int(math.prod(shape))
+    x = cupy.random.RandomState(seed).standard_normal(n, dtype=cupy.float32)
+    if dtype in ("fp16", "float16"):
+        return x.astype(cupy.float16).reshape(shape)
+    if dtype not in ("bf16", "bfloat16"):
+        raise ValueError(f"dtype must be bf16 or fp16, got {dtype!r}")
+    import ml_dtypes
+    u = x.view(cupy.uint32)
+    bits = ((u + cupy.uint32(0x7FFF) + ((u >> cupy.uint32(16)) & cupy.uint32(1))) >> cupy.uint32(16))
+    return bits.astype(cupy.uint16).view(ml_dtypes.bfloat16).reshape(shape)
+
+
+class CupyEvents:
+    """The events :func:`time_calls` records: CuPy's, on the current stream."""
+
+    def __init__(self):
+        import cupy
+        self.cupy = cupy
+
+    def event(self):
+        return self.cupy.cuda.Event()
+
+    def record(self, ev):
+        ev.record(self.cupy.cuda.get_current_stream())
+
+    def synchronize(self, ev):
+        ev.synchronize()
+
+    def elapsed_ms(self, start, end):
+        return float(self.cupy.cuda.get_elapsed_time(start, end))
+
+
+def time_calls(calls, *, warmup, repeats, events, flush=None):
+    """Median-ready list of per-call GPU times (ms): ``calls[i % len(calls)]`` is call i (rotating input sets).
+
+    Every call is bracketed by two events on the current stream; calls are enqueued back to back and the host
+    synchronizes once at the end. ``events``: :class:`CupyEvents` or any object with the same four methods
+    (the benchmark's torch peer passes torch's); ``flush``: called before every timed call, outside the events.
+    """
+    n = len(calls)
+    for i in range(warmup):
+        calls[i % n]()
+    starts = [events.event() for _ in range(repeats)]
+    ends = [events.event() for _ in range(repeats)]
+    for i in range(repeats):
+        if flush is not None:
+            flush()
+        events.record(starts[i])
+        calls[i % n]()
+        events.record(ends[i])
+    events.synchronize(ends[-1])
+    return [events.elapsed_ms(s, e) for s, e in zip(starts, ends)]
