@@ -32,7 +32,7 @@ fi
 if [ "$stage" = fwd ]; then
   timeout 200 $py -m pytest tests/test_gpu_forward.py tests/test_gpu_attention.py -q -x --maxfail=3 \
     -k "forward or rows_without" 2>&1 | tee "$OUT/fwd_tests.log" | tail -15
-  timeout 300 $py -m cupy_dash bench --fwd-only --no-overhead --no-compile --out "$OUT" "$@" 2>&1 \
+  timeout 300 $py benchmarks/bench.py --fwd-only --no-overhead --no-compile --out "$OUT" "$@" 2>&1 \
     | tee "$OUT/fwd_bench.log" | tail -45
 fi
 if [ "$stage" = integration ]; then   # host fast path, JAX under jit, overheads, the training examples
@@ -47,29 +47,29 @@ if [ "$stage" = integration ]; then   # host fast path, JAX under jit, overheads
     | tail -12
 fi
 if [ "$stage" = long ]; then   # long context: S = 256k causal through compact records
-  CUPY_DASH_COMPACT_TABLES=1 timeout 120 $py -m cupy_dash bench --seqlens 262144 --tokens 262144 --hdims 128 \
+  CUPY_DASH_COMPACT_TABLES=1 timeout 120 $py benchmarks/bench.py --seqlens 262144 --tokens 262144 --hdims 128 \
     --masks causal --schedules descending auto --repeats 3 --warmup 1 --input-sets 1 --no-torch --no-fa3 \
     --no-overhead --no-compile --out "$OUT" 2>&1 | tee "$OUT/long_bench.log" | tail -20
 fi
 if [ "$stage" = varlen_bench ]; then   # varlen throughput and host time; long context: per-visit vs compact
   timeout 200 $py benchmarks/varlen_bwd.py --json "$OUT/varlen_bwd.json" 2>&1 | tee "$OUT/varlen_bwd.txt"
   for compact in 0 1; do
-    CUPY_DASH_COMPACT_TABLES=$compact timeout 150 $py -m cupy_dash bench --seqlens 65536 --tokens 65536 \
+    CUPY_DASH_COMPACT_TABLES=$compact timeout 150 $py benchmarks/bench.py --seqlens 65536 --tokens 65536 \
       --hdims 128 --masks causal --schedules fa3 descending symmetric_shift atomic --repeats 5 --warmup 1 \
       --input-sets 1 --no-torch --no-fa3 --no-overhead --no-compile --out "/tmp/long64k_compact$compact.md" 2>&1 \
       | grep -E "cupy_dash (fwd|bwd)" | head -8
   done
 fi
 if [ "$stage" = long1m ]; then   # issue 7: the backward at 1M tokens (compact tables by default there)
-  timeout 300 $py -m cupy_dash bench --seqlens 1048576 --tokens 1048576 --hdims 128 --masks causal \
+  timeout 300 $py benchmarks/bench.py --seqlens 1048576 --tokens 1048576 --hdims 128 --masks causal \
     --schedules descending --repeats 2 --warmup 1 --input-sets 1 --no-torch --no-fa3 --no-overhead --no-compile \
     --out /tmp/long1m.md 2>&1 | grep -E "cupy_dash (fwd|bwd)" | tee "$OUT/long1m.txt"
 fi
 if [ "$stage" = gqa ]; then   # forward re-check after the varlen change, GQA throughput
-  timeout 150 $py -m cupy_dash bench --fwd-only --no-overhead --no-compile --seqlens 1024 4096 16384 \
+  timeout 150 $py benchmarks/bench.py --fwd-only --no-overhead --no-compile --seqlens 1024 4096 16384 \
     --out "$OUT" 2>&1 | tee "$OUT/fwd_bench.log" | tail -30
   for g in 4 8; do
-    timeout 150 $py -m cupy_dash bench --group $g --no-overhead --no-compile --seqlens 1024 4096 16384 \
+    timeout 150 $py benchmarks/bench.py --group $g --no-overhead --no-compile --seqlens 1024 4096 16384 \
       --schedules auto descending atomic --out "$OUT" 2>&1 | tee "$OUT/gqa${g}_bench.log" | tail -20
   done
 fi
@@ -132,13 +132,13 @@ if [ "$stage" = engine_bench ]; then
   mkdir -p /tmp/eb
   common="--no-torch --no-overhead --no-compile --schedules auto atomic --repeats 20 --warmup 3"
   for ver in new old; do
-    run=("$py" -m cupy_dash); fa3=""
-    [ $ver = old ] && run=("$py" benchmarks/with_kernels.py .ab/kernels_src cupy_dash) && fa3=--no-fa3
-    timeout 240 "${run[@]}" bench --hdims 128 --masks full --seqlens 1280 3840 15360 $common $fa3 \
+    run=("$py" benchmarks/bench.py); fa3=""
+    [ $ver = old ] && run=("$py" benchmarks/with_kernels.py .ab/kernels_src benchmarks/bench.py) && fa3=--no-fa3
+    timeout 240 "${run[@]}" --hdims 128 --masks full --seqlens 1280 3840 15360 $common $fa3 \
       --out /tmp/eb/${ver}_d128_full.json 2>&1 | tee -a "$OUT/engine_bench.log" | grep -E "bwd|fwd" | tail -12
-    timeout 150 "${run[@]}" bench --hdims 128 --masks causal --seqlens 2048 8192 16384 $common $fa3 \
+    timeout 150 "${run[@]}" --hdims 128 --masks causal --seqlens 2048 8192 16384 $common $fa3 \
       --out /tmp/eb/${ver}_d128_causal.json 2>&1 | grep -E "bwd|fwd" | tee -a "$OUT/engine_bench.log" | tail -12
-    timeout 150 "${run[@]}" bench --hdims 64 --seqlens 1024 4096 16384 $common --no-fa3 \
+    timeout 150 "${run[@]}" --hdims 64 --seqlens 1024 4096 16384 $common --no-fa3 \
       --out /tmp/eb/${ver}_d64.json 2>&1 | grep -E "bwd|fwd" | tee -a "$OUT/engine_bench.log" | tail -12
   done
   ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | tail -1)
@@ -162,5 +162,5 @@ if [ "$stage" = tests ] || [ "$stage" = all ]; then
 fi
 if [ "$stage" = bench ] || [ "$stage" = all ]; then
   timeout 120 $py -m cupy_dash demo 2>&1 | tee "$OUT/demo.log" | tail -20
-  timeout 400 $py -m cupy_dash bench --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log" | tail -60
+  timeout 400 $py benchmarks/bench.py --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log" | tail -60
 fi

@@ -1,4 +1,4 @@
-"""Step-by-step check that the FlashAttention-3 peer of the benchmark (cupy_dash/bench_peers.py, through the
+"""Step-by-step check that the FlashAttention-3 peer of the benchmark (benchmarks/bench_peers.py, through the
 flash-attn3-jax wheel) works on this machine: each step prints before and after, so a hang shows where.
 
     XLA_PYTHON_CLIENT_PREALLOCATE=false python benchmarks/fa3_probe.py
@@ -23,8 +23,8 @@ def main():
 
     import cupy
     import cupy_dash
-    from cupy_dash.bench import random_tensor
-    from cupy_dash.bench_peers import Fa3Peer, same_bits
+    from cupy_dash.measure import random_tensor
+    from bench_peers import Fa3Peer, same_bits
 
     B, S, H, D = 4, 1024, 16, 128
     peer = step("import flash_attn3_jax, JAX devices", Fa3Peer)

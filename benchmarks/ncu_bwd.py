@@ -31,7 +31,7 @@ def main():
     import cupy
 
     import cupy_dash
-    from cupy_dash.bench import random_tensor
+    from cupy_dash.measure import random_tensor
 
     shape = (args.batch, args.seqlen, args.heads, args.hdim)
     q, k, v, do = (random_tensor(shape, "bf16", seed=i) for i in range(4))
@@ -51,7 +51,7 @@ def main():
     else:
         import jax
 
-        from cupy_dash.bench_peers import Fa3Peer
+        from bench_peers import Fa3Peer
         peer = Fa3Peer()
         fn = peer._bwd_fn(args.causal, args.deterministic)
         js = tuple(jax.dlpack.from_dlpack(x) for x in (do, q, k, v, out, lse))

@@ -13,7 +13,7 @@ import cupy
 
 import cupy_dash
 from cupy_dash import _launch, interop
-from cupy_dash.bench import attention_flops, random_tensor
+from cupy_dash.measure import attention_flops, random_tensor
 
 
 def main():

@@ -15,7 +15,7 @@ import numpy as np
 
 import cupy_dash
 from cupy_dash import api, kernels, schedule
-from cupy_dash.bench import random_tensor
+from cupy_dash.measure import random_tensor
 
 
 def run(hdim, causal, S, policy, deterministic=True):

@@ -1,11 +1,16 @@
-"""Runs a cupy_dash module with the CUDA sources taken from another directory: an A/B of two kernel versions
-in one device run (the disk cache keys on the source text, so both builds coexist). Only for kernel versions
-that share this tree's host contract: the parameter structs and the shared-memory formula of cupy_dash/kernels.py
-(a kernel whose smem layout changed fails its static_assert and is reported as an error).
+"""Runs a script or a module with cupy_dash's CUDA sources taken from another directory: an A/B of two kernel
+versions in one device run (the disk cache keys on the source text, so both builds coexist). Only for kernel
+versions that share this tree's host contract: the parameter structs and the shared-memory formula of
+cupy_dash/kernels.py (a kernel whose smem layout changed fails its static_assert and is reported as an error).
 
     git archive <old commit> kernels_src | tar -x -C /tmp/old
-    python benchmarks/with_kernels.py /tmp/old/kernels_src cupy_dash bench --hdims 128 ...
+    python benchmarks/with_kernels.py /tmp/old/kernels_src benchmarks/bench.py --hdims 128 ...
+    python benchmarks/with_kernels.py /tmp/old/kernels_src cupy_dash demo ...
+
+The second argument is a script when it ends in .py (run as ``python SCRIPT``: its folder first on sys.path),
+else a module (run as ``python -m MODULE``); the rest are its arguments.
 """
+import os
 import runpy
 import sys
 from pathlib import Path
@@ -20,9 +25,15 @@ def main():
     from cupy_dash import jit
     jit._default_kernel_dir.cache_clear()
     jit._default_kernel_dir = lambda: src
-    module = sys.argv[2]
-    sys.argv = [module] + sys.argv[3:]
-    runpy.run_module(module, run_name="__main__", alter_sys=True)
+    target = sys.argv[2]
+    sys.argv = [target] + sys.argv[3:]
+    if target.endswith(".py"):
+        if not os.path.isfile(target):
+            sys.exit(f"{target}: no such script")
+        sys.path[0] = os.path.dirname(os.path.abspath(target))      # as `python SCRIPT` would have it
+        runpy.run_path(target, run_name="__main__")
+    else:
+        runpy.run_module(target, run_name="__main__", alter_sys=True)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""``python -m cupy_dash [demo|compile|bench|schedule] ...``; no subcommand runs the default job.
+"""``python -m cupy_dash [demo|compile|schedule] ...``; no subcommand runs the default job.
 
 The top level only dispatches: ``-h`` / ``--help`` and ``--version`` are answered here, a subcommand's own
 arguments (``--help`` included) go to that subcommand, and anything else (an unknown flag or subcommand) is an
@@ -12,8 +12,12 @@ from ._version import __version__
 COMMANDS = {
     "demo": "forward + backward with every schedule on one shape (needs a Hopper GPU)",
     "compile": "compile kernel variants for sm_90a with NVRTC and check for spills (no GPU needed)",
-    "bench": "the benchmark of benchmarks/RESULTS.md (needs a Hopper GPU)",
     "schedule": "compare the schedules of one problem in a simulation (no GPU needed)",
+}
+# Commands that left the package, and where they went (an argparse error that names the new command).
+MOVED = {
+    "bench": "the benchmark against torch SDPA and FlashAttention-3 is a script of the source repository: "
+             "`python benchmarks/bench.py` (the same options)",
 }
 
 
@@ -40,15 +44,16 @@ def main(argv=None):
         command, rest = argv[0], argv[1:]            # the rest, --help included, is the command's
     else:
         command, rest = parser.parse_args(argv).command, []     # -h, --version, or exit 2 naming an unknown flag
+    if command in MOVED:
+        parser.error(f"no command {command!r} in the package: {MOVED[command]}")
     if command is not None and command not in COMMANDS:
         parser.error(f"unknown command {command!r} (choose from {', '.join(COMMANDS)})")
     if command == "schedule":
         from .cli_schedule import main as run
     elif command == "compile":
         from .cli_compile import main as run
-    elif command in ("demo", "bench"):
-        from . import cli_gpu
-        run = getattr(cli_gpu, f"{command}_main")
+    elif command == "demo":
+        from .cli_gpu import demo_main as run
     else:
         from .cli_gpu import default_main as run
     return run(rest)

@@ -1,10 +1,11 @@
-"""GPU commands of ``python -m cupy_dash``: the default job, ``demo`` and ``bench``.
+"""GPU commands of ``python -m cupy_dash``: the default job and ``demo``.
 
 * no subcommand: on a Hopper GPU, the demo; without one, ``python -m cupy_dash schedule`` on a default causal
   training shape in the engine model (:func:`default_analysis_argv`; it needs no GPU), which it names first.
 * ``demo``: one shape, forward + backward with every schedule: bitwise repeatability, error against the float64
-  reference on a slice, TFLOP/s. Well under a minute once the kernels are compiled.
-* ``bench``: the front end of :mod:`cupy_dash.bench`.
+  reference on a slice, TFLOP/s. Well under a minute once the kernels are compiled. cupy_dash only: the
+  comparisons with peers (torch SDPA, FlashAttention-3) are the benchmark's, ``python benchmarks/bench.py`` in a
+  source checkout.
 
 Each ``*_main(argv)`` returns a process exit code.
 """
@@ -234,8 +235,3 @@ def demo_main(argv=None):
         print("\nFAILED: " + "; ".join(failures))
         return 1
     return 0
-
-
-def bench_main(argv=None):
-    from .bench import main
-    return main(argv, prog="python -m cupy_dash bench")

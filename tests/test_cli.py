@@ -40,8 +40,16 @@ def test_help_prints_usage_and_exits_0(flag, capsys, no_analysis):
     assert run_main([flag]) == 0
     out = capsys.readouterr().out
     assert out.startswith("usage: python -m cupy_dash")
-    for command in ("demo", "compile", "bench", "schedule"):
+    for command in ("demo", "compile", "schedule"):
         assert f"  {command} " in out
+    assert "bench" not in out
+
+
+def test_bench_left_the_package(capsys, no_analysis):
+    """The benchmark is benchmarks/bench.py now: the old command is an error that names it."""
+    assert run_main(["bench", "--quick"]) == 2
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert "no command 'bench' in the package" in err and "python benchmarks/bench.py" in err
 
 
 def test_version(capsys, no_analysis):

@@ -1,8 +1,9 @@
 """Markdown tables (TFLOP/s and milliseconds per configuration, bitwise repeatability of the deterministic
-backward passes, host overhead, compile times) and a PNG plot of a :mod:`cupy_dash.bench` report."""
+backward passes, host overhead, compile times) and a PNG plot of a report of benchmarks/bench.py (the plot
+needs matplotlib)."""
 from __future__ import annotations
 
-from .measure import ATOMIC, SCHEDULES
+from cupy_dash.measure import ATOMIC, SCHEDULES
 
 LABELS = {
     "dash_fwd": "cupy_dash fwd",

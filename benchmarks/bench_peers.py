@@ -1,4 +1,4 @@
-"""Peers measured beside cupy_dash by :mod:`cupy_dash.bench`, on the same input buffers.
+"""Peers measured beside cupy_dash by benchmarks/bench.py, on the same input buffers.
 
 * torch SDPA with the FlashAttention-2 backend: forward, and the backward with and without
   ``torch.use_deterministic_algorithms(True)`` (its deterministic backward); layout (B, H, S, D) as transposed
@@ -204,10 +204,11 @@ class Fa3Peer:
 _FA3_SCRIPT = r"""
 import json, os, sys
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+sys.path.insert(0, sys.argv[2])
 import cupy
 import cupy_dash
 from cupy_dash.measure import attention_flops, random_tensor
-from cupy_dash.bench_peers import Fa3Peer
+from bench_peers import Fa3Peer
 p = json.loads(sys.argv[1])
 B, S, H, D, causal = p["batch"], p["seqlen"], p["heads"], p["hdim"], p["causal"]
 n = p["tokens"] * p["hidden"]
@@ -247,7 +248,8 @@ def fa3_subprocess(cfg: dict, opts: dict, timeout: float = 150.0) -> dict:
     env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
     keys = ("fa3_fwd",) if opts.get("fwd_only") else ("fa3_fwd", "fa3_bwd_det", "fa3_bwd_nondet")
     try:
-        proc = subprocess.run([sys.executable, "-c", _FA3_SCRIPT, json.dumps(params)], env=env,
+        here = os.path.dirname(os.path.abspath(__file__))          # the script imports bench_peers from here
+        proc = subprocess.run([sys.executable, "-c", _FA3_SCRIPT, json.dumps(params), here], env=env,
                               capture_output=True, text=True, timeout=timeout)
         stdout, why = proc.stdout, None
         if proc.returncode:

@@ -1,4 +1,4 @@
-"""Host overhead per call and compile times, measured by :mod:`cupy_dash.bench` (see its docstring)."""
+"""Host overhead per call and compile times, measured by benchmarks/bench.py (see its docstring)."""
 from __future__ import annotations
 
 import json
@@ -19,7 +19,7 @@ def measure_host_overhead(calls=1000, warmup=20, dtype="bf16", torch_mod=None):
     with a single synchronization at the end (first-call compilation excluded by the warm-up)."""
     import cupy
     import cupy_dash
-    from .measure import random_tensor
+    from cupy_dash.measure import random_tensor
 
     shape = (1, 128, 1, 64)
     q, k, v, do = (random_tensor(shape, dtype, seed=i) for i in range(4))
@@ -93,7 +93,8 @@ def _run_compile_probe(params, cache_dir, cupy_cache_dir, timeout=900):
     env = dict(os.environ)
     env["CUPY_DASH_CACHE_DIR"] = cache_dir
     env["CUPY_CACHE_DIR"] = cupy_cache_dir
-    pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    import cupy_dash
+    pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(cupy_dash.__file__)))
     env["PYTHONPATH"] = pkg_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     t = time.perf_counter()
     proc = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT, json.dumps(params)], env=env,

@@ -1,4 +1,13 @@
+#!/usr/bin/env python
 """Benchmarks of cupy_dash against torch SDPA (FlashAttention-2 backend), in one process and one GPU run.
+
+    python benchmarks/bench.py --quick            # about 2 minutes
+    python benchmarks/bench.py                     # every seqlen, head dim 64 and 128, both masks
+    python benchmarks/bench.py --seqlens 2048 8192 --hdims 128 --masks causal --no-torch
+
+Writes benchmarks/results/bench_<time>.json, .md and .png (or the path given with --out) and prints the table.
+The modules beside it: bench_peers.py (torch SDPA, FlashAttention-3), bench_host.py (host overhead, compile
+time), bench_report.py (Markdown and PNG; the PNG needs matplotlib: ``pip install matplotlib``).
 
 Conventions (DESIGN.md, "Measuring"; the FA3 paper's):
 
@@ -19,7 +28,7 @@ Also measured: host overhead per call (a tiny shape, 1000 back-to-back calls, on
 and compile time (a cold process with empty caches, then a warm process with the disk cache filled), both in
 subprocesses so in-process memoization cannot hide anything.
 
-Run ``python -m cupy_dash bench --help`` or ``python benchmarks/bench_attention.py --help``.
+Run ``python benchmarks/bench.py --help``.
 """
 from __future__ import annotations
 
@@ -33,10 +42,12 @@ import statistics
 import sys
 import time
 
-from .bench_host import measure_compile_times, measure_host_overhead
-from .bench_peers import Fa3Peer, fa3_subprocess, load_peers, same_bits
-from .bench_report import _label, markdown_report, plot_report
-from .measure import ATOMIC, SCHEDULES, CupyEvents, attention_flops, random_tensor, time_calls
+from cupy_dash.measure import ATOMIC, SCHEDULES, CupyEvents, attention_flops, random_tensor, time_calls
+
+# the modules beside this script (its folder is first on sys.path when it runs as `python benchmarks/bench.py`)
+from bench_host import measure_compile_times, measure_host_overhead
+from bench_peers import Fa3Peer, fa3_subprocess, load_peers, same_bits
+from bench_report import _label, markdown_report, plot_report
 
 __all__ = ["main", "run", "parse_args", "DEFAULT_SEQLENS"]
 
@@ -49,6 +60,8 @@ DEFAULT_REPEATS = 30
 QUICK = dict(seqlens=(1024, 4096), hdims=(128,), masks=("full", "causal"), repeats=20, warmup=3,
              overhead_calls=1000)
 FLUSH_BYTES = 256 << 20
+PROG = "python benchmarks/bench.py"
+
 
 def _log(msg):
     print(msg, file=sys.stderr, flush=True)
@@ -179,7 +192,7 @@ def _meta(opts, argv):
     import cupy
     import cupy_dash
     meta = dict(date=_dt.datetime.now().isoformat(timespec="seconds"),
-                command=" ".join([opts.get("prog") or "python -m cupy_dash bench"] + [shlex.quote(a) for a in argv]),
+                command=" ".join([opts.get("prog") or PROG] + [shlex.quote(a) for a in argv]),
                 dtype=opts["dtype"], tokens=opts["tokens"], hidden=opts["hidden"], repeats=opts["repeats"],
                 warmup=opts["warmup"], input_sets=opts["input_sets"], flush_l2=opts["flush_l2"], group=opts["group"],
                 quick=opts["quick"], python=platform.python_version(), cupy=cupy.__version__,
@@ -331,7 +344,7 @@ def run(opts, argv=()):
     return report
 
 
-def main(argv=None, prog=None):
+def main(argv=None, prog=PROG):
     argv = list(sys.argv[1:] if argv is None else argv)
     opts = parse_args(argv, prog=prog)
     try:
