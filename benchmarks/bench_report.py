@@ -90,7 +90,10 @@ def _repeat_table(configs, groups):
 def plot_report(report, path):
     """PNG: TFLOP/s against S, one panel per (pass, head dim, mask): a row of forward panels and a row of
     backward panels per head dim, one line per implementation."""
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError as exc:
+        raise ImportError(f"the benchmark's PNG needs matplotlib: pip install matplotlib ({exc})") from exc
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -153,7 +153,9 @@ def check_plot_path(path) -> str | None:
     try:
         formats = plot_formats()
     except ImportError as exc:
-        return f"--plot needs matplotlib ({exc})"
+        return (f"--plot needs matplotlib, an optional dependency ({exc}): pip install matplotlib, or install "
+                f"cupy_dash with its plot extra (pip install \"cupy_dash[plot]\"; from a checkout: pip install -e "
+                f"\".[plot]\")")
     ext = os.path.splitext(path)[1].lower().lstrip(".")
     if ext not in formats:
         what = f"unsupported file extension {'.' + ext!r}" if ext else "no file extension"

@@ -5,7 +5,10 @@ from __future__ import annotations
 def plot(results, path, title):
     """PNG: the loss curves of every run, and the per-step |run 1 - run 2| of each attention.
     ``results``: {attention name: [run 1, run 2]}, each run a dict with a ``losses`` list."""
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError as exc:
+        raise ImportError(f"--plot needs matplotlib: pip install matplotlib ({exc})") from exc
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.8))

@@ -2,6 +2,7 @@
 checks of ``schedule`` (costs, sizes, ``--plot``). CPU only."""
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -140,6 +141,36 @@ def test_schedule_plot_writes_a_pdf(tmp_path, capsys):
     pdf = tmp_path / "gantt.pdf"
     assert cli_schedule.main([*SMALL, "--causal", "--plot", str(pdf)]) == 0
     assert pdf.read_bytes()[:5] == b"%PDF-" and f"wrote {pdf}" in capsys.readouterr().out
+
+
+def test_plot_without_matplotlib_says_how_to_install_it(tmp_path, capsys, monkeypatch, no_analysis):
+    for name in ("matplotlib", "matplotlib.backend_bases"):
+        monkeypatch.setitem(sys.modules, name, None)            # "not installed": importing it raises
+    assert run_main(["schedule", *SMALL, "--plot", str(tmp_path / "gantt.png")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--plot needs matplotlib" in err and "pip install matplotlib" in err and "cupy_dash[plot]" in err
+
+
+def _module_level_imports(tree):
+    """Names imported by statements that run when the module is imported (not inside a def or class)."""
+    stack, names = list(tree.body), []
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.append(node.module)
+        elif not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            stack += [c for c in ast.iter_child_nodes(node) if isinstance(c, (ast.stmt, ast.excepthandler))]
+    return names
+
+
+def test_matplotlib_is_optional():
+    """matplotlib is the `plot` extra, not a dependency: no module of the package imports it on import."""
+    offenders = [f"{path.name}: {name}" for path in sorted((REPO_ROOT / "cupy_dash").glob("*.py"))
+                 for name in _module_level_imports(ast.parse(path.read_text()))
+                 if name.split(".")[0] == "matplotlib"]
+    assert offenders == []
 
 
 # ------------------------------------------------------------------------------------------------ what auto is
