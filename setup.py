@@ -1,5 +1,15 @@
-from Cython.Build import cythonize
+import os
+
 from setuptools import Extension, setup
+
+
+def _cores() -> int:
+    """CPU cores this process may run on (the affinity mask, e.g. under taskset or a container's cpuset)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:          # no sched_getaffinity (macOS, Windows)
+        return os.cpu_count() or 1
+
 
 # _schedule builds the tables, _schedule_check validates and simulates them (both include _heap.pxi); _compact
 # builds and checks compact (per-column) tables, _compact_view expands them and computes what the kernel will
@@ -8,15 +18,24 @@ from setuptools import Extension, setup
 # two builders), _varlen_view expands them, _varlen_pack packs them in the byte layout uploaded (with
 # _scratch.pxi: the new-packing pipeline's malloc'd scratch); _launch is
 # every kernel launch (one cuLaunchKernel); _xla_ffi is cupy_dash.jax's XLA FFI handler (xla_ffi.c).
-setup(ext_modules=cythonize([Extension("cupy_dash._schedule", ["cupy_dash/_schedule.pyx"]),
-                             Extension("cupy_dash._schedule_check", ["cupy_dash/_schedule_check.pyx"]),
-                             Extension("cupy_dash._compact", ["cupy_dash/_compact.pyx"]),
-                             Extension("cupy_dash._compact_view", ["cupy_dash/_compact_view.pyx"]),
-                             Extension("cupy_dash._varlen_sched", ["cupy_dash/_varlen_sched.pyx"]),
-                             Extension("cupy_dash._varlen_view", ["cupy_dash/_varlen_view.pyx"]),
-                             Extension("cupy_dash._varlen_pack", ["cupy_dash/_varlen_pack.pyx"]),
-                             Extension("cupy_dash._launch", ["cupy_dash/_launch.pyx"], libraries=["dl"]),
-                             Extension("cupy_dash._xla_ffi", ["cupy_dash/_xla_ffi.pyx", "cupy_dash/xla_ffi.c"],
-                                       depends=["cupy_dash/xla_ffi.h"], include_dirs=["cupy_dash"], libraries=["dl"],
-                                       extra_compile_args=["-std=gnu11"])],
-                            language_level=3))
+EXTENSIONS = [Extension("cupy_dash._schedule", ["cupy_dash/_schedule.pyx"]),
+              Extension("cupy_dash._schedule_check", ["cupy_dash/_schedule_check.pyx"]),
+              Extension("cupy_dash._compact", ["cupy_dash/_compact.pyx"]),
+              Extension("cupy_dash._compact_view", ["cupy_dash/_compact_view.pyx"]),
+              Extension("cupy_dash._varlen_sched", ["cupy_dash/_varlen_sched.pyx"]),
+              Extension("cupy_dash._varlen_view", ["cupy_dash/_varlen_view.pyx"]),
+              Extension("cupy_dash._varlen_pack", ["cupy_dash/_varlen_pack.pyx"]),
+              Extension("cupy_dash._launch", ["cupy_dash/_launch.pyx"], libraries=["dl"]),
+              Extension("cupy_dash._xla_ffi", ["cupy_dash/_xla_ffi.pyx", "cupy_dash/xla_ffi.c"],
+                        depends=["cupy_dash/xla_ffi.h"], include_dirs=["cupy_dash"], libraries=["dl"],
+                        extra_compile_args=["-std=gnu11"])]
+
+# Both build steps use every core: Cython translates the .pyx files in nthreads processes, and build_ext runs
+# the C compiler on that many extensions at once (`build_ext -j N` on the command line still overrides).
+# Guarded because cythonize's worker processes may re-import this file as __mp_main__ (spawn / forkserver), and
+# so that tests/test_packaging.py can read EXTENSIONS without Cython.
+if __name__ == "__main__":
+    from Cython.Build import cythonize
+    JOBS = _cores()
+    setup(ext_modules=cythonize(EXTENSIONS, language_level=3, nthreads=JOBS if JOBS > 1 else 0),
+          options={"build_ext": {"parallel": JOBS}})

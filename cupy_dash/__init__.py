@@ -12,24 +12,38 @@ cu_seqlens_k, max_seqlen_q, max_seqlen_k, ...)``; ``prepare_varlen_backward(...)
 schedule table ahead of time (e.g. from a data-loader thread).
 
 ``cupy_dash.schedule`` builds, validates and simulates the dQ-reduction schedules and needs no GPU.
-``cupy_dash.torch`` (registered torch ops) and ``cupy_dash.jax`` are imported on first access, so importing
-``cupy_dash`` never imports torch or JAX.
+
+Every name here, and every submodule (``cupy_dash.schedule``, ``cupy_dash.torch``, ``cupy_dash.jax``, ...), is
+imported on first access: ``import cupy_dash`` itself imports neither CuPy, ml_dtypes, torch nor JAX, so that
+``python -m cupy_dash --help`` answers at once. A framework adapter whose framework is not installed raises
+ModuleNotFoundError when it is accessed.
 """
 from ._version import __version__
-from . import schedule, reference
-from .api import attention, attention_backward, attention_forward, check_errors
-from .varlen import attention_backward_varlen, attention_forward_varlen, prepare_varlen_backward
+
+# public name -> the submodule that defines it
+_EXPORTS = {"attention": "api", "attention_backward": "api", "attention_forward": "api", "check_errors": "api",
+            "attention_backward_varlen": "varlen", "attention_forward_varlen": "varlen",
+            "prepare_varlen_backward": "varlen"}
 
 __all__ = ["__version__", "attention", "attention_backward", "attention_backward_varlen", "attention_forward",
            "attention_forward_varlen", "check_errors", "prepare_varlen_backward", "reference", "schedule"]
 
-_LAZY_SUBMODULES = ("torch", "jax")
-
 
 def __getattr__(name):
-    """``cupy_dash.torch`` / ``cupy_dash.jax`` without an explicit import: the adapter is imported on first access
-    (ModuleNotFoundError if its framework is not installed)."""
-    if name in _LAZY_SUBMODULES:
-        import importlib
-        return importlib.import_module(f"{__name__}.{name}")
+    """The names of ``__all__`` and the submodules, imported on first access (and then kept as attributes)."""
+    import importlib
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+        globals()[name] = value
+        return value
+    if not name.startswith("__"):
+        try:
+            return importlib.import_module(f"{__name__}.{name}")    # binds the attribute itself
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{name}":                    # the submodule exists, a dependency does not
+                raise
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -5,9 +5,31 @@ arguments (``--help`` included) go to that subcommand, and anything else (an unk
 argparse error (exit status 2).
 """
 import argparse
+import importlib.util
+import os
 import sys
 
-from ._version import __version__
+
+def _unshadow():
+    """Make ``cupy_dash`` this package when a folder shadows it. Run from a folder that holds a directory named
+    cupy_dash without an ``__init__.py`` (a clone of this repository under git's default name), Python takes that
+    directory for a namespace package ``cupy_dash``; an editable install, whose finder Python asks only after
+    that, then supplies the submodules (this one included) but the package's ``__init__`` never runs. Put the
+    package this file belongs to in its place, before anything else is imported from it."""
+    package = sys.modules.get(__package__)
+    if package is None or getattr(package, "__file__", None) is not None:
+        return                                  # the regular package (or not run as part of one)
+    here = os.path.dirname(os.path.abspath(__file__))
+    spec = importlib.util.spec_from_file_location(__package__, os.path.join(here, "__init__.py"),
+                                                  submodule_search_locations=[here])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[__package__] = module
+    spec.loader.exec_module(module)
+
+
+_unshadow()
+
+from ._version import __version__  # noqa: E402  (after _unshadow: from this file's package)
 
 COMMANDS = {
     "demo": "forward + backward with every schedule on one shape (needs a Hopper GPU)",

@@ -7,6 +7,7 @@ warning (C75xx: serialized wgmma, ignored setmaxnreg), 1 otherwise (each failure
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -30,10 +31,19 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--kernel", action="append", choices=kernels.KERNEL_NAMES,
                    help="only this kernel (repeatable)")
     p.add_argument("--no-cache", action="store_true", help="rebuild even when a cached cubin exists")
-    p.add_argument("-j", "--jobs", type=int, default=1, metavar="N",
-                   help="compile in N processes (default 1)")
+    p.add_argument("-j", "--jobs", type=int, default=None, metavar="N",
+                   help=f"compile in N processes (default: every core this process may run on, "
+                        f"{available_cores()} here)")
     p.add_argument("-v", "--verbose", action="store_true", help="print each kernel's full ptxas report")
     return p
+
+
+def available_cores() -> int:
+    """CPU cores this process may run on: its affinity mask (taskset, a container's cpuset), else os.cpu_count()."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:          # no sched_getaffinity (macOS, Windows)
+        return os.cpu_count() or 1
 
 
 def select(head_dims=None, dtypes=None, names=None) -> list:
@@ -72,6 +82,8 @@ def main(argv=None) -> int:
         parser.error("--all selects everything; leave out --head-dim/--dtype/--kernel, or drop --all")
     if not args.all and not filtered:
         parser.error("nothing selected: pass --all, or --head-dim/--dtype/--kernel")
+    if args.jobs is None:
+        args.jobs = available_cores()
     if args.jobs < 1:
         parser.error("--jobs must be >= 1")
     specs = kernels.all_specs() if args.all else select(args.head_dim, args.dtype, args.kernel)

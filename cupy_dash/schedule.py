@@ -571,7 +571,21 @@ def device_tables(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causa
         return t
 
 
+# The compact and varlen builders are part of this module's API, but their modules import this one (argument
+# checks, costs, the per-visit Schedule), so they are imported on first use rather than at import time: no
+# import cycle, whichever of the three modules is imported first.
+_LATER = {"CompactSchedule": "compact", "build_compact": "compact", "expand": "compact",
+          "VarlenSchedule": "varlen_schedule", "build_varlen": "varlen_schedule"}
 
 
-from .compact import CompactSchedule, build_compact, expand  # noqa: E402,F401  (compact imports this module)
-from .varlen_schedule import VarlenSchedule, build_varlen  # noqa: E402,F401  (imports this module)
+def __getattr__(name):
+    if name not in _LATER:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+    value = getattr(importlib.import_module(f"{__package__}.{_LATER[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LATER))

@@ -113,7 +113,7 @@ def test_cli_compile_with_read_only_cache_succeeds(tmp_path, monkeypatch, capsys
     read_only(cache)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        code = cli_compile.main(["--kernel", "bwd_preprocess", "--head-dim", "64"])
+        code = cli_compile.main(["--kernel", "bwd_preprocess", "--head-dim", "64", "-j", "1"])   # in this process
     out = capsys.readouterr().out
     assert code == 0 and "COMPILE ERROR" not in out and "OK: 4 kernel(s)" in out, out   # bf16 / fp16, plain / varlen
     assert len(_cache_warnings(caught)) == 1 and len(nvrtc_runs) == 4
