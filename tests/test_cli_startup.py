@@ -24,7 +24,7 @@ def imported_by(args) -> set:
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["--version"], ["compile", "--help"], ["schedule", "--help"],
-                                  ["demo", "--help"], ["bench", "--help"]], ids=" ".join)
+                                  ["demo", "--help"]], ids=" ".join)
 def test_help_imports_no_heavy_module(argv):
     modules = imported_by(["-m", "cupy_dash", *argv])
     assert "cupy_dash" in modules
