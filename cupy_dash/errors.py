@@ -26,16 +26,13 @@ from __future__ import annotations
 
 import collections
 import ctypes
-import math
-import os
 import threading
 
 import cupy
 import numpy as np
 
+from . import config
 from .params import CONSTANTS as K
-
-_DEFAULT_SPIN_TIMEOUT_MS = 10000.0
 
 _lock = threading.RLock()
 
@@ -209,23 +206,10 @@ def _release_slot(slot: _Slot):
         slot.pool.free.append(slot)
 
 
-def _spin_timeout_ms() -> float:
-    raw = os.environ.get("CUPY_DASH_SPIN_TIMEOUT_MS")
-    if raw is None or not raw.strip():
-        return _DEFAULT_SPIN_TIMEOUT_MS
-    try:
-        ms = float(raw)
-    except ValueError:
-        ms = float("nan")
-    if not (math.isfinite(ms) and ms > 0):
-        raise ValueError(f"CUPY_DASH_SPIN_TIMEOUT_MS: expected a positive number of milliseconds, got {raw!r}")
-    return ms
-
-
 def _stall_bound() -> str:
     """In words, the bound of the kernel's waits that only a semaphore wait can hold up (the load pipelines' and
     the fold's grid barriers: kernels_src/constants.cuh)."""
-    return (f"{K.kStallTimeoutFactor} x CUPY_DASH_SPIN_TIMEOUT_MS (now {_spin_timeout_ms():g} ms) + "
+    return (f"{K.kStallTimeoutFactor} x CUPY_DASH_SPIN_TIMEOUT_MS (now {config.SPIN_TIMEOUT_MS.get():g} ms) + "
             f"{K.kStallSlackNs / 1e9:g} s")
 
 
@@ -239,7 +223,7 @@ def _format_failure(info, flag, visit, want, seen) -> str:
                 f"saw {seen}; the schedule table is inconsistent (a dQ tile's ranks cannot be reached in the "
                 f"CTAs' execution order) or the persistent grid exceeded the co-resident CTAs. The kernel "
                 f"abandoned the wait instead of hanging; dq/dk/dv of that call are invalid. If it was merely "
-                f"slow, raise CUPY_DASH_SPIN_TIMEOUT_MS (now {_spin_timeout_ms():g} ms).")
+                f"slow, raise CUPY_DASH_SPIN_TIMEOUT_MS (now {config.SPIN_TIMEOUT_MS.get():g} ms).")
     if flag == K.kErrorPipelineStall:
         return (f"cupy_dash backward: a load-pipeline wait inside CTA {visit} never ended {where} (barrier at "
                 f"shared offset {want}, parity {seen}; abandoned after {_stall_bound()}); this is a kernel bug, "
