@@ -26,15 +26,14 @@ semaphore timeout through its own device record, which :func:`check_errors` read
 from __future__ import annotations
 
 import math
-import os
 import sys
 
 import cupy
 import ml_dtypes
 import numpy as np
 
-from . import compact_device, fastpath, interop, jit, kernels, launchers, tensormap
-from .errors import (_acquire_slot, _graph_record, _keep_alive, _record_shared, _spin_timeout_ms, check_errors,
+from . import compact_device, config, fastpath, interop, jit, kernels, launchers, tensormap
+from .errors import (_acquire_slot, _graph_record, _keep_alive, _record_shared, check_errors,
                      poll_errors as _poll_errors)
 from . import schedule as _schedule
 
@@ -380,7 +379,7 @@ def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, determinis
                            "capture")
     window = _schedule.canonical_window(window, p.Sq, p.Sk, causal)
     if spin_timeout_ns is None:
-        spin_timeout_ns = int(_spin_timeout_ms() * 1e6)
+        spin_timeout_ns = config.spin_timeout_ns()
     else:
         spin_timeout_ns = int(spin_timeout_ns)
         if spin_timeout_ns <= 0:
@@ -455,7 +454,7 @@ def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, determinis
         elif fast_key is not None and not capturing and plan is None and timeline is None and not compact:
             fastpath.register_backward(fast_key, c, operands, lse_ptr, base, (dq_ptr, dk_ptr, dv_ptr), call, q)
         result = _export(fw, dq, q), _export(fw, dk, q), _export(fw, dv, q)
-    if not capturing and os.environ.get("CUPY_DASH_SYNC_ERRORS", "") not in ("", "0"):
+    if not capturing and config.SYNC_ERRORS.get():
         check_errors()
     return result
 

@@ -16,14 +16,13 @@ half the speed of a closed-form one (measured at S = 64k and 256k causal: ``desc
 from __future__ import annotations
 
 import collections
-import os
 import threading
 
 import numpy as np
 
-from . import compact, schedule
+from . import compact, config, schedule
 
-ENV = "CUPY_DASH_COMPACT_TABLES"
+ENV = config.COMPACT_TABLES.name
 _MAX_TABLES = 8
 _lock = threading.Lock()
 _tables: "collections.OrderedDict" = collections.OrderedDict()
@@ -36,15 +35,15 @@ KERNEL_AUTO = "descending"
 
 def enabled() -> bool:
     """Whether ``CUPY_DASH_COMPACT_TABLES`` asks for compact tables whatever the size (read on every call)."""
-    return os.environ.get(ENV, "") not in ("", "0")
+    return config.COMPACT_TABLES.get() is True
 
 
 def wanted(seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, window) -> bool:
     """Whether a backward of this problem (num_heads = B * H) uses the compact build: ``CUPY_DASH_COMPACT_TABLES``
     if set (0 / 1), else whether its per-visit table would exceed ``AUTO_VISITS`` visits (O(columns) to count)."""
-    env = os.environ.get(ENV, "")
-    if env:
-        return env != "0"
+    forced = config.COMPACT_TABLES.get()
+    if forced is not None:
+        return forced
     return compact.num_visits(seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, window) > AUTO_VISITS
 
 

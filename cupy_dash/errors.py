@@ -3,7 +3,8 @@
 The deterministic backward orders the dQ reduction with per-tile semaphores read from the schedule table. A wait
 is bounded (``CUPY_DASH_SPIN_TIMEOUT_MS``, default 10000 ms): past it the main kernel records
 ``error = [1, visit, rank awaited, value seen]`` in a 32-byte device record and exits instead of hanging the GPU
-(the record's words 4-6 count a folded backward's grid barriers: ``kernels_src/bwd/fold.cuh``). An eager call's
+(the record's words 4-6 count a folded backward's grid barriers: ``kernels_src/bwd/fold.cuh``). The record's
+layout and failure codes are ``kernels_src/constants.cuh``'s (:data:`cupy_dash.params.CONSTANTS`). An eager call's
 record (a *slot*) has a 32-byte mirror in mapped pinned host memory: the preprocess kernel zeroes the device
 record, and the postprocess kernel, after the main kernel, writes it to the mirror and then sets the mirror's
 first word (a folded backward's main kernel does both: ``kernels_src/bwd/error_record.cuh``), so a call costs no
@@ -25,24 +26,28 @@ from __future__ import annotations
 
 import collections
 import ctypes
-import math
-import os
 import threading
 
 import cupy
 import numpy as np
 
-_DEFAULT_SPIN_TIMEOUT_MS = 10000.0
+from . import config
+from .params import CONSTANTS as K
 
 _lock = threading.RLock()
 
 
-RECORD_BYTES = 32       # a device error record: int32 [failure, 3 details, 3 barrier counters of a fold, unused]
+# A device error record: int32 [failure, 3 details, 3 barrier counters of a fold, unused]; its host mirror is as
+# long: [done, the record's first FAILURE_WORDS words, unused].
+RECORD_WORDS = K.kErrorRecordWords
+RECORD_BYTES = 4 * RECORD_WORDS
+FAILURE_WORDS = K.kErrorFailureWords
 
 
 class _Slot:
-    """One error record: device int32[8] at ``dptr``, and its mirror ``host`` int32[8] in mapped pinned memory
-    (device address ``hdev``): ``host[0]`` = 1 once the call finished, ``host[1:5]`` = the device record."""
+    """One error record: device int32[RECORD_WORDS] at ``dptr``, and its mirror ``host`` int32[RECORD_WORDS] in
+    mapped pinned memory (device address ``hdev``): ``host[0]`` = 1 once the call finished, ``host[1:5]`` = the
+    device record's failure (FAILURE_WORDS words)."""
     __slots__ = ("dptr", "hdev", "host", "pool", "device_id")
 
     def done(self) -> bool:
@@ -69,16 +74,17 @@ class _SlotPool:
     def _grow(self, n: int):
         rt = cupy.cuda.runtime
         with cupy.cuda.Device(self.device_id):
-            dbuf = cupy.zeros(RECORD_BYTES // 4 * n, dtype=np.int32)
-            hptr = rt.hostAlloc(32 * n, rt.hostAllocMapped | rt.hostAllocPortable)   # never freed (pool)
+            dbuf = cupy.zeros(RECORD_WORDS * n, dtype=np.int32)
+            hptr = rt.hostAlloc(RECORD_BYTES * n, rt.hostAllocMapped | rt.hostAllocPortable)   # never freed (pool)
             hdev = rt.pointerGetAttributes(hptr).devicePointer
-            host = np.ctypeslib.as_array((ctypes.c_int32 * (8 * n)).from_address(hptr)).reshape(n, 8)
+            host = np.ctypeslib.as_array((ctypes.c_int32 * (RECORD_WORDS * n)).from_address(hptr)).reshape(
+                n, RECORD_WORDS)
             host[:] = 0
             self._blocks.append((dbuf, hptr))
             for i in range(n):
                 s = _Slot()
                 s.dptr = dbuf.data.ptr + RECORD_BYTES * i
-                s.hdev = hdev + 32 * i
+                s.hdev = hdev + RECORD_BYTES * i
                 s.host = host[i]
                 s.pool, s.device_id = self, self.device_id
                 self.free.append(s)
@@ -89,15 +95,15 @@ GRAPH_RECORDS = 1024     # error records per device for backward calls captured 
 
 class _GraphRecords:
     """Error records of captured (or jax-traced) backward calls on one device: a zeroed device int32
-    (GRAPH_RECORDS, 8) block (allocated outside capture, with the device's first eager backward or first traced
-    one), handed out one per call and never reused; once all are taken, the last one is shared (:meth:`shared`:
-    such calls are not folded, whose grid barriers need a record of their own). ``infos[i]`` names the calls of
-    record ``i``, ``wheres[i]`` how the first of them runs."""
+    (GRAPH_RECORDS, RECORD_WORDS) block (allocated outside capture, with the device's first eager backward or first
+    traced one), handed out one per call and never reused; once all are taken, the last one is shared
+    (:meth:`shared`: such calls are not folded, whose grid barriers need a record of their own). ``infos[i]`` names
+    the calls of record ``i``, ``wheres[i]`` how the first of them runs."""
 
     def __init__(self, device_id: int):
         self.device_id = device_id
         with cupy.cuda.Device(device_id):
-            self.block = cupy.zeros((GRAPH_RECORDS, RECORD_BYTES // 4), dtype=np.int32)
+            self.block = cupy.zeros((GRAPH_RECORDS, RECORD_WORDS), dtype=np.int32)
             # NOTES: once per device and process: graphs captured later (on any stream) must see the zeros
             cupy.cuda.runtime.deviceSynchronize()
         self.infos: list[list] = []
@@ -123,7 +129,7 @@ class _GraphRecords:
             return []
         with cupy.cuda.Device(self.device_id):
             cupy.cuda.runtime.deviceSynchronize()
-            host = cupy.asnumpy(self.block[:n, :4])
+            host = cupy.asnumpy(self.block[:n, :FAILURE_WORDS])
             failed = np.flatnonzero(host[:, 0])
             if not len(failed):
                 return []
@@ -200,17 +206,11 @@ def _release_slot(slot: _Slot):
         slot.pool.free.append(slot)
 
 
-def _spin_timeout_ms() -> float:
-    raw = os.environ.get("CUPY_DASH_SPIN_TIMEOUT_MS")
-    if raw is None or not raw.strip():
-        return _DEFAULT_SPIN_TIMEOUT_MS
-    try:
-        ms = float(raw)
-    except ValueError:
-        ms = float("nan")
-    if not (math.isfinite(ms) and ms > 0):
-        raise ValueError(f"CUPY_DASH_SPIN_TIMEOUT_MS: expected a positive number of milliseconds, got {raw!r}")
-    return ms
+def _stall_bound() -> str:
+    """In words, the bound of the kernel's waits that only a semaphore wait can hold up (the load pipelines' and
+    the fold's grid barriers: kernels_src/constants.cuh)."""
+    return (f"{K.kStallTimeoutFactor} x CUPY_DASH_SPIN_TIMEOUT_MS (now {config.SPIN_TIMEOUT_MS.get():g} ms) + "
+            f"{K.kStallSlackNs / 1e9:g} s")
 
 
 def _format_failure(info, flag, visit, want, seen) -> str:
@@ -218,22 +218,23 @@ def _format_failure(info, flag, visit, want, seen) -> str:
     bounds = tuple(window[0]) if window else (-1, 0 if causal else -1)
     window = f", window={bounds}" if bounds != (-1, 0 if causal else -1) else ""
     where = f"in schedule '{policy}' (B={B}, H={H}, Sq={Sq}, Sk={Sk}, D={D}, causal={causal}{window})"
-    if flag == 1:
+    if flag == K.kErrorSemaphoreTimeout:
         return (f"cupy_dash backward: dQ semaphore wait timed out {where}: visit {visit} waited for rank {want}, "
                 f"saw {seen}; the schedule table is inconsistent (a dQ tile's ranks cannot be reached in the "
                 f"CTAs' execution order) or the persistent grid exceeded the co-resident CTAs. The kernel "
                 f"abandoned the wait instead of hanging; dq/dk/dv of that call are invalid. If it was merely "
-                f"slow, raise CUPY_DASH_SPIN_TIMEOUT_MS (now {_spin_timeout_ms():g} ms).")
-    if flag == 2:
+                f"slow, raise CUPY_DASH_SPIN_TIMEOUT_MS (now {config.SPIN_TIMEOUT_MS.get():g} ms).")
+    if flag == K.kErrorPipelineStall:
         return (f"cupy_dash backward: a load-pipeline wait inside CTA {visit} never ended {where} (barrier at "
-                f"shared offset {want}, parity {seen}); this is a kernel bug, please report it with the shape. The "
-                f"kernel abandoned the wait instead of hanging; dq/dk/dv of that call are invalid.")
-    if flag == 3:
+                f"shared offset {want}, parity {seen}; abandoned after {_stall_bound()}); this is a kernel bug, "
+                f"please report it with the shape. The kernel abandoned the wait instead of hanging; dq/dk/dv of "
+                f"that call are invalid.")
+    if flag == K.kErrorGridBarrier:
         return (f"cupy_dash backward: a grid barrier of the folded (one-launch) backward did not fill in time "
                 f"{where}: CTA {visit} saw {seen} CTAs at counter word {want}; the persistent grid exceeded the "
                 f"co-resident CTAs (another kernel holding SMs?) or an earlier failure stopped it. The kernel "
                 f"abandoned the wait instead of hanging; dq/dk/dv of that call are invalid. CUPY_DASH_FOLD=0 turns "
-                f"the fold off; CUPY_DASH_SPIN_TIMEOUT_MS (now {_spin_timeout_ms():g} ms) bounds the wait.")
+                f"the fold off; the wait is bounded by {_stall_bound()}.")
     return (f"cupy_dash backward: the main kernel reported error code {flag} {where} (visit {visit}, "
             f"values {want}, {seen}); dq/dk/dv of that call are invalid.")
 
@@ -243,7 +244,7 @@ def _consume(rec: _Pending):
     msg = None
     slot = rec.slot
     if slot is not None:
-        done, flag, visit, want, seen = slot.host[:5].tolist()
+        done, flag, visit, want, seen = slot.host[:1 + FAILURE_WORDS].tolist()
         if not done:
             msg = (f"cupy_dash backward: the call {rec.info} finished without its postprocess kernel writing its "
                    f"error record (an earlier CUDA error?); its dq/dk/dv may be invalid.")

@@ -10,21 +10,21 @@ torch, patch the parameter block, launch (one ``cuLaunchKernel`` per kernel, as 
 
 NOTES: the signature holds everything the full path's checks depend on: for every tensor its shape, strides,
 dtype and device, whether all base addresses are 16-byte aligned, and the arguments by type and value (``causal``
-must be a ``bool``, ``window`` a tuple, ``softmax_scale`` None or a float, ``schedule`` a str, the spin timeout of
-the environment). A call that would fail a check never matches a plan (plans are only made by calls that passed
-them), so bad input still raises before anything is launched. The fast path steps aside (returns None) when the
-current stream is capturing a CUDA graph (the full path has its capture rules), when the current device is not
-the tensors' device, or when ``CUPY_DASH_FASTPATH=0``. The asynchronous work is enqueued by the same
-:mod:`cupy_dash.launchers` functions as the full path's, so the bits are the same.
+must be a ``bool``, ``window`` a tuple, ``softmax_scale`` None or a float, ``schedule`` a str), and the
+environment variables that change the launch (:func:`cupy_dash.config.fingerprint`). A call that would fail a check
+never matches a plan (plans are only made by calls that passed them), so bad input still raises before anything is
+launched. The fast path steps aside (returns None) when the current stream is capturing a CUDA graph (the full
+path has its capture rules), when the current device is not the tensors' device, or when ``CUPY_DASH_FASTPATH=0``.
+The asynchronous work is enqueued by the same :mod:`cupy_dash.launchers` functions as the full path's, so the bits
+are the same.
 """
 from __future__ import annotations
 
-import os
 import threading
 
 import cupy
 
-from . import _launch, errors, interop, jit, kernels, launchers, params, tensormap
+from . import _launch, config, errors, interop, jit, kernels, launchers, params, tensormap
 
 _MAX_PLANS = 256
 _MAX_MAPS = 64          # tensor maps kept per operand of a plan (keyed by address)
@@ -35,23 +35,9 @@ _torch = None
 _stats = {"fwd_hits": 0, "bwd_hits": 0}
 
 
-# NOTES: the fast path reads a few environment variables on every call. On POSIX CPython, os.environ keeps its
-# bytes-keyed dict ``_data`` in step with every write through os.environ (monkeypatch.setenv included); reading it
-# directly skips _Environ.get's encode / decode (~0.5 µs per read on the device VM). Elsewhere, os.environ.
-_ENV_DATA = os.environ._data if os.name == "posix" and isinstance(getattr(os.environ, "_data", None), dict) \
-    else None
-
-
-def env(name: bytes):
-    """The environment variable ``name`` (ASCII bytes) as bytes, or None when unset."""
-    if _ENV_DATA is not None:
-        return _ENV_DATA.get(name)
-    value = os.environ.get(name.decode())
-    return None if value is None else value.encode()
-
-
-def enabled() -> bool:
-    return env(b"CUPY_DASH_FASTPATH") not in (b"0", b"")
+# NOTES: the fast path reads a few environment variables on every call, through cupy_dash.config (a dict lookup
+# and a comparison each: see its module docstring).
+enabled = config.FASTPATH.get      # enabled() -> bool: unless CUPY_DASH_FASTPATH is "0" or ""
 
 
 def clear() -> None:
@@ -100,7 +86,7 @@ def bwd_key(do, q, k, v, out, lse, causal, softmax_scale, schedule, deterministi
         return None
     ptrs = do.data_ptr() | q.data_ptr() | k.data_ptr() | v.data_ptr() | out.data_ptr() | lse.data_ptr()
     return (_sig(do), _sig(q), _sig(k), _sig(v), _sig(out), _sig(lse), causal, softmax_scale, schedule,
-            deterministic, window, not (ptrs & 15), env(b"CUPY_DASH_SPIN_TIMEOUT_MS"), env(b"CUPY_DASH_FOLD"))
+            deterministic, window, not (ptrs & 15), config.fingerprint())
 
 
 class _Maps:
@@ -349,7 +335,7 @@ def run_backward(plan, stream, do, q, k, v, out, lse):
         errors._release_slot(slot)
         raise
     launchers.enqueue_backward(c, buf, grads, stream, slot=slot, call=plan.call, launches=plan.launches)
-    if env(b"CUPY_DASH_SYNC_ERRORS") not in (None, b"", b"0"):
+    if config.SYNC_ERRORS.get():
         errors.check_errors()
     return dq, dk, dv
 

@@ -15,10 +15,10 @@ the device): its signature holds their layouts, and their addresses are patched 
 
 NOTES: the signature holds what the full path's checks depend on: every tensor's shape, strides, dtype and device,
 16-byte alignment of all six addresses, the arguments by type and value, the environment variables that change the
-launch (spin timeout, compact tables, device expansion), the torch stream (the table's upload was ordered before the
-full call's kernels on that stream only), and the lengths: host cu_seqlens by dtype and bytes (checked by the full
-path when the plan was made), device ones through the forward's host copy (:mod:`cupy_dash.varlen_host_cu`; no copy,
-no fast path). So a call that would fail a check never matches.
+launch (config.fingerprint: spin timeout, fold, compact tables, device expansion), the torch stream (the table's
+upload was ordered before the full call's kernels on that stream only), and the lengths: host cu_seqlens by dtype
+and bytes (checked by the full path when the plan was made), device ones through the forward's host copy
+(:mod:`cupy_dash.varlen_host_cu`; no copy, no fast path). So a call that would fail a check never matches.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ import threading
 
 import numpy as np
 
-from . import compact_device, fastpath, interop, varlen_device, varlen_host_cu
+from . import config, fastpath, interop, varlen_host_cu
 
 _MAX_PLANS = 8            # each holds its packing's device tables (up to a few MB)
 _plans: dict = {}
@@ -34,7 +34,6 @@ _fwd_plans: dict = {}
 _templates: dict = {}     # signature without the lengths -> a plan of those tensors (for their new packings)
 _lock = threading.Lock()
 _stats = {"hits": 0, "fwd_hits": 0, "new_packing_hits": 0}
-_COMPACT_ENV, _EXPAND_ENV = compact_device.ENV.encode(), varlen_device.EXPAND_ENV.encode()
 
 
 def stats() -> dict:
@@ -98,7 +97,7 @@ def key(do, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, softmax_scale, 
     ptrs = do.data_ptr() | q.data_ptr() | k.data_ptr() | v.data_ptr() | out.data_ptr() | lse.data_ptr()
     return (sig(do), sig(q), sig(k), sig(v), sig(out), sig(lse), lens, max_q, max_k, causal, softmax_scale, window,
             schedule, deterministic, not (ptrs & 15), interop._torch_stream_ptr(dev),
-            fastpath.env(b"CUPY_DASH_SPIN_TIMEOUT_MS"), fastpath.env(_COMPACT_ENV), fastpath.env(_EXPAND_ENV))
+            config.fingerprint())
 
 
 def _template_key(key_):

@@ -59,16 +59,15 @@ from __future__ import annotations
 
 import collections
 import functools
-import os
 import sys
 import threading
 
 import jax
 import numpy as np
 
-from . import api, compact_device, interop, jit, kernels, launchers
+from . import api, compact_device, config, interop, jit, kernels, launchers
 from . import schedule as _schedule
-from .errors import _jit_record, _record_shared, _spin_timeout_ms
+from .errors import _jit_record, _record_shared
 
 __all__ = ["attention", "attention_forward", "attention_backward", "attention_varlen"]
 
@@ -120,14 +119,14 @@ def _config(causal, softmax_scale, window=(-1, -1), schedule="auto", determinist
     api._check_schedule(schedule)
     scale = None if softmax_scale is None else api._check_scale(softmax_scale, None)
     return _Config(causal, scale, api._check_window(window, causal), schedule, deterministic, _use_ffi(),
-                   os.environ.get(compact_device.ENV, ""))
+                   config.COMPACT_TABLES.get())
 
 
 def _use_ffi() -> bool:
     """The C FFI handler unless ``CUPY_DASH_JAX_FFI=0`` asks for the Python buffer_callback, or the extension
     ``cupy_dash._xla_ffi`` is not built (``CUPY_DASH_JAX_FFI=1`` then raises when a call is traced)."""
-    env = os.environ.get("CUPY_DASH_JAX_FFI", "")
-    return env != "0" and (bool(env) or _ffi_built())
+    choice = config.JAX_FFI.get()
+    return choice is not False and (choice is True or _ffi_built())
 
 
 @functools.lru_cache(maxsize=None)
@@ -261,7 +260,7 @@ def _forward_call(q, k, v, cfg):
 
 def _backward_call(dout, q, k, v, out, lse, cfg):
     p, cfg = _problem(cfg, q, k, v, dout, out, lse)
-    spin_timeout_ns = int(_spin_timeout_ms() * 1e6)
+    spin_timeout_ns = config.spin_timeout_ns()
     key = ("bwd", cfg.ffi, p.dtype, (p.B, p.Sq, p.Sk, p.H, p.Hkv, p.D), p.scale, cfg.causal, cfg.window,
            cfg.schedule, cfg.deterministic, spin_timeout_ns)
     return _get(key, lambda: _mechanism(cfg)._Backward(p, cfg, spin_timeout_ns)).bind(dout, q, k, v, out, lse)

@@ -23,10 +23,10 @@ import functools
 import jax
 import numpy as np
 
-from . import api, interop, jax_varlen_dyn, kernels, launchers, varlen, varlen_device
+from . import api, config, interop, jax_varlen_dyn, kernels, launchers, varlen, varlen_device
 from . import jax as _jax
 from . import schedule as _schedule
-from .errors import _jit_record, _spin_timeout_ms
+from .errors import _jit_record
 from .varlen import _check_max_seqlen, _check_max_within, _check_same_count, _cu_seqlens_form, _cu_seqlens_values
 
 __all__ = ["attention_varlen"]
@@ -107,7 +107,7 @@ def _forward(vcfg, q, k, v):
 
 def _backward(vcfg, dout, q, k, v, out, lse):
     p, cfg = _problem(vcfg, q, k, v, dout, out, lse)
-    spin = int(_spin_timeout_ms() * 1e6)
+    spin = config.spin_timeout_ns()
     key = ("bwd-varlen", p.dtype, (p.Sq, p.Sk, p.H, p.Hkv, p.D), p.scale, cfg.causal, cfg.window, cfg.schedule,
            cfg.deterministic, spin, vcfg.cu_q, vcfg.cu_k, vcfg.max_q)
     return _jax._get(key, lambda: _VarlenBackward(p, cfg, vcfg, spin)).bind(dout, q, k, v, out, lse)

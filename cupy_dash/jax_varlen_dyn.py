@@ -16,10 +16,10 @@ import functools
 import jax
 import numpy as np
 
-from . import api, interop, kernels, launchers, varlen
+from . import api, config, interop, kernels, launchers, varlen
 from . import jax_varlen as _static        # (partly initialised while it imports this module: used at call time)
 from . import jax as _jax
-from .errors import _jit_record, _spin_timeout_ms
+from .errors import _jit_record
 from .varlen import _checked_cu_seqlens
 
 _DynConfig = collections.namedtuple("_DynConfig", "base num_seqs max_q max_k")
@@ -61,7 +61,7 @@ def _forward(dcfg, q, k, v, cu_q, cu_k):
 
 def _backward(dcfg, dout, q, k, v, out, lse, cu_q, cu_k):
     p, cfg = _static._problem(dcfg, q, k, v, dout, out, lse)
-    spin = int(_spin_timeout_ms() * 1e6)
+    spin = config.spin_timeout_ns()
     key = ("bwd-varlen-dyn", p.dtype, (p.Sq, p.Sk, p.H, p.Hkv, p.D), p.scale, cfg.causal, cfg.window, cfg.schedule,
            cfg.deterministic, spin, dcfg.num_seqs, dcfg.max_q, dcfg.max_k)
     return _jax._get(key, lambda: _Backward(p, cfg, dcfg, spin)).bind(dout, q, k, v, out, lse, cu_q, cu_k)

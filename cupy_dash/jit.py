@@ -40,7 +40,7 @@ try:
 except ImportError:                      # not POSIX: no inter-process lock (entries are still written atomically)
     fcntl = None
 
-from . import gpu
+from . import config, gpu
 from ._version import __version__
 
 ARCH = "sm_90a"
@@ -102,10 +102,10 @@ def _default_kernel_dir() -> Path:
 
 
 def cache_dir() -> Path:
-    env = os.environ.get("CUPY_DASH_CACHE_DIR")
+    env = config.CACHE_DIR.get()
     if env:
         return Path(env).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
+    xdg = config.XDG_CACHE_HOME.get()
     base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
     return base / "cupy_dash"
 
@@ -318,7 +318,7 @@ def _read_entry(cubin_path: Path, meta_path: Path, key: str):
 
 def _verbose(verbose) -> bool:
     if verbose is None:
-        return os.environ.get("CUPY_DASH_JIT_VERBOSE", "") not in ("", "0")
+        return config.JIT_VERBOSE.get()
     return bool(verbose)
 
 

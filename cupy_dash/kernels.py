@@ -22,6 +22,7 @@ import numpy as np
 from . import _launch
 from .params import (BWD_PARAMS_DTYPE, FWD_PARAMS_DTYPE, PARAMS_STRUCTS, pack_bwd_params,  # noqa: F401
                      pack_fwd_params, params_layout_check_source)
+from .params import CONSTANTS as K
 
 SUPPORTED_HEAD_DIMS = (64, 128)
 SUPPORTED_DTYPES = ("bfloat16", "float16")
@@ -40,29 +41,36 @@ class TileConfig:
 # smem layout equals DASH_SMEM_BYTES, so a mismatch fails at compile time, not at run time).
 #   (kernel, head_dim): TileConfig(block_m, block_n, threads)
 # bwd_preprocess / bwd_postprocess use bwd_main's block_m and block_n (their row tiling must match the dq_accum
-# / dpsum / lse_log2 layout of the main kernel) with AUX_THREADS threads and no dynamic smem.
+# / dpsum / lse_log2 layout of the main kernel) with AUX_THREADS threads and no dynamic smem. Thread counts are
+# kernels_src/constants.cuh's (the kernels static_assert DASH_NUM_THREADS against them).
+MAIN_THREADS = K.kMainThreads
 TILES = {
-    ("fwd", 64): TileConfig(block_m=128, block_n=128, threads=384),
-    ("fwd", 128): TileConfig(block_m=128, block_n=128, threads=384),
-    ("bwd_main", 64): TileConfig(block_m=128, block_n=128, threads=384),
-    ("bwd_main", 128): TileConfig(block_m=64, block_n=128, threads=384),
+    ("fwd", 64): TileConfig(block_m=128, block_n=128, threads=MAIN_THREADS),
+    ("fwd", 128): TileConfig(block_m=128, block_n=128, threads=MAIN_THREADS),
+    ("bwd_main", 64): TileConfig(block_m=128, block_n=128, threads=MAIN_THREADS),
+    ("bwd_main", 128): TileConfig(block_m=64, block_n=128, threads=MAIN_THREADS),
 }
-AUX_THREADS = 256
+AUX_THREADS = K.kAuxThreads
 
 
+# NOTES: the dynamic shared memory of the two Hopper kernels, summed as their SmemLayout (fwd/config.cuh,
+# bwd/config.cuh) lays it out, with the stage counts and sizes of kernels_src/constants.cuh that the layouts use.
+# The size must be known before compiling (it is part of the KernelSpec, and a DASH_SMEM_BYTES define), so it is
+# not read back from the cubin; instead each kernel static_asserts its layout's size equals DASH_SMEM_BYTES, so
+# that `python -m cupy_dash compile --all` fails on any disagreement.
 def _fwd_smem(t: TileConfig, d: int) -> int:
-    """kernels_src/fwd/config.cuh SmemLayout: Q; K, V x2 stages; 9 mbarriers; 1 KB to align the base."""
-    stages = 2
-    return (t.block_m + 2 * stages * t.block_n) * d * 2 + 8 * (1 + 4 * stages) + 1024
+    """kernels_src/fwd/config.cuh SmemLayout: Q; K, V x stages; 1 + 4 x stages mbarriers; the alignment slack."""
+    stages = K.kFwdKvStages
+    return (t.block_m + 2 * stages * t.block_n) * d * 2 + K.kMbarrierBytes * (1 + 4 * stages) + K.kSmemAlign
 
 
 def _bwd_main_smem(t: TileConfig, d: int) -> int:
-    """kernels_src/bwd/config.cuh SmemLayout: K x2, V; Q, dO, dS x2 stages; fp32 dQ; lse, dpsum x2; 14 mbarriers;
-    a 16-byte visit slot per stage; 1 KB to align the base to 1024 bytes."""
-    stages, k_stages = 2, 2
+    """kernels_src/bwd/config.cuh SmemLayout: K x k_stages, V; Q, dO, dS x stages; fp32 dQ; lse, dpsum x stages;
+    2 x k_stages + 2 + 4 x stages mbarriers; a visit slot per stage; the alignment slack."""
+    stages, k_stages = K.kBwdStages, K.kBwdKStages
     return ((k_stages + 1) * t.block_n * d * 2 + stages * 2 * t.block_m * d * 2 + stages * t.block_m * t.block_n * 2
-            + t.block_m * d * 4 + stages * 2 * t.block_m * 4 + 8 * (2 * k_stages + 2 + 4 * stages) + 16 * stages
-            + 1024)
+            + t.block_m * d * 4 + stages * 2 * t.block_m * 4 + K.kMbarrierBytes * (2 * k_stages + 2 + 4 * stages)
+            + K.kVisitSlotBytes * stages + K.kSmemAlign)
 
 
 # kernel name: (source file, entry point, dynamic smem bytes as a function of (tile, head_dim))

@@ -9,18 +9,16 @@ Operands are ``(pointer, (batch, row, head) element strides)`` pairs; outputs an
 """
 from __future__ import annotations
 
-import os
-
 import cupy
 import numpy as np
 
-from . import _launch, jit, kernels, tensormap
+from . import _launch, config, jit, kernels, tensormap
 from . import schedule as _schedule
 from .errors import _release_slot, _track
 
 _LOG2E = 1.4426950408889634
 _WORKSPACE_ALIGN = 256
-FOLD_ENV = "CUPY_DASH_FOLD"
+FOLD_ENV = config.FOLD.name
 # NOTES: a folded backward (one launch: kernels_src/bwd/fold.cuh) saves two launches' host time (~4 µs each on the
 # H200's host) but costs GPU time: its two grid barriers cost more than the gaps between three kernels (measured,
 # benchmarks/fold_bench.py: +0.3 µs at one tile pair, +1-3.5 µs from 128 to 32k pairs, i.e. 1-7 %). So it is kept
@@ -132,11 +130,9 @@ def fold_wanted(p, block_m, block_n, zero_kv, varlen) -> bool:
     folds every such backward whatever its size."""
     if varlen is not None or zero_kv:
         return False
-    choice = os.environ.get(FOLD_ENV, "").strip()
-    if choice == "0":
-        return False
-    if choice == "1":
-        return True
+    forced = config.FOLD.get()
+    if forced is not None:
+        return forced
     return p.B * p.H * -(-p.Sq // block_m) * -(-p.Sk // block_n) <= FOLD_MAX_TILES
 
 

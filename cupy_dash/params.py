@@ -1,4 +1,5 @@
-"""Host side of the kernel parameter blocks, derived from ``kernels_src/params.cuh`` (the one source of truth).
+"""Host side of the kernel parameter blocks and shared constants, derived from ``kernels_src/params.cuh`` and
+``kernels_src/constants.cuh`` (the one source of truth of each).
 
 The kernels take one ``__grid_constant__`` struct by value (``FwdParams`` / ``BwdParams``). This module reads
 their declarations from the header, lays them out with C's rules (natural alignment; ``TmaDesc`` is 128 bytes
@@ -8,7 +9,10 @@ aligned to 64), and exposes
 * :func:`pack_fwd_params` / :func:`pack_bwd_params`: one ``struct.pack`` of keyword fields into a size-1 array
   that CuPy passes by value;
 * :func:`params_layout_check_source`: CUDA source that ``static_assert``s every offset, size and alignment, so
-  a compile (tests/test_jit.py) proves the parser and the compiler agree.
+  a compile (tests/test_jit.py) proves the parser and the compiler agree;
+* :data:`CONSTANTS`: the ``constexpr int`` constants of ``constants.cuh`` under their C names
+  (``CONSTANTS.kErrorSemaphoreTimeout``), an immutable named tuple: the error codes and record layout that
+  :mod:`cupy_dash.errors` decodes, the thread counts and shared-memory terms of :mod:`cupy_dash.kernels`.
 
 Field kinds: any pointer (``T*``) is a 64-bit address (an int, a cupy array or None); ``int64_t``; ``float``;
 ``Strides`` (three int64 element strides, given as a ``(batch, row, head)`` tuple); ``TmaDesc`` (128 bytes, from
@@ -16,6 +20,7 @@ Field kinds: any pointer (``T*``) is a 64-bit address (an int, a cupy array or N
 """
 from __future__ import annotations
 
+import collections
 import re
 import struct
 
@@ -72,6 +77,25 @@ def parse_structs(text: str, names=STRUCT_NAMES) -> dict:
     return out
 
 
+def parse_constants(text: str) -> dict:
+    """``{name: int}`` of a header made only of ``constexpr int kName = <integer literal>;`` declarations (and
+    ``#pragma once``, comments). Raises ValueError on anything else, so that a constant the parser would miss or
+    misread fails loudly."""
+    out = {}
+    for line in _strip_comments(text).splitlines():
+        line = line.strip()
+        if not line or line == "#pragma once":
+            continue
+        m = re.fullmatch(r"constexpr\s+int\s+(k[A-Za-z0-9_]+)\s*=\s*(-?(?:0|[1-9][0-9]*))\s*;", line)
+        if m is None:
+            raise ValueError(f"constants.cuh: expected 'constexpr int kName = <integer>;', got {line!r}")
+        name, value = m.group(1), int(m.group(2))
+        if name in out:
+            raise ValueError(f"constants.cuh: {name} defined twice")
+        out[name] = value
+    return out
+
+
 def _kind_layout(kind: str):
     if kind == "ptr":
         return _POINTER[1:]
@@ -119,6 +143,8 @@ FWD_PARAMS_DTYPE = _LAYOUTS["FwdParams"][1]
 BWD_PARAMS_DTYPE = _LAYOUTS["BwdParams"][1]
 # C struct name -> (numpy dtype, C alignment), for the layout check
 PARAMS_STRUCTS = {name: (lay[1], lay[3]) for name, lay in _LAYOUTS.items()}
+_CONSTANTS = parse_constants((jit.kernel_dir() / "constants.cuh").read_text())
+CONSTANTS = collections.namedtuple("Constants", tuple(_CONSTANTS))(**_CONSTANTS)
 
 
 def _pointer(name: str, value) -> int:

@@ -293,11 +293,10 @@ def _check_table_size(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, c
     CUPY_DASH_COMPACT_TABLES=0 asks for per-visit tables of any size (as it does of the backward). The visits are
     counted in O(KV tiles), or bounded below in O(1) by one per head and visible KV tile where that bound already
     exceeds the limit (2^40 tokens: no count over 2^33 KV tiles)."""
-    import os
-    from . import compact, compact_device
+    from . import compact, compact_device, config
     limit = compact_device.AUTO_VISITS
     num_n_blocks = -(-seqlen_k // block_n)
-    if num_heads * -(-seqlen_q // block_m) * num_n_blocks <= limit or os.environ.get(compact_device.ENV) == "0":
+    if num_heads * -(-seqlen_q // block_m) * num_n_blocks <= limit or config.COMPACT_TABLES.get() is False:
         return
     columns = num_n_blocks - unseen_keys(seqlen_q, seqlen_k, causal, window) // block_n    # visible KV tiles
     if num_heads * columns > limit:

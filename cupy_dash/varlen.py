@@ -16,15 +16,14 @@ they describe but never a load or store outside the buffers.
 from __future__ import annotations
 
 import numbers
-import os
 
 import cupy
 import numpy as np
 
-from . import _varlen_pack, api, compact_device, fastpath_varlen, gpu, interop, kernels, launchers, varlen_device, \
-    varlen_host_cu
+from . import _varlen_pack, api, compact_device, config, fastpath_varlen, gpu, interop, kernels, launchers, \
+    varlen_device, varlen_host_cu
 from . import schedule as _schedule
-from .errors import _acquire_slot, _keep_alive, _spin_timeout_ms, check_errors, poll_errors as _poll_errors
+from .errors import _acquire_slot, _keep_alive, check_errors, poll_errors as _poll_errors
 
 
 def _check_max_seqlen(name, value) -> int:
@@ -152,12 +151,12 @@ def _tables(dev, dtype, D, causal, deterministic, schedule, lens_q, lens_k, H, H
     builds compact records (O(columns)) and kernels_src/bwd_expand.cu writes the per-visit rows for the per-visit
     main kernel (the same bits and kernel speed, half the host time of a new packing: RESULTS, fifth session);
     CUPY_DASH_VARLEN_EXPAND=host expands on the host instead (varlen_schedule.expand, uploads 20 bytes per visit)."""
-    env = os.environ.get(compact_device.ENV, "")
-    expand = os.environ.get(varlen_device.EXPAND_ENV, "") != "host"
-    form = True if env not in ("", "0") else ("expand" if expand else False)
+    forced = config.COMPACT_TABLES.get()
+    expand = config.VARLEN_EXPAND.get() == "device"
+    form = True if forced else ("expand" if expand else False)
     _, bm, bn, max_ctas = kernels.bwd_entry(dev, dtype, D, causal, deterministic, varlen=True)
     tables = varlen_device.plan(schedule, lens_q, lens_k, bm, bn, H, Hkv, causal, max_ctas, window, form,
-                                compact_device.AUTO_VISITS if env == "" else None, pinned=True)
+                                compact_device.AUTO_VISITS if forced is None else None, pinned=True)
     compact = tables.compact is not None and not tables.expand
     specs, _, _, compact_ctas = kernels.bwd_entry(dev, dtype, D, causal, deterministic, compact=compact, varlen=True)
     if tables.num_ctas > compact_ctas:
@@ -367,7 +366,7 @@ def attention_backward_varlen(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
                     cu_host[i] = _cu_seqlens_values(name, _device_to_host(info, cu, stream), *limits)
             _check_same_count(*cu_host)
         c, cu_dev, call = _packing_launch(dev, p, causal, deterministic, schedule, window,
-                                          int(_spin_timeout_ms() * 1e6), cu_host, max_q, stream)
+                                          config.spin_timeout_ns(), cu_host, max_q, stream)
         fw = p.infos[0].framework
         keep = []
         qi, ki, vi, doi, oi = p.infos                     # _validate's order; the kernels take out before dout
@@ -391,6 +390,6 @@ def attention_backward_varlen(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
             fastpath_varlen.register(fast_key, c, operands, lse_ptr, base, (dq_ptr, dk_ptr, dv_ptr), cu_ptrs, call,
                                      q, stream, (c.tables, *cu_dev))
         result = api._export(fw, dq, q), api._export(fw, dk, q), api._export(fw, dv, q)
-    if os.environ.get("CUPY_DASH_SYNC_ERRORS", "") not in ("", "0"):
+    if config.SYNC_ERRORS.get():
         check_errors()
     return result

@@ -26,7 +26,7 @@ import cupy
 import cupyx
 import numpy as np
 
-from . import _varlen_pack, varlen_schedule
+from . import _varlen_pack, config, varlen_schedule
 from . import schedule as _schedule
 from .errors import _keep_alive
 
@@ -98,7 +98,7 @@ class ExpandedTables:
         return self.ptrs
 
 
-EXPAND_ENV = "CUPY_DASH_VARLEN_EXPAND"   # "host": per-visit tables expanded on the host, not the GPU (default)
+EXPAND_ENV = config.VARLEN_EXPAND.name   # "host": per-visit tables expanded on the host, not the GPU (default)
 _MAX_DEVICE_TABLES = 16
 _table_streams: dict = {}       # cache key -> {stream handle: CuPy stream} of the calls that read the tables
 _device_tables: "collections.OrderedDict" = collections.OrderedDict()

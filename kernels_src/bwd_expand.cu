@@ -5,6 +5,7 @@
 // Grid (schedule CTAs, chunks): the warps of the chunks of CTA c split its KV-head visits round-robin; each warp
 // walks them in increasing order with its own cursor and writes rows cta_start[c] + v (c, bh, n_block, m_block)
 // and rank[cta_start[c] + v], the same values as the compact main kernel computes per visit.
+#include "constants.cuh"
 #include "params.cuh"
 #include "schedule_view.cuh"
 
@@ -12,7 +13,7 @@
 #error "bwd_expand reads compact records: build it with DASH_COMPACT=1"
 #endif
 
-constexpr int kExpandThreads = 256;
+constexpr int kExpandThreads = kAuxThreads;
 #ifdef DASH_NUM_THREADS
 static_assert(DASH_NUM_THREADS == kExpandThreads, "launched with 256 threads");
 #endif

@@ -36,7 +36,7 @@ DASH_DEVICE void consume(const BwdParams& p, const ScheduleView& sched, const Sm
 }
 
 extern "C" __global__ void __launch_bounds__(kNumThreads, 1) dash_bwd_main(const __grid_constant__ BwdParams p) {
-  extern __shared__ __align__(1024) char smem_raw[];
+  extern __shared__ __align__(kSmemAlign) char smem_raw[];
 #if DASH_VARLEN
   constexpr bool fold = false;
 #else
@@ -55,7 +55,7 @@ extern "C" __global__ void __launch_bounds__(kNumThreads, 1) dash_bwd_main(const
   }
 
   const uint32_t raw = smem_u32(smem_raw);
-  const Smem s{(raw + 1023u) & ~1023u};
+  const Smem s{(raw + (kSmemAlign - 1u)) & ~(kSmemAlign - 1u)};
   char* smem_generic = smem_raw + (s.base - raw);
   if (threadIdx.x == 0) {
 #pragma unroll

@@ -14,9 +14,9 @@
 using namespace fwd;
 
 extern "C" __global__ void __launch_bounds__(kNumThreads, 1) dash_fwd(const __grid_constant__ FwdParams p) {
-  extern __shared__ __align__(1024) char smem_raw[];
+  extern __shared__ __align__(kSmemAlign) char smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
-  const Smem s{(raw + 1023u) & ~1023u};
+  const Smem s{(raw + (kSmemAlign - 1u)) & ~(kSmemAlign - 1u)};
   const Tile t(p);
   if (t.outside()) return;  // uniform over the CTA, before any barrier
   if (threadIdx.x == 0) {

@@ -2,12 +2,14 @@
 // warpgroups per CTA, with the register budgets that setmaxnreg hands between them.
 #pragma once
 #include "common.cuh"
+#include "constants.cuh"
 
 namespace roles {
 
 constexpr int kNumMmaWg = 2;
 constexpr int kWgThreads = 128;
 constexpr int kNumThreads = kWgThreads * (1 + kNumMmaWg);
+static_assert(kNumThreads == kMainThreads, "constants.cuh: kMainThreads is a producer and kNumMmaWg MMA warpgroups");
 constexpr int kEntryRegs = 168;  // what __launch_bounds__(384, 1) gives every thread at entry
 #if DASH_COMPACT
 // NOTES: compact-table backward builds: the dQ writer counts ranks (compact_view.cuh) and the producer looks one

@@ -168,17 +168,3 @@ def test_patched_block_writes_maps_and_fields_as_pack_into():
     assert _launch.patched_block(bytes(16), (), (), (), (0, 8), (-2, 1 << 63)) == struct.pack("<qQ", -2, 1 << 63)
     with pytest.raises(OverflowError):
         _launch.patched_block(bytes(16), (), (), (), (0,), (1 << 64,))
-
-
-def test_env_follows_every_write_through_os_environ(monkeypatch):
-    """fastpath.env (a direct read of os.environ's own dict on POSIX) sees setenv and delenv at once."""
-    monkeypatch.delenv("CUPY_DASH_FASTPATH", raising=False)
-    assert fastpath.env(b"CUPY_DASH_FASTPATH") is None and fastpath.enabled()
-    monkeypatch.setenv("CUPY_DASH_FASTPATH", "0")
-    assert fastpath.env(b"CUPY_DASH_FASTPATH") == b"0" and not fastpath.enabled()
-    monkeypatch.setenv("CUPY_DASH_FASTPATH", "")
-    assert not fastpath.enabled()
-    monkeypatch.setenv("CUPY_DASH_FASTPATH", "1")
-    assert fastpath.enabled()
-    monkeypatch.delenv("CUPY_DASH_FASTPATH")
-    assert fastpath.enabled()

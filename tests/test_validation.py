@@ -516,15 +516,6 @@ def test_plan_bounds_checks():
     schedule.check_plan(bad, 3, 4, 4)
 
 
-def test_spin_timeout_env(monkeypatch):
-    monkeypatch.delenv("CUPY_DASH_SPIN_TIMEOUT_MS", raising=False)
-    assert errors._spin_timeout_ms() == 10000.0
-    monkeypatch.setenv("CUPY_DASH_SPIN_TIMEOUT_MS", "250")
-    assert errors._spin_timeout_ms() == 250.0
-    monkeypatch.setenv("CUPY_DASH_SPIN_TIMEOUT_MS", "-1")
-    raises(ValueError, errors._spin_timeout_ms, "CUPY_DASH_SPIN_TIMEOUT_MS")
-
-
 def test_import_does_not_pull_torch_or_jax():
     code = "import sys, cupy_dash; assert 'torch' not in sys.modules and 'jax' not in sys.modules"
     root = os.path.dirname(os.path.dirname(os.path.abspath(cupy_dash.__file__)))

@@ -2,6 +2,7 @@
 // shared-memory layout. The DASH_* defines come from cupy_dash/kernels.py (one cubin per variant).
 #pragma once
 #include "../common.cuh"
+#include "../constants.cuh"
 #include "../warp_roles.cuh"
 #include "dq_accum_layout.cuh"
 
@@ -39,19 +40,25 @@ constexpr int kSRegs = kBlockM / 2;     // S^T and dP^T: 64 keys x kBlockM queri
 constexpr int kDkvRegs = kHeadDim / 2;  // dK and dV: 64 keys x kHeadDim
 constexpr int kDqRegs = kDqCols / 2;    // dQ piece: 64 x kDqCols
 
-constexpr int kStages = 2;   // Q (+ lse_log2), dO (+ dpsum) and dS buffers
-constexpr int kKStages = 2;  // K buffers: the next KV tile's K loads while the current one is still in use
+constexpr int kStages = kBwdStages;    // Q (+ lse_log2), dO (+ dpsum) and dS buffers
+constexpr int kKStages = kBwdKStages;  // K buffers: the next KV tile's K loads while the current one is still in use
 
-// Named barriers (id 0 is __syncthreads): both MMA warpgroups after writing dS; per MMA warpgroup, its dQ slice
-// written (MMA warpgroup arrives, dQ writer warp syncs) and free again (the other way round).
+// Named barriers (id 0 is __syncthreads), all of the kernel's: both MMA warpgroups after writing dS; per MMA
+// warpgroup, its dQ slice written (MMA warpgroup arrives, dQ writer warp syncs) and free again (the other way
+// round); in a folded backward (fold.cuh), the dQ writer warp's adds done (writer arrives, MMA warpgroups sync) and
+// the MMA warpgroups among themselves.
 constexpr int kBarPdS = 1;
-constexpr int kBarDqFull = 2;   // + wg
-constexpr int kBarDqEmpty = 4;  // + wg
+constexpr int kBarDqFull = kBarPdS + 1;                // + wg
+constexpr int kBarDqEmpty = kBarDqFull + kNumMmaWg;    // + wg
+constexpr int kBarDqDone = kBarDqEmpty + kNumMmaWg;
+constexpr int kBarFold = kBarDqDone + 1;
+static_assert(kBarFold < 16, "16 named barriers per CTA");
 constexpr int kPdSThreads = kNumMmaWg * kWgThreads;
 constexpr int kDqBarThreads = kWgThreads + 32;
 
 // NOTES: shared memory, from a 1024-byte-aligned base (the 128B swizzle pattern of TMA and wgmma starts on
-// 1024-byte boundaries): K x2 | V | Q x2 | dO x2 | dS x2 | dQ fp32 staging | lse_log2 x2 | dpsum x2 | mbarriers.
+// 1024-byte boundaries): K x2 | V | Q x2 | dO x2 | dS x2 | dQ fp32 staging | lse_log2 x2 | dpsum x2 | mbarriers |
+// visit slots. The host computes the same size (cupy_dash/kernels.py) from the constants.cuh values used here.
 // K is double-buffered and V released right after the last dP^T of its KV tile, so that loading the next KV tile
 // overlaps the last visit of the current one (V is single-buffered: hdim 128 has no room for a second one).
 // K, V, Q, dO are K-major for S^T = K Q^T and dP^T = V dO^T (rows x head dim, 64-column panels of rows x 128 B);
@@ -75,15 +82,16 @@ struct SmemLayout {
   static constexpr int kBars = kDpsum + kStages * kRow;
   // k_full[], k_empty[], v_full, v_empty, q_full[], q_empty[], do_full[], do_empty[]
   static constexpr int kNumBars = 2 * kKStages + 2 + 4 * kStages;
-  static constexpr int kVisits = kBars + 8 * kNumBars;  // one VisitSlot per stage (16 bytes each)
-  static constexpr int kBytes = kVisits + 16 * kStages;
-  static constexpr int kDynamicBytes = kBytes + 1024;  // slack to align the base
+  static constexpr int kVisits = kBars + kMbarrierBytes * kNumBars;  // one VisitSlot per stage
+  static constexpr int kBytes = kVisits + kVisitSlotBytes * kStages;
+  static constexpr int kDynamicBytes = kBytes + kSmemAlign;  // slack to align the base
 };
-static_assert(SmemLayout::kVisits % 16 == 0, "visit slots are 16-byte words");
-static_assert(SmemLayout::kKV % 1024 == 0 && SmemLayout::kQ % 1024 == 0 && SmemLayout::kDS % 1024 == 0,
+static_assert(SmemLayout::kVisits % kVisitSlotBytes == 0, "visit slots are 16-byte words");
+static_assert(SmemLayout::kKV % kSmemAlign == 0 && SmemLayout::kQ % kSmemAlign == 0 &&
+                  SmemLayout::kDS % kSmemAlign == 0,
               "tiles keep 1024-byte alignment");
 static_assert(SmemLayout::kDynamicBytes == DASH_SMEM_BYTES, "host smem formula out of sync with the layout");
-static_assert(SmemLayout::kDynamicBytes <= 227 * 1024, "more than the 227 KB a CTA can have");
+static_assert(SmemLayout::kDynamicBytes <= kSmemMaxBytes, "more than the 227 KB a CTA can have");
 
 struct Smem {
   uint32_t base;  // shared-window address, 1024-byte aligned
@@ -95,8 +103,8 @@ struct Smem {
   DASH_DEVICE uint32_t dq(int wg) const { return base + SmemLayout::kDq + wg * SmemLayout::kDqSlice; }
   DASH_DEVICE uint32_t lse(int stage) const { return base + SmemLayout::kLse + stage * SmemLayout::kRow; }
   DASH_DEVICE uint32_t dpsum(int stage) const { return base + SmemLayout::kDpsum + stage * SmemLayout::kRow; }
-  DASH_DEVICE uint32_t bar(int i) const { return base + SmemLayout::kBars + 8 * i; }
-  DASH_DEVICE uint32_t visit(int stage) const { return base + SmemLayout::kVisits + 16 * stage; }
+  DASH_DEVICE uint32_t bar(int i) const { return base + SmemLayout::kBars + kMbarrierBytes * i; }
+  DASH_DEVICE uint32_t visit(int stage) const { return base + SmemLayout::kVisits + kVisitSlotBytes * stage; }
   DASH_DEVICE uint32_t k_full(int buf) const { return bar(buf); }
   DASH_DEVICE uint32_t k_empty(int buf) const { return bar(kKStages + buf); }
   DASH_DEVICE uint32_t v_full() const { return bar(2 * kKStages); }

@@ -26,7 +26,7 @@ DASH_DEVICE bool wait_for_turn(const BwdParams& p, const int* sem, int64_t v, in
     if (seen == rank) return true;
     const bool other_failed = *reinterpret_cast<volatile int*>(p.error) != 0;
     if (other_failed || seen > rank || (int64_t)(globaltimer_ns() - t0) > p.spin_timeout_ns) {
-      error_record_claim(p, 1, (int)v, rank, seen);
+      error_record_claim(p, kErrorSemaphoreTimeout, (int)v, rank, seen);
       return false;
     }
   }

@@ -17,24 +17,18 @@
 
 namespace bwd {
 
-// Error code in p.error[0] for a grid barrier that did not fill in time: [3, cta, counter word, count seen].
-constexpr int kErrorGridBarrier = 3;
-// Words of the error record (bwd/error_record.cuh) counting the CTAs past barrier 1, at barrier 2, past barrier 2.
-constexpr int kWordBarrier1 = 4, kWordBarrier2 = 5, kWordExit = 6;
-
-// Named barriers of the fold (ids after config.cuh's): the dQ writer warp's adds done (writer arrives, MMA
-// warpgroups sync), and the MMA warpgroups among themselves.
-constexpr int kBarDqDone = 6;
-constexpr int kBarFold = 7;
+// A grid barrier that does not fill in time records [kErrorGridBarrier, cta, counter word, count seen]; the
+// counters are words kErrorWordBarrier1, kErrorWordBarrier2, kErrorWordExit of the error record (constants.cuh).
+// Its named barriers are kBarDqDone and kBarFold (config.cuh).
 constexpr int kMmaThreads = kNumMmaWg * kWgThreads;
 static_assert(kMmaThreads == bwd_rows_pass::kPassThreads, "the MMA warpgroups run the postprocess pass");
 
 // NOTES: co-residency: the persistent grid is at most the co-resident CTAs (the dQ semaphores rely on it too), so
-// every CTA reaches each barrier. A wait is abandoned at once once any failure is recorded, and bounded by twice
-// the semaphore timeout plus a second, so that a semaphore wait that never ends (which holds up barrier 2) is
-// the failure reported; the result is then invalid and the host raises. The counters start at zero
-// (bwd/error_record.cuh) and count to gridDim.x; CTA 0 zeroes them once all CTAs have counted themselves past
-// barrier 2.
+// every CTA reaches each barrier. A wait is abandoned at once once any failure is recorded, and bounded by the
+// stall bound (stall_expired: longer than any semaphore wait), so that a semaphore wait that never ends (which
+// holds up barrier 2) is the failure reported; the result is then invalid and the host raises. The counters start
+// at zero (bwd/error_record.cuh) and count to gridDim.x; CTA 0 zeroes them once all CTAs have counted themselves
+// past barrier 2.
 DASH_DEVICE void wait_count(const BwdParams& p, int word, int expected) {
   const int* counter = p.error + word;
   const uint64_t t0 = globaltimer_ns();
@@ -42,7 +36,7 @@ DASH_DEVICE void wait_count(const BwdParams& p, int word, int expected) {
     const int seen = ld_acquire_gpu(counter);
     if (seen >= expected) return;
     const bool other_failed = *reinterpret_cast<volatile int*>(p.error) != 0;
-    if (other_failed || (int64_t)(globaltimer_ns() - t0) > 2 * p.spin_timeout_ns + 1000000000ll) {
+    if (other_failed || stall_expired(p, t0)) {
       error_record_claim(p, kErrorGridBarrier, (int)blockIdx.x, word, seen);
       return;
     }
@@ -76,7 +70,7 @@ DASH_DEVICE void fold_prologue(const BwdParams& p) {
   }
   fence_proxy_async_global();
   __syncthreads();
-  if (threadIdx.x == 0) grid_barrier(p, kWordBarrier1);
+  if (threadIdx.x == 0) grid_barrier(p, kErrorWordBarrier1);
   __syncthreads();
   fence_proxy_async_global();
 }
@@ -99,16 +93,16 @@ template <bool kWithWriter>
 DASH_DEVICE void fold_epilogue(const BwdParams& p, int tid) {
   if constexpr (kWithWriter) named_barrier_sync<kBarDqDone, kMmaThreads + 32>();
   if (tid == 0) {
-    grid_barrier(p, kWordBarrier2);
-    atomicAdd(p.error + kWordExit, 1);
+    grid_barrier(p, kErrorWordBarrier2);
+    atomicAdd(p.error + kErrorWordExit, 1);
   }
   named_barrier_sync<kBarFold, kMmaThreads>();
   for_my_tiles(p, [&](int m_block, int h, int b) {
     bwd_rows_pass::postprocess_tile<kHeadDim, kBlockM>(p, m_block, h, b, tid);
   });
   if (blockIdx.x == 0 && tid == 0) {
-    wait_count(p, kWordExit, (int)gridDim.x);
-    p.error[kWordBarrier1] = p.error[kWordBarrier2] = p.error[kWordExit] = 0;
+    wait_count(p, kErrorWordExit, (int)gridDim.x);
+    p.error[kErrorWordBarrier1] = p.error[kErrorWordBarrier2] = p.error[kErrorWordExit] = 0;
     __threadfence();
     if (p.error_host != nullptr) error_record_publish_now(p);
   }

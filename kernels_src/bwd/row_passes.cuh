@@ -4,13 +4,14 @@
 // (a CTA per tile), or inside the main kernel of a folded backward (bwd/fold.cuh: a CTA loops over tiles).
 #pragma once
 #include "../bwd_rows.cuh"
+#include "../constants.cuh"
 #include "../params.cuh"
 #include "../ptx/cvt.cuh"
 #include "dq_accum_layout.cuh"
 
 namespace bwd_rows_pass {
 
-constexpr int kPassThreads = 256;
+constexpr int kPassThreads = kAuxThreads;
 
 DASH_DEVICE float dot_chunk(const uint4& a, const uint4& b) {
   const uint32_t wa[4] = {a.x, a.y, a.z, a.w}, wb[4] = {b.x, b.y, b.z, b.w};

@@ -2,6 +2,7 @@
 // layout and the tile a CTA computes. The DASH_* defines come from cupy_dash/kernels.py (one cubin per variant).
 #pragma once
 #include "../common.cuh"
+#include "../constants.cuh"
 #include "../params.cuh"
 #include "../varlen_span.cuh"
 #include "../warp_roles.cuh"
@@ -39,24 +40,27 @@ constexpr int kORegs = kHeadDim / 2;  // O: 64 queries x kHeadDim
 
 // K and V buffers (separate pipelines); DASH_KV_STAGES overrides the default for tile sweeps
 // (benchmarks/fwd_tiles.py).
-#ifndef DASH_KV_STAGES
-#define DASH_KV_STAGES 2
-#endif
+#ifdef DASH_KV_STAGES
 constexpr int kStages = DASH_KV_STAGES;
+#else
+constexpr int kStages = kFwdKvStages;
+#endif
 static_assert(kStages >= 2, "two or more K / V stages");
 
 // Named barriers (id 0 is __syncthreads): the GEMM turn of MMA warpgroup wg (ping-pong: a warpgroup syncs on its
 // own id before issuing its GEMMs, the other one arrives on it after issuing its own), and the O tile of
 // warpgroup wg written to shared memory before the TMA store.
-constexpr int kBarTurn = 1;      // + wg
-constexpr int kBarOStaged = 3;   // + wg
+constexpr int kBarTurn = 1;                         // + wg
+constexpr int kBarOStaged = kBarTurn + kNumMmaWg;  // + wg
+static_assert(kBarOStaged + kNumMmaWg <= 16, "16 named barriers per CTA");
 constexpr int kTurnThreads = kNumMmaWg * kWgThreads;
 
 // NOTES: shared memory, from a 1024-byte-aligned base (the 128B swizzle pattern of TMA and wgmma starts on
 // 1024-byte boundaries): Q | K x kStages | V x kStages | mbarriers. Q is K-major for S = Q K^T (queries x head
 // dim, 64-column panels of kBlockM x 128 B), K K-major (keys x head dim) as B of S, V the same bytes as the
 // MN-major B operand of O += P V. After its last S GEMM, a warpgroup's 64 rows of the Q tile hold its O tile
-// for the TMA store (only that warpgroup ever reads those rows).
+// for the TMA store (only that warpgroup ever reads those rows). The host computes the same size
+// (cupy_dash/kernels.py) from the constants.cuh values used here.
 struct SmemLayout {
   static constexpr int kQ = kBlockM * kHeadDim * 2;
   static constexpr int kKV = kBlockN * kHeadDim * 2;
@@ -66,19 +70,20 @@ struct SmemLayout {
   static constexpr int kBars = kV + kStages * kKV;
   // q_full, k_full[], k_empty[], v_full[], v_empty[]
   static constexpr int kNumBars = 1 + 4 * kStages;
-  static constexpr int kBytes = kBars + 8 * kNumBars;
-  static constexpr int kDynamicBytes = kBytes + 1024;  // slack to align the base
+  static constexpr int kBytes = kBars + kMbarrierBytes * kNumBars;
+  static constexpr int kDynamicBytes = kBytes + kSmemAlign;  // slack to align the base
 };
-static_assert(SmemLayout::kQ % 1024 == 0 && SmemLayout::kKV % 1024 == 0, "tiles keep 1024-byte alignment");
+static_assert(SmemLayout::kQ % kSmemAlign == 0 && SmemLayout::kKV % kSmemAlign == 0,
+              "tiles keep 1024-byte alignment");
 static_assert(SmemLayout::kDynamicBytes == DASH_SMEM_BYTES, "host smem formula out of sync with the layout");
-static_assert(SmemLayout::kDynamicBytes <= 227 * 1024, "more than the 227 KB a CTA can have");
+static_assert(SmemLayout::kDynamicBytes <= kSmemMaxBytes, "more than the 227 KB a CTA can have");
 
 struct Smem {
   uint32_t base;  // shared-window address, 1024-byte aligned
   DASH_DEVICE uint32_t q() const { return base + SmemLayout::kQs; }
   DASH_DEVICE uint32_t k(int stage) const { return base + SmemLayout::kK + stage * SmemLayout::kKV; }
   DASH_DEVICE uint32_t v(int stage) const { return base + SmemLayout::kV + stage * SmemLayout::kKV; }
-  DASH_DEVICE uint32_t bar(int i) const { return base + SmemLayout::kBars + 8 * i; }
+  DASH_DEVICE uint32_t bar(int i) const { return base + SmemLayout::kBars + kMbarrierBytes * i; }
   DASH_DEVICE uint32_t q_full() const { return bar(0); }
   DASH_DEVICE uint32_t k_full(int stage) const { return bar(1 + stage); }
   DASH_DEVICE uint32_t k_empty(int stage) const { return bar(1 + kStages + stage); }

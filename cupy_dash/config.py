@@ -1,0 +1,159 @@
+"""Every environment variable cupy_dash reads, defined once and parsed in one place.
+
+Each knob is a :class:`Knob`: its variable's name, the values it takes, one line of meaning, and the parser from
+the raw string (whose value for an unset variable is the default). Modules ask a knob for its value
+(``config.FOLD.get()``), never ``os.environ``; docs/configuration.md lists them all (:data:`KNOBS`, checked by
+tests/test_config.py).
+
+A knob is read again on every ``get()``: the variable's raw value is compared with the one parsed last time and
+parsed only when it changed, so ``monkeypatch.setenv`` (or any write through ``os.environ``) takes effect on the
+next call, and an unchanged one costs a dict lookup and a comparison. A value that does not parse raises
+ValueError on every read, naming the variable.
+
+:func:`fingerprint` is the tuple of the raw values of the knobs that decide what a backward launches
+(:data:`PLAN_KNOBS`): plan caches key on it, so a change of any of them makes the next call plan anew.
+
+NOTES: on POSIX CPython, ``os.environ`` keeps a bytes-keyed dict ``_data`` in step with every write through it
+(``monkeypatch.setenv`` included); reading it directly skips ``_Environ.get``'s encode / decode (~0.5 us per read
+on the device VM), which the torch fast path pays on every call. Elsewhere the knobs read ``os.environ``.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+_ENV_DATA = os.environ._data if os.name == "posix" and isinstance(getattr(os.environ, "_data", None), dict) \
+    else None
+_UNREAD = object()
+
+
+def _environ_get(key: bytes):
+    value = os.environ.get(key.decode())
+    return None if value is None else os.fsencode(value)
+
+
+# raw(key): the environment variable ``key`` (ASCII bytes) as bytes, or None when unset
+raw = _ENV_DATA.get if _ENV_DATA is not None else _environ_get
+
+
+class Knob:
+    """One environment variable: ``name``, ``kind`` (the values it takes, in words), ``meaning`` (one line) and
+    ``parse`` (raw string, or None when unset -> value; raises ValueError); ``default`` is ``parse(None)``."""
+    __slots__ = ("name", "key", "kind", "meaning", "parse", "default", "_last")
+
+    def __init__(self, name: str, kind: str, meaning: str, parse):
+        self.name, self.key, self.kind, self.meaning, self.parse = name, name.encode(), kind, meaning, parse
+        self.default = parse(None)
+        self._last = (_UNREAD, None)        # (raw bytes or None, its value): one tuple, replaced whole
+
+    def get(self):
+        """The knob's value now (parsed again only when the raw value changed since the last read)."""
+        value = raw(self.key)
+        last = self._last
+        if value == last[0]:
+            return last[1]
+        parsed = self.parse(None if value is None else os.fsdecode(value))
+        self._last = (value, parsed)
+        return parsed
+
+    def raw(self):
+        """The variable's raw value (str), or None when unset."""
+        value = raw(self.key)
+        return None if value is None else os.fsdecode(value)
+
+    def __repr__(self):
+        return f"Knob({self.name})"
+
+
+# ------------------------------------------------------------------------------------------------------------
+# parsers: raw string (None: unset) -> value
+# ------------------------------------------------------------------------------------------------------------
+def _flag(s) -> bool:
+    """Set to anything but "" or "0": on."""
+    return s not in (None, "", "0")
+
+
+def _on_unless_off(s) -> bool:
+    """Unset: on; "0" or "": off; anything else: on."""
+    return s not in ("0", "")
+
+
+def _tristate(s):
+    """Unset or "": None (automatic); "0": False; anything else: True."""
+    return None if not s else s != "0"
+
+
+def _fold(s):
+    """ "0": False (never); "1": True (always); anything else, or unset: None (automatic). Spaces ignored."""
+    s = (s or "").strip()
+    return False if s == "0" else True if s == "1" else None
+
+
+def _expand(s) -> str:
+    return "host" if s == "host" else "device"
+
+
+def _path(s):
+    return s or None
+
+
+_DEFAULT_SPIN_TIMEOUT_MS = 10000.0
+
+
+def _spin_timeout(s) -> float:
+    if s is None or not s.strip():
+        return _DEFAULT_SPIN_TIMEOUT_MS
+    try:
+        ms = float(s)
+    except ValueError:
+        ms = float("nan")
+    if not (math.isfinite(ms) and ms > 0):
+        raise ValueError(f"CUPY_DASH_SPIN_TIMEOUT_MS: expected a positive number of milliseconds, got {s!r}")
+    return ms
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the knobs
+# ------------------------------------------------------------------------------------------------------------
+SPIN_TIMEOUT_MS = Knob("CUPY_DASH_SPIN_TIMEOUT_MS", "float > 0 (ms)",
+    "bound of the backward's dQ semaphore waits; past it the kernel records an error and exits", _spin_timeout)
+FOLD = Knob("CUPY_DASH_FOLD", "0 / 1 / unset",
+    "0: never fold the backward into one launch; 1: fold every foldable one; unset: small problems only", _fold)
+COMPACT_TABLES = Knob("CUPY_DASH_COMPACT_TABLES", "0 / 1 / unset",
+    "backward schedule tables: 0 per-visit always, 1 compact (per-column) always, unset: compact for huge tables",
+    _tristate)
+VARLEN_EXPAND = Knob("CUPY_DASH_VARLEN_EXPAND", "host / unset",
+    "host: expand a varlen backward's per-visit table on the host instead of the GPU", _expand)
+FASTPATH = Knob("CUPY_DASH_FASTPATH", "0 / unset",
+    "0 (or set empty): no torch fast path for repeated calls; every call takes the full path", _on_unless_off)
+SYNC_ERRORS = Knob("CUPY_DASH_SYNC_ERRORS", "1 / unset",
+    "1: every backward waits for its kernels and raises its own error (check_errors) before returning", _flag)
+JAX_FFI = Knob("CUPY_DASH_JAX_FFI", "0 / 1 / unset",
+    "0: JAX calls go through buffer_callback; 1: require the C XLA FFI handler; unset: the handler if built", _tristate)
+CACHE_DIR = Knob("CUPY_DASH_CACHE_DIR", "path / unset",
+    "directory of the compiled-kernel disk cache (default $XDG_CACHE_HOME/cupy_dash, else ~/.cache/cupy_dash)", _path)
+JIT_VERBOSE = Knob("CUPY_DASH_JIT_VERBOSE", "1 / unset",
+    "1: print each kernel's ptxas report to stderr when it is compiled", _flag)
+XDG_CACHE_HOME = Knob("XDG_CACHE_HOME", "path / unset",
+    "(the XDG standard's) base of the default kernel cache directory", _path)
+
+KNOBS = (SPIN_TIMEOUT_MS, FOLD, COMPACT_TABLES, VARLEN_EXPAND, FASTPATH, SYNC_ERRORS, JAX_FFI, CACHE_DIR,
+         JIT_VERBOSE, XDG_CACHE_HOME)
+# The knobs that decide what a backward launches (the spin timeout is in its parameter block).
+PLAN_KNOBS = (SPIN_TIMEOUT_MS, FOLD, COMPACT_TABLES, VARLEN_EXPAND)
+
+
+def _fingerprint_of(a, b, c, d):
+    # NOTES: one lookup per knob spelled out: 0.14 us a call, where tuple(map(raw, keys)) takes 0.37 us
+    def fingerprint(get=raw) -> tuple:
+        """The raw values (bytes or None) of :data:`PLAN_KNOBS`: equal fingerprints, equal plans."""
+        return get(a), get(b), get(c), get(d)
+    return fingerprint
+
+
+fingerprint = _fingerprint_of(*(k.key for k in PLAN_KNOBS))
+
+
+def spin_timeout_ns() -> int:
+    """CUPY_DASH_SPIN_TIMEOUT_MS in nanoseconds, as the backward's parameter block takes it."""
+    return int(SPIN_TIMEOUT_MS.get() * 1e6)
