@@ -21,7 +21,7 @@ ModuleNotFoundError when it is accessed.
 from ._version import __version__
 
 # public name -> the submodule that defines it
-_EXPORTS = {"attention": "api", "attention_backward": "api", "attention_forward": "api", "check_errors": "api",
+_EXPORTS = {"attention": "differentiable", "attention_backward": "api", "attention_forward": "api", "check_errors": "api",
             "attention_backward_varlen": "varlen", "attention_forward_varlen": "varlen",
             "prepare_varlen_backward": "varlen"}
 

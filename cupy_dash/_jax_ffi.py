@@ -24,7 +24,7 @@ import threading
 
 import numpy as np
 
-from . import jax as _jax, jit, launchers
+from . import jax_ops as _jax, jit, launchers
 
 TARGET = "cupy_dash_launch"
 PLAN_MAGIC = 0x48534144                  # xla_ffi.h DASH_PLAN_MAGIC

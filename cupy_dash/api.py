@@ -37,7 +37,7 @@ from .errors import (_acquire_slot, _graph_record, _keep_alive, _record_shared, 
                      poll_errors as _poll_errors)
 from . import schedule as _schedule
 
-__all__ = ["attention", "attention_forward", "attention_backward", "check_errors"]
+__all__ = ["attention_forward", "attention_backward", "check_errors"]
 
 _NP_DTYPES = {"bfloat16": np.dtype(ml_dtypes.bfloat16), "float16": np.dtype(np.float16),
               "float32": np.dtype(np.float32), "uint8": np.dtype(np.uint8)}
@@ -457,32 +457,3 @@ def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, determinis
     if not capturing and config.SYNC_ERRORS.get():
         check_errors()
     return result
-
-
-# ------------------------------------------------------------------------------------------------------------
-# differentiable entry point
-# ------------------------------------------------------------------------------------------------------------
-def attention(q, k, v, *, causal=False, softmax_scale=None, schedule="auto", deterministic=True, window=(-1, -1)):
-    """Differentiable attention; returns ``out`` ``(B, Sq, H, D)`` in the caller's type.
-
-    torch tensors go through the registered op ``torch.ops.cupy_dash.attention_forward`` (autograd, torch.compile
-    and CUDA graphs; :func:`cupy_dash.torch.attention`), JAX arrays through :func:`cupy_dash.jax.attention`
-    (``jax.custom_vjp``; eagerly and under ``jax.jit`` / ``grad`` / ``vmap``); CuPy and other arrays get the
-    forward only. Shapes, dtypes and the other arguments (``window``: the sliding
-    window (left, right), used by the forward and the backward alike) are as in :func:`attention_forward` /
-    :func:`attention_backward`.
-    """
-    causal = _check_flag("causal", causal)
-    _check_flag("deterministic", deterministic)
-    _check_window(window, causal)
-    fw = interop.framework_of(q)
-    if fw == "torch":
-        from .torch import attention as torch_attention
-        return torch_attention(q, k, v, causal=causal, softmax_scale=softmax_scale, schedule=schedule,
-                               deterministic=deterministic, window=window)
-    if fw == "jax":
-        from .jax import attention as jax_attention
-        return jax_attention(q, k, v, causal=causal, softmax_scale=softmax_scale, schedule=schedule,
-                             deterministic=deterministic, window=window)
-    _check_schedule(schedule)
-    return attention_forward(q, k, v, causal=causal, softmax_scale=softmax_scale, window=window)[0]

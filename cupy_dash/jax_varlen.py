@@ -23,34 +23,20 @@ import functools
 import jax
 import numpy as np
 
-from . import api, config, interop, jax_varlen_dyn, kernels, launchers, varlen, varlen_device
-from . import jax as _jax
+from . import api, config, interop, kernels, launchers, varlen, varlen_device
+from . import jax_ops as _jax
 from . import schedule as _schedule
 from .errors import _jit_record
-from .varlen import _check_max_seqlen, _check_max_within, _check_same_count, _cu_seqlens_form, _cu_seqlens_values
+from .varlen import _check_same_count, _cu_seqlens_form, _cu_seqlens_values
 
-__all__ = ["attention_varlen"]
+__all__ = ["attention_host_lengths"]
 
 _VarlenConfig = collections.namedtuple("_VarlenConfig", "base cu_q cu_k max_q max_k")
 
 
-def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False,
-                     softmax_scale=None, schedule="auto", deterministic=True, window=(-1, -1)):
-    """Differentiable varlen attention -> out ``(total_q, H, D)`` (module docstring); ``schedule`` and
-    ``deterministic`` apply to the backward, ``window`` to both passes (per sequence)."""
-    base = _jax._config(causal, softmax_scale, window=window, schedule=schedule, deterministic=deterministic)
-    max_q, max_k = _check_max_seqlen("max_seqlen_q", max_seqlen_q), _check_max_seqlen("max_seqlen_k", max_seqlen_k)
-    traced = [isinstance(cu, jax.Array) for cu in (cu_seqlens_q, cu_seqlens_k)]
-    if any(traced):                                      # device lengths: jax_varlen_dyn.py
-        if not all(traced):
-            raise TypeError("cu_seqlens_q, cu_seqlens_k: pass both as JAX arrays or both on the host")
-        num_seqs = jax_varlen_dyn.check_cu("cu_seqlens_q", cu_seqlens_q)
-        if jax_varlen_dyn.check_cu("cu_seqlens_k", cu_seqlens_k) != num_seqs:
-            raise ValueError(f"cu_seqlens_k: expected {num_seqs + 1} entries (as cu_seqlens_q), got "
-                             f"{cu_seqlens_k.shape[0]}")
-        _check_max_within(max_q, max_k, q.shape[0], k.shape[0])
-        dcfg = jax_varlen_dyn._DynConfig(base, num_seqs, max_q, max_k)
-        return jax_varlen_dyn.attention_jit(q, k, v, cu_seqlens_q, cu_seqlens_k, dcfg)
+def attention_host_lengths(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, base):
+    """:func:`cupy_dash.jax.attention_varlen` with host cu_seqlens (static: a new packing retraces); ``base`` is
+    the call's checked configuration (``jax_ops._config``), ``max_q`` / ``max_k`` the checked maxima."""
     cus = []
     for name, cu, total, m in (("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_q),
                                ("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_k)):

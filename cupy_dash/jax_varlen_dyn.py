@@ -17,8 +17,8 @@ import jax
 import numpy as np
 
 from . import api, config, interop, kernels, launchers, varlen
-from . import jax_varlen as _static        # (partly initialised while it imports this module: used at call time)
-from . import jax as _jax
+from . import jax_varlen as _static
+from . import jax_ops as _jax
 from .errors import _jit_record
 from .varlen import _checked_cu_seqlens
 
@@ -122,3 +122,14 @@ class _Backward:
                                                   self.spin, cu_host, self.dcfg.max_q, stream)   # the eager one
             cu = None if c is None else (cu_dev[0].data.ptr, cu_dev[1].data.ptr)   # None: no key seen, zeros
             _static.launch_backward(c, self.records[dev], ctx, dev, outs, dout, q, k, v, out, lse, cu)
+
+
+def attention_device_lengths(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, base):
+    """:func:`cupy_dash.jax.attention_varlen` with cu_seqlens as JAX arrays (one program for every packing);
+    ``base`` is the call's checked configuration, ``max_q`` / ``max_k`` the checked maxima."""
+    num_seqs = check_cu("cu_seqlens_q", cu_seqlens_q)
+    if check_cu("cu_seqlens_k", cu_seqlens_k) != num_seqs:
+        raise ValueError(f"cu_seqlens_k: expected {num_seqs + 1} entries (as cu_seqlens_q), got "
+                         f"{cu_seqlens_k.shape[0]}")
+    varlen._check_max_within(max_q, max_k, q.shape[0], k.shape[0])
+    return attention_jit(q, k, v, cu_seqlens_q, cu_seqlens_k, _DynConfig(base, num_seqs, max_q, max_k))

@@ -1,4 +1,5 @@
-"""torch ops for packed variable-length batches (imported by :mod:`cupy_dash.torch`, which registers them)::
+"""torch ops for packed variable-length batches (registered in the ``cupy_dash`` fragment of
+:mod:`cupy_dash.torch_ops`; users import them from :mod:`cupy_dash.torch`)::
 
     out, lse = torch.ops.cupy_dash.attention_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                                             max_seqlen_k, causal=False, softmax_scale=None,
@@ -20,7 +21,7 @@ implementations give the output shapes for ``torch.compile``.
 import torch
 
 from . import api, varlen
-from .torch import _Eager, _check_dims, _lib, eager
+from .torch_ops import _Eager, _check_dims, _lib, eager
 
 __all__ = ["attention_varlen", "attention_forward_varlen", "attention_backward_varlen"]
 

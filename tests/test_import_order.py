@@ -8,7 +8,6 @@ initialized module 'cupy_dash.compact'``).
 """
 from __future__ import annotations
 
-import ast
 import os
 import shutil
 import subprocess
@@ -23,63 +22,11 @@ import cupy_dash
 PKG = Path(cupy_dash.__file__).resolve().parent
 ROOT = PKG.parent
 SMALL = ["--seqlen-q", "256", "--heads", "2", "--num-sms", "4"]
-# Module-level cycles that remain, in the framework adapters (each pair imports the other at its end).
-ADAPTERS = {"jax", "jax_varlen", "jax_varlen_dyn", "torch", "torch_varlen"}
-
-
-def module_level_imports(path: Path) -> set:
-    """The cupy_dash modules that ``path`` imports when it is imported (not those imported inside functions)."""
-    found = set()
-
-    def visit(statements):
-        for node in statements:
-            if isinstance(node, ast.ImportFrom) and node.level == 1:
-                found.update([node.module.split(".")[0]] if node.module else [a.name for a in node.names])
-            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("cupy_dash."):
-                found.add(node.module.split(".")[1])
-            elif isinstance(node, ast.Import):
-                found.update(a.name.split(".")[1] for a in node.names if a.name.startswith("cupy_dash."))
-            elif isinstance(node, (ast.If, ast.Try)):
-                for block in (node.body, node.orelse, getattr(node, "finalbody", []),
-                              *[h.body for h in getattr(node, "handlers", [])]):
-                    visit(block)
-
-    visit(ast.parse(path.read_text()).body)
-    return found
-
-
-def import_cycles() -> list:
-    """Every module-level import cycle among cupy_dash's modules, as the list of modules on it."""
-    modules = {p.stem: p for p in PKG.glob("*.py")}
-    graph = {name: sorted(module_level_imports(path) & set(modules)) for name, path in modules.items()}
-    cycles = []
-
-    def walk(node, path):
-        for nxt in graph[node]:
-            if nxt in path:
-                cycle = path[path.index(nxt):]
-                if min(cycle) == nxt:              # each cycle once, from its smallest module
-                    cycles.append(cycle)
-            elif nxt > path[0]:                    # cycles through smaller modules were found from those
-                walk(nxt, path + [nxt])
-
-    for start in sorted(graph):
-        walk(start, [start])
-    return cycles
+# The import graph itself (no cycles, layers) is checked by test_import_layers.py.
 
 
 def run(args, cwd, **kw):
     return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=300, **kw)
-
-
-def test_the_cycle_check_sees_cycles():
-    assert module_level_imports(PKG / "compact.py") >= {"schedule", "_compact"}
-    assert any(set(c) <= ADAPTERS for c in import_cycles())       # the adapters' known pairs are found
-
-
-def test_no_import_cycle_outside_the_adapters():
-    outside = [c for c in import_cycles() if not set(c) <= ADAPTERS]
-    assert not outside, f"module-level import cycles: {outside}"
 
 
 @pytest.mark.parametrize("module", ["compact", "varlen_schedule", "schedule", "compact_device", "cli_schedule"])

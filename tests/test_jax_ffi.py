@@ -26,7 +26,7 @@ from cupy_dash import kernels, launchers, tensormap
 
 pytest.importorskip("jax")
 xla_ffi = pytest.importorskip("cupy_dash._xla_ffi", reason="the extension is not built (setup.py build_ext)")
-from cupy_dash import _jax_ffi  # noqa: E402
+from cupy_dash import _jax_ffi, jax_ops  # noqa: E402
 
 
 def fake_map(ptr, dtype, shape, strides, box_rows, name="tensor", box_panels=None):
@@ -276,8 +276,8 @@ def test_ffi_lowering_and_vmap_fold(monkeypatch):
 def test_the_c_handler_is_the_default_where_built(monkeypatch):
     import cupy_dash.jax as cj
     monkeypatch.delenv("CUPY_DASH_JAX_FFI", raising=False)
-    assert cj._use_ffi() is True                       # this module runs only where cupy_dash._xla_ffi is built
+    assert jax_ops._use_ffi() is True                       # this module runs only where cupy_dash._xla_ffi is built
     monkeypatch.setenv("CUPY_DASH_JAX_FFI", "0")
-    assert cj._use_ffi() is False
+    assert jax_ops._use_ffi() is False
     monkeypatch.setenv("CUPY_DASH_JAX_FFI", "1")
-    assert cj._use_ffi() is True
+    assert jax_ops._use_ffi() is True

@@ -323,7 +323,7 @@ def test_eager_function_routes_gradients_as_the_op_does(varlen):
     cu = torch.tensor([0, 4, 10], dtype=torch.int32)
     extra = (cu, cu, 6, 6) if varlen else ()
     options = (True, 0.5, "fa3", True, (3, 0))
-    out, lse = dash_torch._Eager.apply((forward, backward), extra, options, q, k, v)
+    out, lse = cupy_dash.torch_ops._Eager.apply((forward, backward), extra, options, q, k, v)
     assert not lse.requires_grad and out.requires_grad
     same = lambda a, b: len(a) == len(b) and all(x is y for x, y in zip(a, b))  # noqa: E731
     assert same(seen["fwd"][0], extra) and seen["fwd"][1:] == (True, 0.5, (3, 0))

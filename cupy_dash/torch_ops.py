@@ -1,0 +1,242 @@
+"""The fixed-length torch ops and what :mod:`cupy_dash.torch_varlen` shares with them (the ``cupy_dash``
+``torch.library`` fragment, the eager autograd path, the fake implementations' checks). Users import
+:mod:`cupy_dash.torch`, whose docstring describes the ops; this module imports no other adapter module.
+"""
+import ml_dtypes
+import numpy as np
+import torch
+from torch import Tensor
+from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
+
+from . import api
+
+__all__ = ["attention", "attention_forward", "attention_backward", "eager"]
+
+
+def attention(q, k, v, causal=False, softmax_scale=None, schedule="auto", deterministic=True, window=(-1, -1)):
+    """Differentiable attention for torch tensors: q ``(B, Sq, H, D)``, k/v ``(B, Sk, Hkv, D)`` with
+    ``H % Hkv == 0`` (GQA / MQA; the gradients of k, v are ``(B, Sk, Hkv, D)``) -> out ``(B, Sq, H, D)``
+    (contiguous, dtype of q). Arguments as in :func:`cupy_dash.attention_forward` /
+    :func:`cupy_dash.attention_backward`; ``schedule`` and ``deterministic`` apply to the backward, ``window``
+    (left, right) to both passes.
+
+    Runs :func:`attention_forward` (the op ``torch.ops.cupy_dash.attention_forward``) wherever torch traces
+    (``torch.compile(fullgraph=True)``, ``mode="reduce-overhead"``, export, fake tensors, functorch transforms,
+    dispatch modes), and the same functions through a plain ``torch.autograd.Function`` in eager calls on CUDA
+    tensors (:func:`eager`): the same kernels and bits, less host time. ``torch.cuda.graph`` captures either (see
+    the module docstring for the eager warm-up a capture needs).
+    """
+    api._check_schedule(schedule)
+    if softmax_scale is not None:
+        softmax_scale = api._check_scale(softmax_scale, None)
+    causal, deterministic = api._check_flag("causal", causal), api._check_flag("deterministic", deterministic)
+    left, right = api._check_window(window, causal)
+    if eager(q, k, v):
+        options = causal, softmax_scale, schedule, deterministic, (left, right)
+        return _Eager.apply((api.attention_forward, api.attention_backward), (), options, q, k, v)[0]
+    return attention_forward(q, k, v, causal, softmax_scale, schedule, deterministic, left, right)[0]
+
+
+# NOTES: eager calls skip the dispatcher. register_autograd's autograd kernel is Python (a pytree scan of the
+# arguments, a redispatch, an autograd.Function of its own): ~9 µs per forward on our CPU (14.4 µs for the op
+# against 5.9 for a plain autograd.Function around the same body), and its gradient calls the backward op (~5 µs
+# more). Both paths run cupy_dash.api's functions, so the kernels and bits are the same; the ops stay wherever
+# something traces or wraps the tensors, which the plain Function would not survive.
+def eager(*tensors) -> bool:
+    """Whether a call on ``tensors`` may take the plain autograd.Function: plain CUDA ``torch.Tensor`` objects
+    (no subclass: fake, functional or distributed tensors), no functorch transform wrapping them, not under
+    ``torch.compile`` tracing or an active torch dispatch mode (make_fx, selective checkpointing...)."""
+    if torch.compiler.is_compiling():                  # first: Dynamo folds it, and traces nothing below
+        return False
+    for t in tensors:
+        if type(t) is not Tensor or not t.is_cuda or _functorch_wrapped(t):
+            return False
+    return _current_dispatch_mode() is None
+
+
+_functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+
+
+class _Eager(torch.autograd.Function):
+    """The eager path of :func:`attention` and :func:`attention_varlen`: ``fns`` = cupy_dash's (forward,
+    backward) functions, ``extra`` the positional arguments after q, k, v (varlen: cu_seqlens_q, cu_seqlens_k,
+    max_seqlen_q, max_seqlen_k), ``options`` = (causal, softmax_scale, schedule, deterministic, window); the
+    forward and its gradient as the ops compute them (:func:`_attention_forward_grad`), without the dispatcher."""
+
+    @staticmethod
+    def forward(ctx, fns, extra, options, q, k, v):
+        causal, softmax_scale, _, _, window = options
+        out, lse = fns[0](q, k, v, *extra, causal=causal, softmax_scale=softmax_scale, window=window)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.fns, ctx.extra, ctx.options = fns, extra, options
+        ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)
+        return out, lse
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dout, dlse):
+        if dout is None:
+            return (None,) * 6
+        q, k, v, out, lse = ctx.saved_tensors
+        causal, softmax_scale, schedule, deterministic, window = ctx.options
+        dq, dk, dv = ctx.fns[1](dout.contiguous(), q, k, v, out, lse, *ctx.extra, causal=causal,
+                                softmax_scale=softmax_scale, schedule=schedule, deterministic=deterministic,
+                                window=window)
+        return None, None, None, dq, dk, dv
+
+
+# ------------------------------------------------------------------------------------------------------------
+# argument checks on metadata (fake / meta tensors): the checks of api._validate, without a data pointer
+# ------------------------------------------------------------------------------------------------------------
+_DTYPES = {torch.bfloat16: np.dtype(ml_dtypes.bfloat16), torch.float16: np.dtype(np.float16),
+           torch.float32: np.dtype(np.float32)}
+
+
+# DLPack device types; "meta" counts as CUDA so that shape inference on the meta device passes
+_DLPACK_TYPES = {"cpu": 1, "cuda": 2, "meta": 2}
+
+
+class _Meta:
+    """What :func:`cupy_dash.interop.describe` reads of an array (shape, dtype, byte strides, DLPack device),
+    taken from a torch tensor's metadata only; its address stays unknown, so alignment is not checked."""
+    __slots__ = ("shape", "dtype", "strides", "_device")
+
+    def __init__(self, t: Tensor):
+        self.shape = tuple(t.shape)
+        self.dtype = _DTYPES.get(t.dtype) or _UnknownDtype(t.dtype, t.element_size())
+        self.strides = tuple(s * t.element_size() for s in t.stride())
+        self._device = (_DLPACK_TYPES.get(t.device.type, 0), t.device.index or 0)
+
+    def __dlpack_device__(self):
+        return self._device
+
+
+class _UnknownDtype:
+    """A dtype name for error messages (``float64``, ``int32``, ...) of a dtype the kernels do not take."""
+    __slots__ = ("name", "itemsize")
+
+    def __init__(self, dtype, itemsize):
+        self.name, self.itemsize = str(dtype).rpartition(".")[2], itemsize
+
+
+def _concrete(*tensors) -> bool:
+    return all(isinstance(n, int) for t in tensors for n in (*t.shape, *t.stride()))
+
+
+def _check_dims(layouts, **tensors):
+    """Raise ValueError naming the first tensor whose rank is not that of its layout (``layouts``: name ->
+    layout text, "" for the default entry)."""
+    for name, t in tensors.items():
+        layout = layouts.get(name, layouts[""])
+        want = layout.count(",") + 1
+        if t.dim() != want:
+            raise ValueError(f"{name}: expected a {want}-D tensor {layout}, got shape {tuple(t.shape)}")
+
+
+def _check_ranks(**tensors):
+    _check_dims({"lse": "(B, H, Sq)", "": "(B, S, H, D)"}, **tensors)
+
+
+def _check_meta(q, k, v, softmax_scale, schedule, causal, window, dout=None, out=None, lse=None):
+    """The checks of the real op, as far as metadata allows: all of them when every size and stride is a plain
+    int; with symbolic sizes (dynamic shapes) only the ranks (the real op checks the rest at run time)."""
+    api._check_schedule(schedule)
+    api._check_window(window, causal)
+    backward = dout is not None
+    tensors = dict(q=q, k=k, v=v, do=dout, out=out, lse=lse) if backward else dict(q=q, k=k, v=v)
+    if not _concrete(*tensors.values()):
+        _check_ranks(**tensors)
+        return
+    views = {name: _Meta(t) for name, t in tensors.items()}
+    api._validate(views["q"], views["k"], views["v"], views.get("do"), views.get("out"), views.get("lse"),
+                  softmax_scale=softmax_scale, backward=backward)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# forward
+# ------------------------------------------------------------------------------------------------------------
+# NOTES: the two hot ops are defined with torch.library.Library (schema, one CompositeExplicitAutograd kernel,
+# register_fake, register_autograd), not torch.library.custom_op, whose per-call Python wrapper (an output
+# aliasing check; an autograd wrapper on the backward op too) cost ~90 µs of host time per backward on the H200
+# (benchmarks/RESULTS.md). The schemas are the ones custom_op inferred from these signatures.
+_lib = torch.library.Library("cupy_dash", "FRAGMENT")
+_lib.define("attention_forward(Tensor q, Tensor k, Tensor v, bool causal=False, float? softmax_scale=None, "
+            "str schedule=\"auto\", bool deterministic=True, SymInt window_left=-1, SymInt window_right=-1) "
+            "-> (Tensor, Tensor)")
+_lib.define("attention_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
+            "bool causal=False, float? softmax_scale=None, str schedule=\"auto\", bool deterministic=True, "
+            "SymInt window_left=-1, SymInt window_right=-1) -> (Tensor, Tensor, Tensor)")
+attention_forward = torch.ops.cupy_dash.attention_forward
+attention_backward = torch.ops.cupy_dash.attention_backward
+attention_forward.__doc__ = """The op ``torch.ops.cupy_dash.attention_forward``: q ``(B, Sq, H, D)``, k/v
+    ``(B, Sk, Hkv, D)`` -> ``(out (B, Sq, H, D), lse (B, H, Sq) float32)``, as :func:`cupy_dash.attention_forward`
+    with ``window=(window_left, window_right)``. ``schedule`` and ``deterministic`` are checked here and used by
+    its gradient, :func:`attention_backward`."""
+attention_backward.__doc__ = """The op ``torch.ops.cupy_dash.attention_backward``: dout, q, out ``(B, Sq, H, D)``,
+    k/v ``(B, Sk, Hkv, D)``, lse ``(B, H, Sq)`` float32 -> ``(dq (B, Sq, H, D), dk, dv (B, Sk, Hkv, D))``, as
+    :func:`cupy_dash.attention_backward` with ``window=(window_left, window_right)`` (contiguous, dtype of q)."""
+
+
+def _attention_forward_impl(q, k, v, causal=False, softmax_scale=None, schedule="auto", deterministic=True,
+                            window_left=-1, window_right=-1):
+    api._check_schedule(schedule)
+    return api.attention_forward(q, k, v, causal=causal, softmax_scale=softmax_scale,
+                                 window=(window_left, window_right))
+
+
+_lib.impl("attention_forward", _attention_forward_impl, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("cupy_dash::attention_forward", lib=_lib)
+def _attention_forward_fake(q, k, v, causal=False, softmax_scale=None, schedule="auto", deterministic=True,
+                            window_left=-1, window_right=-1):
+    _check_meta(q, k, v, softmax_scale, schedule, causal, (window_left, window_right))
+    B, Sq, H, D = q.shape
+    return q.new_empty((B, Sq, H, D)), q.new_empty((B, H, Sq), dtype=torch.float32)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, causal, softmax_scale, schedule, deterministic, window_left, window_right = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.causal, ctx.softmax_scale, ctx.schedule, ctx.deterministic = causal, softmax_scale, schedule, deterministic
+    ctx.window = (window_left, window_right)
+    ctx.mark_non_differentiable(lse)
+    ctx.set_materialize_grads(False)
+
+
+def _attention_forward_grad(ctx, dout, dlse):
+    """Gradient of :func:`attention_forward` (``dlse`` is always None: lse is not differentiable)."""
+    if dout is None:
+        return (None,) * 9
+    q, k, v, out, lse = ctx.saved_tensors
+    # the kernels read dout through TMA: last dim contiguous, 16-byte strides (an expanded grad has stride 0)
+    dq, dk, dv = attention_backward(dout.contiguous(), q, k, v, out, lse, ctx.causal, ctx.softmax_scale,
+                                    ctx.schedule, ctx.deterministic, *ctx.window)
+    return (dq, dk, dv) + (None,) * 6
+
+
+torch.library.register_autograd("cupy_dash::attention_forward", _attention_forward_grad,
+                                setup_context=_setup_context, lib=_lib)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# backward
+# ------------------------------------------------------------------------------------------------------------
+def _attention_backward_impl(dout, q, k, v, out, lse, causal=False, softmax_scale=None, schedule="auto",
+                             deterministic=True, window_left=-1, window_right=-1):
+    return api.attention_backward(dout, q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale,
+                                  schedule=schedule, deterministic=deterministic,
+                                  window=(window_left, window_right))
+
+
+_lib.impl("attention_backward", _attention_backward_impl, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("cupy_dash::attention_backward", lib=_lib)
+def _attention_backward_fake(dout, q, k, v, out, lse, causal=False, softmax_scale=None, schedule="auto",
+                             deterministic=True, window_left=-1, window_right=-1):
+    _check_meta(q, k, v, softmax_scale, schedule, causal, (window_left, window_right), dout, out, lse)
+    return q.new_empty(tuple(q.shape)), q.new_empty(tuple(k.shape)), q.new_empty(tuple(v.shape))
+
