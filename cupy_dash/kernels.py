@@ -313,16 +313,24 @@ def fwd_entry(dtype: str, head_dim: int, causal: bool, varlen: bool = False) -> 
 
 def bwd_entry(device_id: int, dtype: str, head_dim: int, causal: bool, deterministic: bool,
               timeline: bool = False, compact: bool = False, varlen: bool = False) -> tuple:
-    """(BwdKernels, block_m, block_n, max co-resident CTAs of the main kernel) per device and variant, cached
-    (the occupancy query loads the main kernel: needs the GPU)."""
+    """(BwdKernels, block_m, block_n, max co-resident CTAs of the main kernel) per device and variant, cached.
+    The first call loads all three kernels on the device (needs the GPU).
+
+    NOTES: all three, although a small eager backward runs the main kernel alone (folded, launchers.fold_wanted):
+    the same call captured into a CUDA graph runs unfolded (a graph's error record disables the fold), and a
+    capture cannot load kernels, so the eager warm-up that torch.compile's reduce-overhead mode makes must
+    leave preprocess and postprocess loaded too."""
     key = (device_id, dtype, head_dim, causal, deterministic, timeline, compact, varlen)
     e = _bwd_cache.get(key)
     if e is None:
         import cupy
+        from . import jit
         specs = bwd_specs(dtype, head_dim, causal, deterministic, timeline, compact, varlen)
         tile = bwd_tile(head_dim)
         with cupy.cuda.Device(device_id):
             max_ctas = int(max_resident_ctas(specs.main))
+            for spec in (specs.preprocess, specs.postprocess):
+                jit.load(spec)
         if max_ctas < 1:
             raise RuntimeError(f"cupy_dash backward: the main kernel {specs.main.label} cannot be resident on "
                                f"device {device_id} (occupancy 0)")

@@ -238,3 +238,35 @@ def test_shared_graph_record_is_reported(monkeypatch):
     a, b, c = (records.take(i) for i in range(3))
     assert (a, b, c) == (0x10000, 0x10000 + errors.RECORD_BYTES, 0x10000 + errors.RECORD_BYTES)
     assert not records.shared(a) and records.shared(b) and records.shared(c)
+
+
+def test_first_backward_of_a_variant_loads_all_three_kernels(monkeypatch):
+    """A small eager backward runs folded (the main kernel alone), but the same call captured into a CUDA graph
+    runs unfolded and cannot load kernels under capture: torch.compile's reduce-overhead mode warms up eagerly
+    once, then captures. So the first use of a variant loads preprocess and postprocess as well."""
+    import cupy
+
+    from cupy_dash import jit
+    loaded = []
+    monkeypatch.setattr(kernels, "_bwd_cache", {})
+    monkeypatch.setattr(kernels, "max_resident_ctas", lambda spec: loaded.append(spec.label) or 132)
+    monkeypatch.setattr(jit, "load", lambda spec: loaded.append(spec.label))
+    monkeypatch.setattr(cupy.cuda, "Device", _NoDevice)
+    specs, _, _, max_ctas = kernels.bwd_entry(0, "bfloat16", 64, True, True)
+    assert max_ctas == 132
+    assert sorted(loaded) == sorted(s.label for s in (specs.preprocess, specs.main, specs.postprocess))
+    kernels.bwd_entry(0, "bfloat16", 64, True, True)                       # cached: nothing loaded again
+    assert len(loaded) == 3
+
+
+class _NoDevice:
+    """cupy.cuda.Device's context manager, without a GPU."""
+
+    def __init__(self, device_id):
+        self.id = device_id
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
