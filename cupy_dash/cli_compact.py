@@ -39,7 +39,7 @@ def auto_line(plan) -> str:
         f"{plan.num_visits} visits {'>' if compact_tables else '<='} {limit} per table"
     if compact_tables:
         rule = ("the fastest closed-form rank rule (a counted rank, shift or symmetric_shift, runs the compact dQ "
-                "writer at about half speed: benchmarks/RESULTS.md)")
+                "writer at about half speed: docs/decisions/table-forms.md)")
     else:
         c, r = schedule.AUTO_COSTS
         gqa = ", or descending for few grouped columns per CTA" if plan.group_size > 1 else ""

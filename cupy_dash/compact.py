@@ -1,4 +1,5 @@
-"""Compact schedules: one record per KV column instead of one row per visit, for long contexts (issue 7).
+"""Compact schedules: one record per KV column instead of one row per visit, for long contexts
+(docs/decisions/table-forms.md).
 
 Why it suffices. ``_schedule.pyx`` derives every rank from the wait-free timeline: a visit's key is (step,
 tie-break), step = the visit's position in its CTA's list, tie-break = ``tie_sign * n_block``, and a dQ tile
@@ -195,7 +196,7 @@ class CompactSchedule(ColumnRecords):
         policy when all columns are equally long (full masks: columns start in lockstep). shift and descending
         on columns of unequal lengths (causal, windows) wait wherever the dispatch staggers column starts, which
         only a per-visit simulation sees (engine model: up to 1.2x and 1.3x the bound at S = 32k, causal,
-        128 x 128 tiles, against 1.00x by the column model; benchmarks/NOTES.md, 2026-12-01, compact tables)."""
+        128 x 128 tiles, against 1.00x by the column model; docs/decisions/table-forms.md)."""
         if self.policy in ("symmetric_shift", "fa3"):
             return True
         lengths = self.records[:, 2] - self.records[:, 1]

@@ -11,7 +11,7 @@ table would hold more than ``AUTO_VISITS`` visits (20 bytes each: 335 MB, e.g. S
 and always with ``CUPY_DASH_COMPACT_TABLES=1``; ``CUPY_DASH_COMPACT_TABLES=0`` never uses it. There ``"auto"`` is
 ``KERNEL_AUTO``: the writer warp computes a counted rank (``shift``, ``symmetric_shift``) from the records at about
 half the speed of a closed-form one (measured at S = 64k and 256k causal: ``descending`` 468 / 460 TFLOP/s,
-``fa3`` 392 / 409, ``symmetric_shift`` 256 / 263; benchmarks/RESULTS.md), so auto takes the fastest closed form.
+``fa3`` 392 / 409, ``symmetric_shift`` 256 / 263; docs/decisions/table-forms.md), so auto takes the fastest closed form.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """FLOP counts, seeded random inputs on the GPU and CUDA-event timing: what the demo (``python -m cupy_dash``)
 measures with, and what the benchmark scripts of ``benchmarks/`` build on.
 
-Conventions (DESIGN.md, "Measuring"; the FA3 paper's): forward ``4 * B * H * Sq * Sk * D`` FLOPs (halved for
+Conventions (docs/performance.md; the FA3 paper's): forward ``4 * B * H * Sq * Sk * D`` FLOPs (halved for
 causal), backward 2.5x the forward; GPU time from CUDA events around each call on the stream it runs on.
 """
 from __future__ import annotations

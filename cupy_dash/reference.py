@@ -1,6 +1,6 @@
 """NumPy reference attention: the oracle every GPU test compares against.
 
-Layout is FlashAttention's (see DESIGN.md, "Public API"):
+Layout is FlashAttention's (docs/api.md):
 
 * ``q``: ``(B, Sq, H, D)``; ``k``: ``(B, Sk, Hkv, D)``; ``v``: ``(B, Sk, Hkv, Dv)`` with ``H % Hkv == 0``
   (grouped-query attention: query head ``h`` reads kv head ``h // (H // Hkv)``). ``Dv`` is normally ``D``.

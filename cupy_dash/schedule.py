@@ -87,7 +87,7 @@ Models (``simulate``). The paper's DAG model: each visit computes for ``c``, wai
 ``r``; the CTA then starts its next visit. The engine model follows the Hopper kernel: a CTA's MMA warpgroups
 and its dQ writer are two serial resources with one dQ buffer between them, so the next visit computes while
 the writer waits for its turn, and the MMA stalls only when a second dQ partial is ready before the writer took
-the first. Calibration (benchmarks/NOTES.md, 2026-12-01): r = 0.8 c fits the measured speed ratios of the four
+the first. Calibration (docs/schedules.md): r = 0.8 c fits the measured speed ratios of the four
 policies on 16 shapes (d64, d128, full, causal, S = 1k..16k) with 0.13 rms log error, against 0.16-0.28 for the
 DAG model at any r; neither model captures why the ``fa3`` policy is 1.2-1.6x slower than ``symmetric_shift``
 under a causal mask (both predict a tie; the measured per-visit timelines show long rank waits there).
@@ -110,7 +110,7 @@ PORTABLE_POLICIES = ("fa3", "descending")   # bits independent of the CTA count 
 AUTO_CANDIDATES = ("symmetric_shift", "shift", "descending", "fa3")
 AUTO_COSTS = (1.0, 0.8)      # (c, r) of the engine model, calibrated on the H200 (see the module docstring)
 AUTO_TOLERANCE = 0.03
-# NOTES: measured override of the engine model (benchmarks/RESULTS.md, fourth session, GQA sweep): grouped KV
+# NOTES: measured override of the engine model (docs/schedules.md, the GQA exception): grouped KV
 # columns (g > 1) with at most AUTO_FEW_GROUPED per CTA run fastest with ``descending``, which the model ranks last
 # (g = 8, 16 query heads, 16k tokens, 256 columns on 132 CTAs: 1.12-1.23x of the model's choice at head dim 128,
 # 0.86-1.06x at 64); at g = 4 (512 columns) the model's choice is within 3 % of the best and stays.

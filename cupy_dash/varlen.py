@@ -7,7 +7,7 @@ the device (a CTA past the end of its sequence exits at once), so there is no de
 synchronisation. The backward needs them on the host, to build its schedule table (which KV column visits which
 Q tiles, in which dQ order: :func:`cupy_dash.schedule.build_varlen`): pass ``cu_seqlens`` as host arrays (numpy,
 a list, a CPU torch tensor; uploaded once per call, no synchronisation) or as device arrays (then copied to the
-host: one device-to-host copy, which waits for the caller's stream — the cost is in benchmarks/RESULTS.md —
+host: one device-to-host copy, which waits for the caller's stream — the cost is in docs/decisions/table-forms.md —
 except for torch tensors that the varlen forward saw: it copies them without waiting, for the backward,
 :mod:`cupy_dash.varlen_host_cu`). The
 kernels clamp every bound to the packed lengths, so inconsistent ``cu_seqlens`` give wrong results for the rows
@@ -147,9 +147,9 @@ def _tables(dev, dtype, D, causal, deterministic, schedule, lens_q, lens_k, H, H
     NOTES: compact varlen tables: with CUPY_DASH_COMPACT_TABLES=1, or (unset) where the per-visit table would
     exceed compact_device.AUTO_VISITS visits (long sequences), as for fixed lengths; below that they stay opt-in:
     bitwise equal to the per-visit ones on the H200, but their kernel ran at 0.6-0.9x of the per-visit tables'
-    speed (benchmarks/RESULTS.md, fourth session). The per-visit table is expanded on the GPU by default: the host
+    speed (docs/decisions/table-forms.md). The per-visit table is expanded on the GPU by default: the host
     builds compact records (O(columns)) and kernels_src/bwd_expand.cu writes the per-visit rows for the per-visit
-    main kernel (the same bits and kernel speed, half the host time of a new packing: RESULTS, fifth session);
+    main kernel (the same bits and kernel speed, half the host time of a new packing: docs/decisions/table-forms.md);
     CUPY_DASH_VARLEN_EXPAND=host expands on the host instead (varlen_schedule.expand, uploads 20 bytes per visit)."""
     forced = config.COMPACT_TABLES.get()
     expand = config.VARLEN_EXPAND.get() == "device"

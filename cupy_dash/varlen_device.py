@@ -9,8 +9,8 @@ expands on the host (``varlen_schedule.expand``, up to ~2 ms per new packing). T
 are by the DASH_COMPACT + DASH_VARLEN build (``kernels_src/compact_view.cuh``; ``_varlen_pack`` packs them in the
 layout uploaded, tests/test_varlen_compact.py walks them as the kernel does and compares with ``expand``)
 are opt-in (``CUPY_DASH_COMPACT_TABLES=1``) below compact_device.AUTO_VISITS visits: on the H200 they give the
-per-visit tables' bits, but the kernel's counted rank rules make the backward 0.6-0.9x as fast (benchmarks/
-RESULTS.md, fourth session).
+per-visit tables' bits, but the kernel's counted rank rules make the backward 0.6-0.9x as fast
+(docs/decisions/table-forms.md).
 
 A training step's new packing (the GPU paths): the records are packed straight into pinned host memory
 (:func:`_pinned_blob`) and copied from there on the caller's stream, into a device block of a power-of-two size

@@ -1,4 +1,5 @@
-"""Compact schedules of packed variable-length batches (issue 7, "Variable-length batches"): host side.
+"""Compact schedules of packed variable-length batches, host side (docs/schedules.md,
+docs/decisions/table-forms.md).
 
 The backward of a packed batch (FlashAttention's layout: q ``(total_q, H, D)``, k / v ``(total_k, Hkv, D)``,
 ``cu_seqlens_q`` / ``cu_seqlens_k`` int32 ``(B + 1,)``) gets its dQ reduction order from compact records, one per

@@ -206,7 +206,7 @@ def test_schedule_auto_follows_the_compact_tables_variable(monkeypatch, capsys):
     assert _auto_lines(capsys.readouterr().out) == [
         "auto picks 'descending': the backward of this problem uses compact tables (CUPY_DASH_COMPACT_TABLES=1), "
         "where auto is the fastest closed-form rank rule (a counted rank, shift or symmetric_shift, runs the compact "
-        "dQ writer at about half speed: benchmarks/RESULTS.md)"]
+        "dQ writer at about half speed: docs/decisions/table-forms.md)"]
 
 
 def test_default_job_is_the_schedule_command_it_names(monkeypatch, capsys):
