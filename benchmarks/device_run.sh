@@ -9,7 +9,7 @@
 # "varlen_step": a new packing's host cost, build and upload (issue 7); "fold": the folded backward's tests, then
 # the whole suite; "fold_bench": its GPU and host time. Earlier sessions' one-off stages are in this file's
 # history; the writer-rank-ahead experiment is benchmarks/patches/writer_rank_ahead.patch (measured, not
-# merged: RESULTS.md, fifth session).
+# merged: docs/decisions/table-forms.md).
 # FA3 (flash-attn3-jax) is measured when its wheel is importable: carry .whl/ and set FA3_WHL=1.
 set -o pipefail
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false CUPY_DASH_CACHE_DIR=${CUPY_DASH_CACHE_DIR:-/tmp/dash_cache}
