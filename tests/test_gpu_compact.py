@@ -9,7 +9,7 @@ import pytest
 
 import cupy_dash
 from cupy_dash import compact_device, reference
-from test_gpu_attention import POLICIES, _assert_same_bits, _dev, _host, _randn, _seed
+from gpu_helpers import POLICIES, _assert_same_bits, _dev, _host, _randn, _seed
 
 pytestmark = pytest.mark.gpu
 

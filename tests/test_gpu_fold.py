@@ -24,8 +24,8 @@ import pytest
 import cupy
 import cupy_dash
 from cupy_dash import errors, launchers, reference
-from test_gpu_attention import (ATOMIC, DTYPES, POLICIES, Case, _assert_finite, _assert_same_bits, _case_data,
-                                _dev, _host, _poison_pool, _poison_size, _randn, _schedule_kwargs, _seed)
+from gpu_helpers import (ATOMIC, DTYPES, POLICIES, Case, _assert_finite, _assert_same_bits, _case_data, _dev,
+                         _host, _poison_pool, _poison_size, _randn, _schedule_kwargs, _seed)
 
 pytestmark = pytest.mark.gpu
 
@@ -166,7 +166,7 @@ def test_folded_graph_capture_leaves_records_zero():
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("torch without CUDA")
-    from test_gpu_torch_ops import Case as TorchCase, assert_same_bits, capture_step, eager, make_inputs, replay
+    from torch_helpers import Case as TorchCase, assert_same_bits, capture_step, eager, make_inputs, replay
     case = TorchCase(128, True)
     assert launchers.fold_wanted(types.SimpleNamespace(B=case.batch, H=case.heads, Sq=320, Sk=320), 64, 128,
                                  False, None)

@@ -12,7 +12,7 @@ the whole group (kernels_src/schedule_view.cuh, same_kv_tile), so:
 * the backward is bitwise reproducible over 100 runs for every schedule on one GQA shape;
 * the torch and JAX adapters differentiate GQA and match the functional API bit for bit.
 
-Helpers (device upload, pool poisoning, repeat loop) are those of test_gpu_attention.py.
+Helpers (device upload, pool poisoning, repeat loop) are those of gpu_helpers.py.
 """
 from __future__ import annotations
 
@@ -25,9 +25,9 @@ import pytest
 import cupy
 import cupy_dash
 from cupy_dash import reference
-from test_gpu_attention import (ATOMIC, DET_REPEATS, DTYPES, POLICIES, _assert_finite, _assert_same_bits, _dev,
-                                _host, _poison_pool, _poison_size, _randn, _repeat_backward, _schedule_kwargs,
-                                _seed, _torch_from_host)
+from gpu_helpers import (ATOMIC, DET_REPEATS, DTYPES, POLICIES, _assert_finite, _assert_same_bits, _dev, _host,
+                         _poison_pool, _poison_size, _randn, _repeat_backward, _schedule_kwargs, _seed,
+                         _torch_from_host)
 
 pytestmark = pytest.mark.gpu
 

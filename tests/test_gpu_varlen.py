@@ -4,30 +4,15 @@ tile loads are masked, so they add exact zeros), empty sequences and sequences o
 results match the float64 reference."""
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 import pytest
 
 cupy = pytest.importorskip("cupy")
 import cupy_dash  # noqa: E402
 from cupy_dash import reference  # noqa: E402
+from gpu_helpers import BF16, LENGTHS, _dev, _host  # noqa: E402
 
 pytestmark = pytest.mark.gpu
-BF16 = np.dtype(ml_dtypes.bfloat16)
-
-LENGTHS = {  # (query lengths, key lengths) per sequence
-    "mixed": ([1, 17, 128, 300, 1000, 129, 256], [1, 17, 128, 300, 1000, 129, 256]),
-    "empty_and_unequal": ([0, 64, 200, 5, 513], [10, 0, 777, 5, 400]),
-    "long_and_short": ([3000, 1, 64], [2048, 2, 64]),
-}
-
-
-def _dev(a):
-    return cupy.asarray(np.ascontiguousarray(a).view(np.uint16)).view(a.dtype)
-
-
-def _host(x):
-    return cupy.asnumpy(x.view(cupy.uint16)).view(x.dtype) if x.dtype.itemsize == 2 else cupy.asnumpy(x)
 
 
 @pytest.mark.parametrize("window", [(-1, -1), (100, 50)], ids=["nowindow", "window"])

@@ -14,7 +14,7 @@ cupy = pytest.importorskip("cupy")
 import cupy_dash  # noqa: E402
 from cupy_dash import reference  # noqa: E402
 
-from test_gpu_varlen import BF16, LENGTHS, _dev, _host  # noqa: E402
+from gpu_helpers import BF16, LENGTHS, _dev, _host  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 POLICIES = ("fa3", "descending", "shift", "symmetric_shift", "auto")

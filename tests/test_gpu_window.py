@@ -14,7 +14,7 @@ sees has no visit at all (the host zeroes its dk, dv rows). Checked here:
 * an unbounded window gives the bits of the plain backward; 20 identical runs give identical bits for every
   schedule; the torch and JAX adapters pass the window to both passes and match the functional API bit for bit.
 
-Helpers (device upload, pool poisoning, repeat loop) are those of test_gpu_attention.py.
+Helpers (device upload, pool poisoning, repeat loop) are those of gpu_helpers.py.
 """
 from __future__ import annotations
 
@@ -27,9 +27,8 @@ import pytest
 import cupy
 import cupy_dash
 from cupy_dash import reference
-from test_gpu_attention import (ATOMIC, DTYPES, POLICIES, _assert_finite, _assert_same_bits, _dev, _host,
-                                _poison_pool, _poison_size, _randn, _repeat_backward, _schedule_kwargs, _seed,
-                                _torch_from_host)
+from gpu_helpers import (ATOMIC, DTYPES, POLICIES, _assert_finite, _assert_same_bits, _dev, _host, _poison_pool,
+                         _poison_size, _randn, _repeat_backward, _schedule_kwargs, _seed, _torch_from_host)
 
 pytestmark = pytest.mark.gpu
 
