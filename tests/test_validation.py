@@ -1,9 +1,9 @@
 """Argument validation of the public API and the layout rules of ``interop``: CPU only, no GPU needed.
 
 Inputs are numpy / ``ml_dtypes.bfloat16`` arrays, plus a tiny fake "CUDA" array (``__dlpack_device__`` says
-CUDA) to reach the device checks. An autouse fixture replaces every entry into GPU work (allocation, stream,
-DLPack import, occupancy query, schedule build, launch) with a sentinel, so every test here also proves that an
-invalid call raises before anything is allocated or launched.
+CUDA) to reach the device checks. An autouse fixture (``gpu_work_log``, validation_helpers.py) replaces every
+entry into GPU work (allocation, stream, DLPack import, occupancy query, schedule build, launch) with a sentinel,
+so every test here also proves that an invalid call raises before anything is allocated or launched.
 """
 from __future__ import annotations
 
@@ -12,93 +12,13 @@ import os
 import subprocess
 import sys
 
-import cupy
-import ml_dtypes
 import numpy as np
 import pytest
 
 import cupy_dash
-from cupy_dash import api, errors, interop, kernels, schedule
-
-BF16 = np.dtype(ml_dtypes.bfloat16)
-F16 = np.dtype(np.float16)
-F32 = np.dtype(np.float32)
-_build_schedule = schedule.build      # the real one (the autouse fixture replaces schedule.build)
-
-
-class GpuTouched(Exception):
-    """Raised by the sentinels: the call got past validation into GPU work."""
-
-
-@pytest.fixture(autouse=True)
-def gpu_work_log(monkeypatch):
-    """Every GPU entry point raises GpuTouched and is logged; yields the log."""
-    log = []
-
-    def sentinel(name):
-        def f(*args, **kwargs):
-            log.append(name)
-            raise GpuTouched(name)
-        return f
-
-    for mod, names in ((cupy, ("empty", "zeros", "asarray", "from_dlpack")),
-                       (cupy.cuda, ("Device", "ExternalStream", "get_current_stream", "alloc")),
-                       (kernels, ("launch", "max_resident_ctas")),
-                       (schedule, ("build",)),
-                       (interop, ("to_cupy", "caller_stream")),
-                       (api, ("_acquire_slot",))):
-        for name in names:
-            monkeypatch.setattr(mod, name, sentinel(f"{mod.__name__}.{name}"))
-    yield log
-
-
-def make(B=2, Sq=96, Sk=160, H=4, Hkv=4, D=64, dtype=BF16):
-    """q, k, v, do, out (bf16) and lse (fp32) numpy arrays of a consistent problem."""
-    q = np.zeros((B, Sq, H, D), dtype)
-    k = np.zeros((B, Sk, Hkv, D), dtype)
-    v = np.zeros((B, Sk, Hkv, D), dtype)
-    do = np.zeros((B, Sq, H, D), dtype)
-    out = np.zeros((B, Sq, H, D), dtype)
-    lse = np.zeros((B, H, Sq), F32)
-    return dict(do=do, q=q, k=k, v=v, out=out, lse=lse)
-
-
-def fwd(t, **kw):
-    return cupy_dash.attention_forward(t["q"], t["k"], t["v"], **kw)
-
-
-def bwd(t, **kw):
-    return cupy_dash.attention_backward(t["do"], t["q"], t["k"], t["v"], t["out"], t["lse"], **kw)
-
-
-def raises(exc, call, *needles):
-    """Assert ``call()`` raises ``exc`` with every needle in its message; return the message."""
-    with pytest.raises(exc) as info:
-        call()
-    msg = str(info.value)
-    for needle in needles:
-        assert needle in msg, f"{needle!r} not in {msg!r}"
-    return msg
-
-
-class FakeCuda:
-    """A numpy array that claims to live on a CUDA device (framework "other"): enough for validation."""
-
-    def __init__(self, a, device_id=0):
-        self._a = a
-        self.shape = a.shape
-        self.dtype = a.dtype
-        self._dev = device_id
-        self.__cuda_array_interface__ = {"shape": a.shape, "typestr": a.dtype.str, "version": 3,
-                                         "data": (a.__array_interface__["data"][0], False),
-                                         "strides": a.strides}
-
-    def __dlpack_device__(self):
-        return (2, self._dev)
-
-
-def fake(t, device_id=0, skip=()):
-    return {n: (a if n in skip else FakeCuda(a, device_id)) for n, a in t.items()}
+from cupy_dash import errors, interop, schedule
+from validation_helpers import (BF16, F16, F32, FakeCuda, GpuTouched, _build_schedule, bwd, fake, fwd,  # noqa: F401
+                                gpu_work_log, make, raises)  # gpu_work_log: the autouse fixture
 
 
 # --------------------------------------------------------------------------------------------------------------

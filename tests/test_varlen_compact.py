@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from cupy_dash import schedule, varlen_device
+from varlen_cases import random_problem
 
 
 # The uploaded compact varlen arrays stated in numpy from a VarlenSchedule: the reference the one-pass Cython
@@ -212,7 +213,6 @@ def test_new_packing_in_one_call_gives_the_builder_and_pack_bytes():
     """_varlen_pack.new_packing (what plan() runs for a new packing: windows, shapes, dispatch order, auto's
     choice, records, pack in one Cython call) against varlen_schedule.build_varlen + pack, byte for byte, on
     random packed batches (every policy and auto; causal, full, windows, GQA, empty sequences, few CTAs)."""
-    from test_schedule_varlen_fast import random_problem
     from cupy_dash import _schedule, _varlen_pack
     rng = np.random.default_rng(23)
     codes = _schedule.POLICY_CODES
@@ -499,7 +499,6 @@ def test_new_packing_from_threads_whose_scratch_is_taken():
     the blob of the same packing built alone."""
     import threading
     from cupy_dash import _varlen_pack
-    from test_schedule_varlen_fast import random_problem
     rng = np.random.default_rng(31)
     c, r = schedule.AUTO_COSTS
     cands = tuple(_schedule_codes()[p] for p in schedule.AUTO_CANDIDATES)

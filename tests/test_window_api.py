@@ -1,5 +1,5 @@
 """The ``window`` argument of the backward entry points, CPU only: checked before any GPU work (the sentinels of
-test_validation.py), plans of another window rejected, the canonical form the kernels and caches get, and the
+validation_helpers.py), plans of another window rejected, the canonical form the kernels and caches get, and the
 error message of a failed windowed backward. The GPU behaviour is in test_gpu_window.py."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 import cupy_dash
 from cupy_dash import api, errors, kernels, schedule
-from test_validation import GpuTouched, _build_schedule, bwd, fake, gpu_work_log, make, raises  # noqa: F401
+from validation_helpers import GpuTouched, _build_schedule, bwd, fake, gpu_work_log, make, raises  # noqa: F401
 
 BAD_WINDOWS = [((1, 2, 3), False, TypeError, "window: expected a pair"),
                ("ab", False, TypeError, "window: left must be an int"),
