@@ -1,5 +1,5 @@
 """CPU test of the fixed-length host fast path (cupy_dash.fastpath) with torch imitated and every GPU call replaced
-(the fakes of test_fastpath_varlen): a repeated backward gets the full path's parameter block but for its new
+(the fakes of fastpath_fakes.py): a repeated backward gets the full path's parameter block but for its new
 outputs, scratch and error slot; the scratch of a small problem is the plan's own on the same stream and a new
 one on another stream or above the size limit."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 import cupy_dash
 from cupy_dash import api, fastpath, interop, kernels, launchers
-from test_fastpath_varlen import BF16, F32, Tensor, no_gpu  # noqa: F401  (fixture)
+from fastpath_fakes import BF16, F32, Tensor, no_gpu  # noqa: F401  (fixture)
 
 _PER_CALL = ("lse_log2", "dpsum", "dq_accum", "dq_semaphore", "dq", "dk", "dv", "error", "error_host")
 
