@@ -8,7 +8,7 @@
   the argument / result buffers are read right, addresses land where the plan says; a device without a plan is
   a clear error;
 * lowering: the custom call target and its ``slots`` attribute, the vmap fold.
-What needs a GPU (stream, tensor-map patching, cuLaunchKernel) is tested in tests/test_gpu_jax_jit.py.
+What needs a GPU (stream, tensor-map patching, cuLaunchKernel) is tested in tests/gpu/test_gpu_jax_jit.py.
 """
 from __future__ import annotations
 

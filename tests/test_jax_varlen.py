@@ -1,6 +1,6 @@
 """cupy_dash.jax.attention_varlen on the CPU (skipped without JAX): lowering (one custom call per pass under
 jax.grad), argument checks at trace time, and the custom_vjp plumbing on JAX's CPU backend with the kernels
-replaced by the float64 reference per sequence. The real kernels: tests/test_gpu_varlen_bwd.py."""
+replaced by the float64 reference per sequence. The real kernels: tests/gpu/test_gpu_varlen_bwd.py."""
 from __future__ import annotations
 
 import ml_dtypes

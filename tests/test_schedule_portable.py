@@ -1,6 +1,6 @@
 """Portable bits: which policies add in the same orders (so give the same dq/dk/dv bits) whatever the number of
 CTAs the table is built for — 114 on an H100 PCIe, 132 on an H100 SXM or H200 — checked on the tables, no GPU
-needed (tests/test_gpu_portable.py runs the backward)."""
+needed (tests/gpu/test_gpu_portable.py runs the backward)."""
 from __future__ import annotations
 
 import numpy as np

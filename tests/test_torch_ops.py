@@ -1,7 +1,7 @@
 """The torch ops of ``cupy_dash.torch`` on the CPU (skipped without torch): registration and schemas, the fake
 implementations' outputs (FakeTensorMode and the meta device), their argument checks, the real ops' argument
 checks on CPU tensors (raised before any GPU work), and a ``torch.compile(fullgraph=True)`` trace of forward and
-backward on the meta device whose graphs hold exactly the two ops. GPU behaviour: tests/test_gpu_torch_ops.py.
+backward on the meta device whose graphs hold exactly the two ops. GPU behaviour: tests/gpu/test_gpu_torch_ops.py.
 """
 from __future__ import annotations
 

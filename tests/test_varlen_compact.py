@@ -2,7 +2,7 @@
 ScheduleView does in DASH_COMPACT + DASH_VARLEN builds (kernels_src/compact_view.cuh: the CTA's records in order,
 each visit's Q tile from its record's rule, its rank from the per-tile column table), they give the per-visit
 table of varlen_schedule.expand, visit for visit and rank for rank, for every policy, GQA, windows, empty and
-unequal sequences. The GPU side: tests/test_gpu_varlen_bwd.py."""
+unequal sequences. The GPU side: tests/gpu/test_gpu_varlen_bwd.py."""
 from __future__ import annotations
 
 import numpy as np

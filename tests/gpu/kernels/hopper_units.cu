@@ -3,7 +3,7 @@
 //   E = bf16(C) B    RS wgmma: A from registers (packed accumulator fragments), B MN-major
 //   G = bf16(C)^T[0:64] A   stmatrix.trans of fragments, then SS wgmma with that tile K-major and B MN-major
 // A is 64 x UNIT_D (rows of a (B, S, H, UNIT_D) tensor), B is UNIT_N x UNIT_D (rows 0.. of a (1, S, 1, UNIT_D)
-// tensor); tests/test_gpu_hopper_units.py compares the three products with numpy.
+// tensor); tests/gpu/test_gpu_hopper_units.py compares the three products with numpy.
 #include "common.cuh"
 #include "ptx/fence.cuh"
 #include "ptx/mbarrier.cuh"

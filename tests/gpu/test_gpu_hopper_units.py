@@ -1,4 +1,4 @@
-"""Unit tests of the Hopper primitives the backward engine is built from (tests/kernels/hopper_units.cu):
+"""Unit tests of the Hopper primitives the backward engine is built from (tests/gpu/kernels/hopper_units.cu):
 TMA tensor maps (cupy_dash.tensormap, 5-D, strided, out-of-bound rows), 128B-swizzled tiles and wgmma
 descriptors (K-major and MN-major), RS wgmma from packed accumulator fragments, stmatrix.trans.
 

@@ -1,4 +1,4 @@
-"""GPU tests of the Hopper forward kernel beyond tests/test_gpu_attention.py's grid of shapes: grouped KV heads
+"""GPU tests of the Hopper forward kernel beyond tests/gpu/test_gpu_attention.py's grid of shapes: grouped KV heads
 (GQA / MQA), strided views (q, k, v as slices of one packed qkv buffer), long sequences with many KV tiles per
 CTA, and bitwise repeatability of out and lse. Every comparison is against the float64 reference with FA3's
 rule (cupy_dash.reference.assert_close_fa3). Skipped without a Hopper GPU.
