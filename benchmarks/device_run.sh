@@ -89,8 +89,8 @@ if [ "$stage" = fold_bench ]; then   # GPU time folded / unfolded by size, host 
   done
 fi
 if [ "$stage" = varlen_events ]; then   # lazy upload events, deferred releases: the varlen GPU tests, then varlen_step
-  timeout 300 $py -m pytest tests/gpu/test_gpu_varlen_bwd.py tests/gpu/test_gpu_varlen.py tests/test_jax_varlen.py \
-    tests/gpu/test_gpu_fastpath.py -q -ra --maxfail=5 "$@" 2>&1 | tee "$OUT/varlen_tests.log" | tail -6
+  timeout 300 $py -m pytest tests/gpu/test_gpu_varlen_bwd.py tests/gpu/test_gpu_varlen.py \
+    tests/adapters/test_jax_varlen.py tests/gpu/test_gpu_fastpath.py -q -ra --maxfail=5 "$@" 2>&1 | tee "$OUT/varlen_tests.log" | tail -6
   if grep -qE "[0-9]+ (failed|error)" "$OUT/varlen_tests.log"; then exit 1; fi
   stage=varlen_step
 fi
