@@ -1,8 +1,9 @@
 """torch imitated and every GPU call of the host fast paths replaced (not a test module): torch dtypes and a
 contiguous torch CUDA tensor stand-in, the ``no_gpu`` fixture (tensor maps, allocations, streams, kernels, schedule
 tables, error slots and the launch replaced; yields the list of enqueued backwards), a packed varlen batch of such
-tensors, and per-packing made-up table addresses. Shared by test_fastpath_varlen.py, test_fastpath_host.py,
-test_config.py, benchmarks/host_python.py and benchmarks/host_varlen_python.py."""
+tensors, and per-packing made-up table addresses. It sits beside conftest.py because more than one layer uses it:
+adapters/test_fastpath_varlen.py, adapters/test_fastpath_host.py, unit/test_config.py, and the benchmark scripts
+benchmarks/host_python.py and benchmarks/host_varlen_python.py."""
 from __future__ import annotations
 
 import contextlib

@@ -28,8 +28,9 @@ TARGET = "xla_buffer_python_gpu_callback_cmd_buffer"
 @pytest.fixture
 def jx(monkeypatch):
     """(jax, cupy_dash.jax), with JAX's CPU device as the default: these tests exercise the CPU backend, also on a
-    machine whose default backend is a GPU (test_gpu_jax_jit.py runs the real kernels); and the buffer_callback
-    mechanism (CUPY_DASH_JAX_FFI=0), whose lowering and plumbing they check (test_jax_ffi.py: the C handler)."""
+    machine whose default backend is a GPU (tests/gpu/test_gpu_jax_jit.py runs the real kernels); and the
+    buffer_callback mechanism (CUPY_DASH_JAX_FFI=0), whose lowering and plumbing they check (test_jax_ffi.py: the
+    C handler)."""
     jax = pytest.importorskip("jax")
     import cupy_dash.jax as cj
     monkeypatch.setenv("CUPY_DASH_JAX_FFI", "0")

@@ -1,6 +1,6 @@
 """Portable bits on the GPU: the backward driven by tables built for 114 CTAs (an H100 PCIe) and for 132 (H100
 SXM, H200), both run on this GPU, gives bitwise identical dq, dk, dv for the policies of
-schedule.PORTABLE_POLICIES (tests/test_schedule_portable.py checks their addition orders on the tables)."""
+schedule.PORTABLE_POLICIES (tests/unit/test_schedule_portable.py checks their addition orders on the tables)."""
 from __future__ import annotations
 
 import ml_dtypes

@@ -11,7 +11,7 @@ import pytest
 
 from cupy_dash.measure import SCHEDULES
 
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 if str(BENCHMARKS) not in sys.path:
     sys.path.insert(0, str(BENCHMARKS))      # the scripts import their siblings by name, as `python SCRIPT` does
 

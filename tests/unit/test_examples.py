@@ -12,7 +12,7 @@ import pytest
 
 from cupy_dash import gpu
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 SCRIPTS = sorted(p.name for p in EXAMPLES.glob("*.py") if '__name__ == "__main__"' in p.read_text())
 FRAMEWORK = {"train_tiny_transformer.py": "torch", "train_tiny_transformer_jax.py": "jax"}
 

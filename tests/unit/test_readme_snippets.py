@@ -9,7 +9,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
 

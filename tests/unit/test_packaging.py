@@ -12,7 +12,7 @@ from pathlib import Path
 
 from setuptools.command.egg_info import FileList
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PKG = ROOT / "cupy_dash"
 
 

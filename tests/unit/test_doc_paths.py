@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
 EXTENSIONS = ("py", "pyx", "pxd", "pxi", "c", "h", "cu", "cuh", "md", "json", "png", "csv", "txt", "sh", "toml",
               "cfg", "in", "patch")

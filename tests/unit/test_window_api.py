@@ -1,6 +1,6 @@
 """The ``window`` argument of the backward entry points, CPU only: checked before any GPU work (the sentinels of
 validation_helpers.py), plans of another window rejected, the canonical form the kernels and caches get, and the
-error message of a failed windowed backward. The GPU behaviour is in test_gpu_window.py."""
+error message of a failed windowed backward. The GPU behaviour is in tests/gpu/test_gpu_window.py."""
 from __future__ import annotations
 
 import numpy as np

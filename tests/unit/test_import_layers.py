@@ -13,7 +13,7 @@ from __future__ import annotations
 import ast
 import pathlib
 
-PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "cupy_dash"
+PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "cupy_dash"
 
 ADAPTERS = {"torch", "torch_ops", "torch_varlen", "jax", "jax_ops", "jax_varlen", "jax_varlen_dyn", "_jax_ffi",
             "differentiable"}
