@@ -33,7 +33,7 @@ EXTENSIONS = [Extension("cupy_dash._schedule", ["cupy_dash/_schedule.pyx"]),
 # Both build steps use every core: Cython translates the .pyx files in nthreads processes, and build_ext runs
 # the C compiler on that many extensions at once (`build_ext -j N` on the command line still overrides).
 # Guarded because cythonize's worker processes may re-import this file as __mp_main__ (spawn / forkserver), and
-# so that tests/test_packaging.py can read EXTENSIONS without Cython.
+# so that tests/unit/test_packaging.py can read EXTENSIONS without Cython.
 if __name__ == "__main__":
     from Cython.Build import cythonize
     JOBS = _cores()

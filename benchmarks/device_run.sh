@@ -27,16 +27,16 @@ if [ "$stage" != ncu ] && [ "$stage" != engine_bench ]; then
   tail -1 /tmp/compile.log
 fi
 if [ "$stage" = smoke ] || [ "$stage" = all ]; then
-  timeout 300 $py -m pytest tests/test_gpu_attention.py -q -x --maxfail=3 -k "d64-full-sq128-sk128 or d128-causal-sq300-sk1000" "$@" 2>&1 | tee "$OUT/smoke.log" | tail -25
+  timeout 300 $py -m pytest tests/gpu/test_gpu_attention.py -q -x --maxfail=3 -k "d64-full-sq128-sk128 or d128-causal-sq300-sk1000" "$@" 2>&1 | tee "$OUT/smoke.log" | tail -25
 fi
 if [ "$stage" = fwd ]; then
-  timeout 200 $py -m pytest tests/test_gpu_forward.py tests/test_gpu_attention.py -q -x --maxfail=3 \
+  timeout 200 $py -m pytest tests/gpu/test_gpu_forward.py tests/gpu/test_gpu_attention.py -q -x --maxfail=3 \
     -k "forward or rows_without" 2>&1 | tee "$OUT/fwd_tests.log" | tail -15
   timeout 300 $py benchmarks/bench.py --fwd-only --no-overhead --no-compile --out "$OUT" "$@" 2>&1 \
     | tee "$OUT/fwd_bench.log" | tail -45
 fi
 if [ "$stage" = integration ]; then   # host fast path, JAX under jit, overheads, the training examples
-  timeout 200 $py -m pytest tests/test_gpu_fastpath.py tests/test_gpu_jax_jit.py -q -ra "$@" 2>&1 \
+  timeout 200 $py -m pytest tests/gpu/test_gpu_fastpath.py tests/gpu/test_gpu_jax_jit.py -q -ra "$@" 2>&1 \
     | tee "$OUT/integration_tests.log" | tail -15
   timeout 60 $py benchmarks/host_overhead.py 2>&1 | tee "$OUT/host_overhead.txt"
   (cd examples && timeout 200 $py train_tiny_transformer.py --plot "$OUT/train_torch.png" \
@@ -74,9 +74,10 @@ if [ "$stage" = gqa ]; then   # forward re-check after the varlen change, GQA th
   done
 fi
 if [ "$stage" = fold ]; then   # the folded backward (kernels_src/bwd/fold.cuh): its tests first, then the whole suite
-  timeout 240 $py -m pytest tests/test_gpu_fold.py -q -ra --maxfail=5 "$@" 2>&1 | tee "$OUT/fold_tests.log" | tail -12
+  timeout 240 $py -m pytest tests/gpu/test_gpu_fold.py -q -ra --maxfail=5 "$@" 2>&1 | tee "$OUT/fold_tests.log" \
+    | tail -12
   if grep -qE "[0-9]+ (failed|error)" "$OUT/fold_tests.log"; then exit 1; fi
-  timeout 420 $py -m pytest tests/ -q -ra --maxfail=10 --ignore=tests/test_gpu_fold.py "$@" 2>&1 \
+  timeout 420 $py -m pytest tests/ -q -ra --maxfail=10 --ignore=tests/gpu/test_gpu_fold.py "$@" 2>&1 \
     | tee "$OUT/tests.log" | tail -25
 fi
 if [ "$stage" = fold_bench ]; then   # GPU time folded / unfolded by size, host time of the torch fast path both ways
@@ -88,8 +89,8 @@ if [ "$stage" = fold_bench ]; then   # GPU time folded / unfolded by size, host 
   done
 fi
 if [ "$stage" = varlen_events ]; then   # lazy upload events, deferred releases: the varlen GPU tests, then varlen_step
-  timeout 300 $py -m pytest tests/test_gpu_varlen_bwd.py tests/test_gpu_varlen.py tests/test_jax_varlen.py \
-    tests/test_gpu_fastpath.py -q -ra --maxfail=5 "$@" 2>&1 | tee "$OUT/varlen_tests.log" | tail -6
+  timeout 300 $py -m pytest tests/gpu/test_gpu_varlen_bwd.py tests/gpu/test_gpu_varlen.py \
+    tests/adapters/test_jax_varlen.py tests/gpu/test_gpu_fastpath.py -q -ra --maxfail=5 "$@" 2>&1 | tee "$OUT/varlen_tests.log" | tail -6
   if grep -qE "[0-9]+ (failed|error)" "$OUT/varlen_tests.log"; then exit 1; fi
   stage=varlen_step
 fi
@@ -123,9 +124,9 @@ if [ "$stage" = ncu ]; then   # Nsight Compute: our main backward kernel and FA3
   (cd /tmp/ncu && tar czf "$OUT/ncu.tgz" *.csv *.log)
 fi
 if [ "$stage" = engine ]; then
-  timeout 330 $py -m pytest tests/test_gpu_attention.py tests/test_gpu_gqa.py tests/test_gpu_compact.py \
-    tests/test_gpu_varlen_bwd.py tests/test_gpu_fold.py tests/test_gpu_window.py tests/test_gpu_portable.py \
-    -q -ra --maxfail=5 "$@" 2>&1 | tee "$OUT/engine_tests.log" | tail -12
+  timeout 330 $py -m pytest tests/gpu/test_gpu_attention.py tests/gpu/test_gpu_gqa.py tests/gpu/test_gpu_compact.py \
+    tests/gpu/test_gpu_varlen_bwd.py tests/gpu/test_gpu_fold.py tests/gpu/test_gpu_window.py \
+    tests/gpu/test_gpu_portable.py -q -ra --maxfail=5 "$@" 2>&1 | tee "$OUT/engine_tests.log" | tail -12
   if grep -qE "[0-9]+ (failed|error)" "$OUT/engine_tests.log"; then exit 1; fi
 fi
 if [ "$stage" = engine_bench ]; then

@@ -1,5 +1,5 @@
 """The Python part of the backward's host fast path, on any machine (no GPU): torch tensors imitated and every
-CUDA call replaced by a no-op (tests/test_fastpath_varlen.py's fakes), so what is timed is cupy_dash's own code
+CUDA call replaced by a no-op (the fakes of tests/fastpath_fakes.py), so what is timed is cupy_dash's own code
 per call (plus the fakes' attribute methods, slower than torch's C ones). Prints µs per call and a cProfile.
 
     python benchmarks/host_python.py
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import cupy_dash
 from cupy_dash import api, fastpath, interop, kernels, launchers, errors, _launch, tensormap
-from test_fastpath_varlen import Tensor, BF16, F32, U8
+from fastpath_fakes import Tensor, BF16, F32, U8
 mp = pytest.MonkeyPatch()
 addresses = iter(range(0x1000000, 0x900000000, 0x10000))
 def empty(shape, dtype=None, device=None):

@@ -1,5 +1,5 @@
 """The Python of a torch varlen backward with a new packing (cupy_dash.fastpath_varlen's new-packing path), on any
-machine: torch tensors imitated and every GPU call replaced (the fakes of tests/test_fastpath_varlen.py), 300 / 500
+machine: torch tensors imitated and every GPU call replaced (the fakes of tests/fastpath_fakes.py), 300 / 500
 tokens in 4 sequences, a new cut per call. Prints the µs per call, the part spent in the host build
 (varlen._tables, timed as benchmarks/varlen_step.py times it) and the rest, then a cProfile by own time.
 
@@ -20,9 +20,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import cupy_dash  # noqa: E402
 from cupy_dash import errors, fastpath, fastpath_varlen, launchers, varlen  # noqa: E402
-import test_fastpath_varlen as fakes  # noqa: E402
+import fastpath_fakes as fakes  # noqa: E402
 from varlen_step import _Parts  # noqa: E402
-from test_fastpath_varlen import no_gpu, _inputs, _tables_per_packing  # noqa: E402,F401  (fixture)
+from fastpath_fakes import no_gpu, _inputs, _tables_per_packing  # noqa: E402,F401  (fixture)
 
 
 def _packings(rng, n):

@@ -1,0 +1,170 @@
+"""CPU test of the fixed-length host fast path (cupy_dash.fastpath) with torch imitated and every GPU call replaced
+(the fakes of fastpath_fakes.py): a repeated backward gets the full path's parameter block but for its new
+outputs, scratch and error slot; the scratch of a small problem is the plan's own on the same stream and a new
+one on another stream or above the size limit."""
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+
+import cupy_dash
+from cupy_dash import api, fastpath, interop, kernels, launchers
+from fastpath_fakes import BF16, F32, Tensor, no_gpu  # noqa: F401  (fixture)
+
+_PER_CALL = ("lse_log2", "dpsum", "dq_accum", "dq_semaphore", "dq", "dk", "dv", "error", "error_host")
+
+
+@pytest.fixture
+def fixed(no_gpu, monkeypatch):
+    ptr = types.SimpleNamespace
+
+    def tables(schedule, c, max_ctas, dev, stream, capture=False, compact=False):
+        return ptr(visits=ptr(data=ptr(ptr=0x7000)), rank=ptr(data=ptr(ptr=0x7100)),
+                   cta_start=ptr(data=ptr(ptr=0x7200)), num_ctas=33, policy="fa3")
+    monkeypatch.setattr(launchers, "bwd_tables", tables)
+    specs = kernels.bwd_specs("bfloat16", 128, True, True)
+    tile = kernels.bwd_tile(128)
+    monkeypatch.setattr(kernels, "bwd_entry", lambda *a, **kw: (specs, tile.block_m, tile.block_n, 132))
+    monkeypatch.setattr(api, "_acquire_slot", __import__("cupy_dash").varlen._acquire_slot)
+    monkeypatch.setattr(api, "_poll_errors", lambda: None)
+    current = {"ptr": 0x77}
+    monkeypatch.setattr(fastpath, "_ready_stream", lambda dev: types.SimpleNamespace(ptr=current["ptr"]))
+    fastpath.clear()
+    yield no_gpu, current
+    fastpath.clear()
+
+
+def _inputs(S=128, H=1):
+    q, do, out = (Tensor((1, S, H, 128), BF16, p) for p in (0x10000, 0x40000, 0x50000))
+    k, v = (Tensor((1, S, H, 128), BF16, p) for p in (0x20000, 0x30000))
+    lse = Tensor((1, H, S), F32, 0x60000)
+    return do, q, k, v, out, lse
+
+
+def test_a_repeated_backward_reuses_the_block_and_small_scratch(fixed, monkeypatch):
+    enqueued, current = fixed
+    args = _inputs()
+    cupy_dash.attention_backward(*args, causal=True, schedule="fa3")
+    hits = fastpath.stats()["bwd_hits"]
+    grads = [cupy_dash.attention_backward(*args, causal=True, schedule="fa3") for _ in range(3)]
+    assert fastpath.stats()["bwd_hits"] == hits + 3 and len(enqueued) == 4
+    full = enqueued[0]["params"]
+    works = []
+    for e, g in zip(enqueued[1:], grads):
+        fast = e["params"]
+        for name in kernels.BWD_PARAMS_DTYPE.names:
+            if name not in _PER_CALL:
+                same = bytes(np.atleast_1d(full[name]).view(np.uint8)) == \
+                    bytes(np.atleast_1d(fast[name]).view(np.uint8))
+                assert same, name
+        assert (int(fast["dq"]), int(fast["dk"]), int(fast["dv"])) == tuple(t.ptr for t in g)
+        works.append(int(fast["lse_log2"]) - e["c"].offsets[0])
+    assert works[0] == works[1] == works[2]                  # the plan's scratch, same stream
+    current["ptr"] = 0x99
+    cupy_dash.attention_backward(*args, causal=True, schedule="fa3")
+    other = int(enqueued[-1]["params"]["lse_log2"]) - enqueued[-1]["c"].offsets[0]
+    assert other != works[0]                                 # another stream: a fresh buffer
+    monkeypatch.setattr(fastpath, "_CACHED_WORK_BYTES", 0)
+    fastpath.clear()
+    cupy_dash.attention_backward(*args, causal=True, schedule="fa3")
+    big = [cupy_dash.attention_backward(*args, causal=True, schedule="fa3") for _ in range(2)]
+    a, b = (int(e["params"]["lse_log2"]) for e in enqueued[-2:])
+    assert a != b and len(big) == 2                          # above the limit: never kept
+
+
+@pytest.mark.parametrize("contiguous", [True, False])
+def test_gradients_allocated_like_q_and_k_only_when_contiguous(fixed, monkeypatch, contiguous):
+    """run_backward allocates dq, dk, dv with empty_like(q / k) when q and k are contiguous with the gradients'
+    shapes (decided at the plan's first call), else with empty(shape, dtype, device): contiguous either way."""
+    calls = []
+    real = fastpath._torch
+    monkeypatch.setattr(fastpath, "_torch", types.SimpleNamespace(
+        uint8=real.uint8, float32=real.float32,
+        empty=lambda shape, dtype=None, device=None: calls.append(("empty", tuple(shape))) or real.empty(shape, dtype),
+        empty_like=lambda t: calls.append(("like", t.ptr)) or real.empty(t.shape, t.dtype)))
+    monkeypatch.setattr(Tensor, "is_contiguous", lambda self: contiguous)
+    args = _inputs()
+    cupy_dash.attention_backward(*args, causal=True, schedule="fa3")
+    calls.clear()
+    cupy_dash.attention_backward(*args, causal=True, schedule="fa3")
+    do, q, k, v, out, lse = args
+    grads = [c for c in calls if c[0] == "like" or len(c[1]) == 4]          # not the 1-D scratch
+    if contiguous:
+        assert grads == [("like", q.ptr), ("like", k.ptr), ("like", k.ptr)]
+    else:
+        assert grads == [("empty", (1, 128, 1, 128))] * 3
+
+
+def test_ready_stream_steps_aside_on_another_device_or_under_capture(monkeypatch):
+    """The fast path's one query per call: torch's current stream on the tensors' device, or None when the
+    current device differs or that stream is capturing (cudaStreamIsCapturing, replaced here)."""
+    state = {"device": 0, "capturing": 0}
+    monkeypatch.setattr(fastpath, "_torch_mod", lambda: None)
+    monkeypatch.setattr(fastpath.cupy.cuda.runtime, "getDevice", lambda: state["device"])
+    monkeypatch.setattr(fastpath.cupy.cuda.runtime, "streamIsCapturing", lambda ptr: state["capturing"])
+    monkeypatch.setattr(interop, "_torch_stream_ptr", lambda dev: 0x500 + dev)
+    monkeypatch.setattr(interop, "_external_stream", lambda ptr, dev: types.SimpleNamespace(ptr=ptr, dev=dev))
+    s = fastpath._ready_stream(0)
+    assert (s.ptr, s.dev) == (0x500, 0)
+    state["device"] = 1
+    assert fastpath._ready_stream(0) is None
+    state["device"], state["capturing"] = 0, 1          # cudaStreamCaptureStatusActive
+    assert fastpath._ready_stream(0) is None
+    state["capturing"] = 2                              # invalidated: still not an eager stream
+    assert fastpath._ready_stream(0) is None
+
+
+def _made_map(ptr):
+    return bytes((ptr + i) % 251 for i in range(128))
+
+
+def test_patched_block_writes_maps_and_fields_as_pack_into():
+    """_launch.patched_block (the fast paths' per-call patch, in C) against bytearray + slice assignment +
+    struct.pack_into on random blocks, maps and fields; maps come from the cache, or from get() on a miss."""
+    import struct
+    from cupy_dash import _launch
+    rng = np.random.default_rng(4)
+
+    class Maps:
+        def __init__(self):
+            self.cache, self.made = {}, []
+
+        def get(self, ptr):
+            self.made.append(ptr)
+            return _made_map(ptr)
+    for _ in range(50):
+        n = int(rng.integers(256, 2048)) // 8 * 8
+        template = bytes(rng.integers(0, 256, n, dtype=np.uint8))
+        maps = tuple(Maps() for _ in range(int(rng.integers(0, 5))))
+        ptrs = tuple(int(p) for p in rng.integers(0, 1 << 40, len(maps)))
+        for m, p in zip(maps, ptrs):
+            if rng.random() < 0.5:
+                m.cache[p] = bytes(rng.integers(0, 256, 128, dtype=np.uint8))
+        map_offsets = tuple(int(o) for o in rng.integers(0, n - 128, len(maps)) // 8 * 8)
+        offsets = tuple(int(o) for o in rng.integers(0, n - 8, int(rng.integers(0, 20))) // 8 * 8)
+        values = tuple(int(v) for v in rng.integers(0, 1 << 62, len(offsets), dtype=np.int64))
+        got = _launch.patched_block(template, maps, ptrs, map_offsets, offsets, values)
+        assert isinstance(got, bytearray) and len(got) == n
+        for m, p, o in zip(maps, ptrs, map_offsets):   # maps missing from the cache: what get() returned
+            if p not in m.cache:
+                assert m.made == [p]
+        ref = bytearray(template)
+        for m, p, o in zip(maps, ptrs, map_offsets):
+            ref[o:o + 128] = m.cache[p] if p in m.cache else _made_map(p)
+        for o, v in zip(offsets, values):
+            struct.pack_into("<Q", ref, o, v)
+        assert got == ref
+    one = (Maps(),)
+    one[0].cache[1] = bytes(128)
+    with pytest.raises(ValueError, match="does not fit"):
+        _launch.patched_block(bytes(256), one, (1,), (200,), (), ())
+    with pytest.raises(ValueError, match="does not fit"):
+        _launch.patched_block(bytes(256), (), (), (), (252,), (1,))
+    one[0].cache[1] = bytes(64)
+    with pytest.raises(ValueError, match="does not fit"):
+        _launch.patched_block(bytes(256), one, (1,), (0,), (), ())
+    assert _launch.patched_block(bytes(16), (), (), (), (0, 8), (-2, 1 << 63)) == struct.pack("<qQ", -2, 1 << 63)
+    with pytest.raises(OverflowError):
+        _launch.patched_block(bytes(16), (), (), (), (0,), (1 << 64,))

@@ -1,0 +1,194 @@
+"""CPU test of the varlen backward's host fast path (cupy_dash.fastpath_varlen) with every GPU call replaced and
+torch tensors imitated: the first call takes the full path and stores a plan; a repeated call with the same
+signature and lengths is served from it with a parameter block equal to the full path's except for the new
+outputs, scratch and error slot; other lengths, flags or argument types miss and take the full path."""
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+
+import cupy_dash
+from cupy_dash import fastpath, fastpath_varlen, kernels, launchers
+from fastpath_fakes import Tensor, _Dtype, _inputs, _tables_per_packing, no_gpu  # noqa: F401  (fixture)
+
+_PER_CALL = ("lse_log2", "dpsum", "dq_accum", "dq_semaphore", "dq", "dk", "dv", "error", "error_host")
+
+
+def test_a_repeated_call_is_served_with_the_full_paths_block(no_gpu):
+    enqueued = no_gpu
+    args = _inputs()
+    cu_q, cu_k = np.array([0, 100, 100, 300], np.int32), [0, 200, 260, 500]
+    kw = dict(causal=True, schedule="fa3")
+    first = cupy_dash.attention_backward_varlen(*args, cu_q, cu_k, 200, 240, **kw)
+    hits = fastpath_varlen.stats()["hits"]
+    second = cupy_dash.attention_backward_varlen(*args, cu_q.copy(), list(cu_k), 200, 240, **kw)
+    assert fastpath_varlen.stats()["hits"] == hits + 1 and len(enqueued) == 2
+    full, fast = enqueued[0]["params"], enqueued[1]["params"]
+    for name in kernels.BWD_PARAMS_DTYPE.names:
+        if name not in _PER_CALL:
+            same = bytes(np.atleast_1d(full[name]).view(np.uint8)) == bytes(np.atleast_1d(fast[name]).view(np.uint8))
+            assert same, name
+    assert (int(fast["dq"]), int(fast["dk"]), int(fast["dv"])) == tuple(t.ptr for t in second) == enqueued[1]["grads"]
+    assert (int(fast["error"]), int(fast["error_host"])) == (enqueued[1]["slot"].dptr, enqueued[1]["slot"].hdev)
+    c = enqueued[1]["c"]
+    work = int(fast["lse_log2"]) - c.offsets[0]
+    assert [int(fast[n]) - work for n in ("lse_log2", "dpsum", "dq_accum", "dq_semaphore")] == list(c.offsets[:4])
+    assert enqueued[1]["c"] is enqueued[0]["c"] and enqueued[1]["launches"][1][1:4] == (c.tables.num_ctas, 1, 1)
+    assert [t.shape for t in second] == [t.shape for t in first]
+
+
+@pytest.mark.parametrize("change", ["float lengths", "causal", "max_seqlen", "schedule", "int causal", "window"])
+def test_a_different_call_takes_the_full_path(no_gpu, change):
+    enqueued = no_gpu
+    args = _inputs()
+    cu_q, cu_k = np.array([0, 100, 100, 300], np.int32), np.array([0, 200, 260, 500], np.int32)
+    kw = dict(causal=True, schedule="fa3")
+    cupy_dash.attention_backward_varlen(*args, cu_q, cu_k, 200, 240, **kw)
+    hits, new = fastpath_varlen.stats()["hits"], fastpath_varlen.stats()["new_packing_hits"]
+    call = dict(cu_q=cu_q, cu_k=cu_k, max_q=200, kw=dict(kw))
+    if change == "float lengths":
+        call["cu_k"] = [0.0, 200.0, 260.0, 500.0]
+    elif change == "causal":
+        call["kw"]["causal"] = False
+    elif change == "max_seqlen":
+        call["max_q"] = 250
+    elif change == "schedule":
+        call["kw"]["schedule"] = "descending"
+    elif change == "int causal":
+        call["kw"]["causal"] = 1
+    elif change == "window":
+        call["kw"]["window"] = (64, 0)
+    run = lambda: cupy_dash.attention_backward_varlen(*args, call["cu_q"], call["cu_k"], call["max_q"],  # noqa: E731
+                                                       240, **call["kw"])
+    if change in ("float lengths", "int causal"):
+        with pytest.raises((TypeError, ValueError)):           # the full path's checks still raise
+            run()
+    else:
+        run()
+    if change == "max_seqlen":          # a new max with the same tensors: the template serves it as a new packing
+        assert fastpath_varlen.stats()["new_packing_hits"] == new + 1
+        assert enqueued[-1]["c"].varlen == (2 + 1, 250)
+    else:
+        assert fastpath_varlen.stats()["hits"] == hits
+
+
+PACKINGS = [([0, 100, 100, 300], [0, 200, 260, 500]), ([0, 150, 300], [0, 240, 500]),
+            ([0, 1, 2, 100, 300], [0, 7, 200, 240, 500]), ([0, 200, 300], [0, 250, 500])]   # max 200 / 260
+
+
+def _longest(cu):
+    return int(np.diff(cu).max())
+
+
+@pytest.mark.parametrize("schedule", ["fa3", "symmetric_shift", "auto"])
+def test_a_new_packing_is_served_with_the_full_paths_block(no_gpu, monkeypatch, schedule):
+    """Other lengths of the same tensors, flags and stream: served from the first call's template (no validation
+    of the tensors, no TMA encode) with the block, grids and scratch layout the full path gives those lengths:
+    compared field by field with a full-path call of the same packing made after forgetting every plan."""
+    enqueued = no_gpu
+    _tables_per_packing(monkeypatch)
+    args = _inputs()
+    kw = dict(causal=True, schedule=schedule)
+    run = lambda cu_q, cu_k: cupy_dash.attention_backward_varlen(  # noqa: E731
+        *args, np.array(cu_q, np.int32), cu_k, _longest(cu_q), _longest(cu_k), **kw)
+    run(*PACKINGS[0])
+    for cu_q, cu_k in PACKINGS[1:]:
+        new = fastpath_varlen.stats()["new_packing_hits"]
+        run(cu_q, cu_k)
+        assert fastpath_varlen.stats()["new_packing_hits"] == new + 1
+        fast = enqueued[-1]
+        hits = fastpath_varlen.stats()["hits"]
+        run(cu_q, cu_k)
+        assert fastpath_varlen.stats()["hits"] == hits + 1                      # the packing's own plan now
+        assert enqueued[-1]["c"] is fast["c"]
+        fastpath_varlen.clear()
+        run(cu_q, cu_k)
+        full = enqueued[-1]
+        assert fastpath_varlen.stats()["new_packing_hits"] == new + 1          # the full path this time
+        for name in kernels.BWD_PARAMS_DTYPE.names:
+            if name not in _PER_CALL:
+                same = bytes(np.atleast_1d(full["params"][name]).view(np.uint8)) == bytes(
+                    np.atleast_1d(fast["params"][name]).view(np.uint8))
+                assert same, (name, cu_q, cu_k)
+        cf, cs = full["c"], fast["c"]
+        assert (cs.row_grid, cs.num_m_blocks, cs.sq_rounded, cs.work_bytes, cs.offsets) == (
+            cf.row_grid, cf.num_m_blocks, cf.sq_rounded, cf.work_bytes, cf.offsets)
+        assert fast["launches"] == launchers.bwd_launches(cf)
+
+
+def test_a_new_packing_whose_window_becomes_vacuous_takes_the_full_path(no_gpu, monkeypatch):
+    """A window that bounds the template's sequences (longest 200 / 260) but not a new packing's (150 / 240): the
+    canonical window differs (a side becomes -1), so the block of the template cannot serve it; the full path does,
+    and that packing's later calls are served from its own plan."""
+    enqueued = no_gpu
+    _tables_per_packing(monkeypatch)
+    args = _inputs()
+    run = lambda cu_q, cu_k: cupy_dash.attention_backward_varlen(  # noqa: E731
+        *args, np.array(cu_q, np.int32), cu_k, _longest(cu_q), _longest(cu_k), window=(150, 150))
+    run(*PACKINGS[0])
+    new, hits = fastpath_varlen.stats()["new_packing_hits"], fastpath_varlen.stats()["hits"]
+    run(*PACKINGS[1])
+    assert fastpath_varlen.stats()["new_packing_hits"] == new
+    assert enqueued[-1]["c"].window == (150, -1)
+    run(*PACKINGS[1])
+    assert fastpath_varlen.stats()["hits"] == hits + 1
+
+
+@pytest.mark.parametrize("bad", ["last entry", "decreasing", "too long", "counts", "max above total"])
+def test_a_new_packing_with_bad_lengths_raises_before_anything_is_enqueued(no_gpu, bad):
+    enqueued = no_gpu
+    args = _inputs()
+    cupy_dash.attention_backward_varlen(*args, np.array([0, 100, 100, 300], np.int32), [0, 200, 260, 500], 200,
+                                        240, causal=True)
+    cu_q, cu_k = [0, 150, 300], [0, 240, 500]
+    if bad == "last entry":
+        cu_q = [0, 150, 299]
+    elif bad == "decreasing":
+        cu_k = [0, 260, 250, 500][:3]
+    elif bad == "too long":
+        cu_q = [0, 50, 300]                      # a sequence of 250 > max_seqlen_q = 200
+    elif bad == "counts":
+        cu_k = [0, 100, 240, 500]
+    max_q = 301 if bad == "max above total" else 200     # the template's max was 200: a new max, same template
+    n = len(enqueued)
+    with pytest.raises(ValueError, match="cu_seqlens|max_seqlen"):
+        cupy_dash.attention_backward_varlen(*args, np.array(cu_q, np.int32), cu_k, max_q, 240, causal=True)
+    assert len(enqueued) == n
+
+
+I32 = _Dtype("int32", 4)
+
+
+def test_a_repeated_forward_is_served_with_the_full_paths_block(no_gpu, monkeypatch):
+    from cupy_dash import _launch, jit, varlen_host_cu
+    launched, remembered = [], []
+    monkeypatch.setattr(kernels, "launch", lambda spec, grid, params, stream, func=None: launched.append(
+        (kernels._grid(grid), params[0].copy())))
+    monkeypatch.setattr(_launch, "launch", lambda func, gx, gy, gz, bx, smem, stream, buf: launched.append(
+        ((gx, gy, gz), np.frombuffer(bytes(buf), dtype=kernels.FWD_PARAMS_DTYPE)[0])))
+    monkeypatch.setattr(jit, "load", lambda spec: types.SimpleNamespace(ptr=0xF00))
+    monkeypatch.setattr(fastpath, "_ready_stream", lambda dev: types.SimpleNamespace(ptr=0x77))
+    monkeypatch.setattr(varlen_host_cu, "remember", lambda cu, info, ptr, stream: remembered.append(ptr))
+    _, q, k, v, _, _ = _inputs()
+    cu_q, cu_k = Tensor((4,), I32, 0x70000), Tensor((4,), I32, 0x70100)
+    first = cupy_dash.attention_forward_varlen(q, k, v, cu_q, cu_k, 200, 240, causal=True)
+    hits = fastpath_varlen.stats()["fwd_hits"]
+    second = cupy_dash.attention_forward_varlen(q, k, v, cu_q, cu_k, 200, 240, causal=True)
+    assert fastpath_varlen.stats()["fwd_hits"] == hits + 1 and len(launched) == 2
+    assert remembered == [0x70000, 0x70100] * 2                 # the backward's host copies, on both paths
+    (grid0, full), (grid1, fast) = launched
+    assert grid0 == grid1 == (-(-200 // kernels.fwd_tile(128).block_m), 4, 3)
+    for name in kernels.FWD_PARAMS_DTYPE.names:
+        if name not in ("tma_o", "out", "lse"):
+            same = bytes(np.atleast_1d(full[name]).view(np.uint8)) == bytes(np.atleast_1d(fast[name]).view(np.uint8))
+            assert same, name
+    out, lse = second
+    assert (int(fast["out"]), int(fast["lse"])) == (out.ptr, lse.ptr) and out.shape == first[0].shape
+    assert int.from_bytes(bytes(fast["tma_o"])[:8], "little") == out.ptr
+    # another cu_seqlens layout or max length: the full path
+    cupy_dash.attention_forward_varlen(q, k, v, cu_q, cu_k, 250, 240, causal=True)
+    cupy_dash.attention_forward_varlen(q, k, v, Tensor((5,), I32, 0x70200), Tensor((5,), I32, 0x70300), 200, 240,
+                                       causal=True)
+    assert fastpath_varlen.stats()["fwd_hits"] == hits + 1

@@ -1,0 +1,300 @@
+"""CPU tests of cupy_dash.jax under jax.jit / grad / vmap (need JAX, any backend; no GPU).
+
+* shapes and dtypes of every function and transformation (``jax.eval_shape``), GQA and fp16 included;
+* the lowered program (for CUDA, lowered on the CPU): one ``buffer_callback`` custom call per kernel call, with
+  the backward's scratch workspace as an extra result of exactly the eager workspace size; vmap folds the mapped
+  axis into the batch, broadcasting unmapped operands;
+* every argument error is raised at trace time and names the argument;
+* the plumbing, run on JAX's CPU backend with the callbacks replaced by the float64 reference: forward, grad
+  and vmap give the reference's numbers, so argument / result order, the custom_vjp and the vmap fold are right;
+* unreplaced callbacks on the CPU backend fail with a clear error;
+* the claim behind "vmap equals a loop" for the portable schedules: folding the batch keeps every addition order.
+"""
+from __future__ import annotations
+
+import re
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import cupy_dash
+from cupy_dash import kernels, launchers, reference, schedule
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+TARGET = "xla_buffer_python_gpu_callback_cmd_buffer"
+
+
+@pytest.fixture
+def jx(monkeypatch):
+    """(jax, cupy_dash.jax), with JAX's CPU device as the default: these tests exercise the CPU backend, also on a
+    machine whose default backend is a GPU (tests/gpu/test_gpu_jax_jit.py runs the real kernels); and the
+    buffer_callback mechanism (CUPY_DASH_JAX_FFI=0), whose lowering and plumbing they check (test_jax_ffi.py: the
+    C handler)."""
+    jax = pytest.importorskip("jax")
+    import cupy_dash.jax as cj
+    monkeypatch.setenv("CUPY_DASH_JAX_FFI", "0")
+    with jax.default_device(jax.devices("cpu")[0]):
+        yield jax, cj
+
+
+def sds(jax, shape, dtype=BF16):
+    return jax.ShapeDtypeStruct(shape, dtype)
+
+
+def lowered(jax, fn, *args) -> str:
+    """StableHLO text of ``jax.jit(fn)`` lowered for CUDA (works without a GPU)."""
+    return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+
+
+def callbacks(text) -> list:
+    """(operand types, result types) of each buffer_callback custom call in a lowered module."""
+    calls = re.findall(r"custom_call @(\w+)\(.*?: \((.*?)\) -> (.*)", text)
+    return [(ops, res) for name, ops, res in calls if name == TARGET]
+
+
+SHAPES = [((2, 256, 4, 64), (2, 384, 4, 64), "bfloat16"), ((1, 200, 6, 128), (1, 333, 2, 128), "float16")]
+
+
+@pytest.mark.parametrize("qshape,kshape,dtype", SHAPES)
+def test_shapes_and_dtypes(jx, qshape, kshape, dtype):
+    jax, cj = jx
+    jnp = jax.numpy
+    dt = np.dtype(dtype)
+    q, k = sds(jax, qshape, dt), sds(jax, kshape, dt)
+    B, Sq, H, D = qshape
+    out, lse = jax.eval_shape(lambda q, k, v: cj.attention_forward(q, k, v, causal=True), q, k, k)
+    assert (out.shape, out.dtype, lse.shape, lse.dtype) == (qshape, dt, (B, H, Sq), np.float32)
+    grads = jax.eval_shape(lambda *a: cj.attention_backward(*a, causal=True), q, q, k, k, q, lse)
+    assert [(g.shape, g.dtype) for g in grads] == [(qshape, dt), (kshape, dt), (kshape, dt)]
+
+    def loss(q, k, v):
+        return jnp.sum(cj.attention(q, k, v, causal=True).astype(jnp.float32))
+    grads = jax.eval_shape(jax.grad(loss, argnums=(0, 1, 2)), q, k, k)
+    assert [(g.shape, g.dtype) for g in grads] == [(qshape, dt), (kshape, dt), (kshape, dt)]
+    n = 3
+    qn, kn = sds(jax, (n, *qshape), dt), sds(jax, (n, *kshape), dt)
+    grads = jax.eval_shape(jax.vmap(jax.grad(loss, argnums=(0, 1, 2))), qn, kn, kn)
+    assert [g.shape for g in grads] == [(n, *qshape), (n, *kshape), (n, *kshape)]
+    out = jax.eval_shape(lambda q, k, v: cupy_dash.attention(q, k, v), q, k, k)   # the generic entry point
+    assert (out.shape, out.dtype) == (qshape, dt)
+
+
+def test_lowering_one_callback_per_kernel_call_with_workspace_result(jx):
+    jax, cj = jx
+    jnp = jax.numpy
+    q, k = sds(jax, (2, 256, 4, 128)), sds(jax, (2, 384, 2, 128))
+    assert len(callbacks(lowered(jax, lambda q, k, v: cj.attention_forward(q, k, v), q, k, k))) == 1
+
+    def loss(q, k, v):
+        return jnp.sum(cj.attention(q, k, v, causal=True).astype(jnp.float32))
+    calls = callbacks(lowered(jax, jax.grad(loss, argnums=(0, 1, 2)), q, k, k))
+    assert len(calls) == 2, calls
+    fwd, bwd = calls
+    assert fwd[1].count("tensor<") == 2 and "tensor<2x4x256xf32>" in fwd[1]          # out, lse
+    tile = kernels.bwd_tile(128)
+    p, cfg = cupy_dash.jax_ops._problem(cupy_dash.jax_ops._config(True, None), q, k, k)
+    work = launchers.BwdLaunch(kernels.bwd_specs("bfloat16", 128, True, True), tile.block_m, tile.block_n, p, True,
+                               1, True, cfg.window).work_bytes
+    assert bwd[0].count("tensor<") == 6                                              # dout, q, k, v, out, lse
+    assert bwd[1].count("tensor<") == 4 and f"tensor<{work}xui8>" in bwd[1], bwd[1]  # dq, dk, dv, workspace
+
+
+def test_vmap_folds_the_mapped_axis_into_the_batch(jx):
+    jax, cj = jx
+    q, k = sds(jax, (3, 2, 256, 4, 64)), sds(jax, (2, 384, 4, 64))
+    text = lowered(jax, jax.vmap(lambda q, k, v: cj.attention_forward(q, k, v), in_axes=(0, None, None)), q, k, k)
+    (ops, res), = callbacks(text)
+    assert ops.count("tensor<6x256x4x64xbf16>") == 1 and ops.count("tensor<6x384x4x64xbf16>") == 2, ops
+    assert "tensor<6x4x256xf32>" in res, res
+
+
+BAD = [
+    (dict(q=(2, 128, 4, 64, "float32")), ValueError, "q: expected dtype bfloat16 or float16"),
+    (dict(k=(2, 128, 4, 64, "float16")), ValueError, "k: expected dtype bfloat16"),
+    (dict(q=(2, 128, 4, 96), k=(2, 128, 4, 96), v=(2, 128, 4, 96)), NotImplementedError, "q: head dim D=96"),
+    (dict(q=(128, 4, 64)), ValueError, "q: expected a 4-D tensor"),
+    (dict(k=(2, 128, 3, 64), v=(2, 128, 3, 64)), ValueError, "k: the number of kv heads Hkv=3"),
+    (dict(k=(1, 128, 4, 64), v=(1, 128, 4, 64)), ValueError, "k: expected shape"),
+    (dict(v=(2, 96, 4, 64)), ValueError, "v: expected the shape of k"),
+]
+
+
+@pytest.mark.parametrize("shapes,exc,message", BAD, ids=[m.split(":")[0] + str(i) for i, (_, _, m) in enumerate(BAD)])
+def test_shape_and_dtype_errors_at_trace_time(jx, shapes, exc, message):
+    jax, cj = jx
+    args = {name: (2, 128, 4, 64) for name in ("q", "k", "v")}
+    args.update(shapes)
+    avals = [sds(jax, s[:-1], np.dtype(s[-1])) if isinstance(s[-1], str) else sds(jax, s) for s in args.values()]
+    for fn in (cj.attention, lambda q, k, v: cj.attention_forward(q, k, v)):
+        with pytest.raises(exc, match=re.escape(message)):
+            jax.eval_shape(fn, *avals)
+
+
+def test_backward_argument_errors_at_trace_time(jx):
+    jax, cj = jx
+    q, lse = sds(jax, (2, 128, 4, 64)), sds(jax, (2, 4, 128), np.float32)
+    with pytest.raises(ValueError, match=re.escape("lse: expected shape (B, H, Sq)")):
+        jax.eval_shape(cj.attention_backward, q, q, q, q, q, sds(jax, (2, 128, 4), np.float32))
+    with pytest.raises(ValueError, match="lse: expected dtype float32"):
+        jax.eval_shape(cj.attention_backward, q, q, q, q, q, sds(jax, (2, 4, 128)))
+    with pytest.raises(ValueError, match="do: expected the shape of q"):
+        jax.eval_shape(cj.attention_backward, sds(jax, (2, 64, 4, 64)), q, q, q, q, lse)
+
+
+@pytest.mark.parametrize("kwargs,exc,message", [
+    (dict(causal="yes"), TypeError, "causal: expected a bool"),
+    (dict(deterministic=1), TypeError, "deterministic: expected a bool"),
+    (dict(schedule="fastest"), ValueError, "schedule: expected one of"),
+    (dict(softmax_scale=-1.0), ValueError, "softmax_scale: expected a finite number > 0"),
+])
+def test_static_argument_errors(jx, kwargs, exc, message):
+    jax, cj = jx
+    x = jax.numpy.zeros((1, 128, 1, 64), jax.numpy.bfloat16)
+    with pytest.raises(exc, match=message):
+        cj.attention(x, x, x, **kwargs)
+    with pytest.raises(ValueError, match="window: right=4 contradicts causal=True"):
+        cj.attention_forward(x, x, x, causal=True, window=(8, 4))
+
+
+def test_lse_is_not_differentiable(jx):
+    jax, cj = jx
+    jnp = jax.numpy
+    q = sds(jax, (1, 128, 2, 64))
+    with pytest.raises(ValueError, match="lse: the output lse .* is not differentiable"):
+        jax.eval_shape(jax.grad(lambda q: jnp.sum(cj.attention_forward(q, q, q)[1])), q)
+
+
+def test_windows_are_canonical_per_shape(jx):
+    jax, cj = jx
+    q, k = sds(jax, (1, 128, 2, 64)), sds(jax, (1, 256, 2, 64))
+    before = set(cupy_dash.jax_ops._prepared)
+    for window in ((-1, 0), (255, 0), (5000, 200)):          # plain causal, plain causal, full (Sq=128, Sk=256)
+        jax.eval_shape(lambda q, k: cj.attention_forward(q, k, k, causal=window[1] == 0, window=window), q, k)
+    new = [key for key in set(cupy_dash.jax_ops._prepared) - before]
+    assert len(new) == 2, new                               # (-1, 0) == (255, 0); (5000, 200) is (-1, -1)
+    assert sorted(key[-1] for key in new) == [(-1, -1), (-1, 0)]
+
+
+def test_functional_api_rejects_tracers_and_names_the_jax_module(jx):
+    jax, _ = jx
+    q = sds(jax, (1, 128, 2, 64))
+    with pytest.raises(TypeError, match="q: got a JAX tracer .* cupy_dash.jax.attention"):
+        jax.eval_shape(lambda q: cupy_dash.attention_forward(q, q, q), q)
+
+
+def test_running_on_the_cpu_backend_fails_clearly(jx):
+    jax, cj = jx
+    x = jax.numpy.zeros((1, 128, 1, 64), jax.numpy.bfloat16)
+    with pytest.raises(Exception, match="runs on CUDA GPUs only, but XLA runs this call on cpu"):
+        jax.block_until_ready(cj.attention_forward(x, x, x))
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the plumbing on JAX's CPU backend, the kernels replaced by the float64 reference
+# ------------------------------------------------------------------------------------------------------------
+@pytest.fixture
+def reference_callbacks(jx, monkeypatch):
+    """Replace the two callbacks by the reference (same arguments, results written in place)."""
+    _, cj = jx
+    calls = []
+
+    def forward(self, ctx, outs, q, k, v):
+        calls.append("forward")
+        ref_out, ref_lse = reference.forward(*(np.asarray(x) for x in (q, k, v)), causal=self.causal,
+                                             softmax_scale=self.p.scale, window=self.window)
+        out, lse = (np.asarray(x) for x in outs)
+        out[...], lse[...] = ref_out.astype(out.dtype), ref_lse.astype(lse.dtype)
+
+    def backward(self, ctx, outs, dout, q, k, v, out, lse):
+        calls.append("backward")
+        grads = reference.backward(*(np.asarray(x) for x in (dout, q, k, v, out, lse)), causal=self.causal,
+                                   softmax_scale=self.p.scale, window=self.window)
+        for dst, g in zip(outs[:3], grads):
+            dst = np.asarray(dst)
+            dst[...] = g.astype(dst.dtype)
+    monkeypatch.setattr(cupy_dash.jax_ops._Forward, "__call__", forward)
+    monkeypatch.setattr(cupy_dash.jax_ops._Backward, "__call__", backward)
+    return calls
+
+
+def host(shape, seed, dtype=BF16):
+    return np.random.default_rng(seed).standard_normal(shape, dtype=np.float32).astype(dtype)
+
+
+def close(name, got, want, tol=2e-2):
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    assert got.shape == want.shape, (name, got.shape, want.shape)
+    err = float(np.max(np.abs(got - want) / (1 + np.abs(want))))
+    assert err < tol, f"{name}: relative error {err:.3g}"
+
+
+def test_plumbing_of_jit_grad_and_vmap_with_reference_callbacks(jx, reference_callbacks):
+    jax, cj = jx
+    jnp = jax.numpy
+    n, B, Sq, Sk, H, Hkv, D = 2, 2, 64, 96, 4, 2, 64
+    q, dout = host((n, B, Sq, H, D), 1), host((n, B, Sq, H, D), 2)
+    k, v = host((B, Sk, Hkv, D), 3), host((n, B, Sk, Hkv, D), 4)
+
+    def loss(q, k, v, dout):
+        return jnp.sum(cj.attention(q, k, v, causal=True).astype(jnp.float32) * dout.astype(jnp.float32))
+    step = jax.jit(jax.vmap(jax.value_and_grad(loss, argnums=(0, 1, 2)), in_axes=(0, None, 0, 0)))
+    _, (dq, dk, dv) = jax.block_until_ready(step(q, k, v, dout))
+    assert reference_callbacks == ["forward", "backward"], reference_callbacks   # one folded call each
+    assert dk.shape == (n, B, Sk, Hkv, D)
+    for i in range(n):
+        out, lse = reference.forward(q[i], k, v[i], causal=True)
+        want = reference.backward(dout[i], q[i], k, v[i], out.astype(BF16), lse.astype(np.float32), causal=True)
+        for name, got, w in zip(("dq", "dk", "dv"), (dq[i], dk[i], dv[i]), want):
+            close(f"{name}[{i}]", got, w)
+    out, lse = jax.jit(lambda q, k, v: cj.attention_forward(q, k, v, softmax_scale=0.5))(q[0], k, v[0])
+    ref_out, ref_lse = reference.forward(q[0], k, v[0], softmax_scale=0.5)
+    close("out", out, ref_out)
+    close("lse", lse, ref_lse, tol=1e-5)
+    grads = jax.jit(lambda *a: cj.attention_backward(*a, softmax_scale=0.5))(dout[0], q[0], k, v[0], out, lse)
+    want = reference.backward(dout[0], q[0], k, v[0], np.asarray(out), np.asarray(lse), softmax_scale=0.5)
+    for name, got, w in zip(("dq", "dk", "dv"), grads, want):
+        close(name, got, w)
+
+
+def test_plumbing_window_reaches_both_passes(jx, reference_callbacks):
+    jax, cj = jx
+    jnp = jax.numpy
+    B, Sq, Sk, H, Hkv, D, window = 1, 96, 160, 2, 1, 64, (24, 8)
+    q, dout = host((B, Sq, H, D), 5), host((B, Sq, H, D), 6)
+    k, v = host((B, Sk, Hkv, D), 7), host((B, Sk, Hkv, D), 8)
+
+    def loss(q, k, v):
+        return jnp.sum(cj.attention(q, k, v, window=window).astype(jnp.float32) * dout.astype(jnp.float32))
+    grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
+    out, lse = reference.forward(q, k, v, window=window)
+    want = reference.backward(dout, q, k, v, out.astype(BF16), lse.astype(np.float32), window=window)
+    for name, got, w in zip(("dq", "dk", "dv"), grads, want):
+        close(name, got, w)
+    plain = reference.backward(dout, q, k, v, *reference.forward(q, k, v))
+    assert not np.allclose(np.asarray(grads[0], np.float64), plain[0], atol=1e-2), "the window changed nothing"
+
+
+# ------------------------------------------------------------------------------------------------------------
+# why vmap equals a loop for the portable schedules (no JAX needed)
+# ------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("policy", schedule.PORTABLE_POLICIES)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("group", [1, 2])
+def test_folding_the_batch_keeps_the_portable_addition_orders(policy, causal, group):
+    bh, n, S, bm, bn = 8, 3, 2048, 64, 128        # 8 heads x 16 KV tiles: more than 132 CTAs once folded
+
+    def orders(num_heads):
+        kv_tiles = num_heads // group * (S // bn)
+        plan = schedule.build(policy, seqlen_q=S, seqlen_k=S, block_m=bm, block_n=bn, num_heads=num_heads,
+                              causal=causal, num_sms=min(132, kv_tiles), group_size=group)
+        return schedule.reduction_order(plan)
+    columns, dq = orders(bh)
+    all_columns, all_dq = orders(n * bh)
+    for i in range(n):
+        c = all_columns[(all_columns[:, 2] >= i * bh) & (all_columns[:, 2] < (i + 1) * bh)].copy()
+        c[:, 0] -= i * bh // group
+        c[:, 2] -= i * bh
+        d = all_dq[(all_dq[:, 0] >= i * bh) & (all_dq[:, 0] < (i + 1) * bh)].copy()
+        d[:, 0] -= i * bh
+        assert np.array_equal(c, columns) and np.array_equal(d, dq), f"batch slice {i} adds in another order"

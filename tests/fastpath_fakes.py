@@ -1,0 +1,140 @@
+"""torch imitated and every GPU call of the host fast paths replaced (not a test module): torch dtypes and a
+contiguous torch CUDA tensor stand-in, the ``no_gpu`` fixture (tensor maps, allocations, streams, kernels, schedule
+tables, error slots and the launch replaced; yields the list of enqueued backwards), a packed varlen batch of such
+tensors, and per-packing made-up table addresses. It sits beside conftest.py because more than one layer uses it:
+adapters/test_fastpath_varlen.py, adapters/test_fastpath_host.py, unit/test_config.py, and the benchmark scripts
+benchmarks/host_python.py and benchmarks/host_varlen_python.py."""
+from __future__ import annotations
+
+import contextlib
+import types
+
+import numpy as np
+import pytest
+
+from cupy_dash import api, errors, fastpath, fastpath_varlen, interop, kernels, launchers, tensormap, varlen, \
+    varlen_device
+
+
+class _Dtype:
+    def __init__(self, name, size):
+        self.name, self.size = name, size
+
+    def __str__(self):
+        return f"torch.{self.name}"
+
+
+BF16, F32, U8 = _Dtype("bfloat16", 2), _Dtype("float32", 4), _Dtype("uint8", 1)
+
+
+class Tensor:
+    """A torch CUDA tensor stand-in (the class name and module are what cupy_dash checks), contiguous."""
+    __module__ = "torch"
+    is_cuda = True
+    device = "cuda:0"
+
+    def __init__(self, shape, dtype, ptr):
+        self.shape, self.dtype, self.ptr = tuple(shape), dtype, ptr
+
+    def stride(self):
+        out, acc = [], 1
+        for n in reversed(self.shape):
+            out.append(acc)
+            acc *= n
+        return tuple(reversed(out))
+
+    def data_ptr(self):
+        return self.ptr
+
+    def get_device(self):
+        return 0
+
+    def is_contiguous(self):
+        return True
+
+    def element_size(self):
+        return self.dtype.size
+
+    def __getitem__(self, index):
+        assert index is None
+        return Tensor((1, *self.shape), self.dtype, self.ptr)
+
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    addresses = iter(range(0x1000000, 0x9000000, 0x10000))
+
+    def empty(shape, dtype=None, device=None):
+        return Tensor(shape if isinstance(shape, tuple) else (shape,), dtype, next(addresses))
+    fake_torch = types.SimpleNamespace(empty=empty, uint8=U8, float32=F32,
+                                       empty_like=lambda t: empty(t.shape, t.dtype))
+    monkeypatch.setattr(fastpath, "_torch", fake_torch)
+    monkeypatch.setattr(fastpath, "_ready_stream", lambda dev: types.SimpleNamespace(ptr=0x77))
+    monkeypatch.setattr(interop, "_torch_stream_ptr", lambda dev: 0x77)
+    monkeypatch.setattr(interop, "capturing", lambda x: False)
+    monkeypatch.setattr(tensormap, "bhsd_map", lambda ptr, *a, **kw: int(ptr).to_bytes(8, "little").ljust(128, b"\0"))
+    monkeypatch.setattr(tensormap, "check_encodable", lambda *a, **kw: None)
+
+    def new(fw, dev, shape, dtype):
+        t = empty(tuple(shape), {"uint8": U8, "float32": F32}.get(dtype, BF16))
+        return t, t.ptr
+    monkeypatch.setattr(api, "_new", new)
+    monkeypatch.setattr(api, "_export", lambda fw, arr, like: arr)
+
+    class Stream(contextlib.nullcontext):
+        ptr = 0x77
+
+        def wait_event(self, event):
+            pass
+    monkeypatch.setattr(interop, "caller_stream", lambda x, dev: Stream())
+    monkeypatch.setattr(varlen.cupy.cuda, "Device", lambda dev: contextlib.nullcontext())
+    specs = kernels.bwd_specs("bfloat16", 128, True, True, varlen=True)
+    tile = kernels.bwd_tile(128)
+    monkeypatch.setattr(kernels, "bwd_entry", lambda *a, **kw: (specs, tile.block_m, tile.block_n, 132))
+    monkeypatch.setattr(launchers.jit, "load", lambda spec: types.SimpleNamespace(ptr=0xF00))
+    ptr = types.SimpleNamespace
+
+    def device(t, num_heads, dev, s):
+        tables = ptr(visits=ptr(data=ptr(ptr=0x7000)), rank=ptr(data=ptr(ptr=0x7100)),
+                     cta_start=ptr(data=ptr(ptr=0x7200)), num_ctas=t.num_ctas, policy=t.policy)
+        return tables, ptr(data=ptr(ptr=0x8000)), ptr(data=ptr(ptr=0x8100)), None
+    monkeypatch.setattr(varlen_device, "device", device)
+    slots = iter(range(0xA000, 0xB000, 0x40))
+
+    def acquire(dev):
+        d = next(slots)
+        return ptr(dptr=d, hdev=d + 0x10000)
+    monkeypatch.setattr(varlen, "_acquire_slot", acquire)
+    monkeypatch.setattr(errors, "_acquire_slot", acquire)
+    enqueued = []
+
+    def enqueue(c, params, grads, s, *, slot=None, call=None, launches=None):
+        block = np.frombuffer(bytes(params), dtype=kernels.BWD_PARAMS_DTYPE)[0] if not isinstance(
+            params, np.ndarray) else params[0]
+        enqueued.append(dict(c=c, params=block, grads=grads, slot=slot, launches=launches))
+    monkeypatch.setattr(launchers, "enqueue_backward", enqueue)
+    monkeypatch.setattr(errors, "poll_errors", lambda: None)
+    monkeypatch.setattr(varlen, "_poll_errors", lambda: None)
+    fastpath_varlen.clear()
+    yield enqueued
+    fastpath_varlen.clear()
+
+
+def _inputs():
+    total_q, total_k, H, Hkv, D = 300, 500, 4, 2, 128
+    q, do, out = (Tensor((total_q, H, D), BF16, p) for p in (0x10000, 0x40000, 0x50000))
+    k, v = (Tensor((total_k, Hkv, D), BF16, p) for p in (0x20000, 0x30000))
+    lse = Tensor((H, total_q), F32, 0x60000)
+    return do, q, k, v, out, lse
+
+
+def _tables_per_packing(monkeypatch):
+    """varlen_device.device replaced by one that gives every packing (table key) its own made-up addresses."""
+    ptr, seen = types.SimpleNamespace, {}
+
+    def device(t, num_heads, dev, s):
+        base = seen.setdefault(t.key, 0x100000 * (len(seen) + 1))
+        tables = ptr(visits=ptr(data=ptr(ptr=base)), rank=ptr(data=ptr(ptr=base + 0x100)),
+                     cta_start=ptr(data=ptr(ptr=base + 0x200)), num_ctas=t.num_ctas, policy=t.policy)
+        return tables, ptr(data=ptr(ptr=base + 0x300)), ptr(data=ptr(ptr=base + 0x400)), None
+    monkeypatch.setattr(varlen_device, "device", device)

@@ -1,0 +1,210 @@
+"""Helpers of the GPU tests in this folder (not a test module): the dtypes, schedules and cases of the backward
+tests, uploads and downloads (bf16 through ml_dtypes included), bitwise and finiteness checks, pool poisoning,
+inputs and float64 references cached per case, the repeat loop of the determinism tests, and the packed-batch
+lengths of the varlen tests. Shared by test_gpu_attention.py, test_gpu_compact.py, test_gpu_fold.py,
+test_gpu_gqa.py, test_gpu_window.py, test_gpu_varlen.py and test_gpu_varlen_bwd.py."""
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+
+import cupy
+import cupy_dash
+from cupy_dash import reference
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+FP16 = np.dtype(np.float16)
+DTYPES = {"bf16": BF16, "fp16": FP16}
+
+POLICIES = ("fa3", "descending", "shift", "symmetric_shift", "auto")
+ATOMIC = "atomic"           # test-id name of deterministic=False
+BATCH, HEADS = 2, 3
+
+DET_REPEATS = 100
+
+LENGTHS = {  # the varlen tests' packed batches: (query lengths, key lengths) per sequence
+    "mixed": ([1, 17, 128, 300, 1000, 129, 256], [1, 17, 128, 300, 1000, 129, 256]),
+    "empty_and_unequal": ([0, 64, 200, 5, 513], [10, 0, 777, 5, 400]),
+    "long_and_short": ([3000, 1, 64], [2048, 2, 64]),
+}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# cases
+# ----------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Case:
+    dtype: str              # "bf16" | "fp16"
+    hdim: int
+    causal: bool
+    seqlen_q: int
+    seqlen_k: int
+    batch: int = BATCH
+    heads: int = HEADS
+
+    @property
+    def id(self) -> str:
+        mask = "causal" if self.causal else "full"
+        text = f"{self.dtype}-d{self.hdim}-{mask}-sq{self.seqlen_q}-sk{self.seqlen_k}"
+        if (self.batch, self.heads) != (BATCH, HEADS):
+            text += f"-b{self.batch}-h{self.heads}"
+        return text
+
+    @property
+    def np_dtype(self):
+        return DTYPES[self.dtype]
+
+    @property
+    def empty_rows(self) -> int:
+        """Number of leading query rows that see no key (bottom-right causal alignment)."""
+        return max(0, self.seqlen_q - self.seqlen_k) if self.causal else 0
+
+    def __str__(self):
+        return self.id
+
+
+def _schedule_kwargs(schedule):
+    if schedule == ATOMIC:
+        return dict(schedule="auto", deterministic=False)
+    return dict(schedule=schedule, deterministic=True)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# host / device helpers
+# ----------------------------------------------------------------------------------------------------------------
+def _seed(text: str) -> int:
+    return zlib.crc32(text.encode("utf-8"))
+
+
+def _randn(rng, shape, dtype):
+    return rng.standard_normal(shape, dtype=np.float32).astype(dtype)
+
+
+def _dev(a: np.ndarray) -> cupy.ndarray:
+    """Upload a numpy array (bf16 through ml_dtypes included) to the current CuPy device."""
+    a = np.ascontiguousarray(a)
+    try:
+        return cupy.asarray(a)
+    except Exception:
+        if a.dtype.itemsize == 2:
+            return cupy.asarray(a.view(np.uint16)).view(a.dtype)
+        raise
+
+
+def _host(x) -> np.ndarray:
+    """Download a CuPy array to numpy, keeping the dtype (bf16 as ml_dtypes.bfloat16)."""
+    try:
+        return cupy.asnumpy(x)
+    except Exception:
+        if x.dtype.itemsize == 2:
+            return cupy.asnumpy(x.view(cupy.uint16)).view(x.dtype)
+        raise
+
+
+def _bits(x) -> np.ndarray:
+    """Raw bits of a CuPy / torch / JAX / numpy array as a host numpy integer array of the same shape."""
+    module = type(x).__module__
+    if module.startswith("torch"):
+        import torch
+        t = x.detach()
+        as_int = {2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
+        return t.contiguous().view(as_int).cpu().numpy()
+    if isinstance(x, cupy.ndarray):
+        a = _host(x)
+    else:                                   # JAX arrays and numpy arrays
+        a = np.asarray(x)
+    a = np.ascontiguousarray(a)
+    return a.view({2: np.int16, 4: np.int32, 8: np.int64}[a.dtype.itemsize])
+
+
+def _assert_same_bits(name, actual, expected):
+    a, e = _bits(actual), _bits(expected)
+    assert a.shape == e.shape, f"{name}: shape {a.shape} != {e.shape}"
+    if a.tobytes() != e.tobytes():
+        n = int(np.count_nonzero(a != e))
+        raise AssertionError(f"{name}: {n} of {a.size} elements differ bitwise")
+
+
+def _poison_pool(nbytes: int) -> None:
+    """Fill a block of the CuPy pool with 0xFF bytes and give it back, so that the next allocations on this
+    stream (the API's outputs and workspaces) start as NaN instead of zeros left over from earlier tests."""
+    buf = cupy.empty(int(nbytes), dtype=cupy.uint8)
+    buf.fill(0xFF)
+    del buf
+
+
+def _poison_size(*arrays) -> int:
+    return 8 * sum(int(a.nbytes) for a in arrays) + (1 << 20)
+
+
+def _assert_finite(name, a, rows_from=0):
+    """No NaN / Inf in a (B, S, H, D) host array (rows before ``rows_from`` are checked elsewhere)."""
+    a = np.asarray(a)[:, rows_from:].astype(np.float32)
+    bad = ~np.isfinite(a)
+    if bad.any():
+        where = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise AssertionError(f"{name}: {int(bad.sum())} non-finite values, first at {where} "
+                             f"(offset by {rows_from} rows): {a[where]!r}")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# inputs and float64 reference, cached per case
+# ----------------------------------------------------------------------------------------------------------------
+_CACHE: dict[str, dict] = {}     # case id -> inputs and references (test_gpu_attention.py evicts them when done)
+
+
+def _case_data(case: Case, backward: bool = False) -> dict:
+    data = _CACHE.get(case.id)
+    if data is None:
+        rng = np.random.default_rng(_seed(case.id))
+        dt = case.np_dtype
+        b, sq, sk, h, d = case.batch, case.seqlen_q, case.seqlen_k, case.heads, case.hdim
+        data = dict(q=_randn(rng, (b, sq, h, d), dt), k=_randn(rng, (b, sk, h, d), dt),
+                    v=_randn(rng, (b, sk, h, d), dt), do=_randn(rng, (b, sq, h, d), dt))
+        q, k, v = data["q"], data["k"], data["v"]
+        data["out_ref"], data["lse_ref"] = reference.forward(q, k, v, causal=case.causal)
+        data["out_lowp"], data["lse_lowp"] = reference.forward_lowp(q, k, v, causal=case.causal, dtype=dt)
+        _CACHE[case.id] = data
+    if backward and "dq_ref" not in data:
+        args = (data["do"], data["q"], data["k"], data["v"])
+        data["dq_ref"], data["dk_ref"], data["dv_ref"] = reference.backward(
+            *args, data["out_ref"], data["lse_ref"], causal=case.causal)
+        data["dq_lowp"], data["dk_lowp"], data["dv_lowp"] = reference.backward_lowp(
+            *args, data["out_lowp"], data["lse_lowp"], causal=case.causal, dtype=case.np_dtype)
+        # What the GPU backward is given: the exact forward, in the precisions the forward kernel returns.
+        data["out_in"] = data["out_ref"].astype(case.np_dtype)
+        data["lse_in"] = data["lse_ref"].astype(np.float32)
+    return data
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# determinism and interop
+# ----------------------------------------------------------------------------------------------------------------
+def _repeat_backward(case, inputs, kwargs, repeats, busy=None):
+    """Run the backward ``repeats`` times; return (first result, per-repeat counts of differing dq/dk/dv
+    elements vs the first, as an int array (repeats - 1, 3))."""
+    do, q, k, v, out, lse = inputs
+    first = cupy_dash.attention_backward(do, q, k, v, out, lse, causal=case.causal, **kwargs)
+    first_bits = [x.view(cupy.int16) for x in first]
+    diffs = []
+    for _ in range(repeats - 1):
+        if busy is not None:
+            busy.step()
+        grads = cupy_dash.attention_backward(do, q, k, v, out, lse, causal=case.causal, **kwargs)
+        for x, x0 in zip(grads, first_bits):
+            diffs.append(cupy.count_nonzero(x.view(cupy.int16) != x0))
+    if busy is not None:
+        busy.finish()
+    counts = cupy.stack(diffs).reshape(repeats - 1, 3).get() if diffs else np.zeros((0, 3), np.int64)
+    return first, counts
+
+
+def _torch_from_host(a, device):
+    import torch
+    a = np.ascontiguousarray(a)
+    if a.dtype == BF16:
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16).to(device)
+    return torch.from_numpy(a).to(device)
