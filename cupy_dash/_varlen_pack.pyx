@@ -4,7 +4,7 @@
 The compact arrays NAMES (what the DASH_COMPACT + DASH_VARLEN kernel and kernels_src/bwd_expand.cu read) plus,
 for the GPU expansion, each CTA's first row in the per-visit table, and the lengths as cu_seqlens, each at a
 256-byte aligned offset of one uint8 buffer. tile_columns and the CTAs' row starts are computed here in one pass
-each (tests/test_varlen_compact.py holds the numpy statements of the same values and compares them with these),
+each (tests/unit/test_varlen_compact.py holds the numpy statements of the same values and compares them with these),
 so that a new packing costs one call rather than a dozen numpy ones.
 
 ``schedule_varlen`` builds a packed batch's records (the per-sequence windows, shapes and dispatch order,

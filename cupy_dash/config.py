@@ -3,7 +3,7 @@
 Each knob is a :class:`Knob`: its variable's name, the values it takes, one line of meaning, and the parser from
 the raw string (whose value for an unset variable is the default). Modules ask a knob for its value
 (``config.FOLD.get()``), never ``os.environ``; docs/configuration.md lists them all (:data:`KNOBS`, checked by
-tests/test_config.py).
+tests/unit/test_config.py).
 
 A knob is read again on every ``get()``: the variable's raw value is compared with the one parsed last time and
 parsed only when it changed, so ``monkeypatch.setenv`` (or any write through ``os.environ``) takes effect on the

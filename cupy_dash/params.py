@@ -9,7 +9,7 @@ aligned to 64), and exposes
 * :func:`pack_fwd_params` / :func:`pack_bwd_params`: one ``struct.pack`` of keyword fields into a size-1 array
   that CuPy passes by value;
 * :func:`params_layout_check_source`: CUDA source that ``static_assert``s every offset, size and alignment, so
-  a compile (tests/test_jit.py) proves the parser and the compiler agree;
+  a compile (tests/unit/test_jit.py) proves the parser and the compiler agree;
 * :data:`CONSTANTS`: the ``constexpr int`` constants of ``constants.cuh`` under their C names
   (``CONSTANTS.kErrorSemaphoreTimeout``), an immutable named tuple: the error codes and record layout that
   :mod:`cupy_dash.errors` decodes, the thread counts and shared-memory terms of :mod:`cupy_dash.kernels`.
@@ -239,7 +239,7 @@ def pack_bwd_params(**fields) -> np.ndarray:
 def params_layout_check_source(offsetof: str = "auto", structs=None) -> str:
     """CUDA source that ``static_assert``s size, alignment and every field offset/size of the C parameter
     structs against ``structs`` (default :data:`PARAMS_STRUCTS`: ``{name: (numpy dtype, alignment)}``).
-    Compiles iff the layouts agree (see tests/test_jit.py).
+    Compiles iff the layouts agree (see tests/unit/test_jit.py).
 
     ``offsetof``: "auto" uses ``__builtin_offsetof`` where NVRTC has it (13.5 does, 13.0 does not) and the
     front end's ``__INTADDR__`` otherwise; "intaddr" forces the latter."""

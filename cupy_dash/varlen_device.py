@@ -7,7 +7,7 @@ on the GPU by default: the host builds and uploads the compact records of :func:
 and kernels_src/bwd_expand.cu writes the rows (:func:`_expand_on_device`); ``CUPY_DASH_VARLEN_EXPAND=host``
 expands on the host (``varlen_schedule.expand``, up to ~2 ms per new packing). The compact records read as they
 are by the DASH_COMPACT + DASH_VARLEN build (``kernels_src/compact_view.cuh``; ``_varlen_pack`` packs them in the
-layout uploaded, tests/test_varlen_compact.py walks them as the kernel does and compares with ``expand``)
+layout uploaded, tests/unit/test_varlen_compact.py walks them as the kernel does and compares with ``expand``)
 are opt-in (``CUPY_DASH_COMPACT_TABLES=1``) below compact_device.AUTO_VISITS visits: on the H200 they give the
 per-visit tables' bits, but the kernel's counted rank rules make the backward 0.6-0.9x as fast
 (docs/decisions/table-forms.md).

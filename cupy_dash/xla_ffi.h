@@ -1,7 +1,7 @@
 /* The part of the XLA FFI C ABI (xla/ffi/api/c_api.h, API 0.x) that cupy_dash's handler uses, declared here so
  * that building the package needs neither jaxlib nor a CUDA toolkit. Every XLA struct starts with its size, and
  * minor API versions only append fields, so a struct declared up to the last field we read is valid for every
- * later minor version. tests/test_jax_ffi.py compiles static_asserts of these layouts against jaxlib's header
+ * later minor version. tests/adapters/test_jax_ffi.py compiles static_asserts of these layouts against jaxlib's header
  * when jaxlib is installed.
  */
 #ifndef CUPY_DASH_XLA_FFI_H_
