@@ -97,6 +97,15 @@ def _path(s):
     return s or None
 
 
+def _dq_stages(s) -> int:
+    """Unset or "1": 1; "2": 2 (head dim 128 only); anything else raises."""
+    if s in (None, "", "1"):
+        return 1
+    if s == "2":
+        return 2
+    raise ValueError(f"CUPY_DASH_BWD_DQ_STAGES: expected 1 or 2, got {s!r}")
+
+
 _DEFAULT_SPIN_TIMEOUT_MS = 10000.0
 
 
@@ -134,11 +143,13 @@ CACHE_DIR = Knob("CUPY_DASH_CACHE_DIR", "path / unset",
     "directory of the compiled-kernel disk cache (default $XDG_CACHE_HOME/cupy_dash, else ~/.cache/cupy_dash)", _path)
 JIT_VERBOSE = Knob("CUPY_DASH_JIT_VERBOSE", "1 / unset",
     "1: print each kernel's ptxas report to stderr when it is compiled", _flag)
+BWD_DQ_STAGES = Knob("CUPY_DASH_BWD_DQ_STAGES", "1 / 2 / unset",
+    "experiment: 2 dQ staging buffers in the head-dim-128 backward (one K buffer); read once per process", _dq_stages)
 XDG_CACHE_HOME = Knob("XDG_CACHE_HOME", "path / unset",
     "(the XDG standard's) base of the default kernel cache directory", _path)
 
 KNOBS = (SPIN_TIMEOUT_MS, FOLD, COMPACT_TABLES, VARLEN_EXPAND, FASTPATH, SYNC_ERRORS, JAX_FFI, CACHE_DIR,
-         JIT_VERBOSE, XDG_CACHE_HOME)
+         JIT_VERBOSE, BWD_DQ_STAGES, XDG_CACHE_HOME)
 # The knobs that decide what a backward launches (the spin timeout is in its parameter block).
 PLAN_KNOBS = (SPIN_TIMEOUT_MS, FOLD, COMPACT_TABLES, VARLEN_EXPAND)
 

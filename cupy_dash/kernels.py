@@ -64,13 +64,14 @@ def _fwd_smem(t: TileConfig, d: int) -> int:
     return (t.block_m + 2 * stages * t.block_n) * d * 2 + K.kMbarrierBytes * (1 + 4 * stages) + K.kSmemAlign
 
 
-def _bwd_main_smem(t: TileConfig, d: int) -> int:
-    """kernels_src/bwd/config.cuh SmemLayout: K x k_stages, V; Q, dO, dS x stages; fp32 dQ; lse, dpsum x stages;
-    2 x k_stages + 2 + 4 x stages mbarriers; a visit slot per stage; the alignment slack."""
-    stages, k_stages = K.kBwdStages, K.kBwdKStages
+def _bwd_main_smem(t: TileConfig, d: int, dq_stages: int = 1) -> int:
+    """kernels_src/bwd/config.cuh SmemLayout: K x k_stages, V; Q, dO, dS x stages; fp32 dQ x dq_stages; lse, dpsum
+    x stages; 2 x k_stages + 2 + 4 x stages mbarriers; a visit slot per stage; the alignment slack. Two dQ
+    staging buffers (DASH_DQ_STAGES) take the second K buffer's place."""
+    stages, k_stages = K.kBwdStages, (K.kBwdKStages if dq_stages == 1 else 1)
     return ((k_stages + 1) * t.block_n * d * 2 + stages * 2 * t.block_m * d * 2 + stages * t.block_m * t.block_n * 2
-            + t.block_m * d * 4 + stages * 2 * t.block_m * 4 + K.kMbarrierBytes * (2 * k_stages + 2 + 4 * stages)
-            + K.kVisitSlotBytes * stages + K.kSmemAlign)
+            + dq_stages * t.block_m * d * 4 + stages * 2 * t.block_m * 4
+            + K.kMbarrierBytes * (2 * k_stages + 2 + 4 * stages) + K.kVisitSlotBytes * stages + K.kSmemAlign)
 
 
 # kernel name: (source file, entry point, dynamic smem bytes as a function of (tile, head_dim))
@@ -153,9 +154,10 @@ def bwd_tile(head_dim: int) -> TileConfig:
     return TILES[("bwd_main", head_dim)]
 
 
-def _spec(kernel: str, tile: TileConfig, dtype: str, head_dim: int, **flags) -> KernelSpec:
+def _spec(kernel: str, tile: TileConfig, dtype: str, head_dim: int, counts=(), **flags) -> KernelSpec:
+    """``counts``: (define, value) pairs passed on as they are (flags become 0 / 1) and to the smem formula."""
     source, entry, smem_fn = KERNELS[kernel]
-    smem = int(smem_fn(tile, head_dim))
+    smem = int(smem_fn(tile, head_dim, *(value for _, value in counts)))
     defines = {
         "DASH_FP16": int(dtype == "float16"),
         "DASH_HEAD_DIM": head_dim,
@@ -165,6 +167,7 @@ def _spec(kernel: str, tile: TileConfig, dtype: str, head_dim: int, **flags) -> 
         "DASH_SMEM_BYTES": smem,
     }
     defines.update({k: int(bool(v)) for k, v in flags.items()})
+    defines.update(counts)
     return KernelSpec(source=source, entry=entry, defines=tuple(sorted(defines.items())), threads=tile.threads,
                       smem_bytes=smem)
 
@@ -182,12 +185,18 @@ BwdKernels = collections.namedtuple("BwdKernels", "preprocess main postprocess")
 
 
 def bwd_specs(dtype: str, head_dim: int, causal: bool, deterministic: bool, timeline: bool = False,
-              compact: bool = False, varlen: bool = False) -> BwdKernels:
+              compact: bool = False, varlen: bool = False, dq_stages: int | None = None) -> BwdKernels:
     """The three backward kernels of one variant; ``timeline``: the main kernel's debug build that stamps every
     visit (kernels_src/bwd/timeline.cuh; not emitted by the dispatcher); ``compact``: the main kernel reads
     per-column records (kernels_src/compact_view.cuh, :mod:`cupy_dash.compact`) instead of per-visit rows;
     ``varlen``: the three kernels of packed variable-length sequences (kernels_src/bwd_rows.cuh), with
-    ``compact`` reading cupy_dash.varlen_schedule's records."""
+    ``compact`` reading cupy_dash.varlen_schedule's records. ``dq_stages``: the main kernel's dQ staging buffers
+    (2: an experiment at head dim 128, kernels_src/bwd/config.cuh; default ``CUPY_DASH_BWD_DQ_STAGES``, else 1)."""
+    if dq_stages is None:    # NOTES: not for compact builds: their dQ writer counts ranks and spilled (varlen, det)
+        from . import config
+        dq_stages = config.BWD_DQ_STAGES.get() if head_dim == 128 and not compact else 1
+    if dq_stages not in (1, 2) or (dq_stages == 2 and head_dim != 128):
+        raise ValueError(f"dq_stages: 1, or 2 at head dim 128 (shared memory), got {dq_stages} at {head_dim}")
     if timeline and compact:
         raise ValueError("timeline builds need the per-visit tables: no compact timeline variant")
     _check(dtype, head_dim)
@@ -203,7 +212,8 @@ def bwd_specs(dtype: str, head_dim: int, causal: bool, deterministic: bool, time
         flags["DASH_VARLEN"] = aux_flags["DASH_VARLEN"] = True
     return BwdKernels(
         preprocess=_spec("bwd_preprocess", aux_tile, dtype, head_dim, **aux_flags),
-        main=_spec("bwd_main", main_tile, dtype, head_dim, **flags),
+        main=_spec("bwd_main", main_tile, dtype, head_dim,
+                   counts=(("DASH_DQ_STAGES", dq_stages),) if dq_stages != 1 else (), **flags),
         postprocess=_spec("bwd_postprocess", aux_tile, dtype, head_dim, **aux_flags),
     )
 
@@ -320,7 +330,8 @@ def bwd_entry(device_id: int, dtype: str, head_dim: int, causal: bool, determini
     the same call captured into a CUDA graph runs unfolded (a graph's error record disables the fold), and a
     capture cannot load kernels, so the eager warm-up that torch.compile's reduce-overhead mode makes must
     leave preprocess and postprocess loaded too."""
-    key = (device_id, dtype, head_dim, causal, deterministic, timeline, compact, varlen)
+    from . import config
+    key = (device_id, dtype, head_dim, causal, deterministic, timeline, compact, varlen, config.BWD_DQ_STAGES.get())
     e = _bwd_cache.get(key)
     if e is None:
         import cupy

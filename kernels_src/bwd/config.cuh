@@ -40,17 +40,25 @@ constexpr int kSRegs = kBlockM / 2;     // S^T and dP^T: 64 keys x kBlockM queri
 constexpr int kDkvRegs = kHeadDim / 2;  // dK and dV: 64 keys x kHeadDim
 constexpr int kDqRegs = kDqCols / 2;    // dQ piece: 64 x kDqCols
 
-constexpr int kStages = kBwdStages;    // Q (+ lse_log2), dO (+ dpsum) and dS buffers
-constexpr int kKStages = kBwdKStages;  // K buffers: the next KV tile's K loads while the current one is still in use
+#ifndef DASH_DQ_STAGES
+#define DASH_DQ_STAGES 1
+#endif
+// NOTES: DASH_DQ_STAGES = 2 (an experiment, head dim 128): two dQ staging buffers per MMA warpgroup, so that the
+// MMA warpgroups can run two visits ahead of the dQ writer while it waits for a tile's turn; they take the smem
+// of the second K buffer (the next KV tile's K then loads only once the current one is released).
+constexpr int kDqStages = DASH_DQ_STAGES;
+static_assert(kDqStages == 1 || kDqStages == 2, "one or two dQ staging buffers");
+constexpr int kStages = kBwdStages;                            // Q (+ lse_log2), dO (+ dpsum) and dS buffers
+constexpr int kKStages = kDqStages == 1 ? kBwdKStages : 1;     // K buffers: the next KV tile's K loads early
 
 // Named barriers (id 0 is __syncthreads), all of the kernel's: both MMA warpgroups after writing dS; per MMA
 // warpgroup, its dQ slice written (MMA warpgroup arrives, dQ writer warp syncs) and free again (the other way
 // round); in a folded backward (fold.cuh), the dQ writer warp's adds done (writer arrives, MMA warpgroups sync) and
 // the MMA warpgroups among themselves.
 constexpr int kBarPdS = 1;
-constexpr int kBarDqFull = kBarPdS + 1;                // + wg
-constexpr int kBarDqEmpty = kBarDqFull + kNumMmaWg;    // + wg
-constexpr int kBarDqDone = kBarDqEmpty + kNumMmaWg;
+constexpr int kBarDqFull = kBarPdS + 1;                            // + wg + kNumMmaWg * dQ stage
+constexpr int kBarDqEmpty = kBarDqFull + kNumMmaWg * kDqStages;    // + wg + kNumMmaWg * dQ stage
+constexpr int kBarDqDone = kBarDqEmpty + kNumMmaWg * kDqStages;
 constexpr int kBarFold = kBarDqDone + 1;
 static_assert(kBarFold < 16, "16 named barriers per CTA");
 constexpr int kPdSThreads = kNumMmaWg * kWgThreads;
@@ -77,7 +85,7 @@ struct SmemLayout {
   static constexpr int kDOs = kQs + kStages * kQ;
   static constexpr int kDSs = kDOs + kStages * kQ;
   static constexpr int kDq = kDSs + kStages * kDS;
-  static constexpr int kLse = kDq + kNumMmaWg * kDqSlice;
+  static constexpr int kLse = kDq + kDqStages * kNumMmaWg * kDqSlice;
   static constexpr int kDpsum = kLse + kStages * kRow;
   static constexpr int kBars = kDpsum + kStages * kRow;
   // k_full[], k_empty[], v_full, v_empty, q_full[], q_empty[], do_full[], do_empty[]
@@ -100,7 +108,9 @@ struct Smem {
   DASH_DEVICE uint32_t q(int stage) const { return base + SmemLayout::kQs + stage * SmemLayout::kQ; }
   DASH_DEVICE uint32_t dout(int stage) const { return base + SmemLayout::kDOs + stage * SmemLayout::kQ; }
   DASH_DEVICE uint32_t ds(int stage) const { return base + SmemLayout::kDSs + stage * SmemLayout::kDS; }
-  DASH_DEVICE uint32_t dq(int wg) const { return base + SmemLayout::kDq + wg * SmemLayout::kDqSlice; }
+  DASH_DEVICE uint32_t dq(int wg, int stage = 0) const {
+    return base + SmemLayout::kDq + (stage * kNumMmaWg + wg) * SmemLayout::kDqSlice;
+  }
   DASH_DEVICE uint32_t lse(int stage) const { return base + SmemLayout::kLse + stage * SmemLayout::kRow; }
   DASH_DEVICE uint32_t dpsum(int stage) const { return base + SmemLayout::kDpsum + stage * SmemLayout::kRow; }
   DASH_DEVICE uint32_t bar(int i) const { return base + SmemLayout::kBars + kMbarrierBytes * i; }

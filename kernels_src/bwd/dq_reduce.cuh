@@ -32,10 +32,30 @@ DASH_DEVICE bool wait_for_turn(const BwdParams& p, const int* sem, int64_t v, in
   }
 }
 
+template <int kWg, int kStage>
+DASH_DEVICE void dq_slice_free() { named_barrier_arrive<kBarDqEmpty + kWg + kNumMmaWg * kStage, kDqBarThreads>(); }
+template <int kWg, int kStage>
+DASH_DEVICE void dq_slice_wait_full() { named_barrier_sync<kBarDqFull + kWg + kNumMmaWg * kStage, kDqBarThreads>(); }
+
+// Both MMA warpgroups' slices of dQ staging buffer ``stage`` may be overwritten.
+DASH_DEVICE void dq_stage_free(int stage) {
+  if (stage == 0) {
+    dq_slice_free<0, 0>();
+    dq_slice_free<1, 0>();
+  } else {
+    dq_slice_free<0, kDqStages - 1>();
+    dq_slice_free<1, kDqStages - 1>();
+  }
+}
+
 template <int kWg>
-DASH_DEVICE void dq_slice_free() { named_barrier_arrive<kBarDqEmpty + kWg, kDqBarThreads>(); }
-template <int kWg>
-DASH_DEVICE void dq_slice_wait_full() { named_barrier_sync<kBarDqFull + kWg, kDqBarThreads>(); }
+DASH_DEVICE void dq_stage_wait_full(int stage) {
+  if (stage == 0) {
+    dq_slice_wait_full<kWg, 0>();
+  } else {
+    dq_slice_wait_full<kWg, kDqStages - 1>();
+  }
+}
 
 // The slice of one MMA warpgroup into its part of the dq_accum tile: stored by the first visit of the tile's
 // reduction order (deterministic mode: the tile was not zeroed), added by every later one.
@@ -54,10 +74,15 @@ DASH_DEVICE void put_slice(float* dst, uint32_t slice, bool first) {
 // discarded: the host raises) but keeps handing the slices back, so that the MMA warpgroups finish.
 DASH_DEVICE void write_dq(const BwdParams& p, const ScheduleView& sched, const Smem& s, int lane) {
   static_assert(kNumMmaWg == 2, "two dQ slices");
-  dq_slice_free<0>();
-  dq_slice_free<1>();
+  // NOTES: staging buffer j % kDqStages carries visit j; the MMA warpgroups wait for it to be free once per visit,
+  // so it is freed once for each visit that uses it: up front for the first kDqStages visits, then after each
+  // visit that has a successor kDqStages visits later (named barriers count arrivals: none may be left over).
+  dq_stage_free(0);
+  if (kDqStages == 2 && sched.begin + 1 < sched.end) dq_stage_free(1);
   bool ok = true;
-  for (int64_t v = sched.begin; v < sched.end; ++v) {
+  int jv = 0;
+  for (int64_t v = sched.begin; v < sched.end; ++v, ++jv) {
+    const int dq_stage = kDqStages == 1 ? 0 : jv % kDqStages;
     const Visit w = sched.visit(v);
     const Head hd(p, w.bh);
     const BwdRows<kBlockM> seq(p, hd.b, hd.h);
@@ -70,19 +95,16 @@ DASH_DEVICE void write_dq(const BwdParams& p, const ScheduleView& sched, const S
       if (lane == 0 && ok) ok = wait_for_turn(p, sem, v, rank);
     }
     if (lane == 0) stamp(p, v, kStampTurn);
-    dq_slice_wait_full<0>();
-    if (lane == 0 && ok) put_slice(tile, s.dq(0), rank == 0);
-    dq_slice_wait_full<1>();
+    dq_stage_wait_full<0>(dq_stage);
+    if (lane == 0 && ok) put_slice(tile, s.dq(0, dq_stage), rank == 0);
+    dq_stage_wait_full<1>(dq_stage);
     if (lane == 0) {
-      if (ok) put_slice(tile + SmemLayout::kDqSlice / 4, s.dq(1), rank == 0);
+      if (ok) put_slice(tile + SmemLayout::kDqSlice / 4, s.dq(1, dq_stage), rank == 0);
       bulk_commit();
       bulk_wait_read<0>();
     }
     __syncwarp();
-    if (v + 1 < sched.end) {
-      dq_slice_free<0>();
-      dq_slice_free<1>();
-    }
+    if (v + kDqStages < sched.end) dq_stage_free(dq_stage);
     if (kDeterministic && lane == 0 && ok) {
       bulk_wait<0>();
       red_release_gpu_add(sem, 1);

@@ -112,10 +112,31 @@ DASH_DEVICE void store_dq(uint32_t slice, const float (&dQ)[kDqRegs], int tid) {
   }
 }
 
-template <int kWg>
-DASH_DEVICE void dq_barrier_sync_empty() { named_barrier_sync<kBarDqEmpty + kWg, kDqBarThreads>(); }
-template <int kWg>
-DASH_DEVICE void dq_barrier_arrive_full() { named_barrier_arrive<kBarDqFull + kWg, kDqBarThreads>(); }
+template <int kWg, int kStage>
+DASH_DEVICE void dq_barrier_sync_empty() {
+  named_barrier_sync<kBarDqEmpty + kWg + kNumMmaWg * kStage, kDqBarThreads>();
+}
+template <int kWg, int kStage>
+DASH_DEVICE void dq_barrier_arrive_full() {
+  named_barrier_arrive<kBarDqFull + kWg + kNumMmaWg * kStage, kDqBarThreads>();
+}
+
+// Hands this warpgroup's dQ piece of visit j to the dQ writer through staging buffer j % kDqStages.
+DASH_DEVICE void hand_dq_to_writer(const Smem& s, const float (&dQ)[kDqRegs], int j, int wg, int tid) {
+  const int dq_stage = kDqStages == 1 ? 0 : j % kDqStages;
+  if (wg == 0) {
+    if (dq_stage == 0) dq_barrier_sync_empty<0, 0>(); else dq_barrier_sync_empty<0, kDqStages - 1>();
+  } else {
+    if (dq_stage == 0) dq_barrier_sync_empty<1, 0>(); else dq_barrier_sync_empty<1, kDqStages - 1>();
+  }
+  store_dq(s.dq(wg, dq_stage), dQ, tid);
+  fence_proxy_async_smem();
+  if (wg == 0) {
+    if (dq_stage == 0) dq_barrier_arrive_full<0, 0>(); else dq_barrier_arrive_full<0, kDqStages - 1>();
+  } else {
+    if (dq_stage == 0) dq_barrier_arrive_full<1, 0>(); else dq_barrier_arrive_full<1, kDqStages - 1>();
+  }
+}
 
 // One visit (index v of the table, read from the producer's VisitSlot, returned): j is the CTA-local visit counter
 // (selects the stage and phase of the Q / dO / dS buffers and the slot), group the CTA-local KV-tile counter
@@ -206,18 +227,7 @@ DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_gen
     if (last_in_group) mbar_arrive(s.k_empty(kbuf));
     if (wg == 0) stamp(p, v, kStampDqReady);
   }
-  if (wg == 0) {
-    dq_barrier_sync_empty<0>();
-  } else {
-    dq_barrier_sync_empty<1>();
-  }
-  store_dq(s.dq(wg), dQ, tid);
-  fence_proxy_async_smem();
-  if (wg == 0) {
-    dq_barrier_arrive_full<0>();
-  } else {
-    dq_barrier_arrive_full<1>();
-  }
+  hand_dq_to_writer(s, dQ, j, wg, tid);
 
   // dK done: Q may be overwritten.
   wgmma_wait<0>();
