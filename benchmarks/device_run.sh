@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device run on the H200: install, compile, GPU tests, demo, benchmarks; every log under $OUT.
 #   bash benchmarks/device_run.sh [smoke|fwd|tests|bench|integration|long|gqa|varlen_bench|long1m|varlen_step|
-#                                  fold|fold_bench|varlen_events|sanitize|ncu|engine|engine_bench|all]
+#                                  fold|fold_bench|varlen_events|sanitize|ncu|engine|engine_bench|dq_stages|all]
 #                                  [extra pytest args...]
 # "engine": the backward kernel's GPU tests (every family: MHA, GQA, compact, varlen, fold, window, portable);
 # "engine_bench": the backward at the issue's shapes, this tree against the kernels in .ab/kernels_src (an older
@@ -150,6 +150,17 @@ if [ "$stage" = engine_bench ]; then
   "$ncu" -i /tmp/eb/ours_causal8k.ncu-rep --page raw --csv >/tmp/eb/ours_causal8k.raw.csv 2>&1
   "$ncu" -i /tmp/eb/ours_causal8k.ncu-rep --page source --csv --print-source sass >/tmp/eb/ours_causal8k.sass.csv 2>&1
   (cd /tmp/eb && tar czf "$OUT/engine_bench.tgz" *.json *.md *.csv ncu.log)
+fi
+if [ "$stage" = dq_stages ]; then   # the two-dQ-stage experiment (CUPY_DASH_BWD_DQ_STAGES=2): its tests, then A/B
+  CUPY_DASH_BWD_DQ_STAGES=2 timeout 300 $py -m pytest tests/gpu/test_gpu_attention.py tests/gpu/test_gpu_gqa.py \
+    tests/gpu/test_gpu_fold.py tests/gpu/test_gpu_varlen_bwd.py -q -ra --maxfail=5 -k "not d64" "$@" 2>&1 \
+    | tee "$OUT/dq_stages_tests.log" | tail -8
+  if grep -qE "[0-9]+ (failed|error)" "$OUT/dq_stages_tests.log"; then exit 1; fi
+  for n in 1 2; do
+    CUPY_DASH_BWD_DQ_STAGES=$n timeout 150 $py benchmarks/bench.py --hdims 128 --masks full causal \
+      --seqlens 1024 4096 16384 --schedules auto atomic --no-torch --no-fa3 --no-overhead --no-compile \
+      --repeats 20 --warmup 3 --out "$OUT/dq_stages_$n.json" 2>&1 | grep -E "^\| cupy_dash bwd" | head -4
+  done
 fi
 if [ "$stage" = varlen_step ]; then   # a new packing's host cost (issue 7's per-step figure; RESULTS, sixth session)
   timeout 60 $py benchmarks/varlen_plan_cpu.py --packings 200 2>&1 | tee "$OUT/varlen_plan_cpu.txt"
