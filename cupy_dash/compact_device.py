@@ -29,7 +29,7 @@ _tables: "collections.OrderedDict" = collections.OrderedDict()
 _captured: dict = {}
 
 
-AUTO_VISITS = 1 << 24
+AUTO_VISITS = schedule.AUTO_VISITS
 KERNEL_AUTO = "descending"
 
 

@@ -118,6 +118,9 @@ AUTO_FEW_GROUPED = 2
 AUTO_MAX_SIMULATED_VISITS = 1 << 21   # above: auto decides by the column model (cupy_dash.compact), not per visit
 MODELS = ("dag", "engine")
 ROW_BYTES = 20          # a visit in a per-visit table: its int32 row (cta, head, n_block, m_block) and int32 rank
+# Above this many visits a backward uses compact (per-column) tables unless told otherwise (compact_device), and
+# build() refuses a per-visit table: 2^24 visits, 335 MB of rows and ranks.
+AUTO_VISITS = 1 << 24
 
 
 class Schedule:
@@ -262,7 +265,7 @@ def build(policy: str = "auto", *, seqlen_q: int, seqlen_k: int, block_m: int, b
     that run concurrently (any value >= 1; the table uses min(num_sms, number of work units) CTAs); window the
     sliding window (left, right), -1 unbounded (stored in :func:`canonical_window` form as ``plan.window``).
 
-    A table above ``compact_device.AUTO_VISITS`` (2^24) visits, where the backward switches to compact tables,
+    A table above ``AUTO_VISITS`` (2^24) visits, where the backward switches to compact tables,
     raises ValueError saying how big it would be, before allocating anything (unless CUPY_DASH_COMPACT_TABLES=0):
     :func:`build_compact` builds the same schedule as per-column records, in O(columns).
     """
@@ -289,12 +292,12 @@ def _checked_args(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causa
 def _check_table_size(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms, group_size,
                       window):
     """ValueError if the per-visit table of this problem (build()'s checked arguments) would hold more than
-    compact_device.AUTO_VISITS visits, the size above which the backward uses compact tables, unless
+    AUTO_VISITS visits, the size above which the backward uses compact tables, unless
     CUPY_DASH_COMPACT_TABLES=0 asks for per-visit tables of any size (as it does of the backward). The visits are
     counted in O(KV tiles), or bounded below in O(1) by one per head and visible KV tile where that bound already
     exceeds the limit (2^40 tokens: no count over 2^33 KV tiles)."""
-    from . import compact, compact_device, config
-    limit = compact_device.AUTO_VISITS
+    from . import compact, config
+    limit = AUTO_VISITS
     num_n_blocks = -(-seqlen_k // block_n)
     if num_heads * -(-seqlen_q // block_m) * num_n_blocks <= limit or config.COMPACT_TABLES.get() is False:
         return

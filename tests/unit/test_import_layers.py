@@ -21,7 +21,6 @@ ADAPTERS = {"torch", "torch_ops", "torch_varlen", "jax", "jax_ops", "jax_varlen"
 # (importer, imported): imports inside functions that close a cycle, each a late binding on purpose.
 FACADE_IMPORTS = {
     ("schedule", "compact"),          # schedule re-exports the compact builders (CompactSchedule, build_compact)
-    ("schedule", "compact_device"),   # schedule.build's size limit: the backward's switch to compact tables
     ("portable", "schedule"),         # portable checks its plan argument with schedule's checker
     ("fastpath_varlen", "varlen"),    # a torch new packing reuses varlen's checks and launch builder
     ("jax_ops", "_jax_ffi"),          # the C handler is a mechanism picked per call, loaded on use
