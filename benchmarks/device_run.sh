@@ -94,12 +94,16 @@ if [ "$stage" = varlen_events ]; then   # lazy upload events, deferred releases:
   if grep -qE "[0-9]+ (failed|error)" "$OUT/varlen_tests.log"; then exit 1; fi
   stage=varlen_step
 fi
-if [ "$stage" = sanitize ]; then   # the folded backward under compute-sanitizer (memcheck, synccheck)
+if [ "$stage" = sanitize ]; then   # compute-sanitizer over every kernel family (after each kernel change)
   san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-  for tool in memcheck synccheck; do
-    timeout 240 "$san" --tool $tool --error-exitcode 3 $py benchmarks/fold_sanitize.py 2>&1 \
-      | tee "$OUT/sanitize_$tool.log" | tail -8
+  for tool in memcheck racecheck synccheck; do
+    timeout 200 "$san" --tool $tool --error-exitcode 3 $py benchmarks/kernels_sanitize.py 2>&1 \
+      | tee "$OUT/sanitize_$tool.log" | tail -6
   done
+  CUPY_DASH_BWD_DQ_STAGES=2 timeout 200 "$san" --tool synccheck --error-exitcode 3 $py benchmarks/kernels_sanitize.py \
+    2>&1 | tee "$OUT/sanitize_dq2.log" | tail -4
+  timeout 200 "$san" --tool synccheck --error-exitcode 3 $py benchmarks/fold_sanitize.py 2>&1 \
+    | tee "$OUT/sanitize_fold.log" | tail -4
 fi
 if [ "$stage" = ncu ]; then   # Nsight Compute: our main backward kernel and FA3's on the same shapes (FA3_WHL=1)
   ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | tail -1)

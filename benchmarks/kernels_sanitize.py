@@ -1,0 +1,76 @@
+"""Small forwards and backwards of every kernel family, for compute-sanitizer (memcheck, racecheck, synccheck)
+after a kernel change: head dims 64 and 128, causal and full, deterministic and atomic, GQA, per-visit and
+compact tables, varlen, and the two-dQ-stage experiment (``--dq-stages 2``, head dim 128). Each backward runs
+twice; deterministic ones must repeat their bits. Shapes keep several visits per CTA and a partial last tile.
+Exits 1 on a difference.
+
+    compute-sanitizer --tool racecheck python benchmarks/kernels_sanitize.py
+    CUPY_DASH_BWD_DQ_STAGES=2 compute-sanitizer --tool synccheck python benchmarks/kernels_sanitize.py
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+
+import cupy
+import cupy_dash
+
+# B, H, Hkv, Sq, Sk, D, causal, deterministic, compact tables
+CASES = [(1, 2, 2, 300, 300, 128, True, True, False), (1, 2, 1, 200, 333, 128, False, True, False),
+         (2, 1, 1, 129, 200, 64, True, False, False), (1, 2, 2, 256, 256, 64, False, True, False),
+         (1, 2, 2, 300, 300, 128, True, True, True), (1, 2, 2, 256, 200, 64, False, True, True)]
+VARLEN = [(2, 1, (130, 0, 77), (130, 45, 200), 128, True, True), (2, 2, (64, 129), (100, 129), 64, False, True)]
+
+
+def _randn(rng, shape):
+    return cupy.asarray(rng.standard_normal(shape, dtype=np.float32)).astype(cupy.float16)
+
+
+def _same(a, b) -> bool:
+    return all(np.array_equal(x.get().view(np.int16), y.get().view(np.int16)) for x, y in zip(a, b))
+
+
+def _fixed(rng, case) -> bool:
+    B, H, Hkv, Sq, Sk, D, causal, det, compact = case
+    os.environ["CUPY_DASH_COMPACT_TABLES"] = "1" if compact else "0"      # the table form under test
+    q, do = _randn(rng, (B, Sq, H, D)), _randn(rng, (B, Sq, H, D))
+    k, v = _randn(rng, (B, Sk, Hkv, D)), _randn(rng, (B, Sk, Hkv, D))
+    out, lse = cupy_dash.attention_forward(q, k, v, causal=causal)
+    runs = [cupy_dash.attention_backward(do, q, k, v, out, lse, causal=causal, deterministic=det) for _ in range(2)]
+    cupy_dash.check_errors()
+    os.environ.pop("CUPY_DASH_COMPACT_TABLES")
+    return _same(*runs) or not det
+
+
+def _varlen(rng, case) -> bool:
+    H, Hkv, lens_q, lens_k, D, causal, det = case
+    cu_q = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
+    cu_k = np.concatenate([[0], np.cumsum(lens_k)]).astype(np.int32)
+    q, do = _randn(rng, (int(cu_q[-1]), H, D)), _randn(rng, (int(cu_q[-1]), H, D))
+    k, v = _randn(rng, (int(cu_k[-1]), Hkv, D)), _randn(rng, (int(cu_k[-1]), Hkv, D))
+    args = (cu_q, cu_k, max(lens_q), max(lens_k))
+    out, lse = cupy_dash.attention_forward_varlen(q, k, v, *args, causal=causal)
+    runs = [cupy_dash.attention_backward_varlen(do, q, k, v, out, lse, *args, causal=causal, deterministic=det)
+            for _ in range(2)]
+    cupy_dash.check_errors()
+    return _same(*runs) or not det
+
+
+def main() -> int:
+    rng = np.random.default_rng(0)
+    bad = 0
+    for case in CASES:
+        ok = _fixed(rng, case)
+        bad += not ok
+        print(f"fixed {case}: {'OK' if ok else 'DIFFERENT BITS'}", flush=True)
+    for case in VARLEN:
+        ok = _varlen(rng, case)
+        bad += not ok
+        print(f"varlen {case}: {'OK' if ok else 'DIFFERENT BITS'}", flush=True)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
