@@ -19,7 +19,7 @@ import itertools
 
 import numpy as np
 
-from . import _launch
+from . import _launch, config
 from .params import (BWD_PARAMS_DTYPE, FWD_PARAMS_DTYPE, PARAMS_STRUCTS, pack_bwd_params,  # noqa: F401
                      pack_fwd_params, params_layout_check_source)
 from .params import CONSTANTS as K
@@ -154,10 +154,11 @@ def bwd_tile(head_dim: int) -> TileConfig:
     return TILES[("bwd_main", head_dim)]
 
 
-def _spec(kernel: str, tile: TileConfig, dtype: str, head_dim: int, counts=(), **flags) -> KernelSpec:
-    """``counts``: (define, value) pairs passed on as they are (flags become 0 / 1) and to the smem formula."""
+def _spec(kernel: str, tile: TileConfig, dtype: str, head_dim: int, smem=None, counts=None, **flags) -> KernelSpec:
+    """``flags`` become 0 / 1 defines, ``counts`` ({define: int}) are passed as they are; ``smem``: the dynamic
+    shared memory when the kernel's formula needs more than (tile, head_dim)."""
     source, entry, smem_fn = KERNELS[kernel]
-    smem = int(smem_fn(tile, head_dim, *(value for _, value in counts)))
+    smem = int(smem_fn(tile, head_dim) if smem is None else smem)
     defines = {
         "DASH_FP16": int(dtype == "float16"),
         "DASH_HEAD_DIM": head_dim,
@@ -167,7 +168,7 @@ def _spec(kernel: str, tile: TileConfig, dtype: str, head_dim: int, counts=(), *
         "DASH_SMEM_BYTES": smem,
     }
     defines.update({k: int(bool(v)) for k, v in flags.items()})
-    defines.update(counts)
+    defines.update(counts or {})
     return KernelSpec(source=source, entry=entry, defines=tuple(sorted(defines.items())), threads=tile.threads,
                       smem_bytes=smem)
 
@@ -193,7 +194,6 @@ def bwd_specs(dtype: str, head_dim: int, causal: bool, deterministic: bool, time
     ``compact`` reading cupy_dash.varlen_schedule's records. ``dq_stages``: the main kernel's dQ staging buffers
     (2: an experiment at head dim 128, kernels_src/bwd/config.cuh; default ``CUPY_DASH_BWD_DQ_STAGES``, else 1)."""
     if dq_stages is None:    # NOTES: not for compact builds: their dQ writer counts ranks and spilled (varlen, det)
-        from . import config
         dq_stages = config.BWD_DQ_STAGES.get() if head_dim == 128 and not compact else 1
     if dq_stages not in (1, 2) or (dq_stages == 2 and head_dim != 128):
         raise ValueError(f"dq_stages: 1, or 2 at head dim 128 (shared memory), got {dq_stages} at {head_dim}")
@@ -212,8 +212,8 @@ def bwd_specs(dtype: str, head_dim: int, causal: bool, deterministic: bool, time
         flags["DASH_VARLEN"] = aux_flags["DASH_VARLEN"] = True
     return BwdKernels(
         preprocess=_spec("bwd_preprocess", aux_tile, dtype, head_dim, **aux_flags),
-        main=_spec("bwd_main", main_tile, dtype, head_dim,
-                   counts=(("DASH_DQ_STAGES", dq_stages),) if dq_stages != 1 else (), **flags),
+        main=_spec("bwd_main", main_tile, dtype, head_dim, smem=_bwd_main_smem(main_tile, head_dim, dq_stages),
+                   counts={"DASH_DQ_STAGES": dq_stages} if dq_stages != 1 else None, **flags),
         postprocess=_spec("bwd_postprocess", aux_tile, dtype, head_dim, **aux_flags),
     )
 
@@ -330,7 +330,6 @@ def bwd_entry(device_id: int, dtype: str, head_dim: int, causal: bool, determini
     the same call captured into a CUDA graph runs unfolded (a graph's error record disables the fold), and a
     capture cannot load kernels, so the eager warm-up that torch.compile's reduce-overhead mode makes must
     leave preprocess and postprocess loaded too."""
-    from . import config
     key = (device_id, dtype, head_dim, causal, deterministic, timeline, compact, varlen, config.BWD_DQ_STAGES.get())
     e = _bwd_cache.get(key)
     if e is None:

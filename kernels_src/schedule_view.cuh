@@ -10,7 +10,7 @@ struct Visit {
 };
 
 // Whether two (batch, query head) pairs share a KV head: bh / group_size alike. Without GQA (group_size 1, a
-// warp-uniform value) no integer division is issued: the MMA warpgroups compare visits once per visit.
+// warp-uniform value) no integer division is issued (the producer compares each visit with the next).
 DASH_DEVICE bool same_kv_head(int bh_a, int bh_b, int group_size) {
   return group_size == 1 ? bh_a == bh_b : bh_a / group_size == bh_b / group_size;
 }

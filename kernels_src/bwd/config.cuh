@@ -3,6 +3,7 @@
 #pragma once
 #include "../common.cuh"
 #include "../constants.cuh"
+#include "../ptx/named_barrier.cuh"
 #include "../warp_roles.cuh"
 #include "dq_accum_layout.cuh"
 
@@ -63,6 +64,33 @@ constexpr int kBarFold = kBarDqDone + 1;
 static_assert(kBarFold < 16, "16 named barriers per CTA");
 constexpr int kPdSThreads = kNumMmaWg * kWgThreads;
 constexpr int kDqBarThreads = kWgThreads + 32;
+
+template <int kId, bool kSync>
+DASH_DEVICE void dq_handoff_barrier_at() {
+  if constexpr (kSync) {
+    named_barrier_sync<kId, kDqBarThreads>();
+  } else {
+    named_barrier_arrive<kId, kDqBarThreads>();
+  }
+}
+
+// The dQ hand-off between MMA warpgroup wg and the dQ writer warp through staging buffer stage (both warp-uniform):
+// waits at (kSync) or arrives at named barrier kBase + wg + kNumMmaWg * stage, kBase being kBarDqFull or
+// kBarDqEmpty. The ids stay immediates (ptx/named_barrier.cuh).
+template <int kBase, bool kSync>
+DASH_DEVICE void dq_handoff_barrier(int wg, int stage) {
+  static_assert(kNumMmaWg == 2, "two MMA warpgroups");
+  constexpr int kLastStage = kNumMmaWg * (kDqStages - 1);
+  if (stage == 0) {
+    if (wg == 0) dq_handoff_barrier_at<kBase, kSync>(); else dq_handoff_barrier_at<kBase + 1, kSync>();
+  } else {
+    if (wg == 0) {
+      dq_handoff_barrier_at<kBase + kLastStage, kSync>();
+    } else {
+      dq_handoff_barrier_at<kBase + kLastStage + 1, kSync>();
+    }
+  }
+}
 
 // NOTES: shared memory, from a 1024-byte-aligned base (the 128B swizzle pattern of TMA and wgmma starts on
 // 1024-byte boundaries): K x2 | V | Q x2 | dO x2 | dS x2 | dQ fp32 staging | lse_log2 x2 | dpsum x2 | mbarriers |

@@ -32,29 +32,10 @@ DASH_DEVICE bool wait_for_turn(const BwdParams& p, const int* sem, int64_t v, in
   }
 }
 
-template <int kWg, int kStage>
-DASH_DEVICE void dq_slice_free() { named_barrier_arrive<kBarDqEmpty + kWg + kNumMmaWg * kStage, kDqBarThreads>(); }
-template <int kWg, int kStage>
-DASH_DEVICE void dq_slice_wait_full() { named_barrier_sync<kBarDqFull + kWg + kNumMmaWg * kStage, kDqBarThreads>(); }
-
 // Both MMA warpgroups' slices of dQ staging buffer ``stage`` may be overwritten.
 DASH_DEVICE void dq_stage_free(int stage) {
-  if (stage == 0) {
-    dq_slice_free<0, 0>();
-    dq_slice_free<1, 0>();
-  } else {
-    dq_slice_free<0, kDqStages - 1>();
-    dq_slice_free<1, kDqStages - 1>();
-  }
-}
-
-template <int kWg>
-DASH_DEVICE void dq_stage_wait_full(int stage) {
-  if (stage == 0) {
-    dq_slice_wait_full<kWg, 0>();
-  } else {
-    dq_slice_wait_full<kWg, kDqStages - 1>();
-  }
+  dq_handoff_barrier<kBarDqEmpty, false>(0, stage);
+  dq_handoff_barrier<kBarDqEmpty, false>(1, stage);
 }
 
 // The slice of one MMA warpgroup into its part of the dq_accum tile: stored by the first visit of the tile's
@@ -95,9 +76,9 @@ DASH_DEVICE void write_dq(const BwdParams& p, const ScheduleView& sched, const S
       if (lane == 0 && ok) ok = wait_for_turn(p, sem, v, rank);
     }
     if (lane == 0) stamp(p, v, kStampTurn);
-    dq_stage_wait_full<0>(dq_stage);
+    dq_handoff_barrier<kBarDqFull, true>(0, dq_stage);
     if (lane == 0 && ok) put_slice(tile, s.dq(0, dq_stage), rank == 0);
-    dq_stage_wait_full<1>(dq_stage);
+    dq_handoff_barrier<kBarDqFull, true>(1, dq_stage);
     if (lane == 0) {
       if (ok) put_slice(tile + SmemLayout::kDqSlice / 4, s.dq(1, dq_stage), rank == 0);
       bulk_commit();

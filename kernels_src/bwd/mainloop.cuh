@@ -112,30 +112,13 @@ DASH_DEVICE void store_dq(uint32_t slice, const float (&dQ)[kDqRegs], int tid) {
   }
 }
 
-template <int kWg, int kStage>
-DASH_DEVICE void dq_barrier_sync_empty() {
-  named_barrier_sync<kBarDqEmpty + kWg + kNumMmaWg * kStage, kDqBarThreads>();
-}
-template <int kWg, int kStage>
-DASH_DEVICE void dq_barrier_arrive_full() {
-  named_barrier_arrive<kBarDqFull + kWg + kNumMmaWg * kStage, kDqBarThreads>();
-}
-
 // Hands this warpgroup's dQ piece of visit j to the dQ writer through staging buffer j % kDqStages.
 DASH_DEVICE void hand_dq_to_writer(const Smem& s, const float (&dQ)[kDqRegs], int j, int wg, int tid) {
   const int dq_stage = kDqStages == 1 ? 0 : j % kDqStages;
-  if (wg == 0) {
-    if (dq_stage == 0) dq_barrier_sync_empty<0, 0>(); else dq_barrier_sync_empty<0, kDqStages - 1>();
-  } else {
-    if (dq_stage == 0) dq_barrier_sync_empty<1, 0>(); else dq_barrier_sync_empty<1, kDqStages - 1>();
-  }
+  dq_handoff_barrier<kBarDqEmpty, true>(wg, dq_stage);
   store_dq(s.dq(wg, dq_stage), dQ, tid);
   fence_proxy_async_smem();
-  if (wg == 0) {
-    if (dq_stage == 0) dq_barrier_arrive_full<0, 0>(); else dq_barrier_arrive_full<0, kDqStages - 1>();
-  } else {
-    if (dq_stage == 0) dq_barrier_arrive_full<1, 0>(); else dq_barrier_arrive_full<1, kDqStages - 1>();
-  }
+  dq_handoff_barrier<kBarDqFull, false>(wg, dq_stage);
 }
 
 // One visit (index v of the table, read from the producer's VisitSlot, returned): j is the CTA-local visit counter
