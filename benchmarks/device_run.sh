@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device run on the H200: install, compile, GPU tests, demo, benchmarks; every log under $OUT.
 #   bash benchmarks/device_run.sh [smoke|fwd|tests|bench|integration|long|gqa|varlen_bench|long1m|varlen_step|
-#                                  fold|fold_bench|varlen_events|sanitize|ncu|engine|engine_bench|dq_stages|all]
+#                                  fold|fold_bench|varlen_events|sanitize|ncu|engine|engine_bench|dq_stages|
+#                                  engine_ab|all]
 #                                  [extra pytest args...]
 # "engine": the backward kernel's GPU tests (every family: MHA, GQA, compact, varlen, fold, window, portable);
 # "engine_bench": the backward at the issue's shapes, this tree against the kernels in .ab/kernels_src (an older
@@ -22,7 +23,7 @@ git rev-parse --short HEAD 2>/dev/null
 if [ -n "${FA3_WHL:-}" ]; then
   $py -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >"$OUT/fa3_install.log" 2>&1 && export PYTHONPATH=/tmp/site
 fi
-if [ "$stage" != ncu ] && [ "$stage" != engine_bench ]; then
+if [ "$stage" != ncu ] && [ "$stage" != engine_bench ] && [ "$stage" != engine_ab ]; then
   $py -m cupy_dash compile --all -j 16 >/tmp/compile.log 2>&1 || { tail -20 /tmp/compile.log; exit 1; }
   tail -1 /tmp/compile.log
 fi
@@ -165,6 +166,28 @@ if [ "$stage" = dq_stages ]; then   # the two-dQ-stage experiment (CUPY_DASH_BWD
       --seqlens 1024 4096 16384 --schedules auto atomic --no-torch --no-fa3 --no-overhead --no-compile \
       --repeats 20 --warmup 3 --out "$OUT/dq_stages_$n.json" 2>&1 | grep -E "^\| cupy_dash bwd" | head -4
   done
+fi
+if [ "$stage" = engine_ab ]; then   # unit suite on the GPU machine, then the dQ-stage and relaxed-spin A/B
+  timeout 150 $py -m pytest tests/unit tests/adapters -q -rf -n 8 -p no:cacheprovider 2>&1 | tee "$OUT/unit.log" \
+    | tail -8
+  sel=(tests/gpu/test_gpu_attention.py tests/gpu/test_gpu_gqa.py -q -rf --maxfail=3 -p no:cacheprovider
+       -k "(test_backward or bitwise) and d128 and not small_grid")
+  ab=(--hdims 128 --masks full causal --seqlens 1024 4096 16384 --schedules auto atomic --no-torch --no-fa3
+      --no-overhead --no-compile --repeats 10 --warmup 2 --input-sets 1)
+  CUPY_DASH_BWD_DQ_STAGES=2 timeout 120 $py -m pytest "${sel[@]}" 2>&1 | tee "$OUT/dq2_tests.log" | tail -4
+  for n in 1 2; do
+    CUPY_DASH_BWD_DQ_STAGES=$n timeout 110 $py benchmarks/bench.py "${ab[@]}" --out "$OUT/ab_dq$n.json" 2>&1 \
+      | grep -E "^\| cupy_dash bwd" | tee "$OUT/ab_dq$n.txt"
+  done
+  git apply benchmarks/patches/writer_relaxed_spin.patch && echo "relaxed spin applied"
+  timeout 120 $py -m pytest "${sel[@]}" 2>&1 | tee "$OUT/spin_tests.log" | tail -4
+  timeout 110 $py benchmarks/bench.py "${ab[@]}" --out "$OUT/ab_spin.json" 2>&1 | grep -E "^\| cupy_dash bwd" \
+    | tee "$OUT/ab_spin.txt"
+  timeout 70 $py benchmarks/timeline.py --shapes 128:causal:16384 --policies symmetric_shift shift \
+    --out "$OUT/timelines.npz" 2>&1 | tee "$OUT/timeline.txt" | tail -12
+  git apply -R benchmarks/patches/writer_relaxed_spin.patch
+  timeout 60 $py benchmarks/fa3_probe.py --full --seqlen 3840 --batch 4 2>&1 | tee "$OUT/fa3_probe_full3840.txt" \
+    | tail -14
 fi
 if [ "$stage" = varlen_step ]; then   # a new packing's host cost (issue 7's per-step figure; RESULTS, sixth session)
   timeout 60 $py benchmarks/varlen_plan_cpu.py --packings 200 2>&1 | tee "$OUT/varlen_plan_cpu.txt"
