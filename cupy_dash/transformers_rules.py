@@ -77,7 +77,8 @@ def check_call(config, *, dropout, softcap, sinks: bool, output_attentions: bool
                            config_attribute(config, dropout, "dropout"),
                            "set it to 0.0 or call model.eval()")
     if sinks:
-        raise _unsupported("attention sinks (s_aux)", "the model's architecture", "there is no setting to turn them off")
+        raise _unsupported("attention sinks (s_aux)", "the model's architecture",
+                           "there is no setting to turn them off")
     if output_attentions:
         raise _unsupported("returning attention weights", "output_attentions=True", "do not ask for them")
 
