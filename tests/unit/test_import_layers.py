@@ -1,10 +1,10 @@
 """The package's import contract, read from the source (AST, no import): layers import downward only, and the
 modules form no import cycle.
 
-Layers, top to bottom: the command line (``__main__``, ``cli_*``), the framework adapters (torch, JAX and the
-framework-neutral ``cupy_dash.attention``), and the core (everything else: the functional API, launches,
-kernels, schedules). The core never imports an adapter or the command line, not even inside a function; an
-adapter never imports the command line. Module-level imports form no cycle. An import inside a function may
+Layers, top to bottom: the command line (``__main__``, ``cli_*``), the framework adapters (torch, JAX, Hugging
+Face transformers and the framework-neutral ``cupy_dash.attention``), and the core (everything else: the functional
+API, launches, kernels, schedules). The core never imports an adapter or the command line, not even inside a
+function; an adapter never imports the command line. Module-level imports form no cycle. An import inside a function may
 close a cycle only where it is one of ``FACADE_IMPORTS``: each is a deliberate late binding, named here so that
 the list can only shrink. CPU only.
 """
@@ -16,7 +16,7 @@ import pathlib
 PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "cupy_dash"
 
 ADAPTERS = {"torch", "torch_ops", "torch_varlen", "jax", "jax_ops", "jax_varlen", "jax_varlen_dyn", "_jax_ffi",
-            "differentiable"}
+            "differentiable", "transformers"}
 
 # (importer, imported): imports inside functions that close a cycle, each a late binding on purpose.
 FACADE_IMPORTS = {

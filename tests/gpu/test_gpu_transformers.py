@@ -1,0 +1,224 @@
+"""``attn_implementation="cupy_dash"`` in Hugging Face transformers models, against the same models with sdpa.
+
+Tiny models from configs (random init, no download), bf16: Llama (GQA with head dim 64, MQA with head dim 128),
+Qwen2 with a sliding-window layer, and the bidirectional encoder ModernBERT (global and bidirectional
+sliding-window layers). Batches: equal lengths (no mask: the dense kernels), right and left padding (a 2D mask:
+unpadded to the varlen kernels), packed sequences (restarting ``position_ids``; the ``cu_seq_lens_*`` kwargs of
+``DataCollatorWithFlattening``). The reference runs every sequence alone, without padding, with sdpa in float64
+(and in bf16 for the tolerance): the outputs at every real token and every parameter gradient of a fixed random
+projection of them must satisfy FA3's rule ``max|ours - ref64| <= 2 max|sdpa_bf16 - ref64| + atol``
+(:func:`cupy_dash.reference.assert_close_fa3`). Two short AdamW trainings give bitwise equal losses and weights,
+and what the kernels cannot do (softcap, dropout in training, a 4D mask, float32 without a half target) raises,
+naming the model setting. Skipped without a Hopper GPU, torch or transformers.
+"""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from cupy_dash import reference  # noqa: E402
+from cupy_dash.transformers import NAME  # noqa: E402  (the import registers attn_implementation="cupy_dash")
+
+pytestmark = pytest.mark.gpu
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+VOCAB = 128
+LENGTHS = [80, 53, 17, 64]          # > the sliding window (16), odd lengths, one row of the padded batch full
+
+
+def _config(model):
+    """Tiny configs: 2-3 layers, 4 query heads (hidden 256)."""
+    common = dict(vocab_size=VOCAB, hidden_size=256, intermediate_size=512, num_attention_heads=4,
+                  max_position_embeddings=512, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                  initializer_range=0.1)
+    if model == "llama_d64":        # GQA 4 / 2, head dim 64
+        return transformers.LlamaConfig(num_hidden_layers=2, num_key_value_heads=2, head_dim=64, **common)
+    if model == "llama_d128":       # MQA 4 / 1, head dim 128
+        return transformers.LlamaConfig(num_hidden_layers=2, num_key_value_heads=1, head_dim=128, **common)
+    if model == "qwen2_sliding":    # layer 0 full, layer 1 a sliding window of 16 tokens; GQA 4 / 2
+        return transformers.Qwen2Config(num_hidden_layers=2, num_key_value_heads=2, use_sliding_window=True,
+                                        sliding_window=16, max_window_layers=1, **common)
+    if model == "modernbert":       # bidirectional; layer 0 global, layers 1-2 |i - j| <= 16
+        return transformers.ModernBertConfig(num_hidden_layers=3, local_attention=32, cls_token_id=1,
+                                             sep_token_id=2, global_attn_every_n_layers=3, **common)
+    raise ValueError(model)
+
+
+def _models(model, seed=0):
+    """(cupy_dash bf16, sdpa bf16, sdpa float64) base models with identical weights, on the GPU."""
+    config = _config(model)
+    torch.manual_seed(seed)
+    base = transformers.AutoModel.from_config(config, attn_implementation="sdpa")
+    out = []
+    for attn, dtype in ((NAME, torch.bfloat16), ("sdpa", torch.bfloat16), ("sdpa", torch.float64)):
+        m = transformers.AutoModel.from_config(config, attn_implementation=attn)
+        m.load_state_dict(base.state_dict())
+        out.append(m.to("cuda", dtype).eval())
+    assert out[0].config._attn_implementation == "cupy_dash"
+    return out
+
+
+def _sequences(seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, VOCAB, (n,), generator=gen) for n in LENGTHS]
+
+
+def _padded(seqs, side):
+    """(input_ids, attention_mask, position_ids) (B, S) on the GPU, padded on ``side``."""
+    S = max(len(s) for s in seqs)
+    ids = torch.zeros(len(seqs), S, dtype=torch.long)
+    mask = torch.zeros(len(seqs), S, dtype=torch.long)
+    pos = torch.zeros(len(seqs), S, dtype=torch.long)
+    for b, s in enumerate(seqs):
+        cols = slice(0, len(s)) if side == "right" else slice(S - len(s), S)
+        ids[b, cols], mask[b, cols], pos[b, cols] = s, 1, torch.arange(len(s))
+    return dict(input_ids=ids.cuda(), attention_mask=mask.cuda(), position_ids=pos.cuda())
+
+
+def _packed(seqs, flash_kwargs):
+    """One packed row from DataCollatorWithFlattening: position_ids restart; with ``flash_kwargs`` also
+    cu_seq_lens_q / cu_seq_lens_k / max_length_q / max_length_k."""
+    collate = transformers.DataCollatorWithFlattening(return_flash_attn_kwargs=flash_kwargs)
+    batch = collate([{"input_ids": s.tolist()} for s in seqs])
+    batch.pop("labels")
+    return {k: v.cuda() if torch.is_tensor(v) else v for k, v in batch.items()}
+
+
+def _layout_sequences(seqs, layout):
+    """The sequences a layout holds: "dense" takes the first 48 tokens of those that have them (equal lengths)."""
+    return [s[:48] for s in seqs if len(s) >= 48] if layout == "dense" else seqs
+
+
+def _batch(seqs, layout):
+    if layout == "dense":
+        return dict(input_ids=torch.stack(seqs).cuda())
+    if layout in ("right", "left"):
+        return _padded(seqs, layout)
+    return _packed(seqs, flash_kwargs=layout == "packed_cu_seq_lens")
+
+
+def _valid(batch):
+    """Bool (B, S) of the positions that hold real tokens, in the order of ``_sequences``."""
+    if "attention_mask" in batch:
+        return batch["attention_mask"].bool()
+    return torch.ones(batch["input_ids"].shape, dtype=torch.bool, device="cuda")
+
+
+def _step(model, batch, valid, weights):
+    """Outputs at the real tokens (N, hidden) and every parameter's gradient of sum(outputs * weights), float64
+    on the host."""
+    model.zero_grad(set_to_none=True)
+    hidden = model(**batch, use_cache=False).last_hidden_state
+    out = hidden[valid]
+    (out.double() * weights).sum().backward()
+    grads = {n: p.grad.double().cpu().numpy() for n, p in model.named_parameters() if p.grad is not None}
+    return out.detach().double().cpu().numpy(), grads
+
+
+def _reference(model, seqs, weights):
+    """Every sequence alone (no padding, no packing), outputs concatenated and gradients summed."""
+    outs, grads, row = [], {}, 0
+    for s in seqs:
+        ids = s[None].cuda()
+        out, g = _step(model, dict(input_ids=ids), torch.ones_like(ids, dtype=torch.bool), weights[row:row + len(s)])
+        row += len(s)
+        outs.append(out)
+        for name, x in g.items():
+            grads[name] = grads.get(name, 0) + x
+    return np.concatenate(outs), grads
+
+
+CASES = [(m, layout) for m in ("llama_d64", "llama_d128", "qwen2_sliding", "modernbert")
+         for layout in ("dense", "right", "left", "packed_position_ids", "packed_cu_seq_lens")
+         if not (m == "modernbert" and layout == "packed_position_ids")]   # ModernBERT keeps position_ids to itself
+
+
+@pytest.mark.parametrize("model,layout", CASES, ids=[f"{m}-{layout}" for m, layout in CASES])
+def test_outputs_and_gradients_match_sdpa(model, layout):
+    ours, sdpa_bf16, sdpa_f64 = _models(model)
+    seqs = _layout_sequences(_sequences(), layout)
+    batch = _batch(seqs, layout)
+    valid = _valid(batch)
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    weights = torch.randn(int(valid.sum()), ours.config.hidden_size, generator=gen, device="cuda",
+                          dtype=torch.float64)
+    out, grads = _step(ours, batch, valid, weights)
+    out_ref, grads_ref = _reference(sdpa_f64, seqs, weights)
+    out_lowp, grads_lowp = _reference(sdpa_bf16, seqs, weights)
+    reference.assert_close_fa3("output", out, out_ref, out_lowp, dtype=BF16)
+    assert grads.keys() == grads_ref.keys() and len(grads) > 10
+    for name in grads:
+        reference.assert_close_fa3(name, grads[name], grads_ref[name], grads_lowp[name], dtype=BF16)
+    assert np.abs(out_ref).max() > 0 and all(np.abs(g).max() > 0 for g in grads_ref.values() if g.size > 1)
+
+
+def _train(model_name, steps, seed=0):
+    """A few AdamW steps on a causal LM head, alternating padded and packed batches: (losses, weights)."""
+    config = _config(model_name)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="cupy_dash")
+    model = model.to("cuda", torch.bfloat16).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    losses = []
+    for step in range(steps):
+        seqs = _sequences(seed=100 + step)
+        batch = _padded(seqs, "right") if step % 2 == 0 else _packed(seqs, flash_kwargs=step % 4 == 3)
+        labels = batch["input_ids"].masked_fill(~_valid(batch), -100)
+        loss = model(**batch, labels=labels, use_cache=False).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.detach().float())
+    return torch.stack(losses).cpu(), [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("model", ["llama_d64", "qwen2_sliding"])
+def test_two_trainings_are_bitwise_identical(model):
+    losses_a, weights_a = _train(model, steps=6)
+    losses_b, weights_b = _train(model, steps=6)
+    assert torch.isfinite(losses_a).all() and losses_a[-1] < losses_a[0]
+    assert torch.equal(losses_a.view(torch.int32), losses_b.view(torch.int32)), (losses_a, losses_b)
+    for a, b in zip(weights_a, weights_b):
+        assert torch.equal(a.view(torch.int16), b.view(torch.int16))
+
+
+def _tiny_llama(**overrides):
+    config = _config("llama_d64")
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    return transformers.AutoModel.from_config(config, attn_implementation="cupy_dash").to("cuda", torch.bfloat16)
+
+
+def test_softcap_raises_naming_the_config():
+    config = transformers.Gemma2Config(vocab_size=VOCAB, hidden_size=256, intermediate_size=512,
+                                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                       head_dim=64, sliding_window=16, attn_logit_softcapping=50.0)
+    model = transformers.AutoModel.from_config(config, attn_implementation="cupy_dash").to("cuda", torch.bfloat16)
+    with pytest.raises(NotImplementedError, match=r"config\.attn_logit_softcapping"):
+        model(input_ids=_sequences()[0][None].cuda(), use_cache=False)
+
+
+def test_dropout_raises_in_training_only():
+    model = _tiny_llama(attention_dropout=0.1)
+    ids = _sequences()[0][None].cuda()
+    with pytest.raises(NotImplementedError, match=r"dropout=0.1.*config\.attention_dropout"):
+        model.train()(input_ids=ids, use_cache=False)
+    assert torch.isfinite(model.eval()(input_ids=ids, use_cache=False).last_hidden_state).all()
+
+
+def test_4d_mask_and_float32_raise():
+    model = _tiny_llama()
+    ids = _sequences()[0][None].cuda()
+    S = ids.shape[1]
+    mask4d = torch.ones(1, 1, S, S, dtype=torch.bool, device="cuda").tril()
+    with pytest.raises(NotImplementedError, match="a 4D attention mask"):
+        model(input_ids=ids, attention_mask=mask4d, use_cache=False)
+    model = model.float()
+    with pytest.raises(TypeError, match="dtype=torch.bfloat16"):
+        model(input_ids=ids, use_cache=False)
+    with torch.autocast("cuda", dtype=torch.bfloat16):       # float32 weights, bf16 attention as with FlashAttention
+        assert torch.isfinite(model(input_ids=ids, use_cache=False).last_hidden_state).all()
