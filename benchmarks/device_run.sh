@@ -2,7 +2,7 @@
 # One device run on the H200: install, compile, GPU tests, demo, benchmarks; every log under $OUT.
 #   bash benchmarks/device_run.sh [smoke|fwd|tests|bench|integration|long|gqa|varlen_bench|long1m|varlen_step|
 #                                  fold|fold_bench|varlen_events|sanitize|ncu|engine|engine_bench|dq_stages|
-#                                  engine_ab|dq_chains|all]
+#                                  engine_ab|dq_chains|dq_writers|all]
 #                                  [extra pytest args...]
 # "engine": the backward kernel's GPU tests (every family: MHA, GQA, compact, varlen, fold, window, portable);
 # "engine_bench": the backward at the issue's shapes, this tree against the kernels in .ab/kernels_src (an older
@@ -23,7 +23,7 @@ git rev-parse --short HEAD 2>/dev/null
 if [ -n "${FA3_WHL:-}" ]; then
   $py -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >"$OUT/fa3_install.log" 2>&1 && export PYTHONPATH=/tmp/site
 fi
-if [ "$stage" != ncu ] && [ "$stage" != engine_bench ] && [ "$stage" != engine_ab ] && [ "$stage" != dq_chains ]; then
+if [ "$stage" != ncu ] && [ "$stage" != engine_bench ] && [ "$stage" != engine_ab ] && [ "$stage" != dq_chains ] && [ "$stage" != dq_writers ]; then
   $py -m cupy_dash compile --all -j 16 >/tmp/compile.log 2>&1 || { tail -20 /tmp/compile.log; exit 1; }
   tail -1 /tmp/compile.log
 fi
@@ -204,6 +204,21 @@ if [ "$stage" = dq_chains ]; then   # dQ accumulation chains (CUPY_DASH_DQ_CHAIN
   CUPY_DASH_DQ_CHAINS=2 timeout 60 $py benchmarks/timeline.py --shapes 128:causal:16384 --policies symmetric_shift \
     --out /tmp/ch/timeline_chains2.npz 2>&1 | tail -3
   (cd /tmp/ch && tar czf "$OUT/dq_chains.tgz" *.json *.log *.npz)
+fi
+if [ "$stage" = dq_writers ]; then   # two dQ writer warps (default) against one, chains 1 and 2
+  mkdir -p /tmp/dw
+  timeout 120 $py -m pytest tests/gpu/test_gpu_attention.py tests/gpu/test_gpu_gqa.py tests/gpu/test_gpu_fold.py -q \
+    -rf --maxfail=3 -p no:cacheprovider -k "(test_backward or bitwise or fold) and not small_grid and not d64" 2>&1 \
+    | tee /tmp/dw/writers2_tests.log | tail -4
+  if grep -qE "[0-9]+ (failed|error)" /tmp/dw/writers2_tests.log; then cp /tmp/dw/*.log "$OUT"; exit 1; fi
+  ab=(--hdims 128 --masks full causal --seqlens 4096 16384 --schedules auto atomic --no-torch --no-fa3
+      --no-overhead --no-compile --repeats 10 --warmup 2 --input-sets 1)
+  for cfg in "2 1" "1 1" "2 2"; do
+    read -r w c <<< "$cfg"
+    CUPY_DASH_BWD_DQ_WRITERS=$w CUPY_DASH_DQ_CHAINS=$c timeout 70 $py benchmarks/bench.py "${ab[@]}" \
+      --out /tmp/dw/writers${w}_chains$c.json 2>&1 | grep -E "^\| cupy_dash bwd" | head -4 | sed "s/^/W=$w P=$c /"
+  done
+  (cd /tmp/dw && tar czf "$OUT/dq_writers.tgz" *.json *.log)
 fi
 if [ "$stage" = varlen_step ]; then   # a new packing's host cost (issue 7's per-step figure; RESULTS, sixth session)
   timeout 60 $py benchmarks/varlen_plan_cpu.py --packings 200 2>&1 | tee "$OUT/varlen_plan_cpu.txt"

@@ -106,6 +106,15 @@ def _dq_stages(s) -> int:
     raise ValueError(f"CUPY_DASH_BWD_DQ_STAGES: expected 1 or 2, got {s!r}")
 
 
+def _dq_writers(s) -> int:
+    """Unset or "2": 2; "1": 1; anything else raises."""
+    if s in (None, "", "2"):
+        return 2
+    if s == "1":
+        return 1
+    raise ValueError(f"CUPY_DASH_BWD_DQ_WRITERS: expected 1 or 2, got {s!r}")
+
+
 DQ_CHAINS_MAX = 8
 _DEFAULT_DQ_CHAINS = 1
 
@@ -158,6 +167,9 @@ JIT_VERBOSE = Knob("CUPY_DASH_JIT_VERBOSE", "1 / unset",
     "1: print each kernel's ptxas report to stderr when it is compiled", _flag)
 BWD_DQ_STAGES = Knob("CUPY_DASH_BWD_DQ_STAGES", "1 / 2 / unset",
     "experiment: 2 dQ staging buffers in the head-dim-128 backward (one K buffer); read once per process", _dq_stages)
+BWD_DQ_WRITERS = Knob("CUPY_DASH_BWD_DQ_WRITERS", "1 / 2 / unset",
+    "dQ writer warps of the deterministic backward (default 2: visits alternate between them); read once per "
+    "process", _dq_writers)
 DQ_CHAINS = Knob("CUPY_DASH_DQ_CHAINS", f"1 .. {DQ_CHAINS_MAX} / unset",
     f"deterministic backward: dQ accumulation chains per tile (rank r adds into chain r % P; default "
     f"{_DEFAULT_DQ_CHAINS}); the bits depend on it", _dq_chains)
@@ -165,7 +177,7 @@ XDG_CACHE_HOME = Knob("XDG_CACHE_HOME", "path / unset",
     "(the XDG standard's) base of the default kernel cache directory", _path)
 
 KNOBS = (SPIN_TIMEOUT_MS, FOLD, COMPACT_TABLES, VARLEN_EXPAND, FASTPATH, SYNC_ERRORS, JAX_FFI, CACHE_DIR,
-         JIT_VERBOSE, BWD_DQ_STAGES, DQ_CHAINS, XDG_CACHE_HOME)
+         JIT_VERBOSE, BWD_DQ_STAGES, BWD_DQ_WRITERS, DQ_CHAINS, XDG_CACHE_HOME)
 # The knobs that decide what a backward launches (the spin timeout and the chains are in its parameter block).
 PLAN_KNOBS = (SPIN_TIMEOUT_MS, FOLD, COMPACT_TABLES, VARLEN_EXPAND, DQ_CHAINS)
 

@@ -185,6 +185,16 @@ def fwd_spec(dtype: str, head_dim: int, causal: bool, varlen: bool = False) -> K
 BwdKernels = collections.namedtuple("BwdKernels", "preprocess main postprocess")
 
 
+def _main_counts(dq_stages: int, dq_writers: int) -> dict | None:
+    """The main kernel's integer defines that differ from kernels_src/bwd/config.cuh's defaults."""
+    counts = {}
+    if dq_stages != 1:
+        counts["DASH_DQ_STAGES"] = dq_stages
+    if dq_writers != 2:
+        counts["DASH_DQ_WRITERS"] = dq_writers
+    return counts or None
+
+
 def bwd_specs(dtype: str, head_dim: int, causal: bool, deterministic: bool, timeline: bool = False,
               compact: bool = False, varlen: bool = False, dq_stages: int | None = None) -> BwdKernels:
     """The three backward kernels of one variant; ``timeline``: the main kernel's debug build that stamps every
@@ -213,7 +223,7 @@ def bwd_specs(dtype: str, head_dim: int, causal: bool, deterministic: bool, time
     return BwdKernels(
         preprocess=_spec("bwd_preprocess", aux_tile, dtype, head_dim, **aux_flags),
         main=_spec("bwd_main", main_tile, dtype, head_dim, smem=_bwd_main_smem(main_tile, head_dim, dq_stages),
-                   counts={"DASH_DQ_STAGES": dq_stages} if dq_stages != 1 else None, **flags),
+                   counts=_main_counts(dq_stages, config.BWD_DQ_WRITERS.get() if deterministic else 2), **flags),
         postprocess=_spec("bwd_postprocess", aux_tile, dtype, head_dim, **aux_flags),
     )
 
@@ -330,7 +340,8 @@ def bwd_entry(device_id: int, dtype: str, head_dim: int, causal: bool, determini
     the same call captured into a CUDA graph runs unfolded (a graph's error record disables the fold), and a
     capture cannot load kernels, so the eager warm-up that torch.compile's reduce-overhead mode makes must
     leave preprocess and postprocess loaded too."""
-    key = (device_id, dtype, head_dim, causal, deterministic, timeline, compact, varlen, config.BWD_DQ_STAGES.get())
+    key = (device_id, dtype, head_dim, causal, deterministic, timeline, compact, varlen, config.BWD_DQ_STAGES.get(),
+           config.BWD_DQ_WRITERS.get())
     e = _bwd_cache.get(key)
     if e is None:
         import cupy

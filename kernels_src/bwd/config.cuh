@@ -41,6 +41,17 @@ constexpr int kSRegs = kBlockM / 2;     // S^T and dP^T: 64 keys x kBlockM queri
 constexpr int kDkvRegs = kHeadDim / 2;  // dK and dV: 64 keys x kHeadDim
 constexpr int kDqRegs = kDqCols / 2;    // dQ piece: 64 x kDqCols
 
+#ifndef DASH_DQ_WRITERS
+#define DASH_DQ_WRITERS 2
+#endif
+// NOTES: deterministic builds run two dQ writer warps (warps 1 and 2 of the producer warpgroup), visits
+// alternating, so that one waits for its tile's turn and for its bulk adds to complete while the other hands the
+// next visit's slices to the TMA unit; a writer waits for a turn only after releasing its previous visit, so no
+// wait holds a release back. The barrier work (dQ full, adds issued and read, dQ free) stays in visit order: a
+// token (named barrier kBarWriterToken + writer) passes it from one writer to the other. Atomic builds: one.
+constexpr int kDqWriters = kDeterministic ? DASH_DQ_WRITERS : 1;
+static_assert(DASH_DQ_WRITERS == 1 || DASH_DQ_WRITERS == 2, "one or two dQ writer warps");
+
 #ifndef DASH_DQ_STAGES
 #define DASH_DQ_STAGES 1
 #endif
@@ -61,9 +72,21 @@ constexpr int kBarDqFull = kBarPdS + 1;                            // + wg + kNu
 constexpr int kBarDqEmpty = kBarDqFull + kNumMmaWg * kDqStages;    // + wg + kNumMmaWg * dQ stage
 constexpr int kBarDqDone = kBarDqEmpty + kNumMmaWg * kDqStages;
 constexpr int kBarFold = kBarDqDone + 1;
-static_assert(kBarFold < 16, "16 named barriers per CTA");
+constexpr int kBarWriterToken = kBarFold + 1;                     // + the dQ writer warp that waits for it
+static_assert(kBarWriterToken + 1 < 16, "16 named barriers per CTA");
 constexpr int kPdSThreads = kNumMmaWg * kWgThreads;
 constexpr int kDqBarThreads = kWgThreads + 32;
+
+// The barrier token between the two dQ writer warps: writer w waits for it (kSync) or hands it to writer w
+// (arrives); 64 threads, ids immediates.
+template <bool kSync>
+DASH_DEVICE void writer_token(int w) {
+  if constexpr (kSync) {
+    if (w == 0) named_barrier_sync<kBarWriterToken, 64>(); else named_barrier_sync<kBarWriterToken + 1, 64>();
+  } else {
+    if (w == 0) named_barrier_arrive<kBarWriterToken, 64>(); else named_barrier_arrive<kBarWriterToken + 1, 64>();
+  }
+}
 
 template <int kId, bool kSync>
 DASH_DEVICE void dq_handoff_barrier_at() {

@@ -58,16 +58,19 @@ DASH_DEVICE void put_slice(float* dst, uint32_t slice, bool first) {
 // the two slices are disjoint. Atomic mode adds into the tile that preprocess zeroed. After a failed wait this
 // CTA skips its adds and releases (the result is discarded: the host raises) but keeps handing the slices back,
 // so that the MMA warpgroups finish.
-DASH_DEVICE void write_dq(const BwdParams& p, const ScheduleView& sched, const Smem& s, int lane) {
+DASH_DEVICE void write_dq(const BwdParams& p, const ScheduleView& sched, const Smem& s, int writer, int lane) {
   static_assert(kNumMmaWg == 2, "two dQ slices");
   // NOTES: staging buffer j % kDqStages carries visit j; the MMA warpgroups wait for it to be free once per visit,
   // so it is freed once for each visit that uses it: up front for the first kDqStages visits, then after each
   // visit that has a successor kDqStages visits later (named barriers count arrivals: none may be left over).
-  dq_stage_free(0);
-  if (kDqStages == 2 && sched.begin + 1 < sched.end) dq_stage_free(1);
+  // Writer w runs visits j = w, w + kDqWriters, ... (bwd/config.cuh's kDqWriters).
+  if (writer == 0) {
+    dq_stage_free(0);
+    if (kDqStages == 2 && sched.begin + 1 < sched.end) dq_stage_free(1);
+  }
   bool ok = true;
-  int jv = 0;
-  for (int64_t v = sched.begin; v < sched.end; ++v, ++jv) {
+  int jv = writer;
+  for (int64_t v = sched.begin + writer; v < sched.end; v += kDqWriters, jv += kDqWriters) {
     const int dq_stage = kDqStages == 1 ? 0 : jv % kDqStages;
     const Visit w = sched.visit(v);
     const Head hd(p, w.bh);
@@ -83,6 +86,8 @@ DASH_DEVICE void write_dq(const BwdParams& p, const ScheduleView& sched, const S
       tile += chain * p.dq_chain_stride;
       if (lane == 0 && ok) ok = wait_for_turn(p, sem, v, rank, chains, chain);
     }
+    __syncwarp();
+    if (kDqWriters == 2 && jv > 0) writer_token<true>(writer);
     if (lane == 0) stamp(p, v, kStampTurn);
     dq_handoff_barrier<kBarDqFull, true>(0, dq_stage);
     if (lane == 0 && ok) put_slice(tile, s.dq(0, dq_stage), rank == 0);
@@ -94,6 +99,7 @@ DASH_DEVICE void write_dq(const BwdParams& p, const ScheduleView& sched, const S
     }
     __syncwarp();
     if (v + kDqStages < sched.end) dq_stage_free(dq_stage);
+    if (kDqWriters == 2 && v + 1 < sched.end) writer_token<false>(writer ^ 1);
     if (kDeterministic && lane == 0 && ok) {
       bulk_wait<0>();
       red_release_gpu_add(sem, 1);

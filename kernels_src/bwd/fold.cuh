@@ -75,7 +75,7 @@ DASH_DEVICE void fold_prologue(const BwdParams& p) {
   fence_proxy_async_global();
 }
 
-// The dQ writer warp, after its last add: the CTA's dq_accum writes are complete (bulk_wait), made visible to
+// Each dQ writer warp, after its last add: the CTA's dq_accum writes are complete (bulk_wait), made visible to
 // generic reads and released to phase 3 (fold_epilogue's kBarDqDone).
 DASH_DEVICE void fold_writer_done(int lane) {
   if (lane == 0) {
@@ -83,7 +83,7 @@ DASH_DEVICE void fold_writer_done(int lane) {
     __threadfence();
   }
   __syncwarp();
-  named_barrier_arrive<kBarDqDone, kMmaThreads + 32>();
+  named_barrier_arrive<kBarDqDone, kMmaThreads + 32 * kDqWriters>();
 }
 
 // Phase 3, by the MMA warpgroups (tid 0..255); kWithWriter: the CTA had visits, whose dQ writer signals its end.
@@ -91,7 +91,7 @@ DASH_DEVICE void fold_writer_done(int lane) {
 // record to the host.
 template <bool kWithWriter>
 DASH_DEVICE void fold_epilogue(const BwdParams& p, int tid) {
-  if constexpr (kWithWriter) named_barrier_sync<kBarDqDone, kMmaThreads + 32>();
+  if constexpr (kWithWriter) named_barrier_sync<kBarDqDone, kMmaThreads + 32 * kDqWriters>();
   if (tid == 0) {
     grid_barrier(p, kErrorWordBarrier2);
     atomicAdd(p.error + kErrorWordExit, 1);
