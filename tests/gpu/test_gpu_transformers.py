@@ -13,6 +13,8 @@ naming the model setting. Skipped without a Hopper GPU, torch or transformers.
 """
 from __future__ import annotations
 
+import copy
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -52,13 +54,15 @@ def _models(model, seed=0):
     """(cupy_dash bf16, sdpa bf16, sdpa float64) base models with identical weights, on the GPU."""
     config = _config(model)
     torch.manual_seed(seed)
-    base = transformers.AutoModel.from_config(config, attn_implementation="sdpa")
+    base = transformers.AutoModel.from_config(copy.deepcopy(config), attn_implementation="sdpa")
     out = []
     for attn, dtype in ((NAME, torch.bfloat16), ("sdpa", torch.bfloat16), ("sdpa", torch.float64)):
-        m = transformers.AutoModel.from_config(config, attn_implementation=attn)
+        # NOTES: a model keeps the config object it was built from and reads its attention implementation from
+        # it at every forward: models that share one config run whichever implementation was set last.
+        m = transformers.AutoModel.from_config(copy.deepcopy(config), attn_implementation=attn)
         m.load_state_dict(base.state_dict())
         out.append(m.to("cuda", dtype).eval())
-    assert out[0].config._attn_implementation == "cupy_dash"
+    assert [m.config._attn_implementation for m in out] == [NAME, "sdpa", "sdpa"]
     return out
 
 
