@@ -115,19 +115,6 @@ def _dq_writers(s) -> int:
     raise ValueError(f"CUPY_DASH_BWD_DQ_WRITERS: expected 1 or 2, got {s!r}")
 
 
-DQ_CHAINS_MAX = 8
-_DEFAULT_DQ_CHAINS = 1
-
-
-def _dq_chains(s) -> int:
-    """Unset: the default; "1" .. "8": that many dQ accumulation chains; anything else raises."""
-    if s is None or not s.strip():
-        return _DEFAULT_DQ_CHAINS
-    if s.strip().isdigit() and 1 <= int(s) <= DQ_CHAINS_MAX:
-        return int(s)
-    raise ValueError(f"CUPY_DASH_DQ_CHAINS: expected an integer 1 .. {DQ_CHAINS_MAX}, got {s!r}")
-
-
 _DEFAULT_SPIN_TIMEOUT_MS = 10000.0
 
 
@@ -170,23 +157,20 @@ BWD_DQ_STAGES = Knob("CUPY_DASH_BWD_DQ_STAGES", "1 / 2 / unset",
 BWD_DQ_WRITERS = Knob("CUPY_DASH_BWD_DQ_WRITERS", "1 / 2 / unset",
     "dQ writer warps of the deterministic backward (default 2: visits alternate between them); read once per "
     "process", _dq_writers)
-DQ_CHAINS = Knob("CUPY_DASH_DQ_CHAINS", f"1 .. {DQ_CHAINS_MAX} / unset",
-    f"deterministic backward: dQ accumulation chains per tile (rank r adds into chain r % P; default "
-    f"{_DEFAULT_DQ_CHAINS}); the bits depend on it", _dq_chains)
 XDG_CACHE_HOME = Knob("XDG_CACHE_HOME", "path / unset",
     "(the XDG standard's) base of the default kernel cache directory", _path)
 
 KNOBS = (SPIN_TIMEOUT_MS, FOLD, COMPACT_TABLES, VARLEN_EXPAND, FASTPATH, SYNC_ERRORS, JAX_FFI, CACHE_DIR,
-         JIT_VERBOSE, BWD_DQ_STAGES, BWD_DQ_WRITERS, DQ_CHAINS, XDG_CACHE_HOME)
-# The knobs that decide what a backward launches (the spin timeout and the chains are in its parameter block).
-PLAN_KNOBS = (SPIN_TIMEOUT_MS, FOLD, COMPACT_TABLES, VARLEN_EXPAND, DQ_CHAINS)
+         JIT_VERBOSE, BWD_DQ_STAGES, BWD_DQ_WRITERS, XDG_CACHE_HOME)
+# The knobs that decide what a backward launches (the spin timeout is in its parameter block).
+PLAN_KNOBS = (SPIN_TIMEOUT_MS, FOLD, COMPACT_TABLES, VARLEN_EXPAND)
 
 
-def _fingerprint_of(a, b, c, d, e):
+def _fingerprint_of(a, b, c, d):
     # NOTES: one lookup per knob spelled out: 0.14 us a call, where tuple(map(raw, keys)) takes 0.37 us
     def fingerprint(get=raw) -> tuple:
         """The raw values (bytes or None) of :data:`PLAN_KNOBS`: equal fingerprints, equal plans."""
-        return get(a), get(b), get(c), get(d), get(e)
+        return get(a), get(b), get(c), get(d)
     return fingerprint
 
 

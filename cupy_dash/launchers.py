@@ -83,15 +83,14 @@ class BwdLaunch:
     depend on nothing but these constants and the buffer addresses). ``window``: (left, right) in
     ``schedule.canonical_window`` form. The workspace (one buffer, ``work_bytes``) holds the fp32 / int32 scratch
     arrays at ``offsets`` (each 256-byte aligned): lse_log2 and dpsum ``(B*H, Sq_rounded)`` float32, dq_accum
-    ``(dq_chains, B*H, Sq_rounded, D)`` float32, dq_semaphore ``(B*H, num_m_blocks, dq_chains)`` int32;
-    preprocess initialises them, so the buffer may hold anything. ``dq_chains``: the deterministic backward's dQ
-    accumulation chains (``CUPY_DASH_DQ_CHAINS``; 1 in atomic mode). ``zero_kv``: whether dk and dv must be zeroed before the kernels run. ``fold``:
+    ``(B*H, Sq_rounded, D)`` float32, dq_semaphore ``(B*H, num_m_blocks)`` int32; preprocess initialises them, so
+    the buffer may hold anything. ``zero_kv``: whether dk and dv must be zeroed before the kernels run. ``fold``:
     whether the main kernel runs preprocess and postprocess itself (:func:`fold_wanted`; a caller may clear it
     before packing the block, never set it).
     """
     __slots__ = ("specs", "p", "block_m", "block_n", "num_m_blocks", "sq_rounded", "offsets", "work_bytes",
                  "tables", "deterministic", "spin_timeout_ns", "causal", "window", "zero_kv", "varlen", "row_grid",
-                 "fold", "dq_chains")
+                 "fold")
 
     def __init__(self, specs, block_m, block_n, p, deterministic, spin_timeout_ns, causal, window, tables=None,
                  varlen=None):
@@ -116,10 +115,8 @@ class BwdLaunch:
             self.sq_rounded = self.num_m_blocks * block_m
             self.row_grid = (-(-max_q // block_m), p.H, num_seqs)
         self.fold = fold_wanted(p, block_m, block_n, self.zero_kv, varlen)
-        self.dq_chains = config.DQ_CHAINS.get() if deterministic else 1
         rows = p.B * p.H * self.sq_rounded
-        sizes = (rows * 4, rows * 4, self.dq_chains * rows * p.D * 4,
-                 self.dq_chains * p.B * p.H * self.num_m_blocks * 4)
+        sizes = (rows * 4, rows * 4, rows * p.D * 4, p.B * p.H * self.num_m_blocks * 4)
         self.offsets, total = [], 0
         for n in sizes:
             self.offsets.append(total)
@@ -266,5 +263,4 @@ def bwd_params(c, operands, lse_ptr, work_base, grads, error, timeline_ptr=0, cu
         window_left=c.window[0], window_right=c.window[1], num_m_blocks=c.num_m_blocks,
         seqlen_q_rounded=c.sq_rounded, spin_timeout_ns=c.spin_timeout_ns,
         softmax_scale=p.scale, softmax_scale_log2=p.scale * _LOG2E, cu_seqlens_q=cu_seqlens[0],
-        cu_seqlens_k=cu_seqlens[1], fold=int(c.fold), dq_chains=c.dq_chains,
-        dq_chain_stride=p.B * p.H * c.sq_rounded * D)
+        cu_seqlens_k=cu_seqlens[1], fold=int(c.fold))

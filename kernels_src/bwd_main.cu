@@ -83,8 +83,8 @@ extern "C" __global__ void __launch_bounds__(kNumThreads, 1) dash_bwd_main(const
     setmaxnreg_dec<kProducerRegs>();
     if (warp == 0) {
       if (threadIdx.x == 0) produce(p, sched, s);
-    } else if (warp <= kDqWriters) {
-      write_dq(p, sched, s, warp - 1, threadIdx.x % 32);
+    } else if (warp == 1 || (kDqWriters == 2 && warp == 2)) {
+      write_dq(p, sched, s, kDqWriters == 1 ? 0 : warp - 1, threadIdx.x % 32);
       if (fold) fold_writer_done(threadIdx.x % 32);
     }
   } else {

@@ -32,10 +32,9 @@ struct BwdParams {
   const float* lse;          // (B, H, Sq) from the forward
   float* lse_log2;           // (B*H, seqlen_q_rounded): lse * log2(e); +inf for rows >= Sq or lse == -inf
   float* dpsum;              // (B*H, seqlen_q_rounded): D = rowsum(dO * O); 0 for rows >= Sq
-  float* dq_accum;           // (dq_chains, B*H, seqlen_q_rounded, D) fp32, unscaled sums of dS·K (dq_accum_layout.cuh)
+  float* dq_accum;           // (B*H, seqlen_q_rounded, D) fp32, unscaled sum of dS·K, bwd/dq_accum_layout.cuh order
   elem_t* dq; elem_t* dk; elem_t* dv;
-  int32_t* dq_semaphore;     // (B*H, num_m_blocks, dq_chains): partials added per chain of tile (bh, m_block); null:
-                             // atomic mode
+  int32_t* dq_semaphore;     // (B*H, num_m_blocks): dQ partials already added to tile (bh, m_block); null: atomic mode
   const int32_t* visits;     // (V, 4): cta, bh, n_block, m_block, grouped by cta in execution order
   const int32_t* rank;       // (V,): position of the visit in its dQ tile's reduction order
   const int64_t* cta_start;  // (num_ctas + 1,): visits of cta c are [cta_start[c], cta_start[c+1])
@@ -76,10 +75,6 @@ struct BwdParams {
   // Nonzero: a folded backward (fixed-length batches only; bwd/fold.cuh): the main kernel alone, launched without
   // preprocess and postprocess, runs their passes itself; its error record's words [4..6] count its grid barriers.
   int64_t fold;
-  // Deterministic mode: the visits of a dQ tile in rank order r add into dq_chains fp32 accumulators by turns,
-  // r % dq_chains, each with its own semaphore (dq_semaphore holds dq_chains per tile, adjacent); accumulator c
-  // starts dq_chain_stride floats after accumulator c - 1. Postprocess adds them in chain order. 1 in atomic mode.
-  int64_t dq_chains, dq_chain_stride;
 };
 
 // The (batch, head) pair of a bh index and its kv head (32-bit division: bh < B * H < 2^31).

@@ -14,8 +14,9 @@ constexpr int kEntryRegs = 168;  // what __launch_bounds__(384, 1) gives every t
 #if DASH_COMPACT
 // NOTES: compact-table backward builds: the dQ writer counts ranks (compact_view.cuh) and the producer looks one
 // visit ahead through the records, which does not fit in 24 registers (52 bytes of spills), nor in 40 under
-// NVRTC 13.0 (fp16 d64 det: 68 bytes); the MMA warpgroups give up 16 each.
-constexpr int kProducerRegs = 48, kMmaRegs = 224;
+// NVRTC 13.0 (fp16 d64 det: 68 bytes), nor with two dQ writer warps in 48 (20 bytes); the MMA warpgroups give up
+// 16 each, which uses the whole pool.
+constexpr int kProducerRegs = 56, kMmaRegs = 224;
 #else
 constexpr int kProducerRegs = 24, kMmaRegs = 240;
 #endif

@@ -1,8 +1,6 @@
 // Backward main kernel, dQ writer warp (warp 1 of the producer warpgroup): adds each visit's dQ partial, handed
 // over in shared memory by the MMA warpgroups, into the fp32 dq_accum tile with bulk reductions — in the
-// schedule's rank order when deterministic: wait for the tile's turn, add, wait for completion, release. The
-// visits of rank r, r + P, r + 2P, ... of a tile form one chain (P = BwdParams::dq_chains) with its own
-// accumulator and semaphore, so rank r waits for rank r - P, not r - 1.
+// schedule's rank order when deterministic: wait for the tile's turn, add, wait for completion, release.
 #pragma once
 #include "../bwd_rows.cuh"
 #include "../params.cuh"
@@ -18,18 +16,17 @@
 
 namespace bwd {
 
-// Deterministic mode: waits until rank dQ partials have been added to chain ``chain`` of the visit's dQ tile (of
-// ``chains``). Returns false (after recording the failure in p.error, first failure only, with the ranks counted
-// over the whole tile) on timeout, on an impossible semaphore value, or when another CTA has already failed.
-// Called by one thread.
-DASH_DEVICE bool wait_for_turn(const BwdParams& p, const int* sem, int64_t v, int rank, int chains, int chain) {
+// Deterministic mode: waits until rank dQ partials have been added to the visit's dQ tile. Returns false (after
+// recording the failure in p.error, first failure only) on timeout, on an impossible semaphore value, or when
+// another CTA has already failed. Called by one thread.
+DASH_DEVICE bool wait_for_turn(const BwdParams& p, const int* sem, int64_t v, int rank) {
   const uint64_t t0 = globaltimer_ns();
   while (true) {
     const int seen = ld_acquire_gpu(sem);
     if (seen == rank) return true;
     const bool other_failed = *reinterpret_cast<volatile int*>(p.error) != 0;
     if (other_failed || seen > rank || (int64_t)(globaltimer_ns() - t0) > p.spin_timeout_ns) {
-      error_record_claim(p, kErrorSemaphoreTimeout, (int)v, rank * chains + chain, seen * chains + chain);
+      error_record_claim(p, kErrorSemaphoreTimeout, (int)v, rank, seen);
       return false;
     }
   }
@@ -51,11 +48,9 @@ DASH_DEVICE void put_slice(float* dst, uint32_t slice, bool first) {
   }
 }
 
-// NOTES: the order of the adds into one element of chain c's accumulator is the rank order of the chain's
-// visits (ranks c, c + P, ...): the store of its first visit or the add of rank r completes (bulk_wait, not
-// .read: the global writes are then visible to this thread) before the release that lets rank r + P start; the
-// chains are summed in chain order by postprocess, so the bits depend on the schedule and P only. Within a visit
-// the two slices are disjoint. Atomic mode adds into the tile that preprocess zeroed. After a failed wait this
+// NOTES: the order of the adds into one dq_accum element is the rank order of the visits: the store of rank 0
+// or the add of rank r completes (bulk_wait, not .read: the global writes are then visible to this thread)
+// before the release that lets rank r + 1 start. Within a visit the two slices are disjoint. Atomic mode adds into the tile that preprocess zeroed. After a failed wait this
 // CTA skips its adds and releases (the result is discarded: the host raises) but keeps handing the slices back,
 // so that the MMA warpgroups finish.
 DASH_DEVICE void write_dq(const BwdParams& p, const ScheduleView& sched, const Smem& s, int writer, int lane) {
@@ -77,17 +72,16 @@ DASH_DEVICE void write_dq(const BwdParams& p, const ScheduleView& sched, const S
     const BwdRows<kBlockM> seq(p, hd.b, hd.h);
     float* tile = p.dq_accum + (seq.scratch_row + w.m_block * kBlockM) * kHeadDim;
     int* sem = nullptr;
-    int rank = 1;  // atomic mode: every visit adds; deterministic mode: the rank within the visit's chain
+    int rank = 1;  // atomic mode: every visit adds
     if constexpr (kDeterministic) {
-      const int chains = (int)p.dq_chains, tile_rank = sched.rank_of(v);
-      const int chain = tile_rank % chains;
-      rank = tile_rank / chains;
-      sem = p.dq_semaphore + seq.semaphore(w.m_block) * chains + chain;
-      tile += chain * p.dq_chain_stride;
-      if (lane == 0 && ok) ok = wait_for_turn(p, sem, v, rank, chains, chain);
+      sem = p.dq_semaphore + seq.semaphore(w.m_block);
+      rank = sched.rank_of(v);
+      if (lane == 0 && ok) ok = wait_for_turn(p, sem, v, rank);
     }
-    __syncwarp();
-    if (kDqWriters == 2 && jv > 0) writer_token<true>(writer);
+    if (kDqWriters == 2) {
+      __syncwarp();
+      if (jv > 0) writer_token<true>(writer);
+    }
     if (lane == 0) stamp(p, v, kStampTurn);
     dq_handoff_barrier<kBarDqFull, true>(0, dq_stage);
     if (lane == 0 && ok) put_slice(tile, s.dq(0, dq_stage), rank == 0);

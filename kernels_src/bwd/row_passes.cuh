@@ -1,8 +1,7 @@
 // The backward's two passes over Q tiles, one tile (m_block, h, b) per call by 256 threads: before the visits,
-// dpsum = rowsum(dO o O), lse_log2 = lse * log2(e), the tile's dQ semaphores (deterministic) or fp32 dq_accum
-// (atomic) reset; after them, dq = elem_t(sum of the dq_accum chains * softmax_scale). Run by the preprocess and
-// postprocess kernels (a CTA per tile), or inside the main kernel of a folded backward (bwd/fold.cuh: a CTA loops
-// over tiles).
+// dpsum = rowsum(dO o O), lse_log2 = lse * log2(e), the tile's dQ semaphore (deterministic) or fp32 dq_accum
+// (atomic) reset; after them, dq = elem_t(dq_accum * softmax_scale). Run by the preprocess and postprocess kernels
+// (a CTA per tile), or inside the main kernel of a folded backward (bwd/fold.cuh: a CTA loops over tiles).
 #pragma once
 #include "../bwd_rows.cuh"
 #include "../constants.cuh"
@@ -71,8 +70,7 @@ DASH_DEVICE void preprocess_tile(const BwdParams& p, int m_block, int h, int b, 
   }
 
   if (p.dq_semaphore != nullptr) {
-    const int chains = (int)p.dq_chains;
-    if (tid < chains) p.dq_semaphore[seq.semaphore(m_block) * chains + tid] = 0;
+    if (tid == 0) p.dq_semaphore[seq.semaphore(m_block)] = 0;
   } else {
     float4* dq_accum =
         reinterpret_cast<float4*>(p.dq_accum + (seq.scratch_row + (int64_t)m_block * kBlockM) * kHeadDim);
@@ -92,9 +90,7 @@ DASH_DEVICE void store8(elem_t* dst, float a0, float a1, float a2, float a3, flo
 // warp writes whole 128- or 256-byte rows. dq's row and head strides must be multiples of 8 elements (the host
 // allocates dq contiguous). dq_accum and the semaphore are read with ld.global.cg (L2): in a folded backward
 // other CTAs of the same kernel wrote them. Deterministic mode: a tile no visit reached (rows that see no key)
-// was never written, its semaphores are 0, and its dq rows are 0. Chain c is reached iff the tile has more than
-// c visits (rank c is its first); the reached chains are added in chain order, chain 0 first (one chain: the
-// accumulator as it is).
+// was never written, its semaphore is 0, and its dq rows are 0.
 template <int kHeadDim, int kBlockM>
 DASH_DEVICE void postprocess_tile(const BwdParams& p, int m_block, int h, int b, int tid) {
   using Layout = DqAccumLayout<kBlockM, kHeadDim>;
@@ -105,29 +101,15 @@ DASH_DEVICE void postprocess_tile(const BwdParams& p, int m_block, int h, int b,
   const float4* dq_accum =
       reinterpret_cast<const float4*>(p.dq_accum + (seq.scratch_row + (int64_t)row0) * kHeadDim);
   elem_t* dq = p.dq + seq.batch * p.dq_stride.batch + (int64_t)seq.row_q * p.dq_stride.row + h * p.dq_stride.head;
-  const int chains = p.dq_semaphore == nullptr ? 1 : (int)p.dq_chains;
-  int reached = chains;  // chains 0 .. reached - 1 hold partials
-  if (p.dq_semaphore != nullptr) {
-    const int* sem = p.dq_semaphore + seq.semaphore(m_block) * chains;
-    reached = 0;
-    while (reached < chains && __ldcg(sem + reached) != 0) ++reached;
-  }
-  const float scale = reached > 0 ? p.softmax_scale : 0.f;
+  const bool reached = p.dq_semaphore == nullptr || __ldcg(p.dq_semaphore + seq.semaphore(m_block)) != 0;
+  const float scale = reached ? p.softmax_scale : 0.f;
 #pragma unroll
   for (int g = tid; g < Layout::kTileGroups; g += kPassThreads) {
     int vec, r, col;
     Layout::locate_group(g, vec, r, col);
     float4 a[4];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) a[j] = reached > 0 ? __ldcg(dq_accum + vec + j) : make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int c = 1; c < reached; ++c) {
-      const float4* chain = dq_accum + c * (p.dq_chain_stride / 4);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float4 x = __ldcg(chain + vec + j);
-        a[j] = make_float4(a[j].x + x.x, a[j].y + x.y, a[j].z + x.z, a[j].w + x.w);
-      }
-    }
+    for (int j = 0; j < 4; ++j) a[j] = reached ? __ldcg(dq_accum + vec + j) : make_float4(0.f, 0.f, 0.f, 0.f);
     const int64_t row = row0 + r;
     if (row < seq.seqlen_q) {
       store8(dq + row * p.dq_stride.row + col, a[0].x, a[0].y, a[1].x, a[1].y, a[2].x, a[2].y, a[3].x, a[3].y, scale);

@@ -78,15 +78,15 @@ def test_params_layout_matches_c_structs(offsetof):
     assert ok, log
     # BwdParams: four 64-byte-aligned 128-byte tensor maps first, 400 bytes of 8-byte fields, then the compact
     # tables' 64 bytes, the varlen builds' two pointers, tile_columns, the compact varlen builds' three pointers
-    # the eager error record's host mirror, the fold flag and the dQ chains appended (the earlier offsets unchanged:
+    # and the eager error record's host mirror and the fold flag appended (the earlier offsets unchanged:
     # softmax_scale_log2 still ends at 936), padded to 64
     assert kernels.FWD_PARAMS_DTYPE.itemsize == 640 and kernels.BWD_PARAMS_DTYPE.itemsize == 1088
     bwd = kernels.BWD_PARAMS_DTYPE
     appended = ("col_records", "cta_columns", "cta_col_start", "scan_bounds", "n_first", "columns_per_head",
                 "tie_sign", "rank_rule", "cu_seqlens_q", "cu_seqlens_k", "tile_columns", "seg_col_start",
-                "seq_n_first", "seq_tile_start", "error_host", "fold", "dq_chains", "dq_chain_stride")
-    assert bwd.names[-18:] == appended and bwd.fields["softmax_scale_log2"][1] == 932
-    assert [bwd.fields[n][1] for n in appended] == list(range(936, 1080, 8))
+                "seq_n_first", "seq_tile_start", "error_host", "fold")
+    assert bwd.names[-16:] == appended and bwd.fields["softmax_scale_log2"][1] == 932
+    assert [bwd.fields[n][1] for n in appended] == list(range(936, 1064, 8))
     assert kernels.PARAMS_STRUCTS["BwdParams"][1] == 64 and kernels.BWD_PARAMS_DTYPE.fields["q"][1] == 512
 
 
