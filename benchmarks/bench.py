@@ -188,6 +188,18 @@ def _output_paths(out, stamp):
     return base + ".json", base + ".md"
 
 
+def knobs_set() -> dict:
+    """The CUPY_DASH_* settings of this process that change what runs ({name: value}): a report measured with
+    any of them is an experiment (benchmarks/performance_page.py lists it apart)."""
+    from cupy_dash import config
+    return {k.name: os.environ[k.name] for k in config.KNOBS
+            if k.name.startswith("CUPY_DASH_") and k.name not in EXPERIMENT_NEUTRAL and os.environ.get(k.name)}
+
+
+# Knobs that do not change what runs (where kernels are cached, what is printed).
+EXPERIMENT_NEUTRAL = ("CUPY_DASH_CACHE_DIR", "CUPY_DASH_JIT_VERBOSE")
+
+
 def _meta(opts, argv):
     import cupy
     import cupy_dash
@@ -196,7 +208,7 @@ def _meta(opts, argv):
                 dtype=opts["dtype"], tokens=opts["tokens"], hidden=opts["hidden"], repeats=opts["repeats"],
                 warmup=opts["warmup"], input_sets=opts["input_sets"], flush_l2=opts["flush_l2"], group=opts["group"],
                 quick=opts["quick"], python=platform.python_version(), cupy=cupy.__version__,
-                cupy_dash=getattr(cupy_dash, "__version__", "?"), torch=None)
+                cupy_dash=getattr(cupy_dash, "__version__", "?"), torch=None, env=knobs_set())
     try:
         props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
         name = props["name"]

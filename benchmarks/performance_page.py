@@ -84,8 +84,15 @@ def _link(path: str) -> str:
     return f"[{path}](../{path})"
 
 
+def _experiment(report) -> dict:
+    """The non-default CUPY_DASH_* settings a report ran with (meta "env"): empty for the default build."""
+    return report["meta"].get("env") or {}
+
+
 def render(results: Path = RESULTS) -> str:
     reports = load_reports(results)
+    experiments = [(p, r) for p, r in reports if _experiment(r)]
+    reports = [(p, r) for p, r in reports if not _experiment(r)]
     newest, earlier = {}, {}
     for path, report in reports:                  # oldest first: later reports replace earlier ones
         for key in {_key(c) for c in report["configs"]}:
@@ -125,6 +132,16 @@ def render(results: Path = RESULTS) -> str:
                 lines.append(f"- {old['meta'].get('date', '?')}, {_link(old_path)}: S = "
                              f"{', '.join(bench_report._seq_label(s) for s in seqlens)}; {_measured(names)}")
             lines.append("")
+    if experiments:
+        lines += ["## Experiments", "",
+                  "Reports measured with a non-default setting (`docs/configuration.md`), kept as the evidence of "
+                  "the decision records; not the tables above.", "",
+                  "| report | date | settings | measured |", "|---|---|---|---|"]
+        for path, report in reversed(experiments):
+            settings = ", ".join(f"`{k}={v}`" for k, v in sorted(_experiment(report).items()))
+            names = bench_report._row_keys(report["configs"])
+            lines.append(f"| {_link(path)} | {report['meta'].get('date', '?')} | {settings} | {_measured(names)} |")
+        lines.append("")
     lines += ["## Sources", "", "| report | date | command |", "|---|---|---|"]
     for path, report in reversed(reports):
         meta = report["meta"]
