@@ -80,9 +80,11 @@ def test_cupy_varlen_calls_alternate_between_gpus(host_lengths):
         for dev in (1, 0):
             with cupy.cuda.Device(dev):
                 q, k, v, do = (_dev(a[n]) for n in ("q", "k", "v", "do"))
-                lens = (cu, cu) if host_lengths else (cupy.asarray(cu), cupy.asarray(cu))
+                cu_dev = cupy.asarray(cu)                    # the forward reads the lengths on the device
+            lens = (cu, cu) if host_lengths else (cu_dev, cu_dev)
             with cupy.cuda.Device(1 - dev):
-                out, lse = cupy_dash.attention_forward_varlen(q, k, v, *lens, max(LENS), max(LENS), causal=True)
+                out, lse = cupy_dash.attention_forward_varlen(q, k, v, cu_dev, cu_dev, max(LENS), max(LENS),
+                                                              causal=True)
                 grads = cupy_dash.attention_backward_varlen(do, q, k, v, out, lse, *lens, max(LENS), max(LENS),
                                                             causal=True)
             _same([_host(x) for x in (out, lse, *grads)], want, f"varlen round {rnd}, cuda:{dev}")
