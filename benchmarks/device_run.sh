@@ -2,7 +2,7 @@
 # One device run on the H200: install, compile, GPU tests, demo, benchmarks; every log under $OUT.
 #   bash benchmarks/device_run.sh [smoke|fwd|tests|bench|integration|long|gqa|varlen_bench|long1m|varlen_step|
 #                                  fold|fold_bench|varlen_events|sanitize|ncu|engine|engine_bench|dq_stages|
-#                                  engine_ab|dq_writers|tests2|all]
+#                                  engine_ab|dq_writers|multi_gpu|tests2|all]
 #                                  [extra pytest args...]
 # "engine": the backward kernel's GPU tests (every family: MHA, GQA, compact, varlen, fold, window, portable);
 # "engine_bench": the backward at the issue's shapes, this tree against the kernels in .ab/kernels_src (an older
@@ -11,6 +11,8 @@
 # the whole suite; "fold_bench": its GPU and host time. Earlier sessions' one-off stages are in this file's
 # history; the writer-rank-ahead experiment is benchmarks/patches/writer_rank_ahead.patch (measured, not
 # merged: docs/decisions/table-forms.md).
+# "multi_gpu": per-device state with two GPUs in one process, and the DDP / FSDP2 / JAX data-parallel examples
+# (torchrun, nccl on two GPUs; gloo with two ranks on one GPU; JAX over every GPU), all logs in multi_gpu.tgz.
 # FA3 (flash-attn3-jax) is measured when its wheel is importable: carry .whl/ and set FA3_WHL=1.
 set -o pipefail
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false CUPY_DASH_CACHE_DIR=${CUPY_DASH_CACHE_DIR:-/tmp/dash_cache}
@@ -209,6 +211,17 @@ if [ "$stage" = varlen_step ]; then   # a new packing's host cost (issue 7's per
     timeout 100 $py benchmarks/varlen_step.py --calls 40 --batches 4 16 64 $mode 2>&1 | tee -a "$OUT/varlen_step.txt"
   done
   timeout 60 $py benchmarks/varlen_step.py --calls 40 --batches 16 --torch --parts 2>&1 | tee "$OUT/varlen_parts.txt"
+fi
+if [ "$stage" = multi_gpu ]; then   # issue 22: several GPUs (two H200s; on one GPU, the gloo and JAX parts run)
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+  rm -rf /tmp/mg && mkdir -p /tmp/mg
+  nvidia-smi -L | tee /tmp/mg/gpus.txt
+  timeout 440 $py -m pytest tests/unit/test_per_device.py tests/gpu/test_gpu_multi_device.py \
+    tests/gpu/test_gpu_distributed.py -q -ra -p no:cacheprovider --basetemp=/tmp/mg/runs "$@" 2>&1 \
+    | tee /tmp/mg/tests.log | tail -20
+  grep -h "identical" /tmp/mg/runs/*/*.log 2>/dev/null | tail -12
+  (cd /tmp/mg && tar czf "$OUT/multi_gpu.tgz" gpus.txt tests.log runs)
+  if grep -qE "[0-9]+ (failed|error)" /tmp/mg/tests.log; then exit 1; fi
 fi
 # The whole suite no longer fits one call (2026-12-02: 84 % in 540 s): "tests" runs the CPU-side tests in
 # parallel and the first half of tests/gpu, "tests2" the second half; -rf names every failure.

@@ -109,16 +109,18 @@ class CompactDeviceTables:
 
 
 def upload(plan: compact.CompactSchedule, device_id: int) -> CompactDeviceTables:
-    """:func:`device_arrays` of ``plan`` as CuPy arrays on the current device (asynchronous copies)."""
+    """:func:`device_arrays` of ``plan`` as CuPy arrays on device ``device_id`` (whatever the current device is:
+    the tables are cached under that id; asynchronous copies)."""
     import cupy
     arrays = device_arrays(plan)
     t = CompactDeviceTables()
     t.nbytes = 0
-    for name, value in arrays.items():
-        if isinstance(value, np.ndarray):
-            value = cupy.asarray(value)
-            t.nbytes += value.nbytes
-        setattr(t, name, value)
+    with cupy.cuda.Device(device_id):
+        for name, value in arrays.items():
+            if isinstance(value, np.ndarray):
+                value = cupy.asarray(value)
+                t.nbytes += value.nbytes
+            setattr(t, name, value)
     t.num_ctas, t.policy, t.device_id = int(plan.num_ctas), str(plan.policy), device_id
     return t
 

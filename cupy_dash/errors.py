@@ -312,13 +312,24 @@ def _track(slot: _Slot, info) -> None:
         _pending.append(rec)
 
 
+def stream_device(stream) -> int:
+    """The device of a CuPy stream (``device_id``, which CuPy streams and ExternalStream carry), else the current
+    device."""
+    dev = getattr(stream, "device_id", -1)
+    return cupy.cuda.runtime.getDevice() if dev is None or dev < 0 else int(dev)
+
+
 def _keep_alive(keep, stream, event=None):
     """Hold ``keep`` (imported DLPack views) until the work enqueued on ``stream`` so far has finished, or (an
-    ``event`` the caller has just recorded on ``stream``) until ``event`` has completed."""
+    ``event`` the caller has just recorded on ``stream``) until ``event`` has completed.
+
+    NOTES: the event is made on the stream's device (an event recorded on another device's stream fails), which
+    need not be the current one: a varlen call on one GPU may release tables another GPU's streams read."""
     rec = _Pending()
     if event is None:
-        event = cupy.cuda.Event(block=False, disable_timing=True)
-        event.record(stream)
+        with cupy.cuda.Device(stream_device(stream)):
+            event = cupy.cuda.Event(block=False, disable_timing=True)
+            event.record(stream)
     rec.event = event
     rec.slot, rec.info, rec.keep = None, None, keep
     with _lock:

@@ -517,11 +517,13 @@ def check_plan(plan, num_heads: int, n_blocks: int, m_blocks: int) -> tuple:
 
 
 def upload(plan, num_heads: int, n_blocks: int, m_blocks: int, device_id: int) -> DeviceTables:
-    """The plan's tables (checked by :func:`check_plan`) as CuPy arrays on the current device."""
+    """The plan's tables (checked by :func:`check_plan`) as CuPy arrays on device ``device_id`` (whatever the
+    current device is: the tables are cached under that id)."""
     import cupy
     visits, rank, cta_start, num_ctas = check_plan(plan, num_heads, n_blocks, m_blocks)
     t = DeviceTables()
-    t.visits, t.rank, t.cta_start = cupy.asarray(visits), cupy.asarray(rank), cupy.asarray(cta_start)
+    with cupy.cuda.Device(device_id):
+        t.visits, t.rank, t.cta_start = cupy.asarray(visits), cupy.asarray(rank), cupy.asarray(cta_start)
     t.num_ctas, t.policy, t.device_id = num_ctas, str(getattr(plan, "policy", "custom")), device_id
     return t
 
@@ -530,8 +532,9 @@ def device_tables(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causa
                   stream, group_size=1, window=(-1, -1), capture=False) -> DeviceTables | None:
     """The schedule for one problem on one device (num_heads = B * H query heads, group_size = H // Hkv, window
     (left, right) in :func:`canonical_window` form): host plans cached by shape and window (LRU), device tables
-    by ``(plan.key, device)`` (LRU), so a repeated call builds and uploads nothing. A miss uploads the tables and
-    synchronizes ``stream`` once (later calls may use them on any stream).
+    by ``(plan.key, device)`` (LRU), so a repeated call builds and uploads nothing. A miss uploads the tables to
+    ``device_id`` (not to the current device, should they differ) and synchronizes ``stream`` (a stream of that
+    device) once (later calls may use them on any stream).
 
     ``capture=True`` (``stream`` is capturing a CUDA graph): never uploads or synchronizes; returns the cached
     tables, now kept for the life of the process (the graph holds their address, so LRU eviction must not free

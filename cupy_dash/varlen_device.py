@@ -28,7 +28,7 @@ import numpy as np
 
 from . import _varlen_pack, config, varlen_schedule
 from . import schedule as _schedule
-from .errors import _keep_alive
+from .errors import _keep_alive, stream_device
 
 _MAX_PLANS = 32
 _plans: "collections.OrderedDict" = collections.OrderedDict()
@@ -126,7 +126,15 @@ def device(t: Tables, num_heads, dev, stream):
     wait for before reading the tables, or None: after a miss (enqueued on ``stream`` itself) and for a hit on
     the stream that uploaded them; a hit on another stream gets an event recorded on the uploading stream then.
     The device cu_seqlens are the lengths the table was built from, so the kernels never see other ones: CuPy
-    arrays for per-visit tables, :class:`DeviceRef` for the compact forms (read by ``.data.ptr`` alike)."""
+    arrays for per-visit tables, :class:`DeviceRef` for the compact forms (read by ``.data.ptr`` alike).
+    ``stream`` is a stream of ``dev``; allocations, copies, events and the expansion kernel go to ``dev`` whatever
+    the current device is."""
+    with cupy.cuda.Device(dev):
+        return _device(t, num_heads, dev, stream)
+
+
+def _device(t: Tables, num_heads, dev, stream):
+    """:func:`device`, with ``dev`` current."""
     key = (t.key, dev)
     with _plans_lock:
         hit = _device_tables.get(key)
@@ -207,8 +215,8 @@ def _defer_release(objs, stream) -> None:
         if keep:
             try:
                 _keep_alive(keep, s)
-            except cupy.cuda.runtime.CUDARuntimeError:     # the stream is gone: wait for everything instead
-                cupy.cuda.runtime.deviceSynchronize()
+            except cupy.cuda.runtime.CUDARuntimeError:     # the stream is gone: wait for its device instead
+                _synchronize(s)
 
 
 def _upload(pieces, nbytes: int, extra_bytes: int, stream, staging_out: list, pinned: bool = False):
@@ -317,12 +325,13 @@ _EXPAND_FIELDS = _varlen_pack.NAMES[:_NUM_RECORD_ARRAYS] + ("tie_sign", "rank_ru
 
 
 def _expand_launch(dev):
-    """``launch(num_ctas, stream, values)`` of the varlen bwd_expand kernel on device ``dev`` (current): its block
+    """``launch(num_ctas, stream, values)`` of the varlen bwd_expand kernel on device ``dev``: its block
     holds ``values`` (the _EXPAND_FIELDS, in order) and zeros elsewhere (the expansion reads those fields only);
     its grid is (num_ctas, kernels.EXPAND_CHUNKS). The function handle and the fields' places are found once."""
     from . import _launch, jit, kernels, params
     spec = kernels.expand_spec(varlen=True)
-    func = jit.load(spec).ptr
+    with cupy.cuda.Device(dev):                     # the handle is valid on the device it was loaded on only
+        func = jit.load(spec).ptr
     offsets = params.int_field_offsets(kernels.BWD_PARAMS_DTYPE, _EXPAND_FIELDS)
     zeros = bytes(kernels.BWD_PARAMS_DTYPE.itemsize)
 
@@ -340,13 +349,19 @@ def _release_after(entry, streams, stream, deferred: list) -> None:
     NOTES: a packed batch with new lengths at every training step evicts one entry per step; an event per other
     stream that read it (held by errors._keep_alive) frees it without blocking the host. Where an event cannot be
     recorded (a stream destroyed since), the device is synchronized instead."""
-    try:
-        for s in streams:
+    for s in streams:
+        try:
             if s.ptr == stream.ptr:
                 deferred.append(entry)
             else:
                 _keep_alive([entry], s)
-    except cupy.cuda.runtime.CUDARuntimeError:
+        except cupy.cuda.runtime.CUDARuntimeError:
+            _synchronize(s)
+
+
+def _synchronize(stream) -> None:
+    """Wait for all work of ``stream``'s device (a stream destroyed since it was used: its device still runs)."""
+    with cupy.cuda.Device(stream_device(stream)):
         cupy.cuda.runtime.deviceSynchronize()
 
 

@@ -94,7 +94,9 @@ def loss_fn(params, tokens, attention):
     return -jnp.mean(jnp.sum(logp * target, -1))
 
 
-def make_step(attention):
+def make_step(attention, **jit_kwargs):
+    """The jitted train step ``(params, opt, tokens, t) -> (params, opt, loss)`` (AdamW); ``jit_kwargs`` go to
+    jax.jit (examples/train_jax_dp.py gives shardings)."""
     def step(params, opt, tokens, t):
         loss, grads = jax.value_and_grad(loss_fn)(params, tokens, attention)
         b1, b2 = BETAS
@@ -103,7 +105,7 @@ def make_step(attention):
         c1, c2 = 1 - b1 ** t, 1 - b2 ** t
         params = jax.tree.map(lambda p, m, v: p - LR * (m / c1 / (jnp.sqrt(v / c2) + EPS) + WD * p), params, m, v)
         return params, dict(m=m, v=v), loss
-    return jax.jit(step, donate_argnums=(0, 1))
+    return jax.jit(step, donate_argnums=(0, 1), **jit_kwargs)
 
 
 def batches(steps, seed=1234):

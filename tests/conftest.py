@@ -97,9 +97,11 @@ def pytest_terminal_summary(terminalreporter):
 @pytest.fixture
 def host_tables(monkeypatch):
     """``schedule.device_tables`` without a GPU: uploads become numpy arrays, the table caches start empty; the
-    fixture's value stands in for the stream argument."""
+    fixture's value stands in for the stream argument (device switching: tests/device_fakes.py)."""
     import cupy
     from cupy_dash import schedule
+    from device_fakes import install
+    install(monkeypatch)
     monkeypatch.setattr(cupy, "asarray", np.asarray)
     schedule._tables.clear()
     schedule._plans.clear()

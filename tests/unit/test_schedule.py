@@ -289,6 +289,8 @@ def test_device_tables_are_checked_uploaded_once_and_cached(monkeypatch):
             Stream.synced += 1
 
     monkeypatch.setattr(cupy, "asarray", fake_asarray)
+    from device_fakes import install
+    install(monkeypatch)
     schedule._tables.clear()
     schedule._plans.clear()
     args = ("symmetric_shift", 1000, 1000, 64, 128, 3, True, 7, 0, Stream())

@@ -313,6 +313,8 @@ def test_gpu_expansion_launch_wiring(monkeypatch):
         params=np.frombuffer(bytes(params), dtype=kernels.BWD_PARAMS_DTYPE)[0]))
     monkeypatch.setattr(jit, "load", lambda s: types.SimpleNamespace(ptr=0x1 if s == spec else 0x2))
     monkeypatch.setattr(varlen_device, "_expand_launches", {})
+    from device_fakes import install
+    install(monkeypatch)
     staging = []
     d, cu_q, cu_k = varlen_device._expand_on_device(t, 0, types.SimpleNamespace(ptr=0), staging)
     assert len(staging) == 1 and staging[0].nbytes >= t.blob.nbytes      # held by the caller until the copy ends
@@ -427,6 +429,8 @@ def test_uploads_record_events_only_for_other_streams(monkeypatch):
             self.stream = stream
     monkeypatch.setattr(varlen_device.cupy.cuda, "Event", Event)
     monkeypatch.setattr(varlen_device, "_keep_alive", lambda keep, stream: kept.append((list(keep), stream)))
+    from device_fakes import install
+    install(monkeypatch)
     d = types.SimpleNamespace()
 
     def expand(t, dev, stream, staging):

@@ -1,0 +1,192 @@
+"""Per-device state without a GPU: everything cupy_dash makes on one device (kernels, schedule tables, error
+records, events, varlen tables) is made on the device it is keyed by, whatever the current device is, and is
+found again only for that device. CuPy's device switching is imitated (tests/device_fakes.py); the GPU side of
+the same claims is tests/gpu/test_gpu_multi_device.py."""
+from __future__ import annotations
+
+import collections
+import types
+
+import numpy as np
+import pytest
+
+from cupy_dash import compact_device, errors, jit, kernels, schedule, varlen_device
+from device_fakes import install
+
+
+def _stream(device_id=None, ptr=0x10):
+    s = types.SimpleNamespace(ptr=ptr, synchronize=lambda: None)
+    if device_id is not None:
+        s.device_id = device_id
+    return s
+
+
+def test_schedule_tables_are_uploaded_to_the_device_they_are_cached_for(monkeypatch):
+    """schedule.device_tables(..., device_id=1) called while device 0 is current uploads to device 1, and the
+    tables of device 0 and device 1 are two cache entries."""
+    import cupy
+    devices = install(monkeypatch, current=0)
+    uploads = []
+    monkeypatch.setattr(cupy, "asarray", lambda a: uploads.append(devices.current) or np.asarray(a))
+    monkeypatch.setattr(schedule, "_tables", collections.OrderedDict())
+    monkeypatch.setattr(schedule, "_plans", collections.OrderedDict())
+    args = ("shift", 1000, 1000, 64, 128, 3, True, 7)
+    on1 = schedule.device_tables(*args, 1, _stream(1))
+    assert uploads == [1, 1, 1] and on1.device_id == 1 and devices.current == 0
+    on0 = schedule.device_tables(*args, 0, _stream(0))
+    assert uploads[3:] == [0, 0, 0] and on0 is not on1 and on0.device_id == 0
+    assert schedule.device_tables(*args, 1, _stream(1)) is on1 and len(uploads) == 6
+    assert {key[1] for key in schedule._tables} == {0, 1}
+
+
+def test_compact_tables_are_uploaded_to_the_device_they_are_cached_for(monkeypatch):
+    import cupy
+    devices = install(monkeypatch, current=1)
+    uploads = []
+    monkeypatch.setattr(cupy, "asarray", lambda a: uploads.append(devices.current) or np.asarray(a))
+    monkeypatch.setattr(compact_device, "_tables", collections.OrderedDict())
+    args = ("descending", 1000, 1000, 64, 128, 4, True, 7)
+    on0 = compact_device.device_tables(*args, 0, _stream(0), window=(-1, 0))
+    assert uploads and set(uploads) == {0} and on0.device_id == 0 and devices.current == 1
+    on1 = compact_device.device_tables(*args, 1, _stream(1), window=(-1, 0))
+    assert on1 is not on0 and on1.device_id == 1 and uploads.count(1) == uploads.count(0)
+    assert compact_device.device_tables(*args, 0, _stream(0), window=(-1, 0)) is on0
+
+
+@pytest.mark.parametrize("stream_device, current, want", [(1, 0, 1), (0, 1, 0), (None, 1, 1), (-1, 0, 0)],
+                         ids=["other-device", "device-0", "no-device-id", "unknown-device"])
+def test_keep_alive_records_its_event_on_the_streams_device(monkeypatch, stream_device, current, want):
+    """An event must be made on the device of the stream it is recorded on (CUDA refuses another one): a varlen
+    call on one GPU may release tables that another GPU's streams read."""
+    import cupy
+    devices = install(monkeypatch, current=current)
+    made = []
+
+    class Event:
+        def __init__(self, **kw):
+            self.device = devices.current
+
+        def record(self, stream):
+            made.append((self.device, devices.current, stream))
+    monkeypatch.setattr(cupy.cuda, "Event", Event)
+    monkeypatch.setattr(errors, "_pending", collections.deque())
+    stream = _stream(stream_device)
+    errors._keep_alive(["tables"], stream)
+    assert made == [(want, want, stream)] and devices.current == current
+    assert errors._pending[0].keep == ["tables"]
+
+
+def test_varlen_tables_are_made_on_their_device_and_cached_per_device(monkeypatch):
+    """varlen_device.device(t, heads, dev, stream) does its allocations, copies and expansion with ``dev``
+    current, and keeps one entry per (packing, device)."""
+    devices = install(monkeypatch, current=0)
+    made = []
+
+    def expand(t, dev, stream, staging):
+        made.append((dev, devices.current))
+        return types.SimpleNamespace(), f"cq{dev}", f"ck{dev}"
+    monkeypatch.setattr(varlen_device, "_expand_on_device", expand)
+    monkeypatch.setattr(varlen_device, "_defer_release", lambda objs, stream: None)
+    monkeypatch.setattr(varlen_device, "_device_tables", collections.OrderedDict())
+    monkeypatch.setattr(varlen_device, "_table_streams", {})
+    t = varlen_device.plan("fa3", np.array([100, 300]), np.array([100, 300]), 64, 128, 4, 2, True, 16, (-1, 0),
+                           compact="expand")
+    d1 = varlen_device.device(t, 8, 1, _stream(1, 0x11))
+    d0 = varlen_device.device(t, 8, 0, _stream(0, 0x10))
+    assert made == [(1, 1), (0, 0)] and devices.current == 0
+    assert d1[1:3] == ("cq1", "ck1") and d0[1:3] == ("cq0", "ck0") and d1[0] is not d0[0]
+    assert varlen_device.device(t, 8, 1, _stream(1, 0x11))[0] is d1[0] and len(made) == 2
+
+
+def test_varlen_release_waits_for_the_device_of_a_stream_that_is_gone(monkeypatch):
+    """_release_after: where an event cannot be recorded on a stream that read an evicted entry, the stream's
+    device is synchronized (not the current one), and the other streams still hold the entry."""
+    import cupy
+    devices = install(monkeypatch, current=0)
+    synced, held = [], []
+
+    def keep_alive(keep, stream):
+        if stream.ptr == 0x21:
+            raise cupy.cuda.runtime.CUDARuntimeError(400)
+        held.append((keep, stream.ptr))
+    monkeypatch.setattr(varlen_device, "_keep_alive", keep_alive)
+    monkeypatch.setattr(cupy.cuda.runtime, "deviceSynchronize", lambda: synced.append(devices.current))
+    deferred = []
+    streams = [_stream(1, 0x21), _stream(1, 0x22), _stream(0, 0x10)]
+    varlen_device._release_after("entry", streams, _stream(0, 0x10), deferred)
+    assert synced == [1] and held == [(["entry"], 0x22)] and deferred == ["entry"]
+
+
+def test_expand_kernel_is_loaded_on_its_device(monkeypatch):
+    devices = install(monkeypatch, current=0)
+    loaded = []
+    monkeypatch.setattr(jit, "load", lambda spec: loaded.append(devices.current) or types.SimpleNamespace(ptr=7))
+    monkeypatch.setattr(varlen_device, "_expand_launches", {})
+    varlen_device._expand_launch(1)
+    assert loaded == [1] and set(varlen_device._expand_launches) == {1} and devices.current == 0
+
+
+def test_backward_kernels_and_occupancy_are_per_device(monkeypatch):
+    """kernels.bwd_entry loads the three kernels and counts co-resident CTAs on the device it is asked for (its
+    cache is keyed by device), whatever the current device."""
+    devices = install(monkeypatch, current=1)
+    seen = []
+    monkeypatch.setattr(kernels, "_bwd_cache", {})
+    monkeypatch.setattr(kernels, "max_resident_ctas", lambda spec: seen.append(("ctas", devices.current)) or 132)
+    monkeypatch.setattr(jit, "load", lambda spec: seen.append(("load", devices.current)))
+    kernels.bwd_entry(0, "bfloat16", 64, True, True)
+    assert seen == [("ctas", 0), ("load", 0), ("load", 0)] and devices.current == 1
+    kernels.bwd_entry(1, "bfloat16", 64, True, True)
+    assert seen[3:] == [("ctas", 1), ("load", 1), ("load", 1)]
+    kernels.bwd_entry(0, "bfloat16", 64, True, True)
+    assert len(seen) == 6
+
+
+def test_loaded_kernels_are_memoized_per_current_device(monkeypatch):
+    """jit.load gives a function handle of the current device: a module loaded on device 0 is never handed out
+    on device 1 (a CUfunction belongs to its device's context)."""
+    import cupy
+    from cupy_dash import gpu
+    devices = install(monkeypatch, current=0)
+    modules = []
+
+    class Module:
+        def load(self, cubin):
+            self.device = devices.current
+            modules.append(self)
+
+        def get_function(self, name):
+            return types.SimpleNamespace(ptr=0x100 + self.device, device=self.device)
+    spec = kernels.fwd_spec("bfloat16", 64, False)
+    compiled = types.SimpleNamespace(read_cubin=lambda: b"cubin", cubin_sha256=__import__("hashlib").sha256(
+        b"cubin").hexdigest())
+    monkeypatch.setattr(jit, "compile_spec", lambda s, force=False: compiled)
+    monkeypatch.setattr(gpu, "require", lambda what, device=0: None)
+    monkeypatch.setattr(cupy.cuda.function, "Module", Module)
+    monkeypatch.setattr(cupy.cuda.driver, "funcSetAttribute", lambda *a: None)
+    monkeypatch.setattr(jit, "_loaded", {})
+    f0 = jit.load(spec)
+    devices.current = 1
+    assert not jit.is_loaded(spec)
+    f1 = jit.load(spec)
+    assert (f0.device, f1.device) == (0, 1) and len(modules) == 2 and jit.is_loaded(spec)
+    devices.current = 0
+    assert jit.load(spec) is f0 and len(modules) == 2
+
+
+def test_error_records_are_per_device(monkeypatch):
+    """errors: each device has its own pool of traced-call records, allocated on that device."""
+    import cupy
+    devices = install(monkeypatch, current=0)
+    blocks = []
+
+    def zeros(shape, dtype):
+        blocks.append(devices.current)
+        return types.SimpleNamespace(data=types.SimpleNamespace(ptr=0x1000 * (len(blocks))))
+    monkeypatch.setattr(cupy, "zeros", zeros)
+    monkeypatch.setattr(cupy.cuda.runtime, "deviceSynchronize", lambda: None)
+    monkeypatch.setattr(errors, "_slot_pools", {})
+    a = errors._jit_record(1, ("fa3", 1, 1, 128, 128, 64, False))
+    b = errors._jit_record(0, ("fa3", 1, 1, 128, 128, 64, False))
+    assert blocks == [1, 0] and devices.current == 0 and a != b
+    assert errors._slot_pools[1].graph.block.data.ptr == a and errors._slot_pools[0].graph.block.data.ptr == b
