@@ -21,8 +21,8 @@ constexpr bool kDeterministic = DASH_DETERMINISTIC != 0;
 constexpr int kBlockM = DASH_BLOCK_M;  // queries per Q tile (m_block)
 constexpr int kBlockN = DASH_BLOCK_N;  // keys per KV tile (n_block)
 
-// Thread roles: warpgroup 0 is the producer (warp 0 issues TMA loads, warp 1 adds dQ partials into dq_accum,
-// warps 2-3 leave at once); warpgroups 1..kNumMmaWg compute, each for 64 keys of the KV tile.
+// Thread roles: warpgroup 0 is the producer (warp 0 issues TMA loads, warps 1 .. kDqWriters add dQ partials into
+// dq_accum, the others leave at once); warpgroups 1..kNumMmaWg compute, each for 64 keys of the KV tile.
 using namespace roles;  // kNumMmaWg, kWgThreads, kNumThreads, kProducerRegs, kMmaRegs (warp_roles.cuh)
 static_assert(DASH_NUM_THREADS == kNumThreads, "launched with 384 threads");
 

@@ -1,6 +1,7 @@
-// Backward main kernel, dQ writer warp (warp 1 of the producer warpgroup): adds each visit's dQ partial, handed
-// over in shared memory by the MMA warpgroups, into the fp32 dq_accum tile with bulk reductions — in the
-// schedule's rank order when deterministic: wait for the tile's turn, add, wait for completion, release.
+// Backward main kernel, dQ writer warps (warps 1 .. kDqWriters of the producer warpgroup, alternate visits): add
+// each visit's dQ partial, handed over in shared memory by the MMA warpgroups, into the fp32 dq_accum tile with
+// bulk reductions — in the schedule's rank order when deterministic: wait for the tile's turn, add, wait for
+// completion, release.
 #pragma once
 #include "../bwd_rows.cuh"
 #include "../params.cuh"

@@ -32,3 +32,9 @@ def test_main_job_without_gpu_prints_the_schedule_analysis():
     assert "No CUDA GPU found" in run.stdout
     for policy in ("fa3", "descending", "shift", "symmetric_shift"):
         assert policy in run.stdout
+
+
+def test_readme_is_short():
+    """The README stays readable in five minutes: under 150 lines (details live in docs/)."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) < 150, f"README.md has {len(lines)} lines"
