@@ -310,7 +310,7 @@ def parse_args(argv=None, prog=None):
     return opts
 
 
-def run(opts, argv=()):
+def run(opts, argv=(), checkpoint=None):
     """Run the benchmark described by ``opts`` (from :func:`parse_args`); return the report dict."""
     import cupy
 
@@ -340,6 +340,8 @@ def run(opts, argv=()):
                 _log(f"  d{hdim} {mask} S={S} B={cfg['batch']} H={cfg['heads']} Hkv={cfg['heads_kv']}")
                 report["configs"].append(bench_config(cfg, buffers, opts, peers, fa3))
                 cupy.get_default_memory_pool().free_all_blocks()
+                if checkpoint is not None:
+                    checkpoint(report)
     del buffers
     cupy.get_default_memory_pool().free_all_blocks()
 
@@ -372,12 +374,18 @@ def main(argv=None, prog=PROG):
         print(f"cupy_dash needs a Hopper GPU (sm_90); this one is sm_{cc}.", file=sys.stderr)
         return 1
     t0 = time.perf_counter()
-    report = run(opts, argv)
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    json_path, md_path = _output_paths(opts["out"], stamp)
+
+    def checkpoint(partial):
+        """The report so far, marked partial: a run killed by an outer timeout keeps its finished configs."""
+        with open(json_path, "w") as f:
+            json.dump(dict(partial, meta=dict(partial["meta"], partial=True)), f, indent=1)
+
+    report = run(opts, argv, checkpoint)
     report["meta"]["wall_s"] = time.perf_counter() - t0
     md = markdown_report(report)
     print(md)
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    json_path, md_path = _output_paths(opts["out"], stamp)
     with open(json_path, "w") as f:
         json.dump(report, f, indent=1)
     with open(md_path, "w") as f:
