@@ -97,22 +97,15 @@ def _path(s):
     return s or None
 
 
-def _dq_stages(s) -> int:
-    """Unset or "1": 1; "2": 2 (head dim 128 only); anything else raises."""
-    if s in (None, "", "1"):
-        return 1
-    if s == "2":
-        return 2
-    raise ValueError(f"CUPY_DASH_BWD_DQ_STAGES: expected 1 or 2, got {s!r}")
-
-
-def _dq_writers(s) -> int:
-    """Unset or "2": 2; "1": 1; anything else raises."""
-    if s in (None, "", "2"):
-        return 2
-    if s == "1":
-        return 1
-    raise ValueError(f"CUPY_DASH_BWD_DQ_WRITERS: expected 1 or 2, got {s!r}")
+def _one_or_two(name: str, default: int):
+    """A parser for a knob that is 1 or 2: unset gives ``default``; anything else raises naming ``name``."""
+    def parse(s) -> int:
+        if s in (None, ""):
+            return default
+        if s in ("1", "2"):
+            return int(s)
+        raise ValueError(f"{name}: expected 1 or 2, got {s!r}")
+    return parse
 
 
 _DEFAULT_SPIN_TIMEOUT_MS = 10000.0
@@ -153,10 +146,11 @@ CACHE_DIR = Knob("CUPY_DASH_CACHE_DIR", "path / unset",
 JIT_VERBOSE = Knob("CUPY_DASH_JIT_VERBOSE", "1 / unset",
     "1: print each kernel's ptxas report to stderr when it is compiled", _flag)
 BWD_DQ_STAGES = Knob("CUPY_DASH_BWD_DQ_STAGES", "1 / 2 / unset",
-    "experiment: 2 dQ staging buffers in the head-dim-128 backward (one K buffer); read once per process", _dq_stages)
+    "experiment: 2 dQ staging buffers in the head-dim-128 backward (one K buffer); read once per process",
+    _one_or_two("CUPY_DASH_BWD_DQ_STAGES", 1))
 BWD_DQ_WRITERS = Knob("CUPY_DASH_BWD_DQ_WRITERS", "1 / 2 / unset",
     "dQ writer warps of the deterministic backward (default 2: visits alternate between them); read once per "
-    "process", _dq_writers)
+    "process", _one_or_two("CUPY_DASH_BWD_DQ_WRITERS", 2))
 XDG_CACHE_HOME = Knob("XDG_CACHE_HOME", "path / unset",
     "(the XDG standard's) base of the default kernel cache directory", _path)
 

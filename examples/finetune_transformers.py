@@ -19,15 +19,8 @@ import json
 import math
 
 if __name__ == "__main__":             # before torch is imported: one line, not a traceback, where anything is missing
-    from preflight import require
-
-    def _torch_cuda():
-        import importlib.util
-        import torch
-        if not torch.cuda.is_available():
-            return f"a CUDA build of PyTorch (torch {torch.__version__} sees no GPU)"
-        return None if importlib.util.find_spec("transformers") else "transformers (pip install transformers)"
-    require("torch", "pip install torch", _torch_cuda)
+    from preflight import require_torch
+    require_torch("transformers")
 
 import torch  # noqa: E402
 import transformers  # noqa: E402

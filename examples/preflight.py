@@ -29,3 +29,31 @@ def require(framework: str, install: str, gpu_backend=None) -> None:
             missing.append(lacking)
     if missing:
         sys.exit(f"{os.path.basename(sys.argv[0])}: cannot run here, it needs " + "; and ".join(missing))
+
+
+def _torch_cuda(*extra):
+    import importlib.util as util
+    import torch
+    if not torch.cuda.is_available():
+        return f"a CUDA build of PyTorch (torch {torch.__version__} sees no GPU)"
+    absent = [name for name in extra if util.find_spec(name) is None]
+    return "; and ".join(f"{name} (pip install {name})" for name in absent) or None
+
+
+def _jax_gpu():
+    import jax
+    try:
+        jax.devices("gpu")
+    except RuntimeError:
+        return f"JAX with its CUDA backend (pip install 'jax[cuda13]'; jax {jax.__version__} has none)"
+    return None
+
+
+def require_torch(*extra: str) -> None:
+    """:func:`require` for a torch example: a CUDA build of torch, and the modules ``extra`` (pip names)."""
+    require("torch", "pip install torch", lambda: _torch_cuda(*extra))
+
+
+def require_jax() -> None:
+    """:func:`require` for a JAX example: JAX with its CUDA backend."""
+    require("jax", "pip install 'jax[cuda13]'", _jax_gpu)

@@ -21,16 +21,8 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 os.environ.update({"NCCL_NVLS_ENABLE": "0", "NVSHMEM_DISABLE_NVLS": "1"})
 
 if __name__ == "__main__":             # before jax is imported: one line, not a traceback, where anything is missing
-    from preflight import require
-
-    def _jax_gpu():
-        import jax
-        try:
-            jax.devices("gpu")
-        except RuntimeError:
-            return f"JAX with its CUDA backend (pip install 'jax[cuda13]'; jax {jax.__version__} has none)"
-        return None
-    require("jax", "pip install 'jax[cuda13]'", _jax_gpu)
+    from preflight import require_jax
+    require_jax()
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

@@ -22,12 +22,8 @@ import math
 import time
 
 if __name__ == "__main__":             # before torch is imported: one line, not a traceback, where anything is missing
-    from preflight import require
-
-    def _torch_cuda():
-        import torch
-        return None if torch.cuda.is_available() else f"a CUDA build of PyTorch (torch {torch.__version__} sees no GPU)"
-    require("torch", "pip install torch", _torch_cuda)
+    from preflight import require_torch
+    require_torch()
 
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402

@@ -6,24 +6,12 @@ missing attribute; no GPU needed.
 from __future__ import annotations
 
 import importlib.util
-import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
 
 import cupy_dash
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(cupy_dash.__file__)))
-
-
-def run(code: str) -> None:
-    """Run ``code`` in a fresh interpreter that imports this checkout's cupy_dash; fail with its stderr."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr
+from fresh_interpreter import run
 
 
 def test_adapter_is_imported_on_first_attribute_access():

@@ -1,4 +1,4 @@
-"""The distributed examples, launched as a user launches them: examples/train_ddp.py and examples/train_fsdp2.py
+"""The distributed examples, launched as a user launches them: examples/train_data_parallel.py (DDP and FSDP2)
 under ``torchrun --nproc-per-node 2`` with nccl (one GPU per rank; needs two GPUs) and with gloo on one GPU (both
 ranks on cuda:0: CUDA_VISIBLE_DEVICES=0), and examples/train_jax_dp.py over every local GPU. Each example trains
 twice from one seed; the test reads its --json and requires every loss and the final weights bitwise equal
@@ -40,16 +40,16 @@ def _run(cmd, out: Path, env=None, timeout=420) -> dict:
 
 
 @pytest.mark.parametrize("backend", ["nccl", "gloo"], ids=["nccl_two_gpus", "gloo_one_gpu"])
-@pytest.mark.parametrize("script", ["train_ddp.py", "train_fsdp2.py"])
-def test_torch_example_repeats_bitwise_over_two_ranks(script, backend, tmp_path):
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+def test_torch_example_repeats_bitwise_over_two_ranks(strategy, backend, tmp_path):
     pytest.importorskip("torch")
     env = None
     if backend == "nccl" and _gpus() < 2:
         pytest.skip(f"nccl with two ranks needs two GPUs, found {_gpus()}")
     if backend == "gloo":
         env = {"CUDA_VISIBLE_DEVICES": "0"}                   # both ranks on one GPU
-    result = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", script,
-                   "--backend", backend], tmp_path / "out.json", env)
+    result = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                   "train_data_parallel.py", "--strategy", strategy, "--backend", backend], tmp_path / "out.json", env)
     assert (result["world"], result["backend"], result["steps"]) == (2, backend, STEPS)
     assert result["runs_identical"] and result["replicas_identical"], result
     for rank in result["ranks"]:

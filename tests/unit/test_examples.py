@@ -14,7 +14,7 @@ from cupy_dash import gpu
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 SCRIPTS = sorted(p.name for p in EXAMPLES.glob("*.py") if '__name__ == "__main__"' in p.read_text())
-FRAMEWORK = {"finetune_transformers.py": "torch", "train_ddp.py": "torch", "train_fsdp2.py": "torch",
+FRAMEWORK = {"finetune_transformers.py": "torch", "train_data_parallel.py": "torch",
              "train_jax_dp.py": "jax", "train_tiny_transformer.py": "torch", "train_tiny_transformer_jax.py": "jax"}
 
 
