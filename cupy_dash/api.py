@@ -48,8 +48,8 @@ _LAYOUT = "(B, S, H, D)"
 # validation
 # ------------------------------------------------------------------------------------------------------------
 class _Problem:
-    """Validated sizes and operand descriptions of one call."""
-    __slots__ = ("B", "Sq", "Sk", "H", "Hkv", "D", "dtype", "scale", "device_id", "infos", "lse_info")
+    """Validated sizes and operand descriptions of one call; ``softcap``: the logit cap (0: none)."""
+    __slots__ = ("B", "Sq", "Sk", "H", "Hkv", "D", "dtype", "scale", "softcap", "device_id", "infos", "lse_info")
 
 
 def _check_schedule(schedule) -> str:
@@ -168,7 +168,7 @@ def _validate(q, k, v, do=None, out=None, lse=None, *, softmax_scale=None, sched
 
     p = _Problem()
     p.B, p.Sq, p.Sk, p.H, p.Hkv, p.D = B, Sq, Sk, H, Hkv, D
-    p.dtype, p.scale, p.device_id = qi.dtype, scale, qi.device_id
+    p.dtype, p.scale, p.softcap, p.device_id = qi.dtype, scale, 0.0, qi.device_id
     p.infos, p.lse_info = operands, li
     return p
 

@@ -127,6 +127,8 @@ class KernelSpec:
             tags.append("varlen")
         if d.get("DASH_COMPACT"):
             tags.append("compact")
+        if d.get("DASH_SOFTCAP"):
+            tags.append("softcap")
         if d.get("DASH_TIMELINE"):
             tags.append("timeline")
         return f"{self.kernel}[{','.join(tags)}]"
@@ -173,12 +175,15 @@ def _spec(kernel: str, tile: TileConfig, dtype: str, head_dim: int, smem=None, c
                       smem_bytes=smem)
 
 
-def fwd_spec(dtype: str, head_dim: int, causal: bool, varlen: bool = False) -> KernelSpec:
-    """The forward kernel; ``varlen``: the build for packed variable-length sequences (``cu_seqlens``)."""
+def fwd_spec(dtype: str, head_dim: int, causal: bool, varlen: bool = False, softcap: bool = False) -> KernelSpec:
+    """The forward kernel; ``varlen``: the build for packed variable-length sequences (``cu_seqlens``);
+    ``softcap``: the build with logit soft-capping (kernels_src/params.cuh, softcap_prescale)."""
     _check(dtype, head_dim)
     flags = dict(DASH_CAUSAL=causal)
     if varlen:
         flags["DASH_VARLEN"] = True
+    if softcap:
+        flags["DASH_SOFTCAP"] = True
     return _spec("fwd", fwd_tile(head_dim), dtype, head_dim, **flags)
 
 
@@ -196,13 +201,15 @@ def _main_counts(dq_stages: int, dq_writers: int) -> dict | None:
 
 
 def bwd_specs(dtype: str, head_dim: int, causal: bool, deterministic: bool, timeline: bool = False,
-              compact: bool = False, varlen: bool = False, dq_stages: int | None = None) -> BwdKernels:
+              compact: bool = False, varlen: bool = False, dq_stages: int | None = None,
+              softcap: bool = False) -> BwdKernels:
     """The three backward kernels of one variant; ``timeline``: the main kernel's debug build that stamps every
     visit (kernels_src/bwd/timeline.cuh; not emitted by the dispatcher); ``compact``: the main kernel reads
     per-column records (kernels_src/compact_view.cuh, :mod:`cupy_dash.compact`) instead of per-visit rows;
     ``varlen``: the three kernels of packed variable-length sequences (kernels_src/bwd_rows.cuh), with
     ``compact`` reading cupy_dash.varlen_schedule's records. ``dq_stages``: the main kernel's dQ staging buffers
-    (2: an experiment at head dim 128, kernels_src/bwd/config.cuh; default ``CUPY_DASH_BWD_DQ_STAGES``, else 1)."""
+    (2: an experiment at head dim 128, kernels_src/bwd/config.cuh; default ``CUPY_DASH_BWD_DQ_STAGES``, else 1).
+    ``softcap``: the main kernel with logit soft-capping (preprocess and postprocess do not depend on it)."""
     if dq_stages is None:    # NOTES: not for compact builds: their dQ writer counts ranks and spilled (varlen, det)
         dq_stages = config.BWD_DQ_STAGES.get() if head_dim == 128 and not compact else 1
     if dq_stages not in (1, 2) or (dq_stages == 2 and head_dim != 128):
@@ -217,6 +224,12 @@ def bwd_specs(dtype: str, head_dim: int, causal: bool, deterministic: bool, time
         flags["DASH_TIMELINE"] = True
     if compact:
         flags["DASH_COMPACT"] = True
+    if softcap:
+        # NOTES: not with compact tables: their MMA warpgroups have 224 registers and spilled 4-28 bytes with it
+        if compact:
+            raise ValueError("softcap: no compact-table build (per-visit tables only, up to schedule.AUTO_VISITS "
+                             "visits)")
+        flags["DASH_SOFTCAP"] = True
     aux_flags = {}
     if varlen:
         flags["DASH_VARLEN"] = aux_flags["DASH_VARLEN"] = True
@@ -244,7 +257,8 @@ def expand_spec(varlen: bool = False) -> KernelSpec:
 
 def all_specs() -> list:
     """Every distinct variant the dispatcher can emit (8 fwd + 8 varlen fwd, 4 + 4 varlen preprocess, 16 main +
-    16 compact main + 16 varlen main + 16 compact varlen main, 4 + 4 varlen postprocess, 2 bwd_expand)."""
+    16 compact main + 16 varlen main + 16 compact varlen main, 4 + 4 varlen postprocess, 2 bwd_expand), and the
+    soft-capping builds of the forward (16) and the per-visit-table main kernel (32)."""
     specs = []
     seen = set()
     for dtype, head_dim, causal in itertools.product(SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS, (False, True)):
@@ -254,6 +268,10 @@ def all_specs() -> list:
             batch.append(bwd_specs(dtype, head_dim, causal, deterministic, compact=True).main)
             batch.extend(bwd_specs(dtype, head_dim, causal, deterministic, varlen=True))
             batch.append(bwd_specs(dtype, head_dim, causal, deterministic, compact=True, varlen=True).main)
+        for varlen in (False, True):                  # logit soft-capping: the forward and the main backward
+            batch.append(fwd_spec(dtype, head_dim, causal, varlen=varlen, softcap=True))
+            for deterministic in (False, True):
+                batch.append(bwd_specs(dtype, head_dim, causal, deterministic, varlen=varlen, softcap=True).main)
         batch.extend((expand_spec(False), expand_spec(True)))
         for spec in batch:
             if spec not in seen:
@@ -263,8 +281,8 @@ def all_specs() -> list:
 
     def key(s):
         d = dict(s.defines)
-        return (order.get(s.kernel, len(order)), d.get("DASH_VARLEN", 0), d["DASH_FP16"], d["DASH_HEAD_DIM"],
-                d.get("DASH_CAUSAL", 0), d.get("DASH_DETERMINISTIC", 0), d.get("DASH_COMPACT", 0))
+        return (order.get(s.kernel, len(order)), d.get("DASH_SOFTCAP", 0), d.get("DASH_VARLEN", 0), d["DASH_FP16"],
+                d["DASH_HEAD_DIM"], d.get("DASH_CAUSAL", 0), d.get("DASH_DETERMINISTIC", 0), d.get("DASH_COMPACT", 0))
     return sorted(specs, key=key)
 
 

@@ -43,12 +43,33 @@ def launch_forward(spec, block_m, block_n, p, window, operands, out_ptr, lse_ptr
     addresses (arguments as in :func:`fwd_params`). Encodes the tensor maps (host only), packs the parameters,
     launches; never synchronizes or allocates device memory.
     """
+    check_softcap_build(spec, p)
     params = fwd_params(block_m, block_n, p, window, operands, out_ptr, lse_ptr)
     kernels.launch(spec, fwd_grid(p, block_m), params, stream)
 
 
 def fwd_grid(p, block_m) -> tuple:
     return -(-p.Sq // block_m), p.H, p.B
+
+
+def logit_factors(p, backward: bool) -> dict:
+    """The parameter block's softmax_scale, softmax_scale_log2 and softcap_prescale for ``p`` (its ``scale`` and
+    logit cap ``softcap``, 0 for none; kernels_src/params.cuh): with a cap c the kernels compute t = tanh(s * scale
+    / c) and take c (forward lse) and c log2(e) (softmax) as the factors from t to logits; the backward keeps the
+    caller's scale to scale dK and dQ."""
+    c = p.softcap
+    if not c:
+        return dict(softmax_scale=p.scale, softmax_scale_log2=p.scale * _LOG2E, softcap_prescale=0.0)
+    return dict(softmax_scale=p.scale if backward else c, softmax_scale_log2=c * _LOG2E,
+                softcap_prescale=p.scale / c)
+
+
+def check_softcap_build(spec, p) -> None:
+    """A launch of ``spec`` for ``p`` uses the soft-capping build exactly when ``p`` has a cap (RuntimeError
+    otherwise: the other build would silently compute other scores)."""
+    if bool(dict(spec.defines).get("DASH_SOFTCAP", 0)) != bool(p.softcap):
+        raise RuntimeError(f"{spec.label}: softcap={p.softcap} needs the {'soft-capping' if p.softcap else 'plain'} "
+                           f"build of this kernel")
 
 
 def fwd_params(block_m, block_n, p, window, operands, out_ptr, lse_ptr, varlen=None) -> np.ndarray:
@@ -67,8 +88,7 @@ def fwd_params(block_m, block_n, p, window, operands, out_ptr, lse_ptr, varlen=N
         tma_o=tensormap.bhsd_map(out_ptr, p.dtype, (B, Sq, H, D), _contiguous((B, Sq, H, D)), 64, "out",
                                  box_panels=1),
         lse=lse_ptr, batch=batch, seqlen_q=Sq, seqlen_k=Sk, num_heads=H, num_heads_kv=Hkv,
-        window_left=window[0], window_right=window[1],
-        softmax_scale=p.scale, softmax_scale_log2=p.scale * _LOG2E,
+        window_left=window[0], window_right=window[1], **logit_factors(p, backward=False),
         cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, out=out_ptr if varlen is not None else 0)
 
 
@@ -114,6 +134,7 @@ class BwdLaunch:
             self.num_m_blocks = -(-(p.Sq + num_seqs * block_m) // block_m)
             self.sq_rounded = self.num_m_blocks * block_m
             self.row_grid = (-(-max_q // block_m), p.H, num_seqs)
+        check_softcap_build(specs.main, p)
         self.fold = fold_wanted(p, block_m, block_n, self.zero_kv, varlen)
         rows = p.B * p.H * self.sq_rounded
         sizes = (rows * 4, rows * 4, rows * p.D * 4, p.B * p.H * self.num_m_blocks * 4)
@@ -262,5 +283,5 @@ def bwd_params(c, operands, lse_ptr, work_base, grads, error, timeline_ptr=0, cu
         batch=B if c.varlen is None else c.varlen[0], seqlen_q=Sq, seqlen_k=Sk, num_heads=H, num_heads_kv=Hkv,
         window_left=c.window[0], window_right=c.window[1], num_m_blocks=c.num_m_blocks,
         seqlen_q_rounded=c.sq_rounded, spin_timeout_ns=c.spin_timeout_ns,
-        softmax_scale=p.scale, softmax_scale_log2=p.scale * _LOG2E, cu_seqlens_q=cu_seqlens[0],
+        **logit_factors(p, backward=True), cu_seqlens_q=cu_seqlens[0],
         cu_seqlens_k=cu_seqlens[1], fold=int(c.fold))

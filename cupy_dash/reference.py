@@ -97,6 +97,14 @@ def _scale(softmax_scale, D):
     return 1.0 / math.sqrt(D) if softmax_scale is None else float(softmax_scale)
 
 
+def _softcap(softcap) -> float:
+    """``softcap`` as a float >= 0 (0: no cap); raises ValueError naming it otherwise."""
+    c = float(softcap)
+    if not (np.isfinite(c) and c >= 0):
+        raise ValueError(f"softcap: expected a finite number >= 0 (0: none), got {softcap!r}")
+    return c
+
+
 def _row_chunk(Sq, g, Sk):
     """Number of query rows per chunk so that (rows * g, Sk) stays below _CHUNK_ELEMS elements."""
     return max(1, min(Sq, _CHUNK_ELEMS // max(1, g * Sk)))
@@ -130,7 +138,16 @@ def _lowp_dtype(dtype, like):
 # --------------------------------------------------------------------------------------------------------------
 # shared core (float64 with no rounding, or float32 with rounding to a low-precision dtype)
 # --------------------------------------------------------------------------------------------------------------
-def _forward_core(q, k, v, causal, scale, work, rnd, window=(-1, -1)):
+def _scores(qk, scale, softcap, work):
+    """Logits from raw dot products: ``qk * scale``, or with a cap c > 0 ``c * tanh(qk * scale / c)``; and the
+    factor ``1 - tanh^2`` that the cap puts on their gradient (None without a cap)."""
+    if not softcap:
+        return qk * work.type(scale), None
+    t = np.tanh(qk * work.type(scale / softcap))
+    return t * work.type(softcap), 1 - t * t
+
+
+def _forward_core(q, k, v, causal, scale, work, rnd, window=(-1, -1), softcap=0.0):
     """q, k, v already in the work dtype. Returns out (B, Sq, H, Dv) and lse (B, H, Sq), both in ``work``."""
     B, Sq, Sk, H, Hkv, D, Dv = _check_shapes(q, k, v)
     g = H // Hkv
@@ -151,7 +168,7 @@ def _forward_core(q, k, v, causal, scale, work, rnd, window=(-1, -1)):
                     n = i1 - i0
                     # (n, g, D) -> (n*g, D): row r = (query i0 + r // g, head hk*g + r % g)
                     qg = q[b, i0:i1, heads, :].reshape(n * g, D)
-                    s = rnd((qg @ kt) * work.type(scale))            # (n*g, Sk) scaled scores
+                    s = rnd(_scores(qg @ kt, scale, softcap, work)[0])   # (n*g, Sk) logits
                     mask = np.repeat(mask_full[i0:i1], g, axis=0)    # (n*g, Sk)
                     s = np.where(mask, s, -np.inf)
                     m = s.max(axis=1)
@@ -167,7 +184,7 @@ def _forward_core(q, k, v, causal, scale, work, rnd, window=(-1, -1)):
     return out, lse
 
 
-def _backward_core(do, q, k, v, out, lse, causal, scale, work, rnd, window=(-1, -1)):
+def _backward_core(do, q, k, v, out, lse, causal, scale, work, rnd, window=(-1, -1), softcap=0.0):
     """All tensors already in the work dtype. Returns dq, dk, dv in ``work``."""
     B, Sq, Sk, H, Hkv, D, Dv = _check_shapes(q, k, v)
     _check_shapes(q, k, v, extra=(("do", do, (B, Sq, H, Dv)), ("out", out, (B, Sq, H, Dv)),
@@ -201,12 +218,14 @@ def _backward_core(do, q, k, v, out, lse, causal, scale, work, rnd, window=(-1, 
                     mask = np.repeat(mask_full[i0:i1], g, axis=0)
                     valid = np.isfinite(lse_g)                        # lse = -inf: the row saw no key
                     lse_safe = np.where(valid, lse_g, 0).astype(work)
-                    s = rnd((qg @ kk.T) * sc)
+                    s, dcap = _scores(qg @ kk.T, scale, softcap, work)
+                    s = rnd(s)
                     p = np.exp(np.where(mask, s, -np.inf) - lse_safe[:, None])
                     p = rnd(np.where(valid[:, None], p, 0).astype(work, copy=False))
                     dv_acc += p.T @ dog
                     dp = rnd(dog @ vv.T)                              # (n*g, Sk)
-                    ds = rnd(p * (dp - delta_g[:, None]))
+                    ds = p * (dp - delta_g[:, None])
+                    ds = rnd(ds if dcap is None else ds * dcap)
                     dq[b, i0:i1, heads, :] = rnd((ds @ kk) * sc).reshape(n, g, D)
                     dk_acc += ds.T @ qg
                 dk[b, :, hk, :] = rnd(dk_acc * sc)
@@ -217,7 +236,7 @@ def _backward_core(do, q, k, v, out, lse, causal, scale, work, rnd, window=(-1, 
 # --------------------------------------------------------------------------------------------------------------
 # float64 reference
 # --------------------------------------------------------------------------------------------------------------
-def forward(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1)):
+def forward(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1), softcap=0.0):
     """Exact (float64) attention forward.
 
     Args:
@@ -227,25 +246,29 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1)):
         causal: bottom-right aligned causal mask (query ``i`` sees key ``j`` iff ``j <= i + Sk - Sq``).
         softmax_scale: score scale, default ``1 / sqrt(D)``.
         window: ``(left, right)`` sliding window (:func:`visibility_mask`), ``(-1, -1)``: none.
+        softcap: logit soft-capping, ``c > 0``: the logits are ``c * tanh(softmax_scale * q_i . k_j / c)``
+            (Gemma 2's ``attn_logit_softcapping``); 0: none.
 
     Returns:
         ``(out, lse)``: ``out`` ``(B, Sq, H, Dv)`` float64 and ``lse`` ``(B, H, Sq)`` float64, the natural log of
-        ``sum_j exp(softmax_scale * q_i . k_j)`` over visible keys. Rows that see no key: ``out = 0``,
+        ``sum_j exp(logit_ij)`` over visible keys. Rows that see no key: ``out = 0``,
         ``lse = -inf``.
     """
     f64 = np.dtype(np.float64)
     q = np.asarray(q, dtype=f64)
     k = np.asarray(k, dtype=f64)
     v = np.asarray(v, dtype=f64)
-    return _forward_core(q, k, v, causal, _scale(softmax_scale, q.shape[-1]), f64, _identity, window)
+    return _forward_core(q, k, v, causal, _scale(softmax_scale, q.shape[-1]), f64, _identity, window,
+                         _softcap(softcap))
 
 
-def backward(do, q, k, v, out, lse, *, causal=False, softmax_scale=None, window=(-1, -1)):
+def backward(do, q, k, v, out, lse, *, causal=False, softmax_scale=None, window=(-1, -1), softcap=0.0):
     """Exact (float64) attention backward, FlashAttention's formulation.
 
     With ``S = softmax_scale * Q K^T`` (masked entries ``-inf``) and the *given* ``out`` and ``lse``:
     ``P = exp(S - lse)`` (0 where masked and on rows with ``lse = -inf``), ``dV = P^T dO``, ``dP = dO V^T``,
-    ``D = rowsum(dO * O)``, ``dS = P * (dP - D)``, ``dQ = scale * dS K``, ``dK = scale * dS^T Q``. With GQA,
+    ``D = rowsum(dO * O)``, ``dS = P * (dP - D)``, ``dQ = scale * dS K``, ``dK = scale * dS^T Q``; with a
+    ``softcap`` c, ``S = c tanh(scale Q K^T / c)`` and dS gets the factor ``1 - (S / c)^2``. With GQA,
     ``dK`` and ``dV`` of a kv head are summed over the ``H // Hkv`` query heads that read it.
 
     Args:
@@ -260,19 +283,20 @@ def backward(do, q, k, v, out, lse, *, causal=False, softmax_scale=None, window=
     f64 = np.dtype(np.float64)
     do, q, k, v, out, lse = (np.asarray(t, dtype=f64) for t in (do, q, k, v, out, lse))
     return _backward_core(do, q, k, v, out, lse, causal, _scale(softmax_scale, q.shape[-1]), f64, _identity,
-                          window)
+                          window, _softcap(softcap))
 
 
 # --------------------------------------------------------------------------------------------------------------
 # low-precision baseline (emulates a bf16 / fp16 PyTorch implementation)
 # --------------------------------------------------------------------------------------------------------------
-def forward_lowp(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1), dtype=None):
+def forward_lowp(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1), dtype=None, softcap=0.0):
     """Attention forward "in the input precision": the baseline of FA3's tolerance rule.
 
     Computation (float32 arithmetic; ``rnd`` = round to ``dtype``):
 
     1. ``q, k, v`` are rounded to ``dtype``;
-    2. ``S = rnd(float32(Q K^T) * softmax_scale)`` (masked entries set to ``-inf`` after rounding);
+    2. ``S = rnd(float32(Q K^T) * softmax_scale)``, with a ``softcap`` c ``rnd(c tanh(float32(Q K^T) *
+       softmax_scale / c))`` (masked entries set to ``-inf`` after rounding);
     3. softmax in float32 from the rounded ``S`` (max-subtracted), ``P = rnd(softmax(S))``;
        ``lse = log(sum exp(S))`` of the rounded ``S``, kept in float32 (like the GPU's fp32 lse);
     4. ``out = rnd(float32(P V))``.
@@ -289,11 +313,13 @@ def forward_lowp(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1), 
     rnd = _rounder(dtype)
     f32 = np.dtype(np.float32)
     q, k, v = (rnd(np.asarray(t, dtype=f32)) for t in (q, k, v))
-    out, lse = _forward_core(q, k, v, causal, _scale(softmax_scale, q.shape[-1]), f32, rnd, window)
+    out, lse = _forward_core(q, k, v, causal, _scale(softmax_scale, q.shape[-1]), f32, rnd, window,
+                             _softcap(softcap))
     return out.astype(dtype), lse
 
 
-def backward_lowp(do, q, k, v, out, lse, *, causal=False, softmax_scale=None, window=(-1, -1), dtype=None):
+def backward_lowp(do, q, k, v, out, lse, *, causal=False, softmax_scale=None, window=(-1, -1), dtype=None,
+                  softcap=0.0):
     """Attention backward "in the input precision": the baseline of FA3's tolerance rule.
 
     Computation (float32 arithmetic; ``rnd`` = round to ``dtype``):
@@ -301,7 +327,8 @@ def backward_lowp(do, q, k, v, out, lse, *, causal=False, softmax_scale=None, wi
     1. ``do, q, k, v, out`` are rounded to ``dtype``; ``lse`` is used in float32;
     2. ``S = rnd(float32(Q K^T) * scale)``; ``P = rnd(exp(S - lse))`` (0 where masked or ``lse = -inf``);
     3. ``dP = rnd(float32(dO V^T))``; ``D = rowsum(dO * O)`` in float32 (not rounded: a vector, as in
-       PyTorch's softmax backward); ``dS = rnd(P * (dP - D))``;
+       PyTorch's softmax backward); ``dS = rnd(P * (dP - D))``, with a ``softcap`` ``rnd(P * (dP - D) * (1 -
+       tanh^2))`` (tanh in float32, not rounded);
     4. ``dQ = rnd(scale * float32(dS K))``; ``dK = rnd(scale * float32(dS^T Q))`` and ``dV = rnd(float32(P^T dO))``,
        where for GQA the float32 sums over the query heads of a group are rounded once.
 
@@ -317,7 +344,7 @@ def backward_lowp(do, q, k, v, out, lse, *, causal=False, softmax_scale=None, wi
     do, q, k, v, out = (rnd(np.asarray(t, dtype=f32)) for t in (do, q, k, v, out))
     lse = np.asarray(lse, dtype=f32)
     dq, dk, dv = _backward_core(do, q, k, v, out, lse, causal, _scale(softmax_scale, q.shape[-1]), f32, rnd,
-                                window)
+                                window, _softcap(softcap))
     return dq.astype(dtype), dk.astype(dtype), dv.astype(dtype)
 
 

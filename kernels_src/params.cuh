@@ -23,6 +23,10 @@ struct FwdParams {
   // [cu_seqlens[b], cu_seqlens[b + 1]); lse is (H, total_q); out (contiguous) takes the partial last tiles.
   const int32_t* cu_seqlens_q; const int32_t* cu_seqlens_k;  // (batch + 1,) int32
   elem_t* out;
+  // Logit soft-capping (DASH_SOFTCAP builds; 0 otherwise): the scores become cap * tanh(s * softcap_prescale)
+  // with softcap_prescale = softmax_scale / cap (the caller's scale); softmax_scale and softmax_scale_log2 above
+  // are then cap and cap * log2(e), the factors from tanh units to logits (lse = max * softmax_scale + log sum).
+  float softcap_prescale;
 };
 
 struct BwdParams {
@@ -75,6 +79,10 @@ struct BwdParams {
   // Nonzero: a folded backward (fixed-length batches only; bwd/fold.cuh): the main kernel alone, launched without
   // preprocess and postprocess, runs their passes itself; its error record's words [4..6] count its grid barriers.
   int64_t fold;
+  // Logit soft-capping (DASH_SOFTCAP builds; 0 otherwise): P = exp2(tanh(s * softcap_prescale) *
+  // softmax_scale_log2 - lse_log2) with softmax_scale_log2 = cap * log2(e), and dS gets the factor 1 - tanh^2;
+  // softmax_scale stays the caller's scale (dK, dQ are scaled by it).
+  float softcap_prescale;
 };
 
 // The (batch, head) pair of a bh index and its kv head (32-bit division: bh < B * H < 2^31).

@@ -17,6 +17,10 @@ namespace bwd {
 
 constexpr int kHeadDim = DASH_HEAD_DIM;
 constexpr bool kCausal = DASH_CAUSAL != 0;
+#ifndef DASH_SOFTCAP
+#define DASH_SOFTCAP 0
+#endif
+constexpr bool kSoftcap = DASH_SOFTCAP != 0;  // logit soft-capping (params.cuh: softcap_prescale)
 constexpr bool kDeterministic = DASH_DETERMINISTIC != 0;
 constexpr int kBlockM = DASH_BLOCK_M;  // queries per Q tile (m_block)
 constexpr int kBlockN = DASH_BLOCK_N;  // keys per KV tile (n_block)

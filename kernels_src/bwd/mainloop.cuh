@@ -6,9 +6,11 @@
 #pragma once
 #include "../ptx/cvt.cuh"
 #include "../ptx/exp2.cuh"
+#include "../ptx/lg2.cuh"
 #include "../ptx/fence.cuh"
 #include "../ptx/mbarrier.cuh"
 #include "../ptx/named_barrier.cuh"
+#include "../ptx/tanh.cuh"
 #include "../ptx/wgmma.cuh"
 #include "../bwd_rows.cuh"
 #include "../params.cuh"
@@ -65,12 +67,38 @@ DASH_DEVICE void softmax_probs(float (&S)[kSRegs], const float* lse_log2, float 
   }
 }
 
-// dS^T = P^T o (dP^T - dpsum[q]) from the rounded P^T fragments, straight into A fragments.
+// Soft-capping: S^T -> t = tanh(S^T * prescale) in place (the scores in tanh units); dS gets the factor 1 - t^2.
+// NOTES: two ways to keep that factor to dS. Head dim 128 (kBlockM 64): dT[k] = 1 - t^2 of registers 2k, 2k + 1
+// rounded to an element pair, as dS itself (which it scales) is; 16 registers live across the dP wait fit in an
+// MMA warpgroup's 240. Head dim 64 (kBlockM 128) has 32 such registers and spilled with them: t is recovered
+// from the rounded P instead, t = (log2 P + lse_log2) / softmax_scale_log2 (P > 0; where P is 0, so is dS): one
+// lg2 per element, about the rounding of P in error.
+constexpr bool kSoftcapKeepDt = kSoftcap && kBlockM == 64;
+constexpr int kDtRegs = kSoftcapKeepDt ? kSRegs / 2 : 1;
+DASH_DEVICE void softcap_scores(float (&S)[kSRegs], uint32_t (&dT)[kDtRegs], float prescale) {
+#pragma unroll
+  for (int k = 0; k < kSRegs / 2; ++k) {
+    const float t0 = tanh_approx(S[2 * k] * prescale), t1 = tanh_approx(S[2 * k + 1] * prescale);
+    S[2 * k] = t0;
+    S[2 * k + 1] = t1;
+    if constexpr (kSoftcapKeepDt) dT[k] = pack_elem2(fmaf(-t0, t0, 1.f), fmaf(-t1, t1, 1.f));
+  }
+}
+
+// 1 - t^2 from a rounded probability p = exp2(t * scale_log2 - lse_log2) (head dim 64's way; 0 where p is 0).
+DASH_DEVICE float softcap_factor_from_prob(float p, float lse_log2, float inv_scale_log2) {
+  const float t = (lg2_approx(p) + lse_log2) * inv_scale_log2;
+  return p > 0.f ? fmaf(-t, t, 1.f) : 0.f;
+}
+
+// dS^T = P^T o (dP^T - dpsum[q]) from the rounded P^T fragments, straight into A fragments (soft-capping: times
+// dT).
 // NOTES: dS uses P rounded to the input precision, as the low-precision baseline of the tolerance rule does
 // (reference.backward_lowp): keeping fp32 P, its fragments, dP and dpsum live together needs more than the 240
 // registers of an MMA warpgroup (measured 241), and then ptxas serializes the wgmmas and spills.
 DASH_DEVICE void softmax_grad(uint32_t (&dSa)[kBlockM / 16][4], const uint32_t (&Pa)[kBlockM / 16][4],
-                              const float (&dP)[kSRegs], const float* dpsum, const Fragment& f) {
+                              const float (&dP)[kSRegs], const float* dpsum, const uint32_t (&dT)[kDtRegs],
+                              const float* lse_log2, float inv_scale_log2, const Fragment& f) {
 #pragma unroll
   for (int ks = 0; ks < kBlockM / 16; ++ks) {
 #pragma unroll
@@ -78,7 +106,17 @@ DASH_DEVICE void softmax_grad(uint32_t (&dSa)[kBlockM / 16][4], const uint32_t (
       const int i = 8 * ks + 2 * j;
       const float2 d = *reinterpret_cast<const float2*>(dpsum + 8 * (i / 4) + f.col0);
       const float2 prob = unpack_elem2(Pa[ks][j]);
-      dSa[ks][j] = pack_elem2(prob.x * (dP[i] - d.x), prob.y * (dP[i + 1] - d.y));
+      float ds0 = prob.x * (dP[i] - d.x), ds1 = prob.y * (dP[i + 1] - d.y);
+      if constexpr (kSoftcapKeepDt) {
+        const float2 t = unpack_elem2(dT[i / 2]);
+        ds0 *= t.x;
+        ds1 *= t.y;
+      } else if constexpr (kSoftcap) {
+        const float2 l = *reinterpret_cast<const float2*>(lse_log2 + 8 * (i / 4) + f.col0);
+        ds0 *= softcap_factor_from_prob(prob.x, l.x, inv_scale_log2);
+        ds1 *= softcap_factor_from_prob(prob.y, l.y, inv_scale_log2);
+      }
+      dSa[ks][j] = pack_elem2(ds0, ds1);
     }
   }
 }
@@ -163,6 +201,8 @@ DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_gen
   // largest is key0 + 63 - query0, the smallest key0 - (query0 + kBlockM - 1).
   const bool need_mask =
       key0 + 64 > seqlen_k || key0 + 63 - query0 > band.hi || key0 - (query0 + kBlockM - 1) < band.lo;
+  uint32_t dT[kDtRegs];
+  if constexpr (kSoftcap) softcap_scores(S, dT, p.softcap_prescale);
   if (need_mask) {
     softmax_probs<true>(S, lse, p.softmax_scale_log2, f, key0, query0, seqlen_k, band);
   } else {
@@ -174,7 +214,7 @@ DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_gen
   wgmma_fence_operand(dP);
   if (last_in_group && tid == 0) mbar_arrive(s.v_empty());  // dP^T was V's last use
   const float* dpsum = reinterpret_cast<const float*>(smem_generic + (s.dpsum(stage) - s.base));
-  softmax_grad(dSa, Pa, dP, dpsum, f);
+  softmax_grad(dSa, Pa, dP, dpsum, dT, lse, kSoftcap ? 1.f / p.softmax_scale_log2 : 0.f, f);
   // dS^T also to shared memory for dQ, which needs the keys of both warpgroups.
   store_transposed<kBlockM>(s.ds(stage), dSa, 64 * wg, tid);
 

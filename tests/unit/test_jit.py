@@ -78,15 +78,16 @@ def test_params_layout_matches_c_structs(offsetof):
     assert ok, log
     # BwdParams: four 64-byte-aligned 128-byte tensor maps first, 400 bytes of 8-byte fields, then the compact
     # tables' 64 bytes, the varlen builds' two pointers, tile_columns, the compact varlen builds' three pointers
-    # and the eager error record's host mirror and the fold flag appended (the earlier offsets unchanged:
-    # softmax_scale_log2 still ends at 936), padded to 64
+    # and the eager error record's host mirror, the fold flag and the soft-capping prescale appended (the earlier
+    # offsets unchanged: softmax_scale_log2 still ends at 936), padded to 64; FwdParams likewise ends in it
     assert kernels.FWD_PARAMS_DTYPE.itemsize == 640 and kernels.BWD_PARAMS_DTYPE.itemsize == 1088
     bwd = kernels.BWD_PARAMS_DTYPE
     appended = ("col_records", "cta_columns", "cta_col_start", "scan_bounds", "n_first", "columns_per_head",
                 "tie_sign", "rank_rule", "cu_seqlens_q", "cu_seqlens_k", "tile_columns", "seg_col_start",
-                "seq_n_first", "seq_tile_start", "error_host", "fold")
-    assert bwd.names[-16:] == appended and bwd.fields["softmax_scale_log2"][1] == 932
-    assert [bwd.fields[n][1] for n in appended] == list(range(936, 1064, 8))
+                "seq_n_first", "seq_tile_start", "error_host", "fold", "softcap_prescale")
+    assert bwd.names[-17:] == appended and bwd.fields["softmax_scale_log2"][1] == 932
+    assert [bwd.fields[n][1] for n in appended] == list(range(936, 1072, 8))
+    assert kernels.FWD_PARAMS_DTYPE.names[-1] == "softcap_prescale"
     assert kernels.PARAMS_STRUCTS["BwdParams"][1] == 64 and kernels.BWD_PARAMS_DTYPE.fields["q"][1] == 512
 
 
@@ -124,7 +125,8 @@ def test_params_parser_reads_declarations_and_rejects_the_unknown():
 def _fwd_fields(**over):
     fields = dict(tma_q=b"\x01" * 128, tma_k=b"\x02" * 128, tma_v=b"\x03" * 128, tma_o=b"\x04" * 128, lse=0x5000,
                   batch=2, seqlen_q=300, seqlen_k=500, num_heads=8, num_heads_kv=2, window_left=-1,
-                  window_right=7, cu_seqlens_q=0x6000, cu_seqlens_k=0x7000, out=0x8000, softmax_scale=0.125, softmax_scale_log2=0.125 * 1.4426950408889634)
+                  window_right=7, cu_seqlens_q=0x6000, cu_seqlens_k=0x7000, out=0x8000, softmax_scale=0.125,
+                  softmax_scale_log2=0.125 * 1.4426950408889634, softcap_prescale=0.0)
     fields.update(over)
     return fields
 
@@ -198,7 +200,7 @@ def test_pack_bwd_params_every_field():
 def test_all_specs_cover_every_combination():
     specs = kernels.all_specs()
     labels = [s.label for s in specs]
-    assert len(set(labels)) == len(labels) == len(set(specs)) == 16 + 8 + 64 + 8 + 2
+    assert len(set(labels)) == len(labels) == len(set(specs)) == 16 + 8 + 64 + 8 + 2 + 16 + 32
     expected = {kernels.expand_spec(False), kernels.expand_spec(True)}
     for dtype, d, causal in itertools.product(kernels.SUPPORTED_DTYPES, kernels.SUPPORTED_HEAD_DIMS, (0, 1)):
         expected.add(kernels.fwd_spec(dtype, d, bool(causal)))
@@ -208,9 +210,13 @@ def test_all_specs_cover_every_combination():
             expected.add(kernels.bwd_specs(dtype, d, bool(causal), det, compact=True).main)
             expected.update(kernels.bwd_specs(dtype, d, bool(causal), det, varlen=True))
             expected.add(kernels.bwd_specs(dtype, d, bool(causal), det, compact=True, varlen=True).main)
+            for varlen in (False, True):
+                expected.add(kernels.bwd_specs(dtype, d, bool(causal), det, varlen=varlen, softcap=True).main)
+        for varlen in (False, True):
+            expected.add(kernels.fwd_spec(dtype, d, bool(causal), varlen=varlen, softcap=True))
     assert expected == set(specs)
     by_kernel = {name: [s for s in specs if s.kernel == name] for name in kernels.KERNEL_NAMES}
-    assert {k: len(v) for k, v in by_kernel.items()} == {"fwd": 16, "bwd_preprocess": 8, "bwd_main": 64,
+    assert {k: len(v) for k, v in by_kernel.items()} == {"fwd": 32, "bwd_preprocess": 8, "bwd_main": 96,
                                                          "bwd_postprocess": 8, "bwd_expand": 2}
     assert kernels.expand_spec(True).label == "bwd_expand[bf16,d64,varlen,compact]"
     for s in specs:
@@ -394,8 +400,8 @@ def test_real_kernel_compiles(spec, tmp_path, monkeypatch):
 def test_cli_compile_subset(ksrc, capsys):
     assert cli_compile.main(["--head-dim", "64", "--dtype", "bf16"]) == 0
     out = capsys.readouterr().out
-    assert "regs" in out and "OK: 26 kernel(s)" in out   # 4 compact, 4 varlen, 4 compact varlen mains, 2 varlen
-    # aux, and the two bwd_expand builds (bf16 / d64 defines, whatever the variant)
+    assert "regs" in out and "OK: 38 kernel(s)" in out   # 4 compact, 4 varlen, 4 compact varlen mains, 2 varlen
+    # aux, the two bwd_expand builds (bf16 / d64 defines, whatever the variant), 4 + 8 soft-capping builds
     for spec in cli_compile.select([64], ["bfloat16"], None):
         assert spec.label in out
     # the second run is served from the cache

@@ -24,7 +24,7 @@ def no_driver(monkeypatch):
 
 
 def problem(B=2, Sq=200, Sk=320, H=4, Hkv=2, D=128, scale=0.1):
-    return types.SimpleNamespace(B=B, Sq=Sq, Sk=Sk, H=H, Hkv=Hkv, D=D, dtype="float16", scale=scale)
+    return types.SimpleNamespace(B=B, Sq=Sq, Sk=Sk, H=H, Hkv=Hkv, D=D, dtype="float16", scale=scale, softcap=0.0)
 
 
 def unmap(raw) -> tuple:
@@ -270,3 +270,32 @@ class _NoDevice:
 
     def __exit__(self, *exc):
         return False
+
+
+def test_logit_factors_with_and_without_a_cap():
+    """kernels_src/params.cuh: with a cap c the kernels work in t = tanh(s * scale / c); the forward's lse factor
+    is c, the softmax's c log2(e); the backward keeps the caller's scale for dK, dQ."""
+    log2e = 1.4426950408889634
+    p = problem(scale=0.125)
+    for backward in (False, True):
+        assert launchers.logit_factors(p, backward) == dict(softmax_scale=0.125, softmax_scale_log2=0.125 * log2e,
+                                                            softcap_prescale=0.0)
+    p.softcap = 50.0
+    assert launchers.logit_factors(p, False) == dict(softmax_scale=50.0, softmax_scale_log2=50.0 * log2e,
+                                                     softcap_prescale=0.125 / 50.0)
+    assert launchers.logit_factors(p, True) == dict(softmax_scale=0.125, softmax_scale_log2=50.0 * log2e,
+                                                    softcap_prescale=0.125 / 50.0)
+
+
+def test_a_launch_needs_the_build_of_its_cap():
+    p = problem()
+    plain, capped = kernels.fwd_spec("float16", 64, True), kernels.fwd_spec("float16", 64, True, softcap=True)
+    launchers.check_softcap_build(plain, p)
+    with pytest.raises(RuntimeError, match="softcap=0.0 needs the plain build"):
+        launchers.check_softcap_build(capped, p)
+    p.softcap = 30.0
+    launchers.check_softcap_build(capped, p)
+    with pytest.raises(RuntimeError, match="soft-capping build"):
+        launchers.check_softcap_build(plain, p)
+    with pytest.raises(ValueError, match="softcap: no compact-table build"):
+        kernels.bwd_specs("float16", 64, True, True, compact=True, softcap=True)

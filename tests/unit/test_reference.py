@@ -417,3 +417,50 @@ def test_window_forward_equals_masking_by_hand():
     want = np.einsum("bhij,bjhd->bihd", p / p.sum(-1, keepdims=True), v)
     np.testing.assert_allclose(out, want, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(lse, np.log(np.exp(s).sum(-1)), rtol=1e-12)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# logit soft-capping
+# ------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("softcap", [0.7, 3.0], ids=["cap0.7", "cap3"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_softcap_gradients_match_finite_differences(softcap, causal):
+    """With a cap the logits are c tanh(scale q.k / c): the backward's extra factor 1 - tanh^2 against central
+    differences, with scores large enough (mag 2) that the cap bends them."""
+    c = dict(B=1, Sq=5, Sk=7, H=2, Hkv=1, D=4, causal=causal, scale=None)
+    q, k, v, do = _inputs(c, seed=11, mag=2.0)
+    kw = dict(causal=causal, softcap=softcap)
+
+    def loss():
+        return float(np.sum(reference.forward(q, k, v, **kw)[0] * do))
+
+    out, lse = reference.forward(q, k, v, **kw)
+    dq, dk, dv = reference.backward(do, q, k, v, out, lse, **kw)
+    for name, analytic, x in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
+        np.testing.assert_allclose(analytic, _numeric_grad(loss, x), rtol=1e-6, atol=1e-8, err_msg=name)
+
+
+def test_softcap_bounds_the_logits_and_vanishes_for_a_large_cap():
+    c = dict(B=1, Sq=9, Sk=9, H=2, Hkv=2, D=8, causal=False, scale=None)
+    q, k, v, do = _inputs(c, seed=12, mag=3.0)
+    _, lse_capped = reference.forward(q, k, v, softcap=1.0)
+    assert np.all(lse_capped <= 1.0 + math.log(9) + 1e-12)        # every logit < 1: lse < 1 + log(Sk)
+    plain = reference.forward(q, k, v)
+    loose = reference.forward(q, k, v, softcap=1e6)
+    for a, b in zip(plain, loose):
+        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-9)
+    with pytest.raises(ValueError, match="softcap"):
+        reference.forward(q, k, v, softcap=-1.0)
+
+
+def test_softcap_lowp_baseline_is_close_but_not_equal():
+    c = dict(B=1, Sq=33, Sk=40, H=2, Hkv=1, D=16, causal=True, scale=None)
+    q, k, v, do = _inputs(c, seed=13, mag=2.0)
+    ref = reference.forward(q, k, v, causal=True, softcap=5.0)
+    low = reference.forward_lowp(q, k, v, causal=True, softcap=5.0, dtype=BF16)
+    np.testing.assert_allclose(low[0].astype(np.float64), ref[0], atol=3e-2)
+    assert not np.array_equal(low[0].astype(np.float64), ref[0])
+    dref = reference.backward(do, q, k, v, *ref, causal=True, softcap=5.0)
+    dlow = reference.backward_lowp(do, q, k, v, *low, causal=True, softcap=5.0, dtype=BF16)
+    for a, b in zip(dlow, dref):
+        np.testing.assert_allclose(a.astype(np.float64), b, atol=6e-2)
