@@ -50,13 +50,13 @@ def _packing(rng, b):
 def _fine_parts():
     """(module, attribute, label) of the steps of a new packing timed by ``--parts``."""
     import cupyx
-    from cupy_dash import _launch, fastpath, fastpath_varlen, kernels, varlen, varlen_device
+    from cupy_dash import _launch, device_tables, fastpath, fastpath_varlen, kernels, varlen, varlen_device
     return [(varlen, "_checked_cu_seqlens", "check lengths"), (varlen_device, "plan", "plan (host build)"),
-            (kernels, "bwd_entry", "bwd_entry"), (varlen_device, "_upload", "_upload"),
+            (kernels, "bwd_entry", "bwd_entry"), (device_tables, "_upload", "_upload"),
             (cupyx, "empty_pinned", "empty_pinned"), (cupy.cuda, "alloc", "cupy.cuda.alloc"),
             (_launch, "patched_block", "patched_block"), (_launch, "launch", "cuLaunchKernel (expand)"),
-            (varlen_device, "_keep_alive", "keep_alive (tables)"), (varlen_device, "_release_after", "release"),
-            (varlen_device, "_defer_release", "defer release"),
+            (device_tables, "_keep_alive", "keep_alive (tables)"), (device_tables, "_release_after", "release"),
+            (device_tables, "_defer_release", "defer release"),
             (fastpath, "rebased_plan", "rebased_plan"), (fastpath_varlen, "_store", "store plan"),
             (fastpath, "run_backward", "run_backward"), (fastpath_varlen, "key", "signature")]
 

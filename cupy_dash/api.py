@@ -32,7 +32,7 @@ import cupy
 import ml_dtypes
 import numpy as np
 
-from . import compact_device, config, fastpath, interop, jit, kernels, launchers, tensormap
+from . import compact_device, config, device_tables, fastpath, interop, jit, kernels, launchers, tensormap
 from .errors import (_acquire_slot, _graph_record, _keep_alive, _record_shared, check_errors,
                      poll_errors as _poll_errors)
 from . import schedule as _schedule
@@ -395,7 +395,7 @@ def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, determinis
     dev = p.device_id
     _check_tma_operands(p)
     # NOTES: compact tables (per-column records) serve policy-built tables without a timeline, for problems whose
-    # per-visit table would be large or on request (compact_device.wanted); such calls are not registered on the
+    # per-visit table would be large or on request (compact_device.table_form); such calls are not registered on the
     # torch fast path, which replays per-visit launches.
     tile = kernels.bwd_tile(D)
     compact = plan is None and timeline is None and compact_device.wanted(Sq, Sk, tile.block_m, tile.block_n, B * H,
@@ -430,7 +430,7 @@ def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, determinis
                 raise _not_warm(f"the {schedule!r} schedule tables of this shape are not on device {dev} yet", p,
                                 causal)
         else:
-            c.tables = _schedule.upload(plan, B * H, -(-Sk // bn), c.num_m_blocks, dev)
+            c.tables = device_tables.upload(plan, B * H, -(-Sk // bn), c.num_m_blocks, dev, stream)
             keep.append(c.tables)
         call = (c.tables.policy, B, H, Sq, Sk, D, causal, window)   # names the call in an error message
         graph_error = None

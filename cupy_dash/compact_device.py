@@ -3,8 +3,8 @@
 The main kernel's compact build (``kernels_src/compact_view.cuh``) reads, instead of the per-visit table, the
 four arrays and four scalars of :mod:`cupy_dash.compact` as BwdParams fields (``kernels_src/params.cuh``, the
 fields after ``softmax_scale_log2``). :func:`device_arrays` gives them as numpy arrays in exactly the layout
-uploaded (the mirror that the CPU tests check against :func:`cupy_dash.compact.expand`); :func:`device_tables`
-builds, uploads and caches them like :func:`cupy_dash.schedule.device_tables`.
+uploaded (the mirror that the CPU tests check against :func:`cupy_dash.compact.expand`);
+:func:`cupy_dash.device_tables.compact` builds, uploads and caches them.
 
 When: eager backward calls (:func:`cupy_dash.attention_backward`) use the compact build where the per-visit
 table would hold more than ``AUTO_VISITS`` visits (20 bytes each: 335 MB, e.g. S = 128k with 32 heads, causal),
@@ -15,20 +15,11 @@ half the speed of a closed-form one (measured at S = 64k and 256k causal: ``desc
 """
 from __future__ import annotations
 
-import collections
-import threading
-
 import numpy as np
 
 from . import compact, config, schedule
 
 ENV = config.COMPACT_TABLES.name
-_MAX_TABLES = 8
-_lock = threading.Lock()
-_tables: "collections.OrderedDict" = collections.OrderedDict()
-_captured: dict = {}
-
-
 AUTO_VISITS = schedule.AUTO_VISITS
 KERNEL_AUTO = "descending"
 
@@ -38,13 +29,28 @@ def enabled() -> bool:
     return config.COMPACT_TABLES.get() is True
 
 
-def wanted(seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, window) -> bool:
-    """Whether a backward of this problem (num_heads = B * H) uses the compact build: ``CUPY_DASH_COMPACT_TABLES``
-    if set (0 / 1), else whether its per-visit table would exceed ``AUTO_VISITS`` visits (O(columns) to count)."""
+def table_form(num_visits=None, varlen=False) -> str:
+    """The form of a backward's schedule tables, the one place that decides it (api.py, jax_ops.py, varlen.py):
+    ``"compact"`` (records read as they are by the DASH_COMPACT build) with ``CUPY_DASH_COMPACT_TABLES=1``, or,
+    unset, where the per-visit table would hold more than ``AUTO_VISITS`` visits; else ``"expand"`` (varlen with
+    ``CUPY_DASH_VARLEN_EXPAND=device``, the default: records uploaded, per-visit rows written on the GPU by
+    kernels_src/bwd_expand.cu) or ``"visits"`` (per-visit rows built and uploaded by the host: every fixed-length
+    call, whose builder makes rows directly; bwd_expand reads varlen records only). ``num_visits``: the per-visit
+    table's size, or a callable counting it (called only where the size decides), or None where it is known only
+    after the build (a varlen packing: varlen_device.plan then applies the size rule, given ``AUTO_VISITS``)."""
     forced = config.COMPACT_TABLES.get()
-    if forced is not None:
-        return forced
-    return compact.num_visits(seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, window) > AUTO_VISITS
+    if forced is None and num_visits is not None:
+        forced = (num_visits() if callable(num_visits) else num_visits) > AUTO_VISITS
+    if forced:
+        return "compact"
+    return "expand" if varlen and config.VARLEN_EXPAND.get() == "device" else "visits"
+
+
+def wanted(seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, window) -> bool:
+    """Whether a fixed-length backward of this problem (num_heads = B * H) uses the compact build
+    (:func:`table_form`; its visits counted in O(columns))."""
+    return table_form(lambda: compact.num_visits(seqlen_q, seqlen_k, block_m, block_n, num_heads, causal,
+                                                 window)) == "compact"
 
 
 def auto_policy(compact_tables: bool, *problem) -> str:
@@ -106,54 +112,3 @@ class CompactDeviceTables:
                for k in ("col_records", "cta_columns", "cta_col_start", "scan_bounds", "tile_columns")}
         return dict(ptr, n_first=self.n_first, columns_per_head=self.columns_per_head, tie_sign=self.tie_sign,
                     rank_rule=self.rank_rule)
-
-
-def upload(plan: compact.CompactSchedule, device_id: int) -> CompactDeviceTables:
-    """:func:`device_arrays` of ``plan`` as CuPy arrays on device ``device_id`` (whatever the current device is:
-    the tables are cached under that id; asynchronous copies)."""
-    import cupy
-    arrays = device_arrays(plan)
-    t = CompactDeviceTables()
-    t.nbytes = 0
-    with cupy.cuda.Device(device_id):
-        for name, value in arrays.items():
-            if isinstance(value, np.ndarray):
-                value = cupy.asarray(value)
-                t.nbytes += value.nbytes
-            setattr(t, name, value)
-    t.num_ctas, t.policy, t.device_id = int(plan.num_ctas), str(plan.policy), device_id
-    return t
-
-
-def device_tables(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_ctas, device_id,
-                  stream, group_size=1, window=(-1, -1), capture=False) -> CompactDeviceTables | None:
-    """:func:`cupy_dash.schedule.device_tables` (same arguments, same caching and capture rules) for the compact
-    build: the records of :func:`cupy_dash.compact.build_compact` (host plans cached there), uploaded once per
-    plan and device."""
-    import cupy
-    if policy == "auto":
-        policy = auto_policy(True)
-    plan = compact.build_compact(policy, seqlen_q=seqlen_q, seqlen_k=seqlen_k, block_m=block_m, block_n=block_n,
-                                 num_heads=num_heads, causal=causal, num_sms=num_ctas, group_size=group_size,
-                                 window=tuple(window))
-    key = (plan.key, device_id)
-    with _lock:
-        t = _tables.get(key)
-        if t is not None:
-            _tables.move_to_end(key)
-        else:
-            t = _captured.get(key)
-        if t is not None or capture:
-            if capture and t is not None:
-                _captured[key] = t
-            return t
-        t = upload(plan, device_id)
-        # NOTES: as for the per-visit tables: later calls on any stream use them, so the copies finish first.
-        stream.synchronize()
-        _tables[key] = t
-        while len(_tables) > _MAX_TABLES:
-            _, old = _tables.popitem(last=False)
-            with cupy.cuda.Device(old.device_id):
-                cupy.cuda.runtime.deviceSynchronize()   # in-flight kernels may still read the evicted tables
-            del old
-        return t

@@ -63,7 +63,7 @@ def _config(causal, softmax_scale, window=(-1, -1), schedule="auto", determinist
     """The static (hashable) arguments, checked as :mod:`cupy_dash.api` checks them (window: right side 0 when
     causal; its canonical form depends on the shapes, see :func:`_problem`); ``ffi``: whether the calls go
     through the C handler (:func:`_use_ffi`); ``compact_env``: CUPY_DASH_COMPACT_TABLES, which a traced backward
-    reads (compact_device.wanted), so that a change of it retraces."""
+    reads (compact_device.table_form), so that a change of it retraces."""
     causal = api._check_flag("causal", causal)
     deterministic = api._check_flag("deterministic", deterministic)
     api._check_schedule(schedule)
@@ -299,7 +299,7 @@ class _Backward:
         import cupy
         self.p, self.causal, self.window = p, cfg.causal, cfg.window
         tile = kernels.bwd_tile(p.D)
-        # NOTES: long problems read compact records, as the eager path does (compact_device.wanted)
+        # NOTES: long problems read compact records, as the eager path does (compact_device.table_form)
         compact = compact_device.wanted(p.Sq, p.Sk, tile.block_m, tile.block_n, p.B * p.H, cfg.causal, cfg.window)
         specs = kernels.bwd_specs(p.dtype, p.D, cfg.causal, cfg.deterministic, compact=compact)
         self.work_bytes = launchers.BwdLaunch(specs, tile.block_m, tile.block_n, p, cfg.deterministic,

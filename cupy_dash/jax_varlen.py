@@ -23,7 +23,7 @@ import functools
 import jax
 import numpy as np
 
-from . import api, config, interop, kernels, launchers, varlen, varlen_device
+from . import api, config, device_tables, interop, kernels, launchers, varlen
 from . import jax_ops as _jax
 from . import schedule as _schedule
 from .errors import _jit_record
@@ -116,7 +116,7 @@ class _VarlenForward:
                 _jax._load([self.spec])
                 if host_cu is not None:
                     stream = cupy.cuda.Stream(non_blocking=True)
-                    self.cu[dev] = varlen_device.upload_async([np.asarray(c, np.int32) for c in host_cu], stream)
+                    self.cu[dev] = device_tables.upload_async([np.asarray(c, np.int32) for c in host_cu], stream)
                     stream.synchronize()
 
     def bind(self, q, k, v, *cu):

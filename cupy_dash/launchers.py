@@ -12,7 +12,7 @@ from __future__ import annotations
 import cupy
 import numpy as np
 
-from . import _launch, config, jit, kernels, tensormap
+from . import _launch, config, device_tables, jit, kernels, tensormap
 from . import schedule as _schedule
 from .errors import _release_slot, _track
 
@@ -158,18 +158,16 @@ def fold_wanted(p, block_m, block_n, zero_kv, varlen) -> bool:
 
 
 def bwd_tables(schedule, c, max_ctas, device_id, stream, capture=False, compact=False):
-    """The device tables of ``schedule`` for the backward ``c`` (:func:`cupy_dash.schedule.device_tables`): one
-    KV tile with all the query heads of its group per work unit, at most ``max_ctas`` (co-resident) CTAs. Every
-    entry point gets its tables here, so equal problems get equal tables, hence equal bits. ``compact``: the
-    per-column records of the same schedule (:mod:`cupy_dash.compact_device`) for the DASH_COMPACT build."""
+    """The device tables of ``schedule`` for the fixed-length backward ``c`` (:func:`cupy_dash.device_tables.
+    per_visit`): one KV tile with all the query heads of its group per work unit, at most ``max_ctas``
+    (co-resident) CTAs. Every entry point gets its tables here, so equal problems get equal tables, hence equal
+    bits. ``compact``: the per-column records of the same schedule (:func:`cupy_dash.device_tables.compact`) for
+    the DASH_COMPACT build."""
     p = c.p
     kv_tiles = p.B * p.Hkv * -(-p.Sk // c.block_n)
-    build = _schedule.device_tables
-    if compact:
-        from .compact_device import device_tables as build
-    return build(schedule, p.Sq, p.Sk, c.block_m, c.block_n, p.B * p.H, c.causal,
-                                   min(max_ctas, kv_tiles), device_id, stream, p.H // p.Hkv, c.window,
-                                   capture=capture)
+    build = device_tables.compact if compact else device_tables.per_visit
+    return build(schedule, p.Sq, p.Sk, c.block_m, c.block_n, p.B * p.H, c.causal, min(max_ctas, kv_tiles), device_id,
+                 stream, p.H // p.Hkv, c.window, capture=capture)
 
 
 def launch_backward(c, operands, lse_ptr, work_base, grads, stream, *, error_ptr=None, slot=None, call=None,

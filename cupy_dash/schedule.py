@@ -1,5 +1,5 @@
-"""Schedules for the deterministic dQ reduction (the DASH paper), usable without a GPU (except
-:func:`device_tables` / :func:`upload`, which put a table on the GPU for the backward kernel).
+"""Schedules for the deterministic dQ reduction (the DASH paper), usable without a GPU (the tables on the GPU:
+:mod:`cupy_dash.device_tables`).
 
 The deterministic backward adds the dQ partial of every (KV tile n, Q tile m) visit into an fp32 accumulator
 in a fixed order per dQ tile.  A schedule says which CTA runs which KV tile, in which order each KV tile visits
@@ -94,11 +94,9 @@ under a causal mask (both predict a tie; the measured per-visit timelines show l
 """
 from __future__ import annotations
 
-import collections
 import functools
 import math
 import numbers
-import threading
 
 import numpy as np
 
@@ -469,22 +467,6 @@ def critical_path(policy: str, *, n: int, m: int, c: float = 1.0, r: float = 0.2
                      f"fa3/descending/shift/symmetric_shift and causal descending/symmetric_shift")
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Tables on the GPU (the arrays the backward main kernel reads), cached per problem and device.
-_MAX_PLANS = 256           # host-side plans kept (LRU)
-_MAX_TABLES = 64           # device-side tables kept per process (LRU)
-_table_lock = threading.RLock()
-_plans: collections.OrderedDict = collections.OrderedDict()
-_tables: collections.OrderedDict = collections.OrderedDict()
-_captured: dict = {}       # tables used by a CUDA graph capture: never freed
-
-
-class DeviceTables:
-    """A schedule's tables on one device: ``visits`` (V, 4) int32, ``rank`` (V,) int32, ``cta_start``
-    (num_ctas + 1,) int64 CuPy arrays, plus ``num_ctas``, ``policy`` and ``device_id``."""
-    __slots__ = ("visits", "rank", "cta_start", "num_ctas", "policy", "device_id")
-
-
 def check_plan(plan, num_heads: int, n_blocks: int, m_blocks: int) -> tuple:
     """A schedule-like object's arrays in kernel dtypes ``(visits, rank, cta_start, num_ctas)``, after bounds
     checks that keep a corrupted table from touching memory outside the kernel's buffers (a bad *rank* is
@@ -514,66 +496,6 @@ def check_plan(plan, num_heads: int, n_blocks: int, m_blocks: int) -> tuple:
                 raise ValueError(f"plan: visits[:, {col}] ({name}) must lie in [0, {limit}), "
                                  f"got [{c.min()}, {c.max()}]")
     return visits, rank, cta_start, num_ctas
-
-
-def upload(plan, num_heads: int, n_blocks: int, m_blocks: int, device_id: int) -> DeviceTables:
-    """The plan's tables (checked by :func:`check_plan`) as CuPy arrays on device ``device_id`` (whatever the
-    current device is: the tables are cached under that id)."""
-    import cupy
-    visits, rank, cta_start, num_ctas = check_plan(plan, num_heads, n_blocks, m_blocks)
-    t = DeviceTables()
-    with cupy.cuda.Device(device_id):
-        t.visits, t.rank, t.cta_start = cupy.asarray(visits), cupy.asarray(rank), cupy.asarray(cta_start)
-    t.num_ctas, t.policy, t.device_id = num_ctas, str(getattr(plan, "policy", "custom")), device_id
-    return t
-
-
-def device_tables(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_ctas, device_id,
-                  stream, group_size=1, window=(-1, -1), capture=False) -> DeviceTables | None:
-    """The schedule for one problem on one device (num_heads = B * H query heads, group_size = H // Hkv, window
-    (left, right) in :func:`canonical_window` form): host plans cached by shape and window (LRU), device tables
-    by ``(plan.key, device)`` (LRU), so a repeated call builds and uploads nothing. A miss uploads the tables to
-    ``device_id`` (not to the current device, should they differ) and synchronizes ``stream`` (a stream of that
-    device) once (later calls may use them on any stream).
-
-    ``capture=True`` (``stream`` is capturing a CUDA graph): never uploads or synchronizes; returns the cached
-    tables, now kept for the life of the process (the graph holds their address, so LRU eviction must not free
-    them), or None on a miss.
-    """
-    import cupy
-    pkey = (policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_ctas, group_size, tuple(window))
-    with _table_lock:
-        plan = _plans.get(pkey)
-        if plan is None:
-            plan = build(policy, seqlen_q=seqlen_q, seqlen_k=seqlen_k, block_m=block_m, block_n=block_n,
-                         num_heads=num_heads, causal=causal, num_sms=num_ctas, group_size=group_size,
-                         window=window)
-            _plans[pkey] = plan
-            if len(_plans) > _MAX_PLANS:
-                _plans.popitem(last=False)
-        else:
-            _plans.move_to_end(pkey)
-        tkey = (plan.key, device_id)
-        t = _tables.get(tkey)
-        if t is not None:
-            _tables.move_to_end(tkey)
-        else:
-            t = _captured.get(tkey)        # evicted from the LRU, kept alive for a graph
-        if t is not None or capture:
-            if capture and t is not None:
-                _captured[tkey] = t
-            return t
-        t = upload(plan, num_heads, plan.num_n_blocks, plan.num_m_blocks, device_id)
-        # NOTES: the tables are shared by later calls on any stream: finish the upload before anyone uses them.
-        stream.synchronize()
-        _tables[tkey] = t
-        while len(_tables) > _MAX_TABLES:
-            _, old = _tables.popitem(last=False)
-            # in-flight kernels on any stream may still read the evicted tables: drain that device first
-            with cupy.cuda.Device(old.device_id):
-                cupy.cuda.runtime.deviceSynchronize()
-            del old
-        return t
 
 
 # The compact and varlen builders are part of this module's API, but their modules import this one (argument

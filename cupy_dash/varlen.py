@@ -151,12 +151,11 @@ def _tables(dev, dtype, D, causal, deterministic, schedule, lens_q, lens_k, H, H
     builds compact records (O(columns)) and kernels_src/bwd_expand.cu writes the per-visit rows for the per-visit
     main kernel (the same bits and kernel speed, half the host time of a new packing: docs/decisions/table-forms.md);
     CUPY_DASH_VARLEN_EXPAND=host expands on the host instead (varlen_schedule.expand, uploads 20 bytes per visit)."""
-    forced = config.COMPACT_TABLES.get()
-    expand = config.VARLEN_EXPAND.get() == "device"
-    form = True if forced else ("expand" if expand else False)
+    form = compact_device.table_form(None, varlen=True)       # the size rule: after the build (compact_above)
+    above = compact_device.AUTO_VISITS if config.COMPACT_TABLES.get() is None else None
     _, bm, bn, max_ctas = kernels.bwd_entry(dev, dtype, D, causal, deterministic, varlen=True)
-    tables = varlen_device.plan(schedule, lens_q, lens_k, bm, bn, H, Hkv, causal, max_ctas, window, form,
-                                compact_device.AUTO_VISITS if forced is None else None, pinned=True)
+    tables = varlen_device.plan(schedule, lens_q, lens_k, bm, bn, H, Hkv, causal, max_ctas, window,
+                                {"compact": True, "expand": "expand", "visits": False}[form], above, pinned=True)
     compact = tables.compact is not None and not tables.expand
     specs, _, _, compact_ctas = kernels.bwd_entry(dev, dtype, D, causal, deterministic, compact=compact, varlen=True)
     if tables.num_ctas > compact_ctas:

@@ -13,8 +13,8 @@ per-visit tables' bits, but the kernel's counted rank rules make the backward 0.
 (docs/decisions/table-forms.md).
 
 A training step's new packing (the GPU paths): the records are packed straight into pinned host memory
-(:func:`_pinned_blob`) and copied from there on the caller's stream, into a device block of a power-of-two size
-(:func:`_device_bytes`), so that neither pinned nor device memory is allocated anew at each step.
+(device_tables._pinned_blob) and copied from there on the caller's stream, into a device block of a power-of-two size
+(device_tables._device_bytes), so that neither pinned nor device memory is allocated anew at each step.
 """
 from __future__ import annotations
 
@@ -23,12 +23,11 @@ import math
 import threading
 
 import cupy
-import cupyx
 import numpy as np
 
 from . import _varlen_pack, config, varlen_schedule
+from . import device_tables as _dt
 from . import schedule as _schedule
-from .errors import _keep_alive, stream_device
 
 _MAX_PLANS = 32
 _plans: "collections.OrderedDict" = collections.OrderedDict()
@@ -99,187 +98,38 @@ class ExpandedTables:
 
 
 EXPAND_ENV = config.VARLEN_EXPAND.name   # "host": per-visit tables expanded on the host, not the GPU (default)
-_MAX_DEVICE_TABLES = 16
-_table_streams: dict = {}       # cache key -> {stream handle: CuPy stream} of the calls that read the tables
-_device_tables: "collections.OrderedDict" = collections.OrderedDict()
-
-
-def upload_async(arrays, stream):
-    """Device copies of host ``arrays`` (views of one device buffer, each 256-byte aligned), enqueued on ``stream``
-    as one copy from one pinned staging buffer (kept alive until the copy finishes): unlike copies from pageable
-    memory, this neither blocks the host nor waits for the stream."""
-    offsets, total = [], 0
-    for a in arrays:
-        offsets.append(total)
-        total += -(-a.nbytes // 256) * 256
-    staging = []
-    mem, _ = _upload(list(zip(arrays, offsets)), total, 0, stream, staging)
-    _keep_alive(staging, stream)
-    buf = cupy.ndarray((max(total, 1),), dtype=cupy.uint8, memptr=mem)
-    return [buf[off:off + a.nbytes].view(a.dtype).reshape(a.shape) for a, off in zip(arrays, offsets)]
 
 
 def device(t: Tables, num_heads, dev, stream):
     """(tables, cu_seqlens_q, cu_seqlens_k, event) of ``t`` on device ``dev``: :class:`ExpandedTables`,
-    :class:`CompactTables` or (expanded on the host) ``schedule.DeviceTables``, cached (LRU) so that a repeated
-    packing uploads nothing; a miss enqueues the uploads on ``stream`` (no wait). ``event``: what ``stream`` must
-    wait for before reading the tables, or None: after a miss (enqueued on ``stream`` itself) and for a hit on
-    the stream that uploaded them; a hit on another stream gets an event recorded on the uploading stream then.
+    :class:`CompactTables` or (expanded on the host) ``device_tables.DeviceTables``, cached (LRU,
+    :func:`cupy_dash.device_tables.cached`) so that a repeated packing uploads nothing; a miss enqueues the uploads
+    on ``stream`` (no wait). ``event``: what ``stream`` must wait for before reading the tables, or None: after a
+    miss (enqueued on ``stream`` itself) and for a hit on the stream that uploaded them; a hit on another stream
+    gets an event recorded on the uploading stream then.
     The device cu_seqlens are the lengths the table was built from, so the kernels never see other ones: CuPy
     arrays for per-visit tables, :class:`DeviceRef` for the compact forms (read by ``.data.ptr`` alike).
     ``stream`` is a stream of ``dev``; allocations, copies, events and the expansion kernel go to ``dev`` whatever
     the current device is."""
-    with cupy.cuda.Device(dev):
-        return _device(t, num_heads, dev, stream)
-
-
-def _device(t: Tables, num_heads, dev, stream):
-    """:func:`device`, with ``dev`` current."""
-    key = (t.key, dev)
-    with _plans_lock:
-        hit = _device_tables.get(key)
-        if hit is not None:
-            _device_tables.move_to_end(key)
-            _table_streams[key][stream.ptr] = stream
-            return hit[0], hit[1], hit[2], _upload_event(hit, stream)
-    staging = []
-    if t.expand:
-        d, cu_q, cu_k = _expand_on_device(t, dev, stream, staging)
-    elif t.compact:
-        buf, _ = _upload([(t.blob, 0)], t.blob.nbytes, 0, stream, staging, t.pinned)
-        d = CompactTables()
-        d.ptrs, d.buffer = _record_ptrs(t, buf.ptr), buf
-        cu_q, cu_k = _device_view(buf, t, _CU_Q), _device_view(buf, t, _CU_K)
-        d.num_ctas, d.tie_sign, d.rank_rule = t.num_ctas, int(t.compact[0]), int(t.compact[1])
-    else:
-        visits, rank, cta_start, num_ctas = _schedule.check_plan(t, num_heads, t.n_blocks, t.m_blocks)
-        d = _schedule.DeviceTables()
-        d.visits, d.rank, d.cta_start, cu_q, cu_k = upload_async((visits, rank, cta_start, t.cu_q, t.cu_k), stream)
-        d.num_ctas = num_ctas
-    d.policy, d.device_id = t.policy, dev
-    # NOTES: an entry is [tables, cu_q, cu_k, uploading stream, event or None]: the event is recorded only when a
-    # call on another stream first finds the entry (_upload_event); a training loop on one stream records none.
-    entry = [d, cu_q, cu_k, stream, None]
-    with _plans_lock:
-        _device_tables[key] = entry
-        _table_streams[key] = {stream.ptr: stream}
-        evicted = []
-        while len(_device_tables) > _MAX_DEVICE_TABLES:
-            old_key, old = _device_tables.popitem(last=False)
-            evicted.append((old, _table_streams.pop(old_key)))
-    for old, streams in evicted:
-        _release_after(old, streams.values(), stream, staging)
-    _defer_release(staging, stream)
-    return d, cu_q, cu_k, None                   # enqueued on ``stream``: nothing to wait for there
-
-
-def _upload_event(entry, stream):
-    """What ``stream`` waits for before reading the cached ``entry``'s tables: None on the stream that uploaded
-    them, else an event recorded on the uploading stream (once, at the first such call: it may also cover work
-    enqueued there after the upload, which only makes the wait longer, never too short). Called under
-    _plans_lock."""
-    if entry[3].ptr == stream.ptr:
-        return None
-    if entry[4] is None:
-        event = cupy.cuda.Event(block=False, disable_timing=True)
-        event.record(entry[3])
-        entry[4] = event
-    return entry[4]
-
-
-_DEFER_MISSES = 4
-_deferred: dict = {}       # stream handle -> [stream, objects to free after its work so far]
-_deferred_misses = [0]
-
-
-def _defer_release(objs, stream) -> None:
-    """Keep ``objs`` (a new packing's pinned blob, cache entries it evicted) alive until the work enqueued on
-    ``stream`` so far has finished, with one event per stream every _DEFER_MISSES new packings rather than one
-    per new packing.
-    NOTES: held until an event recorded at a later miss completes: later than needed, never earlier (stream
-    order); every held list is handed to errors._keep_alive at every _DEFER_MISSES-th miss of any stream, so at
-    most that many packings' blobs and evicted tables wait here, whatever the number of streams (a
-    prepare_varlen_backward call may use a stream of its own)."""
-    with _plans_lock:
-        held = _deferred.get(stream.ptr)
-        if held is None:
-            held = _deferred[stream.ptr] = [stream, []]
-        held[1].extend(objs)
-        _deferred_misses[0] += 1
-        if _deferred_misses[0] < _DEFER_MISSES:
-            return
-        flush = list(_deferred.values())
-        _deferred.clear()
-        _deferred_misses[0] = 0
-    for s, keep in flush:
-        if keep:
-            try:
-                _keep_alive(keep, s)
-            except cupy.cuda.runtime.CUDARuntimeError:     # the stream is gone: wait for its device instead
-                _synchronize(s)
-
-
-def _upload(pieces, nbytes: int, extra_bytes: int, stream, staging_out: list, pinned: bool = False):
-    """(buffer, head): a CuPy device allocation (MemoryPointer) of ``head`` (``nbytes`` rounded up to 256 bytes) +
-    ``extra_bytes`` bytes whose first ``nbytes`` are the host ``pieces`` ((array, byte offset) pairs), enqueued on
-    ``stream`` as one copy from pinned memory (no wait): from the one piece itself when ``pinned`` (a blob of
-    :func:`_pinned_blob`), else through pinned staging. The host buffer copied from is appended to
-    ``staging_out``: the caller keeps it alive until the copy has finished."""
-    head = -(-nbytes // 256) * 256
-    if pinned:
-        (staging, _), = pieces
-    else:
-        staging = cupyx.empty_pinned(_pow2(nbytes), dtype=np.uint8)
-        for a, off in pieces:
-            if a.dtype == np.uint8 and a.flags.c_contiguous:          # a blob of _varlen_pack.pack
-                staging[off:off + a.nbytes] = a
-            else:
-                staging[off:off + a.nbytes] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
-    buf = cupy.cuda.alloc(_device_bytes(head + extra_bytes))       # no ndarray: only the address is read
-    cupy.cuda.runtime.memcpyAsync(buf.ptr, staging.ctypes.data, nbytes, cupy.cuda.runtime.memcpyHostToDevice,
-                                  stream.ptr)
-    staging_out.append(staging)
-    return buf, head
-
-
-def _pow2(nbytes: int) -> int:
-    # NOTES: CuPy's pinned pool reuses a freed block only for the same size, and pinning new host memory costs
-    # ~1 ms; a new packing's tables differ in size at every step, so pinned buffers have power-of-two sizes.
-    return 1 << max(nbytes - 1, 0).bit_length()
-
-
-_POW2_DEVICE_MAX = 16 << 20
-
-
-def _device_bytes(nbytes: int) -> int:
-    """The size of a new packing's device allocation: a power of two up to _POW2_DEVICE_MAX bytes (so that CuPy's
-    pool finds a freed block of the same size, one of the tables the cache has evicted, instead of splitting one
-    or calling cudaMalloc: ~11 µs of host time on the H200 VM with sizes that change at every step), exact above
-    (long sequences' tables, built rarely)."""
-    nbytes = max(nbytes, 1)
-    return _pow2(nbytes) if nbytes <= _POW2_DEVICE_MAX else nbytes
-
-
-_PINNED_BLOB_MAX = 1 << 20      # larger blobs (long sequences: cached, rarely new) stay pageable
-_pinned_ok = [True]
-
-
-def _pins(nbytes: int) -> bool:
-    """Whether :func:`_pinned_blob` gives a blob of ``nbytes`` pinned memory."""
-    return nbytes <= _PINNED_BLOB_MAX and _pinned_ok[0]
-
-
-def _pinned_blob(nbytes: int):
-    """A writable uint8 host array of at least ``nbytes`` for _varlen_pack.pack to pack a new packing into: pinned
-    (the upload then copies from it directly) up to _PINNED_BLOB_MAX bytes, else, or where pinned memory cannot be
-    had (no CUDA driver: CPU tests of the GPU paths), pageable (the upload stages it)."""
-    if _pins(nbytes):
-        size = _pow2(nbytes)
-        try:
-            return np.ndarray((size,), dtype=np.uint8, buffer=cupy.cuda.alloc_pinned_memory(size))
-        except cupy.cuda.runtime.CUDARuntimeError:
-            _pinned_ok[0] = False
-    return np.empty(nbytes, dtype=np.uint8)
+    def make(stream, staging):
+        if t.expand:
+            d, cu_q, cu_k = _expand_on_device(t, dev, stream, staging)
+        elif t.compact:
+            buf, _ = _dt._upload([(t.blob, 0)], t.blob.nbytes, 0, stream, staging, t.pinned)
+            d = CompactTables()
+            d.ptrs, d.buffer = _record_ptrs(t, buf.ptr), buf
+            cu_q, cu_k = _device_view(buf, t, _CU_Q), _device_view(buf, t, _CU_K)
+            d.num_ctas, d.tie_sign, d.rank_rule = t.num_ctas, int(t.compact[0]), int(t.compact[1])
+        else:
+            visits, rank, cta_start, num_ctas = _schedule.check_plan(t, num_heads, t.n_blocks, t.m_blocks)
+            d = _dt.DeviceTables()
+            d.visits, d.rank, d.cta_start, cu_q, cu_k = _dt.upload_async((visits, rank, cta_start, t.cu_q, t.cu_k),
+                                                                         stream)
+            d.num_ctas = num_ctas
+        d.policy, d.device_id = t.policy, dev
+        return d, (cu_q, cu_k)
+    d, (cu_q, cu_k), event = _dt.cached("varlen", t.key, dev, stream, make)
+    return d, cu_q, cu_k, event
 
 
 def _record_ptrs(t: Tables, base: int) -> dict:
@@ -305,10 +155,10 @@ def _expand_on_device(t: Tables, dev, stream, staging_out: list):
     """(:class:`ExpandedTables`, cu_seqlens_q, cu_seqlens_k) of ``t`` (compact records, ``t.expand``): the records,
     the CTAs' row starts and the lengths uploaded in one copy to the head of one allocation, then the per-visit
     rows and ranks written behind them on the GPU by kernels_src/bwd_expand.cu, both enqueued on ``stream``
-    (the staging of the copy appended to ``staging_out``, as :func:`_upload`)."""
+    (the staging of the copy appended to ``staging_out``, as device_tables._upload)."""
     num_rows = max(t.num_visits, 1)
     visits_bytes = -(-num_rows * 16 // 256) * 256
-    buf, head = _upload([(t.blob, 0)], t.blob.nbytes, visits_bytes + num_rows * 4, stream, staging_out, t.pinned)
+    buf, head = _dt._upload([(t.blob, 0)], t.blob.nbytes, visits_bytes + num_rows * 4, stream, staging_out, t.pinned)
     d = ExpandedTables()
     base = buf.ptr
     d.ptrs = dict(visits=base + head, rank=base + head + visits_bytes, cta_start=base + int(t.offsets[_CTA_START]))
@@ -342,29 +192,6 @@ def _expand_launch(dev):
     return launch
 
 
-def _release_after(entry, streams, stream, deferred: list) -> None:
-    """Free an evicted cache ``entry`` once the work enqueued so far on every stream that used it has finished
-    (on ``stream``, the caller's: appended to ``deferred``, for :func:`_defer_release`).
-
-    NOTES: a packed batch with new lengths at every training step evicts one entry per step; an event per other
-    stream that read it (held by errors._keep_alive) frees it without blocking the host. Where an event cannot be
-    recorded (a stream destroyed since), the device is synchronized instead."""
-    for s in streams:
-        try:
-            if s.ptr == stream.ptr:
-                deferred.append(entry)
-            else:
-                _keep_alive([entry], s)
-        except cupy.cuda.runtime.CUDARuntimeError:
-            _synchronize(s)
-
-
-def _synchronize(stream) -> None:
-    """Wait for all work of ``stream``'s device (a stream destroyed since it was used: its device still runs)."""
-    with cupy.cuda.Device(stream_device(stream)):
-        cupy.cuda.runtime.deviceSynchronize()
-
-
 def plan(policy, lens_q, lens_k, block_m, block_n, heads, kv_heads, causal, max_ctas, window,
          compact=False, compact_above=None, pinned=False) -> Tables:
     """The varlen schedule of one packed batch (lengths: int64 host arrays) on at most ``max_ctas`` CTAs (fewer
@@ -372,7 +199,7 @@ def plan(policy, lens_q, lens_k, block_m, block_n, heads, kv_heads, causal, max_
     GPU (``"expand"``), cached by lengths (LRU): training on fixed packings builds each once. ``compact_above``:
     a per-visit form whose table would hold more visits than this is built compact instead (``t.compact`` says
     which form came out). ``pinned``: a compact form built here packs its blob into pinned memory where it can
-    (:func:`_pinned_blob`; the GPU paths)."""
+    (device_tables._pinned_blob; the GPU paths)."""
     columns = kv_heads * _varlen_pack.kv_tiles(np.ascontiguousarray(lens_k, np.int64), block_n)
     num_sms, group = max(1, min(max_ctas, columns)), heads // kv_heads
     key = (policy, lens_q.tobytes(), lens_k.tobytes(), block_m, block_n, heads, causal, num_sms, group, window,
@@ -394,18 +221,18 @@ def plan(policy, lens_q, lens_k, block_m, block_n, heads, kv_heads, causal, max_
         problem = (np.ascontiguousarray(lens_q, np.int64), np.ascontiguousarray(lens_k, np.int64), block_m,
                    block_n, heads, causal, num_sms, group, _schedule.check_window(window, causal))
         out = _varlen_pack.new_packing(*varlen_schedule._schedule_args(policy, problem), True,
-                                       _pinned_blob if pinned else None)
+                                       _dt._pinned_blob if pinned else None)
         code, t.blob, t.offsets, t.shapes, t.num_visits, t.num_ctas, tie_sign, rank_rule, t.m_blocks, t.n_blocks = out
-        t.pinned = pinned and _pins(t.blob.nbytes)     # what _pinned_blob chose (a failed pin clears _pinned_ok)
+        t.pinned = pinned and _dt._pins(t.blob.nbytes)     # what _pinned_blob chose (a failed pin clears _pinned_ok)
         t.policy, t.compact = varlen_schedule._POLICY_NAMES[code], (tie_sign, rank_rule)
         if compact == "expand" and compact_above is not None and t.num_visits > compact_above:
-            compact = True               # a per-visit table this large: compact records (as compact_device.wanted)
+            compact = True               # a per-visit table this large: compact records (compact_device.table_form's size rule)
     else:
         built = varlen_schedule.build_varlen(policy, lens_q, lens_k, block_m=block_m, block_n=block_n, heads=heads,
                                              causal=causal, num_sms=num_sms, group_size=group, window=window)
         t.num_visits, t.num_ctas, t.policy = int(built.num_visits), int(built.num_ctas), str(built.policy)
         if compact_above is not None and t.num_visits > compact_above:
-            compact = True               # a per-visit table this large: compact records (as compact_device.wanted)
+            compact = True               # a per-visit table this large: compact records (compact_device.table_form's size rule)
             t.blob, t.offsets, t.shapes, _ = _varlen_pack.pack(
                 built.records, built.cta_columns, built.cta_col_start, built.seg_col_start, built.n_first,
                 built.num_m_blocks, built.seqlens_q, built.seqlens_k, kv_heads, group, False)

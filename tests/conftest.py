@@ -96,17 +96,14 @@ def pytest_terminal_summary(terminalreporter):
 
 @pytest.fixture
 def host_tables(monkeypatch):
-    """``schedule.device_tables`` without a GPU: uploads become numpy arrays, the table caches start empty; the
+    """``device_tables.per_visit`` without a GPU: uploads become numpy arrays, the table caches start empty; the
     fixture's value stands in for the stream argument (device switching: tests/device_fakes.py)."""
-    import cupy
-    from cupy_dash import schedule
-    from device_fakes import install
-    install(monkeypatch)
-    monkeypatch.setattr(cupy, "asarray", np.asarray)
-    schedule._tables.clear()
-    schedule._plans.clear()
+    from device_fakes import fake_uploads, install
+    fake_uploads(monkeypatch, install(monkeypatch))
 
     class Stream:
+        ptr = 0
+
         def synchronize(self):
             pass
     return Stream()

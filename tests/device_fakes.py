@@ -39,3 +39,23 @@ def install(monkeypatch, current: int = 0) -> FakeDevices:
     monkeypatch.setattr(cupy.cuda.runtime, "getDevice", lambda: fake.current)
     monkeypatch.setattr(cupy.cuda.runtime, "setDevice", lambda dev: setattr(fake, "current", int(dev)))
     return fake
+
+
+def fake_uploads(monkeypatch, fake: FakeDevices | None = None) -> list:
+    """Replace the one upload of schedule tables (``device_tables.upload_async``) by numpy copies and the cached
+    tables by empty caches; returns the list of ``(current device, dtype)`` of every array uploaded (the device
+    None without ``fake``)."""
+    import collections
+
+    import numpy as np
+
+    from cupy_dash import device_tables
+    uploads = []
+
+    def upload_async(arrays, stream, wait=False):
+        uploads.extend((None if fake is None else fake.current, a.dtype) for a in arrays)
+        return [np.array(a) for a in arrays]
+    monkeypatch.setattr(device_tables, "upload_async", upload_async)
+    monkeypatch.setattr(device_tables, "_caches", {f: collections.OrderedDict() for f in device_tables._LIMITS})
+    monkeypatch.setattr(device_tables, "_plans", collections.OrderedDict())
+    return uploads

@@ -109,12 +109,12 @@ def test_new_packing_every_step_never_synchronizes(monkeypatch):
     """Training with new lengths at every step: more packings than the device-table cache holds, so every call
     evicts one; evicted tables are freed by events, not by a device synchronization, and each call still gives
     the bits of a call on a fresh cache."""
-    from cupy_dash import varlen_device
+    from cupy_dash import device_tables
     rng = np.random.default_rng(5)
     H, D, total = 4, 64, 1536
     q, k, v, do = (_dev(rng.standard_normal((total, H, D), dtype=np.float32).astype(BF16)) for _ in range(4))
     packings = []
-    for _ in range(varlen_device._MAX_DEVICE_TABLES + 8):
+    for _ in range(device_tables._LIMITS["varlen"] + 8):
         cuts = np.sort(rng.choice(np.arange(1, total), size=5, replace=False))
         packings.append(np.concatenate([[0], cuts, [total]]).astype(np.int32))
     firsts = []
@@ -389,9 +389,9 @@ def test_prepared_table_from_another_thread(monkeypatch):
     cupy_dash.check_errors()
     other = [h["cu_q"], h["cu_k"]]
     other = [np.concatenate([c[:1], c[1:] + 0]) for c in other]       # the same lengths, new arrays
-    from cupy_dash import varlen_device
+    from cupy_dash import device_tables, varlen_device
     varlen_device._plans.clear()
-    varlen_device._device_tables.clear()
+    device_tables._caches["varlen"].clear()
     errors_seen = []
 
     def prepare():

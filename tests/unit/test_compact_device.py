@@ -213,8 +213,9 @@ def test_device_arrays_rejects_bad_records():
 
 
 def test_compact_backward_runs_auto_as_kernel_auto(monkeypatch):
-    """compact_device.device_tables builds KERNEL_AUTO's records for "auto" (counted ranks cost the writer)."""
-    import cupy
+    """device_tables.compact builds KERNEL_AUTO's records for "auto" (counted ranks cost the writer)."""
+    from cupy_dash import device_tables
+    from device_fakes import install
     seen = []
     real = compact.build_compact
 
@@ -222,11 +223,12 @@ def test_compact_backward_runs_auto_as_kernel_auto(monkeypatch):
         seen.append(policy)
         return real(policy, **kw)
     monkeypatch.setattr(compact, "build_compact", build)
-    monkeypatch.setattr(compact_device, "upload", lambda plan, dev: types.SimpleNamespace(policy=plan.policy))
-    monkeypatch.setattr(compact_device, "_tables", collections.OrderedDict())
-    stream = types.SimpleNamespace(synchronize=lambda: None)
-    monkeypatch.setattr(cupy.cuda, "Device", lambda dev: None)
-    t = compact_device.device_tables("auto", 1000, 1000, 64, 128, 4, True, 7, 0, stream, window=(-1, 0))
+    monkeypatch.setattr(device_tables, "upload_compact",
+                        lambda plan, dev, stream, wait=False: types.SimpleNamespace(policy=plan.policy))
+    monkeypatch.setitem(device_tables._caches, "compact", collections.OrderedDict())
+    stream = types.SimpleNamespace(synchronize=lambda: None, ptr=0)
+    install(monkeypatch)
+    t = device_tables.compact("auto", 1000, 1000, 64, 128, 4, True, 7, 0, stream, window=(-1, 0))
     assert seen == [compact_device.KERNEL_AUTO] and t.policy == compact_device.KERNEL_AUTO
-    compact_device.device_tables("shift", 1000, 1000, 64, 128, 4, True, 7, 0, stream, window=(-1, 0))
+    device_tables.compact("shift", 1000, 1000, 64, 128, 4, True, 7, 0, stream, window=(-1, 0))
     assert seen[-1] == "shift"

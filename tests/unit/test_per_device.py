@@ -10,8 +10,8 @@ import types
 import numpy as np
 import pytest
 
-from cupy_dash import compact_device, errors, jit, kernels, schedule, varlen_device
-from device_fakes import install
+from cupy_dash import device_tables, errors, jit, kernels, varlen_device
+from device_fakes import fake_uploads, install
 
 
 def _stream(device_id=None, ptr=0x10):
@@ -22,35 +22,30 @@ def _stream(device_id=None, ptr=0x10):
 
 
 def test_schedule_tables_are_uploaded_to_the_device_they_are_cached_for(monkeypatch):
-    """schedule.device_tables(..., device_id=1) called while device 0 is current uploads to device 1, and the
+    """device_tables.per_visit(..., device_id=1) called while device 0 is current uploads to device 1, and the
     tables of device 0 and device 1 are two cache entries."""
-    import cupy
     devices = install(monkeypatch, current=0)
-    uploads = []
-    monkeypatch.setattr(cupy, "asarray", lambda a: uploads.append(devices.current) or np.asarray(a))
-    monkeypatch.setattr(schedule, "_tables", collections.OrderedDict())
-    monkeypatch.setattr(schedule, "_plans", collections.OrderedDict())
+    uploads = fake_uploads(monkeypatch, devices)
     args = ("shift", 1000, 1000, 64, 128, 3, True, 7)
-    on1 = schedule.device_tables(*args, 1, _stream(1))
-    assert uploads == [1, 1, 1] and on1.device_id == 1 and devices.current == 0
-    on0 = schedule.device_tables(*args, 0, _stream(0))
-    assert uploads[3:] == [0, 0, 0] and on0 is not on1 and on0.device_id == 0
-    assert schedule.device_tables(*args, 1, _stream(1)) is on1 and len(uploads) == 6
-    assert {key[1] for key in schedule._tables} == {0, 1}
+    on1 = device_tables.per_visit(*args, 1, _stream(1))
+    assert [d for d, _ in uploads] == [1, 1, 1] and on1.device_id == 1 and devices.current == 0
+    on0 = device_tables.per_visit(*args, 0, _stream(0))
+    assert [d for d, _ in uploads[3:]] == [0, 0, 0] and on0 is not on1 and on0.device_id == 0
+    assert device_tables.per_visit(*args, 1, _stream(1)) is on1 and len(uploads) == 6
+    assert {key[1] for key in device_tables._caches["visits"]} == {0, 1}
 
 
 def test_compact_tables_are_uploaded_to_the_device_they_are_cached_for(monkeypatch):
-    import cupy
     devices = install(monkeypatch, current=1)
-    uploads = []
-    monkeypatch.setattr(cupy, "asarray", lambda a: uploads.append(devices.current) or np.asarray(a))
-    monkeypatch.setattr(compact_device, "_tables", collections.OrderedDict())
+    made = fake_uploads(monkeypatch, devices)
     args = ("descending", 1000, 1000, 64, 128, 4, True, 7)
-    on0 = compact_device.device_tables(*args, 0, _stream(0), window=(-1, 0))
+    on0 = device_tables.compact(*args, 0, _stream(0), window=(-1, 0))
+    uploads = [d for d, _ in made]
     assert uploads and set(uploads) == {0} and on0.device_id == 0 and devices.current == 1
-    on1 = compact_device.device_tables(*args, 1, _stream(1), window=(-1, 0))
+    on1 = device_tables.compact(*args, 1, _stream(1), window=(-1, 0))
+    uploads = [d for d, _ in made]
     assert on1 is not on0 and on1.device_id == 1 and uploads.count(1) == uploads.count(0)
-    assert compact_device.device_tables(*args, 0, _stream(0), window=(-1, 0)) is on0
+    assert device_tables.compact(*args, 0, _stream(0), window=(-1, 0)) is on0
 
 
 @pytest.mark.parametrize("stream_device, current, want", [(1, 0, 1), (0, 1, 0), (None, 1, 1), (-1, 0, 0)],
@@ -86,9 +81,8 @@ def test_varlen_tables_are_made_on_their_device_and_cached_per_device(monkeypatc
         made.append((dev, devices.current))
         return types.SimpleNamespace(), f"cq{dev}", f"ck{dev}"
     monkeypatch.setattr(varlen_device, "_expand_on_device", expand)
-    monkeypatch.setattr(varlen_device, "_defer_release", lambda objs, stream: None)
-    monkeypatch.setattr(varlen_device, "_device_tables", collections.OrderedDict())
-    monkeypatch.setattr(varlen_device, "_table_streams", {})
+    monkeypatch.setattr(device_tables, "_defer_release", lambda objs, stream: None)
+    monkeypatch.setitem(device_tables._caches, "varlen", collections.OrderedDict())
     t = varlen_device.plan("fa3", np.array([100, 300]), np.array([100, 300]), 64, 128, 4, 2, True, 16, (-1, 0),
                            compact="expand")
     d1 = varlen_device.device(t, 8, 1, _stream(1, 0x11))
@@ -109,11 +103,11 @@ def test_varlen_release_waits_for_the_device_of_a_stream_that_is_gone(monkeypatc
         if stream.ptr == 0x21:
             raise cupy.cuda.runtime.CUDARuntimeError(400)
         held.append((keep, stream.ptr))
-    monkeypatch.setattr(varlen_device, "_keep_alive", keep_alive)
+    monkeypatch.setattr(device_tables, "_keep_alive", keep_alive)
     monkeypatch.setattr(cupy.cuda.runtime, "deviceSynchronize", lambda: synced.append(devices.current))
     deferred = []
     streams = [_stream(1, 0x21), _stream(1, 0x22), _stream(0, 0x10)]
-    varlen_device._release_after("entry", streams, _stream(0, 0x10), deferred)
+    device_tables._release_after("entry", streams, _stream(0, 0x10), deferred)
     assert synced == [1] and held == [(["entry"], 0x22)] and deferred == ["entry"]
 
 

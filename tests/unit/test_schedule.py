@@ -274,35 +274,26 @@ def test_cli_bad_arguments_exit_2(argv, capsys):
 
 
 def test_device_tables_are_checked_uploaded_once_and_cached(monkeypatch):
-    """The device-table cache, with CuPy's upload replaced by numpy (no GPU needed)."""
-    import cupy
-    uploads = []
-
-    def fake_asarray(a):
-        uploads.append(a.dtype)
-        return np.asarray(a)
+    """The device-table cache, with the upload replaced by numpy (no GPU needed)."""
+    from cupy_dash import device_tables
+    from device_fakes import fake_uploads, install
 
     class Stream:
         synced = 0
+        ptr = 0
 
         def synchronize(self):
             Stream.synced += 1
 
-    monkeypatch.setattr(cupy, "asarray", fake_asarray)
-    from device_fakes import install
-    install(monkeypatch)
-    schedule._tables.clear()
-    schedule._plans.clear()
+    uploads = fake_uploads(monkeypatch, install(monkeypatch))
     args = ("symmetric_shift", 1000, 1000, 64, 128, 3, True, 7, 0, Stream())
-    t = schedule.device_tables(*args)
-    assert isinstance(t, schedule.DeviceTables) and t.num_ctas == 7 and t.policy == "symmetric_shift"
-    assert uploads == [np.int32, np.int32, np.int64] and Stream.synced == 1
+    t = device_tables.per_visit(*args)
+    assert isinstance(t, device_tables.DeviceTables) and t.num_ctas == 7 and t.policy == "symmetric_shift"
+    assert [dtype for _, dtype in uploads] == [np.int32, np.int32, np.int64] and Stream.synced == 1
     assert t.visits.shape[1] == 4 and t.rank.shape == (t.visits.shape[0],) and t.cta_start.shape == (8,)
-    assert schedule.device_tables(*args) is t and len(uploads) == 3      # cached: built and uploaded once
-    other = schedule.device_tables("shift", 1000, 1000, 64, 128, 3, True, 7, 0, Stream())
+    assert device_tables.per_visit(*args) is t and len(uploads) == 3      # cached: built and uploaded once
+    other = device_tables.per_visit("shift", 1000, 1000, 64, 128, 3, True, 7, 0, Stream())
     assert other is not t and other.policy == "shift"
     with pytest.raises(ValueError, match=r"plan: visits\[:, 1\] \(bh\) must lie in \[0, 2\)"):
-        schedule.upload(schedule.build("shift", seqlen_q=1000, seqlen_k=1000, block_m=64, block_n=128,
-                                       num_heads=3, causal=True, num_sms=7), 2, 8, 16, 0)
-    schedule._tables.clear()
-    schedule._plans.clear()
+        device_tables.upload(schedule.build("shift", seqlen_q=1000, seqlen_k=1000, block_m=64, block_n=128,
+                                            num_heads=3, causal=True, num_sms=7), 2, 8, 16, 0, Stream())

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from table_checks import assert_ranks_follow_time, steps  # noqa: F401
 
-from cupy_dash import _schedule, cli_schedule, schedule
+from cupy_dash import _schedule, cli_schedule, device_tables, schedule
 
 POLICIES = ("fa3", "descending", "shift", "symmetric_shift")
 HEADS = 16                                    # query heads per batch; g = 16 is MQA
@@ -250,13 +250,11 @@ def test_validate_rejects_a_grouped_deadlock():
 # ----------------------------------------------------------------------------------------------------------------
 def test_device_tables_are_keyed_by_group_size(host_tables):
     args = ("shift", 1000, 1000, 64, 128, 32, True, 7, 0, host_tables)
-    mha, gqa = schedule.device_tables(*args), schedule.device_tables(*args, group_size=8)
-    assert gqa is not mha and gqa is schedule.device_tables(*args, group_size=8)
+    mha, gqa = device_tables.per_visit(*args), device_tables.per_visit(*args, group_size=8)
+    assert gqa is not mha and gqa is device_tables.per_visit(*args, group_size=8)
     assert len(gqa.visits) == len(mha.visits) and not np.array_equal(gqa.visits, mha.visits)
-    plan = next(p for p in schedule._plans.values() if p.group_size == 8)
+    plan = next(p for p in device_tables._plans.values() if p.group_size == 8)
     np.testing.assert_array_equal(gqa.visits, plan.visits)
-    schedule._tables.clear()
-    schedule._plans.clear()
 
 
 def test_cli_takes_a_group_size(capsys):

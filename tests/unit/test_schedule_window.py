@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from table_checks import assert_ranks_follow_time, steps  # noqa: F401
 
-from cupy_dash import _schedule, cli_schedule, reference, schedule
+from cupy_dash import _schedule, cli_schedule, device_tables, reference, schedule
 
 POLICIES = ("fa3", "descending", "shift", "symmetric_shift")
 TILES = [(64, 128), (128, 128), (80, 128), (64, 96)]
@@ -356,15 +356,13 @@ def test_validate_rejects_a_band_deadlock():
 # ----------------------------------------------------------------------------------------------------------------
 def test_device_tables_are_keyed_by_window(host_tables):
     args = ("shift", 1000, 1000, 64, 128, 8, False, 7, 0, host_tables)
-    plain = schedule.device_tables(*args)
-    band = schedule.device_tables(*args, window=(100, 100))
-    assert band is not plain and band is schedule.device_tables(*args, window=(100, 100))
+    plain = device_tables.per_visit(*args)
+    band = device_tables.per_visit(*args, window=(100, 100))
+    assert band is not plain and band is device_tables.per_visit(*args, window=(100, 100))
     assert len(band.visits) < len(plain.visits)
-    plan = next(p for p in schedule._plans.values() if p.window == (100, 100))
+    plan = next(p for p in device_tables._plans.values() if p.window == (100, 100))
     np.testing.assert_array_equal(band.visits, plan.visits)
     assert "window=(100, 100)" in repr(plan) and plan.key[-1] == (100, 100)
-    schedule._tables.clear()
-    schedule._plans.clear()
 
 
 def test_cli_takes_a_window(capsys):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cupy_dash import schedule, varlen_device
+from cupy_dash import device_tables, schedule, varlen_device
 from varlen_cases import random_problem
 
 
@@ -305,7 +305,7 @@ def test_gpu_expansion_launch_wiring(monkeypatch):
 
     monkeypatch.setattr(varlen_device.cupy.cuda, "alloc", alloc)
     monkeypatch.setattr(varlen_device.cupy.cuda.runtime, "memcpyAsync", memcpy)
-    monkeypatch.setattr(varlen_device.cupyx, "empty_pinned", lambda n, dtype: np.empty(n, dtype))
+    monkeypatch.setattr(device_tables.cupyx, "empty_pinned", lambda n, dtype: np.empty(n, dtype))
     from cupy_dash import _launch
     launched, spec = {}, kernels.expand_spec(True)
     monkeypatch.setattr(_launch, "launch", lambda func, gx, gy, gz, threads, smem, stream, params: launched.update(
@@ -374,7 +374,7 @@ def test_a_new_packing_packs_into_pinned_memory_and_uploads_without_staging(monk
         pinned_sizes.append(n)
         return bytearray(n)
     monkeypatch.setattr(cupy.cuda, "alloc_pinned_memory", alloc_pinned)
-    monkeypatch.setattr(varlen_device, "_pinned_ok", [True])
+    monkeypatch.setattr(device_tables, "_pinned_ok", [True])
     monkeypatch.setattr(varlen_device, "_plans", __import__("collections").OrderedDict())   # no cached packing
     sq = np.array([1, 17, 300, 129], np.int64)
     t = varlen_device.plan("symmetric_shift", sq, sq, 64, 128, 8, 2, True, 7, (-1, 0), "expand", pinned=True)
@@ -384,32 +384,32 @@ def test_a_new_packing_packs_into_pinned_memory_and_uploads_without_staging(monk
     monkeypatch.setattr(varlen_device.cupy.cuda, "alloc", lambda n: types.SimpleNamespace(ptr=0x100000))
     monkeypatch.setattr(varlen_device.cupy.cuda.runtime, "memcpyAsync",
                         lambda dst, src, n, kind, stream: copies.append((dst, src, n)))
-    monkeypatch.setattr(varlen_device.cupyx, "empty_pinned", lambda n, dtype: pytest.fail("staged a pinned blob"))
+    monkeypatch.setattr(device_tables.cupyx, "empty_pinned", lambda n, dtype: pytest.fail("staged a pinned blob"))
     staging = []
-    varlen_device._upload([(t.blob, 0)], t.blob.nbytes, 0, types.SimpleNamespace(ptr=0), staging, t.pinned)
+    device_tables._upload([(t.blob, 0)], t.blob.nbytes, 0, types.SimpleNamespace(ptr=0), staging, t.pinned)
     assert staging == [t.blob] and copies == [(0x100000, t.blob.ctypes.data, t.blob.nbytes)]
-    monkeypatch.setattr(varlen_device, "_PINNED_BLOB_MAX", 64)
+    monkeypatch.setattr(device_tables, "_PINNED_BLOB_MAX", 64)
     big = varlen_device.plan("symmetric_shift", sq + 2, sq + 2, 64, 128, 8, 2, True, 7, (-1, 0), "expand",
                              pinned=True)
     assert not big.pinned and len(pinned_sizes) == 1
 
     def no_driver(n):
         raise cupy.cuda.runtime.CUDARuntimeError(35)
-    monkeypatch.setattr(varlen_device, "_PINNED_BLOB_MAX", 1 << 20)
+    monkeypatch.setattr(device_tables, "_PINNED_BLOB_MAX", 1 << 20)
     monkeypatch.setattr(cupy.cuda, "alloc_pinned_memory", no_driver)
     none = varlen_device.plan("symmetric_shift", sq + 3, sq + 3, 64, 128, 8, 2, True, 7, (-1, 0), "expand",
                               pinned=True)
-    assert not none.pinned and varlen_device._pinned_ok == [False]
+    assert not none.pinned and device_tables._pinned_ok == [False]
 
 
 def test_device_allocations_of_new_packings_come_in_powers_of_two():
     """_device_bytes: powers of two up to _POW2_DEVICE_MAX (CuPy's pool then reuses an evicted table's block as
     it is), the exact size above; never below the request."""
-    cap = varlen_device._POW2_DEVICE_MAX
+    cap = device_tables._POW2_DEVICE_MAX
     for n in (0, 1, 255, 256, 257, 70_000, 640_000, cap - 1, cap):
-        got = varlen_device._device_bytes(n)
+        got = device_tables._device_bytes(n)
         assert got >= max(n, 1) and got & (got - 1) == 0 and got < 2 * max(n, 1)
-    assert varlen_device._device_bytes(cap + 1) == cap + 1
+    assert device_tables._device_bytes(cap + 1) == cap + 1
 
 
 def test_uploads_record_events_only_for_other_streams(monkeypatch):
@@ -428,7 +428,7 @@ def test_uploads_record_events_only_for_other_streams(monkeypatch):
         def record(self, stream=None):
             self.stream = stream
     monkeypatch.setattr(varlen_device.cupy.cuda, "Event", Event)
-    monkeypatch.setattr(varlen_device, "_keep_alive", lambda keep, stream: kept.append((list(keep), stream)))
+    monkeypatch.setattr(device_tables, "_keep_alive", lambda keep, stream: kept.append((list(keep), stream)))
     from device_fakes import install
     install(monkeypatch)
     d = types.SimpleNamespace()
@@ -437,11 +437,10 @@ def test_uploads_record_events_only_for_other_streams(monkeypatch):
         staging.append(("blob", t.key))
         return d, "cq", "ck"
     monkeypatch.setattr(varlen_device, "_expand_on_device", expand)
-    monkeypatch.setattr(varlen_device, "_device_tables", __import__("collections").OrderedDict())
-    monkeypatch.setattr(varlen_device, "_table_streams", {})
-    monkeypatch.setattr(varlen_device, "_deferred", {})
-    monkeypatch.setattr(varlen_device, "_deferred_misses", [0])
-    monkeypatch.setattr(varlen_device, "_MAX_DEVICE_TABLES", 2)
+    monkeypatch.setitem(device_tables._caches, "varlen", __import__("collections").OrderedDict())
+    monkeypatch.setattr(device_tables, "_deferred", {})
+    monkeypatch.setattr(device_tables, "_deferred_misses", [0])
+    monkeypatch.setitem(device_tables._LIMITS, "varlen", 2)
     sq = np.array([5, 300, 129], np.int64)
     t = varlen_device.plan("fa3", sq, sq, 64, 128, 4, 2, True, 7, (-1, 0), "expand")
     first, second = types.SimpleNamespace(ptr=11), types.SimpleNamespace(ptr=22)
@@ -452,17 +451,17 @@ def test_uploads_record_events_only_for_other_streams(monkeypatch):
     assert varlen_device.device(t, 12, 0, second) == (d, "cq", "ck", events[0]) and len(events) == 1
     others = [varlen_device.plan("fa3", sq + i, sq + i, 64, 128, 4, 2, True, 7, (-1, 0), "expand")
               for i in (1, 2, 3)]
-    entry_t = varlen_device._device_tables[(t.key, 0)]
+    entry_t = device_tables._caches["varlen"][(t.key, 0)]
     varlen_device.device(others[0], 12, 0, first)
     varlen_device.device(others[1], 12, 0, second)                   # evicts t's entry, read on both streams
     assert kept == [([entry_t], first)]       # the other stream's share at once; the caller's deferred
-    entry_0 = varlen_device._device_tables[(others[0].key, 0)]
+    entry_0 = device_tables._caches["varlen"][(others[0].key, 0)]
     varlen_device.device(others[2], 12, 0, first)                    # the 4th new packing: every held list
     assert len(kept) == 3 and len(events) == 1
     by_stream = {s.ptr: keep for keep, s in kept[1:]}
     assert by_stream[11] == [("blob", t.key), ("blob", others[0].key), ("blob", others[2].key), entry_0]
     assert by_stream[22] == [("blob", others[1].key), entry_t]
-    assert not varlen_device._deferred and varlen_device._deferred_misses == [0]
+    assert not device_tables._deferred and device_tables._deferred_misses == [0]
 
 
 def test_cu_seqlens_check_in_one_pass_agrees_with_numpy():

@@ -1,0 +1,291 @@
+"""Schedule tables on the GPU: the one cache of the device-resident tables of every form, the one upload and the
+one eviction rule (the form is decided by :func:`cupy_dash.compact_device.table_form`).
+
+Forms, each cached by its host plan's key and device, ``_LIMITS[form]`` tables each (LRU): ``"visits"`` and
+``"compact"`` (fixed length, :func:`fixed`), ``"varlen"`` (a packing's tables, :func:`cupy_dash.varlen_device.device`).
+Upload: one copy to one device allocation, enqueued on the caller's stream (:func:`_upload`). Varlen tables are
+not waited for (another stream gets an event to wait for, :func:`cached`); fixed-length ones are, once, when
+made: CUDA graph capture and the JAX custom calls, whose streams wait for no event of ours, find them complete.
+Eviction: a table is freed once the work enqueued so far on every stream that read it has finished (events,
+errors._keep_alive; the host never waits), or never when a CUDA graph captured it (``_captured``).
+"""
+from __future__ import annotations
+
+import collections
+import functools
+import threading
+
+import cupy
+import cupyx
+import numpy as np
+
+from . import compact as _compact
+from . import compact_device, schedule
+from .errors import _keep_alive, stream_device
+
+_LIMITS = {"visits": 64, "compact": 8, "varlen": 16}   # tables kept per form (LRU)
+_lock = threading.RLock()
+_caches = {form: collections.OrderedDict() for form in _LIMITS}  # (key, device) -> entry (cached's NOTES)
+_captured: dict = {}       # entries used by a CUDA graph capture: never freed
+_MAX_PLANS = 256           # host-side per-visit plans kept (LRU)
+_plans: collections.OrderedDict = collections.OrderedDict()
+
+
+def cached(form, key, device_id, stream, make, *, done=False, capture=False):
+    """``(tables, extra, event)`` of the tables cached under ``(key, device_id)`` in ``form``'s LRU, made on a
+    miss by ``make(stream, staging)`` -> ``(tables, extra)`` with ``device_id`` current (uploads enqueued on
+    ``stream``, a stream of that device; host buffers the copies read appended to ``staging``, kept alive until
+    they finish). ``done``: ``make`` is waited for here (``stream.synchronize()``), so no call ever waits for an
+    event. ``event``: what ``stream`` waits for before reading the tables, or None (after a miss, on the
+    uploading stream, or when done). ``capture``: ``stream`` is capturing a CUDA graph: never makes anything,
+    returns ``(None, None, None)`` on a miss, and keeps the tables found for the life of the process."""
+    ckey, cache = (key, device_id), _caches[form]
+    with cupy.cuda.Device(device_id), _lock:
+        entry = cache.get(ckey)
+        if entry is not None:
+            cache.move_to_end(ckey)
+        else:
+            entry = _captured.get(ckey)          # evicted from the LRU, kept alive for a graph
+        if capture:
+            if entry is None:
+                return None, None, None
+            _captured[ckey] = entry
+            return entry[0], entry[1], None
+        if entry is not None:
+            entry[4][stream.ptr] = stream
+            return entry[0], entry[1], _upload_event(entry, stream)
+    staging = []
+    with cupy.cuda.Device(device_id):
+        tables, extra = make(stream, staging)
+        if done:
+            stream.synchronize()
+            staging = []
+    # NOTES: an entry is [tables, extra, uploading stream (None: done), event or None, {stream handle: stream}
+    # of the calls that read it]: the event is recorded only when a call on another stream first finds the entry
+    # (_upload_event); a training loop on one stream records none.
+    entry = [tables, extra, None if done else stream, None, {stream.ptr: stream}]
+    with _lock:
+        evicted = [cache.pop(ckey)] if ckey in cache else []      # made meanwhile by another thread
+        cache[ckey] = entry
+        while len(cache) > _LIMITS[form]:
+            evicted.append(cache.popitem(last=False)[1])
+    for old in evicted:
+        _release_after(old, old[4].values(), stream, staging)
+    if staging or not done:                      # varlen: every miss counts (_defer_release)
+        _defer_release(staging, stream)
+    return tables, extra, None                   # enqueued on ``stream``: nothing to wait for there
+
+
+def _upload_event(entry, stream):
+    """What ``stream`` waits for before reading the cached ``entry``'s tables: None when done or on the stream
+    that uploaded them, else an event recorded on the uploading stream (once, at the first such call: it may also
+    cover work enqueued there after the upload, which only makes the wait longer, never too short). Called under
+    _lock, with the entry's device current."""
+    if entry[2] is None or entry[2].ptr == stream.ptr:
+        return None
+    if entry[3] is None:
+        event = cupy.cuda.Event(block=False, disable_timing=True)
+        event.record(entry[2])
+        entry[3] = event
+    return entry[3]
+
+
+def fixed(compact_tables, policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_ctas, device_id,
+          stream, group_size=1, window=(-1, -1), capture=False):
+    """The tables of one fixed-length problem on one device (num_heads = B * H query heads, group_size = H // Hkv,
+    window (left, right) in schedule.canonical_window form): per-visit :class:`DeviceTables` (host plans cached
+    here by shape and window, LRU), or with ``compact_tables`` the compact_device.CompactDeviceTables of
+    :func:`cupy_dash.compact.build_compact`'s records (host plans cached there; ``"auto"`` is
+    compact_device.KERNEL_AUTO). Device tables are cached by ``(plan.key, device)`` (:func:`cached`, done: a miss
+    synchronizes ``stream`` once; later calls may use them on any stream). ``capture``: as :func:`cached`."""
+    args = dict(seqlen_q=seqlen_q, seqlen_k=seqlen_k, block_m=block_m, block_n=block_n, num_heads=num_heads,
+                causal=causal, num_sms=num_ctas, group_size=group_size, window=tuple(window))
+    if compact_tables:
+        plan = _compact.build_compact(compact_device.auto_policy(True) if policy == "auto" else policy, **args)
+        return cached("compact", plan.key, device_id, stream, lambda stream, staging: (
+            upload_compact(plan, device_id, stream, wait=True), None), done=True, capture=capture)[0]
+    pkey = (policy, *args.values())
+    with _lock:
+        plan = _plans.get(pkey) or schedule.build(policy, **args)
+        _plans[pkey] = plan
+        _plans.move_to_end(pkey)
+        if len(_plans) > _MAX_PLANS:
+            _plans.popitem(last=False)
+    return cached("visits", plan.key, device_id, stream, lambda stream, staging: (
+        upload(plan, num_heads, plan.num_n_blocks, plan.num_m_blocks, device_id, stream, wait=True), None),
+        done=True, capture=capture)[0]
+
+
+per_visit, compact = functools.partial(fixed, False), functools.partial(fixed, True)
+
+
+class DeviceTables:
+    """A per-visit table on one device: ``visits`` (V, 4) int32, ``rank`` (V,) int32, ``cta_start``
+    (num_ctas + 1,) int64 CuPy arrays (views of one allocation), plus ``num_ctas``, ``policy`` and ``device_id``."""
+    __slots__ = ("visits", "rank", "cta_start", "num_ctas", "policy", "device_id")
+
+
+def upload(plan, num_heads: int, n_blocks: int, m_blocks: int, device_id: int, stream, wait=False) -> DeviceTables:
+    """The plan's tables (checked by :func:`cupy_dash.schedule.check_plan`) on device ``device_id`` (whatever the
+    current device is), copied on ``stream`` (:func:`upload_async`; ``wait``: the caller synchronizes it)."""
+    visits, rank, cta_start, num_ctas = schedule.check_plan(plan, num_heads, n_blocks, m_blocks)
+    t = DeviceTables()
+    with cupy.cuda.Device(device_id):
+        t.visits, t.rank, t.cta_start = upload_async((visits, rank, cta_start), stream, wait)
+    t.num_ctas, t.policy, t.device_id = num_ctas, str(getattr(plan, "policy", "custom")), device_id
+    return t
+
+
+def upload_compact(plan, device_id: int, stream, wait=False):
+    """:func:`cupy_dash.compact_device.device_arrays` of ``plan`` as a
+    :class:`cupy_dash.compact_device.CompactDeviceTables` on device ``device_id`` (whatever the current device
+    is), copied on ``stream`` as :func:`upload`."""
+    arrays = compact_device.device_arrays(plan)
+    t = compact_device.CompactDeviceTables()
+    names = [k for k, v in arrays.items() if isinstance(v, np.ndarray)]
+    with cupy.cuda.Device(device_id):
+        uploaded = dict(zip(names, upload_async([arrays[k] for k in names], stream, wait)))
+    for name, value in arrays.items():
+        setattr(t, name, uploaded.get(name, value))
+    t.nbytes = sum(a.nbytes for a in uploaded.values())
+    t.num_ctas, t.policy, t.device_id = int(plan.num_ctas), str(plan.policy), device_id
+    return t
+
+
+def upload_async(arrays, stream, wait=False):
+    """Device copies of host ``arrays`` (views of one device buffer, each 256-byte aligned), enqueued on ``stream``
+    as one copy from one pinned staging buffer (kept alive until the copy finishes): unlike copies from pageable
+    memory, this neither blocks the host nor waits for the stream. ``wait``: the caller synchronizes ``stream``
+    next, so the copy is from pageable memory into an allocation of the exact size (:func:`_upload`)."""
+    offsets, total = [], 0
+    for a in arrays:
+        offsets.append(total)
+        total += -(-a.nbytes // 256) * 256
+    staging = []
+    mem, _ = _upload(list(zip(arrays, offsets)), total, 0, stream, staging, wait=wait)
+    if not wait:
+        _keep_alive(staging, stream)
+    buf = cupy.ndarray((max(total, 1),), dtype=cupy.uint8, memptr=mem)
+    return [buf[off:off + a.nbytes].view(a.dtype).reshape(a.shape) for a, off in zip(arrays, offsets)]
+
+
+def _upload(pieces, nbytes: int, extra_bytes: int, stream, staging_out: list, pinned: bool = False,
+            wait: bool = False):
+    """(buffer, head): a CuPy device allocation (MemoryPointer) of ``head`` (``nbytes`` rounded up to 256 bytes) +
+    ``extra_bytes`` bytes whose first ``nbytes`` are the host ``pieces`` ((array, byte offset) pairs), enqueued on
+    ``stream`` as one copy from pinned memory (no wait): from the one piece itself when ``pinned`` (a blob of
+    :func:`_pinned_blob`), else through pinned staging. The host buffer copied from is appended to
+    ``staging_out``: the caller keeps it alive until the copy has finished. ``wait`` (the caller synchronizes
+    ``stream`` next): pageable staging and an allocation of the exact size (:func:`_device_bytes` is for tables
+    made at every step; a fixed-length table is made once, and may be large)."""
+    head = -(-nbytes // 256) * 256
+    if pinned:
+        (staging, _), = pieces
+    else:
+        staging = np.empty(nbytes, np.uint8) if wait else cupyx.empty_pinned(_pow2(nbytes), dtype=np.uint8)
+        for a, off in pieces:
+            if a.dtype == np.uint8 and a.flags.c_contiguous:          # a blob of _varlen_pack.pack
+                staging[off:off + a.nbytes] = a
+            else:
+                staging[off:off + a.nbytes] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+    size = max(head + extra_bytes, 1) if wait else _device_bytes(head + extra_bytes)
+    buf = cupy.cuda.alloc(size)       # no ndarray: only the address is read
+    cupy.cuda.runtime.memcpyAsync(buf.ptr, staging.ctypes.data, nbytes, cupy.cuda.runtime.memcpyHostToDevice,
+                                  stream.ptr)
+    staging_out.append(staging)
+    return buf, head
+
+
+def _pow2(nbytes: int) -> int:
+    # NOTES: CuPy's pinned pool reuses a freed block only for the same size, and pinning new host memory costs
+    # ~1 ms; a new packing's tables differ in size at every step, so pinned buffers have power-of-two sizes.
+    return 1 << max(nbytes - 1, 0).bit_length()
+
+
+_POW2_DEVICE_MAX = 16 << 20
+
+
+def _device_bytes(nbytes: int) -> int:
+    """The size of a new packing's device allocation: a power of two up to _POW2_DEVICE_MAX bytes (so that CuPy's
+    pool finds a freed block of the same size, one of the tables the cache has evicted, instead of splitting one
+    or calling cudaMalloc: ~11 µs of host time on the H200 VM with sizes that change at every step), exact above
+    (long sequences' tables, built rarely)."""
+    nbytes = max(nbytes, 1)
+    return _pow2(nbytes) if nbytes <= _POW2_DEVICE_MAX else nbytes
+
+
+_PINNED_BLOB_MAX = 1 << 20      # larger blobs (long sequences: cached, rarely new) stay pageable
+_pinned_ok = [True]
+
+
+def _pins(nbytes: int) -> bool:
+    """Whether :func:`_pinned_blob` gives a blob of ``nbytes`` pinned memory."""
+    return nbytes <= _PINNED_BLOB_MAX and _pinned_ok[0]
+
+
+def _pinned_blob(nbytes: int):
+    """A writable uint8 host array of at least ``nbytes`` for _varlen_pack.pack to pack a new packing into: pinned
+    (the upload then copies from it directly) up to _PINNED_BLOB_MAX bytes, else, or where pinned memory cannot be
+    had (no CUDA driver: CPU tests of the GPU paths), pageable (the upload stages it)."""
+    if _pins(nbytes):
+        size = _pow2(nbytes)
+        try:
+            return np.ndarray((size,), dtype=np.uint8, buffer=cupy.cuda.alloc_pinned_memory(size))
+        except cupy.cuda.runtime.CUDARuntimeError:
+            _pinned_ok[0] = False
+    return np.empty(nbytes, dtype=np.uint8)
+
+
+_DEFER_MISSES = 4
+_deferred: dict = {}       # stream handle -> [stream, objects to free after its work so far]
+_deferred_misses = [0]
+
+
+def _defer_release(objs, stream) -> None:
+    """Keep ``objs`` (a new packing's pinned blob, cache entries it evicted) alive until the work enqueued on
+    ``stream`` so far has finished, with one event per stream every _DEFER_MISSES misses rather than one per
+    miss.
+    NOTES: held until an event recorded at a later miss completes: later than needed, never earlier (stream
+    order); every held list is handed to errors._keep_alive at every _DEFER_MISSES-th miss of any stream, so at
+    most that many misses' blobs and evicted tables wait here, whatever the number of streams (a
+    prepare_varlen_backward call may use a stream of its own)."""
+    with _lock:
+        held = _deferred.get(stream.ptr)
+        if held is None:
+            held = _deferred[stream.ptr] = [stream, []]
+        held[1].extend(objs)
+        _deferred_misses[0] += 1
+        if _deferred_misses[0] < _DEFER_MISSES:
+            return
+        flush = list(_deferred.values())
+        _deferred.clear()
+        _deferred_misses[0] = 0
+    for s, keep in flush:
+        if keep:
+            try:
+                _keep_alive(keep, s)
+            except cupy.cuda.runtime.CUDARuntimeError:     # the stream is gone: wait for its device instead
+                _synchronize(s)
+
+
+def _release_after(entry, streams, stream, deferred: list) -> None:
+    """Free an evicted cache ``entry`` once the work enqueued so far on every stream that used it has finished
+    (on ``stream``, the caller's: appended to ``deferred``, for :func:`_defer_release`).
+
+    NOTES: a packed batch with new lengths at every training step evicts one entry per step; an event per other
+    stream that read it (held by errors._keep_alive) frees it without blocking the host. Where an event cannot be
+    recorded (a stream destroyed since), the device is synchronized instead."""
+    for s in streams:
+        try:
+            if s.ptr == stream.ptr:
+                deferred.append(entry)
+            else:
+                _keep_alive([entry], s)
+        except cupy.cuda.runtime.CUDARuntimeError:
+            _synchronize(s)
+
+
+def _synchronize(stream) -> None:
+    """Wait for all work of ``stream``'s device (a stream destroyed since it was used: its device still runs)."""
+    with cupy.cuda.Device(stream_device(stream)):
+        cupy.cuda.runtime.deviceSynchronize()
