@@ -35,6 +35,7 @@ import numpy as np
 from . import compact_device, config, device_tables, fastpath, interop, jit, kernels, launchers, tensormap
 from .errors import (_acquire_slot, _graph_record, _keep_alive, _record_shared, check_errors,
                      poll_errors as _poll_errors)
+from . import compact as _compact
 from . import schedule as _schedule
 
 __all__ = ["attention_forward", "attention_backward", "check_errors"]
@@ -71,6 +72,16 @@ def _check_scale(softmax_scale, D) -> float:
     return scale
 
 
+def _check_softcap(softcap) -> float:
+    """The logit cap as a float >= 0 (0: none); raises naming ``softcap`` otherwise."""
+    if isinstance(softcap, (bool, np.bool_)) or not isinstance(softcap, (int, float, np.integer, np.floating)):
+        raise TypeError(f"softcap: expected a number >= 0 (0: no soft-capping), got {softcap!r}")
+    c = float(softcap)
+    if not (math.isfinite(c) and c >= 0):
+        raise ValueError(f"softcap: expected a finite number >= 0 (0: no soft-capping), got {softcap!r}")
+    return c
+
+
 def _check_flag(name, value) -> bool:
     """``value`` as a bool if it is one (``bool`` or ``numpy.bool_``); anything else, such as the string "no"
     (truthy), raises TypeError naming ``name``."""
@@ -87,10 +98,10 @@ _UNCHECKED = object()
 
 
 def _validate(q, k, v, do=None, out=None, lse=None, *, softmax_scale=None, schedule=_UNCHECKED,
-              backward=False) -> _Problem:
+              backward=False, softcap=0.0) -> _Problem:
     """All argument checks, in an order that lets CPU arrays reach every check before the device one:
-    dtype -> rank -> shapes -> head dim -> sizes / heads -> softmax_scale -> schedule -> strides / alignment ->
-    device."""
+    dtype -> rank -> shapes -> head dim -> sizes / heads -> softmax_scale, softcap -> schedule -> strides /
+    alignment -> device."""
     qi = interop.describe(q, "q")
     ki = interop.describe(k, "k")
     vi = interop.describe(v, "v")
@@ -147,6 +158,7 @@ def _validate(q, k, v, do=None, out=None, lse=None, *, softmax_scale=None, sched
         raise ValueError(f"k: the number of kv heads Hkv={Hkv} must divide the number of query heads H={H} of q")
 
     scale = _check_scale(softmax_scale, D)
+    softcap = _check_softcap(softcap)
     if schedule is not _UNCHECKED:
         _check_schedule(schedule)
 
@@ -168,7 +180,7 @@ def _validate(q, k, v, do=None, out=None, lse=None, *, softmax_scale=None, sched
 
     p = _Problem()
     p.B, p.Sq, p.Sk, p.H, p.Hkv, p.D = B, Sq, Sk, H, Hkv, D
-    p.dtype, p.scale, p.softcap, p.device_id = qi.dtype, scale, 0.0, qi.device_id
+    p.dtype, p.scale, p.softcap, p.device_id = qi.dtype, scale, softcap, qi.device_id
     p.infos, p.lse_info = operands, li
     return p
 
@@ -242,7 +254,7 @@ def _export(fw, arr, like):
 # ------------------------------------------------------------------------------------------------------------
 # forward
 # ------------------------------------------------------------------------------------------------------------
-def attention_forward(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1)):
+def attention_forward(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1), softcap=0.0):
     """Attention forward. Returns ``(out, lse)`` in the caller's array type.
 
     Args:
@@ -255,6 +267,8 @@ def attention_forward(q, k, v, *, causal=False, softmax_scale=None, window=(-1, 
         window: sliding-window (local) attention, FlashAttention's ``window_size``: query ``i`` sees keys
             ``i + Sk - Sq - left <= j <= i + Sk - Sq + right``; -1 leaves a side unbounded; with ``causal``,
             right is 0.
+        softcap: logit soft-capping (Gemma 2's ``attn_logit_softcapping``), ``c > 0``: the logits are
+            ``c * tanh(softmax_scale * q.k / c)``; 0 (default): none. lse is then of the capped logits.
 
     Returns:
         out ``(B, Sq, H, D)`` (dtype of q, contiguous) and lse ``(B, H, Sq)`` float32 (natural log of the softmax
@@ -265,7 +279,7 @@ def attention_forward(q, k, v, *, causal=False, softmax_scale=None, window=(-1, 
     graph by torch callers after one eager call of the same variant (see the module docstring).
     """
     fast_key = None
-    if fastpath.is_torch(q) and fastpath.enabled():
+    if fastpath.is_torch(q) and fastpath.enabled() and not softcap:     # NOTES: capped calls take the full path
         fast_key = fastpath.fwd_key(q, k, v, causal, softmax_scale, window)
         result = fastpath.forward(fast_key, q, k, v)
         if result is not None:
@@ -275,9 +289,9 @@ def attention_forward(q, k, v, *, causal=False, softmax_scale=None, window=(-1, 
         _poll_errors()
     causal = _check_flag("causal", causal)
     window = _check_window(window, causal)
-    p = _validate(q, k, v, softmax_scale=softmax_scale)
+    p = _validate(q, k, v, softmax_scale=softmax_scale, softcap=softcap)
     window_left, window_right = _schedule.canonical_window(window, p.Sq, p.Sk, causal)
-    spec, block_m, block_n = kernels.fwd_entry(p.dtype, p.D, causal)
+    spec, block_m, block_n = kernels.fwd_entry(p.dtype, p.D, causal, softcap=p.softcap > 0)
     B, Sq, H, D = p.B, p.Sq, p.H, p.D
     qi, ki, vi = p.infos
     fw, dev = qi.framework, p.device_id
@@ -303,7 +317,7 @@ def attention_forward(q, k, v, *, causal=False, softmax_scale=None, window=(-1, 
 # backward
 # ------------------------------------------------------------------------------------------------------------
 def attention_backward(do, q, k, v, out, lse, *, causal=False, softmax_scale=None, schedule="auto",
-                       deterministic=True, window=(-1, -1)):
+                       deterministic=True, window=(-1, -1), softcap=0.0):
     """Attention backward. Returns ``(dq, dk, dv)`` in the caller's array type.
 
     Args:
@@ -312,8 +326,9 @@ def attention_backward(do, q, k, v, out, lse, *, causal=False, softmax_scale=Non
             ``h // (H // Hkv)``); all one bf16/fp16 dtype on one CUDA device, strided as in
             :func:`attention_forward`.
         lse: ``(B, H, Sq)`` float32, contiguous, from :func:`attention_forward`.
-        causal, softmax_scale, window: as in the forward call (:func:`attention_forward`); the sliding window
-            ``(left, right)`` must be the forward's, so that ``out`` and ``lse`` belong to the same mask.
+        causal, softmax_scale, window, softcap: as in the forward call (:func:`attention_forward`); the sliding
+            window ``(left, right)`` and the cap must be the forward's, so that ``out`` and ``lse`` belong to the
+            same mask and logits.
         schedule: dQ reduction order, one of ``cupy_dash.schedule.POLICIES`` ("auto", "fa3", "descending",
             "shift", "symmetric_shift"). Every policy is bitwise run-to-run deterministic; they differ in speed
             (and, since the summation order differs, in the last bits).
@@ -334,13 +349,13 @@ def attention_backward(do, q, k, v, out, lse, *, causal=False, softmax_scale=Non
     that this call stays asynchronous).
     """
     fast_key = None
-    if fastpath.is_torch(q) and fastpath.enabled():
+    if fastpath.is_torch(q) and fastpath.enabled() and not softcap:
         fast_key = fastpath.bwd_key(do, q, k, v, out, lse, causal, softmax_scale, schedule, deterministic, window)
         result = fastpath.backward(fast_key, do, q, k, v, out, lse)
         if result is not None:
             return result
     return _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, deterministic, None, None, None,
-                     window, fast_key)
+                     window, fast_key, softcap)
 
 
 def _backward_with_plan(do, q, k, v, out, lse, *, plan, causal=False, softmax_scale=None, deterministic=True,
@@ -365,15 +380,25 @@ def _backward_with_plan(do, q, k, v, out, lse, *, plan, causal=False, softmax_sc
                      timeline, window)
 
 
+def _softcap_in_per_visit_tables(Sq, Sk, tile, num_heads, causal, window) -> bool:
+    """A soft-capped backward that would take compact tables takes per-visit ones (False: not compact) where their
+    size allows (there is no soft-capping compact build, kernels.bwd_specs); NotImplementedError otherwise."""
+    visits = _compact.num_visits(Sq, Sk, tile.block_m, tile.block_n, num_heads, causal, window)
+    if visits > compact_device.AUTO_VISITS:
+        raise NotImplementedError(f"softcap: a backward of {visits} tile visits needs compact schedule tables (more "
+                                  f"than {compact_device.AUTO_VISITS}), which have no soft-capping build yet")
+    return False
+
+
 def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, deterministic, plan, spin_timeout_ns,
-              timeline, window, fast_key=None):
+              timeline, window, fast_key=None, softcap=0.0):
     capturing = interop.capturing(q)
     if not capturing:
         _poll_errors()
     causal, deterministic = _check_flag("causal", causal), _check_flag("deterministic", deterministic)
     window = _check_window(window, causal)
     p = _validate(q, k, v, do, out, lse, softmax_scale=softmax_scale,
-                  schedule=schedule if plan is None else _UNCHECKED, backward=True)
+                  schedule=schedule if plan is None else _UNCHECKED, backward=True, softcap=softcap)
     if capturing and plan is not None:
         raise RuntimeError("plan: an explicit plan is uploaded per call, which cannot happen during CUDA graph "
                            "capture")
@@ -400,14 +425,17 @@ def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, determinis
     tile = kernels.bwd_tile(D)
     compact = plan is None and timeline is None and compact_device.wanted(Sq, Sk, tile.block_m, tile.block_n, B * H,
                                                                           causal, window)
+    capped = p.softcap > 0
+    if capped and compact:
+        compact = _softcap_in_per_visit_tables(Sq, Sk, tile, B * H, causal, window)
     if capturing:
         with cupy.cuda.Device(dev):
-            cold = [s.label for s in kernels.bwd_specs(p.dtype, D, causal, deterministic, compact=compact)
-                    if not jit.is_loaded(s)]
+            cold = [s.label for s in kernels.bwd_specs(p.dtype, D, causal, deterministic, compact=compact,
+                                                       softcap=capped) if not jit.is_loaded(s)]
         if cold:
             raise _not_warm(f"the kernels {', '.join(cold)} are not loaded yet", p, causal)
     specs, bm, bn, max_ctas = kernels.bwd_entry(dev, p.dtype, D, causal, deterministic, timeline is not None,
-                                                compact)
+                                                compact, softcap=capped)
     c = launchers.BwdLaunch(specs, bm, bn, p, deterministic, spin_timeout_ns, causal, window)
     if timeline is not None or (plan is not None and plan.num_ctas > max_ctas):
         c.fold = False      # NOTES: the fold's grid barriers need every CTA co-resident (kernels_src/bwd/fold.cuh)

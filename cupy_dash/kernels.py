@@ -339,18 +339,19 @@ _fwd_cache: dict = {}
 _bwd_cache: dict = {}
 
 
-def fwd_entry(dtype: str, head_dim: int, causal: bool, varlen: bool = False) -> tuple:
+def fwd_entry(dtype: str, head_dim: int, causal: bool, varlen: bool = False, softcap: bool = False) -> tuple:
     """(forward KernelSpec, block_m, block_n), cached."""
-    key = (dtype, head_dim, causal, varlen)
+    key = (dtype, head_dim, causal, varlen, softcap)
     e = _fwd_cache.get(key)
     if e is None:
         tile = fwd_tile(head_dim)
-        e = _fwd_cache[key] = (fwd_spec(dtype, head_dim, causal, varlen), int(tile.block_m), int(tile.block_n))
+        e = _fwd_cache[key] = (fwd_spec(dtype, head_dim, causal, varlen, softcap), int(tile.block_m),
+                               int(tile.block_n))
     return e
 
 
 def bwd_entry(device_id: int, dtype: str, head_dim: int, causal: bool, deterministic: bool,
-              timeline: bool = False, compact: bool = False, varlen: bool = False) -> tuple:
+              timeline: bool = False, compact: bool = False, varlen: bool = False, softcap: bool = False) -> tuple:
     """(BwdKernels, block_m, block_n, max co-resident CTAs of the main kernel) per device and variant, cached.
     The first call loads all three kernels on the device (needs the GPU).
 
@@ -358,13 +359,13 @@ def bwd_entry(device_id: int, dtype: str, head_dim: int, causal: bool, determini
     the same call captured into a CUDA graph runs unfolded (a graph's error record disables the fold), and a
     capture cannot load kernels, so the eager warm-up that torch.compile's reduce-overhead mode makes must
     leave preprocess and postprocess loaded too."""
-    key = (device_id, dtype, head_dim, causal, deterministic, timeline, compact, varlen, config.BWD_DQ_STAGES.get(),
-           config.BWD_DQ_WRITERS.get())
+    key = (device_id, dtype, head_dim, causal, deterministic, timeline, compact, varlen, softcap,
+           config.BWD_DQ_STAGES.get(), config.BWD_DQ_WRITERS.get())
     e = _bwd_cache.get(key)
     if e is None:
         import cupy
         from . import jit
-        specs = bwd_specs(dtype, head_dim, causal, deterministic, timeline, compact, varlen)
+        specs = bwd_specs(dtype, head_dim, causal, deterministic, timeline, compact, varlen, softcap=softcap)
         tile = bwd_tile(head_dim)
         with cupy.cuda.Device(device_id):
             max_ctas = int(max_resident_ctas(specs.main))

@@ -152,6 +152,24 @@ def test_bad_softmax_scale(scale):
     raises(ValueError, lambda: bwd(t, softmax_scale=scale), "softmax_scale")
 
 
+@pytest.mark.parametrize("cap,exc", [(-1.0, ValueError), (float("nan"), ValueError), (float("inf"), ValueError),
+                                     (True, TypeError), ("50", TypeError), ([1.0], TypeError)])
+def test_bad_softcap(cap, exc):
+    """Checked with the other arguments, before anything touches a GPU (numpy arrays reach it)."""
+    t = make()
+    raises(exc, lambda: fwd(t, softcap=cap), "softcap")
+    raises(exc, lambda: bwd(t, softcap=cap), "softcap")
+
+
+def test_a_soft_capped_backward_too_large_for_per_visit_tables_raises(monkeypatch):
+    from cupy_dash import api, compact_device, kernels
+    monkeypatch.setattr(compact_device, "AUTO_VISITS", 10)
+    with pytest.raises(NotImplementedError, match="softcap: a backward of .* needs compact schedule tables"):
+        api._softcap_in_per_visit_tables(4096, 4096, kernels.bwd_tile(128), 8, True, (-1, 0))
+    monkeypatch.setattr(compact_device, "AUTO_VISITS", 10 ** 9)
+    assert api._softcap_in_per_visit_tables(4096, 4096, kernels.bwd_tile(128), 8, True, (-1, 0)) is False
+
+
 @pytest.mark.parametrize("window,causal,exc,match", [
     ((1, 2, 3), False, TypeError, "window: expected a pair"),
     (5, False, TypeError, "window: expected a pair"),

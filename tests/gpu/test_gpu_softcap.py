@@ -1,0 +1,129 @@
+"""Logit soft-capping (``softcap=c``: logits c * tanh(softmax_scale * q.k / c)) through the functional API on the
+GPU: the forward and the backward of the DASH_SOFTCAP builds against the float64 reference under FA3's rule (the
+low-precision baseline with the same cap), every schedule and the atomic path, head dims 64 and 128 (whose
+backwards keep the cap's derivative differently: kernels_src/bwd/mainloop.cuh), causal and full, Sq != Sk, GQA, a
+window; the deterministic backward repeats its bits; a cap far above every logit gives the uncapped results to
+rounding; bad caps raise before any launch. Skipped without a Hopper GPU."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import cupy
+import cupy_dash
+from cupy_dash import reference
+from gpu_helpers import (ATOMIC, DTYPES, POLICIES, _assert_finite, _assert_same_bits, _dev, _host, _poison_pool,
+                         _poison_size, _randn, _schedule_kwargs, _seed)
+
+pytestmark = pytest.mark.gpu
+
+# (dtype, head dim, causal, Sq, Sk, H, Hkv, window, cap): odd lengths, Sq != Sk both ways, several KV tiles per
+# CTA and heads, GQA, a sliding window; caps from Gemma 2's 50 down to 5 (scores of magnitude ~3 x scale bend).
+CASES = [
+    ("bf16", 128, True, 1000, 1000, 4, 4, (-1, -1), 50.0),
+    ("bf16", 128, False, 300, 1000, 4, 2, (-1, -1), 5.0),
+    ("fp16", 128, True, 1537, 1299, 2, 1, (-1, -1), 20.0),
+    ("bf16", 64, True, 1299, 1299, 4, 4, (-1, -1), 30.0),
+    ("fp16", 64, False, 1000, 300, 6, 2, (-1, -1), 5.0),
+    ("bf16", 64, True, 2048, 2048, 2, 2, (256, 0), 50.0),
+]
+MAG = 3.0       # q, k scaled so that scale * q.k reaches several units and the cap matters
+
+
+def _id(c):
+    dtype, d, causal, sq, sk, h, hkv, window, cap = c
+    text = f"{dtype}-d{d}-{'causal' if causal else 'full'}-sq{sq}-sk{sk}-h{h}-hkv{hkv}-cap{cap:g}"
+    return text + (f"-window{window[0]}_{window[1]}" if window != (-1, -1) else "")
+
+
+_DATA = {}
+
+
+def _data(c):
+    """Inputs, the forward's float64 and low-precision references, and the backward's, cached per case."""
+    key = _id(c)
+    if key not in _DATA:
+        dtype, d, causal, sq, sk, h, hkv, window, cap = c
+        rng = np.random.default_rng(_seed(key))
+        np_dtype = DTYPES[dtype]
+        q = (MAG * _randn(rng, (1, sq, h, d), np.float32)).astype(np_dtype)
+        k = (MAG * _randn(rng, (1, sk, hkv, d), np.float32)).astype(np_dtype)
+        v = _randn(rng, (1, sk, hkv, d), np_dtype)
+        do = _randn(rng, (1, sq, h, d), np_dtype)
+        kw = dict(causal=causal, window=window, softcap=cap)
+        out, lse = reference.forward(q, k, v, **kw)
+        out_lowp, lse_lowp = reference.forward_lowp(q, k, v, **kw)
+        grads = reference.backward(do, q, k, v, out, lse, **kw)
+        grads_lowp = reference.backward_lowp(do, q, k, v, out_lowp, lse_lowp, **kw)
+        _DATA[key] = dict(q=q, k=k, v=v, do=do, out=out, lse=lse, out_lowp=out_lowp, lse_lowp=lse_lowp,
+                          grads=grads, grads_lowp=grads_lowp, kw=kw)
+    return _DATA[key]
+
+
+@pytest.mark.parametrize("c", CASES, ids=[_id(c) for c in CASES])
+def test_forward_matches_reference(c):
+    data = _data(c)
+    q, k, v = (_dev(data[n]) for n in ("q", "k", "v"))
+    _poison_pool(_poison_size(q, k, v))
+    out, lse = cupy_dash.attention_forward(q, k, v, **data["kw"])
+    out_h, lse_h = _host(out), _host(lse)
+    _assert_finite("out", out_h)
+    reference.assert_close_fa3("out", out_h, data["out"], data["out_lowp"])
+    seen = np.isfinite(data["lse"])
+    assert np.all(np.isfinite(lse_h) == seen), "lse must be -inf exactly on rows that see no key"
+    np.testing.assert_allclose(lse_h[seen], data["lse"][seen], rtol=0, atol=1e-3)
+
+
+@pytest.mark.parametrize("schedule", [*POLICIES, ATOMIC])
+@pytest.mark.parametrize("c", CASES, ids=[_id(c) for c in CASES])
+def test_backward_matches_reference(c, schedule):
+    data = _data(c)
+    q, k, v, do = (_dev(data[n]) for n in ("q", "k", "v", "do"))
+    out, lse = cupy_dash.attention_forward(q, k, v, **data["kw"])
+    _poison_pool(_poison_size(do, q, k, v))
+    grads = cupy_dash.attention_backward(do, q, k, v, out, lse, **data["kw"], **_schedule_kwargs(schedule))
+    cupy_dash.check_errors()
+    for name, g, ref, lowp in zip(("dq", "dk", "dv"), grads, data["grads"], data["grads_lowp"]):
+        g = _host(g)
+        _assert_finite(name, g)
+        reference.assert_close_fa3(name, g, ref, lowp)
+
+
+@pytest.mark.parametrize("c", CASES[:2] + CASES[3:4], ids=[_id(c) for c in CASES[:2] + CASES[3:4]])
+def test_deterministic_backward_repeats_its_bits(c):
+    data = _data(c)
+    q, k, v, do = (_dev(data[n]) for n in ("q", "k", "v", "do"))
+    out, lse = cupy_dash.attention_forward(q, k, v, **data["kw"])
+    first = cupy_dash.attention_backward(do, q, k, v, out, lse, **data["kw"])
+    for _ in range(20):
+        again = cupy_dash.attention_backward(do, q, k, v, out, lse, **data["kw"])
+        for name, a, b in zip(("dq", "dk", "dv"), again, first):
+            _assert_same_bits(name, a, b)
+    cupy_dash.check_errors()
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_a_cap_above_every_logit_changes_nothing_but_rounding(d):
+    """With c = 1e4 tanh(x / c) * c = x to ~1e-9 relative: the capped builds must agree with the plain ones to
+    the rounding of their inputs' precision."""
+    rng = np.random.default_rng(d)
+    q, k, v, do = (_dev(_randn(rng, (2, 777, 2, d), DTYPES["bf16"])) for _ in range(4))
+    plain = cupy_dash.attention_forward(q, k, v, causal=True)
+    capped = cupy_dash.attention_forward(q, k, v, causal=True, softcap=1e4)
+    np.testing.assert_allclose(_host(capped[0]).astype(np.float32), _host(plain[0]).astype(np.float32), atol=2e-2)
+    np.testing.assert_allclose(_host(capped[1]), _host(plain[1]), atol=1e-4)
+    g_plain = cupy_dash.attention_backward(do, q, k, v, *plain, causal=True)
+    g_capped = cupy_dash.attention_backward(do, q, k, v, *capped, causal=True, softcap=1e4)
+    for a, b in zip(g_capped, g_plain):
+        a, b = _host(a).astype(np.float32), _host(b).astype(np.float32)
+        assert np.abs(a - b).max() <= 2e-2 * max(1.0, float(np.abs(b).max()))
+
+
+@pytest.mark.parametrize("bad,error", [(-1.0, ValueError), (float("nan"), ValueError), (float("inf"), ValueError),
+                                       (True, TypeError), ("50", TypeError)])
+def test_bad_caps_raise_naming_softcap(bad, error):
+    q = cupy.zeros((1, 16, 1, 64), dtype=cupy.float16)
+    with pytest.raises(error, match="softcap"):
+        cupy_dash.attention_forward(q, q, q, softcap=bad)
+    with pytest.raises(error, match="softcap"):
+        cupy_dash.attention_backward(q, q, q, q, q, cupy.zeros((1, 1, 16), cupy.float32), softcap=bad)
