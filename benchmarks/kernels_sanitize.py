@@ -1,6 +1,6 @@
 """Small forwards and backwards of every kernel family, for compute-sanitizer (memcheck, racecheck, synccheck)
 after a kernel change: head dims 64 and 128, causal and full, deterministic and atomic, GQA, per-visit and
-compact tables, varlen, and the two-dQ-stage experiment (``--dq-stages 2``, head dim 128). Each backward runs
+compact tables, varlen, logit soft-capping (the DASH_SOFTCAP builds), and the two-dQ-stage experiment (``--dq-stages 2``, head dim 128). Each backward runs
 twice; deterministic ones must repeat their bits. Shapes keep several visits per CTA and a partial last tile.
 Exits 1 on a difference.
 
@@ -17,10 +17,11 @@ import numpy as np
 import cupy
 import cupy_dash
 
-# B, H, Hkv, Sq, Sk, D, causal, deterministic, compact tables
-CASES = [(1, 2, 2, 300, 300, 128, True, True, False), (1, 2, 1, 200, 333, 128, False, True, False),
-         (2, 1, 1, 129, 200, 64, True, False, False), (1, 2, 2, 256, 256, 64, False, True, False),
-         (1, 2, 2, 300, 300, 128, True, True, True), (1, 2, 2, 256, 200, 64, False, True, True)]
+# B, H, Hkv, Sq, Sk, D, causal, deterministic, compact tables, softcap
+CASES = [(1, 2, 2, 300, 300, 128, True, True, False, 0.0), (1, 2, 1, 200, 333, 128, False, True, False, 0.0),
+         (2, 1, 1, 129, 200, 64, True, False, False, 0.0), (1, 2, 2, 256, 256, 64, False, True, False, 0.0),
+         (1, 2, 2, 300, 300, 128, True, True, True, 0.0), (1, 2, 2, 256, 200, 64, False, True, True, 0.0),
+         (1, 2, 1, 300, 257, 128, True, True, False, 5.0), (1, 2, 2, 256, 300, 64, False, True, False, 5.0)]
 VARLEN = [(2, 1, (130, 0, 77), (130, 45, 200), 128, True, True), (2, 2, (64, 129), (100, 129), 64, False, True)]
 
 
@@ -33,12 +34,13 @@ def _same(a, b) -> bool:
 
 
 def _fixed(rng, case) -> bool:
-    B, H, Hkv, Sq, Sk, D, causal, det, compact = case
+    B, H, Hkv, Sq, Sk, D, causal, det, compact, cap = case
     os.environ["CUPY_DASH_COMPACT_TABLES"] = "1" if compact else "0"      # the table form under test
     q, do = _randn(rng, (B, Sq, H, D)), _randn(rng, (B, Sq, H, D))
     k, v = _randn(rng, (B, Sk, Hkv, D)), _randn(rng, (B, Sk, Hkv, D))
-    out, lse = cupy_dash.attention_forward(q, k, v, causal=causal)
-    runs = [cupy_dash.attention_backward(do, q, k, v, out, lse, causal=causal, deterministic=det) for _ in range(2)]
+    out, lse = cupy_dash.attention_forward(q, k, v, causal=causal, softcap=cap)
+    runs = [cupy_dash.attention_backward(do, q, k, v, out, lse, causal=causal, deterministic=det, softcap=cap)
+            for _ in range(2)]
     cupy_dash.check_errors()
     os.environ.pop("CUPY_DASH_COMPACT_TABLES")
     return _same(*runs) or not det
