@@ -41,20 +41,89 @@ the two triangles mirror-wise, which arrives at every dQ tile in a strict order 
 With a right bound alone the shape is triangular like a causal mask, and it is paired as one.
 
 ``analyze_table`` (validation and the two simulation models) lives in _schedule_check.pyx and is re-exported
-here; the heap both use is _heap.pxi.
+here; the heap both use is _heap.pxd.
 """
 import numpy as np
 from libc.stdlib cimport malloc, free
 
+from cupy_dash._heap cimport heap_pop, heap_push
+from cupy_dash._units cimport (POLICY_DESCENDING, POLICY_FA3, POLICY_SHIFT, POLICY_SYMMETRIC_SHIFT, pair_rectangle,
+                               tile_range)
 from cupy_dash._schedule_check import analyze_table  # noqa: F401  (re-exported)
-
-include "_heap.pxi"
-include "_units.pxi"
 
 POLICY_CODES = {"fa3": POLICY_FA3, "descending": POLICY_DESCENDING, "shift": POLICY_SHIFT,
                 "symmetric_shift": POLICY_SYMMETRIC_SHIFT}
 
 cdef long long LLMAX = 0x7fffffffffffffff
+
+
+cdef struct UnitShape:
+    long long M, N          # Q tiles, KV tiles
+    long long n_first, NC   # the visible columns are n_first .. n_first + NC - 1
+    long long T             # start-clipped columns (their ranges all begin at lo[n_first])
+    long long P             # units per head (pairs when paired, else NC)
+    long long U, G          # units in all, CTAs used
+    bint band, paired, mirrored, spt
+    int tb_sign             # tie-break between columns at one step: +1 ascending n, -1 descending n
+
+
+cdef inline UnitShape unit_shape(int policy, long long M, const long long[::1] lo, const long long[::1] hi,
+                                 long long num_heads, bint causal, long long num_sms,
+                                 long long window_right) noexcept:
+    """The units of one problem; lo / hi are column_ranges (N entries)."""
+    cdef UnitShape sh
+    cdef long long n, N = lo.shape[0]
+    cdef bint triangular = causal or window_right >= 0
+    sh.M = M
+    sh.N = N
+    sh.n_first = -1
+    sh.NC = 0
+    sh.T = 0
+    sh.band = False
+    for n in range(N):
+        if lo[n] < hi[n]:
+            if sh.n_first < 0:
+                sh.n_first = n
+            sh.NC += 1
+            sh.T += lo[n] == lo[sh.n_first]
+            triangular = triangular and hi[n] == M
+            sh.band = sh.band or hi[n] < M
+    sh.paired = (policy == POLICY_SYMMETRIC_SHIFT and triangular and num_heads * ((sh.NC + 1) // 2) >= num_sms)
+    sh.mirrored = policy == POLICY_SYMMETRIC_SHIFT and sh.band
+    sh.spt = policy == POLICY_FA3 and (causal or window_right >= 0)
+    sh.P = (sh.NC + 1) // 2 if sh.paired else sh.NC
+    sh.U = num_heads * sh.P
+    sh.G = num_sms if num_sms < sh.U else sh.U
+    sh.tb_sign = -1 if (policy == POLICY_SYMMETRIC_SHIFT or sh.spt) else 1
+    return sh
+
+
+cdef inline void unit_columns(int policy, bint spt, bint paired, bint mirrored, long long u,
+                              long long num_heads, long long n_first, long long NC, long long T, long long P,
+                              long long* head, long long* n0, long long* n1) noexcept:
+    """Work unit u (in dispatch order) -> head and one or two KV columns (n1 = -1 when single), among the NC
+    visible columns n_first .. n_first + NC - 1 of every head; ``mirrored`` (symmetric_shift on a band): the
+    T start-clipped columns in ascending n, then the others in descending n."""
+    cdef long long k
+    if mirrored:
+        head[0] = u // NC
+        k = u % NC
+        n0[0] = n_first + k if k < T else n_first + NC - 1 - (k - T)
+        n1[0] = -1
+    elif paired:
+        head[0] = u // P
+        k = u % P
+        n0[0] = n_first + k
+        n1[0] = n_first + NC - 1 - k if NC - 1 - k != k else -1
+    elif spt:
+        # upstream FA3's shortest-processing-time-first launch order: short (high n) columns first
+        n0[0] = n_first + NC - 1 - u // num_heads
+        head[0] = u % num_heads
+        n1[0] = -1
+    else:
+        head[0] = u // NC
+        n0[0] = n_first + u % NC
+        n1[0] = -1
 
 
 def column_ranges(long long seqlen_q, long long seqlen_k, long long block_m, long long block_n, bint causal,
@@ -71,24 +140,12 @@ def column_ranges(long long seqlen_q, long long seqlen_k, long long block_m, lon
     them (M = ceil(seqlen_q / block_m)). Causal, no window: lo[n] = max(0, n block_n - Sk + Sq) // block_m,
     hi[n] = M, never empty; full mask: [0, M).
     """
-    cdef long long N = (seqlen_k + block_n - 1) // block_n, M = (seqlen_q + block_m - 1) // block_m
-    cdef long long diag = seqlen_k - seqlen_q, right = 0 if causal else window_right
-    lo_arr = np.zeros(N, dtype=np.int64)
-    hi_arr = np.full(N, M, dtype=np.int64)
+    cdef long long N = (seqlen_k + block_n - 1) // block_n
+    lo_arr, hi_arr = np.empty(N, dtype=np.int64), np.empty(N, dtype=np.int64)
     cdef long long[::1] lo = lo_arr, hi = hi_arr
-    cdef long long n, k0, k1, first, last
+    cdef long long n
     for n in range(N):
-        k0 = n * block_n
-        k1 = min(k0 + block_n, seqlen_k)
-        first = max(k0 - diag - right, 0) if right >= 0 else 0
-        last = min(k1 - 1 - diag + window_left, seqlen_q - 1) if window_left >= 0 else seqlen_q - 1
-        if last < 0:
-            hi[n] = 0
-        elif first > seqlen_q - 1:
-            lo[n] = M
-        else:
-            lo[n] = first // block_m
-            hi[n] = last // block_m + 1
+        tile_range(n, seqlen_q, seqlen_k, block_m, block_n, causal, window_left, window_right, &lo[n], &hi[n])
     return lo_arr, hi_arr
 
 
@@ -223,7 +280,7 @@ def _build_kv_table(int policy, long long seqlen_q, long long seqlen_k, long lon
                     # long column: cyclic shift over the rectangle of Q tiles that every long column of this
                     # head in the same dispatch wave covers, then its own triangle in ascending order (paired
                     # columns all end at hi = M)
-                    pair_rectangle(u, h, G, P, n_first, lo, &rs, &rot)
+                    pair_rectangle(u, h * P, G, P, &lo[n_first], &rs, &rot)
                     if s < M - rs:
                         m = rs + (rot + s) % (M - rs)
                     else:

@@ -1,7 +1,7 @@
 # One column record of a compact schedule (layout in cupy_dash/compact.py): the Q-tile order rule and its
-# inverse, included by _compact.pyx (builder, record checks), _compact_view.pyx (expansion and the per-visit
-# computations of the kernel) and their varlen counterparts _varlen_sched.pyx, _varlen_view.pyx. A record is 8
-# int32 fields:
+# inverse (inline: the per-visit loops of _compact_view.pyx, _varlen_view.pyx and the checks), and the checks
+# every table of records shares (_records.pyx), cimported by the compact and varlen modules. A record is 8 int32
+# fields:
 
 cdef enum:
     REC_STEP = 0    # position of the column's first visit in its CTA's list (KV-head visits)
@@ -47,3 +47,8 @@ cdef inline long long rule_index(const int* rec, long long m) noexcept nogil:
         return x
     return r + m - rec[REC_LO]
 
+
+
+cdef int check_rule(long long i, long long split, long long rot, long long lo, long long hi) except -1
+cdef int check_cta_lists(const int[:, ::1] rec, const int[::1] cols, const long long[::1] cs, long long ncols,
+                         long long G) except -1

@@ -1,0 +1,40 @@
+# What the schedule builders share (_schedule.pyx: per-visit tables; _varlen_sched.pyx: column records, which
+# _compact.pyx and _varlen_pack.pyx build through it), so that they dispatch the same units to the same CTAs.
+# Inline: the builders call them per column or per visit. The NOTES are in _schedule.pyx.
+
+cdef enum:
+    POLICY_FA3 = 0
+    POLICY_DESCENDING = 1
+    POLICY_SHIFT = 2
+    POLICY_SYMMETRIC_SHIFT = 3
+
+
+cdef inline void tile_range(long long n, long long sq, long long sk, long long bm, long long bn, bint causal,
+                            long long left, long long right, long long* lo, long long* hi) noexcept:
+    """Q tiles [lo, hi) that KV tile n of one sequence sees (the rule of _schedule.column_ranges)."""
+    cdef long long M = (sq + bm - 1) // bm, diag = sk - sq, k0 = n * bn, k1, first, last
+    if causal:
+        right = 0
+    k1 = k0 + bn if k0 + bn < sk else sk
+    lo[0], hi[0] = 0, M
+    first = (k0 - diag - right if k0 - diag - right > 0 else 0) if right >= 0 else 0
+    last = (k1 - 1 - diag + left if k1 - 1 - diag + left < sq - 1 else sq - 1) if left >= 0 else sq - 1
+    if last < 0:
+        hi[0] = 0
+    elif first > sq - 1:
+        lo[0] = M
+    else:
+        lo[0] = first // bm
+        hi[0] = last // bm + 1
+
+
+cdef inline void pair_rectangle(long long u, long long base, long long G, long long P, const long long* lo,
+                                long long* rs, long long* rot) noexcept:
+    """Paired long column of unit u (its head's units: base .. base + P - 1, lo: the head's visible columns'
+    range starts): the rectangle [rs, M) of Q tiles shared by every long column of its head in its dispatch
+    wave (units w G .. (w + 1) G - 1), and its rotation there (its index in the wave)."""
+    cdef long long w = u // G, k0, k1
+    k0 = (w * G if w * G > base else base) - base
+    k1 = ((w + 1) * G if (w + 1) * G < base + P else base + P) - 1 - base
+    rs[0] = lo[k1]
+    rot[0] = u - base - k0
