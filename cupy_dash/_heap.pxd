@@ -1,3 +1,4 @@
+# cython: boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 # Binary min-heap of (time, cta) pairs, ties broken by the lower cta: the "CTA that frees up first" of the
 # builder's dispatch (_schedule.pyx) and the event queue of the simulation (_schedule_check.pyx), which cimport
 # it; ht / hc are caller-owned arrays with room for every CTA. Inline (the hot loops of both), so no module.

@@ -1,3 +1,4 @@
+# cython: boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 # One column record of a compact schedule (layout in cupy_dash/compact.py): the Q-tile order rule and its
 # inverse (inline: the per-visit loops of _compact_view.pyx, _varlen_view.pyx and the checks), and the checks
 # every table of records shares (_records.pyx), cimported by the compact and varlen modules. A record is 8 int32
@@ -49,6 +50,13 @@ cdef inline long long rule_index(const int* rec, long long m) noexcept nogil:
 
 
 
-cdef int check_rule(long long i, long long split, long long rot, long long lo, long long hi) except -1
+cdef int rule_error(long long i, long long split, long long rot, long long lo, long long hi) except -1
+
+
+cdef inline int check_rule(long long i, long long split, long long rot, long long lo, long long hi) except -1:
+    """Raises ValueError unless record i's (split, rot) order the Q tiles [lo, hi): a bijection onto them."""
+    if split == -1 and rot == 0 or lo <= split < hi and 0 <= rot < hi - split:
+        return 0
+    return rule_error(i, split, rot, lo, hi)
 cdef int check_cta_lists(const int[:, ::1] rec, const int[::1] cols, const long long[::1] cs, long long ncols,
                          long long G) except -1

@@ -4,11 +4,9 @@ _varlen_view.expand); the record layout and its rule are in _records.pxd."""
 import numpy as np
 
 
-cdef int check_rule(long long i, long long split, long long rot, long long lo, long long hi) except -1:
-    """Raises ValueError unless record i's (split, rot) order the Q tiles [lo, hi): a bijection onto them."""
-    if not (split == -1 and rot == 0 or lo <= split < hi and 0 <= rot < hi - split):
-        raise ValueError(f"record {i}: split {split}, rot {rot} do not give an order of [{lo}, {hi})")
-    return 0
+cdef int rule_error(long long i, long long split, long long rot, long long lo, long long hi) except -1:
+    """check_rule's error."""
+    raise ValueError(f"record {i}: split {split}, rot {rot} do not give an order of [{lo}, {hi})")
 
 
 cdef int check_cta_lists(const int[:, ::1] rec, const int[::1] cols, const long long[::1] cs, long long ncols,

@@ -1,3 +1,4 @@
+# cython: boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 # What the schedule builders share (_schedule.pyx: per-visit tables; _varlen_sched.pyx: column records, which
 # _compact.pyx and _varlen_pack.pyx build through it), so that they dispatch the same units to the same CTAs.
 # Inline: the builders call them per column or per visit. The NOTES are in _schedule.pyx.
