@@ -12,8 +12,8 @@ def _cores() -> int:
 
 
 # _schedule builds the tables, _schedule_check validates and simulates them (both cimport the inline heap of
-# _heap.pxd); _varlen_sched builds and checks the compact (per-column) records of packed varlen batches, _compact
-# those of one problem (through _varlen_sched) and checks them, _compact_view and _varlen_view expand them and
+# _heap.pxd, as _compact does); _varlen_sched builds and checks the compact (per-column) records of packed varlen
+# batches, _compact those of one problem and checks them, _compact_view and _varlen_view expand them and
 # compute what the kernel will compute per visit, _varlen_pack packs them in the byte layout uploaded; _records
 # holds the checks that every table of records shares (_records.pxd: the record layout and rule, _units.pxd: the
 # builders' shared inline code); _launch is every kernel launch (one cuLaunchKernel); _xla_ffi is

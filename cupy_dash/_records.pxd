@@ -1,8 +1,8 @@
 # cython: boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 # One column record of a compact schedule (layout in cupy_dash/compact.py): the Q-tile order rule and its
-# inverse (inline: the per-visit loops of _compact_view.pyx, _varlen_view.pyx and the checks), and the checks
-# every table of records shares (_records.pyx), cimported by the compact and varlen modules. A record is 8 int32
-# fields:
+# inverse (inline: the per-visit loops of _compact_view.pyx, _varlen_view.pyx and the checks), the CTAs' column
+# lists that the compact and varlen builders make (cta_lists_into, inline), and the checks every table of records
+# shares (_records.pyx), cimported by the compact and varlen modules. A record is 8 int32 fields:
 
 cdef enum:
     REC_STEP = 0    # position of the column's first visit in its CTA's list (KV-head visits)
@@ -58,5 +58,25 @@ cdef inline int check_rule(long long i, long long split, long long rot, long lon
     if split == -1 and rot == 0 or lo <= split < hi and 0 <= rot < hi - split:
         return 0
     return rule_error(i, split, rot, lo, hi)
+
+
 cdef int check_cta_lists(const int[:, ::1] rec, const int[::1] cols, const long long[::1] cs, long long ncols,
                          long long G) except -1
+
+
+cdef inline void cta_lists_into(const int* rec, const long long* order, long long ncols, long long G,
+                                int* cta_columns, long long* cs, long long* fill) noexcept:
+    """cta_columns (ncols,) and cs (G + 1,): every CTA's record indices in dispatch order, a stable counting sort
+    of ``order`` (record indices in dispatch order) by the records' CTA; ``fill``: G entries of scratch."""
+    cdef long long idx, c, u
+    for c in range(G + 1):
+        cs[c] = 0
+    for idx in range(ncols):
+        cs[rec[idx * REC_FIELDS + REC_CTA] + 1] += 1
+    for c in range(G):
+        cs[c + 1] += cs[c]
+        fill[c] = cs[c]
+    for u in range(ncols):
+        c = rec[order[u] * REC_FIELDS + REC_CTA]
+        cta_columns[fill[c]] = <int>order[u]
+        fill[c] += 1

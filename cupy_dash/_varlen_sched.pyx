@@ -14,7 +14,7 @@ import numpy as np
 from libc.stdlib cimport calloc, malloc, free
 
 from cupy_dash._records cimport (REC_CTA, REC_FIELDS, REC_HEAD, REC_HI, REC_LO, REC_N, REC_ROT, REC_SPLIT,
-                                 REC_STEP, check_cta_lists, check_rule, rule_index)
+                                 REC_STEP, check_cta_lists, check_rule, cta_lists_into, rule_index)
 from cupy_dash._units cimport POLICY_DESCENDING, POLICY_FA3, POLICY_SYMMETRIC_SHIFT, pair_rectangle, tile_range
 
 cdef long long INT32_MAX = 0x7fffffff
@@ -77,12 +77,9 @@ cdef struct CtaQueue:
     # the CTA that frees up first: least load, then lowest index (the order of _heap.pxd), from a bucket queue.
     # NOTES: every CTA's load lies in [m, m + R - 1], m the least load (it never falls: only the least loaded CTA
     # takes work, at most R - 1 visits per take), so bucket load & (R - 1) (R a power of two) holds exactly the
-    # CTAs of that load, as a bitset of W words (lowest index: the lowest set bit) with its member count; the
-    # bitset ``busy`` (R bits) marks the buckets with members, so that finding the least load skips empty ones
-    # 64 at a time (with one long sequence the loads rise in small steps over a wide range).
+    # CTAs of that load, as a bitset of W words (lowest index: the lowest set bit) with its member count.
     long long G, W, R, m
     unsigned long long* bits
-    unsigned long long* busy
     long long* count
     long long* load
 
@@ -90,18 +87,18 @@ cdef struct CtaQueue:
 cdef int queue_init(CtaQueue* q, long long G, long long max_take) except -1:
     """G CTAs, all free at 0, each take of work at most ``max_take`` visits (queue_free releases it)."""
     cdef long long c
-    q.G, q.W, q.R, q.m = G, (G + 63) // 64, 64, 0
+    q.G, q.W, q.R, q.m = G, (G + 63) // 64, 1, 0
     while q.R <= max_take:
         q.R *= 2
-    q.bits = <unsigned long long*>calloc(q.R * q.W + q.R // 64, sizeof(unsigned long long))
+    q.bits = <unsigned long long*>calloc(q.R * q.W, sizeof(unsigned long long))
     q.count = <long long*>calloc(q.R + G, sizeof(long long))
     if q.bits == NULL or q.count == NULL:
         queue_free(q)
         raise MemoryError()
-    q.load, q.busy = q.count + q.R, q.bits + q.R * q.W
+    q.load = q.count + q.R
     for c in range(G):
         q.bits[c >> 6] |= 1ULL << (c & 63)
-    q.count[0], q.busy[0] = G, 1
+    q.count[0] = G
     return 0
 
 
@@ -113,14 +110,11 @@ cdef inline void queue_free(CtaQueue* q) noexcept:
 
 cdef inline long long queue_first(CtaQueue* q) noexcept:
     """The CTA that frees up first (q.m becomes its load)."""
-    cdef long long r = q.m & (q.R - 1), w = r >> 6, k
-    cdef unsigned long long x = q.busy[w] & (~0ULL << (r & 63))
-    while x == 0:                                       # the first busy bucket from r on, cyclically
-        w = w + 1 if w + 1 < q.R // 64 else 0
-        x = q.busy[w]
-    k = w * 64 + dash_ctz64(x)
-    q.m += (k - r) & (q.R - 1)
-    cdef unsigned long long* word = q.bits + k * q.W
+    cdef long long r = q.m & (q.R - 1), w
+    while q.count[r] == 0:
+        q.m += 1
+        r = (r + 1) & (q.R - 1)
+    cdef unsigned long long* word = q.bits + r * q.W
     w = 0
     while word[w] == 0:
         w += 1
@@ -135,11 +129,8 @@ cdef inline void queue_add(CtaQueue* q, long long c, long long L) noexcept:
     if r0 != r1:
         q.bits[r0 * q.W + (c >> 6)] &= ~(1ULL << (c & 63))
         q.count[r0] -= 1
-        if q.count[r0] == 0:
-            q.busy[r0 >> 6] &= ~(1ULL << (r0 & 63))
         q.bits[r1 * q.W + (c >> 6)] |= 1ULL << (c & 63)
         q.count[r1] += 1
-        q.busy[r1 >> 6] |= 1ULL << (r1 & 63)
 
 
 cdef inline int check_loads(const long long* load, long long G) except -1:
@@ -293,24 +284,6 @@ cdef long long busiest_load(int policy, const Shapes* sh, const long long* seq_o
         queue_free(&q)
         free_units(&un)
     return best
-
-
-cdef void cta_lists_into(const int* rec, const long long* order, long long ncols, long long G, int* cta_columns,
-                         long long* cs, long long* fill) noexcept:
-    """cta_columns (ncols,) and cs (G + 1,): every CTA's record indices in dispatch order, a stable counting sort
-    of ``order`` (record indices in dispatch order) by the records' CTA; ``fill``: G entries of scratch."""
-    cdef long long idx, c, u
-    for c in range(G + 1):
-        cs[c] = 0
-    for idx in range(ncols):
-        cs[rec[idx * REC_FIELDS + REC_CTA] + 1] += 1
-    for c in range(G):
-        cs[c + 1] += cs[c]
-        fill[c] = cs[c]
-    for u in range(ncols):
-        c = rec[order[u] * REC_FIELDS + REC_CTA]
-        cta_columns[fill[c]] = <int>order[u]
-        fill[c] += 1
 
 
 cdef int build_varlen(int policy, const Shapes* sh, const long long* seq_order, long long Hkv, bint spt,
