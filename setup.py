@@ -11,14 +11,15 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
-# _schedule builds the tables, _schedule_check validates and simulates them (both include _heap.pxi); _compact
-# builds and checks compact (per-column) tables, _compact_view expands them and computes what the kernel will
-# compute per visit, _varlen_sched builds and checks those of packed varlen batches (_units.pxi is shared by
-# _schedule, _compact and _varlen_sched, _compact_rule.pxi by the five compact modules, _cta_lists.pxi by the
-# two builders), _varlen_view expands them, _varlen_pack packs them in the byte layout uploaded (with
-# _scratch.pxi: the new-packing pipeline's malloc'd scratch); _launch is
-# every kernel launch (one cuLaunchKernel); _xla_ffi is cupy_dash.jax's XLA FFI handler (xla_ffi.c).
+# _schedule builds the tables, _schedule_check validates and simulates them (both cimport the inline heap of
+# _heap.pxd, as _compact does); _varlen_sched builds and checks the compact (per-column) records of packed varlen
+# batches, _compact those of one problem and checks them, _compact_view and _varlen_view expand them and
+# compute what the kernel will compute per visit, _varlen_pack packs them in the byte layout uploaded; _records
+# holds the checks that every table of records shares (_records.pxd: the record layout and rule, _units.pxd: the
+# builders' shared inline code); _launch is every kernel launch (one cuLaunchKernel); _xla_ffi is
+# cupy_dash.jax's XLA FFI handler (xla_ffi.c).
 EXTENSIONS = [Extension("cupy_dash._schedule", ["cupy_dash/_schedule.pyx"]),
+              Extension("cupy_dash._records", ["cupy_dash/_records.pyx"]),
               Extension("cupy_dash._schedule_check", ["cupy_dash/_schedule_check.pyx"]),
               Extension("cupy_dash._compact", ["cupy_dash/_compact.pyx"]),
               Extension("cupy_dash._compact_view", ["cupy_dash/_compact_view.pyx"]),

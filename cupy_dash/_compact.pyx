@@ -1,8 +1,8 @@
 # cython: boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 """Compact schedules: one record per KV column instead of one row per visit (the format is documented in
-cupy_dash/compact.py, the fields in _compact_rule.pxi).
+cupy_dash/compact.py, the fields in _records.pxd).
 
-``build_columns`` dispatches the same work units as ``_schedule.build_table`` (shared code: _units.pxi, _heap.pxi)
+``build_columns`` dispatches the same work units as ``_schedule.build_table`` (shared code: _units.pxd, _heap.pxd)
 to the same CTAs, but at column granularity: a column's position in its CTA's list is the CTA's load when the
 column is dispatched, and its Q-tile order is a closed-form rule with two parameters, so nothing is done per
 visit. ``check_records`` proves, in O(columns), everything ``Schedule.validate`` proves on the expanded table.
@@ -10,12 +10,12 @@ visit. ``check_records`` proves, in O(columns), everything ``Schedule.validate``
 import numpy as np
 from libc.stdlib cimport malloc, free
 
+from cupy_dash._heap cimport heap_pop, heap_push
+from cupy_dash._records cimport (RANK_ASC_N, RANK_COUNT, RANK_DESC_N, REC_CTA, REC_FIELDS, REC_HEAD, REC_HI, REC_LO,
+                                 REC_N, REC_ROT, REC_SPLIT, REC_STEP, check_cta_lists, check_rule, cta_lists_into)
 from cupy_dash._schedule import column_ranges
-
-include "_heap.pxi"
-include "_units.pxi"
-include "_compact_rule.pxi"
-include "_cta_lists.pxi"
+from cupy_dash._units cimport (POLICY_DESCENDING, POLICY_FA3, UnitShape, pair_rectangle, unit_columns,
+                               unit_shape)
 
 cdef long long INT32_MAX = 0x7fffffff
 
@@ -67,7 +67,7 @@ def build_columns(int policy, long long seqlen_q, long long seqlen_k, long long 
             elif policy == POLICY_DESCENDING or sh.mirrored or (sh.paired and col == 1):
                 split, rot = -1, 0                           # descending (also the short column of a pair)
             elif sh.paired:
-                pair_rectangle(u, h, G, P, n_first, lo, &split, &rot)   # rectangle rotation, then triangle
+                pair_rectangle(u, h * P, G, P, &lo[n_first], &split, &rot)   # rectangle rotation, then triangle
                 rot %= M - split
             elif sh.band:
                 split, rot = lo[n], (t0 + n + M - hi[n]) % L  # band shift on the CTA's clock
@@ -91,7 +91,12 @@ def build_columns(int policy, long long seqlen_q, long long seqlen_k, long long 
     for c in range(G):
         if loads[c] > INT32_MAX:
             raise ValueError(f"CTA {c} has {loads[c]} visits: a record's step is int32")
-    cta_columns_arr, cta_col_start_arr = cta_lists(rec, order, ncols, G)
+    cta_col_start_arr, fill_arr = np.empty(G + 1, dtype=np.int64), np.empty(G, dtype=np.int64)
+    cta_columns_arr = np.empty(ncols, dtype=np.int32)
+    cdef long long[::1] cs = cta_col_start_arr, fill = fill_arr
+    cdef int[::1] ccols = cta_columns_arr
+    cta_lists_into(&rec[0, 0] if ncols else NULL, &order[0] if ncols else NULL, ncols, G,
+                   &ccols[0] if ncols else NULL, &cs[0], &fill[0] if G else NULL)
     cdef int rank_rule = RANK_COUNT
     if policy == POLICY_FA3:
         rank_rule = RANK_DESC_N if sh.spt else RANK_ASC_N
@@ -221,8 +226,7 @@ def check_records(records_arr, cta_columns_arr, cta_col_start_arr, long long num
         if rec[i, REC_LO] != lo[n] or rec[i, REC_HI] != hi[n]:
             raise ValueError(f"record {i}: range [{rec[i, REC_LO]}, {rec[i, REC_HI]}) is not KV tile {n}'s "
                              f"visible range [{lo[n]}, {hi[n]})")
-        if not (split == -1 and rot == 0 or lo[n] <= split < hi[n] and 0 <= rot < hi[n] - split):
-            raise ValueError(f"record {i}: split {split}, rot {rot} do not give an order of [{lo[n]}, {hi[n]})")
+        check_rule(i, split, rot, lo[n], hi[n])
     check_cta_lists(rec, cols, cs, ncols, G)
     if bounds_arr is not None:
         _check_bounds(rec, np.ascontiguousarray(bounds_arr, dtype=np.int32), num_kv_heads, NC)

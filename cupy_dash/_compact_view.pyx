@@ -11,7 +11,8 @@ independently of both (a sort per dQ tile), equal to ``_schedule.build_table``'s
 import numpy as np
 from libc.stdlib cimport malloc, free, qsort
 
-include "_compact_rule.pxi"
+from cupy_dash._records cimport (RANK_ASC_N, RANK_COUNT, RANK_DESC_N, REC_FIELDS, REC_HEAD, REC_HI, REC_LO, REC_N,
+                                 REC_STEP, rule_index, rule_tile)
 
 cdef enum:
     MODE_KERNEL = 0

@@ -41,15 +41,15 @@ the two triangles mirror-wise, which arrives at every dQ tile in a strict order 
 With a right bound alone the shape is triangular like a causal mask, and it is paired as one.
 
 ``analyze_table`` (validation and the two simulation models) lives in _schedule_check.pyx and is re-exported
-here; the heap both use is _heap.pxi.
+here; the heap both use is _heap.pxd.
 """
 import numpy as np
 from libc.stdlib cimport malloc, free
 
+from cupy_dash._heap cimport heap_pop, heap_push
+from cupy_dash._units cimport (POLICY_DESCENDING, POLICY_FA3, POLICY_SHIFT, POLICY_SYMMETRIC_SHIFT, UnitShape,
+                               pair_rectangle, tile_range, unit_columns, unit_shape)
 from cupy_dash._schedule_check import analyze_table  # noqa: F401  (re-exported)
-
-include "_heap.pxi"
-include "_units.pxi"
 
 POLICY_CODES = {"fa3": POLICY_FA3, "descending": POLICY_DESCENDING, "shift": POLICY_SHIFT,
                 "symmetric_shift": POLICY_SYMMETRIC_SHIFT}
@@ -71,24 +71,12 @@ def column_ranges(long long seqlen_q, long long seqlen_k, long long block_m, lon
     them (M = ceil(seqlen_q / block_m)). Causal, no window: lo[n] = max(0, n block_n - Sk + Sq) // block_m,
     hi[n] = M, never empty; full mask: [0, M).
     """
-    cdef long long N = (seqlen_k + block_n - 1) // block_n, M = (seqlen_q + block_m - 1) // block_m
-    cdef long long diag = seqlen_k - seqlen_q, right = 0 if causal else window_right
-    lo_arr = np.zeros(N, dtype=np.int64)
-    hi_arr = np.full(N, M, dtype=np.int64)
+    cdef long long N = (seqlen_k + block_n - 1) // block_n
+    lo_arr, hi_arr = np.empty(N, dtype=np.int64), np.empty(N, dtype=np.int64)
     cdef long long[::1] lo = lo_arr, hi = hi_arr
-    cdef long long n, k0, k1, first, last
+    cdef long long n
     for n in range(N):
-        k0 = n * block_n
-        k1 = min(k0 + block_n, seqlen_k)
-        first = max(k0 - diag - right, 0) if right >= 0 else 0
-        last = min(k1 - 1 - diag + window_left, seqlen_q - 1) if window_left >= 0 else seqlen_q - 1
-        if last < 0:
-            hi[n] = 0
-        elif first > seqlen_q - 1:
-            lo[n] = M
-        else:
-            lo[n] = first // block_m
-            hi[n] = last // block_m + 1
+        tile_range(n, seqlen_q, seqlen_k, block_m, block_n, causal, window_left, window_right, &lo[n], &hi[n])
     return lo_arr, hi_arr
 
 
@@ -223,7 +211,7 @@ def _build_kv_table(int policy, long long seqlen_q, long long seqlen_k, long lon
                     # long column: cyclic shift over the rectangle of Q tiles that every long column of this
                     # head in the same dispatch wave covers, then its own triangle in ascending order (paired
                     # columns all end at hi = M)
-                    pair_rectangle(u, h, G, P, n_first, lo, &rs, &rot)
+                    pair_rectangle(u, h * P, G, P, &lo[n_first], &rs, &rot)
                     if s < M - rs:
                         m = rs + (rot + s) % (M - rs)
                     else:

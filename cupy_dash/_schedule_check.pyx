@@ -6,7 +6,7 @@ of the Hopper kernel. ``cupy_dash._schedule`` re-exports it.
 import numpy as np
 from libc.stdlib cimport malloc, free
 
-include "_heap.pxi"
+from cupy_dash._heap cimport heap_pop, heap_push
 
 
 def analyze_table(visits_arr, rank_arr, cta_start_arr, long long num_heads, long long num_m_blocks, lo_arr,
@@ -159,14 +159,10 @@ def analyze_table(visits_arr, rank_arr, cta_start_arr, long long num_heads, long
                     break
                 sem[t_off] += 1
                 ptr[c] += 1
-                m = visits[v, 3]
-                if sem[t_off] < cnt[m]:
-                    nxt = pos[<long long>visits[v, 1] * per_head + pre[m] + sem[t_off]]
-                    c2 = visits[nxt, 0]
-                    if blocked[c2] and ptr[c2] == nxt:
-                        blocked[c2] = 0
-                        stack[sp] = c2
-                        sp += 1
+                c2 = unblocked(visits, ptr, blocked, pos, cnt, pre, per_head, v, sem[t_off])
+                if c2 >= 0:
+                    stack[sp] = c2
+                    sp += 1
         free(stack)
     else:
         free(stack)
@@ -213,7 +209,7 @@ cdef void _simulate_loop(const int[:, ::1] visits, const int[::1] rank, const lo
     # ends, prev_take[c] when the CTA's previous reduction started (took the dQ buffer); the next visit's compute
     # starts at the hand-off max(dq_ready, prev_take) instead of after the reduction.
     cdef double now, start, end, next_start
-    cdef long long c, v, t_off, m, nxt, c2
+    cdef long long c, v, t_off, c2
     while hsize > 0:
         heap_pop(ht, hc, &hsize, &now, &c)
         v = ptr[c]
@@ -242,10 +238,21 @@ cdef void _simulate_loop(const int[:, ::1] visits, const int[::1] rank, const lo
                 heap_push(ht, hc, &hsize, end + c_cost, c)
         else:
             finish[c] = end
-        m = visits[v, 3]
-        if sem[t_off] < cnt[m]:
-            nxt = pos[<long long>visits[v, 1] * per_head + pre[m] + sem[t_off]]
-            c2 = visits[nxt, 0]
-            if blocked[c2] and ptr[c2] == nxt:
-                blocked[c2] = 0
-                heap_push(ht, hc, &hsize, end, c2)
+        c2 = unblocked(visits, ptr, blocked, pos, cnt, pre, per_head, v, sem[t_off])
+        if c2 >= 0:
+            heap_push(ht, hc, &hsize, end, c2)
+
+
+cdef inline long long unblocked(const int[:, ::1] visits, const long long[::1] ptr, unsigned char[::1] blocked,
+                                const long long[::1] pos, const long long[::1] cnt, const long long[::1] pre,
+                                long long per_head, long long v, long long reached) noexcept:
+    """The CTA (else -1) that waits for rank ``reached`` of visit v's dQ tile, now its turn: marked unblocked."""
+    cdef long long m = visits[v, 3], nxt, c
+    if reached >= cnt[m]:
+        return -1
+    nxt = pos[<long long>visits[v, 1] * per_head + pre[m] + reached]
+    c = visits[nxt, 0]
+    if blocked[c] and ptr[c] == nxt:
+        blocked[c] = 0
+        return c
+    return -1

@@ -3,40 +3,21 @@
 
 A *segment* is one (sequence, KV head) pair, seg = b * Hkv + kv_head; it owns the visible KV columns of its
 sequence, with the sequence's own M, N and mask ranges (bottom-right causal and windows per sequence). The
-records are those of _compact.pyx (8 int32 fields, _compact_rule.pxi) with REC_HEAD = seg and REC_N the KV tile
+records are those of _compact.pyx (8 int32 fields, _records.pxd) with REC_HEAD = seg and REC_N the KV tile
 local to the sequence; segment seg's records are rows seg_col_start[seg] .. seg_col_start[seg + 1] - 1, in n
 order. ``build_varlen`` dispatches the units of every segment by list scheduling at column granularity (to the
-CTA that frees up first, ties to the lower CTA, as the heap of _heap.pxi pops them; here a bucket queue);
+CTA that frees up first, ties to the lower CTA, as the heap of _heap.pxd pops them; here a bucket queue);
 ``busiest_load`` runs the same dispatch on the units' lengths alone, for ``auto``; ``check_varlen`` proves
 coverage, rank permutations, deadlock freedom and the rank rule in O(columns).
 """
 import numpy as np
 from libc.stdlib cimport calloc, malloc, free
 
-include "_units.pxi"
-include "_compact_rule.pxi"
-include "_cta_lists.pxi"
+from cupy_dash._records cimport (REC_CTA, REC_FIELDS, REC_HEAD, REC_HI, REC_LO, REC_N, REC_ROT, REC_SPLIT,
+                                 REC_STEP, check_cta_lists, check_rule, cta_lists_into, rule_index)
+from cupy_dash._units cimport POLICY_DESCENDING, POLICY_FA3, POLICY_SYMMETRIC_SHIFT, pair_rectangle, tile_range
 
 cdef long long INT32_MAX = 0x7fffffff
-
-
-cdef inline void tile_range(long long n, long long sq, long long sk, long long bm, long long bn, bint causal,
-                            long long left, long long right, long long* lo, long long* hi) noexcept:
-    """Q tiles [lo, hi) that KV tile n of one sequence sees (_schedule.column_ranges, one tile)."""
-    cdef long long M = (sq + bm - 1) // bm, diag = sk - sq, k0 = n * bn, k1, first, last
-    if causal:
-        right = 0
-    k1 = k0 + bn if k0 + bn < sk else sk
-    lo[0], hi[0] = 0, M
-    first = (k0 - diag - right if k0 - diag - right > 0 else 0) if right >= 0 else 0
-    last = (k1 - 1 - diag + left if k1 - 1 - diag + left < sq - 1 else sq - 1) if left >= 0 else sq - 1
-    if last < 0:
-        hi[0] = 0
-    elif first > sq - 1:
-        lo[0] = M
-    else:
-        lo[0] = first // bm
-        hi[0] = last // bm + 1
 
 
 cdef long long shapes_count(const long long* sq, const long long* sk, const long long* win, long long bm,
@@ -93,7 +74,7 @@ cdef extern from *:
 
 
 cdef struct CtaQueue:
-    # the CTA that frees up first: least load, then lowest index (the order of _heap.pxi), from a bucket queue.
+    # the CTA that frees up first: least load, then lowest index (the order of _heap.pxd), from a bucket queue.
     # NOTES: every CTA's load lies in [m, m + R - 1], m the least load (it never falls: only the least loaded CTA
     # takes work, at most R - 1 visits per take), so bucket load & (R - 1) (R a power of two) holds exactly the
     # CTAs of that load, as a bitset of W words (lowest index: the lowest set bit) with its member count.
@@ -326,7 +307,7 @@ cdef int build_varlen(int policy, const Shapes* sh, const long long* seq_order, 
     cdef int* r
     cdef long long* order = out.order
     cdef long long* loads = out.loads
-    cdef long long nd = 0, u, c, col, kk, M, n, lo, hi, L, split, rot, t0, idx, w, q0, q1
+    cdef long long nd = 0, u, c, col, kk, M, n, lo, hi, L, split, rot, t0, idx
     for c in range(G):
         loads[c] = 0
     cdef CtaQueue q
@@ -353,13 +334,9 @@ cdef int build_varlen(int policy, const Shapes* sh, const long long* seq_order, 
                     split, rot = lo, 0                            # ascending
                 elif policy == POLICY_DESCENDING or mirrored or (paired and col == 1):
                     split, rot = -1, 0                            # descending
-                elif paired:
-                    # the rectangle shared by the long columns of this segment in this dispatch wave
-                    w = u // G
-                    q0 = (w * G if w * G > un.base[u] else un.base[u]) - un.base[u]
-                    q1 = ((w + 1) * G if (w + 1) * G < un.base[u] + P else un.base[u] + P) - 1 - un.base[u]
-                    split = sh.lo[sh.off[b] + q1]
-                    rot = (u - un.base[u] - q0) % (M - split)
+                elif paired:                                      # rectangle rotation, then triangle
+                    pair_rectangle(u, un.base[u], G, P, sh.lo + sh.off[b], &split, &rot)
+                    rot %= M - split
                 elif info[5] & 1:
                     split, rot = lo, (t0 + n + M - hi) % L         # band shift on the CTA's clock
                 else:
@@ -438,8 +415,7 @@ def check_varlen(records_arr, cta_columns_arr, cta_col_start_arr, seg_col_start_
                 raise ValueError(f"record {i}: range [{rec[i, REC_LO]}, {rec[i, REC_HI]}) is not KV tile {n}'s "
                                  f"visible range [{lo}, {hi}) in sequence {b}")
             split, rot = rec[i, REC_SPLIT], rec[i, REC_ROT]
-            if not (split == -1 and rot == 0 or lo <= split < hi and 0 <= rot < hi - split):
-                raise ValueError(f"record {i}: split {split}, rot {rot} do not give an order of [{lo}, {hi})")
+            check_rule(i, split, rot, lo, hi)
             if rank_rule and not (split == -1 or split == lo and rot == 0):
                 raise ValueError(f"record {i}: rank rule {rank_rule} needs monotone walks")
             if rank_rule and i > segc[seg]:

@@ -13,7 +13,8 @@ import numpy as np
 from libc.stdlib cimport malloc, calloc, free
 from libc.string cimport memmove
 
-include "_compact_rule.pxi"
+from cupy_dash._records cimport (REC_FIELDS, REC_HEAD, REC_HI, REC_LO, REC_N, REC_ROT, REC_SPLIT, check_rule,
+                                 rule_tile)
 
 cdef long long N_OFFSET = (<long long>1) << 31     # tie_sign * n + N_OFFSET > 0 (n < 2^31)
 
@@ -30,7 +31,7 @@ cdef struct Cta:
 
 
 cdef inline void walk_from(Cta* x, long long t) noexcept:
-    """Set the walk of CTA x at step t to its column's rule (_compact_rule.pxi) from visit s = t - t0 on: one
+    """Set the walk of CTA x at step t to its column's rule (_records.pxd) from visit s = t - t0 on: one
     linear piece of the rule (the descending walk, or [split + rot, hi), [split, split + rot), [lo, split))."""
     cdef const int* col = x.col
     cdef long long s = t - x.t0, split = col[REC_SPLIT], r = col[REC_HI] - split
@@ -60,16 +61,13 @@ cdef int check_column(const int[:, ::1] rec, long long idx, long long ncols, lon
                       const long long[::1] num_m_blocks) except -1:
     """Raise ValueError unless record idx can be walked without leaving the tables (its segment, range and
     rule)."""
-    cdef long long seg, lo, hi, split, rot
+    cdef long long seg, lo, hi
     if idx < 0 or idx >= ncols:
         raise ValueError(f"a CTA list names record {idx}, outside 0..{ncols - 1}")
     seg, lo, hi = rec[idx, REC_HEAD], rec[idx, REC_LO], rec[idx, REC_HI]
-    split, rot = rec[idx, REC_SPLIT], rec[idx, REC_ROT]
     if seg < 0 or seg >= S or not 0 <= lo < hi <= num_m_blocks[seg // Hkv]:
         raise ValueError(f"record {idx}: segment {seg} or range [{lo}, {hi}) outside the batch")
-    if not (split == -1 and rot == 0 or lo <= split < hi and 0 <= rot < hi - split):
-        raise ValueError(f"record {idx}: split {split}, rot {rot} do not give an order of [{lo}, {hi})")
-    return 0
+    return check_rule(idx, rec[idx, REC_SPLIT], rec[idx, REC_ROT], lo, hi)
 
 
 def expand(records, cta_columns, cta_col_start, const long long[::1] num_m_blocks, long long Hkv, long long g,
@@ -190,7 +188,7 @@ cdef inline void emit(int* v, int* rank, long long c, long long bh0, long long n
 cdef void write_rows(const int[:, ::1] rec, const int[::1] cols, const long long[::1] cs, int[:, ::1] visits,
                      int[::1] rank, long long g, const int* ranks) noexcept:
     """The rows of the table in order (CTA by CTA, sequential writes), ranks from the sweep's buffer; each
-    column's walk in its rule's pieces (_compact_rule.pxi)."""
+    column's walk in its rule's pieces (_records.pxd)."""
     cdef long long c, j, m, lo, hi, split, rot, bh0, n, row = 0, k
     cdef int* v = &visits[0, 0] if visits.shape[0] else NULL
     cdef int* rk = &rank[0] if rank.shape[0] else NULL

@@ -1,4 +1,4 @@
-"""The sdist is complete: a build from it needs every Cython source with its .pxd and .pxi includes, the
+"""The sdist is complete: a build from it needs every Cython source with the .pxd files it cimports, the
 hand-written C and its header, and kernels_src (NVRTC compiles it at run time). MANIFEST.in, applied as setuptools
 applies it, must take all of them and leave out the C that Cython generates. No build here (that needs Cython
 and an index): .ci/run builds the sdist, installs it into a fresh venv and runs it.

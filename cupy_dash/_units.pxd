@@ -1,12 +1,45 @@
-# Work units of a schedule: which KV columns become units, in which dispatch order, paired or not, and the
-# tie-break between columns. Included by _schedule.pyx (the per-visit tables) and _compact.pyx (the per-column
-# records), so that both dispatch exactly the same units to the same CTAs. The NOTES are in _schedule.pyx.
+# cython: boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+# What the schedule builders share (_schedule.pyx: per-visit tables; _compact.pyx: column records of one problem;
+# _varlen_sched.pyx: column records of packed batches, which _varlen_pack.pyx builds through it), so that they
+# dispatch the same units to the same CTAs. Inline: the builders call them per unit, column or visit. The NOTES
+# are in _schedule.pyx.
 
 cdef enum:
     POLICY_FA3 = 0
     POLICY_DESCENDING = 1
     POLICY_SHIFT = 2
     POLICY_SYMMETRIC_SHIFT = 3
+
+
+cdef inline void tile_range(long long n, long long sq, long long sk, long long bm, long long bn, bint causal,
+                            long long left, long long right, long long* lo, long long* hi) noexcept:
+    """Q tiles [lo, hi) that KV tile n of one sequence sees (the rule of _schedule.column_ranges)."""
+    cdef long long M = (sq + bm - 1) // bm, diag = sk - sq, k0 = n * bn, k1, first, last
+    if causal:
+        right = 0
+    k1 = k0 + bn if k0 + bn < sk else sk
+    lo[0], hi[0] = 0, M
+    first = (k0 - diag - right if k0 - diag - right > 0 else 0) if right >= 0 else 0
+    last = (k1 - 1 - diag + left if k1 - 1 - diag + left < sq - 1 else sq - 1) if left >= 0 else sq - 1
+    if last < 0:
+        hi[0] = 0
+    elif first > sq - 1:
+        lo[0] = M
+    else:
+        lo[0] = first // bm
+        hi[0] = last // bm + 1
+
+
+cdef inline void pair_rectangle(long long u, long long base, long long G, long long P, const long long* lo,
+                                long long* rs, long long* rot) noexcept:
+    """Paired long column of unit u (its head's units: base .. base + P - 1, lo: the head's visible columns'
+    range starts): the rectangle [rs, M) of Q tiles shared by every long column of its head in its dispatch
+    wave (units w G .. (w + 1) G - 1), and its rotation there (its index in the wave)."""
+    cdef long long w = u // G, k0, k1
+    k0 = (w * G if w * G > base else base) - base
+    k1 = ((w + 1) * G if (w + 1) * G < base + P else base + P) - 1 - base
+    rs[0] = lo[k1]
+    rot[0] = u - base - k0
 
 
 cdef struct UnitShape:
@@ -76,14 +109,3 @@ cdef inline void unit_columns(int policy, bint spt, bint paired, bint mirrored, 
         head[0] = u // NC
         n0[0] = n_first + u % NC
         n1[0] = -1
-
-
-cdef inline void pair_rectangle(long long u, long long h, long long G, long long P, long long n_first,
-                                const long long[::1] lo, long long* rs, long long* rot) noexcept:
-    """Paired long column of unit u (head h): the rectangle [rs, M) of Q tiles shared by every long column of its
-    head in its dispatch wave (units w G .. (w + 1) G - 1), and its rotation there (its index in the wave)."""
-    cdef long long w = u // G, k = u % P, k0, k1
-    k0 = (w * G if w * G > h * P else h * P) - h * P
-    k1 = ((w + 1) * G if (w + 1) * G < (h + 1) * P else (h + 1) * P) - 1 - h * P
-    rs[0] = lo[n_first + k1]
-    rot[0] = k - k0
