@@ -214,6 +214,7 @@ if [ "$stage" = first ]; then   # the riskiest untested changes first, each boun
   t device_tables 150 $py -m pytest tests/gpu/test_gpu_fastpath.py tests/gpu/test_gpu_varlen_bwd.py \
     tests/gpu/test_gpu_compact.py -q -rf --maxfail=5 -p no:cacheprovider
   t transformers 120 $py -m pytest tests/gpu/test_gpu_transformers.py -q -rf --maxfail=5 -p no:cacheprovider
+  t training_graphs 150 $py -m pytest tests/gpu/test_gpu_training_graphs.py -q -rf --maxfail=5 -p no:cacheprovider
   san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   t synccheck 120 "$san" --tool synccheck --error-exitcode 3 $py benchmarks/kernels_sanitize.py
   (cd /tmp/first && tar czf "$OUT/first.tgz" *.log)
