@@ -6,10 +6,10 @@ Imported only on demand (``cupy_dash.torch``, or ``cupy_dash.attention`` with to
 
     out, lse = torch.ops.cupy_dash.attention_forward(q, k, v, causal=False, softmax_scale=None,
                                                      schedule="auto", deterministic=True,
-                                                     window_left=-1, window_right=-1)
+                                                     window_left=-1, window_right=-1, softcap=0.0)
     dq, dk, dv = torch.ops.cupy_dash.attention_backward(dout, q, k, v, out, lse, causal=False,
                                                         softmax_scale=None, schedule="auto", deterministic=True,
-                                                        window_left=-1, window_right=-1)
+                                                        window_left=-1, window_right=-1, softcap=0.0)
 
 Packed variable-length batches have their own ops, ``attention_forward_varlen`` / ``attention_backward_varlen``
 (:mod:`cupy_dash.torch_varlen`), and :func:`attention_varlen`.

@@ -13,12 +13,13 @@ from . import api
 __all__ = ["attention", "attention_forward", "attention_backward", "eager"]
 
 
-def attention(q, k, v, causal=False, softmax_scale=None, schedule="auto", deterministic=True, window=(-1, -1)):
+def attention(q, k, v, causal=False, softmax_scale=None, schedule="auto", deterministic=True, window=(-1, -1),
+              softcap=0.0):
     """Differentiable attention for torch tensors: q ``(B, Sq, H, D)``, k/v ``(B, Sk, Hkv, D)`` with
     ``H % Hkv == 0`` (GQA / MQA; the gradients of k, v are ``(B, Sk, Hkv, D)``) -> out ``(B, Sq, H, D)``
     (contiguous, dtype of q). Arguments as in :func:`cupy_dash.attention_forward` /
     :func:`cupy_dash.attention_backward`; ``schedule`` and ``deterministic`` apply to the backward, ``window``
-    (left, right) to both passes.
+    (left, right) and ``softcap`` (logit soft-capping, 0: none) to both passes.
 
     Runs :func:`attention_forward` (the op ``torch.ops.cupy_dash.attention_forward``) wherever torch traces
     (``torch.compile(fullgraph=True)``, ``mode="reduce-overhead"``, export, fake tensors, functorch transforms,
@@ -31,10 +32,11 @@ def attention(q, k, v, causal=False, softmax_scale=None, schedule="auto", determ
         softmax_scale = api._check_scale(softmax_scale, None)
     causal, deterministic = api._check_flag("causal", causal), api._check_flag("deterministic", deterministic)
     left, right = api._check_window(window, causal)
+    softcap = api._check_softcap(softcap)
     if eager(q, k, v):
-        options = causal, softmax_scale, schedule, deterministic, (left, right)
+        options = causal, softmax_scale, schedule, deterministic, (left, right), softcap
         return _Eager.apply((api.attention_forward, api.attention_backward), (), options, q, k, v)[0]
-    return attention_forward(q, k, v, causal, softmax_scale, schedule, deterministic, left, right)[0]
+    return attention_forward(q, k, v, causal, softmax_scale, schedule, deterministic, left, right, softcap)[0]
 
 
 # NOTES: eager calls skip the dispatcher. register_autograd's autograd kernel is Python (a pytree scan of the
@@ -60,13 +62,14 @@ _functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 class _Eager(torch.autograd.Function):
     """The eager path of :func:`attention` and :func:`attention_varlen`: ``fns`` = cupy_dash's (forward,
     backward) functions, ``extra`` the positional arguments after q, k, v (varlen: cu_seqlens_q, cu_seqlens_k,
-    max_seqlen_q, max_seqlen_k), ``options`` = (causal, softmax_scale, schedule, deterministic, window); the
+    max_seqlen_q, max_seqlen_k), ``options`` = (causal, softmax_scale, schedule, deterministic, window, softcap); the
     forward and its gradient as the ops compute them (:func:`_attention_forward_grad`), without the dispatcher."""
 
     @staticmethod
     def forward(ctx, fns, extra, options, q, k, v):
-        causal, softmax_scale, _, _, window = options
-        out, lse = fns[0](q, k, v, *extra, causal=causal, softmax_scale=softmax_scale, window=window)
+        causal, softmax_scale, _, _, window, softcap = options
+        out, lse = fns[0](q, k, v, *extra, causal=causal, softmax_scale=softmax_scale, window=window,
+                          softcap=softcap)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.fns, ctx.extra, ctx.options = fns, extra, options
         ctx.mark_non_differentiable(lse)
@@ -79,10 +82,10 @@ class _Eager(torch.autograd.Function):
         if dout is None:
             return (None,) * 6
         q, k, v, out, lse = ctx.saved_tensors
-        causal, softmax_scale, schedule, deterministic, window = ctx.options
+        causal, softmax_scale, schedule, deterministic, window, softcap = ctx.options
         dq, dk, dv = ctx.fns[1](dout.contiguous(), q, k, v, out, lse, *ctx.extra, causal=causal,
                                 softmax_scale=softmax_scale, schedule=schedule, deterministic=deterministic,
-                                window=window)
+                                window=window, softcap=softcap)
         return None, None, None, dq, dk, dv
 
 
@@ -138,11 +141,12 @@ def _check_ranks(**tensors):
     _check_dims({"lse": "(B, H, Sq)", "": "(B, S, H, D)"}, **tensors)
 
 
-def _check_meta(q, k, v, softmax_scale, schedule, causal, window, dout=None, out=None, lse=None):
+def _check_meta(q, k, v, softmax_scale, schedule, causal, window, dout=None, out=None, lse=None, softcap=0.0):
     """The checks of the real op, as far as metadata allows: all of them when every size and stride is a plain
     int; with symbolic sizes (dynamic shapes) only the ranks (the real op checks the rest at run time)."""
     api._check_schedule(schedule)
     api._check_window(window, causal)
+    api._check_softcap(softcap)
     backward = dout is not None
     tensors = dict(q=q, k=k, v=v, do=dout, out=out, lse=lse) if backward else dict(q=q, k=k, v=v)
     if not _concrete(*tensors.values()):
@@ -162,11 +166,11 @@ def _check_meta(q, k, v, softmax_scale, schedule, causal, window, dout=None, out
 # (docs/architecture.md, host time). The schemas are the ones custom_op inferred from these signatures.
 _lib = torch.library.Library("cupy_dash", "FRAGMENT")
 _lib.define("attention_forward(Tensor q, Tensor k, Tensor v, bool causal=False, float? softmax_scale=None, "
-            "str schedule=\"auto\", bool deterministic=True, SymInt window_left=-1, SymInt window_right=-1) "
-            "-> (Tensor, Tensor)")
+            "str schedule=\"auto\", bool deterministic=True, SymInt window_left=-1, SymInt window_right=-1, "
+            "float softcap=0.0) -> (Tensor, Tensor)")
 _lib.define("attention_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
             "bool causal=False, float? softmax_scale=None, str schedule=\"auto\", bool deterministic=True, "
-            "SymInt window_left=-1, SymInt window_right=-1) -> (Tensor, Tensor, Tensor)")
+            "SymInt window_left=-1, SymInt window_right=-1, float softcap=0.0) -> (Tensor, Tensor, Tensor)")
 attention_forward = torch.ops.cupy_dash.attention_forward
 attention_backward = torch.ops.cupy_dash.attention_backward
 attention_forward.__doc__ = """The op ``torch.ops.cupy_dash.attention_forward``: q ``(B, Sq, H, D)``, k/v
@@ -179,10 +183,10 @@ attention_backward.__doc__ = """The op ``torch.ops.cupy_dash.attention_backward`
 
 
 def _attention_forward_impl(q, k, v, causal=False, softmax_scale=None, schedule="auto", deterministic=True,
-                            window_left=-1, window_right=-1):
+                            window_left=-1, window_right=-1, softcap=0.0):
     api._check_schedule(schedule)
     return api.attention_forward(q, k, v, causal=causal, softmax_scale=softmax_scale,
-                                 window=(window_left, window_right))
+                                 window=(window_left, window_right), softcap=softcap)
 
 
 _lib.impl("attention_forward", _attention_forward_impl, "CompositeExplicitAutograd")
@@ -190,18 +194,18 @@ _lib.impl("attention_forward", _attention_forward_impl, "CompositeExplicitAutogr
 
 @torch.library.register_fake("cupy_dash::attention_forward", lib=_lib)
 def _attention_forward_fake(q, k, v, causal=False, softmax_scale=None, schedule="auto", deterministic=True,
-                            window_left=-1, window_right=-1):
-    _check_meta(q, k, v, softmax_scale, schedule, causal, (window_left, window_right))
+                            window_left=-1, window_right=-1, softcap=0.0):
+    _check_meta(q, k, v, softmax_scale, schedule, causal, (window_left, window_right), softcap=softcap)
     B, Sq, H, D = q.shape
     return q.new_empty((B, Sq, H, D)), q.new_empty((B, H, Sq), dtype=torch.float32)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, causal, softmax_scale, schedule, deterministic, window_left, window_right = inputs
+    q, k, v, causal, softmax_scale, schedule, deterministic, window_left, window_right, softcap = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
     ctx.causal, ctx.softmax_scale, ctx.schedule, ctx.deterministic = causal, softmax_scale, schedule, deterministic
-    ctx.window = (window_left, window_right)
+    ctx.window, ctx.softcap = (window_left, window_right), softcap
     ctx.mark_non_differentiable(lse)
     ctx.set_materialize_grads(False)
 
@@ -209,12 +213,12 @@ def _setup_context(ctx, inputs, output):
 def _attention_forward_grad(ctx, dout, dlse):
     """Gradient of :func:`attention_forward` (``dlse`` is always None: lse is not differentiable)."""
     if dout is None:
-        return (None,) * 9
+        return (None,) * 10
     q, k, v, out, lse = ctx.saved_tensors
     # the kernels read dout through TMA: last dim contiguous, 16-byte strides (an expanded grad has stride 0)
     dq, dk, dv = attention_backward(dout.contiguous(), q, k, v, out, lse, ctx.causal, ctx.softmax_scale,
-                                    ctx.schedule, ctx.deterministic, *ctx.window)
-    return (dq, dk, dv) + (None,) * 6
+                                    ctx.schedule, ctx.deterministic, *ctx.window, ctx.softcap)
+    return (dq, dk, dv) + (None,) * 7
 
 
 torch.library.register_autograd("cupy_dash::attention_forward", _attention_forward_grad,
@@ -225,10 +229,10 @@ torch.library.register_autograd("cupy_dash::attention_forward", _attention_forwa
 # backward
 # ------------------------------------------------------------------------------------------------------------
 def _attention_backward_impl(dout, q, k, v, out, lse, causal=False, softmax_scale=None, schedule="auto",
-                             deterministic=True, window_left=-1, window_right=-1):
+                             deterministic=True, window_left=-1, window_right=-1, softcap=0.0):
     return api.attention_backward(dout, q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale,
                                   schedule=schedule, deterministic=deterministic,
-                                  window=(window_left, window_right))
+                                  window=(window_left, window_right), softcap=softcap)
 
 
 _lib.impl("attention_backward", _attention_backward_impl, "CompositeExplicitAutograd")
@@ -236,7 +240,8 @@ _lib.impl("attention_backward", _attention_backward_impl, "CompositeExplicitAuto
 
 @torch.library.register_fake("cupy_dash::attention_backward", lib=_lib)
 def _attention_backward_fake(dout, q, k, v, out, lse, causal=False, softmax_scale=None, schedule="auto",
-                             deterministic=True, window_left=-1, window_right=-1):
-    _check_meta(q, k, v, softmax_scale, schedule, causal, (window_left, window_right), dout, out, lse)
+                             deterministic=True, window_left=-1, window_right=-1, softcap=0.0):
+    _check_meta(q, k, v, softmax_scale, schedule, causal, (window_left, window_right), dout, out, lse,
+                softcap=softcap)
     return q.new_empty(tuple(q.shape)), q.new_empty(tuple(k.shape)), q.new_empty(tuple(v.shape))
 

@@ -27,19 +27,20 @@ __all__ = ["attention_varlen", "attention_forward_varlen", "attention_backward_v
 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False,
-                     softmax_scale=None, schedule="auto", deterministic=True, window=(-1, -1)):
+                     softmax_scale=None, schedule="auto", deterministic=True, window=(-1, -1), softcap=0.0):
     """Differentiable varlen attention for torch tensors -> out ``(total_q, H, D)`` (module docstring)."""
     api._check_schedule(schedule)
     if softmax_scale is not None:
         softmax_scale = api._check_scale(softmax_scale, None)
     causal, deterministic = api._check_flag("causal", causal), api._check_flag("deterministic", deterministic)
     left, right = api._check_window(window, causal)
+    softcap = api._check_softcap(softcap)
     if eager(q, k, v, cu_seqlens_q, cu_seqlens_k):              # as cupy_dash.torch.attention
         return _Eager.apply((varlen.attention_forward_varlen, varlen.attention_backward_varlen),
                             (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k),
-                            (causal, softmax_scale, schedule, deterministic, (left, right)), q, k, v)[0]
+                            (causal, softmax_scale, schedule, deterministic, (left, right), softcap), q, k, v)[0]
     return attention_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-                                    softmax_scale, schedule, deterministic, left, right)[0]
+                                    softmax_scale, schedule, deterministic, left, right, softcap)[0]
 
 
 def _check_packed(**tensors):
@@ -50,12 +51,12 @@ def _check_packed(**tensors):
 # are the ones torch.library.custom_op inferred from these signatures.
 _lib.define("attention_forward_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
             "SymInt max_seqlen_q, SymInt max_seqlen_k, bool causal=False, float? softmax_scale=None, "
-            "str schedule=\"auto\", bool deterministic=True, SymInt window_left=-1, SymInt window_right=-1) "
-            "-> (Tensor, Tensor)")
+            "str schedule=\"auto\", bool deterministic=True, SymInt window_left=-1, SymInt window_right=-1, "
+            "float softcap=0.0) -> (Tensor, Tensor)")
 _lib.define("attention_backward_varlen(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
             "Tensor cu_seqlens_q, Tensor cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k, bool causal=False, "
             "float? softmax_scale=None, str schedule=\"auto\", bool deterministic=True, SymInt window_left=-1, "
-            "SymInt window_right=-1) -> (Tensor, Tensor, Tensor)")
+            "SymInt window_right=-1, float softcap=0.0) -> (Tensor, Tensor, Tensor)")
 attention_forward_varlen = torch.ops.cupy_dash.attention_forward_varlen
 attention_backward_varlen = torch.ops.cupy_dash.attention_backward_varlen
 attention_forward_varlen.__doc__ = """The op ``torch.ops.cupy_dash.attention_forward_varlen``:
@@ -66,11 +67,12 @@ attention_backward_varlen.__doc__ = """The op ``torch.ops.cupy_dash.attention_ba
 
 
 def _forward_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False,
-                  softmax_scale=None, schedule="auto", deterministic=True, window_left=-1, window_right=-1):
+                  softmax_scale=None, schedule="auto", deterministic=True, window_left=-1, window_right=-1,
+                  softcap=0.0):
     api._check_schedule(schedule)
     return varlen.attention_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                            causal=causal, softmax_scale=softmax_scale,
-                                           window=(window_left, window_right))
+                                           window=(window_left, window_right), softcap=softcap)
 
 
 _lib.impl("attention_forward_varlen", _forward_impl, "CompositeExplicitAutograd")
@@ -78,9 +80,11 @@ _lib.impl("attention_forward_varlen", _forward_impl, "CompositeExplicitAutograd"
 
 @torch.library.register_fake("cupy_dash::attention_forward_varlen", lib=_lib)
 def _forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False,
-                  softmax_scale=None, schedule="auto", deterministic=True, window_left=-1, window_right=-1):
+                  softmax_scale=None, schedule="auto", deterministic=True, window_left=-1, window_right=-1,
+                  softcap=0.0):
     api._check_schedule(schedule)
     api._check_window((window_left, window_right), causal)
+    api._check_softcap(softcap)
     _check_packed(q=q, k=k, v=v)
     total_q, H, D = q.shape
     return q.new_empty((total_q, H, D)), q.new_empty((H, total_q), dtype=torch.float32)
@@ -88,20 +92,20 @@ def _forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
 
 def _setup_context(ctx, inputs, output):
     (q, k, v, cu_q, cu_k, max_q, max_k, causal, softmax_scale, schedule, deterministic, window_left,
-     window_right) = inputs
+     window_right, softcap) = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
-    ctx.options = (max_q, max_k, causal, softmax_scale, schedule, deterministic, window_left, window_right)
+    ctx.options = (max_q, max_k, causal, softmax_scale, schedule, deterministic, window_left, window_right, softcap)
     ctx.mark_non_differentiable(lse)
     ctx.set_materialize_grads(False)
 
 
 def _forward_grad(ctx, dout, dlse):
     if dout is None:
-        return (None,) * 13
+        return (None,) * 14
     q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
     dq, dk, dv = attention_backward_varlen(dout.contiguous(), q, k, v, out, lse, cu_q, cu_k, *ctx.options)
-    return (dq, dk, dv) + (None,) * 10
+    return (dq, dk, dv) + (None,) * 11
 
 
 torch.library.register_autograd("cupy_dash::attention_forward_varlen", _forward_grad,
@@ -109,11 +113,12 @@ torch.library.register_autograd("cupy_dash::attention_forward_varlen", _forward_
 
 
 def _backward_impl(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False,
-                   softmax_scale=None, schedule="auto", deterministic=True, window_left=-1, window_right=-1):
+                   softmax_scale=None, schedule="auto", deterministic=True, window_left=-1, window_right=-1,
+                   softcap=0.0):
     return varlen.attention_backward_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                             max_seqlen_k, causal=causal, softmax_scale=softmax_scale,
                                             window=(window_left, window_right), schedule=schedule,
-                                            deterministic=deterministic)
+                                            deterministic=deterministic, softcap=softcap)
 
 
 _lib.impl("attention_backward_varlen", _backward_impl, "CompositeExplicitAutograd")
@@ -121,8 +126,10 @@ _lib.impl("attention_backward_varlen", _backward_impl, "CompositeExplicitAutogra
 
 @torch.library.register_fake("cupy_dash::attention_backward_varlen", lib=_lib)
 def _backward_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False,
-                   softmax_scale=None, schedule="auto", deterministic=True, window_left=-1, window_right=-1):
+                   softmax_scale=None, schedule="auto", deterministic=True, window_left=-1, window_right=-1,
+                   softcap=0.0):
     api._check_schedule(schedule)
     api._check_window((window_left, window_right), causal)
+    api._check_softcap(softcap)
     _check_packed(dout=dout, q=q, k=k, v=v, out=out, lse=lse)
     return q.new_empty(tuple(q.shape)), q.new_empty(tuple(k.shape)), q.new_empty(tuple(v.shape))

@@ -19,9 +19,10 @@ padding), as they do for flash attention. The attention function gets q ``(B, H,
 
 Causal or not comes from the ``is_causal`` argument, else ``module.is_causal``; ``scaling`` is the softmax scale;
 ``sliding_window`` becomes the kernel window (:mod:`cupy_dash.transformers_rules`); GQA / MQA go to the kernels as
-they are (no repeated KV heads). float32 q, k, v are cast to the autocast dtype, else to the dtype of the module's
-Linear weights, and raise where that is float32 too. What the kernels cannot do raises ``NotImplementedError``
-naming the model setting: logit soft-capping (``config.attn_logit_softcapping``), attention dropout in training,
+they are (no repeated KV heads); ``softcap`` (Gemma 2's ``config.attn_logit_softcapping``) is the kernels' logit
+cap. float32 q, k, v are cast to the autocast dtype, else to the dtype of the module's Linear weights, and raise
+where that is float32 too. What the kernels cannot do raises ``NotImplementedError`` naming the model setting:
+attention dropout in training,
 attention sinks, 4D / additive masks, custom mask overlays, chunked attention beyond one chunk, head dims other than
 64 and 128.
 
@@ -150,7 +151,7 @@ def make_attention(schedule="auto", deterministic=True):
         """query ``(B, H, Sq, D)``, key / value ``(B, Hkv, Sk, D)``, attention_mask ``(B, Sk)`` or None ->
         ``(out (B, Sq, H, D), None)`` (module docstring)."""
         config = getattr(module, "config", None)
-        rules.check_call(config, dropout=dropout, softcap=softcap, sinks=kwargs.get("s_aux") is not None,
+        rules.check_call(config, dropout=dropout, sinks=kwargs.get("s_aux") is not None,
                          output_attentions=bool(kwargs.get("output_attentions", False)))
         rules.check_head_dims(config, query.shape[-1], value.shape[-1])
         if attention_mask is not None:
@@ -160,7 +161,7 @@ def make_attention(schedule="auto", deterministic=True):
             query, key, value = query.to(dtype), key.to(dtype), value.to(dtype)
         causal = _causal(module, is_causal)
         options = dict(causal=causal, softmax_scale=scaling, window=rules.window(sliding_window, causal),
-                       schedule=schedule, deterministic=deterministic)
+                       schedule=schedule, deterministic=deterministic, softcap=softcap or 0.0)
         q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)      # (B, S, heads, D)
         batch, seqlen_q, heads, head_dim = q.shape
 

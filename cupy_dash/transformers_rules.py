@@ -66,12 +66,9 @@ def _unsupported(what: str, setting: str, fix: str) -> NotImplementedError:
                                f"or load the model with attn_implementation='sdpa' or 'eager'")
 
 
-def check_call(config, *, dropout, softcap, sinks: bool, output_attentions: bool) -> None:
-    """Raise for what the kernels cannot compute: attention dropout, logit soft-capping, attention sinks,
-    attention weights as an output."""
-    if softcap is not None:
-        raise _unsupported(f"attention logit soft-capping (softcap={softcap!r})",
-                           config_attribute(config, softcap, "softcap"), "set it to None")
+def check_call(config, *, dropout, sinks: bool, output_attentions: bool) -> None:
+    """Raise for what the kernels cannot compute: attention dropout, attention sinks, attention weights as an
+    output."""
     if dropout:
         raise _unsupported(f"attention dropout in training (dropout={dropout!r})",
                            config_attribute(config, dropout, "dropout"),

@@ -69,7 +69,7 @@ def _packed(x, name):
 
 
 def attention_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False,
-                             softmax_scale=None, window=(-1, -1)):
+                             softmax_scale=None, window=(-1, -1), softcap=0.0):
     """Attention forward over packed variable-length sequences. Returns ``(out, lse)`` in the caller's type.
 
     Args:
@@ -78,16 +78,16 @@ def attention_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, 
             ``[cu_seqlens[b], cu_seqlens[b + 1])`` (0 = cu_seqlens[0] <= ... <= cu_seqlens[B] = total).
             Empty sequences are allowed.
         max_seqlen_q, max_seqlen_k: ints >= the longest sequence (the grid is sized by max_seqlen_q).
-        causal, softmax_scale, window: as in :func:`cupy_dash.attention_forward`, per sequence (causal is
-            bottom-right aligned within each sequence).
+        causal, softmax_scale, window, softcap: as in :func:`cupy_dash.attention_forward`, per sequence (causal
+            is bottom-right aligned within each sequence).
 
     Returns:
         out ``(total_q, H, D)`` and lse ``(H, total_q)`` float32 (FlashAttention's varlen lse layout); rows that
         see no key get out 0 and lse -inf. Each sequence's rows are bitwise those of
         :func:`cupy_dash.attention_forward` on that sequence alone.
     """
-    fast_key = fastpath_varlen.forward_key(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-                                           softmax_scale, window)
+    fast_key = None if softcap else fastpath_varlen.forward_key(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                                                max_seqlen_k, causal, softmax_scale, window)
     if fast_key is not None:
         result = fastpath_varlen.forward(fast_key, q, k, v, cu_seqlens_q, cu_seqlens_k)
         if result is not None:
@@ -104,12 +104,13 @@ def attention_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, 
     if num_seqs_k != num_seqs:
         raise ValueError(f"cu_seqlens_k: expected {num_seqs + 1} entries (as cu_seqlens_q), got {num_seqs_k + 1}")
     (q4, _), (k4, _), (v4, _) = _packed(q, "q"), _packed(k, "k"), _packed(v, "v")
-    p = api._validate(q4, k4, v4, softmax_scale=softmax_scale)
+    p = api._validate(q4, k4, v4, softmax_scale=softmax_scale, softcap=softcap)
     _check_device(cu_q_info, p.device_id)
     _check_device(cu_k_info, p.device_id)
     _check_max_within(max_q, max_k, p.Sq, p.Sk)
     window = _schedule.canonical_window(window, max_q, max_k, causal)   # vacuous for every sequence -> -1
-    spec, block_m, block_n = kernels.fwd_entry(p.dtype, p.D, causal, varlen=True)
+    spec, block_m, block_n = kernels.fwd_entry(p.dtype, p.D, causal, varlen=True, softcap=p.softcap > 0)
+    launchers.check_softcap_build(spec, p)
     total_q, H, D = p.Sq, p.H, p.D
     qi, ki, vi = p.infos
     fw, dev = interop.framework_of(q), p.device_id
@@ -140,7 +141,7 @@ def attention_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, 
 # ------------------------------------------------------------------------------------------------------------
 # backward
 # ------------------------------------------------------------------------------------------------------------
-def _tables(dev, dtype, D, causal, deterministic, schedule, lens_q, lens_k, H, Hkv, window) -> tuple:
+def _tables(dev, dtype, D, causal, deterministic, schedule, lens_q, lens_k, H, Hkv, window, softcap=False) -> tuple:
     """(host tables, BwdKernels, block_m, block_n) of a varlen backward (``window`` canonical): the one place
     that decides the table form, so that :func:`prepare_varlen_backward` finds what the backward will ask for.
 
@@ -150,14 +151,23 @@ def _tables(dev, dtype, D, causal, deterministic, schedule, lens_q, lens_k, H, H
     speed (docs/decisions/table-forms.md). The per-visit table is expanded on the GPU by default: the host
     builds compact records (O(columns)) and kernels_src/bwd_expand.cu writes the per-visit rows for the per-visit
     main kernel (the same bits and kernel speed, half the host time of a new packing: docs/decisions/table-forms.md);
-    CUPY_DASH_VARLEN_EXPAND=host expands on the host instead (varlen_schedule.expand, uploads 20 bytes per visit)."""
+    CUPY_DASH_VARLEN_EXPAND=host expands on the host instead (varlen_schedule.expand, uploads 20 bytes per visit).
+    ``softcap``: soft-capped (no compact build: per-visit rows, expanded on the GPU where compact ones were asked
+    for; NotImplementedError where only compact ones fit)."""
     form = compact_device.table_form(None, varlen=True)       # the size rule: after the build (compact_above)
-    above = compact_device.AUTO_VISITS if config.COMPACT_TABLES.get() is None else None
-    _, bm, bn, max_ctas = kernels.bwd_entry(dev, dtype, D, causal, deterministic, varlen=True)
+    above = compact_device.AUTO_VISITS if config.COMPACT_TABLES.get() is None or softcap else None
+    if softcap and form == "compact":
+        form = "expand"
+    _, bm, bn, max_ctas = kernels.bwd_entry(dev, dtype, D, causal, deterministic, varlen=True, softcap=softcap)
     tables = varlen_device.plan(schedule, lens_q, lens_k, bm, bn, H, Hkv, causal, max_ctas, window,
                                 {"compact": True, "expand": "expand", "visits": False}[form], above, pinned=True)
     compact = tables.compact is not None and not tables.expand
-    specs, _, _, compact_ctas = kernels.bwd_entry(dev, dtype, D, causal, deterministic, compact=compact, varlen=True)
+    if softcap and compact:
+        raise NotImplementedError(f"softcap: a varlen backward of {tables.num_visits} tile visits needs compact "
+                                  f"schedule tables (more than {compact_device.AUTO_VISITS}), which have no "
+                                  f"soft-capping build yet")
+    specs, _, _, compact_ctas = kernels.bwd_entry(dev, dtype, D, causal, deterministic, compact=compact, varlen=True,
+                                                  softcap=softcap)
     if tables.num_ctas > compact_ctas:
         raise RuntimeError(f"cupy_dash: the compact varlen kernel holds {compact_ctas} co-resident CTAs, fewer than "
                            f"the {tables.num_ctas} of its table")
@@ -174,7 +184,7 @@ def _packing_launch(dev, p, causal, deterministic, schedule, window, spin_timeou
     num_seqs = len(cu_host[0]) - 1
     lens_q, lens_k = (np.diff(c).astype(np.int64) for c in cu_host)
     tables, specs, bm, bn = _tables(dev, p.dtype, p.D, causal, deterministic, schedule, lens_q, lens_k, p.H, p.Hkv,
-                                    window)
+                                    window, p.softcap > 0)
     if tables.num_visits == 0:
         return None, None, None
     c = launchers.BwdLaunch(specs, bm, bn, p, deterministic, spin_timeout_ns, causal, window,
@@ -186,8 +196,8 @@ def _packing_launch(dev, p, causal, deterministic, schedule, window, spin_timeou
 
 
 def _checked_cu_seqlens(host_q, host_k, total_q, total_k, max_q, max_k) -> tuple:
-    """Host cu_seqlens (integer arrays) checked as the backward checks them (:func:`_cu_seqlens_values`, the same count):
-    ``(cu_seqlens_q, cu_seqlens_k)`` int32. Raises ValueError naming the argument."""
+    """Host cu_seqlens (integer arrays) checked as the backward checks them (:func:`_cu_seqlens_values`, the same
+    count): ``(cu_seqlens_q, cu_seqlens_k)`` int32. Raises ValueError naming the argument."""
     checked = (_cu_seqlens_values("cu_seqlens_q", host_q, total_q, "max_seqlen_q", max_q),
                _cu_seqlens_values("cu_seqlens_k", host_k, total_k, "max_seqlen_k", max_k))
     _check_same_count(*checked)
@@ -196,13 +206,14 @@ def _checked_cu_seqlens(host_q, host_k, total_q, total_k, max_q, max_k) -> tuple
 
 def prepare_varlen_backward(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, num_heads, num_heads_kv,
                             head_dim, dtype="bfloat16", causal=False, window=(-1, -1), schedule="auto",
-                            deterministic=True, device=0, stream=None) -> None:
+                            deterministic=True, device=0, stream=None, softcap=0.0) -> None:
     """Build and upload, ahead of time, the schedule table that :func:`attention_backward_varlen` will need for
     these lengths (host ``cu_seqlens``: numpy, list or CPU tensor), heads, head dim, dtype and flags, so that the
     call finds it cached instead of building it on the training step's critical path: for a data-loader thread
     that knows the next batches' packings (the caches hold 16 packings per device). Thread-safe. The upload is
     enqueued on ``stream`` (a CuPy stream; default: a stream of this call's own) and the backward waits for it on
-    its own stream. ``total_q`` / ``total_k`` are the last entries of the cu_seqlens. Raises ValueError as the
+    its own stream. ``total_q`` / ``total_k`` are the last entries of the cu_seqlens; ``softcap``: the backward's
+    (a soft-capped backward may need another table form). Raises ValueError as the
     backward would for bad lengths, flags or sizes (TypeError for a ``device`` that is not an int >= 0), then,
     before touching the device, RuntimeError unless CUDA device ``device`` is a Hopper GPU
     (:func:`cupy_dash.gpu.require`: no GPU, no driver, another GPU)."""
@@ -210,6 +221,7 @@ def prepare_varlen_backward(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
     deterministic = api._check_flag("deterministic", deterministic)
     window = api._check_window(window, causal)
     api._check_schedule(schedule)
+    capped = api._check_softcap(softcap) > 0
     max_q = _check_max_seqlen("max_seqlen_q", max_seqlen_q)
     max_k = _check_max_seqlen("max_seqlen_k", max_seqlen_k)
     hosts = []
@@ -237,7 +249,7 @@ def prepare_varlen_backward(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
                 "and uploads it)", device)
     with cupy.cuda.Device(device):
         tables, _, _, _ = _tables(device, dtype, head_dim, causal, deterministic, schedule, lens_q, lens_k,
-                                  num_heads, num_heads_kv, window)
+                                  num_heads, num_heads_kv, window, capped)
         if tables.num_visits == 0:
             return
         stream = stream if stream is not None else cupy.cuda.Stream(non_blocking=True)
@@ -295,7 +307,7 @@ def _device_to_host(info, cu, stream) -> np.ndarray:
 
 def attention_backward_varlen(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
                               causal=False, softmax_scale=None, window=(-1, -1), schedule="auto",
-                              deterministic=True):
+                              deterministic=True, softcap=0.0):
     """Attention backward over packed variable-length sequences. Returns ``(dq, dk, dv)`` in the caller's type.
 
     Args:
@@ -306,7 +318,7 @@ def attention_backward_varlen(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
             (copied to the host: one wait on the caller's stream) or on the host (numpy, list, CPU tensor: no
             wait). Empty sequences are allowed.
         max_seqlen_q, max_seqlen_k: ints >= the longest sequence.
-        causal, softmax_scale, window: the forward's. schedule, deterministic: as in
+        causal, softmax_scale, window, softcap: the forward's. schedule, deterministic: as in
             :func:`cupy_dash.attention_backward`; every sequence is its own set of KV columns in one table
             (:func:`cupy_dash.schedule.build_varlen`).
 
@@ -316,8 +328,9 @@ def attention_backward_varlen(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
         add in KV-tile order) each sequence's gradients are bitwise those of
         :func:`cupy_dash.attention_backward` on that sequence alone; every schedule is run-to-run deterministic.
     """
-    fast_key = fastpath_varlen.key(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                   causal, softmax_scale, window, schedule, deterministic)
+    fast_key = None if softcap else fastpath_varlen.key(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+                                                        max_seqlen_q, max_seqlen_k, causal, softmax_scale, window,
+                                                        schedule, deterministic)
     if fast_key is not None:
         result = fastpath_varlen.backward(fast_key, do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
         if result is not None:
@@ -349,7 +362,7 @@ def attention_backward_varlen(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
     if not device_cu:
         _check_same_count(*cu_host)
     p = api._validate(q4, k4, v4, do4, out4, lse[None], softmax_scale=softmax_scale, schedule=schedule,
-                      backward=True)
+                      backward=True, softcap=softcap)
     for info, _ in forms:
         if info is not None:
             _check_device(info, p.device_id)

@@ -48,14 +48,16 @@ def raises(exc, call, *needles):
 # --------------------------------------------------------------------------------------------------------------
 def test_ops_are_registered_with_their_schemas():
     # torch versions print inferred int arguments as "int" or "SymInt"
-    fwd = str(OPS.attention_forward.default._schema).replace("SymInt ", "int ")
-    bwd = str(OPS.attention_backward.default._schema).replace("SymInt ", "int ")
+    # ... and a float default of 0 as "0." or "0.0"
+    fwd = str(OPS.attention_forward.default._schema).replace("SymInt ", "int ").replace("=0.0", "=0.")
+    bwd = str(OPS.attention_backward.default._schema).replace("SymInt ", "int ").replace("=0.0", "=0.")
     assert fwd == ("cupy_dash::attention_forward(Tensor q, Tensor k, Tensor v, bool causal=False, "
                    "float? softmax_scale=None, str schedule=\"auto\", bool deterministic=True, "
-                   "int window_left=-1, int window_right=-1) -> (Tensor, Tensor)")
+                   "int window_left=-1, int window_right=-1, float softcap=0.) -> (Tensor, Tensor)")
     assert bwd == ("cupy_dash::attention_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, "
                    "Tensor lse, bool causal=False, float? softmax_scale=None, str schedule=\"auto\", "
-                   "bool deterministic=True, int window_left=-1, int window_right=-1) -> (Tensor, Tensor, Tensor)")
+                   "bool deterministic=True, int window_left=-1, int window_right=-1, float softcap=0.) -> "
+                   "(Tensor, Tensor, Tensor)")
     # neither op mutates or aliases its inputs
     for schema in (OPS.attention_forward.default._schema, OPS.attention_backward.default._schema):
         assert not any(a.alias_info for a in (*schema.arguments, *schema.returns))

@@ -84,14 +84,12 @@ LLAMA = types.SimpleNamespace(attention_dropout=0.1, hidden_dropout=0.1, head_di
 BERT = types.SimpleNamespace(attention_probs_dropout_prob=0.2, hidden_dropout_prob=0.1, hidden_size=512)
 
 
-def _call(config, dropout=0.0, softcap=None, sinks=False, output_attentions=False):
-    rules.check_call(config, dropout=dropout, softcap=softcap, sinks=sinks, output_attentions=output_attentions)
+def _call(config, dropout=0.0, sinks=False, output_attentions=False):
+    rules.check_call(config, dropout=dropout, sinks=sinks, output_attentions=output_attentions)
 
 
 def test_errors_name_the_model_setting():
-    _call(GEMMA2)                                                            # nothing unsupported: no error
-    with pytest.raises(NotImplementedError, match=r"soft-capping \(softcap=50.0\).*config\.attn_logit_softcapping"):
-        _call(GEMMA2, softcap=50.0)
+    _call(GEMMA2)                                   # soft-capping is supported: nothing to refuse
     with pytest.raises(NotImplementedError, match=r"dropout=0.1.*config\.attention_dropout.*model\.eval\(\)"):
         _call(LLAMA, dropout=0.1)
     with pytest.raises(NotImplementedError, match=r"config\.attention_probs_dropout_prob"):
@@ -104,7 +102,7 @@ def test_errors_name_the_model_setting():
         _call(LLAMA, output_attentions=True)
     for message in ("attn_implementation='cupy_dash'", "attn_implementation='sdpa' or 'eager'"):
         with pytest.raises(NotImplementedError, match=message):
-            _call(GEMMA2, softcap=50.0)
+            _call(LLAMA, dropout=0.1)
 
 
 def test_head_dim_and_mask_errors():

@@ -127,3 +127,29 @@ def test_bad_caps_raise_naming_softcap(bad, error):
         cupy_dash.attention_forward(q, q, q, softcap=bad)
     with pytest.raises(error, match="softcap"):
         cupy_dash.attention_backward(q, q, q, q, q, cupy.zeros((1, 1, 16), cupy.float32), softcap=bad)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_varlen_gives_each_sequence_the_bits_of_its_fixed_length_call(d):
+    """Packed sequences with a cap: every sequence's out, lse and (schedule "descending": dQ tiles add in KV-tile
+    order) dq, dk, dv are bitwise those of the fixed-length capped call on it alone."""
+    rng = np.random.default_rng(100 + d)
+    lens = [300, 1, 129, 777]
+    cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    total, h, hkv, cap = int(cu[-1]), 4, 2, 10.0
+    q, do = (_dev((MAG * _randn(rng, (total, h, d), np.float32)).astype(DTYPES["bf16"])) for _ in range(2))
+    k, v = (_dev((MAG * _randn(rng, (total, hkv, d), np.float32)).astype(DTYPES["bf16"])) for _ in range(2))
+    cu_dev = cupy.asarray(cu)
+    kw = dict(causal=True, softcap=cap)
+    out, lse = cupy_dash.attention_forward_varlen(q, k, v, cu_dev, cu_dev, max(lens), max(lens), **kw)
+    grads = cupy_dash.attention_backward_varlen(do, q, k, v, out, lse, cu_dev, cu_dev, max(lens), max(lens),
+                                                schedule="descending", **kw)
+    for b, (a, z) in enumerate(zip(cu[:-1], cu[1:])):
+        one = [x[a:z][None] for x in (q, k, v, do)]
+        o1, l1 = cupy_dash.attention_forward(*one[:3], **kw)
+        _assert_same_bits(f"out[{b}]", out[a:z], o1[0])
+        _assert_same_bits(f"lse[{b}]", lse[:, a:z], l1[0])
+        g1 = cupy_dash.attention_backward(one[3], *one[:3], o1, l1, schedule="descending", **kw)
+        for name, g, want in zip(("dq", "dk", "dv"), grads, g1):
+            _assert_same_bits(f"{name}[{b}]", g[a:z], want[0])
+    cupy_dash.check_errors()

@@ -1,14 +1,15 @@
 """``attn_implementation="cupy_dash"`` in Hugging Face transformers models, against the same models with sdpa.
 
 Tiny models from configs (random init, no download), bf16: Llama (GQA with head dim 64, MQA with head dim 128),
-Qwen2 with a sliding-window layer, and the bidirectional encoder ModernBERT (global and bidirectional
-sliding-window layers). Batches: equal lengths (no mask: the dense kernels), right and left padding (a 2D mask:
+Qwen2 with a sliding-window layer, Gemma 2 (logit soft-capping, a sliding-window layer; its reference runs
+transformers' eager attention, which applies the cap), and the bidirectional encoder ModernBERT (global and
+bidirectional sliding-window layers). Batches: equal lengths (no mask: the dense kernels), right and left padding (a 2D mask:
 unpadded to the varlen kernels), packed sequences (restarting ``position_ids``; the ``cu_seq_lens_*`` kwargs of
 ``DataCollatorWithFlattening``). The reference runs every sequence alone, without padding, with sdpa in float64
 (and in bf16 for the tolerance): the outputs at every real token and every parameter gradient of a fixed random
 projection of them must satisfy FA3's rule ``max|ours - ref64| <= 2 max|sdpa_bf16 - ref64| + atol``
 (:func:`cupy_dash.reference.assert_close_fa3`). Two short AdamW trainings give bitwise equal losses and weights,
-and what the kernels cannot do (softcap, dropout in training, a 4D mask, float32 without a half target) raises,
+and what the kernels cannot do (dropout in training, a 4D mask, float32 without a half target) raises,
 naming the model setting. Skipped without a Hopper GPU, torch or transformers.
 """
 from __future__ import annotations
@@ -44,6 +45,10 @@ def _config(model):
     if model == "qwen2_sliding":    # layer 0 full, layer 1 a sliding window of 16 tokens; GQA 4 / 2
         return transformers.Qwen2Config(num_hidden_layers=2, num_key_value_heads=2, use_sliding_window=True,
                                         sliding_window=16, max_window_layers=1, **common)
+    if model == "gemma2":           # logit cap 2 (random init: scores of a few units, so the cap bends them)
+        return transformers.Gemma2Config(num_hidden_layers=2, num_key_value_heads=2, head_dim=64,
+                                         query_pre_attn_scalar=64, sliding_window=16, attn_logit_softcapping=2.0,
+                                         **common)
     if model == "modernbert":       # bidirectional; layer 0 global, layers 1-2 |i - j| <= 16
         return transformers.ModernBertConfig(num_hidden_layers=3, local_attention=32, cls_token_id=1,
                                              sep_token_id=2, global_attn_every_n_layers=3, **common)
@@ -51,18 +56,20 @@ def _config(model):
 
 
 def _models(model, seed=0):
-    """(cupy_dash bf16, sdpa bf16, sdpa float64) base models with identical weights, on the GPU."""
+    """(cupy_dash bf16, reference bf16, reference float64) base models with identical weights, on the GPU; the
+    reference attention is sdpa, or eager for Gemma 2 (sdpa has no logit cap)."""
     config = _config(model)
+    ref = "eager" if model == "gemma2" else "sdpa"
     torch.manual_seed(seed)
-    base = transformers.AutoModel.from_config(copy.deepcopy(config), attn_implementation="sdpa")
+    base = transformers.AutoModel.from_config(copy.deepcopy(config), attn_implementation=ref)
     out = []
-    for attn, dtype in ((NAME, torch.bfloat16), ("sdpa", torch.bfloat16), ("sdpa", torch.float64)):
+    for attn, dtype in ((NAME, torch.bfloat16), (ref, torch.bfloat16), (ref, torch.float64)):
         # NOTES: a model keeps the config object it was built from and reads its attention implementation from
         # it at every forward: models that share one config run whichever implementation was set last.
         m = transformers.AutoModel.from_config(copy.deepcopy(config), attn_implementation=attn)
         m.load_state_dict(base.state_dict())
         out.append(m.to("cuda", dtype).eval())
-    assert [m.config._attn_implementation for m in out] == [NAME, "sdpa", "sdpa"]
+    assert [m.config._attn_implementation for m in out] == [NAME, ref, ref]
     return out
 
 
@@ -136,7 +143,7 @@ def _reference(model, seqs, weights):
     return np.concatenate(outs), grads
 
 
-CASES = [(m, layout) for m in ("llama_d64", "llama_d128", "qwen2_sliding", "modernbert")
+CASES = [(m, layout) for m in ("llama_d64", "llama_d128", "qwen2_sliding", "gemma2", "modernbert")
          for layout in ("dense", "right", "left", "packed_position_ids", "packed_cu_seq_lens")
          if not (m == "modernbert" and layout == "packed_position_ids")]   # ModernBERT keeps position_ids to itself
 
@@ -180,7 +187,7 @@ def _train(model_name, steps, seed=0):
     return torch.stack(losses).cpu(), [p.detach().clone() for p in model.parameters()]
 
 
-@pytest.mark.parametrize("model", ["llama_d64", "qwen2_sliding"])
+@pytest.mark.parametrize("model", ["llama_d64", "qwen2_sliding", "gemma2"])
 def test_two_trainings_are_bitwise_identical(model):
     losses_a, weights_a = _train(model, steps=6)
     losses_b, weights_b = _train(model, steps=6)
@@ -195,15 +202,6 @@ def _tiny_llama(**overrides):
     for key, value in overrides.items():
         setattr(config, key, value)
     return transformers.AutoModel.from_config(config, attn_implementation="cupy_dash").to("cuda", torch.bfloat16)
-
-
-def test_softcap_raises_naming_the_config():
-    config = transformers.Gemma2Config(vocab_size=VOCAB, hidden_size=256, intermediate_size=512,
-                                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                       head_dim=64, sliding_window=16, attn_logit_softcapping=50.0)
-    model = transformers.AutoModel.from_config(config, attn_implementation="cupy_dash").to("cuda", torch.bfloat16)
-    with pytest.raises(NotImplementedError, match=r"config\.attn_logit_softcapping"):
-        model(input_ids=_sequences()[0][None].cuda(), use_cache=False)
 
 
 def test_dropout_raises_in_training_only():

@@ -161,6 +161,17 @@ def test_bad_softcap(cap, exc):
     raises(exc, lambda: bwd(t, softcap=cap), "softcap")
 
 
+def test_bad_softcap_varlen():
+    q = np.zeros((40, 2, 64), BF16)
+    lse = np.zeros((2, 40), F32)
+    cu = np.array([0, 40], np.int32)
+    raises(ValueError, lambda: cupy_dash.attention_forward_varlen(q, q, q, cu, cu, 40, 40, softcap=-2.0), "softcap")
+    raises(TypeError, lambda: cupy_dash.attention_backward_varlen(q, q, q, q, q, lse, cu, cu, 40, 40, softcap="x"),
+           "softcap")
+    raises(TypeError, lambda: cupy_dash.prepare_varlen_backward(cu, cu, 40, 40, num_heads=2, num_heads_kv=2,
+                                                                head_dim=64, softcap=None), "softcap")
+
+
 def test_a_soft_capped_backward_too_large_for_per_visit_tables_raises(monkeypatch):
     from cupy_dash import api, compact_device, kernels
     monkeypatch.setattr(compact_device, "AUTO_VISITS", 10)
