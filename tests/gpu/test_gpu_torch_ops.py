@@ -22,18 +22,10 @@ import cupy_dash
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
 from torch_helpers import (Case, assert_same_bits, attention_fn, capture_step, eager, make_inputs,  # noqa: E402
-                           replay, run_step)
+                           replay, run_step, torch_cuda)  # noqa: F401  (torch_cuda: an autouse fixture)
 
 CASES = [Case(hdim, causal) for hdim in (64, 128) for causal in (False, True)]
 GQA = Case(128, True, seqlen_q=256, seqlen_k=384, heads=4, heads_kv=2)
-
-
-@pytest.fixture(autouse=True)
-def torch_cuda():
-    if not torch.cuda.is_available():
-        pytest.skip("torch was built without CUDA or sees no GPU")
-    yield
-    cupy_dash.check_errors()
 
 
 # --------------------------------------------------------------------------------------------------------------

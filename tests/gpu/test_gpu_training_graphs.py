@@ -17,17 +17,10 @@ import cupy_dash
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
 nn = torch.nn
+from torch_helpers import torch_cuda  # noqa: E402, F401  (an autouse fixture)
 
 B, S, DIM, HEAD_DIM, STEPS = 4, 512, 256, 64, 6
 LENGTHS = (200, 512, 31, 281, 512, 512)          # one packing of B * S = 2048 tokens for the varlen model
-
-
-@pytest.fixture(autouse=True)
-def torch_cuda():
-    if not torch.cuda.is_available():
-        pytest.skip("torch was built without CUDA or sees no GPU")
-    yield
-    cupy_dash.check_errors()
 
 
 class Block(nn.Module):

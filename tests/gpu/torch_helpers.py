@@ -1,13 +1,26 @@
 """Helpers of the torch GPU tests in this folder (not a test module; imports torch, so import it after
 ``pytest.importorskip("torch")``): the torch cases and inputs, an eager forward + backward step, the bitwise
-comparison with eager, and a CUDA graph capture of forward + ``autograd.grad`` with its replay. Shared by
-test_gpu_torch_ops.py and test_gpu_fold.py."""
+comparison with eager, a CUDA graph capture of forward + ``autograd.grad`` with its replay, and the fixture
+``torch_cuda`` (import it into a test module to apply it to every test there). Shared by test_gpu_torch_ops.py,
+test_gpu_fold.py and test_gpu_training_graphs.py."""
 from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
 
+import pytest
 import torch
+
+import cupy_dash
+
+
+@pytest.fixture(autouse=True)
+def torch_cuda():
+    """Skips without a CUDA build of torch; after the test, raises any failure its backwards recorded."""
+    if not torch.cuda.is_available():
+        pytest.skip("torch was built without CUDA or sees no GPU")
+    yield
+    cupy_dash.check_errors()
 
 
 @dataclass(frozen=True)
