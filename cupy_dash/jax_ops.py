@@ -29,37 +29,41 @@ callback_runs = collections.Counter()          # executions of the Python callba
 # ------------------------------------------------------------------------------------------------------------
 # public functions
 # ------------------------------------------------------------------------------------------------------------
-def attention(q, k, v, causal=False, softmax_scale=None, schedule="auto", deterministic=True, window=(-1, -1)):
+def attention(q, k, v, causal=False, softmax_scale=None, schedule="auto", deterministic=True, window=(-1, -1),
+              softcap=0.0):
     """Differentiable attention: q ``(B, Sq, H, D)``, k/v ``(B, Sk, Hkv, D)`` with ``H % Hkv == 0`` (GQA / MQA;
     the cotangents of k, v are ``(B, Sk, Hkv, D)``) -> out ``(B, Sq, H, D)``, dtype of q. Arguments as in
     :func:`cupy_dash.attention_forward` / :func:`cupy_dash.attention_backward` (``schedule``, ``deterministic``:
-    the backward's; ``window``: the sliding window of both passes). Works eagerly and under ``jax.jit`` /
-    ``grad`` / ``vmap`` (module docstring)."""
-    cfg = _config(causal, softmax_scale, window=window, schedule=schedule, deterministic=deterministic)
+    the backward's; ``window`` and ``softcap``: the sliding window and logit cap of both passes). Works eagerly
+    and under ``jax.jit`` / ``grad`` / ``vmap`` (module docstring)."""
+    cfg = _config(causal, softmax_scale, window=window, schedule=schedule, deterministic=deterministic,
+                  softcap=softcap)
     return _attention_jit(q, k, v, cfg)
 
 
-def attention_forward(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1)):
+def attention_forward(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1), softcap=0.0):
     """Forward: q ``(B, Sq, H, D)``, k/v ``(B, Sk, Hkv, D)`` -> ``(out (B, Sq, H, D), lse (B, H, Sq) float32)``,
     as :func:`cupy_dash.attention_forward` (``window``: FlashAttention's sliding window). ``out`` is
-    differentiable (gradient: :func:`attention_backward` with this window, default schedule); ``lse`` is not."""
-    cfg = _config(causal, softmax_scale, window=window)
+    differentiable (gradient: :func:`attention_backward` with this window and cap, default schedule); ``lse`` is
+    not."""
+    cfg = _config(causal, softmax_scale, window=window, softcap=softcap)
     return _forward_jit(q, k, v, cfg)
 
 
 def attention_backward(dout, q, k, v, out, lse, *, causal=False, softmax_scale=None, schedule="auto",
-                       deterministic=True, window=(-1, -1)):
+                       deterministic=True, window=(-1, -1), softcap=0.0):
     """Backward: dout, q, out ``(B, Sq, H, D)``, k/v ``(B, Sk, Hkv, D)``, lse ``(B, H, Sq)`` float32 ->
     ``(dq (B, Sq, H, D), dk, dv (B, Sk, Hkv, D))``, dtype of q, as :func:`cupy_dash.attention_backward` (``window``:
-    the forward's)."""
-    cfg = _config(causal, softmax_scale, window=window, schedule=schedule, deterministic=deterministic)
+    and ``softcap``: the forward's)."""
+    cfg = _config(causal, softmax_scale, window=window, schedule=schedule, deterministic=deterministic,
+                  softcap=softcap)
     return _backward_jit(dout, q, k, v, out, lse, cfg)
 
 
-_Config = collections.namedtuple("_Config", "causal scale window schedule deterministic ffi compact_env")
+_Config = collections.namedtuple("_Config", "causal scale window schedule deterministic ffi compact_env softcap")
 
 
-def _config(causal, softmax_scale, window=(-1, -1), schedule="auto", deterministic=True) -> _Config:
+def _config(causal, softmax_scale, window=(-1, -1), schedule="auto", deterministic=True, softcap=0.0) -> _Config:
     """The static (hashable) arguments, checked as :mod:`cupy_dash.api` checks them (window: right side 0 when
     causal; its canonical form depends on the shapes, see :func:`_problem`); ``ffi``: whether the calls go
     through the C handler (:func:`_use_ffi`); ``compact_env``: CUPY_DASH_COMPACT_TABLES, which a traced backward
@@ -69,7 +73,7 @@ def _config(causal, softmax_scale, window=(-1, -1), schedule="auto", determinist
     api._check_schedule(schedule)
     scale = None if softmax_scale is None else api._check_scale(softmax_scale, None)
     return _Config(causal, scale, api._check_window(window, causal), schedule, deterministic, _use_ffi(),
-                   config.COMPACT_TABLES.get())
+                   config.COMPACT_TABLES.get(), api._check_softcap(softcap))
 
 
 def _use_ffi() -> bool:
@@ -198,20 +202,20 @@ def _problem(cfg, q, k, v, dout=None, out=None, lse=None):
     """(validated problem, ``cfg`` with the window in canonical form for these lengths)."""
     backward = dout is not None
     views = [_Aval(x) if x is not None else None for x in (q, k, v, dout, out, lse)]
-    p = api._validate(*views, softmax_scale=cfg.scale, backward=backward)
+    p = api._validate(*views, softmax_scale=cfg.scale, backward=backward, softcap=cfg.softcap)
     return p, cfg._replace(window=_schedule.canonical_window(cfg.window, p.Sq, p.Sk, cfg.causal))
 
 
 def _forward_call(q, k, v, cfg):
     p, cfg = _problem(cfg, q, k, v)
-    key = ("fwd", cfg.ffi, p.dtype, (p.B, p.Sq, p.Sk, p.H, p.Hkv, p.D), p.scale, cfg.causal, cfg.window)
+    key = ("fwd", cfg.ffi, p.dtype, (p.B, p.Sq, p.Sk, p.H, p.Hkv, p.D), p.scale, p.softcap, cfg.causal, cfg.window)
     return _get(key, lambda: _mechanism(cfg)._Forward(p, cfg)).bind(q, k, v)
 
 
 def _backward_call(dout, q, k, v, out, lse, cfg):
     p, cfg = _problem(cfg, q, k, v, dout, out, lse)
     spin_timeout_ns = config.spin_timeout_ns()
-    key = ("bwd", cfg.ffi, p.dtype, (p.B, p.Sq, p.Sk, p.H, p.Hkv, p.D), p.scale, cfg.causal, cfg.window,
+    key = ("bwd", cfg.ffi, p.dtype, (p.B, p.Sq, p.Sk, p.H, p.Hkv, p.D), p.scale, p.softcap, cfg.causal, cfg.window,
            cfg.schedule, cfg.deterministic, spin_timeout_ns)
     return _get(key, lambda: _mechanism(cfg)._Backward(p, cfg, spin_timeout_ns)).bind(dout, q, k, v, out, lse)
 
@@ -261,7 +265,7 @@ class _Forward:
 
     def __init__(self, p, cfg):
         self.p, self.causal, self.window = p, cfg.causal, cfg.window
-        self.spec, self.block_m, self.block_n = kernels.fwd_entry(p.dtype, p.D, cfg.causal)
+        self.spec, self.block_m, self.block_n = kernels.fwd_entry(p.dtype, p.D, cfg.causal, softcap=p.softcap > 0)
         self.q_strides = interop._contiguous_strides((p.B, p.Sq, p.H, p.D))[:3]
         self.kv_strides = interop._contiguous_strides((p.B, p.Sk, p.Hkv, p.D))[:3]
         self.devices = _gpus()
@@ -301,7 +305,10 @@ class _Backward:
         tile = kernels.bwd_tile(p.D)
         # NOTES: long problems read compact records, as the eager path does (compact_device.table_form)
         compact = compact_device.wanted(p.Sq, p.Sk, tile.block_m, tile.block_n, p.B * p.H, cfg.causal, cfg.window)
-        specs = kernels.bwd_specs(p.dtype, p.D, cfg.causal, cfg.deterministic, compact=compact)
+        capped = p.softcap > 0
+        if capped and compact:
+            compact = api._softcap_in_per_visit_tables(p.Sq, p.Sk, tile, p.B * p.H, cfg.causal, cfg.window)
+        specs = kernels.bwd_specs(p.dtype, p.D, cfg.causal, cfg.deterministic, compact=compact, softcap=capped)
         self.work_bytes = launchers.BwdLaunch(specs, tile.block_m, tile.block_n, p, cfg.deterministic,
                                               spin_timeout_ns, cfg.causal, cfg.window).work_bytes
         self.q_strides = interop._contiguous_strides((p.B, p.Sq, p.H, p.D))[:3]
@@ -311,7 +318,7 @@ class _Backward:
         for dev in self.devices:
             with cupy.cuda.Device(dev):
                 specs, bm, bn, max_ctas = kernels.bwd_entry(dev, p.dtype, p.D, cfg.causal, cfg.deterministic,
-                                                            compact=compact)
+                                                            compact=compact, softcap=capped)
                 _load(specs)
                 c = launchers.BwdLaunch(specs, bm, bn, p, cfg.deterministic, spin_timeout_ns, cfg.causal,
                                         cfg.window)

@@ -153,3 +153,37 @@ def test_varlen_gives_each_sequence_the_bits_of_its_fixed_length_call(d):
         for name, g, want in zip(("dq", "dk", "dv"), grads, g1):
             _assert_same_bits(f"{name}[{b}]", g[a:z], want[0])
     cupy_dash.check_errors()
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_torch_and_jax_give_the_functional_bits(d):
+    """The logit cap through cupy_dash.torch.attention (eager autograd) and cupy_dash.jax.attention under jax.jit
+    and jax.grad: out and the gradients bitwise those of the functional API on the same inputs."""
+    rng = np.random.default_rng(200 + d)
+    host = [(MAG * _randn(rng, (2, 333, 4, d), np.float32)).astype(DTYPES["bf16"]) for _ in range(2)]
+    host += [_randn(rng, (2, 333, 2, d), DTYPES["bf16"]) for _ in range(2)]
+    q_h, do_h, k_h, v_h = host
+    kw = dict(causal=True, softcap=7.0)
+    q, k, v, do = (_dev(x) for x in (q_h, k_h, v_h, do_h))
+    out, lse = cupy_dash.attention_forward(q, k, v, **kw)
+    want = (out, *cupy_dash.attention_backward(do, q, k, v, out, lse, **kw))
+    cupy_dash.check_errors()
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        import cupy_dash.torch as ct
+        tq, tk, tv = (torch.from_dlpack(x).clone().requires_grad_(True) for x in (q, k, v))
+        t_out = ct.attention(tq, tk, tv, **kw)
+        t_out.backward(torch.from_dlpack(do))
+        for name, a, b in zip(("out", "dq", "dk", "dv"), (t_out, tq.grad, tk.grad, tv.grad), want):
+            _assert_same_bits(f"torch {name}", a.detach(), b)
+    jax = pytest.importorskip("jax")
+    try:
+        device = jax.devices("gpu")[0]
+    except RuntimeError:
+        pytest.skip("JAX has no GPU backend")
+    import cupy_dash.jax as cj
+    jq, jk, jv, jdo = (jax.device_put(x, device) for x in (q_h, k_h, v_h, do_h))
+    j_out, vjp = jax.vjp(jax.jit(lambda a, b, c: cj.attention(a, b, c, **kw)), jq, jk, jv)
+    j_grads = vjp(jdo)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), (j_out, *j_grads), want):
+        _assert_same_bits(f"jax {name}", a, b)
