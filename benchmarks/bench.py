@@ -103,6 +103,7 @@ def bench_config(cfg, buffers, opts, peers=(), fa3=False):
 
     B, S, H, D, causal = cfg["batch"], cfg["seqlen"], cfg["heads"], cfg["hdim"], cfg["causal"]
     Hkv = cfg.get("heads_kv", H)
+    cap = dict(softcap=opts["softcap"]) if opts.get("softcap") else {}
     shape, kv_shape = (B, S, H, D), (B, S, Hkv, D)
     kv_size = B * S * Hkv * D
     sets = [{n: buf[n].reshape(shape) if n in ("q", "do") else buf[n][:kv_size].reshape(kv_shape)
@@ -123,7 +124,7 @@ def bench_config(cfg, buffers, opts, peers=(), fa3=False):
         _measure(results, key, fn)
 
     def fwd():
-        calls = [lambda s=s: cupy_dash.attention_forward(s["q"], s["k"], s["v"], causal=causal) for s in sets]
+        calls = [lambda s=s: cupy_dash.attention_forward(s["q"], s["k"], s["v"], causal=causal, **cap) for s in sets]
         return _summary(time_calls(calls, events=ev, flush=flush, **timing), f_fwd)
 
     measure("dash_fwd", fwd)
@@ -132,7 +133,7 @@ def bench_config(cfg, buffers, opts, peers=(), fa3=False):
         if fwd_only:
             raise _ForwardOnly()
         for s in sets:
-            s["out"], s["lse"] = cupy_dash.attention_forward(s["q"], s["k"], s["v"], causal=causal)
+            s["out"], s["lse"] = cupy_dash.attention_forward(s["q"], s["k"], s["v"], causal=causal, **cap)
         cupy.cuda.get_current_stream().synchronize()
         have_fwd = True
     except _ForwardOnly:
@@ -151,7 +152,7 @@ def bench_config(cfg, buffers, opts, peers=(), fa3=False):
 
         def bwd(kw=kw):
             calls = [lambda s=s: cupy_dash.attention_backward(s["do"], s["q"], s["k"], s["v"], s["out"], s["lse"],
-                                                              causal=causal, **kw) for s in sets]
+                                                              causal=causal, **cap, **kw) for s in sets]
             t = time_calls(calls, events=ev, flush=flush, **timing)
             res = _summary(t, f_bwd)
             if kw["deterministic"]:
@@ -162,7 +163,7 @@ def bench_config(cfg, buffers, opts, peers=(), fa3=False):
         measure(key, bwd)
 
     flops = dict(fwd=f_fwd, bwd=f_bwd)
-    if Hkv != H:        # the peers here take H == Hkv only; GQA runs compare cupy_dash with itself
+    if Hkv != H or cap:     # the peers here take H == Hkv and no logit cap; such runs compare cupy_dash with itself
         peers, fa3 = (), False
     for peer in peers:
         peer.measure(sets, causal, flops, measure, time_calls, _summary, flush, timing, fwd_only=fwd_only)
@@ -207,6 +208,7 @@ def _meta(opts, argv):
                 command=" ".join([opts.get("prog") or PROG] + [shlex.quote(a) for a in argv]),
                 dtype=opts["dtype"], tokens=opts["tokens"], hidden=opts["hidden"], repeats=opts["repeats"],
                 warmup=opts["warmup"], input_sets=opts["input_sets"], flush_l2=opts["flush_l2"], group=opts["group"],
+                softcap=opts.get("softcap", 0.0),
                 quick=opts["quick"], python=platform.python_version(), cupy=cupy.__version__,
                 cupy_dash=getattr(cupy_dash, "__version__", "?"), torch=None, env=knobs_set())
     try:
@@ -262,6 +264,8 @@ def build_parser(prog=None):
     p.add_argument("--fwd-only", action="store_true", help="forward passes only (ours, torch, FA3)")
     p.add_argument("--group", type=int, default=1,
                    help="query heads per KV head (GQA; default 1). With a group > 1 the peers are skipped")
+    p.add_argument("--softcap", type=float, default=0.0,
+                   help="logit soft-capping of cupy_dash's calls (default 0: none); peers are skipped with a cap")
     p.add_argument("--no-torch", action="store_true", help="skip torch SDPA")
     p.add_argument("--no-fa3", action="store_true", help="skip FlashAttention-3 (flash-attn3-jax)")
     p.add_argument("--no-overhead", action="store_true", help="skip the host-overhead measurement")
@@ -286,7 +290,7 @@ def parse_args(argv=None, prog=None):
         overhead_calls=args.overhead_calls if args.overhead_calls is not None else q.get("overhead_calls", 1000),
         input_sets=max(1, args.input_sets), flush_l2=args.flush_l2, dtype=args.dtype, tokens=args.tokens,
         hidden=args.hidden, quick=args.quick, torch=not args.no_torch, fa3=not args.no_fa3,
-        overhead=not args.no_overhead, fwd_only=args.fwd_only, group=args.group,
+        overhead=not args.no_overhead, fwd_only=args.fwd_only, group=args.group, softcap=args.softcap,
         compile=not args.no_compile, out=args.out, prog=prog)
     for m in opts["masks"]:
         if m not in ("full", "causal"):

@@ -85,8 +85,11 @@ def _link(path: str) -> str:
 
 
 def _experiment(report) -> dict:
-    """The non-default CUPY_DASH_* settings a report ran with (meta "env"): empty for the default build."""
-    return report["meta"].get("env") or {}
+    """What a report ran with beyond the default: its non-default CUPY_DASH_* settings (meta "env") and a logit
+    cap (meta "softcap"); empty for the default build and calls."""
+    meta = report["meta"]
+    extra = {"--softcap": meta["softcap"]} if meta.get("softcap") else {}
+    return dict(meta.get("env") or {}, **extra)
 
 
 def render(results: Path = RESULTS) -> str:
