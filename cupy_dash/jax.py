@@ -65,12 +65,13 @@ __all__ = ["attention", "attention_forward", "attention_backward", "attention_va
 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False,
-                     softmax_scale=None, schedule="auto", deterministic=True, window=(-1, -1)):
+                     softmax_scale=None, schedule="auto", deterministic=True, window=(-1, -1), softcap=0.0):
     """Differentiable varlen attention -> out ``(total_q, H, D)`` (:mod:`cupy_dash.jax_varlen`'s docstring); q
     ``(total_q, H, D)``, k / v ``(total_k, Hkv, D)``. ``schedule`` and ``deterministic`` apply to the backward,
-    ``window`` to both passes (per sequence). cu_seqlens on the host: static (a new packing retraces); as JAX
-    arrays: one program for every packing (:mod:`cupy_dash.jax_varlen_dyn`)."""
-    base = jax_ops._config(causal, softmax_scale, window=window, schedule=schedule, deterministic=deterministic)
+    ``window`` and ``softcap`` to both passes (per sequence). cu_seqlens on the host: static (a new packing
+    retraces); as JAX arrays: one program for every packing (:mod:`cupy_dash.jax_varlen_dyn`)."""
+    base = jax_ops._config(causal, softmax_scale, window=window, schedule=schedule, deterministic=deterministic,
+                           softcap=softcap)
     max_q, max_k = _check_max_seqlen("max_seqlen_q", max_seqlen_q), _check_max_seqlen("max_seqlen_k", max_seqlen_k)
     traced = [isinstance(cu, _jax_lib.Array) for cu in (cu_seqlens_q, cu_seqlens_k)]
     if any(traced):

@@ -78,15 +78,15 @@ def _problem(vcfg, q, k, v, dout=None, out=None, lse=None):
     for name, x in (("q", q), ("k", k), ("v", v), ("dout", dout), ("out", out)):
         if x is not None and len(x.shape) != 3:
             raise ValueError(f"{name}: expected a 3-D packed tensor (total, heads, head_dim), got shape {x.shape}")
-    p = api._validate(*views, softmax_scale=vcfg.base.scale, backward=dout is not None)
+    p = api._validate(*views, softmax_scale=vcfg.base.scale, backward=dout is not None, softcap=vcfg.base.softcap)
     base = vcfg.base
     return p, base._replace(window=_schedule.canonical_window(base.window, vcfg.max_q, vcfg.max_k, base.causal))
 
 
 def _forward(vcfg, q, k, v):
     p, cfg = _problem(vcfg, q, k, v)
-    key = ("fwd-varlen", p.dtype, (p.Sq, p.Sk, p.H, p.Hkv, p.D), p.scale, cfg.causal, cfg.window, vcfg.cu_q,
-           vcfg.cu_k, vcfg.max_q)
+    key = ("fwd-varlen", p.dtype, (p.Sq, p.Sk, p.H, p.Hkv, p.D), p.scale, p.softcap, cfg.causal, cfg.window,
+           vcfg.cu_q, vcfg.cu_k, vcfg.max_q)
     return _jax._get(key, lambda: _VarlenForward(p, cfg, len(vcfg.cu_q) - 1, vcfg.max_q,
                                                  (vcfg.cu_q, vcfg.cu_k))).bind(q, k, v)
 
@@ -94,8 +94,8 @@ def _forward(vcfg, q, k, v):
 def _backward(vcfg, dout, q, k, v, out, lse):
     p, cfg = _problem(vcfg, q, k, v, dout, out, lse)
     spin = config.spin_timeout_ns()
-    key = ("bwd-varlen", p.dtype, (p.Sq, p.Sk, p.H, p.Hkv, p.D), p.scale, cfg.causal, cfg.window, cfg.schedule,
-           cfg.deterministic, spin, vcfg.cu_q, vcfg.cu_k, vcfg.max_q)
+    key = ("bwd-varlen", p.dtype, (p.Sq, p.Sk, p.H, p.Hkv, p.D), p.scale, p.softcap, cfg.causal, cfg.window,
+           cfg.schedule, cfg.deterministic, spin, vcfg.cu_q, vcfg.cu_k, vcfg.max_q)
     return _jax._get(key, lambda: _VarlenBackward(p, cfg, vcfg, spin)).bind(dout, q, k, v, out, lse)
 
 
@@ -107,7 +107,8 @@ class _VarlenForward:
     def __init__(self, p, cfg, num_seqs, max_q, host_cu=None):
         import cupy
         self.p, self.window, self.num_seqs = p, cfg.window, num_seqs
-        self.spec, self.block_m, self.block_n = kernels.fwd_entry(p.dtype, p.D, cfg.causal, varlen=True)
+        self.spec, self.block_m, self.block_n = kernels.fwd_entry(p.dtype, p.D, cfg.causal, varlen=True,
+                                                                  softcap=p.softcap > 0)
         self.grid = (-(-max_q // self.block_m), p.H, self.num_seqs)
         self.q_strides, self.kv_strides = _packed_strides(p.Sq, p.Sk, p.H, p.Hkv, p.D)
         self.devices, self.cu = _jax._gpus(), {}
@@ -173,7 +174,7 @@ class _VarlenBackward:
         num_seqs = len(vcfg.cu_q) - 1
         cu_host = tuple(np.asarray(c, np.int64) for c in (vcfg.cu_q, vcfg.cu_k))
         tile = kernels.bwd_tile(p.D)
-        specs = kernels.bwd_specs(p.dtype, p.D, cfg.causal, cfg.deterministic, varlen=True)
+        specs = kernels.bwd_specs(p.dtype, p.D, cfg.causal, cfg.deterministic, varlen=True, softcap=p.softcap > 0)
         self.work_bytes = launchers.BwdLaunch(specs, tile.block_m, tile.block_n, p, cfg.deterministic,
                                               spin_timeout_ns, cfg.causal, cfg.window,
                                               varlen=(num_seqs, vcfg.max_q)).work_bytes

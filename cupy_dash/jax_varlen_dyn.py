@@ -54,16 +54,16 @@ attention_jit = jax.jit(_attention, static_argnums=(5,))
 
 def _forward(dcfg, q, k, v, cu_q, cu_k):
     p, cfg = _static._problem(dcfg, q, k, v)
-    key = ("fwd-varlen-dyn", p.dtype, (p.Sq, p.Sk, p.H, p.Hkv, p.D), p.scale, cfg.causal, cfg.window, dcfg.num_seqs,
-           dcfg.max_q)
+    key = ("fwd-varlen-dyn", p.dtype, (p.Sq, p.Sk, p.H, p.Hkv, p.D), p.scale, p.softcap, cfg.causal, cfg.window,
+           dcfg.num_seqs, dcfg.max_q)
     return _jax._get(key, lambda: _static._VarlenForward(p, cfg, dcfg.num_seqs, dcfg.max_q)).bind(q, k, v, cu_q, cu_k)
 
 
 def _backward(dcfg, dout, q, k, v, out, lse, cu_q, cu_k):
     p, cfg = _static._problem(dcfg, q, k, v, dout, out, lse)
     spin = config.spin_timeout_ns()
-    key = ("bwd-varlen-dyn", p.dtype, (p.Sq, p.Sk, p.H, p.Hkv, p.D), p.scale, cfg.causal, cfg.window, cfg.schedule,
-           cfg.deterministic, spin, dcfg.num_seqs, dcfg.max_q, dcfg.max_k)
+    key = ("bwd-varlen-dyn", p.dtype, (p.Sq, p.Sk, p.H, p.Hkv, p.D), p.scale, p.softcap, cfg.causal, cfg.window,
+           cfg.schedule, cfg.deterministic, spin, dcfg.num_seqs, dcfg.max_q, dcfg.max_k)
     return _jax._get(key, lambda: _Backward(p, cfg, dcfg, spin)).bind(dout, q, k, v, out, lse, cu_q, cu_k)
 
 
@@ -76,14 +76,15 @@ class _Backward:
         import cupy
         self.p, self.cfg, self.dcfg, self.spin = p, cfg, dcfg, spin_timeout_ns
         tile = kernels.bwd_tile(p.D)
-        specs = kernels.bwd_specs(p.dtype, p.D, cfg.causal, cfg.deterministic, varlen=True)
+        specs = kernels.bwd_specs(p.dtype, p.D, cfg.causal, cfg.deterministic, varlen=True, softcap=p.softcap > 0)
         self.work_bytes = launchers.BwdLaunch(specs, tile.block_m, tile.block_n, p, cfg.deterministic,
                                               spin_timeout_ns, cfg.causal, cfg.window,
                                               varlen=(dcfg.num_seqs, dcfg.max_q)).work_bytes
         self.devices, self.records = _jax._gpus(), {}
         for dev in self.devices:
             with cupy.cuda.Device(dev):                  # the per-visit kernels, loaded before any execution
-                _jax._load(kernels.bwd_entry(dev, p.dtype, p.D, cfg.causal, cfg.deterministic, varlen=True)[0])
+                _jax._load(kernels.bwd_entry(dev, p.dtype, p.D, cfg.causal, cfg.deterministic, varlen=True,
+                                             softcap=p.softcap > 0)[0])
                 self.records[dev] = _jit_record(dev, (cfg.schedule, dcfg.num_seqs, p.H, p.Sq, p.Sk, p.D, cfg.causal,
                                                       cfg.window))
 
