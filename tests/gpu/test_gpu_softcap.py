@@ -71,7 +71,10 @@ def test_forward_matches_reference(c):
     reference.assert_close_fa3("out", out_h, data["out"], data["out_lowp"])
     seen = np.isfinite(data["lse"])
     assert np.all(np.isfinite(lse_h) == seen), "lse must be -inf exactly on rows that see no key"
-    np.testing.assert_allclose(lse_h[seen], data["lse"][seen], rtol=0, atol=1e-3)
+    # NOTES: tanh.approx.f32 has a relative error up to 2^-11, so a logit c * t is off by up to c |t| 2^-11 <=
+    # c * 4.9e-4, and lse by as much (the plain kernels' 1e-3 plus that)
+    cap = c[-1]
+    np.testing.assert_allclose(lse_h[seen], data["lse"][seen], rtol=0, atol=1e-3 + cap * 4.9e-4)
 
 
 @pytest.mark.parametrize("schedule", [*POLICIES, ATOMIC])
@@ -105,13 +108,14 @@ def test_deterministic_backward_repeats_its_bits(c):
 @pytest.mark.parametrize("d", [64, 128])
 def test_a_cap_above_every_logit_changes_nothing_but_rounding(d):
     """With c = 1e4 tanh(x / c) * c = x to ~1e-9 relative: the capped builds must agree with the plain ones to
-    the rounding of their inputs' precision."""
+    the rounding of their inputs' precision and tanh.approx's 2^-11 relative error (logits of a few units: lse
+    within 5e-3)."""
     rng = np.random.default_rng(d)
     q, k, v, do = (_dev(_randn(rng, (2, 777, 2, d), DTYPES["bf16"])) for _ in range(4))
     plain = cupy_dash.attention_forward(q, k, v, causal=True)
     capped = cupy_dash.attention_forward(q, k, v, causal=True, softcap=1e4)
     np.testing.assert_allclose(_host(capped[0]).astype(np.float32), _host(plain[0]).astype(np.float32), atol=2e-2)
-    np.testing.assert_allclose(_host(capped[1]), _host(plain[1]), atol=1e-4)
+    np.testing.assert_allclose(_host(capped[1]), _host(plain[1]), atol=5e-3)
     g_plain = cupy_dash.attention_backward(do, q, k, v, *plain, causal=True)
     g_capped = cupy_dash.attention_backward(do, q, k, v, *capped, causal=True, softcap=1e4)
     for a, b in zip(g_capped, g_plain):
