@@ -2,7 +2,7 @@
 # One device run on the H200: install, compile, GPU tests, demo, benchmarks; every log under $OUT.
 #   bash benchmarks/device_run.sh [smoke|fwd|tests|bench|integration|long|gqa|varlen_bench|long1m|varlen_step|
 #                                  fold|fold_bench|varlen_events|sanitize|ncu|engine|engine_bench|dq_stages|
-#                                  engine_ab|dq_writers|multi_gpu|first|tests2|all]
+#                                  engine_ab|dq_writers|multi_gpu|first|first2|tests2|all]
 #                                  [extra pytest args...]
 # "engine": the backward kernel's GPU tests (every family: MHA, GQA, compact, varlen, fold, window, portable);
 # "engine_bench": the backward at the issue's shapes, this tree against the kernels in .ab/kernels_src (an older
@@ -25,7 +25,8 @@ git rev-parse --short HEAD 2>/dev/null
 if [ -n "${FA3_WHL:-}" ]; then
   $py -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >"$OUT/fa3_install.log" 2>&1 && export PYTHONPATH=/tmp/site
 fi
-if [ "$stage" != ncu ] && [ "$stage" != engine_bench ] && [ "$stage" != engine_ab ] && [ "$stage" != dq_writers ] && [ "$stage" != first ]; then
+if [ "$stage" != ncu ] && [ "$stage" != engine_bench ] && [ "$stage" != engine_ab ] && [ "$stage" != dq_writers ] && [ "$stage" != first ] && \
+   [ "$stage" != first2 ]; then
   $py -m cupy_dash compile --all -j 16 >/tmp/compile.log 2>&1 || { tail -20 /tmp/compile.log; exit 1; }
   tail -1 /tmp/compile.log
 fi
@@ -205,19 +206,26 @@ if [ "$stage" = dq_writers ]; then   # two dQ writer warps (default) against one
   done
   (cd /tmp/dw && tar czf "$OUT/dq_writers.tgz" *.json *.log)
 fi
-if [ "$stage" = first ]; then   # the riskiest untested changes first, each bounded; logs in first.tgz
+# "first" and "first2": the riskiest untested changes, each bounded (worst cases under the 600 s of a call); logs
+# in first.tgz / first2.tgz
+t() { local name=$1 limit=$2; shift 2; timeout "$limit" "$@" >"/tmp/first/$name.log" 2>&1; \
+      echo "$name: rc=$? $(tail -1 /tmp/first/$name.log)"; }
+if [ "$stage" = first ]; then
   mkdir -p /tmp/first
-  t() { local name=$1 limit=$2; shift 2; timeout "$limit" "$@" >"/tmp/first/$name.log" 2>&1; echo "$name: rc=$? $(tail -1 /tmp/first/$name.log)"; }
-  t writers_d64 120 $py -m pytest tests/gpu/test_gpu_attention.py tests/gpu/test_gpu_fold.py -q -rf --maxfail=3 \
+  t writers_d64 100 $py -m pytest tests/gpu/test_gpu_attention.py tests/gpu/test_gpu_fold.py -q -rf --maxfail=3 \
     -p no:cacheprovider -k "d64 and (test_backward or bitwise or fold) and not small_grid"
-  t softcap 150 $py -m pytest tests/gpu/test_gpu_softcap.py -q -rf --maxfail=5 -p no:cacheprovider
-  t device_tables 150 $py -m pytest tests/gpu/test_gpu_fastpath.py tests/gpu/test_gpu_varlen_bwd.py \
+  t softcap 140 $py -m pytest tests/gpu/test_gpu_softcap.py -q -rf --maxfail=5 -p no:cacheprovider
+  t device_tables 140 $py -m pytest tests/gpu/test_gpu_fastpath.py tests/gpu/test_gpu_varlen_bwd.py \
     tests/gpu/test_gpu_compact.py -q -rf --maxfail=5 -p no:cacheprovider
-  t transformers 120 $py -m pytest tests/gpu/test_gpu_transformers.py -q -rf --maxfail=5 -p no:cacheprovider
-  t training_graphs 150 $py -m pytest tests/gpu/test_gpu_training_graphs.py -q -rf --maxfail=5 -p no:cacheprovider
   san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-  t synccheck 120 "$san" --tool synccheck --error-exitcode 3 $py benchmarks/kernels_sanitize.py
+  t synccheck 150 "$san" --tool synccheck --error-exitcode 3 $py benchmarks/kernels_sanitize.py
   (cd /tmp/first && tar czf "$OUT/first.tgz" *.log)
+fi
+if [ "$stage" = first2 ]; then
+  mkdir -p /tmp/first
+  t transformers 240 $py -m pytest tests/gpu/test_gpu_transformers.py -q -rf --maxfail=5 -p no:cacheprovider
+  t training_graphs 240 $py -m pytest tests/gpu/test_gpu_training_graphs.py -q -rf --maxfail=5 -p no:cacheprovider
+  (cd /tmp/first && tar czf "$OUT/first2.tgz" *.log)
 fi
 if [ "$stage" = varlen_step ]; then   # a new packing's host cost (issue 7's per-step figure; RESULTS, sixth session)
   timeout 60 $py benchmarks/varlen_plan_cpu.py --packings 200 2>&1 | tee "$OUT/varlen_plan_cpu.txt"
