@@ -7,7 +7,7 @@
 # "engine": the backward kernel's GPU tests (every family: MHA, GQA, compact, varlen, fold, window, portable);
 # "engine_bench": the backward at the issue's shapes, this tree against the kernels in .ab/kernels_src (an older
 # tree's, carried: git archive <commit> kernels_src | tar -x -C .ab), FA3 beside it when FA3_WHL=1, then ncu.
-# "varlen_step": a new packing's host cost, build and upload (issue 7); "fold": the folded backward's tests, then
+# "varlen_step": a new packing's host cost, build and upload; "fold": the folded backward's tests, then
 # the whole suite; "fold_bench": its GPU and host time. Earlier sessions' one-off stages are in this file's
 # history; the writer-rank-ahead experiment is benchmarks/patches/writer_rank_ahead.patch (measured, not
 # merged: docs/decisions/table-forms.md).
@@ -64,7 +64,7 @@ if [ "$stage" = varlen_bench ]; then   # varlen throughput and host time; long c
       | grep -E "cupy_dash (fwd|bwd)" | head -8
   done
 fi
-if [ "$stage" = long1m ]; then   # issue 7: the backward at 1M tokens (compact tables by default there)
+if [ "$stage" = long1m ]; then   # the backward at 1M tokens (compact tables by default there)
   timeout 300 $py benchmarks/bench.py --seqlens 1048576 --tokens 1048576 --hdims 128 --masks causal \
     --schedules descending --repeats 2 --warmup 1 --input-sets 1 --no-torch --no-fa3 --no-overhead --no-compile \
     --out /tmp/long1m.md 2>&1 | grep -E "cupy_dash (fwd|bwd)" | tee "$OUT/long1m.txt"
@@ -227,14 +227,14 @@ if [ "$stage" = first2 ]; then
   t training_graphs 240 $py -m pytest tests/gpu/test_gpu_training_graphs.py -q -rf --maxfail=5 -p no:cacheprovider
   (cd /tmp/first && tar czf "$OUT/first2.tgz" *.log)
 fi
-if [ "$stage" = varlen_step ]; then   # a new packing's host cost (issue 7's per-step figure; RESULTS, sixth session)
+if [ "$stage" = varlen_step ]; then   # a new packing's host cost per training step (decisions/table-forms.md)
   timeout 60 $py benchmarks/varlen_plan_cpu.py --packings 200 2>&1 | tee "$OUT/varlen_plan_cpu.txt"
   for mode in "" --torch; do
     timeout 100 $py benchmarks/varlen_step.py --calls 40 --batches 4 16 64 $mode 2>&1 | tee -a "$OUT/varlen_step.txt"
   done
   timeout 60 $py benchmarks/varlen_step.py --calls 40 --batches 16 --torch --parts 2>&1 | tee "$OUT/varlen_parts.txt"
 fi
-if [ "$stage" = multi_gpu ]; then   # issue 22: several GPUs (two H200s; on one GPU, the gloo and JAX parts run)
+if [ "$stage" = multi_gpu ]; then   # several GPUs (two H200s; on one GPU, the gloo and JAX parts run)
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
   rm -rf /tmp/mg && mkdir -p /tmp/mg
   nvidia-smi -L | tee /tmp/mg/gpus.txt

@@ -1,4 +1,4 @@
-"""A training loop around cupy_dash attention under CUDA graphs, as a user writes it (issue 22 item 1): a model of
+"""A training loop around cupy_dash attention under CUDA graphs, as a user writes it: a model of
 two transformer blocks (q / kv / o projections around ``cupy_dash.torch.attention``, or
 ``cupy_dash.torch.attention_varlen`` on a fixed packing) compiled with ``torch.compile(model,
 mode="reduce-overhead", fullgraph=True)``, then ``loss.backward()`` and an AdamW step, six steps from a fresh
