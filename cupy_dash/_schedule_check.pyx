@@ -11,7 +11,7 @@ from cupy_dash._heap cimport heap_pop, heap_push
 
 def analyze_table(visits_arr, rank_arr, cta_start_arr, long long num_heads, long long num_m_blocks, lo_arr,
                   bint timed=False, double c_cost=1.0, double r_cost=0.25, bint timeline=False, bint engine=False,
-                  long long group_size=1, hi_arr=None):
+                  long long group_size=1, hi_arr=None, long long writers=1):
     """Validate a table and, if ``timed``, simulate it in the DAG model (``engine``: in the engine model).
 
     The mask is given per KV tile n as the range of Q tiles it sees, [lo_arr[n], hi_arr[n]) (int64 (N,) each;
@@ -28,7 +28,9 @@ def analyze_table(visits_arr, rank_arr, cta_start_arr, long long num_heads, long
     compute and its reductions are two serial resources with one dQ buffer between them: a visit's compute
     ends with the hand-off of its dQ, which waits until the previous reduction has taken the buffer; a
     reduction starts once its visit is handed off, its rank is reached and the CTA's previous reduction has
-    completed, and takes r_cost.
+    completed, and takes r_cost. ``writers`` = 2: the kernel's two dQ writer warps, visits alternating between
+    them: a reduction waits for the one two visits back to complete and for the previous one to have started
+    (the writers hand the dQ buffer over in visit order), not for the previous one to complete.
     """
     cdef const int[:, ::1] visits = np.ascontiguousarray(visits_arr, dtype=np.int32)
     cdef const int[::1] rank = np.ascontiguousarray(rank_arr, dtype=np.int32)
@@ -173,7 +175,8 @@ def analyze_table(visits_arr, rank_arr, cta_start_arr, long long num_heads, long
             if cta_start[c + 1] > cta_start[c]:
                 heap_push(ht, hc, &hsize, c_cost, c)
         _simulate_loop(visits, rank, cta_start, ptr, sem, blocked, pos, cnt, pre, per_head, M, ht, hc, hsize,
-                       tfree_arr, finish, c_cost, r_cost, engine, np.full(C, c_cost), np.zeros(C), timeline,
+                       tfree_arr, finish, c_cost, r_cost, engine, writers, np.zeros(C), np.full(C, c_cost),
+                       np.zeros(C), timeline,
                        comp_start if timeline else None, red_start if timeline else None)
         free(ht)
         free(hc)
@@ -202,13 +205,16 @@ cdef void _simulate_loop(const int[:, ::1] visits, const int[::1] rank, const lo
                          long long[::1] sem, unsigned char[::1] blocked, long long[::1] pos, long long[::1] cnt,
                          long long[::1] pre, long long per_head, long long M, double* ht, long long* hc,
                          long long hsize, double[::1] tfree, double[::1] finish, double c_cost, double r_cost,
-                         bint engine, double[::1] dq_ready, double[::1] prev_take, bint timeline,
+                         bint engine, long long writers, double[::1] prev_end, double[::1] dq_ready,
+                         double[::1] prev_take, bint timeline,
                          double[::1] comp_start, double[::1] red_start) noexcept:
     # Heap events: a CTA is ready to reduce its visit ptr[c] (DAG model: its compute ended; engine model: its dQ
     # is ready and its previous reduction is done). Engine model: dq_ready[c] is when the compute of visit ptr[c]
     # ends, prev_take[c] when the CTA's previous reduction started (took the dQ buffer); the next visit's compute
-    # starts at the hand-off max(dq_ready, prev_take) instead of after the reduction.
-    cdef double now, start, end, next_start
+    # starts at the hand-off max(dq_ready, prev_take) instead of after the reduction. Two writers: prev_end[c] is
+    # when the CTA's previous reduction ends; the next one's writer is free then, and may start after this one's
+    # start (wfree), not after its end.
+    cdef double now, start, end, next_start, wfree
     cdef long long c, v, t_off, c2
     while hsize > 0:
         heap_pop(ht, hc, &hsize, &now, &c)
@@ -224,16 +230,20 @@ cdef void _simulate_loop(const int[:, ::1] visits, const int[::1] rank, const lo
         if timeline:
             red_start[v] = start
         next_start = end
+        wfree = end
         if engine:
             next_start = dq_ready[c] if dq_ready[c] > prev_take[c] else prev_take[c]
             prev_take[c] = start
             dq_ready[c] = next_start + c_cost
+            if writers > 1:
+                wfree = prev_end[c] if prev_end[c] > start else start
+                prev_end[c] = end
         ptr[c] += 1
         if ptr[c] < cta_start[c + 1]:
             if timeline:
                 comp_start[ptr[c]] = next_start
             if engine:
-                heap_push(ht, hc, &hsize, dq_ready[c] if dq_ready[c] > end else end, c)
+                heap_push(ht, hc, &hsize, dq_ready[c] if dq_ready[c] > wfree else wfree, c)
             else:
                 heap_push(ht, hc, &hsize, end + c_cost, c)
         else:

@@ -388,10 +388,18 @@ def _engine(model: str) -> bool:
     return model == "engine"
 
 
-def simulate(plan: Schedule, c: float = 1.0, r: float = 0.25, model: str = "dag") -> float:
+def _writers(writers) -> int:
+    if isinstance(writers, bool) or writers not in (1, 2):
+        raise ValueError(f"writers must be 1 or 2 (dQ writer warps of the engine model), got {writers!r}")
+    return int(writers)
+
+
+def simulate(plan: Schedule, c: float = 1.0, r: float = 0.25, model: str = "dag", writers: int = 1) -> float:
     """Makespan of ``plan``. ``model="dag"``: the paper's DAG model, each visit computes for ``c`` then reduces
     for ``r`` on its CTA, serially; a reduction starts only after every lower-ranked visit of the same dQ tile
-    has reduced. ``model="engine"``: the Hopper kernel's pipeline (see the module docstring).
+    has reduced. ``model="engine"``: the Hopper kernel's pipeline (see the module docstring), with ``writers``
+    dQ writer warps (2: the deterministic kernel since 2026-12-02, visits alternating; ``auto`` still decides
+    with 1 and its calibration: docs/schedules.md).
 
     ``c`` must be finite and > 0, ``r`` finite and >= 0 (ValueError naming the argument otherwise)."""
     _table_arg(plan)
@@ -399,20 +407,21 @@ def simulate(plan: Schedule, c: float = 1.0, r: float = 0.25, model: str = "dag"
     lo, hi = _ranges(plan)
     makespan, _, _, _ = _schedule.analyze_table(plan.visits, plan.rank, plan.cta_start, plan.num_heads,
                                                 plan.num_m_blocks, lo, True, c, r, False, _engine(model),
-                                                _group_size(plan), hi)
+                                                _group_size(plan), hi, _writers(writers))
     return makespan
 
 
-def timeline(plan: Schedule, c: float = 1.0, r: float = 0.25, model: str = "dag") -> dict:
+def timeline(plan: Schedule, c: float = 1.0, r: float = 0.25, model: str = "dag", writers: int = 1) -> dict:
     """Per-visit simulated timeline: float64 arrays (V,) ``compute_start``, ``reduce_start`` (in the DAG model
     the wait of a visit is reduce_start - compute_start - c) and (num_ctas,) ``finish``; plus ``makespan``.
-    ``c`` and ``r`` are checked as in :func:`simulate`."""
+    ``c``, ``r`` and ``writers`` are checked as in :func:`simulate`."""
     _table_arg(plan)
     c, r = _costs(c, r)
     lo, hi = _ranges(plan)
     makespan, finish, comp, red = _schedule.analyze_table(plan.visits, plan.rank, plan.cta_start, plan.num_heads,
                                                           plan.num_m_blocks, lo, True, c, r, True,
-                                                          _engine(model), _group_size(plan), hi)
+                                                          _engine(model), _group_size(plan), hi,
+                                                          _writers(writers))
     return {"makespan": makespan, "finish": finish, "compute_start": comp, "reduce_start": red}
 
 

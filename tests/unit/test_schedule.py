@@ -297,3 +297,22 @@ def test_device_tables_are_checked_uploaded_once_and_cached(monkeypatch):
     with pytest.raises(ValueError, match=r"plan: visits\[:, 1\] \(bh\) must lie in \[0, 2\)"):
         device_tables.upload(schedule.build("shift", seqlen_q=1000, seqlen_k=1000, block_m=64, block_n=128,
                                             num_heads=3, causal=True, num_sms=7), 2, 8, 16, 0, Stream())
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_engine_model_with_two_writers(causal):
+    """Two dQ writers can only help: never a longer makespan than one, the same when reductions are cheap
+    (r << c: the writer is never the bottleneck), shorter when the writer is the bottleneck (r > c)."""
+    for policy in ("fa3", "descending", "shift", "symmetric_shift"):
+        plan = schedule.build(policy, seqlen_q=2048, seqlen_k=2048, block_m=64, block_n=128, num_heads=4,
+                              causal=causal, num_sms=16)
+        for r in (0.1, 0.8, 2.0):
+            one = schedule.simulate(plan, c=1.0, r=r, model="engine", writers=1)
+            two = schedule.simulate(plan, c=1.0, r=r, model="engine", writers=2)
+            assert two <= one + 1e-9, (policy, r)
+            if r == 0.1:
+                assert two == pytest.approx(one)
+        slow = schedule.simulate(plan, c=1.0, r=2.0, model="engine", writers=1)
+        assert schedule.simulate(plan, c=1.0, r=2.0, model="engine", writers=2) < slow
+    with pytest.raises(ValueError, match="writers must be 1 or 2"):
+        schedule.simulate(plan, model="engine", writers=3)
