@@ -104,11 +104,18 @@ DASH_DEVICE void gemm_qk(float (&S)[kSRegs], uint64_t q_desc, uint32_t k_tile) {
 }
 
 // O += P V over the keys, P as register A fragments, V the MN-major B operand. Issues the wgmmas, no commit.
+// NOTES: the head dim in chunks of at most 128 columns (the wgmma wrappers' N): registers 64 ch .. of O are columns
+// 128 ch .. of the m64 accumulator, so each chunk is a contiguous slice of O (one chunk at head dims 64 and 128).
 DASH_DEVICE void gemm_pv(float (&O)[kORegs], const uint32_t (&Pa)[kBlockN / 16][4], uint32_t v_tile) {
-  const uint64_t v_desc = TileKV::mnmajor(v_tile, 0);
+  constexpr int kChunk = kHeadDim % 128 == 0 ? 128 : 64;
 #pragma unroll
-  for (int ks = 0; ks < kBlockN / 16; ++ks) {
-    wgmma_rs<kHeadDim, 1>(O, Pa[ks], desc_advance(v_desc, TileKV::mnmajor_step(ks)), 1);
+  for (int ch = 0; ch < kHeadDim / kChunk; ++ch) {
+    const uint64_t v_desc = TileKV::mnmajor(v_tile, ch * kChunk);
+    float(&o)[kChunk / 2] = *reinterpret_cast<float(*)[kChunk / 2]>(&O[ch * (kChunk / 2)]);
+#pragma unroll
+    for (int ks = 0; ks < kBlockN / 16; ++ks) {
+      wgmma_rs<kChunk, 1>(o, Pa[ks], desc_advance(v_desc, TileKV::mnmajor_step(ks)), 1);
+    }
   }
 }
 

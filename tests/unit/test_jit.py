@@ -517,3 +517,16 @@ def test_launch_checks_its_parameter_block_before_loading_anything():
         kernels.launch(spec, 1, np.zeros(1, kernels.BWD_PARAMS_DTYPE), None)
     with pytest.raises(TypeError, match="params"):
         kernels.launch(spec, 1, "not a block", None)
+
+
+@pytest.mark.parametrize("head_dim", [192, 256])
+def test_forward_compiles_without_spills_at_head_dims_192_and_256(head_dim, tmp_path, monkeypatch):
+    """Groundwork for head dims 192 and 256 (not offered yet: kernels.SUPPORTED_HEAD_DIMS): the forward with a
+    128 x 64 tile (128 x 128 would need 247 / 329 KB of shared memory, docs/decisions/tile-plans.md) compiles for
+    sm_90a without spills, O += P V in chunks of the wgmma wrappers' N."""
+    monkeypatch.setenv("CUPY_DASH_CACHE_DIR", str(tmp_path))
+    tile = kernels.TileConfig(128, 64, kernels.MAIN_THREADS)
+    assert kernels._fwd_smem(tile, head_dim) <= 227 * 1024
+    for causal in (False, True):
+        built = jit.compile_spec(kernels._spec("fwd", tile, "bfloat16", head_dim, DASH_CAUSAL=causal))
+        assert (built.spill_stores, built.spill_loads, built.stack_frame) == (0, 0, 0)
