@@ -214,7 +214,8 @@ if [ "$stage" = first ]; then
   mkdir -p /tmp/first
   t writers_d64 100 $py -m pytest tests/gpu/test_gpu_attention.py tests/gpu/test_gpu_fold.py -q -rf --maxfail=3 \
     -p no:cacheprovider -k "d64 and (test_backward or bitwise or fold) and not small_grid"
-  t softcap 140 $py -m pytest tests/gpu/test_gpu_softcap.py -q -rf --maxfail=5 -p no:cacheprovider
+  t softcap 140 $py -m pytest tests/gpu/test_gpu_softcap.py tests/gpu/test_gpu_head_dims_probe.py -q -rf \
+    --maxfail=5 -p no:cacheprovider
   t device_tables 140 $py -m pytest tests/gpu/test_gpu_fastpath.py tests/gpu/test_gpu_varlen_bwd.py \
     tests/gpu/test_gpu_compact.py -q -rf --maxfail=5 -p no:cacheprovider
   san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
