@@ -35,7 +35,6 @@ import numpy as np
 from . import compact_device, config, device_tables, fastpath, interop, jit, kernels, launchers, tensormap
 from .errors import (_acquire_slot, _graph_record, _keep_alive, _record_shared, check_errors,
                      poll_errors as _poll_errors)
-from . import compact as _compact
 from . import schedule as _schedule
 
 __all__ = ["attention_forward", "attention_backward", "check_errors"]
@@ -380,16 +379,6 @@ def _backward_with_plan(do, q, k, v, out, lse, *, plan, causal=False, softmax_sc
                      timeline, window)
 
 
-def _softcap_in_per_visit_tables(Sq, Sk, tile, num_heads, causal, window) -> bool:
-    """A soft-capped backward that would take compact tables takes per-visit ones (False: not compact) where their
-    size allows (there is no soft-capping compact build, kernels.bwd_specs); NotImplementedError otherwise."""
-    visits = _compact.num_visits(Sq, Sk, tile.block_m, tile.block_n, num_heads, causal, window)
-    if visits > compact_device.AUTO_VISITS:
-        raise NotImplementedError(f"softcap: a backward of {visits} tile visits needs compact schedule tables (more "
-                                  f"than {compact_device.AUTO_VISITS}), which have no soft-capping build yet")
-    return False
-
-
 def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, deterministic, plan, spin_timeout_ns,
               timeline, window, fast_key=None, softcap=0.0):
     capturing = interop.capturing(q)
@@ -423,11 +412,9 @@ def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, determinis
     # per-visit table would be large or on request (compact_device.table_form); such calls are not registered on the
     # torch fast path, which replays per-visit launches.
     tile = kernels.bwd_tile(D)
-    compact = plan is None and timeline is None and compact_device.wanted(Sq, Sk, tile.block_m, tile.block_n, B * H,
-                                                                          causal, window)
     capped = p.softcap > 0
-    if capped and compact:
-        compact = _softcap_in_per_visit_tables(Sq, Sk, tile, B * H, causal, window)
+    compact = plan is None and timeline is None and compact_device.wanted(Sq, Sk, tile.block_m, tile.block_n, B * H,
+                                                                          causal, window, capped)
     if capturing:
         with cupy.cuda.Device(dev):
             cold = [s.label for s in kernels.bwd_specs(p.dtype, D, causal, deterministic, compact=compact,

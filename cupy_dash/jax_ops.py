@@ -304,10 +304,9 @@ class _Backward:
         self.p, self.causal, self.window = p, cfg.causal, cfg.window
         tile = kernels.bwd_tile(p.D)
         # NOTES: long problems read compact records, as the eager path does (compact_device.table_form)
-        compact = compact_device.wanted(p.Sq, p.Sk, tile.block_m, tile.block_n, p.B * p.H, cfg.causal, cfg.window)
         capped = p.softcap > 0
-        if capped and compact:
-            compact = api._softcap_in_per_visit_tables(p.Sq, p.Sk, tile, p.B * p.H, cfg.causal, cfg.window)
+        compact = compact_device.wanted(p.Sq, p.Sk, tile.block_m, tile.block_n, p.B * p.H, cfg.causal, cfg.window,
+                                        capped)
         specs = kernels.bwd_specs(p.dtype, p.D, cfg.causal, cfg.deterministic, compact=compact, softcap=capped)
         self.work_bytes = launchers.BwdLaunch(specs, tile.block_m, tile.block_n, p, cfg.deterministic,
                                               spin_timeout_ns, cfg.causal, cfg.window).work_bytes

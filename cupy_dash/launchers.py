@@ -67,7 +67,7 @@ def logit_factors(p, backward: bool) -> dict:
 def check_softcap_build(spec, p) -> None:
     """A launch of ``spec`` for ``p`` uses the soft-capping build exactly when ``p`` has a cap (RuntimeError
     otherwise: the other build would silently compute other scores)."""
-    if bool(dict(spec.defines).get("DASH_SOFTCAP", 0)) != bool(p.softcap):
+    if (("DASH_SOFTCAP", 1) in spec.defines) != bool(p.softcap):       # NOTES: on every eager launch: no dict
         raise RuntimeError(f"{spec.label}: softcap={p.softcap} needs the {'soft-capping' if p.softcap else 'plain'} "
                            f"build of this kernel")
 

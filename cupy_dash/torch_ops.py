@@ -27,16 +27,28 @@ def attention(q, k, v, causal=False, softmax_scale=None, schedule="auto", determ
     tensors (:func:`eager`): the same kernels and bits, less host time. ``torch.cuda.graph`` captures either (see
     the module docstring for the eager warm-up a capture needs).
     """
+    options = checked_options(causal, softmax_scale, schedule, deterministic, window, softcap)
+    if eager(q, k, v):
+        return _Eager.apply((api.attention_forward, api.attention_backward), (), options, q, k, v)[0]
+    return attention_forward(q, k, v, *op_arguments(options))[0]
+
+
+def checked_options(causal, softmax_scale, schedule, deterministic, window, softcap) -> tuple:
+    """The arguments of :func:`attention` / ``attention_varlen`` checked as :mod:`cupy_dash.api` checks them, as
+    :class:`_Eager`'s ``options``: (causal, softmax_scale, schedule, deterministic, (left, right), softcap)."""
     api._check_schedule(schedule)
     if softmax_scale is not None:
         softmax_scale = api._check_scale(softmax_scale, None)
     causal, deterministic = api._check_flag("causal", causal), api._check_flag("deterministic", deterministic)
-    left, right = api._check_window(window, causal)
-    softcap = api._check_softcap(softcap)
-    if eager(q, k, v):
-        options = causal, softmax_scale, schedule, deterministic, (left, right), softcap
-        return _Eager.apply((api.attention_forward, api.attention_backward), (), options, q, k, v)[0]
-    return attention_forward(q, k, v, causal, softmax_scale, schedule, deterministic, left, right, softcap)[0]
+    window = api._check_window(window, causal)
+    return causal, softmax_scale, schedule, deterministic, window, api._check_softcap(softcap)
+
+
+def op_arguments(options) -> tuple:
+    """``options`` (:func:`checked_options`) as the ops' trailing arguments: causal, softmax_scale, schedule,
+    deterministic, window_left, window_right, softcap."""
+    causal, softmax_scale, schedule, deterministic, (left, right), softcap = options
+    return causal, softmax_scale, schedule, deterministic, left, right, softcap
 
 
 # NOTES: eager calls skip the dispatcher. register_autograd's autograd kernel is Python (a pytree scan of the

@@ -21,7 +21,7 @@ implementations give the output shapes for ``torch.compile``.
 import torch
 
 from . import api, varlen
-from .torch_ops import _Eager, _check_dims, _lib, eager
+from .torch_ops import _Eager, _check_dims, _lib, checked_options, eager, op_arguments
 
 __all__ = ["attention_varlen", "attention_forward_varlen", "attention_backward_varlen"]
 
@@ -29,18 +29,12 @@ __all__ = ["attention_varlen", "attention_forward_varlen", "attention_backward_v
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False,
                      softmax_scale=None, schedule="auto", deterministic=True, window=(-1, -1), softcap=0.0):
     """Differentiable varlen attention for torch tensors -> out ``(total_q, H, D)`` (module docstring)."""
-    api._check_schedule(schedule)
-    if softmax_scale is not None:
-        softmax_scale = api._check_scale(softmax_scale, None)
-    causal, deterministic = api._check_flag("causal", causal), api._check_flag("deterministic", deterministic)
-    left, right = api._check_window(window, causal)
-    softcap = api._check_softcap(softcap)
+    options = checked_options(causal, softmax_scale, schedule, deterministic, window, softcap)
+    extra = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     if eager(q, k, v, cu_seqlens_q, cu_seqlens_k):              # as cupy_dash.torch.attention
-        return _Eager.apply((varlen.attention_forward_varlen, varlen.attention_backward_varlen),
-                            (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k),
-                            (causal, softmax_scale, schedule, deterministic, (left, right), softcap), q, k, v)[0]
-    return attention_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-                                    softmax_scale, schedule, deterministic, left, right, softcap)[0]
+        return _Eager.apply((varlen.attention_forward_varlen, varlen.attention_backward_varlen), extra, options,
+                            q, k, v)[0]
+    return attention_forward_varlen(q, k, v, *extra, *op_arguments(options))[0]
 
 
 def _check_packed(**tensors):

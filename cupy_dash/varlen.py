@@ -154,10 +154,8 @@ def _tables(dev, dtype, D, causal, deterministic, schedule, lens_q, lens_k, H, H
     CUPY_DASH_VARLEN_EXPAND=host expands on the host instead (varlen_schedule.expand, uploads 20 bytes per visit).
     ``softcap``: soft-capped (no compact build: per-visit rows, expanded on the GPU where compact ones were asked
     for; NotImplementedError where only compact ones fit)."""
-    form = compact_device.table_form(None, varlen=True)       # the size rule: after the build (compact_above)
+    form = compact_device.table_form(None, varlen=True, softcap=softcap)   # size rule: after the build (above)
     above = compact_device.AUTO_VISITS if config.COMPACT_TABLES.get() is None or softcap else None
-    if softcap and form == "compact":
-        form = "expand"
     _, bm, bn, max_ctas = kernels.bwd_entry(dev, dtype, D, causal, deterministic, varlen=True, softcap=softcap)
     tables = varlen_device.plan(schedule, lens_q, lens_k, bm, bn, H, Hkv, causal, max_ctas, window,
                                 {"compact": True, "expand": "expand", "visits": False}[form], above, pinned=True)

@@ -35,8 +35,24 @@ LENGTHS = {  # the varlen tests' packed batches: (query lengths, key lengths) pe
 # ----------------------------------------------------------------------------------------------------------------
 # cases
 # ----------------------------------------------------------------------------------------------------------------
+class CaseDerived:
+    """What a kernel-test case (a dataclass with dtype, causal, seqlen_q, seqlen_k and an ``id``) derives."""
+
+    @property
+    def np_dtype(self):
+        return DTYPES[self.dtype]
+
+    @property
+    def empty_rows(self) -> int:
+        """Number of leading query rows that see no key (bottom-right causal alignment)."""
+        return max(0, self.seqlen_q - self.seqlen_k) if self.causal else 0
+
+    def __str__(self):
+        return self.id
+
+
 @dataclass(frozen=True)
-class Case:
+class Case(CaseDerived):
     dtype: str              # "bf16" | "fp16"
     hdim: int
     causal: bool
@@ -52,18 +68,6 @@ class Case:
         if (self.batch, self.heads) != (BATCH, HEADS):
             text += f"-b{self.batch}-h{self.heads}"
         return text
-
-    @property
-    def np_dtype(self):
-        return DTYPES[self.dtype]
-
-    @property
-    def empty_rows(self) -> int:
-        """Number of leading query rows that see no key (bottom-right causal alignment)."""
-        return max(0, self.seqlen_q - self.seqlen_k) if self.causal else 0
-
-    def __str__(self):
-        return self.id
 
 
 def _schedule_kwargs(schedule):

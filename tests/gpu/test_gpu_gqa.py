@@ -25,8 +25,8 @@ import pytest
 import cupy
 import cupy_dash
 from cupy_dash import reference
-from gpu_helpers import (ATOMIC, DET_REPEATS, DTYPES, POLICIES, _assert_finite, _assert_same_bits, _dev, _host,
-                         _poison_pool, _poison_size, _randn, _repeat_backward, _schedule_kwargs, _seed,
+from gpu_helpers import (ATOMIC, DET_REPEATS, POLICIES, CaseDerived, _assert_finite, _assert_same_bits, _dev,
+                         _host, _poison_pool, _poison_size, _randn, _repeat_backward, _schedule_kwargs, _seed,
                          _torch_from_host)
 
 pytestmark = pytest.mark.gpu
@@ -37,7 +37,7 @@ SEQLENS = ((255, 255), (1000, 300), (300, 777))
 
 
 @dataclass(frozen=True)
-class GqaCase:
+class GqaCase(CaseDerived):
     hdim: int
     causal: bool
     seqlen_q: int
@@ -52,17 +52,6 @@ class GqaCase:
         mask = "causal" if self.causal else "full"
         return (f"{self.dtype}-d{self.hdim}-{mask}-sq{self.seqlen_q}-sk{self.seqlen_k}-b{self.batch}"
                 f"-h{self.heads}-hkv{self.kv_heads}")
-
-    @property
-    def np_dtype(self):
-        return DTYPES[self.dtype]
-
-    @property
-    def empty_rows(self) -> int:
-        return max(0, self.seqlen_q - self.seqlen_k) if self.causal else 0
-
-    def __str__(self):
-        return self.id
 
 
 @functools.lru_cache(maxsize=4)

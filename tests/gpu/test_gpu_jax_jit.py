@@ -26,7 +26,6 @@ import sys
 import textwrap
 import types
 import zlib
-from dataclasses import dataclass
 
 import ml_dtypes
 import numpy as np
@@ -39,29 +38,12 @@ jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
 cj = pytest.importorskip("cupy_dash.jax")
 import cupy_dash.jax_ops as ops  # noqa: E402  (private: the preparation cache)
+from framework_case import Case  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(cupy_dash.__file__)))
+
 DTYPES = {"bfloat16": np.dtype(ml_dtypes.bfloat16), "float16": np.dtype(np.float16)}
 DETERMINISTIC_POLICIES = ("fa3", "descending", "shift", "symmetric_shift", "auto")
-
-
-@dataclass(frozen=True)
-class Case:
-    hdim: int
-    causal: bool
-    seqlen_q: int = 320
-    seqlen_k: int = 320
-    heads: int = 4
-    heads_kv: int = 4
-    batch: int = 2
-    dtype: str = "bfloat16"
-    window: tuple = (-1, -1)
-
-    @property
-    def id(self) -> str:
-        text = f"{self.dtype}-d{self.hdim}-{'causal' if self.causal else 'full'}-sq{self.seqlen_q}-sk{self.seqlen_k}"
-        text += f"-h{self.heads}-hkv{self.heads_kv}" if self.heads_kv != self.heads else ""
-        return text + (f"-w{self.window[0]}_{self.window[1]}" if self.window != (-1, -1) else "")
 
 
 CASES = [Case(hdim, causal) for hdim in (64, 128) for causal in (False, True)] + [

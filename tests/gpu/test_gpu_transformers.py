@@ -3,11 +3,11 @@
 Tiny models from configs (random init, no download), bf16: Llama (GQA with head dim 64, MQA with head dim 128),
 Qwen2 with a sliding-window layer, Gemma 2 (logit soft-capping, a sliding-window layer; its reference runs
 transformers' eager attention, which applies the cap), and the bidirectional encoder ModernBERT (global and
-bidirectional sliding-window layers). Batches: equal lengths (no mask: the dense kernels), right and left padding (a 2D mask:
-unpadded to the varlen kernels), packed sequences (restarting ``position_ids``; the ``cu_seq_lens_*`` kwargs of
-``DataCollatorWithFlattening``). The reference runs every sequence alone, without padding, with sdpa in float64
-(and in bf16 for the tolerance): the outputs at every real token and every parameter gradient of a fixed random
-projection of them must satisfy FA3's rule ``max|ours - ref64| <= 2 max|sdpa_bf16 - ref64| + atol``
+bidirectional sliding-window layers). Batches: equal lengths (no mask: the dense kernels), right and left padding
+(a 2D mask: unpadded to the varlen kernels), packed sequences (restarting ``position_ids``; the ``cu_seq_lens_*``
+kwargs of ``DataCollatorWithFlattening``). The reference runs every sequence alone, without padding, with sdpa (or
+eager) in float64 (and in bf16 for the tolerance): the outputs at every real token and every parameter gradient of
+a fixed random projection of them must satisfy FA3's rule ``max|ours - ref64| <= 2 max|ref_bf16 - ref64| + atol``
 (:func:`cupy_dash.reference.assert_close_fa3`). Two short AdamW trainings give bitwise equal losses and weights,
 and what the kernels cannot do (dropout in training, a 4D mask, float32 without a half target) raises,
 naming the model setting. Skipped without a Hopper GPU, torch or transformers.

@@ -142,19 +142,8 @@ def _params(cases, schedules):
     return [pytest.param(c, s, id=f"{c.id}-{s}") for c in cases for s in schedules]
 
 
-@pytest.mark.parametrize("case,schedule", _params(CASES, POLICIES + (ATOMIC,)))
+@pytest.mark.parametrize("case,schedule", _params(CASES + GQA_CASES, POLICIES + (ATOMIC,)))
 def test_window_backward(case, schedule):
-    data = _data(case)
-    do, q, k, v, out, lse = _gpu_forward(case, data)
-    _poison_pool(_poison_size(do, q, k, v))
-    grads = cupy_dash.attention_backward(do, q, k, v, out, lse, causal=case.causal, window=case.window,
-                                         **_schedule_kwargs(schedule))
-    cupy_dash.check_errors()
-    _check_grads(case, data, grads)
-
-
-@pytest.mark.parametrize("case,schedule", _params(GQA_CASES, POLICIES + (ATOMIC,)))
-def test_window_gqa_backward(case, schedule):
     data = _data(case)
     do, q, k, v, out, lse = _gpu_forward(case, data)
     _poison_pool(_poison_size(do, q, k, v))

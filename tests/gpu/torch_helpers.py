@@ -6,12 +6,12 @@ test_gpu_fold.py and test_gpu_training_graphs.py."""
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass
 
 import pytest
 import torch
 
 import cupy_dash
+from framework_case import Case  # noqa: F401  (re-exported: the torch tests take Case from here)
 
 
 @pytest.fixture(autouse=True)
@@ -21,23 +21,6 @@ def torch_cuda():
         pytest.skip("torch was built without CUDA or sees no GPU")
     yield
     cupy_dash.check_errors()
-
-
-@dataclass(frozen=True)
-class Case:
-    hdim: int
-    causal: bool
-    seqlen_q: int = 320
-    seqlen_k: int = 320
-    heads: int = 4
-    heads_kv: int = 4
-    batch: int = 2
-    dtype: str = "bfloat16"
-
-    @property
-    def id(self) -> str:
-        text = f"{self.dtype}-d{self.hdim}-{'causal' if self.causal else 'full'}-sq{self.seqlen_q}-sk{self.seqlen_k}"
-        return text + (f"-h{self.heads}-hkv{self.heads_kv}" if self.heads_kv != self.heads else "")
 
 
 def make_inputs(case: Case, salt: str = ""):

@@ -173,12 +173,19 @@ def test_bad_softcap_varlen():
 
 
 def test_a_soft_capped_backward_too_large_for_per_visit_tables_raises(monkeypatch):
-    from cupy_dash import api, compact_device, kernels
+    """There is no soft-capping compact build: compact_device.table_form never chooses compact tables for a capped
+    backward, and raises where the per-visit table would exceed AUTO_VISITS."""
+    from cupy_dash import compact_device, kernels
+    tile = kernels.bwd_tile(128)
     monkeypatch.setattr(compact_device, "AUTO_VISITS", 10)
+    assert compact_device.wanted(4096, 4096, tile.block_m, tile.block_n, 8, True, (-1, 0))
     with pytest.raises(NotImplementedError, match="softcap: a backward of .* needs compact schedule tables"):
-        api._softcap_in_per_visit_tables(4096, 4096, kernels.bwd_tile(128), 8, True, (-1, 0))
+        compact_device.wanted(4096, 4096, tile.block_m, tile.block_n, 8, True, (-1, 0), softcap=True)
     monkeypatch.setattr(compact_device, "AUTO_VISITS", 10 ** 9)
-    assert api._softcap_in_per_visit_tables(4096, 4096, kernels.bwd_tile(128), 8, True, (-1, 0)) is False
+    monkeypatch.setenv("CUPY_DASH_COMPACT_TABLES", "1")
+    assert compact_device.wanted(4096, 4096, tile.block_m, tile.block_n, 8, True, (-1, 0))
+    assert not compact_device.wanted(4096, 4096, tile.block_m, tile.block_n, 8, True, (-1, 0), softcap=True)
+    assert compact_device.table_form(None, varlen=True, softcap=True) in ("expand", "visits")
 
 
 @pytest.mark.parametrize("window,causal,exc,match", [
