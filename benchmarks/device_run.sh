@@ -2,7 +2,7 @@
 # One device run on the H200: install, compile, GPU tests, demo, benchmarks; every log under $OUT.
 #   bash benchmarks/device_run.sh [smoke|fwd|tests|bench|integration|long|gqa|varlen_bench|long1m|varlen_step|
 #                                  fold|fold_bench|varlen_events|sanitize|ncu|engine|engine_bench|dq_stages|
-#                                  engine_ab|dq_writers|multi_gpu|first|first2|tests2|all]
+#                                  engine_ab|dq_writers|multi_gpu|first|first2|fa3_bench|tests2|all]
 #                                  [extra pytest args...]
 # "engine": the backward kernel's GPU tests (every family: MHA, GQA, compact, varlen, fold, window, portable);
 # "engine_bench": the backward at the shapes, this tree against the kernels in .ab/kernels_src (an older
@@ -26,7 +26,7 @@ if [ -n "${FA3_WHL:-}" ]; then
   $py -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >"$OUT/fa3_install.log" 2>&1 && export PYTHONPATH=/tmp/site
 fi
 if [ "$stage" != ncu ] && [ "$stage" != engine_bench ] && [ "$stage" != engine_ab ] && [ "$stage" != dq_writers ] && [ "$stage" != first ] && \
-   [ "$stage" != first2 ]; then
+   [ "$stage" != first2 ] && [ "$stage" != fa3_bench ]; then
   $py -m cupy_dash compile --all -j 16 >/tmp/compile.log 2>&1 || { tail -20 /tmp/compile.log; exit 1; }
   tail -1 /tmp/compile.log
 fi
@@ -205,6 +205,17 @@ if [ "$stage" = dq_writers ]; then   # two dQ writer warps (default) against one
       | grep -E "^\| cupy_dash bwd" | head -4 | sed "s/^/W=$w /"
   done
   (cd /tmp/dw && tar czf "$OUT/dq_writers.tgz" *.json *.log)
+fi
+if [ "$stage" = fa3_bench ]; then   # the engine issue's benchmark, FA3 in the same call (FA3_WHL=1), every schedule
+  mkdir -p /tmp/fb
+  common=(--no-torch --no-overhead --no-compile --repeats 20 --warmup 3 --input-sets 1)
+  timeout 215 $py benchmarks/bench.py --hdims 128 --masks full --seqlens 1280 3840 15360 "${common[@]}" \
+    --out /tmp/fb/d128_full.json 2>&1 | tee /tmp/fb/d128_full.log | grep -E "^\| (cupy_dash|fa3) bwd" | head -8
+  timeout 185 $py benchmarks/bench.py --hdims 128 --masks causal --seqlens 2048 8192 16384 "${common[@]}" \
+    --out /tmp/fb/d128_causal.json 2>&1 | tee /tmp/fb/d128_causal.log | grep -E "^\| (cupy_dash|fa3) bwd" | head -8
+  timeout 130 $py benchmarks/bench.py --hdims 64 --masks full causal --seqlens 1024 4096 16384 "${common[@]}" \
+    --no-fa3 --out /tmp/fb/d64.json 2>&1 | tee /tmp/fb/d64.log | grep -E "^\| cupy_dash bwd" | head -8
+  (cd /tmp/fb && tar czf "$OUT/fa3_bench.tgz" *)
 fi
 # "first" and "first2": the riskiest untested changes, each bounded (worst cases under the 600 s of a call); logs
 # in first.tgz / first2.tgz

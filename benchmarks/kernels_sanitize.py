@@ -52,8 +52,9 @@ def _varlen(rng, case) -> bool:
     cu_k = np.concatenate([[0], np.cumsum(lens_k)]).astype(np.int32)
     q, do = _randn(rng, (int(cu_q[-1]), H, D)), _randn(rng, (int(cu_q[-1]), H, D))
     k, v = _randn(rng, (int(cu_k[-1]), Hkv, D)), _randn(rng, (int(cu_k[-1]), Hkv, D))
-    args = (cu_q, cu_k, max(lens_q), max(lens_k))
-    out, lse = cupy_dash.attention_forward_varlen(q, k, v, *args, causal=causal)
+    args = (cu_q, cu_k, max(lens_q), max(lens_k))   # host cu_seqlens: the backward reads them on the host
+    dev_args = (cupy.asarray(cu_q), cupy.asarray(cu_k)) + args[2:]   # the forward takes them on q's device
+    out, lse = cupy_dash.attention_forward_varlen(q, k, v, *dev_args, causal=causal)
     runs = [cupy_dash.attention_backward_varlen(do, q, k, v, out, lse, *args, causal=causal, deterministic=det)
             for _ in range(2)]
     cupy_dash.check_errors()
