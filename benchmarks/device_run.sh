@@ -2,7 +2,7 @@
 # One device run on the H200: install, compile, GPU tests, demo, benchmarks; every log under $OUT.
 #   bash benchmarks/device_run.sh [smoke|fwd|tests|bench|integration|long|gqa|varlen_bench|long1m|varlen_step|
 #                                  fold|fold_bench|varlen_events|sanitize|ncu|engine|engine_bench|dq_stages|
-#                                  engine_ab|dq_writers|multi_gpu|first|first2|fa3_bench|tests2|all]
+#                                  engine_ab|dq_writers|multi_gpu|first|first2|fa3_bench|fa3_full|tests2|all]
 #                                  [extra pytest args...]
 # "engine": the backward kernel's GPU tests (every family: MHA, GQA, compact, varlen, fold, window, portable);
 # "engine_bench": the backward at the shapes, this tree against the kernels in .ab/kernels_src (an older
@@ -26,7 +26,7 @@ if [ -n "${FA3_WHL:-}" ]; then
   $py -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >"$OUT/fa3_install.log" 2>&1 && export PYTHONPATH=/tmp/site
 fi
 if [ "$stage" != ncu ] && [ "$stage" != engine_bench ] && [ "$stage" != engine_ab ] && [ "$stage" != dq_writers ] && [ "$stage" != first ] && \
-   [ "$stage" != first2 ] && [ "$stage" != fa3_bench ]; then
+   [ "$stage" != first2 ] && [ "$stage" != fa3_bench ] && [ "$stage" != fa3_full ]; then
   $py -m cupy_dash compile --all -j 16 >/tmp/compile.log 2>&1 || { tail -20 /tmp/compile.log; exit 1; }
   tail -1 /tmp/compile.log
 fi
@@ -216,6 +216,23 @@ if [ "$stage" = fa3_bench ]; then   # the engine issue's benchmark, FA3 in the s
   timeout 130 $py benchmarks/bench.py --hdims 64 --masks full causal --seqlens 1024 4096 16384 "${common[@]}" \
     --no-fa3 --out /tmp/fb/d64.json 2>&1 | tee /tmp/fb/d64.log | grep -E "^\| cupy_dash bwd" | head -8
   (cd /tmp/fb && tar czf "$OUT/fa3_bench.tgz" *)
+fi
+if [ "$stage" = fa3_full ]; then   # full mask beside FA3 (15360 tokens: 1280 / 3840 / 15360 divide it), softcap cost,
+  mkdir -p /tmp/ff                   # the two-writer timeline, varlen under the sanitizer
+  common=(--no-torch --no-overhead --no-compile --repeats 20 --warmup 3 --input-sets 1)
+  timeout 200 $py benchmarks/bench.py --hdims 128 --masks full --seqlens 1280 3840 15360 --tokens 15360 "${common[@]}" \
+    --out /tmp/ff/d128_full.json 2>&1 | tee /tmp/ff/d128_full.log | grep -E "^\| (cupy_dash|fa3|FA3).*bwd" | head -9
+  for cap in 0 50; do
+    timeout 80 $py benchmarks/bench.py --hdims 64 128 --masks full causal --seqlens 4096 16384 --schedules auto atomic \
+      --softcap $cap --no-fa3 "${common[@]}" --out /tmp/ff/softcap$cap.json >/tmp/ff/softcap$cap.log 2>&1
+    grep -E "^\| cupy_dash" /tmp/ff/softcap$cap.md | head -6 | sed "s/^/cap=$cap /"
+  done
+  timeout 70 $py benchmarks/timeline.py --shapes 128:causal:16384 --policies symmetric_shift \
+    --out /tmp/ff/timelines.npz >/tmp/ff/timeline.log 2>&1; tail -8 /tmp/ff/timeline.log
+  san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  timeout 140 "$san" --tool synccheck --error-exitcode 3 $py benchmarks/kernels_sanitize.py >/tmp/ff/synccheck.log 2>&1
+  echo "synccheck rc=$? $(grep -c OK /tmp/ff/synccheck.log) OK, $(tail -1 /tmp/ff/synccheck.log)"
+  (cd /tmp/ff && tar czf "$OUT/fa3_full.tgz" *.json *.md *.log)
 fi
 # "first" and "first2": the riskiest untested changes, each bounded (worst cases under the 600 s of a call); logs
 # in first.tgz / first2.tgz
