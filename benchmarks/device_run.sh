@@ -2,7 +2,7 @@
 # One device run on the H200: install, compile, GPU tests, demo, benchmarks; every log under $OUT.
 #   bash benchmarks/device_run.sh [smoke|fwd|tests|bench|integration|long|gqa|varlen_bench|long1m|varlen_step|
 #                                  fold|fold_bench|varlen_events|sanitize|ncu|engine|engine_bench|dq_stages|
-#                                  engine_ab|dq_writers|multi_gpu|first|first2|fa3_bench|fa3_full|tests2|all]
+#                                  engine_ab|dq_writers|multi_gpu|first|first2|fa3_bench|fa3_full|final|tests2|all]
 #                                  [extra pytest args...]
 # "engine": the backward kernel's GPU tests (every family: MHA, GQA, compact, varlen, fold, window, portable);
 # "engine_bench": the backward at the shapes, this tree against the kernels in .ab/kernels_src (an older
@@ -26,7 +26,7 @@ if [ -n "${FA3_WHL:-}" ]; then
   $py -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >"$OUT/fa3_install.log" 2>&1 && export PYTHONPATH=/tmp/site
 fi
 if [ "$stage" != ncu ] && [ "$stage" != engine_bench ] && [ "$stage" != engine_ab ] && [ "$stage" != dq_writers ] && [ "$stage" != first ] && \
-   [ "$stage" != first2 ] && [ "$stage" != fa3_bench ] && [ "$stage" != fa3_full ]; then
+   [ "$stage" != first2 ] && [ "$stage" != fa3_bench ] && [ "$stage" != fa3_full ] && [ "$stage" != final ]; then
   $py -m cupy_dash compile --all -j 16 >/tmp/compile.log 2>&1 || { tail -20 /tmp/compile.log; exit 1; }
   tail -1 /tmp/compile.log
 fi
@@ -255,6 +255,25 @@ if [ "$stage" = first2 ]; then
   t transformers 240 $py -m pytest tests/gpu/test_gpu_transformers.py -q -rf --maxfail=5 -p no:cacheprovider
   t training_graphs 240 $py -m pytest tests/gpu/test_gpu_training_graphs.py -q -rf --maxfail=5 -p no:cacheprovider
   (cd /tmp/first && tar czf "$OUT/first2.tgz" *.log)
+fi
+if [ "$stage" = final ]; then   # the capture fix and the transformers test re-run, an ncu pair, more of the GPU suite
+  mkdir -p /tmp/first
+  t graphs 150 $py -m pytest tests/gpu/test_gpu_training_graphs.py tests/gpu/test_gpu_transformers.py -q -rf \
+    -p no:cacheprovider -k "varlen or bitwise or captured"
+  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | tail -1)
+  for impl in ours fa3; do
+    kern=dash_bwd_main; [ $impl = fa3 ] && kern=regex:FlashAttnBwdSm90
+    timeout 80 "$ncu" --profile-from-start off --clock-control none --set full --import-source no \
+      --kernel-name-base demangled -k "$kern" -c 1 -f -o /tmp/first/${impl}_causal8k $py benchmarks/ncu_bwd.py \
+      --impl $impl --causal --seqlen 8192 --batch 2 >/tmp/first/ncu_$impl.log 2>&1
+    echo "ncu $impl rc=$?"
+    "$ncu" -i /tmp/first/${impl}_causal8k.ncu-rep --page details --csv >/tmp/first/${impl}_causal8k.details.log 2>&1
+    "$ncu" -i /tmp/first/${impl}_causal8k.ncu-rep --page raw --csv >/tmp/first/${impl}_causal8k.raw.log 2>&1
+  done
+  t rest 200 $py -m pytest tests/gpu/test_gpu_window.py tests/gpu/test_gpu_torch_ops.py tests/gpu/test_gpu_varlen.py \
+    tests/gpu/test_gpu_gqa.py tests/gpu/test_gpu_jax_jit.py tests/gpu/test_gpu_forward.py -q -rf --maxfail=10 \
+    -p no:cacheprovider
+  (cd /tmp/first && tar czf "$OUT/final.tgz" *.log)
 fi
 if [ "$stage" = varlen_step ]; then   # a new packing's host cost per training step (decisions/table-forms.md)
   timeout 60 $py benchmarks/varlen_plan_cpu.py --packings 200 2>&1 | tee "$OUT/varlen_plan_cpu.txt"

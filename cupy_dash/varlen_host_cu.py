@@ -9,7 +9,10 @@ by then) instead of synchronizing.
 
 NOTES: an entry serves a backward only for the very tensor object the forward saw (a weak reference) with the same
 address and the same torch version counter (an in-place change bumps it), so reused memory or a modified tensor
-never gets another tensor's lengths. torch tensors only (CuPy arrays have no version counter: their backward copies
+never gets another tensor's lengths. The first lookup waits for the copy's event and keeps the lengths; later ones (a
+CUDA graph capture among them, where no wait is allowed) read them without waiting. During capture nothing is
+enqueued (a captured copy would only run at replay) and a copy not yet waited for is not waited for: the lookup
+misses. torch tensors only (CuPy arrays have no version counter: their backward copies
 as before; JAX passes host lengths).
 """
 from __future__ import annotations
@@ -22,6 +25,8 @@ import cupy
 import cupyx
 import numpy as np
 
+from . import interop
+
 _MAX_ENTRIES = 64
 _lock = threading.Lock()
 _entries: "collections.OrderedDict" = collections.OrderedDict()
@@ -29,7 +34,7 @@ _stats = {"hits": 0, "misses": 0}
 
 
 class _Entry:
-    __slots__ = ("ref", "version", "host", "event")
+    __slots__ = ("ref", "version", "host", "event", "lengths")
 
 
 def remember(cu, info, ptr: int, stream) -> None:
@@ -46,8 +51,10 @@ def remember(cu, info, ptr: int, stream) -> None:
         ref = weakref.ref(cu)
     except TypeError:
         return
+    if interop.capturing(cu):
+        return
     e = _Entry()
-    e.ref, e.version = ref, cu._version
+    e.ref, e.version, e.lengths = ref, cu._version, None
     e.host = cupyx.empty_pinned(info.shape[0], dtype=np.int32)
     rt = cupy.cuda.runtime
     rt.memcpyAsync(e.host.ctypes.data, ptr, e.host.nbytes, rt.memcpyDeviceToHost, stream.ptr)
@@ -61,8 +68,8 @@ def remember(cu, info, ptr: int, stream) -> None:
 
 
 def lookup(cu, info, ptr: int):
-    """The host int64 copy of ``cu`` that a forward took (after waiting for it), or None when there is none for
-    this very tensor, address and version."""
+    """The host int64 copy of ``cu`` that a forward took (after waiting for it, the first time), or None when there
+    is none for this very tensor, address and version, or when it was never waited for and the stream captures."""
     if info.framework != "torch":
         return None
     with _lock:
@@ -70,9 +77,14 @@ def lookup(cu, info, ptr: int):
     if e is None or e.ref() is not cu or e.version != cu._version:
         _stats["misses"] += 1
         return None
-    e.event.synchronize()
+    if e.lengths is None:
+        if interop.capturing(cu):
+            _stats["misses"] += 1
+            return None
+        e.event.synchronize()
+        e.lengths = e.host.astype(np.int64)
     _stats["hits"] += 1
-    return e.host.astype(np.int64)
+    return e.lengths.copy()
 
 
 def stats() -> dict:

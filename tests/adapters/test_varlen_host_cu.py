@@ -109,3 +109,22 @@ def test_an_unchanged_tensor_is_copied_once(fake_cuda):
     cu._version += 1                                         # changed in place: copied again
     varlen_host_cu.remember(cu, _info(3), 0x6000, types.SimpleNamespace(ptr=0))
     assert len(events) == 2 and varlen_host_cu.lookup(cu, _info(3), 0x6000).tolist() == [0, 4, 8]
+
+
+def test_capture_reads_a_waited_copy_and_never_waits(fake_cuda, monkeypatch):
+    """Under CUDA graph capture (reduce-overhead's recording run after its eager warm-up) no wait is allowed: a copy
+    that an eager lookup already waited for is served without waiting; one never waited for misses; nothing new
+    is enqueued."""
+    device, events = fake_cuda
+    waited, fresh = FakeTensor([0, 3, 7]), FakeTensor([0, 1, 7])
+    device[0x7000], device[0x8000] = waited.values, fresh.values
+    for cu, ptr in ((waited, 0x7000), (fresh, 0x8000)):
+        varlen_host_cu.remember(cu, _info(3), ptr, types.SimpleNamespace(ptr=0))
+    assert varlen_host_cu.lookup(waited, _info(3), 0x7000).tolist() == [0, 3, 7] and events[0].synced == 1
+    monkeypatch.setattr(varlen_host_cu.interop, "capturing", lambda x: True)
+    assert varlen_host_cu.lookup(waited, _info(3), 0x7000).tolist() == [0, 3, 7] and events[0].synced == 1
+    assert varlen_host_cu.lookup(fresh, _info(3), 0x8000) is None and events[1].synced == 0
+    new = FakeTensor([0, 2, 7])
+    device[0x9000] = new.values
+    varlen_host_cu.remember(new, _info(3), 0x9000, types.SimpleNamespace(ptr=0))
+    assert len(events) == 2

@@ -168,7 +168,7 @@ def test_outputs_and_gradients_match_sdpa(model, layout):
 
 
 def _train(model_name, steps, seed=0):
-    """A few AdamW steps on a causal LM head, alternating padded and packed batches: (losses, weights)."""
+    """A few AdamW steps on a causal LM head, one set of sequences in turn padded and packed: (losses, weights)."""
     config = _config(model_name)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="cupy_dash")
@@ -176,7 +176,7 @@ def _train(model_name, steps, seed=0):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     losses = []
     for step in range(steps):
-        seqs = _sequences(seed=100 + step)
+        seqs = _sequences(seed=100)
         batch = _padded(seqs, "right") if step % 2 == 0 else _packed(seqs, flash_kwargs=step % 4 == 3)
         labels = batch["input_ids"].masked_fill(~_valid(batch), -100)
         loss = model(**batch, labels=labels, use_cache=False).loss
@@ -191,10 +191,11 @@ def _train(model_name, steps, seed=0):
 def test_two_trainings_are_bitwise_identical(model):
     losses_a, weights_a = _train(model, steps=6)
     losses_b, weights_b = _train(model, steps=6)
-    assert torch.isfinite(losses_a).all() and losses_a[-1] < losses_a[0]
     assert torch.equal(losses_a.view(torch.int32), losses_b.view(torch.int32)), (losses_a, losses_b)
     for a, b in zip(weights_a, weights_b):
         assert torch.equal(a.view(torch.int16), b.view(torch.int16))
+    # it learns: steps 0 and 4 are the same padded batch (random tokens: only memorising them lowers the loss)
+    assert torch.isfinite(losses_a).all() and losses_a[4] < losses_a[0], losses_a
 
 
 def _tiny_llama(**overrides):
