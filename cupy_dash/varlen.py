@@ -335,8 +335,10 @@ def attention_backward_varlen(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
             return result
     capturing = interop.capturing(q)
     if capturing:
-        raise RuntimeError("cupy_dash: the varlen backward builds its schedule table from the lengths on every "
-                           "call, which cannot happen during CUDA graph capture")
+        raise RuntimeError("cupy_dash: the varlen backward builds its schedule table from the lengths on the host, "
+                           "and during CUDA graph capture device cu_seqlens can be read only if an eager call "
+                           "already took their host copy: pass host cu_seqlens, or keep the device ones in place "
+                           "(a module buffer, not a tensor that the graph copies) and run one eager step first")
     _poll_errors()
     causal = api._check_flag("causal", causal)
     deterministic = api._check_flag("deterministic", deterministic)

@@ -255,7 +255,7 @@ def test_jitted_train_step_is_reproducible_and_prepares_once(mechanism):
 # ----------------------------------------------------------------------------------------------------------------
 def test_semaphore_timeout_in_compiled_call_is_reported_by_check_errors(monkeypatch):
     monkeypatch.setenv("CUPY_DASH_JAX_FFI", "0")                 # the callback reads the tables it is given
-    from cupy_dash import schedule as sched
+    from cupy_dash import device_tables
     case = Case(64, False, seqlen_q=512, seqlen_k=512, heads=2, heads_kv=2, batch=1)
     q, k, v, dout = make(case, salt="timeout")
     out, lse = cupy_dash.attention_forward(q, k, v)
@@ -278,8 +278,9 @@ def test_semaphore_timeout_in_compiled_call_is_reported_by_check_errors(monkeypa
     try:
         import cupy
         with cupy.cuda.Device(dev):
-            launch.tables = sched.upload(bad, case.batch * case.heads, -(-case.seqlen_k // launch.block_n),
-                                         launch.num_m_blocks, dev)
+            launch.tables = device_tables.upload(bad, case.batch * case.heads, -(-case.seqlen_k // launch.block_n),
+                                                 launch.num_m_blocks, dev, cupy.cuda.get_current_stream(), wait=True)
+            cupy.cuda.get_current_stream().synchronize()
         launch.spin_timeout_ns = 200_000_000
         jax.block_until_ready(backward(dout, q, k, v, out, lse))
         with pytest.raises(RuntimeError, match="jax.jit-compiled call") as info:

@@ -4,7 +4,9 @@ two transformer blocks (q / kv / o projections around ``cupy_dash.torch.attentio
 mode="reduce-overhead", fullgraph=True)``, then ``loss.backward()`` and an AdamW step, six steps from a fresh
 process state of the shape (no eager call of it before); and one training step captured by hand with
 ``torch.cuda.graph`` after one eager step. Each runs twice from one seed: every loss and the final weights must be
-bitwise equal, with no CUDA-graph skip. MHA and GQA (4:2), causal and full, head dim 64. Skipped without a Hopper
+bitwise equal, with no CUDA-graph skip. MHA and GQA (4:2), causal and full, head dim 64. The fixed packing's
+cu_seqlens is a module buffer (a static input of the graphs: the recording run's backward reads the host copy its
+warm-up took; a copied input could not be read on the host during capture). Skipped without a Hopper
 GPU and torch with CUDA."""
 from __future__ import annotations
 
@@ -29,7 +31,9 @@ class Block(nn.Module):
 
     def __init__(self, heads, kv_heads, causal, cu=None, longest=None):
         super().__init__()
-        self.heads, self.kv_heads, self.causal, self.cu, self.longest = heads, kv_heads, causal, cu, longest
+        self.heads, self.kv_heads, self.causal, self.longest = heads, kv_heads, causal, longest
+        # a buffer: CUDA graphs keep it in place, so the backward finds the lengths its eager warm-up copied
+        self.register_buffer("cu", cu, persistent=False)
         self.q = nn.Linear(DIM, heads * HEAD_DIM, bias=False)
         self.kv = nn.Linear(DIM, 2 * kv_heads * HEAD_DIM, bias=False)
         self.o = nn.Linear(heads * HEAD_DIM, DIM, bias=False)
