@@ -7,9 +7,11 @@ tensors to the forward and to its backward, so the forward enqueues an asynchron
 memory, after the work that produced them, and the backward takes that copy (waiting on its event, long finished
 by then) instead of synchronizing.
 
-NOTES: an entry serves a backward only for the very tensor object the forward saw (a weak reference) with the same
-address and the same torch version counter (an in-place change bumps it), so reused memory or a modified tensor
-never gets another tensor's lengths. The first lookup waits for the copy's event and keeps the lengths; later ones (a
+NOTES: an entry serves a backward only for the tensor the forward saw, or an alias of it (autograd's saved tensors
+and compiled graphs hand the backward another Python object over the same memory), at the same address and torch
+version: while the forward's tensor lives (a weak reference), no other tensor can own its address, and aliases
+share its version counter (an in-place change bumps it); so reused memory or a modified tensor never gets another
+tensor's lengths. The first lookup waits for the copy's event and keeps the lengths; later ones (a
 CUDA graph capture among them, where no wait is allowed) read them without waiting. During capture nothing is
 enqueued (a captured copy would only run at replay) and a copy not yet waited for is not waited for: the lookup
 misses. torch tensors only (CuPy arrays have no version counter: their backward copies
@@ -37,6 +39,17 @@ class _Entry:
     __slots__ = ("ref", "version", "host", "event", "lengths")
 
 
+def _serves(e, cu, ptr) -> bool:
+    """Whether entry ``e`` holds the lengths of ``cu`` at ``ptr``: the remembered tensor (or an alias of it, same
+    address and shape) is alive and unchanged since its copy."""
+    if e is None:
+        return False
+    seen = e.ref()
+    if seen is None or e.version != cu._version or seen._version != e.version:
+        return False
+    return seen is cu or (seen.data_ptr() == ptr and tuple(seen.shape) == tuple(cu.shape))
+
+
 def remember(cu, info, ptr: int, stream) -> None:
     """Enqueue on ``stream`` (current device: the tensor's) a copy of the device int32 ``cu`` (``info``: its
     :class:`cupy_dash.interop.TensorInfo`, ``ptr`` its address) to pinned host memory, for :func:`lookup`."""
@@ -45,7 +58,7 @@ def remember(cu, info, ptr: int, stream) -> None:
     key = (ptr, info.device_id)
     with _lock:
         e = _entries.get(key)
-    if e is not None and e.ref() is cu and e.version == cu._version:
+    if _serves(e, cu, ptr):
         return          # this very tensor, unchanged since its copy was enqueued: the copy still holds
     try:
         ref = weakref.ref(cu)
@@ -74,7 +87,7 @@ def lookup(cu, info, ptr: int):
         return None
     with _lock:
         e = _entries.get((ptr, info.device_id))
-    if e is None or e.ref() is not cu or e.version != cu._version:
+    if not _serves(e, cu, ptr):
         _stats["misses"] += 1
         return None
     if e.lengths is None:

@@ -12,11 +12,29 @@ from cupy_dash import varlen_host_cu
 
 
 class FakeTensor:
-    """What the module reads of a torch tensor: weak-referenceable, with a version counter."""
+    """What the module reads of a torch tensor: weak-referenceable, with an address, a shape and a version counter
+    (``alias_of``: another Python object over the same memory, sharing its version, as autograd's saved tensors)."""
 
-    def __init__(self, values):
+    def __init__(self, values, ptr=0, alias_of=None):
         self.values = np.asarray(values, np.int32)
-        self._version = 0
+        self.shape = self.values.shape
+        self._ptr = ptr
+        self._of = alias_of
+        self._own_version = 0
+
+    @property
+    def _version(self):
+        return self._of._version if self._of is not None else self._own_version
+
+    @_version.setter
+    def _version(self, value):
+        if self._of is not None:
+            self._of._version = value
+        else:
+            self._own_version = value
+
+    def data_ptr(self):
+        return self._ptr
 
 
 @pytest.fixture
@@ -61,11 +79,13 @@ def test_the_backward_gets_the_forwards_copy(fake_cuda):
 
 def test_other_tensors_versions_and_frameworks_fall_back(fake_cuda):
     device, _ = fake_cuda
-    cu = FakeTensor([0, 5, 9])
+    cu = FakeTensor([0, 5, 9], ptr=0x2000)
     device[0x2000] = cu.values
     varlen_host_cu.remember(cu, _info(3), 0x2000, types.SimpleNamespace(ptr=0))
-    other = FakeTensor([0, 5, 9])                            # same address, another tensor (memory reused)
-    assert varlen_host_cu.lookup(other, _info(3), 0x2000) is None
+    elsewhere = FakeTensor([0, 5, 9], ptr=0x2400)            # equal values, another tensor
+    assert varlen_host_cu.lookup(elsewhere, _info(3), 0x2400) is None
+    shorter = FakeTensor([0, 5], ptr=0x2000, alias_of=cu)    # a view of another shape
+    assert varlen_host_cu.lookup(shorter, _info(2), 0x2000) is None
     assert varlen_host_cu.lookup(cu, _info(3), 0x3000) is None                 # another address
     assert varlen_host_cu.lookup(cu, _info(3, device_id=1), 0x2000) is None    # another device
     cu._version += 1                                                           # modified in place
@@ -73,6 +93,21 @@ def test_other_tensors_versions_and_frameworks_fall_back(fake_cuda):
     cupy_like = FakeTensor([0, 5, 9])
     varlen_host_cu.remember(cupy_like, _info(3, "cupy"), 0x4000, types.SimpleNamespace(ptr=0))
     assert varlen_host_cu.lookup(cupy_like, _info(3, "cupy"), 0x4000) is None
+
+
+def test_an_alias_is_served_until_a_change(fake_cuda):
+    """The backward's cu_seqlens is often another Python object over the forward's memory (a saved tensor)."""
+    device, events = fake_cuda
+    cu = FakeTensor([0, 6, 9], ptr=0x2800)
+    device[0x2800] = cu.values
+    varlen_host_cu.remember(cu, _info(3), 0x2800, types.SimpleNamespace(ptr=0))
+    saved = FakeTensor([0, 6, 9], ptr=0x2800, alias_of=cu)
+    assert varlen_host_cu.lookup(saved, _info(3), 0x2800).tolist() == [0, 6, 9]
+    varlen_host_cu.remember(saved, _info(3), 0x2800, types.SimpleNamespace(ptr=0))
+    assert len(events) == 1                                  # the alias's forward does not copy again
+    saved._version += 1                                      # changed in place through the alias
+    assert varlen_host_cu.lookup(saved, _info(3), 0x2800) is None
+    assert varlen_host_cu.lookup(cu, _info(3), 0x2800) is None
 
 
 def test_a_freed_tensor_is_not_served(fake_cuda):
