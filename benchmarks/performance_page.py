@@ -92,10 +92,17 @@ def _experiment(report) -> dict:
     return dict(meta.get("env") or {}, **extra)
 
 
+EXPERIMENTS = "experiments"   # benchmarks/results/experiments/: A/B legs, the default leg too (evidence, not tables)
+
+
+def _is_experiment(path: str, report) -> bool:
+    return bool(_experiment(report)) or f"/{EXPERIMENTS}/" in f"/{path}"
+
+
 def render(results: Path = RESULTS) -> str:
     reports = load_reports(results)
-    experiments = [(p, r) for p, r in reports if _experiment(r)]
-    reports = [(p, r) for p, r in reports if not _experiment(r)]
+    experiments = [(p, r) for p, r in reports if _is_experiment(p, r)]
+    reports = [(p, r) for p, r in reports if not _is_experiment(p, r)]
     newest, earlier = {}, {}
     for path, report in reports:                  # oldest first: later reports replace earlier ones
         for key in {_key(c) for c in report["configs"]}:
@@ -137,11 +144,12 @@ def render(results: Path = RESULTS) -> str:
             lines.append("")
     if experiments:
         lines += ["## Experiments", "",
-                  "Reports measured with a non-default setting (`docs/configuration.md`), kept as the evidence of "
-                  "the decision records; not the tables above.", "",
+                  "Reports measured with a non-default setting (`docs/configuration.md`), and the legs of A/B "
+                  f"comparisons kept in `benchmarks/results/{EXPERIMENTS}/` (the default leg too): the evidence of "
+                  "the decision records, not the tables above.", "",
                   "| report | date | settings | measured |", "|---|---|---|---|"]
         for path, report in reversed(experiments):
-            settings = ", ".join(f"`{k}={v}`" for k, v in sorted(_experiment(report).items()))
+            settings = ", ".join(f"`{k}={v}`" for k, v in sorted(_experiment(report).items())) or "default"
             names = bench_report._row_keys(report["configs"])
             lines.append(f"| {_link(path)} | {report['meta'].get('date', '?')} | {settings} | {_measured(names)} |")
         lines.append("")
