@@ -6,12 +6,15 @@ Face transformers and the framework-neutral ``cupy_dash.attention``), and the co
 API, launches, kernels, schedules). The core never imports an adapter or the command line, not even inside a
 function; an adapter never imports the command line. Module-level imports form no cycle. An import inside a function may
 close a cycle only where it is one of ``FACADE_IMPORTS``: each is a deliberate late binding, named here so that
-the list can only shrink. CPU only.
+the list can only shrink. Modules are named by their dotted names under ``cupy_dash`` (a package by its
+``__init__.py``); the Cython modules take part through their ``import`` and ``cimport`` lines. CPU only.
 """
 from __future__ import annotations
 
 import ast
+import functools
 import pathlib
+import re
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "cupy_dash"
 
@@ -20,39 +23,85 @@ ADAPTERS = {"torch", "torch_ops", "torch_varlen", "jax", "jax_ops", "jax_varlen"
 
 # (importer, imported): imports inside functions that close a cycle, each a late binding on purpose.
 FACADE_IMPORTS = {
-    ("schedule", "compact"),          # schedule re-exports the compact builders (CompactSchedule, build_compact)
-    ("portable", "schedule"),         # portable checks its plan argument with schedule's checker
-    ("fastpath_varlen", "varlen"),    # a torch new packing reuses varlen's checks and launch builder
-    ("jax_ops", "_jax_ffi"),          # the C handler is a mechanism picked per call, loaded on use
+    # schedule re-exports the compact builders (CompactSchedule, build_compact)
+    ("cupy_dash.schedule", "cupy_dash.compact"),
+    # portable checks its plan argument with schedule's checker
+    ("cupy_dash.portable", "cupy_dash.schedule"),
+    # a torch new packing reuses varlen's checks and launch builder
+    ("cupy_dash.fastpath_varlen", "cupy_dash.varlen"),
+    # the C handler is a mechanism picked per call, loaded on use
+    ("cupy_dash.jax_ops", "cupy_dash._jax_ffi"),
 }
+
+_CYTHON_IMPORT = re.compile(r"^(?:from\s+([\w.]+)\s+c?import|c?import\s+([\w.]+))", re.M)
+
+
+@functools.lru_cache(maxsize=1)
+def _sources() -> dict:
+    """Dotted module name (``cupy_dash``, ``cupy_dash.api``, ...) -> its source file: every .py and .pyx
+    module, and the .pxd files that have no .pyx (cimported only)."""
+    found = {}
+    for path in sorted(PACKAGE.rglob("*")):
+        if path.suffix not in (".py", ".pyx", ".pxd") or "__pycache__" in path.parts:
+            continue
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        if path.suffix != ".pxd" or name not in found:
+            found[name] = path
+    return found
 
 
 def _modules() -> list[str]:
-    return sorted(p.stem for p in PACKAGE.glob("*.py"))
+    return sorted(_sources())
+
+
+def _is_package(module: str) -> bool:
+    return _sources()[module].name == "__init__.py"
+
+
+def _resolve(dotted: str) -> list[str]:
+    """The package's modules that importing ``dotted`` (an absolute name) runs: the module and the packages
+    above it, innermost first ([] outside cupy_dash)."""
+    parts = dotted.split(".")
+    return [n for n in (".".join(parts[:i]) for i in range(len(parts), 0, -1)) if n in _sources()]
+
+
+def _targets(module: str, node) -> list[str]:
+    """The modules that the import statement ``node`` in ``module`` runs (``from p import m``: the module p.m
+    where there is one, else the names are p's)."""
+    if isinstance(node, ast.Import):
+        return [t for a in node.names for t in _resolve(a.name)]
+    if node.level:
+        here = module.split(".")
+        base = here if _is_package(module) else here[:-1]
+        base = base[:len(base) - (node.level - 1)]
+        stem = ".".join(base + ([node.module] if node.module else []))
+    else:
+        stem = node.module
+    return [t for a in node.names for t in _resolve(f"{stem}.{a.name}")] + _resolve(stem)
 
 
 def _imports(module: str) -> tuple[set, set]:
-    """(module-level, in-function) imports of other cupy_dash modules by ``module``."""
-    names = set(_modules())
+    """(module-level, in-function) imports of other cupy_dash modules by ``module``, including the packages that
+    an import runs on the way (``cupy_dash.a.b`` runs ``cupy_dash.a``), less ``module``'s own packages."""
+    path = _sources()[module]
+    own = set(_resolve(module))
     top, late = set(), set()
+    if path.suffix != ".py":
+        text = path.read_text()
+        for match in _CYTHON_IMPORT.finditer(text):
+            top.update(_resolve(match.group(1) or match.group(2)))
+        return top - own, set()
 
     def visit(node, in_function):
         for child in ast.iter_child_nodes(node):
             inner = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
-            found = set()
-            if isinstance(child, ast.ImportFrom):
-                if child.level == 1:
-                    found = {child.module.split(".")[0]} if child.module else {a.name for a in child.names}
-                elif child.module and child.module.split(".")[0] == "cupy_dash":
-                    parts = child.module.split(".")
-                    found = {parts[1]} if len(parts) > 1 else {a.name for a in child.names}
-            elif isinstance(child, ast.Import):
-                found = {a.name.split(".")[1] for a in child.names if a.name.startswith("cupy_dash.")}
-            (late if inner else top).update(n for n in found if n in names and n != module)
+            if isinstance(child, (ast.Import, ast.ImportFrom)):
+                (late if inner else top).update(_targets(module, child))
             visit(child, inner)
 
-    visit(ast.parse((PACKAGE / f"{module}.py").read_text()), False)
-    return top, late - top
+    visit(ast.parse(path.read_text()), False)
+    return top - own, late - top - own
 
 
 def _cycles(edges: dict) -> list[list[str]]:
@@ -87,13 +136,22 @@ def _cycles(edges: dict) -> list[list[str]]:
 
 
 def _layer(module: str) -> int:
-    if module == "__main__" or module.startswith("cli_"):
+    name = module.split(".", 1)[-1]
+    if name == "__main__" or name.startswith("cli_"):
         return 2
-    return 1 if module in ADAPTERS else 0
+    return 1 if name in ADAPTERS else 0
+
+
+def test_the_graph_sees_every_kind_of_import():
+    assert {"cupy_dash", "cupy_dash.api", "cupy_dash._schedule", "cupy_dash._heap"} <= set(_modules())
+    assert "cupy_dash._schedule" in _imports("cupy_dash.schedule")[0]
+    assert "cupy_dash._heap" in _imports("cupy_dash._schedule")[0]
+    assert "cupy_dash.compact" in _imports("cupy_dash.schedule")[1]
+    assert "cupy_dash.cli_schedule" in _imports("cupy_dash.__main__")[1]
 
 
 def test_adapters_listed_exist():
-    assert ADAPTERS <= set(_modules())
+    assert {f"cupy_dash.{m}" for m in ADAPTERS} <= set(_modules())
     assert {m for pair in FACADE_IMPORTS for m in pair} <= set(_modules())
 
 
