@@ -11,21 +11,21 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
-# _schedule builds the tables, _schedule_check validates and simulates them (both cimport the inline heap of
-# _heap.pxd, as _compact does); _varlen_sched builds and checks the compact (per-column) records of packed varlen
-# batches, _compact those of one problem and checks them, _compact_view and _varlen_view expand them and
-# compute what the kernel will compute per visit, _varlen_pack packs them in the byte layout uploaded; _records
+# cupy_dash.schedule: _schedule builds the tables, _schedule_check validates and simulates them (both cimport the
+# inline heap of _heap.pxd, as _compact does); _varlen_sched builds and checks the compact (per-column) records of
+# packed varlen batches, _compact those of one problem and checks them, _compact_view and _varlen_view expand them
+# and compute what the kernel will compute per visit, varlen_pack packs them in the byte layout uploaded; _records
 # holds the checks that every table of records shares (_records.pxd: the record layout and rule, _units.pxd: the
-# builders' shared inline code); _launch is every kernel launch (one cuLaunchKernel); _xla_ffi is
+# builders' shared inline code). _launch is every kernel launch (one cuLaunchKernel); _xla_ffi is
 # cupy_dash.jax's XLA FFI handler (xla_ffi.c).
-EXTENSIONS = [Extension("cupy_dash._schedule", ["cupy_dash/_schedule.pyx"]),
-              Extension("cupy_dash._records", ["cupy_dash/_records.pyx"]),
-              Extension("cupy_dash._schedule_check", ["cupy_dash/_schedule_check.pyx"]),
-              Extension("cupy_dash._compact", ["cupy_dash/_compact.pyx"]),
-              Extension("cupy_dash._compact_view", ["cupy_dash/_compact_view.pyx"]),
-              Extension("cupy_dash._varlen_sched", ["cupy_dash/_varlen_sched.pyx"]),
-              Extension("cupy_dash._varlen_view", ["cupy_dash/_varlen_view.pyx"]),
-              Extension("cupy_dash._varlen_pack", ["cupy_dash/_varlen_pack.pyx"]),
+EXTENSIONS = [Extension("cupy_dash.schedule._schedule", ["cupy_dash/schedule/_schedule.pyx"]),
+              Extension("cupy_dash.schedule._records", ["cupy_dash/schedule/_records.pyx"]),
+              Extension("cupy_dash.schedule._schedule_check", ["cupy_dash/schedule/_schedule_check.pyx"]),
+              Extension("cupy_dash.schedule._compact", ["cupy_dash/schedule/_compact.pyx"]),
+              Extension("cupy_dash.schedule._compact_view", ["cupy_dash/schedule/_compact_view.pyx"]),
+              Extension("cupy_dash.schedule._varlen_sched", ["cupy_dash/schedule/_varlen_sched.pyx"]),
+              Extension("cupy_dash.schedule._varlen_view", ["cupy_dash/schedule/_varlen_view.pyx"]),
+              Extension("cupy_dash.schedule.varlen_pack", ["cupy_dash/schedule/varlen_pack.pyx"]),
               Extension("cupy_dash._launch", ["cupy_dash/_launch.pyx"], libraries=["dl"]),
               Extension("cupy_dash._xla_ffi", ["cupy_dash/_xla_ffi.pyx", "cupy_dash/xla_ffi.c"],
                         depends=["cupy_dash/xla_ffi.h"], include_dirs=["cupy_dash"], libraries=["dl"],

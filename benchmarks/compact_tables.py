@@ -16,13 +16,14 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from cupy_dash import cli_compact, compact, schedule  # noqa: E402
+from cupy_dash import cli_compact, schedule  # noqa: E402
+from cupy_dash.schedule import compact, per_visit  # noqa: E402
 
 
 def clear_caches():
     compact._build_compact.cache_clear()
-    schedule._auto_choice.cache_clear()
-    schedule._build.cache_clear()
+    per_visit._auto_choice.cache_clear()
+    per_visit._build.cache_clear()
 
 
 def timed_build(policy, kw, repeat):

@@ -1,9 +1,9 @@
-"""Build time of compact varlen schedules (cupy_dash.varlen_schedule): 16k tokens in B random-length sequences
+"""Build time of compact varlen schedules (cupy_dash.schedule.varlen): 16k tokens in B random-length sequences
 (lengths summing to --tokens), every policy and auto, causal and full, for each GQA group size; median of
 --repeat calls after one warm-up, of the build, the validator, expand (the per-visit table of auto's plan, which
 the per-visit varlen backward reads) and the packing of the compact arrays as they are uploaded (records plus
-per-Q-tile column table, cupy_dash._varlen_pack) with their bytes. Host only (the upload, one pinned copy, needs a
-GPU).
+per-Q-tile column table, cupy_dash.schedule.varlen_pack) with their bytes. Host only (the upload, one pinned copy,
+needs a GPU).
 
     python benchmarks/varlen_tables.py [--tokens 16384] [--heads 16] [--batches 1 4 16 64] [--groups 1 4]
                                        [--repeat 50]
@@ -17,7 +17,8 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from cupy_dash import _varlen_pack, schedule  # noqa: E402
+from cupy_dash import schedule  # noqa: E402
+from cupy_dash.schedule import varlen_pack  # noqa: E402
 
 
 def lengths(tokens, batch, rng):
@@ -62,7 +63,7 @@ def main():
             plan = schedule.build_varlen("auto", lens, lens, **kw)
             check = median_ms(plan.validate, a.repeat)
             expand = median_ms(plan.expand, a.repeat)
-            pack = lambda: _varlen_pack.pack(  # noqa: E731
+            pack = lambda: varlen_pack.pack(  # noqa: E731
                 plan.records, plan.cta_columns, plan.cta_col_start, plan.seg_col_start, plan.n_first,
                 plan.num_m_blocks, plan.seqlens_q, plan.seqlens_k, a.heads // group, group, False)
             arrays = median_ms(pack, a.repeat)

@@ -32,10 +32,11 @@ import cupy
 import ml_dtypes
 import numpy as np
 
-from . import compact_device, config, device_tables, fastpath, interop, jit, kernels, launchers, tensormap
+from . import config, device_tables, fastpath, interop, jit, kernels, launchers, tensormap
 from .errors import (_acquire_slot, _graph_record, _keep_alive, _record_shared, check_errors,
                      poll_errors as _poll_errors)
 from . import schedule as _schedule
+from .schedule import compact_device
 
 __all__ = ["attention_forward", "attention_backward", "check_errors"]
 

@@ -1,13 +1,14 @@
 """``python -m cupy_dash schedule --compact`` (and any problem above ``CLI_MAX_SIMULATED_VISITS`` visits): the
 schedules of one problem from their compact records, in O(columns) time and memory: no per-visit table, no
-per-visit simulation (see cupy_dash.compact)."""
+per-visit simulation (see cupy_dash.schedule.compact)."""
 from __future__ import annotations
 
 import os
 import sys
 import time
 
-from . import compact, compact_device, schedule
+from . import schedule
+from .schedule import compact, compact_device
 
 CLI_MAX_SIMULATED_VISITS = 1 << 24    # above: the CLI analyses compact records (the per-visit tables need GBs)
 SCAN_STATS_VISITS = 1 << 26           # the windowed-count figures look at about this many visits (every k-th column)

@@ -9,7 +9,8 @@ import sys
 
 import numpy as np
 
-from . import compact, compact_device, schedule
+from . import schedule
+from .schedule import compact, compact_device
 from .cli_compact import CLI_MAX_SIMULATED_VISITS, analyse_compact, auto_line, print_compact
 
 POLICY_ORDER = ("fa3", "descending", "shift", "symmetric_shift")

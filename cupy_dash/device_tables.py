@@ -1,5 +1,5 @@
 """Schedule tables on the GPU: the one cache of the device-resident tables of every form, the one upload and the
-one eviction rule (the form is decided by :func:`cupy_dash.compact_device.table_form`).
+one eviction rule (the form is decided by :func:`cupy_dash.schedule.compact_device.table_form`).
 
 Forms, each cached by its host plan's key and device, ``_LIMITS[form]`` tables each (LRU): ``"visits"`` and
 ``"compact"`` (fixed length, :func:`fixed`), ``"varlen"`` (a packing's tables, :func:`cupy_dash.varlen_device.device`).
@@ -19,8 +19,9 @@ import cupy
 import cupyx
 import numpy as np
 
-from . import compact as _compact
-from . import compact_device, schedule
+from . import schedule
+from .schedule import compact as _compact
+from .schedule import compact_device
 from .errors import _keep_alive, stream_device
 
 _LIMITS = {"visits": 64, "compact": 8, "varlen": 16}   # tables kept per form (LRU)
@@ -95,7 +96,7 @@ def fixed(compact_tables, policy, seqlen_q, seqlen_k, block_m, block_n, num_head
     """The tables of one fixed-length problem on one device (num_heads = B * H query heads, group_size = H // Hkv,
     window (left, right) in schedule.canonical_window form): per-visit :class:`DeviceTables` (host plans cached
     here by shape and window, LRU), or with ``compact_tables`` the compact_device.CompactDeviceTables of
-    :func:`cupy_dash.compact.build_compact`'s records (host plans cached there; ``"auto"`` is
+    :func:`cupy_dash.schedule.compact.build_compact`'s records (host plans cached there; ``"auto"`` is
     compact_device.KERNEL_AUTO). Device tables are cached by ``(plan.key, device)`` (:func:`cached`, done: a miss
     synchronizes ``stream`` once; later calls may use them on any stream). ``capture``: as :func:`cached`."""
     args = dict(seqlen_q=seqlen_q, seqlen_k=seqlen_k, block_m=block_m, block_n=block_n, num_heads=num_heads,
@@ -137,8 +138,8 @@ def upload(plan, num_heads: int, n_blocks: int, m_blocks: int, device_id: int, s
 
 
 def upload_compact(plan, device_id: int, stream, wait=False):
-    """:func:`cupy_dash.compact_device.device_arrays` of ``plan`` as a
-    :class:`cupy_dash.compact_device.CompactDeviceTables` on device ``device_id`` (whatever the current device
+    """:func:`cupy_dash.schedule.compact_device.device_arrays` of ``plan`` as a
+    :class:`cupy_dash.schedule.compact_device.CompactDeviceTables` on device ``device_id`` (whatever the current device
     is), copied on ``stream`` as :func:`upload`."""
     arrays = compact_device.device_arrays(plan)
     t = compact_device.CompactDeviceTables()
@@ -184,7 +185,7 @@ def _upload(pieces, nbytes: int, extra_bytes: int, stream, staging_out: list, pi
     else:
         staging = np.empty(nbytes, np.uint8) if wait else cupyx.empty_pinned(_pow2(nbytes), dtype=np.uint8)
         for a, off in pieces:
-            if a.dtype == np.uint8 and a.flags.c_contiguous:          # a blob of _varlen_pack.pack
+            if a.dtype == np.uint8 and a.flags.c_contiguous:          # a blob of varlen_pack.pack
                 staging[off:off + a.nbytes] = a
             else:
                 staging[off:off + a.nbytes] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
@@ -224,7 +225,7 @@ def _pins(nbytes: int) -> bool:
 
 
 def _pinned_blob(nbytes: int):
-    """A writable uint8 host array of at least ``nbytes`` for _varlen_pack.pack to pack a new packing into: pinned
+    """A writable uint8 host array of at least ``nbytes`` for varlen_pack.pack to pack a new packing into: pinned
     (the upload then copies from it directly) up to _PINNED_BLOB_MAX bytes, else, or where pinned memory cannot be
     had (no CUDA driver: CPU tests of the GPU paths), pageable (the upload stages it)."""
     if _pins(nbytes):

@@ -15,8 +15,9 @@ import threading
 import jax
 import numpy as np
 
-from . import api, compact_device, config, interop, jit, kernels, launchers
+from . import api, config, interop, jit, kernels, launchers
 from . import schedule as _schedule
+from .schedule import compact_device
 from .errors import _jit_record, _record_shared
 
 __all__ = ["attention", "attention_forward", "attention_backward"]

@@ -205,9 +205,9 @@ def bwd_specs(dtype: str, head_dim: int, causal: bool, deterministic: bool, time
               softcap: bool = False) -> BwdKernels:
     """The three backward kernels of one variant; ``timeline``: the main kernel's debug build that stamps every
     visit (kernels_src/bwd/timeline.cuh; not emitted by the dispatcher); ``compact``: the main kernel reads
-    per-column records (kernels_src/compact_view.cuh, :mod:`cupy_dash.compact`) instead of per-visit rows;
+    per-column records (kernels_src/compact_view.cuh, :mod:`cupy_dash.schedule.compact`) instead of per-visit rows;
     ``varlen``: the three kernels of packed variable-length sequences (kernels_src/bwd_rows.cuh), with
-    ``compact`` reading cupy_dash.varlen_schedule's records. ``dq_stages``: the main kernel's dQ staging buffers
+    ``compact`` reading cupy_dash.schedule.varlen's records. ``dq_stages``: the main kernel's dQ staging buffers
     (2: an experiment at head dim 128, kernels_src/bwd/config.cuh; default ``CUPY_DASH_BWD_DQ_STAGES``, else 1).
     ``softcap``: the main kernel with logit soft-capping (preprocess and postprocess do not depend on it)."""
     if dq_stages is None:    # NOTES: not for compact builds: their dQ writer counts ranks and spilled (varlen, det)

@@ -20,9 +20,9 @@ import numbers
 import cupy
 import numpy as np
 
-from . import _varlen_pack, api, compact_device, config, fastpath_varlen, gpu, interop, kernels, launchers, \
-    varlen_device, varlen_host_cu
+from . import api, config, fastpath_varlen, gpu, interop, kernels, launchers, varlen_device, varlen_host_cu
 from . import schedule as _schedule
+from .schedule import compact_device, varlen_pack
 from .errors import _acquire_slot, _keep_alive, check_errors, poll_errors as _poll_errors
 
 
@@ -278,7 +278,7 @@ def _cu_seqlens_values(name, host, total, max_name, max_len) -> np.ndarray:
     """``host`` checked (1-D, 0 = cu[0] <= ... <= cu[B] = total, no length above max_len) as int32."""
     if host.ndim != 1 or host.shape[0] < 2:
         raise ValueError(f"{name}: expected a 1-D array (B + 1,) with B >= 1, got shape {host.shape}")
-    code, longest, checked = _varlen_pack.checked_cu_seqlens(np.ascontiguousarray(host, dtype=np.int64), total,
+    code, longest, checked = varlen_pack.checked_cu_seqlens(np.ascontiguousarray(host, dtype=np.int64), total,
                                                              max_len)
     if code == 1:
         raise ValueError(f"{name}: expected 0 = cu[0] <= cu[1] <= ... <= cu[B] = {total} (the packed length), got "

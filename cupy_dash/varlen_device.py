@@ -6,7 +6,7 @@ on the GPU by default: the host builds and uploads the compact records of :func:
 (~36 bytes per KV column: 73 KB for 16k tokens in one sequence with 16 heads, against ~5 MB of per-visit rows)
 and kernels_src/bwd_expand.cu writes the rows (:func:`_expand_on_device`); ``CUPY_DASH_VARLEN_EXPAND=host``
 expands on the host (``varlen_schedule.expand``, up to ~2 ms per new packing). The compact records read as they
-are by the DASH_COMPACT + DASH_VARLEN build (``kernels_src/compact_view.cuh``; ``_varlen_pack`` packs them in the
+are by the DASH_COMPACT + DASH_VARLEN build (``kernels_src/compact_view.cuh``; ``varlen_pack`` packs them in the
 layout uploaded, tests/unit/test_varlen_compact.py walks them as the kernel does and compares with ``expand``)
 are opt-in (``CUPY_DASH_COMPACT_TABLES=1``) below compact_device.AUTO_VISITS visits: on the H200 they give the
 per-visit tables' bits, but the kernel's counted rank rules make the backward 0.6-0.9x as fast
@@ -25,9 +25,11 @@ import threading
 import cupy
 import numpy as np
 
-from . import _varlen_pack, config, varlen_schedule
+from . import config
 from . import device_tables as _dt
 from . import schedule as _schedule
+from .schedule import varlen as varlen_schedule
+from .schedule import varlen_pack
 
 _MAX_PLANS = 32
 _plans: "collections.OrderedDict" = collections.OrderedDict()
@@ -37,7 +39,7 @@ _plans_lock = threading.Lock()
 class Tables:
     """A varlen schedule on the host: the per-visit table (varlen_schedule.expand) as
     :func:`cupy_dash.schedule.check_plan` takes it, or (``compact``: (tie_sign, rank_rule)) the compact records
-    packed in the byte layout uploaded (``blob``, ``offsets`` of _varlen_pack.NAMES, ``arrays``: views of its
+    packed in the byte layout uploaded (``blob``, ``offsets`` of varlen_pack.NAMES, ``arrays``: views of its
     compact arrays); its key (policy, lengths, tiles, heads, mask, CTAs, form), ``num_visits``
     and the lengths as cu_seqlens (``cu_q``, ``cu_k``; for the compact forms, views of ``blob``, as ``cta_start``
     for the GPU expansion); ``pinned``: ``blob`` lies in pinned host memory (uploaded without staging)."""
@@ -46,7 +48,7 @@ class Tables:
                  "shapes", "pinned")
 
     def _view(self, i):
-        off, dtype = int(self.offsets[i]), _varlen_pack.DTYPES[i]
+        off, dtype = int(self.offsets[i]), varlen_pack.DTYPES[i]
         return self.blob[off:off + math.prod(self.shapes[i]) * dtype().itemsize].view(dtype).reshape(self.shapes[i])
 
     @property
@@ -67,12 +69,12 @@ class Tables:
 
     @property
     def arrays(self) -> dict:
-        """The compact arrays by BwdParams field (the first _NUM_RECORD_ARRAYS of _varlen_pack.NAMES), views of
+        """The compact arrays by BwdParams field (the first _NUM_RECORD_ARRAYS of varlen_pack.NAMES), views of
         ``blob``."""
-        return {name: self._view(i) for i, name in enumerate(_varlen_pack.NAMES[:_NUM_RECORD_ARRAYS])}
+        return {name: self._view(i) for i, name in enumerate(varlen_pack.NAMES[:_NUM_RECORD_ARRAYS])}
 
 
-_NUM_RECORD_ARRAYS = 7          # _varlen_pack.NAMES: the compact arrays, then cta_start, cu_seqlens_q / _k
+_NUM_RECORD_ARRAYS = 7          # varlen_pack.NAMES: the compact arrays, then cta_start, cu_seqlens_q / _k
 _CTA_START, _CU_Q, _CU_K = 7, 8, 9
 
 
@@ -134,11 +136,11 @@ def device(t: Tables, num_heads, dev, stream):
 
 def _record_ptrs(t: Tables, base: int) -> dict:
     """Device address by BwdParams field of the compact arrays of ``t.blob`` copied to ``base``."""
-    return {name: base + int(t.offsets[i]) for i, name in enumerate(_varlen_pack.NAMES[:_NUM_RECORD_ARRAYS])}
+    return {name: base + int(t.offsets[i]) for i, name in enumerate(varlen_pack.NAMES[:_NUM_RECORD_ARRAYS])}
 
 
 def _device_view(buf, t: Tables, i: int):
-    """The device address of _varlen_pack.NAMES[i] in ``buf`` (``t.blob`` copied to its head), as a
+    """The device address of varlen_pack.NAMES[i] in ``buf`` (``t.blob`` copied to its head), as a
     :class:`DeviceRef`."""
     ref = DeviceRef()
     ref.data = buf + int(t.offsets[i])
@@ -170,7 +172,7 @@ def _expand_on_device(t: Tables, dev, stream, staging_out: list):
 
 
 _expand_launches: dict = {}    # device -> the launch of kernels_src/bwd_expand.cu there (_expand_launch)
-_EXPAND_FIELDS = _varlen_pack.NAMES[:_NUM_RECORD_ARRAYS] + ("tie_sign", "rank_rule", "num_heads", "num_heads_kv",
+_EXPAND_FIELDS = varlen_pack.NAMES[:_NUM_RECORD_ARRAYS] + ("tie_sign", "rank_rule", "num_heads", "num_heads_kv",
                                                             "visits", "rank", "cta_start")
 
 
@@ -200,7 +202,7 @@ def plan(policy, lens_q, lens_k, block_m, block_n, heads, kv_heads, causal, max_
     a per-visit form whose table would hold more visits than this is built compact instead (``t.compact`` says
     which form came out). ``pinned``: a compact form built here packs its blob into pinned memory where it can
     (device_tables._pinned_blob; the GPU paths)."""
-    columns = kv_heads * _varlen_pack.kv_tiles(np.ascontiguousarray(lens_k, np.int64), block_n)
+    columns = kv_heads * varlen_pack.kv_tiles(np.ascontiguousarray(lens_k, np.int64), block_n)
     num_sms, group = max(1, min(max_ctas, columns)), heads // kv_heads
     key = (policy, lens_q.tobytes(), lens_k.tobytes(), block_m, block_n, heads, causal, num_sms, group, window,
            compact, compact_above)
@@ -214,13 +216,13 @@ def plan(policy, lens_q, lens_k, block_m, block_n, heads, kv_heads, causal, max_
     t.pinned = False
     t.heads, t.kv_heads = heads, kv_heads
     if compact:
-        # NOTES: the forms a training step builds anew, in one call (_varlen_pack.new_packing: the records of
+        # NOTES: the forms a training step builds anew, in one call (varlen_pack.new_packing: the records of
         # varlen_schedule.build_varlen, packed) without build_varlen's argument checks (the lengths come checked).
         if policy not in _schedule.POLICIES:
             raise ValueError(f"unknown schedule {policy!r}; expected one of {', '.join(_schedule.POLICIES)}")
         problem = (np.ascontiguousarray(lens_q, np.int64), np.ascontiguousarray(lens_k, np.int64), block_m,
                    block_n, heads, causal, num_sms, group, _schedule.check_window(window, causal))
-        out = _varlen_pack.new_packing(*varlen_schedule._schedule_args(policy, problem), True,
+        out = varlen_pack.new_packing(*varlen_schedule._schedule_args(policy, problem), True,
                                        _dt._pinned_blob if pinned else None)
         code, t.blob, t.offsets, t.shapes, t.num_visits, t.num_ctas, tie_sign, rank_rule, t.m_blocks, t.n_blocks = out
         t.pinned = pinned and _dt._pins(t.blob.nbytes)     # what _pinned_blob chose (a failed pin clears _pinned_ok)
@@ -233,7 +235,7 @@ def plan(policy, lens_q, lens_k, block_m, block_n, heads, kv_heads, causal, max_
         t.num_visits, t.num_ctas, t.policy = int(built.num_visits), int(built.num_ctas), str(built.policy)
         if compact_above is not None and t.num_visits > compact_above:
             compact = True               # a per-visit table this large: compact records (compact_device.table_form's size rule)
-            t.blob, t.offsets, t.shapes, _ = _varlen_pack.pack(
+            t.blob, t.offsets, t.shapes, _ = varlen_pack.pack(
                 built.records, built.cta_columns, built.cta_col_start, built.seg_col_start, built.n_first,
                 built.num_m_blocks, built.seqlens_q, built.seqlens_k, kv_heads, group, False)
             t.compact = (int(built.tie_sign), int(built.rank_rule))

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import cupy_dash
-from cupy_dash import compact_device, reference
+from cupy_dash import reference
+from cupy_dash.schedule import compact_device
 from gpu_helpers import POLICIES, _assert_same_bits, _dev, _host, _randn, _seed
 
 pytestmark = pytest.mark.gpu

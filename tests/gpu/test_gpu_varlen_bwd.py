@@ -382,7 +382,7 @@ def test_prepared_table_from_another_thread(monkeypatch):
     """prepare_varlen_backward from a second thread (its own stream) uploads the table; the backward on this
     thread's stream then builds nothing and gives the bits of an unprepared call."""
     import threading
-    from cupy_dash import varlen_schedule
+    from cupy_dash.schedule import varlen as varlen_schedule
     h, dev, window = _problem("mixed", 128, True, (-1, -1), H=8, Hkv=2, seed=12)
     do, q, k, v, out, lse, cq, ck, mq, mk = dev
     want = cupy_dash.attention_backward_varlen(*dev, causal=True, schedule="symmetric_shift")

@@ -187,7 +187,8 @@ def test_schedule_says_once_what_auto_runs(monkeypatch, capsys, argv, policy, fo
     """One line says what auto is for the problem: the backward's table form and its policy there
     (compact_device.backward_auto), whichever analysis the command runs (the 128k problem used to say
     'auto picks symmetric_shift' and then 'the compact build runs auto as descending')."""
-    from cupy_dash import compact_device, schedule
+    from cupy_dash import schedule
+    from cupy_dash.schedule import compact_device
     monkeypatch.delenv(compact_device.ENV, raising=False)
     assert cli_schedule.main(argv) == 0
     lines = _auto_lines(capsys.readouterr().out)

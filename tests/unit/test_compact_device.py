@@ -8,7 +8,8 @@ import types
 import numpy as np
 import pytest
 
-from cupy_dash import compact, compact_device, kernels, launchers, schedule, tensormap
+from cupy_dash import kernels, launchers, schedule, tensormap
+from cupy_dash.schedule import compact, compact_device
 
 
 class _Rule:

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 import cupy_dash
-from cupy_dash import compact_device, config, launchers, varlen_device
+from cupy_dash import config, launchers, varlen_device
+from cupy_dash.schedule import compact_device
 
 ROOT = Path(cupy_dash.__file__).resolve().parent.parent
 

@@ -23,10 +23,9 @@ ADAPTERS = {"torch", "torch_ops", "torch_varlen", "jax", "jax_ops", "jax_varlen"
 
 # (importer, imported): imports inside functions that close a cycle, each a late binding on purpose.
 FACADE_IMPORTS = {
-    # schedule re-exports the compact builders (CompactSchedule, build_compact)
-    ("cupy_dash.schedule", "cupy_dash.compact"),
-    # portable checks its plan argument with schedule's checker
-    ("cupy_dash.portable", "cupy_dash.schedule"),
+    # auto's choice and the per-visit table's size check use the column model of the compact records, which are
+    # built from the per-visit module's argument checks and models
+    ("cupy_dash.schedule.per_visit", "cupy_dash.schedule.compact"),
     # a torch new packing reuses varlen's checks and launch builder
     ("cupy_dash.fastpath_varlen", "cupy_dash.varlen"),
     # the C handler is a mechanism picked per call, loaded on use
@@ -143,10 +142,11 @@ def _layer(module: str) -> int:
 
 
 def test_the_graph_sees_every_kind_of_import():
-    assert {"cupy_dash", "cupy_dash.api", "cupy_dash._schedule", "cupy_dash._heap"} <= set(_modules())
-    assert "cupy_dash._schedule" in _imports("cupy_dash.schedule")[0]
-    assert "cupy_dash._heap" in _imports("cupy_dash._schedule")[0]
-    assert "cupy_dash.compact" in _imports("cupy_dash.schedule")[1]
+    assert {"cupy_dash", "cupy_dash.api", "cupy_dash.schedule", "cupy_dash.schedule._heap"} <= set(_modules())
+    assert "cupy_dash.schedule._schedule" in _imports("cupy_dash.schedule.per_visit")[0]
+    assert "cupy_dash.schedule._heap" in _imports("cupy_dash.schedule._schedule")[0]
+    assert "cupy_dash.schedule.compact" in _imports("cupy_dash.schedule.per_visit")[1]
+    assert "cupy_dash.schedule" in _imports("cupy_dash.device_tables")[0]           # the package, on the way
     assert "cupy_dash.cli_schedule" in _imports("cupy_dash.__main__")[1]
 
 

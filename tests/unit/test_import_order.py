@@ -2,9 +2,9 @@
 
 The reported failure: run from the folder that holds a clone of this repository under git's default name
 (``cupy_dash``), ``python -m cupy_dash`` took the clone for a namespace package, so the package's ``__init__``
-never ran, the editable install supplied the submodules, and the first of them imported, ``cupy_dash.compact``,
-died in the compact <-> schedule import cycle (``ImportError: cannot import name 'CompactSchedule' from partially
-initialized module 'cupy_dash.compact'``).
+never ran, the editable install supplied the submodules, and the first of them imported, ``cupy_dash.compact``
+(now ``cupy_dash.schedule.compact``), died in the compact <-> schedule import cycle (``ImportError: cannot
+import name 'CompactSchedule' from partially initialized module 'cupy_dash.compact'``).
 """
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ def run(args, cwd, **kw):
     return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=300, **kw)
 
 
-@pytest.mark.parametrize("module", ["compact", "varlen_schedule", "schedule", "compact_device", "cli_schedule"])
+@pytest.mark.parametrize("module", ["schedule.compact", "schedule.varlen", "schedule", "schedule.compact_device",
+                                    "varlen_schedule", "cli_schedule"])
 def test_each_schedule_module_imports_first_without_the_package_init(module):
     """What the shadowed run did: the package's __init__ never runs, ``module`` is the first one imported."""
     code = f"""
@@ -43,18 +44,23 @@ def test_each_schedule_module_imports_first_without_the_package_init(module):
         plan = build_compact("shift", seqlen_q=512, seqlen_k=512, block_m=64, block_n=128, num_heads=2,
                              causal=False, num_sms=4).validate()
         assert isinstance(plan, CompactSchedule) and len(expand(plan)[1]) == plan.num_visits
-        assert issubclass(VarlenSchedule, sys.modules["cupy_dash.compact"].ColumnRecords) and callable(build_varlen)
+        assert issubclass(VarlenSchedule, sys.modules["cupy_dash.schedule.compact"].ColumnRecords)
+        assert callable(build_varlen)
     """
     proc = run(["-c", textwrap.dedent(code)], cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
 
 
 def test_schedule_names_of_the_compact_and_varlen_modules():
-    from cupy_dash import compact, schedule, varlen_schedule
+    from cupy_dash import schedule, varlen_schedule
+    from cupy_dash.schedule import compact, per_visit, varlen
     assert schedule.CompactSchedule is compact.CompactSchedule and schedule.expand is compact.expand
     assert schedule.build_compact is compact.build_compact
-    assert schedule.VarlenSchedule is varlen_schedule.VarlenSchedule
-    assert schedule.build_varlen is varlen_schedule.build_varlen
+    assert schedule.VarlenSchedule is varlen.VarlenSchedule is varlen_schedule.VarlenSchedule
+    assert schedule.build_varlen is varlen.build_varlen is varlen_schedule.build_varlen
+    assert varlen_schedule.expand is varlen.expand and varlen_schedule.RANK_ASC_N == varlen.RANK_ASC_N
+    assert schedule.build is per_visit.build and schedule.Schedule is per_visit.Schedule
+    assert set(schedule.__all__) <= set(dir(schedule))
     assert {"CompactSchedule", "build_compact", "expand", "VarlenSchedule", "build_varlen"} <= set(dir(schedule))
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         schedule.nope

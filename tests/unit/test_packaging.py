@@ -5,6 +5,7 @@ and an index): .ci/run builds the sdist, installs it into a fresh venv and runs 
 """
 from __future__ import annotations
 
+import configparser
 import os
 import re
 import runpy
@@ -39,18 +40,20 @@ def build_inputs() -> set:
     .pyx files include or cimport, every .py module and kernels_src."""
     setup = runpy.run_path(str(ROOT / "setup.py"), run_name="not_main")     # EXTENSIONS, without building
     needed = {src for ext in setup["EXTENSIONS"] for src in [*ext.sources, *ext.depends]}
-    for pyx in PKG.glob("*.pyx"):
+    for pyx in PKG.rglob("*.pyx"):
         text = pyx.read_text()
-        needed |= {f"cupy_dash/{name}" for name in re.findall(r'^include "([^"]+)"', text, re.M)}
-        needed |= {f"cupy_dash/{name}.pxd" for name in re.findall(r"^from cupy_dash\.(\w+) cimport", text, re.M)}
-    needed |= {p.relative_to(ROOT).as_posix() for p in PKG.glob("*.py")}
+        folder = pyx.parent.relative_to(ROOT).as_posix()
+        needed |= {f"{folder}/{name}" for name in re.findall(r'^include "([^"]+)"', text, re.M)}
+        cimported = re.findall(r"^from (cupy_dash\.[\w.]+) cimport", text, re.M)
+        needed |= {name.replace(".", "/") + ".pxd" for name in cimported}
+    needed |= {p.relative_to(ROOT).as_posix() for p in PKG.rglob("*.py")}
     needed |= {p.relative_to(ROOT).as_posix() for p in (ROOT / "kernels_src").rglob("*") if p.suffix in (".cu", ".cuh")}
     return needed
 
 
 def test_sdist_takes_everything_the_build_needs():
     needed = build_inputs()
-    assert "cupy_dash/_varlen_sched.pxd" in needed and "kernels_src/bwd_main.cu" in needed   # the check sees them
+    assert "cupy_dash/schedule/_varlen_sched.pxd" in needed and "kernels_src/bwd_main.cu" in needed   # the check sees them
     missing = sorted(p for p in needed if not (ROOT / p).is_file())
     assert not missing, f"setup.py or a .pyx names files that do not exist: {missing}"
     left_out = sorted(needed - manifest())
@@ -59,10 +62,24 @@ def test_sdist_takes_everything_the_build_needs():
 
 def test_sdist_takes_every_source_file_and_no_generated_one():
     shipped = manifest()
-    sources = [p for p in PKG.iterdir() if p.suffix in (".pyx", ".pxd", ".pxi", ".c", ".h")]
-    left_out = sorted(p.name for p in sources if not generated_c(p) and p.relative_to(ROOT).as_posix() not in shipped)
+    sources = [p for p in PKG.rglob("*") if p.suffix in (".pyx", ".pxd", ".pxi", ".c", ".h")]
+    left_out = sorted(p.relative_to(ROOT).as_posix() for p in sources
+                      if not generated_c(p) and p.relative_to(ROOT).as_posix() not in shipped)
     assert not left_out, f"MANIFEST.in leaves out {left_out}"
-    generated = sorted(p.name for p in sources if generated_c(p) and p.relative_to(ROOT).as_posix() in shipped)
+    generated = sorted(p.relative_to(ROOT).as_posix() for p in sources
+                       if generated_c(p) and p.relative_to(ROOT).as_posix() in shipped)
     assert not generated, f"MANIFEST.in ships Cython's output {generated}"
     assert not [p for p in shipped if p.endswith((".so", ".pyc"))]
     assert {"tests/conftest.py", "setup.py", "pyproject.toml", "setup.cfg", "README.md"} <= shipped
+
+
+def test_every_package_folder_is_installed():
+    """setup.cfg lists every package (a folder with an __init__.py), and ships the Cython sources of each."""
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg")
+    listed = {p.strip() for p in config["options"]["packages"].split(",")}
+    folders = {p.parent.relative_to(ROOT).as_posix().replace("/", ".") for p in PKG.rglob("__init__.py")}
+    assert folders <= listed, f"setup.cfg's packages leave out {sorted(folders - listed)}"
+    data = config["options.package_data"]
+    cython = {p.parent.relative_to(ROOT).as_posix().replace("/", ".") for p in PKG.rglob("*.pyx")}
+    assert all("*.pyx" in data.get(package, "") for package in cython), sorted(cython)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from cupy_dash import cli_schedule, schedule
+from cupy_dash.schedule import per_visit
 
 POLICIES = ("fa3", "descending", "shift", "symmetric_shift")
 
@@ -162,7 +163,7 @@ def test_large_table_builds_and_validates_fast():
               num_sms=132)
     best = np.inf
     for _ in range(2):
-        schedule._build.cache_clear()
+        per_visit._build.cache_clear()
         t0 = time.perf_counter()
         plan = schedule.build("shift", **kw).validate()
         best = min(best, time.perf_counter() - t0)
@@ -189,7 +190,7 @@ class Corrupt:
         self.visits, self.rank, self.cta_start = plan.visits.copy(), plan.rank.copy(), plan.cta_start.copy()
 
     def validate(self):
-        from cupy_dash import _schedule
+        from cupy_dash.schedule import _schedule
         _schedule.analyze_table(self.visits, self.rank, self.cta_start, self.plan.num_heads,
                                 self.plan.num_m_blocks, self.plan.column_starts())
 
@@ -245,7 +246,7 @@ def test_validate_rejects_deadlock():
             bad.rank[v] = 0 if bad.visits[v, 2] == first else 1
     with pytest.raises(ValueError, match="deadlock"):
         bad.validate()
-    from cupy_dash import _schedule
+    from cupy_dash.schedule import _schedule
     with pytest.raises(ValueError, match="deadlock"):
         _schedule.analyze_table(bad.visits, bad.rank, bad.cta_start, 1, plan.num_m_blocks, plan.column_starts(),
                                 True)

@@ -9,7 +9,8 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from cupy_dash import _compact, _schedule, cli_compact, cli_schedule, compact, schedule
+from cupy_dash import cli_compact, cli_schedule, schedule
+from cupy_dash.schedule import _compact, _schedule, compact, per_visit
 
 POLICIES = ("fa3", "descending", "shift", "symmetric_shift")
 LENGTHS = [(1, 1), (17, 1000), (1000, 17), (777, 777), (2047, 1500), (300, 1000)]
@@ -252,7 +253,7 @@ def test_check_records_is_sound_under_random_corruption():
                 rejected += 1
                 continue
             accepted += 1
-            from cupy_dash import _compact_view
+            from cupy_dash.schedule import _compact_view
             visits, rank, cta_start = _compact_view.expand(records, cols, cs, cplan.num_m_blocks, cplan.n_first,
                                                            cplan.columns_per_head, cplan.group_size, cplan.tie_sign)
             lo, hi = cplan.column_ranges()
@@ -291,16 +292,16 @@ def test_auto_below_the_threshold_is_the_simulated_choice():
 def test_column_model_choice_is_close_to_the_simulated_best(monkeypatch, shape):
     seqlen, block_m, heads, causal, g = shape
     kw = kwargs(seqlen, seqlen, block_m, 128, heads, g, causal, 132, (-1, -1))
-    monkeypatch.setattr(schedule, "AUTO_MAX_SIMULATED_VISITS", 0)
-    schedule._auto_choice.cache_clear()
+    monkeypatch.setattr(per_visit, "AUTO_MAX_SIMULATED_VISITS", 0)
+    per_visit._auto_choice.cache_clear()
     try:
         cplan = schedule.build_compact("auto", **kw)
         assert cplan.auto_method == "column model" and cplan.column_model_applies
         times = {p: schedule.simulate(schedule.build(p, **kw), *schedule.AUTO_COSTS, model="engine")
                  for p in POLICIES}
     finally:
-        schedule._auto_choice.cache_clear()
-        schedule._build.cache_clear()
+        per_visit._auto_choice.cache_clear()
+        per_visit._build.cache_clear()
     assert times[cplan.policy] <= min(times.values()) * 1.03, times
 
 

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from table_checks import assert_ranks_follow_time, steps  # noqa: F401
 
-from cupy_dash import _schedule, cli_schedule, device_tables, schedule
+from cupy_dash import cli_schedule, device_tables, schedule
+from cupy_dash.schedule import _schedule
 
 POLICIES = ("fa3", "descending", "shift", "symmetric_shift")
 HEADS = 16                                    # query heads per batch; g = 16 is MQA
@@ -273,12 +274,12 @@ def test_cli_takes_a_group_size(capsys):
 def test_auto_takes_descending_for_few_grouped_columns(seqlen, batch, group, causal, want):
     """The measured override: grouped columns with at most AUTO_FEW_GROUPED per CTA go to descending; otherwise
     the engine model decides (want None: whatever it picks, the same as without the override)."""
-    from cupy_dash import compact
+    from cupy_dash.schedule import compact, per_visit
     args = (seqlen, seqlen, 64, 128, batch * 16, causal, 132, group, (-1, -1))
     columns = len(compact._build_compact("descending", *args).records)
     few = group > 1 and columns <= schedule.AUTO_FEW_GROUPED * 132
     assert few == (want is not None)
-    choice = schedule._auto_choice(*args)
+    choice = per_visit._auto_choice(*args)
     if want is not None:
         assert choice == want
     plan = schedule.build("auto", seqlen_q=seqlen, seqlen_k=seqlen, block_m=64, block_n=128, num_heads=batch * 16,

@@ -1,4 +1,4 @@
-"""Compact schedules of packed variable-length batches (cupy_dash.varlen_schedule): the O(columns) validator
+"""Compact schedules of packed variable-length batches (cupy_dash.schedule.varlen): the O(columns) validator
 accepts every built table, the expanded table is checked independently (visible tiles from an element-level
 mask, rank permutations, deadlock by an event simulation), equal lengths give build_compact's tables for B * H
 heads, and corrupted records are rejected."""
@@ -128,7 +128,7 @@ def test_long_equal_lengths_are_build_compact(policy, seqlen, causal, g, sms, B,
 
 
 def test_auto_with_equal_lengths_is_the_column_model_choice():
-    from cupy_dash import compact
+    from cupy_dash.schedule import compact
     for causal in (False, True):
         args = (2048, 2048, 64, 128, 32, causal, 132, 1, (-1, -1))
         plan = schedule.build_varlen("auto", [2048] * 4, [2048] * 4, block_m=64, block_n=128, heads=8,
@@ -150,7 +150,7 @@ def plan_for_corruption(policy="symmetric_shift"):
 
 def check(plan, records=None, cta_columns=None, cta_col_start=None, seg_col_start=None, tie_sign=None,
           rank_rule=None):
-    from cupy_dash import _varlen_sched
+    from cupy_dash.schedule import _varlen_sched
     pick = lambda a, b: b if a is None else a  # noqa: E731
     _varlen_sched.check_varlen(pick(records, plan.records), pick(cta_columns, plan.cta_columns),
                                pick(cta_col_start, plan.cta_col_start), pick(seg_col_start, plan.seg_col_start),

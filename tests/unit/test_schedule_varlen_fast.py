@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from cupy_dash import schedule
-from cupy_dash.varlen_schedule import RANK_ASC_N
+from cupy_dash.schedule.varlen import RANK_ASC_N
 from varlen_cases import random_problem
 
 POLICIES = ("fa3", "descending", "shift", "symmetric_shift")

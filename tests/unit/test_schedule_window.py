@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from table_checks import assert_ranks_follow_time, steps  # noqa: F401
 
-from cupy_dash import _schedule, cli_schedule, device_tables, reference, schedule
+from cupy_dash import cli_schedule, device_tables, reference, schedule
+from cupy_dash.schedule import _schedule
 
 POLICIES = ("fa3", "descending", "shift", "symmetric_shift")
 TILES = [(64, 128), (128, 128), (80, 128), (64, 96)]

@@ -175,7 +175,8 @@ def test_bad_softcap_varlen():
 def test_a_soft_capped_backward_too_large_for_per_visit_tables_raises(monkeypatch):
     """There is no soft-capping compact build: compact_device.table_form never chooses compact tables for a capped
     backward, and raises where the per-visit table would exceed AUTO_VISITS."""
-    from cupy_dash import compact_device, kernels
+    from cupy_dash import kernels
+    from cupy_dash.schedule import compact_device
     tile = kernels.bwd_tile(128)
     monkeypatch.setattr(compact_device, "AUTO_VISITS", 10)
     assert compact_device.wanted(4096, 4096, tile.block_m, tile.block_n, 8, True, (-1, 0))

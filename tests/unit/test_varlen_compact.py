@@ -13,7 +13,7 @@ from varlen_cases import random_problem
 
 
 # The uploaded compact varlen arrays stated in numpy from a VarlenSchedule: the reference the one-pass Cython
-# packing (cupy_dash._varlen_pack, what the backward uploads) is held to, byte for byte.
+# packing (cupy_dash.schedule.varlen_pack, what the backward uploads) is held to, byte for byte.
 
 
 def tile_columns(plan) -> tuple:
@@ -176,21 +176,21 @@ def test_device_expansion_rows_start_where_expand_puts_them(policy, case, ctas):
 @pytest.mark.parametrize("ctas", [3, 132])
 @pytest.mark.parametrize("expand", [False, True], ids=["compact", "expand"])
 def test_packed_upload_holds_the_numpy_arrays(policy, case, ctas, expand):
-    """_varlen_pack.pack (one pass, what plan() uploads) against the numpy statements of the same arrays:
+    """varlen_pack.pack (one pass, what plan() uploads) against the numpy statements of the same arrays:
     device_arrays, cta_visit_start and the cu_seqlens, each at its own 256-byte aligned offset of one buffer."""
-    from cupy_dash import _varlen_pack
+    from cupy_dash.schedule import varlen_pack
     sq, sk, heads, g, causal, window = CASES[case]
     plan = schedule.build_varlen(policy, sq, sk, block_m=64, block_n=128, heads=heads, causal=causal,
                                  num_sms=ctas, group_size=g, window=window)
     want = device_arrays(plan)
     want["cta_start"] = cta_visit_start(want, g)
     want["cu_seqlens_q"], want["cu_seqlens_k"] = (np.concatenate(([0], np.cumsum(x))) for x in (sq, sk))
-    blob, offsets, shapes, visits = _varlen_pack.pack(
+    blob, offsets, shapes, visits = varlen_pack.pack(
         plan.records, plan.cta_columns, plan.cta_col_start, plan.seg_col_start, plan.n_first, plan.num_m_blocks,
         plan.seqlens_q, plan.seqlens_k, heads // g, g, expand)
     assert visits == plan.num_visits and blob.dtype == np.uint8
     ends = []
-    for name, dtype, off, shape in zip(_varlen_pack.NAMES, _varlen_pack.DTYPES, offsets, shapes):
+    for name, dtype, off, shape in zip(varlen_pack.NAMES, varlen_pack.DTYPES, offsets, shapes):
         if name == "cta_start" and not expand:
             assert off == -1
             continue
@@ -210,10 +210,10 @@ def test_packed_upload_holds_the_numpy_arrays(policy, case, ctas, expand):
 
 
 def test_new_packing_in_one_call_gives_the_builder_and_pack_bytes():
-    """_varlen_pack.new_packing (what plan() runs for a new packing: windows, shapes, dispatch order, auto's
+    """varlen_pack.new_packing (what plan() runs for a new packing: windows, shapes, dispatch order, auto's
     choice, records, pack in one Cython call) against varlen_schedule.build_varlen + pack, byte for byte, on
     random packed batches (every policy and auto; causal, full, windows, GQA, empty sequences, few CTAs)."""
-    from cupy_dash import _schedule, _varlen_pack
+    from cupy_dash.schedule import _schedule, varlen_pack
     rng = np.random.default_rng(23)
     codes = _schedule.POLICY_CODES
     names = {v: k for k, v in codes.items()}
@@ -224,10 +224,10 @@ def test_new_packing_in_one_call_gives_the_builder_and_pack_bytes():
         policy = policy[i % len(policy)]
         plan = schedule.build_varlen(policy, sq, sk, **kw)
         hkv, g = kw["heads"] // kw["group_size"], kw["group_size"]
-        want = _varlen_pack.pack(plan.records, plan.cta_columns, plan.cta_col_start, plan.seg_col_start,
+        want = varlen_pack.pack(plan.records, plan.cta_columns, plan.cta_col_start, plan.seg_col_start,
                                  plan.n_first, plan.num_m_blocks, plan.seqlens_q, plan.seqlens_k, hkv, g, True)
         c, r = schedule.AUTO_COSTS
-        got = _varlen_pack.new_packing(
+        got = varlen_pack.new_packing(
             -1 if policy == "auto" else codes[policy], np.asarray(sq, np.int64), np.asarray(sk, np.int64),
             *schedule.check_window(kw["window"], kw["causal"]), kw["block_m"], kw["block_n"], kw["heads"], g,
             kw["causal"], kw["num_sms"], tuple(codes[p] for p in schedule.AUTO_CANDIDATES), c, r,
@@ -465,9 +465,9 @@ def test_uploads_record_events_only_for_other_streams(monkeypatch):
 
 
 def test_cu_seqlens_check_in_one_pass_agrees_with_numpy():
-    """_varlen_pack.checked_cu_seqlens (varlen._cu_seqlens_values' check) against the numpy statements it
+    """varlen_pack.checked_cu_seqlens (varlen._cu_seqlens_values' check) against the numpy statements it
     replaced, on random valid and broken host cu_seqlens."""
-    from cupy_dash import _varlen_pack
+    from cupy_dash.schedule import varlen_pack
     rng = np.random.default_rng(8)
     for _ in range(2000):
         lens = rng.integers(0, 50, int(rng.integers(1, 9)))
@@ -478,7 +478,7 @@ def test_cu_seqlens_check_in_one_pass_agrees_with_numpy():
         max_len = int(rng.integers(0, 60))
         d = np.diff(cu)
         ok_seq = cu[0] == 0 and (d >= 0).all() and cu[-1] == total
-        code, longest, out = _varlen_pack.checked_cu_seqlens(cu, total, max_len)
+        code, longest, out = varlen_pack.checked_cu_seqlens(cu, total, max_len)
         want = 1 if not ok_seq else (2 if d.max() > max_len else 0)
         assert code == want, (cu, total, max_len)
         if code:
@@ -488,12 +488,12 @@ def test_cu_seqlens_check_in_one_pass_agrees_with_numpy():
 
 
 def test_kv_tiles_is_the_sum_of_ceilings():
-    from cupy_dash import _varlen_pack
+    from cupy_dash.schedule import varlen_pack
     rng = np.random.default_rng(3)
     for _ in range(200):
         lens = rng.integers(0, 5000, int(rng.integers(0, 70))).astype(np.int64)
         bn = int(rng.choice([64, 128, 176]))
-        assert _varlen_pack.kv_tiles(lens, bn) == int((-(-lens // bn)).sum())
+        assert varlen_pack.kv_tiles(lens, bn) == int((-(-lens // bn)).sum())
 
 
 def test_new_packing_from_threads_whose_scratch_is_taken():
@@ -501,7 +501,7 @@ def test_new_packing_from_threads_whose_scratch_is_taken():
     callback, the one place the GIL changes hands inside) runs on scratch of its own; every thread's blob equals
     the blob of the same packing built alone."""
     import threading
-    from cupy_dash import _varlen_pack
+    from cupy_dash.schedule import varlen_pack
     rng = np.random.default_rng(31)
     c, r = schedule.AUTO_COSTS
     cands = tuple(_schedule_codes()[p] for p in schedule.AUTO_CANDIDATES)
@@ -512,7 +512,7 @@ def test_new_packing_from_threads_whose_scratch_is_taken():
                 kw["group_size"], kw["causal"], kw["num_sms"], cands, c, r, schedule.AUTO_TOLERANCE,
                 schedule.AUTO_FEW_GROUPED, True)
     problems = [random_problem(rng) for _ in range(12)]
-    alone = [bytes(_varlen_pack.new_packing(*args(*p))[1]) for p in problems]
+    alone = [bytes(varlen_pack.new_packing(*args(*p))[1]) for p in problems]
     inside, others_done = threading.Event(), threading.Event()
 
     def slow_alloc(n):
@@ -522,17 +522,17 @@ def test_new_packing_from_threads_whose_scratch_is_taken():
     got = {}
 
     def first():
-        got["first"] = bytes(_varlen_pack.new_packing(*args(*problems[0]), slow_alloc)[1])
+        got["first"] = bytes(varlen_pack.new_packing(*args(*problems[0]), slow_alloc)[1])
 
     t = threading.Thread(target=first)
     t.start()
     assert inside.wait(10)
-    got["others"] = [bytes(_varlen_pack.new_packing(*args(*p))[1]) for p in problems[1:]]
+    got["others"] = [bytes(varlen_pack.new_packing(*args(*p))[1]) for p in problems[1:]]
     others_done.set()
     t.join()
     assert got["first"] == alone[0] and got["others"] == alone[1:]
 
 
 def _schedule_codes():
-    from cupy_dash import _schedule
+    from cupy_dash.schedule import _schedule
     return _schedule.POLICY_CODES

@@ -68,7 +68,8 @@ def test_backward_with_plan_needs_the_calls_window(gpu_work_log):
 def test_unseen_keys_are_the_empty_kv_tiles(sq, sk, bn):
     """api zeroes dk, dv exactly when schedule.unseen_keys covers a whole KV tile, i.e. when a table has a KV
     tile without visits."""
-    from cupy_dash import _schedule, reference
+    from cupy_dash import reference
+    from cupy_dash.schedule import _schedule
     for causal in (False, True):
         for window in ((0, 0), (5, -1), (63, 7), (300, 300), (-1, 0), (sk - sq - bn, 2), (sk - sq - bn + 1, 2)):
             if window[0] < -1 or (causal and window[1] > 0):

@@ -1,4 +1,4 @@
-# The varlen builder's entry points, for cimport by _varlen_pack (a new packing's table in one call): C-level, on
+# The varlen builder's entry points, for cimport by varlen_pack (a new packing's table in one call): C-level, on
 # caller-owned buffers, so that a training step's new packing allocates no Python objects on the way.
 
 cdef enum:

@@ -1,9 +1,9 @@
 """Compact schedule records on the device, for the backward's DASH_COMPACT builds (large problems, or on request).
 
 The main kernel's compact build (``kernels_src/compact_view.cuh``) reads, instead of the per-visit table, the
-four arrays and four scalars of :mod:`cupy_dash.compact` as BwdParams fields (``kernels_src/params.cuh``, the
+four arrays and four scalars of :mod:`cupy_dash.schedule.compact` as BwdParams fields (``kernels_src/params.cuh``, the
 fields after ``softmax_scale_log2``). :func:`device_arrays` gives them as numpy arrays in exactly the layout
-uploaded (the mirror that the CPU tests check against :func:`cupy_dash.compact.expand`);
+uploaded (the mirror that the CPU tests check against :func:`cupy_dash.schedule.compact.expand`);
 :func:`cupy_dash.device_tables.compact` builds, uploads and caches them.
 
 When: eager backward calls (:func:`cupy_dash.attention_backward`) use the compact build where the per-visit
@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import compact, config, schedule
+from .. import config
+from . import compact, per_visit
 
 ENV = config.COMPACT_TABLES.name
-AUTO_VISITS = schedule.AUTO_VISITS
+AUTO_VISITS = per_visit.AUTO_VISITS
 KERNEL_AUTO = "descending"
 
 
@@ -62,12 +63,12 @@ def wanted(seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, window, soft
 def auto_policy(compact_tables: bool, *problem) -> str:
     """What ``auto`` runs in each form of the backward's tables, the one place that decides it: compact tables take
     KERNEL_AUTO (the fastest closed-form rank rule: module docstring); per-visit tables take schedule.build's
-    choice for ``problem`` (schedule._checked_args's tuple, not needed for compact tables)."""
-    return KERNEL_AUTO if compact_tables else schedule._auto_choice(*problem)
+    choice for ``problem`` (per_visit._checked_args's tuple, not needed for compact tables)."""
+    return KERNEL_AUTO if compact_tables else per_visit._auto_choice(*problem)
 
 
 def backward_auto(*problem) -> tuple:
-    """``(policy, compact_tables)``: what a backward of ``problem`` (schedule._checked_args's tuple: seqlen_q,
+    """``(policy, compact_tables)``: what a backward of ``problem`` (per_visit._checked_args's tuple: seqlen_q,
     seqlen_k, block_m, block_n, num_heads = B * H, causal, num_sms = co-resident CTAs, group_size, window) runs
     for ``schedule="auto"``, and whether in compact tables (:func:`wanted`; then :func:`auto_policy`)."""
     seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, _, _, window = problem

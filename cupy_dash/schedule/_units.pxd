@@ -1,6 +1,6 @@
 # cython: boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 # What the schedule builders share (_schedule.pyx: per-visit tables; _compact.pyx: column records of one problem;
-# _varlen_sched.pyx: column records of packed batches, which _varlen_pack.pyx builds through it), so that they
+# _varlen_sched.pyx: column records of packed batches, which varlen_pack.pyx builds through it), so that they
 # dispatch the same units to the same CTAs. Inline: the builders call them per unit, column or visit. The NOTES
 # are in _schedule.pyx.
 

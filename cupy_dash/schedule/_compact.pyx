@@ -1,6 +1,6 @@
 # cython: boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 """Compact schedules: one record per KV column instead of one row per visit (the format is documented in
-cupy_dash/compact.py, the fields in _records.pxd).
+cupy_dash/schedule/compact.py, the fields in _records.pxd).
 
 ``build_columns`` dispatches the same work units as ``_schedule.build_table`` (shared code: _units.pxd, _heap.pxd)
 to the same CTAs, but at column granularity: a column's position in its CTA's list is the CTA's load when the
@@ -10,12 +10,13 @@ visit. ``check_records`` proves, in O(columns), everything ``Schedule.validate``
 import numpy as np
 from libc.stdlib cimport malloc, free
 
-from cupy_dash._heap cimport heap_pop, heap_push
-from cupy_dash._records cimport (RANK_ASC_N, RANK_COUNT, RANK_DESC_N, REC_CTA, REC_FIELDS, REC_HEAD, REC_HI, REC_LO,
-                                 REC_N, REC_ROT, REC_SPLIT, REC_STEP, check_cta_lists, check_rule, cta_lists_into)
-from cupy_dash._schedule import column_ranges
-from cupy_dash._units cimport (POLICY_DESCENDING, POLICY_FA3, UnitShape, pair_rectangle, unit_columns,
-                               unit_shape)
+from cupy_dash.schedule._heap cimport heap_pop, heap_push
+from cupy_dash.schedule._records cimport (RANK_ASC_N, RANK_COUNT, RANK_DESC_N, REC_CTA, REC_FIELDS, REC_HEAD, REC_HI,
+                                          REC_LO, REC_N, REC_ROT, REC_SPLIT, REC_STEP, check_cta_lists, check_rule,
+                                          cta_lists_into)
+from cupy_dash.schedule._schedule import column_ranges
+from cupy_dash.schedule._units cimport (POLICY_DESCENDING, POLICY_FA3, UnitShape, pair_rectangle, unit_columns,
+                                        unit_shape)
 
 cdef long long INT32_MAX = 0x7fffffff
 

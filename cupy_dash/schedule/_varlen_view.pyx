@@ -1,5 +1,5 @@
 # cython: boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
-"""The per-visit table of a packed batch's compact records (format: cupy_dash/varlen_schedule.py), in
+"""The per-visit table of a packed batch's compact records (format: cupy_dash/schedule/varlen.py), in
 O(visits + columns * CTAs) without sorting the visits.
 
 Ranks. Every dQ tile (segment seg, Q tile m) orders its visits by the key (step + s, tie_sign * n), s the visit's
@@ -13,8 +13,8 @@ import numpy as np
 from libc.stdlib cimport malloc, calloc, free
 from libc.string cimport memmove
 
-from cupy_dash._records cimport (REC_FIELDS, REC_HEAD, REC_HI, REC_LO, REC_N, REC_ROT, REC_SPLIT, check_rule,
-                                 rule_tile)
+from cupy_dash.schedule._records cimport (REC_FIELDS, REC_HEAD, REC_HI, REC_LO, REC_N, REC_ROT, REC_SPLIT, check_rule,
+                                          rule_tile)
 
 cdef long long N_OFFSET = (<long long>1) << 31     # tie_sign * n + N_OFFSET > 0 (n < 2^31)
 

@@ -1,5 +1,5 @@
 # cython: boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
-"""Compact schedules of packed variable-length batches (format: cupy_dash/varlen_schedule.py).
+"""Compact schedules of packed variable-length batches (format: cupy_dash/schedule/varlen.py).
 
 A *segment* is one (sequence, KV head) pair, seg = b * Hkv + kv_head; it owns the visible KV columns of its
 sequence, with the sequence's own M, N and mask ranges (bottom-right causal and windows per sequence). The
@@ -13,9 +13,9 @@ coverage, rank permutations, deadlock freedom and the rank rule in O(columns).
 import numpy as np
 from libc.stdlib cimport calloc, malloc, free
 
-from cupy_dash._records cimport (REC_CTA, REC_FIELDS, REC_HEAD, REC_HI, REC_LO, REC_N, REC_ROT, REC_SPLIT,
-                                 REC_STEP, check_cta_lists, check_rule, cta_lists_into, rule_index)
-from cupy_dash._units cimport POLICY_DESCENDING, POLICY_FA3, POLICY_SYMMETRIC_SHIFT, pair_rectangle, tile_range
+from cupy_dash.schedule._records cimport (REC_CTA, REC_FIELDS, REC_HEAD, REC_HI, REC_LO, REC_N, REC_ROT, REC_SPLIT,
+                                          REC_STEP, check_cta_lists, check_rule, cta_lists_into, rule_index)
+from cupy_dash.schedule._units cimport POLICY_DESCENDING, POLICY_FA3, POLICY_SYMMETRIC_SHIFT, pair_rectangle, tile_range
 
 cdef long long INT32_MAX = 0x7fffffff
 

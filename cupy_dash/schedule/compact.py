@@ -57,7 +57,7 @@ import functools
 
 import numpy as np
 
-from . import _compact, _compact_view, _schedule, schedule
+from . import _compact, _compact_view, _schedule, per_visit
 
 RANK_RULES = ("count", "ascending n", "descending n")   # rank_rule 0, 1, 2
 
@@ -160,12 +160,12 @@ class CompactSchedule(ColumnRecords):
     def expand(self) -> tuple:
         return expand(self)
 
-    def to_schedule(self) -> schedule.Schedule:
+    def to_schedule(self) -> per_visit.Schedule:
         """The expanded view as a :class:`schedule.Schedule` (validate / simulate work on it)."""
         visits, rank, cta_start = expand(self)
-        return schedule.Schedule(self.policy, self.seqlen_q, self.seqlen_k, self.block_m, self.block_n,
-                                 self.num_heads, self.causal, self.num_sms, visits, rank, cta_start,
-                                 self.group_size, self.window)
+        return per_visit.Schedule(self.policy, self.seqlen_q, self.seqlen_k, self.block_m, self.block_n,
+                                  self.num_heads, self.causal, self.num_sms, visits, rank, cta_start,
+                                  self.group_size, self.window)
 
     def scan_lengths(self) -> np.ndarray:
         """int64 (num_m_blocks,): columns of one KV head that visit each Q tile, i.e. the records the dQ writer's
@@ -181,8 +181,8 @@ class CompactSchedule(ColumnRecords):
         for the pipeline's fill), plus the paper's start-up staircase (n - 1) r of the closed forms for tables
         whose dQ tiles all add in ascending n (fa3 without a right mask bound, descending), n = the columns of
         a head that start together, min(NC, CTAs). Waits other than the staircase are not modelled."""
-        c, r = schedule._costs(c, r)
-        engine = schedule._engine(model)
+        c, r = per_visit._costs(c, r)
+        engine = per_visit._engine(model)
         load = int(self.loads.max()) * self.group_size
         busy = load * max(c, r) + min(c, r) if engine else load * (c + r)
         stairs = (min(self.columns_per_head, self.num_ctas) - 1) * r if self.rank_rule == 1 else 0.0
@@ -204,9 +204,9 @@ class CompactSchedule(ColumnRecords):
 
     def lower_bound(self, c: float = 1.0, r: float = 0.25, model: str = "dag") -> float:
         """:func:`schedule.lower_bound` from the records."""
-        c, r = schedule._costs(c, r)
+        c, r = per_visit._costs(c, r)
         lo, hi = self.column_ranges()
-        step = max(c, r) if schedule._engine(model) else c + r
+        step = max(c, r) if per_visit._engine(model) else c + r
         return max(self.num_visits * step / self.num_sms, self.group_size * int((hi - lo).max()) * step)
 
     def __repr__(self):
@@ -221,10 +221,10 @@ def build_compact(policy: str = "auto", *, seqlen_q: int, seqlen_k: int, block_m
                   num_heads: int, causal: bool, num_sms: int, group_size: int = 1, window=(-1, -1)):
     """The compact records of :func:`schedule.build`'s table (same arguments, same checks), built in
     O(columns). ``auto`` picks as :func:`schedule.build` does (``plan.auto_method`` says how)."""
-    args = schedule._checked_args(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms,
-                                  group_size, window)
+    args = per_visit._checked_args(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms,
+                                   group_size, window)
     if policy == "auto":
-        plan = copy.copy(_build_compact(schedule._auto_choice(*args), *args))
+        plan = copy.copy(_build_compact(per_visit._auto_choice(*args), *args))
         plan.auto_method = auto_method(*args)
         return plan
     return _build_compact(policy, *args)
@@ -243,9 +243,9 @@ def expand(plan: CompactSchedule) -> tuple:
     """(visits, rank, cta_start): the per-visit arrays of ``plan``, equal to :func:`schedule.build`'s for the
     same arguments (ranks derived independently, by sorting every dQ tile's visits by key). Raises TypeError
     naming ``plan`` unless it is compact records."""
-    schedule._table_arg(plan, ("records", "cta_columns", "cta_col_start", "num_m_blocks", "n_first",
-                               "columns_per_head", "group_size", "tie_sign"),
-                        "compact records (a CompactSchedule from schedule.build_compact(...))")
+    per_visit._table_arg(plan, ("records", "cta_columns", "cta_col_start", "num_m_blocks", "n_first",
+                                "columns_per_head", "group_size", "tie_sign"),
+                         "compact records (a CompactSchedule from schedule.build_compact(...))")
     return _compact_view.expand(plan.records, plan.cta_columns, plan.cta_col_start, plan.num_m_blocks,
                                 plan.n_first, plan.columns_per_head, plan.group_size, plan.tie_sign)
 
@@ -263,14 +263,15 @@ def auto_method(seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms
     """How ``auto`` chooses for this problem: 'engine simulation' (per visit, up to
     ``schedule.AUTO_MAX_SIMULATED_VISITS`` visits) or 'column model' (:meth:`CompactSchedule.model_makespan`)."""
     v = num_visits(seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, window)
-    return "engine simulation" if v <= schedule.AUTO_MAX_SIMULATED_VISITS else "column model"
+    return "engine simulation" if v <= per_visit.AUTO_MAX_SIMULATED_VISITS else "column model"
 
 
 def column_model_choice(*args) -> str:
     """``auto``'s choice by the column model (engine costs AUTO_COSTS, same tolerance and tie order as the
     per-visit simulation), among the candidates whose waits it accounts for (``column_model_applies``)."""
-    plans = [_build_compact(p, *args) for p in schedule.AUTO_CANDIDATES]
-    times = {p.policy: p.model_makespan(*schedule.AUTO_COSTS, model="engine") for p in plans
+    plans = [_build_compact(p, *args) for p in per_visit.AUTO_CANDIDATES]
+    times = {p.policy: p.model_makespan(*per_visit.AUTO_COSTS, model="engine") for p in plans
              if p.column_model_applies}
     best = min(times.values())
-    return next(p for p in schedule.AUTO_CANDIDATES if p in times and times[p] <= best * (1 + schedule.AUTO_TOLERANCE))
+    return next(p for p in per_visit.AUTO_CANDIDATES
+                if p in times and times[p] <= best * (1 + per_visit.AUTO_TOLERANCE))

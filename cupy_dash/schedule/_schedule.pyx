@@ -46,10 +46,10 @@ here; the heap both use is _heap.pxd.
 import numpy as np
 from libc.stdlib cimport malloc, free
 
-from cupy_dash._heap cimport heap_pop, heap_push
-from cupy_dash._units cimport (POLICY_DESCENDING, POLICY_FA3, POLICY_SHIFT, POLICY_SYMMETRIC_SHIFT, UnitShape,
-                               pair_rectangle, tile_range, unit_columns, unit_shape)
-from cupy_dash._schedule_check import analyze_table  # noqa: F401  (re-exported)
+from cupy_dash.schedule._heap cimport heap_pop, heap_push
+from cupy_dash.schedule._units cimport (POLICY_DESCENDING, POLICY_FA3, POLICY_SHIFT, POLICY_SYMMETRIC_SHIFT, UnitShape,
+                                        pair_rectangle, tile_range, unit_columns, unit_shape)
+from cupy_dash.schedule._schedule_check import analyze_table  # noqa: F401  (re-exported)
 
 POLICY_CODES = {"fa3": POLICY_FA3, "descending": POLICY_DESCENDING, "shift": POLICY_SHIFT,
                 "symmetric_shift": POLICY_SYMMETRIC_SHIFT}

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .per_visit import _table_arg
+
 
 def reduction_order(plan) -> tuple:
     """The two addition orders that fix the bits of a backward run with ``plan`` (a :class:`Schedule` or any
@@ -16,7 +18,6 @@ def reduction_order(plan) -> tuple:
 
     Two tables with equal orders give bitwise equal dq, dk, dv (the kernel's arithmetic per visit does not
     depend on the CTA that runs it). Raises TypeError naming ``plan`` for anything else."""
-    from .schedule import _table_arg        # schedule imports this module
     _table_arg(plan, ("visits", "rank"), "a per-visit schedule table (a Schedule from schedule.build(...), or an "
                "object with visits, rank and optionally group_size)")
     visits = np.asarray(plan.visits, dtype=np.int64)

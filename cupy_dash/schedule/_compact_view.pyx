@@ -1,5 +1,5 @@
 # cython: boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
-"""What the backward kernel will compute from compact records alone (format: cupy_dash/compact.py), as a CPU
+"""What the backward kernel will compute from compact records alone (format: cupy_dash/schedule/compact.py), as a CPU
 reference, plus the expansion into today's per-visit table.
 
 ``visit_of``: the i-th visit of a CTA, by walking the CTA's column list (the producer and the MMA warpgroups).
@@ -11,8 +11,8 @@ independently of both (a sort per dQ tile), equal to ``_schedule.build_table``'s
 import numpy as np
 from libc.stdlib cimport malloc, free, qsort
 
-from cupy_dash._records cimport (RANK_ASC_N, RANK_COUNT, RANK_DESC_N, REC_FIELDS, REC_HEAD, REC_HI, REC_LO, REC_N,
-                                 REC_STEP, rule_index, rule_tile)
+from cupy_dash.schedule._records cimport (RANK_ASC_N, RANK_COUNT, RANK_DESC_N, REC_FIELDS, REC_HEAD, REC_HI, REC_LO,
+                                          REC_N, REC_STEP, rule_index, rule_tile)
 
 cdef enum:
     MODE_KERNEL = 0

@@ -8,7 +8,7 @@ each (tests/unit/test_varlen_compact.py holds the numpy statements of the same v
 so that a new packing costs one call rather than a dozen numpy ones.
 
 ``schedule_varlen`` builds a packed batch's records (the per-sequence windows, shapes and dispatch order,
-``auto``'s choice, the records: what cupy_dash.varlen_schedule.build_varlen returns after its argument checks);
+``auto``'s choice, the records: what cupy_dash.schedule.build_varlen returns after its argument checks);
 ``new_packing`` is the host side of a training step's new packing in one call: those records, packed. Both run
 the same C-level pipeline (``schedule_core``) on malloc'd scratch (an ``Arena``, kept between calls), which
 allocates no Python object until the result: ``new_packing`` then writes the packed buffer straight from it.
@@ -17,10 +17,10 @@ import numpy as np
 from libc.stdlib cimport free, realloc
 from libc.string cimport memcpy, memset
 
-from cupy_dash._records cimport REC_FIELDS, REC_HI, REC_LO, REC_STEP
-from cupy_dash._units cimport POLICY_DESCENDING, POLICY_FA3, POLICY_SYMMETRIC_SHIFT
-from cupy_dash._varlen_sched cimport (INFO_FIELDS, Built, Dispatch, Shapes, build_varlen, busiest_load, plain_units,
-                                      shapes_count, shapes_fill, total_columns)
+from cupy_dash.schedule._records cimport REC_FIELDS, REC_HI, REC_LO, REC_STEP
+from cupy_dash.schedule._units cimport POLICY_DESCENDING, POLICY_FA3, POLICY_SYMMETRIC_SHIFT
+from cupy_dash.schedule._varlen_sched cimport (INFO_FIELDS, Built, Dispatch, Shapes, build_varlen, busiest_load,
+                                               plain_units, shapes_count, shapes_fill, total_columns)
 
 NAMES = ("col_records", "cta_columns", "cta_col_start", "seg_col_start", "seq_n_first", "tile_columns",
          "seq_tile_start", "cta_start", "cu_seqlens_q", "cu_seqlens_k")
@@ -417,7 +417,7 @@ cpdef tuple schedule_varlen(int policy, const long long[::1] sq, const long long
                             long long right, long long bm, long long bn, long long heads, long long group,
                             bint causal, long long num_sms, tuple candidates, double c, double r,
                             double tolerance, long long few_grouped):
-    """The compact records of a packed batch's backward schedule (cupy_dash.varlen_schedule.build_varlen, which
+    """The compact records of a packed batch's backward schedule (cupy_dash.schedule.build_varlen, which
     checks the arguments): ``(policy, windows int64 (B, 2), (seq_info int64 (B, 6), vis_off (B + 1,), vis_lo,
     vis_hi (columns,)), (records (columns, 8), cta_columns, cta_col_start, seg_col_start int64, loads, num_ctas,
     tie_sign), the candidates auto dispatched)``. ``policy``: a _schedule.POLICY_CODES value, or -1 for auto

@@ -6,7 +6,7 @@ of the Hopper kernel. ``cupy_dash._schedule`` re-exports it.
 import numpy as np
 from libc.stdlib cimport malloc, free
 
-from cupy_dash._heap cimport heap_pop, heap_push
+from cupy_dash.schedule._heap cimport heap_pop, heap_push
 
 
 def analyze_table(visits_arr, rank_arr, cta_start_arr, long long num_heads, long long num_m_blocks, lo_arr,

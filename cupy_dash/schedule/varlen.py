@@ -1,0 +1,176 @@
+"""Compact schedules of packed variable-length batches, host side (docs/schedules.md,
+docs/decisions/table-forms.md).
+
+The backward of a packed batch (FlashAttention's layout: q ``(total_q, H, D)``, k / v ``(total_k, Hkv, D)``,
+``cu_seqlens_q`` / ``cu_seqlens_k`` int32 ``(B + 1,)``) gets its dQ reduction order from compact records, one per
+visible KV column of every (sequence, KV head), built in O(columns) from the host lengths::
+
+    plan = schedule.build_varlen("auto", seqlens_q, seqlens_k, block_m=64, block_n=128, heads=16, causal=True,
+                                 num_sms=132)               # seqlens_*: host ints, one per sequence, zeros allowed
+    plan.validate()                 # O(columns) proof: coverage, rank permutations, no deadlock, rank rule
+    visits, rank, cta_start = plan.expand()                 # per-visit arrays, O(visits), no sort
+
+Naming. A *segment* is (sequence b, KV head kh): ``seg = b * Hkv + kh``; its query heads are
+``bh = seg * g + j = b * H + kh * g + j`` (j < g = group_size), the "head" of the expanded visits. Every segment
+has its sequence's own tiles: ``M_b = ceil(Sq_b / block_m)`` Q tiles, ``N_b = ceil(Sk_b / block_n)`` KV tiles,
+masks bottom-right aligned per sequence (causal and ``window`` as FlashAttention defines them for each sequence,
+canonicalised per sequence), and m_block, n_block are *local* to the sequence: the kernel maps Q tile m of
+visit bh to packed rows ``cu_seqlens_q[b] + m * block_m .. min(+ block_m, cu_seqlens_q[b + 1])`` of query head
+``bh mod H`` (b = bh // H), KV tile n to rows ``cu_seqlens_k[b] + n * block_n ..`` of KV head ``kh``; a partial
+last tile must mask its stores (the next sequence's rows follow). Sequences without a visible tile (Sq_b = 0 or
+Sk_b = 0) have no records.
+
+Device tables (little-endian):
+
+``records`` int32 (columns, 8): the fields of :mod:`cupy_dash.schedule.compact` (step, lo, hi, split, rot, cta, head,
+n_block) with ``head`` = seg and ``n_block`` local to the sequence; segment seg's records are the rows
+``seg_col_start[seg] .. seg_col_start[seg + 1] - 1`` in n order, the first for KV tile ``n_first[b]``.
+``seg_col_start`` int32 (B * Hkv + 1,) and ``n_first`` int32 (B,): where the dQ writer finds the columns of a
+segment (rank: count those visiting m with a smaller (step, tie_sign * n) key; with rank_rule 1 / 2 the closed
+forms n - first / last - n over that run, as in compact.py). ``cta_columns`` int32 (columns,) and
+``cta_col_start`` int64 (num_ctas + 1,): each CTA's columns in execution order. Header: group_size, tie_sign,
+rank_rule, num_ctas, heads H, Hkv, block_m, block_n. 36 bytes per column + 8 per CTA + 4 per segment and sequence.
+
+Policies on mixed lengths: the sequences are dispatched longest-first (visible tiles, stable, so equal lengths
+keep index order), every segment's units in its policy's order with its own rules (per-sequence Q-tile ranges;
+symmetric_shift pairs the columns of triangular sequences when the batch has at least as many units as CTAs, and
+treats band-shaped sequences mirror-wise); fa3 with a right mask bound keeps upstream's shortest-first order,
+round j dispatching the j-th shortest column of every segment. With equal lengths the records are
+``build_compact``'s for B * H heads. ``auto`` decides by the column model (no per-visit simulation: a table is
+built every training step).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import _schedule, _varlen_sched, _varlen_view, per_visit, varlen_pack
+from .compact import ColumnRecords
+
+RANK_COUNT, RANK_ASC_N, RANK_DESC_N = 0, 1, 2
+
+
+class VarlenSchedule(ColumnRecords):
+    """Compact records of one packed batch (arrays read-only)."""
+
+    def __init__(self, policy, problem, out, info, vlo, vhi):
+        (self.seqlens_q, self.seqlens_k, self.block_m, self.block_n, self.heads, self.causal, self.num_sms,
+         self.group_size, self.windows) = problem
+        self.policy = policy
+        (self.records, self.cta_columns, self.cta_col_start, seg_col_start, self.loads, self.num_ctas,
+         self.tie_sign) = out
+        self.num_kv_heads = self.heads // self.group_size
+        self.seg_col_start = seg_col_start.astype(np.int32)
+        self.n_first = np.maximum(info[:, 2], 0).astype(np.int32)
+        self.num_m_blocks, self.num_n_blocks = info[:, 0].copy(), info[:, 1].copy()
+        self._lengths = vhi - vlo
+        self.rank_rule = varlen_pack.rank_rule_of(_schedule.POLICY_CODES[policy], self.tie_sign)
+        self.auto_dispatched = ()       # build_varlen("auto"): the candidates whose dispatch auto ran
+        for a in (self.records, self.cta_columns, self.cta_col_start, self.seg_col_start, self.n_first, self.loads):
+            a.flags.writeable = False
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (self.records, self.cta_columns, self.cta_col_start, self.seg_col_start,
+                                      self.n_first))
+
+    def header(self) -> dict:
+        return {"group_size": self.group_size, "tie_sign": self.tie_sign, "rank_rule": self.rank_rule,
+                "num_ctas": self.num_ctas, "heads": self.heads, "kv_heads": self.num_kv_heads,
+                "block_m": self.block_m, "block_n": self.block_n}
+
+    def validate(self) -> "VarlenSchedule":
+        """O(columns): raise ValueError unless the records cover exactly the visible tiles of every sequence,
+        give every dQ tile the ranks 0..k-1, cannot deadlock and obey the rank rule (_varlen_sched.check_varlen
+        says why that is a proof)."""
+        _varlen_sched.check_varlen(self.records, self.cta_columns, self.cta_col_start, self.seg_col_start,
+                                   self.seqlens_q, self.seqlens_k, self.windows, self.block_m, self.block_n,
+                                   self.causal, self.num_kv_heads, self.tie_sign, self.rank_rule)
+        return self
+
+    def expand(self) -> tuple:
+        return expand(self)
+
+    def model_makespan(self, c: float = 1.0, r: float = 0.25, model: str = "dag") -> float:
+        """compact.CompactSchedule.model_makespan on the mixed columns (staircase: the most columns of a
+        segment, or the CTAs)."""
+        c, r = per_visit._costs(c, r)
+        return varlen_pack.column_model(int(self.loads.max(initial=0)) * self.group_size, self.num_ctas,
+                                        int(np.diff(self.seg_col_start).max(initial=0)), self.rank_rule, c, r,
+                                        per_visit._engine(model))
+
+    @property
+    def column_model_applies(self) -> bool:
+        """As compact.CompactSchedule.column_model_applies: symmetric_shift and fa3 always, the others only when
+        every column of the batch is equally long."""
+        return _model_applies(self.policy, self._lengths)
+
+    def __repr__(self):
+        return (f"VarlenSchedule({self.policy!r}, {len(self.seqlens_q)} sequences, heads={self.heads}, "
+                f"group_size={self.group_size}, causal={self.causal}: {self.num_columns} columns, "
+                f"{self.num_visits} visits on {self.num_ctas} CTAs, {self.nbytes} bytes)")
+
+
+def _lengths(name, seqlens) -> np.ndarray:
+    arr = np.asarray(seqlens)
+    if arr.ndim != 1 or len(arr) < 1 or arr.dtype.kind not in "iu":
+        raise ValueError(f"{name}: expected a 1-D host sequence of ints (one per sequence), got {seqlens!r}")
+    if len(arr) and (arr.min() < 0 or arr.max() >= 1 << 31):
+        raise ValueError(f"{name}: lengths must be in [0, 2^31)")
+    return np.ascontiguousarray(arr, dtype=np.int64)
+
+
+def _problem(policy, seqlens_q, seqlens_k, block_m, block_n, heads, causal, num_sms, group_size, window):
+    if policy not in per_visit.POLICIES:
+        raise ValueError(f"unknown schedule {policy!r}; expected one of {', '.join(per_visit.POLICIES)}")
+    sq, sk = _lengths("seqlens_q", seqlens_q), _lengths("seqlens_k", seqlens_k)
+    if len(sq) != len(sk):
+        raise ValueError(f"seqlens_q and seqlens_k name {len(sq)} and {len(sk)} sequences")
+    heads, group = per_visit._positive_int("heads", heads), per_visit._positive_int("group_size", group_size)
+    if heads % group:
+        raise ValueError(f"group_size ({group}) must divide heads ({heads})")
+    causal = per_visit._flag("causal", causal)
+    return (sq, sk, per_visit._positive_int("block_m", block_m), per_visit._positive_int("block_n", block_n),
+            heads, causal, per_visit._positive_int("num_sms", num_sms), group, per_visit.check_window(window, causal))
+
+
+_POLICY_NAMES = {code: name for name, code in _schedule.POLICY_CODES.items()}
+
+
+def _schedule_args(policy, problem) -> tuple:
+    """The arguments of varlen_pack.schedule_varlen (and the first ones of new_packing) for ``problem``
+    (:func:`_problem`'s tuple: lengths int64, tiles, heads, causal, CTAs, group, checked window), with auto's
+    constants (schedule.AUTO_*) as they are now."""
+    sq, sk, bm, bn, heads, causal, num_sms, group, (left, right) = problem
+    codes = _schedule.POLICY_CODES
+    c, r = per_visit.AUTO_COSTS
+    return (-1 if policy == "auto" else codes[policy], sq, sk, left, right, bm, bn, heads, group, causal, num_sms,
+            tuple(codes[p] for p in per_visit.AUTO_CANDIDATES), c, r, per_visit.AUTO_TOLERANCE,
+            per_visit.AUTO_FEW_GROUPED)
+
+
+def _model_applies(policy, lengths) -> bool:
+    """VarlenSchedule.column_model_applies for the visible columns' lengths int64 (columns,)."""
+    if policy in ("symmetric_shift", "fa3") or len(lengths) == 0:
+        return True
+    return bool((lengths == lengths[0]).all())
+
+
+def build_varlen(policy: str = "auto", seqlens_q=None, seqlens_k=None, *, block_m: int, block_n: int, heads: int,
+                 causal: bool, num_sms: int, group_size: int = 1, window=(-1, -1)) -> VarlenSchedule:
+    """Compact records of the backward schedule of a packed batch (module docstring), O(columns): the arguments
+    checked here, the records built by varlen_pack.schedule_varlen. ``auto`` picks among
+    schedule.AUTO_CANDIDATES by the column model, as compact.column_model_choice does, and builds the records of
+    its choice only (``plan.auto_dispatched``: the candidates it had to dispatch to choose)."""
+    problem = _problem(policy, seqlens_q, seqlens_k, block_m, block_n, heads, causal, num_sms, group_size, window)
+    code, wins, shapes, built, dispatched = varlen_pack.schedule_varlen(*_schedule_args(policy, problem))
+    plan = VarlenSchedule(_POLICY_NAMES[code], problem[:8] + (wins,), built, shapes[0], shapes[2], shapes[3])
+    plan.auto_dispatched = tuple(_POLICY_NAMES[c] for c in dispatched)
+    return plan
+
+
+def expand(plan: VarlenSchedule) -> tuple:
+    """(visits int32 (V, 4) rows (cta, bh, n_block, m_block) in every CTA's execution order, rank int32 (V,),
+    cta_start int64 (num_ctas + 1,)): the per-visit table, ranks derived independently of the rank rule (every
+    dQ tile (bh, m) sorts its visits by (step, tie_sign * n)), in O(visits) without a sort (_varlen_view)."""
+    return _varlen_view.expand(plan.records, plan.cta_columns, plan.cta_col_start, plan.num_m_blocks,
+                               plan.num_kv_heads, plan.group_size, plan.tie_sign)
