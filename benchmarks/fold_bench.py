@@ -19,7 +19,7 @@ import numpy as np
 
 import cupy
 import cupy_dash
-from cupy_dash import launchers
+from cupy_dash.cuda import launchers
 
 SHAPES = [  # B, H, S, D, causal
     (1, 1, 128, 64, True), (1, 4, 512, 128, True), (4, 16, 512, 128, True), (1, 16, 1024, 128, True),

@@ -13,7 +13,7 @@ import numpy as np
 
 import cupy
 import cupy_dash
-from cupy_dash import launchers
+from cupy_dash.cuda import launchers
 
 CASES = [  # B, H, Hkv, Sq, Sk, D, causal, deterministic
     (1, 2, 2, 300, 300, 128, True, True), (1, 2, 1, 200, 333, 64, False, True), (2, 1, 1, 129, 64, 64, True, False)]

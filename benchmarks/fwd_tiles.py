@@ -13,7 +13,7 @@ import cupy
 import numpy as np
 
 import cupy_dash
-from cupy_dash import kernels
+from cupy_dash.cuda import kernels
 from cupy_dash.measure import attention_flops, random_tensor
 
 

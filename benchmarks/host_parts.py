@@ -17,7 +17,8 @@ import time
 import torch
 
 import cupy_dash
-from cupy_dash import _launch, errors, fastpath, interop
+from cupy_dash import fastpath, interop
+from cupy_dash.cuda import errors, executor
 
 
 def per_step_us(fn, loops):
@@ -69,7 +70,7 @@ def main(argv=None):
         ("errors.poll_errors (nothing pending)", errors.poll_errors),
         ("bytearray(bwd template) + 15 pack_into", lambda: [struct.pack_into("<Q", b, 8 * i, i) for b in
                                                            (bytearray(template),) for i in range(15)]),
-        ("cuLaunchKernel (forward, from its plan)", lambda: _launch.launch(fplan.func, *fplan.launch, stream.ptr,
+        ("cuLaunchKernel (forward, from its plan)", lambda: executor.launch(fplan.func, *fplan.launch, stream.ptr,
                                                                             fplan.template)),
         ("fastpath.run_forward", lambda: fastpath.run_forward(fplan, stream, q, k, v)),
         ("fastpath.run_backward", lambda: fastpath.run_backward(bplan, stream, do, q, k, v, out, lse)),

@@ -9,7 +9,8 @@ sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]
 import numpy as np
 import pytest
 import cupy_dash
-from cupy_dash import api, fastpath, interop, kernels, launchers, errors, _launch, tensormap
+from cupy_dash import api, fastpath, interop
+from cupy_dash.cuda import errors, executor, kernels, launchers, tensormap
 from fastpath_fakes import Tensor, BF16, F32, U8
 mp = pytest.MonkeyPatch()
 addresses = iter(range(0x1000000, 0x900000000, 0x10000))
@@ -40,7 +41,7 @@ pool = types.SimpleNamespace(free=[])
 def acquire(dev):
     s = Slot(); s.dptr=0xA000; s.hdev=0xB000; s.host=np.array([1,0,0,0,0,0,0,0],np.int32); s.pool=pool; s.device_id=0; return s
 mp.setattr(api, "_acquire_slot", acquire); mp.setattr(errors, "_acquire_slot", acquire)
-mp.setattr(_launch, "launch_sequence", lambda s, p, l: None)
+mp.setattr(executor, "launch_sequence", lambda s, p, l: None)
 
 q, do, out, k, v = (Tensor((1,128,1,64), BF16, 0x10000*(i+1)) for i in range(5))
 lse = Tensor((1,1,128), F32, 0x90000)
@@ -57,7 +58,7 @@ pr.disable(); pstats.Stats(pr).sort_stats("tottime").print_stats(14)
 mp.setattr(fastpath, "_ready_stream", lambda dev: Stream())
 mp.setattr(kernels, "fwd_entry", lambda *a, **kw: (kernels.fwd_spec("bfloat16", 64, False), 128, 128))
 mp.setattr(kernels, "launch", lambda *a, **kw: None)
-mp.setattr(_launch, "launch", lambda *a, **kw: None)
+mp.setattr(executor, "launch", lambda *a, **kw: None)
 out0, lse0 = cupy_dash.attention_forward(q, k, v)
 t0 = time.perf_counter()
 for _ in range(n):

@@ -19,7 +19,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import cupy_dash  # noqa: E402
-from cupy_dash import errors, fastpath, fastpath_varlen, launchers, varlen  # noqa: E402
+from cupy_dash import fastpath, fastpath_varlen, varlen  # noqa: E402
+from cupy_dash.cuda import errors, launchers  # noqa: E402
 import fastpath_fakes as fakes  # noqa: E402
 from varlen_step import _Parts  # noqa: E402
 from fastpath_fakes import no_gpu, _inputs, _tables_per_packing  # noqa: E402,F401  (fixture)

@@ -29,7 +29,8 @@ def measured_times(report: dict) -> list:
 
 def model_times(cfg: dict, sms: int, r: float, writers: int) -> dict:
     """{policy: makespan} of the engine model for one configuration (c = 1)."""
-    from cupy_dash import kernels, schedule
+    from cupy_dash import schedule
+    from cupy_dash.cuda import kernels
     tile = kernels.bwd_tile(cfg["hdim"])
     group = cfg["heads"] // cfg.get("heads_kv", cfg["heads"])
     out = {}

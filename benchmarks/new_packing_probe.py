@@ -30,7 +30,8 @@ import numpy as np
 import torch
 
 import cupy_dash
-from cupy_dash import _launch, errors, fastpath, fastpath_varlen, launchers, varlen
+from cupy_dash import fastpath, fastpath_varlen, varlen
+from cupy_dash.cuda import errors, executor, launchers
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from varlen_step import _Parts  # noqa: E402
@@ -72,7 +73,7 @@ def main(argv=None):
     for mod, name, label in ((fastpath, "run_backward", "run_backward"),
                              (fastpath._torch, "empty_like", "empty_like x3"), (fastpath._torch, "empty", "empty"),
                              (errors, "poll_errors", "poll_errors"), (errors, "_acquire_slot", "acquire slot"),
-                             (_launch, "patched_block", "patched_block"),
+                             (executor, "patched_block", "patched_block"),
                              (launchers, "enqueue_backward", "enqueue_backward")):
         timer.times[label] = []
         timer._wrap(mod, name, label)

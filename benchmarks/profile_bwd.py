@@ -1,6 +1,6 @@
 """Where backward time goes: GPU time of each of the three backward kernels (preprocess, main, postprocess),
 per schedule, on the benchmark shapes (bf16, 16k tokens, H*D = 2048). Every launch is bracketed by CUDA events
-(by wrapping cupy_dash._launch.launch_sequence, the backward's launcher, so that it launches one kernel at a time),
+(by wrapping cupy_dash.cuda.executor.launch_sequence, the backward's launcher, so that it launches one kernel at a time),
 median of `--repeats` calls. A backward folded into one launch (launchers.fold_wanted: small problems) shows its
 whole time as "main".
 
@@ -12,7 +12,8 @@ import statistics
 import cupy
 
 import cupy_dash
-from cupy_dash import _launch, interop
+from cupy_dash import interop
+from cupy_dash.cuda import executor
 from cupy_dash.measure import attention_flops, random_tensor
 
 
@@ -25,7 +26,7 @@ def main():
     args = ap.parse_args()
 
     spans = []                                  # (kernel name, start event, end event) of the calls being timed
-    launch_sequence = _launch.launch_sequence
+    launch_sequence = executor.launch_sequence
     names = {3: ("bwd_preprocess", "bwd_main", "bwd_postprocess"), 1: ("bwd_main",)}
 
     def timed_sequence(stream_ptr, params, launches):
@@ -37,7 +38,7 @@ def main():
             end.record(stream)
             spans.append((name, start, end))
 
-    _launch.launch_sequence = timed_sequence
+    executor.launch_sequence = timed_sequence
     print(f"{'shape':<22} {'schedule':<16} {'pre ms':>8} {'main ms':>8} {'post ms':>8} {'total':>8} "
           f"{'main TFLOP/s':>12} {'all TFLOP/s':>11}")
     for hdim in args.hdims:

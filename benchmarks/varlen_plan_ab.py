@@ -1,5 +1,5 @@
 """A new packing's host build in two checkouts, interleaved (no GPU needed): for each checkout in turn, a fresh
-process times ``cupy_dash.varlen_device.plan`` (GPU-expanded form, 16,384 tokens cut at random into B sequences,
+process times ``cupy_dash.cuda.varlen_device.plan`` (GPU-expanded form, 16,384 tokens cut at random into B sequences,
 16 heads, causal, auto, 132 CTAs) over --packings new packings, best of three loops; --rounds alternations; then
 the min and median µs per checkout and B. The checkouts' Cython modules must be built in place
 (``python setup.py build_ext --inplace``).
@@ -17,7 +17,7 @@ _CHILD = r"""
 import sys, time
 import numpy as np
 sys.path.insert(0, sys.argv[1])
-from cupy_dash import varlen_device
+from cupy_dash.cuda import varlen_device
 assert varlen_device.__file__.startswith(sys.argv[1]), varlen_device.__file__
 N = int(sys.argv[2])
 for B in (4, 16, 64):

@@ -1,5 +1,5 @@
 """Host build of a new packing's varlen backward table, as the backward runs it (no GPU needed): median µs of
-``cupy_dash.varlen_device.plan`` over new random packings of --tokens tokens into B sequences (causal, 16 heads,
+``cupy_dash.cuda.varlen_device.plan`` over new random packings of --tokens tokens into B sequences (causal, 16 heads,
 128 x 128 tiles, 132 CTAs, ``auto``), per table form: "expand" (compact records packed for the upload, expanded
 on the GPU: the default), "compact" (read as records by the compact kernel) and "per-visit" (expanded on the host).
 
@@ -13,7 +13,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from cupy_dash import varlen_device  # noqa: E402
+from cupy_dash.cuda import varlen_device  # noqa: E402
 
 
 def main(argv=None):

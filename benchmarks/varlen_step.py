@@ -50,11 +50,12 @@ def _packing(rng, b):
 def _fine_parts():
     """(module, attribute, label) of the steps of a new packing timed by ``--parts``."""
     import cupyx
-    from cupy_dash import _launch, device_tables, fastpath, fastpath_varlen, kernels, varlen, varlen_device
+    from cupy_dash import fastpath, fastpath_varlen, varlen
+    from cupy_dash.cuda import device_tables, executor, kernels, varlen_device
     return [(varlen, "_checked_cu_seqlens", "check lengths"), (varlen_device, "plan", "plan (host build)"),
             (kernels, "bwd_entry", "bwd_entry"), (device_tables, "_upload", "_upload"),
             (cupyx, "empty_pinned", "empty_pinned"), (cupy.cuda, "alloc", "cupy.cuda.alloc"),
-            (_launch, "patched_block", "patched_block"), (_launch, "launch", "cuLaunchKernel (expand)"),
+            (executor, "patched_block", "patched_block"), (executor, "launch", "cuLaunchKernel (expand)"),
             (device_tables, "_keep_alive", "keep_alive (tables)"), (device_tables, "_release_after", "release"),
             (device_tables, "_defer_release", "defer release"),
             (fastpath, "rebased_plan", "rebased_plan"), (fastpath_varlen, "_store", "store plan"),
@@ -66,7 +67,8 @@ class _Parts:
     ``fine`` of each step of :func:`_fine_parts`, by wrapping them in their modules while the benchmark runs."""
 
     def __init__(self, fine=False):
-        from cupy_dash import varlen, varlen_device
+        from cupy_dash import varlen
+        from cupy_dash.cuda import varlen_device
         self.times = {"build": [], "upload": []}
         self._undo = []
         self._wrap(varlen, "_tables", "build")

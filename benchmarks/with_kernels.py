@@ -1,7 +1,7 @@
 """Runs a script or a module with cupy_dash's CUDA sources taken from another directory: an A/B of two kernel
 versions in one device run (the disk cache keys on the source text, so both builds coexist). Only for kernel
 versions that share this tree's host contract: the parameter structs and the shared-memory formula of
-cupy_dash/kernels.py (a kernel whose smem layout changed fails its static_assert and is reported as an error).
+cupy_dash/cuda/kernels.py (a kernel whose smem layout changed fails its static_assert and is reported as an error).
 
     git archive <old commit> kernels_src | tar -x -C /tmp/old
     python benchmarks/with_kernels.py /tmp/old/kernels_src benchmarks/bench.py --hdims 128 ...
@@ -22,7 +22,7 @@ def main():
     src = Path(sys.argv[1]).resolve()
     if not (src / "bwd_main.cu").is_file():
         sys.exit(f"{src}: not a kernels_src directory")
-    from cupy_dash import jit
+    from cupy_dash.cuda import jit
     jit._default_kernel_dir.cache_clear()
     jit._default_kernel_dir = lambda: src
     target = sys.argv[2]

@@ -3,7 +3,7 @@
 Chosen with ``CUPY_DASH_JAX_FFI=1`` (read when a call is traced). Everything :mod:`cupy_dash.jax` prepares at
 trace time is prepared the same way (kernels loaded, schedule tables uploaded, error records, on every local
 Hopper GPU); in addition, each device gets a *launch plan*: the kernels' function handles and launch shapes, the
-parameter block as :mod:`cupy_dash.launchers` packs it, the places where buffer addresses go, and the buffers to
+parameter block as :mod:`cupy_dash.cuda.launchers` packs it, the places where buffer addresses go, and the buffers to
 zero first (dk, dv when a window leaves keys unseen). The plan is copied into the extension's slot table, and the
 custom call (target ``cupy_dash_launch``, registered for CUDA) carries the slot of each device as its attribute
 ``slots``. At run time the handler copies the block, writes the addresses (tensor maps through
@@ -24,7 +24,8 @@ import threading
 
 import numpy as np
 
-from . import jax_ops as _jax, jit, launchers
+from . import jax_ops as _jax
+from .cuda import jit, launchers
 
 TARGET = "cupy_dash_launch"
 PLAN_MAGIC = 0x48534144                  # xla_ffi.h DASH_PLAN_MAGIC

@@ -21,7 +21,7 @@ enqueues only its kernels (and, being a torch caller, allocates with torch): it 
 deferred errors, never compiles or loads a kernel, never uploads a schedule table and never synchronizes. So a
 call of the same variant and shape (and, for the backward, schedule) must have run eagerly before, on that
 device; otherwise it raises RuntimeError saying so, before enqueueing anything. A captured backward reports a
-semaphore timeout through its own device record, which :func:`check_errors` reads (see :mod:`cupy_dash.errors`).
+semaphore timeout through its own device record, which :func:`check_errors` reads (see :mod:`cupy_dash.cuda.errors`).
 """
 from __future__ import annotations
 
@@ -32,9 +32,10 @@ import cupy
 import ml_dtypes
 import numpy as np
 
-from . import config, device_tables, fastpath, interop, jit, kernels, launchers, tensormap
-from .errors import (_acquire_slot, _graph_record, _keep_alive, _record_shared, check_errors,
-                     poll_errors as _poll_errors)
+from . import config, fastpath, interop
+from .cuda import device_tables, jit, kernels, launchers, tensormap
+from .cuda.errors import (_acquire_slot, _graph_record, _keep_alive, _record_shared, check_errors,
+                          poll_errors as _poll_errors)
 from . import schedule as _schedule
 from .schedule import compact_device
 

@@ -17,7 +17,7 @@ import time
 
 # Default training shape of the GPU-less schedule analysis.
 ANALYSIS_SHAPE = dict(seqlen=8192, heads=16, causal=True, num_sms=132, head_dim=128)
-FALLBACK_TILE = (64, 128)          # (block_m, block_n) when cupy_dash.kernels is unavailable
+FALLBACK_TILE = (64, 128)          # (block_m, block_n) when cupy_dash.cuda.kernels is unavailable
 
 
 def _gpu_state():
@@ -28,7 +28,7 @@ def _gpu_state():
 
 def _analysis_tile():
     try:
-        from . import kernels
+        from .cuda import kernels
         tile = kernels.bwd_tile(ANALYSIS_SHAPE["head_dim"])
         return int(tile.block_m), int(tile.block_n)
     except Exception:

@@ -15,7 +15,7 @@ environment variables that change the launch (:func:`cupy_dash.config.fingerprin
 never matches a plan (plans are only made by calls that passed them), so bad input still raises before anything is
 launched. The fast path steps aside (returns None) when the current stream is capturing a CUDA graph (the full
 path has its capture rules), when the current device is not the tensors' device, or when ``CUPY_DASH_FASTPATH=0``.
-The asynchronous work is enqueued by the same :mod:`cupy_dash.launchers` functions as the full path's, so the bits
+The asynchronous work is enqueued by the same :mod:`cupy_dash.cuda.launchers` functions as the full path's, so the bits
 are the same.
 """
 from __future__ import annotations
@@ -24,7 +24,8 @@ import threading
 
 import cupy
 
-from . import _launch, config, errors, interop, jit, kernels, launchers, params, tensormap
+from . import config, interop
+from .cuda import errors, executor, jit, kernels, launchers, params, tensormap
 
 _MAX_PLANS = 256
 _MAX_MAPS = 64          # tensor maps kept per operand of a plan (keyed by address)
@@ -188,10 +189,10 @@ def run_forward(plan, stream, q, k, v, cu=()):
     lse = torch.empty(plan.lse_shape, dtype=torch.float32, device=plan.device)
     out_ptr = out.data_ptr()
     ptrs = (lse.data_ptr(), out_ptr, cu[0].data_ptr(), cu[1].data_ptr()) if cu else (lse.data_ptr(),)
-    buf = _launch.patched_block(plan.template, plan.maps, (q.data_ptr(), k.data_ptr(), v.data_ptr(), out_ptr),
-                                plan.map_offsets, plan.offsets, ptrs)
+    buf = executor.patched_block(plan.template, plan.maps, (q.data_ptr(), k.data_ptr(), v.data_ptr(), out_ptr),
+                                 plan.map_offsets, plan.offsets, ptrs)
     gx, gy, gz, threads, smem = plan.launch
-    _launch.launch(plan.func, gx, gy, gz, threads, smem, stream.ptr, buf)
+    executor.launch(plan.func, gx, gy, gz, threads, smem, stream.ptr, buf)
     return out, lse
 
 
@@ -262,7 +263,7 @@ def rebased_plan(base, c, call, cu_seqlens):
     else:
         plan.launches = launchers.bwd_launches(c)
     fields = launchers.bwd_schedule_fields(c.tables)
-    plan.template = bytes(_launch.patched_block(
+    plan.template = bytes(executor.patched_block(
         base.template, (), (), (), _REBASED_OFFSETS,
         (*(fields[name] for name in launchers.SCHEDULE_FIELDS), c.varlen[0], c.num_m_blocks, c.sq_rounded,
          cu_seqlens[0], cu_seqlens[1])))
@@ -326,11 +327,11 @@ def run_backward(plan, stream, do, q, k, v, out, lse):
     grads = dq.data_ptr(), dk.data_ptr(), dv.data_ptr()
     slot = errors._acquire_slot(plan.device_index)     # enqueue_backward releases it if anything fails
     try:
-        buf = _launch.patched_block(plan.template, plan.maps, (q_ptr, k_ptr, v_ptr, do_ptr), plan.map_offsets,
-                                    plan.offsets, (q_ptr, k_ptr, v_ptr, out.data_ptr(), do_ptr, lse.data_ptr(),
-                                                   base + off[0], base + off[1], base + off[2],
-                                                   base + off[3] if plan.deterministic else 0, *grads, slot.dptr,
-                                                   slot.hdev))
+        buf = executor.patched_block(plan.template, plan.maps, (q_ptr, k_ptr, v_ptr, do_ptr), plan.map_offsets,
+                                     plan.offsets, (q_ptr, k_ptr, v_ptr, out.data_ptr(), do_ptr, lse.data_ptr(),
+                                                    base + off[0], base + off[1], base + off[2],
+                                                    base + off[3] if plan.deterministic else 0, *grads, slot.dptr,
+                                                    slot.hdev))
     except BaseException:
         errors._release_slot(slot)
         raise

@@ -15,10 +15,11 @@ import threading
 import jax
 import numpy as np
 
-from . import api, config, interop, jit, kernels, launchers
+from . import api, config, interop
+from .cuda import jit, kernels, launchers
 from . import schedule as _schedule
 from .schedule import compact_device
-from .errors import _jit_record, _record_shared
+from .cuda.errors import _jit_record, _record_shared
 
 __all__ = ["attention", "attention_forward", "attention_backward"]
 
@@ -298,7 +299,7 @@ class _Forward:
 
 class _Backward:
     """A traced backward: the callback ``(ctx, (dq, dk, dv, workspace), dout, q, k, v, out, lse)`` and, per
-    device, its :class:`cupy_dash.launchers.BwdLaunch` (kernels loaded, schedule tables uploaded) and error record."""
+    device, its :class:`cupy_dash.cuda.launchers.BwdLaunch` (kernels loaded, schedule tables uploaded) and error record."""
 
     def __init__(self, p, cfg, spin_timeout_ns):
         import cupy

@@ -23,10 +23,11 @@ import functools
 import jax
 import numpy as np
 
-from . import api, config, device_tables, interop, kernels, launchers, varlen
+from . import api, config, interop, varlen
+from .cuda import device_tables, kernels, launchers
 from . import jax_ops as _jax
 from . import schedule as _schedule
-from .errors import _jit_record
+from .cuda.errors import _jit_record
 from .varlen import _check_same_count, _cu_seqlens_form, _cu_seqlens_values
 
 __all__ = ["attention_host_lengths"]

@@ -5,7 +5,7 @@
 kernel reads the sequence bounds from the device (a command-buffer compatible ``buffer_callback``). The backward
 needs the lengths on the host for its schedule table, so its ``buffer_callback`` copies them from the device when
 XLA runs it (a wait for XLA's stream), checks them (a ValueError from the callback fails the computation), builds
-or finds the packing's table (:mod:`cupy_dash.varlen_device`, cached per packing) and launches on XLA's stream;
+or finds the packing's table (:mod:`cupy_dash.cuda.varlen_device`, cached per packing) and launches on XLA's stream;
 it is not command-buffer compatible. Same bits as the eager varlen functions and as the static-lengths path.
 """
 from __future__ import annotations
@@ -16,10 +16,11 @@ import functools
 import jax
 import numpy as np
 
-from . import api, config, interop, kernels, launchers, varlen
+from . import api, config, interop, varlen
+from .cuda import kernels, launchers
 from . import jax_varlen as _static
 from . import jax_ops as _jax
-from .errors import _jit_record
+from .cuda.errors import _jit_record
 from .varlen import _checked_cu_seqlens
 
 _DynConfig = collections.namedtuple("_DynConfig", "base num_seqs max_q max_k")

@@ -20,10 +20,11 @@ import numbers
 import cupy
 import numpy as np
 
-from . import api, config, fastpath_varlen, gpu, interop, kernels, launchers, varlen_device, varlen_host_cu
+from . import api, config, fastpath_varlen, gpu, interop, varlen_host_cu
+from .cuda import kernels, launchers, varlen_device
 from . import schedule as _schedule
 from .schedule import compact_device, varlen_pack
-from .errors import _acquire_slot, _keep_alive, check_errors, poll_errors as _poll_errors
+from .cuda.errors import _acquire_slot, _keep_alive, check_errors, poll_errors as _poll_errors
 
 
 def _check_max_seqlen(name, value) -> int:

@@ -49,7 +49,7 @@ def fake_uploads(monkeypatch, fake: FakeDevices | None = None) -> list:
 
     import numpy as np
 
-    from cupy_dash import device_tables
+    from cupy_dash.cuda import device_tables
     uploads = []
 
     def upload_async(arrays, stream, wait=False):

@@ -12,8 +12,8 @@ import types
 import numpy as np
 import pytest
 
-from cupy_dash import api, errors, fastpath, fastpath_varlen, interop, kernels, launchers, tensormap, varlen, \
-    varlen_device
+from cupy_dash import api, fastpath, fastpath_varlen, interop, varlen
+from cupy_dash.cuda import errors, kernels, launchers, tensormap, varlen_device
 
 
 class _Dtype:

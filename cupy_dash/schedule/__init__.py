@@ -1,5 +1,5 @@
 """Schedules for the deterministic dQ reduction (the DASH paper), usable without a GPU (the tables on the GPU:
-:mod:`cupy_dash.device_tables`).
+:mod:`cupy_dash.cuda.device_tables`).
 
 The deterministic backward adds the dQ partial of every (KV tile n, Q tile m) visit into an fp32 accumulator
 in a fixed order per dQ tile.  A schedule says which CTA runs which KV tile, in which order each KV tile visits

@@ -4,7 +4,7 @@ The main kernel's compact build (``kernels_src/compact_view.cuh``) reads, instea
 four arrays and four scalars of :mod:`cupy_dash.schedule.compact` as BwdParams fields (``kernels_src/params.cuh``, the
 fields after ``softmax_scale_log2``). :func:`device_arrays` gives them as numpy arrays in exactly the layout
 uploaded (the mirror that the CPU tests check against :func:`cupy_dash.schedule.compact.expand`);
-:func:`cupy_dash.device_tables.compact` builds, uploads and caches them.
+:func:`cupy_dash.cuda.device_tables.compact` builds, uploads and caches them.
 
 When: eager backward calls (:func:`cupy_dash.attention_backward`) use the compact build where the per-visit
 table would hold more than ``AUTO_VISITS`` visits (20 bytes each: 335 MB, e.g. S = 128k with 32 heads, causal),

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import cupy_dash
-from cupy_dash import api, fastpath, interop, kernels, launchers
+from cupy_dash import api, fastpath, interop
+from cupy_dash.cuda import kernels, launchers
 from fastpath_fakes import BF16, F32, Tensor, no_gpu  # noqa: F401  (fixture)
 
 _PER_CALL = ("lse_log2", "dpsum", "dq_accum", "dq_semaphore", "dq", "dk", "dv", "error", "error_host")
@@ -121,10 +122,10 @@ def _made_map(ptr):
 
 
 def test_patched_block_writes_maps_and_fields_as_pack_into():
-    """_launch.patched_block (the fast paths' per-call patch, in C) against bytearray + slice assignment +
+    """executor.patched_block (the fast paths' per-call patch, in C) against bytearray + slice assignment +
     struct.pack_into on random blocks, maps and fields; maps come from the cache, or from get() on a miss."""
     import struct
-    from cupy_dash import _launch
+    from cupy_dash.cuda import executor
     rng = np.random.default_rng(4)
 
     class Maps:
@@ -145,7 +146,7 @@ def test_patched_block_writes_maps_and_fields_as_pack_into():
         map_offsets = tuple(int(o) for o in rng.integers(0, n - 128, len(maps)) // 8 * 8)
         offsets = tuple(int(o) for o in rng.integers(0, n - 8, int(rng.integers(0, 20))) // 8 * 8)
         values = tuple(int(v) for v in rng.integers(0, 1 << 62, len(offsets), dtype=np.int64))
-        got = _launch.patched_block(template, maps, ptrs, map_offsets, offsets, values)
+        got = executor.patched_block(template, maps, ptrs, map_offsets, offsets, values)
         assert isinstance(got, bytearray) and len(got) == n
         for m, p, o in zip(maps, ptrs, map_offsets):   # maps missing from the cache: what get() returned
             if p not in m.cache:
@@ -159,12 +160,12 @@ def test_patched_block_writes_maps_and_fields_as_pack_into():
     one = (Maps(),)
     one[0].cache[1] = bytes(128)
     with pytest.raises(ValueError, match="does not fit"):
-        _launch.patched_block(bytes(256), one, (1,), (200,), (), ())
+        executor.patched_block(bytes(256), one, (1,), (200,), (), ())
     with pytest.raises(ValueError, match="does not fit"):
-        _launch.patched_block(bytes(256), (), (), (), (252,), (1,))
+        executor.patched_block(bytes(256), (), (), (), (252,), (1,))
     one[0].cache[1] = bytes(64)
     with pytest.raises(ValueError, match="does not fit"):
-        _launch.patched_block(bytes(256), one, (1,), (0,), (), ())
-    assert _launch.patched_block(bytes(16), (), (), (), (0, 8), (-2, 1 << 63)) == struct.pack("<qQ", -2, 1 << 63)
+        executor.patched_block(bytes(256), one, (1,), (0,), (), ())
+    assert executor.patched_block(bytes(16), (), (), (), (0, 8), (-2, 1 << 63)) == struct.pack("<qQ", -2, 1 << 63)
     with pytest.raises(OverflowError):
-        _launch.patched_block(bytes(16), (), (), (), (0,), (1 << 64,))
+        executor.patched_block(bytes(16), (), (), (), (0,), (1 << 64,))

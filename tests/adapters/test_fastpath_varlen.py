@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import cupy_dash
-from cupy_dash import fastpath, fastpath_varlen, kernels, launchers
+from cupy_dash import fastpath, fastpath_varlen
+from cupy_dash.cuda import kernels, launchers
 from fastpath_fakes import Tensor, _Dtype, _inputs, _tables_per_packing, no_gpu  # noqa: F401  (fixture)
 
 _PER_CALL = ("lse_log2", "dpsum", "dq_accum", "dq_semaphore", "dq", "dk", "dv", "error", "error_host")
@@ -162,11 +163,12 @@ I32 = _Dtype("int32", 4)
 
 
 def test_a_repeated_forward_is_served_with_the_full_paths_block(no_gpu, monkeypatch):
-    from cupy_dash import _launch, jit, varlen_host_cu
+    from cupy_dash import varlen_host_cu
+    from cupy_dash.cuda import executor, jit
     launched, remembered = [], []
     monkeypatch.setattr(kernels, "launch", lambda spec, grid, params, stream, func=None: launched.append(
         (kernels._grid(grid), params[0].copy())))
-    monkeypatch.setattr(_launch, "launch", lambda func, gx, gy, gz, bx, smem, stream, buf: launched.append(
+    monkeypatch.setattr(executor, "launch", lambda func, gx, gy, gz, bx, smem, stream, buf: launched.append(
         ((gx, gy, gz), np.frombuffer(bytes(buf), dtype=kernels.FWD_PARAMS_DTYPE)[0])))
     monkeypatch.setattr(jit, "load", lambda spec: types.SimpleNamespace(ptr=0xF00))
     monkeypatch.setattr(fastpath, "_ready_stream", lambda dev: types.SimpleNamespace(ptr=0x77))

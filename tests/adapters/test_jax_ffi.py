@@ -22,7 +22,7 @@ import types
 import numpy as np
 import pytest
 
-from cupy_dash import kernels, launchers, tensormap
+from cupy_dash.cuda import kernels, launchers, tensormap
 
 pytest.importorskip("jax")
 xla_ffi = pytest.importorskip("cupy_dash._xla_ffi", reason="the extension is not built (setup.py build_ext)")

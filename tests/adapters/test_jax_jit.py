@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 import cupy_dash
-from cupy_dash import kernels, launchers, reference, schedule
+from cupy_dash import reference, schedule
+from cupy_dash.cuda import kernels, launchers
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 TARGET = "xla_buffer_python_gpu_callback_cmd_buffer"

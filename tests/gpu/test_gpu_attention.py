@@ -194,7 +194,8 @@ SMALL_GRID_CASES = [Case("bf16", 128, True, 1537, 1537, batch=2, heads=2),
                                                        for c in SMALL_GRID_CASES
                                                        for s in ("fa3", "descending", "shift", "symmetric_shift")]))
 def test_backward_small_grid_matches_reference(case, schedule, num_ctas):
-    from cupy_dash import kernels, schedule as dash_schedule
+    from cupy_dash import schedule as dash_schedule
+    from cupy_dash.cuda import kernels
     from cupy_dash.api import _backward_with_plan
 
     data = _case_data(case, backward=True)
@@ -508,7 +509,8 @@ BAD_TABLE_CTAS = 8
 
 @pytest.mark.parametrize("corruption", ["mutual_wait", "unreachable_rank"])
 def test_corrupt_schedule_reports_error_instead_of_hanging(corruption, request):
-    from cupy_dash import kernels, schedule
+    from cupy_dash import schedule
+    from cupy_dash.cuda import kernels
     from cupy_dash.api import _backward_with_plan
 
     case = BAD_TABLE_CASE

@@ -74,7 +74,7 @@ def test_bad_input_after_a_plan_still_raises():
 def test_every_backward_publishes_its_error_record():
     """The postprocess kernel marks each eager call's host record finished: after the device drains, a poll
     retires every pending call (none waits for an event or copy), and the slots are reused, not grown."""
-    from cupy_dash import errors
+    from cupy_dash.cuda import errors
     fastpath.clear()
     q, k, v, do = _inputs(64, 300, 300, 2, 1, 4)
     out, lse = cupy_dash.attention_forward(q, k, v, causal=True)

@@ -23,7 +23,8 @@ import pytest
 
 import cupy
 import cupy_dash
-from cupy_dash import errors, launchers, reference
+from cupy_dash import reference
+from cupy_dash.cuda import errors, launchers
 from gpu_helpers import (ATOMIC, DTYPES, POLICIES, Case, _assert_finite, _assert_same_bits, _case_data, _dev,
                          _host, _poison_pool, _poison_size, _randn, _schedule_kwargs, _seed)
 
@@ -135,7 +136,8 @@ def _with_idle_ctas(plan, front, back):
 
 @pytest.mark.parametrize("num_ctas,idle", [(1, (0, 0)), (3, (2, 2)), (7, (0, 3))], ids=["1cta", "3cta-idle", "7cta"])
 def test_folded_small_grid_with_idle_ctas_matches_reference(num_ctas, idle, monkeypatch):
-    from cupy_dash import kernels, schedule as dash_schedule
+    from cupy_dash import schedule as dash_schedule
+    from cupy_dash.cuda import kernels
     from cupy_dash.api import _backward_with_plan
 
     case = Case("bf16", 64, True, 1299, 700, batch=1, heads=3)

@@ -119,7 +119,8 @@ SMALL_GRID_CASES = [GqaCase(128, True, 1537, 1537, 8), GqaCase(64, False, 700, 1
 @pytest.mark.parametrize("case,schedule", [pytest.param(c, s, id=f"{c.id}-{s}") for c in SMALL_GRID_CASES
                                            for s in ("fa3", "descending", "shift", "symmetric_shift")])
 def test_gqa_backward_small_grid_matches_reference(case, schedule, num_ctas):
-    from cupy_dash import kernels, schedule as dash_schedule
+    from cupy_dash import schedule as dash_schedule
+    from cupy_dash.cuda import kernels
     from cupy_dash.api import _backward_with_plan
 
     data = _data(case)

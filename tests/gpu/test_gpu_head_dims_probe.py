@@ -1,4 +1,4 @@
-"""Groundwork for head dims 192 and 256 (not offered yet: cupy_dash.kernels.SUPPORTED_HEAD_DIMS): the forward
+"""Groundwork for head dims 192 and 256 (not offered yet: cupy_dash.cuda.kernels.SUPPORTED_HEAD_DIMS): the forward
 kernel with a 128 x 64 tile (docs/decisions/tile-plans.md) launched below the public API, against the float64
 reference under FA3's rule, causal and full, GQA, odd lengths. Tells whether the forward works at these head dims
 before an API exposes them. Skipped without a Hopper GPU."""
@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import cupy
-from cupy_dash import api, kernels, launchers, reference, schedule
+from cupy_dash import api, reference, schedule
+from cupy_dash.cuda import kernels, launchers
 from gpu_helpers import BF16, _dev, _host, _randn, _seed
 
 pytestmark = pytest.mark.gpu

@@ -1,5 +1,5 @@
 """Unit tests of the Hopper primitives the backward engine is built from (tests/gpu/kernels/hopper_units.cu):
-TMA tensor maps (cupy_dash.tensormap, 5-D, strided, out-of-bound rows), 128B-swizzled tiles and wgmma
+TMA tensor maps (cupy_dash.cuda.tensormap, 5-D, strided, out-of-bound rows), 128B-swizzled tiles and wgmma
 descriptors (K-major and MN-major), RS wgmma from packed accumulator fragments, stmatrix.trans.
 
 The kernel compiles on any machine (checked here without a GPU: no spills); the products are compared with
@@ -14,7 +14,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from cupy_dash import jit
+from cupy_dash.cuda import jit
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 SOURCE = Path(__file__).parent / "kernels" / "hopper_units.cu"
@@ -41,7 +41,7 @@ def test_units_compile_without_spills(n, d):
 def test_units_match_numpy(n, d, rng):
     import cupy
     from cupy.cuda import driver, function
-    from cupy_dash import tensormap
+    from cupy_dash.cuda import tensormap
 
     # A: rows [40, 104) of head 2, batch 1 of a (2, 90, 3, d) view into a wider buffer (strided like a slice of
     # a packed qkv tensor); rows 90.. lie past S and must read as zeros. B: rows 0..n-1 of a (1, n + 5, 1, d).

@@ -255,7 +255,7 @@ def test_jitted_train_step_is_reproducible_and_prepares_once(mechanism):
 # ----------------------------------------------------------------------------------------------------------------
 def test_semaphore_timeout_in_compiled_call_is_reported_by_check_errors(monkeypatch):
     monkeypatch.setenv("CUPY_DASH_JAX_FFI", "0")                 # the callback reads the tables it is given
-    from cupy_dash import device_tables
+    from cupy_dash.cuda import device_tables
     case = Case(64, False, seqlen_q=512, seqlen_k=512, heads=2, heads_kv=2, batch=1)
     q, k, v, dout = make(case, salt="timeout")
     out, lse = cupy_dash.attention_forward(q, k, v)

@@ -190,7 +190,8 @@ def test_jax_shard_map_over_two_gpus():
 def test_failed_backward_on_the_second_gpu_is_reported():
     """A backward on cuda:1 (cuda:0 current) driven by a table whose rank cannot be reached times out, is
     reported by check_errors, and leaves both GPUs giving the reference bits."""
-    from cupy_dash import kernels, schedule
+    from cupy_dash import schedule
+    from cupy_dash.cuda import kernels
     from cupy_dash.api import _backward_with_plan
     a = _arrays(64, seed=6)
     want = _cupy_call(a, 0, 0, {})

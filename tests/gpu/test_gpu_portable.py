@@ -9,7 +9,8 @@ import pytest
 
 cupy = pytest.importorskip("cupy")
 import cupy_dash  # noqa: E402
-from cupy_dash import api, kernels, reference, schedule  # noqa: E402
+from cupy_dash import api, reference, schedule  # noqa: E402
+from cupy_dash.cuda import kernels  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 BF16 = np.dtype(ml_dtypes.bfloat16)

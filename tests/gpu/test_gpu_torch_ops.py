@@ -107,7 +107,7 @@ def test_capture_without_warm_up_raises():
 
 
 def test_failure_in_a_graph_replay_is_reported_by_check_errors():
-    from cupy_dash import errors
+    from cupy_dash.cuda import errors
     import cupy
     case = Case(128, True, 264, 264)
     q, k, v, dout = make_inputs(case)

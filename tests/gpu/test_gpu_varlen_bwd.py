@@ -109,7 +109,7 @@ def test_new_packing_every_step_never_synchronizes(monkeypatch):
     """Training with new lengths at every step: more packings than the device-table cache holds, so every call
     evicts one; evicted tables are freed by events, not by a device synchronization, and each call still gives
     the bits of a call on a fresh cache."""
-    from cupy_dash import device_tables
+    from cupy_dash.cuda import device_tables
     rng = np.random.default_rng(5)
     H, D, total = 4, 64, 1536
     q, k, v, do = (_dev(rng.standard_normal((total, H, D), dtype=np.float32).astype(BF16)) for _ in range(4))
@@ -209,7 +209,7 @@ def test_torch_varlen_ops_match_the_functional_api():
 def test_device_expanded_tables_same_bits_as_host_ones(lengths, schedule, monkeypatch):
     """The default: the host uploads compact records and kernels_src/bwd_expand.cu writes the per-visit table on
     the GPU; the main kernel then gives the bits of the table expanded on the host (CUPY_DASH_VARLEN_EXPAND=host)."""
-    from cupy_dash import varlen_device
+    from cupy_dash.cuda import varlen_device
     _, dev, window = _problem(lengths, 128, True, (300, 0), seed=4)
     kw = dict(causal=True, window=window, schedule=schedule)
     monkeypatch.setenv("CUPY_DASH_COMPACT_TABLES", "0")
@@ -389,7 +389,7 @@ def test_prepared_table_from_another_thread(monkeypatch):
     cupy_dash.check_errors()
     other = [h["cu_q"], h["cu_k"]]
     other = [np.concatenate([c[:1], c[1:] + 0]) for c in other]       # the same lengths, new arrays
-    from cupy_dash import device_tables, varlen_device
+    from cupy_dash.cuda import device_tables, varlen_device
     varlen_device._plans.clear()
     device_tables._caches["varlen"].clear()
     errors_seen = []

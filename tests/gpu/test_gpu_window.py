@@ -164,7 +164,8 @@ SMALL_GRID_CASES = [WinCase("bf16", 128, True, 1537, 1537, (400, 0), batch=1, he
 @pytest.mark.parametrize("case,schedule", _params(SMALL_GRID_CASES, ("fa3", "descending", "shift",
                                                                      "symmetric_shift")))
 def test_window_backward_small_grid(case, schedule, num_ctas):
-    from cupy_dash import kernels, schedule as dash_schedule
+    from cupy_dash import schedule as dash_schedule
+    from cupy_dash.cuda import kernels
     from cupy_dash.api import _backward_with_plan
 
     data = _data(case)

@@ -95,7 +95,7 @@ def test_with_kernels_runs_a_script_with_other_kernel_sources(tmp_path):
     src.mkdir()
     (src / "bwd_main.cu").write_text("")
     script = tmp_path / "show.py"
-    script.write_text("import sys\nfrom cupy_dash import jit\nprint(jit._default_kernel_dir(), sys.argv[1:], "
+    script.write_text("import sys\nfrom cupy_dash.cuda import jit\nprint(jit._default_kernel_dir(), sys.argv[1:], "
                       "sys.path[0])\n")
     p = _run("benchmarks/with_kernels.py", str(src), str(script), "--x", "1")
     assert p.returncode == 0, p.stderr

@@ -7,7 +7,8 @@ import types
 
 import pytest
 
-from cupy_dash import cli_compile, jit
+from cupy_dash import cli_compile
+from cupy_dash.cuda import jit
 
 
 class Pool:

@@ -8,7 +8,8 @@ import types
 import numpy as np
 import pytest
 
-from cupy_dash import kernels, launchers, schedule, tensormap
+from cupy_dash import schedule
+from cupy_dash.cuda import kernels, launchers, tensormap
 from cupy_dash.schedule import compact, compact_device
 
 
@@ -215,7 +216,7 @@ def test_device_arrays_rejects_bad_records():
 
 def test_compact_backward_runs_auto_as_kernel_auto(monkeypatch):
     """device_tables.compact builds KERNEL_AUTO's records for "auto" (counted ranks cost the writer)."""
-    from cupy_dash import device_tables
+    from cupy_dash.cuda import device_tables
     from device_fakes import install
     seen = []
     real = compact.build_compact

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 import cupy_dash
-from cupy_dash import config, launchers, varlen_device
+from cupy_dash import config
+from cupy_dash.cuda import launchers, varlen_device
 from cupy_dash.schedule import compact_device
 
 ROOT = Path(cupy_dash.__file__).resolve().parent.parent
@@ -147,7 +148,7 @@ def test_docs_list_every_knob():
 def test_dq_stages_knob_selects_the_experimental_build(monkeypatch):
     """CUPY_DASH_BWD_DQ_STAGES=2: the head-dim-128 main kernel with two dQ staging buffers (one K buffer, the same
     shared memory); head dim 64 and compact builds keep one; bad values raise."""
-    from cupy_dash import kernels
+    from cupy_dash.cuda import kernels
     monkeypatch.delenv("CUPY_DASH_BWD_DQ_STAGES", raising=False)
     default = kernels.bwd_specs("bfloat16", 128, True, True).main
     assert "DASH_DQ_STAGES" not in dict(default.defines)

@@ -1,4 +1,4 @@
-"""kernels_src/constants.cuh: the constants the kernels and the host share, parsed into cupy_dash.params.CONSTANTS;
+"""kernels_src/constants.cuh: the constants the kernels and the host share, parsed into cupy_dash.cuda.params.CONSTANTS;
 the host decodes the kernels' error codes and record through them. CPU only (the kernels' side is checked by
 compiling them: python -m cupy_dash compile --all)."""
 from __future__ import annotations
@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from cupy_dash import errors, jit, kernels, params
-from cupy_dash.params import CONSTANTS as K
+from cupy_dash.cuda import errors, jit, kernels, params
+from cupy_dash.cuda.params import CONSTANTS as K
 
 KDIR = jit.kernel_dir()
 SOURCES = {p: p.read_text() for p in sorted(KDIR.rglob("*"))

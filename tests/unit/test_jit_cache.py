@@ -1,4 +1,4 @@
-"""The disk cache of ``cupy_dash.jit`` under stress: an unusable ``CUPY_DASH_CACHE_DIR`` (compiles fall back to
+"""The disk cache of ``cupy_dash.cuda.jit`` under stress: an unusable ``CUPY_DASH_CACHE_DIR`` (compiles fall back to
 memory with one warning) and processes compiling the same kernel at once (NVRTC runs once). CPU only: NVRTC from
 the pip wheel compiles sm_90a without a GPU; the variants used here compile in well under a second.
 """
@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 import cupy_dash
-from cupy_dash import cli_compile, jit, kernels
+from cupy_dash import cli_compile
+from cupy_dash.cuda import jit, kernels
 
 SPEC = kernels.bwd_specs("bfloat16", 64, causal=False, deterministic=True).preprocess
 OTHER = kernels.bwd_specs("float16", 64, causal=False, deterministic=True).preprocess
@@ -124,7 +125,7 @@ def test_cli_compile_with_read_only_cache_succeeds(tmp_path, monkeypatch, capsys
 _CHILD = r"""
 import json, os, sys, time
 from pathlib import Path
-from cupy_dash import jit, kernels
+from cupy_dash.cuda import jit, kernels
 
 runs = []
 real = jit.compile_source

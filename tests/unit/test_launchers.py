@@ -1,4 +1,4 @@
-"""CPU tests of cupy_dash.launchers, the layer the eager API and the JAX custom calls share: the parameter blocks
+"""CPU tests of cupy_dash.cuda.launchers, the layer the eager API and the JAX custom calls share: the parameter blocks
 hold what each argument says (the tensor-map encoder is replaced, since it needs the CUDA driver), the backward
 workspace layout, the grids."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import types
 import numpy as np
 import pytest
 
-from cupy_dash import kernels, launchers, tensormap
+from cupy_dash.cuda import kernels, launchers, tensormap
 
 
 def fake_map(ptr, dtype, shape, strides, box_rows, name="tensor", box_panels=None):
@@ -96,7 +96,7 @@ def test_backward_workspace_and_params(deterministic):
     assert not c.zero_kv                 # every key is seen by some query
     assert np.isclose(float(f["softmax_scale_log2"]), 0.1 / math.log(2))
     # per-visit rows expanded on the GPU (varlen_device.ExpandedTables) name their fields: the same block
-    from cupy_dash import varlen_device
+    from cupy_dash.cuda import varlen_device
     expanded = varlen_device.ExpandedTables()
     expanded.ptrs, expanded.num_ctas, expanded.policy = dict(visits=0xA000, rank=0xB000, cta_start=0xC000), 33, "shift"
     c.tables = expanded
@@ -130,7 +130,7 @@ def test_enqueue_backward_order_without_a_copy_or_event(window, monkeypatch):
     error record (the kernels zero and publish it)."""
     c = _backward_launch(window)
     calls, tracked = [], []
-    monkeypatch.setattr(launchers._launch, "launch_sequence", lambda s, prm, l: calls.append(("launch", s, l)))
+    monkeypatch.setattr(launchers.executor, "launch_sequence", lambda s, prm, l: calls.append(("launch", s, l)))
     monkeypatch.setattr(launchers.cupy.cuda.runtime, "memsetAsync", lambda *a: calls.append(("memset",) + a))
     monkeypatch.setattr(launchers, "_track", lambda slot, call: tracked.append((slot, call)))
     launches = ((0xA, 1, 2, 3, 256, 0), (0xB, 7, 1, 1, 384, 1000), (0xC, 1, 2, 3, 256, 0))
@@ -162,7 +162,7 @@ def test_enqueue_backward_releases_the_slot_when_a_launch_fails(monkeypatch):
 
     def fail(*a):
         raise RuntimeError("cuLaunchKernel of kernel 1 of 3 failed with CUresult 700")
-    monkeypatch.setattr(launchers._launch, "launch_sequence", fail)
+    monkeypatch.setattr(launchers.executor, "launch_sequence", fail)
     slot = types.SimpleNamespace(dptr=0x9000, hdev=0x9800)
     with pytest.raises(RuntimeError, match="kernel 1 of 3"):
         launchers.enqueue_backward(c, bytes(kernels.BWD_PARAMS_DTYPE.itemsize), (1, 2, 3),
@@ -173,11 +173,11 @@ def test_enqueue_backward_releases_the_slot_when_a_launch_fails(monkeypatch):
 
 
 def test_int_fields_patched_by_offset_write_8_byte_integer_fields_only():
-    """params.int_field_offsets + _launch.patched_block (how the fast paths rewrite a packed block's integers)."""
-    from cupy_dash import _launch, params
+    """params.int_field_offsets + executor.patched_block (how the fast paths rewrite a packed block's integers)."""
+    from cupy_dash.cuda import executor, params
     dt = kernels.BWD_PARAMS_DTYPE
     offsets = params.int_field_offsets(dt, ("batch", "tie_sign", "visits"))
-    buf = _launch.patched_block(bytes(dt.itemsize), (), (), (), offsets, (7, -1, 0xDEAD0000))
+    buf = executor.patched_block(bytes(dt.itemsize), (), (), (), offsets, (7, -1, 0xDEAD0000))
     f = np.frombuffer(bytes(buf), dtype=dt)[0]
     assert (int(f["batch"]), int(f["tie_sign"]), int(f["visits"])) == (7, -1, 0xDEAD0000)
     assert sum(bytes(buf)) == sum((7).to_bytes(8, "little")) + 8 * 255 + sum((0xDEAD0000).to_bytes(8, "little"))
@@ -211,7 +211,7 @@ def test_fold_decision(env, small, large, monkeypatch):
 
 def test_failed_error_slots_are_retired_not_reused(monkeypatch):
     """A folded backward relies on a zero record: a slot whose call failed, or never reported, is not freed."""
-    from cupy_dash import errors
+    from cupy_dash.cuda import errors
     released = []
     monkeypatch.setattr(errors, "_release_slot", released.append)
 
@@ -230,7 +230,7 @@ def test_failed_error_slots_are_retired_not_reused(monkeypatch):
 
 
 def test_shared_graph_record_is_reported(monkeypatch):
-    from cupy_dash import errors
+    from cupy_dash.cuda import errors
     records = errors._GraphRecords.__new__(errors._GraphRecords)
     records.block = types.SimpleNamespace(data=types.SimpleNamespace(ptr=0x10000))
     records.infos, records.wheres = [], []
@@ -246,7 +246,7 @@ def test_first_backward_of_a_variant_loads_all_three_kernels(monkeypatch):
     once, then captures. So the first use of a variant loads preprocess and postprocess as well."""
     import cupy
 
-    from cupy_dash import jit
+    from cupy_dash.cuda import jit
     loaded = []
     monkeypatch.setattr(kernels, "_bwd_cache", {})
     monkeypatch.setattr(kernels, "max_resident_ctas", lambda spec: loaded.append(spec.label) or 132)

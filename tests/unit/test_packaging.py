@@ -77,7 +77,7 @@ def test_every_package_folder_is_installed():
     """setup.cfg lists every package (a folder with an __init__.py), and ships the Cython sources of each."""
     config = configparser.ConfigParser()
     config.read(ROOT / "setup.cfg")
-    listed = {p.strip() for p in config["options"]["packages"].split(",")}
+    listed = set(re.split(r"[\s,]+", config["options"]["packages"].strip()))
     folders = {p.parent.relative_to(ROOT).as_posix().replace("/", ".") for p in PKG.rglob("__init__.py")}
     assert folders <= listed, f"setup.cfg's packages leave out {sorted(folders - listed)}"
     data = config["options.package_data"]

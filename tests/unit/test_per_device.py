@@ -10,7 +10,7 @@ import types
 import numpy as np
 import pytest
 
-from cupy_dash import device_tables, errors, jit, kernels, varlen_device
+from cupy_dash.cuda import device_tables, errors, jit, kernels, varlen_device
 from device_fakes import fake_uploads, install
 
 

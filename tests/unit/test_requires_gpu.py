@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import cupy_dash
-from cupy_dash import gpu, jit, kernels
+from cupy_dash import gpu
+from cupy_dash.cuda import jit, kernels
 
 CU = np.array([0, 128, 300], np.int32)
 

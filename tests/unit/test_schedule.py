@@ -276,7 +276,7 @@ def test_cli_bad_arguments_exit_2(argv, capsys):
 
 def test_device_tables_are_checked_uploaded_once_and_cached(monkeypatch):
     """The device-table cache, with the upload replaced by numpy (no GPU needed)."""
-    from cupy_dash import device_tables
+    from cupy_dash.cuda import device_tables
     from device_fakes import fake_uploads, install
 
     class Stream:

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 import cupy_dash
-from cupy_dash import errors, interop, schedule
+from cupy_dash import interop, schedule
+from cupy_dash.cuda import errors
 from validation_helpers import (BF16, F16, F32, FakeCuda, GpuTouched, _build_schedule, bwd, fake, fwd,  # noqa: F401
                                 gpu_work_log, make, raises)  # gpu_work_log: the autouse fixture
 
@@ -175,7 +176,7 @@ def test_bad_softcap_varlen():
 def test_a_soft_capped_backward_too_large_for_per_visit_tables_raises(monkeypatch):
     """There is no soft-capping compact build: compact_device.table_form never chooses compact tables for a capped
     backward, and raises where the per-visit table would exceed AUTO_VISITS."""
-    from cupy_dash import kernels
+    from cupy_dash.cuda import kernels
     from cupy_dash.schedule import compact_device
     tile = kernels.bwd_tile(128)
     monkeypatch.setattr(compact_device, "AUTO_VISITS", 10)

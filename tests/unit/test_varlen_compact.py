@@ -1,4 +1,4 @@
-"""The compact varlen backward's tables on the CPU (cupy_dash/varlen_device.py): walked exactly as the kernel's
+"""The compact varlen backward's tables on the CPU (cupy_dash/cuda/varlen_device.py): walked exactly as the kernel's
 ScheduleView does in DASH_COMPACT + DASH_VARLEN builds (kernels_src/compact_view.cuh: the CTA's records in order,
 each visit's Q tile from its record's rule, its rank from the per-tile column table), they give the per-visit
 table of varlen_schedule.expand, visit for visit and rank for rank, for every policy, GQA, windows, empty and
@@ -8,7 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cupy_dash import device_tables, schedule, varlen_device
+from cupy_dash import schedule
+from cupy_dash.cuda import device_tables, varlen_device
 from varlen_cases import random_problem
 
 
@@ -249,7 +250,7 @@ def test_padded_scratch_rows_of_the_sequences_never_overlap(block_m):
     """kernels_src/bwd_rows.cuh's padded scratch rows, per sequence b: floor((cu[b] + b * block_m) / block_m) *
     block_m onward, ceil(len_b / block_m) tiles; launchers.BwdLaunch sizes the scratch for them."""
     import types
-    from cupy_dash import kernels, launchers
+    from cupy_dash.cuda import kernels, launchers
     rng = np.random.default_rng(block_m)
     for _ in range(200):
         lens = rng.integers(0, 3 * block_m, size=int(rng.integers(1, 40)))
@@ -283,7 +284,7 @@ def test_gpu_expansion_launch_wiring(monkeypatch):
     kernel's block names each uploaded array in its own field, the outputs in visits / rank, the heads, the rank
     rule; its grid is (schedule CTAs, EXPAND_CHUNKS)."""
     import types
-    from cupy_dash import jit, kernels
+    from cupy_dash.cuda import jit, kernels
     sq = np.array([1, 17, 300, 129], np.int64)
     t = varlen_device.plan("symmetric_shift", sq, sq, 64, 128, 8, 2, True, 7, (-1, 0), "expand")
     base, device_bytes = 0x100000, {}
@@ -306,9 +307,9 @@ def test_gpu_expansion_launch_wiring(monkeypatch):
     monkeypatch.setattr(varlen_device.cupy.cuda, "alloc", alloc)
     monkeypatch.setattr(varlen_device.cupy.cuda.runtime, "memcpyAsync", memcpy)
     monkeypatch.setattr(device_tables.cupyx, "empty_pinned", lambda n, dtype: np.empty(n, dtype))
-    from cupy_dash import _launch
+    from cupy_dash.cuda import executor
     launched, spec = {}, kernels.expand_spec(True)
-    monkeypatch.setattr(_launch, "launch", lambda func, gx, gy, gz, threads, smem, stream, params: launched.update(
+    monkeypatch.setattr(executor, "launch", lambda func, gx, gy, gz, threads, smem, stream, params: launched.update(
         func=func, grid=(gx, gy, gz), block=(threads, smem), stream=stream,
         params=np.frombuffer(bytes(params), dtype=kernels.BWD_PARAMS_DTYPE)[0]))
     monkeypatch.setattr(jit, "load", lambda s: types.SimpleNamespace(ptr=0x1 if s == spec else 0x2))

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 import cupy_dash
-from cupy_dash import api, errors, gpu, interop, kernels, launchers, tensormap, varlen, varlen_device
+from cupy_dash import api, gpu, interop, varlen
+from cupy_dash.cuda import errors, kernels, launchers, tensormap, varlen_device
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import cupy_dash
-from cupy_dash import api, errors, kernels, schedule
+from cupy_dash import api, schedule
+from cupy_dash.cuda import errors, kernels
 from validation_helpers import GpuTouched, _build_schedule, bwd, fake, gpu_work_log, make, raises  # noqa: F401
 
 BAD_WINDOWS = [((1, 2, 3), False, TypeError, "window: expected a pair"),

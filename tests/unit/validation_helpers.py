@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 import cupy_dash
-from cupy_dash import api, interop, kernels, schedule
+from cupy_dash import api, interop, schedule
+from cupy_dash.cuda import kernels
 
 
 BF16 = np.dtype(ml_dtypes.bfloat16)

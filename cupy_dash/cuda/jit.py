@@ -40,8 +40,8 @@ try:
 except ImportError:                      # not POSIX: no inter-process lock (entries are still written atomically)
     fcntl = None
 
-from . import config, gpu
-from ._version import __version__
+from .. import config, gpu
+from .._version import __version__
 
 ARCH = "sm_90a"
 BASE_OPTIONS = (f"-arch={ARCH}", "-std=c++17", "-default-device", "--ptxas-options=-v", "-lineinfo")
@@ -94,11 +94,11 @@ def kernel_dir() -> Path:
 
 @functools.lru_cache(maxsize=1)
 def _default_kernel_dir() -> Path:
-    here = Path(__file__).resolve().parent
-    installed = here / "kernels_src"
+    package = Path(__file__).resolve().parents[1]          # cupy_dash, this module's package's parent
+    installed = package / "kernels_src"
     if installed.is_dir():
         return installed
-    return here.parent / "kernels_src"
+    return package.parent / "kernels_src"
 
 
 def cache_dir() -> Path:
@@ -449,7 +449,7 @@ def compile_spec(spec, *, verbose=None, force: bool = False) -> CompiledKernel:
         log=meta["log"], cached=cached, seconds=time.perf_counter() - t0, cubin_sha256=meta["cubin_sha256"],
         key=key, perf_warnings=perf_warnings(meta["log"]), cubin=cubin)
     if _verbose(verbose):
-        print(f"[cupy_dash.jit] {spec.label}{' (cached)' if cached else ''}: {result.registers} registers, "
+        print(f"[cupy_dash.cuda.jit] {spec.label}{' (cached)' if cached else ''}: {result.registers} registers, "
               f"{result.spill_stores}/{result.spill_loads} bytes spill stores/loads, {result.stack_frame} bytes "
               f"stack, {result.static_smem} static + {spec.smem_bytes} dynamic smem, {result.seconds:.2f} s\n"
               f"{result.log.rstrip()}", file=sys.stderr)

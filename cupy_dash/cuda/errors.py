@@ -4,7 +4,7 @@ The deterministic backward orders the dQ reduction with per-tile semaphores read
 is bounded (``CUPY_DASH_SPIN_TIMEOUT_MS``, default 10000 ms): past it the main kernel records
 ``error = [1, visit, rank awaited, value seen]`` in a 32-byte device record and exits instead of hanging the GPU
 (the record's words 4-6 count a folded backward's grid barriers: ``kernels_src/bwd/fold.cuh``). The record's
-layout and failure codes are ``kernels_src/constants.cuh``'s (:data:`cupy_dash.params.CONSTANTS`). An eager call's
+layout and failure codes are ``kernels_src/constants.cuh``'s (:data:`cupy_dash.cuda.params.CONSTANTS`). An eager call's
 record (a *slot*) has a 32-byte mirror in mapped pinned host memory: the preprocess kernel zeroes the device
 record, and the postprocess kernel, after the main kernel, writes it to the mirror and then sets the mirror's
 first word (a folded backward's main kernel does both: ``kernels_src/bwd/error_record.cuh``), so a call costs no
@@ -31,7 +31,7 @@ import threading
 import cupy
 import numpy as np
 
-from . import config
+from .. import config
 from .params import CONSTANTS as K
 
 _lock = threading.RLock()

@@ -25,11 +25,11 @@ import threading
 import cupy
 import numpy as np
 
-from . import config
+from .. import config
 from . import device_tables as _dt
-from . import schedule as _schedule
-from .schedule import varlen as varlen_schedule
-from .schedule import varlen_pack
+from .. import schedule as _schedule
+from ..schedule import varlen as varlen_schedule
+from ..schedule import varlen_pack
 
 _MAX_PLANS = 32
 _plans: "collections.OrderedDict" = collections.OrderedDict()
@@ -105,7 +105,7 @@ EXPAND_ENV = config.VARLEN_EXPAND.name   # "host": per-visit tables expanded on 
 def device(t: Tables, num_heads, dev, stream):
     """(tables, cu_seqlens_q, cu_seqlens_k, event) of ``t`` on device ``dev``: :class:`ExpandedTables`,
     :class:`CompactTables` or (expanded on the host) ``device_tables.DeviceTables``, cached (LRU,
-    :func:`cupy_dash.device_tables.cached`) so that a repeated packing uploads nothing; a miss enqueues the uploads
+    :func:`cupy_dash.cuda.device_tables.cached`) so that a repeated packing uploads nothing; a miss enqueues the uploads
     on ``stream`` (no wait). ``event``: what ``stream`` must wait for before reading the tables, or None: after a
     miss (enqueued on ``stream`` itself) and for a hit on the stream that uploaded them; a hit on another stream
     gets an event recorded on the uploading stream then.
@@ -180,7 +180,7 @@ def _expand_launch(dev):
     """``launch(num_ctas, stream, values)`` of the varlen bwd_expand kernel on device ``dev``: its block
     holds ``values`` (the _EXPAND_FIELDS, in order) and zeros elsewhere (the expansion reads those fields only);
     its grid is (num_ctas, kernels.EXPAND_CHUNKS). The function handle and the fields' places are found once."""
-    from . import _launch, jit, kernels, params
+    from . import executor, jit, kernels, params
     spec = kernels.expand_spec(varlen=True)
     with cupy.cuda.Device(dev):                     # the handle is valid on the device it was loaded on only
         func = jit.load(spec).ptr
@@ -188,8 +188,8 @@ def _expand_launch(dev):
     zeros = bytes(kernels.BWD_PARAMS_DTYPE.itemsize)
 
     def launch(num_ctas, stream, values):
-        _launch.launch(func, num_ctas, kernels.EXPAND_CHUNKS, 1, spec.threads, spec.smem_bytes, stream.ptr,
-                       _launch.patched_block(zeros, (), (), (), offsets, values))
+        executor.launch(func, num_ctas, kernels.EXPAND_CHUNKS, 1, spec.threads, spec.smem_bytes, stream.ptr,
+                        executor.patched_block(zeros, (), (), (), offsets, values))
     _expand_launches[dev] = launch
     return launch
 

@@ -2,7 +2,7 @@
 one eviction rule (the form is decided by :func:`cupy_dash.schedule.compact_device.table_form`).
 
 Forms, each cached by its host plan's key and device, ``_LIMITS[form]`` tables each (LRU): ``"visits"`` and
-``"compact"`` (fixed length, :func:`fixed`), ``"varlen"`` (a packing's tables, :func:`cupy_dash.varlen_device.device`).
+``"compact"`` (fixed length, :func:`fixed`), ``"varlen"`` (a packing's tables, :func:`cupy_dash.cuda.varlen_device.device`).
 Upload: one copy to one device allocation, enqueued on the caller's stream (:func:`_upload`). Varlen tables are
 not waited for (another stream gets an event to wait for, :func:`cached`); fixed-length ones are, once, when
 made: CUDA graph capture and the JAX custom calls, whose streams wait for no event of ours, find them complete.
@@ -19,9 +19,9 @@ import cupy
 import cupyx
 import numpy as np
 
-from . import schedule
-from .schedule import compact as _compact
-from .schedule import compact_device
+from .. import schedule
+from ..schedule import compact as _compact
+from ..schedule import compact_device
 from .errors import _keep_alive, stream_device
 
 _LIMITS = {"visits": 64, "compact": 8, "varlen": 16}   # tables kept per form (LRU)

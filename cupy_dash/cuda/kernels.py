@@ -5,7 +5,7 @@ This module is the single source of truth for what the dispatcher can launch: ev
 the one tile table :data:`TILES`. ``python -m cupy_dash compile --all`` compiles exactly :func:`all_specs`.
 
 The parameter blocks (``FwdParams`` / ``BwdParams`` in ``kernels_src/params.cuh``) are passed by value as one
-``__grid_constant__`` struct; :mod:`cupy_dash.params` derives their numpy layout from that header and packs
+``__grid_constant__`` struct; :mod:`cupy_dash.cuda.params` derives their numpy layout from that header and packs
 them (its names are re-exported here).
 
 Everything here works without a GPU except :func:`launch`, :func:`max_resident_ctas` and :func:`bwd_entry`.
@@ -19,7 +19,8 @@ import itertools
 
 import numpy as np
 
-from . import _launch, config
+from .. import config
+from . import executor
 from .params import (BWD_PARAMS_DTYPE, FWD_PARAMS_DTYPE, PARAMS_STRUCTS, pack_bwd_params,  # noqa: F401
                      pack_fwd_params, params_layout_check_source)
 from .params import CONSTANTS as K
@@ -299,7 +300,7 @@ def _grid(grid) -> tuple:
 def launch(spec: KernelSpec, grid, params, stream, func=None) -> None:
     """Launch ``spec`` with ``grid`` (int or tuple), ``spec.threads`` threads and ``spec.smem_bytes`` dynamic
     shared memory on the CuPy ``stream`` (None: CuPy's current stream), one ``cuLaunchKernel``
-    (:mod:`cupy_dash._launch`). ``params``: the packed size-1 array, or its bytes (a bytes / bytearray of the
+    (:mod:`cupy_dash.cuda.executor`). ``params``: the packed size-1 array, or its bytes (a bytes / bytearray of the
     struct's size: the host fast path's patched copy); the driver copies them during the call. ``func``: the
     kernel's CUfunction handle when the caller holds it (default: ``jit.load(spec)`` on the current device)."""
     if isinstance(params, np.ndarray):
@@ -317,7 +318,7 @@ def launch(spec: KernelSpec, grid, params, stream, func=None) -> None:
         import cupy
         stream = cupy.cuda.get_current_stream()
     gx, gy, gz = _grid(grid)
-    _launch.launch(func, gx, gy, gz, spec.threads, spec.smem_bytes, stream.ptr, params)
+    executor.launch(func, gx, gy, gz, spec.threads, spec.smem_bytes, stream.ptr, params)
 
 
 def max_resident_ctas(spec: KernelSpec) -> int:

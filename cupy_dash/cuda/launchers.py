@@ -12,8 +12,9 @@ from __future__ import annotations
 import cupy
 import numpy as np
 
-from . import _launch, config, device_tables, jit, kernels, tensormap
-from . import schedule as _schedule
+from .. import config
+from .. import schedule as _schedule
+from . import device_tables, executor, jit, kernels, tensormap
 from .errors import _release_slot, _track
 
 _LOG2E = 1.4426950408889634
@@ -158,10 +159,10 @@ def fold_wanted(p, block_m, block_n, zero_kv, varlen) -> bool:
 
 
 def bwd_tables(schedule, c, max_ctas, device_id, stream, capture=False, compact=False):
-    """The device tables of ``schedule`` for the fixed-length backward ``c`` (:func:`cupy_dash.device_tables.
+    """The device tables of ``schedule`` for the fixed-length backward ``c`` (:func:`cupy_dash.cuda.device_tables.
     per_visit`): one KV tile with all the query heads of its group per work unit, at most ``max_ctas``
     (co-resident) CTAs. Every entry point gets its tables here, so equal problems get equal tables, hence equal
-    bits. ``compact``: the per-column records of the same schedule (:func:`cupy_dash.device_tables.compact`) for
+    bits. ``compact``: the per-column records of the same schedule (:func:`cupy_dash.cuda.device_tables.compact`) for
     the DASH_COMPACT build."""
     p = c.p
     kv_tiles = p.B * p.Hkv * -(-p.Sk // c.block_n)
@@ -222,7 +223,7 @@ def enqueue_backward(c, params, grads, stream, *, slot=None, call=None, launches
             rt = cupy.cuda.runtime
             for ptr in grads[1:]:
                 rt.memsetAsync(ptr, 0, kv_bytes(c.p), stream.ptr)
-        _launch.launch_sequence(stream.ptr, params, launches if launches is not None else bwd_launches(c))
+        executor.launch_sequence(stream.ptr, params, launches if launches is not None else bwd_launches(c))
     except BaseException:
         if slot is not None:
             _release_slot(slot)     # NOTES: a launch failed: the device context is unusable anyway

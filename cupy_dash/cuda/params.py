@@ -12,11 +12,11 @@ aligned to 64), and exposes
   a compile (tests/unit/test_jit.py) proves the parser and the compiler agree;
 * :data:`CONSTANTS`: the ``constexpr int`` constants of ``constants.cuh`` under their C names
   (``CONSTANTS.kErrorSemaphoreTimeout``), an immutable named tuple: the error codes and record layout that
-  :mod:`cupy_dash.errors` decodes, the thread counts and shared-memory terms of :mod:`cupy_dash.kernels`.
+  :mod:`cupy_dash.cuda.errors` decodes, the thread counts and shared-memory terms of :mod:`cupy_dash.cuda.kernels`.
 
 Field kinds: any pointer (``T*``) is a 64-bit address (an int, a cupy array or None); ``int64_t``; ``float``;
 ``Strides`` (three int64 element strides, given as a ``(batch, row, head)`` tuple); ``TmaDesc`` (128 bytes, from
-:mod:`cupy_dash.tensormap`, or None for an all-zero map that the kernel does not use).
+:mod:`cupy_dash.cuda.tensormap`, or None for an all-zero map that the kernel does not use).
 """
 from __future__ import annotations
 
@@ -221,7 +221,7 @@ def pack_fwd_params(**fields) -> np.ndarray:
 
 def int_field_offsets(dtype: np.dtype, names) -> tuple:
     """Byte offsets in the struct ``dtype`` of the 8-byte integer fields ``names``: where a host fast path writes
-    them into a block it has packed before (cupy_dash._launch.patched_block). Raises TypeError for another field."""
+    them into a block it has packed before (cupy_dash.cuda.executor.patched_block). Raises TypeError for another field."""
     offsets = []
     for name in names:
         field, offset = dtype.fields[name][:2]
