@@ -17,7 +17,7 @@ import time
 import torch
 
 import cupy_dash
-from cupy_dash import fastpath, interop
+from cupy_dash.core import fastpath, interop
 from cupy_dash.cuda import errors, executor
 
 

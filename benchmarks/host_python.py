@@ -9,7 +9,7 @@ sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]
 import numpy as np
 import pytest
 import cupy_dash
-from cupy_dash import api, fastpath, interop
+from cupy_dash.core import api, fastpath, interop
 from cupy_dash.cuda import errors, executor, kernels, launchers, tensormap
 from fastpath_fakes import Tensor, BF16, F32, U8
 mp = pytest.MonkeyPatch()

@@ -1,4 +1,4 @@
-"""The Python of a torch varlen backward with a new packing (cupy_dash.fastpath_varlen's new-packing path), on any
+"""The Python of a torch varlen backward with a new packing (cupy_dash.core.fastpath_varlen's new-packing path), on any
 machine: torch tensors imitated and every GPU call replaced (the fakes of tests/fastpath_fakes.py), 300 / 500
 tokens in 4 sequences, a new cut per call. Prints the µs per call, the part spent in the host build
 (varlen._tables, timed as benchmarks/varlen_step.py times it) and the rest, then a cProfile by own time.
@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import cupy_dash  # noqa: E402
-from cupy_dash import fastpath, fastpath_varlen, varlen  # noqa: E402
+from cupy_dash.core import fastpath, fastpath_varlen, varlen  # noqa: E402
 from cupy_dash.cuda import errors, launchers  # noqa: E402
 import fastpath_fakes as fakes  # noqa: E402
 from varlen_step import _Parts  # noqa: E402

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 import cupy_dash
-from cupy_dash import fastpath, fastpath_varlen, varlen
+from cupy_dash.core import fastpath, fastpath_varlen, varlen
 from cupy_dash.cuda import errors, executor, launchers
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

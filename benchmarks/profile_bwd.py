@@ -12,7 +12,7 @@ import statistics
 import cupy
 
 import cupy_dash
-from cupy_dash import interop
+from cupy_dash.core import interop
 from cupy_dash.cuda import executor
 from cupy_dash.measure import attention_flops, random_tensor
 

@@ -14,7 +14,8 @@ import cupy
 import numpy as np
 
 import cupy_dash
-from cupy_dash import api, schedule
+from cupy_dash import schedule
+from cupy_dash.core import api
 from cupy_dash.cuda import kernels
 from cupy_dash.measure import random_tensor
 

@@ -10,7 +10,7 @@ expanded on the GPU from compact records (the default).
 
     python benchmarks/varlen_step.py [--calls 40] [--json out.json] [--profile B] [--torch] [--parts]
 
-``--torch``: the tensors are torch tensors (the host fast path's new-packing plans, cupy_dash.fastpath_varlen,
+``--torch``: the tensors are torch tensors (the host fast path's new-packing plans, cupy_dash.core.fastpath_varlen,
 serve the calls after the first); without it CuPy arrays, which take the full path every call.
 
 Two more columns split a new packing's host cost: the median µs of the host build (``varlen._tables``: the
@@ -50,7 +50,7 @@ def _packing(rng, b):
 def _fine_parts():
     """(module, attribute, label) of the steps of a new packing timed by ``--parts``."""
     import cupyx
-    from cupy_dash import fastpath, fastpath_varlen, varlen
+    from cupy_dash.core import fastpath, fastpath_varlen, varlen
     from cupy_dash.cuda import device_tables, executor, kernels, varlen_device
     return [(varlen, "_checked_cu_seqlens", "check lengths"), (varlen_device, "plan", "plan (host build)"),
             (kernels, "bwd_entry", "bwd_entry"), (device_tables, "_upload", "_upload"),
@@ -67,7 +67,7 @@ class _Parts:
     ``fine`` of each step of :func:`_fine_parts`, by wrapping them in their modules while the benchmark runs."""
 
     def __init__(self, fine=False):
-        from cupy_dash import varlen
+        from cupy_dash.core import varlen
         from cupy_dash.cuda import varlen_device
         self.times = {"build": [], "upload": []}
         self._undo = []
@@ -176,7 +176,7 @@ def main(argv=None):
     for name in ("CUPY_DASH_COMPACT_TABLES", "CUPY_DASH_VARLEN_EXPAND"):
         os.environ.pop(name, None)
     if args.torch:
-        from cupy_dash import fastpath_varlen
+        from cupy_dash.core import fastpath_varlen
         print("torch fast path:", fastpath_varlen.stats())
     if args.json:
         with open(args.json, "w") as f:

@@ -21,9 +21,9 @@ ModuleNotFoundError when it is accessed.
 from ._version import __version__
 
 # public name -> the submodule that defines it
-_EXPORTS = {"attention": "differentiable", "attention_backward": "api", "attention_forward": "api", "check_errors": "api",
-            "attention_backward_varlen": "varlen", "attention_forward_varlen": "varlen",
-            "prepare_varlen_backward": "varlen"}
+_EXPORTS = {"attention": "differentiable", "attention_backward": "core.api", "attention_forward": "core.api",
+            "check_errors": "core.api", "attention_backward_varlen": "core.varlen",
+            "attention_forward_varlen": "core.varlen", "prepare_varlen_backward": "core.varlen"}
 
 __all__ = ["__version__", "attention", "attention_backward", "attention_backward_varlen", "attention_forward",
            "attention_forward_varlen", "check_errors", "prepare_varlen_backward", "reference", "schedule"]

@@ -1,8 +1,8 @@
 """The framework-neutral differentiable entry point, ``cupy_dash.attention``: it hands torch tensors and JAX arrays
-to their adapters, so it sits above them; the core (:mod:`cupy_dash.api`) never imports an adapter.
+to their adapters, so it sits above them; the core (:mod:`cupy_dash.core.api`) never imports an adapter.
 """
-from . import interop
-from .api import _check_flag, _check_schedule, _check_window, attention_forward
+from .core import interop
+from .core.api import _check_flag, _check_schedule, _check_window, attention_forward
 
 
 def attention(q, k, v, *, causal=False, softmax_scale=None, schedule="auto", deterministic=True, window=(-1, -1)):

@@ -23,7 +23,7 @@ launches without Python (no GIL at run time), the callback does the same in Pyth
 call whose outputs (out and lse;
 dq, dk, dv and the backward's fp32 / int32 scratch workspace) are XLA buffers. At *trace time* (the first call of
 a shape, eager calls included: every function here is ``jax.jit``-compiled), the arguments are checked on their
-shapes and dtypes (errors name the argument, as in :mod:`cupy_dash.api`), and the call is prepared on every
+shapes and dtypes (errors name the argument, as in :mod:`cupy_dash.core.api`), and the call is prepared on every
 local GPU JAX uses: NVRTC compile (or the disk cache) and module load of its kernels, the occupancy query, the
 backward's schedule tables (built, uploaded, synchronized once) and a device error record. At *run time* XLA
 calls back into Python on its own stream (``ctx.stream``), and the callback only reads the buffers' addresses,
@@ -59,7 +59,7 @@ import jax as _jax_lib
 
 from . import jax_ops, jax_varlen, jax_varlen_dyn
 from .jax_ops import attention, attention_backward, attention_forward, callback_runs
-from .varlen import _check_max_seqlen
+from .core.varlen import _check_max_seqlen
 
 __all__ = ["attention", "attention_forward", "attention_backward", "attention_varlen", "callback_runs"]
 

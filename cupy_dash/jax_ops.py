@@ -15,7 +15,8 @@ import threading
 import jax
 import numpy as np
 
-from . import api, config, interop
+from . import config
+from .core import api, interop
 from .cuda import jit, kernels, launchers
 from . import schedule as _schedule
 from .schedule import compact_device
@@ -66,7 +67,7 @@ _Config = collections.namedtuple("_Config", "causal scale window schedule determ
 
 
 def _config(causal, softmax_scale, window=(-1, -1), schedule="auto", deterministic=True, softcap=0.0) -> _Config:
-    """The static (hashable) arguments, checked as :mod:`cupy_dash.api` checks them (window: right side 0 when
+    """The static (hashable) arguments, checked as :mod:`cupy_dash.core.api` checks them (window: right side 0 when
     causal; its canonical form depends on the shapes, see :func:`_problem`); ``ffi``: whether the calls go
     through the C handler (:func:`_use_ffi`); ``compact_env``: CUPY_DASH_COMPACT_TABLES, which a traced backward
     reads (compact_device.table_form), so that a change of it retraces."""
@@ -187,7 +188,7 @@ def _backward_op(cfg):
 # trace time: checks on shapes, preparation, the buffer_callback
 # ------------------------------------------------------------------------------------------------------------
 class _Aval:
-    """What :func:`cupy_dash.api._validate` reads of an operand, from its shape and dtype: a contiguous array on
+    """What :func:`cupy_dash.core.api._validate` reads of an operand, from its shape and dtype: a contiguous array on
     a CUDA device (placeholder device 0: XLA picks the device at run time) whose address is not known."""
     __slots__ = ("shape", "dtype", "strides")
 

@@ -23,12 +23,13 @@ import functools
 import jax
 import numpy as np
 
-from . import api, config, interop, varlen
+from . import config
+from .core import api, interop, varlen
 from .cuda import device_tables, kernels, launchers
 from . import jax_ops as _jax
 from . import schedule as _schedule
 from .cuda.errors import _jit_record
-from .varlen import _check_same_count, _cu_seqlens_form, _cu_seqlens_values
+from .core.varlen import _check_same_count, _cu_seqlens_form, _cu_seqlens_values
 
 __all__ = ["attention_host_lengths"]
 

@@ -16,12 +16,13 @@ import functools
 import jax
 import numpy as np
 
-from . import api, config, interop, varlen
+from . import config
+from .core import api, interop, varlen
 from .cuda import kernels, launchers
 from . import jax_varlen as _static
 from . import jax_ops as _jax
 from .cuda.errors import _jit_record
-from .varlen import _checked_cu_seqlens
+from .core.varlen import _checked_cu_seqlens
 
 _DynConfig = collections.namedtuple("_DynConfig", "base num_seqs max_q max_k")
 

@@ -20,7 +20,7 @@ The sliding window ``(left, right)`` of :func:`cupy_dash.attention_forward` is t
 the forward op for that purpose; the forward kernel does not use them). ``lse`` ``(B, H, Sq)`` float32 is
 returned but not differentiable. Both ops have fake implementations (exact output shapes, dtypes and
 contiguous strides, and the argument checks of
-:mod:`cupy_dash.api` wherever sizes are concrete), so ``torch.compile(fullgraph=True)`` traces forward and
+:mod:`cupy_dash.core.api` wherever sizes are concrete), so ``torch.compile(fullgraph=True)`` traces forward and
 backward without graph breaks, and ``torch.library.opcheck`` passes.
 
 Inside an op: kernels run on torch's current stream; outputs and scratch buffers are ``torch.empty`` on the

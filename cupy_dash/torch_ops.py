@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 
-from . import api
+from .core import api
 
 __all__ = ["attention", "attention_forward", "attention_backward", "eager"]
 
@@ -34,7 +34,7 @@ def attention(q, k, v, causal=False, softmax_scale=None, schedule="auto", determ
 
 
 def checked_options(causal, softmax_scale, schedule, deterministic, window, softcap) -> tuple:
-    """The arguments of :func:`attention` / ``attention_varlen`` checked as :mod:`cupy_dash.api` checks them, as
+    """The arguments of :func:`attention` / ``attention_varlen`` checked as :mod:`cupy_dash.core.api` checks them, as
     :class:`_Eager`'s ``options``: (causal, softmax_scale, schedule, deterministic, (left, right), softcap)."""
     api._check_schedule(schedule)
     if softmax_scale is not None:
@@ -54,7 +54,7 @@ def op_arguments(options) -> tuple:
 # NOTES: eager calls skip the dispatcher. register_autograd's autograd kernel is Python (a pytree scan of the
 # arguments, a redispatch, an autograd.Function of its own): ~9 µs per forward on our CPU (14.4 µs for the op
 # against 5.9 for a plain autograd.Function around the same body), and its gradient calls the backward op (~5 µs
-# more). Both paths run cupy_dash.api's functions, so the kernels and bits are the same; the ops stay wherever
+# more). Both paths run cupy_dash.core.api's functions, so the kernels and bits are the same; the ops stay wherever
 # something traces or wraps the tensors, which the plain Function would not survive.
 def eager(*tensors) -> bool:
     """Whether a call on ``tensors`` may take the plain autograd.Function: plain CUDA ``torch.Tensor`` objects
@@ -113,7 +113,7 @@ _DLPACK_TYPES = {"cpu": 1, "cuda": 2, "meta": 2}
 
 
 class _Meta:
-    """What :func:`cupy_dash.interop.describe` reads of an array (shape, dtype, byte strides, DLPack device),
+    """What :func:`cupy_dash.core.interop.describe` reads of an array (shape, dtype, byte strides, DLPack device),
     taken from a torch tensor's metadata only; its address stays unknown, so alignment is not checked."""
     __slots__ = ("shape", "dtype", "strides", "_device")
 

@@ -10,17 +10,17 @@
     out = cupy_dash.torch.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ...)
 
 Layouts are FlashAttention's: q ``(total_q, H, D)``, k/v ``(total_k, Hkv, D)``, int32 ``cu_seqlens`` ``(B + 1,)``,
-out ``(total_q, H, D)``, lse ``(H, total_q)`` float32 (see :mod:`cupy_dash.varlen`). The forward op is
+out ``(total_q, H, D)``, lse ``(H, total_q)`` float32 (see :mod:`cupy_dash.core.varlen`). The forward op is
 differentiable in q, k, v; its gradient is the backward op with the same cu_seqlens, window, schedule and
 deterministic flag. The backward builds its schedule table from the lengths: with ``cu_seqlens`` on the GPU it takes
 the host copy that the forward enqueued without waiting (the same tensors, unmodified:
-:mod:`cupy_dash.varlen_host_cu`), else copies them to the host (a wait on the current stream; the backward op also
+:mod:`cupy_dash.core.varlen_host_cu`), else copies them to the host (a wait on the current stream; the backward op also
 takes CPU tensors, the forward only CUDA ones); it cannot run under CUDA graph capture (it raises). Fake
 implementations give the output shapes for ``torch.compile``.
 """
 import torch
 
-from . import api, varlen
+from .core import api, varlen
 from .torch_ops import _Eager, _check_dims, _lib, checked_options, eager, op_arguments
 
 __all__ = ["attention_varlen", "attention_forward_varlen", "attention_backward_varlen"]

@@ -12,7 +12,7 @@ import types
 import numpy as np
 import pytest
 
-from cupy_dash import api, fastpath, fastpath_varlen, interop, varlen
+from cupy_dash.core import api, fastpath, fastpath_varlen, interop, varlen
 from cupy_dash.cuda import errors, kernels, launchers, tensormap, varlen_device
 
 

@@ -1,6 +1,6 @@
 # cython: boundscheck=False, wraparound=False
 """Kernel launch with one driver call (CUDA Driver API ``cuLaunchKernel``), for the host fast path
-(:mod:`cupy_dash.fastpath`): the kernels take one by-value parameter struct, so a launch is the function handle,
+(:mod:`cupy_dash.core.fastpath`): the kernels take one by-value parameter struct, so a launch is the function handle,
 the grid, the block, the dynamic shared memory, the stream and the packed struct's bytes; ``patched_block``
 writes a call's fields (addresses, TMA maps) into a copy of a plan's packed block.
 

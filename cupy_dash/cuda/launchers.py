@@ -1,6 +1,6 @@
 """Launches into given buffers on a given stream: the layer every entry point shares.
 
-The eager API (:mod:`cupy_dash.api`: outputs and scratch from the caller's allocator, the caller's stream) and
+The eager API (:mod:`cupy_dash.core.api`: outputs and scratch from the caller's allocator, the caller's stream) and
 the JAX custom calls (:mod:`cupy_dash.jax`: XLA's buffers and stream) build the same parameter blocks and launch
 the same kernels with the same schedule tables through these functions, which is why they give the same bits.
 Nothing here validates arguments (the callers did), allocates device memory or synchronizes.

@@ -519,7 +519,7 @@ cpdef long long kv_tiles(const long long[::1] lens, long long bn):
 cpdef tuple checked_cu_seqlens(const long long[::1] cu, long long total, long long max_len):
     """``(code, longest, cu int32)`` of host cu_seqlens (B + 1 >= 2 entries): code 0 when 0 = cu[0] <= ... <= cu[B]
     = total and no length exceeds max_len (then the int32 copy), 1 when the entries are not such a sequence, 2 when
-    the longest length exceeds max_len (the copy then None): cupy_dash.varlen's check in one pass."""
+    the longest length exceeds max_len (the copy then None): cupy_dash.core.varlen's check in one pass."""
     cdef Py_ssize_t n = cu.shape[0], i
     cdef long long L, longest = 0
     if n < 2 or cu[0] != 0 or cu[n - 1] != total:

@@ -1,4 +1,4 @@
-"""The host fast path's signatures (cupy_dash.fastpath): CPU tests with CPU torch tensors (skipped without torch).
+"""The host fast path's signatures (cupy_dash.core.fastpath): CPU tests with CPU torch tensors (skipped without torch).
 What must hold: a call whose arguments the full path would check differently never shares a signature with a
 validated one (bool vs int flags, tuple vs list windows, alignment, dtype, strides, device, spin timeout)."""
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 torch = pytest.importorskip("torch")
-from cupy_dash import fastpath  # noqa: E402
+from cupy_dash.core import fastpath  # noqa: E402
 
 
 def _qkv(dtype=torch.bfloat16):

@@ -1,4 +1,4 @@
-"""CPU test of the fixed-length host fast path (cupy_dash.fastpath) with torch imitated and every GPU call replaced
+"""CPU test of the fixed-length host fast path (cupy_dash.core.fastpath) with torch imitated and every GPU call replaced
 (the fakes of fastpath_fakes.py): a repeated backward gets the full path's parameter block but for its new
 outputs, scratch and error slot; the scratch of a small problem is the plan's own on the same stream and a new
 one on another stream or above the size limit."""
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import cupy_dash
-from cupy_dash import api, fastpath, interop
+from cupy_dash.core import api, fastpath, interop, varlen
 from cupy_dash.cuda import kernels, launchers
 from fastpath_fakes import BF16, F32, Tensor, no_gpu  # noqa: F401  (fixture)
 
@@ -28,7 +28,7 @@ def fixed(no_gpu, monkeypatch):
     specs = kernels.bwd_specs("bfloat16", 128, True, True)
     tile = kernels.bwd_tile(128)
     monkeypatch.setattr(kernels, "bwd_entry", lambda *a, **kw: (specs, tile.block_m, tile.block_n, 132))
-    monkeypatch.setattr(api, "_acquire_slot", __import__("cupy_dash").varlen._acquire_slot)
+    monkeypatch.setattr(api, "_acquire_slot", varlen._acquire_slot)
     monkeypatch.setattr(api, "_poll_errors", lambda: None)
     current = {"ptr": 0x77}
     monkeypatch.setattr(fastpath, "_ready_stream", lambda dev: types.SimpleNamespace(ptr=current["ptr"]))

@@ -1,4 +1,4 @@
-"""CPU test of the varlen backward's host fast path (cupy_dash.fastpath_varlen) with every GPU call replaced and
+"""CPU test of the varlen backward's host fast path (cupy_dash.core.fastpath_varlen) with every GPU call replaced and
 torch tensors imitated: the first call takes the full path and stores a plan; a repeated call with the same
 signature and lengths is served from it with a parameter block equal to the full path's except for the new
 outputs, scratch and error slot; other lengths, flags or argument types miss and take the full path."""
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import cupy_dash
-from cupy_dash import fastpath, fastpath_varlen
+from cupy_dash.core import fastpath, fastpath_varlen
 from cupy_dash.cuda import kernels, launchers
 from fastpath_fakes import Tensor, _Dtype, _inputs, _tables_per_packing, no_gpu  # noqa: F401  (fixture)
 
@@ -163,7 +163,7 @@ I32 = _Dtype("int32", 4)
 
 
 def test_a_repeated_forward_is_served_with_the_full_paths_block(no_gpu, monkeypatch):
-    from cupy_dash import varlen_host_cu
+    from cupy_dash.core import varlen_host_cu
     from cupy_dash.cuda import executor, jit
     launched, remembered = [], []
     monkeypatch.setattr(kernels, "launch", lambda spec, grid, params, stream, func=None: launched.append(

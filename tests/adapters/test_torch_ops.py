@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
 import cupy_dash  # noqa: E402
-from cupy_dash import api  # noqa: E402
+from cupy_dash.core import api  # noqa: E402
 import cupy_dash.torch as dash_torch  # noqa: E402
 
 BF16, FP16 = torch.bfloat16, torch.float16
@@ -102,7 +102,7 @@ def test_meta_device_gives_shapes():
     assert o.shape == q.shape and l.shape == (2, 4, 96) and o.device.type == "meta"
 
 
-# argument checks of the fake implementations: the messages of cupy_dash.api, naming the argument
+# argument checks of the fake implementations: the messages of cupy_dash.core.api, naming the argument
 def _fake_call(case):
     do, q, k, v, out, lse = bwd_inputs("cuda")
 
@@ -168,7 +168,7 @@ def test_fake_leaves_the_gqa_backward_decision_to_the_real_op():
 @pytest.fixture
 def no_gpu_work(monkeypatch):
     """Every GPU entry point of cupy_dash raises AssertionError."""
-    from cupy_dash import interop
+    from cupy_dash.core import interop
     from cupy_dash.cuda import kernels
 
     def boom(*args, **kwargs):

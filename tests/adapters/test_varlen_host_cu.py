@@ -1,4 +1,4 @@
-"""CPU tests of cupy_dash.varlen_host_cu (the forward's asynchronous host copy of device cu_seqlens, taken by the
+"""CPU tests of cupy_dash.core.varlen_host_cu (the forward's asynchronous host copy of device cu_seqlens, taken by the
 backward instead of a synchronizing copy), with the CUDA calls replaced: an entry serves only the very tensor the
 forward saw, at the same address and version; anything else falls back (None)."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import types
 import numpy as np
 import pytest
 
-from cupy_dash import varlen_host_cu
+from cupy_dash.core import varlen_host_cu
 
 
 class FakeTensor:

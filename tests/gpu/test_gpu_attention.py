@@ -196,7 +196,7 @@ SMALL_GRID_CASES = [Case("bf16", 128, True, 1537, 1537, batch=2, heads=2),
 def test_backward_small_grid_matches_reference(case, schedule, num_ctas):
     from cupy_dash import schedule as dash_schedule
     from cupy_dash.cuda import kernels
-    from cupy_dash.api import _backward_with_plan
+    from cupy_dash.core.api import _backward_with_plan
 
     data = _case_data(case, backward=True)
     do, q, k, v, out = (_dev(data[n]) for n in ("do", "q", "k", "v", "out_in"))
@@ -511,7 +511,7 @@ BAD_TABLE_CTAS = 8
 def test_corrupt_schedule_reports_error_instead_of_hanging(corruption, request):
     from cupy_dash import schedule
     from cupy_dash.cuda import kernels
-    from cupy_dash.api import _backward_with_plan
+    from cupy_dash.core.api import _backward_with_plan
 
     case = BAD_TABLE_CASE
     data = _case_data(case, backward=True)

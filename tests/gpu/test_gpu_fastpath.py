@@ -1,4 +1,4 @@
-"""GPU tests of the host fast path (cupy_dash.fastpath): a repeated call with torch tensors is served from the
+"""GPU tests of the host fast path (cupy_dash.core.fastpath): a repeated call with torch tensors is served from the
 stored plan and gives the bits of the full path; new buffers get new tensor maps; bad input still raises before
 any launch. Skipped without a Hopper GPU and torch with CUDA."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import cupy_dash  # noqa: E402
-from cupy_dash import fastpath  # noqa: E402
+from cupy_dash.core import fastpath  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 

@@ -138,7 +138,7 @@ def _with_idle_ctas(plan, front, back):
 def test_folded_small_grid_with_idle_ctas_matches_reference(num_ctas, idle, monkeypatch):
     from cupy_dash import schedule as dash_schedule
     from cupy_dash.cuda import kernels
-    from cupy_dash.api import _backward_with_plan
+    from cupy_dash.core.api import _backward_with_plan
 
     case = Case("bf16", 64, True, 1299, 700, batch=1, heads=3)
     data = _case_data(case, backward=True)

@@ -121,7 +121,7 @@ SMALL_GRID_CASES = [GqaCase(128, True, 1537, 1537, 8), GqaCase(64, False, 700, 1
 def test_gqa_backward_small_grid_matches_reference(case, schedule, num_ctas):
     from cupy_dash import schedule as dash_schedule
     from cupy_dash.cuda import kernels
-    from cupy_dash.api import _backward_with_plan
+    from cupy_dash.core.api import _backward_with_plan
 
     data = _data(case)
     do, q, k, v, out, lse = _inputs(data)

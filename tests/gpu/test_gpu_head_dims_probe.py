@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import cupy
-from cupy_dash import api, reference, schedule
+from cupy_dash import reference, schedule
+from cupy_dash.core import api
 from cupy_dash.cuda import kernels, launchers
 from gpu_helpers import BF16, _dev, _host, _randn, _seed
 

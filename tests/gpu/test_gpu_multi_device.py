@@ -192,7 +192,7 @@ def test_failed_backward_on_the_second_gpu_is_reported():
     reported by check_errors, and leaves both GPUs giving the reference bits."""
     from cupy_dash import schedule
     from cupy_dash.cuda import kernels
-    from cupy_dash.api import _backward_with_plan
+    from cupy_dash.core.api import _backward_with_plan
     a = _arrays(64, seed=6)
     want = _cupy_call(a, 0, 0, {})
     tile = kernels.bwd_tile(64)

@@ -9,7 +9,8 @@ import pytest
 
 cupy = pytest.importorskip("cupy")
 import cupy_dash  # noqa: E402
-from cupy_dash import api, reference, schedule  # noqa: E402
+from cupy_dash import reference, schedule  # noqa: E402
+from cupy_dash.core import api  # noqa: E402
 from cupy_dash.cuda import kernels  # noqa: E402
 
 pytestmark = pytest.mark.gpu

@@ -188,7 +188,7 @@ def test_torch_varlen_ops_match_the_functional_api():
     do = dev(h["do"])
     cu_q, cu_k = (torch.from_numpy(h[n]).cuda() for n in ("cu_q", "cu_k"))
     args = (cu_q, cu_k, max(h["lq"]), max(h["lk"]))
-    from cupy_dash import varlen_host_cu
+    from cupy_dash.core import varlen_host_cu
     before = varlen_host_cu.stats()
     out = dash_torch.attention_varlen(q, k, v, *args, causal=True, schedule="fa3")
     out.backward(do)
@@ -308,9 +308,9 @@ def test_varlen_backward_fp16(hdim):
 
 def test_torch_varlen_fast_path_gives_the_full_paths_bits(monkeypatch):
     """A repeated varlen backward with torch tensors (host or forward-copied device cu_seqlens) is served by
-    cupy_dash.fastpath_varlen with the bits of the full path; other lengths miss."""
+    cupy_dash.core.fastpath_varlen with the bits of the full path; other lengths miss."""
     torch = pytest.importorskip("torch")
-    from cupy_dash import fastpath_varlen
+    from cupy_dash.core import fastpath_varlen
     h, _, _ = _problem("mixed", 128, True, (-1, -1), H=8, Hkv=2, seed=3)
 
     def dev(a):
@@ -344,10 +344,10 @@ def test_torch_varlen_fast_path_gives_the_full_paths_bits(monkeypatch):
 @pytest.mark.parametrize("schedule", ["auto", "fa3", "symmetric_shift"])
 def test_torch_new_packings_from_the_template_give_the_full_paths_bits(schedule, monkeypatch):
     """A new packing of the same torch tensors each call (a training step's): served from the first call's
-    template (cupy_dash.fastpath_varlen: lengths checked, table built, block rebased), with the bits the full path
+    template (cupy_dash.core.fastpath_varlen: lengths checked, table built, block rebased), with the bits the full path
     (CUPY_DASH_FASTPATH=0) gives the same packing; a repeated packing then hits its own plan."""
     torch = pytest.importorskip("torch")
-    from cupy_dash import fastpath_varlen
+    from cupy_dash.core import fastpath_varlen
     total, H, Hkv, D = 4096, 8, 2, 128
     g = torch.Generator(device="cuda").manual_seed(11)
     q, do = (torch.randn(total, H, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))

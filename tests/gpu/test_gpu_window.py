@@ -166,7 +166,7 @@ SMALL_GRID_CASES = [WinCase("bf16", 128, True, 1537, 1537, (400, 0), batch=1, he
 def test_window_backward_small_grid(case, schedule, num_ctas):
     from cupy_dash import schedule as dash_schedule
     from cupy_dash.cuda import kernels
-    from cupy_dash.api import _backward_with_plan
+    from cupy_dash.core.api import _backward_with_plan
 
     data = _data(case)
     do, q, k, v, out, lse = _gpu_forward(case, data)

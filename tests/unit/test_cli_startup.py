@@ -37,7 +37,8 @@ def test_import_cupy_dash_imports_nothing_heavy():
 
 
 def test_the_public_names_are_there_on_first_access():
-    from cupy_dash import api, reference, schedule, varlen
+    from cupy_dash import reference, schedule
+    from cupy_dash.core import api, varlen
     assert cupy_dash.attention_forward is api.attention_forward and cupy_dash.check_errors is api.check_errors
     assert cupy_dash.attention_backward_varlen is varlen.attention_backward_varlen
     assert cupy_dash.schedule is schedule and cupy_dash.reference is reference

@@ -111,7 +111,7 @@ def test_fingerprint_follows_the_plan_knobs_only(clean_env):
 
 def test_fast_path_signatures_key_on_the_fingerprint(clean_env):
     """A repeated torch backward re-launches a stored plan only under the same plan knobs (torch imitated)."""
-    from cupy_dash import fastpath
+    from cupy_dash.core import fastpath
     from fastpath_fakes import BF16, F32, Tensor
     q = Tensor((2, 64, 4, 64), BF16, 0x10000)
     args = (q, q, q, q, q, Tensor((2, 4, 64), F32, 0x20000), True, None, "auto", True, (-1, -1))

@@ -1,5 +1,5 @@
 """Every file the docs name exists: README.md and docs/**/*.md, their links (relative to the page) and the paths
-they mention in the text (relative to the repository root, like `cupy_dash/api.py`). CPU only."""
+they mention in the text (relative to the repository root, like `cupy_dash/core/api.py`). CPU only."""
 from __future__ import annotations
 
 import re
@@ -51,10 +51,10 @@ def test_named_files_exist(page):
 
 
 def test_the_scan_finds_paths_and_links(tmp_path):
-    text = ("See `cupy_dash/api.py`, kernels_src/bwd/fold.cuh and benchmarks/results/ (a folder), "
+    text = ("See `cupy_dash/core/api.py`, kernels_src/bwd/fold.cuh and benchmarks/results/ (a folder), "
             "[a page](docs/schedules.md#what-auto-means), [web](https://example.com/a/b.md), "
             "`cupy_dash/_compact*.pyx`, bench_20261201-042619.{md,json} and /root/out/x.json.")
-    assert _mentions(text) == {"cupy_dash/api.py", "kernels_src/bwd/fold.cuh", "benchmarks/results/"}
+    assert _mentions(text) == {"cupy_dash/core/api.py", "kernels_src/bwd/fold.cuh", "benchmarks/results/"}
     assert _links(text) == {"docs/schedules.md"}
     page = tmp_path / "page.md"
     page.write_text("`cupy_dash/no_such_module.py` and [gone](no_such_page.md)")

@@ -27,7 +27,7 @@ FACADE_IMPORTS = {
     # built from the per-visit module's argument checks and models
     ("cupy_dash.schedule.per_visit", "cupy_dash.schedule.compact"),
     # a torch new packing reuses varlen's checks and launch builder
-    ("cupy_dash.fastpath_varlen", "cupy_dash.varlen"),
+    ("cupy_dash.core.fastpath_varlen", "cupy_dash.core.varlen"),
     # the C handler is a mechanism picked per call, loaded on use
     ("cupy_dash.jax_ops", "cupy_dash._jax_ffi"),
 }
@@ -37,7 +37,7 @@ _CYTHON_IMPORT = re.compile(r"^(?:from\s+([\w.]+)\s+c?import|c?import\s+([\w.]+)
 
 @functools.lru_cache(maxsize=1)
 def _sources() -> dict:
-    """Dotted module name (``cupy_dash``, ``cupy_dash.api``, ...) -> its source file: every .py and .pyx
+    """Dotted module name (``cupy_dash``, ``cupy_dash.core.api``, ...) -> its source file: every .py and .pyx
     module, and the .pxd files that have no .pyx (cimported only)."""
     found = {}
     for path in sorted(PACKAGE.rglob("*")):
@@ -142,7 +142,7 @@ def _layer(module: str) -> int:
 
 
 def test_the_graph_sees_every_kind_of_import():
-    assert {"cupy_dash", "cupy_dash.api", "cupy_dash.schedule", "cupy_dash.schedule._heap"} <= set(_modules())
+    assert {"cupy_dash", "cupy_dash.core.api", "cupy_dash.schedule", "cupy_dash.schedule._heap"} <= set(_modules())
     assert "cupy_dash.schedule._schedule" in _imports("cupy_dash.schedule.per_visit")[0]
     assert "cupy_dash.schedule._heap" in _imports("cupy_dash.schedule._schedule")[0]
     assert "cupy_dash.schedule.compact" in _imports("cupy_dash.schedule.per_visit")[1]

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 import cupy_dash
-from cupy_dash import interop, schedule
+from cupy_dash import schedule
+from cupy_dash.core import interop
 from cupy_dash.cuda import errors
 from validation_helpers import (BF16, F16, F32, FakeCuda, GpuTouched, _build_schedule, bwd, fake, fwd,  # noqa: F401
                                 gpu_work_log, make, raises)  # gpu_work_log: the autouse fixture
@@ -208,7 +209,7 @@ def test_bad_window(window, causal, exc, match, gpu_work_log):
 @pytest.mark.parametrize("window,causal,want", [((-1, -1), False, (-1, -1)), ((-1, -1), True, (-1, 0)),
                                                 ((7, 0), True, (7, 0)), ((np.int64(3), 9), False, (3, 9))])
 def test_window_as_the_kernel_gets_it(window, causal, want):
-    from cupy_dash import api
+    from cupy_dash.core import api
     assert api._check_window(window, causal) == want
 
 
@@ -222,7 +223,7 @@ def test_gqa_backward_passes_validation(H, Hkv, gpu_work_log):
 
 
 def test_gqa_backward_rejects_a_plan_of_another_group_size(gpu_work_log):
-    from cupy_dash.api import _backward_with_plan
+    from cupy_dash.core.api import _backward_with_plan
     t = fake(make(H=8, Hkv=2))
     plan = _build_schedule("shift", seqlen_q=96, seqlen_k=160, block_m=64, block_n=128, num_heads=16,
                            causal=False, num_sms=4)                      # built as MHA: group_size 1, not 4

@@ -1,4 +1,4 @@
-"""CPU test of the varlen backward's wiring (cupy_dash.varlen.attention_backward_varlen) with every GPU call
+"""CPU test of the varlen backward's wiring (cupy_dash.core.varlen.attention_backward_varlen) with every GPU call
 replaced: the parameter block the three kernels get names each operand's address in its own field (q, k, v, out,
 dout, lse, the outputs, the uploaded cu_seqlens), the grids cover the longest sequence, dk and dv are zeroed, and
 the schedule table is the one built for these lengths. (The first GPU run of the varlen backward failed on out and
@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 import cupy_dash
-from cupy_dash import api, gpu, interop, varlen
+from cupy_dash import gpu
+from cupy_dash.core import api, interop, varlen
 from cupy_dash.cuda import errors, kernels, launchers, tensormap, varlen_device
 
 BF16 = np.dtype(ml_dtypes.bfloat16)

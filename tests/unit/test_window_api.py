@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import cupy_dash
-from cupy_dash import api, schedule
+from cupy_dash import schedule
+from cupy_dash.core import api
 from cupy_dash.cuda import errors, kernels
 from validation_helpers import GpuTouched, _build_schedule, bwd, fake, gpu_work_log, make, raises  # noqa: F401
 
@@ -46,7 +47,7 @@ def test_windowed_backward_passes_validation(window, causal, gpu_work_log):
 
 
 def test_backward_with_plan_needs_the_calls_window(gpu_work_log):
-    from cupy_dash.api import _backward_with_plan
+    from cupy_dash.core.api import _backward_with_plan
     t = fake(make(Sq=96, Sk=160))
     tile = kernels.bwd_tile(64)         # the kernel's tiles: a GPU machine whose variant cache is warm checks them
     kw = dict(seqlen_q=96, seqlen_k=160, block_m=tile.block_m, block_n=tile.block_n, num_heads=8, causal=False,

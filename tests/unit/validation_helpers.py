@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 import cupy_dash
-from cupy_dash import api, interop, schedule
+from cupy_dash import schedule
+from cupy_dash.core import api, interop
 from cupy_dash.cuda import kernels
 
 

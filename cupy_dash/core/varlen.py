@@ -9,7 +9,7 @@ Q tiles, in which dQ order: :func:`cupy_dash.schedule.build_varlen`): pass ``cu_
 a list, a CPU torch tensor; uploaded once per call, no synchronisation) or as device arrays (then copied to the
 host: one device-to-host copy, which waits for the caller's stream — the cost is in docs/decisions/table-forms.md —
 except for torch tensors that the varlen forward saw: it copies them without waiting, for the backward,
-:mod:`cupy_dash.varlen_host_cu`). The
+:mod:`cupy_dash.core.varlen_host_cu`). The
 kernels clamp every bound to the packed lengths, so inconsistent ``cu_seqlens`` give wrong results for the rows
 they describe but never a load or store outside the buffers.
 """
@@ -20,11 +20,12 @@ import numbers
 import cupy
 import numpy as np
 
-from . import api, config, fastpath_varlen, gpu, interop, varlen_host_cu
-from .cuda import kernels, launchers, varlen_device
-from . import schedule as _schedule
-from .schedule import compact_device, varlen_pack
-from .cuda.errors import _acquire_slot, _keep_alive, check_errors, poll_errors as _poll_errors
+from .. import config, gpu
+from .. import schedule as _schedule
+from ..cuda import kernels, launchers, varlen_device
+from ..cuda.errors import _acquire_slot, _keep_alive, check_errors, poll_errors as _poll_errors
+from ..schedule import compact_device, varlen_pack
+from . import api, fastpath_varlen, interop, varlen_host_cu
 
 
 def _check_max_seqlen(name, value) -> int:
@@ -290,7 +291,7 @@ def _cu_seqlens_values(name, host, total, max_name, max_len) -> np.ndarray:
 
 
 def _device_to_host(info, cu, stream) -> np.ndarray:
-    """A device cu_seqlens on the host: the copy its forward took (:mod:`cupy_dash.varlen_host_cu`), else one
+    """A device cu_seqlens on the host: the copy its forward took (:mod:`cupy_dash.core.varlen_host_cu`), else one
     copied after the caller's stream's pending work (a wait)."""
     keep = []
     ptr, _ = api._resolve(info, cu, keep)

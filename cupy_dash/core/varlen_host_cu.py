@@ -52,7 +52,7 @@ def _serves(e, cu, ptr) -> bool:
 
 def remember(cu, info, ptr: int, stream) -> None:
     """Enqueue on ``stream`` (current device: the tensor's) a copy of the device int32 ``cu`` (``info``: its
-    :class:`cupy_dash.interop.TensorInfo`, ``ptr`` its address) to pinned host memory, for :func:`lookup`."""
+    :class:`cupy_dash.core.interop.TensorInfo`, ``ptr`` its address) to pinned host memory, for :func:`lookup`."""
     if info.framework != "torch":
         return
     key = (ptr, info.device_id)

@@ -1,4 +1,4 @@
-"""Host fast paths of the varlen forward and backward for torch tensors (see :mod:`cupy_dash.fastpath` for the
+"""Host fast paths of the varlen forward and backward for torch tensors (see :mod:`cupy_dash.core.fastpath` for the
 idea).
 
 A training step with packed sequences calls :func:`cupy_dash.attention_backward_varlen` once per layer with the
@@ -18,7 +18,7 @@ NOTES: the signature holds what the full path's checks depend on: every tensor's
 launch (config.fingerprint: spin timeout, fold, compact tables, device expansion), the torch stream (the table's
 upload was ordered before the full call's kernels on that stream only), and the lengths: host cu_seqlens by dtype
 and bytes (checked by the full path when the plan was made), device ones through the forward's host copy
-(:mod:`cupy_dash.varlen_host_cu`; no copy, no fast path). So a call that would fail a check never matches.
+(:mod:`cupy_dash.core.varlen_host_cu`; no copy, no fast path). So a call that would fail a check never matches.
 """
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ import threading
 
 import numpy as np
 
-from . import config, fastpath, interop, varlen_host_cu
+from .. import config
+from . import fastpath, interop, varlen_host_cu
 
 _MAX_PLANS = 8            # each holds its packing's device tables (up to a few MB)
 _plans: dict = {}
@@ -49,7 +50,7 @@ def clear() -> None:
 
 def _host_lengths(cu, device_index):
     """(form, host array) of a cu_seqlens argument (form: the host dtype, or "device" for a torch device tensor
-    whose forward left a host copy, :mod:`cupy_dash.varlen_host_cu`), or None when not known without a copy."""
+    whose forward left a host copy, :mod:`cupy_dash.core.varlen_host_cu`), or None when not known without a copy."""
     if type(cu) in (np.ndarray, list, tuple):
         host = np.asarray(cu)                   # a list's element types show in the dtype (1.0 is not 1)
         return host.dtype.str, host
@@ -161,7 +162,7 @@ def _new_packing(key_, base, cu_q, cu_k):
     max_seqlen_q / max_seqlen_k make canonical otherwise than the template's)."""
     import cupy
     from . import varlen
-    from .schedule import canonical_window
+    from ..schedule import canonical_window
     c0, dev = base.c, base.device_index
     p = c0.p
     max_q, max_k, window, schedule = key_[7], key_[8], key_[11], key_[12]

@@ -24,8 +24,9 @@ import threading
 
 import cupy
 
-from . import config, interop
-from .cuda import errors, executor, jit, kernels, launchers, params, tensormap
+from .. import config
+from ..cuda import errors, executor, jit, kernels, launchers, params, tensormap
+from . import interop
 
 _MAX_PLANS = 256
 _MAX_MAPS = 64          # tensor maps kept per operand of a plan (keyed by address)

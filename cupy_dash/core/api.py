@@ -32,12 +32,13 @@ import cupy
 import ml_dtypes
 import numpy as np
 
-from . import config, fastpath, interop
-from .cuda import device_tables, jit, kernels, launchers, tensormap
-from .cuda.errors import (_acquire_slot, _graph_record, _keep_alive, _record_shared, check_errors,
-                          poll_errors as _poll_errors)
-from . import schedule as _schedule
-from .schedule import compact_device
+from .. import config
+from .. import schedule as _schedule
+from ..cuda import device_tables, jit, kernels, launchers, tensormap
+from ..cuda.errors import (_acquire_slot, _graph_record, _keep_alive, _record_shared, check_errors,
+                           poll_errors as _poll_errors)
+from ..schedule import compact_device
+from . import fastpath, interop
 
 __all__ = ["attention_forward", "attention_backward", "check_errors"]
 
