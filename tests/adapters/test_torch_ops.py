@@ -246,7 +246,7 @@ def test_lse_is_not_differentiable():
 
 
 # --------------------------------------------------------------------------------------------------------------
-# varlen ops (cupy_dash/torch_varlen.py): schemas, fake shapes, argument checks, autograd on the meta device
+# varlen ops (cupy_dash/torch/varlen.py): schemas, fake shapes, argument checks, autograd on the meta device
 # --------------------------------------------------------------------------------------------------------------
 def varlen_inputs(device, total_q=300, total_k=500, H=4, Hkv=2, D=64, requires_grad=False):
     q = torch.empty((total_q, H, D), device=device, dtype=BF16, requires_grad=requires_grad)
@@ -309,7 +309,7 @@ def test_eager_path_only_for_plain_cuda_tensors_outside_tracing():
 
 @pytest.mark.parametrize("varlen", [False, True], ids=["fixed", "varlen"])
 def test_eager_function_routes_gradients_as_the_op_does(varlen):
-    """The eager autograd.Function (cupy_dash.torch._Eager) with recorders for cupy_dash's functions, on CPU
+    """The eager autograd.Function (cupy_dash.torch.ops._Eager) with recorders for cupy_dash's functions, on CPU
     tensors: the positional extras (varlen's cu_seqlens and max lengths) and the options reach both functions,
     dout is made contiguous, dq/dk/dv go to q/k/v, lse is not differentiable."""
     seen = {}
@@ -326,7 +326,7 @@ def test_eager_function_routes_gradients_as_the_op_does(varlen):
     cu = torch.tensor([0, 4, 10], dtype=torch.int32)
     extra = (cu, cu, 6, 6) if varlen else ()
     options = (True, 0.5, "fa3", True, (3, 0))
-    out, lse = cupy_dash.torch_ops._Eager.apply((forward, backward), extra, options, q, k, v)
+    out, lse = cupy_dash.torch.ops._Eager.apply((forward, backward), extra, options, q, k, v)
     assert not lse.requires_grad and out.requires_grad
     same = lambda a, b: len(a) == len(b) and all(x is y for x, y in zip(a, b))  # noqa: E731
     assert same(seen["fwd"][0], extra) and seen["fwd"][1:] == (True, 0.5, (3, 0))

@@ -18,7 +18,7 @@ import re
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "cupy_dash"
 
-ADAPTERS = {"torch", "torch_ops", "torch_varlen", "jax", "jax_ops", "jax_varlen", "jax_varlen_dyn", "_jax_ffi",
+ADAPTERS = {"torch", "jax", "jax_ops", "jax_varlen", "jax_varlen_dyn", "_jax_ffi",
             "differentiable", "transformers"}
 
 # (importer, imported): imports inside functions that close a cycle, each a late binding on purpose.
@@ -135,7 +135,7 @@ def _cycles(edges: dict) -> list[list[str]]:
 
 
 def _layer(module: str) -> int:
-    name = module.split(".", 1)[-1]
+    name = module.split(".")[1] if "." in module else ""
     if name == "__main__" or name.startswith("cli_"):
         return 2
     return 1 if name in ADAPTERS else 0

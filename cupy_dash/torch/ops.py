@@ -1,4 +1,4 @@
-"""The fixed-length torch ops and what :mod:`cupy_dash.torch_varlen` shares with them (the ``cupy_dash``
+"""The fixed-length torch ops and what :mod:`cupy_dash.torch.varlen` shares with them (the ``cupy_dash``
 ``torch.library`` fragment, the eager autograd path, the fake implementations' checks). Users import
 :mod:`cupy_dash.torch`, whose docstring describes the ops; this module imports no other adapter module.
 """
@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 
-from .core import api
+from ..core import api
 
 __all__ = ["attention", "attention_forward", "attention_backward", "eager"]
 

@@ -1,5 +1,5 @@
 """torch ops for packed variable-length batches (registered in the ``cupy_dash`` fragment of
-:mod:`cupy_dash.torch_ops`; users import them from :mod:`cupy_dash.torch`)::
+:mod:`cupy_dash.torch.ops`; users import them from :mod:`cupy_dash.torch`)::
 
     out, lse = torch.ops.cupy_dash.attention_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                                             max_seqlen_k, causal=False, softmax_scale=None,
@@ -20,8 +20,8 @@ implementations give the output shapes for ``torch.compile``.
 """
 import torch
 
-from .core import api, varlen
-from .torch_ops import _Eager, _check_dims, _lib, checked_options, eager, op_arguments
+from ..core import api, varlen
+from .ops import _Eager, _check_dims, _lib, checked_options, eager, op_arguments
 
 __all__ = ["attention_varlen", "attention_forward_varlen", "attention_backward_varlen"]
 
@@ -41,7 +41,7 @@ def _check_packed(**tensors):
     _check_dims({"lse": "(H, total_q)", "": "(total, heads, head_dim)"}, **tensors)
 
 
-# NOTES: defined with torch.library.Library like the fixed-length ops (cupy_dash/torch.py says why); the schemas
+# NOTES: defined with torch.library.Library like the fixed-length ops (ops.py says why); the schemas
 # are the ones torch.library.custom_op inferred from these signatures.
 _lib.define("attention_forward_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
             "SymInt max_seqlen_q, SymInt max_seqlen_k, bool causal=False, float? softmax_scale=None, "

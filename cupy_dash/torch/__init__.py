@@ -12,7 +12,7 @@ Imported only on demand (``cupy_dash.torch``, or ``cupy_dash.attention`` with to
                                                         window_left=-1, window_right=-1, softcap=0.0)
 
 Packed variable-length batches have their own ops, ``attention_forward_varlen`` / ``attention_backward_varlen``
-(:mod:`cupy_dash.torch_varlen`), and :func:`attention_varlen`.
+(:mod:`cupy_dash.torch.varlen`), and :func:`attention_varlen`.
 
 The sliding window ``(left, right)`` of :func:`cupy_dash.attention_forward` is two int arguments of the ops
 (-1: unbounded). ``attention_forward`` is differentiable (``register_autograd``): its gradient is
@@ -39,8 +39,8 @@ the process. A captured backward cannot hand its semaphore-timeout record to the
 failures inside graph replays are reported by :func:`cupy_dash.check_errors` (which synchronizes), not by the
 next call; call it outside capture.
 """
-from .torch_ops import attention, attention_backward, attention_forward, eager
-from .torch_varlen import attention_backward_varlen, attention_forward_varlen, attention_varlen
+from .ops import attention, attention_backward, attention_forward, eager
+from .varlen import attention_backward_varlen, attention_forward_varlen, attention_varlen
 
 __all__ = ["attention", "attention_forward", "attention_backward", "attention_varlen", "attention_forward_varlen",
            "attention_backward_varlen", "eager"]
