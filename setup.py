@@ -16,8 +16,8 @@ def _cores() -> int:
 # packed varlen batches, _compact those of one problem and checks them, _compact_view and _varlen_view expand them
 # and compute what the kernel will compute per visit, varlen_pack packs them in the byte layout uploaded; _records
 # holds the checks that every table of records shares (_records.pxd: the record layout and rule, _units.pxd: the
-# builders' shared inline code). cupy_dash.cuda.executor is every kernel launch (one cuLaunchKernel); _xla_ffi is
-# cupy_dash.jax's XLA FFI handler (xla_ffi.c).
+# builders' shared inline code). cupy_dash.cuda.executor is every kernel launch (one cuLaunchKernel);
+# cupy_dash.jax._xla_ffi is the JAX adapter's XLA FFI handler (xla_ffi.c).
 EXTENSIONS = [Extension("cupy_dash.schedule._schedule", ["cupy_dash/schedule/_schedule.pyx"]),
               Extension("cupy_dash.schedule._records", ["cupy_dash/schedule/_records.pyx"]),
               Extension("cupy_dash.schedule._schedule_check", ["cupy_dash/schedule/_schedule_check.pyx"]),
@@ -27,8 +27,8 @@ EXTENSIONS = [Extension("cupy_dash.schedule._schedule", ["cupy_dash/schedule/_sc
               Extension("cupy_dash.schedule._varlen_view", ["cupy_dash/schedule/_varlen_view.pyx"]),
               Extension("cupy_dash.schedule.varlen_pack", ["cupy_dash/schedule/varlen_pack.pyx"]),
               Extension("cupy_dash.cuda.executor", ["cupy_dash/cuda/executor.pyx"], libraries=["dl"]),
-              Extension("cupy_dash._xla_ffi", ["cupy_dash/_xla_ffi.pyx", "cupy_dash/xla_ffi.c"],
-                        depends=["cupy_dash/xla_ffi.h"], include_dirs=["cupy_dash"], libraries=["dl"],
+              Extension("cupy_dash.jax._xla_ffi", ["cupy_dash/jax/_xla_ffi.pyx", "cupy_dash/jax/xla_ffi.c"],
+                        depends=["cupy_dash/jax/xla_ffi.h"], include_dirs=["cupy_dash/jax"], libraries=["dl"],
                         extra_compile_args=["-std=gnu11"])]
 
 # Both build steps use every core: Cython translates the .pyx files in nthreads processes, and build_ext runs

@@ -51,10 +51,10 @@ def main(argv=None):
     paths = {"jit x * 2 (one XLA op)": lambda: jit_floor(q)}
     mechanisms = ["callback"]
     try:
-        import cupy_dash._xla_ffi  # noqa: F401
+        import cupy_dash.jax._xla_ffi  # noqa: F401
         mechanisms.append("ffi")
     except ImportError:
-        print("cupy_dash._xla_ffi is not built: the C handler is skipped")
+        print("cupy_dash.jax._xla_ffi is not built: the C handler is skipped")
     for mechanism in mechanisms:
         os.environ["CUPY_DASH_JAX_FFI"] = "1" if mechanism == "ffi" else "0"
         jit_fwd = jax.jit(lambda q, k, v: cj.attention_forward(q, k, v))

@@ -1,4 +1,4 @@
-"""CPU tests of the C XLA FFI handler of cupy_dash.jax (``CUPY_DASH_JAX_FFI=1``; cupy_dash/xla_ffi.c, _jax_ffi.py).
+"""CPU tests of the C XLA FFI handler of cupy_dash.jax (``CUPY_DASH_JAX_FFI=1``; cupy_dash/jax/xla_ffi.c, _ffi.py).
 
 * ABI: our declarations of the XLA FFI structs match jaxlib's ``c_api.h`` (compiled static_asserts; needs jaxlib's
   headers and a C compiler);
@@ -25,8 +25,8 @@ import pytest
 from cupy_dash.cuda import kernels, launchers, tensormap
 
 pytest.importorskip("jax")
-xla_ffi = pytest.importorskip("cupy_dash._xla_ffi", reason="the extension is not built (setup.py build_ext)")
-from cupy_dash import _jax_ffi, jax_ops  # noqa: E402
+xla_ffi = pytest.importorskip("cupy_dash.jax._xla_ffi", reason="the extension is not built (setup.py build_ext)")
+from cupy_dash.jax import _ffi as _jax_ffi, ops as jax_ops  # noqa: E402
 
 
 def fake_map(ptr, dtype, shape, strides, box_rows, name="tensor", box_panels=None):
@@ -117,7 +117,7 @@ def test_declared_abi_matches_jaxlib_header(tmp_path):
     # (same fields; XLA_FFI_Extension is now another struct, of the public extension API)
     base = "XLA_FFI_Extension_Base" if "XLA_FFI_Extension_Base" in header else "XLA_FFI_InternalExtension"
     src.write_text(ABI_CHECK.replace("XLA_FFI_Extension_Base", base))
-    here = str(pathlib.Path(cupy_dash.__file__).parent)
+    here = str(pathlib.Path(cupy_dash.__file__).parent / "jax")
     run = subprocess.run([cc, "-std=c11", "-fsyntax-only", f"-I{include}", f"-I{here}", str(src)],
                          capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
@@ -276,7 +276,7 @@ def test_ffi_lowering_and_vmap_fold(monkeypatch):
 def test_the_c_handler_is_the_default_where_built(monkeypatch):
     import cupy_dash.jax as cj
     monkeypatch.delenv("CUPY_DASH_JAX_FFI", raising=False)
-    assert jax_ops._use_ffi() is True                       # this module runs only where cupy_dash._xla_ffi is built
+    assert jax_ops._use_ffi() is True                       # this module runs only where cupy_dash.jax._xla_ffi is built
     monkeypatch.setenv("CUPY_DASH_JAX_FFI", "0")
     assert jax_ops._use_ffi() is False
     monkeypatch.setenv("CUPY_DASH_JAX_FFI", "1")

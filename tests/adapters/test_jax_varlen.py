@@ -103,7 +103,7 @@ def test_plumbing_with_reference_callbacks(jx, monkeypatch):
     """jit(grad) of a varlen loss runs one forward and one backward call and gives the per-sequence float64
     reference's gradients (the kernels replaced by the reference on JAX's CPU backend)."""
     jax, cj = jx
-    from cupy_dash import jax_varlen
+    from cupy_dash.jax import varlen as jax_varlen
     calls = []
 
     def forward(self, ctx, outs, q, k, v):
@@ -134,7 +134,7 @@ def test_traced_lengths_one_program_for_every_packing(jx, monkeypatch):
     runs one forward and one backward callback that see that packing's lengths, and the gradients are the
     per-sequence float64 reference's (kernels replaced by the reference on JAX's CPU backend)."""
     jax, cj = jx
-    from cupy_dash import jax_varlen, jax_varlen_dyn
+    from cupy_dash.jax import varlen as jax_varlen, varlen_dyn as jax_varlen_dyn
     calls = []
 
     def forward(self, ctx, outs, q, k, v, cu_q, cu_k):
@@ -193,7 +193,7 @@ def test_traced_lengths_are_checked_when_the_backward_runs(monkeypatch):
     ValueError naming the argument), device copies replaced by host ones."""
     pytest.importorskip("jax")
     import types
-    from cupy_dash import jax_varlen_dyn
+    from cupy_dash.jax import varlen_dyn as jax_varlen_dyn
     device = {}
 
     def memcpy(dst, src, nbytes, kind, stream):

@@ -15,7 +15,7 @@ from fresh_interpreter import run
 
 
 def test_adapter_is_imported_on_first_attribute_access():
-    # a stand-in for JAX with just what cupy_dash/jax.py uses at import time, so this runs without JAX
+    # a stand-in for JAX with just what cupy_dash/jax/__init__.py uses at import time, so this runs without JAX
     run("""
         import sys, types
         import cupy_dash

@@ -95,7 +95,7 @@ def test_jax_jit_reads_the_same_compact_tables(mechanism, monkeypatch):
     jax = pytest.importorskip("jax")
     import cupy_dash.jax as cj
     if mechanism == "ffi":
-        pytest.importorskip("cupy_dash._xla_ffi", reason="the extension is not built")
+        pytest.importorskip("cupy_dash.jax._xla_ffi", reason="the extension is not built")
     monkeypatch.setenv("CUPY_DASH_JAX_FFI", "1" if mechanism == "ffi" else "0")
     shape = SHAPES[1]
     causal, window = shape[6], shape[7]

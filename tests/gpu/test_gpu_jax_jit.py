@@ -37,7 +37,7 @@ pytestmark = pytest.mark.gpu
 jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
 cj = pytest.importorskip("cupy_dash.jax")
-import cupy_dash.jax_ops as ops  # noqa: E402  (private: the preparation cache)
+import cupy_dash.jax.ops as ops  # noqa: E402  (private: the preparation cache)
 from framework_case import Case  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(cupy_dash.__file__)))
@@ -58,7 +58,7 @@ CASES = [Case(hdim, causal) for hdim in (64, 128) for causal in (False, True)] +
 def mechanism(request, monkeypatch):
     """Which custom call the jax functions traced in the test use (read when a call is traced)."""
     if request.param == "ffi":
-        pytest.importorskip("cupy_dash._xla_ffi", reason="the extension is not built (setup.py build_ext)")
+        pytest.importorskip("cupy_dash.jax._xla_ffi", reason="the extension is not built (setup.py build_ext)")
         monkeypatch.setenv("CUPY_DASH_JAX_FFI", "1")
     else:
         monkeypatch.setenv("CUPY_DASH_JAX_FFI", "0")

@@ -261,7 +261,7 @@ def test_jax_varlen_matches_the_functional_api():
     cupy_dash.check_errors()
     for name, g, w in zip(("dq", "dk", "dv"), grads, want):
         assert (np.asarray(g).view(np.int16) == np.asarray(w).view(np.int16)).all(), name
-    # cu_seqlens as JAX arrays (cupy_dash.jax_varlen_dyn): one program, the same bits, and a second packing
+    # cu_seqlens as JAX arrays (cupy_dash.jax.varlen_dyn): one program, the same bits, and a second packing
     traces = []
 
     def loss_dyn(q, k, v, cu_q, cu_k):

@@ -18,8 +18,7 @@ import re
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "cupy_dash"
 
-ADAPTERS = {"torch", "jax", "jax_ops", "jax_varlen", "jax_varlen_dyn", "_jax_ffi",
-            "differentiable", "transformers"}
+ADAPTERS = {"torch", "jax", "differentiable", "transformers"}
 
 # (importer, imported): imports inside functions that close a cycle, each a late binding on purpose.
 FACADE_IMPORTS = {
@@ -29,7 +28,7 @@ FACADE_IMPORTS = {
     # a torch new packing reuses varlen's checks and launch builder
     ("cupy_dash.core.fastpath_varlen", "cupy_dash.core.varlen"),
     # the C handler is a mechanism picked per call, loaded on use
-    ("cupy_dash.jax_ops", "cupy_dash._jax_ffi"),
+    ("cupy_dash.jax.ops", "cupy_dash.jax._ffi"),
 }
 
 _CYTHON_IMPORT = re.compile(r"^(?:from\s+([\w.]+)\s+c?import|c?import\s+([\w.]+))", re.M)

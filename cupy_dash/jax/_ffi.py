@@ -24,8 +24,8 @@ import threading
 
 import numpy as np
 
-from . import jax_ops as _jax
-from .cuda import jit, launchers
+from ..cuda import jit, launchers
+from . import ops as _jax
 
 TARGET = "cupy_dash_launch"
 PLAN_MAGIC = 0x48534144                  # xla_ffi.h DASH_PLAN_MAGIC
@@ -43,7 +43,7 @@ def _extension():
     try:
         from . import _xla_ffi
     except ImportError as exc:
-        raise ImportError("CUPY_DASH_JAX_FFI=1 needs the extension cupy_dash._xla_ffi, which is not built; "
+        raise ImportError("CUPY_DASH_JAX_FFI=1 needs the extension cupy_dash.jax._xla_ffi, which is not built; "
                           "reinstall cupy_dash (or run `python setup.py build_ext --inplace` in a checkout)") from exc
     return _xla_ffi
 

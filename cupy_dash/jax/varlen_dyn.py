@@ -16,13 +16,13 @@ import functools
 import jax
 import numpy as np
 
-from . import config
-from .core import api, interop, varlen
-from .cuda import kernels, launchers
-from . import jax_varlen as _static
-from . import jax_ops as _jax
-from .cuda.errors import _jit_record
-from .core.varlen import _checked_cu_seqlens
+from .. import config
+from ..core import api, interop, varlen
+from ..core.varlen import _checked_cu_seqlens
+from ..cuda import kernels, launchers
+from ..cuda.errors import _jit_record
+from . import ops as _jax
+from . import varlen as _static
 
 _DynConfig = collections.namedtuple("_DynConfig", "base num_seqs max_q max_k")
 

@@ -1,5 +1,5 @@
 # cython: language_level=3
-"""Python face of the XLA FFI handler in xla_ffi.c (see cupy_dash/_jax_ffi.py): its address as a PyCapsule for
+"""Python face of the XLA FFI handler in xla_ffi.c (see cupy_dash/jax/_ffi.py): its address as a PyCapsule for
 ``jax.ffi.register_ffi_target``, and the registration of launch plans. Builds without jaxlib or CUDA headers."""
 from cpython.pycapsule cimport PyCapsule_New
 

@@ -16,8 +16,8 @@ time). Results have exactly the
 bits of :func:`cupy_dash.attention_forward` / :func:`cupy_dash.attention_backward` on the same inputs: the same
 kernels with the same schedule tables.
 
-Mechanism: a C XLA FFI handler built with the package (:mod:`cupy_dash._jax_ffi`, the default where the extension
-``cupy_dash._xla_ffi`` is built), or ``jax.experimental.buffer_callback`` (``CUPY_DASH_JAX_FFI=0``, or no
+Mechanism: a C XLA FFI handler built with the package (:mod:`cupy_dash.jax._ffi`, the default where the extension
+``cupy_dash.jax._xla_ffi`` is built), or ``jax.experimental.buffer_callback`` (``CUPY_DASH_JAX_FFI=0``, or no
 extension). Both share what follows; the handler patches a launch plan per device with the buffer addresses and
 launches without Python (no GIL at run time), the callback does the same in Python. Each call is one XLA custom
 call whose outputs (out and lse;
@@ -44,8 +44,8 @@ give the same bits.
 batch bit for bit (and a loop over the axis bit for bit for the forward; for the backward with the
 ``PORTABLE_POLICIES`` schedules, whose addition orders do not depend on the batch size).
 
-Packed variable-length batches: :func:`attention_varlen` (:mod:`cupy_dash.jax_varlen`: host cu_seqlens, static;
-or JAX arrays, one program for every packing, :mod:`cupy_dash.jax_varlen_dyn`).
+Packed variable-length batches: :func:`attention_varlen` (:mod:`cupy_dash.jax.varlen`: host cu_seqlens, static;
+or JAX arrays, one program for every packing, :mod:`cupy_dash.jax.varlen_dyn`).
 
 Errors: argument errors raise at trace time. A dQ semaphore timeout of a backward (see
 :func:`cupy_dash.check_errors`) is written to the call's device record, which only :func:`cupy_dash.check_errors`
@@ -57,25 +57,25 @@ and error records (CuPy's pool, kept for the life of the process).
 """
 import jax as _jax_lib
 
-from . import jax_ops, jax_varlen, jax_varlen_dyn
-from .jax_ops import attention, attention_backward, attention_forward, callback_runs
-from .core.varlen import _check_max_seqlen
+from ..core.varlen import _check_max_seqlen
+from . import ops, varlen, varlen_dyn
+from .ops import attention, attention_backward, attention_forward, callback_runs
 
 __all__ = ["attention", "attention_forward", "attention_backward", "attention_varlen", "callback_runs"]
 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False,
                      softmax_scale=None, schedule="auto", deterministic=True, window=(-1, -1), softcap=0.0):
-    """Differentiable varlen attention -> out ``(total_q, H, D)`` (:mod:`cupy_dash.jax_varlen`'s docstring); q
+    """Differentiable varlen attention -> out ``(total_q, H, D)`` (:mod:`cupy_dash.jax.varlen`'s docstring); q
     ``(total_q, H, D)``, k / v ``(total_k, Hkv, D)``. ``schedule`` and ``deterministic`` apply to the backward,
     ``window`` and ``softcap`` to both passes (per sequence). cu_seqlens on the host: static (a new packing
-    retraces); as JAX arrays: one program for every packing (:mod:`cupy_dash.jax_varlen_dyn`)."""
-    base = jax_ops._config(causal, softmax_scale, window=window, schedule=schedule, deterministic=deterministic,
-                           softcap=softcap)
+    retraces); as JAX arrays: one program for every packing (:mod:`cupy_dash.jax.varlen_dyn`)."""
+    base = ops._config(causal, softmax_scale, window=window, schedule=schedule, deterministic=deterministic,
+                       softcap=softcap)
     max_q, max_k = _check_max_seqlen("max_seqlen_q", max_seqlen_q), _check_max_seqlen("max_seqlen_k", max_seqlen_k)
     traced = [isinstance(cu, _jax_lib.Array) for cu in (cu_seqlens_q, cu_seqlens_k)]
     if any(traced):
         if not all(traced):
             raise TypeError("cu_seqlens_q, cu_seqlens_k: pass both as JAX arrays or both on the host")
-        return jax_varlen_dyn.attention_device_lengths(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, base)
-    return jax_varlen.attention_host_lengths(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, base)
+        return varlen_dyn.attention_device_lengths(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, base)
+    return varlen.attention_host_lengths(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, base)

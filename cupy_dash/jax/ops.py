@@ -1,7 +1,7 @@
 """The machinery of :mod:`cupy_dash.jax` (the module users import, whose docstring describes the API): the
 fixed-length entry points and what every JAX call of cupy_dash shares (the trace-time configuration and
-checks, the per-device preparation cache, the Python callbacks' base classes). :mod:`cupy_dash._jax_ffi` (the C
-handler), :mod:`cupy_dash.jax_varlen` and :mod:`cupy_dash.jax_varlen_dyn` build on it; it imports none of them
+checks, the per-device preparation cache, the Python callbacks' base classes). :mod:`cupy_dash.jax._ffi` (the C
+handler), :mod:`cupy_dash.jax.varlen` and :mod:`cupy_dash.jax.varlen_dyn` build on it; it imports none of them
 at module level (the C handler is loaded on use, as the mechanism a call picks).
 """
 
@@ -15,12 +15,12 @@ import threading
 import jax
 import numpy as np
 
-from . import config
-from .core import api, interop
-from .cuda import jit, kernels, launchers
-from . import schedule as _schedule
-from .schedule import compact_device
-from .cuda.errors import _jit_record, _record_shared
+from .. import config
+from .. import schedule as _schedule
+from ..core import api, interop
+from ..cuda import jit, kernels, launchers
+from ..cuda.errors import _jit_record, _record_shared
+from ..schedule import compact_device
 
 __all__ = ["attention", "attention_forward", "attention_backward"]
 
@@ -81,7 +81,7 @@ def _config(causal, softmax_scale, window=(-1, -1), schedule="auto", determinist
 
 def _use_ffi() -> bool:
     """The C FFI handler unless ``CUPY_DASH_JAX_FFI=0`` asks for the Python buffer_callback, or the extension
-    ``cupy_dash._xla_ffi`` is not built (``CUPY_DASH_JAX_FFI=1`` then raises when a call is traced)."""
+    ``cupy_dash.jax._xla_ffi`` is not built (``CUPY_DASH_JAX_FFI=1`` then raises when a call is traced)."""
     choice = config.JAX_FFI.get()
     return choice is not False and (choice is True or _ffi_built())
 
@@ -227,8 +227,8 @@ def _mechanism(cfg):
     """The module whose _Forward / _Backward make the calls: this one (buffer_callback) or the C handler's."""
     if not cfg.ffi:
         return sys.modules[__name__]
-    from . import _jax_ffi
-    return _jax_ffi
+    from . import _ffi
+    return _ffi
 
 
 def _get(key, make):
@@ -299,8 +299,8 @@ class _Forward:
 
 
 class _Backward:
-    """A traced backward: the callback ``(ctx, (dq, dk, dv, workspace), dout, q, k, v, out, lse)`` and, per
-    device, its :class:`cupy_dash.cuda.launchers.BwdLaunch` (kernels loaded, schedule tables uploaded) and error record."""
+    """A traced backward: the callback ``(ctx, (dq, dk, dv, workspace), dout, q, k, v, out, lse)`` and, per device,
+    its :class:`cupy_dash.cuda.launchers.BwdLaunch` (kernels loaded, schedule tables uploaded) and error record."""
 
     def __init__(self, p, cfg, spin_timeout_ns):
         import cupy

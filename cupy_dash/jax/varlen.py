@@ -10,7 +10,7 @@ backward's schedule table is built when the call is traced, so they are static a
 (hashed into its cache key) and a new packing is a new trace and XLA compilation: this suits batches whose packing
 repeats (fixed-length documents, a few bucketed layouts). JAX arrays: one compiled program serves every packing; the
 backward reads the lengths back when it runs (a wait for XLA's stream) and finds or builds the packing's table then
-(:mod:`cupy_dash.jax_varlen_dyn`). The calls are ``jax.experimental.buffer_callback`` custom calls on XLA's stream
+(:mod:`cupy_dash.jax.varlen_dyn`). The calls are ``jax.experimental.buffer_callback`` custom calls on XLA's stream
 (command-buffer compatible), prepared at trace time on every local Hopper GPU (kernels loaded, tables and cu_seqlens
 uploaded, an error record), with the bits of the eager varlen functions on the same inputs. Not batched by
 ``jax.vmap`` (the sequences already are the batch).
@@ -23,13 +23,13 @@ import functools
 import jax
 import numpy as np
 
-from . import config
-from .core import api, interop, varlen
-from .cuda import device_tables, kernels, launchers
-from . import jax_ops as _jax
-from . import schedule as _schedule
-from .cuda.errors import _jit_record
-from .core.varlen import _check_same_count, _cu_seqlens_form, _cu_seqlens_values
+from .. import config
+from .. import schedule as _schedule
+from ..core import api, interop, varlen
+from ..core.varlen import _check_same_count, _cu_seqlens_form, _cu_seqlens_values
+from ..cuda import device_tables, kernels, launchers
+from ..cuda.errors import _jit_record
+from . import ops as _jax
 
 __all__ = ["attention_host_lengths"]
 
@@ -38,7 +38,7 @@ _VarlenConfig = collections.namedtuple("_VarlenConfig", "base cu_q cu_k max_q ma
 
 def attention_host_lengths(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, base):
     """:func:`cupy_dash.jax.attention_varlen` with host cu_seqlens (static: a new packing retraces); ``base`` is
-    the call's checked configuration (``jax_ops._config``), ``max_q`` / ``max_k`` the checked maxima."""
+    the call's checked configuration (``ops._config``), ``max_q`` / ``max_k`` the checked maxima."""
     cus = []
     for name, cu, total, m in (("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_q),
                                ("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_k)):
@@ -104,7 +104,7 @@ def _backward(vcfg, dout, q, k, v, out, lse):
 class _VarlenForward:
     """A traced varlen forward: the callback ``(ctx, (out, lse), q, k, v[, cu_q, cu_k])``, with the lengths
     uploaded here per device (``host_cu``: the static lengths) or, without them, read from the call's own device
-    operands cu_q, cu_k (:mod:`cupy_dash.jax_varlen_dyn`)."""
+    operands cu_q, cu_k (:mod:`cupy_dash.jax.varlen_dyn`)."""
 
     def __init__(self, p, cfg, num_seqs, max_q, host_cu=None):
         import cupy
