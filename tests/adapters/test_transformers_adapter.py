@@ -11,7 +11,7 @@ import types
 import pytest
 
 from cupy_dash import schedule
-from cupy_dash import transformers_rules as rules
+from cupy_dash.core import transformers_rules as rules
 
 from fresh_interpreter import run
 
@@ -129,7 +129,7 @@ def test_head_dim_and_mask_errors():
 def test_import_cupy_dash_imports_neither_torch_nor_transformers():
     run("""
         import sys
-        import cupy_dash, cupy_dash.transformers_rules
+        import cupy_dash, cupy_dash.core.transformers_rules
         assert "torch" not in sys.modules and "transformers" not in sys.modules
         assert "cupy_dash.transformers" not in sys.modules
     """)

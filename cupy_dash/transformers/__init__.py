@@ -18,13 +18,12 @@ padding), as they do for flash attention. The attention function gets q ``(B, H,
   wherever the position does not grow by one), in any batch row.
 
 Causal or not comes from the ``is_causal`` argument, else ``module.is_causal``; ``scaling`` is the softmax scale;
-``sliding_window`` becomes the kernel window (:mod:`cupy_dash.transformers_rules`); GQA / MQA go to the kernels as
-they are (no repeated KV heads); ``softcap`` (Gemma 2's ``config.attn_logit_softcapping``) is the kernels' logit
+``sliding_window`` becomes the kernel window (:mod:`cupy_dash.core.transformers_rules`); GQA / MQA go to the kernels
+as they are (no repeated KV heads); ``softcap`` (Gemma 2's ``config.attn_logit_softcapping``) is the kernels' logit
 cap. float32 q, k, v are cast to the autocast dtype, else to the dtype of the module's Linear weights, and raise
 where that is float32 too. What the kernels cannot do raises ``NotImplementedError`` naming the model setting:
-attention dropout in training,
-attention sinks, 4D / additive masks, custom mask overlays, chunked attention beyond one chunk, head dims other than
-64 and 128.
+attention dropout in training, attention sinks, 4D / additive masks, custom mask overlays, chunked attention beyond
+one chunk, head dims other than 64 and 128.
 
 The backward is deterministic (``schedule="auto"``) unless registered otherwise with :func:`register`; a model's
 own ``deterministic`` argument (ModernBERT's ``config.deterministic_flash_attn``) is not consulted. The unpadding
@@ -38,8 +37,8 @@ import weakref
 import torch
 from transformers import AttentionInterface, AttentionMaskInterface
 
-from . import transformers_rules as rules
-from .torch import attention, attention_varlen
+from ..core import transformers_rules as rules
+from ..torch import attention, attention_varlen
 
 __all__ = ["NAME", "register", "padding_mask", "make_attention"]
 
