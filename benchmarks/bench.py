@@ -42,7 +42,7 @@ import statistics
 import sys
 import time
 
-from cupy_dash.measure import ATOMIC, SCHEDULES, CupyEvents, attention_flops, random_tensor, time_calls
+from cupy_dash.cli.measure import ATOMIC, SCHEDULES, CupyEvents, attention_flops, random_tensor, time_calls
 
 # the modules beside this script (its folder is first on sys.path when it runs as `python benchmarks/bench.py`)
 from bench_host import measure_compile_times, measure_host_overhead

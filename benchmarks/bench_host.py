@@ -19,7 +19,7 @@ def measure_host_overhead(calls=1000, warmup=20, dtype="bf16", torch_mod=None):
     with a single synchronization at the end (first-call compilation excluded by the warm-up)."""
     import cupy
     import cupy_dash
-    from cupy_dash.measure import random_tensor
+    from cupy_dash.cli.measure import random_tensor
 
     shape = (1, 128, 1, 64)
     q, k, v, do = (random_tensor(shape, dtype, seed=i) for i in range(4))
@@ -62,7 +62,7 @@ import json, sys, time
 t0 = time.perf_counter()
 import cupy
 import cupy_dash
-from cupy_dash.measure import random_tensor
+from cupy_dash.cli.measure import random_tensor
 t_import = time.perf_counter() - t0
 p = json.loads(sys.argv[1])
 dev = cupy.cuda.Device(0)

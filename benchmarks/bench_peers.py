@@ -207,7 +207,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 sys.path.insert(0, sys.argv[2])
 import cupy
 import cupy_dash
-from cupy_dash.measure import attention_flops, random_tensor
+from cupy_dash.cli.measure import attention_flops, random_tensor
 from bench_peers import Fa3Peer
 p = json.loads(sys.argv[1])
 B, S, H, D, causal = p["batch"], p["seqlen"], p["heads"], p["hdim"], p["causal"]
@@ -238,7 +238,7 @@ print("@@RESULT@@" + json.dumps(results))
 
 def fa3_subprocess(cfg: dict, opts: dict, timeout: float = 150.0) -> dict:
     """FA3 measurements (keys fa3_fwd, fa3_bwd_det, fa3_bwd_nondet) of one configuration, in a fresh process
-    on the benchmark's seeded inputs (cupy_dash.measure.random_tensor, seeds 10 i + j). The process prints its
+    on the benchmark's seeded inputs (cupy_dash.cli.measure.random_tensor, seeds 10 i + j). The process prints its
     results after the forward and again at the end, so a backward that hangs keeps the forward's figure; a
     timeout or a crash becomes an error entry naming it for every key without a result."""
     params = dict(batch=cfg["batch"], seqlen=cfg["seqlen"], heads=cfg["heads"], hdim=cfg["hdim"],

@@ -3,7 +3,7 @@ backward passes, host overhead, compile times) and a PNG plot of a report of ben
 needs matplotlib)."""
 from __future__ import annotations
 
-from cupy_dash.measure import ATOMIC, SCHEDULES
+from cupy_dash.cli.measure import ATOMIC, SCHEDULES
 
 LABELS = {
     "dash_fwd": "cupy_dash fwd",

@@ -30,7 +30,7 @@ def main():
 
     import cupy
     import cupy_dash
-    from cupy_dash.measure import random_tensor
+    from cupy_dash.cli.measure import random_tensor
     from bench_peers import Fa3Peer, same_bits
 
     B, S, H, D = args.batch, args.seqlen, 16, 128

@@ -14,7 +14,7 @@ import numpy as np
 
 import cupy_dash
 from cupy_dash.cuda import kernels
-from cupy_dash.measure import attention_flops, random_tensor
+from cupy_dash.cli.measure import attention_flops, random_tensor
 
 
 def variant(dtype, hdim, causal, block_n, stages):

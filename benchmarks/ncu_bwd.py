@@ -31,7 +31,7 @@ def main():
     import cupy
 
     import cupy_dash
-    from cupy_dash.measure import random_tensor
+    from cupy_dash.cli.measure import random_tensor
 
     shape = (args.batch, args.seqlen, args.heads, args.hdim)
     q, k, v, do = (random_tensor(shape, "bf16", seed=i) for i in range(4))

@@ -14,7 +14,7 @@ import cupy
 import cupy_dash
 from cupy_dash.core import interop
 from cupy_dash.cuda import executor
-from cupy_dash.measure import attention_flops, random_tensor
+from cupy_dash.cli.measure import attention_flops, random_tensor
 
 
 def main():

@@ -8,7 +8,7 @@ import time
 import cupy
 
 import cupy_dash
-from cupy_dash.measure import random_tensor
+from cupy_dash.cli.measure import random_tensor
 
 
 def per_call(fn, calls=1000, warmup=50):

@@ -17,7 +17,7 @@ import cupy_dash
 from cupy_dash import schedule
 from cupy_dash.core import api
 from cupy_dash.cuda import kernels
-from cupy_dash.measure import random_tensor
+from cupy_dash.cli.measure import random_tensor
 
 
 def run(hdim, causal, S, policy, deterministic=True):

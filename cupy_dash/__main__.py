@@ -71,13 +71,13 @@ def main(argv=None):
     if command is not None and command not in COMMANDS:
         parser.error(f"unknown command {command!r} (choose from {', '.join(COMMANDS)})")
     if command == "schedule":
-        from .cli_schedule import main as run
+        from .cli.schedule import main as run
     elif command == "compile":
-        from .cli_compile import main as run
+        from .cli.compile import main as run
     elif command == "demo":
-        from .cli_gpu import demo_main as run
+        from .cli.gpu import demo_main as run
     else:
-        from .cli_gpu import default_main as run
+        from .cli.gpu import default_main as run
     return run(rest)
 
 

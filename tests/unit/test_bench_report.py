@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cupy_dash.measure import SCHEDULES
+from cupy_dash.cli.measure import SCHEDULES
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 if str(BENCHMARKS) not in sys.path:

@@ -11,7 +11,7 @@ import pytest
 
 import cupy_dash
 from cupy_dash import __main__ as entry
-from cupy_dash import cli_gpu, cli_schedule
+from cupy_dash.cli import gpu as cli_gpu, schedule as cli_schedule
 
 REPO_ROOT = Path(cupy_dash.__file__).resolve().parent.parent
 SMALL = ["--seqlen-q", "256", "--heads", "2", "--num-sms", "4"]     # a shape that simulates in milliseconds

@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from cupy_dash import cli_compile
+from cupy_dash.cli import compile as cli_compile
 from cupy_dash.cuda import jit
 
 

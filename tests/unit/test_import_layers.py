@@ -135,7 +135,7 @@ def _cycles(edges: dict) -> list[list[str]]:
 
 def _layer(module: str) -> int:
     name = module.split(".")[1] if "." in module else ""
-    if name == "__main__" or name.startswith("cli_"):
+    if name in ("__main__", "cli"):
         return 2
     return 1 if name in ADAPTERS else 0
 
@@ -146,7 +146,7 @@ def test_the_graph_sees_every_kind_of_import():
     assert "cupy_dash.schedule._heap" in _imports("cupy_dash.schedule._schedule")[0]
     assert "cupy_dash.schedule.compact" in _imports("cupy_dash.schedule.per_visit")[1]
     assert "cupy_dash.schedule" in _imports("cupy_dash.cuda.device_tables")[0]           # the package, on the way
-    assert "cupy_dash.cli_schedule" in _imports("cupy_dash.__main__")[1]
+    assert "cupy_dash.cli.schedule" in _imports("cupy_dash.__main__")[1]
 
 
 def test_adapters_listed_exist():

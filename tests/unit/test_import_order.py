@@ -30,7 +30,7 @@ def run(args, cwd, **kw):
 
 
 @pytest.mark.parametrize("module", ["schedule.compact", "schedule.varlen", "schedule", "schedule.compact_device",
-                                    "varlen_schedule", "cli_schedule"])
+                                    "varlen_schedule", "cli.schedule"])
 def test_each_schedule_module_imports_first_without_the_package_init(module):
     """What the shadowed run did: the package's __init__ never runs, ``module`` is the first one imported."""
     code = f"""

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cupy_dash import cli_compile
+from cupy_dash.cli import compile as cli_compile
 from cupy_dash.cuda import jit, kernels, params
 
 REAL_KERNEL_DIR = jit.kernel_dir()

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import cupy_dash
-from cupy_dash import cli_compile
+from cupy_dash.cli import compile as cli_compile
 from cupy_dash.cuda import jit, kernels
 
 SPEC = kernels.bwd_specs("bfloat16", 64, causal=False, deterministic=True).preprocess

@@ -5,7 +5,8 @@ import time
 import numpy as np
 import pytest
 
-from cupy_dash import cli_schedule, schedule
+from cupy_dash import schedule
+from cupy_dash.cli import schedule as cli_schedule
 from cupy_dash.schedule import per_visit
 
 POLICIES = ("fa3", "descending", "shift", "symmetric_shift")

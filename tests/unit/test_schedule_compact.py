@@ -9,7 +9,8 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from cupy_dash import cli_compact, cli_schedule, schedule
+from cupy_dash import schedule
+from cupy_dash.cli import compact as cli_compact, schedule as cli_schedule
 from cupy_dash.schedule import _compact, _schedule, compact, per_visit
 
 POLICIES = ("fa3", "descending", "shift", "symmetric_shift")

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from table_checks import assert_ranks_follow_time, steps  # noqa: F401
 
-from cupy_dash import cli_schedule, schedule
+from cupy_dash import schedule
+from cupy_dash.cli import schedule as cli_schedule
 from cupy_dash.cuda import device_tables
 from cupy_dash.schedule import _schedule
 

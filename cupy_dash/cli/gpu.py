@@ -22,13 +22,13 @@ FALLBACK_TILE = (64, 128)          # (block_m, block_n) when cupy_dash.cuda.kern
 
 def _gpu_state():
     """``("none" | "other" | "hopper", description)`` of CUDA device 0, never raising (:func:`cupy_dash.gpu.state`)."""
-    from . import gpu
+    from .. import gpu
     return gpu.state(0)
 
 
 def _analysis_tile():
     try:
-        from .cuda import kernels
+        from ..cuda import kernels
         tile = kernels.bwd_tile(ANALYSIS_SHAPE["head_dim"])
         return int(tile.block_m), int(tile.block_n)
     except Exception:
@@ -38,7 +38,7 @@ def _analysis_tile():
 def default_analysis_argv() -> list:
     """The ``python -m cupy_dash schedule`` arguments of the default job's analysis: ANALYSIS_SHAPE with the
     backward's tiles for its head dim, in the engine model with auto's costs (schedule.AUTO_COSTS)."""
-    from .schedule import AUTO_COSTS
+    from ..schedule import AUTO_COSTS
     block_m, block_n = _analysis_tile()
     s = ANALYSIS_SHAPE
     c, r = AUTO_COSTS
@@ -52,7 +52,7 @@ def print_default_analysis(why: str = "No Hopper GPU") -> int:
     with :func:`default_analysis_argv` (one path: the schedule command itself), after a line that gives that
     command and how it differs from the command's own defaults (a full mask in the paper's DAG model). Returns
     the command's exit status."""
-    from . import cli_schedule
+    from . import schedule as cli_schedule
     argv = default_analysis_argv()
     mask = "causal " if ANALYSIS_SHAPE["causal"] else ""
     print(f"{why}, so no demo: showing `python -m cupy_dash schedule {' '.join(argv)}`, a {mask}training shape "
@@ -98,7 +98,7 @@ def _max_err(actual, ref):
 
 
 def _within_fa3(actuals, refs, lowps):
-    from . import reference
+    from .. import reference
     try:
         for a, r, lp in zip(actuals, refs, lowps):
             reference.assert_close_fa3("x", a, r, lp)
@@ -134,7 +134,7 @@ def demo_main(argv=None):
     import numpy as np
 
     import cupy_dash
-    from . import reference
+    from .. import reference
     from .measure import ATOMIC, SCHEDULES, CupyEvents, attention_flops, random_tensor, time_calls
 
     B, H, S, D = args.batch, args.heads, args.seqlen, args.hdim

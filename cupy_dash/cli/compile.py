@@ -12,7 +12,7 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 
-from .cuda import jit, kernels
+from ..cuda import jit, kernels
 
 _DTYPE_ALIASES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16",
                   "half": "float16"}

@@ -7,8 +7,8 @@ import os
 import sys
 import time
 
-from . import schedule
-from .schedule import compact, compact_device
+from .. import schedule
+from ..schedule import compact, compact_device
 
 CLI_MAX_SIMULATED_VISITS = 1 << 24    # above: the CLI analyses compact records (the per-visit tables need GBs)
 SCAN_STATS_VISITS = 1 << 26           # the windowed-count figures look at about this many visits (every k-th column)

@@ -9,9 +9,9 @@ import sys
 
 import numpy as np
 
-from . import schedule
-from .schedule import compact, compact_device
-from .cli_compact import CLI_MAX_SIMULATED_VISITS, analyse_compact, auto_line, print_compact
+from .. import schedule
+from ..schedule import compact, compact_device
+from .compact import CLI_MAX_SIMULATED_VISITS, analyse_compact, auto_line, print_compact
 
 POLICY_ORDER = ("fa3", "descending", "shift", "symmetric_shift")
 COLOURS = {"idle": "#ffffff", "compute": "#4c72b0", "reduce": "#55a868", "wait": "#c44e52"}
@@ -20,7 +20,7 @@ COLOURS = {"idle": "#ffffff", "compute": "#4c72b0", "reduce": "#55a868", "wait":
 def analyse(*, seqlen_q, seqlen_k, block_m, block_n, heads, causal, num_sms, c=1.0, r=0.25, model="dag",
             group_size=1, window=(-1, -1)):
     """Build, validate and simulate every policy; returns a list of dicts (one per policy) and what auto runs in
-    the backward of this problem (compact_device.backward_auto, as :func:`cli_compact.auto_line` says).
+    the backward of this problem (compact_device.backward_auto, as :func:`cupy_dash.cli.compact.auto_line` says).
     ``wait`` sums, over the visits, the time from a visit's dQ being ready to its reduction starting. heads
     counts (batch, query head) pairs, group_size query heads per KV head (GQA), window the sliding window
     (left, right)."""
