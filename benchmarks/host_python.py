@@ -40,7 +40,7 @@ class Slot:
 pool = types.SimpleNamespace(free=[])
 def acquire(dev):
     s = Slot(); s.dptr=0xA000; s.hdev=0xB000; s.host=np.array([1,0,0,0,0,0,0,0],np.int32); s.pool=pool; s.device_id=0; return s
-mp.setattr(api, "_acquire_slot", acquire); mp.setattr(errors, "_acquire_slot", acquire)
+mp.setattr(api, "acquire_slot", acquire); mp.setattr(errors, "acquire_slot", acquire)
 mp.setattr(executor, "launch_sequence", lambda s, p, l: None)
 
 q, do, out, k, v = (Tensor((1,128,1,64), BF16, 0x10000*(i+1)) for i in range(5))

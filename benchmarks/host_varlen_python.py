@@ -39,8 +39,8 @@ def test_new_packing_host_python(no_gpu, monkeypatch):  # noqa: F811  (the fixtu
     _tables_per_packing(monkeypatch)
     slots, addresses = itertools.count(0xA000, 0x40), itertools.count(0x1000000, 0x10000)
     acquire = lambda dev: types.SimpleNamespace(dptr=next(slots), hdev=0x10)  # noqa: E731
-    monkeypatch.setattr(errors, "_acquire_slot", acquire)
-    monkeypatch.setattr(varlen, "_acquire_slot", acquire)
+    monkeypatch.setattr(errors, "acquire_slot", acquire)
+    monkeypatch.setattr(varlen, "acquire_slot", acquire)
     monkeypatch.setattr(launchers, "enqueue_backward", lambda *a, **kw: None)
     empty = lambda shape, dtype=None, device=None: fakes.Tensor(  # noqa: E731
         shape if isinstance(shape, tuple) else (shape,), dtype, next(addresses) % (1 << 40))

@@ -1,8 +1,8 @@
 """Fits the engine model's reduction cost r (in units of a visit's compute c) and its number of dQ writers to a
 benchmark report that measured several schedules: for every configuration and schedule the model's makespan
 ratio to the best schedule's against the measured time ratio, and the rms of their log over all of them, per
-(writers, r). ``auto`` picks by this model (cupy_dash/schedule/per_visit.py, AUTO_COSTS = (c, r)); re-fit it after a kernel
-change that moves the reduction's cost (docs/schedules.md, "Calibration"). No GPU needed.
+(writers, r). ``auto`` picks by this model (cupy_dash/schedule/per_visit.py, AUTO_COSTS = (c, r)); re-fit it after a
+kernel change that moves the reduction's cost (docs/schedules.md, "Calibration"). No GPU needed.
 
     python benchmarks/model_fit.py benchmarks/results/<report>.json [more.json] [--r 0.4 0.8 1.2] [--writers 1 2]
 """

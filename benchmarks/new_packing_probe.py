@@ -11,7 +11,7 @@ Conditions (each precedes the timed repeated call):
   plain      nothing
   h2d        a 64 KB copy from pinned memory to the device on the same stream (the upload's copy alone)
   build      the host build of a new packing (varlen._tables: no upload)
-  upload     a new packing's build, upload and expansion launch (varlen._packing_launch), as a new-packing call
+  upload     a new packing's build, upload and expansion launch (varlen.packing_launch), as a new-packing call
   new        (not a repeated call) the new-packing call itself, for reference (forwards run before the loop)
 
 Each row also gives the mean µs, per timed call, of the steps inside ``run_backward`` (wrapped while timed:
@@ -72,7 +72,7 @@ def main(argv=None):
     timer = _Parts()                     # also times varlen._tables and varlen_device.device (not printed)
     for mod, name, label in ((fastpath, "run_backward", "run_backward"),
                              (fastpath._torch, "empty_like", "empty_like x3"), (fastpath._torch, "empty", "empty"),
-                             (errors, "poll_errors", "poll_errors"), (errors, "_acquire_slot", "acquire slot"),
+                             (errors, "poll_errors", "poll_errors"), (errors, "acquire_slot", "acquire slot"),
                              (executor, "patched_block", "patched_block"),
                              (launchers, "enqueue_backward", "enqueue_backward")):
         timer.times[label] = []
@@ -95,8 +95,8 @@ def main(argv=None):
 
     def upload(cu):
         m = int(np.diff(cu).max())
-        varlen._packing_launch(dev, c0.p, True, True, "auto", c0.window, c0.spin_timeout_ns, (cu, cu), m,
-                               base.stream)
+        varlen.packing_launch(dev, c0.p, True, True, "auto", c0.window, c0.spin_timeout_ns, (cu, cu), m,
+                              base.stream)
 
     print(f"repeated varlen backward after part of a new packing's work, {TOKENS} tokens in {B} sequences, "
           f"H={H}, D={D}, fp16, causal, torch, {args.calls} calls (NVIDIA H200)")

@@ -1,7 +1,7 @@
 """Where backward time goes: GPU time of each of the three backward kernels (preprocess, main, postprocess),
 per schedule, on the benchmark shapes (bf16, 16k tokens, H*D = 2048). Every launch is bracketed by CUDA events
-(by wrapping cupy_dash.cuda.executor.launch_sequence, the backward's launcher, so that it launches one kernel at a time),
-median of `--repeats` calls. A backward folded into one launch (launchers.fold_wanted: small problems) shows its
+(by wrapping cupy_dash.cuda.executor.launch_sequence, the backward's launcher, so that it launches one kernel at a
+time), median of `--repeats` calls. A backward folded into one launch (launchers.fold_wanted: small problems) shows its
 whole time as "main".
 
     python benchmarks/profile_bwd.py --seqlens 1024 4096 16384 --hdims 128 64
@@ -30,7 +30,7 @@ def main():
     names = {3: ("bwd_preprocess", "bwd_main", "bwd_postprocess"), 1: ("bwd_main",)}
 
     def timed_sequence(stream_ptr, params, launches):
-        stream = interop._external_stream(stream_ptr, cupy.cuda.Device().id)
+        stream = interop.external_stream(stream_ptr, cupy.cuda.Device().id)
         for name, one in zip(names[len(launches)], launches):
             start, end = cupy.cuda.Event(), cupy.cuda.Event()
             start.record(stream)

@@ -52,11 +52,11 @@ def _fine_parts():
     import cupyx
     from cupy_dash.core import fastpath, fastpath_varlen, varlen
     from cupy_dash.cuda import device_tables, executor, kernels, varlen_device
-    return [(varlen, "_checked_cu_seqlens", "check lengths"), (varlen_device, "plan", "plan (host build)"),
+    return [(varlen, "checked_cu_seqlens", "check lengths"), (varlen_device, "plan", "plan (host build)"),
             (kernels, "bwd_entry", "bwd_entry"), (device_tables, "_upload", "_upload"),
             (cupyx, "empty_pinned", "empty_pinned"), (cupy.cuda, "alloc", "cupy.cuda.alloc"),
             (executor, "patched_block", "patched_block"), (executor, "launch", "cuLaunchKernel (expand)"),
-            (device_tables, "_keep_alive", "keep_alive (tables)"), (device_tables, "_release_after", "release"),
+            (device_tables, "keep_alive", "keep_alive (tables)"), (device_tables, "_release_after", "release"),
             (device_tables, "_defer_release", "defer release"),
             (fastpath, "rebased_plan", "rebased_plan"), (fastpath_varlen, "_store", "store plan"),
             (fastpath, "run_backward", "run_backward"), (fastpath_varlen, "key", "signature")]

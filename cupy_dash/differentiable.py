@@ -2,7 +2,8 @@
 to their adapters, so it sits above them; the core (:mod:`cupy_dash.core.api`) never imports an adapter.
 """
 from .core import interop
-from .core.api import _check_flag, _check_schedule, _check_window, attention_forward
+from .core.api import attention_forward, check_flag, check_schedule
+from .schedule import check_window
 
 
 def attention(q, k, v, *, causal=False, softmax_scale=None, schedule="auto", deterministic=True, window=(-1, -1)):
@@ -15,9 +16,9 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, schedule="auto", det
     window (left, right), used by the forward and the backward alike) are as in :func:`attention_forward` /
     :func:`attention_backward`.
     """
-    causal = _check_flag("causal", causal)
-    _check_flag("deterministic", deterministic)
-    _check_window(window, causal)
+    causal = check_flag("causal", causal)
+    check_flag("deterministic", deterministic)
+    check_window(window, causal)
     fw = interop.framework_of(q)
     if fw == "torch":
         from .torch import attention as torch_attention       # imported on use: the framework may be absent
@@ -27,5 +28,5 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, schedule="auto", det
         from .jax import attention as jax_attention           # imported on use: the framework may be absent
         return jax_attention(q, k, v, causal=causal, softmax_scale=softmax_scale, schedule=schedule,
                              deterministic=deterministic, window=window)
-    _check_schedule(schedule)
+    check_schedule(schedule)
     return attention_forward(q, k, v, causal=causal, softmax_scale=softmax_scale, window=window)[0]

@@ -104,8 +104,8 @@ def no_gpu(monkeypatch):
     def acquire(dev):
         d = next(slots)
         return ptr(dptr=d, hdev=d + 0x10000)
-    monkeypatch.setattr(varlen, "_acquire_slot", acquire)
-    monkeypatch.setattr(errors, "_acquire_slot", acquire)
+    monkeypatch.setattr(varlen, "acquire_slot", acquire)
+    monkeypatch.setattr(errors, "acquire_slot", acquire)
     enqueued = []
 
     def enqueue(c, params, grads, s, *, slot=None, call=None, launches=None):

@@ -35,15 +35,15 @@ import numpy as np
 from .. import config
 from .. import schedule as _schedule
 from ..cuda import device_tables, jit, kernels, launchers, tensormap
-from ..cuda.errors import (_acquire_slot, _graph_record, _keep_alive, _record_shared, check_errors,
-                           poll_errors as _poll_errors)
+from ..cuda.errors import (acquire_slot, check_errors, graph_record, keep_alive, poll_errors as _poll_errors,
+                           record_shared)
 from ..schedule import compact_device
 from . import fastpath, interop
 
 __all__ = ["attention_forward", "attention_backward", "check_errors"]
 
-_NP_DTYPES = {"bfloat16": np.dtype(ml_dtypes.bfloat16), "float16": np.dtype(np.float16),
-              "float32": np.dtype(np.float32), "uint8": np.dtype(np.uint8)}
+NP_DTYPES = {"bfloat16": np.dtype(ml_dtypes.bfloat16), "float16": np.dtype(np.float16),
+             "float32": np.dtype(np.float32), "uint8": np.dtype(np.uint8)}
 _LAYOUT = "(B, S, H, D)"
 
 
@@ -55,14 +55,14 @@ class _Problem:
     __slots__ = ("B", "Sq", "Sk", "H", "Hkv", "D", "dtype", "scale", "softcap", "device_id", "infos", "lse_info")
 
 
-def _check_schedule(schedule) -> str:
+def check_schedule(schedule) -> str:
     if not isinstance(schedule, str) or schedule not in _schedule.POLICIES:
         raise ValueError(f"schedule: expected one of {', '.join(repr(p) for p in _schedule.POLICIES)}, "
                          f"got {schedule!r}")
     return schedule
 
 
-def _check_scale(softmax_scale, D) -> float:
+def check_scale(softmax_scale, D) -> float:
     if softmax_scale is None:
         return 1.0 / math.sqrt(D)
     try:
@@ -74,7 +74,7 @@ def _check_scale(softmax_scale, D) -> float:
     return scale
 
 
-def _check_softcap(softcap) -> float:
+def check_softcap(softcap) -> float:
     """The logit cap as a float >= 0 (0: none); raises naming ``softcap`` otherwise."""
     if isinstance(softcap, (bool, np.bool_)) or not isinstance(softcap, (int, float, np.integer, np.floating)):
         raise TypeError(f"softcap: expected a number >= 0 (0: no soft-capping), got {softcap!r}")
@@ -84,7 +84,7 @@ def _check_softcap(softcap) -> float:
     return c
 
 
-def _check_flag(name, value) -> bool:
+def check_flag(name, value) -> bool:
     """``value`` as a bool if it is one (``bool`` or ``numpy.bool_``); anything else, such as the string "no"
     (truthy), raises TypeError naming ``name``."""
     if not isinstance(value, (bool, np.bool_)):
@@ -99,8 +99,8 @@ _check_window = _schedule.check_window
 _UNCHECKED = object()
 
 
-def _validate(q, k, v, do=None, out=None, lse=None, *, softmax_scale=None, schedule=_UNCHECKED,
-              backward=False, softcap=0.0) -> _Problem:
+def validate(q, k, v, do=None, out=None, lse=None, *, softmax_scale=None, schedule=_UNCHECKED,
+             backward=False, softcap=0.0) -> _Problem:
     """All argument checks, in an order that lets CPU arrays reach every check before the device one:
     dtype -> rank -> shapes -> head dim -> sizes / heads -> softmax_scale, softcap -> schedule -> strides /
     alignment -> device."""
@@ -159,10 +159,10 @@ def _validate(q, k, v, do=None, out=None, lse=None, *, softmax_scale=None, sched
     if Hkv == 0 or H % Hkv:
         raise ValueError(f"k: the number of kv heads Hkv={Hkv} must divide the number of query heads H={H} of q")
 
-    scale = _check_scale(softmax_scale, D)
-    softcap = _check_softcap(softcap)
+    scale = check_scale(softmax_scale, D)
+    softcap = check_softcap(softcap)
     if schedule is not _UNCHECKED:
-        _check_schedule(schedule)
+        check_schedule(schedule)
 
     # strides and alignment
     for i in operands:
@@ -234,7 +234,7 @@ def _new(fw, device_id, shape, dtype):
             dev = _torch_devices[device_id] = torch.device("cuda", device_id)
         t = torch.empty(shape, dtype=tdt, device=dev)
         return t, t.data_ptr()
-    a = cupy.empty(shape, dtype=_NP_DTYPES[dtype])
+    a = cupy.empty(shape, dtype=NP_DTYPES[dtype])
     return a, a.data.ptr
 
 
@@ -289,9 +289,9 @@ def attention_forward(q, k, v, *, causal=False, softmax_scale=None, window=(-1, 
     capturing = interop.capturing(q)
     if not capturing:
         _poll_errors()
-    causal = _check_flag("causal", causal)
+    causal = check_flag("causal", causal)
     window = _check_window(window, causal)
-    p = _validate(q, k, v, softmax_scale=softmax_scale, softcap=softcap)
+    p = validate(q, k, v, softmax_scale=softmax_scale, softcap=softcap)
     window_left, window_right = _schedule.canonical_window(window, p.Sq, p.Sk, causal)
     spec, block_m, block_n = kernels.fwd_entry(p.dtype, p.D, causal, softcap=p.softcap > 0)
     B, Sq, H, D = p.B, p.Sq, p.H, p.D
@@ -308,7 +308,7 @@ def attention_forward(q, k, v, *, causal=False, softmax_scale=None, window=(-1, 
         launchers.launch_forward(spec, block_m, block_n, p, (window_left, window_right), operands, out_ptr,
                                  lse_ptr, stream)
         if keep:
-            _keep_alive(keep, stream)
+            keep_alive(keep, stream)
         elif fast_key is not None and not capturing:
             fastpath.register_forward(fast_key, spec, block_m, block_n, p, (window_left, window_right), operands,
                                       out_ptr, lse_ptr, q)
@@ -387,10 +387,10 @@ def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, determinis
     capturing = interop.capturing(q)
     if not capturing:
         _poll_errors()
-    causal, deterministic = _check_flag("causal", causal), _check_flag("deterministic", deterministic)
+    causal, deterministic = check_flag("causal", causal), check_flag("deterministic", deterministic)
     window = _check_window(window, causal)
-    p = _validate(q, k, v, do, out, lse, softmax_scale=softmax_scale,
-                  schedule=schedule if plan is None else _UNCHECKED, backward=True, softcap=softcap)
+    p = validate(q, k, v, do, out, lse, softmax_scale=softmax_scale,
+                 schedule=schedule if plan is None else _UNCHECKED, backward=True, softcap=softcap)
     if capturing and plan is not None:
         raise RuntimeError("plan: an explicit plan is uploaded per call, which cannot happen during CUDA graph "
                            "capture")
@@ -453,22 +453,22 @@ def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, determinis
         call = (c.tables.policy, B, H, Sq, Sk, D, causal, window)   # names the call in an error message
         graph_error = None
         if capturing:       # a record of its own, never reset by the graph (errors.py); no slot, event or copy
-            graph_error = _graph_record(dev, call)
+            graph_error = graph_record(dev, call)
             if graph_error is None:
                 raise _not_warm(f"no backward has run eagerly on device {dev} yet", p, causal)
-            if _record_shared(dev, graph_error):
+            if record_shared(dev, graph_error):
                 c.fold = False
 
         work, base = _new(fw, dev, (c.work_bytes,), "uint8")
         dq, dq_ptr = _new(fw, dev, (B, Sq, H, D), p.dtype)
         dk, dk_ptr = _new(fw, dev, (B, Sk, Hkv, D), p.dtype)
         dv, dv_ptr = _new(fw, dev, (B, Sk, Hkv, D), p.dtype)
-        slot = None if capturing else _acquire_slot(dev)
+        slot = None if capturing else acquire_slot(dev)
         launchers.launch_backward(c, operands, lse_ptr, base, (dq_ptr, dk_ptr, dv_ptr), stream,
                                   error_ptr=graph_error, slot=slot, call=call,
                                   timeline_ptr=0 if timeline is None else timeline.data.ptr)
         if keep:
-            _keep_alive(keep, stream)
+            keep_alive(keep, stream)
         elif fast_key is not None and not capturing and plan is None and timeline is None and not compact:
             fastpath.register_backward(fast_key, c, operands, lse_ptr, base, (dq_ptr, dk_ptr, dv_ptr), call, q)
         result = _export(fw, dq, q), _export(fw, dk, q), _export(fw, dv, q)

@@ -131,7 +131,7 @@ def _ready_stream(device_index):
     ptr = interop._torch_stream_ptr(device_index)
     if rt.streamIsCapturing(ptr):
         return None
-    return interop._external_stream(ptr, device_index)
+    return interop.external_stream(ptr, device_index)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -152,14 +152,14 @@ def forward_plan(spec, grid, block_m, block_n, p, operands, params, out_shape, l
     B, Sq, Sk, H, Hkv, D = p.B, p.Sq, p.Sk, p.H, p.Hkv, p.D
     plan = _FwdPlan()
     plan.func = jit.load(spec).ptr
-    gx, gy, gz = kernels._grid(grid)
+    gx, gy, gz = kernels.grid_xyz(grid)
     plan.launch = (gx, gy, gz, spec.threads, spec.smem_bytes)
     plan.template = params.tobytes()
     (_, q_stride), (_, k_stride), (_, v_stride) = operands
     plan.maps = (_Maps(p.dtype, (B, Sq, H, D), q_stride, block_m, "q"),
                  _Maps(p.dtype, (B, Sk, Hkv, D), k_stride, block_n, "k"),
                  _Maps(p.dtype, (B, Sk, Hkv, D), v_stride, block_n, "v"),
-                 _Maps(p.dtype, (B, Sq, H, D), launchers._contiguous((B, Sq, H, D)), 64, "out", 1))
+                 _Maps(p.dtype, (B, Sq, H, D), launchers.bsh_strides((B, Sq, H, D)), 64, "out", 1))
     dt = kernels.FWD_PARAMS_DTYPE
     plan.map_offsets = tuple(_offset(dt, n) for n in ("tma_q", "tma_k", "tma_v", "tma_o"))
     plan.offsets = tuple(_offset(dt, n) for n in _FWD_POINTERS[:1 if cu_infos is None else 4])
@@ -259,7 +259,7 @@ def rebased_plan(base, c, call, cu_seqlens):
         setattr(plan, name, getattr(base, name))
     plan.c, plan.call, plan.work, plan.keep = c, call, None, None
     if c.specs == base.c.specs:                  # the same kernels (not when a packing this large goes compact):
-        plan.launches = tuple((f, *kernels._grid(grid), t, s)      # base's handles, this packing's grids
+        plan.launches = tuple((f, *kernels.grid_xyz(grid), t, s)      # base's handles, this packing's grids
                               for (f, _, _, _, t, s), (_, grid) in zip(base.launches, launchers.bwd_kernels(c)))
     else:
         plan.launches = launchers.bwd_launches(c)
@@ -326,7 +326,7 @@ def run_backward(plan, stream, do, q, k, v, out, lse):
     off = c.offsets
     q_ptr, k_ptr, v_ptr, do_ptr = q.data_ptr(), k.data_ptr(), v.data_ptr(), do.data_ptr()
     grads = dq.data_ptr(), dk.data_ptr(), dv.data_ptr()
-    slot = errors._acquire_slot(plan.device_index)     # enqueue_backward releases it if anything fails
+    slot = errors.acquire_slot(plan.device_index)     # enqueue_backward releases it if anything fails
     try:
         buf = executor.patched_block(plan.template, plan.maps, (q_ptr, k_ptr, v_ptr, do_ptr), plan.map_offsets,
                                      plan.offsets, (q_ptr, k_ptr, v_ptr, out.data_ptr(), do_ptr, lse.data_ptr(),
@@ -334,7 +334,7 @@ def run_backward(plan, stream, do, q, k, v, out, lse):
                                                     base + off[3] if plan.deterministic else 0, *grads, slot.dptr,
                                                     slot.hdev))
     except BaseException:
-        errors._release_slot(slot)
+        errors.release_slot(slot)
         raise
     launchers.enqueue_backward(c, buf, grads, stream, slot=slot, call=plan.call, launches=plan.launches)
     if config.SYNC_ERRORS.get():

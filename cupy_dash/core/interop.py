@@ -22,7 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["TensorInfo", "describe", "check_layout", "check_contiguous", "framework_of", "to_cupy",
-           "from_cupy", "caller_stream", "capturing", "DLPACK_CPU", "DLPACK_CUDA", "device_name"]
+           "from_cupy", "caller_stream", "capturing", "DLPACK_CPU", "DLPACK_CUDA", "device_name", "contiguous_strides",
+           "external_stream"]
 
 DLPACK_CPU = 1
 DLPACK_CUDA = 2
@@ -85,7 +86,7 @@ def framework_of(x) -> str:
     return fw
 
 
-def _contiguous_strides(shape) -> tuple:
+def contiguous_strides(shape) -> tuple:
     strides = []
     acc = 1
     for n in reversed(shape):
@@ -195,7 +196,7 @@ def describe(x, name: str) -> TensorInfo:
                 ptr = int(x.unsafe_buffer_pointer())
             except Exception:
                 ptr = None
-        return TensorInfo(name, shape, _contiguous_strides(shape), dtype, dev_type, dev_id, ptr, fw, itemsize)
+        return TensorInfo(name, shape, contiguous_strides(shape), dtype, dev_type, dev_id, ptr, fw, itemsize)
     # anything else speaking DLPack / the array interfaces
     if not (hasattr(x, "shape") and hasattr(x, "dtype")) or isinstance(x, type):
         raise TypeError(f"{name}: expected an array or tensor (torch, JAX, CuPy or any __dlpack__ object), "
@@ -204,7 +205,7 @@ def describe(x, name: str) -> TensorInfo:
     dtype, itemsize = _dtype_name_and_size(x.dtype)
     dev_type, dev_id = _dlpack_device(x, name)
     iface = getattr(x, "__cuda_array_interface__", None) or getattr(x, "__array_interface__", None)
-    strides, ptr = _contiguous_strides(shape), None
+    strides, ptr = contiguous_strides(shape), None
     if isinstance(iface, dict):
         if iface.get("strides") is not None:
             strides = _byte_strides_to_elements(name, iface["strides"], itemsize)
@@ -244,7 +245,7 @@ def check_layout(info: TensorInfo) -> None:
 
 def check_contiguous(info: TensorInfo) -> None:
     """Raise ValueError (naming the argument) unless ``info`` is C-contiguous (size-1 dims ignored), aligned."""
-    expected = _contiguous_strides(info.shape)
+    expected = contiguous_strides(info.shape)
     if any(n > 1 and s != e for n, s, e in zip(info.shape, info.strides, expected)):
         raise ValueError(f"{info.name}: must be contiguous, got strides {info.strides} for shape {info.shape}; "
                          f".contiguous() fixes it")
@@ -299,7 +300,7 @@ def from_cupy(arr, like):
 _EXTERNAL_STREAMS: dict = {}
 
 
-def _external_stream(ptr: int, device_id: int):
+def external_stream(ptr: int, device_id: int):
     """A CuPy view of a foreign stream handle (never destroys it), cached per (handle, device)."""
     key = (ptr, device_id)
     s = _EXTERNAL_STREAMS.get(key)
@@ -329,7 +330,7 @@ def caller_stream(x, device_id: int | None = None):
     if device_id is None:
         device_id = describe(x, "input").device_id
     if fw == "torch":
-        return _external_stream(_torch_stream_ptr(device_id), device_id)
+        return external_stream(_torch_stream_ptr(device_id), device_id)
     return cupy.cuda.get_current_stream(device_id)
 
 

@@ -23,12 +23,12 @@ import numpy as np
 from .. import config, gpu
 from .. import schedule as _schedule
 from ..cuda import kernels, launchers, varlen_device
-from ..cuda.errors import _acquire_slot, _keep_alive, check_errors, poll_errors as _poll_errors
+from ..cuda.errors import acquire_slot, check_errors, keep_alive, poll_errors as _poll_errors
 from ..schedule import compact_device, varlen_pack
 from . import api, fastpath_varlen, interop, varlen_host_cu
 
 
-def _check_max_seqlen(name, value) -> int:
+def check_max_seqlen(name, value) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name}: expected an int >= 1, got {type(value).__name__} {value!r}")
     if not 1 <= int(value) < 1 << 31:
@@ -36,7 +36,7 @@ def _check_max_seqlen(name, value) -> int:
     return int(value)
 
 
-def _check_max_within(max_q, max_k, total_q, total_k) -> None:
+def check_max_within(max_q, max_k, total_q, total_k) -> None:
     """max_seqlen_q / max_seqlen_k (checked ints) within the packed lengths ``total_q`` / ``total_k``."""
     if max_q > total_q or max_k > total_k:
         raise ValueError(f"max_seqlen_q / max_seqlen_k ({max_q}, {max_k}) exceed the packed lengths "
@@ -97,19 +97,19 @@ def attention_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, 
     capturing = interop.capturing(q)
     if not capturing:
         _poll_errors()
-    causal = api._check_flag("causal", causal)
+    causal = api.check_flag("causal", causal)
     window = api._check_window(window, causal)
-    max_q = _check_max_seqlen("max_seqlen_q", max_seqlen_q)
-    max_k = _check_max_seqlen("max_seqlen_k", max_seqlen_k)
+    max_q = check_max_seqlen("max_seqlen_q", max_seqlen_q)
+    max_k = check_max_seqlen("max_seqlen_k", max_seqlen_k)
     cu_q_info, num_seqs = _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q)
     cu_k_info, num_seqs_k = _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k)
     if num_seqs_k != num_seqs:
         raise ValueError(f"cu_seqlens_k: expected {num_seqs + 1} entries (as cu_seqlens_q), got {num_seqs_k + 1}")
     (q4, _), (k4, _), (v4, _) = _packed(q, "q"), _packed(k, "k"), _packed(v, "v")
-    p = api._validate(q4, k4, v4, softmax_scale=softmax_scale, softcap=softcap)
+    p = api.validate(q4, k4, v4, softmax_scale=softmax_scale, softcap=softcap)
     _check_device(cu_q_info, p.device_id)
     _check_device(cu_k_info, p.device_id)
-    _check_max_within(max_q, max_k, p.Sq, p.Sk)
+    check_max_within(max_q, max_k, p.Sq, p.Sk)
     window = _schedule.canonical_window(window, max_q, max_k, causal)   # vacuous for every sequence -> -1
     spec, block_m, block_n = kernels.fwd_entry(p.dtype, p.D, causal, varlen=True, softcap=p.softcap > 0)
     launchers.check_softcap_build(spec, p)
@@ -133,7 +133,7 @@ def attention_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, 
             if cu_seqlens_k is not cu_seqlens_q:
                 varlen_host_cu.remember(cu_seqlens_k, cu_k_info, cu_k_ptr, stream)
         if keep:
-            _keep_alive(keep, stream)
+            keep_alive(keep, stream)
         elif fast_key is not None and not capturing:
             fastpath_varlen.register_forward(fast_key, spec, grid, block_m, block_n, p, operands, params,
                                              (cu_q_info, cu_k_info), q)
@@ -174,9 +174,9 @@ def _tables(dev, dtype, D, causal, deterministic, schedule, lens_q, lens_k, H, H
     return tables, specs, bm, bn
 
 
-def _packing_launch(dev, p, causal, deterministic, schedule, window, spin_timeout_ns, cu_host, max_q, stream):
+def packing_launch(dev, p, causal, deterministic, schedule, window, spin_timeout_ns, cu_host, max_q, stream):
     """``(c, (cu_seqlens_q, cu_seqlens_k) on the device, call)`` of a varlen backward of the packed problem ``p``
-    (``window`` canonical) with checked host lengths ``cu_host`` (int32, :func:`_checked_cu_seqlens`): its
+    (``window`` canonical) with checked host lengths ``cu_host`` (int32, :func:`checked_cu_seqlens`): its
     launchers.BwdLaunch with the packing's table (built or cached, uploaded on ``stream``, which waits for it) and
     the tuple naming the call in an error message; ``(None, None, None)`` when no sequence sees a key. The one
     place that turns lengths into a launch: the full path, the torch fast path's new packings and the JAX
@@ -195,12 +195,12 @@ def _packing_launch(dev, p, causal, deterministic, schedule, window, spin_timeou
     return c, (cu_q_dev, cu_k_dev), (c.tables.policy, num_seqs, p.H, p.Sq, p.Sk, p.D, causal, window)
 
 
-def _checked_cu_seqlens(host_q, host_k, total_q, total_k, max_q, max_k) -> tuple:
-    """Host cu_seqlens (integer arrays) checked as the backward checks them (:func:`_cu_seqlens_values`, the same
+def checked_cu_seqlens(host_q, host_k, total_q, total_k, max_q, max_k) -> tuple:
+    """Host cu_seqlens (integer arrays) checked as the backward checks them (:func:`cu_seqlens_values`, the same
     count): ``(cu_seqlens_q, cu_seqlens_k)`` int32. Raises ValueError naming the argument."""
-    checked = (_cu_seqlens_values("cu_seqlens_q", host_q, total_q, "max_seqlen_q", max_q),
-               _cu_seqlens_values("cu_seqlens_k", host_k, total_k, "max_seqlen_k", max_k))
-    _check_same_count(*checked)
+    checked = (cu_seqlens_values("cu_seqlens_q", host_q, total_q, "max_seqlen_q", max_q),
+               cu_seqlens_values("cu_seqlens_k", host_k, total_k, "max_seqlen_k", max_k))
+    check_same_count(*checked)
     return checked
 
 
@@ -217,24 +217,24 @@ def prepare_varlen_backward(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
     backward would for bad lengths, flags or sizes (TypeError for a ``device`` that is not an int >= 0), then,
     before touching the device, RuntimeError unless CUDA device ``device`` is a Hopper GPU
     (:func:`cupy_dash.gpu.require`: no GPU, no driver, another GPU)."""
-    causal = api._check_flag("causal", causal)
-    deterministic = api._check_flag("deterministic", deterministic)
+    causal = api.check_flag("causal", causal)
+    deterministic = api.check_flag("deterministic", deterministic)
     window = api._check_window(window, causal)
-    api._check_schedule(schedule)
-    capped = api._check_softcap(softcap) > 0
-    max_q = _check_max_seqlen("max_seqlen_q", max_seqlen_q)
-    max_k = _check_max_seqlen("max_seqlen_k", max_seqlen_k)
+    api.check_schedule(schedule)
+    capped = api.check_softcap(softcap) > 0
+    max_q = check_max_seqlen("max_seqlen_q", max_seqlen_q)
+    max_k = check_max_seqlen("max_seqlen_k", max_seqlen_k)
     hosts = []
     for name, cu, max_name, m in (("cu_seqlens_q", cu_seqlens_q, "max_seqlen_q", max_q),
                                   ("cu_seqlens_k", cu_seqlens_k, "max_seqlen_k", max_k)):
-        info, host = _cu_seqlens_form(name, cu)
+        info, host = cu_seqlens_form(name, cu)
         if info is not None:
             raise ValueError(f"{name}: prepare_varlen_backward takes host lengths (numpy, list, CPU tensor)")
         total = int(host.reshape(-1)[-1]) if host.size else 0        # the shape is checked next
-        hosts.append(_cu_seqlens_values(name, host, total, max_name, m))
-    _check_same_count(*hosts)
+        hosts.append(cu_seqlens_values(name, host, total, max_name, m))
+    check_same_count(*hosts)
     dtype = {"bf16": "bfloat16", "fp16": "float16"}.get(dtype, dtype)
-    kernels._check(dtype, head_dim)
+    kernels.check_supported(dtype, head_dim)
     if not (isinstance(num_heads, int) and isinstance(num_heads_kv, int) and num_heads_kv >= 1
             and num_heads >= num_heads_kv and num_heads % num_heads_kv == 0):
         raise ValueError(f"num_heads, num_heads_kv: expected ints with num_heads % num_heads_kv == 0, got "
@@ -256,7 +256,7 @@ def prepare_varlen_backward(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
         varlen_device.device(tables, (len(hosts[0]) - 1) * num_heads, device, stream)
 
 
-def _cu_seqlens_form(name, cu):
+def cu_seqlens_form(name, cu):
     """``(None, host int64 array)`` for host ``cu_seqlens`` (numpy, list, CPU tensor), ``(info, None)`` for a device
     one (1-D int32 contiguous, checked here; its values after the copy)."""
     info = None if isinstance(cu, (list, tuple)) else interop.describe(cu, name)
@@ -271,17 +271,17 @@ def _cu_seqlens_form(name, cu):
     return None, host.astype(np.int64)
 
 
-def _check_same_count(cu_q, cu_k) -> None:
+def check_same_count(cu_q, cu_k) -> None:
     if len(cu_q) != len(cu_k):
         raise ValueError(f"cu_seqlens_k: expected {len(cu_q)} entries (as cu_seqlens_q), got {len(cu_k)}")
 
 
-def _cu_seqlens_values(name, host, total, max_name, max_len) -> np.ndarray:
+def cu_seqlens_values(name, host, total, max_name, max_len) -> np.ndarray:
     """``host`` checked (1-D, 0 = cu[0] <= ... <= cu[B] = total, no length above max_len) as int32."""
     if host.ndim != 1 or host.shape[0] < 2:
         raise ValueError(f"{name}: expected a 1-D array (B + 1,) with B >= 1, got shape {host.shape}")
     code, longest, checked = varlen_pack.checked_cu_seqlens(np.ascontiguousarray(host, dtype=np.int64), total,
-                                                             max_len)
+                                                            max_len)
     if code == 1:
         raise ValueError(f"{name}: expected 0 = cu[0] <= cu[1] <= ... <= cu[B] = {total} (the packed length), got "
                          f"{np.array2string(host, threshold=12)}")
@@ -342,29 +342,29 @@ def attention_backward_varlen(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
                            "already took their host copy: pass host cu_seqlens, or keep the device ones in place "
                            "(a module buffer, not a tensor that the graph copies) and run one eager step first")
     _poll_errors()
-    causal = api._check_flag("causal", causal)
-    deterministic = api._check_flag("deterministic", deterministic)
+    causal = api.check_flag("causal", causal)
+    deterministic = api.check_flag("deterministic", deterministic)
     window = api._check_window(window, causal)
-    max_q = _check_max_seqlen("max_seqlen_q", max_seqlen_q)
-    max_k = _check_max_seqlen("max_seqlen_k", max_seqlen_k)
+    max_q = check_max_seqlen("max_seqlen_q", max_seqlen_q)
+    max_k = check_max_seqlen("max_seqlen_k", max_seqlen_k)
     (q4, total_q), (k4, total_k), (v4, _), (do4, _), (out4, _) = (
         _packed(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v"), (do, "do"), (out, "out")))
     li = interop.describe(lse, "lse")
     if len(li.shape) != 2:
         raise ValueError(f"lse: expected a 2-D tensor (H, total_q), got shape {li.shape}")
     totals = total_q, total_k
-    _check_max_within(max_q, max_k, total_q, total_k)
+    check_max_within(max_q, max_k, total_q, total_k)
     cu_args = (("cu_seqlens_q", cu_seqlens_q, totals[0], "max_seqlen_q", max_q),
                ("cu_seqlens_k", cu_seqlens_k, totals[1], "max_seqlen_k", max_k))
-    forms = [_cu_seqlens_form(name, cu) for name, cu, *_ in cu_args]
+    forms = [cu_seqlens_form(name, cu) for name, cu, *_ in cu_args]
     # host cu_seqlens are checked here, before any GPU work; device ones after their copy to the host
-    cu_host = [None if host is None else _cu_seqlens_values(name, host, *limits)
+    cu_host = [None if host is None else cu_seqlens_values(name, host, *limits)
                for (name, _, *limits), (_, host) in zip(cu_args, forms)]
     device_cu = any(c is None for c in cu_host)
     if not device_cu:
-        _check_same_count(*cu_host)
-    p = api._validate(q4, k4, v4, do4, out4, lse[None], softmax_scale=softmax_scale, schedule=schedule,
-                      backward=True, softcap=softcap)
+        check_same_count(*cu_host)
+    p = api.validate(q4, k4, v4, do4, out4, lse[None], softmax_scale=softmax_scale, schedule=schedule,
+                     backward=True, softcap=softcap)
     for info, _ in forms:
         if info is not None:
             _check_device(info, p.device_id)
@@ -377,13 +377,13 @@ def attention_backward_varlen(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
         if device_cu:
             for i, ((name, cu, *limits), (info, _)) in enumerate(zip(cu_args, forms)):
                 if info is not None:
-                    cu_host[i] = _cu_seqlens_values(name, _device_to_host(info, cu, stream), *limits)
-            _check_same_count(*cu_host)
-        c, cu_dev, call = _packing_launch(dev, p, causal, deterministic, schedule, window,
-                                          config.spin_timeout_ns(), cu_host, max_q, stream)
+                    cu_host[i] = cu_seqlens_values(name, _device_to_host(info, cu, stream), *limits)
+            check_same_count(*cu_host)
+        c, cu_dev, call = packing_launch(dev, p, causal, deterministic, schedule, window,
+                                         config.spin_timeout_ns(), cu_host, max_q, stream)
         fw = p.infos[0].framework
         keep = []
-        qi, ki, vi, doi, oi = p.infos                     # _validate's order; the kernels take out before dout
+        qi, ki, vi, doi, oi = p.infos                     # validate's order; the kernels take out before dout
         operands = tuple(api._resolve(i, x, keep) for i, x in ((qi, q4), (ki, k4), (vi, v4), (oi, out4), (doi, do4)))
         lse_ptr, _ = api._resolve(p.lse_info, lse[None], keep)
         dq, dq_ptr = api._new(fw, dev, (total_q, H, D), p.dtype)
@@ -394,12 +394,12 @@ def attention_backward_varlen(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
                 cupy.cuda.runtime.memsetAsync(ptr, 0, n * D * 2, stream.ptr)
             return api._export(fw, dq, q), api._export(fw, dk, q), api._export(fw, dv, q)
         work, base = api._new(fw, dev, (c.work_bytes,), "uint8")
-        slot = _acquire_slot(dev)
+        slot = acquire_slot(dev)
         cu_ptrs = cu_dev[0].data.ptr, cu_dev[1].data.ptr
         launchers.launch_backward(c, operands, lse_ptr, base, (dq_ptr, dk_ptr, dv_ptr), stream, slot=slot,
                                   call=call, cu_seqlens=cu_ptrs)
         if keep:
-            _keep_alive(keep, stream)
+            keep_alive(keep, stream)
         elif fast_key is not None:
             fastpath_varlen.register(fast_key, c, operands, lse_ptr, base, (dq_ptr, dk_ptr, dv_ptr), cu_ptrs, call,
                                      q, stream, (c.tables, *cu_dev))

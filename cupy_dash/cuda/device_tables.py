@@ -2,12 +2,13 @@
 one eviction rule (the form is decided by :func:`cupy_dash.schedule.compact_device.table_form`).
 
 Forms, each cached by its host plan's key and device, ``_LIMITS[form]`` tables each (LRU): ``"visits"`` and
-``"compact"`` (fixed length, :func:`fixed`), ``"varlen"`` (a packing's tables, :func:`cupy_dash.cuda.varlen_device.device`).
+``"compact"`` (fixed length, :func:`fixed`), ``"varlen"`` (a packing's tables,
+:func:`cupy_dash.cuda.varlen_device.device`).
 Upload: one copy to one device allocation, enqueued on the caller's stream (:func:`_upload`). Varlen tables are
 not waited for (another stream gets an event to wait for, :func:`cached`); fixed-length ones are, once, when
 made: CUDA graph capture and the JAX custom calls, whose streams wait for no event of ours, find them complete.
 Eviction: a table is freed once the work enqueued so far on every stream that read it has finished (events,
-errors._keep_alive; the host never waits), or never when a CUDA graph captured it (``_captured``).
+errors.keep_alive; the host never waits), or never when a CUDA graph captured it (``_captured``).
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import numpy as np
 from .. import schedule
 from ..schedule import compact as _compact
 from ..schedule import compact_device
-from .errors import _keep_alive, stream_device
+from .errors import keep_alive, stream_device
 
 _LIMITS = {"visits": 64, "compact": 8, "varlen": 16}   # tables kept per form (LRU)
 _lock = threading.RLock()
@@ -165,7 +166,7 @@ def upload_async(arrays, stream, wait=False):
     staging = []
     mem, _ = _upload(list(zip(arrays, offsets)), total, 0, stream, staging, wait=wait)
     if not wait:
-        _keep_alive(staging, stream)
+        keep_alive(staging, stream)
     buf = cupy.ndarray((max(total, 1),), dtype=cupy.uint8, memptr=mem)
     return [buf[off:off + a.nbytes].view(a.dtype).reshape(a.shape) for a, off in zip(arrays, offsets)]
 
@@ -247,7 +248,7 @@ def _defer_release(objs, stream) -> None:
     ``stream`` so far has finished, with one event per stream every _DEFER_MISSES misses rather than one per
     miss.
     NOTES: held until an event recorded at a later miss completes: later than needed, never earlier (stream
-    order); every held list is handed to errors._keep_alive at every _DEFER_MISSES-th miss of any stream, so at
+    order); every held list is handed to errors.keep_alive at every _DEFER_MISSES-th miss of any stream, so at
     most that many misses' blobs and evicted tables wait here, whatever the number of streams (a
     prepare_varlen_backward call may use a stream of its own)."""
     with _lock:
@@ -264,7 +265,7 @@ def _defer_release(objs, stream) -> None:
     for s, keep in flush:
         if keep:
             try:
-                _keep_alive(keep, s)
+                keep_alive(keep, s)
             except cupy.cuda.runtime.CUDARuntimeError:     # the stream is gone: wait for its device instead
                 _synchronize(s)
 
@@ -274,14 +275,14 @@ def _release_after(entry, streams, stream, deferred: list) -> None:
     (on ``stream``, the caller's: appended to ``deferred``, for :func:`_defer_release`).
 
     NOTES: a packed batch with new lengths at every training step evicts one entry per step; an event per other
-    stream that read it (held by errors._keep_alive) frees it without blocking the host. Where an event cannot be
+    stream that read it (held by errors.keep_alive) frees it without blocking the host. Where an event cannot be
     recorded (a stream destroyed since), the device is synchronized instead."""
     for s in streams:
         try:
             if s.ptr == stream.ptr:
                 deferred.append(entry)
             else:
-                _keep_alive([entry], s)
+                keep_alive([entry], s)
         except cupy.cuda.runtime.CUDARuntimeError:
             _synchronize(s)
 

@@ -15,11 +15,11 @@ public call polls the finished ones first without blocking (:func:`poll_errors`:
 
 Backward calls captured into a CUDA graph (torch ops under ``torch.cuda.graph`` or ``torch.compile(...,
 mode="reduce-overhead")``) cannot copy the record to the host or record events: each captured call gets its own
-device record instead (:func:`_graph_record`), taken from a block allocated outside capture, never reused (the
+device record instead (:func:`graph_record`), taken from a block allocated outside capture, never reused (the
 graph keeps its address) and never zeroed by the graph, so a failure in any replay stays recorded (and makes
 later replays of that call abandon their waits at once) until :func:`check_errors` reads and clears it.
 Backward calls inside ``jax.jit`` (:mod:`cupy_dash.jax`) work the same way: each traced call gets a device record
-when it is traced (:func:`_jit_record`), written by every execution of the compiled program.
+when it is traced (:func:`jit_record`), written by every execution of the compiled program.
 :func:`poll_errors` cannot see these records without synchronizing: only :func:`check_errors` reports them.
 """
 from __future__ import annotations
@@ -168,7 +168,7 @@ class _Pending:
 _pending: collections.deque = collections.deque()
 
 
-def _acquire_slot(device_id: int) -> _Slot:
+def acquire_slot(device_id: int) -> _Slot:
     with _lock:
         pool = _slot_pools.get(device_id)
         if pool is None:
@@ -176,7 +176,7 @@ def _acquire_slot(device_id: int) -> _Slot:
         return pool.acquire()
 
 
-def _graph_record(device_id: int, info):
+def graph_record(device_id: int, info):
     """Device address of a fresh error record for a backward call being captured into a CUDA graph, or None when
     no backward has run eagerly on ``device_id`` yet (its records are allocated then, outside capture)."""
     with _lock:
@@ -184,14 +184,14 @@ def _graph_record(device_id: int, info):
         return None if pool is None else pool.graph.take(info)
 
 
-def _record_shared(device_id: int, ptr) -> bool:
-    """Whether the captured or traced call's record ``ptr`` (:func:`_graph_record`, :func:`_jit_record`) is shared
+def record_shared(device_id: int, ptr) -> bool:
+    """Whether the captured or traced call's record ``ptr`` (:func:`graph_record`, :func:`jit_record`) is shared
     with other calls (all GRAPH_RECORDS taken): such a call must not be folded."""
     with _lock:
         return _slot_pools[device_id].graph.shared(ptr)
 
 
-def _jit_record(device_id: int, info) -> int:
+def jit_record(device_id: int, info) -> int:
     """Device address of a fresh error record for a backward call traced by ``jax.jit`` (called at trace time,
     outside any capture: creates the device's records on first use, which synchronizes the device once)."""
     with _lock:
@@ -201,7 +201,7 @@ def _jit_record(device_id: int, info) -> int:
         return pool.graph.take(info, "an execution of a jax.jit-compiled call")
 
 
-def _release_slot(slot: _Slot):
+def release_slot(slot: _Slot):
     with _lock:
         slot.pool.free.append(slot)
 
@@ -251,7 +251,7 @@ def _consume(rec: _Pending):
         elif flag:
             msg = _format_failure(rec.info, flag, visit, want, seen)
         if msg is None:
-            _release_slot(slot)     # NOTES: a failed slot is retired: its record may not be zero (module docstring)
+            release_slot(slot)     # NOTES: a failed slot is retired: its record may not be zero (module docstring)
     rec.slot = rec.keep = None
     return msg
 
@@ -319,7 +319,7 @@ def stream_device(stream) -> int:
     return cupy.cuda.runtime.getDevice() if dev is None or dev < 0 else int(dev)
 
 
-def _keep_alive(keep, stream, event=None):
+def keep_alive(keep, stream, event=None):
     """Hold ``keep`` (imported DLPack views) until the work enqueued on ``stream`` so far has finished, or (an
     ``event`` the caller has just recorded on ``stream``) until ``event`` has completed.
 

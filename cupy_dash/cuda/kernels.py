@@ -139,7 +139,7 @@ class KernelSpec:
         return FWD_PARAMS_DTYPE if self.entry == KERNELS["fwd"][1] else BWD_PARAMS_DTYPE
 
 
-def _check(dtype: str, head_dim: int) -> None:
+def check_supported(dtype: str, head_dim: int) -> None:
     if dtype not in SUPPORTED_DTYPES:
         raise ValueError(f"unsupported dtype {dtype!r}; expected one of {SUPPORTED_DTYPES}")
     if head_dim not in SUPPORTED_HEAD_DIMS:
@@ -147,13 +147,13 @@ def _check(dtype: str, head_dim: int) -> None:
 
 
 def fwd_tile(head_dim: int) -> TileConfig:
-    _check("bfloat16", head_dim)
+    check_supported("bfloat16", head_dim)
     return TILES[("fwd", head_dim)]
 
 
 def bwd_tile(head_dim: int) -> TileConfig:
     """The backward main kernel's tile (preprocess / postprocess share block_m and block_n)."""
-    _check("bfloat16", head_dim)
+    check_supported("bfloat16", head_dim)
     return TILES[("bwd_main", head_dim)]
 
 
@@ -179,7 +179,7 @@ def _spec(kernel: str, tile: TileConfig, dtype: str, head_dim: int, smem=None, c
 def fwd_spec(dtype: str, head_dim: int, causal: bool, varlen: bool = False, softcap: bool = False) -> KernelSpec:
     """The forward kernel; ``varlen``: the build for packed variable-length sequences (``cu_seqlens``);
     ``softcap``: the build with logit soft-capping (kernels_src/params.cuh, softcap_prescale)."""
-    _check(dtype, head_dim)
+    check_supported(dtype, head_dim)
     flags = dict(DASH_CAUSAL=causal)
     if varlen:
         flags["DASH_VARLEN"] = True
@@ -217,7 +217,7 @@ def bwd_specs(dtype: str, head_dim: int, causal: bool, deterministic: bool, time
         raise ValueError(f"dq_stages: 1, or 2 at head dim 128 (shared memory), got {dq_stages} at {head_dim}")
     if timeline and compact:
         raise ValueError("timeline builds need the per-visit tables: no compact timeline variant")
-    _check(dtype, head_dim)
+    check_supported(dtype, head_dim)
     main_tile = bwd_tile(head_dim)
     aux_tile = TileConfig(main_tile.block_m, main_tile.block_n, AUX_THREADS)
     flags = dict(DASH_CAUSAL=causal, DASH_DETERMINISTIC=deterministic)
@@ -289,7 +289,7 @@ def all_specs() -> list:
 
 # ---------------------------------------------------------------------------------------------------------
 # GPU side.
-def _grid(grid) -> tuple:
+def grid_xyz(grid) -> tuple:
     """``grid`` (int or 1 to 3 ints, each >= 1) as (x, y, z)."""
     grid = (grid,) if isinstance(grid, (int, np.integer)) else tuple(int(g) for g in grid)
     if not 1 <= len(grid) <= 3 or any(g < 1 for g in grid):
@@ -317,7 +317,7 @@ def launch(spec: KernelSpec, grid, params, stream, func=None) -> None:
     if stream is None:
         import cupy
         stream = cupy.cuda.get_current_stream()
-    gx, gy, gz = _grid(grid)
+    gx, gy, gz = grid_xyz(grid)
     executor.launch(func, gx, gy, gz, spec.threads, spec.smem_bytes, stream.ptr, params)
 
 

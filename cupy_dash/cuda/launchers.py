@@ -15,7 +15,7 @@ import numpy as np
 from .. import config
 from .. import schedule as _schedule
 from . import device_tables, executor, jit, kernels, tensormap
-from .errors import _release_slot, _track
+from .errors import _track, release_slot
 
 _LOG2E = 1.4426950408889634
 _WORKSPACE_ALIGN = 256
@@ -28,7 +28,7 @@ FOLD_ENV = config.FOLD.name
 FOLD_MAX_TILES = 256
 
 
-def _contiguous(shape) -> tuple:
+def bsh_strides(shape) -> tuple:
     _, S, H, D = shape
     return (S * H * D, H * D, D)
 
@@ -86,7 +86,7 @@ def fwd_params(block_m, block_n, p, window, operands, out_ptr, lse_ptr, varlen=N
         tma_q=tensormap.bhsd_map(q_ptr, p.dtype, (B, Sq, H, D), q_stride, block_m, "q"),
         tma_k=tensormap.bhsd_map(k_ptr, p.dtype, (B, Sk, Hkv, D), k_stride, block_n, "k"),
         tma_v=tensormap.bhsd_map(v_ptr, p.dtype, (B, Sk, Hkv, D), v_stride, block_n, "v"),
-        tma_o=tensormap.bhsd_map(out_ptr, p.dtype, (B, Sq, H, D), _contiguous((B, Sq, H, D)), 64, "out",
+        tma_o=tensormap.bhsd_map(out_ptr, p.dtype, (B, Sq, H, D), bsh_strides((B, Sq, H, D)), 64, "out",
                                  box_panels=1),
         lse=lse_ptr, batch=batch, seqlen_q=Sq, seqlen_k=Sk, num_heads=H, num_heads_kv=Hkv,
         window_left=window[0], window_right=window[1], **logit_factors(p, backward=False),
@@ -184,7 +184,7 @@ def launch_backward(c, operands, lse_ptr, work_base, grads, stream, *, error_ptr
         params = bwd_params(c, operands, lse_ptr, work_base, grads, error, timeline_ptr, cu_seqlens)
     except BaseException:
         if slot is not None:
-            _release_slot(slot)     # nothing recorded on it: reusable at once
+            release_slot(slot)     # nothing recorded on it: reusable at once
         raise
     enqueue_backward(c, params, grads, stream, slot=slot, call=call)
 
@@ -201,7 +201,7 @@ def bwd_kernels(c) -> tuple:
 def bwd_launches(c) -> tuple:
     """``(function, grid x, y, z, threads, dynamic smem)`` of :func:`bwd_kernels`, the kernels loaded on the
     current device."""
-    return tuple((jit.load(s).ptr, *kernels._grid(g), s.threads, s.smem_bytes) for s, g in bwd_kernels(c))
+    return tuple((jit.load(s).ptr, *kernels.grid_xyz(g), s.threads, s.smem_bytes) for s, g in bwd_kernels(c))
 
 
 def enqueue_backward(c, params, grads, stream, *, slot=None, call=None, launches=None) -> None:
@@ -226,7 +226,7 @@ def enqueue_backward(c, params, grads, stream, *, slot=None, call=None, launches
         executor.launch_sequence(stream.ptr, params, launches if launches is not None else bwd_launches(c))
     except BaseException:
         if slot is not None:
-            _release_slot(slot)     # NOTES: a launch failed: the device context is unusable anyway
+            release_slot(slot)     # NOTES: a launch failed: the device context is unusable anyway
         raise
     if slot is not None:
         _track(slot, call)
@@ -265,7 +265,7 @@ def bwd_params(c, operands, lse_ptr, work_base, grads, error, timeline_ptr=0, cu
     B, Sq, Sk, H, Hkv, D = p.B, p.Sq, p.Sk, p.H, p.Hkv, p.D
     (q_ptr, q_stride), (k_ptr, k_stride), (v_ptr, v_stride), (o_ptr, o_stride), (do_ptr, do_stride) = operands
     dq_ptr, dk_ptr, dv_ptr = grads
-    kv_contig = _contiguous((B, Sk, Hkv, D))
+    kv_contig = bsh_strides((B, Sk, Hkv, D))
     schedule_fields = bwd_schedule_fields(tables)
     base, offsets, bm, bn = work_base, c.offsets, c.block_m, c.block_n
     return kernels.pack_bwd_params(
@@ -278,7 +278,7 @@ def bwd_params(c, operands, lse_ptr, work_base, grads, error, timeline_ptr=0, cu
         dq=dq_ptr, dk=dk_ptr, dv=dv_ptr, dq_semaphore=base + offsets[3] if c.deterministic else 0,
         **schedule_fields, error=error[0], error_host=error[1], timeline=timeline_ptr,
         q_stride=q_stride, k_stride=k_stride, v_stride=v_stride, o_stride=o_stride, do_stride=do_stride,
-        dq_stride=_contiguous((B, Sq, H, D)), dk_stride=kv_contig, dv_stride=kv_contig,
+        dq_stride=bsh_strides((B, Sq, H, D)), dk_stride=kv_contig, dv_stride=kv_contig,
         batch=B if c.varlen is None else c.varlen[0], seqlen_q=Sq, seqlen_k=Sk, num_heads=H, num_heads_kv=Hkv,
         window_left=c.window[0], window_right=c.window[1], num_m_blocks=c.num_m_blocks,
         seqlen_q_rounded=c.sq_rounded, spin_timeout_ns=c.spin_timeout_ns,

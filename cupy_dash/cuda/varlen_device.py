@@ -173,7 +173,7 @@ def _expand_on_device(t: Tables, dev, stream, staging_out: list):
 
 _expand_launches: dict = {}    # device -> the launch of kernels_src/bwd_expand.cu there (_expand_launch)
 _EXPAND_FIELDS = varlen_pack.NAMES[:_NUM_RECORD_ARRAYS] + ("tie_sign", "rank_rule", "num_heads", "num_heads_kv",
-                                                            "visits", "rank", "cta_start")
+                                                           "visits", "rank", "cta_start")
 
 
 def _expand_launch(dev):
@@ -222,11 +222,11 @@ def plan(policy, lens_q, lens_k, block_m, block_n, heads, kv_heads, causal, max_
             raise ValueError(f"unknown schedule {policy!r}; expected one of {', '.join(_schedule.POLICIES)}")
         problem = (np.ascontiguousarray(lens_q, np.int64), np.ascontiguousarray(lens_k, np.int64), block_m,
                    block_n, heads, causal, num_sms, group, _schedule.check_window(window, causal))
-        out = varlen_pack.new_packing(*varlen_schedule._schedule_args(policy, problem), True,
-                                       _dt._pinned_blob if pinned else None)
+        out = varlen_pack.new_packing(*varlen_schedule.schedule_args(policy, problem), True,
+                                      _dt._pinned_blob if pinned else None)
         code, t.blob, t.offsets, t.shapes, t.num_visits, t.num_ctas, tie_sign, rank_rule, t.m_blocks, t.n_blocks = out
         t.pinned = pinned and _dt._pins(t.blob.nbytes)     # what _pinned_blob chose (a failed pin clears _pinned_ok)
-        t.policy, t.compact = varlen_schedule._POLICY_NAMES[code], (tie_sign, rank_rule)
+        t.policy, t.compact = varlen_schedule.POLICY_NAMES[code], (tie_sign, rank_rule)
         if compact == "expand" and compact_above is not None and t.num_visits > compact_above:
             compact = True               # a per-visit table this large: compact records (compact_device.table_form's size rule)
     else:

@@ -19,7 +19,7 @@ from .. import config
 from .. import schedule as _schedule
 from ..core import api, interop
 from ..cuda import jit, kernels, launchers
-from ..cuda.errors import _jit_record, _record_shared
+from ..cuda.errors import jit_record, record_shared
 from ..schedule import compact_device
 
 __all__ = ["attention", "attention_forward", "attention_backward"]
@@ -71,12 +71,12 @@ def _config(causal, softmax_scale, window=(-1, -1), schedule="auto", determinist
     causal; its canonical form depends on the shapes, see :func:`_problem`); ``ffi``: whether the calls go
     through the C handler (:func:`_use_ffi`); ``compact_env``: CUPY_DASH_COMPACT_TABLES, which a traced backward
     reads (compact_device.table_form), so that a change of it retraces."""
-    causal = api._check_flag("causal", causal)
-    deterministic = api._check_flag("deterministic", deterministic)
-    api._check_schedule(schedule)
-    scale = None if softmax_scale is None else api._check_scale(softmax_scale, None)
-    return _Config(causal, scale, api._check_window(window, causal), schedule, deterministic, _use_ffi(),
-                   config.COMPACT_TABLES.get(), api._check_softcap(softcap))
+    causal = api.check_flag("causal", causal)
+    deterministic = api.check_flag("deterministic", deterministic)
+    api.check_schedule(schedule)
+    scale = None if softmax_scale is None else api.check_scale(softmax_scale, None)
+    return _Config(causal, scale, _schedule.check_window(window, causal), schedule, deterministic, _use_ffi(),
+                   config.COMPACT_TABLES.get(), api.check_softcap(softcap))
 
 
 def _use_ffi() -> bool:
@@ -188,14 +188,14 @@ def _backward_op(cfg):
 # trace time: checks on shapes, preparation, the buffer_callback
 # ------------------------------------------------------------------------------------------------------------
 class _Aval:
-    """What :func:`cupy_dash.core.api._validate` reads of an operand, from its shape and dtype: a contiguous array on
+    """What :func:`cupy_dash.core.api.validate` reads of an operand, from its shape and dtype: a contiguous array on
     a CUDA device (placeholder device 0: XLA picks the device at run time) whose address is not known."""
     __slots__ = ("shape", "dtype", "strides")
 
     def __init__(self, x):
         self.shape = tuple(int(n) for n in x.shape)
         self.dtype = np.dtype(x.dtype)
-        self.strides = tuple(int(s) * self.dtype.itemsize for s in interop._contiguous_strides(self.shape))
+        self.strides = tuple(int(s) * self.dtype.itemsize for s in interop.contiguous_strides(self.shape))
 
     def __dlpack_device__(self):
         return interop.DLPACK_CUDA, 0
@@ -205,7 +205,7 @@ def _problem(cfg, q, k, v, dout=None, out=None, lse=None):
     """(validated problem, ``cfg`` with the window in canonical form for these lengths)."""
     backward = dout is not None
     views = [_Aval(x) if x is not None else None for x in (q, k, v, dout, out, lse)]
-    p = api._validate(*views, softmax_scale=cfg.scale, backward=backward, softcap=cfg.softcap)
+    p = api.validate(*views, softmax_scale=cfg.scale, backward=backward, softcap=cfg.softcap)
     return p, cfg._replace(window=_schedule.canonical_window(cfg.window, p.Sq, p.Sk, cfg.causal))
 
 
@@ -269,8 +269,8 @@ class _Forward:
     def __init__(self, p, cfg):
         self.p, self.causal, self.window = p, cfg.causal, cfg.window
         self.spec, self.block_m, self.block_n = kernels.fwd_entry(p.dtype, p.D, cfg.causal, softcap=p.softcap > 0)
-        self.q_strides = interop._contiguous_strides((p.B, p.Sq, p.H, p.D))[:3]
-        self.kv_strides = interop._contiguous_strides((p.B, p.Sk, p.Hkv, p.D))[:3]
+        self.q_strides = interop.contiguous_strides((p.B, p.Sq, p.H, p.D))[:3]
+        self.kv_strides = interop.contiguous_strides((p.B, p.Sk, p.Hkv, p.D))[:3]
         self.devices = _gpus()
         import cupy
         for dev in self.devices:
@@ -279,7 +279,7 @@ class _Forward:
 
     def types(self):
         p = self.p
-        return (jax.ShapeDtypeStruct((p.B, p.Sq, p.H, p.D), api._NP_DTYPES[p.dtype]),
+        return (jax.ShapeDtypeStruct((p.B, p.Sq, p.H, p.D), api.NP_DTYPES[p.dtype]),
                 jax.ShapeDtypeStruct((p.B, p.H, p.Sq), np.float32))
 
     def bind(self, q, k, v):
@@ -295,7 +295,7 @@ class _Forward:
         with cupy.cuda.Device(dev):
             operands = (_ptr(q), self.q_strides), (_ptr(k), self.kv_strides), (_ptr(v), self.kv_strides)
             launchers.launch_forward(self.spec, self.block_m, self.block_n, self.p, self.window, operands,
-                                     _ptr(out), _ptr(lse), interop._external_stream(ctx.stream, dev))
+                                     _ptr(out), _ptr(lse), interop.external_stream(ctx.stream, dev))
 
 
 class _Backward:
@@ -313,8 +313,8 @@ class _Backward:
         specs = kernels.bwd_specs(p.dtype, p.D, cfg.causal, cfg.deterministic, compact=compact, softcap=capped)
         self.work_bytes = launchers.BwdLaunch(specs, tile.block_m, tile.block_n, p, cfg.deterministic,
                                               spin_timeout_ns, cfg.causal, cfg.window).work_bytes
-        self.q_strides = interop._contiguous_strides((p.B, p.Sq, p.H, p.D))[:3]
-        self.kv_strides = interop._contiguous_strides((p.B, p.Sk, p.Hkv, p.D))[:3]
+        self.q_strides = interop.contiguous_strides((p.B, p.Sq, p.H, p.D))[:3]
+        self.kv_strides = interop.contiguous_strides((p.B, p.Sk, p.Hkv, p.D))[:3]
         self.devices = _gpus()
         self.launches, self.records = {}, {}
         for dev in self.devices:
@@ -328,15 +328,15 @@ class _Backward:
                 with stream:
                     c.tables = launchers.bwd_tables(cfg.schedule, c, max_ctas, dev, stream, compact=compact)
                 self.launches[dev] = c
-                self.records[dev] = _jit_record(dev, (c.tables.policy, p.B, p.H, p.Sq, p.Sk, p.D, cfg.causal,
-                                                      cfg.window))
-                if _record_shared(dev, self.records[dev]):
+                self.records[dev] = jit_record(dev, (c.tables.policy, p.B, p.H, p.Sq, p.Sk, p.D, cfg.causal,
+                                                     cfg.window))
+                if record_shared(dev, self.records[dev]):
                     c.fold = False
 
     def types(self):
         p = self.p
-        kv = jax.ShapeDtypeStruct((p.B, p.Sk, p.Hkv, p.D), api._NP_DTYPES[p.dtype])
-        return (jax.ShapeDtypeStruct((p.B, p.Sq, p.H, p.D), api._NP_DTYPES[p.dtype]), kv, kv,
+        kv = jax.ShapeDtypeStruct((p.B, p.Sk, p.Hkv, p.D), api.NP_DTYPES[p.dtype])
+        return (jax.ShapeDtypeStruct((p.B, p.Sq, p.H, p.D), api.NP_DTYPES[p.dtype]), kv, kv,
                 jax.ShapeDtypeStruct((self.work_bytes,), np.uint8))
 
     def bind(self, dout, q, k, v, out, lse):
@@ -353,7 +353,7 @@ class _Backward:
         with cupy.cuda.Device(dev):
             operands = ((_ptr(q), qs), (_ptr(k), kvs), (_ptr(v), kvs), (_ptr(out), qs), (_ptr(dout), qs))
             launchers.launch_backward(self.launches[dev], operands, _ptr(lse), _ptr(work),
-                                      (_ptr(dq), _ptr(dk), _ptr(dv)), interop._external_stream(ctx.stream, dev),
+                                      (_ptr(dq), _ptr(dk), _ptr(dv)), interop.external_stream(ctx.stream, dev),
                                       error_ptr=self.records[dev])
 
 

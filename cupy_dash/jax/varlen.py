@@ -26,9 +26,9 @@ import numpy as np
 from .. import config
 from .. import schedule as _schedule
 from ..core import api, interop, varlen
-from ..core.varlen import _check_same_count, _cu_seqlens_form, _cu_seqlens_values
+from ..core.varlen import check_same_count, cu_seqlens_form, cu_seqlens_values
 from ..cuda import device_tables, kernels, launchers
-from ..cuda.errors import _jit_record
+from ..cuda.errors import jit_record
 from . import ops as _jax
 
 __all__ = ["attention_host_lengths"]
@@ -42,12 +42,12 @@ def attention_host_lengths(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, ba
     cus = []
     for name, cu, total, m in (("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_q),
                                ("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_k)):
-        info, host = _cu_seqlens_form(name, cu)
+        info, host = cu_seqlens_form(name, cu)
         if info is not None:
             raise TypeError(f"{name}: expected a host array (numpy or list), got one on {info.device}")
-        cus.append(tuple(int(x) for x in _cu_seqlens_values(name, host, int(total),
-                                                            name.replace("cu_seqlens", "max_seqlen"), m)))
-    _check_same_count(*cus)
+        cus.append(tuple(int(x) for x in cu_seqlens_values(name, host, int(total),
+                                                           name.replace("cu_seqlens", "max_seqlen"), m)))
+    check_same_count(*cus)
     return _attention_jit(q, k, v, _VarlenConfig(base, cus[0], cus[1], max_q, max_k))
 
 
@@ -80,7 +80,7 @@ def _problem(vcfg, q, k, v, dout=None, out=None, lse=None):
     for name, x in (("q", q), ("k", k), ("v", v), ("dout", dout), ("out", out)):
         if x is not None and len(x.shape) != 3:
             raise ValueError(f"{name}: expected a 3-D packed tensor (total, heads, head_dim), got shape {x.shape}")
-    p = api._validate(*views, softmax_scale=vcfg.base.scale, backward=dout is not None, softcap=vcfg.base.softcap)
+    p = api.validate(*views, softmax_scale=vcfg.base.scale, backward=dout is not None, softcap=vcfg.base.softcap)
     base = vcfg.base
     return p, base._replace(window=_schedule.canonical_window(base.window, vcfg.max_q, vcfg.max_k, base.causal))
 
@@ -125,7 +125,7 @@ class _VarlenForward:
     def bind(self, q, k, v, *cu):
         from jax.experimental.buffer_callback import buffer_callback
         p = self.p
-        types = (jax.ShapeDtypeStruct((p.Sq, p.H, p.D), api._NP_DTYPES[p.dtype]),
+        types = (jax.ShapeDtypeStruct((p.Sq, p.H, p.D), api.NP_DTYPES[p.dtype]),
                  jax.ShapeDtypeStruct((p.H, p.Sq), np.float32))
         return buffer_callback(self, types, command_buffer_compatible=True)(q, k, v, *cu)
 
@@ -140,13 +140,13 @@ class _VarlenForward:
             cu_ptrs = tuple(ptr(x) for x in cu) if cu else tuple(x.data.ptr for x in self.cu[dev])
             params = launchers.fwd_params(self.block_m, self.block_n, self.p, self.window, operands, ptr(out),
                                           ptr(lse), varlen=(self.num_seqs, *cu_ptrs))
-            kernels.launch(self.spec, self.grid, params, interop._external_stream(ctx.stream, dev))
+            kernels.launch(self.spec, self.grid, params, interop.external_stream(ctx.stream, dev))
 
 
 @functools.lru_cache(maxsize=64)
 def _packed_strides(Sq, Sk, H, Hkv, D) -> tuple:
     """(batch, row, head) element strides of contiguous packed q-like (1, Sq, H, D) and k-like tensors."""
-    return (interop._contiguous_strides((1, Sq, H, D))[:3], interop._contiguous_strides((1, Sk, Hkv, D))[:3])
+    return (interop.contiguous_strides((1, Sq, H, D))[:3], interop.contiguous_strides((1, Sk, Hkv, D))[:3])
 
 
 def launch_backward(c, record, ctx, dev, outs, dout, q, k, v, out, lse, cu_ptrs):
@@ -155,7 +155,7 @@ def launch_backward(c, record, ctx, dev, outs, dout, q, k, v, out, lse, cu_ptrs)
     import cupy
     dq, dk, dv, work = outs
     ptr, p = _jax._ptr, (c.p if c is not None else None)
-    stream = interop._external_stream(ctx.stream, dev)
+    stream = interop.external_stream(ctx.stream, dev)
     if c is None:
         for x in (dq, dk, dv):
             cupy.cuda.runtime.memsetAsync(ptr(x), 0, int(np.prod(x.shape)) * 2, stream.ptr)
@@ -184,20 +184,20 @@ class _VarlenBackward:
         for dev in self.devices:
             with cupy.cuda.Device(dev):
                 stream = cupy.cuda.Stream(non_blocking=True)
-                c, cu, call = varlen._packing_launch(dev, p, cfg.causal, cfg.deterministic, cfg.schedule,
-                                                     cfg.window, spin_timeout_ns, cu_host, vcfg.max_q, stream)
+                c, cu, call = varlen.packing_launch(dev, p, cfg.causal, cfg.deterministic, cfg.schedule,
+                                                    cfg.window, spin_timeout_ns, cu_host, vcfg.max_q, stream)
                 self.launches[dev] = c                   # None: no sequence sees a key, zero gradients, no kernel
                 if c is None:
                     continue
                 _jax._load(c.specs)
                 stream.synchronize()
-                self.cu[dev], self.records[dev] = cu, _jit_record(dev, call)
+                self.cu[dev], self.records[dev] = cu, jit_record(dev, call)
 
     def bind(self, dout, q, k, v, out, lse):
         from jax.experimental.buffer_callback import buffer_callback
         p = self.p
-        kv = jax.ShapeDtypeStruct((p.Sk, p.Hkv, p.D), api._NP_DTYPES[p.dtype])
-        types = (jax.ShapeDtypeStruct((p.Sq, p.H, p.D), api._NP_DTYPES[p.dtype]), kv, kv,
+        kv = jax.ShapeDtypeStruct((p.Sk, p.Hkv, p.D), api.NP_DTYPES[p.dtype])
+        types = (jax.ShapeDtypeStruct((p.Sq, p.H, p.D), api.NP_DTYPES[p.dtype]), kv, kv,
                  jax.ShapeDtypeStruct((self.work_bytes,), np.uint8))
         return buffer_callback(self, types, command_buffer_compatible=True)(dout, q, k, v, out, lse)[:3]
 

@@ -18,9 +18,9 @@ import numpy as np
 
 from .. import config
 from ..core import api, interop, varlen
-from ..core.varlen import _checked_cu_seqlens
+from ..core.varlen import checked_cu_seqlens
 from ..cuda import kernels, launchers
-from ..cuda.errors import _jit_record
+from ..cuda.errors import jit_record
 from . import ops as _jax
 from . import varlen as _static
 
@@ -87,14 +87,14 @@ class _Backward:
             with cupy.cuda.Device(dev):                  # the per-visit kernels, loaded before any execution
                 _jax._load(kernels.bwd_entry(dev, p.dtype, p.D, cfg.causal, cfg.deterministic, varlen=True,
                                              softcap=p.softcap > 0)[0])
-                self.records[dev] = _jit_record(dev, (cfg.schedule, dcfg.num_seqs, p.H, p.Sq, p.Sk, p.D, cfg.causal,
-                                                      cfg.window))
+                self.records[dev] = jit_record(dev, (cfg.schedule, dcfg.num_seqs, p.H, p.Sq, p.Sk, p.D, cfg.causal,
+                                                     cfg.window))
 
     def bind(self, dout, q, k, v, out, lse, cu_q, cu_k):
         from jax.experimental.buffer_callback import buffer_callback
         p = self.p
-        kv = jax.ShapeDtypeStruct((p.Sk, p.Hkv, p.D), api._NP_DTYPES[p.dtype])
-        types = (jax.ShapeDtypeStruct((p.Sq, p.H, p.D), api._NP_DTYPES[p.dtype]), kv, kv,
+        kv = jax.ShapeDtypeStruct((p.Sk, p.Hkv, p.D), api.NP_DTYPES[p.dtype])
+        types = (jax.ShapeDtypeStruct((p.Sq, p.H, p.D), api.NP_DTYPES[p.dtype]), kv, kv,
                  jax.ShapeDtypeStruct((self.work_bytes,), np.uint8))
         # NOTES: not command-buffer compatible: the callback reads the lengths back and may upload a table
         return buffer_callback(self, types, command_buffer_compatible=False)(dout, q, k, v, out, lse, cu_q,
@@ -111,7 +111,7 @@ class _Backward:
             hosts.append(host)
         stream.synchronize()
         p, d = self.p, self.dcfg
-        return _checked_cu_seqlens(*hosts, p.Sq, p.Sk, d.max_q, d.max_k)
+        return checked_cu_seqlens(*hosts, p.Sq, p.Sk, d.max_q, d.max_k)
 
     def __call__(self, ctx, outs, dout, q, k, v, out, lse, cu_q, cu_k):
         _jax.callback_runs["backward"] += 1
@@ -119,10 +119,10 @@ class _Backward:
         p, cfg = self.p, self.cfg
         import cupy
         with cupy.cuda.Device(dev):
-            stream = interop._external_stream(ctx.stream, dev)
+            stream = interop.external_stream(ctx.stream, dev)
             cu_host = self.lengths(cu_q, cu_k, stream)
-            c, cu_dev, _ = varlen._packing_launch(dev, p, cfg.causal, cfg.deterministic, cfg.schedule, cfg.window,
-                                                  self.spin, cu_host, self.dcfg.max_q, stream)   # the eager one
+            c, cu_dev, _ = varlen.packing_launch(dev, p, cfg.causal, cfg.deterministic, cfg.schedule, cfg.window,
+                                                 self.spin, cu_host, self.dcfg.max_q, stream)   # the eager one
             cu = None if c is None else (cu_dev[0].data.ptr, cu_dev[1].data.ptr)   # None: no key seen, zeros
             _static.launch_backward(c, self.records[dev], ctx, dev, outs, dout, q, k, v, out, lse, cu)
 
@@ -134,5 +134,5 @@ def attention_device_lengths(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, 
     if check_cu("cu_seqlens_k", cu_seqlens_k) != num_seqs:
         raise ValueError(f"cu_seqlens_k: expected {num_seqs + 1} entries (as cu_seqlens_q), got "
                          f"{cu_seqlens_k.shape[0]}")
-    varlen._check_max_within(max_q, max_k, q.shape[0], k.shape[0])
+    varlen.check_max_within(max_q, max_k, q.shape[0], k.shape[0])
     return attention_jit(q, k, v, cu_seqlens_q, cu_seqlens_k, _DynConfig(base, num_seqs, max_q, max_k))

@@ -133,10 +133,10 @@ def _problem(policy, seqlens_q, seqlens_k, block_m, block_n, heads, causal, num_
             heads, causal, per_visit._positive_int("num_sms", num_sms), group, per_visit.check_window(window, causal))
 
 
-_POLICY_NAMES = {code: name for name, code in _schedule.POLICY_CODES.items()}
+POLICY_NAMES = {code: name for name, code in _schedule.POLICY_CODES.items()}
 
 
-def _schedule_args(policy, problem) -> tuple:
+def schedule_args(policy, problem) -> tuple:
     """The arguments of varlen_pack.schedule_varlen (and the first ones of new_packing) for ``problem``
     (:func:`_problem`'s tuple: lengths int64, tiles, heads, causal, CTAs, group, checked window), with auto's
     constants (schedule.AUTO_*) as they are now."""
@@ -162,9 +162,9 @@ def build_varlen(policy: str = "auto", seqlens_q=None, seqlens_k=None, *, block_
     schedule.AUTO_CANDIDATES by the column model, as compact.column_model_choice does, and builds the records of
     its choice only (``plan.auto_dispatched``: the candidates it had to dispatch to choose)."""
     problem = _problem(policy, seqlens_q, seqlens_k, block_m, block_n, heads, causal, num_sms, group_size, window)
-    code, wins, shapes, built, dispatched = varlen_pack.schedule_varlen(*_schedule_args(policy, problem))
-    plan = VarlenSchedule(_POLICY_NAMES[code], problem[:8] + (wins,), built, shapes[0], shapes[2], shapes[3])
-    plan.auto_dispatched = tuple(_POLICY_NAMES[c] for c in dispatched)
+    code, wins, shapes, built, dispatched = varlen_pack.schedule_varlen(*schedule_args(policy, problem))
+    plan = VarlenSchedule(POLICY_NAMES[code], problem[:8] + (wins,), built, shapes[0], shapes[2], shapes[3])
+    plan.auto_dispatched = tuple(POLICY_NAMES[c] for c in dispatched)
     return plan
 
 

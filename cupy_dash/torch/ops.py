@@ -9,6 +9,7 @@ from torch import Tensor
 from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 
 from ..core import api
+from ..schedule import check_window
 
 __all__ = ["attention", "attention_forward", "attention_backward", "eager"]
 
@@ -36,12 +37,12 @@ def attention(q, k, v, causal=False, softmax_scale=None, schedule="auto", determ
 def checked_options(causal, softmax_scale, schedule, deterministic, window, softcap) -> tuple:
     """The arguments of :func:`attention` / ``attention_varlen`` checked as :mod:`cupy_dash.core.api` checks them, as
     :class:`_Eager`'s ``options``: (causal, softmax_scale, schedule, deterministic, (left, right), softcap)."""
-    api._check_schedule(schedule)
+    api.check_schedule(schedule)
     if softmax_scale is not None:
-        softmax_scale = api._check_scale(softmax_scale, None)
-    causal, deterministic = api._check_flag("causal", causal), api._check_flag("deterministic", deterministic)
-    window = api._check_window(window, causal)
-    return causal, softmax_scale, schedule, deterministic, window, api._check_softcap(softcap)
+        softmax_scale = api.check_scale(softmax_scale, None)
+    causal, deterministic = api.check_flag("causal", causal), api.check_flag("deterministic", deterministic)
+    window = check_window(window, causal)
+    return causal, softmax_scale, schedule, deterministic, window, api.check_softcap(softcap)
 
 
 def op_arguments(options) -> tuple:
@@ -102,7 +103,7 @@ class _Eager(torch.autograd.Function):
 
 
 # ------------------------------------------------------------------------------------------------------------
-# argument checks on metadata (fake / meta tensors): the checks of api._validate, without a data pointer
+# argument checks on metadata (fake / meta tensors): the checks of api.validate, without a data pointer
 # ------------------------------------------------------------------------------------------------------------
 _DTYPES = {torch.bfloat16: np.dtype(ml_dtypes.bfloat16), torch.float16: np.dtype(np.float16),
            torch.float32: np.dtype(np.float32)}
@@ -156,17 +157,17 @@ def _check_ranks(**tensors):
 def _check_meta(q, k, v, softmax_scale, schedule, causal, window, dout=None, out=None, lse=None, softcap=0.0):
     """The checks of the real op, as far as metadata allows: all of them when every size and stride is a plain
     int; with symbolic sizes (dynamic shapes) only the ranks (the real op checks the rest at run time)."""
-    api._check_schedule(schedule)
-    api._check_window(window, causal)
-    api._check_softcap(softcap)
+    api.check_schedule(schedule)
+    check_window(window, causal)
+    api.check_softcap(softcap)
     backward = dout is not None
     tensors = dict(q=q, k=k, v=v, do=dout, out=out, lse=lse) if backward else dict(q=q, k=k, v=v)
     if not _concrete(*tensors.values()):
         _check_ranks(**tensors)
         return
     views = {name: _Meta(t) for name, t in tensors.items()}
-    api._validate(views["q"], views["k"], views["v"], views.get("do"), views.get("out"), views.get("lse"),
-                  softmax_scale=softmax_scale, backward=backward)
+    api.validate(views["q"], views["k"], views["v"], views.get("do"), views.get("out"), views.get("lse"),
+                 softmax_scale=softmax_scale, backward=backward)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -196,7 +197,7 @@ attention_backward.__doc__ = """The op ``torch.ops.cupy_dash.attention_backward`
 
 def _attention_forward_impl(q, k, v, causal=False, softmax_scale=None, schedule="auto", deterministic=True,
                             window_left=-1, window_right=-1, softcap=0.0):
-    api._check_schedule(schedule)
+    api.check_schedule(schedule)
     return api.attention_forward(q, k, v, causal=causal, softmax_scale=softmax_scale,
                                  window=(window_left, window_right), softcap=softcap)
 

@@ -21,6 +21,7 @@ implementations give the output shapes for ``torch.compile``.
 import torch
 
 from ..core import api, varlen
+from ..schedule import check_window
 from .ops import _Eager, _check_dims, _lib, checked_options, eager, op_arguments
 
 __all__ = ["attention_varlen", "attention_forward_varlen", "attention_backward_varlen"]
@@ -63,7 +64,7 @@ attention_backward_varlen.__doc__ = """The op ``torch.ops.cupy_dash.attention_ba
 def _forward_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False,
                   softmax_scale=None, schedule="auto", deterministic=True, window_left=-1, window_right=-1,
                   softcap=0.0):
-    api._check_schedule(schedule)
+    api.check_schedule(schedule)
     return varlen.attention_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                            causal=causal, softmax_scale=softmax_scale,
                                            window=(window_left, window_right), softcap=softcap)
@@ -76,9 +77,9 @@ _lib.impl("attention_forward_varlen", _forward_impl, "CompositeExplicitAutograd"
 def _forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False,
                   softmax_scale=None, schedule="auto", deterministic=True, window_left=-1, window_right=-1,
                   softcap=0.0):
-    api._check_schedule(schedule)
-    api._check_window((window_left, window_right), causal)
-    api._check_softcap(softcap)
+    api.check_schedule(schedule)
+    check_window((window_left, window_right), causal)
+    api.check_softcap(softcap)
     _check_packed(q=q, k=k, v=v)
     total_q, H, D = q.shape
     return q.new_empty((total_q, H, D)), q.new_empty((H, total_q), dtype=torch.float32)
@@ -122,8 +123,8 @@ _lib.impl("attention_backward_varlen", _backward_impl, "CompositeExplicitAutogra
 def _backward_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False,
                    softmax_scale=None, schedule="auto", deterministic=True, window_left=-1, window_right=-1,
                    softcap=0.0):
-    api._check_schedule(schedule)
-    api._check_window((window_left, window_right), causal)
-    api._check_softcap(softcap)
+    api.check_schedule(schedule)
+    check_window((window_left, window_right), causal)
+    api.check_softcap(softcap)
     _check_packed(dout=dout, q=q, k=k, v=v, out=out, lse=lse)
     return q.new_empty(tuple(q.shape)), q.new_empty(tuple(k.shape)), q.new_empty(tuple(v.shape))

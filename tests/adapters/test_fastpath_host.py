@@ -28,7 +28,7 @@ def fixed(no_gpu, monkeypatch):
     specs = kernels.bwd_specs("bfloat16", 128, True, True)
     tile = kernels.bwd_tile(128)
     monkeypatch.setattr(kernels, "bwd_entry", lambda *a, **kw: (specs, tile.block_m, tile.block_n, 132))
-    monkeypatch.setattr(api, "_acquire_slot", varlen._acquire_slot)
+    monkeypatch.setattr(api, "acquire_slot", varlen.acquire_slot)
     monkeypatch.setattr(api, "_poll_errors", lambda: None)
     current = {"ptr": 0x77}
     monkeypatch.setattr(fastpath, "_ready_stream", lambda dev: types.SimpleNamespace(ptr=current["ptr"]))
@@ -106,7 +106,7 @@ def test_ready_stream_steps_aside_on_another_device_or_under_capture(monkeypatch
     monkeypatch.setattr(fastpath.cupy.cuda.runtime, "getDevice", lambda: state["device"])
     monkeypatch.setattr(fastpath.cupy.cuda.runtime, "streamIsCapturing", lambda ptr: state["capturing"])
     monkeypatch.setattr(interop, "_torch_stream_ptr", lambda dev: 0x500 + dev)
-    monkeypatch.setattr(interop, "_external_stream", lambda ptr, dev: types.SimpleNamespace(ptr=ptr, dev=dev))
+    monkeypatch.setattr(interop, "external_stream", lambda ptr, dev: types.SimpleNamespace(ptr=ptr, dev=dev))
     s = fastpath._ready_stream(0)
     assert (s.ptr, s.dev) == (0x500, 0)
     state["device"] = 1

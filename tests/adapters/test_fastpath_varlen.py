@@ -167,7 +167,7 @@ def test_a_repeated_forward_is_served_with_the_full_paths_block(no_gpu, monkeypa
     from cupy_dash.cuda import executor, jit
     launched, remembered = [], []
     monkeypatch.setattr(kernels, "launch", lambda spec, grid, params, stream, func=None: launched.append(
-        (kernels._grid(grid), params[0].copy())))
+        (kernels.grid_xyz(grid), params[0].copy())))
     monkeypatch.setattr(executor, "launch", lambda func, gx, gy, gz, bx, smem, stream, buf: launched.append(
         ((gx, gy, gz), np.frombuffer(bytes(buf), dtype=kernels.FWD_PARAMS_DTYPE)[0])))
     monkeypatch.setattr(jit, "load", lambda spec: types.SimpleNamespace(ptr=0xF00))

@@ -175,7 +175,7 @@ def no_gpu_work(monkeypatch):
         raise AssertionError("GPU work started before the error")
     # (interop.capturing runs first on every call: for CPU tensors it answers False without the GPU)
     for mod, name in ((interop, "caller_stream"), (interop, "to_cupy"), (kernels, "launch"),
-                      (kernels, "max_resident_ctas"), (api, "_acquire_slot"), (api, "_new")):
+                      (kernels, "max_resident_ctas"), (api, "acquire_slot"), (api, "_new")):
         monkeypatch.setattr(mod, name, boom)
 
 

@@ -25,7 +25,7 @@ SHAPES = [
 
 def _inputs(shape, seed):
     B, Sq, Sk, H, Hkv, D, causal, window, dtype = shape
-    np_dtype = np.float16 if dtype == "float16" else cupy_dash.core.api._NP_DTYPES["bfloat16"]
+    np_dtype = np.float16 if dtype == "float16" else cupy_dash.core.api.NP_DTYPES["bfloat16"]
     rng = np.random.default_rng(seed)
     q, do = (_dev(_randn(rng, (B, Sq, H, D), np_dtype)) for _ in range(2))
     k, v = (_dev(_randn(rng, (B, Sk, Hkv, D), np_dtype)) for _ in range(2))

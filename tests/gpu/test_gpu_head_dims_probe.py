@@ -33,7 +33,7 @@ def test_forward_matches_reference(head_dim, causal):
     p.dtype, p.scale, p.softcap, p.device_id = "bfloat16", head_dim ** -0.5, 0.0, q.device.id
     window = schedule.canonical_window((-1, 0) if causal else (-1, -1), Sq, Sk, causal)
     spec = kernels._spec("fwd", TILE, "bfloat16", head_dim, DASH_CAUSAL=causal)
-    operands = tuple((x.data.ptr, launchers._contiguous(x.shape)) for x in (q, k, v))
+    operands = tuple((x.data.ptr, launchers.bsh_strides(x.shape)) for x in (q, k, v))
     launchers.launch_forward(spec, TILE.block_m, TILE.block_n, p, window, operands, out.data.ptr, lse.data.ptr,
                              cupy.cuda.get_current_stream())
     cupy.cuda.get_current_stream().synchronize()

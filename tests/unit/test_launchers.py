@@ -157,7 +157,7 @@ def test_enqueue_backward_order_without_a_copy_or_event(window, monkeypatch):
 def test_enqueue_backward_releases_the_slot_when_a_launch_fails(monkeypatch):
     c = _backward_launch()
     released = []
-    monkeypatch.setattr(launchers, "_release_slot", released.append)
+    monkeypatch.setattr(launchers, "release_slot", released.append)
     monkeypatch.setattr(launchers, "_track", lambda *a: pytest.fail("a failed call must not be tracked"))
 
     def fail(*a):
@@ -213,7 +213,7 @@ def test_failed_error_slots_are_retired_not_reused(monkeypatch):
     """A folded backward relies on a zero record: a slot whose call failed, or never reported, is not freed."""
     from cupy_dash.cuda import errors
     released = []
-    monkeypatch.setattr(errors, "_release_slot", released.append)
+    monkeypatch.setattr(errors, "release_slot", released.append)
 
     def pending(host):
         slot = types.SimpleNamespace(host=np.array(host, dtype=np.int32))

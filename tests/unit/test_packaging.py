@@ -53,7 +53,7 @@ def build_inputs() -> set:
 
 def test_sdist_takes_everything_the_build_needs():
     needed = build_inputs()
-    assert "cupy_dash/schedule/_varlen_sched.pxd" in needed and "kernels_src/bwd_main.cu" in needed   # the check sees them
+    assert "cupy_dash/schedule/_varlen_sched.pxd" in needed and "kernels_src/bwd_main.cu" in needed   # seen
     missing = sorted(p for p in needed if not (ROOT / p).is_file())
     assert not missing, f"setup.py or a .pyx names files that do not exist: {missing}"
     left_out = sorted(needed - manifest())

@@ -66,7 +66,7 @@ def test_keep_alive_records_its_event_on_the_streams_device(monkeypatch, stream_
     monkeypatch.setattr(cupy.cuda, "Event", Event)
     monkeypatch.setattr(errors, "_pending", collections.deque())
     stream = _stream(stream_device)
-    errors._keep_alive(["tables"], stream)
+    errors.keep_alive(["tables"], stream)
     assert made == [(want, want, stream)] and devices.current == current
     assert errors._pending[0].keep == ["tables"]
 
@@ -103,7 +103,7 @@ def test_varlen_release_waits_for_the_device_of_a_stream_that_is_gone(monkeypatc
         if stream.ptr == 0x21:
             raise cupy.cuda.runtime.CUDARuntimeError(400)
         held.append((keep, stream.ptr))
-    monkeypatch.setattr(device_tables, "_keep_alive", keep_alive)
+    monkeypatch.setattr(device_tables, "keep_alive", keep_alive)
     monkeypatch.setattr(cupy.cuda.runtime, "deviceSynchronize", lambda: synced.append(devices.current))
     deferred = []
     streams = [_stream(1, 0x21), _stream(1, 0x22), _stream(0, 0x10)]
@@ -180,7 +180,7 @@ def test_error_records_are_per_device(monkeypatch):
     monkeypatch.setattr(cupy, "zeros", zeros)
     monkeypatch.setattr(cupy.cuda.runtime, "deviceSynchronize", lambda: None)
     monkeypatch.setattr(errors, "_slot_pools", {})
-    a = errors._jit_record(1, ("fa3", 1, 1, 128, 128, 64, False))
-    b = errors._jit_record(0, ("fa3", 1, 1, 128, 128, 64, False))
+    a = errors.jit_record(1, ("fa3", 1, 1, 128, 128, 64, False))
+    b = errors.jit_record(0, ("fa3", 1, 1, 128, 128, 64, False))
     assert blocks == [1, 0] and devices.current == 0 and a != b
     assert errors._slot_pools[1].graph.block.data.ptr == a and errors._slot_pools[0].graph.block.data.ptr == b

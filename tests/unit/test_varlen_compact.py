@@ -226,7 +226,7 @@ def test_new_packing_in_one_call_gives_the_builder_and_pack_bytes():
         plan = schedule.build_varlen(policy, sq, sk, **kw)
         hkv, g = kw["heads"] // kw["group_size"], kw["group_size"]
         want = varlen_pack.pack(plan.records, plan.cta_columns, plan.cta_col_start, plan.seg_col_start,
-                                 plan.n_first, plan.num_m_blocks, plan.seqlens_q, plan.seqlens_k, hkv, g, True)
+                                plan.n_first, plan.num_m_blocks, plan.seqlens_q, plan.seqlens_k, hkv, g, True)
         c, r = schedule.AUTO_COSTS
         got = varlen_pack.new_packing(
             -1 if policy == "auto" else codes[policy], np.asarray(sq, np.int64), np.asarray(sk, np.int64),
@@ -417,7 +417,7 @@ def test_uploads_record_events_only_for_other_streams(monkeypatch):
     """varlen_device.device: a new packing's upload is enqueued on the caller's stream, so it returns no event to
     wait for and records none; a hit on the same stream needs none either; the first hit on another stream gets
     an event recorded then on the uploading stream (every later one the same event). The new packings' pinned
-    blobs and evicted entries are handed to errors._keep_alive once per _DEFER_MISSES new packings, per stream
+    blobs and evicted entries are handed to errors.keep_alive once per _DEFER_MISSES new packings, per stream
     that holds some."""
     import types
     events, kept = [], []
@@ -429,7 +429,7 @@ def test_uploads_record_events_only_for_other_streams(monkeypatch):
         def record(self, stream=None):
             self.stream = stream
     monkeypatch.setattr(varlen_device.cupy.cuda, "Event", Event)
-    monkeypatch.setattr(device_tables, "_keep_alive", lambda keep, stream: kept.append((list(keep), stream)))
+    monkeypatch.setattr(device_tables, "keep_alive", lambda keep, stream: kept.append((list(keep), stream)))
     from device_fakes import install
     install(monkeypatch)
     d = types.SimpleNamespace()
@@ -466,7 +466,7 @@ def test_uploads_record_events_only_for_other_streams(monkeypatch):
 
 
 def test_cu_seqlens_check_in_one_pass_agrees_with_numpy():
-    """varlen_pack.checked_cu_seqlens (varlen._cu_seqlens_values' check) against the numpy statements it
+    """varlen_pack.checked_cu_seqlens (varlen.cu_seqlens_values' check) against the numpy statements it
     replaced, on random valid and broken host cu_seqlens."""
     from cupy_dash.schedule import varlen_pack
     rng = np.random.default_rng(8)

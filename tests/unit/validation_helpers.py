@@ -43,7 +43,7 @@ def gpu_work_log(monkeypatch):
                        (kernels, ("launch", "max_resident_ctas")),
                        (schedule, ("build",)),
                        (interop, ("to_cupy", "caller_stream")),
-                       (api, ("_acquire_slot",))):
+                       (api, ("acquire_slot",))):
         for name in names:
             monkeypatch.setattr(mod, name, sentinel(f"{mod.__name__}.{name}"))
     yield log
