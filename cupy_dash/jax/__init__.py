@@ -57,7 +57,7 @@ and error records (CuPy's pool, kept for the life of the process).
 """
 import jax as _jax_lib
 
-from ..core.varlen import check_max_seqlen
+from ..core.varlen import check_max_seqlen as _check_max_seqlen
 from . import ops, varlen, varlen_dyn
 from .ops import attention, attention_backward, attention_forward, callback_runs
 
@@ -72,7 +72,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     retraces); as JAX arrays: one program for every packing (:mod:`cupy_dash.jax.varlen_dyn`)."""
     base = ops._config(causal, softmax_scale, window=window, schedule=schedule, deterministic=deterministic,
                        softcap=softcap)
-    max_q, max_k = check_max_seqlen("max_seqlen_q", max_seqlen_q), check_max_seqlen("max_seqlen_k", max_seqlen_k)
+    max_q, max_k = _check_max_seqlen("max_seqlen_q", max_seqlen_q), _check_max_seqlen("max_seqlen_k", max_seqlen_k)
     traced = [isinstance(cu, _jax_lib.Array) for cu in (cu_seqlens_q, cu_seqlens_k)]
     if any(traced):
         if not all(traced):
