@@ -18,12 +18,16 @@ PKG = ROOT / "cupy_dash"
 
 
 def manifest() -> set:
-    """Paths (relative to ROOT, '/'-separated) that MANIFEST.in puts into the sdist."""
+    """Paths (relative to ROOT, '/'-separated) that MANIFEST.in puts into the sdist. Before the template, the sdist
+    holds what setuptools adds by default, the extensions' sources among them: by then cythonize has replaced each
+    .pyx by the C file it generated, so the template must take those out again."""
     files = FileList()
     files.allfiles = []
     for folder, subfolders, names in os.walk(ROOT):       # the tree, less what never ships (venvs, git, builds)
         subfolders[:] = [d for d in subfolders if d not in (".git", ".venv", "build", ".whl", "__pycache__")]
         files.allfiles += [Path(folder, name).relative_to(ROOT).as_posix() for name in names]
+    setup = runpy.run_path(str(ROOT / "setup.py"), run_name="not_main")
+    files.files = [str(Path(src).with_suffix(".c")) for ext in setup["EXTENSIONS"] for src in ext.sources]
     for line in (ROOT / "MANIFEST.in").read_text().splitlines():
         if line.strip() and not line.lstrip().startswith("#"):
             files.process_template_line(line)
