@@ -2,7 +2,7 @@
 # One device run on the H200: install, compile, GPU tests, demo, benchmarks; every log under $OUT.
 #   bash benchmarks/device_run.sh [smoke|fwd|tests|bench|integration|long|gqa|varlen_bench|long1m|varlen_step|
 #                                  fold|fold_bench|varlen_events|sanitize|ncu|engine|engine_bench|dq_stages|
-#                                  engine_ab|dq_writers|multi_gpu|first|first2|fa3_bench|fa3_full|final|tests2|all]
+#                                  engine_ab|dq_writers|multi_gpu|first|first2|fa3_bench|fa3_full|final|exp2|tests2|all]
 #                                  [extra pytest args...]
 # "engine": the backward kernel's GPU tests (every family: MHA, GQA, compact, varlen, fold, window, portable);
 # "engine_bench": the backward at the shapes, this tree against the kernels in .ab/kernels_src (an older
@@ -26,7 +26,7 @@ if [ -n "${FA3_WHL:-}" ]; then
   $py -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >"$OUT/fa3_install.log" 2>&1 && export PYTHONPATH=/tmp/site
 fi
 if [ "$stage" != ncu ] && [ "$stage" != engine_bench ] && [ "$stage" != engine_ab ] && [ "$stage" != dq_writers ] && [ "$stage" != first ] && \
-   [ "$stage" != first2 ] && [ "$stage" != fa3_bench ] && [ "$stage" != fa3_full ] && [ "$stage" != final ]; then
+   [ "$stage" != first2 ] && [ "$stage" != fa3_bench ] && [ "$stage" != fa3_full ] && [ "$stage" != final ] && [ "$stage" != exp2 ]; then
   $py -m cupy_dash compile --all -j 16 >/tmp/compile.log 2>&1 || { tail -20 /tmp/compile.log; exit 1; }
   tail -1 /tmp/compile.log
 fi
@@ -274,6 +274,21 @@ if [ "$stage" = final ]; then   # the capture fix and the transformers test re-r
     tests/gpu/test_gpu_gqa.py tests/gpu/test_gpu_jax_jit.py tests/gpu/test_gpu_forward.py -q -rf --maxfail=10 \
     -p no:cacheprovider
   (cd /tmp/first && tar czf "$OUT/final.tgz" *.log)
+fi
+if [ "$stage" = exp2 ]; then   # CUPY_DASH_EXP2_FMA (kernels_src/exp2_fma.cuh): its GPU tests, then the A/B by k
+  mkdir -p /tmp/e2
+  timeout 150 $py -m pytest tests/gpu/test_gpu_exp2_fma.py -q -rf -p no:cacheprovider 2>&1 | tee /tmp/e2/tests.log \
+    | tail -4
+  ab=(--hdims 64 128 --masks full causal --seqlens 4096 16384 --schedules auto --no-torch --no-fa3 --no-overhead
+      --no-compile --repeats 20 --warmup 3 --input-sets 1)
+  for cap in 0 50; do
+    for k in 0 2 4 8; do
+      CUPY_DASH_EXP2_FMA=$k timeout 60 $py benchmarks/bench.py "${ab[@]}" --softcap $cap \
+        --out /tmp/e2/exp2_k${k}_cap$cap.json >/tmp/e2/exp2_k${k}_cap$cap.log 2>&1
+      grep -E "^\| cupy_dash" /tmp/e2/exp2_k${k}_cap$cap.md | head -8 | sed "s/^/k=$k cap=$cap /"
+    done
+  done
+  (cd /tmp/e2 && tar czf "$OUT/exp2.tgz" *.json *.md *.log)
 fi
 if [ "$stage" = varlen_step ]; then   # a new packing's host cost per training step (decisions/table-forms.md)
   timeout 60 $py benchmarks/varlen_plan_cpu.py --packings 200 2>&1 | tee "$OUT/varlen_plan_cpu.txt"

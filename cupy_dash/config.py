@@ -108,6 +108,14 @@ def _one_or_two(name: str, default: int):
     return parse
 
 
+def _exp2_fma(s) -> int:
+    if s in (None, ""):
+        return 0
+    if s.isdigit() and int(s) <= 8:
+        return int(s)
+    raise ValueError(f"CUPY_DASH_EXP2_FMA: expected an integer from 0 to 8, got {s!r}")
+
+
 _DEFAULT_SPIN_TIMEOUT_MS = 10000.0
 
 
@@ -151,11 +159,14 @@ BWD_DQ_STAGES = Knob("CUPY_DASH_BWD_DQ_STAGES", "1 / 2 / unset",
 BWD_DQ_WRITERS = Knob("CUPY_DASH_BWD_DQ_WRITERS", "1 / 2 / unset",
     "dQ writer warps of the deterministic backward (default 2: visits alternate between them); read once per "
     "process", _one_or_two("CUPY_DASH_BWD_DQ_WRITERS", 2))
+EXP2_FMA = Knob("CUPY_DASH_EXP2_FMA", "0 to 8 / unset",
+    "experiment: of every 8 column groups of the softmax, how many take 2^x on the FMA pipe instead of the MUFU "
+    "unit (forward and backward main kernels; default 0); read once per process", _exp2_fma)
 XDG_CACHE_HOME = Knob("XDG_CACHE_HOME", "path / unset",
     "(the XDG standard's) base of the default kernel cache directory", _path)
 
 KNOBS = (SPIN_TIMEOUT_MS, FOLD, COMPACT_TABLES, VARLEN_EXPAND, FASTPATH, SYNC_ERRORS, JAX_FFI, CACHE_DIR,
-         JIT_VERBOSE, BWD_DQ_STAGES, BWD_DQ_WRITERS, XDG_CACHE_HOME)
+         JIT_VERBOSE, BWD_DQ_STAGES, BWD_DQ_WRITERS, EXP2_FMA, XDG_CACHE_HOME)
 # The knobs that decide what a backward launches (the spin timeout is in its parameter block).
 PLAN_KNOBS = (SPIN_TIMEOUT_MS, FOLD, COMPACT_TABLES, VARLEN_EXPAND)
 
