@@ -2,7 +2,8 @@
 tests, uploads and downloads (bf16 through ml_dtypes included), bitwise and finiteness checks, pool poisoning,
 inputs and float64 references cached per case, the repeat loop of the determinism tests, and the packed-batch
 lengths of the varlen tests. Shared by test_gpu_attention.py, test_gpu_compact.py, test_gpu_fold.py,
-test_gpu_gqa.py, test_gpu_window.py, test_gpu_varlen.py and test_gpu_varlen_bwd.py."""
+test_gpu_gqa.py, test_gpu_window.py, test_gpu_varlen.py, test_gpu_varlen_bwd.py, test_gpu_softcap.py and
+test_gpu_exp2_fma.py."""
 from __future__ import annotations
 
 import zlib
@@ -212,3 +213,66 @@ def _torch_from_host(a, device):
     if a.dtype == BF16:
         return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16).to(device)
     return torch.from_numpy(a).to(device)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Cases of the kernels' numerical variants (soft-capping, the FMA-pipe exp2): (dtype, head dim, causal, Sq, Sk, H,
+# Hkv, window, cap) with scores of several units, the float64 and low-precision references of both passes
+# ----------------------------------------------------------------------------------------------------------------
+def scaled_case_id(c) -> str:
+    dtype, d, causal, sq, sk, h, hkv, window, cap = c
+    text = f"{dtype}-d{d}-{'causal' if causal else 'full'}-sq{sq}-sk{sk}-h{h}-hkv{hkv}-cap{cap:g}"
+    return text + (f"-window{window[0]}_{window[1]}" if window != (-1, -1) else "")
+
+
+_SCALED = {}
+
+
+def scaled_case_data(c, mag: float) -> dict:
+    """Inputs (q, k scaled by ``mag`` so that the scores reach several units), kwargs, and the forward's and the
+    backward's float64 and low-precision references of case ``c``, cached."""
+    key = (scaled_case_id(c), mag)
+    if key not in _SCALED:
+        dtype, d, causal, sq, sk, h, hkv, window, cap = c
+        rng = np.random.default_rng(_seed(key[0]))
+        q = (mag * _randn(rng, (1, sq, h, d), np.float32)).astype(DTYPES[dtype])
+        k = (mag * _randn(rng, (1, sk, hkv, d), np.float32)).astype(DTYPES[dtype])
+        v, do = _randn(rng, (1, sk, hkv, d), DTYPES[dtype]), _randn(rng, (1, sq, h, d), DTYPES[dtype])
+        kw = dict(causal=causal, window=window, softcap=cap)
+        out, lse = reference.forward(q, k, v, **kw)
+        out_lowp, lse_lowp = reference.forward_lowp(q, k, v, **kw)
+        _SCALED[key] = dict(q=q, k=k, v=v, do=do, out=out, lse=lse, out_lowp=out_lowp, lse_lowp=lse_lowp, kw=kw,
+                            grads=reference.backward(do, q, k, v, out, lse, **kw),
+                            grads_lowp=reference.backward_lowp(do, q, k, v, out_lowp, lse_lowp, **kw))
+    return _SCALED[key]
+
+
+def assert_scaled_forward(data: dict, out, lse, cap: float) -> None:
+    """out under FA3's rule, lse -inf exactly where the reference's is, and within 1e-3 plus the cap's tanh error
+    elsewhere (NOTES: tanh.approx.f32's relative error is up to 2^-11, so a logit c * t is off by up to
+    c |t| 2^-11 <= c * 4.9e-4, and lse by as much)."""
+    out_h, lse_h = _host(out), _host(lse)
+    _assert_finite("out", out_h)
+    reference.assert_close_fa3("out", out_h, data["out"], data["out_lowp"])
+    seen = np.isfinite(data["lse"])
+    assert np.all(np.isfinite(lse_h) == seen), "lse must be -inf exactly on rows that see no key"
+    np.testing.assert_allclose(lse_h[seen], data["lse"][seen], rtol=0, atol=1e-3 + cap * 4.9e-4)
+
+
+def assert_scaled_grads(data: dict, grads) -> None:
+    """dq, dk, dv finite and under FA3's rule against the case's references."""
+    for name, g, ref, lowp in zip(("dq", "dk", "dv"), grads, data["grads"], data["grads_lowp"]):
+        g = _host(g)
+        _assert_finite(name, g)
+        reference.assert_close_fa3(name, g, ref, lowp)
+
+
+def assert_backward_repeats(inputs, kwargs: dict, repeats: int) -> None:
+    """The deterministic backward of ``inputs`` (do, q, k, v, out, lse) called ``repeats`` more times gives the
+    first call's bits every time."""
+    first = cupy_dash.attention_backward(*inputs, **kwargs)
+    for _ in range(repeats):
+        again = cupy_dash.attention_backward(*inputs, **kwargs)
+        for name, a, b in zip(("dq", "dk", "dv"), again, first):
+            _assert_same_bits(name, a, b)
+    cupy_dash.check_errors()

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import cupy_dash
-from cupy_dash import reference
-from gpu_helpers import DTYPES, _assert_finite, _assert_same_bits, _dev, _host, _poison_pool, _poison_size, _randn, _seed
+from gpu_helpers import (_dev, _host, _poison_pool, _poison_size, assert_backward_repeats,
+                         assert_scaled_forward, assert_scaled_grads, scaled_case_data, scaled_case_id)
 
 pytestmark = pytest.mark.gpu
 
@@ -28,29 +28,11 @@ MAG = 3.0       # scores of several units: the cap bends them, and the exponents
 
 
 def _id(c):
-    dtype, d, causal, sq, sk, h, hkv, window, cap = c
-    text = f"{dtype}-d{d}-{'causal' if causal else 'full'}-sq{sq}-sk{sk}-h{h}-hkv{hkv}-cap{cap:g}"
-    return text + (f"-window{window[0]}_{window[1]}" if window != (-1, -1) else "")
-
-
-_DATA = {}
+    return scaled_case_id(c)
 
 
 def _data(c):
-    key = _id(c)
-    if key not in _DATA:
-        dtype, d, causal, sq, sk, h, hkv, window, cap = c
-        rng = np.random.default_rng(_seed(key))
-        q = (MAG * _randn(rng, (1, sq, h, d), np.float32)).astype(DTYPES[dtype])
-        k = (MAG * _randn(rng, (1, sk, hkv, d), np.float32)).astype(DTYPES[dtype])
-        v, do = _randn(rng, (1, sk, hkv, d), DTYPES[dtype]), _randn(rng, (1, sq, h, d), DTYPES[dtype])
-        kw = dict(causal=causal, window=window, softcap=cap)
-        out, lse = reference.forward(q, k, v, **kw)
-        out_lowp, lse_lowp = reference.forward_lowp(q, k, v, **kw)
-        _DATA[key] = dict(q=q, k=k, v=v, do=do, out=out, lse=lse, out_lowp=out_lowp, kw=kw,
-                          grads=reference.backward(do, q, k, v, out, lse, **kw),
-                          grads_lowp=reference.backward_lowp(do, q, k, v, out_lowp, lse_lowp, **kw))
-    return _DATA[key]
+    return scaled_case_data(c, MAG)
 
 
 @pytest.mark.parametrize("fma", [4, 8])
@@ -62,24 +44,11 @@ def test_forward_and_backward_match_reference(c, fma, monkeypatch):
     monkeypatch.setenv("CUPY_DASH_EXP2_FMA", str(fma))
     _poison_pool(_poison_size(q, k, v))
     out, lse = cupy_dash.attention_forward(q, k, v, **data["kw"])
-    out_h, lse_h = _host(out), _host(lse)
-    _assert_finite("out", out_h)
-    reference.assert_close_fa3("out", out_h, data["out"], data["out_lowp"])
-    seen = np.isfinite(data["lse"])
-    assert np.all(np.isfinite(lse_h) == seen), "lse must be -inf exactly on rows that see no key"
-    np.testing.assert_allclose(lse_h[seen], data["lse"][seen], rtol=0, atol=1e-3 + c[-1] * 4.9e-4)
-    assert not np.array_equal(out_h.view(np.uint16), plain.view(np.uint16)), "the knob changed nothing"
+    assert_scaled_forward(data, out, lse, c[-1])
+    assert not np.array_equal(_host(out).view(np.uint16), plain.view(np.uint16)), "the knob changed nothing"
     for deterministic in (True, False):
         _poison_pool(_poison_size(do, q, k, v))
         grads = cupy_dash.attention_backward(do, q, k, v, out, lse, **data["kw"], deterministic=deterministic)
         cupy_dash.check_errors()
-        for name, g, ref, lowp in zip(("dq", "dk", "dv"), grads, data["grads"], data["grads_lowp"]):
-            g = _host(g)
-            _assert_finite(name, g)
-            reference.assert_close_fa3(name, g, ref, lowp)
-    first = cupy_dash.attention_backward(do, q, k, v, out, lse, **data["kw"])
-    for _ in range(5):
-        again = cupy_dash.attention_backward(do, q, k, v, out, lse, **data["kw"])
-        for name, a, b in zip(("dq", "dk", "dv"), again, first):
-            _assert_same_bits(name, a, b)
-    cupy_dash.check_errors()
+        assert_scaled_grads(data, grads)
+    assert_backward_repeats((do, q, k, v, out, lse), data["kw"], 5)

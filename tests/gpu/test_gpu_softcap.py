@@ -11,9 +11,9 @@ import pytest
 
 import cupy
 import cupy_dash
-from cupy_dash import reference
-from gpu_helpers import (ATOMIC, DTYPES, POLICIES, _assert_finite, _assert_same_bits, _dev, _host, _poison_pool,
-                         _poison_size, _randn, _schedule_kwargs, _seed)
+from gpu_helpers import (ATOMIC, DTYPES, POLICIES, _assert_same_bits, _dev, _host, _poison_pool,
+                         _poison_size, _randn, _schedule_kwargs, assert_backward_repeats, assert_scaled_forward, assert_scaled_grads,
+                         scaled_case_data, scaled_case_id)
 
 pytestmark = pytest.mark.gpu
 
@@ -31,33 +31,11 @@ MAG = 3.0       # q, k scaled so that scale * q.k reaches several units and the 
 
 
 def _id(c):
-    dtype, d, causal, sq, sk, h, hkv, window, cap = c
-    text = f"{dtype}-d{d}-{'causal' if causal else 'full'}-sq{sq}-sk{sk}-h{h}-hkv{hkv}-cap{cap:g}"
-    return text + (f"-window{window[0]}_{window[1]}" if window != (-1, -1) else "")
-
-
-_DATA = {}
+    return scaled_case_id(c)
 
 
 def _data(c):
-    """Inputs, the forward's float64 and low-precision references, and the backward's, cached per case."""
-    key = _id(c)
-    if key not in _DATA:
-        dtype, d, causal, sq, sk, h, hkv, window, cap = c
-        rng = np.random.default_rng(_seed(key))
-        np_dtype = DTYPES[dtype]
-        q = (MAG * _randn(rng, (1, sq, h, d), np.float32)).astype(np_dtype)
-        k = (MAG * _randn(rng, (1, sk, hkv, d), np.float32)).astype(np_dtype)
-        v = _randn(rng, (1, sk, hkv, d), np_dtype)
-        do = _randn(rng, (1, sq, h, d), np_dtype)
-        kw = dict(causal=causal, window=window, softcap=cap)
-        out, lse = reference.forward(q, k, v, **kw)
-        out_lowp, lse_lowp = reference.forward_lowp(q, k, v, **kw)
-        grads = reference.backward(do, q, k, v, out, lse, **kw)
-        grads_lowp = reference.backward_lowp(do, q, k, v, out_lowp, lse_lowp, **kw)
-        _DATA[key] = dict(q=q, k=k, v=v, do=do, out=out, lse=lse, out_lowp=out_lowp, lse_lowp=lse_lowp,
-                          grads=grads, grads_lowp=grads_lowp, kw=kw)
-    return _DATA[key]
+    return scaled_case_data(c, MAG)
 
 
 @pytest.mark.parametrize("c", CASES, ids=[_id(c) for c in CASES])
@@ -66,15 +44,7 @@ def test_forward_matches_reference(c):
     q, k, v = (_dev(data[n]) for n in ("q", "k", "v"))
     _poison_pool(_poison_size(q, k, v))
     out, lse = cupy_dash.attention_forward(q, k, v, **data["kw"])
-    out_h, lse_h = _host(out), _host(lse)
-    _assert_finite("out", out_h)
-    reference.assert_close_fa3("out", out_h, data["out"], data["out_lowp"])
-    seen = np.isfinite(data["lse"])
-    assert np.all(np.isfinite(lse_h) == seen), "lse must be -inf exactly on rows that see no key"
-    # NOTES: tanh.approx.f32 has a relative error up to 2^-11, so a logit c * t is off by up to c |t| 2^-11 <=
-    # c * 4.9e-4, and lse by as much (the plain kernels' 1e-3 plus that)
-    cap = c[-1]
-    np.testing.assert_allclose(lse_h[seen], data["lse"][seen], rtol=0, atol=1e-3 + cap * 4.9e-4)
+    assert_scaled_forward(data, out, lse, c[-1])
 
 
 @pytest.mark.parametrize("schedule", [*POLICIES, ATOMIC])
@@ -86,10 +56,7 @@ def test_backward_matches_reference(c, schedule):
     _poison_pool(_poison_size(do, q, k, v))
     grads = cupy_dash.attention_backward(do, q, k, v, out, lse, **data["kw"], **_schedule_kwargs(schedule))
     cupy_dash.check_errors()
-    for name, g, ref, lowp in zip(("dq", "dk", "dv"), grads, data["grads"], data["grads_lowp"]):
-        g = _host(g)
-        _assert_finite(name, g)
-        reference.assert_close_fa3(name, g, ref, lowp)
+    assert_scaled_grads(data, grads)
 
 
 @pytest.mark.parametrize("c", CASES[:2] + CASES[3:4], ids=[_id(c) for c in CASES[:2] + CASES[3:4]])
@@ -97,12 +64,7 @@ def test_deterministic_backward_repeats_its_bits(c):
     data = _data(c)
     q, k, v, do = (_dev(data[n]) for n in ("q", "k", "v", "do"))
     out, lse = cupy_dash.attention_forward(q, k, v, **data["kw"])
-    first = cupy_dash.attention_backward(do, q, k, v, out, lse, **data["kw"])
-    for _ in range(20):
-        again = cupy_dash.attention_backward(do, q, k, v, out, lse, **data["kw"])
-        for name, a, b in zip(("dq", "dk", "dv"), again, first):
-            _assert_same_bits(name, a, b)
-    cupy_dash.check_errors()
+    assert_backward_repeats((do, q, k, v, out, lse), data["kw"], 20)
 
 
 @pytest.mark.parametrize("d", [64, 128])
