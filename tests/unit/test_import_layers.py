@@ -46,8 +46,6 @@ LAYERS = [                                              # top first: (layer, its
 
 # (importer, imported): imports inside functions that close a cycle, each a late binding on purpose.
 FACADE_IMPORTS = {
-    # a torch new packing reuses varlen's checks and launch builder
-    ("cupy_dash.core.fastpath_varlen", "cupy_dash.core.varlen"),
     # the C handler is a mechanism picked per call, loaded on use
     ("cupy_dash.jax.ops", "cupy_dash.jax._ffi"),
 }
