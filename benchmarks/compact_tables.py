@@ -18,12 +18,12 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from cupy_dash import schedule  # noqa: E402
 from cupy_dash.cli import compact as cli_compact  # noqa: E402
-from cupy_dash.schedule import compact, per_visit  # noqa: E402
+from cupy_dash.schedule import auto, compact, per_visit  # noqa: E402
 
 
 def clear_caches():
     compact._build_compact.cache_clear()
-    per_visit._auto_choice.cache_clear()
+    auto._auto_choice.cache_clear()
     per_visit._build.cache_clear()
 
 

@@ -1,7 +1,7 @@
 """The Python of a torch varlen backward with a new packing (cupy_dash.core.fastpath_varlen's new-packing path), on any
 machine: torch tensors imitated and every GPU call replaced (the fakes of tests/fastpath_fakes.py), 300 / 500
 tokens in 4 sequences, a new cut per call. Prints the µs per call, the part spent in the host build
-(varlen._tables, timed as benchmarks/varlen_step.py times it) and the rest, then a cProfile by own time.
+(varlen_launch._tables, timed as benchmarks/varlen_step.py times it) and the rest, then a cProfile by own time.
 
     python -m pytest -q -s benchmarks/host_varlen_python.py
 """
@@ -51,7 +51,7 @@ def test_new_packing_host_python(no_gpu, monkeypatch):  # noqa: F811  (the fixtu
     packings = _packings(np.random.default_rng(0), 2200)
     for p in packings[:200]:
         run(p)
-    parts = _Parts()                             # varlen_step's timers: the build is varlen._tables
+    parts = _Parts()                             # varlen_step's timers: the build is varlen_launch._tables
     t0 = time.perf_counter_ns()
     for p in packings[200:1200]:
         run(p)

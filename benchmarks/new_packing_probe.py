@@ -10,8 +10,8 @@ in 16 sequences, 16 heads of 128, fp16, causal; median µs over --calls calls pe
 Conditions (each precedes the timed repeated call):
   plain      nothing
   h2d        a 64 KB copy from pinned memory to the device on the same stream (the upload's copy alone)
-  build      the host build of a new packing (varlen._tables: no upload)
-  upload     a new packing's build, upload and expansion launch (varlen.packing_launch), as a new-packing call
+  build      the host build of a new packing (varlen_launch._tables: no upload)
+  upload     a new packing's build, upload and expansion launch (varlen_launch.packing_launch), as a new-packing call
   new        (not a repeated call) the new-packing call itself, for reference (forwards run before the loop)
 
 Each row also gives the mean µs, per timed call, of the steps inside ``run_backward`` (wrapped while timed:
@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 import cupy_dash
-from cupy_dash.core import fastpath, fastpath_varlen, varlen
+from cupy_dash.core import fastpath, fastpath_varlen, varlen_launch
 from cupy_dash.cuda import errors, executor, launchers
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -69,7 +69,7 @@ def main(argv=None):
     for _ in range(3):
         bwd(cu0)
     torch.cuda.synchronize()
-    timer = _Parts()                     # also times varlen._tables and varlen_device.device (not printed)
+    timer = _Parts()                     # also times varlen_launch._tables and varlen_device.device (not printed)
     for mod, name, label in ((fastpath, "run_backward", "run_backward"),
                              (fastpath._torch, "empty_like", "empty_like x3"), (fastpath._torch, "empty", "empty"),
                              (errors, "poll_errors", "poll_errors"), (errors, "acquire_slot", "acquire slot"),
@@ -91,11 +91,11 @@ def main(argv=None):
 
     def build(cu):
         lens = np.diff(cu).astype(np.int64)
-        varlen._tables(dev, c0.p.dtype, D, True, True, "auto", lens, lens, H, H, c0.window)
+        varlen_launch._tables(dev, c0.p.dtype, D, True, True, "auto", lens, lens, H, H, c0.window)
 
     def upload(cu):
         m = int(np.diff(cu).max())
-        varlen.packing_launch(dev, c0.p, True, True, "auto", c0.window, c0.spin_timeout_ns, (cu, cu), m,
+        varlen_launch.packing_launch(dev, c0.p, True, True, "auto", c0.window, c0.spin_timeout_ns, (cu, cu), m,
                               base.stream)
 
     print(f"repeated varlen backward after part of a new packing's work, {TOKENS} tokens in {B} sequences, "

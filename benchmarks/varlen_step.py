@@ -13,7 +13,7 @@ expanded on the GPU from compact records (the default).
 ``--torch``: the tensors are torch tensors (the host fast path's new-packing plans, cupy_dash.core.fastpath_varlen,
 serve the calls after the first); without it CuPy arrays, which take the full path every call.
 
-Two more columns split a new packing's host cost: the median µs of the host build (``varlen._tables``: the
+Two more columns split a new packing's host cost: the median µs of the host build (``varlen_launch._tables``: the
 schedule, its records packed for the upload) and of the upload (``varlen_device.device``: the copy enqueued,
 for the GPU expansion also its kernel) of the new-packing calls.
 
@@ -50,9 +50,9 @@ def _packing(rng, b):
 def _fine_parts():
     """(module, attribute, label) of the steps of a new packing timed by ``--parts``."""
     import cupyx
-    from cupy_dash.core import fastpath, fastpath_varlen, varlen
+    from cupy_dash.core import fastpath, fastpath_varlen, varlen_launch
     from cupy_dash.cuda import device_tables, executor, kernels, varlen_device
-    return [(varlen, "checked_cu_seqlens", "check lengths"), (varlen_device, "plan", "plan (host build)"),
+    return [(varlen_launch, "checked_cu_seqlens", "check lengths"), (varlen_device, "plan", "plan (host build)"),
             (kernels, "bwd_entry", "bwd_entry"), (device_tables, "_upload", "_upload"),
             (cupyx, "empty_pinned", "empty_pinned"), (cupy.cuda, "alloc", "cupy.cuda.alloc"),
             (executor, "patched_block", "patched_block"), (executor, "launch", "cuLaunchKernel (expand)"),
@@ -63,15 +63,15 @@ def _fine_parts():
 
 
 class _Parts:
-    """Host ns of every call of the build (varlen._tables) and of the upload (varlen_device.device), and with
+    """Host ns of every call of the build (varlen_launch._tables) and of the upload (varlen_device.device), and with
     ``fine`` of each step of :func:`_fine_parts`, by wrapping them in their modules while the benchmark runs."""
 
     def __init__(self, fine=False):
-        from cupy_dash.core import varlen
+        from cupy_dash.core import varlen_launch
         from cupy_dash.cuda import varlen_device
         self.times = {"build": [], "upload": []}
         self._undo = []
-        self._wrap(varlen, "_tables", "build")
+        self._wrap(varlen_launch, "_tables", "build")
         self._wrap(varlen_device, "device", "upload")
         for mod, name, label in _fine_parts() if fine else ():
             self.times[label] = []

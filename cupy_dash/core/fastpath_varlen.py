@@ -27,7 +27,7 @@ import threading
 import numpy as np
 
 from .. import config
-from . import fastpath, interop, varlen_host_cu
+from . import fastpath, interop, varlen_host_cu, varlen_launch
 
 _MAX_PLANS = 8            # each holds its packing's device tables (up to a few MB)
 _plans: dict = {}
@@ -156,26 +156,25 @@ def backward(key_, do, q, k, v, out, lse, cu_q=None, cu_k=None):
 def _new_packing(key_, base, cu_q, cu_k):
     """The plan of a call whose tensors, flags and stream are those of the template ``base`` but whose lengths
     are new: the lengths checked as the full path checks them (ValueError before anything is enqueued), the
-    packing's launch made as the full path makes it (varlen.packing_launch), base's block with this packing's
+    packing's launch made as the full path makes it (varlen_launch.packing_launch), base's block with this packing's
     table, lengths and scratch layout (fastpath.rebased_plan; TMA maps reused: same tensors); kept under ``key_``
     for the packing's later calls. None where the full path must run (no visits, or a window that the new
     max_seqlen_q / max_seqlen_k make canonical otherwise than the template's)."""
     import cupy
-    from . import varlen
     from ..schedule import canonical_window
     c0, dev = base.c, base.device_index
     p = c0.p
     max_q, max_k, window, schedule = key_[7], key_[8], key_[11], key_[12]
-    max_q = varlen.check_max_seqlen("max_seqlen_q", max_q)
-    max_k = varlen.check_max_seqlen("max_seqlen_k", max_k)
-    varlen.check_max_within(max_q, max_k, p.Sq, p.Sk)
-    cu_host = varlen.checked_cu_seqlens(*(_host_lengths(cu, dev)[1] for cu in (cu_q, cu_k)), p.Sq, p.Sk, max_q,
-                                        max_k)
+    max_q = varlen_launch.check_max_seqlen("max_seqlen_q", max_q)
+    max_k = varlen_launch.check_max_seqlen("max_seqlen_k", max_k)
+    varlen_launch.check_max_within(max_q, max_k, p.Sq, p.Sk)
+    cu_host = varlen_launch.checked_cu_seqlens(*(_host_lengths(cu, dev)[1] for cu in (cu_q, cu_k)), p.Sq, p.Sk,
+                                               max_q, max_k)
     if canonical_window(window, max_q, max_k, c0.causal) != c0.window:
         return None
     with cupy.cuda.Device(dev):
-        c, cu_dev, call = varlen.packing_launch(dev, p, c0.causal, c0.deterministic, schedule, c0.window,
-                                                c0.spin_timeout_ns, cu_host, max_q, base.stream)
+        c, cu_dev, call = varlen_launch.packing_launch(dev, p, c0.causal, c0.deterministic, schedule, c0.window,
+                                                       c0.spin_timeout_ns, cu_host, max_q, base.stream)
         if c is None:                                  # no sequence sees a key: the full path writes zeros
             return None
         plan = fastpath.rebased_plan(base, c, call, (cu_dev[0].data.ptr, cu_dev[1].data.ptr))

@@ -24,23 +24,9 @@ from .. import config, gpu
 from .. import schedule as _schedule
 from ..cuda import kernels, launchers, varlen_device
 from ..cuda.errors import acquire_slot, check_errors, keep_alive, poll_errors as _poll_errors
-from ..schedule import compact_device, varlen_pack
 from . import api, fastpath_varlen, interop, varlen_host_cu
-
-
-def check_max_seqlen(name, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name}: expected an int >= 1, got {type(value).__name__} {value!r}")
-    if not 1 <= int(value) < 1 << 31:
-        raise ValueError(f"{name}: expected an int >= 1 (the longest sequence), got {value}")
-    return int(value)
-
-
-def check_max_within(max_q, max_k, total_q, total_k) -> None:
-    """max_seqlen_q / max_seqlen_k (checked ints) within the packed lengths ``total_q`` / ``total_k``."""
-    if max_q > total_q or max_k > total_k:
-        raise ValueError(f"max_seqlen_q / max_seqlen_k ({max_q}, {max_k}) exceed the packed lengths "
-                         f"({total_q}, {total_k})")
+from .varlen_launch import (_tables, check_max_seqlen, check_max_within, check_same_count, cu_seqlens_values,
+                            packing_launch)
 
 
 def _check_cu_seqlens(name, cu) -> tuple:
@@ -143,67 +129,6 @@ def attention_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, 
 # ------------------------------------------------------------------------------------------------------------
 # backward
 # ------------------------------------------------------------------------------------------------------------
-def _tables(dev, dtype, D, causal, deterministic, schedule, lens_q, lens_k, H, Hkv, window, softcap=False) -> tuple:
-    """(host tables, BwdKernels, block_m, block_n) of a varlen backward (``window`` canonical): the one place
-    that decides the table form, so that :func:`prepare_varlen_backward` finds what the backward will ask for.
-
-    NOTES: compact varlen tables: with CUPY_DASH_COMPACT_TABLES=1, or (unset) where the per-visit table would
-    exceed compact_device.AUTO_VISITS visits (long sequences), as for fixed lengths; below that they stay opt-in:
-    bitwise equal to the per-visit ones on the H200, but their kernel ran at 0.6-0.9x of the per-visit tables'
-    speed (docs/decisions/table-forms.md). The per-visit table is expanded on the GPU by default: the host
-    builds compact records (O(columns)) and kernels_src/bwd_expand.cu writes the per-visit rows for the per-visit
-    main kernel (the same bits and kernel speed, half the host time of a new packing: docs/decisions/table-forms.md);
-    CUPY_DASH_VARLEN_EXPAND=host expands on the host instead (varlen_schedule.expand, uploads 20 bytes per visit).
-    ``softcap``: soft-capped (no compact build: per-visit rows, expanded on the GPU where compact ones were asked
-    for; NotImplementedError where only compact ones fit)."""
-    form = compact_device.table_form(None, varlen=True, softcap=softcap)   # size rule: after the build (above)
-    above = compact_device.AUTO_VISITS if config.COMPACT_TABLES.get() is None or softcap else None
-    _, bm, bn, max_ctas = kernels.bwd_entry(dev, dtype, D, causal, deterministic, varlen=True, softcap=softcap)
-    tables = varlen_device.plan(schedule, lens_q, lens_k, bm, bn, H, Hkv, causal, max_ctas, window,
-                                {"compact": True, "expand": "expand", "visits": False}[form], above, pinned=True)
-    compact = tables.compact is not None and not tables.expand
-    if softcap and compact:
-        raise NotImplementedError(f"softcap: a varlen backward of {tables.num_visits} tile visits needs compact "
-                                  f"schedule tables (more than {compact_device.AUTO_VISITS}), which have no "
-                                  f"soft-capping build yet")
-    specs, _, _, compact_ctas = kernels.bwd_entry(dev, dtype, D, causal, deterministic, compact=compact, varlen=True,
-                                                  softcap=softcap)
-    if tables.num_ctas > compact_ctas:
-        raise RuntimeError(f"cupy_dash: the compact varlen kernel holds {compact_ctas} co-resident CTAs, fewer than "
-                           f"the {tables.num_ctas} of its table")
-    return tables, specs, bm, bn
-
-
-def packing_launch(dev, p, causal, deterministic, schedule, window, spin_timeout_ns, cu_host, max_q, stream):
-    """``(c, (cu_seqlens_q, cu_seqlens_k) on the device, call)`` of a varlen backward of the packed problem ``p``
-    (``window`` canonical) with checked host lengths ``cu_host`` (int32, :func:`checked_cu_seqlens`): its
-    launchers.BwdLaunch with the packing's table (built or cached, uploaded on ``stream``, which waits for it) and
-    the tuple naming the call in an error message; ``(None, None, None)`` when no sequence sees a key. The one
-    place that turns lengths into a launch: the full path, the torch fast path's new packings and the JAX
-    backward with traced lengths."""
-    num_seqs = len(cu_host[0]) - 1
-    lens_q, lens_k = (np.diff(c).astype(np.int64) for c in cu_host)
-    tables, specs, bm, bn = _tables(dev, p.dtype, p.D, causal, deterministic, schedule, lens_q, lens_k, p.H, p.Hkv,
-                                    window, p.softcap > 0)
-    if tables.num_visits == 0:
-        return None, None, None
-    c = launchers.BwdLaunch(specs, bm, bn, p, deterministic, spin_timeout_ns, causal, window,
-                            varlen=(num_seqs, max_q))
-    c.tables, cu_q_dev, cu_k_dev, uploaded = varlen_device.device(tables, num_seqs * p.H, dev, stream)
-    if uploaded is not None:
-        stream.wait_event(uploaded)
-    return c, (cu_q_dev, cu_k_dev), (c.tables.policy, num_seqs, p.H, p.Sq, p.Sk, p.D, causal, window)
-
-
-def checked_cu_seqlens(host_q, host_k, total_q, total_k, max_q, max_k) -> tuple:
-    """Host cu_seqlens (integer arrays) checked as the backward checks them (:func:`cu_seqlens_values`, the same
-    count): ``(cu_seqlens_q, cu_seqlens_k)`` int32. Raises ValueError naming the argument."""
-    checked = (cu_seqlens_values("cu_seqlens_q", host_q, total_q, "max_seqlen_q", max_q),
-               cu_seqlens_values("cu_seqlens_k", host_k, total_k, "max_seqlen_k", max_k))
-    check_same_count(*checked)
-    return checked
-
-
 def prepare_varlen_backward(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, num_heads, num_heads_kv,
                             head_dim, dtype="bfloat16", causal=False, window=(-1, -1), schedule="auto",
                             deterministic=True, device=0, stream=None, softcap=0.0) -> None:
@@ -269,25 +194,6 @@ def cu_seqlens_form(name, cu):
     if host.dtype.kind not in "iu":
         raise ValueError(f"{name}: expected integers, got dtype {host.dtype}")
     return None, host.astype(np.int64)
-
-
-def check_same_count(cu_q, cu_k) -> None:
-    if len(cu_q) != len(cu_k):
-        raise ValueError(f"cu_seqlens_k: expected {len(cu_q)} entries (as cu_seqlens_q), got {len(cu_k)}")
-
-
-def cu_seqlens_values(name, host, total, max_name, max_len) -> np.ndarray:
-    """``host`` checked (1-D, 0 = cu[0] <= ... <= cu[B] = total, no length above max_len) as int32."""
-    if host.ndim != 1 or host.shape[0] < 2:
-        raise ValueError(f"{name}: expected a 1-D array (B + 1,) with B >= 1, got shape {host.shape}")
-    code, longest, checked = varlen_pack.checked_cu_seqlens(np.ascontiguousarray(host, dtype=np.int64), total,
-                                                            max_len)
-    if code == 1:
-        raise ValueError(f"{name}: expected 0 = cu[0] <= cu[1] <= ... <= cu[B] = {total} (the packed length), got "
-                         f"{np.array2string(host, threshold=12)}")
-    if code == 2:
-        raise ValueError(f"{name}: a sequence of {longest} rows exceeds {max_name} ({max_len})")
-    return checked
 
 
 def _device_to_host(info, cu, stream) -> np.ndarray:

@@ -21,7 +21,6 @@ import cupyx
 import numpy as np
 
 from .. import schedule
-from ..schedule import compact as _compact
 from ..schedule import compact_device
 from .errors import keep_alive, stream_device
 
@@ -97,13 +96,13 @@ def fixed(compact_tables, policy, seqlen_q, seqlen_k, block_m, block_n, num_head
     """The tables of one fixed-length problem on one device (num_heads = B * H query heads, group_size = H // Hkv,
     window (left, right) in schedule.canonical_window form): per-visit :class:`DeviceTables` (host plans cached
     here by shape and window, LRU), or with ``compact_tables`` the compact_device.CompactDeviceTables of
-    :func:`cupy_dash.schedule.compact.build_compact`'s records (host plans cached there; ``"auto"`` is
+    :func:`cupy_dash.schedule.build_compact`'s records (host plans cached there; ``"auto"`` is
     compact_device.KERNEL_AUTO). Device tables are cached by ``(plan.key, device)`` (:func:`cached`, done: a miss
     synchronizes ``stream`` once; later calls may use them on any stream). ``capture``: as :func:`cached`."""
     args = dict(seqlen_q=seqlen_q, seqlen_k=seqlen_k, block_m=block_m, block_n=block_n, num_heads=num_heads,
                 causal=causal, num_sms=num_ctas, group_size=group_size, window=tuple(window))
     if compact_tables:
-        plan = _compact.build_compact(compact_device.auto_policy(True) if policy == "auto" else policy, **args)
+        plan = schedule.build_compact(compact_device.auto_policy(True) if policy == "auto" else policy, **args)
         return cached("compact", plan.key, device_id, stream, lambda stream, staging: (
             upload_compact(plan, device_id, stream, wait=True), None), done=True, capture=capture)[0]
     pkey = (policy, *args.values())

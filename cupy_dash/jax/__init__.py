@@ -57,7 +57,7 @@ and error records (CuPy's pool, kept for the life of the process).
 """
 import jax as _jax_lib
 
-from ..core.varlen import check_max_seqlen as _check_max_seqlen
+from ..core.varlen_launch import check_max_seqlen as _check_max_seqlen
 from . import ops, varlen, varlen_dyn
 from .ops import attention, attention_backward, attention_forward, callback_runs
 

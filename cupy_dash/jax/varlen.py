@@ -25,8 +25,9 @@ import numpy as np
 
 from .. import config
 from .. import schedule as _schedule
-from ..core import api, interop, varlen
-from ..core.varlen import check_same_count, cu_seqlens_form, cu_seqlens_values
+from ..core import api, interop, varlen_launch
+from ..core.varlen import cu_seqlens_form
+from ..core.varlen_launch import check_same_count, cu_seqlens_values
 from ..cuda import device_tables, kernels, launchers
 from ..cuda.errors import jit_record
 from . import ops as _jax
@@ -184,8 +185,8 @@ class _VarlenBackward:
         for dev in self.devices:
             with cupy.cuda.Device(dev):
                 stream = cupy.cuda.Stream(non_blocking=True)
-                c, cu, call = varlen.packing_launch(dev, p, cfg.causal, cfg.deterministic, cfg.schedule,
-                                                    cfg.window, spin_timeout_ns, cu_host, vcfg.max_q, stream)
+                c, cu, call = varlen_launch.packing_launch(dev, p, cfg.causal, cfg.deterministic, cfg.schedule,
+                                                           cfg.window, spin_timeout_ns, cu_host, vcfg.max_q, stream)
                 self.launches[dev] = c                   # None: no sequence sees a key, zero gradients, no kernel
                 if c is None:
                     continue

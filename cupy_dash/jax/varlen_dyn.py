@@ -17,8 +17,8 @@ import jax
 import numpy as np
 
 from .. import config
-from ..core import api, interop, varlen
-from ..core.varlen import checked_cu_seqlens
+from ..core import api, interop, varlen_launch
+from ..core.varlen_launch import checked_cu_seqlens
 from ..cuda import kernels, launchers
 from ..cuda.errors import jit_record
 from . import ops as _jax
@@ -121,8 +121,9 @@ class _Backward:
         with cupy.cuda.Device(dev):
             stream = interop.external_stream(ctx.stream, dev)
             cu_host = self.lengths(cu_q, cu_k, stream)
-            c, cu_dev, _ = varlen.packing_launch(dev, p, cfg.causal, cfg.deterministic, cfg.schedule, cfg.window,
-                                                 self.spin, cu_host, self.dcfg.max_q, stream)   # the eager one
+            c, cu_dev, _ = varlen_launch.packing_launch(dev, p, cfg.causal, cfg.deterministic, cfg.schedule,
+                                                        cfg.window, self.spin, cu_host, self.dcfg.max_q,
+                                                        stream)                          # the eager one
             cu = None if c is None else (cu_dev[0].data.ptr, cu_dev[1].data.ptr)   # None: no key seen, zeros
             _static.launch_backward(c, self.records[dev], ctx, dev, outs, dout, q, k, v, out, lse, cu)
 
@@ -134,5 +135,5 @@ def attention_device_lengths(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, 
     if check_cu("cu_seqlens_k", cu_seqlens_k) != num_seqs:
         raise ValueError(f"cu_seqlens_k: expected {num_seqs + 1} entries (as cu_seqlens_q), got "
                          f"{cu_seqlens_k.shape[0]}")
-    varlen.check_max_within(max_q, max_k, q.shape[0], k.shape[0])
+    varlen_launch.check_max_within(max_q, max_k, q.shape[0], k.shape[0])
     return attention_jit(q, k, v, cu_seqlens_q, cu_seqlens_k, _DynConfig(base, num_seqs, max_q, max_k))

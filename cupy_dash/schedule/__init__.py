@@ -92,11 +92,11 @@ policies on 16 shapes (d64, d128, full, causal, S = 1k..16k) with 0.13 rms log e
 DAG model at any r; neither model captures why the ``fa3`` policy is 1.2-1.6x slower than ``symmetric_shift``
 under a causal mask (both predict a tie; the measured per-visit timelines show long rank waits there).
 """
-from .compact import CompactSchedule, build_compact, expand
+from .auto import build, build_compact
+from .compact import CompactSchedule, expand
 from .per_visit import (AUTO_CANDIDATES, AUTO_COSTS, AUTO_FEW_GROUPED, AUTO_MAX_SIMULATED_VISITS, AUTO_TOLERANCE,
-                        AUTO_VISITS, MODELS, POLICIES, PORTABLE_POLICIES, ROW_BYTES, Schedule, build,
-                        canonical_window, check_plan, check_window, critical_path, lower_bound, simulate, timeline,
-                        unseen_keys)
+                        AUTO_VISITS, MODELS, POLICIES, PORTABLE_POLICIES, ROW_BYTES, Schedule, canonical_window,
+                        check_plan, check_window, critical_path, lower_bound, simulate, timeline, unseen_keys)
 from .portable import reduction_order, same_reduction_order
 from .varlen import VarlenSchedule, build_varlen
 

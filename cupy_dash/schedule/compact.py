@@ -52,7 +52,6 @@ causal, 64 x 128 tiles (the per-visit table: 20 bytes per visit, 672 MB).
 """
 from __future__ import annotations
 
-import copy
 import functools
 
 import numpy as np
@@ -215,19 +214,6 @@ class CompactSchedule(ColumnRecords):
                 f"{self.group_size}, causal={self.causal}, window={self.window}, num_sms={self.num_sms}: "
                 f"{self.num_columns} columns, {self.num_visits} visits on {self.num_ctas} CTAs, rank rule "
                 f"{RANK_RULES[self.rank_rule]!r}, {self.nbytes} bytes)")
-
-
-def build_compact(policy: str = "auto", *, seqlen_q: int, seqlen_k: int, block_m: int, block_n: int,
-                  num_heads: int, causal: bool, num_sms: int, group_size: int = 1, window=(-1, -1)):
-    """The compact records of :func:`schedule.build`'s table (same arguments, same checks), built in
-    O(columns). ``auto`` picks as :func:`schedule.build` does (``plan.auto_method`` says how)."""
-    args = per_visit._checked_args(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms,
-                                   group_size, window)
-    if policy == "auto":
-        plan = copy.copy(_build_compact(per_visit._auto_choice(*args), *args))
-        plan.auto_method = auto_method(*args)
-        return plan
-    return _build_compact(policy, *args)
 
 
 @functools.lru_cache(maxsize=64)

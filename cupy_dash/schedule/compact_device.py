@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import config
-from . import compact, per_visit
+from . import auto, compact, per_visit
 
 ENV = config.COMPACT_TABLES.name
 AUTO_VISITS = per_visit.AUTO_VISITS
@@ -64,7 +64,7 @@ def auto_policy(compact_tables: bool, *problem) -> str:
     """What ``auto`` runs in each form of the backward's tables, the one place that decides it: compact tables take
     KERNEL_AUTO (the fastest closed-form rank rule: module docstring); per-visit tables take schedule.build's
     choice for ``problem`` (per_visit._checked_args's tuple, not needed for compact tables)."""
-    return KERNEL_AUTO if compact_tables else per_visit._auto_choice(*problem)
+    return KERNEL_AUTO if compact_tables else auto._auto_choice(*problem)
 
 
 def backward_auto(*problem) -> tuple:

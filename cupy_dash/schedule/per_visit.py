@@ -1,7 +1,8 @@
-"""Per-visit schedule tables: the problem's argument checks and sliding windows, the builder of every policy and
-``auto``'s choice, the two models (``simulate``, ``timeline``, ``lower_bound``) and the check of a table before its
-upload. The policies, the models and their calibration are described in :mod:`cupy_dash.schedule`, which
-re-exports the public names of this module.
+"""Per-visit schedule tables: the problem's argument checks and sliding windows, the builder of every concrete
+policy, the two models (``simulate``, ``timeline``, ``lower_bound``) and the check of a table before its upload.
+``auto`` and the public builders sit above this module and :mod:`cupy_dash.schedule.compact`, in
+:mod:`cupy_dash.schedule.auto`. The policies, the models and their calibration are described in
+:mod:`cupy_dash.schedule`, which re-exports the public names of this module.
 """
 from __future__ import annotations
 
@@ -164,27 +165,6 @@ def unseen_keys(seqlen_q: int, seqlen_k: int, causal: bool, window) -> int:
     return max(0, seqlen_k - seqlen_q - left) if left >= 0 else 0
 
 
-def build(policy: str = "auto", *, seqlen_q: int, seqlen_k: int, block_m: int, block_n: int, num_heads: int,
-          causal: bool, num_sms: int, group_size: int = 1, window=(-1, -1)) -> Schedule:
-    """Build (or fetch from the cache) the schedule table of ``policy`` for one problem.
-
-    num_heads is the number of (batch, query head) pairs, B * H; group_size the number of query heads that share
-    one KV head, H // Hkv (1 for MHA, H for MQA; it must divide num_heads); num_sms the number of persistent CTAs
-    that run concurrently (any value >= 1; the table uses min(num_sms, number of work units) CTAs); window the
-    sliding window (left, right), -1 unbounded (stored in :func:`canonical_window` form as ``plan.window``).
-
-    A table above ``AUTO_VISITS`` (2^24) visits, where the backward switches to compact tables,
-    raises ValueError saying how big it would be, before allocating anything (unless CUPY_DASH_COMPACT_TABLES=0):
-    :func:`build_compact` builds the same schedule as per-column records, in O(columns).
-    """
-    args = _checked_args(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms, group_size,
-                         window)
-    _check_table_size(policy, *args)
-    if policy == "auto":
-        return _build_auto(*args)
-    return _build(policy, *args)
-
-
 def _checked_args(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms, group_size, window):
     """build()'s argument checks; the problem as a tuple of plain ints, a bool and the canonical window."""
     if policy not in POLICIES:
@@ -197,40 +177,6 @@ def _checked_args(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causa
             heads, causal, _positive_int("num_sms", num_sms), group, canonical_window(window, sq, sk, causal))
 
 
-def _check_table_size(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms, group_size,
-                      window):
-    """ValueError if the per-visit table of this problem (build()'s checked arguments) would hold more than
-    AUTO_VISITS visits, the size above which the backward uses compact tables, unless
-    CUPY_DASH_COMPACT_TABLES=0 asks for per-visit tables of any size (as it does of the backward). The visits are
-    counted in O(KV tiles), or bounded below in O(1) by one per head and visible KV tile where that bound already
-    exceeds the limit (2^40 tokens: no count over 2^33 KV tiles)."""
-    from .. import config
-    from . import compact
-    limit = AUTO_VISITS
-    num_n_blocks = -(-seqlen_k // block_n)
-    if num_heads * -(-seqlen_q // block_m) * num_n_blocks <= limit or config.COMPACT_TABLES.get() is False:
-        return
-    columns = num_n_blocks - unseen_keys(seqlen_q, seqlen_k, causal, window) // block_n    # visible KV tiles
-    if num_heads * columns > limit:
-        visits, about = num_heads * columns, "at least "
-    else:
-        visits, about = compact.num_visits(seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, window), ""
-    if visits <= limit:
-        return
-    mask = "causal" if causal else "full"
-    what = (f"schedule.build({policy!r}, seqlen_q={seqlen_q}, seqlen_k={seqlen_k}, block_m={block_m}, "
-            f"block_n={block_n}, num_heads={num_heads}, {mask} mask): the per-visit table would hold {about}{visits} "
-            f"visits ({about}{visits * ROW_BYTES / 1e9:.3g} GB at {ROW_BYTES} bytes a visit), above the {limit} "
-            f"visits where the backward switches to compact tables")
-    tiles = max(-(-seqlen_q // block_m), num_n_blocks)
-    if tiles >= 1 << 31:
-        raise ValueError(f"{what}; no table holds this problem: schedule.build_compact's records number Q and KV "
-                         f"tiles with int32, and it has {tiles} tiles on one side")
-    raise ValueError(f"{what}. Use schedule.build_compact(...) with the same arguments: the same schedule as one "
-                     f"record per KV column ({num_heads // group_size * columns} columns), in O(columns) time and "
-                     f"memory (CUPY_DASH_COMPACT_TABLES=0 lets build make per-visit tables of any size)")
-
-
 @functools.lru_cache(maxsize=64)
 def _build(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms, group_size=1,
            window=(-1, -1)):
@@ -238,28 +184,6 @@ def _build(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_
                                                     block_n, num_heads, causal, num_sms, group_size, *window)
     return Schedule(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms,
                     visits, rank, cta_start, group_size, window)
-
-
-@functools.lru_cache(maxsize=64)
-def _auto_choice(seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms, group_size=1,
-                 window=(-1, -1)):
-    from . import compact
-    args = (seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms, group_size, window)
-    if group_size > 1 and len(compact._build_compact("descending", *args).records) <= AUTO_FEW_GROUPED * num_sms:
-        return "descending"
-    if compact.auto_method(*args) == "column model":
-        return compact.column_model_choice(*args)
-    times = {}
-    for candidate in AUTO_CANDIDATES:
-        plan = _build(candidate, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms, group_size,
-                      window)
-        times[candidate] = simulate(plan, *AUTO_COSTS, model="engine")
-    best = min(times.values())
-    return next(p for p in AUTO_CANDIDATES if times[p] <= best * (1 + AUTO_TOLERANCE))
-
-
-def _build_auto(*args):
-    return _build(_auto_choice(*args), *args)
 
 
 _PER_VISIT = ("visits", "rank", "cta_start", "num_heads", "num_m_blocks", "column_ranges|column_starts")

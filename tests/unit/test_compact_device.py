@@ -118,7 +118,7 @@ CASES = [  # (seqlen_q, seqlen_k, block_m, block_n, heads, g, causal, window, ct
 def test_kernel_view_of_uploaded_records_equals_expand(policy, case):
     sq, sk, bm, bn, h, g, causal, window, ctas = case
     window = schedule.canonical_window(window, sq, sk, causal)
-    plan = compact.build_compact(policy, seqlen_q=sq, seqlen_k=sk, block_m=bm, block_n=bn, num_heads=h,
+    plan = schedule.build_compact(policy, seqlen_q=sq, seqlen_k=sk, block_m=bm, block_n=bn, num_heads=h,
                                  causal=causal, num_sms=ctas, group_size=g, window=window)
     arr = compact_device.device_arrays(plan)
     assert arr["col_records"].dtype == np.int32 and arr["col_records"].flags.c_contiguous
@@ -203,7 +203,7 @@ def test_compact_tables_by_size(S, heads, causal, big, monkeypatch):
 
 
 def test_device_arrays_rejects_bad_records():
-    plan = compact.build_compact("fa3", seqlen_q=256, seqlen_k=256, block_m=64, block_n=128, num_heads=2,
+    plan = schedule.build_compact("fa3", seqlen_q=256, seqlen_k=256, block_m=64, block_n=128, num_heads=2,
                                  causal=True, num_sms=2)
     bad = types.SimpleNamespace(**{k: getattr(plan, k) for k in ("cta_columns", "cta_col_start", "n_first",
                                                                  "columns_per_head", "tie_sign", "rank_rule")},
@@ -219,12 +219,12 @@ def test_compact_backward_runs_auto_as_kernel_auto(monkeypatch):
     from cupy_dash.cuda import device_tables
     from device_fakes import install
     seen = []
-    real = compact.build_compact
+    real = schedule.build_compact
 
     def build(policy, **kw):
         seen.append(policy)
         return real(policy, **kw)
-    monkeypatch.setattr(compact, "build_compact", build)
+    monkeypatch.setattr(schedule, "build_compact", build)
     monkeypatch.setattr(device_tables, "upload_compact",
                         lambda plan, dev, stream, wait=False: types.SimpleNamespace(policy=plan.policy))
     monkeypatch.setitem(device_tables._caches, "compact", collections.OrderedDict())

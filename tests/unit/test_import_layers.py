@@ -46,11 +46,6 @@ LAYERS = [                                              # top first: (layer, its
 
 # (importer, imported): imports inside functions that close a cycle, each a late binding on purpose.
 FACADE_IMPORTS = {
-    # auto's choice and the per-visit table's size check use the column model of the compact records, which are
-    # built from the per-visit module's argument checks and models
-    ("cupy_dash.schedule.per_visit", "cupy_dash.schedule.compact"),
-    # a torch new packing reuses varlen's checks and launch builder
-    ("cupy_dash.core.fastpath_varlen", "cupy_dash.core.varlen"),
     # the C handler is a mechanism picked per call, loaded on use
     ("cupy_dash.jax.ops", "cupy_dash.jax._ffi"),
 }
@@ -238,7 +233,7 @@ def test_the_graph_sees_every_kind_of_import():
     assert {"cupy_dash", "cupy_dash.core.api", "cupy_dash.schedule", "cupy_dash.schedule._heap"} <= set(_modules())
     assert "cupy_dash.schedule._schedule" in _imports("cupy_dash.schedule.per_visit")[0]
     assert "cupy_dash.schedule._heap" in _imports("cupy_dash.schedule._schedule")[0]
-    assert "cupy_dash.schedule.compact" in _imports("cupy_dash.schedule.per_visit")[1]
+    assert "cupy_dash.config" in _imports("cupy_dash.schedule.auto")[1]
     assert "cupy_dash.cli.schedule" in _imports("cupy_dash.__main__")[1]
     assert "cupy_dash.schedule" in _imports("cupy_dash.cuda.device_tables")[0]           # the package, on the way
     assert "cupy_dash.core.api" in _imports("cupy_dash.torch.ops")[0]

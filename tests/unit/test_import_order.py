@@ -29,8 +29,8 @@ def run(args, cwd, **kw):
     return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=300, **kw)
 
 
-@pytest.mark.parametrize("module", ["schedule.compact", "schedule.varlen", "schedule", "schedule.compact_device",
-                                    "varlen_schedule", "cli.schedule"])
+@pytest.mark.parametrize("module", ["schedule.compact", "schedule.auto", "schedule.varlen", "schedule",
+                                    "schedule.compact_device", "varlen_schedule", "cli.schedule"])
 def test_each_schedule_module_imports_first_without_the_package_init(module):
     """What the shadowed run did: the package's __init__ never runs, ``module`` is the first one imported."""
     code = f"""
@@ -53,13 +53,13 @@ def test_each_schedule_module_imports_first_without_the_package_init(module):
 
 def test_schedule_names_of_the_compact_and_varlen_modules():
     from cupy_dash import schedule, varlen_schedule
-    from cupy_dash.schedule import compact, per_visit, varlen
+    from cupy_dash.schedule import auto, compact, per_visit, varlen
     assert schedule.CompactSchedule is compact.CompactSchedule and schedule.expand is compact.expand
-    assert schedule.build_compact is compact.build_compact
+    assert schedule.build_compact is auto.build_compact
     assert schedule.VarlenSchedule is varlen.VarlenSchedule is varlen_schedule.VarlenSchedule
     assert schedule.build_varlen is varlen.build_varlen is varlen_schedule.build_varlen
     assert varlen_schedule.expand is varlen.expand and varlen_schedule.RANK_ASC_N == varlen.RANK_ASC_N
-    assert schedule.build is per_visit.build and schedule.Schedule is per_visit.Schedule
+    assert schedule.build is auto.build and schedule.Schedule is per_visit.Schedule
     assert set(schedule.__all__) <= set(dir(schedule))
     assert {"CompactSchedule", "build_compact", "expand", "VarlenSchedule", "build_varlen"} <= set(dir(schedule))
     with pytest.raises(AttributeError, match="no attribute 'nope'"):

@@ -11,7 +11,7 @@ import pytest
 
 from cupy_dash import schedule
 from cupy_dash.cli import compact as cli_compact, schedule as cli_schedule
-from cupy_dash.schedule import _compact, _schedule, compact, per_visit
+from cupy_dash.schedule import _compact, _schedule, auto, compact, per_visit
 
 POLICIES = ("fa3", "descending", "shift", "symmetric_shift")
 LENGTHS = [(1, 1), (17, 1000), (1000, 17), (777, 777), (2047, 1500), (300, 1000)]
@@ -294,14 +294,14 @@ def test_column_model_choice_is_close_to_the_simulated_best(monkeypatch, shape):
     seqlen, block_m, heads, causal, g = shape
     kw = kwargs(seqlen, seqlen, block_m, 128, heads, g, causal, 132, (-1, -1))
     monkeypatch.setattr(per_visit, "AUTO_MAX_SIMULATED_VISITS", 0)
-    per_visit._auto_choice.cache_clear()
+    auto._auto_choice.cache_clear()
     try:
         cplan = schedule.build_compact("auto", **kw)
         assert cplan.auto_method == "column model" and cplan.column_model_applies
         times = {p: schedule.simulate(schedule.build(p, **kw), *schedule.AUTO_COSTS, model="engine")
                  for p in POLICIES}
     finally:
-        per_visit._auto_choice.cache_clear()
+        auto._auto_choice.cache_clear()
         per_visit._build.cache_clear()
     assert times[cplan.policy] <= min(times.values()) * 1.03, times
 

@@ -276,12 +276,12 @@ def test_cli_takes_a_group_size(capsys):
 def test_auto_takes_descending_for_few_grouped_columns(seqlen, batch, group, causal, want):
     """The measured override: grouped columns with at most AUTO_FEW_GROUPED per CTA go to descending; otherwise
     the engine model decides (want None: whatever it picks, the same as without the override)."""
-    from cupy_dash.schedule import compact, per_visit
+    from cupy_dash.schedule import auto, compact
     args = (seqlen, seqlen, 64, 128, batch * 16, causal, 132, group, (-1, -1))
     columns = len(compact._build_compact("descending", *args).records)
     few = group > 1 and columns <= schedule.AUTO_FEW_GROUPED * 132
     assert few == (want is not None)
-    choice = per_visit._auto_choice(*args)
+    choice = auto._auto_choice(*args)
     if want is not None:
         assert choice == want
     plan = schedule.build("auto", seqlen_q=seqlen, seqlen_k=seqlen, block_m=64, block_n=128, num_heads=batch * 16,
