@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
+import math
 import os
 import platform
 import shlex
@@ -257,7 +258,9 @@ def build_parser(prog=None):
     p.add_argument("--input-sets", type=int, default=2, help="input sets rotated between calls (default 2)")
     p.add_argument("--flush-l2", action="store_true", help="also write a 256 MiB buffer before every timed call")
     p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
-    p.add_argument("--tokens", type=int, default=TOKENS, help="B*S (default 16384)")
+    p.add_argument("--tokens", type=int, default=None,
+                   help="B*S (default: 16384, or the largest multiple of every --seqlens below it, e.g. 15360 for "
+                   "1280 3840 15360)")
     p.add_argument("--hidden", type=int, default=HIDDEN, help="H*D (default 2048)")
     p.add_argument("--quick", action="store_true",
                    help="about 2 minutes: S in {1024, 4096}, head dim 128, both masks, 20 repeats")
@@ -275,6 +278,13 @@ def build_parser(prog=None):
                    help="output directory (bench_<time>.json/.md inside) or a .json/.md file path "
                    "(default benchmarks/results/)")
     return p
+
+
+def default_tokens(seqlens) -> int:
+    """TOKENS, or the largest multiple of every sequence length not above it (at least the least common multiple,
+    so that every length divides the batch): 15360 for 1280 / 3840 / 15360."""
+    lcm = math.lcm(*seqlens)
+    return TOKENS if TOKENS % lcm == 0 else max(lcm, TOKENS // lcm * lcm)
 
 
 def parse_args(argv=None, prog=None):
@@ -302,6 +312,10 @@ def parse_args(argv=None, prog=None):
         raise SystemExit("--repeats must be >= 1")
     if opts["repeats"] < 20:
         _log(f"note: --repeats {opts['repeats']} is below the 20 the measuring rules ask for")
+    if opts["tokens"] is None:
+        opts["tokens"] = default_tokens(opts["seqlens"])
+        if opts["tokens"] != TOKENS:
+            _log(f"note: {opts['tokens']} tokens per batch, the largest multiple of every --seqlens up to {TOKENS}")
     for s in opts["seqlens"]:
         if opts["tokens"] % s:
             raise SystemExit(f"--seqlens: {s} does not divide the {opts['tokens']} tokens per batch")

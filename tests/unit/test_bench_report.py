@@ -64,7 +64,10 @@ def test_parse_args_defaults_and_errors():
     assert opts["seqlens"] == (1024, 4096) and opts["hdims"] == (128,) and not opts["fa3"] and opts["torch"]
     assert opts["schedules"] == SCHEDULES + ("atomic",)
     with pytest.raises(SystemExit):
-        bench.parse_args(["--seqlens", "1000"])          # does not divide 16384 tokens
+        bench.parse_args(["--seqlens", "1000", "--tokens", "16384"])          # does not divide 16384 tokens
+    assert bench.parse_args(["--seqlens", "1280", "3840", "15360"])["tokens"] == 15360
+    assert bench.parse_args(["--seqlens", "1024", "4096"])["tokens"] == 16384
+    assert bench.parse_args(["--seqlens", "32768"])["tokens"] == 32768
     with pytest.raises(SystemExit):
         bench.parse_args(["--schedules", "random"])
     assert bench.parse_args(["--group", "8"])["group"] == 8 and bench.parse_args([])["group"] == 1
