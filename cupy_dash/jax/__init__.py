@@ -59,7 +59,8 @@ import jax as _jax_lib
 
 from ..core.varlen_launch import check_max_seqlen as _check_max_seqlen
 from . import ops, varlen, varlen_dyn
-from .ops import attention, attention_backward, attention_forward, callback_runs
+from .callbacks import callback_runs
+from .ops import attention, attention_backward, attention_forward
 
 __all__ = ["attention", "attention_forward", "attention_backward", "attention_varlen", "callback_runs"]
 

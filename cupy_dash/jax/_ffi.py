@@ -25,7 +25,7 @@ import threading
 import numpy as np
 
 from ..cuda import jit, launchers
-from . import ops as _jax
+from . import callbacks
 
 TARGET = "cupy_dash_launch"
 PLAN_MAGIC = 0x48534144                  # xla_ffi.h DASH_PLAN_MAGIC
@@ -113,7 +113,7 @@ def _slots_attr(slots: dict) -> np.ndarray:
     return out
 
 
-class _Forward(_jax._Forward):
+class _Forward(callbacks._Forward):
     """A traced forward launched by the C handler: buffers q, k, v (arguments), out, lse (results)."""
     names = ("q", "k", "v", "out", "lse")
 
@@ -142,7 +142,7 @@ class _Forward(_jax._Forward):
         return jax.ffi.ffi_call(TARGET, self.types())(q, k, v, slots=self.slots)
 
 
-class _Backward(_jax._Backward):
+class _Backward(callbacks._Backward):
     """A traced backward launched by the C handler: buffers dout, q, k, v, out, lse (arguments), dq, dk, dv and
     the workspace (results)."""
     names = ("dout", "q", "k", "v", "out", "lse", "dq", "dk", "dv", "work")

@@ -30,6 +30,7 @@ from ..core.varlen import cu_seqlens_form
 from ..core.varlen_launch import check_same_count, cu_seqlens_values
 from ..cuda import device_tables, kernels, launchers
 from ..cuda.errors import jit_record
+from . import callbacks
 from . import ops as _jax
 
 __all__ = ["attention_host_lengths"]
@@ -90,7 +91,7 @@ def _forward(vcfg, q, k, v):
     p, cfg = _problem(vcfg, q, k, v)
     key = ("fwd-varlen", p.dtype, (p.Sq, p.Sk, p.H, p.Hkv, p.D), p.scale, p.softcap, cfg.causal, cfg.window,
            vcfg.cu_q, vcfg.cu_k, vcfg.max_q)
-    return _jax._get(key, lambda: _VarlenForward(p, cfg, len(vcfg.cu_q) - 1, vcfg.max_q,
+    return callbacks._get(key, lambda: _VarlenForward(p, cfg, len(vcfg.cu_q) - 1, vcfg.max_q,
                                                  (vcfg.cu_q, vcfg.cu_k))).bind(q, k, v)
 
 
@@ -99,7 +100,7 @@ def _backward(vcfg, dout, q, k, v, out, lse):
     spin = config.spin_timeout_ns()
     key = ("bwd-varlen", p.dtype, (p.Sq, p.Sk, p.H, p.Hkv, p.D), p.scale, p.softcap, cfg.causal, cfg.window,
            cfg.schedule, cfg.deterministic, spin, vcfg.cu_q, vcfg.cu_k, vcfg.max_q)
-    return _jax._get(key, lambda: _VarlenBackward(p, cfg, vcfg, spin)).bind(dout, q, k, v, out, lse)
+    return callbacks._get(key, lambda: _VarlenBackward(p, cfg, vcfg, spin)).bind(dout, q, k, v, out, lse)
 
 
 class _VarlenForward:
@@ -114,10 +115,10 @@ class _VarlenForward:
                                                                   softcap=p.softcap > 0)
         self.grid = (-(-max_q // self.block_m), p.H, self.num_seqs)
         self.q_strides, self.kv_strides = _packed_strides(p.Sq, p.Sk, p.H, p.Hkv, p.D)
-        self.devices, self.cu = _jax._gpus(), {}
+        self.devices, self.cu = callbacks._gpus(), {}
         for dev in self.devices:
             with cupy.cuda.Device(dev):
-                _jax._load([self.spec])
+                callbacks._load([self.spec])
                 if host_cu is not None:
                     stream = cupy.cuda.Stream(non_blocking=True)
                     self.cu[dev] = device_tables.upload_async([np.asarray(c, np.int32) for c in host_cu], stream)
@@ -131,12 +132,12 @@ class _VarlenForward:
         return buffer_callback(self, types, command_buffer_compatible=True)(q, k, v, *cu)
 
     def __call__(self, ctx, outs, q, k, v, *cu):
-        _jax.callback_runs["forward"] += 1
+        callbacks.callback_runs["forward"] += 1
         out, lse = outs
-        dev = _jax._device(out, self.devices)
+        dev = callbacks._device(out, self.devices)
         import cupy
         with cupy.cuda.Device(dev):
-            ptr = _jax._ptr
+            ptr = callbacks._ptr
             operands = (ptr(q), self.q_strides), (ptr(k), self.kv_strides), (ptr(v), self.kv_strides)
             cu_ptrs = tuple(ptr(x) for x in cu) if cu else tuple(x.data.ptr for x in self.cu[dev])
             params = launchers.fwd_params(self.block_m, self.block_n, self.p, self.window, operands, ptr(out),
@@ -155,7 +156,7 @@ def launch_backward(c, record, ctx, dev, outs, dout, q, k, v, out, lse, cu_ptrs)
     XLA's stream, buffers as the callbacks get them, errors to the traced call's device ``record``."""
     import cupy
     dq, dk, dv, work = outs
-    ptr, p = _jax._ptr, (c.p if c is not None else None)
+    ptr, p = callbacks._ptr, (c.p if c is not None else None)
     stream = interop.external_stream(ctx.stream, dev)
     if c is None:
         for x in (dq, dk, dv):
@@ -181,7 +182,7 @@ class _VarlenBackward:
         self.work_bytes = launchers.BwdLaunch(specs, tile.block_m, tile.block_n, p, cfg.deterministic,
                                               spin_timeout_ns, cfg.causal, cfg.window,
                                               varlen=(num_seqs, vcfg.max_q)).work_bytes
-        self.devices, self.launches, self.records, self.cu = _jax._gpus(), {}, {}, {}
+        self.devices, self.launches, self.records, self.cu = callbacks._gpus(), {}, {}, {}
         for dev in self.devices:
             with cupy.cuda.Device(dev):
                 stream = cupy.cuda.Stream(non_blocking=True)
@@ -190,7 +191,7 @@ class _VarlenBackward:
                 self.launches[dev] = c                   # None: no sequence sees a key, zero gradients, no kernel
                 if c is None:
                     continue
-                _jax._load(c.specs)
+                callbacks._load(c.specs)
                 stream.synchronize()
                 self.cu[dev], self.records[dev] = cu, jit_record(dev, call)
 
@@ -203,8 +204,8 @@ class _VarlenBackward:
         return buffer_callback(self, types, command_buffer_compatible=True)(dout, q, k, v, out, lse)[:3]
 
     def __call__(self, ctx, outs, dout, q, k, v, out, lse):
-        _jax.callback_runs["backward"] += 1
-        dev = _jax._device(outs[0], self.devices)
+        callbacks.callback_runs["backward"] += 1
+        dev = callbacks._device(outs[0], self.devices)
         import cupy
         with cupy.cuda.Device(dev):
             c = self.launches[dev]

@@ -21,7 +21,7 @@ from ..core import api, interop, varlen_launch
 from ..core.varlen_launch import checked_cu_seqlens
 from ..cuda import kernels, launchers
 from ..cuda.errors import jit_record
-from . import ops as _jax
+from . import callbacks
 from . import varlen as _static
 
 _DynConfig = collections.namedtuple("_DynConfig", "base num_seqs max_q max_k")
@@ -58,7 +58,8 @@ def _forward(dcfg, q, k, v, cu_q, cu_k):
     p, cfg = _static._problem(dcfg, q, k, v)
     key = ("fwd-varlen-dyn", p.dtype, (p.Sq, p.Sk, p.H, p.Hkv, p.D), p.scale, p.softcap, cfg.causal, cfg.window,
            dcfg.num_seqs, dcfg.max_q)
-    return _jax._get(key, lambda: _static._VarlenForward(p, cfg, dcfg.num_seqs, dcfg.max_q)).bind(q, k, v, cu_q, cu_k)
+    prepared = callbacks._get(key, lambda: _static._VarlenForward(p, cfg, dcfg.num_seqs, dcfg.max_q))
+    return prepared.bind(q, k, v, cu_q, cu_k)
 
 
 def _backward(dcfg, dout, q, k, v, out, lse, cu_q, cu_k):
@@ -66,7 +67,7 @@ def _backward(dcfg, dout, q, k, v, out, lse, cu_q, cu_k):
     spin = config.spin_timeout_ns()
     key = ("bwd-varlen-dyn", p.dtype, (p.Sq, p.Sk, p.H, p.Hkv, p.D), p.scale, p.softcap, cfg.causal, cfg.window,
            cfg.schedule, cfg.deterministic, spin, dcfg.num_seqs, dcfg.max_q, dcfg.max_k)
-    return _jax._get(key, lambda: _Backward(p, cfg, dcfg, spin)).bind(dout, q, k, v, out, lse, cu_q, cu_k)
+    return callbacks._get(key, lambda: _Backward(p, cfg, dcfg, spin)).bind(dout, q, k, v, out, lse, cu_q, cu_k)
 
 
 class _Backward:
@@ -82,10 +83,10 @@ class _Backward:
         self.work_bytes = launchers.BwdLaunch(specs, tile.block_m, tile.block_n, p, cfg.deterministic,
                                               spin_timeout_ns, cfg.causal, cfg.window,
                                               varlen=(dcfg.num_seqs, dcfg.max_q)).work_bytes
-        self.devices, self.records = _jax._gpus(), {}
+        self.devices, self.records = callbacks._gpus(), {}
         for dev in self.devices:
             with cupy.cuda.Device(dev):                  # the per-visit kernels, loaded before any execution
-                _jax._load(kernels.bwd_entry(dev, p.dtype, p.D, cfg.causal, cfg.deterministic, varlen=True,
+                callbacks._load(kernels.bwd_entry(dev, p.dtype, p.D, cfg.causal, cfg.deterministic, varlen=True,
                                              softcap=p.softcap > 0)[0])
                 self.records[dev] = jit_record(dev, (cfg.schedule, dcfg.num_seqs, p.H, p.Sq, p.Sk, p.D, cfg.causal,
                                                      cfg.window))
@@ -107,15 +108,15 @@ class _Backward:
         hosts = []
         for buffer in (cu_q, cu_k):
             host = np.empty(self.dcfg.num_seqs + 1, dtype=np.int32)
-            rt.memcpyAsync(host.ctypes.data, _jax._ptr(buffer), host.nbytes, rt.memcpyDeviceToHost, stream.ptr)
+            rt.memcpyAsync(host.ctypes.data, callbacks._ptr(buffer), host.nbytes, rt.memcpyDeviceToHost, stream.ptr)
             hosts.append(host)
         stream.synchronize()
         p, d = self.p, self.dcfg
         return checked_cu_seqlens(*hosts, p.Sq, p.Sk, d.max_q, d.max_k)
 
     def __call__(self, ctx, outs, dout, q, k, v, out, lse, cu_q, cu_k):
-        _jax.callback_runs["backward"] += 1
-        dev = _jax._device(outs[0], self.devices)
+        callbacks.callback_runs["backward"] += 1
+        dev = callbacks._device(outs[0], self.devices)
         p, cfg = self.p, self.cfg
         import cupy
         with cupy.cuda.Device(dev):

@@ -31,7 +31,7 @@ def enabled() -> bool:
 
 
 def table_form(num_visits=None, varlen=False, softcap=False) -> str:
-    """The form of a backward's schedule tables, the one place that decides it (core.api, jax.ops, core.varlen):
+    """The form of a backward's schedule tables, the one place that decides it (core.api, jax.callbacks, core.varlen):
     ``"compact"`` (records read as they are by the DASH_COMPACT build) with ``CUPY_DASH_COMPACT_TABLES=1``, or,
     unset, where the per-visit table would hold more than ``AUTO_VISITS`` visits; else ``"expand"`` (varlen with
     ``CUPY_DASH_VARLEN_EXPAND=device``, the default: records uploaded, per-visit rows written on the GPU by

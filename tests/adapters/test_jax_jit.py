@@ -169,10 +169,10 @@ def test_lse_is_not_differentiable(jx):
 def test_windows_are_canonical_per_shape(jx):
     jax, cj = jx
     q, k = sds(jax, (1, 128, 2, 64)), sds(jax, (1, 256, 2, 64))
-    before = set(cupy_dash.jax.ops._prepared)
+    before = set(cupy_dash.jax.callbacks._prepared)
     for window in ((-1, 0), (255, 0), (5000, 200)):          # plain causal, plain causal, full (Sq=128, Sk=256)
         jax.eval_shape(lambda q, k: cj.attention_forward(q, k, k, causal=window[1] == 0, window=window), q, k)
-    new = [key for key in set(cupy_dash.jax.ops._prepared) - before]
+    new = [key for key in set(cupy_dash.jax.callbacks._prepared) - before]
     assert len(new) == 2, new                               # (-1, 0) == (255, 0); (5000, 200) is (-1, -1)
     assert sorted(key[-1] for key in new) == [(-1, -1), (-1, 0)]
 
@@ -214,8 +214,8 @@ def reference_callbacks(jx, monkeypatch):
         for dst, g in zip(outs[:3], grads):
             dst = np.asarray(dst)
             dst[...] = g.astype(dst.dtype)
-    monkeypatch.setattr(cupy_dash.jax.ops._Forward, "__call__", forward)
-    monkeypatch.setattr(cupy_dash.jax.ops._Backward, "__call__", backward)
+    monkeypatch.setattr(cupy_dash.jax.callbacks._Forward, "__call__", forward)
+    monkeypatch.setattr(cupy_dash.jax.callbacks._Backward, "__call__", backward)
     return calls
 
 

@@ -200,7 +200,7 @@ def test_traced_lengths_are_checked_when_the_backward_runs(monkeypatch):
         np.ctypeslib.as_array((np.ctypeslib.ctypes.c_int32 * (nbytes // 4)).from_address(dst))[:] = device[src]
     import cupy
     monkeypatch.setattr(cupy.cuda.runtime, "memcpyAsync", memcpy)
-    monkeypatch.setattr(jax_varlen_dyn._jax, "_ptr", lambda buffer: buffer)
+    monkeypatch.setattr(jax_varlen_dyn.callbacks, "_ptr", lambda buffer: buffer)
     bwd = object.__new__(jax_varlen_dyn._Backward)
     bwd.p = types.SimpleNamespace(Sq=300, Sk=500)
     bwd.dcfg = jax_varlen_dyn._DynConfig(None, 3, 250, 300)

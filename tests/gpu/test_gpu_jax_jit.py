@@ -37,7 +37,7 @@ pytestmark = pytest.mark.gpu
 jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
 cj = pytest.importorskip("cupy_dash.jax")
-import cupy_dash.jax.ops as ops  # noqa: E402  (private: the preparation cache)
+import cupy_dash.jax.callbacks as callbacks  # noqa: E402  (private: the preparation cache)
 from framework_case import Case  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(cupy_dash.__file__)))
@@ -239,9 +239,9 @@ def test_jitted_train_step_is_reproducible_and_prepares_once(mechanism):
         return losses, {name: bits(p) for name, p in params.items()}
 
     losses1, params1 = run()
-    prepared = len(ops._prepared)
+    prepared = len(callbacks._prepared)
     losses2, params2 = run()
-    assert len(ops._prepared) == prepared, "a second run of a compiled step prepared new calls"
+    assert len(callbacks._prepared) == prepared, "a second run of a compiled step prepared new calls"
     assert losses1 == losses2, f"losses differ between two runs: {losses1} vs {losses2}"
     for name in params1:
         assert params1[name].tobytes() == params2[name].tobytes(), f"weights {name} differ between two runs"
@@ -260,12 +260,12 @@ def test_semaphore_timeout_in_compiled_call_is_reported_by_check_errors(monkeypa
     q, k, v, dout = make(case, salt="timeout")
     out, lse = cupy_dash.attention_forward(q, k, v)
     backward = jax.jit(lambda *a: cj.attention_backward(*a, schedule="fa3"))
-    before = set(ops._prepared)
+    before = set(callbacks._prepared)
     good = backward(dout, q, k, v, out, lse)
     cupy_dash.check_errors()
-    new = [key for key in set(ops._prepared) - before if key[0] == "bwd"]
+    new = [key for key in set(callbacks._prepared) - before if key[0] == "bwd"]
     assert len(new) == 1, f"expected one newly traced backward, got {new}"
-    prepared = ops._prepared[new[0]]
+    prepared = callbacks._prepared[new[0]]
     dev = jax.devices("gpu")[0].local_hardware_id or 0
     launch = prepared.launches[dev]
     tables, timeout = launch.tables, launch.spin_timeout_ns

@@ -44,11 +44,8 @@ LAYERS = [                                              # top first: (layer, its
     ("base", {"_version", "config", "gpu", "reference"}),
 ]
 
-# (importer, imported): imports inside functions that close a cycle, each a late binding on purpose.
-FACADE_IMPORTS = {
-    # the C handler is a mechanism picked per call, loaded on use
-    ("cupy_dash.jax.ops", "cupy_dash.jax._ffi"),
-}
+# (importer, imported): imports inside functions that close a cycle, each a late binding on purpose (none now).
+FACADE_IMPORTS: set[tuple[str, str]] = set()
 
 _CYTHON_IMPORT = re.compile(r"^(?:from\s+([\w.]+)\s+c?import\s+(\([^)]*\)|[^\n#]*)|c?import\s+([\w.]+))", re.M)
 

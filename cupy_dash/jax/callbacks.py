@@ -1,0 +1,170 @@
+"""The Python callbacks of :mod:`cupy_dash.jax` and what every JAX call of cupy_dash prepares with them: the
+per-device preparation cache (:func:`_get`), the local Hopper GPUs a traced call is prepared on, the kernels loaded
+at trace time, and the base classes :class:`_Forward` / :class:`_Backward` (a traced fixed-length call and its
+``jax.experimental.buffer_callback``). :mod:`cupy_dash.jax.ops` picks them or the C handler's subclasses
+(:mod:`cupy_dash.jax._ffi`); :mod:`cupy_dash.jax.varlen` and :mod:`cupy_dash.jax.varlen_dyn` share the cache and the
+run-time helpers. It imports no other module of :mod:`cupy_dash.jax`.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+
+import jax
+import numpy as np
+
+from ..core import api, interop
+from ..cuda import jit, kernels, launchers
+from ..cuda.errors import jit_record, record_shared
+from ..schedule import compact_device
+
+
+_lock = threading.RLock()
+_prepared: dict = {}                           # key -> _Forward / _Backward, kept for the life of the process
+callback_runs = collections.Counter()          # executions of the Python callbacks, by "forward" / "backward"
+
+
+def _get(key, make):
+    with _lock:
+        prepared = _prepared.get(key)
+        if prepared is None:
+            prepared = _prepared[key] = make()
+        return prepared
+
+
+def _gpus() -> tuple:
+    """CUDA ordinals of the local GPUs JAX may run a traced call on (none when JAX has no GPU backend); raises
+    RuntimeError when none of them is a Hopper GPU."""
+    try:
+        devices = jax.local_devices(backend="gpu")
+    except RuntimeError:                     # no GPU backend: tracing / lowering only
+        return ()
+    ids = sorted({d.id if getattr(d, "local_hardware_id", None) is None else d.local_hardware_id for d in devices})
+    import cupy
+    hopper = tuple(i for i in ids if cupy.cuda.Device(i).compute_capability == "90")
+    if ids and not hopper:
+        raise RuntimeError(f"cupy_dash.jax: needs an NVIDIA Hopper GPU (sm_90a); JAX's GPUs {ids} are not")
+    return hopper
+
+
+def _load(specs) -> None:
+    """Load ``specs`` on the current device, now rather than at their first launch."""
+    from cupy.cuda import driver
+    for spec in specs:
+        # NOTES: with CUDA's lazy loading a kernel is loaded at its first launch, which may come while XLA captures
+        # a command buffer; an attribute query loads it here.
+        driver.funcGetAttribute(driver.CU_FUNC_ATTRIBUTE_NUM_REGS, jit.load(spec).ptr)
+
+
+class _Forward:
+    """A traced forward: the callback ``(ctx, (out, lse), q, k, v)`` and what it needs besides addresses."""
+
+    def __init__(self, p, cfg):
+        self.p, self.causal, self.window = p, cfg.causal, cfg.window
+        self.spec, self.block_m, self.block_n = kernels.fwd_entry(p.dtype, p.D, cfg.causal, softcap=p.softcap > 0)
+        self.q_strides = interop.contiguous_strides((p.B, p.Sq, p.H, p.D))[:3]
+        self.kv_strides = interop.contiguous_strides((p.B, p.Sk, p.Hkv, p.D))[:3]
+        self.devices = _gpus()
+        import cupy
+        for dev in self.devices:
+            with cupy.cuda.Device(dev):
+                _load([self.spec])
+
+    def types(self):
+        p = self.p
+        return (jax.ShapeDtypeStruct((p.B, p.Sq, p.H, p.D), api.NP_DTYPES[p.dtype]),
+                jax.ShapeDtypeStruct((p.B, p.H, p.Sq), np.float32))
+
+    def bind(self, q, k, v):
+        """The custom call on traced q, k, v: ``(out, lse)``."""
+        from jax.experimental.buffer_callback import buffer_callback
+        return buffer_callback(self, self.types(), command_buffer_compatible=True)(q, k, v)
+
+    def __call__(self, ctx, outs, q, k, v):
+        callback_runs["forward"] += 1
+        out, lse = outs
+        dev = _device(out, self.devices)
+        import cupy
+        with cupy.cuda.Device(dev):
+            operands = (_ptr(q), self.q_strides), (_ptr(k), self.kv_strides), (_ptr(v), self.kv_strides)
+            launchers.launch_forward(self.spec, self.block_m, self.block_n, self.p, self.window, operands,
+                                     _ptr(out), _ptr(lse), interop.external_stream(ctx.stream, dev))
+
+
+class _Backward:
+    """A traced backward: the callback ``(ctx, (dq, dk, dv, workspace), dout, q, k, v, out, lse)`` and, per device,
+    its :class:`cupy_dash.cuda.launchers.BwdLaunch` (kernels loaded, schedule tables uploaded) and error record."""
+
+    def __init__(self, p, cfg, spin_timeout_ns):
+        import cupy
+        self.p, self.causal, self.window = p, cfg.causal, cfg.window
+        tile = kernels.bwd_tile(p.D)
+        # NOTES: long problems read compact records, as the eager path does (compact_device.table_form)
+        capped = p.softcap > 0
+        compact = compact_device.wanted(p.Sq, p.Sk, tile.block_m, tile.block_n, p.B * p.H, cfg.causal, cfg.window,
+                                        capped)
+        specs = kernels.bwd_specs(p.dtype, p.D, cfg.causal, cfg.deterministic, compact=compact, softcap=capped)
+        self.work_bytes = launchers.BwdLaunch(specs, tile.block_m, tile.block_n, p, cfg.deterministic,
+                                              spin_timeout_ns, cfg.causal, cfg.window).work_bytes
+        self.q_strides = interop.contiguous_strides((p.B, p.Sq, p.H, p.D))[:3]
+        self.kv_strides = interop.contiguous_strides((p.B, p.Sk, p.Hkv, p.D))[:3]
+        self.devices = _gpus()
+        self.launches, self.records = {}, {}
+        for dev in self.devices:
+            with cupy.cuda.Device(dev):
+                specs, bm, bn, max_ctas = kernels.bwd_entry(dev, p.dtype, p.D, cfg.causal, cfg.deterministic,
+                                                            compact=compact, softcap=capped)
+                _load(specs)
+                c = launchers.BwdLaunch(specs, bm, bn, p, cfg.deterministic, spin_timeout_ns, cfg.causal,
+                                        cfg.window)
+                stream = cupy.cuda.Stream(non_blocking=True)       # the upload waits for nothing of XLA's
+                with stream:
+                    c.tables = launchers.bwd_tables(cfg.schedule, c, max_ctas, dev, stream, compact=compact)
+                self.launches[dev] = c
+                self.records[dev] = jit_record(dev, (c.tables.policy, p.B, p.H, p.Sq, p.Sk, p.D, cfg.causal,
+                                                     cfg.window))
+                if record_shared(dev, self.records[dev]):
+                    c.fold = False
+
+    def types(self):
+        p = self.p
+        kv = jax.ShapeDtypeStruct((p.B, p.Sk, p.Hkv, p.D), api.NP_DTYPES[p.dtype])
+        return (jax.ShapeDtypeStruct((p.B, p.Sq, p.H, p.D), api.NP_DTYPES[p.dtype]), kv, kv,
+                jax.ShapeDtypeStruct((self.work_bytes,), np.uint8))
+
+    def bind(self, dout, q, k, v, out, lse):
+        """The custom call on traced operands: ``(dq, dk, dv)`` (the workspace result is dropped)."""
+        from jax.experimental.buffer_callback import buffer_callback
+        return buffer_callback(self, self.types(), command_buffer_compatible=True)(dout, q, k, v, out, lse)[:3]
+
+    def __call__(self, ctx, outs, dout, q, k, v, out, lse):
+        callback_runs["backward"] += 1
+        dq, dk, dv, work = outs
+        dev = _device(dq, self.devices)
+        qs, kvs = self.q_strides, self.kv_strides
+        import cupy
+        with cupy.cuda.Device(dev):
+            operands = ((_ptr(q), qs), (_ptr(k), kvs), (_ptr(v), kvs), (_ptr(out), qs), (_ptr(dout), qs))
+            launchers.launch_backward(self.launches[dev], operands, _ptr(lse), _ptr(work),
+                                      (_ptr(dq), _ptr(dk), _ptr(dv)), interop.external_stream(ctx.stream, dev),
+                                      error_ptr=self.records[dev])
+
+
+# ------------------------------------------------------------------------------------------------------------
+# run time (inside the callback): buffers
+# ------------------------------------------------------------------------------------------------------------
+def _device(buffer, prepared) -> int:
+    """The CUDA ordinal of an XLA buffer, which must be one the call was prepared on."""
+    kind, ordinal = buffer.__dlpack_device__()
+    if kind != interop.DLPACK_CUDA:
+        raise RuntimeError(f"cupy_dash.jax: runs on CUDA GPUs only, but XLA runs this call on "
+                           f"{interop.device_name(kind, ordinal)}")
+    if ordinal not in prepared:
+        raise RuntimeError(f"cupy_dash.jax: this call was prepared (when traced) for the Hopper GPUs {list(prepared)} "
+                           f"JAX had then, but XLA runs it on cuda:{ordinal}")
+    return ordinal
+
+
+def _ptr(buffer) -> int:
+    return buffer.__cuda_array_interface__["data"][0]
