@@ -2,7 +2,7 @@
 # One device run on the H200: install, compile, GPU tests, demo, benchmarks; every log under $OUT.
 #   bash benchmarks/device_run.sh [smoke|fwd|tests|bench|integration|long|gqa|varlen_bench|long1m|varlen_step|
 #                                  fold|fold_bench|varlen_events|sanitize|ncu|engine|engine_bench|dq_stages|
-#                                  engine_ab|dq_writers|multi_gpu|first|first2|fa3_bench|fa3_full|final|exp2|tests2|all]
+#                                  engine_ab|dq_writers|multi_gpu|first|first2|fa3_bench|fa3_full|final|exp2|pdl|tests2|all]
 #                                  [extra pytest args...]
 # "engine": the backward kernel's GPU tests (every family: MHA, GQA, compact, varlen, fold, window, portable);
 # "engine_bench": the backward at the shapes, this tree against the kernels in .ab/kernels_src (an older
@@ -26,7 +26,7 @@ if [ -n "${FA3_WHL:-}" ]; then
   $py -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >"$OUT/fa3_install.log" 2>&1 && export PYTHONPATH=/tmp/site
 fi
 if [ "$stage" != ncu ] && [ "$stage" != engine_bench ] && [ "$stage" != engine_ab ] && [ "$stage" != dq_writers ] && [ "$stage" != first ] && \
-   [ "$stage" != first2 ] && [ "$stage" != fa3_bench ] && [ "$stage" != fa3_full ] && [ "$stage" != final ] && [ "$stage" != exp2 ]; then
+   [ "$stage" != first2 ] && [ "$stage" != fa3_bench ] && [ "$stage" != fa3_full ] && [ "$stage" != final ] && [ "$stage" != exp2 ] && [ "$stage" != pdl ]; then
   $py -m cupy_dash compile --all -j 16 >/tmp/compile.log 2>&1 || { tail -20 /tmp/compile.log; exit 1; }
   tail -1 /tmp/compile.log
 fi
@@ -289,6 +289,18 @@ if [ "$stage" = exp2 ]; then   # CUPY_DASH_EXP2_FMA (kernels_src/exp2_fma.cuh): 
     done
   done
   (cd /tmp/e2 && tar czf "$OUT/exp2.tgz" *.json *.md *.log)
+fi
+if [ "$stage" = pdl ]; then   # CUPY_DASH_BWD_PDL (programmatic dependent launch): its GPU tests, then the A/B
+  mkdir -p /tmp/pd
+  timeout 150 $py -m pytest tests/gpu/test_gpu_pdl.py -q -rf -p no:cacheprovider 2>&1 | tee /tmp/pd/tests.log | tail -4
+  ab=(--hdims 64 128 --masks full causal --seqlens 1024 2048 4096 --schedules auto atomic --no-torch --no-fa3
+      --no-overhead --no-compile --repeats 30 --warmup 3 --input-sets 1)
+  for pdl in 0 1; do
+    CUPY_DASH_BWD_PDL=$pdl timeout 90 $py benchmarks/bench.py "${ab[@]}" --out /tmp/pd/pdl$pdl.json \
+      >/tmp/pd/pdl$pdl.log 2>&1
+    grep -E "^\| cupy_dash bwd" /tmp/pd/pdl$pdl.md | head -8 | sed "s/^/pdl=$pdl /"
+  done
+  (cd /tmp/pd && tar czf "$OUT/pdl.tgz" *.json *.md *.log)
 fi
 if [ "$stage" = varlen_step ]; then   # a new packing's host cost per training step (decisions/table-forms.md)
   timeout 60 $py benchmarks/varlen_plan_cpu.py --packings 200 2>&1 | tee "$OUT/varlen_plan_cpu.txt"
