@@ -2,7 +2,7 @@
 # One device run on the H200: install, compile, GPU tests, demo, benchmarks; every log under $OUT.
 #   bash benchmarks/device_run.sh [smoke|fwd|tests|bench|integration|long|gqa|varlen_bench|long1m|varlen_step|
 #                                  fold|fold_bench|varlen_events|sanitize|ncu|engine|engine_bench|dq_stages|
-#                                  engine_ab|dq_writers|multi_gpu|first|first2|fa3_bench|fa3_full|final|exp2|pdl|tests2|all]
+#                                  engine_ab|dq_writers|multi_gpu|first|first2|fa3_bench|fa3_full|final|exp2|pdl|next1|tests2|all]
 #                                  [extra pytest args...]
 # "engine": the backward kernel's GPU tests (every family: MHA, GQA, compact, varlen, fold, window, portable);
 # "engine_bench": the backward at the shapes, this tree against the kernels in .ab/kernels_src (an older
@@ -26,7 +26,7 @@ if [ -n "${FA3_WHL:-}" ]; then
   $py -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >"$OUT/fa3_install.log" 2>&1 && export PYTHONPATH=/tmp/site
 fi
 if [ "$stage" != ncu ] && [ "$stage" != engine_bench ] && [ "$stage" != engine_ab ] && [ "$stage" != dq_writers ] && [ "$stage" != first ] && \
-   [ "$stage" != first2 ] && [ "$stage" != fa3_bench ] && [ "$stage" != fa3_full ] && [ "$stage" != final ] && [ "$stage" != exp2 ] && [ "$stage" != pdl ]; then
+   [ "$stage" != first2 ] && [ "$stage" != fa3_bench ] && [ "$stage" != fa3_full ] && [ "$stage" != final ] && [ "$stage" != exp2 ] && [ "$stage" != pdl ] && [ "$stage" != next1 ]; then
   $py -m cupy_dash compile --all -j 16 >/tmp/compile.log 2>&1 || { tail -20 /tmp/compile.log; exit 1; }
   tail -1 /tmp/compile.log
 fi
@@ -301,6 +301,17 @@ if [ "$stage" = pdl ]; then   # CUPY_DASH_BWD_PDL (programmatic dependent launch
     grep -E "^\| cupy_dash bwd" /tmp/pd/pdl$pdl.md | head -8 | sed "s/^/pdl=$pdl /"
   done
   (cd /tmp/pd && tar czf "$OUT/pdl.tgz" *.json *.md *.log)
+fi
+if [ "$stage" = next1 ]; then   # the checks pending after 2026-12-02, each bounded; logs in next1.tgz
+  mkdir -p /tmp/first
+  t graphs_varlen 120 $py -m pytest tests/gpu/test_gpu_training_graphs.py tests/gpu/test_gpu_transformers.py -q -rf \
+    -p no:cacheprovider -k "varlen or bitwise"
+  t new_tests 200 $py -m pytest tests/gpu/test_gpu_pdl.py tests/gpu/test_gpu_exp2_fma.py -q -rf -p no:cacheprovider
+  san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  for tool in memcheck racecheck; do
+    t "sanitize_$tool" 120 "$san" --tool $tool --error-exitcode 3 $py benchmarks/kernels_sanitize.py
+  done
+  (cd /tmp/first && tar czf "$OUT/next1.tgz" *.log)
 fi
 if [ "$stage" = varlen_step ]; then   # a new packing's host cost per training step (decisions/table-forms.md)
   timeout 60 $py benchmarks/varlen_plan_cpu.py --packings 200 2>&1 | tee "$OUT/varlen_plan_cpu.txt"
