@@ -1,6 +1,6 @@
 // Compact-table builds (DASH_COMPACT=1): ScheduleView over one record per KV column (format and CPU reference:
-// cupy_dash/compact.py, cupy_dash/_compact_view.pyx visit_of / rank_of). Included by schedule_view.cuh after
-// Visit, in place of the per-visit view; the kernel code that walks the schedule is the same.
+// cupy_dash/schedule/compact.py, cupy_dash/schedule/_compact_view.pyx visit_of / rank_of). Included by
+// schedule_view.cuh after Visit, in place of the per-visit view; the kernel code that walks the schedule is the same.
 #pragma once
 #include "common.cuh"
 #include "params.cuh"

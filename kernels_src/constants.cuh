@@ -1,12 +1,12 @@
-// Constants that the kernels and the host both depend on, each defined here once. cupy_dash/params.py parses this
-// file into cupy_dash.params.CONSTANTS under the same names, so every declaration is one line
+// Constants that the kernels and the host both depend on, each defined here once. cupy_dash/cuda/params.py parses
+// this file into cupy_dash.cuda.params.CONSTANTS under the same names, so every declaration is one line
 // `constexpr int kName = <integer literal>;` (comments aside): no expressions, no other declarations.
 #pragma once
 
-// The backward's error record (bwd/error_record.cuh, cupy_dash/errors.py): kErrorRecordWords int32, [0] the failure
-// code (0 = none), [1..3] its details, [4..6] the CTA counters of a folded backward's grid barriers (bwd/fold.cuh).
-// The host mirror of an eager call's record is as long: [0] = 1 once the call finished, then the record's first
-// kErrorFailureWords words.
+// The backward's error record (bwd/error_record.cuh, cupy_dash/cuda/errors.py): kErrorRecordWords int32, [0] the
+// failure code (0 = none), [1..3] its details, [4..6] the CTA counters of a folded backward's grid barriers
+// (bwd/fold.cuh). The host mirror of an eager call's record is as long: [0] = 1 once the call finished, then the
+// record's first kErrorFailureWords words.
 constexpr int kErrorRecordWords = 8;
 constexpr int kErrorFailureWords = 4;
 constexpr int kErrorWordBarrier1 = 4;  // CTAs past grid barrier 1
@@ -29,7 +29,7 @@ constexpr int kMainThreads = 384;
 constexpr int kAuxThreads = 256;
 
 // Dynamic shared memory of the Hopper kernels (SmemLayout of fwd/config.cuh and bwd/config.cuh; the same sums in
-// cupy_dash/kernels.py, which the kernels static_assert through DASH_SMEM_BYTES).
+// cupy_dash/cuda/kernels.py, which the kernels static_assert through DASH_SMEM_BYTES).
 constexpr int kSmemAlign = 1024;      // tiles start on 1024-byte boundaries (128B swizzle); as much slack is added
 constexpr int kSmemMaxBytes = 232448;  // 227 KB: the most a CTA can have on sm_90
 constexpr int kMbarrierBytes = 8;

@@ -1,5 +1,5 @@
 // Kernel parameter blocks, passed by value as one __grid_constant__ struct.
-// NOTES: cupy_dash/params.py reads FwdParams, BwdParams and Strides from this file and lays them out with C's
+// NOTES: cupy_dash/cuda/params.py reads FwdParams, BwdParams and Strides from this file and lays them out with C's
 // rules; it understands data members of pointer type, int64_t, float, Strides and TmaDesc only.
 // Layouts: q, out, dout, dq are (B, Sq, H, D); k, v, dk, dv are (B, Sk, Hkv, D); strides are in elements and the
 // last dimension is contiguous. lse is (B, H, Sq) fp32. "bh" indexes (batch, head) pairs: bh = b * H + h.
@@ -51,8 +51,8 @@ struct BwdParams {
   int64_t spin_timeout_ns;   // a semaphore wait longer than this sets error[] and abandons the kernel
   float softmax_scale, softmax_scale_log2;
   // Compact-table builds (DASH_COMPACT) only, null / 0 otherwise; appended last so that the fields above keep
-  // their offsets. One record per KV column instead of a row per visit (format: cupy_dash/compact.py); visits,
-  // rank and cta_start above are then null.
+  // their offsets. One record per KV column instead of a row per visit (format: cupy_dash/schedule/compact.py);
+  // visits, rank and cta_start above are then null.
   const int32_t* col_records;    // (columns, 8): step, lo, hi, split, rot, cta, kv_head, n_block; 32-byte rows
   const int32_t* cta_columns;    // (columns,): record indices in each CTA's execution order
   const int64_t* cta_col_start;  // (num_ctas + 1,): CTA c runs cta_columns[cta_col_start[c] .. cta_col_start[c+1])
@@ -66,7 +66,7 @@ struct BwdParams {
   // Compact-table builds only: (num_m_blocks, 2) int32, for Q tile m the first column (n_block - n_first) whose
   // range [lo, hi) ends after m and the first that starts after m: the columns visiting m, the same for every head.
   const int32_t* tile_columns;
-  // Compact varlen builds (DASH_COMPACT and DASH_VARLEN; records of cupy_dash/varlen_schedule.py, whose kv_head
+  // Compact varlen builds (DASH_COMPACT and DASH_VARLEN; records of cupy_dash/schedule/varlen.py, whose kv_head
   // field is the segment b * Hkv + kv head and n_block is local to the sequence): segment s owns the records
   // seg_col_start[s] .. seg_col_start[s + 1] - 1, sequence b's first visible KV tile is seq_n_first[b], and its
   // tile_columns rows start at seq_tile_start[b] (one per Q tile of the sequence).

@@ -1,5 +1,5 @@
-// Read-only view of a backward schedule table (built on the host by cupy_dash/_schedule.pyx): the main kernel
-// walks its CTA's visits in order and applies no policy of its own.
+// Read-only view of a backward schedule table (built on the host by cupy_dash/schedule/_schedule.pyx): the main
+// kernel walks its CTA's visits in order and applies no policy of its own.
 #pragma once
 #include "common.cuh"
 

@@ -1,5 +1,5 @@
 // Backward main kernel (Hopper engine): compile-time configuration, thread roles, named barriers and the
-// shared-memory layout. The DASH_* defines come from cupy_dash/kernels.py (one cubin per variant).
+// shared-memory layout. The DASH_* defines come from cupy_dash/cuda/kernels.py (one cubin per variant).
 #pragma once
 #include "../common.cuh"
 #include "../constants.cuh"
@@ -139,7 +139,7 @@ DASH_DEVICE void dq_handoff_barrier(int wg, int stage) {
 
 // NOTES: shared memory, from a 1024-byte-aligned base (the 128B swizzle pattern of TMA and wgmma starts on
 // 1024-byte boundaries): K x2 | V | Q x2 | dO x2 | dS x2 | dQ fp32 staging | lse_log2 x2 | dpsum x2 | mbarriers |
-// visit slots. The host computes the same size (cupy_dash/kernels.py) from the constants.cuh values used here.
+// visit slots. The host computes the same size (cupy_dash/cuda/kernels.py) from the constants.cuh values used here.
 // K is double-buffered and V released right after the last dP^T of its KV tile, so that loading the next KV tile
 // overlaps the last visit of the current one (V is single-buffered: hdim 128 has no room for a second one).
 // K, V, Q, dO are K-major for S^T = K Q^T and dP^T = V dO^T (rows x head dim, 64-column panels of rows x 128 B);

@@ -12,7 +12,7 @@
 
 namespace bwd {
 
-// NOTES: tensor maps are 5-D {64, S, D / 64, H, B} (bwd_tensor_maps in cupy_dash/tensormap.py): a box of
+// NOTES: tensor maps are 5-D {64, S, D / 64, H, B} (bwd_tensor_maps in cupy_dash/cuda/tensormap.py): a box of
 // {64, rows, D / 64, 1, 1} lands as the 64-column panels of a SwizzledTile; rows past S are zero-filled.
 // lse_log2 and dpsum rows are padded to seqlen_q_rounded by preprocess, so their copies need no bounds. Varlen
 // builds: the maps cover the packed tensors as one batch, so the last tile of a sequence also loads rows of the

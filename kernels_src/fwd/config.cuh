@@ -1,5 +1,5 @@
 // Forward kernel (Hopper engine): compile-time configuration, thread roles, named barriers, the shared-memory
-// layout and the tile a CTA computes. The DASH_* defines come from cupy_dash/kernels.py (one cubin per variant).
+// layout and the tile a CTA computes. The DASH_* defines come from cupy_dash/cuda/kernels.py (one cubin per variant).
 #pragma once
 #include "../common.cuh"
 #include "../constants.cuh"
@@ -74,7 +74,7 @@ constexpr int kTurnThreads = kNumMmaWg * kWgThreads;
 // dim, 64-column panels of kBlockM x 128 B), K K-major (keys x head dim) as B of S, V the same bytes as the
 // MN-major B operand of O += P V. After its last S GEMM, a warpgroup's 64 rows of the Q tile hold its O tile
 // for the TMA store (only that warpgroup ever reads those rows). The host computes the same size
-// (cupy_dash/kernels.py) from the constants.cuh values used here.
+// (cupy_dash/cuda/kernels.py) from the constants.cuh values used here.
 struct SmemLayout {
   static constexpr int kQ = kBlockM * kHeadDim * 2;
   static constexpr int kKV = kBlockN * kHeadDim * 2;

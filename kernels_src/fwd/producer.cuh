@@ -8,7 +8,7 @@
 
 namespace fwd {
 
-// NOTES: tensor maps are 5-D {64, S, D / 64, H, B} (cupy_dash/tensormap.py): a box of {64, rows, D / 64, 1, 1}
+// NOTES: tensor maps are 5-D {64, S, D / 64, H, B} (cupy_dash/cuda/tensormap.py): a box of {64, rows, D / 64, 1, 1}
 // lands as the 64-column panels of a SwizzledTile; rows past S are zero-filled (masked or never stored).
 // Load i of a ring uses stage i % kStages at parity (i / kStages) & 1; the producer waits for the opposite
 // parity on the empty barrier, which a fresh barrier grants for the first kStages loads.

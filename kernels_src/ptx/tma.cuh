@@ -3,7 +3,7 @@
 #pragma once
 #include "../common.cuh"
 
-// A CUtensorMap, encoded on the host (cupy_dash/tensormap.py) and passed in a __grid_constant__ parameter block.
+// A CUtensorMap, encoded on the host (cupy_dash/cuda/tensormap.py) and passed in a __grid_constant__ parameter block.
 struct alignas(64) TmaDesc {
   uint64_t opaque[16];
 };
