@@ -8,7 +8,7 @@
 # "engine_bench": the backward at the issue's shapes, this tree against the kernels in .ab/kernels_src (an older
 # tree's, carried: git archive <commit> kernels_src | tar -x -C .ab), FA3 beside it when FA3_WHL=1, then ncu.
 # "varlen_step": a new packing's host cost, build and upload; "fold": the folded backward's tests, then
-# the whole suite; "fold_bench": its GPU and host time. Earlier sessions' one-off stages are in this file's
+# the whole suite; "fold_bench": its GPU and host time. Earlier one-off stages are in this file's
 # history; the writer-rank-ahead experiment is benchmarks/patches/writer_rank_ahead.patch (measured, not
 # merged: docs/decisions/table-forms.md).
 # "multi_gpu": per-device state with two GPUs in one process, and the DDP / FSDP2 / JAX data-parallel examples

@@ -1,5 +1,5 @@
-"""Why a torch new-packing backward costs more host time than build + upload (the eighth session of the journal,
-``git show ee9a198:benchmarks/NOTES.md``):
+"""Why a torch new-packing backward costs more host time than build + upload (measured 2026-12-01; raw log in git
+history, ``git show ee9a198:benchmarks/NOTES.md``):
 the host time of a *repeated* varlen backward call (the torch fast path, cached table) and of its
 ``fastpath.run_backward``, right after different parts of a new packing's work on the same stream. 16,384 tokens
 in 16 sequences, 16 heads of 128, fp16, causal; median µs over --calls calls per condition, the GPU drained every
