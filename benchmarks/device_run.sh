@@ -306,7 +306,8 @@ if [ "$stage" = next1 ]; then   # the checks pending after 2026-12-02, each boun
   mkdir -p /tmp/first
   t graphs_varlen 120 $py -m pytest tests/gpu/test_gpu_training_graphs.py tests/gpu/test_gpu_transformers.py -q -rf \
     -p no:cacheprovider -k "varlen or bitwise"
-  t new_tests 200 $py -m pytest tests/gpu/test_gpu_pdl.py tests/gpu/test_gpu_exp2_fma.py -q -rf -p no:cacheprovider
+  t new_tests 200 $py -m pytest tests/gpu/test_gpu_pdl.py tests/gpu/test_gpu_exp2_fma.py tests/gpu/test_gpu_wgmma_n96.py \
+    -q -rf -p no:cacheprovider
   san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   for tool in memcheck racecheck; do
     t "sanitize_$tool" 120 "$san" --tool $tool --error-exitcode 3 $py benchmarks/kernels_sanitize.py

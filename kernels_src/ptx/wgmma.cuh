@@ -1,6 +1,7 @@
 // PTX ISA "Asynchronous Warpgroup Level Matrix Multiply-Accumulate: wgmma" — wgmma.fence / commit_group /
 // wait_group, the shared-memory matrix descriptor (128B swizzle), and wgmma.mma_async m64nNk16 with fp32
-// accumulators, A from shared memory (SS) or from registers (RS), for N = 64 and 128.
+// accumulators, A from shared memory (SS) or from registers (RS), for N = 64 and 128 (SS also 32 and 96: the
+// head-dim-96 probe, tests/gpu/kernels/wgmma_n96.cu).
 #pragma once
 #include "../common.cuh"
 
@@ -50,6 +51,11 @@ DASH_DEVICE uint64_t wgmma_desc_sw128(uint32_t smem_addr, uint32_t lbo_bytes, ui
       "+f"(d[i + 7])
 #define DASH_ACC32(d) DASH_ACC8(d, 0), DASH_ACC8(d, 8), DASH_ACC8(d, 16), DASH_ACC8(d, 24)
 #define DASH_ACC64(d) DASH_ACC32(d), DASH_ACC8(d, 32), DASH_ACC8(d, 40), DASH_ACC8(d, 48), DASH_ACC8(d, 56)
+#define DASH_ACC16(d) DASH_ACC8(d, 0), DASH_ACC8(d, 8)
+#define DASH_ACC48(d) DASH_ACC32(d), DASH_ACC8(d, 32), DASH_ACC8(d, 40)
+#define DASH_REGS16 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+#define DASH_REGS48 \
+  DASH_REGS32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47"
 #define DASH_REGS32 \
   "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, " \
   "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
@@ -62,8 +68,20 @@ DASH_DEVICE uint64_t wgmma_desc_sw128(uint32_t smem_addr, uint32_t lbo_bytes, ui
 // from shared memory. kTransA / kTransB: 0 = K-major, 1 = M/N-major.
 template <int kN, int kTransA, int kTransB>
 DASH_DEVICE void wgmma_ss(float (&d)[kN / 2], uint64_t a_desc, uint64_t b_desc, int accumulate) {
-  static_assert(kN == 64 || kN == 128, "wgmma_ss: N = 64 or 128");
-  if constexpr (kN == 64) {
+  static_assert(kN == 32 || kN == 64 || kN == 96 || kN == 128, "wgmma_ss: N = 32, 64, 96 or 128");
+  if constexpr (kN == 32) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n32k16" DASH_WGMMA_TYPES " {" DASH_REGS16 "}, %16, %17, p, 1, 1, "
+                 "%19, %20;\n}\n"
+                 : DASH_ACC16(d)
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate), "n"(kTransA), "n"(kTransB));
+  } else if constexpr (kN == 96) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %50, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n96k16" DASH_WGMMA_TYPES " {" DASH_REGS48 "}, %48, %49, p, 1, 1, "
+                 "%51, %52;\n}\n"
+                 : DASH_ACC48(d)
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate), "n"(kTransA), "n"(kTransB));
+  } else if constexpr (kN == 64) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n64k16" DASH_WGMMA_TYPES " {" DASH_REGS32 "}, %32, %33, p, 1, 1, "
                  "%35, %36;\n}\n"
