@@ -64,35 +64,29 @@ DASH_DEVICE uint64_t wgmma_desc_sw128(uint32_t smem_addr, uint32_t lbo_bytes, ui
   "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, " \
   "%49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
 
+// One SS wgmma of shape SHAPE ("m64n64k16"...) whose kRegs accumulators are operands %0 .. %(kRegs - 1) (REGS, ACC):
+// the descriptors, the accumulate flag and the two transposes follow as %kRegs .. %(kRegs + 4) (OPS: "%32, %33",
+// PRED: "%34", TRANS: "%35, %36" for kRegs = 32).
+#define DASH_WGMMA_SS(SHAPE, REGS, ACC, OPS, PRED, TRANS) \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " PRED ", 0;\n" \
+               "wgmma.mma_async.sync.aligned." SHAPE DASH_WGMMA_TYPES " {" REGS "}, " OPS ", p, 1, 1, " \
+               TRANS ";\n}\n" \
+               : ACC \
+               : "l"(a_desc), "l"(b_desc), "r"(accumulate), "n"(kTransA), "n"(kTransB))
+
 // d (64 x kN fp32, kN / 2 registers per thread) = (accumulate ? d : 0) + A (64 x 16) * B (16 x kN), A and B
 // from shared memory. kTransA / kTransB: 0 = K-major, 1 = M/N-major.
 template <int kN, int kTransA, int kTransB>
 DASH_DEVICE void wgmma_ss(float (&d)[kN / 2], uint64_t a_desc, uint64_t b_desc, int accumulate) {
   static_assert(kN == 32 || kN == 64 || kN == 96 || kN == 128, "wgmma_ss: N = 32, 64, 96 or 128");
   if constexpr (kN == 32) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n32k16" DASH_WGMMA_TYPES " {" DASH_REGS16 "}, %16, %17, p, 1, 1, "
-                 "%19, %20;\n}\n"
-                 : DASH_ACC16(d)
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate), "n"(kTransA), "n"(kTransB));
-  } else if constexpr (kN == 96) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %50, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n96k16" DASH_WGMMA_TYPES " {" DASH_REGS48 "}, %48, %49, p, 1, 1, "
-                 "%51, %52;\n}\n"
-                 : DASH_ACC48(d)
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate), "n"(kTransA), "n"(kTransB));
+    DASH_WGMMA_SS("m64n32k16", DASH_REGS16, DASH_ACC16(d), "%16, %17", "%18", "%19, %20");
   } else if constexpr (kN == 64) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16" DASH_WGMMA_TYPES " {" DASH_REGS32 "}, %32, %33, p, 1, 1, "
-                 "%35, %36;\n}\n"
-                 : DASH_ACC32(d)
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate), "n"(kTransA), "n"(kTransB));
+    DASH_WGMMA_SS("m64n64k16", DASH_REGS32, DASH_ACC32(d), "%32, %33", "%34", "%35, %36");
+  } else if constexpr (kN == 96) {
+    DASH_WGMMA_SS("m64n96k16", DASH_REGS48, DASH_ACC48(d), "%48, %49", "%50", "%51, %52");
   } else {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16" DASH_WGMMA_TYPES " {" DASH_REGS64 "}, %64, %65, p, 1, 1, "
-                 "%67, %68;\n}\n"
-                 : DASH_ACC64(d)
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate), "n"(kTransA), "n"(kTransB));
+    DASH_WGMMA_SS("m64n128k16", DASH_REGS64, DASH_ACC64(d), "%64, %65", "%66", "%67, %68");
   }
 }
 
