@@ -3,8 +3,9 @@
 // the schedule table in order. Warp specialized: a producer warp loads tiles by TMA (bwd/producer.cuh), two MMA
 // warpgroups compute S^T, P^T, dP^T, dS^T, dV, dK and the dQ partial with wgmma (bwd/mainloop.cuh) and write
 // dK, dV once per KV tile (bwd/epilogue.cuh), and writer warps (two in deterministic builds, alternate visits)
-// add the dQ partials into dq_accum in each tile's rank order (bwd/dq_reduce.cuh). The kernel applies no policy: the table decides everything. A folded
-// backward (p.fold, fixed-length batches) also runs the preprocess and postprocess passes (bwd/fold.cuh).
+// add the dQ partials into dq_accum in each tile's rank order (bwd/dq_reduce.cuh). The kernel applies no policy:
+// the table decides everything. A folded backward (p.fold, fixed-length batches) also runs the preprocess and
+// postprocess passes (bwd/fold.cuh).
 #include "bwd/config.cuh"
 #include "bwd/dq_reduce.cuh"
 #include "bwd/epilogue.cuh"
@@ -92,6 +93,7 @@ extern "C" __global__ void __launch_bounds__(kNumThreads, 1) dash_bwd_main(const
     if (warp == 0) {
       if (threadIdx.x == 0) produce(p, sched, s);
     } else if (warp == 1 || (kDqWriters == 2 && warp == 2)) {
+      // NOTES: this form, not warp <= kDqWriters: the SASS measured on the H200 (the other compiles differently)
       write_dq(p, sched, s, kDqWriters == 1 ? 0 : warp - 1, threadIdx.x % 32);
       if (fold) fold_writer_done(threadIdx.x % 32);
     }

@@ -38,7 +38,7 @@ struct BwdParams {
   float* dpsum;              // (B*H, seqlen_q_rounded): D = rowsum(dO * O); 0 for rows >= Sq
   float* dq_accum;           // (B*H, seqlen_q_rounded, D) fp32, unscaled sum of dS·K, bwd/dq_accum_layout.cuh order
   elem_t* dq; elem_t* dk; elem_t* dv;
-  int32_t* dq_semaphore;     // (B*H, num_m_blocks): dQ partials already added to tile (bh, m_block); null: atomic mode
+  int32_t* dq_semaphore;     // (B*H, num_m_blocks): dQ partials already added to tile (bh, m_block); null: atomic
   const int32_t* visits;     // (V, 4): cta, bh, n_block, m_block, grouped by cta in execution order
   const int32_t* rank;       // (V,): position of the visit in its dQ tile's reduction order
   const int64_t* cta_start;  // (num_ctas + 1,): visits of cta c are [cta_start[c], cta_start[c+1])

@@ -196,8 +196,9 @@ BwdKernels = collections.namedtuple("BwdKernels", "preprocess main postprocess")
 def _main_counts(dq_stages: int, dq_writers: int) -> dict | None:
     """The main kernel's integer defines that differ from kernels_src/bwd/config.cuh's defaults."""
     counts = {}
-    if config.EXP2_FMA.get():
-        counts["DASH_EXP2_FMA"] = config.EXP2_FMA.get()
+    exp2_fma = config.EXP2_FMA.get()
+    if exp2_fma:
+        counts["DASH_EXP2_FMA"] = exp2_fma
     if dq_stages != 1:
         counts["DASH_DQ_STAGES"] = dq_stages
     if dq_writers != 2:

@@ -194,6 +194,12 @@ def _expand_launch(dev):
     return launch
 
 
+def _too_large(num_visits, compact_above) -> bool:
+    """compact_device.table_form's size rule, applied once a varlen table's size is known: a per-visit table of
+    more than ``compact_above`` visits takes compact records instead."""
+    return compact_above is not None and num_visits > compact_above
+
+
 def plan(policy, lens_q, lens_k, block_m, block_n, heads, kv_heads, causal, max_ctas, window,
          compact=False, compact_above=None, pinned=False) -> Tables:
     """The varlen schedule of one packed batch (lengths: int64 host arrays) on at most ``max_ctas`` CTAs (fewer
@@ -227,14 +233,14 @@ def plan(policy, lens_q, lens_k, block_m, block_n, heads, kv_heads, causal, max_
         code, t.blob, t.offsets, t.shapes, t.num_visits, t.num_ctas, tie_sign, rank_rule, t.m_blocks, t.n_blocks = out
         t.pinned = pinned and _dt._pins(t.blob.nbytes)     # what _pinned_blob chose (a failed pin clears _pinned_ok)
         t.policy, t.compact = varlen_schedule.POLICY_NAMES[code], (tie_sign, rank_rule)
-        if compact == "expand" and compact_above is not None and t.num_visits > compact_above:
-            compact = True               # a per-visit table this large: compact records (compact_device.table_form's size rule)
+        if compact == "expand" and _too_large(t.num_visits, compact_above):
+            compact = True
     else:
         built = varlen_schedule.build_varlen(policy, lens_q, lens_k, block_m=block_m, block_n=block_n, heads=heads,
                                              causal=causal, num_sms=num_sms, group_size=group, window=window)
         t.num_visits, t.num_ctas, t.policy = int(built.num_visits), int(built.num_ctas), str(built.policy)
-        if compact_above is not None and t.num_visits > compact_above:
-            compact = True               # a per-visit table this large: compact records (compact_device.table_form's size rule)
+        if _too_large(t.num_visits, compact_above):
+            compact = True
             t.blob, t.offsets, t.shapes, _ = varlen_pack.pack(
                 built.records, built.cta_columns, built.cta_col_start, built.seg_col_start, built.n_first,
                 built.num_m_blocks, built.seqlens_q, built.seqlens_k, kv_heads, group, False)

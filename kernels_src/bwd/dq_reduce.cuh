@@ -51,9 +51,9 @@ DASH_DEVICE void put_slice(float* dst, uint32_t slice, bool first) {
 
 // NOTES: the order of the adds into one dq_accum element is the rank order of the visits: the store of rank 0
 // or the add of rank r completes (bulk_wait, not .read: the global writes are then visible to this thread)
-// before the release that lets rank r + 1 start. Within a visit the two slices are disjoint. Atomic mode adds into the tile that preprocess zeroed. After a failed wait this
-// CTA skips its adds and releases (the result is discarded: the host raises) but keeps handing the slices back,
-// so that the MMA warpgroups finish.
+// before the release that lets rank r + 1 start. Within a visit the two slices are disjoint. Atomic mode adds
+// into the tile that preprocess zeroed. After a failed wait this CTA skips its adds and releases (the result is
+// discarded: the host raises) but keeps handing the slices back, so that the MMA warpgroups finish.
 DASH_DEVICE void write_dq(const BwdParams& p, const ScheduleView& sched, const Smem& s, int writer, int lane) {
   static_assert(kNumMmaWg == 2, "two dQ slices");
   // NOTES: staging buffer j % kDqStages carries visit j; the MMA warpgroups wait for it to be free once per visit,

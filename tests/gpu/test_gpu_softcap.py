@@ -11,9 +11,9 @@ import pytest
 
 import cupy
 import cupy_dash
-from gpu_helpers import (ATOMIC, DTYPES, POLICIES, _assert_same_bits, _dev, _host, _poison_pool,
-                         _poison_size, _randn, _schedule_kwargs, assert_backward_repeats, assert_scaled_forward, assert_scaled_grads,
-                         scaled_case_data, scaled_case_id)
+from gpu_helpers import (ATOMIC, DTYPES, POLICIES, _assert_same_bits, _dev, _host, _poison_pool, _poison_size,
+                         _randn, _schedule_kwargs, assert_backward_repeats, assert_scaled_forward,
+                         assert_scaled_grads, scaled_case_data, scaled_case_id)
 
 pytestmark = pytest.mark.gpu
 
