@@ -2,7 +2,7 @@
 # One device run on the H200: install, compile, GPU tests, demo, benchmarks; every log under $OUT.
 #   bash benchmarks/device_run.sh [smoke|fwd|tests|bench|integration|long|gqa|varlen_bench|long1m|varlen_step|
 #                                  fold|fold_bench|varlen_events|sanitize|ncu|engine|engine_bench|dq_stages|
-#                                  engine_ab|dq_writers|multi_gpu|first|first2|fa3_bench|fa3_full|final|exp2|pdl|next1|tests2|all]
+#                                  engine_ab|dq_writers|multi_gpu|first|first2|fa3_bench|fa3_full|final|exp2|pdl|next1|next2|tests2|all]
 #                                  [extra pytest args...]
 # "engine": the backward kernel's GPU tests (every family: MHA, GQA, compact, varlen, fold, window, portable);
 # "engine_bench": the backward at the shapes, this tree against the kernels in .ab/kernels_src (an older
@@ -26,7 +26,7 @@ if [ -n "${FA3_WHL:-}" ]; then
   $py -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >"$OUT/fa3_install.log" 2>&1 && export PYTHONPATH=/tmp/site
 fi
 case "$stage" in   # these stages compile only the kernels they run, on first use
-  ncu|engine_bench|engine_ab|dq_writers|first|first2|fa3_bench|fa3_full|final|exp2|pdl|next1) ;;
+  ncu|engine_bench|engine_ab|dq_writers|first|first2|fa3_bench|fa3_full|final|exp2|pdl|next1|next2) ;;
   *) $py -m cupy_dash compile --all -j 16 >/tmp/compile.log 2>&1 || { tail -20 /tmp/compile.log; exit 1; }
      tail -1 /tmp/compile.log ;;
 esac
@@ -313,6 +313,21 @@ if [ "$stage" = next1 ]; then   # the checks pending after 2026-12-02, each boun
     t "sanitize_$tool" 120 "$san" --tool $tool --error-exitcode 3 $py benchmarks/kernels_sanitize.py
   done
   (cd /tmp/first && tar czf "$OUT/next1.tgz" *.log)
+fi
+if [ "$stage" = next2 ]; then   # next1 without the sanitizers, then the PDL A/B; logs in next2.tgz
+  mkdir -p /tmp/first
+  t graphs_varlen 120 $py -m pytest tests/gpu/test_gpu_training_graphs.py tests/gpu/test_gpu_transformers.py -q -rf \
+    -p no:cacheprovider -k "varlen or bitwise"
+  t new_tests 200 $py -m pytest tests/gpu/test_gpu_pdl.py tests/gpu/test_gpu_exp2_fma.py tests/gpu/test_gpu_wgmma_n96.py \
+    -q -rf -p no:cacheprovider
+  ab=(--hdims 128 --masks full causal --seqlens 1024 2048 --schedules auto atomic --no-torch --no-fa3
+      --no-overhead --no-compile --repeats 30 --warmup 3 --input-sets 1)
+  for leg in 0a 1a 0b 1b; do
+    CUPY_DASH_BWD_PDL=${leg%?} timeout 60 $py benchmarks/bench.py "${ab[@]}" --out /tmp/first/pdl$leg.json \
+      >/tmp/first/pdl$leg.log 2>&1
+    grep -E "^\| cupy_dash bwd" /tmp/first/pdl$leg.md | head -8 | sed "s/^/pdl=$leg /"
+  done
+  (cd /tmp/first && tar czf "$OUT/next2.tgz" *.log *.json *.md)
 fi
 if [ "$stage" = varlen_step ]; then   # a new packing's host cost per training step (decisions/table-forms.md)
   timeout 60 $py benchmarks/varlen_plan_cpu.py --packings 200 2>&1 | tee "$OUT/varlen_plan_cpu.txt"
