@@ -2,7 +2,7 @@
 # One device run on the H200: install, compile, GPU tests, demo, benchmarks; every log under $OUT.
 #   bash benchmarks/device_run.sh [smoke|fwd|tests|bench|integration|long|gqa|varlen_bench|long1m|varlen_step|
 #                                  fold|fold_bench|varlen_events|sanitize|ncu|engine|engine_bench|dq_stages|
-#                                  engine_ab|dq_writers|multi_gpu|first|first2|fa3_bench|fa3_full|final|exp2|pdl|next1|next2|tests2|all]
+#                                  engine_ab|dq_writers|multi_gpu|first|first2|fa3_bench|fa3_full|final|exp2|pdl|next1|next2|tile80|tests2|all]
 #                                  [extra pytest args...]
 # "engine": the backward kernel's GPU tests (every family: MHA, GQA, compact, varlen, fold, window, portable);
 # "engine_bench": the backward at the issue's shapes, this tree against the kernels in .ab/kernels_src (an older
@@ -26,7 +26,7 @@ if [ -n "${FA3_WHL:-}" ]; then
   $py -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >"$OUT/fa3_install.log" 2>&1 && export PYTHONPATH=/tmp/site
 fi
 case "$stage" in   # these stages compile only the kernels they run, on first use
-  ncu|engine_bench|engine_ab|dq_writers|first|first2|fa3_bench|fa3_full|final|exp2|pdl|next1|next2) ;;
+  ncu|engine_bench|engine_ab|dq_writers|first|first2|fa3_bench|fa3_full|final|exp2|pdl|next1|next2|tile80) ;;
   *) $py -m cupy_dash compile --all -j 16 >/tmp/compile.log 2>&1 || { tail -20 /tmp/compile.log; exit 1; }
      tail -1 /tmp/compile.log ;;
 esac
@@ -328,6 +328,21 @@ if [ "$stage" = next2 ]; then   # next1 without the sanitizers, then the PDL A/B
     grep -E "^\| cupy_dash bwd" /tmp/first/pdl$leg.md | head -8 | sed "s/^/pdl=$leg /"
   done
   (cd /tmp/first && tar czf "$OUT/next2.tgz" *.log *.json *.md)
+fi
+if [ "$stage" = tile80 ]; then   # CUPY_DASH_BWD_FULL_BLOCK_M=80 (FA3's full-mask tile): its tests, then the A/B
+  mkdir -p /tmp/first                # beside FA3 (FA3_WHL=1) at the full-mask shapes; logs in tile80.tgz
+  t tests80 260 env CUPY_DASH_BWD_FULL_BLOCK_M=80 $py -m pytest tests/gpu/test_gpu_attention.py tests/gpu/test_gpu_gqa.py \
+    tests/gpu/test_gpu_window.py tests/gpu/test_gpu_softcap.py tests/gpu/test_gpu_varlen_bwd.py -q -rf -x \
+    -p no:cacheprovider -k "(d128 and full) or 128-full"
+  ab=(--hdims 128 --masks full --seqlens 1280 3840 15360 --tokens 15360 --schedules auto shift symmetric_shift atomic
+      --no-torch --no-overhead --no-compile --repeats 20 --warmup 3 --input-sets 1)
+  for m in 80 64; do
+    fa3=--no-fa3; [ $m = 64 ] && fa3=
+    CUPY_DASH_BWD_FULL_BLOCK_M=$m timeout 150 $py benchmarks/bench.py "${ab[@]}" $fa3 --out /tmp/first/tile$m.json \
+      >/tmp/first/tile$m.log 2>&1
+    grep -E "^\| (cupy_dash|fa3|FA3).*bwd" /tmp/first/tile$m.md | head -9 | sed "s/^/m=$m /"
+  done
+  (cd /tmp/first && tar czf "$OUT/tile80.tgz" *.log *.json *.md)
 fi
 if [ "$stage" = varlen_step ]; then   # a new packing's host cost per training step (decisions/table-forms.md)
   timeout 60 $py benchmarks/varlen_plan_cpu.py --packings 200 2>&1 | tee "$OUT/varlen_plan_cpu.txt"

@@ -31,7 +31,7 @@ def model_times(cfg: dict, sms: int, r: float, writers: int) -> dict:
     """{policy: makespan} of the engine model for one configuration (c = 1)."""
     from cupy_dash import schedule
     from cupy_dash.cuda import kernels
-    tile = kernels.bwd_tile(cfg["hdim"])
+    tile = kernels.bwd_tile(cfg["hdim"], cfg["causal"])
     group = cfg["heads"] // cfg.get("heads_kv", cfg["heads"])
     out = {}
     for policy in POLICIES:

@@ -108,6 +108,14 @@ def _one_or_two(name: str, default: int):
     return parse
 
 
+def _full_block_m(s) -> int:
+    if s in (None, ""):
+        return 64
+    if s in ("64", "80"):
+        return int(s)
+    raise ValueError(f"CUPY_DASH_BWD_FULL_BLOCK_M: expected 64 or 80, got {s!r}")
+
+
 def _exp2_fma(s) -> int:
     if s in (None, ""):
         return 0
@@ -162,6 +170,9 @@ BWD_DQ_WRITERS = Knob("CUPY_DASH_BWD_DQ_WRITERS", "1 / 2 / unset",
 BWD_PDL = Knob("CUPY_DASH_BWD_PDL", "0 / 1 / unset",
     "experiment: 1 launches the backward's preprocess, main and postprocess kernels with programmatic dependent "
     "launch (each successor scheduled early, waiting on the GPU); default 0; read once per process", _flag)
+BWD_FULL_BLOCK_M = Knob("CUPY_DASH_BWD_FULL_BLOCK_M", "64 / 80 / unset",
+    "experiment: queries per Q tile of the head-dim-128 backward without a causal mask (80: FA3's plan, dQ "
+    "computed transposed, one K buffer; default 64); read once per process", _full_block_m)
 EXP2_FMA = Knob("CUPY_DASH_EXP2_FMA", "0 to 8 / unset",
     "experiment: of every 8 column groups of the softmax, how many take 2^x on the FMA pipe instead of the MUFU "
     "unit (forward and backward main kernels; default 0); read once per process", _exp2_fma)
@@ -169,7 +180,7 @@ XDG_CACHE_HOME = Knob("XDG_CACHE_HOME", "path / unset",
     "(the XDG standard's) base of the default kernel cache directory", _path)
 
 KNOBS = (SPIN_TIMEOUT_MS, FOLD, COMPACT_TABLES, VARLEN_EXPAND, FASTPATH, SYNC_ERRORS, JAX_FFI, CACHE_DIR,
-         JIT_VERBOSE, BWD_DQ_STAGES, BWD_DQ_WRITERS, BWD_PDL, EXP2_FMA, XDG_CACHE_HOME)
+         JIT_VERBOSE, BWD_DQ_STAGES, BWD_DQ_WRITERS, BWD_PDL, BWD_FULL_BLOCK_M, EXP2_FMA, XDG_CACHE_HOME)
 # The knobs that decide what a backward launches (the spin timeout is in its parameter block).
 PLAN_KNOBS = (SPIN_TIMEOUT_MS, FOLD, COMPACT_TABLES, VARLEN_EXPAND)
 

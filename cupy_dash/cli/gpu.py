@@ -29,7 +29,7 @@ def _gpu_state():
 def _analysis_tile():
     try:
         from ..cuda import kernels
-        tile = kernels.bwd_tile(ANALYSIS_SHAPE["head_dim"])
+        tile = kernels.bwd_tile(ANALYSIS_SHAPE["head_dim"], ANALYSIS_SHAPE["causal"])
         return int(tile.block_m), int(tile.block_n)
     except Exception:
         return FALLBACK_TILE

@@ -414,7 +414,7 @@ def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, determinis
     # NOTES: compact tables (per-column records) serve policy-built tables without a timeline, for problems whose
     # per-visit table would be large or on request (compact_device.table_form); such calls are not registered on the
     # torch fast path, which replays per-visit launches.
-    tile = kernels.bwd_tile(D)
+    tile = kernels.bwd_tile(D, causal)
     capped = p.softcap > 0
     compact = plan is None and timeline is None and compact_device.wanted(Sq, Sk, tile.block_m, tile.block_n, B * H,
                                                                           causal, window, capped)

@@ -72,8 +72,12 @@ def _tables(dev, dtype, D, causal, deterministic, schedule, lens_q, lens_k, H, H
         raise NotImplementedError(f"softcap: a varlen backward of {tables.num_visits} tile visits needs compact "
                                   f"schedule tables (more than {compact_device.AUTO_VISITS}), which have no "
                                   f"soft-capping build yet")
-    specs, _, _, compact_ctas = kernels.bwd_entry(dev, dtype, D, causal, deterministic, compact=compact, varlen=True,
-                                                  softcap=softcap)
+    specs, cbm, cbn, compact_ctas = kernels.bwd_entry(dev, dtype, D, causal, deterministic, compact=compact,
+                                                      varlen=True, softcap=softcap)
+    if (cbm, cbn) != (bm, bn):   # NOTES: the 80-query tile has no compact build (kernels.bwd_tile): 64 rebuilt
+        bm, bn = cbm, cbn
+        tables = varlen_device.plan(schedule, lens_q, lens_k, bm, bn, H, Hkv, causal, compact_ctas, window, True,
+                                    None, pinned=True)
     if tables.num_ctas > compact_ctas:
         raise RuntimeError(f"cupy_dash: the compact varlen kernel holds {compact_ctas} co-resident CTAs, fewer than "
                            f"the {tables.num_ctas} of its table")

@@ -50,6 +50,7 @@ TILES = {
     ("fwd", 128): TileConfig(block_m=128, block_n=128, threads=MAIN_THREADS),
     ("bwd_main", 64): TileConfig(block_m=128, block_n=128, threads=MAIN_THREADS),
     ("bwd_main", 128): TileConfig(block_m=64, block_n=128, threads=MAIN_THREADS),
+    ("bwd_main", 128, "full80"): TileConfig(block_m=80, block_n=128, threads=MAIN_THREADS),
 }
 AUX_THREADS = K.kAuxThreads
 
@@ -68,8 +69,8 @@ def _fwd_smem(t: TileConfig, d: int) -> int:
 def _bwd_main_smem(t: TileConfig, d: int, dq_stages: int = 1) -> int:
     """kernels_src/bwd/config.cuh SmemLayout: K x k_stages, V; Q, dO, dS x stages; fp32 dQ x dq_stages; lse, dpsum
     x stages; 2 x k_stages + 2 + 4 x stages mbarriers; a visit slot per stage; the alignment slack. Two dQ
-    staging buffers (DASH_DQ_STAGES) take the second K buffer's place."""
-    stages, k_stages = K.kBwdStages, (K.kBwdKStages if dq_stages == 1 else 1)
+    staging buffers (DASH_DQ_STAGES) take the second K buffer's place, as the 80-query tile does."""
+    stages, k_stages = K.kBwdStages, (K.kBwdKStages if dq_stages == 1 and t.block_m != 80 else 1)
     return ((k_stages + 1) * t.block_n * d * 2 + stages * 2 * t.block_m * d * 2 + stages * t.block_m * t.block_n * 2
             + dq_stages * t.block_m * d * 4 + stages * 2 * t.block_m * 4
             + K.kMbarrierBytes * (2 * k_stages + 2 + 4 * stages) + K.kVisitSlotBytes * stages + K.kSmemAlign)
@@ -151,9 +152,13 @@ def fwd_tile(head_dim: int) -> TileConfig:
     return TILES[("fwd", head_dim)]
 
 
-def bwd_tile(head_dim: int) -> TileConfig:
-    """The backward main kernel's tile (preprocess / postprocess share block_m and block_n)."""
+def bwd_tile(head_dim: int, causal: bool, compact: bool = False) -> TileConfig:
+    """The backward main kernel's tile (preprocess / postprocess share block_m and block_n). Head dim 128 without
+    a causal mask: 80 queries when ``CUPY_DASH_BWD_FULL_BLOCK_M=80`` (an experiment, FA3's full-mask plan), except
+    with ``compact`` tables (their MMA warpgroups have 224 registers: the 80-query tile spilled)."""
     check_supported("bfloat16", head_dim)
+    if head_dim == 128 and not causal and not compact and config.BWD_FULL_BLOCK_M.get() == 80:
+        return TILES[("bwd_main", 128, "full80")]
     return TILES[("bwd_main", head_dim)]
 
 
@@ -223,7 +228,7 @@ def bwd_specs(dtype: str, head_dim: int, causal: bool, deterministic: bool, time
     if timeline and compact:
         raise ValueError("timeline builds need the per-visit tables: no compact timeline variant")
     check_supported(dtype, head_dim)
-    main_tile = bwd_tile(head_dim)
+    main_tile = bwd_tile(head_dim, causal, compact)
     aux_tile = TileConfig(main_tile.block_m, main_tile.block_n, AUX_THREADS)
     flags = dict(DASH_CAUSAL=causal, DASH_DETERMINISTIC=deterministic)
     if timeline:
@@ -256,7 +261,7 @@ EXPAND_CHUNKS = 4       # bwd_expand's grid: (schedule CTAs, EXPAND_CHUNKS) bloc
 def expand_spec(varlen: bool = False) -> KernelSpec:
     """The kernel that expands compact records into the per-visit table on the GPU (kernels_src/bwd_expand.cu);
     it depends on no dtype or head dim (built with bf16 / d64's defines), only on the record format."""
-    tile = bwd_tile(64)
+    tile = bwd_tile(64, False)
     flags = dict(DASH_COMPACT=True)
     if varlen:
         flags["DASH_VARLEN"] = True
@@ -368,13 +373,14 @@ def bwd_entry(device_id: int, dtype: str, head_dim: int, causal: bool, determini
     capture cannot load kernels, so the eager warm-up that torch.compile's reduce-overhead mode makes must
     leave preprocess and postprocess loaded too."""
     key = (device_id, dtype, head_dim, causal, deterministic, timeline, compact, varlen, softcap,
-           config.BWD_DQ_STAGES.get(), config.BWD_DQ_WRITERS.get(), config.EXP2_FMA.get(), config.BWD_PDL.get())
+           config.BWD_DQ_STAGES.get(), config.BWD_DQ_WRITERS.get(), config.EXP2_FMA.get(), config.BWD_PDL.get(),
+           config.BWD_FULL_BLOCK_M.get())
     e = _bwd_cache.get(key)
     if e is None:
         import cupy
         from . import jit
         specs = bwd_specs(dtype, head_dim, causal, deterministic, timeline, compact, varlen, softcap=softcap)
-        tile = bwd_tile(head_dim)
+        tile = bwd_tile(head_dim, causal, compact)
         with cupy.cuda.Device(device_id):
             max_ctas = int(max_resident_ctas(specs.main))
             for spec in (specs.preprocess, specs.postprocess):

@@ -177,7 +177,7 @@ class _VarlenBackward:
         self.p = p
         num_seqs = len(vcfg.cu_q) - 1
         cu_host = tuple(np.asarray(c, np.int64) for c in (vcfg.cu_q, vcfg.cu_k))
-        tile = kernels.bwd_tile(p.D)
+        tile = kernels.bwd_tile(p.D, cfg.causal)
         specs = kernels.bwd_specs(p.dtype, p.D, cfg.causal, cfg.deterministic, varlen=True, softcap=p.softcap > 0)
         self.work_bytes = launchers.BwdLaunch(specs, tile.block_m, tile.block_n, p, cfg.deterministic,
                                               spin_timeout_ns, cfg.causal, cfg.window,

@@ -78,7 +78,7 @@ class _Backward:
     def __init__(self, p, cfg, dcfg, spin_timeout_ns):
         import cupy
         self.p, self.cfg, self.dcfg, self.spin = p, cfg, dcfg, spin_timeout_ns
-        tile = kernels.bwd_tile(p.D)
+        tile = kernels.bwd_tile(p.D, cfg.causal)
         specs = kernels.bwd_specs(p.dtype, p.D, cfg.causal, cfg.deterministic, varlen=True, softcap=p.softcap > 0)
         self.work_bytes = launchers.BwdLaunch(specs, tile.block_m, tile.block_n, p, cfg.deterministic,
                                               spin_timeout_ns, cfg.causal, cfg.window,

@@ -34,10 +34,13 @@ static_assert(kHeadDim == 64 || kHeadDim == 128, "head dim 64 or 128");
 static_assert(kBlockN == 64 * kNumMmaWg, "each MMA warpgroup owns 64 keys: the rows of its S^T, dP^T, dK, dV");
 // dQ = dS K: warpgroup wg computes a 64 x kDqCols piece of the kBlockM x kHeadDim tile. With kBlockM = 128
 // (hdim 64) it owns query rows [64 wg, 64 wg + 64) and every column; with kBlockM = 64 (hdim 128) every row and
-// head-dim columns [64 wg, 64 wg + 64). Either way its B operand (K) is one whole 64-column panel.
+// head-dim columns [64 wg, 64 wg + 64). Either way its B operand (K) is one whole 64-column panel. With kBlockM =
+// 80 (hdim 128, FA3's full-mask plan) m64 cannot tile the queries: the warpgroup computes dQ^T = K^T dS^T, head-dim
+// rows [64 wg, 64 wg + 64) by the 80 queries, K^T being an MN-major A operand (one panel of K) and dS a K-major B.
 using DqLayout = DqAccumLayout<kBlockM, kHeadDim>;
-static_assert(DqLayout::kSplitRows ? kHeadDim == 64 : (kBlockM == 64 && kHeadDim == 64 * kNumMmaWg),
-              "tile plans: hdim 64 with kBlockM 128, hdim 128 with kBlockM 64");
+static_assert(DqLayout::kSplitRows ? kHeadDim == 64
+                                   : ((kBlockM == 64 || kBlockM == 80) && kHeadDim == 64 * kNumMmaWg),
+              "tile plans: hdim 64 with kBlockM 128, hdim 128 with kBlockM 64 or 80");
 constexpr int kDqCols = DqLayout::kCols;
 
 #ifndef DASH_PDL
@@ -83,7 +86,9 @@ static_assert(DASH_DQ_WRITERS == 1 || DASH_DQ_WRITERS == 2, "one or two dQ write
 constexpr int kDqStages = DASH_DQ_STAGES;
 static_assert(kDqStages == 1 || kDqStages == 2, "one or two dQ staging buffers");
 constexpr int kStages = kBwdStages;                            // Q (+ lse_log2), dO (+ dpsum) and dS buffers
-constexpr int kKStages = kDqStages == 1 ? kBwdKStages : 1;     // K buffers: the next KV tile's K loads early
+// K buffers: the next KV tile's K loads early into the second one, unless its 32 KB went to a second dQ staging
+// buffer or to the larger Q, dO, dS and dQ tiles of kBlockM = 80 (which then fill 224 KB without it).
+constexpr int kKStages = kDqStages == 1 && kBlockM != 80 ? kBwdKStages : 1;
 
 // Named barriers (id 0 is __syncthreads), all of the kernel's: both MMA warpgroups after writing dS; per MMA
 // warpgroup, its dQ slice written (MMA warpgroup arrives, dQ writer warp syncs) and free again (the other way

@@ -4,23 +4,27 @@
 #include "../common.cuh"
 
 // NOTES: tile (bh, m_block) is kBlockM * kHeadDim floats at (bh * seqlen_q_rounded + m_block * kBlockM) *
-// kHeadDim. It holds one contiguous slice per MMA warpgroup (its 64 x kCols piece of dQ = dS K, see
-// bwd/config.cuh), and a slice holds the m64 accumulator fragments in thread order: float4 number 128 c + t is
-// registers 4c .. 4c + 3 of thread t, i.e. rows r, r, r + 8, r + 8 and columns col, col + 1, col, col + 1 of
-// the piece with r = 16 (t / 32) + (t % 32) / 4 and col = 8 c + 2 (t % 4).
+// kHeadDim. It holds one contiguous slice per MMA warpgroup (its 64 x kCols piece of dQ = dS K, or of
+// dQ^T = K^T dS^T in the transposed plan, see bwd/config.cuh), and a slice holds the m64 accumulator fragments
+// in thread order: float4 number 128 c + t is registers 4c .. 4c + 3 of thread t, i.e. rows r, r, r + 8, r + 8
+// and columns col, col + 1, col, col + 1 of the piece with r = 16 (t / 32) + (t % 32) / 4 and col = 8 c + 2 (t %
+// 4). Plans: head dim 64 with kBlockM 128 (pieces are row halves: queries [64 wg, 64 wg + 64), every column);
+// head dim 128 with kBlockM 64 (column halves: every query, head-dim columns [64 wg, 64 wg + 64)); head dim 128
+// with kBlockM 80 (transposed: piece wg is dQ^T's head-dim rows [64 wg, 64 wg + 64) by the kBlockM queries).
 template <int kBlockM, int kHeadDim>
 struct DqAccumLayout {
-  static constexpr bool kSplitRows = kBlockM == 128;     // pieces are row halves (hdim 64) or column halves
-  static constexpr int kCols = kSplitRows ? kHeadDim : 64;
+  static constexpr bool kSplitRows = kBlockM == 128;
+  static constexpr bool kTransposed = kBlockM % 64 != 0;  // m64 cannot tile the queries: dQ^T
+  static constexpr int kCols = kSplitRows ? kHeadDim : kTransposed ? kBlockM : 64;
   static constexpr int kSliceVecs = 64 * kCols / 4;
   static constexpr int kTileVecs = kBlockM * kHeadDim / 4;
   static_assert(kTileVecs == 2 * kSliceVecs, "two warpgroup slices per tile");
 
   static DASH_DEVICE int row0(int wg) { return kSplitRows ? 64 * wg : 0; }
-  static DASH_DEVICE int col0(int wg) { return kSplitRows ? 0 : 64 * wg; }
+  static DASH_DEVICE int col0(int wg) { return kSplitRows || kTransposed ? 0 : 64 * wg; }
 
-  // NOTES: the four float4 4q .. 4q + 3 of column block c (quad q of a warpgroup: the threads 4q .. 4q + 3)
-  // hold 8 consecutive columns of two rows: float4 4q + j has (row, col + 2j), (row, col + 2j + 1),
+  // Row-major pieces: the four float4 4q .. 4q + 3 of column block c (quad q of a warpgroup: the threads
+  // 4q .. 4q + 3) hold 8 consecutive columns of two rows: float4 4q + j has (row, col + 2j), (row, col + 2j + 1),
   // (row + 8, col + 2j), (row + 8, col + 2j + 1), with row = 16 (q / 8) + q % 8 and col = 8 c of the piece.
   // Groups are numbered row pair by row pair, 8 columns at a time along the whole tile row, so that consecutive
   // groups write consecutive 16-byte segments of one dq row.
@@ -34,5 +38,16 @@ struct DqAccumLayout {
     const int wg = kSplitRows ? row / 64 : cg / 8, c = kSplitRows ? cg : cg % 8, r = row % 64;
     vec = wg * kSliceVecs + 128 * c + 4 * (8 * (r / 16) + r % 8);
     col = col0(wg) + 8 * c;
+  }
+
+  // Transposed pieces: the 8 float4 vec + 4 i (i = 0..7) of group g hold queries q and q + 1 by head-dim
+  // columns col + i (.x: q, .y: q + 1) and col + 8 + i (.z: q, .w: q + 1), with q = 8 c + 2 j and col = 64 wg +
+  // 16 w for g = ((wg kBlockM / 8 + c) 4 + w) 4 + j: each group writes 16 consecutive columns of two dq rows.
+  static constexpr int kTileGroupsT = kTileVecs / 8;
+  static DASH_DEVICE void locate_group_t(int g, int& vec, int& query, int& col) {
+    const int j = g % 4, w = (g / 4) % 4, c = (g / 16) % (kBlockM / 8), wg = g / (2 * kBlockM);
+    vec = wg * kSliceVecs + 128 * c + 32 * w + j;
+    query = 8 * c + 2 * j;
+    col = 64 * wg + 16 * w;
   }
 };

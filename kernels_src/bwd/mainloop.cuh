@@ -229,12 +229,22 @@ DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_gen
   fence_proxy_async_smem();
   named_barrier_sync<kBarPdS, kPdSThreads>();
   float dQ[kDqRegs];
-  const uint64_t ds_desc = TileQ::kmajor(s.ds(stage), DqLayout::row0(wg));
-  const uint64_t kb_desc = TileKV::mnmajor(s.k(kbuf), DqLayout::col0(wg));
+  if constexpr (DqLayout::kTransposed) {
+    // dQ^T piece = K^T dS^T: A = head-dim panel wg of K (MN-major), B = dS (K-major, all kBlockM queries).
+    const uint64_t kt_desc = TileKV::mnmajor(s.k(kbuf), 64 * wg), ds_desc = TileQ::kmajor(s.ds(stage), 0);
 #pragma unroll
-  for (int ks = 0; ks < kBlockN / 16; ++ks) {
-    wgmma_ss<kDqCols, 0, 1>(dQ, desc_advance(ds_desc, TileQ::kmajor_step(ks)),
-                            desc_advance(kb_desc, TileKV::mnmajor_step(ks)), ks > 0);
+    for (int ks = 0; ks < kBlockN / 16; ++ks) {
+      wgmma_ss<kDqCols, 1, 0>(dQ, desc_advance(kt_desc, TileKV::mnmajor_step(ks)),
+                              desc_advance(ds_desc, TileQ::kmajor_step(ks)), ks > 0);
+    }
+  } else {
+    const uint64_t ds_desc = TileQ::kmajor(s.ds(stage), DqLayout::row0(wg));
+    const uint64_t kb_desc = TileKV::mnmajor(s.k(kbuf), DqLayout::col0(wg));
+#pragma unroll
+    for (int ks = 0; ks < kBlockN / 16; ++ks) {
+      wgmma_ss<kDqCols, 0, 1>(dQ, desc_advance(ds_desc, TileQ::kmajor_step(ks)),
+                              desc_advance(kb_desc, TileKV::mnmajor_step(ks)), ks > 0);
+    }
   }
   wgmma_commit();
 

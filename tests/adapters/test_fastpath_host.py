@@ -26,7 +26,7 @@ def fixed(no_gpu, monkeypatch):
                    cta_start=ptr(data=ptr(ptr=0x7200)), num_ctas=33, policy="fa3")
     monkeypatch.setattr(launchers, "bwd_tables", tables)
     specs = kernels.bwd_specs("bfloat16", 128, True, True)
-    tile = kernels.bwd_tile(128)
+    tile = kernels.bwd_tile(128, True)
     monkeypatch.setattr(kernels, "bwd_entry", lambda *a, **kw: (specs, tile.block_m, tile.block_n, 132))
     monkeypatch.setattr(api, "acquire_slot", varlen.acquire_slot)
     monkeypatch.setattr(api, "_poll_errors", lambda: None)

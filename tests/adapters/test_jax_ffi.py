@@ -136,7 +136,7 @@ def forward_pack(p):
 
 def backward_launch(p, deterministic=True, window=(-1, 0)):
     specs = kernels.bwd_specs("bfloat16", p.D, True, deterministic)
-    tile = kernels.bwd_tile(p.D)
+    tile = kernels.bwd_tile(p.D, True)
     c = launchers.BwdLaunch(specs, tile.block_m, tile.block_n, p, deterministic, 10**9, True, window)
     ptr = types.SimpleNamespace
     c.tables = types.SimpleNamespace(visits=ptr(data=ptr(ptr=0x5000)), rank=ptr(data=ptr(ptr=0x6000)),

@@ -93,7 +93,7 @@ def test_lowering_one_callback_per_kernel_call_with_workspace_result(jx):
     assert len(calls) == 2, calls
     fwd, bwd = calls
     assert fwd[1].count("tensor<") == 2 and "tensor<2x4x256xf32>" in fwd[1]          # out, lse
-    tile = kernels.bwd_tile(128)
+    tile = kernels.bwd_tile(128, True)
     p, cfg = cupy_dash.jax.ops._problem(cupy_dash.jax.ops._config(True, None), q, k, k)
     work = launchers.BwdLaunch(kernels.bwd_specs("bfloat16", 128, True, True), tile.block_m, tile.block_n, p, True,
                                1, True, cfg.window).work_bytes

@@ -201,7 +201,7 @@ def test_backward_small_grid_matches_reference(case, schedule, num_ctas):
     data = _case_data(case, backward=True)
     do, q, k, v, out = (_dev(data[n]) for n in ("do", "q", "k", "v", "out_in"))
     lse = _dev(data["lse_in"])
-    tile = kernels.bwd_tile(case.hdim)
+    tile = kernels.bwd_tile(case.hdim, case.causal)
     plan = dash_schedule.build(schedule, seqlen_q=case.seqlen_q, seqlen_k=case.seqlen_k, block_m=tile.block_m,
                                block_n=tile.block_n, num_heads=case.batch * case.heads, causal=case.causal,
                                num_sms=num_ctas)
@@ -252,7 +252,8 @@ def test_causal_rows_without_keys(case, schedule):
 # bitwise determinism
 # ----------------------------------------------------------------------------------------------------------------
 DET_CASES = [Case("bf16", 128, True, 1024, 1024, batch=2, heads=4),
-             Case("bf16", 64, False, 777, 1500, batch=1, heads=8)]
+             Case("bf16", 64, False, 777, 1500, batch=1, heads=8),
+             Case("bf16", 128, False, 1111, 1500, batch=2, heads=4)]
 
 
 def _gpu_inputs(case, rng):
@@ -517,7 +518,7 @@ def test_corrupt_schedule_reports_error_instead_of_hanging(corruption, request):
     data = _case_data(case, backward=True)
     do, q, k, v, out = (_dev(data[n]) for n in ("do", "q", "k", "v", "out_in"))
     lse = _dev(data["lse_in"])
-    tile = kernels.bwd_tile(case.hdim)
+    tile = kernels.bwd_tile(case.hdim, case.causal)
     common = dict(causal=case.causal, softmax_scale=None)
 
     # A normal backward first: the bits the GPU must still produce after the failure.

@@ -144,7 +144,7 @@ def test_folded_small_grid_with_idle_ctas_matches_reference(num_ctas, idle, monk
     data = _case_data(case, backward=True)
     do, q, k, v, out = (_dev(data[n]) for n in ("do", "q", "k", "v", "out_in"))
     lse = _dev(data["lse_in"])
-    tile = kernels.bwd_tile(case.hdim)
+    tile = kernels.bwd_tile(case.hdim, True)
     plan = dash_schedule.build("descending", seqlen_q=case.seqlen_q, seqlen_k=case.seqlen_k, block_m=tile.block_m,
                                block_n=tile.block_n, num_heads=case.batch * case.heads, causal=True,
                                num_sms=num_ctas)

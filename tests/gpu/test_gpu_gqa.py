@@ -125,7 +125,7 @@ def test_gqa_backward_small_grid_matches_reference(case, schedule, num_ctas):
 
     data = _data(case)
     do, q, k, v, out, lse = _inputs(data)
-    tile = kernels.bwd_tile(case.hdim)
+    tile = kernels.bwd_tile(case.hdim, case.causal)
     g = case.heads // case.kv_heads
     plan = dash_schedule.build(schedule, seqlen_q=case.seqlen_q, seqlen_k=case.seqlen_k, block_m=tile.block_m,
                                block_n=tile.block_n, num_heads=case.batch * case.heads, group_size=g,

@@ -195,7 +195,7 @@ def test_failed_backward_on_the_second_gpu_is_reported():
     from cupy_dash.core.api import _backward_with_plan
     a = _arrays(64, seed=6)
     want = _cupy_call(a, 0, 0, {})
-    tile = kernels.bwd_tile(64)
+    tile = kernels.bwd_tile(64, True)
     plan = schedule.build("descending", seqlen_q=S, seqlen_k=S, block_m=tile.block_m, block_n=tile.block_n,
                           num_heads=B * H, causal=True, num_sms=8, group_size=H // HKV)
     rank = np.array(plan.rank, copy=True)

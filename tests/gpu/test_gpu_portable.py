@@ -30,7 +30,7 @@ def test_tables_for_114_and_132_ctas_give_the_same_bits(policy, hdim, causal):
     host = [rng.standard_normal((B, S, H, hdim), dtype=np.float32).astype(BF16) for _ in range(4)]
     q, k, v, do = (_dev(x) for x in host)
     out, lse = cupy_dash.attention_forward(q, k, v, causal=causal)
-    tile = kernels.bwd_tile(hdim)
+    tile = kernels.bwd_tile(hdim, causal)
     bits = {}
     for sms in (114, 132):
         plan = schedule.build(policy, seqlen_q=S, seqlen_k=S, block_m=tile.block_m, block_n=tile.block_n,

@@ -170,7 +170,7 @@ def test_window_backward_small_grid(case, schedule, num_ctas):
 
     data = _data(case)
     do, q, k, v, out, lse = _gpu_forward(case, data)
-    tile = kernels.bwd_tile(case.hdim)
+    tile = kernels.bwd_tile(case.hdim, case.causal)
     plan = dash_schedule.build(schedule, seqlen_q=case.seqlen_q, seqlen_k=case.seqlen_k, block_m=tile.block_m,
                                block_n=tile.block_n, num_heads=case.batch * case.heads,
                                group_size=case.heads // case.kv_heads, causal=case.causal, num_sms=num_ctas,

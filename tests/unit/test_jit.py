@@ -234,7 +234,7 @@ def test_all_specs_cover_every_combination():
 
 def test_tile_plan_and_smem():
     for d, (bm, bn) in ((64, (128, 128)), (128, (64, 128))):
-        f, b = kernels.fwd_tile(d), kernels.bwd_tile(d)
+        f, b = kernels.fwd_tile(d), kernels.bwd_tile(d, True)
         fs = kernels.fwd_spec("bfloat16", d, False)
         # the forward: Q; K, V x2 stages; 9 barriers; 1 KB of alignment slack (fwd/config.cuh static_asserts it)
         assert fs.smem_bytes == (f.block_m + 4 * f.block_n) * d * 2 + 72 + 1024 and fs.threads == f.threads == 384

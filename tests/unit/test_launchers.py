@@ -56,7 +56,7 @@ def test_forward_params():
 def test_backward_workspace_and_params(deterministic):
     p = problem(Sq=200)
     specs = kernels.bwd_specs("float16", 128, True, deterministic)
-    tile = kernels.bwd_tile(128)
+    tile = kernels.bwd_tile(128, True)
     c = launchers.BwdLaunch(specs, tile.block_m, tile.block_n, p, deterministic, 12345, True, (150, 0))
     m_blocks = -(-200 // tile.block_m)
     rows = 2 * 4 * m_blocks * tile.block_m
@@ -107,7 +107,7 @@ def test_backward_workspace_and_params(deterministic):
 @pytest.mark.parametrize("window,zero", [((-1, 0), False), ((0, 0), True), ((200, 0), False), ((127, 0), True)])
 def test_backward_zeroes_dk_dv_when_a_whole_kv_tile_is_unseen(window, zero):
     p = problem(Sq=64, Sk=320)                  # keys 0 .. Sk - Sq - left - 1 are seen by no query
-    tile = kernels.bwd_tile(128)
+    tile = kernels.bwd_tile(128, True)
     c = launchers.BwdLaunch(kernels.bwd_specs("float16", 128, True, True), tile.block_m, tile.block_n, p, True, 1,
                             True, window)
     assert c.zero_kv == zero, (window, 320 - 64 - window[0], tile.block_n)
@@ -116,7 +116,7 @@ def test_backward_zeroes_dk_dv_when_a_whole_kv_tile_is_unseen(window, zero):
 
 def _backward_launch(window=(-1, 0)):
     p = problem(Sq=64, Sk=320)
-    tile = kernels.bwd_tile(128)
+    tile = kernels.bwd_tile(128, True)
     c = launchers.BwdLaunch(kernels.bwd_specs("float16", 128, True, True), tile.block_m, tile.block_n, p, True, 1,
                             True, window)
     c.tables = types.SimpleNamespace(num_ctas=7, policy="fa3")
@@ -209,7 +209,7 @@ def test_fold_decision(env, small, large, monkeypatch):
     """A backward is folded into one launch when its batch has fixed lengths, its dk, dv need no zeroing and it
     has at most FOLD_MAX_TILES (Q tile, KV tile) pairs; CUPY_DASH_FOLD = 0 / 1 overrides the size rule only."""
     monkeypatch.setenv(launchers.FOLD_ENV, env)
-    tile = kernels.bwd_tile(128)
+    tile = kernels.bwd_tile(128, True)
     specs = kernels.bwd_specs("float16", 128, True, True)
 
     def fold(window=(-1, 0), **shape):

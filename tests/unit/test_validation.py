@@ -179,7 +179,7 @@ def test_a_soft_capped_backward_too_large_for_per_visit_tables_raises(monkeypatc
     backward, and raises where the per-visit table would exceed AUTO_VISITS."""
     from cupy_dash.cuda import kernels
     from cupy_dash.schedule import compact_device
-    tile = kernels.bwd_tile(128)
+    tile = kernels.bwd_tile(128, True)
     monkeypatch.setattr(compact_device, "AUTO_VISITS", 10)
     assert compact_device.wanted(4096, 4096, tile.block_m, tile.block_n, 8, True, (-1, 0))
     with pytest.raises(NotImplementedError, match="softcap: a backward of .* needs compact schedule tables"):

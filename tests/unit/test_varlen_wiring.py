@@ -68,7 +68,7 @@ def no_gpu(monkeypatch):
     monkeypatch.setattr(varlen.cupy.cuda, "Device", lambda dev: contextlib.nullcontext())
     monkeypatch.setattr(gpu, "require", lambda what, device=0: None)
     specs = kernels.bwd_specs("bfloat16", D, True, True, varlen=True)
-    tile = kernels.bwd_tile(D)
+    tile = kernels.bwd_tile(D, True)
     monkeypatch.setattr(kernels, "bwd_entry", lambda *a, **kw: (specs, tile.block_m, tile.block_n, 132))
     return tile
 

@@ -49,7 +49,7 @@ def test_windowed_backward_passes_validation(window, causal, gpu_work_log):
 def test_backward_with_plan_needs_the_calls_window(gpu_work_log):
     from cupy_dash.core.api import _backward_with_plan
     t = fake(make(Sq=96, Sk=160))
-    tile = kernels.bwd_tile(64)         # the kernel's tiles: a GPU machine whose variant cache is warm checks them
+    tile = kernels.bwd_tile(64, False)         # the kernel's tiles: a GPU machine whose variant cache is warm checks them
     kw = dict(seqlen_q=96, seqlen_k=160, block_m=tile.block_m, block_n=tile.block_n, num_heads=8, causal=False,
               num_sms=4)
     plan = _build_schedule("shift", window=(20, 10), **kw)
