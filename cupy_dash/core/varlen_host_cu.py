@@ -7,15 +7,17 @@ tensors to the forward and to its backward, so the forward enqueues an asynchron
 memory, after the work that produced them, and the backward takes that copy (waiting on its event, long finished
 by then) instead of synchronizing.
 
-NOTES: an entry serves a backward only for the tensor the forward saw, or an alias of it (autograd's saved tensors
-and compiled graphs hand the backward another Python object over the same memory), at the same address and torch
-version: while the forward's tensor lives (a weak reference), no other tensor can own its address, and aliases
-share its version counter (an in-place change bumps it); so reused memory or a modified tensor never gets another
-tensor's lengths. The first lookup waits for the copy's event and keeps the lengths; later ones (a
-CUDA graph capture among them, where no wait is allowed) read them without waiting. During capture nothing is
-enqueued (a captured copy would only run at replay) and a copy not yet waited for is not waited for: the lookup
-misses. torch tensors only (CuPy arrays have no version counter: their backward copies
-as before; JAX passes host lengths).
+NOTES: an entry serves a backward only at the forward's address, for a tensor of the same shape and torch version.
+It holds a reference to the forward's storage (small ones, up to _MAX_HELD_BYTES), so that the memory cannot be
+freed and given to another tensor while the entry lives: every tensor at that address is then a view of the same
+memory, and views share their version counter (an in-place change bumps it). Autograd's saved tensors and compiled
+graphs hand the backward another Python object over the same memory, and under torch.compile the forward's object
+itself dies when the forward returns; a weak reference to it (what a larger storage gets) then misses. The first
+lookup waits for the copy's event and keeps the lengths; later ones (a CUDA graph capture among them, where no
+wait is allowed) read them without waiting. During capture nothing is enqueued (a captured copy would only run at
+replay) and a copy not yet waited for is not waited for: the lookup misses. torch tensors only (CuPy arrays have
+no version counter: their backward copies as before; JAX passes host lengths). A tensor written other than through
+torch (DLPack, a raw kernel) does not bump its version: such writes between forward and backward are not seen.
 """
 from __future__ import annotations
 
@@ -30,24 +32,25 @@ import numpy as np
 from . import interop
 
 _MAX_ENTRIES = 64
+_MAX_HELD_BYTES = 1 << 20
 _lock = threading.Lock()
 _entries: "collections.OrderedDict" = collections.OrderedDict()
 _stats = {"hits": 0, "misses": 0}
 
 
 class _Entry:
-    __slots__ = ("ref", "version", "host", "event", "lengths")
+    __slots__ = ("storage", "ref", "shape", "version", "host", "event", "lengths")
 
 
-def _serves(e, cu, ptr) -> bool:
-    """Whether entry ``e`` holds the lengths of ``cu`` at ``ptr``: the remembered tensor (or an alias of it, same
-    address and shape) is alive and unchanged since its copy."""
-    if e is None:
+def _serves(e, cu) -> bool:
+    """Whether entry ``e`` (keyed by ``cu``'s address) holds the lengths of ``cu``: same shape and version, and
+    the forward's memory held by the entry or its tensor alive."""
+    if e is None or e.version != cu._version or e.shape != tuple(cu.shape):
         return False
+    if e.storage is not None:
+        return True
     seen = e.ref()
-    if seen is None or e.version != cu._version or seen._version != e.version:
-        return False
-    return seen is cu or (seen.data_ptr() == ptr and tuple(seen.shape) == tuple(cu.shape))
+    return seen is not None and seen._version == e.version
 
 
 def remember(cu, info, ptr: int, stream) -> None:
@@ -58,16 +61,21 @@ def remember(cu, info, ptr: int, stream) -> None:
     key = (ptr, info.device_id)
     with _lock:
         e = _entries.get(key)
-    if _serves(e, cu, ptr):
-        return          # this very tensor, unchanged since its copy was enqueued: the copy still holds
-    try:
-        ref = weakref.ref(cu)
-    except TypeError:
-        return
+    if _serves(e, cu):
+        return          # this memory, unchanged since its copy was enqueued: the copy still holds
     if interop.capturing(cu):
         return
     e = _Entry()
-    e.ref, e.version, e.lengths = ref, cu._version, None
+    e.storage = e.ref = None
+    try:
+        storage = cu.untyped_storage()
+        if storage.nbytes() <= _MAX_HELD_BYTES:
+            e.storage = storage
+        else:
+            e.ref = weakref.ref(cu)
+    except (AttributeError, TypeError):
+        return
+    e.shape, e.version, e.lengths = tuple(cu.shape), cu._version, None
     e.host = cupyx.empty_pinned(info.shape[0], dtype=np.int32)
     rt = cupy.cuda.runtime
     rt.memcpyAsync(e.host.ctypes.data, ptr, e.host.nbytes, rt.memcpyDeviceToHost, stream.ptr)
@@ -82,12 +90,12 @@ def remember(cu, info, ptr: int, stream) -> None:
 
 def lookup(cu, info, ptr: int):
     """The host int64 copy of ``cu`` that a forward took (after waiting for it, the first time), or None when there
-    is none for this very tensor, address and version, or when it was never waited for and the stream captures."""
+    is none for this address, shape and version, or when it was never waited for and the stream captures."""
     if info.framework != "torch":
         return None
     with _lock:
         e = _entries.get((ptr, info.device_id))
-    if not _serves(e, cu, ptr):
+    if not _serves(e, cu):
         _stats["misses"] += 1
         return None
     if e.lengths is None:

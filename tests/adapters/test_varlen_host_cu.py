@@ -1,6 +1,7 @@
 """CPU tests of cupy_dash.core.varlen_host_cu (the forward's asynchronous host copy of device cu_seqlens, taken by the
-backward instead of a synchronizing copy), with the CUDA calls replaced: an entry serves only the very tensor the
-forward saw, at the same address and version; anything else falls back (None)."""
+backward instead of a synchronizing copy), with the CUDA calls replaced: an entry serves only the memory the
+forward saw (held by the entry, or its tensor alive), at the same address, shape and version; anything else falls
+back (None)."""
 from __future__ import annotations
 
 import types
@@ -11,16 +12,30 @@ import pytest
 from cupy_dash.core import varlen_host_cu
 
 
-class FakeTensor:
-    """What the module reads of a torch tensor: weak-referenceable, with an address, a shape and a version counter
-    (``alias_of``: another Python object over the same memory, sharing its version, as autograd's saved tensors)."""
+class FakeStorage:
+    def __init__(self, nbytes):
+        self._nbytes = nbytes
 
-    def __init__(self, values, ptr=0, alias_of=None):
+    def nbytes(self):
+        return self._nbytes
+
+
+class FakeTensor:
+    """What the module reads of a torch tensor: weak-referenceable, with an address, a shape, a storage and a version
+    counter (``alias_of``: another Python object over the same memory, sharing its storage and version, as
+    autograd's saved tensors and compiled graphs' inputs)."""
+
+    def __init__(self, values, ptr=0, alias_of=None, storage_bytes=None):
         self.values = np.asarray(values, np.int32)
         self.shape = self.values.shape
         self._ptr = ptr
         self._of = alias_of
         self._own_version = 0
+        self._storage = alias_of._storage if alias_of is not None else FakeStorage(
+            self.values.nbytes if storage_bytes is None else storage_bytes)
+
+    def untyped_storage(self):
+        return self._storage
 
     @property
     def _version(self):
@@ -110,14 +125,33 @@ def test_an_alias_is_served_until_a_change(fake_cuda):
     assert varlen_host_cu.lookup(cu, _info(3), 0x2800) is None
 
 
-def test_a_freed_tensor_is_not_served(fake_cuda):
+def test_the_entry_holds_small_memory_and_serves_it_after_the_tensor_dies(fake_cuda):
+    """Under torch.compile the forward's tensor object dies when the forward returns and the backward gets another
+    object over the same memory: the entry holds the (small) storage, so that memory cannot be handed to another
+    tensor, and an alias of it is served."""
+    import weakref
     device, _ = fake_cuda
-    cu = FakeTensor([0, 2])
+    cu = FakeTensor([0, 2, 5], ptr=0x5000)
     device[0x5000] = cu.values
-    varlen_host_cu.remember(cu, _info(2), 0x5000, types.SimpleNamespace(ptr=0))
+    varlen_host_cu.remember(cu, _info(3), 0x5000, types.SimpleNamespace(ptr=0))
+    storage = weakref.ref(cu._storage)
+    later = FakeTensor([0, 2, 5], ptr=0x5000, alias_of=cu)
     del cu
-    new = FakeTensor([0, 2])
-    assert varlen_host_cu.lookup(new, _info(2), 0x5000) is None
+    assert storage() is not None
+    assert varlen_host_cu.lookup(later, _info(3), 0x5000).tolist() == [0, 2, 5]
+    later._version += 1
+    assert varlen_host_cu.lookup(later, _info(3), 0x5000) is None
+
+
+def test_a_large_storage_is_not_held_and_its_freed_tensor_is_not_served(fake_cuda):
+    device, _ = fake_cuda
+    cu = FakeTensor([0, 2], ptr=0x5800, storage_bytes=varlen_host_cu._MAX_HELD_BYTES + 4)
+    device[0x5800] = cu.values
+    varlen_host_cu.remember(cu, _info(2), 0x5800, types.SimpleNamespace(ptr=0))
+    assert varlen_host_cu.lookup(cu, _info(2), 0x5800).tolist() == [0, 2]
+    del cu
+    new = FakeTensor([0, 2], ptr=0x5800)
+    assert varlen_host_cu.lookup(new, _info(2), 0x5800) is None
 
 
 def test_entries_are_bounded(fake_cuda):
