@@ -2,7 +2,7 @@
 # One device run on the H200: install, compile, GPU tests, demo, benchmarks; every log under $OUT.
 #   bash benchmarks/device_run.sh [smoke|fwd|tests|bench|integration|long|gqa|varlen_bench|long1m|varlen_step|
 #                                  fold|fold_bench|varlen_events|sanitize|ncu|engine|engine_bench|dq_stages|
-#                                  engine_ab|dq_writers|multi_gpu|first|first2|fa3_bench|fa3_full|final|exp2|pdl|next1|next2|tile80|tests2|all]
+#                                  engine_ab|dq_writers|multi_gpu|first|first2|fa3_bench|fa3_full|final|exp2|pdl|next1|next2|tile80|next3|tests2|all]
 #                                  [extra pytest args...]
 # "engine": the backward kernel's GPU tests (every family: MHA, GQA, compact, varlen, fold, window, portable);
 # "engine_bench": the backward at the issue's shapes, this tree against the kernels in .ab/kernels_src (an older
@@ -26,7 +26,7 @@ if [ -n "${FA3_WHL:-}" ]; then
   $py -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >"$OUT/fa3_install.log" 2>&1 && export PYTHONPATH=/tmp/site
 fi
 case "$stage" in   # these stages compile only the kernels they run, on first use
-  ncu|engine_bench|engine_ab|dq_writers|first|first2|fa3_bench|fa3_full|final|exp2|pdl|next1|next2|tile80) ;;
+  ncu|engine_bench|engine_ab|dq_writers|first|first2|fa3_bench|fa3_full|final|exp2|pdl|next1|next2|tile80|next3) ;;
   *) $py -m cupy_dash compile --all -j 16 >/tmp/compile.log 2>&1 || { tail -20 /tmp/compile.log; exit 1; }
      tail -1 /tmp/compile.log ;;
 esac
@@ -343,6 +343,29 @@ if [ "$stage" = tile80 ]; then   # CUPY_DASH_BWD_FULL_BLOCK_M=80 (FA3's full-mas
     grep -E "^\| (cupy_dash|fa3|FA3).*bwd" /tmp/first/tile$m.md | head -9 | sed "s/^/m=$m /"
   done
   (cd /tmp/first && tar czf "$OUT/tile80.tgz" *.log *.json *.md)
+fi
+if [ "$stage" = next3 ]; then   # the varlen capture re-run, PDL with the late trigger, the exp2 A/B; next3.tgz
+  mkdir -p /tmp/first
+  t graphs_varlen 150 $py -m pytest tests/gpu/test_gpu_training_graphs.py tests/gpu/test_gpu_transformers.py -q -rf \
+    -p no:cacheprovider -k "varlen or bitwise"
+  t pdl_tests 90 $py -m pytest tests/gpu/test_gpu_pdl.py -q -rf -p no:cacheprovider
+  ab=(--hdims 128 --masks full causal --seqlens 1024 2048 --schedules auto atomic --no-torch --no-fa3
+      --no-overhead --no-compile --repeats 30 --warmup 3 --input-sets 1)
+  for leg in 0a 1a 0b 1b; do
+    CUPY_DASH_BWD_PDL=${leg%?} timeout 60 $py benchmarks/bench.py "${ab[@]}" --out /tmp/first/pdl$leg.json \
+      >/tmp/first/pdl$leg.log 2>&1
+    grep -E "^\| cupy_dash bwd" /tmp/first/pdl$leg.md | head -8 | sed "s/^/pdl=$leg /"
+  done
+  e2=(--hdims 64 128 --masks full causal --seqlens 4096 16384 --schedules auto --no-torch --no-fa3 --no-overhead
+      --no-compile --repeats 20 --warmup 3 --input-sets 1)
+  for cap in 0 50; do
+    for k in 0 4 8; do
+      CUPY_DASH_EXP2_FMA=$k timeout 50 $py benchmarks/bench.py "${e2[@]}" --softcap $cap \
+        --out /tmp/first/exp2_k${k}_cap$cap.json >/tmp/first/exp2_k${k}_cap$cap.log 2>&1
+      grep -E "^\| cupy_dash" /tmp/first/exp2_k${k}_cap$cap.md | head -12 | sed "s/^/k=$k cap=$cap /"
+    done
+  done
+  (cd /tmp/first && tar czf "$OUT/next3.tgz" *.log *.json *.md)
 fi
 if [ "$stage" = varlen_step ]; then   # a new packing's host cost per training step (decisions/table-forms.md)
   timeout 60 $py benchmarks/varlen_plan_cpu.py --packings 200 2>&1 | tee "$OUT/varlen_plan_cpu.txt"
