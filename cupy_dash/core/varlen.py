@@ -23,7 +23,8 @@ import numpy as np
 from .. import config, gpu
 from .. import schedule as _schedule
 from ..cuda import kernels, launchers, varlen_device
-from ..cuda.errors import acquire_slot, check_errors, keep_alive, poll_errors as _poll_errors
+from ..cuda.errors import (acquire_slot, check_errors, graph_record, keep_alive, poll_errors as _poll_errors,
+                           record_shared)
 from . import api, fastpath_varlen, interop, varlen_host_cu
 from .varlen_launch import (_tables, check_max_seqlen, check_max_within, check_same_count, cu_seqlens_values,
                             packing_launch)
@@ -196,14 +197,21 @@ def cu_seqlens_form(name, cu):
     return None, host.astype(np.int64)
 
 
-def _device_to_host(info, cu, stream) -> np.ndarray:
-    """A device cu_seqlens on the host: the copy its forward took (:mod:`cupy_dash.core.varlen_host_cu`), else one
-    copied after the caller's stream's pending work (a wait)."""
+def _device_to_host(info, cu, stream, capture=False) -> np.ndarray:
+    """A device cu_seqlens ``(B + 1,)`` on the host: the copy its forward took (:mod:`cupy_dash.core.varlen_host_cu`),
+    else one copied after the caller's stream's pending work (a wait). ``capture`` (``stream`` is capturing a CUDA
+    graph, where nothing may wait): the forward's copy, already waited for by an eager call, or RuntimeError."""
     keep = []
     ptr, _ = api._resolve(info, cu, keep)
     host = varlen_host_cu.lookup(cu, info, ptr)
     if host is not None:
         return host
+    if capture:
+        raise RuntimeError(f"cupy_dash: the varlen backward builds its schedule table from the lengths on the host, "
+                           f"and during CUDA graph capture device cu_seqlens can be read only if an eager call "
+                           f"already took their host copy ({info.name} has none): pass host cu_seqlens, or keep the "
+                           f"device ones in place (a module buffer, not a tensor that the graph copies) and run one "
+                           f"eager step first")
     host = np.empty(info.shape[0], dtype=np.int32)
     rt = cupy.cuda.runtime
     rt.memcpyAsync(host.ctypes.data, ptr, host.nbytes, rt.memcpyDeviceToHost, stream.ptr)
@@ -242,12 +250,8 @@ def attention_backward_varlen(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
         if result is not None:
             return result
     capturing = interop.capturing(q)
-    if capturing:
-        raise RuntimeError("cupy_dash: the varlen backward builds its schedule table from the lengths on the host, "
-                           "and during CUDA graph capture device cu_seqlens can be read only if an eager call "
-                           "already took their host copy: pass host cu_seqlens, or keep the device ones in place "
-                           "(a module buffer, not a tensor that the graph copies) and run one eager step first")
-    _poll_errors()
+    if not capturing:
+        _poll_errors()
     causal = api.check_flag("causal", causal)
     deterministic = api.check_flag("deterministic", deterministic)
     window = api._check_window(window, causal)
@@ -283,10 +287,17 @@ def attention_backward_varlen(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
         if device_cu:
             for i, ((name, cu, *limits), (info, _)) in enumerate(zip(cu_args, forms)):
                 if info is not None:
-                    cu_host[i] = cu_seqlens_values(name, _device_to_host(info, cu, stream), *limits)
+                    cu_host[i] = cu_seqlens_values(name, _device_to_host(info, cu, stream, capturing), *limits)
             check_same_count(*cu_host)
         c, cu_dev, call = packing_launch(dev, p, causal, deterministic, schedule, window,
-                                         config.spin_timeout_ns(), cu_host, max_q, stream)
+                                         config.spin_timeout_ns(), cu_host, max_q, stream, capture=capturing)
+        graph_error = None
+        if capturing and c is not None:   # a record of its own, never reset by the graph (errors.py); no slot
+            graph_error = graph_record(dev, call)
+            if graph_error is None:
+                raise api._not_warm(f"no backward has run eagerly on device {dev} yet", p, causal)
+            if record_shared(dev, graph_error):
+                c.fold = False
         fw = p.infos[0].framework
         keep = []
         qi, ki, vi, doi, oi = p.infos                     # validate's order; the kernels take out before dout
@@ -300,16 +311,16 @@ def attention_backward_varlen(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
                 cupy.cuda.runtime.memsetAsync(ptr, 0, n * D * 2, stream.ptr)
             return api._export(fw, dq, q), api._export(fw, dk, q), api._export(fw, dv, q)
         work, base = api._new(fw, dev, (c.work_bytes,), "uint8")
-        slot = acquire_slot(dev)
+        slot = None if capturing else acquire_slot(dev)
         cu_ptrs = cu_dev[0].data.ptr, cu_dev[1].data.ptr
-        launchers.launch_backward(c, operands, lse_ptr, base, (dq_ptr, dk_ptr, dv_ptr), stream, slot=slot,
-                                  call=call, cu_seqlens=cu_ptrs)
+        launchers.launch_backward(c, operands, lse_ptr, base, (dq_ptr, dk_ptr, dv_ptr), stream,
+                                  error_ptr=graph_error, slot=slot, call=call, cu_seqlens=cu_ptrs)
         if keep:
             keep_alive(keep, stream)
-        elif fast_key is not None:
+        elif fast_key is not None and not capturing:
             fastpath_varlen.register(fast_key, c, operands, lse_ptr, base, (dq_ptr, dk_ptr, dv_ptr), cu_ptrs, call,
                                      q, stream, (c.tables, *cu_dev))
         result = api._export(fw, dq, q), api._export(fw, dk, q), api._export(fw, dv, q)
-    if config.SYNC_ERRORS.get():
+    if not capturing and config.SYNC_ERRORS.get():
         check_errors()
     return result
