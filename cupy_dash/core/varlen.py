@@ -9,9 +9,21 @@ Q tiles, in which dQ order: :func:`cupy_dash.schedule.build_varlen`): pass ``cu_
 a list, a CPU torch tensor; uploaded once per call, no synchronisation) or as device arrays (then copied to the
 host: one device-to-host copy, which waits for the caller's stream — the cost is in docs/decisions/table-forms.md —
 except for torch tensors that the varlen forward saw: it copies them without waiting, for the backward,
-:mod:`cupy_dash.core.varlen_host_cu`). The
-kernels clamp every bound to the packed lengths, so inconsistent ``cu_seqlens`` give wrong results for the rows
-they describe but never a load or store outside the buffers.
+:mod:`cupy_dash.core.varlen_host_cu`). The kernels clamp every bound to the packed lengths, so inconsistent
+``cu_seqlens`` give wrong results for the rows they describe but never a load or store outside the buffers.
+
+CUDA graphs (torch callers: ``torch.compile(mode="reduce-overhead")`` records the backward after one eager warm-up
+step; ``torch.cuda.graph``). A captured backward, like a fixed-length one (:mod:`cupy_dash.core.api`), enqueues only
+its kernels: it neither loads kernels, nor builds a device table, nor waits. So it needs the lengths on the host
+without a wait (host ``cu_seqlens``, or device ones whose forward copy an eager backward of the same tensors already
+waited for: a module buffer, which the graph keeps in place, not a tensor that the graph copies in) and one eager
+call of the same packing (lengths, heads, head dim, dtype, flags, schedule) on that device before, which loaded the
+kernels and left the packing's table in the device cache (or :func:`prepare_varlen_backward` for it, its upload done
+before the capture); otherwise it raises RuntimeError before enqueueing anything. The graph keeps that table (for
+the life of the process) and the lengths it was built from: replayed, it computes the captured packing's gradients
+whatever the ``cu_seqlens`` buffers hold by then, while a captured forward reads them on the device. Keeping the
+packing fixed while a graph is replayed is the caller's responsibility, as torch's reduce-overhead mode assumes for
+a module buffer (it records a new graph for new shapes, not for new values).
 """
 from __future__ import annotations
 
@@ -229,8 +241,9 @@ def attention_backward_varlen(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
             :func:`cupy_dash.attention_backward`); lse ``(H, total_q)`` float32 from
             :func:`attention_forward_varlen`.
         cu_seqlens_q, cu_seqlens_k: ``(B + 1,)`` int32, as in :func:`attention_forward_varlen`, on q's device
-            (copied to the host: one wait on the caller's stream) or on the host (numpy, list, CPU tensor: no
-            wait). Empty sequences are allowed.
+            (copied to the host: one wait on the caller's stream, unless the forward's copy serves) or on the host
+            (numpy, list, CPU tensor: no wait). Empty sequences are allowed. During CUDA graph capture: host
+            ones, or device ones whose forward copy an eager call already waited for (module docstring).
         max_seqlen_q, max_seqlen_k: ints >= the longest sequence.
         causal, softmax_scale, window, softcap: the forward's. schedule, deterministic: as in
             :func:`cupy_dash.attention_backward`; every sequence is its own set of KV columns in one table
@@ -241,6 +254,9 @@ def attention_backward_varlen(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
         and rows of dk, dv whose key no query sees are 0. With ``schedule="fa3"`` or ``"descending"`` (dQ tiles
         add in KV-tile order) each sequence's gradients are bitwise those of
         :func:`cupy_dash.attention_backward` on that sequence alone; every schedule is run-to-run deterministic.
+
+    May be captured into a CUDA graph by torch callers after one eager call of the same packing on that device
+    (module docstring); the graph then replays the captured packing's lengths, which the caller keeps fixed.
     """
     fast_key = None if softcap else fastpath_varlen.key(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
                                                         max_seqlen_q, max_seqlen_k, causal, softmax_scale, window,
