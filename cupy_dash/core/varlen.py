@@ -18,8 +18,9 @@ its kernels: it neither loads kernels, nor builds a device table, nor waits. So 
 without a wait (host ``cu_seqlens``, or device ones whose forward copy an eager backward of the same tensors already
 waited for: a module buffer, which the graph keeps in place, not a tensor that the graph copies in) and one eager
 call of the same packing (lengths, heads, head dim, dtype, flags, schedule) on that device before, which loaded the
-kernels and left the packing's table in the device cache (or :func:`prepare_varlen_backward` for it, its upload done
-before the capture); otherwise it raises RuntimeError before enqueueing anything. The graph keeps that table (for
+kernels and left the packing's table in the device cache (:func:`prepare_varlen_backward` can put it there too, its
+upload done before the capture, though some backward must still have run eagerly on that device: it allocates the
+graphs' error records); otherwise it raises RuntimeError before enqueueing anything. The graph keeps that table (for
 the life of the process) and the lengths it was built from: replayed, it computes the captured packing's gradients
 whatever the ``cu_seqlens`` buffers hold by then, while a captured forward reads them on the device. Keeping the
 packing fixed while a graph is replayed is the caller's responsibility, as torch's reduce-overhead mode assumes for
