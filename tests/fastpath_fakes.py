@@ -94,7 +94,7 @@ def no_gpu(monkeypatch):
     monkeypatch.setattr(launchers.jit, "load", lambda spec: types.SimpleNamespace(ptr=0xF00))
     ptr = types.SimpleNamespace
 
-    def device(t, num_heads, dev, s):
+    def device(t, num_heads, dev, s, capture=False):
         tables = ptr(visits=ptr(data=ptr(ptr=0x7000)), rank=ptr(data=ptr(ptr=0x7100)),
                      cta_start=ptr(data=ptr(ptr=0x7200)), num_ctas=t.num_ctas, policy=t.policy)
         return tables, ptr(data=ptr(ptr=0x8000)), ptr(data=ptr(ptr=0x8100)), None
@@ -132,7 +132,7 @@ def _tables_per_packing(monkeypatch):
     """varlen_device.device replaced by one that gives every packing (table key) its own made-up addresses."""
     ptr, seen = types.SimpleNamespace, {}
 
-    def device(t, num_heads, dev, s):
+    def device(t, num_heads, dev, s, capture=False):
         base = seen.setdefault(t.key, 0x100000 * (len(seen) + 1))
         tables = ptr(visits=ptr(data=ptr(ptr=base)), rank=ptr(data=ptr(ptr=base + 0x100)),
                      cta_start=ptr(data=ptr(ptr=base + 0x200)), num_ctas=t.num_ctas, policy=t.policy)

@@ -9,9 +9,22 @@ Q tiles, in which dQ order: :func:`cupy_dash.schedule.build_varlen`): pass ``cu_
 a list, a CPU torch tensor; uploaded once per call, no synchronisation) or as device arrays (then copied to the
 host: one device-to-host copy, which waits for the caller's stream — the cost is in docs/decisions/table-forms.md —
 except for torch tensors that the varlen forward saw: it copies them without waiting, for the backward,
-:mod:`cupy_dash.core.varlen_host_cu`). The
-kernels clamp every bound to the packed lengths, so inconsistent ``cu_seqlens`` give wrong results for the rows
-they describe but never a load or store outside the buffers.
+:mod:`cupy_dash.core.varlen_host_cu`). The kernels clamp every bound to the packed lengths, so inconsistent
+``cu_seqlens`` give wrong results for the rows they describe but never a load or store outside the buffers.
+
+CUDA graphs (torch callers: ``torch.compile(mode="reduce-overhead")`` records the backward after one eager warm-up
+step; ``torch.cuda.graph``). A captured backward, like a fixed-length one (:mod:`cupy_dash.core.api`), enqueues only
+its kernels: it neither loads kernels, nor builds a device table, nor waits. So it needs the lengths on the host
+without a wait (host ``cu_seqlens``, or device ones whose forward copy an eager backward of the same tensors already
+waited for: a module buffer, which the graph keeps in place, not a tensor that the graph copies in) and one eager
+call of the same packing (lengths, heads, head dim, dtype, flags, schedule) on that device before, which loaded the
+kernels and left the packing's table in the device cache (:func:`prepare_varlen_backward` can put it there too, its
+upload done before the capture, though some backward must still have run eagerly on that device: it allocates the
+graphs' error records); otherwise it raises RuntimeError before enqueueing anything. The graph keeps that table (for
+the life of the process) and the lengths it was built from: replayed, it computes the captured packing's gradients
+whatever the ``cu_seqlens`` buffers hold by then, while a captured forward reads them on the device. Keeping the
+packing fixed while a graph is replayed is the caller's responsibility, as torch's reduce-overhead mode assumes for
+a module buffer (it records a new graph for new shapes, not for new values).
 """
 from __future__ import annotations
 
@@ -23,7 +36,8 @@ import numpy as np
 from .. import config, gpu
 from .. import schedule as _schedule
 from ..cuda import kernels, launchers, varlen_device
-from ..cuda.errors import acquire_slot, check_errors, keep_alive, poll_errors as _poll_errors
+from ..cuda.errors import (acquire_slot, check_errors, graph_record, keep_alive, poll_errors as _poll_errors,
+                           record_shared)
 from . import api, fastpath_varlen, interop, varlen_host_cu
 from .varlen_launch import (_tables, check_max_seqlen, check_max_within, check_same_count, cu_seqlens_values,
                             packing_launch)
@@ -196,14 +210,21 @@ def cu_seqlens_form(name, cu):
     return None, host.astype(np.int64)
 
 
-def _device_to_host(info, cu, stream) -> np.ndarray:
-    """A device cu_seqlens on the host: the copy its forward took (:mod:`cupy_dash.core.varlen_host_cu`), else one
-    copied after the caller's stream's pending work (a wait)."""
+def _device_to_host(info, cu, stream, capture=False) -> np.ndarray:
+    """A device cu_seqlens ``(B + 1,)`` on the host: the copy its forward took (:mod:`cupy_dash.core.varlen_host_cu`),
+    else one copied after the caller's stream's pending work (a wait). ``capture`` (``stream`` is capturing a CUDA
+    graph, where nothing may wait): the forward's copy, already waited for by an eager call, or RuntimeError."""
     keep = []
     ptr, _ = api._resolve(info, cu, keep)
     host = varlen_host_cu.lookup(cu, info, ptr)
     if host is not None:
         return host
+    if capture:
+        raise RuntimeError(f"cupy_dash: the varlen backward builds its schedule table from the lengths on the host, "
+                           f"and during CUDA graph capture device cu_seqlens can be read only if an eager call "
+                           f"already took their host copy ({info.name} has none): pass host cu_seqlens, or keep the "
+                           f"device ones in place (a module buffer, not a tensor that the graph copies) and run one "
+                           f"eager step first")
     host = np.empty(info.shape[0], dtype=np.int32)
     rt = cupy.cuda.runtime
     rt.memcpyAsync(host.ctypes.data, ptr, host.nbytes, rt.memcpyDeviceToHost, stream.ptr)
@@ -221,8 +242,9 @@ def attention_backward_varlen(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
             :func:`cupy_dash.attention_backward`); lse ``(H, total_q)`` float32 from
             :func:`attention_forward_varlen`.
         cu_seqlens_q, cu_seqlens_k: ``(B + 1,)`` int32, as in :func:`attention_forward_varlen`, on q's device
-            (copied to the host: one wait on the caller's stream) or on the host (numpy, list, CPU tensor: no
-            wait). Empty sequences are allowed.
+            (copied to the host: one wait on the caller's stream, unless the forward's copy serves) or on the host
+            (numpy, list, CPU tensor: no wait). Empty sequences are allowed. During CUDA graph capture: host
+            ones, or device ones whose forward copy an eager call already waited for (module docstring).
         max_seqlen_q, max_seqlen_k: ints >= the longest sequence.
         causal, softmax_scale, window, softcap: the forward's. schedule, deterministic: as in
             :func:`cupy_dash.attention_backward`; every sequence is its own set of KV columns in one table
@@ -233,6 +255,9 @@ def attention_backward_varlen(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
         and rows of dk, dv whose key no query sees are 0. With ``schedule="fa3"`` or ``"descending"`` (dQ tiles
         add in KV-tile order) each sequence's gradients are bitwise those of
         :func:`cupy_dash.attention_backward` on that sequence alone; every schedule is run-to-run deterministic.
+
+    May be captured into a CUDA graph by torch callers after one eager call of the same packing on that device
+    (module docstring); the graph then replays the captured packing's lengths, which the caller keeps fixed.
     """
     fast_key = None if softcap else fastpath_varlen.key(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
                                                         max_seqlen_q, max_seqlen_k, causal, softmax_scale, window,
@@ -242,12 +267,8 @@ def attention_backward_varlen(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
         if result is not None:
             return result
     capturing = interop.capturing(q)
-    if capturing:
-        raise RuntimeError("cupy_dash: the varlen backward builds its schedule table from the lengths on the host, "
-                           "and during CUDA graph capture device cu_seqlens can be read only if an eager call "
-                           "already took their host copy: pass host cu_seqlens, or keep the device ones in place "
-                           "(a module buffer, not a tensor that the graph copies) and run one eager step first")
-    _poll_errors()
+    if not capturing:
+        _poll_errors()
     causal = api.check_flag("causal", causal)
     deterministic = api.check_flag("deterministic", deterministic)
     window = api._check_window(window, causal)
@@ -283,10 +304,17 @@ def attention_backward_varlen(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
         if device_cu:
             for i, ((name, cu, *limits), (info, _)) in enumerate(zip(cu_args, forms)):
                 if info is not None:
-                    cu_host[i] = cu_seqlens_values(name, _device_to_host(info, cu, stream), *limits)
+                    cu_host[i] = cu_seqlens_values(name, _device_to_host(info, cu, stream, capturing), *limits)
             check_same_count(*cu_host)
         c, cu_dev, call = packing_launch(dev, p, causal, deterministic, schedule, window,
-                                         config.spin_timeout_ns(), cu_host, max_q, stream)
+                                         config.spin_timeout_ns(), cu_host, max_q, stream, capture=capturing)
+        graph_error = None
+        if capturing and c is not None:   # a record of its own, never reset by the graph (errors.py); no slot
+            graph_error = graph_record(dev, call)
+            if graph_error is None:
+                raise api._not_warm(f"no backward has run eagerly on device {dev} yet", p, causal)
+            if record_shared(dev, graph_error):
+                c.fold = False
         fw = p.infos[0].framework
         keep = []
         qi, ki, vi, doi, oi = p.infos                     # validate's order; the kernels take out before dout
@@ -300,16 +328,16 @@ def attention_backward_varlen(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
                 cupy.cuda.runtime.memsetAsync(ptr, 0, n * D * 2, stream.ptr)
             return api._export(fw, dq, q), api._export(fw, dk, q), api._export(fw, dv, q)
         work, base = api._new(fw, dev, (c.work_bytes,), "uint8")
-        slot = acquire_slot(dev)
+        slot = None if capturing else acquire_slot(dev)
         cu_ptrs = cu_dev[0].data.ptr, cu_dev[1].data.ptr
-        launchers.launch_backward(c, operands, lse_ptr, base, (dq_ptr, dk_ptr, dv_ptr), stream, slot=slot,
-                                  call=call, cu_seqlens=cu_ptrs)
+        launchers.launch_backward(c, operands, lse_ptr, base, (dq_ptr, dk_ptr, dv_ptr), stream,
+                                  error_ptr=graph_error, slot=slot, call=call, cu_seqlens=cu_ptrs)
         if keep:
             keep_alive(keep, stream)
-        elif fast_key is not None:
+        elif fast_key is not None and not capturing:
             fastpath_varlen.register(fast_key, c, operands, lse_ptr, base, (dq_ptr, dk_ptr, dv_ptr), cu_ptrs, call,
                                      q, stream, (c.tables, *cu_dev))
         result = api._export(fw, dq, q), api._export(fw, dk, q), api._export(fw, dv, q)
-    if config.SYNC_ERRORS.get():
+    if not capturing and config.SYNC_ERRORS.get():
         check_errors()
     return result

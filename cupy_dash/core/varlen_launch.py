@@ -9,9 +9,12 @@ import numbers
 
 import numpy as np
 
+import cupy
+
 from .. import config
-from ..cuda import kernels, launchers, varlen_device
+from ..cuda import jit, kernels, launchers, varlen_device
 from ..schedule import compact_device, varlen_pack
+from . import api
 
 
 def check_max_seqlen(name, value) -> int:
@@ -48,10 +51,30 @@ def cu_seqlens_values(name, host, total, max_name, max_len) -> np.ndarray:
     return checked
 
 
-def _tables(dev, dtype, D, causal, deterministic, schedule, lens_q, lens_k, H, Hkv, window, softcap=False) -> tuple:
+class _Cold(RuntimeError):
+    """What a captured call needs that no eager call has made (a capture neither loads kernels nor uploads tables):
+    turned into api._not_warm's message by :func:`packing_launch`."""
+
+
+def _entry(dev, dtype, D, causal, deterministic, compact, softcap, capture) -> tuple:
+    """kernels.bwd_entry of a varlen backward on device ``dev``; ``capture``: raises _Cold unless its three kernels
+    are loaded there already (as api._backward checks the fixed-length ones)."""
+    if capture:
+        with cupy.cuda.Device(dev):
+            cold = [s.label for s in kernels.bwd_specs(dtype, D, causal, deterministic, compact=compact, varlen=True,
+                                                       softcap=softcap) if not jit.is_loaded(s)]
+        if cold:
+            raise _Cold(f"the varlen kernels {', '.join(cold)} are not loaded yet")
+    return kernels.bwd_entry(dev, dtype, D, causal, deterministic, compact=compact, varlen=True, softcap=softcap)
+
+
+def _tables(dev, dtype, D, causal, deterministic, schedule, lens_q, lens_k, H, Hkv, window, softcap=False,
+            capture=False) -> tuple:
     """(host tables, BwdKernels, block_m, block_n) of a varlen backward (``window`` canonical): the one place
     that decides the table form, so that :func:`cupy_dash.core.varlen.prepare_varlen_backward` finds what the
-    backward will ask for.
+    backward will ask for. ``capture``: the caller's stream is capturing a CUDA graph: raises _Cold for a kernel
+    not loaded yet, and a host plan built anew (the host cache had dropped it) packs into pageable memory (no
+    pinned allocation during capture).
 
     NOTES: compact varlen tables: with CUPY_DASH_COMPACT_TABLES=1, or (unset) where the per-visit table would
     exceed compact_device.AUTO_VISITS visits (long sequences), as for fixed lengths; below that they stay opt-in:
@@ -64,43 +87,60 @@ def _tables(dev, dtype, D, causal, deterministic, schedule, lens_q, lens_k, H, H
     for; NotImplementedError where only compact ones fit)."""
     form = compact_device.table_form(None, varlen=True, softcap=softcap)   # size rule: after the build (above)
     above = compact_device.AUTO_VISITS if config.COMPACT_TABLES.get() is None or softcap else None
-    _, bm, bn, max_ctas = kernels.bwd_entry(dev, dtype, D, causal, deterministic, varlen=True, softcap=softcap)
+    _, bm, bn, max_ctas = _entry(dev, dtype, D, causal, deterministic, False, softcap, capture)
     tables = varlen_device.plan(schedule, lens_q, lens_k, bm, bn, H, Hkv, causal, max_ctas, window,
-                                {"compact": True, "expand": "expand", "visits": False}[form], above, pinned=True)
+                                {"compact": True, "expand": "expand", "visits": False}[form], above,
+                                pinned=not capture)
     compact = tables.compact is not None and not tables.expand
     if softcap and compact:
         raise NotImplementedError(f"softcap: a varlen backward of {tables.num_visits} tile visits needs compact "
                                   f"schedule tables (more than {compact_device.AUTO_VISITS}), which have no "
                                   f"soft-capping build yet")
-    specs, cbm, cbn, compact_ctas = kernels.bwd_entry(dev, dtype, D, causal, deterministic, compact=compact,
-                                                      varlen=True, softcap=softcap)
+    specs, cbm, cbn, compact_ctas = _entry(dev, dtype, D, causal, deterministic, compact, softcap, capture)
     if (cbm, cbn) != (bm, bn):   # NOTES: the 80-query tile has no compact build (kernels.bwd_tile): 64 rebuilt
         bm, bn = cbm, cbn
         tables = varlen_device.plan(schedule, lens_q, lens_k, bm, bn, H, Hkv, causal, compact_ctas, window, True,
-                                    None, pinned=True)
+                                    None, pinned=not capture)
     if tables.num_ctas > compact_ctas:
         raise RuntimeError(f"cupy_dash: the compact varlen kernel holds {compact_ctas} co-resident CTAs, fewer than "
                            f"the {tables.num_ctas} of its table")
     return tables, specs, bm, bn
 
 
-def packing_launch(dev, p, causal, deterministic, schedule, window, spin_timeout_ns, cu_host, max_q, stream):
+def packing_launch(dev, p, causal, deterministic, schedule, window, spin_timeout_ns, cu_host, max_q, stream,
+                   capture=False):
     """``(c, (cu_seqlens_q, cu_seqlens_k) on the device, call)`` of a varlen backward of the packed problem ``p``
-    (``window`` canonical) with checked host lengths ``cu_host`` (int32, :func:`checked_cu_seqlens`): its
-    launchers.BwdLaunch with the packing's table (built or cached, uploaded on ``stream``, which waits for it) and
-    the tuple naming the call in an error message; ``(None, None, None)`` when no sequence sees a key. The one
-    place that turns lengths into a launch: the full path, the torch fast path's new packings and the JAX
-    backward with traced lengths."""
+    (``window`` canonical) with checked host lengths ``cu_host`` (int32 ``(B + 1,)`` each,
+    :func:`checked_cu_seqlens`): its launchers.BwdLaunch with the packing's table (built or cached, uploaded on
+    ``stream``, which waits for it) and the tuple naming the call in an error message; ``(None, None, None)`` when
+    no sequence sees a key. The one place that turns lengths into a launch: the full path, the torch fast path's
+    new packings and the JAX backward with traced lengths.
+
+    ``capture``: ``stream`` is capturing a CUDA graph: nothing is uploaded, expanded or waited for, so the kernels
+    and this packing's table must come from an eager call (or prepare_varlen_backward) on this device; otherwise
+    raises RuntimeError (api._not_warm's advice: run one eager call first) and enqueues nothing.
+
+    NOTES: a captured call reads the cached table without an event: the eager call's upload (and expansion) was
+    enqueued on its stream before the capture began, and torch.cuda.graph (which torch.compile's reduce-overhead
+    mode uses) synchronizes the device on entry, so it has finished before any replay. The table is then kept for
+    the life of the process (device_tables.cached)."""
     num_seqs = len(cu_host[0]) - 1
     lens_q, lens_k = (np.diff(c).astype(np.int64) for c in cu_host)
-    tables, specs, bm, bn = _tables(dev, p.dtype, p.D, causal, deterministic, schedule, lens_q, lens_k, p.H, p.Hkv,
-                                    window, p.softcap > 0)
+    try:
+        tables, specs, bm, bn = _tables(dev, p.dtype, p.D, causal, deterministic, schedule, lens_q, lens_k, p.H,
+                                        p.Hkv, window, p.softcap > 0, capture)
+    except _Cold as cold:
+        raise api._not_warm(str(cold), p, causal) from None
     if tables.num_visits == 0:
         return None, None, None
     c = launchers.BwdLaunch(specs, bm, bn, p, deterministic, spin_timeout_ns, causal, window,
                             varlen=(num_seqs, max_q))
-    c.tables, cu_q_dev, cu_k_dev, uploaded = varlen_device.device(tables, num_seqs * p.H, dev, stream)
-    if uploaded is not None:
+    c.tables, cu_q_dev, cu_k_dev, uploaded = varlen_device.device(tables, num_seqs * p.H, dev, stream,
+                                                                  capture=capture)
+    if c.tables is None:
+        raise api._not_warm(f"the varlen schedule table of this packing ({num_seqs} sequences, {schedule!r}) is not "
+                            f"on device {dev} yet", p, causal)
+    if uploaded is not None:                      # never during capture (device_tables.cached)
         stream.wait_event(uploaded)
     return c, (cu_q_dev, cu_k_dev), (c.tables.policy, num_seqs, p.H, p.Sq, p.Sk, p.D, causal, window)
 

@@ -6,7 +6,9 @@ Forms, each cached by its host plan's key and device, ``_LIMITS[form]`` tables e
 :func:`cupy_dash.cuda.varlen_device.device`).
 Upload: one copy to one device allocation, enqueued on the caller's stream (:func:`_upload`). Varlen tables are
 not waited for (another stream gets an event to wait for, :func:`cached`); fixed-length ones are, once, when
-made: CUDA graph capture and the JAX custom calls, whose streams wait for no event of ours, find them complete.
+made: CUDA graph capture and the JAX custom calls, whose streams wait for no event of ours, find them complete. A
+varlen table read during capture gets no event either: it was uploaded by an eager call before the capture began,
+and torch.cuda.graph synchronizes the device on entry (varlen_launch.packing_launch).
 Eviction: a table is freed once the work enqueued so far on every stream that read it has finished (events,
 errors.keep_alive; the host never waits), or never when a CUDA graph captured it (``_captured``).
 """

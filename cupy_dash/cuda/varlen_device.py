@@ -102,7 +102,7 @@ class ExpandedTables:
 EXPAND_ENV = config.VARLEN_EXPAND.name   # "host": per-visit tables expanded on the host, not the GPU (default)
 
 
-def device(t: Tables, num_heads, dev, stream):
+def device(t: Tables, num_heads, dev, stream, capture=False):
     """(tables, cu_seqlens_q, cu_seqlens_k, event) of ``t`` on device ``dev``: :class:`ExpandedTables`,
     :class:`CompactTables` or (expanded on the host) ``device_tables.DeviceTables``, cached (LRU,
     :func:`cupy_dash.cuda.device_tables.cached`) so that a repeated packing uploads nothing; a miss enqueues the uploads
@@ -112,7 +112,9 @@ def device(t: Tables, num_heads, dev, stream):
     The device cu_seqlens are the lengths the table was built from, so the kernels never see other ones: CuPy
     arrays for per-visit tables, :class:`DeviceRef` for the compact forms (read by ``.data.ptr`` alike).
     ``stream`` is a stream of ``dev``; allocations, copies, events and the expansion kernel go to ``dev`` whatever
-    the current device is."""
+    the current device is. ``capture``: ``stream`` is capturing a CUDA graph: the cached tables or, on a miss,
+    ``(None, None, None, None)``; nothing is uploaded or expanded and no event is returned (device_tables.cached:
+    the tables found are then kept for the life of the process)."""
     def make(stream, staging):
         if t.expand:
             d, cu_q, cu_k = _expand_on_device(t, dev, stream, staging)
@@ -130,8 +132,10 @@ def device(t: Tables, num_heads, dev, stream):
             d.num_ctas = num_ctas
         d.policy, d.device_id = t.policy, dev
         return d, (cu_q, cu_k)
-    d, (cu_q, cu_k), event = _dt.cached("varlen", t.key, dev, stream, make)
-    return d, cu_q, cu_k, event
+    d, cu, event = _dt.cached("varlen", t.key, dev, stream, make, capture=capture)
+    if d is None:                                   # a miss during capture: nothing made
+        return None, None, None, None
+    return d, cu[0], cu[1], event
 
 
 def _record_ptrs(t: Tables, base: int) -> dict:

@@ -31,13 +31,13 @@ synchronizes the stream once; the tables are then cached in device memory per sh
 
 CUDA graphs (``torch.cuda.graph`` or ``torch.compile(..., mode="reduce-overhead")``): a call captured into a
 graph only enqueues kernels, so it needs the kernels loaded and the schedule tables uploaded by an earlier
-eager call of the same dtype, head dim, causal flag, shape and schedule on that device. If the first call of a
-shape happens under capture, it raises RuntimeError (before enqueueing anything) asking for one eager warm-up
-call. ``mode="reduce-overhead"`` warms up eagerly by itself; with ``torch.cuda.graph``, run the step once
-before capturing (as torch's documentation advises anyway). Tables used by a graph are kept for the life of
-the process. A captured backward cannot hand its semaphore-timeout record to the host asynchronously;
-failures inside graph replays are reported by :func:`cupy_dash.check_errors` (which synchronizes), not by the
-next call; call it outside capture.
+eager call of the same dtype, head dim, causal flag, shape and schedule (varlen: and packing,
+:mod:`cupy_dash.torch.varlen`) on that device. If the first call of a shape happens under capture, it raises
+RuntimeError (before enqueueing anything) asking for one eager warm-up call. ``mode="reduce-overhead"`` warms up
+eagerly by itself; with ``torch.cuda.graph``, run the step once before capturing (as torch's documentation
+advises anyway). Tables used by a graph are kept for the life of the process. A captured backward cannot hand
+its semaphore-timeout record to the host asynchronously; failures inside graph replays are reported by
+:func:`cupy_dash.check_errors` (which synchronizes), not by the next call; call it outside capture.
 """
 from .ops import attention, attention_backward, attention_forward, eager
 from .varlen import attention_backward_varlen, attention_forward_varlen, attention_varlen

@@ -14,9 +14,12 @@ out ``(total_q, H, D)``, lse ``(H, total_q)`` float32 (see :mod:`cupy_dash.core.
 differentiable in q, k, v; its gradient is the backward op with the same cu_seqlens, window, schedule and
 deterministic flag. The backward builds its schedule table from the lengths: with ``cu_seqlens`` on the GPU it takes
 the host copy that the forward enqueued without waiting (the same tensors, unmodified:
-:mod:`cupy_dash.core.varlen_host_cu`), else copies them to the host (a wait on the current stream; the backward op also
-takes CPU tensors, the forward only CUDA ones); it cannot run under CUDA graph capture (it raises). Fake
-implementations give the output shapes for ``torch.compile``.
+:mod:`cupy_dash.core.varlen_host_cu`), else copies them to the host (a wait on the current stream; the backward op
+also takes CPU tensors, the forward only CUDA ones). Under CUDA graph capture (``mode="reduce-overhead"``'s recording
+run, ``torch.cuda.graph``) the backward needs one eager call of the same packing first and lengths known without a
+wait: host ``cu_seqlens``, or device ones kept in place (a module buffer) whose copy the eager call took; else it
+raises RuntimeError. A graph replays the packing it captured: keeping the lengths fixed is the caller's part
+(:mod:`cupy_dash.core.varlen`). Fake implementations give the output shapes for ``torch.compile``.
 """
 import torch
 

@@ -89,7 +89,7 @@ def test_backward_varlen_parameter_block(no_gpu, monkeypatch):
     cu_q, cu_k = np.array([0, 100, 100, 300], np.int32), np.array([0, 200, 260, 500], np.int32)
     built = {}
 
-    def device(t, num_heads, dev, s):
+    def device(t, num_heads, dev, s, capture=False):
         built["t"], built["num_heads"] = t, num_heads
         tables = types.SimpleNamespace(visits=types.SimpleNamespace(data=types.SimpleNamespace(ptr=0x7000)),
                                        rank=types.SimpleNamespace(data=types.SimpleNamespace(ptr=0x7100)),
@@ -144,7 +144,7 @@ def test_prepared_tables_are_the_ones_the_backward_uses(no_gpu, monkeypatch):
     seen = []
     P = types.SimpleNamespace
 
-    def device(t, num_heads, dev, s):
+    def device(t, num_heads, dev, s, capture=False):
         seen.append((t, num_heads))
         return (P(visits=P(data=P(ptr=1)), rank=P(data=P(ptr=2)), cta_start=P(data=P(ptr=3)), num_ctas=t.num_ctas,
                   policy=t.policy), P(data=P(ptr=4)), P(data=P(ptr=5)), None)
