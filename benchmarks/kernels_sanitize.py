@@ -21,8 +21,10 @@ import cupy_dash
 CASES = [(1, 2, 2, 300, 300, 128, True, True, False, 0.0), (1, 2, 1, 200, 333, 128, False, True, False, 0.0),
          (2, 1, 1, 129, 200, 64, True, False, False, 0.0), (1, 2, 2, 256, 256, 64, False, True, False, 0.0),
          (1, 2, 2, 300, 300, 128, True, True, True, 0.0), (1, 2, 2, 256, 200, 64, False, True, True, 0.0),
-         (1, 2, 1, 300, 257, 128, True, True, False, 5.0), (1, 2, 2, 256, 300, 64, False, True, False, 5.0)]
-VARLEN = [(2, 1, (130, 0, 77), (130, 45, 200), 128, True, True), (2, 2, (64, 129), (100, 129), 64, False, True)]
+         (1, 2, 1, 300, 257, 128, True, True, False, 5.0), (1, 2, 2, 256, 300, 64, False, True, False, 5.0),
+         (1, 2, 2, 333, 300, 128, False, False, False, 0.0), (1, 2, 2, 250, 260, 128, False, True, False, 5.0)]
+VARLEN = [(2, 1, (130, 0, 77), (130, 45, 200), 128, True, True), (2, 2, (64, 129), (100, 129), 64, False, True),
+          (2, 2, (100, 171, 9), (90, 200, 40), 128, False, True)]
 
 
 def _randn(rng, shape):

@@ -108,9 +108,9 @@ def _one_or_two(name: str, default: int):
     return parse
 
 
-def _full_block_m(s) -> int:
+def _full_block_m(s):
     if s in (None, ""):
-        return 64
+        return None
     if s in ("64", "80"):
         return int(s)
     raise ValueError(f"CUPY_DASH_BWD_FULL_BLOCK_M: expected 64 or 80, got {s!r}")
@@ -171,8 +171,9 @@ BWD_PDL = Knob("CUPY_DASH_BWD_PDL", "0 / 1 / unset",
     "experiment: 1 launches the backward's preprocess, main and postprocess kernels with programmatic dependent "
     "launch (each successor scheduled early, waiting on the GPU); default 0; read once per process", _flag)
 BWD_FULL_BLOCK_M = Knob("CUPY_DASH_BWD_FULL_BLOCK_M", "64 / 80 / unset",
-    "experiment: queries per Q tile of the head-dim-128 backward without a causal mask (80: FA3's plan, dQ "
-    "computed transposed, one K buffer; default 64); read once per process", _full_block_m)
+    "queries per Q tile of the head-dim-128 backward without a causal mask (80: FA3's plan, dQ computed "
+    "transposed, one K buffer); unset: 80 from 4096 queries without a window, fixed lengths only, else 64; read "
+    "once per process", _full_block_m)
 EXP2_FMA = Knob("CUPY_DASH_EXP2_FMA", "0 to 8 / unset",
     "experiment: of every 8 column groups of the softmax, how many take 2^x on the FMA pipe instead of the MUFU "
     "unit (forward and backward main kernels; default 0); read once per process", _exp2_fma)

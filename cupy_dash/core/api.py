@@ -414,18 +414,21 @@ def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, determinis
     # NOTES: compact tables (per-column records) serve policy-built tables without a timeline, for problems whose
     # per-visit table would be large or on request (compact_device.table_form); such calls are not registered on the
     # torch fast path, which replays per-visit launches.
-    tile = kernels.bwd_tile(D, causal)
+    # NOTES: an explicit plan (a test hook) was built with kernels.bwd_tile's tiles for no seqlen_q
+    tile_sq = Sq if plan is None else 0
+    tile = kernels.bwd_tile(D, causal, seqlen_q=tile_sq, window=window)
     capped = p.softcap > 0
     compact = plan is None and timeline is None and compact_device.wanted(Sq, Sk, tile.block_m, tile.block_n, B * H,
                                                                           causal, window, capped)
     if capturing:
         with cupy.cuda.Device(dev):
             cold = [s.label for s in kernels.bwd_specs(p.dtype, D, causal, deterministic, compact=compact,
-                                                       softcap=capped) if not jit.is_loaded(s)]
+                                                       softcap=capped, seqlen_q=tile_sq, window=window)
+                    if not jit.is_loaded(s)]
         if cold:
             raise _not_warm(f"the kernels {', '.join(cold)} are not loaded yet", p, causal)
     specs, bm, bn, max_ctas = kernels.bwd_entry(dev, p.dtype, D, causal, deterministic, timeline is not None,
-                                                compact, softcap=capped)
+                                                compact, softcap=capped, seqlen_q=tile_sq, window=window)
     c = launchers.BwdLaunch(specs, bm, bn, p, deterministic, spin_timeout_ns, causal, window)
     if timeline is not None or (plan is not None and plan.num_ctas > max_ctas):
         c.fold = False      # NOTES: the fold's grid barriers need every CTA co-resident (kernels_src/bwd/fold.cuh)

@@ -114,13 +114,16 @@ class KernelSpec:
 
     @property
     def label(self) -> str:
-        """Readable name, e.g. ``bwd_main[bf16,d128,causal,det]`` or ``fwd[fp16,d64,full]``."""
+        """Readable name, e.g. ``bwd_main[bf16,d128,causal,det]``, ``fwd[fp16,d64,full]`` or
+        ``bwd_main[bf16,d128,m80,full,det]`` (the 80-query tile)."""
         d = dict(self.defines)
         tags = []
         if "DASH_FP16" in d:
             tags.append("fp16" if d["DASH_FP16"] else "bf16")
         if "DASH_HEAD_DIM" in d:
             tags.append(f"d{d['DASH_HEAD_DIM']}")
+        if d.get("DASH_BLOCK_M") == 80:
+            tags.append("m80")
         if "DASH_CAUSAL" in d:
             tags.append("causal" if d["DASH_CAUSAL"] else "full")
         if "DASH_DETERMINISTIC" in d:
@@ -152,13 +155,24 @@ def fwd_tile(head_dim: int) -> TileConfig:
     return TILES[("fwd", head_dim)]
 
 
-def bwd_tile(head_dim: int, causal: bool, compact: bool = False) -> TileConfig:
+# NOTES: head dim 128 without a mask takes 80-query tiles (FA3's full-mask plan) from this query length on: same-call
+# measurements on the H200 (docs/decisions/bwd-engine.md "FA3's full-mask tile, measured"): +2.5-3 % at 15360, equal
+# at 1280 and 3840, GQA 4:1 -1.5 % at 1k and +1-2 % at 4k-16k; varlen batches of short sequences lost (-4 % at 1k,
+# -13 % at 256 per sequence), so varlen keeps 64, as do windows (not measured) and compact tables (spilled).
+FULL80_MIN_SEQLEN = 4096
+
+
+def bwd_tile(head_dim: int, causal: bool, compact: bool = False, seqlen_q: int = 0,
+             window: tuple = (-1, -1)) -> TileConfig:
     """The backward main kernel's tile (preprocess / postprocess share block_m and block_n). Head dim 128 without
-    a causal mask: 80 queries when ``CUPY_DASH_BWD_FULL_BLOCK_M=80`` (an experiment, FA3's full-mask plan), except
-    with ``compact`` tables (their MMA warpgroups have 224 registers: the 80-query tile spilled)."""
+    a causal mask or window (``window`` canonical), ``seqlen_q`` >= FULL80_MIN_SEQLEN and per-visit tables: 80
+    queries; ``CUPY_DASH_BWD_FULL_BLOCK_M`` = 64 / 80 forces either for any such call without compact tables
+    (varlen calls pass no ``seqlen_q``)."""
     check_supported("bfloat16", head_dim)
-    if head_dim == 128 and not causal and not compact and config.BWD_FULL_BLOCK_M.get() == 80:
-        return TILES[("bwd_main", 128, "full80")]
+    if head_dim == 128 and not causal and not compact:
+        forced = config.BWD_FULL_BLOCK_M.get()
+        if forced == 80 or (forced is None and seqlen_q >= FULL80_MIN_SEQLEN and tuple(window) == (-1, -1)):
+            return TILES[("bwd_main", 128, "full80")]
     return TILES[("bwd_main", head_dim)]
 
 
@@ -213,14 +227,15 @@ def _main_counts(dq_stages: int, dq_writers: int) -> dict | None:
 
 def bwd_specs(dtype: str, head_dim: int, causal: bool, deterministic: bool, timeline: bool = False,
               compact: bool = False, varlen: bool = False, dq_stages: int | None = None,
-              softcap: bool = False) -> BwdKernels:
+              softcap: bool = False, seqlen_q: int = 0, window: tuple = (-1, -1)) -> BwdKernels:
     """The three backward kernels of one variant; ``timeline``: the main kernel's debug build that stamps every
     visit (kernels_src/bwd/timeline.cuh; not emitted by the dispatcher); ``compact``: the main kernel reads
     per-column records (kernels_src/compact_view.cuh, :mod:`cupy_dash.schedule.compact`) instead of per-visit rows;
     ``varlen``: the three kernels of packed variable-length sequences (kernels_src/bwd_rows.cuh), with
     ``compact`` reading cupy_dash.schedule.varlen's records. ``dq_stages``: the main kernel's dQ staging buffers
     (2: an experiment at head dim 128, kernels_src/bwd/config.cuh; default ``CUPY_DASH_BWD_DQ_STAGES``, else 1).
-    ``softcap``: the main kernel with logit soft-capping (preprocess and postprocess do not depend on it)."""
+    ``softcap``: the main kernel with logit soft-capping (preprocess and postprocess do not depend on it).
+    ``seqlen_q``, ``window`` (canonical): the tile's choice (:func:`bwd_tile`)."""
     if dq_stages is None:    # NOTES: not for compact builds: their dQ writer counts ranks and spilled (varlen, det)
         dq_stages = config.BWD_DQ_STAGES.get() if head_dim == 128 and not compact else 1
     if dq_stages not in (1, 2) or (dq_stages == 2 and head_dim != 128):
@@ -228,7 +243,7 @@ def bwd_specs(dtype: str, head_dim: int, causal: bool, deterministic: bool, time
     if timeline and compact:
         raise ValueError("timeline builds need the per-visit tables: no compact timeline variant")
     check_supported(dtype, head_dim)
-    main_tile = bwd_tile(head_dim, causal, compact)
+    main_tile = bwd_tile(head_dim, causal, compact, seqlen_q, window)
     aux_tile = TileConfig(main_tile.block_m, main_tile.block_n, AUX_THREADS)
     flags = dict(DASH_CAUSAL=causal, DASH_DETERMINISTIC=deterministic)
     if timeline:
@@ -270,8 +285,9 @@ def expand_spec(varlen: bool = False) -> KernelSpec:
 
 def all_specs() -> list:
     """Every distinct variant the dispatcher can emit (8 fwd + 8 varlen fwd, 4 + 4 varlen preprocess, 16 main +
-    16 compact main + 16 varlen main + 16 compact varlen main, 4 + 4 varlen postprocess, 2 bwd_expand), and the
-    soft-capping builds of the forward (16) and the per-visit-table main kernel (32)."""
+    16 compact main + 16 varlen main + 16 compact varlen main, 4 + 4 varlen postprocess, 2 bwd_expand), the
+    soft-capping builds of the forward (16) and the per-visit-table main kernel (32), and the 80-query tile's (head
+    dim 128 full mask: 2 preprocess, 2 postprocess, 8 main)."""
     specs = []
     seen = set()
     for dtype, head_dim, causal in itertools.product(SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS, (False, True)):
@@ -285,6 +301,9 @@ def all_specs() -> list:
             batch.append(fwd_spec(dtype, head_dim, causal, varlen=varlen, softcap=True))
             for deterministic in (False, True):
                 batch.append(bwd_specs(dtype, head_dim, causal, deterministic, varlen=varlen, softcap=True).main)
+        for deterministic, softcap in itertools.product((False, True), (False, True)):   # the 80-query tile
+            batch.extend(bwd_specs(dtype, head_dim, causal, deterministic, softcap=softcap,
+                                   seqlen_q=FULL80_MIN_SEQLEN))
         batch.extend((expand_spec(False), expand_spec(True)))
         for spec in batch:
             if spec not in seen:
@@ -364,23 +383,25 @@ def fwd_entry(dtype: str, head_dim: int, causal: bool, varlen: bool = False, sof
 
 
 def bwd_entry(device_id: int, dtype: str, head_dim: int, causal: bool, deterministic: bool,
-              timeline: bool = False, compact: bool = False, varlen: bool = False, softcap: bool = False) -> tuple:
-    """(BwdKernels, block_m, block_n, max co-resident CTAs of the main kernel) per device and variant, cached.
-    The first call loads all three kernels on the device (needs the GPU).
+              timeline: bool = False, compact: bool = False, varlen: bool = False, softcap: bool = False,
+              seqlen_q: int = 0, window: tuple = (-1, -1)) -> tuple:
+    """(BwdKernels, block_m, block_n, max co-resident CTAs of the main kernel) per device and variant, cached;
+    ``seqlen_q``, ``window``: as :func:`bwd_tile`. The first call loads all three kernels on the device (needs the
+    GPU).
 
     NOTES: all three, although a small eager backward runs the main kernel alone (folded, launchers.fold_wanted):
     the same call captured into a CUDA graph runs unfolded (a graph's error record disables the fold), and a
     capture cannot load kernels, so the eager warm-up that torch.compile's reduce-overhead mode makes must
     leave preprocess and postprocess loaded too."""
-    key = (device_id, dtype, head_dim, causal, deterministic, timeline, compact, varlen, softcap,
-           config.BWD_DQ_STAGES.get(), config.BWD_DQ_WRITERS.get(), config.EXP2_FMA.get(), config.BWD_PDL.get(),
-           config.BWD_FULL_BLOCK_M.get())
+    tile = bwd_tile(head_dim, causal, compact, seqlen_q, window)
+    key = (device_id, dtype, head_dim, causal, deterministic, timeline, compact, varlen, softcap, tile.block_m,
+           config.BWD_DQ_STAGES.get(), config.BWD_DQ_WRITERS.get(), config.EXP2_FMA.get(), config.BWD_PDL.get())
     e = _bwd_cache.get(key)
     if e is None:
         import cupy
         from . import jit
-        specs = bwd_specs(dtype, head_dim, causal, deterministic, timeline, compact, varlen, softcap=softcap)
-        tile = bwd_tile(head_dim, causal, compact)
+        specs = bwd_specs(dtype, head_dim, causal, deterministic, timeline, compact, varlen, softcap=softcap,
+                          seqlen_q=seqlen_q, window=window)
         with cupy.cuda.Device(device_id):
             max_ctas = int(max_resident_ctas(specs.main))
             for spec in (specs.preprocess, specs.postprocess):

@@ -99,13 +99,14 @@ class _Backward:
     def __init__(self, p, cfg, spin_timeout_ns):
         import cupy
         self.p, self.causal, self.window = p, cfg.causal, cfg.window
-        tile = kernels.bwd_tile(p.D, cfg.causal)
+        tile = kernels.bwd_tile(p.D, cfg.causal, seqlen_q=p.Sq, window=cfg.window)
         # NOTES: long problems read compact records, as the eager path does (compact_device.table_form)
         capped = p.softcap > 0
         compact = compact_device.wanted(p.Sq, p.Sk, tile.block_m, tile.block_n, p.B * p.H, cfg.causal, cfg.window,
                                         capped)
-        specs = kernels.bwd_specs(p.dtype, p.D, cfg.causal, cfg.deterministic, compact=compact, softcap=capped)
-        tile = kernels.bwd_tile(p.D, cfg.causal, compact)
+        specs = kernels.bwd_specs(p.dtype, p.D, cfg.causal, cfg.deterministic, compact=compact, softcap=capped,
+                                  seqlen_q=p.Sq, window=cfg.window)
+        tile = kernels.bwd_tile(p.D, cfg.causal, compact, p.Sq, cfg.window)
         self.work_bytes = launchers.BwdLaunch(specs, tile.block_m, tile.block_n, p, cfg.deterministic,
                                               spin_timeout_ns, cfg.causal, cfg.window).work_bytes
         self.q_strides = interop.contiguous_strides((p.B, p.Sq, p.H, p.D))[:3]
@@ -115,7 +116,8 @@ class _Backward:
         for dev in self.devices:
             with cupy.cuda.Device(dev):
                 specs, bm, bn, max_ctas = kernels.bwd_entry(dev, p.dtype, p.D, cfg.causal, cfg.deterministic,
-                                                            compact=compact, softcap=capped)
+                                                            compact=compact, softcap=capped, seqlen_q=p.Sq,
+                                                            window=cfg.window)
                 _load(specs)
                 c = launchers.BwdLaunch(specs, bm, bn, p, cfg.deterministic, spin_timeout_ns, cfg.causal,
                                         cfg.window)

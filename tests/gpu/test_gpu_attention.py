@@ -28,7 +28,8 @@ import pytest
 
 import cupy
 import cupy_dash
-from cupy_dash import reference
+from cupy_dash import config, reference
+from cupy_dash.cuda import kernels
 from gpu_helpers import (ATOMIC, BF16, DET_REPEATS, DTYPES, POLICIES, Case, _CACHE, _assert_finite, _assert_same_bits,
                          _case_data, _dev, _host, _poison_pool, _poison_size, _randn, _repeat_backward,
                          _schedule_kwargs, _seed, _torch_from_host)
@@ -180,6 +181,33 @@ def test_backward(case, schedule):
     reference.assert_close_fa3("dv", dv_h, data["dv_ref"], data["dv_lowp"])
 
 
+# The 80-query tile (kernels.bwd_tile): head dim 128, no mask, from FULL80_MIN_SEQLEN queries on, with a partial
+# last Q tile and several KV tiles per CTA.
+LONG_FULL_CASES = [Case("bf16", 128, False, 4197, 4300, batch=1, heads=2)]
+
+
+@pytest.mark.parametrize("schedule", ["auto", "shift", ATOMIC])
+@pytest.mark.parametrize("case", LONG_FULL_CASES, ids=str)
+def test_long_full_mask_backward_takes_the_80_query_tile(case, schedule):
+    assert kernels.bwd_tile(case.hdim, case.causal, seqlen_q=case.seqlen_q).block_m == (
+        64 if config.BWD_FULL_BLOCK_M.get() == 64 else 80)
+    data = _case_data(case, backward=True)
+    do, q, k, v, out = (_dev(data[n]) for n in ("do", "q", "k", "v", "out_in"))
+    lse = _dev(data["lse_in"])
+    _poison_pool(_poison_size(do, q, k, v))
+    runs = [cupy_dash.attention_backward(do, q, k, v, out, lse, causal=False, **_schedule_kwargs(schedule))
+            for _ in range(2)]
+    cupy_dash.check_errors()
+    grads = [tuple(_host(x) for x in run) for run in runs]
+    for name, got, ref, lowp in zip(("dq", "dk", "dv"), grads[0], ("dq_ref", "dk_ref", "dv_ref"),
+                                    ("dq_lowp", "dk_lowp", "dv_lowp")):
+        _assert_finite(name, got)
+        reference.assert_close_fa3(name, got, data[ref], data[lowp])
+    if schedule != ATOMIC:
+        assert all(np.array_equal(a.view(np.uint16), b.view(np.uint16)) for a, b in zip(*grads)), \
+            "the deterministic backward's bits changed between two calls"
+
+
 # Valid tables on a small persistent grid: each CTA runs several KV tiles, of several heads, back to back (dK, dV
 # restart from zero at every KV-tile change, K and V are reloaded, the Q / dO stages keep cycling), and the dQ
 # tiles collect partials from several CTAs. Long enough that the diagonal, tails and many ranks all occur.
@@ -195,7 +223,6 @@ SMALL_GRID_CASES = [Case("bf16", 128, True, 1537, 1537, batch=2, heads=2),
                                                        for s in ("fa3", "descending", "shift", "symmetric_shift")]))
 def test_backward_small_grid_matches_reference(case, schedule, num_ctas):
     from cupy_dash import schedule as dash_schedule
-    from cupy_dash.cuda import kernels
     from cupy_dash.core.api import _backward_with_plan
 
     data = _case_data(case, backward=True)
@@ -511,7 +538,6 @@ BAD_TABLE_CTAS = 8
 @pytest.mark.parametrize("corruption", ["mutual_wait", "unreachable_rank"])
 def test_corrupt_schedule_reports_error_instead_of_hanging(corruption, request):
     from cupy_dash import schedule
-    from cupy_dash.cuda import kernels
     from cupy_dash.core.api import _backward_with_plan
 
     case = BAD_TABLE_CASE

@@ -31,7 +31,7 @@ def test_knobs_are_defined_once():
     assert {k.name[10:]: k.default for k in config.KNOBS if k.name.startswith("CUPY_DASH_")} == {
         "SPIN_TIMEOUT_MS": 10000.0, "FOLD": None, "COMPACT_TABLES": None, "VARLEN_EXPAND": "device", "FASTPATH": True,
         "SYNC_ERRORS": False, "JAX_FFI": None, "CACHE_DIR": None, "JIT_VERBOSE": False, "BWD_DQ_STAGES": 1,
-        "BWD_DQ_WRITERS": 2, "BWD_PDL": False, "BWD_FULL_BLOCK_M": 64, "EXP2_FMA": 0}
+        "BWD_DQ_WRITERS": 2, "BWD_PDL": False, "BWD_FULL_BLOCK_M": None, "EXP2_FMA": 0}
     # the names other modules (and benchmarks, tests, the CLI) use are the config's
     assert compact_device.ENV == config.COMPACT_TABLES.name
     assert launchers.FOLD_ENV == config.FOLD.name
@@ -165,23 +165,32 @@ def test_exp2_fma_knob_selects_the_experimental_builds(monkeypatch):
             kernels.fwd_spec("bfloat16", 64, True)
 
 
-def test_full_block_m_knob_selects_the_80_query_tile(monkeypatch):
-    """CUPY_DASH_BWD_FULL_BLOCK_M=80: the head-dim-128 backward without a causal mask takes 80-query tiles (one K
-    buffer, the shared memory of kernels_src/bwd/config.cuh); causal, head dim 64 and compact builds keep theirs;
-    bad values raise naming the variable."""
+def test_the_80_query_tile_serves_long_full_mask_calls(monkeypatch):
+    """Head dim 128 without a causal mask or window takes 80-query tiles from FULL80_MIN_SEQLEN queries on (one K
+    buffer, the shared memory of kernels_src/bwd/config.cuh); shorter calls, causal, windows, head dim 64, varlen
+    (no seqlen_q) and compact builds keep theirs. CUPY_DASH_BWD_FULL_BLOCK_M = 64 / 80 forces either; bad values
+    raise naming the variable."""
     from cupy_dash.cuda import kernels
     monkeypatch.delenv("CUPY_DASH_BWD_FULL_BLOCK_M", raising=False)
-    default = kernels.bwd_specs("bfloat16", 128, False, True)
-    assert kernels.bwd_tile(128, False).block_m == 64 and dict(default.main.defines)["DASH_BLOCK_M"] == 64
-    monkeypatch.setenv("CUPY_DASH_BWD_FULL_BLOCK_M", "80")
-    assert kernels.bwd_tile(128, False).block_m == 80
-    assert [kernels.bwd_tile(128, True).block_m, kernels.bwd_tile(64, False).block_m,
-            kernels.bwd_tile(128, False, compact=True).block_m] == [64, 128, 64]
-    specs = kernels.bwd_specs("bfloat16", 128, False, True)
+    long = kernels.FULL80_MIN_SEQLEN
+
+    def block_m(*a, **kw):
+        return kernels.bwd_tile(*a, **kw).block_m
+    assert block_m(128, False, seqlen_q=long) == 80
+    assert [block_m(128, False, seqlen_q=long - 1), block_m(128, True, seqlen_q=long),
+            block_m(128, False, seqlen_q=long, window=(100, -1)), block_m(128, False),
+            block_m(128, False, True, long), block_m(64, False, seqlen_q=long)] == [64, 64, 64, 64, 64, 128]
+    specs = kernels.bwd_specs("bfloat16", 128, False, True, seqlen_q=long)
+    short = kernels.bwd_specs("bfloat16", 128, False, True)
     assert {dict(s.defines)["DASH_BLOCK_M"] for s in specs} == {80}
+    assert {dict(s.defines)["DASH_BLOCK_M"] for s in short} == {64}
     assert specs.main.smem_bytes == kernels._bwd_main_smem(kernels.TILES[("bwd_main", 128, "full80")], 128)
-    assert specs.main.smem_bytes <= kernels.K.kSmemMaxBytes < default.main.smem_bytes + 32 * 1024
-    assert dict(kernels.bwd_specs("bfloat16", 128, False, True, compact=True).main.defines)["DASH_BLOCK_M"] == 64
+    assert specs.main.smem_bytes <= kernels.K.kSmemMaxBytes < short.main.smem_bytes + 32 * 1024
+    assert set(specs) <= set(kernels.all_specs())
+    monkeypatch.setenv("CUPY_DASH_BWD_FULL_BLOCK_M", "80")
+    assert [block_m(128, False), block_m(128, False, True), block_m(128, True)] == [80, 64, 64]
+    monkeypatch.setenv("CUPY_DASH_BWD_FULL_BLOCK_M", "64")
+    assert block_m(128, False, seqlen_q=long) == 64
     monkeypatch.setenv("CUPY_DASH_BWD_FULL_BLOCK_M", "96")
     with pytest.raises(ValueError, match="CUPY_DASH_BWD_FULL_BLOCK_M"):
         kernels.bwd_tile(128, False)

@@ -201,7 +201,7 @@ def test_pack_bwd_params_every_field():
 def test_all_specs_cover_every_combination():
     specs = kernels.all_specs()
     labels = [s.label for s in specs]
-    assert len(set(labels)) == len(labels) == len(set(specs)) == 16 + 8 + 64 + 8 + 2 + 16 + 32
+    assert len(set(labels)) == len(labels) == len(set(specs)) == 16 + 8 + 64 + 8 + 2 + 16 + 32 + 12
     expected = {kernels.expand_spec(False), kernels.expand_spec(True)}
     for dtype, d, causal in itertools.product(kernels.SUPPORTED_DTYPES, kernels.SUPPORTED_HEAD_DIMS, (0, 1)):
         expected.add(kernels.fwd_spec(dtype, d, bool(causal)))
@@ -213,12 +213,15 @@ def test_all_specs_cover_every_combination():
             expected.add(kernels.bwd_specs(dtype, d, bool(causal), det, compact=True, varlen=True).main)
             for varlen in (False, True):
                 expected.add(kernels.bwd_specs(dtype, d, bool(causal), det, varlen=varlen, softcap=True).main)
+            for softcap in (False, True):       # the 80-query tile (head dim 128, full mask)
+                expected.update(kernels.bwd_specs(dtype, d, bool(causal), det, softcap=softcap,
+                                                  seqlen_q=kernels.FULL80_MIN_SEQLEN))
         for varlen in (False, True):
             expected.add(kernels.fwd_spec(dtype, d, bool(causal), varlen=varlen, softcap=True))
     assert expected == set(specs)
     by_kernel = {name: [s for s in specs if s.kernel == name] for name in kernels.KERNEL_NAMES}
-    assert {k: len(v) for k, v in by_kernel.items()} == {"fwd": 32, "bwd_preprocess": 8, "bwd_main": 96,
-                                                         "bwd_postprocess": 8, "bwd_expand": 2}
+    assert {k: len(v) for k, v in by_kernel.items()} == {"fwd": 32, "bwd_preprocess": 10, "bwd_main": 104,
+                                                         "bwd_postprocess": 10, "bwd_expand": 2}
     assert kernels.expand_spec(True).label == "bwd_expand[bf16,d64,varlen,compact]"
     for s in specs:
         d = dict(s.defines)
