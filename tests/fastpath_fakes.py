@@ -104,7 +104,7 @@ def no_gpu(monkeypatch):
     def acquire(dev):
         d = next(slots)
         return ptr(dptr=d, hdev=d + 0x10000)
-    monkeypatch.setattr(varlen, "acquire_slot", acquire)
+    monkeypatch.setattr(api, "acquire_slot", acquire)
     monkeypatch.setattr(errors, "acquire_slot", acquire)
     enqueued = []
 

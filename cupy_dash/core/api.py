@@ -432,8 +432,6 @@ def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, determinis
     c = launchers.BwdLaunch(specs, bm, bn, p, deterministic, spin_timeout_ns, causal, window)
     if timeline is not None or (plan is not None and plan.num_ctas > max_ctas):
         c.fold = False      # NOTES: the fold's grid barriers need every CTA co-resident (kernels_src/bwd/fold.cuh)
-    qi, ki, vi, doi, oi = p.infos
-    fw = qi.framework
     if plan is not None:
         num_visits = len(_schedule.check_plan(plan, B * H, -(-Sk // bn), c.num_m_blocks)[1])   # before allocating
         if timeline is not None and (timeline.shape != (num_visits, 4) or timeline.dtype != np.int64):
@@ -441,10 +439,6 @@ def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, determinis
     stream = interop.caller_stream(q, dev)
     with cupy.cuda.Device(dev), stream:
         keep = []
-        operands = (_resolve(qi, q, keep), _resolve(ki, k, keep), _resolve(vi, v, keep), _resolve(oi, out, keep),
-                    _resolve(doi, do, keep))
-        lse_ptr, _ = _resolve(p.lse_info, lse, keep)
-
         if plan is None:
             c.tables = launchers.bwd_tables(schedule, c, max_ctas, dev, stream, capture=capturing, compact=compact)
             if c.tables is None:
@@ -454,27 +448,50 @@ def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, determinis
             c.tables = device_tables.upload(plan, B * H, -(-Sk // bn), c.num_m_blocks, dev, stream)
             keep.append(c.tables)
         call = (c.tables.policy, B, H, Sq, Sk, D, causal, window)   # names the call in an error message
-        graph_error = None
-        if capturing:       # a record of its own, never reset by the graph (errors.py); no slot, event or copy
-            graph_error = graph_record(dev, call)
-            if graph_error is None:
-                raise _not_warm(f"no backward has run eagerly on device {dev} yet", p, causal)
-            if record_shared(dev, graph_error):
-                c.fold = False
 
-        work, base = _new(fw, dev, (c.work_bytes,), "uint8")
-        dq, dq_ptr = _new(fw, dev, (B, Sq, H, D), p.dtype)
-        dk, dk_ptr = _new(fw, dev, (B, Sk, Hkv, D), p.dtype)
-        dv, dv_ptr = _new(fw, dev, (B, Sk, Hkv, D), p.dtype)
-        slot = None if capturing else acquire_slot(dev)
-        launchers.launch_backward(c, operands, lse_ptr, base, (dq_ptr, dk_ptr, dv_ptr), stream,
-                                  error_ptr=graph_error, slot=slot, call=call,
-                                  timeline_ptr=0 if timeline is None else timeline.data.ptr)
-        if keep:
-            keep_alive(keep, stream)
-        elif fast_key is not None and not capturing and plan is None and timeline is None and not compact:
-            fastpath.register_backward(fast_key, c, operands, lse_ptr, base, (dq_ptr, dk_ptr, dv_ptr), call, q)
-        result = _export(fw, dq, q), _export(fw, dk, q), _export(fw, dv, q)
+        def register(operands, lse_ptr, base, grads):
+            if fast_key is not None and plan is None and timeline is None and not compact:
+                fastpath.register_backward(fast_key, c, operands, lse_ptr, base, grads, call, q)
+        return run_backward(c, p, call, stream, (q, k, v, out, do), lse, causal, capturing, keep,
+                            ((B, Sq, H, D), (B, Sk, Hkv, D)), register,
+                            timeline_ptr=0 if timeline is None else timeline.data.ptr)
+
+
+def run_backward(c, p, call, stream, tensors, lse, causal, capturing, keep, shapes, register, timeline_ptr=0,
+                 cu_seqlens=(0, 0)):
+    """The launch of a backward whose :class:`launchers.BwdLaunch` ``c`` has its tables, on ``stream`` (current,
+    device ``p.device_id`` current), fixed-length and varlen alike: the operands ``tensors`` (q, k, v, out, do,
+    as validated into ``p``) and ``lse`` resolved to addresses (copies kept in ``keep``), new dq of shape
+    ``shapes[0]`` and dk, dv of ``shapes[1]`` in the caller's framework, a workspace, an error slot (eager) or the
+    graph's own record (``capturing``), then the fast path's ``register(operands, lse_ptr, base, grads)`` for an
+    eager call that kept nothing. ``call`` names it in error messages. Returns (dq, dk, dv) in the caller's type.
+    With CUPY_DASH_SYNC_ERRORS set, an eager call waits for its kernels and raises their error."""
+    dev = p.device_id
+    graph_error = None
+    if capturing:       # a record of its own, never reset by the graph (errors.py); no slot, event or copy
+        graph_error = graph_record(dev, call)
+        if graph_error is None:
+            raise _not_warm(f"no backward has run eagerly on device {dev} yet", p, causal)
+        if record_shared(dev, graph_error):
+            c.fold = False
+    qi, ki, vi, doi, oi = p.infos                     # validate's order; the kernels take out before dout
+    q, k, v, out, do = tensors
+    fw = qi.framework
+    operands = tuple(_resolve(i, x, keep) for i, x in ((qi, q), (ki, k), (vi, v), (oi, out), (doi, do)))
+    lse_ptr, _ = _resolve(p.lse_info, lse, keep)
+    work, base = _new(fw, dev, (c.work_bytes,), "uint8")
+    dq, dq_ptr = _new(fw, dev, shapes[0], p.dtype)
+    dk, dk_ptr = _new(fw, dev, shapes[1], p.dtype)
+    dv, dv_ptr = _new(fw, dev, shapes[1], p.dtype)
+    slot = None if capturing else acquire_slot(dev)
+    grads = (dq_ptr, dk_ptr, dv_ptr)
+    launchers.launch_backward(c, operands, lse_ptr, base, grads, stream, error_ptr=graph_error, slot=slot, call=call,
+                              timeline_ptr=timeline_ptr, cu_seqlens=cu_seqlens)
+    if keep:
+        keep_alive(keep, stream)
+    elif not capturing:
+        register(operands, lse_ptr, base, grads)
+    result = _export(fw, dq, q), _export(fw, dk, q), _export(fw, dv, q)
     if not capturing and config.SYNC_ERRORS.get():
         check_errors()
     return result

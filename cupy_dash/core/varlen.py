@@ -36,8 +36,7 @@ import numpy as np
 from .. import config, gpu
 from .. import schedule as _schedule
 from ..cuda import kernels, launchers, varlen_device
-from ..cuda.errors import (acquire_slot, check_errors, graph_record, keep_alive, poll_errors as _poll_errors,
-                           record_shared)
+from ..cuda.errors import keep_alive, poll_errors as _poll_errors
 from . import api, fastpath_varlen, interop, varlen_host_cu
 from .varlen_launch import (_tables, check_max_seqlen, check_max_within, check_same_count, cu_seqlens_values,
                             packing_launch)
@@ -308,36 +307,17 @@ def attention_backward_varlen(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
             check_same_count(*cu_host)
         c, cu_dev, call = packing_launch(dev, p, causal, deterministic, schedule, window,
                                          config.spin_timeout_ns(), cu_host, max_q, stream, capture=capturing)
-        graph_error = None
-        if capturing and c is not None:   # a record of its own, never reset by the graph (errors.py); no slot
-            graph_error = graph_record(dev, call)
-            if graph_error is None:
-                raise api._not_warm(f"no backward has run eagerly on device {dev} yet", p, causal)
-            if record_shared(dev, graph_error):
-                c.fold = False
-        fw = p.infos[0].framework
-        keep = []
-        qi, ki, vi, doi, oi = p.infos                     # validate's order; the kernels take out before dout
-        operands = tuple(api._resolve(i, x, keep) for i, x in ((qi, q4), (ki, k4), (vi, v4), (oi, out4), (doi, do4)))
-        lse_ptr, _ = api._resolve(p.lse_info, lse[None], keep)
-        dq, dq_ptr = api._new(fw, dev, (total_q, H, D), p.dtype)
-        dk, dk_ptr = api._new(fw, dev, (total_k, Hkv, D), p.dtype)
-        dv, dv_ptr = api._new(fw, dev, (total_k, Hkv, D), p.dtype)
         if c is None:                                     # no sequence sees a key: every gradient is 0
-            for ptr, n in ((dq_ptr, total_q * H), (dk_ptr, total_k * Hkv), (dv_ptr, total_k * Hkv)):
+            fw = p.infos[0].framework
+            grads = [api._new(fw, dev, (n, h, D), p.dtype) for n, h in ((total_q, H), (total_k, Hkv), (total_k, Hkv))]
+            for (_, ptr), n in zip(grads, (total_q * H, total_k * Hkv, total_k * Hkv)):
                 cupy.cuda.runtime.memsetAsync(ptr, 0, n * D * 2, stream.ptr)
-            return api._export(fw, dq, q), api._export(fw, dk, q), api._export(fw, dv, q)
-        work, base = api._new(fw, dev, (c.work_bytes,), "uint8")
-        slot = None if capturing else acquire_slot(dev)
+            return tuple(api._export(fw, g, q) for g, _ in grads)
         cu_ptrs = cu_dev[0].data.ptr, cu_dev[1].data.ptr
-        launchers.launch_backward(c, operands, lse_ptr, base, (dq_ptr, dk_ptr, dv_ptr), stream,
-                                  error_ptr=graph_error, slot=slot, call=call, cu_seqlens=cu_ptrs)
-        if keep:
-            keep_alive(keep, stream)
-        elif fast_key is not None and not capturing:
-            fastpath_varlen.register(fast_key, c, operands, lse_ptr, base, (dq_ptr, dk_ptr, dv_ptr), cu_ptrs, call,
-                                     q, stream, (c.tables, *cu_dev))
-        result = api._export(fw, dq, q), api._export(fw, dk, q), api._export(fw, dv, q)
-    if not capturing and config.SYNC_ERRORS.get():
-        check_errors()
-    return result
+
+        def register(operands, lse_ptr, base, grads):
+            if fast_key is not None:
+                fastpath_varlen.register(fast_key, c, operands, lse_ptr, base, grads, cu_ptrs, call, q, stream,
+                                         (c.tables, *cu_dev))
+        return api.run_backward(c, p, call, stream, (q4, k4, v4, out4, do4), lse[None], causal, capturing, [],
+                                ((total_q, H, D), (total_k, Hkv, D)), register, cu_seqlens=cu_ptrs)

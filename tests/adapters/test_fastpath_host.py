@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import cupy_dash
-from cupy_dash.core import api, fastpath, interop, varlen
+from cupy_dash.core import api, fastpath, interop
 from cupy_dash.cuda import kernels, launchers
 from fastpath_fakes import BF16, F32, Tensor, no_gpu  # noqa: F401  (fixture)
 
@@ -28,7 +28,6 @@ def fixed(no_gpu, monkeypatch):
     specs = kernels.bwd_specs("bfloat16", 128, True, True)
     tile = kernels.bwd_tile(128, True)
     monkeypatch.setattr(kernels, "bwd_entry", lambda *a, **kw: (specs, tile.block_m, tile.block_n, 132))
-    monkeypatch.setattr(api, "acquire_slot", varlen.acquire_slot)
     monkeypatch.setattr(api, "_poll_errors", lambda: None)
     current = {"ptr": 0x77}
     monkeypatch.setattr(fastpath, "_ready_stream", lambda dev: types.SimpleNamespace(ptr=current["ptr"]))

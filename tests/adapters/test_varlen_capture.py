@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import cupy_dash
-from cupy_dash.core import fastpath, fastpath_varlen, interop, varlen, varlen_host_cu
+from cupy_dash.core import api, fastpath, fastpath_varlen, interop, varlen, varlen_host_cu
 from cupy_dash.cuda import device_tables, jit, kernels, varlen_device
 from fastpath_fakes import Tensor, _Dtype, _inputs, no_gpu  # noqa: F401  (fixture)
 
@@ -85,14 +85,14 @@ def graphs(no_gpu, monkeypatch):
     def record(dev, info):
         state.records.append(info)
         return GRAPH_RECORD
-    monkeypatch.setattr(varlen, "graph_record", record)
-    monkeypatch.setattr(varlen, "record_shared", lambda dev, ptr: False)
-    acquire = varlen.acquire_slot
+    monkeypatch.setattr(api, "graph_record", record)
+    monkeypatch.setattr(api, "record_shared", lambda dev, ptr: False)
+    acquire = api.acquire_slot
 
     def slot(dev):
         state.slots += 1
         return acquire(dev)
-    monkeypatch.setattr(varlen, "acquire_slot", slot)
+    monkeypatch.setattr(api, "acquire_slot", slot)
 
     def poll():
         state.polls += 1
@@ -100,7 +100,7 @@ def graphs(no_gpu, monkeypatch):
     def check():
         state.checks += 1
     monkeypatch.setattr(varlen, "_poll_errors", poll)
-    monkeypatch.setattr(varlen, "check_errors", check)
+    monkeypatch.setattr(api, "check_errors", check)
     monkeypatch.setenv("CUPY_DASH_SYNC_ERRORS", "1")          # eager calls check; captured ones must not
 
     # device memory and the forward's host copies (varlen_host_cu) of device cu_seqlens

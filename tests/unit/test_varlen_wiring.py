@@ -99,7 +99,7 @@ def test_backward_varlen_parameter_block(no_gpu, monkeypatch):
         return tables, cu[0], cu[1], None
     monkeypatch.setattr(varlen_device, "device", device)
     slot = types.SimpleNamespace(dptr=0x9000, hdev=0x9800)
-    monkeypatch.setattr(varlen, "acquire_slot", lambda dev: slot)
+    monkeypatch.setattr(api, "acquire_slot", lambda dev: slot)
     enqueued = {}
 
     def enqueue(c, params, grads, s, *, slot=None, call=None, launches=None):
@@ -149,7 +149,7 @@ def test_prepared_tables_are_the_ones_the_backward_uses(no_gpu, monkeypatch):
         return (P(visits=P(data=P(ptr=1)), rank=P(data=P(ptr=2)), cta_start=P(data=P(ptr=3)), num_ctas=t.num_ctas,
                   policy=t.policy), P(data=P(ptr=4)), P(data=P(ptr=5)), None)
     monkeypatch.setattr(varlen_device, "device", device)
-    monkeypatch.setattr(varlen, "acquire_slot", lambda dev: P(dptr=0x9000, hdev=0x9800))
+    monkeypatch.setattr(api, "acquire_slot", lambda dev: P(dptr=0x9000, hdev=0x9800))
     monkeypatch.setattr(launchers, "enqueue_backward", lambda *a, **kw: None)
     monkeypatch.setattr(varlen, "_poll_errors", lambda: None)
     cupy_dash.prepare_varlen_backward(list(cu), cu, 200, 200, num_heads=H, num_heads_kv=Hkv, head_dim=D,
