@@ -69,7 +69,7 @@ def no_gpu(monkeypatch):
     fake_torch = types.SimpleNamespace(empty=empty, uint8=U8, float32=F32,
                                        empty_like=lambda t: empty(t.shape, t.dtype))
     monkeypatch.setattr(fastpath, "_torch", fake_torch)
-    monkeypatch.setattr(fastpath, "_ready_stream", lambda dev: types.SimpleNamespace(ptr=0x77))
+    monkeypatch.setattr(fastpath, "_ready_stream", lambda plan: types.SimpleNamespace(ptr=0x77))
     monkeypatch.setattr(interop, "_torch_stream_ptr", lambda dev: 0x77)
     monkeypatch.setattr(interop, "capturing", lambda x: False)
     monkeypatch.setattr(tensormap, "bhsd_map", lambda ptr, *a, **kw: int(ptr).to_bytes(8, "little").ljust(128, b"\0"))

@@ -281,7 +281,8 @@ def attention_forward(q, k, v, *, causal=False, softmax_scale=None, window=(-1, 
     graph by torch callers after one eager call of the same variant (see the module docstring).
     """
     fast_key = None
-    if fastpath.is_torch(q) and fastpath.enabled() and not softcap:     # NOTES: capped calls take the full path
+    if (fastpath.is_torch(q) or fastpath.is_cupy(q)) and fastpath.enabled() and not softcap:   # NOTES: capped
+        # calls take the full path
         fast_key = fastpath.fwd_key(q, k, v, causal, softmax_scale, window)
         result = fastpath.forward(fast_key, q, k, v)
         if result is not None:
@@ -351,7 +352,7 @@ def attention_backward(do, q, k, v, out, lse, *, causal=False, softmax_scale=Non
     that this call stays asynchronous).
     """
     fast_key = None
-    if fastpath.is_torch(q) and fastpath.enabled() and not softcap:
+    if (fastpath.is_torch(q) or fastpath.is_cupy(q)) and fastpath.enabled() and not softcap:
         fast_key = fastpath.bwd_key(do, q, k, v, out, lse, causal, softmax_scale, schedule, deterministic, window)
         result = fastpath.backward(fast_key, do, q, k, v, out, lse)
         if result is not None:

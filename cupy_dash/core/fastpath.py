@@ -1,12 +1,14 @@
-"""Host fast path for repeated calls with torch tensors.
+"""Host fast path for repeated calls with torch tensors or CuPy arrays.
 
 A training step calls attention with the same shapes, strides, dtypes, flags and (under a caching allocator)
 often the same addresses, step after step. After a call of :func:`cupy_dash.attention_forward` or
-:func:`cupy_dash.attention_backward` with torch CUDA tensors has been validated and launched by the full path,
+:func:`cupy_dash.attention_backward` with torch CUDA tensors (or CuPy arrays: all operands of one framework) has
+been validated and launched by the full path,
 its *plan* is kept here: the kernel handles, grids, the packed parameter block with the offsets of the fields
 that change per call (tensor addresses, their TMA maps, the scratch and output buffers, the error record), the
 schedule tables. A later call whose *signature* matches re-launches from the plan: allocate the outputs with
-torch, patch the parameter block, launch (one ``cuLaunchKernel`` per kernel, as every launch).
+the caller's framework, patch the parameter block, launch (one ``cuLaunchKernel`` per kernel, as every launch)
+on the stream the full path would take (torch's current stream, or CuPy's current stream of the device).
 
 NOTES: the signature holds everything the full path's checks depend on: for every tensor its shape, strides,
 dtype and device, whether all base addresses are 16-byte aligned, and the arguments by type and value (``causal``
@@ -67,28 +69,47 @@ def is_torch(x) -> bool:
     return t.__name__ == "Tensor" and t.__module__ == "torch"
 
 
+def is_cupy(x) -> bool:
+    return type(x) is cupy.ndarray
+
+
 def _sig(t) -> tuple:
     return t.shape, t.stride(), t.dtype, t.device
 
 
+def _cupy_sig(a) -> tuple:
+    # NOTES: never equal to a torch signature (a numpy dtype and an int device against torch's dtype and device)
+    return a.shape, a.strides, a.dtype, a.device.id
+
+
 def fwd_key(q, k, v, causal, softmax_scale, window):
     """The forward's signature (module docstring), or None when an argument's type rules the fast path out."""
-    if not (is_torch(q) and is_torch(k) and is_torch(v)) or type(causal) is not bool or type(window) is not tuple or (
+    if type(causal) is not bool or type(window) is not tuple or (
             softmax_scale is not None and type(softmax_scale) is not float):
         return None
-    aligned = not ((q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15)
-    return _sig(q), _sig(k), _sig(v), causal, softmax_scale, window, aligned
+    if is_torch(q) and is_torch(k) and is_torch(v):
+        aligned = not ((q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15)
+        return _sig(q), _sig(k), _sig(v), causal, softmax_scale, window, aligned
+    if is_cupy(q) and is_cupy(k) and is_cupy(v):
+        aligned = not ((q.data.ptr | k.data.ptr | v.data.ptr) & 15)
+        return _cupy_sig(q), _cupy_sig(k), _cupy_sig(v), causal, softmax_scale, window, aligned
+    return None
 
 
 def bwd_key(do, q, k, v, out, lse, causal, softmax_scale, schedule, deterministic, window):
     """The backward's signature (module docstring), or None."""
-    if not all(is_torch(x) for x in (do, q, k, v, out, lse)) or type(causal) is not bool or \
-            type(deterministic) is not bool or type(window) is not tuple or \
+    if type(causal) is not bool or type(deterministic) is not bool or type(window) is not tuple or \
             type(schedule) is not str or (softmax_scale is not None and type(softmax_scale) is not float):
         return None
-    ptrs = do.data_ptr() | q.data_ptr() | k.data_ptr() | v.data_ptr() | out.data_ptr() | lse.data_ptr()
-    return (_sig(do), _sig(q), _sig(k), _sig(v), _sig(out), _sig(lse), causal, softmax_scale, schedule,
-            deterministic, window, not (ptrs & 15), config.fingerprint())
+    tensors = (do, q, k, v, out, lse)
+    if all(is_torch(x) for x in tensors):
+        sig, ptrs = _sig, do.data_ptr() | q.data_ptr() | k.data_ptr() | v.data_ptr() | out.data_ptr() | lse.data_ptr()
+    elif all(is_cupy(x) for x in tensors):
+        sig, ptrs = _cupy_sig, do.data.ptr | q.data.ptr | k.data.ptr | v.data.ptr | out.data.ptr | lse.data.ptr
+    else:
+        return None
+    return (sig(do), sig(q), sig(k), sig(v), sig(out), sig(lse), causal, softmax_scale, schedule, deterministic,
+            window, not (ptrs & 15), config.fingerprint())
 
 
 class _Maps:
@@ -121,17 +142,37 @@ def _store(table: dict, key, plan) -> None:
         table[key] = plan
 
 
-def _ready_stream(device_index):
-    """torch's current stream on the tensors' device, as the (cached) CuPy view the launchers take; None (the
-    fast path steps aside) when the current device is another one or the stream is capturing a CUDA graph."""
-    _torch_mod()
+def _ready_stream(plan):
+    """The stream the full path would take for the plan's tensors (torch's current stream as the (cached) CuPy
+    view the launchers take, or CuPy's current stream); None (the fast path steps aside) when the current device
+    is not the plan's or the stream is capturing a CUDA graph."""
     rt = cupy.cuda.runtime
+    device_index = plan.device_index
     if rt.getDevice() != device_index:
         return None
+    if plan.cupy:
+        stream = cupy.cuda.get_current_stream(device_index)
+        return None if rt.streamIsCapturing(stream.ptr) else stream
+    _torch_mod()
     ptr = interop._torch_stream_ptr(device_index)
     if rt.streamIsCapturing(ptr):
         return None
     return interop.external_stream(ptr, device_index)
+
+
+def _framework_of(plan, like) -> None:
+    """The plan's allocation target, from ``like`` (q of the full path's call): ``cupy``, ``dtype``, ``device``
+    (torch's device, or the CuPy device id) and ``device_index``."""
+    plan.cupy = is_cupy(like)
+    if plan.cupy:
+        plan.dtype, plan.device = like.dtype, like.device.id
+        plan.device_index = plan.device
+    else:
+        plan.dtype, plan.device, plan.device_index = like.dtype, like.device, like.get_device()
+
+
+def _contiguous(x) -> bool:
+    return x.flags.c_contiguous if is_cupy(x) else x.is_contiguous()
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -139,7 +180,7 @@ def _ready_stream(device_index):
 # ------------------------------------------------------------------------------------------------------------
 class _FwdPlan:
     __slots__ = ("func", "launch", "template", "maps", "map_offsets", "offsets", "out_shape", "lse_shape", "dtype",
-                 "device", "device_index", "cu_infos", "out_like_q")
+                 "device", "device_index", "cupy", "cu_infos", "out_like_q")
 
 
 _FWD_POINTERS = ("lse", "out", "cu_seqlens_q", "cu_seqlens_k")
@@ -164,8 +205,8 @@ def forward_plan(spec, grid, block_m, block_n, p, operands, params, out_shape, l
     plan.map_offsets = tuple(_offset(dt, n) for n in ("tma_q", "tma_k", "tma_v", "tma_o"))
     plan.offsets = tuple(_offset(dt, n) for n in _FWD_POINTERS[:1 if cu_infos is None else 4])
     plan.out_shape, plan.lse_shape, plan.cu_infos = out_shape, lse_shape, cu_infos
-    plan.dtype, plan.device, plan.device_index = like.dtype, like.device, like.get_device()
-    plan.out_like_q = like.is_contiguous() and tuple(like.shape) == tuple(out_shape)
+    _framework_of(plan, like)
+    plan.out_like_q = _contiguous(like) and tuple(like.shape) == tuple(out_shape)
     return plan
 
 
@@ -182,16 +223,21 @@ def register_forward(key, spec, block_m, block_n, p, window, operands, out_ptr, 
 def run_forward(plan, stream, q, k, v, cu=()):
     """``(out, lse)`` of a forward launched from ``plan`` on ``stream`` (``cu``: the varlen build's cu_seqlens)."""
     errors.poll_errors()
-    torch = _torch
-    # NOTES: empty_like (no shape or dtype to parse: ~0.5 µs less per allocation) where q is contiguous with the
-    # output's shape: the new tensor is then contiguous too (a size-1 dimension may keep q's odd stride, which
-    # addresses nothing); the signature fixes q's layout for every call of the plan.
-    out = torch.empty_like(q) if plan.out_like_q else torch.empty(plan.out_shape, dtype=plan.dtype, device=plan.device)
-    lse = torch.empty(plan.lse_shape, dtype=torch.float32, device=plan.device)
-    out_ptr = out.data_ptr()
-    ptrs = (lse.data_ptr(), out_ptr, cu[0].data_ptr(), cu[1].data_ptr()) if cu else (lse.data_ptr(),)
-    buf = executor.patched_block(plan.template, plan.maps, (q.data_ptr(), k.data_ptr(), v.data_ptr(), out_ptr),
-                                 plan.map_offsets, plan.offsets, ptrs)
+    if plan.cupy:
+        out, lse = cupy.empty(plan.out_shape, plan.dtype), cupy.empty(plan.lse_shape, cupy.float32)
+        out_ptr, addrs = out.data.ptr, (q.data.ptr, k.data.ptr, v.data.ptr)
+        ptrs = (lse.data.ptr,)
+    else:
+        torch = _torch
+        # NOTES: empty_like (no shape or dtype to parse: ~0.5 µs less per allocation) where q is contiguous with
+        # the output's shape: the new tensor is then contiguous too (a size-1 dimension may keep q's odd stride,
+        # which addresses nothing); the signature fixes q's layout for every call of the plan.
+        out = torch.empty_like(q) if plan.out_like_q else torch.empty(plan.out_shape, dtype=plan.dtype,
+                                                                      device=plan.device)
+        lse = torch.empty(plan.lse_shape, dtype=torch.float32, device=plan.device)
+        out_ptr, addrs = out.data_ptr(), (q.data_ptr(), k.data_ptr(), v.data_ptr())
+        ptrs = (lse.data_ptr(), out_ptr, cu[0].data_ptr(), cu[1].data_ptr()) if cu else (lse.data_ptr(),)
+    buf = executor.patched_block(plan.template, plan.maps, (*addrs, out_ptr), plan.map_offsets, plan.offsets, ptrs)
     gx, gy, gz, threads, smem = plan.launch
     executor.launch(plan.func, gx, gy, gz, threads, smem, stream.ptr, buf)
     return out, lse
@@ -201,7 +247,7 @@ def forward(key, q, k, v):
     """``(out, lse)`` from the plan stored under ``key`` (:func:`fwd_key` of the call), or None (then the caller
     takes the full path)."""
     plan = _fwd_plans.get(key) if key is not None else None
-    stream = _ready_stream(plan.device_index) if plan is not None else None
+    stream = _ready_stream(plan) if plan is not None else None
     if stream is None:
         return None
     result = run_forward(plan, stream, q, k, v)
@@ -218,7 +264,7 @@ _BWD_POINTERS = ("q", "k", "v", "out", "dout", "lse", "lse_log2", "dpsum", "dq_a
 
 class _BwdPlan:
     __slots__ = ("c", "call", "launches", "template", "maps", "map_offsets", "offsets", "deterministic", "dq_shape",
-                 "kv_shape", "dtype", "device", "device_index", "work", "stream", "keep", "grads_like")
+                 "kv_shape", "dtype", "device", "device_index", "cupy", "work", "stream", "keep", "grads_like")
 
 
 def backward_plan(c, operands, lse_ptr, work_base, grads, call, like, dq_shape, kv_shape, cu_seqlens=(0, 0)):
@@ -243,7 +289,7 @@ def backward_plan(c, operands, lse_ptr, work_base, grads, call, like, dq_shape, 
     plan.offsets = tuple(_offset(dt, n) for n in _BWD_POINTERS + ("error", "error_host"))
     plan.deterministic = c.deterministic
     plan.dq_shape, plan.kv_shape = dq_shape, kv_shape
-    plan.dtype, plan.device, plan.device_index = like.dtype, like.device, like.get_device()
+    _framework_of(plan, like)
     plan.grads_like = None
     return plan
 
@@ -299,7 +345,8 @@ def _work(plan, nbytes, stream_ptr):
     cached = plan.work
     if cached is not None and cached[0] == stream_ptr:
         return cached[1]
-    work = _torch.empty((nbytes,), dtype=_torch.uint8, device=plan.device)
+    work = cupy.empty((nbytes,), cupy.uint8) if plan.cupy else _torch.empty((nbytes,), dtype=_torch.uint8,
+                                                                              device=plan.device)
     if nbytes <= _CACHED_WORK_BYTES:
         plan.work = (stream_ptr, work)
     return work
@@ -309,27 +356,34 @@ def run_backward(plan, stream, do, q, k, v, out, lse):
     """``(dq, dk, dv)`` of a backward launched from ``plan`` on ``stream``: outputs allocated with torch, the
     block patched, the kernels enqueued by the full path's launchers.enqueue_backward (so the bits are its)."""
     errors.poll_errors()
-    torch = _torch
     c = plan.c
     work = _work(plan, c.work_bytes, stream.ptr)
-    like = plan.grads_like
-    if like is None:                                   # decided at the plan's first call (as run_forward's)
-        like = plan.grads_like = q.is_contiguous() and k.is_contiguous() and tuple(q.shape) == plan.dq_shape and \
-            tuple(k.shape) == plan.kv_shape
-    if like:
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(k)
+    if plan.cupy:
+        dq = cupy.empty(plan.dq_shape, plan.dtype)
+        dk, dv = cupy.empty(plan.kv_shape, plan.dtype), cupy.empty(plan.kv_shape, plan.dtype)
+        base, out_ptr, lse_ptr = work.data.ptr, out.data.ptr, lse.data.ptr
+        q_ptr, k_ptr, v_ptr, do_ptr = q.data.ptr, k.data.ptr, v.data.ptr, do.data.ptr
+        grads = dq.data.ptr, dk.data.ptr, dv.data.ptr
     else:
-        dq = torch.empty(plan.dq_shape, dtype=plan.dtype, device=plan.device)
-        dk = torch.empty(plan.kv_shape, dtype=plan.dtype, device=plan.device)
-        dv = torch.empty(plan.kv_shape, dtype=plan.dtype, device=plan.device)
-    base = work.data_ptr()
+        torch = _torch
+        like = plan.grads_like
+        if like is None:                               # decided at the plan's first call (as run_forward's)
+            like = plan.grads_like = q.is_contiguous() and k.is_contiguous() and tuple(q.shape) == plan.dq_shape \
+                and tuple(k.shape) == plan.kv_shape
+        if like:
+            dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(k)
+        else:
+            dq = torch.empty(plan.dq_shape, dtype=plan.dtype, device=plan.device)
+            dk = torch.empty(plan.kv_shape, dtype=plan.dtype, device=plan.device)
+            dv = torch.empty(plan.kv_shape, dtype=plan.dtype, device=plan.device)
+        base, out_ptr, lse_ptr = work.data_ptr(), out.data_ptr(), lse.data_ptr()
+        q_ptr, k_ptr, v_ptr, do_ptr = q.data_ptr(), k.data_ptr(), v.data_ptr(), do.data_ptr()
+        grads = dq.data_ptr(), dk.data_ptr(), dv.data_ptr()
     off = c.offsets
-    q_ptr, k_ptr, v_ptr, do_ptr = q.data_ptr(), k.data_ptr(), v.data_ptr(), do.data_ptr()
-    grads = dq.data_ptr(), dk.data_ptr(), dv.data_ptr()
     slot = errors.acquire_slot(plan.device_index)     # enqueue_backward releases it if anything fails
     try:
         buf = executor.patched_block(plan.template, plan.maps, (q_ptr, k_ptr, v_ptr, do_ptr), plan.map_offsets,
-                                     plan.offsets, (q_ptr, k_ptr, v_ptr, out.data_ptr(), do_ptr, lse.data_ptr(),
+                                     plan.offsets, (q_ptr, k_ptr, v_ptr, out_ptr, do_ptr, lse_ptr,
                                                     base + off[0], base + off[1], base + off[2],
                                                     base + off[3] if plan.deterministic else 0, *grads, slot.dptr,
                                                     slot.hdev))
@@ -346,7 +400,7 @@ def backward(key, do, q, k, v, out, lse):
     """``(dq, dk, dv)`` from the plan stored under ``key`` (:func:`bwd_key` of the call), or None (then the caller
     takes the full path)."""
     plan = _bwd_plans.get(key) if key is not None else None
-    stream = _ready_stream(plan.device_index) if plan is not None else None
+    stream = _ready_stream(plan) if plan is not None else None
     if stream is None:
         return None
     result = run_backward(plan, stream, do, q, k, v, out, lse)

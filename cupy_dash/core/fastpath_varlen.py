@@ -140,13 +140,13 @@ def backward(key_, do, q, k, v, out, lse, cu_q=None, cu_k=None):
     plan = _plans.get(key_)
     if plan is None:
         base = _templates.get(_template_key(key_)) if cu_q is not None else None
-        if base is None or fastpath._ready_stream(base.device_index) is None:
+        if base is None or fastpath._ready_stream(base) is None:
             return None
         plan = _new_packing(key_, base, cu_q, cu_k)
         if plan is None:
             return None
         _stats["new_packing_hits"] += 1
-    elif fastpath._ready_stream(plan.device_index) is None:
+    elif fastpath._ready_stream(plan) is None:
         return None
     result = fastpath.run_backward(plan, plan.stream, do, q, k, v, out, lse)
     _stats["hits"] += 1
@@ -214,7 +214,7 @@ def register_forward(key_, spec, grid, block_m, block_n, p, operands, params, cu
 def forward(key_, q, k, v, cu_q, cu_k):
     """``(out, lse)`` from the plan stored under ``key_``, or None (the caller takes the full path)."""
     plan = _fwd_plans.get(key_) if key_ is not None else None
-    stream = fastpath._ready_stream(plan.device_index) if plan is not None else None
+    stream = fastpath._ready_stream(plan) if plan is not None else None
     if stream is None:
         return None
     result = fastpath.run_forward(plan, stream, q, k, v, (cu_q, cu_k))

@@ -30,7 +30,7 @@ def fixed(no_gpu, monkeypatch):
     monkeypatch.setattr(kernels, "bwd_entry", lambda *a, **kw: (specs, tile.block_m, tile.block_n, 132))
     monkeypatch.setattr(api, "_poll_errors", lambda: None)
     current = {"ptr": 0x77}
-    monkeypatch.setattr(fastpath, "_ready_stream", lambda dev: types.SimpleNamespace(ptr=current["ptr"]))
+    monkeypatch.setattr(fastpath, "_ready_stream", lambda plan: types.SimpleNamespace(ptr=current["ptr"]))
     fastpath.clear()
     yield no_gpu, current
     fastpath.clear()
@@ -98,22 +98,27 @@ def test_gradients_allocated_like_q_and_k_only_when_contiguous(fixed, monkeypatc
 
 
 def test_ready_stream_steps_aside_on_another_device_or_under_capture(monkeypatch):
-    """The fast path's one query per call: torch's current stream on the tensors' device, or None when the
-    current device differs or that stream is capturing (cudaStreamIsCapturing, replaced here)."""
+    """The fast path's one query per call: the stream the full path would take on the plan's device (torch's
+    current stream, or CuPy's current stream for a CuPy plan), or None when the current device differs or that
+    stream is capturing (cudaStreamIsCapturing, replaced here)."""
     state = {"device": 0, "capturing": 0}
     monkeypatch.setattr(fastpath, "_torch_mod", lambda: None)
     monkeypatch.setattr(fastpath.cupy.cuda.runtime, "getDevice", lambda: state["device"])
     monkeypatch.setattr(fastpath.cupy.cuda.runtime, "streamIsCapturing", lambda ptr: state["capturing"])
     monkeypatch.setattr(interop, "_torch_stream_ptr", lambda dev: 0x500 + dev)
     monkeypatch.setattr(interop, "external_stream", lambda ptr, dev: types.SimpleNamespace(ptr=ptr, dev=dev))
-    s = fastpath._ready_stream(0)
+    monkeypatch.setattr(fastpath.cupy.cuda, "get_current_stream", lambda dev: types.SimpleNamespace(ptr=0x900 + dev))
+    torch_plan = types.SimpleNamespace(device_index=0, cupy=False)
+    cupy_plan = types.SimpleNamespace(device_index=0, cupy=True)
+    s = fastpath._ready_stream(torch_plan)
     assert (s.ptr, s.dev) == (0x500, 0)
+    assert fastpath._ready_stream(cupy_plan).ptr == 0x900
     state["device"] = 1
-    assert fastpath._ready_stream(0) is None
+    assert fastpath._ready_stream(torch_plan) is None and fastpath._ready_stream(cupy_plan) is None
     state["device"], state["capturing"] = 0, 1          # cudaStreamCaptureStatusActive
-    assert fastpath._ready_stream(0) is None
+    assert fastpath._ready_stream(torch_plan) is None and fastpath._ready_stream(cupy_plan) is None
     state["capturing"] = 2                              # invalidated: still not an eager stream
-    assert fastpath._ready_stream(0) is None
+    assert fastpath._ready_stream(torch_plan) is None
 
 
 def _made_map(ptr):

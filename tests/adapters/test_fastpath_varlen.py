@@ -171,7 +171,7 @@ def test_a_repeated_forward_is_served_with_the_full_paths_block(no_gpu, monkeypa
     monkeypatch.setattr(executor, "launch", lambda func, gx, gy, gz, bx, smem, stream, buf: launched.append(
         ((gx, gy, gz), np.frombuffer(bytes(buf), dtype=kernels.FWD_PARAMS_DTYPE)[0])))
     monkeypatch.setattr(jit, "load", lambda spec: types.SimpleNamespace(ptr=0xF00))
-    monkeypatch.setattr(fastpath, "_ready_stream", lambda dev: types.SimpleNamespace(ptr=0x77))
+    monkeypatch.setattr(fastpath, "_ready_stream", lambda plan: types.SimpleNamespace(ptr=0x77))
     monkeypatch.setattr(varlen_host_cu, "remember", lambda cu, info, ptr, stream: remembered.append(ptr))
     _, q, k, v, _, _ = _inputs()
     cu_q, cu_k = Tensor((4,), I32, 0x70000), Tensor((4,), I32, 0x70100)

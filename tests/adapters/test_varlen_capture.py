@@ -80,7 +80,7 @@ def graphs(no_gpu, monkeypatch):
     monkeypatch.setattr(interop, "capturing", lambda x: state.capturing)
     monkeypatch.setattr(interop, "caller_stream", lambda x, dev: Stream(current()))
     monkeypatch.setattr(interop, "_torch_stream_ptr", lambda dev: current())
-    monkeypatch.setattr(fastpath, "_ready_stream", lambda dev: None if state.capturing else Stream(EAGER))
+    monkeypatch.setattr(fastpath, "_ready_stream", lambda plan: None if state.capturing else Stream(EAGER))
 
     def record(dev, info):
         state.records.append(info)
