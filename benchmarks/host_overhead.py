@@ -1,7 +1,8 @@
 """Host time per call (µs) of the forward and the backward with torch tensors: each call timed alone on the host
 (GPU work excluded: kernels run asynchronously, and the device is drained every 100 calls outside the timed
 region so the launch queue never pushes back), median over >= 1000 calls, tiny shape (B=1, H=1, S=128, D=64).
-Paths: the functional API (cupy_dash.attention_forward / attention_backward on torch tensors), the torch ops
+Paths: the functional API (cupy_dash.attention_forward / attention_backward on torch tensors, and on CuPy arrays
+with the fast path on and off: ``CUPY_DASH_FASTPATH``), the torch ops
 (torch.ops.cupy_dash.*), a training step's forward + backward through cupy_dash.torch.attention (eager: a plain
 autograd.Function) and through the forward op with its registered autograd, and torch SDPA (FlashAttention-2) for
 scale; then a cProfile of each cupy_dash path. ``--fold-ab``: the functional backward with three launches
@@ -83,9 +84,14 @@ def main(argv=None):
     q, k, v, dout = (torch.randn(1, 128, 1, 64, device="cuda", dtype=torch.bfloat16) for _ in range(4))
     out, lse = cupy_dash.attention_forward(q, k, v)
     ops = torch.ops.cupy_dash
+    import cupy
+    cq, ck, cv, cdout = (cupy.from_dlpack(x) for x in (q, k, v, dout))
+    cout, clse = cupy_dash.attention_forward(cq, ck, cv)
     paths = {
         "api forward": lambda: cupy_dash.attention_forward(q, k, v),
         "api backward": lambda: cupy_dash.attention_backward(dout, q, k, v, out, lse),
+        "cupy api forward": lambda: cupy_dash.attention_forward(cq, ck, cv),
+        "cupy api backward": lambda: cupy_dash.attention_backward(cdout, cq, ck, cv, cout, clse),
         "op forward": lambda: ops.attention_forward(q, k, v, False, None, "auto", True),
         "op backward": lambda: ops.attention_backward(dout, q, k, v, out, lse, False, None, "auto", True),
     }
@@ -123,6 +129,10 @@ def main(argv=None):
         paths["torch SDPA fwd+bwd"] = lambda: torch.autograd.grad(F.scaled_dot_product_attention(*leaves), leaves,
                                                                   dout.transpose(1, 2))
         res = {name: per_call_us(fn, args.calls) for name, fn in paths.items()}
+        os.environ["CUPY_DASH_FASTPATH"] = "0"             # the CuPy paths without the fast path, for scale
+        for name in ("cupy api forward", "cupy api backward"):
+            res[name + " (no fast path)"] = per_call_us(paths[name], args.calls)
+        del os.environ["CUPY_DASH_FASTPATH"]
     cupy_dash.check_errors()
     print(f"host µs per call, median of {args.calls} (p10 / p90), torch {torch.__version__}:")
     for name, r in res.items():
