@@ -87,8 +87,8 @@ constexpr int kDqStages = DASH_DQ_STAGES;
 static_assert(kDqStages == 1 || kDqStages == 2, "one or two dQ staging buffers");
 constexpr int kStages = kBwdStages;                            // Q (+ lse_log2), dO (+ dpsum) and dS buffers
 // K buffers: the next KV tile's K loads early into the second one, unless its 32 KB went to a second dQ staging
-// buffer or to the larger Q, dO, dS and dQ tiles of kBlockM = 80 (which then fill 224 KB without it).
-constexpr int kKStages = kDqStages == 1 && kBlockM != 80 ? kBwdKStages : 1;
+// buffer or to the larger Q, dO, dS and dQ tiles of the 80-query plan (which then fill 224 KB without it).
+constexpr int kKStages = kDqStages == 1 && !DqLayout::kTransposed ? kBwdKStages : 1;
 
 // Named barriers (id 0 is __syncthreads), all of the kernel's: both MMA warpgroups after writing dS; per MMA
 // warpgroup, its dQ slice written (MMA warpgroup arrives, dQ writer warp syncs) and free again (the other way
