@@ -2,7 +2,7 @@
 # One device run on the H200: install, compile, GPU tests, demo, benchmarks; every log under $OUT.
 #   bash benchmarks/device_run.sh [smoke|fwd|tests|bench|integration|long|gqa|varlen_bench|long1m|varlen_step|
 #                                  fold|fold_bench|varlen_events|sanitize|ncu|engine|engine_bench|dq_stages|
-#                                  engine_ab|dq_writers|multi_gpu|first|first2|fa3_bench|fa3_full|final|exp2|pdl|next1|next2|tile80|next3|tests2|all]
+#                                  engine_ab|dq_writers|multi_gpu|first|first2|fa3_bench|fa3_full|final|tile80|tests2|all]
 #                                  [extra pytest args...]
 # "engine": the backward kernel's GPU tests (every family: MHA, GQA, compact, varlen, fold, window, portable);
 # "engine_bench": the backward at the issue's shapes, this tree against the kernels in .ab/kernels_src (an older
@@ -26,7 +26,7 @@ if [ -n "${FA3_WHL:-}" ]; then
   $py -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >"$OUT/fa3_install.log" 2>&1 && export PYTHONPATH=/tmp/site
 fi
 case "$stage" in   # these stages compile only the kernels they run, on first use
-  ncu|engine_bench|engine_ab|dq_writers|first|first2|fa3_bench|fa3_full|final|exp2|pdl|next1|next2|tile80|next3) ;;
+  ncu|engine_bench|engine_ab|dq_writers|first|first2|fa3_bench|fa3_full|final|tile80) ;;
   *) $py -m cupy_dash compile --all -j 16 >/tmp/compile.log 2>&1 || { tail -20 /tmp/compile.log; exit 1; }
      tail -1 /tmp/compile.log ;;
 esac
@@ -275,60 +275,6 @@ if [ "$stage" = final ]; then   # the capture fix and the transformers test re-r
     -p no:cacheprovider
   (cd /tmp/first && tar czf "$OUT/final.tgz" *.log)
 fi
-if [ "$stage" = exp2 ]; then   # CUPY_DASH_EXP2_FMA (kernels_src/exp2_fma.cuh): its GPU tests, then the A/B by k
-  mkdir -p /tmp/e2
-  timeout 150 $py -m pytest tests/gpu/test_gpu_exp2_fma.py -q -rf -p no:cacheprovider 2>&1 | tee /tmp/e2/tests.log \
-    | tail -4
-  ab=(--hdims 64 128 --masks full causal --seqlens 4096 16384 --schedules auto --no-torch --no-fa3 --no-overhead
-      --no-compile --repeats 20 --warmup 3 --input-sets 1)
-  for cap in 0 50; do
-    for k in 0 2 4 8; do
-      CUPY_DASH_EXP2_FMA=$k timeout 60 $py benchmarks/bench.py "${ab[@]}" --softcap $cap \
-        --out /tmp/e2/exp2_k${k}_cap$cap.json >/tmp/e2/exp2_k${k}_cap$cap.log 2>&1
-      grep -E "^\| cupy_dash" /tmp/e2/exp2_k${k}_cap$cap.md | head -8 | sed "s/^/k=$k cap=$cap /"
-    done
-  done
-  (cd /tmp/e2 && tar czf "$OUT/exp2.tgz" *.json *.md *.log)
-fi
-if [ "$stage" = pdl ]; then   # CUPY_DASH_BWD_PDL (programmatic dependent launch): its GPU tests, then the A/B
-  mkdir -p /tmp/pd
-  timeout 150 $py -m pytest tests/gpu/test_gpu_pdl.py -q -rf -p no:cacheprovider 2>&1 | tee /tmp/pd/tests.log | tail -4
-  ab=(--hdims 64 128 --masks full causal --seqlens 1024 2048 4096 --schedules auto atomic --no-torch --no-fa3
-      --no-overhead --no-compile --repeats 30 --warmup 3 --input-sets 1)
-  for pdl in 0 1; do
-    CUPY_DASH_BWD_PDL=$pdl timeout 90 $py benchmarks/bench.py "${ab[@]}" --out /tmp/pd/pdl$pdl.json \
-      >/tmp/pd/pdl$pdl.log 2>&1
-    grep -E "^\| cupy_dash bwd" /tmp/pd/pdl$pdl.md | head -8 | sed "s/^/pdl=$pdl /"
-  done
-  (cd /tmp/pd && tar czf "$OUT/pdl.tgz" *.json *.md *.log)
-fi
-if [ "$stage" = next1 ]; then   # the checks pending after 2026-12-02, each bounded; logs in next1.tgz
-  mkdir -p /tmp/first
-  t graphs_varlen 120 $py -m pytest tests/gpu/test_gpu_training_graphs.py tests/gpu/test_gpu_transformers.py -q -rf \
-    -p no:cacheprovider -k "varlen or bitwise"
-  t new_tests 200 $py -m pytest tests/gpu/test_gpu_pdl.py tests/gpu/test_gpu_exp2_fma.py tests/gpu/test_gpu_wgmma_n96.py \
-    -q -rf -p no:cacheprovider
-  san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-  for tool in memcheck racecheck; do
-    t "sanitize_$tool" 120 "$san" --tool $tool --report-api-errors no --error-exitcode 3 $py benchmarks/kernels_sanitize.py
-  done
-  (cd /tmp/first && tar czf "$OUT/next1.tgz" *.log)
-fi
-if [ "$stage" = next2 ]; then   # next1 without the sanitizers, then the PDL A/B; logs in next2.tgz
-  mkdir -p /tmp/first
-  t graphs_varlen 120 $py -m pytest tests/gpu/test_gpu_training_graphs.py tests/gpu/test_gpu_transformers.py -q -rf \
-    -p no:cacheprovider -k "varlen or bitwise"
-  t new_tests 200 $py -m pytest tests/gpu/test_gpu_pdl.py tests/gpu/test_gpu_exp2_fma.py tests/gpu/test_gpu_wgmma_n96.py \
-    -q -rf -p no:cacheprovider
-  ab=(--hdims 128 --masks full causal --seqlens 1024 2048 --schedules auto atomic --no-torch --no-fa3
-      --no-overhead --no-compile --repeats 30 --warmup 3 --input-sets 1)
-  for leg in 0a 1a 0b 1b; do
-    CUPY_DASH_BWD_PDL=${leg%?} timeout 60 $py benchmarks/bench.py "${ab[@]}" --out /tmp/first/pdl$leg.json \
-      >/tmp/first/pdl$leg.log 2>&1
-    grep -E "^\| cupy_dash bwd" /tmp/first/pdl$leg.md | head -8 | sed "s/^/pdl=$leg /"
-  done
-  (cd /tmp/first && tar czf "$OUT/next2.tgz" *.log *.json *.md)
-fi
 if [ "$stage" = tile80 ]; then   # CUPY_DASH_BWD_FULL_BLOCK_M=80 (FA3's full-mask tile): its tests, then the A/B
   mkdir -p /tmp/first                # beside FA3 (FA3_WHL=1) at the full-mask shapes; logs in tile80.tgz
   t tests80 260 env CUPY_DASH_BWD_FULL_BLOCK_M=80 $py -m pytest tests/gpu/test_gpu_attention.py tests/gpu/test_gpu_gqa.py \
@@ -343,29 +289,6 @@ if [ "$stage" = tile80 ]; then   # CUPY_DASH_BWD_FULL_BLOCK_M=80 (FA3's full-mas
     grep -E "^\| (cupy_dash|fa3|FA3).*bwd" /tmp/first/tile$m.md | head -9 | sed "s/^/m=$m /"
   done
   (cd /tmp/first && tar czf "$OUT/tile80.tgz" *.log *.json *.md)
-fi
-if [ "$stage" = next3 ]; then   # the varlen capture re-run, PDL with the late trigger, the exp2 A/B; next3.tgz
-  mkdir -p /tmp/first
-  t graphs_varlen 150 $py -m pytest tests/gpu/test_gpu_training_graphs.py tests/gpu/test_gpu_transformers.py -q -rf \
-    -p no:cacheprovider -k "varlen or bitwise"
-  t pdl_tests 90 $py -m pytest tests/gpu/test_gpu_pdl.py -q -rf -p no:cacheprovider
-  ab=(--hdims 128 --masks full causal --seqlens 1024 2048 --schedules auto atomic --no-torch --no-fa3
-      --no-overhead --no-compile --repeats 30 --warmup 3 --input-sets 1)
-  for leg in 0a 1a 0b 1b; do
-    CUPY_DASH_BWD_PDL=${leg%?} timeout 60 $py benchmarks/bench.py "${ab[@]}" --out /tmp/first/pdl$leg.json \
-      >/tmp/first/pdl$leg.log 2>&1
-    grep -E "^\| cupy_dash bwd" /tmp/first/pdl$leg.md | head -8 | sed "s/^/pdl=$leg /"
-  done
-  e2=(--hdims 64 128 --masks full causal --seqlens 4096 16384 --schedules auto --no-torch --no-fa3 --no-overhead
-      --no-compile --repeats 20 --warmup 3 --input-sets 1)
-  for cap in 0 50; do
-    for k in 0 4 8; do
-      CUPY_DASH_EXP2_FMA=$k timeout 50 $py benchmarks/bench.py "${e2[@]}" --softcap $cap \
-        --out /tmp/first/exp2_k${k}_cap$cap.json >/tmp/first/exp2_k${k}_cap$cap.log 2>&1
-      grep -E "^\| cupy_dash" /tmp/first/exp2_k${k}_cap$cap.md | head -12 | sed "s/^/k=$k cap=$cap /"
-    done
-  done
-  (cd /tmp/first && tar czf "$OUT/next3.tgz" *.log *.json *.md)
 fi
 if [ "$stage" = varlen_step ]; then   # a new packing's host cost per training step (decisions/table-forms.md)
   timeout 60 $py benchmarks/varlen_plan_cpu.py --packings 200 2>&1 | tee "$OUT/varlen_plan_cpu.txt"

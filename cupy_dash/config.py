@@ -167,9 +167,6 @@ BWD_DQ_STAGES = Knob("CUPY_DASH_BWD_DQ_STAGES", "1 / 2 / unset",
 BWD_DQ_WRITERS = Knob("CUPY_DASH_BWD_DQ_WRITERS", "1 / 2 / unset",
     "dQ writer warps of the deterministic backward (default 2: visits alternate between them); read once per "
     "process", _one_or_two("CUPY_DASH_BWD_DQ_WRITERS", 2))
-BWD_PDL = Knob("CUPY_DASH_BWD_PDL", "0 / 1 / unset",
-    "experiment: 1 launches the backward's preprocess, main and postprocess kernels with programmatic dependent "
-    "launch (each successor scheduled early, waiting on the GPU); default 0; read once per process", _flag)
 BWD_FULL_BLOCK_M = Knob("CUPY_DASH_BWD_FULL_BLOCK_M", "64 / 80 / unset",
     "queries per Q tile of the head-dim-128 backward without a causal mask (80: FA3's plan, dQ computed "
     "transposed, one K buffer); unset: 80 from 4096 queries without a window, fixed lengths only, else 64; read "
@@ -181,7 +178,7 @@ XDG_CACHE_HOME = Knob("XDG_CACHE_HOME", "path / unset",
     "(the XDG standard's) base of the default kernel cache directory", _path)
 
 KNOBS = (SPIN_TIMEOUT_MS, FOLD, COMPACT_TABLES, VARLEN_EXPAND, FASTPATH, SYNC_ERRORS, JAX_FFI, CACHE_DIR,
-         JIT_VERBOSE, BWD_DQ_STAGES, BWD_DQ_WRITERS, BWD_PDL, BWD_FULL_BLOCK_M, EXP2_FMA, XDG_CACHE_HOME)
+         JIT_VERBOSE, BWD_DQ_STAGES, BWD_DQ_WRITERS, BWD_FULL_BLOCK_M, EXP2_FMA, XDG_CACHE_HOME)
 # The knobs that decide what a backward launches (the spin timeout is in its parameter block).
 PLAN_KNOBS = (SPIN_TIMEOUT_MS, FOLD, COMPACT_TABLES, VARLEN_EXPAND)
 

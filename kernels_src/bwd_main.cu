@@ -13,7 +13,6 @@
 #include "bwd/mainloop.cuh"
 #include "bwd/producer.cuh"
 #include "params.cuh"
-#include "ptx/griddepcontrol.cuh"
 #include "ptx/mbarrier.cuh"
 #include "ptx/setmaxnreg.cuh"
 #include "schedule_view.cuh"
@@ -56,13 +55,6 @@ extern "C" __global__ void __launch_bounds__(kNumThreads, 1) dash_bwd_main(const
     return;
   }
 
-  if constexpr (kPdl) {
-    // NOTES: programmatic dependent launch: this grid may start while preprocess still runs. Nothing above reads
-    // what preprocess writes (the table is the host's or bwd_expand's, which ended before preprocess began);
-    // everything below may (lse_log2, dpsum, the dQ semaphores or zeroed dq_accum, the error record).
-    grid_launch_dependents();
-    grid_dependency_wait();
-  }
   const uint32_t raw = smem_u32(smem_raw);
   const Smem s{(raw + (kSmemAlign - 1u)) & ~(kSmemAlign - 1u)};
   char* smem_generic = smem_raw + (s.base - raw);

@@ -3,16 +3,10 @@
 // unscaled sum of dS K, in the fragment order of bwd/dq_accum_layout.cuh) to dq = elem_t(dq_accum *
 // softmax_scale), rows < Sq (of the sequence, in varlen builds) only (bwd/row_passes.cuh). Eager calls: CTA
 // (0, 0, 0) first hands the main kernel's error record to the host (bwd/error_record.cuh). A folded backward
-// (BwdParams::fold) does this inside the main kernel instead. DASH_PDL builds (programmatic dependent launch)
-// may be scheduled before the main kernel ends: they wait for it before anything else.
+// (BwdParams::fold) does this inside the main kernel instead.
 #include "bwd/error_record.cuh"
 #include "bwd/row_passes.cuh"
 #include "params.cuh"
-#include "ptx/griddepcontrol.cuh"
-
-#ifndef DASH_PDL
-#define DASH_PDL 0
-#endif
 
 #if !defined(DASH_HEAD_DIM) || !defined(DASH_BLOCK_M)
 #error "bwd_postprocess.cu needs DASH_HEAD_DIM and DASH_BLOCK_M"
@@ -25,7 +19,6 @@ static_assert(DASH_HEAD_DIM == 64 || DASH_HEAD_DIM == 128, "head dim 64 or 128")
 
 extern "C" __global__ void __launch_bounds__(bwd_rows_pass::kPassThreads)
     dash_bwd_postprocess(const __grid_constant__ BwdParams p) {
-  if (DASH_PDL) grid_dependency_wait();
   error_record_publish(p);
   bwd_rows_pass::postprocess_tile<DASH_HEAD_DIM, DASH_BLOCK_M>(p, blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x);
 }

@@ -5,17 +5,9 @@
 // mode (dq_semaphore set): resets the tile's dQ semaphore (the first visit in rank order stores the tile);
 // atomic mode: zeroes the tile's fp32 dq_accum (bwd/row_passes.cuh). Eager calls: CTA (0, 0, 0) also zeroes the
 // error record. A folded backward (BwdParams::fold) does this inside the main kernel instead.
-// DASH_PDL builds (an experiment: programmatic dependent launch, cupy_dash/cuda/launchers.py) let the main kernel
-// be scheduled once every CTA has done its tile; it waits for this grid's completion before reading anything
-// written here.
 #include "bwd/error_record.cuh"
 #include "bwd/row_passes.cuh"
 #include "params.cuh"
-#include "ptx/griddepcontrol.cuh"
-
-#ifndef DASH_PDL
-#define DASH_PDL 0
-#endif
 
 #if !defined(DASH_HEAD_DIM) || !defined(DASH_BLOCK_M)
 #error "bwd_preprocess.cu needs DASH_HEAD_DIM and DASH_BLOCK_M"
@@ -31,7 +23,4 @@ extern "C" __global__ void __launch_bounds__(bwd_rows_pass::kPassThreads)
     dash_bwd_preprocess(const __grid_constant__ BwdParams p) {
   error_record_reset(p);
   bwd_rows_pass::preprocess_tile<DASH_HEAD_DIM, DASH_BLOCK_M>(p, blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x);
-  // NOTES: the trigger comes last: triggered first, the main kernel's CTAs (a whole SM's registers each) took SMs
-  // while preprocess CTAs still waited for one, and the backward ran 2-5 % slower (docs/decisions/bwd-engine.md).
-  if (DASH_PDL) grid_launch_dependents();
 }

@@ -305,8 +305,8 @@ def rebased_plan(base, c, call, cu_seqlens):
         setattr(plan, name, getattr(base, name))
     plan.c, plan.call, plan.work, plan.keep = c, call, None, None
     if c.specs == base.c.specs:                  # the same kernels (not when a packing this large goes compact):
-        plan.launches = tuple((f, *kernels.grid_xyz(grid), t, s, pdl)      # base's handles, this packing's grids
-                              for (f, _, _, _, t, s, pdl), (_, grid) in zip(base.launches, launchers.bwd_kernels(c)))
+        plan.launches = tuple((f, *kernels.grid_xyz(grid), t, s)      # base's handles, this packing's grids
+                              for (f, _, _, _, t, s), (_, grid) in zip(base.launches, launchers.bwd_kernels(c)))
     else:
         plan.launches = launchers.bwd_launches(c)
     fields = launchers.bwd_schedule_fields(c.tables)

@@ -8,7 +8,7 @@ libcuda is opened with ``dlopen`` on first use (CuPy has loaded it by then); bui
 headers or toolkit, and importing it needs no GPU.
 """
 from libc.stdint cimport uintptr_t
-from libc.string cimport memcpy, memset
+from libc.string cimport memcpy
 
 cdef extern from "<dlfcn.h>" nogil:
     void* dlopen(const char* filename, int flag)
@@ -20,28 +20,7 @@ ctypedef int (*launch_fn)(void* f, unsigned int gx, unsigned int gy, unsigned in
                           unsigned int by, unsigned int bz, unsigned int smem, void* stream, void** params,
                           void** extra) nogil
 
-# NOTES: CUlaunchConfig / CUlaunchAttribute of cuda.h (CUDA >= 12.0), declared here so that building needs no CUDA
-# headers: seven unsigned ints, then the stream at byte 32, the attribute array, their count; an attribute is its
-# id, 4 bytes of padding and a 64-byte value union whose first int is programmaticStreamSerializationAllowed.
-ctypedef struct LaunchAttribute:
-    unsigned int id
-    unsigned int pad
-    unsigned char value[64]
-
-ctypedef struct LaunchConfig:
-    unsigned int grid_x, grid_y, grid_z, block_x, block_y, block_z, smem
-    void* stream
-    LaunchAttribute* attrs
-    unsigned int num_attrs
-
-ctypedef int (*launch_ex_fn)(const LaunchConfig* config, void* f, void** params, void** extra) nogil
-
-cdef enum:
-    PROGRAMMATIC_STREAM_SERIALIZATION = 6    # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-
 cdef launch_fn _cu_launch = NULL
-cdef launch_ex_fn _cu_launch_ex = NULL
-cdef void* _libcuda = NULL
 
 
 cdef int _init() except -1:
@@ -49,11 +28,9 @@ cdef int _init() except -1:
     cdef void* handle
     if _cu_launch != NULL:
         return 0
-    global _libcuda
     handle = dlopen(b"libcuda.so.1", RTLD_NOW | RTLD_GLOBAL)
     if handle == NULL:
         raise RuntimeError("cupy_dash fast launch: libcuda.so.1 could not be opened")
-    _libcuda = handle
     _cu_launch = <launch_fn>dlsym(handle, b"cuLaunchKernel")
     if _cu_launch == NULL:
         raise RuntimeError("cupy_dash fast launch: cuLaunchKernel not found in libcuda.so.1")
@@ -80,48 +57,23 @@ def launch(uintptr_t function, unsigned int grid_x, unsigned int grid_y, unsigne
         raise RuntimeError(f"cuLaunchKernel failed with CUresult {rc}")
 
 
-cdef int _init_ex() except -1:
-    global _cu_launch_ex
-    _init()
-    if _cu_launch_ex == NULL:
-        _cu_launch_ex = <launch_ex_fn>dlsym(_libcuda, b"cuLaunchKernelEx")
-        if _cu_launch_ex == NULL:
-            raise RuntimeError("cupy_dash fast launch: cuLaunchKernelEx not found in libcuda.so.1")
-    return 0
-
-
 def launch_sequence(uintptr_t stream, const unsigned char[::1] params, tuple launches):
     """Launch, in order on ``stream``, every kernel of ``launches``: tuples ``(function, grid_x, grid_y, grid_z,
-    block_x, smem_bytes, programmatic)``, all taking the same parameter block ``params`` (the backward's
-    preprocess, main and postprocess); ``programmatic`` 1: ``cuLaunchKernelEx`` with programmatic stream
-    serialization (the kernel may start before the one before it ends, and waits for it on the GPU). Stops at
-    the first failure and raises RuntimeError naming its position and CUresult."""
+    block_x, smem_bytes)``, all taking the same parameter block ``params`` (the backward's preprocess, main and
+    postprocess). Stops at the first failure and raises RuntimeError naming its position and CUresult."""
     cdef void* args[1]
     cdef int rc
     cdef Py_ssize_t i
     cdef uintptr_t function
-    cdef unsigned int gx, gy, gz, bx, smem, programmatic
-    cdef LaunchAttribute attr
-    cdef LaunchConfig config
+    cdef unsigned int gx, gy, gz, bx, smem
     _init()
     if params.shape[0] == 0:
         raise ValueError("params: empty parameter block")
     args[0] = <void*>&params[0]
-    memset(&attr, 0, sizeof(attr))
-    attr.id = PROGRAMMATIC_STREAM_SERIALIZATION
-    attr.value[0] = 1                              # programmaticStreamSerializationAllowed = 1 (little-endian int)
     for i in range(len(launches)):
-        function, gx, gy, gz, bx, smem, programmatic = launches[i]
-        if programmatic:
-            _init_ex()
-            config.grid_x, config.grid_y, config.grid_z = gx, gy, gz
-            config.block_x, config.block_y, config.block_z = bx, 1, 1
-            config.smem, config.stream, config.attrs, config.num_attrs = smem, <void*>stream, &attr, 1
-            with nogil:
-                rc = _cu_launch_ex(&config, <void*>function, args, NULL)
-        else:
-            with nogil:
-                rc = _cu_launch(<void*>function, gx, gy, gz, bx, 1, 1, smem, <void*>stream, args, NULL)
+        function, gx, gy, gz, bx, smem = launches[i]
+        with nogil:
+            rc = _cu_launch(<void*>function, gx, gy, gz, bx, 1, 1, smem, <void*>stream, args, NULL)
         if rc != 0:
             raise RuntimeError(f"cuLaunchKernel of kernel {i} of {len(launches)} failed with CUresult {rc}")
 

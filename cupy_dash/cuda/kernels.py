@@ -259,8 +259,6 @@ def bwd_specs(dtype: str, head_dim: int, causal: bool, deterministic: bool, time
     aux_flags = {}
     if varlen:
         flags["DASH_VARLEN"] = aux_flags["DASH_VARLEN"] = True
-    if config.BWD_PDL.get():
-        flags["DASH_PDL"] = aux_flags["DASH_PDL"] = True
     return BwdKernels(
         preprocess=_spec("bwd_preprocess", aux_tile, dtype, head_dim, **aux_flags),
         main=_spec("bwd_main", main_tile, dtype, head_dim, smem=_bwd_main_smem(main_tile, head_dim, dq_stages),
@@ -395,7 +393,7 @@ def bwd_entry(device_id: int, dtype: str, head_dim: int, causal: bool, determini
     leave preprocess and postprocess loaded too."""
     tile = bwd_tile(head_dim, causal, compact, seqlen_q, window)
     key = (device_id, dtype, head_dim, causal, deterministic, timeline, compact, varlen, softcap, tile.block_m,
-           config.BWD_DQ_STAGES.get(), config.BWD_DQ_WRITERS.get(), config.EXP2_FMA.get(), config.BWD_PDL.get())
+           config.BWD_DQ_STAGES.get(), config.BWD_DQ_WRITERS.get(), config.EXP2_FMA.get())
     e = _bwd_cache.get(key)
     if e is None:
         import cupy

@@ -199,13 +199,9 @@ def bwd_kernels(c) -> tuple:
 
 
 def bwd_launches(c) -> tuple:
-    """``(function, grid x, y, z, threads, dynamic smem, programmatic)`` of :func:`bwd_kernels`, the kernels loaded
-    on the current device; ``programmatic`` (1 for main and postprocess of a DASH_PDL build): launched with
-    programmatic stream serialization after the kernel before it (kernels_src/bwd/config.cuh, kPdl)."""
-    launches = bwd_kernels(c)
-    pdl = int(len(launches) > 1 and ("DASH_PDL", 1) in c.specs.main.defines)
-    return tuple((jit.load(s).ptr, *kernels.grid_xyz(g), s.threads, s.smem_bytes, pdl if i else 0)
-                 for i, (s, g) in enumerate(launches))
+    """``(function, grid x, y, z, threads, dynamic smem)`` of :func:`bwd_kernels`, the kernels loaded on the
+    current device."""
+    return tuple((jit.load(s).ptr, *kernels.grid_xyz(g), s.threads, s.smem_bytes) for s, g in bwd_kernels(c))
 
 
 def enqueue_backward(c, params, grads, stream, *, slot=None, call=None, launches=None) -> None:

@@ -43,14 +43,6 @@ static_assert(DqLayout::kSplitRows ? kHeadDim == 64
               "tile plans: hdim 64 with kBlockM 128, hdim 128 with kBlockM 64 or 80");
 constexpr int kDqCols = DqLayout::kCols;
 
-#ifndef DASH_PDL
-#define DASH_PDL 0
-#endif
-// NOTES: DASH_PDL (an experiment): the three backward kernels are launched with programmatic serialization
-// (preprocess -> main -> postprocess): each lets its successor be scheduled early, each successor waits for its
-// predecessor's completion before touching its outputs. A folded backward is one launch and waits for nothing.
-constexpr bool kPdl = DASH_PDL != 0;
-
 #ifndef DASH_EXP2_FMA
 #define DASH_EXP2_FMA 0
 #endif
