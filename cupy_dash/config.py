@@ -116,14 +116,6 @@ def _full_block_m(s):
     raise ValueError(f"CUPY_DASH_BWD_FULL_BLOCK_M: expected 64 or 80, got {s!r}")
 
 
-def _exp2_fma(s) -> int:
-    if s in (None, ""):
-        return 0
-    if s.isdigit() and int(s) <= 8:
-        return int(s)
-    raise ValueError(f"CUPY_DASH_EXP2_FMA: expected an integer from 0 to 8, got {s!r}")
-
-
 _DEFAULT_SPIN_TIMEOUT_MS = 10000.0
 
 
@@ -171,14 +163,11 @@ BWD_FULL_BLOCK_M = Knob("CUPY_DASH_BWD_FULL_BLOCK_M", "64 / 80 / unset",
     "queries per Q tile of the head-dim-128 backward without a causal mask (80: FA3's plan, dQ computed "
     "transposed, one K buffer); unset: 80 from 4096 queries without a window, fixed lengths only, else 64; read "
     "once per process", _full_block_m)
-EXP2_FMA = Knob("CUPY_DASH_EXP2_FMA", "0 to 8 / unset",
-    "experiment: of every 8 column groups of the softmax, how many take 2^x on the FMA pipe instead of the MUFU "
-    "unit (forward and backward main kernels; default 0); read once per process", _exp2_fma)
 XDG_CACHE_HOME = Knob("XDG_CACHE_HOME", "path / unset",
     "(the XDG standard's) base of the default kernel cache directory", _path)
 
 KNOBS = (SPIN_TIMEOUT_MS, FOLD, COMPACT_TABLES, VARLEN_EXPAND, FASTPATH, SYNC_ERRORS, JAX_FFI, CACHE_DIR,
-         JIT_VERBOSE, BWD_DQ_STAGES, BWD_DQ_WRITERS, BWD_FULL_BLOCK_M, EXP2_FMA, XDG_CACHE_HOME)
+         JIT_VERBOSE, BWD_DQ_STAGES, BWD_DQ_WRITERS, BWD_FULL_BLOCK_M, XDG_CACHE_HOME)
 # The knobs that decide what a backward launches (the spin timeout is in its parameter block).
 PLAN_KNOBS = (SPIN_TIMEOUT_MS, FOLD, COMPACT_TABLES, VARLEN_EXPAND)
 

@@ -204,9 +204,7 @@ def fwd_spec(dtype: str, head_dim: int, causal: bool, varlen: bool = False, soft
         flags["DASH_VARLEN"] = True
     if softcap:
         flags["DASH_SOFTCAP"] = True
-    exp2_fma = config.EXP2_FMA.get()
-    return _spec("fwd", fwd_tile(head_dim), dtype, head_dim, counts={"DASH_EXP2_FMA": exp2_fma} if exp2_fma else None,
-                 **flags)
+    return _spec("fwd", fwd_tile(head_dim), dtype, head_dim, **flags)
 
 
 BwdKernels = collections.namedtuple("BwdKernels", "preprocess main postprocess")
@@ -215,9 +213,6 @@ BwdKernels = collections.namedtuple("BwdKernels", "preprocess main postprocess")
 def _main_counts(dq_stages: int, dq_writers: int) -> dict | None:
     """The main kernel's integer defines that differ from kernels_src/bwd/config.cuh's defaults."""
     counts = {}
-    exp2_fma = config.EXP2_FMA.get()
-    if exp2_fma:
-        counts["DASH_EXP2_FMA"] = exp2_fma
     if dq_stages != 1:
         counts["DASH_DQ_STAGES"] = dq_stages
     if dq_writers != 2:
@@ -371,7 +366,7 @@ _bwd_cache: dict = {}
 
 def fwd_entry(dtype: str, head_dim: int, causal: bool, varlen: bool = False, softcap: bool = False) -> tuple:
     """(forward KernelSpec, block_m, block_n), cached."""
-    key = (dtype, head_dim, causal, varlen, softcap, config.EXP2_FMA.get())
+    key = (dtype, head_dim, causal, varlen, softcap)
     e = _fwd_cache.get(key)
     if e is None:
         tile = fwd_tile(head_dim)
@@ -393,7 +388,7 @@ def bwd_entry(device_id: int, dtype: str, head_dim: int, causal: bool, determini
     leave preprocess and postprocess loaded too."""
     tile = bwd_tile(head_dim, causal, compact, seqlen_q, window)
     key = (device_id, dtype, head_dim, causal, deterministic, timeline, compact, varlen, softcap, tile.block_m,
-           config.BWD_DQ_STAGES.get(), config.BWD_DQ_WRITERS.get(), config.EXP2_FMA.get())
+           config.BWD_DQ_STAGES.get(), config.BWD_DQ_WRITERS.get())
     e = _bwd_cache.get(key)
     if e is None:
         import cupy

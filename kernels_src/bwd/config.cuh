@@ -43,16 +43,6 @@ static_assert(DqLayout::kSplitRows ? kHeadDim == 64
               "tile plans: hdim 64 with kBlockM 128, hdim 128 with kBlockM 64 or 80");
 constexpr int kDqCols = DqLayout::kCols;
 
-#ifndef DASH_EXP2_FMA
-#define DASH_EXP2_FMA 0
-#endif
-// NOTES: of every 8 column groups of a thread's P^T fragment, the first DASH_EXP2_FMA take their exponentials
-// from exp2_fma.cuh (FMA and integer pipes), the others from ex2.approx (MUFU): an experiment for the softmax that
-// the MUFU unit bounds (soft-capping at head dim 64: tanh, ex2 and lg2 per score). 0, the default, is the plain
-// build.
-constexpr int kExp2Fma = DASH_EXP2_FMA;
-static_assert(kExp2Fma >= 0 && kExp2Fma <= 8, "0 to 8 of every 8 column groups");
-
 // Accumulator registers per thread (m64nN fp32: N / 2).
 constexpr int kSRegs = kBlockM / 2;     // S^T and dP^T: 64 keys x kBlockM queries
 constexpr int kDkvRegs = kHeadDim / 2;  // dK and dV: 64 keys x kHeadDim

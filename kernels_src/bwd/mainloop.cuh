@@ -13,7 +13,6 @@
 #include "../ptx/tanh.cuh"
 #include "../ptx/wgmma.cuh"
 #include "../bwd_rows.cuh"
-#include "../exp2_fma.cuh"
 #include "../params.cuh"
 #include "../schedule_view.cuh"
 #include "../swizzled_tile.cuh"
@@ -58,7 +57,7 @@ DASH_DEVICE void softmax_probs(float (&S)[kSRegs], const float* lse_log2, float 
     for (int e = 0; e < 4; ++e) {
       const int i = 4 * c + e;
       const float x = fmaf(S[i], scale_log2, -(e % 2 ? l.y : l.x));
-      float p = c % 8 < kExp2Fma ? exp2_fma(x) : exp2_approx(x);
+      float p = exp2_approx(x);
       if constexpr (kMask) {
         const int key = key0 + f.row0 + Fragment::row(i), q = query0 + f.col0 + Fragment::col(i);
         const bool visible = key < seqlen_k && key - q <= band.hi && key - q >= band.lo;

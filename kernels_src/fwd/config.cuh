@@ -39,15 +39,6 @@ static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 192 || kHeadDim =
 static_assert(kBlockM == 64 * kNumMmaWg, "each MMA warpgroup owns 64 query rows");
 static_assert(kBlockN == 64 || kBlockN == 128, "the wgmma wrappers have N = 64 or 128");
 
-#ifndef DASH_EXP2_FMA
-#define DASH_EXP2_FMA 0
-#endif
-// NOTES: of every 8 column pairs of a thread's S fragment, the first DASH_EXP2_FMA take their exponentials from
-// exp2_fma.cuh (FMA and integer pipes), the others from ex2.approx (MUFU): an experiment for the tiles whose
-// softmax the MUFU unit bounds (head dim 64; soft-capping). 0, the default, is the plain build.
-constexpr int kExp2Fma = DASH_EXP2_FMA;
-static_assert(kExp2Fma >= 0 && kExp2Fma <= 8, "0 to 8 of every 8 column pairs");
-
 // Accumulator registers per thread (m64nN fp32: N / 2).
 constexpr int kSRegs = kBlockN / 2;   // S = Q K^T, then P: 64 queries x kBlockN keys
 constexpr int kORegs = kHeadDim / 2;  // O: 64 queries x kHeadDim

@@ -6,7 +6,6 @@
 // GEMM issues alternate (ping-pong on the kBarTurn barriers), so one warpgroup's softmax runs under the other's
 // GEMMs.
 #pragma once
-#include "../exp2_fma.cuh"
 #include "../ptx/exp2.cuh"
 #include "../ptx/mbarrier.cuh"
 #include "../ptx/named_barrier.cuh"
@@ -78,7 +77,7 @@ DASH_DEVICE void online_softmax(float (&S)[kSRegs], RowStats& st, float (&corr)[
       for (int e = 0; e < 2; ++e) {
         const int i = 4 * c + 2 * r + e;
         const float x = fmaf(S[i], scale_log2, -m_scaled);
-        S[i] = c % 8 < kExp2Fma ? exp2_fma(x) : exp2_approx(x);
+        S[i] = exp2_approx(x);
         sum += S[i];
       }
     }

@@ -2,8 +2,7 @@
 tests, uploads and downloads (bf16 through ml_dtypes included), bitwise and finiteness checks, pool poisoning,
 inputs and float64 references cached per case, the repeat loop of the determinism tests, and the packed-batch
 lengths of the varlen tests. Shared by test_gpu_attention.py, test_gpu_compact.py, test_gpu_fold.py,
-test_gpu_gqa.py, test_gpu_window.py, test_gpu_varlen.py, test_gpu_varlen_bwd.py, test_gpu_softcap.py and
-test_gpu_exp2_fma.py."""
+test_gpu_gqa.py, test_gpu_window.py, test_gpu_varlen.py, test_gpu_varlen_bwd.py and test_gpu_softcap.py."""
 from __future__ import annotations
 
 import zlib

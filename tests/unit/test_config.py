@@ -31,7 +31,7 @@ def test_knobs_are_defined_once():
     assert {k.name[10:]: k.default for k in config.KNOBS if k.name.startswith("CUPY_DASH_")} == {
         "SPIN_TIMEOUT_MS": 10000.0, "FOLD": None, "COMPACT_TABLES": None, "VARLEN_EXPAND": "device", "FASTPATH": True,
         "SYNC_ERRORS": False, "JAX_FFI": None, "CACHE_DIR": None, "JIT_VERBOSE": False, "BWD_DQ_STAGES": 1,
-        "BWD_DQ_WRITERS": 2, "BWD_FULL_BLOCK_M": None, "EXP2_FMA": 0}
+        "BWD_DQ_WRITERS": 2, "BWD_FULL_BLOCK_M": None}
     # the names other modules (and benchmarks, tests, the CLI) use are the config's
     assert compact_device.ENV == config.COMPACT_TABLES.name
     assert launchers.FOLD_ENV == config.FOLD.name
@@ -143,26 +143,6 @@ def test_docs_list_every_knob():
     text = (ROOT / "docs" / "configuration.md").read_text()
     for knob in config.KNOBS:
         assert f"`{knob.name}`" in text, knob.name
-
-
-def test_exp2_fma_knob_selects_the_experimental_builds(monkeypatch):
-    """CUPY_DASH_EXP2_FMA=k: the forward and backward main kernels take k of every 8 column groups' exponentials on
-    the FMA pipe (kernels_src/exp2_fma.cuh); unset or 0 is the plain build (no define); preprocess / postprocess
-    never change; bad values raise naming the variable."""
-    from cupy_dash.cuda import kernels
-    monkeypatch.delenv("CUPY_DASH_EXP2_FMA", raising=False)
-    plain_fwd, plain_bwd = kernels.fwd_spec("bfloat16", 64, True), kernels.bwd_specs("bfloat16", 64, True, True)
-    assert "DASH_EXP2_FMA" not in dict(plain_fwd.defines) and "DASH_EXP2_FMA" not in dict(plain_bwd.main.defines)
-    monkeypatch.setenv("CUPY_DASH_EXP2_FMA", "0")
-    assert kernels.fwd_spec("bfloat16", 64, True) == plain_fwd
-    monkeypatch.setenv("CUPY_DASH_EXP2_FMA", "4")
-    fwd, bwd = kernels.fwd_spec("bfloat16", 64, True, softcap=True), kernels.bwd_specs("bfloat16", 64, True, True)
-    assert dict(fwd.defines)["DASH_EXP2_FMA"] == 4 and dict(bwd.main.defines)["DASH_EXP2_FMA"] == 4
-    assert (bwd.preprocess, bwd.postprocess) == (plain_bwd.preprocess, plain_bwd.postprocess)
-    for bad in ("9", "-1", "two"):
-        monkeypatch.setenv("CUPY_DASH_EXP2_FMA", bad)
-        with pytest.raises(ValueError, match="CUPY_DASH_EXP2_FMA"):
-            kernels.fwd_spec("bfloat16", 64, True)
 
 
 def test_the_80_query_tile_serves_long_full_mask_calls(monkeypatch):
