@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device run on the H200: install, compile, GPU tests, demo, benchmarks; every log under $OUT.
 #   bash benchmarks/device_run.sh [smoke|fwd|tests|bench|integration|long|gqa|varlen_bench|long1m|varlen_step|
-#                                  fold|fold_bench|varlen_events|sanitize|ncu|engine|engine_bench|dq_stages|
+#                                  fold|fold_bench|varlen_events|sanitize|ncu|engine|engine_bench|
 #                                  engine_ab|dq_writers|multi_gpu|first|first2|fa3_bench|fa3_full|final|tile80|tests2|all]
 #                                  [extra pytest args...]
 # "engine": the backward kernel's GPU tests (every family: MHA, GQA, compact, varlen, fold, window, portable);
@@ -26,7 +26,7 @@ if [ -n "${FA3_WHL:-}" ]; then
   $py -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >"$OUT/fa3_install.log" 2>&1 && export PYTHONPATH=/tmp/site
 fi
 case "$stage" in   # these stages compile only the kernels they run, on first use
-  ncu|engine_bench|engine_ab|dq_writers|first|first2|fa3_bench|fa3_full|final|tile80) ;;
+  ncu|engine_bench|dq_writers|first|first2|fa3_bench|fa3_full|final|tile80) ;;
   *) $py -m cupy_dash compile --all -j 16 >/tmp/compile.log 2>&1 || { tail -20 /tmp/compile.log; exit 1; }
      tail -1 /tmp/compile.log ;;
 esac
@@ -104,8 +104,8 @@ if [ "$stage" = sanitize ]; then   # compute-sanitizer over every kernel family 
     timeout 200 "$san" --tool $tool --report-api-errors no --error-exitcode 3 $py benchmarks/kernels_sanitize.py 2>&1 \
       | tee "$OUT/sanitize_$tool.log" | tail -6
   done
-  CUPY_DASH_BWD_DQ_STAGES=2 timeout 200 "$san" --tool synccheck --error-exitcode 3 $py benchmarks/kernels_sanitize.py \
-    2>&1 | tee "$OUT/sanitize_dq2.log" | tail -4
+  CUPY_DASH_BWD_FULL_BLOCK_M=80 timeout 200 "$san" --tool synccheck --error-exitcode 3 $py benchmarks/kernels_sanitize.py \
+    2>&1 | tee "$OUT/sanitize_m80.log" | tail -4
   timeout 200 "$san" --tool synccheck --error-exitcode 3 $py benchmarks/fold_sanitize.py 2>&1 \
     | tee "$OUT/sanitize_fold.log" | tail -4
 fi
@@ -158,39 +158,6 @@ if [ "$stage" = engine_bench ]; then
   "$ncu" -i /tmp/eb/ours_causal8k.ncu-rep --page raw --csv >/tmp/eb/ours_causal8k.raw.csv 2>&1
   "$ncu" -i /tmp/eb/ours_causal8k.ncu-rep --page source --csv --print-source sass >/tmp/eb/ours_causal8k.sass.csv 2>&1
   (cd /tmp/eb && tar czf "$OUT/engine_bench.tgz" *.json *.md *.csv ncu.log)
-fi
-if [ "$stage" = dq_stages ]; then   # the two-dQ-stage experiment (CUPY_DASH_BWD_DQ_STAGES=2): its tests, then A/B
-  CUPY_DASH_BWD_DQ_STAGES=2 timeout 300 $py -m pytest tests/gpu/test_gpu_attention.py tests/gpu/test_gpu_gqa.py \
-    tests/gpu/test_gpu_fold.py tests/gpu/test_gpu_varlen_bwd.py -q -ra --maxfail=5 -k "not d64" "$@" 2>&1 \
-    | tee "$OUT/dq_stages_tests.log" | tail -8
-  if grep -qE "[0-9]+ (failed|error)" "$OUT/dq_stages_tests.log"; then exit 1; fi
-  for n in 1 2; do
-    CUPY_DASH_BWD_DQ_STAGES=$n timeout 150 $py benchmarks/bench.py --hdims 128 --masks full causal \
-      --seqlens 1024 4096 16384 --schedules auto atomic --no-torch --no-fa3 --no-overhead --no-compile \
-      --repeats 20 --warmup 3 --out "$OUT/dq_stages_$n.json" 2>&1 | grep -E "^\| cupy_dash bwd" | head -4
-  done
-fi
-if [ "$stage" = engine_ab ]; then   # unit suite on the GPU machine, then the dQ-stage and relaxed-spin A/B
-  timeout 150 $py -m pytest tests/unit tests/adapters -q -rf -n 8 -p no:cacheprovider 2>&1 | tee "$OUT/unit.log" \
-    | tail -8
-  sel=(tests/gpu/test_gpu_attention.py tests/gpu/test_gpu_gqa.py -q -rf --maxfail=3 -p no:cacheprovider
-       -k "(test_backward or bitwise) and d128 and not small_grid")
-  ab=(--hdims 128 --masks full causal --seqlens 1024 4096 16384 --schedules auto atomic --no-torch --no-fa3
-      --no-overhead --no-compile --repeats 10 --warmup 2 --input-sets 1)
-  CUPY_DASH_BWD_DQ_STAGES=2 timeout 120 $py -m pytest "${sel[@]}" 2>&1 | tee "$OUT/dq2_tests.log" | tail -4
-  for n in 1 2; do
-    CUPY_DASH_BWD_DQ_STAGES=$n timeout 110 $py benchmarks/bench.py "${ab[@]}" --out "$OUT/ab_dq$n.json" 2>&1 \
-      | grep -E "^\| cupy_dash bwd" | tee "$OUT/ab_dq$n.txt"
-  done
-  git apply benchmarks/patches/writer_relaxed_spin.patch && echo "relaxed spin applied"
-  timeout 120 $py -m pytest "${sel[@]}" 2>&1 | tee "$OUT/spin_tests.log" | tail -4
-  timeout 110 $py benchmarks/bench.py "${ab[@]}" --out "$OUT/ab_spin.json" 2>&1 | grep -E "^\| cupy_dash bwd" \
-    | tee "$OUT/ab_spin.txt"
-  timeout 70 $py benchmarks/timeline.py --shapes 128:causal:16384 --policies symmetric_shift shift \
-    --out "$OUT/timelines.npz" 2>&1 | tee "$OUT/timeline.txt" | tail -12
-  git apply -R benchmarks/patches/writer_relaxed_spin.patch
-  timeout 60 $py benchmarks/fa3_probe.py --full --seqlen 3840 --batch 4 2>&1 | tee "$OUT/fa3_probe_full3840.txt" \
-    | tail -14
 fi
 if [ "$stage" = dq_writers ]; then   # two dQ writer warps (default) against one
   mkdir -p /tmp/dw

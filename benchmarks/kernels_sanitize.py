@@ -1,11 +1,11 @@
 """Small forwards and backwards of every kernel family, for compute-sanitizer (memcheck, racecheck, synccheck)
 after a kernel change: head dims 64 and 128, causal and full, deterministic and atomic, GQA, per-visit and
-compact tables, varlen, logit soft-capping (the DASH_SOFTCAP builds), and the two-dQ-stage experiment
-(``CUPY_DASH_BWD_DQ_STAGES=2`` in the environment, head dim 128). Each backward runs twice; deterministic ones
-must repeat their bits. Shapes keep several visits per CTA and a partial last tile. Exits 1 on a difference.
+compact tables, varlen, logit soft-capping (the DASH_SOFTCAP builds), and the 80-query tile
+(``CUPY_DASH_BWD_FULL_BLOCK_M=80`` in the environment: its full-mask head-dim-128 cases). Each backward runs
+twice; deterministic ones must repeat their bits. Shapes keep several visits per CTA and a partial last tile. Exits 1 on a difference.
 
     compute-sanitizer --tool racecheck python benchmarks/kernels_sanitize.py
-    CUPY_DASH_BWD_DQ_STAGES=2 compute-sanitizer --tool synccheck python benchmarks/kernels_sanitize.py
+    CUPY_DASH_BWD_FULL_BLOCK_M=80 compute-sanitizer --tool synccheck python benchmarks/kernels_sanitize.py
 """
 from __future__ import annotations
 

@@ -66,13 +66,13 @@ def _fwd_smem(t: TileConfig, d: int) -> int:
     return (t.block_m + 2 * stages * t.block_n) * d * 2 + K.kMbarrierBytes * (1 + 4 * stages) + K.kSmemAlign
 
 
-def _bwd_main_smem(t: TileConfig, d: int, dq_stages: int = 1) -> int:
-    """kernels_src/bwd/config.cuh SmemLayout: K x k_stages, V; Q, dO, dS x stages; fp32 dQ x dq_stages; lse, dpsum
-    x stages; 2 x k_stages + 2 + 4 x stages mbarriers; a visit slot per stage; the alignment slack. Two dQ
-    staging buffers (DASH_DQ_STAGES) take the second K buffer's place, as the 80-query tile does."""
-    stages, k_stages = K.kBwdStages, (K.kBwdKStages if dq_stages == 1 and t.block_m != 80 else 1)
+def _bwd_main_smem(t: TileConfig, d: int) -> int:
+    """kernels_src/bwd/config.cuh SmemLayout: K x k_stages, V; Q, dO, dS x stages; fp32 dQ; lse, dpsum x stages;
+    2 x k_stages + 2 + 4 x stages mbarriers; a visit slot per stage; the alignment slack. The 80-query tile has one
+    K buffer."""
+    stages, k_stages = K.kBwdStages, (K.kBwdKStages if t.block_m != 80 else 1)
     return ((k_stages + 1) * t.block_n * d * 2 + stages * 2 * t.block_m * d * 2 + stages * t.block_m * t.block_n * 2
-            + dq_stages * t.block_m * d * 4 + stages * 2 * t.block_m * 4
+            + t.block_m * d * 4 + stages * 2 * t.block_m * 4
             + K.kMbarrierBytes * (2 * k_stages + 2 + 4 * stages) + K.kVisitSlotBytes * stages + K.kSmemAlign)
 
 
@@ -210,31 +210,21 @@ def fwd_spec(dtype: str, head_dim: int, causal: bool, varlen: bool = False, soft
 BwdKernels = collections.namedtuple("BwdKernels", "preprocess main postprocess")
 
 
-def _main_counts(dq_stages: int, dq_writers: int) -> dict | None:
+def _main_counts(dq_writers: int) -> dict | None:
     """The main kernel's integer defines that differ from kernels_src/bwd/config.cuh's defaults."""
-    counts = {}
-    if dq_stages != 1:
-        counts["DASH_DQ_STAGES"] = dq_stages
-    if dq_writers != 2:
-        counts["DASH_DQ_WRITERS"] = dq_writers
-    return counts or None
+    return {"DASH_DQ_WRITERS": dq_writers} if dq_writers != 2 else None
 
 
 def bwd_specs(dtype: str, head_dim: int, causal: bool, deterministic: bool, timeline: bool = False,
-              compact: bool = False, varlen: bool = False, dq_stages: int | None = None,
-              softcap: bool = False, seqlen_q: int = 0, window: tuple = (-1, -1)) -> BwdKernels:
+              compact: bool = False, varlen: bool = False, softcap: bool = False, seqlen_q: int = 0,
+              window: tuple = (-1, -1)) -> BwdKernels:
     """The three backward kernels of one variant; ``timeline``: the main kernel's debug build that stamps every
     visit (kernels_src/bwd/timeline.cuh; not emitted by the dispatcher); ``compact``: the main kernel reads
     per-column records (kernels_src/compact_view.cuh, :mod:`cupy_dash.schedule.compact`) instead of per-visit rows;
     ``varlen``: the three kernels of packed variable-length sequences (kernels_src/bwd_rows.cuh), with
-    ``compact`` reading cupy_dash.schedule.varlen's records. ``dq_stages``: the main kernel's dQ staging buffers
-    (2: an experiment at head dim 128, kernels_src/bwd/config.cuh; default ``CUPY_DASH_BWD_DQ_STAGES``, else 1).
+    ``compact`` reading cupy_dash.schedule.varlen's records.
     ``softcap``: the main kernel with logit soft-capping (preprocess and postprocess do not depend on it).
     ``seqlen_q``, ``window`` (canonical): the tile's choice (:func:`bwd_tile`)."""
-    if dq_stages is None:    # NOTES: not for compact builds: their dQ writer counts ranks and spilled (varlen, det)
-        dq_stages = config.BWD_DQ_STAGES.get() if head_dim == 128 and not compact else 1
-    if dq_stages not in (1, 2) or (dq_stages == 2 and head_dim != 128):
-        raise ValueError(f"dq_stages: 1, or 2 at head dim 128 (shared memory), got {dq_stages} at {head_dim}")
     if timeline and compact:
         raise ValueError("timeline builds need the per-visit tables: no compact timeline variant")
     check_supported(dtype, head_dim)
@@ -256,8 +246,8 @@ def bwd_specs(dtype: str, head_dim: int, causal: bool, deterministic: bool, time
         flags["DASH_VARLEN"] = aux_flags["DASH_VARLEN"] = True
     return BwdKernels(
         preprocess=_spec("bwd_preprocess", aux_tile, dtype, head_dim, **aux_flags),
-        main=_spec("bwd_main", main_tile, dtype, head_dim, smem=_bwd_main_smem(main_tile, head_dim, dq_stages),
-                   counts=_main_counts(dq_stages, config.BWD_DQ_WRITERS.get() if deterministic else 2), **flags),
+        main=_spec("bwd_main", main_tile, dtype, head_dim, smem=_bwd_main_smem(main_tile, head_dim),
+                   counts=_main_counts(config.BWD_DQ_WRITERS.get() if deterministic else 2), **flags),
         postprocess=_spec("bwd_postprocess", aux_tile, dtype, head_dim, **aux_flags),
     )
 
@@ -388,7 +378,7 @@ def bwd_entry(device_id: int, dtype: str, head_dim: int, causal: bool, determini
     leave preprocess and postprocess loaded too."""
     tile = bwd_tile(head_dim, causal, compact, seqlen_q, window)
     key = (device_id, dtype, head_dim, causal, deterministic, timeline, compact, varlen, softcap, tile.block_m,
-           config.BWD_DQ_STAGES.get(), config.BWD_DQ_WRITERS.get())
+           config.BWD_DQ_WRITERS.get())
     e = _bwd_cache.get(key)
     if e is None:
         import cupy

@@ -59,18 +59,10 @@ constexpr int kDqRegs = kDqCols / 2;    // dQ piece: 64 x kDqCols
 constexpr int kDqWriters = kDeterministic ? DASH_DQ_WRITERS : 1;
 static_assert(DASH_DQ_WRITERS == 1 || DASH_DQ_WRITERS == 2, "one or two dQ writer warps");
 
-#ifndef DASH_DQ_STAGES
-#define DASH_DQ_STAGES 1
-#endif
-// NOTES: DASH_DQ_STAGES = 2 (an experiment, head dim 128): two dQ staging buffers per MMA warpgroup, so that the
-// MMA warpgroups can run two visits ahead of the dQ writer while it waits for a tile's turn; they take the smem
-// of the second K buffer (the next KV tile's K then loads only once the current one is released).
-constexpr int kDqStages = DASH_DQ_STAGES;
-static_assert(kDqStages == 1 || kDqStages == 2, "one or two dQ staging buffers");
 constexpr int kStages = kBwdStages;                            // Q (+ lse_log2), dO (+ dpsum) and dS buffers
-// K buffers: the next KV tile's K loads early into the second one, unless its 32 KB went to a second dQ staging
-// buffer or to the larger Q, dO, dS and dQ tiles of the 80-query plan (which then fill 224 KB without it).
-constexpr int kKStages = kDqStages == 1 && !DqLayout::kTransposed ? kBwdKStages : 1;
+// K buffers: the next KV tile's K loads early into the second one, unless its 32 KB went to the larger Q, dO, dS
+// and dQ tiles of the 80-query plan (which then fill 224 KB without it).
+constexpr int kKStages = !DqLayout::kTransposed ? kBwdKStages : 1;
 
 // Named barriers (id 0 is __syncthreads), all of the kernel's: both MMA warpgroups after writing dS; per MMA
 // warpgroup, its dQ slice written (MMA warpgroup arrives, dQ writer warp syncs) and free again (the other way
@@ -78,8 +70,8 @@ constexpr int kKStages = kDqStages == 1 && !DqLayout::kTransposed ? kBwdKStages 
 // the MMA warpgroups among themselves.
 constexpr int kBarPdS = 1;
 constexpr int kBarDqFull = kBarPdS + 1;                            // + wg + kNumMmaWg * dQ stage
-constexpr int kBarDqEmpty = kBarDqFull + kNumMmaWg * kDqStages;    // + wg + kNumMmaWg * dQ stage
-constexpr int kBarDqDone = kBarDqEmpty + kNumMmaWg * kDqStages;
+constexpr int kBarDqEmpty = kBarDqFull + kNumMmaWg;                // + wg
+constexpr int kBarDqDone = kBarDqEmpty + kNumMmaWg;
 constexpr int kBarFold = kBarDqDone + 1;
 constexpr int kBarWriterToken = kBarFold + 1;                     // + the dQ writer warp that waits for it
 static_assert(kBarWriterToken + 1 < 16, "16 named barriers per CTA");
@@ -106,22 +98,13 @@ DASH_DEVICE void dq_handoff_barrier_at() {
   }
 }
 
-// The dQ hand-off between MMA warpgroup wg and the dQ writer warp through staging buffer stage (both warp-uniform):
-// waits at (kSync) or arrives at named barrier kBase + wg + kNumMmaWg * stage, kBase being kBarDqFull or
-// kBarDqEmpty. The ids stay immediates (ptx/named_barrier.cuh).
+// The dQ hand-off between MMA warpgroup wg (warp-uniform) and the dQ writer warp through wg's staging slice: waits
+// at (kSync) or arrives at named barrier kBase + wg, kBase being kBarDqFull or kBarDqEmpty. The ids stay
+// immediates (ptx/named_barrier.cuh).
 template <int kBase, bool kSync>
-DASH_DEVICE void dq_handoff_barrier(int wg, int stage) {
+DASH_DEVICE void dq_handoff_barrier(int wg) {
   static_assert(kNumMmaWg == 2, "two MMA warpgroups");
-  constexpr int kLastStage = kNumMmaWg * (kDqStages - 1);
-  if (stage == 0) {
-    if (wg == 0) dq_handoff_barrier_at<kBase, kSync>(); else dq_handoff_barrier_at<kBase + 1, kSync>();
-  } else {
-    if (wg == 0) {
-      dq_handoff_barrier_at<kBase + kLastStage, kSync>();
-    } else {
-      dq_handoff_barrier_at<kBase + kLastStage + 1, kSync>();
-    }
-  }
+  if (wg == 0) dq_handoff_barrier_at<kBase, kSync>(); else dq_handoff_barrier_at<kBase + 1, kSync>();
 }
 
 // NOTES: shared memory, from a 1024-byte-aligned base (the 128B swizzle pattern of TMA and wgmma starts on
@@ -145,7 +128,7 @@ struct SmemLayout {
   static constexpr int kDOs = kQs + kStages * kQ;
   static constexpr int kDSs = kDOs + kStages * kQ;
   static constexpr int kDq = kDSs + kStages * kDS;
-  static constexpr int kLse = kDq + kDqStages * kNumMmaWg * kDqSlice;
+  static constexpr int kLse = kDq + kNumMmaWg * kDqSlice;
   static constexpr int kDpsum = kLse + kStages * kRow;
   static constexpr int kBars = kDpsum + kStages * kRow;
   // k_full[], k_empty[], v_full, v_empty, q_full[], q_empty[], do_full[], do_empty[]
@@ -168,9 +151,7 @@ struct Smem {
   DASH_DEVICE uint32_t q(int stage) const { return base + SmemLayout::kQs + stage * SmemLayout::kQ; }
   DASH_DEVICE uint32_t dout(int stage) const { return base + SmemLayout::kDOs + stage * SmemLayout::kQ; }
   DASH_DEVICE uint32_t ds(int stage) const { return base + SmemLayout::kDSs + stage * SmemLayout::kDS; }
-  DASH_DEVICE uint32_t dq(int wg, int stage = 0) const {
-    return base + SmemLayout::kDq + (stage * kNumMmaWg + wg) * SmemLayout::kDqSlice;
-  }
+  DASH_DEVICE uint32_t dq(int wg) const { return base + SmemLayout::kDq + wg * SmemLayout::kDqSlice; }
   DASH_DEVICE uint32_t lse(int stage) const { return base + SmemLayout::kLse + stage * SmemLayout::kRow; }
   DASH_DEVICE uint32_t dpsum(int stage) const { return base + SmemLayout::kDpsum + stage * SmemLayout::kRow; }
   DASH_DEVICE uint32_t bar(int i) const { return base + SmemLayout::kBars + kMbarrierBytes * i; }

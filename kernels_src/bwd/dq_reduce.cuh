@@ -33,10 +33,10 @@ DASH_DEVICE bool wait_for_turn(const BwdParams& p, const int* sem, int64_t v, in
   }
 }
 
-// Both MMA warpgroups' slices of dQ staging buffer ``stage`` may be overwritten.
-DASH_DEVICE void dq_stage_free(int stage) {
-  dq_handoff_barrier<kBarDqEmpty, false>(0, stage);
-  dq_handoff_barrier<kBarDqEmpty, false>(1, stage);
+// Both MMA warpgroups' dQ staging slices may be overwritten.
+DASH_DEVICE void dq_staging_free() {
+  dq_handoff_barrier<kBarDqEmpty, false>(0);
+  dq_handoff_barrier<kBarDqEmpty, false>(1);
 }
 
 // The slice of one MMA warpgroup into its part of the dq_accum tile: stored by the first visit of the tile's
@@ -56,18 +56,14 @@ DASH_DEVICE void put_slice(float* dst, uint32_t slice, bool first) {
 // discarded: the host raises) but keeps handing the slices back, so that the MMA warpgroups finish.
 DASH_DEVICE void write_dq(const BwdParams& p, const ScheduleView& sched, const Smem& s, int writer, int lane) {
   static_assert(kNumMmaWg == 2, "two dQ slices");
-  // NOTES: staging buffer j % kDqStages carries visit j; the MMA warpgroups wait for it to be free once per visit,
-  // so it is freed once for each visit that uses it: up front for the first kDqStages visits, then after each
-  // visit that has a successor kDqStages visits later (named barriers count arrivals: none may be left over).
-  // Writer w runs visits j = w, w + kDqWriters, ... (bwd/config.cuh's kDqWriters).
-  if (writer == 0) {
-    dq_stage_free(0);
-    if (kDqStages == 2 && sched.begin + 1 < sched.end) dq_stage_free(1);
-  }
+  // NOTES: the MMA warpgroups wait for the staging slices to be free once per visit, so they are freed once for
+  // each visit: up front for the first, then after each visit that has a successor (named barriers count
+  // arrivals: none may be left over). Writer w runs visits j = w, w + kDqWriters, ... (bwd/config.cuh's
+  // kDqWriters).
+  if (writer == 0) dq_staging_free();
   bool ok = true;
   int jv = writer;
   for (int64_t v = sched.begin + writer; v < sched.end; v += kDqWriters, jv += kDqWriters) {
-    const int dq_stage = kDqStages == 1 ? 0 : jv % kDqStages;
     const Visit w = sched.visit(v);
     const Head hd(p, w.bh);
     const BwdRows<kBlockM> seq(p, hd.b, hd.h);
@@ -84,16 +80,16 @@ DASH_DEVICE void write_dq(const BwdParams& p, const ScheduleView& sched, const S
       if (jv > 0) writer_token<true>(writer);
     }
     if (lane == 0) stamp(p, v, kStampTurn);
-    dq_handoff_barrier<kBarDqFull, true>(0, dq_stage);
-    if (lane == 0 && ok) put_slice(tile, s.dq(0, dq_stage), rank == 0);
-    dq_handoff_barrier<kBarDqFull, true>(1, dq_stage);
+    dq_handoff_barrier<kBarDqFull, true>(0);
+    if (lane == 0 && ok) put_slice(tile, s.dq(0), rank == 0);
+    dq_handoff_barrier<kBarDqFull, true>(1);
     if (lane == 0) {
-      if (ok) put_slice(tile + SmemLayout::kDqSlice / 4, s.dq(1, dq_stage), rank == 0);
+      if (ok) put_slice(tile + SmemLayout::kDqSlice / 4, s.dq(1), rank == 0);
       bulk_commit();
       bulk_wait_read<0>();
     }
     __syncwarp();
-    if (v + kDqStages < sched.end) dq_stage_free(dq_stage);
+    if (v + 1 < sched.end) dq_staging_free();
     if (kDqWriters == 2 && v + 1 < sched.end) writer_token<false>(writer ^ 1);
     if (kDeterministic && lane == 0 && ok) {
       bulk_wait<0>();

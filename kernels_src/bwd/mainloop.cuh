@@ -151,13 +151,12 @@ DASH_DEVICE void store_dq(uint32_t slice, const float (&dQ)[kDqRegs], int tid) {
   }
 }
 
-// Hands this warpgroup's dQ piece of visit j to the dQ writer through staging buffer j % kDqStages.
-DASH_DEVICE void hand_dq_to_writer(const Smem& s, const float (&dQ)[kDqRegs], int j, int wg, int tid) {
-  const int dq_stage = kDqStages == 1 ? 0 : j % kDqStages;
-  dq_handoff_barrier<kBarDqEmpty, true>(wg, dq_stage);
-  store_dq(s.dq(wg, dq_stage), dQ, tid);
+// Hands this warpgroup's dQ piece to the dQ writer through its staging slice.
+DASH_DEVICE void hand_dq_to_writer(const Smem& s, const float (&dQ)[kDqRegs], int wg, int tid) {
+  dq_handoff_barrier<kBarDqEmpty, true>(wg);
+  store_dq(s.dq(wg), dQ, tid);
   fence_proxy_async_smem();
-  dq_handoff_barrier<kBarDqFull, false>(wg, dq_stage);
+  dq_handoff_barrier<kBarDqFull, false>(wg);
 }
 
 // One visit (index v of the table, read from the producer's VisitSlot, returned): j is the CTA-local visit counter
@@ -261,7 +260,7 @@ DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_gen
     if (last_in_group) mbar_arrive(s.k_empty(kbuf));
     if (wg == 0) stamp(p, v, kStampDqReady);
   }
-  hand_dq_to_writer(s, dQ, j, wg, tid);
+  hand_dq_to_writer(s, dQ, wg, tid);
 
   // dK done: Q may be overwritten.
   wgmma_wait<0>();

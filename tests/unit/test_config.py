@@ -30,7 +30,7 @@ def test_knobs_are_defined_once():
     assert all(knob.meaning and knob.kind and knob.key == knob.name.encode() for knob in config.KNOBS)
     assert {k.name[10:]: k.default for k in config.KNOBS if k.name.startswith("CUPY_DASH_")} == {
         "SPIN_TIMEOUT_MS": 10000.0, "FOLD": None, "COMPACT_TABLES": None, "VARLEN_EXPAND": "device", "FASTPATH": True,
-        "SYNC_ERRORS": False, "JAX_FFI": None, "CACHE_DIR": None, "JIT_VERBOSE": False, "BWD_DQ_STAGES": 1,
+        "SYNC_ERRORS": False, "JAX_FFI": None, "CACHE_DIR": None, "JIT_VERBOSE": False,
         "BWD_DQ_WRITERS": 2, "BWD_FULL_BLOCK_M": None}
     # the names other modules (and benchmarks, tests, the CLI) use are the config's
     assert compact_device.ENV == config.COMPACT_TABLES.name
@@ -174,23 +174,3 @@ def test_the_80_query_tile_serves_long_full_mask_calls(monkeypatch):
     monkeypatch.setenv("CUPY_DASH_BWD_FULL_BLOCK_M", "96")
     with pytest.raises(ValueError, match="CUPY_DASH_BWD_FULL_BLOCK_M"):
         kernels.bwd_tile(128, False)
-
-
-def test_dq_stages_knob_selects_the_experimental_build(monkeypatch):
-    """CUPY_DASH_BWD_DQ_STAGES=2: the head-dim-128 main kernel with two dQ staging buffers (one K buffer, the same
-    shared memory); head dim 64 and compact builds keep one; bad values raise."""
-    from cupy_dash.cuda import kernels
-    monkeypatch.delenv("CUPY_DASH_BWD_DQ_STAGES", raising=False)
-    default = kernels.bwd_specs("bfloat16", 128, True, True).main
-    assert "DASH_DQ_STAGES" not in dict(default.defines)
-    monkeypatch.setenv("CUPY_DASH_BWD_DQ_STAGES", "2")
-    two = kernels.bwd_specs("bfloat16", 128, True, True).main
-    assert dict(two.defines)["DASH_DQ_STAGES"] == 2
-    assert two.smem_bytes == default.smem_bytes - 2 * 8     # the second K buffer's place, less its two mbarriers
-    assert "DASH_DQ_STAGES" not in dict(kernels.bwd_specs("bfloat16", 64, True, True).main.defines)
-    assert "DASH_DQ_STAGES" not in dict(kernels.bwd_specs("bfloat16", 128, True, True, compact=True).main.defines)
-    with pytest.raises(ValueError, match="dq_stages"):
-        kernels.bwd_specs("bfloat16", 64, True, True, dq_stages=2)
-    monkeypatch.setenv("CUPY_DASH_BWD_DQ_STAGES", "3")
-    with pytest.raises(ValueError, match="CUPY_DASH_BWD_DQ_STAGES"):
-        kernels.bwd_specs("bfloat16", 128, True, True)
