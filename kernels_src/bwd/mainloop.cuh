@@ -42,28 +42,65 @@ struct Band {
   }
 };
 
-// P^T = exp2(S^T * scale_log2 - lse_log2[q]) in place, 0 where the key is masked.
-// NOTES: keys >= Sk and keys outside the query's band (window and causal masks) are masked by select. Queries
-// >= Sq and rows whose lse is -inf (no key in their window) have lse_log2 = +inf (preprocess), so P = 2^-inf = 0
-// there without a mask; TMA zero-fills their Q and dO rows (varlen: loads the next sequence's), so S and dP stay
-// finite. Varlen builds: Sq, Sk and the band are the visit's sequence's.
-template <bool kMask>
-DASH_DEVICE void softmax_probs(float (&S)[kSRegs], const float* lse_log2, float scale_log2, const Fragment& f,
-                               int key0, int query0, int seqlen_k, const Band& band) {
+// The queries (columns) of a thread's P^T row that its key sees, relative to column query0 + f.col0 of the tile:
+// [lo, hi], empty (lo > hi) for a key >= Sk. With lo <= -1 and hi >= kBlockM for an unmasked row, so that one
+// comparison pair per element masks every kind of tile alike.
+struct RowWindow {
+  int lo, hi;
+  DASH_DEVICE RowWindow(int key, int col_base, int seqlen_k, const Band& band) {
+    const int64_t first = (int64_t)key - band.hi - col_base, last = (int64_t)key - band.lo - col_base;
+    lo = key < seqlen_k ? (int)(first < -1 ? -1 : first) : 1;
+    hi = key < seqlen_k ? (int)(last > kBlockM ? kBlockM : last) : 0;
+  }
+};
+
+#if DASH_COMPACT
+constexpr bool kCompactTables = true;
+#else
+constexpr bool kCompactTables = false;
+#endif
+// NOTES: lse_log2 and dpsum of a thread's query columns are loaded into registers early (lse while S^T runs,
+// dpsum before the dP^T wait) where registers allow: the 64-query tile without soft-capping or compact tables.
+// The others (128 queries at head dim 64, the 80-query tile, soft-capping, compact tables: 8-64 bytes of spills
+// with them) read shared memory at the point of use.
+constexpr bool kRowsInRegs = kBlockM == 64 && !kSoftcap && !kCompactTables;
+
+// lse_log2 or dpsum of the tile's queries as a thread uses them: float2 per column group c (its two query
+// columns 8 c + f.col0, + 1), from registers (kRowsInRegs) or from the stage's shared-memory row.
+struct RowValues {
+  float2 regs[kRowsInRegs ? kBlockM / 8 : 1];
+  const float* row;
+  DASH_DEVICE RowValues(const float* smem_row, const Fragment& f) : row(smem_row + f.col0) {
+    if constexpr (kRowsInRegs) {
+#pragma unroll
+      for (int c = 0; c < kBlockM / 8; ++c) regs[c] = *reinterpret_cast<const float2*>(row + 8 * c);
+    }
+  }
+  DASH_DEVICE float2 operator[](int c) const {
+    if constexpr (kRowsInRegs) return regs[c];
+    return *reinterpret_cast<const float2*>(row + 8 * c);
+  }
+};
+
+// P^T = exp2(S^T * scale_log2 - lse_log2[q]) in place, 0 where the key does not see the query.
+// NOTES: keys >= Sk and keys outside the query's band (window and causal masks) are masked by select, on every
+// tile: a branch between the S wait and the dS store would split ptxas's scheduling region there (it waits for
+// every outstanding load and MUFU result at a branch), which left the exponentials in a serial tail and the
+// lse / dpsum loads exposed (docs/decisions/bwd-engine.md, "What to try next"). Queries >= Sq and rows whose lse
+// is -inf (no key in their window) have lse_log2 = +inf (preprocess), so P = 2^-inf = 0 there without a mask;
+// TMA zero-fills their Q and dO rows (varlen: loads the next sequence's), so S and dP stay finite. Varlen builds:
+// Sq, Sk and the band are the visit's sequence's.
+DASH_DEVICE void softmax_probs(float (&S)[kSRegs], const RowValues& lse_log2, float scale_log2,
+                               const RowWindow (&rows)[2]) {
 #pragma unroll
   for (int c = 0; c < kBlockM / 8; ++c) {
-    const float2 l = *reinterpret_cast<const float2*>(lse_log2 + 8 * c + f.col0);
+    const float2 l = lse_log2[c];
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int i = 4 * c + e;
+      const int i = 4 * c + e, col = Fragment::col(i);
+      const RowWindow& r = rows[(e / 2) % 2];
       const float x = fmaf(S[i], scale_log2, -(e % 2 ? l.y : l.x));
-      float p = exp2_approx(x);
-      if constexpr (kMask) {
-        const int key = key0 + f.row0 + Fragment::row(i), q = query0 + f.col0 + Fragment::col(i);
-        const bool visible = key < seqlen_k && key - q <= band.hi && key - q >= band.lo;
-        p = visible ? p : 0.f;
-      }
-      S[i] = p;
+      S[i] = col >= r.lo && col <= r.hi ? exp2_approx(x) : 0.f;
     }
   }
 }
@@ -98,14 +135,14 @@ DASH_DEVICE float softcap_factor_from_prob(float p, float lse_log2, float inv_sc
 // (reference.backward_lowp): keeping fp32 P, its fragments, dP and dpsum live together needs more than the 240
 // registers of an MMA warpgroup (measured 241), and then ptxas serializes the wgmmas and spills.
 DASH_DEVICE void softmax_grad(uint32_t (&dSa)[kBlockM / 16][4], const uint32_t (&Pa)[kBlockM / 16][4],
-                              const float (&dP)[kSRegs], const float* dpsum, const uint32_t (&dT)[kDtRegs],
+                              const float (&dP)[kSRegs], const RowValues& dpsum, const uint32_t (&dT)[kDtRegs],
                               const float* lse_log2, float inv_scale_log2, const Fragment& f) {
 #pragma unroll
   for (int ks = 0; ks < kBlockM / 16; ++ks) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int i = 8 * ks + 2 * j;
-      const float2 d = *reinterpret_cast<const float2*>(dpsum + 8 * (i / 4) + f.col0);
+      const float2 d = dpsum[i / 4];
       const float2 prob = unpack_elem2(Pa[ks][j]);
       float ds0 = prob.x * (dP[i] - d.x), ds1 = prob.y * (dP[i + 1] - d.y);
       if constexpr (kSoftcapKeepDt) {
@@ -182,41 +219,36 @@ DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_gen
   wgmma_fence();
   gemm_keys_by_queries(S, k_desc, s.q(stage));
   wgmma_commit();
+  // NOTES: lse_log2 into registers while S^T runs (its loads complete before the waits below, under S^T).
+  const float* lse = reinterpret_cast<const float*>(smem_generic + (s.lse(stage) - s.base));
+  const RowValues lse_row(lse, f);
   if (first_in_group) wait_phase(p, s.v_full(), group & 1);
   wait_phase(p, s.do_full(stage), phase);
   wgmma_fence();  // NOTES: not required by the ISA here, but ptxas 13.0 injects one (C7519) after the wait loop
   gemm_keys_by_queries(dP, v_desc, s.dout(stage));
   wgmma_commit();
-
-  // P^T from S^T while dP^T is still running.
-  wgmma_wait<1>();
-  wgmma_fence_operand(S);
   const int key0 = w.n_block * kBlockN + 64 * wg, query0 = w.m_block * kBlockM;
   const Head hd(p, w.bh);
   const BwdRows<kBlockM> seq(p, hd.b, hd.h);
-  const int seqlen_k = seq.seqlen_k;
   const Band band(p, seq.seqlen_q, seq.seqlen_k);
-  const float* lse = reinterpret_cast<const float*>(smem_generic + (s.lse(stage) - s.base));
-  // NOTES: a tile needs the mask only if it reaches past Sk or one of its offsets key - q leaves the band: the
-  // largest is key0 + 63 - query0, the smallest key0 - (query0 + kBlockM - 1).
-  const bool need_mask =
-      key0 + 64 > seqlen_k || key0 + 63 - query0 > band.hi || key0 - (query0 + kBlockM - 1) < band.lo;
+  const RowWindow rows[2] = {RowWindow(key0 + f.row0, query0 + f.col0, seq.seqlen_k, band),
+                             RowWindow(key0 + f.row0 + 8, query0 + f.col0, seq.seqlen_k, band)};
+
+  // P^T from S^T while dP^T is still running; from the S^T wait to the dS^T store, no branch (softmax_probs).
+  wgmma_wait<1>();
+  wgmma_fence_operand(S);
   uint32_t dT[kDtRegs];
   if constexpr (kSoftcap) softcap_scores(S, dT, p.softcap_prescale);
-  if (need_mask) {
-    softmax_probs<true>(S, lse, p.softmax_scale_log2, f, key0, query0, seqlen_k, band);
-  } else {
-    softmax_probs<false>(S, lse, p.softmax_scale_log2, f, key0, query0, seqlen_k, band);
-  }
+  softmax_probs(S, lse_row, p.softmax_scale_log2, rows);
+  const RowValues dpsum_row(reinterpret_cast<const float*>(smem_generic + (s.dpsum(stage) - s.base)), f);
   uint32_t Pa[kBlockM / 16][4], dSa[kBlockM / 16][4];
   pack_fragments<kSRegs>(Pa, S);
   wgmma_wait<0>();
   wgmma_fence_operand(dP);
-  if (last_in_group && tid == 0) mbar_arrive(s.v_empty());  // dP^T was V's last use
-  const float* dpsum = reinterpret_cast<const float*>(smem_generic + (s.dpsum(stage) - s.base));
-  softmax_grad(dSa, Pa, dP, dpsum, dT, lse, kSoftcap ? 1.f / p.softmax_scale_log2 : 0.f, f);
+  softmax_grad(dSa, Pa, dP, dpsum_row, dT, lse, kSoftcap ? 1.f / p.softmax_scale_log2 : 0.f, f);
   // dS^T also to shared memory for dQ, which needs the keys of both warpgroups.
   store_transposed<kBlockM>(s.ds(stage), dSa, 64 * wg, tid);
+  if (last_in_group && tid == 0) mbar_arrive(s.v_empty());  // dP^T was V's last use
 
   // dV += P^T dO.
   wgmma_fence();
