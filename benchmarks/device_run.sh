@@ -139,6 +139,10 @@ if [ "$stage" = engine ]; then
 fi
 if [ "$stage" = engine_bench ]; then
   mkdir -p /tmp/eb
+  timeout 120 $py benchmarks/bits_digest.py --out /tmp/eb/bits_new.json >/tmp/eb/bits.log 2>&1
+  timeout 120 $py benchmarks/with_kernels.py .ab/kernels_src benchmarks/bits_digest.py --out /tmp/eb/bits_old.json \
+    >>/tmp/eb/bits.log 2>&1
+  $py benchmarks/bits_digest.py --compare /tmp/eb/bits_new.json /tmp/eb/bits_old.json | tee -a "$OUT/engine_bench.log"
   common="--no-torch --no-overhead --no-compile --schedules auto atomic --repeats 20 --warmup 3"
   for ver in new old; do
     run=("$py" benchmarks/bench.py); fa3=""
@@ -157,7 +161,7 @@ if [ "$stage" = engine_bench ]; then
   "$ncu" -i /tmp/eb/ours_causal8k.ncu-rep --page details --csv >/tmp/eb/ours_causal8k.details.csv 2>&1
   "$ncu" -i /tmp/eb/ours_causal8k.ncu-rep --page raw --csv >/tmp/eb/ours_causal8k.raw.csv 2>&1
   "$ncu" -i /tmp/eb/ours_causal8k.ncu-rep --page source --csv --print-source sass >/tmp/eb/ours_causal8k.sass.csv 2>&1
-  (cd /tmp/eb && tar czf "$OUT/engine_bench.tgz" *.json *.md *.csv ncu.log)
+  (cd /tmp/eb && tar czf "$OUT/engine_bench.tgz" *.json *.md *.csv ncu.log bits.log)
 fi
 if [ "$stage" = dq_writers ]; then   # two dQ writer warps (default) against one
   mkdir -p /tmp/dw

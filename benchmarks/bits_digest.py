@@ -1,0 +1,61 @@
+"""SHA-256 of the backward's dq, dk, dv bits on fixed random inputs, per case, as JSON: run it under two kernel
+versions (benchmarks/with_kernels.py) and compare the digests, to show that a kernel change kept the bits.
+
+    python benchmarks/bits_digest.py --out new.json
+    python benchmarks/with_kernels.py .ab/kernels_src benchmarks/bits_digest.py --out old.json
+    python benchmarks/bits_digest.py --compare new.json old.json
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+
+import numpy as np
+
+# (B, S, H, Hkv, D, causal, schedule): the backward's tile plans (64-, 80- and 128-query), GQA, both masks
+CASES = [(2, 1000, 4, 4, 128, True, "auto"), (2, 777, 4, 2, 128, False, "shift"), (1, 4197, 2, 2, 128, False, "auto"),
+         (2, 1500, 4, 4, 64, True, "symmetric_shift"), (1, 900, 4, 1, 64, False, "fa3"),
+         (2, 1000, 4, 4, 128, True, "fa3")]
+
+
+def digests() -> dict:
+    import cupy
+    import cupy_dash
+    out = {}
+    for B, S, H, Hkv, D, causal, schedule in CASES:
+        rng = np.random.default_rng(S * 7 + D)
+        mk = lambda n: cupy.asarray(rng.standard_normal((B, S, n, D), np.float32)).astype(cupy.float16)  # noqa: E731
+        q, k, v, do = mk(H), mk(Hkv), mk(Hkv), mk(H)
+        out_, lse = cupy_dash.attention_forward(q, k, v, causal=causal)
+        sched = schedule
+        grads = cupy_dash.attention_backward(do, q, k, v, out_, lse, causal=causal, schedule=sched)
+        cupy_dash.check_errors()
+        h = hashlib.sha256()
+        for g in grads:
+            h.update(cupy.asnumpy(g).tobytes())
+        out[f"B{B}-S{S}-H{H}-Hkv{Hkv}-d{D}-{'causal' if causal else 'full'}-{sched}"] = h.hexdigest()
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out")
+    ap.add_argument("--compare", nargs=2, metavar=("A", "B"))
+    args = ap.parse_args(argv)
+    if args.compare:
+        a, b = (json.load(open(p)) for p in args.compare)
+        diff = sorted(k for k in a if a[k] != b.get(k))
+        print("same bits in every case" if not diff else "different bits: " + ", ".join(diff))
+        return 1 if diff else 0
+    d = digests()
+    print(json.dumps(d, indent=1))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(d, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
