@@ -138,3 +138,34 @@ def _tables_per_packing(monkeypatch):
                      cta_start=ptr(data=ptr(ptr=base + 0x200)), num_ctas=t.num_ctas, policy=t.policy)
         return tables, ptr(data=ptr(ptr=base + 0x300)), ptr(data=ptr(ptr=base + 0x400)), None
     monkeypatch.setattr(varlen_device, "device", device)
+
+
+@pytest.fixture
+def fixed_tables(no_gpu, monkeypatch):
+    """``no_gpu`` with the fixed-length backward's schedule tables and kernels replaced (head dim 128, causal,
+    deterministic; 132 CTAs) and the fast path's plans cleared; yields the list of enqueued backwards."""
+    ptr = types.SimpleNamespace
+
+    def tables(schedule, c, max_ctas, dev, stream, capture=False, compact=False):
+        return ptr(visits=ptr(data=ptr(ptr=0x7000)), rank=ptr(data=ptr(ptr=0x7100)),
+                   cta_start=ptr(data=ptr(ptr=0x7200)), num_ctas=33, policy="fa3")
+    monkeypatch.setattr(launchers, "bwd_tables", tables)
+    specs = kernels.bwd_specs("bfloat16", 128, True, True)
+    tile = kernels.bwd_tile(128, True)
+    monkeypatch.setattr(kernels, "bwd_entry", lambda *a, **kw: (specs, tile.block_m, tile.block_n, 132))
+    monkeypatch.setattr(api, "_poll_errors", lambda: None)
+    fastpath.clear()
+    yield no_gpu
+    fastpath.clear()
+
+
+PER_CALL_FIELDS = ("lse_log2", "dpsum", "dq_accum", "dq_semaphore", "dq", "dk", "dv", "error", "error_host")
+
+
+def assert_full_paths_block(full, fast) -> None:
+    """A fast-path backward's parameter block ``fast`` equals the full path's ``full`` but for the per-call fields
+    (scratch, outputs, error record; PER_CALL_FIELDS)."""
+    for name in kernels.BWD_PARAMS_DTYPE.names:
+        if name not in PER_CALL_FIELDS:
+            assert bytes(np.atleast_1d(full[name]).view(np.uint8)) == \
+                bytes(np.atleast_1d(fast[name]).view(np.uint8)), name

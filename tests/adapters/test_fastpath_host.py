@@ -12,28 +12,14 @@ import pytest
 import cupy_dash
 from cupy_dash.core import api, fastpath, interop
 from cupy_dash.cuda import kernels, launchers
-from fastpath_fakes import BF16, F32, Tensor, no_gpu  # noqa: F401  (fixture)
-
-_PER_CALL = ("lse_log2", "dpsum", "dq_accum", "dq_semaphore", "dq", "dk", "dv", "error", "error_host")
+from fastpath_fakes import BF16, F32, Tensor, assert_full_paths_block, fixed_tables, no_gpu  # noqa: F401  (fixtures)
 
 
 @pytest.fixture
-def fixed(no_gpu, monkeypatch):
-    ptr = types.SimpleNamespace
-
-    def tables(schedule, c, max_ctas, dev, stream, capture=False, compact=False):
-        return ptr(visits=ptr(data=ptr(ptr=0x7000)), rank=ptr(data=ptr(ptr=0x7100)),
-                   cta_start=ptr(data=ptr(ptr=0x7200)), num_ctas=33, policy="fa3")
-    monkeypatch.setattr(launchers, "bwd_tables", tables)
-    specs = kernels.bwd_specs("bfloat16", 128, True, True)
-    tile = kernels.bwd_tile(128, True)
-    monkeypatch.setattr(kernels, "bwd_entry", lambda *a, **kw: (specs, tile.block_m, tile.block_n, 132))
-    monkeypatch.setattr(api, "_poll_errors", lambda: None)
+def fixed(fixed_tables, monkeypatch):
     current = {"ptr": 0x77}
     monkeypatch.setattr(fastpath, "_ready_stream", lambda plan: types.SimpleNamespace(ptr=current["ptr"]))
-    fastpath.clear()
-    yield no_gpu, current
-    fastpath.clear()
+    yield fixed_tables, current
 
 
 def _inputs(S=128, H=1):
@@ -54,11 +40,7 @@ def test_a_repeated_backward_reuses_the_block_and_small_scratch(fixed, monkeypat
     works = []
     for e, g in zip(enqueued[1:], grads):
         fast = e["params"]
-        for name in kernels.BWD_PARAMS_DTYPE.names:
-            if name not in _PER_CALL:
-                same = bytes(np.atleast_1d(full[name]).view(np.uint8)) == \
-                    bytes(np.atleast_1d(fast[name]).view(np.uint8))
-                assert same, name
+        assert_full_paths_block(full, fast)
         assert (int(fast["dq"]), int(fast["dk"]), int(fast["dv"])) == tuple(t.ptr for t in g)
         works.append(int(fast["lse_log2"]) - e["c"].offsets[0])
     assert works[0] == works[1] == works[2]                  # the plan's scratch, same stream

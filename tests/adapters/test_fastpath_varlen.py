@@ -12,9 +12,9 @@ import pytest
 import cupy_dash
 from cupy_dash.core import fastpath, fastpath_varlen
 from cupy_dash.cuda import kernels, launchers
-from fastpath_fakes import Tensor, _Dtype, _inputs, _tables_per_packing, no_gpu  # noqa: F401  (fixture)
+from fastpath_fakes import Tensor, _Dtype, _inputs, _tables_per_packing, no_gpu, PER_CALL_FIELDS  # noqa: F401  (fixture)
 
-_PER_CALL = ("lse_log2", "dpsum", "dq_accum", "dq_semaphore", "dq", "dk", "dv", "error", "error_host")
+_PER_CALL = PER_CALL_FIELDS
 
 
 def test_a_repeated_call_is_served_with_the_full_paths_block(no_gpu):

@@ -18,13 +18,13 @@ import pytest
 import cupy_dash
 from cupy_dash.core import api, fastpath, fastpath_varlen, interop, varlen, varlen_host_cu
 from cupy_dash.cuda import device_tables, jit, kernels, varlen_device
-from fastpath_fakes import Tensor, _Dtype, _inputs, no_gpu  # noqa: F401  (fixture)
+from fastpath_fakes import Tensor, _Dtype, _inputs, no_gpu, PER_CALL_FIELDS  # noqa: F401  (fixture)
 
 REAL_DEVICE = varlen_device.device          # taken before no_gpu replaces it
 I32 = _Dtype("int32", 4)
 EAGER, RECORDING = 0x77, 0x99               # torch's current stream: the warm-up's, the graph's
 GRAPH_RECORD = 0xE000
-_PER_CALL = ("lse_log2", "dpsum", "dq_accum", "dq_semaphore", "dq", "dk", "dv", "error", "error_host")
+_PER_CALL = PER_CALL_FIELDS
 CU_Q, CU_K = [0, 100, 100, 300], [0, 200, 260, 500]                 # longest 200 / 260
 
 
