@@ -13,7 +13,7 @@ is shorter than the keys), so ``s`` maps to ``(s - 1, 0)`` causal and ``(s - 1, 
 from __future__ import annotations
 
 NAME = "cupy_dash"
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 96, 128)
 
 
 def window(sliding_window, causal: bool) -> tuple:
@@ -85,7 +85,7 @@ def check_head_dims(config, head_dim: int, value_dim: int) -> None:
         setting = config_attribute(config, head_dim, "head_dim") if head_dim not in HEAD_DIMS else \
             "the model's value head dim"
         raise _unsupported(f"query/key head dim {head_dim} with value head dim {value_dim} (it needs both equal to "
-                           f"64 or 128)", setting, "use a model whose heads are 64 or 128 wide")
+                           f"64, 96 or 128)", setting, "use a model whose heads are 64, 96 or 128 wide")
 
 
 def check_mask(ndim: int, dtype_name: str, floating: bool) -> None:

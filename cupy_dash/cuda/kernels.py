@@ -25,7 +25,7 @@ from .params import (BWD_PARAMS_DTYPE, FWD_PARAMS_DTYPE, PARAMS_STRUCTS, pack_bw
                      pack_fwd_params, params_layout_check_source)
 from .params import CONSTANTS as K
 
-SUPPORTED_HEAD_DIMS = (64, 128)
+SUPPORTED_HEAD_DIMS = (64, 96, 128)
 SUPPORTED_DTYPES = ("bfloat16", "float16")
 _DTYPE_TAG = {"bfloat16": "bf16", "float16": "fp16"}
 
@@ -35,6 +35,12 @@ class TileConfig:
     block_m: int     # query rows per tile
     block_n: int     # key rows per tile
     threads: int     # threads per CTA
+
+
+def padded_head_dim(head_dim: int) -> int:
+    """The kernels' compute width for ``head_dim``: head dim 96 runs the head-dim-128 kernels, tiles and dq_accum
+    rows padded to 128 columns (kernels_src/tile_tma.cuh); the others run as they are."""
+    return 128 if head_dim == 96 else head_dim
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -47,11 +53,15 @@ class TileConfig:
 MAIN_THREADS = K.kMainThreads
 TILES = {
     ("fwd", 64): TileConfig(block_m=128, block_n=128, threads=MAIN_THREADS),
+    ("fwd", 96): TileConfig(block_m=128, block_n=128, threads=MAIN_THREADS),
     ("fwd", 128): TileConfig(block_m=128, block_n=128, threads=MAIN_THREADS),
     ("bwd_main", 64): TileConfig(block_m=128, block_n=128, threads=MAIN_THREADS),
+    ("bwd_main", 96): TileConfig(block_m=64, block_n=128, threads=MAIN_THREADS),
+    ("bwd_main", 96, "full80"): TileConfig(block_m=80, block_n=128, threads=MAIN_THREADS),
     ("bwd_main", 128): TileConfig(block_m=64, block_n=128, threads=MAIN_THREADS),
     ("bwd_main", 128, "full80"): TileConfig(block_m=80, block_n=128, threads=MAIN_THREADS),
 }
+# NOTES: head dim 96 takes head dim 128's tiles: its kernels are the head-dim-128 ones padded (padded_head_dim).
 AUX_THREADS = K.kAuxThreads
 
 
@@ -59,10 +69,10 @@ AUX_THREADS = K.kAuxThreads
 # bwd/config.cuh) lays it out, with the stage counts and sizes of kernels_src/constants.cuh that the layouts use.
 # The size must be known before compiling (it is part of the KernelSpec, and a DASH_SMEM_BYTES define), so it is
 # not read back from the cubin; instead each kernel static_asserts its layout's size equals DASH_SMEM_BYTES, so
-# that `python -m cupy_dash compile --all` fails on any disagreement.
+# that `python -m cupy_dash compile --all` fails on any disagreement. Tiles are padded_head_dim columns wide.
 def _fwd_smem(t: TileConfig, d: int) -> int:
     """kernels_src/fwd/config.cuh SmemLayout: Q; K, V x stages; 1 + 4 x stages mbarriers; the alignment slack."""
-    stages = K.kFwdKvStages
+    stages, d = K.kFwdKvStages, padded_head_dim(d)
     return (t.block_m + 2 * stages * t.block_n) * d * 2 + K.kMbarrierBytes * (1 + 4 * stages) + K.kSmemAlign
 
 
@@ -71,6 +81,7 @@ def _bwd_main_smem(t: TileConfig, d: int) -> int:
     2 x k_stages + 2 + 4 x stages mbarriers; a visit slot per stage; the alignment slack. The 80-query tile has one
     K buffer."""
     stages, k_stages = K.kBwdStages, (K.kBwdKStages if t.block_m != 80 else 1)
+    d = padded_head_dim(d)
     return ((k_stages + 1) * t.block_n * d * 2 + stages * 2 * t.block_m * d * 2 + stages * t.block_m * t.block_n * 2
             + t.block_m * d * 4 + stages * 2 * t.block_m * 4
             + K.kMbarrierBytes * (2 * k_stages + 2 + 4 * stages) + K.kVisitSlotBytes * stages + K.kSmemAlign)
@@ -164,15 +175,15 @@ FULL80_MIN_SEQLEN = 4096
 
 def bwd_tile(head_dim: int, causal: bool, compact: bool = False, seqlen_q: int = 0,
              window: tuple = (-1, -1)) -> TileConfig:
-    """The backward main kernel's tile (preprocess / postprocess share block_m and block_n). Head dim 128 without
-    a causal mask or window (``window`` canonical), ``seqlen_q`` >= FULL80_MIN_SEQLEN and per-visit tables: 80
-    queries; ``CUPY_DASH_BWD_FULL_BLOCK_M`` = 64 / 80 forces either for any such call without compact tables
-    (varlen calls pass no ``seqlen_q``)."""
+    """The backward main kernel's tile (preprocess / postprocess share block_m and block_n). Head dim 128 (or 96,
+    padded to 128) without a causal mask or window (``window`` canonical), ``seqlen_q`` >= FULL80_MIN_SEQLEN and
+    per-visit tables: 80 queries; ``CUPY_DASH_BWD_FULL_BLOCK_M`` = 64 / 80 forces either for any such call without
+    compact tables (varlen calls pass no ``seqlen_q``)."""
     check_supported("bfloat16", head_dim)
-    if head_dim == 128 and not causal and not compact:
+    if head_dim in (96, 128) and not causal and not compact:
         forced = config.BWD_FULL_BLOCK_M.get()
         if forced == 80 or (forced is None and seqlen_q >= FULL80_MIN_SEQLEN and tuple(window) == (-1, -1)):
-            return TILES[("bwd_main", 128, "full80")]
+            return TILES[("bwd_main", head_dim, "full80")]
     return TILES[("bwd_main", head_dim)]
 
 
@@ -267,10 +278,10 @@ def expand_spec(varlen: bool = False) -> KernelSpec:
 
 
 def all_specs() -> list:
-    """Every distinct variant the dispatcher can emit (8 fwd + 8 varlen fwd, 4 + 4 varlen preprocess, 16 main +
-    16 compact main + 16 varlen main + 16 compact varlen main, 4 + 4 varlen postprocess, 2 bwd_expand), the
-    soft-capping builds of the forward (16) and the per-visit-table main kernel (32), and the 80-query tile's (head
-    dim 128 full mask: 2 preprocess, 2 postprocess, 8 main)."""
+    """Every distinct variant the dispatcher can emit (12 fwd + 12 varlen fwd, 6 + 6 varlen preprocess, 24 main +
+    24 compact main + 24 varlen main + 24 compact varlen main, 6 + 6 varlen postprocess, 2 bwd_expand), the
+    soft-capping builds of the forward (24) and the per-visit-table main kernel (48), and the 80-query tile's (head
+    dims 96 and 128, full mask: 4 preprocess, 4 postprocess, 16 main)."""
     specs = []
     seen = set()
     for dtype, head_dim, causal in itertools.product(SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS, (False, True)):

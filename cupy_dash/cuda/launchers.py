@@ -104,10 +104,10 @@ class BwdLaunch:
     depend on nothing but these constants and the buffer addresses). ``window``: (left, right) in
     ``schedule.canonical_window`` form. The workspace (one buffer, ``work_bytes``) holds the fp32 / int32 scratch
     arrays at ``offsets`` (each 256-byte aligned): lse_log2 and dpsum ``(B*H, Sq_rounded)`` float32, dq_accum
-    ``(B*H, Sq_rounded, D)`` float32, dq_semaphore ``(B*H, num_m_blocks)`` int32; preprocess initialises them, so
-    the buffer may hold anything. ``zero_kv``: whether dk and dv must be zeroed before the kernels run. ``fold``:
-    whether the main kernel runs preprocess and postprocess itself (:func:`fold_wanted`; a caller may clear it
-    before packing the block, never set it).
+    ``(B*H, Sq_rounded, kernels.padded_head_dim(D))`` float32, dq_semaphore ``(B*H, num_m_blocks)`` int32;
+    preprocess initialises them, so the buffer may hold anything. ``zero_kv``: whether dk and dv must be zeroed
+    before the kernels run. ``fold``: whether the main kernel runs preprocess and postprocess itself
+    (:func:`fold_wanted`; a caller may clear it before packing the block, never set it).
     """
     __slots__ = ("specs", "p", "block_m", "block_n", "num_m_blocks", "sq_rounded", "offsets", "work_bytes",
                  "tables", "deterministic", "spin_timeout_ns", "causal", "window", "zero_kv", "varlen", "row_grid",
@@ -138,7 +138,8 @@ class BwdLaunch:
         check_softcap_build(specs.main, p)
         self.fold = fold_wanted(p, block_m, block_n, self.zero_kv, varlen)
         rows = p.B * p.H * self.sq_rounded
-        sizes = (rows * 4, rows * 4, rows * p.D * 4, p.B * p.H * self.num_m_blocks * 4)
+        # dq_accum rows are the kernels' padded head dim wide (96: 128, kernels.padded_head_dim)
+        sizes = (rows * 4, rows * 4, rows * kernels.padded_head_dim(p.D) * 4, p.B * p.H * self.num_m_blocks * 4)
         self.offsets, total = [], 0
         for n in sizes:
             self.offsets.append(total)

@@ -8,6 +8,10 @@ coordinates ``(0, s0, 0, h, b)`` then writes rows ``[s0, s0 + rows)`` of head ``
 ``rows x 128`` bytes: the layout of ``kernels_src/swizzled_tile.cuh``. Rows past ``S`` read as zeros, so ragged
 last tiles need no masking of the loads (and never read another head's rows).
 
+Head dim 96 (padded to 128 in the kernels, ``kernels_src/tile_tma.cuh``) cannot be cut into whole panels: its map
+is ``{96, S, 1, H, B}`` with the box ``{64, rows, 1, 1, 1}``, which the kernels copy once per panel at columns 0
+and 64. The second box reads columns 96..127 out of bounds as zeros, and a store of it is clipped at column 96.
+
 Maps embed the tensor's address, so they are built per call; :func:`bhsd_map` keeps the last few hundred
 (the same buffers come back step after step under a caching allocator). Needs the CUDA driver (libcuda) but no
 GPU work.
@@ -39,11 +43,11 @@ def _cbd():
 
 def check_encodable(name: str, shape, strides, ptr: int) -> None:
     """Raise ValueError (naming the argument) unless a ``(B, S, H, D)`` tensor can be described by a map: D a
-    multiple of 64, base 16-byte aligned, row / head / batch strides (of dimensions longer than 1) positive
+    multiple of 64 or 96, base 16-byte aligned, row / head / batch strides (of dimensions longer than 1) positive
     multiples of 8 elements (16 bytes), sizes below 2^31."""
     B, S, H, D = shape
-    if D % 64:
-        raise ValueError(f"{name}: head dim {D} is not a multiple of 64")
+    if D % 64 and D != 96:
+        raise ValueError(f"{name}: head dim {D} is neither 96 nor a multiple of 64")
     if ptr % 16:
         raise ValueError(f"{name}: data pointer must be 16-byte aligned for TMA, got 0x{ptr:x}")
     for what, st, n in zip(("batch", "row", "head"), strides, (B, S, H)):
@@ -56,7 +60,8 @@ def check_encodable(name: str, shape, strides, ptr: int) -> None:
 def bhsd_map(ptr: int, dtype: str, shape, strides, box_rows: int, name: str = "tensor",
              box_panels: int | None = None) -> bytes:
     """The 128-byte map of a ``(B, S, H, D)`` tensor (see the module docstring) whose box is ``box_rows`` rows
-    (1..256) by ``box_panels`` 64-column panels (default: the whole head dim). ``strides`` are the
+    (1..256) by ``box_panels`` 64-column panels (default: the whole head dim; head dim 96: always one panel of
+    the ``{96, S, 1, H, B}`` map). ``strides`` are the
     ``(batch, row, head)`` element strides; ``name`` names the argument in errors."""
     key = (ptr, dtype, tuple(shape), tuple(strides), box_rows, box_panels)
     with _lock:
@@ -81,16 +86,18 @@ def _encode(ptr: int, dtype: str, shape, strides, box_rows: int, name: str, box_
     drv = _cbd()
     B, S, H, D = (int(x) for x in shape)
     batch_st, row_st, head_st = (int(x) for x in strides)
-    dims = [64, S, D // 64, H, B]
+    padded = D % 64 != 0         # head dim 96: the real columns innermost, one 64-column box copied per panel
+    dims = [D, S, 1, H, B] if padded else [64, S, D // 64, H, B]
     # dims 1..4 (dim 0 is contiguous); the stride of a dimension of size 1 is never applied, so any valid value
     # (here 128 bytes) replaces what the framework reported there (which may be 0 or unaligned)
     def stride(elements, n):
         return 2 * elements if n > 1 else 128
     byte_strides = [stride(row_st, S), 128, stride(head_st, H), stride(batch_st, B)]
+    panels = 1 if padded else D // 64
     if box_panels is None:
-        box_panels = D // 64
-    if not 1 <= box_panels <= D // 64:
-        raise ValueError(f"tensor map: box panels {box_panels} out of [1, {D // 64}]")
+        box_panels = panels
+    if not 1 <= box_panels <= panels:
+        raise ValueError(f"tensor map: box panels {box_panels} out of [1, {panels}]")
     box = [64, box_rows, box_panels, 1, 1]
     err, tmap = drv.cuTensorMapEncodeTiled(
         getattr(drv.CUtensorMapDataType, _DTYPES[dtype]), 5, ptr,

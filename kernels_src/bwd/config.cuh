@@ -4,6 +4,7 @@
 #include "../common.cuh"
 #include "../constants.cuh"
 #include "../ptx/named_barrier.cuh"
+#include "../tile_tma.cuh"
 #include "../warp_roles.cuh"
 #include "dq_accum_layout.cuh"
 
@@ -15,7 +16,8 @@
 
 namespace bwd {
 
-constexpr int kHeadDim = DASH_HEAD_DIM;
+constexpr int kHeadDimIO = DASH_HEAD_DIM;                // columns of q, k, v, dO, dq, dk, dv in global memory
+constexpr int kHeadDim = padded_head_dim(kHeadDimIO);  // compute width: 96 runs as 128 (tile_tma.cuh)
 constexpr bool kCausal = DASH_CAUSAL != 0;
 #ifndef DASH_SOFTCAP
 #define DASH_SOFTCAP 0
@@ -30,7 +32,7 @@ constexpr int kBlockN = DASH_BLOCK_N;  // keys per KV tile (n_block)
 using namespace roles;  // kNumMmaWg, kWgThreads, kNumThreads, kProducerRegs, kMmaRegs (warp_roles.cuh)
 static_assert(DASH_NUM_THREADS == kNumThreads, "launched with 384 threads");
 
-static_assert(kHeadDim == 64 || kHeadDim == 128, "head dim 64 or 128");
+static_assert(kHeadDimIO == 64 || kHeadDimIO == 96 || kHeadDimIO == 128, "head dim 64, 96 or 128");
 static_assert(kBlockN == 64 * kNumMmaWg, "each MMA warpgroup owns 64 keys: the rows of its S^T, dP^T, dK, dV");
 // dQ = dS K: warpgroup wg computes a 64 x kDqCols piece of the kBlockM x kHeadDim tile. With kBlockM = 128
 // (hdim 64) it owns query rows [64 wg, 64 wg + 64) and every column; with kBlockM = 64 (hdim 128) every row and

@@ -28,7 +28,7 @@ DASH_DEVICE void store_dkv(const BwdParams& p, const Visit& w, const float (&dK)
       elem_t* dk_row = p.dk + seq.batch * p.dk_stride.batch + row * p.dk_stride.row + hd.hk * p.dk_stride.head + col0;
       elem_t* dv_row = p.dv + seq.batch * p.dv_stride.batch + row * p.dv_stride.row + hd.hk * p.dv_stride.head + col0;
 #pragma unroll
-      for (int c = 0; c < kHeadDim / 8; ++c) {
+      for (int c = 0; c < kHeadDimIO / 8; ++c) {  // head dim 96: columns 96..127 (all zero) are not stored
         const int i = 4 * c + 2 * half;
         *reinterpret_cast<uint32_t*>(dk_row + 8 * c) = pack_elem2(dK[i] * scale, dK[i + 1] * scale);
         *reinterpret_cast<uint32_t*>(dv_row + 8 * c) = pack_elem2(dV[i], dV[i + 1]);

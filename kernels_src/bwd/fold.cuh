@@ -65,7 +65,7 @@ DASH_DEVICE void fold_prologue(const BwdParams& p) {
   const int tid = (int)threadIdx.x - kWgThreads;
   if (tid >= 0) {
     for_my_tiles(p, [&](int m_block, int h, int b) {
-      bwd_rows_pass::preprocess_tile<kHeadDim, kBlockM>(p, m_block, h, b, tid);
+      bwd_rows_pass::preprocess_tile<kHeadDimIO, kBlockM>(p, m_block, h, b, tid);
     });
   }
   fence_proxy_async_global();
@@ -98,7 +98,7 @@ DASH_DEVICE void fold_epilogue(const BwdParams& p, int tid) {
   }
   named_barrier_sync<kBarFold, kMmaThreads>();
   for_my_tiles(p, [&](int m_block, int h, int b) {
-    bwd_rows_pass::postprocess_tile<kHeadDim, kBlockM>(p, m_block, h, b, tid);
+    bwd_rows_pass::postprocess_tile<kHeadDimIO, kBlockM>(p, m_block, h, b, tid);
   });
   if (blockIdx.x == 0 && tid == 0) {
     wait_count(p, kErrorWordExit, (int)gridDim.x);

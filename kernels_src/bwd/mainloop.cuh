@@ -160,9 +160,10 @@ DASH_DEVICE void softmax_grad(uint32_t (&dSa)[kBlockM / 16][4], const uint32_t (
 }
 
 // acc (64 keys x kBlockM queries) = A B^T over the head dim, A = this warpgroup's 64 rows of K or V (a_desc at
-// k-step 0), B = the Q or dO tile; both K-major: S^T = K Q^T, dP^T = V dO^T. Issues the wgmmas, no commit.
+// k-step 0), B = the Q or dO tile; both K-major: S^T = K Q^T, dP^T = V dO^T. Issues the wgmmas, no commit. Head
+// dim 96: the k-steps of the zero columns 96..127 are skipped.
 DASH_DEVICE void gemm_keys_by_queries(float (&acc)[kSRegs], uint64_t a_desc, uint32_t b_tile) {
-  gemm_ss_kmajor<kBlockM, kHeadDim / 16, TileKV, TileQ>(acc, a_desc, TileQ::kmajor(b_tile, 0));
+  gemm_ss_kmajor<kBlockM, kHeadDimIO / 16, TileKV, TileQ>(acc, a_desc, TileQ::kmajor(b_tile, 0));
 }
 
 // acc (64 keys x kHeadDim) += A B, A = rounded fragments of P^T or dS^T (64 keys x kBlockM queries), B = the dO or

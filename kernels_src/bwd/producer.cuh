@@ -6,14 +6,15 @@
 #include "../params.cuh"
 #include "../ptx/mbarrier.cuh"
 #include "../ptx/tma.cuh"
+#include "../tile_tma.cuh"
 #include "../schedule_view.cuh"
 #include "config.cuh"
 #include "pipeline.cuh"
 
 namespace bwd {
 
-// NOTES: tensor maps are 5-D {64, S, D / 64, H, B} (bwd_tensor_maps in cupy_dash/cuda/tensormap.py): a box of
-// {64, rows, D / 64, 1, 1} lands as the 64-column panels of a SwizzledTile; rows past S are zero-filled.
+// NOTES: tiles land as SwizzledTiles (tile_tma.cuh: the tensor maps, head dim 96 padded); rows past S are
+// zero-filled.
 // lse_log2 and dpsum rows are padded to seqlen_q_rounded by preprocess, so their copies need no bounds. Varlen
 // builds: the maps cover the packed tensors as one batch, so the last tile of a sequence also loads rows of the
 // next one (masked in the mainloop: keys by the sequence's Sk, queries by their +inf lse_log2).
@@ -40,23 +41,23 @@ DASH_DEVICE void produce(const BwdParams& p, const ScheduleView& sched, const Sm
     wait_phase(p, s.q_empty(stage), phase ^ 1);
     VisitSlot::publish(s.visit(stage), w, first, last);
     mbar_arrive_expect_tx(s.q_full(stage), kQBytes);
-    tma_load_5d(s.q(stage), &p.tma_q, s.q_full(stage), 0, q_row, 0, hd.h, seq.batch);
+    tma_load_tile<kBlockM, kHeadDimIO>(s.q(stage), &p.tma_q, s.q_full(stage), q_row, hd.h, seq.batch);
     bulk_load(s.lse(stage), p.lse_log2 + row_offset, SmemLayout::kRow, s.q_full(stage));
 
     if (first) {
       const int kbuf = groups % kKStages;
       wait_phase(p, s.k_empty(kbuf), ((groups / kKStages) & 1) ^ 1);
       mbar_arrive_expect_tx(s.k_full(kbuf), SmemLayout::kKV);
-      tma_load_5d(s.k(kbuf), &p.tma_k, s.k_full(kbuf), 0, k_row, 0, hd.hk, seq.batch);
+      tma_load_tile<kBlockN, kHeadDimIO>(s.k(kbuf), &p.tma_k, s.k_full(kbuf), k_row, hd.hk, seq.batch);
       wait_phase(p, s.v_empty(), (groups & 1) ^ 1);
       mbar_arrive_expect_tx(s.v_full(), SmemLayout::kKV);
-      tma_load_5d(s.v(), &p.tma_v, s.v_full(), 0, k_row, 0, hd.hk, seq.batch);
+      tma_load_tile<kBlockN, kHeadDimIO>(s.v(), &p.tma_v, s.v_full(), k_row, hd.hk, seq.batch);
       ++groups;
     }
 
     wait_phase(p, s.do_empty(stage), phase ^ 1);
     mbar_arrive_expect_tx(s.do_full(stage), kQBytes);
-    tma_load_5d(s.dout(stage), &p.tma_do, s.do_full(stage), 0, q_row, 0, hd.h, seq.batch);
+    tma_load_tile<kBlockM, kHeadDimIO>(s.dout(stage), &p.tma_do, s.do_full(stage), q_row, hd.h, seq.batch);
     bulk_load(s.dpsum(stage), p.dpsum + row_offset, SmemLayout::kRow, s.do_full(stage));
     prev = w;
     w = next;

@@ -7,6 +7,7 @@
 #include "../constants.cuh"
 #include "../params.cuh"
 #include "../ptx/cvt.cuh"
+#include "../tile_tma.cuh"
 #include "dq_accum_layout.cuh"
 
 namespace bwd_rows_pass {
@@ -30,11 +31,13 @@ DASH_DEVICE float dot_chunk(const uint4& a, const uint4& b) {
 // no key (lse == -inf), get lse_log2 = +inf so that the main kernel's P = exp2(S * scale_log2 - lse_log2) is
 // exactly 0 there; their dpsum is 0. In varlen builds the rows past a sequence's end in its last Q tile are the
 // next sequence's queries: this +inf is their only mask.
-template <int kHeadDim, int kBlockM>
+// kHeadDimIO: the head dim of out and dout (dpsum reads its columns), dq_accum rows are padded_head_dim of it.
+template <int kHeadDimIO, int kBlockM>
 DASH_DEVICE void preprocess_tile(const BwdParams& p, int m_block, int h, int b, int tid) {
+  constexpr int kHeadDim = padded_head_dim(kHeadDimIO);
   constexpr int kThreadsPerRow = kPassThreads / kBlockM >= 2 ? 2 * (kPassThreads / kBlockM / 2) : 1;
-  constexpr int kChunksPerThread = kHeadDim / 8 / kThreadsPerRow;
-  static_assert((kHeadDim / 8) % kThreadsPerRow == 0 && 32 % kThreadsPerRow == 0, "row split");
+  constexpr int kChunksPerThread = kHeadDimIO / 8 / kThreadsPerRow;
+  static_assert((kHeadDimIO / 8) % kThreadsPerRow == 0 && 32 % kThreadsPerRow == 0, "row split");
   static_assert(kThreadsPerRow * kBlockM % 32 == 0, "whole warps take the rows (the shuffles below), the rest idle");
   const BwdRows<kBlockM> seq(p, b, h);
   if (m_block * kBlockM >= seq.seqlen_q) return;  // varlen grids cover the longest sequence
@@ -94,8 +97,11 @@ DASH_DEVICE void store8(elem_t* dst, float a0, float a1, float a2, float a3, flo
 // allocates dq contiguous). dq_accum and the semaphore are read with ld.global.cg (L2): in a folded backward
 // other CTAs of the same kernel wrote them. Deterministic mode: a tile no visit reached (rows that see no key)
 // was never written, its semaphore is 0, and its dq rows are 0.
-template <int kHeadDim, int kBlockM>
+// kHeadDimIO: dq's head dim; dq_accum rows are padded_head_dim of it, and the padding columns (zero) are not
+// stored (a group's 8 or 16 columns lie all below 96 or all above).
+template <int kHeadDimIO, int kBlockM>
 DASH_DEVICE void postprocess_tile(const BwdParams& p, int m_block, int h, int b, int tid) {
+  constexpr int kHeadDim = padded_head_dim(kHeadDimIO);
   using Layout = DqAccumLayout<kBlockM, kHeadDim>;
   static_assert(Layout::kTransposed || Layout::kTileGroups % kPassThreads == 0, "tile split");
   const BwdRows<kBlockM> seq(p, b, h);
@@ -114,6 +120,7 @@ DASH_DEVICE void postprocess_tile(const BwdParams& p, int m_block, int h, int b,
 #pragma unroll
       for (int i = 0; i < 8; ++i) a[i] = reached ? __ldcg(dq_accum + vec + 4 * i) : make_float4(0.f, 0.f, 0.f, 0.f);
       const int64_t row = row0 + q;
+      if (kHeadDimIO != kHeadDim && col >= kHeadDimIO) continue;
       if (row < seq.seqlen_q) {
         elem_t* dst = dq + row * p.dq_stride.row + col;
         store8(dst, a[0].x, a[1].x, a[2].x, a[3].x, a[4].x, a[5].x, a[6].x, a[7].x, scale);
@@ -134,6 +141,7 @@ DASH_DEVICE void postprocess_tile(const BwdParams& p, int m_block, int h, int b,
 #pragma unroll
       for (int j = 0; j < 4; ++j) a[j] = reached ? __ldcg(dq_accum + vec + j) : make_float4(0.f, 0.f, 0.f, 0.f);
       const int64_t row = row0 + r;
+      if (kHeadDimIO != kHeadDim && col >= kHeadDimIO) continue;
       if (row < seq.seqlen_q) {
         store8(dq + row * p.dq_stride.row + col, a[0].x, a[0].y, a[1].x, a[1].y, a[2].x, a[2].y, a[3].x, a[3].y,
                scale);

@@ -4,6 +4,7 @@
 #include "../common.cuh"
 #include "../constants.cuh"
 #include "../params.cuh"
+#include "../tile_tma.cuh"
 #include "../varlen_span.cuh"
 #include "../warp_roles.cuh"
 
@@ -19,7 +20,9 @@
 
 namespace fwd {
 
-constexpr int kHeadDim = DASH_HEAD_DIM;
+constexpr int kHeadDimIO = DASH_HEAD_DIM;                // columns of q, k, v and out in global memory
+constexpr int kHeadDim = padded_head_dim(kHeadDimIO);  // compute width: 96 runs as 128 (tile_tma.cuh)
+constexpr bool kPadded = kHeadDim != kHeadDimIO;
 constexpr bool kVarlen = DASH_VARLEN != 0;  // packed variable-length sequences (FwdParams::cu_seqlens_q/k)
 constexpr bool kCausal = DASH_CAUSAL != 0;
 #ifndef DASH_SOFTCAP
@@ -34,8 +37,8 @@ constexpr int kBlockN = DASH_BLOCK_N;  // keys per KV tile (n_block)
 using namespace roles;  // kNumMmaWg, kWgThreads, kNumThreads, kProducerRegs, kMmaRegs (warp_roles.cuh)
 static_assert(DASH_NUM_THREADS == kNumThreads, "launched with 384 threads");
 
-static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 192 || kHeadDim == 256,
-              "head dim 64 or 128 (192 and 256: compiled by the tests, not offered yet)");
+static_assert(kHeadDimIO == 64 || kHeadDimIO == 96 || kHeadDimIO == 128 || kHeadDimIO == 192 || kHeadDimIO == 256,
+              "head dim 64, 96 or 128 (192 and 256: compiled by the tests, not offered yet)");
 static_assert(kBlockM == 64 * kNumMmaWg, "each MMA warpgroup owns 64 query rows");
 static_assert(kBlockN == 64 || kBlockN == 128, "the wgmma wrappers have N = 64 or 128");
 

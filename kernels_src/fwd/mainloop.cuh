@@ -99,9 +99,10 @@ DASH_DEVICE void mask_scores(float (&S)[kSRegs], int key0, const KeyRange& keys,
   }
 }
 
-// S = Q_wg K^T over the head dim (both K-major). Issues the wgmmas, no commit.
+// S = Q_wg K^T over the head dim (both K-major). Issues the wgmmas, no commit. Head dim 96: the k-steps of the
+// zero columns 96..127 are skipped.
 DASH_DEVICE void gemm_qk(float (&S)[kSRegs], uint64_t q_desc, uint32_t k_tile) {
-  gemm_ss_kmajor<kBlockN, kHeadDim / 16, TileQ, TileKV>(S, q_desc, TileKV::kmajor(k_tile, 0));
+  gemm_ss_kmajor<kBlockN, kHeadDimIO / 16, TileQ, TileKV>(S, q_desc, TileKV::kmajor(k_tile, 0));
 }
 
 // O += P V over the keys, P as register A fragments, V the MN-major B operand. Issues the wgmmas, no commit.

@@ -4,19 +4,20 @@
 #include "../params.cuh"
 #include "../ptx/mbarrier.cuh"
 #include "../ptx/tma.cuh"
+#include "../tile_tma.cuh"
 #include "config.cuh"
 
 namespace fwd {
 
-// NOTES: tensor maps are 5-D {64, S, D / 64, H, B} (cupy_dash/cuda/tensormap.py): a box of {64, rows, D / 64, 1, 1}
-// lands as the 64-column panels of a SwizzledTile; rows past S are zero-filled (masked or never stored).
+// NOTES: tiles land as SwizzledTiles (tile_tma.cuh: the tensor maps, head dim 96 padded); rows past S are
+// zero-filled (masked or never stored).
 // Load i of a ring uses stage i % kStages at parity (i / kStages) & 1; the producer waits for the opposite
 // parity on the empty barrier, which a fresh barrier grants for the first kStages loads.
 DASH_DEVICE void load_kv_tile(const TmaDesc* map, uint32_t dst, uint32_t full, uint32_t empty, int i, int n_block,
                               const Tile& t) {
   mbar_wait(empty, ((i / kStages) & 1) ^ 1);
   mbar_arrive_expect_tx(full, SmemLayout::kKV);
-  tma_load_5d(dst, map, full, 0, t.row_k + n_block * kBlockN, 0, t.hk, t.batch);
+  tma_load_tile<kBlockN, kHeadDimIO>(dst, map, full, t.row_k + n_block * kBlockN, t.hk, t.batch);
 }
 
 DASH_DEVICE void produce(const FwdParams& p, const Smem& s, const Tile& t) {
@@ -25,7 +26,7 @@ DASH_DEVICE void produce(const FwdParams& p, const Smem& s, const Tile& t) {
   tma_prefetch_desc(&p.tma_k);
   tma_prefetch_desc(&p.tma_v);
   mbar_arrive_expect_tx(s.q_full(), SmemLayout::kQ);
-  tma_load_5d(s.q(), &p.tma_q, s.q_full(), 0, t.row_q + t.m_block * kBlockM, 0, t.h, t.batch);
+  tma_load_tile<kBlockM, kHeadDimIO>(s.q(), &p.tma_q, s.q_full(), t.row_q + t.m_block * kBlockM, t.h, t.batch);
   const int last = t.n_block_min + t.n_blocks - 1;
   const auto load_k = [&](int i) {
     load_kv_tile(&p.tma_k, s.k(i % kStages), s.k_full(i % kStages), s.k_empty(i % kStages), i, last - i, t);

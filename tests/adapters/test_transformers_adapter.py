@@ -80,7 +80,7 @@ def test_cu_seqlens():
 
 GEMMA2 = types.SimpleNamespace(attn_logit_softcapping=50.0, final_logit_softcapping=30.0, attention_dropout=0.0,
                                head_dim=256)
-LLAMA = types.SimpleNamespace(attention_dropout=0.1, hidden_dropout=0.1, head_dim=96)
+LLAMA = types.SimpleNamespace(attention_dropout=0.1, hidden_dropout=0.1, head_dim=160)
 BERT = types.SimpleNamespace(attention_probs_dropout_prob=0.2, hidden_dropout_prob=0.1, hidden_size=512)
 
 
@@ -107,9 +107,10 @@ def test_errors_name_the_model_setting():
 
 def test_head_dim_and_mask_errors():
     rules.check_head_dims(LLAMA, 64, 64)
+    rules.check_head_dims(LLAMA, 96, 96)            # Phi: the head-dim-128 kernels, padded
     rules.check_head_dims(LLAMA, 128, 128)
-    with pytest.raises(NotImplementedError, match=r"head dim 96.*config\.head_dim"):
-        rules.check_head_dims(LLAMA, 96, 96)
+    with pytest.raises(NotImplementedError, match=r"head dim 160.*64, 96 or 128.*config\.head_dim"):
+        rules.check_head_dims(LLAMA, 160, 160)
     with pytest.raises(NotImplementedError, match="value head dim 64"):
         rules.check_head_dims(LLAMA, 128, 64)
     rules.check_mask(2, "torch.bool", False)

@@ -38,6 +38,8 @@ pytestmark = pytest.mark.gpu
 
 HDIMS = (64, 128)
 SEQLENS = ((1, 1), (17, 17), (128, 128), (255, 255), (1000, 1000), (2048, 2048), (300, 1000), (1000, 300))
+# head dim 96 (the head-dim-128 kernels padded): fewer lengths, the ragged ones
+D96_SEQLENS = ((17, 17), (255, 255), (1000, 1000), (300, 1000), (1000, 300))
 
 # lse is fp32 (natural-log units). FA3's rule would allow 2x the error of the low-precision baseline (whose lse
 # comes from scores rounded to bf16/fp16: ~5e-3 for bf16) plus LSE_ATOL; but the kernels compute the scores of
@@ -53,6 +55,7 @@ ATOMIC_REPEATS = 20
 # ----------------------------------------------------------------------------------------------------------------
 CASES = [Case(dt, d, causal, sq, sk)
          for dt in DTYPES for d in HDIMS for causal in (True, False) for sq, sk in SEQLENS]
+CASES += [Case(dt, 96, causal, sq, sk) for dt in DTYPES for causal in (True, False) for sq, sk in D96_SEQLENS]
 
 
 def _backward_params():
@@ -181,9 +184,10 @@ def test_backward(case, schedule):
     reference.assert_close_fa3("dv", dv_h, data["dv_ref"], data["dv_lowp"])
 
 
-# The 80-query tile (kernels.bwd_tile): head dim 128, no mask, from FULL80_MIN_SEQLEN queries on, with a partial
-# last Q tile and several KV tiles per CTA.
-LONG_FULL_CASES = [Case("bf16", 128, False, 4197, 4300, batch=1, heads=2)]
+# The 80-query tile (kernels.bwd_tile): head dim 128 (and 96, padded), no mask, from FULL80_MIN_SEQLEN queries on,
+# with a partial last Q tile and several KV tiles per CTA.
+LONG_FULL_CASES = [Case("bf16", 128, False, 4197, 4300, batch=1, heads=2),
+                   Case("bf16", 96, False, 4197, 4300, batch=1, heads=2)]
 
 
 @pytest.mark.parametrize("schedule", ["auto", "shift", ATOMIC])
@@ -246,6 +250,7 @@ def test_backward_small_grid_matches_reference(case, schedule, num_ctas):
 
 EMPTY_ROW_CASES = [Case("bf16", d, True, sq, sk) for d in HDIMS
                    for sq, sk in ((64, 63), (129, 1), (200, 7), (513, 200))]
+EMPTY_ROW_CASES += [Case("bf16", 96, True, sq, sk) for sq, sk in ((129, 1), (513, 200))]
 
 
 @pytest.mark.parametrize("case,schedule", _count_uses([pytest.param(c, s, id=f"{c.id}-{s}")

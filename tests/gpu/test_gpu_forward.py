@@ -87,7 +87,8 @@ GQA_SHAPES = [Shape(dt, d, causal, sq, sk, 2, 8, hkv)
               for dt, d, causal, sq, sk, hkv in [
                   ("bf16", 128, True, 1000, 1000, 1), ("bf16", 128, False, 777, 1500, 2),
                   ("bf16", 64, True, 1500, 777, 2), ("bf16", 64, False, 513, 513, 8),
-                  ("fp16", 128, True, 300, 1000, 4), ("fp16", 64, False, 1000, 300, 1)]]
+                  ("fp16", 128, True, 300, 1000, 4), ("fp16", 64, False, 1000, 300, 1),
+                  ("bf16", 96, True, 1000, 1000, 2), ("fp16", 96, False, 777, 1500, 1)]]
 
 
 @pytest.mark.parametrize("shape", GQA_SHAPES, ids=lambda s: s.id)
@@ -98,7 +99,7 @@ def test_forward_grouped_kv_heads(shape):
     _check(shape, q, k, v, out, lse)
 
 
-@pytest.mark.parametrize("hdim", [64, 128])
+@pytest.mark.parametrize("hdim", [64, 96, 128])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_forward_strided_packed_qkv(hdim, causal):
     """q, k, v as views into one (B, S, 3, H, D) buffer: row stride 3 H D, head stride D, read in place by TMA."""
@@ -114,7 +115,8 @@ def test_forward_strided_packed_qkv(hdim, causal):
 
 @pytest.mark.parametrize("shape", [Shape("bf16", 128, True, 4096, 4096, 1, 2, 2),
                                    Shape("bf16", 64, False, 3000, 5000, 1, 2, 1),
-                                   Shape("bf16", 128, False, 4097, 4097, 1, 1, 1)], ids=lambda s: s.id)
+                                   Shape("bf16", 128, False, 4097, 4097, 1, 1, 1),
+                                   Shape("bf16", 96, True, 4097, 4097, 1, 2, 1)], ids=lambda s: s.id)
 def test_forward_long_sequences(shape):
     """Many KV tiles per CTA (32-40): the K / V stage rings wrap many times and the online softmax rescales
     across them."""
@@ -125,7 +127,7 @@ def test_forward_long_sequences(shape):
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("hdim", [64, 128])
+@pytest.mark.parametrize("hdim", [64, 96, 128])
 def test_forward_bitwise_repeatable(hdim, causal):
     shape = Shape("bf16", hdim, causal, 2048, 2048, 2, 8, 8)
     q, k, v = (_dev(x) for x in _inputs(shape))
@@ -148,7 +150,9 @@ WINDOW_CASES = [(Shape("bf16", 128, False, 1000, 1000, 2, 4, 4), (100, 50)),
                 (Shape("fp16", 128, False, 513, 513, 2, 2, 2), (0, 0)),
                 (Shape("bf16", 128, False, 300, 1000, 2, 2, 2), (-1, 130)),
                 (Shape("bf16", 64, True, 2048, 2048, 1, 2, 2), (511, -1)),
-                (Shape("bf16", 128, False, 1000, 300, 1, 2, 2), (10, 5))]
+                (Shape("bf16", 128, False, 1000, 300, 1, 2, 2), (10, 5)),
+                (Shape("bf16", 96, False, 1000, 1000, 2, 4, 2), (100, 50)),
+                (Shape("bf16", 96, True, 777, 1500, 1, 2, 2), (257, -1))]
 
 
 @pytest.mark.parametrize("shape,window", WINDOW_CASES, ids=lambda x: x.id if isinstance(x, Shape) else

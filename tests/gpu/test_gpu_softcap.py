@@ -67,7 +67,7 @@ def test_deterministic_backward_repeats_its_bits(c):
     assert_backward_repeats((do, q, k, v, out, lse), data["kw"], 20)
 
 
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 96, 128])
 def test_a_cap_above_every_logit_changes_nothing_but_rounding(d):
     """With c = 1e4 tanh(x / c) * c = x to ~1e-9 relative: the capped builds must agree with the plain ones to
     the rounding of their inputs' precision and tanh.approx's 2^-11 relative error (logits of a few units: lse
@@ -95,7 +95,7 @@ def test_bad_caps_raise_naming_softcap(bad, error):
         cupy_dash.attention_backward(q, q, q, q, q, cupy.zeros((1, 1, 16), cupy.float32), softcap=bad)
 
 
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 96, 128])
 def test_varlen_gives_each_sequence_the_bits_of_its_fixed_length_call(d):
     """Packed sequences with a cap: every sequence's out, lse and (schedule "descending": dQ tiles add in KV-tile
     order) dq, dk, dv are bitwise those of the fixed-length capped call on it alone."""

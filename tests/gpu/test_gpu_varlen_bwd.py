@@ -90,6 +90,15 @@ def test_varlen_backward_per_sequence(lengths, hdim, causal, window, schedule):
                 reference.assert_close_fa3(f"sequence {b}: {name}", a[None, rows], r64, rlp)
 
 
+@pytest.mark.parametrize("schedule", ["fa3", "auto"])
+@pytest.mark.parametrize("window", [(-1, -1), (100, 50)], ids=["nowindow", "window"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("lengths", list(LENGTHS), ids=str)
+def test_varlen_backward_per_sequence_head_dim_96(lengths, causal, window, schedule):
+    """Head dim 96 (the head-dim-128 kernels padded): the checks of test_varlen_backward_per_sequence."""
+    test_varlen_backward_per_sequence(lengths, 96, causal, window, schedule)
+
+
 @pytest.mark.parametrize("schedule", ["auto", "fa3"])
 def test_varlen_backward_bits_repeat_and_host_cu_seqlens(schedule):
     h, dev, window = _problem("mixed", 128, True, (-1, -1), H=8, Hkv=8, seed=7)
@@ -286,7 +295,7 @@ def test_jax_varlen_matches_the_functional_api():
         assert (np.asarray(g).view(np.int16) == np.asarray(w).view(np.int16)).all(), f"second packing: {name}"
 
 
-@pytest.mark.parametrize("hdim", [64, 128])
+@pytest.mark.parametrize("hdim", [64, 96, 128])
 def test_varlen_backward_fp16(hdim):
     """fp16 inputs: the fp16 varlen kernels against the float64 reference and, with fa3, the sequence alone."""
     h, dev, _ = _problem("mixed", hdim, True, (-1, -1), seed=9, dtype=np.float16)

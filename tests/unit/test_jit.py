@@ -201,7 +201,7 @@ def test_pack_bwd_params_every_field():
 def test_all_specs_cover_every_combination():
     specs = kernels.all_specs()
     labels = [s.label for s in specs]
-    assert len(set(labels)) == len(labels) == len(set(specs)) == 16 + 8 + 64 + 8 + 2 + 16 + 32 + 12
+    assert len(set(labels)) == len(labels) == len(set(specs)) == 24 + 12 + 96 + 12 + 2 + 24 + 48 + 24
     expected = {kernels.expand_spec(False), kernels.expand_spec(True)}
     for dtype, d, causal in itertools.product(kernels.SUPPORTED_DTYPES, kernels.SUPPORTED_HEAD_DIMS, (0, 1)):
         expected.add(kernels.fwd_spec(dtype, d, bool(causal)))
@@ -213,15 +213,15 @@ def test_all_specs_cover_every_combination():
             expected.add(kernels.bwd_specs(dtype, d, bool(causal), det, compact=True, varlen=True).main)
             for varlen in (False, True):
                 expected.add(kernels.bwd_specs(dtype, d, bool(causal), det, varlen=varlen, softcap=True).main)
-            for softcap in (False, True):       # the 80-query tile (head dim 128, full mask)
+            for softcap in (False, True):       # the 80-query tile (head dims 96 and 128, full mask)
                 expected.update(kernels.bwd_specs(dtype, d, bool(causal), det, softcap=softcap,
                                                   seqlen_q=kernels.FULL80_MIN_SEQLEN))
         for varlen in (False, True):
             expected.add(kernels.fwd_spec(dtype, d, bool(causal), varlen=varlen, softcap=True))
     assert expected == set(specs)
     by_kernel = {name: [s for s in specs if s.kernel == name] for name in kernels.KERNEL_NAMES}
-    assert {k: len(v) for k, v in by_kernel.items()} == {"fwd": 32, "bwd_preprocess": 10, "bwd_main": 104,
-                                                         "bwd_postprocess": 10, "bwd_expand": 2}
+    assert {k: len(v) for k, v in by_kernel.items()} == {"fwd": 48, "bwd_preprocess": 16, "bwd_main": 160,
+                                                         "bwd_postprocess": 16, "bwd_expand": 2}
     assert kernels.expand_spec(True).label == "bwd_expand[bf16,d64,varlen,compact]"
     for s in specs:
         d = dict(s.defines)
@@ -233,15 +233,21 @@ def test_all_specs_cover_every_combination():
     assert kernels.fwd_spec("float16", 64, False).label == "fwd[fp16,d64,full]"
     assert kernels.fwd_spec("bfloat16", 128, True, varlen=True).label == "fwd[bf16,d128,causal,varlen]"
     assert kernels.bwd_specs("float16", 64, False, False).main.label == "bwd_main[fp16,d64,full,atomic]"
+    assert kernels.fwd_spec("bfloat16", 96, True).label == "fwd[bf16,d96,causal]"
+    assert kernels.bwd_specs("bfloat16", 96, False, True, seqlen_q=kernels.FULL80_MIN_SEQLEN).main.label == \
+        "bwd_main[bf16,d96,m80,full,det]"
 
 
 def test_tile_plan_and_smem():
-    for d, (bm, bn) in ((64, (128, 128)), (128, (64, 128))):
-        f, b = kernels.fwd_tile(d), kernels.bwd_tile(d, True)
-        fs = kernels.fwd_spec("bfloat16", d, False)
+    for d_io, (bm, bn) in ((64, (128, 128)), (96, (64, 128)), (128, (64, 128))):
+        d = 128 if d_io == 96 else d_io      # head dim 96 runs the head-dim-128 kernels padded
+        assert kernels.padded_head_dim(d_io) == d
+        f, b = kernels.fwd_tile(d_io), kernels.bwd_tile(d_io, True)
+        fs = kernels.fwd_spec("bfloat16", d_io, False)
+        assert dict(fs.defines)["DASH_HEAD_DIM"] == d_io
         # the forward: Q; K, V x2 stages; 9 barriers; 1 KB of alignment slack (fwd/config.cuh static_asserts it)
         assert fs.smem_bytes == (f.block_m + 4 * f.block_n) * d * 2 + 72 + 1024 and fs.threads == f.threads == 384
-        pre, main, post = kernels.bwd_specs("bfloat16", d, False, True)
+        pre, main, post = kernels.bwd_specs("bfloat16", d_io, False, True)
         # the main kernel: 384 threads; smem as bwd/config.cuh lays it out (the kernel static_asserts the same
         # number, so compile --all checks the formula): K x2, V; Q, dO, dS x2; fp32 dQ; lse, dpsum x2; 14
         # barriers; a 16-byte visit slot per stage; 1 KB of alignment slack
@@ -255,7 +261,10 @@ def test_tile_plan_and_smem():
     with pytest.raises(ValueError):
         kernels.fwd_spec("float32", 64, False)
     with pytest.raises(ValueError):
-        kernels.bwd_specs("bfloat16", 96, False, True)
+        kernels.bwd_specs("bfloat16", 160, False, True)
+    for bad in (80, 160):
+        with pytest.raises(ValueError, match="head_dim"):
+            kernels.fwd_spec("bfloat16", bad, False)
 
 
 def test_kernel_dir_has_sources():
@@ -459,7 +468,7 @@ extern "C" __global__ void dash_bwd_preprocess(const __grid_constant__ BwdParams
     assert "bwd_preprocess[bf16,d128]: (C7508)" in err
 
 
-@pytest.mark.parametrize("argv", [[], ["--all", "--head-dim", "64"], ["--head-dim", "96"], ["--dtype", "fp32"],
+@pytest.mark.parametrize("argv", [[], ["--all", "--head-dim", "64"], ["--head-dim", "160"], ["--dtype", "fp32"],
                                   ["--kernel", "nope"], ["--bogus"]])
 def test_cli_compile_bad_arguments(argv, capsys):
     with pytest.raises(SystemExit) as info:

@@ -52,6 +52,25 @@ def test_forward_params():
     assert launchers.fwd_grid(p, 128) == (2, 4, 2)
 
 
+def test_backward_workspace_head_dim_96():
+    """Head dim 96: dq_accum rows are the kernels' padded 128 columns; dq, dk, dv and the maps keep 96."""
+    p = problem(Sq=200, D=96)
+    specs = kernels.bwd_specs("bfloat16", 96, True, True)
+    tile = kernels.bwd_tile(96, True)
+    c = launchers.BwdLaunch(specs, tile.block_m, tile.block_n, p, True, 12345, True, (-1, 0))
+    rows = 2 * 4 * c.sq_rounded
+    assert c.offsets[3] - c.offsets[2] >= rows * 128 * 4
+    assert launchers.kv_bytes(p) == 2 * 320 * 2 * 96 * 2
+    q_st, kv_st = (200 * 4 * 96, 4 * 96, 96), (320 * 2 * 96, 2 * 96, 96)
+    ptr = types.SimpleNamespace
+    c.tables = ptr(visits=ptr(data=ptr(ptr=0xA000)), rank=ptr(data=ptr(ptr=0xB000)),
+                   cta_start=ptr(data=ptr(ptr=0xC000)), num_ctas=33, policy="shift")
+    operands = ((0x1000, q_st), (0x2000, kv_st), (0x3000, kv_st), (0x4000, q_st), (0x5000, q_st))
+    f = launchers.bwd_params(c, operands, 0x6000, 0x100000, (0x7000, 0x8000, 0x9000), (0xD000, 0xF000), 0)[0]
+    assert unmap(f["tma_q"])[2] == (2, 200, 4, 96) and unmap(f["tma_k"])[2] == (2, 320, 2, 96)
+    assert tuple(f["dq_stride"].tolist()) == q_st
+
+
 @pytest.mark.parametrize("deterministic", [True, False])
 def test_backward_workspace_and_params(deterministic):
     p = problem(Sq=200)

@@ -60,7 +60,7 @@ def test_argument_errors_come_first(machine):
     """Bad arguments are reported as such on any machine, before the GPU check."""
     machine("none", "no NVIDIA driver is installed", 0)
     with pytest.raises(ValueError, match="head_dim"):
-        prepare(head_dim=96)
+        prepare(head_dim=160)
     with pytest.raises(ValueError, match="num_heads % num_heads_kv"):
         prepare(num_heads=3)
     for bad in (-1, "cuda:0", True, 0.0):

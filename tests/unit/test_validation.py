@@ -107,11 +107,11 @@ def test_lse_shape_mismatch():
 # --------------------------------------------------------------------------------------------------------------
 # head dim, heads, sizes
 # --------------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("D", [96, 32, 256])
+@pytest.mark.parametrize("D", [80, 160, 32, 256])
 def test_head_dim_not_supported(D):
     t = make(D=D)
-    raises(NotImplementedError, lambda: fwd(t), "q:", "64", "128", str(D))
-    raises(NotImplementedError, lambda: bwd(t), "q:", "64", "128")
+    raises(NotImplementedError, lambda: fwd(t), "q:", "head dim", "64", "96", "128", str(D))
+    raises(NotImplementedError, lambda: bwd(t), "q:", "head dim", "64", "96", "128")
 
 
 def test_heads_not_divisible():
@@ -211,6 +211,20 @@ def test_bad_window(window, causal, exc, match, gpu_work_log):
 def test_window_as_the_kernel_gets_it(window, causal, want):
     from cupy_dash.core import api
     assert api._check_window(window, causal) == want
+
+
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+def test_head_dim_96_passes_validation(direction, gpu_work_log):
+    """Head dim 96 (the head-dim-128 kernels padded) is supported: validation passes, the call reaches GPU work, and
+    the default scale is 1 / sqrt(96)."""
+    import math
+    from cupy_dash.core import api
+    t = fake(make(D=96))
+    with pytest.raises(GpuTouched):
+        (fwd if direction == "forward" else bwd)(t)
+    assert gpu_work_log
+    p = api.validate(t["q"], t["k"], t["v"], t["do"], t["out"], t["lse"], backward=direction == "backward")
+    assert p.D == 96 and p.scale == pytest.approx(1 / math.sqrt(96))
 
 
 @pytest.mark.parametrize("H,Hkv", [(8, 2), (8, 1)], ids=["gqa", "mqa"])
@@ -357,7 +371,7 @@ def _bad_calls():
         "dtype": lambda: fwd(make(dtype=F32)),
         "rank": lambda: fwd(with_(q=np.zeros((2, 96, 64), BF16))),
         "shape": lambda: bwd(with_(out=np.zeros((2, 95, 4, 64), BF16))),
-        "head_dim": lambda: bwd(make(D=96)),
+        "head_dim": lambda: bwd(make(D=160)),
         "heads": lambda: fwd(make(H=6, Hkv=4)),
         "empty": lambda: fwd(make(Sk=0)),
         "scale": lambda: bwd(make(), softmax_scale=-1.0),

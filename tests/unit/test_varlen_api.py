@@ -38,7 +38,7 @@ def call(**over):
     (dict(q=np.zeros((1, 300, 4, 64), BF16)), ValueError, "q: expected a 3-D packed tensor"),
     (dict(causal="yes"), TypeError, "causal"),
     (dict(window=(1, 2, 3)), TypeError, "window"),
-    (dict(q=np.zeros((300, 4, 96), BF16), k=np.zeros((500, 2, 96), BF16), v=np.zeros((500, 2, 96), BF16)),
+    (dict(q=np.zeros((300, 4, 160), BF16), k=np.zeros((500, 2, 160), BF16), v=np.zeros((500, 2, 160), BF16)),
      NotImplementedError, "head dim"),
     (dict(), ValueError, "CUDA device"),                   # numpy arrays: everything else was fine
 ])

@@ -162,4 +162,4 @@ def test_prepared_tables_are_the_ones_the_backward_uses(no_gpu, monkeypatch):
     with pytest.raises(ValueError, match="num_heads % num_heads_kv"):
         cupy_dash.prepare_varlen_backward(cu, cu, 200, 200, num_heads=4, num_heads_kv=3, head_dim=D)
     with pytest.raises(ValueError, match="head_dim"):
-        cupy_dash.prepare_varlen_backward(cu, cu, 200, 200, num_heads=4, num_heads_kv=2, head_dim=96)
+        cupy_dash.prepare_varlen_backward(cu, cu, 200, 200, num_heads=4, num_heads_kv=2, head_dim=160)

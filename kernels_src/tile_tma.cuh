@@ -1,0 +1,28 @@
+// Head dims in global memory and in the kernels, and the TMA loads of whole SwizzledTiles (swizzled_tile.cuh) of a
+// (B, S, H, D) tensor that bridge the two (tensor maps: cupy_dash/cuda/tensormap.py).
+#pragma once
+#include "common.cuh"
+#include "ptx/tma.cuh"
+
+// NOTES: head dim 96 runs the head-dim-128 kernels padded (docs/decisions/tile-plans.md "Head dim 96"): every
+// shared-memory tile, wgmma, accumulator and dq_accum row is 128 columns wide, columns 96..127 are zero in Q, K,
+// V and dO, so they add nothing to S, dP, O, dV, dK or dQ; only global memory is 96 columns wide.
+constexpr int padded_head_dim(int head_dim) { return head_dim == 96 ? 128 : head_dim; }
+
+// NOTES: maps of head dim 64 or 128 are {64, S, D / 64, H, B} with a box of every panel: one copy per tile. Maps of
+// head dim 96 are {96, S, 1, H, B} with a box of one 64-column panel, copied once per panel at column 64 p: the
+// box at column 64 reads columns 96..127 out of bounds, which TMA writes as zeros and counts in the transaction
+// bytes, so the expected bytes stay the whole tile's. Rows past S are zero-filled either way.
+// One tile of kRows rows from row `row` of head `head`, batch `batch` into dst, completing on bar; kHeadDimIO: the
+// tensor's head dim.
+template <int kRows, int kHeadDimIO>
+DASH_DEVICE void tma_load_tile(uint32_t dst, const TmaDesc* map, uint32_t bar, int row, int head, int batch) {
+  if constexpr (padded_head_dim(kHeadDimIO) != kHeadDimIO) {
+#pragma unroll
+    for (int panel = 0; panel < padded_head_dim(kHeadDimIO) / 64; ++panel) {
+      tma_load_5d(dst + panel * kRows * 128, map, bar, 64 * panel, row, 0, head, batch);
+    }
+  } else {
+    tma_load_5d(dst, map, bar, 0, row, 0, head, batch);
+  }
+}
