@@ -2,7 +2,7 @@
 # One device run on the H200: install, compile, GPU tests, demo, benchmarks; every log under $OUT.
 #   bash benchmarks/device_run.sh [smoke|fwd|tests|bench|integration|long|gqa|varlen_bench|long1m|varlen_step|
 #                                  fold|fold_bench|varlen_events|sanitize|ncu|engine|engine_bench|
-#                                  engine_ab|dq_writers|multi_gpu|first|first2|fa3_bench|fa3_full|final|tile80|tests2|all]
+#                                  engine_ab|dq_writers|multi_gpu|first|first2|fa3_bench|fa3_full|final|tile80|d96|tests2|all]
 #                                  [extra pytest args...]
 # "engine": the backward kernel's GPU tests (every family: MHA, GQA, compact, varlen, fold, window, portable);
 # "engine_bench": the backward at the issue's shapes, this tree against the kernels in .ab/kernels_src (an older
@@ -26,7 +26,7 @@ if [ -n "${FA3_WHL:-}" ]; then
   $py -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >"$OUT/fa3_install.log" 2>&1 && export PYTHONPATH=/tmp/site
 fi
 case "$stage" in   # these stages compile only the kernels they run, on first use
-  ncu|engine_bench|dq_writers|first|first2|fa3_bench|fa3_full|final|tile80) ;;
+  ncu|engine_bench|dq_writers|first|first2|fa3_bench|fa3_full|final|tile80|d96) ;;
   *) $py -m cupy_dash compile --all -j 16 >/tmp/compile.log 2>&1 || { tail -20 /tmp/compile.log; exit 1; }
      tail -1 /tmp/compile.log ;;
 esac
@@ -260,6 +260,14 @@ if [ "$stage" = tile80 ]; then   # CUPY_DASH_BWD_FULL_BLOCK_M=80 (FA3's full-mas
     grep -E "^\| (cupy_dash|fa3|FA3).*bwd" /tmp/first/tile$m.md | head -9 | sed "s/^/m=$m /"
   done
   (cd /tmp/first && tar czf "$OUT/tile80.tgz" *.log *.json *.md)
+fi
+if [ "$stage" = d96 ]; then   # head dim 96 (the head-dim-128 kernels padded): its GPU tests, then its speed beside d128
+  timeout 330 $py -m pytest tests/gpu/test_gpu_forward.py tests/gpu/test_gpu_attention.py tests/gpu/test_gpu_gqa.py \
+    tests/gpu/test_gpu_varlen.py tests/gpu/test_gpu_varlen_bwd.py tests/gpu/test_gpu_softcap.py tests/gpu/test_gpu_fold.py \
+    -q -rf --maxfail=10 -p no:cacheprovider -k 96 2>&1 | tee "$OUT/d96_tests.log" | tail -12
+  timeout 220 $py benchmarks/bench.py --hdims 96 128 --masks full causal --seqlens 1024 4096 16384 --tokens 16384 \
+    --hidden 1536 --schedules auto atomic --no-fa3 --no-overhead --no-compile --repeats 10 --warmup 2 --input-sets 1 \
+    --out "$OUT/d96_bench.json" 2>&1 | grep -E "^\| cupy_dash" | head -16
 fi
 if [ "$stage" = varlen_step ]; then   # a new packing's host cost per training step (decisions/table-forms.md)
   timeout 60 $py benchmarks/varlen_plan_cpu.py --packings 200 2>&1 | tee "$OUT/varlen_plan_cpu.txt"
