@@ -47,7 +47,7 @@ constexpr int kDqCols = DqLayout::kCols;
 
 // Accumulator registers per thread (m64nN fp32: N / 2).
 constexpr int kSRegs = kBlockM / 2;     // S^T and dP^T: 64 keys x kBlockM queries
-constexpr int kDkvRegs = kHeadDim / 2;  // dK and dV: 64 keys x kHeadDim
+constexpr int kDkvRegs = kHeadDimIO / 2;  // dK and dV: 64 keys x kHeadDimIO (head dim 96: N = 96, no padding)
 constexpr int kDqRegs = kDqCols / 2;    // dQ piece: 64 x kDqCols
 
 #ifndef DASH_DQ_WRITERS

@@ -166,7 +166,7 @@ DASH_DEVICE void gemm_keys_by_queries(float (&acc)[kSRegs], uint64_t a_desc, uin
   gemm_ss_kmajor<kBlockM, kHeadDimIO / 16, TileKV, TileQ>(acc, a_desc, TileQ::kmajor(b_tile, 0));
 }
 
-// acc (64 keys x kHeadDim) += A B, A = rounded fragments of P^T or dS^T (64 keys x kBlockM queries), B = the dO or
+// acc (64 keys x kHeadDimIO) += A B, A = rounded fragments of P^T or dS^T (64 keys x kBlockM queries), B = the dO or
 // Q tile as an MN-major operand: dV += P^T dO, dK += dS^T Q. restart: the first k-step ignores acc (new KV tile).
 // Issues the wgmmas, no commit.
 DASH_DEVICE void gemm_accumulate_rs(float (&acc)[kDkvRegs], const uint32_t (&a)[kBlockM / 16][4], uint32_t b_tile,
@@ -174,7 +174,7 @@ DASH_DEVICE void gemm_accumulate_rs(float (&acc)[kDkvRegs], const uint32_t (&a)[
   const uint64_t b_desc = TileQ::mnmajor(b_tile, 0);
 #pragma unroll
   for (int ks = 0; ks < kBlockM / 16; ++ks) {
-    wgmma_rs<kHeadDim, 1>(acc, a[ks], desc_advance(b_desc, TileQ::mnmajor_step(ks)), !(restart && ks == 0));
+    wgmma_rs<kHeadDimIO, 1>(acc, a[ks], desc_advance(b_desc, TileQ::mnmajor_step(ks)), !(restart && ks == 0));
   }
 }
 

@@ -44,7 +44,7 @@ static_assert(kBlockN == 64 || kBlockN == 128, "the wgmma wrappers have N = 64 o
 
 // Accumulator registers per thread (m64nN fp32: N / 2).
 constexpr int kSRegs = kBlockN / 2;   // S = Q K^T, then P: 64 queries x kBlockN keys
-constexpr int kORegs = kHeadDim / 2;  // O: 64 queries x kHeadDim
+constexpr int kORegs = (kPadded ? kHeadDimIO : kHeadDim) / 2;  // O: 64 queries x the head dim (96: N = 96)
 
 // K and V buffers (separate pipelines); DASH_KV_STAGES overrides the default for tile sweeps
 // (benchmarks/fwd_tiles.py).

@@ -56,7 +56,7 @@ DASH_DEVICE void store_output(const FwdParams& p, const Smem& s, const Tile& t, 
   }
 #pragma unroll
   for (int i = 0; i < kORegs; ++i) O[i] *= inv_sum[(i / 2) % 2];
-  uint32_t Oa[kHeadDim / 16][4];
+  uint32_t Oa[kORegs / 8][4];   // head dim 96: columns 96..127 of the staged tile are left as they are (not stored)
   pack_fragments<kORegs>(Oa, O);
   store_rows<kBlockM>(s.q(), Oa, 64 * wg, tid);
   fence_proxy_async_smem();

@@ -107,11 +107,13 @@ DASH_DEVICE void gemm_qk(float (&S)[kSRegs], uint64_t q_desc, uint32_t k_tile) {
 
 // O += P V over the keys, P as register A fragments, V the MN-major B operand. Issues the wgmmas, no commit.
 // NOTES: the head dim in chunks of at most 128 columns (the wgmma wrappers' N): registers 64 ch .. of O are columns
-// 128 ch .. of the m64 accumulator, so each chunk is a contiguous slice of O (one chunk at head dims 64 and 128).
+// 128 ch .. of the m64 accumulator, so each chunk is a contiguous slice of O (one chunk at head dims 64, 96 and
+// 128; head dim 96: N = 96 across one and a half panels of V, its zero columns not computed).
 DASH_DEVICE void gemm_pv(float (&O)[kORegs], const uint32_t (&Pa)[kBlockN / 16][4], uint32_t v_tile) {
-  constexpr int kChunk = kHeadDim % 128 == 0 ? 128 : 64;
+  constexpr int kCols = 2 * kORegs;
+  constexpr int kChunk = kCols % 128 == 0 ? 128 : kCols == 96 ? 96 : 64;
 #pragma unroll
-  for (int ch = 0; ch < kHeadDim / kChunk; ++ch) {
+  for (int ch = 0; ch < kCols / kChunk; ++ch) {
     const uint64_t v_desc = TileKV::mnmajor(v_tile, ch * kChunk);
     float(&o)[kChunk / 2] = *reinterpret_cast<float(*)[kChunk / 2]>(&O[ch * (kChunk / 2)]);
 #pragma unroll

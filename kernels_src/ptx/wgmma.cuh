@@ -1,7 +1,8 @@
 // PTX ISA "Asynchronous Warpgroup Level Matrix Multiply-Accumulate: wgmma" — wgmma.fence / commit_group /
 // wait_group, the shared-memory matrix descriptor (128B swizzle), and wgmma.mma_async m64nNk16 with fp32
 // accumulators, A from shared memory (SS) or from registers (RS), for N = 64 and 128 (SS also 80: the backward's
-// 80-query tile, and 32 and 96: the head-dim-96 probe, tests/gpu/kernels/wgmma_n96.cu).
+// 80-query tile, and 32 and 96: the head-dim-96 probe, tests/gpu/kernels/wgmma_n96.cu; RS also 96: O, dV and dK
+// at head dim 96).
 #pragma once
 #include "../common.cuh"
 
@@ -98,8 +99,14 @@ DASH_DEVICE void wgmma_ss(float (&d)[kN / 2], uint64_t a_desc, uint64_t b_desc, 
 // 1 = N-major.
 template <int kN, int kTransB>
 DASH_DEVICE void wgmma_rs(float (&d)[kN / 2], const uint32_t (&a)[4], uint64_t b_desc, int accumulate) {
-  static_assert(kN == 64 || kN == 128, "wgmma_rs: N = 64 or 128");
-  if constexpr (kN == 64) {
+  static_assert(kN == 64 || kN == 96 || kN == 128, "wgmma_rs: N = 64, 96 or 128");
+  if constexpr (kN == 96) {   // head dim 96: an N-major B across one and a half 64-column panels
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %53, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n96k16" DASH_WGMMA_TYPES " {" DASH_REGS48 "}, {%48, %49, %50, "
+                 "%51}, %52, p, 1, 1, %54;\n}\n"
+                 : DASH_ACC48(d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate), "n"(kTransB));
+  } else if constexpr (kN == 64) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n64k16" DASH_WGMMA_TYPES " {" DASH_REGS32 "}, {%32, %33, %34, %35}, "
                  "%36, p, 1, 1, %38;\n}\n"
