@@ -5,22 +5,32 @@
 #include "ptx/tma.cuh"
 
 // NOTES: head dim 96 runs the head-dim-128 kernels padded (docs/decisions/tile-plans.md "Head dim 96"): every
-// shared-memory tile, wgmma, accumulator and dq_accum row is 128 columns wide, columns 96..127 are zero in Q, K,
-// V and dO, so they add nothing to S, dP, O, dV, dK or dQ; only global memory is 96 columns wide.
+// shared-memory tile, the dQ accumulator and dq_accum rows are 128 columns wide, columns 96..127 are zero in Q,
+// K, V and dO, so they add nothing to S, dP or dQ; O, dV and dK are computed 96 wide (m64n96k16); global memory is
+// 96 columns wide.
 constexpr int padded_head_dim(int head_dim) { return head_dim == 96 ? 128 : head_dim; }
 
 // NOTES: maps of head dim 64 or 128 are {64, S, D / 64, H, B} with a box of every panel: one copy per tile. Maps of
 // head dim 96 are {96, S, 1, H, B} with a box of one 64-column panel, copied once per panel at column 64 p: the
 // box at column 64 reads columns 96..127 out of bounds, which TMA writes as zeros and counts in the transaction
 // bytes, so the expected bytes stay the whole tile's. Rows past S are zero-filled either way.
+// Where 64-column panel p of a tile sits in the map of a tensor of head dim kHeadDimIO: (column, panel index).
+template <int kHeadDimIO>
+struct MapPanel {
+  static constexpr bool kByColumn = padded_head_dim(kHeadDimIO) != kHeadDimIO;  // the {96, S, 1, H, B} map
+  static constexpr int col(int panel) { return kByColumn ? 64 * panel : 0; }
+  static constexpr int index(int panel) { return kByColumn ? 0 : panel; }
+};
+
 // One tile of kRows rows from row `row` of head `head`, batch `batch` into dst, completing on bar; kHeadDimIO: the
 // tensor's head dim.
 template <int kRows, int kHeadDimIO>
 DASH_DEVICE void tma_load_tile(uint32_t dst, const TmaDesc* map, uint32_t bar, int row, int head, int batch) {
-  if constexpr (padded_head_dim(kHeadDimIO) != kHeadDimIO) {
+  using Panel = MapPanel<kHeadDimIO>;
+  if constexpr (Panel::kByColumn) {
 #pragma unroll
     for (int panel = 0; panel < padded_head_dim(kHeadDimIO) / 64; ++panel) {
-      tma_load_5d(dst + panel * kRows * 128, map, bar, 64 * panel, row, 0, head, batch);
+      tma_load_5d(dst + panel * kRows * 128, map, bar, Panel::col(panel), row, Panel::index(panel), head, batch);
     }
   } else {
     tma_load_5d(dst, map, bar, 0, row, 0, head, batch);

@@ -114,7 +114,7 @@ def no_gpu(monkeypatch):
         enqueued.append(dict(c=c, params=block, grads=grads, slot=slot, launches=launches))
     monkeypatch.setattr(launchers, "enqueue_backward", enqueue)
     monkeypatch.setattr(errors, "poll_errors", lambda: None)
-    monkeypatch.setattr(varlen, "_poll_errors", lambda: None)
+    monkeypatch.setattr(api, "_poll_errors", lambda: None)
     fastpath_varlen.clear()
     yield enqueued
     fastpath_varlen.clear()

@@ -238,6 +238,15 @@ def _new(fw, device_id, shape, dtype):
     return a, a.data.ptr
 
 
+def call_start(q) -> bool:
+    """Whether the caller's current stream on ``q``'s device is capturing a CUDA graph; an eager call first raises
+    the error of an earlier call that has failed since (:func:`check_errors`)."""
+    capturing = interop.capturing(q)
+    if not capturing:
+        _poll_errors()
+    return capturing
+
+
 def _not_warm(what, p, causal) -> RuntimeError:
     """The error for a call captured into a CUDA graph before its resources exist (see the module docstring)."""
     return RuntimeError(
@@ -287,9 +296,7 @@ def attention_forward(q, k, v, *, causal=False, softmax_scale=None, window=(-1, 
         result = fastpath.forward(fast_key, q, k, v)
         if result is not None:
             return result
-    capturing = interop.capturing(q)
-    if not capturing:
-        _poll_errors()
+    capturing = call_start(q)
     causal = check_flag("causal", causal)
     window = _check_window(window, causal)
     p = validate(q, k, v, softmax_scale=softmax_scale, softcap=softcap)
@@ -385,9 +392,7 @@ def _backward_with_plan(do, q, k, v, out, lse, *, plan, causal=False, softmax_sc
 
 def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, deterministic, plan, spin_timeout_ns,
               timeline, window, fast_key=None, softcap=0.0):
-    capturing = interop.capturing(q)
-    if not capturing:
-        _poll_errors()
+    capturing = call_start(q)
     causal, deterministic = check_flag("causal", causal), check_flag("deterministic", deterministic)
     window = _check_window(window, causal)
     p = validate(q, k, v, do, out, lse, softmax_scale=softmax_scale,
@@ -422,10 +427,8 @@ def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, determinis
     compact = plan is None and timeline is None and compact_device.wanted(Sq, Sk, tile.block_m, tile.block_n, B * H,
                                                                           causal, window, capped)
     if capturing:
-        with cupy.cuda.Device(dev):
-            cold = [s.label for s in kernels.bwd_specs(p.dtype, D, causal, deterministic, compact=compact,
-                                                       softcap=capped, seqlen_q=tile_sq, window=window)
-                    if not jit.is_loaded(s)]
+        cold = jit.not_loaded(kernels.bwd_specs(p.dtype, D, causal, deterministic, compact=compact,
+                                                softcap=capped, seqlen_q=tile_sq, window=window), dev)
         if cold:
             raise _not_warm(f"the kernels {', '.join(cold)} are not loaded yet", p, causal)
     specs, bm, bn, max_ctas = kernels.bwd_entry(dev, p.dtype, D, causal, deterministic, timeline is not None,

@@ -36,7 +36,7 @@ import numpy as np
 from .. import config, gpu
 from .. import schedule as _schedule
 from ..cuda import kernels, launchers, varlen_device
-from ..cuda.errors import keep_alive, poll_errors as _poll_errors
+from ..cuda.errors import keep_alive
 from . import api, fastpath_varlen, interop, varlen_host_cu
 from .varlen_launch import (_tables, check_max_seqlen, check_max_within, check_same_count, cu_seqlens_values,
                             packing_launch)
@@ -93,9 +93,7 @@ def attention_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, 
         result = fastpath_varlen.forward(fast_key, q, k, v, cu_seqlens_q, cu_seqlens_k)
         if result is not None:
             return result
-    capturing = interop.capturing(q)
-    if not capturing:
-        _poll_errors()
+    capturing = api.call_start(q)
     causal = api.check_flag("causal", causal)
     window = api._check_window(window, causal)
     max_q = check_max_seqlen("max_seqlen_q", max_seqlen_q)
@@ -265,9 +263,7 @@ def attention_backward_varlen(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
         result = fastpath_varlen.backward(fast_key, do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
         if result is not None:
             return result
-    capturing = interop.capturing(q)
-    if not capturing:
-        _poll_errors()
+    capturing = api.call_start(q)
     causal = api.check_flag("causal", causal)
     deterministic = api.check_flag("deterministic", deterministic)
     window = api._check_window(window, causal)

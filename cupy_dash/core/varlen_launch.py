@@ -9,8 +9,6 @@ import numbers
 
 import numpy as np
 
-import cupy
-
 from .. import config
 from ..cuda import jit, kernels, launchers, varlen_device
 from ..schedule import compact_device, varlen_pack
@@ -60,9 +58,8 @@ def _entry(dev, dtype, D, causal, deterministic, compact, softcap, capture) -> t
     """kernels.bwd_entry of a varlen backward on device ``dev``; ``capture``: raises _Cold unless its three kernels
     are loaded there already (as api._backward checks the fixed-length ones)."""
     if capture:
-        with cupy.cuda.Device(dev):
-            cold = [s.label for s in kernels.bwd_specs(dtype, D, causal, deterministic, compact=compact, varlen=True,
-                                                       softcap=softcap) if not jit.is_loaded(s)]
+        cold = jit.not_loaded(kernels.bwd_specs(dtype, D, causal, deterministic, compact=compact, varlen=True,
+                                                softcap=softcap), dev)
         if cold:
             raise _Cold(f"the varlen kernels {', '.join(cold)} are not loaded yet")
     return kernels.bwd_entry(dev, dtype, D, causal, deterministic, compact=compact, varlen=True, softcap=softcap)

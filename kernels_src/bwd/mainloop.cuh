@@ -54,11 +54,7 @@ struct RowWindow {
   }
 };
 
-#if DASH_COMPACT
-constexpr bool kCompactTables = true;
-#else
-constexpr bool kCompactTables = false;
-#endif
+constexpr bool kCompactTables = DASH_COMPACT != 0;  // schedule_view.cuh defaults the define to 0
 // NOTES: lse_log2 and dpsum of a thread's query columns are loaded into registers early (lse while S^T runs,
 // dpsum before the dP^T wait) where registers allow: the 64-query tile without soft-capping or compact tables.
 // The others (128 queries at head dim 64, the 80-query tile, soft-capping, compact tables: 8-64 bytes of spills
@@ -136,7 +132,7 @@ DASH_DEVICE float softcap_factor_from_prob(float p, float lse_log2, float inv_sc
 // registers of an MMA warpgroup (measured 241), and then ptxas serializes the wgmmas and spills.
 DASH_DEVICE void softmax_grad(uint32_t (&dSa)[kBlockM / 16][4], const uint32_t (&Pa)[kBlockM / 16][4],
                               const float (&dP)[kSRegs], const RowValues& dpsum, const uint32_t (&dT)[kDtRegs],
-                              const float* lse_log2, float inv_scale_log2, const Fragment& f) {
+                              const RowValues& lse_log2, float inv_scale_log2) {
 #pragma unroll
   for (int ks = 0; ks < kBlockM / 16; ++ks) {
 #pragma unroll
@@ -150,7 +146,7 @@ DASH_DEVICE void softmax_grad(uint32_t (&dSa)[kBlockM / 16][4], const uint32_t (
         ds0 *= t.x;
         ds1 *= t.y;
       } else if constexpr (kSoftcap) {
-        const float2 l = *reinterpret_cast<const float2*>(lse_log2 + 8 * (i / 4) + f.col0);
+        const float2 l = lse_log2[i / 4];
         ds0 *= softcap_factor_from_prob(prob.x, l.x, inv_scale_log2);
         ds1 *= softcap_factor_from_prob(prob.y, l.y, inv_scale_log2);
       }
@@ -221,8 +217,7 @@ DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_gen
   gemm_keys_by_queries(S, k_desc, s.q(stage));
   wgmma_commit();
   // NOTES: lse_log2 into registers while S^T runs (its loads complete before the waits below, under S^T).
-  const float* lse = reinterpret_cast<const float*>(smem_generic + (s.lse(stage) - s.base));
-  const RowValues lse_row(lse, f);
+  const RowValues lse_row(reinterpret_cast<const float*>(smem_generic + (s.lse(stage) - s.base)), f);
   if (first_in_group) wait_phase(p, s.v_full(), group & 1);
   wait_phase(p, s.do_full(stage), phase);
   wgmma_fence();  // NOTES: not required by the ISA here, but ptxas 13.0 injects one (C7519) after the wait loop
@@ -246,7 +241,7 @@ DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_gen
   pack_fragments<kSRegs>(Pa, S);
   wgmma_wait<0>();
   wgmma_fence_operand(dP);
-  softmax_grad(dSa, Pa, dP, dpsum_row, dT, lse, kSoftcap ? 1.f / p.softmax_scale_log2 : 0.f, f);
+  softmax_grad(dSa, Pa, dP, dpsum_row, dT, lse_row, kSoftcap ? 1.f / p.softmax_scale_log2 : 0.f);
   // dS^T also to shared memory for dQ, which needs the keys of both warpgroups.
   store_transposed<kBlockM>(s.ds(stage), dSa, 64 * wg, tid);
   if (last_in_group && tid == 0) mbar_arrive(s.v_empty());  // dP^T was V's last use

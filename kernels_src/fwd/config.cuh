@@ -22,7 +22,6 @@ namespace fwd {
 
 constexpr int kHeadDimIO = DASH_HEAD_DIM;                // columns of q, k, v and out in global memory
 constexpr int kHeadDim = padded_head_dim(kHeadDimIO);  // compute width: 96 runs as 128 (tile_tma.cuh)
-constexpr bool kPadded = kHeadDim != kHeadDimIO;
 constexpr bool kVarlen = DASH_VARLEN != 0;  // packed variable-length sequences (FwdParams::cu_seqlens_q/k)
 constexpr bool kCausal = DASH_CAUSAL != 0;
 #ifndef DASH_SOFTCAP
@@ -44,7 +43,7 @@ static_assert(kBlockN == 64 || kBlockN == 128, "the wgmma wrappers have N = 64 o
 
 // Accumulator registers per thread (m64nN fp32: N / 2).
 constexpr int kSRegs = kBlockN / 2;   // S = Q K^T, then P: 64 queries x kBlockN keys
-constexpr int kORegs = (kPadded ? kHeadDimIO : kHeadDim) / 2;  // O: 64 queries x the head dim (96: N = 96)
+constexpr int kORegs = kHeadDimIO / 2;  // O: 64 queries x the head dim (96: N = 96, not padded)
 
 // K and V buffers (separate pipelines); DASH_KV_STAGES overrides the default for tile sweeps
 // (benchmarks/fwd_tiles.py).

@@ -72,8 +72,8 @@ DASH_DEVICE void store_output(const FwdParams& p, const Smem& s, const Tile& t, 
     // tile_tma.cuh): the box at column 64 is clipped at column 96
 #pragma unroll
     for (int panel = 0; panel < kHeadDim / 64; ++panel) {
-      tma_store_5d(&p.tma_o, s.q() + panel * TileQ::kPanelBytes + 64 * wg * 128, kPadded ? 64 * panel : 0,
-                   t.row_q + row_first, kPadded ? 0 : panel, t.h, t.batch);
+      tma_store_5d(&p.tma_o, s.q() + panel * TileQ::kPanelBytes + 64 * wg * 128, MapPanel<kHeadDimIO>::col(panel),
+                   t.row_q + row_first, MapPanel<kHeadDimIO>::index(panel), t.h, t.batch);
     }
     bulk_commit();
     bulk_wait_read<0>();  // the shared memory must outlive the reads of the store

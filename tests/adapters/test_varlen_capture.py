@@ -64,7 +64,7 @@ def graphs(no_gpu, monkeypatch):
         return (kernels.bwd_specs(dtype, D, causal, deterministic, timeline, compact, varlen, softcap=softcap),
                 tile.block_m, tile.block_n, 132)
     monkeypatch.setattr(kernels, "bwd_entry", bwd_entry)
-    monkeypatch.setattr(jit, "is_loaded", lambda spec: state.loaded)
+    monkeypatch.setattr(jit, "not_loaded", lambda specs, dev: [] if state.loaded else [s.label for s in specs])
 
     class Stream(contextlib.nullcontext):
         def __init__(self, ptr):
@@ -99,7 +99,7 @@ def graphs(no_gpu, monkeypatch):
 
     def check():
         state.checks += 1
-    monkeypatch.setattr(varlen, "_poll_errors", poll)
+    monkeypatch.setattr(api, "_poll_errors", poll)
     monkeypatch.setattr(api, "check_errors", check)
     monkeypatch.setenv("CUPY_DASH_SYNC_ERRORS", "1")          # eager calls check; captured ones must not
 

@@ -161,7 +161,7 @@ def test_loaded_kernels_are_memoized_per_current_device(monkeypatch):
     monkeypatch.setattr(jit, "_loaded", {})
     f0 = jit.load(spec)
     devices.current = 1
-    assert not jit.is_loaded(spec)
+    assert not jit.is_loaded(spec) and jit.not_loaded([spec], 1) == [spec.label] and jit.not_loaded([spec], 0) == []
     f1 = jit.load(spec)
     assert (f0.device, f1.device) == (0, 1) and len(modules) == 2 and jit.is_loaded(spec)
     devices.current = 0

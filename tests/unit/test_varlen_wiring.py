@@ -106,7 +106,7 @@ def test_backward_varlen_parameter_block(no_gpu, monkeypatch):
         enqueued.update(c=c, params=params[0], grads=grads, slot=slot, call=call)
     monkeypatch.setattr(launchers, "enqueue_backward", enqueue)
     monkeypatch.setattr(errors, "poll_errors", lambda: None)
-    monkeypatch.setattr(varlen, "_poll_errors", lambda: None)
+    monkeypatch.setattr(api, "_poll_errors", lambda: None)
 
     dq, dk, dv = cupy_dash.attention_backward_varlen(do, q, k, v, out, lse, cu_q, cu_k, 200, 240, causal=True,
                                                      schedule="fa3")
@@ -151,7 +151,7 @@ def test_prepared_tables_are_the_ones_the_backward_uses(no_gpu, monkeypatch):
     monkeypatch.setattr(varlen_device, "device", device)
     monkeypatch.setattr(api, "acquire_slot", lambda dev: P(dptr=0x9000, hdev=0x9800))
     monkeypatch.setattr(launchers, "enqueue_backward", lambda *a, **kw: None)
-    monkeypatch.setattr(varlen, "_poll_errors", lambda: None)
+    monkeypatch.setattr(api, "_poll_errors", lambda: None)
     cupy_dash.prepare_varlen_backward(list(cu), cu, 200, 200, num_heads=H, num_heads_kv=Hkv, head_dim=D,
                                       dtype="bf16", causal=True, window=(500, 0), stream=Stream())
     cupy_dash.attention_backward_varlen(do, q, k, v, out, lse, cu, cu, 200, 200, causal=True, window=(500, 0))
