@@ -131,23 +131,32 @@ if [ "$stage" = ncu ]; then   # Nsight Compute: our main backward kernel and FA3
     2>&1 | tee /tmp/ncu/profile_bwd.log | tail -20
   (cd /tmp/ncu && tar czf "$OUT/ncu.tgz" *.csv *.log)
 fi
-if [ "$stage" = engine ]; then
-  timeout 330 $py -m pytest tests/gpu/test_gpu_attention.py tests/gpu/test_gpu_gqa.py tests/gpu/test_gpu_compact.py \
+if [ "$stage" = engine ]; then   # with .ab/kernels_src: that tree's kernels compile meanwhile, then the bits compare
+  mkdir -p /tmp/eb
+  if [ -d .ab/kernels_src ]; then
+    $py benchmarks/with_kernels.py .ab/kernels_src cupy_dash compile --head-dim 64 --head-dim 128 -j 8 \
+      >/tmp/eb/compile_old.log 2>&1 &
+  fi
+  timeout 360 $py -m pytest tests/gpu/test_gpu_attention.py tests/gpu/test_gpu_gqa.py tests/gpu/test_gpu_compact.py \
     tests/gpu/test_gpu_varlen_bwd.py tests/gpu/test_gpu_fold.py tests/gpu/test_gpu_window.py \
     tests/gpu/test_gpu_portable.py -q -ra --maxfail=5 "$@" 2>&1 | tee "$OUT/engine_tests.log" | tail -12
+  if [ -d .ab/kernels_src ]; then wait; tail -1 /tmp/eb/compile_old.log; stage=engine_bits; fi
   if grep -qE "[0-9]+ (failed|error)" "$OUT/engine_tests.log"; then exit 1; fi
 fi
-if [ "$stage" = engine_bench ]; then
+if [ "$stage" = engine_bench ] || [ "$stage" = engine_bits ]; then   # the bits of both kernel versions, once
   mkdir -p /tmp/eb
-  timeout 120 $py benchmarks/bits_digest.py --out /tmp/eb/bits_new.json >/tmp/eb/bits.log 2>&1
-  timeout 120 $py benchmarks/with_kernels.py .ab/kernels_src benchmarks/bits_digest.py --out /tmp/eb/bits_old.json \
-    >>/tmp/eb/bits.log 2>&1
+  [ -f /tmp/eb/bits_new.json ] || timeout 120 $py benchmarks/bits_digest.py --out /tmp/eb/bits_new.json >/tmp/eb/bits.log 2>&1
+  [ -f /tmp/eb/bits_old.json ] || timeout 120 $py benchmarks/with_kernels.py .ab/kernels_src benchmarks/bits_digest.py \
+    --out /tmp/eb/bits_old.json >>/tmp/eb/bits.log 2>&1
   $py benchmarks/bits_digest.py --compare /tmp/eb/bits_new.json /tmp/eb/bits_old.json | tee -a "$OUT/engine_bench.log"
+  cp /tmp/eb/bits*.json "$OUT/"
+fi
+if [ "$stage" = engine_bench ]; then
   common="--no-torch --no-overhead --no-compile --schedules auto atomic --repeats 20 --warmup 3"
   for ver in new old; do
     run=("$py" benchmarks/bench.py); fa3=""
     [ $ver = old ] && run=("$py" benchmarks/with_kernels.py .ab/kernels_src benchmarks/bench.py) && fa3=--no-fa3
-    timeout 240 "${run[@]}" --hdims 128 --masks full --seqlens 1280 3840 15360 $common $fa3 \
+    timeout 240 "${run[@]}" --hdims 128 --masks full --seqlens 1280 3840 15360 --tokens 15360 $common $fa3 \
       --out /tmp/eb/${ver}_d128_full.json 2>&1 | tee -a "$OUT/engine_bench.log" | grep -E "bwd|fwd" | tail -12
     timeout 150 "${run[@]}" --hdims 128 --masks causal --seqlens 2048 8192 16384 $common $fa3 \
       --out /tmp/eb/${ver}_d128_causal.json 2>&1 | grep -E "bwd|fwd" | tee -a "$OUT/engine_bench.log" | tail -12
