@@ -6,7 +6,8 @@
 #                                  [extra pytest args...]
 # "engine": the backward kernel's GPU tests (every family: MHA, GQA, compact, varlen, fold, window, portable);
 # "engine_bench": the backward at the issue's shapes, this tree against the kernels in .ab/kernels_src (an older
-# tree's, carried: git archive <commit> kernels_src | tar -x -C .ab), FA3 beside it when FA3_WHL=1, then ncu.
+# tree's, carried: git archive <commit> kernels_src | tar -x -C .ab) and .ab2/kernels_src if present, FA3 beside it
+# when FA3_WHL=1, then ncu. pytest runs get SIGINT at their limit, so that the summary still names the failures.
 # "varlen_step": a new packing's host cost, build and upload; "fold": the folded backward's tests, then
 # the whole suite; "fold_bench": its GPU and host time. Earlier one-off stages are in this file's
 # history; the writer-rank-ahead experiment is benchmarks/patches/writer_rank_ahead.patch (measured, not
@@ -31,16 +32,16 @@ case "$stage" in   # these stages compile only the kernels they run, on first us
      tail -1 /tmp/compile.log ;;
 esac
 if [ "$stage" = smoke ] || [ "$stage" = all ]; then
-  timeout 300 $py -m pytest tests/gpu/test_gpu_attention.py -q -x --maxfail=3 -k "d64-full-sq128-sk128 or d128-causal-sq300-sk1000" "$@" 2>&1 | tee "$OUT/smoke.log" | tail -25
+  timeout -s INT -k 30 300 $py -m pytest tests/gpu/test_gpu_attention.py -q -x --maxfail=3 -k "d64-full-sq128-sk128 or d128-causal-sq300-sk1000" "$@" 2>&1 | tee "$OUT/smoke.log" | tail -25
 fi
 if [ "$stage" = fwd ]; then
-  timeout 200 $py -m pytest tests/gpu/test_gpu_forward.py tests/gpu/test_gpu_attention.py -q -x --maxfail=3 \
+  timeout -s INT -k 30 200 $py -m pytest tests/gpu/test_gpu_forward.py tests/gpu/test_gpu_attention.py -q -x --maxfail=3 \
     -k "forward or rows_without" 2>&1 | tee "$OUT/fwd_tests.log" | tail -15
   timeout 300 $py benchmarks/bench.py --fwd-only --no-overhead --no-compile --out "$OUT" "$@" 2>&1 \
     | tee "$OUT/fwd_bench.log" | tail -45
 fi
 if [ "$stage" = integration ]; then   # host fast path, JAX under jit, overheads, the training examples
-  timeout 200 $py -m pytest tests/gpu/test_gpu_fastpath.py tests/gpu/test_gpu_jax_jit.py -q -ra "$@" 2>&1 \
+  timeout -s INT -k 30 200 $py -m pytest tests/gpu/test_gpu_fastpath.py tests/gpu/test_gpu_jax_jit.py -q -ra "$@" 2>&1 \
     | tee "$OUT/integration_tests.log" | tail -15
   timeout 60 $py benchmarks/host_overhead.py 2>&1 | tee "$OUT/host_overhead.txt"
   (cd examples && timeout 200 $py train_tiny_transformer.py --plot "$OUT/train_torch.png" \
@@ -78,10 +79,10 @@ if [ "$stage" = gqa ]; then   # forward re-check after the varlen change, GQA th
   done
 fi
 if [ "$stage" = fold ]; then   # the folded backward (kernels_src/bwd/fold.cuh): its tests first, then the whole suite
-  timeout 240 $py -m pytest tests/gpu/test_gpu_fold.py -q -ra --maxfail=5 "$@" 2>&1 | tee "$OUT/fold_tests.log" \
+  timeout -s INT -k 30 240 $py -m pytest tests/gpu/test_gpu_fold.py -q -ra --maxfail=5 "$@" 2>&1 | tee "$OUT/fold_tests.log" \
     | tail -12
   if grep -qE "[0-9]+ (failed|error)" "$OUT/fold_tests.log"; then exit 1; fi
-  timeout 420 $py -m pytest tests/ -q -ra --maxfail=10 --ignore=tests/gpu/test_gpu_fold.py "$@" 2>&1 \
+  timeout -s INT -k 30 420 $py -m pytest tests/ -q -ra --maxfail=10 --ignore=tests/gpu/test_gpu_fold.py "$@" 2>&1 \
     | tee "$OUT/tests.log" | tail -25
 fi
 if [ "$stage" = fold_bench ]; then   # GPU time folded / unfolded by size, host time of the torch fast path both ways
@@ -93,7 +94,7 @@ if [ "$stage" = fold_bench ]; then   # GPU time folded / unfolded by size, host 
   done
 fi
 if [ "$stage" = varlen_events ]; then   # lazy upload events, deferred releases: the varlen GPU tests, then varlen_step
-  timeout 300 $py -m pytest tests/gpu/test_gpu_varlen_bwd.py tests/gpu/test_gpu_varlen.py \
+  timeout -s INT -k 30 300 $py -m pytest tests/gpu/test_gpu_varlen_bwd.py tests/gpu/test_gpu_varlen.py \
     tests/adapters/test_jax_varlen.py tests/gpu/test_gpu_fastpath.py -q -ra --maxfail=5 "$@" 2>&1 | tee "$OUT/varlen_tests.log" | tail -6
   if grep -qE "[0-9]+ (failed|error)" "$OUT/varlen_tests.log"; then exit 1; fi
   stage=varlen_step
@@ -137,7 +138,7 @@ if [ "$stage" = engine ]; then   # with .ab/kernels_src: that tree's kernels com
     $py benchmarks/with_kernels.py .ab/kernels_src cupy_dash compile --head-dim 64 --head-dim 128 -j 8 \
       >/tmp/eb/compile_old.log 2>&1 &
   fi
-  timeout 360 $py -m pytest tests/gpu/test_gpu_attention.py tests/gpu/test_gpu_gqa.py tests/gpu/test_gpu_compact.py \
+  timeout -s INT -k 30 450 $py -m pytest tests/gpu/test_gpu_attention.py tests/gpu/test_gpu_gqa.py tests/gpu/test_gpu_compact.py \
     tests/gpu/test_gpu_varlen_bwd.py tests/gpu/test_gpu_fold.py tests/gpu/test_gpu_window.py \
     tests/gpu/test_gpu_portable.py -q -ra --maxfail=5 "$@" 2>&1 | tee "$OUT/engine_tests.log" | tail -12
   if [ -d .ab/kernels_src ]; then wait; tail -1 /tmp/eb/compile_old.log; stage=engine_bits; fi
@@ -153,9 +154,11 @@ if [ "$stage" = engine_bench ] || [ "$stage" = engine_bits ]; then   # the bits 
 fi
 if [ "$stage" = engine_bench ]; then
   common="--no-torch --no-overhead --no-compile --schedules auto atomic --repeats 20 --warmup 3"
-  for ver in new old; do
+  for ver in new old old2; do   # old2: a second older tree's kernels in .ab2/kernels_src, when carried
     run=("$py" benchmarks/bench.py); fa3=""
     [ $ver = old ] && run=("$py" benchmarks/with_kernels.py .ab/kernels_src benchmarks/bench.py) && fa3=--no-fa3
+    [ $ver = old2 ] && { [ -d .ab2/kernels_src ] || continue; }
+    [ $ver = old2 ] && run=("$py" benchmarks/with_kernels.py .ab2/kernels_src benchmarks/bench.py) && fa3=--no-fa3
     timeout 240 "${run[@]}" --hdims 128 --masks full --seqlens 1280 3840 15360 --tokens 15360 $common $fa3 \
       --out /tmp/eb/${ver}_d128_full.json 2>&1 | tee -a "$OUT/engine_bench.log" | grep -E "bwd|fwd" | tail -12
     timeout 150 "${run[@]}" --hdims 128 --masks causal --seqlens 2048 8192 16384 $common $fa3 \
@@ -174,7 +177,7 @@ if [ "$stage" = engine_bench ]; then
 fi
 if [ "$stage" = dq_writers ]; then   # two dQ writer warps (default) against one
   mkdir -p /tmp/dw
-  timeout 120 $py -m pytest tests/gpu/test_gpu_attention.py tests/gpu/test_gpu_gqa.py tests/gpu/test_gpu_fold.py -q \
+  timeout -s INT -k 30 120 $py -m pytest tests/gpu/test_gpu_attention.py tests/gpu/test_gpu_gqa.py tests/gpu/test_gpu_fold.py -q \
     -rf --maxfail=3 -p no:cacheprovider -k "(test_backward or bitwise or fold) and not small_grid and not d64" 2>&1 \
     | tee /tmp/dw/writers2_tests.log | tail -4
   if grep -qE "[0-9]+ (failed|error)" /tmp/dw/writers2_tests.log; then cp /tmp/dw/*.log "$OUT"; exit 1; fi
@@ -271,7 +274,7 @@ if [ "$stage" = tile80 ]; then   # CUPY_DASH_BWD_FULL_BLOCK_M=80 (FA3's full-mas
   (cd /tmp/first && tar czf "$OUT/tile80.tgz" *.log *.json *.md)
 fi
 if [ "$stage" = d96 ]; then   # head dim 96 (the head-dim-128 kernels padded): its GPU tests, then its speed beside d128
-  timeout 330 $py -m pytest tests/gpu/test_gpu_forward.py tests/gpu/test_gpu_attention.py tests/gpu/test_gpu_gqa.py \
+  timeout -s INT -k 30 330 $py -m pytest tests/gpu/test_gpu_forward.py tests/gpu/test_gpu_attention.py tests/gpu/test_gpu_gqa.py \
     tests/gpu/test_gpu_varlen.py tests/gpu/test_gpu_varlen_bwd.py tests/gpu/test_gpu_softcap.py tests/gpu/test_gpu_fold.py \
     -q -rf --maxfail=10 -p no:cacheprovider -k 96 2>&1 | tee "$OUT/d96_tests.log" | tail -12
   timeout 220 $py benchmarks/bench.py --hdims 96 128 --masks full causal --seqlens 1024 4096 16384 --tokens 16384 \
@@ -289,7 +292,7 @@ if [ "$stage" = multi_gpu ]; then   # several GPUs (two H200s; on one GPU, the g
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
   rm -rf /tmp/mg && mkdir -p /tmp/mg
   nvidia-smi -L | tee /tmp/mg/gpus.txt
-  timeout 440 $py -m pytest tests/unit/test_per_device.py tests/gpu/test_gpu_multi_device.py \
+  timeout -s INT -k 30 440 $py -m pytest tests/unit/test_per_device.py tests/gpu/test_gpu_multi_device.py \
     tests/gpu/test_gpu_distributed.py -q -ra -p no:cacheprovider --basetemp=/tmp/mg/runs "$@" 2>&1 \
     | tee /tmp/mg/tests.log | tail -20
   grep -h "identical" /tmp/mg/runs/*/*.log 2>/dev/null | tail -12
@@ -301,14 +304,14 @@ fi
 gpu_a=(tests/gpu/test_gpu_attention.py tests/gpu/test_gpu_compact.py tests/gpu/test_gpu_fastpath.py
        tests/gpu/test_gpu_fold.py tests/gpu/test_gpu_forward.py)
 if [ "$stage" = tests ] || [ "$stage" = all ]; then
-  timeout 150 $py -m pytest tests/unit tests/adapters -q -rf -n 8 -p no:cacheprovider 2>&1 | tee "$OUT/tests_cpu.log" \
+  timeout -s INT -k 30 150 $py -m pytest tests/unit tests/adapters -q -rf -n 8 -p no:cacheprovider 2>&1 | tee "$OUT/tests_cpu.log" \
     | tail -6
-  timeout 400 $py -m pytest "${gpu_a[@]}" -q -rf --maxfail=20 --durations=10 "$@" 2>&1 | tee "$OUT/tests.log" \
+  timeout -s INT -k 30 400 $py -m pytest "${gpu_a[@]}" -q -rf --maxfail=20 --durations=10 "$@" 2>&1 | tee "$OUT/tests.log" \
     | tail -30
 fi
 if [ "$stage" = tests2 ]; then
   rest=(); for f in tests/gpu/test_gpu_*.py; do [[ " ${gpu_a[*]} " == *" $f "* ]] || rest+=("$f"); done
-  timeout 540 $py -m pytest "${rest[@]}" -q -rf --maxfail=20 --durations=10 "$@" 2>&1 | tee "$OUT/tests2.log" \
+  timeout -s INT -k 30 540 $py -m pytest "${rest[@]}" -q -rf --maxfail=20 --durations=10 "$@" 2>&1 | tee "$OUT/tests2.log" \
     | tail -30
 fi
 if [ "$stage" = bench ] || [ "$stage" = all ]; then

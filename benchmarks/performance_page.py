@@ -39,13 +39,14 @@ def _group(cfg) -> int:
 
 
 def _key(cfg) -> tuple:
-    return cfg["hdim"], bool(cfg["causal"]), _group(cfg)
+    return cfg["hdim"], bool(cfg["causal"]), _group(cfg), cfg["heads"] * cfg["hdim"]
 
 
 def _title(key) -> str:
-    hdim, causal, group = key
+    hdim, causal, group, hidden = key
     gqa = f", GQA {group} query heads per KV head" if group > 1 else ""
-    return f"Head dim {hdim}, {'causal' if causal else 'full'} mask{gqa}"
+    width = f", H·D = {hidden}" if hidden != 2048 else ""
+    return f"Head dim {hdim}, {'causal' if causal else 'full'} mask{gqa}{width}"
 
 
 def _measurement(meta) -> str:
@@ -123,7 +124,7 @@ def render(results: Path = RESULTS) -> str:
              "`benchmarks/results/engine_20261201/`; what each change was: "
              "[decisions/bwd-engine.md](decisions/bwd-engine.md). Commands are as recorded: "
              "`python -m cupy_dash bench` is now `python benchmarks/bench.py`, with the same options.", ""]
-    for key in sorted(newest, key=lambda k: (-k[0], k[1], k[2])):
+    for key in sorted(newest, key=lambda k: (-k[0], k[1], k[2], -k[3])):
         path, report = newest[key]
         meta = report["meta"]
         lines += [f"## {_title(key)}", "",

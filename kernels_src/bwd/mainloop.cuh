@@ -78,14 +78,13 @@ struct RowValues {
   }
 };
 
-// P^T = exp2(S^T * scale_log2 - lse_log2[q]) in place, 0 where the key does not see the query.
-// NOTES: keys >= Sk and keys outside the query's band (window and causal masks) are masked by select, on every
-// tile: a branch between the S wait and the dS store would split ptxas's scheduling region there (it waits for
-// every outstanding load and MUFU result at a branch), which left the exponentials in a serial tail and the
-// lse / dpsum loads exposed (docs/decisions/bwd-engine.md, "What to try next"). Queries >= Sq and rows whose lse
-// is -inf (no key in their window) have lse_log2 = +inf (preprocess), so P = 2^-inf = 0 there without a mask;
-// TMA zero-fills their Q and dO rows (varlen: loads the next sequence's), so S and dP stay finite. Varlen builds:
-// Sq, Sk and the band are the visit's sequence's.
+// P^T = exp2(S^T * scale_log2 - lse_log2[q]) in place; kMask: 0 where the key does not see the query (rows: the
+// windows of the thread's two key rows).
+// NOTES: keys >= Sk and keys outside the query's band (window and causal masks) are masked by select. Queries >= Sq
+// and rows whose lse is -inf (no key in their window) have lse_log2 = +inf (preprocess), so P = 2^-inf = 0 there
+// without a mask; TMA zero-fills their Q and dO rows (varlen: loads the next sequence's), so S and dP stay finite.
+// Varlen builds: Sq, Sk and the band are the visit's sequence's.
+template <bool kMask>
 DASH_DEVICE void softmax_probs(float (&S)[kSRegs], const RowValues& lse_log2, float scale_log2,
                                const RowWindow (&rows)[2]) {
 #pragma unroll
@@ -96,7 +95,7 @@ DASH_DEVICE void softmax_probs(float (&S)[kSRegs], const RowValues& lse_log2, fl
       const int i = 4 * c + e, col = Fragment::col(i);
       const RowWindow& r = rows[(e / 2) % 2];
       const float x = fmaf(S[i], scale_log2, -(e % 2 ? l.y : l.x));
-      S[i] = col >= r.lo && col <= r.hi ? exp2_approx(x) : 0.f;
+      S[i] = !kMask || (col >= r.lo && col <= r.hi) ? exp2_approx(x) : 0.f;
     }
   }
 }
@@ -153,6 +152,44 @@ DASH_DEVICE void softmax_grad(uint32_t (&dSa)[kBlockM / 16][4], const uint32_t (
       dSa[ks][j] = pack_elem2(ds0, ds1);
     }
   }
+}
+
+// Where a visit's tile needs the mask, and the windows its thread's two key rows see (RowWindow).
+struct TileMask {
+  RowWindow rows[2];
+  bool needed;
+  DASH_DEVICE TileMask(int key0, int query0, int seqlen_k, const Band& band, const Fragment& f)
+      : rows{RowWindow(key0 + f.row0, query0 + f.col0, seqlen_k, band),
+             RowWindow(key0 + f.row0 + 8, query0 + f.col0, seqlen_k, band)},
+        // NOTES: a tile needs the mask only if it reaches past Sk or one of its offsets key - q leaves the band:
+        // the largest is key0 + 63 - query0, the smallest key0 - (query0 + kBlockM - 1). Uniform per warpgroup.
+        needed(key0 + 64 > seqlen_k || key0 + 63 - query0 > band.hi || key0 - (query0 + kBlockM - 1) < band.lo) {}
+};
+
+// From the S^T wait to the dS^T store of a visit: P^T into Pa, dS^T into dSa and the stage's dS tile; V released
+// after the group's last dP^T. Issued after S^T and dP^T (two commit groups).
+// NOTES: instantiated per kMask and branched on before the S^T wait, so that neither copy has a branch from the
+// wait to the dS^T store: a branch there splits ptxas's scheduling region (it waits for every outstanding load and
+// MUFU result at a branch), and masking every tile by select cost 19 % more executed instructions
+// (docs/decisions/bwd-engine.md, "The branch-free softmax, measured").
+template <bool kMask>
+DASH_DEVICE void probs_and_grads(float (&S)[kSRegs], float (&dP)[kSRegs], uint32_t (&Pa)[kBlockM / 16][4],
+                                 uint32_t (&dSa)[kBlockM / 16][4], const RowValues& lse_row, const TileMask& mask,
+                                 const BwdParams& p, const Smem& s, char* smem_generic, int stage, bool release_v,
+                                 int wg, int tid, const Fragment& f) {
+  wgmma_wait<1>();
+  wgmma_fence_operand(S);
+  uint32_t dT[kDtRegs];
+  if constexpr (kSoftcap) softcap_scores(S, dT, p.softcap_prescale);
+  softmax_probs<kMask>(S, lse_row, p.softmax_scale_log2, mask.rows);
+  const RowValues dpsum_row(reinterpret_cast<const float*>(smem_generic + (s.dpsum(stage) - s.base)), f);
+  pack_fragments<kSRegs>(Pa, S);
+  wgmma_wait<0>();
+  wgmma_fence_operand(dP);
+  softmax_grad(dSa, Pa, dP, dpsum_row, dT, lse_row, kSoftcap ? 1.f / p.softmax_scale_log2 : 0.f);
+  // dS^T also to shared memory for dQ, which needs the keys of both warpgroups.
+  store_transposed<kBlockM>(s.ds(stage), dSa, 64 * wg, tid);
+  if (release_v && tid == 0) mbar_arrive(s.v_empty());  // dP^T was V's last use
 }
 
 // acc (64 keys x kBlockM queries) = A B^T over the head dim, A = this warpgroup's 64 rows of K or V (a_desc at
@@ -227,24 +264,15 @@ DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_gen
   const Head hd(p, w.bh);
   const BwdRows<kBlockM> seq(p, hd.b, hd.h);
   const Band band(p, seq.seqlen_q, seq.seqlen_k);
-  const RowWindow rows[2] = {RowWindow(key0 + f.row0, query0 + f.col0, seq.seqlen_k, band),
-                             RowWindow(key0 + f.row0 + 8, query0 + f.col0, seq.seqlen_k, band)};
+  const TileMask mask(key0, query0, seq.seqlen_k, band, f);
 
-  // P^T from S^T while dP^T is still running; from the S^T wait to the dS^T store, no branch (softmax_probs).
-  wgmma_wait<1>();
-  wgmma_fence_operand(S);
-  uint32_t dT[kDtRegs];
-  if constexpr (kSoftcap) softcap_scores(S, dT, p.softcap_prescale);
-  softmax_probs(S, lse_row, p.softmax_scale_log2, rows);
-  const RowValues dpsum_row(reinterpret_cast<const float*>(smem_generic + (s.dpsum(stage) - s.base)), f);
+  // P^T from S^T while dP^T is still running, then dS^T.
   uint32_t Pa[kBlockM / 16][4], dSa[kBlockM / 16][4];
-  pack_fragments<kSRegs>(Pa, S);
-  wgmma_wait<0>();
-  wgmma_fence_operand(dP);
-  softmax_grad(dSa, Pa, dP, dpsum_row, dT, lse_row, kSoftcap ? 1.f / p.softmax_scale_log2 : 0.f);
-  // dS^T also to shared memory for dQ, which needs the keys of both warpgroups.
-  store_transposed<kBlockM>(s.ds(stage), dSa, 64 * wg, tid);
-  if (last_in_group && tid == 0) mbar_arrive(s.v_empty());  // dP^T was V's last use
+  if (mask.needed) {
+    probs_and_grads<true>(S, dP, Pa, dSa, lse_row, mask, p, s, smem_generic, stage, last_in_group, wg, tid, f);
+  } else {
+    probs_and_grads<false>(S, dP, Pa, dSa, lse_row, mask, p, s, smem_generic, stage, last_in_group, wg, tid, f);
+  }
 
   // dV += P^T dO.
   wgmma_fence();
