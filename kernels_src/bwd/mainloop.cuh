@@ -55,7 +55,7 @@ struct RowWindow {
 };
 
 constexpr bool kCompactTables = DASH_COMPACT != 0;  // schedule_view.cuh defaults the define to 0
-// NOTES: lse_log2 and dpsum of a thread's query columns are loaded into registers early (lse while S^T runs,
+// NOTES: lse_log2 and dpsum of a thread's query columns are loaded into registers early (lse before the S^T wait,
 // dpsum before the dP^T wait) where registers allow: the 64-query tile without soft-capping or compact tables.
 // The others (128 queries at head dim 64, the 80-query tile, soft-capping, compact tables: 8-64 bytes of spills
 // with them) read shared memory at the point of use.
@@ -174,9 +174,13 @@ struct TileMask {
 // (docs/decisions/bwd-engine.md, "The branch-free softmax, measured").
 template <bool kMask>
 DASH_DEVICE void probs_and_grads(float (&S)[kSRegs], float (&dP)[kSRegs], uint32_t (&Pa)[kBlockM / 16][4],
-                                 uint32_t (&dSa)[kBlockM / 16][4], const RowValues& lse_row, const TileMask& mask,
-                                 const BwdParams& p, const Smem& s, char* smem_generic, int stage, bool release_v,
-                                 int wg, int tid, const Fragment& f) {
+                                 uint32_t (&dSa)[kBlockM / 16][4], const TileMask& mask, const BwdParams& p,
+                                 const Smem& s, char* smem_generic, int stage, bool release_v, int wg, int tid,
+                                 const Fragment& f) {
+  // NOTES: lse_log2 into registers just before the S^T wait, after the visit's last branch: loads issued before a
+  // branch are waited for at its join, and while S^T runs shared memory is the tensor cores' (ncu at causal 8k:
+  // 8 % of the samples at the join after the V wait when they were issued right after S^T).
+  const RowValues lse_row(reinterpret_cast<const float*>(smem_generic + (s.lse(stage) - s.base)), f);
   wgmma_wait<1>();
   wgmma_fence_operand(S);
   uint32_t dT[kDtRegs];
@@ -253,8 +257,6 @@ DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_gen
   wgmma_fence();
   gemm_keys_by_queries(S, k_desc, s.q(stage));
   wgmma_commit();
-  // NOTES: lse_log2 into registers while S^T runs (its loads complete before the waits below, under S^T).
-  const RowValues lse_row(reinterpret_cast<const float*>(smem_generic + (s.lse(stage) - s.base)), f);
   if (first_in_group) wait_phase(p, s.v_full(), group & 1);
   wait_phase(p, s.do_full(stage), phase);
   wgmma_fence();  // NOTES: not required by the ISA here, but ptxas 13.0 injects one (C7519) after the wait loop
@@ -269,9 +271,9 @@ DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_gen
   // P^T from S^T while dP^T is still running, then dS^T.
   uint32_t Pa[kBlockM / 16][4], dSa[kBlockM / 16][4];
   if (mask.needed) {
-    probs_and_grads<true>(S, dP, Pa, dSa, lse_row, mask, p, s, smem_generic, stage, last_in_group, wg, tid, f);
+    probs_and_grads<true>(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, last_in_group, wg, tid, f);
   } else {
-    probs_and_grads<false>(S, dP, Pa, dSa, lse_row, mask, p, s, smem_generic, stage, last_in_group, wg, tid, f);
+    probs_and_grads<false>(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, last_in_group, wg, tid, f);
   }
 
   // dV += P^T dO.

@@ -10,7 +10,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
 EXTENSIONS = ("py", "pyx", "pxd", "pxi", "c", "h", "cu", "cuh", "md", "json", "png", "csv", "txt", "sh", "toml",
-              "cfg", "in", "patch")
+              "cfg", "in", "patch", "gz")
 # a path with at least one folder: name/name.ext; a trailing slash names a folder
 MENTION = re.compile(r"(?<![\w./-])((?:\.\.?/)*[\w.-]+(?:/[\w.-]+)*/(?:[\w.-]+\.(?:%s)|[\w.-]+/))(?![\w/{*])"
                      % "|".join(EXTENSIONS))
