@@ -5,9 +5,9 @@
 #                                  engine_ab|dq_writers|multi_gpu|first|first2|fa3_bench|fa3_full|final|tile80|d96|tests2|all]
 #                                  [extra pytest args...]
 # "engine": the backward kernel's GPU tests (every family: MHA, GQA, compact, varlen, fold, window, portable);
-# "engine_bench": the backward at the shapes, this tree against the kernels in .ab/kernels_src (an older
-# tree's, carried: git archive <commit> kernels_src | tar -x -C .ab) and .ab2/kernels_src if present, FA3 beside it
-# when FA3_WHL=1, then ncu. pytest runs get SIGINT at their limit, so that the summary still names the failures.
+# "engine_bench": the backward at the shapes, this tree against the kernels in every carried .ab*/kernels_src
+# (another tree's: git archive <commit> kernels_src | tar -x -C .ab; the bits compare uses .ab), FA3 beside this
+# tree when FA3_WHL=1, then ncu. pytest runs get SIGINT at their limit, so that the summary still names the failures.
 # "varlen_step": a new packing's host cost, build and upload; "fold": the folded backward's tests, then
 # the whole suite; "fold_bench": its GPU and host time. Earlier one-off stages are in this file's
 # history; the writer-rank-ahead experiment is benchmarks/patches/writer_rank_ahead.patch (measured, not
@@ -134,14 +134,14 @@ if [ "$stage" = ncu ]; then   # Nsight Compute: our main backward kernel and FA3
 fi
 if [ "$stage" = engine ]; then   # with .ab/kernels_src: that tree's kernels compile meanwhile, then the bits compare
   mkdir -p /tmp/eb
-  if [ -d .ab/kernels_src ]; then
-    $py benchmarks/with_kernels.py .ab/kernels_src cupy_dash compile --head-dim 64 --head-dim 128 -j 8 \
-      >/tmp/eb/compile_old.log 2>&1 &
-  fi
+  for ab in .ab*; do   # every carried older tree's kernels, for the bits compare (.ab) and engine_bench's legs
+    [ -d $ab/kernels_src ] && $py benchmarks/with_kernels.py $ab/kernels_src cupy_dash compile --head-dim 64 \
+      --head-dim 128 -j 4 >/tmp/eb/compile_${ab#.}.log 2>&1 &
+  done
   timeout -s INT -k 30 450 $py -m pytest tests/gpu/test_gpu_attention.py tests/gpu/test_gpu_gqa.py tests/gpu/test_gpu_compact.py \
     tests/gpu/test_gpu_varlen_bwd.py tests/gpu/test_gpu_fold.py tests/gpu/test_gpu_window.py \
     tests/gpu/test_gpu_portable.py -q -ra --maxfail=5 "$@" 2>&1 | tee "$OUT/engine_tests.log" | tail -12
-  if [ -d .ab/kernels_src ]; then wait; tail -1 /tmp/eb/compile_old.log; stage=engine_bits; fi
+  wait; tail -qn1 /tmp/eb/compile_*.log 2>/dev/null; [ -d .ab/kernels_src ] && stage=engine_bits
   if grep -qE "[0-9]+ (failed|error)" "$OUT/engine_tests.log"; then exit 1; fi
 fi
 if [ "$stage" = engine_bench ] || [ "$stage" = engine_bits ]; then   # the bits of both kernel versions, once
@@ -154,11 +154,12 @@ if [ "$stage" = engine_bench ] || [ "$stage" = engine_bits ]; then   # the bits 
 fi
 if [ "$stage" = engine_bench ]; then
   common="--no-torch --no-overhead --no-compile --schedules auto atomic --repeats 20 --warmup 3"
-  for ver in new old old2; do   # old2: a second older tree's kernels in .ab2/kernels_src, when carried
+  for ver in new .ab*; do   # this tree (with FA3), then every carried .ab*/kernels_src (another tree's kernels)
     run=("$py" benchmarks/bench.py); fa3=""
-    [ $ver = old ] && run=("$py" benchmarks/with_kernels.py .ab/kernels_src benchmarks/bench.py) && fa3=--no-fa3
-    [ $ver = old2 ] && { [ -d .ab2/kernels_src ] || continue; }
-    [ $ver = old2 ] && run=("$py" benchmarks/with_kernels.py .ab2/kernels_src benchmarks/bench.py) && fa3=--no-fa3
+    if [ $ver != new ]; then
+      [ -d $ver/kernels_src ] || continue
+      run=("$py" benchmarks/with_kernels.py $ver/kernels_src benchmarks/bench.py); fa3=--no-fa3; ver=${ver#.}
+    fi
     timeout 240 "${run[@]}" --hdims 128 --masks full --seqlens 1280 3840 15360 --tokens 15360 $common $fa3 \
       --out /tmp/eb/${ver}_d128_full.json 2>&1 | tee -a "$OUT/engine_bench.log" | grep -E "bwd|fwd" | tail -12
     timeout 150 "${run[@]}" --hdims 128 --masks causal --seqlens 2048 8192 16384 $common $fa3 \
