@@ -56,7 +56,7 @@ import functools
 
 import numpy as np
 
-from . import _compact, _compact_view, _schedule, per_visit
+from . import _compact, _compact_view, _schedule, per_visit, varlen_pack
 
 RANK_RULES = ("count", "ascending n", "descending n")   # rank_rule 0, 1, 2
 
@@ -219,10 +219,21 @@ class CompactSchedule(ColumnRecords):
 @functools.lru_cache(maxsize=64)
 def _build_compact(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms, group_size=1,
                    window=(-1, -1)):
-    out = _compact.build_columns(_schedule.POLICY_CODES[policy], seqlen_q, seqlen_k, block_m, block_n,
-                                 num_heads // group_size, causal, num_sms, *window)
+    """The records of a concrete ``policy`` for build()'s checked arguments, built by the varlen builder
+    (varlen_pack.schedule_varlen) as one sequence of num_heads query heads: its segments are then the KV heads
+    and its records, CTA lists and dispatch order those of the fixed-length schedule (proved against the
+    per-visit oracle in tests/unit/test_schedule_compact.py)."""
+    lengths_q, lengths_k = np.array([seqlen_q], dtype=np.int64), np.array([seqlen_k], dtype=np.int64)
+    code = _schedule.POLICY_CODES[policy]
+    _, _, (info, _, _, _), built, _, order = varlen_pack.schedule_varlen(
+        code, lengths_q, lengths_k, *window, block_m, block_n, num_heads, group_size, causal, num_sms,
+        (code,), *per_visit.AUTO_COSTS, per_visit.AUTO_TOLERANCE, per_visit.AUTO_FEW_GROUPED)
+    records, cta_columns, cta_col_start, _, loads, num_ctas, tie_sign = built
+    M, N, n_first, NC = (int(x) for x in info[0, :4])
+    meta = {"M": M, "N": N, "n_first": n_first, "NC": NC, "num_ctas": num_ctas, "tie_sign": tie_sign,
+            "rank_rule": varlen_pack.rank_rule_of(code, tie_sign)}
     return CompactSchedule(policy, (seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms, group_size,
-                                    tuple(window)), *out)
+                                    tuple(window)), records, cta_columns, cta_col_start, order, loads, meta)
 
 
 def expand(plan: CompactSchedule) -> tuple:

@@ -162,7 +162,7 @@ def build_varlen(policy: str = "auto", seqlens_q=None, seqlens_k=None, *, block_
     schedule.AUTO_CANDIDATES by the column model, as compact.column_model_choice does, and builds the records of
     its choice only (``plan.auto_dispatched``: the candidates it had to dispatch to choose)."""
     problem = _problem(policy, seqlens_q, seqlens_k, block_m, block_n, heads, causal, num_sms, group_size, window)
-    code, wins, shapes, built, dispatched = varlen_pack.schedule_varlen(*schedule_args(policy, problem))
+    code, wins, shapes, built, dispatched, _ = varlen_pack.schedule_varlen(*schedule_args(policy, problem))
     plan = VarlenSchedule(POLICY_NAMES[code], problem[:8] + (wins,), built, shapes[0], shapes[2], shapes[3])
     plan.auto_dispatched = tuple(POLICY_NAMES[c] for c in dispatched)
     return plan

@@ -420,7 +420,8 @@ cpdef tuple schedule_varlen(int policy, const long long[::1] sq, const long long
     """The compact records of a packed batch's backward schedule (cupy_dash.schedule.build_varlen, which
     checks the arguments): ``(policy, windows int64 (B, 2), (seq_info int64 (B, 6), vis_off (B + 1,), vis_lo,
     vis_hi (columns,)), (records (columns, 8), cta_columns, cta_col_start, seg_col_start int64, loads, num_ctas,
-    tie_sign), the candidates auto dispatched)``. ``policy``: a _schedule.POLICY_CODES value, or -1 for auto
+    tie_sign), the candidates auto dispatched, dispatch order int64 (columns,): record indices in the order the
+    columns were dispatched)``. ``policy``: a _schedule.POLICY_CODES value, or -1 for auto
     over the codes ``candidates``: their column models (engine costs c, r) from their busiest CTA's load alone,
     the first within ``tolerance`` of the best among those the model applies to (symmetric_shift and fa3, the
     others only with equal columns), except that grouped columns with at most ``few_grouped`` per CTA take
@@ -453,17 +454,23 @@ cpdef tuple schedule_varlen(int policy, const long long[::1] sq, const long long
         rec_arr = np.empty((ncols, REC_FIELDS), dtype=np.int32)
         cols_arr, cs_arr = np.empty(ncols, dtype=np.int32), np.empty(G + 1, dtype=np.int64)
         seg_arr, loads_arr = np.empty(S + 1, dtype=np.int64), np.empty(G, dtype=np.int64)
-        for dst, src, nbytes in ((win_arr, <size_t>w.win, 16 * B), (info_arr, <size_t>w.sh.info, 8 * INFO_FIELDS * B),
+        order_arr = np.empty(ncols, dtype=np.int64)
+        for dst, src, nbytes in ((win_arr, <size_t>w.win, 16 * B),
+                                 (info_arr, <size_t>w.sh.info, 8 * INFO_FIELDS * B),
                                  (off_arr, <size_t>w.sh.off, 8 * (B + 1)), (lo_arr, <size_t>w.sh.lo, 8 * nv),
-                                 (hi_arr, <size_t>w.sh.hi, 8 * nv), (rec_arr, <size_t>w.built.rec, 4 * REC_FIELDS * ncols),
-                                 (cols_arr, <size_t>w.built.cols, 4 * ncols), (cs_arr, <size_t>w.built.cs, 8 * (G + 1)),
-                                 (seg_arr, <size_t>w.built.segc, 8 * (S + 1)), (loads_arr, <size_t>w.built.loads, 8 * G)):
+                                 (hi_arr, <size_t>w.sh.hi, 8 * nv),
+                                 (rec_arr, <size_t>w.built.rec, 4 * REC_FIELDS * ncols),
+                                 (cols_arr, <size_t>w.built.cols, 4 * ncols),
+                                 (cs_arr, <size_t>w.built.cs, 8 * (G + 1)),
+                                 (seg_arr, <size_t>w.built.segc, 8 * (S + 1)),
+                                 (loads_arr, <size_t>w.built.loads, 8 * G),
+                                 (order_arr, <size_t>w.built.order, 8 * ncols)):
             copy_out(dst, src, nbytes)
         ran = []
         for j in range(w.nran):
             ran.append(w.ran[j])
         return (w.policy, win_arr, (info_arr, off_arr, lo_arr, hi_arr),
-                (rec_arr, cols_arr, cs_arr, seg_arr, loads_arr, G, w.built.tie), tuple(ran))
+                (rec_arr, cols_arr, cs_arr, seg_arr, loads_arr, G, w.built.tie), tuple(ran), order_arr)
     finally:
         release(small, &own_small, &own_big)
 
