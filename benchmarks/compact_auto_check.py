@@ -9,7 +9,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from cupy_dash import schedule  # noqa: E402
-from cupy_dash.schedule import compact, per_visit  # noqa: E402
+from cupy_dash.schedule import auto, compact, per_visit  # noqa: E402
 
 SHAPES = []    # (seqlen_q, seqlen_k, block_m, block_n, heads, causal, group_size, window, num_sms)
 for S in (32768, 65536):
@@ -29,10 +29,10 @@ def main():
         args = per_visit._checked_args("auto", sq, sk, bm, bn, heads, causal, sms, g, window)
         sim, col = {}, {}
         for p in schedule.AUTO_CANDIDATES:
-            plan = per_visit._build(p, *args)
+            plan = auto._build(p, *args)
             sim[p] = schedule.simulate(plan, *schedule.AUTO_COSTS, model="engine")
             bound = plan.lower_bound(*schedule.AUTO_COSTS, model="engine")
-            per_visit._build.cache_clear()
+            auto._build.cache_clear()
             col[p] = compact._build_compact(p, *args).model_makespan(*schedule.AUTO_COSTS, model="engine")
         best = min(sim.values())
         sim_pick = next(p for p in schedule.AUTO_CANDIDATES if sim[p] <= best * (1 + schedule.AUTO_TOLERANCE))

@@ -24,7 +24,7 @@ from cupy_dash.schedule import auto, compact, per_visit  # noqa: E402
 def clear_caches():
     compact._build_compact.cache_clear()
     auto._auto_choice.cache_clear()
-    per_visit._build.cache_clear()
+    auto._build.cache_clear()
 
 
 def timed_build(policy, kw, repeat):

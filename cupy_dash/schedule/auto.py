@@ -1,9 +1,10 @@
 """The public builders, which resolve ``auto``: :func:`build` (per-visit tables) and :func:`build_compact`
 (compact records), ``auto``'s choice of a concrete policy and the size check that sends too large a per-visit table
-to :func:`build_compact`. Both table forms are built for a concrete policy below this module, the per-visit ones in
-:mod:`cupy_dash.schedule.per_visit` (with the argument checks and the models), the compact ones in
-:mod:`cupy_dash.schedule.compact` (with the column model); ``auto`` needs both, for every table form. The policies
-and the choice are described in :mod:`cupy_dash.schedule`, which re-exports the public names of this module.
+to :func:`build_compact`. One builder makes the column records of a concrete policy (``compact._build_compact``,
+which runs the varlen builder); a per-visit table (:class:`per_visit.Schedule`; the argument checks and the models
+are in :mod:`cupy_dash.schedule.per_visit`) is those records expanded (``_build`` here). ``auto`` needs both
+forms, for every table form. The policies and the choice are described in :mod:`cupy_dash.schedule`, which
+re-exports the public names of this module.
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def build(policy: str = "auto", *, seqlen_q: int, seqlen_k: int, block_m: int, b
     _check_table_size(policy, *args)
     if policy == "auto":
         return _build_auto(*args)
-    return per_visit._build(policy, *args)
+    return _build(policy, *args)
 
 
 def build_compact(policy: str = "auto", *, seqlen_q: int, seqlen_k: int, block_m: int, block_n: int,
@@ -95,12 +96,21 @@ def _auto_choice(seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sm
         return compact.column_model_choice(*args)
     times = {}
     for candidate in per_visit.AUTO_CANDIDATES:
-        plan = per_visit._build(candidate, *args)
+        plan = _build(candidate, *args)
         times[candidate] = per_visit.simulate(plan, *per_visit.AUTO_COSTS, model="engine")
     best = min(times.values())
     return next(p for p in per_visit.AUTO_CANDIDATES if times[p] <= best * (1 + per_visit.AUTO_TOLERANCE))
 
 
+@functools.lru_cache(maxsize=64)
+def _build(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms, group_size=1,
+           window=(-1, -1)) -> per_visit.Schedule:
+    """The per-visit table of a concrete ``policy`` for build()'s checked arguments: its compact records
+    (:func:`build_compact`'s, from the one builder) expanded by :func:`cupy_dash.schedule.compact.expand`."""
+    return compact._build_compact(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms,
+                                  group_size, window).to_schedule()
+
+
 def _build_auto(*args) -> per_visit.Schedule:
     """The per-visit table of ``auto``'s choice for the checked problem ``args``."""
-    return per_visit._build(_auto_choice(*args), *args)
+    return _build(_auto_choice(*args), *args)

@@ -56,7 +56,7 @@ import functools
 
 import numpy as np
 
-from . import _compact, _compact_view, _schedule, per_visit, varlen_pack
+from . import _compact, _compact_view, _schedule, _varlen_view, per_visit, varlen_pack
 
 RANK_RULES = ("count", "ascending n", "descending n")   # rank_rule 0, 1, 2
 
@@ -243,8 +243,9 @@ def expand(plan: CompactSchedule) -> tuple:
     per_visit._table_arg(plan, ("records", "cta_columns", "cta_col_start", "num_m_blocks", "n_first",
                                 "columns_per_head", "group_size", "tie_sign"),
                          "compact records (a CompactSchedule from schedule.build_compact(...))")
-    return _compact_view.expand(plan.records, plan.cta_columns, plan.cta_col_start, plan.num_m_blocks,
-                                plan.n_first, plan.columns_per_head, plan.group_size, plan.tie_sign)
+    return _varlen_view.expand(plan.records, plan.cta_columns, plan.cta_col_start,
+                               np.array([plan.num_m_blocks], dtype=np.int64), plan.num_heads // plan.group_size,
+                               plan.group_size, plan.tie_sign)
 
 
 @functools.lru_cache(maxsize=256)

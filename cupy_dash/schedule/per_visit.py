@@ -1,12 +1,11 @@
-"""Per-visit schedule tables: the problem's argument checks and sliding windows, the builder of every concrete
-policy, the two models (``simulate``, ``timeline``, ``lower_bound``) and the check of a table before its upload.
-``auto`` and the public builders sit above this module and :mod:`cupy_dash.schedule.compact`, in
-:mod:`cupy_dash.schedule.auto`. The policies, the models and their calibration are described in
-:mod:`cupy_dash.schedule`, which re-exports the public names of this module.
+"""Per-visit schedule tables: the problem's argument checks and sliding windows, the :class:`Schedule` that holds a
+table, the two models (``simulate``, ``timeline``, ``lower_bound``) and the check of a table before its upload.
+A table is built as column records (:mod:`cupy_dash.schedule.compact`) and expanded, by
+:mod:`cupy_dash.schedule.auto`, which holds ``auto`` and the public builders. The policies, the models and their
+calibration are described in :mod:`cupy_dash.schedule`, which re-exports the public names of this module.
 """
 from __future__ import annotations
 
-import functools
 import math
 import numbers
 
@@ -175,15 +174,6 @@ def _checked_args(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causa
     sq, sk, causal = _positive_int("seqlen_q", seqlen_q), _positive_int("seqlen_k", seqlen_k), _flag("causal", causal)
     return (sq, sk, _positive_int("block_m", block_m), _positive_int("block_n", block_n),
             heads, causal, _positive_int("num_sms", num_sms), group, canonical_window(window, sq, sk, causal))
-
-
-@functools.lru_cache(maxsize=64)
-def _build(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms, group_size=1,
-           window=(-1, -1)):
-    visits, rank, cta_start = _schedule.build_table(_schedule.POLICY_CODES[policy], seqlen_q, seqlen_k, block_m,
-                                                    block_n, num_heads, causal, num_sms, group_size, *window)
-    return Schedule(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms,
-                    visits, rank, cta_start, group_size, window)
 
 
 _PER_VISIT = ("visits", "rank", "cta_start", "num_heads", "num_m_blocks", "column_ranges|column_starts")

@@ -163,9 +163,9 @@ def test_build_refuses_a_per_visit_table_above_the_compact_switch(monkeypatch):
 def test_build_keeps_tables_up_to_the_switch(monkeypatch):
     """Up to AUTO_VISITS visits (here: a causal problem whose full rectangle would exceed it), and at any size with
     CUPY_DASH_COMPACT_TABLES=0 (per-visit tables forced, as for the backward), build builds."""
-    from cupy_dash.schedule import compact, compact_device, per_visit
+    from cupy_dash.schedule import auto, compact, compact_device
     built = []
-    monkeypatch.setattr(per_visit, "_build", lambda policy, *args: built.append(policy) or policy)
+    monkeypatch.setattr(auto, "_build", lambda policy, *args: built.append(policy) or policy)
     monkeypatch.delenv("CUPY_DASH_COMPACT_TABLES", raising=False)
     kw = dict(seqlen_q=1 << 17, seqlen_k=1 << 17, causal=True, block_m=64, block_n=128, num_heads=15, num_sms=132)
     assert compact.num_visits(1 << 17, 1 << 17, 64, 128, 15, True, (-1, 0)) <= compact_device.AUTO_VISITS

@@ -29,11 +29,23 @@ def kwargs(sq, sk, bm, bn, heads, g, causal, sms, window):
                 num_sms=sms, window=window)
 
 
+def oracle_table(policy, kw):
+    """(visits, rank, cta_start) of the direct per-visit builder (the oracle) for build()'s keyword arguments
+    ``kw`` and a concrete ``policy``."""
+    args = per_visit._checked_args(policy, kw["seqlen_q"], kw["seqlen_k"], kw["block_m"], kw["block_n"],
+                                   kw["num_heads"], kw["causal"], kw["num_sms"], kw["group_size"], kw["window"])
+    return _schedule.build_table(_schedule.POLICY_CODES[policy], *args[:-1], *args[-1])
+
+
 def assert_same_table(policy, kw):
     plan = schedule.build(policy, **kw)
     cplan = schedule.build_compact(policy, **kw)
     visits, rank, cta_start = schedule.expand(cplan)
     assert cplan.policy == plan.policy and cplan.num_ctas == plan.num_ctas and cplan.num_visits == plan.num_visits
+    for name, got, want in zip(("visits", "rank", "cta_start"), (visits, rank, cta_start),
+                               oracle_table(plan.policy, kw)):
+        assert got.dtype == want.dtype, (name, got.dtype, want.dtype)
+        np.testing.assert_array_equal(got, want, err_msg=f"{name} against the oracle: {policy} {kw}")
     np.testing.assert_array_equal(visits, plan.visits, err_msg=f"visits {policy} {kw}")
     np.testing.assert_array_equal(rank, plan.rank, err_msg=f"rank {policy} {kw}")
     np.testing.assert_array_equal(cta_start, plan.cta_start, err_msg=f"cta_start {policy} {kw}")
@@ -112,6 +124,8 @@ def test_large_shape_sampled_visits_and_ranks():
         cplan = schedule.build_compact(policy, **kw)
         visits, rank, cta_start = schedule.expand(cplan)
         assert np.array_equal(visits, plan.visits) and np.array_equal(rank, plan.rank)
+        for got, want in zip((visits, rank, cta_start), oracle_table(policy, kw)):
+            assert np.array_equal(got, want)
         rng = np.random.default_rng(7)
         for v in rng.integers(0, plan.num_visits, 3000):
             cta = int(plan.visits[v, 0])
@@ -302,7 +316,8 @@ def test_column_model_choice_is_close_to_the_simulated_best(monkeypatch, shape):
                  for p in POLICIES}
     finally:
         auto._auto_choice.cache_clear()
-        per_visit._build.cache_clear()
+        auto._build.cache_clear()
+        compact._build_compact.cache_clear()
     assert times[cplan.policy] <= min(times.values()) * 1.03, times
 
 

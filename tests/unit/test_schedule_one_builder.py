@@ -75,3 +75,37 @@ def test_records_equal_the_direct_builder_randomized():
                                                                                          "odd-mqa-3ctas"])
 def test_long_records_equal_the_direct_builder(policy, seqlen, causal, heads, g, sms):
     assert_same_records(policy, seqlen, seqlen, 64, 128, heads, g, causal, sms, (-1, -1))
+
+
+def test_tables_equal_the_direct_per_visit_builder_randomized():
+    """schedule.build (the records expanded) against the direct per-visit builder, auto included; and
+    schedule.expand (the O(visits) sweep) against the sort-based expansion of the same records."""
+    from cupy_dash.schedule import _compact_view, auto, compact, per_visit
+    rng = np.random.default_rng(4)
+    for i in range(400):
+        g = int(rng.choice([1, 2, 3, 8]))
+        heads = g * int(rng.integers(1, 6))
+        bm, bn = int(rng.choice([16, 64, 80, 128])), int(rng.choice([32, 64, 96, 128]))
+        sq, sk = (int(x) for x in rng.integers(1, 3000, size=2))
+        causal = bool(rng.integers(2))
+        left = int(rng.choice([-1, rng.integers(0, 3000)]))
+        right = 0 if causal else int(rng.choice([-1, rng.integers(0, 3000)]))
+        sms = int(rng.choice([1, 2, 7, 33, 114, 132, 264, 1000]))
+        policy = str(rng.choice(POLICIES + ("auto",)))
+        args = per_visit._checked_args(policy, sq, sk, bm, bn, heads, causal, sms, g, (left, right))
+        plan = auto.build(policy, seqlen_q=sq, seqlen_k=sk, block_m=bm, block_n=bn, num_heads=heads, causal=causal,
+                          num_sms=sms, group_size=g, window=(left, right))
+        concrete = auto._auto_choice(*args) if policy == "auto" else policy
+        assert plan.policy == concrete and plan.key == (concrete,) + args
+        want = _schedule.build_table(_schedule.POLICY_CODES[concrete], *args[:-1], *args[-1])
+        cplan = compact._build_compact(concrete, *args)
+        sorted_expansion = _compact_view.expand(cplan.records, cplan.cta_columns, cplan.cta_col_start,
+                                                cplan.num_m_blocks, cplan.n_first, cplan.columns_per_head,
+                                                cplan.group_size, cplan.tie_sign)
+        got_arrays = (plan.visits, plan.rank, plan.cta_start)
+        for name, got, oracle, by_sort in zip(("visits", "rank", "cta_start"), got_arrays, want, sorted_expansion):
+            assert got.dtype == oracle.dtype == by_sort.dtype, name
+            np.testing.assert_array_equal(got, oracle, err_msg=f"{name} {plan!r}")
+            np.testing.assert_array_equal(by_sort, oracle, err_msg=f"{name} {plan!r}")
+        if i % 20 == 0:
+            plan.validate()

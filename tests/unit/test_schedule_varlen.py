@@ -111,6 +111,7 @@ def test_equal_lengths_are_build_compact(policy):
                 np.testing.assert_array_equal(getattr(vplan, name), getattr(cplan, name), err_msg=name)
             for a, b in zip(vplan.expand(), schedule.expand(cplan)):
                 np.testing.assert_array_equal(a, b)
+            assert_oracles_agree(policy, vplan, s_q, s_k, B * H, kw)
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -125,6 +126,26 @@ def test_long_equal_lengths_are_build_compact(policy, seqlen, causal, g, sms, B,
     vplan = schedule.build_varlen(policy, [seqlen] * B, [seqlen] * B, heads=H, **kw)
     for name in ("records", "cta_columns", "cta_col_start", "tie_sign", "rank_rule", "num_ctas"):
         np.testing.assert_array_equal(getattr(vplan, name), getattr(cplan, name), err_msg=name)
+    assert_oracles_agree(policy, vplan, seqlen, seqlen, B * H, kw, table=False)
+
+
+def assert_oracles_agree(policy, vplan, s_q, s_k, num_heads, kw, table=True):
+    """vplan (equal lengths) against the direct fixed-length builders: the column records of num_heads heads and,
+    with ``table``, their per-visit table."""
+    from cupy_dash.schedule import _compact, _schedule
+    g, window = kw["group_size"], schedule.canonical_window(kw["window"], s_q, s_k, kw["causal"])
+    args = (s_q, s_k, kw["block_m"], kw["block_n"])
+    records, cta_columns, cta_col_start, _, _, meta = _compact.build_columns(
+        _schedule.POLICY_CODES[policy], *args, num_heads // g, kw["causal"], kw["num_sms"], *window)
+    for name, want in (("records", records), ("cta_columns", cta_columns), ("cta_col_start", cta_col_start)):
+        np.testing.assert_array_equal(getattr(vplan, name), want, err_msg=f"{name} against the oracle")
+    assert (vplan.tie_sign, vplan.rank_rule, vplan.num_ctas) == tuple(meta[k] for k in ("tie_sign", "rank_rule",
+                                                                                         "num_ctas"))
+    if table:
+        want = _schedule.build_table(_schedule.POLICY_CODES[policy], *args, num_heads, kw["causal"], kw["num_sms"],
+                                     g, *window)
+        for a, b in zip(vplan.expand(), want):
+            np.testing.assert_array_equal(a, b, err_msg="expansion against the oracle table")
 
 
 def test_auto_with_equal_lengths_is_the_column_model_choice():
