@@ -11,12 +11,14 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
-# cupy_dash.schedule: _schedule builds the tables, _schedule_check validates and simulates them (both cimport the
-# inline heap of _heap.pxd, as _compact does); _varlen_sched builds and checks the compact (per-column) records of
-# packed varlen batches, _compact those of one problem and checks them, _compact_view and _varlen_view expand them
-# and compute what the kernel will compute per visit, varlen_pack packs them in the byte layout uploaded; _records
-# holds the checks that every table of records shares (_records.pxd: the record layout and rule, _units.pxd: the
-# builders' shared inline code). cupy_dash.cuda.executor is every kernel launch (one cuLaunchKernel);
+# cupy_dash.schedule: _varlen_sched builds and checks the compact (per-column) records of every schedule (a
+# fixed-length problem is one sequence), varlen_pack runs it and packs the records in the byte layout uploaded,
+# _varlen_view expands them into per-visit tables; _schedule holds the mask ranges, _schedule_check validates and
+# simulates per-visit tables (it cimports the inline heap of _heap.pxd); _compact computes and checks what only
+# fixed-length records have (scan bounds), _compact_view what the kernel will compute per visit; _records holds
+# the checks that every table of records shares (_records.pxd: the record layout and rule, _units.pxd: the
+# builders' shared inline code); testing holds the tests' oracles (the direct builders of earlier versions).
+# cupy_dash.cuda.executor is every kernel launch (one cuLaunchKernel);
 # cupy_dash.jax._xla_ffi is the JAX adapter's XLA FFI handler (xla_ffi.c).
 EXTENSIONS = [Extension("cupy_dash.schedule._schedule", ["cupy_dash/schedule/_schedule.pyx"]),
               Extension("cupy_dash.schedule._records", ["cupy_dash/schedule/_records.pyx"]),
@@ -26,6 +28,7 @@ EXTENSIONS = [Extension("cupy_dash.schedule._schedule", ["cupy_dash/schedule/_sc
               Extension("cupy_dash.schedule._varlen_sched", ["cupy_dash/schedule/_varlen_sched.pyx"]),
               Extension("cupy_dash.schedule._varlen_view", ["cupy_dash/schedule/_varlen_view.pyx"]),
               Extension("cupy_dash.schedule.varlen_pack", ["cupy_dash/schedule/varlen_pack.pyx"]),
+              Extension("cupy_dash.schedule.testing", ["cupy_dash/schedule/testing.pyx"]),
               Extension("cupy_dash.cuda.executor", ["cupy_dash/cuda/executor.pyx"], libraries=["dl"]),
               Extension("cupy_dash.jax._xla_ffi", ["cupy_dash/jax/_xla_ffi.pyx", "cupy_dash/jax/xla_ffi.c"],
                         depends=["cupy_dash/jax/xla_ffi.h"], include_dirs=["cupy_dash/jax"], libraries=["dl"],

@@ -1,111 +1,16 @@
 # cython: boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 """Compact schedules: one record per KV column instead of one row per visit (the format is documented in
-cupy_dash/schedule/compact.py, the fields in _records.pxd).
-
-``build_columns`` dispatches the same work units as ``_schedule.build_table`` (shared code: _units.pxd, _heap.pxd)
-to the same CTAs, but at column granularity: a column's position in its CTA's list is the CTA's load when the
-column is dispatched, and its Q-tile order is a closed-form rule with two parameters, so nothing is done per
-visit. ``check_records`` proves, in O(columns), everything ``Schedule.validate`` proves on the expanded table.
+cupy_dash/schedule/compact.py, the fields in _records.pxd). The records are built by the varlen builder
+(_varlen_sched.pyx); this module holds what only fixed-length records have: ``scan_bounds`` (the dQ writer's
+scan bounds, from the dispatch order) and ``check_records``, which proves in O(columns) everything
+``Schedule.validate`` proves on the expanded table.
 """
 import numpy as np
-from libc.stdlib cimport malloc, free
 
-from cupy_dash.schedule._heap cimport heap_pop, heap_push
-from cupy_dash.schedule._records cimport (RANK_ASC_N, RANK_COUNT, RANK_DESC_N, REC_CTA, REC_FIELDS, REC_HEAD, REC_HI,
-                                          REC_LO, REC_N, REC_ROT, REC_SPLIT, REC_STEP, check_cta_lists, check_rule,
-                                          cta_lists_into)
-from cupy_dash.schedule._schedule import column_ranges
-from cupy_dash.schedule._units cimport (POLICY_DESCENDING, POLICY_FA3, UnitShape, pair_rectangle, unit_columns,
-                                        unit_shape)
+from cupy_dash.schedule._records cimport (REC_FIELDS, REC_HEAD, REC_HI, REC_LO, REC_N, REC_ROT, REC_SPLIT, REC_STEP,
+                                          check_cta_lists, check_rule)
 
 cdef long long INT32_MAX = 0x7fffffff
-
-
-def build_columns(int policy, long long seqlen_q, long long seqlen_k, long long block_m, long long block_n,
-                  long long num_kv_heads, bint causal, long long num_sms, long long window_left=-1,
-                  long long window_right=-1):
-    """Column records of the g = 1 schedule of num_kv_heads (batch, KV head) pairs.
-
-    Returns (records int32 (num_kv_heads * NC, 8) in (kv head, n_block) order, cta_columns int32 (same length):
-    record indices in every CTA's execution order, cta_col_start int64 (G + 1,), loads int64 (G,): visits per
-    CTA, meta dict: M, N, n_first, NC, num_ctas, tie_sign, rank_rule)."""
-    cdef long long M = (seqlen_q + block_m - 1) // block_m
-    cdef long long N = (seqlen_k + block_n - 1) // block_n
-    lo_arr, hi_arr = column_ranges(seqlen_q, seqlen_k, block_m, block_n, causal, window_left, window_right)
-    cdef long long[::1] lo = lo_arr, hi = hi_arr
-    cdef UnitShape sh = unit_shape(policy, M, lo, hi, num_kv_heads, causal, num_sms, window_right)
-    cdef long long n_first = sh.n_first, NC = sh.NC, G = sh.G, P = sh.P
-    cdef long long ncols = num_kv_heads * NC
-    if num_kv_heads > INT32_MAX or M > INT32_MAX or N > INT32_MAX:
-        raise ValueError("compact records hold int32 heads and tiles")
-    records_arr = np.empty((ncols, REC_FIELDS), dtype=np.int32)
-    cdef int[:, ::1] rec = records_arr
-    order_arr = np.empty(ncols, dtype=np.int64)          # record indices in dispatch order
-    cdef long long[::1] order = order_arr
-    loads_arr = np.zeros(G, dtype=np.int64)
-    cdef long long[::1] loads = loads_arr
-    cdef double* ht = <double*>malloc(G * sizeof(double))
-    cdef long long* hc = <long long*>malloc(G * sizeof(long long))
-    cdef long long hsize = 0, nd = 0, u, c, h, n0, n1, n, col, L, idx, split, rot, t0
-    cdef long long cols[2]
-    cdef double t
-    for c in range(G):
-        heap_push(ht, hc, &hsize, 0.0, c)
-    # NOTES: list scheduling at column granularity: the unit goes to the CTA that frees up first (ties: lowest
-    # index), exactly as _schedule.build_table, whose heap time is the CTA's load so far, i.e. the position
-    # (step) of the unit's first visit in that CTA's list. The rules are those of build_table's step (2).
-    for u in range(sh.U):
-        unit_columns(policy, sh.spt, sh.paired, sh.mirrored, u, num_kv_heads, n_first, NC, sh.T, P, &h, &n0, &n1)
-        heap_pop(ht, hc, &hsize, &t, &c)
-        cols[0] = n0
-        cols[1] = n1
-        for col in range(2 if n1 >= 0 else 1):
-            n = cols[col]
-            L = hi[n] - lo[n]
-            t0 = loads[c]
-            if policy == POLICY_FA3 or (sh.mirrored and n >= n_first + sh.T):
-                split, rot = lo[n], 0                        # ascending
-            elif policy == POLICY_DESCENDING or sh.mirrored or (sh.paired and col == 1):
-                split, rot = -1, 0                           # descending (also the short column of a pair)
-            elif sh.paired:
-                pair_rectangle(u, h * P, G, P, &lo[n_first], &split, &rot)   # rectangle rotation, then triangle
-                rot %= M - split
-            elif sh.band:
-                split, rot = lo[n], (t0 + n + M - hi[n]) % L  # band shift on the CTA's clock
-            else:
-                split, rot = lo[n], n % L                    # shift: the column's range rotated by n
-            idx = h * NC + n - n_first
-            rec[idx, REC_STEP] = <int>t0
-            rec[idx, REC_LO] = <int>lo[n]
-            rec[idx, REC_HI] = <int>hi[n]
-            rec[idx, REC_SPLIT] = <int>split
-            rec[idx, REC_ROT] = <int>rot
-            rec[idx, REC_CTA] = <int>c
-            rec[idx, REC_HEAD] = <int>h
-            rec[idx, REC_N] = <int>n
-            order[nd] = idx
-            nd += 1
-            loads[c] += L
-        heap_push(ht, hc, &hsize, <double>loads[c], c)
-    free(ht)
-    free(hc)
-    for c in range(G):
-        if loads[c] > INT32_MAX:
-            raise ValueError(f"CTA {c} has {loads[c]} visits: a record's step is int32")
-    cta_col_start_arr, fill_arr = np.empty(G + 1, dtype=np.int64), np.empty(G, dtype=np.int64)
-    cta_columns_arr = np.empty(ncols, dtype=np.int32)
-    cdef long long[::1] cs = cta_col_start_arr, fill = fill_arr
-    cdef int[::1] ccols = cta_columns_arr
-    cta_lists_into(&rec[0, 0] if ncols else NULL, &order[0] if ncols else NULL, ncols, G,
-                   &ccols[0] if ncols else NULL, &cs[0], &fill[0] if G else NULL)
-    cdef int rank_rule = RANK_COUNT
-    if policy == POLICY_FA3:
-        rank_rule = RANK_DESC_N if sh.spt else RANK_ASC_N
-    elif policy == POLICY_DESCENDING:
-        rank_rule = RANK_ASC_N
-    meta = {"M": M, "N": N, "n_first": n_first, "NC": NC, "num_ctas": G, "tie_sign": sh.tb_sign,
-            "rank_rule": rank_rule}
-    return records_arr, cta_columns_arr, cta_col_start_arr, order_arr, loads_arr, meta
 
 
 def scan_bounds(records_arr, order_arr, long long NC):

@@ -1,15 +1,15 @@
 # cython: boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
-"""What the backward kernel will compute from compact records alone (format: cupy_dash/schedule/compact.py), as a CPU
-reference, plus the expansion into today's per-visit table.
+"""What the backward kernel will compute from compact records alone (format: cupy_dash/schedule/compact.py), as a
+CPU reference.
 
 ``visit_of``: the i-th visit of a CTA, by walking the CTA's column list (the producer and the MMA warpgroups).
 ``rank_of``: the rank of visit (head, m_block, n_block) in its dQ tile's reduction order, by counting the
 columns of the same KV head that visit the tile with a smaller (step, tie-break) key (the dQ writer warp), or by
-the closed form when the table's rank rule has one. ``expand``: the per-visit arrays, with the ranks derived
-independently of both (a sort per dQ tile), equal to ``_schedule.build_table``'s output.
+the closed form when the table's rank rule has one. ``window_scan_stats``: what the windowed count costs. The
+per-visit table of the records is expanded by _varlen_view.pyx (the sort-based expansion of earlier versions is an
+oracle of the tests, testing.pyx).
 """
 import numpy as np
-from libc.stdlib cimport malloc, free, qsort
 
 from cupy_dash.schedule._records cimport (RANK_ASC_N, RANK_COUNT, RANK_DESC_N, REC_FIELDS, REC_HEAD, REC_HI, REC_LO,
                                           REC_N, REC_STEP, rule_index, rule_tile)
@@ -215,74 +215,3 @@ def window_scan_stats(records, bounds, long long NC, long long stride=1):
             if sc > peak:
                 peak = sc
     return (<double>total / visits if visits else 0.0), peak
-
-
-cdef struct KeyIdx:
-    long long key
-    long long idx
-
-
-cdef int cmp_key(const void* x, const void* y) noexcept nogil:
-    cdef long long a = (<const KeyIdx*>x).key, b = (<const KeyIdx*>y).key
-    return (a > b) - (a < b)
-
-
-def expand(records, cta_columns, cta_col_start, long long num_m_blocks, long long n_first, long long NC,
-           long long g, int tie_sign):
-    """The per-visit table (visits (V, 4) int32, rank (V,) int32, cta_start (num_ctas + 1,) int64) of
-    ``_schedule.build_table``'s layout. Visits come from the rules in list order (positions, not the records'
-    steps); ranks from sorting every dQ tile's visits by (step, tie_sign * n) with the records' steps."""
-    cdef const int[:, ::1] rec = records
-    cdef const int[::1] cols = cta_columns
-    cdef const long long[::1] cs = cta_col_start
-    cdef long long G = cs.shape[0] - 1, ncols = rec.shape[0], M = num_m_blocks, Nb = n_first + NC
-    cdef long long c, j, idx, s, q, L, m, pos, row, kvh, a, b, end, k, h, n
-    if rec.shape[1] != REC_FIELDS or cols.shape[0] != ncols or NC < 1 or ncols % NC or g < 1:
-        raise ValueError("inconsistent compact records")
-    cta_start_arr = np.zeros(G + 1, dtype=np.int64)
-    colpos_arr = np.empty(ncols, dtype=np.int64)
-    cdef long long[::1] cta_start = cta_start_arr, colpos = colpos_arr
-    pos = 0
-    for c in range(G):
-        for j in range(cs[c], cs[c + 1]):
-            colpos[cols[j]] = pos
-            pos += rec[cols[j], REC_HI] - rec[cols[j], REC_LO]
-        cta_start[c + 1] = pos * g
-    visits_arr = np.empty((pos * g, 4), dtype=np.int32)
-    rank_arr = np.full(pos * g, -1, dtype=np.int32)
-    cdef int[:, ::1] visits = visits_arr
-    cdef int[::1] rank = rank_arr
-    for c in range(G):
-        for j in range(cs[c], cs[c + 1]):
-            idx = cols[j]
-            L = rec[idx, REC_HI] - rec[idx, REC_LO]
-            for s in range(L):
-                m = rule_tile(&rec[idx, 0], s)
-                for q in range(g):
-                    row = (colpos[idx] + s) * g + q
-                    visits[row, 0] = <int>c
-                    visits[row, 1] = <int>(rec[idx, REC_HEAD] * g + q)
-                    visits[row, 2] = rec[idx, REC_N]
-                    visits[row, 3] = <int>m
-    cdef KeyIdx* buf = <KeyIdx*>malloc((NC + 1) * sizeof(KeyIdx))
-    for kvh in range(ncols // NC):
-        a = kvh * NC
-        b = a
-        end = a + NC
-        for m in range(M):
-            while a < end and rec[a, REC_HI] <= m:
-                a += 1
-            while b < end and rec[b, REC_LO] <= m:
-                b += 1
-            k = 0
-            for idx in range(a, b):
-                s = rule_index(&rec[idx, 0], m)
-                buf[k].key = (rec[idx, REC_STEP] + s) * (2 * Nb + 1) + tie_sign * rec[idx, REC_N] + Nb
-                buf[k].idx = colpos[idx] + s
-                k += 1
-            qsort(buf, k, sizeof(KeyIdx), cmp_key)
-            for j in range(k):
-                for q in range(g):
-                    rank[buf[j].idx * g + q] = <int>j
-    free(buf)
-    return visits_arr, rank_arr, cta_start_arr

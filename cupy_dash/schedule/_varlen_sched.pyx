@@ -3,12 +3,46 @@
 
 A *segment* is one (sequence, KV head) pair, seg = b * Hkv + kv_head; it owns the visible KV columns of its
 sequence, with the sequence's own M, N and mask ranges (bottom-right causal and windows per sequence). The
-records are those of _compact.pyx (8 int32 fields, _records.pxd) with REC_HEAD = seg and REC_N the KV tile
+records are those of cupy_dash/schedule/compact.py (8 int32 fields, _records.pxd) with REC_HEAD = seg and REC_N the KV tile
 local to the sequence; segment seg's records are rows seg_col_start[seg] .. seg_col_start[seg + 1] - 1, in n
 order. ``build_varlen`` dispatches the units of every segment by list scheduling at column granularity (to the
 CTA that frees up first, ties to the lower CTA, as the heap of _heap.pxd pops them; here a bucket queue);
 ``busiest_load`` runs the same dispatch on the units' lengths alone, for ``auto``; ``check_varlen`` proves
-coverage, rank permutations, deadlock freedom and the rank rule in O(columns).
+coverage, rank permutations, deadlock freedom and the rank rule in O(columns). This is the one builder of every
+schedule: a fixed-length problem is one sequence whose segments are its KV heads (cupy_dash/schedule/compact.py).
+The direct builders of earlier versions (per visit, and per column of one problem) are the tests' oracles in
+testing.pyx, with the NOTES on each policy's rule next to their code.
+
+NOTES: every policy is (1) an ordered list of work units (one KV column, or a pair of columns for the symmetric
+shift) dispatched greedily to the CTA that frees up first, (2) a Q-tile order inside each column, (3) a tie-break
+between columns.  Ranks are then *derived*: visits are ordered by (step, tie-break), where step is the visit's
+position in its CTA's list, and each dQ tile receives ranks in that order.  Every wait then points from a later
+(step, tie-break) key to an earlier one, so no table built this way can deadlock, whatever the number of CTAs.
+
+NOTES: grouped columns (g > 1) are Q-tile-major: the table is the g = 1 table of the KV heads with every visit
+repeated for the g query heads of its group, in ascending order, and its rank repeated with it. Dispatch, Q-tile
+orders and ties are those of the KV heads' table, every CTA is at query head j = step mod g at every step and
+time runs g times slower; so dQ tile (head, m) ranks its visits in the order the g = 1 table ranks tile
+(head // g, m), deadlock freedom carries over, the start-up waits are paid once rather than once per query head,
+and the paper's closed forms hold with m = query heads. Head-major columns (all Q tiles of one query head, then
+the next) would start head j's pass of column n at step j * (M - lo[n]): with a causal mask that differs between
+columns and breaks the phase relations the policies are built on (descending's common start at the last Q tile,
+the shift rotations). On the paper's shapes (132 SMs, H = 32, Hkv = 8 or 1) head-major was never faster in
+either model and up to 1.45x the lower bound where Q-tile-major stays at 1.17x (shift, d64 causal, S = 4096,
+engine model).
+
+NOTES: masks are band-shaped (causal, full and sliding windows alike): KV tile n sees the contiguous range of Q
+tiles [lo[n], hi[n]) of ``column_ranges``, and both ends rise with n. A KV tile that no query sees has an empty
+range and no visits (the backward zeroes its dK, dV rows on the host side); the others form one run of columns,
+which are the work units. Every policy keeps its meaning on causal and full masks (their tables are those of a
+build without windows). With a left window bound ("band": hi[n] < M for some n) the interior columns all have the
+same length, as in a full mask restricted to a diagonal band, and its two ends are clipped triangles: ``fa3`` and
+``descending`` walk each column's range up or down as before (fa3 with upstream's shortest-first order whenever the
+window bounds keys on the right: the NOTES at ``spt`` in testing.pyx); ``shift`` rotates each column along the
+band, on the clock of its CTA (the NOTES at step (2) in testing.pyx), so that equally long columns never meet
+however the dispatch staggers them; ``symmetric_shift`` needs no pairing (a band's columns are equally long) and
+handles the two triangles mirror-wise, which arrives at every dQ tile in a strict order (the NOTES at ``mirrored``
+in testing.pyx). With a right bound alone the shape is triangular like a causal mask, and it is paired as one.
 """
 import numpy as np
 from libc.stdlib cimport calloc, malloc, free

@@ -11,7 +11,7 @@ import pytest
 
 from cupy_dash import schedule
 from cupy_dash.cli import compact as cli_compact, schedule as cli_schedule
-from cupy_dash.schedule import _compact, _schedule, auto, compact, per_visit
+from cupy_dash.schedule import _compact, _schedule, auto, compact, per_visit, testing
 
 POLICIES = ("fa3", "descending", "shift", "symmetric_shift")
 LENGTHS = [(1, 1), (17, 1000), (1000, 17), (777, 777), (2047, 1500), (300, 1000)]
@@ -34,7 +34,7 @@ def oracle_table(policy, kw):
     ``kw`` and a concrete ``policy``."""
     args = per_visit._checked_args(policy, kw["seqlen_q"], kw["seqlen_k"], kw["block_m"], kw["block_n"],
                                    kw["num_heads"], kw["causal"], kw["num_sms"], kw["group_size"], kw["window"])
-    return _schedule.build_table(_schedule.POLICY_CODES[policy], *args[:-1], *args[-1])
+    return testing.build_table(_schedule.POLICY_CODES[policy], *args[:-1], *args[-1])
 
 
 def assert_same_table(policy, kw):
@@ -268,9 +268,8 @@ def test_check_records_is_sound_under_random_corruption():
                 rejected += 1
                 continue
             accepted += 1
-            from cupy_dash.schedule import _compact_view
-            visits, rank, cta_start = _compact_view.expand(records, cols, cs, cplan.num_m_blocks, cplan.n_first,
-                                                           cplan.columns_per_head, cplan.group_size, cplan.tie_sign)
+            visits, rank, cta_start = testing.expand_sorted(records, cols, cs, cplan.num_m_blocks, cplan.n_first,
+                                                            cplan.columns_per_head, cplan.group_size, cplan.tie_sign)
             lo, hi = cplan.column_ranges()
             _schedule.analyze_table(visits, rank, cta_start, cplan.num_heads, cplan.num_m_blocks, lo,
                                     group_size=cplan.group_size, hi_arr=hi)

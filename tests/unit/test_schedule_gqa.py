@@ -10,7 +10,7 @@ from table_checks import assert_ranks_follow_time, steps  # noqa: F401
 from cupy_dash import schedule
 from cupy_dash.cli import schedule as cli_schedule
 from cupy_dash.cuda import device_tables
-from cupy_dash.schedule import _schedule
+from cupy_dash.schedule import _schedule, testing
 
 POLICIES = ("fa3", "descending", "shift", "symmetric_shift")
 HEADS = 16                                    # query heads per batch; g = 16 is MQA
@@ -154,7 +154,7 @@ def test_bad_group_sizes():
     with pytest.raises(TypeError, match="group_size"):
         schedule.build("shift", group_size=2.0, **kw)
     with pytest.raises(ValueError, match="group_size"):
-        _schedule.build_table(0, 256, 256, 64, 128, 12, False, 4, 5)
+        testing.build_table(0, 256, 256, 64, 128, 12, False, 4, 5)
     plan = schedule.build("shift", group_size=3, **kw)
     assert plan.key != schedule.build("shift", group_size=1, **kw).key and "group_size=3" in repr(plan)
 

@@ -1,14 +1,15 @@
-"""The runtime builder against the oracles: schedule.build_compact's records (built by the varlen builder as one
-sequence of num_heads query heads) equal, field by field, the records of the direct fixed-length builder
-(_compact.build_columns), with the same dispatch order, loads, header and scan bounds, over a grid and random
-problems (policies, windows, causal, group sizes, CTA counts, odd lengths, seqlen_q != seqlen_k)."""
+"""The runtime builder against the oracles (cupy_dash.schedule.testing): schedule.build_compact's records (built by
+the varlen builder as one sequence of num_heads query heads) equal, field by field, the records of the direct
+fixed-length builder (testing.build_columns), with the same dispatch order, loads, header and scan bounds, over a
+grid and random problems (policies, windows, causal, group sizes, CTA counts, odd lengths, seqlen_q != seqlen_k);
+schedule.build's per-visit tables equal the direct per-visit builder's (testing.build_table)."""
 import itertools
 
 import numpy as np
 import pytest
 
 from cupy_dash import schedule
-from cupy_dash.schedule import _compact, _schedule
+from cupy_dash.schedule import _compact, _schedule, testing
 
 POLICIES = ("fa3", "descending", "shift", "symmetric_shift")
 
@@ -23,7 +24,7 @@ def assert_same_records(policy, sq, sk, bm, bn, heads, g, causal, sms, window):
               num_sms=sms, window=window)
     plan = schedule.build_compact(policy, **kw)
     left, right = plan.window
-    records, cta_columns, cta_col_start, order, loads, meta = _compact.build_columns(
+    records, cta_columns, cta_col_start, order, loads, meta = testing.build_columns(
         _schedule.POLICY_CODES[policy], sq, sk, bm, bn, heads // g, causal, sms, left, right)
     what = f"{policy} {kw}"
     for name, want in (("records", records), ("cta_columns", cta_columns), ("cta_col_start", cta_col_start),
@@ -80,7 +81,7 @@ def test_long_records_equal_the_direct_builder(policy, seqlen, causal, heads, g,
 def test_tables_equal_the_direct_per_visit_builder_randomized():
     """schedule.build (the records expanded) against the direct per-visit builder, auto included; and
     schedule.expand (the O(visits) sweep) against the sort-based expansion of the same records."""
-    from cupy_dash.schedule import _compact_view, auto, compact, per_visit
+    from cupy_dash.schedule import auto, compact, per_visit
     rng = np.random.default_rng(4)
     for i in range(400):
         g = int(rng.choice([1, 2, 3, 8]))
@@ -97,11 +98,11 @@ def test_tables_equal_the_direct_per_visit_builder_randomized():
                           num_sms=sms, group_size=g, window=(left, right))
         concrete = auto._auto_choice(*args) if policy == "auto" else policy
         assert plan.policy == concrete and plan.key == (concrete,) + args
-        want = _schedule.build_table(_schedule.POLICY_CODES[concrete], *args[:-1], *args[-1])
+        want = testing.build_table(_schedule.POLICY_CODES[concrete], *args[:-1], *args[-1])
         cplan = compact._build_compact(concrete, *args)
-        sorted_expansion = _compact_view.expand(cplan.records, cplan.cta_columns, cplan.cta_col_start,
-                                                cplan.num_m_blocks, cplan.n_first, cplan.columns_per_head,
-                                                cplan.group_size, cplan.tie_sign)
+        sorted_expansion = testing.expand_sorted(cplan.records, cplan.cta_columns, cplan.cta_col_start,
+                                                 cplan.num_m_blocks, cplan.n_first, cplan.columns_per_head,
+                                                 cplan.group_size, cplan.tie_sign)
         got_arrays = (plan.visits, plan.rank, plan.cta_start)
         for name, got, oracle, by_sort in zip(("visits", "rank", "cta_start"), got_arrays, want, sorted_expansion):
             assert got.dtype == oracle.dtype == by_sort.dtype, name

@@ -132,18 +132,18 @@ def test_long_equal_lengths_are_build_compact(policy, seqlen, causal, g, sms, B,
 def assert_oracles_agree(policy, vplan, s_q, s_k, num_heads, kw, table=True):
     """vplan (equal lengths) against the direct fixed-length builders: the column records of num_heads heads and,
     with ``table``, their per-visit table."""
-    from cupy_dash.schedule import _compact, _schedule
+    from cupy_dash.schedule import _schedule, testing
     g, window = kw["group_size"], schedule.canonical_window(kw["window"], s_q, s_k, kw["causal"])
     args = (s_q, s_k, kw["block_m"], kw["block_n"])
-    records, cta_columns, cta_col_start, _, _, meta = _compact.build_columns(
+    records, cta_columns, cta_col_start, _, _, meta = testing.build_columns(
         _schedule.POLICY_CODES[policy], *args, num_heads // g, kw["causal"], kw["num_sms"], *window)
     for name, want in (("records", records), ("cta_columns", cta_columns), ("cta_col_start", cta_col_start)):
         np.testing.assert_array_equal(getattr(vplan, name), want, err_msg=f"{name} against the oracle")
     assert (vplan.tie_sign, vplan.rank_rule, vplan.num_ctas) == tuple(meta[k] for k in ("tie_sign", "rank_rule",
                                                                                          "num_ctas"))
     if table:
-        want = _schedule.build_table(_schedule.POLICY_CODES[policy], *args, num_heads, kw["causal"], kw["num_sms"],
-                                     g, *window)
+        want = testing.build_table(_schedule.POLICY_CODES[policy], *args, num_heads, kw["causal"], kw["num_sms"],
+                                   g, *window)
         for a, b in zip(vplan.expand(), want):
             np.testing.assert_array_equal(a, b, err_msg="expansion against the oracle table")
 

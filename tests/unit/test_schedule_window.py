@@ -12,7 +12,7 @@ from table_checks import assert_ranks_follow_time, steps  # noqa: F401
 from cupy_dash import reference, schedule
 from cupy_dash.cli import schedule as cli_schedule
 from cupy_dash.cuda import device_tables
-from cupy_dash.schedule import _schedule
+from cupy_dash.schedule import _schedule, testing
 
 POLICIES = ("fa3", "descending", "shift", "symmetric_shift")
 TILES = [(64, 128), (128, 128), (80, 128), (64, 96)]
@@ -146,7 +146,7 @@ def test_bad_windows(window, causal, exc, match):
         schedule.build("fa3", seqlen_q=100, seqlen_k=100, block_m=64, block_n=128, num_heads=1, causal=causal,
                        num_sms=1, window=window)
     with pytest.raises(ValueError, match="window sides"):
-        _schedule.build_table(0, 100, 100, 64, 128, 1, False, 1, 1, -2, 0)
+        testing.build_table(0, 100, 100, 64, 128, 1, False, 1, 1, -2, 0)
 
 
 def equal_length_band(policy, sms, heads=3):
