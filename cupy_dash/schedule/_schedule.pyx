@@ -11,9 +11,9 @@ A per-visit table is three arrays:
 share the KV head head // g, and a KV column is (head // g, n_block): its visits cover the g query heads of the
 group, back to back on one CTA, so that dK and dV stay in registers for the whole group.
 
-Tables are built as column records by the one builder (_varlen_sched.pyx, whose NOTES say how the policies are
-built and why their tables cannot deadlock) and expanded (_varlen_view.pyx); the direct per-visit builder of
-earlier versions is the tests' oracle (testing.pyx).
+Tables are built as column records by the one builder (_varlen_sched.pyx; the NOTES of _units.pxd say how the
+policies are built and why their tables cannot deadlock) and expanded (_varlen_view.pyx); the direct per-visit
+builder of earlier versions is the tests' oracle (testing.pyx).
 """
 import numpy as np
 

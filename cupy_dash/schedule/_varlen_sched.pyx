@@ -1,48 +1,19 @@
 # cython: boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 """Compact schedules of packed variable-length batches (format: cupy_dash/schedule/varlen.py).
 
-A *segment* is one (sequence, KV head) pair, seg = b * Hkv + kv_head; it owns the visible KV columns of its
-sequence, with the sequence's own M, N and mask ranges (bottom-right causal and windows per sequence). The
-records are those of cupy_dash/schedule/compact.py (8 int32 fields, _records.pxd) with REC_HEAD = seg and REC_N the KV tile
-local to the sequence; segment seg's records are rows seg_col_start[seg] .. seg_col_start[seg + 1] - 1, in n
-order. ``build_varlen`` dispatches the units of every segment by list scheduling at column granularity (to the
-CTA that frees up first, ties to the lower CTA, as the heap of _heap.pxd pops them; here a bucket queue);
-``busiest_load`` runs the same dispatch on the units' lengths alone, for ``auto``; ``check_varlen`` proves
-coverage, rank permutations, deadlock freedom and the rank rule in O(columns). This is the one builder of every
-schedule: a fixed-length problem is one sequence whose segments are its KV heads (cupy_dash/schedule/compact.py).
-The direct builders of earlier versions (per visit, and per column of one problem) are the tests' oracles in
-testing.pyx, with the NOTES on each policy's rule next to their code.
+A *segment* is one (sequence, KV head) pair, seg = b * Hkv + kv_head; it owns the visible KV columns of its sequence,
+with the sequence's own M, N and mask ranges (bottom-right causal and windows per sequence). The records are those of
+cupy_dash/schedule/compact.py (8 int32 fields, _records.pxd) with REC_HEAD = seg and REC_N the KV tile local to the
+sequence; segment seg's records are rows seg_col_start[seg] .. seg_col_start[seg + 1] - 1, in n order.
+``build_varlen`` dispatches the units of every segment by list scheduling at column granularity (to the CTA that
+frees up first, ties to the lower CTA, as the heap of _heap.pxd pops them; here a bucket queue); ``busiest_load``
+runs the same dispatch on the units' lengths alone, for ``auto``; ``check_varlen`` proves coverage, rank
+permutations, deadlock freedom and the rank rule in O(columns).
 
-NOTES: every policy is (1) an ordered list of work units (one KV column, or a pair of columns for the symmetric
-shift) dispatched greedily to the CTA that frees up first, (2) a Q-tile order inside each column, (3) a tie-break
-between columns.  Ranks are then *derived*: visits are ordered by (step, tie-break), where step is the visit's
-position in its CTA's list, and each dQ tile receives ranks in that order.  Every wait then points from a later
-(step, tie-break) key to an earlier one, so no table built this way can deadlock, whatever the number of CTAs.
-
-NOTES: grouped columns (g > 1) are Q-tile-major: the table is the g = 1 table of the KV heads with every visit
-repeated for the g query heads of its group, in ascending order, and its rank repeated with it. Dispatch, Q-tile
-orders and ties are those of the KV heads' table, every CTA is at query head j = step mod g at every step and
-time runs g times slower; so dQ tile (head, m) ranks its visits in the order the g = 1 table ranks tile
-(head // g, m), deadlock freedom carries over, the start-up waits are paid once rather than once per query head,
-and the paper's closed forms hold with m = query heads. Head-major columns (all Q tiles of one query head, then
-the next) would start head j's pass of column n at step j * (M - lo[n]): with a causal mask that differs between
-columns and breaks the phase relations the policies are built on (descending's common start at the last Q tile,
-the shift rotations). On the paper's shapes (132 SMs, H = 32, Hkv = 8 or 1) head-major was never faster in
-either model and up to 1.45x the lower bound where Q-tile-major stays at 1.17x (shift, d64 causal, S = 4096,
-engine model).
-
-NOTES: masks are band-shaped (causal, full and sliding windows alike): KV tile n sees the contiguous range of Q
-tiles [lo[n], hi[n]) of ``column_ranges``, and both ends rise with n. A KV tile that no query sees has an empty
-range and no visits (the backward zeroes its dK, dV rows on the host side); the others form one run of columns,
-which are the work units. Every policy keeps its meaning on causal and full masks (their tables are those of a
-build without windows). With a left window bound ("band": hi[n] < M for some n) the interior columns all have the
-same length, as in a full mask restricted to a diagonal band, and its two ends are clipped triangles: ``fa3`` and
-``descending`` walk each column's range up or down as before (fa3 with upstream's shortest-first order whenever the
-window bounds keys on the right: the NOTES at ``spt`` in testing.pyx); ``shift`` rotates each column along the
-band, on the clock of its CTA (the NOTES at step (2) in testing.pyx), so that equally long columns never meet
-however the dispatch staggers them; ``symmetric_shift`` needs no pairing (a band's columns are equally long) and
-handles the two triangles mirror-wise, which arrives at every dQ tile in a strict order (the NOTES at ``mirrored``
-in testing.pyx). With a right bound alone the shape is triangular like a causal mask, and it is paired as one.
+This is the one builder of every schedule: a fixed-length problem is one sequence whose segments are its KV heads
+(cupy_dash/schedule/compact.py). The NOTES on the policies are in _units.pxd; the direct builders of earlier
+versions (per visit, and per column of one problem) are the tests' oracles in testing.pyx, with the NOTES on each
+policy's rule next to their code.
 """
 import numpy as np
 from libc.stdlib cimport calloc, malloc, free
@@ -111,11 +82,20 @@ cdef struct CtaQueue:
     # the CTA that frees up first: least load, then lowest index (the order of _heap.pxd), from a bucket queue.
     # NOTES: every CTA's load lies in [m, m + R - 1], m the least load (it never falls: only the least loaded CTA
     # takes work, at most R - 1 visits per take), so bucket load & (R - 1) (R a power of two) holds exactly the
-    # CTAs of that load, as a bitset of W words (lowest index: the lowest set bit) with its member count.
+    # CTAs of that load, as a bitset of W words (lowest index: the lowest set bit) with its member count. With
+    # R >= BUSY_MIN_R, ``busy`` (R bits) marks the buckets with members, so that the search for the next one skips
+    # 64 empty loads a word: long columns on few CTAs leave most loads empty (1M tokens, full mask, 132 CTAs: 65M
+    # loads, 3x the build time when walked one by one); short ones do not, and there the bits cost more than the
+    # walk (NULL).
     long long G, W, R, m
     unsigned long long* bits
     long long* count
     long long* load
+    unsigned long long* busy
+
+
+cdef enum:
+    BUSY_MIN_R = 4096
 
 
 cdef int queue_init(CtaQueue* q, long long G, long long max_take) except -1:
@@ -125,14 +105,17 @@ cdef int queue_init(CtaQueue* q, long long G, long long max_take) except -1:
     while q.R <= max_take:
         q.R *= 2
     q.bits = <unsigned long long*>calloc(q.R * q.W, sizeof(unsigned long long))
-    q.count = <long long*>calloc(q.R + G, sizeof(long long))
+    q.count = <long long*>calloc(q.R + G + (q.R + 63) // 64, sizeof(long long))
     if q.bits == NULL or q.count == NULL:
         queue_free(q)
         raise MemoryError()
     q.load = q.count + q.R
+    q.busy = <unsigned long long*>(q.load + G) if q.R >= BUSY_MIN_R else NULL
     for c in range(G):
         q.bits[c >> 6] |= 1ULL << (c & 63)
     q.count[0] = G
+    if q.busy != NULL:
+        q.busy[0] = 1
     return 0
 
 
@@ -142,12 +125,31 @@ cdef inline void queue_free(CtaQueue* q) noexcept:
     q.bits, q.count = NULL, NULL
 
 
+cdef long long first_busy(CtaQueue* q, long long r) noexcept:
+    """The first bucket from r on (cyclically) that holds a CTA, q.m moved to its load: one by one, or 64 buckets a
+    word of ``busy``. Not inline: the common case, bucket r holding one, stays a few instructions."""
+    cdef long long w, b
+    cdef unsigned long long bits
+    if q.busy == NULL:
+        while q.count[r] == 0:
+            q.m += 1
+            r = (r + 1) & (q.R - 1)
+        return r
+    w = r >> 6
+    bits = q.busy[w] & (~0ULL << (r & 63))
+    while bits == 0:                                     # ends: some bucket holds a CTA
+        w = w + 1 if (w + 1) * 64 < q.R else 0
+        bits = q.busy[w]
+    b = w * 64 + dash_ctz64(bits)
+    q.m += (b - r) & (q.R - 1)
+    return b
+
+
 cdef inline long long queue_first(CtaQueue* q) noexcept:
     """The CTA that frees up first (q.m becomes its load)."""
     cdef long long r = q.m & (q.R - 1), w
-    while q.count[r] == 0:
-        q.m += 1
-        r = (r + 1) & (q.R - 1)
+    if q.count[r] == 0:
+        r = first_busy(q, r)
     cdef unsigned long long* word = q.bits + r * q.W
     w = 0
     while word[w] == 0:
@@ -165,6 +167,10 @@ cdef inline void queue_add(CtaQueue* q, long long c, long long L) noexcept:
         q.count[r0] -= 1
         q.bits[r1 * q.W + (c >> 6)] |= 1ULL << (c & 63)
         q.count[r1] += 1
+        if q.busy != NULL:
+            if q.count[r0] == 0:
+                q.busy[r0 >> 6] &= ~(1ULL << (r0 & 63))
+            q.busy[r1 >> 6] |= 1ULL << (r1 & 63)
 
 
 cdef inline int check_loads(const long long* load, long long G) except -1:

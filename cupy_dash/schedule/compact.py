@@ -227,7 +227,7 @@ def _build_compact(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, caus
     code = _schedule.POLICY_CODES[policy]
     _, _, (info, _, _, _), built, _, order = varlen_pack.schedule_varlen(
         code, lengths_q, lengths_k, *window, block_m, block_n, num_heads, group_size, causal, num_sms,
-        (code,), *per_visit.AUTO_COSTS, per_visit.AUTO_TOLERANCE, per_visit.AUTO_FEW_GROUPED)
+        (code,), *per_visit.AUTO_COSTS, per_visit.AUTO_TOLERANCE, per_visit.AUTO_FEW_GROUPED, True)
     records, cta_columns, cta_col_start, _, loads, num_ctas, tie_sign = built
     M, N, n_first, NC = (int(x) for x in info[0, :4])
     meta = {"M": M, "N": N, "n_first": n_first, "NC": NC, "num_ctas": num_ctas, "tie_sign": tie_sign,

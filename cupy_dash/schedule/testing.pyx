@@ -12,7 +12,7 @@ with a heap dispatch and a step-by-step rank derivation. ``build_columns``: the 
 ``expand_sorted``: the per-visit table of such records, ranks by sorting every dQ tile's visits by key.
 
 The policies' rules and why they hold (units, Q-tile orders, tie-breaks, GQA columns, band-shaped masks) are
-described in the NOTES of _varlen_sched.pyx; the NOTES below say how each rule appears in these builders.
+described in the NOTES of _units.pxd; the NOTES below say how each rule appears in these builders.
 """
 import numpy as np
 from libc.stdlib cimport malloc, free, qsort

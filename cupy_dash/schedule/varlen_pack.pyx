@@ -416,15 +416,15 @@ cdef inline void release(Arena* small, Arena* own_small, Arena* own_big) noexcep
 cpdef tuple schedule_varlen(int policy, const long long[::1] sq, const long long[::1] sk, long long left,
                             long long right, long long bm, long long bn, long long heads, long long group,
                             bint causal, long long num_sms, tuple candidates, double c, double r,
-                            double tolerance, long long few_grouped):
+                            double tolerance, long long few_grouped, bint with_order=False):
     """The compact records of a packed batch's backward schedule (cupy_dash.schedule.build_varlen, which
     checks the arguments): ``(policy, windows int64 (B, 2), (seq_info int64 (B, 6), vis_off (B + 1,), vis_lo,
     vis_hi (columns,)), (records (columns, 8), cta_columns, cta_col_start, seg_col_start int64, loads, num_ctas,
-    tie_sign), the candidates auto dispatched, dispatch order int64 (columns,): record indices in the order the
-    columns were dispatched)``. ``policy``: a _schedule.POLICY_CODES value, or -1 for auto
-    over the codes ``candidates``: their column models (engine costs c, r) from their busiest CTA's load alone,
-    the first within ``tolerance`` of the best among those the model applies to (symmetric_shift and fa3, the
-    others only with equal columns), except that grouped columns with at most ``few_grouped`` per CTA take
+    tie_sign), the candidates auto dispatched, with ``with_order`` the dispatch order int64 (columns,): record
+    indices in the order the columns were dispatched, else None)``. ``policy``: a _schedule.POLICY_CODES value,
+    or -1 for auto over the codes ``candidates``: their column models (engine costs c, r) from their busiest CTA's
+    load alone, the first within ``tolerance`` of the best among those the model applies to (symmetric_shift and
+    fa3, the others only with equal columns), except that grouped columns with at most ``few_grouped`` per CTA take
     descending (schedule.AUTO_FEW_GROUPED). (left, right): the checked window (schedule.check_window),
     canonicalised per sequence here; sq, sk int64 (B,) lengths in [0, 2^31). seq_info per sequence: (M, N,
     n_first, NC, T, flags: 1 band, 2 triangular); sequence b's visible columns are vis_off[b] .. vis_off[b + 1].
@@ -454,7 +454,7 @@ cpdef tuple schedule_varlen(int policy, const long long[::1] sq, const long long
         rec_arr = np.empty((ncols, REC_FIELDS), dtype=np.int32)
         cols_arr, cs_arr = np.empty(ncols, dtype=np.int32), np.empty(G + 1, dtype=np.int64)
         seg_arr, loads_arr = np.empty(S + 1, dtype=np.int64), np.empty(G, dtype=np.int64)
-        order_arr = np.empty(ncols, dtype=np.int64)
+        order_arr = np.empty(ncols if with_order else 0, dtype=np.int64)
         for dst, src, nbytes in ((win_arr, <size_t>w.win, 16 * B),
                                  (info_arr, <size_t>w.sh.info, 8 * INFO_FIELDS * B),
                                  (off_arr, <size_t>w.sh.off, 8 * (B + 1)), (lo_arr, <size_t>w.sh.lo, 8 * nv),
@@ -464,13 +464,14 @@ cpdef tuple schedule_varlen(int policy, const long long[::1] sq, const long long
                                  (cs_arr, <size_t>w.built.cs, 8 * (G + 1)),
                                  (seg_arr, <size_t>w.built.segc, 8 * (S + 1)),
                                  (loads_arr, <size_t>w.built.loads, 8 * G),
-                                 (order_arr, <size_t>w.built.order, 8 * ncols)):
+                                 (order_arr, <size_t>w.built.order, 8 * ncols if with_order else 0)):
             copy_out(dst, src, nbytes)
         ran = []
         for j in range(w.nran):
             ran.append(w.ran[j])
         return (w.policy, win_arr, (info_arr, off_arr, lo_arr, hi_arr),
-                (rec_arr, cols_arr, cs_arr, seg_arr, loads_arr, G, w.built.tie), tuple(ran), order_arr)
+                (rec_arr, cols_arr, cs_arr, seg_arr, loads_arr, G, w.built.tie), tuple(ran),
+                order_arr if with_order else None)
     finally:
         release(small, &own_small, &own_big)
 
