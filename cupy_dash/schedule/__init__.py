@@ -25,10 +25,10 @@ query head) pairs; a KV column is (head // group_size, n_block) and covers the g
 head on one CTA, so dK and dV need no cross-CTA reduction. Inside a column the order is Q-tile-major: each Q
 tile of the policy's order is visited for every query head of the group (ascending) before the next Q tile, so
 a grouped table is the table of the B * Hkv KV heads with every visit (and its rank) repeated group_size times
-and time running group_size times slower: every policy keeps its wait-free behaviour (``_schedule.pyx`` says
-why head-major columns would not).
+and time running group_size times slower: every policy keeps its wait-free behaviour (the NOTES of
+``_units.pxd`` say why head-major columns would not).
 
-Policies (ranks are always derived from the wait-free timeline, see ``_schedule.pyx``):
+Policies (ranks are always derived from the wait-free timeline, see the NOTES of ``_units.pxd``):
 
 ``fa3``
     FlashAttention-3's deterministic backward: every KV tile visits its Q tiles in ascending order.  Full mask:
@@ -65,13 +65,16 @@ Policies (ranks are always derived from the wait-free timeline, see ``_schedule.
     H200 (``AUTO_COSTS``), among all four policies; a policy within ``AUTO_TOLERANCE`` of the best counts as a
     tie, and ties go to the first of ``AUTO_CANDIDATES`` (symmetric_shift, shift, descending, fa3). The choice
     depends only on the shape, never on timing, so it is reproducible. Above ``AUTO_MAX_SIMULATED_VISITS``
-    visits the per-visit simulation is replaced by the column model of :mod:`cupy_dash.schedule.compact` (busiest CTA's
-    load plus the paper's start-up staircase), with the same costs, tolerance and tie order. One measured
+    visits the per-visit simulation is replaced by the column model of :mod:`cupy_dash.schedule.compact` (busiest
+    CTA's load plus the paper's start-up staircase), with the same costs, tolerance and tie order. One measured
     exception comes first: grouped columns (GQA, g > 1) with at most ``AUTO_FEW_GROUPED`` columns per CTA take
     ``descending``, which the engine model misjudges there.
 
 Compact tables (long contexts): :func:`build_compact` gives the same schedule as one record per KV column,
 built in O(columns); :func:`expand` turns it back into these arrays (see :mod:`cupy_dash.schedule.compact`).
+One builder makes every schedule: the records of packed batches (:func:`build_varlen`), of which a fixed-length
+problem is one sequence of ``num_heads`` query heads (:func:`build_compact`); :func:`build`'s table is those
+records expanded. The direct builders of earlier versions are the tests' oracles (``testing.pyx``).
 
 Portable bits. The bits of dq, dk and dv depend on the table only through the order of the additions: the
 order in which each KV column visits its Q tiles (dK and dV accumulate in registers in that order) and the rank

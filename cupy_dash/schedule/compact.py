@@ -1,12 +1,12 @@
 """Compact schedules: one record per KV column instead of one row per visit, for long contexts
 (docs/decisions/table-forms.md).
 
-Why it suffices. ``_schedule.pyx`` derives every rank from the wait-free timeline: a visit's key is (step,
-tie-break), step = the visit's position in its CTA's list, tie-break = ``tie_sign * n_block``, and a dQ tile
-ranks its visits by key. A column's visits are consecutive in its CTA's list and follow a closed-form Q-tile
-rule, so its CTA, its KV head and tile, the step of its first visit and the rule's two parameters determine
-every visit and every rank (grouped-query tables repeat each KV-head visit for the g query heads of its group,
-Q-tile-major, so the records are those of the KV heads)::
+Why it suffices. Every rank is derived from the wait-free timeline (the NOTES of ``_units.pxd``): a visit's key is
+(step, tie-break), step = the visit's position in its CTA's list, tie-break = ``tie_sign * n_block``, and a dQ tile
+ranks its visits by key. A column's visits are consecutive in its CTA's list and follow a closed-form Q-tile rule,
+so its CTA, its KV head and tile, the step of its first visit and the rule's two parameters determine every visit
+and every rank (grouped-query tables repeat each KV-head visit for the g query heads of its group, Q-tile-major, so
+the records are those of the KV heads)::
 
     plan = schedule.build_compact("auto", seqlen_q=131072, seqlen_k=131072, block_m=64, block_n=128,
                                   num_heads=32, causal=True, num_sms=132)
@@ -221,8 +221,8 @@ def _build_compact(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, caus
                    window=(-1, -1)):
     """The records of a concrete ``policy`` for build()'s checked arguments, built by the varlen builder
     (varlen_pack.schedule_varlen) as one sequence of num_heads query heads: its segments are then the KV heads
-    and its records, CTA lists and dispatch order those of the fixed-length schedule (proved against the
-    per-visit oracle in tests/unit/test_schedule_compact.py)."""
+    and its records, CTA lists and dispatch order those of the fixed-length schedule (compared with the oracles of
+    testing.pyx in tests/unit/test_schedule_one_builder.py)."""
     lengths_q, lengths_k = np.array([seqlen_q], dtype=np.int64), np.array([seqlen_k], dtype=np.int64)
     code = _schedule.POLICY_CODES[policy]
     _, _, (info, _, _, _), built, _, order = varlen_pack.schedule_varlen(
@@ -237,11 +237,13 @@ def _build_compact(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, caus
 
 
 def expand(plan: CompactSchedule) -> tuple:
-    """(visits, rank, cta_start): the per-visit arrays of ``plan``, equal to :func:`schedule.build`'s for the
-    same arguments (ranks derived independently, by sorting every dQ tile's visits by key). Raises TypeError
+    """(visits int32 (V, 4) rows (cta, head, n_block, m_block), rank int32 (V,), cta_start int64 (num_ctas + 1,)):
+    the per-visit arrays of ``plan``, which :func:`schedule.build` returns for the same arguments; ranks derived
+    from the records' (step, tie_sign * n) keys, not from the rank rule, in O(visits) by the sweep of
+    _varlen_view.pyx (the plan is one sequence of num_heads // group_size KV heads there). Raises TypeError
     naming ``plan`` unless it is compact records."""
     per_visit._table_arg(plan, ("records", "cta_columns", "cta_col_start", "num_m_blocks", "n_first",
-                                "columns_per_head", "group_size", "tie_sign"),
+                                "columns_per_head", "num_heads", "group_size", "tie_sign"),
                          "compact records (a CompactSchedule from schedule.build_compact(...))")
     return _varlen_view.expand(plan.records, plan.cta_columns, plan.cta_col_start,
                                np.array([plan.num_m_blocks], dtype=np.int64), plan.num_heads // plan.group_size,

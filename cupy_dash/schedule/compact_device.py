@@ -36,11 +36,12 @@ def table_form(num_visits=None, varlen=False, softcap=False) -> str:
     unset, where the per-visit table would hold more than ``AUTO_VISITS`` visits; else ``"expand"`` (varlen with
     ``CUPY_DASH_VARLEN_EXPAND=device``, the default: records uploaded, per-visit rows written on the GPU by
     kernels_src/bwd_expand.cu) or ``"visits"`` (per-visit rows built and uploaded by the host: every fixed-length
-    call, whose builder makes rows directly; bwd_expand reads varlen records only). ``num_visits``: the per-visit
-    table's size, or a callable counting it (called only where the size decides), or None where it is known only
-    after the build (a varlen packing: varlen_device.plan then applies the size rule, given ``AUTO_VISITS``).
-    ``softcap``: a soft-capped backward, which has no compact build (kernels.bwd_specs): never "compact";
-    NotImplementedError where the per-visit table would exceed ``AUTO_VISITS`` visits (varlen: after the build)."""
+    call, whose rows the host expands from the records; bwd_expand reads varlen records only). ``num_visits``: the
+    per-visit table's size, or a callable counting it (called only where the size decides), or None where it is
+    known only after the build (a varlen packing: varlen_device.plan then applies the size rule, given
+    ``AUTO_VISITS``). ``softcap``: a soft-capped backward, which has no compact build (kernels.bwd_specs): never
+    "compact"; NotImplementedError where the per-visit table would exceed ``AUTO_VISITS`` visits (varlen: after
+    the build)."""
     forced = config.COMPACT_TABLES.get()
     if (forced is None or softcap) and num_visits is not None:
         count = num_visits() if callable(num_visits) else num_visits
