@@ -18,7 +18,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from cupy_dash import schedule  # noqa: E402
 from cupy_dash.cli import compact as cli_compact  # noqa: E402
-from cupy_dash.schedule import auto, compact, per_visit  # noqa: E402
+from cupy_dash.schedule import auto, compact  # noqa: E402
 
 
 def clear_caches():

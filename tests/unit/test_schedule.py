@@ -7,7 +7,7 @@ import pytest
 
 from cupy_dash import schedule
 from cupy_dash.cli import schedule as cli_schedule
-from cupy_dash.schedule import auto, compact, per_visit
+from cupy_dash.schedule import auto, compact
 
 POLICIES = ("fa3", "descending", "shift", "symmetric_shift")
 
