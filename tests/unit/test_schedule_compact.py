@@ -12,6 +12,7 @@ import pytest
 from cupy_dash import schedule
 from cupy_dash.cli import compact as cli_compact, schedule as cli_schedule
 from cupy_dash.schedule import _compact, _schedule, auto, compact, per_visit, testing
+from varlen_cases import random_fixed_problem
 
 POLICIES = ("fa3", "descending", "shift", "symmetric_shift")
 LENGTHS = [(1, 1), (17, 1000), (1000, 17), (777, 777), (2047, 1500), (300, 1000)]
@@ -67,16 +68,8 @@ def test_expanded_compact_table_equals_the_table(policy, g):
 def test_expanded_compact_table_equals_the_table_randomized():
     rng = np.random.default_rng(20261201)
     for _ in range(400):
-        g = int(rng.choice([1, 2, 3, 8]))
-        heads = g * int(rng.integers(1, 6))
-        bm, bn = int(rng.choice([16, 64, 80, 128])), int(rng.choice([32, 64, 96, 128]))
-        sq, sk = (int(x) for x in rng.integers(1, 3000, size=2))
-        causal = bool(rng.integers(2))
-        left = int(rng.choice([-1, rng.integers(0, 3000)]))
-        right = 0 if causal else int(rng.choice([-1, rng.integers(0, 3000)]))
-        sms = int(rng.choice([1, 2, 7, 33, 114, 132, 264, 1000]))
-        policy = str(rng.choice(POLICIES))
-        kw = kwargs(sq, sk, bm, bn, heads, g, causal, sms, (left, right))
+        policy, sq, sk, bm, bn, heads, causal, sms, g, window = random_fixed_problem(rng, POLICIES)
+        kw = kwargs(sq, sk, bm, bn, heads, g, causal, sms, window)
         plan, cplan = assert_same_table(policy, kw)
         cplan.to_schedule().validate()                  # validate() works on the expanded view
         for mode in ("count", "window"):                # the kernel's loops, for every visit

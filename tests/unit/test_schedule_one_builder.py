@@ -10,6 +10,7 @@ import pytest
 
 from cupy_dash import schedule
 from cupy_dash.schedule import _compact, _schedule, testing
+from varlen_cases import random_fixed_problem
 
 POLICIES = ("fa3", "descending", "shift", "symmetric_shift")
 
@@ -84,18 +85,10 @@ def test_tables_equal_the_direct_per_visit_builder_randomized():
     from cupy_dash.schedule import auto, compact, per_visit
     rng = np.random.default_rng(4)
     for i in range(400):
-        g = int(rng.choice([1, 2, 3, 8]))
-        heads = g * int(rng.integers(1, 6))
-        bm, bn = int(rng.choice([16, 64, 80, 128])), int(rng.choice([32, 64, 96, 128]))
-        sq, sk = (int(x) for x in rng.integers(1, 3000, size=2))
-        causal = bool(rng.integers(2))
-        left = int(rng.choice([-1, rng.integers(0, 3000)]))
-        right = 0 if causal else int(rng.choice([-1, rng.integers(0, 3000)]))
-        sms = int(rng.choice([1, 2, 7, 33, 114, 132, 264, 1000]))
-        policy = str(rng.choice(POLICIES + ("auto",)))
-        args = per_visit._checked_args(policy, sq, sk, bm, bn, heads, causal, sms, g, (left, right))
+        policy, sq, sk, bm, bn, heads, causal, sms, g, window = random_fixed_problem(rng, POLICIES + ("auto",))
+        args = per_visit._checked_args(policy, sq, sk, bm, bn, heads, causal, sms, g, window)
         plan = auto.build(policy, seqlen_q=sq, seqlen_k=sk, block_m=bm, block_n=bn, num_heads=heads, causal=causal,
-                          num_sms=sms, group_size=g, window=(left, right))
+                          num_sms=sms, group_size=g, window=window)
         concrete = auto._auto_choice(*args) if policy == "auto" else policy
         assert plan.policy == concrete and plan.key == (concrete,) + args
         want = testing.build_table(_schedule.POLICY_CODES[concrete], *args[:-1], *args[-1])

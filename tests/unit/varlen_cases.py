@@ -1,5 +1,5 @@
-"""Random packed batches for the varlen schedule tests (not a test module): shared by
-test_schedule_varlen_fast.py and test_varlen_compact.py."""
+"""Random problems for the schedule tests (not a test module): packed batches (test_schedule_varlen_fast.py,
+test_varlen_compact.py) and fixed-length problems (test_schedule_compact.py, test_schedule_one_builder.py)."""
 import numpy as np
 
 
@@ -23,3 +23,17 @@ def random_problem(rng):
               heads=g * int(rng.choice([1, 2, 4])), causal=causal, group_size=g, window=window,
               num_sms=int(rng.choice([1, 2, 7, 33, 132, 1000])))
     return sq, sk, kw
+
+
+def random_fixed_problem(rng, policies):
+    """(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms, group_size, window) of a random
+    fixed-length problem: odd lengths up to 3000, tiles of 16-128, GQA groups, windows, 1-1000 CTAs."""
+    g = int(rng.choice([1, 2, 3, 8]))
+    heads = g * int(rng.integers(1, 6))
+    bm, bn = int(rng.choice([16, 64, 80, 128])), int(rng.choice([32, 64, 96, 128]))
+    sq, sk = (int(x) for x in rng.integers(1, 3000, size=2))
+    causal = bool(rng.integers(2))
+    left = int(rng.choice([-1, rng.integers(0, 3000)]))
+    right = 0 if causal else int(rng.choice([-1, rng.integers(0, 3000)]))
+    sms = int(rng.choice([1, 2, 7, 33, 114, 132, 264, 1000]))
+    return str(rng.choice(policies)), sq, sk, bm, bn, heads, causal, sms, g, (left, right)
