@@ -312,8 +312,11 @@ if [ "$stage" = tests ] || [ "$stage" = all ]; then
 fi
 if [ "$stage" = tests2 ]; then
   rest=(); for f in tests/gpu/test_gpu_*.py; do [[ " ${gpu_a[*]} " == *" $f "* ]] || rest+=("$f"); done
-  timeout -s INT -k 30 540 $py -m pytest "${rest[@]}" -q -rf --maxfail=20 --durations=10 "$@" 2>&1 | tee "$OUT/tests2.log" \
-    | tail -30
+  rm -rf /tmp/tests2_tmp
+  timeout -s INT -k 30 540 $py -m pytest "${rest[@]}" -q -rf --maxfail=20 --durations=10 --basetemp=/tmp/tests2_tmp \
+    "$@" 2>&1 | tee "$OUT/tests2.log" | tail -30
+  # the examples' own logs (test_gpu_distributed.py keeps each subprocess's output beside its --json)
+  (cd /tmp && find tests2_tmp -name "*.log" | tar czf "$OUT/tests2_logs.tgz" -T - 2>/dev/null)
 fi
 if [ "$stage" = bench ] || [ "$stage" = all ]; then
   timeout 120 $py -m cupy_dash demo 2>&1 | tee "$OUT/demo.log" | tail -20
