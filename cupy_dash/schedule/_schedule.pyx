@@ -47,8 +47,3 @@ def column_ranges(long long seqlen_q, long long seqlen_k, long long block_m, lon
         tile_range(n, seqlen_q, seqlen_k, block_m, block_n, causal, window_left, window_right, &lo[n], &hi[n])
     return lo_arr, hi_arr
 
-
-def column_starts(long long seqlen_q, long long seqlen_k, long long block_m, long long block_n, bint causal,
-                  long long window_left=-1, long long window_right=-1):
-    """First visible Q tile of every KV tile: int64 (N,), the ``lo`` of :func:`column_ranges`."""
-    return column_ranges(seqlen_q, seqlen_k, block_m, block_n, causal, window_left, window_right)[0]
