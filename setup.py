@@ -12,12 +12,13 @@ def _cores() -> int:
 
 
 # cupy_dash.schedule: _varlen_sched builds and checks the compact (per-column) records of every schedule (a
-# fixed-length problem is one sequence), varlen_pack runs it and packs the records in the byte layout uploaded,
-# _varlen_view expands them into per-visit tables; _schedule holds the mask ranges, _schedule_check validates and
-# simulates per-visit tables (it cimports the inline heap of _heap.pxd); _compact computes and checks what only
-# fixed-length records have (scan bounds), _compact_view what the kernel will compute per visit; _records holds
-# the checks that every table of records shares (_records.pxd: the record layout and rule, _units.pxd: the
-# builders' shared inline code); testing holds the tests' oracles (the direct builders of earlier versions).
+# fixed-length problem is one sequence), varlen_pack runs it (on the scratch of _scratch.pxd) and packs the records
+# in the byte layout uploaded, _varlen_view expands them into per-visit tables; _schedule holds the mask ranges,
+# _schedule_check validates and simulates per-visit tables (it cimports the inline heap of _heap.pxd); _compact
+# computes and checks what only fixed-length records have (scan bounds), _compact_view what the kernel will compute
+# per visit; _records holds the checks that every table of records shares (_records.pxd: the record layout and rule,
+# _units.pxd: the builders' shared inline code); testing holds the tests' oracles (the direct builders of earlier
+# versions).
 # cupy_dash.cuda.executor is every kernel launch (one cuLaunchKernel);
 # cupy_dash.jax._xla_ffi is the JAX adapter's XLA FFI handler (xla_ffi.c).
 EXTENSIONS = [Extension("cupy_dash.schedule._schedule", ["cupy_dash/schedule/_schedule.pyx"]),

@@ -14,10 +14,11 @@ the same C-level pipeline (``schedule_core``) on malloc'd scratch (an ``Arena``,
 allocates no Python object until the result: ``new_packing`` then writes the packed buffer straight from it.
 """
 import numpy as np
-from libc.stdlib cimport free, realloc
+from libc.stdlib cimport free
 from libc.string cimport memcpy, memset
 
 from cupy_dash.schedule._records cimport REC_FIELDS, REC_HI, REC_LO, REC_STEP
+from cupy_dash.schedule._scratch cimport Arena, arena_reserve, arena_take, room, stable_argsort
 from cupy_dash.schedule._units cimport POLICY_DESCENDING, POLICY_FA3, POLICY_SYMMETRIC_SHIFT
 from cupy_dash.schedule._varlen_sched cimport (INFO_FIELDS, Built, Dispatch, Shapes, build_varlen, busiest_load,
                                                plain_units, shapes_count, shapes_fill, total_columns)
@@ -29,75 +30,6 @@ DTYPES = (np.int32, np.int32, np.int64, np.int32, np.int32, np.int32, np.int32, 
 
 cdef inline long long aligned(long long nbytes) noexcept:
     return (nbytes + 255) // 256 * 256
-
-
-# Scratch of the C pipeline below: growable malloc'd arenas, carved in 64-byte aligned pieces, and the stable
-# sort of the sequences' dispatch order.
-
-cdef struct Arena:
-    char* buf
-    size_t cap, used
-
-
-cdef int arena_reserve(Arena* a, size_t nbytes) except -1:
-    """Room for ``nbytes`` (carvings included): grows the buffer, which moves it, so nothing may be carved yet."""
-    cdef char* grown
-    a.used = 0
-    nbytes = nbytes if nbytes > 64 else 64
-    if nbytes > a.cap:
-        grown = <char*>realloc(a.buf, nbytes)
-        if grown == NULL:
-            raise MemoryError()
-        a.buf, a.cap = grown, nbytes
-    return 0
-
-
-cdef inline void* arena_take(Arena* a, size_t nbytes) noexcept:
-    """The next 64-byte aligned ``nbytes`` of a reserved arena."""
-    cdef void* p = a.buf + a.used
-    a.used += (nbytes + 63) // 64 * 64
-    return p
-
-
-cdef inline size_t room(size_t nbytes) noexcept:
-    return (nbytes + 63) // 64 * 64
-
-
-cdef void stable_argsort(const long long* key, long long n, long long* out, long long* tmp) noexcept:
-    """``out``: 0 .. n - 1 ordered by key, ties in index order (numpy's stable argsort), by bottom-up merges."""
-    cdef long long i, width, lo, mid, hi, a, b, k
-    cdef long long* src = out
-    cdef long long* dst = tmp
-    for i in range(n):
-        out[i] = i
-    width = 1
-    while width < n:
-        lo = 0
-        while lo < n:
-            mid = lo + width if lo + width < n else n
-            hi = lo + 2 * width if lo + 2 * width < n else n
-            a, b, k = lo, mid, lo
-            while a < mid and b < hi:
-                if key[src[b]] < key[src[a]]:
-                    dst[k] = src[b]
-                    b += 1
-                else:
-                    dst[k] = src[a]
-                    a += 1
-                k += 1
-            while a < mid:
-                dst[k] = src[a]
-                a += 1
-                k += 1
-            while b < hi:
-                dst[k] = src[b]
-                b += 1
-                k += 1
-            lo = hi
-        src, dst = dst, src
-        width *= 2
-    if src != out:
-        memcpy(out, src, n * sizeof(long long))
 
 
 # NOTES: one pair of arenas serves every call; a call that finds them taken (another thread's, suspended in the
