@@ -3,11 +3,10 @@ schedules of one problem from their compact records, in O(columns) time and memo
 per-visit simulation (see cupy_dash.schedule.compact)."""
 from __future__ import annotations
 
-import os
 import sys
 import time
 
-from .. import schedule
+from .. import config, schedule
 from ..schedule import compact, compact_device
 
 CLI_MAX_SIMULATED_VISITS = 1 << 24    # above: the CLI analyses compact records (the per-visit tables need GBs)
@@ -34,7 +33,7 @@ def auto_line(plan) -> str:
     problem = (plan.seqlen_q, plan.seqlen_k, plan.block_m, plan.block_n, plan.num_heads, plan.causal, plan.num_sms,
                plan.group_size, tuple(plan.window))
     policy, compact_tables = compact_device.backward_auto(*problem)
-    env = os.environ.get(compact_device.ENV, "")
+    env = config.COMPACT_TABLES.raw() or ""
     limit = compact_device.AUTO_VISITS
     form = f"{compact_device.ENV}={env}" if env else \
         f"{plan.num_visits} visits {'>' if compact_tables else '<='} {limit} per table"
