@@ -43,8 +43,7 @@ struct Band {
 };
 
 // The queries (columns) of a thread's P^T row that its key sees, relative to column query0 + f.col0 of the tile:
-// [lo, hi], empty (lo > hi) for a key >= Sk. With lo <= -1 and hi >= kBlockM for an unmasked row, so that one
-// comparison pair per element masks every kind of tile alike.
+// [lo, hi], clamped to [-1, kBlockM], empty (lo > hi) for a key >= Sk: one comparison pair per element masks it.
 struct RowWindow {
   int lo, hi;
   DASH_DEVICE RowWindow(int key, int col_base, int seqlen_k, const Band& band) {
@@ -52,6 +51,20 @@ struct RowWindow {
     lo = key < seqlen_k ? (int)(first < -1 ? -1 : first) : 1;
     hi = key < seqlen_k ? (int)(last > kBlockM ? kBlockM : last) : 0;
   }
+};
+
+// A visit's tile as the mask sees it: whether it needs the mask at all, and the window of a thread's key row r (0 or
+// 8: its two rows of the 64 x kBlockM accumulator).
+struct TileMask {
+  int key, col_base, seqlen_k;
+  Band band;
+  bool needed;
+  DASH_DEVICE TileMask(int key0, int query0, int seqlen_k_, const Band& band_, const Fragment& f)
+      : key(key0 + f.row0), col_base(query0 + f.col0), seqlen_k(seqlen_k_), band(band_),
+        // NOTES: a tile needs the mask only if it reaches past Sk or one of its offsets key - q leaves the band:
+        // the largest is key0 + 63 - query0, the smallest key0 - (query0 + kBlockM - 1). Uniform per warpgroup.
+        needed(key0 + 64 > seqlen_k_ || key0 + 63 - query0 > band_.hi || key0 - (query0 + kBlockM - 1) < band_.lo) {}
+  DASH_DEVICE RowWindow row(int r) const { return RowWindow(key + r, col_base, seqlen_k, band); }
 };
 
 constexpr bool kCompactTables = DASH_COMPACT != 0;  // schedule_view.cuh defaults the define to 0
@@ -78,15 +91,16 @@ struct RowValues {
   }
 };
 
-// P^T = exp2(S^T * scale_log2 - lse_log2[q]) in place; kMask: 0 where the key does not see the query (rows: the
-// windows of the thread's two key rows).
+// P^T = exp2(S^T * scale_log2 - lse_log2[q]) in place; kMask: 0 where the key does not see the query (the windows
+// of the thread's two key rows, TileMask::row).
 // NOTES: keys >= Sk and keys outside the query's band (window and causal masks) are masked by select. Queries >= Sq
 // and rows whose lse is -inf (no key in their window) have lse_log2 = +inf (preprocess), so P = 2^-inf = 0 there
 // without a mask; TMA zero-fills their Q and dO rows (varlen: loads the next sequence's), so S and dP stay finite.
 // Varlen builds: Sq, Sk and the band are the visit's sequence's.
 template <bool kMask>
 DASH_DEVICE void softmax_probs(float (&S)[kSRegs], const RowValues& lse_log2, float scale_log2,
-                               const RowWindow (&rows)[2]) {
+                               const TileMask& mask) {
+  const RowWindow rows[2] = {mask.row(0), mask.row(8)};  // computed in the masked copy only (unused otherwise)
 #pragma unroll
   for (int c = 0; c < kBlockM / 8; ++c) {
     const float2 l = lse_log2[c];
@@ -154,18 +168,6 @@ DASH_DEVICE void softmax_grad(uint32_t (&dSa)[kBlockM / 16][4], const uint32_t (
   }
 }
 
-// Where a visit's tile needs the mask, and the windows its thread's two key rows see (RowWindow).
-struct TileMask {
-  RowWindow rows[2];
-  bool needed;
-  DASH_DEVICE TileMask(int key0, int query0, int seqlen_k, const Band& band, const Fragment& f)
-      : rows{RowWindow(key0 + f.row0, query0 + f.col0, seqlen_k, band),
-             RowWindow(key0 + f.row0 + 8, query0 + f.col0, seqlen_k, band)},
-        // NOTES: a tile needs the mask only if it reaches past Sk or one of its offsets key - q leaves the band:
-        // the largest is key0 + 63 - query0, the smallest key0 - (query0 + kBlockM - 1). Uniform per warpgroup.
-        needed(key0 + 64 > seqlen_k || key0 + 63 - query0 > band.hi || key0 - (query0 + kBlockM - 1) < band.lo) {}
-};
-
 // From the S^T wait to the dS^T store of a visit: P^T into Pa, dS^T into dSa and the stage's dS tile; V released
 // after the group's last dP^T. Issued after S^T and dP^T (two commit groups).
 // NOTES: instantiated per kMask and branched on before the S^T wait, so that neither copy has a branch from the
@@ -185,7 +187,7 @@ DASH_DEVICE void probs_and_grads(float (&S)[kSRegs], float (&dP)[kSRegs], uint32
   wgmma_fence_operand(S);
   uint32_t dT[kDtRegs];
   if constexpr (kSoftcap) softcap_scores(S, dT, p.softcap_prescale);
-  softmax_probs<kMask>(S, lse_row, p.softmax_scale_log2, mask.rows);
+  softmax_probs<kMask>(S, lse_row, p.softmax_scale_log2, mask);
   const RowValues dpsum_row(reinterpret_cast<const float*>(smem_generic + (s.dpsum(stage) - s.base)), f);
   pack_fragments<kSRegs>(Pa, S);
   wgmma_wait<0>();
