@@ -169,3 +169,17 @@ def assert_full_paths_block(full, fast) -> None:
         if name not in PER_CALL_FIELDS:
             assert bytes(np.atleast_1d(full[name]).view(np.uint8)) == \
                 bytes(np.atleast_1d(fast[name]).view(np.uint8)), name
+
+
+def served_backwards(enqueued, args, calls, **kwargs) -> list:
+    """The backward of ``args`` (keyword arguments ``kwargs``) once by the full path, then ``calls`` times more,
+    which the fast path must serve (one launch each, ``enqueued``: the fake launcher's records) with the full path's
+    parameter block but for the per-call fields: ``[(record, (dq, dk, dv))]`` of those calls."""
+    import cupy_dash
+    cupy_dash.attention_backward(*args, **kwargs)
+    hits = fastpath.stats()["bwd_hits"]
+    grads = [cupy_dash.attention_backward(*args, **kwargs) for _ in range(calls)]
+    assert fastpath.stats()["bwd_hits"] == hits + calls and len(enqueued) == calls + 1
+    for e in enqueued[1:]:
+        assert_full_paths_block(enqueued[0]["params"], e["params"])
+    return list(zip(enqueued[1:], grads))
