@@ -44,6 +44,9 @@ give the same bits.
 batch bit for bit (and a loop over the axis bit for bit for the forward; for the backward with the
 ``PORTABLE_POLICIES`` schedules, whose addition orders do not depend on the batch size).
 
+``shard_map``: results vary over the manual mesh axes their operands vary over; the differentiable calls first
+cast their operands to vary together, so an operand replicated over an axis gets its gradient summed over it.
+
 Packed variable-length batches: :func:`attention_varlen` (:mod:`cupy_dash.jax.varlen`: host cu_seqlens, static;
 or JAX arrays, one program for every packing, :mod:`cupy_dash.jax.varlen_dyn`).
 

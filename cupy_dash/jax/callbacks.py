@@ -33,6 +33,37 @@ def _get(key, make):
         return prepared
 
 
+def _vma(x) -> frozenset:
+    """The manual mesh axes (``jax.shard_map``) that ``x`` varies over; empty outside shard_map (the type's
+    ``manual_axis_type.varying``, ``vma`` before JAX 0.10)."""
+    aval = jax.typeof(x)
+    mat = getattr(aval, "manual_axis_type", None)
+    return frozenset(mat.varying if mat is not None else getattr(aval, "vma", ()))
+
+
+def _cast_varying(x, axes):
+    missing = tuple(sorted(axes - _vma(x)))
+    if not missing:
+        return x
+    return jax.lax.pcast(x, missing, to="varying") if hasattr(jax.lax, "pcast") else jax.lax.pvary(x, missing)
+
+
+def vary_together(*arrays) -> tuple:
+    """``arrays`` typed to vary over every manual mesh axis that any of them varies over. A differentiable call does
+    this to its operands before its ``custom_vjp``: an operand replicated over an axis (k, v beside a sharded q) then
+    gets its gradient summed over that axis by the cast's transpose, and each cotangent has its primal's type."""
+    axes = frozenset().union(*map(_vma, arrays))
+    return tuple(_cast_varying(x, axes) for x in arrays)
+
+
+def vary_like(results, operands) -> tuple:
+    """A custom call's ``results`` typed to vary over the manual mesh axes its ``operands`` vary over: inside
+    ``jax.shard_map`` XLA's custom calls give results that vary over none, and shard_map's type check (and a
+    ``custom_vjp`` backward, which must return its primals' types) reject that."""
+    axes = frozenset().union(*map(_vma, operands))
+    return tuple(_cast_varying(x, axes) for x in results)
+
+
 def _gpus() -> tuple:
     """CUDA ordinals of the local GPUs JAX may run a traced call on (none when JAX has no GPU backend); raises
     RuntimeError when none of them is a Hopper GPU."""

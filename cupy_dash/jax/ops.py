@@ -34,7 +34,7 @@ def attention(q, k, v, causal=False, softmax_scale=None, schedule="auto", determ
     and under ``jax.jit`` / ``grad`` / ``vmap`` (module docstring)."""
     cfg = _config(causal, softmax_scale, window=window, schedule=schedule, deterministic=deterministic,
                   softcap=softcap)
-    return _attention_jit(q, k, v, cfg)
+    return _attention_jit(*callbacks.vary_together(q, k, v), cfg)
 
 
 def attention_forward(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1), softcap=0.0):
@@ -43,7 +43,7 @@ def attention_forward(q, k, v, *, causal=False, softmax_scale=None, window=(-1, 
     differentiable (gradient: :func:`attention_backward` with this window and cap, default schedule); ``lse`` is
     not."""
     cfg = _config(causal, softmax_scale, window=window, softcap=softcap)
-    return _forward_jit(q, k, v, cfg)
+    return _forward_jit(*callbacks.vary_together(q, k, v), cfg)
 
 
 def attention_backward(dout, q, k, v, out, lse, *, causal=False, softmax_scale=None, schedule="auto",
@@ -156,7 +156,8 @@ def _unfold(x, axis_size):
 
 
 def _batched(call):
-    """``call`` (arrays with a leading batch axis -> tuple of such arrays) with the folding vmap rule."""
+    """``call`` (arrays with a leading batch axis -> tuple of such arrays) with the folding vmap rule, its results
+    varying over the manual mesh axes of its operands (:func:`cupy_dash.jax.callbacks.vary_like`)."""
     from jax.custom_batching import custom_vmap
     op = custom_vmap(call)
 
@@ -164,7 +165,8 @@ def _batched(call):
     def rule(axis_size, in_batched, *args):
         outs = op(*(_fold(x, b, axis_size) for x, b in zip(args, in_batched)))
         return tuple(_unfold(x, axis_size) for x in outs), tuple(True for _ in outs)
-    return op
+    # NOTES: outside custom_vmap: the function it traces sees its operands without their varying mesh axes
+    return lambda *args: callbacks.vary_like(op(*args), args)
 
 
 @functools.lru_cache(maxsize=None)

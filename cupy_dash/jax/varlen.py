@@ -50,7 +50,7 @@ def attention_host_lengths(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, ba
         cus.append(tuple(int(x) for x in cu_seqlens_values(name, host, int(total),
                                                            name.replace("cu_seqlens", "max_seqlen"), m)))
     check_same_count(*cus)
-    return _attention_jit(q, k, v, _VarlenConfig(base, cus[0], cus[1], max_q, max_k))
+    return _attention_jit(*callbacks.vary_together(q, k, v), _VarlenConfig(base, cus[0], cus[1], max_q, max_k))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
@@ -91,8 +91,9 @@ def _forward(vcfg, q, k, v):
     p, cfg = _problem(vcfg, q, k, v)
     key = ("fwd-varlen", p.dtype, (p.Sq, p.Sk, p.H, p.Hkv, p.D), p.scale, p.softcap, cfg.causal, cfg.window,
            vcfg.cu_q, vcfg.cu_k, vcfg.max_q)
-    return callbacks._get(key, lambda: _VarlenForward(p, cfg, len(vcfg.cu_q) - 1, vcfg.max_q,
-                                                 (vcfg.cu_q, vcfg.cu_k))).bind(q, k, v)
+    prepared = callbacks._get(key, lambda: _VarlenForward(p, cfg, len(vcfg.cu_q) - 1, vcfg.max_q,
+                                                          (vcfg.cu_q, vcfg.cu_k)))
+    return callbacks.vary_like(prepared.bind(q, k, v), (q, k, v))
 
 
 def _backward(vcfg, dout, q, k, v, out, lse):
@@ -100,7 +101,8 @@ def _backward(vcfg, dout, q, k, v, out, lse):
     spin = config.spin_timeout_ns()
     key = ("bwd-varlen", p.dtype, (p.Sq, p.Sk, p.H, p.Hkv, p.D), p.scale, p.softcap, cfg.causal, cfg.window,
            cfg.schedule, cfg.deterministic, spin, vcfg.cu_q, vcfg.cu_k, vcfg.max_q)
-    return callbacks._get(key, lambda: _VarlenBackward(p, cfg, vcfg, spin)).bind(dout, q, k, v, out, lse)
+    prepared = callbacks._get(key, lambda: _VarlenBackward(p, cfg, vcfg, spin))
+    return callbacks.vary_like(prepared.bind(dout, q, k, v, out, lse), (dout, q, k, v, out, lse))
 
 
 class _VarlenForward:

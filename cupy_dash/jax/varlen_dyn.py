@@ -59,7 +59,7 @@ def _forward(dcfg, q, k, v, cu_q, cu_k):
     key = ("fwd-varlen-dyn", p.dtype, (p.Sq, p.Sk, p.H, p.Hkv, p.D), p.scale, p.softcap, cfg.causal, cfg.window,
            dcfg.num_seqs, dcfg.max_q)
     prepared = callbacks._get(key, lambda: _static._VarlenForward(p, cfg, dcfg.num_seqs, dcfg.max_q))
-    return prepared.bind(q, k, v, cu_q, cu_k)
+    return callbacks.vary_like(prepared.bind(q, k, v, cu_q, cu_k), (q, k, v, cu_q, cu_k))
 
 
 def _backward(dcfg, dout, q, k, v, out, lse, cu_q, cu_k):
@@ -67,7 +67,8 @@ def _backward(dcfg, dout, q, k, v, out, lse, cu_q, cu_k):
     spin = config.spin_timeout_ns()
     key = ("bwd-varlen-dyn", p.dtype, (p.Sq, p.Sk, p.H, p.Hkv, p.D), p.scale, p.softcap, cfg.causal, cfg.window,
            cfg.schedule, cfg.deterministic, spin, dcfg.num_seqs, dcfg.max_q, dcfg.max_k)
-    return callbacks._get(key, lambda: _Backward(p, cfg, dcfg, spin)).bind(dout, q, k, v, out, lse, cu_q, cu_k)
+    operands = dout, q, k, v, out, lse, cu_q, cu_k
+    return callbacks.vary_like(callbacks._get(key, lambda: _Backward(p, cfg, dcfg, spin)).bind(*operands), operands)
 
 
 class _Backward:
@@ -137,4 +138,5 @@ def attention_device_lengths(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, 
         raise ValueError(f"cu_seqlens_k: expected {num_seqs + 1} entries (as cu_seqlens_q), got "
                          f"{cu_seqlens_k.shape[0]}")
     varlen_launch.check_max_within(max_q, max_k, q.shape[0], k.shape[0])
+    q, k, v = callbacks.vary_together(q, k, v)
     return attention_jit(q, k, v, cu_seqlens_q, cu_seqlens_k, _DynConfig(base, num_seqs, max_q, max_k))
