@@ -15,7 +15,9 @@ Conventions (DESIGN.md, "Measuring"; the FA3 paper's):
 * Shapes: ``tokens = B * S = 16384`` and ``hidden = H * D = 2048``; S in 512 ... 16384; head dim 64 and 128;
   full and causal; bf16. Every tensor of every shape has the same number of elements, so one pool of random
   buffers serves every configuration (reshaped per shape).
-* Timing: CUDA events around each call on the stream the call runs on, after warm-up; the median over
+* Timing: CUDA events around each call on the stream the call runs on, after warm-up (``warmup`` calls, then more
+  until ``warmup_s`` seconds have passed, 0.5 by default: the H200 lowers its SM clock at its power limit
+  within ~0.1 s of load, and the calls timed before that ran ~12 % faster at 15k tokens); the median over
   ``repeats`` (>= 20) calls; the calls rotate over ``input_sets`` (>= 2) independent input sets, each larger than
   the L2 cache (optionally, ``flush_l2`` also writes a 256 MiB buffer before every timed call).
 * Backward timing is the backward call alone: q, k, v, dO, out and lse are computed beforehand; for torch the
@@ -119,7 +121,7 @@ def bench_config(cfg, buffers, opts, peers=(), fa3=False):
 
         def flush():
             scratch.fill(1)
-    timing = dict(warmup=opts["warmup"], repeats=opts["repeats"])
+    timing = dict(warmup=opts["warmup"], repeats=opts["repeats"], warmup_s=opts.get("warmup_s", 0.0))
 
     def measure(key, fn):
         _measure(results, key, fn)
@@ -208,8 +210,8 @@ def _meta(opts, argv):
     meta = dict(date=_dt.datetime.now().isoformat(timespec="seconds"),
                 command=" ".join([opts.get("prog") or PROG] + [shlex.quote(a) for a in argv]),
                 dtype=opts["dtype"], tokens=opts["tokens"], hidden=opts["hidden"], repeats=opts["repeats"],
-                warmup=opts["warmup"], input_sets=opts["input_sets"], flush_l2=opts["flush_l2"], group=opts["group"],
-                softcap=opts.get("softcap", 0.0),
+                warmup=opts["warmup"], warmup_s=opts.get("warmup_s", 0.0), input_sets=opts["input_sets"],
+                flush_l2=opts["flush_l2"], group=opts["group"], softcap=opts.get("softcap", 0.0),
                 quick=opts["quick"], python=platform.python_version(), cupy=cupy.__version__,
                 cupy_dash=getattr(cupy_dash, "__version__", "?"), torch=None, env=knobs_set())
     try:
@@ -255,6 +257,8 @@ def build_parser(prog=None):
     p.add_argument("--repeats", type=int, default=None, help=f"timed calls per measurement (default "
                    f"{DEFAULT_REPEATS}; the median is reported)")
     p.add_argument("--warmup", type=int, default=None, help="untimed calls before timing (default 5)")
+    p.add_argument("--warmup-s", type=float, default=0.5,
+                   help="then more untimed calls until this many seconds have passed (default 0.5: a steady clock)")
     p.add_argument("--input-sets", type=int, default=2, help="input sets rotated between calls (default 2)")
     p.add_argument("--flush-l2", action="store_true", help="also write a 256 MiB buffer before every timed call")
     p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
@@ -296,7 +300,7 @@ def parse_args(argv=None, prog=None):
         masks=_str_list(args.masks) if args.masks else q.get("masks", DEFAULT_MASKS),
         schedules=_str_list(args.schedules) if args.schedules else SCHEDULES + (ATOMIC,),
         repeats=args.repeats if args.repeats is not None else q.get("repeats", DEFAULT_REPEATS),
-        warmup=args.warmup if args.warmup is not None else q.get("warmup", 5),
+        warmup=args.warmup if args.warmup is not None else q.get("warmup", 5), warmup_s=args.warmup_s,
         overhead_calls=args.overhead_calls if args.overhead_calls is not None else q.get("overhead_calls", 1000),
         input_sets=max(1, args.input_sets), flush_l2=args.flush_l2, dtype=args.dtype, tokens=args.tokens,
         hidden=args.hidden, quick=args.quick, torch=not args.no_torch, fa3=not args.no_fa3,

@@ -153,11 +153,16 @@ class Fa3Peer:
             self._fns[key] = jax.jit(bwd)
         return self._fns[key]
 
-    def _loop_time(self, fn, jsets, repeats, warmup, flops):
-        """Median over 3 loops of ``repeats`` calls (ms per call), after ``warmup`` calls that also compile."""
+    def _loop_time(self, fn, jsets, repeats, warmup, flops, warmup_s=0.0):
+        """Median over 3 loops of ``repeats`` calls (ms per call), after ``warmup`` calls that also compile and
+        more until ``warmup_s`` seconds have passed since the first compiled call (a steady clock, as
+        cupy_dash.cli.measure.time_calls)."""
         jax = self.jax
-        for i in range(max(warmup, 1)):
+        jax.block_until_ready(fn(*jsets[0]))
+        t0, i = time.perf_counter(), 1
+        while i < warmup or time.perf_counter() - t0 < warmup_s:
             jax.block_until_ready(fn(*jsets[i % len(jsets)]))
+            i += 1
         loops = []
         for _ in range(3):
             t0 = time.perf_counter()
@@ -170,7 +175,7 @@ class Fa3Peer:
         return dict(median_ms=med, min_ms=min(loops), max_ms=max(loops), n=3 * repeats,
                     tflops=flops / (med * 1e-3) / 1e12, timing="loop")
 
-    def measure_fwd(self, sets, causal, flops, measure, repeats, warmup, log=print):
+    def measure_fwd(self, sets, causal, flops, measure, repeats, warmup, log=print, warmup_s=0.0):
         """Key fa3_fwd: the wheel's public forward (flash_mha) on the CuPy q, k, v of ``sets``."""
         jax = self.jax
         from flash_attn3_jax import flash_mha
@@ -179,11 +184,11 @@ class Fa3Peer:
 
         def fwd():
             log("    (FA3 forward: compile and warm up)")
-            return self._loop_time(fn, jsets, repeats, warmup, flops["fwd"])
+            return self._loop_time(fn, jsets, repeats, warmup, flops["fwd"], warmup_s)
 
         measure("fa3_fwd", fwd)
 
-    def measure_bwd(self, sets, causal, flops, measure, repeats, warmup, log=print):
+    def measure_bwd(self, sets, causal, flops, measure, repeats, warmup, log=print, warmup_s=0.0):
         """``sets``: input sets with CuPy q, k, v, do, out, lse (cupy_dash's forward)."""
         jax = self.jax
         jsets = [tuple(jax.dlpack.from_dlpack(s[n]) for n in ("do", "q", "k", "v", "out", "lse")) for s in sets]
@@ -192,7 +197,7 @@ class Fa3Peer:
 
             def bwd(fn=fn, deterministic=deterministic):
                 log(f"    (FA3 backward, deterministic={deterministic}: compile and warm up)")
-                out = self._loop_time(fn, jsets, repeats, warmup, flops["bwd"])
+                out = self._loop_time(fn, jsets, repeats, warmup, flops["bwd"], warmup_s)
                 if deterministic:
                     first = jax.block_until_ready(fn(*jsets[0]))
                     out["repeats_bits"] = same_bits(first, jax.block_until_ready(fn(*jsets[0])))
@@ -228,10 +233,10 @@ def measure(key, fn):
         results[key] = dict(error=f"{type(exc).__name__}: {exc}")
 peer = Fa3Peer()
 log = lambda m: print(m, file=sys.stderr, flush=True)
-peer.measure_fwd(sets, causal, flops, measure, p["repeats"], p["warmup"], log)
+peer.measure_fwd(sets, causal, flops, measure, p["repeats"], p["warmup"], log, p["warmup_s"])
 print("@@RESULT@@" + json.dumps(results), flush=True)
 if not p["fwd_only"]:
-    peer.measure_bwd(sets, causal, flops, measure, p["repeats"], p["warmup"], log)
+    peer.measure_bwd(sets, causal, flops, measure, p["repeats"], p["warmup"], log, p["warmup_s"])
 print("@@RESULT@@" + json.dumps(results))
 """
 
@@ -244,6 +249,7 @@ def fa3_subprocess(cfg: dict, opts: dict, timeout: float = 150.0) -> dict:
     params = dict(batch=cfg["batch"], seqlen=cfg["seqlen"], heads=cfg["heads"], hdim=cfg["hdim"],
                   causal=cfg["causal"], tokens=opts["tokens"], hidden=opts["hidden"], dtype=opts["dtype"],
                   input_sets=opts["input_sets"], repeats=opts["repeats"], warmup=opts["warmup"],
+                  warmup_s=opts.get("warmup_s", 0.0),
                   fwd_only=opts.get("fwd_only", False))
     env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
     keys = ("fa3_fwd",) if opts.get("fwd_only") else ("fa3_fwd", "fa3_bwd_det", "fa3_bwd_nondet")

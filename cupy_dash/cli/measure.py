@@ -7,6 +7,7 @@ causal), backward 2.5x the forward; GPU time from CUDA events around each call o
 from __future__ import annotations
 
 import math
+import time
 
 __all__ = ["ATOMIC", "SCHEDULES", "CupyEvents", "attention_flops", "random_tensor", "time_calls"]
 
@@ -65,16 +66,29 @@ class CupyEvents:
         return float(self.cupy.cuda.get_elapsed_time(start, end))
 
 
-def time_calls(calls, *, warmup, repeats, events, flush=None):
+def time_calls(calls, *, warmup, repeats, events, flush=None, warmup_s=0.0):
     """Median-ready list of per-call GPU times (ms): ``calls[i % len(calls)]`` is call i (rotating input sets).
 
     Every call is bracketed by two events on the current stream; calls are enqueued back to back and the host
     synchronizes once at the end. ``events``: :class:`CupyEvents` or any object with the same four methods
     (the benchmark's torch peer passes torch's); ``flush``: called before every timed call, outside the events.
+    ``warmup_s``: after the ``warmup`` calls, more untimed calls until that many seconds of wall time have passed
+    since the first (at most two calls in flight): a busy H200 reaches its power limit within ~0.1 s and lowers its
+    SM clock (1980 -> ~1700 MHz at 15k tokens), so calls timed right after an idle GPU run faster than a training
+    step's would.
     """
     n = len(calls)
+    t0 = time.perf_counter()
     for i in range(warmup):
         calls[i % n]()
+    i, prev = warmup, None
+    while time.perf_counter() - t0 < warmup_s:
+        calls[i % n]()
+        ev = events.event()
+        events.record(ev)
+        if prev is not None:
+            events.synchronize(prev)
+        prev, i = ev, i + 1
     starts = [events.event() for _ in range(repeats)]
     ends = [events.event() for _ in range(repeats)]
     for i in range(repeats):
