@@ -154,9 +154,18 @@ def train_fsdp2(ctx, steps, seed):
     if ctx.backend == "gloo" and hasattr(model, "set_force_sum_reduction_for_comms"):
         model.set_force_sum_reduction_for_comms(True)
     losses = fit(model, ctx, steps)
-    params = list(model.parameters())                      # DTensors, sharded on dim 0 over the mesh
-    return dict(losses=losses, weights=digest(p.full_tensor() for p in params),
-                shard=digest(p.to_local() for p in params))
+    shards = [p.to_local().detach().float().cpu() for p in model.parameters()]   # DTensors, Shard(0) over the mesh
+    return dict(losses=losses, weights=digest(full_weights(shards, ctx.world)), shard=digest(shards))
+
+
+def full_weights(shards, world) -> list:
+    """The whole parameters from every rank's dim-0 shards (FSDP2 splits dim 0 as ``torch.chunk`` does), gathered
+    as host objects: ``DTensor.full_tensor()``'s functional all-gather crashed (SIGSEGV, torch 2.11) with gloo and
+    CUDA tensors on the H200."""
+    import torch.distributed as dist
+    every = [None] * world
+    dist.all_gather_object(every, shards)                  # every[rank][parameter]
+    return [torch.cat([every[rank][i] for rank in range(world)]) for i in range(len(shards))]
 
 
 def main(argv=None):
