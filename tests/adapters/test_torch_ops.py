@@ -314,22 +314,22 @@ def test_eager_function_routes_gradients_as_the_op_does(varlen):
     dout is made contiguous, dq/dk/dv go to q/k/v, lse is not differentiable."""
     seen = {}
 
-    def forward(q, k, v, *extra, causal, softmax_scale, window):
-        seen["fwd"] = (extra, causal, softmax_scale, window)
+    def forward(q, k, v, *extra, causal, softmax_scale, window, softcap):
+        seen["fwd"] = (extra, causal, softmax_scale, window, softcap)
         return q * 2, torch.zeros(q.shape[-2], q.shape[0])
 
-    def backward(dout, q, k, v, out, lse, *extra, causal, softmax_scale, schedule, deterministic, window):
-        seen["bwd"] = (dout.is_contiguous(), extra, causal, softmax_scale, schedule, deterministic, window)
+    def backward(dout, q, k, v, out, lse, *extra, causal, softmax_scale, schedule, deterministic, window, softcap):
+        seen["bwd"] = (dout.is_contiguous(), extra, causal, softmax_scale, schedule, deterministic, window, softcap)
         return dout + 1, torch.full_like(k, 3), torch.full_like(v, 4)
     q, k, v = (torch.randn(10, 2, 8, requires_grad=True) for _ in range(3))
     dout = torch.randn(8, 2, 10).permute(2, 1, 0)                    # not contiguous
     cu = torch.tensor([0, 4, 10], dtype=torch.int32)
     extra = (cu, cu, 6, 6) if varlen else ()
-    options = (True, 0.5, "fa3", True, (3, 0))
+    options = (True, 0.5, "fa3", True, (3, 0), 30.0)
     out, lse = cupy_dash.torch.ops._Eager.apply((forward, backward), extra, options, q, k, v)
     assert not lse.requires_grad and out.requires_grad
     same = lambda a, b: len(a) == len(b) and all(x is y for x, y in zip(a, b))  # noqa: E731
-    assert same(seen["fwd"][0], extra) and seen["fwd"][1:] == (True, 0.5, (3, 0))
+    assert same(seen["fwd"][0], extra) and seen["fwd"][1:] == (True, 0.5, (3, 0), 30.0)
     out.backward(dout)
     assert seen["bwd"][0] and same(seen["bwd"][1], extra) and seen["bwd"][2:] == options
     assert torch.equal(q.grad, dout + 1) and torch.equal(k.grad, torch.full_like(k, 3))
