@@ -10,6 +10,12 @@ synchronizes after every call).
 
     python benchmarks/timing_modes.py --seqlen 15360 --json out.json
     python benchmarks/timing_modes.py --seqlen 16384 --causal --json out.json
+    python benchmarks/timing_modes.py --seqlen 16384 --causal --loop-s 2 --fa3 --variants --json out.json
+
+``--loop-s``: also one loop of back-to-back calls per implementation (ours deterministic and atomic; with ``--fa3``
+FlashAttention-3's non-deterministic and deterministic backward from the flash-attn3-jax wheel, on the same
+inputs) for that many seconds, with nvidia-smi's SM clock and power over the loop's second half beside its time
+per call: at the power limit, whether a kernel is faster per cycle or per joule.
 
 Shapes are (tokens // seqlen, seqlen, hidden // hdim, hdim), bf16, random normal inputs as bench.py's.
 """
@@ -22,6 +28,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 
 def run_variant(name, sets, calls, opts, events):
@@ -53,6 +60,63 @@ def run_variant(name, sets, calls, opts, events):
     return rows
 
 
+def steady_loops(impls, loop_s, smi_lines):
+    """{name: ms per call, SM clock and power medians} over the second half of a ``loop_s`` loop of each of
+    ``impls`` ({name: (call, sync)}: ``sync()`` waits for the calls made so far); ``smi_lines()`` reads the
+    nvidia-smi samples taken so far (timestamp, MHz, W, degrees C)."""
+    import datetime as dt
+    out = {}
+    for name, (call, sync) in impls.items():
+        call()
+        sync()
+        t0, half, n_half, t_half = time.perf_counter(), None, 0, 0.0
+        wall0 = dt.datetime.now()
+        while True:
+            for _ in range(4):
+                call()
+            sync()
+            now = time.perf_counter()
+            if half is None and now - t0 >= loop_s / 2:
+                half, wall_half = now, dt.datetime.now()
+            elif half is not None:
+                n_half += 4
+                t_half = now - half
+                if now - t0 >= loop_s:
+                    break
+        wall1 = dt.datetime.now()
+        clocks, watts = [], []
+        for line in smi_lines():
+            stamp, mhz, watt = (x.strip() for x in line.split(",")[:3])
+            when = dt.datetime.strptime(stamp, "%Y/%m/%d %H:%M:%S.%f")
+            if wall_half <= when <= wall1:
+                clocks.append(float(mhz.split()[0]))
+                watts.append(float(watt.split()[0]))
+        out[name] = dict(ms_per_call=t_half / n_half * 1e3, calls=n_half, started=wall0.isoformat(),
+                         sm_mhz_median=statistics.median(clocks) if clocks else None,
+                         power_w_median=statistics.median(watts) if watts else None, samples=len(clocks))
+        print(f"{name:12s} {out[name]['ms_per_call']:.3f} ms per call over {n_half} calls, SM clock "
+              f"{out[name]['sm_mhz_median']} MHz, power {out[name]['power_w_median']} W", flush=True)
+    return out
+
+
+def fa3_impls(sets, causal):
+    """FlashAttention-3's backward (bench_peers.Fa3Peer) on input set 0: {name: (call, sync)}."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from bench_peers import Fa3Peer
+    peer = Fa3Peer()
+    jax = peer.jax
+    args = tuple(jax.dlpack.from_dlpack(sets[0][n]) for n in ("do", "q", "k", "v", "out", "lse"))
+    impls = {}
+    for det, name in ((False, "fa3_nondet"), (True, "fa3_det")):
+        fn, last = peer._bwd_fn(causal, det), []
+
+        def call(fn=fn, last=last):
+            last[:] = [fn(*args)]
+
+        impls[name] = (call, lambda last=last: jax.block_until_ready(last[0]))
+    return impls
+
+
 def summary(rows, flops):
     ms = [r["ms"] for r in rows]
     by_set = {}
@@ -77,7 +141,9 @@ def main():
     ap.add_argument("--atomic", action="store_true", help="the non-deterministic backward")
     ap.add_argument("--calls", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--variants", nargs="+", default=["sets2", "sets1", "keep", "sync"])
+    ap.add_argument("--variants", nargs="*", default=["sets2", "sets1", "keep", "sync"])
+    ap.add_argument("--loop-s", type=float, default=0.0, help="seconds of each steady loop (default 0: none)")
+    ap.add_argument("--fa3", action="store_true", help="FA3's backward in the steady loops too")
     ap.add_argument("--json", required=True)
     opts = ap.parse_args()
 
@@ -98,7 +164,12 @@ def main():
     flops = attention_flops(B, H, S, S, D, opts.causal, "bwd")
     trace = tempfile.NamedTemporaryFile("w+", suffix=".csv", delete=False)
     smi = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu",
-                            "--format=csv,noheader", "-lms", "50"], stdout=trace, stderr=subprocess.DEVNULL)
+                            "--format=csv,noheader", "-lms", "20"], stdout=trace, stderr=subprocess.DEVNULL)
+
+    def smi_lines():
+        trace.flush()
+        with open(trace.name) as f:
+            return [line for line in f.read().splitlines() if line.count(",") >= 3]
     report = dict(meta=dict(date=_dt.datetime.now().isoformat(timespec="seconds"),
                             command=" ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]),
                             commit=os.environ.get("CUPY_DASH_COMMIT"), shape=shape, causal=opts.causal,
@@ -112,6 +183,17 @@ def main():
                   f"max {s['max_ms']:.3f}; by set {s['median_ms_by_set']}; by dq address "
                   f"{s['median_ms_by_dq_address']}", flush=True)
             print("   per call: " + " ".join(f"{r['set']}:{r['ms']:.2f}" for r in rows), flush=True)
+        if opts.loop_s:
+            s0, kw = sets[0], dict(causal=opts.causal, schedule="auto")
+            stream = cupy.cuda.get_current_stream()
+            operands = tuple(s0[n] for n in ("do", "q", "k", "v", "out", "lse"))
+            impls = {f"dash_{name}": (lambda d=det: cupy_dash.attention_backward(*operands, deterministic=d, **kw),
+                                      stream.synchronize) for det, name in ((True, "det"), (False, "atomic"))}
+            if opts.fa3:
+                impls.update(fa3_impls(sets, opts.causal))
+            report["steady_loops"] = steady_loops(impls, opts.loop_s, smi_lines)
+            for v in report["steady_loops"].values():
+                v["tflops"] = flops / v["ms_per_call"] / 1e9
     finally:
         smi.terminate()
         smi.wait()
