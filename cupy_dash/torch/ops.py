@@ -154,12 +154,17 @@ def _check_ranks(**tensors):
     _check_dims({"lse": "(B, H, Sq)", "": "(B, S, H, D)"}, **tensors)
 
 
-def _check_meta(q, k, v, softmax_scale, schedule, causal, window, dout=None, out=None, lse=None, softcap=0.0):
-    """The checks of the real op, as far as metadata allows: all of them when every size and stride is a plain
-    int; with symbolic sizes (dynamic shapes) only the ranks (the real op checks the rest at run time)."""
+def check_options(schedule, causal, window, softcap) -> None:
+    """The fake implementations' checks of the non-tensor arguments (the real ops' checks)."""
     api.check_schedule(schedule)
     check_window(window, causal)
     api.check_softcap(softcap)
+
+
+def _check_meta(q, k, v, softmax_scale, schedule, causal, window, dout=None, out=None, lse=None, softcap=0.0):
+    """The checks of the real op, as far as metadata allows: all of them when every size and stride is a plain
+    int; with symbolic sizes (dynamic shapes) only the ranks (the real op checks the rest at run time)."""
+    check_options(schedule, causal, window, softcap)
     backward = dout is not None
     tensors = dict(q=q, k=k, v=v, do=dout, out=out, lse=lse) if backward else dict(q=q, k=k, v=v)
     if not _concrete(*tensors.values()):
@@ -213,29 +218,28 @@ def _attention_forward_fake(q, k, v, causal=False, softmax_scale=None, schedule=
     return q.new_empty((B, Sq, H, D)), q.new_empty((B, H, Sq), dtype=torch.float32)
 
 
-def _setup_context(ctx, inputs, output):
-    q, k, v, causal, softmax_scale, schedule, deterministic, window_left, window_right, softcap = inputs
-    out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse)
-    ctx.causal, ctx.softmax_scale, ctx.schedule, ctx.deterministic = causal, softmax_scale, schedule, deterministic
-    ctx.window, ctx.softcap = (window_left, window_right), softcap
-    ctx.mark_non_differentiable(lse)
-    ctx.set_materialize_grads(False)
+def register_gradient(name, backward, tensors=0) -> None:
+    """Register the gradient of the forward op ``name``: its backward op ``backward`` called with dout, the
+    forward's q, k, v, out, lse, its ``tensors`` tensor arguments after v (varlen: cu_seqlens_q, cu_seqlens_k) and
+    the rest of its arguments (varlen: max_seqlen_q, max_seqlen_k; then causal ... softcap) as given."""
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs[:3], *output, *inputs[3:3 + tensors])
+        ctx.options = inputs[3 + tensors:]
+        ctx.mark_non_differentiable(output[1])
+        ctx.set_materialize_grads(False)
+
+    def gradient(ctx, dout, dlse):            # dlse is always None: lse is not differentiable
+        if dout is None:
+            return (None,) * (3 + tensors + len(ctx.options))
+        q, k, v, out, lse, *extra = ctx.saved_tensors
+        # the kernels read dout through TMA: last dim contiguous, 16-byte strides (an expanded grad has stride 0)
+        dq, dk, dv = backward(dout.contiguous(), q, k, v, out, lse, *extra, *ctx.options)
+        return (dq, dk, dv) + (None,) * (tensors + len(ctx.options))
+
+    torch.library.register_autograd(f"cupy_dash::{name}", gradient, setup_context=setup_context, lib=_lib)
 
 
-def _attention_forward_grad(ctx, dout, dlse):
-    """Gradient of :func:`attention_forward` (``dlse`` is always None: lse is not differentiable)."""
-    if dout is None:
-        return (None,) * 10
-    q, k, v, out, lse = ctx.saved_tensors
-    # the kernels read dout through TMA: last dim contiguous, 16-byte strides (an expanded grad has stride 0)
-    dq, dk, dv = attention_backward(dout.contiguous(), q, k, v, out, lse, ctx.causal, ctx.softmax_scale,
-                                    ctx.schedule, ctx.deterministic, *ctx.window, ctx.softcap)
-    return (dq, dk, dv) + (None,) * 7
-
-
-torch.library.register_autograd("cupy_dash::attention_forward", _attention_forward_grad,
-                                setup_context=_setup_context, lib=_lib)
+register_gradient("attention_forward", attention_backward)
 
 
 # ------------------------------------------------------------------------------------------------------------
