@@ -78,6 +78,12 @@ def is_cupy(x) -> bool:
     return type(x) is cupy.ndarray
 
 
+def wanted(q, softcap) -> bool:
+    """Whether a call on ``q`` may be served here: torch or CuPy, the fast path on, no logit cap (capped calls take
+    the full path)."""
+    return (is_torch(q) or is_cupy(q)) and enabled() and not softcap
+
+
 def _sig(t) -> tuple:
     return t.shape, t.stride(), t.dtype, t.device
 
@@ -241,14 +247,11 @@ def forward_plan(spec, grid, block_m, block_n, p, operands, params, out_shape, l
     return plan
 
 
-def register_forward(key, spec, block_m, block_n, p, window, operands, out_ptr, lse_ptr, like) -> None:
-    """Keep the plan of a forward the full path has just launched (current device: its device). ``like``: q."""
-    if key is None:
-        return
-    params = launchers.fwd_params(block_m, block_n, p, window, operands, out_ptr, lse_ptr)
-    plan = forward_plan(spec, launchers.fwd_grid(p, block_m), block_m, block_n, p, operands, params,
-                        (p.B, p.Sq, p.H, p.D), (p.B, p.H, p.Sq), like)
-    store(_fwd_plans, key, plan)
+def register_forward(key, spec, grid, block_m, block_n, p, operands, params, shapes, like, cu_infos=None,
+                     table=_fwd_plans, limit=_MAX_PLANS) -> None:
+    """Keep in ``table`` the plan of a forward the full path has just launched (:func:`forward_plan`; ``shapes``:
+    those of out and lse; current device: its device). ``like``: q."""
+    store(table, key, forward_plan(spec, grid, block_m, block_n, p, operands, params, *shapes, like, cu_infos), limit)
 
 
 def run_forward(plan, stream, q, k, v, cu=()):

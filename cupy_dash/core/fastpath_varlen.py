@@ -187,13 +187,11 @@ def forward_key(q, k, v, cu_q, cu_k, max_q, max_k, causal, softmax_scale, window
     return None if tensors is None else (tensors, max_q, max_k, causal, softmax_scale, window, cu_q is cu_k)
 
 
-def register_forward(key_, spec, grid, block_m, block_n, p, operands, params, cu_infos, like) -> None:
+def register_forward(key_, spec, grid, block_m, block_n, p, operands, params, shapes, like, cu_infos) -> None:
     """Keep the plan of a varlen forward the full path has just launched (``params``: its packed block;
     ``cu_infos``: the TensorInfo of cu_seqlens_q and cu_seqlens_k, for the host copies of later calls)."""
-    if key_ is not None:
-        fastpath.store(_fwd_plans, key_, fastpath.forward_plan(spec, grid, block_m, block_n, p, operands, params,
-                                                               (p.Sq, p.H, p.D), (p.H, p.Sq), like, cu_infos),
-                       _MAX_PLANS * 8)
+    fastpath.register_forward(key_, spec, grid, block_m, block_n, p, operands, params, shapes, like, cu_infos,
+                              _fwd_plans, _MAX_PLANS * 8)
 
 
 def _run_forward(plan, stream, q, k, v, cu_q, cu_k):
