@@ -29,9 +29,7 @@ def attention(q, k, v, causal=False, softmax_scale=None, schedule="auto", determ
     the module docstring for the eager warm-up a capture needs).
     """
     options = checked_options(causal, softmax_scale, schedule, deterministic, window, softcap)
-    if eager(q, k, v):
-        return _Eager.apply((api.attention_forward, api.attention_backward), (), options, q, k, v)[0]
-    return attention_forward(q, k, v, *op_arguments(options))[0]
+    return differentiable((api.attention_forward, api.attention_backward), attention_forward, (), options, q, k, v)
 
 
 def checked_options(causal, softmax_scale, schedule, deterministic, window, softcap) -> tuple:
@@ -45,11 +43,14 @@ def checked_options(causal, softmax_scale, schedule, deterministic, window, soft
     return causal, softmax_scale, schedule, deterministic, window, api.check_softcap(softcap)
 
 
-def op_arguments(options) -> tuple:
-    """``options`` (:func:`checked_options`) as the ops' trailing arguments: causal, softmax_scale, schedule,
-    deterministic, window_left, window_right, softcap."""
+def differentiable(fns, op, extra, options, q, k, v) -> Tensor:
+    """The output of :func:`attention` / ``attention_varlen``: cupy_dash's (forward, backward) functions ``fns``
+    through :class:`_Eager` in eager calls (:func:`eager`), else the forward op ``op``; ``extra``: the arguments
+    after v (varlen: cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k); ``options``: :func:`checked_options`."""
+    if eager(q, k, v, *extra[:2]):
+        return _Eager.apply(fns, extra, options, q, k, v)[0]
     causal, softmax_scale, schedule, deterministic, (left, right), softcap = options
-    return causal, softmax_scale, schedule, deterministic, left, right, softcap
+    return op(q, k, v, *extra, causal, softmax_scale, schedule, deterministic, left, right, softcap)[0]
 
 
 # NOTES: eager calls skip the dispatcher. register_autograd's autograd kernel is Python (a pytree scan of the
@@ -150,10 +151,6 @@ def _check_dims(layouts, **tensors):
             raise ValueError(f"{name}: expected a {want}-D tensor {layout}, got shape {tuple(t.shape)}")
 
 
-def _check_ranks(**tensors):
-    _check_dims({"lse": "(B, H, Sq)", "": "(B, S, H, D)"}, **tensors)
-
-
 def check_options(schedule, causal, window, softcap) -> None:
     """The fake implementations' checks of the non-tensor arguments (the real ops' checks)."""
     api.check_schedule(schedule)
@@ -168,7 +165,7 @@ def _check_meta(q, k, v, softmax_scale, schedule, causal, window, dout=None, out
     backward = dout is not None
     tensors = dict(q=q, k=k, v=v, do=dout, out=out, lse=lse) if backward else dict(q=q, k=k, v=v)
     if not _concrete(*tensors.values()):
-        _check_ranks(**tensors)
+        _check_dims({"lse": "(B, H, Sq)", "": "(B, S, H, D)"}, **tensors)
         return
     views = {name: _Meta(t) for name, t in tensors.items()}
     api.validate(views["q"], views["k"], views["v"], views.get("do"), views.get("out"), views.get("lse"),

@@ -24,7 +24,7 @@ raises RuntimeError. A graph replays the packing it captured: keeping the length
 import torch
 
 from ..core import api, varlen
-from .ops import _Eager, _check_dims, _lib, check_options, checked_options, eager, op_arguments, register_gradient
+from .ops import _check_dims, _lib, check_options, checked_options, differentiable, register_gradient
 
 __all__ = ["attention_varlen", "attention_forward_varlen", "attention_backward_varlen"]
 
@@ -33,11 +33,9 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
                      softmax_scale=None, schedule="auto", deterministic=True, window=(-1, -1), softcap=0.0):
     """Differentiable varlen attention for torch tensors -> out ``(total_q, H, D)`` (module docstring)."""
     options = checked_options(causal, softmax_scale, schedule, deterministic, window, softcap)
-    extra = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    if eager(q, k, v, cu_seqlens_q, cu_seqlens_k):              # as cupy_dash.torch.attention
-        return _Eager.apply((varlen.attention_forward_varlen, varlen.attention_backward_varlen), extra, options,
-                            q, k, v)[0]
-    return attention_forward_varlen(q, k, v, *extra, *op_arguments(options))[0]
+    return differentiable((varlen.attention_forward_varlen, varlen.attention_backward_varlen),
+                          attention_forward_varlen, (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), options,
+                          q, k, v)
 
 
 def _check_packed(**tensors):
