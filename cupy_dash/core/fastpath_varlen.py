@@ -76,34 +76,28 @@ class _DeviceCu:
         self.device_id = device_id
 
 
-def _plain(max_q, max_k, causal, softmax_scale, window) -> bool:
-    return fastpath.enabled() and type(max_q) is int and type(max_k) is int and \
-        fastpath.plain_args(causal, softmax_scale, window)
-
-
 def key(do, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, softmax_scale, window, schedule, deterministic):
-    """The varlen backward's signature (module docstring), or None when the fast path cannot serve the call:
-    ``(tensors, (lengths q, lengths k), max_q, max_k, causal, softmax_scale, window, schedule, deterministic,
-    torch stream, fingerprint)``."""
-    if not _plain(max_q, max_k, causal, softmax_scale, window) or type(deterministic) is not bool or \
-            type(schedule) is not str:
-        return None
-    tensors = fastpath.tensors_key((do, q, k, v, out, lse), cupy_too=False)
-    if tensors is None or not q.is_cuda:
+    """The varlen backward's signature (module docstring), or None when the fast path cannot serve the call."""
+    if not fastpath.enabled() or not all(fastpath.is_torch(x) for x in (do, q, k, v, out, lse)) or \
+            type(causal) is not bool or type(deterministic) is not bool or type(window) is not tuple or \
+            type(schedule) is not str or type(max_q) is not int or type(max_k) is not int or \
+            (softmax_scale is not None and type(softmax_scale) is not float) or not q.is_cuda:
         return None
     dev = q.get_device()
     lens = _lengths_key(cu_q, dev), _lengths_key(cu_k, dev)
     if lens[0] is None or lens[1] is None:
         return None
-    return (tensors, lens, max_q, max_k, causal, softmax_scale, window, schedule, deterministic,
-            interop._torch_stream_ptr(dev), config.fingerprint())
+    sig = fastpath._sig
+    ptrs = do.data_ptr() | q.data_ptr() | k.data_ptr() | v.data_ptr() | out.data_ptr() | lse.data_ptr()
+    return (sig(do), sig(q), sig(k), sig(v), sig(out), sig(lse), lens, max_q, max_k, causal, softmax_scale, window,
+            schedule, deterministic, not (ptrs & 15), interop._torch_stream_ptr(dev), config.fingerprint())
 
 
 def _template_key(key_):
     """The signature without the lengths (their forms kept) and without max_seqlen_q / max_seqlen_k (they follow
     the packing): what a new packing of the same tensors shares."""
-    lens = key_[1]
-    return (key_[0], (lens[0][0], lens[1][0])) + key_[4:]
+    lens = key_[6]
+    return key_[:6] + ((lens[0][0], lens[1][0]),) + key_[9:]
 
 
 def register(key_, c, operands, lse_ptr, work_base, grads, cu_ptrs, call, like, stream, keep) -> None:
@@ -157,7 +151,7 @@ def _new_packing(key_, base, cu_q, cu_k):
     from ..schedule import canonical_window
     c0, dev = base.c, base.device_index
     p = c0.p
-    max_q, max_k, window, schedule = key_[2], key_[3], key_[6], key_[7]
+    max_q, max_k, window, schedule = key_[7], key_[8], key_[11], key_[12]
     max_q = varlen_launch.check_max_seqlen("max_seqlen_q", max_q)
     max_k = varlen_launch.check_max_seqlen("max_seqlen_k", max_k)
     varlen_launch.check_max_within(max_q, max_k, p.Sq, p.Sk)
@@ -181,10 +175,14 @@ def _new_packing(key_, base, cu_q, cu_k):
 # ------------------------------------------------------------------------------------------------------------
 def forward_key(q, k, v, cu_q, cu_k, max_q, max_k, causal, softmax_scale, window):
     """The varlen forward's signature, or None when the fast path cannot serve the call."""
-    if not _plain(max_q, max_k, causal, softmax_scale, window):
+    if not fastpath.enabled() or not all(fastpath.is_torch(x) for x in (q, k, v, cu_q, cu_k)) or \
+            type(causal) is not bool or type(window) is not tuple or type(max_q) is not int or \
+            type(max_k) is not int or (softmax_scale is not None and type(softmax_scale) is not float):
         return None
-    tensors = fastpath.tensors_key((q, k, v, cu_q, cu_k), cupy_too=False)
-    return None if tensors is None else (tensors, max_q, max_k, causal, softmax_scale, window, cu_q is cu_k)
+    sig = fastpath._sig
+    ptrs = q.data_ptr() | k.data_ptr() | v.data_ptr() | cu_q.data_ptr() | cu_k.data_ptr()
+    return (sig(q), sig(k), sig(v), sig(cu_q), sig(cu_k), max_q, max_k, causal, softmax_scale, window,
+            not (ptrs & 15), cu_q is cu_k)
 
 
 def register_forward(key_, spec, grid, block_m, block_n, p, operands, params, shapes, like, cu_infos) -> None:
