@@ -25,6 +25,7 @@ semaphore timeout through its own device record, which :func:`check_errors` read
 """
 from __future__ import annotations
 
+import functools
 import math
 import sys
 
@@ -38,7 +39,7 @@ from ..cuda import device_tables, jit, kernels, launchers, tensormap
 from ..cuda.errors import (acquire_slot, check_errors, graph_record, keep_alive, poll_errors as _poll_errors,
                            record_shared)
 from ..schedule import compact_device
-from . import fastpath, interop
+from . import fastpath, interop, varlen_host_cu
 
 __all__ = ["attention_forward", "attention_backward", "check_errors"]
 
@@ -226,12 +227,8 @@ def _new(fw, device_id, shape, dtype):
     """An uninitialised contiguous buffer and its device pointer, in the caller's allocator."""
     if fw == "torch":
         torch = sys.modules["torch"]
-        tdt = _torch_dtypes.get(dtype)
-        if tdt is None:
-            tdt = _torch_dtypes[dtype] = getattr(torch, dtype)
-        dev = _torch_devices.get(device_id)
-        if dev is None:
-            dev = _torch_devices[device_id] = torch.device("cuda", device_id)
+        tdt = _torch_dtypes.get(dtype) or _torch_dtypes.setdefault(dtype, getattr(torch, dtype))
+        dev = _torch_devices.get(device_id) or _torch_devices.setdefault(device_id, torch.device("cuda", device_id))
         t = torch.empty(shape, dtype=tdt, device=dev)
         return t, t.data_ptr()
     a = cupy.empty(shape, dtype=NP_DTYPES[dtype])
@@ -289,38 +286,51 @@ def attention_forward(q, k, v, *, causal=False, softmax_scale=None, window=(-1, 
     backward of an earlier call that has since failed (see :func:`check_errors`). May be captured into a CUDA
     graph by torch callers after one eager call of the same variant (see the module docstring).
     """
-    fast_key = None
-    if (fastpath.is_torch(q) or fastpath.is_cupy(q)) and fastpath.enabled() and not softcap:   # NOTES: capped
-        # calls take the full path
-        fast_key = fastpath.fwd_key(q, k, v, causal, softmax_scale, window)
-        result = fastpath.forward(fast_key, q, k, v)
-        if result is not None:
-            return result
+    fast_key = fastpath.fwd_key(q, k, v, causal, softmax_scale, window) if fastpath.wanted(q, softcap) else None
+    result = fastpath.forward(fast_key, q, k, v)
+    if result is not None:
+        return result
     capturing = call_start(q)
     causal = check_flag("causal", causal)
     window = _check_window(window, causal)
     p = validate(q, k, v, softmax_scale=softmax_scale, softcap=softcap)
-    window_left, window_right = _schedule.canonical_window(window, p.Sq, p.Sk, causal)
+    window = _schedule.canonical_window(window, p.Sq, p.Sk, causal)
     spec, block_m, block_n = kernels.fwd_entry(p.dtype, p.D, causal, softcap=p.softcap > 0)
-    B, Sq, H, D = p.B, p.Sq, p.H, p.D
-    qi, ki, vi = p.infos
-    fw, dev = qi.framework, p.device_id
-    stream = interop.caller_stream(q, dev)
+    return run_forward(q, p, spec, block_m, block_n, window, (q, k, v), launchers.fwd_grid(p, block_m),
+                       ((p.B, p.Sq, p.H, p.D), (p.B, p.H, p.Sq)), capturing, causal, fast_key,
+                       fastpath.register_forward)
+
+
+def run_forward(like, p, spec, block_m, block_n, window, tensors, grid, shapes, capturing, causal, fast_key,
+                register, cu=()):
+    """The launch of a forward of ``p`` (validated from ``tensors``: q, k, v ``(B, S, H, D)`` as the kernel reads
+    them; ``like``: the caller's q), fixed-length and varlen alike: as :func:`run_backward`, with out and lse of
+    ``shapes``; ``cu``: the varlen build's ``(number of sequences, (info, cu_seqlens_q), (info, cu_seqlens_k))``,
+    copied to the host for the backward (:mod:`cupy_dash.core.varlen_host_cu`). ``register``: the fast path's."""
+    fw, dev = p.infos[0].framework, p.device_id
+    stream = interop.caller_stream(like, dev)
     with cupy.cuda.Device(dev), stream:
-        if capturing and not jit.is_loaded(spec):
+        # NOTES: only the fixed-length forward checks that its kernel is loaded before a capture
+        if capturing and not cu and not jit.is_loaded(spec):
             raise _not_warm(f"the kernel {spec.label} is not loaded yet", p, causal)
         keep = []
-        operands = _resolve(qi, q, keep), _resolve(ki, k, keep), _resolve(vi, v, keep)
-        out, out_ptr = _new(fw, dev, (B, Sq, H, D), p.dtype)
-        lse, lse_ptr = _new(fw, dev, (B, H, Sq), "float32")
-        launchers.launch_forward(spec, block_m, block_n, p, (window_left, window_right), operands, out_ptr,
-                                 lse_ptr, stream)
+        operands = tuple(_resolve(i, x, keep) for i, x in zip(p.infos, tensors))
+        cu_ptrs = tuple(_resolve(info, x, keep)[0] for info, x in cu[1:])
+        out, out_ptr = _new(fw, dev, shapes[0], p.dtype)
+        lse, lse_ptr = _new(fw, dev, shapes[1], "float32")
+        params = launchers.launch_forward(spec, block_m, block_n, p, window, operands, out_ptr, lse_ptr, stream,
+                                          grid, varlen=(cu[0], *cu_ptrs) if cu else None)
+        if cu and not capturing:             # for the backward of this call (varlen_host_cu.py): no wait there
+            (q_info, cu_q), (k_info, cu_k) = cu[1:]
+            varlen_host_cu.remember(cu_q, q_info, cu_ptrs[0], stream)
+            if cu_k is not cu_q:
+                varlen_host_cu.remember(cu_k, k_info, cu_ptrs[1], stream)
         if keep:
             keep_alive(keep, stream)
         elif fast_key is not None and not capturing:
-            fastpath.register_forward(fast_key, spec, block_m, block_n, p, (window_left, window_right), operands,
-                                      out_ptr, lse_ptr, q)
-        return _export(fw, out, q), _export(fw, lse, q)
+            register(fast_key, spec, grid, block_m, block_n, p, operands, params, shapes, like,
+                     tuple(info for info, _ in cu[1:]) or None)
+        return _export(fw, out, like), _export(fw, lse, like)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -358,12 +368,11 @@ def attention_backward(do, q, k, v, out, lse, *, causal=False, softmax_scale=Non
     of hanging; the failure is raised later, by :func:`check_errors` or by the next cupy_dash call (deferred, so
     that this call stays asynchronous).
     """
-    fast_key = None
-    if (fastpath.is_torch(q) or fastpath.is_cupy(q)) and fastpath.enabled() and not softcap:
-        fast_key = fastpath.bwd_key(do, q, k, v, out, lse, causal, softmax_scale, schedule, deterministic, window)
-        result = fastpath.backward(fast_key, do, q, k, v, out, lse)
-        if result is not None:
-            return result
+    fast_key = fastpath.bwd_key(do, q, k, v, out, lse, causal, softmax_scale, schedule, deterministic,
+                                window) if fastpath.wanted(q, softcap) else None
+    result = fastpath.backward(fast_key, do, q, k, v, out, lse)
+    if result is not None:
+        return result
     return _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, deterministic, None, None, None,
                      window, fast_key, softcap)
 
@@ -452,10 +461,8 @@ def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, determinis
             c.tables = device_tables.upload(plan, B * H, -(-Sk // bn), c.num_m_blocks, dev, stream)
             keep.append(c.tables)
         call = (c.tables.policy, B, H, Sq, Sk, D, causal, window)   # names the call in an error message
-
-        def register(operands, lse_ptr, base, grads):
-            if fast_key is not None and plan is None and timeline is None and not compact:
-                fastpath.register_backward(fast_key, c, operands, lse_ptr, base, grads, call, q)
+        register = functools.partial(fastpath.register_backward, fast_key if plan is None and timeline is None and
+                                     not compact else None, c, call=call, like=q)
         return run_backward(c, p, call, stream, (q, k, v, out, do), lse, causal, capturing, keep,
                             ((B, Sq, H, D), (B, Sk, Hkv, D)), register,
                             timeline_ptr=0 if timeline is None else timeline.data.ptr)
@@ -479,14 +486,12 @@ def run_backward(c, p, call, stream, tensors, lse, causal, capturing, keep, shap
         if record_shared(dev, graph_error):
             c.fold = False
     qi, ki, vi, doi, oi = p.infos                     # validate's order; the kernels take out before dout
-    q, k, v, out, do = tensors
     fw = qi.framework
-    operands = tuple(_resolve(i, x, keep) for i, x in ((qi, q), (ki, k), (vi, v), (oi, out), (doi, do)))
+    operands = tuple(_resolve(i, x, keep) for i, x in zip((qi, ki, vi, oi, doi), tensors))
     lse_ptr, _ = _resolve(p.lse_info, lse, keep)
     work, base = _new(fw, dev, (c.work_bytes,), "uint8")
-    dq, dq_ptr = _new(fw, dev, shapes[0], p.dtype)
-    dk, dk_ptr = _new(fw, dev, shapes[1], p.dtype)
-    dv, dv_ptr = _new(fw, dev, shapes[1], p.dtype)
+    (dq, dq_ptr), (dk, dk_ptr), (dv, dv_ptr) = (_new(fw, dev, shape, p.dtype)
+                                                for shape in (shapes[0], shapes[1], shapes[1]))
     slot = None if capturing else acquire_slot(dev)
     grads = (dq_ptr, dk_ptr, dv_ptr)
     launchers.launch_backward(c, operands, lse_ptr, base, grads, stream, error_ptr=graph_error, slot=slot, call=call,
@@ -495,7 +500,7 @@ def run_backward(c, p, call, stream, tensors, lse, causal, capturing, keep, shap
         keep_alive(keep, stream)
     elif not capturing:
         register(operands, lse_ptr, base, grads)
-    result = _export(fw, dq, q), _export(fw, dk, q), _export(fw, dv, q)
+    result = tuple(_export(fw, g, tensors[0]) for g in (dq, dk, dv))
     if not capturing and config.SYNC_ERRORS.get():
         check_errors()
     return result

@@ -1,14 +1,17 @@
-"""Host fast path for repeated calls with torch tensors or CuPy arrays.
+"""Host fast path: every repeated call with torch tensors or CuPy arrays, fixed length and varlen.
 
 A training step calls attention with the same shapes, strides, dtypes, flags and (under a caching allocator)
 often the same addresses, step after step. After a call of :func:`cupy_dash.attention_forward` or
-:func:`cupy_dash.attention_backward` with torch CUDA tensors (or CuPy arrays: all operands of one framework) has
-been validated and launched by the full path,
-its *plan* is kept here: the kernel handles, grids, the packed parameter block with the offsets of the fields
-that change per call (tensor addresses, their TMA maps, the scratch and output buffers, the error record), the
-schedule tables. A later call whose *signature* matches re-launches from the plan: allocate the outputs with
-the caller's framework, patch the parameter block, launch (one ``cuLaunchKernel`` per kernel, as every launch)
-on the stream the full path would take (torch's current stream, or CuPy's current stream of the device).
+:func:`cupy_dash.attention_backward` with torch CUDA tensors (or CuPy arrays: all operands of one framework), or of
+their varlen versions with torch tensors (:mod:`cupy_dash.core.fastpath_varlen`), has been validated and launched
+by the full path, its *plan* is kept here: the kernel handles, grids, the packed parameter block with the offsets
+of the fields that change per call (tensor addresses, their TMA maps, the scratch and output buffers, the error
+record), the schedule tables. A later call whose *signature* matches re-launches from the plan: allocate the
+outputs with the caller's framework, patch the parameter block, launch (one ``cuLaunchKernel`` per kernel, as
+every launch) on the stream the full path would take (torch's current stream, or CuPy's current stream of the
+device). A fixed-length plan is a varlen plan with one uniform sequence: the same plan class, block patching and
+launch (:func:`run_forward`, :func:`run_backward`); varlen plans add the device cu_seqlens (in the block) and,
+for the backward, the stream their table was uploaded for.
 
 NOTES: the signature holds everything the full path's checks depend on: for every tensor its shape, strides,
 dtype and device, whether all base addresses are 16-byte aligned, and the arguments by type and value (``causal``
@@ -22,6 +25,7 @@ are the same.
 """
 from __future__ import annotations
 
+import operator
 import threading
 
 import cupy
@@ -73,6 +77,12 @@ def is_cupy(x) -> bool:
     return type(x) is cupy.ndarray
 
 
+def wanted(q, softcap) -> bool:
+    """Whether a call on ``q`` may be served here: torch or CuPy, the fast path on, no logit cap (capped calls take
+    the full path)."""
+    return (is_torch(q) or is_cupy(q)) and enabled() and not softcap
+
+
 def _sig(t) -> tuple:
     return t.shape, t.stride(), t.dtype, t.device
 
@@ -82,6 +92,12 @@ def _cupy_sig(a) -> tuple:
     return a.shape, a.strides, a.dtype, a.device.id
 
 
+_torch_ptr = operator.methodcaller("data_ptr")
+_cupy_ptr = operator.attrgetter("data.ptr")
+
+
+# NOTES: the signatures are spelled out per call kind (no loop, map or reduce): they run on every call, and a
+# generic form cost ~3 µs more per forward in benchmarks/host_python.py.
 def fwd_key(q, k, v, causal, softmax_scale, window):
     """The forward's signature (module docstring), or None when an argument's type rules the fast path out."""
     if type(causal) is not bool or type(window) is not tuple or (
@@ -101,10 +117,9 @@ def bwd_key(do, q, k, v, out, lse, causal, softmax_scale, schedule, deterministi
     if type(causal) is not bool or type(deterministic) is not bool or type(window) is not tuple or \
             type(schedule) is not str or (softmax_scale is not None and type(softmax_scale) is not float):
         return None
-    tensors = (do, q, k, v, out, lse)
-    if all(is_torch(x) for x in tensors):
+    if is_torch(do) and is_torch(q) and is_torch(k) and is_torch(v) and is_torch(out) and is_torch(lse):
         sig, ptrs = _sig, do.data_ptr() | q.data_ptr() | k.data_ptr() | v.data_ptr() | out.data_ptr() | lse.data_ptr()
-    elif all(is_cupy(x) for x in tensors):
+    elif is_cupy(do) and is_cupy(q) and is_cupy(k) and is_cupy(v) and is_cupy(out) and is_cupy(lse):
         sig, ptrs = _cupy_sig, do.data.ptr | q.data.ptr | k.data.ptr | v.data.ptr | out.data.ptr | lse.data.ptr
     else:
         return None
@@ -131,15 +146,41 @@ class _Maps:
         return m
 
 
-def _offset(dtype, name) -> int:
-    return dtype.fields[name][1]
+def _maps(p, operands, block_m, block_n, last) -> tuple:
+    """The :class:`_Maps` of q ``(B, Sq, H, D)``, k, v ``(B, Sk, Hkv, D)`` (``operands``' strides) and ``last``:
+    ``(name, strides, box rows, box panels)`` of a fourth ``(B, Sq, H, D)`` operand."""
+    B, Sq, Sk, H, Hkv, D = p.B, p.Sq, p.Sk, p.H, p.Hkv, p.D
+    (_, q_stride), (_, k_stride), (_, v_stride) = operands[:3]
+    name, strides, rows, panels = last
+    return (_Maps(p.dtype, (B, Sq, H, D), q_stride, block_m, "q"),
+            _Maps(p.dtype, (B, Sk, Hkv, D), k_stride, block_n, "k"),
+            _Maps(p.dtype, (B, Sk, Hkv, D), v_stride, block_n, "v"),
+            _Maps(p.dtype, (B, Sq, H, D), strides, rows, name, panels))
 
 
-def _store(table: dict, key, plan) -> None:
+def _offsets(dtype, names) -> tuple:
+    return tuple(dtype.fields[name][1] for name in names)
+
+
+def store(table: dict, key, plan, limit=_MAX_PLANS) -> None:
+    """Keep ``plan`` under ``key`` in ``table``, dropping the oldest plan beyond ``limit``."""
     with _lock:
-        if len(table) >= _MAX_PLANS:
+        if len(table) >= limit:
             table.pop(next(iter(table)))
         table[key] = plan
+
+
+def serve(table, key, counts, name, run, *tensors):
+    """``run(plan, stream, *tensors)`` for the plan stored in ``table`` under ``key`` on the stream the full path
+    would take (:func:`_ready_stream`), counted in ``counts[name]``; None when there is none (the caller then takes
+    the full path)."""
+    plan = table.get(key) if key is not None else None
+    stream = _ready_stream(plan) if plan is not None else None
+    if stream is None:
+        return None
+    result = run(plan, stream, *tensors)
+    counts[name] += 1
+    return result
 
 
 def _ready_stream(plan):
@@ -162,17 +203,18 @@ def _ready_stream(plan):
 
 def _framework_of(plan, like) -> None:
     """The plan's allocation target, from ``like`` (q of the full path's call): ``cupy``, ``dtype``, ``device``
-    (torch's device, or the CuPy device id) and ``device_index``."""
+    (torch's device, or the CuPy device id), ``device_index`` and ``ptr`` (a tensor's address)."""
     plan.cupy = is_cupy(like)
     if plan.cupy:
-        plan.dtype, plan.device = like.dtype, like.device.id
-        plan.device_index = plan.device
+        plan.dtype, plan.device, plan.device_index, plan.ptr = like.dtype, like.device.id, like.device.id, _cupy_ptr
     else:
-        plan.dtype, plan.device, plan.device_index = like.dtype, like.device, like.get_device()
+        plan.dtype, plan.device, plan.device_index, plan.ptr = like.dtype, like.device, like.get_device(), _torch_ptr
 
 
-def _contiguous(x) -> bool:
-    return x.flags.c_contiguous if is_cupy(x) else x.is_contiguous()
+def _empty(plan, shape, dtype=None):
+    """An uninitialised contiguous buffer in the plan's framework (``dtype``: the framework's; default the plan's)."""
+    dtype = plan.dtype if dtype is None else dtype
+    return cupy.empty(shape, dtype) if plan.cupy else _torch.empty(shape, dtype=dtype, device=plan.device)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -180,7 +222,7 @@ def _contiguous(x) -> bool:
 # ------------------------------------------------------------------------------------------------------------
 class _FwdPlan:
     __slots__ = ("func", "launch", "template", "maps", "map_offsets", "offsets", "out_shape", "lse_shape", "dtype",
-                 "device", "device_index", "cupy", "cu_infos", "out_like_q")
+                 "device", "device_index", "cupy", "ptr", "cu_infos", "out_like_q")
 
 
 _FWD_POINTERS = ("lse", "out", "cu_seqlens_q", "cu_seqlens_k")
@@ -190,34 +232,24 @@ def forward_plan(spec, grid, block_m, block_n, p, operands, params, out_shape, l
     """The plan of a forward the full path has just launched with the packed block ``params`` (current device:
     its device; ``like``: q): patched per call are the maps of q, k, v, out and the address of lse, and for the
     varlen build (``cu_infos``: the TensorInfo of cu_seqlens_q, cu_seqlens_k) those of out and cu_seqlens."""
-    B, Sq, Sk, H, Hkv, D = p.B, p.Sq, p.Sk, p.H, p.Hkv, p.D
     plan = _FwdPlan()
     plan.func = jit.load(spec).ptr
-    gx, gy, gz = kernels.grid_xyz(grid)
-    plan.launch = (gx, gy, gz, spec.threads, spec.smem_bytes)
+    plan.launch = (*kernels.grid_xyz(grid), spec.threads, spec.smem_bytes)
     plan.template = params.tobytes()
-    (_, q_stride), (_, k_stride), (_, v_stride) = operands
-    plan.maps = (_Maps(p.dtype, (B, Sq, H, D), q_stride, block_m, "q"),
-                 _Maps(p.dtype, (B, Sk, Hkv, D), k_stride, block_n, "k"),
-                 _Maps(p.dtype, (B, Sk, Hkv, D), v_stride, block_n, "v"),
-                 _Maps(p.dtype, (B, Sq, H, D), launchers.bsh_strides((B, Sq, H, D)), 64, "out", 1))
-    dt = kernels.FWD_PARAMS_DTYPE
-    plan.map_offsets = tuple(_offset(dt, n) for n in ("tma_q", "tma_k", "tma_v", "tma_o"))
-    plan.offsets = tuple(_offset(dt, n) for n in _FWD_POINTERS[:1 if cu_infos is None else 4])
+    plan.maps = _maps(p, operands, block_m, block_n, ("out", launchers.bsh_strides((p.B, p.Sq, p.H, p.D)), 64, 1))
+    plan.map_offsets = _offsets(kernels.FWD_PARAMS_DTYPE, ("tma_q", "tma_k", "tma_v", "tma_o"))
+    plan.offsets = _offsets(kernels.FWD_PARAMS_DTYPE, _FWD_POINTERS[:1 if cu_infos is None else 4])
     plan.out_shape, plan.lse_shape, plan.cu_infos = out_shape, lse_shape, cu_infos
     _framework_of(plan, like)
-    plan.out_like_q = _contiguous(like) and tuple(like.shape) == tuple(out_shape)
+    plan.out_like_q = not plan.cupy and like.is_contiguous() and tuple(like.shape) == tuple(out_shape)
     return plan
 
 
-def register_forward(key, spec, block_m, block_n, p, window, operands, out_ptr, lse_ptr, like) -> None:
-    """Keep the plan of a forward the full path has just launched (current device: its device). ``like``: q."""
-    if key is None:
-        return
-    params = launchers.fwd_params(block_m, block_n, p, window, operands, out_ptr, lse_ptr)
-    plan = forward_plan(spec, launchers.fwd_grid(p, block_m), block_m, block_n, p, operands, params,
-                        (p.B, p.Sq, p.H, p.D), (p.B, p.H, p.Sq), like)
-    _store(_fwd_plans, key, plan)
+def register_forward(key, spec, grid, block_m, block_n, p, operands, params, shapes, like, cu_infos=None,
+                     table=_fwd_plans, limit=_MAX_PLANS) -> None:
+    """Keep in ``table`` the plan of a forward the full path has just launched (:func:`forward_plan`; ``shapes``:
+    those of out and lse; current device: its device). ``like``: q."""
+    store(table, key, forward_plan(spec, grid, block_m, block_n, p, operands, params, *shapes, like, cu_infos), limit)
 
 
 def run_forward(plan, stream, q, k, v, cu=()):
@@ -246,25 +278,20 @@ def run_forward(plan, stream, q, k, v, cu=()):
 def forward(key, q, k, v):
     """``(out, lse)`` from the plan stored under ``key`` (:func:`fwd_key` of the call), or None (then the caller
     takes the full path)."""
-    plan = _fwd_plans.get(key) if key is not None else None
-    stream = _ready_stream(plan) if plan is not None else None
-    if stream is None:
-        return None
-    result = run_forward(plan, stream, q, k, v)
-    _stats["fwd_hits"] += 1
-    return result
+    return serve(_fwd_plans, key, _stats, "fwd_hits", run_forward, q, k, v)
 
 
 # ------------------------------------------------------------------------------------------------------------
 # backward
 # ------------------------------------------------------------------------------------------------------------
 _BWD_POINTERS = ("q", "k", "v", "out", "dout", "lse", "lse_log2", "dpsum", "dq_accum", "dq_semaphore", "dq", "dk",
-                 "dv")
+                 "dv", "error", "error_host")
 
 
 class _BwdPlan:
     __slots__ = ("c", "call", "launches", "template", "maps", "map_offsets", "offsets", "deterministic", "dq_shape",
-                 "kv_shape", "dtype", "device", "device_index", "cupy", "work", "stream", "keep", "grads_like")
+                 "kv_shape", "dtype", "device", "device_index", "cupy", "ptr", "work", "stream", "keep",
+                 "grads_like")
 
 
 def backward_plan(c, operands, lse_ptr, work_base, grads, call, like, dq_shape, kv_shape, cu_seqlens=(0, 0)):
@@ -272,25 +299,17 @@ def backward_plan(c, operands, lse_ptr, work_base, grads, call, like, dq_shape, 
     current device: its device; ``like``: q): its block with every per-call field patched in :func:`run_backward`
     (operands and their maps, scratch, outputs of ``dq_shape`` / ``kv_shape``, the error slot); ``cu_seqlens``:
     the varlen build's device lengths, constant in the block."""
-    p = c.p
-    B, Sq, Sk, H, Hkv, D = p.B, p.Sq, p.Sk, p.H, p.Hkv, p.D
     plan = _BwdPlan()
-    plan.c, plan.call, plan.stream, plan.keep, plan.work = c, call, None, None, None
+    plan.c, plan.call, plan.stream, plan.keep, plan.work, plan.grads_like = c, call, None, None, None, None
     plan.launches = launchers.bwd_launches(c)
     plan.template = launchers.bwd_params(c, operands, lse_ptr, work_base, grads, (0, 0),
                                          cu_seqlens=cu_seqlens).tobytes()
-    (_, q_stride), (_, k_stride), (_, v_stride), _, (_, do_stride) = operands
-    plan.maps = (_Maps(p.dtype, (B, Sq, H, D), q_stride, c.block_m, "q"),
-                 _Maps(p.dtype, (B, Sk, Hkv, D), k_stride, c.block_n, "k"),
-                 _Maps(p.dtype, (B, Sk, Hkv, D), v_stride, c.block_n, "v"),
-                 _Maps(p.dtype, (B, Sq, H, D), do_stride, c.block_m, "do"))
-    dt = kernels.BWD_PARAMS_DTYPE
-    plan.map_offsets = tuple(_offset(dt, n) for n in ("tma_q", "tma_k", "tma_v", "tma_do"))
-    plan.offsets = tuple(_offset(dt, n) for n in _BWD_POINTERS + ("error", "error_host"))
+    plan.maps = _maps(c.p, operands, c.block_m, c.block_n, ("do", operands[4][1], c.block_m, None))
+    plan.map_offsets = _offsets(kernels.BWD_PARAMS_DTYPE, ("tma_q", "tma_k", "tma_v", "tma_do"))
+    plan.offsets = _offsets(kernels.BWD_PARAMS_DTYPE, _BWD_POINTERS)
     plan.deterministic = c.deterministic
     plan.dq_shape, plan.kv_shape = dq_shape, kv_shape
     _framework_of(plan, like)
-    plan.grads_like = None
     return plan
 
 
@@ -330,7 +349,7 @@ def register_backward(key, c, operands, lse_ptr, work_base, grads, call, like) -
     p = c.p
     plan = backward_plan(c, operands, lse_ptr, work_base, grads, call, like, (p.B, p.Sq, p.H, p.D),
                          (p.B, p.Sk, p.Hkv, p.D))
-    _store(_bwd_plans, key, plan)
+    store(_bwd_plans, key, plan)
 
 
 _CACHED_WORK_BYTES = 256 << 10   # scratch kept per plan (its last stream) up to this size: small problems only
@@ -339,51 +358,41 @@ _CACHED_WORK_BYTES = 256 << 10   # scratch kept per plan (its last stream) up to
 def _work(plan, nbytes, stream_ptr):
     """The backward's scratch buffer: the plan's own one if it was allocated on this stream and is small (a later
     call on the same stream runs after the earlier one's kernels: stream order makes the reuse safe; the
-    preprocess pass, folded or not, initialises it), else a fresh ``torch.empty``.
-    NOTES: at most _CACHED_WORK_BYTES per plan (here and fastpath_varlen's: 264 plans, 66 MiB) stays allocated
-    this way; the host time where this matters (~3 µs per call) is that of small problems."""
+    preprocess pass, folded or not, initialises it), else a fresh one.
+    NOTES: at most _CACHED_WORK_BYTES per plan (fixed-length and varlen: 264 plans, 66 MiB) stays allocated this
+    way; the host time where this matters (~3 µs per call) is that of small problems."""
     cached = plan.work
     if cached is not None and cached[0] == stream_ptr:
         return cached[1]
-    work = cupy.empty((nbytes,), cupy.uint8) if plan.cupy else _torch.empty((nbytes,), dtype=_torch.uint8,
-                                                                              device=plan.device)
+    work = _empty(plan, (nbytes,), cupy.uint8 if plan.cupy else _torch.uint8)
     if nbytes <= _CACHED_WORK_BYTES:
         plan.work = (stream_ptr, work)
     return work
 
 
 def run_backward(plan, stream, do, q, k, v, out, lse):
-    """``(dq, dk, dv)`` of a backward launched from ``plan`` on ``stream``: outputs allocated with torch, the
-    block patched, the kernels enqueued by the full path's launchers.enqueue_backward (so the bits are its)."""
+    """``(dq, dk, dv)`` of a backward launched from ``plan`` on ``stream``: outputs allocated in the plan's
+    framework, the block patched, the kernels enqueued by the full path's launchers.enqueue_backward (so the bits
+    are its)."""
     errors.poll_errors()
     c = plan.c
     work = _work(plan, c.work_bytes, stream.ptr)
-    if plan.cupy:
-        dq = cupy.empty(plan.dq_shape, plan.dtype)
-        dk, dv = cupy.empty(plan.kv_shape, plan.dtype), cupy.empty(plan.kv_shape, plan.dtype)
-        base, out_ptr, lse_ptr = work.data.ptr, out.data.ptr, lse.data.ptr
-        q_ptr, k_ptr, v_ptr, do_ptr = q.data.ptr, k.data.ptr, v.data.ptr, do.data.ptr
-        grads = dq.data.ptr, dk.data.ptr, dv.data.ptr
+    like = plan.grads_like
+    if like is None:                               # decided at the plan's first call (as run_forward's)
+        like = plan.grads_like = not plan.cupy and q.is_contiguous() and k.is_contiguous() and \
+            tuple(q.shape) == plan.dq_shape and tuple(k.shape) == plan.kv_shape
+    if like:
+        dq, dk, dv = _torch.empty_like(q), _torch.empty_like(k), _torch.empty_like(k)
     else:
-        torch = _torch
-        like = plan.grads_like
-        if like is None:                               # decided at the plan's first call (as run_forward's)
-            like = plan.grads_like = q.is_contiguous() and k.is_contiguous() and tuple(q.shape) == plan.dq_shape \
-                and tuple(k.shape) == plan.kv_shape
-        if like:
-            dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(k)
-        else:
-            dq = torch.empty(plan.dq_shape, dtype=plan.dtype, device=plan.device)
-            dk = torch.empty(plan.kv_shape, dtype=plan.dtype, device=plan.device)
-            dv = torch.empty(plan.kv_shape, dtype=plan.dtype, device=plan.device)
-        base, out_ptr, lse_ptr = work.data_ptr(), out.data_ptr(), lse.data_ptr()
-        q_ptr, k_ptr, v_ptr, do_ptr = q.data_ptr(), k.data_ptr(), v.data_ptr(), do.data_ptr()
-        grads = dq.data_ptr(), dk.data_ptr(), dv.data_ptr()
+        dq, dk, dv = _empty(plan, plan.dq_shape), _empty(plan, plan.kv_shape), _empty(plan, plan.kv_shape)
+    ptr = plan.ptr
+    base, q_ptr, k_ptr, v_ptr, do_ptr = ptr(work), ptr(q), ptr(k), ptr(v), ptr(do)
+    grads = ptr(dq), ptr(dk), ptr(dv)
     off = c.offsets
     slot = errors.acquire_slot(plan.device_index)     # enqueue_backward releases it if anything fails
     try:
         buf = executor.patched_block(plan.template, plan.maps, (q_ptr, k_ptr, v_ptr, do_ptr), plan.map_offsets,
-                                     plan.offsets, (q_ptr, k_ptr, v_ptr, out_ptr, do_ptr, lse_ptr,
+                                     plan.offsets, (q_ptr, k_ptr, v_ptr, ptr(out), do_ptr, ptr(lse),
                                                     base + off[0], base + off[1], base + off[2],
                                                     base + off[3] if plan.deterministic else 0, *grads, slot.dptr,
                                                     slot.hdev))
@@ -399,10 +408,4 @@ def run_backward(plan, stream, do, q, k, v, out, lse):
 def backward(key, do, q, k, v, out, lse):
     """``(dq, dk, dv)`` from the plan stored under ``key`` (:func:`bwd_key` of the call), or None (then the caller
     takes the full path)."""
-    plan = _bwd_plans.get(key) if key is not None else None
-    stream = _ready_stream(plan) if plan is not None else None
-    if stream is None:
-        return None
-    result = run_backward(plan, stream, do, q, k, v, out, lse)
-    _stats["bwd_hits"] += 1
-    return result
+    return serve(_bwd_plans, key, _stats, "bwd_hits", run_backward, do, q, k, v, out, lse)

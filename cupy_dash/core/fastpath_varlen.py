@@ -22,8 +22,6 @@ and bytes (checked by the full path when the plan was made), device ones through
 """
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 
 from .. import config
@@ -33,7 +31,6 @@ _MAX_PLANS = 8            # each holds its packing's device tables (up to a few 
 _plans: dict = {}
 _fwd_plans: dict = {}
 _templates: dict = {}     # signature without the lengths -> a plan of those tensors (for their new packings)
-_lock = threading.Lock()
 _stats = {"hits": 0, "fwd_hits": 0, "new_packing_hits": 0}
 
 
@@ -42,7 +39,7 @@ def stats() -> dict:
 
 
 def clear() -> None:
-    with _lock:
+    with fastpath._lock:
         _plans.clear()
         _fwd_plans.clear()
         _templates.clear()
@@ -57,9 +54,7 @@ def _host_lengths(cu, device_index):
     if not fastpath.is_torch(cu):
         return None
     if not cu.is_cuda:
-        if cu.dim() != 1:
-            return None
-        return str(cu.dtype), cu.numpy()
+        return (str(cu.dtype), cu.numpy()) if cu.dim() == 1 else None
     if cu.get_device() != device_index:
         return None
     host = varlen_host_cu.lookup(cu, _DeviceCu(device_index), cu.data_ptr())
@@ -69,9 +64,7 @@ def _host_lengths(cu, device_index):
 def _lengths_key(cu, device_index):
     """Hashable lengths of a cu_seqlens argument (form, shape, bytes), or None (:func:`_host_lengths`)."""
     found = _host_lengths(cu, device_index)
-    if found is None:
-        return None
-    return found[0], found[1].shape, found[1].tobytes()
+    return None if found is None else (found[0], found[1].shape, found[1].tobytes())
 
 
 class _DeviceCu:
@@ -97,8 +90,7 @@ def key(do, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, softmax_scale, 
     sig = fastpath._sig
     ptrs = do.data_ptr() | q.data_ptr() | k.data_ptr() | v.data_ptr() | out.data_ptr() | lse.data_ptr()
     return (sig(do), sig(q), sig(k), sig(v), sig(out), sig(lse), lens, max_q, max_k, causal, softmax_scale, window,
-            schedule, deterministic, not (ptrs & 15), interop._torch_stream_ptr(dev),
-            config.fingerprint())
+            schedule, deterministic, not (ptrs & 15), interop._torch_stream_ptr(dev), config.fingerprint())
 
 
 def _template_key(key_):
@@ -118,23 +110,18 @@ def register(key_, c, operands, lse_ptr, work_base, grads, cu_ptrs, call, like, 
     plan = fastpath.backward_plan(c, operands, lse_ptr, work_base, grads, call, like, (p.Sq, p.H, p.D),
                                   (p.Sk, p.Hkv, p.D), cu_seqlens=cu_ptrs)
     plan.stream, plan.keep = stream, keep
-    _store(key_, plan, template=True)
+    _store(key_, plan)
+    fastpath.store(_templates, _template_key(key_), plan, _MAX_PLANS)
 
 
-def _store(key_, plan, template=False) -> None:
-    with _lock:
-        if len(_plans) >= _MAX_PLANS:
-            _plans.pop(next(iter(_plans)))
-        _plans[key_] = plan
-        if template:
-            if len(_templates) >= _MAX_PLANS:
-                _templates.pop(next(iter(_templates)))
-            _templates[_template_key(key_)] = plan
+def _store(key_, plan) -> None:
+    fastpath.store(_plans, key_, plan, _MAX_PLANS)
 
 
 def backward(key_, do, q, k, v, out, lse, cu_q=None, cu_k=None):
     """``(dq, dk, dv)`` from the plan stored under ``key_``, or from the template of the same tensors with other
-    lengths (:func:`_new_packing`, given ``cu_q`` and ``cu_k``), or None (the caller takes the full path)."""
+    lengths (:func:`_new_packing`, given ``cu_q`` and ``cu_k``), or None (the caller takes the full path). A plan
+    launches on the stream its table was uploaded for (the signature holds it)."""
     if key_ is None:
         return None
     plan = _plans.get(key_)
@@ -198,28 +185,21 @@ def forward_key(q, k, v, cu_q, cu_k, max_q, max_k, causal, softmax_scale, window
             not (ptrs & 15), cu_q is cu_k)
 
 
-def register_forward(key_, spec, grid, block_m, block_n, p, operands, params, cu_infos, like) -> None:
+def register_forward(key_, spec, grid, block_m, block_n, p, operands, params, shapes, like, cu_infos) -> None:
     """Keep the plan of a varlen forward the full path has just launched (``params``: its packed block;
     ``cu_infos``: the TensorInfo of cu_seqlens_q and cu_seqlens_k, for the host copies of later calls)."""
-    if key_ is None:
-        return
-    plan = fastpath.forward_plan(spec, grid, block_m, block_n, p, operands, params, (p.Sq, p.H, p.D), (p.H, p.Sq),
-                                 like, cu_infos)
-    with _lock:
-        if len(_fwd_plans) >= _MAX_PLANS * 8:
-            _fwd_plans.pop(next(iter(_fwd_plans)))
-        _fwd_plans[key_] = plan
+    fastpath.register_forward(key_, spec, grid, block_m, block_n, p, operands, params, shapes, like, cu_infos,
+                              _fwd_plans, _MAX_PLANS * 8)
 
 
-def forward(key_, q, k, v, cu_q, cu_k):
-    """``(out, lse)`` from the plan stored under ``key_``, or None (the caller takes the full path)."""
-    plan = _fwd_plans.get(key_) if key_ is not None else None
-    stream = fastpath._ready_stream(plan) if plan is not None else None
-    if stream is None:
-        return None
+def _run_forward(plan, stream, q, k, v, cu_q, cu_k):
     result = fastpath.run_forward(plan, stream, q, k, v, (cu_q, cu_k))
     varlen_host_cu.remember(cu_q, plan.cu_infos[0], cu_q.data_ptr(), stream)
     if cu_k is not cu_q:
         varlen_host_cu.remember(cu_k, plan.cu_infos[1], cu_k.data_ptr(), stream)
-    _stats["fwd_hits"] += 1
     return result
+
+
+def forward(key_, q, k, v, cu_q, cu_k):
+    """``(out, lse)`` from the plan stored under ``key_``, or None (the caller takes the full path)."""
+    return fastpath.serve(_fwd_plans, key_, _stats, "fwd_hits", _run_forward, q, k, v, cu_q, cu_k)

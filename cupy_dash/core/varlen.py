@@ -28,6 +28,7 @@ a module buffer (it records a new graph for new shapes, not for new values).
 """
 from __future__ import annotations
 
+import functools
 import numbers
 
 import cupy
@@ -35,8 +36,7 @@ import numpy as np
 
 from .. import config, gpu
 from .. import schedule as _schedule
-from ..cuda import kernels, launchers, varlen_device
-from ..cuda.errors import keep_alive
+from ..cuda import kernels, varlen_device
 from . import api, fastpath_varlen, interop, varlen_host_cu
 from .varlen_launch import (_tables, check_max_seqlen, check_max_within, check_same_count, cu_seqlens_values,
                             packing_launch)
@@ -89,10 +89,9 @@ def attention_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, 
     """
     fast_key = None if softcap else fastpath_varlen.forward_key(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                                                 max_seqlen_k, causal, softmax_scale, window)
-    if fast_key is not None:
-        result = fastpath_varlen.forward(fast_key, q, k, v, cu_seqlens_q, cu_seqlens_k)
-        if result is not None:
-            return result
+    result = fastpath_varlen.forward(fast_key, q, k, v, cu_seqlens_q, cu_seqlens_k)
+    if result is not None:
+        return result
     capturing = api.call_start(q)
     causal = api.check_flag("causal", causal)
     window = api._check_window(window, causal)
@@ -109,32 +108,10 @@ def attention_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, 
     check_max_within(max_q, max_k, p.Sq, p.Sk)
     window = _schedule.canonical_window(window, max_q, max_k, causal)   # vacuous for every sequence -> -1
     spec, block_m, block_n = kernels.fwd_entry(p.dtype, p.D, causal, varlen=True, softcap=p.softcap > 0)
-    launchers.check_softcap_build(spec, p)
-    total_q, H, D = p.Sq, p.H, p.D
-    qi, ki, vi = p.infos
-    fw, dev = interop.framework_of(q), p.device_id
-    stream = interop.caller_stream(q, dev)
-    with cupy.cuda.Device(dev), stream:
-        keep = []
-        operands = api._resolve(qi, q4, keep), api._resolve(ki, k4, keep), api._resolve(vi, v4, keep)
-        cu_q_ptr, _ = api._resolve(cu_q_info, cu_seqlens_q, keep)
-        cu_k_ptr, _ = api._resolve(cu_k_info, cu_seqlens_k, keep)
-        out, out_ptr = api._new(fw, dev, (total_q, H, D), p.dtype)
-        lse, lse_ptr = api._new(fw, dev, (H, total_q), "float32")
-        params = launchers.fwd_params(block_m, block_n, p, window, operands, out_ptr, lse_ptr,
-                                      varlen=(num_seqs, cu_q_ptr, cu_k_ptr))
-        grid = (-(-max_q // block_m), H, num_seqs)
-        kernels.launch(spec, grid, params, stream)
-        if not capturing:                    # for the backward of this call (varlen_host_cu.py): no wait there
-            varlen_host_cu.remember(cu_seqlens_q, cu_q_info, cu_q_ptr, stream)
-            if cu_seqlens_k is not cu_seqlens_q:
-                varlen_host_cu.remember(cu_seqlens_k, cu_k_info, cu_k_ptr, stream)
-        if keep:
-            keep_alive(keep, stream)
-        elif fast_key is not None and not capturing:
-            fastpath_varlen.register_forward(fast_key, spec, grid, block_m, block_n, p, operands, params,
-                                             (cu_q_info, cu_k_info), q)
-        return api._export(fw, out, q), api._export(fw, lse, q)
+    return api.run_forward(q, p, spec, block_m, block_n, window, (q4, k4, v4), (-(-max_q // block_m), p.H, num_seqs),
+                           ((p.Sq, p.H, p.D), (p.H, p.Sq)), capturing, causal, fast_key,
+                           fastpath_varlen.register_forward,
+                           cu=(num_seqs, (cu_q_info, cu_seqlens_q), (cu_k_info, cu_seqlens_k)))
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -259,10 +236,9 @@ def attention_backward_varlen(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
     fast_key = None if softcap else fastpath_varlen.key(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
                                                         max_seqlen_q, max_seqlen_k, causal, softmax_scale, window,
                                                         schedule, deterministic)
-    if fast_key is not None:
-        result = fastpath_varlen.backward(fast_key, do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
-        if result is not None:
-            return result
+    result = fastpath_varlen.backward(fast_key, do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+    if result is not None:
+        return result
     capturing = api.call_start(q)
     causal = api.check_flag("causal", causal)
     deterministic = api.check_flag("deterministic", deterministic)
@@ -274,10 +250,9 @@ def attention_backward_varlen(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
     li = interop.describe(lse, "lse")
     if len(li.shape) != 2:
         raise ValueError(f"lse: expected a 2-D tensor (H, total_q), got shape {li.shape}")
-    totals = total_q, total_k
     check_max_within(max_q, max_k, total_q, total_k)
-    cu_args = (("cu_seqlens_q", cu_seqlens_q, totals[0], "max_seqlen_q", max_q),
-               ("cu_seqlens_k", cu_seqlens_k, totals[1], "max_seqlen_k", max_k))
+    cu_args = (("cu_seqlens_q", cu_seqlens_q, total_q, "max_seqlen_q", max_q),
+               ("cu_seqlens_k", cu_seqlens_k, total_k, "max_seqlen_k", max_k))
     forms = [cu_seqlens_form(name, cu) for name, cu, *_ in cu_args]
     # host cu_seqlens are checked here, before any GPU work; device ones after their copy to the host
     cu_host = [None if host is None else cu_seqlens_values(name, host, *limits)
@@ -310,10 +285,7 @@ def attention_backward_varlen(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
                 cupy.cuda.runtime.memsetAsync(ptr, 0, n * D * 2, stream.ptr)
             return tuple(api._export(fw, g, q) for g, _ in grads)
         cu_ptrs = cu_dev[0].data.ptr, cu_dev[1].data.ptr
-
-        def register(operands, lse_ptr, base, grads):
-            if fast_key is not None:
-                fastpath_varlen.register(fast_key, c, operands, lse_ptr, base, grads, cu_ptrs, call, q, stream,
-                                         (c.tables, *cu_dev))
+        register = functools.partial(fastpath_varlen.register, fast_key, c, cu_ptrs=cu_ptrs, call=call, like=q,
+                                     stream=stream, keep=(c.tables, *cu_dev))
         return api.run_backward(c, p, call, stream, (q4, k4, v4, out4, do4), lse[None], causal, capturing, [],
                                 ((total_q, H, D), (total_k, Hkv, D)), register, cu_seqlens=cu_ptrs)

@@ -36,17 +36,21 @@ def bsh_strides(shape) -> tuple:
 # ------------------------------------------------------------------------------------------------------------
 # forward
 # ------------------------------------------------------------------------------------------------------------
-def launch_forward(spec, block_m, block_n, p, window, operands, out_ptr, lse_ptr, stream) -> None:
-    """Enqueue the forward kernel of problem ``p`` on the CuPy ``stream`` (current device: the buffers' device).
+def launch_forward(spec, block_m, block_n, p, window, operands, out_ptr, lse_ptr, stream, grid=None,
+                   varlen=None) -> np.ndarray:
+    """Enqueue the forward kernel of problem ``p`` on the CuPy ``stream`` (current device: the buffers' device) and
+    return its packed parameter block.
 
-    The launch shared by every entry point (eager calls here, ``jax.jit`` calls in :mod:`cupy_dash.jax`): it
-    depends only on ``p``'s sizes and scale, ``window`` = (left, right) as the kernel takes it, and the buffer
-    addresses (arguments as in :func:`fwd_params`). Encodes the tensor maps (host only), packs the parameters,
-    launches; never synchronizes or allocates device memory.
+    The launch shared by every entry point (eager calls, fixed-length and varlen, and ``jax.jit`` calls in
+    :mod:`cupy_dash.jax`): it depends only on ``p``'s sizes and scale, ``window`` = (left, right) as the kernel
+    takes it, and the buffer addresses (arguments as in :func:`fwd_params`); ``grid``: :func:`fwd_grid` unless
+    given (varlen: sized by max_seqlen_q). Encodes the tensor maps (host only), packs the parameters, launches;
+    never synchronizes or allocates device memory.
     """
     check_softcap_build(spec, p)
-    params = fwd_params(block_m, block_n, p, window, operands, out_ptr, lse_ptr)
-    kernels.launch(spec, fwd_grid(p, block_m), params, stream)
+    params = fwd_params(block_m, block_n, p, window, operands, out_ptr, lse_ptr, varlen)
+    kernels.launch(spec, fwd_grid(p, block_m) if grid is None else grid, params, stream)
+    return params
 
 
 def fwd_grid(p, block_m) -> tuple:

@@ -29,9 +29,7 @@ def attention(q, k, v, causal=False, softmax_scale=None, schedule="auto", determ
     the module docstring for the eager warm-up a capture needs).
     """
     options = checked_options(causal, softmax_scale, schedule, deterministic, window, softcap)
-    if eager(q, k, v):
-        return _Eager.apply((api.attention_forward, api.attention_backward), (), options, q, k, v)[0]
-    return attention_forward(q, k, v, *op_arguments(options))[0]
+    return differentiable((api.attention_forward, api.attention_backward), attention_forward, (), options, q, k, v)
 
 
 def checked_options(causal, softmax_scale, schedule, deterministic, window, softcap) -> tuple:
@@ -45,11 +43,14 @@ def checked_options(causal, softmax_scale, schedule, deterministic, window, soft
     return causal, softmax_scale, schedule, deterministic, window, api.check_softcap(softcap)
 
 
-def op_arguments(options) -> tuple:
-    """``options`` (:func:`checked_options`) as the ops' trailing arguments: causal, softmax_scale, schedule,
-    deterministic, window_left, window_right, softcap."""
+def differentiable(fns, op, extra, options, q, k, v) -> Tensor:
+    """The output of :func:`attention` / ``attention_varlen``: cupy_dash's (forward, backward) functions ``fns``
+    through :class:`_Eager` in eager calls (:func:`eager`), else the forward op ``op``; ``extra``: the arguments
+    after v (varlen: cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k); ``options``: :func:`checked_options`."""
+    if eager(q, k, v, *extra[:2]):
+        return _Eager.apply(fns, extra, options, q, k, v)[0]
     causal, softmax_scale, schedule, deterministic, (left, right), softcap = options
-    return causal, softmax_scale, schedule, deterministic, left, right, softcap
+    return op(q, k, v, *extra, causal, softmax_scale, schedule, deterministic, left, right, softcap)[0]
 
 
 # NOTES: eager calls skip the dispatcher. register_autograd's autograd kernel is Python (a pytree scan of the
@@ -150,20 +151,21 @@ def _check_dims(layouts, **tensors):
             raise ValueError(f"{name}: expected a {want}-D tensor {layout}, got shape {tuple(t.shape)}")
 
 
-def _check_ranks(**tensors):
-    _check_dims({"lse": "(B, H, Sq)", "": "(B, S, H, D)"}, **tensors)
+def check_options(schedule, causal, window, softcap) -> None:
+    """The fake implementations' checks of the non-tensor arguments (the real ops' checks)."""
+    api.check_schedule(schedule)
+    check_window(window, causal)
+    api.check_softcap(softcap)
 
 
 def _check_meta(q, k, v, softmax_scale, schedule, causal, window, dout=None, out=None, lse=None, softcap=0.0):
     """The checks of the real op, as far as metadata allows: all of them when every size and stride is a plain
     int; with symbolic sizes (dynamic shapes) only the ranks (the real op checks the rest at run time)."""
-    api.check_schedule(schedule)
-    check_window(window, causal)
-    api.check_softcap(softcap)
+    check_options(schedule, causal, window, softcap)
     backward = dout is not None
     tensors = dict(q=q, k=k, v=v, do=dout, out=out, lse=lse) if backward else dict(q=q, k=k, v=v)
     if not _concrete(*tensors.values()):
-        _check_ranks(**tensors)
+        _check_dims({"lse": "(B, H, Sq)", "": "(B, S, H, D)"}, **tensors)
         return
     views = {name: _Meta(t) for name, t in tensors.items()}
     api.validate(views["q"], views["k"], views["v"], views.get("do"), views.get("out"), views.get("lse"),
@@ -213,29 +215,28 @@ def _attention_forward_fake(q, k, v, causal=False, softmax_scale=None, schedule=
     return q.new_empty((B, Sq, H, D)), q.new_empty((B, H, Sq), dtype=torch.float32)
 
 
-def _setup_context(ctx, inputs, output):
-    q, k, v, causal, softmax_scale, schedule, deterministic, window_left, window_right, softcap = inputs
-    out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse)
-    ctx.causal, ctx.softmax_scale, ctx.schedule, ctx.deterministic = causal, softmax_scale, schedule, deterministic
-    ctx.window, ctx.softcap = (window_left, window_right), softcap
-    ctx.mark_non_differentiable(lse)
-    ctx.set_materialize_grads(False)
+def register_gradient(name, backward, tensors=0) -> None:
+    """Register the gradient of the forward op ``name``: its backward op ``backward`` called with dout, the
+    forward's q, k, v, out, lse, its ``tensors`` tensor arguments after v (varlen: cu_seqlens_q, cu_seqlens_k) and
+    the rest of its arguments (varlen: max_seqlen_q, max_seqlen_k; then causal ... softcap) as given."""
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs[:3], *output, *inputs[3:3 + tensors])
+        ctx.options = inputs[3 + tensors:]
+        ctx.mark_non_differentiable(output[1])
+        ctx.set_materialize_grads(False)
+
+    def gradient(ctx, dout, dlse):            # dlse is always None: lse is not differentiable
+        if dout is None:
+            return (None,) * (3 + tensors + len(ctx.options))
+        q, k, v, out, lse, *extra = ctx.saved_tensors
+        # the kernels read dout through TMA: last dim contiguous, 16-byte strides (an expanded grad has stride 0)
+        dq, dk, dv = backward(dout.contiguous(), q, k, v, out, lse, *extra, *ctx.options)
+        return (dq, dk, dv) + (None,) * (tensors + len(ctx.options))
+
+    torch.library.register_autograd(f"cupy_dash::{name}", gradient, setup_context=setup_context, lib=_lib)
 
 
-def _attention_forward_grad(ctx, dout, dlse):
-    """Gradient of :func:`attention_forward` (``dlse`` is always None: lse is not differentiable)."""
-    if dout is None:
-        return (None,) * 10
-    q, k, v, out, lse = ctx.saved_tensors
-    # the kernels read dout through TMA: last dim contiguous, 16-byte strides (an expanded grad has stride 0)
-    dq, dk, dv = attention_backward(dout.contiguous(), q, k, v, out, lse, ctx.causal, ctx.softmax_scale,
-                                    ctx.schedule, ctx.deterministic, *ctx.window, ctx.softcap)
-    return (dq, dk, dv) + (None,) * 7
-
-
-torch.library.register_autograd("cupy_dash::attention_forward", _attention_forward_grad,
-                                setup_context=_setup_context, lib=_lib)
+register_gradient("attention_forward", attention_backward)
 
 
 # ------------------------------------------------------------------------------------------------------------

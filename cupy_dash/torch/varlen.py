@@ -24,8 +24,7 @@ raises RuntimeError. A graph replays the packing it captured: keeping the length
 import torch
 
 from ..core import api, varlen
-from ..schedule import check_window
-from .ops import _Eager, _check_dims, _lib, checked_options, eager, op_arguments
+from .ops import _check_dims, _lib, check_options, checked_options, differentiable, register_gradient
 
 __all__ = ["attention_varlen", "attention_forward_varlen", "attention_backward_varlen"]
 
@@ -34,11 +33,9 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
                      softmax_scale=None, schedule="auto", deterministic=True, window=(-1, -1), softcap=0.0):
     """Differentiable varlen attention for torch tensors -> out ``(total_q, H, D)`` (module docstring)."""
     options = checked_options(causal, softmax_scale, schedule, deterministic, window, softcap)
-    extra = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    if eager(q, k, v, cu_seqlens_q, cu_seqlens_k):              # as cupy_dash.torch.attention
-        return _Eager.apply((varlen.attention_forward_varlen, varlen.attention_backward_varlen), extra, options,
-                            q, k, v)[0]
-    return attention_forward_varlen(q, k, v, *extra, *op_arguments(options))[0]
+    return differentiable((varlen.attention_forward_varlen, varlen.attention_backward_varlen),
+                          attention_forward_varlen, (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), options,
+                          q, k, v)
 
 
 def _check_packed(**tensors):
@@ -80,34 +77,13 @@ _lib.impl("attention_forward_varlen", _forward_impl, "CompositeExplicitAutograd"
 def _forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False,
                   softmax_scale=None, schedule="auto", deterministic=True, window_left=-1, window_right=-1,
                   softcap=0.0):
-    api.check_schedule(schedule)
-    check_window((window_left, window_right), causal)
-    api.check_softcap(softcap)
+    check_options(schedule, causal, (window_left, window_right), softcap)
     _check_packed(q=q, k=k, v=v)
     total_q, H, D = q.shape
     return q.new_empty((total_q, H, D)), q.new_empty((H, total_q), dtype=torch.float32)
 
 
-def _setup_context(ctx, inputs, output):
-    (q, k, v, cu_q, cu_k, max_q, max_k, causal, softmax_scale, schedule, deterministic, window_left,
-     window_right, softcap) = inputs
-    out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
-    ctx.options = (max_q, max_k, causal, softmax_scale, schedule, deterministic, window_left, window_right, softcap)
-    ctx.mark_non_differentiable(lse)
-    ctx.set_materialize_grads(False)
-
-
-def _forward_grad(ctx, dout, dlse):
-    if dout is None:
-        return (None,) * 14
-    q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
-    dq, dk, dv = attention_backward_varlen(dout.contiguous(), q, k, v, out, lse, cu_q, cu_k, *ctx.options)
-    return (dq, dk, dv) + (None,) * 11
-
-
-torch.library.register_autograd("cupy_dash::attention_forward_varlen", _forward_grad,
-                                setup_context=_setup_context, lib=_lib)
+register_gradient("attention_forward_varlen", attention_backward_varlen, tensors=2)
 
 
 def _backward_impl(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False,
@@ -126,8 +102,6 @@ _lib.impl("attention_backward_varlen", _backward_impl, "CompositeExplicitAutogra
 def _backward_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False,
                    softmax_scale=None, schedule="auto", deterministic=True, window_left=-1, window_right=-1,
                    softcap=0.0):
-    api.check_schedule(schedule)
-    check_window((window_left, window_right), causal)
-    api.check_softcap(softcap)
+    check_options(schedule, causal, (window_left, window_right), softcap)
     _check_packed(dout=dout, q=q, k=k, v=v, out=out, lse=lse)
     return q.new_empty(tuple(q.shape)), q.new_empty(tuple(k.shape)), q.new_empty(tuple(v.shape))
