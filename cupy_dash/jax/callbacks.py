@@ -1,9 +1,10 @@
 """The Python callbacks of :mod:`cupy_dash.jax` and what every JAX call of cupy_dash prepares with them: the
 per-device preparation cache (:func:`_get`), the local Hopper GPUs a traced call is prepared on, the kernels loaded
-at trace time, and the base classes :class:`_Forward` / :class:`_Backward` (a traced fixed-length call and its
-``jax.experimental.buffer_callback``). :mod:`cupy_dash.jax.ops` picks them or the C handler's subclasses
-(:mod:`cupy_dash.jax._ffi`); :mod:`cupy_dash.jax.varlen` and :mod:`cupy_dash.jax.varlen_dyn` share the cache and the
-run-time helpers. It imports no other module of :mod:`cupy_dash.jax`.
+at trace time, the base class of every prepared call (:class:`_Call`: its result types and its
+``jax.experimental.buffer_callback``) and the fixed-length ones, :class:`_Forward` / :class:`_Backward`.
+:mod:`cupy_dash.jax.ops` picks these or the C handler's subclasses (:mod:`cupy_dash.jax._ffi`);
+:mod:`cupy_dash.jax.varlen` and :mod:`cupy_dash.jax.varlen_dyn` share the cache, the base class and the run-time
+helpers. It imports no other module of :mod:`cupy_dash.jax`.
 """
 
 from __future__ import annotations
@@ -88,7 +89,31 @@ def _load(specs) -> None:
         driver.funcGetAttribute(driver.CU_FUNC_ATTRIBUTE_NUM_REGS, jit.load(spec).ptr)
 
 
-class _Forward:
+class _Call:
+    """A prepared custom call: its result types and :meth:`bind`. Subclasses set ``p`` (the validated problem;
+    ``packed``: the varlen layout, operands ``(total, H, D)`` and lse ``(H, total_q)``) and, for a backward,
+    ``work_bytes``; they are the buffer_callback's callable (the C handler's subclasses bind their own call)."""
+    packed = False
+    command_buffer = True
+    work_bytes = None                          # the backward's workspace; None: a forward
+
+    def types(self) -> tuple:
+        """The results: out ``(B, Sq, H, D)``, lse ``(B, H, Sq)`` float32 (forward), or dq ``(B, Sq, H, D)``, dk,
+        dv ``(B, Sk, Hkv, D)`` and the uint8 workspace (backward); without B when ``packed``."""
+        p, lead = self.p, (() if self.packed else (self.p.B,))
+        q = jax.ShapeDtypeStruct((*lead, p.Sq, p.H, p.D), api.NP_DTYPES[p.dtype])
+        if self.work_bytes is None:
+            return q, jax.ShapeDtypeStruct((*lead, p.H, p.Sq), np.float32)
+        kv = jax.ShapeDtypeStruct((*lead, p.Sk, p.Hkv, p.D), api.NP_DTYPES[p.dtype])
+        return q, kv, kv, jax.ShapeDtypeStruct((self.work_bytes,), np.uint8)
+
+    def bind(self, *operands):
+        """The custom call on traced operands: ``(out, lse)`` or ``(dq, dk, dv)`` (the workspace dropped)."""
+        from jax.experimental.buffer_callback import buffer_callback
+        return buffer_callback(self, self.types(), command_buffer_compatible=self.command_buffer)(*operands)[:3]
+
+
+class _Forward(_Call):
     """A traced forward: the callback ``(ctx, (out, lse), q, k, v)`` and what it needs besides addresses."""
 
     def __init__(self, p, cfg):
@@ -102,16 +127,6 @@ class _Forward:
             with cupy.cuda.Device(dev):
                 _load([self.spec])
 
-    def types(self):
-        p = self.p
-        return (jax.ShapeDtypeStruct((p.B, p.Sq, p.H, p.D), api.NP_DTYPES[p.dtype]),
-                jax.ShapeDtypeStruct((p.B, p.H, p.Sq), np.float32))
-
-    def bind(self, q, k, v):
-        """The custom call on traced q, k, v: ``(out, lse)``."""
-        from jax.experimental.buffer_callback import buffer_callback
-        return buffer_callback(self, self.types(), command_buffer_compatible=True)(q, k, v)
-
     def __call__(self, ctx, outs, q, k, v):
         callback_runs["forward"] += 1
         out, lse = outs
@@ -123,7 +138,7 @@ class _Forward:
                                      _ptr(out), _ptr(lse), interop.external_stream(ctx.stream, dev))
 
 
-class _Backward:
+class _Backward(_Call):
     """A traced backward: the callback ``(ctx, (dq, dk, dv, workspace), dout, q, k, v, out, lse)`` and, per device,
     its :class:`cupy_dash.cuda.launchers.BwdLaunch` (kernels loaded, schedule tables uploaded) and error record."""
 
@@ -160,17 +175,6 @@ class _Backward:
                                                      cfg.window))
                 if record_shared(dev, self.records[dev]):
                     c.fold = False
-
-    def types(self):
-        p = self.p
-        kv = jax.ShapeDtypeStruct((p.B, p.Sk, p.Hkv, p.D), api.NP_DTYPES[p.dtype])
-        return (jax.ShapeDtypeStruct((p.B, p.Sq, p.H, p.D), api.NP_DTYPES[p.dtype]), kv, kv,
-                jax.ShapeDtypeStruct((self.work_bytes,), np.uint8))
-
-    def bind(self, dout, q, k, v, out, lse):
-        """The custom call on traced operands: ``(dq, dk, dv)`` (the workspace result is dropped)."""
-        from jax.experimental.buffer_callback import buffer_callback
-        return buffer_callback(self, self.types(), command_buffer_compatible=True)(dout, q, k, v, out, lse)[:3]
 
     def __call__(self, ctx, outs, dout, q, k, v, out, lse):
         callback_runs["backward"] += 1

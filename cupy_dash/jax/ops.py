@@ -34,7 +34,7 @@ def attention(q, k, v, causal=False, softmax_scale=None, schedule="auto", determ
     and under ``jax.jit`` / ``grad`` / ``vmap`` (module docstring)."""
     cfg = _config(causal, softmax_scale, window=window, schedule=schedule, deterministic=deterministic,
                   softcap=softcap)
-    return _attention_jit(*callbacks.vary_together(q, k, v), cfg)
+    return _attention_jit(cfg, *callbacks.vary_together(q, k, v))
 
 
 def attention_forward(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1), softcap=0.0):
@@ -43,7 +43,7 @@ def attention_forward(q, k, v, *, causal=False, softmax_scale=None, window=(-1, 
     differentiable (gradient: :func:`attention_backward` with this window and cap, default schedule); ``lse`` is
     not."""
     cfg = _config(causal, softmax_scale, window=window, softcap=softcap)
-    return _forward_jit(*callbacks.vary_together(q, k, v), cfg)
+    return _forward_jit(cfg, *callbacks.vary_together(q, k, v))
 
 
 def attention_backward(dout, q, k, v, out, lse, *, causal=False, softmax_scale=None, schedule="auto",
@@ -53,7 +53,7 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, softmax_scale=N
     and ``softcap``: the forward's)."""
     cfg = _config(causal, softmax_scale, window=window, schedule=schedule, deterministic=deterministic,
                   softcap=softcap)
-    return _backward_jit(dout, q, k, v, out, lse, cfg)
+    return _backward_jit(cfg, dout, q, k, v, out, lse)
 
 
 _Config = collections.namedtuple("_Config", "causal scale window schedule deterministic ffi compact_env softcap")
@@ -89,55 +89,56 @@ def _ffi_built() -> bool:
 
 
 # ------------------------------------------------------------------------------------------------------------
-# differentiation: custom_vjp around the two calls
+# differentiation: one custom_vjp for every entry point
 # ------------------------------------------------------------------------------------------------------------
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _attention(q, k, v, cfg):
-    return _forward_op(cfg)(q, k, v)[0]
+def differentiable(forward, backward, with_lse=False):
+    """The jitted differentiable call ``(cfg, q, k, v, *extra) -> out`` (``with_lse``: ``(out, lse)``, lse not
+    differentiable), ``cfg`` static. ``forward(cfg, q, k, v, *extra) -> (out, lse)``, ``backward(cfg, dout, q, k,
+    v, out, lse, *extra) -> (dq, dk, dv)``: the custom calls; ``extra`` (the varlen device cu_seqlens) gets no
+    cotangent."""
+    @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+    def attention(cfg, *operands):
+        out, lse = forward(cfg, *operands)
+        return (out, lse) if with_lse else out
+
+    def attention_fwd(cfg, *operands):
+        if with_lse:
+            operands = tuple(x.value for x in operands)     # symbolic_zeros: primals arrive wrapped
+        out, lse = forward(cfg, *operands)
+        return ((out, lse) if with_lse else out), (operands, out, lse)
+
+    def attention_bwd(cfg, residuals, cotangents):
+        operands, out, lse = residuals
+        dout = _out_cotangent(cotangents, operands[0]) if with_lse else cotangents
+        grads = backward(cfg, dout, *operands[:3], out, lse, *operands[3:])
+        return (*grads, *(None,) * (len(operands) - 3))
+
+    attention.defvjp(attention_fwd, attention_bwd, symbolic_zeros=with_lse)
+    return jax.jit(attention, static_argnums=(0,))
 
 
-def _attention_fwd(q, k, v, cfg):
-    out, lse = _forward_op(cfg)(q, k, v)
-    return out, (q, k, v, out, lse)
-
-
-def _attention_bwd(cfg, residuals, dout):
-    return tuple(_backward_op(cfg)(dout, *residuals))
-
-
-_attention.defvjp(_attention_fwd, _attention_bwd)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _forward(q, k, v, cfg):
-    return tuple(_forward_op(cfg)(q, k, v))
-
-
-def _forward_fwd(q, k, v, cfg):
-    q, k, v = (x.value for x in (q, k, v))              # symbolic_zeros: primals arrive wrapped
-    out, lse = _forward_op(cfg)(q, k, v)
-    return (out, lse), (q, k, v, out, lse)
-
-
-def _forward_bwd(cfg, residuals, cotangents):
+def _out_cotangent(cotangents, q):
+    """The cotangent of out of ``(out, lse)`` (symbolic zeros: zeros of q's shape); raises when lse has one."""
     import jax.numpy as jnp
     from jax.custom_derivatives import SymbolicZero
     dout, dlse = cotangents
     if not isinstance(dlse, SymbolicZero):
         raise ValueError("lse: the output lse of cupy_dash.jax.attention_forward is not differentiable, but the "
                          "differentiated function depends on it; use only out, or stop_gradient(lse)")
-    q = residuals[0]
-    if isinstance(dout, SymbolicZero):
-        dout = jnp.zeros(q.shape, q.dtype)
-    return tuple(_backward_op(cfg)(dout, *residuals))
+    return jnp.zeros(q.shape, q.dtype) if isinstance(dout, SymbolicZero) else dout
 
 
-_forward.defvjp(_forward_fwd, _forward_bwd, symbolic_zeros=True)
+def _forward(cfg, q, k, v):
+    return _forward_op(cfg)(q, k, v)
 
-_attention_jit = jax.jit(_attention, static_argnums=(3,))
-_forward_jit = jax.jit(_forward, static_argnums=(3,))
-_backward_jit = jax.jit(lambda dout, q, k, v, out, lse, cfg: _backward_op(cfg)(dout, q, k, v, out, lse),
-                        static_argnums=(6,))
+
+def _backward(cfg, dout, q, k, v, out, lse):
+    return _backward_op(cfg)(dout, q, k, v, out, lse)
+
+
+_attention_jit = differentiable(_forward, _backward)
+_forward_jit = differentiable(_forward, _backward, with_lse=True)
+_backward_jit = jax.jit(_backward, static_argnums=(0,))
 
 
 # ------------------------------------------------------------------------------------------------------------

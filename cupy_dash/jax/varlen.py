@@ -20,7 +20,6 @@ from __future__ import annotations
 import collections
 import functools
 
-import jax
 import numpy as np
 
 from .. import config
@@ -50,25 +49,7 @@ def attention_host_lengths(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, ba
         cus.append(tuple(int(x) for x in cu_seqlens_values(name, host, int(total),
                                                            name.replace("cu_seqlens", "max_seqlen"), m)))
     check_same_count(*cus)
-    return _attention_jit(*callbacks.vary_together(q, k, v), _VarlenConfig(base, cus[0], cus[1], max_q, max_k))
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _attention(q, k, v, vcfg):
-    return _forward(vcfg, q, k, v)[0]
-
-
-def _attention_fwd(q, k, v, vcfg):
-    out, lse = _forward(vcfg, q, k, v)
-    return out, (q, k, v, out, lse)
-
-
-def _attention_bwd(vcfg, residuals, dout):
-    return tuple(_backward(vcfg, dout, *residuals))
-
-
-_attention.defvjp(_attention_fwd, _attention_bwd)
-_attention_jit = jax.jit(_attention, static_argnums=(3,))
+    return _attention_jit(_VarlenConfig(base, cus[0], cus[1], max_q, max_k), *callbacks.vary_together(q, k, v))
 
 
 _Shape = collections.namedtuple("_Shape", "shape dtype")
@@ -105,10 +86,14 @@ def _backward(vcfg, dout, q, k, v, out, lse):
     return callbacks.vary_like(prepared.bind(dout, q, k, v, out, lse), (dout, q, k, v, out, lse))
 
 
-class _VarlenForward:
+_attention_jit = _jax.differentiable(_forward, _backward)
+
+
+class _VarlenForward(callbacks._Call):
     """A traced varlen forward: the callback ``(ctx, (out, lse), q, k, v[, cu_q, cu_k])``, with the lengths
     uploaded here per device (``host_cu``: the static lengths) or, without them, read from the call's own device
     operands cu_q, cu_k (:mod:`cupy_dash.jax.varlen_dyn`)."""
+    packed = True
 
     def __init__(self, p, cfg, num_seqs, max_q, host_cu=None):
         import cupy
@@ -125,13 +110,6 @@ class _VarlenForward:
                     stream = cupy.cuda.Stream(non_blocking=True)
                     self.cu[dev] = device_tables.upload_async([np.asarray(c, np.int32) for c in host_cu], stream)
                     stream.synchronize()
-
-    def bind(self, q, k, v, *cu):
-        from jax.experimental.buffer_callback import buffer_callback
-        p = self.p
-        types = (jax.ShapeDtypeStruct((p.Sq, p.H, p.D), api.NP_DTYPES[p.dtype]),
-                 jax.ShapeDtypeStruct((p.H, p.Sq), np.float32))
-        return buffer_callback(self, types, command_buffer_compatible=True)(q, k, v, *cu)
 
     def __call__(self, ctx, outs, q, k, v, *cu):
         callbacks.callback_runs["forward"] += 1
@@ -170,9 +148,10 @@ def launch_backward(c, record, ctx, dev, outs, dout, q, k, v, out, lse, cu_ptrs)
                               error_ptr=record, cu_seqlens=cu_ptrs)
 
 
-class _VarlenBackward:
+class _VarlenBackward(callbacks._Call):
     """A traced varlen backward: the callback ``(ctx, (dq, dk, dv, workspace), dout, q, k, v, out, lse)``; per
     device its BwdLaunch (kernels loaded, the packing's schedule table uploaded), cu_seqlens and error record."""
+    packed = True
 
     def __init__(self, p, cfg, vcfg, spin_timeout_ns):
         import cupy
@@ -196,14 +175,6 @@ class _VarlenBackward:
                 callbacks._load(c.specs)
                 stream.synchronize()
                 self.cu[dev], self.records[dev] = cu, jit_record(dev, call)
-
-    def bind(self, dout, q, k, v, out, lse):
-        from jax.experimental.buffer_callback import buffer_callback
-        p = self.p
-        kv = jax.ShapeDtypeStruct((p.Sk, p.Hkv, p.D), api.NP_DTYPES[p.dtype])
-        types = (jax.ShapeDtypeStruct((p.Sq, p.H, p.D), api.NP_DTYPES[p.dtype]), kv, kv,
-                 jax.ShapeDtypeStruct((self.work_bytes,), np.uint8))
-        return buffer_callback(self, types, command_buffer_compatible=True)(dout, q, k, v, out, lse)[:3]
 
     def __call__(self, ctx, outs, dout, q, k, v, out, lse):
         callbacks.callback_runs["backward"] += 1

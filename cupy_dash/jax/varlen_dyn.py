@@ -11,18 +11,16 @@ it is not command-buffer compatible. Same bits as the eager varlen functions and
 from __future__ import annotations
 
 import collections
-import functools
 
-import jax
 import numpy as np
 
 from .. import config
-from ..core import api, interop, varlen_launch
+from ..core import interop, varlen_launch
 from ..core.varlen_launch import checked_cu_seqlens
 from ..cuda import kernels, launchers
 from ..cuda.errors import jit_record
 from . import callbacks
-from . import varlen as _static
+from . import ops as _jax, varlen as _static
 
 _DynConfig = collections.namedtuple("_DynConfig", "base num_seqs max_q max_k")
 
@@ -32,26 +30,6 @@ def check_cu(name, cu) -> int:
     if cu.dtype != np.int32 or len(cu.shape) != 1 or cu.shape[0] < 2:
         raise ValueError(f"{name}: expected an int32 JAX array (B + 1,) with B >= 1, got {cu.dtype} {cu.shape}")
     return int(cu.shape[0]) - 1
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
-def _attention(q, k, v, cu_q, cu_k, dcfg):
-    return _forward(dcfg, q, k, v, cu_q, cu_k)[0]
-
-
-def _attention_fwd(q, k, v, cu_q, cu_k, dcfg):
-    out, lse = _forward(dcfg, q, k, v, cu_q, cu_k)
-    return out, (q, k, v, cu_q, cu_k, out, lse)
-
-
-def _attention_bwd(dcfg, residuals, dout):
-    q, k, v, cu_q, cu_k, out, lse = residuals
-    dq, dk, dv = _backward(dcfg, dout, q, k, v, out, lse, cu_q, cu_k)
-    return dq, dk, dv, None, None
-
-
-_attention.defvjp(_attention_fwd, _attention_bwd)
-attention_jit = jax.jit(_attention, static_argnums=(5,))
 
 
 def _forward(dcfg, q, k, v, cu_q, cu_k):
@@ -71,10 +49,15 @@ def _backward(dcfg, dout, q, k, v, out, lse, cu_q, cu_k):
     return callbacks.vary_like(callbacks._get(key, lambda: _Backward(p, cfg, dcfg, spin)).bind(*operands), operands)
 
 
-class _Backward:
+attention_jit = _jax.differentiable(_forward, _backward)
+
+
+class _Backward(callbacks._Call):
     """A traced varlen backward with device cu_seqlens: the callback ``(ctx, (dq, dk, dv, workspace), dout, q, k,
     v, out, lse, cu_q, cu_k)``; per device its kernels (loaded at trace time) and error record; the packing's
     schedule table is found or built when the callback runs."""
+    packed = True
+    command_buffer = False   # NOTES: the callback reads the lengths back and may upload a table
 
     def __init__(self, p, cfg, dcfg, spin_timeout_ns):
         import cupy
@@ -91,16 +74,6 @@ class _Backward:
                                              softcap=p.softcap > 0)[0])
                 self.records[dev] = jit_record(dev, (cfg.schedule, dcfg.num_seqs, p.H, p.Sq, p.Sk, p.D, cfg.causal,
                                                      cfg.window))
-
-    def bind(self, dout, q, k, v, out, lse, cu_q, cu_k):
-        from jax.experimental.buffer_callback import buffer_callback
-        p = self.p
-        kv = jax.ShapeDtypeStruct((p.Sk, p.Hkv, p.D), api.NP_DTYPES[p.dtype])
-        types = (jax.ShapeDtypeStruct((p.Sq, p.H, p.D), api.NP_DTYPES[p.dtype]), kv, kv,
-                 jax.ShapeDtypeStruct((self.work_bytes,), np.uint8))
-        # NOTES: not command-buffer compatible: the callback reads the lengths back and may upload a table
-        return buffer_callback(self, types, command_buffer_compatible=False)(dout, q, k, v, out, lse, cu_q,
-                                                                             cu_k)[:3]
 
     def lengths(self, cu_q, cu_k, stream) -> tuple:
         """The host int32 cu_seqlens of the device buffers (after XLA's pending work on ``stream``), checked."""
@@ -139,4 +112,4 @@ def attention_device_lengths(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, 
                          f"{cu_seqlens_k.shape[0]}")
     varlen_launch.check_max_within(max_q, max_k, q.shape[0], k.shape[0])
     q, k, v = callbacks.vary_together(q, k, v)
-    return attention_jit(q, k, v, cu_seqlens_q, cu_seqlens_k, _DynConfig(base, num_seqs, max_q, max_k))
+    return attention_jit(_DynConfig(base, num_seqs, max_q, max_k), q, k, v, cu_seqlens_q, cu_seqlens_k)
