@@ -172,24 +172,26 @@ def _batched(call):
 
 @functools.lru_cache(maxsize=None)
 def _forward_op(cfg):
-    return _batched(lambda q, k, v: _forward_call(q, k, v, cfg))
+    return _batched(lambda q, k, v: _forward_call(cfg, q, k, v))
 
 
 @functools.lru_cache(maxsize=None)
 def _backward_op(cfg):
-    return _batched(lambda dout, q, k, v, out, lse: _backward_call(dout, q, k, v, out, lse, cfg))
+    return _batched(lambda dout, q, k, v, out, lse: _backward_call(cfg, dout, q, k, v, out, lse))
 
 
 # ------------------------------------------------------------------------------------------------------------
-# trace time: checks on shapes, the mechanism
+# trace time: checks on shapes, the preparation cache, the mechanism
 # ------------------------------------------------------------------------------------------------------------
 class _Aval:
-    """What :func:`cupy_dash.core.api.validate` reads of an operand, from its shape and dtype: a contiguous array on
-    a CUDA device (placeholder device 0: XLA picks the device at run time) whose address is not known."""
+    """What :func:`cupy_dash.core.api.validate` reads of an operand, from its shape and dtype (``packed``: a varlen
+    operand, read as a batch of one): a contiguous array on a CUDA device (placeholder device 0: XLA picks the
+    device at run time) whose address is not known."""
     __slots__ = ("shape", "dtype", "strides")
 
-    def __init__(self, x):
-        self.shape = tuple(int(n) for n in x.shape)
+    def __init__(self, x, packed=False):
+        shape = tuple(int(n) for n in x.shape)
+        self.shape = (1, *shape) if packed else shape
         self.dtype = np.dtype(x.dtype)
         self.strides = tuple(int(s) * self.dtype.itemsize for s in interop.contiguous_strides(self.shape))
 
@@ -197,27 +199,42 @@ class _Aval:
         return interop.DLPACK_CUDA, 0
 
 
-def _problem(cfg, q, k, v, dout=None, out=None, lse=None):
-    """(validated problem, ``cfg`` with the window in canonical form for these lengths)."""
-    backward = dout is not None
-    views = [_Aval(x) if x is not None else None for x in (q, k, v, dout, out, lse)]
-    p = api.validate(*views, softmax_scale=cfg.scale, backward=backward, softcap=cfg.softcap)
-    return p, cfg._replace(window=_schedule.canonical_window(cfg.window, p.Sq, p.Sk, cfg.causal))
+def _problem(cfg, q, k, v, dout=None, out=None, lse=None, lengths=None):
+    """(validated problem, ``cfg`` with the window in canonical form for these lengths). ``lengths``:
+    ``(max_seqlen_q, max_seqlen_k)`` of a varlen call, whose 3-D packed operands are validated as one batch and
+    whose window is canonical for the longest sequences, as the eager varlen functions do."""
+    arrays = (q, k, v, dout, out, lse)
+    if lengths is not None:
+        for name, x in zip(("q", "k", "v", "dout", "out"), arrays):
+            if x is not None and len(x.shape) != 3:
+                raise ValueError(f"{name}: expected a 3-D packed tensor (total, heads, head_dim), got shape "
+                                 f"{x.shape}")
+    views = [_Aval(x, packed=lengths is not None) if x is not None else None for x in arrays]
+    p = api.validate(*views, softmax_scale=cfg.scale, backward=dout is not None, softcap=cfg.softcap)
+    Sq, Sk = lengths or (p.Sq, p.Sk)
+    return p, cfg._replace(window=_schedule.canonical_window(cfg.window, Sq, Sk, cfg.causal))
 
 
-def _forward_call(q, k, v, cfg):
+def prepare(kind, cls, p, cfg, *args, extra=(), backward=False):
+    """The call ``cls(p, cfg, *args)`` (a backward: ``cls(p, cfg, *args, spin_timeout_ns)``), made at the first
+    trace of its key and kept for the life of the process (:func:`cupy_dash.jax.callbacks._get`). The key: ``kind``,
+    the mechanism, what the launches depend on of ``p`` and ``cfg`` (a backward: also its schedule and
+    CUPY_DASH_SPIN_TIMEOUT_MS, read now) and ``extra``."""
+    key = (kind, cfg.ffi, p.dtype, (p.B, p.Sq, p.Sk, p.H, p.Hkv, p.D), p.scale, p.softcap, cfg.causal, cfg.window)
+    if backward:
+        spin_timeout_ns = config.spin_timeout_ns()
+        key, args = (*key, cfg.schedule, cfg.deterministic, spin_timeout_ns), (*args, spin_timeout_ns)
+    return callbacks._get((*key, *extra), lambda: cls(p, cfg, *args))
+
+
+def _forward_call(cfg, q, k, v):
     p, cfg = _problem(cfg, q, k, v)
-    key = ("fwd", cfg.ffi, p.dtype, (p.B, p.Sq, p.Sk, p.H, p.Hkv, p.D), p.scale, p.softcap, cfg.causal, cfg.window)
-    return callbacks._get(key, lambda: _mechanism(cfg)._Forward(p, cfg)).bind(q, k, v)
+    return prepare("fwd", _mechanism(cfg)._Forward, p, cfg).bind(q, k, v)
 
 
-def _backward_call(dout, q, k, v, out, lse, cfg):
+def _backward_call(cfg, dout, q, k, v, out, lse):
     p, cfg = _problem(cfg, q, k, v, dout, out, lse)
-    spin_timeout_ns = config.spin_timeout_ns()
-    key = ("bwd", cfg.ffi, p.dtype, (p.B, p.Sq, p.Sk, p.H, p.Hkv, p.D), p.scale, p.softcap, cfg.causal, cfg.window,
-           cfg.schedule, cfg.deterministic, spin_timeout_ns)
-    prepared = callbacks._get(key, lambda: _mechanism(cfg)._Backward(p, cfg, spin_timeout_ns))
-    return prepared.bind(dout, q, k, v, out, lse)
+    return prepare("bwd", _mechanism(cfg)._Backward, p, cfg, backward=True).bind(dout, q, k, v, out, lse)
 
 
 def _mechanism(cfg):
