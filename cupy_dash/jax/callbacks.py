@@ -90,12 +90,20 @@ def _load(specs) -> None:
 
 
 class _Call:
-    """A prepared custom call: its result types and :meth:`bind`. Subclasses set ``p`` (the validated problem;
-    ``packed``: the varlen layout, operands ``(total, H, D)`` and lse ``(H, total_q)``) and, for a backward,
-    ``work_bytes``; they are the buffer_callback's callable (the C handler's subclasses bind their own call)."""
+    """A prepared custom call: its result types and :meth:`bind`, for the validated problem ``p`` (``packed``: the
+    varlen layout, operands ``(total, H, D)`` and lse ``(H, total_q)``, ``p`` their batch of one); a backward sets
+    ``work_bytes``. Subclasses are the buffer_callback's callable (the C handler's bind their own call)."""
     packed = False
     command_buffer = True
     work_bytes = None                          # the backward's workspace; None: a forward
+
+    def __init__(self, p):
+        """``q_strides`` / ``kv_strides``: (batch, row, head) element strides of contiguous q-like ``(B, Sq, H, D)``
+        and k-like ``(B, Sk, Hkv, D)`` operands; ``devices``: the GPUs to prepare (:func:`_gpus`)."""
+        self.p = p
+        self.q_strides = interop.contiguous_strides((p.B, p.Sq, p.H, p.D))[:3]
+        self.kv_strides = interop.contiguous_strides((p.B, p.Sk, p.Hkv, p.D))[:3]
+        self.devices = _gpus()
 
     def types(self) -> tuple:
         """The results: out ``(B, Sq, H, D)``, lse ``(B, H, Sq)`` float32 (forward), or dq ``(B, Sq, H, D)``, dk,
@@ -114,14 +122,14 @@ class _Call:
 
 
 class _Forward(_Call):
-    """A traced forward: the callback ``(ctx, (out, lse), q, k, v)`` and what it needs besides addresses."""
+    """A traced forward: the callback ``(ctx, (out, lse), q, k, v)`` and what it needs besides addresses
+    (``varlen``: the kernel of packed batches, which :mod:`cupy_dash.jax.varlen`'s subclass launches)."""
 
-    def __init__(self, p, cfg):
-        self.p, self.causal, self.window = p, cfg.causal, cfg.window
-        self.spec, self.block_m, self.block_n = kernels.fwd_entry(p.dtype, p.D, cfg.causal, softcap=p.softcap > 0)
-        self.q_strides = interop.contiguous_strides((p.B, p.Sq, p.H, p.D))[:3]
-        self.kv_strides = interop.contiguous_strides((p.B, p.Sk, p.Hkv, p.D))[:3]
-        self.devices = _gpus()
+    def __init__(self, p, cfg, varlen=False):
+        self.causal, self.window = cfg.causal, cfg.window
+        self.spec, self.block_m, self.block_n = kernels.fwd_entry(p.dtype, p.D, cfg.causal, varlen=varlen,
+                                                                  softcap=p.softcap > 0)
+        super().__init__(p)
         import cupy
         for dev in self.devices:
             with cupy.cuda.Device(dev):
@@ -144,7 +152,7 @@ class _Backward(_Call):
 
     def __init__(self, p, cfg, spin_timeout_ns):
         import cupy
-        self.p, self.causal, self.window = p, cfg.causal, cfg.window
+        self.causal, self.window = cfg.causal, cfg.window
         tile = kernels.bwd_tile(p.D, cfg.causal, seqlen_q=p.Sq, window=cfg.window)
         # NOTES: long problems read compact records, as the eager path does (compact_device.table_form)
         capped = p.softcap > 0
@@ -155,9 +163,7 @@ class _Backward(_Call):
         tile = kernels.bwd_tile(p.D, cfg.causal, compact, p.Sq, cfg.window)
         self.work_bytes = launchers.BwdLaunch(specs, tile.block_m, tile.block_n, p, cfg.deterministic,
                                               spin_timeout_ns, cfg.causal, cfg.window).work_bytes
-        self.q_strides = interop.contiguous_strides((p.B, p.Sq, p.H, p.D))[:3]
-        self.kv_strides = interop.contiguous_strides((p.B, p.Sk, p.Hkv, p.D))[:3]
-        self.devices = _gpus()
+        super().__init__(p)
         self.launches, self.records = {}, {}
         for dev in self.devices:
             with cupy.cuda.Device(dev):

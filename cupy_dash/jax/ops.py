@@ -128,19 +128,6 @@ def _out_cotangent(cotangents, q):
     return jnp.zeros(q.shape, q.dtype) if isinstance(dout, SymbolicZero) else dout
 
 
-def _forward(cfg, q, k, v):
-    return _forward_op(cfg)(q, k, v)
-
-
-def _backward(cfg, dout, q, k, v, out, lse):
-    return _backward_op(cfg)(dout, q, k, v, out, lse)
-
-
-_attention_jit = differentiable(_forward, _backward)
-_forward_jit = differentiable(_forward, _backward, with_lse=True)
-_backward_jit = jax.jit(_backward, static_argnums=(0,))
-
-
 # ------------------------------------------------------------------------------------------------------------
 # batching: custom_vmap folds the mapped axis into B
 # ------------------------------------------------------------------------------------------------------------
@@ -157,27 +144,24 @@ def _unfold(x, axis_size):
 
 
 def _batched(call):
-    """``call`` (arrays with a leading batch axis -> tuple of such arrays) with the folding vmap rule, its results
-    varying over the manual mesh axes of its operands (:func:`cupy_dash.jax.callbacks.vary_like`)."""
-    from jax.custom_batching import custom_vmap
-    op = custom_vmap(call)
+    """``call(cfg, *arrays)`` (arrays with a leading batch axis -> tuple of such arrays) with the folding vmap rule
+    (one custom_vmap per ``cfg``), its results varying over the manual mesh axes of its operands
+    (:func:`cupy_dash.jax.callbacks.vary_like`)."""
+    @functools.lru_cache(maxsize=None)
+    def vmapped(cfg):
+        from jax.custom_batching import custom_vmap
+        op = custom_vmap(lambda *args: call(cfg, *args))
 
-    @op.def_vmap
-    def rule(axis_size, in_batched, *args):
-        outs = op(*(_fold(x, b, axis_size) for x, b in zip(args, in_batched)))
-        return tuple(_unfold(x, axis_size) for x in outs), tuple(True for _ in outs)
-    # NOTES: outside custom_vmap: the function it traces sees its operands without their varying mesh axes
-    return lambda *args: callbacks.vary_like(op(*args), args)
+        @op.def_vmap
+        def rule(axis_size, in_batched, *args):
+            outs = op(*(_fold(x, b, axis_size) for x, b in zip(args, in_batched)))
+            return tuple(_unfold(x, axis_size) for x in outs), tuple(True for _ in outs)
+        return op
 
-
-@functools.lru_cache(maxsize=None)
-def _forward_op(cfg):
-    return _batched(lambda q, k, v: _forward_call(cfg, q, k, v))
-
-
-@functools.lru_cache(maxsize=None)
-def _backward_op(cfg):
-    return _batched(lambda dout, q, k, v, out, lse: _backward_call(cfg, dout, q, k, v, out, lse))
+    def batched(cfg, *args):
+        # NOTES: outside custom_vmap: the function it traces sees its operands without their varying mesh axes
+        return callbacks.vary_like(vmapped(cfg)(*args), args)
+    return batched
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -241,3 +225,9 @@ def _mechanism(cfg):
     """The module whose _Forward / _Backward make the calls: :mod:`cupy_dash.jax.callbacks` (buffer_callback) or
     the C handler's, :mod:`cupy_dash.jax._ffi` (which loads its extension on first use)."""
     return _ffi if cfg.ffi else callbacks
+
+
+_forward, _backward = _batched(_forward_call), _batched(_backward_call)
+_attention_jit = differentiable(_forward, _backward)
+_forward_jit = differentiable(_forward, _backward, with_lse=True)
+_backward_jit = jax.jit(_backward, static_argnums=(0,))

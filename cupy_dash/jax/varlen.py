@@ -18,7 +18,6 @@ uploaded, an error record), with the bits of the eager varlen functions on the s
 from __future__ import annotations
 
 import collections
-import functools
 
 import numpy as np
 
@@ -84,33 +83,23 @@ def _backward(vcfg, dout, q, k, v, out, lse, *cu):
 attention_jit = _jax.differentiable(_forward, _backward)
 
 
-@functools.lru_cache(maxsize=64)
-def _packed_strides(Sq, Sk, H, Hkv, D) -> tuple:
-    """(batch, row, head) element strides of contiguous packed q-like (1, Sq, H, D) and k-like tensors."""
-    return (interop.contiguous_strides((1, Sq, H, D))[:3], interop.contiguous_strides((1, Sk, Hkv, D))[:3])
-
-
-class _VarlenForward(callbacks._Call):
+class _VarlenForward(callbacks._Forward):
     """A traced varlen forward: the callback ``(ctx, (out, lse), q, k, v[, cu_q, cu_k])``, with the host lengths
     (``vcfg.cu``) uploaded here per device or, without them, read from the call's own device operands cu_q, cu_k
     (:mod:`cupy_dash.jax.varlen_dyn`)."""
     packed = True
 
     def __init__(self, p, cfg, vcfg):
+        super().__init__(p, cfg, varlen=True)
+        self.num_seqs, self.grid, self.cu = vcfg.num_seqs, (-(-vcfg.max_q // self.block_m), p.H, vcfg.num_seqs), {}
+        if vcfg.cu is None:
+            return
         import cupy
-        self.p, self.window, self.num_seqs = p, cfg.window, vcfg.num_seqs
-        self.spec, self.block_m, self.block_n = kernels.fwd_entry(p.dtype, p.D, cfg.causal, varlen=True,
-                                                                  softcap=p.softcap > 0)
-        self.grid = (-(-vcfg.max_q // self.block_m), p.H, self.num_seqs)
-        self.q_strides, self.kv_strides = _packed_strides(p.Sq, p.Sk, p.H, p.Hkv, p.D)
-        self.devices, self.cu = callbacks._gpus(), {}
         for dev in self.devices:
             with cupy.cuda.Device(dev):
-                callbacks._load([self.spec])
-                if vcfg.cu is not None:
-                    stream = cupy.cuda.Stream(non_blocking=True)
-                    self.cu[dev] = device_tables.upload_async([np.asarray(c, np.int32) for c in vcfg.cu], stream)
-                    stream.synchronize()
+                stream = cupy.cuda.Stream(non_blocking=True)
+                self.cu[dev] = device_tables.upload_async([np.asarray(c, np.int32) for c in vcfg.cu], stream)
+                stream.synchronize()
 
     def __call__(self, ctx, outs, q, k, v, *cu):
         callbacks.callback_runs["forward"] += 1
@@ -134,13 +123,14 @@ class _PackedBackward(callbacks._Call):
     packed = True
 
     def __init__(self, p, cfg, vcfg, spin_timeout_ns):
-        self.p, self.cfg, self.vcfg, self.spin = p, cfg, vcfg, spin_timeout_ns
+        self.cfg, self.vcfg, self.spin = cfg, vcfg, spin_timeout_ns
         tile = kernels.bwd_tile(p.D, cfg.causal)
         specs = kernels.bwd_specs(p.dtype, p.D, cfg.causal, cfg.deterministic, varlen=True, softcap=p.softcap > 0)
         self.work_bytes = launchers.BwdLaunch(specs, tile.block_m, tile.block_n, p, cfg.deterministic,
                                               spin_timeout_ns, cfg.causal, cfg.window,
                                               varlen=(vcfg.num_seqs, vcfg.max_q)).work_bytes
-        self.devices, self.records = callbacks._gpus(), {}
+        super().__init__(p)
+        self.records = {}
 
     def packing_launch(self, dev, cu_host, stream) -> tuple:
         """:func:`cupy_dash.core.varlen_launch.packing_launch` of this call for checked host lengths."""
@@ -161,7 +151,7 @@ class _PackedBackward(callbacks._Call):
                 for x in (dq, dk, dv):
                     cupy.cuda.runtime.memsetAsync(ptr(x), 0, int(np.prod(x.shape)) * 2, stream.ptr)
                 return
-            qs, kvs = _packed_strides(c.p.Sq, c.p.Sk, c.p.H, c.p.Hkv, c.p.D)
+            qs, kvs = self.q_strides, self.kv_strides
             operands = ((ptr(q), qs), (ptr(k), kvs), (ptr(v), kvs), (ptr(out), qs), (ptr(dout), qs))
             launchers.launch_backward(c, operands, ptr(lse), ptr(work), (ptr(dq), ptr(dk), ptr(dv)), stream,
                                       error_ptr=self.records[dev], cu_seqlens=tuple(x.data.ptr for x in cu_dev))
