@@ -22,7 +22,7 @@ from ..schedule import compact_device
 
 
 _lock = threading.RLock()
-_prepared: dict = {}                           # key -> _Forward / _Backward, kept for the life of the process
+_prepared: dict = {}                           # key -> _Call (ops.prepare), kept for the life of the process
 callback_runs = collections.Counter()          # executions of the Python callbacks, by "forward" / "backward"
 
 
@@ -53,8 +53,7 @@ def vary_together(*arrays) -> tuple:
     """``arrays`` typed to vary over every manual mesh axis that any of them varies over. A differentiable call does
     this to its operands before its ``custom_vjp``: an operand replicated over an axis (k, v beside a sharded q) then
     gets its gradient summed over that axis by the cast's transpose, and each cotangent has its primal's type."""
-    axes = frozenset().union(*map(_vma, arrays))
-    return tuple(_cast_varying(x, axes) for x in arrays)
+    return vary_like(arrays, arrays)
 
 
 def vary_like(results, operands) -> tuple:
@@ -205,8 +204,8 @@ def _device(buffer, prepared) -> int:
         raise RuntimeError(f"cupy_dash.jax: runs on CUDA GPUs only, but XLA runs this call on "
                            f"{interop.device_name(kind, ordinal)}")
     if ordinal not in prepared:
-        raise RuntimeError(f"cupy_dash.jax: this call was prepared (when traced) for the Hopper GPUs {list(prepared)} "
-                           f"JAX had then, but XLA runs it on cuda:{ordinal}")
+        raise RuntimeError(f"cupy_dash.jax: this call was prepared (when traced) for the Hopper GPUs "
+                           f"{list(prepared)} JAX had then, but XLA runs it on cuda:{ordinal}")
     return ordinal
 
 

@@ -1,9 +1,10 @@
 """The machinery of :mod:`cupy_dash.jax` (the module users import, whose docstring describes the API): the
-fixed-length entry points and the trace-time configuration and checks that every JAX call of cupy_dash shares.
-A traced call is made by one of two mechanisms, picked per call: the Python callbacks of
-:mod:`cupy_dash.jax.callbacks` (which also hold the per-device preparation cache) or their subclasses in
-:mod:`cupy_dash.jax._ffi` (the C handler, whose extension is loaded on first use). :mod:`cupy_dash.jax.varlen` and
-:mod:`cupy_dash.jax.varlen_dyn` build on this module.
+fixed-length entry points and what every JAX call of cupy_dash shares at trace time: the configuration and checks,
+the custom_vjp (:func:`differentiable`) and the preparation of its custom calls (:func:`prepare`). A traced call
+is made by one of two mechanisms, picked per call: the Python callbacks of :mod:`cupy_dash.jax.callbacks` (which
+also hold the per-device preparation cache) or their subclasses in :mod:`cupy_dash.jax._ffi` (the C handler, whose
+extension is loaded on first use). :mod:`cupy_dash.jax.varlen` and :mod:`cupy_dash.jax.varlen_dyn` build on this
+module.
 """
 
 from __future__ import annotations
