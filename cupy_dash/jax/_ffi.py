@@ -105,69 +105,64 @@ def _function(spec) -> int:
     return int(jit.load(spec).ptr)
 
 
-def _slots_attr(slots: dict) -> np.ndarray:
-    """int64 array indexed by CUDA ordinal: the plan's slot, -1 for devices without one."""
-    out = np.full(max(slots, default=0) + 1, -1, np.int64)
-    for dev, slot in slots.items():
-        out[dev] = slot
-    return out
+class _Planned:
+    """What the C handler's calls add to the callbacks' (:class:`cupy_dash.jax.callbacks._Call`): a plan per device
+    registered in the extension's slot table, and the ``ffi_call`` that carries the slots."""
+
+    def _register(self, plan):
+        """Registers ``plan(dev)`` (a plan blob, built with ``dev`` current) of every device; ``slots``: int64 array
+        indexed by CUDA ordinal, the plan's slot, -1 for devices without one."""
+        import cupy
+        slots = np.full(max(self.devices, default=0) + 1, -1, np.int64)
+        for dev in self.devices:
+            with cupy.cuda.Device(dev):
+                blob = plan(dev)
+                with _lock:
+                    slots[dev] = _extension().register_plan(blob)
+        if self.devices:
+            _register_target()
+        self.slots = slots
+
+    def bind(self, *operands):
+        import jax
+        return jax.ffi.ffi_call(TARGET, self.types())(*operands, slots=self.slots)[:3]
 
 
-class _Forward(callbacks._Forward):
+class _Forward(_Planned, callbacks._Forward):
     """A traced forward launched by the C handler: buffers q, k, v (arguments), out, lse (results)."""
     names = ("q", "k", "v", "out", "lse")
 
     def __init__(self, p, cfg):
         super().__init__(p, cfg)
-        import cupy
-        slots = {}
-        for dev in self.devices:
-            with cupy.cuda.Device(dev):
-                params, pointers, maps = find_patches(self._pack, self.names)
-                plan = pack_plan([(_function(self.spec), launchers.fwd_grid(p, self.block_m), self.spec.threads,
-                                   self.spec.smem_bytes)], params, pointers, maps)
-                with _lock:
-                    slots[dev] = _extension().register_plan(plan)
-        if self.devices:
-            _register_target()
-        self.slots = _slots_attr(slots)
+        self._register(self._plan)
+
+    def _plan(self, dev):
+        launch = (_function(self.spec), launchers.fwd_grid(self.p, self.block_m), self.spec.threads,
+                  self.spec.smem_bytes)
+        return pack_plan([launch], *find_patches(self._pack, self.names))
 
     def _pack(self, a):
         operands = (a["q"], self.q_strides), (a["k"], self.kv_strides), (a["v"], self.kv_strides)
         return launchers.fwd_params(self.block_m, self.block_n, self.p, self.window, operands, a["out"],
                                     a["lse"])
 
-    def bind(self, q, k, v):
-        import jax
-        return jax.ffi.ffi_call(TARGET, self.types())(q, k, v, slots=self.slots)
 
-
-class _Backward(callbacks._Backward):
+class _Backward(_Planned, callbacks._Backward):
     """A traced backward launched by the C handler: buffers dout, q, k, v, out, lse (arguments), dq, dk, dv and
     the workspace (results)."""
     names = ("dout", "q", "k", "v", "out", "lse", "dq", "dk", "dv", "work")
 
     def __init__(self, p, cfg, spin_timeout_ns):
         super().__init__(p, cfg, spin_timeout_ns)
-        import cupy
-        slots = {}
-        for dev in self.devices:
-            c = self.launches[dev]
-            with cupy.cuda.Device(dev):
-                params, pointers, maps = find_patches(lambda a: self._pack(c, self.records[dev], a), self.names)
-                kernels = [(_function(s), g, s.threads, s.smem_bytes) for s, g in launchers.bwd_kernels(c)]
-                zeros = [(self.names.index(n), launchers.kv_bytes(p)) for n in ("dk", "dv")] if c.zero_kv else []
-                with _lock:
-                    slots[dev] = _extension().register_plan(pack_plan(kernels, params, pointers, maps, zeros))
-        if self.devices:
-            _register_target()
-        self.slots = _slots_attr(slots)
+        self._register(self._plan)
+
+    def _plan(self, dev):
+        c, record = self.launches[dev], self.records[dev]
+        kernels = [(_function(s), g, s.threads, s.smem_bytes) for s, g in launchers.bwd_kernels(c)]
+        zeros = [(self.names.index(n), launchers.kv_bytes(self.p)) for n in ("dk", "dv")] if c.zero_kv else []
+        return pack_plan(kernels, *find_patches(lambda a: self._pack(c, record, a), self.names), zeros)
 
     def _pack(self, c, record, a):
         qs, kvs = self.q_strides, self.kv_strides
         operands = ((a["q"], qs), (a["k"], kvs), (a["v"], kvs), (a["out"], qs), (a["dout"], qs))
         return launchers.bwd_params(c, operands, a["lse"], a["work"], (a["dq"], a["dk"], a["dv"]), (record, 0))
-
-    def bind(self, dout, q, k, v, out, lse):
-        import jax
-        return jax.ffi.ffi_call(TARGET, self.types())(dout, q, k, v, out, lse, slots=self.slots)[:3]

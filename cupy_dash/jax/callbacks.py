@@ -1,9 +1,10 @@
 """The Python callbacks of :mod:`cupy_dash.jax` and what every JAX call of cupy_dash prepares with them: the
 per-device preparation cache (:func:`_get`), the local Hopper GPUs a traced call is prepared on, the kernels loaded
-at trace time, and the base classes :class:`_Forward` / :class:`_Backward` (a traced fixed-length call and its
-``jax.experimental.buffer_callback``). :mod:`cupy_dash.jax.ops` picks them or the C handler's subclasses
-(:mod:`cupy_dash.jax._ffi`); :mod:`cupy_dash.jax.varlen` and :mod:`cupy_dash.jax.varlen_dyn` share the cache and the
-run-time helpers. It imports no other module of :mod:`cupy_dash.jax`.
+at trace time, the base class of every prepared call (:class:`_Call`: its result types and its
+``jax.experimental.buffer_callback``) and the fixed-length ones, :class:`_Forward` / :class:`_Backward`.
+:mod:`cupy_dash.jax.ops` picks these or the C handler's subclasses (:mod:`cupy_dash.jax._ffi`);
+:mod:`cupy_dash.jax.varlen` and :mod:`cupy_dash.jax.varlen_dyn` share the cache, the base class and the run-time
+helpers. It imports no other module of :mod:`cupy_dash.jax`.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from ..schedule import compact_device
 
 
 _lock = threading.RLock()
-_prepared: dict = {}                           # key -> _Forward / _Backward, kept for the life of the process
+_prepared: dict = {}                           # key -> _Call (ops.prepare), kept for the life of the process
 callback_runs = collections.Counter()          # executions of the Python callbacks, by "forward" / "backward"
 
 
@@ -52,8 +53,7 @@ def vary_together(*arrays) -> tuple:
     """``arrays`` typed to vary over every manual mesh axis that any of them varies over. A differentiable call does
     this to its operands before its ``custom_vjp``: an operand replicated over an axis (k, v beside a sharded q) then
     gets its gradient summed over that axis by the cast's transpose, and each cotangent has its primal's type."""
-    axes = frozenset().union(*map(_vma, arrays))
-    return tuple(_cast_varying(x, axes) for x in arrays)
+    return vary_like(arrays, arrays)
 
 
 def vary_like(results, operands) -> tuple:
@@ -88,29 +88,51 @@ def _load(specs) -> None:
         driver.funcGetAttribute(driver.CU_FUNC_ATTRIBUTE_NUM_REGS, jit.load(spec).ptr)
 
 
-class _Forward:
-    """A traced forward: the callback ``(ctx, (out, lse), q, k, v)`` and what it needs besides addresses."""
+class _Call:
+    """A prepared custom call: its result types and :meth:`bind`, for the validated problem ``p`` (``packed``: the
+    varlen layout, operands ``(total, H, D)`` and lse ``(H, total_q)``, ``p`` their batch of one); a backward sets
+    ``work_bytes``. Subclasses are the buffer_callback's callable (the C handler's bind their own call)."""
+    packed = False
+    command_buffer = True
+    work_bytes = None                          # the backward's workspace; None: a forward
 
-    def __init__(self, p, cfg):
-        self.p, self.causal, self.window = p, cfg.causal, cfg.window
-        self.spec, self.block_m, self.block_n = kernels.fwd_entry(p.dtype, p.D, cfg.causal, softcap=p.softcap > 0)
+    def __init__(self, p):
+        """``q_strides`` / ``kv_strides``: (batch, row, head) element strides of contiguous q-like ``(B, Sq, H, D)``
+        and k-like ``(B, Sk, Hkv, D)`` operands; ``devices``: the GPUs to prepare (:func:`_gpus`)."""
+        self.p = p
         self.q_strides = interop.contiguous_strides((p.B, p.Sq, p.H, p.D))[:3]
         self.kv_strides = interop.contiguous_strides((p.B, p.Sk, p.Hkv, p.D))[:3]
         self.devices = _gpus()
+
+    def types(self) -> tuple:
+        """The results: out ``(B, Sq, H, D)``, lse ``(B, H, Sq)`` float32 (forward), or dq ``(B, Sq, H, D)``, dk,
+        dv ``(B, Sk, Hkv, D)`` and the uint8 workspace (backward); without B when ``packed``."""
+        p, lead = self.p, (() if self.packed else (self.p.B,))
+        q = jax.ShapeDtypeStruct((*lead, p.Sq, p.H, p.D), api.NP_DTYPES[p.dtype])
+        if self.work_bytes is None:
+            return q, jax.ShapeDtypeStruct((*lead, p.H, p.Sq), np.float32)
+        kv = jax.ShapeDtypeStruct((*lead, p.Sk, p.Hkv, p.D), api.NP_DTYPES[p.dtype])
+        return q, kv, kv, jax.ShapeDtypeStruct((self.work_bytes,), np.uint8)
+
+    def bind(self, *operands):
+        """The custom call on traced operands: ``(out, lse)`` or ``(dq, dk, dv)`` (the workspace dropped)."""
+        from jax.experimental.buffer_callback import buffer_callback
+        return buffer_callback(self, self.types(), command_buffer_compatible=self.command_buffer)(*operands)[:3]
+
+
+class _Forward(_Call):
+    """A traced forward: the callback ``(ctx, (out, lse), q, k, v)`` and what it needs besides addresses
+    (``varlen``: the kernel of packed batches, which :mod:`cupy_dash.jax.varlen`'s subclass launches)."""
+
+    def __init__(self, p, cfg, varlen=False):
+        self.causal, self.window = cfg.causal, cfg.window
+        self.spec, self.block_m, self.block_n = kernels.fwd_entry(p.dtype, p.D, cfg.causal, varlen=varlen,
+                                                                  softcap=p.softcap > 0)
+        super().__init__(p)
         import cupy
         for dev in self.devices:
             with cupy.cuda.Device(dev):
                 _load([self.spec])
-
-    def types(self):
-        p = self.p
-        return (jax.ShapeDtypeStruct((p.B, p.Sq, p.H, p.D), api.NP_DTYPES[p.dtype]),
-                jax.ShapeDtypeStruct((p.B, p.H, p.Sq), np.float32))
-
-    def bind(self, q, k, v):
-        """The custom call on traced q, k, v: ``(out, lse)``."""
-        from jax.experimental.buffer_callback import buffer_callback
-        return buffer_callback(self, self.types(), command_buffer_compatible=True)(q, k, v)
 
     def __call__(self, ctx, outs, q, k, v):
         callback_runs["forward"] += 1
@@ -123,13 +145,13 @@ class _Forward:
                                      _ptr(out), _ptr(lse), interop.external_stream(ctx.stream, dev))
 
 
-class _Backward:
+class _Backward(_Call):
     """A traced backward: the callback ``(ctx, (dq, dk, dv, workspace), dout, q, k, v, out, lse)`` and, per device,
     its :class:`cupy_dash.cuda.launchers.BwdLaunch` (kernels loaded, schedule tables uploaded) and error record."""
 
     def __init__(self, p, cfg, spin_timeout_ns):
         import cupy
-        self.p, self.causal, self.window = p, cfg.causal, cfg.window
+        self.causal, self.window = cfg.causal, cfg.window
         tile = kernels.bwd_tile(p.D, cfg.causal, seqlen_q=p.Sq, window=cfg.window)
         # NOTES: long problems read compact records, as the eager path does (compact_device.table_form)
         capped = p.softcap > 0
@@ -140,9 +162,7 @@ class _Backward:
         tile = kernels.bwd_tile(p.D, cfg.causal, compact, p.Sq, cfg.window)
         self.work_bytes = launchers.BwdLaunch(specs, tile.block_m, tile.block_n, p, cfg.deterministic,
                                               spin_timeout_ns, cfg.causal, cfg.window).work_bytes
-        self.q_strides = interop.contiguous_strides((p.B, p.Sq, p.H, p.D))[:3]
-        self.kv_strides = interop.contiguous_strides((p.B, p.Sk, p.Hkv, p.D))[:3]
-        self.devices = _gpus()
+        super().__init__(p)
         self.launches, self.records = {}, {}
         for dev in self.devices:
             with cupy.cuda.Device(dev):
@@ -160,17 +180,6 @@ class _Backward:
                                                      cfg.window))
                 if record_shared(dev, self.records[dev]):
                     c.fold = False
-
-    def types(self):
-        p = self.p
-        kv = jax.ShapeDtypeStruct((p.B, p.Sk, p.Hkv, p.D), api.NP_DTYPES[p.dtype])
-        return (jax.ShapeDtypeStruct((p.B, p.Sq, p.H, p.D), api.NP_DTYPES[p.dtype]), kv, kv,
-                jax.ShapeDtypeStruct((self.work_bytes,), np.uint8))
-
-    def bind(self, dout, q, k, v, out, lse):
-        """The custom call on traced operands: ``(dq, dk, dv)`` (the workspace result is dropped)."""
-        from jax.experimental.buffer_callback import buffer_callback
-        return buffer_callback(self, self.types(), command_buffer_compatible=True)(dout, q, k, v, out, lse)[:3]
 
     def __call__(self, ctx, outs, dout, q, k, v, out, lse):
         callback_runs["backward"] += 1
@@ -195,8 +204,8 @@ def _device(buffer, prepared) -> int:
         raise RuntimeError(f"cupy_dash.jax: runs on CUDA GPUs only, but XLA runs this call on "
                            f"{interop.device_name(kind, ordinal)}")
     if ordinal not in prepared:
-        raise RuntimeError(f"cupy_dash.jax: this call was prepared (when traced) for the Hopper GPUs {list(prepared)} "
-                           f"JAX had then, but XLA runs it on cuda:{ordinal}")
+        raise RuntimeError(f"cupy_dash.jax: this call was prepared (when traced) for the Hopper GPUs "
+                           f"{list(prepared)} JAX had then, but XLA runs it on cuda:{ordinal}")
     return ordinal
 
 

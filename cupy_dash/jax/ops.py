@@ -1,9 +1,10 @@
 """The machinery of :mod:`cupy_dash.jax` (the module users import, whose docstring describes the API): the
-fixed-length entry points and the trace-time configuration and checks that every JAX call of cupy_dash shares.
-A traced call is made by one of two mechanisms, picked per call: the Python callbacks of
-:mod:`cupy_dash.jax.callbacks` (which also hold the per-device preparation cache) or their subclasses in
-:mod:`cupy_dash.jax._ffi` (the C handler, whose extension is loaded on first use). :mod:`cupy_dash.jax.varlen` and
-:mod:`cupy_dash.jax.varlen_dyn` build on this module.
+fixed-length entry points and what every JAX call of cupy_dash shares at trace time: the configuration and checks,
+the custom_vjp (:func:`differentiable`) and the preparation of its custom calls (:func:`prepare`). A traced call
+is made by one of two mechanisms, picked per call: the Python callbacks of :mod:`cupy_dash.jax.callbacks` (which
+also hold the per-device preparation cache) or their subclasses in :mod:`cupy_dash.jax._ffi` (the C handler, whose
+extension is loaded on first use). :mod:`cupy_dash.jax.varlen` and :mod:`cupy_dash.jax.varlen_dyn` build on this
+module.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def attention(q, k, v, causal=False, softmax_scale=None, schedule="auto", determ
     and under ``jax.jit`` / ``grad`` / ``vmap`` (module docstring)."""
     cfg = _config(causal, softmax_scale, window=window, schedule=schedule, deterministic=deterministic,
                   softcap=softcap)
-    return _attention_jit(*callbacks.vary_together(q, k, v), cfg)
+    return _attention_jit(cfg, *callbacks.vary_together(q, k, v))
 
 
 def attention_forward(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1), softcap=0.0):
@@ -43,7 +44,7 @@ def attention_forward(q, k, v, *, causal=False, softmax_scale=None, window=(-1, 
     differentiable (gradient: :func:`attention_backward` with this window and cap, default schedule); ``lse`` is
     not."""
     cfg = _config(causal, softmax_scale, window=window, softcap=softcap)
-    return _forward_jit(*callbacks.vary_together(q, k, v), cfg)
+    return _forward_jit(cfg, *callbacks.vary_together(q, k, v))
 
 
 def attention_backward(dout, q, k, v, out, lse, *, causal=False, softmax_scale=None, schedule="auto",
@@ -53,7 +54,7 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, softmax_scale=N
     and ``softcap``: the forward's)."""
     cfg = _config(causal, softmax_scale, window=window, schedule=schedule, deterministic=deterministic,
                   softcap=softcap)
-    return _backward_jit(dout, q, k, v, out, lse, cfg)
+    return _backward_jit(cfg, dout, q, k, v, out, lse)
 
 
 _Config = collections.namedtuple("_Config", "causal scale window schedule deterministic ffi compact_env softcap")
@@ -89,55 +90,43 @@ def _ffi_built() -> bool:
 
 
 # ------------------------------------------------------------------------------------------------------------
-# differentiation: custom_vjp around the two calls
+# differentiation: one custom_vjp for every entry point
 # ------------------------------------------------------------------------------------------------------------
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _attention(q, k, v, cfg):
-    return _forward_op(cfg)(q, k, v)[0]
+def differentiable(forward, backward, with_lse=False):
+    """The jitted differentiable call ``(cfg, q, k, v, *extra) -> out`` (``with_lse``: ``(out, lse)``, lse not
+    differentiable), ``cfg`` static. ``forward(cfg, q, k, v, *extra) -> (out, lse)``, ``backward(cfg, dout, q, k,
+    v, out, lse, *extra) -> (dq, dk, dv)``: the custom calls; ``extra`` (the varlen device cu_seqlens) gets no
+    cotangent."""
+    @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+    def attention(cfg, *operands):
+        out, lse = forward(cfg, *operands)
+        return (out, lse) if with_lse else out
+
+    def attention_fwd(cfg, *operands):
+        if with_lse:
+            operands = tuple(x.value for x in operands)     # symbolic_zeros: primals arrive wrapped
+        out, lse = forward(cfg, *operands)
+        return ((out, lse) if with_lse else out), (operands, out, lse)
+
+    def attention_bwd(cfg, residuals, cotangents):
+        operands, out, lse = residuals
+        dout = _out_cotangent(cotangents, operands[0]) if with_lse else cotangents
+        grads = backward(cfg, dout, *operands[:3], out, lse, *operands[3:])
+        return (*grads, *(None,) * (len(operands) - 3))
+
+    attention.defvjp(attention_fwd, attention_bwd, symbolic_zeros=with_lse)
+    return jax.jit(attention, static_argnums=(0,))
 
 
-def _attention_fwd(q, k, v, cfg):
-    out, lse = _forward_op(cfg)(q, k, v)
-    return out, (q, k, v, out, lse)
-
-
-def _attention_bwd(cfg, residuals, dout):
-    return tuple(_backward_op(cfg)(dout, *residuals))
-
-
-_attention.defvjp(_attention_fwd, _attention_bwd)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _forward(q, k, v, cfg):
-    return tuple(_forward_op(cfg)(q, k, v))
-
-
-def _forward_fwd(q, k, v, cfg):
-    q, k, v = (x.value for x in (q, k, v))              # symbolic_zeros: primals arrive wrapped
-    out, lse = _forward_op(cfg)(q, k, v)
-    return (out, lse), (q, k, v, out, lse)
-
-
-def _forward_bwd(cfg, residuals, cotangents):
+def _out_cotangent(cotangents, q):
+    """The cotangent of out of ``(out, lse)`` (symbolic zeros: zeros of q's shape); raises when lse has one."""
     import jax.numpy as jnp
     from jax.custom_derivatives import SymbolicZero
     dout, dlse = cotangents
     if not isinstance(dlse, SymbolicZero):
         raise ValueError("lse: the output lse of cupy_dash.jax.attention_forward is not differentiable, but the "
                          "differentiated function depends on it; use only out, or stop_gradient(lse)")
-    q = residuals[0]
-    if isinstance(dout, SymbolicZero):
-        dout = jnp.zeros(q.shape, q.dtype)
-    return tuple(_backward_op(cfg)(dout, *residuals))
-
-
-_forward.defvjp(_forward_fwd, _forward_bwd, symbolic_zeros=True)
-
-_attention_jit = jax.jit(_attention, static_argnums=(3,))
-_forward_jit = jax.jit(_forward, static_argnums=(3,))
-_backward_jit = jax.jit(lambda dout, q, k, v, out, lse, cfg: _backward_op(cfg)(dout, q, k, v, out, lse),
-                        static_argnums=(6,))
+    return jnp.zeros(q.shape, q.dtype) if isinstance(dout, SymbolicZero) else dout
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -156,39 +145,38 @@ def _unfold(x, axis_size):
 
 
 def _batched(call):
-    """``call`` (arrays with a leading batch axis -> tuple of such arrays) with the folding vmap rule, its results
-    varying over the manual mesh axes of its operands (:func:`cupy_dash.jax.callbacks.vary_like`)."""
-    from jax.custom_batching import custom_vmap
-    op = custom_vmap(call)
+    """``call(cfg, *arrays)`` (arrays with a leading batch axis -> tuple of such arrays) with the folding vmap rule
+    (one custom_vmap per ``cfg``), its results varying over the manual mesh axes of its operands
+    (:func:`cupy_dash.jax.callbacks.vary_like`)."""
+    @functools.lru_cache(maxsize=None)
+    def vmapped(cfg):
+        from jax.custom_batching import custom_vmap
+        op = custom_vmap(lambda *args: call(cfg, *args))
 
-    @op.def_vmap
-    def rule(axis_size, in_batched, *args):
-        outs = op(*(_fold(x, b, axis_size) for x, b in zip(args, in_batched)))
-        return tuple(_unfold(x, axis_size) for x in outs), tuple(True for _ in outs)
-    # NOTES: outside custom_vmap: the function it traces sees its operands without their varying mesh axes
-    return lambda *args: callbacks.vary_like(op(*args), args)
+        @op.def_vmap
+        def rule(axis_size, in_batched, *args):
+            outs = op(*(_fold(x, b, axis_size) for x, b in zip(args, in_batched)))
+            return tuple(_unfold(x, axis_size) for x in outs), tuple(True for _ in outs)
+        return op
 
-
-@functools.lru_cache(maxsize=None)
-def _forward_op(cfg):
-    return _batched(lambda q, k, v: _forward_call(q, k, v, cfg))
-
-
-@functools.lru_cache(maxsize=None)
-def _backward_op(cfg):
-    return _batched(lambda dout, q, k, v, out, lse: _backward_call(dout, q, k, v, out, lse, cfg))
+    def batched(cfg, *args):
+        # NOTES: outside custom_vmap: the function it traces sees its operands without their varying mesh axes
+        return callbacks.vary_like(vmapped(cfg)(*args), args)
+    return batched
 
 
 # ------------------------------------------------------------------------------------------------------------
-# trace time: checks on shapes, the mechanism
+# trace time: checks on shapes, the preparation cache, the mechanism
 # ------------------------------------------------------------------------------------------------------------
 class _Aval:
-    """What :func:`cupy_dash.core.api.validate` reads of an operand, from its shape and dtype: a contiguous array on
-    a CUDA device (placeholder device 0: XLA picks the device at run time) whose address is not known."""
+    """What :func:`cupy_dash.core.api.validate` reads of an operand, from its shape and dtype (``packed``: a varlen
+    operand, read as a batch of one): a contiguous array on a CUDA device (placeholder device 0: XLA picks the
+    device at run time) whose address is not known."""
     __slots__ = ("shape", "dtype", "strides")
 
-    def __init__(self, x):
-        self.shape = tuple(int(n) for n in x.shape)
+    def __init__(self, x, packed=False):
+        shape = tuple(int(n) for n in x.shape)
+        self.shape = (1, *shape) if packed else shape
         self.dtype = np.dtype(x.dtype)
         self.strides = tuple(int(s) * self.dtype.itemsize for s in interop.contiguous_strides(self.shape))
 
@@ -196,30 +184,51 @@ class _Aval:
         return interop.DLPACK_CUDA, 0
 
 
-def _problem(cfg, q, k, v, dout=None, out=None, lse=None):
-    """(validated problem, ``cfg`` with the window in canonical form for these lengths)."""
-    backward = dout is not None
-    views = [_Aval(x) if x is not None else None for x in (q, k, v, dout, out, lse)]
-    p = api.validate(*views, softmax_scale=cfg.scale, backward=backward, softcap=cfg.softcap)
-    return p, cfg._replace(window=_schedule.canonical_window(cfg.window, p.Sq, p.Sk, cfg.causal))
+def _problem(cfg, q, k, v, dout=None, out=None, lse=None, lengths=None):
+    """(validated problem, ``cfg`` with the window in canonical form for these lengths). ``lengths``:
+    ``(max_seqlen_q, max_seqlen_k)`` of a varlen call, whose 3-D packed operands are validated as one batch and
+    whose window is canonical for the longest sequences, as the eager varlen functions do."""
+    arrays = (q, k, v, dout, out, lse)
+    if lengths is not None:
+        for name, x in zip(("q", "k", "v", "dout", "out"), arrays):
+            if x is not None and len(x.shape) != 3:
+                raise ValueError(f"{name}: expected a 3-D packed tensor (total, heads, head_dim), got shape "
+                                 f"{x.shape}")
+    views = [_Aval(x, packed=lengths is not None) if x is not None else None for x in arrays]
+    p = api.validate(*views, softmax_scale=cfg.scale, backward=dout is not None, softcap=cfg.softcap)
+    Sq, Sk = lengths or (p.Sq, p.Sk)
+    return p, cfg._replace(window=_schedule.canonical_window(cfg.window, Sq, Sk, cfg.causal))
 
 
-def _forward_call(q, k, v, cfg):
+def prepare(kind, cls, p, cfg, *args, extra=(), backward=False):
+    """The call ``cls(p, cfg, *args)`` (a backward: ``cls(p, cfg, *args, spin_timeout_ns)``), made at the first
+    trace of its key and kept for the life of the process (:func:`cupy_dash.jax.callbacks._get`). The key: ``kind``,
+    the mechanism, what the launches depend on of ``p`` and ``cfg`` (a backward: also its schedule and
+    CUPY_DASH_SPIN_TIMEOUT_MS, read now) and ``extra``."""
+    key = (kind, cfg.ffi, p.dtype, (p.B, p.Sq, p.Sk, p.H, p.Hkv, p.D), p.scale, p.softcap, cfg.causal, cfg.window)
+    if backward:
+        spin_timeout_ns = config.spin_timeout_ns()
+        key, args = (*key, cfg.schedule, cfg.deterministic, spin_timeout_ns), (*args, spin_timeout_ns)
+    return callbacks._get((*key, *extra), lambda: cls(p, cfg, *args))
+
+
+def _forward_call(cfg, q, k, v):
     p, cfg = _problem(cfg, q, k, v)
-    key = ("fwd", cfg.ffi, p.dtype, (p.B, p.Sq, p.Sk, p.H, p.Hkv, p.D), p.scale, p.softcap, cfg.causal, cfg.window)
-    return callbacks._get(key, lambda: _mechanism(cfg)._Forward(p, cfg)).bind(q, k, v)
+    return prepare("fwd", _mechanism(cfg)._Forward, p, cfg).bind(q, k, v)
 
 
-def _backward_call(dout, q, k, v, out, lse, cfg):
+def _backward_call(cfg, dout, q, k, v, out, lse):
     p, cfg = _problem(cfg, q, k, v, dout, out, lse)
-    spin_timeout_ns = config.spin_timeout_ns()
-    key = ("bwd", cfg.ffi, p.dtype, (p.B, p.Sq, p.Sk, p.H, p.Hkv, p.D), p.scale, p.softcap, cfg.causal, cfg.window,
-           cfg.schedule, cfg.deterministic, spin_timeout_ns)
-    prepared = callbacks._get(key, lambda: _mechanism(cfg)._Backward(p, cfg, spin_timeout_ns))
-    return prepared.bind(dout, q, k, v, out, lse)
+    return prepare("bwd", _mechanism(cfg)._Backward, p, cfg, backward=True).bind(dout, q, k, v, out, lse)
 
 
 def _mechanism(cfg):
     """The module whose _Forward / _Backward make the calls: :mod:`cupy_dash.jax.callbacks` (buffer_callback) or
     the C handler's, :mod:`cupy_dash.jax._ffi` (which loads its extension on first use)."""
     return _ffi if cfg.ffi else callbacks
+
+
+_forward, _backward = _batched(_forward_call), _batched(_backward_call)
+_attention_jit = differentiable(_forward, _backward)
+_forward_jit = differentiable(_forward, _backward, with_lse=True)
+_backward_jit = jax.jit(_backward, static_argnums=(0,))

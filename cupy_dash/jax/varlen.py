@@ -18,14 +18,10 @@ uploaded, an error record), with the bits of the eager varlen functions on the s
 from __future__ import annotations
 
 import collections
-import functools
 
-import jax
 import numpy as np
 
-from .. import config
-from .. import schedule as _schedule
-from ..core import api, interop, varlen_launch
+from ..core import interop, varlen_launch
 from ..core.varlen import cu_seqlens_form
 from ..core.varlen_launch import check_same_count, cu_seqlens_values
 from ..cuda import device_tables, kernels, launchers
@@ -35,7 +31,9 @@ from . import ops as _jax
 
 __all__ = ["attention_host_lengths"]
 
-_VarlenConfig = collections.namedtuple("_VarlenConfig", "base cu_q cu_k max_q max_k")
+# NOTES: cu: the host lengths (tuples cu_seqlens_q, cu_seqlens_k), None when they are the call's device operands;
+# backward: the class of the traced backward (_VarlenBackward, or varlen_dyn._Backward)
+_VarlenConfig = collections.namedtuple("_VarlenConfig", "base num_seqs max_q max_k cu backward")
 
 
 def attention_host_lengths(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, base):
@@ -50,88 +48,58 @@ def attention_host_lengths(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, ba
         cus.append(tuple(int(x) for x in cu_seqlens_values(name, host, int(total),
                                                            name.replace("cu_seqlens", "max_seqlen"), m)))
     check_same_count(*cus)
-    return _attention_jit(*callbacks.vary_together(q, k, v), _VarlenConfig(base, cus[0], cus[1], max_q, max_k))
+    vcfg = _VarlenConfig(base, len(cus[0]) - 1, max_q, max_k, tuple(cus), _VarlenBackward)
+    return attention_jit(vcfg, *callbacks.vary_together(q, k, v))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _attention(q, k, v, vcfg):
-    return _forward(vcfg, q, k, v)[0]
+def _prepared(vcfg, p, cfg, backward=False):
+    """The traced call of this packing: the key names the host lengths and max_seqlen_q or, for device lengths,
+    the number of sequences, max_seqlen_q and (the backward checks the lengths it reads) max_seqlen_k."""
+    kind = ("bwd" if backward else "fwd") + ("-varlen" if vcfg.cu is not None else "-varlen-dyn")
+    if vcfg.cu is not None:
+        lengths = (*vcfg.cu, vcfg.max_q)
+    else:
+        lengths = (vcfg.num_seqs, vcfg.max_q, vcfg.max_k) if backward else (vcfg.num_seqs, vcfg.max_q)
+    cls = vcfg.backward if backward else _VarlenForward
+    return _jax.prepare(kind, cls, p, cfg, vcfg, extra=lengths, backward=backward)
 
 
-def _attention_fwd(q, k, v, vcfg):
-    out, lse = _forward(vcfg, q, k, v)
-    return out, (q, k, v, out, lse)
+def _problem(vcfg, *arrays):
+    # NOTES: every varlen call is a Python callback, whatever CUPY_DASH_JAX_FFI says
+    return _jax._problem(vcfg.base._replace(ffi=False), *arrays, lengths=(vcfg.max_q, vcfg.max_k))
 
 
-def _attention_bwd(vcfg, residuals, dout):
-    return tuple(_backward(vcfg, dout, *residuals))
-
-
-_attention.defvjp(_attention_fwd, _attention_bwd)
-_attention_jit = jax.jit(_attention, static_argnums=(3,))
-
-
-_Shape = collections.namedtuple("_Shape", "shape dtype")
-
-
-def _problem(vcfg, q, k, v, dout=None, out=None, lse=None):
-    """(validated problem of the packed operands as one batch, the base config with the window in the form the
-    kernels take: canonical for the longest sequences, as the eager varlen functions do)."""
-    views = [_jax._Aval(_Shape((1, *x.shape), x.dtype)) if x is not None else None
-             for x in (q, k, v, dout, out, lse)]
-    for name, x in (("q", q), ("k", k), ("v", v), ("dout", dout), ("out", out)):
-        if x is not None and len(x.shape) != 3:
-            raise ValueError(f"{name}: expected a 3-D packed tensor (total, heads, head_dim), got shape {x.shape}")
-    p = api.validate(*views, softmax_scale=vcfg.base.scale, backward=dout is not None, softcap=vcfg.base.softcap)
-    base = vcfg.base
-    return p, base._replace(window=_schedule.canonical_window(base.window, vcfg.max_q, vcfg.max_k, base.causal))
-
-
-def _forward(vcfg, q, k, v):
+def _forward(vcfg, q, k, v, *cu):
     p, cfg = _problem(vcfg, q, k, v)
-    key = ("fwd-varlen", p.dtype, (p.Sq, p.Sk, p.H, p.Hkv, p.D), p.scale, p.softcap, cfg.causal, cfg.window,
-           vcfg.cu_q, vcfg.cu_k, vcfg.max_q)
-    prepared = callbacks._get(key, lambda: _VarlenForward(p, cfg, len(vcfg.cu_q) - 1, vcfg.max_q,
-                                                          (vcfg.cu_q, vcfg.cu_k)))
-    return callbacks.vary_like(prepared.bind(q, k, v), (q, k, v))
+    return callbacks.vary_like(_prepared(vcfg, p, cfg).bind(q, k, v, *cu), (q, k, v, *cu))
 
 
-def _backward(vcfg, dout, q, k, v, out, lse):
+def _backward(vcfg, dout, q, k, v, out, lse, *cu):
     p, cfg = _problem(vcfg, q, k, v, dout, out, lse)
-    spin = config.spin_timeout_ns()
-    key = ("bwd-varlen", p.dtype, (p.Sq, p.Sk, p.H, p.Hkv, p.D), p.scale, p.softcap, cfg.causal, cfg.window,
-           cfg.schedule, cfg.deterministic, spin, vcfg.cu_q, vcfg.cu_k, vcfg.max_q)
-    prepared = callbacks._get(key, lambda: _VarlenBackward(p, cfg, vcfg, spin))
-    return callbacks.vary_like(prepared.bind(dout, q, k, v, out, lse), (dout, q, k, v, out, lse))
+    operands = dout, q, k, v, out, lse, *cu
+    return callbacks.vary_like(_prepared(vcfg, p, cfg, backward=True).bind(*operands), operands)
 
 
-class _VarlenForward:
-    """A traced varlen forward: the callback ``(ctx, (out, lse), q, k, v[, cu_q, cu_k])``, with the lengths
-    uploaded here per device (``host_cu``: the static lengths) or, without them, read from the call's own device
-    operands cu_q, cu_k (:mod:`cupy_dash.jax.varlen_dyn`)."""
+attention_jit = _jax.differentiable(_forward, _backward)
 
-    def __init__(self, p, cfg, num_seqs, max_q, host_cu=None):
+
+class _VarlenForward(callbacks._Forward):
+    """A traced varlen forward: the callback ``(ctx, (out, lse), q, k, v[, cu_q, cu_k])``, with the host lengths
+    (``vcfg.cu``) uploaded here per device or, without them, read from the call's own device operands cu_q, cu_k
+    (:mod:`cupy_dash.jax.varlen_dyn`)."""
+    packed = True
+
+    def __init__(self, p, cfg, vcfg):
+        super().__init__(p, cfg, varlen=True)
+        self.num_seqs, self.grid, self.cu = vcfg.num_seqs, (-(-vcfg.max_q // self.block_m), p.H, vcfg.num_seqs), {}
+        if vcfg.cu is None:
+            return
         import cupy
-        self.p, self.window, self.num_seqs = p, cfg.window, num_seqs
-        self.spec, self.block_m, self.block_n = kernels.fwd_entry(p.dtype, p.D, cfg.causal, varlen=True,
-                                                                  softcap=p.softcap > 0)
-        self.grid = (-(-max_q // self.block_m), p.H, self.num_seqs)
-        self.q_strides, self.kv_strides = _packed_strides(p.Sq, p.Sk, p.H, p.Hkv, p.D)
-        self.devices, self.cu = callbacks._gpus(), {}
         for dev in self.devices:
             with cupy.cuda.Device(dev):
-                callbacks._load([self.spec])
-                if host_cu is not None:
-                    stream = cupy.cuda.Stream(non_blocking=True)
-                    self.cu[dev] = device_tables.upload_async([np.asarray(c, np.int32) for c in host_cu], stream)
-                    stream.synchronize()
-
-    def bind(self, q, k, v, *cu):
-        from jax.experimental.buffer_callback import buffer_callback
-        p = self.p
-        types = (jax.ShapeDtypeStruct((p.Sq, p.H, p.D), api.NP_DTYPES[p.dtype]),
-                 jax.ShapeDtypeStruct((p.H, p.Sq), np.float32))
-        return buffer_callback(self, types, command_buffer_compatible=True)(q, k, v, *cu)
+                stream = cupy.cuda.Stream(non_blocking=True)
+                self.cu[dev] = device_tables.upload_async([np.asarray(c, np.int32) for c in vcfg.cu], stream)
+                stream.synchronize()
 
     def __call__(self, ctx, outs, q, k, v, *cu):
         callbacks.callback_runs["forward"] += 1
@@ -147,49 +115,61 @@ class _VarlenForward:
             kernels.launch(self.spec, self.grid, params, interop.external_stream(ctx.stream, dev))
 
 
-@functools.lru_cache(maxsize=64)
-def _packed_strides(Sq, Sk, H, Hkv, D) -> tuple:
-    """(batch, row, head) element strides of contiguous packed q-like (1, Sq, H, D) and k-like tensors."""
-    return (interop.contiguous_strides((1, Sq, H, D))[:3], interop.contiguous_strides((1, Sk, Hkv, D))[:3])
-
-
-def launch_backward(c, record, ctx, dev, outs, dout, q, k, v, out, lse, cu_ptrs):
-    """Enqueue the varlen backward ``c`` (tables set; None: no sequence sees a key, so dq, dk, dv are zeroed) on
-    XLA's stream, buffers as the callbacks get them, errors to the traced call's device ``record``."""
-    import cupy
-    dq, dk, dv, work = outs
-    ptr, p = callbacks._ptr, (c.p if c is not None else None)
-    stream = interop.external_stream(ctx.stream, dev)
-    if c is None:
-        for x in (dq, dk, dv):
-            cupy.cuda.runtime.memsetAsync(ptr(x), 0, int(np.prod(x.shape)) * 2, stream.ptr)
-        return
-    qs, kvs = _packed_strides(p.Sq, p.Sk, p.H, p.Hkv, p.D)
-    operands = ((ptr(q), qs), (ptr(k), kvs), (ptr(v), kvs), (ptr(out), qs), (ptr(dout), qs))
-    launchers.launch_backward(c, operands, ptr(lse), ptr(work), (ptr(dq), ptr(dk), ptr(dv)), stream,
-                              error_ptr=record, cu_seqlens=cu_ptrs)
-
-
-class _VarlenBackward:
-    """A traced varlen backward: the callback ``(ctx, (dq, dk, dv, workspace), dout, q, k, v, out, lse)``; per
-    device its BwdLaunch (kernels loaded, the packing's schedule table uploaded), cu_seqlens and error record."""
+class _PackedBackward(callbacks._Call):
+    """A traced varlen backward: the callback ``(ctx, (dq, dk, dv, workspace), dout, q, k, v, out, lse[, cu_q,
+    cu_k])`` and its workspace size. Subclasses prepare each device (``records``: its error record) and define
+    ``_launch(dev, stream, *cu)``: the launch of an execution on ``dev`` (``cu``: the device operands), ``(BwdLaunch,
+    (cu_seqlens_q, cu_seqlens_k) on the device)``, or ``(None, None)`` when no sequence sees a key."""
+    packed = True
 
     def __init__(self, p, cfg, vcfg, spin_timeout_ns):
-        import cupy
-        self.p = p
-        num_seqs = len(vcfg.cu_q) - 1
-        cu_host = tuple(np.asarray(c, np.int64) for c in (vcfg.cu_q, vcfg.cu_k))
+        self.cfg, self.vcfg, self.spin = cfg, vcfg, spin_timeout_ns
         tile = kernels.bwd_tile(p.D, cfg.causal)
         specs = kernels.bwd_specs(p.dtype, p.D, cfg.causal, cfg.deterministic, varlen=True, softcap=p.softcap > 0)
         self.work_bytes = launchers.BwdLaunch(specs, tile.block_m, tile.block_n, p, cfg.deterministic,
                                               spin_timeout_ns, cfg.causal, cfg.window,
-                                              varlen=(num_seqs, vcfg.max_q)).work_bytes
-        self.devices, self.launches, self.records, self.cu = callbacks._gpus(), {}, {}, {}
+                                              varlen=(vcfg.num_seqs, vcfg.max_q)).work_bytes
+        super().__init__(p)
+        self.records = {}
+
+    def packing_launch(self, dev, cu_host, stream) -> tuple:
+        """:func:`cupy_dash.core.varlen_launch.packing_launch` of this call for checked host lengths."""
+        cfg = self.cfg
+        return varlen_launch.packing_launch(dev, self.p, cfg.causal, cfg.deterministic, cfg.schedule, cfg.window,
+                                            self.spin, cu_host, self.vcfg.max_q, stream)
+
+    def __call__(self, ctx, outs, dout, q, k, v, out, lse, *cu):
+        callbacks.callback_runs["backward"] += 1
+        dq, dk, dv, work = outs
+        dev = callbacks._device(dq, self.devices)
+        ptr = callbacks._ptr
+        import cupy
+        with cupy.cuda.Device(dev):
+            stream = interop.external_stream(ctx.stream, dev)
+            c, cu_dev = self._launch(dev, stream, *cu)
+            if c is None:                                  # no sequence sees a key: zero gradients, no kernel
+                for x in (dq, dk, dv):
+                    cupy.cuda.runtime.memsetAsync(ptr(x), 0, int(np.prod(x.shape)) * 2, stream.ptr)
+                return
+            qs, kvs = self.q_strides, self.kv_strides
+            operands = ((ptr(q), qs), (ptr(k), kvs), (ptr(v), kvs), (ptr(out), qs), (ptr(dout), qs))
+            launchers.launch_backward(c, operands, ptr(lse), ptr(work), (ptr(dq), ptr(dk), ptr(dv)), stream,
+                                      error_ptr=self.records[dev], cu_seqlens=tuple(x.data.ptr for x in cu_dev))
+
+
+class _VarlenBackward(_PackedBackward):
+    """A traced varlen backward with host lengths: per device its BwdLaunch (kernels loaded, the packing's schedule
+    table uploaded), cu_seqlens and error record."""
+
+    def __init__(self, p, cfg, vcfg, spin_timeout_ns):
+        super().__init__(p, cfg, vcfg, spin_timeout_ns)
+        import cupy
+        cu_host = tuple(np.asarray(c, np.int64) for c in vcfg.cu)
+        self.launches, self.cu = {}, {}
         for dev in self.devices:
             with cupy.cuda.Device(dev):
                 stream = cupy.cuda.Stream(non_blocking=True)
-                c, cu, call = varlen_launch.packing_launch(dev, p, cfg.causal, cfg.deterministic, cfg.schedule,
-                                                           cfg.window, spin_timeout_ns, cu_host, vcfg.max_q, stream)
+                c, cu, call = self.packing_launch(dev, cu_host, stream)
                 self.launches[dev] = c                   # None: no sequence sees a key, zero gradients, no kernel
                 if c is None:
                     continue
@@ -197,19 +177,5 @@ class _VarlenBackward:
                 stream.synchronize()
                 self.cu[dev], self.records[dev] = cu, jit_record(dev, call)
 
-    def bind(self, dout, q, k, v, out, lse):
-        from jax.experimental.buffer_callback import buffer_callback
-        p = self.p
-        kv = jax.ShapeDtypeStruct((p.Sk, p.Hkv, p.D), api.NP_DTYPES[p.dtype])
-        types = (jax.ShapeDtypeStruct((p.Sq, p.H, p.D), api.NP_DTYPES[p.dtype]), kv, kv,
-                 jax.ShapeDtypeStruct((self.work_bytes,), np.uint8))
-        return buffer_callback(self, types, command_buffer_compatible=True)(dout, q, k, v, out, lse)[:3]
-
-    def __call__(self, ctx, outs, dout, q, k, v, out, lse):
-        callbacks.callback_runs["backward"] += 1
-        dev = callbacks._device(outs[0], self.devices)
-        import cupy
-        with cupy.cuda.Device(dev):
-            c = self.launches[dev]
-            cu = tuple(x.data.ptr for x in self.cu[dev]) if c is not None else None
-            launch_backward(c, self.records.get(dev), ctx, dev, outs, dout, q, k, v, out, lse, cu)
+    def _launch(self, dev, stream):
+        return self.launches[dev], self.cu.get(dev)

@@ -193,7 +193,7 @@ def test_traced_lengths_are_checked_when_the_backward_runs(monkeypatch):
     ValueError naming the argument), device copies replaced by host ones."""
     pytest.importorskip("jax")
     import types
-    from cupy_dash.jax import varlen_dyn as jax_varlen_dyn
+    from cupy_dash.jax import varlen as jax_varlen, varlen_dyn as jax_varlen_dyn
     device = {}
 
     def memcpy(dst, src, nbytes, kind, stream):
@@ -203,7 +203,7 @@ def test_traced_lengths_are_checked_when_the_backward_runs(monkeypatch):
     monkeypatch.setattr(jax_varlen_dyn.callbacks, "_ptr", lambda buffer: buffer)
     bwd = object.__new__(jax_varlen_dyn._Backward)
     bwd.p = types.SimpleNamespace(Sq=300, Sk=500)
-    bwd.dcfg = jax_varlen_dyn._DynConfig(None, 3, 250, 300)
+    bwd.vcfg = jax_varlen._VarlenConfig(None, 3, 250, 300, None, jax_varlen_dyn._Backward)
     stream = types.SimpleNamespace(ptr=0, synchronize=lambda: None)
     device[1], device[2] = CU_Q.astype(np.int32), CU_K.astype(np.int32)
     q, k = bwd.lengths(1, 2, stream)
