@@ -48,7 +48,7 @@ def main(argv=None):
     fkey = fastpath.fwd_key(q, k, v, False, None, (-1, -1))
     bkey = fastpath.bwd_key(do, q, k, v, out, lse, False, None, "auto", True, (-1, -1))
     fplan, bplan = fastpath._fwd_plans[fkey], fastpath._bwd_plans[bkey]
-    stream = fastpath._ready_stream(0)
+    stream = fastpath._ready_stream(bplan)
     template = bplan.template
     rows = [
         ("torch.empty (1,128,1,64) bf16", lambda: torch.empty((1, 128, 1, 64), dtype=torch.bfloat16, device=dev)),
@@ -66,7 +66,7 @@ def main(argv=None):
         ("cupy runtime.getDevice", lambda: fastpath.cupy.cuda.runtime.getDevice()),
         ("torch current raw stream", lambda: interop._torch_stream_ptr(0)),
         ("cupy runtime.streamIsCapturing", lambda: fastpath.cupy.cuda.runtime.streamIsCapturing(stream.ptr)),
-        ("fastpath._ready_stream", lambda: fastpath._ready_stream(0)),
+        ("fastpath._ready_stream", lambda: fastpath._ready_stream(bplan)),
         ("errors.poll_errors (nothing pending)", errors.poll_errors),
         ("bytearray(bwd template) + 15 pack_into", lambda: [struct.pack_into("<Q", b, 8 * i, i) for b in
                                                            (bytearray(template),) for i in range(15)]),

@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import cupy_dash  # noqa: E402
-from cupy_dash.core import fastpath, fastpath_varlen, varlen  # noqa: E402
+from cupy_dash.core import api, fastpath, fastpath_varlen  # noqa: E402
 from cupy_dash.cuda import errors, launchers  # noqa: E402
 import fastpath_fakes as fakes  # noqa: E402
 from varlen_step import _Parts  # noqa: E402
@@ -40,7 +40,7 @@ def test_new_packing_host_python(no_gpu, monkeypatch):  # noqa: F811  (the fixtu
     slots, addresses = itertools.count(0xA000, 0x40), itertools.count(0x1000000, 0x10000)
     acquire = lambda dev: types.SimpleNamespace(dptr=next(slots), hdev=0x10)  # noqa: E731
     monkeypatch.setattr(errors, "acquire_slot", acquire)
-    monkeypatch.setattr(varlen, "acquire_slot", acquire)
+    monkeypatch.setattr(api, "acquire_slot", acquire)
     monkeypatch.setattr(launchers, "enqueue_backward", lambda *a, **kw: None)
     empty = lambda shape, dtype=None, device=None: fakes.Tensor(  # noqa: E731
         shape if isinstance(shape, tuple) else (shape,), dtype, next(addresses) % (1 << 40))
