@@ -110,9 +110,9 @@ class _VarlenForward(callbacks._Forward):
             ptr = callbacks._ptr
             operands = (ptr(q), self.q_strides), (ptr(k), self.kv_strides), (ptr(v), self.kv_strides)
             cu_ptrs = tuple(ptr(x) for x in cu) if cu else tuple(x.data.ptr for x in self.cu[dev])
-            params = launchers.fwd_params(self.block_m, self.block_n, self.p, self.window, operands, ptr(out),
-                                          ptr(lse), varlen=(self.num_seqs, *cu_ptrs))
-            kernels.launch(self.spec, self.grid, params, interop.external_stream(ctx.stream, dev))
+            launchers.launch_forward(self.spec, self.block_m, self.block_n, self.p, self.window, operands, ptr(out),
+                                     ptr(lse), interop.external_stream(ctx.stream, dev), grid=self.grid,
+                                     varlen=(self.num_seqs, *cu_ptrs))
 
 
 class _PackedBackward(callbacks._Call):

@@ -214,3 +214,39 @@ def test_traced_lengths_are_checked_when_the_backward_runs(monkeypatch):
     device[1], device[2] = CU_Q.astype(np.int32), np.array([0, 400, 450, 500], np.int32)
     with pytest.raises(ValueError, match="cu_seqlens_k: a sequence of 400 rows exceeds max_seqlen_k"):
         bwd.lengths(1, 2, stream)
+
+
+@pytest.mark.parametrize("softcap", [0.0, 30.0], ids=["plain", "capped"])
+def test_the_forward_callback_launches_as_the_eager_varlen_forward(monkeypatch, softcap):
+    """The varlen forward's callback (traced lengths: the call's own cu_seqlens buffers) goes through the launch every
+    entry point shares (launchers.launch_forward: the soft-capping build check, then the launch), with the grid sized
+    by max_seqlen_q and the sequences' count and cu_seqlens pointers; a kernel built without the cap is refused for
+    a capped problem. Buffers are addresses, the device is 0, the launch is recorded."""
+    pytest.importorskip("jax")
+    import types
+    from cupy_dash.cuda import kernels as cuda_kernels
+    from cupy_dash.jax import callbacks, varlen as jax_varlen
+    import contextlib
+    import cupy
+    launched = []
+    monkeypatch.setattr(cupy.cuda, "Device", lambda dev: contextlib.nullcontext())
+    monkeypatch.setattr(callbacks, "_ptr", lambda buffer: buffer)
+    monkeypatch.setattr(callbacks, "_device", lambda buffer, prepared: 0)
+    monkeypatch.setattr(cuda_kernels, "launch", lambda spec, grid, params, stream: launched.append((spec, grid)))
+    monkeypatch.setattr(jax_varlen.interop, "external_stream", lambda ptr, dev: ptr)
+    fwd = object.__new__(jax_varlen._VarlenForward)
+    fwd.p = types.SimpleNamespace(B=1, Sq=300, Sk=500, H=2, Hkv=2, D=64, scale=0.125, softcap=softcap,
+                                  dtype="bf16")
+    fwd.block_m, fwd.block_n, fwd.window, fwd.num_seqs, fwd.grid = 128, 128, (-1, -1), 3, (2, 2, 3)
+    fwd.q_strides = fwd.kv_strides = (256, 128, 2)
+    fwd.devices, fwd.cu = (0,), {}
+    fwd.spec = types.SimpleNamespace(label="fwd[bf16,d64,full,varlen]", defines=())
+    monkeypatch.setattr(jax_varlen.launchers, "fwd_params", lambda *a, **kw: (a, kw))
+    ctx = types.SimpleNamespace(stream=7)
+    if softcap:
+        with pytest.raises(RuntimeError, match="softcap=30.0 needs the soft-capping"):
+            fwd(ctx, (0x5000, 0x6000), 0x1000, 0x2000, 0x3000, 0x7000, 0x8000)
+        assert not launched
+        return
+    fwd(ctx, (0x5000, 0x6000), 0x1000, 0x2000, 0x3000, 0x7000, 0x8000)
+    assert launched == [(fwd.spec, (2, 2, 3))]
