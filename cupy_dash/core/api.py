@@ -310,8 +310,7 @@ def run_forward(like, p, spec, block_m, block_n, window, tensors, grid, shapes, 
     fw, dev = p.infos[0].framework, p.device_id
     stream = interop.caller_stream(like, dev)
     with cupy.cuda.Device(dev), stream:
-        # NOTES: only the fixed-length forward checks that its kernel is loaded before a capture
-        if capturing and not cu and not jit.is_loaded(spec):
+        if capturing and not jit.is_loaded(spec):
             raise _not_warm(f"the kernel {spec.label} is not loaded yet", p, causal)
         keep = []
         operands = tuple(_resolve(i, x, keep) for i, x in zip(p.infos, tensors))

@@ -194,3 +194,20 @@ def test_a_repeated_forward_is_served_with_the_full_paths_block(no_gpu, monkeypa
     cupy_dash.attention_forward_varlen(q, k, v, Tensor((5,), I32, 0x70200), Tensor((5,), I32, 0x70300), 200, 240,
                                        causal=True)
     assert fastpath_varlen.stats()["fwd_hits"] == hits + 1
+
+
+def test_a_captured_forward_whose_kernel_is_not_loaded_raises_before_anything_is_enqueued(no_gpu, monkeypatch):
+    """The varlen forward under CUDA graph capture with its kernel never loaded (no eager call of the variant):
+    the error every captured entry point gives, and nothing launched or remembered."""
+    from cupy_dash.core import interop, varlen_host_cu
+    from cupy_dash.cuda import jit
+    launched = []
+    monkeypatch.setattr(kernels, "launch", lambda *a, **kw: launched.append(a))
+    monkeypatch.setattr(varlen_host_cu, "remember", lambda *a: launched.append(a))
+    monkeypatch.setattr(interop, "capturing", lambda q: True)
+    monkeypatch.setattr(jit, "is_loaded", lambda spec: False)
+    _, q, k, v, _, _ = _inputs()
+    cu_q, cu_k = Tensor((4,), I32, 0x70000), Tensor((4,), I32, 0x70100)
+    with pytest.raises(RuntimeError, match="the kernel fwd.* is not loaded yet.* Run the same call once eagerly"):
+        cupy_dash.attention_forward_varlen(q, k, v, cu_q, cu_k, 200, 240, causal=True)
+    assert not launched
