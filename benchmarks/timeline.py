@@ -5,8 +5,9 @@ compute and where they wait, per schedule, measured with %globaltimer on the GPU
 
 For each shape (bf16, 16k tokens, H*D = 2048) and schedule it runs the backward once to warm up, then once with
 stamps, and prints per-visit means (ns): compute (start -> dQ ready), dQ hand-off (dQ ready -> added and
-released), the gap before the next visit of the same CTA, and the kernel span. The raw stamps, visits and ranks
-go to the .npz for plots (benchmarks/plot_timeline.py).
+released), the gap before the next visit of the same CTA, and the kernel span; then the MMA warpgroups' phases in
+cycles and the share of cycles with no GEMM in flight (timeline_phases.py). The raw stamps, visits and ranks go
+to the .npz.
 """
 import argparse
 
@@ -18,6 +19,8 @@ from cupy_dash import schedule
 from cupy_dash.core import api
 from cupy_dash.cuda import kernels
 from cupy_dash.cli.measure import random_tensor
+from cupy_dash.cuda.params import CONSTANTS
+from timeline_phases import format_report, phase_report
 
 
 def run(hdim, causal, S, policy, deterministic=True):
@@ -28,14 +31,14 @@ def run(hdim, causal, S, policy, deterministic=True):
     _, bm, bn, max_ctas = kernels.bwd_entry(dev, "bfloat16", hdim, causal, deterministic, True)
     plan = schedule.build(policy, seqlen_q=S, seqlen_k=S, block_m=bm, block_n=bn, num_heads=B * H, causal=causal,
                           num_sms=max_ctas)
-    stamps = cupy.zeros((plan.num_visits, 4), dtype=cupy.int64)
+    stamps = cupy.zeros((plan.num_visits, CONSTANTS.kTimelineCols), dtype=cupy.int64)
     for _ in range(2):                                # the first call compiles and warms up
         api._backward_with_plan(do, q, k, v, out, lse, plan=plan, causal=causal, deterministic=deterministic,
                                 timeline=stamps)
     cupy.cuda.Device().synchronize()
     cupy_dash.check_errors()
     t = stamps.get()
-    t = t - t[:, 0].min()
+    t[:, :4] -= t[:, 0].min()                        # the CTA stamps (ns); the warpgroups' are cycles
     visits, cta_start = np.asarray(plan.visits), np.asarray(plan.cta_start)
     compute = t[:, 1] - t[:, 0]
     handoff = t[:, 3] - t[:, 1]
@@ -50,6 +53,7 @@ def run(hdim, causal, S, policy, deterministic=True):
           f"{compute.mean():6.0f}  hand-off {handoff.mean():6.0f} (p90 {np.percentile(handoff, 90):6.0f})  gap "
           f"{gaps.mean():6.0f} (p90 {np.percentile(gaps, 90):6.0f})  CTA time per visit "
           f"{span * plan.num_ctas / plan.num_visits:6.0f}", flush=True)
+    print(format_report(phase_report(t, cta_start)), flush=True)
     return dict(stamps=t, visits=visits, rank=np.asarray(plan.rank), cta_start=cta_start)
 
 

@@ -37,3 +37,6 @@ constexpr int kVisitSlotBytes = 16;    // bwd::VisitSlot, one per Q stage
 constexpr int kFwdKvStages = 2;        // forward K and V buffers (DASH_KV_STAGES overrides it for tile sweeps)
 constexpr int kBwdStages = 2;          // backward Q (+ lse_log2), dO (+ dpsum) and dS buffers
 constexpr int kBwdKStages = 2;         // backward K buffers
+
+// The backward's debug timeline (bwd/timeline.cuh): int64 stamps per visit, 4 of the CTA and 8 per MMA warpgroup.
+constexpr int kTimelineCols = 20;

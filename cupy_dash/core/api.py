@@ -36,6 +36,7 @@ import numpy as np
 from .. import config
 from .. import schedule as _schedule
 from ..cuda import device_tables, jit, kernels, launchers, tensormap
+from ..cuda.params import CONSTANTS
 from ..cuda.errors import (acquire_slot, check_errors, graph_record, keep_alive, poll_errors as _poll_errors,
                            record_shared)
 from ..schedule import compact_device
@@ -389,8 +390,9 @@ def _backward_with_plan(do, q, k, v, out, lse, *, plan, causal=False, softmax_sc
     range, cta_start consistent); ranks may be arbitrary, and ``num_ctas`` may exceed the co-resident CTAs, so
     a deliberately inconsistent table exercises the bounded semaphore wait: the call returns, and
     :func:`check_errors` raises RuntimeError. ``spin_timeout_ns`` overrides ``CUPY_DASH_SPIN_TIMEOUT_MS``.
-    ``timeline``: a CuPy int64 array (V, 4); the main kernel's debug build then writes %globaltimer stamps of
-    every visit into it (start, dQ ready, writer's turn, released; kernels_src/bwd/timeline.cuh).
+    ``timeline``: a CuPy int64 array (V, ``CONSTANTS.kTimelineCols``); the main kernel's debug build then writes
+    the stamps of every visit into it (kernels_src/bwd/timeline.cuh: the CTA's %globaltimer at start, dQ ready,
+    writer's turn, released; each MMA warpgroup's %clock64 at the phases of the visit).
     """
     if plan is None:
         raise ValueError("plan: a schedule-like object is required")
@@ -446,8 +448,9 @@ def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, determinis
         c.fold = False      # NOTES: the fold's grid barriers need every CTA co-resident (kernels_src/bwd/fold.cuh)
     if plan is not None:
         num_visits = len(_schedule.check_plan(plan, B * H, -(-Sk // bn), c.num_m_blocks)[1])   # before allocating
-        if timeline is not None and (timeline.shape != (num_visits, 4) or timeline.dtype != np.int64):
-            raise ValueError(f"timeline: expected an int64 CuPy array of shape ({num_visits}, 4)")
+        cols = CONSTANTS.kTimelineCols
+        if timeline is not None and (timeline.shape != (num_visits, cols) or timeline.dtype != np.int64):
+            raise ValueError(f"timeline: expected an int64 CuPy array of shape ({num_visits}, {cols})")
     stream = interop.caller_stream(q, dev)
     with cupy.cuda.Device(dev), stream:
         keep = []

@@ -177,14 +177,15 @@ DASH_DEVICE void softmax_grad(uint32_t (&dSa)[kBlockM / 16][4], const uint32_t (
 template <bool kMask>
 DASH_DEVICE void probs_and_grads(float (&S)[kSRegs], float (&dP)[kSRegs], uint32_t (&Pa)[kBlockM / 16][4],
                                  uint32_t (&dSa)[kBlockM / 16][4], const TileMask& mask, const BwdParams& p,
-                                 const Smem& s, char* smem_generic, int stage, bool release_v, int wg, int tid,
-                                 const Fragment& f) {
+                                 const Smem& s, char* smem_generic, int stage, bool release_v, int64_t v, int wg,
+                                 int tid, const Fragment& f) {
   // NOTES: lse_log2 into registers just before the S^T wait, after the visit's last branch: loads issued before a
   // branch are waited for at its join, and while S^T runs shared memory is the tensor cores' (ncu at causal 8k:
   // 8 % of the samples at the join after the V wait when they were issued right after S^T).
   const RowValues lse_row(reinterpret_cast<const float*>(smem_generic + (s.lse(stage) - s.base)), f);
   wgmma_wait<1>();
   wgmma_fence_operand(S);
+  stamp_wg(p, v, wg, tid, kWgSDone);
   uint32_t dT[kDtRegs];
   if constexpr (kSoftcap) softcap_scores(S, dT, p.softcap_prescale);
   softmax_probs<kMask>(S, lse_row, p.softmax_scale_log2, mask);
@@ -192,6 +193,7 @@ DASH_DEVICE void probs_and_grads(float (&S)[kSRegs], float (&dP)[kSRegs], uint32
   pack_fragments<kSRegs>(Pa, S);
   wgmma_wait<0>();
   wgmma_fence_operand(dP);
+  stamp_wg(p, v, wg, tid, kWgDpDone);
   softmax_grad(dSa, Pa, dP, dpsum_row, dT, lse_row, kSoftcap ? 1.f / p.softmax_scale_log2 : 0.f);
   // dS^T also to shared memory for dQ, which needs the keys of both warpgroups.
   store_transposed<kBlockM>(s.ds(stage), dSa, 64 * wg, tid);
@@ -256,6 +258,7 @@ DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_gen
   const bool first_in_group = slot.first, last_in_group = slot.last;
   if (first_in_group) wait_phase(p, s.k_full(kbuf), (group / kKStages) & 1);
   if (wg == 0 && tid == 0) stamp(p, v, kStampStart);
+  stamp_wg(p, v, wg, tid, kWgSIssue);
   wgmma_fence();
   gemm_keys_by_queries(S, k_desc, s.q(stage));
   wgmma_commit();
@@ -273,9 +276,9 @@ DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_gen
   // P^T from S^T while dP^T is still running, then dS^T.
   uint32_t Pa[kBlockM / 16][4], dSa[kBlockM / 16][4];
   if (mask.needed) {
-    probs_and_grads<true>(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, last_in_group, wg, tid, f);
+    probs_and_grads<true>(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, last_in_group, v, wg, tid, f);
   } else {
-    probs_and_grads<false>(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, last_in_group, wg, tid, f);
+    probs_and_grads<false>(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, last_in_group, v, wg, tid, f);
   }
 
   // dV += P^T dO.
@@ -285,7 +288,9 @@ DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_gen
 
   // dQ piece = dS K over all kBlockN keys, once both warpgroups' dS^T is in shared memory.
   fence_proxy_async_smem();
+  stamp_wg(p, v, wg, tid, kWgDvIssued);
   named_barrier_sync<kBarPdS, kPdSThreads>();
+  stamp_wg(p, v, wg, tid, kWgBarrier);
   float dQ[kDqRegs];
   if constexpr (DqLayout::kTransposed) {
     // dQ^T piece = K^T dS^T: A = head-dim panel wg of K (MN-major), B = dS (K-major, all kBlockM queries).
@@ -312,6 +317,7 @@ DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_gen
 
   // dV and dQ done: dO (and, after the group's last visit, K) may be overwritten; dQ goes to the writer.
   wgmma_wait<1>();
+  stamp_wg(p, v, wg, tid, kWgDqDone);
   wgmma_fence_operand(dQ);
   wgmma_fence_operand(dV);
   wgmma_fence_operand(Pa);
@@ -324,6 +330,7 @@ DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_gen
 
   // dK done: Q may be overwritten.
   wgmma_wait<0>();
+  stamp_wg(p, v, wg, tid, kWgDkDone);
   wgmma_fence_operand(dK);
   wgmma_fence_operand(dSa);
   if (tid == 0) mbar_arrive(s.q_empty(stage));

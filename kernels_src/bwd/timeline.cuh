@@ -1,7 +1,10 @@
-// Backward main kernel, debug builds (DASH_TIMELINE=1): %globaltimer stamps per visit, written to p.timeline
-// (V, 4) int64 ns, to see where CTAs wait (benchmarks/timeline.py). Normal builds compile every stamp away.
+// Backward main kernel, debug builds (DASH_TIMELINE=1): stamps per visit, written to p.timeline (V, kTimelineCols
+// of constants.cuh) int64, to see where CTAs and their warpgroups wait (benchmarks/timeline.py). Normal builds
+// compile every stamp away.
 #pragma once
+#include "../constants.cuh"
 #include "../params.cuh"
+#include "../ptx/clock.cuh"
 #include "../ptx/globaltimer.cuh"
 
 #ifndef DASH_TIMELINE
@@ -12,13 +15,39 @@ namespace bwd {
 
 constexpr bool kTimeline = DASH_TIMELINE != 0;
 
-// Stamp columns: the MMA warpgroups start the visit (Q tile ready); its dQ piece is computed (then they wait
-// for the dQ slice to be free); the dQ writer's turn came (deterministic: semaphore == rank); the partial is
-// added and released.
+// Columns 0-3, %globaltimer ns: the MMA warpgroups start the visit (Q tile ready); its dQ piece is computed (then
+// they wait for the dQ slice to be free); the dQ writer's turn came (deterministic: semaphore == rank); the
+// partial is added and released.
 enum TimelineStamp { kStampStart = 0, kStampDqReady = 1, kStampTurn = 2, kStampReleased = 3 };
 
+// Columns 4 + kWgStamps * wg + s, %clock64 of the CTA's SM, MMA warpgroup wg's thread 0: the phases of a visit in
+// its order (mainloop.cuh), and the SM (column 4 + kWgSm, warpgroup 0 only).
+// NOTES: a warpgroup has GEMMs in flight from kWgSIssue to kWgDpDone and from kWgDvIssued to kWgDkDone; when neither
+// warpgroup of a CTA has, its SM's tensor pipe is idle (benchmarks/timeline.py --phases).
+enum WgStamp {
+  kWgSIssue = 0,     // the visit's waits passed, S^T about to be issued
+  kWgSDone = 1,      // S^T complete (P^T next)
+  kWgDpDone = 2,     // dP^T complete (dS^T next)
+  kWgDvIssued = 3,   // dS^T stored, dV issued, about to wait for the other warpgroup's dS^T
+  kWgBarrier = 4,    // both dS^T stored: dQ and dK issued next
+  kWgDqDone = 5,     // dV and dQ complete (dQ hand-off next)
+  kWgDkDone = 6,     // dK complete: the visit ends
+  kWgSm = 7,
+  kWgStamps = 8
+};
+static_assert(kTimelineCols == 4 + 2 * kWgStamps, "constants.cuh: kTimelineCols");
+
 DASH_DEVICE void stamp(const BwdParams& p, int64_t v, TimelineStamp what) {
-  if constexpr (kTimeline) p.timeline[4 * v + what] = (int64_t)globaltimer_ns();
+  if constexpr (kTimeline) p.timeline[kTimelineCols * v + what] = (int64_t)globaltimer_ns();
+}
+
+DASH_DEVICE void stamp_wg(const BwdParams& p, int64_t v, int wg, int tid, WgStamp what) {
+  if constexpr (kTimeline) {
+    if (tid != 0) return;
+    int64_t* row = p.timeline + kTimelineCols * v + 4 + kWgStamps * wg;
+    row[what] = clock64_cycles();
+    if (what == kWgSIssue && wg == 0) row[kWgSm] = sm_id();
+  }
 }
 
 }  // namespace bwd

@@ -1,0 +1,64 @@
+"""benchmarks/timeline_phases.py: the warpgroup phases and the no-GEMM-in-flight share from synthetic stamps of the
+timeline build (kernels_src/bwd/timeline.cuh). No GPU needed."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cupy_dash.cuda.params import CONSTANTS
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+if str(BENCHMARKS) not in sys.path:
+    sys.path.insert(0, str(BENCHMARKS))
+
+import timeline_phases as tp  # noqa: E402
+
+
+def _visit(t0, offsets):
+    """One warpgroup's 7 phase stamps: t0 + cumulative offsets (S issue first)."""
+    return t0 + np.concatenate([[0], np.cumsum(offsets)])
+
+
+def _stamps(rows):
+    """rows: per visit, (wg0 stamps, wg1 stamps), each 7 values."""
+    out = np.zeros((len(rows), CONSTANTS.kTimelineCols), dtype=np.int64)
+    for v, (w0, w1) in enumerate(rows):
+        out[v, tp.WG_BASE:tp.WG_BASE + 7] = w0
+        out[v, tp.WG_BASE + tp.WG_STAMPS:tp.WG_BASE + tp.WG_STAMPS + 7] = w1
+    return out
+
+
+def test_columns_match_the_kernel_header():
+    assert tp.WG_BASE + 2 * tp.WG_STAMPS == CONSTANTS.kTimelineCols
+    header = (BENCHMARKS.parent / "kernels_src" / "bwd" / "timeline.cuh").read_text()
+    for name, value in (("kWgSIssue", tp.S_ISSUE), ("kWgDpDone", tp.DP_DONE), ("kWgDvIssued", tp.DV_ISSUED),
+                        ("kWgDkDone", tp.DK_DONE), ("kWgSm", tp.SM), ("kWgStamps", tp.WG_STAMPS)):
+        assert f"{name} = {value}" in header
+
+
+def test_phases_and_idle_share_of_two_visits_in_one_cta():
+    # wg 0: S 100, P 50, dS 30, barrier 10, dQ 40, dK 20 -> in flight [0, 150] and [180, 250]; the next visit
+    # starts 30 cycles after its end. wg 1 runs the same 60 cycles later: in flight [60, 210], [240, 310].
+    offs = [100, 50, 30, 10, 40, 20]
+    rows = [(_visit(0, offs), _visit(60, offs)), (_visit(280, offs), _visit(340, offs))]
+    rep = tp.phase_report(_stamps(rows), np.array([0, 2]))
+    assert rep["phases"]["S^T wait"] == [100, 100] and rep["phases"]["dQ wait"] == [40, 40]
+    assert rep["phases"]["top"] == [30, 30]
+    # union of in-flight intervals: [0, 310] and [280, 590] -> [0, 590] with no gap; span 0..590
+    assert rep["cycles"] == 590 and rep["tensor_idle"] == pytest.approx(0.0)
+    text = tp.format_report(rep)
+    assert "dS^T barrier" in text and "0.0 %" in text
+
+
+def test_idle_share_counts_cycles_with_no_gemm_in_either_warpgroup():
+    # both warpgroups in lockstep: in flight [0, 150] and [180, 250] each -> idle 30 of 250 cycles
+    offs = [100, 50, 30, 10, 40, 20]
+    rep = tp.phase_report(_stamps([(_visit(0, offs), _visit(0, offs))]), np.array([0, 1]))
+    assert rep["tensor_idle"] == pytest.approx(30 / 250)
+    # two CTAs: the shares add over the CTAs' cycles
+    rows = [(_visit(0, offs), _visit(0, offs)), (_visit(1000, offs), _visit(1060, offs))]
+    rep2 = tp.phase_report(_stamps(rows), np.array([0, 1, 2]))
+    assert rep2["cycles"] == 250 + 310 and rep2["tensor_idle"] == pytest.approx(30 / 560)
