@@ -43,7 +43,7 @@ struct BwdParams {
   const int32_t* rank;       // (V,): position of the visit in its dQ tile's reduction order
   const int64_t* cta_start;  // (num_ctas + 1,): visits of cta c are [cta_start[c], cta_start[c+1])
   int32_t* error;            // (8,): [0] = failure code, [1..3] its details; [4..6] fold (bwd/error_record.cuh)
-  int64_t* timeline;         // (V, 20) stamps per visit, DASH_TIMELINE builds only (bwd/timeline.cuh)
+  int64_t* timeline;         // (V, 24) stamps per visit, DASH_TIMELINE builds only (bwd/timeline.cuh)
   Strides q_stride, k_stride, v_stride, o_stride, do_stride, dq_stride, dk_stride, dv_stride;
   int64_t batch, seqlen_q, seqlen_k, num_heads, num_heads_kv;
   int64_t window_left, window_right;  // as in FwdParams; the host sets right = 0 for causal

@@ -252,6 +252,7 @@ DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_gen
   // S^T = K_wg Q^T and dP^T = V_wg dO^T (both K-major from shared memory), two commit groups.
   const uint64_t k_desc = TileKV::kmajor(s.k(kbuf), 64 * wg), v_desc = TileKV::kmajor(s.v(), 64 * wg);
   float S[kSRegs], dP[kSRegs];
+  stamp_wg(p, v, wg, tid, kWgTop);
   wait_phase(p, s.q_full(stage), phase);
   const VisitSlot slot = VisitSlot::read(s.visit(stage));
   const Visit& w = slot.w;
@@ -264,6 +265,7 @@ DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_gen
   wgmma_commit();
   if (first_in_group) wait_phase(p, s.v_full(), group & 1);
   wait_phase(p, s.do_full(stage), phase);
+  stamp_wg(p, v, wg, tid, kWgDpIssue);
   wgmma_fence();  // NOTES: not required by the ISA here, but ptxas 13.0 injects one (C7519) after the wait loop
   gemm_keys_by_queries(dP, v_desc, s.dout(stage));
   wgmma_commit();

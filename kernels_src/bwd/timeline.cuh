@@ -23,17 +23,19 @@ enum TimelineStamp { kStampStart = 0, kStampDqReady = 1, kStampTurn = 2, kStampR
 // Columns 4 + kWgStamps * wg + s, %clock64 of the CTA's SM, MMA warpgroup wg's thread 0: the phases of a visit in
 // its order (mainloop.cuh), and the SM (column 4 + kWgSm, warpgroup 0 only).
 // NOTES: a warpgroup has GEMMs in flight from kWgSIssue to kWgDpDone and from kWgDvIssued to kWgDkDone; when neither
-// warpgroup of a CTA has, its SM's tensor pipe is idle (benchmarks/timeline.py --phases).
+// warpgroup of a CTA has, its SM's tensor pipe is idle (benchmarks/timeline_phases.py).
 enum WgStamp {
-  kWgSIssue = 0,     // the visit's waits passed, S^T about to be issued
-  kWgSDone = 1,      // S^T complete (P^T next)
-  kWgDpDone = 2,     // dP^T complete (dS^T next)
-  kWgDvIssued = 3,   // dS^T stored, dV issued, about to wait for the other warpgroup's dS^T
-  kWgBarrier = 4,    // both dS^T stored: dQ and dK issued next
-  kWgDqDone = 5,     // dV and dQ complete (dQ hand-off next)
-  kWgDkDone = 6,     // dK complete: the visit ends
-  kWgSm = 7,
-  kWgStamps = 8
+  kWgTop = 0,        // the visit begins: the Q wait next
+  kWgSIssue = 1,     // Q (and a new KV tile's K) arrived, S^T about to be issued
+  kWgDpIssue = 2,    // dO (and a new KV tile's V) arrived, dP^T about to be issued
+  kWgSDone = 3,      // S^T complete (P^T next)
+  kWgDpDone = 4,     // dP^T complete (dS^T next)
+  kWgDvIssued = 5,   // dS^T stored, dV issued, about to wait for the other warpgroup's dS^T
+  kWgBarrier = 6,    // both dS^T stored: dQ and dK issued next
+  kWgDqDone = 7,     // dV and dQ complete (dQ hand-off next)
+  kWgDkDone = 8,     // dK complete: the visit ends
+  kWgSm = 9,
+  kWgStamps = 10
 };
 static_assert(kTimelineCols == 4 + 2 * kWgStamps, "constants.cuh: kTimelineCols");
 
@@ -46,7 +48,7 @@ DASH_DEVICE void stamp_wg(const BwdParams& p, int64_t v, int wg, int tid, WgStam
     if (tid != 0) return;
     int64_t* row = p.timeline + kTimelineCols * v + 4 + kWgStamps * wg;
     row[what] = clock64_cycles();
-    if (what == kWgSIssue && wg == 0) row[kWgSm] = sm_id();
+    if (what == kWgTop && wg == 0) row[kWgSm] = sm_id();
   }
 }
 

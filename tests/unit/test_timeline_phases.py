@@ -17,36 +17,44 @@ if str(BENCHMARKS) not in sys.path:
 import timeline_phases as tp  # noqa: E402
 
 
-def _visit(t0, offsets):
-    """One warpgroup's 7 phase stamps: t0 + cumulative offsets (S issue first)."""
-    return t0 + np.concatenate([[0], np.cumsum(offsets)])
+def _visit(t0, offsets, waits=(0, 0)):
+    """One warpgroup's 9 phase stamps: the Q and dO waits ``waits`` before S^T and dP^T are issued, t0 the S^T
+    issue, then t0 + the cumulative ``offsets`` (S^T done, dP^T done, dV issued, barrier, dQ done, dK done)."""
+    q_wait, do_wait = waits
+    after = t0 + np.cumsum(offsets)
+    return np.concatenate([[t0 - q_wait, t0, t0 + do_wait], after])
 
 
 def _stamps(rows):
     """rows: per visit, (wg0 stamps, wg1 stamps), each 7 values."""
     out = np.zeros((len(rows), CONSTANTS.kTimelineCols), dtype=np.int64)
     for v, (w0, w1) in enumerate(rows):
-        out[v, tp.WG_BASE:tp.WG_BASE + 7] = w0
-        out[v, tp.WG_BASE + tp.WG_STAMPS:tp.WG_BASE + tp.WG_STAMPS + 7] = w1
+        out[v, tp.WG_BASE:tp.WG_BASE + 9] = w0
+        out[v, tp.WG_BASE + tp.WG_STAMPS:tp.WG_BASE + tp.WG_STAMPS + 9] = w1
     return out
 
 
 def test_columns_match_the_kernel_header():
     assert tp.WG_BASE + 2 * tp.WG_STAMPS == CONSTANTS.kTimelineCols
     header = (BENCHMARKS.parent / "kernels_src" / "bwd" / "timeline.cuh").read_text()
-    for name, value in (("kWgSIssue", tp.S_ISSUE), ("kWgDpDone", tp.DP_DONE), ("kWgDvIssued", tp.DV_ISSUED),
-                        ("kWgDkDone", tp.DK_DONE), ("kWgSm", tp.SM), ("kWgStamps", tp.WG_STAMPS)):
+    for name, value in (("kWgTop", tp.TOP), ("kWgSIssue", tp.S_ISSUE), ("kWgDpIssue", tp.DP_ISSUE),
+                        ("kWgSDone", tp.S_DONE), ("kWgDpDone", tp.DP_DONE), ("kWgDvIssued", tp.DV_ISSUED),
+                        ("kWgBarrier", tp.BARRIER), ("kWgDqDone", tp.DQ_DONE), ("kWgDkDone", tp.DK_DONE),
+                        ("kWgSm", tp.SM), ("kWgStamps", tp.WG_STAMPS)):
         assert f"{name} = {value}" in header
 
 
 def test_phases_and_idle_share_of_two_visits_in_one_cta():
     # wg 0: S 100, P 50, dS 30, barrier 10, dQ 40, dK 20 -> in flight [0, 150] and [180, 250]; the next visit
-    # starts 30 cycles after its end. wg 1 runs the same 60 cycles later: in flight [60, 210], [240, 310].
+    # begins 25 cycles after its end and waits 5 for Q. wg 1 runs the same 60 cycles later: in flight [60, 210],
+    # [240, 310]. The dO wait (2 cycles) lies inside the in-flight S^T.
     offs = [100, 50, 30, 10, 40, 20]
-    rows = [(_visit(0, offs), _visit(60, offs)), (_visit(280, offs), _visit(340, offs))]
+    waits = (5, 2)
+    rows = [(_visit(0, offs, waits), _visit(60, offs, waits)), (_visit(280, offs, waits), _visit(340, offs, waits))]
     rep = tp.phase_report(_stamps(rows), np.array([0, 2]))
-    assert rep["phases"]["S^T wait"] == [100, 100] and rep["phases"]["dQ wait"] == [40, 40]
-    assert rep["phases"]["top"] == [30, 30]
+    assert rep["phases"]["S^T wait"] == [98, 98] and rep["phases"]["dQ wait"] == [40, 40]
+    assert rep["phases"]["Q wait"] == [5, 5] and rep["phases"]["dO wait"] == [2, 2]
+    assert rep["phases"]["between visits"] == [25, 25]
     # union of in-flight intervals: [0, 310] and [280, 590] -> [0, 590] with no gap; span 0..590
     assert rep["cycles"] == 590 and rep["tensor_idle"] == pytest.approx(0.0)
     text = tp.format_report(rep)
