@@ -2,7 +2,8 @@
 # One device run on the H200: install, compile, GPU tests, demo, benchmarks; every log under $OUT.
 #   bash benchmarks/device_run.sh [smoke|fwd|tests|bench|integration|long|gqa|varlen_bench|long1m|varlen_step|
 #                                  fold|fold_bench|varlen_events|sanitize|ncu|engine|engine_bench|
-#                                  engine_ab|dq_writers|multi_gpu|first|first2|fa3_bench|fa3_full|final|tile80|d96|tests2|all]
+#                                  engine_ab|dq_writers|multi_gpu|first|first2|fa3_bench|fa3_full|final|tile80|d96|tests2|
+#                                  loop_ab|all]
 #                                  [extra pytest args...]
 # "engine": the backward kernel's GPU tests (every family: MHA, GQA, compact, varlen, fold, window, portable);
 # "engine_bench": the backward at the issue's shapes, this tree against the kernels in every carried .ab*/kernels_src
@@ -27,7 +28,7 @@ if [ -n "${FA3_WHL:-}" ]; then
   $py -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >"$OUT/fa3_install.log" 2>&1 && export PYTHONPATH=/tmp/site
 fi
 case "$stage" in   # these stages compile only the kernels they run, on first use
-  ncu|engine_bench|dq_writers|first|first2|fa3_bench|fa3_full|final|tile80|d96) ;;
+  ncu|engine_bench|dq_writers|first|first2|fa3_bench|fa3_full|final|tile80|d96|loop_ab) ;;
   *) $py -m cupy_dash compile --all -j 16 >/tmp/compile.log 2>&1 || { tail -20 /tmp/compile.log; exit 1; }
      tail -1 /tmp/compile.log ;;
 esac
@@ -143,6 +144,20 @@ if [ "$stage" = engine ]; then   # with .ab/kernels_src: that tree's kernels com
     tests/gpu/test_gpu_portable.py -q -ra --maxfail=5 "$@" 2>&1 | tee "$OUT/engine_tests.log" | tail -12
   wait; tail -qn1 /tmp/eb/compile_*.log 2>/dev/null; [ -d .ab/kernels_src ] && stage=engine_bits
   if grep -qE "[0-9]+ (failed|error)" "$OUT/engine_tests.log"; then exit 1; fi
+fi
+if [ "$stage" = loop_ab ]; then   # the per-warpgroup timeline, then FA3's two remaining loop differences
+  mkdir -p /tmp/la   # .ab = this tree's kernels, .ab2 = with the dV wait (bwd-engine.md, "What to try next")
+  rm -rf .ab .ab2 .ab3 && mkdir -p .ab .ab2 && cp -r kernels_src .ab/ && cp -r kernels_src .ab2/ \
+    && (cd .ab2 && patch -s -p1 < ../benchmarks/patches/dv_wait_before_dk.patch) || exit 1
+  timeout -s INT -k 10 120 $py -m pytest tests/gpu/test_gpu_timeline.py -q -ra 2>&1 | tee "$OUT/timeline_tests.log" | tail -3
+  timeout 150 $py benchmarks/timeline.py --shapes 128:causal:8192 128:full:3840 --policies shift \
+    --out "$OUT/timelines.npz" 2>&1 | tee "$OUT/timeline.txt"
+  timeout 120 $py benchmarks/grid_ab.py --json "$OUT/grid_ab.json" 2>&1 | tee "$OUT/grid_ab.txt"
+  mkdir -p /tmp/eb && timeout 120 $py benchmarks/bits_digest.py --out /tmp/eb/bits_new.json >/tmp/la/bits.log 2>&1
+  timeout 120 $py benchmarks/with_kernels.py .ab2/kernels_src benchmarks/bits_digest.py --out "$OUT/bits_dv_wait.json" \
+    >>/tmp/la/bits.log 2>&1
+  $py benchmarks/bits_digest.py --compare /tmp/eb/bits_new.json "$OUT/bits_dv_wait.json" | sed "s/^/dV wait: /"
+  stage=engine_bench
 fi
 if [ "$stage" = engine_bench ] || [ "$stage" = engine_bits ]; then   # the bits of both kernel versions, once
   mkdir -p /tmp/eb
