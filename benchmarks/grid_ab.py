@@ -12,6 +12,7 @@ halved for causal). Needs a Hopper GPU.
 """
 import argparse
 import contextlib
+import functools
 import json
 import time
 import types
@@ -21,7 +22,7 @@ import numpy as np
 
 import cupy_dash
 from cupy_dash import schedule
-from cupy_dash.cli.measure import random_tensor
+from cupy_dash.cli.measure import CupyEvents, random_tensor, time_calls
 from cupy_dash.core import api
 from cupy_dash.cuda import device_tables, kernels
 
@@ -68,22 +69,6 @@ def uploaded_once():
         device_tables.upload = real
 
 
-def time_leg(fn, calls, warmup_s):
-    t_end = time.perf_counter() + warmup_s
-    while time.perf_counter() < t_end:
-        fn()
-    cupy.cuda.Device().synchronize()
-    times = []
-    for _ in range(calls):
-        a, b = cupy.cuda.Event(), cupy.cuda.Event()
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(a, b))
-    return float(np.median(times))
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", nargs="+", default=["full:3840", "full:15360", "causal:8192", "causal:16384"],
@@ -104,9 +89,11 @@ def main(argv=None):
         _, bm, bn, max_ctas = kernels.bwd_entry(dev, "bfloat16", D, causal, False)   # the plan hook's tile
         flops = 2.5 * 4 * B * H * S * S * D * (0.5 if causal else 1.0)
         for name, plan in legs(S, causal, B * H, max_ctas, bm, bn).items():
+            call = functools.partial(api._backward_with_plan, do, q, k, v, out, lse, plan=plan, causal=causal,
+                                     deterministic=False)
             with uploaded_once():
-                ms = time_leg(lambda: api._backward_with_plan(do, q, k, v, out, lse, plan=plan, causal=causal,
-                                                              deterministic=False), args.calls, args.warmup_s)
+                ms = float(np.median(time_calls([call], warmup=1, repeats=args.calls, events=CupyEvents(),
+                                                warmup_s=args.warmup_s)))
             cupy_dash.check_errors()
             results.append(dict(shape=shape, leg=name, ctas=int(plan.num_ctas), ms=ms, tflops=flops / ms / 1e9))
             print(f"{shape:14s} {name:28s} CTAs {plan.num_ctas:5d}  {ms:7.3f} ms  {flops / ms / 1e9:6.1f} TFLOP/s",
