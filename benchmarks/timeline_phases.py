@@ -27,18 +27,13 @@ def wg_stamps(stamps: np.ndarray, wg: int) -> np.ndarray:
 
 
 def _union_length(intervals: np.ndarray) -> int:
-    """Total length of the union of closed intervals (n, 2)."""
+    """Total length of the union of closed intervals (n, 2): their span less the gaps that no interval covers."""
     if len(intervals) == 0:
         return 0
     iv = intervals[np.argsort(intervals[:, 0], kind="stable")]
-    total, lo, hi = 0, int(iv[0, 0]), int(iv[0, 1])
-    for a, b in iv[1:]:
-        if a > hi:
-            total += hi - lo
-            lo, hi = int(a), int(b)
-        else:
-            hi = max(hi, int(b))
-    return total + hi - lo
+    reach = np.maximum.accumulate(iv[:, 1])
+    gaps = np.maximum(iv[1:, 0] - reach[:-1], 0)
+    return int(reach[-1] - iv[0, 0] - gaps.sum())
 
 
 def phase_report(stamps: np.ndarray, cta_start: np.ndarray) -> dict:

@@ -322,9 +322,7 @@ def run_forward(like, p, spec, block_m, block_n, window, tensors, grid, shapes, 
                                           grid, varlen=(cu[0], *cu_ptrs) if cu else None)
         if cu and not capturing:             # for the backward of this call (varlen_host_cu.py): no wait there
             (q_info, cu_q), (k_info, cu_k) = cu[1:]
-            varlen_host_cu.remember(cu_q, q_info, cu_ptrs[0], stream)
-            if cu_k is not cu_q:
-                varlen_host_cu.remember(cu_k, k_info, cu_ptrs[1], stream)
+            varlen_host_cu.remember_both(cu_q, cu_k, (q_info, k_info), cu_ptrs, stream)
         if keep:
             keep_alive(keep, stream)
         elif fast_key is not None and not capturing:
@@ -446,9 +444,10 @@ def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, determinis
     c = launchers.BwdLaunch(specs, bm, bn, p, deterministic, spin_timeout_ns, causal, window)
     if timeline is not None or (plan is not None and plan.num_ctas > max_ctas):
         c.fold = False      # NOTES: the fold's grid barriers need every CTA co-resident (kernels_src/bwd/fold.cuh)
+    checked = None
     if plan is not None:
-        num_visits = len(_schedule.check_plan(plan, B * H, -(-Sk // bn), c.num_m_blocks)[1])   # before allocating
-        cols = CONSTANTS.kTimelineCols
+        checked = _schedule.check_plan(plan, B * H, -(-Sk // bn), c.num_m_blocks)   # before allocating
+        num_visits, cols = len(checked[1]), CONSTANTS.kTimelineCols
         if timeline is not None and (timeline.shape != (num_visits, cols) or timeline.dtype != np.int64):
             raise ValueError(f"timeline: expected an int64 CuPy array of shape ({num_visits}, {cols})")
     stream = interop.caller_stream(q, dev)
@@ -460,7 +459,7 @@ def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, determinis
                 raise _not_warm(f"the {schedule!r} schedule tables of this shape are not on device {dev} yet", p,
                                 causal)
         else:
-            c.tables = device_tables.upload(plan, B * H, -(-Sk // bn), c.num_m_blocks, dev, stream)
+            c.tables = device_tables.upload(plan, B * H, -(-Sk // bn), c.num_m_blocks, dev, stream, checked=checked)
             keep.append(c.tables)
         call = (c.tables.policy, B, H, Sq, Sk, D, causal, window)   # names the call in an error message
         register = functools.partial(fastpath.register_backward, fast_key if plan is None and timeline is None and

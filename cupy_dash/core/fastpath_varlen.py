@@ -194,9 +194,7 @@ def register_forward(key_, spec, grid, block_m, block_n, p, operands, params, sh
 
 def _run_forward(plan, stream, q, k, v, cu_q, cu_k):
     result = fastpath.run_forward(plan, stream, q, k, v, (cu_q, cu_k))
-    varlen_host_cu.remember(cu_q, plan.cu_infos[0], cu_q.data_ptr(), stream)
-    if cu_k is not cu_q:
-        varlen_host_cu.remember(cu_k, plan.cu_infos[1], cu_k.data_ptr(), stream)
+    varlen_host_cu.remember_both(cu_q, cu_k, plan.cu_infos, (cu_q.data_ptr(), cu_k.data_ptr()), stream)
     return result
 
 

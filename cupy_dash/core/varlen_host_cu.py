@@ -88,6 +88,14 @@ def remember(cu, info, ptr: int, stream) -> None:
             _entries.popitem(last=False)
 
 
+def remember_both(cu_q, cu_k, infos, ptrs, stream) -> None:
+    """:func:`remember` of a varlen forward's cu_seqlens_q and cu_seqlens_k (``infos``, ``ptrs``: theirs), once
+    when they are one tensor."""
+    remember(cu_q, infos[0], ptrs[0], stream)
+    if cu_k is not cu_q:
+        remember(cu_k, infos[1], ptrs[1], stream)
+
+
 def lookup(cu, info, ptr: int):
     """The host int64 copy of ``cu`` that a forward took (after waiting for it, the first time), or None when there
     is none for this address, shape and version, or when it was never waited for and the stream captures."""

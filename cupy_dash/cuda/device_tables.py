@@ -128,10 +128,14 @@ class DeviceTables:
     __slots__ = ("visits", "rank", "cta_start", "num_ctas", "policy", "device_id")
 
 
-def upload(plan, num_heads: int, n_blocks: int, m_blocks: int, device_id: int, stream, wait=False) -> DeviceTables:
-    """The plan's tables (checked by :func:`cupy_dash.schedule.check_plan`) on device ``device_id`` (whatever the
-    current device is), copied on ``stream`` (:func:`upload_async`; ``wait``: the caller synchronizes it)."""
-    visits, rank, cta_start, num_ctas = schedule.check_plan(plan, num_heads, n_blocks, m_blocks)
+def upload(plan, num_heads: int, n_blocks: int, m_blocks: int, device_id: int, stream, wait=False,
+           checked=None) -> DeviceTables:
+    """The plan's tables (checked by :func:`cupy_dash.schedule.check_plan`, unless ``checked`` is what that returned
+    for them) on device ``device_id`` (whatever the current device is), copied on ``stream`` (:func:`upload_async`;
+    ``wait``: the caller synchronizes it)."""
+    if checked is None:
+        checked = schedule.check_plan(plan, num_heads, n_blocks, m_blocks)
+    visits, rank, cta_start, num_ctas = checked
     t = DeviceTables()
     with cupy.cuda.Device(device_id):
         t.visits, t.rank, t.cta_start = upload_async((visits, rank, cta_start), stream, wait)

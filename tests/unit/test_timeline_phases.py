@@ -70,3 +70,9 @@ def test_idle_share_counts_cycles_with_no_gemm_in_either_warpgroup():
     rows = [(_visit(0, offs), _visit(0, offs)), (_visit(1000, offs), _visit(1060, offs))]
     rep2 = tp.phase_report(_stamps(rows), np.array([0, 1, 2]))
     assert rep2["cycles"] == 250 + 310 and rep2["tensor_idle"] == pytest.approx(30 / 560)
+
+
+def test_union_length_of_nested_overlapping_and_disjoint_intervals():
+    iv = np.array([[10, 20], [0, 5], [12, 15], [18, 30], [40, 41], [3, 4]])
+    assert tp._union_length(iv) == 5 + 20 + 1               # [0, 5], [10, 30], [40, 41]
+    assert tp._union_length(np.zeros((0, 2), dtype=np.int64)) == 0
