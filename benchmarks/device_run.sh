@@ -3,7 +3,7 @@
 #   bash benchmarks/device_run.sh [smoke|fwd|tests|bench|integration|long|gqa|varlen_bench|long1m|varlen_step|
 #                                  fold|fold_bench|varlen_events|sanitize|ncu|engine|engine_bench|
 #                                  engine_ab|dq_writers|multi_gpu|first|first2|fa3_bench|fa3_full|final|tile80|d96|tests2|
-#                                  loop_ab|all]
+#                                  loop_ab|idle|loads|all]
 #                                  [extra pytest args...]
 # "engine": the backward kernel's GPU tests (every family: MHA, GQA, compact, varlen, fold, window, portable);
 # "engine_bench": the backward at the issue's shapes, this tree against the kernels in every carried .ab*/kernels_src
@@ -28,7 +28,7 @@ if [ -n "${FA3_WHL:-}" ]; then
   $py -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >"$OUT/fa3_install.log" 2>&1 && export PYTHONPATH=/tmp/site
 fi
 case "$stage" in   # these stages compile only the kernels they run, on first use
-  ncu|engine_bench|dq_writers|first|first2|fa3_bench|fa3_full|final|tile80|d96|loop_ab) ;;
+  ncu|engine_bench|dq_writers|first|first2|fa3_bench|fa3_full|final|tile80|d96|loop_ab|idle|loads) ;;
   *) $py -m cupy_dash compile --all -j 16 >/tmp/compile.log 2>&1 || { tail -20 /tmp/compile.log; exit 1; }
      tail -1 /tmp/compile.log ;;
 esac
@@ -158,6 +158,20 @@ if [ "$stage" = loop_ab ]; then   # the per-warpgroup timeline, then FA3's two r
     >>/tmp/la/bits.log 2>&1
   $py benchmarks/bits_digest.py --compare /tmp/eb/bits_new.json "$OUT/bits_dv_wait.json" | sed "s/^/dV wait: /"
   stage=engine_bench
+fi
+if [ "$stage" = idle ]; then   # where the tensor pipe idles (phases by percentile, idle cycles by phase), grid order
+  timeout -s INT -k 10 120 $py -m pytest tests/gpu/test_gpu_timeline.py -q -ra 2>&1 | tee "$OUT/timeline_tests.log" | tail -3
+  timeout 200 $py benchmarks/timeline.py --shapes 128:causal:8192 128:full:3840 --policies shift \
+    --out /tmp/timelines.npz 2>&1 | tee "$OUT/timeline.txt"
+  timeout 120 $py benchmarks/grid_ab.py --json "$OUT/grid_ab.json" 2>&1 | tee "$OUT/grid_ab.txt"
+  timeout -s INT -k 10 240 $py -m pytest tests/gpu/test_gpu_training_graphs.py tests/gpu/test_gpu_transformers.py -q -rf \
+    -n 9 -p no:cacheprovider 2>&1 | tee "$OUT/graphs_transformers.log" | tail -8
+fi
+if [ "$stage" = loads ]; then   # the producer's Q / dO issue against the waits; then without the dQ adds (.ab)
+  timeout 200 $py benchmarks/timeline.py --shapes 128:full:3840 128:causal:8192 --policies shift \
+    --out /tmp/timelines.npz 2>&1 | tee "$OUT/timeline_loads.txt"
+  [ -d .ab/kernels_src ] && timeout 200 $py benchmarks/with_kernels.py .ab/kernels_src benchmarks/timeline.py \
+    --shapes 128:full:3840 128:causal:8192 --policies shift --out /tmp/timelines_ab.npz 2>&1 | tee "$OUT/timeline_ab.txt"
 fi
 if [ "$stage" = engine_bench ] || [ "$stage" = engine_bits ]; then   # the bits of both kernel versions, once
   mkdir -p /tmp/eb

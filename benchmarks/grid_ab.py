@@ -58,9 +58,9 @@ def uploaded_once():
     """``device_tables.upload`` memoized per plan object (tables are read-only to the kernel) while inside."""
     real, done = device_tables.upload, {}
 
-    def upload(plan, *args):
+    def upload(plan, *args, **kwargs):
         if id(plan) not in done:
-            done[id(plan)] = (plan, real(plan, *args))       # the plan is kept so that its id stays unique
+            done[id(plan)] = (plan, real(plan, *args, **kwargs))       # the plan is kept so that its id stays unique
         return done[id(plan)][1]
     device_tables.upload = upload
     try:

@@ -13,6 +13,7 @@ import numpy as np
 
 WG_BASE, WG_STAMPS = 4, 10                      # timeline.cuh: column 4 + WG_STAMPS * wg + stamp
 TOP, S_ISSUE, DP_ISSUE, S_DONE, DP_DONE, DV_ISSUED, BARRIER, DQ_DONE, DK_DONE, SM = range(10)
+PROD_Q, PROD_DO = WG_BASE + 2 * WG_STAMPS, WG_BASE + 2 * WG_STAMPS + 1   # timeline.cuh's ProducerStamp columns
 
 # (name, from stamp, to stamp) within one visit; "between visits" runs from the warpgroup's previous visit's end
 PHASES = (("Q wait", TOP, S_ISSUE), ("dO wait", S_ISSUE, DP_ISSUE), ("S^T wait", DP_ISSUE, S_DONE),
@@ -26,21 +27,66 @@ def wg_stamps(stamps: np.ndarray, wg: int) -> np.ndarray:
     return stamps[:, WG_BASE + WG_STAMPS * wg: WG_BASE + WG_STAMPS * (wg + 1)]
 
 
+def _union_gaps(intervals: np.ndarray) -> np.ndarray:
+    """(g, 2): the gaps inside the span of closed intervals (n, 2) that no interval covers, in time order."""
+    if len(intervals) == 0:
+        return np.zeros((0, 2), dtype=np.int64)
+    iv = intervals[np.argsort(intervals[:, 0], kind="stable")]
+    reach = np.maximum.accumulate(iv[:, 1])
+    open_ = iv[1:, 0] > reach[:-1]
+    return np.stack([reach[:-1][open_], iv[1:, 0][open_]], axis=1)
+
+
 def _union_length(intervals: np.ndarray) -> int:
     """Total length of the union of closed intervals (n, 2): their span less the gaps that no interval covers."""
     if len(intervals) == 0:
         return 0
-    iv = intervals[np.argsort(intervals[:, 0], kind="stable")]
-    reach = np.maximum.accumulate(iv[:, 1])
-    gaps = np.maximum(iv[1:, 0] - reach[:-1], 0)
-    return int(reach[-1] - iv[0, 0] - gaps.sum())
+    gaps = _union_gaps(intervals)
+    return int(intervals[:, 1].max() - intervals[:, 0].min() - (gaps[:, 1] - gaps[:, 0]).sum())
+
+
+# the phase a warpgroup is in after each of its stamps TOP..DK_DONE (after DK_DONE: until the next visit's TOP)
+PHASE_AFTER = tuple(name for name, _, _ in PHASES) + ("between visits",)
+
+
+def _phase_at(t: np.ndarray, when: np.ndarray) -> np.ndarray:
+    """Index into PHASE_AFTER of the phase one warpgroup is in at each time of ``when``; t: (n, WG_STAMPS) its
+    stamps over one CTA's visits (rows in time order)."""
+    flat = t[:, :DK_DONE + 1].ravel()
+    i = np.searchsorted(flat, when, side="right") - 1
+    return np.clip(i, 0, None) % (DK_DONE + 1)
+
+
+def _deciles(x: np.ndarray) -> tuple:
+    """(p10, p50, p90) of x, zeros if empty."""
+    return tuple(float(v) for v in np.percentile(x, (10, 50, 90))) if len(x) else (0.0, 0.0, 0.0)
+
+
+def load_report(stamps: np.ndarray, cta_start: np.ndarray, stages: int = 2) -> dict:
+    """Deciles (p10, p50, p90 cycles) of the Q and dO loads' timing: "Q issued after release" (the producer's
+    Q issue less the later dK done of the visit ``stages`` earlier in the CTA, which freed the stage), "Q issued
+    -> S^T issued" and "dO issued -> dP^T issued" (the earlier warpgroup). Empty without producer stamps."""
+    stamps = np.asarray(stamps, dtype=np.int64)
+    if stamps.shape[1] <= PROD_DO or not (stamps[:, PROD_Q] > 0).any():
+        return {}
+    w0, w1 = wg_stamps(stamps, 0), wg_stamps(stamps, 1)
+    after = []
+    for a, b in zip(cta_start[:-1], cta_start[1:]):
+        if b - a > stages:
+            freed = np.maximum(w0[a:b - stages, DK_DONE], w1[a:b - stages, DK_DONE])
+            after.append(stamps[a + stages:b, PROD_Q] - freed)
+    return {"Q issued after release": _deciles(np.concatenate(after) if after else np.zeros(0)),
+            "Q issued -> S^T issued": _deciles(np.minimum(w0[:, S_ISSUE], w1[:, S_ISSUE]) - stamps[:, PROD_Q]),
+            "dO issued -> dP^T issued": _deciles(np.minimum(w0[:, DP_ISSUE], w1[:, DP_ISSUE]) - stamps[:, PROD_DO])}
 
 
 def phase_report(stamps: np.ndarray, cta_start: np.ndarray) -> dict:
     """Per-phase mean cycles of each warpgroup (``phases``: name -> [wg0, wg1], with "between visits": from the
     warpgroup's previous visit's end to this visit's beginning, same CTA), and ``tensor_idle``: the share of the
     CTAs' cycles (first S^T issue to last dK done, summed over CTAs) in which neither warpgroup has a GEMM in
-    flight.
+    flight; ``quantiles``: per phase, each warpgroup's (p10, p50, p90) cycles; ``idle_by_phase``: "wg 0 phase | wg 1
+    phase" -> the share of the CTAs' cycles with no GEMM in flight spent in that pair of phases (taken at each idle
+    gap's midpoint), largest first.
 
     stamps: (V, 24) int64 of the timeline build, visits in table order; cta_start: (C + 1,) the CTAs' first
     visits (plan.cta_start)."""
@@ -54,7 +100,10 @@ def phase_report(stamps: np.ndarray, cta_start: np.ndarray) -> dict:
             phases[name][wg] = float(np.mean(t[:, b] - t[:, a])) if len(t) else 0.0
         gaps = [t[a + 1:b, TOP] - t[a:b - 1, DK_DONE] for a, b in zip(cta_start[:-1], cta_start[1:]) if b - a > 1]
         phases["between visits"][wg] = float(np.mean(np.concatenate(gaps))) if gaps else 0.0
+    quantiles = {name: [_deciles(wg_stamps(stamps, wg)[:, b] - wg_stamps(stamps, wg)[:, a]) for wg in (0, 1)]
+                 for name, a, b in PHASES}
     busy = span = 0
+    idle_by = {}
     for a, b in zip(cta_start[:-1], cta_start[1:]):
         if b <= a:
             continue
@@ -63,7 +112,17 @@ def phase_report(stamps: np.ndarray, cta_start: np.ndarray) -> dict:
                              for lo, hi in ((S_ISSUE, DP_DONE), (DV_ISSUED, DK_DONE))])
         busy += _union_length(iv)
         span += int(max(t[:, DK_DONE].max() for t in w) - min(t[:, S_ISSUE].min() for t in w))
-    return dict(phases=phases, tensor_idle=1.0 - busy / span if span else 0.0, cycles=span)
+        gaps = _union_gaps(iv)
+        if len(gaps):
+            mid = (gaps[:, 0] + gaps[:, 1]) // 2
+            key = _phase_at(w[0], mid) * len(PHASE_AFTER) + _phase_at(w[1], mid)
+            sums = np.bincount(key, weights=gaps[:, 1] - gaps[:, 0])
+            for k in np.flatnonzero(sums):
+                idle_by[int(k)] = idle_by.get(int(k), 0) + int(sums[k])
+    idle_by_phase = {f"{PHASE_AFTER[k // len(PHASE_AFTER)]} | {PHASE_AFTER[k % len(PHASE_AFTER)]}": n / span
+                     for k, n in sorted(idle_by.items(), key=lambda kv: -kv[1])} if span else {}
+    return dict(phases=phases, quantiles=quantiles, tensor_idle=1.0 - busy / span if span else 0.0, cycles=span,
+                idle_by_phase=idle_by_phase, loads=load_report(stamps, cta_start))
 
 
 def format_report(rep: dict) -> str:
@@ -72,4 +131,12 @@ def format_report(rep: dict) -> str:
         w0, w1 = rep["phases"][name]
         lines.append(f"  {name:24s} {w0:8.0f} {w1:8.0f}")
     lines.append(f"  no GEMM in flight in either warpgroup: {100 * rep['tensor_idle']:.1f} % of the CTAs' cycles")
+    lines.append(f"  {'phase p10 / p50 / p90':24s} {'wg 0':>20s} {'wg 1':>20s}")
+    for name, (q0, q1) in rep.get("quantiles", {}).items():
+        lines.append(f"  {name:24s} {'/'.join(f'{x:.0f}' for x in q0):>20s} {'/'.join(f'{x:.0f}' for x in q1):>20s}")
+    lines.append("  no GEMM in flight, by the phases the warpgroups are in (wg 0 | wg 1), % of the CTAs' cycles:")
+    for pair, share in list(rep.get("idle_by_phase", {}).items())[:8]:
+        lines.append(f"    {pair:52s} {100 * share:5.1f}")
+    for name, q in rep.get("loads", {}).items():
+        lines.append(f"  {name:28s} p10 / p50 / p90 {'/'.join(f'{x:.0f}' for x in q):>20s}")
     return "\n".join(lines)

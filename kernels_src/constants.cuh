@@ -39,4 +39,4 @@ constexpr int kBwdStages = 2;          // backward Q (+ lse_log2), dO (+ dpsum) 
 constexpr int kBwdKStages = 2;         // backward K buffers
 
 // The backward's debug timeline (bwd/timeline.cuh): int64 stamps per visit, 4 of the CTA and 10 per MMA warpgroup.
-constexpr int kTimelineCols = 24;
+constexpr int kTimelineCols = 26;

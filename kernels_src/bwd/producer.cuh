@@ -10,6 +10,7 @@
 #include "../schedule_view.cuh"
 #include "config.cuh"
 #include "pipeline.cuh"
+#include "timeline.cuh"
 
 namespace bwd {
 
@@ -43,6 +44,7 @@ DASH_DEVICE void produce(const BwdParams& p, const ScheduleView& sched, const Sm
     mbar_arrive_expect_tx(s.q_full(stage), kQBytes);
     tma_load_tile<kBlockM, kHeadDimIO>(s.q(stage), &p.tma_q, s.q_full(stage), q_row, hd.h, seq.batch);
     bulk_load(s.lse(stage), p.lse_log2 + row_offset, SmemLayout::kRow, s.q_full(stage));
+    stamp_producer(p, v, kProdQIssued);
 
     if (first) {
       const int kbuf = groups % kKStages;
@@ -59,6 +61,7 @@ DASH_DEVICE void produce(const BwdParams& p, const ScheduleView& sched, const Sm
     mbar_arrive_expect_tx(s.do_full(stage), kQBytes);
     tma_load_tile<kBlockM, kHeadDimIO>(s.dout(stage), &p.tma_do, s.do_full(stage), q_row, hd.h, seq.batch);
     bulk_load(s.dpsum(stage), p.dpsum + row_offset, SmemLayout::kRow, s.do_full(stage));
+    stamp_producer(p, v, kProdDoIssued);
     prev = w;
     w = next;
   }

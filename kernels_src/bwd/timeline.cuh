@@ -37,7 +37,10 @@ enum WgStamp {
   kWgSm = 9,
   kWgStamps = 10
 };
-static_assert(kTimelineCols == 4 + 2 * kWgStamps, "constants.cuh: kTimelineCols");
+// Columns 4 + 2 kWgStamps + s, %clock64 of the CTA's SM, the producer: when it issued the visit's Q and dO loads
+// (their lead over the warpgroups' waits tells a late producer from a slow load).
+enum ProducerStamp { kProdQIssued = 0, kProdDoIssued = 1, kProdStamps = 2 };
+static_assert(kTimelineCols == 4 + 2 * kWgStamps + kProdStamps, "constants.cuh: kTimelineCols");
 
 DASH_DEVICE void stamp(const BwdParams& p, int64_t v, TimelineStamp what) {
   if constexpr (kTimeline) p.timeline[kTimelineCols * v + what] = (int64_t)globaltimer_ns();
@@ -50,6 +53,10 @@ DASH_DEVICE void stamp_wg(const BwdParams& p, int64_t v, int wg, int tid, WgStam
     row[what] = clock64_cycles();
     if (what == kWgTop && wg == 0) row[kWgSm] = sm_id();
   }
+}
+
+DASH_DEVICE void stamp_producer(const BwdParams& p, int64_t v, ProducerStamp what) {
+  if constexpr (kTimeline) p.timeline[kTimelineCols * v + 4 + 2 * kWgStamps + what] = clock64_cycles();
 }
 
 }  // namespace bwd

@@ -43,7 +43,10 @@ def test_timeline_stamps_are_ordered_and_bits_unchanged(case, deterministic):
     stamped = [_host(x) for x in _backward_with_plan(do, q, k, v, out, lse, timeline=stamps, **common)]
     cupy_dash.check_errors()
     for name, a, b in zip(("dq", "dk", "dv"), plain, stamped):
-        _assert_same_bits(name, a, b)
+        if name == "dq" and not deterministic:       # atomic adds: the order of the dQ partial sums varies
+            np.testing.assert_allclose(a.astype(np.float32), b.astype(np.float32), rtol=1e-2, atol=1e-2)
+        else:
+            _assert_same_bits(name, a, b)
     t = stamps.get()
     assert (t[:, 0] > 0).all() and (t[:, 1] >= t[:, 0]).all()        # %globaltimer: start, dQ ready
     for wg in (0, 1):

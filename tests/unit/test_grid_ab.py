@@ -48,10 +48,10 @@ def test_longest_and_shortest_first_orders():
 def test_uploaded_once_memoizes_the_upload_per_plan(monkeypatch):
     from cupy_dash.cuda import device_tables
     calls = []
-    monkeypatch.setattr(device_tables, "upload", lambda plan, *args: calls.append(plan) or object())
+    monkeypatch.setattr(device_tables, "upload", lambda plan, *args, checked=None: calls.append(plan) or object())
     p1, p2 = object(), object()
     with grid_ab.uploaded_once():
-        a, b, c = (device_tables.upload(p, 3) for p in (p1, p1, p2))
+        a, b, c = (device_tables.upload(p, 3, checked=None) for p in (p1, p1, p2))
     assert a is b and a is not c and calls == [p1, p2]
     device_tables.upload(p1, 3)                         # restored on exit: uploads again
     assert calls == [p1, p2, p1]

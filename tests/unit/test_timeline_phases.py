@@ -35,12 +35,14 @@ def _stamps(rows):
 
 
 def test_columns_match_the_kernel_header():
-    assert tp.WG_BASE + 2 * tp.WG_STAMPS == CONSTANTS.kTimelineCols
+    assert tp.PROD_DO + 1 == CONSTANTS.kTimelineCols
     header = (BENCHMARKS.parent / "kernels_src" / "bwd" / "timeline.cuh").read_text()
     for name, value in (("kWgTop", tp.TOP), ("kWgSIssue", tp.S_ISSUE), ("kWgDpIssue", tp.DP_ISSUE),
                         ("kWgSDone", tp.S_DONE), ("kWgDpDone", tp.DP_DONE), ("kWgDvIssued", tp.DV_ISSUED),
                         ("kWgBarrier", tp.BARRIER), ("kWgDqDone", tp.DQ_DONE), ("kWgDkDone", tp.DK_DONE),
-                        ("kWgSm", tp.SM), ("kWgStamps", tp.WG_STAMPS)):
+                        ("kWgSm", tp.SM), ("kWgStamps", tp.WG_STAMPS),
+                        ("kProdQIssued", tp.PROD_Q - tp.WG_BASE - 2 * tp.WG_STAMPS),
+                        ("kProdDoIssued", tp.PROD_DO - tp.WG_BASE - 2 * tp.WG_STAMPS)):
         assert f"{name} = {value}" in header
 
 
@@ -76,3 +78,34 @@ def test_union_length_of_nested_overlapping_and_disjoint_intervals():
     iv = np.array([[10, 20], [0, 5], [12, 15], [18, 30], [40, 41], [3, 4]])
     assert tp._union_length(iv) == 5 + 20 + 1               # [0, 5], [10, 30], [40, 41]
     assert tp._union_length(np.zeros((0, 2), dtype=np.int64)) == 0
+
+
+def test_idle_gaps_are_attributed_to_the_phases_both_warpgroups_are_in():
+    # lockstep, two visits 25 cycles apart after a 5-cycle Q wait: idle [150, 180] in "dS^T, dV issue" for both,
+    # [250, 280] "between visits" then "Q wait" (midpoint 265: between visits), [430, 460] dS^T again
+    offs = [100, 50, 30, 10, 40, 20]
+    rows = [(_visit(0, offs, (5, 0)), _visit(0, offs, (5, 0))), (_visit(280, offs, (5, 0)), _visit(280, offs, (5, 0)))]
+    rep = tp.phase_report(_stamps(rows), np.array([0, 2]))
+    assert rep["idle_by_phase"] == pytest.approx({"dS^T, dV issue | dS^T, dV issue": 60 / 530,
+                                                 "between visits | between visits": 30 / 530})
+    assert rep["quantiles"]["S^T wait"][0] == (100.0, 100.0, 100.0)
+    assert "between visits | between visits" in tp.format_report(rep)
+
+
+def test_union_gaps_lie_between_covered_stretches():
+    iv = np.array([[10, 20], [0, 5], [12, 15], [18, 30], [40, 41]])
+    assert tp._union_gaps(iv).tolist() == [[5, 10], [30, 40]]
+
+
+def test_load_report_times_the_producer_against_the_stage_release_and_the_issues():
+    offs = [100, 50, 30, 10, 40, 20]
+    rows = [(_visit(300 * i, offs, (5, 7)), _visit(300 * i + 10, offs, (5, 7))) for i in range(4)]
+    t = _stamps(rows)
+    assert tp.load_report(t, np.array([0, 4])) == {}                  # no producer stamps: nothing to report
+    t[:, tp.PROD_Q] = 300 * np.arange(4) - 40                          # Q issued 40 before wg 0's S^T issue
+    t[:, tp.PROD_DO] = 300 * np.arange(4) - 20
+    rep = tp.load_report(t, np.array([0, 4]))
+    # visit i's stage was freed by visit i - 2's later dK done: 300 (i - 2) + 10 + 250
+    assert rep["Q issued after release"] == (300 * 2 - 40 - 260,) * 3
+    assert rep["Q issued -> S^T issued"] == (40.0, 40.0, 40.0)
+    assert rep["dO issued -> dP^T issued"] == (27.0, 27.0, 27.0)
