@@ -3,7 +3,7 @@
 #   bash benchmarks/device_run.sh [smoke|fwd|tests|bench|integration|long|gqa|varlen_bench|long1m|varlen_step|
 #                                  fold|fold_bench|varlen_events|sanitize|ncu|engine|engine_bench|
 #                                  engine_ab|dq_writers|multi_gpu|first|first2|fa3_bench|fa3_full|final|tile80|d96|tests2|
-#                                  loop_ab|idle|loads|all]
+#                                  loop_ab|idle|loads|quick_ab|all]
 #                                  [extra pytest args...]
 # "engine": the backward kernel's GPU tests (every family: MHA, GQA, compact, varlen, fold, window, portable);
 # "engine_bench": the backward at the issue's shapes, this tree against the kernels in every carried .ab*/kernels_src
@@ -28,7 +28,7 @@ if [ -n "${FA3_WHL:-}" ]; then
   $py -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >"$OUT/fa3_install.log" 2>&1 && export PYTHONPATH=/tmp/site
 fi
 case "$stage" in   # these stages compile only the kernels they run, on first use
-  ncu|engine_bench|dq_writers|first|first2|fa3_bench|fa3_full|final|tile80|d96|loop_ab|idle|loads) ;;
+  ncu|engine_bench|dq_writers|first|first2|fa3_bench|fa3_full|final|tile80|d96|loop_ab|idle|loads|quick_ab) ;;
   *) $py -m cupy_dash compile --all -j 16 >/tmp/compile.log 2>&1 || { tail -20 /tmp/compile.log; exit 1; }
      tail -1 /tmp/compile.log ;;
 esac
@@ -173,6 +173,18 @@ if [ "$stage" = loads ]; then   # the producer's Q / dO issue against the waits;
   [ -d .ab/kernels_src ] && timeout 200 $py benchmarks/with_kernels.py .ab/kernels_src benchmarks/timeline.py \
     --shapes 128:full:3840 128:causal:8192 --policies shift --out /tmp/timelines_ab.npz 2>&1 | tee "$OUT/timeline_ab.txt"
 fi
+if [ "$stage" = quick_ab ]; then   # a kernel change in one call: the backward's tests on 8 workers (this tree), then
+  for ab in .ab*; do              # the bits against .ab and engine_bench without ncu (.ab* compile meanwhile)
+    [ -d $ab/kernels_src ] && $py benchmarks/with_kernels.py $ab/kernels_src cupy_dash compile --head-dim 64 \
+      --head-dim 128 --kernel bwd_main -j 3 >/tmp/compile_${ab#.}.log 2>&1 &
+  done
+  timeout -s INT -k 20 170 $py -m pytest tests/gpu/test_gpu_attention.py tests/gpu/test_gpu_gqa.py \
+    tests/gpu/test_gpu_varlen_bwd.py tests/gpu/test_gpu_window.py -q -ra -n 8 --maxfail=5 -k "not 96" "$@" 2>&1 \
+    | tee "$OUT/quick_tests.log" | tail -6
+  wait
+  if grep -qE "[0-9]+ (failed|error)" "$OUT/quick_tests.log"; then exit 1; fi
+  NO_NCU=1; stage=engine_bench
+fi
 if [ "$stage" = engine_bench ] || [ "$stage" = engine_bits ]; then   # the bits of both kernel versions, once
   mkdir -p /tmp/eb
   [ -f /tmp/eb/bits_new.json ] || timeout 120 $py benchmarks/bits_digest.py --out /tmp/eb/bits_new.json >/tmp/eb/bits.log 2>&1
@@ -197,6 +209,7 @@ if [ "$stage" = engine_bench ]; then
       --out /tmp/eb/${ver}_d64.json 2>&1 | grep -E "bwd|fwd" | tee -a "$OUT/engine_bench.log" | tail -12
   done
   ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | tail -1)
+  [ -n "${NO_NCU:-}" ] && ncu=true
   timeout 120 "$ncu" --profile-from-start off --clock-control none --set full --import-source no \
     -k dash_bwd_main -c 1 -f -o /tmp/eb/ours_causal8k $py benchmarks/ncu_bwd.py --impl ours --causal \
     --seqlen 8192 --batch 2 >/tmp/eb/ncu.log 2>&1

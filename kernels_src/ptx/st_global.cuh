@@ -1,0 +1,10 @@
+// PTX ISA "Data Movement and Conversion Instructions: st" — a 16-byte store of four 32-bit words to global memory.
+#pragma once
+#include "../common.cuh"
+
+// dst: 16-byte aligned global address. One st.global.v4 (ptxas otherwise may split a uint4 store whose words do
+// not sit in four consecutive registers into four 4-byte stores).
+DASH_DEVICE void st_global_v4(void* dst, uint32_t w0, uint32_t w1, uint32_t w2, uint32_t w3) {
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "r"(w0), "r"(w1), "r"(w2), "r"(w3)
+               : "memory");
+}
