@@ -3,7 +3,7 @@
 #   bash benchmarks/device_run.sh [smoke|fwd|tests|bench|integration|long|gqa|varlen_bench|long1m|varlen_step|
 #                                  fold|fold_bench|varlen_events|sanitize|ncu|engine|engine_bench|
 #                                  engine_ab|dq_writers|multi_gpu|first|first2|fa3_bench|fa3_full|final|tile80|d96|tests2|
-#                                  loop_ab|idle|loads|quick_ab|all]
+#                                  loop_ab|idle|loads|quick_ab|patches_ab|all]
 #                                  [extra pytest args...]
 # "engine": the backward kernel's GPU tests (every family: MHA, GQA, compact, varlen, fold, window, portable);
 # "engine_bench": the backward at the issue's shapes, this tree against the kernels in every carried .ab*/kernels_src
@@ -28,7 +28,7 @@ if [ -n "${FA3_WHL:-}" ]; then
   $py -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >"$OUT/fa3_install.log" 2>&1 && export PYTHONPATH=/tmp/site
 fi
 case "$stage" in   # these stages compile only the kernels they run, on first use
-  ncu|engine_bench|dq_writers|first|first2|fa3_bench|fa3_full|final|tile80|d96|loop_ab|idle|loads|quick_ab) ;;
+  ncu|engine_bench|dq_writers|first|first2|fa3_bench|fa3_full|final|tile80|d96|loop_ab|idle|loads|quick_ab|patches_ab) ;;
   *) $py -m cupy_dash compile --all -j 16 >/tmp/compile.log 2>&1 || { tail -20 /tmp/compile.log; exit 1; }
      tail -1 /tmp/compile.log ;;
 esac
@@ -172,6 +172,25 @@ if [ "$stage" = loads ]; then   # the producer's Q / dO issue against the waits;
     --out /tmp/timelines.npz 2>&1 | tee "$OUT/timeline_loads.txt"
   [ -d .ab/kernels_src ] && timeout 200 $py benchmarks/with_kernels.py .ab/kernels_src benchmarks/timeline.py \
     --shapes 128:full:3840 128:causal:8192 --policies shift --out /tmp/timelines_ab.npz 2>&1 | tee "$OUT/timeline_ab.txt"
+fi
+if [ "$stage" = patches_ab ]; then   # each patch of $PATCHES as .ab1, .ab2, ...: its bits against this tree's; where
+  rm -rf .ab .ab[0-9]*; mkdir -p /tmp/eb; n=0   # they differ, the backward's tests with it (a hang ends at the limit)
+  timeout 150 $py benchmarks/bits_digest.py --out /tmp/eb/bits_new.json >/tmp/eb/bits.log 2>&1
+  for pt in ${PATCHES:-visit_top dv_before_ds_store dq_split_by_keys}; do
+    n=$((n + 1)); d=.ab$n
+    mkdir -p $d && cp -r kernels_src $d/ && (cd $d && patch -s -p1 < ../benchmarks/patches/$pt.patch) || exit 1
+    timeout 150 $py benchmarks/with_kernels.py $d/kernels_src benchmarks/bits_digest.py --out /tmp/eb/bits_$pt.json \
+      >>/tmp/eb/bits.log 2>&1
+    $py benchmarks/bits_digest.py --compare /tmp/eb/bits_new.json /tmp/eb/bits_$pt.json >/tmp/eb/cmp_$pt.txt 2>&1
+    echo "$d = $pt: $(tail -1 /tmp/eb/cmp_$pt.txt)" | tee -a "$OUT/patches_ab.log"
+    if ! grep -q "same bits in every case" /tmp/eb/cmp_$pt.txt; then   # xdist workers read ./kernels_src: swap it
+      rm -rf /tmp/pristine && cp -r kernels_src /tmp/pristine && rm -rf kernels_src && cp -r $d/kernels_src kernels_src
+      timeout -s INT -k 10 240 $py -m pytest tests/gpu/test_gpu_attention.py -q -rf -n 8 --maxfail=5 \
+        -k "backward and not 96" -p no:cacheprovider 2>&1 | tail -4 | sed "s/^/$pt: /" | tee -a "$OUT/patches_ab.log"
+      rm -rf kernels_src && cp -r /tmp/pristine kernels_src
+    fi
+  done
+  cp /tmp/eb/bits_*.json "$OUT/" 2>/dev/null
 fi
 if [ "$stage" = quick_ab ]; then   # a kernel change in one call: the backward's tests on 8 workers (this tree), then
   for ab in .ab*; do              # the bits against .ab and engine_bench without ncu (.ab* compile meanwhile)
