@@ -204,8 +204,8 @@ if [ "$stage" = quick_ab ]; then   # a kernel change in one call: the backward's
   if grep -qE "[0-9]+ (failed|error)" "$OUT/quick_tests.log"; then exit 1; fi
   NO_NCU=1; stage=engine_bench
 fi
-if [ "$stage" = engine_bench ] || [ "$stage" = engine_bits ]; then   # the bits of both kernel versions, once
-  mkdir -p /tmp/eb
+mkdir -p /tmp/eb
+if [ -d .ab/kernels_src ] && { [ "$stage" = engine_bench ] || [ "$stage" = engine_bits ]; }; then   # bits of both, once
   [ -f /tmp/eb/bits_new.json ] || timeout 120 $py benchmarks/bits_digest.py --out /tmp/eb/bits_new.json >/tmp/eb/bits.log 2>&1
   [ -f /tmp/eb/bits_old.json ] || timeout 120 $py benchmarks/with_kernels.py .ab/kernels_src benchmarks/bits_digest.py \
     --out /tmp/eb/bits_old.json >>/tmp/eb/bits.log 2>&1
