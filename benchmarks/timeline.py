@@ -53,7 +53,7 @@ def run(hdim, causal, S, policy, deterministic=True):
           f"{compute.mean():6.0f}  hand-off {handoff.mean():6.0f} (p90 {np.percentile(handoff, 90):6.0f})  gap "
           f"{gaps.mean():6.0f} (p90 {np.percentile(gaps, 90):6.0f})  CTA time per visit "
           f"{span * plan.num_ctas / plan.num_visits:6.0f}", flush=True)
-    print(format_report(phase_report(t, cta_start)), flush=True)
+    print(format_report(phase_report(t, cta_start, CONSTANTS.kBwdStages)), flush=True)
     return dict(stamps=t, visits=visits, rank=np.asarray(plan.rank), cta_start=cta_start)
 
 

@@ -80,7 +80,7 @@ def load_report(stamps: np.ndarray, cta_start: np.ndarray, stages: int = 2) -> d
             "dO issued -> dP^T issued": _deciles(np.minimum(w0[:, DP_ISSUE], w1[:, DP_ISSUE]) - stamps[:, PROD_DO])}
 
 
-def phase_report(stamps: np.ndarray, cta_start: np.ndarray) -> dict:
+def phase_report(stamps: np.ndarray, cta_start: np.ndarray, stages: int = 2) -> dict:
     """Per-phase mean cycles of each warpgroup (``phases``: name -> [wg0, wg1], with "between visits": from the
     warpgroup's previous visit's end to this visit's beginning, same CTA), and ``tensor_idle``: the share of the
     CTAs' cycles (first S^T issue to last dK done, summed over CTAs) in which neither warpgroup has a GEMM in
@@ -88,8 +88,8 @@ def phase_report(stamps: np.ndarray, cta_start: np.ndarray) -> dict:
     phase" -> the share of the CTAs' cycles with no GEMM in flight spent in that pair of phases (taken at each idle
     gap's midpoint), largest first.
 
-    stamps: (V, 24) int64 of the timeline build, visits in table order; cta_start: (C + 1,) the CTAs' first
-    visits (plan.cta_start)."""
+    stamps: (V, kTimelineCols) int64 of the timeline build, visits in table order; cta_start: (C + 1,) the
+    CTAs' first visits (plan.cta_start); stages: the Q / dO stages of the build (load_report)."""
     stamps = np.asarray(stamps, dtype=np.int64)
     cta_start = np.asarray(cta_start, dtype=np.int64)
     phases = {name: [0.0, 0.0] for name, _, _ in PHASES}
@@ -122,7 +122,7 @@ def phase_report(stamps: np.ndarray, cta_start: np.ndarray) -> dict:
     idle_by_phase = {f"{PHASE_AFTER[k // len(PHASE_AFTER)]} | {PHASE_AFTER[k % len(PHASE_AFTER)]}": n / span
                      for k, n in sorted(idle_by.items(), key=lambda kv: -kv[1])} if span else {}
     return dict(phases=phases, quantiles=quantiles, tensor_idle=1.0 - busy / span if span else 0.0, cycles=span,
-                idle_by_phase=idle_by_phase, loads=load_report(stamps, cta_start))
+                idle_by_phase=idle_by_phase, loads=load_report(stamps, cta_start, stages))
 
 
 def format_report(rep: dict) -> str:

@@ -38,5 +38,6 @@ constexpr int kFwdKvStages = 2;        // forward K and V buffers (DASH_KV_STAGE
 constexpr int kBwdStages = 2;          // backward Q (+ lse_log2), dO (+ dpsum) and dS buffers
 constexpr int kBwdKStages = 2;         // backward K buffers
 
-// The backward's debug timeline (bwd/timeline.cuh): int64 stamps per visit, 4 of the CTA and 10 per MMA warpgroup.
+// The backward's debug timeline (bwd/timeline.cuh): int64 stamps per visit, 4 of the CTA, 10 per MMA warpgroup and
+// 2 of the producer.
 constexpr int kTimelineCols = 26;

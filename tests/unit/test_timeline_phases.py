@@ -84,7 +84,7 @@ def test_idle_gaps_are_attributed_to_the_phases_both_warpgroups_are_in():
     # lockstep, two visits 25 cycles apart after a 5-cycle Q wait: idle [150, 180] in "dS^T, dV issue" for both,
     # [250, 280] "between visits" then "Q wait" (midpoint 265: between visits), [430, 460] dS^T again
     offs = [100, 50, 30, 10, 40, 20]
-    rows = [(_visit(0, offs, (5, 0)), _visit(0, offs, (5, 0))), (_visit(280, offs, (5, 0)), _visit(280, offs, (5, 0)))]
+    rows = [(_visit(t0, offs, (5, 0)), _visit(t0, offs, (5, 0))) for t0 in (0, 280)]
     rep = tp.phase_report(_stamps(rows), np.array([0, 2]))
     assert rep["idle_by_phase"] == pytest.approx({"dS^T, dV issue | dS^T, dV issue": 60 / 530,
                                                  "between visits | between visits": 30 / 530})
