@@ -3,7 +3,7 @@
 #   bash benchmarks/device_run.sh [smoke|fwd|tests|bench|integration|long|gqa|varlen_bench|long1m|varlen_step|
 #                                  fold|fold_bench|varlen_events|sanitize|ncu|engine|engine_bench|
 #                                  engine_ab|dq_writers|multi_gpu|first|first2|fa3_bench|fa3_full|final|tile80|d96|tests2|
-#                                  loop_ab|idle|loads|quick_ab|patches_ab|all]
+#                                  loop_ab|idle|loads|quick_ab|patches_ab|patches_bench|all]
 #                                  [extra pytest args...]
 # "engine": the backward kernel's GPU tests (every family: MHA, GQA, compact, varlen, fold, window, portable);
 # "engine_bench": the backward at the shapes, this tree against the kernels in every carried .ab*/kernels_src
@@ -28,7 +28,7 @@ if [ -n "${FA3_WHL:-}" ]; then
   $py -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >"$OUT/fa3_install.log" 2>&1 && export PYTHONPATH=/tmp/site
 fi
 case "$stage" in   # these stages compile only the kernels they run, on first use
-  ncu|engine_bench|dq_writers|first|first2|fa3_bench|fa3_full|final|tile80|d96|loop_ab|idle|loads|quick_ab|patches_ab) ;;
+  ncu|engine_bench|dq_writers|first|first2|fa3_bench|fa3_full|final|tile80|d96|loop_ab|idle|loads|quick_ab|patches_ab|patches_bench) ;;
   *) $py -m cupy_dash compile --all -j 16 >/tmp/compile.log 2>&1 || { tail -20 /tmp/compile.log; exit 1; }
      tail -1 /tmp/compile.log ;;
 esac
@@ -191,6 +191,47 @@ if [ "$stage" = patches_ab ]; then   # each patch of $PATCHES as .ab1, .ab2, ...
     fi
   done
   cp /tmp/eb/bits_*.json "$OUT/" 2>/dev/null
+fi
+if [ "$stage" = patches_bench ]; then   # each patch of $PATCHES as .abN in one call: all trees compile at once, then
+  rm -rf .ab .ab[0-9]*; mkdir -p /tmp/pb; n=0   # the bits against this tree's, a short bench per tree (this tree first
+  legs=(new)                                    # and last: the call's drift), the backward's tests where bits differ
+  for pt in ${PATCHES:-visit_top dv_before_ds_store dq_split_by_keys}; do
+    n=$((n + 1)); d=.ab$n; legs+=($d)
+    mkdir -p $d && cp -r kernels_src $d/ && (cd $d && patch -s -p1 < ../benchmarks/patches/$pt.patch) || exit 1
+    echo $pt > $d/name
+  done
+  for leg in "${legs[@]}"; do
+    pre=(-m); [ $leg != new ] && pre=(benchmarks/with_kernels.py $leg/kernels_src)
+    $py "${pre[@]}" cupy_dash compile --head-dim 64 --head-dim 128 -j 4 >/tmp/pb/compile_${leg#.}.log 2>&1 &
+  done
+  wait; tail -qn1 /tmp/pb/compile_*.log
+  pbench() {   # $1 leg, $2 tag: head dims 64 and 128, full and causal, 4k and 16k, in one process
+    local leg=$1 tag=$2; local run=("$py" benchmarks/bench.py)
+    [ $leg != new ] && run=("$py" benchmarks/with_kernels.py $leg/kernels_src benchmarks/bench.py)
+    timeout 100 "${run[@]}" --hdims 64 128 --masks full causal --seqlens 4096 16384 --schedules auto --no-torch \
+      --no-fa3 --no-overhead --no-compile --repeats 15 --warmup 3 --input-sets 1 --out /tmp/pb/$tag.json 2>&1 \
+      | grep -E "^\| cupy_dash bwd" | sed "s/^/$tag /" | tee -a "$OUT/patches_bench.log"
+  }
+  timeout 100 $py benchmarks/bits_digest.py --out /tmp/pb/bits_new.json >/tmp/pb/bits.log 2>&1
+  pbench new new_first
+  for leg in "${legs[@]:1}"; do
+    pt=$(cat $leg/name)
+    timeout 100 $py benchmarks/with_kernels.py $leg/kernels_src benchmarks/bits_digest.py --out /tmp/pb/bits_$pt.json \
+      >>/tmp/pb/bits.log 2>&1
+    echo "$leg = $pt: $($py benchmarks/bits_digest.py --compare /tmp/pb/bits_new.json /tmp/pb/bits_$pt.json)" \
+      | tee -a "$OUT/patches_bench.log"
+    pbench $leg $pt
+  done
+  pbench new new_last
+  for leg in "${legs[@]:1}"; do   # xdist workers read ./kernels_src: swap it
+    pt=$(cat $leg/name)
+    $py benchmarks/bits_digest.py --compare /tmp/pb/bits_new.json /tmp/pb/bits_$pt.json >/dev/null 2>&1 && continue
+    rm -rf /tmp/pristine && cp -r kernels_src /tmp/pristine && rm -rf kernels_src && cp -r $leg/kernels_src kernels_src
+    timeout -s INT -k 10 ${TEST_LIMIT:-200} $py -m pytest tests/gpu/test_gpu_attention.py -q -rf -n 8 --maxfail=5 \
+      -k "backward and not 96" -p no:cacheprovider 2>&1 | tail -4 | sed "s/^/$pt: /" | tee -a "$OUT/patches_bench.log"
+    rm -rf kernels_src && cp -r /tmp/pristine kernels_src
+  done
+  (cd /tmp/pb && tar czf "$OUT/patches_bench.tgz" *.json *.md *.log)
 fi
 if [ "$stage" = quick_ab ]; then   # a kernel change in one call: the backward's tests on 8 workers (this tree), then
   for ab in .ab*; do              # the bits against .ab and engine_bench without ncu (.ab* compile meanwhile)
