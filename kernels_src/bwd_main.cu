@@ -26,9 +26,11 @@ DASH_DEVICE void consume(const BwdParams& p, const ScheduleView& sched, const Sm
   float dK[kDkvRegs], dV[kDkvRegs];
 #pragma unroll
   for (int i = 0; i < kDkvRegs; ++i) dK[i] = dV[i] = 0.f;
-  int groups = 0, j = 0;
+  uint32_t groups = 0, j = 0;
+  bool first = true;
   for (int64_t v = sched.begin; v < sched.end; ++v, ++j) {
-    const VisitSlot done = bwd_step(p, s, smem_generic, v, j, groups, dK, dV, wg, tid);
+    const VisitSlot done = bwd_step(p, s, smem_generic, v, j, groups, first, dK, dV, wg, tid);
+    first = done.last;
     if (done.last) {
       store_dkv(p, done.w, dK, dV, wg, tid);
       ++groups;

@@ -240,13 +240,17 @@ DASH_DEVICE void hand_dq_to_writer(const Smem& s, const float (&dQ)[kDqRegs], in
 
 // One visit (index v of the table, read from the producer's VisitSlot, returned): j is the CTA-local visit counter
 // (selects the stage and phase of the Q / dO / dS buffers and the slot), group the CTA-local KV-tile counter
-// (selects the K buffer and the K, V phases). The slot's first: K and V must be waited for, dK and dV start from
-// zero; last: V is released after dP^T, K after dQ.
-DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_generic, int64_t v, int j, int group,
-                               float (&dK)[kDkvRegs], float (&dV)[kDkvRegs], int wg, int tid) {
-  const int stage = j % kStages;
+// (selects the K buffer and the K, V phases). first (the previous visit was its KV tile's last, or there was
+// none; the slot says the same): K and V must be waited for, dK and dV start from zero; the slot's last: V is
+// released after dP^T, K after dQ.
+// NOTES: first comes from the caller, not from the slot, so that the S^T issue waits only for Q (and K): the
+// slot's shared-memory load is read after the issue.
+DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_generic, int64_t v, uint32_t j,
+                               uint32_t group, bool first_in_group, float (&dK)[kDkvRegs], float (&dV)[kDkvRegs],
+                               int wg, int tid) {
+  const int stage = (int)(j % kStages);
   const uint32_t phase = (j / kStages) & 1;
-  const int kbuf = group % kKStages;
+  const int kbuf = (int)(group % kKStages);
   const Fragment f(tid);
 
   // S^T = K_wg Q^T and dP^T = V_wg dO^T (both K-major from shared memory), two commit groups.
@@ -254,15 +258,15 @@ DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_gen
   float S[kSRegs], dP[kSRegs];
   stamp_wg(p, v, wg, tid, kWgTop);
   wait_phase(p, s.q_full(stage), phase);
-  const VisitSlot slot = VisitSlot::read(s.visit(stage));
-  const Visit& w = slot.w;
-  const bool first_in_group = slot.first, last_in_group = slot.last;
   if (first_in_group) wait_phase(p, s.k_full(kbuf), (group / kKStages) & 1);
   if (wg == 0 && tid == 0) stamp(p, v, kStampStart);
   stamp_wg(p, v, wg, tid, kWgSIssue);
   wgmma_fence();
   gemm_keys_by_queries(S, k_desc, s.q(stage));
   wgmma_commit();
+  const VisitSlot slot = VisitSlot::read(s.visit(stage));
+  const Visit& w = slot.w;
+  const bool last_in_group = slot.last;
   if (first_in_group) wait_phase(p, s.v_full(), group & 1);
   wait_phase(p, s.do_full(stage), phase);
   stamp_wg(p, v, wg, tid, kWgDpIssue);
