@@ -4,7 +4,7 @@
 #                                  fold|fold_bench|varlen_events|sanitize|ncu|engine|engine_bench|
 #                                  engine_ab|dq_writers|multi_gpu|first|first2|fa3_bench|fa3_full|final|tile80|d96|tests2|
 #                                  loop_ab|idle|loads|quick_ab|patches_ab|patches_bench|
-#                                  engine_n8|all]
+#                                  engine_n8|engine_rest|all]
 #                                  [extra pytest args...]
 # "engine": the backward kernel's GPU tests (every family: MHA, GQA, compact, varlen, fold, window, portable);
 # "engine_bench": the backward at the issue's shapes, this tree against the kernels in every carried .ab*/kernels_src
@@ -29,7 +29,7 @@ if [ -n "${FA3_WHL:-}" ]; then
   $py -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >"$OUT/fa3_install.log" 2>&1 && export PYTHONPATH=/tmp/site
 fi
 case "$stage" in   # these stages compile only the kernels they run, on first use
-  ncu|engine_bench|dq_writers|first|first2|fa3_bench|fa3_full|final|tile80|d96|loop_ab|idle|loads|quick_ab|patches_ab|patches_bench|engine_n8) ;;
+  ncu|engine_bench|dq_writers|first|first2|fa3_bench|fa3_full|final|tile80|d96|loop_ab|idle|loads|quick_ab|patches_ab|patches_bench|engine_n8|engine_rest) ;;
   *) $py -m cupy_dash compile --all -j 16 >/tmp/compile.log 2>&1 || { tail -20 /tmp/compile.log; exit 1; }
      tail -1 /tmp/compile.log ;;
 esac
@@ -253,6 +253,18 @@ if [ "$stage" = engine_n8 ]; then   # the engine's GPU tests on 8 workers; timel
       | grep -E "^\| cupy_dash bwd" | sed "s/^/$leg /"
   done
   (cd /tmp/e8 && tar czf "$OUT/engine_n8.tgz" *.json *.md *.log *.txt)
+fi
+if [ "$stage" = engine_rest ]; then   # what quick_ab's tests leave out (head dim 96, soft-capping, fold, portable,
+  mkdir -p /tmp/er                      # the timeline build's bits), then the timeline at full 3840 and causal 8k
+  timeout -s INT -k 20 ${TEST_LIMIT:-200} $py -m pytest tests/gpu/test_gpu_attention.py tests/gpu/test_gpu_gqa.py \
+    tests/gpu/test_gpu_varlen_bwd.py tests/gpu/test_gpu_window.py -q -rf -n 8 --maxfail=10 -p no:cacheprovider -k 96 \
+    2>&1 | tee /tmp/er/tests_d96.log | tail -3
+  timeout -s INT -k 20 ${TEST_LIMIT:-200} $py -m pytest tests/gpu/test_gpu_softcap.py tests/gpu/test_gpu_fold.py \
+    tests/gpu/test_gpu_portable.py tests/gpu/test_gpu_timeline.py -q -rf -n 8 --maxfail=10 -p no:cacheprovider 2>&1 \
+    | tee /tmp/er/tests_rest.log | tail -3
+  timeout 150 $py benchmarks/timeline.py --shapes 128:full:3840 128:causal:8192 --policies shift \
+    --out /tmp/er/timelines.npz >/tmp/er/timeline.txt 2>&1; grep -E "^d128|no GEMM|Q wait \||dS\^T, dV issue \|" /tmp/er/timeline.txt
+  (cd /tmp/er && tar czf "$OUT/engine_rest.tgz" *.log *.txt)
 fi
 if [ "$stage" = quick_ab ]; then   # a kernel change in one call: the backward's tests on 8 workers (this tree), then
   for ab in .ab*; do              # the bits against .ab and engine_bench without ncu (.ab* compile meanwhile)
