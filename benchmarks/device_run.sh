@@ -271,7 +271,7 @@ if [ "$stage" = quick_ab ]; then   # a kernel change in one call: the backward's
     [ -d $ab/kernels_src ] && $py benchmarks/with_kernels.py $ab/kernels_src cupy_dash compile --head-dim 64 \
       --head-dim 128 --kernel bwd_main -j 3 >/tmp/compile_${ab#.}.log 2>&1 &
   done
-  timeout -s INT -k 20 170 $py -m pytest tests/gpu/test_gpu_attention.py tests/gpu/test_gpu_gqa.py \
+  timeout -s INT -k 20 ${TEST_LIMIT:-170} $py -m pytest tests/gpu/test_gpu_attention.py tests/gpu/test_gpu_gqa.py \
     tests/gpu/test_gpu_varlen_bwd.py tests/gpu/test_gpu_window.py -q -ra -n 8 --maxfail=5 -k "not 96" "$@" 2>&1 \
     | tee "$OUT/quick_tests.log" | tail -6
   wait
@@ -298,6 +298,7 @@ if [ "$stage" = engine_bench ]; then
       --out /tmp/eb/${ver}_d128_full.json 2>&1 | tee -a "$OUT/engine_bench.log" | grep -E "bwd|fwd" | tail -12
     timeout 150 "${run[@]}" --hdims 128 --masks causal --seqlens 2048 8192 16384 $common $fa3 \
       --out /tmp/eb/${ver}_d128_causal.json 2>&1 | grep -E "bwd|fwd" | tee -a "$OUT/engine_bench.log" | tail -12
+    [ $ver != new ] && [ -n "${AB_NO_D64:-}" ] && continue   # the .ab legs at head dim 128 only
     timeout 150 "${run[@]}" --hdims 64 --seqlens 1024 4096 16384 $common --no-fa3 \
       --out /tmp/eb/${ver}_d64.json 2>&1 | grep -E "bwd|fwd" | tee -a "$OUT/engine_bench.log" | tail -12
   done
