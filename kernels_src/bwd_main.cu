@@ -26,16 +26,16 @@ DASH_DEVICE void consume(const BwdParams& p, const ScheduleView& sched, const Sm
   float dK[kDkvRegs], dV[kDkvRegs];
 #pragma unroll
   for (int i = 0; i < kDkvRegs; ++i) dK[i] = dV[i] = 0.f;
-  uint32_t dSa[kBlockM / 16][4];
   uint32_t groups = 0, j = 0;
-  VisitSlot done{};
+  bool first = true;
   for (int64_t v = sched.begin; v < sched.end; ++v, ++j) {
-    const bool first = j == 0 || done.last;
-    if (j > 0 && done.last) ++groups;
-    done = bwd_step(p, s, smem_generic, v, j, groups, first, done, dK, dV, dSa, wg, tid);
+    const VisitSlot done = bwd_step(p, s, smem_generic, v, j, groups, first, dK, dV, wg, tid);
+    first = done.last;
+    if (done.last) {
+      store_dkv(p, done.w, dK, dV, wg, tid);
+      ++groups;
+    }
   }
-  if constexpr (kDeferDkWait) finish_dk<0>(p, s, dK, dSa, sched.end, j, wg, tid);
-  if (j > 0) store_dkv(p, done.w, dK, dV, wg, tid);
 }
 
 extern "C" __global__ void __launch_bounds__(kNumThreads, 1) dash_bwd_main(const __grid_constant__ BwdParams p) {

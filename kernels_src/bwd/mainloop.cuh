@@ -18,7 +18,6 @@
 #include "../swizzled_tile.cuh"
 #include "../wgmma_fragment.cuh"
 #include "config.cuh"
-#include "epilogue.cuh"
 #include "pipeline.cuh"
 #include "timeline.cuh"
 
@@ -239,48 +238,20 @@ DASH_DEVICE void hand_dq_to_writer(const Smem& s, const float (&dQ)[kDqRegs], in
   dq_handoff_barrier<kBarDqFull, false>(wg);
 }
 
-// NOTES: the 64-query plan defers the dK wait into the next visit (bwd_step). The 80- and 128-query plans and the
-// compact builds keep it at the end of the visit: with dSa live across the visit boundary ptxas serializes their
-// wgmmas (C7512, too few registers).
-constexpr bool kDeferDkWait = kBlockM == 64 && !kCompactTables;
-
-// The end of the visit before v (slot j - 1): its dK complete (kPending younger commit groups may still run), so
-// that its Q may be overwritten. Called by v (kDeferDkWait) or at the end of v - 1 (with v, j one ahead). j = 0 (no
-// visit before): nothing to release; the wait stays unconditional so that ptxas sees every path settle dK.
-template <int kPending>
-DASH_DEVICE void finish_dk(const BwdParams& p, const Smem& s, float (&dK)[kDkvRegs],
-                           uint32_t (&dSa)[kBlockM / 16][4], int64_t v, uint32_t j, int wg, int tid) {
-  wgmma_wait<kPending>();
-  wgmma_fence_operand(dK);
-  wgmma_fence_operand(dSa);
-  if (j == 0) return;
-  stamp_wg(p, v - 1, wg, tid, kWgDkDone);
-  if (tid == 0) mbar_arrive(s.q_empty((int)((j - 1) % kStages)));
-}
-
 // One visit (index v of the table, read from the producer's VisitSlot, returned): j is the CTA-local visit counter
 // (selects the stage and phase of the Q / dO / dS buffers and the slot), group the CTA-local KV-tile counter
 // (selects the K buffer and the K, V phases). first (the previous visit was its KV tile's last, or there was
 // none; the slot says the same): K and V must be waited for, dK and dV start from zero; the slot's last: V is
-// released after dP^T, K after dQ. prev: the previous visit's slot (j > 0), whose dK this visit waits for
-// (kDeferDkWait) and stores with dV after its KV tile's last visit.
+// released after dP^T, K after dQ.
 // NOTES: first comes from the caller, not from the slot, so that the S^T issue waits only for Q (and K): the
-// slot's shared-memory load is read after the issue. kDeferDkWait: the previous visit's dK is waited for after
-// this visit's S^T issue, so that the tensor pipe has S^T queued behind dK instead of idling through the visit
-// boundary (both warpgroups reach it together: the dS barrier keeps them in step). After a KV tile's last visit
-// dK is waited for first and the epilogue stores dK, dV before the S^T issue (ptxas serializes the wgmmas when the
-// epilogue runs beside one in flight). dSa, dK's A operand, lives until that wait.
+// slot's shared-memory load is read after the issue.
 DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_generic, int64_t v, uint32_t j,
-                               uint32_t group, bool first_in_group, const VisitSlot& prev, float (&dK)[kDkvRegs],
-                               float (&dV)[kDkvRegs], uint32_t (&dSa)[kBlockM / 16][4], int wg, int tid) {
+                               uint32_t group, bool first_in_group, float (&dK)[kDkvRegs], float (&dV)[kDkvRegs],
+                               int wg, int tid) {
   const int stage = (int)(j % kStages);
   const uint32_t phase = (j / kStages) & 1;
   const int kbuf = (int)(group % kKStages);
   const Fragment f(tid);
-  if (first_in_group) {
-    if constexpr (kDeferDkWait) finish_dk<0>(p, s, dK, dSa, v, j, wg, tid);
-    if (j > 0) store_dkv(p, prev.w, dK, dV, wg, tid);
-  }
 
   // S^T = K_wg Q^T and dP^T = V_wg dO^T (both K-major from shared memory), two commit groups.
   const uint64_t k_desc = TileKV::kmajor(s.k(kbuf), 64 * wg), v_desc = TileKV::kmajor(s.v(), 64 * wg);
@@ -293,7 +264,6 @@ DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_gen
   wgmma_fence();
   gemm_keys_by_queries(S, k_desc, s.q(stage));
   wgmma_commit();
-  if (kDeferDkWait && !first_in_group) finish_dk<1>(p, s, dK, dSa, v, j, wg, tid);
   const VisitSlot slot = VisitSlot::read(s.visit(stage));
   const Visit& w = slot.w;
   const bool last_in_group = slot.last;
@@ -310,7 +280,7 @@ DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_gen
   const TileMask mask(key0, query0, seq.seqlen_k, band, f);
 
   // P^T from S^T while dP^T is still running, then dS^T.
-  uint32_t Pa[kBlockM / 16][4];
+  uint32_t Pa[kBlockM / 16][4], dSa[kBlockM / 16][4];
   if (mask.needed) {
     probs_and_grads<true>(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, last_in_group, v, wg, tid, f);
   } else {
@@ -363,8 +333,14 @@ DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_gen
     if (wg == 0) stamp(p, v, kStampDqReady);
   }
   hand_dq_to_writer(s, dQ, wg, tid);
-  if constexpr (!kDeferDkWait) finish_dk<0>(p, s, dK, dSa, v + 1, j + 1, wg, tid);
-  return slot;  // kDeferDkWait: dK still runs, the next visit (or consume, after the last) waits for it
+
+  // dK done: Q may be overwritten.
+  wgmma_wait<0>();
+  stamp_wg(p, v, wg, tid, kWgDkDone);
+  wgmma_fence_operand(dK);
+  wgmma_fence_operand(dSa);
+  if (tid == 0) mbar_arrive(s.q_empty(stage));
+  return slot;
 }
 
 }  // namespace bwd
