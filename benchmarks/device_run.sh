@@ -3,8 +3,7 @@
 #   bash benchmarks/device_run.sh [smoke|fwd|tests|bench|integration|long|gqa|varlen_bench|long1m|varlen_step|
 #                                  fold|fold_bench|varlen_events|sanitize|ncu|engine|engine_bench|
 #                                  engine_ab|dq_writers|multi_gpu|first|first2|fa3_bench|fa3_full|final|tile80|d96|tests2|
-#                                  loop_ab|idle|loads|quick_ab|patches_ab|patches_bench|
-#                                  engine_n8|engine_rest|all]
+#                                  loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|all]
 #                                  [extra pytest args...]
 # "engine": the backward kernel's GPU tests (every family: MHA, GQA, compact, varlen, fold, window, portable);
 # "engine_bench": the backward at the issue's shapes, this tree against the kernels in every carried .ab*/kernels_src
@@ -29,7 +28,7 @@ if [ -n "${FA3_WHL:-}" ]; then
   $py -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >"$OUT/fa3_install.log" 2>&1 && export PYTHONPATH=/tmp/site
 fi
 case "$stage" in   # these stages compile only the kernels they run, on first use
-  ncu|engine_bench|dq_writers|first|first2|fa3_bench|fa3_full|final|tile80|d96|loop_ab|idle|loads|quick_ab|patches_ab|patches_bench|engine_n8|engine_rest) ;;
+  ncu|engine_bench|dq_writers|first|first2|fa3_bench|fa3_full|final|tile80|d96|loop_ab|idle|loads|quick_ab|patches_bench|engine_rest) ;;
   *) $py -m cupy_dash compile --all -j 16 >/tmp/compile.log 2>&1 || { tail -20 /tmp/compile.log; exit 1; }
      tail -1 /tmp/compile.log ;;
 esac
@@ -174,29 +173,10 @@ if [ "$stage" = loads ]; then   # the producer's Q / dO issue against the waits;
   [ -d .ab/kernels_src ] && timeout 200 $py benchmarks/with_kernels.py .ab/kernels_src benchmarks/timeline.py \
     --shapes 128:full:3840 128:causal:8192 --policies shift --out /tmp/timelines_ab.npz 2>&1 | tee "$OUT/timeline_ab.txt"
 fi
-if [ "$stage" = patches_ab ]; then   # each patch of $PATCHES as .ab1, .ab2, ...: its bits against this tree's; where
-  rm -rf .ab .ab[0-9]*; mkdir -p /tmp/eb; n=0   # they differ, the backward's tests with it (a hang ends at the limit)
-  timeout 150 $py benchmarks/bits_digest.py --out /tmp/eb/bits_new.json >/tmp/eb/bits.log 2>&1
-  for pt in ${PATCHES:-visit_top dv_before_ds_store dq_split_by_keys}; do
-    n=$((n + 1)); d=.ab$n
-    mkdir -p $d && cp -r kernels_src $d/ && (cd $d && patch -s -p1 < ../benchmarks/patches/$pt.patch) || exit 1
-    timeout 150 $py benchmarks/with_kernels.py $d/kernels_src benchmarks/bits_digest.py --out /tmp/eb/bits_$pt.json \
-      >>/tmp/eb/bits.log 2>&1
-    $py benchmarks/bits_digest.py --compare /tmp/eb/bits_new.json /tmp/eb/bits_$pt.json >/tmp/eb/cmp_$pt.txt 2>&1
-    echo "$d = $pt: $(tail -1 /tmp/eb/cmp_$pt.txt)" | tee -a "$OUT/patches_ab.log"
-    if ! grep -q "same bits in every case" /tmp/eb/cmp_$pt.txt; then   # xdist workers read ./kernels_src: swap it
-      rm -rf /tmp/pristine && cp -r kernels_src /tmp/pristine && rm -rf kernels_src && cp -r $d/kernels_src kernels_src
-      timeout -s INT -k 10 240 $py -m pytest tests/gpu/test_gpu_attention.py -q -rf -n 8 --maxfail=5 \
-        -k "backward and not 96" -p no:cacheprovider 2>&1 | tail -4 | sed "s/^/$pt: /" | tee -a "$OUT/patches_ab.log"
-      rm -rf kernels_src && cp -r /tmp/pristine kernels_src
-    fi
-  done
-  cp /tmp/eb/bits_*.json "$OUT/" 2>/dev/null
-fi
 if [ "$stage" = patches_bench ]; then   # each patch of $PATCHES as .abN in one call: all trees compile at once, then
   rm -rf .ab .ab[0-9]*; mkdir -p /tmp/pb; n=0   # the bits against this tree's, a short bench per tree (this tree first
   legs=(new)                                    # and last: the call's drift), the backward's tests where bits differ
-  for pt in ${PATCHES:-visit_top dv_before_ds_store dq_split_by_keys}; do
+  for pt in ${PATCHES:?names of benchmarks/patches/*.patch, without .patch}; do
     n=$((n + 1)); d=.ab$n; legs+=($d)
     mkdir -p $d && cp -r kernels_src $d/ && (cd $d && patch -s -p1 < ../benchmarks/patches/$pt.patch) || exit 1
     echo $pt > $d/name
@@ -233,26 +213,6 @@ if [ "$stage" = patches_bench ]; then   # each patch of $PATCHES as .abN in one 
     rm -rf kernels_src && cp -r /tmp/pristine kernels_src
   done
   (cd /tmp/pb && tar czf "$OUT/patches_bench.tgz" *.json *.md *.log)
-fi
-if [ "$stage" = engine_n8 ]; then   # the engine's GPU tests on 8 workers; timelines at full 3840 and 15360; the
-  mkdir -p /tmp/e8; rm -rf .ab1      # dq_split_by_keys patch (.ab1) beside this tree, deterministic and atomic
-  mkdir -p .ab1 && cp -r kernels_src .ab1/ && (cd .ab1 && patch -s -p1 < ../benchmarks/patches/dq_split_by_keys.patch) \
-    && $py benchmarks/with_kernels.py .ab1/kernels_src cupy_dash compile --head-dim 64 --head-dim 128 --kernel bwd_main \
-      -j 4 >/tmp/e8/compile_ab1.log 2>&1 &
-  timeout -s INT -k 20 ${TEST_LIMIT:-260} $py -m pytest tests/gpu/test_gpu_attention.py tests/gpu/test_gpu_gqa.py \
-    tests/gpu/test_gpu_compact.py tests/gpu/test_gpu_varlen_bwd.py tests/gpu/test_gpu_fold.py tests/gpu/test_gpu_window.py \
-    tests/gpu/test_gpu_portable.py tests/gpu/test_gpu_softcap.py -q -rf -n 8 --maxfail=10 -p no:cacheprovider 2>&1 \
-    | tee /tmp/e8/engine_tests.log | tail -8
-  wait
-  timeout 150 $py benchmarks/timeline.py --shapes 128:full:3840 128:full:15360 --policies shift atomic \
-    --out /tmp/e8/timelines.npz >/tmp/e8/timeline.txt 2>&1; tail -40 /tmp/e8/timeline.txt
-  for leg in new .ab1; do
-    run=("$py" benchmarks/bench.py); [ $leg != new ] && run=("$py" benchmarks/with_kernels.py $leg/kernels_src benchmarks/bench.py)
-    timeout 80 "${run[@]}" --hdims 64 128 --masks causal --seqlens 4096 --schedules auto atomic --no-torch --no-fa3 \
-      --no-overhead --no-compile --repeats 15 --warmup 3 --input-sets 1 --out /tmp/e8/causal4k_${leg#.}.json 2>&1 \
-      | grep -E "^\| cupy_dash bwd" | sed "s/^/$leg /"
-  done
-  (cd /tmp/e8 && tar czf "$OUT/engine_n8.tgz" *.json *.md *.log *.txt)
 fi
 if [ "$stage" = engine_rest ]; then   # what quick_ab's tests leave out (head dim 96, soft-capping, fold, portable,
   mkdir -p /tmp/er                      # the timeline build's bits), then the timeline at full 3840 and causal 8k

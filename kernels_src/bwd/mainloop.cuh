@@ -240,11 +240,11 @@ DASH_DEVICE void hand_dq_to_writer(const Smem& s, const float (&dQ)[kDqRegs], in
 
 // One visit (index v of the table, read from the producer's VisitSlot, returned): j is the CTA-local visit counter
 // (selects the stage and phase of the Q / dO / dS buffers and the slot), group the CTA-local KV-tile counter
-// (selects the K buffer and the K, V phases). first (the previous visit was its KV tile's last, or there was
-// none; the slot says the same): K and V must be waited for, dK and dV start from zero; the slot's last: V is
-// released after dP^T, K after dQ.
-// NOTES: first comes from the caller, not from the slot, so that the S^T issue waits only for Q (and K): the
-// slot's shared-memory load is read after the issue.
+// (selects the K buffer and the K, V phases). first_in_group (the previous visit was its KV tile's last, or there
+// was none): K and V must be waited for, dK and dV start from zero; the slot's last: V is released after dP^T, K
+// after dQ.
+// NOTES: first_in_group comes from the caller, not from the slot, so that the S^T issue waits only for Q (and K):
+// the slot's shared-memory load is read after the issue.
 DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_generic, int64_t v, uint32_t j,
                                uint32_t group, bool first_in_group, float (&dK)[kDkvRegs], float (&dV)[kDkvRegs],
                                int wg, int tid) {

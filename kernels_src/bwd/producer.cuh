@@ -40,7 +40,7 @@ DASH_DEVICE void produce(const BwdParams& p, const ScheduleView& sched, const Sm
     const int q_row = seq.row_q + w.m_block * kBlockM, k_row = seq.row_k + w.n_block * kBlockN;
 
     wait_phase(p, s.q_empty(stage), phase ^ 1);
-    VisitSlot::publish(s.visit(stage), w, first, last);
+    VisitSlot::publish(s.visit(stage), w, last);
     mbar_arrive_expect_tx(s.q_full(stage), kQBytes);
     tma_load_tile<kBlockM, kHeadDimIO>(s.q(stage), &p.tma_q, s.q_full(stage), q_row, hd.h, seq.batch);
     bulk_load(s.lse(stage), p.lse_log2 + row_offset, SmemLayout::kRow, s.q_full(stage));
