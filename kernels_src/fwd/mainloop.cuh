@@ -7,6 +7,7 @@
 // GEMMs.
 #pragma once
 #include "../ptx/exp2.cuh"
+#include "../ptx/ld_shared.cuh"
 #include "../ptx/mbarrier.cuh"
 #include "../ptx/named_barrier.cuh"
 #include "../ptx/tanh.cuh"
@@ -141,6 +142,16 @@ DASH_DEVICE void scores_to_probs(float (&S)[kSRegs], RowStats& st, float (&corr)
   online_softmax<kFirst>(S, st, corr, p.softmax_scale_log2);
 }
 
+// Keeps the softmax of S ahead of the P V wait: a volatile shared load at addr (+ 0 or 4) whose address depends on
+// the row sums, which depend on every exp2 of the step.
+// NOTES: ptxas keeps a wgmma wait after the shared-memory loads that precede it in program order but moves
+// arithmetic across it freely; without this load it placed both waits of a step before the whole softmax, so that
+// the softmax of S_n never ran under the warpgroup's own P V wgmma (docs/decisions/bwd-engine.md, "The exp2 after
+// the dP wait").
+DASH_DEVICE void order_probs_before_wait(const RowStats& st, uint32_t addr) {
+  ld_volatile_shared_u32(addr + (((__float_as_uint(st.sum[0]) | __float_as_uint(st.sum[1])) >> 31) << 2));
+}
+
 // The mainloop of MMA warpgroup wg (thread tid of it): O (unnormalised) and the row statistics of its 64 rows.
 // NOTES: K stage i % kStages holds K of step i (KV tile n_block_min + n_blocks - 1 - i), V likewise; each
 // warpgroup arrives once on an empty barrier (count kNumMmaWg) when its wgmmas reading that stage have
@@ -198,6 +209,7 @@ DASH_DEVICE void consume(const FwdParams& p, const Smem& s, const Tile& t, float
     wgmma_fence_operand(S);
     if (tid == 0) mbar_arrive(s.k_empty(ks));
     scores_to_probs<false>(S, st, corr, n_block_last - i, row_first, keys, p, t, f);
+    order_probs_before_wait(st, s.q());
     wgmma_wait<0>();
     wgmma_fence_operand(O);
     wgmma_fence_operand(Pa);
