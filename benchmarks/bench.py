@@ -204,6 +204,13 @@ def knobs_set() -> dict:
 EXPERIMENT_NEUTRAL = ("CUPY_DASH_CACHE_DIR", "CUPY_DASH_JIT_VERBOSE")
 
 
+def _kernels_digest():
+    """sha256 of the kernel sources this process compiles (with_kernels.py's directory when it runs under it):
+    names the kernels measured even where the device's git checkout does not match its files."""
+    from cupy_dash.cuda import jit
+    return jit._source_tree_digest(jit.kernel_dir())
+
+
 def _meta(opts, argv):
     import cupy
     import cupy_dash
@@ -213,7 +220,8 @@ def _meta(opts, argv):
                 warmup=opts["warmup"], warmup_s=opts.get("warmup_s", 0.0), input_sets=opts["input_sets"],
                 flush_l2=opts["flush_l2"], group=opts["group"], softcap=opts.get("softcap", 0.0),
                 quick=opts["quick"], python=platform.python_version(), cupy=cupy.__version__,
-                cupy_dash=getattr(cupy_dash, "__version__", "?"), torch=None, env=knobs_set())
+                cupy_dash=getattr(cupy_dash, "__version__", "?"), torch=None, env=knobs_set(),
+                kernels_sha256=_kernels_digest())
     try:
         props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
         name = props["name"]

@@ -55,6 +55,8 @@ def _measurement(meta) -> str:
         parts.append(f"{meta['tokens']} tokens per batch, H·D = {meta['hidden']}")
     if "repeats" in meta:
         parts.append(f"median of {meta['repeats']} after {meta.get('warmup', '?')} warm-up calls")
+    if meta.get("commit"):
+        parts.append(f"kernels of commit {meta['commit']}")
     return ", ".join(parts)
 
 

@@ -146,8 +146,7 @@ DASH_DEVICE void scores_to_probs(float (&S)[kSRegs], RowStats& st, float (&corr)
 // the row sums, which depend on every exp2 of the step.
 // NOTES: ptxas keeps a wgmma wait after the shared-memory loads that precede it in program order but moves
 // arithmetic across it freely; without this load it placed both waits of a step before the whole softmax, so that
-// the softmax of S_n never ran under the warpgroup's own P V wgmma (docs/decisions/bwd-engine.md, "The exp2 after
-// the dP wait").
+// the softmax of S_n never ran under the warpgroup's own P V wgmma (docs/decisions/softmax-before-wait.md).
 DASH_DEVICE void order_probs_before_wait(const RowStats& st, uint32_t addr) {
   ld_volatile_shared_u32(addr + (((__float_as_uint(st.sum[0]) | __float_as_uint(st.sum[1])) >> 31) << 2));
 }
