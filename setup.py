@@ -21,19 +21,28 @@ def _cores() -> int:
 # versions).
 # cupy_dash.cuda.executor is every kernel launch (one cuLaunchKernel);
 # cupy_dash.jax._xla_ffi is the JAX adapter's XLA FFI handler (xla_ffi.c).
-EXTENSIONS = [Extension("cupy_dash.schedule._schedule", ["cupy_dash/schedule/_schedule.pyx"]),
-              Extension("cupy_dash.schedule._records", ["cupy_dash/schedule/_records.pyx"]),
-              Extension("cupy_dash.schedule._schedule_check", ["cupy_dash/schedule/_schedule_check.pyx"]),
-              Extension("cupy_dash.schedule._compact", ["cupy_dash/schedule/_compact.pyx"]),
-              Extension("cupy_dash.schedule._compact_view", ["cupy_dash/schedule/_compact_view.pyx"]),
-              Extension("cupy_dash.schedule._varlen_sched", ["cupy_dash/schedule/_varlen_sched.pyx"]),
-              Extension("cupy_dash.schedule._varlen_view", ["cupy_dash/schedule/_varlen_view.pyx"]),
-              Extension("cupy_dash.schedule.varlen_pack", ["cupy_dash/schedule/varlen_pack.pyx"]),
-              Extension("cupy_dash.schedule.testing", ["cupy_dash/schedule/testing.pyx"]),
-              Extension("cupy_dash.cuda.executor", ["cupy_dash/cuda/executor.pyx"], libraries=["dl"]),
-              Extension("cupy_dash.jax._xla_ffi", ["cupy_dash/jax/_xla_ffi.pyx", "cupy_dash/jax/xla_ffi.c"],
-                        depends=["cupy_dash/jax/xla_ffi.h"], include_dirs=["cupy_dash/jax"], libraries=["dl"],
-                        extra_compile_args=["-std=gnu11"])]
+
+
+def _ext(name: str, *sources: str, extra=(), **kw) -> Extension:
+    """An extension built without debug information: Cython's generated C is 1-1.6 MB per module, and -g0 (after
+    the interpreter's own -g) makes gcc ~30 % faster on it (varlen_pack.c: 16.8 -> 11.8 s); the code is the same
+    -O3."""
+    return Extension(name, list(sources), extra_compile_args=[*extra, "-g0"], **kw)
+
+
+EXTENSIONS = [_ext("cupy_dash.schedule._schedule", "cupy_dash/schedule/_schedule.pyx"),
+              _ext("cupy_dash.schedule._records", "cupy_dash/schedule/_records.pyx"),
+              _ext("cupy_dash.schedule._schedule_check", "cupy_dash/schedule/_schedule_check.pyx"),
+              _ext("cupy_dash.schedule._compact", "cupy_dash/schedule/_compact.pyx"),
+              _ext("cupy_dash.schedule._compact_view", "cupy_dash/schedule/_compact_view.pyx"),
+              _ext("cupy_dash.schedule._varlen_sched", "cupy_dash/schedule/_varlen_sched.pyx"),
+              _ext("cupy_dash.schedule._varlen_view", "cupy_dash/schedule/_varlen_view.pyx"),
+              _ext("cupy_dash.schedule.varlen_pack", "cupy_dash/schedule/varlen_pack.pyx"),
+              _ext("cupy_dash.schedule.testing", "cupy_dash/schedule/testing.pyx"),
+              _ext("cupy_dash.cuda.executor", "cupy_dash/cuda/executor.pyx", libraries=["dl"]),
+              _ext("cupy_dash.jax._xla_ffi", "cupy_dash/jax/_xla_ffi.pyx", "cupy_dash/jax/xla_ffi.c",
+                   depends=["cupy_dash/jax/xla_ffi.h"], include_dirs=["cupy_dash/jax"], libraries=["dl"],
+                   extra=["-std=gnu11"])]
 
 # Both build steps use every core: Cython translates the .pyx files in nthreads processes, and build_ext runs
 # the C compiler on that many extensions at once (`build_ext -j N` on the command line still overrides).

@@ -18,7 +18,8 @@ per process names the directory and ``CUPY_DASH_CACHE_DIR``.
 NVRTC's own cache (12.9+, which skips ptxas and so drops the ptxas report) is bypassed with ``--no-cache``.
 
 Environment: ``CUPY_DASH_CACHE_DIR`` (default ``$XDG_CACHE_HOME/cupy_dash``, else ``~/.cache/cupy_dash``);
-``CUPY_DASH_JIT_VERBOSE=1`` prints each kernel's ptxas report to stderr.
+``CUPY_DASH_JIT_VERBOSE=1`` prints each kernel's ptxas report to stderr; ``CUPY_DASH_JIT_LINEINFO=1`` compiles with
+-lineinfo (a separate cache entry: the option is part of the key).
 """
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ from .. import config, gpu
 from .._version import __version__
 
 ARCH = "sm_90a"
-BASE_OPTIONS = (f"-arch={ARCH}", "-std=c++17", "-default-device", "--ptxas-options=-v", "-lineinfo")
+BASE_OPTIONS = (f"-arch={ARCH}", "-std=c++17", "-default-device", "--ptxas-options=-v")
 _CACHE_FORMAT = 1
 
 
@@ -242,9 +243,14 @@ def _source_tree_digest(root: Path) -> str:
     return h.hexdigest()
 
 
+def base_options() -> list:
+    """BASE_OPTIONS, with -lineinfo where ``CUPY_DASH_JIT_LINEINFO`` asks for it (same SASS, source lines)."""
+    return [*BASE_OPTIONS, *(("-lineinfo",) if config.JIT_LINEINFO.get() else ())]
+
+
 def spec_options(spec, root: Path | None = None) -> list:
     root = kernel_dir() if root is None else root
-    return [*BASE_OPTIONS, f"-I{root}", *(f"-D{name}={int(value)}" for name, value in spec.defines)]
+    return [*base_options(), f"-I{root}", *(f"-D{name}={int(value)}" for name, value in spec.defines)]
 
 
 def cache_key(spec, root: Path | None = None) -> str:
@@ -255,7 +261,7 @@ def cache_key(spec, root: Path | None = None) -> str:
         "sources": _source_tree_digest(root),
         "source": spec.source,
         "entry": spec.entry,
-        "options": list(BASE_OPTIONS),        # -I<dir> left out: the content is hashed, the location is not
+        "options": base_options(),            # -I<dir> left out: the content is hashed, the location is not
         "defines": [[n, int(v)] for n, v in spec.defines],
         "nvrtc": _nvrtc_fingerprint(),
         "package": __version__,

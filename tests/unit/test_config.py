@@ -31,7 +31,7 @@ def test_knobs_are_defined_once():
     assert {k.name[10:]: k.default for k in config.KNOBS if k.name.startswith("CUPY_DASH_")} == {
         "SPIN_TIMEOUT_MS": 10000.0, "FOLD": None, "COMPACT_TABLES": None, "VARLEN_EXPAND": "device", "FASTPATH": True,
         "SYNC_ERRORS": False, "JAX_FFI": None, "CACHE_DIR": None, "JIT_VERBOSE": False,
-        "BWD_DQ_WRITERS": 2, "BWD_FULL_BLOCK_M": None}
+        "JIT_LINEINFO": False, "BWD_DQ_WRITERS": 2, "BWD_FULL_BLOCK_M": None}
     # the names other modules (and benchmarks, tests, the CLI) use are the config's
     assert compact_device.ENV == config.COMPACT_TABLES.name
     assert launchers.FOLD_ENV == config.FOLD.name

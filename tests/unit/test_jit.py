@@ -372,6 +372,20 @@ def test_key_changes_with_define_and_header(ksrc):
     assert jit.cache_key(SPEC) == k0
 
 
+def test_lineinfo_knob_adds_the_option_and_keys_apart(ksrc, monkeypatch):
+    monkeypatch.delenv("CUPY_DASH_JIT_LINEINFO", raising=False)
+    k0 = jit.cache_key(SPEC)
+    assert "-lineinfo" not in jit.spec_options(SPEC)
+    jit.compile_spec(SPEC)
+    monkeypatch.setenv("CUPY_DASH_JIT_LINEINFO", "1")
+    assert "-lineinfo" in jit.spec_options(SPEC)
+    assert jit.cache_key(SPEC) != k0
+    built = jit.compile_spec(SPEC)
+    assert not built.cached and "-lineinfo" in json.loads(built.cubin_path.with_suffix(".json").read_text())["options"]
+    monkeypatch.delenv("CUPY_DASH_JIT_LINEINFO")
+    assert jit.compile_spec(SPEC).cached         # the entry without it is still there
+
+
 def test_compile_error_names_kernel(ksrc):
     (ksrc / SPEC.source).write_text(_stub(SPEC.source) + "\nthis is not C++;\n")
     with pytest.raises(jit.CompileError) as info:
