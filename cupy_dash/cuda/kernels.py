@@ -167,7 +167,7 @@ def fwd_tile(head_dim: int) -> TileConfig:
 
 
 # NOTES: head dim 128 without a mask takes 80-query tiles (FA3's full-mask plan) from this query length on: same-call
-# measurements on the H200 (docs/decisions/bwd-engine.md "FA3's full-mask tile, measured"): +2.5-3 % at 15360, equal
+# measurements on the H200 (docs/decisions/tile-plans.md "FA3's full-mask tile"): +2.5-3 % at 15360, equal
 # at 1280 and 3840, GQA 4:1 -1.5 % at 1k and +1-2 % at 4k-16k; varlen batches of short sequences lost (-4 % at 1k,
 # -13 % at 256 per sequence), so varlen keeps 64, as do windows (not measured) and compact tables (spilled).
 FULL80_MIN_SEQLEN = 4096

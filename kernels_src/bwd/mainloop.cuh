@@ -173,7 +173,7 @@ DASH_DEVICE void softmax_grad(uint32_t (&dSa)[kBlockM / 16][4], const uint32_t (
 // NOTES: instantiated per kMask and branched on before the S^T wait, so that neither copy has a branch from the
 // wait to the dS^T store: a branch there splits ptxas's scheduling region (it waits for every outstanding load and
 // MUFU result at a branch), and masking every tile by select cost 19 % more executed instructions
-// (docs/decisions/bwd-engine.md, "The branch-free softmax, measured").
+// (docs/decisions/bwd-visit-loop.md, "The branch-free softmax, measured").
 template <bool kMask>
 DASH_DEVICE void probs_and_grads(float (&S)[kSRegs], float (&dP)[kSRegs], uint32_t (&Pa)[kBlockM / 16][4],
                                  uint32_t (&dSa)[kBlockM / 16][4], const TileMask& mask, const BwdParams& p,
