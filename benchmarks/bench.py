@@ -208,7 +208,7 @@ def _kernels_digest():
     """sha256 of the kernel sources this process compiles (with_kernels.py's directory when it runs under it):
     names the kernels measured even where the device's git checkout does not match its files."""
     from cupy_dash.cuda import jit
-    return jit._source_tree_digest(jit.kernel_dir())
+    return jit.source_tree_digest(jit.kernel_dir())
 
 
 def _meta(opts, argv):

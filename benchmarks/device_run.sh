@@ -3,7 +3,7 @@
 #   bash benchmarks/device_run.sh [smoke|fwd|tests|bench|integration|long|gqa|varlen_bench|long1m|varlen_step|
 #                                  fold|fold_bench|varlen_events|sanitize|ncu|engine|engine_bench|
 #                                  engine_ab|dq_writers|multi_gpu|first|first2|fa3_bench|fa3_full|final|tile80|d96|tests2|
-#                                  loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|ncu_pair|all]
+#                                  loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|all]
 #                                  [extra pytest args...]
 # "engine": the backward kernel's GPU tests (every family: MHA, GQA, compact, varlen, fold, window, portable);
 # "engine_bench": the backward at the issue's shapes, this tree against the kernels in every carried .ab*/kernels_src
@@ -28,7 +28,7 @@ if [ -n "${FA3_WHL:-}" ]; then
   $py -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >"$OUT/fa3_install.log" 2>&1 && export PYTHONPATH=/tmp/site
 fi
 case "$stage" in   # these stages compile only the kernels they run, on first use
-  ncu|ncu_pair|engine_bench|dq_writers|first|first2|fa3_bench|fa3_full|final|tile80|d96|loop_ab|idle|loads|quick_ab|patches_bench|engine_rest) ;;
+  ncu|engine_bench|dq_writers|first|first2|fa3_bench|fa3_full|final|tile80|d96|loop_ab|idle|loads|quick_ab|patches_bench|engine_rest) ;;
   *) $py -m cupy_dash compile --all -j 16 >/tmp/compile.log 2>&1 || { tail -20 /tmp/compile.log; exit 1; }
      tail -1 /tmp/compile.log ;;
 esac
@@ -111,27 +111,33 @@ if [ "$stage" = sanitize ]; then   # compute-sanitizer over every kernel family 
   timeout 200 "$san" --tool synccheck --error-exitcode 3 $py benchmarks/fold_sanitize.py 2>&1 \
     | tee "$OUT/sanitize_fold.log" | tail -4
 fi
-if [ "$stage" = ncu ]; then   # Nsight Compute: our main backward kernel and FA3's on the same shapes (FA3_WHL=1)
-  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | tail -1)
-  mkdir -p /tmp/ncu
+if [ "$stage" = ncu ]; then   # Nsight Compute: our main backward kernel and FA3's on the same shapes (FA3_WHL=1);
+  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | tail -1)   # NCU_IMPLS (default "ours_auto fa3";
+  mkdir -p /tmp/ncu   # also ours_atomic), NCU_SECTIONS (default --set full): pages, benchmarks/sass_ops.py per pair
   for shape in "--causal --seqlen 8192 --batch 2" "--seqlen 3840 --batch 4"; do
     tag=$(echo "$shape" | tr -d ' -' | tr -s 'a-z' | cut -c1-24)
-    for impl in ours fa3; do
-      kern=dash_bwd_main; [ $impl = fa3 ] && kern=regex:FlashAttnBwdSm90
-      timeout 240 "$ncu" --profile-from-start off --clock-control none --set full --import-source no \
+    for impl in ${NCU_IMPLS:-ours_auto fa3}; do
+      kern=dash_bwd_main; args=(--impl ours --schedule ${impl#ours_})
+      [ $impl = fa3 ] && kern=regex:FlashAttnBwdSm90 && args=(--impl fa3)
+      timeout 240 "$ncu" --profile-from-start off --clock-control none ${NCU_SECTIONS:---set full} --import-source no \
         --kernel-name-base demangled -k "$kern" -c 1 -f -o /tmp/ncu/${impl}_$tag \
-        $py benchmarks/ncu_bwd.py --impl $impl $shape "$@" >"/tmp/ncu/${impl}_$tag.log" 2>&1
+        $py benchmarks/ncu_bwd.py "${args[@]}" $shape "$@" >"/tmp/ncu/${impl}_$tag.log" 2>&1
       tail -3 "/tmp/ncu/${impl}_$tag.log"
       "$ncu" -i /tmp/ncu/${impl}_$tag.ncu-rep --page details --csv >/tmp/ncu/${impl}_$tag.details.csv 2>&1
       "$ncu" -i /tmp/ncu/${impl}_$tag.ncu-rep --page raw --csv >/tmp/ncu/${impl}_$tag.raw.csv 2>&1
-      "$ncu" -i /tmp/ncu/${impl}_$tag.ncu-rep --page source --csv --print-source sass \
-        >/tmp/ncu/${impl}_$tag.sass.csv 2>&1
+      "$ncu" -i /tmp/ncu/${impl}_$tag.ncu-rep --page source --csv --print-source sass 2>/dev/null \
+        | gzip >/tmp/ncu/${impl}_$tag.sass.csv.gz
+    done
+    for impl in ${NCU_IMPLS:-ours_auto fa3}; do
+      [ $impl = fa3 ] || [ ! -f /tmp/ncu/fa3_$tag.sass.csv.gz ] && continue
+      $py benchmarks/sass_ops.py /tmp/ncu/fa3_$tag.sass.csv.gz /tmp/ncu/${impl}_$tag.sass.csv.gz 2>&1 \
+        | tee /tmp/ncu/sass_ops_${impl}_$tag.txt | tail -1 | sed "s/^/$impl $tag, FA3 against ours: /"
     done
   done
   ls -la /tmp/ncu
   timeout 120 $py benchmarks/profile_bwd.py --seqlens 1024 4096 16384 --hdims 128 --schedules auto atomic \
     2>&1 | tee /tmp/ncu/profile_bwd.log | tail -20
-  (cd /tmp/ncu && tar czf "$OUT/ncu.tgz" *.csv *.log)
+  (cd /tmp/ncu && tar czf "$OUT/ncu.tgz" *.csv *.csv.gz *.log *.txt)
 fi
 if [ "$stage" = engine ]; then   # with .ab/kernels_src: that tree's kernels compile meanwhile, then the bits compare
   mkdir -p /tmp/eb
@@ -214,28 +220,6 @@ if [ "$stage" = patches_bench ]; then   # each patch of $PATCHES as .abN in one 
     rm -rf kernels_src && cp -r /tmp/pristine kernels_src
   done
   (cd /tmp/pb && tar czf "$OUT/patches_bench.tgz" *.json *.md *.log)
-fi
-if [ "$stage" = ncu_pair ]; then   # ours (atomic, auto) and FA3 (FA3_WHL=1) at causal 8k and full 3840: the source
-  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | tail -1)   # pages for benchmarks/sass_ops.py
-  mkdir -p /tmp/np; secs=(--section SpeedOfLight --section WarpStateStats --section SourceCounters)
-  for shape in "--causal --seqlen 8192 --batch 2" "--seqlen 3840 --batch 4"; do
-    tag=$(echo "$shape" | tr -d ' -' | tr -s 'a-z' | cut -c1-24)
-    for impl in ours_atomic ours_auto fa3; do
-      kern=dash_bwd_main; args=(--impl ours --schedule ${impl#ours_})
-      [ $impl = fa3 ] && kern=regex:FlashAttnBwdSm90 && args=(--impl fa3)
-      timeout 150 "$ncu" --profile-from-start off --clock-control none "${secs[@]}" --import-source no \
-        --kernel-name-base demangled -k "$kern" -c 1 -f -o /tmp/np/${impl}_$tag $py benchmarks/ncu_bwd.py "${args[@]}" \
-        $shape >/tmp/np/${impl}_$tag.log 2>&1; echo "$impl $tag rc=$?"
-      "$ncu" -i /tmp/np/${impl}_$tag.ncu-rep --page source --csv --print-source sass 2>/dev/null \
-        | gzip >/tmp/np/${impl}_$tag.sass.csv.gz
-      "$ncu" -i /tmp/np/${impl}_$tag.ncu-rep --page details --csv >/tmp/np/${impl}_$tag.details.csv 2>&1
-    done
-    for impl in ours_atomic ours_auto; do
-      $py benchmarks/sass_ops.py /tmp/np/fa3_$tag.sass.csv.gz /tmp/np/${impl}_$tag.sass.csv.gz 2>&1 \
-        | tee /tmp/np/sass_ops_${impl}_$tag.txt | tail -1 | sed "s/^/$impl $tag FA3 vs ours: /"
-    done
-  done
-  (cd /tmp/np && tar czf "$OUT/ncu_pair.tgz" *.sass.csv.gz *.details.csv *.txt *.log)
 fi
 if [ "$stage" = engine_rest ]; then   # what quick_ab's tests leave out (head dim 96, soft-capping, fold, portable,
   mkdir -p /tmp/er                      # the timeline build's bits), then the timeline at full 3840 and causal 8k

@@ -232,7 +232,9 @@ def parse_ptxas_log(log: str, entry: str) -> dict:
 
 # ---------------------------------------------------------------------------------------------------------
 # Cache.
-def _source_tree_digest(root: Path) -> str:
+def source_tree_digest(root: Path) -> str:
+    """sha256 over every .cu / .cuh file below ``root`` (relative names and contents): part of the cache key, and
+    what benchmarks record to name the kernels they measured."""
     h = hashlib.sha256()
     files = sorted(p for p in root.rglob("*") if p.suffix in (".cu", ".cuh") and p.is_file())
     for p in files:
@@ -258,7 +260,7 @@ def cache_key(spec, root: Path | None = None) -> str:
     root = kernel_dir() if root is None else root
     material = {
         "format": _CACHE_FORMAT,
-        "sources": _source_tree_digest(root),
+        "sources": source_tree_digest(root),
         "source": spec.source,
         "entry": spec.entry,
         "options": base_options(),            # -I<dir> left out: the content is hashed, the location is not
