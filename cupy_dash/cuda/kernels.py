@@ -125,8 +125,8 @@ class KernelSpec:
 
     @property
     def label(self) -> str:
-        """Readable name, e.g. ``bwd_main[bf16,d128,causal,det]``, ``fwd[fp16,d64,full]`` or
-        ``bwd_main[bf16,d128,m80,full,det]`` (the 80-query tile)."""
+        """Readable name, e.g. ``bwd_main[bf16,d128,causal]``, ``fwd[fp16,d64,full]`` or
+        ``bwd_main[bf16,d128,m80,full]`` (the 80-query tile)."""
         d = dict(self.defines)
         tags = []
         if "DASH_FP16" in d:
@@ -137,8 +137,6 @@ class KernelSpec:
             tags.append("m80")
         if "DASH_CAUSAL" in d:
             tags.append("causal" if d["DASH_CAUSAL"] else "full")
-        if "DASH_DETERMINISTIC" in d:
-            tags.append("det" if d["DASH_DETERMINISTIC"] else "atomic")
         if d.get("DASH_VARLEN"):
             tags.append("varlen")
         if d.get("DASH_COMPACT"):
@@ -235,13 +233,14 @@ def bwd_specs(dtype: str, head_dim: int, causal: bool, deterministic: bool, time
     ``varlen``: the three kernels of packed variable-length sequences (kernels_src/bwd_rows.cuh), with
     ``compact`` reading cupy_dash.schedule.varlen's records.
     ``softcap``: the main kernel with logit soft-capping (preprocess and postprocess do not depend on it).
-    ``seqlen_q``, ``window`` (canonical): the tile's choice (:func:`bwd_tile`)."""
+    ``seqlen_q``, ``window`` (canonical): the tile's choice (:func:`bwd_tile`). ``deterministic`` does not change the
+    build: the main kernel takes the mode from its launch (a dQ semaphore array or none, bwd/dq_reduce.cuh)."""
     if timeline and compact:
         raise ValueError("timeline builds need the per-visit tables: no compact timeline variant")
     check_supported(dtype, head_dim)
     main_tile = bwd_tile(head_dim, causal, compact, seqlen_q, window)
     aux_tile = TileConfig(main_tile.block_m, main_tile.block_n, AUX_THREADS)
-    flags = dict(DASH_CAUSAL=causal, DASH_DETERMINISTIC=deterministic)
+    flags = dict(DASH_CAUSAL=causal)
     if timeline:
         flags["DASH_TIMELINE"] = True
     if compact:
@@ -258,7 +257,7 @@ def bwd_specs(dtype: str, head_dim: int, causal: bool, deterministic: bool, time
     return BwdKernels(
         preprocess=_spec("bwd_preprocess", aux_tile, dtype, head_dim, **aux_flags),
         main=_spec("bwd_main", main_tile, dtype, head_dim, smem=_bwd_main_smem(main_tile, head_dim),
-                   counts=_main_counts(config.BWD_DQ_WRITERS.get() if deterministic else 2), **flags),
+                   counts=_main_counts(config.BWD_DQ_WRITERS.get()), **flags),
         postprocess=_spec("bwd_postprocess", aux_tile, dtype, head_dim, **aux_flags),
     )
 
@@ -278,10 +277,11 @@ def expand_spec(varlen: bool = False) -> KernelSpec:
 
 
 def all_specs() -> list:
-    """Every distinct variant the dispatcher can emit (12 fwd + 12 varlen fwd, 6 + 6 varlen preprocess, 24 main +
-    24 compact main + 24 varlen main + 24 compact varlen main, 6 + 6 varlen postprocess, 2 bwd_expand), the
-    soft-capping builds of the forward (24) and the per-visit-table main kernel (48), and the 80-query tile's (head
-    dims 96 and 128, full mask: 4 preprocess, 4 postprocess, 16 main)."""
+    """Every distinct variant the dispatcher can emit (12 fwd + 12 varlen fwd, 6 + 6 varlen preprocess, 12 main +
+    12 compact main + 12 varlen main + 12 compact varlen main, 6 + 6 varlen postprocess, 2 bwd_expand), the
+    soft-capping builds of the forward (24) and the per-visit-table main kernel (24), and the 80-query tile's (head
+    dims 96 and 128, full mask: 4 preprocess, 4 postprocess, 8 main). Deterministic and atomic backwards share their
+    main kernel."""
     specs = []
     seen = set()
     for dtype, head_dim, causal in itertools.product(SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS, (False, True)):
@@ -308,7 +308,7 @@ def all_specs() -> list:
     def key(s):
         d = dict(s.defines)
         return (order.get(s.kernel, len(order)), d.get("DASH_SOFTCAP", 0), d.get("DASH_VARLEN", 0), d["DASH_FP16"],
-                d["DASH_HEAD_DIM"], d.get("DASH_CAUSAL", 0), d.get("DASH_DETERMINISTIC", 0), d.get("DASH_COMPACT", 0))
+                d["DASH_HEAD_DIM"], d.get("DASH_CAUSAL", 0), d.get("DASH_COMPACT", 0))
     return sorted(specs, key=key)
 
 

@@ -8,10 +8,10 @@
 #include "../warp_roles.cuh"
 #include "dq_accum_layout.cuh"
 
-#if !defined(DASH_HEAD_DIM) || !defined(DASH_CAUSAL) || !defined(DASH_DETERMINISTIC) || !defined(DASH_BLOCK_M) || \
-    !defined(DASH_BLOCK_N) || !defined(DASH_NUM_THREADS) || !defined(DASH_SMEM_BYTES)
-#error "the backward main kernel needs DASH_HEAD_DIM, DASH_CAUSAL, DASH_DETERMINISTIC, DASH_BLOCK_M, " \
-       "DASH_BLOCK_N, DASH_NUM_THREADS, DASH_SMEM_BYTES"
+#if !defined(DASH_HEAD_DIM) || !defined(DASH_CAUSAL) || !defined(DASH_BLOCK_M) || !defined(DASH_BLOCK_N) || \
+    !defined(DASH_NUM_THREADS) || !defined(DASH_SMEM_BYTES)
+#error "the backward main kernel needs DASH_HEAD_DIM, DASH_CAUSAL, DASH_BLOCK_M, DASH_BLOCK_N, DASH_NUM_THREADS, " \
+       "DASH_SMEM_BYTES"
 #endif
 
 namespace bwd {
@@ -23,7 +23,6 @@ constexpr bool kCausal = DASH_CAUSAL != 0;
 #define DASH_SOFTCAP 0
 #endif
 constexpr bool kSoftcap = DASH_SOFTCAP != 0;  // logit soft-capping (params.cuh: softcap_prescale)
-constexpr bool kDeterministic = DASH_DETERMINISTIC != 0;
 constexpr int kBlockM = DASH_BLOCK_M;  // queries per Q tile (m_block)
 constexpr int kBlockN = DASH_BLOCK_N;  // keys per KV tile (n_block)
 
@@ -53,12 +52,13 @@ constexpr int kDqRegs = kDqCols / 2;    // dQ piece: 64 x kDqCols
 #ifndef DASH_DQ_WRITERS
 #define DASH_DQ_WRITERS 2
 #endif
-// NOTES: deterministic builds run two dQ writer warps (warps 1 and 2 of the producer warpgroup), visits
-// alternating, so that one waits for its tile's turn and for its bulk adds to complete while the other hands the
+// NOTES: two dQ writer warps (warps 1 and 2 of the producer warpgroup), visits alternating, so that in
+// deterministic mode one waits for its tile's turn and for its bulk adds to complete while the other hands the
 // next visit's slices to the TMA unit; a writer waits for a turn only after releasing its previous visit, so no
 // wait holds a release back. The barrier work (dQ full, adds issued and read, dQ free) stays in visit order: a
-// token (named barrier kBarWriterToken + writer) passes it from one writer to the other. Atomic builds: one.
-constexpr int kDqWriters = kDeterministic ? DASH_DQ_WRITERS : 1;
+// token (named barrier kBarWriterToken + writer) passes it from one writer to the other. Deterministic or atomic
+// is a launch's choice (dq_reduce.cuh), not the build's: one cubin serves both.
+constexpr int kDqWriters = DASH_DQ_WRITERS;
 static_assert(DASH_DQ_WRITERS == 1 || DASH_DQ_WRITERS == 2, "one or two dQ writer warps");
 
 constexpr int kStages = kBwdStages;                            // Q (+ lse_log2), dO (+ dpsum) and dS buffers

@@ -49,10 +49,11 @@ DASH_DEVICE void put_slice(float* dst, uint32_t slice, bool first) {
   }
 }
 
-// NOTES: the order of the adds into one dq_accum element is the rank order of the visits: the store of rank 0
-// or the add of rank r completes (bulk_wait, not .read: the global writes are then visible to this thread)
-// before the release that lets rank r + 1 start. Within a visit the two slices are disjoint. Atomic mode adds
-// into the tile that preprocess zeroed. After a failed wait this CTA skips its adds and releases (the result is
+// NOTES: deterministic mode is p.dq_semaphore != null (the host's choice per launch, as in row_passes.cuh). The
+// order of the adds into one dq_accum element is then the rank order of the visits: the store of rank 0 or the
+// add of rank r completes (bulk_wait, not .read: the global writes are then visible to this thread) before the
+// release that lets rank r + 1 start. Within a visit the two slices are disjoint. Atomic mode adds into the tile
+// that preprocess zeroed. After a failed wait this CTA skips its adds and releases (the result is
 // discarded: the host raises) but keeps handing the slices back, so that the MMA warpgroups finish.
 DASH_DEVICE void write_dq(const BwdParams& p, const ScheduleView& sched, const Smem& s, int writer, int lane) {
   static_assert(kNumMmaWg == 2, "two dQ slices");
@@ -61,6 +62,7 @@ DASH_DEVICE void write_dq(const BwdParams& p, const ScheduleView& sched, const S
   // arrivals: none may be left over). Writer w runs visits j = w, w + kDqWriters, ... (bwd/config.cuh's
   // kDqWriters).
   if (writer == 0) dq_staging_free();
+  const bool deterministic = p.dq_semaphore != nullptr;
   bool ok = true;
   int jv = writer;
   for (int64_t v = sched.begin + writer; v < sched.end; v += kDqWriters, jv += kDqWriters) {
@@ -70,7 +72,7 @@ DASH_DEVICE void write_dq(const BwdParams& p, const ScheduleView& sched, const S
     float* tile = p.dq_accum + (seq.scratch_row + w.m_block * kBlockM) * kHeadDim;
     int* sem = nullptr;
     int rank = 1;  // atomic mode: every visit adds
-    if constexpr (kDeterministic) {
+    if (deterministic) {
       sem = p.dq_semaphore + seq.semaphore(w.m_block);
       rank = sched.rank_of(v);
       if (lane == 0 && ok) ok = wait_for_turn(p, sem, v, rank);
@@ -91,7 +93,7 @@ DASH_DEVICE void write_dq(const BwdParams& p, const ScheduleView& sched, const S
     __syncwarp();
     if (v + 1 < sched.end) dq_staging_free();
     if (kDqWriters == 2 && v + 1 < sched.end) writer_token<false>(writer ^ 1);
-    if (kDeterministic && lane == 0 && ok) {
+    if (deterministic && lane == 0 && ok) {
       bulk_wait<0>();
       red_release_gpu_add(sem, 1);
     }

@@ -172,7 +172,7 @@ def test_bwd_params_carry_compact_fields(bounds, monkeypatch):
 
 def test_compact_specs():
     main = kernels.bwd_specs("bfloat16", 128, True, True, compact=True).main
-    assert dict(main.defines)["DASH_COMPACT"] == 1 and main.label == "bwd_main[bf16,d128,causal,det,compact]"
+    assert dict(main.defines)["DASH_COMPACT"] == 1 and main.label == "bwd_main[bf16,d128,causal,compact]"
     plain = kernels.bwd_specs("bfloat16", 128, True, True).main
     assert "DASH_COMPACT" not in dict(plain.defines)      # the default build's defines (and cache key) unchanged
     with pytest.raises(ValueError, match="timeline"):

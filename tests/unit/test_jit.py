@@ -201,7 +201,7 @@ def test_pack_bwd_params_every_field():
 def test_all_specs_cover_every_combination():
     specs = kernels.all_specs()
     labels = [s.label for s in specs]
-    assert len(set(labels)) == len(labels) == len(set(specs)) == 24 + 12 + 96 + 12 + 2 + 24 + 48 + 24
+    assert len(set(labels)) == len(labels) == len(set(specs)) == 24 + 12 + 48 + 12 + 2 + 24 + 24 + 16
     expected = {kernels.expand_spec(False), kernels.expand_spec(True)}
     for dtype, d, causal in itertools.product(kernels.SUPPORTED_DTYPES, kernels.SUPPORTED_HEAD_DIMS, (0, 1)):
         expected.add(kernels.fwd_spec(dtype, d, bool(causal)))
@@ -220,7 +220,7 @@ def test_all_specs_cover_every_combination():
             expected.add(kernels.fwd_spec(dtype, d, bool(causal), varlen=varlen, softcap=True))
     assert expected == set(specs)
     by_kernel = {name: [s for s in specs if s.kernel == name] for name in kernels.KERNEL_NAMES}
-    assert {k: len(v) for k, v in by_kernel.items()} == {"fwd": 48, "bwd_preprocess": 16, "bwd_main": 160,
+    assert {k: len(v) for k, v in by_kernel.items()} == {"fwd": 48, "bwd_preprocess": 16, "bwd_main": 80,
                                                          "bwd_postprocess": 16, "bwd_expand": 2}
     assert kernels.expand_spec(True).label == "bwd_expand[bf16,d64,varlen,compact]"
     for s in specs:
@@ -229,13 +229,15 @@ def test_all_specs_cover_every_combination():
         assert d["DASH_SMEM_BYTES"] == s.smem_bytes and d["DASH_NUM_THREADS"] == s.threads
         assert s.smem_bytes <= 227 * 1024
         assert s.source.endswith(".cu") and s.entry.startswith("dash_")
-    assert kernels.bwd_specs("bfloat16", 128, True, True).main.label == "bwd_main[bf16,d128,causal,det]"
+    assert kernels.bwd_specs("bfloat16", 128, True, True).main.label == "bwd_main[bf16,d128,causal]"
+    # deterministic or not is the launch's choice: one main kernel serves both
+    assert kernels.bwd_specs("bfloat16", 128, True, True) == kernels.bwd_specs("bfloat16", 128, True, False)
     assert kernels.fwd_spec("float16", 64, False).label == "fwd[fp16,d64,full]"
     assert kernels.fwd_spec("bfloat16", 128, True, varlen=True).label == "fwd[bf16,d128,causal,varlen]"
-    assert kernels.bwd_specs("float16", 64, False, False).main.label == "bwd_main[fp16,d64,full,atomic]"
+    assert kernels.bwd_specs("float16", 64, False, False).main.label == "bwd_main[fp16,d64,full]"
     assert kernels.fwd_spec("bfloat16", 96, True).label == "fwd[bf16,d96,causal]"
     assert kernels.bwd_specs("bfloat16", 96, False, True, seqlen_q=kernels.FULL80_MIN_SEQLEN).main.label == \
-        "bwd_main[bf16,d96,m80,full,det]"
+        "bwd_main[bf16,d96,m80,full]"
 
 
 def test_tile_plan_and_smem():
@@ -257,7 +259,7 @@ def test_tile_plan_and_smem():
         for aux in (pre, post):
             assert aux.smem_bytes == 0 and dict(aux.defines)["DASH_BLOCK_M"] == b.block_m
             assert "DASH_CAUSAL" not in dict(aux.defines)
-        assert dict(main.defines)["DASH_DETERMINISTIC"] == 1
+        assert "DASH_DETERMINISTIC" not in dict(main.defines)
     with pytest.raises(ValueError):
         kernels.fwd_spec("float32", 64, False)
     with pytest.raises(ValueError):
@@ -359,7 +361,7 @@ def test_cubin_without_json_is_ignored(ksrc):
 
 def test_key_changes_with_define_and_header(ksrc):
     k0 = jit.cache_key(SPEC)
-    other = kernels.bwd_specs("bfloat16", 64, causal=True, deterministic=False).main
+    other = kernels.bwd_specs("bfloat16", 64, causal=False, deterministic=True).main
     assert jit.cache_key(other) != k0
     jit.compile_spec(SPEC)
     assert jit.compile_spec(SPEC).cached
@@ -394,7 +396,7 @@ def test_compile_error_names_kernel(ksrc):
     assert info.value.label == SPEC.label
     # a missing source is a CompileError too
     (ksrc / SPEC.source).unlink()
-    with pytest.raises(jit.CompileError, match=r"bwd_main\[bf16,d64,causal,det\]"):
+    with pytest.raises(jit.CompileError, match=r"bwd_main\[bf16,d64,causal\]"):
         jit.compile_spec(SPEC)
 
 
@@ -427,8 +429,8 @@ def test_real_kernel_compiles(spec, tmp_path, monkeypatch):
 def test_cli_compile_subset(ksrc, capsys):
     assert cli_compile.main(["--head-dim", "64", "--dtype", "bf16"]) == 0
     out = capsys.readouterr().out
-    assert "regs" in out and "OK: 38 kernel(s)" in out   # 4 compact, 4 varlen, 4 compact varlen mains, 2 varlen
-    # aux, the two bwd_expand builds (bf16 / d64 defines, whatever the variant), 4 + 8 soft-capping builds
+    assert "regs" in out and "OK: 26 kernel(s)" in out   # 2 compact, 2 varlen, 2 compact varlen mains, 2 varlen
+    # aux, the two bwd_expand builds (bf16 / d64 defines, whatever the variant), 4 + 4 soft-capping builds
     for spec in cli_compile.select([64], ["bfloat16"], None):
         assert spec.label in out
     # the second run is served from the cache
