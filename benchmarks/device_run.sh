@@ -135,8 +135,8 @@ if [ "$stage" = ncu ]; then   # Nsight Compute: our main backward kernel and FA3
     done
   done
   ls -la /tmp/ncu
-  timeout 120 $py benchmarks/profile_bwd.py --seqlens 1024 4096 16384 --hdims 128 --schedules auto atomic \
-    2>&1 | tee /tmp/ncu/profile_bwd.log | tail -20
+  [ "${NCU_PROFILE_BWD:-1}" = 1 ] && timeout 120 $py benchmarks/profile_bwd.py --seqlens 1024 4096 16384 --hdims 128 \
+    --schedules auto atomic 2>&1 | tee /tmp/ncu/profile_bwd.log | tail -20   # NCU_PROFILE_BWD=0 skips it
   (cd /tmp/ncu && tar czf "$OUT/ncu.tgz" *.csv *.csv.gz *.log *.txt)
 fi
 if [ "$stage" = engine ]; then   # with .ab/kernels_src: that tree's kernels compile meanwhile, then the bits compare
@@ -213,10 +213,12 @@ if [ "$stage" = patches_bench ]; then   # each patch of $PATCHES as .abN in one 
   pbench new new_last
   for leg in "${legs[@]:1}"; do   # xdist workers read ./kernels_src: swap it
     pt=$(cat $leg/name)
-    $py benchmarks/bits_digest.py --compare /tmp/pb/bits_new.json /tmp/pb/bits_$pt.json >/dev/null 2>&1 && continue
+    [ -z "${PB_TESTS:-}" ] && $py benchmarks/bits_digest.py --compare /tmp/pb/bits_new.json /tmp/pb/bits_$pt.json \
+      >/dev/null 2>&1 && continue   # PB_TESTS: test files under tests/gpu run even where the bits are the same
     rm -rf /tmp/pristine && cp -r kernels_src /tmp/pristine && rm -rf kernels_src && cp -r $leg/kernels_src kernels_src
-    timeout -s INT -k 10 ${TEST_LIMIT:-200} $py -m pytest tests/gpu/test_gpu_attention.py -q -rf -n 8 --maxfail=5 \
-      -k "backward and not 96" -p no:cacheprovider 2>&1 | tail -4 | sed "s/^/$pt: /" | tee -a "$OUT/patches_bench.log"
+    files=(); for f in ${PB_TESTS:-test_gpu_attention.py}; do files+=(tests/gpu/$f); done
+    timeout -s INT -k 10 ${TEST_LIMIT:-200} $py -m pytest "${files[@]}" -q -rf -n 8 --maxfail=5 \
+      -k "${PB_TEST_K:-backward and not 96}" -p no:cacheprovider 2>&1 | tail -4 | sed "s/^/$pt: /" | tee -a "$OUT/patches_bench.log"
     rm -rf kernels_src && cp -r /tmp/pristine kernels_src
   done
   (cd /tmp/pb && tar czf "$OUT/patches_bench.tgz" *.json *.md *.log)
