@@ -151,6 +151,15 @@ class BwdLaunch:
         self.work_bytes = total
 
 
+def varlen_work_bytes(specs, p, deterministic, spin_timeout_ns, causal, window, varlen) -> int:
+    """The workspace of a varlen backward of ``p`` fixed before its lengths are known (a traced JAX call): the
+    largest over the tiles its launch may take, since the packing's table decides (compact tables have no
+    80-query build: :func:`cupy_dash.core.varlen_launch.packing_launch` rebuilds those with 64)."""
+    tiles = {(t.block_m, t.block_n) for t in (kernels.bwd_tile(p.D, causal), kernels.bwd_tile(p.D, causal, True))}
+    return max(BwdLaunch(specs, bm, bn, p, deterministic, spin_timeout_ns, causal, window, varlen=varlen).work_bytes
+               for bm, bn in tiles)
+
+
 def fold_wanted(p, block_m, block_n, zero_kv, varlen) -> bool:
     """Whether a backward of ``p`` is folded into one launch (kernels_src/bwd/fold.cuh): fixed-length batches
     whose dk, dv need no zeroing, of at most FOLD_MAX_TILES tile pairs; ``CUPY_DASH_FOLD`` = 0 never folds, = 1

@@ -124,11 +124,9 @@ class _PackedBackward(callbacks._Call):
 
     def __init__(self, p, cfg, vcfg, spin_timeout_ns):
         self.cfg, self.vcfg, self.spin = cfg, vcfg, spin_timeout_ns
-        tile = kernels.bwd_tile(p.D, cfg.causal)
         specs = kernels.bwd_specs(p.dtype, p.D, cfg.causal, cfg.deterministic, varlen=True, softcap=p.softcap > 0)
-        self.work_bytes = launchers.BwdLaunch(specs, tile.block_m, tile.block_n, p, cfg.deterministic,
-                                              spin_timeout_ns, cfg.causal, cfg.window,
-                                              varlen=(vcfg.num_seqs, vcfg.max_q)).work_bytes
+        self.work_bytes = launchers.varlen_work_bytes(specs, p, cfg.deterministic, spin_timeout_ns, cfg.causal,
+                                                      cfg.window, (vcfg.num_seqs, vcfg.max_q))
         super().__init__(p)
         self.records = {}
 
@@ -151,6 +149,9 @@ class _PackedBackward(callbacks._Call):
                 for x in (dq, dk, dv):
                     cupy.cuda.runtime.memsetAsync(ptr(x), 0, int(np.prod(x.shape)) * 2, stream.ptr)
                 return
+            if c.work_bytes > self.work_bytes:   # launchers.varlen_work_bytes covers every tile: never expected
+                raise RuntimeError(f"cupy_dash: the varlen backward needs {c.work_bytes} bytes of workspace, the "
+                                   f"traced call reserved {self.work_bytes}")
             qs, kvs = self.q_strides, self.kv_strides
             operands = ((ptr(q), qs), (ptr(k), kvs), (ptr(v), kvs), (ptr(out), qs), (ptr(dout), qs))
             launchers.launch_backward(c, operands, ptr(lse), ptr(work), (ptr(dq), ptr(dk), ptr(dv)), stream,

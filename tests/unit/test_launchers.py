@@ -318,3 +318,19 @@ def test_a_launch_needs_the_build_of_its_cap():
         launchers.check_softcap_build(plain, p)
     with pytest.raises(ValueError, match="softcap: no compact-table build"):
         kernels.bwd_specs("float16", 64, True, True, compact=True, softcap=True)
+
+
+def test_varlen_workspace_covers_the_tile_the_packing_may_take(monkeypatch):
+    """A traced varlen backward reserves its workspace before the lengths are known, and the packing's table may
+    move it from the 80-query tile (CUPY_DASH_BWD_FULL_BLOCK_M=80) to 64 queries (compact tables have no 80-query
+    build), whose per-sequence padding needs more rows: the reservation covers both."""
+    monkeypatch.setenv("CUPY_DASH_BWD_FULL_BLOCK_M", "80")
+    p = problem(B=1, Sq=160, Sk=160, H=1, Hkv=1)
+    specs = kernels.bwd_specs("float16", 128, False, True, varlen=True)
+    assert kernels.bwd_tile(128, False).block_m == 80 and kernels.bwd_tile(128, False, True).block_m == 64
+    by_tile = {bm: launchers.BwdLaunch(specs, bm, 128, p, True, 1, False, (-1, -1), varlen=(1, 160)).work_bytes
+               for bm in (64, 80)}
+    assert by_tile[64] > by_tile[80]          # 256 padded rows against 240
+    assert launchers.varlen_work_bytes(specs, p, True, 1, False, (-1, -1), (1, 160)) == by_tile[64]
+    monkeypatch.setenv("CUPY_DASH_BWD_FULL_BLOCK_M", "64")
+    assert launchers.varlen_work_bytes(specs, p, True, 1, False, (-1, -1), (1, 160)) == by_tile[64]
