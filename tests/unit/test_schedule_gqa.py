@@ -34,10 +34,11 @@ def check_independently(plan):
     g, M, N = plan.group_size, plan.num_m_blocks, plan.num_n_blocks
     cta, head, n, m = (plan.visits[:, i].astype(np.int64) for i in range(4))
     lo = plan.column_starts()
-    want = [(h, j, i) for h in range(plan.num_heads) for j in range(N) for i in range(lo[j], M)]
-    got = np.stack([head, n, m], axis=1)
-    assert len(got) == len(want)
-    assert np.array_equal(np.unique(got, axis=0), np.array(sorted(want)))
+    assert all(((0 <= x) & (x < hi)).all() for x, hi in ((head, plan.num_heads), (n, N), (m, M))), "out of range"
+    count = np.zeros((plan.num_heads, M, N), dtype=np.int64)
+    np.add.at(count, (head, m, n), 1)
+    want = np.arange(M)[:, None] >= np.asarray(lo)[None, :]          # (M, N): Q tile i of KV column j is seen
+    assert np.array_equal(count, np.broadcast_to(want, count.shape).astype(np.int64)), "coverage"
     column = (head // g) * N + n
     new_run = np.r_[True, (column[1:] != column[:-1]) | (cta[1:] != cta[:-1])]
     assert new_run.sum() == plan.num_heads // g * N, "a KV column is split or interleaved"

@@ -2,6 +2,7 @@
 reference.visibility_mask at tile granularity, validity of every policy with GQA grouping (checked independently
 of the Cython validator), KV tiles and Q tiles that nobody sees, canonical windows, the band behaviour of
 shift / symmetric_shift in the models, rejection of corrupted band tables, the device-table cache and the CLI."""
+import functools
 import itertools
 import types
 
@@ -24,13 +25,16 @@ WINDOWS = [(0, 0), (1, 0), (0, 5), (5, 3), (63, 64), (64, 64), (100, 50), (127, 
            (300, -1), (2000, 2000)]
 
 
+@functools.lru_cache(maxsize=None)
 def tile_visibility(sq, sk, bm, bn, causal, window):
-    """bool (M, N): Q tile m and KV tile n share at least one visible (query, key) pair."""
+    """bool (M, N): Q tile m and KV tile n share at least one visible (query, key) pair (read-only: cached)."""
     vis = reference.visibility_mask(sq, sk, causal, window)
     M, N = -(-sq // bm), -(-sk // bn)
     padded = np.zeros((M * bm, N * bn), dtype=bool)
     padded[:sq, :sk] = vis
-    return padded.reshape(M, bm, N, bn).any(axis=(1, 3))
+    tiles = padded.reshape(M, bm, N, bn).any(axis=(1, 3))
+    tiles.flags.writeable = False
+    return tiles
 
 
 def windows_for(causal):
@@ -46,6 +50,7 @@ def check_independently(plan):
     tiles = tile_visibility(sq, sk, bm, bn, plan.causal, plan.window)
     M, N = tiles.shape
     cta, head, n, m = (plan.visits[:, i].astype(np.int64) for i in range(4))
+    assert all(((0 <= x) & (x < hi)).all() for x, hi in ((head, plan.num_heads), (n, N), (m, M))), "out of range"
     count = np.zeros((plan.num_heads, M, N), dtype=np.int64)
     np.add.at(count, (head, m, n), 1)
     assert np.array_equal(count, np.broadcast_to(tiles, count.shape).astype(np.int64)), "coverage"
