@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import math
 import sys
+import typing
 
 import cupy
 import ml_dtypes
@@ -52,9 +53,22 @@ _LAYOUT = "(B, S, H, D)"
 # ------------------------------------------------------------------------------------------------------------
 # validation
 # ------------------------------------------------------------------------------------------------------------
-class _Problem:
-    """Validated sizes and operand descriptions of one call; ``softcap``: the logit cap (0: none)."""
-    __slots__ = ("B", "Sq", "Sk", "H", "Hkv", "D", "dtype", "scale", "softcap", "device_id", "infos", "lse_info")
+class Problem(typing.NamedTuple):
+    """Validated sizes and operand descriptions of one call (immutable: what :func:`validate` checked is what every
+    later step reads). ``dtype``: "bfloat16" / "float16"; ``scale``: softmax_scale; ``softcap``: the logit cap (0:
+    none); ``infos``: interop.describe of q, k, v (then do, out for a backward); ``lse_info``: lse's, or None."""
+    B: int
+    Sq: int
+    Sk: int
+    H: int
+    Hkv: int
+    D: int
+    dtype: str
+    scale: float
+    softcap: float
+    device_id: int
+    infos: tuple = ()
+    lse_info: object = None
 
 
 def check_schedule(schedule) -> str:
@@ -102,7 +116,7 @@ _UNCHECKED = object()
 
 
 def validate(q, k, v, do=None, out=None, lse=None, *, softmax_scale=None, schedule=_UNCHECKED,
-             backward=False, softcap=0.0) -> _Problem:
+             backward=False, softcap=0.0) -> Problem:
     """All argument checks, in an order that lets CPU arrays reach every check before the device one:
     dtype -> rank -> shapes -> head dim -> sizes / heads -> softmax_scale, softcap -> schedule -> strides /
     alignment -> device."""
@@ -182,11 +196,7 @@ def validate(q, k, v, do=None, out=None, lse=None, *, softmax_scale=None, schedu
             raise ValueError(f"{i.name}: is on {i.device} but q is on {qi.device}; all tensors must be on one "
                              f"CUDA device")
 
-    p = _Problem()
-    p.B, p.Sq, p.Sk, p.H, p.Hkv, p.D = B, Sq, Sk, H, Hkv, D
-    p.dtype, p.scale, p.softcap, p.device_id = qi.dtype, scale, softcap, qi.device_id
-    p.infos, p.lse_info = operands, li
-    return p
+    return Problem(B, Sq, Sk, H, Hkv, D, qi.dtype, scale, softcap, qi.device_id, tuple(operands), li)
 
 
 def _check_tma_operands(p) -> None:

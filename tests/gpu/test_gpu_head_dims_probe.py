@@ -28,9 +28,7 @@ def test_forward_matches_reference(head_dim, causal):
     q, k, v = (_dev(x) for x in (q_h, k_h, v_h))
     out = _dev(np.zeros((B, Sq, H, head_dim), BF16))
     lse = cupy.empty((B, H, Sq), dtype=cupy.float32)
-    p = api._Problem()
-    p.B, p.Sq, p.Sk, p.H, p.Hkv, p.D = B, Sq, Sk, H, Hkv, head_dim
-    p.dtype, p.scale, p.softcap, p.device_id = "bfloat16", head_dim ** -0.5, 0.0, q.device.id
+    p = api.Problem(B, Sq, Sk, H, Hkv, head_dim, "bfloat16", head_dim ** -0.5, 0.0, q.device.id)
     window = schedule.canonical_window((-1, 0) if causal else (-1, -1), Sq, Sk, causal)
     spec = kernels._spec("fwd", TILE, "bfloat16", head_dim, DASH_CAUSAL=causal)
     operands = tuple((x.data.ptr, launchers.bsh_strides(x.shape)) for x in (q, k, v))
