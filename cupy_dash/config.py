@@ -157,8 +157,8 @@ JIT_LINEINFO = Knob("CUPY_DASH_JIT_LINEINFO", "1 / unset",
     "1: compile kernels with -lineinfo (CUDA source lines in Nsight Compute and compute-sanitizer; the SASS is the "
     "same, NVRTC takes ~15 % longer)", _flag)
 BWD_DQ_WRITERS = Knob("CUPY_DASH_BWD_DQ_WRITERS", "1 / 2 / unset",
-    "dQ writer warps of the deterministic backward (default 2: visits alternate between them); read once per "
-    "process", _one_or_two("CUPY_DASH_BWD_DQ_WRITERS", 2))
+    "dQ writer warps of the backward, deterministic or atomic (default 2: visits alternate between them); read "
+    "once per process", _one_or_two("CUPY_DASH_BWD_DQ_WRITERS", 2))
 BWD_FULL_BLOCK_M = Knob("CUPY_DASH_BWD_FULL_BLOCK_M", "64 / 80 / unset",
     "queries per Q tile of the head-dim-128 backward without a causal mask (80: FA3's plan, dQ computed "
     "transposed, one K buffer); unset: 80 from 4096 queries without a window, fixed lengths only, else 64; read "
