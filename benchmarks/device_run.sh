@@ -198,7 +198,7 @@ if [ "$stage" = patches_bench ]; then   # each patch of $PATCHES as .abN in one 
     [ $leg != new ] && run=("$py" benchmarks/with_kernels.py $leg/kernels_src benchmarks/bench.py)
     timeout 100 "${run[@]}" --hdims 64 128 --masks full causal --seqlens 4096 16384 --schedules ${PB_SCHEDULES:-auto} \
       --no-torch --no-fa3 --no-overhead --no-compile --repeats 15 --warmup 3 --input-sets 1 --out /tmp/pb/$tag.json 2>&1 \
-      | grep -E "^\| cupy_dash bwd" | sed "s/^/$tag /" | tee -a "$OUT/patches_bench.log"
+      | grep -E "^\| cupy_dash (bwd|fwd)" | sed "s/^/$tag /" | tee -a "$OUT/patches_bench.log"
   }
   timeout 100 $py benchmarks/bits_digest.py --out /tmp/pb/bits_new.json >/tmp/pb/bits.log 2>&1
   pbench new new_first
