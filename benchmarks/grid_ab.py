@@ -86,7 +86,7 @@ def main(argv=None):
         B, H, D = tokens // S, 16, 128
         q, k, v, do = (random_tensor((B, S, H, D), "bf16", seed=i) for i in range(4))
         out, lse = cupy_dash.attention_forward(q, k, v, causal=causal)
-        _, bm, bn, max_ctas = kernels.bwd_entry(dev, "bfloat16", D, causal, False)   # the plan hook's tile
+        _, bm, bn, max_ctas = kernels.bwd_entry(dev, "bfloat16", D, causal)   # the plan hook's tile
         flops = 2.5 * 4 * B * H * S * S * D * (0.5 if causal else 1.0)
         for name, plan in legs(S, causal, B * H, max_ctas, bm, bn).items():
             call = functools.partial(api._backward_with_plan, do, q, k, v, out, lse, plan=plan, causal=causal,

@@ -29,7 +29,7 @@ class Stream(contextlib.nullcontext):
     ptr = 0x77
 mp.setattr(interop, "caller_stream", lambda x, dev: Stream())
 mp.setattr(api.cupy.cuda, "Device", lambda dev: contextlib.nullcontext())
-specs = kernels.bwd_specs("bfloat16", 64, False, True); tile = kernels.bwd_tile(64, False)
+specs = kernels.bwd_specs("bfloat16", 64, False); tile = kernels.bwd_tile(64, False)
 mp.setattr(kernels, "bwd_entry", lambda *a, **kw: (specs, tile.block_m, tile.block_n, 132))
 mp.setattr(launchers.jit, "load", lambda spec: types.SimpleNamespace(ptr=0xF00))
 P = types.SimpleNamespace

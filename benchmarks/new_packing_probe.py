@@ -91,7 +91,7 @@ def main(argv=None):
 
     def build(cu):
         lens = np.diff(cu).astype(np.int64)
-        varlen_launch._tables(dev, c0.p.dtype, D, True, True, "auto", lens, lens, H, H, c0.window)
+        varlen_launch._tables(dev, c0.p.dtype, D, True, "auto", lens, lens, H, H, c0.window)
 
     def upload(cu):
         m = int(np.diff(cu).max())

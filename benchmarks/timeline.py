@@ -28,7 +28,7 @@ def run(hdim, causal, S, policy, deterministic=True):
     q, k, v, do = (random_tensor((B, S, H, hdim), "bf16", seed=i) for i in range(4))
     out, lse = cupy_dash.attention_forward(q, k, v, causal=causal)
     dev = cupy.cuda.Device().id
-    _, bm, bn, max_ctas = kernels.bwd_entry(dev, "bfloat16", hdim, causal, deterministic, True)
+    _, bm, bn, max_ctas = kernels.bwd_entry(dev, "bfloat16", hdim, causal, True)
     plan = schedule.build(policy, seqlen_q=S, seqlen_k=S, block_m=bm, block_n=bn, num_heads=B * H, causal=causal,
                           num_sms=max_ctas)
     stamps = cupy.zeros((plan.num_visits, CONSTANTS.kTimelineCols), dtype=cupy.int64)

@@ -445,11 +445,11 @@ def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, determinis
     compact = plan is None and timeline is None and compact_device.wanted(Sq, Sk, tile.block_m, tile.block_n, B * H,
                                                                           causal, window, capped)
     if capturing:
-        cold = jit.not_loaded(kernels.bwd_specs(p.dtype, D, causal, deterministic, compact=compact,
+        cold = jit.not_loaded(kernels.bwd_specs(p.dtype, D, causal, compact=compact,
                                                 softcap=capped, seqlen_q=tile_sq, window=window), dev)
         if cold:
             raise _not_warm(f"the kernels {', '.join(cold)} are not loaded yet", p, causal)
-    specs, bm, bn, max_ctas = kernels.bwd_entry(dev, p.dtype, D, causal, deterministic, timeline is not None,
+    specs, bm, bn, max_ctas = kernels.bwd_entry(dev, p.dtype, D, causal, timeline is not None,
                                                 compact, softcap=capped, seqlen_q=tile_sq, window=window)
     c = launchers.BwdLaunch(specs, bm, bn, p, deterministic, spin_timeout_ns, causal, window)
     if timeline is not None or (plan is not None and plan.num_ctas > max_ctas):

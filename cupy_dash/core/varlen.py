@@ -125,7 +125,8 @@ def prepare_varlen_backward(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
     call finds it cached instead of building it on the training step's critical path: for a data-loader thread
     that knows the next batches' packings (the caches hold 16 packings per device). Thread-safe. The upload is
     enqueued on ``stream`` (a CuPy stream; default: a stream of this call's own) and the backward waits for it on
-    its own stream. ``total_q`` / ``total_k`` are the last entries of the cu_seqlens; ``softcap``: the backward's
+    its own stream. ``total_q`` / ``total_k`` are the last entries of the cu_seqlens; ``deterministic`` is checked as
+    the backward checks it (both modes take the same table and kernels); ``softcap``: the backward's
     (a soft-capped backward may need another table form). Raises ValueError as the
     backward would for bad lengths, flags or sizes (TypeError for a ``device`` that is not an int >= 0), then,
     before touching the device, RuntimeError unless CUDA device ``device`` is a Hopper GPU
@@ -161,7 +162,7 @@ def prepare_varlen_backward(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
     gpu.require("cupy_dash.prepare_varlen_backward (it builds the schedule table for the GPU's co-resident CTAs "
                 "and uploads it)", device)
     with cupy.cuda.Device(device):
-        tables, _, _, _ = _tables(device, dtype, head_dim, causal, deterministic, schedule, lens_q, lens_k,
+        tables, _, _, _ = _tables(device, dtype, head_dim, causal, schedule, lens_q, lens_k,
                                   num_heads, num_heads_kv, window, capped)
         if tables.num_visits == 0:
             return

@@ -54,18 +54,18 @@ class _Cold(RuntimeError):
     turned into api._not_warm's message by :func:`packing_launch`."""
 
 
-def _entry(dev, dtype, D, causal, deterministic, compact, softcap, capture) -> tuple:
+def _entry(dev, dtype, D, causal, compact, softcap, capture) -> tuple:
     """kernels.bwd_entry of a varlen backward on device ``dev``; ``capture``: raises _Cold unless its three kernels
     are loaded there already (as api._backward checks the fixed-length ones)."""
     if capture:
-        cold = jit.not_loaded(kernels.bwd_specs(dtype, D, causal, deterministic, compact=compact, varlen=True,
+        cold = jit.not_loaded(kernels.bwd_specs(dtype, D, causal, compact=compact, varlen=True,
                                                 softcap=softcap), dev)
         if cold:
             raise _Cold(f"the varlen kernels {', '.join(cold)} are not loaded yet")
-    return kernels.bwd_entry(dev, dtype, D, causal, deterministic, compact=compact, varlen=True, softcap=softcap)
+    return kernels.bwd_entry(dev, dtype, D, causal, compact=compact, varlen=True, softcap=softcap)
 
 
-def _tables(dev, dtype, D, causal, deterministic, schedule, lens_q, lens_k, H, Hkv, window, softcap=False,
+def _tables(dev, dtype, D, causal, schedule, lens_q, lens_k, H, Hkv, window, softcap=False,
             capture=False) -> tuple:
     """(host tables, BwdKernels, block_m, block_n) of a varlen backward (``window`` canonical): the one place
     that decides the table form, so that :func:`cupy_dash.core.varlen.prepare_varlen_backward` finds what the
@@ -84,7 +84,7 @@ def _tables(dev, dtype, D, causal, deterministic, schedule, lens_q, lens_k, H, H
     for; NotImplementedError where only compact ones fit)."""
     form = compact_device.table_form(None, varlen=True, softcap=softcap)   # size rule: after the build (above)
     above = compact_device.AUTO_VISITS if config.COMPACT_TABLES.get() is None or softcap else None
-    _, bm, bn, max_ctas = _entry(dev, dtype, D, causal, deterministic, False, softcap, capture)
+    _, bm, bn, max_ctas = _entry(dev, dtype, D, causal, False, softcap, capture)
     tables = varlen_device.plan(schedule, lens_q, lens_k, bm, bn, H, Hkv, causal, max_ctas, window,
                                 {"compact": True, "expand": "expand", "visits": False}[form], above,
                                 pinned=not capture)
@@ -93,7 +93,7 @@ def _tables(dev, dtype, D, causal, deterministic, schedule, lens_q, lens_k, H, H
         raise NotImplementedError(f"softcap: a varlen backward of {tables.num_visits} tile visits needs compact "
                                   f"schedule tables (more than {compact_device.AUTO_VISITS}), which have no "
                                   f"soft-capping build yet")
-    specs, cbm, cbn, compact_ctas = _entry(dev, dtype, D, causal, deterministic, compact, softcap, capture)
+    specs, cbm, cbn, compact_ctas = _entry(dev, dtype, D, causal, compact, softcap, capture)
     if (cbm, cbn) != (bm, bn):   # NOTES: the 80-query tile has no compact build (kernels.bwd_tile): 64 rebuilt
         bm, bn = cbm, cbn
         tables = varlen_device.plan(schedule, lens_q, lens_k, bm, bn, H, Hkv, causal, compact_ctas, window, True,
@@ -124,7 +124,7 @@ def packing_launch(dev, p, causal, deterministic, schedule, window, spin_timeout
     num_seqs = len(cu_host[0]) - 1
     lens_q, lens_k = (np.diff(c).astype(np.int64) for c in cu_host)
     try:
-        tables, specs, bm, bn = _tables(dev, p.dtype, p.D, causal, deterministic, schedule, lens_q, lens_k, p.H,
+        tables, specs, bm, bn = _tables(dev, p.dtype, p.D, causal, schedule, lens_q, lens_k, p.H,
                                         p.Hkv, window, p.softcap > 0, capture)
     except _Cold as cold:
         raise api._not_warm(str(cold), p, causal) from None

@@ -224,16 +224,15 @@ def _main_counts(dq_writers: int) -> dict | None:
     return {"DASH_DQ_WRITERS": dq_writers} if dq_writers != 2 else None
 
 
-def bwd_specs(dtype: str, head_dim: int, causal: bool, deterministic: bool, timeline: bool = False,
-              compact: bool = False, varlen: bool = False, softcap: bool = False, seqlen_q: int = 0,
-              window: tuple = (-1, -1)) -> BwdKernels:
+def bwd_specs(dtype: str, head_dim: int, causal: bool, timeline: bool = False, compact: bool = False,
+              varlen: bool = False, softcap: bool = False, seqlen_q: int = 0, window: tuple = (-1, -1)) -> BwdKernels:
     """The three backward kernels of one variant; ``timeline``: the main kernel's debug build that stamps every
     visit (kernels_src/bwd/timeline.cuh; not emitted by the dispatcher); ``compact``: the main kernel reads
     per-column records (kernels_src/compact_view.cuh, :mod:`cupy_dash.schedule.compact`) instead of per-visit rows;
     ``varlen``: the three kernels of packed variable-length sequences (kernels_src/bwd_rows.cuh), with
     ``compact`` reading cupy_dash.schedule.varlen's records.
     ``softcap``: the main kernel with logit soft-capping (preprocess and postprocess do not depend on it).
-    ``seqlen_q``, ``window`` (canonical): the tile's choice (:func:`bwd_tile`). ``deterministic`` does not change the
+    ``seqlen_q``, ``window`` (canonical): the tile's choice (:func:`bwd_tile`). Deterministic or atomic is not a
     build: the main kernel takes the mode from its launch (a dQ semaphore array or none, bwd/dq_reduce.cuh)."""
     if timeline and compact:
         raise ValueError("timeline builds need the per-visit tables: no compact timeline variant")
@@ -286,18 +285,15 @@ def all_specs() -> list:
     seen = set()
     for dtype, head_dim, causal in itertools.product(SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS, (False, True)):
         batch = [fwd_spec(dtype, head_dim, causal), fwd_spec(dtype, head_dim, causal, varlen=True)]
-        for deterministic in (False, True):
-            batch.extend(bwd_specs(dtype, head_dim, causal, deterministic))
-            batch.append(bwd_specs(dtype, head_dim, causal, deterministic, compact=True).main)
-            batch.extend(bwd_specs(dtype, head_dim, causal, deterministic, varlen=True))
-            batch.append(bwd_specs(dtype, head_dim, causal, deterministic, compact=True, varlen=True).main)
+        batch.extend(bwd_specs(dtype, head_dim, causal))
+        batch.append(bwd_specs(dtype, head_dim, causal, compact=True).main)
+        batch.extend(bwd_specs(dtype, head_dim, causal, varlen=True))
+        batch.append(bwd_specs(dtype, head_dim, causal, compact=True, varlen=True).main)
         for varlen in (False, True):                  # logit soft-capping: the forward and the main backward
             batch.append(fwd_spec(dtype, head_dim, causal, varlen=varlen, softcap=True))
-            for deterministic in (False, True):
-                batch.append(bwd_specs(dtype, head_dim, causal, deterministic, varlen=varlen, softcap=True).main)
-        for deterministic, softcap in itertools.product((False, True), (False, True)):   # the 80-query tile
-            batch.extend(bwd_specs(dtype, head_dim, causal, deterministic, softcap=softcap,
-                                   seqlen_q=FULL80_MIN_SEQLEN))
+            batch.append(bwd_specs(dtype, head_dim, causal, varlen=varlen, softcap=True).main)
+        for softcap in (False, True):                 # the 80-query tile
+            batch.extend(bwd_specs(dtype, head_dim, causal, softcap=softcap, seqlen_q=FULL80_MIN_SEQLEN))
         batch.extend((expand_spec(False), expand_spec(True)))
         for spec in batch:
             if spec not in seen:
@@ -376,9 +372,9 @@ def fwd_entry(dtype: str, head_dim: int, causal: bool, varlen: bool = False, sof
     return e
 
 
-def bwd_entry(device_id: int, dtype: str, head_dim: int, causal: bool, deterministic: bool,
-              timeline: bool = False, compact: bool = False, varlen: bool = False, softcap: bool = False,
-              seqlen_q: int = 0, window: tuple = (-1, -1)) -> tuple:
+def bwd_entry(device_id: int, dtype: str, head_dim: int, causal: bool, timeline: bool = False,
+              compact: bool = False, varlen: bool = False, softcap: bool = False, seqlen_q: int = 0,
+              window: tuple = (-1, -1)) -> tuple:
     """(BwdKernels, block_m, block_n, max co-resident CTAs of the main kernel) per device and variant, cached;
     ``seqlen_q``, ``window``: as :func:`bwd_tile`. The first call loads all three kernels on the device (needs the
     GPU).
@@ -388,13 +384,13 @@ def bwd_entry(device_id: int, dtype: str, head_dim: int, causal: bool, determini
     capture cannot load kernels, so the eager warm-up that torch.compile's reduce-overhead mode makes must
     leave preprocess and postprocess loaded too."""
     tile = bwd_tile(head_dim, causal, compact, seqlen_q, window)
-    key = (device_id, dtype, head_dim, causal, deterministic, timeline, compact, varlen, softcap, tile.block_m,
+    key = (device_id, dtype, head_dim, causal, timeline, compact, varlen, softcap, tile.block_m,
            config.BWD_DQ_WRITERS.get())
     e = _bwd_cache.get(key)
     if e is None:
         import cupy
         from . import jit
-        specs = bwd_specs(dtype, head_dim, causal, deterministic, timeline, compact, varlen, softcap=softcap,
+        specs = bwd_specs(dtype, head_dim, causal, timeline, compact, varlen, softcap=softcap,
                           seqlen_q=seqlen_q, window=window)
         with cupy.cuda.Device(device_id):
             max_ctas = int(max_resident_ctas(specs.main))

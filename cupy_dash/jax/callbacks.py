@@ -157,7 +157,7 @@ class _Backward(_Call):
         capped = p.softcap > 0
         compact = compact_device.wanted(p.Sq, p.Sk, tile.block_m, tile.block_n, p.B * p.H, cfg.causal, cfg.window,
                                         capped)
-        specs = kernels.bwd_specs(p.dtype, p.D, cfg.causal, cfg.deterministic, compact=compact, softcap=capped,
+        specs = kernels.bwd_specs(p.dtype, p.D, cfg.causal, compact=compact, softcap=capped,
                                   seqlen_q=p.Sq, window=cfg.window)
         tile = kernels.bwd_tile(p.D, cfg.causal, compact, p.Sq, cfg.window)
         self.work_bytes = launchers.BwdLaunch(specs, tile.block_m, tile.block_n, p, cfg.deterministic,
@@ -166,9 +166,8 @@ class _Backward(_Call):
         self.launches, self.records = {}, {}
         for dev in self.devices:
             with cupy.cuda.Device(dev):
-                specs, bm, bn, max_ctas = kernels.bwd_entry(dev, p.dtype, p.D, cfg.causal, cfg.deterministic,
-                                                            compact=compact, softcap=capped, seqlen_q=p.Sq,
-                                                            window=cfg.window)
+                specs, bm, bn, max_ctas = kernels.bwd_entry(dev, p.dtype, p.D, cfg.causal, compact=compact,
+                                                            softcap=capped, seqlen_q=p.Sq, window=cfg.window)
                 _load(specs)
                 c = launchers.BwdLaunch(specs, bm, bn, p, cfg.deterministic, spin_timeout_ns, cfg.causal,
                                         cfg.window)

@@ -135,7 +135,7 @@ def forward_pack(p):
 
 
 def backward_launch(p, deterministic=True, window=(-1, 0)):
-    specs = kernels.bwd_specs("bfloat16", p.D, True, deterministic)
+    specs = kernels.bwd_specs("bfloat16", p.D, True)
     tile = kernels.bwd_tile(p.D, True)
     c = launchers.BwdLaunch(specs, tile.block_m, tile.block_n, p, deterministic, 10**9, True, window)
     ptr = types.SimpleNamespace

@@ -95,7 +95,7 @@ def test_lowering_one_callback_per_kernel_call_with_workspace_result(jx):
     assert fwd[1].count("tensor<") == 2 and "tensor<2x4x256xf32>" in fwd[1]          # out, lse
     tile = kernels.bwd_tile(128, True)
     p, cfg = cupy_dash.jax.ops._problem(cupy_dash.jax.ops._config(True, None), q, k, k)
-    work = launchers.BwdLaunch(kernels.bwd_specs("bfloat16", 128, True, True), tile.block_m, tile.block_n, p, True,
+    work = launchers.BwdLaunch(kernels.bwd_specs("bfloat16", 128, True), tile.block_m, tile.block_n, p, True,
                                1, True, cfg.window).work_bytes
     assert bwd[0].count("tensor<") == 6                                              # dout, q, k, v, out, lse
     assert bwd[1].count("tensor<") == 4 and f"tensor<{work}xui8>" in bwd[1], bwd[1]  # dq, dk, dv, workspace

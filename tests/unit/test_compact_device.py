@@ -156,7 +156,7 @@ def _fake_tables(bounds=True):
 def test_bwd_params_carry_compact_fields(bounds, monkeypatch):
     monkeypatch.setattr(tensormap, "bhsd_map", lambda *a, **k: bytes(128))      # no driver here
     p = types.SimpleNamespace(B=1, Sq=1000, Sk=1000, H=4, Hkv=1, D=128, dtype="bfloat16", scale=0.125, softcap=0.0)
-    specs = kernels.bwd_specs("bfloat16", 128, True, True, compact=True)
+    specs = kernels.bwd_specs("bfloat16", 128, True, compact=True)
     c = launchers.BwdLaunch(specs, 64, 128, p, True, 10 ** 9, True, (-1, 0), tables=_fake_tables(bounds))
     strides = (1000 * 4 * 128, 4 * 128, 128)
     kv = (1000 * 128, 128, 128)
@@ -171,12 +171,12 @@ def test_bwd_params_carry_compact_fields(bounds, monkeypatch):
 
 
 def test_compact_specs():
-    main = kernels.bwd_specs("bfloat16", 128, True, True, compact=True).main
+    main = kernels.bwd_specs("bfloat16", 128, True, compact=True).main
     assert dict(main.defines)["DASH_COMPACT"] == 1 and main.label == "bwd_main[bf16,d128,causal,compact]"
-    plain = kernels.bwd_specs("bfloat16", 128, True, True).main
+    plain = kernels.bwd_specs("bfloat16", 128, True).main
     assert "DASH_COMPACT" not in dict(plain.defines)      # the default build's defines (and cache key) unchanged
     with pytest.raises(ValueError, match="timeline"):
-        kernels.bwd_specs("bfloat16", 128, True, True, timeline=True, compact=True)
+        kernels.bwd_specs("bfloat16", 128, True, timeline=True, compact=True)
 
 
 def test_opt_in_env(monkeypatch):

@@ -160,8 +160,8 @@ def test_the_80_query_tile_serves_long_full_mask_calls(monkeypatch):
     assert [block_m(128, False, seqlen_q=long - 1), block_m(128, True, seqlen_q=long),
             block_m(128, False, seqlen_q=long, window=(100, -1)), block_m(128, False),
             block_m(128, False, True, long), block_m(64, False, seqlen_q=long)] == [64, 64, 64, 64, 64, 128]
-    specs = kernels.bwd_specs("bfloat16", 128, False, True, seqlen_q=long)
-    short = kernels.bwd_specs("bfloat16", 128, False, True)
+    specs = kernels.bwd_specs("bfloat16", 128, False, seqlen_q=long)
+    short = kernels.bwd_specs("bfloat16", 128, False)
     assert {dict(s.defines)["DASH_BLOCK_M"] for s in specs} == {80}
     assert {dict(s.defines)["DASH_BLOCK_M"] for s in short} == {64}
     assert specs.main.smem_bytes == kernels._bwd_main_smem(kernels.TILES[("bwd_main", 128, "full80")], 128)

@@ -84,7 +84,7 @@ def test_errors_decode_each_code(code, needles, monkeypatch):
 def test_smem_formulas_use_the_header(monkeypatch):
     """The host's shared-memory sums follow the header's terms (the kernels static_assert the results)."""
     base = {d: (kernels.fwd_spec("bfloat16", d, False).smem_bytes,
-                kernels.bwd_specs("bfloat16", d, False, True).main.smem_bytes) for d in (64, 128)}
+                kernels.bwd_specs("bfloat16", d, False).main.smem_bytes) for d in (64, 128)}
     bigger = K._replace(kSmemAlign=2 * K.kSmemAlign, kFwdKvStages=K.kFwdKvStages + 1, kBwdStages=K.kBwdStages + 1)
     monkeypatch.setattr(kernels, "K", bigger)
     for d, (fwd, bwd) in base.items():

@@ -64,7 +64,7 @@ def ksrc(tmp_path, monkeypatch):
     return root
 
 
-SPEC = kernels.bwd_specs("bfloat16", 64, causal=True, deterministic=True).main
+SPEC = kernels.bwd_specs("bfloat16", 64, causal=True).main
 
 
 # ------------------------------------------------------------------------------------------------ layout
@@ -206,16 +206,15 @@ def test_all_specs_cover_every_combination():
     for dtype, d, causal in itertools.product(kernels.SUPPORTED_DTYPES, kernels.SUPPORTED_HEAD_DIMS, (0, 1)):
         expected.add(kernels.fwd_spec(dtype, d, bool(causal)))
         expected.add(kernels.fwd_spec(dtype, d, bool(causal), varlen=True))
-        for det in (False, True):
-            expected.update(kernels.bwd_specs(dtype, d, bool(causal), det))
-            expected.add(kernels.bwd_specs(dtype, d, bool(causal), det, compact=True).main)
-            expected.update(kernels.bwd_specs(dtype, d, bool(causal), det, varlen=True))
-            expected.add(kernels.bwd_specs(dtype, d, bool(causal), det, compact=True, varlen=True).main)
-            for varlen in (False, True):
-                expected.add(kernels.bwd_specs(dtype, d, bool(causal), det, varlen=varlen, softcap=True).main)
-            for softcap in (False, True):       # the 80-query tile (head dims 96 and 128, full mask)
-                expected.update(kernels.bwd_specs(dtype, d, bool(causal), det, softcap=softcap,
-                                                  seqlen_q=kernels.FULL80_MIN_SEQLEN))
+        expected.update(kernels.bwd_specs(dtype, d, bool(causal)))
+        expected.add(kernels.bwd_specs(dtype, d, bool(causal), compact=True).main)
+        expected.update(kernels.bwd_specs(dtype, d, bool(causal), varlen=True))
+        expected.add(kernels.bwd_specs(dtype, d, bool(causal), compact=True, varlen=True).main)
+        for varlen in (False, True):
+            expected.add(kernels.bwd_specs(dtype, d, bool(causal), varlen=varlen, softcap=True).main)
+        for softcap in (False, True):           # the 80-query tile (head dims 96 and 128, full mask)
+            expected.update(kernels.bwd_specs(dtype, d, bool(causal), softcap=softcap,
+                                              seqlen_q=kernels.FULL80_MIN_SEQLEN))
         for varlen in (False, True):
             expected.add(kernels.fwd_spec(dtype, d, bool(causal), varlen=varlen, softcap=True))
     assert expected == set(specs)
@@ -229,14 +228,14 @@ def test_all_specs_cover_every_combination():
         assert d["DASH_SMEM_BYTES"] == s.smem_bytes and d["DASH_NUM_THREADS"] == s.threads
         assert s.smem_bytes <= 227 * 1024
         assert s.source.endswith(".cu") and s.entry.startswith("dash_")
-    assert kernels.bwd_specs("bfloat16", 128, True, True).main.label == "bwd_main[bf16,d128,causal]"
-    # deterministic or not is the launch's choice: one main kernel serves both
-    assert kernels.bwd_specs("bfloat16", 128, True, True) == kernels.bwd_specs("bfloat16", 128, True, False)
+    assert kernels.bwd_specs("bfloat16", 128, True).main.label == "bwd_main[bf16,d128,causal]"
+    # deterministic or not is the launch's choice: no build of the main kernel carries it
+    assert not any(name == "DASH_DETERMINISTIC" for s in kernels.all_specs() for name, _ in s.defines)
     assert kernels.fwd_spec("float16", 64, False).label == "fwd[fp16,d64,full]"
     assert kernels.fwd_spec("bfloat16", 128, True, varlen=True).label == "fwd[bf16,d128,causal,varlen]"
-    assert kernels.bwd_specs("float16", 64, False, False).main.label == "bwd_main[fp16,d64,full]"
+    assert kernels.bwd_specs("float16", 64, False).main.label == "bwd_main[fp16,d64,full]"
     assert kernels.fwd_spec("bfloat16", 96, True).label == "fwd[bf16,d96,causal]"
-    assert kernels.bwd_specs("bfloat16", 96, False, True, seqlen_q=kernels.FULL80_MIN_SEQLEN).main.label == \
+    assert kernels.bwd_specs("bfloat16", 96, False, seqlen_q=kernels.FULL80_MIN_SEQLEN).main.label == \
         "bwd_main[bf16,d96,m80,full]"
 
 
@@ -249,7 +248,7 @@ def test_tile_plan_and_smem():
         assert dict(fs.defines)["DASH_HEAD_DIM"] == d_io
         # the forward: Q; K, V x2 stages; 9 barriers; 1 KB of alignment slack (fwd/config.cuh static_asserts it)
         assert fs.smem_bytes == (f.block_m + 4 * f.block_n) * d * 2 + 72 + 1024 and fs.threads == f.threads == 384
-        pre, main, post = kernels.bwd_specs("bfloat16", d_io, False, True)
+        pre, main, post = kernels.bwd_specs("bfloat16", d_io, False)
         # the main kernel: 384 threads; smem as bwd/config.cuh lays it out (the kernel static_asserts the same
         # number, so compile --all checks the formula): K x2, V; Q, dO, dS x2; fp32 dQ; lse, dpsum x2; 14
         # barriers; a 16-byte visit slot per stage; 1 KB of alignment slack
@@ -263,7 +262,7 @@ def test_tile_plan_and_smem():
     with pytest.raises(ValueError):
         kernels.fwd_spec("float32", 64, False)
     with pytest.raises(ValueError):
-        kernels.bwd_specs("bfloat16", 160, False, True)
+        kernels.bwd_specs("bfloat16", 160, False)
     for bad in (80, 160):
         with pytest.raises(ValueError, match="head_dim"):
             kernels.fwd_spec("bfloat16", bad, False)
@@ -361,7 +360,7 @@ def test_cubin_without_json_is_ignored(ksrc):
 
 def test_key_changes_with_define_and_header(ksrc):
     k0 = jit.cache_key(SPEC)
-    other = kernels.bwd_specs("bfloat16", 64, causal=False, deterministic=True).main
+    other = kernels.bwd_specs("bfloat16", 64, causal=False).main
     assert jit.cache_key(other) != k0
     jit.compile_spec(SPEC)
     assert jit.compile_spec(SPEC).cached
@@ -411,11 +410,11 @@ def test_verbose_prints_ptxas_report(ksrc, monkeypatch, capsys):
 
 # ------------------------------------------------------------------------------------------------ real kernels
 @pytest.mark.parametrize("spec", [kernels.fwd_spec("bfloat16", 128, True),
-                                  kernels.bwd_specs("float16", 64, False, True).main,
-                                  kernels.bwd_specs("bfloat16", 128, True, True, timeline=True).main,
-                                  kernels.bwd_specs("bfloat16", 128, True, True, compact=True).main,
-                                  kernels.bwd_specs("bfloat16", 128, True, True, varlen=True).main,
-                                  kernels.bwd_specs("bfloat16", 128, True, True, compact=True, varlen=True).main],
+                                  kernels.bwd_specs("float16", 64, False).main,
+                                  kernels.bwd_specs("bfloat16", 128, True, timeline=True).main,
+                                  kernels.bwd_specs("bfloat16", 128, True, compact=True).main,
+                                  kernels.bwd_specs("bfloat16", 128, True, varlen=True).main,
+                                  kernels.bwd_specs("bfloat16", 128, True, compact=True, varlen=True).main],
                          ids=lambda s: s.label)
 def test_real_kernel_compiles(spec):
     # The process's kernel cache: after the README test command's `compile --all` every variant here but the

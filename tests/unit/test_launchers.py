@@ -55,7 +55,7 @@ def test_forward_params():
 def test_backward_workspace_head_dim_96():
     """Head dim 96: dq_accum rows are the kernels' padded 128 columns; dq, dk, dv and the maps keep 96."""
     p = problem(Sq=200, D=96)
-    specs = kernels.bwd_specs("bfloat16", 96, True, True)
+    specs = kernels.bwd_specs("bfloat16", 96, True)
     tile = kernels.bwd_tile(96, True)
     c = launchers.BwdLaunch(specs, tile.block_m, tile.block_n, p, True, 12345, True, (-1, 0))
     rows = 2 * 4 * c.sq_rounded
@@ -74,7 +74,7 @@ def test_backward_workspace_head_dim_96():
 @pytest.mark.parametrize("deterministic", [True, False])
 def test_backward_workspace_and_params(deterministic):
     p = problem(Sq=200)
-    specs = kernels.bwd_specs("float16", 128, True, deterministic)
+    specs = kernels.bwd_specs("float16", 128, True)
     tile = kernels.bwd_tile(128, True)
     c = launchers.BwdLaunch(specs, tile.block_m, tile.block_n, p, deterministic, 12345, True, (150, 0))
     m_blocks = -(-200 // tile.block_m)
@@ -127,7 +127,7 @@ def test_backward_workspace_and_params(deterministic):
 def test_backward_zeroes_dk_dv_when_a_whole_kv_tile_is_unseen(window, zero):
     p = problem(Sq=64, Sk=320)                  # keys 0 .. Sk - Sq - left - 1 are seen by no query
     tile = kernels.bwd_tile(128, True)
-    c = launchers.BwdLaunch(kernels.bwd_specs("float16", 128, True, True), tile.block_m, tile.block_n, p, True, 1,
+    c = launchers.BwdLaunch(kernels.bwd_specs("float16", 128, True), tile.block_m, tile.block_n, p, True, 1,
                             True, window)
     assert c.zero_kv == zero, (window, 320 - 64 - window[0], tile.block_n)
     assert launchers.kv_bytes(p) == 2 * 320 * 2 * 128 * 2
@@ -136,7 +136,7 @@ def test_backward_zeroes_dk_dv_when_a_whole_kv_tile_is_unseen(window, zero):
 def _backward_launch(window=(-1, 0)):
     p = problem(Sq=64, Sk=320)
     tile = kernels.bwd_tile(128, True)
-    c = launchers.BwdLaunch(kernels.bwd_specs("float16", 128, True, True), tile.block_m, tile.block_n, p, True, 1,
+    c = launchers.BwdLaunch(kernels.bwd_specs("float16", 128, True), tile.block_m, tile.block_n, p, True, 1,
                             True, window)
     c.tables = types.SimpleNamespace(num_ctas=7, policy="fa3")
     return c
@@ -211,7 +211,7 @@ def test_fold_decision(env, small, large, monkeypatch):
     has at most FOLD_MAX_TILES (Q tile, KV tile) pairs; CUPY_DASH_FOLD = 0 / 1 overrides the size rule only."""
     monkeypatch.setenv(launchers.FOLD_ENV, env)
     tile = kernels.bwd_tile(128, True)
-    specs = kernels.bwd_specs("float16", 128, True, True)
+    specs = kernels.bwd_specs("float16", 128, True)
 
     def fold(window=(-1, 0), **shape):
         p = problem(**shape)
@@ -271,10 +271,10 @@ def test_first_backward_of_a_variant_loads_all_three_kernels(monkeypatch):
     monkeypatch.setattr(kernels, "max_resident_ctas", lambda spec: loaded.append(spec.label) or 132)
     monkeypatch.setattr(jit, "load", lambda spec: loaded.append(spec.label))
     monkeypatch.setattr(cupy.cuda, "Device", _NoDevice)
-    specs, _, _, max_ctas = kernels.bwd_entry(0, "bfloat16", 64, True, True)
+    specs, _, _, max_ctas = kernels.bwd_entry(0, "bfloat16", 64, True)
     assert max_ctas == 132
     assert sorted(loaded) == sorted(s.label for s in (specs.preprocess, specs.main, specs.postprocess))
-    kernels.bwd_entry(0, "bfloat16", 64, True, True)                       # cached: nothing loaded again
+    kernels.bwd_entry(0, "bfloat16", 64, True)                              # cached: nothing loaded again
     assert len(loaded) == 3
 
 
@@ -317,7 +317,7 @@ def test_a_launch_needs_the_build_of_its_cap():
     with pytest.raises(RuntimeError, match="soft-capping build"):
         launchers.check_softcap_build(plain, p)
     with pytest.raises(ValueError, match="softcap: no compact-table build"):
-        kernels.bwd_specs("float16", 64, True, True, compact=True, softcap=True)
+        kernels.bwd_specs("float16", 64, True, compact=True, softcap=True)
 
 
 def test_varlen_workspace_covers_the_tile_the_packing_may_take(monkeypatch):
@@ -326,7 +326,7 @@ def test_varlen_workspace_covers_the_tile_the_packing_may_take(monkeypatch):
     build), whose per-sequence padding needs more rows: the reservation covers both."""
     monkeypatch.setenv("CUPY_DASH_BWD_FULL_BLOCK_M", "80")
     p = problem(B=1, Sq=160, Sk=160, H=1, Hkv=1)
-    specs = kernels.bwd_specs("float16", 128, False, True, varlen=True)
+    specs = kernels.bwd_specs("float16", 128, False, varlen=True)
     assert kernels.bwd_tile(128, False).block_m == 80 and kernels.bwd_tile(128, False, True).block_m == 64
     by_tile = {bm: launchers.BwdLaunch(specs, bm, 128, p, True, 1, False, (-1, -1), varlen=(1, 160)).work_bytes
                for bm in (64, 80)}

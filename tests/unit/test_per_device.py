@@ -128,11 +128,11 @@ def test_backward_kernels_and_occupancy_are_per_device(monkeypatch):
     monkeypatch.setattr(kernels, "_bwd_cache", {})
     monkeypatch.setattr(kernels, "max_resident_ctas", lambda spec: seen.append(("ctas", devices.current)) or 132)
     monkeypatch.setattr(jit, "load", lambda spec: seen.append(("load", devices.current)))
-    kernels.bwd_entry(0, "bfloat16", 64, True, True)
+    kernels.bwd_entry(0, "bfloat16", 64, True)
     assert seen == [("ctas", 0), ("load", 0), ("load", 0)] and devices.current == 1
-    kernels.bwd_entry(1, "bfloat16", 64, True, True)
+    kernels.bwd_entry(1, "bfloat16", 64, True)
     assert seen[3:] == [("ctas", 1), ("load", 1), ("load", 1)]
-    kernels.bwd_entry(0, "bfloat16", 64, True, True)
+    kernels.bwd_entry(0, "bfloat16", 64, True)
     assert len(seen) == 6
 
 
