@@ -23,7 +23,7 @@ struct FwdParams {
   // [cu_seqlens[b], cu_seqlens[b + 1]); lse is (H, total_q); out (contiguous) takes the partial last tiles.
   const int32_t* cu_seqlens_q; const int32_t* cu_seqlens_k;  // (batch + 1,) int32
   elem_t* out;
-  // Logit soft-capping (DASH_SOFTCAP builds; 0 otherwise): the scores become cap * tanh(s * softcap_prescale)
+  // Logit soft-capping (0: none; every forward build takes both): the scores become cap * tanh(s * softcap_prescale)
   // with softcap_prescale = softmax_scale / cap (the caller's scale); softmax_scale and softmax_scale_log2 above
   // are then cap and cap * log2(e), the factors from tanh units to logits (lse = max * softmax_scale + log sum).
   float softcap_prescale;

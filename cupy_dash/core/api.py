@@ -306,7 +306,7 @@ def attention_forward(q, k, v, *, causal=False, softmax_scale=None, window=(-1, 
     window = _check_window(window, causal)
     p = validate(q, k, v, softmax_scale=softmax_scale, softcap=softcap)
     window = _schedule.canonical_window(window, p.Sq, p.Sk, causal)
-    spec, block_m, block_n = kernels.fwd_entry(p.dtype, p.D, causal, softcap=p.softcap > 0)
+    spec, block_m, block_n = kernels.fwd_entry(p.dtype, p.D, causal)
     return run_forward(q, p, spec, block_m, block_n, window, (q, k, v), launchers.fwd_grid(p, block_m),
                        ((p.B, p.Sq, p.H, p.D), (p.B, p.H, p.Sq)), capturing, causal, fast_key,
                        fastpath.register_forward)

@@ -204,15 +204,13 @@ def _spec(kernel: str, tile: TileConfig, dtype: str, head_dim: int, smem=None, c
                       smem_bytes=smem)
 
 
-def fwd_spec(dtype: str, head_dim: int, causal: bool, varlen: bool = False, softcap: bool = False) -> KernelSpec:
-    """The forward kernel; ``varlen``: the build for packed variable-length sequences (``cu_seqlens``);
-    ``softcap``: the build with logit soft-capping (kernels_src/params.cuh, softcap_prescale)."""
+def fwd_spec(dtype: str, head_dim: int, causal: bool, varlen: bool = False) -> KernelSpec:
+    """The forward kernel; ``varlen``: the build for packed variable-length sequences (``cu_seqlens``). Logit
+    soft-capping is the launch's choice (kernels_src/params.cuh, softcap_prescale != 0): one build serves both."""
     check_supported(dtype, head_dim)
     flags = dict(DASH_CAUSAL=causal)
     if varlen:
         flags["DASH_VARLEN"] = True
-    if softcap:
-        flags["DASH_SOFTCAP"] = True
     return _spec("fwd", fwd_tile(head_dim), dtype, head_dim, **flags)
 
 
@@ -289,8 +287,7 @@ def all_specs() -> list:
         batch.append(bwd_specs(dtype, head_dim, causal, compact=True).main)
         batch.extend(bwd_specs(dtype, head_dim, causal, varlen=True))
         batch.append(bwd_specs(dtype, head_dim, causal, compact=True, varlen=True).main)
-        for varlen in (False, True):                  # logit soft-capping: the forward and the main backward
-            batch.append(fwd_spec(dtype, head_dim, causal, varlen=varlen, softcap=True))
+        for varlen in (False, True):                  # logit soft-capping: the main backward's builds
             batch.append(bwd_specs(dtype, head_dim, causal, varlen=varlen, softcap=True).main)
         for softcap in (False, True):                 # the 80-query tile
             batch.extend(bwd_specs(dtype, head_dim, causal, softcap=softcap, seqlen_q=FULL80_MIN_SEQLEN))
@@ -361,13 +358,13 @@ _fwd_cache: dict = {}
 _bwd_cache: dict = {}
 
 
-def fwd_entry(dtype: str, head_dim: int, causal: bool, varlen: bool = False, softcap: bool = False) -> tuple:
+def fwd_entry(dtype: str, head_dim: int, causal: bool, varlen: bool = False) -> tuple:
     """(forward KernelSpec, block_m, block_n), cached."""
-    key = (dtype, head_dim, causal, varlen, softcap)
+    key = (dtype, head_dim, causal, varlen)
     e = _fwd_cache.get(key)
     if e is None:
         tile = fwd_tile(head_dim)
-        e = _fwd_cache[key] = (fwd_spec(dtype, head_dim, causal, varlen, softcap), int(tile.block_m),
+        e = _fwd_cache[key] = (fwd_spec(dtype, head_dim, causal, varlen), int(tile.block_m),
                                int(tile.block_n))
     return e
 

@@ -47,7 +47,6 @@ def launch_forward(spec, block_m, block_n, p, window, operands, out_ptr, lse_ptr
     given (varlen: sized by max_seqlen_q). Encodes the tensor maps (host only), packs the parameters, launches;
     never synchronizes or allocates device memory.
     """
-    check_softcap_build(spec, p)
     params = fwd_params(block_m, block_n, p, window, operands, out_ptr, lse_ptr, varlen)
     kernels.launch(spec, fwd_grid(p, block_m) if grid is None else grid, params, stream)
     return params
@@ -70,8 +69,9 @@ def logit_factors(p, backward: bool) -> dict:
 
 
 def check_softcap_build(spec, p) -> None:
-    """A launch of ``spec`` for ``p`` uses the soft-capping build exactly when ``p`` has a cap (RuntimeError
-    otherwise: the other build would silently compute other scores)."""
+    """A launch of the backward main kernel ``spec`` for ``p`` uses the soft-capping build exactly when ``p`` has a
+    cap (RuntimeError otherwise: the other build would silently compute other scores; the forward has one build for
+    both, its cap a launch parameter)."""
     if (("DASH_SOFTCAP", 1) in spec.defines) != bool(p.softcap):       # NOTES: on every eager launch: no dict
         raise RuntimeError(f"{spec.label}: softcap={p.softcap} needs the {'soft-capping' if p.softcap else 'plain'} "
                            f"build of this kernel")

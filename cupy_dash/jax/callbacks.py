@@ -126,8 +126,7 @@ class _Forward(_Call):
 
     def __init__(self, p, cfg, varlen=False):
         self.causal, self.window = cfg.causal, cfg.window
-        self.spec, self.block_m, self.block_n = kernels.fwd_entry(p.dtype, p.D, cfg.causal, varlen=varlen,
-                                                                  softcap=p.softcap > 0)
+        self.spec, self.block_m, self.block_n = kernels.fwd_entry(p.dtype, p.D, cfg.causal, varlen=varlen)
         super().__init__(p)
         import cupy
         for dev in self.devices:

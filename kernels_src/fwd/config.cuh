@@ -24,10 +24,6 @@ constexpr int kHeadDimIO = DASH_HEAD_DIM;                // columns of q, k, v a
 constexpr int kHeadDim = padded_head_dim(kHeadDimIO);  // compute width: 96 runs as 128 (tile_tma.cuh)
 constexpr bool kVarlen = DASH_VARLEN != 0;  // packed variable-length sequences (FwdParams::cu_seqlens_q/k)
 constexpr bool kCausal = DASH_CAUSAL != 0;
-#ifndef DASH_SOFTCAP
-#define DASH_SOFTCAP 0
-#endif
-constexpr bool kSoftcap = DASH_SOFTCAP != 0;  // logit soft-capping (params.cuh: softcap_prescale)
 constexpr int kBlockM = DASH_BLOCK_M;  // queries per Q tile (m_block)
 constexpr int kBlockN = DASH_BLOCK_N;  // keys per KV tile (n_block)
 

@@ -126,7 +126,8 @@ DASH_DEVICE void gemm_pv(float (&O)[kORegs], const uint32_t (&Pa)[kBlockN / 16][
 
 // Scores of KV tile n_block into P. NOTES: a tile needs the element mask only if it reaches past Sk, or past the
 // right edge of the window of the warpgroup's first row, or before the left edge of its last row's. Soft-capping
-// maps the raw scores to tanh units first, so that the mask's -inf stays -inf.
+// (a launch with softcap_prescale != 0: the same build serves both) maps the raw scores to tanh units first, so
+// that the mask's -inf stays -inf.
 template <bool kFirst>
 DASH_DEVICE void scores_to_probs(float (&S)[kSRegs], RowStats& st, float (&corr)[2], int n_block, int row_first,
                                  const KeyRange& keys, const FwdParams& p, const Tile& t, const Fragment& f) {
@@ -134,7 +135,7 @@ DASH_DEVICE void scores_to_probs(float (&S)[kSRegs], RowStats& st, float (&corr)
   const bool need_mask = key0 + kBlockN > t.seqlen_k ||
                          (p.window_right >= 0 && key0 + kBlockN - 1 > row_first + diag + (int)p.window_right) ||
                          (p.window_left >= 0 && key0 < row_first + 63 + diag - (int)p.window_left);
-  if constexpr (kSoftcap) {
+  if (p.softcap_prescale != 0.f) {
 #pragma unroll
     for (int i = 0; i < kSRegs; ++i) S[i] = tanh_approx(S[i] * p.softcap_prescale);
   }

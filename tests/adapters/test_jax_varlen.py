@@ -219,9 +219,9 @@ def test_traced_lengths_are_checked_when_the_backward_runs(monkeypatch):
 @pytest.mark.parametrize("softcap", [0.0, 30.0], ids=["plain", "capped"])
 def test_the_forward_callback_launches_as_the_eager_varlen_forward(monkeypatch, softcap):
     """The varlen forward's callback (traced lengths: the call's own cu_seqlens buffers) goes through the launch every
-    entry point shares (launchers.launch_forward: the soft-capping build check, then the launch), with the grid sized
-    by max_seqlen_q and the sequences' count and cu_seqlens pointers; a kernel built without the cap is refused for
-    a capped problem. Buffers are addresses, the device is 0, the launch is recorded."""
+    entry point shares (launchers.launch_forward), with the grid sized by max_seqlen_q and the sequences' count and
+    cu_seqlens pointers; capped or not, the same build, the cap in the parameters (p). Buffers are addresses, the
+    device is 0, the launch is recorded."""
     pytest.importorskip("jax")
     import types
     from cupy_dash.cuda import kernels as cuda_kernels
@@ -241,12 +241,9 @@ def test_the_forward_callback_launches_as_the_eager_varlen_forward(monkeypatch, 
     fwd.q_strides = fwd.kv_strides = (256, 128, 2)
     fwd.devices, fwd.cu = (0,), {}
     fwd.spec = types.SimpleNamespace(label="fwd[bf16,d64,full,varlen]", defines=())
-    monkeypatch.setattr(jax_varlen.launchers, "fwd_params", lambda *a, **kw: (a, kw))
+    params = []
+    monkeypatch.setattr(jax_varlen.launchers, "fwd_params", lambda *a, **kw: params.append(a) or (a, kw))
     ctx = types.SimpleNamespace(stream=7)
-    if softcap:
-        with pytest.raises(RuntimeError, match="softcap=30.0 needs the soft-capping"):
-            fwd(ctx, (0x5000, 0x6000), 0x1000, 0x2000, 0x3000, 0x7000, 0x8000)
-        assert not launched
-        return
     fwd(ctx, (0x5000, 0x6000), 0x1000, 0x2000, 0x3000, 0x7000, 0x8000)
     assert launched == [(fwd.spec, (2, 2, 3))]
+    assert params[0][2].softcap == softcap                    # fwd_params(block_m, block_n, p, ...)

@@ -306,9 +306,12 @@ def test_logit_factors_with_and_without_a_cap():
                                                     softcap_prescale=0.125 / 50.0)
 
 
-def test_a_launch_needs_the_build_of_its_cap():
+def test_a_backward_launch_needs_the_build_of_its_cap():
+    """The backward main kernel has a soft-capping build (the cap's derivative needs registers); the forward has
+    one build for both, its cap a launch parameter (softcap_prescale)."""
     p = problem()
-    plain, capped = kernels.fwd_spec("float16", 64, True), kernels.fwd_spec("float16", 64, True, softcap=True)
+    plain, capped = (kernels.bwd_specs("float16", 64, True, softcap=c).main for c in (False, True))
+    assert not any(name == "DASH_SOFTCAP" for name, _ in kernels.fwd_spec("float16", 64, True).defines)
     launchers.check_softcap_build(plain, p)
     with pytest.raises(RuntimeError, match="softcap=0.0 needs the plain build"):
         launchers.check_softcap_build(capped, p)
