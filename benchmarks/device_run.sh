@@ -3,7 +3,7 @@
 #   bash benchmarks/device_run.sh [smoke|fwd|tests|bench|integration|long|gqa|varlen_bench|long1m|varlen_step|
 #                                  fold|fold_bench|varlen_events|sanitize|ncu|engine|engine_bench|
 #                                  engine_ab|dq_writers|multi_gpu|first|first2|fa3_bench|fa3_full|final|tile80|d96|tests2|
-#                                  loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|all]
+#                                  loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|suite|all]
 #                                  [extra pytest args...]
 # "engine": the backward kernel's GPU tests (every family: MHA, GQA, compact, varlen, fold, window, portable);
 # "engine_bench": the backward at the shapes, this tree against the kernels in every carried .ab*/kernels_src
@@ -222,6 +222,14 @@ if [ "$stage" = patches_bench ]; then   # each patch of $PATCHES as .abN in one 
     rm -rf kernels_src && cp -r /tmp/pristine kernels_src
   done
   (cd /tmp/pb && tar czf "$OUT/patches_bench.tgz" *.json *.md *.log)
+fi
+if [ "$stage" = suite ]; then   # the GPU test files one by one, each under its own limit (SIGINT: the summary still
+  for fl in ${SUITE:?"file:limit pairs, e.g. forward:90 gqa:200"}; do   # names the failures), one log for all
+    f=${fl%%:*}; lim=${fl##*:}; t0=$(date +%s)
+    timeout -s INT -k 15 $lim $py -m pytest tests/gpu/test_gpu_$f.py -q -rf -n 8 -p no:cacheprovider "$@" >/tmp/suite_$f.log 2>&1
+    rc=$?; { echo "== $f"; echo "rc=$rc $(( $(date +%s) - t0 ))s"; grep -E "FAILED|ERROR|Timeout" /tmp/suite_$f.log | head -20
+      tail -1 /tmp/suite_$f.log; } | tee -a "$OUT/gpu_tests_per_file.log"
+  done
 fi
 if [ "$stage" = engine_rest ]; then   # what quick_ab's tests leave out (head dim 96, soft-capping, fold, portable,
   mkdir -p /tmp/er                      # the timeline build's bits), then the timeline at full 3840 and causal 8k

@@ -9,6 +9,7 @@ import pytest
 
 import cupy_dash
 from cupy_dash import reference
+from cupy_dash.core import api
 from cupy_dash.schedule import compact_device
 from gpu_helpers import POLICIES, _assert_same_bits, _dev, _host, _randn, _seed
 
@@ -25,7 +26,7 @@ SHAPES = [
 
 def _inputs(shape, seed):
     B, Sq, Sk, H, Hkv, D, causal, window, dtype = shape
-    np_dtype = np.float16 if dtype == "float16" else cupy_dash.core.api.NP_DTYPES["bfloat16"]
+    np_dtype = np.float16 if dtype == "float16" else api.NP_DTYPES["bfloat16"]
     rng = np.random.default_rng(seed)
     q, do = (_dev(_randn(rng, (B, Sq, H, D), np_dtype)) for _ in range(2))
     k, v = (_dev(_randn(rng, (B, Sk, Hkv, D), np_dtype)) for _ in range(2))
