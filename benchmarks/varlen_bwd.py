@@ -2,7 +2,9 @@
 (16 heads of 128, fp16) in 1 to 64 sequences, against the fixed-length backward of the same tokens where the
 lengths are equal, and the host time of one call with device cu_seqlens (a device-to-host copy and a wait) and
 with host cu_seqlens (no wait). TFLOP/s with FA3's convention per sequence (bwd = 2.5 x 4 Sq Sk H D, x 1/2
-causal), CUDA events, median of --repeats after 3 warm-up calls.
+causal), CUDA events, median of --repeats after 3 warm-up calls. Each call is timed alone (the varlen side's
+host work after its `cu_seqlens` read-back inside: the GPU idles then) and queued, ten calls with host
+`cu_seqlens` back to back between the events (the kernels' time where the host keeps up).
 
     python benchmarks/varlen_bwd.py [--repeats 20] [--json out.json] [--profile]
 
@@ -38,6 +40,23 @@ def _median_ms(fn, repeats):
         b.record()
         b.synchronize()
         times.append(cupy.cuda.get_elapsed_time(a, b))
+    return statistics.median(times)
+
+
+def _queued_ms(fn, repeats, calls=10):
+    """GPU time per call with `calls` calls queued back to back between the events: the host's work for one call
+    overlaps the GPU's for the one before, so this is the kernels' time where the host keeps up."""
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(repeats):
+        a, b = cupy.cuda.Event(), cupy.cuda.Event()
+        a.record()
+        for _ in range(calls):
+            fn()
+        b.record()
+        b.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(a, b) / calls)
     return statistics.median(times)
 
 
@@ -79,7 +98,8 @@ def main(argv=None):
     gpu = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
     print(f"varlen backward, {TOKENS} tokens, H={H}, D={D}, fp16 ({gpu})")
     print(f"{'lengths':8s} {'seqs':>4s} {'mask':6s} {'schedule':16s} {'varlen ms':>9s} {'TFLOP/s':>8s} "
-          f"{'fixed ms':>8s} {'TFLOP/s':>8s} {'host us dev-cu':>14s} {'host us host-cu':>15s}")
+          f"{'fixed ms':>8s} {'TFLOP/s':>8s} {'queued varlen / fixed ms':>24s} {'host us dev-cu':>14s} "
+          f"{'host us host-cu':>15s}")
     for kind in ("equal", "random"):
         for n in (1, 4, 16, 64):
             lengths = _lengths(kind, n, rng)
@@ -97,21 +117,26 @@ def main(argv=None):
                     ms = _median_ms(bwd, args.repeats)
                     host_dev = _host_us(bwd)
                     host_host = _host_us(lambda: bwd(cu_h, cu_h))
-                    fixed_ms = float("nan")
+                    queued = _queued_ms(lambda: bwd(cu_h, cu_h), args.repeats)
+                    fixed_ms = fixed_queued = float("nan")
                     if kind == "equal":
                         S = lengths[0]
                         shp = (n, S, H, D)
                         q4, k4, v4, do4, o4 = (x.reshape(shp) for x in (q, k, v, do, out))
                         lse4 = cupy.ascontiguousarray(lse.reshape(H, n, S).transpose(1, 0, 2))
-                        fixed_ms = _median_ms(lambda: cupy_dash.attention_backward(
-                            do4, q4, k4, v4, o4, lse4, causal=causal, schedule=schedule), args.repeats)
+                        def fixed():
+                            return cupy_dash.attention_backward(do4, q4, k4, v4, o4, lse4, causal=causal,
+                                                                schedule=schedule)
+                        fixed_ms, fixed_queued = _median_ms(fixed, args.repeats), _queued_ms(fixed, args.repeats)
                     f = _flops(lengths, causal)
                     row = dict(kind=kind, seqs=n, causal=causal, schedule=schedule, ms=ms, tflops=f / ms / 1e9,
-                               fixed_ms=fixed_ms, fixed_tflops=f / fixed_ms / 1e9, host_us_device_cu=host_dev,
+                               fixed_ms=fixed_ms, fixed_tflops=f / fixed_ms / 1e9, queued_ms=queued,
+                               fixed_queued_ms=fixed_queued, host_us_device_cu=host_dev,
                                host_us_host_cu=host_host, lengths=lengths)
                     rows.append(row)
                     print(f"{kind:8s} {n:4d} {'causal' if causal else 'full':6s} {schedule:16s} {ms:9.3f} "
-                          f"{row['tflops']:8.1f} {fixed_ms:8.3f} {row['fixed_tflops']:8.1f} {host_dev:14.1f} "
+                          f"{row['tflops']:8.1f} {fixed_ms:8.3f} {row['fixed_tflops']:8.1f} "
+                          f"{queued:11.3f} / {fixed_queued:10.3f} {host_dev:14.1f} "
                           f"{host_host:15.1f}", flush=True)
     cupy_dash.check_errors()
     if args.json:
