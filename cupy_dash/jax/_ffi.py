@@ -142,9 +142,8 @@ class _Forward(_Planned, callbacks._Forward):
         return pack_plan([launch], *find_patches(self._pack, self.names))
 
     def _pack(self, a):
-        operands = (a["q"], self.q_strides), (a["k"], self.kv_strides), (a["v"], self.kv_strides)
-        return launchers.fwd_params(self.block_m, self.block_n, self.p, self.window, operands, a["out"],
-                                    a["lse"])
+        return launchers.fwd_params(self.block_m, self.block_n, self.p, self.window,
+                                    self.operands(a["q"], a["k"], a["v"]), a["out"], a["lse"])
 
 
 class _Backward(_Planned, callbacks._Backward):
@@ -163,6 +162,5 @@ class _Backward(_Planned, callbacks._Backward):
         return pack_plan(kernels, *find_patches(lambda a: self._pack(c, record, a), self.names), zeros)
 
     def _pack(self, c, record, a):
-        qs, kvs = self.q_strides, self.kv_strides
-        operands = ((a["q"], qs), (a["k"], kvs), (a["v"], kvs), (a["out"], qs), (a["dout"], qs))
+        operands = self.operands(a["q"], a["k"], a["v"], a["out"], a["dout"])
         return launchers.bwd_params(c, operands, a["lse"], a["work"], (a["dq"], a["dk"], a["dv"]), (record, 0))

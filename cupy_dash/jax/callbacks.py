@@ -1,10 +1,10 @@
 """The Python callbacks of :mod:`cupy_dash.jax` and what every JAX call of cupy_dash prepares with them: the
 per-device preparation cache (:func:`_get`), the local Hopper GPUs a traced call is prepared on, the kernels loaded
 at trace time, the base class of every prepared call (:class:`_Call`: its result types and its
-``jax.experimental.buffer_callback``) and the fixed-length ones, :class:`_Forward` / :class:`_Backward`.
-:mod:`cupy_dash.jax.ops` picks these or the C handler's subclasses (:mod:`cupy_dash.jax._ffi`);
-:mod:`cupy_dash.jax.varlen` and :mod:`cupy_dash.jax.varlen_dyn` share the cache, the base class and the run-time
-helpers. It imports no other module of :mod:`cupy_dash.jax`.
+``jax.experimental.buffer_callback``), the callbacks :class:`_Forward` and :class:`_BackwardCall` and the
+fixed-length backward, :class:`_Backward`. :mod:`cupy_dash.jax.ops` picks these or the C handler's subclasses
+(:mod:`cupy_dash.jax._ffi`); :mod:`cupy_dash.jax.varlen` and :mod:`cupy_dash.jax.varlen_dyn` share the cache, the
+base classes and the run-time helpers. It imports no other module of :mod:`cupy_dash.jax`.
 """
 
 from __future__ import annotations
@@ -104,6 +104,13 @@ class _Call:
         self.kv_strides = interop.contiguous_strides((p.B, p.Sk, p.Hkv, p.D))[:3]
         self.devices = _gpus()
 
+    def operands(self, q, k, v, out=None, dout=None) -> tuple:
+        """The launchers' ``(address, strides)`` operands from the addresses of q, k, v (a forward's) or of q, k,
+        v, out, dout (a backward's, in the kernels' order)."""
+        qs, kvs = self.q_strides, self.kv_strides
+        operands = (q, qs), (k, kvs), (v, kvs)
+        return operands if out is None else (*operands, (out, qs), (dout, qs))
+
     def types(self) -> tuple:
         """The results: out ``(B, Sq, H, D)``, lse ``(B, H, Sq)`` float32 (forward), or dq ``(B, Sq, H, D)``, dk,
         dv ``(B, Sk, Hkv, D)`` and the uint8 workspace (backward); without B when ``packed``."""
@@ -122,7 +129,9 @@ class _Call:
 
 class _Forward(_Call):
     """A traced forward: the callback ``(ctx, (out, lse), q, k, v)`` and what it needs besides addresses
-    (``varlen``: the kernel of packed batches, which :mod:`cupy_dash.jax.varlen`'s subclass launches)."""
+    (``varlen``: the kernel of packed batches, which :mod:`cupy_dash.jax.varlen`'s subclass launches, with its
+    ``grid`` and :meth:`_varlen` arguments; ``grid`` None: launchers.fwd_grid)."""
+    grid = None
 
     def __init__(self, p, cfg, varlen=False):
         self.causal, self.window = cfg.causal, cfg.window
@@ -133,20 +142,50 @@ class _Forward(_Call):
             with cupy.cuda.Device(dev):
                 _load([self.spec])
 
-    def __call__(self, ctx, outs, q, k, v):
+    def __call__(self, ctx, outs, q, k, v, *cu):
         callback_runs["forward"] += 1
         out, lse = outs
         dev = _device(out, self.devices)
         import cupy
         with cupy.cuda.Device(dev):
-            operands = (_ptr(q), self.q_strides), (_ptr(k), self.kv_strides), (_ptr(v), self.kv_strides)
-            launchers.launch_forward(self.spec, self.block_m, self.block_n, self.p, self.window, operands,
-                                     _ptr(out), _ptr(lse), interop.external_stream(ctx.stream, dev))
+            launchers.launch_forward(self.spec, self.block_m, self.block_n, self.p, self.window,
+                                     self.operands(_ptr(q), _ptr(k), _ptr(v)), _ptr(out), _ptr(lse),
+                                     interop.external_stream(ctx.stream, dev), grid=self.grid,
+                                     varlen=self._varlen(dev, cu))
+
+    def _varlen(self, dev, cu):          # launch_forward's varlen argument on ``dev`` (``cu``: operands after v)
+        return None
 
 
-class _Backward(_Call):
-    """A traced backward: the callback ``(ctx, (dq, dk, dv, workspace), dout, q, k, v, out, lse)`` and, per device,
-    its :class:`cupy_dash.cuda.launchers.BwdLaunch` (kernels loaded, schedule tables uploaded) and error record."""
+class _BackwardCall(_Call):
+    """The callback of every traced backward, ``(ctx, (dq, dk, dv, workspace), dout, q, k, v, out, lse[, cu_q,
+    cu_k])``. Subclasses prepare each device (``records``: its error record) and define ``_launch(dev, stream,
+    *cu)``: the launch of an execution on ``dev`` (``cu``: the device operands after lse), ``(BwdLaunch, device
+    cu_seqlens or None)``, or ``(None, None)`` when no sequence of a varlen call sees a key."""
+
+    def __call__(self, ctx, outs, dout, q, k, v, out, lse, *cu):
+        callback_runs["backward"] += 1
+        dq, dk, dv, work = outs
+        dev = _device(dq, self.devices)
+        import cupy
+        with cupy.cuda.Device(dev):
+            stream = interop.external_stream(ctx.stream, dev)
+            c, cu_dev = self._launch(dev, stream, *cu)
+            if c is None:                                  # no sequence sees a key: zero gradients, no kernel
+                for x in (dq, dk, dv):
+                    cupy.cuda.runtime.memsetAsync(_ptr(x), 0, int(np.prod(x.shape)) * 2, stream.ptr)
+                return
+            if c.work_bytes > self.work_bytes:   # launchers.varlen_work_bytes covers every tile: never expected
+                raise RuntimeError(f"cupy_dash: the backward needs {c.work_bytes} bytes of workspace, the traced "
+                                   f"call reserved {self.work_bytes}")
+            launchers.launch_backward(c, self.operands(*map(_ptr, (q, k, v, out, dout))), _ptr(lse), _ptr(work),
+                                      (_ptr(dq), _ptr(dk), _ptr(dv)), stream, error_ptr=self.records[dev],
+                                      cu_seqlens=(0, 0) if cu_dev is None else tuple(x.data.ptr for x in cu_dev))
+
+
+class _Backward(_BackwardCall):
+    """A traced backward: per device its :class:`cupy_dash.cuda.launchers.BwdLaunch` (kernels loaded, schedule
+    tables uploaded) and error record."""
 
     def __init__(self, p, cfg, spin_timeout_ns):
         import cupy
@@ -179,17 +218,8 @@ class _Backward(_Call):
                 if record_shared(dev, self.records[dev]):
                     c.fold = False
 
-    def __call__(self, ctx, outs, dout, q, k, v, out, lse):
-        callback_runs["backward"] += 1
-        dq, dk, dv, work = outs
-        dev = _device(dq, self.devices)
-        qs, kvs = self.q_strides, self.kv_strides
-        import cupy
-        with cupy.cuda.Device(dev):
-            operands = ((_ptr(q), qs), (_ptr(k), kvs), (_ptr(v), kvs), (_ptr(out), qs), (_ptr(dout), qs))
-            launchers.launch_backward(self.launches[dev], operands, _ptr(lse), _ptr(work),
-                                      (_ptr(dq), _ptr(dk), _ptr(dv)), interop.external_stream(ctx.stream, dev),
-                                      error_ptr=self.records[dev])
+    def _launch(self, dev, stream):
+        return self.launches[dev], None
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ import collections
 
 import numpy as np
 
-from ..core import interop, varlen_launch
+from ..core import varlen_launch
 from ..core.varlen import cu_seqlens_form
 from ..core.varlen_launch import check_same_count, cu_seqlens_values
 from ..cuda import device_tables, kernels, launchers
@@ -101,25 +101,14 @@ class _VarlenForward(callbacks._Forward):
                 self.cu[dev] = device_tables.upload_async([np.asarray(c, np.int32) for c in vcfg.cu], stream)
                 stream.synchronize()
 
-    def __call__(self, ctx, outs, q, k, v, *cu):
-        callbacks.callback_runs["forward"] += 1
-        out, lse = outs
-        dev = callbacks._device(out, self.devices)
-        import cupy
-        with cupy.cuda.Device(dev):
-            ptr = callbacks._ptr
-            operands = (ptr(q), self.q_strides), (ptr(k), self.kv_strides), (ptr(v), self.kv_strides)
-            cu_ptrs = tuple(ptr(x) for x in cu) if cu else tuple(x.data.ptr for x in self.cu[dev])
-            launchers.launch_forward(self.spec, self.block_m, self.block_n, self.p, self.window, operands, ptr(out),
-                                     ptr(lse), interop.external_stream(ctx.stream, dev), grid=self.grid,
-                                     varlen=(self.num_seqs, *cu_ptrs))
+    def _varlen(self, dev, cu):
+        cu_ptrs = tuple(callbacks._ptr(x) for x in cu) if cu else tuple(x.data.ptr for x in self.cu[dev])
+        return (self.num_seqs, *cu_ptrs)
 
 
-class _PackedBackward(callbacks._Call):
-    """A traced varlen backward: the callback ``(ctx, (dq, dk, dv, workspace), dout, q, k, v, out, lse[, cu_q,
-    cu_k])`` and its workspace size. Subclasses prepare each device (``records``: its error record) and define
-    ``_launch(dev, stream, *cu)``: the launch of an execution on ``dev`` (``cu``: the device operands), ``(BwdLaunch,
-    (cu_seqlens_q, cu_seqlens_k) on the device)``, or ``(None, None)`` when no sequence sees a key."""
+class _PackedBackward(callbacks._BackwardCall):
+    """A traced varlen backward (``packed`` operands; the callback and ``_launch``: callbacks._BackwardCall's) and
+    its workspace size, which covers every tile its packings may take."""
     packed = True
 
     def __init__(self, p, cfg, vcfg, spin_timeout_ns):
@@ -135,27 +124,6 @@ class _PackedBackward(callbacks._Call):
         cfg = self.cfg
         return varlen_launch.packing_launch(dev, self.p, cfg.causal, cfg.deterministic, cfg.schedule, cfg.window,
                                             self.spin, cu_host, self.vcfg.max_q, stream)
-
-    def __call__(self, ctx, outs, dout, q, k, v, out, lse, *cu):
-        callbacks.callback_runs["backward"] += 1
-        dq, dk, dv, work = outs
-        dev = callbacks._device(dq, self.devices)
-        ptr = callbacks._ptr
-        import cupy
-        with cupy.cuda.Device(dev):
-            stream = interop.external_stream(ctx.stream, dev)
-            c, cu_dev = self._launch(dev, stream, *cu)
-            if c is None:                                  # no sequence sees a key: zero gradients, no kernel
-                for x in (dq, dk, dv):
-                    cupy.cuda.runtime.memsetAsync(ptr(x), 0, int(np.prod(x.shape)) * 2, stream.ptr)
-                return
-            if c.work_bytes > self.work_bytes:   # launchers.varlen_work_bytes covers every tile: never expected
-                raise RuntimeError(f"cupy_dash: the varlen backward needs {c.work_bytes} bytes of workspace, the "
-                                   f"traced call reserved {self.work_bytes}")
-            qs, kvs = self.q_strides, self.kv_strides
-            operands = ((ptr(q), qs), (ptr(k), kvs), (ptr(v), kvs), (ptr(out), qs), (ptr(dout), qs))
-            launchers.launch_backward(c, operands, ptr(lse), ptr(work), (ptr(dq), ptr(dk), ptr(dv)), stream,
-                                      error_ptr=self.records[dev], cu_seqlens=tuple(x.data.ptr for x in cu_dev))
 
 
 class _VarlenBackward(_PackedBackward):

@@ -233,7 +233,7 @@ def test_the_forward_callback_launches_as_the_eager_varlen_forward(monkeypatch, 
     monkeypatch.setattr(callbacks, "_ptr", lambda buffer: buffer)
     monkeypatch.setattr(callbacks, "_device", lambda buffer, prepared: 0)
     monkeypatch.setattr(cuda_kernels, "launch", lambda spec, grid, params, stream: launched.append((spec, grid)))
-    monkeypatch.setattr(jax_varlen.interop, "external_stream", lambda ptr, dev: ptr)
+    monkeypatch.setattr(callbacks.interop, "external_stream", lambda ptr, dev: ptr)
     fwd = object.__new__(jax_varlen._VarlenForward)
     fwd.p = types.SimpleNamespace(B=1, Sq=300, Sk=500, H=2, Hkv=2, D=64, scale=0.125, softcap=softcap,
                                   dtype="bf16")
