@@ -196,17 +196,11 @@ class CompactSchedule(ColumnRecords):
         on columns of unequal lengths (causal, windows) wait wherever the dispatch staggers column starts, which
         only a per-visit simulation sees (engine model: up to 1.2x and 1.3x the bound at S = 32k, causal,
         128 x 128 tiles, against 1.00x by the column model; docs/decisions/table-forms.md)."""
-        if self.policy in ("symmetric_shift", "fa3"):
-            return True
-        lengths = self.records[:, 2] - self.records[:, 1]
-        return bool((lengths == lengths[0]).all())
+        return _model_applies(self.policy, self.records[:, 2] - self.records[:, 1])
 
     def lower_bound(self, c: float = 1.0, r: float = 0.25, model: str = "dag") -> float:
         """:func:`schedule.lower_bound` from the records."""
-        c, r = per_visit._costs(c, r)
-        lo, hi = self.column_ranges()
-        step = max(c, r) if per_visit._engine(model) else c + r
-        return max(self.num_visits * step / self.num_sms, self.group_size * int((hi - lo).max()) * step)
+        return per_visit.lower_bound(self, c, r, model)
 
     def __repr__(self):
         return (f"CompactSchedule({self.policy!r}, seqlen_q={self.seqlen_q}, seqlen_k={self.seqlen_k}, "
@@ -214,6 +208,13 @@ class CompactSchedule(ColumnRecords):
                 f"{self.group_size}, causal={self.causal}, window={self.window}, num_sms={self.num_sms}: "
                 f"{self.num_columns} columns, {self.num_visits} visits on {self.num_ctas} CTAs, rank rule "
                 f"{RANK_RULES[self.rank_rule]!r}, {self.nbytes} bytes)")
+
+
+def _model_applies(policy, lengths) -> bool:
+    """``column_model_applies`` of a table of ``policy`` whose visible columns have ``lengths`` (int64)."""
+    if policy in ("symmetric_shift", "fa3") or len(lengths) == 0:
+        return True
+    return bool((lengths == lengths[0]).all())
 
 
 @functools.lru_cache(maxsize=64)

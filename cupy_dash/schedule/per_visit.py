@@ -227,27 +227,26 @@ def simulate(plan: Schedule, c: float = 1.0, r: float = 0.25, model: str = "dag"
     with 1 and its calibration: docs/schedules.md).
 
     ``c`` must be finite and > 0, ``r`` finite and >= 0 (ValueError naming the argument otherwise)."""
-    _table_arg(plan)
-    c, r = _costs(c, r)
-    lo, hi = _ranges(plan)
-    makespan, _, _, _ = _schedule.analyze_table(plan.visits, plan.rank, plan.cta_start, plan.num_heads,
-                                                plan.num_m_blocks, lo, True, c, r, False, _engine(model),
-                                                _group_size(plan), hi, _writers(writers))
-    return makespan
+    return _analyze(plan, c, r, model, writers, False)[0]
 
 
 def timeline(plan: Schedule, c: float = 1.0, r: float = 0.25, model: str = "dag", writers: int = 1) -> dict:
     """Per-visit simulated timeline: float64 arrays (V,) ``compute_start``, ``reduce_start`` (in the DAG model
     the wait of a visit is reduce_start - compute_start - c) and (num_ctas,) ``finish``; plus ``makespan``.
     ``c``, ``r`` and ``writers`` are checked as in :func:`simulate`."""
+    makespan, finish, comp, red = _analyze(plan, c, r, model, writers, True)
+    return {"makespan": makespan, "finish": finish, "compute_start": comp, "reduce_start": red}
+
+
+def _analyze(plan, c, r, model, writers, with_timeline) -> tuple:
+    """The simulation of :func:`simulate` and :func:`timeline` (their checks, in order): analyze_table's
+    (makespan, finish, compute_start, reduce_start), the arrays None unless ``with_timeline``."""
     _table_arg(plan)
     c, r = _costs(c, r)
     lo, hi = _ranges(plan)
-    makespan, finish, comp, red = _schedule.analyze_table(plan.visits, plan.rank, plan.cta_start, plan.num_heads,
-                                                          plan.num_m_blocks, lo, True, c, r, True,
-                                                          _engine(model), _group_size(plan), hi,
-                                                          _writers(writers))
-    return {"makespan": makespan, "finish": finish, "compute_start": comp, "reduce_start": red}
+    return _schedule.analyze_table(plan.visits, plan.rank, plan.cta_start, plan.num_heads, plan.num_m_blocks, lo,
+                                   True, c, r, with_timeline, _engine(model), _group_size(plan), hi,
+                                   _writers(writers))
 
 
 def _group_size(plan) -> int:

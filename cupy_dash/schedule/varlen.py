@@ -44,7 +44,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _schedule, _varlen_sched, _varlen_view, per_visit, varlen_pack
-from .compact import ColumnRecords
+from .compact import ColumnRecords, _model_applies
 
 RANK_COUNT, RANK_ASC_N, RANK_DESC_N = 0, 1, 2
 
@@ -146,13 +146,6 @@ def schedule_args(policy, problem) -> tuple:
     return (-1 if policy == "auto" else codes[policy], sq, sk, left, right, bm, bn, heads, group, causal, num_sms,
             tuple(codes[p] for p in per_visit.AUTO_CANDIDATES), c, r, per_visit.AUTO_TOLERANCE,
             per_visit.AUTO_FEW_GROUPED)
-
-
-def _model_applies(policy, lengths) -> bool:
-    """VarlenSchedule.column_model_applies for the visible columns' lengths int64 (columns,)."""
-    if policy in ("symmetric_shift", "fa3") or len(lengths) == 0:
-        return True
-    return bool((lengths == lengths[0]).all())
 
 
 def build_varlen(policy: str = "auto", seqlens_q=None, seqlens_k=None, *, block_m: int, block_n: int, heads: int,
