@@ -48,11 +48,7 @@ def causal_mask(seqlen_q: int, seqlen_k: int, causal: bool = True) -> np.ndarray
 
     With ``causal`` the alignment is bottom-right: ``j <= i + Sk - Sq``. Without it every entry is True.
     """
-    if not causal:
-        return np.ones((seqlen_q, seqlen_k), dtype=bool)
-    i = np.arange(seqlen_q)[:, None]
-    j = np.arange(seqlen_k)[None, :]
-    return j <= i + (seqlen_k - seqlen_q)
+    return visibility_mask(seqlen_q, seqlen_k, causal)
 
 
 def visibility_mask(seqlen_q: int, seqlen_k: int, causal: bool = False, window=(-1, -1)) -> np.ndarray:

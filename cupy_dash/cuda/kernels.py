@@ -27,7 +27,6 @@ from .params import CONSTANTS as K
 
 SUPPORTED_HEAD_DIMS = (64, 96, 128)
 SUPPORTED_DTYPES = ("bfloat16", "float16")
-_DTYPE_TAG = {"bfloat16": "bf16", "float16": "fp16"}
 
 
 @dataclasses.dataclass(frozen=True)
