@@ -11,9 +11,8 @@ import numpy as np
 
 from .. import schedule
 from ..schedule import compact, compact_device
-from .compact import CLI_MAX_SIMULATED_VISITS, analyse_compact, auto_line, print_compact
+from .compact import CLI_MAX_SIMULATED_VISITS, POLICY_ORDER, analyse_compact, auto_line, print_compact
 
-POLICY_ORDER = ("fa3", "descending", "shift", "symmetric_shift")
 COLOURS = {"idle": "#ffffff", "compute": "#4c72b0", "reduce": "#55a868", "wait": "#c44e52"}
 
 
@@ -105,10 +104,15 @@ def plot_gantt(rows, path, *, c=1.0, r=0.25, bins=1500):
     plt.close(fig)
 
 
+def _error(message, status=2) -> int:
+    """Print ``message`` as the command's error; return the exit ``status``."""
+    print(f"cupy_dash schedule: error: {message}", file=sys.stderr)
+    return status
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message):
-        print(f"cupy_dash schedule: error: {message}", file=sys.stderr)
-        raise SystemExit(2)
+        raise SystemExit(_error(message))
 
 
 def _int_at_least(minimum):
@@ -206,24 +210,20 @@ def main(argv=None):
     seqlen_k = args.seqlen_q if args.seqlen_k is None else args.seqlen_k
     if args.plot is not None:
         if args.model != "dag":
-            print("cupy_dash schedule: error: --plot draws the DAG model's timelines only", file=sys.stderr)
-            return 2
+            return _error("--plot draws the DAG model's timelines only")
         problem = check_plot_path(args.plot)     # before the analysis, which can take a while
         if problem:
-            print(f"cupy_dash schedule: error: {problem}", file=sys.stderr)
-            return 2
+            return _error(problem)
     try:
         args.window = schedule.canonical_window(tuple(args.window), args.seqlen_q, seqlen_k, args.causal)
         visits = compact.num_visits(args.seqlen_q, seqlen_k, args.block_m, args.block_n, args.heads, args.causal,
                                     args.window)
     except (ValueError, TypeError) as exc:
-        print(f"cupy_dash schedule: error: {exc}", file=sys.stderr)
-        return 2
+        return _error(exc)
     if args.compact or visits > CLI_MAX_SIMULATED_VISITS:
         if args.plot is not None:
-            print("cupy_dash schedule: error: --plot needs the per-visit simulation (problems up to "
-                  f"{CLI_MAX_SIMULATED_VISITS} visits, without --compact)", file=sys.stderr)
-            return 2
+            return _error(f"--plot needs the per-visit simulation (problems up to {CLI_MAX_SIMULATED_VISITS} "
+                          f"visits, without --compact)")
         reason = "--compact" if args.compact else f"{visits} visits per table > {CLI_MAX_SIMULATED_VISITS}"
         try:
             rows = analyse_compact(seqlen_q=args.seqlen_q, seqlen_k=seqlen_k, block_m=args.block_m,
@@ -231,8 +231,7 @@ def main(argv=None):
                                    c=args.c, r=args.r, model=args.model, group_size=args.group_size,
                                    window=args.window)
         except (ValueError, TypeError) as exc:
-            print(f"cupy_dash schedule: error: {exc}", file=sys.stderr)
-            return 2
+            return _error(exc)
         print_compact(rows, c=args.c, r=args.r, model=args.model, reason=reason)
         return 0
     try:
@@ -240,8 +239,7 @@ def main(argv=None):
                          heads=args.heads, causal=args.causal, num_sms=args.num_sms, c=args.c, r=args.r,
                          model=args.model, group_size=args.group_size, window=tuple(args.window))
     except (ValueError, TypeError) as exc:
-        print(f"cupy_dash schedule: error: {exc}", file=sys.stderr)
-        return 2
+        return _error(exc)
     print_analysis(seqlen_q=args.seqlen_q, seqlen_k=seqlen_k, block_m=args.block_m, block_n=args.block_n,
                    heads=args.heads, causal=args.causal, num_sms=args.num_sms, c=args.c, r=args.r,
                    model=args.model, rows=result, group_size=args.group_size)
@@ -249,8 +247,6 @@ def main(argv=None):
         try:
             plot_gantt(result[0], args.plot, c=args.c, r=args.r)
         except OSError as exc:                   # e.g. the disk filled up since the check
-            print(f"cupy_dash schedule: error: --plot {args.plot}: cannot write it: {exc.strerror or exc}",
-                  file=sys.stderr)
-            return 1
+            return _error(f"--plot {args.plot}: cannot write it: {exc.strerror or exc}", 1)
         print(f"wrote {args.plot}")
     return 0
