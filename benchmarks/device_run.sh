@@ -114,14 +114,19 @@ fi
 if [ "$stage" = ncu ]; then   # Nsight Compute: our main backward kernel and FA3's on the same shapes (FA3_WHL=1);
   ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | tail -1)   # NCU_IMPLS (default "ours_auto fa3";
   mkdir -p /tmp/ncu   # also ours_atomic), NCU_SECTIONS (default --set full): pages, benchmarks/sass_ops.py per pair
-  for shape in "--causal --seqlen 8192 --batch 2" "--seqlen 3840 --batch 4"; do
+  # NCU_SHAPES: ';'-separated ncu_bwd.py shapes; NCU_KSRC: another kernels_src for ours (a patched copy, legs
+  # named ${impl}${NCU_TAG}), through benchmarks/with_kernels.py
+  IFS=';' read -ra shapes <<<"${NCU_SHAPES:---causal --seqlen 8192 --batch 2;--seqlen 3840 --batch 4}"
+  for shape in "${shapes[@]}"; do
     tag=$(echo "$shape" | tr -d ' -' | tr -s 'a-z' | cut -c1-24)
     for impl in ${NCU_IMPLS:-ours_auto fa3}; do
-      kern=dash_bwd_main; args=(--impl ours --schedule ${impl#ours_})
-      [ $impl = fa3 ] && kern=regex:FlashAttnBwdSm90 && args=(--impl fa3)
+      kern=dash_bwd_main; args=(--impl ours --schedule ${impl#ours_}); run=($py)
+      [ -n "${NCU_KSRC:-}" ] && run=($py benchmarks/with_kernels.py "$NCU_KSRC")
+      [ $impl = fa3 ] && kern=regex:FlashAttnBwdSm90 && args=(--impl fa3) && run=($py)
+      [ $impl != fa3 ] && impl=$impl${NCU_KSRC:+${NCU_TAG:-_ksrc}}
       timeout 240 "$ncu" --profile-from-start off --clock-control none ${NCU_SECTIONS:---set full} --import-source no \
         --kernel-name-base demangled -k "$kern" -c 1 -f -o /tmp/ncu/${impl}_$tag \
-        $py benchmarks/ncu_bwd.py "${args[@]}" $shape "$@" >"/tmp/ncu/${impl}_$tag.log" 2>&1
+        "${run[@]}" benchmarks/ncu_bwd.py "${args[@]}" $shape "$@" >"/tmp/ncu/${impl}_$tag.log" 2>&1
       tail -3 "/tmp/ncu/${impl}_$tag.log"
       "$ncu" -i /tmp/ncu/${impl}_$tag.ncu-rep --page details --csv >/tmp/ncu/${impl}_$tag.details.csv 2>&1
       "$ncu" -i /tmp/ncu/${impl}_$tag.ncu-rep --page raw --csv >/tmp/ncu/${impl}_$tag.raw.csv 2>&1
@@ -130,6 +135,7 @@ if [ "$stage" = ncu ]; then   # Nsight Compute: our main backward kernel and FA3
     done
     for impl in ${NCU_IMPLS:-ours_auto fa3}; do
       [ $impl = fa3 ] || [ ! -f /tmp/ncu/fa3_$tag.sass.csv.gz ] && continue
+      impl=$impl${NCU_KSRC:+${NCU_TAG:-_ksrc}}
       $py benchmarks/sass_ops.py /tmp/ncu/fa3_$tag.sass.csv.gz /tmp/ncu/${impl}_$tag.sass.csv.gz 2>&1 \
         | tee /tmp/ncu/sass_ops_${impl}_$tag.txt | tail -1 | sed "s/^/$impl $tag, FA3 against ours: /"
     done
