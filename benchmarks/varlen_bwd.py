@@ -6,7 +6,8 @@ causal), CUDA events, median of --repeats after 3 warm-up calls. Each call is ti
 host work after its `cu_seqlens` read-back inside: the GPU idles then) and queued, ten calls with host
 `cu_seqlens` back to back between the events (the kernels' time where the host keeps up).
 
-    python benchmarks/varlen_bwd.py [--repeats 20] [--json out.json] [--profile]
+    python benchmarks/varlen_bwd.py [--repeats 20] [--json out.json] [--profile] [--kinds equal] [--seqs 4 16]
+                                    [--schedules auto]
 
 ``--profile``: instead, a cProfile of 200 host-cu_seqlens calls at 64 equal sequences (where the call's host
 time shows most), the 25 functions with the most cumulative time.
@@ -90,6 +91,9 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--json")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--kinds", nargs="+", default=["equal", "random"], choices=["equal", "random"])
+    ap.add_argument("--seqs", nargs="+", type=int, default=[1, 4, 16, 64])
+    ap.add_argument("--schedules", nargs="+", default=["auto", "descending"])
     args = ap.parse_args(argv)
     if args.profile:
         return _profile()
@@ -100,8 +104,8 @@ def main(argv=None):
     print(f"{'lengths':8s} {'seqs':>4s} {'mask':6s} {'schedule':16s} {'varlen ms':>9s} {'TFLOP/s':>8s} "
           f"{'fixed ms':>8s} {'TFLOP/s':>8s} {'queued varlen / fixed ms':>24s} {'host us dev-cu':>14s} "
           f"{'host us host-cu':>15s}")
-    for kind in ("equal", "random"):
-        for n in (1, 4, 16, 64):
+    for kind in args.kinds:
+        for n in args.seqs:
             lengths = _lengths(kind, n, rng)
             cu_h = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
             cu = cupy.asarray(cu_h)
@@ -110,7 +114,7 @@ def main(argv=None):
             for causal in (False, True):
                 out, lse = cupy_dash.attention_forward_varlen(q, k, v, cu, cu, max(lengths), max(lengths),
                                                               causal=causal)
-                for schedule in ("auto", "descending"):
+                for schedule in args.schedules:
                     def bwd(cu_q=cu, cu_k=cu):
                         return cupy_dash.attention_backward_varlen(do, q, k, v, out, lse, cu_q, cu_k, max(lengths),
                                                                    max(lengths), causal=causal, schedule=schedule)
