@@ -30,23 +30,10 @@ import cupy_dash
 TOKENS, H, D = 16384, 16, 128
 
 
-def _median_ms(fn, repeats):
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(repeats):
-        a, b = cupy.cuda.Event(), cupy.cuda.Event()
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(a, b))
-    return statistics.median(times)
-
-
-def _queued_ms(fn, repeats, calls=10):
-    """GPU time per call with `calls` calls queued back to back between the events: the host's work for one call
-    overlaps the GPU's for the one before, so this is the kernels' time where the host keeps up."""
+def _median_ms(fn, repeats, calls=1):
+    """GPU time per call, median of `repeats` after 3 warm-up calls, with `calls` calls back to back between the
+    events: one call alone (the GPU idles while the host prepares it), or queued (calls > 1: the host's work for a
+    call overlaps the GPU's for the one before, so this is the kernels' time where the host keeps up)."""
     for _ in range(3):
         fn()
     times = []
@@ -121,7 +108,7 @@ def main(argv=None):
                     ms = _median_ms(bwd, args.repeats)
                     host_dev = _host_us(bwd)
                     host_host = _host_us(lambda: bwd(cu_h, cu_h))
-                    queued = _queued_ms(lambda: bwd(cu_h, cu_h), args.repeats)
+                    queued = _median_ms(lambda: bwd(cu_h, cu_h), args.repeats, calls=10)
                     fixed_ms = fixed_queued = float("nan")
                     if kind == "equal":
                         S = lengths[0]
@@ -131,7 +118,7 @@ def main(argv=None):
                         def fixed():
                             return cupy_dash.attention_backward(do4, q4, k4, v4, o4, lse4, causal=causal,
                                                                 schedule=schedule)
-                        fixed_ms, fixed_queued = _median_ms(fixed, args.repeats), _queued_ms(fixed, args.repeats)
+                        fixed_ms, fixed_queued = _median_ms(fixed, args.repeats), _median_ms(fixed, args.repeats, calls=10)
                     f = _flops(lengths, causal)
                     row = dict(kind=kind, seqs=n, causal=causal, schedule=schedule, ms=ms, tflops=f / ms / 1e9,
                                fixed_ms=fixed_ms, fixed_tflops=f / fixed_ms / 1e9, queued_ms=queued,
