@@ -1,4 +1,5 @@
-"""NVRTC JIT, disk cache, kernel specs, parameter packing and ``python -m cupy_dash compile``.
+"""NVRTC JIT, disk cache, kernel specs and ``python -m cupy_dash compile`` (the parameter blocks:
+test_params_layout.py).
 
 Everything here runs on a CPU-only machine (NVRTC from the pip wheel compiles sm_90a without a GPU) except the
 tests marked ``gpu``. Most compiles use tiny stand-in kernels in a temporary copy of the kernel sources, so the
@@ -16,7 +17,8 @@ import numpy as np
 import pytest
 
 from cupy_dash.cli import compile as cli_compile
-from cupy_dash.cuda import jit, kernels, params
+from cupy_dash.cuda import jit, kernels
+from params_helpers import fwd_fields
 
 REAL_KERNEL_DIR = jit.kernel_dir()
 
@@ -65,136 +67,6 @@ def ksrc(tmp_path, monkeypatch):
 
 
 SPEC = kernels.bwd_specs("bfloat16", 64, causal=True).main
-
-
-# ------------------------------------------------------------------------------------------------ layout
-@pytest.mark.parametrize("offsetof", ["auto", "intaddr"])
-def test_params_layout_matches_c_structs(offsetof):
-    src = kernels.params_layout_check_source(offsetof)
-    # every field of every struct is checked
-    for struct, (dt, _) in kernels.PARAMS_STRUCTS.items():
-        for name in dt.names:
-            assert f"DASH_OFFSETOF({struct}, {name})" in src
-    cubin, log, ok = jit.compile_source(src, "layout_check.cu", [*jit.BASE_OPTIONS, f"-I{REAL_KERNEL_DIR}"])
-    assert ok, log
-    # BwdParams: four 64-byte-aligned 128-byte tensor maps first, 400 bytes of 8-byte fields, then the compact
-    # tables' 64 bytes, the varlen builds' two pointers, tile_columns, the compact varlen builds' three pointers
-    # and the eager error record's host mirror, the fold flag and the soft-capping prescale appended (the earlier
-    # offsets unchanged: softmax_scale_log2 still ends at 936), padded to 64; FwdParams likewise ends in it
-    assert kernels.FWD_PARAMS_DTYPE.itemsize == 640 and kernels.BWD_PARAMS_DTYPE.itemsize == 1088
-    bwd = kernels.BWD_PARAMS_DTYPE
-    appended = ("col_records", "cta_columns", "cta_col_start", "scan_bounds", "n_first", "columns_per_head",
-                "tie_sign", "rank_rule", "cu_seqlens_q", "cu_seqlens_k", "tile_columns", "seg_col_start",
-                "seq_n_first", "seq_tile_start", "error_host", "fold", "softcap_prescale")
-    assert bwd.names[-17:] == appended and bwd.fields["softmax_scale_log2"][1] == 932
-    assert [bwd.fields[n][1] for n in appended] == list(range(936, 1072, 8))
-    assert kernels.FWD_PARAMS_DTYPE.names[-1] == "softcap_prescale"
-    assert kernels.PARAMS_STRUCTS["BwdParams"][1] == 64 and kernels.BWD_PARAMS_DTYPE.fields["q"][1] == 512
-
-
-def test_params_layout_check_detects_drift():
-    # The check must fail when the numpy side drifts: swap two fields of FwdParams.
-    dt, align = kernels.PARAMS_STRUCTS["FwdParams"]
-    names = list(dt.names)
-    i, j = names.index("seqlen_q"), names.index("seqlen_k")
-    names[i], names[j] = names[j], names[i]
-    drifted = np.dtype([(n, dt.fields[n][0]) for n in names], align=True)
-    structs = dict(kernels.PARAMS_STRUCTS, FwdParams=(drifted, align))
-    _, log, ok = jit.compile_source(kernels.params_layout_check_source(structs=structs), "layout_check.cu",
-                                    [*jit.BASE_OPTIONS, f"-I{REAL_KERNEL_DIR}"])
-    assert not ok and "offsetof(FwdParams, seqlen_q)" in log
-
-
-def test_params_parser_reads_declarations_and_rejects_the_unknown():
-    text = """
-    struct Strides { int64_t batch, row, head; };  // comment
-    struct FwdParams { const elem_t* q; float* lse; /* block */ Strides s; int64_t n; float a, b; };
-    struct BwdParams { TmaDesc tma_q; int32_t* sem; };
-    """
-    got = params.parse_structs(text)
-    assert got["FwdParams"] == [("q", "ptr"), ("lse", "ptr"), ("s", "strides"), ("n", "i64"), ("a", "f32"),
-                                ("b", "f32")]
-    assert got["BwdParams"] == [("tma_q", "tma"), ("sem", "ptr")]
-    dt, fmt, align = params.layout(got["BwdParams"])
-    assert (dt.itemsize, dt.fields["sem"][1], align) == (192, 128, 64)
-    with pytest.raises(ValueError, match="unsupported type 'double'"):
-        params.parse_structs(text.replace("int64_t n;", "double n;"))
-    with pytest.raises(ValueError, match="BwdParams not found"):
-        params.parse_structs("struct Strides { int64_t batch, row, head; }; struct FwdParams { float a; };")
-
-
-def _fwd_fields(**over):
-    fields = dict(tma_q=b"\x01" * 128, tma_k=b"\x02" * 128, tma_v=b"\x03" * 128, tma_o=b"\x04" * 128, lse=0x5000,
-                  batch=2, seqlen_q=300, seqlen_k=500, num_heads=8, num_heads_kv=2, window_left=-1,
-                  window_right=7, cu_seqlens_q=0x6000, cu_seqlens_k=0x7000, out=0x8000, softmax_scale=0.125,
-                  softmax_scale_log2=0.125 * 1.4426950408889634, softcap_prescale=0.0)
-    fields.update(over)
-    return fields
-
-
-def test_pack_fwd_params_bytes():
-    p = kernels.pack_fwd_params(**_fwd_fields())
-    # four 128-byte tensor maps, lse, seven int64, two floats, three varlen pointers; padded to the maps'
-    # 64-byte alignment
-    assert p.shape == (1,) and p.dtype == kernels.FWD_PARAMS_DTYPE and p.nbytes == 640
-    raw = p.tobytes()
-    assert raw[:512] == b"".join(bytes([i]) * 128 for i in (1, 2, 3, 4))
-    words = np.frombuffer(raw[512:576], dtype="<i8")
-    assert list(words) == [0x5000, 2, 300, 500, 8, 2, -1, 7]
-    tail = np.frombuffer(raw[576:584], dtype="<f4")
-    assert tail[0] == np.float32(0.125) and tail[1] == np.float32(0.125 * 1.4426950408889634)
-    assert list(np.frombuffer(raw[584:608], dtype="<u8")) == [0x6000, 0x7000, 0x8000]
-
-
-def test_pack_params_errors():
-    fields = _fwd_fields()
-    del fields["num_heads_kv"]
-    with pytest.raises(TypeError, match="num_heads_kv"):
-        kernels.pack_fwd_params(**fields)
-    with pytest.raises(TypeError, match="bogus"):
-        kernels.pack_fwd_params(**_fwd_fields(bogus=1))
-    with pytest.raises(TypeError, match="FwdParams.lse"):
-        kernels.pack_fwd_params(**_fwd_fields(lse=1.5))
-    with pytest.raises(ValueError, match="FwdParams.tma_o: a tensor map is 128 bytes"):
-        kernels.pack_fwd_params(**_fwd_fields(tma_o=b"short"))
-    with pytest.raises(TypeError, match="dq"):
-        kernels.pack_bwd_params(**_fwd_fields())
-
-
-def test_pack_bwd_params_every_field():
-    dt = kernels.BWD_PARAMS_DTYPE
-    fields, expect = {}, {}
-    counter = itertools.count(1)
-    for name in dt.names:
-        kind = dt.fields[name][0]
-        if kind.names:                                      # Strides
-            fields[name] = (next(counter), next(counter), next(counter))
-        elif kind.kind == "V":                              # tensor map
-            fields[name] = bytes([next(counter) % 256]) * 128
-        elif kind.kind == "f":
-            fields[name] = 0.5 * next(counter)
-        else:
-            fields[name] = next(counter) * 16
-        expect[name] = fields[name]
-    fields["error"] = None                                  # None -> null pointer
-    expect["error"] = 0
-    fields["tma_v"] = None                                  # None -> all-zero map
-    expect["tma_v"] = bytes(128)
-    p = kernels.pack_bwd_params(**fields)
-    assert p.nbytes == 1088
-    with pytest.raises(ValueError, match="BwdParams.tma_q: a tensor map is 128 bytes"):
-        kernels.pack_bwd_params(**dict(fields, tma_q=b"short"))
-    with pytest.raises(ValueError, match="q_stride"):
-        kernels.pack_bwd_params(**dict(fields, q_stride=(1, 2)))
-    for name in dt.names:
-        got = p[name][0]
-        want = expect[name]
-        if isinstance(want, tuple):
-            assert tuple(int(x) for x in got) == want, name
-        elif isinstance(want, bytes):
-            assert bytes(got) == want, name
-        else:
-            assert got == (np.float32(want) if dt.fields[name][0].kind == "f" else want), name
 
 
 # ------------------------------------------------------------------------------------------------ specs
@@ -519,7 +391,7 @@ def test_launch_passes_params_by_value(ksrc):
     buf = cupy.zeros(16 + grid * kernels.FWD_PARAMS_DTYPE.itemsize, dtype=cupy.uint8)
     lse = buf[:16].view(cupy.float32)
     out = buf[16:]
-    params = kernels.pack_fwd_params(**_fwd_fields(lse=buf.data.ptr))
+    params = kernels.pack_fwd_params(**fwd_fields(lse=buf.data.ptr))
     stream = cupy.cuda.Stream(non_blocking=True)
     kernels.launch(spec, (grid,), params, stream)
     stream.synchronize()
