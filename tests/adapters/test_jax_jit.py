@@ -8,6 +8,7 @@
 * the plumbing, run on JAX's CPU backend with the callbacks replaced by the float64 reference: forward, grad
   and vmap give the reference's numbers, so argument / result order, the custom_vjp and the vmap fold are right;
 * unreplaced callbacks on the CPU backend fail with a clear error;
+* the fixed-length callbacks hand the shared launchers their operands in the kernels' order (launches recorded);
 * the claim behind "vmap equals a loop" for the portable schedules: folding the batch keeps every addition order.
 """
 from __future__ import annotations
@@ -299,3 +300,49 @@ def test_folding_the_batch_keeps_the_portable_addition_orders(policy, causal, gr
         d = all_dq[(all_dq[:, 0] >= i * bh) & (all_dq[:, 0] < (i + 1) * bh)].copy()
         d[:, 0] -= i * bh
         assert np.array_equal(c, columns) and np.array_equal(d, dq), f"batch slice {i} adds in another order"
+
+
+def test_fixed_length_callbacks_hand_the_shared_launchers_their_operands(monkeypatch):
+    """The fixed-length forward and backward callbacks (the buffer_callback path) call the launches every entry
+    point shares: operands in the kernels' order (q, k, v[, out, dout]) with the traced strides, the caller's
+    stream; the forward with no varlen grid, the backward with its device's BwdLaunch and error record and no
+    cu_seqlens. A launch that needs more workspace than the traced call reserved raises before anything runs.
+    Buffers are addresses and the device is 0; the launches are recorded, not run."""
+    pytest.importorskip("jax")
+    import contextlib
+    import types
+    import cupy
+    from cupy_dash.jax import callbacks
+    monkeypatch.setattr(cupy.cuda, "Device", lambda dev: contextlib.nullcontext())
+    monkeypatch.setattr(callbacks, "_ptr", lambda buffer: buffer)
+    monkeypatch.setattr(callbacks, "_device", lambda buffer, prepared: 0)
+    monkeypatch.setattr(callbacks.interop, "external_stream", lambda ptr, dev: ("stream", ptr, dev))
+    calls = []
+    monkeypatch.setattr(launchers, "launch_forward", lambda *a, **kw: calls.append(("fwd", a, kw)))
+    monkeypatch.setattr(launchers, "launch_backward", lambda *a, **kw: calls.append(("bwd", a, kw)))
+    qs, kvs = (11, 12, 13), (21, 22, 23)
+    ctx = types.SimpleNamespace(stream=7)
+
+    fwd = object.__new__(callbacks._Forward)
+    fwd.spec, fwd.block_m, fwd.block_n, fwd.p, fwd.window = "spec", 128, 64, "p", (-1, 5)
+    fwd.q_strides, fwd.kv_strides, fwd.devices = qs, kvs, (0,)
+    fwd(ctx, (0x50, 0x60), 0x10, 0x20, 0x30)                         # (out, lse), q, k, v
+    kind, a, kw = calls.pop()
+    assert kind == "fwd" and a == ("spec", 128, 64, "p", (-1, 5), ((0x10, qs), (0x20, kvs), (0x30, kvs)), 0x50, 0x60,
+                                   ("stream", 7, 0))
+    assert kw.get("grid") is None and kw.get("varlen") is None
+
+    bwd = object.__new__(callbacks._Backward)
+    c = types.SimpleNamespace(work_bytes=4096)
+    bwd.launches, bwd.records, bwd.work_bytes = {0: c}, {0: 0x99}, 4096
+    bwd.q_strides, bwd.kv_strides, bwd.devices = qs, kvs, (0,)
+    outs = (0x1, 0x2, 0x3, 0x4)                                      # dq, dk, dv, workspace
+    bwd(ctx, outs, 0x15, 0x10, 0x20, 0x30, 0x40, 0x45)               # dout, q, k, v, out, lse
+    kind, a, kw = calls.pop()
+    assert kind == "bwd" and a == (c, ((0x10, qs), (0x20, kvs), (0x30, kvs), (0x40, qs), (0x15, qs)), 0x45, 0x4,
+                                   (0x1, 0x2, 0x3), ("stream", 7, 0))
+    assert kw == {"error_ptr": 0x99, "cu_seqlens": (0, 0)}
+    bwd.work_bytes = 4095
+    with pytest.raises(RuntimeError, match="4096 bytes of workspace"):
+        bwd(ctx, outs, 0x15, 0x10, 0x20, 0x30, 0x40, 0x45)
+    assert not calls
