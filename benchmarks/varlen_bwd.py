@@ -118,7 +118,8 @@ def main(argv=None):
                         def fixed():
                             return cupy_dash.attention_backward(do4, q4, k4, v4, o4, lse4, causal=causal,
                                                                 schedule=schedule)
-                        fixed_ms, fixed_queued = _median_ms(fixed, args.repeats), _median_ms(fixed, args.repeats, calls=10)
+                        fixed_ms = _median_ms(fixed, args.repeats)
+                        fixed_queued = _median_ms(fixed, args.repeats, calls=10)
                     f = _flops(lengths, causal)
                     row = dict(kind=kind, seqs=n, causal=causal, schedule=schedule, ms=ms, tflops=f / ms / 1e9,
                                fixed_ms=fixed_ms, fixed_tflops=f / fixed_ms / 1e9, queued_ms=queued,

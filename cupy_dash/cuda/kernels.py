@@ -275,9 +275,9 @@ def expand_spec(varlen: bool = False) -> KernelSpec:
 def all_specs() -> list:
     """Every distinct variant the dispatcher can emit (12 fwd + 12 varlen fwd, 6 + 6 varlen preprocess, 12 main +
     12 compact main + 12 varlen main + 12 compact varlen main, 6 + 6 varlen postprocess, 2 bwd_expand), the
-    soft-capping builds of the forward (24) and the per-visit-table main kernel (24), and the 80-query tile's (head
-    dims 96 and 128, full mask: 4 preprocess, 4 postprocess, 8 main). Deterministic and atomic backwards share their
-    main kernel."""
+    soft-capping builds of the per-visit-table main kernel (24), and the 80-query tile's (head dims 96 and 128, full
+    mask: 4 preprocess, 4 postprocess, 8 main). Deterministic and atomic backwards share their main kernel; the
+    forward's cap is a launch parameter, not a build."""
     specs = []
     seen = set()
     for dtype, head_dim, causal in itertools.product(SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS, (False, True)):
