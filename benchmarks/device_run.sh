@@ -230,12 +230,21 @@ if [ "$stage" = patches_bench ]; then   # each patch of $PATCHES as .abN in one 
   (cd /tmp/pb && tar czf "$OUT/patches_bench.tgz" *.json *.md *.log)
 fi
 if [ "$stage" = suite ]; then   # the GPU test files one by one, each under its own limit (SIGINT: the summary still
-  for fl in ${SUITE:?"file:limit pairs, e.g. forward:90 gqa:200"}; do   # names the failures), one log for all
-    f=${fl%%:*}; lim=${fl##*:}; t0=$(date +%s)
-    timeout -s INT -k 15 $lim $py -m pytest tests/gpu/test_gpu_$f.py -q -rf -n 8 -p no:cacheprovider "$@" >/tmp/suite_$f.log 2>&1
-    rc=$?; { echo "== $f"; echo "rc=$rc $(( $(date +%s) - t0 ))s"; grep -E "FAILED|ERROR|Timeout" /tmp/suite_$f.log | head -20
-      tail -1 /tmp/suite_$f.log; } | tee -a "$OUT/gpu_tests_per_file.log"
+  lane() {                      # names the failures); SUITE_LANES (default 1) lanes of files run side by side
+    for fl in "$@"; do
+      f=${fl%%:*}; lim=${fl##*:}; t0=$(date +%s)
+      timeout -s INT -k 15 $lim $py -m pytest tests/gpu/test_gpu_$f.py -q -rf -n 8 -p no:cacheprovider >/tmp/suite_$f.log 2>&1
+      rc=$?; { echo "== $f"; echo "rc=$rc $(( $(date +%s) - t0 ))s"; grep -E "FAILED|ERROR|Timeout" /tmp/suite_$f.log | head -20
+        tail -1 /tmp/suite_$f.log; } >/tmp/suite_$f.summary
+      cat /tmp/suite_$f.summary | tee -a "$OUT/gpu_tests_per_file.log"
+    done
+  }
+  files=(${SUITE:?"file:limit pairs, e.g. forward:90 gqa:200"}); lanes=${SUITE_LANES:-1}
+  for ((l = 0; l < lanes; l++)); do
+    mine=(); for ((i = l; i < ${#files[@]}; i += lanes)); do mine+=("${files[$i]}"); done
+    lane "${mine[@]}" &
   done
+  wait; (cd /tmp && tar czf "$OUT/suite_logs.tgz" suite_*.log)
 fi
 if [ "$stage" = engine_rest ]; then   # what quick_ab's tests leave out (head dim 96, soft-capping, fold, portable,
   mkdir -p /tmp/er                      # the timeline build's bits), then the timeline at full 3840 and causal 8k
