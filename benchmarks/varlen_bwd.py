@@ -9,6 +9,7 @@ host work after its `cu_seqlens` read-back inside: the GPU idles then) and queue
     python benchmarks/varlen_bwd.py [--repeats 20] [--json out.json] [--profile] [--kinds equal] [--seqs 4 16]
                                     [--schedules auto]
 
+``--json``: {"meta": date, command, GPU, kernels' digest; "rows": one per line printed}.
 ``--profile``: instead, a cProfile of 200 host-cu_seqlens calls at 64 equal sequences (where the call's host
 time shows most), the 25 functions with the most cumulative time.
 """
@@ -16,10 +17,13 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import datetime
 import io
 import json
 import pstats
+import shlex
 import statistics
+import sys
 import time
 
 import cupy
@@ -132,8 +136,12 @@ def main(argv=None):
                           f"{host_host:15.1f}", flush=True)
     cupy_dash.check_errors()
     if args.json:
+        from cupy_dash.cuda import jit
+        meta = dict(date=datetime.datetime.now().isoformat(timespec="seconds"),
+                    command=" ".join(["python benchmarks/varlen_bwd.py"] + [shlex.quote(a) for a in sys.argv[1:]]),
+                    gpu=gpu, kernels_sha256=jit.source_tree_digest(jit.kernel_dir()))
         with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+            json.dump(dict(meta=meta, rows=rows), f, indent=1)
 
 
 def _profile():
