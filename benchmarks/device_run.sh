@@ -3,7 +3,7 @@
 #   bash benchmarks/device_run.sh [smoke|fwd|tests|bench|integration|long|gqa|varlen_bench|long1m|varlen_step|
 #                                  fold|fold_bench|varlen_events|sanitize|ncu|engine|engine_bench|
 #                                  dq_writers|multi_gpu|first|first2|fa3_bench|fa3_full|final|tile80|d96|tests2|
-#                                  loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|suite|all]
+#                                  loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|suite|causal80|all]
 #                                  [extra pytest args...]
 # "engine": the backward kernel's GPU tests (every family: MHA, GQA, compact, varlen, fold, window, portable);
 # "engine_bench": the backward at the shapes, this tree against the kernels in every carried .ab*/kernels_src
@@ -28,7 +28,7 @@ if [ -n "${FA3_WHL:-}" ]; then
   $py -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >"$OUT/fa3_install.log" 2>&1 && export PYTHONPATH=/tmp/site
 fi
 case "$stage" in   # these stages compile only the kernels they run, on first use
-  ncu|engine_bench|dq_writers|first|first2|fa3_bench|fa3_full|final|tile80|d96|loop_ab|idle|loads|quick_ab|patches_bench|engine_rest) ;;
+  ncu|engine_bench|dq_writers|first|first2|fa3_bench|fa3_full|final|tile80|d96|loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|causal80) ;;
   *) $py -m cupy_dash compile --all -j 16 >/tmp/compile.log 2>&1 || { tail -20 /tmp/compile.log; exit 1; }
      tail -1 /tmp/compile.log ;;
 esac
@@ -245,6 +245,23 @@ if [ "$stage" = suite ]; then   # the GPU test files one by one, each under its 
     lane "${mine[@]}" &
   done
   wait; (cd /tmp && tar czf "$OUT/suite_logs.tgz" suite_*.log)
+fi
+if [ "$stage" = causal80 ]; then   # the 80-query tile under a causal mask (CUPY_DASH_BWD_CAUSAL_BLOCK_M=80): its GPU
+  mkdir -p /tmp/c80                 # tests, bench legs 64 / 80 / 64 / 80, then FA3 beside the tree (FA3_WHL=1)
+  CUPY_DASH_BWD_CAUSAL_BLOCK_M=80 timeout -s INT -k 15 ${TEST_LIMIT:-150} $py -m pytest tests/gpu/test_gpu_attention.py \
+    tests/gpu/test_gpu_varlen_bwd.py tests/gpu/test_gpu_window.py tests/gpu/test_gpu_softcap.py tests/gpu/test_gpu_gqa.py \
+    -q -rf -n 8 -p no:cacheprovider -k "causal and (128 or 96) and not forward" 2>&1 | tee /tmp/c80/tests.log | tail -4
+  common=(--no-torch --no-overhead --no-compile --repeats 15 --warmup 3 --input-sets 1)
+  n=0; for m in 64 80 64 80; do n=$((n + 1))
+    CUPY_DASH_BWD_CAUSAL_BLOCK_M=$m timeout 110 $py benchmarks/bench.py --hdims 128 --masks causal --seqlens 2048 8192 \
+      16384 --schedules auto atomic --no-fa3 "${common[@]}" --out /tmp/c80/leg${n}_m$m.json 2>&1 \
+      | grep -E "^\| cupy_dash bwd" | sed "s/^/leg$n m$m /" | tee -a "$OUT/causal80_legs.log"
+  done
+  timeout 150 $py benchmarks/bench.py --hdims 128 --masks full --seqlens 1280 3840 15360 --tokens 15360 \
+    --schedules auto atomic "${common[@]}" --out /tmp/c80/fa3_full.json 2>&1 | grep -E "^\| (cupy_dash|fa3) bwd"
+  timeout 150 $py benchmarks/bench.py --hdims 128 --masks causal --seqlens 2048 8192 16384 --schedules auto atomic \
+    "${common[@]}" --out /tmp/c80/fa3_causal.json 2>&1 | grep -E "^\| (cupy_dash|fa3) bwd"
+  (cd /tmp/c80 && tar czf "$OUT/causal80.tgz" *)
 fi
 if [ "$stage" = engine_rest ]; then   # what quick_ab's tests leave out (head dim 96, soft-capping, fold, portable,
   mkdir -p /tmp/er                      # the timeline build's bits), then the timeline at full 3840 and causal 8k

@@ -108,12 +108,15 @@ def _one_or_two(name: str, default: int):
     return parse
 
 
-def _full_block_m(s):
-    if s in (None, ""):
-        return None
-    if s in ("64", "80"):
-        return int(s)
-    raise ValueError(f"CUPY_DASH_BWD_FULL_BLOCK_M: expected 64 or 80, got {s!r}")
+def _block_m(name: str):
+    """A parser for a query-tile knob: 64, 80 or unset (None); anything else raises naming ``name``."""
+    def parse(s):
+        if s in (None, ""):
+            return None
+        if s in ("64", "80"):
+            return int(s)
+        raise ValueError(f"{name}: expected 64 or 80, got {s!r}")
+    return parse
 
 
 _DEFAULT_SPIN_TIMEOUT_MS = 10000.0
@@ -162,12 +165,15 @@ BWD_DQ_WRITERS = Knob("CUPY_DASH_BWD_DQ_WRITERS", "1 / 2 / unset",
 BWD_FULL_BLOCK_M = Knob("CUPY_DASH_BWD_FULL_BLOCK_M", "64 / 80 / unset",
     "queries per Q tile of the head-dim-128 backward without a causal mask (80: FA3's plan, dQ computed "
     "transposed, one K buffer); unset: 80 from 4096 queries without a window, fixed lengths only, else 64; read "
-    "once per process", _full_block_m)
+    "once per process", _block_m("CUPY_DASH_BWD_FULL_BLOCK_M"))
+BWD_CAUSAL_BLOCK_M = Knob("CUPY_DASH_BWD_CAUSAL_BLOCK_M", "64 / 80 / unset",
+    "queries per Q tile of the head-dim-128 backward with a causal mask (80: the full-mask plan's tile); unset: 64; "
+    "read once per process", _block_m("CUPY_DASH_BWD_CAUSAL_BLOCK_M"))
 XDG_CACHE_HOME = Knob("XDG_CACHE_HOME", "path / unset",
     "(the XDG standard's) base of the default kernel cache directory", _path)
 
 KNOBS = (SPIN_TIMEOUT_MS, FOLD, COMPACT_TABLES, VARLEN_EXPAND, FASTPATH, SYNC_ERRORS, JAX_FFI, CACHE_DIR,
-         JIT_VERBOSE, JIT_LINEINFO, BWD_DQ_WRITERS, BWD_FULL_BLOCK_M, XDG_CACHE_HOME)
+         JIT_VERBOSE, JIT_LINEINFO, BWD_DQ_WRITERS, BWD_FULL_BLOCK_M, BWD_CAUSAL_BLOCK_M, XDG_CACHE_HOME)
 # The knobs that decide what a backward launches (the spin timeout is in its parameter block).
 PLAN_KNOBS = (SPIN_TIMEOUT_MS, FOLD, COMPACT_TABLES, VARLEN_EXPAND)
 

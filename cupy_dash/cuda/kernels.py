@@ -175,8 +175,11 @@ def bwd_tile(head_dim: int, causal: bool, compact: bool = False, seqlen_q: int =
     """The backward main kernel's tile (preprocess / postprocess share block_m and block_n). Head dim 128 (or 96,
     padded to 128) without a causal mask or window (``window`` canonical), ``seqlen_q`` >= FULL80_MIN_SEQLEN and
     per-visit tables: 80 queries; ``CUPY_DASH_BWD_FULL_BLOCK_M`` = 64 / 80 forces either for any such call without
-    compact tables (varlen calls pass no ``seqlen_q``)."""
+    compact tables (varlen calls pass no ``seqlen_q``); ``CUPY_DASH_BWD_CAUSAL_BLOCK_M=80`` gives causal calls the
+    80-query tile too."""
     check_supported("bfloat16", head_dim)
+    if head_dim in (96, 128) and causal and not compact and config.BWD_CAUSAL_BLOCK_M.get() == 80:
+        return TILES[("bwd_main", head_dim, "full80")]
     if head_dim in (96, 128) and not causal and not compact:
         forced = config.BWD_FULL_BLOCK_M.get()
         if forced == 80 or (forced is None and seqlen_q >= FULL80_MIN_SEQLEN and tuple(window) == (-1, -1)):

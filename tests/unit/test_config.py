@@ -31,7 +31,8 @@ def test_knobs_are_defined_once():
     assert {k.name[10:]: k.default for k in config.KNOBS if k.name.startswith("CUPY_DASH_")} == {
         "SPIN_TIMEOUT_MS": 10000.0, "FOLD": None, "COMPACT_TABLES": None, "VARLEN_EXPAND": "device", "FASTPATH": True,
         "SYNC_ERRORS": False, "JAX_FFI": None, "CACHE_DIR": None, "JIT_VERBOSE": False,
-        "JIT_LINEINFO": False, "BWD_DQ_WRITERS": 2, "BWD_FULL_BLOCK_M": None}
+        "JIT_LINEINFO": False, "BWD_DQ_WRITERS": 2, "BWD_FULL_BLOCK_M": None,
+        "BWD_CAUSAL_BLOCK_M": None}
     # the names other modules (and benchmarks, tests, the CLI) use are the config's
     assert compact_device.ENV == config.COMPACT_TABLES.name
     assert launchers.FOLD_ENV == config.FOLD.name
@@ -174,3 +175,10 @@ def test_the_80_query_tile_serves_long_full_mask_calls(monkeypatch):
     monkeypatch.setenv("CUPY_DASH_BWD_FULL_BLOCK_M", "96")
     with pytest.raises(ValueError, match="CUPY_DASH_BWD_FULL_BLOCK_M"):
         kernels.bwd_tile(128, False)
+    monkeypatch.delenv("CUPY_DASH_BWD_FULL_BLOCK_M")
+    monkeypatch.setenv("CUPY_DASH_BWD_CAUSAL_BLOCK_M", "80")
+    assert [block_m(128, True), block_m(96, True, seqlen_q=long), block_m(128, True, True), block_m(64, True),
+            block_m(128, False)] == [80, 80, 64, 128, 64]
+    monkeypatch.setenv("CUPY_DASH_BWD_CAUSAL_BLOCK_M", "72")
+    with pytest.raises(ValueError, match="CUPY_DASH_BWD_CAUSAL_BLOCK_M"):
+        kernels.bwd_tile(128, True)
