@@ -246,21 +246,28 @@ if [ "$stage" = suite ]; then   # the GPU test files one by one, each under its 
   done
   wait; (cd /tmp && tar czf "$OUT/suite_logs.tgz" suite_*.log)
 fi
-if [ "$stage" = causal80 ]; then   # the 80-query tile under a causal mask (CUPY_DASH_BWD_CAUSAL_BLOCK_M=80): its GPU
-  mkdir -p /tmp/c80                 # tests, bench legs 64 / 80 / 64 / 80, then FA3 beside the tree (FA3_WHL=1)
-  CUPY_DASH_BWD_CAUSAL_BLOCK_M=80 timeout -s INT -k 15 ${TEST_LIMIT:-150} $py -m pytest tests/gpu/test_gpu_attention.py \
-    tests/gpu/test_gpu_varlen_bwd.py tests/gpu/test_gpu_window.py tests/gpu/test_gpu_softcap.py tests/gpu/test_gpu_gqa.py \
-    -q -rf -n 8 -p no:cacheprovider -k "causal and (128 or 96) and not forward" 2>&1 | tee /tmp/c80/tests.log | tail -4
+if [ "$stage" = causal80 ]; then   # the 80-query tile under a causal mask: GPU tests with CUPY_DASH_BWD_CAUSAL_BLOCK_M=80
+  mkdir -p /tmp/c80                 # (C80_TESTS: files, last first), bench legs 64 / 80 / 64 / 80 (C80_SHAPES), then
+  files=(); for f in ${C80_TESTS:-gqa softcap window varlen_bwd attention}; do files+=(tests/gpu/test_gpu_$f.py); done
+  CUPY_DASH_BWD_CAUSAL_BLOCK_M=80 timeout -s INT -k 15 ${TEST_LIMIT:-150} $py -m pytest "${files[@]}" -q -rf -n 8 \
+    -p no:cacheprovider -k "causal and (128 or 96) and not forward" 2>&1 | tee /tmp/c80/tests.log | tail -4
+  timeout -s INT -k 15 100 $py -m pytest tests/gpu/test_gpu_attention.py -q -rf -n 8 -p no:cacheprovider \
+    -k 80_query 2>&1 | tee /tmp/c80/tests_80_query.log | tail -2   # the default choice: 80 from 4096 queries
   common=(--no-torch --no-overhead --no-compile --repeats 15 --warmup 3 --input-sets 1)
-  n=0; for m in 64 80 64 80; do n=$((n + 1))
-    CUPY_DASH_BWD_CAUSAL_BLOCK_M=$m timeout 110 $py benchmarks/bench.py --hdims 128 --masks causal --seqlens 2048 8192 \
-      16384 --schedules auto atomic --no-fa3 "${common[@]}" --out /tmp/c80/leg${n}_m$m.json 2>&1 \
-      | grep -E "^\| cupy_dash bwd" | sed "s/^/leg$n m$m /" | tee -a "$OUT/causal80_legs.log"
+  IFS=';' read -ra shapes <<<"${C80_SHAPES:---hdims 128 --masks causal --seqlens 2048 8192 16384}"   # ';'-separated
+  n=0; for m in 64 80 64 80; do n=$((n + 1)); k=0
+    for shape in "${shapes[@]}"; do k=$((k + 1))
+      CUPY_DASH_BWD_CAUSAL_BLOCK_M=$m timeout 110 $py benchmarks/bench.py $shape --schedules auto atomic --no-fa3 \
+        "${common[@]}" --out /tmp/c80/leg${n}_m${m}_$k.json 2>&1 | grep -E "^\| cupy_dash bwd" \
+        | sed "s/^/leg$n m$m shape$k /" | tee -a "$OUT/causal80_legs.log"
+    done
   done
-  timeout 150 $py benchmarks/bench.py --hdims 128 --masks full --seqlens 1280 3840 15360 --tokens 15360 \
-    --schedules auto atomic "${common[@]}" --out /tmp/c80/fa3_full.json 2>&1 | grep -E "^\| (cupy_dash|fa3) bwd"
-  timeout 150 $py benchmarks/bench.py --hdims 128 --masks causal --seqlens 2048 8192 16384 --schedules auto atomic \
-    "${common[@]}" --out /tmp/c80/fa3_causal.json 2>&1 | grep -E "^\| (cupy_dash|fa3) bwd"
+  if [ -n "${FA3_WHL:-}" ]; then    # FA3 beside the tree's default
+    timeout 150 $py benchmarks/bench.py --hdims 128 --masks full --seqlens 1280 3840 15360 --tokens 15360 \
+      --schedules auto atomic "${common[@]}" --out /tmp/c80/fa3_full.json 2>&1 | grep -E "^\| (cupy_dash|fa3) bwd"
+    timeout 150 $py benchmarks/bench.py --hdims 128 --masks causal --seqlens 2048 8192 16384 --schedules auto atomic \
+      "${common[@]}" --out /tmp/c80/fa3_causal.json 2>&1 | grep -E "^\| (cupy_dash|fa3) bwd"
+  fi
   (cd /tmp/c80 && tar czf "$OUT/causal80.tgz" *)
 fi
 if [ "$stage" = engine_rest ]; then   # what quick_ab's tests leave out (head dim 96, soft-capping, fold, portable,

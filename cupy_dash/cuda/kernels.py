@@ -163,26 +163,26 @@ def fwd_tile(head_dim: int) -> TileConfig:
     return TILES[("fwd", head_dim)]
 
 
-# NOTES: head dim 128 without a mask takes 80-query tiles (FA3's full-mask plan) from this query length on: same-call
-# measurements on the H200 (docs/decisions/tile-plans.md "FA3's full-mask tile"): +2.5-3 % at 15360, equal
-# at 1280 and 3840, GQA 4:1 -1.5 % at 1k and +1-2 % at 4k-16k; varlen batches of short sequences lost (-4 % at 1k,
-# -13 % at 256 per sequence), so varlen keeps 64, as do windows (not measured) and compact tables (spilled).
+# NOTES: head dim 128 takes 80-query tiles (FA3's full-mask plan) from this query length on, causal or not: same-call
+# measurements on the H200 (docs/decisions/tile-plans.md "FA3's full-mask tile", "The 80-query tile under a causal
+# mask"): full +2.5-3 % at 15360, equal at 1280 and 3840, GQA 4:1 -1.5 % at 1k and +1-2 % at 4k-16k; causal +2.5 %
+# at 8k, +3.7 % at 16k, slower at 2k; varlen batches of short sequences lost (-4 % at 1k, -13 % at 256 per sequence),
+# so varlen keeps 64, as do windows (not measured) and compact tables (spilled).
 FULL80_MIN_SEQLEN = 4096
 
 
 def bwd_tile(head_dim: int, causal: bool, compact: bool = False, seqlen_q: int = 0,
              window: tuple = (-1, -1)) -> TileConfig:
     """The backward main kernel's tile (preprocess / postprocess share block_m and block_n). Head dim 128 (or 96,
-    padded to 128) without a causal mask or window (``window`` canonical), ``seqlen_q`` >= FULL80_MIN_SEQLEN and
-    per-visit tables: 80 queries; ``CUPY_DASH_BWD_FULL_BLOCK_M`` = 64 / 80 forces either for any such call without
-    compact tables (varlen calls pass no ``seqlen_q``); ``CUPY_DASH_BWD_CAUSAL_BLOCK_M=80`` gives causal calls the
-    80-query tile too."""
+    padded to 128) without a window (``window`` canonical; a causal call's right side is 0), ``seqlen_q`` >=
+    FULL80_MIN_SEQLEN and per-visit tables: 80 queries. ``CUPY_DASH_BWD_FULL_BLOCK_M`` (without a causal mask) and
+    ``CUPY_DASH_BWD_CAUSAL_BLOCK_M`` (with one) = 64 / 80 force either for any such call without compact tables
+    (varlen calls pass no ``seqlen_q``)."""
     check_supported("bfloat16", head_dim)
-    if head_dim in (96, 128) and causal and not compact and config.BWD_CAUSAL_BLOCK_M.get() == 80:
-        return TILES[("bwd_main", head_dim, "full80")]
-    if head_dim in (96, 128) and not causal and not compact:
-        forced = config.BWD_FULL_BLOCK_M.get()
-        if forced == 80 or (forced is None and seqlen_q >= FULL80_MIN_SEQLEN and tuple(window) == (-1, -1)):
+    if head_dim in (96, 128) and not compact:
+        forced = (config.BWD_CAUSAL_BLOCK_M if causal else config.BWD_FULL_BLOCK_M).get()
+        if forced == 80 or (forced is None and seqlen_q >= FULL80_MIN_SEQLEN and window[0] == -1
+                            and (causal or window[1] == -1)):
             return TILES[("bwd_main", head_dim, "full80")]
     return TILES[("bwd_main", head_dim)]
 
@@ -279,7 +279,7 @@ def all_specs() -> list:
     """Every distinct variant the dispatcher can emit (12 fwd + 12 varlen fwd, 6 + 6 varlen preprocess, 12 main +
     12 compact main + 12 varlen main + 12 compact varlen main, 6 + 6 varlen postprocess, 2 bwd_expand), the
     soft-capping builds of the per-visit-table main kernel (24), and the 80-query tile's (head dims 96 and 128, full
-    mask: 4 preprocess, 4 postprocess, 8 main). Deterministic and atomic backwards share their main kernel; the
+    and causal: 4 preprocess, 4 postprocess, 16 main). Deterministic and atomic backwards share their main kernel; the
     forward's cap is a launch parameter, not a build."""
     specs = []
     seen = set()

@@ -181,22 +181,25 @@ def test_backward(case, schedule):
     reference.assert_close_fa3("dv", dv_h, data["dv_ref"], data["dv_lowp"])
 
 
-# The 80-query tile (kernels.bwd_tile): head dim 128 (and 96, padded), no mask, from FULL80_MIN_SEQLEN queries on,
-# with a partial last Q tile and several KV tiles per CTA.
-LONG_FULL_CASES = [Case("bf16", 128, False, 4197, 4300, batch=1, heads=2),
-                   Case("bf16", 96, False, 4197, 4300, batch=1, heads=2)]
+# The 80-query tile (kernels.bwd_tile): head dim 128 (and 96, padded), full or causal without a window, from
+# FULL80_MIN_SEQLEN queries on, with a partial last Q tile and several KV tiles per CTA (causal: Sq < Sk, so the
+# diagonal is offset and crosses tiles of 80 queries at every phase).
+LONG_CASES = [Case("bf16", 128, False, 4197, 4300, batch=1, heads=2),
+              Case("bf16", 96, False, 4197, 4300, batch=1, heads=2),
+              Case("bf16", 128, True, 4197, 4300, batch=1, heads=2),
+              Case("fp16", 96, True, 4111, 4111, batch=1, heads=2)]
 
 
 @pytest.mark.parametrize("schedule", ["auto", "shift", ATOMIC])
-@pytest.mark.parametrize("case", LONG_FULL_CASES, ids=str)
-def test_long_full_mask_backward_takes_the_80_query_tile(case, schedule):
-    assert kernels.bwd_tile(case.hdim, case.causal, seqlen_q=case.seqlen_q).block_m == (
-        64 if config.BWD_FULL_BLOCK_M.get() == 64 else 80)
+@pytest.mark.parametrize("case", LONG_CASES, ids=str)
+def test_long_backward_takes_the_80_query_tile(case, schedule):
+    forced = (config.BWD_CAUSAL_BLOCK_M if case.causal else config.BWD_FULL_BLOCK_M).get()
+    assert kernels.bwd_tile(case.hdim, case.causal, seqlen_q=case.seqlen_q).block_m == (64 if forced == 64 else 80)
     data = _case_data(case, backward=True)
     do, q, k, v, out = (_dev(data[n]) for n in ("do", "q", "k", "v", "out_in"))
     lse = _dev(data["lse_in"])
     _poison_pool(_poison_size(do, q, k, v))
-    runs = [cupy_dash.attention_backward(do, q, k, v, out, lse, causal=False, **_schedule_kwargs(schedule))
+    runs = [cupy_dash.attention_backward(do, q, k, v, out, lse, causal=case.causal, **_schedule_kwargs(schedule))
             for _ in range(2)]
     cupy_dash.check_errors()
     grads = [tuple(_host(x) for x in run) for run in runs]
