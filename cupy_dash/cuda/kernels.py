@@ -163,25 +163,28 @@ def fwd_tile(head_dim: int) -> TileConfig:
     return TILES[("fwd", head_dim)]
 
 
-# NOTES: head dim 128 takes 80-query tiles (FA3's full-mask plan) from this query length on, causal or not: same-call
+# NOTES: head dim 128 takes 80-query tiles (FA3's full-mask plan) from these query lengths on: same-call
 # measurements on the H200 (docs/decisions/tile-plans.md "FA3's full-mask tile", "The 80-query tile under a causal
-# mask"): full +2.5-3 % at 15360, equal at 1280 and 3840, GQA 4:1 -1.5 % at 1k and +1-2 % at 4k-16k; causal +2.5 %
-# at 8k, +3.7 % at 16k, slower at 2k; varlen batches of short sequences lost (-4 % at 1k, -13 % at 256 per sequence),
-# so varlen keeps 64, as do windows (not measured) and compact tables (spilled).
+# mask"): full +2.5-3 % at 15360, equal at 1280 and 3840, GQA 4:1 -1.5 % at 1k and +1-2 % at 4k-16k; causal +2-3 % at
+# 8k, +4-5 % at 16k (head dim 96 alike), 2-4 % slower at 4k and slower at 2k; varlen batches of short sequences lost
+# (-4 % at 1k, -13 % at 256 per sequence), so varlen keeps 64, as do windows (not measured) and compact tables
+# (spilled).
 FULL80_MIN_SEQLEN = 4096
+CAUSAL80_MIN_SEQLEN = 8192
 
 
 def bwd_tile(head_dim: int, causal: bool, compact: bool = False, seqlen_q: int = 0,
              window: tuple = (-1, -1)) -> TileConfig:
     """The backward main kernel's tile (preprocess / postprocess share block_m and block_n). Head dim 128 (or 96,
     padded to 128) without a window (``window`` canonical; a causal call's right side is 0), ``seqlen_q`` >=
-    FULL80_MIN_SEQLEN and per-visit tables: 80 queries. ``CUPY_DASH_BWD_FULL_BLOCK_M`` (without a causal mask) and
-    ``CUPY_DASH_BWD_CAUSAL_BLOCK_M`` (with one) = 64 / 80 force either for any such call without compact tables
-    (varlen calls pass no ``seqlen_q``)."""
+    FULL80_MIN_SEQLEN (CAUSAL80_MIN_SEQLEN with ``causal``) and per-visit tables: 80 queries.
+    ``CUPY_DASH_BWD_FULL_BLOCK_M`` (without a causal mask) and ``CUPY_DASH_BWD_CAUSAL_BLOCK_M`` (with one) = 64 / 80
+    force either for any such call without compact tables (varlen calls pass no ``seqlen_q``)."""
     check_supported("bfloat16", head_dim)
     if head_dim in (96, 128) and not compact:
         forced = (config.BWD_CAUSAL_BLOCK_M if causal else config.BWD_FULL_BLOCK_M).get()
-        if forced == 80 or (forced is None and seqlen_q >= FULL80_MIN_SEQLEN and window[0] == -1
+        min_seqlen = CAUSAL80_MIN_SEQLEN if causal else FULL80_MIN_SEQLEN
+        if forced == 80 or (forced is None and seqlen_q >= min_seqlen and window[0] == -1
                             and (causal or window[1] == -1)):
             return TILES[("bwd_main", head_dim, "full80")]
     return TILES[("bwd_main", head_dim)]
@@ -292,7 +295,7 @@ def all_specs() -> list:
         for varlen in (False, True):                  # logit soft-capping: the main backward's builds
             batch.append(bwd_specs(dtype, head_dim, causal, varlen=varlen, softcap=True).main)
         for softcap in (False, True):                 # the 80-query tile
-            batch.extend(bwd_specs(dtype, head_dim, causal, softcap=softcap, seqlen_q=FULL80_MIN_SEQLEN))
+            batch.extend(bwd_specs(dtype, head_dim, causal, softcap=softcap, seqlen_q=CAUSAL80_MIN_SEQLEN))
         batch.extend((expand_spec(False), expand_spec(True)))
         for spec in batch:
             if spec not in seen:

@@ -181,9 +181,10 @@ def test_backward(case, schedule):
     reference.assert_close_fa3("dv", dv_h, data["dv_ref"], data["dv_lowp"])
 
 
-# The 80-query tile (kernels.bwd_tile): head dim 128 (and 96, padded), full or causal without a window, from
-# FULL80_MIN_SEQLEN queries on, with a partial last Q tile and several KV tiles per CTA (causal: Sq < Sk, so the
-# diagonal is offset and crosses tiles of 80 queries at every phase).
+# The 80-query tile (kernels.bwd_tile): head dim 128 (and 96, padded) without a window, from FULL80_MIN_SEQLEN
+# queries on, with a partial last Q tile and several KV tiles per CTA. Causal calls take it from CAUSAL80_MIN_SEQLEN:
+# the causal cases force it (CUPY_DASH_BWD_CAUSAL_BLOCK_M=80, unless the environment forces 64) at a length whose
+# float64 reference stays cheap; Sq < Sk, so the diagonal is offset and crosses the 80-query tiles at every phase.
 LONG_CASES = [Case("bf16", 128, False, 4197, 4300, batch=1, heads=2),
               Case("bf16", 96, False, 4197, 4300, batch=1, heads=2),
               Case("bf16", 128, True, 4197, 4300, batch=1, heads=2),
@@ -192,7 +193,9 @@ LONG_CASES = [Case("bf16", 128, False, 4197, 4300, batch=1, heads=2),
 
 @pytest.mark.parametrize("schedule", ["auto", "shift", ATOMIC])
 @pytest.mark.parametrize("case", LONG_CASES, ids=str)
-def test_long_backward_takes_the_80_query_tile(case, schedule):
+def test_long_backward_takes_the_80_query_tile(case, schedule, monkeypatch):
+    if case.causal and config.BWD_CAUSAL_BLOCK_M.get() is None:
+        monkeypatch.setenv("CUPY_DASH_BWD_CAUSAL_BLOCK_M", "80")
     forced = (config.BWD_CAUSAL_BLOCK_M if case.causal else config.BWD_FULL_BLOCK_M).get()
     assert kernels.bwd_tile(case.hdim, case.causal, seqlen_q=case.seqlen_q).block_m == (64 if forced == 64 else 80)
     data = _case_data(case, backward=True)

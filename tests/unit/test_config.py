@@ -146,22 +146,25 @@ def test_docs_list_every_knob():
         assert f"`{knob.name}`" in text, knob.name
 
 
-def test_the_80_query_tile_serves_long_full_mask_calls(monkeypatch):
-    """Head dim 128 without a window, full or causal, takes 80-query tiles from FULL80_MIN_SEQLEN queries on (one K
-    buffer, the shared memory of kernels_src/bwd/config.cuh); shorter calls, windows, head dim 64, varlen (no
-    seqlen_q) and compact builds keep theirs. CUPY_DASH_BWD_FULL_BLOCK_M / CUPY_DASH_BWD_CAUSAL_BLOCK_M = 64 / 80
-    force either; bad values raise naming the variable."""
+def test_the_80_query_tile_serves_long_calls(monkeypatch):
+    """Head dim 128 without a window takes 80-query tiles from FULL80_MIN_SEQLEN queries on (one K buffer, the
+    shared memory of kernels_src/bwd/config.cuh), from CAUSAL80_MIN_SEQLEN with a causal mask; shorter calls,
+    windows, head dim 64, varlen (no seqlen_q) and compact builds keep theirs. CUPY_DASH_BWD_FULL_BLOCK_M /
+    CUPY_DASH_BWD_CAUSAL_BLOCK_M = 64 / 80 force either; bad values raise naming the variable."""
     from cupy_dash.cuda import kernels
     monkeypatch.delenv("CUPY_DASH_BWD_FULL_BLOCK_M", raising=False)
-    long = kernels.FULL80_MIN_SEQLEN
+    monkeypatch.delenv("CUPY_DASH_BWD_CAUSAL_BLOCK_M", raising=False)
+    long, causal_long = kernels.FULL80_MIN_SEQLEN, kernels.CAUSAL80_MIN_SEQLEN
 
     def block_m(*a, **kw):
         return kernels.bwd_tile(*a, **kw).block_m
-    assert [block_m(128, False, seqlen_q=long), block_m(128, True, seqlen_q=long),
-            block_m(128, True, seqlen_q=long, window=(-1, 0)), block_m(96, True, seqlen_q=long)] == [80] * 4
-    assert [block_m(128, False, seqlen_q=long - 1), block_m(128, True, seqlen_q=long - 1),
-            block_m(128, False, seqlen_q=long, window=(100, -1)), block_m(128, True, seqlen_q=long, window=(100, 0)),
-            block_m(128, False), block_m(128, True), block_m(128, False, True, long), block_m(128, True, True, long),
+    assert [block_m(128, False, seqlen_q=long), block_m(128, True, seqlen_q=causal_long),
+            block_m(128, True, seqlen_q=causal_long, window=(-1, 0)), block_m(96, True, seqlen_q=causal_long)] \
+        == [80] * 4
+    assert [block_m(128, False, seqlen_q=long - 1), block_m(128, True, seqlen_q=causal_long - 1),
+            block_m(128, False, seqlen_q=long, window=(100, -1)),
+            block_m(128, True, seqlen_q=causal_long, window=(100, 0)), block_m(128, False), block_m(128, True),
+            block_m(128, False, True, long), block_m(128, True, True, causal_long),
             block_m(64, False, seqlen_q=long)] == [64] * 8 + [128]
     specs = kernels.bwd_specs("bfloat16", 128, False, seqlen_q=long)
     short = kernels.bwd_specs("bfloat16", 128, False)
@@ -182,7 +185,7 @@ def test_the_80_query_tile_serves_long_full_mask_calls(monkeypatch):
     assert [block_m(128, True), block_m(96, True, seqlen_q=long), block_m(128, True, True), block_m(64, True),
             block_m(128, False)] == [80, 80, 64, 128, 64]
     monkeypatch.setenv("CUPY_DASH_BWD_CAUSAL_BLOCK_M", "64")
-    assert block_m(128, True, seqlen_q=long) == 64
+    assert block_m(128, True, seqlen_q=causal_long) == 64
     monkeypatch.setenv("CUPY_DASH_BWD_CAUSAL_BLOCK_M", "72")
     with pytest.raises(ValueError, match="CUPY_DASH_BWD_CAUSAL_BLOCK_M"):
         kernels.bwd_tile(128, True)

@@ -86,7 +86,7 @@ def test_all_specs_cover_every_combination():
             expected.add(kernels.bwd_specs(dtype, d, bool(causal), varlen=varlen, softcap=True).main)
         for softcap in (False, True):           # the 80-query tile (head dims 96 and 128)
             expected.update(kernels.bwd_specs(dtype, d, bool(causal), softcap=softcap,
-                                              seqlen_q=kernels.FULL80_MIN_SEQLEN))
+                                              seqlen_q=kernels.CAUSAL80_MIN_SEQLEN))
     assert expected == set(specs)
     by_kernel = {name: [s for s in specs if s.kernel == name] for name in kernels.KERNEL_NAMES}
     assert {k: len(v) for k, v in by_kernel.items()} == {"fwd": 24, "bwd_preprocess": 16, "bwd_main": 88,
