@@ -97,25 +97,15 @@ def _path(s):
     return s or None
 
 
-def _one_or_two(name: str, default: int):
-    """A parser for a knob that is 1 or 2: unset gives ``default``; anything else raises naming ``name``."""
-    def parse(s) -> int:
-        if s in (None, ""):
-            return default
-        if s in ("1", "2"):
-            return int(s)
-        raise ValueError(f"{name}: expected 1 or 2, got {s!r}")
-    return parse
-
-
-def _block_m(name: str):
-    """A parser for a query-tile knob: 64, 80 or unset (None); anything else raises naming ``name``."""
+def _int_choice(name: str, choices: tuple, default):
+    """A parser for a knob that is one of the integers ``choices``: unset gives ``default``; anything else raises
+    naming ``name``."""
     def parse(s):
         if s in (None, ""):
-            return None
-        if s in ("64", "80"):
+            return default
+        if s in tuple(map(str, choices)):
             return int(s)
-        raise ValueError(f"{name}: expected 64 or 80, got {s!r}")
+        raise ValueError(f"{name}: expected {' or '.join(map(str, choices))}, got {s!r}")
     return parse
 
 
@@ -161,14 +151,14 @@ JIT_LINEINFO = Knob("CUPY_DASH_JIT_LINEINFO", "1 / unset",
     "same, NVRTC takes ~15 % longer)", _flag)
 BWD_DQ_WRITERS = Knob("CUPY_DASH_BWD_DQ_WRITERS", "1 / 2 / unset",
     "dQ writer warps of the backward, deterministic or atomic (default 2: visits alternate between them); read "
-    "once per process", _one_or_two("CUPY_DASH_BWD_DQ_WRITERS", 2))
+    "once per process", _int_choice("CUPY_DASH_BWD_DQ_WRITERS", (1, 2), 2))
 BWD_FULL_BLOCK_M = Knob("CUPY_DASH_BWD_FULL_BLOCK_M", "64 / 80 / unset",
     "queries per Q tile of the head-dim-128 backward without a causal mask (80: FA3's plan, dQ computed "
     "transposed, one K buffer); unset: 80 from 4096 queries without a window, fixed lengths only, else 64; read "
-    "once per process", _block_m("CUPY_DASH_BWD_FULL_BLOCK_M"))
+    "once per process", _int_choice("CUPY_DASH_BWD_FULL_BLOCK_M", (64, 80), None))
 BWD_CAUSAL_BLOCK_M = Knob("CUPY_DASH_BWD_CAUSAL_BLOCK_M", "64 / 80 / unset",
     "queries per Q tile of the head-dim-128 backward with a causal mask (80: the full-mask plan's tile); unset: 64; "
-    "read once per process", _block_m("CUPY_DASH_BWD_CAUSAL_BLOCK_M"))
+    "read once per process", _int_choice("CUPY_DASH_BWD_CAUSAL_BLOCK_M", (64, 80), None))
 XDG_CACHE_HOME = Knob("XDG_CACHE_HOME", "path / unset",
     "(the XDG standard's) base of the default kernel cache directory", _path)
 
