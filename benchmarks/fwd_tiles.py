@@ -1,8 +1,12 @@
-"""Forward tile sweep on the GPU: KV tile rows (BLOCK_N 64 / 128) x K/V stages (2 / 3) for each head dim and
+"""Forward tile sweep on the GPU: KV tile rows (BLOCK_N 64 / 128 / 176) x K/V stages (2 / 3) for each head dim and
 mask, timed with CUDA events on the benchmark's shapes (16k tokens, H*D = 2048, bf16). Each variant's output is
 first compared with the shipped variant's (same inputs) so that a broken variant cannot win.
 
-    python benchmarks/fwd_tiles.py [--seqlens 1024 4096 16384] [--repeats 30]
+    python benchmarks/fwd_tiles.py [--seqlens 1024 4096 16384] [--repeats 30] [--block-n 128 64] [--stages 2 3]
+                                   [--hdims 64 128] [--masks full causal] [--tokens 16384]
+
+FA3's full-mask head-dim-128 tile (128 x 176, two stages) beside ours, on the engine issue's full-mask shapes:
+``--hdims 128 --masks full --block-n 128 176 --stages 2 --seqlens 1280 3840 15360 --tokens 15360``.
 """
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ from cupy_dash.cli.measure import attention_flops, random_tensor
 def variant(dtype, hdim, causal, block_n, stages):
     base = kernels.fwd_spec(dtype, hdim, causal)
     tile = kernels.fwd_tile(hdim)
-    smem = (tile.block_m + 2 * stages * block_n) * hdim * 2 + 8 * (1 + 4 * stages) + 1024
+    smem = (tile.block_m + 2 * stages * block_n) * kernels.padded_head_dim(hdim) * 2 + 8 * (1 + 4 * stages) + 1024
     d = dict(base.defines, DASH_BLOCK_N=block_n, DASH_SMEM_BYTES=smem, DASH_KV_STAGES=stages)
     return dataclasses.replace(base, defines=tuple(sorted(d.items())), smem_bytes=smem), tile.block_m, block_n
 
@@ -43,14 +47,19 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seqlens", type=int, nargs="+", default=[1024, 4096, 16384])
     ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--block-n", type=int, nargs="+", default=[128, 64], choices=[64, 128, 176])
+    ap.add_argument("--stages", type=int, nargs="+", default=[2, 3])
+    ap.add_argument("--hdims", type=int, nargs="+", default=[64, 128])
+    ap.add_argument("--masks", nargs="+", default=["full", "causal"], choices=["full", "causal"])
+    ap.add_argument("--tokens", type=int, default=16384)
     args = ap.parse_args()
-    tokens, hidden = 16384, 2048
+    tokens, hidden = args.tokens, 2048
     n = tokens * hidden
     q, k, v = (random_tensor((n,), "bf16", seed=s) for s in (0, 1, 2))
     print("| hdim | mask | S | BLOCK_N | stages | ms | TFLOP/s | max abs diff vs shipped |")
     print("|---|---|---|---|---|---|---|---|")
-    for hdim in (64, 128):
-        for causal in (False, True):
+    for hdim in args.hdims:
+        for causal in (mask == "causal" for mask in args.masks):
             for S in args.seqlens:
                 B, H = tokens // S, hidden // hdim
                 shape = (B, S, H, hdim)
@@ -58,8 +67,8 @@ def main():
                 ref, _ = cupy_dash.attention_forward(qs, ks, vs, causal=causal)
                 ref = ref.astype(cupy.float32)
                 flops = attention_flops(B, H, S, S, hdim, causal, "fwd")
-                for block_n in (128, 64):
-                    for stages in (2, 3):
+                for block_n in args.block_n:
+                    for stages in args.stages:
                         entry = variant("bfloat16", hdim, causal, block_n, stages)
                         if entry[0].smem_bytes > 227 * 1024:
                             continue

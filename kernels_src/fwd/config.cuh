@@ -35,7 +35,7 @@ static_assert(DASH_NUM_THREADS == kNumThreads, "launched with 384 threads");
 static_assert(kHeadDimIO == 64 || kHeadDimIO == 96 || kHeadDimIO == 128 || kHeadDimIO == 192 || kHeadDimIO == 256,
               "head dim 64, 96 or 128 (192 and 256: compiled by the tests, not offered yet)");
 static_assert(kBlockM == 64 * kNumMmaWg, "each MMA warpgroup owns 64 query rows");
-static_assert(kBlockN == 64 || kBlockN == 128, "the wgmma wrappers have N = 64 or 128");
+static_assert(kBlockN == 64 || kBlockN == 128 || kBlockN == 176, "the wgmma wrappers have N = 64, 128 or 176");
 
 // Accumulator registers per thread (m64nN fp32: N / 2).
 constexpr int kSRegs = kBlockN / 2;   // S = Q K^T, then P: 64 queries x kBlockN keys

@@ -1,8 +1,8 @@
 // PTX ISA "Asynchronous Warpgroup Level Matrix Multiply-Accumulate: wgmma" — wgmma.fence / commit_group /
 // wait_group, the shared-memory matrix descriptor (128B swizzle), and wgmma.mma_async m64nNk16 with fp32
 // accumulators, A from shared memory (SS) or from registers (RS), for N = 64 and 128 (SS also 80: the backward's
-// 80-query tile, and 32 and 96: the head-dim-96 probe, tests/gpu/kernels/wgmma_n96.cu; RS also 96: O, dV and dK
-// at head dim 96).
+// 80-query tile, 176: the forward's 176-key tile, and 32 and 96: the head-dim-96 probe,
+// tests/gpu/kernels/wgmma_n96.cu; RS also 96: O, dV and dK at head dim 96).
 #pragma once
 #include "../common.cuh"
 
@@ -55,6 +55,7 @@ DASH_DEVICE uint64_t wgmma_desc_sw128(uint32_t smem_addr, uint32_t lbo_bytes, ui
 #define DASH_ACC16(d) DASH_ACC8(d, 0), DASH_ACC8(d, 8)
 #define DASH_ACC40(d) DASH_ACC32(d), DASH_ACC8(d, 32)
 #define DASH_ACC48(d) DASH_ACC40(d), DASH_ACC8(d, 40)
+#define DASH_ACC88(d) DASH_ACC64(d), DASH_ACC8(d, 64), DASH_ACC8(d, 72), DASH_ACC8(d, 80)
 #define DASH_REGS16 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
 #define DASH_REGS40 DASH_REGS32 ", %32, %33, %34, %35, %36, %37, %38, %39"
 #define DASH_REGS48 DASH_REGS40 ", %40, %41, %42, %43, %44, %45, %46, %47"
@@ -65,6 +66,10 @@ DASH_DEVICE uint64_t wgmma_desc_sw128(uint32_t smem_addr, uint32_t lbo_bytes, ui
   DASH_REGS32 ", " \
   "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, " \
   "%49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define DASH_REGS88 \
+  DASH_REGS64 ", " \
+  "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, " \
+  "%81, %82, %83, %84, %85, %86, %87"
 
 // One SS wgmma of shape SHAPE ("m64n64k16"...) whose kRegs accumulators are operands %0 .. %(kRegs - 1) (REGS, ACC):
 // the descriptors, the accumulate flag and the two transposes follow as %kRegs .. %(kRegs + 4) (OPS: "%32, %33",
@@ -80,7 +85,8 @@ DASH_DEVICE uint64_t wgmma_desc_sw128(uint32_t smem_addr, uint32_t lbo_bytes, ui
 // from shared memory. kTransA / kTransB: 0 = K-major, 1 = M/N-major.
 template <int kN, int kTransA, int kTransB>
 DASH_DEVICE void wgmma_ss(float (&d)[kN / 2], uint64_t a_desc, uint64_t b_desc, int accumulate) {
-  static_assert(kN == 32 || kN == 64 || kN == 80 || kN == 96 || kN == 128, "wgmma_ss: N = 32, 64, 80, 96 or 128");
+  static_assert(kN == 32 || kN == 64 || kN == 80 || kN == 96 || kN == 128 || kN == 176,
+                "wgmma_ss: N = 32, 64, 80, 96, 128 or 176");
   if constexpr (kN == 32) {
     DASH_WGMMA_SS("m64n32k16", DASH_REGS16, DASH_ACC16(d), "%16, %17", "%18", "%19, %20");
   } else if constexpr (kN == 64) {
@@ -89,8 +95,10 @@ DASH_DEVICE void wgmma_ss(float (&d)[kN / 2], uint64_t a_desc, uint64_t b_desc, 
     DASH_WGMMA_SS("m64n80k16", DASH_REGS40, DASH_ACC40(d), "%40, %41", "%42", "%43, %44");
   } else if constexpr (kN == 96) {
     DASH_WGMMA_SS("m64n96k16", DASH_REGS48, DASH_ACC48(d), "%48, %49", "%50", "%51, %52");
-  } else {
+  } else if constexpr (kN == 128) {
     DASH_WGMMA_SS("m64n128k16", DASH_REGS64, DASH_ACC64(d), "%64, %65", "%66", "%67, %68");
+  } else {
+    DASH_WGMMA_SS("m64n176k16", DASH_REGS88, DASH_ACC88(d), "%88, %89", "%90", "%91, %92");
   }
 }
 
