@@ -3,7 +3,7 @@
 #   bash benchmarks/device_run.sh [smoke|fwd|tests|bench|integration|long|gqa|varlen_bench|long1m|varlen_step|
 #                                  fold|fold_bench|varlen_events|sanitize|ncu|engine|engine_bench|
 #                                  dq_writers|multi_gpu|first|first2|fa3_bench|fa3_full|final|tile80|d96|tests2|
-#                                  loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|suite|causal80|all]
+#                                  loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|suite|causal80|tiles_and_varlen|all]
 #                                  [extra pytest args...]
 # "engine": the backward kernel's GPU tests (every family: MHA, GQA, compact, varlen, fold, window, portable);
 # "engine_bench": the backward at the issue's shapes, this tree against the kernels in every carried .ab*/kernels_src
@@ -28,7 +28,7 @@ if [ -n "${FA3_WHL:-}" ]; then
   $py -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >"$OUT/fa3_install.log" 2>&1 && export PYTHONPATH=/tmp/site
 fi
 case "$stage" in   # these stages compile only the kernels they run, on first use
-  ncu|engine_bench|dq_writers|first|first2|fa3_bench|fa3_full|final|tile80|d96|loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|causal80) ;;
+  ncu|engine_bench|dq_writers|first|first2|fa3_bench|fa3_full|final|tile80|d96|loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|causal80|tiles_and_varlen) ;;
   *) $py -m cupy_dash compile --all -j 16 >/tmp/compile.log 2>&1 || { tail -20 /tmp/compile.log; exit 1; }
      tail -1 /tmp/compile.log ;;
 esac
@@ -269,6 +269,23 @@ if [ "$stage" = causal80 ]; then   # the 80-query tile under a causal mask: GPU 
       "${common[@]}" --out /tmp/c80/fa3_causal.json 2>&1 | grep -E "^\| (cupy_dash|fa3) bwd"
   fi
   (cd /tmp/c80 && tar czf "$OUT/causal80.tgz" *)
+fi
+if [ "$stage" = tiles_and_varlen ]; then   # the forward's 176-key tile beside 128 (fwd_tiles.py, two legs), then
+  mkdir -p /tmp/tv                          # the varlen backward with the 80-query tile forced beside 64 (legs
+  for n in 1 2; do                          # 64 / 80 / 64 / 80, both masks' knobs); DIST=1: the distributed tests
+    timeout 120 $py benchmarks/fwd_tiles.py --hdims 128 --masks full --block-n 128 176 --stages 2 --seqlens 1280 3840 \
+      15360 --tokens 15360 2>&1 | tee /tmp/tv/fwd_tiles_$n.md | grep -E "^\| 128" | sed "s/^/fwd leg$n /"
+  done
+  n=0; for m in 64 80 64 80; do n=$((n + 1))
+    CUPY_DASH_BWD_FULL_BLOCK_M=$m CUPY_DASH_BWD_CAUSAL_BLOCK_M=$m timeout 100 $py benchmarks/varlen_bwd.py --repeats 10 \
+      --kinds equal random --seqs 1 4 --schedules auto --json /tmp/tv/varlen_leg${n}_m$m.json 2>&1 \
+      | tee /tmp/tv/varlen_leg${n}_m$m.txt | grep -E "^(equal|random)" | sed "s/^/varlen leg$n m$m /"
+  done
+  if [ -n "${DIST:-}" ]; then
+    timeout -s INT -k 15 300 $py -m pytest tests/gpu/test_gpu_distributed.py -q -rf -p no:cacheprovider 2>&1 \
+      | tee /tmp/tv/distributed.log | tail -3
+  fi
+  (cd /tmp/tv && tar czf "$OUT/tiles_and_varlen.tgz" *)
 fi
 if [ "$stage" = engine_rest ]; then   # what quick_ab's tests leave out (head dim 96, soft-capping, fold, portable,
   mkdir -p /tmp/er                      # the timeline build's bits), then the timeline at full 3840 and causal 8k
