@@ -157,8 +157,9 @@ BWD_FULL_BLOCK_M = Knob("CUPY_DASH_BWD_FULL_BLOCK_M", "64 / 80 / unset",
     "transposed, one K buffer); unset: 80 from 4096 queries without a window, fixed lengths only, else 64; read "
     "once per process", _int_choice("CUPY_DASH_BWD_FULL_BLOCK_M", (64, 80), None))
 BWD_CAUSAL_BLOCK_M = Knob("CUPY_DASH_BWD_CAUSAL_BLOCK_M", "64 / 80 / unset",
-    "queries per Q tile of the head-dim-128 backward with a causal mask (80: the full-mask plan's tile); unset: 64; "
-    "read once per process", _int_choice("CUPY_DASH_BWD_CAUSAL_BLOCK_M", (64, 80), None))
+    "queries per Q tile of the head-dim-128 backward with a causal mask (80: the full-mask plan's tile); unset: 80 "
+    "from 8192 queries without a window, fixed lengths only, else 64; read once per process",
+    _int_choice("CUPY_DASH_BWD_CAUSAL_BLOCK_M", (64, 80), None))
 XDG_CACHE_HOME = Knob("XDG_CACHE_HOME", "path / unset",
     "(the XDG standard's) base of the default kernel cache directory", _path)
 
