@@ -272,7 +272,8 @@ if [ "$stage" = causal80 ]; then   # the 80-query tile under a causal mask: GPU 
 fi
 if [ "$stage" = tiles_and_varlen ]; then   # the forward's 176-key tile beside 128 (fwd_tiles.py, two legs), then
   mkdir -p /tmp/tv                          # the varlen backward with the 80-query tile forced beside 64 (legs
-  for n in 1 2; do                          # 64 / 80 / 64 / 80, both masks' knobs); DIST=1: the distributed tests
+  for n in 1 2; do                          # 64 / 80 / 64 / 80, both masks' knobs), full 3840 with either tile;
+                                            # DIST=1: the distributed tests
     timeout 120 $py benchmarks/fwd_tiles.py --hdims 128 --masks full --block-n 128 176 --stages 2 --seqlens 1280 3840 \
       15360 --tokens 15360 2>&1 | tee /tmp/tv/fwd_tiles_$n.md | grep -E "^\| 128" | sed "s/^/fwd leg$n /"
   done
@@ -280,6 +281,12 @@ if [ "$stage" = tiles_and_varlen ]; then   # the forward's 176-key tile beside 1
     CUPY_DASH_BWD_FULL_BLOCK_M=$m CUPY_DASH_BWD_CAUSAL_BLOCK_M=$m timeout 100 $py benchmarks/varlen_bwd.py --repeats 10 \
       --kinds equal random --seqs 1 4 --schedules auto --json /tmp/tv/varlen_leg${n}_m$m.json 2>&1 \
       | tee /tmp/tv/varlen_leg${n}_m$m.txt | grep -E "^(equal|random)" | sed "s/^/varlen leg$n m$m /"
+  done
+  n=0; for m in 64 80 64 80; do n=$((n + 1))   # full 3840 (below the 80-query tile's threshold), either tile
+    CUPY_DASH_BWD_FULL_BLOCK_M=$m timeout 60 $py benchmarks/bench.py --hdims 128 --masks full --seqlens 3840 \
+      --tokens 15360 --schedules auto atomic --no-torch --no-fa3 --no-overhead --no-compile --repeats 15 --warmup 3 \
+      --input-sets 1 --out /tmp/tv/full3840_leg${n}_m$m.json 2>&1 | grep -E "^\| cupy_dash bwd" | head -2 \
+      | sed "s/^/full3840 leg$n m$m /"
   done
   if [ -n "${DIST:-}" ]; then
     timeout -s INT -k 15 300 $py -m pytest tests/gpu/test_gpu_distributed.py -q -rf -p no:cacheprovider 2>&1 \
