@@ -3,7 +3,7 @@
 #   bash benchmarks/device_run.sh [smoke|fwd|tests|bench|integration|long|gqa|varlen_bench|long1m|varlen_step|
 #                                  fold|fold_bench|varlen_events|sanitize|ncu|engine|engine_bench|
 #                                  dq_writers|multi_gpu|first|first2|fa3_bench|fa3_full|final|tile80|d96|tests2|
-#                                  loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|suite|causal80|tiles_and_varlen|all]
+#                                  loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|suite|tiles_and_varlen|all]
 #                                  [extra pytest args...]
 # "engine": the backward kernel's GPU tests (every family: MHA, GQA, compact, varlen, fold, window, portable);
 # "engine_bench": the backward at the issue's shapes, this tree against the kernels in every carried .ab*/kernels_src
@@ -11,8 +11,8 @@
 # tree when FA3_WHL=1, then ncu. pytest runs get SIGINT at their limit, so that the summary still names the failures.
 # "varlen_step": a new packing's host cost, build and upload; "fold": the folded backward's tests, then
 # the whole suite; "fold_bench": its GPU and host time. Earlier one-off stages are in this file's
-# history; the writer-rank-ahead experiment is benchmarks/patches/writer_rank_ahead.patch (measured, not
-# merged: docs/decisions/table-forms.md).
+# history (causal80: the causal 80-query tile's legs); the writer-rank-ahead experiment is
+# benchmarks/patches/writer_rank_ahead.patch (measured, not merged: docs/decisions/table-forms.md).
 # "multi_gpu": per-device state with two GPUs in one process, and the DDP / FSDP2 / JAX data-parallel examples
 # (torchrun, nccl on two GPUs; gloo with two ranks on one GPU; JAX over every GPU), all logs in multi_gpu.tgz.
 # FA3 (flash-attn3-jax) is measured when its wheel is importable: carry .whl/ and set FA3_WHL=1.
@@ -28,7 +28,7 @@ if [ -n "${FA3_WHL:-}" ]; then
   $py -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >"$OUT/fa3_install.log" 2>&1 && export PYTHONPATH=/tmp/site
 fi
 case "$stage" in   # these stages compile only the kernels they run, on first use
-  ncu|engine_bench|dq_writers|first|first2|fa3_bench|fa3_full|final|tile80|d96|loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|causal80|tiles_and_varlen) ;;
+  ncu|engine_bench|dq_writers|first|first2|fa3_bench|fa3_full|final|tile80|d96|loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|tiles_and_varlen) ;;
   *) $py -m cupy_dash compile --all -j 16 >/tmp/compile.log 2>&1 || { tail -20 /tmp/compile.log; exit 1; }
      tail -1 /tmp/compile.log ;;
 esac
@@ -230,10 +230,12 @@ if [ "$stage" = patches_bench ]; then   # each patch of $PATCHES as .abN in one 
   (cd /tmp/pb && tar czf "$OUT/patches_bench.tgz" *.json *.md *.log)
 fi
 if [ "$stage" = suite ]; then   # the GPU test files one by one, each under its own limit (SIGINT: the summary still
-  lane() {                      # names the failures); SUITE_LANES (default 1) lanes of files run side by side
+  extra=("$@")                  # names the failures); SUITE_LANES (default 1) lanes of files run side by side
+  lane() {
     for fl in "$@"; do
       f=${fl%%:*}; lim=${fl##*:}; t0=$(date +%s)
-      timeout -s INT -k 15 $lim $py -m pytest tests/gpu/test_gpu_$f.py -q -rf -n 8 -p no:cacheprovider >/tmp/suite_$f.log 2>&1
+      timeout -s INT -k 15 $lim $py -m pytest tests/gpu/test_gpu_$f.py -q -rf -n 8 -p no:cacheprovider "${extra[@]}" \
+        >/tmp/suite_$f.log 2>&1
       rc=$?; { echo "== $f"; echo "rc=$rc $(( $(date +%s) - t0 ))s"; grep -E "FAILED|ERROR|Timeout" /tmp/suite_$f.log | head -20
         tail -1 /tmp/suite_$f.log; } >/tmp/suite_$f.summary
       cat /tmp/suite_$f.summary | tee -a "$OUT/gpu_tests_per_file.log"
@@ -245,30 +247,6 @@ if [ "$stage" = suite ]; then   # the GPU test files one by one, each under its 
     lane "${mine[@]}" &
   done
   wait; (cd /tmp && tar czf "$OUT/suite_logs.tgz" suite_*.log)
-fi
-if [ "$stage" = causal80 ]; then   # the 80-query tile under a causal mask: GPU tests with CUPY_DASH_BWD_CAUSAL_BLOCK_M=80
-  mkdir -p /tmp/c80                 # (C80_TESTS: files, last first), bench legs 64 / 80 / 64 / 80 (C80_SHAPES), then
-  files=(); for f in ${C80_TESTS:-gqa softcap window varlen_bwd attention}; do files+=(tests/gpu/test_gpu_$f.py); done
-  CUPY_DASH_BWD_CAUSAL_BLOCK_M=80 timeout -s INT -k 15 ${TEST_LIMIT:-150} $py -m pytest "${files[@]}" -q -rf -n 8 \
-    -p no:cacheprovider -k "causal and (128 or 96) and not forward" 2>&1 | tee /tmp/c80/tests.log | tail -4
-  timeout -s INT -k 15 100 $py -m pytest tests/gpu/test_gpu_attention.py -q -rf -n 8 -p no:cacheprovider \
-    -k 80_query 2>&1 | tee /tmp/c80/tests_80_query.log | tail -2   # the default choice: 80 from 4096 queries
-  common=(--no-torch --no-overhead --no-compile --repeats 15 --warmup 3 --input-sets 1)
-  IFS=';' read -ra shapes <<<"${C80_SHAPES:---hdims 128 --masks causal --seqlens 2048 8192 16384}"   # ';'-separated
-  n=0; for m in 64 80 64 80; do n=$((n + 1)); k=0
-    for shape in "${shapes[@]}"; do k=$((k + 1))
-      CUPY_DASH_BWD_CAUSAL_BLOCK_M=$m timeout 110 $py benchmarks/bench.py $shape --schedules auto atomic --no-fa3 \
-        "${common[@]}" --out /tmp/c80/leg${n}_m${m}_$k.json 2>&1 | grep -E "^\| cupy_dash bwd" \
-        | sed "s/^/leg$n m$m shape$k /" | tee -a "$OUT/causal80_legs.log"
-    done
-  done
-  if [ -n "${FA3_WHL:-}" ]; then    # FA3 beside the tree's default
-    timeout 150 $py benchmarks/bench.py --hdims 128 --masks full --seqlens 1280 3840 15360 --tokens 15360 \
-      --schedules auto atomic "${common[@]}" --out /tmp/c80/fa3_full.json 2>&1 | grep -E "^\| (cupy_dash|fa3) bwd"
-    timeout 150 $py benchmarks/bench.py --hdims 128 --masks causal --seqlens 2048 8192 16384 --schedules auto atomic \
-      "${common[@]}" --out /tmp/c80/fa3_causal.json 2>&1 | grep -E "^\| (cupy_dash|fa3) bwd"
-  fi
-  (cd /tmp/c80 && tar czf "$OUT/causal80.tgz" *)
 fi
 if [ "$stage" = tiles_and_varlen ]; then   # the forward's 176-key tile beside 128 (fwd_tiles.py, two legs), then
   mkdir -p /tmp/tv                          # the varlen backward with the 80-query tile forced beside 64 (legs

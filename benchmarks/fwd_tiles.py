@@ -24,7 +24,7 @@ from cupy_dash.cli.measure import attention_flops, random_tensor
 def variant(dtype, hdim, causal, block_n, stages):
     base = kernels.fwd_spec(dtype, hdim, causal)
     tile = kernels.fwd_tile(hdim)
-    smem = (tile.block_m + 2 * stages * block_n) * kernels.padded_head_dim(hdim) * 2 + 8 * (1 + 4 * stages) + 1024
+    smem = kernels._fwd_smem(dataclasses.replace(tile, block_n=block_n), hdim, stages)
     d = dict(base.defines, DASH_BLOCK_N=block_n, DASH_SMEM_BYTES=smem, DASH_KV_STAGES=stages)
     return dataclasses.replace(base, defines=tuple(sorted(d.items())), smem_bytes=smem), tile.block_m, block_n
 

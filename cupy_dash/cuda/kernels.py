@@ -69,9 +69,10 @@ AUX_THREADS = K.kAuxThreads
 # The size must be known before compiling (it is part of the KernelSpec, and a DASH_SMEM_BYTES define), so it is
 # not read back from the cubin; instead each kernel static_asserts its layout's size equals DASH_SMEM_BYTES, so
 # that `python -m cupy_dash compile --all` fails on any disagreement. Tiles are padded_head_dim columns wide.
-def _fwd_smem(t: TileConfig, d: int) -> int:
-    """kernels_src/fwd/config.cuh SmemLayout: Q; K, V x stages; 1 + 4 x stages mbarriers; the alignment slack."""
-    stages, d = K.kFwdKvStages, padded_head_dim(d)
+def _fwd_smem(t: TileConfig, d: int, stages: int | None = None) -> int:
+    """kernels_src/fwd/config.cuh SmemLayout: Q; K, V x stages (default kFwdKvStages; DASH_KV_STAGES overrides it
+    in benchmarks/fwd_tiles.py's sweeps); 1 + 4 x stages mbarriers; the alignment slack."""
+    stages, d = K.kFwdKvStages if stages is None else stages, padded_head_dim(d)
     return (t.block_m + 2 * stages * t.block_n) * d * 2 + K.kMbarrierBytes * (1 + 4 * stages) + K.kSmemAlign
 
 
