@@ -3,7 +3,7 @@
 #   bash benchmarks/device_run.sh [smoke|fwd|tests|bench|integration|long|gqa|varlen_bench|long1m|varlen_step|
 #                                  fold|fold_bench|varlen_events|sanitize|ncu|engine|engine_bench|
 #                                  dq_writers|multi_gpu|first|first2|fa3_bench|fa3_full|final|tile80|d96|tests2|
-#                                  loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|suite|tiles_and_varlen|all]
+#                                  loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|suite|tiles_and_varlen|legs_ab|all]
 #                                  [extra pytest args...]
 # "engine": the backward kernel's GPU tests (every family: MHA, GQA, compact, varlen, fold, window, portable);
 # "engine_bench": the backward at the shapes, this tree against the kernels in every carried .ab*/kernels_src
@@ -28,7 +28,7 @@ if [ -n "${FA3_WHL:-}" ]; then
   $py -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >"$OUT/fa3_install.log" 2>&1 && export PYTHONPATH=/tmp/site
 fi
 case "$stage" in   # these stages compile only the kernels they run, on first use
-  ncu|engine_bench|dq_writers|first|first2|fa3_bench|fa3_full|final|tile80|d96|loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|tiles_and_varlen) ;;
+  ncu|engine_bench|dq_writers|first|first2|fa3_bench|fa3_full|final|tile80|d96|loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|tiles_and_varlen|legs_ab) ;;
   *) $py -m cupy_dash compile --all -j 16 >/tmp/compile.log 2>&1 || { tail -20 /tmp/compile.log; exit 1; }
      tail -1 /tmp/compile.log ;;
 esac
@@ -228,6 +228,22 @@ if [ "$stage" = patches_bench ]; then   # each patch of $PATCHES as .abN in one 
     rm -rf kernels_src && cp -r /tmp/pristine kernels_src
   done
   (cd /tmp/pb && tar czf "$OUT/patches_bench.tgz" *.json *.md *.log)
+fi
+if [ "$stage" = legs_ab ]; then   # one patch ($AB_PATCH) against this tree, bench legs alternating tree / patch
+  rm -rf .ab1 && mkdir -p .ab1 /tmp/la && cp -r kernels_src .ab1/ \
+    && (cd .ab1 && patch -s -p1 < ../benchmarks/patches/${AB_PATCH:?a benchmarks/patches/*.patch name}.patch) || exit 1
+  $py -m cupy_dash compile --head-dim 128 --kernel bwd_main -j 8 >/tmp/la/compile_new.log 2>&1 &
+  $py benchmarks/with_kernels.py .ab1/kernels_src cupy_dash compile --head-dim 128 --kernel bwd_main -j 8 \
+    >/tmp/la/compile_ab1.log 2>&1 & wait; tail -qn1 /tmp/la/compile_*.log
+  for n in $(seq ${LEGS:-2}); do   # LEG_ARGS: bench.py's shape arguments (default: head dim 128, causal 2k-8k)
+    for leg in new ab1; do
+      run=("$py" benchmarks/bench.py); [ $leg = ab1 ] && run=("$py" benchmarks/with_kernels.py .ab1/kernels_src benchmarks/bench.py)
+      timeout 100 "${run[@]}" ${LEG_ARGS:---hdims 128 --masks causal --seqlens 2048 4096 8192} --schedules auto \
+        --no-torch --no-fa3 --no-overhead --no-compile --repeats 20 --warmup 3 --input-sets 1 \
+        --out /tmp/la/${leg}_$n.json 2>&1 | grep -E "^\| cupy_dash (bwd|fwd)" | sed "s/^/$leg$n /" | tee -a "$OUT/legs_ab.log"
+    done
+  done
+  (cd /tmp/la && tar czf "$OUT/legs_ab.tgz" *)
 fi
 if [ "$stage" = suite ]; then   # the GPU test files one by one, each under its own limit (SIGINT: the summary still
   extra=("$@")                  # names the failures); SUITE_LANES (default 1) lanes of files run side by side

@@ -35,10 +35,13 @@ def _inputs(shape, seed):
 
 
 def _both(monkeypatch, shape, args, schedule):
-    """(per-visit, compact) gradients of one schedule; the compact build's "auto" is compact_device.KERNEL_AUTO."""
+    """(per-visit, compact) gradients of one schedule; the compact build's "auto" is compact_device.KERNEL_AUTO.
+    Compact builds keep the 64-query tile: the per-visit call is held to it (from CAUSAL80_MIN_SEQLEN causal queries
+    it would take 80, another summation order)."""
     causal, window = shape[6], shape[7]
     kw = dict(causal=causal, schedule=schedule, deterministic=True, window=window)
     monkeypatch.setenv(compact_device.ENV, "0")
+    monkeypatch.setenv("CUPY_DASH_BWD_CAUSAL_BLOCK_M" if causal else "CUPY_DASH_BWD_FULL_BLOCK_M", "64")
     per_visit = cupy_dash.attention_backward(
         *args, **dict(kw, schedule=compact_device.KERNEL_AUTO if schedule == "auto" else schedule))
     monkeypatch.setenv(compact_device.ENV, "1")
