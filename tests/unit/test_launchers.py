@@ -329,7 +329,7 @@ def test_varlen_workspace_covers_the_tile_the_packing_may_take(monkeypatch):
     build), whose per-sequence padding needs more rows: the reservation covers both."""
     monkeypatch.setenv("CUPY_DASH_BWD_FULL_BLOCK_M", "80")
     p = problem(B=1, Sq=160, Sk=160, H=1, Hkv=1)
-    specs = kernels.bwd_specs("float16", 128, False, varlen=True)
+    specs = kernels.bwd_specs("float16", 128, False)
     assert kernels.bwd_tile(128, False).block_m == 80 and kernels.bwd_tile(128, False, True).block_m == 64
     by_tile = {bm: launchers.BwdLaunch(specs, bm, 128, p, True, 1, False, (-1, -1), varlen=(1, 160)).work_bytes
                for bm in (64, 80)}
