@@ -40,12 +40,8 @@ DASH_DEVICE void consume(const BwdParams& p, const ScheduleView& sched, const Sm
 
 extern "C" __global__ void __launch_bounds__(kNumThreads, 1) dash_bwd_main(const __grid_constant__ BwdParams p) {
   extern __shared__ __align__(kSmemAlign) char smem_raw[];
-#if DASH_VARLEN
-  constexpr bool fold = false;
-#else
-  const bool fold = p.fold != 0;
+  const bool fold = p.fold != 0;  // NOTES: never with varlen (the host folds fixed-length problems only)
   if (fold) fold_prologue(p);
-#endif
 #if DASH_COMPACT
   const ScheduleView sched(p, blockIdx.x);
 #else

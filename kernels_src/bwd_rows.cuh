@@ -1,13 +1,9 @@
 // Where the rows of one (batch, head) pair of the backward live, for the three backward kernels: fixed-length
-// batches (B, S, H, D) or, in varlen builds (DASH_VARLEN), packed sequences with cu_seqlens.
+// batches (B, S, H, D) or, when the launch passes cu_seqlens (varlen), packed sequences.
 #pragma once
 #include "common.cuh"
 #include "params.cuh"
 #include "varlen_span.cuh"
-
-#ifndef DASH_VARLEN
-#define DASH_VARLEN 0
-#endif
 
 // NOTES: varlen: sequence b is the SeqSpan of varlen_span.cuh (clamped, as in the forward). Its padded
 // scratch rows (lse_log2, dpsum, dq_accum; one dQ semaphore per kBlockM rows) start at
@@ -23,27 +19,23 @@ struct BwdRows {
   int64_t scratch_row;     // padded scratch row of (bh, m_block 0); its dQ semaphores start at scratch_row / kBlockM
 
   DASH_DEVICE BwdRows(const BwdParams& p, int b, int h) {
-#if DASH_VARLEN
-    const SeqSpan s(p.cu_seqlens_q, p.cu_seqlens_k, (int)p.seqlen_q, (int)p.seqlen_k, b);
-    row_q = s.row_q, row_k = s.row_k, seqlen_q = s.seqlen_q, seqlen_k = s.seqlen_k;
-    batch = 0;
-    scratch_row = (int64_t)h * p.seqlen_q_rounded + (int64_t)((row_q + b * kBlockM) / kBlockM) * kBlockM;
-#else
-    seqlen_q = (int)p.seqlen_q;
-    seqlen_k = (int)p.seqlen_k;
-    row_q = row_k = 0;
-    batch = b;
-    scratch_row = ((int64_t)b * p.num_heads + h) * p.seqlen_q_rounded;
-#endif
+    if (is_varlen(p)) {
+      const SeqSpan s(p.cu_seqlens_q, p.cu_seqlens_k, (int)p.seqlen_q, (int)p.seqlen_k, b);
+      row_q = s.row_q, row_k = s.row_k, seqlen_q = s.seqlen_q, seqlen_k = s.seqlen_k;
+      batch = 0;
+      scratch_row = (int64_t)h * p.seqlen_q_rounded + (int64_t)((row_q + b * kBlockM) / kBlockM) * kBlockM;
+    } else {
+      seqlen_q = (int)p.seqlen_q;
+      seqlen_k = (int)p.seqlen_k;
+      row_q = row_k = 0;
+      batch = b;
+      scratch_row = ((int64_t)b * p.num_heads + h) * p.seqlen_q_rounded;
+    }
   }
 
   // lse of query row (sequence-local) of head h: (B, H, Sq), or (H, total_q) for varlen (the forward's layouts).
   DASH_DEVICE int64_t lse_index(const BwdParams& p, int b, int h, int row) const {
-#if DASH_VARLEN
-    return (int64_t)h * p.seqlen_q + row_q + row;
-#else
-    return ((int64_t)b * p.num_heads + h) * p.seqlen_q + row;
-#endif
+    return is_varlen(p) ? (int64_t)h * p.seqlen_q + row_q + row : ((int64_t)b * p.num_heads + h) * p.seqlen_q + row;
   }
 
   DASH_DEVICE int64_t semaphore(int m_block) const { return scratch_row / kBlockM + m_block; }

@@ -121,14 +121,17 @@ struct ScheduleView {
   // start after it ends (all larger).
   // Varlen records: the head is segment s = b * Hkv + kv head, whose columns and Q tiles are its sequence's.
   DASH_DEVICE int column_rank(int m) const {
-#if DASH_VARLEN
-    const int seq = rec.kv_head / (int)p.num_heads_kv, base = __ldg(p.seg_col_start + rec.kv_head);
-    const int NC = __ldg(p.seg_col_start + rec.kv_head + 1) - base, n_first = __ldg(p.seq_n_first + seq);
-    const int2 ab = __ldg(reinterpret_cast<const int2*>(p.tile_columns) + __ldg(p.seq_tile_start + seq) + m);
-#else
-    const int NC = (int)p.columns_per_head, base = rec.kv_head * NC, n_first = (int)p.n_first;
-    const int2 ab = __ldg(reinterpret_cast<const int2*>(p.tile_columns) + m);
-#endif
+    int NC, base, n_first;
+    int2 ab;
+    if (p.seg_col_start != nullptr) {  // varlen records (the expand kernel's block has no cu_seqlens)
+      const int seq = rec.kv_head / (int)p.num_heads_kv;
+      base = __ldg(p.seg_col_start + rec.kv_head);
+      NC = __ldg(p.seg_col_start + rec.kv_head + 1) - base, n_first = __ldg(p.seq_n_first + seq);
+      ab = __ldg(reinterpret_cast<const int2*>(p.tile_columns) + __ldg(p.seq_tile_start + seq) + m);
+    } else {
+      NC = (int)p.columns_per_head, base = rec.kv_head * NC, n_first = (int)p.n_first;
+      ab = __ldg(reinterpret_cast<const int2*>(p.tile_columns) + m);
+    }
     const int me = base + rec.n_block - n_first, n0 = n_first - base;
     const int a = base + ab.x, b = base + ab.y;
     if (p.rank_rule == kRankAscendingN) return me - a;

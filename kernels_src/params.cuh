@@ -18,9 +18,10 @@ struct FwdParams {
   int64_t batch, seqlen_q, seqlen_k, num_heads, num_heads_kv;
   int64_t window_left, window_right;  // query i sees keys [i + Sk - Sq - left, i + Sk - Sq + right]; -1: unbounded
   float softmax_scale, softmax_scale_log2;
-  // Varlen builds (DASH_VARLEN) only, null otherwise: q, out are (total_q, H, D) and k, v (total_k, Hkv, D)
-  // packed (seqlen_q, seqlen_k above are total_q, total_k; batch is the number of sequences); sequence b is rows
-  // [cu_seqlens[b], cu_seqlens[b + 1]); lse is (H, total_q); out (contiguous) takes the partial last tiles.
+  // Varlen launches only (is_varlen, varlen_span.cuh), null otherwise: q, out are (total_q, H, D) and k, v
+  // (total_k, Hkv, D) packed (seqlen_q, seqlen_k above are total_q, total_k; batch is the number of sequences);
+  // sequence b is rows [cu_seqlens[b], cu_seqlens[b + 1]); lse is (H, total_q); out (contiguous) takes the partial
+  // last tiles.
   const int32_t* cu_seqlens_q; const int32_t* cu_seqlens_k;  // (batch + 1,) int32
   elem_t* out;
   // Logit soft-capping (0: none; every forward build takes both): the scores become cap * tanh(s * softcap_prescale)
@@ -59,14 +60,14 @@ struct BwdParams {
   const int32_t* scan_bounds;    // (columns, 4): x, y, x2, y2 per record; rank_rule 0 only, else null
   int64_t n_first, columns_per_head;  // the visible KV tiles of every head: n_first .. n_first + columns_per_head - 1
   int64_t tie_sign, rank_rule;   // +1 / -1: equal steps add in ascending / descending n; 0 count, 1 / 2 closed form
-  // Varlen builds (DASH_VARLEN) only, null otherwise (bwd_rows.cuh): q, out, dout, dq are (total_q, H, D) and k, v,
+  // Varlen launches only (is_varlen), null otherwise (bwd_rows.cuh): q, out, dout, dq are (total_q, H, D) and k, v,
   // dk, dv (total_k, Hkv, D) packed, one batch; seqlen_q, seqlen_k above are total_q, total_k and batch the number
   // of sequences; lse is (H, total_q); the scratch rows are padded per sequence (seqlen_q_rounded per head).
   const int32_t* cu_seqlens_q; const int32_t* cu_seqlens_k;  // (batch + 1,) int32
   // Compact-table builds only: (num_m_blocks, 2) int32, for Q tile m the first column (n_block - n_first) whose
   // range [lo, hi) ends after m and the first that starts after m: the columns visiting m, the same for every head.
   const int32_t* tile_columns;
-  // Compact varlen builds (DASH_COMPACT and DASH_VARLEN; records of cupy_dash/schedule/varlen.py, whose kv_head
+  // Compact varlen launches (DASH_COMPACT; seg_col_start set: records of cupy_dash/schedule/varlen.py, whose kv_head
   // field is the segment b * Hkv + kv head and n_block is local to the sequence): segment s owns the records
   // seg_col_start[s] .. seg_col_start[s + 1] - 1, sequence b's first visible KV tile is seq_n_first[b], and its
   // tile_columns rows start at seq_tile_start[b] (one per Q tile of the sequence).

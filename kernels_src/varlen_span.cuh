@@ -6,6 +6,13 @@
 // NOTES: sequence b is rows [cu_seqlens[b], cu_seqlens[b + 1]) of the packed tensors, clamped to the packed lengths
 // total_q, total_k, so that a corrupt cu_seqlens cannot send a load or store outside the buffers (TMA clips at the
 // packed length too).
+// NOTES: one build serves fixed-length and varlen launches: a launch is varlen when it passes cu_seqlens_q (the
+// host sets both cu_seqlens pointers or neither), a kernel parameter, so the branch is uniform over the grid.
+template <typename Params>
+DASH_DEVICE bool is_varlen(const Params& p) {
+  return p.cu_seqlens_q != nullptr;
+}
+
 struct SeqSpan {
   int row_q, row_k;        // first row in the packed q / out (/ dout / dq) and k / v (/ dk / dv)
   int seqlen_q, seqlen_k;  // this sequence's lengths

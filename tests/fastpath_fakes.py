@@ -88,7 +88,7 @@ def no_gpu(monkeypatch):
             pass
     monkeypatch.setattr(interop, "caller_stream", lambda x, dev: Stream())
     monkeypatch.setattr(varlen.cupy.cuda, "Device", lambda dev: contextlib.nullcontext())
-    specs = kernels.bwd_specs("bfloat16", 128, True, varlen=True)
+    specs = kernels.bwd_specs("bfloat16", 128, True)
     tile = kernels.bwd_tile(128, True)
     monkeypatch.setattr(kernels, "bwd_entry", lambda *a, **kw: (specs, tile.block_m, tile.block_n, 132))
     monkeypatch.setattr(launchers.jit, "load", lambda spec: types.SimpleNamespace(ptr=0xF00))

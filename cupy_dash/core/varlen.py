@@ -107,7 +107,7 @@ def attention_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, 
     _check_device(cu_k_info, p.device_id)
     check_max_within(max_q, max_k, p.Sq, p.Sk)
     window = _schedule.canonical_window(window, max_q, max_k, causal)   # vacuous for every sequence -> -1
-    spec, block_m, block_n = kernels.fwd_entry(p.dtype, p.D, causal, varlen=True)
+    spec, block_m, block_n = kernels.fwd_entry(p.dtype, p.D, causal)
     return api.run_forward(q, p, spec, block_m, block_n, window, (q4, k4, v4), (-(-max_q // block_m), p.H, num_seqs),
                            ((p.Sq, p.H, p.D), (p.H, p.Sq)), capturing, causal, fast_key,
                            fastpath_varlen.register_forward,

@@ -58,11 +58,10 @@ def _entry(dev, dtype, D, causal, compact, softcap, capture) -> tuple:
     """kernels.bwd_entry of a varlen backward on device ``dev``; ``capture``: raises _Cold unless its three kernels
     are loaded there already (as api._backward checks the fixed-length ones)."""
     if capture:
-        cold = jit.not_loaded(kernels.bwd_specs(dtype, D, causal, compact=compact, varlen=True,
-                                                softcap=softcap), dev)
+        cold = jit.not_loaded(kernels.bwd_specs(dtype, D, causal, compact=compact, softcap=softcap), dev)
         if cold:
             raise _Cold(f"the varlen kernels {', '.join(cold)} are not loaded yet")
-    return kernels.bwd_entry(dev, dtype, D, causal, compact=compact, varlen=True, softcap=softcap)
+    return kernels.bwd_entry(dev, dtype, D, causal, compact=compact, softcap=softcap)
 
 
 def _tables(dev, dtype, D, causal, schedule, lens_q, lens_k, H, Hkv, window, softcap=False,

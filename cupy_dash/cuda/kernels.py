@@ -137,8 +137,6 @@ class KernelSpec:
             tags.append("m80")
         if "DASH_CAUSAL" in d:
             tags.append("causal" if d["DASH_CAUSAL"] else "full")
-        if d.get("DASH_VARLEN"):
-            tags.append("varlen")
         if d.get("DASH_COMPACT"):
             tags.append("compact")
         if d.get("DASH_SOFTCAP"):
@@ -210,14 +208,11 @@ def _spec(kernel: str, tile: TileConfig, dtype: str, head_dim: int, smem=None, c
                       smem_bytes=smem)
 
 
-def fwd_spec(dtype: str, head_dim: int, causal: bool, varlen: bool = False) -> KernelSpec:
-    """The forward kernel; ``varlen``: the build for packed variable-length sequences (``cu_seqlens``). Logit
-    soft-capping is the launch's choice (kernels_src/params.cuh, softcap_prescale != 0): one build serves both."""
+def fwd_spec(dtype: str, head_dim: int, causal: bool) -> KernelSpec:
+    """The forward kernel. Packed variable-length sequences and logit soft-capping are the launch's choices
+    (kernels_src/params.cuh: cu_seqlens_q set, softcap_prescale != 0): one build serves every combination."""
     check_supported(dtype, head_dim)
-    flags = dict(DASH_CAUSAL=causal)
-    if varlen:
-        flags["DASH_VARLEN"] = True
-    return _spec("fwd", fwd_tile(head_dim), dtype, head_dim, **flags)
+    return _spec("fwd", fwd_tile(head_dim), dtype, head_dim, DASH_CAUSAL=causal)
 
 
 BwdKernels = collections.namedtuple("BwdKernels", "preprocess main postprocess")
@@ -229,12 +224,12 @@ def _main_counts(dq_writers: int) -> dict | None:
 
 
 def bwd_specs(dtype: str, head_dim: int, causal: bool, timeline: bool = False, compact: bool = False,
-              varlen: bool = False, softcap: bool = False, seqlen_q: int = 0, window: tuple = (-1, -1)) -> BwdKernels:
+              softcap: bool = False, seqlen_q: int = 0, window: tuple = (-1, -1)) -> BwdKernels:
     """The three backward kernels of one variant; ``timeline``: the main kernel's debug build that stamps every
     visit (kernels_src/bwd/timeline.cuh; not emitted by the dispatcher); ``compact``: the main kernel reads
-    per-column records (kernels_src/compact_view.cuh, :mod:`cupy_dash.schedule.compact`) instead of per-visit rows;
-    ``varlen``: the three kernels of packed variable-length sequences (kernels_src/bwd_rows.cuh), with
-    ``compact`` reading cupy_dash.schedule.varlen's records.
+    per-column records (kernels_src/compact_view.cuh, :mod:`cupy_dash.schedule.compact`, or
+    cupy_dash.schedule.varlen's) instead of per-visit rows. Packed variable-length sequences are the launch's choice
+    (cu_seqlens set: kernels_src/bwd_rows.cuh), not a build.
     ``softcap``: the main kernel with logit soft-capping (preprocess and postprocess do not depend on it).
     ``seqlen_q``, ``window`` (canonical): the tile's choice (:func:`bwd_tile`). Deterministic or atomic is not a
     build: the main kernel takes the mode from its launch (a dQ semaphore array or none, bwd/dq_reduce.cuh)."""
@@ -254,14 +249,11 @@ def bwd_specs(dtype: str, head_dim: int, causal: bool, timeline: bool = False, c
             raise ValueError("softcap: no compact-table build (per-visit tables only, up to schedule.AUTO_VISITS "
                              "visits)")
         flags["DASH_SOFTCAP"] = True
-    aux_flags = {}
-    if varlen:
-        flags["DASH_VARLEN"] = aux_flags["DASH_VARLEN"] = True
     return BwdKernels(
-        preprocess=_spec("bwd_preprocess", aux_tile, dtype, head_dim, **aux_flags),
+        preprocess=_spec("bwd_preprocess", aux_tile, dtype, head_dim),
         main=_spec("bwd_main", main_tile, dtype, head_dim, smem=_bwd_main_smem(main_tile, head_dim),
                    counts=_main_counts(config.BWD_DQ_WRITERS.get()), **flags),
-        postprocess=_spec("bwd_postprocess", aux_tile, dtype, head_dim, **aux_flags),
+        postprocess=_spec("bwd_postprocess", aux_tile, dtype, head_dim),
     )
 
 
@@ -269,35 +261,30 @@ EXPAND_CHUNKS = 4       # bwd_expand's grid: (schedule CTAs, EXPAND_CHUNKS) bloc
 
 
 @functools.lru_cache(maxsize=None)
-def expand_spec(varlen: bool = False) -> KernelSpec:
+def expand_spec() -> KernelSpec:
     """The kernel that expands compact records into the per-visit table on the GPU (kernels_src/bwd_expand.cu);
-    it depends on no dtype or head dim (built with bf16 / d64's defines), only on the record format."""
+    it depends on no dtype or head dim (built with bf16 / d64's defines); varlen records are the launch's choice
+    (seg_col_start set)."""
     tile = bwd_tile(64, False)
-    flags = dict(DASH_COMPACT=True)
-    if varlen:
-        flags["DASH_VARLEN"] = True
-    return _spec("bwd_expand", TileConfig(tile.block_m, tile.block_n, AUX_THREADS), "bfloat16", 64, **flags)
+    return _spec("bwd_expand", TileConfig(tile.block_m, tile.block_n, AUX_THREADS), "bfloat16", 64, DASH_COMPACT=True)
 
 
 def all_specs() -> list:
-    """Every distinct variant the dispatcher can emit (12 fwd + 12 varlen fwd, 6 + 6 varlen preprocess, 12 main +
-    12 compact main + 12 varlen main + 12 compact varlen main, 6 + 6 varlen postprocess, 2 bwd_expand), the
-    soft-capping builds of the per-visit-table main kernel (24), and the 80-query tile's (head dims 96 and 128, full
-    and causal: 4 preprocess, 4 postprocess, 16 main). Deterministic and atomic backwards share their main kernel; the
-    forward's cap is a launch parameter, not a build."""
+    """Every distinct variant the dispatcher can emit (12 fwd, 6 preprocess, 12 main + 12 compact main, 6
+    postprocess, 1 bwd_expand), the soft-capping builds of the per-visit-table main kernel (12), and the 80-query
+    tile's (head dims 96 and 128, full and causal: 4 preprocess, 4 postprocess, 16 main). Deterministic and atomic
+    backwards share their main kernel, fixed-length and varlen launches every kernel; the forward's cap is a launch
+    parameter, not a build."""
     specs = []
     seen = set()
     for dtype, head_dim, causal in itertools.product(SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS, (False, True)):
-        batch = [fwd_spec(dtype, head_dim, causal), fwd_spec(dtype, head_dim, causal, varlen=True)]
+        batch = [fwd_spec(dtype, head_dim, causal)]
         batch.extend(bwd_specs(dtype, head_dim, causal))
         batch.append(bwd_specs(dtype, head_dim, causal, compact=True).main)
-        batch.extend(bwd_specs(dtype, head_dim, causal, varlen=True))
-        batch.append(bwd_specs(dtype, head_dim, causal, compact=True, varlen=True).main)
-        for varlen in (False, True):                  # logit soft-capping: the main backward's builds
-            batch.append(bwd_specs(dtype, head_dim, causal, varlen=varlen, softcap=True).main)
+        batch.append(bwd_specs(dtype, head_dim, causal, softcap=True).main)  # logit soft-capping
         for softcap in (False, True):                 # the 80-query tile
             batch.extend(bwd_specs(dtype, head_dim, causal, softcap=softcap, seqlen_q=CAUSAL80_MIN_SEQLEN))
-        batch.extend((expand_spec(False), expand_spec(True)))
+        batch.append(expand_spec())
         for spec in batch:
             if spec not in seen:
                 seen.add(spec)
@@ -306,8 +293,8 @@ def all_specs() -> list:
 
     def key(s):
         d = dict(s.defines)
-        return (order.get(s.kernel, len(order)), d.get("DASH_SOFTCAP", 0), d.get("DASH_VARLEN", 0), d["DASH_FP16"],
-                d["DASH_HEAD_DIM"], d.get("DASH_CAUSAL", 0), d.get("DASH_COMPACT", 0))
+        return (order.get(s.kernel, len(order)), d.get("DASH_SOFTCAP", 0), d["DASH_FP16"], d["DASH_HEAD_DIM"],
+                d.get("DASH_CAUSAL", 0), d.get("DASH_COMPACT", 0))
     return sorted(specs, key=key)
 
 
@@ -364,20 +351,19 @@ _fwd_cache: dict = {}
 _bwd_cache: dict = {}
 
 
-def fwd_entry(dtype: str, head_dim: int, causal: bool, varlen: bool = False) -> tuple:
+def fwd_entry(dtype: str, head_dim: int, causal: bool) -> tuple:
     """(forward KernelSpec, block_m, block_n), cached."""
-    key = (dtype, head_dim, causal, varlen)
+    key = (dtype, head_dim, causal)
     e = _fwd_cache.get(key)
     if e is None:
         tile = fwd_tile(head_dim)
-        e = _fwd_cache[key] = (fwd_spec(dtype, head_dim, causal, varlen), int(tile.block_m),
+        e = _fwd_cache[key] = (fwd_spec(dtype, head_dim, causal), int(tile.block_m),
                                int(tile.block_n))
     return e
 
 
 def bwd_entry(device_id: int, dtype: str, head_dim: int, causal: bool, timeline: bool = False,
-              compact: bool = False, varlen: bool = False, softcap: bool = False, seqlen_q: int = 0,
-              window: tuple = (-1, -1)) -> tuple:
+              compact: bool = False, softcap: bool = False, seqlen_q: int = 0, window: tuple = (-1, -1)) -> tuple:
     """(BwdKernels, block_m, block_n, max co-resident CTAs of the main kernel) per device and variant, cached;
     ``seqlen_q``, ``window``: as :func:`bwd_tile`. The first call loads all three kernels on the device (needs the
     GPU).
@@ -387,13 +373,13 @@ def bwd_entry(device_id: int, dtype: str, head_dim: int, causal: bool, timeline:
     capture cannot load kernels, so the eager warm-up that torch.compile's reduce-overhead mode makes must
     leave preprocess and postprocess loaded too."""
     tile = bwd_tile(head_dim, causal, compact, seqlen_q, window)
-    key = (device_id, dtype, head_dim, causal, timeline, compact, varlen, softcap, tile.block_m,
+    key = (device_id, dtype, head_dim, causal, timeline, compact, softcap, tile.block_m,
            config.BWD_DQ_WRITERS.get())
     e = _bwd_cache.get(key)
     if e is None:
         import cupy
         from . import jit
-        specs = bwd_specs(dtype, head_dim, causal, timeline, compact, varlen, softcap=softcap,
+        specs = bwd_specs(dtype, head_dim, causal, timeline, compact, softcap=softcap,
                           seqlen_q=seqlen_q, window=window)
         with cupy.cuda.Device(device_id):
             max_ctas = int(max_resident_ctas(specs.main))

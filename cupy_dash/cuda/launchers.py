@@ -81,7 +81,7 @@ def fwd_params(block_m, block_n, p, window, operands, out_ptr, lse_ptr, varlen=N
     """The forward's packed parameter block. ``operands``: ``(pointer, (batch, row, head) element strides)`` of
     q ``(B, Sq, H, D)``, k and v ``(B, Sk, Hkv, D)``; ``out_ptr``: a contiguous ``(B, Sq, H, D)`` buffer;
     ``lse_ptr``: a contiguous float32 ``(B, H, Sq)`` buffer. ``varlen``: ``(num_sequences, cu_seqlens_q pointer,
-    cu_seqlens_k pointer)`` for the varlen build; then ``p`` describes the packed tensors as one batch (B = 1,
+    cu_seqlens_k pointer)`` for a varlen launch; then ``p`` describes the packed tensors as one batch (B = 1,
     Sq = total_q, Sk = total_k) and lse is ``(H, total_q)``."""
     B, Sq, Sk, H, Hkv, D = p.B, p.Sq, p.Sk, p.H, p.Hkv, p.D
     (q_ptr, q_stride), (k_ptr, k_stride), (v_ptr, v_stride) = operands

@@ -1,12 +1,12 @@
 """The varlen backward's schedule tables on the device: built from the lengths, cached per packing, uploaded
 without blocking.
 
-Three forms. The per-visit table (20 bytes per visit and query head, read by the DASH_VARLEN build), expanded
+Three forms. The per-visit table (20 bytes per visit and query head, read by the main kernel in a varlen launch), expanded
 on the GPU by default: the host builds and uploads the compact records of :func:`cupy_dash.schedule.build_varlen`
 (~36 bytes per KV column: 73 KB for 16k tokens in one sequence with 16 heads, against ~5 MB of per-visit rows)
 and kernels_src/bwd_expand.cu writes the rows (:func:`_expand_on_device`); ``CUPY_DASH_VARLEN_EXPAND=host``
 expands on the host (``varlen_schedule.expand``, up to ~2 ms per new packing). The compact records read as they
-are by the DASH_COMPACT + DASH_VARLEN build (``kernels_src/compact_view.cuh``; ``varlen_pack`` packs them in the
+are by the DASH_COMPACT build (``kernels_src/compact_view.cuh``; ``varlen_pack`` packs them in the
 layout uploaded, tests/unit/test_varlen_compact.py walks them as the kernel does and compares with ``expand``)
 are opt-in (``CUPY_DASH_COMPACT_TABLES=1``) below compact_device.AUTO_VISITS visits: on the H200 they give the
 per-visit tables' bits, but the kernel's counted rank rules make the backward 0.6-0.9x as fast
@@ -185,7 +185,7 @@ def _expand_launch(dev):
     holds ``values`` (the _EXPAND_FIELDS, in order) and zeros elsewhere (the expansion reads those fields only);
     its grid is (num_ctas, kernels.EXPAND_CHUNKS). The function handle and the fields' places are found once."""
     from . import executor, jit, kernels, params
-    spec = kernels.expand_spec(varlen=True)
+    spec = kernels.expand_spec()
     with cupy.cuda.Device(dev):                     # the handle is valid on the device it was loaded on only
         func = jit.load(spec).ptr
     offsets = params.int_field_offsets(kernels.BWD_PARAMS_DTYPE, _EXPAND_FIELDS)

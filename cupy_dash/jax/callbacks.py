@@ -129,13 +129,13 @@ class _Call:
 
 class _Forward(_Call):
     """A traced forward: the callback ``(ctx, (out, lse), q, k, v)`` and what it needs besides addresses
-    (``varlen``: the kernel of packed batches, which :mod:`cupy_dash.jax.varlen`'s subclass launches, with its
-    ``grid`` and :meth:`_varlen` arguments; ``grid`` None: launchers.fwd_grid)."""
+    (:mod:`cupy_dash.jax.varlen`'s subclass launches packed batches, with its ``grid`` and :meth:`_varlen`
+    arguments; ``grid`` None: launchers.fwd_grid)."""
     grid = None
 
-    def __init__(self, p, cfg, varlen=False):
+    def __init__(self, p, cfg):
         self.causal, self.window = cfg.causal, cfg.window
-        self.spec, self.block_m, self.block_n = kernels.fwd_entry(p.dtype, p.D, cfg.causal, varlen=varlen)
+        self.spec, self.block_m, self.block_n = kernels.fwd_entry(p.dtype, p.D, cfg.causal)
         super().__init__(p)
         import cupy
         for dev in self.devices:

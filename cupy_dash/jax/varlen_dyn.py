@@ -48,8 +48,7 @@ class _Backward(varlen._PackedBackward):
         import cupy
         for dev in self.devices:
             with cupy.cuda.Device(dev):                  # the per-visit kernels, loaded before any execution
-                callbacks._load(kernels.bwd_entry(dev, p.dtype, p.D, cfg.causal, varlen=True,
-                                                  softcap=p.softcap > 0)[0])
+                callbacks._load(kernels.bwd_entry(dev, p.dtype, p.D, cfg.causal, softcap=p.softcap > 0)[0])
                 self.records[dev] = jit_record(dev, (cfg.schedule, vcfg.num_seqs, p.H, p.Sq, p.Sk, p.D, cfg.causal,
                                                      cfg.window))
 

@@ -1,7 +1,7 @@
 # cython: boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 """A packed batch's compact varlen records in the byte layout that is uploaded (one host buffer, one copy).
 
-The compact arrays NAMES (what the DASH_COMPACT + DASH_VARLEN kernel and kernels_src/bwd_expand.cu read) plus,
+The compact arrays NAMES (what the DASH_COMPACT kernel in a varlen launch and kernels_src/bwd_expand.cu read) plus,
 for the GPU expansion, each CTA's first row in the per-visit table, and the lengths as cu_seqlens, each at a
 256-byte aligned offset of one uint8 buffer. tile_columns and the CTAs' row starts are computed here in one pass
 each (tests/unit/test_varlen_compact.py holds the numpy statements of the same values and compares them with these),

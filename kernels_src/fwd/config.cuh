@@ -14,15 +14,10 @@
        "DASH_SMEM_BYTES"
 #endif
 
-#ifndef DASH_VARLEN
-#define DASH_VARLEN 0
-#endif
-
 namespace fwd {
 
 constexpr int kHeadDimIO = DASH_HEAD_DIM;                // columns of q, k, v and out in global memory
 constexpr int kHeadDim = padded_head_dim(kHeadDimIO);  // compute width: 96 runs as 128 (tile_tma.cuh)
-constexpr bool kVarlen = DASH_VARLEN != 0;  // packed variable-length sequences (FwdParams::cu_seqlens_q/k)
 constexpr bool kCausal = DASH_CAUSAL != 0;
 constexpr int kBlockM = DASH_BLOCK_M;  // queries per Q tile (m_block)
 constexpr int kBlockN = DASH_BLOCK_N;  // keys per KV tile (n_block)
@@ -105,14 +100,15 @@ struct Tile {
   int row_q, row_k;           // its first row in q / out and in k / v (0 without varlen)
   int batch;                  // batch coordinate of the TMA boxes: b, or 0 for the one packed batch of varlen
   int n_block_min, n_blocks;  // n_blocks 0: no row of the tile sees a key
-  DASH_DEVICE Tile(const FwdParams& p) {
+  bool varlen;                // packed variable-length sequences (FwdParams::cu_seqlens_q/k, is_varlen)
+  DASH_DEVICE Tile(const FwdParams& p) : varlen(is_varlen(p)) {
     const int num_m_blocks = (int)gridDim.x;
     // NOTES: causal tiles get shorter as m_block falls; launching the longest first shortens the tail.
     m_block = kCausal ? num_m_blocks - 1 - (int)blockIdx.x : (int)blockIdx.x;
     h = (int)blockIdx.y;
     b = (int)blockIdx.z;
     hk = h / ((int)p.num_heads / (int)p.num_heads_kv);
-    if constexpr (kVarlen) {
+    if (varlen) {
       const SeqSpan s(p.cu_seqlens_q, p.cu_seqlens_k, (int)p.seqlen_q, (int)p.seqlen_k, b);
       row_q = s.row_q, row_k = s.row_k, seqlen_q = s.seqlen_q, seqlen_k = s.seqlen_k;
       batch = 0;
@@ -136,7 +132,7 @@ struct Tile {
     n_blocks = max(n_block_max - n_block_min, 0);
   }
   // Varlen grids cover the longest sequence: a tile past the end of its sequence has nothing to do.
-  DASH_DEVICE bool outside() const { return kVarlen && m_block * kBlockM >= seqlen_q; }
+  DASH_DEVICE bool outside() const { return varlen && m_block * kBlockM >= seqlen_q; }
 };
 
 }  // namespace fwd

@@ -48,7 +48,7 @@ DASH_DEVICE void store_output(const FwdParams& p, const Smem& s, const Tile& t, 
     inv_sum[r] = sum == 0.f ? 0.f : __fdividef(1.f, sum);
     const int row = row_first + f.row0 + 8 * r;
     // lse is (B, H, Sq), or (H, total_q) with varlen
-    const int64_t lse_row0 = kVarlen ? (int64_t)t.h * p.seqlen_q + t.row_q
+    const int64_t lse_row0 = t.varlen ? (int64_t)t.h * p.seqlen_q + t.row_q
                                      : ((int64_t)t.b * p.num_heads + t.h) * p.seqlen_q;
     if (tid % 4 == 0 && row < t.seqlen_q) {
       p.lse[lse_row0 + row] = sum == 0.f ? neg_inf() : st.max[r] * p.softmax_scale + logf(sum);
@@ -65,7 +65,7 @@ DASH_DEVICE void store_output(const FwdParams& p, const Smem& s, const Tile& t, 
   } else {
     named_barrier_sync<kBarOStaged + 1, kWgThreads>();
   }
-  if (kVarlen && row_first + 64 > t.seqlen_q) {
+  if (t.varlen && row_first + 64 > t.seqlen_q) {
     store_rows_to_global(p, s, t, row_first, wg, tid);
   } else if (tid == 0) {
     // one box {64 columns, 64 rows} per 64-column panel of the head dim; head dim 96 (the map {96, S, 1, H, B}:

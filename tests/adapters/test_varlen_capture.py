@@ -59,9 +59,9 @@ def graphs(no_gpu, monkeypatch):
     monkeypatch.setattr(varlen_device, "_expand_launches",
                         {0: lambda num_ctas, stream, values: state.expansions.append(stream.ptr)})
 
-    def bwd_entry(dev, dtype, D, causal, timeline=False, compact=False, varlen=False, softcap=False):
+    def bwd_entry(dev, dtype, D, causal, timeline=False, compact=False, softcap=False):
         tile = kernels.bwd_tile(D, causal, compact)
-        return (kernels.bwd_specs(dtype, D, causal, timeline, compact, varlen, softcap=softcap),
+        return (kernels.bwd_specs(dtype, D, causal, timeline, compact, softcap=softcap),
                 tile.block_m, tile.block_n, 132)
     monkeypatch.setattr(kernels, "bwd_entry", bwd_entry)
     monkeypatch.setattr(jit, "not_loaded", lambda specs, dev: [] if state.loaded else [s.label for s in specs])

@@ -73,25 +73,21 @@ SPEC = kernels.bwd_specs("bfloat16", 64, causal=True).main
 def test_all_specs_cover_every_combination():
     specs = kernels.all_specs()
     labels = [s.label for s in specs]
-    assert len(set(labels)) == len(labels) == len(set(specs)) == 24 + 12 + 48 + 12 + 2 + 24 + 24
-    expected = {kernels.expand_spec(False), kernels.expand_spec(True)}
+    assert len(set(labels)) == len(labels) == len(set(specs)) == 12 + 6 + 24 + 6 + 1 + 12 + 24
+    expected = {kernels.expand_spec()}
     for dtype, d, causal in itertools.product(kernels.SUPPORTED_DTYPES, kernels.SUPPORTED_HEAD_DIMS, (0, 1)):
         expected.add(kernels.fwd_spec(dtype, d, bool(causal)))
-        expected.add(kernels.fwd_spec(dtype, d, bool(causal), varlen=True))
         expected.update(kernels.bwd_specs(dtype, d, bool(causal)))
         expected.add(kernels.bwd_specs(dtype, d, bool(causal), compact=True).main)
-        expected.update(kernels.bwd_specs(dtype, d, bool(causal), varlen=True))
-        expected.add(kernels.bwd_specs(dtype, d, bool(causal), compact=True, varlen=True).main)
-        for varlen in (False, True):
-            expected.add(kernels.bwd_specs(dtype, d, bool(causal), varlen=varlen, softcap=True).main)
+        expected.add(kernels.bwd_specs(dtype, d, bool(causal), softcap=True).main)
         for softcap in (False, True):           # the 80-query tile (head dims 96 and 128)
             expected.update(kernels.bwd_specs(dtype, d, bool(causal), softcap=softcap,
                                               seqlen_q=kernels.CAUSAL80_MIN_SEQLEN))
     assert expected == set(specs)
     by_kernel = {name: [s for s in specs if s.kernel == name] for name in kernels.KERNEL_NAMES}
-    assert {k: len(v) for k, v in by_kernel.items()} == {"fwd": 24, "bwd_preprocess": 16, "bwd_main": 88,
-                                                         "bwd_postprocess": 16, "bwd_expand": 2}
-    assert kernels.expand_spec(True).label == "bwd_expand[bf16,d64,varlen,compact]"
+    assert {k: len(v) for k, v in by_kernel.items()} == {"fwd": 12, "bwd_preprocess": 10, "bwd_main": 52,
+                                                         "bwd_postprocess": 10, "bwd_expand": 1}
+    assert kernels.expand_spec().label == "bwd_expand[bf16,d64,compact]"
     for s in specs:
         d = dict(s.defines)
         assert list(s.defines) == sorted(s.defines)
@@ -102,7 +98,6 @@ def test_all_specs_cover_every_combination():
     # deterministic or not is the launch's choice: no build of the main kernel carries it
     assert not any(name == "DASH_DETERMINISTIC" for s in kernels.all_specs() for name, _ in s.defines)
     assert kernels.fwd_spec("float16", 64, False).label == "fwd[fp16,d64,full]"
-    assert kernels.fwd_spec("bfloat16", 128, True, varlen=True).label == "fwd[bf16,d128,causal,varlen]"
     assert kernels.bwd_specs("float16", 64, False).main.label == "bwd_main[fp16,d64,full]"
     assert kernels.fwd_spec("bfloat16", 96, True).label == "fwd[bf16,d96,causal]"
     assert kernels.bwd_specs("bfloat16", 96, False, seqlen_q=kernels.FULL80_MIN_SEQLEN).main.label == \
@@ -282,9 +277,7 @@ def test_verbose_prints_ptxas_report(ksrc, monkeypatch, capsys):
 @pytest.mark.parametrize("spec", [kernels.fwd_spec("bfloat16", 128, True),
                                   kernels.bwd_specs("float16", 64, False).main,
                                   kernels.bwd_specs("bfloat16", 128, True, timeline=True).main,
-                                  kernels.bwd_specs("bfloat16", 128, True, compact=True).main,
-                                  kernels.bwd_specs("bfloat16", 128, True, varlen=True).main,
-                                  kernels.bwd_specs("bfloat16", 128, True, compact=True, varlen=True).main],
+                                  kernels.bwd_specs("bfloat16", 128, True, compact=True).main],
                          ids=lambda s: s.label)
 def test_real_kernel_compiles(spec):
     # The process's kernel cache: after the README test command's `compile --all` every variant here but the
@@ -300,13 +293,13 @@ def test_real_kernel_compiles(spec):
 def test_cli_compile_subset(ksrc, capsys):
     assert cli_compile.main(["--head-dim", "64", "--dtype", "bf16"]) == 0
     out = capsys.readouterr().out
-    assert "regs" in out and "OK: 22 kernel(s)" in out   # 2 compact, 2 varlen, 2 compact varlen mains, 2 varlen
-    # aux, the two bwd_expand builds (bf16 / d64 defines, whatever the variant), 4 soft-capping main builds
+    assert "regs" in out and "OK: 11 kernel(s)" in out   # 2 fwd, preprocess, 2 main, 2 compact main, 2 soft-capping
+    # main builds, postprocess, bwd_expand (bf16 / d64 defines, whatever the variant); varlen launches share them
     for spec in cli_compile.select([64], ["bfloat16"], None):
         assert spec.label in out
     # the second run is served from the cache
     assert cli_compile.main(["--kernel", "bwd_postprocess", "--head-dim", "64", "--dtype", "bfloat16"]) == 0
-    assert "(2 from the cache)" in capsys.readouterr().out   # plain and varlen
+    assert "(1 from the cache)" in capsys.readouterr().out
 
 
 def test_cli_compile_reports_failures(ksrc, capsys):

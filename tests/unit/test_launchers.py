@@ -50,6 +50,13 @@ def test_forward_params():
     assert math.isclose(float(f["softmax_scale"]), 0.1, rel_tol=1e-7)
     assert math.isclose(float(f["softmax_scale_log2"]), 0.1 / math.log(2), rel_tol=1e-6)
     assert launchers.fwd_grid(p, 128) == (2, 4, 2)
+    # NOTES: one build serves both: the kernels take a launch as varlen exactly when cu_seqlens_q is set
+    # (is_varlen, kernels_src/varlen_span.cuh), so a fixed-length launch must leave both pointers null
+    assert int(f["cu_seqlens_q"]) == int(f["cu_seqlens_k"]) == 0
+    packed = launchers.fwd_params(128, 128, problem(B=1, Sq=500, Sk=500), (-1, -1),
+                                  ((0x1000, (0, 512, 128)), (0x2000, (0, 256, 128)), (0x3000, (0, 256, 128))), 0x4000,
+                                  0x5000, varlen=(3, 0x6000, 0x7000))[0]
+    assert (int(packed["cu_seqlens_q"]), int(packed["cu_seqlens_k"]), int(packed["batch"])) == (0x6000, 0x7000, 3)
 
 
 def test_backward_workspace_head_dim_96():
@@ -96,6 +103,7 @@ def test_backward_workspace_and_params(deterministic):
         q=0x1000, k=0x2000, v=0x3000, out=0x4000, dout=0x5000, lse=0x6000, dq=0x7000, dk=0x8000, dv=0x9000)
     assert [int(f[n]) for n in ("lse_log2", "dpsum", "dq_accum")] == [0x100000 + o for o in c.offsets[:3]]
     assert int(f["dq_semaphore"]) == (0x100000 + c.offsets[3] if deterministic else 0)
+    assert int(f["cu_seqlens_q"]) == int(f["cu_seqlens_k"]) == 0   # a fixed-length launch (is_varlen false)
     assert [int(f[n]) for n in ("visits", "rank", "cta_start", "error", "error_host", "timeline")] == [
         0xA000, 0xB000, 0xC000, 0xD000, 0xF000, 0xE000]
     assert unmap(f["tma_do"])[:1] == ("0x5000",) and unmap(f["tma_q"])[4] == tile.block_m
@@ -329,7 +337,7 @@ def test_varlen_workspace_covers_the_tile_the_packing_may_take(monkeypatch):
     build), whose per-sequence padding needs more rows: the reservation covers both."""
     monkeypatch.setenv("CUPY_DASH_BWD_FULL_BLOCK_M", "80")
     p = problem(B=1, Sq=160, Sk=160, H=1, Hkv=1)
-    specs = kernels.bwd_specs("float16", 128, False, varlen=True)
+    specs = kernels.bwd_specs("float16", 128, False)
     assert kernels.bwd_tile(128, False).block_m == 80 and kernels.bwd_tile(128, False, True).block_m == 64
     by_tile = {bm: launchers.BwdLaunch(specs, bm, 128, p, True, 1, False, (-1, -1), varlen=(1, 160)).work_bytes
                for bm in (64, 80)}

@@ -43,7 +43,7 @@ def test_gpu_expansion_launch_wiring(monkeypatch):
     monkeypatch.setattr(varlen_device.cupy.cuda.runtime, "memcpyAsync", memcpy)
     monkeypatch.setattr(device_tables.cupyx, "empty_pinned", lambda n, dtype: np.empty(n, dtype))
     from cupy_dash.cuda import executor
-    launched, spec = {}, kernels.expand_spec(True)
+    launched, spec = {}, kernels.expand_spec()
     monkeypatch.setattr(executor, "launch", lambda func, gx, gy, gz, threads, smem, stream, params: launched.update(
         func=func, grid=(gx, gy, gz), block=(threads, smem), stream=stream,
         params=np.frombuffer(bytes(params), dtype=kernels.BWD_PARAMS_DTYPE)[0]))

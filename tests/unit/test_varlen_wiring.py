@@ -67,7 +67,7 @@ def no_gpu(monkeypatch):
     monkeypatch.setattr(interop, "caller_stream", lambda x, dev: Stream())
     monkeypatch.setattr(varlen.cupy.cuda, "Device", lambda dev: contextlib.nullcontext())
     monkeypatch.setattr(gpu, "require", lambda what, device=0: None)
-    specs = kernels.bwd_specs("bfloat16", D, True, varlen=True)
+    specs = kernels.bwd_specs("bfloat16", D, True)
     tile = kernels.bwd_tile(D, True)
     monkeypatch.setattr(kernels, "bwd_entry", lambda *a, **kw: (specs, tile.block_m, tile.block_n, 132))
     return tile
