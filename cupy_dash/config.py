@@ -154,11 +154,11 @@ BWD_DQ_WRITERS = Knob("CUPY_DASH_BWD_DQ_WRITERS", "1 / 2 / unset",
     "once per process", _int_choice("CUPY_DASH_BWD_DQ_WRITERS", (1, 2), 2))
 BWD_FULL_BLOCK_M = Knob("CUPY_DASH_BWD_FULL_BLOCK_M", "64 / 80 / unset",
     "queries per Q tile of the head-dim-128 backward without a causal mask (80: FA3's plan, dQ computed "
-    "transposed, one K buffer); unset: 80 from 4096 queries without a window, fixed lengths only, else 64; read "
-    "once per process", _int_choice("CUPY_DASH_BWD_FULL_BLOCK_M", (64, 80), None))
+    "transposed, one K buffer); unset: 80 from 1024 queries without a window (varlen: a sequence of 4096), else "
+    "64; read once per process", _int_choice("CUPY_DASH_BWD_FULL_BLOCK_M", (64, 80), None))
 BWD_CAUSAL_BLOCK_M = Knob("CUPY_DASH_BWD_CAUSAL_BLOCK_M", "64 / 80 / unset",
     "queries per Q tile of the head-dim-128 backward with a causal mask (80: the full-mask plan's tile); unset: 80 "
-    "from 8192 queries without a window, fixed lengths only, else 64; read once per process",
+    "from 8192 queries without a window (varlen: the longest sequence), else 64; read once per process",
     _int_choice("CUPY_DASH_BWD_CAUSAL_BLOCK_M", (64, 80), None))
 XDG_CACHE_HOME = Knob("XDG_CACHE_HOME", "path / unset",
     "(the XDG standard's) base of the default kernel cache directory", _path)

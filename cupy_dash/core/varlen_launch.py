@@ -54,14 +54,16 @@ class _Cold(RuntimeError):
     turned into api._not_warm's message by :func:`packing_launch`."""
 
 
-def _entry(dev, dtype, D, causal, compact, softcap, capture) -> tuple:
-    """kernels.bwd_entry of a varlen backward on device ``dev``; ``capture``: raises _Cold unless its three kernels
+def _entry(dev, dtype, D, causal, compact, softcap, capture, tile_sq=0, window=(-1, -1)) -> tuple:
+    """kernels.bwd_entry of a varlen backward on device ``dev`` (``tile_sq``: kernels.varlen_tile_seqlen of the
+    longest sequence, ``window`` canonical: the tile's choice); ``capture``: raises _Cold unless its three kernels
     are loaded there already (as api._backward checks the fixed-length ones)."""
+    kw = dict(compact=compact, softcap=softcap, seqlen_q=tile_sq, window=window)
     if capture:
-        cold = jit.not_loaded(kernels.bwd_specs(dtype, D, causal, compact=compact, softcap=softcap), dev)
+        cold = jit.not_loaded(kernels.bwd_specs(dtype, D, causal, **kw), dev)
         if cold:
             raise _Cold(f"the varlen kernels {', '.join(cold)} are not loaded yet")
-    return kernels.bwd_entry(dev, dtype, D, causal, compact=compact, softcap=softcap)
+    return kernels.bwd_entry(dev, dtype, D, causal, **kw)
 
 
 def _tables(dev, dtype, D, causal, schedule, lens_q, lens_k, H, Hkv, window, softcap=False,
@@ -83,7 +85,8 @@ def _tables(dev, dtype, D, causal, schedule, lens_q, lens_k, H, Hkv, window, sof
     for; NotImplementedError where only compact ones fit)."""
     form = compact_device.table_form(None, varlen=True, softcap=softcap)   # size rule: after the build (above)
     above = compact_device.AUTO_VISITS if config.COMPACT_TABLES.get() is None or softcap else None
-    _, bm, bn, max_ctas = _entry(dev, dtype, D, causal, False, softcap, capture)
+    tile_sq = kernels.varlen_tile_seqlen(int(lens_q.max(initial=0)))   # the tile: by the longest sequence
+    _, bm, bn, max_ctas = _entry(dev, dtype, D, causal, False, softcap, capture, tile_sq, window)
     tables = varlen_device.plan(schedule, lens_q, lens_k, bm, bn, H, Hkv, causal, max_ctas, window,
                                 {"compact": True, "expand": "expand", "visits": False}[form], above,
                                 pinned=not capture)
@@ -92,7 +95,7 @@ def _tables(dev, dtype, D, causal, schedule, lens_q, lens_k, H, Hkv, window, sof
         raise NotImplementedError(f"softcap: a varlen backward of {tables.num_visits} tile visits needs compact "
                                   f"schedule tables (more than {compact_device.AUTO_VISITS}), which have no "
                                   f"soft-capping build yet")
-    specs, cbm, cbn, compact_ctas = _entry(dev, dtype, D, causal, compact, softcap, capture)
+    specs, cbm, cbn, compact_ctas = _entry(dev, dtype, D, causal, compact, softcap, capture, tile_sq, window)
     if (cbm, cbn) != (bm, bn):   # NOTES: the 80-query tile has no compact build (kernels.bwd_tile): 64 rebuilt
         bm, bn = cbm, cbn
         tables = varlen_device.plan(schedule, lens_q, lens_k, bm, bn, H, Hkv, causal, compact_ctas, window, True,

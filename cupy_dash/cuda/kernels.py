@@ -164,12 +164,20 @@ def fwd_tile(head_dim: int) -> TileConfig:
 
 # NOTES: head dim 128 takes 80-query tiles (FA3's full-mask plan) from these query lengths on: same-call
 # measurements on the H200 (docs/decisions/tile-plans.md "FA3's full-mask tile", "The 80-query tile under a causal
-# mask"): full +2.5-3 % at 15360, equal at 1280 and 3840, GQA 4:1 -1.5 % at 1k and +1-2 % at 4k-16k; causal +2-3 % at
-# 8k, +4-5 % at 16k (head dim 96 alike), 2-4 % slower at 4k and slower at 2k; varlen batches of short sequences lost
-# (-4 % at 1k, -13 % at 256 per sequence), so varlen keeps 64, as do windows (not measured) and compact tables
-# (spilled).
-FULL80_MIN_SEQLEN = 4096
+# mask", "Full masks from 1024 queries"): full +3-6 % at 1024-3840 (auto, legs alternating), -3 to -9 % at 512, GQA
+# 4:1 +1-3 %; causal +2-3 % at 8k, +4-5 % at 16k (head dim 96 alike), 2-4 % slower at 4k and slower at 2k. Varlen
+# batches take it by their longest sequence from VARLEN80_MIN_SEQLEN on (equal at 4 x 4096, +2-3 % at 1 x 16k, +5-9 %
+# with random lengths; short sequences lost before the two-writer epilogue); windows keep 64 (not measured), compact
+# tables too (spilled).
+FULL80_MIN_SEQLEN = 1024
 CAUSAL80_MIN_SEQLEN = 8192
+VARLEN80_MIN_SEQLEN = 4096
+
+
+def varlen_tile_seqlen(longest: int) -> int:
+    """The ``seqlen_q`` that :func:`bwd_tile` (and bwd_specs, bwd_entry) take for a varlen batch whose longest
+    sequence has ``longest`` queries: ``longest`` from VARLEN80_MIN_SEQLEN on, else 0 (the 64-query tile)."""
+    return int(longest) if longest >= VARLEN80_MIN_SEQLEN else 0
 
 
 def bwd_tile(head_dim: int, causal: bool, compact: bool = False, seqlen_q: int = 0,
@@ -178,7 +186,7 @@ def bwd_tile(head_dim: int, causal: bool, compact: bool = False, seqlen_q: int =
     padded to 128) without a window (``window`` canonical; a causal call's right side is 0), ``seqlen_q`` >=
     FULL80_MIN_SEQLEN (CAUSAL80_MIN_SEQLEN with ``causal``) and per-visit tables: 80 queries.
     ``CUPY_DASH_BWD_FULL_BLOCK_M`` (without a causal mask) and ``CUPY_DASH_BWD_CAUSAL_BLOCK_M`` (with one) = 64 / 80
-    force either for any such call without compact tables (varlen calls pass no ``seqlen_q``)."""
+    force either for any such call without compact tables (varlen calls pass :func:`varlen_tile_seqlen`)."""
     check_supported("bfloat16", head_dim)
     if head_dim in (96, 128) and not compact:
         forced = (config.BWD_CAUSAL_BLOCK_M if causal else config.BWD_FULL_BLOCK_M).get()

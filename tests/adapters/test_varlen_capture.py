@@ -59,10 +59,10 @@ def graphs(no_gpu, monkeypatch):
     monkeypatch.setattr(varlen_device, "_expand_launches",
                         {0: lambda num_ctas, stream, values: state.expansions.append(stream.ptr)})
 
-    def bwd_entry(dev, dtype, D, causal, timeline=False, compact=False, softcap=False):
-        tile = kernels.bwd_tile(D, causal, compact)
-        return (kernels.bwd_specs(dtype, D, causal, timeline, compact, softcap=softcap),
-                tile.block_m, tile.block_n, 132)
+    def bwd_entry(dev, dtype, D, causal, timeline=False, compact=False, softcap=False, seqlen_q=0, window=(-1, -1)):
+        tile = kernels.bwd_tile(D, causal, compact, seqlen_q, window)
+        return (kernels.bwd_specs(dtype, D, causal, timeline, compact, softcap=softcap, seqlen_q=seqlen_q,
+                                  window=window), tile.block_m, tile.block_n, 132)
     monkeypatch.setattr(kernels, "bwd_entry", bwd_entry)
     monkeypatch.setattr(jit, "not_loaded", lambda specs, dev: [] if state.loaded else [s.label for s in specs])
 
@@ -247,3 +247,24 @@ def test_device_cu_seqlens_whose_copy_an_eager_call_waited_for_are_captured(grap
     assert captured["c"].tables is eager["c"].tables
     assert (int(captured["params"]["cu_seqlens_q"]), int(captured["params"]["cu_seqlens_k"])) == (
         int(eager["params"]["cu_seqlens_q"]), int(eager["params"]["cu_seqlens_k"]))
+
+
+@pytest.mark.parametrize("lengths,window,block_m", [
+    ([3, kernels.VARLEN80_MIN_SEQLEN], (-1, -1), 80),
+    ([3, kernels.VARLEN80_MIN_SEQLEN - 1], (-1, -1), 64),
+    ([3, kernels.VARLEN80_MIN_SEQLEN], (100, 100), 64),
+], ids=["longest-at-threshold", "longest-below", "window"])
+def test_the_packings_longest_sequence_picks_the_tile(graphs, lengths, window, block_m, monkeypatch):
+    """Head dim 128: a packing whose longest sequence reaches kernels.VARLEN80_MIN_SEQLEN launches with 80-query
+    tiles (without a window), any other with 64, and its table is built for that tile."""
+    from fastpath_fakes import BF16, F32, Tensor
+    state, planned, plan = graphs, [], varlen_device.plan
+    monkeypatch.setattr(varlen_device, "plan", lambda *a, **kw: planned.append(a[3]) or plan(*a, **kw))
+    total, H, D = sum(lengths), 2, 128
+    base = iter(range(0x1000000, 0x10000000, 0x1000000))
+    do, q, k, v, out = (Tensor((total, H, D), BF16, next(base)) for _ in range(5))
+    lse = Tensor((H, total), F32, next(base))
+    cu = np.cumsum([0] + lengths).astype(np.int32)
+    cupy_dash.attention_backward_varlen(do, q, k, v, out, lse, cu, cu, max(lengths), max(lengths), window=window)
+    c = state.enqueued[-1]["c"]
+    assert c.block_m == block_m and planned == [block_m]

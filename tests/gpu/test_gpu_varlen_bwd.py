@@ -27,6 +27,16 @@ def _zero_signless_bits(a):
     return bits
 
 
+def _same_tile_alone(monkeypatch, hdim, causal, window, longest):
+    """Holds the fixed-length calls of one sequence alone to the tile of the varlen batch (kernels.bwd_tile: the
+    batch takes it by its longest sequence, a call alone by its own length), through the knob that forces it."""
+    from cupy_dash.cuda import kernels
+    if hdim in (96, 128):
+        tile = kernels.bwd_tile(hdim, causal, seqlen_q=kernels.varlen_tile_seqlen(longest), window=window)
+        monkeypatch.setenv("CUPY_DASH_BWD_CAUSAL_BLOCK_M" if causal else "CUPY_DASH_BWD_FULL_BLOCK_M",
+                           str(tile.block_m))
+
+
 def _problem(lengths, hdim, causal, window, H=4, Hkv=2, seed=0, dtype=BF16):
     lq, lk = LENGTHS[lengths]
     if causal and window[1] > 0:
@@ -62,8 +72,9 @@ def _sequences(h):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("hdim", [64, 128])
 @pytest.mark.parametrize("lengths", list(LENGTHS), ids=str)
-def test_varlen_backward_per_sequence(lengths, hdim, causal, window, schedule):
+def test_varlen_backward_per_sequence(lengths, hdim, causal, window, schedule, monkeypatch):
     h, dev, window = _problem(lengths, hdim, causal, window)
+    _same_tile_alone(monkeypatch, hdim, causal, window, max(LENGTHS[lengths][0]))
     _poison()
     dq, dk, dv = cupy_dash.attention_backward_varlen(*dev, causal=causal, window=window, schedule=schedule)
     cupy_dash.check_errors()
@@ -94,9 +105,9 @@ def test_varlen_backward_per_sequence(lengths, hdim, causal, window, schedule):
 @pytest.mark.parametrize("window", [(-1, -1), (100, 50)], ids=["nowindow", "window"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("lengths", list(LENGTHS), ids=str)
-def test_varlen_backward_per_sequence_head_dim_96(lengths, causal, window, schedule):
+def test_varlen_backward_per_sequence_head_dim_96(lengths, causal, window, schedule, monkeypatch):
     """Head dim 96 (the head-dim-128 kernels padded): the checks of test_varlen_backward_per_sequence."""
-    test_varlen_backward_per_sequence(lengths, 96, causal, window, schedule)
+    test_varlen_backward_per_sequence(lengths, 96, causal, window, schedule, monkeypatch)
 
 
 @pytest.mark.parametrize("schedule", ["auto", "fa3"])

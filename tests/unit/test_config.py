@@ -148,8 +148,9 @@ def test_docs_list_every_knob():
 
 def test_the_80_query_tile_serves_long_calls(monkeypatch):
     """Head dim 128 without a window takes 80-query tiles from FULL80_MIN_SEQLEN queries on (one K buffer, the
-    shared memory of kernels_src/bwd/config.cuh), from CAUSAL80_MIN_SEQLEN with a causal mask; shorter calls,
-    windows, head dim 64, varlen (no seqlen_q) and compact builds keep theirs. CUPY_DASH_BWD_FULL_BLOCK_M /
+    shared memory of kernels_src/bwd/config.cuh), from CAUSAL80_MIN_SEQLEN with a causal mask, varlen batches by
+    their longest sequence from VARLEN80_MIN_SEQLEN on; shorter calls, windows, head dim 64 and compact builds keep
+    theirs. CUPY_DASH_BWD_FULL_BLOCK_M /
     CUPY_DASH_BWD_CAUSAL_BLOCK_M = 64 / 80 force either; bad values raise naming the variable."""
     from cupy_dash.cuda import kernels
     monkeypatch.delenv("CUPY_DASH_BWD_FULL_BLOCK_M", raising=False)
@@ -166,6 +167,10 @@ def test_the_80_query_tile_serves_long_calls(monkeypatch):
             block_m(128, True, seqlen_q=causal_long, window=(100, 0)), block_m(128, False), block_m(128, True),
             block_m(128, False, True, long), block_m(128, True, True, causal_long),
             block_m(64, False, seqlen_q=long)] == [64] * 8 + [128]
+    varlen_long = kernels.VARLEN80_MIN_SEQLEN
+    assert kernels.varlen_tile_seqlen(varlen_long - 1) == 0 and kernels.varlen_tile_seqlen(varlen_long) == varlen_long
+    assert [block_m(128, False, seqlen_q=kernels.varlen_tile_seqlen(n)) for n in (varlen_long - 1, varlen_long)] \
+        == [64, 80]
     specs = kernels.bwd_specs("bfloat16", 128, False, seqlen_q=long)
     short = kernels.bwd_specs("bfloat16", 128, False)
     assert {dict(s.defines)["DASH_BLOCK_M"] for s in specs} == {80}
