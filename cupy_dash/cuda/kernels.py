@@ -167,8 +167,8 @@ def fwd_tile(head_dim: int) -> TileConfig:
 # mask", "Full masks from 1024 queries"): full +3-6 % at 1024-3840 (auto, legs alternating), -3 to -9 % at 512, GQA
 # 4:1 +1-3 %; causal +2-3 % at 8k, +4-5 % at 16k (head dim 96 alike), 2-4 % slower at 4k and slower at 2k. Varlen
 # batches take it by their longest sequence from VARLEN80_MIN_SEQLEN on (equal at 4 x 4096, +2-3 % at 1 x 16k, +5-9 %
-# with random lengths; short sequences lost before the two-writer epilogue); windows keep 64 (not measured), compact
-# tables too (spilled).
+# with random lengths; 16 x 1024: equal full, 6 % slower causal); windows keep 64 (not measured), compact tables too
+# (spilled).
 FULL80_MIN_SEQLEN = 1024
 CAUSAL80_MIN_SEQLEN = 8192
 VARLEN80_MIN_SEQLEN = 4096
