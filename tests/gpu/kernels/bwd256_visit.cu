@@ -1,0 +1,135 @@
+// One visit of the head-dim-256 backward plan (docs/decisions/tile-plans.md "Head dims 192 and 256: a backward
+// plan"), as a unit kernel: the operand layouts of its five GEMMs, checked before the kernel that chains them.
+// Two MMA warpgroups share one KV tile of 64 keys and one Q tile of 64 queries; the head dim is split between them.
+//   S^T = K Q^T and dP^T = V dO^T: warpgroup w computes queries [32 w, 32 w + 32) (m64n32k16, both K-major);
+//   P^T = 2^(S^T scale_log2 - lse_log2), dS^T = P^T (dP^T - dpsum): rounded to bf16 into the P^T and dS^T tiles
+//     (keys x queries, one 64-column panel), each warpgroup its 32 columns;
+//   dV^T = dO^T P and dK^T = Q^T dS: warpgroup w's head-dim rows [128 w, 128 w + 128) as two m64 halves, A the
+//     MN-major dO / Q tile, B the K-major P^T / dS^T tile (m64n64k16);
+//   dQ = dS K: warpgroup w's head-dim columns [128 w, 128 w + 128) as two m64n64 chunks, A the dS^T tile read
+//     MN-major, B the MN-major K tile.
+// Inputs row-major bf16 (64 x 256 each), lse_log2 and dpsum per query; the threads fill the swizzled tiles with
+// plain stores (no TMA), fenced for the async proxy. tests/gpu/test_gpu_bwd256_visit.py compares with numpy.
+#include "common.cuh"
+#include "ptx/exp2.cuh"
+#include "ptx/fence.cuh"
+#include "ptx/stmatrix.cuh"
+#include "ptx/wgmma.cuh"
+#include "swizzled_tile.cuh"
+#include "wgmma_fragment.cuh"
+
+using Tile = SwizzledTile<64>;  // Q, K, V, dO: 64 rows x 256 columns (4 panels); P^T, dS^T: 64 x 64 (one panel)
+constexpr int kD = 256;
+
+// Copies a 64 x kD row-major bf16 matrix into a four-panel Tile.
+DASH_DEVICE void fill(uint32_t tile, const uint16_t* src, int tid) {
+  for (int idx = tid; idx < 64 * kD / 8; idx += 256) {
+    const int row = idx / (kD / 8), chunk = idx % (kD / 8);
+    const uint4 v = *reinterpret_cast<const uint4*>(src + row * kD + 8 * chunk);
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(Tile::chunk_addr(tile, row, chunk)), "r"(v.x),
+                 "r"(v.y), "r"(v.z), "r"(v.w)
+                 : "memory");
+  }
+}
+
+// Stores a 64 x 32 matrix held as A fragments (two k-steps) at columns [32 half, 32 half + 32) of a one-panel Tile.
+DASH_DEVICE void store_cols(uint32_t tile, const uint32_t (&a)[2][4], int half, int tid) {
+  const int warp = tid / 32, lane = tid % 32, j = lane / 8;
+  const int row = 16 * warp + 8 * (j % 2) + lane % 8;
+#pragma unroll
+  for (int ks = 0; ks < 2; ++ks) stmatrix_x4(Tile::chunk_addr(tile, row, 4 * half + 2 * ks + j / 2), a[ks]);
+}
+
+template <int kRegs>
+DASH_DEVICE void store_acc(float* out, int ld, int row_base, int col_base, const float (&acc)[kRegs],
+                           const Fragment& f) {
+#pragma unroll
+  for (int i = 0; i < kRegs; ++i) {
+    out[(row_base + f.row0 + Fragment::row(i)) * ld + col_base + f.col0 + Fragment::col(i)] = acc[i];
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1)
+    bwd256_visit(const uint16_t* q, const uint16_t* k, const uint16_t* v, const uint16_t* dout,
+                 const float* lse_log2, const float* dpsum, float scale_log2, float* pt_out, float* dst_out,
+                 float* dvt_out, float* dkt_out, float* dq_out) {
+  extern __shared__ __align__(1024) char smem_raw[];
+  const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+  constexpr uint32_t kBig = 4 * Tile::kPanelBytes, kSmall = Tile::kPanelBytes;
+  const uint32_t q_tile = base, k_tile = q_tile + kBig, v_tile = k_tile + kBig, do_tile = v_tile + kBig;
+  const uint32_t pt_tile = do_tile + kBig, dst_tile = pt_tile + kSmall;
+  const int tid = threadIdx.x, wg = tid / 128, t = tid % 128;
+  const Fragment f(t);
+  fill(q_tile, q, tid);
+  fill(k_tile, k, tid);
+  fill(v_tile, v, tid);
+  fill(do_tile, dout, tid);
+  fence_proxy_async_smem();
+  __syncthreads();
+
+  // S^T, dP^T: 64 keys x this warpgroup's 32 queries, over the whole head dim
+  float S[16], dP[16];
+  wgmma_fence();
+  gemm_ss_kmajor<32, kD / 16, Tile, Tile>(S, Tile::kmajor(k_tile, 0), Tile::kmajor(q_tile, 32 * wg));
+  gemm_ss_kmajor<32, kD / 16, Tile, Tile>(dP, Tile::kmajor(v_tile, 0), Tile::kmajor(do_tile, 32 * wg));
+  wgmma_commit();
+  wgmma_wait<0>();
+  wgmma_fence_operand(S);
+  wgmma_fence_operand(dP);
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    const int query = 32 * wg + f.col0 + Fragment::col(i);
+    S[i] = exp2_approx(fmaf(S[i], scale_log2, -lse_log2[query]));
+    dP[i] = S[i] * (dP[i] - dpsum[query]);
+  }
+  uint32_t Pa[2][4], dSa[2][4];
+  pack_fragments<16>(Pa, S);
+  pack_fragments<16>(dSa, dP);
+  store_cols(pt_tile, Pa, wg, t);
+  store_cols(dst_tile, dSa, wg, t);
+  fence_proxy_async_smem();
+  __syncthreads();
+
+  // dV^T = dO^T P, dK^T = Q^T dS: head-dim rows [128 wg + 64 h, + 64) by 64 keys, K = the 64 queries
+  float dVt[2][32], dKt[2][32];
+  wgmma_fence();
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int d0 = 128 * wg + 64 * h;
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+      const uint64_t p_desc = desc_advance(Tile::kmajor(pt_tile, 0), Tile::kmajor_step(ks));
+      const uint64_t ds_desc = desc_advance(Tile::kmajor(dst_tile, 0), Tile::kmajor_step(ks));
+      wgmma_ss<64, 1, 0>(dVt[h], desc_advance(Tile::mnmajor(do_tile, d0), Tile::mnmajor_step(ks)), p_desc, ks > 0);
+      wgmma_ss<64, 1, 0>(dKt[h], desc_advance(Tile::mnmajor(q_tile, d0), Tile::mnmajor_step(ks)), ds_desc, ks > 0);
+    }
+  }
+  // dQ = dS K: the 64 queries by head-dim columns [128 wg + 64 c, + 64), K = the 64 keys
+  float dQ[2][32];
+#pragma unroll
+  for (int c = 0; c < 2; ++c) {
+    const int col0 = 128 * wg + 64 * c;
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+      wgmma_ss<64, 1, 1>(dQ[c], desc_advance(Tile::mnmajor(dst_tile, 0), Tile::mnmajor_step(ks)),
+                         desc_advance(Tile::mnmajor(k_tile, col0), Tile::mnmajor_step(ks)), ks > 0);
+    }
+  }
+  wgmma_commit();
+  wgmma_wait<0>();
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    wgmma_fence_operand(dVt[h]);
+    wgmma_fence_operand(dKt[h]);
+    wgmma_fence_operand(dQ[h]);
+  }
+
+  store_acc(pt_out, 64, 0, 32 * wg, S, f);
+  store_acc(dst_out, 64, 0, 32 * wg, dP, f);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    store_acc(dvt_out, 64, 128 * wg + 64 * h, 0, dVt[h], f);
+    store_acc(dkt_out, 64, 128 * wg + 64 * h, 0, dKt[h], f);
+    store_acc(dq_out, kD, 0, 128 * wg + 64 * h, dQ[h], f);
+  }
+}
