@@ -8,39 +8,26 @@ numpy on a Hopper GPU. A failure here points at one primitive, where a wrong bac
 from __future__ import annotations
 
 import struct
-from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 import pytest
 
-from cupy_dash.cuda import jit
+from unit_kernels import assert_no_spills, check_close, compile_unit, launch_unit
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
-SOURCE = Path(__file__).parent / "kernels" / "hopper_units.cu"
 VARIANTS = [(n, d) for n in (64, 128) for d in (64, 128)]
-
-
-def _compile(n, d):
-    cubin, log, ok = jit.compile_source(SOURCE.read_text(), "hopper_units.cu",
-                                        [*jit.BASE_OPTIONS, f"-I{jit.kernel_dir()}", f"-DUNIT_N={n}",
-                                         f"-DUNIT_D={d}"])
-    assert ok, log
-    return cubin, jit.parse_ptxas_log(log, "hopper_units"), log
 
 
 @pytest.mark.parametrize("n,d", VARIANTS, ids=[f"n{n}-d{d}" for n, d in VARIANTS])
 def test_units_compile_without_spills(n, d):
-    _, stats, log = _compile(n, d)
-    assert stats["spill_stores"] == stats["spill_loads"] == stats["stack_frame"] == 0, log
-    assert not jit.perf_warnings(log), log
+    assert_no_spills("hopper_units", f"UNIT_N={n}", f"UNIT_D={d}")
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("n,d", VARIANTS, ids=[f"n{n}-d{d}" for n, d in VARIANTS])
 def test_units_match_numpy(n, d, rng):
     import cupy
-    from cupy.cuda import driver, function
     from cupy_dash.cuda import tensormap
 
     # A: rows [40, 104) of head 2, batch 1 of a (2, 90, 3, d) view into a wider buffer (strided like a slice of
@@ -57,14 +44,9 @@ def test_units_match_numpy(n, d, rng):
     params = struct.pack("<128s128sQQQiii", a_map, b_map, c.data.ptr, e.data.ptr, g.data.ptr, a_row, a_head,
                          a_batch)
     params += bytes(-len(params) % 64)
-    cubin, _, _ = _compile(n, d)
-    module = function.Module()
-    module.load(cubin)
-    kernel = module.get_function("hopper_units")
     smem = (64 * d + n * d + n * 64) * 2 + 8 + 1024
-    driver.funcSetAttribute(kernel.ptr, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
-    kernel((1,), (128,), (np.frombuffer(params, dtype=np.dtype((np.void, len(params)))),), shared_mem=smem)
-    cupy.cuda.Device().synchronize()
+    launch_unit(compile_unit("hopper_units", f"UNIT_N={n}", f"UNIT_D={d}")[0], "hopper_units", 128,
+                (np.frombuffer(params, dtype=np.dtype((np.void, len(params)))),), smem)
 
     a = np.zeros((64, d), np.float32)
     valid = S - a_row
@@ -75,12 +57,6 @@ def test_units_match_numpy(n, d, rng):
     e_ref = c_bf @ b.astype(np.float64)
     g_ref = c_bf[:, :64].T @ a.astype(np.float64)
 
-    def check(name, got, ref):
-        got = got.get()
-        assert np.isfinite(got).all(), f"{name}: {int((~np.isfinite(got)).sum())} elements not written or NaN"
-        err = np.abs(got - ref).max() / max(1.0, np.abs(ref).max())
-        assert err < 1e-5, f"{name}: max relative error {err:.3g}"
-
-    check("C = A B^T (SS, K-major)", c, c_ref)
-    check("E = bf16(C) B (RS, B MN-major)", e, e_ref)
-    check("G = bf16(C)^T A (stmatrix.trans, SS, B MN-major)", g, g_ref)
+    check_close("C = A B^T (SS, K-major)", c.get(), c_ref)
+    check_close("E = bf16(C) B (RS, B MN-major)", e.get(), e_ref)
+    check_close("G = bf16(C)^T A (stmatrix.trans, SS, B MN-major)", g.get(), g_ref)
