@@ -60,6 +60,15 @@ class Tensor:
         return Tensor((1, *self.shape), self.dtype, self.ptr)
 
 
+def fake_bwd_entry(dev, dtype, head_dim, causal, timeline=False, compact=False, softcap=False, seqlen_q=0,
+                   window=(-1, -1)):
+    """kernels.bwd_entry without a GPU: the variant's specs and tile, 132 co-resident CTAs."""
+    tile = kernels.bwd_tile(head_dim, causal, compact, seqlen_q, window)
+    specs = kernels.bwd_specs(dtype, head_dim, causal, timeline, compact, softcap=softcap, seqlen_q=seqlen_q,
+                              window=window)
+    return specs, tile.block_m, tile.block_n, 132
+
+
 @pytest.fixture
 def no_gpu(monkeypatch):
     addresses = iter(range(0x1000000, 0x9000000, 0x10000))
@@ -88,9 +97,7 @@ def no_gpu(monkeypatch):
             pass
     monkeypatch.setattr(interop, "caller_stream", lambda x, dev: Stream())
     monkeypatch.setattr(varlen.cupy.cuda, "Device", lambda dev: contextlib.nullcontext())
-    specs = kernels.bwd_specs("bfloat16", 128, True)
-    tile = kernels.bwd_tile(128, True)
-    monkeypatch.setattr(kernels, "bwd_entry", lambda *a, **kw: (specs, tile.block_m, tile.block_n, 132))
+    monkeypatch.setattr(kernels, "bwd_entry", fake_bwd_entry)
     monkeypatch.setattr(launchers.jit, "load", lambda spec: types.SimpleNamespace(ptr=0xF00))
     ptr = types.SimpleNamespace
 
@@ -150,9 +157,7 @@ def fixed_tables(no_gpu, monkeypatch):
         return ptr(visits=ptr(data=ptr(ptr=0x7000)), rank=ptr(data=ptr(ptr=0x7100)),
                    cta_start=ptr(data=ptr(ptr=0x7200)), num_ctas=33, policy="fa3")
     monkeypatch.setattr(launchers, "bwd_tables", tables)
-    specs = kernels.bwd_specs("bfloat16", 128, True)
-    tile = kernels.bwd_tile(128, True)
-    monkeypatch.setattr(kernels, "bwd_entry", lambda *a, **kw: (specs, tile.block_m, tile.block_n, 132))
+    monkeypatch.setattr(kernels, "bwd_entry", fake_bwd_entry)
     monkeypatch.setattr(api, "_poll_errors", lambda: None)
     fastpath.clear()
     yield no_gpu

@@ -145,8 +145,9 @@ def _new_packing(key_, base, cu_q, cu_k):
     are new: the lengths checked as the full path checks them (ValueError before anything is enqueued), the
     packing's launch made as the full path makes it (varlen_launch.packing_launch), base's block with this packing's
     table, lengths and scratch layout (fastpath.rebased_plan; TMA maps reused: same tensors); kept under ``key_``
-    for the packing's later calls. None where the full path must run (no visits, or a window that the new
-    max_seqlen_q / max_seqlen_k make canonical otherwise than the template's)."""
+    for the packing's later calls. None where the full path must run (no visits, a window that the new
+    max_seqlen_q / max_seqlen_k make canonical otherwise than the template's, or another tile: the longest
+    sequence picks it, kernels.varlen_tile_seqlen, and base's TMA boxes are its tile's)."""
     import cupy
     from ..schedule import canonical_window
     c0, dev = base.c, base.device_index
@@ -162,7 +163,7 @@ def _new_packing(key_, base, cu_q, cu_k):
     with cupy.cuda.Device(dev):
         c, cu_dev, call = varlen_launch.packing_launch(dev, p, c0.causal, c0.deterministic, schedule, c0.window,
                                                        c0.spin_timeout_ns, cu_host, max_q, base.stream)
-        if c is None:                                  # no sequence sees a key: the full path writes zeros
+        if c is None or (c.block_m, c.block_n) != (c0.block_m, c0.block_n):   # zeros, or another tile's maps
             return None
         plan = fastpath.rebased_plan(base, c, call, (cu_dev[0].data.ptr, cu_dev[1].data.ptr))
     plan.keep = (c.tables, *cu_dev)

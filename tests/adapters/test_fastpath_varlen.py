@@ -211,3 +211,26 @@ def test_a_captured_forward_whose_kernel_is_not_loaded_raises_before_anything_is
     with pytest.raises(RuntimeError, match="the kernel fwd.* is not loaded yet.* Run the same call once eagerly"):
         cupy_dash.attention_forward_varlen(q, k, v, cu_q, cu_k, 200, 240, causal=True)
     assert not launched
+
+
+def test_a_new_packing_of_another_tile_takes_the_full_path(no_gpu, monkeypatch):
+    """Head dim 128, full mask: a packing whose longest sequence reaches kernels.VARLEN80_MIN_SEQLEN takes 80-query
+    tiles, whose Q / dO tensor-map boxes the template's (64) do not have: the full path serves it, and its plan
+    then serves its repeats."""
+    from fastpath_fakes import BF16, F32
+    enqueued = no_gpu
+    _tables_per_packing(monkeypatch)
+    long_ = kernels.VARLEN80_MIN_SEQLEN
+    total, H, D = long_ + 64, 2, 128
+    base = iter(range(0x1000000, 0x10000000, 0x1000000))
+    do, q, k, v, out = (Tensor((total, H, D), BF16, next(base)) for _ in range(5))
+    lse = Tensor((H, total), F32, next(base))
+    run = lambda cu: cupy_dash.attention_backward_varlen(  # noqa: E731
+        do, q, k, v, out, lse, np.array(cu, np.int32), cu, long_, long_, schedule="fa3")
+    run([0, 64, total])                                    # longest long_: 80-query tiles
+    assert enqueued[-1]["c"].block_m == 80
+    new, hits = fastpath_varlen.stats()["new_packing_hits"], fastpath_varlen.stats()["hits"]
+    run([0, total - 100, total])                           # longest below the threshold: 64, a new template
+    assert enqueued[-1]["c"].block_m == 64 and fastpath_varlen.stats()["new_packing_hits"] == new
+    run([0, total - 100, total])
+    assert fastpath_varlen.stats()["hits"] == hits + 1 and enqueued[-1]["c"].block_m == 64

@@ -16,9 +16,10 @@ import numpy as np
 import pytest
 
 import cupy_dash
-from cupy_dash.core import api, fastpath, fastpath_varlen, interop, varlen, varlen_host_cu
+from cupy_dash.core import api, fastpath, fastpath_varlen, interop, varlen_host_cu
 from cupy_dash.cuda import device_tables, jit, kernels, varlen_device
-from fastpath_fakes import Tensor, _Dtype, _inputs, no_gpu, PER_CALL_FIELDS  # noqa: F401  (fixture)
+from fastpath_fakes import (Tensor, _Dtype, _inputs, fake_bwd_entry, no_gpu,  # noqa: F401  (fixture)
+                            PER_CALL_FIELDS)
 
 REAL_DEVICE = varlen_device.device          # taken before no_gpu replaces it
 I32 = _Dtype("int32", 4)
@@ -59,11 +60,7 @@ def graphs(no_gpu, monkeypatch):
     monkeypatch.setattr(varlen_device, "_expand_launches",
                         {0: lambda num_ctas, stream, values: state.expansions.append(stream.ptr)})
 
-    def bwd_entry(dev, dtype, D, causal, timeline=False, compact=False, softcap=False, seqlen_q=0, window=(-1, -1)):
-        tile = kernels.bwd_tile(D, causal, compact, seqlen_q, window)
-        return (kernels.bwd_specs(dtype, D, causal, timeline, compact, softcap=softcap, seqlen_q=seqlen_q,
-                                  window=window), tile.block_m, tile.block_n, 132)
-    monkeypatch.setattr(kernels, "bwd_entry", bwd_entry)
+    monkeypatch.setattr(kernels, "bwd_entry", fake_bwd_entry)
     monkeypatch.setattr(jit, "not_loaded", lambda specs, dev: [] if state.loaded else [s.label for s in specs])
 
     class Stream(contextlib.nullcontext):
