@@ -433,3 +433,30 @@ def test_prepared_table_from_another_thread(monkeypatch):
     assert not builds
     for name, a, e in zip(("dq", "dk", "dv"), got, want):
         assert bool((a.view(cupy.int16) == e.view(cupy.int16)).all()), name
+
+
+def test_torch_packings_of_either_tile_give_the_full_paths_bits(monkeypatch):
+    """Full mask, head dim 128: packings whose longest sequence reaches kernels.VARLEN80_MIN_SEQLEN take 80-query
+    tiles, the others 64; the torch fast path serves a new packing from a template of its own tile only (another
+    tile takes the full path), and every call gives the full path's bits."""
+    torch = pytest.importorskip("torch")
+    from cupy_dash.core import fastpath_varlen
+    from cupy_dash.cuda import kernels
+    long_ = kernels.VARLEN80_MIN_SEQLEN
+    total, H, Hkv, D = long_ + 904, 4, 2, 128
+    g = torch.Generator(device="cuda").manual_seed(12)
+    q, do = (torch.randn(total, H, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    k, v = (torch.randn(total, Hkv, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    packings = [[0, 100, total], [0, 2500, total], [0, total - long_, total], [0, 1000, 2000, total]]
+    fastpath_varlen.clear()
+    for i, cu in enumerate(np.array(p, np.int32) for p in packings):
+        m = int(np.diff(cu).max())
+        cu_dev = torch.from_numpy(cu).cuda()
+        out, lse = cupy_dash.attention_forward_varlen(q, k, v, cu_dev, cu_dev, m, m)
+        fast = cupy_dash.attention_backward_varlen(do, q, k, v, out, lse, cu, cu, m, m, schedule="fa3")
+        with monkeypatch.context() as mp:
+            mp.setenv("CUPY_DASH_FASTPATH", "0")
+            full = cupy_dash.attention_backward_varlen(do, q, k, v, out, lse, cu, cu, m, m, schedule="fa3")
+        for name, a, e in zip(("dq", "dk", "dv"), fast, full):
+            assert torch.equal(a.view(torch.int16), e.view(torch.int16)), f"packing {i} (longest {m}): {name}"
+    cupy_dash.check_errors()
