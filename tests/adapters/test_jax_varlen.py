@@ -247,3 +247,32 @@ def test_the_forward_callback_launches_as_the_eager_varlen_forward(monkeypatch, 
     fwd(ctx, (0x5000, 0x6000), 0x1000, 0x2000, 0x3000, 0x7000, 0x8000)
     assert launched == [(fwd.spec, (2, 2, 3))]
     assert params[0][2].softcap == softcap                    # fwd_params(block_m, block_n, p, ...)
+
+
+@pytest.mark.parametrize("max_q,block_ms", [(4000, {64}), (5000, {64, 80})], ids=["short", "long"])
+def test_traced_lengths_load_every_tile_a_packing_may_take(monkeypatch, max_q, block_ms):
+    """Head dim 128, full mask, lengths read when the backward runs: the kernels of every tile a packing of at most
+    max_seqlen_q may take (kernels.varlen_tile_seqlen: 80 queries from VARLEN80_MIN_SEQLEN) are loaded at trace
+    time, and the workspace covers the largest."""
+    pytest.importorskip("jax")
+    import contextlib
+    import types
+    import cupy
+    from cupy_dash.cuda import kernels, launchers
+    from cupy_dash.jax import callbacks, varlen as jax_varlen, varlen_dyn as jax_varlen_dyn
+    from fastpath_fakes import fake_bwd_entry
+    loaded = set()
+    monkeypatch.setattr(callbacks, "_gpus", lambda: (0,))
+    monkeypatch.setattr(callbacks, "_load", lambda specs: loaded.add(dict(specs.main.defines)["DASH_BLOCK_M"]))
+    monkeypatch.setattr(jax_varlen_dyn, "jit_record", lambda dev, call: 0)
+    monkeypatch.setattr(cupy.cuda, "Device", lambda dev: contextlib.nullcontext())
+    monkeypatch.setattr(kernels, "bwd_entry", fake_bwd_entry)
+    total, H, D = 6000, 2, 128
+    p = types.SimpleNamespace(B=1, Sq=total, Sk=total, H=H, Hkv=H, D=D, dtype="bfloat16", softcap=0.0)
+    cfg = types.SimpleNamespace(causal=False, window=(-1, -1), deterministic=True, schedule="fa3")
+    vcfg = jax_varlen._VarlenConfig(None, 2, max_q, max_q, None, jax_varlen_dyn._Backward)
+    bwd = jax_varlen_dyn._Backward(p, cfg, vcfg, 10 ** 9)
+    assert loaded == block_ms
+    specs = kernels.bwd_specs("bfloat16", D, False)
+    assert bwd.work_bytes == max(launchers.BwdLaunch(specs, m, 128, p, True, 10 ** 9, False, (-1, -1),
+                                                     varlen=(2, max_q)).work_bytes for m in block_ms)
