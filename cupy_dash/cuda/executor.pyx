@@ -18,7 +18,7 @@ cdef extern from "<dlfcn.h>" nogil:
 
 ctypedef int (*launch_fn)(void* f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
                           unsigned int by, unsigned int bz, unsigned int smem, void* stream, void** params,
-                          void** extra) nogil
+                          void** extra) noexcept nogil
 
 cdef launch_fn _cu_launch = NULL
 
