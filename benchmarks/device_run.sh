@@ -3,7 +3,8 @@
 #   bash benchmarks/device_run.sh [smoke|fwd|tests|bench|integration|long|gqa|varlen_bench|long1m|varlen_step|
 #                                  fold|fold_bench|varlen_events|sanitize|ncu|engine|engine_bench|
 #                                  dq_writers|multi_gpu|first|first2|fa3_bench|fa3_full|final|tile80|d96|tests2|
-#                                  loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|suite|tiles_and_varlen|legs_ab|all]
+#                                  loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|suite|tiles_and_varlen|legs_ab|
+#                                  short_modes|all]
 #                                  [extra pytest args...]
 # "engine": the backward kernel's GPU tests (every family: MHA, GQA, compact, varlen, fold, window, portable);
 # "engine_bench": the backward at the shapes, this tree against the kernels in every carried .ab*/kernels_src
@@ -28,7 +29,7 @@ if [ -n "${FA3_WHL:-}" ]; then
   $py -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >"$OUT/fa3_install.log" 2>&1 && export PYTHONPATH=/tmp/site
 fi
 case "$stage" in   # these stages compile only the kernels they run, on first use
-  ncu|engine_bench|dq_writers|first|first2|fa3_bench|fa3_full|final|tile80|d96|loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|tiles_and_varlen|legs_ab) ;;
+  ncu|engine_bench|dq_writers|first|first2|fa3_bench|fa3_full|final|tile80|d96|loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|tiles_and_varlen|legs_ab|short_modes) ;;
   *) $py -m cupy_dash compile --all -j 16 >/tmp/compile.log 2>&1 || { tail -20 /tmp/compile.log; exit 1; }
      tail -1 /tmp/compile.log ;;
 esac
@@ -244,6 +245,18 @@ if [ "$stage" = legs_ab ]; then   # one patch ($AB_PATCH) against this tree, ben
     done
   done
   (cd /tmp/la && tar czf "$OUT/legs_ab.tgz" *)
+fi
+if [ "$stage" = short_modes ]; then   # a short shape's deterministic spread (full 1280 by default; SHORT_ARGS: other
+  mkdir -p /tmp/sm                        # timing_modes.py shape arguments): five processes each of the deterministic
+  for n in 1 2 3 4 5; do                  # and the atomic backward, alternating, each with 1 s steady loops
+    for mode in det atomic; do
+      extra=(); [ $mode = atomic ] && extra=(--atomic)
+      timeout 60 $py benchmarks/timing_modes.py ${SHORT_ARGS:---seqlen 1280 --tokens 15360} --variants sets1 keep \
+        --calls 40 --loop-s 1 "${extra[@]}" --json /tmp/sm/${mode}_$n.json 2>&1 | tail -3 | sed "s/^/$mode$n /" \
+        | tee -a "$OUT/short_modes.log"
+    done
+  done
+  (cd /tmp/sm && tar czf "$OUT/short_modes.tgz" *)
 fi
 if [ "$stage" = suite ]; then   # the GPU test files one by one, each under its own limit (SIGINT: the summary still
   extra=("$@")                  # names the failures); SUITE_LANES (default 1) lanes of files run side by side
