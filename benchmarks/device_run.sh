@@ -3,7 +3,7 @@
 #   bash benchmarks/device_run.sh [smoke|fwd|tests|bench|integration|long|gqa|varlen_bench|long1m|varlen_step|
 #                                  fold|fold_bench|varlen_events|sanitize|ncu|engine|engine_bench|
 #                                  dq_writers|multi_gpu|first|first2|fa3_bench|fa3_full|final|tile80|d96|tests2|
-#                                  loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|suite|tiles_and_varlen|legs_ab|
+#                                  loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|suite|legs_ab|
 #                                  short_modes|all]
 #                                  [extra pytest args...]
 # "engine": the backward kernel's GPU tests (every family: MHA, GQA, compact, varlen, fold, window, portable);
@@ -12,7 +12,8 @@
 # tree when FA3_WHL=1, then ncu. pytest runs get SIGINT at their limit, so that the summary still names the failures.
 # "varlen_step": a new packing's host cost, build and upload; "fold": the folded backward's tests, then
 # the whole suite; "fold_bench": its GPU and host time. Earlier one-off stages are in this file's
-# history (causal80: the causal 80-query tile's legs); the writer-rank-ahead experiment is
+# history (causal80: the causal 80-query tile's legs; tiles_and_varlen: the forward's 176-key tile, varlen and full
+# 3840 with either backward tile); the writer-rank-ahead experiment is
 # benchmarks/patches/writer_rank_ahead.patch (measured, not merged: docs/decisions/table-forms.md).
 # "multi_gpu": per-device state with two GPUs in one process, and the DDP / FSDP2 / JAX data-parallel examples
 # (torchrun, nccl on two GPUs; gloo with two ranks on one GPU; JAX over every GPU), all logs in multi_gpu.tgz.
@@ -29,7 +30,7 @@ if [ -n "${FA3_WHL:-}" ]; then
   $py -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >"$OUT/fa3_install.log" 2>&1 && export PYTHONPATH=/tmp/site
 fi
 case "$stage" in   # these stages compile only the kernels they run, on first use
-  ncu|engine_bench|dq_writers|first|first2|fa3_bench|fa3_full|final|tile80|d96|loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|tiles_and_varlen|legs_ab|short_modes) ;;
+  ncu|engine_bench|dq_writers|first|first2|fa3_bench|fa3_full|final|tile80|d96|loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|legs_ab|short_modes) ;;
   *) $py -m cupy_dash compile --all -j 16 >/tmp/compile.log 2>&1 || { tail -20 /tmp/compile.log; exit 1; }
      tail -1 /tmp/compile.log ;;
 esac
@@ -276,30 +277,6 @@ if [ "$stage" = suite ]; then   # the GPU test files one by one, each under its 
     lane "${mine[@]}" &
   done
   wait; (cd /tmp && tar czf "$OUT/suite_logs.tgz" suite_*.log)
-fi
-if [ "$stage" = tiles_and_varlen ]; then   # the forward's 176-key tile beside 128 (fwd_tiles.py, two legs), then
-  mkdir -p /tmp/tv                          # the varlen backward with the 80-query tile forced beside 64 (legs
-  for n in 1 2; do                          # 64 / 80 / 64 / 80, both masks' knobs), full 3840 with either tile;
-                                            # DIST=1: the distributed tests
-    timeout 120 $py benchmarks/fwd_tiles.py --hdims 128 --masks full --block-n 128 176 --stages 2 --seqlens 1280 3840 \
-      15360 --tokens 15360 2>&1 | tee /tmp/tv/fwd_tiles_$n.md | grep -E "^\| 128" | sed "s/^/fwd leg$n /"
-  done
-  n=0; for m in 64 80 64 80; do n=$((n + 1))
-    CUPY_DASH_BWD_FULL_BLOCK_M=$m CUPY_DASH_BWD_CAUSAL_BLOCK_M=$m timeout 100 $py benchmarks/varlen_bwd.py --repeats 10 \
-      --kinds equal random --seqs 1 4 --schedules auto --json /tmp/tv/varlen_leg${n}_m$m.json 2>&1 \
-      | tee /tmp/tv/varlen_leg${n}_m$m.txt | grep -E "^(equal|random)" | sed "s/^/varlen leg$n m$m /"
-  done
-  n=0; for m in 64 80 64 80; do n=$((n + 1))   # full 3840 (below the 80-query tile's threshold), either tile
-    CUPY_DASH_BWD_FULL_BLOCK_M=$m timeout 60 $py benchmarks/bench.py --hdims 128 --masks full --seqlens 3840 \
-      --tokens 15360 --schedules auto atomic --no-torch --no-fa3 --no-overhead --no-compile --repeats 15 --warmup 3 \
-      --input-sets 1 --out /tmp/tv/full3840_leg${n}_m$m.json 2>&1 | grep -E "^\| cupy_dash bwd" | head -2 \
-      | sed "s/^/full3840 leg$n m$m /"
-  done
-  if [ -n "${DIST:-}" ]; then
-    timeout -s INT -k 15 300 $py -m pytest tests/gpu/test_gpu_distributed.py -q -rf -p no:cacheprovider 2>&1 \
-      | tee /tmp/tv/distributed.log | tail -3
-  fi
-  (cd /tmp/tv && tar czf "$OUT/tiles_and_varlen.tgz" *)
 fi
 if [ "$stage" = engine_rest ]; then   # what quick_ab's tests leave out (head dim 96, soft-capping, fold, portable,
   mkdir -p /tmp/er                      # the timeline build's bits), then the timeline at full 3840 and causal 8k

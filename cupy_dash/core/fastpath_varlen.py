@@ -30,7 +30,7 @@ from . import fastpath, interop, varlen_host_cu, varlen_launch
 _MAX_PLANS = 8            # each holds its packing's device tables (up to a few MB)
 _plans: dict = {}
 _fwd_plans: dict = {}
-_templates: dict = {}     # signature without the lengths -> a plan of those tensors (for their new packings)
+_templates: dict = {}     # signature without the lengths -> {(block_m, block_n): a plan of those tensors}
 _stats = {"hits": 0, "fwd_hits": 0, "new_packing_hits": 0}
 
 
@@ -103,7 +103,7 @@ def _template_key(key_):
 def register(key_, c, operands, lse_ptr, work_base, grads, cu_ptrs, call, like, stream, keep) -> None:
     """Keep the plan of a varlen backward the full path has just launched (``c``: its BwdLaunch with tables;
     ``keep``: the device tables and cu_seqlens copies its block points at; current device: its device), under its
-    signature and, as the template of new packings, under the signature without the lengths."""
+    signature and, as the template of new packings of its tile, under the signature without the lengths."""
     if key_ is None:
         return
     p = c.p
@@ -111,7 +111,8 @@ def register(key_, c, operands, lse_ptr, work_base, grads, cu_ptrs, call, like, 
                                   (p.Sk, p.Hkv, p.D), cu_seqlens=cu_ptrs)
     plan.stream, plan.keep = stream, keep
     _store(key_, plan)
-    fastpath.store(_templates, _template_key(key_), plan, _MAX_PLANS)
+    tkey = _template_key(key_)
+    fastpath.store(_templates, tkey, {**_templates.get(tkey, {}), (c.block_m, c.block_n): plan}, _MAX_PLANS)
 
 
 def _store(key_, plan) -> None:
@@ -119,17 +120,17 @@ def _store(key_, plan) -> None:
 
 
 def backward(key_, do, q, k, v, out, lse, cu_q=None, cu_k=None):
-    """``(dq, dk, dv)`` from the plan stored under ``key_``, or from the template of the same tensors with other
+    """``(dq, dk, dv)`` from the plan stored under ``key_``, or from a template of the same tensors with other
     lengths (:func:`_new_packing`, given ``cu_q`` and ``cu_k``), or None (the caller takes the full path). A plan
     launches on the stream its table was uploaded for (the signature holds it)."""
     if key_ is None:
         return None
     plan = _plans.get(key_)
     if plan is None:
-        base = _templates.get(_template_key(key_)) if cu_q is not None else None
-        if base is None or fastpath._ready_stream(base) is None:
+        bases = _templates.get(_template_key(key_)) if cu_q is not None else None
+        if not bases or fastpath._ready_stream(next(iter(bases.values()))) is None:
             return None
-        plan = _new_packing(key_, base, cu_q, cu_k)
+        plan = _new_packing(key_, bases, cu_q, cu_k)
         if plan is None:
             return None
         _stats["new_packing_hits"] += 1
@@ -140,16 +141,17 @@ def backward(key_, do, q, k, v, out, lse, cu_q=None, cu_k=None):
     return result
 
 
-def _new_packing(key_, base, cu_q, cu_k):
-    """The plan of a call whose tensors, flags and stream are those of the template ``base`` but whose lengths
-    are new: the lengths checked as the full path checks them (ValueError before anything is enqueued), the
-    packing's launch made as the full path makes it (varlen_launch.packing_launch), base's block with this packing's
-    table, lengths and scratch layout (fastpath.rebased_plan; TMA maps reused: same tensors); kept under ``key_``
-    for the packing's later calls. None where the full path must run (no visits, a window that the new
-    max_seqlen_q / max_seqlen_k make canonical otherwise than the template's, or another tile: the longest
-    sequence picks it, kernels.varlen_tile_seqlen, and base's TMA boxes are its tile's)."""
+def _new_packing(key_, bases, cu_q, cu_k):
+    """The plan of a call whose tensors, flags and stream are those of the templates ``bases`` (per tile) but whose
+    lengths are new: the lengths checked as the full path checks them (ValueError before anything is enqueued), the
+    packing's launch made as the full path makes it (varlen_launch.packing_launch), the block of the template of its
+    tile (the longest sequence picks it, kernels.varlen_tile_seqlen; the TMA boxes are the tile's) with this
+    packing's table, lengths and scratch layout (fastpath.rebased_plan; TMA maps reused: same tensors); kept under
+    ``key_`` for the packing's later calls. None where the full path must run (no visits, no template of its tile
+    yet, or a window that the new max_seqlen_q / max_seqlen_k make canonical otherwise than the templates')."""
     import cupy
     from ..schedule import canonical_window
+    base = next(iter(bases.values()))            # the tensors, flags and stream: the same in every template
     c0, dev = base.c, base.device_index
     p = c0.p
     max_q, max_k, window, schedule = key_[7], key_[8], key_[11], key_[12]
@@ -163,8 +165,9 @@ def _new_packing(key_, base, cu_q, cu_k):
     with cupy.cuda.Device(dev):
         c, cu_dev, call = varlen_launch.packing_launch(dev, p, c0.causal, c0.deterministic, schedule, c0.window,
                                                        c0.spin_timeout_ns, cu_host, max_q, base.stream)
-        if c is None or (c.block_m, c.block_n) != (c0.block_m, c0.block_n):   # zeros, or another tile's maps
-            return None
+        base = None if c is None else bases.get((c.block_m, c.block_n))
+        if base is None:                               # no sequence sees a key (the full path writes zeros), or
+            return None                                # no template of this tile yet
         plan = fastpath.rebased_plan(base, c, call, (cu_dev[0].data.ptr, cu_dev[1].data.ptr))
     plan.keep = (c.tables, *cu_dev)
     _store(key_, plan)

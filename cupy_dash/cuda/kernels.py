@@ -180,6 +180,12 @@ def varlen_tile_seqlen(longest: int) -> int:
     return int(longest) if longest >= VARLEN80_MIN_SEQLEN else 0
 
 
+def varlen_tile_seqlens(max_seqlen_q: int) -> tuple:
+    """The :func:`varlen_tile_seqlen` values that stand for every tile a packing of sequences of at most
+    ``max_seqlen_q`` queries may take (what a call fixed before its lengths are known prepares for)."""
+    return tuple({0, varlen_tile_seqlen(max_seqlen_q)})
+
+
 def bwd_tile(head_dim: int, causal: bool, compact: bool = False, seqlen_q: int = 0,
              window: tuple = (-1, -1)) -> TileConfig:
     """The backward main kernel's tile (preprocess / postprocess share block_m and block_n). Head dim 128 (or 96,

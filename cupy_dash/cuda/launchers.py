@@ -156,9 +156,8 @@ def varlen_work_bytes(specs, p, deterministic, spin_timeout_ns, causal, window, 
     largest over the tiles its launch may take, since the packing's table decides (compact tables have no
     80-query build: :func:`cupy_dash.core.varlen_launch.packing_launch` rebuilds those with 64); the 80-query tile
     where a sequence may reach VARLEN80_MIN_SEQLEN (``varlen`` = (sequences, max_seqlen_q))."""
-    longest = kernels.varlen_tile_seqlen(varlen[1])
-    tiles = {(t.block_m, t.block_n) for t in (kernels.bwd_tile(p.D, causal), kernels.bwd_tile(p.D, causal, True),
-                                              kernels.bwd_tile(p.D, causal, seqlen_q=longest, window=window))}
+    tiles = {(t.block_m, t.block_n) for t in (kernels.bwd_tile(p.D, causal, True), *(
+        kernels.bwd_tile(p.D, causal, seqlen_q=sq, window=window) for sq in kernels.varlen_tile_seqlens(varlen[1])))}
     return max(BwdLaunch(specs, bm, bn, p, deterministic, spin_timeout_ns, causal, window, varlen=varlen).work_bytes
                for bm, bn in tiles)
 

@@ -1,15 +1,15 @@
 """The varlen backward's schedule tables on the device: built from the lengths, cached per packing, uploaded
 without blocking.
 
-Three forms. The per-visit table (20 bytes per visit and query head, read by the main kernel in a varlen launch), expanded
-on the GPU by default: the host builds and uploads the compact records of :func:`cupy_dash.schedule.build_varlen`
-(~36 bytes per KV column: 73 KB for 16k tokens in one sequence with 16 heads, against ~5 MB of per-visit rows)
-and kernels_src/bwd_expand.cu writes the rows (:func:`_expand_on_device`); ``CUPY_DASH_VARLEN_EXPAND=host``
-expands on the host (``varlen_schedule.expand``, up to ~2 ms per new packing). The compact records read as they
-are by the DASH_COMPACT build (``kernels_src/compact_view.cuh``; ``varlen_pack`` packs them in the
-layout uploaded, tests/unit/test_varlen_compact.py walks them as the kernel does and compares with ``expand``)
-are opt-in (``CUPY_DASH_COMPACT_TABLES=1``) below compact_device.AUTO_VISITS visits: on the H200 they give the
-per-visit tables' bits, but the kernel's counted rank rules make the backward 0.6-0.9x as fast
+Three forms. The per-visit table (20 bytes per visit and query head, read by the main kernel in a varlen launch),
+expanded on the GPU by default: the host builds and uploads the compact records of
+:func:`cupy_dash.schedule.build_varlen` (~36 bytes per KV column: 73 KB for 16k tokens in one sequence with 16
+heads, against ~5 MB of per-visit rows) and kernels_src/bwd_expand.cu writes the rows (:func:`_expand_on_device`);
+``CUPY_DASH_VARLEN_EXPAND=host`` expands on the host (``varlen_schedule.expand``, up to ~2 ms per new packing). The
+compact records read as they are by the DASH_COMPACT build (``kernels_src/compact_view.cuh``; ``varlen_pack`` packs
+them in the layout uploaded, tests/unit/test_varlen_compact.py walks them as the kernel does and compares with
+``expand``) are opt-in (``CUPY_DASH_COMPACT_TABLES=1``) below compact_device.AUTO_VISITS visits: on the H200 they
+give the per-visit tables' bits, but the kernel's counted rank rules make the backward 0.6-0.9x as fast
 (docs/decisions/table-forms.md).
 
 A training step's new packing (the GPU paths): the records are packed straight into pinned host memory

@@ -46,10 +46,9 @@ class _Backward(varlen._PackedBackward):
     def __init__(self, p, cfg, vcfg, spin_timeout_ns):
         super().__init__(p, cfg, vcfg, spin_timeout_ns)
         import cupy
-        tile_sqs = {0, kernels.varlen_tile_seqlen(vcfg.max_q)}   # a packing may take either tile (its longest)
         for dev in self.devices:
-            with cupy.cuda.Device(dev):                  # the per-visit kernels, loaded before any execution
-                for tile_sq in tile_sqs:
+            with cupy.cuda.Device(dev):                  # the per-visit kernels of every tile, before any execution
+                for tile_sq in kernels.varlen_tile_seqlens(vcfg.max_q):
                     callbacks._load(kernels.bwd_entry(dev, p.dtype, p.D, cfg.causal, softcap=p.softcap > 0,
                                                       seqlen_q=tile_sq, window=cfg.window)[0])
                 self.records[dev] = jit_record(dev, (cfg.schedule, vcfg.num_seqs, p.H, p.Sq, p.Sk, p.D, cfg.causal,

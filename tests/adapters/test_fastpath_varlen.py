@@ -215,8 +215,8 @@ def test_a_captured_forward_whose_kernel_is_not_loaded_raises_before_anything_is
 
 def test_a_new_packing_of_another_tile_takes_the_full_path(no_gpu, monkeypatch):
     """Head dim 128, full mask: a packing whose longest sequence reaches kernels.VARLEN80_MIN_SEQLEN takes 80-query
-    tiles, whose Q / dO tensor-map boxes the template's (64) do not have: the full path serves it, and its plan
-    then serves its repeats."""
+    tiles, whose Q / dO tensor-map boxes a 64-query plan does not have: the first packing of a tile takes the full
+    path, and its plan then serves its repeats and, as that tile's template, the tile's new packings."""
     from fastpath_fakes import BF16, F32
     enqueued = no_gpu
     _tables_per_packing(monkeypatch)
@@ -234,3 +234,5 @@ def test_a_new_packing_of_another_tile_takes_the_full_path(no_gpu, monkeypatch):
     assert enqueued[-1]["c"].block_m == 64 and fastpath_varlen.stats()["new_packing_hits"] == new
     run([0, total - 100, total])
     assert fastpath_varlen.stats()["hits"] == hits + 1 and enqueued[-1]["c"].block_m == 64
+    run([0, 32, 64, total])                                # a new packing of the 80-query tile: its template
+    assert fastpath_varlen.stats()["new_packing_hits"] == new + 1 and enqueued[-1]["c"].block_m == 80

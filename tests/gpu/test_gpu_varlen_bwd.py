@@ -437,8 +437,8 @@ def test_prepared_table_from_another_thread(monkeypatch):
 
 def test_torch_packings_of_either_tile_give_the_full_paths_bits(monkeypatch):
     """Full mask, head dim 128: packings whose longest sequence reaches kernels.VARLEN80_MIN_SEQLEN take 80-query
-    tiles, the others 64; the torch fast path serves a new packing from a template of its own tile only (another
-    tile takes the full path), and every call gives the full path's bits."""
+    tiles, the others 64; the torch fast path serves a new packing from the template of its own tile (the first
+    packing of a tile takes the full path), and every call gives the full path's bits."""
     torch = pytest.importorskip("torch")
     from cupy_dash.core import fastpath_varlen
     from cupy_dash.cuda import kernels

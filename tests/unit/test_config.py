@@ -171,6 +171,8 @@ def test_the_80_query_tile_serves_long_calls(monkeypatch):
     assert kernels.varlen_tile_seqlen(varlen_long - 1) == 0 and kernels.varlen_tile_seqlen(varlen_long) == varlen_long
     assert [block_m(128, False, seqlen_q=kernels.varlen_tile_seqlen(n)) for n in (varlen_long - 1, varlen_long)] \
         == [64, 80]
+    assert kernels.varlen_tile_seqlens(varlen_long - 1) == (0,)
+    assert sorted(kernels.varlen_tile_seqlens(varlen_long)) == [0, varlen_long]
     specs = kernels.bwd_specs("bfloat16", 128, False, seqlen_q=long)
     short = kernels.bwd_specs("bfloat16", 128, False)
     assert {dict(s.defines)["DASH_BLOCK_M"] for s in specs} == {80}
