@@ -40,15 +40,15 @@ DASH_DEVICE void store_transposed(uint32_t tile, const uint32_t (&a)[kSteps][4],
   for (int ks = 0; ks < kSteps; ++ks) stmatrix_x4_trans(addr + ks * 16 * 128, a[ks]);
 }
 
-// Stores the 64 x (16 kSteps) matrix X held as A fragments as it is: X(m, k) goes to row row0 + m, column k of a
-// SwizzledTile<kRows> (row0 % 8 == 0). stmatrix matrix j of k-step ks holds rows 16 warp + 8 (j % 2) + [0, 8) and
-// columns 16 ks + 8 (j / 2) + [0, 8); lane l addresses row l % 8 of stored matrix l / 8.
+// Stores the 64 x (16 kSteps) matrix X held as A fragments as it is: X(m, k) goes to row row0 + m, column col0 + k
+// of a SwizzledTile<kRows> (row0 % 8 == 0, col0 % 8 == 0). stmatrix matrix j of k-step ks holds rows 16 warp + 8
+// (j % 2) + [0, 8) and columns 16 ks + 8 (j / 2) + [0, 8); lane l addresses row l % 8 of stored matrix l / 8.
 template <int kRows, int kSteps>
-DASH_DEVICE void store_rows(uint32_t tile, const uint32_t (&a)[kSteps][4], int row0, int tid) {
+DASH_DEVICE void store_rows(uint32_t tile, const uint32_t (&a)[kSteps][4], int row0, int tid, int col0 = 0) {
   const int warp = tid / 32, lane = tid % 32, j = lane / 8;
   const int row = row0 + 16 * warp + 8 * (j % 2) + lane % 8;
 #pragma unroll
   for (int ks = 0; ks < kSteps; ++ks) {
-    stmatrix_x4(SwizzledTile<kRows>::chunk_addr(tile, row, 2 * ks + j / 2), a[ks]);
+    stmatrix_x4(SwizzledTile<kRows>::chunk_addr(tile, row, col0 / 8 + 2 * ks + j / 2), a[ks]);
   }
 }

@@ -13,7 +13,6 @@
 #include "common.cuh"
 #include "ptx/exp2.cuh"
 #include "ptx/fence.cuh"
-#include "ptx/stmatrix.cuh"
 #include "ptx/wgmma.cuh"
 #include "swizzled_tile.cuh"
 #include "wgmma_fragment.cuh"
@@ -30,14 +29,6 @@ DASH_DEVICE void fill(uint32_t tile, const uint16_t* src, int tid) {
                  "r"(v.y), "r"(v.z), "r"(v.w)
                  : "memory");
   }
-}
-
-// Stores a 64 x 32 matrix held as A fragments (two k-steps) at columns [32 half, 32 half + 32) of a one-panel Tile.
-DASH_DEVICE void store_cols(uint32_t tile, const uint32_t (&a)[2][4], int half, int tid) {
-  const int warp = tid / 32, lane = tid % 32, j = lane / 8;
-  const int row = 16 * warp + 8 * (j % 2) + lane % 8;
-#pragma unroll
-  for (int ks = 0; ks < 2; ++ks) stmatrix_x4(Tile::chunk_addr(tile, row, 4 * half + 2 * ks + j / 2), a[ks]);
 }
 
 template <int kRegs>
@@ -85,8 +76,8 @@ extern "C" __global__ void __launch_bounds__(256, 1)
   uint32_t Pa[2][4], dSa[2][4];
   pack_fragments<16>(Pa, S);
   pack_fragments<16>(dSa, dP);
-  store_cols(pt_tile, Pa, wg, t);
-  store_cols(dst_tile, dSa, wg, t);
+  store_rows<64>(pt_tile, Pa, 0, t, 32 * wg);   // this warpgroup's 32 query columns of the one-panel tiles
+  store_rows<64>(dst_tile, dSa, 0, t, 32 * wg);
   fence_proxy_async_smem();
   __syncthreads();
 
