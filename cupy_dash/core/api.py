@@ -159,9 +159,12 @@ def validate(q, k, v, do=None, out=None, lse=None, *, softmax_scale=None, schedu
         raise ValueError(f"lse: expected shape (B, H, Sq) = {(B, H, Sq)}, got {li.shape}")
 
     # head dim
-    if D not in kernels.SUPPORTED_HEAD_DIMS:
-        raise NotImplementedError(f"q: head dim D={D} is not supported; supported head dims are "
-                                  f"{', '.join(str(d) for d in kernels.SUPPORTED_HEAD_DIMS)}")
+    dims = kernels.BWD_HEAD_DIMS if backward else kernels.SUPPORTED_HEAD_DIMS
+    if D not in dims:
+        also = ("; the forward also takes " + ", ".join(str(d) for d in kernels.SUPPORTED_HEAD_DIMS if d not in dims)
+                if backward and D in kernels.SUPPORTED_HEAD_DIMS else "")
+        raise NotImplementedError(f"q: head dim D={D} is not supported{' by the backward' if backward else ''}; "
+                                  f"supported head dims are {', '.join(str(d) for d in dims)}{also}")
 
     # sizes and heads
     if B == 0:

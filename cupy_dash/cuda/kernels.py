@@ -25,7 +25,8 @@ from .params import (BWD_PARAMS_DTYPE, FWD_PARAMS_DTYPE, PARAMS_STRUCTS, pack_bw
                      pack_fwd_params, params_layout_check_source)
 from .params import CONSTANTS as K
 
-SUPPORTED_HEAD_DIMS = (64, 96, 128)
+SUPPORTED_HEAD_DIMS = (64, 96, 128, 192, 256)   # the forward's
+BWD_HEAD_DIMS = (64, 96, 128)                    # the backward's (192 and 256: docs/decisions/tile-plans.md)
 SUPPORTED_DTYPES = ("bfloat16", "float16")
 
 
@@ -54,6 +55,8 @@ TILES = {
     ("fwd", 64): TileConfig(block_m=128, block_n=128, threads=MAIN_THREADS),
     ("fwd", 96): TileConfig(block_m=128, block_n=128, threads=MAIN_THREADS),
     ("fwd", 128): TileConfig(block_m=128, block_n=128, threads=MAIN_THREADS),
+    ("fwd", 192): TileConfig(block_m=128, block_n=64, threads=MAIN_THREADS),
+    ("fwd", 256): TileConfig(block_m=128, block_n=64, threads=MAIN_THREADS),
     ("bwd_main", 64): TileConfig(block_m=128, block_n=128, threads=MAIN_THREADS),
     ("bwd_main", 96): TileConfig(block_m=64, block_n=128, threads=MAIN_THREADS),
     ("bwd_main", 96, "full80"): TileConfig(block_m=80, block_n=128, threads=MAIN_THREADS),
@@ -61,6 +64,8 @@ TILES = {
     ("bwd_main", 128, "full80"): TileConfig(block_m=80, block_n=128, threads=MAIN_THREADS),
 }
 # NOTES: head dim 96 takes head dim 128's tiles: its kernels are the head-dim-128 ones padded (padded_head_dim).
+# Head dims 192 and 256 take 64 keys per forward tile: Q and two K / V stages of 128 keys would need 247 / 329 KB of
+# shared memory (docs/decisions/tile-plans.md "Head dims 192 and 256: the forward").
 AUX_THREADS = K.kAuxThreads
 
 
@@ -150,15 +155,18 @@ class KernelSpec:
         return FWD_PARAMS_DTYPE if self.entry == KERNELS["fwd"][1] else BWD_PARAMS_DTYPE
 
 
-def check_supported(dtype: str, head_dim: int) -> None:
+def check_supported(dtype: str, head_dim: int, backward: bool = True) -> None:
+    """ValueError unless the kernels take ``dtype`` and ``head_dim`` (``backward``: the backward's head dims)."""
     if dtype not in SUPPORTED_DTYPES:
         raise ValueError(f"unsupported dtype {dtype!r}; expected one of {SUPPORTED_DTYPES}")
-    if head_dim not in SUPPORTED_HEAD_DIMS:
-        raise ValueError(f"unsupported head_dim {head_dim!r}; expected one of {SUPPORTED_HEAD_DIMS}")
+    dims = BWD_HEAD_DIMS if backward else SUPPORTED_HEAD_DIMS
+    if head_dim not in dims:
+        raise ValueError(f"unsupported head_dim {head_dim!r}{' for the backward' if backward else ''}; expected "
+                         f"one of {dims}")
 
 
 def fwd_tile(head_dim: int) -> TileConfig:
-    check_supported("bfloat16", head_dim)
+    check_supported("bfloat16", head_dim, backward=False)
     return TILES[("fwd", head_dim)]
 
 
@@ -225,7 +233,7 @@ def _spec(kernel: str, tile: TileConfig, dtype: str, head_dim: int, smem=None, c
 def fwd_spec(dtype: str, head_dim: int, causal: bool) -> KernelSpec:
     """The forward kernel. Packed variable-length sequences and logit soft-capping are the launch's choices
     (kernels_src/params.cuh: cu_seqlens_q set, softcap_prescale != 0): one build serves every combination."""
-    check_supported(dtype, head_dim)
+    check_supported(dtype, head_dim, backward=False)
     return _spec("fwd", fwd_tile(head_dim), dtype, head_dim, DASH_CAUSAL=causal)
 
 
@@ -284,15 +292,19 @@ def expand_spec() -> KernelSpec:
 
 
 def all_specs() -> list:
-    """Every distinct variant the dispatcher can emit (12 fwd, 6 preprocess, 12 main + 12 compact main, 6
+    """Every distinct variant the dispatcher can emit (20 fwd, 6 preprocess, 12 main + 12 compact main, 6
     postprocess, 1 bwd_expand), the soft-capping builds of the per-visit-table main kernel (12), and the 80-query
     tile's (head dims 96 and 128, full and causal: 4 preprocess, 4 postprocess, 16 main). Deterministic and atomic
     backwards share their main kernel, fixed-length and varlen launches every kernel; the forward's cap is a launch
-    parameter, not a build."""
+    parameter, not a build. Head dims 192 and 256: the forward only."""
     specs = []
     seen = set()
     for dtype, head_dim, causal in itertools.product(SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS, (False, True)):
         batch = [fwd_spec(dtype, head_dim, causal)]
+        if head_dim not in BWD_HEAD_DIMS:
+            specs.extend(spec for spec in batch if spec not in seen)
+            seen.update(batch)
+            continue
         batch.extend(bwd_specs(dtype, head_dim, causal))
         batch.append(bwd_specs(dtype, head_dim, causal, compact=True).main)
         batch.append(bwd_specs(dtype, head_dim, causal, softcap=True).main)  # logit soft-capping

@@ -1,6 +1,6 @@
 """GPU tests of the Hopper forward kernel beyond tests/gpu/test_gpu_attention.py's grid of shapes: grouped KV heads
 (GQA / MQA), strided views (q, k, v as slices of one packed qkv buffer), long sequences with many KV tiles per
-CTA, and bitwise repeatability of out and lse. Every comparison is against the float64 reference with FA3's
+CTA, and bitwise repeatability of out and lse; head dims 192 and 256 (the forward only, 64 keys per tile) in each. Every comparison is against the float64 reference with FA3's
 rule (cupy_dash.reference.assert_close_fa3). Skipped without a Hopper GPU.
 """
 from __future__ import annotations
@@ -88,7 +88,9 @@ GQA_SHAPES = [Shape(dt, d, causal, sq, sk, 2, 8, hkv)
                   ("bf16", 128, True, 1000, 1000, 1), ("bf16", 128, False, 777, 1500, 2),
                   ("bf16", 64, True, 1500, 777, 2), ("bf16", 64, False, 513, 513, 8),
                   ("fp16", 128, True, 300, 1000, 4), ("fp16", 64, False, 1000, 300, 1),
-                  ("bf16", 96, True, 1000, 1000, 2), ("fp16", 96, False, 777, 1500, 1)]]
+                  ("bf16", 96, True, 1000, 1000, 2), ("fp16", 96, False, 777, 1500, 1),
+                  ("bf16", 192, True, 1000, 1000, 2), ("fp16", 192, False, 777, 1500, 4),
+                  ("bf16", 256, False, 1000, 300, 1), ("fp16", 256, True, 300, 1000, 2)]]
 
 
 @pytest.mark.parametrize("shape", GQA_SHAPES, ids=lambda s: s.id)
@@ -99,7 +101,7 @@ def test_forward_grouped_kv_heads(shape):
     _check(shape, q, k, v, out, lse)
 
 
-@pytest.mark.parametrize("hdim", [64, 96, 128])
+@pytest.mark.parametrize("hdim", [64, 96, 128, 192, 256])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_forward_strided_packed_qkv(hdim, causal):
     """q, k, v as views into one (B, S, 3, H, D) buffer: row stride 3 H D, head stride D, read in place by TMA."""
@@ -116,7 +118,9 @@ def test_forward_strided_packed_qkv(hdim, causal):
 @pytest.mark.parametrize("shape", [Shape("bf16", 128, True, 4096, 4096, 1, 2, 2),
                                    Shape("bf16", 64, False, 3000, 5000, 1, 2, 1),
                                    Shape("bf16", 128, False, 4097, 4097, 1, 1, 1),
-                                   Shape("bf16", 96, True, 4097, 4097, 1, 2, 1)], ids=lambda s: s.id)
+                                   Shape("bf16", 96, True, 4097, 4097, 1, 2, 1),
+                                   Shape("bf16", 192, False, 4097, 3001, 1, 1, 1),
+                                   Shape("fp16", 256, True, 4096, 4096, 1, 2, 1)], ids=lambda s: s.id)
 def test_forward_long_sequences(shape):
     """Many KV tiles per CTA (32-40): the K / V stage rings wrap many times and the online softmax rescales
     across them."""
@@ -127,7 +131,7 @@ def test_forward_long_sequences(shape):
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("hdim", [64, 96, 128])
+@pytest.mark.parametrize("hdim", [64, 96, 128, 192, 256])
 def test_forward_bitwise_repeatable(hdim, causal):
     shape = Shape("bf16", hdim, causal, 2048, 2048, 2, 8, 8)
     q, k, v = (_dev(x) for x in _inputs(shape))
@@ -152,7 +156,9 @@ WINDOW_CASES = [(Shape("bf16", 128, False, 1000, 1000, 2, 4, 4), (100, 50)),
                 (Shape("bf16", 64, True, 2048, 2048, 1, 2, 2), (511, -1)),
                 (Shape("bf16", 128, False, 1000, 300, 1, 2, 2), (10, 5)),
                 (Shape("bf16", 96, False, 1000, 1000, 2, 4, 2), (100, 50)),
-                (Shape("bf16", 96, True, 777, 1500, 1, 2, 2), (257, -1))]
+                (Shape("bf16", 96, True, 777, 1500, 1, 2, 2), (257, -1)),
+                (Shape("bf16", 192, False, 1000, 1000, 2, 4, 2), (100, 50)),
+                (Shape("bf16", 256, True, 777, 1500, 1, 2, 2), (257, -1))]
 
 
 @pytest.mark.parametrize("shape,window", WINDOW_CASES, ids=lambda x: x.id if isinstance(x, Shape) else
@@ -173,3 +179,13 @@ def test_forward_unbounded_window_is_bitwise_the_plain_forward():
     for x, y in ((a, b), (a, c)):
         assert bool((x[0].view(cupy.int16) == y[0].view(cupy.int16)).all())
         assert bool((x[1].view(cupy.int32) == y[1].view(cupy.int32)).all())
+
+
+@pytest.mark.parametrize("hdim", [192, 256])
+def test_backward_refuses_the_forward_only_head_dims(hdim):
+    """Head dims 192 and 256 have no backward yet: it raises before anything is launched, naming the head dims."""
+    shape = Shape("bf16", hdim, True, 200, 200, 1, 2, 2)
+    q, k, v = (_dev(x) for x in _inputs(shape))
+    out, lse = cupy_dash.attention_forward(q, k, v, causal=True)
+    with pytest.raises(NotImplementedError, match="by the backward"):
+        cupy_dash.attention_backward(out, q, k, v, out, lse, causal=True)

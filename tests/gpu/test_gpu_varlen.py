@@ -17,7 +17,7 @@ pytestmark = pytest.mark.gpu
 
 @pytest.mark.parametrize("window", [(-1, -1), (100, 50)], ids=["nowindow", "window"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("hdim", [64, 96, 128])
+@pytest.mark.parametrize("hdim", [64, 96, 128, 192, 256])
 @pytest.mark.parametrize("lengths", list(LENGTHS), ids=str)
 def test_varlen_equals_each_sequence_alone(lengths, hdim, causal, window):
     lq, lk = LENGTHS[lengths]

@@ -73,10 +73,14 @@ SPEC = kernels.bwd_specs("bfloat16", 64, causal=True).main
 def test_all_specs_cover_every_combination():
     specs = kernels.all_specs()
     labels = [s.label for s in specs]
-    assert len(set(labels)) == len(labels) == len(set(specs)) == 12 + 6 + 24 + 6 + 1 + 12 + 24
+    assert len(set(labels)) == len(labels) == len(set(specs)) == 20 + 6 + 24 + 6 + 1 + 12 + 24
     expected = {kernels.expand_spec()}
     for dtype, d, causal in itertools.product(kernels.SUPPORTED_DTYPES, kernels.SUPPORTED_HEAD_DIMS, (0, 1)):
         expected.add(kernels.fwd_spec(dtype, d, bool(causal)))
+        if d not in kernels.BWD_HEAD_DIMS:          # head dims 192 and 256: the forward only
+            with pytest.raises(ValueError, match="for the backward"):
+                kernels.bwd_specs(dtype, d, bool(causal))
+            continue
         expected.update(kernels.bwd_specs(dtype, d, bool(causal)))
         expected.add(kernels.bwd_specs(dtype, d, bool(causal), compact=True).main)
         expected.add(kernels.bwd_specs(dtype, d, bool(causal), softcap=True).main)
@@ -85,7 +89,7 @@ def test_all_specs_cover_every_combination():
                                               seqlen_q=kernels.CAUSAL80_MIN_SEQLEN))
     assert expected == set(specs)
     by_kernel = {name: [s for s in specs if s.kernel == name] for name in kernels.KERNEL_NAMES}
-    assert {k: len(v) for k, v in by_kernel.items()} == {"fwd": 12, "bwd_preprocess": 10, "bwd_main": 52,
+    assert {k: len(v) for k, v in by_kernel.items()} == {"fwd": 20, "bwd_preprocess": 10, "bwd_main": 52,
                                                          "bwd_postprocess": 10, "bwd_expand": 1}
     assert kernels.expand_spec().label == "bwd_expand[bf16,d64,compact]"
     for s in specs:
@@ -414,12 +418,13 @@ def test_launch_checks_its_parameter_block_before_loading_anything():
 
 @pytest.mark.parametrize("head_dim", [192, 256])
 def test_forward_compiles_without_spills_at_head_dims_192_and_256(head_dim, tmp_path, monkeypatch):
-    """Groundwork for head dims 192 and 256 (not offered yet: kernels.SUPPORTED_HEAD_DIMS): the forward with a
-    128 x 64 tile (128 x 128 would need 247 / 329 KB of shared memory, docs/decisions/tile-plans.md) compiles for
-    sm_90a without spills, O += P V in chunks of the wgmma wrappers' N."""
+    """Head dims 192 and 256 (the forward only: kernels.BWD_HEAD_DIMS): the forward's 128 x 64 tile (128 x 128
+    would need 247 / 329 KB of shared memory, docs/decisions/tile-plans.md) compiles for sm_90a without spills,
+    O += P V in chunks of the wgmma wrappers' N."""
     monkeypatch.setenv("CUPY_DASH_CACHE_DIR", str(tmp_path))
-    tile = kernels.TileConfig(128, 64, kernels.MAIN_THREADS)
-    assert kernels._fwd_smem(tile, head_dim) <= 227 * 1024
+    assert kernels.fwd_tile(head_dim) == kernels.TileConfig(128, 64, kernels.MAIN_THREADS)
     for causal in (False, True):
-        built = jit.compile_spec(kernels._spec("fwd", tile, "bfloat16", head_dim, DASH_CAUSAL=causal))
+        spec = kernels.fwd_spec("bfloat16", head_dim, causal)
+        assert spec.smem_bytes == kernels._fwd_smem(kernels.fwd_tile(head_dim), head_dim) <= 227 * 1024
+        built = jit.compile_spec(spec)
         assert (built.spill_stores, built.spill_loads, built.stack_frame) == (0, 0, 0)

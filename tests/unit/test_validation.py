@@ -107,11 +107,21 @@ def test_lse_shape_mismatch():
 # --------------------------------------------------------------------------------------------------------------
 # head dim, heads, sizes
 # --------------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("D", [80, 160, 32, 256])
+@pytest.mark.parametrize("D", [80, 160, 32, 512])
 def test_head_dim_not_supported(D):
     t = make(D=D)
-    raises(NotImplementedError, lambda: fwd(t), "q:", "head dim", "64", "96", "128", str(D))
+    raises(NotImplementedError, lambda: fwd(t), "q:", "head dim", "64", "96", "128", "192", "256", str(D))
     raises(NotImplementedError, lambda: bwd(t), "q:", "head dim", "64", "96", "128")
+
+
+@pytest.mark.parametrize("D", [192, 256])
+def test_head_dims_of_the_forward_only(D):
+    """Head dims 192 and 256 pass the forward's checks (the CPU tensors then fail the device check) and the
+    backward refuses them, naming its head dims and the forward's."""
+    t = make(D=D)
+    raises(ValueError, lambda: fwd(t), "q:", "CUDA device")
+    raises(NotImplementedError, lambda: bwd(t), "q:", f"D={D}", "by the backward", "64, 96, 128",
+           "the forward also takes 192, 256")
 
 
 def test_heads_not_divisible():
