@@ -1,12 +1,14 @@
-"""Forward tile sweep on the GPU: KV tile rows (BLOCK_N 64 / 128 / 176) x K/V stages (2 / 3) for each head dim and
-mask, timed with CUDA events on the benchmark's shapes (16k tokens, H*D = 2048, bf16). Each variant's output is
+"""Forward tile sweep on the GPU: KV tile rows (BLOCK_N 64 / 80 / 112 / 128 / 176) x K/V stages (2 / 3) for each head
+dim and mask, timed with CUDA events on the benchmark's shapes (16k tokens, H*D = 2048, bf16). Each variant's output is
 first compared with the shipped variant's (same inputs) so that a broken variant cannot win.
 
     python benchmarks/fwd_tiles.py [--seqlens 1024 4096 16384] [--repeats 30] [--block-n 128 64] [--stages 2 3]
                                    [--hdims 64 128] [--masks full causal] [--tokens 16384]
 
 FA3's full-mask head-dim-128 tile (128 x 176, two stages) beside ours, on the engine issue's full-mask shapes:
-``--hdims 128 --masks full --block-n 128 176 --stages 2 --seqlens 1280 3840 15360 --tokens 15360``.
+``--hdims 128 --masks full --block-n 128 176 --stages 2 --seqlens 1280 3840 15360 --tokens 15360``. FA3's head-dim
+256 and 192 tiles (128 x 80, 128 x 112) beside ours (128 x 64): ``--hdims 256 --block-n 64 80 --stages 2`` and
+``--hdims 192 --hidden 1536 --block-n 64 112 --stages 2``.
 """
 from __future__ import annotations
 
@@ -47,13 +49,14 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seqlens", type=int, nargs="+", default=[1024, 4096, 16384])
     ap.add_argument("--repeats", type=int, default=30)
-    ap.add_argument("--block-n", type=int, nargs="+", default=[128, 64], choices=[64, 128, 176])
+    ap.add_argument("--block-n", type=int, nargs="+", default=[128, 64], choices=[64, 80, 112, 128, 176])
     ap.add_argument("--stages", type=int, nargs="+", default=[2, 3])
     ap.add_argument("--hdims", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--masks", nargs="+", default=["full", "causal"], choices=["full", "causal"])
     ap.add_argument("--tokens", type=int, default=16384)
+    ap.add_argument("--hidden", type=int, default=2048, help="H * D (head dim 192: e.g. 1536 or 3072)")
     args = ap.parse_args()
-    tokens, hidden = args.tokens, 2048
+    tokens, hidden = args.tokens, args.hidden
     n = tokens * hidden
     q, k, v = (random_tensor((n,), "bf16", seed=s) for s in (0, 1, 2))
     print("| hdim | mask | S | BLOCK_N | stages | ms | TFLOP/s | max abs diff vs shipped |")

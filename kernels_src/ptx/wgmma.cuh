@@ -1,7 +1,8 @@
 // PTX ISA "Asynchronous Warpgroup Level Matrix Multiply-Accumulate: wgmma" — wgmma.fence / commit_group /
 // wait_group, the shared-memory matrix descriptor (128B swizzle), and wgmma.mma_async m64nNk16 with fp32
 // accumulators, A from shared memory (SS) or from registers (RS), for N = 64 and 128 (SS also 80: the backward's
-// 80-query tile, 176: the forward's 176-key tile, and 32 and 96: the head-dim-96 probe,
+// 80-query tile and the head-dim-256 forward's 80-key tile, 112: the head-dim-192 forward's 112-key tile, 176: the
+// forward's 176-key tile, and 32 and 96: the head-dim-96 probe,
 // tests/gpu/kernels/wgmma_n96.cu; RS also 96: O, dV and dK at head dim 96).
 #pragma once
 #include "../common.cuh"
@@ -55,10 +56,12 @@ DASH_DEVICE uint64_t wgmma_desc_sw128(uint32_t smem_addr, uint32_t lbo_bytes, ui
 #define DASH_ACC16(d) DASH_ACC8(d, 0), DASH_ACC8(d, 8)
 #define DASH_ACC40(d) DASH_ACC32(d), DASH_ACC8(d, 32)
 #define DASH_ACC48(d) DASH_ACC40(d), DASH_ACC8(d, 40)
+#define DASH_ACC56(d) DASH_ACC48(d), DASH_ACC8(d, 48)
 #define DASH_ACC88(d) DASH_ACC64(d), DASH_ACC8(d, 64), DASH_ACC8(d, 72), DASH_ACC8(d, 80)
 #define DASH_REGS16 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
 #define DASH_REGS40 DASH_REGS32 ", %32, %33, %34, %35, %36, %37, %38, %39"
 #define DASH_REGS48 DASH_REGS40 ", %40, %41, %42, %43, %44, %45, %46, %47"
+#define DASH_REGS56 DASH_REGS48 ", %48, %49, %50, %51, %52, %53, %54, %55"
 #define DASH_REGS32 \
   "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, " \
   "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
@@ -85,8 +88,8 @@ DASH_DEVICE uint64_t wgmma_desc_sw128(uint32_t smem_addr, uint32_t lbo_bytes, ui
 // from shared memory. kTransA / kTransB: 0 = K-major, 1 = M/N-major.
 template <int kN, int kTransA, int kTransB>
 DASH_DEVICE void wgmma_ss(float (&d)[kN / 2], uint64_t a_desc, uint64_t b_desc, int accumulate) {
-  static_assert(kN == 32 || kN == 64 || kN == 80 || kN == 96 || kN == 128 || kN == 176,
-                "wgmma_ss: N = 32, 64, 80, 96, 128 or 176");
+  static_assert(kN == 32 || kN == 64 || kN == 80 || kN == 96 || kN == 112 || kN == 128 || kN == 176,
+                "wgmma_ss: N = 32, 64, 80, 96, 112, 128 or 176");
   if constexpr (kN == 32) {
     DASH_WGMMA_SS("m64n32k16", DASH_REGS16, DASH_ACC16(d), "%16, %17", "%18", "%19, %20");
   } else if constexpr (kN == 64) {
@@ -95,6 +98,8 @@ DASH_DEVICE void wgmma_ss(float (&d)[kN / 2], uint64_t a_desc, uint64_t b_desc, 
     DASH_WGMMA_SS("m64n80k16", DASH_REGS40, DASH_ACC40(d), "%40, %41", "%42", "%43, %44");
   } else if constexpr (kN == 96) {
     DASH_WGMMA_SS("m64n96k16", DASH_REGS48, DASH_ACC48(d), "%48, %49", "%50", "%51, %52");
+  } else if constexpr (kN == 112) {
+    DASH_WGMMA_SS("m64n112k16", DASH_REGS56, DASH_ACC56(d), "%56, %57", "%58", "%59, %60");
   } else if constexpr (kN == 128) {
     DASH_WGMMA_SS("m64n128k16", DASH_REGS64, DASH_ACC64(d), "%64, %65", "%66", "%67, %68");
   } else {
