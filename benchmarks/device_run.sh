@@ -4,7 +4,7 @@
 #                                  fold|fold_bench|varlen_events|sanitize|ncu|engine|engine_bench|
 #                                  dq_writers|multi_gpu|first|first2|fa3_bench|fa3_full|final|tile80|d96|tests2|
 #                                  loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|suite|legs_ab|
-#                                  short_modes|all]
+#                                  short_modes|heads|all]
 #                                  [extra pytest args...]
 # "engine": the backward kernel's GPU tests (every family: MHA, GQA, compact, varlen, fold, window, portable);
 # "engine_bench": the backward at the issue's shapes, this tree against the kernels in every carried .ab*/kernels_src
@@ -247,9 +247,26 @@ if [ "$stage" = legs_ab ]; then   # one patch ($AB_PATCH) against this tree, ben
   done
   (cd /tmp/la && tar czf "$OUT/legs_ab.tgz" *)
 fi
+if [ "$stage" = heads ]; then   # head dims 192 / 256: the forward's GPU tests and the head-dim-256 backward's visit
+  mkdir -p /tmp/hd                # unit kernel, the forward beside torch's FA2, FA3's forward tiles against ours
+  timeout -s INT -k 15 ${TEST_LIMIT:-200} $py -m pytest tests/gpu/test_gpu_forward.py tests/gpu/test_gpu_varlen.py \
+    tests/gpu/test_gpu_softcap.py tests/gpu/test_gpu_bwd256_visit.py -q -rf -n 8 -p no:cacheprovider \
+    -k "192 or 256" "$@" 2>&1 | tee "$OUT/heads_tests.log" | tail -5
+  for hd in 256 192; do
+    hidden=$([ $hd = 192 ] && echo 1536 || echo 2048)
+    timeout 150 $py benchmarks/bench.py --fwd-only --hdims $hd --hidden $hidden --seqlens 1024 4096 16384 --no-fa3 \
+      --no-overhead --no-compile --out /tmp/hd/fwd_d$hd.json 2>&1 | grep -E "^\| (cupy_dash|torch)" | sed "s/^/d$hd /"
+  done
+  for n in 1 2; do
+    timeout 100 $py benchmarks/fwd_tiles.py --hdims 256 --block-n 64 80 --stages 2 >/tmp/hd/tiles256_$n.md 2>&1
+    timeout 100 $py benchmarks/fwd_tiles.py --hdims 192 --hidden 1536 --block-n 64 112 --stages 2 \
+      >/tmp/hd/tiles192_$n.md 2>&1
+  done
+  tail -n 12 /tmp/hd/tiles*.md; (cd /tmp/hd && tar czf "$OUT/heads.tgz" *)
+fi
 if [ "$stage" = short_modes ]; then   # a short shape's deterministic spread (full 1280 by default; SHORT_ARGS: other
   mkdir -p /tmp/sm                        # timing_modes.py shape arguments): five processes each of the deterministic
-  for n in 1 2 3 4 5; do                  # and the atomic backward, alternating, each with 1 s steady loops
+  for n in $(seq ${SHORT_N:-5}); do       # and the atomic backward, alternating, each with 1 s steady loops
     for mode in det atomic; do
       extra=(); [ $mode = atomic ] && extra=(--atomic)
       timeout 60 $py benchmarks/timing_modes.py ${SHORT_ARGS:---seqlen 1280 --tokens 15360} --variants sets1 keep \
