@@ -4,7 +4,7 @@
 #                                  fold|fold_bench|varlen_events|sanitize|ncu|engine|engine_bench|
 #                                  dq_writers|multi_gpu|first|first2|fa3_bench|fa3_full|final|tile80|d96|tests2|
 #                                  loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|suite|legs_ab|
-#                                  short_modes|heads|all]
+#                                  short_modes|heads|steady|all]
 #                                  [extra pytest args...]
 # "engine": the backward kernel's GPU tests (every family: MHA, GQA, compact, varlen, fold, window, portable);
 # "engine_bench": the backward at the issue's shapes, this tree against the kernels in every carried .ab*/kernels_src
@@ -30,7 +30,7 @@ if [ -n "${FA3_WHL:-}" ]; then
   $py -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >"$OUT/fa3_install.log" 2>&1 && export PYTHONPATH=/tmp/site
 fi
 case "$stage" in   # these stages compile only the kernels they run, on first use
-  ncu|engine_bench|dq_writers|first|first2|fa3_bench|fa3_full|final|tile80|d96|loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|legs_ab|short_modes) ;;
+  ncu|engine_bench|dq_writers|first|first2|fa3_bench|fa3_full|final|tile80|d96|loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|legs_ab|short_modes|steady) ;;
   *) $py -m cupy_dash compile --all -j 16 >/tmp/compile.log 2>&1 || { tail -20 /tmp/compile.log; exit 1; }
      tail -1 /tmp/compile.log ;;
 esac
@@ -263,6 +263,10 @@ if [ "$stage" = heads ]; then   # head dims 192 / 256: the forward's GPU tests a
       >/tmp/hd/tiles192_$n.md 2>&1
   done
   tail -n 12 /tmp/hd/tiles*.md; (cd /tmp/hd && tar czf "$OUT/heads.tgz" *)
+fi
+if [ "$stage" = steady ]; then   # the backward beside FA3's at a steady clock, interleaved loops (FA3_WHL=1)
+  timeout ${STEADY_LIMIT:-300} $py benchmarks/steady_bench.py ${STEADY_ARGS:-} --json "$OUT/steady.json" \
+    --md "$OUT/steady.md" 2>&1 | tail -8
 fi
 if [ "$stage" = short_modes ]; then   # a short shape's deterministic spread (full 1280 by default; SHORT_ARGS: other
   mkdir -p /tmp/sm                        # timing_modes.py shape arguments): five processes each of the deterministic

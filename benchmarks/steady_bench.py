@@ -1,0 +1,269 @@
+"""The backward beside FlashAttention-3's at a steady clock: one process, the same inputs, interleaved loops.
+
+bench.py times each implementation once, right after its own warm-up: on the H200 the SM clock then depends on
+what ran just before (the power limit takes it from 1980 to ~1700-1850 MHz within ~0.1 s of load, and how far
+depends on the kernel's power; timing_modes.py, docs/decisions/bwd-engine.md "The clock under load"). Here each
+shape runs ``--rounds`` rounds; every round times each implementation for ``--loop-s`` seconds of back-to-back
+calls (two in flight, so the queue never drains and host time is hidden), in an order rotated by one every
+round, so that none always follows the same neighbour. Per loop: ms per call (wall time between two completed
+calls), the SM clock and power (nvidia-smi, 20 ms samples over the loop) and their product, Mcycles per call.
+
+Implementations: ``dash_det`` (cupy_dash deterministic, ``schedule="auto"``), ``dash_atomic``, and with the
+flash-attn3-jax wheel importable ``fa3_nondet`` and ``fa3_det`` (bench_peers.Fa3Peer, on our forward's out / lse).
+Before timing, FA3's dq, dk, dv are compared with ours (max |diff| over max |ours| per tensor; a peer above
+``--tolerance`` is marked invalid and left out of the ratios), and each deterministic implementation is run twice
+on the same inputs and its bits compared.
+
+    python benchmarks/steady_bench.py --shapes full:1280 full:3840 full:15360 causal:2048 causal:8192 \\
+        causal:16384 --rounds 5 --loop-s 1 --json steady.json --md steady.md
+
+Shapes ``mask:S`` (bf16, B = tokens // S with ``--tokens`` 15360 for full masks and 16384 for causal ones, as the
+engine issue's table; ``mask:S:tokens`` overrides), H = ``--hidden`` // ``--hdim``.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def parse_shape(spec, hidden, hdim):
+    mask, S, *rest = spec.split(":")
+    S = int(S)
+    tokens = int(rest[0]) if rest else (15360 if mask == "full" else 16384)
+    return dict(name=spec, causal=mask == "causal", batch=tokens // S, seqlen=S, heads=hidden // hdim, hdim=hdim)
+
+
+def pipelined_loop(call, done, loop_s, warm_s=0.2):
+    """Back-to-back calls for ``warm_s`` then ``loop_s`` seconds, at most two in flight: ``call()`` enqueues one
+    and returns a handle, ``done(handle)`` waits for it. Returns (ms per call over the timed part, its calls,
+    wall start, wall end) with the timed part between two completed calls."""
+    handles = [call(), call()]
+    t0 = time.perf_counter()
+    start = None
+    n = 0
+    while True:
+        done(handles.pop(0))
+        now = time.perf_counter()
+        if start is None and now - t0 >= warm_s:
+            start, wall0 = now, _dt.datetime.now()
+        elif start is not None:
+            n += 1
+            if now - start >= loop_s:
+                done(handles.pop(0))
+                return (now - start) / n * 1e3, n, wall0, _dt.datetime.now()
+        handles.append(call())
+
+
+class Smi:
+    """nvidia-smi's SM clock and power, sampled every 20 ms in the background."""
+
+    def __init__(self):
+        self.trace = tempfile.NamedTemporaryFile("w+", suffix=".csv", delete=False)
+        self.proc = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw",
+                                      "--format=csv,noheader", "-lms", "20"], stdout=self.trace,
+                                     stderr=subprocess.DEVNULL)
+
+    def window(self, wall0, wall1):
+        """(median MHz, median W, samples) between two datetimes."""
+        self.trace.flush()
+        clocks, watts = [], []
+        with open(self.trace.name) as f:
+            for line in f.read().splitlines():
+                parts = [x.strip() for x in line.split(",")]
+                if len(parts) < 3:
+                    continue
+                try:
+                    when = _dt.datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f")
+                    mhz, watt = float(parts[1].split()[0]), float(parts[2].split()[0])
+                except ValueError:
+                    continue
+                if wall0 <= when <= wall1:
+                    clocks.append(mhz)
+                    watts.append(watt)
+        med = statistics.median
+        return (med(clocks) if clocks else None, med(watts) if watts else None, len(clocks))
+
+    def close(self):
+        self.proc.terminate()
+        self.proc.wait()
+
+
+def implementations(shape, fa3):
+    """{name: (call, done, result)} on one seeded input set; ``result()`` returns (dq, dk, dv) as CuPy arrays."""
+    import cupy
+
+    import cupy_dash
+    from cupy_dash.cli.measure import random_tensor
+    B, S, H, D = shape["batch"], shape["seqlen"], shape["heads"], shape["hdim"]
+    t = {n: random_tensor((B, S, H, D), "bf16", seed=j) for j, n in enumerate(("q", "k", "v", "do"))}
+    t["out"], t["lse"] = cupy_dash.attention_forward(t["q"], t["k"], t["v"], causal=shape["causal"])
+    operands = tuple(t[n] for n in ("do", "q", "k", "v", "out", "lse"))
+    impls = {}
+    for det, name in ((True, "dash_det"), (False, "dash_atomic")):
+        def call(det=det):
+            cupy_dash.attention_backward(*operands, causal=shape["causal"], schedule="auto", deterministic=det)
+            ev = cupy.cuda.Event(disable_timing=True)
+            ev.record()
+            return ev
+
+        def result(det=det):
+            return cupy_dash.attention_backward(*operands, causal=shape["causal"], schedule="auto",
+                                                deterministic=det)
+        impls[name] = (call, lambda ev: ev.synchronize(), result)
+    if fa3 is not None:
+        jax = fa3.jax
+        cupy.cuda.Device().synchronize()
+        jargs = tuple(jax.dlpack.from_dlpack(x) for x in operands)
+        for det, name in ((False, "fa3_nondet"), (True, "fa3_det")):
+            fn = fa3._bwd_fn(shape["causal"], det)
+
+            def result(fn=fn):
+                return tuple(cupy.from_dlpack(x) for x in jax.block_until_ready(fn(*jargs)))
+            impls[name] = (lambda fn=fn: fn(*jargs), jax.block_until_ready, result)
+    return impls
+
+
+def agreement(ours, theirs):
+    """max |theirs - ours| / max |ours| over dq, dk, dv (the worst of the three)."""
+    import cupy
+    worst = 0.0
+    for a, b in zip(ours, theirs):
+        a, b = a.astype(cupy.float32), b.astype(cupy.float32)
+        worst = max(worst, float(cupy.abs(b - a).max()) / max(float(cupy.abs(a).max()), 1e-30))
+    return worst
+
+
+def run_shape(shape, opts, fa3, smi):
+    from bench_peers import same_bits
+    from cupy_dash.cli.measure import attention_flops
+    impls = implementations(shape, fa3)
+    flops = attention_flops(shape["batch"], shape["heads"], shape["seqlen"], shape["seqlen"], shape["hdim"],
+                            shape["causal"], "bwd")
+    ref = impls["dash_det"][2]()
+    checks = {}
+    for name, (_, _, result) in impls.items():
+        first = result()
+        entry = dict(rel_diff_vs_dash_det=agreement(ref, first))
+        if name.endswith("det"):
+            entry["repeats_bits"] = same_bits(first, result())
+        entry["valid"] = entry["rel_diff_vs_dash_det"] <= opts.tolerance
+        checks[name] = entry
+    names = list(impls)
+    loops = {n: [] for n in names}
+    for r in range(opts.rounds):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for name in order:
+            call, done, _ = impls[name]
+            ms, n, wall0, wall1 = pipelined_loop(call, done, opts.loop_s)
+            mhz, watt, samples = smi.window(wall0, wall1)
+            loops[name].append(dict(round=r, position=order.index(name), ms=ms, calls=n, sm_mhz=mhz, power_w=watt,
+                                    smi_samples=samples, mcycles=ms * mhz / 1e3 if mhz else None))
+    med = statistics.median
+    summary = {}
+    for name in names:
+        ms = [x["ms"] for x in loops[name]]
+        cyc = [x["mcycles"] for x in loops[name] if x["mcycles"] is not None]
+        summary[name] = dict(ms_median=med(ms), ms_min=min(ms), ms_max=max(ms), tflops=flops / med(ms) / 1e9,
+                             sm_mhz_median=med([x["sm_mhz"] for x in loops[name] if x["sm_mhz"]] or [0]),
+                             power_w_median=med([x["power_w"] for x in loops[name] if x["power_w"]] or [0]),
+                             mcycles_median=med(cyc) if cyc else None, **checks[name])
+    ratios = {}
+    for peer in ("fa3_nondet", "fa3_det", "dash_atomic"):
+        if peer in loops and checks[peer]["valid"]:
+            per_round = [p["ms"] / d["ms"] for p, d in zip(loops[peer], loops["dash_det"])]
+            ratios[f"dash_det_speed_vs_{peer}"] = dict(median=med(per_round), min=min(per_round),
+                                                      max=max(per_round))
+    return dict(shape=shape, flops=flops, loops=loops, summary=summary, ratios=ratios)
+
+
+def markdown(report):
+    lines = [f"# Backward at a steady clock, interleaved loops ({report['meta']['date']})", "",
+             f"Command: `{report['meta']['command']}`", "",
+             f"GPU {report['meta'].get('gpu', '?')}; commit {report['meta']['commit']}; kernels sha256 "
+             f"{report['meta']['kernels_sha256'][:12]}. TFLOP/s from the median ms per call of "
+             f"{report['meta']['rounds']} loops of {report['meta']['loop_s']} s (order rotated every round); "
+             "the ratio is the median over rounds of FA3's ms over ours in the same round.", "",
+             "| shape | impl | TFLOP/s | ms (min-max) | MHz | W | Mcycles | rel diff | bits repeat |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for s in report["shapes"]:
+        for name, x in s["summary"].items():
+            cyc = f"{x['mcycles_median']:.2f}" if x["mcycles_median"] else "-"
+            valid = "" if x["valid"] else " (invalid)"
+            lines.append(f"| {s['shape']['name']} | {name}{valid} | {x['tflops']:.0f} | {x['ms_median']:.3f} "
+                         f"({x['ms_min']:.3f}-{x['ms_max']:.3f}) | {x['sm_mhz_median']:.0f} | "
+                         f"{x['power_w_median']:.0f} | {cyc} | {x['rel_diff_vs_dash_det']:.1e} | "
+                         f"{x.get('repeats_bits', '-')} |")
+    lines += ["", "| shape | ours det / FA3 non-det | ours det / FA3 det | ours det / ours atomic |",
+              "|---|---|---|---|"]
+    for s in report["shapes"]:
+        cells = []
+        for peer in ("fa3_nondet", "fa3_det", "dash_atomic"):
+            r = s["ratios"].get(f"dash_det_speed_vs_{peer}")
+            cells.append(f"{r['median']:.2f} ({r['min']:.2f}-{r['max']:.2f})" if r else "-")
+        lines.append(f"| {s['shape']['name']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _text(name):
+    return name.decode() if isinstance(name, bytes) else str(name)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shapes", nargs="+", default=["full:1280", "full:3840", "full:15360", "causal:2048",
+                                                     "causal:8192", "causal:16384"])
+    ap.add_argument("--hdim", type=int, default=128)
+    ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--loop-s", type=float, default=1.0)
+    ap.add_argument("--tolerance", type=float, default=2e-2, help="max |FA3 - ours| / max |ours| (default 2e-2)")
+    ap.add_argument("--no-fa3", action="store_true")
+    ap.add_argument("--json", required=True)
+    ap.add_argument("--md", default=None)
+    opts = ap.parse_args()
+
+    import cupy
+    from bench import _kernels_digest
+    fa3 = None
+    if not opts.no_fa3:
+        try:
+            from bench_peers import Fa3Peer
+            fa3 = Fa3Peer()
+        except ImportError as exc:
+            print(f"FA3 left out: {exc}", file=sys.stderr)
+    props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
+    commit = os.environ.get("CUPY_DASH_COMMIT") or subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip() or None
+    report = dict(meta=dict(date=_dt.datetime.now().isoformat(timespec="seconds"),
+                            command=" ".join(shlex.quote(a) for a in ["python", *sys.argv]), commit=commit,
+                            kernels_sha256=_kernels_digest(), gpu=_text(props["name"]), rounds=opts.rounds,
+                            loop_s=opts.loop_s, fa3=getattr(fa3, "version", None)), shapes=[])
+    smi = Smi()
+    try:
+        for spec in opts.shapes:
+            shape = parse_shape(spec, opts.hidden, opts.hdim)
+            report["shapes"].append(run_shape(shape, opts, fa3, smi))
+            s = report["shapes"][-1]
+            print(spec, {n: round(x["tflops"]) for n, x in s["summary"].items()},
+                  {k: round(v["median"], 3) for k, v in s["ratios"].items()}, flush=True)
+            with open(opts.json, "w") as f:
+                json.dump(report, f, indent=1)
+    finally:
+        smi.close()
+    if opts.md:
+        with open(opts.md, "w") as f:
+            f.write(markdown(report))
+
+
+if __name__ == "__main__":
+    main()

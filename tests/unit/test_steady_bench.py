@@ -1,0 +1,55 @@
+"""benchmarks/steady_bench.py's host side: shapes, the pipelined loop's count and timing, the report's ratios and
+table from synthetic loops. No GPU needed."""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+if str(BENCHMARKS) not in sys.path:
+    sys.path.insert(0, str(BENCHMARKS))
+
+import steady_bench as sb  # noqa: E402
+
+
+@pytest.mark.parametrize("spec, batch, causal", [("full:1280", 12, False), ("causal:2048", 8, True),
+                                                 ("full:4096:16384", 4, False)])
+def test_shapes_take_the_engine_tables_token_counts(spec, batch, causal):
+    shape = sb.parse_shape(spec, 2048, 128)
+    assert (shape["batch"], shape["causal"], shape["heads"]) == (batch, causal, 16)
+
+
+def test_pipelined_loop_keeps_two_calls_in_flight_and_times_completed_ones():
+    in_flight, peak, issued = [], [0], [0]
+
+    def call():
+        issued[0] += 1
+        in_flight.append(time.perf_counter())
+        peak[0] = max(peak[0], len(in_flight))
+        return issued[0]
+
+    def done(handle):
+        in_flight.pop(0)
+        time.sleep(0.002)
+
+    ms, n, wall0, wall1 = sb.pipelined_loop(call, done, loop_s=0.05, warm_s=0.01)
+    assert peak[0] == 2 and not in_flight
+    assert n >= 10 and 1.5 <= ms <= 10
+    assert wall1 > wall0
+
+
+def test_markdown_names_every_implementation_and_the_ratio():
+    summary = {name: dict(ms_median=ms, ms_min=ms, ms_max=ms, tflops=100 / ms, sm_mhz_median=1800.0,
+                          power_w_median=600.0, mcycles_median=ms * 1.8, rel_diff_vs_dash_det=1e-3, valid=True,
+                          repeats_bits=True)
+               for name, ms in (("dash_det", 0.9), ("fa3_nondet", 0.99))}
+    report = dict(meta=dict(date="d", command="c", commit="abc", kernels_sha256="0" * 64, gpu="H200", rounds=3,
+                            loop_s=1.0),
+                  shapes=[dict(shape=dict(name="full:1280"), summary=summary,
+                               ratios={"dash_det_speed_vs_fa3_nondet": dict(median=1.1, min=1.05, max=1.12)})])
+    text = sb.markdown(report)
+    assert "| full:1280 | dash_det | 111 |" in text
+    assert "| full:1280 | 1.10 (1.05-1.12) | - | - |" in text
