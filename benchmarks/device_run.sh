@@ -4,7 +4,7 @@
 #                                  fold|fold_bench|varlen_events|sanitize|ncu|engine|engine_bench|
 #                                  dq_writers|multi_gpu|first|first2|fa3_bench|fa3_full|final|tile80|d96|tests2|
 #                                  loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|suite|legs_ab|
-#                                  short_modes|heads|steady|all]
+#                                  short_modes|heads|steady|steady_ab|all]
 #                                  [extra pytest args...]
 # "engine": the backward kernel's GPU tests (every family: MHA, GQA, compact, varlen, fold, window, portable);
 # "engine_bench": the backward at the issue's shapes, this tree against the kernels in every carried .ab*/kernels_src
@@ -30,7 +30,7 @@ if [ -n "${FA3_WHL:-}" ]; then
   $py -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >"$OUT/fa3_install.log" 2>&1 && export PYTHONPATH=/tmp/site
 fi
 case "$stage" in   # these stages compile only the kernels they run, on first use
-  ncu|engine_bench|dq_writers|first|first2|fa3_bench|fa3_full|final|tile80|d96|loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|legs_ab|short_modes|steady) ;;
+  ncu|engine_bench|dq_writers|first|first2|fa3_bench|fa3_full|final|tile80|d96|loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|legs_ab|short_modes|steady|steady_ab) ;;
   *) $py -m cupy_dash compile --all -j 16 >/tmp/compile.log 2>&1 || { tail -20 /tmp/compile.log; exit 1; }
      tail -1 /tmp/compile.log ;;
 esac
@@ -267,6 +267,21 @@ fi
 if [ "$stage" = steady ]; then   # the backward beside FA3's at a steady clock, interleaved loops (FA3_WHL=1)
   timeout ${STEADY_LIMIT:-300} $py benchmarks/steady_bench.py ${STEADY_ARGS:-} --json "$OUT/steady.json" \
     --md "$OUT/steady.md" 2>&1 | tail -8
+fi
+if [ "$stage" = steady_ab ]; then   # AB_PATCHES (benchmarks/patches/<name>) against the tree at a steady clock:
+  mkdir -p /tmp/sab                   # LEGS rounds of one process per leg, each timing ours deterministic beside
+  for p in ${AB_PATCHES:?}; do        # FA3's non-deterministic backward (FA3_WHL=1), the yardstick of its process
+    mkdir -p .ab_$p && cp -r kernels_src .ab_$p/ && (cd .ab_$p && patch -s -p1 <../benchmarks/patches/$p.patch)
+  done
+  for n in $(seq ${LEGS:-2}); do
+    for leg in tree $AB_PATCHES; do
+      run=("$py"); [ $leg = tree ] || run=("$py" benchmarks/with_kernels.py .ab_$leg/kernels_src)
+      timeout 120 "${run[@]}" benchmarks/steady_bench.py ${STEADY_ARGS:---shapes causal:8192 causal:16384} \
+        --impls dash_det fa3_nondet --json /tmp/sab/${leg}_$n.json --md /tmp/sab/${leg}_$n.md 2>&1 | tail -4 \
+        | sed "s/^/$leg$n /" | tee -a "$OUT/steady_ab.log"
+    done
+  done
+  (cd /tmp/sab && tar czf "$OUT/steady_ab.tgz" *)
 fi
 if [ "$stage" = short_modes ]; then   # a short shape's deterministic spread (full 1280 by default; SHORT_ARGS: other
   mkdir -p /tmp/sm                        # timing_modes.py shape arguments): five processes each of the deterministic
