@@ -8,11 +8,12 @@ calls (two in flight, so the queue never drains and host time is hidden), in an 
 round, so that none always follows the same neighbour. Per loop: ms per call (wall time between two completed
 calls), the SM clock and power (nvidia-smi, 20 ms samples over the loop) and their product, Mcycles per call.
 
-Implementations: ``dash_det`` (cupy_dash deterministic, ``schedule="auto"``), ``dash_atomic``, and with the
+Implementations (backward): ``dash_det`` (cupy_dash deterministic, ``schedule="auto"``), ``dash_atomic``, and with the
 flash-attn3-jax wheel importable ``fa3_nondet`` and ``fa3_det`` (bench_peers.Fa3Peer, on our forward's out / lse).
 Before timing, FA3's dq, dk, dv are compared with ours (max |diff| over max |ours| per tensor; a peer above
 ``--tolerance`` is marked invalid and left out of the ratios), and each deterministic implementation is run twice
-on the same inputs and its bits compared.
+on the same inputs and its bits compared. ``--forward``: the forwards instead (``dash_fwd``, ``fa3_fwd``, FA3's
+public ``flash_mha``), outputs compared.
 
     python benchmarks/steady_bench.py --shapes full:1280 full:3840 full:15360 causal:2048 causal:8192 \\
         causal:16384 --rounds 5 --loop-s 1 --json steady.json --md steady.md
@@ -98,37 +99,46 @@ class Smi:
         self.proc.wait()
 
 
-def implementations(shape, fa3):
-    """{name: (call, done, result)} on one seeded input set; ``result()`` returns (dq, dk, dv) as CuPy arrays."""
+def implementations(shape, fa3, forward=False):
+    """{name: (call, done, result)} on one seeded input set; ``result()`` returns the outputs compared between
+    implementations as CuPy arrays: (dq, dk, dv), or (out,) with ``forward``."""
     import cupy
 
     import cupy_dash
     from cupy_dash.cli.measure import random_tensor
     B, S, H, D = shape["batch"], shape["seqlen"], shape["heads"], shape["hdim"]
+    causal = shape["causal"]
     t = {n: random_tensor((B, S, H, D), "bf16", seed=j) for j, n in enumerate(("q", "k", "v", "do"))}
-    t["out"], t["lse"] = cupy_dash.attention_forward(t["q"], t["k"], t["v"], causal=shape["causal"])
-    operands = tuple(t[n] for n in ("do", "q", "k", "v", "out", "lse"))
-    impls = {}
-    for det, name in ((True, "dash_det"), (False, "dash_atomic")):
-        def call(det=det):
-            cupy_dash.attention_backward(*operands, causal=shape["causal"], schedule="auto", deterministic=det)
-            ev = cupy.cuda.Event(disable_timing=True)
-            ev.record()
-            return ev
+    t["out"], t["lse"] = cupy_dash.attention_forward(t["q"], t["k"], t["v"], causal=causal)
+    names = ("q", "k", "v") if forward else ("do", "q", "k", "v", "out", "lse")
+    operands = tuple(t[n] for n in names)
 
-        def result(det=det):
-            return cupy_dash.attention_backward(*operands, causal=shape["causal"], schedule="auto",
-                                                deterministic=det)
-        impls[name] = (call, lambda ev: ev.synchronize(), result)
+    def ours(det):
+        if forward:
+            return (cupy_dash.attention_forward(*operands, causal=causal)[0],)
+        return cupy_dash.attention_backward(*operands, causal=causal, schedule="auto", deterministic=det)
+
+    def enqueue(det):
+        ours(det)
+        ev = cupy.cuda.Event(disable_timing=True)
+        ev.record()
+        return ev
+    kinds = ((True, "dash_fwd"),) if forward else ((True, "dash_det"), (False, "dash_atomic"))
+    impls = {name: (lambda d=det: enqueue(d), lambda ev: ev.synchronize(), lambda d=det: ours(d))
+             for det, name in kinds}
     if fa3 is not None:
         jax = fa3.jax
         cupy.cuda.Device().synchronize()
         jargs = tuple(jax.dlpack.from_dlpack(x) for x in operands)
-        for det, name in ((False, "fa3_nondet"), (True, "fa3_det")):
-            fn = fa3._bwd_fn(shape["causal"], det)
-
+        if forward:
+            from flash_attn3_jax import flash_mha
+            peers = (("fa3_fwd", jax.jit(lambda q, k, v: flash_mha(q, k, v, is_causal=causal))),)
+        else:
+            peers = (("fa3_nondet", fa3._bwd_fn(causal, False)), ("fa3_det", fa3._bwd_fn(causal, True)))
+        for name, fn in peers:
             def result(fn=fn):
-                return tuple(cupy.from_dlpack(x) for x in jax.block_until_ready(fn(*jargs)))
+                res = jax.block_until_ready(fn(*jargs))
+                return tuple(cupy.from_dlpack(x) for x in (res if isinstance(res, (tuple, list)) else (res,)))
             impls[name] = (lambda fn=fn: fn(*jargs), jax.block_until_ready, result)
     return impls
 
@@ -146,19 +156,20 @@ def agreement(ours, theirs):
 def run_shape(shape, opts, fa3, smi):
     from bench_peers import same_bits
     from cupy_dash.cli.measure import attention_flops
-    impls = implementations(shape, fa3)
+    impls = implementations(shape, fa3, opts.forward)
+    ours = "dash_fwd" if opts.forward else "dash_det"
     if opts.impls:
-        impls = {n: impls[n] for n in impls if n in opts.impls or n == "dash_det"}
+        impls = {n: impls[n] for n in impls if n in opts.impls or n == ours}
     flops = attention_flops(shape["batch"], shape["heads"], shape["seqlen"], shape["seqlen"], shape["hdim"],
-                            shape["causal"], "bwd")
-    ref = impls["dash_det"][2]()                       # the reference every other result is compared with
+                            shape["causal"], "fwd" if opts.forward else "bwd")
+    ref = impls[ours][2]()                             # the reference every other result is compared with
     checks = {}
     for name, (_, _, result) in impls.items():
         first = result()
-        entry = dict(rel_diff_vs_dash_det=agreement(ref, first))
+        entry = dict(rel_diff_vs_ours=agreement(ref, first))
         if name.endswith("det"):
             entry["repeats_bits"] = same_bits(first, result())
-        entry["valid"] = entry["rel_diff_vs_dash_det"] <= opts.tolerance
+        entry["valid"] = entry["rel_diff_vs_ours"] <= opts.tolerance
         checks[name] = entry
     names = list(impls)
     loops = {n: [] for n in names}
@@ -180,11 +191,10 @@ def run_shape(shape, opts, fa3, smi):
                              power_w_median=med([x["power_w"] for x in loops[name] if x["power_w"]] or [0]),
                              mcycles_median=med(cyc) if cyc else None, **checks[name])
     ratios = {}
-    for peer in ("fa3_nondet", "fa3_det", "dash_atomic"):
+    for peer in ("fa3_fwd", "fa3_nondet", "fa3_det", "dash_atomic"):
         if peer in loops and checks[peer]["valid"]:
-            per_round = [p["ms"] / d["ms"] for p, d in zip(loops[peer], loops["dash_det"])]
-            ratios[f"dash_det_speed_vs_{peer}"] = dict(median=med(per_round), min=min(per_round),
-                                                      max=max(per_round))
+            per_round = [p["ms"] / d["ms"] for p, d in zip(loops[peer], loops[ours])]
+            ratios[f"{ours}_speed_vs_{peer}"] = dict(median=med(per_round), min=min(per_round), max=max(per_round))
     return dict(shape=shape, flops=flops, loops=loops, summary=summary, ratios=ratios)
 
 
@@ -203,14 +213,15 @@ def markdown(report):
             valid = "" if x["valid"] else " (invalid)"
             lines.append(f"| {s['shape']['name']} | {name}{valid} | {x['tflops']:.0f} | {x['ms_median']:.3f} "
                          f"({x['ms_min']:.3f}-{x['ms_max']:.3f}) | {x['sm_mhz_median']:.0f} | "
-                         f"{x['power_w_median']:.0f} | {cyc} | {x['rel_diff_vs_dash_det']:.1e} | "
+                         f"{x['power_w_median']:.0f} | {cyc} | {x['rel_diff_vs_ours']:.1e} | "
                          f"{x.get('repeats_bits', '-')} |")
-    lines += ["", "| shape | ours det / FA3 non-det | ours det / FA3 det | ours det / ours atomic |",
-              "|---|---|---|---|"]
+    lines += ["", "| shape | ours det / FA3 non-det | ours det / FA3 det | ours det / ours atomic | "
+              "our forward / FA3's |", "|---|---|---|---|---|"]
     for s in report["shapes"]:
         cells = []
-        for peer in ("fa3_nondet", "fa3_det", "dash_atomic"):
-            r = s["ratios"].get(f"dash_det_speed_vs_{peer}")
+        for key in ("dash_det_speed_vs_fa3_nondet", "dash_det_speed_vs_fa3_det", "dash_det_speed_vs_dash_atomic",
+                    "dash_fwd_speed_vs_fa3_fwd"):
+            r = s["ratios"].get(key)
             cells.append(f"{r['median']:.2f} ({r['min']:.2f}-{r['max']:.2f})" if r else "-")
         lines.append(f"| {s['shape']['name']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
@@ -230,6 +241,7 @@ def main():
     ap.add_argument("--loop-s", type=float, default=1.0)
     ap.add_argument("--tolerance", type=float, default=2e-2, help="max |FA3 - ours| / max |ours| (default 2e-2)")
     ap.add_argument("--no-fa3", action="store_true")
+    ap.add_argument("--forward", action="store_true", help="the forward (dash_fwd, fa3_fwd) instead")
     ap.add_argument("--impls", nargs="+", default=None,
                     help="a subset of dash_det dash_atomic fa3_nondet fa3_det (default: all available)")
     ap.add_argument("--json", required=True)
@@ -251,7 +263,8 @@ def main():
     report = dict(meta=dict(date=_dt.datetime.now().isoformat(timespec="seconds"),
                             command=" ".join(shlex.quote(a) for a in ["python", *sys.argv]), commit=commit,
                             kernels_sha256=_kernels_digest(), gpu=_text(props["name"]), rounds=opts.rounds,
-                            loop_s=opts.loop_s, fa3=getattr(fa3, "version", None)), shapes=[])
+                            loop_s=opts.loop_s, fa3=getattr(fa3, "version", None), forward=opts.forward),
+                  shapes=[])
     smi = Smi()
     try:
         for spec in opts.shapes:

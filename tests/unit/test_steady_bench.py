@@ -43,7 +43,7 @@ def test_pipelined_loop_keeps_two_calls_in_flight_and_times_completed_ones():
 
 def test_markdown_names_every_implementation_and_the_ratio():
     summary = {name: dict(ms_median=ms, ms_min=ms, ms_max=ms, tflops=100 / ms, sm_mhz_median=1800.0,
-                          power_w_median=600.0, mcycles_median=ms * 1.8, rel_diff_vs_dash_det=1e-3, valid=True,
+                          power_w_median=600.0, mcycles_median=ms * 1.8, rel_diff_vs_ours=1e-3, valid=True,
                           repeats_bits=True)
                for name, ms in (("dash_det", 0.9), ("fa3_nondet", 0.99))}
     report = dict(meta=dict(date="d", command="c", commit="abc", kernels_sha256="0" * 64, gpu="H200", rounds=3,
@@ -52,4 +52,4 @@ def test_markdown_names_every_implementation_and_the_ratio():
                                ratios={"dash_det_speed_vs_fa3_nondet": dict(median=1.1, min=1.05, max=1.12)})])
     text = sb.markdown(report)
     assert "| full:1280 | dash_det | 111 |" in text
-    assert "| full:1280 | 1.10 (1.05-1.12) | - | - |" in text
+    assert "| full:1280 | 1.10 (1.05-1.12) | - | - | - |" in text
