@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import bench_report
+import steady_bench
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -36,6 +37,32 @@ def load_reports(results: Path = RESULTS) -> list:
 
 def _group(cfg) -> int:
     return cfg["heads"] // cfg["heads_kv"] if cfg.get("heads_kv") else 1
+
+
+def load_steady(results: Path = RESULTS) -> dict:
+    """The newest report of benchmarks/steady_bench.py per (forward, head dim) outside experiments/:
+    {(forward, hdim): (path, report)}."""
+    newest = {}
+    for path in sorted(results.rglob("*.json")):
+        report = json.loads(path.read_text())
+        if not (isinstance(report, dict) and "meta" in report and "shapes" in report and report["shapes"]):
+            continue
+        rel = path.relative_to(ROOT).as_posix()
+        if f"/{EXPERIMENTS}/" in f"/{rel}":
+            continue
+        key = (bool(report["meta"].get("forward")), report["shapes"][0]["shape"]["hdim"])
+        if key not in newest or report["meta"]["date"] >= newest[key][1]["meta"]["date"]:
+            newest[key] = (rel, report)
+    return newest
+
+
+def _steady_sections(results: Path) -> list:
+    lines = []
+    for (forward, hdim), (path, report) in sorted(load_steady(results).items()):
+        what = "Forward" if forward else "Backward"
+        lines += [f"## {what}, head dim {hdim}, at a steady clock", "", f"{_link(path)}, {report['meta']['date']}.",
+                  ""] + steady_bench.markdown(report, title=False).splitlines() + [""]
+    return lines
 
 
 def _key(cfg) -> tuple:
@@ -125,7 +152,13 @@ def render(results: Path = RESULTS) -> str:
              "measured the first (mma.sync) kernels. Commits are in the file names of "
              "`benchmarks/results/engine_20261201/`; what each change was: "
              "[decisions/bwd-engine.md](decisions/bwd-engine.md). Commands are as recorded: "
-             "`python -m cupy_dash bench` is now `python benchmarks/bench.py`, with the same options.", ""]
+             "`python -m cupy_dash bench` is now `python benchmarks/bench.py`, with the same options.", "",
+             "The first sections come from `benchmarks/steady_bench.py`: each implementation timed in loops of "
+             "back-to-back calls at the steady (power-limited) clock, interleaved in one process with the order "
+             "rotated every round, so that the ratios to FA3 do not depend on which ran after an idle GPU. They "
+             "are the engine's comparison with FA3; the bench.py tables below time each implementation once after "
+             "its own warm-up and move by up to ~10 % between calls at short shapes.", ""]
+    lines += _steady_sections(results)
     for key in sorted(newest, key=lambda k: (-k[0], k[1], k[2], -k[3])):
         path, report = newest[key]
         meta = report["meta"]

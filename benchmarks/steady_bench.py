@@ -198,32 +198,39 @@ def run_shape(shape, opts, fa3, smi):
     return dict(shape=shape, flops=flops, loops=loops, summary=summary, ratios=ratios)
 
 
-def markdown(report):
-    lines = [f"# Backward at a steady clock, interleaved loops ({report['meta']['date']})", "",
-             f"Command: `{report['meta']['command']}`", "",
-             f"GPU {report['meta'].get('gpu', '?')}; commit {report['meta']['commit']}; kernels sha256 "
-             f"{report['meta']['kernels_sha256'][:12]}. TFLOP/s from the median ms per call of "
-             f"{report['meta']['rounds']} loops of {report['meta']['loop_s']} s (order rotated every round); "
-             "the ratio is the median over rounds of FA3's ms over ours in the same round.", "",
-             "| shape | impl | TFLOP/s | ms (min-max) | MHz | W | Mcycles | rel diff | bits repeat |",
-             "|---|---|---|---|---|---|---|---|---|"]
+RATIO_COLUMNS = (("dash_det_speed_vs_fa3_nondet", "ours det / FA3 non-det"), ("dash_det_speed_vs_fa3_det",
+                 "ours det / FA3 det"), ("dash_det_speed_vs_dash_atomic", "ours det / ours atomic"),
+                 ("dash_fwd_speed_vs_fa3_fwd", "our forward / FA3's"))
+
+
+def markdown(report, title=True):
+    """The report as Markdown: one row per shape and implementation, then the ratios that were measured."""
+    meta = report["meta"]
+    lines = [f"# Backward at a steady clock, interleaved loops ({meta['date']})", ""] if title else []
+    lines += [f"Command: `{meta['command']}`", "",
+              f"GPU {meta.get('gpu', '?')}; commit {meta['commit']}; kernels sha256 {meta['kernels_sha256'][:12]}. "
+              f"TFLOP/s from the median ms per call of {meta['rounds']} loops of {meta['loop_s']} s (order rotated "
+              "every round); a ratio is the median over rounds of the other's ms over ours in the same round.", "",
+              "| shape | impl | TFLOP/s | ms (min-max) | MHz | W | Mcycles | rel diff | bits repeat |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for s in report["shapes"]:
         for name, x in s["summary"].items():
             cyc = f"{x['mcycles_median']:.2f}" if x["mcycles_median"] else "-"
             valid = "" if x["valid"] else " (invalid)"
             lines.append(f"| {s['shape']['name']} | {name}{valid} | {x['tflops']:.0f} | {x['ms_median']:.3f} "
                          f"({x['ms_min']:.3f}-{x['ms_max']:.3f}) | {x['sm_mhz_median']:.0f} | "
-                         f"{x['power_w_median']:.0f} | {cyc} | {x['rel_diff_vs_ours']:.1e} | "
+                         f"{x['power_w_median']:.0f} | {cyc} | {x.get('rel_diff_vs_ours', x.get('rel_diff_vs_dash_det')):.1e} | "
                          f"{x.get('repeats_bits', '-')} |")
-    lines += ["", "| shape | ours det / FA3 non-det | ours det / FA3 det | ours det / ours atomic | "
-              "our forward / FA3's |", "|---|---|---|---|---|"]
-    for s in report["shapes"]:
-        cells = []
-        for key in ("dash_det_speed_vs_fa3_nondet", "dash_det_speed_vs_fa3_det", "dash_det_speed_vs_dash_atomic",
-                    "dash_fwd_speed_vs_fa3_fwd"):
-            r = s["ratios"].get(key)
-            cells.append(f"{r['median']:.2f} ({r['min']:.2f}-{r['max']:.2f})" if r else "-")
-        lines.append(f"| {s['shape']['name']} | " + " | ".join(cells) + " |")
+    columns = [(k, label) for k, label in RATIO_COLUMNS if any(k in s["ratios"] for s in report["shapes"])]
+    if columns:
+        lines += ["", "| shape | " + " | ".join(label for _, label in columns) + " |",
+                  "|---|" + "---|" * len(columns)]
+        for s in report["shapes"]:
+            cells = []
+            for key, _ in columns:
+                r = s["ratios"].get(key)
+                cells.append(f"{r['median']:.2f} ({r['min']:.2f}-{r['max']:.2f})" if r else "-")
+            lines.append(f"| {s['shape']['name']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
