@@ -62,6 +62,10 @@ def _steady_sections(results: Path) -> list:
         what = "Forward" if forward else "Backward"
         lines += [f"## {what}, head dim {hdim}, at a steady clock", "", f"{_link(path)}, {report['meta']['date']}.",
                   ""] + steady_bench.markdown(report, title=False).splitlines() + [""]
+        png = (ROOT / path).with_suffix(".png")
+        if png.exists():
+            rel = png.relative_to(ROOT).as_posix()
+            lines += [f"![{rel}](../{rel})", ""]
     return lines
 
 

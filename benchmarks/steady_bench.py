@@ -234,6 +234,40 @@ def markdown(report, title=True):
     return "\n".join(lines) + "\n"
 
 
+LABELS = {"dash_det": "cupy_dash deterministic", "dash_atomic": "cupy_dash atomic", "fa3_nondet":
+          "FA3 non-deterministic", "fa3_det": "FA3 deterministic", "dash_fwd": "cupy_dash", "fa3_fwd": "FA3"}
+
+
+def plot(report, path):
+    """PNG: TFLOP/s per shape, one bar per implementation, each bar's whisker the range over the rounds."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    shapes = report["shapes"]
+    names = list(shapes[0]["summary"])
+    width = 0.8 / len(names)
+    fig, ax = plt.subplots(figsize=(1.6 * len(shapes) + 2, 4.2))
+    for i, name in enumerate(names):
+        xs = [k + (i - (len(names) - 1) / 2) * width for k in range(len(shapes))]
+        ys = [s["flops"] / s["summary"][name]["ms_median"] / 1e9 for s in shapes]
+        lo = [y - s["flops"] / s["summary"][name]["ms_max"] / 1e9 for s, y in zip(shapes, ys)]
+        hi = [s["flops"] / s["summary"][name]["ms_min"] / 1e9 - y for s, y in zip(shapes, ys)]
+        ax.bar(xs, ys, width, yerr=[lo, hi], label=LABELS.get(name, name), capsize=2)
+    ax.set_xticks(range(len(shapes)), [s["shape"]["name"].replace(":", " ") for s in shapes])
+    what = "forward" if report["meta"].get("forward") else "backward"
+    hdim = shapes[0]["shape"]["hdim"]
+    ax.set_ylabel("TFLOP/s")
+    ax.set_title(f"{what}, head dim {hdim}, bf16, steady clock, interleaved ({report['meta']['date'][:10]}, "
+                 f"{report['meta']['gpu']})", fontsize=9)
+    top = max(s["flops"] / min(x["ms_min"] for x in s["summary"].values()) / 1e9 for s in shapes)
+    ax.set_ylim(0, top * 1.2)
+    ax.legend(fontsize=8, ncol=len(names), loc="upper left")
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def _text(name):
     return name.decode() if isinstance(name, bytes) else str(name)
 
@@ -251,9 +285,16 @@ def main():
     ap.add_argument("--forward", action="store_true", help="the forward (dash_fwd, fa3_fwd) instead")
     ap.add_argument("--impls", nargs="+", default=None,
                     help="a subset of dash_det dash_atomic fa3_nondet fa3_det (default: all available)")
-    ap.add_argument("--json", required=True)
+    ap.add_argument("--json", required=True, help="the report to write (with --replot: to read)")
     ap.add_argument("--md", default=None)
+    ap.add_argument("--png", default=None, help="a bar chart of the report (needs matplotlib)")
+    ap.add_argument("--replot", action="store_true", help="write --md / --png from an existing --json; no GPU")
     opts = ap.parse_args()
+    if opts.replot:
+        with open(opts.json) as f:
+            report = json.load(f)
+        _write_views(report, opts)
+        return
 
     import cupy
     from bench import _kernels_digest
@@ -284,9 +325,15 @@ def main():
                 json.dump(report, f, indent=1)
     finally:
         smi.close()
+    _write_views(report, opts)
+
+
+def _write_views(report, opts):
     if opts.md:
         with open(opts.md, "w") as f:
             f.write(markdown(report))
+    if opts.png:
+        plot(report, opts.png)
 
 
 if __name__ == "__main__":
