@@ -223,8 +223,8 @@ def simulate(plan: Schedule, c: float = 1.0, r: float = 0.25, model: str = "dag"
     """Makespan of ``plan``. ``model="dag"``: the paper's DAG model, each visit computes for ``c`` then reduces
     for ``r`` on its CTA, serially; a reduction starts only after every lower-ranked visit of the same dQ tile
     has reduced. ``model="engine"``: the Hopper kernel's pipeline (see :mod:`cupy_dash.schedule`), with ``writers``
-    dQ writer warps (2: the deterministic kernel since 2026-12-02, visits alternating; ``auto`` still decides
-    with 1 and its calibration: docs/schedules.md).
+    dQ writer warps (2: the deterministic kernel's, visits alternating; ``auto`` still decides with 1 and its
+    calibration: docs/schedules.md).
 
     ``c`` must be finite and > 0, ``r`` finite and >= 0 (ValueError naming the argument otherwise)."""
     return _analyze(plan, c, r, model, writers, False)[0]
