@@ -28,14 +28,16 @@ DASH_DEVICE void pack_fragments(uint32_t (&a)[kRegs / 8][4], const float (&acc)[
   }
 }
 
-// Stores the 64 x (16 kSteps) matrix X held as A fragments transposed: X(m, k) goes to row k, column col0 + m
-// of a SwizzledTile<kRows> (col0 % 64 == 0). stmatrix matrix j of k-step ks holds rows m = 16 warp + 8 (j % 2)
-// + [0, 8) and columns k = 16 ks + 8 (j / 2) + [0, 8) of X; lane l addresses row l % 8 of stored matrix l / 8.
+// Stores the 64 x (16 kSteps) matrix X held as A fragments transposed: X(m, k) goes to row row0 + k, column col0 + m
+// of a SwizzledTile<kRows> (col0 % 64 == 0, row0 % 8 == 0). stmatrix matrix j of k-step ks holds rows m = 16 warp +
+// 8 (j % 2) + [0, 8) and columns k = 16 ks + 8 (j / 2) + [0, 8) of X; lane l addresses row l % 8 of stored matrix
+// l / 8.
 template <int kRows, int kSteps>
-DASH_DEVICE void store_transposed(uint32_t tile, const uint32_t (&a)[kSteps][4], int col0, int tid) {
+DASH_DEVICE void store_transposed(uint32_t tile, const uint32_t (&a)[kSteps][4], int col0, int tid, int row0 = 0) {
   static_assert(16 * kSteps <= kRows, "tile too short");
   const int warp = tid / 32, lane = tid % 32, j = lane / 8;
-  const uint32_t addr = SwizzledTile<kRows>::chunk_addr(tile, 8 * (j / 2) + lane % 8, col0 / 8 + 2 * warp + j % 2);
+  const uint32_t addr =
+      SwizzledTile<kRows>::chunk_addr(tile, row0 + 8 * (j / 2) + lane % 8, col0 / 8 + 2 * warp + j % 2);
 #pragma unroll
   for (int ks = 0; ks < kSteps; ++ks) stmatrix_x4_trans(addr + ks * 16 * 128, a[ks]);
 }

@@ -54,11 +54,13 @@ DASH_DEVICE uint64_t wgmma_desc_sw128(uint32_t smem_addr, uint32_t lbo_bytes, ui
 #define DASH_ACC32(d) DASH_ACC8(d, 0), DASH_ACC8(d, 8), DASH_ACC8(d, 16), DASH_ACC8(d, 24)
 #define DASH_ACC64(d) DASH_ACC32(d), DASH_ACC8(d, 32), DASH_ACC8(d, 40), DASH_ACC8(d, 48), DASH_ACC8(d, 56)
 #define DASH_ACC16(d) DASH_ACC8(d, 0), DASH_ACC8(d, 8)
+#define DASH_ACC24(d) DASH_ACC16(d), DASH_ACC8(d, 16)
 #define DASH_ACC40(d) DASH_ACC32(d), DASH_ACC8(d, 32)
 #define DASH_ACC48(d) DASH_ACC40(d), DASH_ACC8(d, 40)
 #define DASH_ACC56(d) DASH_ACC48(d), DASH_ACC8(d, 48)
 #define DASH_ACC88(d) DASH_ACC64(d), DASH_ACC8(d, 64), DASH_ACC8(d, 72), DASH_ACC8(d, 80)
 #define DASH_REGS16 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+#define DASH_REGS24 DASH_REGS16 ", %16, %17, %18, %19, %20, %21, %22, %23"
 #define DASH_REGS40 DASH_REGS32 ", %32, %33, %34, %35, %36, %37, %38, %39"
 #define DASH_REGS48 DASH_REGS40 ", %40, %41, %42, %43, %44, %45, %46, %47"
 #define DASH_REGS56 DASH_REGS48 ", %48, %49, %50, %51, %52, %53, %54, %55"
@@ -88,10 +90,12 @@ DASH_DEVICE uint64_t wgmma_desc_sw128(uint32_t smem_addr, uint32_t lbo_bytes, ui
 // from shared memory. kTransA / kTransB: 0 = K-major, 1 = M/N-major.
 template <int kN, int kTransA, int kTransB>
 DASH_DEVICE void wgmma_ss(float (&d)[kN / 2], uint64_t a_desc, uint64_t b_desc, int accumulate) {
-  static_assert(kN == 32 || kN == 64 || kN == 80 || kN == 96 || kN == 112 || kN == 128 || kN == 176,
-                "wgmma_ss: N = 32, 64, 80, 96, 112, 128 or 176");
+  static_assert(kN == 32 || kN == 48 || kN == 64 || kN == 80 || kN == 96 || kN == 112 || kN == 128 || kN == 176,
+                "wgmma_ss: N = 32, 48, 64, 80, 96, 112, 128 or 176");
   if constexpr (kN == 32) {
     DASH_WGMMA_SS("m64n32k16", DASH_REGS16, DASH_ACC16(d), "%16, %17", "%18", "%19, %20");
+  } else if constexpr (kN == 48) {
+    DASH_WGMMA_SS("m64n48k16", DASH_REGS24, DASH_ACC24(d), "%24, %25", "%26", "%27, %28");
   } else if constexpr (kN == 64) {
     DASH_WGMMA_SS("m64n64k16", DASH_REGS32, DASH_ACC32(d), "%32, %33", "%34", "%35, %36");
   } else if constexpr (kN == 80) {

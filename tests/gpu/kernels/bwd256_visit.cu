@@ -8,37 +8,12 @@
 //     MN-major dO / Q tile, B the K-major P^T / dS^T tile (m64n64k16);
 //   dQ = dS K: warpgroup w's head-dim columns [128 w, 128 w + 128) as two m64n64 chunks, A the dS^T tile read
 //     MN-major, B the MN-major K tile.
-// Inputs row-major bf16 (64 x 256 each), lse_log2 and dpsum per query; the threads fill the swizzled tiles with
-// plain stores (no TMA), fenced for the async proxy. tests/gpu/test_gpu_bwd256_visit.py compares with numpy.
-#include "common.cuh"
-#include "ptx/exp2.cuh"
-#include "ptx/fence.cuh"
-#include "ptx/wgmma.cuh"
-#include "swizzled_tile.cuh"
-#include "wgmma_fragment.cuh"
+// Inputs row-major bf16 (64 x 256 each), lse_log2 and dpsum per query (split_visit.cuh fills the tiles).
+// tests/gpu/test_gpu_bwd256_visit.py compares with numpy.
+#include "split_visit.cuh"
 
 using Tile = SwizzledTile<64>;  // Q, K, V, dO: 64 rows x 256 columns (4 panels); P^T, dS^T: 64 x 64 (one panel)
 constexpr int kD = 256;
-
-// Copies a 64 x kD row-major bf16 matrix into a four-panel Tile.
-DASH_DEVICE void fill(uint32_t tile, const uint16_t* src, int tid) {
-  for (int idx = tid; idx < 64 * kD / 8; idx += 256) {
-    const int row = idx / (kD / 8), chunk = idx % (kD / 8);
-    const uint4 v = *reinterpret_cast<const uint4*>(src + row * kD + 8 * chunk);
-    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(Tile::chunk_addr(tile, row, chunk)), "r"(v.x),
-                 "r"(v.y), "r"(v.z), "r"(v.w)
-                 : "memory");
-  }
-}
-
-template <int kRegs>
-DASH_DEVICE void store_acc(float* out, int ld, int row_base, int col_base, const float (&acc)[kRegs],
-                           const Fragment& f) {
-#pragma unroll
-  for (int i = 0; i < kRegs; ++i) {
-    out[(row_base + f.row0 + Fragment::row(i)) * ld + col_base + f.col0 + Fragment::col(i)] = acc[i];
-  }
-}
 
 extern "C" __global__ void __launch_bounds__(256, 1)
     bwd256_visit(const uint16_t* q, const uint16_t* k, const uint16_t* v, const uint16_t* dout,
@@ -51,31 +26,18 @@ extern "C" __global__ void __launch_bounds__(256, 1)
   const uint32_t pt_tile = do_tile + kBig, dst_tile = pt_tile + kSmall;
   const int tid = threadIdx.x, wg = tid / 128, t = tid % 128;
   const Fragment f(t);
-  fill(q_tile, q, tid);
-  fill(k_tile, k, tid);
-  fill(v_tile, v, tid);
-  fill(do_tile, dout, tid);
+  fill<Tile, 64, kD, 256>(q_tile, q, tid);
+  fill<Tile, 64, kD, 256>(k_tile, k, tid);
+  fill<Tile, 64, kD, 256>(v_tile, v, tid);
+  fill<Tile, 64, kD, 256>(do_tile, dout, tid);
   fence_proxy_async_smem();
   __syncthreads();
 
-  // S^T, dP^T: 64 keys x this warpgroup's 32 queries, over the whole head dim
+  // S^T, dP^T: 64 keys x this warpgroup's 32 queries, over the whole head dim; P^T, dS^T
   float S[16], dP[16];
-  wgmma_fence();
-  gemm_ss_kmajor<32, kD / 16, Tile, Tile>(S, Tile::kmajor(k_tile, 0), Tile::kmajor(q_tile, 32 * wg));
-  gemm_ss_kmajor<32, kD / 16, Tile, Tile>(dP, Tile::kmajor(v_tile, 0), Tile::kmajor(do_tile, 32 * wg));
-  wgmma_commit();
-  wgmma_wait<0>();
-  wgmma_fence_operand(S);
-  wgmma_fence_operand(dP);
-#pragma unroll
-  for (int i = 0; i < 16; ++i) {
-    const int query = 32 * wg + f.col0 + Fragment::col(i);
-    S[i] = exp2_approx(fmaf(S[i], scale_log2, -lse_log2[query]));
-    dP[i] = S[i] * (dP[i] - dpsum[query]);
-  }
   uint32_t Pa[2][4], dSa[2][4];
-  pack_fragments<16>(Pa, S);
-  pack_fragments<16>(dSa, dP);
+  visit_probs_and_grads<kD, Tile, Tile>(S, dP, Pa, dSa, k_tile, v_tile, q_tile, do_tile, lse_log2, dpsum, scale_log2,
+                                        wg, f);
   store_rows<64>(pt_tile, Pa, 0, t, 32 * wg);   // this warpgroup's 32 query columns of the one-panel tiles
   store_rows<64>(dst_tile, dSa, 0, t, 32 * wg);
   fence_proxy_async_smem();
