@@ -4,7 +4,7 @@
 #                                  fold|fold_bench|varlen_events|sanitize|ncu|engine|engine_bench|
 #                                  dq_writers|multi_gpu|first|first2|fa3_bench|fa3_full|final|tile80|d96|tests2|
 #                                  loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|suite|legs_ab|
-#                                  short_modes|heads|steady|steady_ab|all]
+#                                  short_modes|steady|steady_ab|all]
 #                                  [extra pytest args...]
 # "engine": the backward kernel's GPU tests (every family: MHA, GQA, compact, varlen, fold, window, portable);
 # "engine_bench": the backward at the issue's shapes, this tree against the kernels in every carried .ab*/kernels_src
@@ -13,8 +13,8 @@
 # "varlen_step": a new packing's host cost, build and upload; "fold": the folded backward's tests, then
 # the whole suite; "fold_bench": its GPU and host time. Earlier one-off stages are in this file's
 # history (causal80: the causal 80-query tile's legs; tiles_and_varlen: the forward's 176-key tile, varlen and full
-# 3840 with either backward tile); the writer-rank-ahead experiment is
-# benchmarks/patches/writer_rank_ahead.patch (measured, not merged: docs/decisions/table-forms.md).
+# 3840 with either backward tile; heads: the head-dim-192 / 256 forward's tests and tiles); the writer-rank-ahead
+# experiment is benchmarks/patches/writer_rank_ahead.patch (measured, not merged: docs/decisions/table-forms.md).
 # "multi_gpu": per-device state with two GPUs in one process, and the DDP / FSDP2 / JAX data-parallel examples
 # (torchrun, nccl on two GPUs; gloo with two ranks on one GPU; JAX over every GPU), all logs in multi_gpu.tgz.
 # FA3 (flash-attn3-jax) is measured when its wheel is importable: carry .whl/ and set FA3_WHL=1.
@@ -246,23 +246,6 @@ if [ "$stage" = legs_ab ]; then   # one patch ($AB_PATCH) against this tree, ben
     done
   done
   (cd /tmp/la && tar czf "$OUT/legs_ab.tgz" *)
-fi
-if [ "$stage" = heads ]; then   # head dims 192 / 256: the forward's GPU tests and the head-dim-256 backward's visit
-  mkdir -p /tmp/hd                # unit kernel, the forward beside torch's FA2, FA3's forward tiles against ours
-  timeout -s INT -k 15 ${TEST_LIMIT:-200} $py -m pytest tests/gpu/test_gpu_forward.py tests/gpu/test_gpu_varlen.py \
-    tests/gpu/test_gpu_softcap.py tests/gpu/test_gpu_bwd256_visit.py -q -rf -n 8 -p no:cacheprovider \
-    -k "192 or 256" "$@" 2>&1 | tee "$OUT/heads_tests.log" | tail -5
-  for hd in 256 192; do
-    hidden=$([ $hd = 192 ] && echo 1536 || echo 2048)
-    timeout 150 $py benchmarks/bench.py --fwd-only --hdims $hd --hidden $hidden --seqlens 1024 4096 16384 --no-fa3 \
-      --no-overhead --no-compile --out /tmp/hd/fwd_d$hd.json 2>&1 | grep -E "^\| (cupy_dash|torch)" | sed "s/^/d$hd /"
-  done
-  for n in 1 2; do
-    timeout 100 $py benchmarks/fwd_tiles.py --hdims 256 --block-n 64 80 --stages 2 >/tmp/hd/tiles256_$n.md 2>&1
-    timeout 100 $py benchmarks/fwd_tiles.py --hdims 192 --hidden 1536 --block-n 64 112 --stages 2 \
-      >/tmp/hd/tiles192_$n.md 2>&1
-  done
-  tail -n 12 /tmp/hd/tiles*.md; (cd /tmp/hd && tar czf "$OUT/heads.tgz" *)
 fi
 if [ "$stage" = steady ]; then   # the backward beside FA3's at a steady clock, interleaved loops (FA3_WHL=1)
   timeout ${STEADY_LIMIT:-300} $py benchmarks/steady_bench.py ${STEADY_ARGS:-} --json "$OUT/steady.json" \

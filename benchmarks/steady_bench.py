@@ -66,33 +66,44 @@ def pipelined_loop(call, done, loop_s, warm_s=0.2):
 
 
 class Smi:
-    """nvidia-smi's SM clock and power, sampled every 20 ms in the background."""
+    """nvidia-smi's SM clock, power and temperature, sampled every 20 ms in the background; each sample is parsed
+    once, when a window first reads past it."""
 
     def __init__(self):
         self.trace = tempfile.NamedTemporaryFile("w+", suffix=".csv", delete=False)
-        self.proc = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw",
+        self.proc = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu",
                                       "--format=csv,noheader", "-lms", "20"], stdout=self.trace,
                                      stderr=subprocess.DEVNULL)
+        self.samples, self._raw, self._pos = [], [], 0   # (datetime, MHz, W); raw lines; bytes read so far
+
+    def _read(self):
+        self.trace.flush()
+        with open(self.trace.name) as f:
+            f.seek(self._pos)
+            text = f.read()
+        complete = text[:text.rfind("\n") + 1]           # a line nvidia-smi is still writing waits for the next read
+        self._pos += len(complete.encode())
+        for line in complete.splitlines():
+            self._raw.append(line)
+            parts = [x.strip() for x in line.split(",")]
+            try:
+                when = _dt.datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f")
+                self.samples.append((when, float(parts[1].split()[0]), float(parts[2].split()[0])))
+            except (ValueError, IndexError):
+                continue
 
     def window(self, wall0, wall1):
         """(median MHz, median W, samples) between two datetimes."""
-        self.trace.flush()
-        clocks, watts = [], []
-        with open(self.trace.name) as f:
-            for line in f.read().splitlines():
-                parts = [x.strip() for x in line.split(",")]
-                if len(parts) < 3:
-                    continue
-                try:
-                    when = _dt.datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f")
-                    mhz, watt = float(parts[1].split()[0]), float(parts[2].split()[0])
-                except ValueError:
-                    continue
-                if wall0 <= when <= wall1:
-                    clocks.append(mhz)
-                    watts.append(watt)
+        self._read()
+        inside = [(mhz, watt) for when, mhz, watt in self.samples if wall0 <= when <= wall1]
         med = statistics.median
-        return (med(clocks) if clocks else None, med(watts) if watts else None, len(clocks))
+        return (med([m for m, _ in inside]) if inside else None, med([w for _, w in inside]) if inside else None,
+                len(inside))
+
+    def lines(self):
+        """Every line nvidia-smi wrote so far (timestamp, MHz, W, degrees C)."""
+        self._read()
+        return list(self._raw)
 
     def close(self):
         self.proc.terminate()

@@ -25,10 +25,11 @@ import json
 import os
 import shlex
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from steady_bench import Smi  # noqa: E402
 
 
 def run_variant(name, sets, calls, opts, events):
@@ -60,10 +61,10 @@ def run_variant(name, sets, calls, opts, events):
     return rows
 
 
-def steady_loops(impls, loop_s, smi_lines):
+def steady_loops(impls, loop_s, smi):
     """{name: ms per call, SM clock and power medians} over the second half of a ``loop_s`` loop of each of
-    ``impls`` ({name: (call, sync)}: ``sync()`` waits for the calls made so far); ``smi_lines()`` reads the
-    nvidia-smi samples taken so far (timestamp, MHz, W, degrees C)."""
+    ``impls`` ({name: (call, sync)}: ``sync()`` waits for the calls made so far); ``smi``: a running
+    :class:`steady_bench.Smi`."""
     import datetime as dt
     out = {}
     for name, (call, sync) in impls.items():
@@ -83,17 +84,9 @@ def steady_loops(impls, loop_s, smi_lines):
                 t_half = now - half
                 if now - t0 >= loop_s:
                     break
-        wall1 = dt.datetime.now()
-        clocks, watts = [], []
-        for line in smi_lines():
-            stamp, mhz, watt = (x.strip() for x in line.split(",")[:3])
-            when = dt.datetime.strptime(stamp, "%Y/%m/%d %H:%M:%S.%f")
-            if wall_half <= when <= wall1:
-                clocks.append(float(mhz.split()[0]))
-                watts.append(float(watt.split()[0]))
+        mhz, watt, samples = smi.window(wall_half, dt.datetime.now())
         out[name] = dict(ms_per_call=t_half / n_half * 1e3, calls=n_half, started=wall0.isoformat(),
-                         sm_mhz_median=statistics.median(clocks) if clocks else None,
-                         power_w_median=statistics.median(watts) if watts else None, samples=len(clocks))
+                         sm_mhz_median=mhz, power_w_median=watt, samples=samples)
         print(f"{name:12s} {out[name]['ms_per_call']:.3f} ms per call over {n_half} calls, SM clock "
               f"{out[name]['sm_mhz_median']} MHz, power {out[name]['power_w_median']} W", flush=True)
     return out
@@ -101,7 +94,6 @@ def steady_loops(impls, loop_s, smi_lines):
 
 def fa3_impls(sets, causal):
     """FlashAttention-3's backward (bench_peers.Fa3Peer) on input set 0: {name: (call, sync)}."""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from bench_peers import Fa3Peer
     peer = Fa3Peer()
     jax = peer.jax
@@ -162,14 +154,7 @@ def main():
         sets.append(s)
     cupy.cuda.Device().synchronize()
     flops = attention_flops(B, H, S, S, D, opts.causal, "bwd")
-    trace = tempfile.NamedTemporaryFile("w+", suffix=".csv", delete=False)
-    smi = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu",
-                            "--format=csv,noheader", "-lms", "20"], stdout=trace, stderr=subprocess.DEVNULL)
-
-    def smi_lines():
-        trace.flush()
-        with open(trace.name) as f:
-            return [line for line in f.read().splitlines() if line.count(",") >= 3]
+    smi = Smi()
     report = dict(meta=dict(date=_dt.datetime.now().isoformat(timespec="seconds"),
                             command=" ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]),
                             commit=os.environ.get("CUPY_DASH_COMMIT"), shape=shape, causal=opts.causal,
@@ -191,14 +176,12 @@ def main():
                                       stream.synchronize) for det, name in ((True, "det"), (False, "atomic"))}
             if opts.fa3:
                 impls.update(fa3_impls(sets, opts.causal))
-            report["steady_loops"] = steady_loops(impls, opts.loop_s, smi_lines)
+            report["steady_loops"] = steady_loops(impls, opts.loop_s, smi)
             for v in report["steady_loops"].values():
                 v["tflops"] = flops / v["ms_per_call"] / 1e9
     finally:
-        smi.terminate()
-        smi.wait()
-    trace.seek(0)
-    report["nvidia_smi"] = trace.read().splitlines()
+        report["nvidia_smi"] = smi.lines()
+        smi.close()
     with open(opts.json, "w") as f:
         json.dump(report, f, indent=1)
 

@@ -301,16 +301,13 @@ def all_specs() -> list:
     seen = set()
     for dtype, head_dim, causal in itertools.product(SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS, (False, True)):
         batch = [fwd_spec(dtype, head_dim, causal)]
-        if head_dim not in BWD_HEAD_DIMS:
-            specs.extend(spec for spec in batch if spec not in seen)
-            seen.update(batch)
-            continue
-        batch.extend(bwd_specs(dtype, head_dim, causal))
-        batch.append(bwd_specs(dtype, head_dim, causal, compact=True).main)
-        batch.append(bwd_specs(dtype, head_dim, causal, softcap=True).main)  # logit soft-capping
-        for softcap in (False, True):                 # the 80-query tile
-            batch.extend(bwd_specs(dtype, head_dim, causal, softcap=softcap, seqlen_q=CAUSAL80_MIN_SEQLEN))
-        batch.append(expand_spec())
+        if head_dim in BWD_HEAD_DIMS:
+            batch.extend(bwd_specs(dtype, head_dim, causal))
+            batch.append(bwd_specs(dtype, head_dim, causal, compact=True).main)
+            batch.append(bwd_specs(dtype, head_dim, causal, softcap=True).main)  # logit soft-capping
+            for softcap in (False, True):                 # the 80-query tile
+                batch.extend(bwd_specs(dtype, head_dim, causal, softcap=softcap, seqlen_q=CAUSAL80_MIN_SEQLEN))
+            batch.append(expand_spec())
         for spec in batch:
             if spec not in seen:
                 seen.add(spec)

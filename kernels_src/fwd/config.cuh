@@ -30,9 +30,8 @@ static_assert(DASH_NUM_THREADS == kNumThreads, "launched with 384 threads");
 static_assert(kHeadDimIO == 64 || kHeadDimIO == 96 || kHeadDimIO == 128 || kHeadDimIO == 192 || kHeadDimIO == 256,
               "head dim 64, 96, 128, 192 or 256");
 static_assert(kBlockM == 64 * kNumMmaWg, "each MMA warpgroup owns 64 query rows");
-static_assert(kBlockN % 16 == 0 && (kBlockN == 64 || kBlockN == 80 || kBlockN == 112 || kBlockN == 128 ||
-                                    kBlockN == 176),
-              "the wgmma wrappers have N = 64, 80, 112, 128 or 176 (and P V takes 16 keys a k-step)");
+static_assert(kBlockN == 64 || kBlockN == 80 || kBlockN == 112 || kBlockN == 128 || kBlockN == 176,
+              "the wgmma wrappers have N = 64, 80, 112, 128 or 176 (multiples of P V's 16 keys a k-step)");
 
 // Accumulator registers per thread (m64nN fp32: N / 2).
 constexpr int kSRegs = kBlockN / 2;   // S = Q K^T, then P: 64 queries x kBlockN keys

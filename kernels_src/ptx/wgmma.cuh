@@ -2,8 +2,8 @@
 // wait_group, the shared-memory matrix descriptor (128B swizzle), and wgmma.mma_async m64nNk16 with fp32
 // accumulators, A from shared memory (SS) or from registers (RS), for N = 64 and 128 (SS also 80: the backward's
 // 80-query tile and the head-dim-256 forward's 80-key tile, 112: the head-dim-192 forward's 112-key tile, 176: the
-// forward's 176-key tile, and 32 and 96: the head-dim-96 probe,
-// tests/gpu/kernels/wgmma_n96.cu; RS also 96: O, dV and dK at head dim 96).
+// forward's 176-key tile, 32 and 96: the head-dim-96 probe, tests/gpu/kernels/wgmma_n96.cu, and 48: the head-dim-192
+// backward plan's dQ^T pieces, tests/gpu/kernels/bwd192_visit.cu; RS also 96: O, dV and dK at head dim 96).
 #pragma once
 #include "../common.cuh"
 

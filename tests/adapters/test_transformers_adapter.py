@@ -12,6 +12,7 @@ import pytest
 
 from cupy_dash import schedule
 from cupy_dash.core import transformers_rules as rules
+from cupy_dash.cuda import kernels
 
 from fresh_interpreter import run
 
@@ -109,6 +110,7 @@ def test_head_dim_and_mask_errors():
     rules.check_head_dims(LLAMA, 64, 64)
     rules.check_head_dims(LLAMA, 96, 96)            # Phi: the head-dim-128 kernels, padded
     rules.check_head_dims(LLAMA, 128, 128)
+    assert rules.HEAD_DIMS == kernels.BWD_HEAD_DIMS             # the rules' copy of the backward's head dims
     with pytest.raises(NotImplementedError, match=r"head dim 160.*64, 96 or 128.*config\.head_dim"):
         rules.check_head_dims(LLAMA, 160, 160)
     with pytest.raises(NotImplementedError, match="value head dim 64"):

@@ -53,3 +53,24 @@ def test_markdown_names_every_implementation_and_the_ratio():
     text = sb.markdown(report)
     assert "| full:1280 | dash_det | 111 |" in text
     assert "| full:1280 | 1.10 (1.05-1.12) |" in text
+
+
+def test_smi_windows_parse_each_complete_line_once(tmp_path):
+    """Smi.window: medians of the samples between two times, read incrementally from nvidia-smi's trace; a line
+    still being written waits for the next read (no nvidia-smi here: the trace is written by the test)."""
+    import datetime as dt
+    smi = sb.Smi.__new__(sb.Smi)
+    smi.trace = open(tmp_path / "trace.csv", "w+")
+    smi.samples, smi._raw, smi._pos = [], [], 0
+    t0 = dt.datetime(2026, 12, 3, 12, 0, 0)
+
+    def line(i, mhz, watt):
+        stamp = (t0 + dt.timedelta(milliseconds=20 * i)).strftime("%Y/%m/%d %H:%M:%S.%f")[:-3]
+        return f"{stamp}, {mhz} MHz, {watt} W, 40"
+
+    smi.trace.write("\n".join(line(i, 1700 + i, 600 + i) for i in range(5)) + "\n" + line(5, 1980, 700)[:12])
+    assert smi.window(t0, t0 + dt.timedelta(milliseconds=45)) == (1701, 601, 3)
+    assert len(smi.samples) == 5                               # the partial sixth line is not parsed yet
+    smi.trace.write(line(5, 1980, 700)[12:] + "\n")
+    assert smi.window(t0 + dt.timedelta(milliseconds=90), t0 + dt.timedelta(seconds=1)) == (1980, 700, 1)
+    assert len(smi.samples) == 6 and len(smi.lines()) == 6
