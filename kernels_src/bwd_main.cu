@@ -1,42 +1,26 @@
 #include "common.cuh"
 // Attention backward, main kernel, Hopper engine: a persistent CTA walks its visits (bh, n_block, m_block) of
 // the schedule table in order. Warp specialized: a producer warp loads tiles by TMA (bwd/producer.cuh), two MMA
-// warpgroups compute S^T, P^T, dP^T, dS^T, dV, dK and the dQ partial with wgmma (bwd/mainloop.cuh) and write
-// dK, dV once per KV tile (bwd/epilogue.cuh), and two writer warps (alternate visits) add the dQ partials into
-// dq_accum (bwd/dq_reduce.cuh), in each tile's rank order when the launch is deterministic. The kernel applies no
-// policy: the table decides everything. A folded backward (p.fold, fixed-length batches) also runs the preprocess and
-// postprocess passes (bwd/fold.cuh).
+// warpgroups compute S^T, P^T, dP^T, dS^T, dV, dK and the dQ partial with wgmma (bwd/mainloop.cuh; head dim 256:
+// bwd/split_step.cuh) and write dK, dV once per KV tile, and two writer warps (alternate visits) add the dQ
+// partials into dq_accum (bwd/dq_reduce.cuh), in each tile's rank order when the launch is deterministic. The kernel
+// applies no policy: the table decides everything. A folded backward (p.fold, fixed-length batches) also runs the
+// preprocess and postprocess passes (bwd/fold.cuh).
 #include "bwd/config.cuh"
 #include "bwd/dq_reduce.cuh"
-#include "bwd/epilogue.cuh"
 #include "bwd/fold.cuh"
-#include "bwd/mainloop.cuh"
 #include "bwd/producer.cuh"
+#if DASH_HEAD_DIM == 256
+#include "bwd/split_step.cuh"
+#else
+#include "bwd/mainloop.cuh"
+#endif
 #include "params.cuh"
 #include "ptx/mbarrier.cuh"
 #include "ptx/setmaxnreg.cuh"
 #include "schedule_view.cuh"
 
 using namespace bwd;
-
-// One MMA warpgroup: dK, dV of the current KV tile live in registers across its run of visits. The visits come
-// from the producer (VisitSlot), so the MMA warpgroups read nothing of the schedule table.
-DASH_DEVICE void consume(const BwdParams& p, const ScheduleView& sched, const Smem& s, char* smem_generic, int wg,
-                         int tid) {
-  float dK[kDkvRegs], dV[kDkvRegs];
-#pragma unroll
-  for (int i = 0; i < kDkvRegs; ++i) dK[i] = dV[i] = 0.f;
-  uint32_t groups = 0, j = 0;
-  bool first = true;
-  for (int64_t v = sched.begin; v < sched.end; ++v, ++j) {
-    const VisitSlot done = bwd_step(p, s, smem_generic, v, j, groups, first, dK, dV, wg, tid);
-    first = done.last;
-    if (done.last) {
-      store_dkv(p, done.w, dK, dV, wg, tid);
-      ++groups;
-    }
-  }
-}
 
 extern "C" __global__ void __launch_bounds__(kNumThreads, 1) dash_bwd_main(const __grid_constant__ BwdParams p) {
   extern __shared__ __align__(kSmemAlign) char smem_raw[];
@@ -68,8 +52,10 @@ extern "C" __global__ void __launch_bounds__(kNumThreads, 1) dash_bwd_main(const
     for (int stage = 0; stage < kStages; ++stage) {
       mbar_init(s.q_full(stage), 1);
       mbar_init(s.q_empty(stage), kNumMmaWg);
-      mbar_init(s.do_full(stage), 1);
-      mbar_init(s.do_empty(stage), kNumMmaWg);
+      if (stage < kDoStages) {  // NOTES: kDoStages <= kStages (bwd/config.cuh)
+        mbar_init(s.do_full(stage), 1);
+        mbar_init(s.do_empty(stage), kNumMmaWg);
+      }
     }
     mbar_fence_init();
   }

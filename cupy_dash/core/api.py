@@ -282,8 +282,8 @@ def attention_forward(q, k, v, *, causal=False, softmax_scale=None, window=(-1, 
     Args:
         q: ``(B, Sq, H, D)`` bf16/fp16 CUDA tensor (torch, JAX, CuPy or any ``__dlpack__`` object).
         k, v: ``(B, Sk, Hkv, D)``, same dtype and device; ``H % Hkv == 0`` (query head ``h`` reads kv head
-            ``h // (H // Hkv)``). D is 64, 96 or 128. Strided inputs are read in place if the last dim is contiguous,
-            other strides are multiples of 8 elements and the base is 16-byte aligned.
+            ``h // (H // Hkv)``). D is 64, 96, 128 or 256. Strided inputs are read in place if the last dim is
+            contiguous, other strides are multiples of 8 elements and the base is 16-byte aligned.
         causal: bottom-right aligned causal mask (query ``i`` sees key ``j <= i + Sk - Sq``).
         softmax_scale: default ``1 / sqrt(D)``.
         window: sliding-window (local) attention, FlashAttention's ``window_size``: query ``i`` sees keys

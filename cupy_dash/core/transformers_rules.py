@@ -13,7 +13,7 @@ is shorter than the keys), so ``s`` maps to ``(s - 1, 0)`` causal and ``(s - 1, 
 from __future__ import annotations
 
 NAME = "cupy_dash"
-HEAD_DIMS = (64, 96, 128)   # kernels.BWD_HEAD_DIMS (a test of the transformers adapter keeps them equal)
+HEAD_DIMS = (64, 96, 128, 256)   # kernels.BWD_HEAD_DIMS (a test of the transformers adapter keeps them equal)
 
 
 def window(sliding_window, causal: bool) -> tuple:
@@ -84,8 +84,9 @@ def check_head_dims(config, head_dim: int, value_dim: int) -> None:
     if head_dim not in HEAD_DIMS or value_dim != head_dim:
         setting = config_attribute(config, head_dim, "head_dim") if head_dim not in HEAD_DIMS else \
             "the model's value head dim"
+        dims = f"{', '.join(map(str, HEAD_DIMS[:-1]))} or {HEAD_DIMS[-1]}"
         raise _unsupported(f"query/key head dim {head_dim} with value head dim {value_dim} (it needs both equal to "
-                           f"64, 96 or 128)", setting, "use a model whose heads are 64, 96 or 128 wide")
+                           f"{dims})", setting, f"use a model whose heads are {dims} wide")
 
 
 def check_mask(ndim: int, dtype_name: str, floating: bool) -> None:

@@ -26,7 +26,7 @@ from .params import (BWD_PARAMS_DTYPE, FWD_PARAMS_DTYPE, PARAMS_STRUCTS, pack_bw
 from .params import CONSTANTS as K
 
 SUPPORTED_HEAD_DIMS = (64, 96, 128, 192, 256)   # the forward's
-BWD_HEAD_DIMS = (64, 96, 128)                    # the backward's (192 and 256: docs/decisions/tile-plans.md)
+BWD_HEAD_DIMS = (64, 96, 128, 256)               # the backward's (192: docs/decisions/tile-plans.md)
 SUPPORTED_DTYPES = ("bfloat16", "float16")
 
 
@@ -62,10 +62,12 @@ TILES = {
     ("bwd_main", 96, "full80"): TileConfig(block_m=80, block_n=128, threads=MAIN_THREADS),
     ("bwd_main", 128): TileConfig(block_m=64, block_n=128, threads=MAIN_THREADS),
     ("bwd_main", 128, "full80"): TileConfig(block_m=80, block_n=128, threads=MAIN_THREADS),
+    ("bwd_main", 256): TileConfig(block_m=64, block_n=64, threads=MAIN_THREADS),
 }
 # NOTES: head dim 96 takes head dim 128's tiles: its kernels are the head-dim-128 ones padded (padded_head_dim).
 # Head dims 192 and 256 take 64 keys per forward tile: Q and two K / V stages of 128 keys would need 247 / 329 KB of
-# shared memory (docs/decisions/tile-plans.md "Head dims 192 and 256: the forward").
+# shared memory (docs/decisions/tile-plans.md "Head dims 192 and 256: the forward"). The head-dim-256 backward splits
+# the head dim between its MMA warpgroups on 64 x 64 tiles (kernels_src/bwd/split_step.cuh).
 AUX_THREADS = K.kAuxThreads
 
 
@@ -82,14 +84,18 @@ def _fwd_smem(t: TileConfig, d: int, stages: int | None = None) -> int:
 
 
 def _bwd_main_smem(t: TileConfig, d: int) -> int:
-    """kernels_src/bwd/config.cuh SmemLayout: K x k_stages, V; Q, dO, dS x stages; fp32 dQ; lse, dpsum x stages;
-    2 x k_stages + 2 + 4 x stages mbarriers; a visit slot per stage; the alignment slack. The 80-query tile has one
-    K buffer."""
-    stages, k_stages = K.kBwdStages, (K.kBwdKStages if t.block_m != 80 else 1)
-    d = padded_head_dim(d)
-    return ((k_stages + 1) * t.block_n * d * 2 + stages * 2 * t.block_m * d * 2 + stages * t.block_m * t.block_n * 2
-            + t.block_m * d * 4 + stages * 2 * t.block_m * 4
-            + K.kMbarrierBytes * (2 * k_stages + 2 + 4 * stages) + K.kVisitSlotBytes * stages + K.kSmemAlign)
+    """kernels_src/bwd/config.cuh SmemLayout: K x k_stages, V; Q x stages, dO x do_stages, dS x stages (head dim
+    256: P^T too); the fp32 dQ staging (head dim 256: half the tile); lse x stages, dpsum x do_stages; 2 x (k_stages
+    + 1 + stages + do_stages) mbarriers; a visit slot per stage; the alignment slack. The 80-query tile has one K
+    buffer, head dim 256 one K buffer and one dO stage."""
+    split = d == 256
+    stages, d = K.kBwdStages, padded_head_dim(d)
+    k_stages = 1 if t.block_m == 80 or split else K.kBwdKStages
+    do_stages = 1 if split else stages
+    return ((k_stages + 1) * t.block_n * d * 2 + (stages + do_stages) * t.block_m * d * 2
+            + (2 if split else 1) * stages * t.block_m * t.block_n * 2
+            + t.block_m * d * 4 // (2 if split else 1) + (stages + do_stages) * t.block_m * 4
+            + K.kMbarrierBytes * 2 * (k_stages + 1 + stages + do_stages) + K.kVisitSlotBytes * stages + K.kSmemAlign)
 
 
 # kernel name: (source file, entry point, dynamic smem bytes as a function of (tile, head_dim))

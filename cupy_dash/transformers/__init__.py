@@ -23,7 +23,7 @@ as they are (no repeated KV heads); ``softcap`` (Gemma 2's ``config.attn_logit_s
 cap. float32 q, k, v are cast to the autocast dtype, else to the dtype of the module's Linear weights, and raise
 where that is float32 too. What the kernels cannot do raises ``NotImplementedError`` naming the model setting:
 attention dropout in training, attention sinks, 4D / additive masks, custom mask overlays, chunked attention beyond
-one chunk, head dims other than 64, 96 and 128 (the backward's: kernels.BWD_HEAD_DIMS).
+one chunk, head dims other than 64, 96, 128 and 256 (the backward's: kernels.BWD_HEAD_DIMS).
 
 The backward is deterministic (``schedule="auto"``) unless registered otherwise with :func:`register`; a model's
 own ``deterministic`` argument (ModernBERT's ``config.deterministic_flash_attn``) is not consulted. The unpadding

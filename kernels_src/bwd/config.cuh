@@ -31,8 +31,17 @@ constexpr int kBlockN = DASH_BLOCK_N;  // keys per KV tile (n_block)
 using namespace roles;  // kNumMmaWg, kWgThreads, kNumThreads, kProducerRegs, kMmaRegs (warp_roles.cuh)
 static_assert(DASH_NUM_THREADS == kNumThreads, "launched with 384 threads");
 
-static_assert(kHeadDimIO == 64 || kHeadDimIO == 96 || kHeadDimIO == 128, "head dim 64, 96 or 128");
-static_assert(kBlockN == 64 * kNumMmaWg, "each MMA warpgroup owns 64 keys: the rows of its S^T, dP^T, dK, dV");
+static_assert(kHeadDimIO == 64 || kHeadDimIO == 96 || kHeadDimIO == 128 || kHeadDimIO == 256,
+              "head dim 64, 96, 128 or 256");
+// NOTES: head dim 256 splits the head dim, not the keys, between the MMA warpgroups (bwd/split_step.cuh): 64 x d x 2
+// fp32 accumulators of dK and dV per warpgroup would need d registers per thread, more than its 240 with S^T and dP^T
+// beside them. Both warpgroups then work on the same 64 keys: warpgroup wg computes S^T and dP^T for queries
+// [kWgQueries wg, + kWgQueries) and dK^T, dV^T and dQ for head-dim [128 wg, + 128).
+constexpr bool kSplitHeadDim = kHeadDim == 256;
+static_assert(kSplitHeadDim ? kBlockN == 64 && kBlockM == 64 : kBlockN == 64 * kNumMmaWg,
+              "each MMA warpgroup owns 64 keys (the rows of its S^T, dP^T, dK, dV), or all of them share 64 keys and "
+              "64 queries (head dim 256)");
+constexpr int kWgQueries = kSplitHeadDim ? kBlockM / kNumMmaWg : kBlockM;  // the columns of a warpgroup's S^T
 // dQ = dS K: warpgroup wg computes a 64 x kDqCols piece of the kBlockM x kHeadDim tile. With kBlockM = 128
 // (hdim 64) it owns query rows [64 wg, 64 wg + 64) and every column; with kBlockM = 64 (hdim 128) every row and
 // head-dim columns [64 wg, 64 wg + 64). Either way its B operand (K) is one whole 64-column panel. With kBlockM =
@@ -40,13 +49,20 @@ static_assert(kBlockN == 64 * kNumMmaWg, "each MMA warpgroup owns 64 keys: the r
 // rows [64 wg, 64 wg + 64) by the 80 queries, K^T being an MN-major A operand (one panel of K) and dS a K-major B.
 using DqLayout = DqAccumLayout<kBlockM, kHeadDim>;
 static_assert(DqLayout::kSplitRows ? kHeadDim == 64
-                                   : ((kBlockM == 64 || kBlockM == 80) && kHeadDim == 64 * kNumMmaWg),
-              "tile plans: hdim 64 with kBlockM 128, hdim 128 with kBlockM 64 or 80");
+              : kSplitHeadDim ? kBlockM == 64
+                              : ((kBlockM == 64 || kBlockM == 80) && kHeadDim == 64 * kNumMmaWg),
+              "tile plans: hdim 64 with kBlockM 128, hdim 128 with kBlockM 64 or 80, hdim 256 with kBlockM 64");
 constexpr int kDqCols = DqLayout::kCols;
 
+// dQ pieces a warpgroup hands to the dQ writer per visit: one, or two 64 x 64 chunks at head dim 256.
+constexpr int kDqPieces = DqLayout::kSlices / kNumMmaWg;
+
 // Accumulator registers per thread (m64nN fp32: N / 2).
-constexpr int kSRegs = kBlockM / 2;     // S^T and dP^T: 64 keys x kBlockM queries
-constexpr int kDkvRegs = kHeadDimIO / 2;  // dK and dV: 64 keys x kHeadDimIO (head dim 96: N = 96, no padding)
+constexpr int kSRegs = kWgQueries / 2;  // S^T and dP^T: 64 keys x kWgQueries queries
+// dK and dV: 64 keys x kHeadDimIO (head dim 96: N = 96, no padding); head dim 256: dK^T and dV^T, two m64 halves of
+// 64 head-dim rows x 64 keys each (kDkvHalves x 32).
+constexpr int kDkvRegs = kSplitHeadDim ? kHeadDim / kNumMmaWg / 2 : kHeadDimIO / 2;
+constexpr int kDkvHalves = kSplitHeadDim ? 2 : 1;
 constexpr int kDqRegs = kDqCols / 2;    // dQ piece: 64 x kDqCols
 
 #ifndef DASH_DQ_WRITERS
@@ -61,10 +77,12 @@ constexpr int kDqRegs = kDqCols / 2;    // dQ piece: 64 x kDqCols
 constexpr int kDqWriters = DASH_DQ_WRITERS;
 static_assert(DASH_DQ_WRITERS == 1 || DASH_DQ_WRITERS == 2, "one or two dQ writer warps");
 
-constexpr int kStages = kBwdStages;                            // Q (+ lse_log2), dO (+ dpsum) and dS buffers
+constexpr int kStages = kBwdStages;                            // Q (+ lse_log2) and dS (head dim 256: P^T, dS^T)
+// dO (+ dpsum) buffers: one at head dim 256, whose second would not fit.
+constexpr int kDoStages = kSplitHeadDim ? 1 : kBwdStages;
 // K buffers: the next KV tile's K loads early into the second one, unless its 32 KB went to the larger Q, dO, dS
 // and dQ tiles of the 80-query plan (which then fill 224 KB without it).
-constexpr int kKStages = !DqLayout::kTransposed ? kBwdKStages : 1;
+constexpr int kKStages = !DqLayout::kTransposed && !kSplitHeadDim ? kBwdKStages : 1;
 
 // Named barriers (id 0 is __syncthreads), all of the kernel's: both MMA warpgroups after writing dS; per MMA
 // warpgroup, its dQ slice written (MMA warpgroup arrives, dQ writer warp syncs) and free again (the other way
@@ -117,24 +135,26 @@ DASH_DEVICE void dq_handoff_barrier(int wg) {
 // K, V, Q, dO are K-major for S^T = K Q^T and dP^T = V dO^T (rows x head dim, 64-column panels of rows x 128 B);
 // the same bytes serve as MN-major B operands of dV += P^T dO, dK += dS^T Q and dQ = dS K. dS is queries x keys
 // (panel wg holds the keys of MMA warpgroup wg). Every tile size is a multiple of 1024 bytes. The producer
-// publishes each visit's coordinates in its stage's VisitSlot (producer.cuh).
+// publishes each visit's coordinates in its stage's VisitSlot (producer.cuh). Head dim 256: one K buffer, one dO
+// stage (with its dpsum), and P^T beside dS^T, both keys x queries (one 64-column panel), x2 by visit parity.
 struct SmemLayout {
   static constexpr int kKV = kBlockN * kHeadDim * 2;
   static constexpr int kQ = kBlockM * kHeadDim * 2;  // also dO
-  static constexpr int kDS = kBlockM * kBlockN * 2;
+  static constexpr int kDS = kBlockM * kBlockN * 2;  // also P^T
   static constexpr int kDqSlice = DqLayout::kSliceVecs * 16;  // one MMA warpgroup's fp32 dQ piece
   static constexpr int kRow = kBlockM * 4;           // lse_log2 or dpsum of one Q tile
   static constexpr int kK = 0;
   static constexpr int kV = kK + kKStages * kKV;
   static constexpr int kQs = kV + kKV;
   static constexpr int kDOs = kQs + kStages * kQ;
-  static constexpr int kDSs = kDOs + kStages * kQ;
+  static constexpr int kPs = kDOs + kDoStages * kQ;
+  static constexpr int kDSs = kPs + (kSplitHeadDim ? kStages * kDS : 0);
   static constexpr int kDq = kDSs + kStages * kDS;
   static constexpr int kLse = kDq + kNumMmaWg * kDqSlice;
   static constexpr int kDpsum = kLse + kStages * kRow;
-  static constexpr int kBars = kDpsum + kStages * kRow;
+  static constexpr int kBars = kDpsum + kDoStages * kRow;
   // k_full[], k_empty[], v_full, v_empty, q_full[], q_empty[], do_full[], do_empty[]
-  static constexpr int kNumBars = 2 * kKStages + 2 + 4 * kStages;
+  static constexpr int kNumBars = 2 * kKStages + 2 + 2 * kStages + 2 * kDoStages;
   static constexpr int kVisits = kBars + kMbarrierBytes * kNumBars;  // one VisitSlot per stage
   static constexpr int kBytes = kVisits + kVisitSlotBytes * kStages;
   static constexpr int kDynamicBytes = kBytes + kSmemAlign;  // slack to align the base
@@ -152,6 +172,7 @@ struct Smem {
   DASH_DEVICE uint32_t v() const { return base + SmemLayout::kV; }
   DASH_DEVICE uint32_t q(int stage) const { return base + SmemLayout::kQs + stage * SmemLayout::kQ; }
   DASH_DEVICE uint32_t dout(int stage) const { return base + SmemLayout::kDOs + stage * SmemLayout::kQ; }
+  DASH_DEVICE uint32_t pt(int stage) const { return base + SmemLayout::kPs + stage * SmemLayout::kDS; }
   DASH_DEVICE uint32_t ds(int stage) const { return base + SmemLayout::kDSs + stage * SmemLayout::kDS; }
   DASH_DEVICE uint32_t dq(int wg) const { return base + SmemLayout::kDq + wg * SmemLayout::kDqSlice; }
   DASH_DEVICE uint32_t lse(int stage) const { return base + SmemLayout::kLse + stage * SmemLayout::kRow; }
@@ -165,7 +186,7 @@ struct Smem {
   DASH_DEVICE uint32_t q_full(int stage) const { return bar(2 * kKStages + 2 + stage); }
   DASH_DEVICE uint32_t q_empty(int stage) const { return bar(2 * kKStages + 2 + kStages + stage); }
   DASH_DEVICE uint32_t do_full(int stage) const { return bar(2 * kKStages + 2 + 2 * kStages + stage); }
-  DASH_DEVICE uint32_t do_empty(int stage) const { return bar(2 * kKStages + 2 + 3 * kStages + stage); }
+  DASH_DEVICE uint32_t do_empty(int stage) const { return bar(2 * kKStages + 2 + 2 * kStages + kDoStages + stage); }
 };
 
 }  // namespace bwd

@@ -4,13 +4,15 @@
 #include "../common.cuh"
 
 // NOTES: tile (bh, m_block) is kBlockM * kHeadDim floats at (bh * seqlen_q_rounded + m_block * kBlockM) *
-// kHeadDim. It holds one contiguous slice per MMA warpgroup (its 64 x kCols piece of dQ = dS K, or of
-// dQ^T = K^T dS^T in the transposed plan, see bwd/config.cuh), and a slice holds the m64 accumulator fragments
+// kHeadDim. It holds kSlices contiguous slices, each a 64 x kCols piece of dQ = dS K (or of dQ^T = K^T dS^T in the
+// transposed plan, see bwd/config.cuh), and a slice holds the m64 accumulator fragments
 // in thread order: float4 number 128 c + t is registers 4c .. 4c + 3 of thread t, i.e. rows r, r, r + 8, r + 8
 // and columns col, col + 1, col, col + 1 of the piece with r = 16 (t / 32) + (t % 32) / 4 and col = 8 c + 2 (t %
 // 4). Plans: head dim 64 with kBlockM 128 (pieces are row halves: queries [64 wg, 64 wg + 64), every column);
 // head dim 128 with kBlockM 64 (column halves: every query, head-dim columns [64 wg, 64 wg + 64)); head dim 128
-// with kBlockM 80 (transposed: piece wg is dQ^T's head-dim rows [64 wg, 64 wg + 64) by the kBlockM queries).
+// with kBlockM 80 (transposed: piece wg is dQ^T's head-dim rows [64 wg, 64 wg + 64) by the kBlockM queries); head
+// dim 256 with kBlockM 64 (column quarters: slice i holds head-dim columns [64 i, 64 i + 64), MMA warpgroup wg
+// computes slices 2 wg and 2 wg + 1).
 template <int kBlockM, int kHeadDim>
 struct DqAccumLayout {
   static constexpr bool kSplitRows = kBlockM == 128;
@@ -18,10 +20,11 @@ struct DqAccumLayout {
   static constexpr int kCols = kSplitRows ? kHeadDim : kTransposed ? kBlockM : 64;
   static constexpr int kSliceVecs = 64 * kCols / 4;
   static constexpr int kTileVecs = kBlockM * kHeadDim / 4;
-  static_assert(kTileVecs == 2 * kSliceVecs, "two warpgroup slices per tile");
+  static constexpr int kSlices = kTileVecs / kSliceVecs;
+  static_assert(kTileVecs == kSlices * kSliceVecs && (kSlices == 2 || kSlices == 4), "two or four slices per tile");
 
-  static DASH_DEVICE int row0(int wg) { return kSplitRows ? 64 * wg : 0; }
-  static DASH_DEVICE int col0(int wg) { return kSplitRows || kTransposed ? 0 : 64 * wg; }
+  static DASH_DEVICE int row0(int slice) { return kSplitRows ? 64 * slice : 0; }
+  static DASH_DEVICE int col0(int slice) { return kSplitRows || kTransposed ? 0 : 64 * slice; }
 
   // Row-major pieces: the four float4 4q .. 4q + 3 of column block c (quad q of a warpgroup: the threads
   // 4q .. 4q + 3) hold 8 consecutive columns of two rows: float4 4q + j has (row, col + 2j), (row, col + 2j + 1),
@@ -35,9 +38,9 @@ struct DqAccumLayout {
   static DASH_DEVICE void locate_group(int g, int& vec, int& row, int& col) {
     const int pair = g / kGroupsPerRow, cg = g % kGroupsPerRow;
     row = 16 * (pair / 8) + pair % 8;
-    const int wg = kSplitRows ? row / 64 : cg / 8, c = kSplitRows ? cg : cg % 8, r = row % 64;
-    vec = wg * kSliceVecs + 128 * c + 4 * (8 * (r / 16) + r % 8);
-    col = col0(wg) + 8 * c;
+    const int slice = kSplitRows ? row / 64 : cg / 8, c = kSplitRows ? cg : cg % 8, r = row % 64;
+    vec = slice * kSliceVecs + 128 * c + 4 * (8 * (r / 16) + r % 8);
+    col = col0(slice) + 8 * c;
   }
 
   // Transposed pieces: the 8 float4 vec + 4 i (i = 0..7) of group g hold queries q and q + 1 by head-dim

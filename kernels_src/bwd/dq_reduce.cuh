@@ -49,18 +49,33 @@ DASH_DEVICE void put_slice(float* dst, uint32_t slice, bool first) {
   }
 }
 
+// Piece `piece` of both MMA warpgroups (slices wg * kDqPieces + piece of the tile), as they hand it over: put into
+// the tile (skipped after a failed wait: ok false) and read out of the staging slices when this returns.
+DASH_DEVICE void put_piece(const Smem& s, float* tile, int piece, bool first, bool ok, int lane) {
+  constexpr int kSliceFloats = SmemLayout::kDqSlice / 4;
+  dq_handoff_barrier<kBarDqFull, true>(0);
+  if (lane == 0 && ok) put_slice(tile + piece * kSliceFloats, s.dq(0), first);
+  dq_handoff_barrier<kBarDqFull, true>(1);
+  if (lane == 0) {
+    if (ok) put_slice(tile + (kDqPieces + piece) * kSliceFloats, s.dq(1), first);
+    bulk_commit();
+    bulk_wait_read<0>();
+  }
+  __syncwarp();
+}
+
 // NOTES: deterministic mode is p.dq_semaphore != null (the host's choice per launch, as in row_passes.cuh). The
 // order of the adds into one dq_accum element is then the rank order of the visits: the store of rank 0 or the
 // add of rank r completes (bulk_wait, not .read: the global writes are then visible to this thread) before the
-// release that lets rank r + 1 start. Within a visit the two slices are disjoint. Atomic mode adds into the tile
+// release that lets rank r + 1 start. Within a visit the slices are disjoint. Atomic mode adds into the tile
 // that preprocess zeroed. After a failed wait this CTA skips its adds and releases (the result is
 // discarded: the host raises) but keeps handing the slices back, so that the MMA warpgroups finish.
 DASH_DEVICE void write_dq(const BwdParams& p, const ScheduleView& sched, const Smem& s, int writer, int lane) {
   static_assert(kNumMmaWg == 2, "two dQ slices");
-  // NOTES: the MMA warpgroups wait for the staging slices to be free once per visit, so they are freed once for
-  // each visit: up front for the first, then after each visit that has a successor (named barriers count
-  // arrivals: none may be left over). Writer w runs visits j = w, w + kDqWriters, ... (bwd/config.cuh's
-  // kDqWriters).
+  // NOTES: the MMA warpgroups wait for the staging slices to be free once per dQ piece (kDqPieces per visit), so
+  // they are freed once for each piece: up front for the first, then after each piece that has a successor
+  // (named barriers count arrivals: none may be left over). Writer w runs visits j = w, w + kDqWriters, ...
+  // (bwd/config.cuh's kDqWriters).
   if (writer == 0) dq_staging_free();
   const bool deterministic = p.dq_semaphore != nullptr;
   bool ok = true;
@@ -82,15 +97,11 @@ DASH_DEVICE void write_dq(const BwdParams& p, const ScheduleView& sched, const S
       if (jv > 0) writer_token<true>(writer);
     }
     if (lane == 0) stamp(p, v, kStampTurn);
-    dq_handoff_barrier<kBarDqFull, true>(0);
-    if (lane == 0 && ok) put_slice(tile, s.dq(0), rank == 0);
-    dq_handoff_barrier<kBarDqFull, true>(1);
-    if (lane == 0) {
-      if (ok) put_slice(tile + SmemLayout::kDqSlice / 4, s.dq(1), rank == 0);
-      bulk_commit();
-      bulk_wait_read<0>();
+    put_piece(s, tile, 0, rank == 0, ok, lane);
+    if constexpr (kDqPieces == 2) {
+      dq_staging_free();
+      put_piece(s, tile, 1, rank == 0, ok, lane);
     }
-    __syncwarp();
     if (v + 1 < sched.end) dq_staging_free();
     if (kDqWriters == 2 && v + 1 < sched.end) writer_token<false>(writer ^ 1);
     if (deterministic && lane == 0 && ok) {

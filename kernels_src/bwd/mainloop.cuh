@@ -4,201 +4,12 @@
 // dV += P^T dO and dK += dS^T Q; dS goes through shared memory for dQ = dS K, whose fp32 piece is handed to
 // the dQ writer warp (dq_reduce.cuh).
 #pragma once
-#include "../ptx/cvt.cuh"
-#include "../ptx/exp2.cuh"
-#include "../ptx/lg2.cuh"
-#include "../ptx/fence.cuh"
-#include "../ptx/mbarrier.cuh"
-#include "../ptx/named_barrier.cuh"
-#include "../ptx/tanh.cuh"
-#include "../ptx/wgmma.cuh"
-#include "../bwd_rows.cuh"
-#include "../params.cuh"
-#include "../schedule_view.cuh"
-#include "../swizzled_tile.cuh"
-#include "../wgmma_fragment.cuh"
-#include "config.cuh"
-#include "pipeline.cuh"
-#include "timeline.cuh"
+#include "epilogue.cuh"
+#include "visit_math.cuh"
 
 namespace bwd {
 
-using TileKV = SwizzledTile<kBlockN>;  // K, V: keys x head dim
-using TileQ = SwizzledTile<kBlockM>;   // Q, dO: queries x head dim; dS: queries x keys
-
-// The keys query q sees, bottom-right aligned: lo <= key - q <= hi with hi = Sk - Sq + window_right (causal:
-// Sk - Sq) and lo = Sk - Sq - window_left; an unbounded side is the int extreme, which every offset satisfies.
-struct Band {
-  static constexpr int kUnboundedHi = 0x7fffffff, kUnboundedLo = -kUnboundedHi - 1;
-  int lo, hi;
-  DASH_DEVICE Band(const BwdParams& p, int seqlen_q, int seqlen_k) {
-    const int64_t diag = (int64_t)seqlen_k - seqlen_q;
-    const int64_t right = kCausal ? 0 : p.window_right;
-    hi = right >= 0 ? clamp(diag + right) : kUnboundedHi;
-    lo = p.window_left >= 0 ? clamp(diag - p.window_left) : kUnboundedLo;
-  }
-  DASH_DEVICE static int clamp(int64_t x) {
-    return (int)(x > kUnboundedHi ? kUnboundedHi : x < kUnboundedLo ? kUnboundedLo : x);
-  }
-};
-
-// The queries (columns) of a thread's P^T row that its key sees, relative to column query0 + f.col0 of the tile:
-// [lo, hi], clamped to [-1, kBlockM], empty (lo > hi) for a key >= Sk: one comparison pair per element masks it.
-struct RowWindow {
-  int lo, hi;
-  DASH_DEVICE RowWindow(int key, int col_base, int seqlen_k, const Band& band) {
-    const int64_t first = (int64_t)key - band.hi - col_base, last = (int64_t)key - band.lo - col_base;
-    lo = key < seqlen_k ? (int)(first < -1 ? -1 : first) : 1;
-    hi = key < seqlen_k ? (int)(last > kBlockM ? kBlockM : last) : 0;
-  }
-};
-
-// A visit's tile as the mask sees it: whether it needs the mask at all, and the window of a thread's key row r (0 or
-// 8: its two rows of the 64 x kBlockM accumulator).
-struct TileMask {
-  int key, col_base, seqlen_k;
-  Band band;
-  bool needed;
-  DASH_DEVICE TileMask(int key0, int query0, int seqlen_k_, const Band& band_, const Fragment& f)
-      : key(key0 + f.row0), col_base(query0 + f.col0), seqlen_k(seqlen_k_), band(band_),
-        // NOTES: a tile needs the mask only if it reaches past Sk or one of its offsets key - q leaves the band:
-        // the largest is key0 + 63 - query0, the smallest key0 - (query0 + kBlockM - 1). Uniform per warpgroup.
-        needed(key0 + 64 > seqlen_k_ || key0 + 63 - query0 > band_.hi || key0 - (query0 + kBlockM - 1) < band_.lo) {}
-  DASH_DEVICE RowWindow row(int r) const { return RowWindow(key + r, col_base, seqlen_k, band); }
-};
-
-constexpr bool kCompactTables = DASH_COMPACT != 0;  // schedule_view.cuh defaults the define to 0
-// NOTES: lse_log2 and dpsum of a thread's query columns are loaded into registers early (lse before the S^T wait,
-// dpsum before the dP^T wait) where registers allow: the 64-query tile without soft-capping or compact tables.
-// The others (128 queries at head dim 64, the 80-query tile, soft-capping, compact tables: 8-64 bytes of spills
-// with them) read shared memory at the point of use.
-constexpr bool kRowsInRegs = kBlockM == 64 && !kSoftcap && !kCompactTables;
-
-// lse_log2 or dpsum of the tile's queries as a thread uses them: float2 per column group c (its two query
-// columns 8 c + f.col0, + 1), from registers (kRowsInRegs) or from the stage's shared-memory row.
-struct RowValues {
-  float2 regs[kRowsInRegs ? kBlockM / 8 : 1];
-  const float* row;
-  DASH_DEVICE RowValues(const float* smem_row, const Fragment& f) : row(smem_row + f.col0) {
-    if constexpr (kRowsInRegs) {
-#pragma unroll
-      for (int c = 0; c < kBlockM / 8; ++c) regs[c] = *reinterpret_cast<const float2*>(row + 8 * c);
-    }
-  }
-  DASH_DEVICE float2 operator[](int c) const {
-    if constexpr (kRowsInRegs) return regs[c];
-    return *reinterpret_cast<const float2*>(row + 8 * c);
-  }
-};
-
-// P^T = exp2(S^T * scale_log2 - lse_log2[q]) in place; kMask: 0 where the key does not see the query (the windows
-// of the thread's two key rows, TileMask::row).
-// NOTES: keys >= Sk and keys outside the query's band (window and causal masks) are masked by select. Queries >= Sq
-// and rows whose lse is -inf (no key in their window) have lse_log2 = +inf (preprocess), so P = 2^-inf = 0 there
-// without a mask; TMA zero-fills their Q and dO rows (varlen: loads the next sequence's), so S and dP stay finite.
-// Varlen builds: Sq, Sk and the band are the visit's sequence's.
-template <bool kMask>
-DASH_DEVICE void softmax_probs(float (&S)[kSRegs], const RowValues& lse_log2, float scale_log2,
-                               const TileMask& mask) {
-  const RowWindow rows[2] = {mask.row(0), mask.row(8)};  // computed in the masked copy only (unused otherwise)
-#pragma unroll
-  for (int c = 0; c < kBlockM / 8; ++c) {
-    const float2 l = lse_log2[c];
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int i = 4 * c + e, col = Fragment::col(i);
-      const RowWindow& r = rows[(e / 2) % 2];
-      const float x = fmaf(S[i], scale_log2, -(e % 2 ? l.y : l.x));
-      S[i] = !kMask || (col >= r.lo && col <= r.hi) ? exp2_approx(x) : 0.f;
-    }
-  }
-}
-
-// Soft-capping: S^T -> t = tanh(S^T * prescale) in place (the scores in tanh units); dS gets the factor 1 - t^2.
-// NOTES: two ways to keep that factor to dS. Head dim 128 (kBlockM 64): dT[k] = 1 - t^2 of registers 2k, 2k + 1
-// rounded to an element pair, as dS itself (which it scales) is; 16 registers live across the dP wait fit in an
-// MMA warpgroup's 240. Head dim 64 (kBlockM 128) has 32 such registers and spilled with them: t is recovered
-// from the rounded P instead, t = (log2 P + lse_log2) / softmax_scale_log2 (P > 0; where P is 0, so is dS): one
-// lg2 per element, about the rounding of P in error.
-constexpr bool kSoftcapKeepDt = kSoftcap && kBlockM == 64;
-constexpr int kDtRegs = kSoftcapKeepDt ? kSRegs / 2 : 1;
-DASH_DEVICE void softcap_scores(float (&S)[kSRegs], uint32_t (&dT)[kDtRegs], float prescale) {
-#pragma unroll
-  for (int k = 0; k < kSRegs / 2; ++k) {
-    const float t0 = tanh_approx(S[2 * k] * prescale), t1 = tanh_approx(S[2 * k + 1] * prescale);
-    S[2 * k] = t0;
-    S[2 * k + 1] = t1;
-    if constexpr (kSoftcapKeepDt) dT[k] = pack_elem2(fmaf(-t0, t0, 1.f), fmaf(-t1, t1, 1.f));
-  }
-}
-
-// 1 - t^2 from a rounded probability p = exp2(t * scale_log2 - lse_log2) (head dim 64's way; 0 where p is 0).
-DASH_DEVICE float softcap_factor_from_prob(float p, float lse_log2, float inv_scale_log2) {
-  const float t = (lg2_approx(p) + lse_log2) * inv_scale_log2;
-  return p > 0.f ? fmaf(-t, t, 1.f) : 0.f;
-}
-
-// dS^T = P^T o (dP^T - dpsum[q]) from the rounded P^T fragments, straight into A fragments (soft-capping: times
-// dT).
-// NOTES: dS uses P rounded to the input precision, as the low-precision baseline of the tolerance rule does
-// (reference.backward_lowp): keeping fp32 P, its fragments, dP and dpsum live together needs more than the 240
-// registers of an MMA warpgroup (measured 241), and then ptxas serializes the wgmmas and spills.
-DASH_DEVICE void softmax_grad(uint32_t (&dSa)[kBlockM / 16][4], const uint32_t (&Pa)[kBlockM / 16][4],
-                              const float (&dP)[kSRegs], const RowValues& dpsum, const uint32_t (&dT)[kDtRegs],
-                              const RowValues& lse_log2, float inv_scale_log2) {
-#pragma unroll
-  for (int ks = 0; ks < kBlockM / 16; ++ks) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int i = 8 * ks + 2 * j;
-      const float2 d = dpsum[i / 4];
-      const float2 prob = unpack_elem2(Pa[ks][j]);
-      float ds0 = prob.x * (dP[i] - d.x), ds1 = prob.y * (dP[i + 1] - d.y);
-      if constexpr (kSoftcapKeepDt) {
-        const float2 t = unpack_elem2(dT[i / 2]);
-        ds0 *= t.x;
-        ds1 *= t.y;
-      } else if constexpr (kSoftcap) {
-        const float2 l = lse_log2[i / 4];
-        ds0 *= softcap_factor_from_prob(prob.x, l.x, inv_scale_log2);
-        ds1 *= softcap_factor_from_prob(prob.y, l.y, inv_scale_log2);
-      }
-      dSa[ks][j] = pack_elem2(ds0, ds1);
-    }
-  }
-}
-
-// From the S^T wait to the dS^T store of a visit: P^T into Pa, dS^T into dSa and the stage's dS tile; V released
-// after the group's last dP^T. Issued after S^T and dP^T (two commit groups).
-// NOTES: instantiated per kMask and branched on before the S^T wait, so that neither copy has a branch from the
-// wait to the dS^T store: a branch there splits ptxas's scheduling region (it waits for every outstanding load and
-// MUFU result at a branch), and masking every tile by select cost 19 % more executed instructions
-// (docs/decisions/bwd-visit-loop.md, "The branch-free softmax, measured").
-template <bool kMask>
-DASH_DEVICE void probs_and_grads(float (&S)[kSRegs], float (&dP)[kSRegs], uint32_t (&Pa)[kBlockM / 16][4],
-                                 uint32_t (&dSa)[kBlockM / 16][4], const TileMask& mask, const BwdParams& p,
-                                 const Smem& s, char* smem_generic, int stage, bool release_v, int64_t v, int wg,
-                                 int tid, const Fragment& f) {
-  // NOTES: lse_log2 into registers just before the S^T wait, after the visit's last branch: loads issued before a
-  // branch are waited for at its join, and while S^T runs shared memory is the tensor cores' (ncu at causal 8k:
-  // 8 % of the samples at the join after the V wait when they were issued right after S^T).
-  const RowValues lse_row(reinterpret_cast<const float*>(smem_generic + (s.lse(stage) - s.base)), f);
-  wgmma_wait<1>();
-  wgmma_fence_operand(S);
-  stamp_wg(p, v, wg, tid, kWgSDone);
-  uint32_t dT[kDtRegs];
-  if constexpr (kSoftcap) softcap_scores(S, dT, p.softcap_prescale);
-  softmax_probs<kMask>(S, lse_row, p.softmax_scale_log2, mask);
-  const RowValues dpsum_row(reinterpret_cast<const float*>(smem_generic + (s.dpsum(stage) - s.base)), f);
-  pack_fragments<kSRegs>(Pa, S);
-  wgmma_wait<0>();
-  wgmma_fence_operand(dP);
-  stamp_wg(p, v, wg, tid, kWgDpDone);
-  softmax_grad(dSa, Pa, dP, dpsum_row, dT, lse_row, kSoftcap ? 1.f / p.softmax_scale_log2 : 0.f);
-  // dS^T also to shared memory for dQ, which needs the keys of both warpgroups.
-  store_transposed<kBlockM>(s.ds(stage), dSa, 64 * wg, tid);
-  if (release_v && tid == 0) mbar_arrive(s.v_empty());  // dP^T was V's last use
-}
+static_assert(!kSplitHeadDim, "head dim 256: bwd/split_step.cuh");
 
 // acc (64 keys x kBlockM queries) = A B^T over the head dim, A = this warpgroup's 64 rows of K or V (a_desc at
 // k-step 0), B = the Q or dO tile; both K-major: S^T = K Q^T, dP^T = V dO^T. Issues the wgmmas, no commit. Head
@@ -219,25 +30,6 @@ DASH_DEVICE void gemm_accumulate_rs(float (&acc)[kDkvRegs], const uint32_t (&a)[
   }
 }
 
-// Hands this warpgroup's fp32 dQ piece to the dQ writer warp: thread tid stores its registers 4c..4c+3 as one
-// 16-byte word at slice + 16 (128 c + tid) (the dq_accum layout of dq_accum_layout.cuh), conflict-free.
-DASH_DEVICE void store_dq(uint32_t slice, const float (&dQ)[kDqRegs], int tid) {
-#pragma unroll
-  for (int c = 0; c < kDqRegs / 4; ++c) {
-    asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(slice + 16 * (128 * c + tid)), "f"(dQ[4 * c]),
-                 "f"(dQ[4 * c + 1]), "f"(dQ[4 * c + 2]), "f"(dQ[4 * c + 3])
-                 : "memory");
-  }
-}
-
-// Hands this warpgroup's dQ piece to the dQ writer through its staging slice.
-DASH_DEVICE void hand_dq_to_writer(const Smem& s, const float (&dQ)[kDqRegs], int wg, int tid) {
-  dq_handoff_barrier<kBarDqEmpty, true>(wg);
-  store_dq(s.dq(wg), dQ, tid);
-  fence_proxy_async_smem();
-  dq_handoff_barrier<kBarDqFull, false>(wg);
-}
-
 // One visit (index v of the table, read from the producer's VisitSlot, returned): j is the CTA-local visit counter
 // (selects the stage and phase of the Q / dO / dS buffers and the slot), group the CTA-local KV-tile counter
 // (selects the K buffer and the K, V phases). first_in_group (the previous visit was its KV tile's last, or there
@@ -248,7 +40,7 @@ DASH_DEVICE void hand_dq_to_writer(const Smem& s, const float (&dQ)[kDqRegs], in
 DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_generic, int64_t v, uint32_t j,
                                uint32_t group, bool first_in_group, float (&dK)[kDkvRegs], float (&dV)[kDkvRegs],
                                int wg, int tid) {
-  const int stage = (int)(j % kStages);
+  const int stage = (int)(j % kStages), do_stage = (int)(j % kDoStages);
   const uint32_t phase = (j / kStages) & 1;
   const int kbuf = (int)(group % kKStages);
   const Fragment f(tid);
@@ -268,10 +60,10 @@ DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_gen
   const Visit& w = slot.w;
   const bool last_in_group = slot.last;
   if (first_in_group) wait_phase(p, s.v_full(), group & 1);
-  wait_phase(p, s.do_full(stage), phase);
+  wait_phase(p, s.do_full(do_stage), (j / kDoStages) & 1);
   stamp_wg(p, v, wg, tid, kWgDpIssue);
   wgmma_fence();  // NOTES: not required by the ISA here, but ptxas 13.0 injects one (C7519) after the wait loop
-  gemm_keys_by_queries(dP, v_desc, s.dout(stage));
+  gemm_keys_by_queries(dP, v_desc, s.dout(do_stage));
   wgmma_commit();
   const int key0 = w.n_block * kBlockN + 64 * wg, query0 = w.m_block * kBlockM;
   const Head hd(p, w.bh);
@@ -282,14 +74,15 @@ DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_gen
   // P^T from S^T while dP^T is still running, then dS^T.
   uint32_t Pa[kBlockM / 16][4], dSa[kBlockM / 16][4];
   if (mask.needed) {
-    probs_and_grads<true>(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, last_in_group, v, wg, tid, f);
+    probs_and_grads<true>(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, do_stage, last_in_group, v, wg, tid, f);
   } else {
-    probs_and_grads<false>(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, last_in_group, v, wg, tid, f);
+    probs_and_grads<false>(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, do_stage, last_in_group, v, wg, tid,
+                           f);
   }
 
   // dV += P^T dO.
   wgmma_fence();
-  gemm_accumulate_rs(dV, Pa, s.dout(stage), first_in_group);
+  gemm_accumulate_rs(dV, Pa, s.dout(do_stage), first_in_group);
   wgmma_commit();
 
   // dQ piece = dS K over all kBlockN keys, once both warpgroups' dS^T is in shared memory.
@@ -328,7 +121,7 @@ DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_gen
   wgmma_fence_operand(dV);
   wgmma_fence_operand(Pa);
   if (tid == 0) {
-    mbar_arrive(s.do_empty(stage));
+    mbar_arrive(s.do_empty(do_stage));
     if (last_in_group) mbar_arrive(s.k_empty(kbuf));
     if (wg == 0) stamp(p, v, kStampDqReady);
   }
@@ -341,6 +134,25 @@ DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_gen
   wgmma_fence_operand(dSa);
   if (tid == 0) mbar_arrive(s.q_empty(stage));
   return slot;
+}
+
+// One MMA warpgroup: dK, dV of the current KV tile live in registers across its run of visits. The visits come
+// from the producer (VisitSlot), so the MMA warpgroups read nothing of the schedule table.
+DASH_DEVICE void consume(const BwdParams& p, const ScheduleView& sched, const Smem& s, char* smem_generic, int wg,
+                         int tid) {
+  float dK[kDkvRegs], dV[kDkvRegs];
+#pragma unroll
+  for (int i = 0; i < kDkvRegs; ++i) dK[i] = dV[i] = 0.f;
+  uint32_t groups = 0, j = 0;
+  bool first = true;
+  for (int64_t v = sched.begin; v < sched.end; ++v, ++j) {
+    const VisitSlot done = bwd_step(p, s, smem_generic, v, j, groups, first, dK, dV, wg, tid);
+    first = done.last;
+    if (done.last) {
+      store_dkv(p, done.w, dK, dV, wg, tid);
+      ++groups;
+    }
+  }
 }
 
 }  // namespace bwd

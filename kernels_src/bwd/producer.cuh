@@ -1,6 +1,7 @@
 // Backward main kernel, producer warp (warp 0, one lane): TMA loads in the schedule's order. K_j, V_j once per
-// run of visits of one KV tile (K into the other of its two buffers); per visit Q_i with lse_log2_i and dO_i with
-// dpsum_i into the next stage, and the visit itself in the stage's VisitSlot for the MMA warpgroups.
+// run of visits of one KV tile (K into the next of its kKStages buffers); per visit Q_i with lse_log2_i into the next
+// Q stage, with the visit itself in the stage's VisitSlot for the MMA warpgroups, and dO_i with dpsum_i into the next
+// dO stage.
 #pragma once
 #include "../bwd_rows.cuh"
 #include "../params.cuh"
@@ -36,6 +37,8 @@ DASH_DEVICE void produce(const BwdParams& p, const ScheduleView& sched, const Sm
     const BwdRows<kBlockM> seq(p, hd.b, hd.h);
     const int stage = j % kStages;
     const uint32_t phase = (j / kStages) & 1;
+    const int do_stage = j % kDoStages;
+    const uint32_t do_phase = (j / kDoStages) & 1;
     const int64_t row_offset = seq.scratch_row + w.m_block * kBlockM;
     const int q_row = seq.row_q + w.m_block * kBlockM, k_row = seq.row_k + w.n_block * kBlockN;
 
@@ -57,10 +60,10 @@ DASH_DEVICE void produce(const BwdParams& p, const ScheduleView& sched, const Sm
       ++groups;
     }
 
-    wait_phase(p, s.do_empty(stage), phase ^ 1);
-    mbar_arrive_expect_tx(s.do_full(stage), kQBytes);
-    tma_load_tile<kBlockM, kHeadDimIO>(s.dout(stage), &p.tma_do, s.do_full(stage), q_row, hd.h, seq.batch);
-    bulk_load(s.dpsum(stage), p.dpsum + row_offset, SmemLayout::kRow, s.do_full(stage));
+    wait_phase(p, s.do_empty(do_stage), do_phase ^ 1);
+    mbar_arrive_expect_tx(s.do_full(do_stage), kQBytes);
+    tma_load_tile<kBlockM, kHeadDimIO>(s.dout(do_stage), &p.tma_do, s.do_full(do_stage), q_row, hd.h, seq.batch);
+    bulk_load(s.dpsum(do_stage), p.dpsum + row_offset, SmemLayout::kRow, s.do_full(do_stage));
     stamp_producer(p, v, kProdDoIssued);
     prev = w;
     w = next;

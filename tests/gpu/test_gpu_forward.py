@@ -1,7 +1,8 @@
 """GPU tests of the Hopper forward kernel beyond tests/gpu/test_gpu_attention.py's grid of shapes: grouped KV heads
 (GQA / MQA), strided views (q, k, v as slices of one packed qkv buffer), long sequences with many KV tiles per
-CTA, and bitwise repeatability of out and lse; head dims 192 and 256 (the forward only, 64 keys per tile) in each. Every comparison is against the float64 reference with FA3's
-rule (cupy_dash.reference.assert_close_fa3). Skipped without a Hopper GPU.
+CTA, and bitwise repeatability of out and lse; head dims 192 and 256 (64 keys per tile; 192 the forward only) in
+each. Every comparison is against the float64 reference with FA3's rule (cupy_dash.reference.assert_close_fa3).
+Skipped without a Hopper GPU.
 """
 from __future__ import annotations
 
@@ -181,9 +182,9 @@ def test_forward_unbounded_window_is_bitwise_the_plain_forward():
         assert bool((x[1].view(cupy.int32) == y[1].view(cupy.int32)).all())
 
 
-@pytest.mark.parametrize("hdim", [192, 256])
+@pytest.mark.parametrize("hdim", [192])
 def test_backward_refuses_the_forward_only_head_dims(hdim):
-    """Head dims 192 and 256 have no backward yet: it raises before anything is launched, naming the head dims."""
+    """Head dim 192 has no backward yet: it raises before anything is launched, naming the head dims."""
     shape = Shape("bf16", hdim, True, 200, 200, 1, 2, 2)
     q, k, v = (_dev(x) for x in _inputs(shape))
     out, lse = cupy_dash.attention_forward(q, k, v, causal=True)

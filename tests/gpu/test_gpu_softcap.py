@@ -1,7 +1,7 @@
 """Logit soft-capping (``softcap=c``: logits c * tanh(softmax_scale * q.k / c)) through the functional API on the
 GPU: the forward and the backward of the DASH_SOFTCAP builds against the float64 reference under FA3's rule (the
-low-precision baseline with the same cap), every schedule and the atomic path, head dims 64 and 128 (whose
-backwards keep the cap's derivative differently: kernels_src/bwd/mainloop.cuh; the forward also at 192 and 256),
+low-precision baseline with the same cap), every schedule and the atomic path, head dims 64, 128 and 256 (whose
+backwards keep the cap's derivative differently: kernels_src/bwd/visit_math.cuh; the forward also at 192),
 causal and full, Sq != Sk, GQA, a window; the deterministic backward repeats its bits; a cap far above every logit
 gives the uncapped results to rounding; bad caps raise before any launch. Skipped without a Hopper GPU."""
 from __future__ import annotations
@@ -26,12 +26,13 @@ CASES = [
     ("bf16", 64, True, 1299, 1299, 4, 4, (-1, -1), 30.0),
     ("fp16", 64, False, 1000, 300, 6, 2, (-1, -1), 5.0),
     ("bf16", 64, True, 2048, 2048, 2, 2, (256, 0), 50.0),
-]
-# the forward-only head dims (192, 256: Gemma 2's 256 with its cap of 50)
-FWD_CASES = [
-    ("bf16", 256, True, 1000, 1000, 4, 2, (-1, -1), 50.0),
-    ("fp16", 192, False, 300, 777, 2, 1, (-1, -1), 5.0),
+    ("bf16", 256, True, 1000, 1000, 4, 2, (-1, -1), 50.0),   # Gemma 2's head dim and cap
     ("bf16", 256, True, 2048, 2048, 2, 2, (255, 0), 30.0),
+    ("fp16", 256, False, 300, 777, 2, 1, (-1, -1), 5.0),
+]
+# the forward-only head dim 192
+FWD_CASES = [
+    ("fp16", 192, False, 300, 777, 2, 1, (-1, -1), 5.0),
 ]
 MAG = 3.0       # q, k scaled so that scale * q.k reaches several units and the cap matters
 

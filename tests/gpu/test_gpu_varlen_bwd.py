@@ -110,6 +110,15 @@ def test_varlen_backward_per_sequence_head_dim_96(lengths, causal, window, sched
     test_varlen_backward_per_sequence(lengths, 96, causal, window, schedule, monkeypatch)
 
 
+@pytest.mark.parametrize("schedule", ["fa3", "auto"])
+@pytest.mark.parametrize("window", [(-1, -1), (100, 50)], ids=["nowindow", "window"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("lengths", list(LENGTHS), ids=str)
+def test_varlen_backward_per_sequence_head_dim_256(lengths, causal, window, schedule, monkeypatch):
+    """Head dim 256 (the warpgroups split the head dim): the checks of test_varlen_backward_per_sequence."""
+    test_varlen_backward_per_sequence(lengths, 256, causal, window, schedule, monkeypatch)
+
+
 @pytest.mark.parametrize("schedule", ["auto", "fa3"])
 def test_varlen_backward_bits_repeat_and_host_cu_seqlens(schedule):
     h, dev, window = _problem("mixed", 128, True, (-1, -1), H=8, Hkv=8, seed=7)
@@ -306,7 +315,7 @@ def test_jax_varlen_matches_the_functional_api():
         assert (np.asarray(g).view(np.int16) == np.asarray(w).view(np.int16)).all(), f"second packing: {name}"
 
 
-@pytest.mark.parametrize("hdim", [64, 96, 128])
+@pytest.mark.parametrize("hdim", [64, 96, 128, 256])
 def test_varlen_backward_fp16(hdim):
     """fp16 inputs: the fp16 varlen kernels against the float64 reference and, with fa3, the sequence alone."""
     h, dev, _ = _problem("mixed", hdim, True, (-1, -1), seed=9, dtype=np.float16)

@@ -76,12 +76,15 @@ CASES = [
     WinCase("bf16", 128, False, 1000, 300, (10, 5)),          # Sq > Sk, queries 0..694 see no key
     WinCase("bf16", 64, True, 200, 2000, (30, 0)),            # causal, Sq < Sk: 13 of 16 KV tiles unseen
     WinCase("bf16", 64, False, 1000, 1000, (3, -1)),          # left bound only, narrower than a tile
+    WinCase("bf16", 256, False, 1000, 1000, (100, 50)),       # head dim 256: a band narrower than a KV tile
+    WinCase("bf16", 256, True, 1500, 777, (200, 0)),          # head dim 256: causal window, Sq > Sk
 ]
 GQA_CASES = [
     WinCase("bf16", 128, True, 1000, 1000, (300, 0), heads=8, kv_heads=2),
     WinCase("bf16", 64, False, 777, 1500, (100, 200), heads=8, kv_heads=1),
     WinCase("bf16", 128, False, 300, 1000, (10, 5), heads=8, kv_heads=2),
     WinCase("bf16", 64, False, 1200, 640, (0, 64), heads=8, kv_heads=4),
+    WinCase("bf16", 256, True, 1000, 1000, (300, 0), heads=8, kv_heads=2),
 ]
 
 

@@ -73,11 +73,12 @@ SPEC = kernels.bwd_specs("bfloat16", 64, causal=True).main
 def test_all_specs_cover_every_combination():
     specs = kernels.all_specs()
     labels = [s.label for s in specs]
-    assert len(set(labels)) == len(labels) == len(set(specs)) == 20 + 6 + 24 + 6 + 1 + 12 + 24
+    # + head dim 256's backward: 2 preprocess, 2 postprocess, 4 main, 4 compact main, 4 soft-capping main
+    assert len(set(labels)) == len(labels) == len(set(specs)) == 20 + 6 + 24 + 6 + 1 + 12 + 24 + 16
     expected = {kernels.expand_spec()}
     for dtype, d, causal in itertools.product(kernels.SUPPORTED_DTYPES, kernels.SUPPORTED_HEAD_DIMS, (0, 1)):
         expected.add(kernels.fwd_spec(dtype, d, bool(causal)))
-        if d not in kernels.BWD_HEAD_DIMS:          # head dims 192 and 256: the forward only
+        if d not in kernels.BWD_HEAD_DIMS:          # head dim 192: the forward only
             with pytest.raises(ValueError, match="for the backward"):
                 kernels.bwd_specs(dtype, d, bool(causal))
             continue
@@ -89,8 +90,8 @@ def test_all_specs_cover_every_combination():
                                               seqlen_q=kernels.CAUSAL80_MIN_SEQLEN))
     assert expected == set(specs)
     by_kernel = {name: [s for s in specs if s.kernel == name] for name in kernels.KERNEL_NAMES}
-    assert {k: len(v) for k, v in by_kernel.items()} == {"fwd": 20, "bwd_preprocess": 10, "bwd_main": 52,
-                                                         "bwd_postprocess": 10, "bwd_expand": 1}
+    assert {k: len(v) for k, v in by_kernel.items()} == {"fwd": 20, "bwd_preprocess": 12, "bwd_main": 64,
+                                                         "bwd_postprocess": 12, "bwd_expand": 1}
     assert kernels.expand_spec().label == "bwd_expand[bf16,d64,compact]"
     for s in specs:
         d = dict(s.defines)
@@ -418,7 +419,7 @@ def test_launch_checks_its_parameter_block_before_loading_anything():
 
 @pytest.mark.parametrize("head_dim", [192, 256])
 def test_forward_compiles_without_spills_at_head_dims_192_and_256(head_dim):
-    """Head dims 192 and 256 (the forward only: kernels.BWD_HEAD_DIMS): the forward's 128 x 64 tile (128 x 128
+    """Head dims 192 and 256: the forward's 128 x 64 tile (128 x 128
     would need 247 / 329 KB of shared memory, docs/decisions/tile-plans.md) compiles for sm_90a without spills,
     O += P V in chunks of the wgmma wrappers' N (from the kernel cache that `compile --all` filled, where it ran)."""
     assert kernels.fwd_tile(head_dim) == kernels.TileConfig(128, 64, kernels.MAIN_THREADS)
@@ -427,3 +428,19 @@ def test_forward_compiles_without_spills_at_head_dims_192_and_256(head_dim):
         assert spec.smem_bytes == kernels._fwd_smem(kernels.fwd_tile(head_dim), head_dim) <= 227 * 1024
         built = jit.compile_spec(spec)
         assert (built.spill_stores, built.spill_loads, built.stack_frame) == (0, 0, 0)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_backward_compiles_without_spills_at_head_dim_256(dtype, causal):
+    """Head dim 256's backward (the MMA warpgroups split the head dim: kernels_src/bwd/split_step.cuh): 64 x 64
+    tiles, one K buffer and one dO stage, P^T and dS^T tiles by visit parity, in the 227 KB of a CTA; every build
+    (per-visit and compact tables, soft-capping) compiles for sm_90a without spills."""
+    tile = kernels.bwd_tile(256, causal, seqlen_q=1 << 20)
+    assert (tile.block_m, tile.block_n) == (64, 64)
+    builds = (kernels.bwd_specs(dtype, 256, causal), kernels.bwd_specs(dtype, 256, causal, compact=True),
+              kernels.bwd_specs(dtype, 256, causal, softcap=True))
+    for spec in {s for b in builds for s in b}:
+        assert spec.smem_bytes <= 227 * 1024
+        built = jit.compile_spec(spec)
+        assert (built.spill_stores, built.spill_loads, built.stack_frame) == (0, 0, 0), spec.label

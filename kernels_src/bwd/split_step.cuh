@@ -1,0 +1,217 @@
+// Backward main kernel at head dim 256, MMA warpgroups: one call of bwd_step per visit (m_block, n_block). Both
+// warpgroups work on the same 64 keys and 64 queries and split the head dim (bwd/config.cuh, kSplitHeadDim):
+// warpgroup wg computes S^T = K Q^T and dP^T = V dO^T for queries [32 wg, 32 wg + 32) over the whole head dim, P^T
+// and dS^T from them (bwd/visit_math.cuh, stored to shared memory as keys x queries), and then, once both
+// warpgroups' columns are there, dV^T += dO^T P and dK^T += Q^T dS for head-dim rows [128 wg, 128 wg + 128) (two m64
+// halves) and dQ = dS K for head-dim columns [128 wg, 128 wg + 128) (two 64 x 64 pieces for the dQ writer warps).
+// The plan and its budgets: docs/decisions/tile-plans.md "Head dims 192 and 256: a backward plan".
+#pragma once
+#include "../ptx/st_global.cuh"
+#include "visit_math.cuh"
+
+namespace bwd {
+
+static_assert(kSplitHeadDim && kNumMmaWg == 2 && kDqPieces == 2 && kDkvHalves == 2 && kKStages == 1 &&
+                  kDoStages == 1,
+              "head dim 256 (bwd/mainloop.cuh otherwise): two warpgroups, two dQ pieces and two dK^T / dV^T halves "
+              "each, one K buffer and one dO stage");
+
+// dK^T or dV^T of one warpgroup: half h holds head-dim rows [128 wg + 64 h, + 64) x the 64 keys (m64n64 fragments).
+constexpr int kHalfRegs = kDkvRegs / kDkvHalves;
+using DkvAcc = float[kDkvHalves][kHalfRegs];
+
+// acc (64 head-dim rows x 64 keys) (+)= A B over the tile's 64 queries: A = the Q or dO tile read MN-major from
+// head-dim column d0, B = the dS^T or P^T tile (keys x queries, K-major): dK^T += Q^T dS, dV^T += dO^T P. restart:
+// the first k-step ignores acc (new KV tile). Issues the wgmmas, no commit.
+DASH_DEVICE void gemm_head_by_keys(float (&acc)[kHalfRegs], uint32_t a_tile, int d0, uint32_t b_tile, bool restart) {
+  const uint64_t a_desc = TileQ::mnmajor(a_tile, d0), b_desc = TileKQ::kmajor(b_tile, 0);
+#pragma unroll
+  for (int ks = 0; ks < kBlockM / 16; ++ks) {
+    wgmma_ss<kBlockN, 1, 0>(acc, desc_advance(a_desc, TileQ::mnmajor_step(ks)),
+                            desc_advance(b_desc, TileKQ::kmajor_step(ks)), !(restart && ks == 0));
+  }
+}
+
+// dQ piece (64 queries x head-dim columns [c0, c0 + 64)) = dS K over the 64 keys: A = the dS^T tile read MN-major, B
+// = the K tile read MN-major. Issues the wgmmas, no commit.
+DASH_DEVICE void gemm_dq_piece(float (&acc)[kDqRegs], uint32_t ds_tile, uint32_t k_tile, int c0) {
+  const uint64_t a_desc = TileKQ::mnmajor(ds_tile, 0), b_desc = TileKV::mnmajor(k_tile, c0);
+#pragma unroll
+  for (int ks = 0; ks < kBlockN / 16; ++ks) {
+    wgmma_ss<64, 1, 1>(acc, desc_advance(a_desc, TileKQ::mnmajor_step(ks)),
+                       desc_advance(b_desc, TileKV::mnmajor_step(ks)), ks > 0);
+  }
+}
+
+// One visit, as bwd/mainloop.cuh's bwd_step (the same arguments and hand-offs); dK, dV: the transposed accumulators.
+// NOTES: the P^T and dS^T tiles alternate by visit parity (the Q stage). A warpgroup stores visit j + 2's tiles only
+// after passing visit j + 1's barrier, which the other warpgroup reaches only after its visit-j GEMMs, the last
+// readers of those tiles, completed (each visit ends with wgmma_wait<0>).
+DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_generic, int64_t v, uint32_t j,
+                               uint32_t group, bool first_in_group, DkvAcc& dK, DkvAcc& dV, int wg, int tid) {
+  const int stage = (int)(j % kStages);
+  const uint32_t phase = (j / kStages) & 1;
+  const Fragment f(tid);
+  const int q0 = kWgQueries * wg;
+
+  // S^T = K Q_wg^T and dP^T = V dO_wg^T over the whole head dim (both K-major), two commit groups.
+  float S[kSRegs], dP[kSRegs];
+  stamp_wg(p, v, wg, tid, kWgTop);
+  wait_phase(p, s.q_full(stage), phase);
+  if (first_in_group) wait_phase(p, s.k_full(0), group & 1);
+  if (wg == 0 && tid == 0) stamp(p, v, kStampStart);
+  stamp_wg(p, v, wg, tid, kWgSIssue);
+  wgmma_fence();
+  gemm_ss_kmajor<kWgQueries, kHeadDim / 16, TileKV, TileQ>(S, TileKV::kmajor(s.k(0), 0),
+                                                           TileQ::kmajor(s.q(stage), q0));
+  wgmma_commit();
+  const VisitSlot slot = VisitSlot::read(s.visit(stage));
+  const Visit& w = slot.w;
+  const bool last_in_group = slot.last;
+  if (first_in_group) wait_phase(p, s.v_full(), group & 1);
+  wait_phase(p, s.do_full(0), j & 1);
+  stamp_wg(p, v, wg, tid, kWgDpIssue);
+  wgmma_fence();
+  gemm_ss_kmajor<kWgQueries, kHeadDim / 16, TileKV, TileQ>(dP, TileKV::kmajor(s.v(), 0),
+                                                           TileQ::kmajor(s.dout(0), q0));
+  wgmma_commit();
+  const Head hd(p, w.bh);
+  const BwdRows<kBlockM> seq(p, hd.b, hd.h);
+  const Band band(p, seq.seqlen_q, seq.seqlen_k);
+  const TileMask mask(w.n_block * kBlockN, w.m_block * kBlockM + q0, seq.seqlen_k, band, f);
+
+  // P^T and dS^T of this warpgroup's queries, into the stage's tiles.
+  uint32_t Pa[kWgQueries / 16][4], dSa[kWgQueries / 16][4];
+  if (mask.needed) {
+    probs_and_grads<true>(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, 0, last_in_group, v, wg, tid, f);
+  } else {
+    probs_and_grads<false>(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, 0, last_in_group, v, wg, tid, f);
+  }
+  fence_proxy_async_smem();
+  stamp_wg(p, v, wg, tid, kWgDvIssued);
+  named_barrier_sync<kBarPdS, kPdSThreads>();
+  stamp_wg(p, v, wg, tid, kWgBarrier);
+
+  // dV^T += dO^T P, dQ = dS K, dK^T += Q^T dS: three commit groups, dQ's before dK's so that the writer starts early.
+  const int d0 = 128 * wg;
+  wgmma_fence();
+#pragma unroll
+  for (int h = 0; h < kDkvHalves; ++h) gemm_head_by_keys(dV[h], s.dout(0), d0 + 64 * h, s.pt(stage), first_in_group);
+  wgmma_commit();
+  float dQ[kDqPieces][kDqRegs];
+#pragma unroll
+  for (int c = 0; c < kDqPieces; ++c) gemm_dq_piece(dQ[c], s.ds(stage), s.k(0), d0 + 64 * c);
+  wgmma_commit();
+#pragma unroll
+  for (int h = 0; h < kDkvHalves; ++h) gemm_head_by_keys(dK[h], s.q(stage), d0 + 64 * h, s.ds(stage), first_in_group);
+  wgmma_commit();
+
+  // dV^T done: dO may be overwritten.
+  wgmma_wait<2>();
+#pragma unroll
+  for (int h = 0; h < kDkvHalves; ++h) wgmma_fence_operand(dV[h]);
+  if (tid == 0) mbar_arrive(s.do_empty(0));
+
+  // dQ done: (after the group's last visit) K may be overwritten; the pieces go to the writer.
+  wgmma_wait<1>();
+  stamp_wg(p, v, wg, tid, kWgDqDone);
+#pragma unroll
+  for (int c = 0; c < kDqPieces; ++c) wgmma_fence_operand(dQ[c]);
+  if (tid == 0) {
+    if (last_in_group) mbar_arrive(s.k_empty(0));
+    if (wg == 0) stamp(p, v, kStampDqReady);
+  }
+#pragma unroll
+  for (int c = 0; c < kDqPieces; ++c) hand_dq_to_writer(s, dQ[c], wg, tid);
+
+  // dK^T done: Q may be overwritten.
+  wgmma_wait<0>();
+  stamp_wg(p, v, wg, tid, kWgDkDone);
+#pragma unroll
+  for (int h = 0; h < kDkvHalves; ++h) wgmma_fence_operand(dK[h]);
+  if (tid == 0) mbar_arrive(s.q_empty(stage));
+  return slot;
+}
+
+// 8 x 8 transpose across the eight lanes of a warp that share lane % 4 (idx = lane / 4): afterwards x[c] of lane idx
+// is what x[idx] of lane c was. Three exchange steps (lanes differing in idx bit 0, 1, 2), each swapping the words
+// whose index bit differs from the lane's.
+DASH_DEVICE void lane_transpose8(float (&x)[8], int idx) {
+#pragma unroll
+  for (int bit = 1; bit <= 4; bit *= 2) {
+    const bool upper = (idx & bit) != 0;
+#pragma unroll
+    for (int lo = 0; lo < 8; ++lo) {
+      if (lo & bit) continue;
+      const float got = __shfl_xor_sync(0xffffffffu, upper ? x[lo] : x[lo + bit], 4 * bit);
+      if (upper) {
+        x[lo] = got;
+      } else {
+        x[lo + bit] = got;
+      }
+    }
+  }
+}
+
+// dK (scaled by softmax_scale) and dV of the KV tile from the transposed accumulators, rows < Sk (of the sequence).
+// NOTES: register i = 4 c + 2 h8 + e of half h holds head-dim row 128 wg + 64 h + 16 warp + lane / 4 + 8 h8, key
+// 8 c + 2 (lane % 4) + e: for fixed (h, h8, e) the eight lanes with one lane % 4 hold eight consecutive head-dim
+// rows for eight keys. lane_transpose8 gives each of them the eight rows of one key, key 8 (lane / 4) + 2 (lane % 4)
+// + e: one 16-byte store into dK or dV.
+DASH_DEVICE void store_dkv(const BwdParams& p, const Visit& w, const DkvAcc& dK, const DkvAcc& dV, int wg, int tid) {
+  const Head hd(p, w.bh);
+  const BwdRows<kBlockM> seq(p, hd.b, hd.h);
+  const int lane = tid % 32, r = lane / 4;
+  const float scale = p.softmax_scale;
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    const int key = w.n_block * kBlockN + 8 * r + 2 * (lane % 4) + e;
+    const int64_t row = seq.row_k + key;
+    elem_t* dk_row = p.dk + seq.batch * p.dk_stride.batch + row * p.dk_stride.row + hd.hk * p.dk_stride.head;
+    elem_t* dv_row = p.dv + seq.batch * p.dv_stride.batch + row * p.dv_stride.row + hd.hk * p.dv_stride.head;
+#pragma unroll
+    for (int h = 0; h < kDkvHalves; ++h) {
+#pragma unroll
+      for (int h8 = 0; h8 < 2; ++h8) {
+        float k8[8], v8[8];
+#pragma unroll
+        for (int c = 0; c < 8; ++c) {
+          k8[c] = dK[h][4 * c + 2 * h8 + e] * scale;
+          v8[c] = dV[h][4 * c + 2 * h8 + e];
+        }
+        lane_transpose8(k8, r);
+        lane_transpose8(v8, r);
+        const int col = 128 * wg + 64 * h + 16 * (tid / 32) + 8 * h8;
+        if (key < seq.seqlen_k) {  // after the shuffles, which every lane of the warp takes part in
+          st_global_v4(dk_row + col, pack_elem2(k8[0], k8[1]), pack_elem2(k8[2], k8[3]), pack_elem2(k8[4], k8[5]),
+                       pack_elem2(k8[6], k8[7]));
+          st_global_v4(dv_row + col, pack_elem2(v8[0], v8[1]), pack_elem2(v8[2], v8[3]), pack_elem2(v8[4], v8[5]),
+                       pack_elem2(v8[6], v8[7]));
+        }
+      }
+    }
+  }
+}
+
+// One MMA warpgroup: dK^T, dV^T of the current KV tile live in registers across its run of visits.
+DASH_DEVICE void consume(const BwdParams& p, const ScheduleView& sched, const Smem& s, char* smem_generic, int wg,
+                         int tid) {
+  DkvAcc dK, dV;
+#pragma unroll
+  for (int h = 0; h < kDkvHalves; ++h) {
+#pragma unroll
+    for (int i = 0; i < kHalfRegs; ++i) dK[h][i] = dV[h][i] = 0.f;
+  }
+  uint32_t groups = 0, j = 0;
+  bool first = true;
+  for (int64_t v = sched.begin; v < sched.end; ++v, ++j) {
+    const VisitSlot done = bwd_step(p, s, smem_generic, v, j, groups, first, dK, dV, wg, tid);
+    first = done.last;
+    if (done.last) {
+      store_dkv(p, done.w, dK, dV, wg, tid);
+      ++groups;
+    }
+  }
+}
+
+}  // namespace bwd
