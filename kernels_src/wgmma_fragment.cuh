@@ -54,3 +54,38 @@ DASH_DEVICE void store_rows(uint32_t tile, const uint32_t (&a)[kSteps][4], int r
     stmatrix_x4(SwizzledTile<kRows>::chunk_addr(tile, row, col0 / 8 + 2 * ks + j / 2), a[ks]);
   }
 }
+
+// N x N transpose (N = 4 or 8) across the N lanes of a warp whose index idx = (lane / kStride) % N differs and whose
+// other lane bits agree: afterwards x[c] of lane idx is what x[idx] of lane c was. log2 N exchange steps (lanes
+// differing in idx bit b), each swapping the words whose index bit b differs from the lane's. Every lane of the warp
+// takes part.
+template <int kStride, class T, int N>
+DASH_DEVICE void lane_transpose(T (&x)[N], int idx) {
+  static_assert(N == 4 || N == 8, "4 x 4 or 8 x 8");
+#pragma unroll
+  for (int bit = 1; bit < N; bit *= 2) {
+    const bool upper = (idx & bit) != 0;
+#pragma unroll
+    for (int lo = 0; lo < N; ++lo) {
+      if (lo & bit) continue;  // the word pair (lo, lo + bit)
+      const T got = __shfl_xor_sync(0xffffffffu, upper ? x[lo] : x[lo + bit], kStride * bit);
+      if (upper) {
+        x[lo] = got;
+      } else {
+        x[lo + bit] = got;
+      }
+    }
+  }
+}
+
+// Accumulators of a run of visits set to zero (one or two dimensions).
+template <int N>
+DASH_DEVICE void fill_zero(float (&a)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) a[i] = 0.f;
+}
+template <int M, int N>
+DASH_DEVICE void fill_zero(float (&a)[M][N]) {
+#pragma unroll
+  for (int i = 0; i < M; ++i) fill_zero(a[i]);
+}

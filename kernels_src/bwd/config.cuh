@@ -63,6 +63,15 @@ constexpr int kSRegs = kWgQueries / 2;  // S^T and dP^T: 64 keys x kWgQueries qu
 // 64 head-dim rows x 64 keys each (kDkvHalves x 32).
 constexpr int kDkvRegs = kSplitHeadDim ? kHeadDim / kNumMmaWg / 2 : kHeadDimIO / 2;
 constexpr int kDkvHalves = kSplitHeadDim ? 2 : 1;
+template <bool kSplit>
+struct DkvAccOf {
+  using type = float[kDkvRegs];
+};
+template <>
+struct DkvAccOf<true> {
+  using type = float[kDkvHalves][kDkvRegs / kDkvHalves];
+};
+using DkvAcc = DkvAccOf<kSplitHeadDim>::type;  // one MMA warpgroup's dK or dV (head dim 256: dK^T or dV^T, by halves)
 constexpr int kDqRegs = kDqCols / 2;    // dQ piece: 64 x kDqCols
 
 #ifndef DASH_DQ_WRITERS

@@ -8,39 +8,19 @@
 #include "../ptx/cvt.cuh"
 #include "../ptx/st_global.cuh"
 #include "../schedule_view.cuh"
+#include "../wgmma_fragment.cuh"
 #include "config.cuh"
 
 namespace bwd {
 
 // NOTES: register i of the m64 fragment is key 16 warp + lane / 4 + 8 ((i / 2) % 2), head-dim column
 // 8 (i / 4) + 2 (lane % 4) + i % 2: the four lanes of a quad hold a key row's 8-column group c as four element
-// pairs. A 4 x 4 transpose within the quad (quad_transpose) gives each lane all 8 columns of one group of a run
+// pairs. A 4 x 4 transpose within the quad (lane_transpose<1>) gives each lane all 8 columns of one group of a run
 // of four, stored as one 16-byte word: a warp writes 8 rows x 64 bytes per store instead of 8 rows x 16 bytes
 // (the 4-byte stores left the MMA warpgroups waiting on the store queue: decision record bwd-engine).
 static_assert(kHeadDimIO / 8 % 4 == 0, "runs of four 8-column groups");
 
-// w[k] of quad lane q holds columns 8 (c0 + k) + 2 q, + 1 of its row; after the call, w[k] holds columns
-// 8 (c0 + q) + 2 k, + 1, so w[0..3] are the 8 columns of group c0 + q in order. Two exchange steps (quad lanes
-// differing in bit 0, then bit 1), each swapping the words whose index bit differs from the lane's.
-DASH_DEVICE void quad_transpose(uint32_t (&w)[4], int q) {
-#pragma unroll
-  for (int bit = 1; bit <= 2; bit *= 2) {
-    const bool upper = (q & bit) != 0;
-#pragma unroll
-    for (int pair = 0; pair < 2; ++pair) {
-      const int lo = bit == 1 ? 2 * pair : pair;  // the word pair (lo, lo + bit)
-      const uint32_t got = __shfl_xor_sync(0xffffffffu, upper ? w[lo] : w[lo + bit], bit);
-      if (upper) {
-        w[lo] = got;
-      } else {
-        w[lo + bit] = got;
-      }
-    }
-  }
-}
-
-DASH_DEVICE void store_dkv(const BwdParams& p, const Visit& w, const float (&dK)[kDkvRegs],
-                           const float (&dV)[kDkvRegs], int wg, int tid) {
+DASH_DEVICE void store_dkv(const BwdParams& p, const Visit& w, const DkvAcc& dK, const DkvAcc& dV, int wg, int tid) {
   const Head hd(p, w.bh);
   const BwdRows<kBlockM> seq(p, hd.b, hd.h);
   const int lane = tid % 32, q = lane % 4;
@@ -61,8 +41,8 @@ DASH_DEVICE void store_dkv(const BwdParams& p, const Visit& w, const float (&dK)
         k4[k] = pack_elem2(dK[i] * scale, dK[i + 1] * scale);
         v4[k] = pack_elem2(dV[i], dV[i + 1]);
       }
-      quad_transpose(k4, q);
-      quad_transpose(v4, q);
+      lane_transpose<1>(k4, q);
+      lane_transpose<1>(v4, q);
       if (key < seq.seqlen_k) {  // after the shuffles, which every lane of the warp takes part in
         st_global_v4(dk_row + 8 * (c0 + q), k4[0], k4[1], k4[2], k4[3]);
         st_global_v4(dv_row + 8 * (c0 + q), v4[0], v4[1], v4[2], v4[3]);

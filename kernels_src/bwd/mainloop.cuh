@@ -136,23 +136,4 @@ DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_gen
   return slot;
 }
 
-// One MMA warpgroup: dK, dV of the current KV tile live in registers across its run of visits. The visits come
-// from the producer (VisitSlot), so the MMA warpgroups read nothing of the schedule table.
-DASH_DEVICE void consume(const BwdParams& p, const ScheduleView& sched, const Smem& s, char* smem_generic, int wg,
-                         int tid) {
-  float dK[kDkvRegs], dV[kDkvRegs];
-#pragma unroll
-  for (int i = 0; i < kDkvRegs; ++i) dK[i] = dV[i] = 0.f;
-  uint32_t groups = 0, j = 0;
-  bool first = true;
-  for (int64_t v = sched.begin; v < sched.end; ++v, ++j) {
-    const VisitSlot done = bwd_step(p, s, smem_generic, v, j, groups, first, dK, dV, wg, tid);
-    first = done.last;
-    if (done.last) {
-      store_dkv(p, done.w, dK, dV, wg, tid);
-      ++groups;
-    }
-  }
-}
-
 }  // namespace bwd

@@ -16,9 +16,9 @@ static_assert(kSplitHeadDim && kNumMmaWg == 2 && kDqPieces == 2 && kDkvHalves ==
               "head dim 256 (bwd/mainloop.cuh otherwise): two warpgroups, two dQ pieces and two dK^T / dV^T halves "
               "each, one K buffer and one dO stage");
 
-// dK^T or dV^T of one warpgroup: half h holds head-dim rows [128 wg + 64 h, + 64) x the 64 keys (m64n64 fragments).
+// dK^T or dV^T of one warpgroup (DkvAcc): half h holds head-dim rows [128 wg + 64 h, + 64) x the 64 keys (m64n64
+// fragments).
 constexpr int kHalfRegs = kDkvRegs / kDkvHalves;
-using DkvAcc = float[kDkvHalves][kHalfRegs];
 
 // acc (64 head-dim rows x 64 keys) (+)= A B over the tile's 64 queries: A = the Q or dO tile read MN-major from
 // head-dim column d0, B = the dS^T or P^T tile (keys x queries, K-major): dK^T += Q^T dS, dV^T += dO^T P. restart:
@@ -133,30 +133,10 @@ DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_gen
   return slot;
 }
 
-// 8 x 8 transpose across the eight lanes of a warp that share lane % 4 (idx = lane / 4): afterwards x[c] of lane idx
-// is what x[idx] of lane c was. Three exchange steps (lanes differing in idx bit 0, 1, 2), each swapping the words
-// whose index bit differs from the lane's.
-DASH_DEVICE void lane_transpose8(float (&x)[8], int idx) {
-#pragma unroll
-  for (int bit = 1; bit <= 4; bit *= 2) {
-    const bool upper = (idx & bit) != 0;
-#pragma unroll
-    for (int lo = 0; lo < 8; ++lo) {
-      if (lo & bit) continue;
-      const float got = __shfl_xor_sync(0xffffffffu, upper ? x[lo] : x[lo + bit], 4 * bit);
-      if (upper) {
-        x[lo] = got;
-      } else {
-        x[lo + bit] = got;
-      }
-    }
-  }
-}
-
 // dK (scaled by softmax_scale) and dV of the KV tile from the transposed accumulators, rows < Sk (of the sequence).
 // NOTES: register i = 4 c + 2 h8 + e of half h holds head-dim row 128 wg + 64 h + 16 warp + lane / 4 + 8 h8, key
 // 8 c + 2 (lane % 4) + e: for fixed (h, h8, e) the eight lanes with one lane % 4 hold eight consecutive head-dim
-// rows for eight keys. lane_transpose8 gives each of them the eight rows of one key, key 8 (lane / 4) + 2 (lane % 4)
+// rows for eight keys. lane_transpose<4> gives each of them the eight rows of one key, key 8 (lane / 4) + 2 (lane % 4)
 // + e: one 16-byte store into dK or dV.
 DASH_DEVICE void store_dkv(const BwdParams& p, const Visit& w, const DkvAcc& dK, const DkvAcc& dV, int wg, int tid) {
   const Head hd(p, w.bh);
@@ -179,8 +159,8 @@ DASH_DEVICE void store_dkv(const BwdParams& p, const Visit& w, const DkvAcc& dK,
           k8[c] = dK[h][4 * c + 2 * h8 + e] * scale;
           v8[c] = dV[h][4 * c + 2 * h8 + e];
         }
-        lane_transpose8(k8, r);
-        lane_transpose8(v8, r);
+        lane_transpose<4>(k8, r);
+        lane_transpose<4>(v8, r);
         const int col = 128 * wg + 64 * h + 16 * (tid / 32) + 8 * h8;
         if (key < seq.seqlen_k) {  // after the shuffles, which every lane of the warp takes part in
           st_global_v4(dk_row + col, pack_elem2(k8[0], k8[1]), pack_elem2(k8[2], k8[3]), pack_elem2(k8[4], k8[5]),
@@ -189,27 +169,6 @@ DASH_DEVICE void store_dkv(const BwdParams& p, const Visit& w, const DkvAcc& dK,
                        pack_elem2(v8[6], v8[7]));
         }
       }
-    }
-  }
-}
-
-// One MMA warpgroup: dK^T, dV^T of the current KV tile live in registers across its run of visits.
-DASH_DEVICE void consume(const BwdParams& p, const ScheduleView& sched, const Smem& s, char* smem_generic, int wg,
-                         int tid) {
-  DkvAcc dK, dV;
-#pragma unroll
-  for (int h = 0; h < kDkvHalves; ++h) {
-#pragma unroll
-    for (int i = 0; i < kHalfRegs; ++i) dK[h][i] = dV[h][i] = 0.f;
-  }
-  uint32_t groups = 0, j = 0;
-  bool first = true;
-  for (int64_t v = sched.begin; v < sched.end; ++v, ++j) {
-    const VisitSlot done = bwd_step(p, s, smem_generic, v, j, groups, first, dK, dV, wg, tid);
-    first = done.last;
-    if (done.last) {
-      store_dkv(p, done.w, dK, dV, wg, tid);
-      ++groups;
     }
   }
 }

@@ -105,18 +105,11 @@ def test_varlen_backward_per_sequence(lengths, hdim, causal, window, schedule, m
 @pytest.mark.parametrize("window", [(-1, -1), (100, 50)], ids=["nowindow", "window"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("lengths", list(LENGTHS), ids=str)
-def test_varlen_backward_per_sequence_head_dim_96(lengths, causal, window, schedule, monkeypatch):
-    """Head dim 96 (the head-dim-128 kernels padded): the checks of test_varlen_backward_per_sequence."""
-    test_varlen_backward_per_sequence(lengths, 96, causal, window, schedule, monkeypatch)
-
-
-@pytest.mark.parametrize("schedule", ["fa3", "auto"])
-@pytest.mark.parametrize("window", [(-1, -1), (100, 50)], ids=["nowindow", "window"])
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("lengths", list(LENGTHS), ids=str)
-def test_varlen_backward_per_sequence_head_dim_256(lengths, causal, window, schedule, monkeypatch):
-    """Head dim 256 (the warpgroups split the head dim): the checks of test_varlen_backward_per_sequence."""
-    test_varlen_backward_per_sequence(lengths, 256, causal, window, schedule, monkeypatch)
+@pytest.mark.parametrize("hdim", [96, 256], ids=["d96", "d256"])
+def test_varlen_backward_per_sequence_other_head_dims(hdim, lengths, causal, window, schedule, monkeypatch):
+    """Head dim 96 (the head-dim-128 kernels padded) and 256 (the warpgroups split the head dim): the checks of
+    test_varlen_backward_per_sequence."""
+    test_varlen_backward_per_sequence(lengths, hdim, causal, window, schedule, monkeypatch)
 
 
 @pytest.mark.parametrize("schedule", ["auto", "fa3"])
