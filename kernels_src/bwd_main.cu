@@ -10,7 +10,7 @@
 #include "bwd/dq_reduce.cuh"
 #include "bwd/fold.cuh"
 #include "bwd/producer.cuh"
-#if DASH_HEAD_DIM == 256
+#if DASH_HEAD_DIM == 192 || DASH_HEAD_DIM == 256
 #include "bwd/split_step.cuh"
 #else
 #include "bwd/mainloop.cuh"

@@ -16,9 +16,11 @@
 #ifdef DASH_NUM_THREADS
 static_assert(DASH_NUM_THREADS == bwd_rows_pass::kPassThreads, "launched with 256 threads");
 #endif
-static_assert(DASH_HEAD_DIM == 64 || DASH_HEAD_DIM == 96 || DASH_HEAD_DIM == 128 || DASH_HEAD_DIM == 256,
-              "head dim 64, 96, 128 or 256");
-static_assert(DASH_BLOCK_M == 128 || DASH_BLOCK_M == 80 || DASH_BLOCK_M == 64, "kBlockM 128, 80 or 64");
+static_assert(DASH_HEAD_DIM == 64 || DASH_HEAD_DIM == 96 || DASH_HEAD_DIM == 128 || DASH_HEAD_DIM == 192 ||
+                  DASH_HEAD_DIM == 256,
+              "head dim 64, 96, 128, 192 or 256");
+static_assert(DASH_BLOCK_M == 128 || DASH_BLOCK_M == 96 || DASH_BLOCK_M == 80 || DASH_BLOCK_M == 64,
+              "kBlockM 128, 96, 80 or 64");
 
 extern "C" __global__ void __launch_bounds__(bwd_rows_pass::kPassThreads)
     dash_bwd_preprocess(const __grid_constant__ BwdParams p) {

@@ -26,6 +26,7 @@ constexpr int kStallSlackNs = 1000000000;
 // Threads per CTA: the Hopper kernels (warp_roles.cuh: a producer and two MMA warpgroups), and the backward's row
 // passes and table expansion (bwd/row_passes.cuh, bwd_expand.cu).
 constexpr int kMainThreads = 384;
+constexpr int kMainThreads3Mma = 512;  // the head-dim-192 backward: a producer and three MMA warpgroups
 constexpr int kAuxThreads = 256;
 
 // Dynamic shared memory of the Hopper kernels (SmemLayout of fwd/config.cuh and bwd/config.cuh; the same sums in

@@ -4,21 +4,27 @@
 #include "common.cuh"
 #include "constants.cuh"
 
+#ifndef DASH_NUM_MMA_WG
+#define DASH_NUM_MMA_WG 2
+#endif
+
 namespace roles {
 
-constexpr int kNumMmaWg = 2;
+// NOTES: two MMA warpgroups everywhere but the head-dim-192 backward's three (DASH_NUM_MMA_WG=3, 512 threads).
+constexpr int kNumMmaWg = DASH_NUM_MMA_WG;
 constexpr int kWgThreads = 128;
 constexpr int kNumThreads = kWgThreads * (1 + kNumMmaWg);
-static_assert(kNumThreads == kMainThreads, "constants.cuh: kMainThreads is a producer and kNumMmaWg MMA warpgroups");
-constexpr int kEntryRegs = 168;  // what __launch_bounds__(384, 1) gives every thread at entry
+static_assert(kNumThreads == (kNumMmaWg == 2 ? kMainThreads : kMainThreads3Mma),
+              "constants.cuh: kMainThreads (kMainThreads3Mma) is a producer and two (three) MMA warpgroups");
+constexpr int kEntryRegs = 65536 / kNumThreads / 8 * 8;  // what __launch_bounds__(kNumThreads, 1) gives at entry
 #if DASH_COMPACT
 // NOTES: compact-table backward builds: the dQ writer counts ranks (compact_view.cuh) and the producer looks one
 // visit ahead through the records, which does not fit in 24 registers (52 bytes of spills), nor in 40 under
 // NVRTC 13.0 (fp16 d64 det: 68 bytes), nor with two dQ writer warps in 48 (20 bytes); the MMA warpgroups give up
-// 16 each, which uses the whole pool.
-constexpr int kProducerRegs = 56, kMmaRegs = 224;
+// 16 each, which uses the whole pool (three MMA warpgroups: 152 each).
+constexpr int kProducerRegs = 56, kMmaRegs = kNumMmaWg == 2 ? 224 : 152;
 #else
-constexpr int kProducerRegs = 24, kMmaRegs = 240;
+constexpr int kProducerRegs = 24, kMmaRegs = kNumMmaWg == 2 ? 240 : 160;
 #endif
 static_assert(kProducerRegs * kWgThreads + kMmaRegs * kWgThreads * kNumMmaWg <= kEntryRegs * kNumThreads,
               "setmaxnreg budgets exceed the CTA's register pool");

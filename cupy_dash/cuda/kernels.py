@@ -26,7 +26,11 @@ from .params import (BWD_PARAMS_DTYPE, FWD_PARAMS_DTYPE, PARAMS_STRUCTS, pack_bw
 from .params import CONSTANTS as K
 
 SUPPORTED_HEAD_DIMS = (64, 96, 128, 192, 256)   # the forward's
-BWD_HEAD_DIMS = (64, 96, 128, 256)               # the backward's (192: docs/decisions/tile-plans.md)
+BWD_HEAD_DIMS = (64, 96, 128, 256)               # the backward's
+# NOTES: head dim 192's backward (three MMA warpgroups, kernels_src/bwd/split_step.cuh) is built and compiled with
+# every variant, but the API refuses it (kernels.BWD_HEAD_DIMS) until its GPU tests have passed on the H200; the GPU
+# tests enable it (tests/gpu/conftest.py).
+BWD_PENDING_HEAD_DIMS = (192,)
 SUPPORTED_DTYPES = ("bfloat16", "float16")
 
 
@@ -51,6 +55,7 @@ def padded_head_dim(head_dim: int) -> int:
 # / dpsum / lse_log2 layout of the main kernel) with AUX_THREADS threads and no dynamic smem. Thread counts are
 # kernels_src/constants.cuh's (the kernels static_assert DASH_NUM_THREADS against them).
 MAIN_THREADS = K.kMainThreads
+MAIN_THREADS_3MMA = K.kMainThreads3Mma   # the head-dim-192 backward: three MMA warpgroups
 TILES = {
     ("fwd", 64): TileConfig(block_m=128, block_n=128, threads=MAIN_THREADS),
     ("fwd", 96): TileConfig(block_m=128, block_n=128, threads=MAIN_THREADS),
@@ -62,6 +67,7 @@ TILES = {
     ("bwd_main", 96, "full80"): TileConfig(block_m=80, block_n=128, threads=MAIN_THREADS),
     ("bwd_main", 128): TileConfig(block_m=64, block_n=128, threads=MAIN_THREADS),
     ("bwd_main", 128, "full80"): TileConfig(block_m=80, block_n=128, threads=MAIN_THREADS),
+    ("bwd_main", 192): TileConfig(block_m=96, block_n=64, threads=MAIN_THREADS_3MMA),
     ("bwd_main", 256): TileConfig(block_m=64, block_n=64, threads=MAIN_THREADS),
 }
 # NOTES: head dim 96 takes head dim 128's tiles: its kernels are the head-dim-128 ones padded (padded_head_dim).
@@ -85,15 +91,17 @@ def _fwd_smem(t: TileConfig, d: int, stages: int | None = None) -> int:
 
 def _bwd_main_smem(t: TileConfig, d: int) -> int:
     """kernels_src/bwd/config.cuh SmemLayout: K x k_stages, V; Q x stages, dO x do_stages, dS x stages (head dim
-    256: P^T too); the fp32 dQ staging (head dim 256: half the tile); lse x stages, dpsum x do_stages; 2 x (k_stages
+    192 and 256: P too, 192 with one P / dS stage); the fp32 dQ staging (head dims 192 and 256: half the tile); lse x
+    stages, dpsum x do_stages; 2 x (k_stages
     + 1 + stages + do_stages) mbarriers; a visit slot per stage; the alignment slack. The 80-query tile has one K
     buffer, head dim 256 one K buffer and one dO stage."""
-    split = d == 256
+    split = d in (192, 256)
     stages, d = K.kBwdStages, padded_head_dim(d)
     k_stages = 1 if t.block_m == 80 or split else K.kBwdKStages
     do_stages = 1 if split else stages
+    pds_stages = 1 if d == 192 else stages
     return ((k_stages + 1) * t.block_n * d * 2 + (stages + do_stages) * t.block_m * d * 2
-            + (2 if split else 1) * stages * t.block_m * t.block_n * 2
+            + (2 if split else 1) * pds_stages * t.block_m * t.block_n * 2
             + t.block_m * d * 4 // (2 if split else 1) + (stages + do_stages) * t.block_m * 4
             + K.kMbarrierBytes * 2 * (k_stages + 1 + stages + do_stages) + K.kVisitSlotBytes * stages + K.kSmemAlign)
 
@@ -165,7 +173,7 @@ def check_supported(dtype: str, head_dim: int, backward: bool = True) -> None:
     """ValueError unless the kernels take ``dtype`` and ``head_dim`` (``backward``: the backward's head dims)."""
     if dtype not in SUPPORTED_DTYPES:
         raise ValueError(f"unsupported dtype {dtype!r}; expected one of {SUPPORTED_DTYPES}")
-    dims = BWD_HEAD_DIMS if backward else SUPPORTED_HEAD_DIMS
+    dims = BWD_HEAD_DIMS + BWD_PENDING_HEAD_DIMS if backward else SUPPORTED_HEAD_DIMS
     if head_dim not in dims:
         raise ValueError(f"unsupported head_dim {head_dim!r}{' for the backward' if backward else ''}; expected "
                          f"one of {dims}")
@@ -246,9 +254,13 @@ def fwd_spec(dtype: str, head_dim: int, causal: bool) -> KernelSpec:
 BwdKernels = collections.namedtuple("BwdKernels", "preprocess main postprocess")
 
 
-def _main_counts(dq_writers: int) -> dict | None:
-    """The main kernel's integer defines that differ from kernels_src/bwd/config.cuh's defaults."""
-    return {"DASH_DQ_WRITERS": dq_writers} if dq_writers != 2 else None
+def _main_counts(dq_writers: int, tile: TileConfig) -> dict | None:
+    """The main kernel's integer defines that differ from kernels_src/bwd/config.cuh's and warp_roles.cuh's
+    defaults: the dQ writer warps, three MMA warpgroups (head dim 192's 512 threads)."""
+    counts = {"DASH_DQ_WRITERS": dq_writers} if dq_writers != 2 else {}
+    if tile.threads == MAIN_THREADS_3MMA:
+        counts["DASH_NUM_MMA_WG"] = 3
+    return counts or None
 
 
 def bwd_specs(dtype: str, head_dim: int, causal: bool, timeline: bool = False, compact: bool = False,
@@ -280,7 +292,7 @@ def bwd_specs(dtype: str, head_dim: int, causal: bool, timeline: bool = False, c
     return BwdKernels(
         preprocess=_spec("bwd_preprocess", aux_tile, dtype, head_dim),
         main=_spec("bwd_main", main_tile, dtype, head_dim, smem=_bwd_main_smem(main_tile, head_dim),
-                   counts=_main_counts(config.BWD_DQ_WRITERS.get()), **flags),
+                   counts=_main_counts(config.BWD_DQ_WRITERS.get(), main_tile), **flags),
         postprocess=_spec("bwd_postprocess", aux_tile, dtype, head_dim),
     )
 
@@ -298,16 +310,17 @@ def expand_spec() -> KernelSpec:
 
 
 def all_specs() -> list:
-    """Every distinct variant the dispatcher can emit (20 fwd, 6 preprocess, 12 main + 12 compact main, 6
-    postprocess, 1 bwd_expand), the soft-capping builds of the per-visit-table main kernel (12), and the 80-query
-    tile's (head dims 96 and 128, full and causal: 4 preprocess, 4 postprocess, 16 main). Deterministic and atomic
+    """Every distinct variant the dispatcher can emit: per dtype, head dim and mask the forward; per dtype and
+    backward head dim (BWD_HEAD_DIMS and the pending BWD_PENDING_HEAD_DIMS) preprocess and postprocess, and per mask
+    the main kernel with per-visit tables, with compact tables and with soft-capping; the 80-query tile's (head dims
+    96 and 128: preprocess, postprocess, main with and without soft-capping); bwd_expand. Deterministic and atomic
     backwards share their main kernel, fixed-length and varlen launches every kernel; the forward's cap is a launch
-    parameter, not a build. Head dims 192 and 256: the forward only."""
+    parameter, not a build."""
     specs = []
     seen = set()
     for dtype, head_dim, causal in itertools.product(SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS, (False, True)):
         batch = [fwd_spec(dtype, head_dim, causal)]
-        if head_dim in BWD_HEAD_DIMS:
+        if head_dim in BWD_HEAD_DIMS + BWD_PENDING_HEAD_DIMS:
             batch.extend(bwd_specs(dtype, head_dim, causal))
             batch.append(bwd_specs(dtype, head_dim, causal, compact=True).main)
             batch.append(bwd_specs(dtype, head_dim, causal, softcap=True).main)  # logit soft-capping

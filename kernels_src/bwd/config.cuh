@@ -29,19 +29,27 @@ constexpr int kBlockN = DASH_BLOCK_N;  // keys per KV tile (n_block)
 // Thread roles: warpgroup 0 is the producer (warp 0 issues TMA loads, warps 1 .. kDqWriters add dQ partials into
 // dq_accum, the others leave at once); warpgroups 1..kNumMmaWg compute, each for 64 keys of the KV tile.
 using namespace roles;  // kNumMmaWg, kWgThreads, kNumThreads, kProducerRegs, kMmaRegs (warp_roles.cuh)
-static_assert(DASH_NUM_THREADS == kNumThreads, "launched with 384 threads");
+static_assert(DASH_NUM_THREADS == kNumThreads, "launched with kNumThreads (384 or 512) threads");
 
-static_assert(kHeadDimIO == 64 || kHeadDimIO == 96 || kHeadDimIO == 128 || kHeadDimIO == 256,
-              "head dim 64, 96, 128 or 256");
-// NOTES: head dim 256 splits the head dim, not the keys, between the MMA warpgroups (bwd/split_step.cuh): 64 x d x 2
-// fp32 accumulators of dK and dV per warpgroup would need d registers per thread, more than its 240 with S^T and dP^T
-// beside them. Both warpgroups then work on the same 64 keys: warpgroup wg computes S^T and dP^T for queries
-// [kWgQueries wg, + kWgQueries) and dK^T, dV^T and dQ for head-dim [128 wg, + 128).
-constexpr bool kSplitHeadDim = kHeadDim == 256;
-static_assert(kSplitHeadDim ? kBlockN == 64 && kBlockM == 64 : kBlockN == 64 * kNumMmaWg,
+static_assert(kHeadDimIO == 64 || kHeadDimIO == 96 || kHeadDimIO == 128 || kHeadDimIO == 192 || kHeadDimIO == 256,
+              "head dim 64, 96, 128, 192 or 256");
+// NOTES: head dims 192 and 256 split the head dim, not the keys, between the MMA warpgroups (bwd/split_step.cuh):
+// 64 x d x 2 fp32 accumulators of dK and dV per warpgroup would need d registers per thread, more than its 240 with
+// S^T and dP^T beside them. All warpgroups then work on the same 64 keys: warpgroup wg computes S^T and dP^T for
+// queries [32 wg, + 32) and dK^T, dV^T and dQ for head-dim [kHeadRows wg, + kHeadRows): two warpgroups of 128
+// head-dim rows at 256 (64 x 64 tiles), three of 64 at 192 (96 x 64 tiles, 512 threads).
+constexpr bool kSplitHeadDim = kHeadDim == 256 || kHeadDim == 192;
+constexpr int kHeadRows = kHeadDim / kNumMmaWg;
+static_assert(kSplitHeadDim ? kBlockN == 64 && kBlockM == 32 * kNumMmaWg && kHeadRows % 64 == 0
+                            : kBlockN == 64 * kNumMmaWg && kNumMmaWg == 2,
               "each MMA warpgroup owns 64 keys (the rows of its S^T, dP^T, dK, dV), or all of them share 64 keys and "
-              "64 queries (head dim 256)");
+              "32 queries each (head dims 192 and 256)");
 constexpr int kWgQueries = kSplitHeadDim ? kBlockM / kNumMmaWg : kBlockM;  // the columns of a warpgroup's S^T
+// NOTES: head dim 192 stores P and dS as queries x keys (dQ^T = K^T dS^T needs dS as a K-major B whose rows are the
+// queries: an MN-major B cannot start 48 queries into a swizzled row, a K-major one can); head dim 256 as keys x
+// queries. At 192 they have one buffer (two do not fit), guarded by a barrier of the MMA warpgroups (kBarPdSFree).
+constexpr bool kPdSByQueries = kSplitHeadDim && kHeadDim == 192;
+constexpr int kPdSStages = kPdSByQueries ? 1 : kBwdStages;
 // dQ = dS K: warpgroup wg computes a 64 x kDqCols piece of the kBlockM x kHeadDim tile. With kBlockM = 128
 // (hdim 64) it owns query rows [64 wg, 64 wg + 64) and every column; with kBlockM = 64 (hdim 128) every row and
 // head-dim columns [64 wg, 64 wg + 64). Either way its B operand (K) is one whole 64-column panel. With kBlockM =
@@ -49,20 +57,25 @@ constexpr int kWgQueries = kSplitHeadDim ? kBlockM / kNumMmaWg : kBlockM;  // th
 // rows [64 wg, 64 wg + 64) by the 80 queries, K^T being an MN-major A operand (one panel of K) and dS a K-major B.
 using DqLayout = DqAccumLayout<kBlockM, kHeadDim>;
 static_assert(DqLayout::kSplitRows ? kHeadDim == 64
-              : kSplitHeadDim ? kBlockM == 64
+              : kSplitHeadDim ? (kHeadDim == 256 && kBlockM == 64) || (kHeadDim == 192 && kBlockM == 96)
                               : ((kBlockM == 64 || kBlockM == 80) && kHeadDim == 64 * kNumMmaWg),
-              "tile plans: hdim 64 with kBlockM 128, hdim 128 with kBlockM 64 or 80, hdim 256 with kBlockM 64");
+              "tile plans: hdim 64 with kBlockM 128, hdim 128 with kBlockM 64 or 80, hdim 192 with kBlockM 96, hdim "
+              "256 with kBlockM 64");
 constexpr int kDqCols = DqLayout::kCols;
 
-// dQ pieces a warpgroup hands to the dQ writer per visit: one, or two 64 x 64 chunks at head dim 256.
-constexpr int kDqPieces = DqLayout::kSlices / kNumMmaWg;
+// dQ pieces a warpgroup hands to the dQ writer per visit, each kDqPieceFloats of the tile: one; at head dim 256 two
+// 64 x 64 chunks of dQ (slices 2 wg, 2 wg + 1); at 192 two 64 x 48 chunks of dQ^T (the halves of slice wg: 48
+// queries each). Piece c of warpgroup wg is always at float (kDqPieces wg + c) kDqPieceFloats of the tile.
+constexpr int kDqPieces = kSplitHeadDim ? 2 : 1;
+constexpr int kDqPieceFloats = kBlockM * kHeadDim / (kNumMmaWg * kDqPieces);
+constexpr int kDqPieceCols = kDqPieceFloats / 64;  // N of the m64 accumulator of a piece
 
 // Accumulator registers per thread (m64nN fp32: N / 2).
 constexpr int kSRegs = kWgQueries / 2;  // S^T and dP^T: 64 keys x kWgQueries queries
-// dK and dV: 64 keys x kHeadDimIO (head dim 96: N = 96, no padding); head dim 256: dK^T and dV^T, two m64 halves of
-// 64 head-dim rows x 64 keys each (kDkvHalves x 32).
-constexpr int kDkvRegs = kSplitHeadDim ? kHeadDim / kNumMmaWg / 2 : kHeadDimIO / 2;
-constexpr int kDkvHalves = kSplitHeadDim ? 2 : 1;
+// dK and dV: 64 keys x kHeadDimIO (head dim 96: N = 96, no padding); head dims 192 and 256: dK^T and dV^T, m64
+// halves of 64 head-dim rows x 64 keys each (kDkvHalves x 32: one at 192, two at 256).
+constexpr int kDkvRegs = kSplitHeadDim ? kHeadRows / 2 : kHeadDimIO / 2;
+constexpr int kDkvHalves = kSplitHeadDim ? kHeadRows / 64 : 1;
 template <bool kSplit>
 struct DkvAccOf {
   using type = float[kDkvRegs];
@@ -72,7 +85,7 @@ struct DkvAccOf<true> {
   using type = float[kDkvHalves][kDkvRegs / kDkvHalves];
 };
 using DkvAcc = DkvAccOf<kSplitHeadDim>::type;  // one MMA warpgroup's dK or dV (head dim 256: dK^T or dV^T, by halves)
-constexpr int kDqRegs = kDqCols / 2;    // dQ piece: 64 x kDqCols
+constexpr int kDqRegs = kDqPieceCols / 2;  // dQ piece: 64 x kDqPieceCols
 
 #ifndef DASH_DQ_WRITERS
 #define DASH_DQ_WRITERS 2
@@ -86,8 +99,8 @@ constexpr int kDqRegs = kDqCols / 2;    // dQ piece: 64 x kDqCols
 constexpr int kDqWriters = DASH_DQ_WRITERS;
 static_assert(DASH_DQ_WRITERS == 1 || DASH_DQ_WRITERS == 2, "one or two dQ writer warps");
 
-constexpr int kStages = kBwdStages;                            // Q (+ lse_log2) and dS (head dim 256: P^T, dS^T)
-// dO (+ dpsum) buffers: one at head dim 256, whose second would not fit.
+constexpr int kStages = kBwdStages;                            // Q (+ lse_log2) and (kPdSStages) P, dS
+// dO (+ dpsum) buffers: one at head dims 192 and 256, whose second would not fit.
 constexpr int kDoStages = kSplitHeadDim ? 1 : kBwdStages;
 // K buffers: the next KV tile's K loads early into the second one, unless its 32 KB went to the larger Q, dO, dS
 // and dQ tiles of the 80-query plan (which then fill 224 KB without it).
@@ -103,7 +116,8 @@ constexpr int kBarDqEmpty = kBarDqFull + kNumMmaWg;                // + wg
 constexpr int kBarDqDone = kBarDqEmpty + kNumMmaWg;
 constexpr int kBarFold = kBarDqDone + 1;
 constexpr int kBarWriterToken = kBarFold + 1;                     // + the dQ writer warp that waits for it
-static_assert(kBarWriterToken + 1 < 16, "16 named barriers per CTA");
+constexpr int kBarPdSFree = kBarWriterToken + 2;                  // head dim 192: the P / dS tiles free again
+static_assert(kBarPdSFree < 16, "16 named barriers per CTA");
 constexpr int kPdSThreads = kNumMmaWg * kWgThreads;
 constexpr int kDqBarThreads = kWgThreads + 32;
 
@@ -132,8 +146,14 @@ DASH_DEVICE void dq_handoff_barrier_at() {
 // immediates (ptx/named_barrier.cuh).
 template <int kBase, bool kSync>
 DASH_DEVICE void dq_handoff_barrier(int wg) {
-  static_assert(kNumMmaWg == 2, "two MMA warpgroups");
-  if (wg == 0) dq_handoff_barrier_at<kBase, kSync>(); else dq_handoff_barrier_at<kBase + 1, kSync>();
+  static_assert(kNumMmaWg == 2 || kNumMmaWg == 3, "two or three MMA warpgroups");
+  if (wg == 0) {
+    dq_handoff_barrier_at<kBase, kSync>();
+  } else if (kNumMmaWg == 2 || wg == 1) {
+    dq_handoff_barrier_at<kBase + 1, kSync>();
+  } else {
+    dq_handoff_barrier_at<kBase + 2, kSync>();
+  }
 }
 
 // NOTES: shared memory, from a 1024-byte-aligned base (the 128B swizzle pattern of TMA and wgmma starts on
@@ -144,21 +164,22 @@ DASH_DEVICE void dq_handoff_barrier(int wg) {
 // K, V, Q, dO are K-major for S^T = K Q^T and dP^T = V dO^T (rows x head dim, 64-column panels of rows x 128 B);
 // the same bytes serve as MN-major B operands of dV += P^T dO, dK += dS^T Q and dQ = dS K. dS is queries x keys
 // (panel wg holds the keys of MMA warpgroup wg). Every tile size is a multiple of 1024 bytes. The producer
-// publishes each visit's coordinates in its stage's VisitSlot (producer.cuh). Head dim 256: one K buffer, one dO
-// stage (with its dpsum), and P^T beside dS^T, both keys x queries (one 64-column panel), x2 by visit parity.
+// publishes each visit's coordinates in its stage's VisitSlot (producer.cuh). Head dims 192 and 256: one K buffer,
+// one dO stage (with its dpsum), a P tile beside each dS tile (one 64-column panel, kPdSByQueries), the staging
+// one dQ piece per MMA warpgroup.
 struct SmemLayout {
   static constexpr int kKV = kBlockN * kHeadDim * 2;
   static constexpr int kQ = kBlockM * kHeadDim * 2;  // also dO
-  static constexpr int kDS = kBlockM * kBlockN * 2;  // also P^T
-  static constexpr int kDqSlice = DqLayout::kSliceVecs * 16;  // one MMA warpgroup's fp32 dQ piece
+  static constexpr int kDS = kBlockM * kBlockN * 2;  // also P
+  static constexpr int kDqSlice = kDqPieceFloats * 4;  // one MMA warpgroup's fp32 dQ piece
   static constexpr int kRow = kBlockM * 4;           // lse_log2 or dpsum of one Q tile
   static constexpr int kK = 0;
   static constexpr int kV = kK + kKStages * kKV;
   static constexpr int kQs = kV + kKV;
   static constexpr int kDOs = kQs + kStages * kQ;
   static constexpr int kPs = kDOs + kDoStages * kQ;
-  static constexpr int kDSs = kPs + (kSplitHeadDim ? kStages * kDS : 0);
-  static constexpr int kDq = kDSs + kStages * kDS;
+  static constexpr int kDSs = kPs + (kSplitHeadDim ? kPdSStages * kDS : 0);
+  static constexpr int kDq = kDSs + kPdSStages * kDS;
   static constexpr int kLse = kDq + kNumMmaWg * kDqSlice;
   static constexpr int kDpsum = kLse + kStages * kRow;
   static constexpr int kBars = kDpsum + kDoStages * kRow;

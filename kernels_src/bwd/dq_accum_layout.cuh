@@ -11,6 +11,8 @@
 // 4). Plans: head dim 64 with kBlockM 128 (pieces are row halves: queries [64 wg, 64 wg + 64), every column);
 // head dim 128 with kBlockM 64 (column halves: every query, head-dim columns [64 wg, 64 wg + 64)); head dim 128
 // with kBlockM 80 (transposed: piece wg is dQ^T's head-dim rows [64 wg, 64 wg + 64) by the kBlockM queries); head
+// dim 192 with kBlockM 96 (transposed, three slices: MMA warpgroup wg's dQ^T rows [64 wg, + 64) by the 96 queries,
+// handed over in halves of 48 queries: registers 0..23 are float4 groups c = 0..5, the first half); head
 // dim 256 with kBlockM 64 (column quarters: slice i holds head-dim columns [64 i, 64 i + 64), MMA warpgroup wg
 // computes slices 2 wg and 2 wg + 1).
 template <int kBlockM, int kHeadDim>
@@ -21,7 +23,7 @@ struct DqAccumLayout {
   static constexpr int kSliceVecs = 64 * kCols / 4;
   static constexpr int kTileVecs = kBlockM * kHeadDim / 4;
   static constexpr int kSlices = kTileVecs / kSliceVecs;
-  static_assert(kTileVecs == kSlices * kSliceVecs && (kSlices == 2 || kSlices == 4), "two or four slices per tile");
+  static_assert(kTileVecs == kSlices * kSliceVecs && kSlices >= 2 && kSlices <= 4, "two to four slices per tile");
 
   static DASH_DEVICE int row0(int slice) { return kSplitRows ? 64 * slice : 0; }
   static DASH_DEVICE int col0(int slice) { return kSplitRows || kTransposed ? 0 : 64 * slice; }

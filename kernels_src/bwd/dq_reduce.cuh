@@ -33,10 +33,11 @@ DASH_DEVICE bool wait_for_turn(const BwdParams& p, const int* sem, int64_t v, in
   }
 }
 
-// Both MMA warpgroups' dQ staging slices may be overwritten.
+// Every MMA warpgroup's dQ staging slice may be overwritten.
 DASH_DEVICE void dq_staging_free() {
   dq_handoff_barrier<kBarDqEmpty, false>(0);
   dq_handoff_barrier<kBarDqEmpty, false>(1);
+  if constexpr (kNumMmaWg == 3) dq_handoff_barrier<kBarDqEmpty, false>(2);
 }
 
 // The slice of one MMA warpgroup into its part of the dq_accum tile: stored by the first visit of the tile's
@@ -49,15 +50,20 @@ DASH_DEVICE void put_slice(float* dst, uint32_t slice, bool first) {
   }
 }
 
-// Piece `piece` of both MMA warpgroups (slices wg * kDqPieces + piece of the tile), as they hand it over: put into
-// the tile (skipped after a failed wait: ok false) and read out of the staging slices when this returns.
+// Piece `piece` of every MMA warpgroup (at float (kDqPieces wg + piece) kDqPieceFloats of the tile), as they hand it
+// over: put into the tile (skipped after a failed wait: ok false) and read out of the staging slices when this
+// returns.
 DASH_DEVICE void put_piece(const Smem& s, float* tile, int piece, bool first, bool ok, int lane) {
-  constexpr int kSliceFloats = SmemLayout::kDqSlice / 4;
+  constexpr int kLast = kNumMmaWg - 1;
   dq_handoff_barrier<kBarDqFull, true>(0);
-  if (lane == 0 && ok) put_slice(tile + piece * kSliceFloats, s.dq(0), first);
-  dq_handoff_barrier<kBarDqFull, true>(1);
+  if (lane == 0 && ok) put_slice(tile + piece * kDqPieceFloats, s.dq(0), first);
+  if constexpr (kNumMmaWg == 3) {
+    dq_handoff_barrier<kBarDqFull, true>(1);
+    if (lane == 0 && ok) put_slice(tile + (kDqPieces + piece) * kDqPieceFloats, s.dq(1), first);
+  }
+  dq_handoff_barrier<kBarDqFull, true>(kLast);
   if (lane == 0) {
-    if (ok) put_slice(tile + (kDqPieces + piece) * kSliceFloats, s.dq(1), first);
+    if (ok) put_slice(tile + (kDqPieces * kLast + piece) * kDqPieceFloats, s.dq(kLast), first);
     bulk_commit();
     bulk_wait_read<0>();
   }
@@ -71,7 +77,6 @@ DASH_DEVICE void put_piece(const Smem& s, float* tile, int piece, bool first, bo
 // that preprocess zeroed. After a failed wait this CTA skips its adds and releases (the result is
 // discarded: the host raises) but keeps handing the slices back, so that the MMA warpgroups finish.
 DASH_DEVICE void write_dq(const BwdParams& p, const ScheduleView& sched, const Smem& s, int writer, int lane) {
-  static_assert(kNumMmaWg == 2, "two dQ slices");
   // NOTES: the MMA warpgroups wait for the staging slices to be free once per dQ piece (kDqPieces per visit), so
   // they are freed once for each piece: up front for the first, then after each piece that has a successor
   // (named barriers count arrivals: none may be left over). Writer w runs visits j = w, w + kDqWriters, ...

@@ -21,7 +21,11 @@ namespace bwd {
 // counters are words kErrorWordBarrier1, kErrorWordBarrier2, kErrorWordExit of the error record (constants.cuh).
 // Its named barriers are kBarDqDone and kBarFold (config.cuh).
 constexpr int kMmaThreads = kNumMmaWg * kWgThreads;
-static_assert(kMmaThreads == bwd_rows_pass::kPassThreads, "the MMA warpgroups run the postprocess pass");
+static_assert(kMmaThreads >= bwd_rows_pass::kPassThreads, "the MMA warpgroups run the postprocess pass");
+// NOTES: with three MMA warpgroups (head dim 192) the passes run on the first kPassThreads of them (tid >= 0).
+DASH_DEVICE bool runs_passes(int tid) {
+  return kMmaThreads == bwd_rows_pass::kPassThreads || tid < bwd_rows_pass::kPassThreads;
+}
 
 // NOTES: co-residency: the persistent grid is at most the co-resident CTAs (the dQ semaphores rely on it too), so
 // every CTA reaches each barrier. A wait is abandoned at once once any failure is recorded, and bounded by the
@@ -63,7 +67,7 @@ DASH_DEVICE void for_my_tiles(const BwdParams& p, F&& f) {
 // and bulk adds of phase 2, on both sides of the barrier.
 DASH_DEVICE void fold_prologue(const BwdParams& p) {
   const int tid = (int)threadIdx.x - kWgThreads;
-  if (tid >= 0) {
+  if (tid >= 0 && runs_passes(tid)) {
     for_my_tiles(p, [&](int m_block, int h, int b) {
       bwd_rows_pass::preprocess_tile<kHeadDimIO, kBlockM>(p, m_block, h, b, tid);
     });
@@ -97,9 +101,11 @@ DASH_DEVICE void fold_epilogue(const BwdParams& p, int tid) {
     atomicAdd(p.error + kErrorWordExit, 1);
   }
   named_barrier_sync<kBarFold, kMmaThreads>();
-  for_my_tiles(p, [&](int m_block, int h, int b) {
-    bwd_rows_pass::postprocess_tile<kHeadDimIO, kBlockM>(p, m_block, h, b, tid);
-  });
+  if (runs_passes(tid)) {
+    for_my_tiles(p, [&](int m_block, int h, int b) {
+      bwd_rows_pass::postprocess_tile<kHeadDimIO, kBlockM>(p, m_block, h, b, tid);
+    });
+  }
   if (blockIdx.x == 0 && tid == 0) {
     wait_count(p, kErrorWordExit, (int)gridDim.x);
     p.error[kErrorWordBarrier1] = p.error[kErrorWordBarrier2] = p.error[kErrorWordExit] = 0;

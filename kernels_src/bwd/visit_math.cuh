@@ -24,7 +24,20 @@ namespace bwd {
 
 using TileKV = SwizzledTile<kBlockN>;  // K, V: keys x head dim
 using TileQ = SwizzledTile<kBlockM>;   // Q, dO: queries x head dim; dS: queries x keys
-using TileKQ = SwizzledTile<kBlockN>;  // head dim 256: P^T, dS^T, keys x queries (one panel)
+using TileKQ = SwizzledTile<kBlockN>;  // head dim 256: P^T, dS^T, keys x queries (one panel); 192: TileQ, P and dS
+
+// The stage's P and dS tiles of head dims 192 and 256 (kPdSStages of them), the dS tile of the others.
+DASH_DEVICE int pds_stage(int stage) { return kPdSStages == 1 ? 0 : stage; }
+
+// Stores a warpgroup's rounded P^T or dS^T fragments (64 keys x its 32 queries) into the stage's tile: keys x queries
+// at its query columns (head dim 256), queries x keys at its query rows (192).
+DASH_DEVICE void store_split_tile(uint32_t tile, const uint32_t (&a)[kWgQueries / 16][4], int q0, int tid) {
+  if constexpr (kPdSByQueries) {
+    store_transposed<kBlockM>(tile, a, 0, tid, q0);
+  } else {
+    store_rows<kBlockN>(tile, a, 0, tid, q0);
+  }
+}
 
 // The keys query q sees, bottom-right aligned: lo <= key - q <= hi with hi = Sk - Sq + window_right (causal:
 // Sk - Sq) and lo = Sk - Sq - window_left; an unbounded side is the int extreme, which every offset satisfies.
@@ -195,14 +208,19 @@ DASH_DEVICE void probs_and_grads(float (&S)[kSRegs], float (&dP)[kSRegs], uint32
   softmax_probs<kMask>(S, lse_row, p.softmax_scale_log2, mask);
   const RowValues dpsum_row(reinterpret_cast<const float*>(smem_generic + (s.dpsum(do_stage) - s.base)), q0, f);
   pack_fragments<kSRegs>(Pa, S);
-  if constexpr (kSplitHeadDim) store_rows<kBlockN>(s.pt(stage), Pa, 0, tid, q0);  // while dP^T runs
+  if constexpr (kSplitHeadDim) {
+    // NOTES: head dim 192's one P / dS buffer: every MMA warpgroup's GEMMs of the previous visit, its last readers,
+    // are complete (each visit ends with wgmma_wait<0>) once all of them are here.
+    if constexpr (kPdSStages == 1) named_barrier_sync<kBarPdSFree, kPdSThreads>();
+    store_split_tile(s.pt(pds_stage(stage)), Pa, q0, tid);  // while dP^T runs
+  }
   wgmma_wait<0>();
   wgmma_fence_operand(dP);
   stamp_wg(p, v, wg, tid, kWgDpDone);
   softmax_grad(dSa, Pa, dP, dpsum_row, dT, lse_row, kSoftcap ? 1.f / p.softmax_scale_log2 : 0.f);
   // dS^T also to shared memory for dQ, which needs the keys (head dim 256: the queries) of both warpgroups.
   if constexpr (kSplitHeadDim) {
-    store_rows<kBlockN>(s.ds(stage), dSa, 0, tid, q0);
+    store_split_tile(s.ds(pds_stage(stage)), dSa, q0, tid);
   } else {
     store_transposed<kBlockM>(s.ds(stage), dSa, 64 * wg, tid);
   }

@@ -37,8 +37,8 @@ HDIMS = (64, 128)
 SEQLENS = ((1, 1), (17, 17), (128, 128), (255, 255), (1000, 1000), (2048, 2048), (300, 1000), (1000, 300))
 # head dim 96 (the head-dim-128 kernels padded): fewer lengths, the ragged ones
 D96_SEQLENS = ((17, 17), (255, 255), (1000, 1000), (300, 1000), (1000, 300))
-# head dim 256 (the warpgroups split the head dim: kernels_src/bwd/split_step.cuh): ragged lengths, Sq != Sk both
-# ways, and 2048 (32 KV tiles of 64 keys per head)
+# head dims 192 and 256 (the warpgroups split the head dim: kernels_src/bwd/split_step.cuh): ragged lengths, Sq != Sk
+# both ways, and 2048 (32 KV tiles of 64 keys per head)
 D256_SEQLENS = ((1, 1), (17, 17), (255, 255), (1000, 1000), (300, 1000), (1000, 300), (2048, 2048))
 
 # lse is fp32 (natural-log units). FA3's rule would allow 2x the error of the low-precision baseline (whose lse
@@ -56,7 +56,8 @@ ATOMIC_REPEATS = 20
 CASES = [Case(dt, d, causal, sq, sk)
          for dt in DTYPES for d in HDIMS for causal in (True, False) for sq, sk in SEQLENS]
 CASES += [Case(dt, 96, causal, sq, sk) for dt in DTYPES for causal in (True, False) for sq, sk in D96_SEQLENS]
-CASES += [Case(dt, 256, causal, sq, sk) for dt in DTYPES for causal in (True, False) for sq, sk in D256_SEQLENS]
+CASES += [Case(dt, d, causal, sq, sk) for dt in DTYPES for d in (192, 256) for causal in (True, False)
+          for sq, sk in D256_SEQLENS]         # head dim 192: three MMA warpgroups, 96 x 64 tiles
 
 
 def _backward_params():

@@ -60,7 +60,9 @@ FOLD_CASES = [FoldCase("bf16", 128, True, 1024, 1024, batch=2, heads=4),       #
               FoldCase("bf16", 64, False, 777, 1500, heads=8),
               FoldCase("fp16", 128, True, 1000, 300, batch=2, heads=16, kv_heads=2),   # rows without keys, GQA
               FoldCase("bf16", 64, True, 1, 1),
-              FoldCase("fp16", 64, False, 4096, 4096, heads=16)]                 # 64x FOLD_MAX_TILES: forced
+              FoldCase("fp16", 64, False, 4096, 4096, heads=16),                 # 64x FOLD_MAX_TILES: forced
+              FoldCase("bf16", 256, True, 1000, 1000, heads=4),                  # split head dim, two warpgroups
+              FoldCase("bf16", 192, False, 777, 1000, heads=6, kv_heads=2)]      # three: passes on 256 of 384
 
 
 def _inputs(case: FoldCase):

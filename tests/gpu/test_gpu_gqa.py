@@ -93,10 +93,10 @@ CASES = [GqaCase(d, causal, sq, sk, HEADS // g) for g in GROUPS for d in (64, 12
          for sq, sk in SEQLENS]
 CASES += [GqaCase(96, causal, sq, sk, HEADS // g) for g in (2, HEADS) for causal in (True, False)
           for sq, sk in SEQLENS[1:]]          # head dim 96 (padded to 128): grouped and MQA, ragged lengths
-CASES += [GqaCase(256, causal, sq, sk, HEADS // g) for g in (2, HEADS) for causal in (True, False)
-          for sq, sk in SEQLENS[1:]]          # head dim 256 (the split head dim): grouped and MQA
+CASES += [GqaCase(d, causal, sq, sk, HEADS // g) for d in (192, 256) for g in (2, HEADS) for causal in (True, False)
+          for sq, sk in SEQLENS[1:]]          # head dims 192 and 256 (the split head dim): grouped and MQA
 FP16_CASES = [GqaCase(64, True, 255, 255, HEADS // g, dtype="fp16") for g in (2, HEADS)]
-FP16_CASES += [GqaCase(256, False, 300, 1000, 2, dtype="fp16")]
+FP16_CASES += [GqaCase(256, False, 300, 1000, 2, dtype="fp16"), GqaCase(192, True, 1000, 300, 2, dtype="fp16")]
 
 
 def _params():
@@ -118,7 +118,8 @@ def test_gqa_backward(case, schedule):
 # Sk <= block_n there is one KV tile per KV head, so consecutive columns on a CTA differ only in the KV head.
 SMALL_GRID_CASES = [GqaCase(128, True, 1537, 1537, 8), GqaCase(64, False, 700, 1299, 2, batch=1),
                     GqaCase(128, True, 700, 100, 1), GqaCase(64, False, 333, 128, 4, batch=3),
-                    GqaCase(96, True, 1537, 1537, 8), GqaCase(256, True, 1537, 1537, 8)]
+                    GqaCase(96, True, 1537, 1537, 8), GqaCase(256, True, 1537, 1537, 8),
+                    GqaCase(192, False, 1537, 1537, 8)]
 
 
 @pytest.mark.parametrize("num_ctas", [1, 3, 7])

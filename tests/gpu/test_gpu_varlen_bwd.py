@@ -105,9 +105,9 @@ def test_varlen_backward_per_sequence(lengths, hdim, causal, window, schedule, m
 @pytest.mark.parametrize("window", [(-1, -1), (100, 50)], ids=["nowindow", "window"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("lengths", list(LENGTHS), ids=str)
-@pytest.mark.parametrize("hdim", [96, 256], ids=["d96", "d256"])
+@pytest.mark.parametrize("hdim", [96, 192, 256], ids=["d96", "d192", "d256"])
 def test_varlen_backward_per_sequence_other_head_dims(hdim, lengths, causal, window, schedule, monkeypatch):
-    """Head dim 96 (the head-dim-128 kernels padded) and 256 (the warpgroups split the head dim): the checks of
+    """Head dim 96 (the head-dim-128 kernels padded), 192 and 256 (the warpgroups split the head dim): the checks of
     test_varlen_backward_per_sequence."""
     test_varlen_backward_per_sequence(lengths, hdim, causal, window, schedule, monkeypatch)
 
@@ -308,7 +308,7 @@ def test_jax_varlen_matches_the_functional_api():
         assert (np.asarray(g).view(np.int16) == np.asarray(w).view(np.int16)).all(), f"second packing: {name}"
 
 
-@pytest.mark.parametrize("hdim", [64, 96, 128, 256])
+@pytest.mark.parametrize("hdim", [64, 96, 128, 192, 256])
 def test_varlen_backward_fp16(hdim):
     """fp16 inputs: the fp16 varlen kernels against the float64 reference and, with fa3, the sequence alone."""
     h, dev, _ = _problem("mixed", hdim, True, (-1, -1), seed=9, dtype=np.float16)

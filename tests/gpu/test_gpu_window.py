@@ -78,6 +78,8 @@ CASES = [
     WinCase("bf16", 64, False, 1000, 1000, (3, -1)),          # left bound only, narrower than a tile
     WinCase("bf16", 256, False, 1000, 1000, (100, 50)),       # head dim 256: a band narrower than a KV tile
     WinCase("bf16", 256, True, 1500, 777, (200, 0)),          # head dim 256: causal window, Sq > Sk
+    WinCase("bf16", 192, False, 777, 1500, (100, 200)),       # head dim 192: both sides, Sq < Sk
+    WinCase("bf16", 192, True, 1000, 1000, (257, 0)),         # head dim 192: causal sliding window
 ]
 GQA_CASES = [
     WinCase("bf16", 128, True, 1000, 1000, (300, 0), heads=8, kv_heads=2),
@@ -85,6 +87,7 @@ GQA_CASES = [
     WinCase("bf16", 128, False, 300, 1000, (10, 5), heads=8, kv_heads=2),
     WinCase("bf16", 64, False, 1200, 640, (0, 64), heads=8, kv_heads=4),
     WinCase("bf16", 256, True, 1000, 1000, (300, 0), heads=8, kv_heads=2),
+    WinCase("bf16", 192, False, 1000, 1000, (100, 50), heads=6, kv_heads=2),
 ]
 
 

@@ -73,15 +73,11 @@ SPEC = kernels.bwd_specs("bfloat16", 64, causal=True).main
 def test_all_specs_cover_every_combination():
     specs = kernels.all_specs()
     labels = [s.label for s in specs]
-    # + head dim 256's backward: 2 preprocess, 2 postprocess, 4 main, 4 compact main, 4 soft-capping main
-    assert len(set(labels)) == len(labels) == len(set(specs)) == 20 + 6 + 24 + 6 + 1 + 12 + 24 + 16
+    # + head dims 192 and 256's backwards: 2 preprocess, 2 postprocess, 4 main, 4 compact main, 4 soft-capping main
+    assert len(set(labels)) == len(labels) == len(set(specs)) == 20 + 6 + 24 + 6 + 1 + 12 + 24 + 2 * 16
     expected = {kernels.expand_spec()}
     for dtype, d, causal in itertools.product(kernels.SUPPORTED_DTYPES, kernels.SUPPORTED_HEAD_DIMS, (0, 1)):
         expected.add(kernels.fwd_spec(dtype, d, bool(causal)))
-        if d not in kernels.BWD_HEAD_DIMS:          # head dim 192: the forward only
-            with pytest.raises(ValueError, match="for the backward"):
-                kernels.bwd_specs(dtype, d, bool(causal))
-            continue
         expected.update(kernels.bwd_specs(dtype, d, bool(causal)))
         expected.add(kernels.bwd_specs(dtype, d, bool(causal), compact=True).main)
         expected.add(kernels.bwd_specs(dtype, d, bool(causal), softcap=True).main)
@@ -90,8 +86,12 @@ def test_all_specs_cover_every_combination():
                                               seqlen_q=kernels.CAUSAL80_MIN_SEQLEN))
     assert expected == set(specs)
     by_kernel = {name: [s for s in specs if s.kernel == name] for name in kernels.KERNEL_NAMES}
-    assert {k: len(v) for k, v in by_kernel.items()} == {"fwd": 20, "bwd_preprocess": 12, "bwd_main": 64,
-                                                         "bwd_postprocess": 12, "bwd_expand": 1}
+    assert {k: len(v) for k, v in by_kernel.items()} == {"fwd": 20, "bwd_preprocess": 14, "bwd_main": 76,
+                                                         "bwd_postprocess": 14, "bwd_expand": 1}
+    # every forward head dim has a backward build; 192's is pending (the API refuses it)
+    assert set(kernels.SUPPORTED_HEAD_DIMS) == set(kernels.BWD_HEAD_DIMS + kernels.BWD_PENDING_HEAD_DIMS)
+    with pytest.raises(ValueError, match="for the backward"):
+        kernels.bwd_specs("bfloat16", 160, False)
     assert kernels.expand_spec().label == "bwd_expand[bf16,d64,compact]"
     for s in specs:
         d = dict(s.defines)
@@ -432,14 +432,18 @@ def test_forward_compiles_without_spills_at_head_dims_192_and_256(head_dim):
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_backward_compiles_without_spills_at_head_dim_256(dtype, causal):
-    """Head dim 256's backward (the MMA warpgroups split the head dim: kernels_src/bwd/split_step.cuh): 64 x 64
-    tiles, one K buffer and one dO stage, P^T and dS^T tiles by visit parity, in the 227 KB of a CTA; every build
-    (per-visit and compact tables, soft-capping) compiles for sm_90a without spills."""
-    tile = kernels.bwd_tile(256, causal, seqlen_q=1 << 20)
-    assert (tile.block_m, tile.block_n) == (64, 64)
-    builds = (kernels.bwd_specs(dtype, 256, causal), kernels.bwd_specs(dtype, 256, causal, compact=True),
-              kernels.bwd_specs(dtype, 256, causal, softcap=True))
+@pytest.mark.parametrize("head_dim,tile", [(256, (64, 64, 384)), (192, (96, 64, 512))], ids=["d256", "d192"])
+def test_backward_compiles_without_spills_at_head_dims_192_and_256(head_dim, tile, dtype, causal):
+    """Head dims 192 and 256's backwards (the MMA warpgroups split the head dim: kernels_src/bwd/split_step.cuh):
+    64 x 64 tiles and two MMA warpgroups at 256, 96 x 64 and three (512 threads, DASH_NUM_MMA_WG) at 192; one K
+    buffer and one dO stage, in the 227 KB of a CTA; every build (per-visit and compact tables, soft-capping)
+    compiles for sm_90a without spills."""
+    got = kernels.bwd_tile(head_dim, causal, seqlen_q=1 << 20)
+    assert (got.block_m, got.block_n, got.threads) == tile
+    builds = (kernels.bwd_specs(dtype, head_dim, causal), kernels.bwd_specs(dtype, head_dim, causal, compact=True),
+              kernels.bwd_specs(dtype, head_dim, causal, softcap=True))
+    assert (dict(builds[0].main.defines).get("DASH_NUM_MMA_WG", 2), builds[0].main.threads) == \
+        ((3, 512) if head_dim == 192 else (2, 384))
     for spec in {s for b in builds for s in b}:
         assert spec.smem_bytes <= 227 * 1024
         built = jit.compile_spec(spec)
