@@ -277,6 +277,8 @@ def build_parser(prog=None):
     p.add_argument("--quick", action="store_true",
                    help="about 2 minutes: S in {1024, 4096}, head dim 128, both masks, 20 repeats")
     p.add_argument("--fwd-only", action="store_true", help="forward passes only (ours, torch, FA3)")
+    p.add_argument("--pending-head-dims", action="store_true",
+                   help="also run the backward head dims built but not yet shipped (kernels.BWD_PENDING_HEAD_DIMS)")
     p.add_argument("--group", type=int, default=1,
                    help="query heads per KV head (GQA; default 1). With a group > 1 the peers are skipped")
     p.add_argument("--softcap", type=float, default=0.0,
@@ -313,7 +315,7 @@ def parse_args(argv=None, prog=None):
         input_sets=max(1, args.input_sets), flush_l2=args.flush_l2, dtype=args.dtype, tokens=args.tokens,
         hidden=args.hidden, quick=args.quick, torch=not args.no_torch, fa3=not args.no_fa3,
         overhead=not args.no_overhead, fwd_only=args.fwd_only, group=args.group, softcap=args.softcap,
-        compile=not args.no_compile, out=args.out, prog=prog)
+        compile=not args.no_compile, out=args.out, prog=prog, pending_head_dims=args.pending_head_dims)
     for m in opts["masks"]:
         if m not in ("full", "causal"):
             raise SystemExit(f"--masks: expected full and/or causal, got {m!r}")
@@ -344,6 +346,9 @@ def run(opts, argv=(), checkpoint=None):
     """Run the benchmark described by ``opts`` (from :func:`parse_args`); return the report dict."""
     import cupy
 
+    if opts.get("pending_head_dims"):
+        from cupy_dash.cuda import kernels
+        kernels.BWD_HEAD_DIMS = kernels.BWD_HEAD_DIMS + kernels.BWD_PENDING_HEAD_DIMS
     peers, missing, fa3 = load_peers(opts["torch"], opts["fa3"], _log)
     torch_mod = next((p.torch for p in peers if p.name == "torch"), None)
     meta = _meta(opts, argv)

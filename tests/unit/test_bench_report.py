@@ -73,6 +73,8 @@ def test_parse_args_defaults_and_errors():
     assert bench.parse_args(["--group", "8"])["group"] == 8 and bench.parse_args([])["group"] == 1
     with pytest.raises(SystemExit, match="--group: 3"):
         bench.parse_args(["--group", "3"])               # 32 heads of head dim 64 are not a multiple of 3
+    assert bench.parse_args(["--pending-head-dims"])["pending_head_dims"]
+    assert not bench.parse_args([])["pending_head_dims"]
 
 
 def _run(*argv, cwd=BENCHMARKS.parent):
