@@ -99,7 +99,7 @@ DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_gen
   const Band band(p, seq.seqlen_q, seq.seqlen_k);
   const TileMask mask(w.n_block * kBlockN, w.m_block * kBlockM + q0, seq.seqlen_k, band, f);
 
-  // P^T and dS^T of this warpgroup's queries, into the stage's tiles.
+  // P^T and dS^T of this warpgroup's queries, into the P / dS tiles.
   uint32_t Pa[kWgQueries / 16][4], dSa[kWgQueries / 16][4];
   if (mask.needed) {
     probs_and_grads<true>(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, 0, last_in_group, v, wg, tid, f);
@@ -111,7 +111,8 @@ DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_gen
   named_barrier_sync<kBarPdS, kPdSThreads>();
   stamp_wg(p, v, wg, tid, kWgBarrier);
 
-  // dV^T += dO^T P, dQ = dS K, dK^T += Q^T dS: three commit groups, dQ's before dK's so that the writer starts early.
+  // dV^T += dO^T P, the dQ pieces, dK^T += Q^T dS: three commit groups, dQ's before dK's so that the writer starts
+  // early.
   const int d0 = kHeadRows * wg, pds = pds_stage(stage);
   wgmma_fence();
 #pragma unroll
