@@ -348,7 +348,7 @@ def run(opts, argv=(), checkpoint=None):
 
     if opts.get("pending_head_dims"):
         from cupy_dash.cuda import kernels
-        kernels.BWD_HEAD_DIMS = kernels.BWD_HEAD_DIMS + kernels.BWD_PENDING_HEAD_DIMS
+        kernels.BWD_HEAD_DIMS = kernels.BWD_BUILT_HEAD_DIMS
     peers, missing, fa3 = load_peers(opts["torch"], opts["fa3"], _log)
     torch_mod = next((p.torch for p in peers if p.name == "torch"), None)
     meta = _meta(opts, argv)

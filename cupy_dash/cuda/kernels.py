@@ -31,6 +31,7 @@ BWD_HEAD_DIMS = (64, 96, 128, 256)               # the backward's
 # every variant, but the API refuses it (kernels.BWD_HEAD_DIMS) until its GPU tests have passed on the H200; the GPU
 # tests enable it (tests/gpu/conftest.py).
 BWD_PENDING_HEAD_DIMS = (192,)
+BWD_BUILT_HEAD_DIMS = BWD_HEAD_DIMS + BWD_PENDING_HEAD_DIMS   # every backward head dim that has kernels
 SUPPORTED_DTYPES = ("bfloat16", "float16")
 
 
@@ -72,8 +73,8 @@ TILES = {
 }
 # NOTES: head dim 96 takes head dim 128's tiles: its kernels are the head-dim-128 ones padded (padded_head_dim).
 # Head dims 192 and 256 take 64 keys per forward tile: Q and two K / V stages of 128 keys would need 247 / 329 KB of
-# shared memory (docs/decisions/tile-plans.md "Head dims 192 and 256: the forward"). The head-dim-256 backward splits
-# the head dim between its MMA warpgroups on 64 x 64 tiles (kernels_src/bwd/split_step.cuh).
+# shared memory (docs/decisions/tile-plans.md "Head dims 192 and 256: the forward"). Their backwards split the head dim
+# between the MMA warpgroups (kernels_src/bwd/split_step.cuh): two on 64 x 64 tiles at 256, three on 96 x 64 at 192.
 AUX_THREADS = K.kAuxThreads
 
 
@@ -90,11 +91,10 @@ def _fwd_smem(t: TileConfig, d: int, stages: int | None = None) -> int:
 
 
 def _bwd_main_smem(t: TileConfig, d: int) -> int:
-    """kernels_src/bwd/config.cuh SmemLayout: K x k_stages, V; Q x stages, dO x do_stages, dS x stages (head dim
-    192 and 256: P too, 192 with one P / dS stage); the fp32 dQ staging (head dims 192 and 256: half the tile); lse x
-    stages, dpsum x do_stages; 2 x (k_stages
-    + 1 + stages + do_stages) mbarriers; a visit slot per stage; the alignment slack. The 80-query tile has one K
-    buffer, head dim 256 one K buffer and one dO stage."""
+    """kernels_src/bwd/config.cuh SmemLayout: K x k_stages, V; Q x stages, dO x do_stages, dS x stages (head dims
+    192 and 256: P too, 192 with one P / dS stage); the fp32 dQ staging (192 and 256: half the tile); lse x stages,
+    dpsum x do_stages; 2 x (k_stages + 1 + stages + do_stages) mbarriers; a visit slot per stage; the alignment
+    slack. The 80-query tile has one K buffer, head dims 192 and 256 one K buffer and one dO stage."""
     split = d in (192, 256)
     stages, d = K.kBwdStages, padded_head_dim(d)
     k_stages = 1 if t.block_m == 80 or split else K.kBwdKStages
@@ -173,7 +173,7 @@ def check_supported(dtype: str, head_dim: int, backward: bool = True) -> None:
     """ValueError unless the kernels take ``dtype`` and ``head_dim`` (``backward``: the backward's head dims)."""
     if dtype not in SUPPORTED_DTYPES:
         raise ValueError(f"unsupported dtype {dtype!r}; expected one of {SUPPORTED_DTYPES}")
-    dims = BWD_HEAD_DIMS + BWD_PENDING_HEAD_DIMS if backward else SUPPORTED_HEAD_DIMS
+    dims = BWD_BUILT_HEAD_DIMS if backward else SUPPORTED_HEAD_DIMS
     if head_dim not in dims:
         raise ValueError(f"unsupported head_dim {head_dim!r}{' for the backward' if backward else ''}; expected "
                          f"one of {dims}")
@@ -320,7 +320,7 @@ def all_specs() -> list:
     seen = set()
     for dtype, head_dim, causal in itertools.product(SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS, (False, True)):
         batch = [fwd_spec(dtype, head_dim, causal)]
-        if head_dim in BWD_HEAD_DIMS + BWD_PENDING_HEAD_DIMS:
+        if head_dim in BWD_BUILT_HEAD_DIMS:
             batch.extend(bwd_specs(dtype, head_dim, causal))
             batch.append(bwd_specs(dtype, head_dim, causal, compact=True).main)
             batch.append(bwd_specs(dtype, head_dim, causal, softcap=True).main)  # logit soft-capping

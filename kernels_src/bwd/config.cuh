@@ -48,7 +48,7 @@ constexpr int kWgQueries = kSplitHeadDim ? kBlockM / kNumMmaWg : kBlockM;  // th
 // NOTES: head dim 192 stores P and dS as queries x keys (dQ^T = K^T dS^T needs dS as a K-major B whose rows are the
 // queries: an MN-major B cannot start 48 queries into a swizzled row, a K-major one can); head dim 256 as keys x
 // queries. At 192 they have one buffer (two do not fit), guarded by a barrier of the MMA warpgroups (kBarPdSFree).
-constexpr bool kPdSByQueries = kSplitHeadDim && kHeadDim == 192;
+constexpr bool kPdSByQueries = kHeadDim == 192;
 constexpr int kPdSStages = kPdSByQueries ? 1 : kBwdStages;
 // dQ = dS K: warpgroup wg computes a 64 x kDqCols piece of the kBlockM x kHeadDim tile. With kBlockM = 128
 // (hdim 64) it owns query rows [64 wg, 64 wg + 64) and every column; with kBlockM = 64 (hdim 128) every row and
@@ -84,7 +84,7 @@ template <>
 struct DkvAccOf<true> {
   using type = float[kDkvHalves][kDkvRegs / kDkvHalves];
 };
-using DkvAcc = DkvAccOf<kSplitHeadDim>::type;  // one MMA warpgroup's dK or dV (head dim 256: dK^T or dV^T, by halves)
+using DkvAcc = DkvAccOf<kSplitHeadDim>::type;  // one MMA warpgroup's dK or dV (192, 256: dK^T or dV^T, by halves)
 constexpr int kDqRegs = kDqPieceCols / 2;  // dQ piece: 64 x kDqPieceCols
 
 #ifndef DASH_DQ_WRITERS

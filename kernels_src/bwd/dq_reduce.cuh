@@ -53,6 +53,8 @@ DASH_DEVICE void put_slice(float* dst, uint32_t slice, bool first) {
 // Piece `piece` of every MMA warpgroup (at float (kDqPieces wg + piece) kDqPieceFloats of the tile), as they hand it
 // over: put into the tile (skipped after a failed wait: ok false) and read out of the staging slices when this
 // returns.
+// NOTES: written out per warpgroup rather than as a loop: the loop form compiled the two-warpgroup writer
+// differently (the head-dim 64 / 96 / 128 SASS, measured on the H200, is this form's).
 DASH_DEVICE void put_piece(const Smem& s, float* tile, int piece, bool first, bool ok, int lane) {
   constexpr int kLast = kNumMmaWg - 1;
   dq_handoff_barrier<kBarDqFull, true>(0);

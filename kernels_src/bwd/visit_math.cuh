@@ -1,7 +1,7 @@
 // Backward main kernel, MMA warpgroups: what both visit plans share (bwd/mainloop.cuh: each warpgroup owns 64 keys;
-// bwd/split_step.cuh: head dim 256, the warpgroups split the head dim): the masks, P^T and dS^T from the S^T and
-// dP^T accumulators (64 keys x kWgQueries queries per warpgroup), dS^T (and at head dim 256 P^T) to shared memory,
-// and the dQ hand-off to the writer warps.
+// bwd/split_step.cuh: head dims 192 and 256, the warpgroups split the head dim): the masks, P^T and dS^T from the
+// S^T and dP^T accumulators (64 keys x kWgQueries queries per warpgroup), dS^T (and at head dims 192 and 256 P^T) to
+// shared memory, and the dQ hand-off to the writer warps.
 #pragma once
 #include "../ptx/cvt.cuh"
 #include "../ptx/exp2.cuh"

@@ -8,4 +8,4 @@ from cupy_dash.cuda import kernels
 
 @pytest.fixture(autouse=True)
 def _pending_backward_head_dims(monkeypatch):
-    monkeypatch.setattr(kernels, "BWD_HEAD_DIMS", kernels.BWD_HEAD_DIMS + kernels.BWD_PENDING_HEAD_DIMS)
+    monkeypatch.setattr(kernels, "BWD_HEAD_DIMS", kernels.BWD_BUILT_HEAD_DIMS)

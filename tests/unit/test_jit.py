@@ -89,7 +89,7 @@ def test_all_specs_cover_every_combination():
     assert {k: len(v) for k, v in by_kernel.items()} == {"fwd": 20, "bwd_preprocess": 14, "bwd_main": 76,
                                                          "bwd_postprocess": 14, "bwd_expand": 1}
     # every forward head dim has a backward build; 192's is pending (the API refuses it)
-    assert set(kernels.SUPPORTED_HEAD_DIMS) == set(kernels.BWD_HEAD_DIMS + kernels.BWD_PENDING_HEAD_DIMS)
+    assert set(kernels.SUPPORTED_HEAD_DIMS) == set(kernels.BWD_BUILT_HEAD_DIMS)
     with pytest.raises(ValueError, match="for the backward"):
         kernels.bwd_specs("bfloat16", 160, False)
     assert kernels.expand_spec().label == "bwd_expand[bf16,d64,compact]"
