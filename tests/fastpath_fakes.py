@@ -61,11 +61,11 @@ class Tensor:
 
 
 def fake_bwd_entry(dev, dtype, head_dim, causal, timeline=False, compact=False, softcap=False, seqlen_q=0,
-                   window=(-1, -1)):
+                   window=(-1, -1), head_dim_v=None):
     """kernels.bwd_entry without a GPU: the variant's specs and tile, 132 co-resident CTAs."""
     tile = kernels.bwd_tile(head_dim, causal, compact, seqlen_q, window)
     specs = kernels.bwd_specs(dtype, head_dim, causal, timeline, compact, softcap=softcap, seqlen_q=seqlen_q,
-                              window=window)
+                              window=window, head_dim_v=head_dim_v)
     return specs, tile.block_m, tile.block_n, 132
 
 

@@ -1,8 +1,9 @@
 """Public entry points: validation -> schedule -> launch, on the caller's stream, results in the caller's type.
 
-Layout (FlashAttention's): ``q`` ``(B, Sq, H, D)``; ``k``, ``v`` ``(B, Sk, Hkv, D)`` with ``H % Hkv == 0``;
-bf16 or fp16, any ``__dlpack__`` tensor on one CUDA device (torch, JAX, CuPy, ...). ``lse`` is ``(B, H, Sq)``
-float32 in natural-log units. Head dims 64 and 128.
+Layout (FlashAttention's): ``q`` ``(B, Sq, H, D)``; ``k`` ``(B, Sk, Hkv, D)``, ``v`` ``(B, Sk, Hkv, Dv)`` with
+``H % Hkv == 0``; bf16 or fp16, any ``__dlpack__`` tensor on one CUDA device (torch, JAX, CuPy, ...). ``lse`` is
+``(B, H, Sq)`` float32 in natural-log units. Head dims: ``kernels.SUPPORTED_HEAD_DIMS`` (the backward's
+``kernels.BWD_HEAD_DIMS``); ``Dv == D``, or 128 with ``D`` 192 (``kernels.VALUE_HEAD_DIMS``).
 
 Every argument is validated before anything is allocated or launched; each error names the argument.
 
@@ -55,14 +56,16 @@ _LAYOUT = "(B, S, H, D)"
 # ------------------------------------------------------------------------------------------------------------
 class Problem(typing.NamedTuple):
     """Validated sizes and operand descriptions of one call (immutable: what :func:`validate` checked is what every
-    later step reads). ``dtype``: "bfloat16" / "float16"; ``scale``: softmax_scale; ``softcap``: the logit cap (0:
-    none); ``infos``: interop.describe of q, k, v (then do, out for a backward); ``lse_info``: lse's, or None."""
+    later step reads). ``D``: the head dim of q and k, ``Dv``: of v, out and do (kernels.VALUE_HEAD_DIMS);
+    ``dtype``: "bfloat16" / "float16"; ``scale``: softmax_scale; ``softcap``: the logit cap (0: none); ``infos``:
+    interop.describe of q, k, v (then do, out for a backward); ``lse_info``: lse's, or None."""
     B: int
     Sq: int
     Sk: int
     H: int
     Hkv: int
     D: int
+    Dv: int
     dtype: str
     scale: float
     softcap: float
@@ -147,14 +150,17 @@ def validate(q, k, v, do=None, out=None, lse=None, *, softmax_scale=None, schedu
         raise ValueError(f"lse: expected a 3-D tensor (B, H, Sq), got shape {li.shape}")
     B, Sq, H, D = qi.shape
     _, Sk, Hkv, _ = ki.shape
+    Dv = vi.shape[3]
     if ki.shape[0] != B or ki.shape[3] != D:
         raise ValueError(f"k: expected shape (B, Sk, Hkv, D) with B={B} and D={D} as in q {qi.shape}, "
                          f"got {ki.shape}")
-    if vi.shape != ki.shape:
-        raise ValueError(f"v: expected the shape of k {ki.shape}, got {vi.shape}")
+    if vi.shape[:3] != ki.shape[:3]:
+        raise ValueError(f"v: expected the shape of k {ki.shape} (or that shape with another head dim), got "
+                         f"{vi.shape}")
     for i in like_q:
-        if i.shape != qi.shape:
-            raise ValueError(f"{i.name}: expected the shape of q {qi.shape}, got {i.shape}")
+        if i.shape != (B, Sq, H, Dv):
+            what = "the shape of q" if Dv == D else "shape (B, Sq, H, Dv): q's with v's head dim"
+            raise ValueError(f"{i.name}: expected {what} {(B, Sq, H, Dv)}, got {i.shape}")
     if li is not None and li.shape != (B, H, Sq):
         raise ValueError(f"lse: expected shape (B, H, Sq) = {(B, H, Sq)}, got {li.shape}")
 
@@ -165,6 +171,10 @@ def validate(q, k, v, do=None, out=None, lse=None, *, softmax_scale=None, schedu
                 if backward and D in kernels.SUPPORTED_HEAD_DIMS else "")
         raise NotImplementedError(f"q: head dim D={D} is not supported{' by the backward' if backward else ''}; "
                                   f"supported head dims are {', '.join(str(d) for d in dims)}{also}")
+    if Dv != D and Dv not in kernels.VALUE_HEAD_DIMS.get(D, ()):
+        pairs = ", ".join(f"{d} with {dv}" for d, dvs in kernels.VALUE_HEAD_DIMS.items() for dv in dvs)
+        raise NotImplementedError(f"v: value head dim {Dv} with q / k head dim {D} is not supported; v's head "
+                                  f"dim must be q's, or (q / k, v): {pairs}")
 
     # sizes and heads
     if B == 0:
@@ -199,7 +209,7 @@ def validate(q, k, v, do=None, out=None, lse=None, *, softmax_scale=None, schedu
             raise ValueError(f"{i.name}: is on {i.device} but q is on {qi.device}; all tensors must be on one "
                              f"CUDA device")
 
-    return Problem(B, Sq, Sk, H, Hkv, D, qi.dtype, scale, softcap, qi.device_id, tuple(operands), li)
+    return Problem(B, Sq, Sk, H, Hkv, D, Dv, qi.dtype, scale, softcap, qi.device_id, tuple(operands), li)
 
 
 def _check_tma_operands(p) -> None:
@@ -281,9 +291,10 @@ def attention_forward(q, k, v, *, causal=False, softmax_scale=None, window=(-1, 
 
     Args:
         q: ``(B, Sq, H, D)`` bf16/fp16 CUDA tensor (torch, JAX, CuPy or any ``__dlpack__`` object).
-        k, v: ``(B, Sk, Hkv, D)``, same dtype and device; ``H % Hkv == 0`` (query head ``h`` reads kv head
-            ``h // (H // Hkv)``). D is 64, 96, 128 or 256. Strided inputs are read in place if the last dim is
-            contiguous, other strides are multiples of 8 elements and the base is 16-byte aligned.
+        k, v: ``(B, Sk, Hkv, D)`` and ``(B, Sk, Hkv, Dv)``, same dtype and device; ``H % Hkv == 0`` (query head
+            ``h`` reads kv head ``h // (H // Hkv)``). D is 64, 96, 128, 192 or 256; Dv is D, or 128 with D 192.
+            Strided inputs are read in place if the last dim is contiguous, other strides are multiples of 8
+            elements and the base is 16-byte aligned.
         causal: bottom-right aligned causal mask (query ``i`` sees key ``j <= i + Sk - Sq``).
         softmax_scale: default ``1 / sqrt(D)``.
         window: sliding-window (local) attention, FlashAttention's ``window_size``: query ``i`` sees keys
@@ -293,7 +304,7 @@ def attention_forward(q, k, v, *, causal=False, softmax_scale=None, window=(-1, 
             ``c * tanh(softmax_scale * q.k / c)``; 0 (default): none. lse is then of the capped logits.
 
     Returns:
-        out ``(B, Sq, H, D)`` (dtype of q, contiguous) and lse ``(B, H, Sq)`` float32 (natural log of the softmax
+        out ``(B, Sq, H, Dv)`` (dtype of q, contiguous) and lse ``(B, H, Sq)`` float32 (natural log of the softmax
         denominator; ``-inf`` and ``out = 0`` for a row that sees no key).
 
     Runs on the caller's current stream (torch) or CuPy's current stream. Raises, before doing any work, for a
@@ -309,9 +320,9 @@ def attention_forward(q, k, v, *, causal=False, softmax_scale=None, window=(-1, 
     window = _check_window(window, causal)
     p = validate(q, k, v, softmax_scale=softmax_scale, softcap=softcap)
     window = _schedule.canonical_window(window, p.Sq, p.Sk, causal)
-    spec, block_m, block_n = kernels.fwd_entry(p.dtype, p.D, causal)
+    spec, block_m, block_n = kernels.fwd_entry(p.dtype, p.D, causal, p.Dv)
     return run_forward(q, p, spec, block_m, block_n, window, (q, k, v), launchers.fwd_grid(p, block_m),
-                       ((p.B, p.Sq, p.H, p.D), (p.B, p.H, p.Sq)), capturing, causal, fast_key,
+                       ((p.B, p.Sq, p.H, p.Dv), (p.B, p.H, p.Sq)), capturing, causal, fast_key,
                        fastpath.register_forward)
 
 
@@ -352,9 +363,9 @@ def attention_backward(do, q, k, v, out, lse, *, causal=False, softmax_scale=Non
     """Attention backward. Returns ``(dq, dk, dv)`` in the caller's array type.
 
     Args:
-        do, out: ``(B, Sq, H, D)`` like q (``out`` from :func:`attention_forward`); q ``(B, Sq, H, D)``;
-            k, v ``(B, Sk, Hkv, D)`` with ``H % Hkv == 0`` (GQA / MQA: query head ``h`` reads kv head
-            ``h // (H // Hkv)``); all one bf16/fp16 dtype on one CUDA device, strided as in
+        do, out: ``(B, Sq, H, Dv)`` (``out`` from :func:`attention_forward`); q ``(B, Sq, H, D)``;
+            k ``(B, Sk, Hkv, D)``, v ``(B, Sk, Hkv, Dv)`` with ``H % Hkv == 0`` (GQA / MQA: query head ``h``
+            reads kv head ``h // (H // Hkv)``); all one bf16/fp16 dtype on one CUDA device, strided as in
             :func:`attention_forward`.
         lse: ``(B, H, Sq)`` float32, contiguous, from :func:`attention_forward`.
         causal, softmax_scale, window, softcap: as in the forward call (:func:`attention_forward`); the sliding
@@ -366,10 +377,10 @@ def attention_backward(do, q, k, v, out, lse, *, causal=False, softmax_scale=Non
         deterministic: False uses atomic dQ adds (faster, not reproducible) with the same work distribution.
 
     Returns:
-        dq ``(B, Sq, H, D)``, dk and dv ``(B, Sk, Hkv, D)``, contiguous, dtype of q. With GQA the dK, dV of a kv
-        head sum over the ``H // Hkv`` query heads of its group inside one CTA (the schedule keeps a KV tile's
-        visits for the whole group on one CTA), so they are as deterministic as in MHA. Rows of dq whose query
-        sees no key, and rows of dk, dv whose key no query sees, are 0.
+        dq ``(B, Sq, H, D)``, dk ``(B, Sk, Hkv, D)`` and dv ``(B, Sk, Hkv, Dv)``, contiguous, dtype of q. With
+        GQA the dK, dV of a kv head sum over the ``H // Hkv`` query heads of its group inside one CTA (the schedule
+        keeps a KV tile's visits for the whole group on one CTA), so they are as deterministic as in MHA. Rows of
+        dq whose query sees no key, and rows of dk, dv whose key no query sees, are 0.
 
     Three kernels run on the caller's stream: preprocess (rowsum(dO*O), zeroing of the fp32 dQ accumulator and
     the semaphores), main (a persistent grid, at most the co-resident CTAs, walking the schedule table) and
@@ -448,12 +459,12 @@ def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, determinis
     compact = plan is None and timeline is None and compact_device.wanted(Sq, Sk, tile.block_m, tile.block_n, B * H,
                                                                           causal, window, capped)
     if capturing:
-        cold = jit.not_loaded(kernels.bwd_specs(p.dtype, D, causal, compact=compact,
-                                                softcap=capped, seqlen_q=tile_sq, window=window), dev)
+        cold = jit.not_loaded(kernels.bwd_specs(p.dtype, D, causal, compact=compact, softcap=capped,
+                                                seqlen_q=tile_sq, window=window, head_dim_v=p.Dv), dev)
         if cold:
             raise _not_warm(f"the kernels {', '.join(cold)} are not loaded yet", p, causal)
-    specs, bm, bn, max_ctas = kernels.bwd_entry(dev, p.dtype, D, causal, timeline is not None,
-                                                compact, softcap=capped, seqlen_q=tile_sq, window=window)
+    specs, bm, bn, max_ctas = kernels.bwd_entry(dev, p.dtype, D, causal, timeline is not None, compact,
+                                                softcap=capped, seqlen_q=tile_sq, window=window, head_dim_v=p.Dv)
     c = launchers.BwdLaunch(specs, bm, bn, p, deterministic, spin_timeout_ns, causal, window)
     if timeline is not None or (plan is not None and plan.num_ctas > max_ctas):
         c.fold = False      # NOTES: the fold's grid barriers need every CTA co-resident (kernels_src/bwd/fold.cuh)
@@ -478,7 +489,7 @@ def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, determinis
         register = functools.partial(fastpath.register_backward, fast_key if plan is None and timeline is None and
                                      not compact else None, c, call=call, like=q)
         return run_backward(c, p, call, stream, (q, k, v, out, do), lse, causal, capturing, keep,
-                            ((B, Sq, H, D), (B, Sk, Hkv, D)), register,
+                            ((B, Sq, H, D), (B, Sk, Hkv, D), (B, Sk, Hkv, p.Dv)), register,
                             timeline_ptr=0 if timeline is None else timeline.data.ptr)
 
 
@@ -486,8 +497,8 @@ def run_backward(c, p, call, stream, tensors, lse, causal, capturing, keep, shap
                  cu_seqlens=(0, 0)):
     """The launch of a backward whose :class:`launchers.BwdLaunch` ``c`` has its tables, on ``stream`` (current,
     device ``p.device_id`` current), fixed-length and varlen alike: the operands ``tensors`` (q, k, v, out, do,
-    as validated into ``p``) and ``lse`` resolved to addresses (copies kept in ``keep``), new dq of shape
-    ``shapes[0]`` and dk, dv of ``shapes[1]`` in the caller's framework, a workspace, an error slot (eager) or the
+    as validated into ``p``) and ``lse`` resolved to addresses (copies kept in ``keep``), new dq, dk, dv of
+    ``shapes`` in the caller's framework, a workspace, an error slot (eager) or the
     graph's own record (``capturing``), then the fast path's ``register(operands, lse_ptr, base, grads)`` for an
     eager call that kept nothing. ``call`` names it in error messages. Returns (dq, dk, dv) in the caller's type.
     With CUPY_DASH_SYNC_ERRORS set, an eager call waits for its kernels and raises their error."""
@@ -505,7 +516,7 @@ def run_backward(c, p, call, stream, tensors, lse, causal, capturing, keep, shap
     lse_ptr, _ = _resolve(p.lse_info, lse, keep)
     work, base = _new(fw, dev, (c.work_bytes,), "uint8")
     (dq, dq_ptr), (dk, dk_ptr), (dv, dv_ptr) = (_new(fw, dev, shape, p.dtype)
-                                                for shape in (shapes[0], shapes[1], shapes[1]))
+                                                for shape in shapes)
     slot = None if capturing else acquire_slot(dev)
     grads = (dq_ptr, dk_ptr, dv_ptr)
     launchers.launch_backward(c, operands, lse_ptr, base, grads, stream, error_ptr=graph_error, slot=slot, call=call,

@@ -147,15 +147,15 @@ class _Maps:
 
 
 def _maps(p, operands, block_m, block_n, last) -> tuple:
-    """The :class:`_Maps` of q ``(B, Sq, H, D)``, k, v ``(B, Sk, Hkv, D)`` (``operands``' strides) and ``last``:
-    ``(name, strides, box rows, box panels)`` of a fourth ``(B, Sq, H, D)`` operand."""
-    B, Sq, Sk, H, Hkv, D = p.B, p.Sq, p.Sk, p.H, p.Hkv, p.D
+    """The :class:`_Maps` of q ``(B, Sq, H, D)``, k ``(B, Sk, Hkv, D)``, v ``(B, Sk, Hkv, Dv)`` (``operands``'
+    strides) and ``last``: ``(name, strides, box rows, box panels)`` of a fourth ``(B, Sq, H, Dv)`` operand."""
+    B, Sq, Sk, H, Hkv, D, Dv = p.B, p.Sq, p.Sk, p.H, p.Hkv, p.D, p.Dv
     (_, q_stride), (_, k_stride), (_, v_stride) = operands[:3]
     name, strides, rows, panels = last
     return (_Maps(p.dtype, (B, Sq, H, D), q_stride, block_m, "q"),
             _Maps(p.dtype, (B, Sk, Hkv, D), k_stride, block_n, "k"),
-            _Maps(p.dtype, (B, Sk, Hkv, D), v_stride, block_n, "v"),
-            _Maps(p.dtype, (B, Sq, H, D), strides, rows, name, panels))
+            _Maps(p.dtype, (B, Sk, Hkv, Dv), v_stride, block_n, "v"),
+            _Maps(p.dtype, (B, Sq, H, Dv), strides, rows, name, panels))
 
 
 def _offsets(dtype, names) -> tuple:
@@ -236,7 +236,7 @@ def forward_plan(spec, grid, block_m, block_n, p, operands, params, out_shape, l
     plan.func = jit.load(spec).ptr
     plan.launch = (*kernels.grid_xyz(grid), spec.threads, spec.smem_bytes)
     plan.template = params.tobytes()
-    plan.maps = _maps(p, operands, block_m, block_n, ("out", launchers.bsh_strides((p.B, p.Sq, p.H, p.D)), 64, 1))
+    plan.maps = _maps(p, operands, block_m, block_n, ("out", launchers.bsh_strides((p.B, p.Sq, p.H, p.Dv)), 64, 1))
     plan.map_offsets = _offsets(kernels.FWD_PARAMS_DTYPE, ("tma_q", "tma_k", "tma_v", "tma_o"))
     plan.offsets = _offsets(kernels.FWD_PARAMS_DTYPE, _FWD_POINTERS[:1 if cu_infos is None else 4])
     plan.out_shape, plan.lse_shape, plan.cu_infos = out_shape, lse_shape, cu_infos
@@ -289,16 +289,15 @@ _BWD_POINTERS = ("q", "k", "v", "out", "dout", "lse", "lse_log2", "dpsum", "dq_a
 
 
 class _BwdPlan:
-    __slots__ = ("c", "call", "launches", "template", "maps", "map_offsets", "offsets", "deterministic", "dq_shape",
-                 "kv_shape", "dtype", "device", "device_index", "cupy", "ptr", "work", "stream", "keep",
-                 "grads_like")
+    __slots__ = ("c", "call", "launches", "template", "maps", "map_offsets", "offsets", "deterministic", "shapes",
+                 "dtype", "device", "device_index", "cupy", "ptr", "work", "stream", "keep", "grads_like")
 
 
-def backward_plan(c, operands, lse_ptr, work_base, grads, call, like, dq_shape, kv_shape, cu_seqlens=(0, 0)):
+def backward_plan(c, operands, lse_ptr, work_base, grads, call, like, shapes, cu_seqlens=(0, 0)):
     """The plan of a backward the full path has just launched (``c``: its launchers.BwdLaunch with tables;
     current device: its device; ``like``: q): its block with every per-call field patched in :func:`run_backward`
-    (operands and their maps, scratch, outputs of ``dq_shape`` / ``kv_shape``, the error slot); ``cu_seqlens``:
-    the varlen build's device lengths, constant in the block."""
+    (operands and their maps, scratch, outputs dq, dk, dv of ``shapes``, the error slot); ``cu_seqlens``: the
+    varlen build's device lengths, constant in the block."""
     plan = _BwdPlan()
     plan.c, plan.call, plan.stream, plan.keep, plan.work, plan.grads_like = c, call, None, None, None, None
     plan.launches = launchers.bwd_launches(c)
@@ -308,7 +307,7 @@ def backward_plan(c, operands, lse_ptr, work_base, grads, call, like, dq_shape, 
     plan.map_offsets = _offsets(kernels.BWD_PARAMS_DTYPE, ("tma_q", "tma_k", "tma_v", "tma_do"))
     plan.offsets = _offsets(kernels.BWD_PARAMS_DTYPE, _BWD_POINTERS)
     plan.deterministic = c.deterministic
-    plan.dq_shape, plan.kv_shape = dq_shape, kv_shape
+    plan.shapes = tuple(shapes)
     _framework_of(plan, like)
     return plan
 
@@ -347,8 +346,8 @@ def register_backward(key, c, operands, lse_ptr, work_base, grads, call, like) -
     if key is None:
         return
     p = c.p
-    plan = backward_plan(c, operands, lse_ptr, work_base, grads, call, like, (p.B, p.Sq, p.H, p.D),
-                         (p.B, p.Sk, p.Hkv, p.D))
+    plan = backward_plan(c, operands, lse_ptr, work_base, grads, call, like,
+                         ((p.B, p.Sq, p.H, p.D), (p.B, p.Sk, p.Hkv, p.D), (p.B, p.Sk, p.Hkv, p.Dv)))
     store(_bwd_plans, key, plan)
 
 
@@ -380,11 +379,11 @@ def run_backward(plan, stream, do, q, k, v, out, lse):
     like = plan.grads_like
     if like is None:                               # decided at the plan's first call (as run_forward's)
         like = plan.grads_like = not plan.cupy and q.is_contiguous() and k.is_contiguous() and \
-            tuple(q.shape) == plan.dq_shape and tuple(k.shape) == plan.kv_shape
+            (tuple(q.shape), tuple(k.shape), tuple(k.shape)) == plan.shapes
     if like:
         dq, dk, dv = _torch.empty_like(q), _torch.empty_like(k), _torch.empty_like(k)
     else:
-        dq, dk, dv = _empty(plan, plan.dq_shape), _empty(plan, plan.kv_shape), _empty(plan, plan.kv_shape)
+        dq, dk, dv = (_empty(plan, shape) for shape in plan.shapes)
     ptr = plan.ptr
     base, q_ptr, k_ptr, v_ptr, do_ptr = ptr(work), ptr(q), ptr(k), ptr(v), ptr(do)
     grads = ptr(dq), ptr(dk), ptr(dv)

@@ -107,8 +107,8 @@ def register(key_, c, operands, lse_ptr, work_base, grads, cu_ptrs, call, like, 
     if key_ is None:
         return
     p = c.p
-    plan = fastpath.backward_plan(c, operands, lse_ptr, work_base, grads, call, like, (p.Sq, p.H, p.D),
-                                  (p.Sk, p.Hkv, p.D), cu_seqlens=cu_ptrs)
+    plan = fastpath.backward_plan(c, operands, lse_ptr, work_base, grads, call, like,
+                                  ((p.Sq, p.H, p.D), (p.Sk, p.Hkv, p.D), (p.Sk, p.Hkv, p.Dv)), cu_seqlens=cu_ptrs)
     plan.stream, plan.keep = stream, keep
     _store(key_, plan)
     tkey = _template_key(key_)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 NAME = "cupy_dash"
 HEAD_DIMS = (64, 96, 128, 256)   # kernels.BWD_HEAD_DIMS (a test of the transformers adapter keeps them equal)
+VALUE_HEAD_DIMS = {192: (128,)}  # kernels.VALUE_HEAD_DIMS (likewise)
 
 
 def window(sliding_window, causal: bool) -> tuple:
@@ -81,12 +82,14 @@ def check_call(config, *, dropout, sinks: bool, output_attentions: bool) -> None
 
 
 def check_head_dims(config, head_dim: int, value_dim: int) -> None:
-    if head_dim not in HEAD_DIMS or value_dim != head_dim:
+    if head_dim not in HEAD_DIMS or value_dim not in (head_dim, *VALUE_HEAD_DIMS.get(head_dim, ())):
         setting = config_attribute(config, head_dim, "head_dim") if head_dim not in HEAD_DIMS else \
             "the model's value head dim"
         dims = f"{', '.join(map(str, HEAD_DIMS[:-1]))} or {HEAD_DIMS[-1]}"
+        pairs = "".join(f", or {d} with value head dim {v}" for d, vs in VALUE_HEAD_DIMS.items() if d in HEAD_DIMS
+                        for v in vs)
         raise _unsupported(f"query/key head dim {head_dim} with value head dim {value_dim} (it needs both equal to "
-                           f"{dims})", setting, f"use a model whose heads are {dims} wide")
+                           f"{dims}{pairs})", setting, f"use a model whose heads are {dims} wide")
 
 
 def check_mask(ndim: int, dtype_name: str, floating: bool) -> None:

@@ -74,7 +74,8 @@ def attention_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, 
     """Attention forward over packed variable-length sequences. Returns ``(out, lse)`` in the caller's type.
 
     Args:
-        q: ``(total_q, H, D)`` bf16/fp16, the B sequences' queries back to back; k, v: ``(total_k, Hkv, D)``.
+        q: ``(total_q, H, D)`` bf16/fp16, the B sequences' queries back to back; k ``(total_k, Hkv, D)``, v
+            ``(total_k, Hkv, Dv)`` (head dims as in :func:`cupy_dash.attention_forward`).
         cu_seqlens_q, cu_seqlens_k: int32 ``(B + 1,)`` on q's device: sequence b is rows
             ``[cu_seqlens[b], cu_seqlens[b + 1])`` (0 = cu_seqlens[0] <= ... <= cu_seqlens[B] = total).
             Empty sequences are allowed.
@@ -83,7 +84,7 @@ def attention_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, 
             is bottom-right aligned within each sequence).
 
     Returns:
-        out ``(total_q, H, D)`` and lse ``(H, total_q)`` float32 (FlashAttention's varlen lse layout); rows that
+        out ``(total_q, H, Dv)`` and lse ``(H, total_q)`` float32 (FlashAttention's varlen lse layout); rows that
         see no key get out 0 and lse -inf. Each sequence's rows are bitwise those of
         :func:`cupy_dash.attention_forward` on that sequence alone.
     """
@@ -107,9 +108,9 @@ def attention_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, 
     _check_device(cu_k_info, p.device_id)
     check_max_within(max_q, max_k, p.Sq, p.Sk)
     window = _schedule.canonical_window(window, max_q, max_k, causal)   # vacuous for every sequence -> -1
-    spec, block_m, block_n = kernels.fwd_entry(p.dtype, p.D, causal)
+    spec, block_m, block_n = kernels.fwd_entry(p.dtype, p.D, causal, p.Dv)
     return api.run_forward(q, p, spec, block_m, block_n, window, (q4, k4, v4), (-(-max_q // block_m), p.H, num_seqs),
-                           ((p.Sq, p.H, p.D), (p.H, p.Sq)), capturing, causal, fast_key,
+                           ((p.Sq, p.H, p.Dv), (p.H, p.Sq)), capturing, causal, fast_key,
                            fastpath_varlen.register_forward,
                            cu=(num_seqs, (cu_q_info, cu_seqlens_q), (cu_k_info, cu_seqlens_k)))
 
@@ -213,8 +214,8 @@ def attention_backward_varlen(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
     """Attention backward over packed variable-length sequences. Returns ``(dq, dk, dv)`` in the caller's type.
 
     Args:
-        do, out: ``(total_q, H, D)`` like q; q ``(total_q, H, D)``; k, v ``(total_k, Hkv, D)`` (GQA as in
-            :func:`cupy_dash.attention_backward`); lse ``(H, total_q)`` float32 from
+        do, out: ``(total_q, H, Dv)``; q ``(total_q, H, D)``; k ``(total_k, Hkv, D)``, v ``(total_k, Hkv, Dv)``
+            (GQA as in :func:`cupy_dash.attention_backward`); lse ``(H, total_q)`` float32 from
             :func:`attention_forward_varlen`.
         cu_seqlens_q, cu_seqlens_k: ``(B + 1,)`` int32, as in :func:`attention_forward_varlen`, on q's device
             (copied to the host: one wait on the caller's stream, unless the forward's copy serves) or on the host
@@ -226,9 +227,9 @@ def attention_backward_varlen(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
             (:func:`cupy_dash.schedule.build_varlen`).
 
     Returns:
-        dq ``(total_q, H, D)``, dk and dv ``(total_k, Hkv, D)``, contiguous. Rows of dq whose query sees no key
-        and rows of dk, dv whose key no query sees are 0. With ``schedule="fa3"`` or ``"descending"`` (dQ tiles
-        add in KV-tile order) each sequence's gradients are bitwise those of
+        dq ``(total_q, H, D)``, dk ``(total_k, Hkv, D)`` and dv ``(total_k, Hkv, Dv)``, contiguous. Rows of dq
+        whose query sees no key and rows of dk, dv whose key no query sees are 0. With ``schedule="fa3"`` or
+        ``"descending"`` (dQ tiles add in KV-tile order) each sequence's gradients are bitwise those of
         :func:`cupy_dash.attention_backward` on that sequence alone; every schedule is run-to-run deterministic.
 
     May be captured into a CUDA graph by torch callers after one eager call of the same packing on that device
@@ -268,7 +269,7 @@ def attention_backward_varlen(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
             _check_device(info, p.device_id)
     api._check_tma_operands(p)
     window = _schedule.canonical_window(window, max_q, max_k, causal)
-    total_q, total_k, H, Hkv, D = p.Sq, p.Sk, p.H, p.Hkv, p.D
+    total_q, total_k, H, Hkv, D, Dv = p.Sq, p.Sk, p.H, p.Hkv, p.D, p.Dv
     dev = p.device_id
     stream = interop.caller_stream(q, dev)
     with cupy.cuda.Device(dev), stream:
@@ -281,12 +282,14 @@ def attention_backward_varlen(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
                                          config.spin_timeout_ns(), cu_host, max_q, stream, capture=capturing)
         if c is None:                                     # no sequence sees a key: every gradient is 0
             fw = p.infos[0].framework
-            grads = [api._new(fw, dev, (n, h, D), p.dtype) for n, h in ((total_q, H), (total_k, Hkv), (total_k, Hkv))]
-            for (_, ptr), n in zip(grads, (total_q * H, total_k * Hkv, total_k * Hkv)):
-                cupy.cuda.runtime.memsetAsync(ptr, 0, n * D * 2, stream.ptr)
+            shapes = (total_q, H, D), (total_k, Hkv, D), (total_k, Hkv, Dv)
+            grads = [api._new(fw, dev, shape, p.dtype) for shape in shapes]
+            for (_, ptr), shape in zip(grads, shapes):
+                cupy.cuda.runtime.memsetAsync(ptr, 0, int(np.prod(shape)) * 2, stream.ptr)
             return tuple(api._export(fw, g, q) for g, _ in grads)
         cu_ptrs = cu_dev[0].data.ptr, cu_dev[1].data.ptr
         register = functools.partial(fastpath_varlen.register, fast_key, c, cu_ptrs=cu_ptrs, call=call, like=q,
                                      stream=stream, keep=(c.tables, *cu_dev))
         return api.run_backward(c, p, call, stream, (q4, k4, v4, out4, do4), lse[None], causal, capturing, [],
-                                ((total_q, H, D), (total_k, Hkv, D)), register, cu_seqlens=cu_ptrs)
+                                ((total_q, H, D), (total_k, Hkv, D), (total_k, Hkv, Dv)), register,
+                                cu_seqlens=cu_ptrs)

@@ -54,11 +54,11 @@ class _Cold(RuntimeError):
     turned into api._not_warm's message by :func:`packing_launch`."""
 
 
-def _entry(dev, dtype, D, causal, compact, softcap, capture, tile_sq=0, window=(-1, -1)) -> tuple:
+def _entry(dev, dtype, D, causal, compact, softcap, capture, tile_sq=0, window=(-1, -1), head_dim_v=None) -> tuple:
     """kernels.bwd_entry of a varlen backward on device ``dev`` (``tile_sq``: kernels.varlen_tile_seqlen of the
     longest sequence, ``window`` canonical: the tile's choice); ``capture``: raises _Cold unless its three kernels
     are loaded there already (as api._backward checks the fixed-length ones)."""
-    kw = dict(compact=compact, softcap=softcap, seqlen_q=tile_sq, window=window)
+    kw = dict(compact=compact, softcap=softcap, seqlen_q=tile_sq, window=window, head_dim_v=head_dim_v)
     if capture:
         cold = jit.not_loaded(kernels.bwd_specs(dtype, D, causal, **kw), dev)
         if cold:
@@ -67,7 +67,7 @@ def _entry(dev, dtype, D, causal, compact, softcap, capture, tile_sq=0, window=(
 
 
 def _tables(dev, dtype, D, causal, schedule, lens_q, lens_k, H, Hkv, window, softcap=False,
-            capture=False) -> tuple:
+            capture=False, head_dim_v=None) -> tuple:
     """(host tables, BwdKernels, block_m, block_n) of a varlen backward (``window`` canonical): the one place
     that decides the table form, so that :func:`cupy_dash.core.varlen.prepare_varlen_backward` finds what the
     backward will ask for. ``capture``: the caller's stream is capturing a CUDA graph: raises _Cold for a kernel
@@ -82,11 +82,12 @@ def _tables(dev, dtype, D, causal, schedule, lens_q, lens_k, H, Hkv, window, sof
     main kernel (the same bits and kernel speed, half the host time of a new packing: docs/decisions/table-forms.md);
     CUPY_DASH_VARLEN_EXPAND=host expands on the host instead (varlen_schedule.expand, uploads 20 bytes per visit).
     ``softcap``: soft-capped (no compact build: per-visit rows, expanded on the GPU where compact ones were asked
-    for; NotImplementedError where only compact ones fit)."""
+    for; NotImplementedError where only compact ones fit). ``head_dim_v``: the kernels' value head dim (the
+    tables do not depend on it)."""
     form = compact_device.table_form(None, varlen=True, softcap=softcap)   # size rule: after the build (above)
     above = compact_device.AUTO_VISITS if config.COMPACT_TABLES.get() is None or softcap else None
     tile_sq = kernels.varlen_tile_seqlen(int(lens_q.max(initial=0)))   # the tile: by the longest sequence
-    _, bm, bn, max_ctas = _entry(dev, dtype, D, causal, False, softcap, capture, tile_sq, window)
+    _, bm, bn, max_ctas = _entry(dev, dtype, D, causal, False, softcap, capture, tile_sq, window, head_dim_v)
     tables = varlen_device.plan(schedule, lens_q, lens_k, bm, bn, H, Hkv, causal, max_ctas, window,
                                 {"compact": True, "expand": "expand", "visits": False}[form], above,
                                 pinned=not capture)
@@ -95,7 +96,8 @@ def _tables(dev, dtype, D, causal, schedule, lens_q, lens_k, H, Hkv, window, sof
         raise NotImplementedError(f"softcap: a varlen backward of {tables.num_visits} tile visits needs compact "
                                   f"schedule tables (more than {compact_device.AUTO_VISITS}), which have no "
                                   f"soft-capping build yet")
-    specs, cbm, cbn, compact_ctas = _entry(dev, dtype, D, causal, compact, softcap, capture, tile_sq, window)
+    specs, cbm, cbn, compact_ctas = _entry(dev, dtype, D, causal, compact, softcap, capture, tile_sq, window,
+                                           head_dim_v)
     if (cbm, cbn) != (bm, bn):   # NOTES: the 80-query tile has no compact build (kernels.bwd_tile): 64 rebuilt
         bm, bn = cbm, cbn
         tables = varlen_device.plan(schedule, lens_q, lens_k, bm, bn, H, Hkv, causal, compact_ctas, window, True,
@@ -127,7 +129,7 @@ def packing_launch(dev, p, causal, deterministic, schedule, window, spin_timeout
     lens_q, lens_k = (np.diff(c).astype(np.int64) for c in cu_host)
     try:
         tables, specs, bm, bn = _tables(dev, p.dtype, p.D, causal, schedule, lens_q, lens_k, p.H,
-                                        p.Hkv, window, p.softcap > 0, capture)
+                                        p.Hkv, window, p.softcap > 0, capture, p.Dv)
     except _Cold as cold:
         raise api._not_warm(str(cold), p, causal) from None
     if tables.num_visits == 0:

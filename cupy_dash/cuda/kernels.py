@@ -33,6 +33,9 @@ BWD_HEAD_DIMS = (64, 96, 128, 256)               # the backward's
 BWD_PENDING_HEAD_DIMS = (192,)
 BWD_BUILT_HEAD_DIMS = BWD_HEAD_DIMS + BWD_PENDING_HEAD_DIMS   # every backward head dim that has kernels
 SUPPORTED_DTYPES = ("bfloat16", "float16")
+# NOTES: the value head dims (v, out, dout, dv) that differ from the query / key head dim: 128 with 192
+# (DeepSeek-style MLA training), tiles 192 wide as kernels_src/tile_tma.cuh says; other calls have equal head dims.
+VALUE_HEAD_DIMS = {192: (128,)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,6 +155,8 @@ class KernelSpec:
             tags.append("fp16" if d["DASH_FP16"] else "bf16")
         if "DASH_HEAD_DIM" in d:
             tags.append(f"d{d['DASH_HEAD_DIM']}")
+        if "DASH_HEAD_DIM_V" in d:
+            tags.append(f"v{d['DASH_HEAD_DIM_V']}")
         if d.get("DASH_BLOCK_M") == 80:
             tags.append("m80")
         if "DASH_CAUSAL" in d:
@@ -169,14 +174,23 @@ class KernelSpec:
         return FWD_PARAMS_DTYPE if self.entry == KERNELS["fwd"][1] else BWD_PARAMS_DTYPE
 
 
-def check_supported(dtype: str, head_dim: int, backward: bool = True) -> None:
-    """ValueError unless the kernels take ``dtype`` and ``head_dim`` (``backward``: the backward's head dims)."""
+def check_supported(dtype: str, head_dim: int, backward: bool = True, head_dim_v: int | None = None) -> None:
+    """ValueError unless the kernels take ``dtype`` and ``head_dim`` (``backward``: the backward's head dims) and
+    the value head dim ``head_dim_v`` (None: ``head_dim``; else ``head_dim`` or one of VALUE_HEAD_DIMS')."""
     if dtype not in SUPPORTED_DTYPES:
         raise ValueError(f"unsupported dtype {dtype!r}; expected one of {SUPPORTED_DTYPES}")
     dims = BWD_BUILT_HEAD_DIMS if backward else SUPPORTED_HEAD_DIMS
     if head_dim not in dims:
         raise ValueError(f"unsupported head_dim {head_dim!r}{' for the backward' if backward else ''}; expected "
                          f"one of {dims}")
+    if head_dim_v not in (None, head_dim, *VALUE_HEAD_DIMS.get(head_dim, ())):
+        raise ValueError(f"unsupported head_dim_v {head_dim_v!r} with head_dim {head_dim}; expected "
+                         f"{(head_dim, *VALUE_HEAD_DIMS.get(head_dim, ()))}")
+
+
+def _value_counts(head_dim: int, head_dim_v: int | None) -> dict:
+    """The DASH_HEAD_DIM_V define of a value head dim that differs from ``head_dim`` (none otherwise)."""
+    return {} if head_dim_v in (None, head_dim) else {"DASH_HEAD_DIM_V": int(head_dim_v)}
 
 
 def fwd_tile(head_dim: int) -> TileConfig:
@@ -244,27 +258,30 @@ def _spec(kernel: str, tile: TileConfig, dtype: str, head_dim: int, smem=None, c
                       smem_bytes=smem)
 
 
-def fwd_spec(dtype: str, head_dim: int, causal: bool) -> KernelSpec:
-    """The forward kernel. Packed variable-length sequences and logit soft-capping are the launch's choices
-    (kernels_src/params.cuh: cu_seqlens_q set, softcap_prescale != 0): one build serves every combination."""
-    check_supported(dtype, head_dim, backward=False)
-    return _spec("fwd", fwd_tile(head_dim), dtype, head_dim, DASH_CAUSAL=causal)
+def fwd_spec(dtype: str, head_dim: int, causal: bool, head_dim_v: int | None = None) -> KernelSpec:
+    """The forward kernel (``head_dim_v``: the value head dim, None for ``head_dim``). Packed variable-length
+    sequences and logit soft-capping are the launch's choices (kernels_src/params.cuh: cu_seqlens_q set,
+    softcap_prescale != 0): one build serves every combination."""
+    check_supported(dtype, head_dim, backward=False, head_dim_v=head_dim_v)
+    return _spec("fwd", fwd_tile(head_dim), dtype, head_dim, counts=_value_counts(head_dim, head_dim_v),
+                 DASH_CAUSAL=causal)
 
 
 BwdKernels = collections.namedtuple("BwdKernels", "preprocess main postprocess")
 
 
-def _main_counts(dq_writers: int, tile: TileConfig) -> dict | None:
+def _main_counts(dq_writers: int, tile: TileConfig) -> dict:
     """The main kernel's integer defines that differ from kernels_src/bwd/config.cuh's and warp_roles.cuh's
     defaults: the dQ writer warps, three MMA warpgroups (head dim 192's 512 threads)."""
     counts = {"DASH_DQ_WRITERS": dq_writers} if dq_writers != 2 else {}
     if tile.threads == MAIN_THREADS_3MMA:
         counts["DASH_NUM_MMA_WG"] = 3
-    return counts or None
+    return counts
 
 
 def bwd_specs(dtype: str, head_dim: int, causal: bool, timeline: bool = False, compact: bool = False,
-              softcap: bool = False, seqlen_q: int = 0, window: tuple = (-1, -1)) -> BwdKernels:
+              softcap: bool = False, seqlen_q: int = 0, window: tuple = (-1, -1),
+              head_dim_v: int | None = None) -> BwdKernels:
     """The three backward kernels of one variant; ``timeline``: the main kernel's debug build that stamps every
     visit (kernels_src/bwd/timeline.cuh; not emitted by the dispatcher); ``compact``: the main kernel reads
     per-column records (kernels_src/compact_view.cuh, :mod:`cupy_dash.schedule.compact`, or
@@ -272,10 +289,12 @@ def bwd_specs(dtype: str, head_dim: int, causal: bool, timeline: bool = False, c
     (cu_seqlens set: kernels_src/bwd_rows.cuh), not a build.
     ``softcap``: the main kernel with logit soft-capping (preprocess and postprocess do not depend on it).
     ``seqlen_q``, ``window`` (canonical): the tile's choice (:func:`bwd_tile`). Deterministic or atomic is not a
-    build: the main kernel takes the mode from its launch (a dQ semaphore array or none, bwd/dq_reduce.cuh)."""
+    build: the main kernel takes the mode from its launch (a dQ semaphore array or none, bwd/dq_reduce.cuh).
+    ``head_dim_v``: the value head dim (None: ``head_dim``), a define of preprocess and the main kernel."""
     if timeline and compact:
         raise ValueError("timeline builds need the per-visit tables: no compact timeline variant")
-    check_supported(dtype, head_dim)
+    check_supported(dtype, head_dim, head_dim_v=head_dim_v)
+    value = _value_counts(head_dim, head_dim_v)
     main_tile = bwd_tile(head_dim, causal, compact, seqlen_q, window)
     aux_tile = TileConfig(main_tile.block_m, main_tile.block_n, AUX_THREADS)
     flags = dict(DASH_CAUSAL=causal)
@@ -290,9 +309,9 @@ def bwd_specs(dtype: str, head_dim: int, causal: bool, timeline: bool = False, c
                              "visits)")
         flags["DASH_SOFTCAP"] = True
     return BwdKernels(
-        preprocess=_spec("bwd_preprocess", aux_tile, dtype, head_dim),
+        preprocess=_spec("bwd_preprocess", aux_tile, dtype, head_dim, counts=value),
         main=_spec("bwd_main", main_tile, dtype, head_dim, smem=_bwd_main_smem(main_tile, head_dim),
-                   counts=_main_counts(config.BWD_DQ_WRITERS.get(), main_tile), **flags),
+                   counts={**_main_counts(config.BWD_DQ_WRITERS.get(), main_tile), **value}, **flags),
         postprocess=_spec("bwd_postprocess", aux_tile, dtype, head_dim),
     )
 
@@ -327,6 +346,12 @@ def all_specs() -> list:
             for softcap in (False, True):                 # the 80-query tile
                 batch.extend(bwd_specs(dtype, head_dim, causal, softcap=softcap, seqlen_q=CAUSAL80_MIN_SEQLEN))
             batch.append(expand_spec())
+        for head_dim_v in VALUE_HEAD_DIMS.get(head_dim, ()):   # a value head dim of its own
+            batch.append(fwd_spec(dtype, head_dim, causal, head_dim_v))
+            if head_dim in BWD_BUILT_HEAD_DIMS:
+                batch.extend(bwd_specs(dtype, head_dim, causal, head_dim_v=head_dim_v)[:2])
+                batch.append(bwd_specs(dtype, head_dim, causal, compact=True, head_dim_v=head_dim_v).main)
+                batch.append(bwd_specs(dtype, head_dim, causal, softcap=True, head_dim_v=head_dim_v).main)
         for spec in batch:
             if spec not in seen:
                 seen.add(spec)
@@ -336,7 +361,7 @@ def all_specs() -> list:
     def key(s):
         d = dict(s.defines)
         return (order.get(s.kernel, len(order)), d.get("DASH_SOFTCAP", 0), d["DASH_FP16"], d["DASH_HEAD_DIM"],
-                d.get("DASH_CAUSAL", 0), d.get("DASH_COMPACT", 0))
+                d.get("DASH_HEAD_DIM_V", 0), d.get("DASH_CAUSAL", 0), d.get("DASH_COMPACT", 0))
     return sorted(specs, key=key)
 
 
@@ -393,22 +418,23 @@ _fwd_cache: dict = {}
 _bwd_cache: dict = {}
 
 
-def fwd_entry(dtype: str, head_dim: int, causal: bool) -> tuple:
-    """(forward KernelSpec, block_m, block_n), cached."""
-    key = (dtype, head_dim, causal)
+def fwd_entry(dtype: str, head_dim: int, causal: bool, head_dim_v: int | None = None) -> tuple:
+    """(forward KernelSpec, block_m, block_n), cached; ``head_dim_v``: as :func:`fwd_spec`."""
+    key = (dtype, head_dim, causal, head_dim_v)
     e = _fwd_cache.get(key)
     if e is None:
         tile = fwd_tile(head_dim)
-        e = _fwd_cache[key] = (fwd_spec(dtype, head_dim, causal), int(tile.block_m),
+        e = _fwd_cache[key] = (fwd_spec(dtype, head_dim, causal, head_dim_v), int(tile.block_m),
                                int(tile.block_n))
     return e
 
 
 def bwd_entry(device_id: int, dtype: str, head_dim: int, causal: bool, timeline: bool = False,
-              compact: bool = False, softcap: bool = False, seqlen_q: int = 0, window: tuple = (-1, -1)) -> tuple:
+              compact: bool = False, softcap: bool = False, seqlen_q: int = 0, window: tuple = (-1, -1),
+              head_dim_v: int | None = None) -> tuple:
     """(BwdKernels, block_m, block_n, max co-resident CTAs of the main kernel) per device and variant, cached;
-    ``seqlen_q``, ``window``: as :func:`bwd_tile`. The first call loads all three kernels on the device (needs the
-    GPU).
+    ``seqlen_q``, ``window``: as :func:`bwd_tile`; ``head_dim_v``: as :func:`bwd_specs`. The first call loads all
+    three kernels on the device (needs the GPU).
 
     NOTES: all three, although a small eager backward runs the main kernel alone (folded, launchers.fold_wanted):
     the same call captured into a CUDA graph runs unfolded (a graph's error record disables the fold), and a
@@ -416,13 +442,13 @@ def bwd_entry(device_id: int, dtype: str, head_dim: int, causal: bool, timeline:
     leave preprocess and postprocess loaded too."""
     tile = bwd_tile(head_dim, causal, compact, seqlen_q, window)
     key = (device_id, dtype, head_dim, causal, timeline, compact, softcap, tile.block_m,
-           config.BWD_DQ_WRITERS.get())
+           config.BWD_DQ_WRITERS.get(), head_dim_v)
     e = _bwd_cache.get(key)
     if e is None:
         import cupy
         from . import jit
         specs = bwd_specs(dtype, head_dim, causal, timeline, compact, softcap=softcap,
-                          seqlen_q=seqlen_q, window=window)
+                          seqlen_q=seqlen_q, window=window, head_dim_v=head_dim_v)
         with cupy.cuda.Device(device_id):
             max_ctas = int(max_resident_ctas(specs.main))
             for spec in (specs.preprocess, specs.postprocess):

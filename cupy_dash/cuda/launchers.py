@@ -79,18 +79,19 @@ def check_softcap_build(spec, p) -> None:
 
 def fwd_params(block_m, block_n, p, window, operands, out_ptr, lse_ptr, varlen=None) -> np.ndarray:
     """The forward's packed parameter block. ``operands``: ``(pointer, (batch, row, head) element strides)`` of
-    q ``(B, Sq, H, D)``, k and v ``(B, Sk, Hkv, D)``; ``out_ptr``: a contiguous ``(B, Sq, H, D)`` buffer;
+    q ``(B, Sq, H, D)``, k ``(B, Sk, Hkv, D)`` and v ``(B, Sk, Hkv, Dv)``; ``out_ptr``: a contiguous
+    ``(B, Sq, H, Dv)`` buffer;
     ``lse_ptr``: a contiguous float32 ``(B, H, Sq)`` buffer. ``varlen``: ``(num_sequences, cu_seqlens_q pointer,
     cu_seqlens_k pointer)`` for a varlen launch; then ``p`` describes the packed tensors as one batch (B = 1,
     Sq = total_q, Sk = total_k) and lse is ``(H, total_q)``."""
-    B, Sq, Sk, H, Hkv, D = p.B, p.Sq, p.Sk, p.H, p.Hkv, p.D
+    B, Sq, Sk, H, Hkv, D, Dv = p.B, p.Sq, p.Sk, p.H, p.Hkv, p.D, p.Dv
     (q_ptr, q_stride), (k_ptr, k_stride), (v_ptr, v_stride) = operands
     batch, cu_q, cu_k = (B, 0, 0) if varlen is None else varlen
     return kernels.pack_fwd_params(
         tma_q=tensormap.bhsd_map(q_ptr, p.dtype, (B, Sq, H, D), q_stride, block_m, "q"),
         tma_k=tensormap.bhsd_map(k_ptr, p.dtype, (B, Sk, Hkv, D), k_stride, block_n, "k"),
-        tma_v=tensormap.bhsd_map(v_ptr, p.dtype, (B, Sk, Hkv, D), v_stride, block_n, "v"),
-        tma_o=tensormap.bhsd_map(out_ptr, p.dtype, (B, Sq, H, D), bsh_strides((B, Sq, H, D)), 64, "out",
+        tma_v=tensormap.bhsd_map(v_ptr, p.dtype, (B, Sk, Hkv, Dv), v_stride, block_n, "v"),
+        tma_o=tensormap.bhsd_map(out_ptr, p.dtype, (B, Sq, H, Dv), bsh_strides((B, Sq, H, Dv)), 64, "out",
                                  box_panels=1),
         lse=lse_ptr, batch=batch, seqlen_q=Sq, seqlen_k=Sk, num_heads=H, num_heads_kv=Hkv,
         window_left=window[0], window_right=window[1], **logit_factors(p, backward=False),
@@ -237,8 +238,8 @@ def enqueue_backward(c, params, grads, stream, *, slot=None, call=None, launches
             raise TypeError(f"params must be the {kernels.BWD_PARAMS_DTYPE.itemsize} bytes of a packed block")
         if c.zero_kv:
             rt = cupy.cuda.runtime
-            for ptr in grads[1:]:
-                rt.memsetAsync(ptr, 0, kv_bytes(c.p), stream.ptr)
+            for ptr, nbytes in zip(grads[1:], kv_bytes(c.p)):
+                rt.memsetAsync(ptr, 0, nbytes, stream.ptr)
         executor.launch_sequence(stream.ptr, params, launches if launches is not None else bwd_launches(c))
     except BaseException:
         if slot is not None:
@@ -248,9 +249,9 @@ def enqueue_backward(c, params, grads, stream, *, slot=None, call=None, launches
         _track(slot, call)
 
 
-def kv_bytes(p) -> int:
-    """Bytes of a contiguous (B, Sk, Hkv, D) 16-bit buffer (dk, dv)."""
-    return p.B * p.Sk * p.Hkv * p.D * 2
+def kv_bytes(p) -> tuple:
+    """Bytes of dk and dv: contiguous (B, Sk, Hkv, D) and (B, Sk, Hkv, Dv) 16-bit buffers."""
+    return p.B * p.Sk * p.Hkv * p.D * 2, p.B * p.Sk * p.Hkv * p.Dv * 2
 
 
 # The schedule fields of BwdParams, null / 0: each kind of table sets its own (per-visit rows, compact records,
@@ -273,28 +274,29 @@ def bwd_params(c, operands, lse_ptr, work_base, grads, error, timeline_ptr=0, cu
     """The backward's packed parameter block (the three kernels share it; window from ``c``). ``operands``:
     ``(pointer, (batch, row, head) element strides)`` of q, k, v, out, dout; ``lse_ptr``: float32 ``(B, H, Sq)``
     contiguous; ``work_base``: ``c.work_bytes`` of scratch; ``grads``: pointers of contiguous dq
-    ``(B, Sq, H, D)``, dk and dv ``(B, Sk, Hkv, D)``; ``error``: ``(device record, host mirror)`` addresses, the
-    main kernel's 32-byte error record and, for eager calls (else 0), its mirror (``errors._Slot``).
+    ``(B, Sq, H, D)``, dk ``(B, Sk, Hkv, D)`` and dv ``(B, Sk, Hkv, Dv)``; ``error``: ``(device record, host
+    mirror)`` addresses, the main kernel's 32-byte error record and, for eager calls (else 0), its mirror
+    (``errors._Slot``).
     Varlen (``c.varlen``): the operands are the packed tensors as one batch, lse is ``(H, total_q)`` and
     ``cu_seqlens`` the device pointers of cu_seqlens_q and cu_seqlens_k."""
     p, tables = c.p, c.tables
-    B, Sq, Sk, H, Hkv, D = p.B, p.Sq, p.Sk, p.H, p.Hkv, p.D
+    B, Sq, Sk, H, Hkv, D, Dv = p.B, p.Sq, p.Sk, p.H, p.Hkv, p.D, p.Dv
     (q_ptr, q_stride), (k_ptr, k_stride), (v_ptr, v_stride), (o_ptr, o_stride), (do_ptr, do_stride) = operands
     dq_ptr, dk_ptr, dv_ptr = grads
-    kv_contig = bsh_strides((B, Sk, Hkv, D))
     schedule_fields = bwd_schedule_fields(tables)
     base, offsets, bm, bn = work_base, c.offsets, c.block_m, c.block_n
     return kernels.pack_bwd_params(
         tma_q=tensormap.bhsd_map(q_ptr, p.dtype, (B, Sq, H, D), q_stride, bm, "q"),
         tma_k=tensormap.bhsd_map(k_ptr, p.dtype, (B, Sk, Hkv, D), k_stride, bn, "k"),
-        tma_v=tensormap.bhsd_map(v_ptr, p.dtype, (B, Sk, Hkv, D), v_stride, bn, "v"),
-        tma_do=tensormap.bhsd_map(do_ptr, p.dtype, (B, Sq, H, D), do_stride, bm, "do"),
+        tma_v=tensormap.bhsd_map(v_ptr, p.dtype, (B, Sk, Hkv, Dv), v_stride, bn, "v"),
+        tma_do=tensormap.bhsd_map(do_ptr, p.dtype, (B, Sq, H, Dv), do_stride, bm, "do"),
         q=q_ptr, k=k_ptr, v=v_ptr, out=o_ptr, dout=do_ptr, lse=lse_ptr,
         lse_log2=base + offsets[0], dpsum=base + offsets[1], dq_accum=base + offsets[2],
         dq=dq_ptr, dk=dk_ptr, dv=dv_ptr, dq_semaphore=base + offsets[3] if c.deterministic else 0,
         **schedule_fields, error=error[0], error_host=error[1], timeline=timeline_ptr,
         q_stride=q_stride, k_stride=k_stride, v_stride=v_stride, o_stride=o_stride, do_stride=do_stride,
-        dq_stride=bsh_strides((B, Sq, H, D)), dk_stride=kv_contig, dv_stride=kv_contig,
+        dq_stride=bsh_strides((B, Sq, H, D)), dk_stride=bsh_strides((B, Sk, Hkv, D)),
+        dv_stride=bsh_strides((B, Sk, Hkv, Dv)),
         batch=B if c.varlen is None else c.varlen[0], seqlen_q=Sq, seqlen_k=Sk, num_heads=H, num_heads_kv=Hkv,
         window_left=c.window[0], window_right=c.window[1], num_m_blocks=c.num_m_blocks,
         seqlen_q_rounded=c.sq_rounded, spin_timeout_ns=c.spin_timeout_ns,

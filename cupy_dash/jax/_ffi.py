@@ -158,7 +158,7 @@ class _Backward(_Planned, callbacks._Backward):
     def _plan(self, dev):
         c, record = self.launches[dev], self.records[dev]
         kernels = [(_function(s), g, s.threads, s.smem_bytes) for s, g in launchers.bwd_kernels(c)]
-        zeros = [(self.names.index(n), launchers.kv_bytes(self.p)) for n in ("dk", "dv")] if c.zero_kv else []
+        zeros = list(zip(map(self.names.index, ("dk", "dv")), launchers.kv_bytes(self.p))) if c.zero_kv else []
         return pack_plan(kernels, *find_patches(lambda a: self._pack(c, record, a), self.names), zeros)
 
     def _pack(self, c, record, a):

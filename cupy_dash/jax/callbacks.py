@@ -97,29 +97,32 @@ class _Call:
     work_bytes = None                          # the backward's workspace; None: a forward
 
     def __init__(self, p):
-        """``q_strides`` / ``kv_strides``: (batch, row, head) element strides of contiguous q-like ``(B, Sq, H, D)``
-        and k-like ``(B, Sk, Hkv, D)`` operands; ``devices``: the GPUs to prepare (:func:`_gpus`)."""
+        """``strides``: (batch, row, head) element strides of contiguous q ``(B, Sq, H, D)``, k ``(B, Sk, Hkv, D)``,
+        v ``(B, Sk, Hkv, Dv)`` and out-like ``(B, Sq, H, Dv)`` operands; ``devices``: the GPUs to prepare
+        (:func:`_gpus`)."""
         self.p = p
-        self.q_strides = interop.contiguous_strides((p.B, p.Sq, p.H, p.D))[:3]
-        self.kv_strides = interop.contiguous_strides((p.B, p.Sk, p.Hkv, p.D))[:3]
+        self.strides = tuple(interop.contiguous_strides(shape)[:3] for shape in (
+            (p.B, p.Sq, p.H, p.D), (p.B, p.Sk, p.Hkv, p.D), (p.B, p.Sk, p.Hkv, p.Dv), (p.B, p.Sq, p.H, p.Dv)))
         self.devices = _gpus()
 
     def operands(self, q, k, v, out=None, dout=None) -> tuple:
         """The launchers' ``(address, strides)`` operands from the addresses of q, k, v (a forward's) or of q, k,
         v, out, dout (a backward's, in the kernels' order)."""
-        qs, kvs = self.q_strides, self.kv_strides
-        operands = (q, qs), (k, kvs), (v, kvs)
-        return operands if out is None else (*operands, (out, qs), (dout, qs))
+        qs, ks, vs, os_ = self.strides
+        operands = (q, qs), (k, ks), (v, vs)
+        return operands if out is None else (*operands, (out, os_), (dout, os_))
 
     def types(self) -> tuple:
-        """The results: out ``(B, Sq, H, D)``, lse ``(B, H, Sq)`` float32 (forward), or dq ``(B, Sq, H, D)``, dk,
-        dv ``(B, Sk, Hkv, D)`` and the uint8 workspace (backward); without B when ``packed``."""
-        p, lead = self.p, (() if self.packed else (self.p.B,))
-        q = jax.ShapeDtypeStruct((*lead, p.Sq, p.H, p.D), api.NP_DTYPES[p.dtype])
+        """The results: out ``(B, Sq, H, Dv)``, lse ``(B, H, Sq)`` float32 (forward), or dq ``(B, Sq, H, D)``, dk
+        ``(B, Sk, Hkv, D)``, dv ``(B, Sk, Hkv, Dv)`` and the uint8 workspace (backward); without B when
+        ``packed``."""
+        p, lead, dtype = self.p, (() if self.packed else (self.p.B,)), api.NP_DTYPES[self.p.dtype]
         if self.work_bytes is None:
-            return q, jax.ShapeDtypeStruct((*lead, p.H, p.Sq), np.float32)
-        kv = jax.ShapeDtypeStruct((*lead, p.Sk, p.Hkv, p.D), api.NP_DTYPES[p.dtype])
-        return q, kv, kv, jax.ShapeDtypeStruct((self.work_bytes,), np.uint8)
+            return (jax.ShapeDtypeStruct((*lead, p.Sq, p.H, p.Dv), dtype),
+                    jax.ShapeDtypeStruct((*lead, p.H, p.Sq), np.float32))
+        return (*(jax.ShapeDtypeStruct((*lead, *shape), dtype) for shape in (
+            (p.Sq, p.H, p.D), (p.Sk, p.Hkv, p.D), (p.Sk, p.Hkv, p.Dv))),
+            jax.ShapeDtypeStruct((self.work_bytes,), np.uint8))
 
     def bind(self, *operands):
         """The custom call on traced operands: ``(out, lse)`` or ``(dq, dk, dv)`` (the workspace dropped)."""
@@ -135,7 +138,7 @@ class _Forward(_Call):
 
     def __init__(self, p, cfg):
         self.causal, self.window = cfg.causal, cfg.window
-        self.spec, self.block_m, self.block_n = kernels.fwd_entry(p.dtype, p.D, cfg.causal)
+        self.spec, self.block_m, self.block_n = kernels.fwd_entry(p.dtype, p.D, cfg.causal, p.Dv)
         super().__init__(p)
         import cupy
         for dev in self.devices:
@@ -196,7 +199,7 @@ class _Backward(_BackwardCall):
         compact = compact_device.wanted(p.Sq, p.Sk, tile.block_m, tile.block_n, p.B * p.H, cfg.causal, cfg.window,
                                         capped)
         specs = kernels.bwd_specs(p.dtype, p.D, cfg.causal, compact=compact, softcap=capped,
-                                  seqlen_q=p.Sq, window=cfg.window)
+                                  seqlen_q=p.Sq, window=cfg.window, head_dim_v=p.Dv)
         tile = kernels.bwd_tile(p.D, cfg.causal, compact, p.Sq, cfg.window)
         self.work_bytes = launchers.BwdLaunch(specs, tile.block_m, tile.block_n, p, cfg.deterministic,
                                               spin_timeout_ns, cfg.causal, cfg.window).work_bytes
@@ -205,7 +208,8 @@ class _Backward(_BackwardCall):
         for dev in self.devices:
             with cupy.cuda.Device(dev):
                 specs, bm, bn, max_ctas = kernels.bwd_entry(dev, p.dtype, p.D, cfg.causal, compact=compact,
-                                                            softcap=capped, seqlen_q=p.Sq, window=cfg.window)
+                                                            softcap=capped, seqlen_q=p.Sq, window=cfg.window,
+                                                            head_dim_v=p.Dv)
                 _load(specs)
                 c = launchers.BwdLaunch(specs, bm, bn, p, cfg.deterministic, spin_timeout_ns, cfg.causal,
                                         cfg.window)

@@ -110,7 +110,7 @@ def differentiable(forward, backward, with_lse=False):
 
     def attention_bwd(cfg, residuals, cotangents):
         operands, out, lse = residuals
-        dout = _out_cotangent(cotangents, operands[0]) if with_lse else cotangents
+        dout = _out_cotangent(cotangents, operands[0], operands[2]) if with_lse else cotangents
         grads = backward(cfg, dout, *operands[:3], out, lse, *operands[3:])
         return (*grads, *(None,) * (len(operands) - 3))
 
@@ -118,15 +118,16 @@ def differentiable(forward, backward, with_lse=False):
     return jax.jit(attention, static_argnums=(0,))
 
 
-def _out_cotangent(cotangents, q):
-    """The cotangent of out of ``(out, lse)`` (symbolic zeros: zeros of q's shape); raises when lse has one."""
+def _out_cotangent(cotangents, q, v):
+    """The cotangent of out of ``(out, lse)`` (symbolic zeros: zeros of out's shape, q's with v's head dim); raises
+    when lse has one."""
     import jax.numpy as jnp
     from jax.custom_derivatives import SymbolicZero
     dout, dlse = cotangents
     if not isinstance(dlse, SymbolicZero):
         raise ValueError("lse: the output lse of cupy_dash.jax.attention_forward is not differentiable, but the "
                          "differentiated function depends on it; use only out, or stop_gradient(lse)")
-    return jnp.zeros(q.shape, q.dtype) if isinstance(dout, SymbolicZero) else dout
+    return jnp.zeros((*q.shape[:-1], v.shape[-1]), q.dtype) if isinstance(dout, SymbolicZero) else dout
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -205,7 +206,8 @@ def prepare(kind, cls, p, cfg, *args, extra=(), backward=False):
     trace of its key and kept for the life of the process (:func:`cupy_dash.jax.callbacks._get`). The key: ``kind``,
     the mechanism, what the launches depend on of ``p`` and ``cfg`` (a backward: also its schedule and
     CUPY_DASH_SPIN_TIMEOUT_MS, read now) and ``extra``."""
-    key = (kind, cfg.ffi, p.dtype, (p.B, p.Sq, p.Sk, p.H, p.Hkv, p.D), p.scale, p.softcap, cfg.causal, cfg.window)
+    key = (kind, cfg.ffi, p.dtype, (p.B, p.Sq, p.Sk, p.H, p.Hkv, p.D, p.Dv), p.scale, p.softcap, cfg.causal,
+           cfg.window)
     if backward:
         spin_timeout_ns = config.spin_timeout_ns()
         key, args = (*key, cfg.schedule, cfg.deterministic, spin_timeout_ns), (*args, spin_timeout_ns)

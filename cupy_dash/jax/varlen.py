@@ -113,7 +113,7 @@ class _PackedBackward(callbacks._BackwardCall):
 
     def __init__(self, p, cfg, vcfg, spin_timeout_ns):
         self.cfg, self.vcfg, self.spin = cfg, vcfg, spin_timeout_ns
-        specs = kernels.bwd_specs(p.dtype, p.D, cfg.causal, softcap=p.softcap > 0)
+        specs = kernels.bwd_specs(p.dtype, p.D, cfg.causal, softcap=p.softcap > 0, head_dim_v=p.Dv)
         self.work_bytes = launchers.varlen_work_bytes(specs, p, cfg.deterministic, spin_timeout_ns, cfg.causal,
                                                       cfg.window, (vcfg.num_seqs, vcfg.max_q))
         super().__init__(p)

@@ -50,7 +50,7 @@ class _Backward(varlen._PackedBackward):
             with cupy.cuda.Device(dev):                  # the per-visit kernels of every tile, before any execution
                 for tile_sq in kernels.varlen_tile_seqlens(vcfg.max_q):
                     callbacks._load(kernels.bwd_entry(dev, p.dtype, p.D, cfg.causal, softcap=p.softcap > 0,
-                                                      seqlen_q=tile_sq, window=cfg.window)[0])
+                                                      seqlen_q=tile_sq, window=cfg.window, head_dim_v=p.Dv)[0])
                 self.records[dev] = jit_record(dev, (cfg.schedule, vcfg.num_seqs, p.H, p.Sq, p.Sk, p.D, cfg.causal,
                                                      cfg.window))
 

@@ -211,8 +211,8 @@ _lib.impl("attention_forward", _attention_forward_impl, "CompositeExplicitAutogr
 def _attention_forward_fake(q, k, v, causal=False, softmax_scale=None, schedule="auto", deterministic=True,
                             window_left=-1, window_right=-1, softcap=0.0):
     _check_meta(q, k, v, softmax_scale, schedule, causal, (window_left, window_right), softcap=softcap)
-    B, Sq, H, D = q.shape
-    return q.new_empty((B, Sq, H, D)), q.new_empty((B, H, Sq), dtype=torch.float32)
+    B, Sq, H, _ = q.shape
+    return q.new_empty((B, Sq, H, v.shape[-1])), q.new_empty((B, H, Sq), dtype=torch.float32)
 
 
 def register_gradient(name, backward, tensors=0) -> None:

@@ -79,8 +79,8 @@ def _forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
                   softcap=0.0):
     check_options(schedule, causal, (window_left, window_right), softcap)
     _check_packed(q=q, k=k, v=v)
-    total_q, H, D = q.shape
-    return q.new_empty((total_q, H, D)), q.new_empty((H, total_q), dtype=torch.float32)
+    total_q, H, _ = q.shape
+    return q.new_empty((total_q, H, v.shape[-1])), q.new_empty((H, total_q), dtype=torch.float32)
 
 
 register_gradient("attention_forward_varlen", attention_backward_varlen, tensors=2)

@@ -162,7 +162,7 @@ def make_attention(schedule="auto", deterministic=True):
         options = dict(causal=causal, softmax_scale=scaling, window=rules.window(sliding_window, causal),
                        schedule=schedule, deterministic=deterministic, softcap=softcap or 0.0)
         q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)      # (B, S, heads, D)
-        batch, seqlen_q, heads, head_dim = q.shape
+        batch, seqlen_q, heads, _ = q.shape
 
         if attention_mask is not None:
             if attention_mask.shape[1] < k.shape[1]:
@@ -171,7 +171,7 @@ def make_attention(schedule="auto", deterministic=True):
             k, v = k[:, :attention_mask.shape[1]], v[:, :attention_mask.shape[1]]    # a static cache's tail
             q_rows, cu_q, max_q, k_rows, cu_k, max_k = _padding(attention_mask, seqlen_q)
             out = attention_varlen(q[q_rows], k[k_rows], v[k_rows], cu_q, cu_k, max_q, max_k, **options)
-            return q.new_zeros(q.shape).index_put(q_rows, out), None
+            return q.new_zeros((batch, seqlen_q, heads, out.shape[-1])).index_put(q_rows, out), None
 
         cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
         position_ids = kwargs.get("position_ids")
@@ -188,7 +188,7 @@ def make_attention(schedule="auto", deterministic=True):
             return attention(q, k, v, **options), None
         out = attention_varlen(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu_q, cu_k, max_q, max_k,
                                **options)
-        return out.view(batch, seqlen_q, heads, head_dim), None
+        return out.view(batch, seqlen_q, heads, out.shape[-1]), None
 
     return cupy_dash_attention
 

@@ -16,8 +16,13 @@
 
 namespace bwd {
 
-constexpr int kHeadDimIO = DASH_HEAD_DIM;                // columns of q, k, v, dO, dq, dk, dv in global memory
+constexpr int kHeadDimIO = DASH_HEAD_DIM;                // columns of q, k, dq, dk in global memory
 constexpr int kHeadDim = padded_head_dim(kHeadDimIO);  // compute width: 96 runs as 128 (tile_tma.cuh)
+#ifndef DASH_HEAD_DIM_V
+#define DASH_HEAD_DIM_V DASH_HEAD_DIM
+#endif
+constexpr int kHeadDimVIO = DASH_HEAD_DIM_V;  // columns of v, out, dout, dv (tile_tma.cuh: value head dim)
+constexpr int kHeadDimV = value_compute_dim(kHeadDimIO, kHeadDimVIO);  // columns of v / dO a tile load fills
 constexpr bool kCausal = DASH_CAUSAL != 0;
 #ifndef DASH_SOFTCAP
 #define DASH_SOFTCAP 0
@@ -39,6 +44,8 @@ static_assert(kHeadDimIO == 64 || kHeadDimIO == 96 || kHeadDimIO == 128 || kHead
 // queries [32 wg, + 32) and dK^T, dV^T and dQ for head-dim [kHeadRows wg, + kHeadRows): two warpgroups of 128
 // head-dim rows at 256 (64 x 64 tiles), three of 64 at 192 (96 x 64 tiles, 512 threads).
 constexpr bool kSplitHeadDim = kHeadDim == 256 || kHeadDim == 192;
+static_assert(kHeadDimV == kHeadDim || (kSplitHeadDim && kHeadDimIO == 192 && kHeadDimVIO == 128),
+              "value head dim: the query / key head dim, or 128 with 192 (the split plan)");
 constexpr int kHeadRows = kHeadDim / kNumMmaWg;
 static_assert(kSplitHeadDim ? kBlockN == 64 && kBlockM == 32 * kNumMmaWg && kHeadRows % 64 == 0
                             : kBlockN == 64 * kNumMmaWg && kNumMmaWg == 2,
@@ -170,6 +177,8 @@ DASH_DEVICE void dq_handoff_barrier(int wg) {
 struct SmemLayout {
   static constexpr int kKV = kBlockN * kHeadDim * 2;
   static constexpr int kQ = kBlockM * kHeadDim * 2;  // also dO
+  static constexpr int kVLoad = kBlockN * kHeadDimV * 2;   // bytes a V load fills (kKV but with the value head dim)
+  static constexpr int kDoLoad = kBlockM * kHeadDimV * 2;  // bytes a dO load fills
   static constexpr int kDS = kBlockM * kBlockN * 2;  // also P
   static constexpr int kDqSlice = kDqPieceFloats * 4;  // one MMA warpgroup's fp32 dQ piece
   static constexpr int kRow = kBlockM * 4;           // lse_log2 or dpsum of one Q tile

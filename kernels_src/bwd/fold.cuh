@@ -69,7 +69,7 @@ DASH_DEVICE void fold_prologue(const BwdParams& p) {
   const int tid = (int)threadIdx.x - kWgThreads;
   if (tid >= 0 && runs_passes(tid)) {
     for_my_tiles(p, [&](int m_block, int h, int b) {
-      bwd_rows_pass::preprocess_tile<kHeadDimIO, kBlockM>(p, m_block, h, b, tid);
+      bwd_rows_pass::preprocess_tile<kHeadDimIO, kBlockM, kHeadDimVIO>(p, m_block, h, b, tid);
     });
   }
   fence_proxy_async_global();

@@ -55,14 +55,14 @@ DASH_DEVICE void produce(const BwdParams& p, const ScheduleView& sched, const Sm
       mbar_arrive_expect_tx(s.k_full(kbuf), SmemLayout::kKV);
       tma_load_tile<kBlockN, kHeadDimIO>(s.k(kbuf), &p.tma_k, s.k_full(kbuf), k_row, hd.hk, seq.batch);
       wait_phase(p, s.v_empty(), (groups & 1) ^ 1);
-      mbar_arrive_expect_tx(s.v_full(), SmemLayout::kKV);
-      tma_load_tile<kBlockN, kHeadDimIO>(s.v(), &p.tma_v, s.v_full(), k_row, hd.hk, seq.batch);
+      mbar_arrive_expect_tx(s.v_full(), SmemLayout::kVLoad);
+      tma_load_tile<kBlockN, kHeadDimVIO>(s.v(), &p.tma_v, s.v_full(), k_row, hd.hk, seq.batch);
       ++groups;
     }
 
     wait_phase(p, s.do_empty(do_stage), do_phase ^ 1);
-    mbar_arrive_expect_tx(s.do_full(do_stage), kQBytes);
-    tma_load_tile<kBlockM, kHeadDimIO>(s.dout(do_stage), &p.tma_do, s.do_full(do_stage), q_row, hd.h, seq.batch);
+    mbar_arrive_expect_tx(s.do_full(do_stage), SmemLayout::kDoLoad + SmemLayout::kRow);
+    tma_load_tile<kBlockM, kHeadDimVIO>(s.dout(do_stage), &p.tma_do, s.do_full(do_stage), q_row, hd.h, seq.batch);
     bulk_load(s.dpsum(do_stage), p.dpsum + row_offset, SmemLayout::kRow, s.do_full(do_stage));
     stamp_producer(p, v, kProdDoIssued);
     prev = w;

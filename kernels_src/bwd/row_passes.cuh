@@ -31,13 +31,14 @@ DASH_DEVICE float dot_chunk(const uint4& a, const uint4& b) {
 // no key (lse == -inf), get lse_log2 = +inf so that the main kernel's P = exp2(S * scale_log2 - lse_log2) is
 // exactly 0 there; their dpsum is 0. In varlen builds the rows past a sequence's end in its last Q tile are the
 // next sequence's queries: this +inf is their only mask.
-// kHeadDimIO: the head dim of out and dout (dpsum reads its columns), dq_accum rows are padded_head_dim of it.
-template <int kHeadDimIO, int kBlockM>
+// kHeadDimIO: the head dim of q (dq_accum rows are padded_head_dim of it); kHeadDimVIO: of out and dout (dpsum reads
+// their columns).
+template <int kHeadDimIO, int kBlockM, int kHeadDimVIO = kHeadDimIO>
 DASH_DEVICE void preprocess_tile(const BwdParams& p, int m_block, int h, int b, int tid) {
   constexpr int kHeadDim = padded_head_dim(kHeadDimIO);
   constexpr int kThreadsPerRow = kPassThreads / kBlockM >= 2 ? 2 * (kPassThreads / kBlockM / 2) : 1;
-  constexpr int kChunksPerThread = kHeadDimIO / 8 / kThreadsPerRow;
-  static_assert((kHeadDimIO / 8) % kThreadsPerRow == 0 && 32 % kThreadsPerRow == 0, "row split");
+  constexpr int kChunksPerThread = kHeadDimVIO / 8 / kThreadsPerRow;
+  static_assert((kHeadDimVIO / 8) % kThreadsPerRow == 0 && 32 % kThreadsPerRow == 0, "row split");
   static_assert(kThreadsPerRow * kBlockM % 32 == 0, "whole warps take the rows (the shuffles below), the rest idle");
   const BwdRows<kBlockM> seq(p, b, h);
   if (m_block * kBlockM >= seq.seqlen_q) return;  // varlen grids cover the longest sequence

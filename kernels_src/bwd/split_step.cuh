@@ -22,6 +22,10 @@ static_assert(kSplitHeadDim && kDqPieces == 2 && kKStages == 1 && kDoStages == 1
 // (m64n64 fragments).
 constexpr int kHalfRegs = kDkvRegs / kDkvHalves;
 
+// Whether head-dim row d of dV^T (column d of dv) exists: value head dim 128 with 192 gives warpgroup 2 none, which
+// then neither computes nor stores dV^T (tile_tma.cuh).
+DASH_DEVICE constexpr bool has_value_rows(int d) { return kHeadDimV == kHeadDim || d < kHeadDimV; }
+
 // acc (64 head-dim rows x 64 keys) (+)= A B over the tile's kBlockM queries: A = the Q or dO tile read MN-major from
 // head-dim column d0, B = the dS or P tile (256: keys x queries, K-major; 192: queries x keys, MN-major): dK^T += Q^T
 // dS, dV^T += dO^T P. restart: the first k-step ignores acc (new KV tile). Issues the wgmmas, no commit.
@@ -91,7 +95,7 @@ DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_gen
   wait_phase(p, s.do_full(0), j & 1);
   stamp_wg(p, v, wg, tid, kWgDpIssue);
   wgmma_fence();
-  gemm_ss_kmajor<kWgQueries, kHeadDim / 16, TileKV, TileQ>(dP, TileKV::kmajor(s.v(), 0),
+  gemm_ss_kmajor<kWgQueries, kHeadDimV / 16, TileKV, TileQ>(dP, TileKV::kmajor(s.v(), 0),
                                                            TileQ::kmajor(s.dout(0), q0));
   wgmma_commit();
   const Head hd(p, w.bh);
@@ -116,7 +120,9 @@ DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_gen
   const int d0 = kHeadRows * wg, pds = pds_stage(stage);
   wgmma_fence();
 #pragma unroll
-  for (int h = 0; h < kDkvHalves; ++h) gemm_head_by_keys(dV[h], s.dout(0), d0 + 64 * h, s.pt(pds), first_in_group);
+  for (int h = 0; h < kDkvHalves; ++h) {
+    if (has_value_rows(d0 + 64 * h)) gemm_head_by_keys(dV[h], s.dout(0), d0 + 64 * h, s.pt(pds), first_in_group);
+  }
   wgmma_commit();
   float dQ[kDqPieces][kDqRegs];
 #pragma unroll
@@ -185,8 +191,10 @@ DASH_DEVICE void store_dkv(const BwdParams& p, const Visit& w, const DkvAcc& dK,
         if (key < seq.seqlen_k) {  // after the shuffles, which every lane of the warp takes part in
           st_global_v4(dk_row + col, pack_elem2(k8[0], k8[1]), pack_elem2(k8[2], k8[3]), pack_elem2(k8[4], k8[5]),
                        pack_elem2(k8[6], k8[7]));
-          st_global_v4(dv_row + col, pack_elem2(v8[0], v8[1]), pack_elem2(v8[2], v8[3]), pack_elem2(v8[4], v8[5]),
-                       pack_elem2(v8[6], v8[7]));
+          if (has_value_rows(col)) {
+            st_global_v4(dv_row + col, pack_elem2(v8[0], v8[1]), pack_elem2(v8[2], v8[3]), pack_elem2(v8[4], v8[5]),
+                         pack_elem2(v8[6], v8[7]));
+          }
         }
       }
     }

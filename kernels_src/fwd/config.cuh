@@ -16,8 +16,13 @@
 
 namespace fwd {
 
-constexpr int kHeadDimIO = DASH_HEAD_DIM;                // columns of q, k, v and out in global memory
+constexpr int kHeadDimIO = DASH_HEAD_DIM;                // columns of q and k (v, out: kHeadDimVIO) in global memory
 constexpr int kHeadDim = padded_head_dim(kHeadDimIO);  // compute width: 96 runs as 128 (tile_tma.cuh)
+#ifndef DASH_HEAD_DIM_V
+#define DASH_HEAD_DIM_V DASH_HEAD_DIM
+#endif
+constexpr int kHeadDimVIO = DASH_HEAD_DIM_V;  // columns of v and out (tile_tma.cuh: value head dim)
+constexpr int kHeadDimV = value_compute_dim(kHeadDimIO, kHeadDimVIO);  // columns of v a tile load fills
 constexpr bool kCausal = DASH_CAUSAL != 0;
 constexpr int kBlockM = DASH_BLOCK_M;  // queries per Q tile (m_block)
 constexpr int kBlockN = DASH_BLOCK_N;  // keys per KV tile (n_block)
@@ -29,13 +34,15 @@ static_assert(DASH_NUM_THREADS == kNumThreads, "launched with 384 threads");
 
 static_assert(kHeadDimIO == 64 || kHeadDimIO == 96 || kHeadDimIO == 128 || kHeadDimIO == 192 || kHeadDimIO == 256,
               "head dim 64, 96, 128, 192 or 256");
+static_assert(kHeadDimVIO == kHeadDimIO || (kHeadDimIO == 192 && kHeadDimVIO == 128),
+              "value head dim: the query / key head dim, or 128 with 192");
 static_assert(kBlockM == 64 * kNumMmaWg, "each MMA warpgroup owns 64 query rows");
 static_assert(kBlockN == 64 || kBlockN == 80 || kBlockN == 112 || kBlockN == 128 || kBlockN == 176,
               "the wgmma wrappers have N = 64, 80, 112, 128 or 176 (multiples of P V's 16 keys a k-step)");
 
 // Accumulator registers per thread (m64nN fp32: N / 2).
 constexpr int kSRegs = kBlockN / 2;   // S = Q K^T, then P: 64 queries x kBlockN keys
-constexpr int kORegs = kHeadDimIO / 2;  // O: 64 queries x the head dim (96: N = 96, not padded)
+constexpr int kORegs = kHeadDimVIO / 2;  // O: 64 queries x the value head dim (96: N = 96, not padded)
 
 // K and V buffers (separate pipelines); DASH_KV_STAGES overrides the default for tile sweeps
 // (benchmarks/fwd_tiles.py).
@@ -63,6 +70,7 @@ constexpr int kTurnThreads = kNumMmaWg * kWgThreads;
 struct SmemLayout {
   static constexpr int kQ = kBlockM * kHeadDim * 2;
   static constexpr int kKV = kBlockN * kHeadDim * 2;
+  static constexpr int kVLoad = kBlockN * kHeadDimV * 2;  // bytes a V load fills (kKV but with the value head dim)
   static constexpr int kQs = 0;
   static constexpr int kK = kQs + kQ;
   static constexpr int kV = kK + kStages * kKV;

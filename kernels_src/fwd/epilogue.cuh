@@ -17,10 +17,10 @@ namespace fwd {
 
 // Varlen, the last (partial) tile of a sequence: the warpgroup's staged rows [row_first, seqlen_q) of out go to
 // global memory as 16-byte chunks, one per thread in turn (out is contiguous: (total_q, H, D)); the chunks of
-// columns < kHeadDimIO only.
+// columns < kHeadDimVIO only.
 DASH_DEVICE void store_rows_to_global(const FwdParams& p, const Smem& s, const Tile& t, int row_first, int wg,
                                       int tid) {
-  constexpr int kChunks = kHeadDimIO / 8;
+  constexpr int kChunks = kHeadDimVIO / 8;
   const int rows = min(t.seqlen_q - row_first, 64);
   for (int c = tid; c < rows * kChunks; c += kWgThreads) {
     const int r = c / kChunks, chunk = c % kChunks;
@@ -28,7 +28,7 @@ DASH_DEVICE void store_rows_to_global(const FwdParams& p, const Smem& s, const T
     asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(w0), "=r"(w1), "=r"(w2), "=r"(w3)
                  : "r"(TileQ::chunk_addr(s.q(), 64 * wg + r, chunk)));
-    elem_t* dst = p.out + ((int64_t)(t.row_q + row_first + r) * p.num_heads + t.h) * kHeadDimIO + 8 * chunk;
+    elem_t* dst = p.out + ((int64_t)(t.row_q + row_first + r) * p.num_heads + t.h) * kHeadDimVIO + 8 * chunk;
     *reinterpret_cast<uint4*>(dst) = make_uint4(w0, w1, w2, w3);
   }
 }
@@ -71,9 +71,9 @@ DASH_DEVICE void store_output(const FwdParams& p, const Smem& s, const Tile& t, 
     // one box {64 columns, 64 rows} per 64-column panel of the head dim; head dim 96 (the map {96, S, 1, H, B}:
     // tile_tma.cuh): the box at column 64 is clipped at column 96
 #pragma unroll
-    for (int panel = 0; panel < kHeadDim / 64; ++panel) {
-      tma_store_5d(&p.tma_o, s.q() + panel * TileQ::kPanelBytes + 64 * wg * 128, MapPanel<kHeadDimIO>::col(panel),
-                   t.row_q + row_first, MapPanel<kHeadDimIO>::index(panel), t.h, t.batch);
+    for (int panel = 0; panel < kHeadDimV / 64; ++panel) {
+      tma_store_5d(&p.tma_o, s.q() + panel * TileQ::kPanelBytes + 64 * wg * 128, MapPanel<kHeadDimVIO>::col(panel),
+                   t.row_q + row_first, MapPanel<kHeadDimVIO>::index(panel), t.h, t.batch);
     }
     bulk_commit();
     bulk_wait_read<0>();  // the shared memory must outlive the reads of the store

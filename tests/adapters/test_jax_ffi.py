@@ -41,7 +41,8 @@ def no_driver(monkeypatch):
 
 
 def problem(B=2, Sq=200, Sk=320, H=4, Hkv=2, D=64):
-    return types.SimpleNamespace(B=B, Sq=Sq, Sk=Sk, H=H, Hkv=Hkv, D=D, dtype="bfloat16", scale=0.125, softcap=0.0)
+    return types.SimpleNamespace(B=B, Sq=Sq, Sk=Sk, H=H, Hkv=Hkv, D=D, Dv=D, dtype="bfloat16", scale=0.125,
+                                 softcap=0.0)
 
 
 def strides(shape):

@@ -320,26 +320,26 @@ def test_fixed_length_callbacks_hand_the_shared_launchers_their_operands(monkeyp
     calls = []
     monkeypatch.setattr(launchers, "launch_forward", lambda *a, **kw: calls.append(("fwd", a, kw)))
     monkeypatch.setattr(launchers, "launch_backward", lambda *a, **kw: calls.append(("bwd", a, kw)))
-    qs, kvs = (11, 12, 13), (21, 22, 23)
+    qs, kvs, vs, os_ = (11, 12, 13), (21, 22, 23), (31, 32, 33), (41, 42, 43)
     ctx = types.SimpleNamespace(stream=7)
 
     fwd = object.__new__(callbacks._Forward)
     fwd.spec, fwd.block_m, fwd.block_n, fwd.p, fwd.window = "spec", 128, 64, "p", (-1, 5)
-    fwd.q_strides, fwd.kv_strides, fwd.devices = qs, kvs, (0,)
+    fwd.strides, fwd.devices = (qs, kvs, vs, os_), (0,)
     fwd(ctx, (0x50, 0x60), 0x10, 0x20, 0x30)                         # (out, lse), q, k, v
     kind, a, kw = calls.pop()
-    assert kind == "fwd" and a == ("spec", 128, 64, "p", (-1, 5), ((0x10, qs), (0x20, kvs), (0x30, kvs)), 0x50, 0x60,
+    assert kind == "fwd" and a == ("spec", 128, 64, "p", (-1, 5), ((0x10, qs), (0x20, kvs), (0x30, vs)), 0x50, 0x60,
                                    ("stream", 7, 0))
     assert kw.get("grid") is None and kw.get("varlen") is None
 
     bwd = object.__new__(callbacks._Backward)
     c = types.SimpleNamespace(work_bytes=4096)
     bwd.launches, bwd.records, bwd.work_bytes = {0: c}, {0: 0x99}, 4096
-    bwd.q_strides, bwd.kv_strides, bwd.devices = qs, kvs, (0,)
+    bwd.strides, bwd.devices = (qs, kvs, vs, os_), (0,)
     outs = (0x1, 0x2, 0x3, 0x4)                                      # dq, dk, dv, workspace
     bwd(ctx, outs, 0x15, 0x10, 0x20, 0x30, 0x40, 0x45)               # dout, q, k, v, out, lse
     kind, a, kw = calls.pop()
-    assert kind == "bwd" and a == (c, ((0x10, qs), (0x20, kvs), (0x30, kvs), (0x40, qs), (0x15, qs)), 0x45, 0x4,
+    assert kind == "bwd" and a == (c, ((0x10, qs), (0x20, kvs), (0x30, vs), (0x40, os_), (0x15, os_)), 0x45, 0x4,
                                    (0x1, 0x2, 0x3), ("stream", 7, 0))
     assert kw == {"error_ptr": 0x99, "cu_seqlens": (0, 0)}
     bwd.work_bytes = 4095

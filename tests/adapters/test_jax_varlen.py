@@ -235,10 +235,10 @@ def test_the_forward_callback_launches_as_the_eager_varlen_forward(monkeypatch, 
     monkeypatch.setattr(cuda_kernels, "launch", lambda spec, grid, params, stream: launched.append((spec, grid)))
     monkeypatch.setattr(callbacks.interop, "external_stream", lambda ptr, dev: ptr)
     fwd = object.__new__(jax_varlen._VarlenForward)
-    fwd.p = types.SimpleNamespace(B=1, Sq=300, Sk=500, H=2, Hkv=2, D=64, scale=0.125, softcap=softcap,
+    fwd.p = types.SimpleNamespace(B=1, Sq=300, Sk=500, H=2, Hkv=2, D=64, Dv=64, scale=0.125, softcap=softcap,
                                   dtype="bf16")
     fwd.block_m, fwd.block_n, fwd.window, fwd.num_seqs, fwd.grid = 128, 128, (-1, -1), 3, (2, 2, 3)
-    fwd.q_strides = fwd.kv_strides = (256, 128, 2)
+    fwd.strides = ((256, 128, 2),) * 4
     fwd.devices, fwd.cu = (0,), {}
     fwd.spec = types.SimpleNamespace(label="fwd[bf16,d64,full,varlen]", defines=())
     params = []
@@ -268,7 +268,7 @@ def test_traced_lengths_load_every_tile_a_packing_may_take(monkeypatch, max_q, b
     monkeypatch.setattr(cupy.cuda, "Device", lambda dev: contextlib.nullcontext())
     monkeypatch.setattr(kernels, "bwd_entry", fake_bwd_entry)
     total, H, D = 6000, 2, 128
-    p = types.SimpleNamespace(B=1, Sq=total, Sk=total, H=H, Hkv=H, D=D, dtype="bfloat16", softcap=0.0)
+    p = types.SimpleNamespace(B=1, Sq=total, Sk=total, H=H, Hkv=H, D=D, Dv=D, dtype="bfloat16", softcap=0.0)
     cfg = types.SimpleNamespace(causal=False, window=(-1, -1), deterministic=True, schedule="fa3")
     vcfg = jax_varlen._VarlenConfig(None, 2, max_q, max_q, None, jax_varlen_dyn._Backward)
     bwd = jax_varlen_dyn._Backward(p, cfg, vcfg, 10 ** 9)

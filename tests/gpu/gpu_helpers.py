@@ -60,11 +60,17 @@ class Case(CaseDerived):
     seqlen_k: int
     batch: int = BATCH
     heads: int = HEADS
+    hdim_v: int = 0         # v's head dim where it differs from hdim (kernels.VALUE_HEAD_DIMS)
+
+    @property
+    def dv(self) -> int:
+        return self.hdim_v or self.hdim
 
     @property
     def id(self) -> str:
         mask = "causal" if self.causal else "full"
-        text = f"{self.dtype}-d{self.hdim}-{mask}-sq{self.seqlen_q}-sk{self.seqlen_k}"
+        value = f"-v{self.hdim_v}" if self.hdim_v else ""
+        text = f"{self.dtype}-d{self.hdim}{value}-{mask}-sq{self.seqlen_q}-sk{self.seqlen_k}"
         if (self.batch, self.heads) != (BATCH, HEADS):
             text += f"-b{self.batch}-h{self.heads}"
         return text
@@ -165,9 +171,9 @@ def _case_data(case: Case, backward: bool = False) -> dict:
     if data is None:
         rng = np.random.default_rng(_seed(case.id))
         dt = case.np_dtype
-        b, sq, sk, h, d = case.batch, case.seqlen_q, case.seqlen_k, case.heads, case.hdim
+        b, sq, sk, h, d, dv = case.batch, case.seqlen_q, case.seqlen_k, case.heads, case.hdim, case.dv
         data = dict(q=_randn(rng, (b, sq, h, d), dt), k=_randn(rng, (b, sk, h, d), dt),
-                    v=_randn(rng, (b, sk, h, d), dt), do=_randn(rng, (b, sq, h, d), dt))
+                    v=_randn(rng, (b, sk, h, dv), dt), do=_randn(rng, (b, sq, h, dv), dt))
         q, k, v = data["q"], data["k"], data["v"]
         data["out_ref"], data["lse_ref"] = reference.forward(q, k, v, causal=case.causal)
         data["out_lowp"], data["lse_lowp"] = reference.forward_lowp(q, k, v, causal=case.causal, dtype=dt)

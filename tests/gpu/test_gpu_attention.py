@@ -58,6 +58,8 @@ CASES = [Case(dt, d, causal, sq, sk)
 CASES += [Case(dt, 96, causal, sq, sk) for dt in DTYPES for causal in (True, False) for sq, sk in D96_SEQLENS]
 CASES += [Case(dt, d, causal, sq, sk) for dt in DTYPES for d in (192, 256) for causal in (True, False)
           for sq, sk in D256_SEQLENS]         # head dim 192: three MMA warpgroups, 96 x 64 tiles
+CASES += [Case(dt, 192, causal, sq, sk, hdim_v=128) for dt in DTYPES for causal in (True, False)
+          for sq, sk in D256_SEQLENS[1:]]     # value head dim 128 with 192 (v, out, dout, dv 128 wide)
 
 
 def _backward_params():
@@ -151,7 +153,7 @@ def test_forward(case):
     q, k, v = _dev(data["q"]), _dev(data["k"]), _dev(data["v"])
     _poison_pool(_poison_size(q, k, v))
     out, lse = cupy_dash.attention_forward(q, k, v, causal=case.causal)
-    _check_outputs_cupy((out, lse), (data["q"].shape, (case.batch, case.heads, case.seqlen_q)),
+    _check_outputs_cupy((out, lse), (data["out_ref"].shape, (case.batch, case.heads, case.seqlen_q)),
                         (case.np_dtype, np.float32))
     out_h, lse_h = _host(out), _host(lse)
     e = case.empty_rows
@@ -293,15 +295,16 @@ def test_causal_rows_without_keys(case, schedule):
 # ----------------------------------------------------------------------------------------------------------------
 DET_CASES = [Case("bf16", 128, True, 1024, 1024, batch=2, heads=4),
              Case("bf16", 64, False, 777, 1500, batch=1, heads=8),
-             Case("bf16", 128, False, 1111, 1500, batch=2, heads=4)]
+             Case("bf16", 128, False, 1111, 1500, batch=2, heads=4),
+             Case("bf16", 192, True, 1111, 1500, batch=2, heads=4, hdim_v=128)]
 
 
 def _gpu_inputs(case, rng):
     dt = case.np_dtype
-    b, sq, sk, h, d = case.batch, case.seqlen_q, case.seqlen_k, case.heads, case.hdim
+    b, sq, sk, h, d, dv = case.batch, case.seqlen_q, case.seqlen_k, case.heads, case.hdim, case.dv
     q, k, v = _dev(_randn(rng, (b, sq, h, d), dt)), _dev(_randn(rng, (b, sk, h, d), dt)), \
-        _dev(_randn(rng, (b, sk, h, d), dt))
-    do = _dev(_randn(rng, (b, sq, h, d), dt))
+        _dev(_randn(rng, (b, sk, h, dv), dt))
+    do = _dev(_randn(rng, (b, sq, h, dv), dt))
     out, lse = cupy_dash.attention_forward(q, k, v, causal=case.causal)
     return do, q, k, v, out, lse
 

@@ -46,11 +46,13 @@ class GqaCase(CaseDerived):
     dtype: str = "bf16"
     batch: int = 2
     heads: int = HEADS
+    hdim_v: int = 0         # v's head dim where it differs from hdim (kernels.VALUE_HEAD_DIMS)
 
     @property
     def id(self) -> str:
         mask = "causal" if self.causal else "full"
-        return (f"{self.dtype}-d{self.hdim}-{mask}-sq{self.seqlen_q}-sk{self.seqlen_k}-b{self.batch}"
+        value = f"-v{self.hdim_v}" if self.hdim_v else ""
+        return (f"{self.dtype}-d{self.hdim}{value}-{mask}-sq{self.seqlen_q}-sk{self.seqlen_k}-b{self.batch}"
                 f"-h{self.heads}-hkv{self.kv_heads}")
 
 
@@ -60,8 +62,9 @@ def _data(case: GqaCase) -> dict:
     rng = np.random.default_rng(_seed(case.id))
     dt = case.np_dtype
     b, sq, sk, h, hk, d = case.batch, case.seqlen_q, case.seqlen_k, case.heads, case.kv_heads, case.hdim
-    x = dict(q=_randn(rng, (b, sq, h, d), dt), k=_randn(rng, (b, sk, hk, d), dt), v=_randn(rng, (b, sk, hk, d), dt),
-             do=_randn(rng, (b, sq, h, d), dt))
+    dv = case.hdim_v or d
+    x = dict(q=_randn(rng, (b, sq, h, d), dt), k=_randn(rng, (b, sk, hk, d), dt), v=_randn(rng, (b, sk, hk, dv), dt),
+             do=_randn(rng, (b, sq, h, dv), dt))
     out_ref, lse_ref = reference.forward(x["q"], x["k"], x["v"], causal=case.causal)
     out_lowp, lse_lowp = reference.forward_lowp(x["q"], x["k"], x["v"], causal=case.causal, dtype=dt)
     args = (x["do"], x["q"], x["k"], x["v"])
@@ -75,7 +78,8 @@ def _data(case: GqaCase) -> dict:
 def _check(case, data, grads):
     """Shapes, dtypes, finiteness, zero dq on rows without keys, and FA3's tolerance rule for dq, dk, dv."""
     b, sq, sk, h, hk, d = case.batch, case.seqlen_q, case.seqlen_k, case.heads, case.kv_heads, case.hdim
-    for name, x, shape in zip(("dq", "dk", "dv"), grads, ((b, sq, h, d), (b, sk, hk, d), (b, sk, hk, d))):
+    dv = case.hdim_v or d
+    for name, x, shape in zip(("dq", "dk", "dv"), grads, ((b, sq, h, d), (b, sk, hk, d), (b, sk, hk, dv))):
         assert isinstance(x, cupy.ndarray) and tuple(x.shape) == shape, f"{name}: {type(x)} {x.shape} != {shape}"
         assert np.dtype(x.dtype) == case.np_dtype
         host = _host(x)
@@ -97,6 +101,8 @@ CASES += [GqaCase(d, causal, sq, sk, HEADS // g) for d in (192, 256) for g in (2
           for sq, sk in SEQLENS[1:]]          # head dims 192 and 256 (the split head dim): grouped and MQA
 FP16_CASES = [GqaCase(64, True, 255, 255, HEADS // g, dtype="fp16") for g in (2, HEADS)]
 FP16_CASES += [GqaCase(256, False, 300, 1000, 2, dtype="fp16"), GqaCase(192, True, 1000, 300, 2, dtype="fp16")]
+CASES += [GqaCase(192, causal, sq, sk, HEADS // g, hdim_v=128) for g in (2, HEADS) for causal in (True, False)
+          for sq, sk in SEQLENS[1:]]          # value head dim 128 with 192: grouped and MQA
 
 
 def _params():

@@ -38,12 +38,14 @@ def _same_tile_alone(monkeypatch, hdim, causal, window, longest):
 
 
 def _problem(lengths, hdim, causal, window, H=4, Hkv=2, seed=0, dtype=BF16):
+    """``hdim``: the head dim, or (q / k's, v's) where they differ."""
     lq, lk = LENGTHS[lengths]
     if causal and window[1] > 0:
         window = (window[0], 0)
+    hdim, hdim_v = hdim if isinstance(hdim, tuple) else (hdim, hdim)
     rng = np.random.default_rng(seed + len(lq) * 1000 + hdim)
-    q, do = (rng.standard_normal((sum(lq), H, hdim), dtype=np.float32).astype(dtype) for _ in range(2))
-    k, v = (rng.standard_normal((sum(lk), Hkv, hdim), dtype=np.float32).astype(dtype) for _ in range(2))
+    q, do = (rng.standard_normal((sum(lq), H, d), dtype=np.float32).astype(dtype) for d in (hdim, hdim_v))
+    k, v = (rng.standard_normal((sum(lk), Hkv, d), dtype=np.float32).astype(dtype) for d in (hdim, hdim_v))
     cu_q, cu_k = (np.concatenate([[0], np.cumsum(x)]).astype(np.int32) for x in (lq, lk))
     dq_, dk_, dv_, do_ = _dev(q), _dev(k), _dev(v), _dev(do)
     cq, ck = cupy.asarray(cu_q), cupy.asarray(cu_k)
@@ -105,10 +107,10 @@ def test_varlen_backward_per_sequence(lengths, hdim, causal, window, schedule, m
 @pytest.mark.parametrize("window", [(-1, -1), (100, 50)], ids=["nowindow", "window"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("lengths", list(LENGTHS), ids=str)
-@pytest.mark.parametrize("hdim", [96, 192, 256], ids=["d96", "d192", "d256"])
+@pytest.mark.parametrize("hdim", [96, 192, 256, (192, 128)], ids=["d96", "d192", "d256", "d192v128"])
 def test_varlen_backward_per_sequence_other_head_dims(hdim, lengths, causal, window, schedule, monkeypatch):
-    """Head dim 96 (the head-dim-128 kernels padded), 192 and 256 (the warpgroups split the head dim): the checks of
-    test_varlen_backward_per_sequence."""
+    """Head dim 96 (the head-dim-128 kernels padded), 192 and 256 (the warpgroups split the head dim), value head dim
+    128 with 192: the checks of test_varlen_backward_per_sequence."""
     test_varlen_backward_per_sequence(lengths, hdim, causal, window, schedule, monkeypatch)
 
 

@@ -155,7 +155,8 @@ def _fake_tables(bounds=True):
 @pytest.mark.parametrize("bounds", [True, False])
 def test_bwd_params_carry_compact_fields(bounds, monkeypatch):
     monkeypatch.setattr(tensormap, "bhsd_map", lambda *a, **k: bytes(128))      # no driver here
-    p = types.SimpleNamespace(B=1, Sq=1000, Sk=1000, H=4, Hkv=1, D=128, dtype="bfloat16", scale=0.125, softcap=0.0)
+    p = types.SimpleNamespace(B=1, Sq=1000, Sk=1000, H=4, Hkv=1, D=128, Dv=128, dtype="bfloat16", scale=0.125,
+                              softcap=0.0)
     specs = kernels.bwd_specs("bfloat16", 128, True, compact=True)
     c = launchers.BwdLaunch(specs, 64, 128, p, True, 10 ** 9, True, (-1, 0), tables=_fake_tables(bounds))
     strides = (1000 * 4 * 128, 4 * 128, 128)

@@ -73,8 +73,9 @@ SPEC = kernels.bwd_specs("bfloat16", 64, causal=True).main
 def test_all_specs_cover_every_combination():
     specs = kernels.all_specs()
     labels = [s.label for s in specs]
-    # + head dims 192 and 256's backwards: 2 preprocess, 2 postprocess, 4 main, 4 compact main, 4 soft-capping main
-    assert len(set(labels)) == len(labels) == len(set(specs)) == 20 + 6 + 24 + 6 + 1 + 12 + 24 + 2 * 16
+    # + head dims 192 and 256's backwards: 2 preprocess, 2 postprocess, 4 main, 4 compact main, 4 soft-capping main;
+    # + value head dim 128 with 192: 4 forward, 2 preprocess, 4 main, 4 compact main, 4 soft-capping main
+    assert len(set(labels)) == len(labels) == len(set(specs)) == 20 + 6 + 24 + 6 + 1 + 12 + 24 + 2 * 16 + 18
     expected = {kernels.expand_spec()}
     for dtype, d, causal in itertools.product(kernels.SUPPORTED_DTYPES, kernels.SUPPORTED_HEAD_DIMS, (0, 1)):
         expected.add(kernels.fwd_spec(dtype, d, bool(causal)))
@@ -84,10 +85,23 @@ def test_all_specs_cover_every_combination():
         for softcap in (False, True):           # the 80-query tile (head dims 96 and 128)
             expected.update(kernels.bwd_specs(dtype, d, bool(causal), softcap=softcap,
                                               seqlen_q=kernels.CAUSAL80_MIN_SEQLEN))
+        for dv in kernels.VALUE_HEAD_DIMS.get(d, ()):    # the value head dim's own preprocess and main kernels
+            expected.add(kernels.fwd_spec(dtype, d, bool(causal), dv))
+            for kw in ({}, {"compact": True}, {"softcap": True}):
+                expected.update(kernels.bwd_specs(dtype, d, bool(causal), head_dim_v=dv, **kw)[:2])
     assert expected == set(specs)
     by_kernel = {name: [s for s in specs if s.kernel == name] for name in kernels.KERNEL_NAMES}
-    assert {k: len(v) for k, v in by_kernel.items()} == {"fwd": 20, "bwd_preprocess": 14, "bwd_main": 76,
+    assert {k: len(v) for k, v in by_kernel.items()} == {"fwd": 24, "bwd_preprocess": 16, "bwd_main": 88,
                                                          "bwd_postprocess": 14, "bwd_expand": 1}
+    v128 = kernels.bwd_specs("bfloat16", 192, True, head_dim_v=128)
+    assert v128.main.label == "bwd_main[bf16,d192,v128,causal]"
+    assert ("DASH_HEAD_DIM_V", 128) in v128.preprocess.defines
+    assert v128.postprocess == kernels.bwd_specs("bfloat16", 192, True).postprocess     # dq is 192 wide either way
+    assert kernels.fwd_spec("bfloat16", 192, False, 192) == kernels.fwd_spec("bfloat16", 192, False)
+    with pytest.raises(ValueError, match="head_dim_v 64 with head_dim 192"):
+        kernels.fwd_spec("bfloat16", 192, False, 64)
+    with pytest.raises(ValueError, match="head_dim_v 128 with head_dim 256"):
+        kernels.bwd_specs("bfloat16", 256, False, head_dim_v=128)
     # every forward head dim has a backward build; 192's is pending (the API refuses it)
     assert set(kernels.SUPPORTED_HEAD_DIMS) == set(kernels.BWD_BUILT_HEAD_DIMS)
     with pytest.raises(ValueError, match="for the backward"):

@@ -23,8 +23,9 @@ def no_driver(monkeypatch):
     monkeypatch.setattr(tensormap, "bhsd_map", fake_map)
 
 
-def problem(B=2, Sq=200, Sk=320, H=4, Hkv=2, D=128, scale=0.1):
-    return types.SimpleNamespace(B=B, Sq=Sq, Sk=Sk, H=H, Hkv=Hkv, D=D, dtype="float16", scale=scale, softcap=0.0)
+def problem(B=2, Sq=200, Sk=320, H=4, Hkv=2, D=128, scale=0.1, Dv=None):
+    return types.SimpleNamespace(B=B, Sq=Sq, Sk=Sk, H=H, Hkv=Hkv, D=D, Dv=D if Dv is None else Dv, dtype="float16",
+                                 scale=scale, softcap=0.0)
 
 
 def unmap(raw) -> tuple:
@@ -67,7 +68,7 @@ def test_backward_workspace_head_dim_96():
     c = launchers.BwdLaunch(specs, tile.block_m, tile.block_n, p, True, 12345, True, (-1, 0))
     rows = 2 * 4 * c.sq_rounded
     assert c.offsets[3] - c.offsets[2] >= rows * 128 * 4
-    assert launchers.kv_bytes(p) == 2 * 320 * 2 * 96 * 2
+    assert launchers.kv_bytes(p) == (2 * 320 * 2 * 96 * 2,) * 2
     q_st, kv_st = (200 * 4 * 96, 4 * 96, 96), (320 * 2 * 96, 2 * 96, 96)
     ptr = types.SimpleNamespace
     c.tables = ptr(visits=ptr(data=ptr(ptr=0xA000)), rank=ptr(data=ptr(ptr=0xB000)),
@@ -76,6 +77,32 @@ def test_backward_workspace_head_dim_96():
     f = launchers.bwd_params(c, operands, 0x6000, 0x100000, (0x7000, 0x8000, 0x9000), (0xD000, 0xF000), 0)[0]
     assert unmap(f["tma_q"])[2] == (2, 200, 4, 96) and unmap(f["tma_k"])[2] == (2, 320, 2, 96)
     assert tuple(f["dq_stride"].tolist()) == q_st
+
+
+def test_value_head_dim_128_with_192():
+    """v, out, dout and dv are 128 columns wide (their maps, strides and bytes), q, k, dq, dk 192; dq_accum rows
+    192 columns."""
+    p = problem(Sq=200, D=192, Dv=128)
+    q_st, k_st, v_st, o_st = (200 * 4 * 192, 4 * 192, 192), (320 * 2 * 192, 2 * 192, 192), \
+        (320 * 2 * 128, 2 * 128, 128), (200 * 4 * 128, 4 * 128, 128)
+    f = launchers.fwd_params(128, 64, p, (-1, -1), ((0x1000, q_st), (0x2000, k_st), (0x3000, v_st)), 0x4000,
+                             0x5000)[0]
+    assert unmap(f["tma_k"])[2:4] == ((2, 320, 2, 192), k_st)
+    assert unmap(f["tma_v"])[2:4] == ((2, 320, 2, 128), v_st)
+    assert unmap(f["tma_o"])[2:4] == ((2, 200, 4, 128), o_st)
+    specs = kernels.bwd_specs("float16", 192, True, head_dim_v=128)
+    tile = kernels.bwd_tile(192, True)
+    c = launchers.BwdLaunch(specs, tile.block_m, tile.block_n, p, True, 12345, True, (-1, 0))
+    assert c.offsets[3] - c.offsets[2] >= 2 * 4 * c.sq_rounded * 192 * 4
+    assert launchers.kv_bytes(p) == (2 * 320 * 2 * 192 * 2, 2 * 320 * 2 * 128 * 2)
+    ptr = types.SimpleNamespace
+    c.tables = ptr(visits=ptr(data=ptr(ptr=0xA000)), rank=ptr(data=ptr(ptr=0xB000)),
+                   cta_start=ptr(data=ptr(ptr=0xC000)), num_ctas=33, policy="shift")
+    operands = ((0x1000, q_st), (0x2000, k_st), (0x3000, v_st), (0x4000, o_st), (0x5000, o_st))
+    f = launchers.bwd_params(c, operands, 0x6000, 0x100000, (0x7000, 0x8000, 0x9000), (0xD000, 0xF000), 0)[0]
+    assert [unmap(f[n])[2] for n in ("tma_q", "tma_k", "tma_v", "tma_do")] == [
+        (2, 200, 4, 192), (2, 320, 2, 192), (2, 320, 2, 128), (2, 200, 4, 128)]
+    assert [tuple(f[n].tolist()) for n in ("dq_stride", "dk_stride", "dv_stride")] == [q_st, k_st, v_st]
 
 
 @pytest.mark.parametrize("deterministic", [True, False])
@@ -138,7 +165,7 @@ def test_backward_zeroes_dk_dv_when_a_whole_kv_tile_is_unseen(window, zero):
     c = launchers.BwdLaunch(kernels.bwd_specs("float16", 128, True), tile.block_m, tile.block_n, p, True, 1,
                             True, window)
     assert c.zero_kv == zero, (window, 320 - 64 - window[0], tile.block_n)
-    assert launchers.kv_bytes(p) == 2 * 320 * 2 * 128 * 2
+    assert launchers.kv_bytes(p) == (2 * 320 * 2 * 128 * 2,) * 2
 
 
 def _backward_launch(window=(-1, 0)):
@@ -166,7 +193,7 @@ def test_enqueue_backward_order_without_a_copy_or_event(window, monkeypatch):
     launchers.enqueue_backward(c, np.zeros(1, kernels.BWD_PARAMS_DTYPE), (1, 2, 3), stream, slot=slot, call="x",
                                launches=launches)
     memsets = [(a[1], a[3]) for a in calls if a[0] == "memset"]
-    assert memsets == ([(2, launchers.kv_bytes(c.p)), (3, launchers.kv_bytes(c.p))] if c.zero_kv else [])
+    assert memsets == (list(zip((2, 3), launchers.kv_bytes(c.p))) if c.zero_kv else [])
     assert calls[-1] == ("launch", 0x55, launches) and tracked == [(slot, "x")]
     monkeypatch.setattr(launchers.jit, "load", lambda spec: types.SimpleNamespace(ptr=hash(spec.label) & 0xffff))
     folded = not c.zero_kv

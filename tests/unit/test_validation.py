@@ -223,6 +223,26 @@ def test_window_as_the_kernel_gets_it(window, causal, want):
     assert api._check_window(window, causal) == want
 
 
+def test_value_head_dim():
+    """v's head dim may differ from q's only as (192, 128): that pair passes the shape checks (the CPU tensors then
+    fail the device check), out and do take v's head dim, any other pair names v."""
+    t = make(D=192, Dv=128)
+    raises(ValueError, lambda: fwd(t), "q:", "CUDA device")
+    from cupy_dash.core import api
+    p = api.validate(*(fake(t)[n] for n in ("q", "k", "v", "do", "out", "lse")), backward=False)
+    assert (p.D, p.Dv) == (192, 128)
+    for D, Dv in ((128, 64), (64, 128), (192, 64), (256, 128)):
+        raises(NotImplementedError, lambda: fwd(make(D=D, Dv=Dv)), "v:", f"value head dim {Dv}", f"head dim {D}",
+               "192 with 128")
+    for name in ("do", "out"):
+        t = make(D=192, Dv=128)
+        t[name] = np.zeros((2, 96, 4, 192), BF16)
+        raises(ValueError, lambda: bwd(t), f"{name}:", "(2, 96, 4, 128)", "v's head dim")
+    t = make(D=192, Dv=128)
+    t["v"] = np.zeros((2, 161, 4, 128), BF16)
+    raises(ValueError, lambda: fwd(t), "v:", "shape of k")
+
+
 @pytest.mark.parametrize("direction", ["forward", "backward"])
 def test_head_dim_96_passes_validation(direction, gpu_work_log):
     """Head dim 96 (the head-dim-128 kernels padded) is supported: validation passes, the call reaches GPU work, and

@@ -258,7 +258,8 @@ def test_padded_scratch_rows_of_the_sequences_never_overlap(block_m):
             continue
         cu = np.concatenate([[0], np.cumsum(lens)])
         B, total = len(lens), int(cu[-1])
-        p = types.SimpleNamespace(B=1, Sq=total, Sk=total, H=2, Hkv=2, D=64, dtype="bfloat16", scale=0.125, softcap=0.0)
+        p = types.SimpleNamespace(B=1, Sq=total, Sk=total, H=2, Hkv=2, D=64, Dv=64, dtype="bfloat16", scale=0.125,
+                                  softcap=0.0)
         specs = kernels.bwd_specs("bfloat16", 64, False)
         c = launchers.BwdLaunch(specs, block_m, 128, p, True, 10 ** 9, False, (-1, -1), varlen=(B, int(lens.max())))
         start = (cu[:-1] + np.arange(B) * block_m) // block_m * block_m

@@ -49,13 +49,15 @@ def gpu_work_log(monkeypatch):
     yield log
 
 
-def make(B=2, Sq=96, Sk=160, H=4, Hkv=4, D=64, dtype=BF16):
-    """q, k, v, do, out (bf16) and lse (fp32) numpy arrays of a consistent problem."""
+def make(B=2, Sq=96, Sk=160, H=4, Hkv=4, D=64, dtype=BF16, Dv=None):
+    """q, k, v, do, out (bf16) and lse (fp32) numpy arrays of a consistent problem (``Dv``: v's head dim, default
+    ``D``)."""
+    Dv = D if Dv is None else Dv
     q = np.zeros((B, Sq, H, D), dtype)
     k = np.zeros((B, Sk, Hkv, D), dtype)
-    v = np.zeros((B, Sk, Hkv, D), dtype)
-    do = np.zeros((B, Sq, H, D), dtype)
-    out = np.zeros((B, Sq, H, D), dtype)
+    v = np.zeros((B, Sk, Hkv, Dv), dtype)
+    do = np.zeros((B, Sq, H, Dv), dtype)
+    out = np.zeros((B, Sq, H, Dv), dtype)
     lse = np.zeros((B, H, Sq), F32)
     return dict(do=do, q=q, k=k, v=v, out=out, lse=lse)
 
