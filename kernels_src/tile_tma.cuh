@@ -12,8 +12,8 @@ constexpr int padded_head_dim(int head_dim) { return head_dim == 96 ? 128 : head
 
 // NOTES: the value head dim (columns of v, out, dout, dv; DASH_HEAD_DIM_V, default DASH_HEAD_DIM) differs from the
 // query / key head dim only as (192, 128) (docs/decisions/tile-plans.md "Value head dim 128"). Tiles stay 192
-// columns wide; v and dout fill the first two panels of theirs (their maps are plain 128-column ones), and no GEMM
-// reads the third: O and dP contract or span 128 columns, and dV^T's head-dim rows stop at 128.
+// columns wide; v and dout fill the first two panels of theirs (their maps are plain 128-column ones), and no result
+// depends on the third: O and dP contract or span 128 columns, and dV^T's rows past 128 are not stored.
 // The compute width of v / dout tiles: equal head dims share the padding (96 -> 128).
 constexpr int value_compute_dim(int head_dim, int head_dim_v) {
   return head_dim_v == head_dim ? padded_head_dim(head_dim) : head_dim_v;

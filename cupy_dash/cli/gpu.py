@@ -81,7 +81,7 @@ def _demo_parser():
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--heads", type=int, default=16)
     p.add_argument("--seqlen", type=int, default=2048)
-    p.add_argument("--hdim", type=int, default=128, choices=(64, 96, 128, 256))
+    p.add_argument("--hdim", type=int, default=128, choices=(64, 96, 128, 192, 256))
     p.add_argument("--full", action="store_true", help="no causal mask (default: causal)")
     p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
     p.add_argument("--repeats", type=int, default=20, help="timed calls per measurement (median reported)")

@@ -13,7 +13,7 @@ is shorter than the keys), so ``s`` maps to ``(s - 1, 0)`` causal and ``(s - 1, 
 from __future__ import annotations
 
 NAME = "cupy_dash"
-HEAD_DIMS = (64, 96, 128, 256)   # kernels.BWD_HEAD_DIMS (a test of the transformers adapter keeps them equal)
+HEAD_DIMS = (64, 96, 128, 192, 256)   # kernels.BWD_HEAD_DIMS (a test of the transformers adapter keeps them equal)
 VALUE_HEAD_DIMS = {192: (128,)}  # kernels.VALUE_HEAD_DIMS (likewise)
 
 

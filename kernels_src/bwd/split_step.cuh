@@ -23,7 +23,9 @@ static_assert(kSplitHeadDim && kDqPieces == 2 && kKStages == 1 && kDoStages == 1
 constexpr int kHalfRegs = kDkvRegs / kDkvHalves;
 
 // Whether head-dim row d of dV^T (column d of dv) exists: value head dim 128 with 192 gives warpgroup 2 none, which
-// then neither computes nor stores dV^T (tile_tma.cuh).
+// then stores no dV^T (tile_tma.cuh).
+// NOTES: warpgroup 2 still issues its dV^T GEMMs (over the dO tile's third panel, which no load writes): skipping
+// them by a branch on wg made ptxas 13.0 inject warpgroup.arrive around the GEMMs (C7519).
 DASH_DEVICE constexpr bool has_value_rows(int d) { return kHeadDimV == kHeadDim || d < kHeadDimV; }
 
 // acc (64 head-dim rows x 64 keys) (+)= A B over the tile's kBlockM queries: A = the Q or dO tile read MN-major from
@@ -120,9 +122,7 @@ DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_gen
   const int d0 = kHeadRows * wg, pds = pds_stage(stage);
   wgmma_fence();
 #pragma unroll
-  for (int h = 0; h < kDkvHalves; ++h) {
-    if (has_value_rows(d0 + 64 * h)) gemm_head_by_keys(dV[h], s.dout(0), d0 + 64 * h, s.pt(pds), first_in_group);
-  }
+  for (int h = 0; h < kDkvHalves; ++h) gemm_head_by_keys(dV[h], s.dout(0), d0 + 64 * h, s.pt(pds), first_in_group);
   wgmma_commit();
   float dQ[kDqPieces][kDqRegs];
 #pragma unroll

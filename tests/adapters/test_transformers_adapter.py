@@ -113,7 +113,7 @@ def test_head_dim_and_mask_errors():
     rules.check_head_dims(LLAMA, 256, 256)          # Gemma
     assert rules.HEAD_DIMS == kernels.BWD_HEAD_DIMS             # the rules' copy of the backward's head dims
     assert rules.VALUE_HEAD_DIMS == kernels.VALUE_HEAD_DIMS
-    with pytest.raises(NotImplementedError, match=r"head dim 160.*64, 96, 128 or 256.*config\.head_dim"):
+    with pytest.raises(NotImplementedError, match=r"head dim 160.*64, 96, 128, 192 or 256.*config\.head_dim"):
         rules.check_head_dims(LLAMA, 160, 160)
     with pytest.raises(NotImplementedError, match="value head dim 64"):
         rules.check_head_dims(LLAMA, 128, 64)

@@ -102,7 +102,7 @@ def test_all_specs_cover_every_combination():
         kernels.fwd_spec("bfloat16", 192, False, 64)
     with pytest.raises(ValueError, match="head_dim_v 128 with head_dim 256"):
         kernels.bwd_specs("bfloat16", 256, False, head_dim_v=128)
-    # every forward head dim has a backward build; 192's is pending (the API refuses it)
+    # every forward head dim has a backward build (BWD_PENDING_HEAD_DIMS: built, refused by the API, none now)
     assert set(kernels.SUPPORTED_HEAD_DIMS) == set(kernels.BWD_BUILT_HEAD_DIMS)
     with pytest.raises(ValueError, match="for the backward"):
         kernels.bwd_specs("bfloat16", 160, False)
