@@ -228,7 +228,9 @@ def _torch_from_host(a, device):
 # Hkv, window, cap) with scores of several units, the float64 and low-precision references of both passes
 # ----------------------------------------------------------------------------------------------------------------
 def scaled_case_id(c) -> str:
+    """``c``'s head dim is an int, or (q / k's, v's) where they differ."""
     dtype, d, causal, sq, sk, h, hkv, window, cap = c
+    d = f"{d[0]}v{d[1]}" if isinstance(d, tuple) else d
     text = f"{dtype}-d{d}-{'causal' if causal else 'full'}-sq{sq}-sk{sk}-h{h}-hkv{hkv}-cap{cap:g}"
     return text + (f"-window{window[0]}_{window[1]}" if window != (-1, -1) else "")
 
@@ -242,10 +244,11 @@ def scaled_case_data(c, mag: float) -> dict:
     key = (scaled_case_id(c), mag)
     if key not in _SCALED:
         dtype, d, causal, sq, sk, h, hkv, window, cap = c
+        d, dv = d if isinstance(d, tuple) else (d, d)
         rng = np.random.default_rng(_seed(key[0]))
         q = (mag * _randn(rng, (1, sq, h, d), np.float32)).astype(DTYPES[dtype])
         k = (mag * _randn(rng, (1, sk, hkv, d), np.float32)).astype(DTYPES[dtype])
-        v, do = _randn(rng, (1, sk, hkv, d), DTYPES[dtype]), _randn(rng, (1, sq, h, d), DTYPES[dtype])
+        v, do = _randn(rng, (1, sk, hkv, dv), DTYPES[dtype]), _randn(rng, (1, sq, h, dv), DTYPES[dtype])
         kw = dict(causal=causal, window=window, softcap=cap)
         out, lse = reference.forward(q, k, v, **kw)
         out_lowp, lse_lowp = reference.forward_lowp(q, k, v, **kw)

@@ -31,6 +31,7 @@ CASES = [
     ("fp16", 256, False, 300, 777, 2, 1, (-1, -1), 5.0),
     ("fp16", 192, False, 300, 777, 2, 1, (-1, -1), 5.0),
     ("bf16", 192, True, 1000, 1000, 6, 2, (-1, -1), 30.0),
+    ("bf16", (192, 128), False, 777, 1000, 6, 2, (-1, -1), 30.0),   # value head dim 128 with 192
 ]
 MAG = 3.0       # q, k scaled so that scale * q.k reaches several units and the cap matters
 

@@ -47,11 +47,17 @@ class WinCase:
     batch: int = 2
     heads: int = 4
     kv_heads: int = 4
+    hdim_v: int = 0         # v's head dim where it differs from hdim (kernels.VALUE_HEAD_DIMS)
+
+    @property
+    def dv(self) -> int:
+        return self.hdim_v or self.hdim
 
     @property
     def id(self) -> str:
         mask = "causal" if self.causal else "full"
-        return (f"{self.dtype}-d{self.hdim}-{mask}-sq{self.seqlen_q}-sk{self.seqlen_k}-w{self.window[0]}_"
+        value = f"v{self.hdim_v}" if self.hdim_v else ""
+        return (f"{self.dtype}-d{self.hdim}{value}-{mask}-sq{self.seqlen_q}-sk{self.seqlen_k}-w{self.window[0]}_"
                 f"{self.window[1]}-b{self.batch}-h{self.heads}-hkv{self.kv_heads}")
 
     @property
@@ -80,6 +86,7 @@ CASES = [
     WinCase("bf16", 256, True, 1500, 777, (200, 0)),          # head dim 256: causal window, Sq > Sk
     WinCase("bf16", 192, False, 777, 1500, (100, 200)),       # head dim 192: both sides, Sq < Sk
     WinCase("bf16", 192, True, 1000, 1000, (257, 0)),         # head dim 192: causal sliding window
+    WinCase("bf16", 192, False, 777, 1500, (100, 200), hdim_v=128),  # value head dim 128 with 192
 ]
 GQA_CASES = [
     WinCase("bf16", 128, True, 1000, 1000, (300, 0), heads=8, kv_heads=2),
@@ -88,6 +95,7 @@ GQA_CASES = [
     WinCase("bf16", 64, False, 1200, 640, (0, 64), heads=8, kv_heads=4),
     WinCase("bf16", 256, True, 1000, 1000, (300, 0), heads=8, kv_heads=2),
     WinCase("bf16", 192, False, 1000, 1000, (100, 50), heads=6, kv_heads=2),
+    WinCase("bf16", 192, True, 1000, 1000, (300, 0), heads=6, kv_heads=2, hdim_v=128),
 ]
 
 
@@ -96,9 +104,9 @@ def _data(case: WinCase) -> dict:
     """Inputs (seeded by the case id) and the float64 / low-precision forward and backward of one case."""
     rng = np.random.default_rng(_seed(case.id))
     dt = case.np_dtype
-    b, sq, sk, h, hk, d = case.batch, case.seqlen_q, case.seqlen_k, case.heads, case.kv_heads, case.hdim
-    x = dict(q=_randn(rng, (b, sq, h, d), dt), k=_randn(rng, (b, sk, hk, d), dt), v=_randn(rng, (b, sk, hk, d), dt),
-             do=_randn(rng, (b, sq, h, d), dt))
+    b, sq, sk, h, hk, d, dv = case.batch, case.seqlen_q, case.seqlen_k, case.heads, case.kv_heads, case.hdim, case.dv
+    x = dict(q=_randn(rng, (b, sq, h, d), dt), k=_randn(rng, (b, sk, hk, d), dt), v=_randn(rng, (b, sk, hk, dv), dt),
+             do=_randn(rng, (b, sq, h, dv), dt))
     kw = dict(causal=case.causal, window=case.window)
     x["out_ref"], x["lse_ref"] = reference.forward(x["q"], x["k"], x["v"], **kw)
     x["out_lowp"], x["lse_lowp"] = reference.forward_lowp(x["q"], x["k"], x["v"], dtype=dt, **kw)
@@ -128,10 +136,10 @@ def _gpu_forward(case, data):
 
 def _check_grads(case, data, grads):
     """Shapes, finiteness, exact zeros where no (query, key) pair is visible, FA3's rule for dq, dk, dv."""
-    b, sq, sk, h, hk, d = case.batch, case.seqlen_q, case.seqlen_k, case.heads, case.kv_heads, case.hdim
+    b, sq, sk, h, hk, d, dv = case.batch, case.seqlen_q, case.seqlen_k, case.heads, case.kv_heads, case.hdim, case.dv
     mask = case.mask()
     blind_rows, unseen_keys = ~mask.any(axis=1), ~mask.any(axis=0)
-    for name, x, shape in zip(("dq", "dk", "dv"), grads, ((b, sq, h, d), (b, sk, hk, d), (b, sk, hk, d))):
+    for name, x, shape in zip(("dq", "dk", "dv"), grads, ((b, sq, h, d), (b, sk, hk, d), (b, sk, hk, dv))):
         assert isinstance(x, cupy.ndarray) and tuple(x.shape) == shape, f"{name}: {type(x)} {x.shape} != {shape}"
         assert np.dtype(x.dtype) == case.np_dtype
         host = _host(x)
