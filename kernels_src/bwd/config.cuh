@@ -117,10 +117,14 @@ constexpr int kKStages = !DqLayout::kTransposed && !kSplitHeadDim ? kBwdKStages 
 // warpgroup, its dQ slice written (MMA warpgroup arrives, dQ writer warp syncs) and free again (the other way
 // round); in a folded backward (fold.cuh), the dQ writer warp's adds done (writer arrives, MMA warpgroups sync) and
 // the MMA warpgroups among themselves.
+// NOTES: head dim 256 hands each dQ piece over in two halves, each with its own slot (half of the warpgroup's
+// staging) and barrier pair, so that a warpgroup stores one half while the writer's copy reads the other and the next
+// piece's first half waits only for the first half's drain (docs/decisions/tile-plans.md "Head dims 192 and 256").
+constexpr int kDqHalves = kHeadDim == 256 ? 2 : 1;
 constexpr int kBarPdS = 1;
-constexpr int kBarDqFull = kBarPdS + 1;                            // + wg + kNumMmaWg * dQ stage
-constexpr int kBarDqEmpty = kBarDqFull + kNumMmaWg;                // + wg
-constexpr int kBarDqDone = kBarDqEmpty + kNumMmaWg;
+constexpr int kBarDqFull = kBarPdS + 1;                            // + kDqHalves wg + half
+constexpr int kBarDqEmpty = kBarDqFull + kDqHalves * kNumMmaWg;    // + kDqHalves wg + half
+constexpr int kBarDqDone = kBarDqEmpty + kDqHalves * kNumMmaWg;
 constexpr int kBarFold = kBarDqDone + 1;
 constexpr int kBarWriterToken = kBarFold + 1;                     // + the dQ writer warp that waits for it
 constexpr int kBarPdSFree = kBarWriterToken + 2;                  // head dim 192: the P / dS tiles free again
@@ -148,13 +152,20 @@ DASH_DEVICE void dq_handoff_barrier_at() {
   }
 }
 
-// The dQ hand-off between MMA warpgroup wg (warp-uniform) and the dQ writer warp through wg's staging slice: waits
-// at (kSync) or arrives at named barrier kBase + wg, kBase being kBarDqFull or kBarDqEmpty. The ids stay
-// immediates (ptx/named_barrier.cuh).
+// The dQ hand-off between MMA warpgroup wg (warp-uniform) and the dQ writer warp through wg's staging slice (half
+// `half` of it with kDqHalves 2): waits at (kSync) or arrives at named barrier kBase + kDqHalves wg + half, kBase
+// being kBarDqFull or kBarDqEmpty. The ids stay immediates (ptx/named_barrier.cuh).
 template <int kBase, bool kSync>
-DASH_DEVICE void dq_handoff_barrier(int wg) {
+DASH_DEVICE void dq_handoff_barrier(int wg, int half = 0) {
   static_assert(kNumMmaWg == 2 || kNumMmaWg == 3, "two or three MMA warpgroups");
-  if (wg == 0) {
+  static_assert(kDqHalves == 1 || kNumMmaWg == 2, "halves: two MMA warpgroups");
+  if constexpr (kDqHalves == 2) {
+    if (wg == 0) {
+      if (half == 0) dq_handoff_barrier_at<kBase, kSync>(); else dq_handoff_barrier_at<kBase + 1, kSync>();
+    } else {
+      if (half == 0) dq_handoff_barrier_at<kBase + 2, kSync>(); else dq_handoff_barrier_at<kBase + 3, kSync>();
+    }
+  } else if (wg == 0) {
     dq_handoff_barrier_at<kBase, kSync>();
   } else if (kNumMmaWg == 2 || wg == 1) {
     dq_handoff_barrier_at<kBase + 1, kSync>();

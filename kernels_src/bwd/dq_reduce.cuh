@@ -40,14 +40,54 @@ DASH_DEVICE void dq_staging_free() {
   if constexpr (kNumMmaWg == 3) dq_handoff_barrier<kBarDqEmpty, false>(2);
 }
 
-// The slice of one MMA warpgroup into its part of the dq_accum tile: stored by the first visit of the tile's
-// reduction order (deterministic mode: the tile was not zeroed), added by every later one.
+// Half `half` of both MMA warpgroups' staging may be overwritten (kDqHalves 2).
+DASH_DEVICE void dq_half_free(int half) {
+  dq_handoff_barrier<kBarDqEmpty, false>(0, half);
+  dq_handoff_barrier<kBarDqEmpty, false>(1, half);
+}
+
+// The slice (kBytes of it) of one MMA warpgroup into its part of the dq_accum tile: stored by the first visit of the
+// tile's reduction order (deterministic mode: the tile was not zeroed), added by every later one.
+template <int kBytes = SmemLayout::kDqSlice>
 DASH_DEVICE void put_slice(float* dst, uint32_t slice, bool first) {
   if (first) {
-    bulk_store(dst, slice, SmemLayout::kDqSlice);
+    bulk_store(dst, slice, kBytes);
   } else {
-    bulk_reduce_add_f32(dst, slice, SmemLayout::kDqSlice);
+    bulk_reduce_add_f32(dst, slice, kBytes);
   }
+}
+
+// Half `half` of piece `piece` of both MMA warpgroups (kDqHalves 2), as they hand it over: put into the tile
+// (skipped after a failed wait: ok false) as one bulk group.
+DASH_DEVICE void put_half(const Smem& s, float* tile, int piece, int half, bool first, bool ok, int lane) {
+  constexpr int kHalfFloats = kDqPieceFloats / 2, kHalfBytes = SmemLayout::kDqSlice / 2;
+#pragma unroll
+  for (int wg = 0; wg < 2; ++wg) {
+    dq_handoff_barrier<kBarDqFull, true>(wg, half);
+    if (lane == 0 && ok) {
+      put_slice<kHalfBytes>(tile + (kDqPieces * wg + piece) * kDqPieceFloats + half * kHalfFloats,
+                            s.dq(wg) + half * kHalfBytes, first);
+    }
+  }
+  if (lane == 0) bulk_commit();
+}
+
+// A visit's pieces in halves (kDqHalves 2), in the order piece 0 half 0, half 1, piece 1 half 0, ...: after each
+// half but the first the previous one's copies have been read (wait_group.read 1) and its slots are freed, the last
+// one's at the end (wait_group.read 0); a slot's last use in the CTA (more: false) is not freed, as no one waits.
+DASH_DEVICE void put_halves(const Smem& s, float* tile, bool first, bool ok, bool more, int lane) {
+#pragma unroll
+  for (int i = 0; i < 2 * kDqPieces; ++i) {
+    put_half(s, tile, i / 2, i % 2, first, ok, lane);
+    if (i > 0) {
+      if (lane == 0) bulk_wait_read<1>();
+      __syncwarp();
+      if (more || i + 1 < 2 * kDqPieces) dq_half_free((i - 1) % 2);
+    }
+  }
+  if (lane == 0) bulk_wait_read<0>();
+  __syncwarp();
+  if (more) dq_half_free(1);
 }
 
 // Piece `piece` of every MMA warpgroup (at float (kDqPieces wg + piece) kDqPieceFloats of the tile), as they hand it
@@ -79,11 +119,18 @@ DASH_DEVICE void put_piece(const Smem& s, float* tile, int piece, bool first, bo
 // that preprocess zeroed. After a failed wait this CTA skips its adds and releases (the result is
 // discarded: the host raises) but keeps handing the slices back, so that the MMA warpgroups finish.
 DASH_DEVICE void write_dq(const BwdParams& p, const ScheduleView& sched, const Smem& s, int writer, int lane) {
-  // NOTES: the MMA warpgroups wait for the staging slices to be free once per dQ piece (kDqPieces per visit), so
-  // they are freed once for each piece: up front for the first, then after each piece that has a successor
-  // (named barriers count arrivals: none may be left over). Writer w runs visits j = w, w + kDqWriters, ...
+  // NOTES: the MMA warpgroups wait for the staging slices to be free once per dQ piece (kDqPieces per visit; per
+  // half with kDqHalves 2), so they are freed once for each: up front for the first, then after each that has a
+  // successor (named barriers count arrivals: none may be left over). Writer w runs visits j = w, w + kDqWriters, ...
   // (bwd/config.cuh's kDqWriters).
-  if (writer == 0) dq_staging_free();
+  if (writer == 0) {
+    if constexpr (kDqHalves == 2) {
+      dq_half_free(0);
+      dq_half_free(1);
+    } else {
+      dq_staging_free();
+    }
+  }
   const bool deterministic = p.dq_semaphore != nullptr;
   bool ok = true;
   int jv = writer;
@@ -104,12 +151,16 @@ DASH_DEVICE void write_dq(const BwdParams& p, const ScheduleView& sched, const S
       if (jv > 0) writer_token<true>(writer);
     }
     if (lane == 0) stamp(p, v, kStampTurn);
-    put_piece(s, tile, 0, rank == 0, ok, lane);
-    if constexpr (kDqPieces == 2) {
-      dq_staging_free();
-      put_piece(s, tile, 1, rank == 0, ok, lane);
+    if constexpr (kDqHalves == 2) {
+      put_halves(s, tile, rank == 0, ok, v + 1 < sched.end, lane);
+    } else {
+      put_piece(s, tile, 0, rank == 0, ok, lane);
+      if constexpr (kDqPieces == 2) {
+        dq_staging_free();
+        put_piece(s, tile, 1, rank == 0, ok, lane);
+      }
+      if (v + 1 < sched.end) dq_staging_free();
     }
-    if (v + 1 < sched.end) dq_staging_free();
     if (kDqWriters == 2 && v + 1 < sched.end) writer_token<false>(writer ^ 1);
     if (deterministic && lane == 0 && ok) {
       bulk_wait<0>();

@@ -238,12 +238,33 @@ DASH_DEVICE void store_dq(uint32_t slice, const float (&dQ)[kDqRegs], int tid) {
   }
 }
 
-// Hands this warpgroup's dQ piece to the dQ writer through its staging slice.
+// Hands this warpgroup's dQ piece to the dQ writer through its staging slice; with kDqHalves 2 in two halves (float4
+// groups c < kDqRegs / 8 and the rest: the first and second half of the slice's fragment order), each into its own
+// half of the slice behind its own barrier pair.
 DASH_DEVICE void hand_dq_to_writer(const Smem& s, const float (&dQ)[kDqRegs], int wg, int tid) {
-  dq_handoff_barrier<kBarDqEmpty, true>(wg);
-  store_dq(s.dq(wg), dQ, tid);
-  fence_proxy_async_smem();
-  dq_handoff_barrier<kBarDqFull, false>(wg);
+  if constexpr (kDqHalves == 2) {
+    static_assert(kDqRegs % 8 == 0, "two halves of whole float4 groups");
+    constexpr int kHalfC = kDqRegs / 8;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      dq_handoff_barrier<kBarDqEmpty, true>(wg, half);
+      const uint32_t slot = s.dq(wg) + half * (SmemLayout::kDqSlice / 2);
+#pragma unroll
+      for (int c = 0; c < kHalfC; ++c) {
+        const int r = 4 * (half * kHalfC + c);
+        asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(slot + 16 * (128 * c + tid)), "f"(dQ[r]),
+                     "f"(dQ[r + 1]), "f"(dQ[r + 2]), "f"(dQ[r + 3])
+                     : "memory");
+      }
+      fence_proxy_async_smem();
+      dq_handoff_barrier<kBarDqFull, false>(wg, half);
+    }
+  } else {
+    dq_handoff_barrier<kBarDqEmpty, true>(wg);
+    store_dq(s.dq(wg), dQ, tid);
+    fence_proxy_async_smem();
+    dq_handoff_barrier<kBarDqFull, false>(wg);
+  }
 }
 
 
