@@ -46,6 +46,7 @@ import sys
 import time
 
 from cupy_dash.cli.measure import ATOMIC, SCHEDULES, CupyEvents, attention_flops, random_tensor, time_calls
+from cupy_dash.cuda import kernels
 
 # the modules beside this script (its folder is first on sys.path when it runs as `python benchmarks/bench.py`)
 from bench_host import measure_compile_times, measure_host_overhead
@@ -105,14 +106,12 @@ def bench_config(cfg, buffers, opts, peers=(), fa3=False):
     import cupy_dash
 
     B, S, H, D, causal = cfg["batch"], cfg["seqlen"], cfg["heads"], cfg["hdim"], cfg["causal"]
-    Hkv = cfg.get("heads_kv", H)
+    Hkv, Dv = cfg.get("heads_kv", H), cfg.get("hdim_v") or cfg["hdim"]
     cap = dict(softcap=opts["softcap"]) if opts.get("softcap") else {}
-    shape, kv_shape = (B, S, H, D), (B, S, Hkv, D)
-    kv_size = B * S * Hkv * D
-    sets = [{n: buf[n].reshape(shape) if n in ("q", "do") else buf[n][:kv_size].reshape(kv_shape)
-             for n in ("q", "k", "v", "do")} for buf in buffers]
-    f_fwd = attention_flops(B, H, S, S, D, causal, "fwd")
-    f_bwd = attention_flops(B, H, S, S, D, causal, "bwd")
+    shapes = dict(q=(B, S, H, D), k=(B, S, Hkv, D), v=(B, S, Hkv, Dv), do=(B, S, H, Dv))
+    sets = [{n: buf[n][:math.prod(shape)].reshape(shape) for n, shape in shapes.items()} for buf in buffers]
+    f_fwd = attention_flops(B, H, S, S, D, causal, "fwd", Dv)
+    f_bwd = attention_flops(B, H, S, S, D, causal, "bwd", Dv)
     results = {}
     ev = CupyEvents()
     flush = None
@@ -166,7 +165,7 @@ def bench_config(cfg, buffers, opts, peers=(), fa3=False):
         measure(key, bwd)
 
     flops = dict(fwd=f_fwd, bwd=f_bwd)
-    if Hkv != H or cap:     # the peers here take H == Hkv and no logit cap; such runs compare cupy_dash with itself
+    if Hkv != H or cap or Dv != D:  # the peers here take H == Hkv, no logit cap and one head dim: cupy_dash alone
         peers, fa3 = (), False
     for peer in peers:
         peer.measure(sets, causal, flops, measure, time_calls, _summary, flush, timing, fwd_only=fwd_only)
@@ -258,6 +257,8 @@ def build_parser(prog=None):
         "16k tokens per batch, H*D = 2048, bf16.")
     p.add_argument("--seqlens", nargs="+", default=None, help=f"sequence lengths (default {DEFAULT_SEQLENS})")
     p.add_argument("--hdims", nargs="+", default=None, help="head dims (default 64 128)")
+    p.add_argument("--hdim-v", type=int, default=None,
+                   help="v's head dim where it differs from --hdims' (kernels.VALUE_HEAD_DIMS: 128 with 192)")
     p.add_argument("--masks", nargs="+", default=None, help="full and/or causal (default both)")
     p.add_argument("--schedules", nargs="+", default=None,
                    help=f"backward schedules; '{ATOMIC}' = deterministic=False (default: all of "
@@ -315,7 +316,8 @@ def parse_args(argv=None, prog=None):
         input_sets=max(1, args.input_sets), flush_l2=args.flush_l2, dtype=args.dtype, tokens=args.tokens,
         hidden=args.hidden, quick=args.quick, torch=not args.no_torch, fa3=not args.no_fa3,
         overhead=not args.no_overhead, fwd_only=args.fwd_only, group=args.group, softcap=args.softcap,
-        compile=not args.no_compile, out=args.out, prog=prog, pending_head_dims=args.pending_head_dims)
+        compile=not args.no_compile, out=args.out, prog=prog, pending_head_dims=args.pending_head_dims,
+        hdim_v=args.hdim_v)
     for m in opts["masks"]:
         if m not in ("full", "causal"):
             raise SystemExit(f"--masks: expected full and/or causal, got {m!r}")
@@ -334,6 +336,9 @@ def parse_args(argv=None, prog=None):
         if opts["tokens"] % s:
             raise SystemExit(f"--seqlens: {s} does not divide the {opts['tokens']} tokens per batch")
     for d in opts["hdims"]:
+        if opts["hdim_v"] not in (None, d, *kernels.VALUE_HEAD_DIMS.get(d, ())):
+            raise SystemExit(f"--hdim-v: {opts['hdim_v']} is not a value head dim of head dim {d} "
+                             f"(kernels.VALUE_HEAD_DIMS: {kernels.VALUE_HEAD_DIMS})")
         if opts["hidden"] % d:
             raise SystemExit(f"--hdims: {d} does not divide the hidden size {opts['hidden']}")
         if opts["group"] < 1 or (opts["hidden"] // d) % opts["group"]:
@@ -347,7 +352,6 @@ def run(opts, argv=(), checkpoint=None):
     import cupy
 
     if opts.get("pending_head_dims"):
-        from cupy_dash.cuda import kernels
         kernels.BWD_HEAD_DIMS = kernels.BWD_BUILT_HEAD_DIMS
     peers, missing, fa3 = load_peers(opts["torch"], opts["fa3"], _log)
     torch_mod = next((p.torch for p in peers if p.name == "torch"), None)
@@ -371,6 +375,8 @@ def run(opts, argv=(), checkpoint=None):
             for S in opts["seqlens"]:
                 cfg = dict(hdim=hdim, causal=mask == "causal", seqlen=S, batch=opts["tokens"] // S,
                            heads=opts["hidden"] // hdim)
+                if opts.get("hdim_v") not in (None, hdim):
+                    cfg["hdim_v"] = opts["hdim_v"]
                 cfg["heads_kv"] = cfg["heads"] // opts.get("group", 1)
                 _log(f"  d{hdim} {mask} S={S} B={cfg['batch']} H={cfg['heads']} Hkv={cfg['heads_kv']}")
                 report["configs"].append(bench_config(cfg, buffers, opts, peers, fa3))

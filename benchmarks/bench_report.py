@@ -57,6 +57,16 @@ def _row_keys(configs):
     return [k for k in order if k in keys] + [k for k in keys if k not in order]
 
 
+def _dims(cfg) -> tuple:
+    """(head dim, value head dim) of a configuration (bench.py's ``hdim_v`` where v's head dim differs)."""
+    return cfg["hdim"], cfg.get("hdim_v") or cfg["hdim"]
+
+
+def _dims_label(dims) -> str:
+    hdim, hdim_v = dims
+    return f"head dim {hdim}" + (f", value head dim {hdim_v}" if hdim_v != hdim else "")
+
+
 def _best_det(results):
     """The fastest deterministic cupy_dash schedule of one configuration: (key, entry) or (None, None)."""
     best = (None, None)
@@ -73,9 +83,9 @@ def _repeat_table(configs, groups):
     if not keys:
         return []
     lines = ["## Deterministic backward: identical bits on a second call?", ""]
-    for hdim, causal in groups:
-        cfgs = sorted((c for c in configs if (c["hdim"], c["causal"]) == (hdim, causal)), key=lambda c: c["seqlen"])
-        lines += [f"| head dim {hdim}, {'causal' if causal else 'full'} | " +
+    for dims, causal in groups:
+        cfgs = sorted((c for c in configs if (_dims(c), c["causal"]) == (dims, causal)), key=lambda c: c["seqlen"])
+        lines += [f"| {_dims_label(dims)}, {'causal' if causal else 'full'} | " +
                   " | ".join(_seq_label(c["seqlen"]) for c in cfgs) + " |", "|" + "---|" * (len(cfgs) + 1)]
         for key in keys:
             cells = []
@@ -98,16 +108,16 @@ def plot_report(report, path):
     import matplotlib.pyplot as plt
 
     configs = report["configs"]
-    hdims = sorted({c["hdim"] for c in configs})
+    hdims = sorted({_dims(c) for c in configs})
     masks = [m for m in (False, True) if any(c["causal"] == m for c in configs)]
     rows = [(kind, hdim) for hdim in hdims for kind in ("fwd", "bwd")
-            if any(kind in k for c in configs if c["hdim"] == hdim for k in c["results"])]
+            if any(kind in k for c in configs if _dims(c) == hdim for k in c["results"])]
     fig, axes = plt.subplots(len(rows), len(masks), figsize=(6.5 * len(masks), 4.2 * len(rows)), squeeze=False)
     styles = {"dash": dict(lw=2), "torch": dict(ls="--"), "fa3": dict(ls=":", lw=2)}
     for r, (kind, hdim) in enumerate(rows):
         for col, causal in enumerate(masks):
             ax = axes[r][col]
-            cfgs = sorted((c for c in configs if c["hdim"] == hdim and c["causal"] == causal),
+            cfgs = sorted((c for c in configs if _dims(c) == hdim and c["causal"] == causal),
                           key=lambda c: c["seqlen"])
             for key in _row_keys(cfgs):
                 if kind not in key:
@@ -120,7 +130,7 @@ def plot_report(report, path):
             ax.set_xscale("log", base=2)
             ax.set_xticks([c["seqlen"] for c in cfgs], [_seq_label(c["seqlen"]) for c in cfgs])
             name = "forward" if kind == "fwd" else "backward"
-            ax.set_title(f"{name}, head dim {hdim}, {'causal' if causal else 'full'}")
+            ax.set_title(f"{name}, {_dims_label(hdim)}, {'causal' if causal else 'full'}")
             ax.set_xlabel("sequence length (16k tokens per batch)")
             ax.set_ylabel("TFLOP/s")
             ax.grid(alpha=0.3)
@@ -155,15 +165,15 @@ def markdown_report(report):
     configs = report["configs"]
     groups = []
     for cfg in configs:
-        g = (cfg["hdim"], cfg["causal"])
+        g = (_dims(cfg), cfg["causal"])
         if g not in groups:
             groups.append(g)
     for unit, fmt in (("TFLOP/s", _fmt_tflops), ("median ms", _fmt_ms)):
         lines += [f"## {unit}", ""]
-        for hdim, causal in groups:
-            cfgs = sorted((c for c in configs if (c["hdim"], c["causal"]) == (hdim, causal)),
+        for dims, causal in groups:
+            cfgs = sorted((c for c in configs if (_dims(c), c["causal"]) == (dims, causal)),
                           key=lambda c: c["seqlen"])
-            head = f"| head dim {hdim}, {'causal' if causal else 'full'} | " + \
+            head = f"| {_dims_label(dims)}, {'causal' if causal else 'full'} | " + \
                 " | ".join(_seq_label(c["seqlen"]) for c in cfgs) + " |"
             lines += [head, "|" + "---|" * (len(cfgs) + 1)]
             for key in _row_keys(cfgs):

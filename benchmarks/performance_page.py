@@ -70,14 +70,15 @@ def _steady_sections(results: Path) -> list:
 
 
 def _key(cfg) -> tuple:
-    return cfg["hdim"], bool(cfg["causal"]), _group(cfg), cfg["heads"] * cfg["hdim"]
+    return cfg["hdim"], bool(cfg["causal"]), _group(cfg), cfg["heads"] * cfg["hdim"], cfg.get("hdim_v") or cfg["hdim"]
 
 
 def _title(key) -> str:
-    hdim, causal, group, hidden = key
+    hdim, causal, group, hidden, hdim_v = key
+    value = f", value head dim {hdim_v}" if hdim_v != hdim else ""
     gqa = f", GQA {group} query heads per KV head" if group > 1 else ""
     width = f", H·D = {hidden}" if hidden != 2048 else ""
-    return f"Head dim {hdim}, {'causal' if causal else 'full'} mask{gqa}{width}"
+    return f"Head dim {hdim}{value}, {'causal' if causal else 'full'} mask{gqa}{width}"
 
 
 def _measurement(meta) -> str:

@@ -15,16 +15,15 @@ ATOMIC = "atomic"                      # the backward with deterministic=False
 SCHEDULES = ("fa3", "descending", "shift", "symmetric_shift", "auto")    # the deterministic backward's schedules
 
 
-def attention_flops(batch, heads, seqlen_q, seqlen_k, head_dim, causal, mode="fwd"):
-    """FLOPs of one attention call, FA3 paper convention: fwd 4·B·H·Sq·Sk·D (×½ causal), bwd 2.5× fwd."""
-    f = 4.0 * batch * heads * seqlen_q * seqlen_k * head_dim
-    if causal:
-        f *= 0.5
-    if mode == "bwd":
-        f *= 2.5
-    elif mode != "fwd":
+def attention_flops(batch, heads, seqlen_q, seqlen_k, head_dim, causal, mode="fwd", head_dim_v=None):
+    """FLOPs of one attention call, FA3 paper convention: fwd 4·B·H·Sq·Sk·D (×½ causal), bwd 2.5× fwd. With a value
+    head dim Dv (``head_dim_v``) each GEMM counts its own width: fwd 2·B·H·Sq·Sk·(D + Dv), bwd 2·B·H·Sq·Sk·(3 D +
+    2 Dv) (S, dQ, dK over D; dP, dV over Dv), the same numbers where Dv = D."""
+    if mode not in ("fwd", "bwd"):
         raise ValueError(f"mode must be 'fwd' or 'bwd', got {mode!r}")
-    return f
+    dv = head_dim if head_dim_v is None else head_dim_v
+    f = 2.0 * batch * heads * seqlen_q * seqlen_k * ((head_dim + dv) if mode == "fwd" else (3 * head_dim + 2 * dv))
+    return f * 0.5 if causal else f
 
 
 def random_tensor(shape, dtype="bf16", seed=0):

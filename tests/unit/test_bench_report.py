@@ -105,3 +105,22 @@ def test_with_kernels_runs_a_script_with_other_kernel_sources(tmp_path):
     p = _run("benchmarks/with_kernels.py", str(src), str(script), "--x", "1")
     assert p.returncode == 0, p.stderr
     assert p.stdout.split() == [str(src), "['--x',", "'1']", str(tmp_path)]
+
+
+def test_value_head_dim_in_the_arguments_flops_and_report(tmp_path):
+    """--hdim-v: accepted where kernels.VALUE_HEAD_DIMS has it (a SystemExit naming it otherwise), FLOPs per GEMM
+    width, its own table and panel apart from the equal-width runs."""
+    from cupy_dash.cli.measure import attention_flops
+    assert bench.parse_args(["--hdims", "192", "--hdim-v", "128", "--hidden", "1536"])["hdim_v"] == 128
+    with pytest.raises(SystemExit, match="--hdim-v: 128 is not a value head dim of head dim 64"):
+        bench.parse_args(["--hdims", "64", "--hdim-v", "128"])
+    assert attention_flops(2, 8, 1024, 1024, 128, False, "bwd") == 2.5 * attention_flops(2, 8, 1024, 1024, 128, False)
+    assert attention_flops(1, 1, 10, 10, 192, True, "fwd", 128) == 2 * 100 * (192 + 128) / 2
+    assert attention_flops(1, 1, 10, 10, 192, False, "bwd", 128) == 2 * 100 * (3 * 192 + 2 * 128)
+    report = _report()
+    res = {"dash_fwd": dict(median_ms=1.0, tflops=300.0), "dash_bwd_auto": dict(median_ms=2.0, tflops=200.0)}
+    report["configs"] += [dict(hdim=192, hdim_v=128, causal=False, seqlen=1024, results=res),
+                          dict(hdim=192, causal=False, seqlen=1024, results=res)]
+    md = bench_report.markdown_report(report)
+    assert "| head dim 192, value head dim 128, full | 1k |" in md and "| head dim 192, full | 1k |" in md
+    bench_report.plot_report(report, str(tmp_path / "v.png"))
