@@ -118,8 +118,9 @@ constexpr int kKStages = !DqLayout::kTransposed && !kSplitHeadDim ? kBwdKStages 
 // round); in a folded backward (fold.cuh), the dQ writer warp's adds done (writer arrives, MMA warpgroups sync) and
 // the MMA warpgroups among themselves.
 // NOTES: head dim 256 hands each dQ piece over in two halves, each with its own slot (half of the warpgroup's
-// staging) and barrier pair, so that a warpgroup stores one half while the writer's copy reads the other and the next
-// piece's first half waits only for the first half's drain (docs/decisions/tile-plans.md "Head dims 192 and 256").
+// staging) and barrier pair, so that a warpgroup stores one half while the writer's copy reads the other and the
+// next piece's first half waits only for the first half's drain (docs/decisions/tile-plans.md "Head dims 192 and
+// 256").
 constexpr int kDqHalves = kHeadDim == 256 ? 2 : 1;
 constexpr int kBarPdS = 1;
 constexpr int kBarDqFull = kBarPdS + 1;                            // + kDqHalves wg + half

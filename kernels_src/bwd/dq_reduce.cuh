@@ -121,8 +121,8 @@ DASH_DEVICE void put_piece(const Smem& s, float* tile, int piece, bool first, bo
 DASH_DEVICE void write_dq(const BwdParams& p, const ScheduleView& sched, const Smem& s, int writer, int lane) {
   // NOTES: the MMA warpgroups wait for the staging slices to be free once per dQ piece (kDqPieces per visit; per
   // half with kDqHalves 2), so they are freed once for each: up front for the first, then after each that has a
-  // successor (named barriers count arrivals: none may be left over). Writer w runs visits j = w, w + kDqWriters, ...
-  // (bwd/config.cuh's kDqWriters).
+  // successor (named barriers count arrivals: none may be left over). Writer w runs visits j = w, w + kDqWriters,
+  // ... (bwd/config.cuh's kDqWriters).
   if (writer == 0) {
     if constexpr (kDqHalves == 2) {
       dq_half_free(0);
