@@ -49,6 +49,12 @@ def _config(model):
         return transformers.Gemma2Config(num_hidden_layers=2, num_key_value_heads=2, head_dim=64,
                                          query_pre_attn_scalar=64, sliding_window=16, attn_logit_softcapping=2.0,
                                          **common)
+    if model == "deepseek_v3":      # MLA: query / key head dim 192 (128 + 64 rotary), value head dim 128; dense MLPs
+        if not hasattr(transformers, "DeepseekV3Config"):
+            pytest.skip(f"transformers {transformers.__version__} has no DeepSeek-V3 model")
+        return transformers.DeepseekV3Config(num_hidden_layers=2, num_key_value_heads=4, first_k_dense_replace=2,
+                                             q_lora_rank=None, kv_lora_rank=64, qk_nope_head_dim=128,
+                                             qk_rope_head_dim=64, v_head_dim=128, **common)
     if model == "modernbert":       # bidirectional; layer 0 global, layers 1-2 |i - j| <= 16
         return transformers.ModernBertConfig(num_hidden_layers=3, local_attention=32, cls_token_id=1,
                                              sep_token_id=2, global_attn_every_n_layers=3, **common)
@@ -143,7 +149,7 @@ def _reference(model, seqs, weights):
     return np.concatenate(outs), grads
 
 
-CASES = [(m, layout) for m in ("llama_d64", "llama_d128", "qwen2_sliding", "gemma2", "modernbert")
+CASES = [(m, layout) for m in ("llama_d64", "llama_d128", "qwen2_sliding", "gemma2", "modernbert", "deepseek_v3")
          for layout in ("dense", "right", "left", "packed_position_ids", "packed_cu_seq_lens")
          if not (m == "modernbert" and layout == "packed_position_ids")]   # ModernBERT keeps position_ids to itself
 
