@@ -336,7 +336,7 @@ def parse_args(argv=None, prog=None):
         if opts["tokens"] % s:
             raise SystemExit(f"--seqlens: {s} does not divide the {opts['tokens']} tokens per batch")
     for d in opts["hdims"]:
-        if opts["hdim_v"] not in (None, d, *kernels.VALUE_HEAD_DIMS.get(d, ())):
+        if opts["hdim_v"] is not None and opts["hdim_v"] not in kernels.value_head_dims(d):
             raise SystemExit(f"--hdim-v: {opts['hdim_v']} is not a value head dim of head dim {d} "
                              f"(kernels.VALUE_HEAD_DIMS: {kernels.VALUE_HEAD_DIMS})")
         if opts["hidden"] % d:

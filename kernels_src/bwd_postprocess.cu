@@ -15,9 +15,7 @@
 #ifdef DASH_NUM_THREADS
 static_assert(DASH_NUM_THREADS == bwd_rows_pass::kPassThreads, "launched with 256 threads");
 #endif
-static_assert(DASH_HEAD_DIM == 64 || DASH_HEAD_DIM == 96 || DASH_HEAD_DIM == 128 || DASH_HEAD_DIM == 192 ||
-                  DASH_HEAD_DIM == 256,
-              "head dim 64, 96, 128, 192 or 256");
+static_assert(supported_head_dim(DASH_HEAD_DIM), "head dim 64, 96, 128, 192 or 256");
 
 extern "C" __global__ void __launch_bounds__(bwd_rows_pass::kPassThreads)
     dash_bwd_postprocess(const __grid_constant__ BwdParams p) {

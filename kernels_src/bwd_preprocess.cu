@@ -16,14 +16,8 @@
 #ifdef DASH_NUM_THREADS
 static_assert(DASH_NUM_THREADS == bwd_rows_pass::kPassThreads, "launched with 256 threads");
 #endif
-static_assert(DASH_HEAD_DIM == 64 || DASH_HEAD_DIM == 96 || DASH_HEAD_DIM == 128 || DASH_HEAD_DIM == 192 ||
-                  DASH_HEAD_DIM == 256,
-              "head dim 64, 96, 128, 192 or 256");
-#ifndef DASH_HEAD_DIM_V
-#define DASH_HEAD_DIM_V DASH_HEAD_DIM  // the value head dim (out, dout): tile_tma.cuh
-#endif
-static_assert(DASH_HEAD_DIM_V == DASH_HEAD_DIM || (DASH_HEAD_DIM == 192 && DASH_HEAD_DIM_V == 128),
-              "value head dim: the query / key head dim, or 128 with 192");
+static_assert(supported_head_dim(DASH_HEAD_DIM), "head dim 64, 96, 128, 192 or 256");
+static_assert(supported_value_head_dim(DASH_HEAD_DIM, DASH_HEAD_DIM_V), "value head dim: q's, or 128 with 192");
 static_assert(DASH_BLOCK_M == 128 || DASH_BLOCK_M == 96 || DASH_BLOCK_M == 80 || DASH_BLOCK_M == 64,
               "kBlockM 128, 96, 80 or 64");
 

@@ -18,6 +18,18 @@ constexpr int padded_head_dim(int head_dim) { return head_dim == 96 ? 128 : head
 constexpr int value_compute_dim(int head_dim, int head_dim_v) {
   return head_dim_v == head_dim ? padded_head_dim(head_dim) : head_dim_v;
 }
+#if defined(DASH_HEAD_DIM) && !defined(DASH_HEAD_DIM_V)
+#define DASH_HEAD_DIM_V DASH_HEAD_DIM
+#endif
+
+// The head dims the kernels are built for, and the value head dims beside them (cupy_dash/cuda/kernels.py's
+// SUPPORTED_HEAD_DIMS and VALUE_HEAD_DIMS).
+constexpr bool supported_head_dim(int head_dim) {
+  return head_dim == 64 || head_dim == 96 || head_dim == 128 || head_dim == 192 || head_dim == 256;
+}
+constexpr bool supported_value_head_dim(int head_dim, int head_dim_v) {
+  return head_dim_v == head_dim || (head_dim == 192 && head_dim_v == 128);
+}
 
 // NOTES: maps of head dim 64 or 128 are {64, S, D / 64, H, B} with a box of every panel: one copy per tile. Maps of
 // head dim 96 are {96, S, 1, H, B} with a box of one 64-column panel, copied once per panel at column 64 p: the

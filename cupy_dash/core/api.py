@@ -171,7 +171,7 @@ def validate(q, k, v, do=None, out=None, lse=None, *, softmax_scale=None, schedu
                 if backward and D in kernels.SUPPORTED_HEAD_DIMS else "")
         raise NotImplementedError(f"q: head dim D={D} is not supported{' by the backward' if backward else ''}; "
                                   f"supported head dims are {', '.join(str(d) for d in dims)}{also}")
-    if Dv != D and Dv not in kernels.VALUE_HEAD_DIMS.get(D, ()):
+    if Dv not in kernels.value_head_dims(D):
         pairs = ", ".join(f"{d} with {dv}" for d, dvs in kernels.VALUE_HEAD_DIMS.items() for dv in dvs)
         raise NotImplementedError(f"v: value head dim {Dv} with q / k head dim {D} is not supported; v's head "
                                   f"dim must be q's, or (q / k, v): {pairs}")

@@ -38,6 +38,11 @@ SUPPORTED_DTYPES = ("bfloat16", "float16")
 VALUE_HEAD_DIMS = {192: (128,)}
 
 
+def value_head_dims(head_dim: int) -> tuple:
+    """The value head dims the kernels take with query / key head dim ``head_dim``: itself, then VALUE_HEAD_DIMS'."""
+    return (head_dim, *VALUE_HEAD_DIMS.get(head_dim, ()))
+
+
 @dataclasses.dataclass(frozen=True)
 class TileConfig:
     block_m: int     # query rows per tile
@@ -183,9 +188,9 @@ def check_supported(dtype: str, head_dim: int, backward: bool = True, head_dim_v
     if head_dim not in dims:
         raise ValueError(f"unsupported head_dim {head_dim!r}{' for the backward' if backward else ''}; expected "
                          f"one of {dims}")
-    if head_dim_v not in (None, head_dim, *VALUE_HEAD_DIMS.get(head_dim, ())):
-        raise ValueError(f"unsupported head_dim_v {head_dim_v!r} with head_dim {head_dim}; expected "
-                         f"{(head_dim, *VALUE_HEAD_DIMS.get(head_dim, ()))}")
+    if head_dim_v is not None and head_dim_v not in value_head_dims(head_dim):
+        raise ValueError(f"unsupported head_dim_v {head_dim_v!r} with head_dim {head_dim}; expected one of "
+                         f"{value_head_dims(head_dim)}")
 
 
 def _value_counts(head_dim: int, head_dim_v: int | None) -> dict:
@@ -338,20 +343,17 @@ def all_specs() -> list:
     specs = []
     seen = set()
     for dtype, head_dim, causal in itertools.product(SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS, (False, True)):
-        batch = [fwd_spec(dtype, head_dim, causal)]
-        if head_dim in BWD_BUILT_HEAD_DIMS:
-            batch.extend(bwd_specs(dtype, head_dim, causal))
-            batch.append(bwd_specs(dtype, head_dim, causal, compact=True).main)
-            batch.append(bwd_specs(dtype, head_dim, causal, softcap=True).main)  # logit soft-capping
-            for softcap in (False, True):                 # the 80-query tile
-                batch.extend(bwd_specs(dtype, head_dim, causal, softcap=softcap, seqlen_q=CAUSAL80_MIN_SEQLEN))
-            batch.append(expand_spec())
-        for head_dim_v in VALUE_HEAD_DIMS.get(head_dim, ()):   # a value head dim of its own
-            batch.append(fwd_spec(dtype, head_dim, causal, head_dim_v))
+        batch = []
+        for dv in value_head_dims(head_dim):       # a value head dim of its own shares postprocess (dq's width)
+            batch.append(fwd_spec(dtype, head_dim, causal, dv))
             if head_dim in BWD_BUILT_HEAD_DIMS:
-                batch.extend(bwd_specs(dtype, head_dim, causal, head_dim_v=head_dim_v)[:2])
-                batch.append(bwd_specs(dtype, head_dim, causal, compact=True, head_dim_v=head_dim_v).main)
-                batch.append(bwd_specs(dtype, head_dim, causal, softcap=True, head_dim_v=head_dim_v).main)
+                batch.extend(bwd_specs(dtype, head_dim, causal, head_dim_v=dv))
+                batch.append(bwd_specs(dtype, head_dim, causal, compact=True, head_dim_v=dv).main)
+                batch.append(bwd_specs(dtype, head_dim, causal, softcap=True, head_dim_v=dv).main)  # logit capping
+                for softcap in (False, True):             # the 80-query tile (head dims 96 and 128)
+                    batch.extend(bwd_specs(dtype, head_dim, causal, softcap=softcap, seqlen_q=CAUSAL80_MIN_SEQLEN,
+                                           head_dim_v=dv))
+                batch.append(expand_spec())
         for spec in batch:
             if spec not in seen:
                 seen.add(spec)

@@ -80,10 +80,9 @@ def check_softcap_build(spec, p) -> None:
 def fwd_params(block_m, block_n, p, window, operands, out_ptr, lse_ptr, varlen=None) -> np.ndarray:
     """The forward's packed parameter block. ``operands``: ``(pointer, (batch, row, head) element strides)`` of
     q ``(B, Sq, H, D)``, k ``(B, Sk, Hkv, D)`` and v ``(B, Sk, Hkv, Dv)``; ``out_ptr``: a contiguous
-    ``(B, Sq, H, Dv)`` buffer;
-    ``lse_ptr``: a contiguous float32 ``(B, H, Sq)`` buffer. ``varlen``: ``(num_sequences, cu_seqlens_q pointer,
-    cu_seqlens_k pointer)`` for a varlen launch; then ``p`` describes the packed tensors as one batch (B = 1,
-    Sq = total_q, Sk = total_k) and lse is ``(H, total_q)``."""
+    ``(B, Sq, H, Dv)`` buffer; ``lse_ptr``: a contiguous float32 ``(B, H, Sq)`` buffer. ``varlen``:
+    ``(num_sequences, cu_seqlens_q pointer, cu_seqlens_k pointer)`` for a varlen launch; then ``p`` describes the
+    packed tensors as one batch (B = 1, Sq = total_q, Sk = total_k) and lse is ``(H, total_q)``."""
     B, Sq, Sk, H, Hkv, D, Dv = p.B, p.Sq, p.Sk, p.H, p.Hkv, p.D, p.Dv
     (q_ptr, q_stride), (k_ptr, k_stride), (v_ptr, v_stride) = operands
     batch, cu_q, cu_k = (B, 0, 0) if varlen is None else varlen

@@ -2,7 +2,7 @@
 
 Imported only on demand (``cupy_dash.jax``, or ``cupy_dash.attention`` with JAX arrays); importing ``cupy_dash``
 itself never imports jax. Layout: q ``(B, Sq, H, D)``, k/v ``(B, Sk, Hkv, D)`` with ``H % Hkv == 0``, bf16/fp16,
-D 64, 96, 128 or 256, on a Hopper GPU::
+D 64, 96, 128, 192 or 256 (v's head dim also 128 with D 192), on a Hopper GPU::
 
     out = cupy_dash.jax.attention(q, k, v, causal=False, softmax_scale=None, schedule="auto", deterministic=True,
                                   window=(-1, -1))

@@ -2,7 +2,8 @@
 
 Imported only on demand (``cupy_dash.torch``, or ``cupy_dash.attention`` with torch tensors); importing
 ``cupy_dash`` itself never imports torch. Layout: q ``(B, Sq, H, D)``, k/v ``(B, Sk, Hkv, D)`` with
-``H % Hkv == 0``, bf16/fp16, one CUDA device; D is 64, 96, 128 or 256. The ops (namespace ``cupy_dash``)::
+``H % Hkv == 0``, bf16/fp16, one CUDA device; D is 64, 96, 128, 192 or 256 (v's 128 with D 192). The ops
+(namespace ``cupy_dash``)::
 
     out, lse = torch.ops.cupy_dash.attention_forward(q, k, v, causal=False, softmax_scale=None,
                                                      schedule="auto", deterministic=True,

@@ -18,9 +18,6 @@ namespace bwd {
 
 constexpr int kHeadDimIO = DASH_HEAD_DIM;                // columns of q, k, dq, dk in global memory
 constexpr int kHeadDim = padded_head_dim(kHeadDimIO);  // compute width: 96 runs as 128 (tile_tma.cuh)
-#ifndef DASH_HEAD_DIM_V
-#define DASH_HEAD_DIM_V DASH_HEAD_DIM
-#endif
 constexpr int kHeadDimVIO = DASH_HEAD_DIM_V;  // columns of v, out, dout, dv (tile_tma.cuh: value head dim)
 constexpr int kHeadDimV = value_compute_dim(kHeadDimIO, kHeadDimVIO);  // columns of v / dO a tile load fills
 constexpr bool kCausal = DASH_CAUSAL != 0;
@@ -36,16 +33,15 @@ constexpr int kBlockN = DASH_BLOCK_N;  // keys per KV tile (n_block)
 using namespace roles;  // kNumMmaWg, kWgThreads, kNumThreads, kProducerRegs, kMmaRegs (warp_roles.cuh)
 static_assert(DASH_NUM_THREADS == kNumThreads, "launched with kNumThreads (384 or 512) threads");
 
-static_assert(kHeadDimIO == 64 || kHeadDimIO == 96 || kHeadDimIO == 128 || kHeadDimIO == 192 || kHeadDimIO == 256,
-              "head dim 64, 96, 128, 192 or 256");
+static_assert(supported_head_dim(kHeadDimIO), "head dim 64, 96, 128, 192 or 256");
+static_assert(supported_value_head_dim(kHeadDimIO, kHeadDimVIO), "value head dim: q's, or 128 with 192");
 // NOTES: head dims 192 and 256 split the head dim, not the keys, between the MMA warpgroups (bwd/split_step.cuh):
 // 64 x d x 2 fp32 accumulators of dK and dV per warpgroup would need d registers per thread, more than its 240 with
 // S^T and dP^T beside them. All warpgroups then work on the same 64 keys: warpgroup wg computes S^T and dP^T for
 // queries [32 wg, + 32) and dK^T, dV^T and dQ for head-dim [kHeadRows wg, + kHeadRows): two warpgroups of 128
 // head-dim rows at 256 (64 x 64 tiles), three of 64 at 192 (96 x 64 tiles, 512 threads).
 constexpr bool kSplitHeadDim = kHeadDim == 256 || kHeadDim == 192;
-static_assert(kHeadDimV == kHeadDim || (kSplitHeadDim && kHeadDimIO == 192 && kHeadDimVIO == 128),
-              "value head dim: the query / key head dim, or 128 with 192 (the split plan)");
+static_assert(kHeadDimV == kHeadDim || kSplitHeadDim, "a value head dim of its own: the split plan only");
 constexpr int kHeadRows = kHeadDim / kNumMmaWg;
 static_assert(kSplitHeadDim ? kBlockN == 64 && kBlockM == 32 * kNumMmaWg && kHeadRows % 64 == 0
                             : kBlockN == 64 * kNumMmaWg && kNumMmaWg == 2,

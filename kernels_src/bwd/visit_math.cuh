@@ -228,12 +228,15 @@ DASH_DEVICE void probs_and_grads(float (&S)[kSRegs], float (&dP)[kSRegs], uint32
 }
 
 // Hands this warpgroup's fp32 dQ piece to the dQ writer warp: thread tid stores its registers 4c..4c+3 as one
-// 16-byte word at slice + 16 (128 c + tid) (the dq_accum layout of dq_accum_layout.cuh), conflict-free.
-DASH_DEVICE void store_dq(uint32_t slice, const float (&dQ)[kDqRegs], int tid) {
+// 16-byte word at slice + 16 (128 c + tid) (the dq_accum layout of dq_accum_layout.cuh), conflict-free. first,
+// count: only the float4 groups [first, first + count), at slice + 16 (128 (c - first) + tid) (a half's own slot).
+DASH_DEVICE void store_dq(uint32_t slice, const float (&dQ)[kDqRegs], int tid, int first = 0,
+                          int count = kDqRegs / 4) {
 #pragma unroll
-  for (int c = 0; c < kDqRegs / 4; ++c) {
-    asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(slice + 16 * (128 * c + tid)), "f"(dQ[4 * c]),
-                 "f"(dQ[4 * c + 1]), "f"(dQ[4 * c + 2]), "f"(dQ[4 * c + 3])
+  for (int c = 0; c < count; ++c) {
+    const int r = 4 * (first + c);
+    asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(slice + 16 * (128 * c + tid)), "f"(dQ[r]),
+                 "f"(dQ[r + 1]), "f"(dQ[r + 2]), "f"(dQ[r + 3])
                  : "memory");
   }
 }
@@ -248,14 +251,7 @@ DASH_DEVICE void hand_dq_to_writer(const Smem& s, const float (&dQ)[kDqRegs], in
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       dq_handoff_barrier<kBarDqEmpty, true>(wg, half);
-      const uint32_t slot = s.dq(wg) + half * (SmemLayout::kDqSlice / 2);
-#pragma unroll
-      for (int c = 0; c < kHalfC; ++c) {
-        const int r = 4 * (half * kHalfC + c);
-        asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(slot + 16 * (128 * c + tid)), "f"(dQ[r]),
-                     "f"(dQ[r + 1]), "f"(dQ[r + 2]), "f"(dQ[r + 3])
-                     : "memory");
-      }
+      store_dq(s.dq(wg) + half * (SmemLayout::kDqSlice / 2), dQ, tid, half * kHalfC, kHalfC);
       fence_proxy_async_smem();
       dq_handoff_barrier<kBarDqFull, false>(wg, half);
     }

@@ -18,9 +18,6 @@ namespace fwd {
 
 constexpr int kHeadDimIO = DASH_HEAD_DIM;                // columns of q and k (v, out: kHeadDimVIO) in global memory
 constexpr int kHeadDim = padded_head_dim(kHeadDimIO);  // compute width: 96 runs as 128 (tile_tma.cuh)
-#ifndef DASH_HEAD_DIM_V
-#define DASH_HEAD_DIM_V DASH_HEAD_DIM
-#endif
 constexpr int kHeadDimVIO = DASH_HEAD_DIM_V;  // columns of v and out (tile_tma.cuh: value head dim)
 constexpr int kHeadDimV = value_compute_dim(kHeadDimIO, kHeadDimVIO);  // columns of v a tile load fills
 constexpr bool kCausal = DASH_CAUSAL != 0;
@@ -32,10 +29,8 @@ constexpr int kBlockN = DASH_BLOCK_N;  // keys per KV tile (n_block)
 using namespace roles;  // kNumMmaWg, kWgThreads, kNumThreads, kProducerRegs, kMmaRegs (warp_roles.cuh)
 static_assert(DASH_NUM_THREADS == kNumThreads, "launched with 384 threads");
 
-static_assert(kHeadDimIO == 64 || kHeadDimIO == 96 || kHeadDimIO == 128 || kHeadDimIO == 192 || kHeadDimIO == 256,
-              "head dim 64, 96, 128, 192 or 256");
-static_assert(kHeadDimVIO == kHeadDimIO || (kHeadDimIO == 192 && kHeadDimVIO == 128),
-              "value head dim: the query / key head dim, or 128 with 192");
+static_assert(supported_head_dim(kHeadDimIO), "head dim 64, 96, 128, 192 or 256");
+static_assert(supported_value_head_dim(kHeadDimIO, kHeadDimVIO), "value head dim: q's, or 128 with 192");
 static_assert(kBlockM == 64 * kNumMmaWg, "each MMA warpgroup owns 64 query rows");
 static_assert(kBlockN == 64 || kBlockN == 80 || kBlockN == 112 || kBlockN == 128 || kBlockN == 176,
               "the wgmma wrappers have N = 64, 80, 112, 128 or 176 (multiples of P V's 16 keys a k-step)");
