@@ -88,9 +88,10 @@ def _tables(dev, dtype, D, causal, schedule, lens_q, lens_k, H, Hkv, window, sof
     above = compact_device.AUTO_VISITS if config.COMPACT_TABLES.get() is None or softcap else None
     tile_sq = kernels.varlen_tile_seqlen(int(lens_q.max(initial=0)))   # the tile: by the longest sequence
     _, bm, bn, max_ctas = _entry(dev, dtype, D, causal, False, softcap, capture, tile_sq, window, head_dim_v)
+    section = launchers.head_section(int(lens_q.sum()), D, H // Hkv, D if head_dim_v is None else head_dim_v, dev)
     tables = varlen_device.plan(schedule, lens_q, lens_k, bm, bn, H, Hkv, causal, max_ctas, window,
                                 {"compact": True, "expand": "expand", "visits": False}[form], above,
-                                pinned=not capture)
+                                pinned=not capture, head_section=section)
     compact = tables.compact is not None and not tables.expand
     if softcap and compact:
         raise NotImplementedError(f"softcap: a varlen backward of {tables.num_visits} tile visits needs compact "
@@ -101,7 +102,7 @@ def _tables(dev, dtype, D, causal, schedule, lens_q, lens_k, H, Hkv, window, sof
     if (cbm, cbn) != (bm, bn):   # NOTES: the 80-query tile has no compact build (kernels.bwd_tile): 64 rebuilt
         bm, bn = cbm, cbn
         tables = varlen_device.plan(schedule, lens_q, lens_k, bm, bn, H, Hkv, causal, compact_ctas, window, True,
-                                    None, pinned=not capture)
+                                    None, pinned=not capture, head_section=section)
     if tables.num_ctas > compact_ctas:
         raise RuntimeError(f"cupy_dash: the compact varlen kernel holds {compact_ctas} co-resident CTAs, fewer than "
                            f"the {tables.num_ctas} of its table")

@@ -94,15 +94,17 @@ def _upload_event(entry, stream):
 
 
 def fixed(compact_tables, policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_ctas, device_id,
-          stream, group_size=1, window=(-1, -1), capture=False):
+          stream, group_size=1, window=(-1, -1), capture=False, head_section=0):
     """The tables of one fixed-length problem on one device (num_heads = B * H query heads, group_size = H // Hkv,
     window (left, right) in schedule.canonical_window form): per-visit :class:`DeviceTables` (host plans cached
     here by shape and window, LRU), or with ``compact_tables`` the compact_device.CompactDeviceTables of
     :func:`cupy_dash.schedule.build_compact`'s records (host plans cached there; ``"auto"`` is
     compact_device.KERNEL_AUTO). Device tables are cached by ``(plan.key, device)`` (:func:`cached`, done: a miss
-    synchronizes ``stream`` once; later calls may use them on any stream). ``capture``: as :func:`cached`."""
+    synchronizes ``stream`` once; later calls may use them on any stream). ``capture``: as :func:`cached`.
+    ``head_section``: as :func:`cupy_dash.schedule.build`'s."""
     args = dict(seqlen_q=seqlen_q, seqlen_k=seqlen_k, block_m=block_m, block_n=block_n, num_heads=num_heads,
-                causal=causal, num_sms=num_ctas, group_size=group_size, window=tuple(window))
+                causal=causal, num_sms=num_ctas, group_size=group_size, window=tuple(window),
+                head_section=head_section)
     if compact_tables:
         plan = schedule.build_compact(compact_device.auto_policy(True) if policy == "auto" else policy, **args)
         return cached("compact", plan.key, device_id, stream, lambda stream, staging: (

@@ -9,6 +9,8 @@ Operands are ``(pointer, (batch, row, head) element strides)`` pairs; outputs an
 """
 from __future__ import annotations
 
+import functools
+
 import cupy
 import numpy as np
 
@@ -174,6 +176,18 @@ def fold_wanted(p, block_m, block_n, zero_kv, varlen) -> bool:
     return p.B * p.H * -(-p.Sq // block_m) * -(-p.Sk // block_n) <= FOLD_MAX_TILES
 
 
+@functools.lru_cache(maxsize=None)
+def l2_bytes(device_id: int) -> int:
+    """The L2 cache size of device ``device_id`` in bytes."""
+    return int(cupy.cuda.Device(device_id).attributes["L2CacheSize"])
+
+
+def head_section(tokens_q: int, head_dim: int, group_size: int, head_dim_v: int, device_id: int) -> int:
+    """The ``fa3`` policy's head section (:func:`cupy_dash.schedule.l2_head_section`, 16-bit inputs) for
+    ``tokens_q`` query tokens per head (a packed batch: all of them) on device ``device_id``."""
+    return _schedule.l2_head_section(tokens_q, head_dim, group_size, l2_bytes(device_id), head_dim_v)
+
+
 def bwd_tables(schedule, c, max_ctas, device_id, stream, capture=False, compact=False):
     """The device tables of ``schedule`` for the fixed-length backward ``c`` (:func:`cupy_dash.cuda.device_tables.
     per_visit`): one KV tile with all the query heads of its group per work unit, at most ``max_ctas``
@@ -184,7 +198,8 @@ def bwd_tables(schedule, c, max_ctas, device_id, stream, capture=False, compact=
     kv_tiles = p.B * p.Hkv * -(-p.Sk // c.block_n)
     build = device_tables.compact if compact else device_tables.per_visit
     return build(schedule, p.Sq, p.Sk, c.block_m, c.block_n, p.B * p.H, c.causal, min(max_ctas, kv_tiles), device_id,
-                 stream, p.H // p.Hkv, c.window, capture=capture)
+                 stream, p.H // p.Hkv, c.window, capture=capture,
+                 head_section=head_section(p.Sq, p.D, p.H // p.Hkv, p.Dv, device_id))
 
 
 def launch_backward(c, operands, lse_ptr, work_base, grads, stream, *, error_ptr=None, slot=None, call=None,

@@ -205,17 +205,17 @@ def _too_large(num_visits, compact_above) -> bool:
 
 
 def plan(policy, lens_q, lens_k, block_m, block_n, heads, kv_heads, causal, max_ctas, window,
-         compact=False, compact_above=None, pinned=False) -> Tables:
+         compact=False, compact_above=None, pinned=False, head_section=0) -> Tables:
     """The varlen schedule of one packed batch (lengths: int64 host arrays) on at most ``max_ctas`` CTAs (fewer
     when the batch has fewer KV columns), per-visit, ``compact`` (True) or compact records to be expanded on the
     GPU (``"expand"``), cached by lengths (LRU): training on fixed packings builds each once. ``compact_above``:
     a per-visit form whose table would hold more visits than this is built compact instead (``t.compact`` says
     which form came out). ``pinned``: a compact form built here packs its blob into pinned memory where it can
-    (device_tables._pinned_blob; the GPU paths)."""
+    (device_tables._pinned_blob; the GPU paths). ``head_section``: as :func:`cupy_dash.schedule.build_varlen`'s."""
     columns = kv_heads * varlen_pack.kv_tiles(np.ascontiguousarray(lens_k, np.int64), block_n)
     num_sms, group = max(1, min(max_ctas, columns)), heads // kv_heads
     key = (policy, lens_q.tobytes(), lens_k.tobytes(), block_m, block_n, heads, causal, num_sms, group, window,
-           compact, compact_above)
+           compact, compact_above, head_section)
     with _plans_lock:
         t = _plans.get(key)
         if t is not None:
@@ -233,7 +233,7 @@ def plan(policy, lens_q, lens_k, block_m, block_n, heads, kv_heads, causal, max_
         problem = (np.ascontiguousarray(lens_q, np.int64), np.ascontiguousarray(lens_k, np.int64), block_m,
                    block_n, heads, causal, num_sms, group, _schedule.check_window(window, causal))
         out = varlen_pack.new_packing(*varlen_schedule.schedule_args(policy, problem), True,
-                                      _dt._pinned_blob if pinned else None)
+                                      _dt._pinned_blob if pinned else None, head_section)
         code, t.blob, t.offsets, t.shapes, t.num_visits, t.num_ctas, tie_sign, rank_rule, t.m_blocks, t.n_blocks = out
         t.pinned = pinned and _dt._pins(t.blob.nbytes)     # what _pinned_blob chose (a failed pin clears _pinned_ok)
         t.policy, t.compact = varlen_schedule.POLICY_NAMES[code], (tie_sign, rank_rule)
@@ -241,7 +241,8 @@ def plan(policy, lens_q, lens_k, block_m, block_n, heads, kv_heads, causal, max_
             compact = True
     else:
         built = varlen_schedule.build_varlen(policy, lens_q, lens_k, block_m=block_m, block_n=block_n, heads=heads,
-                                             causal=causal, num_sms=num_sms, group_size=group, window=window)
+                                             causal=causal, num_sms=num_sms, group_size=group, window=window,
+                                             head_section=head_section)
         t.num_visits, t.num_ctas, t.policy = int(built.num_visits), int(built.num_ctas), str(built.policy)
         if _too_large(t.num_visits, compact_above):
             compact = True

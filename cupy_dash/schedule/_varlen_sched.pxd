@@ -32,9 +32,9 @@ cdef long long shapes_count(const long long* sq, const long long* sk, const long
 cdef void shapes_fill(const long long* sq, const long long* sk, const long long* win, long long bm, long long bn,
                       bint causal, Shapes* sh) noexcept
 cdef long long total_columns(const Shapes* sh, long long Hkv) except -1
-cdef int plain_units(int policy, const Shapes* sh, const long long* seq_order, long long Hkv, bint spt,
+cdef int plain_units(int policy, const Shapes* sh, const long long* seq_order, long long Hkv, long long spt,
                      long long num_sms) except -1
-cdef long long busiest_load(int policy, const Shapes* sh, const long long* seq_order, long long Hkv, bint spt,
+cdef long long busiest_load(int policy, const Shapes* sh, const long long* seq_order, long long Hkv, long long spt,
                             long long num_sms, long long plain_load, int* assign, Dispatch* out) except -1
-cdef int build_varlen(int policy, const Shapes* sh, const long long* seq_order, long long Hkv, bint spt,
+cdef int build_varlen(int policy, const Shapes* sh, const long long* seq_order, long long Hkv, long long spt,
                       long long num_sms, const int* assign, Built* out) except -1

@@ -203,17 +203,17 @@ cdef struct Units:
     int tie                 # tie_sign of the schedule: -1 (descending n) for symmetric_shift and spt, else +1
 
 
-cdef int make_units(Units* un, int policy, const Shapes* sh, const long long* seq_order, long long Hkv, bint spt,
+cdef int make_units(Units* un, int policy, const Shapes* sh, const long long* seq_order, long long Hkv, long long spt,
                     long long num_sms, long long ncols, bint fill) except -1:
-    """The units of every segment in its policy's order, the sequences in seq_order (spt: upstream's
-    shortest-first rounds instead): the flags and U, and with ``fill`` the arrays (ncols units at most;
-    free_units releases them)."""
-    cdef long long B = sh.B, b, o, kh, k, j, U = 0, P, NC, T, maxnc = 0, pairable = 0
+    """The units of every segment in its policy's order, the sequences in seq_order (spt > 0: upstream's
+    shortest-first rounds instead, over sections of spt KV heads, one section after the other): the flags and U,
+    and with ``fill`` the arrays (ncols units at most; free_units releases them)."""
+    cdef long long B = sh.B, b, o, kh, k, j, U = 0, P, NC, T, maxnc = 0, pairable = 0, first, last
     cdef const long long* info
     cdef bint paired, mirrored
     un.seg = NULL
     un.sym = policy == POLICY_SYMMETRIC_SHIFT
-    un.plain = not spt
+    un.plain = spt <= 0
     un.U = 0
     for b in range(B):
         info = sh.info + INFO_FIELDS * b
@@ -221,7 +221,7 @@ cdef int make_units(Units* un, int policy, const Shapes* sh, const long long* se
         maxnc = NC if NC > maxnc else maxnc
         pairable += Hkv * ((NC + 1) // 2 if info[5] & 2 else NC)
     un.paired_all = un.sym and pairable >= num_sms
-    un.tie = -1 if (un.sym or spt) else 1
+    un.tie = -1 if (un.sym or spt > 0) else 1
     for b in range(B):
         info = sh.info + INFO_FIELDS * b
         paired = un.paired_all and info[5] & 2
@@ -233,17 +233,22 @@ cdef int make_units(Units* un, int policy, const Shapes* sh, const long long* se
     if un.seg == NULL:
         raise MemoryError()
     un.k0, un.k1, un.base = un.seg + ncols, un.seg + 2 * ncols, un.seg + 3 * ncols
-    if spt:
+    if spt > 0:
         # NOTES: upstream FA3's shortest-first order, per sequence: round j dispatches every segment's j-th
-        # column from the right (the j-th shortest), segments in dispatch order.
-        for j in range(maxnc):
-            for o in range(B):
-                b = seq_order[o]
-                NC = sh.info[INFO_FIELDS * b + 3]
-                if j < NC:
-                    for kh in range(Hkv):
-                        un.seg[U], un.k0[U], un.k1[U], un.base[U] = b * Hkv + kh, NC - 1 - j, -1, 0
-                        U += 1
+        # column from the right (the j-th shortest), segments in dispatch order; the rounds run over the KV heads
+        # [first, last) of one section, then the next section's (docs/schedules.md, "L2 sections"). A dQ tile
+        # belongs to one head, so its columns stay in one section, dispatched in descending n as before: the
+        # ranks (descending n) and so the bits do not depend on the section size.
+        for first in range(0, Hkv, spt):
+            last = first + spt if first + spt < Hkv else Hkv
+            for j in range(maxnc):
+                for o in range(B):
+                    b = seq_order[o]
+                    NC = sh.info[INFO_FIELDS * b + 3]
+                    if j < NC:
+                        for kh in range(first, last):
+                            un.seg[U], un.k0[U], un.k1[U], un.base[U] = b * Hkv + kh, NC - 1 - j, -1, 0
+                            U += 1
     else:
         for o in range(B):
             b = seq_order[o]
@@ -278,7 +283,7 @@ cdef long long total_columns(const Shapes* sh, long long Hkv) except -1:
     return ncols
 
 
-cdef int plain_units(int policy, const Shapes* sh, const long long* seq_order, long long Hkv, bint spt,
+cdef int plain_units(int policy, const Shapes* sh, const long long* seq_order, long long Hkv, long long spt,
                      long long num_sms) except -1:
     """1 when the units of ``policy`` (as busiest_load and build_varlen make them) are every segment's columns
     alone in ascending n: the same dispatch for every policy where this holds; else 0."""
@@ -287,7 +292,7 @@ cdef int plain_units(int policy, const Shapes* sh, const long long* seq_order, l
     return 1 if un.plain else 0
 
 
-cdef long long busiest_load(int policy, const Shapes* sh, const long long* seq_order, long long Hkv, bint spt,
+cdef long long busiest_load(int policy, const Shapes* sh, const long long* seq_order, long long Hkv, long long spt,
                             long long num_sms, long long plain_load, int* assign, Dispatch* out) except -1:
     """The visits of the busiest CTA of build_varlen's schedule for the same arguments, by the same list
     scheduling on the units' lengths alone (no records): what ``auto``'s column model reads; ``out``: num_ctas,
@@ -326,7 +331,7 @@ cdef long long busiest_load(int policy, const Shapes* sh, const long long* seq_o
     return best
 
 
-cdef int build_varlen(int policy, const Shapes* sh, const long long* seq_order, long long Hkv, bint spt,
+cdef int build_varlen(int policy, const Shapes* sh, const long long* seq_order, long long Hkv, long long spt,
                       long long num_sms, const int* assign, Built* out) except -1:
     """Records of the g = 1 schedule of B * Hkv segments (``sh``: the batch's shapes; seq_order: the sequences
     in dispatch order) into ``out``'s buffers (rec (columns, 8), cta_columns, cta_col_start (num_ctas + 1,),

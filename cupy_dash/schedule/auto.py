@@ -16,20 +16,23 @@ from .per_visit import ROW_BYTES
 
 
 def build(policy: str = "auto", *, seqlen_q: int, seqlen_k: int, block_m: int, block_n: int, num_heads: int,
-          causal: bool, num_sms: int, group_size: int = 1, window=(-1, -1)) -> per_visit.Schedule:
+          causal: bool, num_sms: int, group_size: int = 1, window=(-1, -1),
+          head_section: int = 0) -> per_visit.Schedule:
     """Build (or fetch from the cache) the schedule table of ``policy`` for one problem.
 
     num_heads is the number of (batch, query head) pairs, B * H; group_size the number of query heads that share
     one KV head, H // Hkv (1 for MHA, H for MQA; it must divide num_heads); num_sms the number of persistent CTAs
     that run concurrently (any value >= 1; the table uses min(num_sms, number of work units) CTAs); window the
-    sliding window (left, right), -1 unbounded (stored in :func:`canonical_window` form as ``plan.window``).
+    sliding window (left, right), -1 unbounded (stored in :func:`canonical_window` form as ``plan.window``);
+    head_section > 0 runs the ``fa3`` policy's shortest-first rounds over sections of that many KV heads
+    (:func:`l2_head_section`; the same bits, fewer heads' data in flight), 0 over every head.
 
     A table above ``AUTO_VISITS`` (2^24) visits, where the backward switches to compact tables,
     raises ValueError saying how big it would be, before allocating anything (unless CUPY_DASH_COMPACT_TABLES=0):
     :func:`build_compact` builds the same schedule as per-column records, in O(columns).
     """
     args = per_visit._checked_args(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms,
-                                   group_size, window)
+                                   group_size, window, head_section)
     _check_table_size(policy, *args)
     if policy == "auto":
         return _build_auto(*args)
@@ -37,11 +40,12 @@ def build(policy: str = "auto", *, seqlen_q: int, seqlen_k: int, block_m: int, b
 
 
 def build_compact(policy: str = "auto", *, seqlen_q: int, seqlen_k: int, block_m: int, block_n: int,
-                  num_heads: int, causal: bool, num_sms: int, group_size: int = 1, window=(-1, -1)):
+                  num_heads: int, causal: bool, num_sms: int, group_size: int = 1, window=(-1, -1),
+                  head_section: int = 0):
     """The compact records of :func:`schedule.build`'s table (same arguments, same checks), built in
     O(columns). ``auto`` picks as :func:`schedule.build` does (``plan.auto_method`` says how)."""
     args = per_visit._checked_args(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms,
-                                   group_size, window)
+                                   group_size, window, head_section)
     if policy == "auto":
         plan = copy.copy(compact._build_compact(_auto_choice(*args), *args))
         plan.auto_method = compact.auto_method(*args)
@@ -50,7 +54,7 @@ def build_compact(policy: str = "auto", *, seqlen_q: int, seqlen_k: int, block_m
 
 
 def _check_table_size(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms, group_size,
-                      window):
+                      window, head_section=0):
     """ValueError if the per-visit table of this problem (build()'s checked arguments) would hold more than
     AUTO_VISITS visits, the size above which the backward uses compact tables, unless
     CUPY_DASH_COMPACT_TABLES=0 asks for per-visit tables of any size (as it does of the backward). The visits are
@@ -84,11 +88,11 @@ def _check_table_size(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, c
 
 @functools.lru_cache(maxsize=64)
 def _auto_choice(seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms, group_size=1,
-                 window=(-1, -1)) -> str:
+                 window=(-1, -1), head_section=0) -> str:
     """The concrete policy that ``auto`` builds for this problem (per_visit._checked_args's tuple): descending for
     few grouped columns per CTA, else the column model's choice or the per-visit engine simulation's
     (:func:`cupy_dash.schedule.compact.auto_method` says which)."""
-    args = (seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms, group_size, window)
+    args = (seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms, group_size, window, head_section)
     few = per_visit.AUTO_FEW_GROUPED * num_sms
     if group_size > 1 and len(compact._build_compact("descending", *args).records) <= few:
         return "descending"
@@ -104,11 +108,11 @@ def _auto_choice(seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sm
 
 @functools.lru_cache(maxsize=64)
 def _build(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms, group_size=1,
-           window=(-1, -1)) -> per_visit.Schedule:
+           window=(-1, -1), head_section=0) -> per_visit.Schedule:
     """The per-visit table of a concrete ``policy`` for build()'s checked arguments: its compact records
     (:func:`build_compact`'s, from the one builder) expanded by :func:`cupy_dash.schedule.compact.expand`."""
     return compact._build_compact(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms,
-                                  group_size, window).to_schedule()
+                                  group_size, window, head_section).to_schedule()
 
 
 def _build_auto(*args) -> per_visit.Schedule:

@@ -80,7 +80,7 @@ class CompactSchedule(ColumnRecords):
     def __init__(self, policy, args, records, cta_columns, cta_col_start, dispatch_order, loads, meta,
                  auto_method=None):
         (self.seqlen_q, self.seqlen_k, self.block_m, self.block_n, self.num_heads, self.causal, self.num_sms,
-         self.group_size, self.window) = args
+         self.group_size, self.window, self.head_section) = args
         self.policy, self.auto_method = policy, auto_method
         self.records, self.cta_columns, self.cta_col_start, self.loads = records, cta_columns, cta_col_start, loads
         self._dispatch_order, self._scan_bounds = dispatch_order, None      # bounds: computed when first needed
@@ -164,7 +164,7 @@ class CompactSchedule(ColumnRecords):
         visits, rank, cta_start = expand(self)
         return per_visit.Schedule(self.policy, self.seqlen_q, self.seqlen_k, self.block_m, self.block_n,
                                   self.num_heads, self.causal, self.num_sms, visits, rank, cta_start,
-                                  self.group_size, self.window)
+                                  self.group_size, self.window, self.head_section)
 
     def scan_lengths(self) -> np.ndarray:
         """int64 (num_m_blocks,): columns of one KV head that visit each Q tile, i.e. the records the dQ writer's
@@ -219,7 +219,7 @@ def _model_applies(policy, lengths) -> bool:
 
 @functools.lru_cache(maxsize=64)
 def _build_compact(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms, group_size=1,
-                   window=(-1, -1)):
+                   window=(-1, -1), head_section=0):
     """The records of a concrete ``policy`` for build()'s checked arguments, built by the varlen builder
     (varlen_pack.schedule_varlen) as one sequence of num_heads query heads: its segments are then the KV heads
     and its records, CTA lists and dispatch order those of the fixed-length schedule (compared with the oracles of
@@ -228,13 +228,14 @@ def _build_compact(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, caus
     code = _schedule.POLICY_CODES[policy]
     _, _, (info, _, _, _), built, _, order = varlen_pack.schedule_varlen(
         code, lengths_q, lengths_k, *window, block_m, block_n, num_heads, group_size, causal, num_sms,
-        (code,), *per_visit.AUTO_COSTS, per_visit.AUTO_TOLERANCE, per_visit.AUTO_FEW_GROUPED, True)
+        (code,), *per_visit.AUTO_COSTS, per_visit.AUTO_TOLERANCE, per_visit.AUTO_FEW_GROUPED, True, head_section)
     records, cta_columns, cta_col_start, _, loads, num_ctas, tie_sign = built
     M, N, n_first, NC = (int(x) for x in info[0, :4])
     meta = {"M": M, "N": N, "n_first": n_first, "NC": NC, "num_ctas": num_ctas, "tie_sign": tie_sign,
             "rank_rule": varlen_pack.rank_rule_of(code, tie_sign)}
     return CompactSchedule(policy, (seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms, group_size,
-                                    tuple(window)), records, cta_columns, cta_col_start, order, loads, meta)
+                                    tuple(window), head_section), records, cta_columns, cta_col_start, order, loads,
+                           meta)
 
 
 def expand(plan: CompactSchedule) -> tuple:
@@ -260,7 +261,7 @@ def num_visits(seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, window=(
 
 
 def auto_method(seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms, group_size=1,
-                window=(-1, -1)) -> str:
+                window=(-1, -1), head_section=0) -> str:
     """How ``auto`` chooses for this problem: 'engine simulation' (per visit, up to
     ``schedule.AUTO_MAX_SIMULATED_VISITS`` visits) or 'column model' (:meth:`CompactSchedule.model_makespan`)."""
     v = num_visits(seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, window)

@@ -24,6 +24,10 @@ AUTO_TOLERANCE = 0.03
 # 0.86-1.06x at 64); at g = 4 (512 columns) the model's choice is within 3 % of the best and stays.
 AUTO_FEW_GROUPED = 2
 AUTO_MAX_SIMULATED_VISITS = 1 << 21   # above: auto decides by the column model (compact.py), not per visit
+# The share of the L2 cache that the fa3 policy's head sections fill with their heads' Q, dO and fp32 dQ
+# (l2_head_section): 25 MB of the H200's 60 MB, where sections of 1-8 heads measured fastest (docs/schedules.md,
+# "L2 sections").
+L2_SECTION_SHARE = 0.4
 MODELS = ("dag", "engine")
 ROW_BYTES = 20          # a visit in a per-visit table: its int32 row (cta, head, n_block, m_block) and int32 rank
 # Above this many visits a backward uses compact (per-column) tables unless told otherwise (compact_device), and
@@ -35,13 +39,14 @@ class Schedule:
     """One schedule table and the problem it was built for.  Arrays are read-only (tables are cached)."""
 
     def __init__(self, policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms,
-                 visits, rank, cta_start, group_size=1, window=(-1, -1)):
+                 visits, rank, cta_start, group_size=1, window=(-1, -1), head_section=0):
         self.policy = policy
         self.seqlen_q, self.seqlen_k = seqlen_q, seqlen_k
         self.block_m, self.block_n = block_m, block_n
         self.num_heads, self.causal, self.num_sms = num_heads, causal, num_sms
         self.group_size = group_size          # query heads per KV head (1: MHA)
         self.window = tuple(window)           # (left, right), canonical: see canonical_window
+        self.head_section = head_section      # KV heads per section of fa3's shortest-first rounds (0: all)
         self.num_m_blocks = -(-seqlen_q // block_m)
         self.num_n_blocks = -(-seqlen_k // block_n)
         self.visits, self.rank, self.cta_start = visits, rank, cta_start
@@ -49,7 +54,7 @@ class Schedule:
             a.flags.writeable = False
         self.num_ctas = len(cta_start) - 1
         self.key = (policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms, group_size,
-                    self.window)
+                    self.window, head_section)
         self._validated = False
 
     @property
@@ -88,6 +93,17 @@ class Schedule:
                 f"block_m={self.block_m}, block_n={self.block_n}, num_heads={self.num_heads}{group}, "
                 f"causal={self.causal}{window}, num_sms={self.num_sms}: {self.num_visits} visits on "
                 f"{self.num_ctas} CTAs)")
+
+
+def l2_head_section(tokens_q: int, head_dim: int, group_size: int, l2_bytes: int, head_dim_v: int | None = None,
+                    element_bytes: int = 2) -> int:
+    """KV heads per section of the ``fa3`` policy's shortest-first rounds (build's ``head_section``): as many as
+    keep their Q and dO (``element_bytes`` each) and fp32 dQ accumulators, ``tokens_q`` query tokens per head (a
+    packed batch: all of them) and ``group_size`` query heads per KV head, within L2_SECTION_SHARE of ``l2_bytes``;
+    at least 1. The section size changes the speed, never the bits."""
+    dv = head_dim if head_dim_v is None else head_dim_v
+    per_kv_head = max(1, tokens_q) * group_size * (element_bytes * (head_dim + dv) + 4 * head_dim)
+    return max(1, int(L2_SECTION_SHARE * l2_bytes) // per_kv_head)
 
 
 def _positive_int(name, value, minimum=1):
@@ -164,8 +180,10 @@ def unseen_keys(seqlen_q: int, seqlen_k: int, causal: bool, window) -> int:
     return max(0, seqlen_k - seqlen_q - left) if left >= 0 else 0
 
 
-def _checked_args(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms, group_size, window):
-    """build()'s argument checks; the problem as a tuple of plain ints, a bool and the canonical window."""
+def _checked_args(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms, group_size, window,
+                  head_section=0):
+    """build()'s argument checks; the problem as a tuple of plain ints, a bool, the canonical window and the head
+    section (0: none)."""
     if policy not in POLICIES:
         raise ValueError(f"unknown schedule {policy!r}; expected one of {', '.join(POLICIES)}")
     heads, group = _positive_int("num_heads", num_heads), _positive_int("group_size", group_size)
@@ -173,7 +191,8 @@ def _checked_args(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causa
         raise ValueError(f"group_size ({group}) must divide num_heads ({heads})")
     sq, sk, causal = _positive_int("seqlen_q", seqlen_q), _positive_int("seqlen_k", seqlen_k), _flag("causal", causal)
     return (sq, sk, _positive_int("block_m", block_m), _positive_int("block_n", block_n),
-            heads, causal, _positive_int("num_sms", num_sms), group, canonical_window(window, sq, sk, causal))
+            heads, causal, _positive_int("num_sms", num_sms), group, canonical_window(window, sq, sk, causal),
+            _positive_int("head_section", head_section, minimum=0))
 
 
 _PER_VISIT = ("visits", "rank", "cta_start", "num_heads", "num_m_blocks", "column_ranges|column_starts")

@@ -52,10 +52,10 @@ RANK_COUNT, RANK_ASC_N, RANK_DESC_N = 0, 1, 2
 class VarlenSchedule(ColumnRecords):
     """Compact records of one packed batch (arrays read-only)."""
 
-    def __init__(self, policy, problem, out, info, vlo, vhi):
+    def __init__(self, policy, problem, out, info, vlo, vhi, head_section=0):
         (self.seqlens_q, self.seqlens_k, self.block_m, self.block_n, self.heads, self.causal, self.num_sms,
          self.group_size, self.windows) = problem
-        self.policy = policy
+        self.policy, self.head_section = policy, head_section
         (self.records, self.cta_columns, self.cta_col_start, seg_col_start, self.loads, self.num_ctas,
          self.tie_sign) = out
         self.num_kv_heads = self.heads // self.group_size
@@ -149,14 +149,19 @@ def schedule_args(policy, problem) -> tuple:
 
 
 def build_varlen(policy: str = "auto", seqlens_q=None, seqlens_k=None, *, block_m: int, block_n: int, heads: int,
-                 causal: bool, num_sms: int, group_size: int = 1, window=(-1, -1)) -> VarlenSchedule:
+                 causal: bool, num_sms: int, group_size: int = 1, window=(-1, -1),
+                 head_section: int = 0) -> VarlenSchedule:
     """Compact records of the backward schedule of a packed batch (module docstring), O(columns): the arguments
     checked here, the records built by varlen_pack.schedule_varlen. ``auto`` picks among
     schedule.AUTO_CANDIDATES by the column model, as compact.column_model_choice does, and builds the records of
-    its choice only (``plan.auto_dispatched``: the candidates it had to dispatch to choose)."""
+    its choice only (``plan.auto_dispatched``: the candidates it had to dispatch to choose). ``head_section``: as
+    :func:`cupy_dash.schedule.build`'s, over the KV heads of every sequence at once."""
     problem = _problem(policy, seqlens_q, seqlens_k, block_m, block_n, heads, causal, num_sms, group_size, window)
-    code, wins, shapes, built, dispatched, _ = varlen_pack.schedule_varlen(*schedule_args(policy, problem))
-    plan = VarlenSchedule(POLICY_NAMES[code], problem[:8] + (wins,), built, shapes[0], shapes[2], shapes[3])
+    head_section = per_visit._positive_int("head_section", head_section, minimum=0)
+    code, wins, shapes, built, dispatched, _ = varlen_pack.schedule_varlen(*schedule_args(policy, problem),
+                                                                          head_section=head_section)
+    plan = VarlenSchedule(POLICY_NAMES[code], problem[:8] + (wins,), built, shapes[0], shapes[2], shapes[3],
+                          head_section)
     plan.auto_dispatched = tuple(POLICY_NAMES[c] for c in dispatched)
     return plan
 

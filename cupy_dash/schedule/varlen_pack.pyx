@@ -195,10 +195,12 @@ cpdef int rank_rule_of(int policy, int tie_sign):
 cdef int schedule_core(int policy, const long long* sq, const long long* sk, long long B, long long left,
                        long long right, long long bm, long long bn, long long heads, long long group, bint causal,
                        long long num_sms, const int* cands, int ncand, double c, double r, double tolerance,
-                       long long few_grouped, Arena* small, Arena* big, Work* w) except -1:
+                       long long few_grouped, long long head_section, Arena* small, Arena* big,
+                       Work* w) except -1:
     """schedule_varlen's computation on the arenas' scratch (``w``: every buffer and result)."""
-    cdef long long Hkv = heads // group, b, i, nv, total = 0, units, k, ncols, load, plain_load = -1, G
-    cdef bint right_bound = False, equal = True, spt
+    cdef long long Hkv = heads // group, b, i, nv, total = 0, units, k, ncols, load, plain_load = -1, G, spt
+    cdef long long section = head_section if 0 < head_section < Hkv else Hkv
+    cdef bint right_bound = False, equal = True
     cdef long long* key
     cdef long long* tmp
     arena_reserve(small, room(2 * B * 8) + room(INFO_FIELDS * B * 8) + room((B + 1) * 8) + 4 * room(B * 8)
@@ -263,7 +265,7 @@ cdef int schedule_core(int policy, const long long* sq, const long long* sk, lon
             cand = cands[j]
             if not (cand == POLICY_SYMMETRIC_SHIFT or cand == POLICY_FA3 or equal):
                 continue
-            spt = cand == POLICY_FA3 and (causal or right_bound)
+            spt = section if cand == POLICY_FA3 and (causal or right_bound) else 0
             a = NULL
             if first_cand < 0:
                 # NOTES: the first candidate is built outright (its records, its loads): it is the choice in most
@@ -309,8 +311,8 @@ cdef int schedule_core(int policy, const long long* sq, const long long* sk, lon
                     break
         built = built and policy == first_cand
     if not built:
-        build_varlen(policy, &w.sh, w.order, Hkv, policy == POLICY_FA3 and (causal or right_bound), num_sms, assign,
-                     &w.built)
+        build_varlen(policy, &w.sh, w.order, Hkv, section if policy == POLICY_FA3 and (causal or right_bound) else 0,
+                     num_sms, assign, &w.built)
     w.policy = policy
     return 0
 
@@ -348,12 +350,15 @@ cdef inline void release(Arena* small, Arena* own_small, Arena* own_big) noexcep
 cpdef tuple schedule_varlen(int policy, const long long[::1] sq, const long long[::1] sk, long long left,
                             long long right, long long bm, long long bn, long long heads, long long group,
                             bint causal, long long num_sms, tuple candidates, double c, double r,
-                            double tolerance, long long few_grouped, bint with_order=False):
+                            double tolerance, long long few_grouped, bint with_order=False,
+                            long long head_section=0):
     """The compact records of a packed batch's backward schedule (cupy_dash.schedule.build_varlen, which
     checks the arguments): ``(policy, windows int64 (B, 2), (seq_info int64 (B, 6), vis_off (B + 1,), vis_lo,
     vis_hi (columns,)), (records (columns, 8), cta_columns, cta_col_start, seg_col_start int64, loads, num_ctas,
     tie_sign), the candidates auto dispatched, with ``with_order`` the dispatch order int64 (columns,): record
-    indices in the order the columns were dispatched, else None)``. ``policy``: a _schedule.POLICY_CODES value,
+    indices in the order the columns were dispatched, else None)``. ``head_section`` > 0: fa3's shortest-first
+    rounds (causal or right-bounded masks) run over sections of that many KV heads (0: every head at once; the
+    bits are the same, schedule.l2_head_section). ``policy``: a _schedule.POLICY_CODES value,
     or -1 for auto over the codes ``candidates``: their column models (engine costs c, r) from their busiest CTA's
     load alone, the first within ``tolerance`` of the best among those the model applies to (symmetric_shift and
     fa3, the others only with equal columns), except that grouped columns with at most ``few_grouped`` per CTA take
@@ -376,7 +381,8 @@ cpdef tuple schedule_varlen(int policy, const long long[::1] sq, const long long
     arenas(&small, &big, &own_small, &own_big)
     try:
         schedule_core(policy, &sq[0] if B else NULL, &sk[0] if B else NULL, B, left, right, bm, bn, heads, group,
-                      causal, num_sms, cands, len(candidates), c, r, tolerance, few_grouped, small, big, &w)
+                      causal, num_sms, cands, len(candidates), c, r, tolerance, few_grouped, head_section, small, big,
+                      &w)
         nv = w.sh.off[B]
         G, ncols = w.built.G, w.ncols
         win_arr = np.empty((B, 2), dtype=np.int64)
@@ -417,9 +423,10 @@ cdef copy_out(dst, size_t src, long long nbytes):
 def new_packing(int policy, const long long[::1] sq, const long long[::1] sk, long long left, long long right,
                 long long bm, long long bn, long long heads, long long group, bint causal, long long num_sms,
                 tuple candidates, double c, double r, double tolerance, long long few_grouped, bint visit_starts,
-                alloc=None):
+                alloc=None, long long head_section=0):
     """(policy, pack's four outputs, num_ctas, tie_sign, rank_rule, most Q tiles, most KV tiles of a sequence
-    (at least 1 each)) of :func:`schedule_varlen`'s records for these arguments, packed as :func:`pack` packs
+    (at least 1 each)) of :func:`schedule_varlen`'s records for these arguments (``head_section`` as there), packed
+    as :func:`pack` packs
     them (into ``alloc``'s buffer, as pack): the host side of a training step's new packing in one call, with no
     intermediate Python object."""
     cdef int cands[8]
@@ -433,7 +440,8 @@ def new_packing(int policy, const long long[::1] sq, const long long[::1] sk, lo
     arenas(&small, &big, &own_small, &own_big)
     try:
         schedule_core(policy, &sq[0] if B else NULL, &sk[0] if B else NULL, B, left, right, bm, bn, heads, group,
-                      causal, num_sms, cands, len(candidates), c, r, tolerance, few_grouped, small, big, &w)
+                      causal, num_sms, cands, len(candidates), c, r, tolerance, few_grouped, head_section, small, big,
+                      &w)
         for b in range(B):
             info = w.sh.info + INFO_FIELDS * b
             w.n_first[b] = <int>(info[2] if info[2] > 0 else 0)

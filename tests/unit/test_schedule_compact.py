@@ -35,7 +35,7 @@ def oracle_table(policy, kw):
     ``kw`` and a concrete ``policy``."""
     args = per_visit._checked_args(policy, kw["seqlen_q"], kw["seqlen_k"], kw["block_m"], kw["block_n"],
                                    kw["num_heads"], kw["causal"], kw["num_sms"], kw["group_size"], kw["window"])
-    return testing.build_table(_schedule.POLICY_CODES[policy], *args[:-1], *args[-1])
+    return testing.build_table(_schedule.POLICY_CODES[policy], *args[:-2], *args[-2])
 
 
 def assert_same_table(policy, kw):

@@ -91,7 +91,7 @@ def test_tables_equal_the_direct_per_visit_builder_randomized():
                           num_sms=sms, group_size=g, window=window)
         concrete = auto._auto_choice(*args) if policy == "auto" else policy
         assert plan.policy == concrete and plan.key == (concrete,) + args
-        want = testing.build_table(_schedule.POLICY_CODES[concrete], *args[:-1], *args[-1])
+        want = testing.build_table(_schedule.POLICY_CODES[concrete], *args[:-2], *args[-2])
         cplan = compact._build_compact(concrete, *args)
         sorted_expansion = testing.expand_sorted(cplan.records, cplan.cta_columns, cplan.cta_col_start,
                                                  cplan.num_m_blocks, cplan.n_first, cplan.columns_per_head,

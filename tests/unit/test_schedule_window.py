@@ -370,7 +370,7 @@ def test_device_tables_are_keyed_by_window(host_tables):
     assert len(band.visits) < len(plain.visits)
     plan = next(p for p in device_tables._plans.values() if p.window == (100, 100))
     np.testing.assert_array_equal(band.visits, plan.visits)
-    assert "window=(100, 100)" in repr(plan) and plan.key[-1] == (100, 100)
+    assert "window=(100, 100)" in repr(plan) and plan.key[-2] == (100, 100)
 
 
 def test_cli_takes_a_window(capsys):
