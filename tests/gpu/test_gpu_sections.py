@@ -107,7 +107,9 @@ def test_gqa_and_varlen_sections_keep_the_bits(small_l2):
     total, heads, d = int(cu[-1]), 4, 128
     q, k, v, do = (_dev(rng.standard_normal((total, heads, d), dtype=np.float32).astype(case.np_dtype))
                    for _ in range(4))
-    out, lse = cupy_dash.attention_forward_varlen(q, k, v, cu, cu, int(lens.max()), int(lens.max()), causal=True)
+    cu_dev = cupy.asarray(cu)                                      # the forward reads them on the device
+    out, lse = cupy_dash.attention_forward_varlen(q, k, v, cu_dev, cu_dev, int(lens.max()), int(lens.max()),
+                                                  causal=True)
     runs = []
     for l2 in (1 << 20, 1 << 40):
         small_l2(l2)
