@@ -96,8 +96,9 @@ and its dQ writer are two serial resources with one dQ buffer between them, so t
 the writer waits for its turn, and the MMA stalls only when a second dQ partial is ready before the writer took
 the first. Calibration (docs/schedules.md): r = 0.8 c fits the measured speed ratios of the four
 policies on 16 shapes (d64, d128, full, causal, S = 1k..16k) with 0.13 rms log error, against 0.16-0.28 for the
-DAG model at any r; neither model captures why the ``fa3`` policy is 1.2-1.6x slower than ``symmetric_shift``
-under a causal mask (both predict a tie; the measured per-visit timelines show long rank waits there).
+DAG model at any r. Neither models caches: the ``fa3`` policy's rounds over every head at once ran from DRAM under
+a causal mask, 1.2-1.6x slower than ``symmetric_shift`` where both models predict a tie; in L2 sections
+(``head_section``) 0.92-1.06x.
 """
 from .auto import build, build_compact
 from .compact import CompactSchedule, expand
