@@ -13,7 +13,6 @@ SDPA's.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import threading
 import time
@@ -24,7 +23,7 @@ import torch.nn.functional as F
 import cupy_dash
 import cupy_dash.torch
 from cupy_dash.torch import ops as torch_ops
-from host_overhead import per_call_us
+from host_overhead import per_call_us, report
 
 
 class _Identity(torch.autograd.Function):
@@ -96,13 +95,7 @@ def main(argv=None):
                 threads.clear()
     torch.autograd.set_multithreading_enabled(True)
     cupy_dash.check_errors()
-    print(f"host µs per call, median of {args.calls} (p10 / p90), torch {torch.__version__}; main thread "
-          f"{threading.get_ident()}:")
-    for name, r in res.items():
-        print(f"  {name:58s} {r['median']:7.1f}   ({r['p10']:.1f} / {r['p90']:.1f})")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(calls=args.calls, torch=torch.__version__, results=res), f, indent=1)
+    report(res, args.calls, args.json, width=58, note=f"; main thread {threading.get_ident()}")
     if args.torch_profile:
         from torch.profiler import ProfilerActivity, profile
         for name in ("attention() fwd+bwd", "torch SDPA fwd+bwd"):

@@ -44,6 +44,16 @@ def per_call_us(fn, calls, warmup=50):
     return dict(median=statistics.median(times), p10=times[len(times) // 10], p90=times[9 * len(times) // 10])
 
 
+def report(res, calls, json_path=None, width=24, note=""):
+    """Print ``res`` ({name: per_call_us's dict}) as a table of medians (p10 / p90), and write it to ``json_path``."""
+    print(f"host µs per call, median of {calls} (p10 / p90), torch {torch.__version__}{note}:")
+    for name, r in res.items():
+        print(f"  {name:{width}s} {r['median']:7.1f}   ({r['p10']:.1f} / {r['p90']:.1f})")
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(dict(calls=calls, torch=torch.__version__, results=res), f, indent=1)
+
+
 def interleaved_us(fns, calls, block=100, warmup=50):
     """``{name: (fn, environment)}``: per name, the median, p10 and p90 host time of single calls in µs, the names
     taking turns in blocks of ``block`` calls, each block under its environment (set outside the timed calls)."""
@@ -134,12 +144,7 @@ def main(argv=None):
             res[name + " (no fast path)"] = per_call_us(paths[name], args.calls)
         del os.environ["CUPY_DASH_FASTPATH"]
     cupy_dash.check_errors()
-    print(f"host µs per call, median of {args.calls} (p10 / p90), torch {torch.__version__}:")
-    for name, r in res.items():
-        print(f"  {name:24s} {r['median']:7.1f}   ({r['p10']:.1f} / {r['p90']:.1f})")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(calls=args.calls, torch=torch.__version__, results=res), f, indent=1)
+    report(res, args.calls, args.json)
     if args.profile:
         for name in ("api forward", "api backward", "op backward"):
             prof = cProfile.Profile()
