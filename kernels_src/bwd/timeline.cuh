@@ -46,9 +46,11 @@ DASH_DEVICE void stamp(const BwdParams& p, int64_t v, TimelineStamp what) {
   if constexpr (kTimeline) p.timeline[kTimelineCols * v + what] = (int64_t)globaltimer_ns();
 }
 
+// NOTES: a row holds two warpgroups' stamps; head dim 192's third MMA warpgroup stamps nothing (its columns would be
+// the producer's and the next visit's, past the buffer's end at the last visit).
 DASH_DEVICE void stamp_wg(const BwdParams& p, int64_t v, int wg, int tid, WgStamp what) {
   if constexpr (kTimeline) {
-    if (tid != 0) return;
+    if (tid != 0 || wg >= 2) return;
     int64_t* row = p.timeline + kTimelineCols * v + 4 + kWgStamps * wg;
     row[what] = clock64_cycles();
     if (what == kWgTop && wg == 0) row[kWgSm] = sm_id();
