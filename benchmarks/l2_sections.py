@@ -1,11 +1,7 @@
-"""The ``fa3`` policy's dispatch in L2-sized head sections, against its dispatch over every head at once: same
-reduction order (so the same bits), fewer heads' Q, dO and dQ accumulators in flight at a time.
-
-Under a causal mask the ``fa3`` policy dispatches upstream's shortest-first rounds over every (batch, head) pair:
-round j takes the j-th shortest column of every head, so the CTAs in flight touch every head. With a section of
-``h`` heads the rounds run over the section's heads only, one section after the other; each dQ tile still adds
-its partials in descending n (the rank rule), and every wait is on a column dispatched earlier, so the tables are
-live and give the same bits. The tables go through the backward's explicit-plan hook, each timed with CUDA events
+"""The ``fa3`` policy's dispatch in L2-sized head sections (``schedule.build(..., head_section=h)``), against its
+dispatch over every head at once (``--sections 0``): same reduction order (so the same bits), fewer heads' Q, dO
+and dQ accumulators in flight at a time (docs/schedules.md, "L2 sections"; the backward itself takes
+``schedule.l2_head_section``). The tables go through the backward's explicit-plan hook, each timed with CUDA events
 (median of ``--repeats`` calls, the legs interleaved ``--rounds`` times; the hook uploads its tables in every call),
 deterministic and atomic, beside the ``symmetric_shift`` and ``shift`` tables of the same tile and the public call's
 ``fa3`` and ``symmetric_shift`` (cached tables; its tile is the hook's when ``CUPY_DASH_BWD_CAUSAL_BLOCK_M`` forces
@@ -18,49 +14,8 @@ from __future__ import annotations
 import argparse
 import datetime
 import hashlib
-import heapq
 import json
 import statistics
-
-import numpy as np
-
-
-def sectioned_fa3(base, heads_per_section: int):
-    """The rows of ``base`` (an ``fa3`` per-visit Schedule, causal) re-dispatched: shortest-first rounds within each
-    section of ``heads_per_section`` heads (0: every head, upstream's order), each column to the least-loaded CTA
-    (ties: the lowest index), its Q tiles ascending; every visit keeps its rank. Returns (visits, rank,
-    cta_start)."""
-    rank_of = {}
-    for (_, bh, n, m), r in zip(base.visits.tolist(), base.rank.tolist()):
-        rank_of[(bh, n, m)] = r
-    lo, hi = base.column_ranges()
-    H, N = base.num_heads // base.group_size, base.num_n_blocks
-    per = H if heads_per_section <= 0 else heads_per_section
-    order = []
-    for first in range(0, H, per):
-        for j in range(N):
-            for h in range(first, min(first + per, H)):
-                n = N - 1 - j
-                if hi[n] > lo[n]:
-                    order.append((h, n))
-    num_ctas = min(base.num_sms, len(order))
-    loads = [(0, c) for c in range(num_ctas)]
-    per_cta = [[] for _ in range(num_ctas)]
-    for h, n in order:
-        load, c = heapq.heappop(loads)
-        per_cta[c].append((h, n))
-        heapq.heappush(loads, (load + int(hi[n] - lo[n]) * base.group_size, c))
-    visits, rank, cta_start = [], [], [0]
-    g = base.group_size
-    for c, cols in enumerate(per_cta):
-        for h, n in cols:
-            for m in range(int(lo[n]), int(hi[n])):
-                for i in range(g):
-                    bh = h * g + i
-                    visits.append((c, bh, n, m))
-                    rank.append(rank_of[(bh, n, m)])
-        cta_start.append(len(visits))
-    return (np.asarray(visits, np.int32), np.asarray(rank, np.int32), np.asarray(cta_start, np.int64))
 
 
 def main(argv=None):
@@ -83,20 +38,14 @@ def main(argv=None):
     from cupy_dash.cli.measure import random_tensor
     from cupy_dash.core.api import _backward_with_plan
     from cupy_dash.cuda import kernels
-    from cupy_dash.schedule.per_visit import Schedule
 
     B, S, H, D = args.batch, args.seqlen, args.heads, args.hdim
     tile = kernels.bwd_tile(D, args.causal, seqlen_q=0)   # the explicit-plan hook's tile
     num_sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
     common = dict(seqlen_q=S, seqlen_k=S, block_m=tile.block_m, block_n=tile.block_n, num_heads=B * H,
                   causal=args.causal, num_sms=num_sms)
-    base = schedule.build("fa3", **common)
-    plans = {}
-    for h in args.sections:
-        visits, rank, cta_start = sectioned_fa3(base, h)
-        plans[f"fa3, sections of {h or B * H} heads"] = Schedule("fa3", S, S, tile.block_m, tile.block_n, B * H,
-                                                                args.causal, num_sms, visits, rank, cta_start,
-                                                                window=base.window).validate()
+    plans = {f"fa3, sections of {h or B * H} heads": schedule.build("fa3", head_section=h, **common).validate()
+             for h in args.sections}
     for policy in ("symmetric_shift", "shift"):
         plans[policy] = schedule.build(policy, **common)
     api_legs = ("fa3", "symmetric_shift")   # the public call, cached tables: what the hook's per-call upload adds
