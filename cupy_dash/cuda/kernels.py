@@ -29,7 +29,7 @@ SUPPORTED_HEAD_DIMS = (64, 96, 128, 192, 256)   # the forward's
 BWD_HEAD_DIMS = (64, 96, 128, 192, 256)          # the backward's
 # NOTES: a backward head dim whose kernels are built (compiled with every variant) but not yet shipped goes here:
 # the API refuses it (BWD_HEAD_DIMS) until its GPU tests have passed on the H200; the GPU tests enable it
-# (tests/gpu/conftest.py). Head dim 192 passed on 2026-12-04 and moved to BWD_HEAD_DIMS.
+# (tests/gpu/conftest.py); docs/decisions/tile-plans.md records when each head dim moved.
 BWD_PENDING_HEAD_DIMS = ()
 BWD_BUILT_HEAD_DIMS = BWD_HEAD_DIMS + BWD_PENDING_HEAD_DIMS   # every backward head dim that has kernels
 SUPPORTED_DTYPES = ("bfloat16", "float16")
