@@ -4,7 +4,7 @@
 #                                  fold|fold_bench|varlen_events|sanitize|ncu|engine|engine_bench|
 #                                  dq_writers|multi_gpu|first|first2|fa3_bench|fa3_full|final|tile80|d96|tests2|
 #                                  loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|suite|legs_ab|
-#                                  short_modes|steady|steady_ab|all]
+#                                  short_modes|steady|steady_ab|ncu_conflicts|all]
 #                                  [extra pytest args...]
 # "engine": the backward kernel's GPU tests (every family: MHA, GQA, compact, varlen, fold, window, portable);
 # "engine_bench": the backward at the issue's shapes, this tree against the kernels in every carried .ab*/kernels_src
@@ -30,7 +30,7 @@ if [ -n "${FA3_WHL:-}" ]; then
   $py -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >"$OUT/fa3_install.log" 2>&1 && export PYTHONPATH=/tmp/site
 fi
 case "$stage" in   # these stages compile only the kernels they run, on first use
-  ncu|engine_bench|dq_writers|first|first2|fa3_bench|fa3_full|final|tile80|d96|loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|legs_ab|short_modes|steady|steady_ab) ;;
+  ncu|engine_bench|dq_writers|first|first2|fa3_bench|fa3_full|final|tile80|d96|loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|legs_ab|short_modes|steady|steady_ab|ncu_conflicts) ;;
   *) $py -m cupy_dash compile --all -j 16 >/tmp/compile.log 2>&1 || { tail -20 /tmp/compile.log; exit 1; }
      tail -1 /tmp/compile.log ;;
 esac
@@ -265,6 +265,23 @@ if [ "$stage" = steady_ab ]; then   # AB_PATCHES (benchmarks/patches/<name>) aga
     done
   done
   (cd /tmp/sab && tar czf "$OUT/steady_ab.tgz" *)
+fi
+if [ "$stage" = ncu_conflicts ]; then   # where our shared-load bank conflicts come from (causal 8k, B = 2): the
+  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | tail -1)   # tree with the 80- and the 64-query tile,
+  mkdir -p /tmp/nc .ab_nodq && cp -r kernels_src .ab_nodq/   # atomic dQ adds, and no bulk copies at all (no_dq_add)
+  (cd .ab_nodq && patch -s -p1 <../benchmarks/patches/no_dq_add.patch)
+  m=l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum
+  m=$m,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum,sm__cycles_elapsed.max,smsp__inst_executed.sum
+  m=$m,smsp__pcsamp_warps_issue_stalled_mio_throttle,smsp__pcsamp_sample_count
+  for leg in m80 m64 atomic nodq; do
+    run=($py); sched=auto; blk=80
+    [ $leg = m64 ] && blk=64; [ $leg = atomic ] && sched=atomic
+    [ $leg = nodq ] && run=($py benchmarks/with_kernels.py .ab_nodq/kernels_src)
+    CUPY_DASH_BWD_CAUSAL_BLOCK_M=$blk timeout 150 "$ncu" --profile-from-start off --clock-control none --metrics "$m" \
+      -k dash_bwd_main -c 1 --csv "${run[@]}" benchmarks/ncu_bwd.py --impl ours --schedule $sched --causal \
+      --seqlen 8192 --batch 2 >/tmp/nc/$leg.csv 2>&1; grep -E "conflicts|cycles_elapsed" /tmp/nc/$leg.csv | sed "s/^/$leg /"
+  done
+  (cd /tmp/nc && tar czf "$OUT/ncu_conflicts.tgz" *)
 fi
 if [ "$stage" = short_modes ]; then   # a short shape's deterministic spread (full 1280 by default; SHORT_ARGS: other
   mkdir -p /tmp/sm                        # timing_modes.py shape arguments): five processes each of the deterministic
