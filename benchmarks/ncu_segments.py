@@ -12,23 +12,20 @@ from __future__ import annotations
 
 import argparse
 import collections
-import csv
-import gzip
 import re
+
+from sass_ops import read_page
 
 _CUTS = re.compile(r"^(?:@!?U?P\w+\s+)?(WARPGROUP\.DEPBAR|SYNCS\.PHASECHK|BAR\.SYNC|DEPBAR|EXIT)")
 
 
 def load(path: str) -> list:
     """[(index, sass text, stall samples, warp-level executions, {reason: samples})] in address order."""
-    with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
-        rows = list(csv.reader(f))
-    header = next(i for i, r in enumerate(rows) if "Source" in r and "Instructions Executed" in r)
-    names = rows[header]
+    names, rows = read_page(path)
     col = {n: i for i, n in enumerate(names)}
     reasons = [n for n in names if n.startswith("stall_") and "(Not Issued)" not in n]
     out = []
-    for r in rows[header + 1:]:
+    for r in rows:
         if len(r) < len(names):
             continue
         out.append((len(out), r[col["Source"]].strip(), int(r[col["Warp Stall Sampling (All Samples)"]] or 0),

@@ -18,15 +18,20 @@ import gzip
 import re
 
 
-def load(path: str) -> list:
-    """[(sass text, stall samples, warp-level executions)] in address order."""
+def read_page(path: str) -> tuple:
+    """(column names, rows after the header) of an ncu source page as CSV (``.gz`` read as is)."""
     with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
         rows = list(csv.reader(f))
     header = next(i for i, r in enumerate(rows) if "Source" in r and "Instructions Executed" in r)
-    names = rows[header]
+    return rows[header], rows[header + 1:]
+
+
+def load(path: str) -> list:
+    """[(sass text, stall samples, warp-level executions)] in address order."""
+    names, rows = read_page(path)
     src, samples, executed = (names.index(n) for n in
                               ("Source", "Warp Stall Sampling (All Samples)", "Instructions Executed"))
-    return [(r[src].strip(), int(r[samples] or 0), int(r[executed] or 0)) for r in rows[header + 1:] if len(r) > executed]
+    return [(r[src].strip(), int(r[samples] or 0), int(r[executed] or 0)) for r in rows if len(r) > executed]
 
 
 def opcode(sass: str) -> str:

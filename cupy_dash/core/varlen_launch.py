@@ -88,7 +88,7 @@ def _tables(dev, dtype, D, causal, schedule, lens_q, lens_k, H, Hkv, window, sof
     above = compact_device.AUTO_VISITS if config.COMPACT_TABLES.get() is None or softcap else None
     tile_sq = kernels.varlen_tile_seqlen(int(lens_q.max(initial=0)))   # the tile: by the longest sequence
     _, bm, bn, max_ctas = _entry(dev, dtype, D, causal, False, softcap, capture, tile_sq, window, head_dim_v)
-    section = launchers.head_section(int(lens_q.sum()), D, H // Hkv, D if head_dim_v is None else head_dim_v, dev)
+    section = launchers.head_section(int(lens_q.sum()), D, H // Hkv, head_dim_v, dev)
     tables = varlen_device.plan(schedule, lens_q, lens_k, bm, bn, H, Hkv, causal, max_ctas, window,
                                 {"compact": True, "expand": "expand", "visits": False}[form], above,
                                 pinned=not capture, head_section=section)

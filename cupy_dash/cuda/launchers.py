@@ -182,9 +182,9 @@ def l2_bytes(device_id: int) -> int:
     return int(cupy.cuda.Device(device_id).attributes["L2CacheSize"])
 
 
-def head_section(tokens_q: int, head_dim: int, group_size: int, head_dim_v: int, device_id: int) -> int:
-    """The ``fa3`` policy's head section (:func:`cupy_dash.schedule.l2_head_section`, 16-bit inputs) for
-    ``tokens_q`` query tokens per head (a packed batch: all of them) on device ``device_id``."""
+def head_section(tokens_q: int, head_dim: int, group_size: int, head_dim_v: int | None, device_id: int) -> int:
+    """The ``fa3`` policy's head section (:func:`cupy_dash.schedule.l2_head_section`, 16-bit inputs; ``head_dim_v``
+    None: ``head_dim``) for ``tokens_q`` query tokens per head (a packed batch: all of them) on ``device_id``."""
     return _schedule.l2_head_section(tokens_q, head_dim, group_size, l2_bytes(device_id), head_dim_v)
 
 
