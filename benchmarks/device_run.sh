@@ -4,7 +4,7 @@
 #                                  fold|fold_bench|varlen_events|sanitize|ncu|engine|engine_bench|
 #                                  dq_writers|multi_gpu|first|first2|fa3_bench|fa3_full|final|tile80|d96|tests2|
 #                                  loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|suite|legs_ab|
-#                                  short_modes|steady|steady_ab|ncu_conflicts|all]
+#                                  short_modes|steady|steady_ab|ncu_conflicts|sections_auto|all]
 #                                  [extra pytest args...]
 # "engine": the backward kernel's GPU tests (every family: MHA, GQA, compact, varlen, fold, window, portable);
 # "engine_bench": the backward at the issue's shapes, this tree against the kernels in every carried .ab*/kernels_src
@@ -30,7 +30,7 @@ if [ -n "${FA3_WHL:-}" ]; then
   $py -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >"$OUT/fa3_install.log" 2>&1 && export PYTHONPATH=/tmp/site
 fi
 case "$stage" in   # these stages compile only the kernels they run, on first use
-  ncu|engine_bench|dq_writers|first|first2|fa3_bench|fa3_full|final|tile80|d96|loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|legs_ab|short_modes|steady|steady_ab|ncu_conflicts) ;;
+  ncu|engine_bench|dq_writers|first|first2|fa3_bench|fa3_full|final|tile80|d96|loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|legs_ab|short_modes|steady|steady_ab|ncu_conflicts|sections_auto) ;;
   *) $py -m cupy_dash compile --all -j 16 >/tmp/compile.log 2>&1 || { tail -20 /tmp/compile.log; exit 1; }
      tail -1 /tmp/compile.log ;;
 esac
@@ -251,6 +251,13 @@ if [ "$stage" = steady ]; then   # the backward beside FA3's at a steady clock, 
   timeout ${STEADY_LIMIT:-300} $py benchmarks/steady_bench.py ${STEADY_ARGS:-} --json "$OUT/steady.json" \
     --md "$OUT/steady.md" 2>&1 | tail -8
 fi
+if [ "$stage" = sections_auto ]; then   # auto against the sectioned fa3 table (and descending) at a steady clock,
+  for d in ${SECTION_HDIMS:-64 128}; do   # causal 1k-4k: the evidence an auto rule for L2 sections needs
+    timeout 200 $py benchmarks/steady_bench.py --hdim $d --no-fa3 --impls dash_det --schedules fa3 descending \
+      --shapes ${SECTION_SHAPES:-causal:1024 causal:2048 causal:4096} --rounds 3 --loop-s 0.5 \
+      --json "$OUT/steady_sched_d$d.json" --md "$OUT/steady_sched_d$d.md" 2>&1 | tail -4
+  done
+fi
 if [ "$stage" = steady_ab ]; then   # AB_PATCHES (benchmarks/patches/<name>) against the tree at a steady clock:
   mkdir -p /tmp/sab                   # LEGS rounds of one process per leg, each timing ours deterministic beside
   for p in ${AB_PATCHES:?}; do        # FA3's non-deterministic backward (FA3_WHL=1), the yardstick of its process
@@ -266,20 +273,26 @@ if [ "$stage" = steady_ab ]; then   # AB_PATCHES (benchmarks/patches/<name>) aga
   done
   (cd /tmp/sab && tar czf "$OUT/steady_ab.tgz" *)
 fi
-if [ "$stage" = ncu_conflicts ]; then   # where our shared-load bank conflicts come from (causal 8k, B = 2): the
-  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | tail -1)   # tree with the 80- and the 64-query tile,
-  mkdir -p /tmp/nc .ab_nodq && cp -r kernels_src .ab_nodq/   # atomic dQ adds, and no bulk copies at all (no_dq_add)
-  (cd .ab_nodq && patch -s -p1 <../benchmarks/patches/no_dq_add.patch)
+if [ "$stage" = ncu_conflicts ]; then   # where the shared-memory bank conflicts and the mio throttle come from:
+  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | tail -1)   # causal 8k (B = 2) with the 80- and the
+  mkdir -p /tmp/nc .ab_nodq && cp -r kernels_src .ab_nodq/   # 64-query tile, atomic, no bulk copies at all
+  (cd .ab_nodq && patch -s -p1 <../benchmarks/patches/no_dq_add.patch)   # (no_dq_add), FA3 (FA3_WHL=1); full 3840
   m=l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum
-  m=$m,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum,sm__cycles_elapsed.max,smsp__inst_executed.sum
-  m=$m,smsp__pcsamp_warps_issue_stalled_mio_throttle,smsp__pcsamp_sample_count
-  for leg in m80 m64 atomic nodq; do
-    run=($py); sched=auto; blk=80
+  m=$m,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum
+  m=$m,sm__cycles_elapsed.max,smsp__inst_executed.sum,smsp__sass_inst_executed_op_shared_gmma.sum
+  m=$m,smsp__sass_inst_executed_op_shared_ld.sum,smsp__sass_inst_executed_op_global_ld.sum
+  m=$m,smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio   # (B = 4): ours and FA3, 80 x 128 both
+  for leg in m80 m64 atomic nodq fa3 full_ours full_fa3; do
+    run=($py); sched=auto; blk=80; kern=dash_bwd_main; args=(--impl ours); shape=(--causal --seqlen 8192 --batch 2)
     [ $leg = m64 ] && blk=64; [ $leg = atomic ] && sched=atomic
     [ $leg = nodq ] && run=($py benchmarks/with_kernels.py .ab_nodq/kernels_src)
+    [ ${leg#full_} != $leg ] && shape=(--seqlen 3840 --batch 4)
+    [ ${leg#full_} = fa3 ] && kern=regex:FlashAttnBwdSm90 && args=(--impl fa3)
+    [ ${args[1]} = ours ] && args+=(--schedule $sched)
     CUPY_DASH_BWD_CAUSAL_BLOCK_M=$blk timeout 150 "$ncu" --profile-from-start off --clock-control none --metrics "$m" \
-      -k dash_bwd_main -c 1 --csv "${run[@]}" benchmarks/ncu_bwd.py --impl ours --schedule $sched --causal \
-      --seqlen 8192 --batch 2 >/tmp/nc/$leg.csv 2>&1; grep -E "conflicts|cycles_elapsed" /tmp/nc/$leg.csv | sed "s/^/$leg /"
+      --kernel-name-base demangled -k "$kern" -c 1 --csv "${run[@]}" benchmarks/ncu_bwd.py "${args[@]}" \
+      "${shape[@]}" >/tmp/nc/$leg.csv 2>&1
+    grep -E '"(l1tex|sm|smsp)__' /tmp/nc/$leg.csv | awk -F'","' '{print $(NF-2), $NF}' | tr -d '"' | sed "s/^/$leg /"
   done
   (cd /tmp/nc && tar czf "$OUT/ncu_conflicts.tgz" *)
 fi

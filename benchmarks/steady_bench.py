@@ -9,7 +9,8 @@ round, so that none always follows the same neighbour. Per loop: ms per call (wa
 calls), the SM clock and power (nvidia-smi, 20 ms samples over the loop) and their product, Mcycles per call.
 
 Implementations (backward): ``dash_det`` (cupy_dash deterministic, ``schedule="auto"``), ``dash_atomic``, and with the
-flash-attn3-jax wheel importable ``fa3_nondet`` and ``fa3_det`` (bench_peers.Fa3Peer, on our forward's out / lse).
+flash-attn3-jax wheel importable ``fa3_nondet`` and ``fa3_det`` (bench_peers.Fa3Peer, on our forward's out / lse);
+``--schedules a b`` adds deterministic legs ``dash_a``, ``dash_b`` with that schedule instead of ``auto``.
 Before timing, FA3's dq, dk, dv are compared with ours (max |diff| over max |ours| per tensor; a peer above
 ``--tolerance`` is marked invalid and left out of the ratios), and each deterministic implementation is run twice
 on the same inputs and its bits compared. ``--forward``: the forwards instead (``dash_fwd``, ``fa3_fwd``, FA3's
@@ -110,7 +111,7 @@ class Smi:
         self.proc.wait()
 
 
-def implementations(shape, fa3, forward=False):
+def implementations(shape, fa3, forward=False, schedules=()):
     """{name: (call, done, result)} on one seeded input set; ``result()`` returns the outputs compared between
     implementations as CuPy arrays: (dq, dk, dv), or (out,) with ``forward``."""
     import cupy
@@ -124,19 +125,20 @@ def implementations(shape, fa3, forward=False):
     names = ("q", "k", "v") if forward else ("do", "q", "k", "v", "out", "lse")
     operands = tuple(t[n] for n in names)
 
-    def ours(det):
+    def ours(det, schedule="auto"):
         if forward:
             return (cupy_dash.attention_forward(*operands, causal=causal)[0],)
-        return cupy_dash.attention_backward(*operands, causal=causal, schedule="auto", deterministic=det)
+        return cupy_dash.attention_backward(*operands, causal=causal, schedule=schedule, deterministic=det)
 
-    def enqueue(det):
-        ours(det)
+    def enqueue(det, schedule="auto"):
+        ours(det, schedule)
         ev = cupy.cuda.Event(disable_timing=True)
         ev.record()
         return ev
-    kinds = ((True, "dash_fwd"),) if forward else ((True, "dash_det"), (False, "dash_atomic"))
-    impls = {name: (lambda d=det: enqueue(d), lambda ev: ev.synchronize(), lambda d=det: ours(d))
-             for det, name in kinds}
+    kinds = ((True, "dash_fwd", "auto"),) if forward else ((True, "dash_det", "auto"), (False, "dash_atomic", "auto"))
+    kinds += tuple((True, f"dash_{name}", name) for name in schedules)
+    impls = {name: (lambda d=det, s=sched: enqueue(d, s), lambda ev: ev.synchronize(),
+                    lambda d=det, s=sched: ours(d, s)) for det, name, sched in kinds}
     if fa3 is not None:
         jax = fa3.jax
         cupy.cuda.Device().synchronize()
@@ -167,10 +169,11 @@ def agreement(ours, theirs):
 def run_shape(shape, opts, fa3, smi):
     from bench_peers import same_bits
     from cupy_dash.cli.measure import attention_flops
-    impls = implementations(shape, fa3, opts.forward)
+    impls = implementations(shape, fa3, opts.forward, () if opts.forward else opts.schedules)
     ours = "dash_fwd" if opts.forward else "dash_det"
     if opts.impls:
-        impls = {n: impls[n] for n in impls if n in opts.impls or n == ours}
+        impls = {n: impls[n] for n in impls
+                 if n in opts.impls or n == ours or n in (f"dash_{x}" for x in opts.schedules)}
     flops = attention_flops(shape["batch"], shape["heads"], shape["seqlen"], shape["seqlen"], shape["hdim"],
                             shape["causal"], "fwd" if opts.forward else "bwd")
     ref = impls[ours][2]()                             # the reference every other result is compared with
@@ -202,7 +205,7 @@ def run_shape(shape, opts, fa3, smi):
                              power_w_median=med([x["power_w"] for x in loops[name] if x["power_w"]] or [0]),
                              mcycles_median=med(cyc) if cyc else None, **checks[name])
     ratios = {}
-    for peer in ("fa3_fwd", "fa3_nondet", "fa3_det", "dash_atomic"):
+    for peer in ("fa3_fwd", "fa3_nondet", "fa3_det", "dash_atomic", *(f"dash_{x}" for x in opts.schedules)):
         if peer in loops and checks[peer]["valid"]:
             per_round = [p["ms"] / d["ms"] for p, d in zip(loops[peer], loops[ours])]
             ratios[f"{ours}_speed_vs_{peer}"] = dict(median=med(per_round), min=min(per_round), max=max(per_round))
@@ -230,9 +233,12 @@ def markdown(report, title=True):
             valid = "" if x["valid"] else " (invalid)"
             lines.append(f"| {s['shape']['name']} | {name}{valid} | {x['tflops']:.0f} | {x['ms_median']:.3f} "
                          f"({x['ms_min']:.3f}-{x['ms_max']:.3f}) | {x['sm_mhz_median']:.0f} | "
-                         f"{x['power_w_median']:.0f} | {cyc} | {x.get('rel_diff_vs_ours', x.get('rel_diff_vs_dash_det')):.1e} | "
+                         f"{x['power_w_median']:.0f} | {cyc} | "
+                         f"{x.get('rel_diff_vs_ours', x.get('rel_diff_vs_dash_det')):.1e} | "
                          f"{x.get('repeats_bits', '-')} |")
+    extra = sorted({k for s in report["shapes"] for k in s["ratios"]} - {k for k, _ in RATIO_COLUMNS})
     columns = [(k, label) for k, label in RATIO_COLUMNS if any(k in s["ratios"] for s in report["shapes"])]
+    columns += [(k, "auto / " + k.rsplit("_vs_dash_", 1)[1]) for k in extra if "_vs_dash_" in k]
     if columns:
         lines += ["", "| shape | " + " | ".join(label for _, label in columns) + " |",
                   "|---|" + "---|" * len(columns)]
@@ -296,6 +302,8 @@ def main():
     ap.add_argument("--forward", action="store_true", help="the forward (dash_fwd, fa3_fwd) instead")
     ap.add_argument("--impls", nargs="+", default=None,
                     help="a subset of dash_det dash_atomic fa3_nondet fa3_det (default: all available)")
+    ap.add_argument("--schedules", nargs="+", default=[],
+                    help="deterministic legs with these schedules (dash_<name>), each against dash_det (auto)")
     ap.add_argument("--json", required=True, help="the report to write (with --replot: to read)")
     ap.add_argument("--md", default=None)
     ap.add_argument("--png", default=None, help="a bar chart of the report (needs matplotlib)")

@@ -55,6 +55,20 @@ def test_markdown_names_every_implementation_and_the_ratio():
     assert "| full:1280 | 1.10 (1.05-1.12) |" in text
 
 
+def test_markdown_gives_each_named_schedule_leg_its_column():
+    summary = {name: dict(ms_median=ms, ms_min=ms, ms_max=ms, tflops=100 / ms, sm_mhz_median=1800.0,
+                          power_w_median=600.0, mcycles_median=ms * 1.8, rel_diff_vs_ours=0.0, valid=True,
+                          repeats_bits=True)
+               for name, ms in (("dash_det", 0.9), ("dash_fa3", 0.95))}
+    report = dict(meta=dict(date="d", command="c", commit="abc", kernels_sha256="0" * 64, gpu="H200", rounds=3,
+                            loop_s=1.0),
+                  shapes=[dict(shape=dict(name="causal:2048"), summary=summary,
+                               ratios={"dash_det_speed_vs_dash_fa3": dict(median=1.06, min=1.04, max=1.07)})])
+    text = sb.markdown(report)
+    assert "| shape | auto / fa3 |" in text
+    assert "| causal:2048 | 1.06 (1.04-1.07) |" in text
+
+
 def test_smi_windows_parse_each_complete_line_once(tmp_path):
     """Smi.window: medians of the samples between two times, read incrementally from nvidia-smi's trace; a line
     still being written waits for the next read (no nvidia-smi here: the trace is written by the test)."""
