@@ -4,7 +4,7 @@
 #                                  fold|fold_bench|varlen_events|sanitize|ncu|engine|engine_bench|
 #                                  dq_writers|multi_gpu|first|first2|fa3_bench|fa3_full|final|tile80|d96|tests2|
 #                                  loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|suite|legs_ab|
-#                                  short_modes|steady|steady_ab|ncu_conflicts|sections_auto|all]
+#                                  short_modes|steady|steady_ab|ncu_conflicts|sections_auto|fwd_order|all]
 #                                  [extra pytest args...]
 # "engine": the backward kernel's GPU tests (every family: MHA, GQA, compact, varlen, fold, window, portable);
 # "engine_bench": the backward at the issue's shapes, this tree against the kernels in every carried .ab*/kernels_src
@@ -30,7 +30,7 @@ if [ -n "${FA3_WHL:-}" ]; then
   $py -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >"$OUT/fa3_install.log" 2>&1 && export PYTHONPATH=/tmp/site
 fi
 case "$stage" in   # these stages compile only the kernels they run, on first use
-  ncu|engine_bench|dq_writers|first|first2|fa3_bench|fa3_full|final|tile80|d96|loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|legs_ab|short_modes|steady|steady_ab|ncu_conflicts|sections_auto) ;;
+  ncu|engine_bench|dq_writers|first|first2|fa3_bench|fa3_full|final|tile80|d96|loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|legs_ab|short_modes|steady|steady_ab|ncu_conflicts|sections_auto|fwd_order) ;;
   *) $py -m cupy_dash compile --all -j 16 >/tmp/compile.log 2>&1 || { tail -20 /tmp/compile.log; exit 1; }
      tail -1 /tmp/compile.log ;;
 esac
@@ -257,6 +257,17 @@ if [ "$stage" = sections_auto ]; then   # auto against the sectioned fa3 table (
       --shapes ${SECTION_SHAPES:-causal:1024 causal:2048 causal:4096} --rounds 3 --loop-s 0.5 \
       --json "$OUT/steady_sched_d$d.json" --md "$OUT/steady_sched_d$d.md" 2>&1 | tail -4
   done
+fi
+if [ "$stage" = fwd_order ]; then   # the causal forward's launch order (FwdParams.head_section): its tests, the legs
+  timeout -s INT -k 30 240 $py -m pytest tests/gpu/test_gpu_forward.py -q -ra "$@" 2>&1 \
+    | tee "$OUT/fwd_order_tests.log" | tail -4     # of benchmarks/fwd_order.py, then beside FA3's forward (FA3_WHL=1)
+  for d in 128 64; do
+    timeout 150 $py benchmarks/fwd_order.py --hdim $d --json "$OUT/fwd_order_d$d.json" --md "$OUT/fwd_order_d$d.md" \
+      2>&1 | tail -6
+  done
+  timeout 200 $py benchmarks/steady_bench.py --forward --rounds 3 --loop-s 0.5 --shapes causal:1024 causal:2048 \
+    causal:4096 causal:8192 causal:16384 full:1280 full:3840 full:15360 --json "$OUT/steady_fwd.json" \
+    --md "$OUT/steady_fwd.md" 2>&1 | tail -10
 fi
 if [ "$stage" = steady_ab ]; then   # AB_PATCHES (benchmarks/patches/<name>) against the tree at a steady clock:
   mkdir -p /tmp/sab                   # LEGS rounds of one process per leg, each timing ours deterministic beside

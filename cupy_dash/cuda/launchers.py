@@ -58,6 +58,16 @@ def fwd_grid(p, block_m) -> tuple:
     return -(-p.Sq // block_m), p.H, p.B
 
 
+def fwd_head_section(p, element_bytes: int = 2) -> int:
+    """(b, h) pairs per L2 section of the causal forward's launch order (``FwdParams.head_section``, fixed length):
+    as many query heads as keep the K and V they read (``Sk`` rows of ``D + Dv`` elements per KV head, shared by
+    ``H / Hkv`` query heads) within ``schedule.L2_SECTION_SHARE`` of the device's L2; at least 1, at most B * H.
+    Changes the order in which tiles start, never a result."""
+    kv_head = max(1, p.Sk) * (p.D + p.Dv) * element_bytes
+    per_section = int(_schedule.L2_SECTION_SHARE * l2_bytes(p.device_id)) * (p.H // p.Hkv) // kv_head
+    return min(max(1, per_section), p.B * p.H)
+
+
 def logit_factors(p, backward: bool) -> dict:
     """The parameter block's softmax_scale, softmax_scale_log2 and softcap_prescale for ``p`` (its ``scale`` and
     logit cap ``softcap``, 0 for none; kernels_src/params.cuh): with a cap c the kernels compute t = tanh(s * scale
@@ -96,7 +106,8 @@ def fwd_params(block_m, block_n, p, window, operands, out_ptr, lse_ptr, varlen=N
                                  box_panels=1),
         lse=lse_ptr, batch=batch, seqlen_q=Sq, seqlen_k=Sk, num_heads=H, num_heads_kv=Hkv,
         window_left=window[0], window_right=window[1], **logit_factors(p, backward=False),
-        cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, out=out_ptr if varlen is not None else 0)
+        cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, out=out_ptr if varlen is not None else 0,
+        head_section=fwd_head_section(p) if varlen is None else 0)
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -107,10 +107,23 @@ struct Tile {
   bool varlen;                // packed variable-length sequences (FwdParams::cu_seqlens_q/k, is_varlen)
   DASH_DEVICE Tile(const FwdParams& p) : varlen(is_varlen(p)) {
     const int num_m_blocks = (int)gridDim.x;
-    // NOTES: causal tiles get shorter as m_block falls; launching the longest first shortens the tail.
+    // NOTES: causal tiles get shorter as m_block falls; launching the longest first shortens the tail. With a head
+    // section (fixed length) the grid's blocks, in launch order, walk sections of head_section (b, h) pairs, and
+    // within one every pair's tile m_block before any pair's m_block - 1: the longest of every head come first, as
+    // in a longest-first list over the whole grid, while the K and V of one section stay in L2.
     m_block = kCausal ? num_m_blocks - 1 - (int)blockIdx.x : (int)blockIdx.x;
     h = (int)blockIdx.y;
     b = (int)blockIdx.z;
+    if (kCausal && p.head_section > 0) {
+      const int pairs = (int)(gridDim.y * gridDim.z), section = (int)min(p.head_section, (int64_t)pairs);
+      const int linear = (int)(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z));
+      const int first = linear / (section * num_m_blocks) * section, width = min(section, pairs - first);
+      const int within = linear - first * num_m_blocks;
+      const int pair = first + within % width;
+      m_block = num_m_blocks - 1 - within / width;
+      h = pair % (int)gridDim.y;
+      b = pair / (int)gridDim.y;
+    }
     hk = h / ((int)p.num_heads / (int)p.num_heads_kv);
     if (varlen) {
       const SeqSpan s(p.cu_seqlens_q, p.cu_seqlens_k, (int)p.seqlen_q, (int)p.seqlen_k, b);

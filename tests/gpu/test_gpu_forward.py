@@ -6,6 +6,7 @@ Skipped without a Hopper GPU.
 """
 from __future__ import annotations
 
+import types
 import zlib
 from dataclasses import dataclass
 
@@ -180,6 +181,37 @@ def test_forward_unbounded_window_is_bitwise_the_plain_forward():
     for x, y in ((a, b), (a, c)):
         assert bool((x[0].view(cupy.int16) == y[0].view(cupy.int16)).all())
         assert bool((x[1].view(cupy.int32) == y[1].view(cupy.int32)).all())
+
+
+# (shape, K and V bytes of L2 per (b, h) pair): a causal launch walks L2 sections of (b, h) pairs (FwdParams.
+# head_section); 3 of 10 pairs per section leaves a last section of one, 1 is the per-head order
+SECTION_CASES = [(Shape("bf16", 128, True, 1000, 1000, 2, 5, 5), 3), (Shape("bf16", 64, True, 1537, 777, 2, 6, 2), 2),
+                 (Shape("fp16", 256, True, 777, 1500, 1, 4, 4), 1),
+                 (Shape("bf16", 192, True, 1000, 1000, 2, 3, 3), 4)]
+
+
+@pytest.mark.parametrize("shape,pairs", SECTION_CASES, ids=lambda x: x.id if isinstance(x, Shape) else f"pairs{x}")
+def test_forward_causal_head_sections(shape, pairs, monkeypatch):
+    """Forced sections (the L2 size made to hold ``pairs`` pairs' K and V): correct against the float64 reference,
+    and bitwise equal to the launch with every pair in one section."""
+    from cupy_dash.cuda import launchers
+    monkeypatch.setenv("CUPY_DASH_FASTPATH", "0")           # the fast path's plans hold the packed block
+    group = shape.heads // shape.heads_kv
+    kv_head = shape.seqlen_k * 2 * shape.hdim * 2
+    l2 = {"bytes": 1 << 40}
+    monkeypatch.setattr(launchers, "l2_bytes", lambda dev: l2["bytes"])
+    q, k, v = _inputs(shape)
+    dq, dk, dv = _dev(q), _dev(k), _dev(v)
+    whole = cupy_dash.attention_forward(dq, dk, dv, causal=True)
+    l2["bytes"] = (pairs * kv_head // group + 1) * 10 // 4 + 8    # L2_SECTION_SHARE = 0.4 of it holds `pairs` pairs
+    p = types.SimpleNamespace(B=shape.batch, Sk=shape.seqlen_k, H=shape.heads, Hkv=shape.heads_kv, D=shape.hdim,
+                              Dv=shape.hdim, device_id=cupy.cuda.Device().id)
+    assert launchers.fwd_head_section(p) == pairs
+    _poison()
+    out, lse = cupy_dash.attention_forward(dq, dk, dv, causal=True)
+    _check(shape, q, k, v, out, lse)
+    assert bool((out.view(cupy.int16) == whole[0].view(cupy.int16)).all())
+    assert bool((lse.view(cupy.int32) == whole[1].view(cupy.int32)).all())
 
 
 @pytest.mark.parametrize("hdim", [192])

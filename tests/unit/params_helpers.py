@@ -7,6 +7,7 @@ def fwd_fields(**over):
     fields = dict(tma_q=b"\x01" * 128, tma_k=b"\x02" * 128, tma_v=b"\x03" * 128, tma_o=b"\x04" * 128, lse=0x5000,
                   batch=2, seqlen_q=300, seqlen_k=500, num_heads=8, num_heads_kv=2, window_left=-1,
                   window_right=7, cu_seqlens_q=0x6000, cu_seqlens_k=0x7000, out=0x8000, softmax_scale=0.125,
-                  softmax_scale_log2=0.125 * 1.4426950408889634, softcap_prescale=0.0)
+                  softmax_scale_log2=0.125 * 1.4426950408889634, softcap_prescale=0.0,
+                  head_section=11)
     fields.update(over)
     return fields

@@ -27,7 +27,8 @@ def test_params_layout_matches_c_structs(offsetof):
     # BwdParams: four 64-byte-aligned 128-byte tensor maps first, 400 bytes of 8-byte fields, then the compact
     # tables' 64 bytes, the varlen builds' two pointers, tile_columns, the compact varlen builds' three pointers
     # and the eager error record's host mirror, the fold flag and the soft-capping prescale appended (the earlier
-    # offsets unchanged: softmax_scale_log2 still ends at 936), padded to 64; FwdParams likewise ends in it
+    # offsets unchanged: softmax_scale_log2 still ends at 936), padded to 64; FwdParams likewise ends in it, then
+    # the causal launch order's head section
     assert kernels.FWD_PARAMS_DTYPE.itemsize == 640 and kernels.BWD_PARAMS_DTYPE.itemsize == 1088
     bwd = kernels.BWD_PARAMS_DTYPE
     appended = ("col_records", "cta_columns", "cta_col_start", "scan_bounds", "n_first", "columns_per_head",
@@ -35,7 +36,7 @@ def test_params_layout_matches_c_structs(offsetof):
                 "seq_n_first", "seq_tile_start", "error_host", "fold", "softcap_prescale")
     assert bwd.names[-17:] == appended and bwd.fields["softmax_scale_log2"][1] == 932
     assert [bwd.fields[n][1] for n in appended] == list(range(936, 1072, 8))
-    assert kernels.FWD_PARAMS_DTYPE.names[-1] == "softcap_prescale"
+    assert kernels.FWD_PARAMS_DTYPE.names[-2:] == ("softcap_prescale", "head_section")
     assert kernels.PARAMS_STRUCTS["BwdParams"][1] == 64 and kernels.BWD_PARAMS_DTYPE.fields["q"][1] == 512
 
 
@@ -82,6 +83,7 @@ def test_pack_fwd_params_bytes():
     tail = np.frombuffer(raw[576:584], dtype="<f4")
     assert tail[0] == np.float32(0.125) and tail[1] == np.float32(0.125 * 1.4426950408889634)
     assert list(np.frombuffer(raw[584:608], dtype="<u8")) == [0x6000, 0x7000, 0x8000]
+    assert np.frombuffer(raw[616:624], dtype="<i8")[0] == 11      # head_section, after softcap_prescale's 4 bytes
 
 
 def test_pack_params_errors():

@@ -1,0 +1,154 @@
+"""The causal forward's launch order, A/B at a steady clock: the same kernel and inputs, only FwdParams.head_section
+differs between legs (the order in which the grid's tiles start; the results are bitwise equal, checked here).
+
+Legs: ``sections`` (the shipped rule, ``launchers.fwd_head_section``: the longest tiles of every head in an L2
+section first), ``per_head`` (head_section 1: each (b, h) pair's tiles longest first, pair after pair: the order
+before sections), ``one_section`` (every pair in one section: longest first over the whole grid, K and V of all
+heads in flight at once). Each leg is launched straight from its packed block (no API, no host work between
+calls), timed in interleaved loops of back-to-back launches with the order rotated every round
+(steady_bench.pipelined_loop, nvidia-smi's clock per loop).
+
+    python benchmarks/fwd_order.py --shapes causal:1024 causal:2048 causal:4096 causal:8192 causal:16384 \\
+        --hdim 128 --rounds 3 --loop-s 0.5 --json fwd_order.json --md fwd_order.md
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+LEGS = ("sections", "per_head", "one_section")
+
+
+def legs_of(shape, dtype="bf16"):
+    """{leg: (enqueue, done, result)} for one seeded input set of ``shape`` (steady_bench.parse_shape's dict)."""
+    import cupy
+
+    from cupy_dash import schedule
+    from cupy_dash.cli.measure import random_tensor
+    from cupy_dash.core import api
+    from cupy_dash.cuda import kernels, launchers
+    B, S, H, D, causal = shape["batch"], shape["seqlen"], shape["heads"], shape["hdim"], shape["causal"]
+    q, k, v = (random_tensor((B, S, H, D), dtype, seed=j) for j in range(3))
+    p = api.validate(q, k, v)
+    window = schedule.canonical_window((-1, -1), p.Sq, p.Sk, causal)
+    spec, block_m, block_n = kernels.fwd_entry(p.dtype, p.D, causal, p.Dv)
+    strides = (S * H * D, H * D, D)
+    operands = tuple((x.data.ptr, strides) for x in (q, k, v))
+    grid = launchers.fwd_grid(p, block_m)
+    sections = dict(sections=launchers.fwd_head_section(p), per_head=1, one_section=B * H)
+    legs = {}
+    for name, section in sections.items():
+        out = cupy.empty((B, S, H, p.Dv), dtype=q.dtype)
+        lse = cupy.empty((B, H, S), dtype=cupy.float32)
+        params = launchers.fwd_params(block_m, block_n, p, window, operands, out.data.ptr, lse.data.ptr).copy()
+        params["head_section"] = section
+
+        def enqueue(params=params):
+            kernels.launch(spec, grid, params, None)
+            ev = cupy.cuda.Event(disable_timing=True)
+            ev.record()
+            return ev
+
+        def result(out=out, lse=lse, enqueue=enqueue):
+            enqueue().synchronize()
+            return out.view(cupy.uint16).copy(), lse.view(cupy.uint32).copy()
+        legs[name] = (enqueue, lambda ev: ev.synchronize(), result, section)
+    return legs
+
+
+def run_shape(shape, opts, smi):
+    import cupy
+
+    from cupy_dash.cli.measure import attention_flops
+    from steady_bench import pipelined_loop
+    legs = legs_of(shape)
+    ref = legs["per_head"][2]()
+    same = {n: all(bool((a == b).all()) for a, b in zip(legs[n][2](), ref)) for n in legs}
+    cupy.cuda.Device().synchronize()
+    flops = attention_flops(shape["batch"], shape["heads"], shape["seqlen"], shape["seqlen"], shape["hdim"],
+                            shape["causal"], "fwd")
+    names = list(legs)
+    loops = {n: [] for n in names}
+    for r in range(opts.rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            enqueue, done = legs[name][:2]
+            ms, n, wall0, wall1 = pipelined_loop(enqueue, done, opts.loop_s)
+            mhz, watt, _ = smi.window(wall0, wall1)
+            loops[name].append(dict(round=r, ms=ms, calls=n, sm_mhz=mhz, power_w=watt,
+                                    mcycles=ms * mhz / 1e3 if mhz else None))
+    med = statistics.median
+    summary = {}
+    for name in names:
+        ms = med([x["ms"] for x in loops[name]])
+        cyc = [x["mcycles"] for x in loops[name] if x["mcycles"]]
+        per_round = [b["ms"] / a["ms"] for a, b in zip(loops[name], loops["per_head"])]
+        summary[name] = dict(head_section=legs[name][3], ms_median=ms, tflops=flops / ms / 1e9,
+                             mcycles_median=med(cyc) if cyc else None, bits_equal_per_head=same[name],
+                             speed_vs_per_head=med(per_round))
+    return dict(shape=shape, flops=flops, loops=loops, summary=summary)
+
+
+def markdown(report):
+    meta = report["meta"]
+    lines = [f"# The causal forward's launch order ({meta['date']})", "", f"Command: `{meta['command']}`", "",
+             f"GPU {meta['gpu']}; commit {meta['commit']}; kernels sha256 {meta['kernels_sha256'][:12]}; "
+             f"{meta['rounds']} interleaved loops of {meta['loop_s']} s per leg.", "",
+             "| shape | leg | head_section | TFLOP/s | ms | Mcycles | speed vs per_head | bits equal |",
+             "|---|---|---|---|---|---|---|---|"]
+    for s in report["shapes"]:
+        for name, x in s["summary"].items():
+            cyc = f"{x['mcycles_median']:.3f}" if x["mcycles_median"] else "-"
+            lines.append(f"| {s['shape']['name']} | {name} | {x['head_section']} | {x['tflops']:.0f} | "
+                         f"{x['ms_median']:.4f} | {cyc} | {x['speed_vs_per_head']:.3f} | "
+                         f"{x['bits_equal_per_head']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shapes", nargs="+", default=["causal:1024", "causal:2048", "causal:4096", "causal:8192",
+                                                     "causal:16384"])
+    ap.add_argument("--hdim", type=int, default=128)
+    ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--loop-s", type=float, default=0.5)
+    ap.add_argument("--json", required=True)
+    ap.add_argument("--md", default=None)
+    opts = ap.parse_args()
+    import cupy
+
+    from bench import _kernels_digest
+    from steady_bench import Smi, parse_shape
+    props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
+    commit = os.environ.get("CUPY_DASH_COMMIT") or subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip() or None
+    report = dict(meta=dict(date=_dt.datetime.now().isoformat(timespec="seconds"),
+                            command=" ".join(shlex.quote(a) for a in ["python", *sys.argv]), commit=commit,
+                            kernels_sha256=_kernels_digest(), gpu=props["name"].decode(), rounds=opts.rounds,
+                            loop_s=opts.loop_s), shapes=[])
+    smi = Smi()
+    try:
+        for spec in opts.shapes:
+            report["shapes"].append(run_shape(parse_shape(spec, opts.hidden, opts.hdim), opts, smi))
+            s = report["shapes"][-1]["summary"]
+            print(spec, {n: (x["head_section"], round(x["tflops"]), round(x["speed_vs_per_head"], 3),
+                             x["bits_equal_per_head"]) for n, x in s.items()}, flush=True)
+            with open(opts.json, "w") as f:
+                json.dump(report, f, indent=1, default=str)
+    finally:
+        smi.close()
+    if opts.md:
+        with open(opts.md, "w") as f:
+            f.write(markdown(report))
+
+
+if __name__ == "__main__":
+    main()
