@@ -262,7 +262,7 @@ if [ "$stage" = fwd_order ]; then   # the causal forward's launch order (FwdPara
   timeout -s INT -k 30 240 $py -m pytest tests/gpu/test_gpu_forward.py -q -ra "$@" 2>&1 \
     | tee "$OUT/fwd_order_tests.log" | tail -4     # of benchmarks/fwd_order.py, then beside FA3's forward (FA3_WHL=1)
   for d in 128 64; do
-    timeout 150 $py benchmarks/fwd_order.py --hdim $d --json "$OUT/fwd_order_d$d.json" --md "$OUT/fwd_order_d$d.md" \
+    timeout 150 $py benchmarks/fwd_order.py --hdim $d ${ORDER_ARGS:-} --json "$OUT/fwd_order_d$d.json" --md "$OUT/fwd_order_d$d.md" \
       2>&1 | tail -6
   done
   timeout 200 $py benchmarks/steady_bench.py --forward --rounds 3 --loop-s 0.5 --shapes causal:1024 causal:2048 \

@@ -58,14 +58,17 @@ def fwd_grid(p, block_m) -> tuple:
     return -(-p.Sq // block_m), p.H, p.B
 
 
-def fwd_head_section(p, element_bytes: int = 2) -> int:
-    """(b, h) pairs per L2 section of the causal forward's launch order (``FwdParams.head_section``, fixed length):
-    as many query heads as keep the K and V they read (``Sk`` rows of ``D + Dv`` elements per KV head, shared by
-    ``H / Hkv`` query heads) within ``schedule.L2_SECTION_SHARE`` of the device's L2; at least 1, at most B * H.
-    Changes the order in which tiles start, never a result."""
+def fwd_head_section(p, block_m: int, element_bytes: int = 2) -> int:
+    """(b, h) pairs per section of the causal forward's launch order (``FwdParams.head_section``, fixed length):
+    about one wave of tiles, the SM count over the tiles per pair (rounded; a pair with as many tiles as SMs is a
+    wave alone, and then the per-pair order is already longest first across the SMs), and no more pairs than keep
+    the K and V they read (``Sk`` rows of ``D + Dv`` elements per KV head, shared by ``H / Hkv`` query heads) within
+    ``schedule.L2_SECTION_SHARE`` of the device's L2; at least 1, at most B * H. Changes the order in which tiles
+    start, never a result (docs/decisions/fwd-launch-order.md)."""
+    wave = round(sm_count(p.device_id) / -(-p.Sq // block_m))
     kv_head = max(1, p.Sk) * (p.D + p.Dv) * element_bytes
-    per_section = int(_schedule.L2_SECTION_SHARE * l2_bytes(p.device_id)) * (p.H // p.Hkv) // kv_head
-    return min(max(1, per_section), p.B * p.H)
+    in_l2 = int(_schedule.L2_SECTION_SHARE * l2_bytes(p.device_id)) * (p.H // p.Hkv) // kv_head
+    return max(1, min(wave, in_l2, p.B * p.H))
 
 
 def logit_factors(p, backward: bool) -> dict:
@@ -107,7 +110,7 @@ def fwd_params(block_m, block_n, p, window, operands, out_ptr, lse_ptr, varlen=N
         lse=lse_ptr, batch=batch, seqlen_q=Sq, seqlen_k=Sk, num_heads=H, num_heads_kv=Hkv,
         window_left=window[0], window_right=window[1], **logit_factors(p, backward=False),
         cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, out=out_ptr if varlen is not None else 0,
-        head_section=fwd_head_section(p) if varlen is None else 0)
+        head_section=fwd_head_section(p, block_m) if varlen is None else 0)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -191,6 +194,12 @@ def fold_wanted(p, block_m, block_n, zero_kv, varlen) -> bool:
 def l2_bytes(device_id: int) -> int:
     """The L2 cache size of device ``device_id`` in bytes."""
     return int(cupy.cuda.Device(device_id).attributes["L2CacheSize"])
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count(device_id: int) -> int:
+    """The number of SMs of device ``device_id``."""
+    return int(cupy.cuda.runtime.deviceGetAttribute(cupy.cuda.runtime.cudaDevAttrMultiProcessorCount, device_id))
 
 
 def head_section(tokens_q: int, head_dim: int, group_size: int, head_dim_v: int | None, device_id: int) -> int:

@@ -192,21 +192,22 @@ SECTION_CASES = [(Shape("bf16", 128, True, 1000, 1000, 2, 5, 5), 3), (Shape("bf1
 
 @pytest.mark.parametrize("shape,pairs", SECTION_CASES, ids=lambda x: x.id if isinstance(x, Shape) else f"pairs{x}")
 def test_forward_causal_head_sections(shape, pairs, monkeypatch):
-    """Forced sections (the L2 size made to hold ``pairs`` pairs' K and V): correct against the float64 reference,
-    and bitwise equal to the launch with every pair in one section."""
+    """Forced sections (the L2 size made to hold ``pairs`` pairs' K and V, the SM count made large): correct against
+    the float64 reference, and bitwise equal to the launch with every pair in one section."""
     from cupy_dash.cuda import launchers
     monkeypatch.setenv("CUPY_DASH_FASTPATH", "0")           # the fast path's plans hold the packed block
     group = shape.heads // shape.heads_kv
     kv_head = shape.seqlen_k * 2 * shape.hdim * 2
     l2 = {"bytes": 1 << 40}
     monkeypatch.setattr(launchers, "l2_bytes", lambda dev: l2["bytes"])
+    monkeypatch.setattr(launchers, "sm_count", lambda dev: 1 << 20)     # the L2 decides
     q, k, v = _inputs(shape)
     dq, dk, dv = _dev(q), _dev(k), _dev(v)
     whole = cupy_dash.attention_forward(dq, dk, dv, causal=True)
     l2["bytes"] = (pairs * kv_head // group + 1) * 10 // 4 + 8    # L2_SECTION_SHARE = 0.4 of it holds `pairs` pairs
-    p = types.SimpleNamespace(B=shape.batch, Sk=shape.seqlen_k, H=shape.heads, Hkv=shape.heads_kv, D=shape.hdim,
-                              Dv=shape.hdim, device_id=cupy.cuda.Device().id)
-    assert launchers.fwd_head_section(p) == pairs
+    p = types.SimpleNamespace(B=shape.batch, Sq=shape.seqlen_q, Sk=shape.seqlen_k, H=shape.heads,
+                              Hkv=shape.heads_kv, D=shape.hdim, Dv=shape.hdim, device_id=cupy.cuda.Device().id)
+    assert launchers.fwd_head_section(p, 128) == pairs
     _poison()
     out, lse = cupy_dash.attention_forward(dq, dk, dv, causal=True)
     _check(shape, q, k, v, out, lse)

@@ -21,7 +21,8 @@ def fake_map(ptr, dtype, shape, strides, box_rows, name="tensor", box_panels=Non
 @pytest.fixture(autouse=True)
 def no_driver(monkeypatch):
     monkeypatch.setattr(tensormap, "bhsd_map", fake_map)
-    monkeypatch.setattr(launchers, "l2_bytes", lambda dev: 60 << 20)    # the H200's L2
+    monkeypatch.setattr(launchers, "l2_bytes", lambda dev: 60 << 20)    # the H200's L2 and SMs
+    monkeypatch.setattr(launchers, "sm_count", lambda dev: 132)
 
 
 def problem(B=2, Sq=200, Sk=320, H=4, Hkv=2, D=128, scale=0.1, Dv=None):
@@ -59,20 +60,23 @@ def test_forward_params():
                                   ((0x1000, (0, 512, 128)), (0x2000, (0, 256, 128)), (0x3000, (0, 256, 128))), 0x4000,
                                   0x5000, varlen=(3, 0x6000, 0x7000))[0]
     assert (int(packed["cu_seqlens_q"]), int(packed["cu_seqlens_k"]), int(packed["batch"])) == (0x6000, 0x7000, 3)
-    assert int(f["head_section"]) == launchers.fwd_head_section(p) == 8 and int(packed["head_section"]) == 0
+    assert int(f["head_section"]) == launchers.fwd_head_section(p, 128) == 8 and int(packed["head_section"]) == 0
 
 
-@pytest.mark.parametrize("B, S, H, Hkv, D, Dv, expected", [
-    (8, 2048, 16, 16, 128, 128, 24),       # 24 MiB of the 60: 1 MiB of K and V per head
-    (8, 2048, 16, 4, 128, 128, 96),        # four query heads read each KV head: 96 pairs, of 128
-    (2, 2048, 16, 4, 128, 128, 32),        # never more than B * H
-    (1, 16384, 16, 16, 128, 128, 3),
-    (1, 16384, 16, 16, 192, 128, 2),
-    (1, 1 << 20, 16, 16, 128, 128, 1),     # at least one pair
-], ids=["mha-2k", "gqa4-2k", "all-pairs", "mha-16k", "d192-v128-16k", "1M"])
-def test_forward_head_section_keeps_k_and_v_of_a_section_in_l2(B, S, H, Hkv, D, Dv, expected):
-    p = problem(B=B, Sq=S, Sk=S, H=H, Hkv=Hkv, D=D, Dv=Dv)
-    assert launchers.fwd_head_section(p) == expected
+@pytest.mark.parametrize("B, Sq, Sk, H, Hkv, D, expected", [
+    (16, 1024, 1024, 16, 16, 128, 16),    # 8 tiles per pair: 16 pairs make a wave of 132 SMs
+    (8, 2048, 2048, 16, 16, 128, 8),
+    (4, 4096, 4096, 16, 16, 128, 4),
+    (2, 8192, 8192, 16, 16, 128, 2),
+    (1, 16384, 16384, 16, 16, 128, 1),    # 128 tiles: a pair is a wave
+    (1, 1024, 1024, 3, 3, 128, 3),        # never more than B * H
+    (16, 1024, 8192, 16, 16, 128, 6),     # 6 pairs' K and V (4 MiB each) fill 24 of the 60 MiB of L2
+    (16, 1024, 8192, 16, 4, 128, 16),     # four query heads read each KV head
+    (4, 200, 200, 16, 16, 128, 64),
+], ids=["1k", "2k", "4k", "8k", "16k", "all-pairs", "l2-bound", "gqa4", "short"])
+def test_forward_head_section_is_a_wave_of_tiles_within_l2(B, Sq, Sk, H, Hkv, D, expected):
+    p = problem(B=B, Sq=Sq, Sk=Sk, H=H, Hkv=Hkv, D=D)
+    assert launchers.fwd_head_section(p, 128) == expected
 
 
 def test_backward_workspace_head_dim_96():
