@@ -259,8 +259,8 @@ if [ "$stage" = sections_auto ]; then   # auto against the sectioned fa3 table (
   done
 fi
 if [ "$stage" = fwd_order ]; then   # the causal forward's launch order (FwdParams.head_section): its tests, the legs
-  timeout -s INT -k 30 240 $py -m pytest tests/gpu/test_gpu_forward.py -q -ra "$@" 2>&1 \
-    | tee "$OUT/fwd_order_tests.log" | tail -4     # of benchmarks/fwd_order.py, then beside FA3's forward (FA3_WHL=1)
+  timeout -s INT -k 30 300 $py -m pytest tests/gpu/test_gpu_forward.py tests/gpu/test_gpu_jax_jit.py -q -ra "$@" \
+    2>&1 | tee "$OUT/fwd_order_tests.log" | tail -4   # of benchmarks/fwd_order.py, then beside FA3's forward (FA3_WHL=1)
   for d in 128 64; do
     timeout 150 $py benchmarks/fwd_order.py --hdim $d ${ORDER_ARGS:-} --json "$OUT/fwd_order_d$d.json" --md "$OUT/fwd_order_d$d.md" \
       2>&1 | tail -6
