@@ -45,7 +45,8 @@ def load_steady(results: Path = RESULTS) -> dict:
     newest = {}
     for path in sorted(results.rglob("*.json")):
         report = json.loads(path.read_text())
-        if not (isinstance(report, dict) and "meta" in report and "shapes" in report and report["shapes"]):
+        if not (isinstance(report, dict) and "meta" in report and report.get("shapes")
+                and "ratios" in report["shapes"][0]):        # steady_bench's (fwd_order.py's have no ratios)
             continue
         rel = path.relative_to(ROOT).as_posix()
         if f"/{EXPERIMENTS}/" in f"/{rel}":

@@ -220,7 +220,8 @@ RATIO_COLUMNS = (("dash_det_speed_vs_fa3_nondet", "ours det / FA3 non-det"), ("d
 def markdown(report, title=True):
     """The report as Markdown: one row per shape and implementation, then the ratios that were measured."""
     meta = report["meta"]
-    lines = [f"# Backward at a steady clock, interleaved loops ({meta['date']})", ""] if title else []
+    what = "Forward" if meta.get("forward") else "Backward"
+    lines = [f"# {what} at a steady clock, interleaved loops ({meta['date']})", ""] if title else []
     lines += [f"Command: `{meta['command']}`", "",
               f"GPU {meta.get('gpu', '?')}; commit {meta['commit']}; kernels sha256 {meta['kernels_sha256'][:12]}. "
               f"TFLOP/s from the median ms per call of {meta['rounds']} loops of {meta['loop_s']} s (order rotated "
