@@ -4,7 +4,7 @@
 #                                  fold|fold_bench|varlen_events|sanitize|ncu|engine|engine_bench|
 #                                  dq_writers|multi_gpu|first|first2|fa3_bench|fa3_full|final|tile80|d96|tests2|
 #                                  loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|suite|legs_ab|
-#                                  short_modes|steady|steady_ab|ncu_conflicts|sections_auto|fwd_order|all]
+#                                  short_modes|steady|steady_ab|ncu_conflicts|sections_auto|fwd_order|ncu_fwd|all]
 #                                  [extra pytest args...]
 # "engine": the backward kernel's GPU tests (every family: MHA, GQA, compact, varlen, fold, window, portable);
 # "engine_bench": the backward at the issue's shapes, this tree against the kernels in every carried .ab*/kernels_src
@@ -30,7 +30,7 @@ if [ -n "${FA3_WHL:-}" ]; then
   $py -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >"$OUT/fa3_install.log" 2>&1 && export PYTHONPATH=/tmp/site
 fi
 case "$stage" in   # these stages compile only the kernels they run, on first use
-  ncu|engine_bench|dq_writers|first|first2|fa3_bench|fa3_full|final|tile80|d96|loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|legs_ab|short_modes|steady|steady_ab|ncu_conflicts|sections_auto|fwd_order) ;;
+  ncu|engine_bench|dq_writers|first|first2|fa3_bench|fa3_full|final|tile80|d96|loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|legs_ab|short_modes|steady|steady_ab|ncu_conflicts|sections_auto|fwd_order|ncu_fwd) ;;
   *) $py -m cupy_dash compile --all -j 16 >/tmp/compile.log 2>&1 || { tail -20 /tmp/compile.log; exit 1; }
      tail -1 /tmp/compile.log ;;
 esac
@@ -268,6 +268,23 @@ if [ "$stage" = fwd_order ]; then   # the causal forward's launch order (FwdPara
   timeout 200 $py benchmarks/steady_bench.py --forward --rounds 3 --loop-s 0.5 --shapes causal:1024 causal:2048 \
     causal:4096 causal:8192 causal:16384 full:1280 full:3840 full:15360 --json "$OUT/steady_fwd.json" \
     --md "$OUT/steady_fwd.md" 2>&1 | tail -10
+fi
+if [ "$stage" = ncu_fwd ]; then   # the forward beside FA3's under Nsight Compute (--set full; FA3_WHL=1): causal 1k
+  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | tail -1)   # (B = 16), where ours is 0.94x FA3's,
+  mkdir -p /tmp/nf                                                        # and 16k (B = 1), where it is 1.05x
+  for shape in "--seqlen 1024 --batch 16" "--seqlen 16384 --batch 1"; do
+    tag=causal$(echo "$shape" | cut -d' ' -f2)
+    for impl in ours fa3; do
+      kern=dash_fwd; [ $impl = fa3 ] && kern=regex:Fwd
+      timeout 200 "$ncu" --profile-from-start off --clock-control none --set full --import-source no \
+        --kernel-name-base demangled -k "$kern" -c 1 -f -o /tmp/nf/${impl}_$tag $py benchmarks/ncu_bwd.py --forward \
+        --impl $impl --causal $shape >/tmp/nf/${impl}_$tag.log 2>&1; tail -2 /tmp/nf/${impl}_$tag.log
+      "$ncu" -i /tmp/nf/${impl}_$tag.ncu-rep --page details --csv >/tmp/nf/${impl}_$tag.details.csv 2>&1
+      "$ncu" -i /tmp/nf/${impl}_$tag.ncu-rep --page raw --csv >/tmp/nf/${impl}_$tag.raw.csv 2>&1
+      $py benchmarks/ncu_summary.py /tmp/nf/${impl}_$tag.raw.csv | sed "s/^/${impl}_$tag /"
+    done
+  done
+  (cd /tmp/nf && tar czf "$OUT/ncu_fwd.tgz" *.csv *.log)
 fi
 if [ "$stage" = steady_ab ]; then   # AB_PATCHES (benchmarks/patches/<name>) against the tree at a steady clock:
   mkdir -p /tmp/sab                   # LEGS rounds of one process per leg, each timing ours deterministic beside

@@ -1,6 +1,6 @@
-"""One backward of cupy_dash or of FlashAttention-3 (flash-attn3-jax wheel) on one shape, bracketed by
-cudaProfilerStart / Stop after warm-up calls, for Nsight Compute (`ncu --profile-from-start off`): the profile
-of the two main kernels on the same inputs, side by side.
+"""One backward (``--forward``: one forward) of cupy_dash or of FlashAttention-3 (flash-attn3-jax wheel) on one
+shape, bracketed by cudaProfilerStart / Stop after warm-up calls, for Nsight Compute (`ncu --profile-from-start
+off`): the profile of the two main kernels on the same inputs, side by side.
 
     ncu --profile-from-start off --clock-control none --set full -o ours \
         python benchmarks/ncu_bwd.py --impl ours --causal --seqlen 8192 --batch 2
@@ -26,6 +26,7 @@ def main():
     ap.add_argument("--deterministic", action="store_true", help="FA3: its deterministic backward")
     ap.add_argument("--schedule", default="auto", help="ours: schedule, or 'atomic'")
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--forward", action="store_true", help="the forward instead (FA3: its public flash_mha)")
     args = ap.parse_args()
 
     import cupy
@@ -38,7 +39,24 @@ def main():
     out, lse = cupy_dash.attention_forward(q, k, v, causal=args.causal)
     cupy.cuda.Device().synchronize()
 
-    if args.impl == "ours":
+    if args.forward and args.impl == "ours":
+        def call():
+            return cupy_dash.attention_forward(q, k, v, causal=args.causal)
+
+        def sync(_):
+            cupy.cuda.Device().synchronize()
+    elif args.forward:
+        import jax
+        from flash_attn3_jax import flash_mha
+        fn = jax.jit(lambda q, k, v: flash_mha(q, k, v, is_causal=args.causal))
+        js = tuple(jax.dlpack.from_dlpack(x) for x in (q, k, v))
+
+        def call():
+            return fn(*js)
+
+        def sync(res):
+            jax.block_until_ready(res)
+    elif args.impl == "ours":
         det = args.schedule != "atomic"
         sched = args.schedule if det else "auto"
 
@@ -66,7 +84,8 @@ def main():
     cupy.cuda.runtime.profilerStart()
     sync(call())
     cupy.cuda.runtime.profilerStop()
-    print(f"{args.impl}: one backward profiled at {shape} causal={args.causal}", flush=True)
+    what = "forward" if args.forward else "backward"
+    print(f"{args.impl}: one {what} profiled at {shape} causal={args.causal}", flush=True)
 
 
 if __name__ == "__main__":
