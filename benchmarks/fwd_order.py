@@ -11,6 +11,7 @@ order rotated every round (steady_bench.pipelined_loop, nvidia-smi's clock per l
     python benchmarks/fwd_order.py --shapes causal:1024 causal:2048 causal:4096 causal:8192 causal:16384 \\
         --hdim 128 --sections rule 1 2 4 8 16 all --rounds 3 --loop-s 0.5 --json fwd_order.json \\
         --md fwd_order.md
+    python benchmarks/fwd_order.py --shapes varlen:8 varlen:mixed --sections rule 1 --json v.json   # packings
 """
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ import statistics
 import subprocess
 import sys
 
+import numpy as np
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 def legs_of(shape, sections, dtype="bf16"):
@@ -34,23 +37,33 @@ def legs_of(shape, sections, dtype="bf16"):
     from cupy_dash.core import api
     from cupy_dash.cuda import kernels, launchers
     B, S, H, D, causal = shape["batch"], shape["seqlen"], shape["heads"], shape["hdim"], shape["causal"]
+    lengths = shape.get("lengths")                 # a varlen packing: one batch of these sequences
     q, k, v = (random_tensor((B, S, H, D), dtype, seed=j) for j in range(3))
     p = api.validate(q, k, v)
-    window = schedule.canonical_window((-1, -1), p.Sq, p.Sk, causal)
     spec, block_m, block_n = kernels.fwd_entry(p.dtype, p.D, causal, p.Dv)
     strides = (S * H * D, H * D, D)
     operands = tuple((x.data.ptr, strides) for x in (q, k, v))
-    grid = launchers.fwd_grid(p, block_m)
-    sizes = {"rule": launchers.fwd_head_section(p, block_m), "all": B * H}
+    varlen = None
+    if lengths:
+        cu = cupy.asarray(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
+        grid = (-(-max(lengths) // block_m), H, len(lengths))
+        varlen = (len(lengths), cu.data.ptr, cu.data.ptr)
+        window = schedule.canonical_window((-1, -1), max(lengths), max(lengths), causal)
+    else:
+        cu = None
+        grid = launchers.fwd_grid(p, block_m)
+        window = schedule.canonical_window((-1, -1), p.Sq, p.Sk, causal)
+    sizes = {"rule": launchers.fwd_head_section(p, block_m, grid if lengths else None), "all": grid[1] * grid[2]}
     legs = {}
     for name in dict.fromkeys(["1", *sections]):
-        section = min(sizes[name] if name in sizes else int(name), B * H)
+        section = min(sizes[name] if name in sizes else int(name), grid[1] * grid[2])
         out = cupy.empty((B, S, H, p.Dv), dtype=q.dtype)
         lse = cupy.empty((B, H, S), dtype=cupy.float32)
-        params = launchers.fwd_params(block_m, block_n, p, window, operands, out.data.ptr, lse.data.ptr).copy()
+        params = launchers.fwd_params(block_m, block_n, p, window, operands, out.data.ptr, lse.data.ptr, varlen,
+                                      grid).copy()
         params["head_section"] = section
 
-        def enqueue(params=params, keep=(q, k, v)):             # the launch reads q, k, v by address
+        def enqueue(params=params, keep=(q, k, v, cu)):         # the launch reads q, k, v by address
             kernels.launch(spec, grid, params, None)
             ev = cupy.cuda.Event(disable_timing=True)
             ev.record()
@@ -77,8 +90,8 @@ def run_shape(shape, opts, smi):
         return sum(int(cupy.count_nonzero(a != b)) for a, b in zip(x, y))
     same = {n: differing(first[n], first["1"]) for n in legs}
     repeat = {n: differing(first[n], again[n]) for n in legs}
-    flops = attention_flops(shape["batch"], shape["heads"], shape["seqlen"], shape["seqlen"], shape["hdim"],
-                            shape["causal"], "fwd")
+    flops = sum(attention_flops(1, shape["heads"], n, n, shape["hdim"], shape["causal"], "fwd")
+                for n in shape.get("lengths") or [shape["seqlen"]] * shape["batch"])
     names = list(legs)
     loops = {n: [] for n in names}
     for r in range(opts.rounds):
@@ -98,6 +111,24 @@ def run_shape(shape, opts, smi):
                              mcycles_median=med(cyc) if cyc else None, differing_vs_1=same[name],
                              differing_on_repeat=repeat[name], speed_vs_1=med(per_round))
     return dict(shape=shape, flops=flops, loops=loops, summary=summary)
+
+
+def _shape(spec, opts):
+    """steady_bench.parse_shape's dict, or for ``varlen:N`` (a causal packing of 16k tokens: ``N`` x ``16384 //
+    N``, or ``mixed``: seeded lengths of 256-4096 tokens) one batch of the packed sequences with ``lengths``."""
+    from steady_bench import parse_shape
+    if not spec.startswith("varlen:"):
+        return parse_shape(spec, opts.hidden, opts.hdim)
+    kind = spec.split(":")[1]
+    if kind == "mixed":
+        rng, lengths = np.random.default_rng(0), []
+        while sum(lengths) < 16384:
+            lengths.append(int(rng.integers(256, 4097)))
+        lengths[-1] -= sum(lengths) - 16384
+    else:
+        lengths = [16384 // int(kind)] * int(kind)
+    return dict(name=spec, causal=True, batch=1, seqlen=16384, heads=opts.hidden // opts.hdim, hdim=opts.hdim,
+                lengths=lengths)
 
 
 def markdown(report):
@@ -132,7 +163,7 @@ def main():
     import cupy
 
     from bench import _kernels_digest
-    from steady_bench import Smi, parse_shape
+    from steady_bench import Smi
     props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
     commit = os.environ.get("CUPY_DASH_COMMIT") or subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip() or None
@@ -143,7 +174,7 @@ def main():
     smi = Smi()
     try:
         for spec in opts.shapes:
-            report["shapes"].append(run_shape(parse_shape(spec, opts.hidden, opts.hdim), opts, smi))
+            report["shapes"].append(run_shape(_shape(spec, opts), opts, smi))
             s = report["shapes"][-1]["summary"]
             print(spec, {n: (x["head_section"], round(x["tflops"]), round(x["speed_vs_1"], 3), x["differing_vs_1"],
                              x["differing_on_repeat"]) for n, x in s.items()}, flush=True)

@@ -28,8 +28,8 @@ struct FwdParams {
   // with softcap_prescale = softmax_scale / cap (the caller's scale); softmax_scale and softmax_scale_log2 above
   // are then cap and cap * log2(e), the factors from tanh units to logits (lse = max * softmax_scale + log sum).
   float softcap_prescale;
-  // Causal builds, fixed length (0 otherwise): (b, h) pairs per L2 section of the launch order (fwd/config.cuh's
-  // Tile), as many as keep their K and V in a share of the L2 (the host's launchers.fwd_head_section).
+  // Causal builds (0: the per-pair order): (b, h) pairs per section of the launch order (fwd/config.cuh's Tile),
+  // about one wave of tiles whose K and V fit a share of the L2 (the host's launchers.fwd_head_section).
   int64_t head_section;
 };
 

@@ -49,7 +49,7 @@ def launch_forward(spec, block_m, block_n, p, window, operands, out_ptr, lse_ptr
     given (varlen: sized by max_seqlen_q). Encodes the tensor maps (host only), packs the parameters, launches;
     never synchronizes or allocates device memory.
     """
-    params = fwd_params(block_m, block_n, p, window, operands, out_ptr, lse_ptr, varlen)
+    params = fwd_params(block_m, block_n, p, window, operands, out_ptr, lse_ptr, varlen, grid)
     kernels.launch(spec, fwd_grid(p, block_m) if grid is None else grid, params, stream)
     return params
 
@@ -58,17 +58,20 @@ def fwd_grid(p, block_m) -> tuple:
     return -(-p.Sq // block_m), p.H, p.B
 
 
-def fwd_head_section(p, block_m: int, element_bytes: int = 2) -> int:
-    """(b, h) pairs per section of the causal forward's launch order (``FwdParams.head_section``, fixed length):
-    about one wave of tiles, the SM count over the tiles per pair (rounded; a pair with as many tiles as SMs is a
-    wave alone, and then the per-pair order is already longest first across the SMs), and no more pairs than keep
-    the K and V they read (``Sk`` rows of ``D + Dv`` elements per KV head, shared by ``H / Hkv`` query heads) within
-    ``schedule.L2_SECTION_SHARE`` of the device's L2; at least 1, at most B * H. Changes the order in which tiles
-    start, never a result (docs/decisions/fwd-launch-order.md)."""
-    wave = round(sm_count(p.device_id) / -(-p.Sq // block_m))
-    kv_head = max(1, p.Sk) * (p.D + p.Dv) * element_bytes
+def fwd_head_section(p, block_m: int, grid=None, element_bytes: int = 2) -> int:
+    """(b, h) pairs per section of the causal forward's launch order (``FwdParams.head_section``): about one wave
+    of tiles, the SM count over the tiles per pair (rounded; a pair with as many tiles as SMs is a wave alone, and
+    then the per-pair order is already longest first across the SMs), and no more pairs than keep the K and V they
+    read (``Sk`` rows of ``D + Dv`` elements per KV head, shared by ``H / Hkv`` query heads) within
+    ``schedule.L2_SECTION_SHARE`` of the device's L2; at least 1, at most the number of pairs. ``grid``: a varlen
+    launch's (tiles of the longest sequence, H, sequences), whose pairs read ``Sk / sequences`` key rows on
+    average. Changes the order in which tiles start, never a result (docs/decisions/fwd-launch-order.md)."""
+    tiles, pairs, rows_k = (-(-p.Sq // block_m), p.B * p.H, p.Sk) if grid is None else \
+        (grid[0], grid[1] * grid[2], -(-p.Sk // max(1, grid[2])))
+    wave = round(sm_count(p.device_id) / max(1, tiles))
+    kv_head = max(1, rows_k) * (p.D + p.Dv) * element_bytes
     in_l2 = int(_schedule.L2_SECTION_SHARE * l2_bytes(p.device_id)) * (p.H // p.Hkv) // kv_head
-    return max(1, min(wave, in_l2, p.B * p.H))
+    return max(1, min(wave, in_l2, pairs))
 
 
 def logit_factors(p, backward: bool) -> dict:
@@ -92,12 +95,13 @@ def check_softcap_build(spec, p) -> None:
                            f"build of this kernel")
 
 
-def fwd_params(block_m, block_n, p, window, operands, out_ptr, lse_ptr, varlen=None) -> np.ndarray:
+def fwd_params(block_m, block_n, p, window, operands, out_ptr, lse_ptr, varlen=None, grid=None) -> np.ndarray:
     """The forward's packed parameter block. ``operands``: ``(pointer, (batch, row, head) element strides)`` of
     q ``(B, Sq, H, D)``, k ``(B, Sk, Hkv, D)`` and v ``(B, Sk, Hkv, Dv)``; ``out_ptr``: a contiguous
     ``(B, Sq, H, Dv)`` buffer; ``lse_ptr``: a contiguous float32 ``(B, H, Sq)`` buffer. ``varlen``:
     ``(num_sequences, cu_seqlens_q pointer, cu_seqlens_k pointer)`` for a varlen launch; then ``p`` describes the
-    packed tensors as one batch (B = 1, Sq = total_q, Sk = total_k) and lse is ``(H, total_q)``."""
+    packed tensors as one batch (B = 1, Sq = total_q, Sk = total_k) and lse is ``(H, total_q)``; ``grid``: the
+    varlen launch's grid (:func:`fwd_head_section`; without it a varlen launch keeps the per-pair order)."""
     B, Sq, Sk, H, Hkv, D, Dv = p.B, p.Sq, p.Sk, p.H, p.Hkv, p.D, p.Dv
     (q_ptr, q_stride), (k_ptr, k_stride), (v_ptr, v_stride) = operands
     batch, cu_q, cu_k = (B, 0, 0) if varlen is None else varlen
@@ -110,7 +114,8 @@ def fwd_params(block_m, block_n, p, window, operands, out_ptr, lse_ptr, varlen=N
         lse=lse_ptr, batch=batch, seqlen_q=Sq, seqlen_k=Sk, num_heads=H, num_heads_kv=Hkv,
         window_left=window[0], window_right=window[1], **logit_factors(p, backward=False),
         cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, out=out_ptr if varlen is not None else 0,
-        head_section=fwd_head_section(p, block_m) if varlen is None else 0)
+        head_section=fwd_head_section(p, block_m) if varlen is None else
+        fwd_head_section(p, block_m, grid) if grid is not None else 0)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -260,8 +265,8 @@ def enqueue_backward(c, params, grads, stream, *, slot=None, call=None, launches
     :func:`bwd_params`, or its patched bytes: the host fast path), in this order on the CuPy ``stream``: zero dk
     and dv when ``c.zero_kv``, then :func:`bwd_kernels`. With an error ``slot`` (eager calls; the block holds its
     device record and its host mirror, ``bwd_params``' ``error``) the kernels hand the record to the host when
-    they end (kernels_src/bwd/error_record.cuh); the slot is then tracked as ``call``. ``grads``: pointers of dq, dk, dv;
-    ``launches``: :func:`bwd_launches` of ``c`` if the caller holds them. One ``cuLaunchKernel`` per kernel.
+    they end (kernels_src/bwd/error_record.cuh); the slot is then tracked as ``call``. ``grads``: pointers of dq, dk,
+    dv; ``launches``: :func:`bwd_launches` of ``c`` if the caller holds them. One ``cuLaunchKernel`` per kernel.
     """
     try:
         if isinstance(params, np.ndarray):

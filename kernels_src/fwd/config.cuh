@@ -108,9 +108,9 @@ struct Tile {
   DASH_DEVICE Tile(const FwdParams& p) : varlen(is_varlen(p)) {
     const int num_m_blocks = (int)gridDim.x;
     // NOTES: causal tiles get shorter as m_block falls; launching the longest first shortens the tail. With a head
-    // section (fixed length) the grid's blocks, in launch order, walk sections of head_section (b, h) pairs, and
-    // within one every pair's tile m_block before any pair's m_block - 1: the longest of every head come first, as
-    // in a longest-first list over the whole grid, while the K and V of one section stay in L2.
+    // section the grid's blocks, in launch order, walk sections of head_section (b, h) pairs, and within one every
+    // pair's tile m_block before any pair's m_block - 1: the longest of every head come first, as in a
+    // longest-first list over the whole grid, while the K and V of one section stay in L2.
     m_block = kCausal ? num_m_blocks - 1 - (int)blockIdx.x : (int)blockIdx.x;
     h = (int)blockIdx.y;
     b = (int)blockIdx.z;

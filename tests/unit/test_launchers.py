@@ -79,6 +79,19 @@ def test_forward_head_section_is_a_wave_of_tiles_within_l2(B, Sq, Sk, H, Hkv, D,
     assert launchers.fwd_head_section(p, 128) == expected
 
 
+def test_varlen_forward_head_section_follows_its_grid():
+    """A varlen launch: tiles per pair from the grid (the longest sequence), K and V rows the average sequence's."""
+    p = problem(B=1, Sq=16384, Sk=16384, H=16, Hkv=16)              # 8 packed sequences of 2048
+    assert launchers.fwd_head_section(p, 128, (16, 16, 8)) == 8     # as the fixed-length 8 x 2048
+    assert launchers.fwd_head_section(p, 128, (64, 16, 8)) == 2     # one sequence of 8192 sets the grid
+    p = problem(B=1, Sq=65536, Sk=65536, H=16, Hkv=16)              # 2 sequences of 32k: 16 MiB of K, V each
+    assert launchers.fwd_head_section(p, 128, (2, 16, 2)) == 1
+    packed = launchers.fwd_params(128, 128, problem(B=1, Sq=16384, Sk=16384, H=16, Hkv=16), (-1, 0),
+                                  ((0x1000, (0, 2048, 128)),) * 3, 0x4000, 0x5000, varlen=(8, 0x6000, 0x7000),
+                                  grid=(16, 16, 8))[0]
+    assert int(packed["head_section"]) == 8
+
+
 def test_backward_workspace_head_dim_96():
     """Head dim 96: dq_accum rows are the kernels' padded 128 columns; dq, dk, dv and the maps keep 96."""
     p = problem(Sq=200, D=96)
