@@ -4,7 +4,7 @@
 #                                  fold|fold_bench|varlen_events|sanitize|ncu|engine|engine_bench|
 #                                  dq_writers|multi_gpu|first|first2|fa3_bench|fa3_full|final|tile80|d96|tests2|
 #                                  loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|suite|legs_ab|
-#                                  short_modes|steady|steady_ab|ncu_conflicts|sections_auto|fwd_order|ncu_fwd|all]
+#                                  short_modes|steady|steady_ab|ncu_conflicts|sections_auto|fwd_order|ncu_fwd|fwd_pairs|all]
 #                                  [extra pytest args...]
 # "engine": the backward kernel's GPU tests (every family: MHA, GQA, compact, varlen, fold, window, portable);
 # "engine_bench": the backward at the issue's shapes, this tree against the kernels in every carried .ab*/kernels_src
@@ -30,7 +30,7 @@ if [ -n "${FA3_WHL:-}" ]; then
   $py -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >"$OUT/fa3_install.log" 2>&1 && export PYTHONPATH=/tmp/site
 fi
 case "$stage" in   # these stages compile only the kernels they run, on first use
-  ncu|engine_bench|dq_writers|first|first2|fa3_bench|fa3_full|final|tile80|d96|loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|legs_ab|short_modes|steady|steady_ab|ncu_conflicts|sections_auto|fwd_order|ncu_fwd) ;;
+  ncu|engine_bench|dq_writers|first|first2|fa3_bench|fa3_full|final|tile80|d96|loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|legs_ab|short_modes|steady|steady_ab|ncu_conflicts|sections_auto|fwd_order|ncu_fwd|fwd_pairs) ;;
   *) $py -m cupy_dash compile --all -j 16 >/tmp/compile.log 2>&1 || { tail -20 /tmp/compile.log; exit 1; }
      tail -1 /tmp/compile.log ;;
 esac
@@ -285,6 +285,22 @@ if [ "$stage" = ncu_fwd ]; then   # the forward beside FA3's under Nsight Comput
     done
   done
   (cd /tmp/nf && tar czf "$OUT/ncu_fwd.tgz" *.csv *.log)
+fi
+if [ "$stage" = fwd_pairs ]; then   # the causal forward in tile pairs (benchmarks/patches/fwd_tile_pairs.patch:
+  rm -rf /tmp/pairs /tmp/fp && mkdir -p /tmp/fp && cp -r . /tmp/pairs   # kernel and host) in a patched copy: its
+  (cd /tmp/pairs && patch -s -p1 <benchmarks/patches/fwd_tile_pairs.patch) || exit 1   # forward tests, then steady
+  (cd /tmp/pairs && PYTHONPATH=/tmp/pairs CUPY_DASH_CACHE_DIR=/tmp/dc_pairs timeout -s INT -k 30 240 $py -m pytest \
+    tests/gpu/test_gpu_forward.py tests/gpu/test_gpu_varlen.py tests/gpu/test_gpu_jax_jit.py -q -x 2>&1 \
+    | tee "$OUT/fwd_pairs_tests.log" | tail -4)   # loops beside FA3's forward (FA3_WHL=1), tree and patch alternating
+  for n in 1 2; do
+    for leg in tree pairs; do
+      dir=$PWD; [ $leg = pairs ] && dir=/tmp/pairs
+      (cd $dir && PYTHONPATH=$dir CUPY_DASH_CACHE_DIR=/tmp/dc_$leg timeout 150 $py benchmarks/steady_bench.py --forward \
+        --rounds 3 --loop-s 0.5 --shapes causal:1024 causal:2048 causal:4096 causal:8192 causal:16384 \
+        --json /tmp/fp/${leg}_$n.json --md /tmp/fp/${leg}_$n.md 2>&1 | tail -6 | sed "s/^/$leg$n /")
+    done
+  done
+  (cd /tmp/fp && tar czf "$OUT/fwd_pairs.tgz" *)
 fi
 if [ "$stage" = steady_ab ]; then   # AB_PATCHES (benchmarks/patches/<name>) against the tree at a steady clock:
   mkdir -p /tmp/sab                   # LEGS rounds of one process per leg, each timing ours deterministic beside
