@@ -41,30 +41,28 @@ def test_pipelined_loop_keeps_two_calls_in_flight_and_times_completed_ones():
     assert wall1 > wall0
 
 
-def test_markdown_names_every_implementation_and_the_ratio():
+def _report(shape, legs, ratio_key, ratio):
+    """A one-shape report of legs {name: ms} and one ratio (median, min, max), as steady_bench writes it."""
     summary = {name: dict(ms_median=ms, ms_min=ms, ms_max=ms, tflops=100 / ms, sm_mhz_median=1800.0,
                           power_w_median=600.0, mcycles_median=ms * 1.8, rel_diff_vs_ours=1e-3, valid=True,
                           repeats_bits=True)
-               for name, ms in (("dash_det", 0.9), ("fa3_nondet", 0.99))}
-    report = dict(meta=dict(date="d", command="c", commit="abc", kernels_sha256="0" * 64, gpu="H200", rounds=3,
-                            loop_s=1.0),
-                  shapes=[dict(shape=dict(name="full:1280"), summary=summary,
-                               ratios={"dash_det_speed_vs_fa3_nondet": dict(median=1.1, min=1.05, max=1.12)})])
-    text = sb.markdown(report)
+               for name, ms in legs.items()}
+    return dict(meta=dict(date="d", command="c", commit="abc", kernels_sha256="0" * 64, gpu="H200", rounds=3,
+                          loop_s=1.0),
+                shapes=[dict(shape=dict(name=shape), summary=summary,
+                             ratios={ratio_key: dict(zip(("median", "min", "max"), ratio))})])
+
+
+def test_markdown_names_every_implementation_and_the_ratio():
+    text = sb.markdown(_report("full:1280", {"dash_det": 0.9, "fa3_nondet": 0.99}, "dash_det_speed_vs_fa3_nondet",
+                               (1.1, 1.05, 1.12)))
     assert "| full:1280 | dash_det | 111 |" in text
     assert "| full:1280 | 1.10 (1.05-1.12) |" in text
 
 
 def test_markdown_gives_each_named_schedule_leg_its_column():
-    summary = {name: dict(ms_median=ms, ms_min=ms, ms_max=ms, tflops=100 / ms, sm_mhz_median=1800.0,
-                          power_w_median=600.0, mcycles_median=ms * 1.8, rel_diff_vs_ours=0.0, valid=True,
-                          repeats_bits=True)
-               for name, ms in (("dash_det", 0.9), ("dash_fa3", 0.95))}
-    report = dict(meta=dict(date="d", command="c", commit="abc", kernels_sha256="0" * 64, gpu="H200", rounds=3,
-                            loop_s=1.0),
-                  shapes=[dict(shape=dict(name="causal:2048"), summary=summary,
-                               ratios={"dash_det_speed_vs_dash_fa3": dict(median=1.06, min=1.04, max=1.07)})])
-    text = sb.markdown(report)
+    text = sb.markdown(_report("causal:2048", {"dash_det": 0.9, "dash_fa3": 0.95}, "dash_det_speed_vs_dash_fa3",
+                               (1.06, 1.04, 1.07)))
     assert "| shape | auto / fa3 |" in text
     assert "| causal:2048 | 1.06 (1.04-1.07) |" in text
 
