@@ -300,6 +300,15 @@ if [ "$stage" = fwd_pairs ]; then   # the causal forward in tile pairs (benchmar
         --json /tmp/fp/${leg}_$n.json --md /tmp/fp/${leg}_$n.md 2>&1 | tail -6 | sed "s/^/$leg$n /")
     done
   done
+  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | tail -1)   # one forward of each at causal 1k
+  for leg in tree pairs; do
+    dir=$PWD; [ $leg = pairs ] && dir=/tmp/pairs
+    (cd $dir && PYTHONPATH=$dir CUPY_DASH_CACHE_DIR=/tmp/dc_$leg timeout 120 "$ncu" --profile-from-start off \
+      --clock-control none --set full -k dash_fwd -c 1 -f -o /tmp/fp/ncu_$leg $py benchmarks/ncu_bwd.py --forward \
+      --impl ours --causal --seqlen 1024 --batch 16 >/tmp/fp/ncu_$leg.log 2>&1)
+    "$ncu" -i /tmp/fp/ncu_$leg.ncu-rep --page raw --csv >/tmp/fp/ncu_$leg.raw.csv 2>&1 && rm /tmp/fp/ncu_$leg.ncu-rep
+    $py benchmarks/ncu_summary.py /tmp/fp/ncu_$leg.raw.csv | sed "s/^/ncu_$leg /"
+  done
   (cd /tmp/fp && tar czf "$OUT/fwd_pairs.tgz" *)
 fi
 if [ "$stage" = steady_ab ]; then   # AB_PATCHES (benchmarks/patches/<name>) against the tree at a steady clock:
