@@ -4,7 +4,7 @@
 #                                  fold|fold_bench|varlen_events|sanitize|ncu|engine|engine_bench|
 #                                  dq_writers|multi_gpu|first|first2|fa3_bench|fa3_full|final|tile80|d96|tests2|
 #                                  loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|suite|legs_ab|
-#                                  short_modes|steady|steady_ab|ncu_conflicts|sections_auto|fwd_order|ncu_fwd|fwd_pairs|all]
+#                                  short_modes|steady|steady_ab|ncu_conflicts|sections_auto|fwd_order|ncu_fwd|fwd_pairs|fwd_persistent|all]
 #                                  [extra pytest args...]
 # "engine": the backward kernel's GPU tests (every family: MHA, GQA, compact, varlen, fold, window, portable);
 # "engine_bench": the backward at the shapes, this tree against the kernels in every carried .ab*/kernels_src
@@ -30,7 +30,7 @@ if [ -n "${FA3_WHL:-}" ]; then
   $py -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >"$OUT/fa3_install.log" 2>&1 && export PYTHONPATH=/tmp/site
 fi
 case "$stage" in   # these stages compile only the kernels they run, on first use
-  ncu|engine_bench|dq_writers|first|first2|fa3_bench|fa3_full|final|tile80|d96|loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|legs_ab|short_modes|steady|steady_ab|ncu_conflicts|sections_auto|fwd_order|ncu_fwd|fwd_pairs) ;;
+  ncu|engine_bench|dq_writers|first|first2|fa3_bench|fa3_full|final|tile80|d96|loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|legs_ab|short_modes|steady|steady_ab|ncu_conflicts|sections_auto|fwd_order|ncu_fwd|fwd_pairs|fwd_persistent) ;;
   *) $py -m cupy_dash compile --all -j 16 >/tmp/compile.log 2>&1 || { tail -20 /tmp/compile.log; exit 1; }
      tail -1 /tmp/compile.log ;;
 esac
@@ -310,6 +310,19 @@ if [ "$stage" = fwd_pairs ]; then   # the causal forward in tile pairs (benchmar
     $py benchmarks/ncu_summary.py /tmp/fp/ncu_$leg.raw.csv | sed "s/^/ncu_$leg /"
   done
   (cd /tmp/fp && tar czf "$OUT/fwd_pairs.tgz" *)
+fi
+if [ "$stage" = fwd_persistent ]; then   # the persistent forward experiment (benchmarks/patches/fwd_persistent.patch:
+  rm -rf /tmp/pers && cp -r . /tmp/pers   # a DASH_PERSISTENT build claiming tiles from a counter; the grid build of
+  (cd /tmp/pers && patch -s -p1 <benchmarks/patches/fwd_persistent.patch) || exit 1   # the patch is the tree's):
+  (cd /tmp/pers && PYTHONPATH=/tmp/pers CUPY_DASH_CACHE_DIR=/tmp/dc_pers timeout -s INT -k 30 200 $py -m pytest \
+    tests/gpu/test_gpu_forward.py tests/gpu/test_gpu_varlen.py -q -x 2>&1 | tee "$OUT/fwd_persistent_tests.log" \
+    | tail -3)   # the patched grid build's tests, then fwd_order.py's legs, bits compared (persistent against grid)
+  for d in 128 64; do
+    (cd /tmp/pers && PYTHONPATH=/tmp/pers CUPY_DASH_CACHE_DIR=/tmp/dc_pers timeout 200 $py benchmarks/fwd_order.py \
+      --hdim $d --shapes causal:1024 causal:2048 causal:4096 causal:8192 causal:16384 full:3840 full:15360 \
+      --sections rule 1 persistent persistent:1 --json "$OUT/fwd_persistent_d$d.json" \
+      --md "$OUT/fwd_persistent_d$d.md" 2>&1 | tail -8)
+  done
 fi
 if [ "$stage" = steady_ab ]; then   # AB_PATCHES (benchmarks/patches/<name>) against the tree at a steady clock:
   mkdir -p /tmp/sab                   # LEGS rounds of one process per leg, each timing ours deterministic beside
