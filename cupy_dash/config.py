@@ -137,7 +137,8 @@ COMPACT_TABLES = Knob("CUPY_DASH_COMPACT_TABLES", "0 / 1 / unset",
 VARLEN_EXPAND = Knob("CUPY_DASH_VARLEN_EXPAND", "host / unset",
     "host: expand a varlen backward's per-visit table on the host instead of the GPU", _expand)
 FASTPATH = Knob("CUPY_DASH_FASTPATH", "0 / unset",
-    "0 (or set empty): no torch fast path for repeated calls; every call takes the full path", _on_unless_off)
+    "0 (or set empty): no host fast path for repeated torch or CuPy calls; every call takes the full path",
+    _on_unless_off)
 SYNC_ERRORS = Knob("CUPY_DASH_SYNC_ERRORS", "1 / unset",
     "1: every backward waits for its kernels and raises its own error (check_errors) before returning", _flag)
 JAX_FFI = Knob("CUPY_DASH_JAX_FFI", "0 / 1 / unset",
