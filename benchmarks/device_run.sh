@@ -289,13 +289,13 @@ fi
 if [ "$stage" = fwd_pairs ]; then   # the causal forward in tile pairs (benchmarks/patches/fwd_tile_pairs.patch:
   rm -rf /tmp/pairs /tmp/fp && mkdir -p /tmp/fp && cp -r . /tmp/pairs   # kernel and host) in a patched copy: its
   (cd /tmp/pairs && patch -s -p1 <benchmarks/patches/fwd_tile_pairs.patch) || exit 1   # forward tests, then steady
-  (cd /tmp/pairs && PYTHONPATH=/tmp/pairs CUPY_DASH_CACHE_DIR=/tmp/dc_pairs timeout -s INT -k 30 240 $py -m pytest \
+  (cd /tmp/pairs && PYTHONPATH=/tmp/pairs:${PYTHONPATH:-} CUPY_DASH_CACHE_DIR=/tmp/dc_pairs timeout -s INT -k 30 240 $py -m pytest \
     tests/gpu/test_gpu_forward.py tests/gpu/test_gpu_varlen.py tests/gpu/test_gpu_jax_jit.py -q -x 2>&1 \
     | tee "$OUT/fwd_pairs_tests.log" | tail -4)   # loops beside FA3's forward (FA3_WHL=1), tree and patch alternating
   for n in 1 2; do
     for leg in tree pairs; do
       dir=$PWD; [ $leg = pairs ] && dir=/tmp/pairs
-      (cd $dir && PYTHONPATH=$dir CUPY_DASH_CACHE_DIR=/tmp/dc_$leg timeout 150 $py benchmarks/steady_bench.py --forward \
+      (cd $dir && PYTHONPATH=$dir:${PYTHONPATH:-} CUPY_DASH_CACHE_DIR=/tmp/dc_$leg timeout 150 $py benchmarks/steady_bench.py --forward \
         --rounds 3 --loop-s 0.5 --shapes causal:1024 causal:2048 causal:4096 causal:8192 causal:16384 \
         --json /tmp/fp/${leg}_$n.json --md /tmp/fp/${leg}_$n.md 2>&1 | tail -6 | sed "s/^/$leg$n /")
     done
@@ -303,7 +303,7 @@ if [ "$stage" = fwd_pairs ]; then   # the causal forward in tile pairs (benchmar
   ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | tail -1)   # one forward of each at causal 1k
   for leg in tree pairs; do
     dir=$PWD; [ $leg = pairs ] && dir=/tmp/pairs
-    (cd $dir && PYTHONPATH=$dir CUPY_DASH_CACHE_DIR=/tmp/dc_$leg timeout 120 "$ncu" --profile-from-start off \
+    (cd $dir && PYTHONPATH=$dir:${PYTHONPATH:-} CUPY_DASH_CACHE_DIR=/tmp/dc_$leg timeout 120 "$ncu" --profile-from-start off \
       --clock-control none --set full -k dash_fwd -c 1 -f -o /tmp/fp/ncu_$leg $py benchmarks/ncu_bwd.py --forward \
       --impl ours --causal --seqlen 1024 --batch 16 >/tmp/fp/ncu_$leg.log 2>&1)
     "$ncu" -i /tmp/fp/ncu_$leg.ncu-rep --page raw --csv >/tmp/fp/ncu_$leg.raw.csv 2>&1 && rm /tmp/fp/ncu_$leg.ncu-rep
@@ -311,18 +311,23 @@ if [ "$stage" = fwd_pairs ]; then   # the causal forward in tile pairs (benchmar
   done
   (cd /tmp/fp && tar czf "$OUT/fwd_pairs.tgz" *)
 fi
-if [ "$stage" = fwd_persistent ]; then   # the persistent forward experiment (benchmarks/patches/fwd_persistent.patch:
-  rm -rf /tmp/pers && cp -r . /tmp/pers   # a DASH_PERSISTENT build claiming tiles from a counter; the grid build of
-  (cd /tmp/pers && patch -s -p1 <benchmarks/patches/fwd_persistent.patch) || exit 1   # the patch is the tree's):
-  (cd /tmp/pers && PYTHONPATH=/tmp/pers CUPY_DASH_CACHE_DIR=/tmp/dc_pers timeout -s INT -k 30 200 $py -m pytest \
-    tests/gpu/test_gpu_forward.py tests/gpu/test_gpu_varlen.py -q -x 2>&1 | tee "$OUT/fwd_persistent_tests.log" \
-    | tail -3)   # the patched grid build's tests, then fwd_order.py's legs, bits compared (persistent against grid)
-  for d in 128 64; do
-    (cd /tmp/pers && PYTHONPATH=/tmp/pers CUPY_DASH_CACHE_DIR=/tmp/dc_pers timeout 200 $py benchmarks/fwd_order.py \
+if [ "$stage" = fwd_persistent ]; then   # the persistent forward (benchmarks/patches/fwd_persistent.patch: the
+  rm -rf /tmp/pers && cp -r . /tmp/pers   # functional API's fixed-length forwards and their fast path take a
+  (cd /tmp/pers && patch -s -p1 <benchmarks/patches/fwd_persistent.patch) || exit 1   # DASH_PERSISTENT build that
+  (cd /tmp/pers && PYTHONPATH=/tmp/pers:${PYTHONPATH:-} CUPY_DASH_CACHE_DIR=/tmp/dc_pers timeout -s INT -k 30 300 $py -m pytest \
+    tests/gpu/test_gpu_forward.py tests/gpu/test_gpu_varlen.py tests/gpu/test_gpu_fastpath.py \
+    tests/gpu/test_gpu_torch_ops.py tests/gpu/test_gpu_training_graphs.py tests/gpu/test_gpu_jax_jit.py -q -x 2>&1 \
+    | tee "$OUT/fwd_persistent_tests.log" | tail -3)   # claims tiles from a counter zeroed per call): its tests,
+  for d in 128 64; do   # fwd_order.py's legs (grid build against persistent, bits compared), FA3 beside it
+    (cd /tmp/pers && PYTHONPATH=/tmp/pers:${PYTHONPATH:-} CUPY_DASH_CACHE_DIR=/tmp/dc_pers timeout 200 $py benchmarks/fwd_order.py \
       --hdim $d --shapes causal:1024 causal:2048 causal:4096 causal:8192 causal:16384 full:3840 full:15360 \
       --sections rule 1 persistent persistent:1 --json "$OUT/fwd_persistent_d$d.json" \
       --md "$OUT/fwd_persistent_d$d.md" 2>&1 | tail -8)
   done
+  (cd /tmp/pers && PYTHONPATH=/tmp/pers:${PYTHONPATH:-} CUPY_DASH_CACHE_DIR=/tmp/dc_pers timeout 200 $py benchmarks/steady_bench.py \
+    --forward --rounds 3 --loop-s 0.5 --shapes causal:1024 causal:2048 causal:4096 causal:8192 causal:16384 \
+    full:1280 full:3840 full:15360 --json "$OUT/fwd_persistent_steady.json" --md "$OUT/fwd_persistent_steady.md" \
+    2>&1 | tail -10)
 fi
 if [ "$stage" = steady_ab ]; then   # AB_PATCHES (benchmarks/patches/<name>) against the tree at a steady clock:
   mkdir -p /tmp/sab                   # LEGS rounds of one process per leg, each timing ours deterministic beside
