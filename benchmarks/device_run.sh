@@ -4,7 +4,7 @@
 #                                  fold|fold_bench|varlen_events|sanitize|ncu|engine|engine_bench|
 #                                  dq_writers|multi_gpu|first|first2|fa3_bench|fa3_full|final|tile80|d96|tests2|
 #                                  loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|suite|legs_ab|
-#                                  short_modes|steady|steady_ab|ncu_conflicts|sections_auto|fwd_order|ncu_fwd|fwd_pairs|fwd_persistent|all]
+#                                  short_modes|steady|steady_ab|ncu_conflicts|sections_auto|fwd_order|fwd_pairs|fwd_persistent|all]
 #                                  [extra pytest args...]
 # "engine": the backward kernel's GPU tests (every family: MHA, GQA, compact, varlen, fold, window, portable);
 # "engine_bench": the backward at the issue's shapes, this tree against the kernels in every carried .ab*/kernels_src
@@ -30,7 +30,7 @@ if [ -n "${FA3_WHL:-}" ]; then
   $py -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >"$OUT/fa3_install.log" 2>&1 && export PYTHONPATH=/tmp/site
 fi
 case "$stage" in   # these stages compile only the kernels they run, on first use
-  ncu|engine_bench|dq_writers|first|first2|fa3_bench|fa3_full|final|tile80|d96|loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|legs_ab|short_modes|steady|steady_ab|ncu_conflicts|sections_auto|fwd_order|ncu_fwd|fwd_pairs|fwd_persistent) ;;
+  ncu|engine_bench|dq_writers|first|first2|fa3_bench|fa3_full|final|tile80|d96|loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|legs_ab|short_modes|steady|steady_ab|ncu_conflicts|sections_auto|fwd_order|fwd_pairs|fwd_persistent) ;;
   *) $py -m cupy_dash compile --all -j 16 >/tmp/compile.log 2>&1 || { tail -20 /tmp/compile.log; exit 1; }
      tail -1 /tmp/compile.log ;;
 esac
@@ -117,14 +117,17 @@ if [ "$stage" = ncu ]; then   # Nsight Compute: our main backward kernel and FA3
   ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | tail -1)   # NCU_IMPLS (default "ours_auto fa3";
   mkdir -p /tmp/ncu   # also ours_atomic), NCU_SECTIONS (default --set full): pages, benchmarks/sass_ops.py per pair
   # NCU_SHAPES: ';'-separated ncu_bwd.py shapes; NCU_KSRC: another kernels_src for ours (a patched copy, legs
-  # named ${impl}${NCU_TAG}), through benchmarks/with_kernels.py
+  # named ${impl}${NCU_TAG}), through benchmarks/with_kernels.py; NCU_FORWARD=1: the forwards instead (NCU_IMPLS
+  # "ours fa3"; e.g. NCU_SHAPES="--causal --seqlen 1024 --batch 16;--causal --seqlen 16384 --batch 1")
   IFS=';' read -ra shapes <<<"${NCU_SHAPES:---causal --seqlen 8192 --batch 2;--seqlen 3840 --batch 4}"
   for shape in "${shapes[@]}"; do
     tag=$(echo "$shape" | tr -d ' -' | tr -s 'a-z' | cut -c1-24)
     for impl in ${NCU_IMPLS:-ours_auto fa3}; do
       kern=dash_bwd_main; args=(--impl ours --schedule ${impl#ours_}); run=($py)
+      [ -n "${NCU_FORWARD:-}" ] && kern=dash_fwd && args=(--impl ours --forward)
       [ -n "${NCU_KSRC:-}" ] && run=($py benchmarks/with_kernels.py "$NCU_KSRC")
       [ $impl = fa3 ] && kern=regex:FlashAttnBwdSm90 && args=(--impl fa3) && run=($py)
+      [ $impl = fa3 ] && [ -n "${NCU_FORWARD:-}" ] && kern=regex:Fwd && args=(--impl fa3 --forward)
       [ $impl != fa3 ] && impl=$impl${NCU_KSRC:+${NCU_TAG:-_ksrc}}
       timeout 240 "$ncu" --profile-from-start off --clock-control none ${NCU_SECTIONS:---set full} --import-source no \
         --kernel-name-base demangled -k "$kern" -c 1 -f -o /tmp/ncu/${impl}_$tag \
@@ -134,7 +137,9 @@ if [ "$stage" = ncu ]; then   # Nsight Compute: our main backward kernel and FA3
       "$ncu" -i /tmp/ncu/${impl}_$tag.ncu-rep --page raw --csv >/tmp/ncu/${impl}_$tag.raw.csv 2>&1
       "$ncu" -i /tmp/ncu/${impl}_$tag.ncu-rep --page source --csv --print-source sass 2>/dev/null \
         | gzip >/tmp/ncu/${impl}_$tag.sass.csv.gz
+      $py benchmarks/ncu_summary.py /tmp/ncu/${impl}_$tag.raw.csv | sed "s/^/${impl}_$tag /"
     done
+    [ -n "${NCU_FORWARD:-}" ] && continue   # sass_ops counts the backward's visits
     for impl in ${NCU_IMPLS:-ours_auto fa3}; do
       [ $impl = fa3 ] || [ ! -f /tmp/ncu/fa3_$tag.sass.csv.gz ] && continue
       impl=$impl${NCU_KSRC:+${NCU_TAG:-_ksrc}}
@@ -143,7 +148,7 @@ if [ "$stage" = ncu ]; then   # Nsight Compute: our main backward kernel and FA3
     done
   done
   ls -la /tmp/ncu
-  [ "${NCU_PROFILE_BWD:-1}" = 1 ] && timeout 120 $py benchmarks/profile_bwd.py --seqlens 1024 4096 16384 --hdims 128 \
+  [ "${NCU_PROFILE_BWD:-1}" = 1 ] && [ -z "${NCU_FORWARD:-}" ] && timeout 120 $py benchmarks/profile_bwd.py --seqlens 1024 4096 16384 --hdims 128 \
     --schedules auto atomic 2>&1 | tee /tmp/ncu/profile_bwd.log | tail -20   # NCU_PROFILE_BWD=0 skips it
   (cd /tmp/ncu && tar czf "$OUT/ncu.tgz" *.csv *.csv.gz *.log *.txt)
 fi
@@ -268,23 +273,6 @@ if [ "$stage" = fwd_order ]; then   # the causal forward's launch order (FwdPara
   timeout 200 $py benchmarks/steady_bench.py --forward --rounds 3 --loop-s 0.5 --shapes causal:1024 causal:2048 \
     causal:4096 causal:8192 causal:16384 full:1280 full:3840 full:15360 --json "$OUT/steady_fwd.json" \
     --md "$OUT/steady_fwd.md" 2>&1 | tail -10
-fi
-if [ "$stage" = ncu_fwd ]; then   # the forward beside FA3's under Nsight Compute (--set full; FA3_WHL=1): causal 1k
-  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | tail -1)   # (B = 16), where ours is 0.94x FA3's,
-  mkdir -p /tmp/nf                                                        # and 16k (B = 1), where it is 1.05x
-  for shape in "--seqlen 1024 --batch 16" "--seqlen 16384 --batch 1"; do
-    tag=causal$(echo "$shape" | cut -d' ' -f2)
-    for impl in ours fa3; do
-      kern=dash_fwd; [ $impl = fa3 ] && kern=regex:Fwd
-      timeout 200 "$ncu" --profile-from-start off --clock-control none --set full --import-source no \
-        --kernel-name-base demangled -k "$kern" -c 1 -f -o /tmp/nf/${impl}_$tag $py benchmarks/ncu_bwd.py --forward \
-        --impl $impl --causal $shape >/tmp/nf/${impl}_$tag.log 2>&1; tail -2 /tmp/nf/${impl}_$tag.log
-      "$ncu" -i /tmp/nf/${impl}_$tag.ncu-rep --page details --csv >/tmp/nf/${impl}_$tag.details.csv 2>&1
-      "$ncu" -i /tmp/nf/${impl}_$tag.ncu-rep --page raw --csv >/tmp/nf/${impl}_$tag.raw.csv 2>&1
-      $py benchmarks/ncu_summary.py /tmp/nf/${impl}_$tag.raw.csv | sed "s/^/${impl}_$tag /"
-    done
-  done
-  (cd /tmp/nf && tar czf "$OUT/ncu_fwd.tgz" *.csv *.log)
 fi
 if [ "$stage" = fwd_pairs ]; then   # the causal forward in tile pairs (benchmarks/patches/fwd_tile_pairs.patch:
   rm -rf /tmp/pairs /tmp/fp && mkdir -p /tmp/fp && cp -r . /tmp/pairs   # kernel and host) in a patched copy: its

@@ -23,7 +23,7 @@ mp.setattr(interop, "capturing", lambda x: False)
 mp.setattr(tensormap, "bhsd_map", lambda ptr, *a, **kw: int(ptr).to_bytes(8, "little").ljust(128, b"\0"))
 mp.setattr(tensormap, "check_encodable", lambda *a, **kw: None)
 mp.setattr(launchers, "l2_bytes", lambda dev: 60 << 20)       # the H200's L2 and SMs
-mp.setattr(launchers, "sm_count", lambda dev: 132)
+mp.setattr(kernels, "sm_count", lambda dev: 132)
 def new(fw, dev, shape, dtype):
     t = empty(tuple(shape), {"uint8": U8, "float32": F32}.get(dtype, BF16)); return t, t.ptr
 mp.setattr(api, "_new", new); mp.setattr(api, "_export", lambda fw, a, like: a)

@@ -98,7 +98,7 @@ def no_gpu(monkeypatch):
     monkeypatch.setattr(interop, "caller_stream", lambda x, dev: Stream())
     monkeypatch.setattr(varlen.cupy.cuda, "Device", lambda dev: contextlib.nullcontext())
     monkeypatch.setattr(launchers, "l2_bytes", lambda dev: 60 << 20)    # the H200's L2 and SMs
-    monkeypatch.setattr(launchers, "sm_count", lambda dev: 132)
+    monkeypatch.setattr(kernels, "sm_count", lambda dev: 132)
     monkeypatch.setattr(kernels, "bwd_entry", fake_bwd_entry)
     monkeypatch.setattr(launchers.jit, "load", lambda spec: types.SimpleNamespace(ptr=0xF00))
     ptr = types.SimpleNamespace

@@ -401,17 +401,22 @@ def launch(spec: KernelSpec, grid, params, stream, func=None) -> None:
     executor.launch(func, gx, gy, gz, spec.threads, spec.smem_bytes, stream.ptr, params)
 
 
+@functools.lru_cache(maxsize=None)
+def sm_count(device_id: int) -> int:
+    """The number of SMs of device ``device_id``."""
+    from cupy.cuda import runtime
+    return int(runtime.deviceGetAttribute(runtime.cudaDevAttrMultiProcessorCount, device_id))
+
+
 def max_resident_ctas(spec: KernelSpec) -> int:
     """CTAs of ``spec`` that can be resident at once on the current device (occupancy x SM count): the
     upper bound for a persistent grid in which CTAs wait on each other."""
     import cupy
-    from cupy.cuda import driver, runtime
+    from cupy.cuda import driver
     from . import jit
     fn = jit.load(spec)
     per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.ptr, spec.threads, spec.smem_bytes)
-    dev = cupy.cuda.runtime.getDevice()
-    sms = runtime.deviceGetAttribute(runtime.cudaDevAttrMultiProcessorCount, dev)
-    return int(per_sm) * int(sms)
+    return int(per_sm) * sm_count(cupy.cuda.runtime.getDevice())
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -68,7 +68,7 @@ def fwd_head_section(p, block_m: int, grid=None, element_bytes: int = 2) -> int:
     average. Changes the order in which tiles start, never a result (docs/decisions/fwd-launch-order.md)."""
     tiles, pairs, rows_k = (-(-p.Sq // block_m), p.B * p.H, p.Sk) if grid is None else \
         (grid[0], grid[1] * grid[2], -(-p.Sk // max(1, grid[2])))
-    wave = round(sm_count(p.device_id) / max(1, tiles))
+    wave = round(kernels.sm_count(p.device_id) / max(1, tiles))
     kv_head = max(1, rows_k) * (p.D + p.Dv) * element_bytes
     in_l2 = int(_schedule.L2_SECTION_SHARE * l2_bytes(p.device_id)) * (p.H // p.Hkv) // kv_head
     return max(1, min(wave, in_l2, pairs))
@@ -199,12 +199,6 @@ def fold_wanted(p, block_m, block_n, zero_kv, varlen) -> bool:
 def l2_bytes(device_id: int) -> int:
     """The L2 cache size of device ``device_id`` in bytes."""
     return int(cupy.cuda.Device(device_id).attributes["L2CacheSize"])
-
-
-@functools.lru_cache(maxsize=None)
-def sm_count(device_id: int) -> int:
-    """The number of SMs of device ``device_id``."""
-    return int(cupy.cuda.runtime.deviceGetAttribute(cupy.cuda.runtime.cudaDevAttrMultiProcessorCount, device_id))
 
 
 def head_section(tokens_q: int, head_dim: int, group_size: int, head_dim_v: int | None, device_id: int) -> int:

@@ -194,13 +194,13 @@ SECTION_CASES = [(Shape("bf16", 128, True, 1000, 1000, 2, 5, 5), 3), (Shape("bf1
 def test_forward_causal_head_sections(shape, pairs, monkeypatch):
     """Forced sections (the L2 size made to hold ``pairs`` pairs' K and V, the SM count made large): correct against
     the float64 reference, and bitwise equal to the launch with every pair in one section."""
-    from cupy_dash.cuda import launchers
+    from cupy_dash.cuda import kernels, launchers
     monkeypatch.setenv("CUPY_DASH_FASTPATH", "0")           # the fast path's plans hold the packed block
     group = shape.heads // shape.heads_kv
     kv_head = shape.seqlen_k * 2 * shape.hdim * 2
     l2 = {"bytes": 1 << 40}
     monkeypatch.setattr(launchers, "l2_bytes", lambda dev: l2["bytes"])
-    monkeypatch.setattr(launchers, "sm_count", lambda dev: 1 << 20)     # the L2 decides
+    monkeypatch.setattr(kernels, "sm_count", lambda dev: 1 << 20)     # the L2 decides
     q, k, v = _inputs(shape)
     dq, dk, dv = _dev(q), _dev(k), _dev(v)
     whole = cupy_dash.attention_forward(dq, dk, dv, causal=True)

@@ -22,7 +22,7 @@ def fake_map(ptr, dtype, shape, strides, box_rows, name="tensor", box_panels=Non
 def no_driver(monkeypatch):
     monkeypatch.setattr(tensormap, "bhsd_map", fake_map)
     monkeypatch.setattr(launchers, "l2_bytes", lambda dev: 60 << 20)    # the H200's L2 and SMs
-    monkeypatch.setattr(launchers, "sm_count", lambda dev: 132)
+    monkeypatch.setattr(kernels, "sm_count", lambda dev: 132)
 
 
 def problem(B=2, Sq=200, Sk=320, H=4, Hkv=2, D=128, scale=0.1, Dv=None):

@@ -67,7 +67,7 @@ def no_gpu(monkeypatch):
     monkeypatch.setattr(interop, "caller_stream", lambda x, dev: Stream())
     monkeypatch.setattr(varlen.cupy.cuda, "Device", lambda dev: contextlib.nullcontext())
     monkeypatch.setattr(launchers, "l2_bytes", lambda dev: 60 << 20)    # the H200's L2 and SMs
-    monkeypatch.setattr(launchers, "sm_count", lambda dev: 132)
+    monkeypatch.setattr(kernels, "sm_count", lambda dev: 132)
     monkeypatch.setattr(gpu, "require", lambda what, device=0: None)
     specs = kernels.bwd_specs("bfloat16", D, True)
     tile = kernels.bwd_tile(D, True)
