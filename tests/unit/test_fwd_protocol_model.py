@@ -2,7 +2,6 @@
 the model still catches the protocol it was written to catch (Q loaded only for tiles with KV tiles)."""
 from __future__ import annotations
 
-import random
 import sys
 from pathlib import Path
 
@@ -12,16 +11,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import fwd_protocol_model as model  # noqa: E402
 
 
-def _tiles(seed, most):
-    rng = random.Random(seed)
-    return [rng.choice([0, 1, 1, 2, 3, 5, 8]) for _ in range(rng.randint(1, most))]
-
-
 def test_the_patch_protocol_holds(monkeypatch):
     monkeypatch.setattr(model, "FIXED", True)
     for seed in range(150):
-        model.run(_tiles(seed, 7), seed, persistent=True)
-        model.run(_tiles(seed, 1), seed, persistent=False)
+        model.run(model.random_tiles(seed, 7), seed, persistent=True)
+        model.run(model.random_tiles(seed, 1), seed, persistent=False)
 
 
 def test_q_loaded_only_with_kv_tiles_lets_the_producer_run_two_phases_ahead(monkeypatch):
@@ -29,4 +23,4 @@ def test_q_loaded_only_with_kv_tiles_lets_the_producer_run_two_phases_ahead(monk
     with pytest.raises(AssertionError, match="q_empty"):
         model.run([2, 5, 8, 0, 2, 1, 0], 0, persistent=True)
     for seed in range(150):                           # at most two tiles per CTA (fwd_tile_pairs): it holds
-        model.run(_tiles(seed, 2), seed, persistent=True)
+        model.run(model.random_tiles(seed, 2), seed, persistent=True)
