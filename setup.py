@@ -19,8 +19,8 @@ def _cores() -> int:
 # per visit; _records holds the checks that every table of records shares (_records.pxd: the record layout and rule,
 # _units.pxd: the builders' shared inline code); testing holds the tests' oracles (the direct builders of earlier
 # versions).
-# cupy_dash.cuda.executor is every kernel launch (one cuLaunchKernel);
-# cupy_dash.jax._xla_ffi is the JAX adapter's XLA FFI handler (xla_ffi.c).
+# cupy_dash.cuda.executor is every kernel launch (launch plans, launch_plan.c: the executor);
+# cupy_dash.jax._xla_ffi is the JAX adapter's XLA FFI handler (xla_ffi.c), which runs plans with the same executor.
 
 
 def _ext(name: str, *sources: str, extra=(), **kw) -> Extension:
@@ -30,6 +30,7 @@ def _ext(name: str, *sources: str, extra=(), **kw) -> Extension:
     return Extension(name, list(sources), extra_compile_args=[*extra, "-g0"], **kw)
 
 
+_LAUNCH_PLAN, _PLAN_H = "cupy_dash/cuda/launch_plan.c", "cupy_dash/cuda/launch_plan.h"
 EXTENSIONS = [_ext("cupy_dash.schedule._schedule", "cupy_dash/schedule/_schedule.pyx"),
               _ext("cupy_dash.schedule._records", "cupy_dash/schedule/_records.pyx"),
               _ext("cupy_dash.schedule._schedule_check", "cupy_dash/schedule/_schedule_check.pyx"),
@@ -39,10 +40,11 @@ EXTENSIONS = [_ext("cupy_dash.schedule._schedule", "cupy_dash/schedule/_schedule
               _ext("cupy_dash.schedule._varlen_view", "cupy_dash/schedule/_varlen_view.pyx"),
               _ext("cupy_dash.schedule.varlen_pack", "cupy_dash/schedule/varlen_pack.pyx"),
               _ext("cupy_dash.schedule.testing", "cupy_dash/schedule/testing.pyx"),
-              _ext("cupy_dash.cuda.executor", "cupy_dash/cuda/executor.pyx", libraries=["dl"]),
-              _ext("cupy_dash.jax._xla_ffi", "cupy_dash/jax/_xla_ffi.pyx", "cupy_dash/jax/xla_ffi.c",
-                   depends=["cupy_dash/jax/xla_ffi.h"], include_dirs=["cupy_dash/jax"], libraries=["dl"],
-                   extra=["-std=gnu11"])]
+              _ext("cupy_dash.cuda.executor", "cupy_dash/cuda/executor.pyx", _LAUNCH_PLAN, depends=[_PLAN_H],
+                   include_dirs=["cupy_dash/cuda"], libraries=["dl"], extra=["-std=gnu11"]),
+              _ext("cupy_dash.jax._xla_ffi", "cupy_dash/jax/_xla_ffi.pyx", "cupy_dash/jax/xla_ffi.c", _LAUNCH_PLAN,
+                   depends=["cupy_dash/jax/xla_ffi.h", _PLAN_H], include_dirs=["cupy_dash/jax", "cupy_dash/cuda"],
+                   libraries=["dl"], extra=["-std=gnu11"])]
 
 # Cython's own utility code (typed memoryviews, argument parsing: about half of each generated C file) is
 # generated once into the shared module SHARED_UTILITY, which every module above imports, instead of into each of

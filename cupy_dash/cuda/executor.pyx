@@ -7,8 +7,26 @@ writes a call's fields (addresses, TMA maps) into a copy of a plan's packed bloc
 libcuda is opened with ``dlopen`` on first use (CuPy has loaded it by then); building this module needs no CUDA
 headers or toolkit, and importing it needs no GPU.
 """
-from libc.stdint cimport uintptr_t
+from libc.stdint cimport uint64_t, uintptr_t
 from libc.string cimport memcpy
+
+cdef extern from "launch_plan.h" nogil:
+    enum:
+        DASH_PLAN_MAGIC
+        DASH_PLAN_INSPECT
+        DASH_PLAN_MAX_PARAMS
+    ctypedef struct dash_plan_header:
+        unsigned int params_size
+    ctypedef struct dash_plan:
+        dash_plan_header header
+    int dash_plan_view(const void* blob, size_t size, dash_plan* plan, char* error, size_t error_size)
+    int dash_plan_run(const dash_plan* plan, const uint64_t* buffers, size_t num_buffers, void* stream,
+                      unsigned char* inspect, char* error, size_t error_size)
+
+PLAN_MAGIC = DASH_PLAN_MAGIC
+PLAN_INSPECT = DASH_PLAN_INSPECT
+cdef enum:
+    MAX_BUFFERS = 32
 
 cdef extern from "<dlfcn.h>" nogil:
     void* dlopen(const char* filename, int flag)
@@ -118,3 +136,44 @@ def patched_block(const unsigned char[::1] template, tuple maps, tuple map_ptrs,
             value = v
             memcpy(&buf[off], &value, 8)
     return out
+
+
+cdef class LaunchPlan:
+    """A launch plan (launch_plan.h; packed by :func:`cupy_dash.cuda.plans.pack_plan`), checked once: :meth:`run`
+    launches it with a call's buffer addresses, :meth:`inspect` returns the block it would launch with."""
+    cdef readonly bytes blob
+    cdef dash_plan plan
+
+    def __cinit__(self, bytes blob):
+        cdef char error[256]
+        if dash_plan_view(<const char*>blob, len(blob), &self.plan, error, sizeof(error)):
+            raise ValueError(error.decode())
+        self.blob = blob
+
+    cdef int _run(self, tuple buffers, uintptr_t stream, unsigned char* inspect) except -1:
+        cdef uint64_t addresses[MAX_BUFFERS]
+        cdef char error[256]
+        cdef Py_ssize_t i, n = len(buffers)
+        cdef int rc
+        if n > MAX_BUFFERS:
+            raise ValueError(f"buffers: {n} addresses, at most {MAX_BUFFERS}")
+        for i in range(n):
+            addresses[i] = buffers[i]
+        with nogil:
+            rc = dash_plan_run(&self.plan, addresses, n, <void*>stream, inspect, error, sizeof(error))
+        if rc:
+            raise RuntimeError(f"cupy_dash launch: {error.decode()}")
+        return 0
+
+    def run(self, uintptr_t stream, tuple buffers):
+        """Zero the plan's buffers and launch its kernels on ``stream`` (a CUstream) with the addresses
+        ``buffers`` (ints, in the plan's buffer order). Raises RuntimeError with the CUresult of a failed driver
+        call (the kernels before it were enqueued)."""
+        self._run(buffers, stream, NULL)
+
+    def inspect(self, tuple buffers) -> bytes:
+        """The parameter block the plan would launch with for ``buffers`` (a tensor map's patch writes its address
+        over the map's first 8 bytes); no driver call, no GPU."""
+        cdef unsigned char out[DASH_PLAN_MAX_PARAMS]
+        self._run(buffers, 0, out)
+        return out[:self.plan.header.params_size]

@@ -10,6 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "launch_plan.h"
+
 /* the API version this handler declares in its metadata (XLA accepts older minor versions for 12 months) */
 #define DASH_FFI_API_MAJOR 0
 #define DASH_FFI_API_MINOR 3
@@ -124,31 +126,8 @@ typedef struct {                                       /* XLA_FFI_CallFrame (up 
   dash_ffi_attrs attrs;
 } dash_ffi_call_frame;
 
-/* ---- cupy_dash's launch plans ----------------------------------------------------------------------------
- * A plan is everything one call needs on one device except buffer addresses: the kernels (function handle,
- * grid, block, dynamic smem), a parameter-block template, and where to write each buffer address into it:
- * pointer patches (8 bytes at `offset` = address of buffer `buffer` + `add`) and tensor-map patches (the
- * 128-byte CUtensorMap at `offset` gets buffer `buffer`'s address through cuTensorMapReplaceAddress); and the
- * buffers to zero (`add` bytes of buffer `buffer`, before the kernels). Buffers are numbered arguments first,
- * then results. Plans live for the life of the process in a table of slots. */
-#define DASH_PLAN_MAGIC 0x48534144u                   /* "DASH" */
-#define DASH_PLAN_MAX_KERNELS 4
-#define DASH_PLAN_MAX_PARAMS 4096
-#define DASH_PLAN_INSPECT 1u                          /* flag: write the patched block to the last result,
-                                                         skip maps and launches (tests; no GPU needed) */
-typedef struct {
-  uint64_t function;                                   /* CUfunction */
-  uint32_t grid[3], block[3], smem, pad;
-} dash_plan_kernel;                                    /* 40 bytes */
-
-typedef struct { uint32_t offset, buffer; uint64_t add; } dash_plan_patch;   /* 16 bytes */
-
-typedef struct {
-  uint32_t magic, flags, num_kernels, params_size, num_pointers, num_maps, num_zeros, reserved;
-  /* then: dash_plan_kernel[num_kernels], dash_plan_patch[num_pointers], dash_plan_patch[num_maps] (add 0),
-     dash_plan_patch[num_zeros] (offset 0, add = bytes), the parameter template (params_size bytes) */
-} dash_plan_header;                                    /* 32 bytes */
-
+/* Launch plans (cupy_dash/cuda/launch_plan.h) are registered from Python at trace time into a table of slots
+ * that lives for the life of the process; the custom call's attribute "slots" names each device's. */
 int dash_plan_register(const void *blob, size_t size, char *error, size_t error_size);
 void *dash_ffi_handler_address(void);
 

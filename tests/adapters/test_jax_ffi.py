@@ -2,11 +2,9 @@
 
 * ABI: our declarations of the XLA FFI structs match jaxlib's ``c_api.h`` (compiled static_asserts; needs jaxlib's
   headers and a C compiler);
-* launch plans: the addresses found by packing the real parameter blocks twice (``find_patches``) are exactly
-  the buffer fields; malformed plans are refused;
 * the handler inside XLA (JAX's CPU backend, plan in inspect mode): XLA accepts its metadata, the attribute and
   the argument / result buffers are read right, addresses land where the plan says; a device without a plan is
-  a clear error;
+  a clear error (the plans themselves: tests/unit/test_launch_plans.py);
 * lowering: the custom call target and its ``slots`` attribute, the vmap fold.
 What needs a GPU (stream, tensor-map patching, cuLaunchKernel) is tested in tests/gpu/test_gpu_jax_jit.py.
 """
@@ -22,7 +20,7 @@ import types
 import numpy as np
 import pytest
 
-from cupy_dash.cuda import kernels, launchers, tensormap
+from cupy_dash.cuda import kernels, launchers, plans, tensormap
 
 pytest.importorskip("jax")
 xla_ffi = pytest.importorskip("cupy_dash.jax._xla_ffi", reason="the extension is not built (setup.py build_ext)")
@@ -38,6 +36,7 @@ def fake_map(ptr, dtype, shape, strides, box_rows, name="tensor", box_panels=Non
 @pytest.fixture
 def no_driver(monkeypatch):
     monkeypatch.setattr(tensormap, "bhsd_map", fake_map)
+    monkeypatch.setattr(plans.jit, "load", lambda spec: types.SimpleNamespace(ptr=0))
 
 
 def problem(B=2, Sq=200, Sk=320, H=4, Hkv=2, D=64):
@@ -48,10 +47,6 @@ def problem(B=2, Sq=200, Sk=320, H=4, Hkv=2, D=64):
 def strides(shape):
     _, S, H, D = shape
     return (S * H * D, H * D, D)
-
-
-def offsets(dtype, *names):
-    return {n: dtype.fields[n][1] for n in names}
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -118,21 +113,11 @@ def test_declared_abi_matches_jaxlib_header(tmp_path):
     # (same fields; XLA_FFI_Extension is now another struct, of the public extension API)
     base = "XLA_FFI_Extension_Base" if "XLA_FFI_Extension_Base" in header else "XLA_FFI_InternalExtension"
     src.write_text(ABI_CHECK.replace("XLA_FFI_Extension_Base", base))
-    here = str(pathlib.Path(cupy_dash.__file__).parent / "jax")
-    run = subprocess.run([cc, "-std=c11", "-fsyntax-only", f"-I{include}", f"-I{here}", str(src)],
+    here = pathlib.Path(cupy_dash.__file__).parent
+    run = subprocess.run([cc, "-std=c11", "-fsyntax-only", f"-I{include}", f"-I{here / 'jax'}", f"-I{here / 'cuda'}",
+                          str(src)],
                          capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
-
-
-# ------------------------------------------------------------------------------------------------------------
-# launch plans
-# ------------------------------------------------------------------------------------------------------------
-def forward_pack(p):
-    def pack(a):
-        operands = ((a["q"], strides((p.B, p.Sq, p.H, p.D))), (a["k"], strides((p.B, p.Sk, p.Hkv, p.D))),
-                    (a["v"], strides((p.B, p.Sk, p.Hkv, p.D))))
-        return launchers.fwd_params(128, 128, p, (-1, 0), operands, a["out"], a["lse"])
-    return pack
 
 
 def backward_launch(p, deterministic=True, window=(-1, 0)):
@@ -143,68 +128,6 @@ def backward_launch(p, deterministic=True, window=(-1, 0)):
     c.tables = types.SimpleNamespace(visits=ptr(data=ptr(ptr=0x5000)), rank=ptr(data=ptr(ptr=0x6000)),
                                      cta_start=ptr(data=ptr(ptr=0x7000)), num_ctas=17, policy="fa3")
     return c
-
-
-def backward_pack(p, c):
-    def pack(a):
-        qs, kvs = strides((p.B, p.Sq, p.H, p.D)), strides((p.B, p.Sk, p.Hkv, p.D))
-        operands = ((a["q"], qs), (a["k"], kvs), (a["v"], kvs), (a["out"], qs), (a["dout"], qs))
-        return launchers.bwd_params(c, operands, a["lse"], a["work"], (a["dq"], a["dk"], a["dv"]), (0x8000, 0))
-    return pack
-
-
-def test_forward_plan_patches(no_driver):
-    p = problem()
-    names = _jax_ffi._Forward.names
-    params, pointers, maps = _jax_ffi.find_patches(forward_pack(p), names)
-    off = offsets(params.dtype, "lse", "tma_q", "tma_k", "tma_v", "tma_o")
-    assert pointers == [(off["lse"], names.index("lse"), 0)]
-    assert sorted(maps) == sorted((off[f"tma_{n}"], i, 0) for n, i in (("q", 0), ("k", 1), ("v", 2), ("o", 3)))
-    assert int(params["batch"][0]) == p.B and int(params["window_right"][0]) == 0
-
-
-@pytest.mark.parametrize("deterministic", [True, False])
-def test_backward_plan_patches(no_driver, deterministic):
-    p = problem()
-    c = backward_launch(p, deterministic)
-    names = _jax_ffi._Backward.names
-    params, pointers, maps = _jax_ffi.find_patches(backward_pack(p, c), names)
-    dt = params.dtype
-    found = {o: (names[i], add) for o, i, add in pointers}
-    want = {dt.fields[f][1]: (f, 0) for f in ("q", "k", "v", "out", "lse", "dq", "dk", "dv")}
-    want[dt.fields["dout"][1]] = ("dout", 0)
-    for field, k in (("lse_log2", 0), ("dpsum", 1), ("dq_accum", 2)) + ((("dq_semaphore", 3),) if deterministic
-                                                                          else ()):
-        want[dt.fields[field][1]] = ("work", c.offsets[k])
-    assert found == want
-    for field, value in (("visits", 0x5000), ("rank", 0x6000), ("cta_start", 0x7000), ("error", 0x8000)):
-        assert int(params[field][0]) == value, field            # constants stay in the template
-    assert {names[i] for _, i, _ in maps} == {"q", "k", "v", "dout"}
-
-
-def test_pointer_that_follows_no_buffer_is_refused(no_driver):
-    p = problem()
-    good = forward_pack(p)
-
-    def bad(a):
-        return good(dict(a, lse=a["lse"] // 2))               # moves with the fake addresses, but not like a buffer
-    with pytest.raises(ValueError, match="pointer field lse does not follow any one buffer"):
-        _jax_ffi.find_patches(bad, _jax_ffi._Forward.names)
-
-
-def test_malformed_plans_are_refused(no_driver):
-    params, pointers, maps = _jax_ffi.find_patches(forward_pack(problem()), _jax_ffi._Forward.names)
-    ok = _jax_ffi.pack_plan([(1, (2, 3, 4), 384, 1000)], params, pointers, maps, zeros=[(4, 4096)])
-    assert xla_ffi.register_plan(ok) >= 0
-    assert len(ok) == 32 + 40 + 16 * (len(pointers) + len(maps) + 1) + params.dtype.itemsize   # xla_ffi.h sizes
-    with pytest.raises(ValueError, match="bad header"):
-        xla_ffi.register_plan(b"XXXX" + ok[4:])
-    with pytest.raises(ValueError, match="bad header"):
-        xla_ffi.register_plan(ok[:-1])
-    with pytest.raises(ValueError, match="misaligned or outside"):
-        xla_ffi.register_plan(_jax_ffi.pack_plan([], params, [(params.dtype.itemsize, 0, 0)], []))
-    with pytest.raises(ValueError, match="misaligned or outside"):
-        xla_ffi.register_plan(_jax_ffi.pack_plan([], params, [], [(8, 0, 0)]))
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -230,10 +153,11 @@ def _handler_writes_addresses(jax):
     jnp = jax.numpy
     p = problem(B=1, Sq=64, Sk=128, H=2, Hkv=1, D=64)
     c = backward_launch(p)
-    names = _jax_ffi._Backward.names
-    params, pointers, maps = _jax_ffi.find_patches(backward_pack(p, c), names)
-    plan = _jax_ffi.pack_plan([(0, (1,), 128, 0)] * 3, params, pointers, maps, flags=_jax_ffi.PLAN_INSPECT)
-    slot = xla_ffi.register_plan(plan)
+    qs, kvs = strides((p.B, p.Sq, p.H, p.D)), strides((p.B, p.Sk, p.Hkv, p.D))
+    parts = plans.backward(c, (qs, kvs, kvs, qs, qs), _jax_ffi._Backward.names, error=(0x8000, 0))
+    params = parts.params
+    slot = xla_ffi.register_plan(plans.pack_plan([(0, (1,), 128, 0)] * 3, params, parts.pointers, parts.maps,
+                                                 flags=plans.PLAN_INSPECT))
     q, dout, out = (jnp.full((p.B, p.Sq, p.H, p.D), i, jnp.bfloat16) for i in range(3))
     k, v = (jnp.full((p.B, p.Sk, p.Hkv, p.D), i, jnp.bfloat16) for i in range(2))
     lse = jnp.zeros((p.B, p.H, p.Sq), jnp.float32)
@@ -245,12 +169,15 @@ def _handler_writes_addresses(jax):
     got = np.frombuffer(np.asarray(block).tobytes(), dtype=params.dtype)
     for name, x in (("dout", dout), ("q", q), ("k", k), ("v", v), ("out", out), ("lse", lse)):
         assert int(got[name][0]) == x.unsafe_buffer_pointer(), name
+    for name, x in (("tma_q", q), ("tma_k", k), ("tma_v", v), ("tma_do", dout)):   # inspect: the address in the
+        assert got[name].tobytes()[:8] == struct.pack("<Q", x.unsafe_buffer_pointer()), name   # first 8 bytes
+        assert got[name].tobytes()[8:] == params[name].tobytes()[8:], name
     base = int(got["lse_log2"][0])
     for field, k_ in (("dpsum", 1), ("dq_accum", 2), ("dq_semaphore", 3)):
         assert int(got[field][0]) - base == c.offsets[k_] - c.offsets[0], field
     assert len({int(got[f][0]) for f in ("dq", "dk", "dv", "lse_log2")}) == 4
-    for field in ("visits", "error", "q_stride", "num_m_blocks", "softmax_scale", "tma_q"):
-        assert got[field].tobytes() == params[field].tobytes(), field       # untouched (maps: inspect mode)
+    for field in ("visits", "error", "q_stride", "num_m_blocks", "softmax_scale"):
+        assert got[field].tobytes() == params[field].tobytes(), field       # untouched
     with pytest.raises(Exception, match="not prepared for device 0 when it was traced"):
         jax.block_until_ready(call(dout, q, k, v, out, lse, slots=np.array([-1], np.int64)))
 

@@ -1,0 +1,119 @@
+"""Launch plans: what one forward or backward needs on one device except buffer addresses, run by the one executor
+(``launch_plan.c`` through :class:`cupy_dash.cuda.executor.LaunchPlan`; the JAX handler runs the same blobs).
+
+A plan is the kernels (function handle, grid, threads, dynamic shared memory), the parameter block as
+:mod:`cupy_dash.cuda.launchers` packs it, the places where each buffer's address goes (8-byte pointer fields, and
+128-byte TMA maps rewritten by ``cuTensorMapReplaceAddress``), and the buffers to zero first. Buffers are named
+(:data:`FWD_BUFFERS`, :data:`BWD_BUFFERS`) and numbered by their position in the name list a plan was built for; a
+caller passes their addresses in that order.
+
+Where the addresses go is found, not listed by hand: :func:`find_patches` packs the block twice with two sets of
+fake addresses (one disjoint range per buffer); the pointer fields that move with them are patches (buffer and
+offset in it), the others constants (schedule tables, a fixed error record, null); tensor maps are assigned to
+their buffer by field name (:data:`MAP_BUFFERS`). So a field added to the parameter block follows its buffer
+without a change here.
+"""
+from __future__ import annotations
+
+import struct
+import typing
+
+import numpy as np
+
+from . import executor, jit, kernels, launchers
+
+PLAN_INSPECT = executor.PLAN_INSPECT     # launch_plan.h DASH_PLAN_INSPECT (the JAX handler's inspect flag)
+FWD_BUFFERS = ("q", "k", "v", "out", "lse", "cu_seqlens_q", "cu_seqlens_k")
+BWD_BUFFERS = ("dout", "q", "k", "v", "out", "lse", "dq", "dk", "dv", "work", "error", "error_host")
+# tensor-map fields of the parameter blocks -> the buffer each describes
+MAP_BUFFERS = {"tma_q": "q", "tma_k": "k", "tma_v": "v", "tma_o": "out", "tma_do": "dout"}
+_SHIFT = 36                              # each fake buffer spans 2^36 bytes (16-byte aligned, below 2^47)
+_FAKE_BASES = (0x100 << _SHIFT, 0x180 << _SHIFT)
+
+
+class Parts(typing.NamedTuple):
+    """A plan before packing: ``kernels`` ``[(CUfunction, grid, threads, smem bytes), ...]``, ``params`` the
+    template (a size-1 structured array), ``pointers`` / ``maps`` ``[(offset, buffer, add), ...]``, ``zeros``
+    ``[(buffer, bytes), ...]``."""
+    kernels: tuple
+    params: np.ndarray
+    pointers: tuple
+    maps: tuple
+    zeros: tuple = ()
+
+    def plan(self, flags: int = 0) -> executor.LaunchPlan:
+        return executor.LaunchPlan(pack_plan(self.kernels, self.params, self.pointers, self.maps, self.zeros, flags))
+
+
+def find_patches(pack, names, base_a=_FAKE_BASES[0], base_b=_FAKE_BASES[1]):
+    """``(params, pointer patches, map patches)`` of a parameter block.
+
+    ``pack(addresses)`` packs the block (a size-1 structured array) for the buffer addresses ``addresses``
+    (``names[i]`` -> address); it is called with two fake address sets. Pointer patches are ``(offset, buffer,
+    add)``: the field holds buffer ``buffer``'s address plus ``add``; map patches ``(offset, buffer, 0)``.
+    Raises ValueError for a field that moves but not like one buffer, or a map field with no known buffer."""
+    def fake(base):
+        return {name: base + (i << _SHIFT) for i, name in enumerate(names)}
+    a, b = pack(fake(base_a)), pack(fake(base_b))
+    pointers, maps = [], []
+    for field in a.dtype.names:
+        fdt, offset = a.dtype.fields[field][:2]
+        if fdt == np.dtype("<u8"):
+            va, vb = int(a[field][0]), int(b[field][0])
+            if va == vb:
+                continue                                          # a constant address (or null)
+            ra, rb = va - base_a, vb - base_b
+            if ra != rb or not 0 <= ra < len(names) << _SHIFT:
+                raise ValueError(f"plan: pointer field {field} does not follow any one buffer")
+            pointers.append((offset, ra >> _SHIFT, ra & ((1 << _SHIFT) - 1)))
+        elif fdt.kind == "V" and fdt.itemsize == 128:
+            operand = MAP_BUFFERS.get(field)
+            if operand not in names:
+                raise ValueError(f"plan: tensor map field {field} describes no buffer of {names}")
+            maps.append((offset, names.index(operand), 0))
+    return a, tuple(pointers), tuple(maps)
+
+
+def pack_plan(kernel_launches, params, pointers, maps, zeros=(), flags=0) -> bytes:
+    """The plan blob of launch_plan.h: ``kernel_launches`` = ``[(CUfunction, grid, threads, smem bytes), ...]``;
+    ``zeros`` = ``[(buffer, bytes), ...]`` to zero before the kernels."""
+    raw = params.tobytes()
+    blob = [struct.pack("<8I", executor.PLAN_MAGIC, flags, len(kernel_launches), len(raw), len(pointers), len(maps),
+                        len(zeros), 0)]
+    for function, grid, threads, smem in kernel_launches:
+        blob.append(struct.pack("<Q3I3III", int(function), *kernels.grid_xyz(grid), int(threads), 1, 1, int(smem),
+                                0))
+    blob += [struct.pack("<IIQ", int(o), int(i), int(add)) for o, i, add in (*pointers, *maps)]
+    blob += [struct.pack("<IIQ", 0, int(i), int(n)) for i, n in zeros]
+    blob.append(raw)
+    return b"".join(blob)
+
+
+def _launch(spec, grid) -> tuple:
+    """A kernel of a plan: ``spec`` loaded on the current device, launched with ``grid``."""
+    return jit.load(spec).ptr, grid, spec.threads, spec.smem_bytes
+
+
+def forward(spec, grid, block_m, block_n, p, window, strides, names=FWD_BUFFERS[:5], varlen=None) -> Parts:
+    """The forward of ``p`` (``launchers.fwd_params``' arguments; ``strides``: the (batch, row, head) element
+    strides of q, k, v) with ``grid``, buffers ``names`` (a prefix of :data:`FWD_BUFFERS`); ``varlen``: the number
+    of sequences of a varlen launch, whose cu_seqlens are buffers 5 and 6."""
+    def pack(a):
+        cu = None if varlen is None else (varlen, a["cu_seqlens_q"], a["cu_seqlens_k"])
+        return launchers.fwd_params(block_m, block_n, p, window, tuple(zip((a["q"], a["k"], a["v"]), strides)),
+                                    a["out"], a["lse"], cu, None if varlen is None else grid)
+    return Parts((_launch(spec, grid),), *find_patches(pack, names))
+
+
+def backward(c, strides, names=BWD_BUFFERS, error=None, cu_seqlens=(0, 0), timeline=0) -> Parts:
+    """The backward ``c`` (a launchers.BwdLaunch with tables; ``strides``: the (batch, row, head) element strides
+    of q, k, v, out, dout) with buffers ``names`` (a prefix of :data:`BWD_BUFFERS`): its kernels
+    (``launchers.bwd_kernels``), dk and dv zeroed first where ``c.zero_kv``. ``error``: a fixed ``(device record,
+    host mirror)`` (a JAX call's, a captured call's), else buffers ``error`` and ``error_host`` (an eager call's
+    slot); ``cu_seqlens``: a varlen launch's device lengths; ``timeline``: the debug build's stamps."""
+    def pack(a):
+        operands = tuple(zip((a["q"], a["k"], a["v"], a["out"], a["dout"]), strides))
+        return launchers.bwd_params(c, operands, a["lse"], a["work"], (a["dq"], a["dk"], a["dv"]),
+                                    (a["error"], a["error_host"]) if error is None else error, timeline, cu_seqlens)
+    zeros = tuple(zip((names.index("dk"), names.index("dv")), launchers.kv_bytes(c.p))) if c.zero_kv else ()
+    return Parts(tuple(_launch(s, g) for s, g in launchers.bwd_kernels(c)), *find_patches(pack, names), zeros)

@@ -1,0 +1,165 @@
+"""CPU tests of the launch plans (cupy_dash/cuda/plans.py) and their executor (cupy_dash/cuda/launch_plan.c through
+executor.LaunchPlan), which every launch shares (eager calls, the host fast path, the JAX handler):
+
+* the addresses found by packing the real parameter blocks twice (``find_patches``) are exactly the buffer fields;
+* a plan run in inspect mode (no driver) gives, for any addresses, the block that launchers packs for them (the
+  tensor-map encoder is replaced by one whose first 8 bytes are the address, as inspect mode writes it);
+* malformed plans are refused.
+What needs a GPU (tensor-map patching by the driver, cuLaunchKernel) runs in every GPU test.
+"""
+from __future__ import annotations
+
+import struct
+import types
+
+import numpy as np
+import pytest
+
+from cupy_dash.cuda import executor, kernels, launchers, plans, tensormap
+
+
+def fake_map(ptr, dtype, shape, strides, box_rows, name="tensor", box_panels=None):
+    """Stands in for cuTensorMapEncodeTiled (no driver here): the address, then 120 bytes of every other argument."""
+    return struct.pack("<Q", ptr) + repr((dtype, tuple(shape), tuple(strides), box_rows, box_panels)).encode()[:120] \
+        .ljust(120, b"\0")
+
+
+@pytest.fixture(autouse=True)
+def no_driver(monkeypatch):
+    monkeypatch.setattr(tensormap, "bhsd_map", fake_map)
+    monkeypatch.setattr(launchers, "l2_bytes", lambda dev: 60 << 20)    # the H200's L2 and SMs
+    monkeypatch.setattr(kernels, "sm_count", lambda dev: 132)
+    monkeypatch.setattr(plans.jit, "load", lambda spec: types.SimpleNamespace(ptr=hash(spec.label) & 0xffff))
+
+
+def problem(B=2, Sq=200, Sk=320, H=4, Hkv=2, D=64):
+    return types.SimpleNamespace(B=B, Sq=Sq, Sk=Sk, H=H, Hkv=Hkv, D=D, Dv=D, dtype="bfloat16", scale=0.125,
+                                 softcap=0.0, device_id=0)
+
+
+def strides(shape):
+    _, S, H, D = shape
+    return (S * H * D, H * D, D)
+
+
+def offsets(dtype, *names):
+    return {n: dtype.fields[n][1] for n in names}
+
+
+def forward_parts(p, names=plans.FWD_BUFFERS[:5]):
+    spec, bm, bn = kernels.fwd_entry(p.dtype, p.D, True)
+    st = (strides((p.B, p.Sq, p.H, p.D)), strides((p.B, p.Sk, p.Hkv, p.D)), strides((p.B, p.Sk, p.Hkv, p.D)))
+    return plans.forward(spec, launchers.fwd_grid(p, bm), bm, bn, p, (-1, 0), st, names), st, bm, bn
+
+
+def backward_launch(p, deterministic=True, window=(-1, 0)):
+    specs = kernels.bwd_specs("bfloat16", p.D, True)
+    tile = kernels.bwd_tile(p.D, True)
+    c = launchers.BwdLaunch(specs, tile.block_m, tile.block_n, p, deterministic, 10**9, True, window)
+    ptr = types.SimpleNamespace
+    c.tables = types.SimpleNamespace(visits=ptr(data=ptr(ptr=0x5000)), rank=ptr(data=ptr(ptr=0x6000)),
+                                     cta_start=ptr(data=ptr(ptr=0x7000)), num_ctas=17, policy="fa3")
+    return c
+
+
+def backward_strides(p):
+    qs, kvs = strides((p.B, p.Sq, p.H, p.D)), strides((p.B, p.Sk, p.Hkv, p.D))
+    return qs, kvs, kvs, qs, qs
+
+
+def test_forward_plan_patches():
+    p = problem()
+    names = plans.FWD_BUFFERS[:5]
+    parts, _, _, _ = forward_parts(p)
+    off = offsets(parts.params.dtype, "lse", "tma_q", "tma_k", "tma_v", "tma_o")
+    assert parts.pointers == ((off["lse"], names.index("lse"), 0),)
+    assert sorted(parts.maps) == sorted((off[f"tma_{n}"], i, 0) for n, i in (("q", 0), ("k", 1), ("v", 2), ("o", 3)))
+    assert int(parts.params["batch"][0]) == p.B and int(parts.params["window_right"][0]) == 0
+    assert len(parts.kernels) == 1 and parts.kernels[0][1] == launchers.fwd_grid(p, 128) and parts.zeros == ()
+
+
+@pytest.mark.parametrize("deterministic", [True, False], ids=["deterministic", "atomic"])
+def test_backward_plan_patches(deterministic):
+    p = problem()
+    c = backward_launch(p, deterministic)
+    names = plans.BWD_BUFFERS
+    parts = plans.backward(c, backward_strides(p))
+    dt = parts.params.dtype
+    found = {o: (names[i], add) for o, i, add in parts.pointers}
+    want = {dt.fields[f][1]: (f, 0) for f in ("q", "k", "v", "out", "lse", "dq", "dk", "dv", "error",
+                                              "error_host")}
+    want[dt.fields["dout"][1]] = ("dout", 0)
+    for field, k in (("lse_log2", 0), ("dpsum", 1), ("dq_accum", 2)) + ((("dq_semaphore", 3),) if deterministic
+                                                                          else ()):
+        want[dt.fields[field][1]] = ("work", c.offsets[k])
+    assert found == want
+    for field, value in (("visits", 0x5000), ("rank", 0x6000), ("cta_start", 0x7000)):
+        assert int(parts.params[field][0]) == value, field            # constants stay in the template
+    assert {names[i] for _, i, _ in parts.maps} == {"q", "k", "v", "dout"}
+    fixed = plans.backward(c, backward_strides(p), names[:10], error=(0x8000, 0))       # a JAX call's record
+    assert {names[i] for _, i, _ in fixed.pointers} == set(names[:10])
+    assert int(fixed.params["error"][0]) == 0x8000 and int(fixed.params["error_host"][0]) == 0
+
+
+@pytest.mark.parametrize("window", [(-1, 0), (0, 0)], ids=["causal", "window-unseen-kv"])
+def test_backward_plan_kernels_and_zeros(window):
+    """preprocess, main, postprocess (or the folded main kernel alone) with their grids; dk and dv zeroed first
+    exactly when a KV tile is unseen."""
+    p = problem(Sq=64, Sk=320)
+    c = backward_launch(p, window=window)
+    parts = plans.backward(c, backward_strides(p))
+    assert parts.zeros == (tuple(zip((7, 8), launchers.kv_bytes(p))) if c.zero_kv else ())
+    assert [k[1] for k in parts.kernels] == [g for _, g in launchers.bwd_kernels(c)]
+    assert [k[2:] for k in parts.kernels] == [(s.threads, s.smem_bytes) for s, _ in launchers.bwd_kernels(c)]
+
+
+def test_inspected_blocks_are_the_launchers_blocks():
+    """For fresh addresses, the executor's block (inspect mode) is the one launchers packs for them, forward and
+    backward: every pointer, map and constant in place."""
+    rng = np.random.default_rng(5)
+    p = problem()
+    parts, st, bm, bn = forward_parts(p)
+    for _ in range(3):
+        q, k, v, out, lse = (int(x) << 8 for x in rng.integers(1, 1 << 36, 5))
+        want = launchers.fwd_params(bm, bn, p, (-1, 0), tuple(zip((q, k, v), st)), out, lse)
+        assert parts.plan().inspect((q, k, v, out, lse)) == want.tobytes()
+    c = backward_launch(p)
+    plan = plans.backward(c, backward_strides(p)).plan()
+    for _ in range(3):
+        a = dict(zip(plans.BWD_BUFFERS, (int(x) << 8 for x in rng.integers(1, 1 << 36, len(plans.BWD_BUFFERS)))))
+        operands = tuple(zip((a["q"], a["k"], a["v"], a["out"], a["dout"]), backward_strides(p)))
+        want = launchers.bwd_params(c, operands, a["lse"], a["work"], (a["dq"], a["dk"], a["dv"]),
+                                    (a["error"], a["error_host"]))
+        assert plan.inspect(tuple(a.values())) == want.tobytes()
+    with pytest.raises(RuntimeError, match="names buffer"):
+        plan.inspect(tuple(a.values())[:5])                  # fewer addresses than the plan's buffers
+
+
+def test_pointer_that_follows_no_buffer_is_refused():
+    p = problem()
+    spec, bm, bn = kernels.fwd_entry(p.dtype, p.D, True)
+    st = forward_parts(p)[1]
+
+    def bad(a):          # lse moves with the fake addresses, but not like a buffer
+        return launchers.fwd_params(bm, bn, p, (-1, 0), tuple(zip((a["q"], a["k"], a["v"]), st)), a["out"],
+                                    a["lse"] // 2)
+    with pytest.raises(ValueError, match="pointer field lse does not follow any one buffer"):
+        plans.find_patches(bad, plans.FWD_BUFFERS[:5])
+
+
+def test_malformed_plans_are_refused():
+    parts = forward_parts(problem())[0]
+    params, pointers, maps = parts.params, parts.pointers, parts.maps
+    ok = plans.pack_plan([(1, (2, 3, 4), 384, 1000)], params, pointers, maps, zeros=[(4, 4096)])
+    executor.LaunchPlan(ok)
+    assert len(ok) == 32 + 40 + 16 * (len(pointers) + len(maps) + 1) + params.dtype.itemsize   # launch_plan.h sizes
+    with pytest.raises(ValueError, match="bad header"):
+        executor.LaunchPlan(b"XXXX" + ok[4:])
+    with pytest.raises(ValueError, match="bad header"):
+        executor.LaunchPlan(ok[:-1])
+    with pytest.raises(ValueError, match="misaligned or outside"):
+        executor.LaunchPlan(plans.pack_plan([], params, [(params.dtype.itemsize, 0, 0)], []))
+    with pytest.raises(ValueError, match="misaligned or outside"):
+        executor.LaunchPlan(plans.pack_plan([], params, [], [(8, 0, 0)]))
+    with pytest.raises(ValueError, match="shorter than its header"):
+        executor.LaunchPlan(b"DASH")
