@@ -18,7 +18,7 @@ import torch
 
 import cupy_dash
 from cupy_dash.core import fastpath, interop
-from cupy_dash.cuda import errors, executor
+from cupy_dash.cuda import errors
 
 
 def per_step_us(fn, loops):
@@ -49,7 +49,8 @@ def main(argv=None):
     bkey = fastpath.bwd_key(do, q, k, v, out, lse, False, None, "auto", True, (-1, -1))
     fplan, bplan = fastpath._fwd_plans[fkey], fastpath._bwd_plans[bkey]
     stream = fastpath._ready_stream(bplan)
-    template = bplan.template
+    template = bplan.c.plan.parts.params.tobytes()
+    fbuffers = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr())
     rows = [
         ("torch.empty (1,128,1,64) bf16", lambda: torch.empty((1, 128, 1, 64), dtype=torch.bfloat16, device=dev)),
         ("torch.empty 4 KB uint8", lambda: torch.empty((4096,), dtype=torch.uint8, device=dev)),
@@ -70,8 +71,7 @@ def main(argv=None):
         ("errors.poll_errors (nothing pending)", errors.poll_errors),
         ("bytearray(bwd template) + 15 pack_into", lambda: [struct.pack_into("<Q", b, 8 * i, i) for b in
                                                            (bytearray(template),) for i in range(15)]),
-        ("cuLaunchKernel (forward, from its plan)", lambda: executor.launch(fplan.func, *fplan.launch, stream.ptr,
-                                                                            fplan.template)),
+        ("LaunchPlan.run (forward: patches, maps, cuLaunchKernel)", lambda: fplan.launch.run(stream.ptr, fbuffers)),
         ("fastpath.run_forward", lambda: fastpath.run_forward(fplan, stream, q, k, v)),
         ("fastpath.run_backward", lambda: fastpath.run_backward(bplan, stream, do, q, k, v, out, lse)),
         ("cupy_dash.attention_forward (whole call)", lambda: cupy_dash.attention_forward(q, k, v)),

@@ -1,6 +1,7 @@
 """The Python part of the backward's host fast path, on any machine (no GPU): torch tensors imitated and every
 CUDA call replaced by a no-op (the fakes of tests/fastpath_fakes.py), so what is timed is cupy_dash's own code
-per call (plus the fakes' attribute methods, slower than torch's C ones). Prints µs per call and a cProfile.
+per call (plus the fakes' attribute methods, slower than torch's C ones): the launch plan runs in the executor's
+inspect mode (every patch in C, no driver call). Prints µs per call and a cProfile.
 
     python benchmarks/host_python.py
 """
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 import cupy_dash
 from cupy_dash.core import api, fastpath, interop
-from cupy_dash.cuda import errors, executor, kernels, launchers, tensormap
+from cupy_dash.cuda import errors, kernels, launchers, plans, tensormap
 from fastpath_fakes import Tensor, BF16, F32, U8
 mp = pytest.MonkeyPatch()
 addresses = iter(range(0x1000000, 0x900000000, 0x10000))
@@ -33,7 +34,7 @@ mp.setattr(interop, "caller_stream", lambda x, dev: Stream())
 mp.setattr(api.cupy.cuda, "Device", lambda dev: contextlib.nullcontext())
 specs = kernels.bwd_specs("bfloat16", 64, False); tile = kernels.bwd_tile(64, False)
 mp.setattr(kernels, "bwd_entry", lambda *a, **kw: (specs, tile.block_m, tile.block_n, 132))
-mp.setattr(launchers.jit, "load", lambda spec: types.SimpleNamespace(ptr=0xF00))
+mp.setattr(plans.jit, "load", lambda spec: types.SimpleNamespace(ptr=0xF00))
 P = types.SimpleNamespace
 mp.setattr(launchers, "bwd_tables", lambda *a, **kw: P(visits=P(data=P(ptr=1)), rank=P(data=P(ptr=2)), cta_start=P(data=P(ptr=3)), num_ctas=2, policy="fa3"))
 class Slot:
@@ -43,7 +44,12 @@ pool = types.SimpleNamespace(free=[])
 def acquire(dev):
     s = Slot(); s.dptr=0xA000; s.hdev=0xB000; s.host=np.array([1,0,0,0,0,0,0,0],np.int32); s.pool=pool; s.device_id=0; return s
 mp.setattr(api, "acquire_slot", acquire); mp.setattr(errors, "acquire_slot", acquire)
-mp.setattr(executor, "launch_sequence", lambda s, p, l: None)
+def enqueue_backward(c, stream, buffers, *, slot=None, call=None):     # the executor without its driver calls
+    c.plan.inspect(buffers)
+    if slot is not None:
+        launchers._track(slot, call)
+mp.setattr(launchers, "enqueue_backward", enqueue_backward)
+mp.setattr(launchers, "enqueue_forward", lambda plan, stream, buffers: plan.inspect(buffers))
 
 q, do, out, k, v = (Tensor((1,128,1,64), BF16, 0x10000*(i+1)) for i in range(5))
 lse = Tensor((1,1,128), F32, 0x90000)
@@ -59,8 +65,6 @@ pr.disable(); pstats.Stats(pr).sort_stats("tottime").print_stats(14)
 # the forward's fast path, the same way
 mp.setattr(fastpath, "_ready_stream", lambda dev: Stream())
 mp.setattr(kernels, "fwd_entry", lambda *a, **kw: (kernels.fwd_spec("bfloat16", 64, False), 128, 128))
-mp.setattr(kernels, "launch", lambda *a, **kw: None)
-mp.setattr(executor, "launch", lambda *a, **kw: None)
 out0, lse0 = cupy_dash.attention_forward(q, k, v)
 t0 = time.perf_counter()
 for _ in range(n):

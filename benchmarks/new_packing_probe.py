@@ -31,7 +31,7 @@ import torch
 
 import cupy_dash
 from cupy_dash.core import fastpath, fastpath_varlen, varlen_launch
-from cupy_dash.cuda import errors, executor, launchers
+from cupy_dash.cuda import errors, launchers, plans
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from varlen_step import _Parts  # noqa: E402
@@ -73,7 +73,7 @@ def main(argv=None):
     for mod, name, label in ((fastpath, "run_backward", "run_backward"),
                              (fastpath._torch, "empty_like", "empty_like x3"), (fastpath._torch, "empty", "empty"),
                              (errors, "poll_errors", "poll_errors"), (errors, "acquire_slot", "acquire slot"),
-                             (executor, "patched_block", "patched_block"),
+                             (plans, "rebased", "plans.rebased"),
                              (launchers, "enqueue_backward", "enqueue_backward")):
         timer.times[label] = []
         timer._wrap(mod, name, label)

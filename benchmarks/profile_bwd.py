@@ -1,7 +1,7 @@
 """Where backward time goes: GPU time of each of the three backward kernels (preprocess, main, postprocess),
 per schedule, on the benchmark shapes (bf16, 16k tokens, H*D = 2048). Every launch is bracketed by CUDA events
-(by wrapping cupy_dash.cuda.executor.launch_sequence, the backward's launcher, so that it launches one kernel at a
-time), median of `--repeats` calls. A backward folded into one launch (launchers.fold_wanted: small problems) shows its
+(by wrapping cupy_dash.cuda.launchers.enqueue_backward, the backward's launcher, so that it runs its launch plan one
+kernel at a time), median of `--repeats` calls. A backward folded into one launch (launchers.fold_wanted: small problems) shows its
 whole time as "main".
 
     python benchmarks/profile_bwd.py --seqlens 1024 4096 16384 --hdims 128 64
@@ -13,7 +13,7 @@ import cupy
 
 import cupy_dash
 from cupy_dash.core import interop
-from cupy_dash.cuda import executor
+from cupy_dash.cuda import launchers
 from cupy_dash.cli.measure import attention_flops, random_tensor
 
 
@@ -26,19 +26,21 @@ def main():
     args = ap.parse_args()
 
     spans = []                                  # (kernel name, start event, end event) of the calls being timed
-    launch_sequence = executor.launch_sequence
     names = {3: ("bwd_preprocess", "bwd_main", "bwd_postprocess"), 1: ("bwd_main",)}
 
-    def timed_sequence(stream_ptr, params, launches):
-        stream = interop.external_stream(stream_ptr, cupy.cuda.Device().id)
-        for name, one in zip(names[len(launches)], launches):
+    def timed_sequence(c, stream, buffers, *, slot=None, call=None):
+        parts = c.plan.parts
+        stream = interop.external_stream(stream.ptr, cupy.cuda.Device().id)
+        for i, (name, one) in enumerate(zip(names[len(parts.kernels)], parts.kernels)):
             start, end = cupy.cuda.Event(), cupy.cuda.Event()
             start.record(stream)
-            launch_sequence(stream_ptr, params, (one,))
+            parts._replace(kernels=(one,), zeros=parts.zeros if i == 0 else ()).plan().run(stream.ptr, buffers)
             end.record(stream)
             spans.append((name, start, end))
+        if slot is not None:
+            launchers._track(slot, call)
 
-    executor.launch_sequence = timed_sequence
+    launchers.enqueue_backward = timed_sequence
     print(f"{'shape':<22} {'schedule':<16} {'pre ms':>8} {'main ms':>8} {'post ms':>8} {'total':>8} "
           f"{'main TFLOP/s':>12} {'all TFLOP/s':>11}")
     for hdim in args.hdims:

@@ -7,6 +7,7 @@ a machine without a GPU, a driver or torch / JAX.
 from __future__ import annotations
 
 import os
+import sys
 import zlib
 
 # JAX preallocates 75 % of the GPU at import unless told otherwise; the GPU tests share the device between CuPy,
@@ -69,6 +70,16 @@ def seed_from(text: str) -> int:
 def rng(request):
     """A numpy Generator seeded by the test's node id: fresh inputs per test, reproducible across runs."""
     return np.random.default_rng(seed_from(request.node.nodeid))
+
+
+@pytest.fixture(autouse=True)
+def _fresh_launch_plans():
+    """Launch plans are cached by what they depend on, which fakes of the driver (tensor maps, kernel handles) do
+    not show: each test starts without the plans of the tests before it."""
+    yield
+    plans = sys.modules.get("cupy_dash.cuda.plans")
+    if plans is not None:
+        plans.clear()
 
 
 @pytest.fixture

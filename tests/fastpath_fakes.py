@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from cupy_dash.core import api, fastpath, fastpath_varlen, interop, varlen
-from cupy_dash.cuda import errors, kernels, launchers, tensormap, varlen_device
+from cupy_dash.cuda import errors, kernels, launchers, plans, tensormap, varlen_device
 
 
 class _Dtype:
@@ -100,7 +100,6 @@ def no_gpu(monkeypatch):
     monkeypatch.setattr(launchers, "l2_bytes", lambda dev: 60 << 20)    # the H200's L2 and SMs
     monkeypatch.setattr(kernels, "sm_count", lambda dev: 132)
     monkeypatch.setattr(kernels, "bwd_entry", fake_bwd_entry)
-    monkeypatch.setattr(launchers.jit, "load", lambda spec: types.SimpleNamespace(ptr=0xF00))
     ptr = types.SimpleNamespace
 
     def device(t, num_heads, dev, s, capture=False):
@@ -115,18 +114,40 @@ def no_gpu(monkeypatch):
         return ptr(dptr=d, hdev=d + 0x10000)
     monkeypatch.setattr(api, "acquire_slot", acquire)
     monkeypatch.setattr(errors, "acquire_slot", acquire)
+    monkeypatch.setattr(plans.jit, "load", lambda spec: types.SimpleNamespace(ptr=0xF00))
     enqueued = []
-
-    def enqueue(c, params, grads, s, *, slot=None, call=None, launches=None):
-        block = np.frombuffer(bytes(params), dtype=kernels.BWD_PARAMS_DTYPE)[0] if not isinstance(
-            params, np.ndarray) else params[0]
-        enqueued.append(dict(c=c, params=block, grads=grads, slot=slot, launches=launches))
-    monkeypatch.setattr(launchers, "enqueue_backward", enqueue)
+    monkeypatch.setattr(launchers, "enqueue_backward", recorder(enqueued))
+    monkeypatch.setattr(launchers, "enqueue_forward", lambda plan, stream, buffers: None)
     monkeypatch.setattr(errors, "poll_errors", lambda: None)
     monkeypatch.setattr(api, "_poll_errors", lambda: None)
     fastpath_varlen.clear()
+    plans.clear()
     yield enqueued
     fastpath_varlen.clear()
+    plans.clear()
+
+
+def recorder(enqueued):
+    """A launchers.enqueue_backward that runs nothing: it appends to ``enqueued`` what the executor would launch,
+    ``dict(c, params (the block, from the plan in inspect mode), grads (dq, dk, dv addresses), slot, launches
+    (the plan's kernels))``."""
+    def enqueue(c, stream, buffers, *, slot=None, call=None):
+        block = np.frombuffer(c.plan.inspect(tuple(buffers)), dtype=kernels.BWD_PARAMS_DTYPE)[0]
+        enqueued.append(dict(c=c, params=block, grads=tuple(buffers[6:9]), slot=slot, launches=launches(c.plan)))
+    return enqueue
+
+
+def forward_recorder(launched):
+    """A launchers.enqueue_forward that runs nothing: it appends ``(grid (x, y, z), block)`` to ``launched``."""
+    def enqueue(plan, stream, buffers):
+        block = np.frombuffer(plan.inspect(tuple(buffers)), dtype=kernels.FWD_PARAMS_DTYPE)[0]
+        launched.append((kernels.grid_xyz(plan.parts.kernels[0][1]), block))
+    return enqueue
+
+
+def launches(plan) -> tuple:
+    """``(function, grid x, y, z, threads, dynamic smem)`` of every kernel of a launch plan."""
+    return tuple((f, *kernels.grid_xyz(g), t, smem) for f, g, t, smem in plan.parts.kernels)
 
 
 def _inputs():

@@ -37,7 +37,7 @@ import numpy as np
 
 from .. import config
 from .. import schedule as _schedule
-from ..cuda import device_tables, jit, kernels, launchers, tensormap
+from ..cuda import device_tables, jit, kernels, launchers, plans, tensormap
 from ..cuda.params import CONSTANTS
 from ..cuda.errors import (acquire_slot, check_errors, graph_record, keep_alive, poll_errors as _poll_errors,
                            record_shared)
@@ -342,16 +342,17 @@ def run_forward(like, p, spec, block_m, block_n, window, tensors, grid, shapes, 
         cu_ptrs = tuple(_resolve(info, x, keep)[0] for info, x in cu[1:])
         out, out_ptr = _new(fw, dev, shapes[0], p.dtype)
         lse, lse_ptr = _new(fw, dev, shapes[1], "float32")
-        params = launchers.launch_forward(spec, block_m, block_n, p, window, operands, out_ptr, lse_ptr, stream,
-                                          grid, varlen=(cu[0], *cu_ptrs) if cu else None)
+        names = plans.FWD_BUFFERS[:7 if cu else 5]
+        plan = plans.forward_plan(spec, grid, block_m, block_n, p, window, tuple(s for _, s in operands), names,
+                                  cu[0] if cu else None)
+        launchers.enqueue_forward(plan, stream, (*(ptr for ptr, _ in operands), out_ptr, lse_ptr, *cu_ptrs))
         if cu and not capturing:             # for the backward of this call (varlen_host_cu.py): no wait there
             (q_info, cu_q), (k_info, cu_k) = cu[1:]
             varlen_host_cu.remember_both(cu_q, cu_k, (q_info, k_info), cu_ptrs, stream)
         if keep:
             keep_alive(keep, stream)
         elif fast_key is not None and not capturing:
-            register(fast_key, spec, grid, block_m, block_n, p, operands, params, shapes, like,
-                     tuple(info for info, _ in cu[1:]) or None)
+            register(fast_key, plan, shapes, like, tuple(info for info, _ in cu[1:]) or None)
         return _export(fw, out, like), _export(fw, lse, like)
 
 
@@ -499,8 +500,8 @@ def run_backward(c, p, call, stream, tensors, lse, causal, capturing, keep, shap
     device ``p.device_id`` current), fixed-length and varlen alike: the operands ``tensors`` (q, k, v, out, do,
     as validated into ``p``) and ``lse`` resolved to addresses (copies kept in ``keep``), new dq, dk, dv of
     ``shapes`` in the caller's framework, a workspace, an error slot (eager) or the
-    graph's own record (``capturing``), then the fast path's ``register(operands, lse_ptr, base, grads)`` for an
-    eager call that kept nothing. ``call`` names it in error messages. Returns (dq, dk, dv) in the caller's type.
+    graph's own record (``capturing``), the launch plan ``c.plan`` run with them, then the fast path's
+    ``register()`` for an eager call that kept nothing. ``call`` names it in error messages. Returns (dq, dk, dv) in the caller's type.
     With CUPY_DASH_SYNC_ERRORS set, an eager call waits for its kernels and raises their error."""
     dev = p.device_id
     graph_error = None
@@ -517,14 +518,18 @@ def run_backward(c, p, call, stream, tensors, lse, causal, capturing, keep, shap
     work, base = _new(fw, dev, (c.work_bytes,), "uint8")
     (dq, dq_ptr), (dk, dk_ptr), (dv, dv_ptr) = (_new(fw, dev, shape, p.dtype)
                                                 for shape in shapes)
+    c.plan = plans.backward_plan(c, tuple(s for _, s in operands), plans.BWD_BUFFERS[:10 if capturing else 12],
+                                 error=(graph_error, 0) if capturing else None, cu_seqlens=cu_seqlens,
+                                 timeline=timeline_ptr)
     slot = None if capturing else acquire_slot(dev)
-    grads = (dq_ptr, dk_ptr, dv_ptr)
-    launchers.launch_backward(c, operands, lse_ptr, base, grads, stream, error_ptr=graph_error, slot=slot, call=call,
-                              timeline_ptr=timeline_ptr, cu_seqlens=cu_seqlens)
+    (q_ptr, _), (k_ptr, _), (v_ptr, _), (o_ptr, _), (do_ptr, _) = operands
+    buffers = (do_ptr, q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, dq_ptr, dk_ptr, dv_ptr, base)
+    launchers.enqueue_backward(c, stream, buffers if capturing else (*buffers, slot.dptr, slot.hdev), slot=slot,
+                               call=call)
     if keep:
         keep_alive(keep, stream)
     elif not capturing:
-        register(operands, lse_ptr, base, grads)
+        register()
     result = tuple(_export(fw, g, tensors[0]) for g in (dq, dk, dv))
     if not capturing and config.SYNC_ERRORS.get():
         check_errors()

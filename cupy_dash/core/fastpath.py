@@ -4,14 +4,13 @@ A training step calls attention with the same shapes, strides, dtypes, flags and
 often the same addresses, step after step. After a call of :func:`cupy_dash.attention_forward` or
 :func:`cupy_dash.attention_backward` with torch CUDA tensors (or CuPy arrays: all operands of one framework), or of
 their varlen versions with torch tensors (:mod:`cupy_dash.core.fastpath_varlen`), has been validated and launched
-by the full path, its *plan* is kept here: the kernel handles, grids, the packed parameter block with the offsets
-of the fields that change per call (tensor addresses, their TMA maps, the scratch and output buffers, the error
-record), the schedule tables. A later call whose *signature* matches re-launches from the plan: allocate the
-outputs with the caller's framework, patch the parameter block, launch (one ``cuLaunchKernel`` per kernel, as
-every launch) on the stream the full path would take (torch's current stream, or CuPy's current stream of the
-device). A fixed-length plan is a varlen plan with one uniform sequence: the same plan class, block patching and
-launch (:func:`run_forward`, :func:`run_backward`); varlen plans add the device cu_seqlens (in the block) and,
-for the backward, the stream their table was uploaded for.
+by the full path, its *plan* is kept here: the full path's launch plan (:mod:`cupy_dash.cuda.plans`: kernels,
+grids, the parameter block and where each buffer's address goes into it), the output shapes, the framework to
+allocate with. A later call whose *signature* matches allocates the outputs with the caller's framework and runs
+that launch plan with its own addresses (the executor writes them, TMA maps included, and launches) on the stream
+the full path would take (torch's current stream, or CuPy's current stream of the device). A fixed-length plan and
+a varlen one are the same plan class and launch (:func:`run_forward`, :func:`run_backward`); varlen plans add the
+stream their table was uploaded for.
 
 NOTES: the signature holds everything the full path's checks depend on: for every tensor its shape, strides,
 dtype and device, whether all base addresses are 16-byte aligned, and the arguments by type and value (``causal``
@@ -20,8 +19,8 @@ environment variables that change the launch (:func:`cupy_dash.config.fingerprin
 never matches a plan (plans are only made by calls that passed them), so bad input still raises before anything is
 launched. The fast path steps aside (returns None) when the current stream is capturing a CUDA graph (the full
 path has its capture rules), when the current device is not the tensors' device, or when ``CUPY_DASH_FASTPATH=0``.
-The asynchronous work is enqueued by the same :mod:`cupy_dash.cuda.launchers` functions as the full path's, so the bits
-are the same.
+The asynchronous work is the full path's launch plan, run by the same :mod:`cupy_dash.cuda.launchers` functions, so
+the bits are the same.
 """
 from __future__ import annotations
 
@@ -31,7 +30,7 @@ import threading
 import cupy
 
 from .. import config
-from ..cuda import errors, executor, jit, kernels, launchers, params, tensormap
+from ..cuda import errors, launchers, plans
 from . import interop
 
 _MAX_PLANS = 256
@@ -127,41 +126,6 @@ def bwd_key(do, q, k, v, out, lse, causal, softmax_scale, schedule, deterministi
             window, not (ptrs & 15), config.fingerprint())
 
 
-class _Maps:
-    """The 128-byte TMA maps of one operand of a plan, by address (encoded on first sight)."""
-    __slots__ = ("args", "cache")
-
-    def __init__(self, dtype, shape, strides, box_rows, name, box_panels=None):
-        self.args = (dtype, shape, strides, box_rows, name, box_panels)
-        self.cache = {}
-
-    def get(self, ptr) -> bytes:
-        m = self.cache.get(ptr)
-        if m is None:
-            dtype, shape, strides, box_rows, name, box_panels = self.args
-            m = tensormap.bhsd_map(ptr, dtype, shape, strides, box_rows, name, box_panels)
-            if len(self.cache) >= _MAX_MAPS:
-                self.cache.clear()
-            self.cache[ptr] = m
-        return m
-
-
-def _maps(p, operands, block_m, block_n, last) -> tuple:
-    """The :class:`_Maps` of q ``(B, Sq, H, D)``, k ``(B, Sk, Hkv, D)``, v ``(B, Sk, Hkv, Dv)`` (``operands``'
-    strides) and ``last``: ``(name, strides, box rows, box panels)`` of a fourth ``(B, Sq, H, Dv)`` operand."""
-    B, Sq, Sk, H, Hkv, D, Dv = p.B, p.Sq, p.Sk, p.H, p.Hkv, p.D, p.Dv
-    (_, q_stride), (_, k_stride), (_, v_stride) = operands[:3]
-    name, strides, rows, panels = last
-    return (_Maps(p.dtype, (B, Sq, H, D), q_stride, block_m, "q"),
-            _Maps(p.dtype, (B, Sk, Hkv, D), k_stride, block_n, "k"),
-            _Maps(p.dtype, (B, Sk, Hkv, Dv), v_stride, block_n, "v"),
-            _Maps(p.dtype, (B, Sq, H, Dv), strides, rows, name, panels))
-
-
-def _offsets(dtype, names) -> tuple:
-    return tuple(dtype.fields[name][1] for name in names)
-
-
 def store(table: dict, key, plan, limit=_MAX_PLANS) -> None:
     """Keep ``plan`` under ``key`` in ``table``, dropping the oldest plan beyond ``limit``."""
     with _lock:
@@ -221,35 +185,21 @@ def _empty(plan, shape, dtype=None):
 # forward
 # ------------------------------------------------------------------------------------------------------------
 class _FwdPlan:
-    __slots__ = ("func", "launch", "template", "maps", "map_offsets", "offsets", "out_shape", "lse_shape", "dtype",
-                 "device", "device_index", "cupy", "ptr", "cu_infos", "out_like_q")
+    __slots__ = ("launch", "out_shape", "lse_shape", "dtype", "device", "device_index", "cupy", "ptr", "cu_infos",
+                 "out_like_q")
 
 
-_FWD_POINTERS = ("lse", "out", "cu_seqlens_q", "cu_seqlens_k")
-
-
-def forward_plan(spec, grid, block_m, block_n, p, operands, params, out_shape, lse_shape, like, cu_infos=None):
-    """The plan of a forward the full path has just launched with the packed block ``params`` (current device:
-    its device; ``like``: q): patched per call are the maps of q, k, v, out and the address of lse, and for the
-    varlen build (``cu_infos``: the TensorInfo of cu_seqlens_q, cu_seqlens_k) those of out and cu_seqlens."""
+def register_forward(key, launch, shapes, like, cu_infos=None, table=_fwd_plans, limit=_MAX_PLANS) -> None:
+    """Keep in ``table`` the plan of a forward the full path has just launched: its launch plan ``launch``
+    (plans.forward_plan), ``shapes`` those of out and lse, ``like`` its q; ``cu_infos``: the varlen build's
+    TensorInfo of cu_seqlens_q and cu_seqlens_k (their addresses are then buffers of the launch)."""
     plan = _FwdPlan()
-    plan.func = jit.load(spec).ptr
-    plan.launch = (*kernels.grid_xyz(grid), spec.threads, spec.smem_bytes)
-    plan.template = params.tobytes()
-    plan.maps = _maps(p, operands, block_m, block_n, ("out", launchers.bsh_strides((p.B, p.Sq, p.H, p.Dv)), 64, 1))
-    plan.map_offsets = _offsets(kernels.FWD_PARAMS_DTYPE, ("tma_q", "tma_k", "tma_v", "tma_o"))
-    plan.offsets = _offsets(kernels.FWD_PARAMS_DTYPE, _FWD_POINTERS[:1 if cu_infos is None else 4])
-    plan.out_shape, plan.lse_shape, plan.cu_infos = out_shape, lse_shape, cu_infos
+    plan.launch = launch
+    plan.out_shape, plan.lse_shape = shapes
+    plan.cu_infos = cu_infos
     _framework_of(plan, like)
-    plan.out_like_q = not plan.cupy and like.is_contiguous() and tuple(like.shape) == tuple(out_shape)
-    return plan
-
-
-def register_forward(key, spec, grid, block_m, block_n, p, operands, params, shapes, like, cu_infos=None,
-                     table=_fwd_plans, limit=_MAX_PLANS) -> None:
-    """Keep in ``table`` the plan of a forward the full path has just launched (:func:`forward_plan`; ``shapes``:
-    those of out and lse; current device: its device). ``like``: q."""
-    store(table, key, forward_plan(spec, grid, block_m, block_n, p, operands, params, *shapes, like, cu_infos), limit)
+    plan.out_like_q = not plan.cupy and like.is_contiguous() and tuple(like.shape) == tuple(plan.out_shape)
+    store(table, key, plan, limit)
 
 
 def run_forward(plan, stream, q, k, v, cu=()):
@@ -257,8 +207,7 @@ def run_forward(plan, stream, q, k, v, cu=()):
     errors.poll_errors()
     if plan.cupy:
         out, lse = cupy.empty(plan.out_shape, plan.dtype), cupy.empty(plan.lse_shape, cupy.float32)
-        out_ptr, addrs = out.data.ptr, (q.data.ptr, k.data.ptr, v.data.ptr)
-        ptrs = (lse.data.ptr,)
+        buffers = (q.data.ptr, k.data.ptr, v.data.ptr, out.data.ptr, lse.data.ptr)
     else:
         torch = _torch
         # NOTES: empty_like (no shape or dtype to parse: ~0.5 µs less per allocation) where q is contiguous with
@@ -267,11 +216,9 @@ def run_forward(plan, stream, q, k, v, cu=()):
         out = torch.empty_like(q) if plan.out_like_q else torch.empty(plan.out_shape, dtype=plan.dtype,
                                                                       device=plan.device)
         lse = torch.empty(plan.lse_shape, dtype=torch.float32, device=plan.device)
-        out_ptr, addrs = out.data_ptr(), (q.data_ptr(), k.data_ptr(), v.data_ptr())
-        ptrs = (lse.data_ptr(), out_ptr, cu[0].data_ptr(), cu[1].data_ptr()) if cu else (lse.data_ptr(),)
-    buf = executor.patched_block(plan.template, plan.maps, (*addrs, out_ptr), plan.map_offsets, plan.offsets, ptrs)
-    gx, gy, gz, threads, smem = plan.launch
-    executor.launch(plan.func, gx, gy, gz, threads, smem, stream.ptr, buf)
+        buffers = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(), *(
+            x.data_ptr() for x in cu))
+    launchers.enqueue_forward(plan.launch, stream, buffers)
     return out, lse
 
 
@@ -284,29 +231,17 @@ def forward(key, q, k, v):
 # ------------------------------------------------------------------------------------------------------------
 # backward
 # ------------------------------------------------------------------------------------------------------------
-_BWD_POINTERS = ("q", "k", "v", "out", "dout", "lse", "lse_log2", "dpsum", "dq_accum", "dq_semaphore", "dq", "dk",
-                 "dv", "error", "error_host")
-
-
 class _BwdPlan:
-    __slots__ = ("c", "call", "launches", "template", "maps", "map_offsets", "offsets", "deterministic", "shapes",
-                 "dtype", "device", "device_index", "cupy", "ptr", "work", "stream", "keep", "grads_like")
+    __slots__ = ("c", "call", "shapes", "dtype", "device", "device_index", "cupy", "ptr", "work", "stream", "keep",
+                 "grads_like")
 
 
-def backward_plan(c, operands, lse_ptr, work_base, grads, call, like, shapes, cu_seqlens=(0, 0)):
-    """The plan of a backward the full path has just launched (``c``: its launchers.BwdLaunch with tables;
-    current device: its device; ``like``: q): its block with every per-call field patched in :func:`run_backward`
-    (operands and their maps, scratch, outputs dq, dk, dv of ``shapes``, the error slot); ``cu_seqlens``: the
-    varlen build's device lengths, constant in the block."""
+def backward_plan(c, call, like, shapes):
+    """The plan of a backward the full path has just launched (``c``: its launchers.BwdLaunch with tables and
+    launch plan, which takes the error record's addresses as buffers; current device: its device; ``like``: q;
+    ``shapes``: of dq, dk, dv)."""
     plan = _BwdPlan()
     plan.c, plan.call, plan.stream, plan.keep, plan.work, plan.grads_like = c, call, None, None, None, None
-    plan.launches = launchers.bwd_launches(c)
-    plan.template = launchers.bwd_params(c, operands, lse_ptr, work_base, grads, (0, 0),
-                                         cu_seqlens=cu_seqlens).tobytes()
-    plan.maps = _maps(c.p, operands, c.block_m, c.block_n, ("do", operands[4][1], c.block_m, None))
-    plan.map_offsets = _offsets(kernels.BWD_PARAMS_DTYPE, ("tma_q", "tma_k", "tma_v", "tma_do"))
-    plan.offsets = _offsets(kernels.BWD_PARAMS_DTYPE, _BWD_POINTERS)
-    plan.deterministic = c.deterministic
     plan.shapes = tuple(shapes)
     _framework_of(plan, like)
     return plan
@@ -315,40 +250,23 @@ def backward_plan(c, operands, lse_ptr, work_base, grads, call, like, shapes, cu
 def rebased_plan(base, c, call, cu_seqlens):
     """``base`` (the plan of a varlen backward) for another packing of the same tensors, flags and stream:
     ``c`` its launchers.BwdLaunch with tables, ``call`` its error-message tuple, ``cu_seqlens`` its device
-    lengths. The block's fields that depend on the lengths (every schedule field, the sequence count, the padded
-    scratch rows, the lengths) are patched in base's block; the rest is base's, per-call fields included (patched
-    again by :func:`run_backward`)."""
+    lengths; its launch plan base's with the fields that depend on the lengths patched (plans.rebased)."""
     plan = _BwdPlan()
     for name in _BwdPlan.__slots__:
         setattr(plan, name, getattr(base, name))
     plan.c, plan.call, plan.work, plan.keep = c, call, None, None
-    if c.specs == base.c.specs:                  # the same kernels (not when a packing this large goes compact):
-        plan.launches = tuple((f, *kernels.grid_xyz(grid), t, s)      # base's handles, this packing's grids
-                              for (f, _, _, _, t, s), (_, grid) in zip(base.launches, launchers.bwd_kernels(c)))
-    else:
-        plan.launches = launchers.bwd_launches(c)
-    fields = launchers.bwd_schedule_fields(c.tables)
-    plan.template = bytes(executor.patched_block(
-        base.template, (), (), (), _REBASED_OFFSETS,
-        (*(fields[name] for name in launchers.SCHEDULE_FIELDS), c.varlen[0], c.num_m_blocks, c.sq_rounded,
-         cu_seqlens[0], cu_seqlens[1])))
+    c.plan = plans.rebased(base.c.plan, base.c.specs, c, cu_seqlens)
     return plan
 
 
-# every schedule field, then the other length-dependent ones, in rebased_plan's order
-_REBASED_OFFSETS = params.int_field_offsets(kernels.BWD_PARAMS_DTYPE, launchers.SCHEDULE_FIELDS + (
-    "batch", "num_m_blocks", "seqlen_q_rounded", "cu_seqlens_q", "cu_seqlens_k"))
-
-
-def register_backward(key, c, operands, lse_ptr, work_base, grads, call, like) -> None:
-    """Keep the plan of a backward the full path has just launched (``c``: its launchers.BwdLaunch with tables;
-    current device: its device). ``like``: q."""
+def register_backward(key, c, call, like) -> None:
+    """Keep the plan of a backward the full path has just launched (``c``: its launchers.BwdLaunch with tables and
+    launch plan; current device: its device). ``like``: q."""
     if key is None:
         return
     p = c.p
-    plan = backward_plan(c, operands, lse_ptr, work_base, grads, call, like,
-                         ((p.B, p.Sq, p.H, p.D), (p.B, p.Sk, p.Hkv, p.D), (p.B, p.Sk, p.Hkv, p.Dv)))
-    store(_bwd_plans, key, plan)
+    store(_bwd_plans, key, backward_plan(c, call, like, ((p.B, p.Sq, p.H, p.D), (p.B, p.Sk, p.Hkv, p.D),
+                                                         (p.B, p.Sk, p.Hkv, p.Dv))))
 
 
 _CACHED_WORK_BYTES = 256 << 10   # scratch kept per plan (its last stream) up to this size: small problems only
@@ -371,8 +289,8 @@ def _work(plan, nbytes, stream_ptr):
 
 def run_backward(plan, stream, do, q, k, v, out, lse):
     """``(dq, dk, dv)`` of a backward launched from ``plan`` on ``stream``: outputs allocated in the plan's
-    framework, the block patched, the kernels enqueued by the full path's launchers.enqueue_backward (so the bits
-    are its)."""
+    framework, then the full path's launch plan run with this call's addresses (launchers.enqueue_backward), so
+    the bits are its."""
     errors.poll_errors()
     c = plan.c
     work = _work(plan, c.work_bytes, stream.ptr)
@@ -385,20 +303,9 @@ def run_backward(plan, stream, do, q, k, v, out, lse):
     else:
         dq, dk, dv = (_empty(plan, shape) for shape in plan.shapes)
     ptr = plan.ptr
-    base, q_ptr, k_ptr, v_ptr, do_ptr = ptr(work), ptr(q), ptr(k), ptr(v), ptr(do)
-    grads = ptr(dq), ptr(dk), ptr(dv)
-    off = c.offsets
     slot = errors.acquire_slot(plan.device_index)     # enqueue_backward releases it if anything fails
-    try:
-        buf = executor.patched_block(plan.template, plan.maps, (q_ptr, k_ptr, v_ptr, do_ptr), plan.map_offsets,
-                                     plan.offsets, (q_ptr, k_ptr, v_ptr, ptr(out), do_ptr, ptr(lse),
-                                                    base + off[0], base + off[1], base + off[2],
-                                                    base + off[3] if plan.deterministic else 0, *grads, slot.dptr,
-                                                    slot.hdev))
-    except BaseException:
-        errors.release_slot(slot)
-        raise
-    launchers.enqueue_backward(c, buf, grads, stream, slot=slot, call=plan.call, launches=plan.launches)
+    launchers.enqueue_backward(c, stream, (ptr(do), ptr(q), ptr(k), ptr(v), ptr(out), ptr(lse), ptr(dq), ptr(dk),
+                                           ptr(dv), ptr(work), slot.dptr, slot.hdev), slot=slot, call=plan.call)
     if config.SYNC_ERRORS.get():
         errors.check_errors()
     return dq, dk, dv

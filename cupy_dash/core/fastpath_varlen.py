@@ -3,14 +3,13 @@ idea).
 
 A training step with packed sequences calls :func:`cupy_dash.attention_backward_varlen` once per layer with the
 same packing, shapes and flags. After a full-path call with torch tensors has been validated and launched, its
-plan is kept here: the three kernels, the packed parameter block (pointing at the device copies of the schedule
-table and of cu_seqlens that the full path uploaded, which the plan keeps alive), the offsets of the fields that
-change per call. A later call with the same signature, lengths and stream re-launches from it: four
-``torch.empty``, the patched block, one ``launch_sequence`` (dk, dv zeroed first when the full path did). A call
-with the same signature but new lengths (the next step's packing) starts from the same plan, kept as the
-*template* of those tensors: the lengths are checked as the full path checks them, the packing's table is built
-and uploaded, and the block's length-dependent fields are patched (fastpath.rebased_plan); the tensors are not
-validated again and no TMA map is encoded. The forward's plan needs no lengths (its kernel reads cu_seqlens on
+plan is kept here: the full path's launch plan (its block points at the device copies of the schedule table and of
+cu_seqlens that the full path uploaded, which the plan keeps alive). A later call with the same signature, lengths
+and stream re-launches from it: four ``torch.empty`` and the launch plan run with the call's addresses (dk, dv
+zeroed first, as varlen backwards always are). A call with the same signature but new lengths (the next step's
+packing) starts from the same plan, kept as the *template* of those tensors: the lengths are checked as the full
+path checks them, the packing's table is built and uploaded, and the launch plan's length-dependent fields are
+patched (fastpath.rebased_plan); the tensors are not validated again and no TMA map is encoded. The forward's plan needs no lengths (its kernel reads cu_seqlens on
 the device): its signature holds their layouts, and their addresses are patched per call.
 
 NOTES: the signature holds what the full path's checks depend on: every tensor's shape, strides, dtype and device,
@@ -100,15 +99,15 @@ def _template_key(key_):
     return key_[:6] + ((lens[0][0], lens[1][0]),) + key_[9:]
 
 
-def register(key_, c, operands, lse_ptr, work_base, grads, cu_ptrs, call, like, stream, keep) -> None:
-    """Keep the plan of a varlen backward the full path has just launched (``c``: its BwdLaunch with tables;
-    ``keep``: the device tables and cu_seqlens copies its block points at; current device: its device), under its
-    signature and, as the template of new packings of its tile, under the signature without the lengths."""
+def register(key_, c, call, like, stream, keep) -> None:
+    """Keep the plan of a varlen backward the full path has just launched (``c``: its BwdLaunch with tables and
+    launch plan; ``keep``: the device tables and cu_seqlens copies its block points at; current device: its
+    device), under its signature and, as the template of new packings of its tile, under the signature without the
+    lengths."""
     if key_ is None:
         return
     p = c.p
-    plan = fastpath.backward_plan(c, operands, lse_ptr, work_base, grads, call, like,
-                                  ((p.Sq, p.H, p.D), (p.Sk, p.Hkv, p.D), (p.Sk, p.Hkv, p.Dv)), cu_seqlens=cu_ptrs)
+    plan = fastpath.backward_plan(c, call, like, ((p.Sq, p.H, p.D), (p.Sk, p.Hkv, p.D), (p.Sk, p.Hkv, p.Dv)))
     plan.stream, plan.keep = stream, keep
     _store(key_, plan)
     tkey = _template_key(key_)
@@ -144,8 +143,8 @@ def backward(key_, do, q, k, v, out, lse, cu_q=None, cu_k=None):
 def _new_packing(key_, bases, cu_q, cu_k):
     """The plan of a call whose tensors, flags and stream are those of the templates ``bases`` (per tile) but whose
     lengths are new: the lengths checked as the full path checks them (ValueError before anything is enqueued), the
-    packing's launch made as the full path makes it (varlen_launch.packing_launch), the block of the template of its
-    tile (the longest sequence picks it, kernels.varlen_tile_seqlen; the TMA boxes are the tile's) with this
+    packing's launch made as the full path makes it (varlen_launch.packing_launch), the launch plan of the template of
+    its tile (the longest sequence picks it, kernels.varlen_tile_seqlen; the TMA boxes are the tile's) with this
     packing's table, lengths and scratch layout (fastpath.rebased_plan; TMA maps reused: same tensors); kept under
     ``key_`` for the packing's later calls. None where the full path must run (no visits, no template of its tile
     yet, or a window that the new max_seqlen_q / max_seqlen_k make canonical otherwise than the templates')."""
@@ -189,11 +188,10 @@ def forward_key(q, k, v, cu_q, cu_k, max_q, max_k, causal, softmax_scale, window
             not (ptrs & 15), cu_q is cu_k)
 
 
-def register_forward(key_, spec, grid, block_m, block_n, p, operands, params, shapes, like, cu_infos) -> None:
-    """Keep the plan of a varlen forward the full path has just launched (``params``: its packed block;
+def register_forward(key_, launch, shapes, like, cu_infos) -> None:
+    """Keep the plan of a varlen forward the full path has just launched (``launch``: its launch plan;
     ``cu_infos``: the TensorInfo of cu_seqlens_q and cu_seqlens_k, for the host copies of later calls)."""
-    fastpath.register_forward(key_, spec, grid, block_m, block_n, p, operands, params, shapes, like, cu_infos,
-                              _fwd_plans, _MAX_PLANS * 8)
+    fastpath.register_forward(key_, launch, shapes, like, cu_infos, _fwd_plans, _MAX_PLANS * 8)
 
 
 def _run_forward(plan, stream, q, k, v, cu_q, cu_k):

@@ -288,8 +288,8 @@ def attention_backward_varlen(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
                 cupy.cuda.runtime.memsetAsync(ptr, 0, int(np.prod(shape)) * 2, stream.ptr)
             return tuple(api._export(fw, g, q) for g, _ in grads)
         cu_ptrs = cu_dev[0].data.ptr, cu_dev[1].data.ptr
-        register = functools.partial(fastpath_varlen.register, fast_key, c, cu_ptrs=cu_ptrs, call=call, like=q,
-                                     stream=stream, keep=(c.tables, *cu_dev))
+        register = functools.partial(fastpath_varlen.register, fast_key, c, call=call, like=q, stream=stream,
+                                     keep=(c.tables, *cu_dev))
         return api.run_backward(c, p, call, stream, (q4, k4, v4, out4, do4), lse[None], causal, capturing, [],
                                 ((total_q, H, D), (total_k, Hkv, D), (total_k, Hkv, Dv)), register,
                                 cu_seqlens=cu_ptrs)

@@ -126,8 +126,9 @@ per_visit, compact = functools.partial(fixed, False), functools.partial(fixed, T
 
 class DeviceTables:
     """A per-visit table on one device: ``visits`` (V, 4) int32, ``rank`` (V,) int32, ``cta_start``
-    (num_ctas + 1,) int64 CuPy arrays (views of one allocation), plus ``num_ctas``, ``policy`` and ``device_id``."""
-    __slots__ = ("visits", "rank", "cta_start", "num_ctas", "policy", "device_id")
+    (num_ctas + 1,) int64 CuPy arrays (views of one allocation), plus ``num_ctas``, ``policy`` and ``device_id``;
+    ``plans``: the launch plans that read them (:mod:`cupy_dash.cuda.plans`), dropped with them."""
+    __slots__ = ("visits", "rank", "cta_start", "num_ctas", "policy", "device_id", "plans")
 
 
 def upload(plan, num_heads: int, n_blocks: int, m_blocks: int, device_id: int, stream, wait=False,

@@ -1,8 +1,9 @@
 # cython: boundscheck=False, wraparound=False
-"""Kernel launch with one driver call (CUDA Driver API ``cuLaunchKernel``), for the host fast path
-(:mod:`cupy_dash.core.fastpath`): the kernels take one by-value parameter struct, so a launch is the function handle,
-the grid, the block, the dynamic shared memory, the stream and the packed struct's bytes; ``patched_block``
-writes a call's fields (addresses, TMA maps) into a copy of a plan's packed block.
+"""Every kernel launch of cupy_dash, through the executor of launch_plan.c: :class:`LaunchPlan` (a forward's or a
+backward's kernels, parameter template and buffer patches: :mod:`cupy_dash.cuda.plans`), and :func:`launch` for one
+kernel outside a plan (the varlen tables' expansion, benchmarks). The kernels take one by-value parameter struct,
+so a launch is the function handle, the grid, the block, the dynamic shared memory, the stream and the struct's
+bytes; :func:`patched_block` writes integer fields into a copy of a packed block.
 
 libcuda is opened with ``dlopen`` on first use (CuPy has loaded it by then); building this module needs no CUDA
 headers or toolkit, and importing it needs no GPU.
@@ -17,9 +18,16 @@ cdef extern from "launch_plan.h" nogil:
         DASH_PLAN_MAX_PARAMS
     ctypedef struct dash_plan_header:
         unsigned int params_size
+    ctypedef struct dash_plan_kernel:
+        uint64_t function
+        unsigned int grid[3]
+        unsigned int block[3]
+        unsigned int smem
     ctypedef struct dash_plan:
         dash_plan_header header
     int dash_plan_view(const void* blob, size_t size, dash_plan* plan, char* error, size_t error_size)
+    int dash_launch_kernel(const dash_plan_kernel* kernel, void* params, void* stream, char* error,
+                           size_t error_size)
     int dash_plan_run(const dash_plan* plan, const uint64_t* buffers, size_t num_buffers, void* stream,
                       unsigned char* inspect, char* error, size_t error_size)
 
@@ -28,102 +36,41 @@ PLAN_INSPECT = DASH_PLAN_INSPECT
 cdef enum:
     MAX_BUFFERS = 32
 
-cdef extern from "<dlfcn.h>" nogil:
-    void* dlopen(const char* filename, int flag)
-    void* dlsym(void* handle, const char* symbol)
-    int RTLD_NOW
-    int RTLD_GLOBAL
-
-ctypedef int (*launch_fn)(void* f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
-                          unsigned int by, unsigned int bz, unsigned int smem, void* stream, void** params,
-                          void** extra) noexcept nogil
-
-cdef launch_fn _cu_launch = NULL
-
-
-cdef int _init() except -1:
-    global _cu_launch
-    cdef void* handle
-    if _cu_launch != NULL:
-        return 0
-    handle = dlopen(b"libcuda.so.1", RTLD_NOW | RTLD_GLOBAL)
-    if handle == NULL:
-        raise RuntimeError("cupy_dash fast launch: libcuda.so.1 could not be opened")
-    _cu_launch = <launch_fn>dlsym(handle, b"cuLaunchKernel")
-    if _cu_launch == NULL:
-        raise RuntimeError("cupy_dash fast launch: cuLaunchKernel not found in libcuda.so.1")
-    return 0
-
 
 def launch(uintptr_t function, unsigned int grid_x, unsigned int grid_y, unsigned int grid_z,
            unsigned int block_x, unsigned int smem_bytes, uintptr_t stream, const unsigned char[::1] params):
     """Launch ``function`` (a CUfunction) with one by-value parameter whose bytes are ``params`` (copied by the
-    driver during the call) on ``stream`` (a CUstream, 0 = legacy default). Raises RuntimeError with the CUresult
-    on failure."""
-    cdef void* arg
-    cdef void* args[1]
+    driver during the call) on ``stream`` (a CUstream, 0 = legacy default): one kernel outside a plan. Raises
+    RuntimeError with the CUresult on failure."""
+    cdef dash_plan_kernel k
+    cdef char error[256]
     cdef int rc
-    _init()
     if params.shape[0] == 0:
         raise ValueError("params: empty parameter block")
-    arg = <void*>&params[0]
-    args[0] = arg
+    k.function, k.smem = function, smem_bytes
+    k.grid[0], k.grid[1], k.grid[2] = grid_x, grid_y, grid_z
+    k.block[0], k.block[1], k.block[2] = block_x, 1, 1
     with nogil:
-        rc = _cu_launch(<void*>function, grid_x, grid_y, grid_z, block_x, 1, 1, smem_bytes, <void*>stream, args,
-                        NULL)
-    if rc != 0:
-        raise RuntimeError(f"cuLaunchKernel failed with CUresult {rc}")
+        rc = dash_launch_kernel(&k, <void*>&params[0], <void*>stream, error, sizeof(error))
+    if rc:
+        raise RuntimeError(f"cupy_dash launch: {error.decode()}")
 
 
-def launch_sequence(uintptr_t stream, const unsigned char[::1] params, tuple launches):
-    """Launch, in order on ``stream``, every kernel of ``launches``: tuples ``(function, grid_x, grid_y, grid_z,
-    block_x, smem_bytes)``, all taking the same parameter block ``params`` (the backward's preprocess, main and
-    postprocess). Stops at the first failure and raises RuntimeError naming its position and CUresult."""
-    cdef void* args[1]
-    cdef int rc
-    cdef Py_ssize_t i
-    cdef uintptr_t function
-    cdef unsigned int gx, gy, gz, bx, smem
-    _init()
-    if params.shape[0] == 0:
-        raise ValueError("params: empty parameter block")
-    args[0] = <void*>&params[0]
-    for i in range(len(launches)):
-        function, gx, gy, gz, bx, smem = launches[i]
-        with nogil:
-            rc = _cu_launch(<void*>function, gx, gy, gz, bx, 1, 1, smem, <void*>stream, args, NULL)
-        if rc != 0:
-            raise RuntimeError(f"cuLaunchKernel of kernel {i} of {len(launches)} failed with CUresult {rc}")
-
-
-def patched_block(const unsigned char[::1] template, tuple maps, tuple map_ptrs, tuple map_offsets, tuple offsets,
-                  tuple values):
-    """A copy of the packed parameter block ``template`` (bytes) with, for each i, the 128-byte TMA map of
-    ``map_ptrs[i]`` from ``maps[i]`` (a fastpath._Maps: its cache, else its ``get``) at byte ``map_offsets[i]``,
-    and the 64-bit ``values[i]`` at byte ``offsets[i]`` (two's complement when negative; little-endian, as the
-    struct's fields): the
-    host fast path's per-call fields, patched in one call. Returns a bytearray. Raises ValueError for a field
-    outside the block or a map that is not 128 bytes.
+def patched_block(const unsigned char[::1] template, tuple offsets, tuple values):
+    """A copy of the packed parameter block ``template`` (bytes) with, for each i, the 64-bit ``values[i]`` at byte
+    ``offsets[i]`` (two's complement when negative; little-endian, as the struct's fields). Returns a bytearray.
+    Raises ValueError for a field outside the block.
 
     NOTES: values are copied in host byte order, little-endian on every host CUDA runs on (x86-64, aarch64)."""
     cdef Py_ssize_t n = template.shape[0], i, off
-    cdef const unsigned char[::1] m
     cdef unsigned long long value
     cdef long long signed_value
-    if len(maps) != len(map_ptrs) or len(maps) != len(map_offsets) or len(offsets) != len(values):
+    if len(offsets) != len(values):
         raise ValueError("patched_block: mismatched field lists")
     out = bytearray(n)
     cdef unsigned char[::1] buf = out
     if n:
         memcpy(&buf[0], &template[0], n)
-    for i in range(len(maps)):
-        ptr = map_ptrs[i]
-        got = maps[i].cache.get(ptr)
-        m = got if got is not None else maps[i].get(ptr)
-        off = map_offsets[i]
-        if m.shape[0] != 128 or off < 0 or off + 128 > n:
-            raise ValueError(f"patched_block: map {i} at byte {off} does not fit a {n}-byte block")
-        memcpy(&buf[off], &m[0], 128)
     for i in range(len(offsets)):
         off = offsets[i]
         if off < 0 or off + 8 > n:
@@ -140,15 +87,17 @@ def patched_block(const unsigned char[::1] template, tuple maps, tuple map_ptrs,
 
 cdef class LaunchPlan:
     """A launch plan (launch_plan.h; packed by :func:`cupy_dash.cuda.plans.pack_plan`), checked once: :meth:`run`
-    launches it with a call's buffer addresses, :meth:`inspect` returns the block it would launch with."""
+    launches it with a call's buffer addresses, :meth:`inspect` returns the block it would launch with. ``parts``:
+    what it was packed from (:class:`cupy_dash.cuda.plans.Parts`), if given."""
     cdef readonly bytes blob
+    cdef readonly object parts
     cdef dash_plan plan
 
-    def __cinit__(self, bytes blob):
+    def __cinit__(self, bytes blob, parts=None):
         cdef char error[256]
         if dash_plan_view(<const char*>blob, len(blob), &self.plan, error, sizeof(error)):
             raise ValueError(error.decode())
-        self.blob = blob
+        self.blob, self.parts = blob, parts
 
     cdef int _run(self, tuple buffers, uintptr_t stream, unsigned char* inspect) except -1:
         cdef uint64_t addresses[MAX_BUFFERS]

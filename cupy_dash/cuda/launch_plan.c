@@ -113,15 +113,25 @@ int dash_plan_run(const dash_plan *plan, const uint64_t *buffers, size_t num_buf
       return r;
     }
   }
-  void *args[1] = {params};
   for (uint32_t i = 0; i < h->num_kernels; ++i) {
-    const dash_plan_kernel *k = &plan->kernels[i];
-    int r = cu_launch((void *)(uintptr_t)k->function, k->grid[0], k->grid[1], k->grid[2], k->block[0], k->block[1],
-                      k->block[2], k->smem, stream, args, NULL);
+    int r = dash_launch_kernel(&plan->kernels[i], params, stream, error, error_size);
     if (r) {
-      snprintf(error, error_size, "cuLaunchKernel failed (CUresult %d) for kernel %u of %u", r, i, h->num_kernels);
+      size_t n = strlen(error);
+      snprintf(error + n, error_size - n, " for kernel %u of %u", i, h->num_kernels);
       return r;
     }
   }
   return 0;
+}
+
+int dash_launch_kernel(const dash_plan_kernel *k, void *params, void *stream, char *error, size_t error_size) {
+  if (!load_driver()) {
+    snprintf(error, error_size, "libcuda.so.1 cannot be opened, or lacks cuLaunchKernel");
+    return -1;
+  }
+  void *args[1] = {params};
+  int r = cu_launch((void *)(uintptr_t)k->function, k->grid[0], k->grid[1], k->grid[2], k->block[0], k->block[1],
+                    k->block[2], k->smem, stream, args, NULL);
+  if (r) snprintf(error, error_size, "cuLaunchKernel failed (CUresult %d)", r);
+  return r;
 }

@@ -50,4 +50,8 @@ int dash_plan_view(const void *blob, size_t size, dash_plan *plan, char *error, 
 int dash_plan_run(const dash_plan *plan, const uint64_t *buffers, size_t num_buffers, void *stream,
                   unsigned char *inspect, char *error, size_t error_size);
 
+/* Launch one kernel with the parameter block `params` (copied by the driver during the call). 0, or nonzero with a
+ * message in `error`. */
+int dash_launch_kernel(const dash_plan_kernel *kernel, void *params, void *stream, char *error, size_t error_size);
+
 #endif

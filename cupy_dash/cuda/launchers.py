@@ -1,9 +1,10 @@
 """Launches into given buffers on a given stream: the layer every entry point shares.
 
-The eager API (:mod:`cupy_dash.core.api`: outputs and scratch from the caller's allocator, the caller's stream) and
-the JAX custom calls (:mod:`cupy_dash.jax`: XLA's buffers and stream) build the same parameter blocks and launch
-the same kernels with the same schedule tables through these functions, which is why they give the same bits.
-Nothing here validates arguments (the callers did), allocates device memory or synchronizes.
+The eager API (:mod:`cupy_dash.core.api`: outputs and scratch from the caller's allocator, the caller's stream), its
+fast path and the JAX custom calls (:mod:`cupy_dash.jax`: XLA's buffers and stream) pack the same parameter blocks
+(:func:`fwd_params`, :func:`bwd_params`, into launch plans: :mod:`cupy_dash.cuda.plans`) and run the same kernels
+with the same schedule tables (:func:`enqueue_forward`, :func:`enqueue_backward`), which is why they give the same
+bits. Nothing here validates arguments (the callers did), allocates device memory or synchronizes.
 
 Operands are ``(pointer, (batch, row, head) element strides)`` pairs; outputs and scratch are contiguous.
 """
@@ -16,7 +17,7 @@ import numpy as np
 
 from .. import config
 from .. import schedule as _schedule
-from . import device_tables, executor, jit, kernels, tensormap
+from . import device_tables, kernels, tensormap
 from .errors import _track, release_slot
 
 _LOG2E = 1.4426950408889634
@@ -38,20 +39,12 @@ def bsh_strides(shape) -> tuple:
 # ------------------------------------------------------------------------------------------------------------
 # forward
 # ------------------------------------------------------------------------------------------------------------
-def launch_forward(spec, block_m, block_n, p, window, operands, out_ptr, lse_ptr, stream, grid=None,
-                   varlen=None) -> np.ndarray:
-    """Enqueue the forward kernel of problem ``p`` on the CuPy ``stream`` (current device: the buffers' device) and
-    return its packed parameter block.
-
-    The launch shared by every entry point (eager calls, fixed-length and varlen, and ``jax.jit`` calls in
-    :mod:`cupy_dash.jax`): it depends only on ``p``'s sizes and scale, ``window`` = (left, right) as the kernel
-    takes it, and the buffer addresses (arguments as in :func:`fwd_params`); ``grid``: :func:`fwd_grid` unless
-    given (varlen: sized by max_seqlen_q). Encodes the tensor maps (host only), packs the parameters, launches;
-    never synchronizes or allocates device memory.
-    """
-    params = fwd_params(block_m, block_n, p, window, operands, out_ptr, lse_ptr, varlen, grid)
-    kernels.launch(spec, fwd_grid(p, block_m) if grid is None else grid, params, stream)
-    return params
+def enqueue_forward(plan, stream, buffers) -> None:
+    """Run the forward's launch plan ``plan`` (:func:`cupy_dash.cuda.plans.forward_plan`) on the CuPy ``stream``
+    with the addresses ``buffers`` (q, k, v, out, lse, and cu_seqlens_q, cu_seqlens_k for a varlen launch); the
+    launch every forward shares (eager calls, fixed-length and varlen, their fast path, ``jax.jit`` calls' Python
+    callbacks). Never synchronizes or allocates device memory."""
+    plan.run(stream.ptr, buffers)
 
 
 def fwd_grid(p, block_m) -> tuple:
@@ -132,15 +125,18 @@ class BwdLaunch:
     ``(B*H, Sq_rounded, kernels.padded_head_dim(D))`` float32, dq_semaphore ``(B*H, num_m_blocks)`` int32;
     preprocess initialises them, so the buffer may hold anything. ``zero_kv``: whether dk and dv must be zeroed
     before the kernels run. ``fold``: whether the main kernel runs preprocess and postprocess itself
-    (:func:`fold_wanted`; a caller may clear it before packing the block, never set it).
+    (:func:`fold_wanted`; a caller may clear it before packing the block, never set it). ``plan``: its launch plan
+    (:func:`cupy_dash.cuda.plans.backward_plan`, set by the caller once the tables are), which
+    :func:`enqueue_backward` runs.
     """
     __slots__ = ("specs", "p", "block_m", "block_n", "num_m_blocks", "sq_rounded", "offsets", "work_bytes",
                  "tables", "deterministic", "spin_timeout_ns", "causal", "window", "zero_kv", "varlen", "row_grid",
-                 "fold")
+                 "fold", "plan")
 
     def __init__(self, specs, block_m, block_n, p, deterministic, spin_timeout_ns, causal, window, tables=None,
                  varlen=None):
         self.specs, self.block_m, self.block_n, self.p, self.tables = specs, block_m, block_n, p, tables
+        self.plan = None
         self.deterministic, self.spin_timeout_ns = deterministic, spin_timeout_ns
         self.causal, self.window, self.varlen = causal, tuple(window), varlen
         if varlen is None:
@@ -221,24 +217,6 @@ def bwd_tables(schedule, c, max_ctas, device_id, stream, capture=False, compact=
                  head_section=head_section(p.Sq, p.D, p.H // p.Hkv, p.Dv, device_id))
 
 
-def launch_backward(c, operands, lse_ptr, work_base, grads, stream, *, error_ptr=None, slot=None, call=None,
-                    timeline_ptr=0, cu_seqlens=(0, 0)) -> None:
-    """Enqueue the kernels of the backward ``c`` (:class:`BwdLaunch`, tables set; :func:`bwd_kernels`) on the
-    CuPy ``stream`` (current device: the buffers' device); buffers as in :func:`bwd_params`.
-
-    Errors of the main kernel go to the 32-byte device record ``error_ptr``, or, with an error ``slot`` (eager
-    calls), to the slot's records (see :func:`enqueue_backward`). Never synchronizes or allocates device memory.
-    """
-    try:
-        error = (error_ptr, 0) if slot is None else (slot.dptr, slot.hdev)
-        params = bwd_params(c, operands, lse_ptr, work_base, grads, error, timeline_ptr, cu_seqlens)
-    except BaseException:
-        if slot is not None:
-            release_slot(slot)     # nothing recorded on it: reusable at once
-        raise
-    enqueue_backward(c, params, grads, stream, slot=slot, call=call)
-
-
 def bwd_kernels(c) -> tuple:
     """``(spec, grid)`` of every kernel of the backward ``c`` (tables set), in launch order: preprocess, main
     (persistent: one CTA per table column list) and postprocess, or the main kernel alone when ``c.fold``."""
@@ -248,32 +226,15 @@ def bwd_kernels(c) -> tuple:
     return (c.specs.preprocess, c.row_grid), main, (c.specs.postprocess, c.row_grid)
 
 
-def bwd_launches(c) -> tuple:
-    """``(function, grid x, y, z, threads, dynamic smem)`` of :func:`bwd_kernels`, the kernels loaded on the
-    current device."""
-    return tuple((jit.load(s).ptr, *kernels.grid_xyz(g), s.threads, s.smem_bytes) for s, g in bwd_kernels(c))
-
-
-def enqueue_backward(c, params, grads, stream, *, slot=None, call=None, launches=None) -> None:
-    """The asynchronous work of a backward whose parameter block ``params`` is packed (an array from
-    :func:`bwd_params`, or its patched bytes: the host fast path), in this order on the CuPy ``stream``: zero dk
-    and dv when ``c.zero_kv``, then :func:`bwd_kernels`. With an error ``slot`` (eager calls; the block holds its
-    device record and its host mirror, ``bwd_params``' ``error``) the kernels hand the record to the host when
-    they end (kernels_src/bwd/error_record.cuh); the slot is then tracked as ``call``. ``grads``: pointers of dq, dk,
-    dv; ``launches``: :func:`bwd_launches` of ``c`` if the caller holds them. One ``cuLaunchKernel`` per kernel.
-    """
+def enqueue_backward(c, stream, buffers, *, slot=None, call=None) -> None:
+    """Run the launch plan of the backward ``c`` (``c.plan``: zero dk and dv when ``c.zero_kv``, then
+    :func:`bwd_kernels`, one ``cuLaunchKernel`` each) on the CuPy ``stream`` with the addresses ``buffers``
+    (:data:`cupy_dash.cuda.plans.BWD_BUFFERS`' order; the error record's two last where the plan takes them).
+    With an error ``slot`` (eager calls, whose block holds its device record and host mirror) the kernels hand the
+    record to the host when they end (kernels_src/bwd/error_record.cuh); the slot is then tracked as ``call``,
+    or released if the launch fails. Never synchronizes or allocates device memory."""
     try:
-        if isinstance(params, np.ndarray):
-            if not (params.shape == (1,) and params.dtype == kernels.BWD_PARAMS_DTYPE):
-                raise TypeError("params must be a size-1 array of dtype BWD_PARAMS_DTYPE (bwd_params)")
-            params = params.view(np.uint8)
-        elif len(params) != kernels.BWD_PARAMS_DTYPE.itemsize:
-            raise TypeError(f"params must be the {kernels.BWD_PARAMS_DTYPE.itemsize} bytes of a packed block")
-        if c.zero_kv:
-            rt = cupy.cuda.runtime
-            for ptr, nbytes in zip(grads[1:], kv_bytes(c.p)):
-                rt.memsetAsync(ptr, 0, nbytes, stream.ptr)
-        executor.launch_sequence(stream.ptr, params, launches if launches is not None else bwd_launches(c))
+        c.plan.run(stream.ptr, buffers)
     except BaseException:
         if slot is not None:
             release_slot(slot)     # NOTES: a launch failed: the device context is unusable anyway

@@ -220,9 +220,9 @@ def pack_fwd_params(**fields) -> np.ndarray:
 
 
 def int_field_offsets(dtype: np.dtype, names) -> tuple:
-    """Byte offsets in the struct ``dtype`` of the 8-byte integer fields ``names``: where a host fast path writes
-    them into a block it has packed before (cupy_dash.cuda.executor.patched_block). Raises TypeError for another
-    field."""
+    """Byte offsets in the struct ``dtype`` of the 8-byte integer fields ``names``: where they are written into a
+    block packed before (cupy_dash.cuda.executor.patched_block: plans.rebased, the varlen expansion). Raises
+    TypeError for another field."""
     offsets = []
     for name in names:
         field, offset = dtype.fields[name][:2]

@@ -16,17 +16,22 @@ without a change here.
 from __future__ import annotations
 
 import struct
+import threading
 import typing
 
 import numpy as np
 
 from . import executor, jit, kernels, launchers
+from .params import int_field_offsets
 
 PLAN_INSPECT = executor.PLAN_INSPECT     # launch_plan.h DASH_PLAN_INSPECT (the JAX handler's inspect flag)
 FWD_BUFFERS = ("q", "k", "v", "out", "lse", "cu_seqlens_q", "cu_seqlens_k")
 BWD_BUFFERS = ("dout", "q", "k", "v", "out", "lse", "dq", "dk", "dv", "work", "error", "error_host")
 # tensor-map fields of the parameter blocks -> the buffer each describes
 MAP_BUFFERS = {"tma_q": "q", "tma_k": "k", "tma_v": "v", "tma_o": "out", "tma_do": "dout"}
+_MAX_CACHED = 256       # forward plans, and backward plans per schedule table
+_forwards: dict = {}
+_lock = threading.Lock()
 _SHIFT = 36                              # each fake buffer spans 2^36 bytes (16-byte aligned, below 2^47)
 _FAKE_BASES = (0x100 << _SHIFT, 0x180 << _SHIFT)
 
@@ -42,7 +47,8 @@ class Parts(typing.NamedTuple):
     zeros: tuple = ()
 
     def plan(self, flags: int = 0) -> executor.LaunchPlan:
-        return executor.LaunchPlan(pack_plan(self.kernels, self.params, self.pointers, self.maps, self.zeros, flags))
+        return executor.LaunchPlan(pack_plan(self.kernels, self.params, self.pointers, self.maps, self.zeros, flags),
+                                   self)
 
 
 def find_patches(pack, names, base_a=_FAKE_BASES[0], base_b=_FAKE_BASES[1]):
@@ -80,9 +86,7 @@ def pack_plan(kernel_launches, params, pointers, maps, zeros=(), flags=0) -> byt
     raw = params.tobytes()
     blob = [struct.pack("<8I", executor.PLAN_MAGIC, flags, len(kernel_launches), len(raw), len(pointers), len(maps),
                         len(zeros), 0)]
-    for function, grid, threads, smem in kernel_launches:
-        blob.append(struct.pack("<Q3I3III", int(function), *kernels.grid_xyz(grid), int(threads), 1, 1, int(smem),
-                                0))
+    blob += [_kernel_bytes(*k) for k in kernel_launches]
     blob += [struct.pack("<IIQ", int(o), int(i), int(add)) for o, i, add in (*pointers, *maps)]
     blob += [struct.pack("<IIQ", 0, int(i), int(n)) for i, n in zeros]
     blob.append(raw)
@@ -117,3 +121,88 @@ def backward(c, strides, names=BWD_BUFFERS, error=None, cu_seqlens=(0, 0), timel
                                     (a["error"], a["error_host"]) if error is None else error, timeline, cu_seqlens)
     zeros = tuple(zip((names.index("dk"), names.index("dv")), launchers.kv_bytes(c.p))) if c.zero_kv else ()
     return Parts(tuple(_launch(s, g) for s, g in launchers.bwd_kernels(c)), *find_patches(pack, names), zeros)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the plans of calls, cached by what they depend on
+# ------------------------------------------------------------------------------------------------------------
+def _cached(cache, key, build) -> executor.LaunchPlan:
+    """The plan ``cache`` holds under ``key``, else ``build()``'s, kept there (at most _MAX_CACHED, oldest out)."""
+    with _lock:
+        plan = cache.get(key)
+        if plan is not None:
+            return plan
+    plan = build().plan()
+    with _lock:
+        if len(cache) >= _MAX_CACHED:
+            cache.pop(next(iter(cache)))
+        cache[key] = plan
+    return plan
+
+
+def clear() -> None:
+    """Forget the cached forward plans (tests; a backward's go with its tables)."""
+    with _lock:
+        _forwards.clear()
+
+
+def _problem_key(p) -> tuple:
+    return p.B, p.Sq, p.Sk, p.H, p.Hkv, p.D, p.Dv, p.dtype, p.scale, p.softcap, p.device_id
+
+
+def forward_plan(spec, grid, block_m, block_n, p, window, strides, names=FWD_BUFFERS[:5],
+                 varlen=None) -> executor.LaunchPlan:
+    """The launch plan of :func:`forward` (the current device: ``p``'s), built once per distinct call."""
+    key = (spec, tuple(grid), block_m, block_n, _problem_key(p), tuple(window), tuple(strides), names, varlen)
+    return _cached(_forwards, key, lambda: forward(spec, grid, block_m, block_n, p, window, strides, names, varlen))
+
+
+def backward_plan(c, strides, names=BWD_BUFFERS, error=None, cu_seqlens=(0, 0), timeline=0) -> executor.LaunchPlan:
+    """The launch plan of :func:`backward` (the current device: ``c.p``'s), built once per distinct call and kept
+    with the tables it reads (``c.tables.plans``), so that it goes when they go; a timeline build's is not kept."""
+    if timeline:
+        return backward(c, strides, names, error, cu_seqlens, timeline).plan()
+    cache = getattr(c.tables, "plans", None)
+    if cache is None:
+        cache = c.tables.plans = {}
+    key = (c.specs, c.block_m, c.block_n, _problem_key(c.p), c.deterministic, c.spin_timeout_ns, c.causal, c.window,
+           c.varlen, c.fold, c.zero_kv, tuple(strides), names, error, tuple(cu_seqlens))
+    return _cached(cache, key, lambda: backward(c, strides, names, error, cu_seqlens))
+
+
+# every schedule field, then the other length-dependent ones, in rebased's order
+_REBASED_OFFSETS = int_field_offsets(kernels.BWD_PARAMS_DTYPE, launchers.SCHEDULE_FIELDS + (
+    "batch", "num_m_blocks", "seqlen_q_rounded", "cu_seqlens_q", "cu_seqlens_k"))
+_HEADER, _KERNEL = struct.calcsize("<8I"), struct.calcsize("<Q3I3III")
+
+
+def _kernel_bytes(function, grid, threads, smem) -> bytes:
+    return struct.pack("<Q3I3III", int(function), *kernels.grid_xyz(grid), int(threads), 1, 1, int(smem), 0)
+
+
+def rebased(base, base_specs, c, cu_seqlens) -> executor.LaunchPlan:
+    """The plan ``base`` (a varlen backward's, of the kernels ``base_specs``) for the backward ``c`` of another
+    packing of the same tensors, flags and stream (``cu_seqlens``: its device lengths): the fields that depend on
+    the lengths (every schedule field, the sequence count, the padded scratch rows, the lengths) patched into
+    base's template, its kernels' grids (base's function handles where the kernels are base's; a packing large
+    enough for compact tables has others), the patches base's (the same buffers).
+
+    NOTES: on the training step's path (a new packing per step): the template is patched in C and the blob
+    spliced from base's, not packed again (~3 µs against ~30)."""
+    parts = base.parts
+    fields = launchers.bwd_schedule_fields(c.tables)
+    size = parts.params.dtype.itemsize
+    template = executor.patched_block(base.blob[len(base.blob) - size:], _REBASED_OFFSETS, (
+        *(fields[name] for name in launchers.SCHEDULE_FIELDS), c.varlen[0], c.num_m_blocks, c.sq_rounded,
+        *cu_seqlens))
+    bwd = launchers.bwd_kernels(c)
+    if c.specs == base_specs:
+        kernel_launches = tuple((k[0], g, *k[2:]) for k, (_, g) in zip(parts.kernels, bwd))
+    else:
+        kernel_launches = tuple(_launch(s, g) for s, g in bwd)
+    new = parts._replace(kernels=kernel_launches, params=np.frombuffer(template, dtype=parts.params.dtype))
+    if len(kernel_launches) != len(parts.kernels):
+        return new.plan()
+    patches = base.blob[_HEADER + len(parts.kernels) * _KERNEL:len(base.blob) - size]
+    return executor.LaunchPlan(b"".join((base.blob[:_HEADER], *(_kernel_bytes(*k) for k in kernel_launches), patches,
+                                         bytes(template))), new)

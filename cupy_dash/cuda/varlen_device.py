@@ -80,8 +80,9 @@ _CTA_START, _CU_Q, _CU_K = 7, 8, 9
 
 class CompactTables:
     """Compact varlen records on one device: ``ptrs`` (device address by BwdParams field of the compact arrays of
-    :attr:`Tables.arrays`), ``buffer`` (the CuPy allocation holding them), ``num_ctas``, ``policy``."""
-    __slots__ = ("ptrs", "buffer", "tie_sign", "rank_rule", "num_ctas", "policy", "device_id")
+    :attr:`Tables.arrays`), ``buffer`` (the CuPy allocation holding them), ``num_ctas``, ``policy``; ``plans``: as
+    :class:`cupy_dash.cuda.device_tables.DeviceTables`'."""
+    __slots__ = ("ptrs", "buffer", "tie_sign", "rank_rule", "num_ctas", "policy", "device_id", "plans")
 
     def params(self) -> dict:
         """The BwdParams fields these tables set (addresses and scalars; launchers.bwd_params nulls the rest)."""
@@ -91,8 +92,9 @@ class CompactTables:
 class ExpandedTables:
     """A per-visit table written on the GPU from compact records (:func:`_expand_on_device`): ``ptrs`` (device
     addresses of visits (V, 4) int32, rank (V,) int32, cta_start (num_ctas + 1,) int64 inside ``buffer``, the
-    CuPy allocation holding them and the records), ``num_ctas``, ``policy``."""
-    __slots__ = ("ptrs", "buffer", "num_ctas", "policy", "device_id")
+    CuPy allocation holding them and the records), ``num_ctas``, ``policy``; ``plans``: as
+    :class:`cupy_dash.cuda.device_tables.DeviceTables`'."""
+    __slots__ = ("ptrs", "buffer", "num_ctas", "policy", "device_id", "plans")
 
     def params(self) -> dict:
         """The BwdParams fields these tables set (launchers.bwd_params nulls the rest)."""
@@ -193,7 +195,7 @@ def _expand_launch(dev):
 
     def launch(num_ctas, stream, values):
         executor.launch(func, num_ctas, kernels.EXPAND_CHUNKS, 1, spec.threads, spec.smem_bytes, stream.ptr,
-                        executor.patched_block(zeros, (), (), (), offsets, values))
+                        executor.patched_block(zeros, offsets, values))
     _expand_launches[dev] = launch
     return launch
 

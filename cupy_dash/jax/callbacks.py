@@ -16,7 +16,7 @@ import jax
 import numpy as np
 
 from ..core import api, interop
-from ..cuda import jit, kernels, launchers
+from ..cuda import jit, kernels, launchers, plans
 from ..cuda.errors import jit_record, record_shared
 from ..schedule import compact_device
 
@@ -132,9 +132,9 @@ class _Call:
 
 class _Forward(_Call):
     """A traced forward: the callback ``(ctx, (out, lse), q, k, v)`` and what it needs besides addresses
-    (:mod:`cupy_dash.jax.varlen`'s subclass launches packed batches, with its ``grid`` and :meth:`_varlen`
-    arguments; ``grid`` None: launchers.fwd_grid)."""
-    grid = None
+    (:mod:`cupy_dash.jax.varlen`'s subclass launches packed batches, with its ``grid``, ``num_seqs`` and
+    :meth:`_cu_ptrs`; ``grid`` None: launchers.fwd_grid)."""
+    grid = num_seqs = None
 
     def __init__(self, p, cfg):
         self.causal, self.window = cfg.causal, cfg.window
@@ -151,13 +151,15 @@ class _Forward(_Call):
         dev = _device(out, self.devices)
         import cupy
         with cupy.cuda.Device(dev):
-            launchers.launch_forward(self.spec, self.block_m, self.block_n, self.p, self.window,
-                                     self.operands(_ptr(q), _ptr(k), _ptr(v)), _ptr(out), _ptr(lse),
-                                     interop.external_stream(ctx.stream, dev), grid=self.grid,
-                                     varlen=self._varlen(dev, cu))
+            grid = launchers.fwd_grid(self.p, self.block_m) if self.grid is None else self.grid
+            cu_ptrs = self._cu_ptrs(dev, cu)
+            plan = plans.forward_plan(self.spec, grid, self.block_m, self.block_n, self.p, self.window,
+                                      self.strides[:3], plans.FWD_BUFFERS[:5 + len(cu_ptrs)], self.num_seqs)
+            launchers.enqueue_forward(plan, interop.external_stream(ctx.stream, dev),
+                                      (*map(_ptr, (q, k, v, out, lse)), *cu_ptrs))
 
-    def _varlen(self, dev, cu):          # launch_forward's varlen argument on ``dev`` (``cu``: operands after v)
-        return None
+    def _cu_ptrs(self, dev, cu) -> tuple:     # the device cu_seqlens of a varlen launch on ``dev`` (``cu``: the
+        return ()                             # operands after v)
 
 
 class _BackwardCall(_Call):
@@ -181,9 +183,10 @@ class _BackwardCall(_Call):
             if c.work_bytes > self.work_bytes:   # launchers.varlen_work_bytes covers every tile: never expected
                 raise RuntimeError(f"cupy_dash: the backward needs {c.work_bytes} bytes of workspace, the traced "
                                    f"call reserved {self.work_bytes}")
-            launchers.launch_backward(c, self.operands(*map(_ptr, (q, k, v, out, dout))), _ptr(lse), _ptr(work),
-                                      (_ptr(dq), _ptr(dk), _ptr(dv)), stream, error_ptr=self.records[dev],
-                                      cu_seqlens=(0, 0) if cu_dev is None else tuple(x.data.ptr for x in cu_dev))
+            c.plan = plans.backward_plan(c, (*self.strides, self.strides[3]), plans.BWD_BUFFERS[:10],
+                                         error=(self.records[dev], 0),
+                                         cu_seqlens=(0, 0) if cu_dev is None else tuple(x.data.ptr for x in cu_dev))
+            launchers.enqueue_backward(c, stream, tuple(map(_ptr, (dout, q, k, v, out, lse, dq, dk, dv, work))))
 
 
 class _Backward(_BackwardCall):

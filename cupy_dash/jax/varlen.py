@@ -101,9 +101,8 @@ class _VarlenForward(callbacks._Forward):
                 self.cu[dev] = device_tables.upload_async([np.asarray(c, np.int32) for c in vcfg.cu], stream)
                 stream.synchronize()
 
-    def _varlen(self, dev, cu):
-        cu_ptrs = tuple(callbacks._ptr(x) for x in cu) if cu else tuple(x.data.ptr for x in self.cu[dev])
-        return (self.num_seqs, *cu_ptrs)
+    def _cu_ptrs(self, dev, cu):
+        return tuple(callbacks._ptr(x) for x in cu) if cu else tuple(x.data.ptr for x in self.cu[dev])
 
 
 class _PackedBackward(callbacks._BackwardCall):

@@ -110,9 +110,10 @@ def tile_columns(plan: compact.CompactSchedule) -> np.ndarray:
 
 class CompactDeviceTables:
     """A compact schedule on one device: the arrays of :func:`device_arrays` as CuPy arrays (``scan_bounds``
-    None where unused), the scalars, ``num_ctas``, ``policy``, ``device_id`` and ``nbytes``."""
+    None where unused), the scalars, ``num_ctas``, ``policy``, ``device_id`` and ``nbytes``; ``plans``: the launch
+    plans that read them (cupy_dash.cuda.plans), dropped with them."""
     __slots__ = ("col_records", "cta_columns", "cta_col_start", "scan_bounds", "tile_columns", "n_first",
-                 "columns_per_head", "tie_sign", "rank_rule", "num_ctas", "policy", "device_id", "nbytes")
+                 "columns_per_head", "tie_sign", "rank_rule", "num_ctas", "policy", "device_id", "nbytes", "plans")
 
     def params(self) -> dict:
         """The BwdParams fields these tables set (addresses and scalars; launchers.bwd_params nulls the rest)."""

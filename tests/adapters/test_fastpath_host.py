@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import types
 
-import numpy as np
 import pytest
 
 import cupy_dash
@@ -96,55 +95,3 @@ def test_ready_stream_steps_aside_on_another_device_or_under_capture(monkeypatch
     assert fastpath._ready_stream(torch_plan) is None
 
 
-def _made_map(ptr):
-    return bytes((ptr + i) % 251 for i in range(128))
-
-
-def test_patched_block_writes_maps_and_fields_as_pack_into():
-    """executor.patched_block (the fast paths' per-call patch, in C) against bytearray + slice assignment +
-    struct.pack_into on random blocks, maps and fields; maps come from the cache, or from get() on a miss."""
-    import struct
-    from cupy_dash.cuda import executor
-    rng = np.random.default_rng(4)
-
-    class Maps:
-        def __init__(self):
-            self.cache, self.made = {}, []
-
-        def get(self, ptr):
-            self.made.append(ptr)
-            return _made_map(ptr)
-    for _ in range(50):
-        n = int(rng.integers(256, 2048)) // 8 * 8
-        template = bytes(rng.integers(0, 256, n, dtype=np.uint8))
-        maps = tuple(Maps() for _ in range(int(rng.integers(0, 5))))
-        ptrs = tuple(int(p) for p in rng.integers(0, 1 << 40, len(maps)))
-        for m, p in zip(maps, ptrs):
-            if rng.random() < 0.5:
-                m.cache[p] = bytes(rng.integers(0, 256, 128, dtype=np.uint8))
-        map_offsets = tuple(int(o) for o in rng.integers(0, n - 128, len(maps)) // 8 * 8)
-        offsets = tuple(int(o) for o in rng.integers(0, n - 8, int(rng.integers(0, 20))) // 8 * 8)
-        values = tuple(int(v) for v in rng.integers(0, 1 << 62, len(offsets), dtype=np.int64))
-        got = executor.patched_block(template, maps, ptrs, map_offsets, offsets, values)
-        assert isinstance(got, bytearray) and len(got) == n
-        for m, p, o in zip(maps, ptrs, map_offsets):   # maps missing from the cache: what get() returned
-            if p not in m.cache:
-                assert m.made == [p]
-        ref = bytearray(template)
-        for m, p, o in zip(maps, ptrs, map_offsets):
-            ref[o:o + 128] = m.cache[p] if p in m.cache else _made_map(p)
-        for o, v in zip(offsets, values):
-            struct.pack_into("<Q", ref, o, v)
-        assert got == ref
-    one = (Maps(),)
-    one[0].cache[1] = bytes(128)
-    with pytest.raises(ValueError, match="does not fit"):
-        executor.patched_block(bytes(256), one, (1,), (200,), (), ())
-    with pytest.raises(ValueError, match="does not fit"):
-        executor.patched_block(bytes(256), (), (), (), (252,), (1,))
-    one[0].cache[1] = bytes(64)
-    with pytest.raises(ValueError, match="does not fit"):
-        executor.patched_block(bytes(256), one, (1,), (0,), (), ())
-    assert executor.patched_block(bytes(16), (), (), (), (0, 8), (-2, 1 << 63)) == struct.pack("<qQ", -2, 1 << 63)
-    with pytest.raises(OverflowError):
-        executor.patched_block(bytes(16), (), (), (), (0,), (1 << 64,))

@@ -12,7 +12,8 @@ import pytest
 import cupy_dash
 from cupy_dash.core import fastpath, fastpath_varlen
 from cupy_dash.cuda import kernels, launchers
-from fastpath_fakes import Tensor, _Dtype, _inputs, _tables_per_packing, no_gpu, PER_CALL_FIELDS  # noqa: F401  (fixture)
+from fastpath_fakes import (Tensor, _Dtype, _inputs, _tables_per_packing, forward_recorder, no_gpu,  # noqa: F401
+                            PER_CALL_FIELDS)
 
 _PER_CALL = PER_CALL_FIELDS
 
@@ -116,7 +117,7 @@ def test_a_new_packing_is_served_with_the_full_paths_block(no_gpu, monkeypatch, 
         cf, cs = full["c"], fast["c"]
         assert (cs.row_grid, cs.num_m_blocks, cs.sq_rounded, cs.work_bytes, cs.offsets) == (
             cf.row_grid, cf.num_m_blocks, cf.sq_rounded, cf.work_bytes, cf.offsets)
-        assert fast["launches"] == launchers.bwd_launches(cf)
+        assert fast["launches"] == full["launches"]
 
 
 def test_a_new_packing_whose_window_becomes_vacuous_takes_the_full_path(no_gpu, monkeypatch):
@@ -164,13 +165,8 @@ I32 = _Dtype("int32", 4)
 
 def test_a_repeated_forward_is_served_with_the_full_paths_block(no_gpu, monkeypatch):
     from cupy_dash.core import varlen_host_cu
-    from cupy_dash.cuda import executor, jit
     launched, remembered = [], []
-    monkeypatch.setattr(kernels, "launch", lambda spec, grid, params, stream, func=None: launched.append(
-        (kernels.grid_xyz(grid), params[0].copy())))
-    monkeypatch.setattr(executor, "launch", lambda func, gx, gy, gz, bx, smem, stream, buf: launched.append(
-        ((gx, gy, gz), np.frombuffer(bytes(buf), dtype=kernels.FWD_PARAMS_DTYPE)[0])))
-    monkeypatch.setattr(jit, "load", lambda spec: types.SimpleNamespace(ptr=0xF00))
+    monkeypatch.setattr(launchers, "enqueue_forward", forward_recorder(launched))
     monkeypatch.setattr(fastpath, "_ready_stream", lambda plan: types.SimpleNamespace(ptr=0x77))
     monkeypatch.setattr(varlen_host_cu, "remember", lambda cu, info, ptr, stream: remembered.append(ptr))
     _, q, k, v, _, _ = _inputs()
@@ -202,7 +198,7 @@ def test_a_captured_forward_whose_kernel_is_not_loaded_raises_before_anything_is
     from cupy_dash.core import interop, varlen_host_cu
     from cupy_dash.cuda import jit
     launched = []
-    monkeypatch.setattr(kernels, "launch", lambda *a, **kw: launched.append(a))
+    monkeypatch.setattr(launchers, "enqueue_forward", lambda *a: launched.append(a))
     monkeypatch.setattr(varlen_host_cu, "remember", lambda *a: launched.append(a))
     monkeypatch.setattr(interop, "capturing", lambda q: True)
     monkeypatch.setattr(jit, "is_loaded", lambda spec: False)

@@ -21,7 +21,7 @@ import pytest
 
 import cupy_dash
 from cupy_dash import reference, schedule
-from cupy_dash.cuda import kernels, launchers
+from cupy_dash.cuda import kernels, launchers, plans
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 TARGET = "xla_buffer_python_gpu_callback_cmd_buffer"
@@ -318,8 +318,11 @@ def test_fixed_length_callbacks_hand_the_shared_launchers_their_operands(monkeyp
     monkeypatch.setattr(callbacks, "_device", lambda buffer, prepared: 0)
     monkeypatch.setattr(callbacks.interop, "external_stream", lambda ptr, dev: ("stream", ptr, dev))
     calls = []
-    monkeypatch.setattr(launchers, "launch_forward", lambda *a, **kw: calls.append(("fwd", a, kw)))
-    monkeypatch.setattr(launchers, "launch_backward", lambda *a, **kw: calls.append(("bwd", a, kw)))
+    monkeypatch.setattr(plans, "forward_plan", lambda *a: calls.append(("fwd_plan", a)) or "fwd plan")
+    monkeypatch.setattr(plans, "backward_plan", lambda *a, **kw: calls.append(("bwd_plan", a, kw)) or "bwd plan")
+    monkeypatch.setattr(launchers, "fwd_grid", lambda p, block_m: (9, 8, 7))
+    monkeypatch.setattr(launchers, "enqueue_forward", lambda *a: calls.append(("fwd", a)))
+    monkeypatch.setattr(launchers, "enqueue_backward", lambda *a: calls.append(("bwd", a)))
     qs, kvs, vs, os_ = (11, 12, 13), (21, 22, 23), (31, 32, 33), (41, 42, 43)
     ctx = types.SimpleNamespace(stream=7)
 
@@ -327,10 +330,10 @@ def test_fixed_length_callbacks_hand_the_shared_launchers_their_operands(monkeyp
     fwd.spec, fwd.block_m, fwd.block_n, fwd.p, fwd.window = "spec", 128, 64, "p", (-1, 5)
     fwd.strides, fwd.devices = (qs, kvs, vs, os_), (0,)
     fwd(ctx, (0x50, 0x60), 0x10, 0x20, 0x30)                         # (out, lse), q, k, v
-    kind, a, kw = calls.pop()
-    assert kind == "fwd" and a == ("spec", 128, 64, "p", (-1, 5), ((0x10, qs), (0x20, kvs), (0x30, vs)), 0x50, 0x60,
-                                   ("stream", 7, 0))
-    assert kw.get("grid") is None and kw.get("varlen") is None
+    assert calls == [("fwd_plan", ("spec", (9, 8, 7), 128, 64, "p", (-1, 5), (qs, kvs, vs), plans.FWD_BUFFERS[:5],
+                                   None)),
+                     ("fwd", ("fwd plan", ("stream", 7, 0), (0x10, 0x20, 0x30, 0x50, 0x60)))]
+    calls.clear()
 
     bwd = object.__new__(callbacks._Backward)
     c = types.SimpleNamespace(work_bytes=4096)
@@ -338,10 +341,11 @@ def test_fixed_length_callbacks_hand_the_shared_launchers_their_operands(monkeyp
     bwd.strides, bwd.devices = (qs, kvs, vs, os_), (0,)
     outs = (0x1, 0x2, 0x3, 0x4)                                      # dq, dk, dv, workspace
     bwd(ctx, outs, 0x15, 0x10, 0x20, 0x30, 0x40, 0x45)               # dout, q, k, v, out, lse
-    kind, a, kw = calls.pop()
-    assert kind == "bwd" and a == (c, ((0x10, qs), (0x20, kvs), (0x30, vs), (0x40, os_), (0x15, os_)), 0x45, 0x4,
-                                   (0x1, 0x2, 0x3), ("stream", 7, 0))
-    assert kw == {"error_ptr": 0x99, "cu_seqlens": (0, 0)}
+    assert calls == [("bwd_plan", (c, (qs, kvs, vs, os_, os_), plans.BWD_BUFFERS[:10]),
+                      {"error": (0x99, 0), "cu_seqlens": (0, 0)}),
+                     ("bwd", (c, ("stream", 7, 0), (0x15, 0x10, 0x20, 0x30, 0x40, 0x45, 0x1, 0x2, 0x3, 0x4)))]
+    assert c.plan == "bwd plan"
+    calls.clear()
     bwd.work_bytes = 4095
     with pytest.raises(RuntimeError, match="4096 bytes of workspace"):
         bwd(ctx, outs, 0x15, 0x10, 0x20, 0x30, 0x40, 0x45)

@@ -219,12 +219,12 @@ def test_traced_lengths_are_checked_when_the_backward_runs(monkeypatch):
 @pytest.mark.parametrize("softcap", [0.0, 30.0], ids=["plain", "capped"])
 def test_the_forward_callback_launches_as_the_eager_varlen_forward(monkeypatch, softcap):
     """The varlen forward's callback (traced lengths: the call's own cu_seqlens buffers) goes through the launch every
-    entry point shares (launchers.launch_forward), with the grid sized by max_seqlen_q and the sequences' count and
-    cu_seqlens pointers; capped or not, the same build, the cap in the parameters (p). Buffers are addresses, the
+    entry point shares (a launch plan run by launchers.enqueue_forward), with the grid sized by max_seqlen_q and the
+    sequences' count and cu_seqlens pointers; capped or not, the same build, the cap in the parameters (p). Buffers are addresses, the
     device is 0, the launch is recorded."""
     pytest.importorskip("jax")
     import types
-    from cupy_dash.cuda import kernels as cuda_kernels
+    from cupy_dash.cuda import launchers, plans
     from cupy_dash.jax import callbacks, varlen as jax_varlen
     import contextlib
     import cupy
@@ -232,7 +232,8 @@ def test_the_forward_callback_launches_as_the_eager_varlen_forward(monkeypatch, 
     monkeypatch.setattr(cupy.cuda, "Device", lambda dev: contextlib.nullcontext())
     monkeypatch.setattr(callbacks, "_ptr", lambda buffer: buffer)
     monkeypatch.setattr(callbacks, "_device", lambda buffer, prepared: 0)
-    monkeypatch.setattr(cuda_kernels, "launch", lambda spec, grid, params, stream: launched.append((spec, grid)))
+    monkeypatch.setattr(plans, "forward_plan", lambda *a: launched.append(("plan", a)) or "plan")
+    monkeypatch.setattr(launchers, "enqueue_forward", lambda *a: launched.append(("launch", a)))
     monkeypatch.setattr(callbacks.interop, "external_stream", lambda ptr, dev: ptr)
     fwd = object.__new__(jax_varlen._VarlenForward)
     fwd.p = types.SimpleNamespace(B=1, Sq=300, Sk=500, H=2, Hkv=2, D=64, Dv=64, scale=0.125, softcap=softcap,
@@ -241,12 +242,12 @@ def test_the_forward_callback_launches_as_the_eager_varlen_forward(monkeypatch, 
     fwd.strides = ((256, 128, 2),) * 4
     fwd.devices, fwd.cu = (0,), {}
     fwd.spec = types.SimpleNamespace(label="fwd[bf16,d64,full,varlen]", defines=())
-    params = []
-    monkeypatch.setattr(jax_varlen.launchers, "fwd_params", lambda *a, **kw: params.append(a) or (a, kw))
     ctx = types.SimpleNamespace(stream=7)
     fwd(ctx, (0x5000, 0x6000), 0x1000, 0x2000, 0x3000, 0x7000, 0x8000)
-    assert launched == [(fwd.spec, (2, 2, 3))]
-    assert params[0][2].softcap == softcap                    # fwd_params(block_m, block_n, p, ...)
+    assert launched == [("plan", (fwd.spec, (2, 2, 3), 128, 128, fwd.p, (-1, -1), fwd.strides[:3],
+                                  plans.FWD_BUFFERS, 3)),
+                        ("launch", ("plan", 7, (0x1000, 0x2000, 0x3000, 0x5000, 0x6000, 0x7000, 0x8000)))]
+    assert launched[0][1][4].softcap == softcap                 # one build, the cap in the parameters
 
 
 @pytest.mark.parametrize("max_q,block_ms", [(4000, {64}), (5000, {64, 80})], ids=["short", "long"])

@@ -10,7 +10,7 @@ import pytest
 import cupy
 from cupy_dash import reference, schedule
 from cupy_dash.core import api
-from cupy_dash.cuda import kernels, launchers
+from cupy_dash.cuda import kernels, launchers, plans
 from gpu_helpers import BF16, _dev, _host, _randn, _seed
 
 pytestmark = pytest.mark.gpu
@@ -28,12 +28,14 @@ def test_forward_matches_reference(head_dim, causal):
     q, k, v = (_dev(x) for x in (q_h, k_h, v_h))
     out = _dev(np.zeros((B, Sq, H, head_dim), BF16))
     lse = cupy.empty((B, H, Sq), dtype=cupy.float32)
-    p = api.Problem(B, Sq, Sk, H, Hkv, head_dim, "bfloat16", head_dim ** -0.5, 0.0, q.device.id)
+    p = api.Problem(B, Sq, Sk, H, Hkv, D=head_dim, Dv=head_dim, dtype="bfloat16", scale=head_dim ** -0.5, softcap=0.0,
+                    device_id=q.device.id)
     window = schedule.canonical_window((-1, 0) if causal else (-1, -1), Sq, Sk, causal)
     spec = kernels._spec("fwd", TILE, "bfloat16", head_dim, DASH_CAUSAL=causal)
-    operands = tuple((x.data.ptr, launchers.bsh_strides(x.shape)) for x in (q, k, v))
-    launchers.launch_forward(spec, TILE.block_m, TILE.block_n, p, window, operands, out.data.ptr, lse.data.ptr,
-                             cupy.cuda.get_current_stream())
+    plan = plans.forward_plan(spec, launchers.fwd_grid(p, TILE.block_m), TILE.block_m, TILE.block_n, p, window,
+                              tuple(launchers.bsh_strides(x.shape) for x in (q, k, v)))
+    launchers.enqueue_forward(plan, cupy.cuda.get_current_stream(),
+                              (q.data.ptr, k.data.ptr, v.data.ptr, out.data.ptr, lse.data.ptr))
     cupy.cuda.get_current_stream().synchronize()
     ref_out, ref_lse = reference.forward(q_h, k_h, v_h, causal=causal)
     lowp_out, _ = reference.forward_lowp(q_h, k_h, v_h, causal=causal)

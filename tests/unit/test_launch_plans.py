@@ -163,3 +163,50 @@ def test_malformed_plans_are_refused():
         executor.LaunchPlan(plans.pack_plan([], params, [], [(8, 0, 0)]))
     with pytest.raises(ValueError, match="shorter than its header"):
         executor.LaunchPlan(b"DASH")
+
+
+def test_the_executor_patches_as_pack_into():
+    """launch_plan.c in inspect mode against bytearray + struct.pack_into on random templates, pointer patches
+    (address + offset) and map patches (the address over the map's first 8 bytes), buffers in any order; and
+    patched_block, the integer fields of one kernel's block outside a plan."""
+    rng = np.random.default_rng(4)
+    for _ in range(50):
+        n = int(rng.integers(256, 2048)) // 64 * 64
+        template = np.frombuffer(bytes(rng.integers(0, 256, n, dtype=np.uint8)), dtype=np.dtype((np.void, n)))
+        num_buffers = int(rng.integers(1, 12))
+        buffers = tuple(int(b) for b in rng.integers(0, 1 << 47, num_buffers) // 16 * 16)
+        pointers = [(int(o), int(rng.integers(0, num_buffers)), int(rng.integers(0, 1 << 20)))
+                    for o in rng.choice(n // 8, int(rng.integers(0, 20)), replace=False) * 8]
+        maps = [(int(o), int(rng.integers(0, num_buffers)), 0)
+                for o in rng.choice(n // 64 - 1, int(rng.integers(0, 4)), replace=False) * 64]
+        got = plans.Parts((), template, tuple(pointers), tuple(maps)).plan().inspect(buffers)
+        ref = bytearray(template.tobytes())
+        for o, i, add in pointers + maps:           # pointers first, then maps (the executor's order)
+            struct.pack_into("<Q", ref, o, buffers[i] + add)
+        assert got == bytes(ref)
+    assert executor.patched_block(bytes(16), (0, 8), (-2, 1 << 63)) == struct.pack("<qQ", -2, 1 << 63)
+    with pytest.raises(ValueError, match="does not fit"):
+        executor.patched_block(bytes(256), (252,), (1,))
+    with pytest.raises(OverflowError):
+        executor.patched_block(bytes(16), (0,), (1 << 64,))
+
+
+def test_plans_are_built_once_per_call_and_go_with_their_tables():
+    """A backward's plan is built once per distinct call and kept with the tables it reads (so it goes with them);
+    a timeline build's is never kept; forward plans are kept by what they depend on."""
+    p = problem()
+    c = backward_launch(p)
+    st = backward_strides(p)
+    first = plans.backward_plan(c, st)
+    assert plans.backward_plan(c, st) is first and list(c.tables.plans.values()) == [first]
+    assert plans.backward_plan(c, st, plans.BWD_BUFFERS[:10], error=(0x8000, 0)) is not first
+    assert len(c.tables.plans) == 2
+    other = backward_launch(p)                                   # other tables: a plan of their own
+    assert plans.backward_plan(other, st) is not first and len(other.tables.plans) == 1
+    assert plans.backward_plan(c, st, timeline=0x1000) is not plans.backward_plan(c, st, timeline=0x1000)
+    assert len(c.tables.plans) == 2
+    spec, bm, bn = kernels.fwd_entry(p.dtype, p.D, True)
+    fst = forward_parts(p)[1]
+    f = plans.forward_plan(spec, launchers.fwd_grid(p, bm), bm, bn, p, (-1, 0), fst)
+    assert plans.forward_plan(spec, launchers.fwd_grid(p, bm), bm, bn, p, (-1, 0), fst) is f
+    assert plans.forward_plan(spec, launchers.fwd_grid(p, bm), bm, bn, p, (-1, 1), fst) is not f

@@ -209,35 +209,17 @@ def _backward_launch(window=(-1, 0)):
     return c
 
 
-@pytest.mark.parametrize("window", [(-1, 0), (0, 0)], ids=["causal", "window-unseen-kv"])
-def test_enqueue_backward_order_without_a_copy_or_event(window, monkeypatch):
-    """One parameter block, launched as preprocess, main, postprocess (grids and blocks of each); dk, dv zeroed
-    before them when a KV tile is unseen; the slot tracked after the launches, and no memset / copy / event for the
-    error record (the kernels zero and publish it)."""
-    c = _backward_launch(window)
-    calls, tracked = [], []
-    monkeypatch.setattr(launchers.executor, "launch_sequence", lambda s, prm, l: calls.append(("launch", s, l)))
-    monkeypatch.setattr(launchers.cupy.cuda.runtime, "memsetAsync", lambda *a: calls.append(("memset",) + a))
-    monkeypatch.setattr(launchers, "_track", lambda slot, call: tracked.append((slot, call)))
-    launches = ((0xA, 1, 2, 3, 256, 0), (0xB, 7, 1, 1, 384, 1000), (0xC, 1, 2, 3, 256, 0))
-    stream = types.SimpleNamespace(ptr=0x55)
+def test_enqueue_backward_runs_the_plan_then_tracks_the_slot(monkeypatch):
+    """The launch plan run on the stream with the call's addresses, then the slot tracked as the call (no memset,
+    copy or event for the error record: the kernels zero and publish it). The plan's kernels, grids and zeroing:
+    tests/unit/test_launch_plans.py."""
+    c = _backward_launch()
+    calls = []
+    c.plan = types.SimpleNamespace(run=lambda stream, buffers: calls.append(("run", stream, buffers)))
+    monkeypatch.setattr(launchers, "_track", lambda slot, call: calls.append(("track", slot, call)))
     slot = types.SimpleNamespace(dptr=0x9000, hdev=0x9800)
-    launchers.enqueue_backward(c, np.zeros(1, kernels.BWD_PARAMS_DTYPE), (1, 2, 3), stream, slot=slot, call="x",
-                               launches=launches)
-    memsets = [(a[1], a[3]) for a in calls if a[0] == "memset"]
-    assert memsets == (list(zip((2, 3), launchers.kv_bytes(c.p))) if c.zero_kv else [])
-    assert calls[-1] == ("launch", 0x55, launches) and tracked == [(slot, "x")]
-    monkeypatch.setattr(launchers.jit, "load", lambda spec: types.SimpleNamespace(ptr=hash(spec.label) & 0xffff))
-    folded = not c.zero_kv
-    assert c.fold == folded                      # 64 x 320 keys: small; a window with unseen keys is not folded
-    if folded:
-        (main,) = launchers.bwd_launches(c)
-        c.fold = False
-    (pre, main2, post) = launchers.bwd_launches(c)
-    if not folded:
-        main = main2
-    assert main == main2 and main[1:6] == (7, 1, 1, c.specs.main.threads, c.specs.main.smem_bytes)
-    assert pre[1:4] == post[1:4] == tuple(c.row_grid) and pre[4] == c.specs.preprocess.threads
+    launchers.enqueue_backward(c, types.SimpleNamespace(ptr=0x55), (1, 2, 3), slot=slot, call="x")
+    assert calls == [("run", 0x55, (1, 2, 3)), ("track", slot, "x")]
 
 
 def test_enqueue_backward_releases_the_slot_when_a_launch_fails(monkeypatch):
@@ -246,24 +228,21 @@ def test_enqueue_backward_releases_the_slot_when_a_launch_fails(monkeypatch):
     monkeypatch.setattr(launchers, "release_slot", released.append)
     monkeypatch.setattr(launchers, "_track", lambda *a: pytest.fail("a failed call must not be tracked"))
 
-    def fail(*a):
-        raise RuntimeError("cuLaunchKernel of kernel 1 of 3 failed with CUresult 700")
-    monkeypatch.setattr(launchers.executor, "launch_sequence", fail)
+    def fail(stream, buffers):
+        raise RuntimeError("cupy_dash launch: cuLaunchKernel failed (CUresult 700) for kernel 1 of 3")
+    c.plan = types.SimpleNamespace(run=fail)
     slot = types.SimpleNamespace(dptr=0x9000, hdev=0x9800)
     with pytest.raises(RuntimeError, match="kernel 1 of 3"):
-        launchers.enqueue_backward(c, bytes(kernels.BWD_PARAMS_DTYPE.itemsize), (1, 2, 3),
-                                   types.SimpleNamespace(ptr=0), slot=slot, launches=())
-    with pytest.raises(TypeError, match="bytes of a packed block"):
-        launchers.enqueue_backward(c, bytes(8), (1, 2, 3), types.SimpleNamespace(ptr=0), slot=slot, launches=())
-    assert released == [slot, slot]
+        launchers.enqueue_backward(c, types.SimpleNamespace(ptr=0), (1, 2, 3), slot=slot)
+    assert released == [slot]
 
 
 def test_int_fields_patched_by_offset_write_8_byte_integer_fields_only():
-    """params.int_field_offsets + executor.patched_block (how the fast paths rewrite a packed block's integers)."""
+    """params.int_field_offsets + executor.patched_block (how the varlen expansion writes a block's integers)."""
     from cupy_dash.cuda import executor, params
     dt = kernels.BWD_PARAMS_DTYPE
     offsets = params.int_field_offsets(dt, ("batch", "tie_sign", "visits"))
-    buf = executor.patched_block(bytes(dt.itemsize), (), (), (), offsets, (7, -1, 0xDEAD0000))
+    buf = executor.patched_block(bytes(dt.itemsize), offsets, (7, -1, 0xDEAD0000))
     f = np.frombuffer(bytes(buf), dtype=dt)[0]
     assert (int(f["batch"]), int(f["tie_sign"]), int(f["visits"])) == (7, -1, 0xDEAD0000)
     assert sum(bytes(buf)) == sum((7).to_bytes(8, "little")) + 8 * 255 + sum((0xDEAD0000).to_bytes(8, "little"))

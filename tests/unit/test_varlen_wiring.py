@@ -15,7 +15,7 @@ import pytest
 import cupy_dash
 from cupy_dash import gpu
 from cupy_dash.core import api, interop, varlen
-from cupy_dash.cuda import errors, kernels, launchers, tensormap, varlen_device
+from cupy_dash.cuda import errors, kernels, launchers, plans, tensormap, varlen_device
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
@@ -72,6 +72,8 @@ def no_gpu(monkeypatch):
     specs = kernels.bwd_specs("bfloat16", D, True)
     tile = kernels.bwd_tile(D, True)
     monkeypatch.setattr(kernels, "bwd_entry", lambda *a, **kw: (specs, tile.block_m, tile.block_n, 132))
+    monkeypatch.setattr(plans.jit, "load", lambda spec: types.SimpleNamespace(ptr=0xF00))
+    plans.clear()
     return tile
 
 
@@ -104,8 +106,9 @@ def test_backward_varlen_parameter_block(no_gpu, monkeypatch):
     monkeypatch.setattr(api, "acquire_slot", lambda dev: slot)
     enqueued = {}
 
-    def enqueue(c, params, grads, s, *, slot=None, call=None, launches=None):
-        enqueued.update(c=c, params=params[0], grads=grads, slot=slot, call=call)
+    def enqueue(c, s, buffers, *, slot=None, call=None):     # the block from the plan, in inspect mode
+        enqueued.update(c=c, params=np.frombuffer(c.plan.inspect(buffers), kernels.BWD_PARAMS_DTYPE)[0],
+                        grads=buffers[6:9], slot=slot, call=call)
     monkeypatch.setattr(launchers, "enqueue_backward", enqueue)
     monkeypatch.setattr(errors, "poll_errors", lambda: None)
     monkeypatch.setattr(api, "_poll_errors", lambda: None)
