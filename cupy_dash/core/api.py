@@ -311,7 +311,7 @@ def attention_forward(q, k, v, *, causal=False, softmax_scale=None, window=(-1, 
     backward of an earlier call that has since failed (see :func:`check_errors`). May be captured into a CUDA
     graph by torch callers after one eager call of the same variant (see the module docstring).
     """
-    fast_key = fastpath.fwd_key(q, k, v, causal, softmax_scale, window) if fastpath.wanted(q, softcap) else None
+    fast_key = fastpath.fwd_key(q, k, v, causal, softmax_scale, window, softcap) if fastpath.wanted(q) else None
     result = fastpath.forward(fast_key, q, k, v)
     if result is not None:
         return result
@@ -392,7 +392,7 @@ def attention_backward(do, q, k, v, out, lse, *, causal=False, softmax_scale=Non
     that this call stays asynchronous).
     """
     fast_key = fastpath.bwd_key(do, q, k, v, out, lse, causal, softmax_scale, schedule, deterministic,
-                                window) if fastpath.wanted(q, softcap) else None
+                                window, softcap) if fastpath.wanted(q) else None
     result = fastpath.backward(fast_key, do, q, k, v, out, lse)
     if result is not None:
         return result

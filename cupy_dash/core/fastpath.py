@@ -14,7 +14,8 @@ stream their table was uploaded for.
 
 NOTES: the signature holds everything the full path's checks depend on: for every tensor its shape, strides,
 dtype and device, whether all base addresses are 16-byte aligned, and the arguments by type and value (``causal``
-must be a ``bool``, ``window`` a tuple, ``softmax_scale`` None or a float, ``schedule`` a str), and the
+must be a ``bool``, ``window`` a tuple, ``softmax_scale`` None or a float, ``softcap`` a float or an int,
+``schedule`` a str), and the
 environment variables that change the launch (:func:`cupy_dash.config.fingerprint`). A call that would fail a check
 never matches a plan (plans are only made by calls that passed them), so bad input still raises before anything is
 launched. The fast path steps aside (returns None) when the current stream is capturing a CUDA graph (the full
@@ -76,10 +77,9 @@ def is_cupy(x) -> bool:
     return type(x) is cupy.ndarray
 
 
-def wanted(q, softcap) -> bool:
-    """Whether a call on ``q`` may be served here: torch or CuPy, the fast path on, no logit cap (capped calls take
-    the full path)."""
-    return (is_torch(q) or is_cupy(q)) and enabled() and not softcap
+def wanted(q) -> bool:
+    """Whether a call on ``q`` may be served here: torch or CuPy, the fast path on."""
+    return (is_torch(q) or is_cupy(q)) and enabled()
 
 
 def _sig(t) -> tuple:
@@ -97,24 +97,28 @@ _cupy_ptr = operator.attrgetter("data.ptr")
 
 # NOTES: the signatures are spelled out per call kind (no loop, map or reduce): they run on every call, and a
 # generic form cost ~3 µs more per forward in benchmarks/host_python.py.
-def fwd_key(q, k, v, causal, softmax_scale, window):
+def fwd_key(q, k, v, causal, softmax_scale, window, softcap=0.0):
     """The forward's signature (module docstring), or None when an argument's type rules the fast path out."""
     if type(causal) is not bool or type(window) is not tuple or (
-            softmax_scale is not None and type(softmax_scale) is not float):
+            softmax_scale is not None and type(softmax_scale) is not float) or type(softcap) not in NUMBERS:
         return None
     if is_torch(q) and is_torch(k) and is_torch(v):
         aligned = not ((q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15)
-        return _sig(q), _sig(k), _sig(v), causal, softmax_scale, window, aligned
+        return _sig(q), _sig(k), _sig(v), causal, softmax_scale, window, softcap, aligned
     if is_cupy(q) and is_cupy(k) and is_cupy(v):
         aligned = not ((q.data.ptr | k.data.ptr | v.data.ptr) & 15)
-        return _cupy_sig(q), _cupy_sig(k), _cupy_sig(v), causal, softmax_scale, window, aligned
+        return _cupy_sig(q), _cupy_sig(k), _cupy_sig(v), causal, softmax_scale, window, softcap, aligned
     return None
 
 
-def bwd_key(do, q, k, v, out, lse, causal, softmax_scale, schedule, deterministic, window):
+NUMBERS = (float, int)     # a logit cap's types that the signature holds by value (a bool is neither)
+
+
+def bwd_key(do, q, k, v, out, lse, causal, softmax_scale, schedule, deterministic, window, softcap=0.0):
     """The backward's signature (module docstring), or None."""
     if type(causal) is not bool or type(deterministic) is not bool or type(window) is not tuple or \
-            type(schedule) is not str or (softmax_scale is not None and type(softmax_scale) is not float):
+            type(schedule) is not str or (softmax_scale is not None and type(softmax_scale) is not float) or \
+            type(softcap) not in NUMBERS:
         return None
     if is_torch(do) and is_torch(q) and is_torch(k) and is_torch(v) and is_torch(out) and is_torch(lse):
         sig, ptrs = _sig, do.data_ptr() | q.data_ptr() | k.data_ptr() | v.data_ptr() | out.data_ptr() | lse.data_ptr()
@@ -123,7 +127,7 @@ def bwd_key(do, q, k, v, out, lse, causal, softmax_scale, schedule, deterministi
     else:
         return None
     return (sig(do), sig(q), sig(k), sig(v), sig(out), sig(lse), causal, softmax_scale, schedule, deterministic,
-            window, not (ptrs & 15), config.fingerprint())
+            window, softcap, not (ptrs & 15), config.fingerprint())
 
 
 def store(table: dict, key, plan, limit=_MAX_PLANS) -> None:

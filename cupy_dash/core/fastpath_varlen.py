@@ -75,12 +75,14 @@ class _DeviceCu:
         self.device_id = device_id
 
 
-def key(do, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, softmax_scale, window, schedule, deterministic):
+def key(do, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, softmax_scale, window, schedule, deterministic,
+        softcap=0.0):
     """The varlen backward's signature (module docstring), or None when the fast path cannot serve the call."""
     if not fastpath.enabled() or not all(fastpath.is_torch(x) for x in (do, q, k, v, out, lse)) or \
             type(causal) is not bool or type(deterministic) is not bool or type(window) is not tuple or \
             type(schedule) is not str or type(max_q) is not int or type(max_k) is not int or \
-            (softmax_scale is not None and type(softmax_scale) is not float) or not q.is_cuda:
+            (softmax_scale is not None and type(softmax_scale) is not float) or not q.is_cuda or \
+            type(softcap) not in fastpath.NUMBERS:
         return None
     dev = q.get_device()
     lens = _lengths_key(cu_q, dev), _lengths_key(cu_k, dev)
@@ -89,7 +91,7 @@ def key(do, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, softmax_scale, 
     sig = fastpath._sig
     ptrs = do.data_ptr() | q.data_ptr() | k.data_ptr() | v.data_ptr() | out.data_ptr() | lse.data_ptr()
     return (sig(do), sig(q), sig(k), sig(v), sig(out), sig(lse), lens, max_q, max_k, causal, softmax_scale, window,
-            schedule, deterministic, not (ptrs & 15), interop._torch_stream_ptr(dev), config.fingerprint())
+            schedule, deterministic, not (ptrs & 15), interop._torch_stream_ptr(dev), config.fingerprint(), softcap)
 
 
 def _template_key(key_):
@@ -176,16 +178,17 @@ def _new_packing(key_, bases, cu_q, cu_k):
 # ------------------------------------------------------------------------------------------------------------
 # forward: no lengths on the host; cu_seqlens are patched in by address (their layout is in the signature)
 # ------------------------------------------------------------------------------------------------------------
-def forward_key(q, k, v, cu_q, cu_k, max_q, max_k, causal, softmax_scale, window):
+def forward_key(q, k, v, cu_q, cu_k, max_q, max_k, causal, softmax_scale, window, softcap=0.0):
     """The varlen forward's signature, or None when the fast path cannot serve the call."""
     if not fastpath.enabled() or not all(fastpath.is_torch(x) for x in (q, k, v, cu_q, cu_k)) or \
             type(causal) is not bool or type(window) is not tuple or type(max_q) is not int or \
-            type(max_k) is not int or (softmax_scale is not None and type(softmax_scale) is not float):
+            type(max_k) is not int or (softmax_scale is not None and type(softmax_scale) is not float) or \
+            type(softcap) not in fastpath.NUMBERS:
         return None
     sig = fastpath._sig
     ptrs = q.data_ptr() | k.data_ptr() | v.data_ptr() | cu_q.data_ptr() | cu_k.data_ptr()
     return (sig(q), sig(k), sig(v), sig(cu_q), sig(cu_k), max_q, max_k, causal, softmax_scale, window,
-            not (ptrs & 15), cu_q is cu_k)
+            not (ptrs & 15), cu_q is cu_k, softcap)
 
 
 def register_forward(key_, launch, shapes, like, cu_infos) -> None:

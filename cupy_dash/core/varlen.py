@@ -88,8 +88,8 @@ def attention_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, 
         see no key get out 0 and lse -inf. Each sequence's rows are bitwise those of
         :func:`cupy_dash.attention_forward` on that sequence alone.
     """
-    fast_key = None if softcap else fastpath_varlen.forward_key(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                                                max_seqlen_k, causal, softmax_scale, window)
+    fast_key = fastpath_varlen.forward_key(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                                           softmax_scale, window, softcap)
     result = fastpath_varlen.forward(fast_key, q, k, v, cu_seqlens_q, cu_seqlens_k)
     if result is not None:
         return result
@@ -235,9 +235,8 @@ def attention_backward_varlen(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
     May be captured into a CUDA graph by torch callers after one eager call of the same packing on that device
     (module docstring); the graph then replays the captured packing's lengths, which the caller keeps fixed.
     """
-    fast_key = None if softcap else fastpath_varlen.key(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
-                                                        max_seqlen_q, max_seqlen_k, causal, softmax_scale, window,
-                                                        schedule, deterministic)
+    fast_key = fastpath_varlen.key(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                   causal, softmax_scale, window, schedule, deterministic, softcap)
     result = fastpath_varlen.backward(fast_key, do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
     if result is not None:
         return result

@@ -95,3 +95,23 @@ def test_ready_stream_steps_aside_on_another_device_or_under_capture(monkeypatch
     assert fastpath._ready_stream(torch_plan) is None
 
 
+
+
+def test_soft_capped_calls_are_served_by_value_of_their_cap(fixed):
+    """A soft-capped forward and backward (Gemma 2's logit cap) repeat from their plans like plain ones, the cap in
+    the signature by value: the capped build's block again, another cap the full path, a bool no signature (the
+    full path raises)."""
+    enqueued, _ = fixed
+    do, q, k, v, out, lse = _inputs()
+    for e, _ in served_backwards(enqueued, (do, q, k, v, out, lse), 2, causal=True, schedule="fa3", softcap=30.0):
+        assert ("DASH_SOFTCAP", 1) in e["c"].specs.main.defines and float(e["params"]["softmax_scale"]) > 0
+    hits = fastpath.stats()["bwd_hits"]
+    cupy_dash.attention_backward(do, q, k, v, out, lse, causal=True, schedule="fa3", softcap=20.0)
+    assert fastpath.stats()["bwd_hits"] == hits
+    cupy_dash.attention_forward(q, k, v, causal=True, softcap=30)
+    fwd = fastpath.stats()["fwd_hits"]
+    cupy_dash.attention_forward(q, k, v, causal=True, softcap=30)
+    cupy_dash.attention_forward(q, k, v, causal=True, softcap=30.5)
+    assert fastpath.stats()["fwd_hits"] == fwd + 1
+    with pytest.raises(TypeError, match="softcap"):
+        cupy_dash.attention_forward(q, k, v, causal=True, softcap=True)

@@ -232,3 +232,19 @@ def test_a_new_packing_of_another_tile_takes_the_full_path(no_gpu, monkeypatch):
     assert fastpath_varlen.stats()["hits"] == hits + 1 and enqueued[-1]["c"].block_m == 64
     run([0, 32, 64, total])                                # a new packing of the 80-query tile: its template
     assert fastpath_varlen.stats()["new_packing_hits"] == new + 1 and enqueued[-1]["c"].block_m == 80
+
+
+def test_a_repeated_soft_capped_call_is_served(no_gpu):
+    """A soft-capped varlen backward and forward repeat from their plans (the cap in the signature by value);
+    another cap takes the full path."""
+    enqueued = no_gpu
+    args = _inputs()
+    cu_q, cu_k = np.array([0, 100, 100, 300], np.int32), [0, 200, 260, 500]
+    kw = dict(causal=True, schedule="fa3", softcap=30.0)
+    cupy_dash.attention_backward_varlen(*args, cu_q, cu_k, 200, 240, **kw)
+    hits = fastpath_varlen.stats()["hits"]
+    cupy_dash.attention_backward_varlen(*args, cu_q, cu_k, 200, 240, **kw)
+    assert fastpath_varlen.stats()["hits"] == hits + 1 and len(enqueued) == 2
+    assert ("DASH_SOFTCAP", 1) in enqueued[1]["c"].specs.main.defines
+    cupy_dash.attention_backward_varlen(*args, cu_q, cu_k, 200, 240, **dict(kw, softcap=25.0))
+    assert fastpath_varlen.stats()["hits"] == hits + 1 and len(enqueued) == 3
