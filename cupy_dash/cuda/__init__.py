@@ -1,7 +1,6 @@
 """The GPU side: kernel variants and their NVRTC compile and disk cache (``jit``, ``kernels``), the parameter
-structs read from kernels_src (``params``), TMA tensor maps (``tensormap``), the launch executor (``executor``,
-Cython: one ``cuLaunchKernel`` per kernel, block patching), the launch sequences every entry point shares
-(``launchers``), the schedule tables on the device (``device_tables``, ``varlen_device``) and the deferred error
+structs read from kernels_src (``params``), TMA tensor maps (``tensormap``), the launch plans every entry point
+shares (``plans``, packed from ``launchers``' blocks) and their executor (``executor`` over ``launch_plan.c``), the schedule tables on the device (``device_tables``, ``varlen_device``) and the deferred error
 records (``errors``). It imports the schedules (:mod:`cupy_dash.schedule`) and the configuration, never the
 core or an adapter; nothing here is imported by ``import cupy_dash``.
 """
