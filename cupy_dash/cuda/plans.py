@@ -98,12 +98,15 @@ def _launch(spec, grid) -> tuple:
     return jit.load(spec).ptr, grid, spec.threads, spec.smem_bytes
 
 
-def forward(spec, grid, block_m, block_n, p, window, strides, names=FWD_BUFFERS[:5], varlen=None) -> Parts:
+def forward(spec, grid, block_m, block_n, p, window, strides, names=FWD_BUFFERS[:5], varlen=None,
+            cu_seqlens=(0, 0)) -> Parts:
     """The forward of ``p`` (``launchers.fwd_params``' arguments; ``strides``: the (batch, row, head) element
-    strides of q, k, v) with ``grid``, buffers ``names`` (a prefix of :data:`FWD_BUFFERS`); ``varlen``: the number
-    of sequences of a varlen launch, whose cu_seqlens are buffers 5 and 6."""
+    strides of q, k, v) with ``grid``, buffers ``names`` (:data:`FWD_BUFFERS`' names, in the order the caller
+    passes them); ``varlen``: the number of sequences of a varlen launch, whose cu_seqlens are buffers
+    ``cu_seqlens_q`` and ``cu_seqlens_k``, or, where ``names`` has none, the fixed device arrays ``cu_seqlens``."""
     def pack(a):
-        cu = None if varlen is None else (varlen, a["cu_seqlens_q"], a["cu_seqlens_k"])
+        cu = None if varlen is None else (varlen, a.get("cu_seqlens_q", cu_seqlens[0]),
+                                          a.get("cu_seqlens_k", cu_seqlens[1]))
         return launchers.fwd_params(block_m, block_n, p, window, tuple(zip((a["q"], a["k"], a["v"]), strides)),
                                     a["out"], a["lse"], cu, None if varlen is None else grid)
     return Parts((_launch(spec, grid),), *find_patches(pack, names))

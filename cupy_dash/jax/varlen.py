@@ -10,10 +10,11 @@ backward's schedule table is built when the call is traced, so they are static a
 (hashed into its cache key) and a new packing is a new trace and XLA compilation: this suits batches whose packing
 repeats (fixed-length documents, a few bucketed layouts). JAX arrays: one compiled program serves every packing; the
 backward reads the lengths back when it runs (a wait for XLA's stream) and finds or builds the packing's table then
-(:mod:`cupy_dash.jax.varlen_dyn`). The calls are ``jax.experimental.buffer_callback`` custom calls on XLA's stream
-(command-buffer compatible), prepared at trace time on every local Hopper GPU (kernels loaded, tables and cu_seqlens
-uploaded, an error record), with the bits of the eager varlen functions on the same inputs. Not batched by
-``jax.vmap`` (the sequences already are the batch).
+(:mod:`cupy_dash.jax.varlen_dyn`). The calls are custom calls on XLA's stream, prepared at trace time on every local
+Hopper GPU (kernels loaded, tables and cu_seqlens uploaded, an error record, launch plans), with the bits of the
+eager varlen functions on the same inputs: the C handler's (no Python at run time, command-buffer compatible), as
+the fixed-length calls' (:mod:`cupy_dash.jax`, ``CUPY_DASH_JAX_FFI``), but for the backward with JAX-array lengths,
+always a ``jax.experimental.buffer_callback``. Not batched by ``jax.vmap`` (the sequences already are the batch).
 """
 from __future__ import annotations
 
@@ -24,9 +25,9 @@ import numpy as np
 from ..core import varlen_launch
 from ..core.varlen import cu_seqlens_form
 from ..core.varlen_launch import check_same_count, cu_seqlens_values
-from ..cuda import device_tables, kernels, launchers
+from ..cuda import device_tables, kernels, launchers, plans
 from ..cuda.errors import jit_record
-from . import callbacks
+from . import _ffi, callbacks
 from . import ops as _jax
 
 __all__ = ["attention_host_lengths"]
@@ -60,13 +61,17 @@ def _prepared(vcfg, p, cfg, backward=False):
         lengths = (*vcfg.cu, vcfg.max_q)
     else:
         lengths = (vcfg.num_seqs, vcfg.max_q, vcfg.max_k) if backward else (vcfg.num_seqs, vcfg.max_q)
-    cls = vcfg.backward if backward else _VarlenForward
+    # NOTES: the C handler (cfg.ffi) runs every varlen call but the backward with device lengths, which reads them
+    # back and builds its table when it runs: a Python callback whatever CUPY_DASH_JAX_FFI says
+    if backward:
+        cls = _VarlenBackwardFFI if cfg.ffi and vcfg.backward is _VarlenBackward else vcfg.backward
+    else:
+        cls = _VarlenForwardFFI if cfg.ffi else _VarlenForward
     return _jax.prepare(kind, cls, p, cfg, vcfg, extra=lengths, backward=backward)
 
 
 def _problem(vcfg, *arrays):
-    # NOTES: every varlen call is a Python callback, whatever CUPY_DASH_JAX_FFI says
-    return _jax._problem(vcfg.base._replace(ffi=False), *arrays, lengths=(vcfg.max_q, vcfg.max_k))
+    return _jax._problem(vcfg.base, *arrays, lengths=(vcfg.max_q, vcfg.max_k))
 
 
 def _forward(vcfg, q, k, v, *cu):
@@ -147,3 +152,38 @@ class _VarlenBackward(_PackedBackward):
 
     def _launch(self, dev, stream):
         return self.launches[dev], self.cu.get(dev)
+
+
+class _VarlenForwardFFI(_ffi._Planned, _VarlenForward):
+    """A traced varlen forward launched by the C handler: buffers q, k, v (and the device cu_seqlens_q,
+    cu_seqlens_k: arguments), out, lse (results); host lengths are the device copies this call uploaded."""
+
+    def __init__(self, p, cfg, vcfg):
+        super().__init__(p, cfg, vcfg)
+        names = plans.FWD_BUFFERS[:5] if vcfg.cu is not None else (*plans.FWD_BUFFERS[:3], *plans.FWD_BUFFERS[5:],
+                                                                   *plans.FWD_BUFFERS[3:5])
+        self._register(lambda dev: plans.forward(
+            self.spec, self.grid, self.block_m, self.block_n, self.p, self.window, self.strides[:3], names,
+            self.num_seqs, tuple(x.data.ptr for x in self.cu[dev]) if vcfg.cu is not None else (0, 0)))
+
+
+class _VarlenBackwardFFI(_ffi._Planned, _VarlenBackward):
+    """A traced varlen backward with host lengths launched by the C handler: buffers dout, q, k, v, out, lse
+    (arguments), dq, dk, dv and the workspace (results); on a device where no sequence sees a key, a plan without
+    kernels that zeroes dq, dk and dv."""
+
+    def __init__(self, p, cfg, vcfg, spin_timeout_ns):
+        super().__init__(p, cfg, vcfg, spin_timeout_ns)
+        self._register(self._plan)
+
+    def _plan(self, dev):
+        c, names = self.launches[dev], plans.BWD_BUFFERS[:10]
+        if c is None:
+            p, block = self.p, np.zeros(1, kernels.BWD_PARAMS_DTYPE)
+            sizes = (p.Sq * p.H * p.D * 2, *launchers.kv_bytes(p))
+            return plans.Parts((), block, (), (), tuple(zip((6, 7, 8), sizes)))
+        if c.work_bytes > self.work_bytes:   # launchers.varlen_work_bytes covers every tile: never expected
+            raise RuntimeError(f"cupy_dash: the backward needs {c.work_bytes} bytes of workspace, the traced call "
+                               f"reserved {self.work_bytes}")
+        return plans.backward(c, (*self.strides, self.strides[3]), names, error=(self.records[dev], 0),
+                              cu_seqlens=tuple(x.data.ptr for x in self.cu[dev]))

@@ -2,8 +2,9 @@
 
 :func:`cupy_dash.jax.attention_varlen` takes this path when ``cu_seqlens_q`` and ``cu_seqlens_k`` are JAX arrays
 (int32 ``(B + 1,)``; ``max_seqlen_q`` / ``max_seqlen_k`` stay static ints, as in FlashAttention). The forward
-kernel reads the sequence bounds from the device (a command-buffer compatible ``buffer_callback``). The backward
-needs the lengths on the host for its schedule table, so its ``buffer_callback`` copies them from the device when
+kernel reads the sequence bounds from the device (the C handler's custom call, or a command-buffer compatible
+``buffer_callback`` with ``CUPY_DASH_JAX_FFI=0``). The backward needs the lengths on the host for its schedule
+table, so it is a ``buffer_callback`` whatever the mechanism, which copies them from the device when
 XLA runs it (a wait for XLA's stream), checks them (a ValueError from the callback fails the computation), builds
 or finds the packing's table (:mod:`cupy_dash.cuda.varlen_device`, cached per packing) and launches on XLA's stream;
 it is not command-buffer compatible. Same bits as the eager varlen functions and as the static-lengths path.

@@ -209,3 +209,29 @@ def test_the_c_handler_is_the_default_where_built(monkeypatch):
     assert jax_ops._use_ffi() is False
     monkeypatch.setenv("CUPY_DASH_JAX_FFI", "1")
     assert jax_ops._use_ffi() is True
+
+
+@pytest.mark.parametrize("lengths", ["host", "device"])
+def test_varlen_calls_go_through_the_c_handler_but_the_backward_with_device_lengths(monkeypatch, lengths):
+    """attention_varlen under jit(grad) with the C handler: host lengths, both passes its custom calls (their
+    tables and cu_seqlens are fixed at trace time); device lengths, the forward (it reads them on the GPU) but not
+    the backward, a Python callback that reads them back when it runs."""
+    import jax
+    import cupy_dash.jax as cj
+    monkeypatch.setenv("CUPY_DASH_JAX_FFI", "1")
+    jnp = jax.numpy
+    cu_q, cu_k = np.array([0, 100, 100, 300], np.int32), np.array([0, 200, 260, 500], np.int32)
+    q, k = jax.ShapeDtypeStruct((300, 4, 64), jnp.bfloat16), jax.ShapeDtypeStruct((500, 2, 64), jnp.bfloat16)
+
+    def loss(q, k, v, cq, ck):
+        return jnp.sum(cj.attention_varlen(q, k, v, cq, ck, 200, 240, causal=True).astype(jnp.float32))
+    if lengths == "host":
+        f = jax.jit(jax.grad(lambda q, k, v: loss(q, k, v, cu_q, cu_k), argnums=(0, 1, 2)))
+        text = f.trace(q, k, k).lower(lowering_platforms=("cuda",)).as_text()
+    else:
+        cu = jax.ShapeDtypeStruct((4,), jnp.int32)
+        text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(q, k, k, cu, cu).lower(
+            lowering_platforms=("cuda",)).as_text()
+    targets = re.findall(r"custom_call @(\w+)\(", text)
+    assert len(targets) == 2 and targets[0] == _jax_ffi.TARGET, targets
+    assert (targets[1] == _jax_ffi.TARGET) == (lengths == "host"), targets

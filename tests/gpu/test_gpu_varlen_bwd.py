@@ -264,11 +264,14 @@ def test_compact_varlen_tables_same_bits_as_per_visit(lengths, schedule, monkeyp
     cupy_dash.check_errors()
 
 
-def test_jax_varlen_matches_the_functional_api():
+@pytest.mark.parametrize("mechanism", ["ffi", "callback"])
+def test_jax_varlen_matches_the_functional_api(mechanism, monkeypatch):
     """cupy_dash.jax.attention_varlen under jax.jit(jax.grad) gives the bits of the eager varlen forward and
-    backward (same kernels, same schedule table)."""
+    backward (same kernels, same schedule table), through the C handler or the Python callbacks."""
     jax = pytest.importorskip("jax")
     import cupy_dash.jax as cj
+    monkeypatch.setenv("CUPY_DASH_JAX_FFI", "1" if mechanism == "ffi" else "0")
+    jax.clear_caches()
     h, _, _ = _problem("empty_and_unequal", 128, True, (-1, -1))
     q, k, v, do = (jax.device_put(h[n]) for n in ("q", "k", "v", "do"))
     args = (h["cu_q"], h["cu_k"], max(h["lq"]), max(h["lk"]))

@@ -210,3 +210,23 @@ def test_plans_are_built_once_per_call_and_go_with_their_tables():
     f = plans.forward_plan(spec, launchers.fwd_grid(p, bm), bm, bn, p, (-1, 0), fst)
     assert plans.forward_plan(spec, launchers.fwd_grid(p, bm), bm, bn, p, (-1, 0), fst) is f
     assert plans.forward_plan(spec, launchers.fwd_grid(p, bm), bm, bn, p, (-1, 1), fst) is not f
+
+
+@pytest.mark.parametrize("cu", ["buffers", "fixed"])
+def test_varlen_forward_plans_take_their_lengths_as_buffers_or_fixed(cu):
+    """A varlen forward's plan with its cu_seqlens among the buffers in any order (the JAX handler numbers its
+    arguments q, k, v, cu_seqlens_q, cu_seqlens_k before its results out, lse), or fixed at plan time (a traced
+    call with host lengths uploads them once): the block launchers packs for the same addresses."""
+    p = problem(B=1, Sq=300, Sk=500)
+    spec, bm, bn = kernels.fwd_entry(p.dtype, p.D, True)
+    grid = (-(-200 // bm), p.H, 3)
+    st = (strides((1, 300, p.H, p.D)), strides((1, 500, p.Hkv, p.D)), strides((1, 500, p.Hkv, p.D)))
+    q, k, v, cq, ck, out, lse = (0x1000 * (i + 1) for i in range(7))
+    if cu == "buffers":
+        names, fixed, buffers = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "out", "lse"), (0, 0), (
+            q, k, v, cq, ck, out, lse)
+    else:
+        names, fixed, buffers = plans.FWD_BUFFERS[:5], (cq, ck), (q, k, v, out, lse)
+    plan = plans.forward(spec, grid, bm, bn, p, (-1, 0), st, names, 3, fixed).plan()
+    want = launchers.fwd_params(bm, bn, p, (-1, 0), tuple(zip((q, k, v), st)), out, lse, (3, cq, ck), grid)
+    assert plan.inspect(buffers) == want.tobytes()
