@@ -1,10 +1,9 @@
-"""The Python callbacks of :mod:`cupy_dash.jax` and what every JAX call of cupy_dash prepares with them: the
-per-device preparation cache (:func:`_get`), the local Hopper GPUs a traced call is prepared on, the kernels loaded
-at trace time, the base class of every prepared call (:class:`_Call`: its result types and its
-``jax.experimental.buffer_callback``), the callbacks :class:`_Forward` and :class:`_BackwardCall` and the
-fixed-length backward, :class:`_Backward`. :mod:`cupy_dash.jax.ops` picks these or the C handler's subclasses
-(:mod:`cupy_dash.jax._ffi`); :mod:`cupy_dash.jax.varlen` and :mod:`cupy_dash.jax.varlen_dyn` share the cache, the
-base classes and the run-time helpers. It imports no other module of :mod:`cupy_dash.jax`.
+"""What every JAX call of cupy_dash prepares at trace time and runs: the per-device preparation cache (:func:`_get`),
+the local Hopper GPUs a traced call is prepared on, the kernels loaded then, the base class of every prepared call
+(:class:`_Call`: its result types, a launch plan per device, the custom call that runs them: the C handler's,
+:mod:`cupy_dash.jax._ffi`, or a ``jax.experimental.buffer_callback``), the fixed-length :class:`_Forward` and
+:class:`_Backward`. :mod:`cupy_dash.jax.varlen` and :mod:`cupy_dash.jax.varlen_dyn` share the cache, the base
+classes and the run-time helpers. Of :mod:`cupy_dash.jax` it imports :mod:`cupy_dash.jax._ffi` only.
 """
 
 from __future__ import annotations
@@ -19,6 +18,7 @@ from ..core import api, interop
 from ..cuda import jit, kernels, launchers, plans
 from ..cuda.errors import jit_record, record_shared
 from ..schedule import compact_device
+from . import _ffi
 
 
 _lock = threading.RLock()
@@ -89,28 +89,44 @@ def _load(specs) -> None:
 
 
 class _Call:
-    """A prepared custom call: its result types and :meth:`bind`, for the validated problem ``p`` (``packed``: the
-    varlen layout, operands ``(total, H, D)`` and lse ``(H, total_q)``, ``p`` their batch of one); a backward sets
-    ``work_bytes``. Subclasses are the buffer_callback's callable (the C handler's bind their own call)."""
+    """A prepared custom call for the validated problem ``p`` (``packed``: the varlen layout, operands ``(total, H,
+    D)`` and lse ``(H, total_q)``, ``p`` their batch of one): its result types, a launch plan per device
+    (:meth:`parts`, made by :meth:`prepare`) and :meth:`bind`, the custom call that runs them with XLA's buffers,
+    numbered as the call's arguments then results (``names``): the C handler's (``ffi``, :mod:`cupy_dash.jax._ffi`),
+    or a ``jax.experimental.buffer_callback`` of this object (:meth:`__call__`). A backward sets ``work_bytes``."""
     packed = False
     command_buffer = True
+    ffi_capable = True                         # False: a callback whatever CUPY_DASH_JAX_FFI says
     work_bytes = None                          # the backward's workspace; None: a forward
+    kind, names = "forward", plans.FWD_BUFFERS[:5]
 
-    def __init__(self, p):
+    def __init__(self, p, cfg):
         """``strides``: (batch, row, head) element strides of contiguous q ``(B, Sq, H, D)``, k ``(B, Sk, Hkv, D)``,
         v ``(B, Sk, Hkv, Dv)`` and out-like ``(B, Sq, H, Dv)`` operands; ``devices``: the GPUs to prepare
         (:func:`_gpus`)."""
-        self.p = p
+        self.p, self.causal, self.window = p, cfg.causal, cfg.window
+        self.ffi = cfg.ffi and self.ffi_capable
         self.strides = tuple(interop.contiguous_strides(shape)[:3] for shape in (
             (p.B, p.Sq, p.H, p.D), (p.B, p.Sk, p.Hkv, p.D), (p.B, p.Sk, p.Hkv, p.Dv), (p.B, p.Sq, p.H, p.Dv)))
         self.devices = _gpus()
+        self.plans, self.slots = {}, None
 
-    def operands(self, q, k, v, out=None, dout=None) -> tuple:
-        """The launchers' ``(address, strides)`` operands from the addresses of q, k, v (a forward's) or of q, k,
-        v, out, dout (a backward's, in the kernels' order)."""
-        qs, ks, vs, os_ = self.strides
-        operands = (q, qs), (k, ks), (v, vs)
-        return operands if out is None else (*operands, (out, os_), (dout, os_))
+    def prepare(self):
+        """Each device's launch plan (:meth:`parts`; None: made when the call runs), and with the C handler their
+        slots. Returns self."""
+        import cupy
+        for dev in self.devices:
+            with cupy.cuda.Device(dev):
+                parts = self.parts(dev)
+                if parts is not None:
+                    self.plans[dev] = parts.plan()
+        if self.ffi:
+            self.slots = _ffi.register(self.plans, self.devices)
+        return self
+
+    def bwd_strides(self) -> tuple:
+        """The strides of a backward's q, k, v, out, dout, in the kernels' order."""
+        return (*self.strides, self.strides[3])
 
     def types(self) -> tuple:
         """The results: out ``(B, Sq, H, Dv)``, lse ``(B, H, Sq)`` float32 (forward), or dq ``(B, Sq, H, D)``, dk
@@ -126,76 +142,56 @@ class _Call:
 
     def bind(self, *operands):
         """The custom call on traced operands: ``(out, lse)`` or ``(dq, dk, dv)`` (the workspace dropped)."""
+        if self.ffi:
+            return _ffi.call(self.types(), self.slots, operands)[:3]
         from jax.experimental.buffer_callback import buffer_callback
         return buffer_callback(self, self.types(), command_buffer_compatible=self.command_buffer)(*operands)[:3]
 
+    def __call__(self, ctx, outs, *args):
+        """The buffer_callback: :meth:`run` on the results' device, XLA's stream, the call's buffers."""
+        callback_runs[self.kind] += 1
+        dev = _device(outs[0], self.devices)
+        import cupy
+        with cupy.cuda.Device(dev):
+            self.run(dev, interop.external_stream(ctx.stream, dev), tuple(map(_ptr, (*args, *outs))))
+
+    def run(self, dev, stream, buffers) -> None:
+        """Launch on ``stream`` with the addresses ``buffers`` (``names``' order): the device's plan."""
+        self.plans[dev].run(stream.ptr, buffers)
+
 
 class _Forward(_Call):
-    """A traced forward: the callback ``(ctx, (out, lse), q, k, v)`` and what it needs besides addresses
-    (:mod:`cupy_dash.jax.varlen`'s subclass launches packed batches, with its ``grid``, ``num_seqs`` and
-    :meth:`_cu_ptrs`; ``grid`` None: launchers.fwd_grid)."""
+    """A traced forward: buffers q, k, v (arguments), out, lse (results). :mod:`cupy_dash.jax.varlen`'s subclass
+    launches packed batches, with its ``grid``, ``num_seqs``, ``names`` and :meth:`cu_seqlens` (``grid`` None:
+    launchers.fwd_grid)."""
     grid = num_seqs = None
 
     def __init__(self, p, cfg):
-        self.causal, self.window = cfg.causal, cfg.window
+        super().__init__(p, cfg)
         self.spec, self.block_m, self.block_n = kernels.fwd_entry(p.dtype, p.D, cfg.causal, p.Dv)
-        super().__init__(p)
         import cupy
         for dev in self.devices:
             with cupy.cuda.Device(dev):
                 _load([self.spec])
 
-    def __call__(self, ctx, outs, q, k, v, *cu):
-        callback_runs["forward"] += 1
-        out, lse = outs
-        dev = _device(out, self.devices)
-        import cupy
-        with cupy.cuda.Device(dev):
-            grid = launchers.fwd_grid(self.p, self.block_m) if self.grid is None else self.grid
-            cu_ptrs = self._cu_ptrs(dev, cu)
-            plan = plans.forward_plan(self.spec, grid, self.block_m, self.block_n, self.p, self.window,
-                                      self.strides[:3], plans.FWD_BUFFERS[:5 + len(cu_ptrs)], self.num_seqs)
-            launchers.enqueue_forward(plan, interop.external_stream(ctx.stream, dev),
-                                      (*map(_ptr, (q, k, v, out, lse)), *cu_ptrs))
+    def parts(self, dev):
+        grid = launchers.fwd_grid(self.p, self.block_m) if self.grid is None else self.grid
+        return plans.forward(self.spec, grid, self.block_m, self.block_n, self.p, self.window, self.strides[:3],
+                             self.names, self.num_seqs, self.cu_seqlens(dev))
 
-    def _cu_ptrs(self, dev, cu) -> tuple:     # the device cu_seqlens of a varlen launch on ``dev`` (``cu``: the
-        return ()                             # operands after v)
+    def cu_seqlens(self, dev) -> tuple:
+        """Fixed device cu_seqlens of a varlen launch on ``dev`` (none: the call's own buffers, or fixed length)."""
+        return (0, 0)
 
 
-class _BackwardCall(_Call):
-    """The callback of every traced backward, ``(ctx, (dq, dk, dv, workspace), dout, q, k, v, out, lse[, cu_q,
-    cu_k])``. Subclasses prepare each device (``records``: its error record) and define ``_launch(dev, stream,
-    *cu)``: the launch of an execution on ``dev`` (``cu``: the device operands after lse), ``(BwdLaunch, device
-    cu_seqlens or None)``, or ``(None, None)`` when no sequence of a varlen call sees a key."""
-
-    def __call__(self, ctx, outs, dout, q, k, v, out, lse, *cu):
-        callback_runs["backward"] += 1
-        dq, dk, dv, work = outs
-        dev = _device(dq, self.devices)
-        import cupy
-        with cupy.cuda.Device(dev):
-            stream = interop.external_stream(ctx.stream, dev)
-            c, cu_dev = self._launch(dev, stream, *cu)
-            if c is None:                                  # no sequence sees a key: zero gradients, no kernel
-                for x in (dq, dk, dv):
-                    cupy.cuda.runtime.memsetAsync(_ptr(x), 0, int(np.prod(x.shape)) * 2, stream.ptr)
-                return
-            if c.work_bytes > self.work_bytes:   # launchers.varlen_work_bytes covers every tile: never expected
-                raise RuntimeError(f"cupy_dash: the backward needs {c.work_bytes} bytes of workspace, the traced "
-                                   f"call reserved {self.work_bytes}")
-            c.plan = plans.backward_plan(c, (*self.strides, self.strides[3]), plans.BWD_BUFFERS[:10],
-                                         error=(self.records[dev], 0),
-                                         cu_seqlens=(0, 0) if cu_dev is None else tuple(x.data.ptr for x in cu_dev))
-            launchers.enqueue_backward(c, stream, tuple(map(_ptr, (dout, q, k, v, out, lse, dq, dk, dv, work))))
-
-
-class _Backward(_BackwardCall):
-    """A traced backward: per device its :class:`cupy_dash.cuda.launchers.BwdLaunch` (kernels loaded, schedule
-    tables uploaded) and error record."""
+class _Backward(_Call):
+    """A traced backward: buffers dout, q, k, v, out, lse (arguments), dq, dk, dv and the workspace (results); per
+    device its :class:`cupy_dash.cuda.launchers.BwdLaunch` (kernels loaded, schedule tables uploaded) and error
+    record."""
+    kind, names = "backward", plans.BWD_BUFFERS[:10]
 
     def __init__(self, p, cfg, spin_timeout_ns):
         import cupy
-        self.causal, self.window = cfg.causal, cfg.window
         tile = kernels.bwd_tile(p.D, cfg.causal, seqlen_q=p.Sq, window=cfg.window)
         # NOTES: long problems read compact records, as the eager path does (compact_device.table_form)
         capped = p.softcap > 0
@@ -206,7 +202,7 @@ class _Backward(_BackwardCall):
         tile = kernels.bwd_tile(p.D, cfg.causal, compact, p.Sq, cfg.window)
         self.work_bytes = launchers.BwdLaunch(specs, tile.block_m, tile.block_n, p, cfg.deterministic,
                                               spin_timeout_ns, cfg.causal, cfg.window).work_bytes
-        super().__init__(p)
+        super().__init__(p, cfg)
         self.launches, self.records = {}, {}
         for dev in self.devices:
             with cupy.cuda.Device(dev):
@@ -225,8 +221,8 @@ class _Backward(_BackwardCall):
                 if record_shared(dev, self.records[dev]):
                     c.fold = False
 
-    def _launch(self, dev, stream):
-        return self.launches[dev], None
+    def parts(self, dev):
+        return plans.backward(self.launches[dev], self.bwd_strides(), self.names, error=(self.records[dev], 0))
 
 
 # ------------------------------------------------------------------------------------------------------------

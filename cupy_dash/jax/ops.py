@@ -1,10 +1,9 @@
 """The machinery of :mod:`cupy_dash.jax` (the module users import, whose docstring describes the API): the
 fixed-length entry points and what every JAX call of cupy_dash shares at trace time: the configuration and checks,
-the custom_vjp (:func:`differentiable`) and the preparation of its custom calls (:func:`prepare`). A traced call
-is made by one of two mechanisms, picked per call: the Python callbacks of :mod:`cupy_dash.jax.callbacks` (which
-also hold the per-device preparation cache) or their subclasses in :mod:`cupy_dash.jax._ffi` (the C handler, whose
-extension is loaded on first use). :mod:`cupy_dash.jax.varlen` and :mod:`cupy_dash.jax.varlen_dyn` build on this
-module.
+the custom_vjp (:func:`differentiable`) and the preparation of its custom calls (:func:`prepare`): the calls of
+:mod:`cupy_dash.jax.callbacks` (which also hold the per-device preparation cache), whose launch plans run in the C
+handler (:mod:`cupy_dash.jax._ffi`, its extension loaded on first use) or in a Python callback, picked per call
+(``CUPY_DASH_JAX_FFI``). :mod:`cupy_dash.jax.varlen` and :mod:`cupy_dash.jax.varlen_dyn` build on this module.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ import numpy as np
 from .. import config
 from .. import schedule as _schedule
 from ..core import api, interop
-from . import _ffi, callbacks
+from . import callbacks
 
 __all__ = ["attention", "attention_forward", "attention_backward"]
 
@@ -211,23 +210,17 @@ def prepare(kind, cls, p, cfg, *args, extra=(), backward=False):
     if backward:
         spin_timeout_ns = config.spin_timeout_ns()
         key, args = (*key, cfg.schedule, cfg.deterministic, spin_timeout_ns), (*args, spin_timeout_ns)
-    return callbacks._get((*key, *extra), lambda: cls(p, cfg, *args))
+    return callbacks._get((*key, *extra), lambda: cls(p, cfg, *args).prepare())
 
 
 def _forward_call(cfg, q, k, v):
     p, cfg = _problem(cfg, q, k, v)
-    return prepare("fwd", _mechanism(cfg)._Forward, p, cfg).bind(q, k, v)
+    return prepare("fwd", callbacks._Forward, p, cfg).bind(q, k, v)
 
 
 def _backward_call(cfg, dout, q, k, v, out, lse):
     p, cfg = _problem(cfg, q, k, v, dout, out, lse)
-    return prepare("bwd", _mechanism(cfg)._Backward, p, cfg, backward=True).bind(dout, q, k, v, out, lse)
-
-
-def _mechanism(cfg):
-    """The module whose _Forward / _Backward make the calls: :mod:`cupy_dash.jax.callbacks` (buffer_callback) or
-    the C handler's, :mod:`cupy_dash.jax._ffi` (which loads its extension on first use)."""
-    return _ffi if cfg.ffi else callbacks
+    return prepare("bwd", callbacks._Backward, p, cfg, backward=True).bind(dout, q, k, v, out, lse)
 
 
 _forward, _backward = _batched(_forward_call), _batched(_backward_call)

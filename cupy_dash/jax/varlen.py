@@ -27,7 +27,7 @@ from ..core.varlen import cu_seqlens_form
 from ..core.varlen_launch import check_same_count, cu_seqlens_values
 from ..cuda import device_tables, kernels, launchers, plans
 from ..cuda.errors import jit_record
-from . import _ffi, callbacks
+from . import callbacks
 from . import ops as _jax
 
 __all__ = ["attention_host_lengths"]
@@ -61,12 +61,7 @@ def _prepared(vcfg, p, cfg, backward=False):
         lengths = (*vcfg.cu, vcfg.max_q)
     else:
         lengths = (vcfg.num_seqs, vcfg.max_q, vcfg.max_k) if backward else (vcfg.num_seqs, vcfg.max_q)
-    # NOTES: the C handler (cfg.ffi) runs every varlen call but the backward with device lengths, which reads them
-    # back and builds its table when it runs: a Python callback whatever CUPY_DASH_JAX_FFI says
-    if backward:
-        cls = _VarlenBackwardFFI if cfg.ffi and vcfg.backward is _VarlenBackward else vcfg.backward
-    else:
-        cls = _VarlenForwardFFI if cfg.ffi else _VarlenForward
+    cls = vcfg.backward if backward else _VarlenForward
     return _jax.prepare(kind, cls, p, cfg, vcfg, extra=lengths, backward=backward)
 
 
@@ -89,8 +84,8 @@ attention_jit = _jax.differentiable(_forward, _backward)
 
 
 class _VarlenForward(callbacks._Forward):
-    """A traced varlen forward: the callback ``(ctx, (out, lse), q, k, v[, cu_q, cu_k])``, with the host lengths
-    (``vcfg.cu``) uploaded here per device or, without them, read from the call's own device operands cu_q, cu_k
+    """A traced varlen forward: buffers q, k, v[, cu_seqlens_q, cu_seqlens_k] (arguments), out, lse (results), with
+    the host lengths (``vcfg.cu``) uploaded here per device or, without them, the call's own device operands
     (:mod:`cupy_dash.jax.varlen_dyn`)."""
     packed = True
 
@@ -98,6 +93,7 @@ class _VarlenForward(callbacks._Forward):
         super().__init__(p, cfg)
         self.num_seqs, self.grid, self.cu = vcfg.num_seqs, (-(-vcfg.max_q // self.block_m), p.H, vcfg.num_seqs), {}
         if vcfg.cu is None:
+            self.names = (*plans.FWD_BUFFERS[:3], *plans.FWD_BUFFERS[5:], *plans.FWD_BUFFERS[3:5])
             return
         import cupy
         for dev in self.devices:
@@ -106,21 +102,22 @@ class _VarlenForward(callbacks._Forward):
                 self.cu[dev] = device_tables.upload_async([np.asarray(c, np.int32) for c in vcfg.cu], stream)
                 stream.synchronize()
 
-    def _cu_ptrs(self, dev, cu):
-        return tuple(callbacks._ptr(x) for x in cu) if cu else tuple(x.data.ptr for x in self.cu[dev])
+    def cu_seqlens(self, dev) -> tuple:
+        return tuple(x.data.ptr for x in self.cu[dev]) if dev in self.cu else (0, 0)
 
 
-class _PackedBackward(callbacks._BackwardCall):
-    """A traced varlen backward (``packed`` operands; the callback and ``_launch``: callbacks._BackwardCall's) and
-    its workspace size, which covers every tile its packings may take."""
+class _PackedBackward(callbacks._Call):
+    """A traced varlen backward (``packed`` operands): buffers dout, q, k, v, out, lse (arguments), dq, dk, dv and
+    the workspace (results), whose size covers every tile its packings may take."""
     packed = True
+    kind, names = "backward", plans.BWD_BUFFERS[:10]
 
     def __init__(self, p, cfg, vcfg, spin_timeout_ns):
         self.cfg, self.vcfg, self.spin = cfg, vcfg, spin_timeout_ns
         specs = kernels.bwd_specs(p.dtype, p.D, cfg.causal, softcap=p.softcap > 0, head_dim_v=p.Dv)
         self.work_bytes = launchers.varlen_work_bytes(specs, p, cfg.deterministic, spin_timeout_ns, cfg.causal,
                                                       cfg.window, (vcfg.num_seqs, vcfg.max_q))
-        super().__init__(p)
+        super().__init__(p, cfg)
         self.records = {}
 
     def packing_launch(self, dev, cu_host, stream) -> tuple:
@@ -128,6 +125,21 @@ class _PackedBackward(callbacks._BackwardCall):
         cfg = self.cfg
         return varlen_launch.packing_launch(dev, self.p, cfg.causal, cfg.deterministic, cfg.schedule, cfg.window,
                                             self.spin, cu_host, self.vcfg.max_q, stream)
+
+    def zero_gradients(self) -> plans.Parts:
+        """The plan where no sequence sees a key: no kernel, dq, dk and dv (buffers 6, 7, 8) zeroed."""
+        p = self.p
+        sizes = (p.Sq * p.H * p.D * 2, *launchers.kv_bytes(p))
+        return plans.Parts((), np.zeros(1, kernels.BWD_PARAMS_DTYPE), (), (), tuple(zip((6, 7, 8), sizes)))
+
+    def packing_plan(self, dev, c, cu_dev, build=plans.backward):
+        """``build``'s plan (plans.backward: parts; plans.backward_plan: the plan, cached with the tables) of the
+        packing's launch ``c`` on ``dev`` (device cu_seqlens ``cu_dev``), its workspace checked."""
+        if c.work_bytes > self.work_bytes:   # launchers.varlen_work_bytes covers every tile: never expected
+            raise RuntimeError(f"cupy_dash: the backward needs {c.work_bytes} bytes of workspace, the traced call "
+                               f"reserved {self.work_bytes}")
+        return build(c, self.bwd_strides(), self.names, error=(self.records[dev], 0),
+                     cu_seqlens=tuple(x.data.ptr for x in cu_dev))
 
 
 class _VarlenBackward(_PackedBackward):
@@ -150,40 +162,6 @@ class _VarlenBackward(_PackedBackward):
                 stream.synchronize()
                 self.cu[dev], self.records[dev] = cu, jit_record(dev, call)
 
-    def _launch(self, dev, stream):
-        return self.launches[dev], self.cu.get(dev)
-
-
-class _VarlenForwardFFI(_ffi._Planned, _VarlenForward):
-    """A traced varlen forward launched by the C handler: buffers q, k, v (and the device cu_seqlens_q,
-    cu_seqlens_k: arguments), out, lse (results); host lengths are the device copies this call uploaded."""
-
-    def __init__(self, p, cfg, vcfg):
-        super().__init__(p, cfg, vcfg)
-        names = plans.FWD_BUFFERS[:5] if vcfg.cu is not None else (*plans.FWD_BUFFERS[:3], *plans.FWD_BUFFERS[5:],
-                                                                   *plans.FWD_BUFFERS[3:5])
-        self._register(lambda dev: plans.forward(
-            self.spec, self.grid, self.block_m, self.block_n, self.p, self.window, self.strides[:3], names,
-            self.num_seqs, tuple(x.data.ptr for x in self.cu[dev]) if vcfg.cu is not None else (0, 0)))
-
-
-class _VarlenBackwardFFI(_ffi._Planned, _VarlenBackward):
-    """A traced varlen backward with host lengths launched by the C handler: buffers dout, q, k, v, out, lse
-    (arguments), dq, dk, dv and the workspace (results); on a device where no sequence sees a key, a plan without
-    kernels that zeroes dq, dk and dv."""
-
-    def __init__(self, p, cfg, vcfg, spin_timeout_ns):
-        super().__init__(p, cfg, vcfg, spin_timeout_ns)
-        self._register(self._plan)
-
-    def _plan(self, dev):
-        c, names = self.launches[dev], plans.BWD_BUFFERS[:10]
-        if c is None:
-            p, block = self.p, np.zeros(1, kernels.BWD_PARAMS_DTYPE)
-            sizes = (p.Sq * p.H * p.D * 2, *launchers.kv_bytes(p))
-            return plans.Parts((), block, (), (), tuple(zip((6, 7, 8), sizes)))
-        if c.work_bytes > self.work_bytes:   # launchers.varlen_work_bytes covers every tile: never expected
-            raise RuntimeError(f"cupy_dash: the backward needs {c.work_bytes} bytes of workspace, the traced call "
-                               f"reserved {self.work_bytes}")
-        return plans.backward(c, (*self.strides, self.strides[3]), names, error=(self.records[dev], 0),
-                              cu_seqlens=tuple(x.data.ptr for x in self.cu[dev]))
+    def parts(self, dev):
+        c = self.launches[dev]
+        return self.zero_gradients() if c is None else self.packing_plan(dev, c, self.cu[dev])

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..core import varlen_launch
 from ..core.varlen_launch import checked_cu_seqlens
-from ..cuda import kernels
+from ..cuda import kernels, plans
 from ..cuda.errors import jit_record
 from . import callbacks, varlen
 
@@ -40,9 +40,11 @@ def attention_device_lengths(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, 
 
 
 class _Backward(varlen._PackedBackward):
-    """A traced varlen backward with device cu_seqlens: per device its kernels (loaded at trace time) and error
-    record; the packing's schedule table is found or built when the callback runs."""
+    """A traced varlen backward with device cu_seqlens: buffers dout, q, k, v, out, lse, cu_seqlens_q,
+    cu_seqlens_k (arguments), dq, dk, dv and the workspace (results); per device its kernels (loaded at trace time)
+    and error record; the packing's schedule table and launch plan are found or built when the callback runs."""
     command_buffer = False   # NOTES: the callback reads the lengths back and may upload a table
+    ffi_capable = False
 
     def __init__(self, p, cfg, vcfg, spin_timeout_ns):
         super().__init__(p, cfg, vcfg, spin_timeout_ns)
@@ -55,19 +57,24 @@ class _Backward(varlen._PackedBackward):
                 self.records[dev] = jit_record(dev, (cfg.schedule, vcfg.num_seqs, p.H, p.Sq, p.Sk, p.D, cfg.causal,
                                                      cfg.window))
 
+    def parts(self, dev):
+        return None                                      # made per packing, when the call runs
+
     def lengths(self, cu_q, cu_k, stream) -> tuple:
-        """The host int32 cu_seqlens of the device buffers (after XLA's pending work on ``stream``), checked."""
+        """The host int32 cu_seqlens of the device buffers at ``cu_q``, ``cu_k`` (after XLA's pending work on
+        ``stream``), checked."""
         import cupy
         rt = cupy.cuda.runtime
         hosts = []
-        for buffer in (cu_q, cu_k):
+        for ptr in (cu_q, cu_k):
             host = np.empty(self.vcfg.num_seqs + 1, dtype=np.int32)
-            rt.memcpyAsync(host.ctypes.data, callbacks._ptr(buffer), host.nbytes, rt.memcpyDeviceToHost, stream.ptr)
+            rt.memcpyAsync(host.ctypes.data, ptr, host.nbytes, rt.memcpyDeviceToHost, stream.ptr)
             hosts.append(host)
         stream.synchronize()
         p, d = self.p, self.vcfg
         return checked_cu_seqlens(*hosts, p.Sq, p.Sk, d.max_q, d.max_k)
 
-    def _launch(self, dev, stream, cu_q, cu_k):
-        c, cu, _ = self.packing_launch(dev, self.lengths(cu_q, cu_k, stream), stream)      # the eager one
-        return c, cu
+    def run(self, dev, stream, buffers) -> None:
+        c, cu, _ = self.packing_launch(dev, self.lengths(buffers[6], buffers[7], stream), stream)   # the eager one
+        plan = self.zero_gradients().plan() if c is None else self.packing_plan(dev, c, cu, plans.backward_plan)
+        plan.run(stream.ptr, (*buffers[:6], *buffers[8:]))

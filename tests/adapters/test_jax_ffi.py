@@ -154,7 +154,7 @@ def _handler_writes_addresses(jax):
     p = problem(B=1, Sq=64, Sk=128, H=2, Hkv=1, D=64)
     c = backward_launch(p)
     qs, kvs = strides((p.B, p.Sq, p.H, p.D)), strides((p.B, p.Sk, p.Hkv, p.D))
-    parts = plans.backward(c, (qs, kvs, kvs, qs, qs), _jax_ffi._Backward.names, error=(0x8000, 0))
+    parts = plans.backward(c, (qs, kvs, kvs, qs, qs), plans.BWD_BUFFERS[:10], error=(0x8000, 0))
     params = parts.params
     slot = xla_ffi.register_plan(plans.pack_plan([(0, (1,), 128, 0)] * 3, params, parts.pointers, parts.maps,
                                                  flags=plans.PLAN_INSPECT))

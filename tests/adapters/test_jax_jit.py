@@ -302,12 +302,12 @@ def test_folding_the_batch_keeps_the_portable_addition_orders(policy, causal, gr
         assert np.array_equal(c, columns) and np.array_equal(d, dq), f"batch slice {i} adds in another order"
 
 
-def test_fixed_length_callbacks_hand_the_shared_launchers_their_operands(monkeypatch):
-    """The fixed-length forward and backward callbacks (the buffer_callback path) call the launches every entry
-    point shares: operands in the kernels' order (q, k, v[, out, dout]) with the traced strides, the caller's
-    stream; the forward with no varlen grid, the backward with its device's BwdLaunch and error record and no
-    cu_seqlens. A launch that needs more workspace than the traced call reserved raises before anything runs.
-    Buffers are addresses and the device is 0; the launches are recorded, not run."""
+def test_fixed_length_calls_plan_what_the_launchers_pack_and_run_it(monkeypatch):
+    """The fixed-length forward and backward calls: each device's plan is plans.forward / plans.backward of the
+    traced problem (kernels, grid, strides in the kernels' order; the backward's BwdLaunch and error record, no
+    cu_seqlens), and the callback runs the device's plan on XLA's stream with the call's buffers, arguments then
+    results (the C handler numbers them the same way). Buffers are addresses and the device is 0; the plans are
+    recorded, not run."""
     pytest.importorskip("jax")
     import contextlib
     import types
@@ -316,37 +316,31 @@ def test_fixed_length_callbacks_hand_the_shared_launchers_their_operands(monkeyp
     monkeypatch.setattr(cupy.cuda, "Device", lambda dev: contextlib.nullcontext())
     monkeypatch.setattr(callbacks, "_ptr", lambda buffer: buffer)
     monkeypatch.setattr(callbacks, "_device", lambda buffer, prepared: 0)
-    monkeypatch.setattr(callbacks.interop, "external_stream", lambda ptr, dev: ("stream", ptr, dev))
+    monkeypatch.setattr(callbacks.interop, "external_stream", lambda ptr, dev: types.SimpleNamespace(ptr=ptr + dev))
     calls = []
-    monkeypatch.setattr(plans, "forward_plan", lambda *a: calls.append(("fwd_plan", a)) or "fwd plan")
-    monkeypatch.setattr(plans, "backward_plan", lambda *a, **kw: calls.append(("bwd_plan", a, kw)) or "bwd plan")
+    monkeypatch.setattr(plans, "forward", lambda *a: calls.append(("forward", a)) or "fwd parts")
+    monkeypatch.setattr(plans, "backward", lambda *a, **kw: calls.append(("backward", a, kw)) or "bwd parts")
     monkeypatch.setattr(launchers, "fwd_grid", lambda p, block_m: (9, 8, 7))
-    monkeypatch.setattr(launchers, "enqueue_forward", lambda *a: calls.append(("fwd", a)))
-    monkeypatch.setattr(launchers, "enqueue_backward", lambda *a: calls.append(("bwd", a)))
     qs, kvs, vs, os_ = (11, 12, 13), (21, 22, 23), (31, 32, 33), (41, 42, 43)
     ctx = types.SimpleNamespace(stream=7)
+    ran = types.SimpleNamespace(run=lambda stream, buffers: calls.append(("run", stream, buffers)))
 
     fwd = object.__new__(callbacks._Forward)
     fwd.spec, fwd.block_m, fwd.block_n, fwd.p, fwd.window = "spec", 128, 64, "p", (-1, 5)
-    fwd.strides, fwd.devices = (qs, kvs, vs, os_), (0,)
+    fwd.strides, fwd.devices, fwd.plans = (qs, kvs, vs, os_), (0,), {0: ran}
+    assert fwd.parts(0) == "fwd parts"
     fwd(ctx, (0x50, 0x60), 0x10, 0x20, 0x30)                         # (out, lse), q, k, v
-    assert calls == [("fwd_plan", ("spec", (9, 8, 7), 128, 64, "p", (-1, 5), (qs, kvs, vs), plans.FWD_BUFFERS[:5],
-                                   None)),
-                     ("fwd", ("fwd plan", ("stream", 7, 0), (0x10, 0x20, 0x30, 0x50, 0x60)))]
+    assert calls == [("forward", ("spec", (9, 8, 7), 128, 64, "p", (-1, 5), (qs, kvs, vs), plans.FWD_BUFFERS[:5],
+                                  None, (0, 0))),
+                     ("run", 7, (0x10, 0x20, 0x30, 0x50, 0x60))]
     calls.clear()
 
     bwd = object.__new__(callbacks._Backward)
     c = types.SimpleNamespace(work_bytes=4096)
     bwd.launches, bwd.records, bwd.work_bytes = {0: c}, {0: 0x99}, 4096
-    bwd.strides, bwd.devices = (qs, kvs, vs, os_), (0,)
-    outs = (0x1, 0x2, 0x3, 0x4)                                      # dq, dk, dv, workspace
-    bwd(ctx, outs, 0x15, 0x10, 0x20, 0x30, 0x40, 0x45)               # dout, q, k, v, out, lse
-    assert calls == [("bwd_plan", (c, (qs, kvs, vs, os_, os_), plans.BWD_BUFFERS[:10]),
-                      {"error": (0x99, 0), "cu_seqlens": (0, 0)}),
-                     ("bwd", (c, ("stream", 7, 0), (0x15, 0x10, 0x20, 0x30, 0x40, 0x45, 0x1, 0x2, 0x3, 0x4)))]
-    assert c.plan == "bwd plan"
-    calls.clear()
-    bwd.work_bytes = 4095
-    with pytest.raises(RuntimeError, match="4096 bytes of workspace"):
-        bwd(ctx, outs, 0x15, 0x10, 0x20, 0x30, 0x40, 0x45)
-    assert not calls
+    bwd.strides, bwd.devices, bwd.plans = (qs, kvs, vs, os_), (0,), {0: ran}
+    assert bwd.parts(0) == "bwd parts"
+    # results dq, dk, dv, workspace; arguments dout, q, k, v, out, lse
+    bwd(ctx, (0x1, 0x2, 0x3, 0x4), 0x15, 0x10, 0x20, 0x30, 0x40, 0x45)
+    assert calls == [("backward", (c, (qs, kvs, vs, os_, os_), plans.BWD_BUFFERS[:10]), {"error": (0x99, 0)}),
+                     ("run", 7, (0x15, 0x10, 0x20, 0x30, 0x40, 0x45, 0x1, 0x2, 0x3, 0x4))]

@@ -218,36 +218,37 @@ def test_traced_lengths_are_checked_when_the_backward_runs(monkeypatch):
 
 @pytest.mark.parametrize("softcap", [0.0, 30.0], ids=["plain", "capped"])
 def test_the_forward_callback_launches_as_the_eager_varlen_forward(monkeypatch, softcap):
-    """The varlen forward's callback (traced lengths: the call's own cu_seqlens buffers) goes through the launch every
-    entry point shares (a launch plan run by launchers.enqueue_forward), with the grid sized by max_seqlen_q and the
-    sequences' count and cu_seqlens pointers; capped or not, the same build, the cap in the parameters (p). Buffers are addresses, the
-    device is 0, the launch is recorded."""
+    """The varlen forward's call (traced lengths: the call's own cu_seqlens buffers) plans the launch every entry
+    point shares, with the grid sized by max_seqlen_q, the sequences' count and the cu_seqlens operands as buffers
+    (capped or not, the same build, the cap in the parameters, p), and its callback runs the device's plan with the
+    call's buffers, arguments then results. Buffers are addresses, the device is 0, the plan is recorded."""
     pytest.importorskip("jax")
     import types
-    from cupy_dash.cuda import launchers, plans
+    from cupy_dash.cuda import plans
     from cupy_dash.jax import callbacks, varlen as jax_varlen
     import contextlib
     import cupy
-    launched = []
-    monkeypatch.setattr(cupy.cuda, "Device", lambda dev: contextlib.nullcontext())
-    monkeypatch.setattr(callbacks, "_ptr", lambda buffer: buffer)
-    monkeypatch.setattr(callbacks, "_device", lambda buffer, prepared: 0)
-    monkeypatch.setattr(plans, "forward_plan", lambda *a: launched.append(("plan", a)) or "plan")
-    monkeypatch.setattr(launchers, "enqueue_forward", lambda *a: launched.append(("launch", a)))
-    monkeypatch.setattr(callbacks.interop, "external_stream", lambda ptr, dev: ptr)
     fwd = object.__new__(jax_varlen._VarlenForward)
     fwd.p = types.SimpleNamespace(B=1, Sq=300, Sk=500, H=2, Hkv=2, D=64, Dv=64, scale=0.125, softcap=softcap,
                                   dtype="bf16")
     fwd.block_m, fwd.block_n, fwd.window, fwd.num_seqs, fwd.grid = 128, 128, (-1, -1), 3, (2, 2, 3)
     fwd.strides = ((256, 128, 2),) * 4
     fwd.devices, fwd.cu = (0,), {}
+    fwd.names = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "out", "lse")      # traced lengths: operands
     fwd.spec = types.SimpleNamespace(label="fwd[bf16,d64,full,varlen]", defines=())
-    ctx = types.SimpleNamespace(stream=7)
-    fwd(ctx, (0x5000, 0x6000), 0x1000, 0x2000, 0x3000, 0x7000, 0x8000)
-    assert launched == [("plan", (fwd.spec, (2, 2, 3), 128, 128, fwd.p, (-1, -1), fwd.strides[:3],
-                                  plans.FWD_BUFFERS, 3)),
-                        ("launch", ("plan", 7, (0x1000, 0x2000, 0x3000, 0x5000, 0x6000, 0x7000, 0x8000)))]
-    assert launched[0][1][4].softcap == softcap                 # one build, the cap in the parameters
+    planned = []
+    monkeypatch.setattr(plans, "forward", lambda *a: planned.append(a) or "parts")
+    assert fwd.parts(0) == "parts"
+    assert planned == [(fwd.spec, (2, 2, 3), 128, 128, fwd.p, (-1, -1), fwd.strides[:3], fwd.names, 3, (0, 0))]
+    assert planned[0][4].softcap == softcap                 # one build, the cap in the parameters
+    ran = []
+    fwd.plans = {0: types.SimpleNamespace(run=lambda stream, buffers: ran.append((stream, buffers)))}
+    monkeypatch.setattr(cupy.cuda, "Device", lambda dev: contextlib.nullcontext())
+    monkeypatch.setattr(callbacks, "_ptr", lambda buffer: buffer)
+    monkeypatch.setattr(callbacks, "_device", lambda buffer, prepared: 0)
+    monkeypatch.setattr(callbacks.interop, "external_stream", lambda ptr, dev: types.SimpleNamespace(ptr=ptr))
+    fwd(types.SimpleNamespace(stream=7), (0x5000, 0x6000), 0x1000, 0x2000, 0x3000, 0x7000, 0x8000)
+    assert ran == [(7, (0x1000, 0x2000, 0x3000, 0x7000, 0x8000, 0x5000, 0x6000))]     # arguments, then results
 
 
 @pytest.mark.parametrize("max_q,block_ms", [(4000, {64}), (5000, {64, 80})], ids=["short", "long"])
@@ -270,10 +271,10 @@ def test_traced_lengths_load_every_tile_a_packing_may_take(monkeypatch, max_q, b
     monkeypatch.setattr(kernels, "bwd_entry", fake_bwd_entry)
     total, H, D = 6000, 2, 128
     p = types.SimpleNamespace(B=1, Sq=total, Sk=total, H=H, Hkv=H, D=D, Dv=D, dtype="bfloat16", softcap=0.0)
-    cfg = types.SimpleNamespace(causal=False, window=(-1, -1), deterministic=True, schedule="fa3")
+    cfg = types.SimpleNamespace(causal=False, window=(-1, -1), deterministic=True, schedule="fa3", ffi=True)
     vcfg = jax_varlen._VarlenConfig(None, 2, max_q, max_q, None, jax_varlen_dyn._Backward)
     bwd = jax_varlen_dyn._Backward(p, cfg, vcfg, 10 ** 9)
-    assert loaded == block_ms
+    assert loaded == block_ms and not bwd.ffi                  # a callback whatever the mechanism asked
     specs = kernels.bwd_specs("bfloat16", D, False)
     assert bwd.work_bytes == max(launchers.BwdLaunch(specs, m, 128, p, True, 10 ** 9, False, (-1, -1),
                                                      varlen=(2, max_q)).work_bytes for m in block_ms)

@@ -254,7 +254,7 @@ def test_jitted_train_step_is_reproducible_and_prepares_once(mechanism):
 # errors inside a compiled call
 # ----------------------------------------------------------------------------------------------------------------
 def test_semaphore_timeout_in_compiled_call_is_reported_by_check_errors(monkeypatch):
-    monkeypatch.setenv("CUPY_DASH_JAX_FFI", "0")                 # the callback reads the tables it is given
+    monkeypatch.setenv("CUPY_DASH_JAX_FFI", "0")                 # the callback runs the plan it is given
     from cupy_dash.cuda import device_tables
     case = Case(64, False, seqlen_q=512, seqlen_k=512, heads=2, heads_kv=2, batch=1)
     q, k, v, dout = make(case, salt="timeout")
@@ -282,12 +282,16 @@ def test_semaphore_timeout_in_compiled_call_is_reported_by_check_errors(monkeypa
                                                  launch.num_m_blocks, dev, cupy.cuda.get_current_stream(), wait=True)
             cupy.cuda.get_current_stream().synchronize()
         launch.spin_timeout_ns = 200_000_000
+        with cupy.cuda.Device(dev):
+            prepared.plans[dev] = prepared.parts(dev).plan()         # the launch plan of the bad table
         jax.block_until_ready(backward(dout, q, k, v, out, lse))
         with pytest.raises(RuntimeError, match="jax.jit-compiled call") as info:
             cupy_dash.check_errors()
         assert "fa3" in str(info.value) and "timed out" in str(info.value), info.value
     finally:
         launch.tables, launch.spin_timeout_ns = tables, timeout
+        with cupy.cuda.Device(dev):
+            prepared.plans[dev] = prepared.parts(dev).plan()
     again = backward(dout, q, k, v, out, lse)
     cupy_dash.check_errors()                          # the record was cleared: no error is left
     for name, x, e in zip(("dq", "dk", "dv"), again, good):
