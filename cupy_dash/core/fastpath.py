@@ -211,7 +211,7 @@ def run_forward(plan, stream, q, k, v, cu=()):
     errors.poll_errors()
     if plan.cupy:
         out, lse = cupy.empty(plan.out_shape, plan.dtype), cupy.empty(plan.lse_shape, cupy.float32)
-        buffers = (q.data.ptr, k.data.ptr, v.data.ptr, out.data.ptr, lse.data.ptr)
+        buffers = (q.data.ptr, k.data.ptr, v.data.ptr, out.data.ptr, lse.data.ptr, *(x.data.ptr for x in cu))
     else:
         torch = _torch
         # NOTES: empty_like (no shape or dtype to parse: ~0.5 µs less per allocation) where q is contiguous with

@@ -1,11 +1,11 @@
-"""Host fast paths of the varlen forward and backward for torch tensors (see :mod:`cupy_dash.core.fastpath` for the
-idea).
+"""Host fast paths of the varlen forward and backward for torch tensors and CuPy arrays (see
+:mod:`cupy_dash.core.fastpath` for the idea).
 
 A training step with packed sequences calls :func:`cupy_dash.attention_backward_varlen` once per layer with the
-same packing, shapes and flags. After a full-path call with torch tensors has been validated and launched, its
-plan is kept here: the full path's launch plan (its block points at the device copies of the schedule table and of
+same packing, shapes and flags. After a full-path call with torch tensors (or CuPy arrays: all operands of one
+framework) has been validated and launched, its plan is kept here: the full path's launch plan (its block points at the device copies of the schedule table and of
 cu_seqlens that the full path uploaded, which the plan keeps alive). A later call with the same signature, lengths
-and stream re-launches from it: four ``torch.empty`` and the launch plan run with the call's addresses (dk, dv
+and stream re-launches from it: four allocations and the launch plan run with the call's addresses (dk, dv
 zeroed first, as varlen backwards always are). A call with the same signature but new lengths (the next step's
 packing) starts from the same plan, kept as the *template* of those tensors: the lengths are checked as the full
 path checks them, the packing's table is built and uploaded, and the launch plan's length-dependent fields are
@@ -14,13 +14,15 @@ the device): its signature holds their layouts, and their addresses are patched 
 
 NOTES: the signature holds what the full path's checks depend on: every tensor's shape, strides, dtype and device,
 16-byte alignment of all six addresses, the arguments by type and value, the environment variables that change the
-launch (config.fingerprint: spin timeout, fold, compact tables, device expansion), the torch stream (the table's
-upload was ordered before the full call's kernels on that stream only), and the lengths: host cu_seqlens by dtype
-and bytes (checked by the full path when the plan was made), device ones through the forward's host copy
-(:mod:`cupy_dash.core.varlen_host_cu`; no copy, no fast path). So a call that would fail a check never matches.
+launch (config.fingerprint: spin timeout, fold, compact tables, device expansion), the caller's stream (torch's
+or CuPy's current one: the table's upload was ordered before the full call's kernels on that stream only), and the
+lengths: host cu_seqlens by dtype and bytes (checked by the full path when the plan was made), device torch ones
+through the forward's host copy (:mod:`cupy_dash.core.varlen_host_cu`; no copy, or CuPy device lengths: no fast
+path). So a call that would fail a check never matches.
 """
 from __future__ import annotations
 
+import cupy
 import numpy as np
 
 from .. import config
@@ -78,20 +80,26 @@ class _DeviceCu:
 def key(do, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, softmax_scale, window, schedule, deterministic,
         softcap=0.0):
     """The varlen backward's signature (module docstring), or None when the fast path cannot serve the call."""
-    if not fastpath.enabled() or not all(fastpath.is_torch(x) for x in (do, q, k, v, out, lse)) or \
-            type(causal) is not bool or type(deterministic) is not bool or type(window) is not tuple or \
-            type(schedule) is not str or type(max_q) is not int or type(max_k) is not int or \
-            (softmax_scale is not None and type(softmax_scale) is not float) or not q.is_cuda or \
+    if not fastpath.enabled() or type(causal) is not bool or type(deterministic) is not bool or \
+            type(window) is not tuple or type(schedule) is not str or type(max_q) is not int or \
+            type(max_k) is not int or (softmax_scale is not None and type(softmax_scale) is not float) or \
             type(softcap) not in fastpath.NUMBERS:
         return None
-    dev = q.get_device()
+    if all(fastpath.is_torch(x) for x in (do, q, k, v, out, lse)) and q.is_cuda:
+        dev, sig = q.get_device(), fastpath._sig
+        ptrs = do.data_ptr() | q.data_ptr() | k.data_ptr() | v.data_ptr() | out.data_ptr() | lse.data_ptr()
+        stream = interop._torch_stream_ptr(dev)
+    elif all(fastpath.is_cupy(x) for x in (do, q, k, v, out, lse)):
+        dev, sig = q.device.id, fastpath._cupy_sig
+        ptrs = do.data.ptr | q.data.ptr | k.data.ptr | v.data.ptr | out.data.ptr | lse.data.ptr
+        stream = cupy.cuda.get_current_stream(dev).ptr
+    else:
+        return None
     lens = _lengths_key(cu_q, dev), _lengths_key(cu_k, dev)
     if lens[0] is None or lens[1] is None:
         return None
-    sig = fastpath._sig
-    ptrs = do.data_ptr() | q.data_ptr() | k.data_ptr() | v.data_ptr() | out.data_ptr() | lse.data_ptr()
     return (sig(do), sig(q), sig(k), sig(v), sig(out), sig(lse), lens, max_q, max_k, causal, softmax_scale, window,
-            schedule, deterministic, not (ptrs & 15), interop._torch_stream_ptr(dev), config.fingerprint(), softcap)
+            schedule, deterministic, not (ptrs & 15), stream, config.fingerprint(), softcap)
 
 
 def _template_key(key_):
@@ -180,13 +188,16 @@ def _new_packing(key_, bases, cu_q, cu_k):
 # ------------------------------------------------------------------------------------------------------------
 def forward_key(q, k, v, cu_q, cu_k, max_q, max_k, causal, softmax_scale, window, softcap=0.0):
     """The varlen forward's signature, or None when the fast path cannot serve the call."""
-    if not fastpath.enabled() or not all(fastpath.is_torch(x) for x in (q, k, v, cu_q, cu_k)) or \
-            type(causal) is not bool or type(window) is not tuple or type(max_q) is not int or \
+    if not fastpath.enabled() or type(causal) is not bool or type(window) is not tuple or type(max_q) is not int or \
             type(max_k) is not int or (softmax_scale is not None and type(softmax_scale) is not float) or \
             type(softcap) not in fastpath.NUMBERS:
         return None
-    sig = fastpath._sig
-    ptrs = q.data_ptr() | k.data_ptr() | v.data_ptr() | cu_q.data_ptr() | cu_k.data_ptr()
+    if all(fastpath.is_torch(x) for x in (q, k, v, cu_q, cu_k)):
+        sig, ptrs = fastpath._sig, q.data_ptr() | k.data_ptr() | v.data_ptr() | cu_q.data_ptr() | cu_k.data_ptr()
+    elif all(fastpath.is_cupy(x) for x in (q, k, v, cu_q, cu_k)):
+        sig, ptrs = fastpath._cupy_sig, q.data.ptr | k.data.ptr | v.data.ptr | cu_q.data.ptr | cu_k.data.ptr
+    else:
+        return None
     return (sig(q), sig(k), sig(v), sig(cu_q), sig(cu_k), max_q, max_k, causal, softmax_scale, window,
             not (ptrs & 15), cu_q is cu_k, softcap)
 
@@ -199,7 +210,8 @@ def register_forward(key_, launch, shapes, like, cu_infos) -> None:
 
 def _run_forward(plan, stream, q, k, v, cu_q, cu_k):
     result = fastpath.run_forward(plan, stream, q, k, v, (cu_q, cu_k))
-    varlen_host_cu.remember_both(cu_q, cu_k, plan.cu_infos, (cu_q.data_ptr(), cu_k.data_ptr()), stream)
+    if not plan.cupy:                    # (host copies of torch tensors only: varlen_host_cu)
+        varlen_host_cu.remember_both(cu_q, cu_k, plan.cu_infos, (cu_q.data_ptr(), cu_k.data_ptr()), stream)
     return result
 
 
