@@ -3,7 +3,8 @@ contiguous torch CUDA tensor stand-in, the ``no_gpu`` fixture (tensor maps, allo
 tables, error slots and the launch replaced; yields the list of enqueued backwards), a packed varlen batch of such
 tensors, and per-packing made-up table addresses. It sits beside conftest.py because more than one layer uses it:
 adapters/test_fastpath_varlen.py, adapters/test_fastpath_host.py, unit/test_config.py, and the benchmark scripts
-benchmarks/host_python.py and benchmarks/host_varlen_python.py."""
+benchmarks/host_python.py and benchmarks/host_varlen_python.py; and a backward launch of made-up tables
+(unit/test_launch_plans.py, adapters/test_jax_ffi.py)."""
 from __future__ import annotations
 
 import contextlib
@@ -211,3 +212,14 @@ def served_backwards(enqueued, args, calls, **kwargs) -> list:
     for e in enqueued[1:]:
         assert_full_paths_block(enqueued[0]["params"], e["params"])
     return list(zip(enqueued[1:], grads))
+
+
+def backward_launch(p, deterministic=True, window=(-1, 0)):
+    """A causal bf16 launchers.BwdLaunch of the problem ``p`` with made-up per-visit tables (17 CTAs)."""
+    specs = kernels.bwd_specs("bfloat16", p.D, True)
+    tile = kernels.bwd_tile(p.D, True)
+    c = launchers.BwdLaunch(specs, tile.block_m, tile.block_n, p, deterministic, 10**9, True, window)
+    ptr = types.SimpleNamespace
+    c.tables = types.SimpleNamespace(visits=ptr(data=ptr(ptr=0x5000)), rank=ptr(data=ptr(ptr=0x6000)),
+                                     cta_start=ptr(data=ptr(ptr=0x7000)), num_ctas=17, policy="fa3")
+    return c

@@ -20,7 +20,8 @@ import types
 import numpy as np
 import pytest
 
-from cupy_dash.cuda import kernels, launchers, plans, tensormap
+from cupy_dash.cuda import plans, tensormap
+from fastpath_fakes import backward_launch
 
 pytest.importorskip("jax")
 xla_ffi = pytest.importorskip("cupy_dash.jax._xla_ffi", reason="the extension is not built (setup.py build_ext)")
@@ -118,16 +119,6 @@ def test_declared_abi_matches_jaxlib_header(tmp_path):
                           str(src)],
                          capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
-
-
-def backward_launch(p, deterministic=True, window=(-1, 0)):
-    specs = kernels.bwd_specs("bfloat16", p.D, True)
-    tile = kernels.bwd_tile(p.D, True)
-    c = launchers.BwdLaunch(specs, tile.block_m, tile.block_n, p, deterministic, 10**9, True, window)
-    ptr = types.SimpleNamespace
-    c.tables = types.SimpleNamespace(visits=ptr(data=ptr(ptr=0x5000)), rank=ptr(data=ptr(ptr=0x6000)),
-                                     cta_start=ptr(data=ptr(ptr=0x7000)), num_ctas=17, policy="fa3")
-    return c
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from cupy_dash.cuda import executor, kernels, launchers, plans, tensormap
+from fastpath_fakes import backward_launch
 
 
 def fake_map(ptr, dtype, shape, strides, box_rows, name="tensor", box_panels=None):
@@ -50,16 +51,6 @@ def forward_parts(p, names=plans.FWD_BUFFERS[:5]):
     spec, bm, bn = kernels.fwd_entry(p.dtype, p.D, True)
     st = (strides((p.B, p.Sq, p.H, p.D)), strides((p.B, p.Sk, p.Hkv, p.D)), strides((p.B, p.Sk, p.Hkv, p.D)))
     return plans.forward(spec, launchers.fwd_grid(p, bm), bm, bn, p, (-1, 0), st, names), st, bm, bn
-
-
-def backward_launch(p, deterministic=True, window=(-1, 0)):
-    specs = kernels.bwd_specs("bfloat16", p.D, True)
-    tile = kernels.bwd_tile(p.D, True)
-    c = launchers.BwdLaunch(specs, tile.block_m, tile.block_n, p, deterministic, 10**9, True, window)
-    ptr = types.SimpleNamespace
-    c.tables = types.SimpleNamespace(visits=ptr(data=ptr(ptr=0x5000)), rank=ptr(data=ptr(ptr=0x6000)),
-                                     cta_start=ptr(data=ptr(ptr=0x7000)), num_ctas=17, policy="fa3")
-    return c
 
 
 def backward_strides(p):
