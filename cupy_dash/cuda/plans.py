@@ -34,17 +34,23 @@ _forwards: dict = {}
 _lock = threading.Lock()
 _SHIFT = 36                              # each fake buffer spans 2^36 bytes (16-byte aligned, below 2^47)
 _FAKE_BASES = (0x100 << _SHIFT, 0x180 << _SHIFT)
+# the block offsets of the workspace's arrays, in launchers.BwdLaunch.offsets' order (their patches add the offset)
+_WORK_FIELDS = {kernels.BWD_PARAMS_DTYPE.fields[name][1]: k for k, name in enumerate(
+    ("lse_log2", "dpsum", "dq_accum", "dq_semaphore"))}
 
 
 class Parts(typing.NamedTuple):
     """A plan before packing: ``kernels`` ``[(CUfunction, grid, threads, smem bytes), ...]``, ``params`` the
     template (a size-1 structured array), ``pointers`` / ``maps`` ``[(offset, buffer, add), ...]``, ``zeros``
-    ``[(buffer, bytes), ...]``."""
+    ``[(buffer, bytes), ...]``, ``names`` the buffers' (:func:`forward`, :func:`backward`); ``work``: a backward's
+    ``(pointer patch index, workspace array)`` of the patches into its workspace (:func:`rebased`)."""
     kernels: tuple
     params: np.ndarray
     pointers: tuple
     maps: tuple
     zeros: tuple = ()
+    names: tuple = ()
+    work: tuple = ()
 
     def plan(self, flags: int = 0) -> executor.LaunchPlan:
         return executor.LaunchPlan(pack_plan(self.kernels, self.params, self.pointers, self.maps, self.zeros, flags),
@@ -87,8 +93,8 @@ def pack_plan(kernel_launches, params, pointers, maps, zeros=(), flags=0) -> byt
     blob = [struct.pack("<8I", executor.PLAN_MAGIC, flags, len(kernel_launches), len(raw), len(pointers), len(maps),
                         len(zeros), 0)]
     blob += [_kernel_bytes(*k) for k in kernel_launches]
-    blob += [struct.pack("<IIQ", int(o), int(i), int(add)) for o, i, add in (*pointers, *maps)]
-    blob += [struct.pack("<IIQ", 0, int(i), int(n)) for i, n in zeros]
+    blob += [_PATCH_STRUCT.pack(int(o), int(i), int(add)) for o, i, add in (*pointers, *maps)]
+    blob += [_PATCH_STRUCT.pack(0, int(i), int(n)) for i, n in zeros]
     blob.append(raw)
     return b"".join(blob)
 
@@ -109,7 +115,7 @@ def forward(spec, grid, block_m, block_n, p, window, strides, names=FWD_BUFFERS[
                                           a.get("cu_seqlens_k", cu_seqlens[1]))
         return launchers.fwd_params(block_m, block_n, p, window, tuple(zip((a["q"], a["k"], a["v"]), strides)),
                                     a["out"], a["lse"], cu, None if varlen is None else grid)
-    return Parts((_launch(spec, grid),), *find_patches(pack, names))
+    return Parts((_launch(spec, grid),), *find_patches(pack, names), (), names)
 
 
 def backward(c, strides, names=BWD_BUFFERS, error=None, cu_seqlens=(0, 0), timeline=0) -> Parts:
@@ -123,7 +129,10 @@ def backward(c, strides, names=BWD_BUFFERS, error=None, cu_seqlens=(0, 0), timel
         return launchers.bwd_params(c, operands, a["lse"], a["work"], (a["dq"], a["dk"], a["dv"]),
                                     (a["error"], a["error_host"]) if error is None else error, timeline, cu_seqlens)
     zeros = tuple(zip((names.index("dk"), names.index("dv")), launchers.kv_bytes(c.p))) if c.zero_kv else ()
-    return Parts(tuple(_launch(s, g) for s, g in launchers.bwd_kernels(c)), *find_patches(pack, names), zeros)
+    params, pointers, maps = find_patches(pack, names)
+    work = tuple((i, _WORK_FIELDS[o]) for i, (o, b, _) in enumerate(pointers)
+                 if names[b] == "work" and o in _WORK_FIELDS)
+    return Parts(tuple(_launch(s, g) for s, g in launchers.bwd_kernels(c)), params, pointers, maps, zeros, names, work)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -176,11 +185,14 @@ def backward_plan(c, strides, names=BWD_BUFFERS, error=None, cu_seqlens=(0, 0), 
 # every schedule field, then the other length-dependent ones, in rebased's order
 _REBASED_OFFSETS = int_field_offsets(kernels.BWD_PARAMS_DTYPE, launchers.SCHEDULE_FIELDS + (
     "batch", "num_m_blocks", "seqlen_q_rounded", "cu_seqlens_q", "cu_seqlens_k"))
-_HEADER, _KERNEL = struct.calcsize("<8I"), struct.calcsize("<Q3I3III")
+_KERNEL_STRUCT, _PATCH_STRUCT = struct.Struct("<Q3I3III"), struct.Struct("<IIQ")     # launch_plan.h's records
+_HEADER, _KERNEL = struct.calcsize("<8I"), _KERNEL_STRUCT.size
 
 
 def _kernel_bytes(function, grid, threads, smem) -> bytes:
-    return struct.pack("<Q3I3III", int(function), *kernels.grid_xyz(grid), int(threads), 1, 1, int(smem), 0)
+    gx, gy, gz = (*grid, 1, 1)[:3] if type(grid) is tuple and 0 < len(grid) <= 3 and min(grid) >= 1 else \
+        kernels.grid_xyz(grid)
+    return _KERNEL_STRUCT.pack(int(function), gx, gy, gz, int(threads), 1, 1, int(smem), 0)
 
 
 def rebased(base, base_specs, c, cu_seqlens) -> executor.LaunchPlan:
@@ -188,10 +200,11 @@ def rebased(base, base_specs, c, cu_seqlens) -> executor.LaunchPlan:
     packing of the same tensors, flags and stream (``cu_seqlens``: its device lengths): the fields that depend on
     the lengths (every schedule field, the sequence count, the padded scratch rows, the lengths) patched into
     base's template, its kernels' grids (base's function handles where the kernels are base's; a packing large
-    enough for compact tables has others), the patches base's (the same buffers).
+    enough for compact tables has others), the patches base's (the same buffers) but the workspace's.
 
-    NOTES: on the training step's path (a new packing per step): the template is patched in C and the blob
-    spliced from base's, not packed again (~3 µs against ~30)."""
+    NOTES: the workspace's layout follows the lengths too (its arrays' offsets, launchers.BwdLaunch.offsets): the
+    patches of the buffer ``work`` get this packing's offsets. On the training step's path (a new packing per step):
+    the template is patched in C and the blob spliced from base's, not packed again (~5 µs against ~30)."""
     parts = base.parts
     fields = launchers.bwd_schedule_fields(c.tables)
     size = parts.params.dtype.itemsize
@@ -203,9 +216,17 @@ def rebased(base, base_specs, c, cu_seqlens) -> executor.LaunchPlan:
         kernel_launches = tuple((k[0], g, *k[2:]) for k, (_, g) in zip(parts.kernels, bwd))
     else:
         kernel_launches = tuple(_launch(s, g) for s, g in bwd)
-    new = parts._replace(kernels=kernel_launches, params=np.frombuffer(template, dtype=parts.params.dtype))
+    pointers = list(parts.pointers)
+    start = _HEADER + len(parts.kernels) * _KERNEL
+    patches = bytearray(base.blob[start:start + 16 * len(pointers)])
+    for i, k in parts.work:
+        o, b, _ = pointers[i]
+        pointers[i] = (o, b, c.offsets[k])
+        _PATCH_STRUCT.pack_into(patches, 16 * i, o, b, c.offsets[k])
+    new = parts._replace(kernels=kernel_launches, params=np.frombuffer(template, dtype=parts.params.dtype),
+                         pointers=tuple(pointers))
     if len(kernel_launches) != len(parts.kernels):
         return new.plan()
-    patches = base.blob[_HEADER + len(parts.kernels) * _KERNEL:len(base.blob) - size]
-    return executor.LaunchPlan(b"".join((base.blob[:_HEADER], *(_kernel_bytes(*k) for k in kernel_launches), patches,
+    return executor.LaunchPlan(b"".join((base.blob[:_HEADER], *(_kernel_bytes(*k) for k in kernel_launches),
+                                         patches, base.blob[start + len(patches):len(base.blob) - size],
                                          bytes(template))), new)

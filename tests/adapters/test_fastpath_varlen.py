@@ -101,6 +101,9 @@ def test_a_new_packing_is_served_with_the_full_paths_block(no_gpu, monkeypatch, 
         run(cu_q, cu_k)
         assert fastpath_varlen.stats()["new_packing_hits"] == new + 1
         fast = enqueued[-1]
+        work = int(fast["params"]["lse_log2"]) - fast["c"].offsets[0]     # the scratch laid out for this packing
+        assert [int(fast["params"][n]) - work for n in ("dpsum", "dq_accum", "dq_semaphore")] == list(
+            fast["c"].offsets[1:4])
         hits = fastpath_varlen.stats()["hits"]
         run(cu_q, cu_k)
         assert fastpath_varlen.stats()["hits"] == hits + 1                      # the packing's own plan now

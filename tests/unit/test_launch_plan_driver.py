@@ -55,7 +55,7 @@ def _plan():
     template = np.frombuffer(bytes(range(256)), dtype=np.dtype((np.void, 256)))
     parts = plans.Parts(((0x1111, (3, 2), 128, 1000), (0x2222, (7,), 384, 2000)), template,
                         ((0, 1, 16), (8, 0, 0)), ((64, 2, 0),), ((3, 4096), (0, 8)))
-    return parts, plans.pack_plan(*parts)
+    return parts, parts.plan().blob
 
 
 def test_a_run_makes_the_driver_calls_of_its_plan(fake_libcuda):

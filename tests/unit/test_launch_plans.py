@@ -221,3 +221,31 @@ def test_varlen_forward_plans_take_their_lengths_as_buffers_or_fixed(cu):
     plan = plans.forward(spec, grid, bm, bn, p, (-1, 0), st, names, 3, fixed).plan()
     want = launchers.fwd_params(bm, bn, p, (-1, 0), tuple(zip((q, k, v), st)), out, lse, (3, cq, ck), grid)
     assert plan.inspect(buffers) == want.tobytes()
+
+
+@pytest.mark.parametrize("compact", [False, True], ids=["per-visit", "compact"])
+def test_a_rebased_plan_is_the_plan_of_its_packing(compact):
+    """plans.rebased (a new varlen packing of the same tensors: the template's plan with the length-dependent fields
+    patched in C and the blob spliced) gives the block, kernels and zeroing of a plan built afresh for the new
+    packing, for the same kernels or (a packing large enough for compact records) the compact build's."""
+    ptr = types.SimpleNamespace
+    p = problem(B=1, Sq=3000, Sk=5000)
+    st = backward_strides(p)
+
+    def launch(num_seqs, max_q, base, specs):
+        tile = kernels.bwd_tile(p.D, True)
+        c = launchers.BwdLaunch(specs, tile.block_m, tile.block_n, p, True, 10**9, True, (-1, 0),
+                                varlen=(num_seqs, max_q))
+        c.tables = ptr(visits=ptr(data=ptr(ptr=base)), rank=ptr(data=ptr(ptr=base + 0x100)),
+                       cta_start=ptr(data=ptr(ptr=base + 0x200)), num_ctas=11 + num_seqs, policy="fa3")
+        return c
+    per_visit = kernels.bwd_specs("bfloat16", p.D, True)
+    c0 = launch(3, 1500, 0x100000, per_visit)
+    base = plans.backward(c0, st, cu_seqlens=(0x8000, 0x8100)).plan()
+    c1 = launch(7, 900, 0x200000, kernels.bwd_specs("bfloat16", p.D, True, compact=True) if compact else per_visit)
+    rebased = plans.rebased(base, c0.specs, c1, (0x9000, 0x9100))
+    fresh = plans.backward(c1, st, cu_seqlens=(0x9000, 0x9100))
+    buffers = tuple(0x1000000 * (i + 1) for i in range(len(plans.BWD_BUFFERS)))
+    assert rebased.inspect(buffers) == fresh.plan().inspect(buffers)
+    assert rebased.parts.kernels == fresh.kernels and rebased.parts.zeros == fresh.zeros
+    assert rebased.parts.pointers == fresh.pointers and rebased.parts.maps == fresh.maps
