@@ -131,11 +131,29 @@ def no_gpu(monkeypatch):
 def recorder(enqueued):
     """A launchers.enqueue_backward that runs nothing: it appends to ``enqueued`` what the executor would launch,
     ``dict(c, params (the block, from the plan in inspect mode), grads (dq, dk, dv addresses), slot, launches
-    (the plan's kernels))``."""
+    (the plan's kernels), buffers)``, after checking that block against the launchers' own packing for the same
+    addresses (:func:`assert_launchers_block`)."""
     def enqueue(c, stream, buffers, *, slot=None, call=None):
         block = np.frombuffer(c.plan.inspect(tuple(buffers)), dtype=kernels.BWD_PARAMS_DTYPE)[0]
-        enqueued.append(dict(c=c, params=block, grads=tuple(buffers[6:9]), slot=slot, launches=launches(c.plan)))
+        assert_launchers_block(c, block, buffers)
+        enqueued.append(dict(c=c, params=block, grads=tuple(buffers[6:9]), slot=slot, launches=launches(c.plan),
+                             buffers=tuple(buffers)))
     return enqueue
+
+
+def assert_launchers_block(c, block, buffers) -> None:
+    """``block`` (a backward's, run with ``buffers`` in plans.BWD_BUFFERS' order) is byte for byte the block that
+    launchers.bwd_params packs for ``c`` and those addresses (the operands' strides, the varlen lengths and, where
+    the plan fixes it, the error record: the block's own)."""
+    qs, kvs, vs, os_, dos = (tuple(int(x) for x in block[f"{n}_stride"]) for n in ("q", "k", "v", "o", "do"))
+    dout, q, k, v, out, lse, dq, dk, dv, work = buffers[:10]
+    error = tuple(buffers[10:12]) if len(buffers) > 10 else (int(block["error"]), int(block["error_host"]))
+    want = launchers.bwd_params(c, ((q, qs), (k, kvs), (v, vs), (out, os_), (dout, dos)), lse, work, (dq, dk, dv),
+                                error, int(block["timeline"]),
+                                (int(block["cu_seqlens_q"]), int(block["cu_seqlens_k"])))[0]
+    for name in kernels.BWD_PARAMS_DTYPE.names:
+        assert bytes(np.atleast_1d(want[name]).view(np.uint8)) == bytes(np.atleast_1d(block[name]).view(np.uint8)), \
+            name
 
 
 def forward_recorder(launched):
