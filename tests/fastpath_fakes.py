@@ -118,7 +118,7 @@ def no_gpu(monkeypatch):
     monkeypatch.setattr(plans.jit, "load", lambda spec: types.SimpleNamespace(ptr=0xF00))
     enqueued = []
     monkeypatch.setattr(launchers, "enqueue_backward", recorder(enqueued))
-    monkeypatch.setattr(launchers, "enqueue_forward", lambda plan, stream, buffers: None)
+    monkeypatch.setattr(launchers, "enqueue_forward", lambda plan, stream, buffers: assert_packed(plan, buffers))
     monkeypatch.setattr(errors, "poll_errors", lambda: None)
     monkeypatch.setattr(api, "_poll_errors", lambda: None)
     fastpath_varlen.clear()
@@ -136,6 +136,7 @@ def recorder(enqueued):
     def enqueue(c, stream, buffers, *, slot=None, call=None):
         block = np.frombuffer(c.plan.inspect(tuple(buffers)), dtype=kernels.BWD_PARAMS_DTYPE)[0]
         assert_launchers_block(c, block, buffers)
+        assert_packed(c.plan, buffers)
         enqueued.append(dict(c=c, params=block, grads=tuple(buffers[6:9]), slot=slot, launches=launches(c.plan),
                              buffers=tuple(buffers)))
     return enqueue
@@ -156,9 +157,18 @@ def assert_launchers_block(c, block, buffers) -> None:
             name
 
 
+def assert_packed(plan, buffers) -> None:
+    """The block a launch plan runs with for ``buffers`` is the one its packer packs for those addresses (a plan
+    without one, a rebased backward, is checked by :func:`assert_launchers_block`)."""
+    if plan.parts.pack is not None:
+        assert plan.inspect(tuple(buffers)) == plan.parts.pack(dict(zip(plan.parts.names, buffers))).tobytes()
+
+
 def forward_recorder(launched):
-    """A launchers.enqueue_forward that runs nothing: it appends ``(grid (x, y, z), block)`` to ``launched``."""
+    """A launchers.enqueue_forward that runs nothing: it appends ``(grid (x, y, z), block)`` to ``launched``, after
+    :func:`assert_packed`."""
     def enqueue(plan, stream, buffers):
+        assert_packed(plan, buffers)
         block = np.frombuffer(plan.inspect(tuple(buffers)), dtype=kernels.FWD_PARAMS_DTYPE)[0]
         launched.append((kernels.grid_xyz(plan.parts.kernels[0][1]), block))
     return enqueue

@@ -43,7 +43,9 @@ class Parts(typing.NamedTuple):
     """A plan before packing: ``kernels`` ``[(CUfunction, grid, threads, smem bytes), ...]``, ``params`` the
     template (a size-1 structured array), ``pointers`` / ``maps`` ``[(offset, buffer, add), ...]``, ``zeros``
     ``[(buffer, bytes), ...]``, ``names`` the buffers' (:func:`forward`, :func:`backward`); ``work``: a backward's
-    ``(pointer patch index, workspace array)`` of the patches into its workspace (:func:`rebased`)."""
+    ``(pointer patch index, workspace array)`` of the patches into its workspace (:func:`rebased`); ``pack``: the
+    packer the patches were found from (``pack({name: address})`` -> the block for those addresses), None where
+    the plan was patched after (:func:`rebased`)."""
     kernels: tuple
     params: np.ndarray
     pointers: tuple
@@ -51,6 +53,7 @@ class Parts(typing.NamedTuple):
     zeros: tuple = ()
     names: tuple = ()
     work: tuple = ()
+    pack: typing.Callable = None
 
     def plan(self, flags: int = 0) -> executor.LaunchPlan:
         return executor.LaunchPlan(pack_plan(self.kernels, self.params, self.pointers, self.maps, self.zeros, flags),
@@ -115,7 +118,7 @@ def forward(spec, grid, block_m, block_n, p, window, strides, names=FWD_BUFFERS[
                                           a.get("cu_seqlens_k", cu_seqlens[1]))
         return launchers.fwd_params(block_m, block_n, p, window, tuple(zip((a["q"], a["k"], a["v"]), strides)),
                                     a["out"], a["lse"], cu, None if varlen is None else grid)
-    return Parts((_launch(spec, grid),), *find_patches(pack, names), (), names)
+    return Parts((_launch(spec, grid),), *find_patches(pack, names), (), names, pack=pack)
 
 
 def backward(c, strides, names=BWD_BUFFERS, error=None, cu_seqlens=(0, 0), timeline=0) -> Parts:
@@ -132,7 +135,8 @@ def backward(c, strides, names=BWD_BUFFERS, error=None, cu_seqlens=(0, 0), timel
     params, pointers, maps = find_patches(pack, names)
     work = tuple((i, _WORK_FIELDS[o]) for i, (o, b, _) in enumerate(pointers)
                  if names[b] == "work" and o in _WORK_FIELDS)
-    return Parts(tuple(_launch(s, g) for s, g in launchers.bwd_kernels(c)), params, pointers, maps, zeros, names, work)
+    return Parts(tuple(_launch(s, g) for s, g in launchers.bwd_kernels(c)), params, pointers, maps, zeros, names, work,
+                 pack)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -224,7 +228,7 @@ def rebased(base, base_specs, c, cu_seqlens) -> executor.LaunchPlan:
         pointers[i] = (o, b, c.offsets[k])
         _PATCH_STRUCT.pack_into(patches, 16 * i, o, b, c.offsets[k])
     new = parts._replace(kernels=kernel_launches, params=np.frombuffer(template, dtype=parts.params.dtype),
-                         pointers=tuple(pointers))
+                         pointers=tuple(pointers), pack=None)
     if len(kernel_launches) != len(parts.kernels):
         return new.plan()
     return executor.LaunchPlan(b"".join((base.blob[:_HEADER], *(_kernel_bytes(*k) for k in kernel_launches),
