@@ -1,7 +1,7 @@
-"""Groundwork for head dims 192 and 256 (not offered yet: cupy_dash.cuda.kernels.SUPPORTED_HEAD_DIMS): the forward
-kernel with a 128 x 64 tile (docs/decisions/tile-plans.md) launched below the public API, against the float64
-reference under FA3's rule, causal and full, GQA, odd lengths. Tells whether the forward works at these head dims
-before an API exposes them. Skipped without a Hopper GPU."""
+"""Head dims 192 and 256: the forward kernel with a 128 x 64 tile (docs/decisions/tile-plans.md) launched below the
+public API (its launch plan, cupy_dash.cuda.plans, run on the current stream), against the float64 reference under
+FA3's rule, causal and full, GQA, odd lengths: the groundwork test of these head dims, kept as the one that needs
+nothing above the launch layer. Skipped without a Hopper GPU."""
 from __future__ import annotations
 
 import numpy as np
