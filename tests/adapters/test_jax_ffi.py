@@ -193,7 +193,6 @@ def test_ffi_lowering_and_vmap_fold(monkeypatch):
 
 
 def test_the_c_handler_is_the_default_where_built(monkeypatch):
-    import cupy_dash.jax as cj
     monkeypatch.delenv("CUPY_DASH_JAX_FFI", raising=False)
     assert jax_ops._use_ffi() is True                # this module runs only where cupy_dash.jax._xla_ffi is built
     monkeypatch.setenv("CUPY_DASH_JAX_FFI", "0")
