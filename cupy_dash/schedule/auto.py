@@ -34,6 +34,7 @@ def build(policy: str = "auto", *, seqlen_q: int, seqlen_k: int, block_m: int, b
     args = per_visit._checked_args(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms,
                                    group_size, window, head_section)
     _check_table_size(policy, *args)
+    _check_tiles("build", policy, args)
     if policy == "auto":
         return _build_auto(*args)
     return _build(policy, *args)
@@ -46,11 +47,27 @@ def build_compact(policy: str = "auto", *, seqlen_q: int, seqlen_k: int, block_m
     O(columns). ``auto`` picks as :func:`schedule.build` does (``plan.auto_method`` says how)."""
     args = per_visit._checked_args(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms,
                                    group_size, window, head_section)
+    _check_tiles("build_compact", policy, args)
     if policy == "auto":
         plan = copy.copy(compact._build_compact(_auto_choice(*args), *args))
         plan.auto_method = compact.auto_method(*args)
         return plan
     return compact._build_compact(policy, *args)
+
+
+def _check_tiles(name, policy, args) -> None:
+    """ValueError, naming the call, if the problem (per_visit._checked_args's tuple) has 2^31 Q or KV tiles or more,
+    which no table numbers (a few visible visits, as in a causal mask with far more queries than keys, pass the
+    size check; the builder's own error would not say which argument)."""
+    seqlen_q, seqlen_k, block_m, block_n = args[:4]
+    tiles = max(-(-seqlen_q // block_m), -(-seqlen_k // block_n))
+    if tiles >= 1 << 31:
+        raise ValueError(f"schedule.{name}({policy!r}, seqlen_q={seqlen_q}, seqlen_k={seqlen_k}, block_m={block_m}, "
+                         f"block_n={block_n}, ...): {_NO_TABLE} {tiles} tiles on one side")
+
+
+_NO_TABLE = ("no table holds this problem: schedule.build_compact's records number Q and KV tiles with int32, and it "
+             "has")
 
 
 def _check_table_size(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms, group_size,
@@ -66,6 +83,7 @@ def _check_table_size(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, c
     if num_heads * -(-seqlen_q // block_m) * num_n_blocks <= limit or config.COMPACT_TABLES.get() is False:
         return
     columns = num_n_blocks - per_visit.unseen_keys(seqlen_q, seqlen_k, causal, window) // block_n   # visible tiles
+    tiles = max(-(-seqlen_q // block_m), num_n_blocks)
     if num_heads * columns > limit:
         visits, about = num_heads * columns, "at least "
     else:
@@ -77,10 +95,8 @@ def _check_table_size(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, c
             f"block_n={block_n}, num_heads={num_heads}, {mask} mask): the per-visit table would hold {about}{visits} "
             f"visits ({about}{visits * ROW_BYTES / 1e9:.3g} GB at {ROW_BYTES} bytes a visit), above the {limit} "
             f"visits where the backward switches to compact tables")
-    tiles = max(-(-seqlen_q // block_m), num_n_blocks)
     if tiles >= 1 << 31:
-        raise ValueError(f"{what}; no table holds this problem: schedule.build_compact's records number Q and KV "
-                         f"tiles with int32, and it has {tiles} tiles on one side")
+        raise ValueError(f"{what}; {_NO_TABLE} {tiles} tiles on one side")
     raise ValueError(f"{what}. Use schedule.build_compact(...) with the same arguments: the same schedule as one "
                      f"record per KV column ({num_heads // group_size * columns} columns), in O(columns) time and "
                      f"memory (CUPY_DASH_COMPACT_TABLES=0 lets build make per-visit tables of any size)")

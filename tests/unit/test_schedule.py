@@ -182,6 +182,12 @@ def test_bad_arguments():
     with pytest.raises(TypeError, match="seqlen_q"):
         schedule.build("fa3", seqlen_q=1.5, seqlen_k=1, block_m=64, block_n=64, num_heads=1, causal=False,
                        num_sms=1)
+    # more Q or KV tiles than int32 numbers, where the visits cannot be counted: a message, not the builder's
+    for build, name in ((schedule.build, "build"), (schedule.build_compact, "build_compact")):
+        with pytest.raises(ValueError, match=rf"^schedule.{name}\('fa3', seqlen_q=1099511627776, .*no table holds "
+                                             r"this problem: .* 17179869184 tiles on one side"):
+            build("fa3", seqlen_q=2 ** 40, seqlen_k=128, block_m=64, block_n=128, num_heads=1, causal=True,
+                  num_sms=132)
 
 
 class Corrupt:
