@@ -1,8 +1,8 @@
-"""Where backward time goes: GPU time of each of the three backward kernels (preprocess, main, postprocess),
-per schedule, on the benchmark shapes (bf16, 16k tokens, H*D = 2048). Every launch is bracketed by CUDA events
-(by wrapping cupy_dash.cuda.launchers.enqueue_backward, the backward's launcher, so that it runs its launch plan one
-kernel at a time), median of `--repeats` calls. A backward folded into one launch (launchers.fold_wanted: small problems) shows its
-whole time as "main".
+"""Where backward time goes: GPU time of each of the three backward kernels (preprocess, main, postprocess), per
+schedule, on the benchmark shapes (bf16, 16k tokens, H*D = 2048). Every launch is bracketed by CUDA events (by
+wrapping cupy_dash.cuda.launchers.enqueue_backward, the backward's launcher, so that it runs its launch plan one
+kernel at a time), median of `--repeats` calls. A backward folded into one launch (launchers.fold_wanted: small
+problems) shows its whole time as "main".
 
     python benchmarks/profile_bwd.py --seqlens 1024 4096 16384 --hdims 128 64
 """

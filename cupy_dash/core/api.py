@@ -497,12 +497,12 @@ def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, determinis
 def run_backward(c, p, call, stream, tensors, lse, causal, capturing, keep, shapes, register, timeline_ptr=0,
                  cu_seqlens=(0, 0)):
     """The launch of a backward whose :class:`launchers.BwdLaunch` ``c`` has its tables, on ``stream`` (current,
-    device ``p.device_id`` current), fixed-length and varlen alike: the operands ``tensors`` (q, k, v, out, do,
-    as validated into ``p``) and ``lse`` resolved to addresses (copies kept in ``keep``), new dq, dk, dv of
-    ``shapes`` in the caller's framework, a workspace, an error slot (eager) or the
-    graph's own record (``capturing``), the launch plan ``c.plan`` run with them, then the fast path's
-    ``register()`` for an eager call that kept nothing. ``call`` names it in error messages. Returns (dq, dk, dv) in the caller's type.
-    With CUPY_DASH_SYNC_ERRORS set, an eager call waits for its kernels and raises their error."""
+    device ``p.device_id`` current), fixed-length and varlen alike: the operands ``tensors`` (q, k, v, out, do, as
+    validated into ``p``) and ``lse`` resolved to addresses (copies kept in ``keep``), new dq, dk, dv of ``shapes`` in
+    the caller's framework, a workspace, an error slot (eager) or the graph's own record (``capturing``), the launch
+    plan ``c.plan`` run with them, then the fast path's ``register()`` for an eager call that kept nothing. ``call``
+    names it in error messages. Returns (dq, dk, dv) in the caller's type. With CUPY_DASH_SYNC_ERRORS set, an eager
+    call waits for its kernels and raises their error."""
     dev = p.device_id
     graph_error = None
     if capturing:       # a record of its own, never reset by the graph (errors.py); no slot, event or copy

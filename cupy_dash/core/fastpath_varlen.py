@@ -1,16 +1,17 @@
 """Host fast paths of the varlen forward and backward for torch tensors and CuPy arrays (see
 :mod:`cupy_dash.core.fastpath` for the idea).
 
-A training step with packed sequences calls :func:`cupy_dash.attention_backward_varlen` once per layer with the
-same packing, shapes and flags. After a full-path call with torch tensors (or CuPy arrays: all operands of one
-framework) has been validated and launched, its plan is kept here: the full path's launch plan (its block points at the device copies of the schedule table and of
-cu_seqlens that the full path uploaded, which the plan keeps alive). A later call with the same signature, lengths
-and stream re-launches from it: four allocations and the launch plan run with the call's addresses (dk, dv
-zeroed first, as varlen backwards always are). A call with the same signature but new lengths (the next step's
-packing) starts from the same plan, kept as the *template* of those tensors: the lengths are checked as the full
-path checks them, the packing's table is built and uploaded, and the launch plan's length-dependent fields are
-patched (fastpath.rebased_plan); the tensors are not validated again and no TMA map is encoded. The forward's plan needs no lengths (its kernel reads cu_seqlens on
-the device): its signature holds their layouts, and their addresses are patched per call.
+A training step with packed sequences calls :func:`cupy_dash.attention_backward_varlen` once per layer with the same
+packing, shapes and flags. After a full-path call with torch tensors (or CuPy arrays: all operands of one framework)
+has been validated and launched, its plan is kept here: the full path's launch plan (its block points at the device
+copies of the schedule table and of cu_seqlens that the full path uploaded, which the plan keeps alive). A later call
+with the same signature, lengths and stream re-launches from it: four allocations and the launch plan run with the
+call's addresses (dk, dv zeroed first, as varlen backwards always are). A call with the same signature but new lengths
+(the next step's packing) starts from the same plan, kept as the *template* of those tensors: the lengths are checked
+as the full path checks them, the packing's table is built and uploaded, and the launch plan's length-dependent fields
+are patched (fastpath.rebased_plan); the tensors are not validated again and no TMA map is encoded. The forward's plan
+needs no lengths (its kernel reads cu_seqlens on the device): its signature holds their layouts, and their addresses
+are patched per call.
 
 NOTES: the signature holds what the full path's checks depend on: every tensor's shape, strides, dtype and device,
 16-byte alignment of all six addresses, the arguments by type and value, the environment variables that change the

@@ -43,10 +43,10 @@ typedef struct {                                       /* a checked blob's parts
 /* Check `blob` (its sizes, magic, patch offsets) and point `plan` into it. 0, or -1 with a message in `error`. */
 int dash_plan_view(const void *blob, size_t size, dash_plan *plan, char *error, size_t error_size);
 
-/* Run `plan` with the buffer addresses `buffers[0 .. num_buffers)` on the CUstream `stream`. Inspect mode
- * (`inspect` not NULL) makes no driver call: the patched block is written to `inspect` (params_size bytes), a
- * tensor map's patch writing its address over the map's first 8 bytes (tests, without a GPU). 0, or nonzero with a message in `error`
- * (the CUresult of a failed driver call, or -1). */
+/* Run `plan` with the buffer addresses `buffers[0 .. num_buffers)` on the CUstream `stream`. Inspect mode (`inspect`
+ * not NULL) makes no driver call: the patched block is written to `inspect` (params_size bytes), a tensor map's
+ * patch writing its address over the map's first 8 bytes (tests, without a GPU). 0, or nonzero with a message in
+ * `error` (the CUresult of a failed driver call, or -1). */
 int dash_plan_run(const dash_plan *plan, const uint64_t *buffers, size_t num_buffers, void *stream,
                   unsigned char *inspect, char *error, size_t error_size);
 
