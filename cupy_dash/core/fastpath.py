@@ -35,7 +35,6 @@ from ..cuda import errors, launchers, plans
 from . import interop
 
 _MAX_PLANS = 256
-_MAX_MAPS = 64          # tensor maps kept per operand of a plan (keyed by address)
 _fwd_plans: dict = {}
 _bwd_plans: dict = {}
 _lock = threading.Lock()

@@ -16,6 +16,7 @@ cdef extern from "launch_plan.h" nogil:
         DASH_PLAN_MAGIC
         DASH_PLAN_INSPECT
         DASH_PLAN_MAX_PARAMS
+        DASH_PLAN_MAX_BUFFERS
     ctypedef struct dash_plan_header:
         unsigned int params_size
     ctypedef struct dash_plan_kernel:
@@ -33,9 +34,6 @@ cdef extern from "launch_plan.h" nogil:
 
 PLAN_MAGIC = DASH_PLAN_MAGIC
 PLAN_INSPECT = DASH_PLAN_INSPECT
-cdef enum:
-    MAX_BUFFERS = 32
-
 
 def launch(uintptr_t function, unsigned int grid_x, unsigned int grid_y, unsigned int grid_z,
            unsigned int block_x, unsigned int smem_bytes, uintptr_t stream, const unsigned char[::1] params):
@@ -100,12 +98,12 @@ cdef class LaunchPlan:
         self.blob, self.parts = blob, parts
 
     cdef int _run(self, tuple buffers, uintptr_t stream, unsigned char* inspect) except -1:
-        cdef uint64_t addresses[MAX_BUFFERS]
+        cdef uint64_t addresses[DASH_PLAN_MAX_BUFFERS]
         cdef char error[256]
         cdef Py_ssize_t i, n = len(buffers)
         cdef int rc
-        if n > MAX_BUFFERS:
-            raise ValueError(f"buffers: {n} addresses, at most {MAX_BUFFERS}")
+        if n > DASH_PLAN_MAX_BUFFERS:
+            raise ValueError(f"buffers: {n} addresses, at most {DASH_PLAN_MAX_BUFFERS}")
         for i in range(n):
             addresses[i] = buffers[i]
         with nogil:

@@ -14,6 +14,7 @@
 #define DASH_PLAN_MAGIC 0x48534144u                   /* "DASH" */
 #define DASH_PLAN_MAX_KERNELS 4
 #define DASH_PLAN_MAX_PARAMS 4096
+#define DASH_PLAN_MAX_BUFFERS 64                      /* buffer addresses a run takes */
 #define DASH_PLAN_INSPECT 1u                          /* flag for the JAX handler: run the plan in inspect mode
                                                          (dash_plan_run), the block to the last result (tests) */
 

@@ -60,7 +60,7 @@ class Parts(typing.NamedTuple):
                                    self)
 
 
-def find_patches(pack, names, base_a=_FAKE_BASES[0], base_b=_FAKE_BASES[1]):
+def find_patches(pack, names):
     """``(params, pointer patches, map patches)`` of a parameter block.
 
     ``pack(addresses)`` packs the block (a size-1 structured array) for the buffer addresses ``addresses``
@@ -69,6 +69,7 @@ def find_patches(pack, names, base_a=_FAKE_BASES[0], base_b=_FAKE_BASES[1]):
     Raises ValueError for a field that moves but not like one buffer, or a map field with no known buffer."""
     def fake(base):
         return {name: base + (i << _SHIFT) for i, name in enumerate(names)}
+    base_a, base_b = _FAKE_BASES
     a, b = pack(fake(base_a)), pack(fake(base_b))
     pointers, maps = [], []
     for field in a.dtype.names:
@@ -135,8 +136,8 @@ def backward(c, strides, names=BWD_BUFFERS, error=None, cu_seqlens=(0, 0), timel
     params, pointers, maps = find_patches(pack, names)
     work = tuple((i, _WORK_FIELDS[o]) for i, (o, b, _) in enumerate(pointers)
                  if names[b] == "work" and o in _WORK_FIELDS)
-    return Parts(tuple(_launch(s, g) for s, g in launchers.bwd_kernels(c)), params, pointers, maps, zeros, names, work,
-                 pack)
+    kernel_launches = tuple(_launch(s, g) for s, g in launchers.bwd_kernels(c))
+    return Parts(kernel_launches, params, pointers, maps, zeros, names, work, pack)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -229,8 +230,8 @@ def rebased(base, base_specs, c, cu_seqlens) -> executor.LaunchPlan:
         _PATCH_STRUCT.pack_into(patches, 16 * i, o, b, c.offsets[k])
     new = parts._replace(kernels=kernel_launches, params=np.frombuffer(template, dtype=parts.params.dtype),
                          pointers=tuple(pointers), pack=None)
-    if len(kernel_launches) != len(parts.kernels):
-        return new.plan()
+    # NOTES: base's header serves: a varlen backward never folds, so both launch three kernels (LaunchPlan's size
+    # check refuses the blob otherwise)
     return executor.LaunchPlan(b"".join((base.blob[:_HEADER], *(_kernel_bytes(*k) for k in kernel_launches),
                                          patches, base.blob[start + len(patches):len(base.blob) - size],
                                          bytes(template))), new)

@@ -93,8 +93,8 @@ static dash_ffi_error *dash_ffi_handler(dash_ffi_call_frame *cf) {
   }
   const dash_plan *plan = __atomic_load_n(&slots[slot], __ATOMIC_ACQUIRE);
   int64_t nbuf = cf->args.size + cf->rets.size;
-  uint64_t buffers[64];
-  if (nbuf > 64) return fail(api, DASH_FFI_INTERNAL, "cupy_dash: more than 64 buffers");
+  uint64_t buffers[DASH_PLAN_MAX_BUFFERS];
+  if (nbuf > DASH_PLAN_MAX_BUFFERS) return fail(api, DASH_FFI_INTERNAL, "cupy_dash: too many buffers for a plan");
   for (int64_t i = 0; i < nbuf; ++i) {
     const dash_ffi_buffer *b = i < cf->args.size ? cf->args.items[i] : cf->rets.items[i - cf->args.size];
     buffers[i] = (uint64_t)(uintptr_t)b->data;

@@ -83,7 +83,6 @@ def _check_table_size(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, c
     if num_heads * -(-seqlen_q // block_m) * num_n_blocks <= limit or config.COMPACT_TABLES.get() is False:
         return
     columns = num_n_blocks - per_visit.unseen_keys(seqlen_q, seqlen_k, causal, window) // block_n   # visible tiles
-    tiles = max(-(-seqlen_q // block_m), num_n_blocks)
     if num_heads * columns > limit:
         visits, about = num_heads * columns, "at least "
     else:
@@ -95,6 +94,7 @@ def _check_table_size(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, c
             f"block_n={block_n}, num_heads={num_heads}, {mask} mask): the per-visit table would hold {about}{visits} "
             f"visits ({about}{visits * ROW_BYTES / 1e9:.3g} GB at {ROW_BYTES} bytes a visit), above the {limit} "
             f"visits where the backward switches to compact tables")
+    tiles = max(-(-seqlen_q // block_m), num_n_blocks)
     if tiles >= 1 << 31:
         raise ValueError(f"{what}; {_NO_TABLE} {tiles} tiles on one side")
     raise ValueError(f"{what}. Use schedule.build_compact(...) with the same arguments: the same schedule as one "
