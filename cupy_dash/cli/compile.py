@@ -24,6 +24,8 @@ def _parser() -> argparse.ArgumentParser:
         description="Compile cupy_dash kernel variants for sm_90a with NVRTC (no GPU needed) and check that "
                     "none spills. Select with --all or with any of the filters.")
     p.add_argument("--all", action="store_true", help="every variant the dispatcher can emit")
+    p.add_argument("--timeline", action="store_true",
+                   help="the main kernel's timeline debug builds (benchmarks/timeline.py) instead")
     p.add_argument("--head-dim", type=int, action="append", choices=kernels.SUPPORTED_HEAD_DIMS,
                    help="only this head dimension (repeatable)")
     p.add_argument("--dtype", action="append", choices=sorted(_DTYPE_ALIASES),
@@ -80,19 +82,22 @@ def main(argv=None) -> int:
     filtered = args.head_dim or args.dtype or args.kernel
     if args.all and filtered:
         parser.error("--all selects everything; leave out --head-dim/--dtype/--kernel, or drop --all")
-    if not args.all and not filtered:
-        parser.error("nothing selected: pass --all, or --head-dim/--dtype/--kernel")
+    if args.timeline and (args.all or filtered):
+        parser.error("--timeline selects the debug builds alone; leave out --all/--head-dim/--dtype/--kernel")
+    if not (args.all or filtered or args.timeline):
+        parser.error("nothing selected: pass --all, --timeline, or --head-dim/--dtype/--kernel")
     if args.jobs is None:
         args.jobs = available_cores()
     if args.jobs < 1:
         parser.error("--jobs must be >= 1")
-    specs = kernels.all_specs() if args.all else select(args.head_dim, args.dtype, args.kernel)
+    specs = (kernels.timeline_specs() if args.timeline else kernels.all_specs() if args.all
+             else select(args.head_dim, args.dtype, args.kernel))
     if not specs:
         parser.error("no kernel variant matches these filters")
 
     print(f"cupy_dash {jit.__version__}: {len(specs)} kernel(s) for {jit.ARCH}, NVRTC "
           f"{'.'.join(map(str, jit.nvrtc_version()))}, sources {jit.kernel_dir()}, cache {jit.cache_dir()}")
-    header = f"{'kernel':<34} {'regs':>5} {'spill st/ld':>12} {'stack':>6} {'smem dyn+st':>12} {'seconds':>8}  cached"
+    header = f"{'kernel':<40} {'regs':>5} {'spill st/ld':>12} {'stack':>6} {'smem dyn+st':>12} {'seconds':>8}  cached"
     print(header)
     print("-" * len(header))
     jobs = [(spec, args.no_cache) for spec in specs]
@@ -122,12 +127,12 @@ def _report(results, verbose: bool) -> list:
     out = []
     for spec, ck, error in results:
         if ck is None:
-            print(f"{spec.label:<34} {'COMPILE ERROR':>45}", flush=True)
+            print(f"{spec.label:<40} {'COMPILE ERROR':>45}", flush=True)
             print(error.rstrip(), file=sys.stderr)
             out.append((f"{spec.label}: compile error", False))
             continue
         smem = f"{spec.smem_bytes}+{ck.static_smem}"
-        print(f"{spec.label:<34} {ck.registers:>5} {f'{ck.spill_stores}/{ck.spill_loads}':>12} "
+        print(f"{spec.label:<40} {ck.registers:>5} {f'{ck.spill_stores}/{ck.spill_loads}':>12} "
               f"{ck.stack_frame:>6} {smem:>12} {ck.seconds:>8.2f}  {'yes' if ck.cached else 'no'}", flush=True)
         if verbose:
             print(ck.log.rstrip())

@@ -367,6 +367,15 @@ def all_specs() -> list:
     return sorted(specs, key=key)
 
 
+def timeline_specs() -> list:
+    """The main kernel's timeline debug builds (``bwd_specs(timeline=True)``, benchmarks/timeline.py): bf16, per
+    backward head dim and mask, and the 80-query tile's; not emitted by the dispatcher, so not in
+    :func:`all_specs`."""
+    specs = {bwd_specs("bfloat16", d, causal, timeline=True, seqlen_q=sq).main
+             for d in BWD_BUILT_HEAD_DIMS for causal in (False, True) for sq in (0, CAUSAL80_MIN_SEQLEN)}
+    return sorted(specs, key=lambda s: s.label)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # GPU side.
 def grid_xyz(grid) -> tuple:

@@ -6,6 +6,7 @@
 #include "../params.cuh"
 #include "../ptx/clock.cuh"
 #include "../ptx/globaltimer.cuh"
+#include "../ptx/wgmma.cuh"
 
 #ifndef DASH_TIMELINE
 #define DASH_TIMELINE 0
@@ -50,10 +51,12 @@ DASH_DEVICE void stamp(const BwdParams& p, int64_t v, TimelineStamp what) {
 // the producer's and the next visit's, past the buffer's end at the last visit).
 DASH_DEVICE void stamp_wg(const BwdParams& p, int64_t v, int wg, int tid, WgStamp what) {
   if constexpr (kTimeline) {
-    if (tid != 0 || wg >= 2) return;
-    int64_t* row = p.timeline + kTimelineCols * v + 4 + kWgStamps * wg;
-    row[what] = clock64_cycles();
-    if (what == kWgTop && wg == 0) row[kWgSm] = sm_id();
+    if (tid == 0 && wg < 2) {
+      int64_t* row = p.timeline + kTimelineCols * v + 4 + kWgStamps * wg;
+      row[what] = clock64_cycles();
+      if (what == kWgTop && wg == 0) row[kWgSm] = sm_id();
+    }
+    if (what == kWgBarrier) wgmma_fence();
   }
 }
 

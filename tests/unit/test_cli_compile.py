@@ -8,7 +8,7 @@ import types
 import pytest
 
 from cupy_dash.cli import compile as cli_compile
-from cupy_dash.cuda import jit
+from cupy_dash.cuda import jit, kernels
 
 
 class Pool:
@@ -64,3 +64,33 @@ def test_help_names_the_default(capsys):
     assert exit_.value.code == 0
     text = " ".join(capsys.readouterr().out.split())
     assert f"every core this process may run on, {cli_compile.available_cores()} here" in text
+
+
+def test_timeline_selects_the_debug_builds_alone(pools, capsys, monkeypatch):
+    ran = []
+    compiled = types.SimpleNamespace(registers=168, spill_stores=0, spill_loads=0, stack_frame=0, static_smem=0,
+                                     seconds=0.0, cached=True, log="", perf_warnings=[])
+    monkeypatch.setattr(cli_compile, "_compile_one", lambda job: (ran.append(job[0]) or (job[0], compiled, None)))
+    assert cli_compile.main(["--timeline"]) == 0
+    assert ran == kernels.timeline_specs() and not set(ran) & set(kernels.all_specs())
+    labels = {s.label for s in ran}
+    assert "bwd_main[bf16,d128,causal,timeline]" in labels and "bwd_main[bf16,d128,m80,full,timeline]" in labels
+    assert all(dict(s.defines)["DASH_TIMELINE"] for s in ran)
+    assert {dict(s.defines)["DASH_HEAD_DIM"] for s in ran} == set(kernels.BWD_BUILT_HEAD_DIMS)
+    out = capsys.readouterr().out
+    assert f"OK: {len(ran)} kernel(s)" in out and "bwd_main[bf16,d128,m80,causal,timeline] " in out
+    for other in (["--all"], ["--kernel", "bwd_main"]):
+        with pytest.raises(SystemExit) as exit_:
+            cli_compile.main(["--timeline", *other])
+        assert exit_.value.code == 2
+    assert "debug builds alone" in capsys.readouterr().err
+
+
+def test_a_performance_warning_fails_the_compile(pools, capsys, monkeypatch):
+    """A ptxas C75xx line (the timeline builds had C7519 under NVRTC 13.0: injected warpgroup.arrive) fails."""
+    warned = types.SimpleNamespace(registers=168, spill_stores=0, spill_loads=0, stack_frame=0, static_smem=0,
+                                   seconds=0.0, cached=False, log="",
+                                   perf_warnings=["(C7519) warpgroup.arrive is injected in around line 1"])
+    monkeypatch.setattr(cli_compile, "_compile_one", lambda job: (job[0], warned, None))
+    assert cli_compile.main(["--timeline"]) == 1
+    assert "C7519" in capsys.readouterr().err
