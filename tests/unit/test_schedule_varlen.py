@@ -242,6 +242,6 @@ def test_build_is_o_columns():
     cuts = np.sort(rng.choice(np.arange(1, 16384), 63, replace=False))
     lens = np.diff(np.concatenate([[0], cuts, [16384]]))
     schedule.build_varlen("shift", lens, lens, block_m=64, block_n=128, heads=16, causal=True, num_sms=132)
-    t0 = time.perf_counter()
+    t0 = time.thread_time()         # CPU time: other jobs on the machine do not count
     plan = schedule.build_varlen("shift", lens, lens, block_m=64, block_n=128, heads=16, causal=True, num_sms=132)
-    assert time.perf_counter() - t0 < 0.05 and plan.num_columns < 16 * (16384 // 128 + 64)
+    assert time.thread_time() - t0 < 0.05 and plan.num_columns < 16 * (16384 // 128 + 64)

@@ -170,9 +170,9 @@ def test_expand_is_o_visits():
     assert plan.num_visits == 264192
     best = float("inf")
     for _ in range(5):
-        t0 = time.perf_counter()
+        t0 = time.thread_time()     # CPU time: other jobs on the machine do not count
         plan.expand()
-        best = min(best, time.perf_counter() - t0)
+        best = min(best, time.thread_time() - t0)
     assert best < 0.01          # 0.7 ms on the 2-core CPU box; the numpy lexsort took 40 ms
 
 
