@@ -1,6 +1,7 @@
 """torch imitated and every GPU call of the host fast paths replaced (not a test module): torch dtypes and a
 contiguous torch CUDA tensor stand-in, the ``no_gpu`` fixture (tensor maps, allocations, streams, kernels, schedule
-tables, error slots and the launch replaced; yields the list of enqueued backwards), a packed varlen batch of such
+tables, error slots, the launch and capture.outside replaced; yields the list of enqueued backwards; the
+``outside_capture`` fixture: what was made outside a faked capture), a packed varlen batch of such
 tensors, and per-packing made-up table addresses. It sits beside conftest.py because more than one layer uses it:
 adapters/test_fastpath_varlen.py, adapters/test_fastpath_host.py, unit/test_config.py, and the benchmark scripts
 benchmarks/host_python.py and benchmarks/host_varlen_python.py; and a backward launch of made-up tables
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 
 from cupy_dash.core import api, fastpath, fastpath_varlen, interop, varlen
-from cupy_dash.cuda import errors, kernels, launchers, plans, tensormap, varlen_device
+from cupy_dash.cuda import capture, errors, kernels, launchers, plans, tensormap, varlen_device
 
 
 class _Dtype:
@@ -70,6 +71,45 @@ def fake_bwd_entry(dev, dtype, head_dim, causal, timeline=False, compact=False, 
     return specs, tile.block_m, tile.block_n, 132
 
 
+class FakeCapture:
+    """cupy_dash.cuda.capture.outside without a driver: ``modes`` the thread's capture modes it set, ``inside``
+    whether a block runs now, ``syncs`` its stream's synchronizations (the stream's ``ptr`` is SIDE)."""
+    SIDE = 0x55
+    RELAXED = 2
+
+    def __init__(self, monkeypatch):
+        self.modes, self.syncs, self.inside = [], [], False
+        fake = self
+
+        class Side(contextlib.nullcontext):
+            ptr = FakeCapture.SIDE
+
+            def synchronize(self):
+                fake.syncs.append(self.ptr)
+
+            def wait_event(self, event):
+                raise AssertionError("a stream made for work outside a capture waits for no event")
+
+        def exchange(mode):
+            old = self.RELAXED if self.inside else 0
+            self.modes.append(int(mode))
+            self.inside = int(mode) == self.RELAXED
+            return old
+        monkeypatch.setattr(capture, "_exchange", exchange)
+        monkeypatch.setattr(capture, "_streams", {0: Side()})
+        monkeypatch.setattr(capture, "cuda_driver", lambda: types.SimpleNamespace(
+            CUstreamCaptureMode=types.SimpleNamespace(CU_STREAM_CAPTURE_MODE_RELAXED=self.RELAXED)))
+
+
+_installed: list = []       # the FakeCapture of the running test's no_gpu
+
+
+@pytest.fixture
+def outside_capture(no_gpu):
+    """The FakeCapture that ``no_gpu`` installed: what was made outside a faked CUDA graph capture."""
+    return _installed[0]
+
+
 @pytest.fixture
 def no_gpu(monkeypatch):
     addresses = iter(range(0x1000000, 0x9000000, 0x10000))
@@ -121,6 +161,7 @@ def no_gpu(monkeypatch):
     monkeypatch.setattr(launchers, "enqueue_forward", lambda plan, stream, buffers: assert_packed(plan, buffers))
     monkeypatch.setattr(errors, "poll_errors", lambda: None)
     monkeypatch.setattr(api, "_poll_errors", lambda: None)
+    _installed[:] = [FakeCapture(monkeypatch)]
     fastpath_varlen.clear()
     plans.clear()
     yield enqueued

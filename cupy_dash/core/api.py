@@ -18,14 +18,17 @@ cupy_dash call or by :func:`check_errors`, not by the call that launched it (set
 check synchronously at the end of every backward, for debugging).
 
 CUDA graphs (torch callers; see :mod:`cupy_dash.torch`). A call made while torch's current stream is capturing
-enqueues only its kernels (and, being a torch caller, allocates with torch): it does not poll or record the
-deferred errors, never compiles or loads a kernel, never uploads a schedule table and never synchronizes. So a
-call of the same variant and shape (and, for the backward, schedule) must have run eagerly before, on that
-device; otherwise it raises RuntimeError saying so, before enqueueing anything. A captured backward reports a
-semaphore timeout through its own device record, which :func:`check_errors` reads (see :mod:`cupy_dash.cuda.errors`).
+enqueues only its kernels on that stream (and, being a torch caller, allocates with torch): it does not poll or
+record the deferred errors. What it needs and no eager call of the same variant, shape and schedule has made on
+that device (kernels compiled and loaded, schedule tables uploaded, the device's graph error records) is made
+outside the capture (:func:`cupy_dash.cuda.capture.outside`: the thread's capture mode relaxed, a stream of its
+own, synchronized), so a capture needs no eager warm-up; tables made so are kept for the life of the process, as
+the tables a graph reads always are. A captured backward reports a semaphore timeout through its own device
+record, which :func:`check_errors` reads (see :mod:`cupy_dash.cuda.errors`).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import sys
@@ -37,7 +40,7 @@ import numpy as np
 
 from .. import config
 from .. import schedule as _schedule
-from ..cuda import device_tables, jit, kernels, launchers, plans, tensormap
+from ..cuda import capture, device_tables, jit, kernels, launchers, plans, tensormap
 from ..cuda.params import CONSTANTS
 from ..cuda.errors import (acquire_slot, check_errors, graph_record, keep_alive, poll_errors as _poll_errors,
                            record_shared)
@@ -268,14 +271,26 @@ def call_start(q) -> bool:
     return capturing
 
 
-def _not_warm(what, p, causal) -> RuntimeError:
-    """The error for a call captured into a CUDA graph before its resources exist (see the module docstring)."""
-    return RuntimeError(
-        f"cupy_dash: {what} (B={p.B}, H={p.H}, Hkv={p.Hkv}, Sq={p.Sq}, Sk={p.Sk}, D={p.D}, {p.dtype}, "
-        f"causal={causal}), and the current stream is capturing a CUDA graph, where cupy_dash neither loads "
-        f"kernels nor uploads schedule tables. Run the same call once eagerly (outside capture) first: "
-        f"torch.compile(mode='reduce-overhead') does this warm-up itself; with torch.cuda.graph, run the step "
-        f"once before capturing it.")
+def for_capture(dev, find):
+    """What ``find(stream, capture)`` finds for a call being captured into a CUDA graph on device ``dev``
+    (``capture=True``: a cached device table, kept then for the life of the process; None where there is none):
+    what an eager call left, else made by ``find`` outside the capture (:func:`cupy_dash.cuda.capture.outside`, on
+    its stream) and then found."""
+    found = find(None, True)
+    if found is None:
+        with capture.outside(dev) as side:
+            find(side, False)
+        found = find(None, True)
+        if found is None:         # evicted by another thread's calls in between: the cache holds many entries
+            raise RuntimeError(f"cupy_dash: a schedule table made for a CUDA graph capture on device {dev} was "
+                               f"evicted before the capture could read it; capture again")
+    return found
+
+
+def loading(dev, capturing):
+    """The context in which a call on device ``dev`` may compile and load its kernels: none for an eager call,
+    :func:`cupy_dash.cuda.capture.outside` for a captured one."""
+    return capture.outside(dev) if capturing else contextlib.nullcontext()
 
 
 def _export(fw, arr, like):
@@ -309,7 +324,7 @@ def attention_forward(q, k, v, *, causal=False, softmax_scale=None, window=(-1, 
 
     Runs on the caller's current stream (torch) or CuPy's current stream. Raises, before doing any work, for a
     backward of an earlier call that has since failed (see :func:`check_errors`). May be captured into a CUDA
-    graph by torch callers after one eager call of the same variant (see the module docstring).
+    graph by torch callers (see the module docstring).
     """
     fast_key = fastpath.fwd_key(q, k, v, causal, softmax_scale, window, softcap) if fastpath.wanted(q) else None
     result = fastpath.forward(fast_key, q, k, v)
@@ -322,12 +337,11 @@ def attention_forward(q, k, v, *, causal=False, softmax_scale=None, window=(-1, 
     window = _schedule.canonical_window(window, p.Sq, p.Sk, causal)
     spec, block_m, block_n = kernels.fwd_entry(p.dtype, p.D, causal, p.Dv)
     return run_forward(q, p, spec, block_m, block_n, window, (q, k, v), launchers.fwd_grid(p, block_m),
-                       ((p.B, p.Sq, p.H, p.Dv), (p.B, p.H, p.Sq)), capturing, causal, fast_key,
-                       fastpath.register_forward)
+                       ((p.B, p.Sq, p.H, p.Dv), (p.B, p.H, p.Sq)), capturing, fast_key, fastpath.register_forward)
 
 
-def run_forward(like, p, spec, block_m, block_n, window, tensors, grid, shapes, capturing, causal, fast_key,
-                register, cu=()):
+def run_forward(like, p, spec, block_m, block_n, window, tensors, grid, shapes, capturing, fast_key, register,
+                cu=()):
     """The launch of a forward of ``p`` (validated from ``tensors``: q, k, v ``(B, S, H, D)`` as the kernel reads
     them; ``like``: the caller's q), fixed-length and varlen alike: as :func:`run_backward`, with out and lse of
     ``shapes``; ``cu``: the varlen build's ``(number of sequences, (info, cu_seqlens_q), (info, cu_seqlens_k))``,
@@ -336,7 +350,8 @@ def run_forward(like, p, spec, block_m, block_n, window, tensors, grid, shapes, 
     stream = interop.caller_stream(like, dev)
     with cupy.cuda.Device(dev), stream:
         if capturing and not jit.is_loaded(spec):
-            raise _not_warm(f"the kernel {spec.label} is not loaded yet", p, causal)
+            with capture.outside(dev):
+                jit.load(spec)
         keep = []
         operands = tuple(_resolve(i, x, keep) for i, x in zip(p.infos, tensors))
         cu_ptrs = tuple(_resolve(info, x, keep)[0] for info, x in cu[1:])
@@ -459,13 +474,10 @@ def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, determinis
     capped = p.softcap > 0
     compact = plan is None and timeline is None and compact_device.wanted(Sq, Sk, tile.block_m, tile.block_n, B * H,
                                                                           causal, window, capped)
-    if capturing:
-        cold = jit.not_loaded(kernels.bwd_specs(p.dtype, D, causal, compact=compact, softcap=capped,
-                                                seqlen_q=tile_sq, window=window, head_dim_v=p.Dv), dev)
-        if cold:
-            raise _not_warm(f"the kernels {', '.join(cold)} are not loaded yet", p, causal)
-    specs, bm, bn, max_ctas = kernels.bwd_entry(dev, p.dtype, D, causal, timeline is not None, compact,
-                                                softcap=capped, seqlen_q=tile_sq, window=window, head_dim_v=p.Dv)
+    with loading(dev, capturing):
+        specs, bm, bn, max_ctas = kernels.bwd_entry(dev, p.dtype, D, causal, timeline is not None, compact,
+                                                    softcap=capped, seqlen_q=tile_sq, window=window,
+                                                    head_dim_v=p.Dv)
     c = launchers.BwdLaunch(specs, bm, bn, p, deterministic, spin_timeout_ns, causal, window)
     if timeline is not None or (plan is not None and plan.num_ctas > max_ctas):
         c.fold = False      # NOTES: the fold's grid barriers need every CTA co-resident (kernels_src/bwd/fold.cuh)
@@ -479,22 +491,22 @@ def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, determinis
     with cupy.cuda.Device(dev), stream:
         keep = []
         if plan is None:
-            c.tables = launchers.bwd_tables(schedule, c, max_ctas, dev, stream, capture=capturing, compact=compact)
-            if c.tables is None:
-                raise _not_warm(f"the {schedule!r} schedule tables of this shape are not on device {dev} yet", p,
-                                causal)
+            def find(side, capture):
+                return launchers.bwd_tables(schedule, c, max_ctas, dev, side or stream, capture=capture,
+                                            compact=compact)
+            c.tables = for_capture(dev, find) if capturing else find(None, False)
         else:
             c.tables = device_tables.upload(plan, B * H, -(-Sk // bn), c.num_m_blocks, dev, stream, checked=checked)
             keep.append(c.tables)
         call = (c.tables.policy, B, H, Sq, Sk, D, causal, window)   # names the call in an error message
         register = functools.partial(fastpath.register_backward, fast_key if plan is None and timeline is None and
                                      not compact else None, c, call=call, like=q)
-        return run_backward(c, p, call, stream, (q, k, v, out, do), lse, causal, capturing, keep,
+        return run_backward(c, p, call, stream, (q, k, v, out, do), lse, capturing, keep,
                             ((B, Sq, H, D), (B, Sk, Hkv, D), (B, Sk, Hkv, p.Dv)), register,
                             timeline_ptr=0 if timeline is None else timeline.data.ptr)
 
 
-def run_backward(c, p, call, stream, tensors, lse, causal, capturing, keep, shapes, register, timeline_ptr=0,
+def run_backward(c, p, call, stream, tensors, lse, capturing, keep, shapes, register, timeline_ptr=0,
                  cu_seqlens=(0, 0)):
     """The launch of a backward whose :class:`launchers.BwdLaunch` ``c`` has its tables, on ``stream`` (current,
     device ``p.device_id`` current), fixed-length and varlen alike: the operands ``tensors`` (q, k, v, out, do, as
@@ -506,9 +518,8 @@ def run_backward(c, p, call, stream, tensors, lse, causal, capturing, keep, shap
     dev = p.device_id
     graph_error = None
     if capturing:       # a record of its own, never reset by the graph (errors.py); no slot, event or copy
-        graph_error = graph_record(dev, call)
-        if graph_error is None:
-            raise _not_warm(f"no backward has run eagerly on device {dev} yet", p, causal)
+        with capture.outside(dev):       # the device's record block, at its first backward
+            graph_error = graph_record(dev, call)
         if record_shared(dev, graph_error):
             c.fold = False
     qi, ki, vi, doi, oi = p.infos                     # validate's order; the kernels take out before dout

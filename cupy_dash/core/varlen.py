@@ -14,17 +14,16 @@ except for torch tensors that the varlen forward saw: it copies them without wai
 
 CUDA graphs (torch callers: ``torch.compile(mode="reduce-overhead")`` records the backward after one eager warm-up
 step; ``torch.cuda.graph``). A captured backward, like a fixed-length one (:mod:`cupy_dash.core.api`), enqueues only
-its kernels: it neither loads kernels, nor builds a device table, nor waits. So it needs the lengths on the host
-without a wait (host ``cu_seqlens``, or device ones whose forward copy an eager backward of the same tensors already
-waited for: a module buffer, which the graph keeps in place, not a tensor that the graph copies in) and one eager
-call of the same packing (lengths, heads, head dim, dtype, flags, schedule) on that device before, which loaded the
-kernels and left the packing's table in the device cache (:func:`prepare_varlen_backward` can put it there too, its
-upload done before the capture, though some backward must still have run eagerly on that device: it allocates the
-graphs' error records); otherwise it raises RuntimeError before enqueueing anything. The graph keeps that table (for
-the life of the process) and the lengths it was built from: replayed, it computes the captured packing's gradients
-whatever the ``cu_seqlens`` buffers hold by then, while a captured forward reads them on the device. Keeping the
-packing fixed while a graph is replayed is the caller's responsibility, as torch's reduce-overhead mode assumes for
-a module buffer (it records a new graph for new shapes, not for new values).
+its kernels on the capturing stream and waits for nothing there. It needs the lengths on the host without a wait:
+host ``cu_seqlens``, or device ones whose forward copy an eager backward of the same tensors already waited for (a
+module buffer, which the graph keeps in place, not a tensor that the graph copies in); otherwise it raises
+RuntimeError before enqueueing anything. Its kernels and the packing's table come from an eager call of the same
+packing (lengths, heads, head dim, dtype, flags, schedule) on that device, or :func:`prepare_varlen_backward`, or
+are made outside the capture (:mod:`cupy_dash.cuda.capture`). The graph keeps that table (for the life of the
+process) and the lengths it was built from: replayed, it computes the captured packing's gradients whatever the
+``cu_seqlens`` buffers hold by then, while a captured forward reads them on the device. Keeping the packing fixed
+while a graph is replayed is the caller's responsibility, as torch's reduce-overhead mode assumes for a module
+buffer (it records a new graph for new shapes, not for new values).
 """
 from __future__ import annotations
 
@@ -110,8 +109,7 @@ def attention_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, 
     window = _schedule.canonical_window(window, max_q, max_k, causal)   # vacuous for every sequence -> -1
     spec, block_m, block_n = kernels.fwd_entry(p.dtype, p.D, causal, p.Dv)
     return api.run_forward(q, p, spec, block_m, block_n, window, (q4, k4, v4), (-(-max_q // block_m), p.H, num_seqs),
-                           ((p.Sq, p.H, p.Dv), (p.H, p.Sq)), capturing, causal, fast_key,
-                           fastpath_varlen.register_forward,
+                           ((p.Sq, p.H, p.Dv), (p.H, p.Sq)), capturing, fast_key, fastpath_varlen.register_forward,
                            cu=(num_seqs, (cu_q_info, cu_seqlens_q), (cu_k_info, cu_seqlens_k)))
 
 
@@ -232,8 +230,8 @@ def attention_backward_varlen(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
         ``"descending"`` (dQ tiles add in KV-tile order) each sequence's gradients are bitwise those of
         :func:`cupy_dash.attention_backward` on that sequence alone; every schedule is run-to-run deterministic.
 
-    May be captured into a CUDA graph by torch callers after one eager call of the same packing on that device
-    (module docstring); the graph then replays the captured packing's lengths, which the caller keeps fixed.
+    May be captured into a CUDA graph by torch callers, with lengths known on the host (module docstring); the
+    graph then replays the captured packing's lengths, which the caller keeps fixed.
     """
     fast_key = fastpath_varlen.key(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                    causal, softmax_scale, window, schedule, deterministic, softcap)
@@ -289,6 +287,6 @@ def attention_backward_varlen(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
         cu_ptrs = cu_dev[0].data.ptr, cu_dev[1].data.ptr
         register = functools.partial(fastpath_varlen.register, fast_key, c, call=call, like=q, stream=stream,
                                      keep=(c.tables, *cu_dev))
-        return api.run_backward(c, p, call, stream, (q4, k4, v4, out4, do4), lse[None], causal, capturing, [],
+        return api.run_backward(c, p, call, stream, (q4, k4, v4, out4, do4), lse[None], capturing, [],
                                 ((total_q, H, D), (total_k, Hkv, D), (total_k, Hkv, Dv)), register,
                                 cu_seqlens=cu_ptrs)

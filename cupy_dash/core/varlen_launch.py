@@ -10,7 +10,7 @@ import numbers
 import numpy as np
 
 from .. import config
-from ..cuda import jit, kernels, launchers, varlen_device
+from ..cuda import kernels, launchers, varlen_device
 from ..schedule import compact_device, varlen_pack
 from . import api
 
@@ -49,30 +49,21 @@ def cu_seqlens_values(name, host, total, max_name, max_len) -> np.ndarray:
     return checked
 
 
-class _Cold(RuntimeError):
-    """What a captured call needs that no eager call has made (a capture neither loads kernels nor uploads tables):
-    turned into api._not_warm's message by :func:`packing_launch`."""
-
-
 def _entry(dev, dtype, D, causal, compact, softcap, capture, tile_sq=0, window=(-1, -1), head_dim_v=None) -> tuple:
     """kernels.bwd_entry of a varlen backward on device ``dev`` (``tile_sq``: kernels.varlen_tile_seqlen of the
-    longest sequence, ``window`` canonical: the tile's choice); ``capture``: raises _Cold unless its three kernels
-    are loaded there already (as api._backward checks the fixed-length ones)."""
-    kw = dict(compact=compact, softcap=softcap, seqlen_q=tile_sq, window=window, head_dim_v=head_dim_v)
-    if capture:
-        cold = jit.not_loaded(kernels.bwd_specs(dtype, D, causal, **kw), dev)
-        if cold:
-            raise _Cold(f"the varlen kernels {', '.join(cold)} are not loaded yet")
-    return kernels.bwd_entry(dev, dtype, D, causal, **kw)
+    longest sequence, ``window`` canonical: the tile's choice); ``capture``: kernels not loaded yet are loaded
+    outside the capture (api.loading), as api._backward loads the fixed-length ones."""
+    with api.loading(dev, capture):
+        return kernels.bwd_entry(dev, dtype, D, causal, compact=compact, softcap=softcap, seqlen_q=tile_sq,
+                                 window=window, head_dim_v=head_dim_v)
 
 
 def _tables(dev, dtype, D, causal, schedule, lens_q, lens_k, H, Hkv, window, softcap=False,
             capture=False, head_dim_v=None) -> tuple:
     """(host tables, BwdKernels, block_m, block_n) of a varlen backward (``window`` canonical): the one place
     that decides the table form, so that :func:`cupy_dash.core.varlen.prepare_varlen_backward` finds what the
-    backward will ask for. ``capture``: the caller's stream is capturing a CUDA graph: raises _Cold for a kernel
-    not loaded yet, and a host plan built anew (the host cache had dropped it) packs into pageable memory (no
-    pinned allocation during capture).
+    backward will ask for. ``capture``: the caller's stream is capturing a CUDA graph: kernels not loaded yet load
+    outside the capture (:func:`_entry`), and a host plan built anew packs into pageable memory.
 
     NOTES: compact varlen tables: with CUPY_DASH_COMPACT_TABLES=1, or (unset) where the per-visit table would
     exceed compact_device.AUTO_VISITS visits (long sequences), as for fixed lengths; below that they stay opt-in:
@@ -118,30 +109,28 @@ def packing_launch(dev, p, causal, deterministic, schedule, window, spin_timeout
     no sequence sees a key. The one place that turns lengths into a launch: the full path, the torch fast path's
     new packings and the JAX backward with traced lengths.
 
-    ``capture``: ``stream`` is capturing a CUDA graph: nothing is uploaded, expanded or waited for, so the kernels
-    and this packing's table must come from an eager call (or prepare_varlen_backward) on this device; otherwise
-    raises RuntimeError (api._not_warm's advice: run one eager call first) and enqueues nothing.
+    ``capture``: ``stream`` is capturing a CUDA graph: nothing is enqueued on it and nothing waits; the kernels and
+    this packing's table come from an eager call (or prepare_varlen_backward) on this device, or are made outside
+    the capture (api.for_capture: uploaded and expanded on a stream of their own, synchronized).
 
-    NOTES: a captured call reads the cached table without an event: the eager call's upload (and expansion) was
+    NOTES: a captured call reads the cached table without an event: an eager call's upload (and expansion) was
     enqueued on its stream before the capture began, and torch.cuda.graph (which torch.compile's reduce-overhead
-    mode uses) synchronizes the device on entry, so it has finished before any replay. The table is then kept for
-    the life of the process (device_tables.cached)."""
+    mode uses) synchronizes the device on entry, so it has finished before any replay; one made outside the capture
+    has finished before the capture goes on. The table is then kept for the life of the process
+    (device_tables.cached)."""
     num_seqs = len(cu_host[0]) - 1
     lens_q, lens_k = (np.diff(c).astype(np.int64) for c in cu_host)
-    try:
-        tables, specs, bm, bn = _tables(dev, p.dtype, p.D, causal, schedule, lens_q, lens_k, p.H,
-                                        p.Hkv, window, p.softcap > 0, capture, p.Dv)
-    except _Cold as cold:
-        raise api._not_warm(str(cold), p, causal) from None
+    tables, specs, bm, bn = _tables(dev, p.dtype, p.D, causal, schedule, lens_q, lens_k, p.H, p.Hkv, window,
+                                    p.softcap > 0, capture, p.Dv)
     if tables.num_visits == 0:
         return None, None, None
     c = launchers.BwdLaunch(specs, bm, bn, p, deterministic, spin_timeout_ns, causal, window,
                             varlen=(num_seqs, max_q))
-    c.tables, cu_q_dev, cu_k_dev, uploaded = varlen_device.device(tables, num_seqs * p.H, dev, stream,
-                                                                  capture=capture)
-    if c.tables is None:
-        raise api._not_warm(f"the varlen schedule table of this packing ({num_seqs} sequences, {schedule!r}) is not "
-                            f"on device {dev} yet", p, causal)
+
+    def find(side, capture):
+        found = varlen_device.device(tables, num_seqs * p.H, dev, side or stream, capture=capture)
+        return None if found[0] is None else found
+    c.tables, cu_q_dev, cu_k_dev, uploaded = api.for_capture(dev, find) if capture else find(None, False)
     if uploaded is not None:                      # never during capture (device_tables.cached)
         stream.wait_event(uploaded)
     return c, (cu_q_dev, cu_k_dev), (c.tables.policy, num_seqs, p.H, p.Sq, p.Sk, p.D, causal, window)

@@ -10,7 +10,8 @@ made: CUDA graph capture and the JAX custom calls, whose streams wait for no eve
 varlen table read during capture gets no event either: it was uploaded by an eager call before the capture began,
 and torch.cuda.graph synchronizes the device on entry (varlen_launch.packing_launch).
 Eviction: a table is freed once the work enqueued so far on every stream that read it has finished (events,
-errors.keep_alive; the host never waits), or never when a CUDA graph captured it (``_captured``).
+errors.keep_alive; the host never waits), or never when a CUDA graph captured it (``_captured``) or when a stream
+that read it is capturing one as it is evicted (a table made during a capture, :mod:`cupy_dash.cuda.capture`).
 """
 from __future__ import annotations
 
@@ -271,7 +272,10 @@ def _defer_release(objs, stream) -> None:
         _deferred.clear()
         _deferred_misses[0] = 0
     for s, keep in flush:
-        if keep:
+        if keep and _capturing(s):      # no event on a capturing stream: held to a later flush
+            with _lock:
+                _deferred.setdefault(s.ptr, [s, []])[1].extend(keep)
+        elif keep:
             try:
                 keep_alive(keep, s)
             except cupy.cuda.runtime.CUDARuntimeError:     # the stream is gone: wait for its device instead
@@ -289,10 +293,20 @@ def _release_after(entry, streams, stream, deferred: list) -> None:
         try:
             if s.ptr == stream.ptr:
                 deferred.append(entry)
+            elif _capturing(s):   # made during a capture (capture.outside): no event on the capturing stream
+                _captured[("evicted", id(entry))] = entry
             else:
                 keep_alive([entry], s)
         except cupy.cuda.runtime.CUDARuntimeError:
             _synchronize(s)
+
+
+def _capturing(stream) -> bool:
+    """Whether ``stream`` is capturing a CUDA graph (False for a stream destroyed since: the callers handle it)."""
+    try:
+        return bool(cupy.cuda.runtime.streamIsCapturing(stream.ptr))
+    except cupy.cuda.runtime.CUDARuntimeError:
+        return False
 
 
 def _synchronize(stream) -> None:

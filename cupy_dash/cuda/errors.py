@@ -15,9 +15,10 @@ public call polls the finished ones first without blocking (:func:`poll_errors`:
 
 Backward calls captured into a CUDA graph (torch ops under ``torch.cuda.graph`` or ``torch.compile(...,
 mode="reduce-overhead")``) cannot copy the record to the host or record events: each captured call gets its own
-device record instead (:func:`graph_record`), taken from a block allocated outside capture, never reused (the
-graph keeps its address) and never zeroed by the graph, so a failure in any replay stays recorded (and makes
-later replays of that call abandon their waits at once) until :func:`check_errors` reads and clears it.
+device record instead (:func:`graph_record`), taken from a block allocated outside the capture (by an eager call or
+by :func:`cupy_dash.cuda.capture.outside`), never reused (the graph keeps its address) and never zeroed by the
+graph, so a failure in any replay stays recorded (and makes later replays of that call abandon their waits at once)
+until :func:`check_errors` reads and clears it.
 Backward calls inside ``jax.jit`` (:mod:`cupy_dash.jax`) work the same way: each traced call gets a device record
 when it is traced (:func:`jit_record`), written by every execution of the compiled program.
 :func:`poll_errors` cannot see these records without synchronizing: only :func:`check_errors` reports them.
@@ -95,8 +96,8 @@ GRAPH_RECORDS = 1024     # error records per device for backward calls captured 
 
 class _GraphRecords:
     """Error records of captured (or jax-traced) backward calls on one device: a zeroed device int32
-    (GRAPH_RECORDS, RECORD_WORDS) block (allocated outside capture, with the device's first eager backward or first
-    traced one), handed out one per call and never reused; once all are taken, the last one is shared
+    (GRAPH_RECORDS, RECORD_WORDS) block (allocated outside capture, with the device's first eager, captured or
+    traced backward), handed out one per call and never reused; once all are taken, the last one is shared
     (:meth:`shared`: such calls are not folded, whose grid barriers need a record of their own). ``infos[i]`` names
     the calls of record ``i``, ``wheres[i]`` how the first of them runs."""
 
@@ -104,8 +105,9 @@ class _GraphRecords:
         self.device_id = device_id
         with cupy.cuda.Device(device_id):
             self.block = cupy.zeros((GRAPH_RECORDS, RECORD_WORDS), dtype=np.int32)
-            # NOTES: once per device and process: graphs captured later (on any stream) must see the zeros
-            cupy.cuda.runtime.deviceSynchronize()
+            # NOTES: once per device and process: graphs captured later (on any stream) must see the zeros. Not
+            # deviceSynchronize: made during a capture (capture.outside), the current stream is the block's own.
+            cupy.cuda.get_current_stream().synchronize()
         self.infos: list[list] = []
         self.wheres: list[str] = []
 
@@ -176,12 +178,15 @@ def acquire_slot(device_id: int) -> _Slot:
         return pool.acquire()
 
 
-def graph_record(device_id: int, info):
-    """Device address of a fresh error record for a backward call being captured into a CUDA graph, or None when
-    no backward has run eagerly on ``device_id`` yet (its records are allocated then, outside capture)."""
+def graph_record(device_id: int, info, where="a CUDA graph replay of a captured call") -> int:
+    """Device address of a fresh error record for a backward call being captured into a CUDA graph (the caller
+    holds :func:`cupy_dash.cuda.capture.outside`: the device's first record block is allocated and zeroed then) or
+    traced by ``jax.jit`` (:func:`jit_record`), run as ``where`` says."""
     with _lock:
         pool = _slot_pools.get(device_id)
-        return None if pool is None else pool.graph.take(info)
+        if pool is None:
+            pool = _slot_pools[device_id] = _SlotPool(device_id)
+        return pool.graph.take(info, where)
 
 
 def record_shared(device_id: int, ptr) -> bool:
@@ -193,12 +198,8 @@ def record_shared(device_id: int, ptr) -> bool:
 
 def jit_record(device_id: int, info) -> int:
     """Device address of a fresh error record for a backward call traced by ``jax.jit`` (called at trace time,
-    outside any capture: creates the device's records on first use, which synchronizes the device once)."""
-    with _lock:
-        pool = _slot_pools.get(device_id)
-        if pool is None:
-            pool = _slot_pools[device_id] = _SlotPool(device_id)
-        return pool.graph.take(info, "an execution of a jax.jit-compiled call")
+    outside any capture: creates the device's records on first use, which synchronizes the stream once)."""
+    return graph_record(device_id, info, "an execution of a jax.jit-compiled call")
 
 
 def release_slot(slot: _Slot):

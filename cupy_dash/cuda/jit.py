@@ -478,12 +478,6 @@ def is_loaded(spec) -> bool:
     return (spec, cupy.cuda.runtime.getDevice(), kernel_dir()) in _loaded
 
 
-def not_loaded(specs, device_id: int) -> list:
-    """The labels of those of ``specs`` that a call on device ``device_id`` would still have to compile or load:
-    what a CUDA graph capture cannot do (the callers raise naming them)."""
-    return [s.label for s in specs if (s, device_id, kernel_dir()) not in _loaded]
-
-
 def load(spec):
     """A launchable ``cupy.cuda.function.Function`` for ``spec`` on the current device, memoized per
     (spec, device, kernel directory): source edits made after the first load in a process are not picked up.

@@ -453,9 +453,9 @@ def bwd_entry(device_id: int, dtype: str, head_dim: int, causal: bool, timeline:
     three kernels on the device (needs the GPU).
 
     NOTES: all three, although a small eager backward runs the main kernel alone (folded, launchers.fold_wanted):
-    the same call captured into a CUDA graph runs unfolded (a graph's error record disables the fold), and a
-    capture cannot load kernels, so the eager warm-up that torch.compile's reduce-overhead mode makes must
-    leave preprocess and postprocess loaded too."""
+    the same call captured into a CUDA graph runs unfolded (a graph's error record disables the fold), and after
+    the eager warm-up that torch.compile's reduce-overhead mode makes, its capture then loads nothing (a capture
+    that must load does it outside, cupy_dash.cuda.capture)."""
     tile = bwd_tile(head_dim, causal, compact, seqlen_q, window)
     key = (device_id, dtype, head_dim, causal, timeline, compact, softcap, tile.block_m,
            config.BWD_DQ_WRITERS.get(), head_dim_v)

@@ -29,7 +29,7 @@ _lock = threading.Lock()
 _driver = None
 
 
-def _cbd():
+def cuda_driver():
     """cuda.bindings.driver, initialised once (cuInit is cheap and idempotent; CuPy's context stays current)."""
     global _driver
     if _driver is None:
@@ -83,7 +83,7 @@ def _encode(ptr: int, dtype: str, shape, strides, box_rows: int, name: str, box_
     if not 1 <= box_rows <= 256:
         raise ValueError(f"tensor map: box rows {box_rows} out of [1, 256]")
     check_encodable(name, shape, strides, ptr)
-    drv = _cbd()
+    drv = cuda_driver()
     B, S, H, D = (int(x) for x in shape)
     batch_st, row_st, head_st = (int(x) for x in strides)
     padded = D % 64 != 0         # head dim 96: the real columns innermost, one 64-column box copied per panel

@@ -31,12 +31,11 @@ contract: NVRTC compile / module load of its kernels, and the upload of the back
 synchronizes the stream once; the tables are then cached in device memory per shape and schedule).
 
 CUDA graphs (``torch.cuda.graph`` or ``torch.compile(..., mode="reduce-overhead")``): a call captured into a
-graph only enqueues kernels, so it needs the kernels loaded and the schedule tables uploaded by an earlier
-eager call of the same dtype, head dim, causal flag, shape and schedule (varlen: and packing,
-:mod:`cupy_dash.torch.varlen`) on that device. If the first call of a shape happens under capture, it raises
-RuntimeError (before enqueueing anything) asking for one eager warm-up call. ``mode="reduce-overhead"`` warms up
-eagerly by itself; with ``torch.cuda.graph``, run the step once before capturing (as torch's documentation
-advises anyway). Tables used by a graph are kept for the life of the process. A captured backward cannot hand
+graph enqueues only its kernels on the capturing stream. If no eager call of the same dtype, head dim, causal
+flag, shape and schedule (varlen: and packing, :mod:`cupy_dash.torch.varlen`) has run on that device, the
+captured call compiles and loads its kernels and uploads its schedule tables outside the capture
+(:mod:`cupy_dash.cuda.capture`: the thread's capture mode relaxed, a stream of its own, synchronized), so no
+warm-up call is needed. Tables used by a graph are kept for the life of the process. A captured backward cannot hand
 its semaphore-timeout record to the host asynchronously; failures inside graph replays are reported by
 :func:`cupy_dash.check_errors` (which synchronizes), not by the next call; call it outside capture.
 """

@@ -26,7 +26,7 @@ def attention(q, k, v, causal=False, softmax_scale=None, schedule="auto", determ
     (``torch.compile(fullgraph=True)``, ``mode="reduce-overhead"``, export, fake tensors, functorch transforms,
     dispatch modes), and the same functions through a plain ``torch.autograd.Function`` in eager calls on CUDA
     tensors (:func:`eager`): the same kernels and bits, less host time. ``torch.cuda.graph`` captures either (see
-    the module docstring for the eager warm-up a capture needs).
+    the module docstring).
     """
     options = checked_options(causal, softmax_scale, schedule, deterministic, window, softcap)
     return differentiable((api.attention_forward, api.attention_backward), attention_forward, (), options, q, k, v)

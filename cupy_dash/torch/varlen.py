@@ -16,10 +16,9 @@ deterministic flag. The backward builds its schedule table from the lengths: wit
 the host copy that the forward enqueued without waiting (the same tensors, unmodified:
 :mod:`cupy_dash.core.varlen_host_cu`), else copies them to the host (a wait on the current stream; the backward op
 also takes CPU tensors, the forward only CUDA ones). Under CUDA graph capture (``mode="reduce-overhead"``'s recording
-run, ``torch.cuda.graph``) the backward needs one eager call of the same packing first and lengths known without a
-wait: host ``cu_seqlens``, or device ones kept in place (a module buffer) whose copy the eager call took; else it
-raises RuntimeError. A graph replays the packing it captured: keeping the lengths fixed is the caller's part
-(:mod:`cupy_dash.core.varlen`). Fake implementations give the output shapes for ``torch.compile``.
+run, ``torch.cuda.graph``) the backward needs lengths known without a wait: host ``cu_seqlens``, or device ones
+kept in place (a module buffer) whose copy an eager call took; else it raises RuntimeError. A graph replays the
+packing it captured: keeping the lengths fixed is the caller's part (:mod:`cupy_dash.core.varlen`). Fake implementations give the output shapes for ``torch.compile``.
 """
 import torch
 

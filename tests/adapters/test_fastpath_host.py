@@ -10,7 +10,8 @@ import pytest
 
 import cupy_dash
 from cupy_dash.core import fastpath, interop
-from fastpath_fakes import BF16, F32, Tensor, fixed_tables, no_gpu, served_backwards  # noqa: F401  (fixtures)
+from fastpath_fakes import (BF16, F32, Tensor, fixed_tables, no_gpu, outside_capture,  # noqa: F401  (fixtures)
+                            served_backwards)
 
 
 @pytest.fixture
@@ -115,3 +116,42 @@ def test_soft_capped_calls_are_served_by_value_of_their_cap(fixed):
     assert fastpath.stats()["fwd_hits"] == fwd + 1
     with pytest.raises(TypeError, match="softcap"):
         cupy_dash.attention_forward(q, k, v, causal=True, softcap=True)
+
+
+def test_a_capture_without_an_eager_call_makes_its_kernels_tables_and_record_outside_it(fixed, outside_capture,
+                                                                                          monkeypatch):
+    """A fixed-length backward whose first call is captured into a CUDA graph: its kernels are loaded, its tables
+    made (on the stream of capture.outside, then found as a captured call finds them, which keeps them) and the
+    device's graph record taken, each with the thread's capture mode relaxed; the kernels are enqueued on the
+    capturing stream with the graph's record and no error slot; the fast path is not used."""
+    from cupy_dash.core import api
+    from cupy_dash.cuda import errors, kernels, launchers
+    from fastpath_fakes import fake_bwd_entry
+    enqueued, _ = fixed
+    made, asked, log = {}, [], []
+    ptr = types.SimpleNamespace
+
+    def tables(schedule, c, max_ctas, dev, stream, capture=False, compact=False):
+        asked.append((stream.ptr, capture, outside_capture.inside))
+        if not capture:
+            made["t"] = ptr(visits=ptr(data=ptr(ptr=0x7000)), rank=ptr(data=ptr(ptr=0x7100)),
+                            cta_start=ptr(data=ptr(ptr=0x7200)), num_ctas=33, policy="fa3")
+        return made.get("t")
+    monkeypatch.setattr(launchers, "bwd_tables", tables)
+    monkeypatch.setattr(kernels, "bwd_entry", lambda *a, **kw: log.append(("kernels", outside_capture.inside)) or
+                        fake_bwd_entry(*a, **kw))
+    monkeypatch.setattr(api, "graph_record", lambda dev, call: log.append(("record", outside_capture.inside)) or
+                        0xE000)
+    monkeypatch.setattr(api, "record_shared", lambda dev, ptr: False)
+    monkeypatch.setattr(errors, "acquire_slot", lambda dev: pytest.fail("a captured call takes no slot"))
+    monkeypatch.setattr(interop, "capturing", lambda x: True)
+    monkeypatch.setattr(fastpath, "_ready_stream", lambda plan: None)     # as on a capturing stream
+    capturing_stream, hits = 0x77, fastpath.stats()["bwd_hits"]
+    cupy_dash.attention_backward(*_inputs(), causal=True, schedule="fa3")
+    side = outside_capture.SIDE
+    assert asked == [(capturing_stream, True, False), (side, False, True), (capturing_stream, True, False)]
+    assert log == [("kernels", True), ("record", True)] and not outside_capture.inside
+    assert outside_capture.modes == [outside_capture.RELAXED, 0] * 3 and outside_capture.syncs == [side] * 3
+    e = enqueued[-1]
+    assert e["slot"] is None and int(e["params"]["error"]) == 0xE000 and e["c"].tables is made["t"]
+    assert fastpath.stats()["bwd_hits"] == hits

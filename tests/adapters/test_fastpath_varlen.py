@@ -13,7 +13,7 @@ import cupy_dash
 from cupy_dash.core import fastpath, fastpath_varlen
 from cupy_dash.cuda import kernels, launchers
 from fastpath_fakes import (Tensor, _Dtype, _inputs, _tables_per_packing, forward_recorder, no_gpu,  # noqa: F401
-                            PER_CALL_FIELDS)
+                            outside_capture, PER_CALL_FIELDS)
 
 _PER_CALL = PER_CALL_FIELDS
 
@@ -195,21 +195,26 @@ def test_a_repeated_forward_is_served_with_the_full_paths_block(no_gpu, monkeypa
     assert fastpath_varlen.stats()["fwd_hits"] == hits + 1
 
 
-def test_a_captured_forward_whose_kernel_is_not_loaded_raises_before_anything_is_enqueued(no_gpu, monkeypatch):
-    """The varlen forward under CUDA graph capture with its kernel never loaded (no eager call of the variant):
-    the error every captured entry point gives, and nothing launched or remembered."""
+def test_a_captured_forward_whose_kernel_is_not_loaded_loads_it_outside_the_capture(no_gpu, outside_capture,
+                                                                                     monkeypatch):
+    """The varlen forward under CUDA graph capture with its kernel never loaded (no eager call of the variant): the
+    kernel is loaded with the thread's capture mode relaxed (capture.outside), the mode restored, then the forward
+    enqueued on the capturing stream; nothing remembered for a backward (no host copy during capture)."""
     from cupy_dash.core import interop, varlen_host_cu
     from cupy_dash.cuda import jit
-    launched = []
-    monkeypatch.setattr(launchers, "enqueue_forward", lambda *a: launched.append(a))
+    launched, loads = [], []
+    monkeypatch.setattr(launchers, "enqueue_forward", lambda plan, stream, buffers: launched.append(stream.ptr))
     monkeypatch.setattr(varlen_host_cu, "remember", lambda *a: launched.append(a))
     monkeypatch.setattr(interop, "capturing", lambda q: True)
     monkeypatch.setattr(jit, "is_loaded", lambda spec: False)
+    monkeypatch.setattr(jit, "load", lambda spec: loads.append((spec.label, outside_capture.inside)) or
+                        types.SimpleNamespace(ptr=0xF00))
     _, q, k, v, _, _ = _inputs()
     cu_q, cu_k = Tensor((4,), I32, 0x70000), Tensor((4,), I32, 0x70100)
-    with pytest.raises(RuntimeError, match="the kernel fwd.* is not loaded yet.* Run the same call once eagerly"):
-        cupy_dash.attention_forward_varlen(q, k, v, cu_q, cu_k, 200, 240, causal=True)
-    assert not launched
+    cupy_dash.attention_forward_varlen(q, k, v, cu_q, cu_k, 200, 240, causal=True)
+    assert loads[0] == (kernels.fwd_spec("bfloat16", 128, True).label, True)   # then the plan's (memoized)
+    assert outside_capture.modes == [outside_capture.RELAXED, 0] and not outside_capture.inside
+    assert outside_capture.syncs == [outside_capture.SIDE] and launched == [0x77]
 
 
 def test_a_new_packing_of_another_tile_takes_the_full_path(no_gpu, monkeypatch):

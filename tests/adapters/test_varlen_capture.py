@@ -4,8 +4,9 @@ capture faked (interop.capturing True, torch's current stream another one, the f
 on a capturing stream). The real device-table cache (device_tables.cached through varlen_device.device) holds the
 tables, with the upload, the GPU expansion and the deferred release counted instead of run. A captured call
 launches from the table its eager warm-up left in the cache, with the graph's error record and no slot, and uploads,
-expands and waits for nothing; a packing never run eagerly, kernels never loaded, or device cu_seqlens whose host
-copy no eager call waited for raise RuntimeError before anything is enqueued."""
+expands and waits for nothing; a packing never run eagerly, or kernels never loaded, are made outside the capture
+(capture.outside, faked); device cu_seqlens whose host copy no eager call waited for raise RuntimeError before
+anything is enqueued."""
 from __future__ import annotations
 
 import collections
@@ -17,8 +18,8 @@ import pytest
 
 import cupy_dash
 from cupy_dash.core import api, fastpath, fastpath_varlen, interop, varlen_host_cu
-from cupy_dash.cuda import device_tables, jit, kernels, varlen_device
-from fastpath_fakes import (Tensor, _Dtype, _inputs, fake_bwd_entry, no_gpu,  # noqa: F401  (fixture)
+from cupy_dash.cuda import device_tables, kernels, varlen_device
+from fastpath_fakes import (Tensor, _Dtype, _inputs, fake_bwd_entry, no_gpu, outside_capture,  # noqa: F401
                             PER_CALL_FIELDS)
 
 REAL_DEVICE = varlen_device.device          # taken before no_gpu replaces it
@@ -46,7 +47,7 @@ def graphs(no_gpu, monkeypatch):
     device-to-host copies, graph records taken, error polls and checks, slots; ``state.enqueued``: no_gpu's list
     of enqueued backwards."""
     state = types.SimpleNamespace(capturing=False, uploads=[], expansions=[], waits=[], syncs=[], copies=[],
-                                  records=[], polls=0, checks=0, slots=0, loaded=True, enqueued=no_gpu, device={})
+                                  records=[], polls=0, checks=0, slots=0, enqueued=no_gpu, device={})
     monkeypatch.setattr(varlen_device, "device", REAL_DEVICE)
     monkeypatch.setattr(device_tables, "_caches", {form: collections.OrderedDict() for form in device_tables._LIMITS})
     monkeypatch.setattr(device_tables, "_captured", {})
@@ -61,7 +62,6 @@ def graphs(no_gpu, monkeypatch):
                         {0: lambda num_ctas, stream, values: state.expansions.append(stream.ptr)})
 
     monkeypatch.setattr(kernels, "bwd_entry", fake_bwd_entry)
-    monkeypatch.setattr(jit, "not_loaded", lambda specs, dev: [] if state.loaded else [s.label for s in specs])
 
     class Stream(contextlib.nullcontext):
         def __init__(self, ptr):
@@ -177,34 +177,44 @@ def test_a_captured_call_launches_from_the_warm_up_table_with_the_graph_record(g
     assert [entry[0] for entry in device_tables._captured.values()] == [c.tables]
 
 
-def test_a_packing_not_run_eagerly_raises_before_anything_is_enqueued(graphs):
+def test_a_packing_not_run_eagerly_is_made_outside_the_capture(graphs, outside_capture):
+    """A packing's first call is the captured one: its table is built, uploaded and expanded on the stream of
+    capture.outside (the thread's capture mode relaxed, then restored), which is synchronized; the captured stream
+    waits for no event; the launch reads that table, which the cache keeps for the graph; a second capture of the
+    packing finds it (nothing made again)."""
     state = graphs
     args = _inputs()
     cupy_dash.attention_backward_varlen(*args, np.array(CU_Q, np.int32), CU_K, 200, 240, causal=True)
-    before = _counts(state)
+    side, relaxed = outside_capture.SIDE, outside_capture.RELAXED
     state.capturing = True
-    with pytest.raises(RuntimeError, match="schedule table of this packing .* Run the same call once eagerly"):
-        cupy_dash.attention_backward_varlen(*args, np.array([0, 150, 300], np.int32), [0, 240, 500], 150, 260,
-                                            causal=True)
-    assert _counts(state) == before
-    state.capturing = False                  # the eager call of that packing, then its capture
-    cupy_dash.attention_backward_varlen(*args, np.array([0, 150, 300], np.int32), [0, 240, 500], 150, 260,
-                                        causal=True)
-    state.capturing = True
-    cupy_dash.attention_backward_varlen(*args, np.array([0, 150, 300], np.int32), [0, 240, 500], 150, 260,
-                                        causal=True)
-    assert state.enqueued[-1]["slot"] is None and len(state.uploads) == 2
+    new = (np.array([0, 150, 300], np.int32), [0, 240, 500], 150, 260)
+    outside_capture.modes.clear()
+    cupy_dash.attention_backward_varlen(*args, *new, causal=True)
+    assert state.uploads[-1] == state.expansions[-1] == side and len(state.uploads) == 2
+    assert state.waits == [] and state.syncs == [] and outside_capture.syncs.count(side) >= 1
+    assert outside_capture.modes[:2] == [relaxed, 0] and not outside_capture.inside
+    captured = state.enqueued[-1]
+    assert captured["slot"] is None and captured["c"].tables in [e[0] for e in device_tables._captured.values()]
+    cupy_dash.attention_backward_varlen(*args, *new, causal=True)
+    assert len(state.uploads) == 2 and state.enqueued[-1]["c"].tables is captured["c"].tables
+    state.capturing = False                  # an eager call of that packing now finds the same table
+    cupy_dash.attention_backward_varlen(*args, *new, causal=True)
+    assert len(state.uploads) == 2 and state.enqueued[-1]["c"].tables is captured["c"].tables
 
 
-def test_kernels_not_loaded_raise_before_anything_is_enqueued(graphs):
+def test_kernels_not_loaded_are_loaded_outside_the_capture(graphs, outside_capture, monkeypatch):
     state = graphs
     args = _inputs()
+    loads = []
+
+    def entry(*a, **kw):
+        loads.append(outside_capture.inside)
+        return fake_bwd_entry(*a, **kw)
+    monkeypatch.setattr(kernels, "bwd_entry", entry)
+    state.capturing = True
     cupy_dash.attention_backward_varlen(*args, np.array(CU_Q, np.int32), CU_K, 200, 240, causal=True)
-    before = _counts(state)
-    state.capturing, state.loaded = True, False
-    with pytest.raises(RuntimeError, match="varlen kernels .* not loaded yet.* Run the same call once eagerly"):
-        cupy_dash.attention_backward_varlen(*args, np.array(CU_Q, np.int32), CU_K, 200, 240, causal=True)
-    assert _counts(state) == before
+    assert loads and all(loads) and not outside_capture.inside
+    assert state.enqueued[-1]["slot"] is None and state.uploads == [outside_capture.SIDE]
 
 
 @pytest.mark.parametrize("copy", ["none", "not waited for"])

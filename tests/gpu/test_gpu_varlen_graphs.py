@@ -2,8 +2,9 @@
 elsewhere). Forward and backward of one packing are captured with ``torch.cuda.graph`` after one eager step on a side
 stream, then replayed with the captured and with new q, k, v, dout: bit for bit the eager calls' results. The
 lengths reach the backward as a device tensor kept in place (the eager step waited for the forward's host copy;
-through the autograd op) or as a host array (through the functional API). A packing that never ran eagerly, and a
-device cu_seqlens whose host copy no eager call took, raise RuntimeError during capture."""
+through the autograd op) or as a host array (through the functional API). A packing that never ran eagerly is
+captured too (its table made outside the capture); a device cu_seqlens whose host copy no eager call took raises
+RuntimeError during capture."""
 from __future__ import annotations
 
 import zlib
@@ -75,25 +76,42 @@ def test_a_captured_packing_replays_the_eager_bits(step):
     cupy_dash.check_errors()            # reads the captured backward's record: no failure
 
 
-@pytest.mark.parametrize("missing", ["packing", "host copy"])
-def test_a_capture_without_its_eager_call_raises(missing):
-    """``packing``: other lengths of the same total (their table never built); ``host copy``: the same lengths in a
-    device tensor that no eager forward copied (a tensor that the graph copies in)."""
+def test_a_packing_never_run_eagerly_is_captured_with_the_eager_bits():
+    """Host lengths of a packing no call has used (other lengths of the same total): the captured backward builds,
+    uploads and expands its table outside the capture (cupy_dash.cuda.capture); replays give the eager bits."""
+    cu_host = _cu(LENGTHS[::-1])
+    total, longest = int(cu_host[-1]), max(LENGTHS)
+    cu_dev = torch.from_numpy(cu_host).cuda()
+    static = [x.clone() for x in _inputs(total, "never eager")]
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = _functional(*static, cu_dev, cu_host, longest)
+    for salt in ("never eager", "new inputs"):
+        new = _inputs(total, salt)
+        with torch.no_grad():
+            for dst, src in zip(static, new):
+                dst.copy_(src)
+        graph.replay()
+        torch.cuda.synchronize()
+        got = tuple(x.clone() for x in captured)
+        assert_same_bits(f"varlen graph without warm-up ({salt})", got, _functional(*new, cu_dev, cu_host, longest))
+    cupy_dash.check_errors()
+
+
+def test_device_lengths_without_a_host_copy_raise_during_capture():
+    """The same lengths in a device tensor that no eager forward copied (a tensor that the graph copies in): the
+    backward cannot read them without a wait, which a capture forbids."""
     cu_host = _cu(LENGTHS)
     total, longest = int(cu_host[-1]), max(LENGTHS)
     inputs = _inputs(total, "refused")
     _functional(*inputs, torch.from_numpy(cu_host).cuda(), cu_host, longest)      # the variant's kernels loaded
-    if missing == "packing":
-        cu_host = _cu(LENGTHS[::-1])
-        cu_arg = cu_host
-    else:
-        cu_arg = torch.from_numpy(cu_host).cuda()
+    cu_arg = torch.from_numpy(cu_host).cuda()
     cu_dev = torch.from_numpy(cu_host).cuda()
     static = [x.clone() for x in inputs]
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with pytest.raises(RuntimeError, match="Run the same call once eagerly" if missing == "packing" else
-                       "has none.*run one eager step first"):
+    with pytest.raises(RuntimeError, match="has none.*run one eager step first"):
         with torch.cuda.graph(graph):
             _functional(*static, cu_dev, cu_arg, longest)
     torch.cuda.synchronize()

@@ -68,18 +68,19 @@ def assert_same_bits(what, got, want):
 # --------------------------------------------------------------------------------------------------------------
 # manual CUDA graph capture
 # --------------------------------------------------------------------------------------------------------------
-def capture_step(case, q, k, v, dout):
-    """Static leaves + one eager warm-up on a side stream (as torch's docs advise), then forward and
-    ``autograd.grad`` captured in a CUDA graph. Returns (graph, static inputs, static outputs)."""
+def capture_step(case, q, k, v, dout, warm_up=True):
+    """Static leaves + one eager warm-up on a side stream (as torch's docs advise; none with ``warm_up=False``),
+    then forward and ``autograd.grad`` captured in a CUDA graph. Returns (graph, static inputs, static outputs)."""
     fn = attention_fn(case)
     leaves = [x.detach().clone().requires_grad_(True) for x in (q, k, v)]
     static_dout = dout.clone()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        out = fn(*leaves)
-        torch.autograd.grad(out, leaves, static_dout)
-    torch.cuda.current_stream().wait_stream(side)
+    if warm_up:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            out = fn(*leaves)
+            torch.autograd.grad(out, leaves, static_dout)
+        torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = fn(*leaves)

@@ -28,7 +28,7 @@ def encoded(monkeypatch):
                                 CUresult=types.SimpleNamespace(CUDA_SUCCESS="ok"), CUtensorMapDataType=_Enum(),
                                 CUtensorMapInterleave=_Enum(), CUtensorMapSwizzle=_Enum(),
                                 CUtensorMapL2promotion=_Enum(), CUtensorMapFloatOOBfill=_Enum())
-    monkeypatch.setattr(tensormap, "_cbd", lambda: drv)
+    monkeypatch.setattr(tensormap, "cuda_driver", lambda: drv)
     monkeypatch.setattr(tensormap, "_cache", type(tensormap._cache)())
     return calls
 

@@ -1,0 +1,51 @@
+"""What a call captured into a CUDA graph needs and no eager call has made yet (its kernels compiled and loaded, its
+schedule tables uploaded, the device's graph error records), made during the capture: :func:`outside`.
+
+A stream capture forbids such work on the capturing thread (``torch.cuda.graph`` captures in CUDA's global mode:
+a module load, an allocation or a synchronizing copy would invalidate the graph), and a captured stream may wait
+for nothing recorded outside the capture. So the work runs with the calling thread's capture mode relaxed
+(``cuThreadExchangeStreamCaptureMode``, CUDA's way for a library to make such calls during a capture) on a stream
+of its own, which is synchronized before the block ends: what it uploaded is complete before the captured kernels
+that read it are even enqueued, and the graph needs no event of it.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import cupy
+
+from .tensormap import cuda_driver
+
+_streams: dict = {}          # device -> its non-blocking stream for work made outside a capture
+_lock = threading.Lock()
+
+
+def _exchange(mode):
+    """Set the calling thread's stream-capture mode; return the one it had."""
+    driver = cuda_driver()
+    err, old = driver.cuThreadExchangeStreamCaptureMode(mode)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cupy_dash: cuThreadExchangeStreamCaptureMode failed: {err}")
+    return old
+
+
+@contextlib.contextmanager
+def outside(device_id: int):
+    """A block that may compile, load kernels, allocate and upload for device ``device_id`` while a stream is
+    capturing a CUDA graph: the thread's capture mode is relaxed for the block, device ``device_id`` and a
+    non-blocking stream of its own (yielded) are current (CuPy's current stream is no longer the capturing one),
+    and that stream is synchronized when the block ends. The previous mode, device and stream come back whatever
+    happens in the block."""
+    old = _exchange(cuda_driver().CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED)
+    try:
+        with cupy.cuda.Device(device_id):
+            with _lock:           # made relaxed too: the first block of a device may run during a capture
+                side = _streams.get(device_id)
+                if side is None:
+                    side = _streams[device_id] = cupy.cuda.Stream(non_blocking=True)
+            with side:
+                yield side
+                side.synchronize()
+    finally:
+        _exchange(old)
