@@ -61,11 +61,17 @@ def test_a_captured_packing_replays_the_eager_bits(step):
     with torch.cuda.stream(side):
         step(*static, cu_dev, cu_host, longest)            # eager: kernels, the packing's table, the host copy
     torch.cuda.current_stream().wait_stream(side)
+    _capture_and_replay(step, static, cu_dev, cu_host, longest, ("captured", "new inputs", "captured"))
+
+
+def _capture_and_replay(step, static, cu_dev, cu_host, longest, salts):
+    """``step`` on the ``static`` inputs captured in a CUDA graph, then replayed with the inputs of each salt copied
+    in: bit for bit the eager ``step`` on those inputs; the captured backward's record reports no failure."""
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         captured = step(*static, cu_dev, cu_host, longest)
-    for salt in ("captured", "new inputs", "captured"):
-        new = _inputs(total, salt)
+    for salt in salts:
+        new = _inputs(int(cu_host[-1]), salt)
         with torch.no_grad():
             for dst, src in zip(static, new):
                 dst.copy_(src)
@@ -73,7 +79,7 @@ def test_a_captured_packing_replays_the_eager_bits(step):
         torch.cuda.synchronize()
         got = tuple(x.clone() for x in captured)
         assert_same_bits(f"varlen graph replay ({salt})", got, step(*new, cu_dev, cu_host, longest))
-    cupy_dash.check_errors()            # reads the captured backward's record: no failure
+    cupy_dash.check_errors()
 
 
 def test_a_packing_never_run_eagerly_is_captured_with_the_eager_bits():
@@ -84,19 +90,7 @@ def test_a_packing_never_run_eagerly_is_captured_with_the_eager_bits():
     cu_dev = torch.from_numpy(cu_host).cuda()
     static = [x.clone() for x in _inputs(total, "never eager")]
     torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = _functional(*static, cu_dev, cu_host, longest)
-    for salt in ("never eager", "new inputs"):
-        new = _inputs(total, salt)
-        with torch.no_grad():
-            for dst, src in zip(static, new):
-                dst.copy_(src)
-        graph.replay()
-        torch.cuda.synchronize()
-        got = tuple(x.clone() for x in captured)
-        assert_same_bits(f"varlen graph without warm-up ({salt})", got, _functional(*new, cu_dev, cu_host, longest))
-    cupy_dash.check_errors()
+    _capture_and_replay(_functional, static, cu_dev, cu_host, longest, ("never eager", "new inputs"))
 
 
 def test_device_lengths_without_a_host_copy_raise_during_capture():
