@@ -4,14 +4,14 @@
 #include "common.cuh"
 #include "ptx/tma.cuh"
 
-// NOTES: head dim 96 runs the head-dim-128 kernels padded (docs/decisions/tile-plans.md "Head dim 96"): every
+// NOTES: head dim 96 runs the head-dim-128 kernels padded (docs/decisions/head-dim-plans.md "Head dim 96"): every
 // shared-memory tile, the dQ accumulator and dq_accum rows are 128 columns wide, columns 96..127 are zero in Q,
 // K, V and dO, so they add nothing to S, dP or dQ; O, dV and dK are computed 96 wide (m64n96k16); global memory is
 // 96 columns wide.
 constexpr int padded_head_dim(int head_dim) { return head_dim == 96 ? 128 : head_dim; }
 
 // NOTES: the value head dim (columns of v, out, dout, dv; DASH_HEAD_DIM_V, default DASH_HEAD_DIM) differs from the
-// query / key head dim only as (192, 128) (docs/decisions/tile-plans.md "Value head dim 128"). Tiles stay 192
+// query / key head dim only as (192, 128) (docs/decisions/head-dim-plans.md "Value head dim 128"). Tiles stay 192
 // columns wide; v and dout fill the first two panels of theirs (their maps are plain 128-column ones), and no result
 // depends on the third: O and dP contract or span 128 columns, and dV^T's rows past 128 are not stored.
 // The compute width of v / dout tiles: equal head dims share the padding (96 -> 128).

@@ -29,7 +29,7 @@ SUPPORTED_HEAD_DIMS = (64, 96, 128, 192, 256)   # the forward's
 BWD_HEAD_DIMS = (64, 96, 128, 192, 256)          # the backward's
 # NOTES: a backward head dim whose kernels are built (compiled with every variant) but not yet shipped goes here:
 # the API refuses it (BWD_HEAD_DIMS) until its GPU tests have passed on the H200; the GPU tests enable it
-# (tests/gpu/conftest.py); docs/decisions/tile-plans.md records when each head dim moved.
+# (tests/gpu/conftest.py); docs/decisions/head-dim-plans.md records when each head dim moved.
 BWD_PENDING_HEAD_DIMS = ()
 BWD_BUILT_HEAD_DIMS = BWD_HEAD_DIMS + BWD_PENDING_HEAD_DIMS   # every backward head dim that has kernels
 SUPPORTED_DTYPES = ("bfloat16", "float16")
@@ -81,8 +81,8 @@ TILES = {
 }
 # NOTES: head dim 96 takes head dim 128's tiles: its kernels are the head-dim-128 ones padded (padded_head_dim).
 # Head dims 192 and 256 take 64 keys per forward tile: Q and two K / V stages of 128 keys would need 247 / 329 KB of
-# shared memory (docs/decisions/tile-plans.md "Head dims 192 and 256: the forward"). Their backwards split the head dim
-# between the MMA warpgroups (kernels_src/bwd/split_step.cuh): two on 64 x 64 tiles at 256, three on 96 x 64 at 192.
+# shared memory (docs/decisions/head-dim-plans.md "Head dims 192 and 256: the forward"). Their backwards split the head
+# dim between the MMA warpgroups (kernels_src/bwd/split_step.cuh): two on 64 x 64 tiles at 256, three on 96 x 64 at 192.
 AUX_THREADS = K.kAuxThreads
 
 

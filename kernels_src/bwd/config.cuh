@@ -115,7 +115,7 @@ constexpr int kKStages = !DqLayout::kTransposed && !kSplitHeadDim ? kBwdKStages 
 // the MMA warpgroups among themselves.
 // NOTES: head dim 256 hands each dQ piece over in two halves, each with its own slot (half of the warpgroup's
 // staging) and barrier pair, so that a warpgroup stores one half while the writer's copy reads the other and the
-// next piece's first half waits only for the first half's drain (docs/decisions/tile-plans.md "Head dims 192 and
+// next piece's first half waits only for the first half's drain (docs/decisions/head-dim-plans.md "Head dims 192 and
 // 256").
 constexpr int kDqHalves = kHeadDim == 256 ? 2 : 1;
 constexpr int kBarPdS = 1;

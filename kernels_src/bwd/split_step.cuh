@@ -5,7 +5,7 @@
 // every warpgroup's queries are there, dV^T += dO^T P and dK^T += Q^T dS for its kHeadRows head-dim rows (m64
 // halves) and its two dQ pieces for the dQ writer warps: at 256, dQ = dS K for head-dim columns [128 wg, + 128) in
 // two 64 x 64 chunks; at 192, dQ^T = K^T dS^T for head-dim rows [64 wg, + 64) in two chunks of 48 queries.
-// The plan and its budgets: docs/decisions/tile-plans.md "Head dims 192 and 256: a backward plan".
+// The plan and its budgets: docs/decisions/head-dim-plans.md "Head dims 192 and 256: a backward plan".
 #pragma once
 #include "../ptx/st_global.cuh"
 #include "visit_math.cuh"

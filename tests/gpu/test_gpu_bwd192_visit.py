@@ -1,6 +1,6 @@
 """One visit of the head-dim-192 backward plan as a unit kernel (tests/gpu/kernels/bwd192_visit.cu;
-docs/decisions/tile-plans.md "Head dim 192 on the same family"): three MMA warpgroups, S^T and dP^T split by queries,
-P and dS stored transposed (queries x keys), dV^T and dK^T with MN-major A and B, dQ^T with an MN-major A (K) and a
+docs/decisions/head-dim-plans.md "Head dim 192 on the same family"): three MMA warpgroups, S^T and dP^T split by
+queries, P and dS stored transposed (queries x keys), dV^T and dK^T with MN-major A and B, dQ^T with an MN-major A (K) and a
 K-major B read from the dS tile at row 48 c (two m64n48 chunks). The kernel compiles on any machine (checked here
 without a GPU: no spills); on a Hopper GPU, P and dS are compared with the float64 math, then the three products
 with numpy's products of the kernel's own bf16 P and dS, so that a layout error shows as a wrong product, not as

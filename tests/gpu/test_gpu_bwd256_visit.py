@@ -1,6 +1,6 @@
 """One visit of the head-dim-256 backward plan as a unit kernel (tests/gpu/kernels/bwd256_visit.cu;
-docs/decisions/tile-plans.md "Head dims 192 and 256: a backward plan"): S^T and dP^T split by queries between the two
-MMA warpgroups, P^T and dS^T through shared memory, dV^T, dK^T with MN-major A operands and dQ with an MN-major A
+docs/decisions/head-dim-plans.md "Head dims 192 and 256: a backward plan"): S^T and dP^T split by queries between
+the two MMA warpgroups, P^T and dS^T through shared memory, dV^T, dK^T with MN-major A operands and dQ with an MN-major A
 read from the dS^T tile. The kernel compiles on any machine (checked here without a GPU: no spills); on a Hopper
 GPU, P^T and dS^T are compared with the float64 math, then the three products with numpy's products of the
 kernel's own bf16 P^T and dS^T, so that a layout error shows as a wrong product, not as rounding."""

@@ -1,5 +1,5 @@
-"""Head dims 192 and 256: the forward kernel with a 128 x 64 tile (docs/decisions/tile-plans.md) launched below the
-public API (its launch plan, cupy_dash.cuda.plans, run on the current stream), against the float64 reference under
+"""Head dims 192 and 256: the forward kernel with a 128 x 64 tile (docs/decisions/head-dim-plans.md) launched below
+the public API (its launch plan, cupy_dash.cuda.plans, run on the current stream), against the float64 reference under
 FA3's rule, causal and full, GQA, odd lengths: the groundwork test of these head dims, kept as the one that needs
 nothing above the launch layer. Skipped without a Hopper GPU."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The head-dim-96 probe (tests/gpu/kernels/wgmma_n96.cu; docs/decisions/tile-plans.md "Head dim 96"): an MN-major
+"""The head-dim-96 probe (tests/gpu/kernels/wgmma_n96.cu; docs/decisions/head-dim-plans.md "Head dim 96"): an MN-major
 B operand of 96 columns in 128B-swizzled 64-column panels, read by one m64n96k16 per k-step, and by m64n64k16 plus
 m64n32k16. The kernel compiles on any machine (checked here without a GPU: no spills); the products are compared
 with numpy on a Hopper GPU. The N = 96 result decides the head-dim-96 plan: if it fails while the split passes, the

@@ -434,7 +434,7 @@ def test_launch_checks_its_parameter_block_before_loading_anything():
 @pytest.mark.parametrize("head_dim", [192, 256])
 def test_forward_compiles_without_spills_at_head_dims_192_and_256(head_dim):
     """Head dims 192 and 256: the forward's 128 x 64 tile (128 x 128
-    would need 247 / 329 KB of shared memory, docs/decisions/tile-plans.md) compiles for sm_90a without spills,
+    would need 247 / 329 KB of shared memory, docs/decisions/head-dim-plans.md) compiles for sm_90a without spills,
     O += P V in chunks of the wgmma wrappers' N (from the kernel cache that `compile --all` filled, where it ran)."""
     assert kernels.fwd_tile(head_dim) == kernels.TileConfig(128, 64, kernels.MAIN_THREADS)
     for causal in (False, True):

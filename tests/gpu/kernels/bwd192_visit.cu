@@ -1,5 +1,5 @@
-// One visit of the head-dim-192 backward plan (docs/decisions/tile-plans.md, "Head dim 192 on the same family"), as
-// a unit kernel: the operand layouts where it differs from head dim 256's visit (bwd256_visit.cu), checked before
+// One visit of the head-dim-192 backward plan (docs/decisions/head-dim-plans.md, "Head dim 192 on the same
+// family"), as a unit kernel: the operand layouts where it differs from head dim 256's visit (bwd256_visit.cu), checked before
 // the kernel that chains them. Three MMA warpgroups share one KV tile of 64 keys and one Q tile of 96 queries; the
 // head dim is split between them (64 rows each).
 //   S^T = K Q^T and dP^T = V dO^T: warpgroup w computes queries [32 w, 32 w + 32) (m64n32k16, both K-major);

@@ -1,4 +1,4 @@
-// One visit of the head-dim-256 backward plan (docs/decisions/tile-plans.md "Head dims 192 and 256: a backward
+// One visit of the head-dim-256 backward plan (docs/decisions/head-dim-plans.md "Head dims 192 and 256: a backward
 // plan"), as a unit kernel: the operand layouts of its five GEMMs, checked before the kernel that chains them.
 // Two MMA warpgroups share one KV tile of 64 keys and one Q tile of 64 queries; the head dim is split between them.
 //   S^T = K Q^T and dP^T = V dO^T: warpgroup w computes queries [32 w, 32 w + 32) (m64n32k16, both K-major);

@@ -1,5 +1,5 @@
-// Probe for head dim 96 (docs/decisions/tile-plans.md): does wgmma read an MN-major B operand of N = 96 that spans
-// one and a half 64-column panels of a 128B-swizzled tile (columns 96-127 zero, as TMA's zero fill would leave
+// Probe for head dim 96 (docs/decisions/head-dim-plans.md): does wgmma read an MN-major B operand of N = 96 that
+// spans one and a half 64-column panels of a 128B-swizzled tile (columns 96-127 zero, as TMA's zero fill would leave
 // them), or must it be issued as N = 64 on the first panel plus N = 32 on the second? One warpgroup:
 //   E96 = A B      one m64n96k16 per k-step, B's descriptor on panel 0 with LBO = one panel
 //   E64_32 = A B   m64n64k16 on panel 0 and m64n32k16 on panel 1
