@@ -34,12 +34,12 @@ def legs_of(shape, sections, dtype="bf16"):
 
     from cupy_dash import schedule
     from cupy_dash.cli.measure import random_tensor
-    from cupy_dash.core import api
+    from cupy_dash.core import problem
     from cupy_dash.cuda import kernels, launchers
     B, S, H, D, causal = shape["batch"], shape["seqlen"], shape["heads"], shape["hdim"], shape["causal"]
     lengths = shape.get("lengths")                 # a varlen packing: one batch of these sequences
     q, k, v = (random_tensor((B, S, H, D), dtype, seed=j) for j in range(3))
-    p = api.validate(q, k, v)
+    p = problem.validate(q, k, v)
     spec, block_m, block_n = kernels.fwd_entry(p.dtype, p.D, causal, p.Dv)
     strides = (S * H * D, H * D, D)
     operands = tuple((x.data.ptr, strides) for x in (q, k, v))

@@ -2,7 +2,8 @@
 to their adapters, so it sits above them; the core (:mod:`cupy_dash.core.api`) never imports an adapter.
 """
 from .core import interop
-from .core.api import attention_forward, check_flag, check_schedule
+from .core.api import attention_forward
+from .core.problem import check_flag, check_schedule
 from .schedule import check_window
 
 

@@ -36,7 +36,7 @@ import numpy as np
 from .. import config, gpu
 from .. import schedule as _schedule
 from ..cuda import kernels, varlen_device
-from . import api, fastpath_varlen, interop, varlen_host_cu
+from . import api, fastpath_varlen, interop, problem, varlen_host_cu
 from .varlen_launch import (_tables, check_max_seqlen, check_max_within, check_same_count, cu_seqlens_values,
                             packing_launch)
 
@@ -93,8 +93,8 @@ def attention_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, 
     if result is not None:
         return result
     capturing = api.call_start(q)
-    causal = api.check_flag("causal", causal)
-    window = api._check_window(window, causal)
+    causal = problem.check_flag("causal", causal)
+    window = problem.check_window(window, causal)
     max_q = check_max_seqlen("max_seqlen_q", max_seqlen_q)
     max_k = check_max_seqlen("max_seqlen_k", max_seqlen_k)
     cu_q_info, num_seqs = _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q)
@@ -102,7 +102,7 @@ def attention_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, 
     if num_seqs_k != num_seqs:
         raise ValueError(f"cu_seqlens_k: expected {num_seqs + 1} entries (as cu_seqlens_q), got {num_seqs_k + 1}")
     (q4, _), (k4, _), (v4, _) = _packed(q, "q"), _packed(k, "k"), _packed(v, "v")
-    p = api.validate(q4, k4, v4, softmax_scale=softmax_scale, softcap=softcap)
+    p = problem.validate(q4, k4, v4, softmax_scale=softmax_scale, softcap=softcap)
     _check_device(cu_q_info, p.device_id)
     _check_device(cu_k_info, p.device_id)
     check_max_within(max_q, max_k, p.Sq, p.Sk)
@@ -130,11 +130,11 @@ def prepare_varlen_backward(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
     backward would for bad lengths, flags or sizes (TypeError for a ``device`` that is not an int >= 0), then,
     before touching the device, RuntimeError unless CUDA device ``device`` is a Hopper GPU
     (:func:`cupy_dash.gpu.require`: no GPU, no driver, another GPU)."""
-    causal = api.check_flag("causal", causal)
-    deterministic = api.check_flag("deterministic", deterministic)
-    window = api._check_window(window, causal)
-    api.check_schedule(schedule)
-    capped = api.check_softcap(softcap) > 0
+    causal = problem.check_flag("causal", causal)
+    deterministic = problem.check_flag("deterministic", deterministic)
+    window = problem.check_window(window, causal)
+    problem.check_schedule(schedule)
+    capped = problem.check_softcap(softcap) > 0
     max_q = check_max_seqlen("max_seqlen_q", max_seqlen_q)
     max_k = check_max_seqlen("max_seqlen_k", max_seqlen_k)
     hosts = []
@@ -239,9 +239,9 @@ def attention_backward_varlen(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
     if result is not None:
         return result
     capturing = api.call_start(q)
-    causal = api.check_flag("causal", causal)
-    deterministic = api.check_flag("deterministic", deterministic)
-    window = api._check_window(window, causal)
+    causal = problem.check_flag("causal", causal)
+    deterministic = problem.check_flag("deterministic", deterministic)
+    window = problem.check_window(window, causal)
     max_q = check_max_seqlen("max_seqlen_q", max_seqlen_q)
     max_k = check_max_seqlen("max_seqlen_k", max_seqlen_k)
     (q4, total_q), (k4, total_k), (v4, _), (do4, _), (out4, _) = (
@@ -259,12 +259,12 @@ def attention_backward_varlen(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
     device_cu = any(c is None for c in cu_host)
     if not device_cu:
         check_same_count(*cu_host)
-    p = api.validate(q4, k4, v4, do4, out4, lse[None], softmax_scale=softmax_scale, schedule=schedule,
+    p = problem.validate(q4, k4, v4, do4, out4, lse[None], softmax_scale=softmax_scale, schedule=schedule,
                      backward=True, softcap=softcap)
     for info, _ in forms:
         if info is not None:
             _check_device(info, p.device_id)
-    api._check_tma_operands(p)
+    problem.check_tma_operands(p)
     window = _schedule.canonical_window(window, max_q, max_k, causal)
     total_q, total_k, H, Hkv, D, Dv = p.Sq, p.Sk, p.H, p.Hkv, p.D, p.Dv
     dev = p.device_id

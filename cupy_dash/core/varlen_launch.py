@@ -10,9 +10,8 @@ import numbers
 import numpy as np
 
 from .. import config
-from ..cuda import kernels, launchers, varlen_device
+from ..cuda import capture as capture_mod, kernels, launchers, varlen_device
 from ..schedule import compact_device, varlen_pack
-from . import api
 
 
 def check_max_seqlen(name, value) -> int:
@@ -52,8 +51,8 @@ def cu_seqlens_values(name, host, total, max_name, max_len) -> np.ndarray:
 def _entry(dev, dtype, D, causal, compact, softcap, capture, tile_sq=0, window=(-1, -1), head_dim_v=None) -> tuple:
     """kernels.bwd_entry of a varlen backward on device ``dev`` (``tile_sq``: kernels.varlen_tile_seqlen of the
     longest sequence, ``window`` canonical: the tile's choice); ``capture``: kernels not loaded yet are loaded
-    outside the capture (api.loading), as api._backward loads the fixed-length ones."""
-    with api.loading(dev, capture):
+    outside the capture (capture.loading), as api._backward loads the fixed-length ones."""
+    with capture_mod.loading(dev, capture):
         return kernels.bwd_entry(dev, dtype, D, causal, compact=compact, softcap=softcap, seqlen_q=tile_sq,
                                  window=window, head_dim_v=head_dim_v)
 
@@ -111,7 +110,7 @@ def packing_launch(dev, p, causal, deterministic, schedule, window, spin_timeout
 
     ``capture``: ``stream`` is capturing a CUDA graph: nothing is enqueued on it and nothing waits; the kernels and
     this packing's table come from an eager call (or prepare_varlen_backward) on this device, or are made outside
-    the capture (api.for_capture: uploaded and expanded on a stream of their own, synchronized).
+    the capture (capture.find_or_make: uploaded and expanded on a stream of their own, synchronized).
 
     NOTES: a captured call reads the cached table without an event: an eager call's upload (and expansion) was
     enqueued on its stream before the capture began, and torch.cuda.graph (which torch.compile's reduce-overhead
@@ -130,7 +129,7 @@ def packing_launch(dev, p, causal, deterministic, schedule, window, spin_timeout
     def find(side, capture):
         found = varlen_device.device(tables, num_seqs * p.H, dev, side or stream, capture=capture)
         return None if found[0] is None else found
-    c.tables, cu_q_dev, cu_k_dev, uploaded = api.for_capture(dev, find) if capture else find(None, False)
+    c.tables, cu_q_dev, cu_k_dev, uploaded = capture_mod.find_or_make(dev, find) if capture else find(None, False)
     if uploaded is not None:                      # never during capture (device_tables.cached)
         stream.wait_event(uploaded)
     return c, (cu_q_dev, cu_k_dev), (c.tables.policy, num_seqs, p.H, p.Sq, p.Sk, p.D, causal, window)

@@ -49,3 +49,24 @@ def outside(device_id: int):
                 side.synchronize()
     finally:
         _exchange(old)
+
+
+def find_or_make(device_id: int, find):
+    """What ``find(stream, capture)`` finds for a call being captured into a CUDA graph on device ``device_id``
+    (``capture=True``: a cached device table, kept then for the life of the process; None where there is none):
+    what an eager call left, else made by ``find`` in :func:`outside` (on its stream) and then found."""
+    found = find(None, True)
+    if found is None:
+        with outside(device_id) as side:
+            find(side, False)
+        found = find(None, True)
+        if found is None:         # evicted by another thread's calls in between: the cache holds many entries
+            raise RuntimeError(f"cupy_dash: a schedule table made for a CUDA graph capture on device {device_id} "
+                               f"was evicted before the capture could read it; capture again")
+    return found
+
+
+def loading(device_id: int, capturing: bool):
+    """The context in which a call on device ``device_id`` may compile and load its kernels: none for an eager call,
+    :func:`outside` for a captured one."""
+    return outside(device_id) if capturing else contextlib.nullcontext()

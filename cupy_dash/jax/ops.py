@@ -16,7 +16,7 @@ import numpy as np
 
 from .. import config
 from .. import schedule as _schedule
-from ..core import api, interop
+from ..core import interop, problem
 from . import callbacks
 
 __all__ = ["attention", "attention_forward", "attention_backward"]
@@ -64,12 +64,12 @@ def _config(causal, softmax_scale, window=(-1, -1), schedule="auto", determinist
     causal; its canonical form depends on the shapes, see :func:`_problem`); ``ffi``: whether the calls go
     through the C handler (:func:`_use_ffi`); ``compact_env``: CUPY_DASH_COMPACT_TABLES, which a traced backward
     reads (compact_device.table_form), so that a change of it retraces."""
-    causal = api.check_flag("causal", causal)
-    deterministic = api.check_flag("deterministic", deterministic)
-    api.check_schedule(schedule)
-    scale = None if softmax_scale is None else api.check_scale(softmax_scale, None)
+    causal = problem.check_flag("causal", causal)
+    deterministic = problem.check_flag("deterministic", deterministic)
+    problem.check_schedule(schedule)
+    scale = None if softmax_scale is None else problem.check_scale(softmax_scale, None)
     return _Config(causal, scale, _schedule.check_window(window, causal), schedule, deterministic, _use_ffi(),
-                   config.COMPACT_TABLES.get(), api.check_softcap(softcap))
+                   config.COMPACT_TABLES.get(), problem.check_softcap(softcap))
 
 
 def _use_ffi() -> bool:
@@ -169,7 +169,7 @@ def _batched(call):
 # trace time: checks on shapes, the preparation cache, the mechanism
 # ------------------------------------------------------------------------------------------------------------
 class _Aval:
-    """What :func:`cupy_dash.core.api.validate` reads of an operand, from its shape and dtype (``packed``: a varlen
+    """What :func:`cupy_dash.core.problem.validate` reads of an operand, from its shape and dtype (``packed``: a varlen
     operand, read as a batch of one): a contiguous array on a CUDA device (placeholder device 0: XLA picks the
     device at run time) whose address is not known."""
     __slots__ = ("shape", "dtype", "strides")
@@ -195,7 +195,7 @@ def _problem(cfg, q, k, v, dout=None, out=None, lse=None, lengths=None):
                 raise ValueError(f"{name}: expected a 3-D packed tensor (total, heads, head_dim), got shape "
                                  f"{x.shape}")
     views = [_Aval(x, packed=lengths is not None) if x is not None else None for x in arrays]
-    p = api.validate(*views, softmax_scale=cfg.scale, backward=dout is not None, softcap=cfg.softcap)
+    p = problem.validate(*views, softmax_scale=cfg.scale, backward=dout is not None, softcap=cfg.softcap)
     Sq, Sk = lengths or (p.Sq, p.Sk)
     return p, cfg._replace(window=_schedule.canonical_window(cfg.window, Sq, Sk, cfg.causal))
 

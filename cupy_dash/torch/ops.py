@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 
-from ..core import api
+from ..core import api, problem
 from ..schedule import check_window
 
 __all__ = ["attention", "attention_forward", "attention_backward", "eager"]
@@ -35,12 +35,12 @@ def attention(q, k, v, causal=False, softmax_scale=None, schedule="auto", determ
 def checked_options(causal, softmax_scale, schedule, deterministic, window, softcap) -> tuple:
     """The arguments of :func:`attention` / ``attention_varlen`` checked as :mod:`cupy_dash.core.api` checks them, as
     :class:`_Eager`'s ``options``: (causal, softmax_scale, schedule, deterministic, (left, right), softcap)."""
-    api.check_schedule(schedule)
+    problem.check_schedule(schedule)
     if softmax_scale is not None:
-        softmax_scale = api.check_scale(softmax_scale, None)
-    causal, deterministic = api.check_flag("causal", causal), api.check_flag("deterministic", deterministic)
+        softmax_scale = problem.check_scale(softmax_scale, None)
+    causal, deterministic = problem.check_flag("causal", causal), problem.check_flag("deterministic", deterministic)
     window = check_window(window, causal)
-    return causal, softmax_scale, schedule, deterministic, window, api.check_softcap(softcap)
+    return causal, softmax_scale, schedule, deterministic, window, problem.check_softcap(softcap)
 
 
 def differentiable(fns, op, extra, options, q, k, v) -> Tensor:
@@ -104,7 +104,7 @@ class _Eager(torch.autograd.Function):
 
 
 # ------------------------------------------------------------------------------------------------------------
-# argument checks on metadata (fake / meta tensors): the checks of api.validate, without a data pointer
+# argument checks on metadata (fake / meta tensors): the checks of problem.validate, without a data pointer
 # ------------------------------------------------------------------------------------------------------------
 _DTYPES = {torch.bfloat16: np.dtype(ml_dtypes.bfloat16), torch.float16: np.dtype(np.float16),
            torch.float32: np.dtype(np.float32)}
@@ -153,9 +153,9 @@ def _check_dims(layouts, **tensors):
 
 def check_options(schedule, causal, window, softcap) -> None:
     """The fake implementations' checks of the non-tensor arguments (the real ops' checks)."""
-    api.check_schedule(schedule)
+    problem.check_schedule(schedule)
     check_window(window, causal)
-    api.check_softcap(softcap)
+    problem.check_softcap(softcap)
 
 
 def _check_meta(q, k, v, softmax_scale, schedule, causal, window, dout=None, out=None, lse=None, softcap=0.0):
@@ -168,7 +168,7 @@ def _check_meta(q, k, v, softmax_scale, schedule, causal, window, dout=None, out
         _check_dims({"lse": "(B, H, Sq)", "": "(B, S, H, D)"}, **tensors)
         return
     views = {name: _Meta(t) for name, t in tensors.items()}
-    api.validate(views["q"], views["k"], views["v"], views.get("do"), views.get("out"), views.get("lse"),
+    problem.validate(views["q"], views["k"], views["v"], views.get("do"), views.get("out"), views.get("lse"),
                  softmax_scale=softmax_scale, backward=backward)
 
 
@@ -199,7 +199,7 @@ attention_backward.__doc__ = """The op ``torch.ops.cupy_dash.attention_backward`
 
 def _attention_forward_impl(q, k, v, causal=False, softmax_scale=None, schedule="auto", deterministic=True,
                             window_left=-1, window_right=-1, softcap=0.0):
-    api.check_schedule(schedule)
+    problem.check_schedule(schedule)
     return api.attention_forward(q, k, v, causal=causal, softmax_scale=softmax_scale,
                                  window=(window_left, window_right), softcap=softcap)
 

@@ -22,7 +22,7 @@ packing it captured: keeping the lengths fixed is the caller's part (:mod:`cupy_
 """
 import torch
 
-from ..core import api, varlen
+from ..core import problem, varlen
 from .ops import _check_dims, _lib, check_options, checked_options, differentiable, register_gradient
 
 __all__ = ["attention_varlen", "attention_forward_varlen", "attention_backward_varlen"]
@@ -63,7 +63,7 @@ attention_backward_varlen.__doc__ = """The op ``torch.ops.cupy_dash.attention_ba
 def _forward_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False,
                   softmax_scale=None, schedule="auto", deterministic=True, window_left=-1, window_right=-1,
                   softcap=0.0):
-    api.check_schedule(schedule)
+    problem.check_schedule(schedule)
     return varlen.attention_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                            causal=causal, softmax_scale=softmax_scale,
                                            window=(window_left, window_right), softcap=softcap)

@@ -9,7 +9,7 @@ import pytest
 
 import cupy
 from cupy_dash import reference, schedule
-from cupy_dash.core import api
+from cupy_dash.core import problem
 from cupy_dash.cuda import kernels, launchers, plans
 from gpu_helpers import BF16, _dev, _host, _randn, _seed
 
@@ -28,7 +28,7 @@ def test_forward_matches_reference(head_dim, causal):
     q, k, v = (_dev(x) for x in (q_h, k_h, v_h))
     out = _dev(np.zeros((B, Sq, H, head_dim), BF16))
     lse = cupy.empty((B, H, Sq), dtype=cupy.float32)
-    p = api.Problem(B, Sq, Sk, H, Hkv, D=head_dim, Dv=head_dim, dtype="bfloat16", scale=head_dim ** -0.5, softcap=0.0,
+    p = problem.Problem(B, Sq, Sk, H, Hkv, D=head_dim, Dv=head_dim, dtype="bfloat16", scale=head_dim ** -0.5, softcap=0.0,
                     device_id=q.device.id)
     window = schedule.canonical_window((-1, 0) if causal else (-1, -1), Sq, Sk, causal)
     spec = kernels._spec("fwd", TILE, "bfloat16", head_dim, DASH_CAUSAL=causal)

@@ -222,8 +222,8 @@ def test_bad_window(window, causal, exc, match, gpu_work_log):
 @pytest.mark.parametrize("window,causal,want", [((-1, -1), False, (-1, -1)), ((-1, -1), True, (-1, 0)),
                                                 ((7, 0), True, (7, 0)), ((np.int64(3), 9), False, (3, 9))])
 def test_window_as_the_kernel_gets_it(window, causal, want):
-    from cupy_dash.core import api
-    assert api._check_window(window, causal) == want
+    from cupy_dash.core import problem
+    assert problem.check_window(window, causal) == want
 
 
 def test_value_head_dim():
@@ -231,8 +231,8 @@ def test_value_head_dim():
     fail the device check), out and do take v's head dim, any other pair names v."""
     t = make(D=192, Dv=128)
     raises(ValueError, lambda: fwd(t), "q:", "CUDA device")
-    from cupy_dash.core import api
-    p = api.validate(*(fake(t)[n] for n in ("q", "k", "v", "do", "out", "lse")), backward=False)
+    from cupy_dash.core import problem
+    p = problem.validate(*(fake(t)[n] for n in ("q", "k", "v", "do", "out", "lse")), backward=False)
     assert (p.D, p.Dv) == (192, 128)
     for D, Dv in ((128, 64), (64, 128), (192, 64), (256, 128)):
         raises(NotImplementedError, lambda: fwd(make(D=D, Dv=Dv)), "v:", f"value head dim {Dv}", f"head dim {D}",
@@ -251,12 +251,12 @@ def test_head_dim_96_passes_validation(direction, gpu_work_log):
     """Head dim 96 (the head-dim-128 kernels padded) is supported: validation passes, the call reaches GPU work, and
     the default scale is 1 / sqrt(96)."""
     import math
-    from cupy_dash.core import api
+    from cupy_dash.core import problem
     t = fake(make(D=96))
     with pytest.raises(GpuTouched):
         (fwd if direction == "forward" else bwd)(t)
     assert gpu_work_log
-    p = api.validate(t["q"], t["k"], t["v"], t["do"], t["out"], t["lse"], backward=direction == "backward")
+    p = problem.validate(t["q"], t["k"], t["v"], t["do"], t["out"], t["lse"], backward=direction == "backward")
     assert p.D == 96 and p.scale == pytest.approx(1 / math.sqrt(96))
 
 

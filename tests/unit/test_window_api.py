@@ -8,7 +8,7 @@ import pytest
 
 import cupy_dash
 from cupy_dash import schedule
-from cupy_dash.core import api
+from cupy_dash.core import problem
 from cupy_dash.cuda import errors, kernels
 from validation_helpers import GpuTouched, _build_schedule, bwd, fake, gpu_work_log, make, raises  # noqa: F401
 
@@ -98,4 +98,4 @@ def test_check_window_then_canonical_is_what_the_kernels_get():
                                          ((2**31 - 1, -1), True, 300, 1000, (-1, 0)),
                                          ((998, 298), False, 300, 1000, (998, 298)),
                                          ((5, 0), True, 1000, 300, (5, 0))]:
-        assert schedule.canonical_window(api._check_window(window, causal), sq, sk, causal) == want
+        assert schedule.canonical_window(problem.check_window(window, causal), sq, sk, causal) == want
