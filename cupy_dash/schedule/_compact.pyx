@@ -1,9 +1,7 @@
 # cython: boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
-"""Compact schedules: one record per KV column instead of one row per visit (the format is documented in
-cupy_dash/schedule/compact.py, the fields in _records.pxd). The records are built by the varlen builder
-(_varlen_sched.pyx); this module holds what only fixed-length records have: ``scan_bounds`` (the dQ writer's
-scan bounds, from the dispatch order) and ``check_records``, which proves in O(columns) everything
-``Schedule.validate`` proves on the expanded table.
+"""What only fixed-length column records have (built by _varlen_sched.pyx; fields in _records.pxd):
+``scan_bounds``, the dQ writer's scan bounds from the dispatch order, and ``check_records``, which proves in
+O(columns) everything ``Schedule.validate`` proves on the expanded table (docs/schedules.md, "Compact records").
 """
 import numpy as np
 
@@ -14,11 +12,8 @@ cdef long long INT32_MAX = 0x7fffffff
 
 
 def scan_bounds(records_arr, order_arr, long long NC):
-    """int32 (columns, 4) (x, y, x2, y2) per column, which bound the dQ writer's count (see rank_at in
-    _compact_view.pyx): every column of the same KV head among its first x and last y visible columns (n order)
-    ends before this column starts, so it precedes it at every Q tile; every column outside the first x2 and the
-    last y2 starts after this one ends. Only the columns in between, running at some time with this one, need
-    their keys compared. order_arr: the records in dispatch order.
+    """int32 (columns, 4) (x, y, x2, y2) per column, which bound the dQ writer's count (docs/schedules.md, "Scan
+    bounds"; rank_at in _compact_view.pyx). order_arr: the records in dispatch order.
     NOTES: for every policy, a head's columns dispatched first are a run of its lowest n, a run of its highest n,
     or both (ascending n, shortest-first descending n, symmetric_shift's pairs (k, NC - 1 - k), a band's mirrored
     triangles), so a prefix of the head's dispatch order is such a pair of runs (x, y); and a column's start times
@@ -96,15 +91,10 @@ def check_records(records_arr, cta_columns_arr, cta_col_start_arr, long long num
     kv_head * NC + n - n_first, with its mask range [lo[n], hi[n]); its rule is a bijection onto that range
     (split = -1, or lo <= split < hi and 0 <= rot < hi - split); every record is on exactly one CTA's list, and
     along a list the steps are the positions: 0, then each step the previous one plus that column's length.
-    NOTES: this proves what Schedule.validate proves on the expanded table, because ranks are derived, not
-    stored: (1) coverage, from the bijections; (2) ranks 0..k-1 per dQ tile, since a tile's visits get distinct
-    keys (step, tie_sign * n) (columns of one head have distinct n) and a rank is the number of smaller keys;
-    (3) no deadlock: if every unfinished CTA were stuck, take the stuck visit v with the smallest key; the visit
-    it waits for has a smaller key, so its CTA's current visit has a key no larger (steps are positions, so a
-    CTA's keys rise along its list) and is not stuck, a contradiction.
-    With ``bounds_arr`` (scan_bounds), also that every column's bounds are true: the columns they put before it
-    end by its start, those they put after it start at or after its end (then the windowed count of
-    _compact_view.rank_at equals the full count)."""
+    NOTES: since ranks are derived, not stored, this proves coverage, ranks 0..k-1 per dQ tile and no deadlock
+    (docs/schedules.md, "Compact records"). With ``bounds_arr`` (scan_bounds), also that every column's bounds
+    are true: the columns they put before it end by its start, those they put after it start at or after its end
+    (then the windowed count of _compact_view.rank_at equals the full count)."""
     cdef const int[:, ::1] rec = np.ascontiguousarray(records_arr, dtype=np.int32)
     cdef const int[::1] cols = np.ascontiguousarray(cta_columns_arr, dtype=np.int32)
     cdef const long long[::1] cs = np.ascontiguousarray(cta_col_start_arr, dtype=np.int64)

@@ -1,13 +1,7 @@
 # cython: boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
-"""What the backward kernel will compute from compact records alone (format: cupy_dash/schedule/compact.py), as a
-CPU reference.
-
-``visit_of``: the i-th visit of a CTA, by walking the CTA's column list (the producer and the MMA warpgroups).
-``rank_of``: the rank of visit (head, m_block, n_block) in its dQ tile's reduction order, by counting the
-columns of the same KV head that visit the tile with a smaller (step, tie-break) key (the dQ writer warp), or by
-the closed form when the table's rank rule has one. ``window_scan_stats``: what the windowed count costs. The
-per-visit table of the records is expanded by _varlen_view.pyx (the sort-based expansion of earlier versions is an
-oracle of the tests, testing.pyx).
+"""What the backward kernel computes from compact records alone, as a CPU reference: ``visit_of`` (the producer's
+walk of a CTA's column list), ``rank_of`` (the dQ writer: counted, windowed by the scan bounds, or the rank rule's
+closed form) and ``window_scan_stats`` (what the windowed count costs). docs/schedules.md, "Compact records".
 """
 import numpy as np
 
@@ -20,7 +14,6 @@ cdef enum:
     MODE_WINDOW = 2
 
 MODES = {"kernel": MODE_KERNEL, "count": MODE_COUNT, "window": MODE_WINDOW}
-
 
 
 cdef struct View:
@@ -99,10 +92,9 @@ cdef inline long long rank_at(const View* v, long long head, long long m, long l
     """dQ writer: rank of visit (head, m, n), assumed to be in the table. The columns of KV head head // g that
     visit Q tile m are one run of records [a, b) (range ends rise with n): two binary searches find it.
     mode MODE_COUNT: count the run's columns whose key (step at which they reach m, tie_sign * n) is smaller.
-    MODE_WINDOW: the scan bounds (x, y, x2, y2) of column n: the run's columns among the head's first x and last
-    y columns all have smaller keys (they end before n starts), those outside the first x2 and last y2 larger
-    (they start after n ends); only the rest are compared. MODE_KERNEL: the closed form of the table's rank rule,
-    else MODE_WINDOW. scanned = records whose keys were compared."""
+    MODE_WINDOW: count wholesale the columns the scan bounds of column n put before it, skip those they put after
+    it, compare only the rest. MODE_KERNEL: the closed form of the table's rank rule, else MODE_WINDOW.
+    scanned = records whose keys were compared."""
     cdef long long base = head // v.g * v.NC, me = base + n - v.n_first, a, b, lo_i, hi_i, cnt
     cdef long long tb = v.tie_sign * n, NC = v.NC
     cdef const int* r = v.rec + me * REC_FIELDS

@@ -1,9 +1,7 @@
 # cython: boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
-# One column record of a compact schedule (layout in cupy_dash/schedule/compact.py): the Q-tile order rule and its
-# inverse (inline: the per-visit loops of _compact_view.pyx, _varlen_view.pyx and the checks), the CTAs' column
-# lists that the builders make (cta_lists_into, inline: _varlen_sched.pyx and the oracle of testing.pyx), and the
-# checks every table of records shares (_records.pyx), cimported by the compact and varlen modules. A record is 8
-# int32 fields:
+# One column record of a compact schedule (docs/schedules.md, "Compact records"): its fields, the Q-tile order rule
+# and its inverse, the CTAs' column lists that the builders make (cta_lists_into) and the checks every table of
+# records shares (_records.pyx). Inline: the per-visit loops use them. A record is 8 int32 fields:
 
 cdef enum:
     REC_STEP = 0    # position of the column's first visit in its CTA's list (KV-head visits)
@@ -48,7 +46,6 @@ cdef inline long long rule_index(const int* rec, long long m) noexcept nogil:
             x += r
         return x
     return r + m - rec[REC_LO]
-
 
 
 cdef int rule_error(long long i, long long split, long long rot, long long lo, long long hi) except -1

@@ -1,8 +1,5 @@
 # cython: boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
-"""Validation and simulation of schedule tables (the layout is described in _schedule.pyx): ``analyze_table``
-checks a table against the visible tiles of its mask and runs it in the paper's DAG model or in the engine model
-of the Hopper kernel. ``cupy_dash._schedule`` re-exports it.
-"""
+"""Validation and simulation of per-visit schedule tables (``analyze_table``, re-exported by _schedule.pyx)."""
 import numpy as np
 from libc.stdlib cimport malloc, free
 
@@ -23,14 +20,10 @@ def analyze_table(visits_arr, rank_arr, cta_start_arr, long long num_heads, long
     order (so its dK, dV are written once); every dQ tile's ranks are 0..k-1 exactly once; execution cannot
     deadlock.
     Returns None, or with ``timed`` (makespan, per-CTA finish times, compute-start and reduce-start per visit
-    when ``timeline``). DAG model (the paper's): each visit computes for c_cost, then waits for its rank, then
-    reduces for r_cost, and the CTA's next visit starts after that. Engine model (the Hopper kernel): a CTA's
-    compute and its reductions are two serial resources with one dQ buffer between them: a visit's compute
-    ends with the hand-off of its dQ, which waits until the previous reduction has taken the buffer; a
-    reduction starts once its visit is handed off, its rank is reached and the CTA's previous reduction has
-    completed, and takes r_cost. ``writers`` = 2: the kernel's two dQ writer warps, visits alternating between
-    them: a reduction waits for the one two visits back to complete and for the previous one to have started
-    (the writers hand the dQ buffer over in visit order), not for the previous one to complete.
+    when ``timeline``). The two models, with compute c_cost and reduction r_cost per visit: docs/schedules.md,
+    "The two models". ``writers`` = 2: the kernel's two dQ writer warps, visits alternating between them: a
+    reduction waits for the one two visits back to complete and for the previous one to have started (the writers
+    hand the dQ buffer over in visit order), not for the previous one to complete.
     """
     cdef const int[:, ::1] visits = np.ascontiguousarray(visits_arr, dtype=np.int32)
     cdef const int[::1] rank = np.ascontiguousarray(rank_arr, dtype=np.int32)

@@ -1,19 +1,9 @@
 # cython: boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
-"""Compact schedules of packed variable-length batches (format: cupy_dash/schedule/varlen.py).
-
-A *segment* is one (sequence, KV head) pair, seg = b * Hkv + kv_head; it owns the visible KV columns of its sequence,
-with the sequence's own M, N and mask ranges (bottom-right causal and windows per sequence). The records are those of
-cupy_dash/schedule/compact.py (8 int32 fields, _records.pxd) with REC_HEAD = seg and REC_N the KV tile local to the
-sequence; segment seg's records are rows seg_col_start[seg] .. seg_col_start[seg + 1] - 1, in n order.
-``build_varlen`` dispatches the units of every segment by list scheduling at column granularity (to the CTA that
-frees up first, ties to the lower CTA, as the heap of _heap.pxd pops them; here a bucket queue); ``busiest_load``
-runs the same dispatch on the units' lengths alone, for ``auto``; ``check_varlen`` proves coverage, rank
-permutations, deadlock freedom and the rank rule in O(columns).
-
-This is the one builder of every schedule: a fixed-length problem is one sequence whose segments are its KV heads
-(cupy_dash/schedule/compact.py). The NOTES on the policies are in _units.pxd; the direct builders of earlier
-versions (per visit, and per column of one problem) are the tests' oracles in testing.pyx, with the NOTES on each
-policy's rule next to their code.
+"""The one builder of every schedule's column records (a fixed-length problem is one packed sequence): segments,
+records and dispatch as in docs/schedules.md, "Packed batches" and "Where the code is"; fields: _records.pxd.
+``build_varlen`` list-schedules the units of every segment at column granularity (a bucket queue that pops as the
+heap of _heap.pxd); ``busiest_load`` runs the same dispatch on the units' lengths alone, for ``auto``;
+``check_varlen`` proves a table in O(columns). The policies' NOTES: _units.pxd.
 """
 import numpy as np
 from libc.stdlib cimport calloc, malloc, free
@@ -234,11 +224,10 @@ cdef int make_units(Units* un, int policy, const Shapes* sh, const long long* se
         raise MemoryError()
     un.k0, un.k1, un.base = un.seg + ncols, un.seg + 2 * ncols, un.seg + 3 * ncols
     if spt > 0:
-        # NOTES: upstream FA3's shortest-first order, per sequence: round j dispatches every segment's j-th
-        # column from the right (the j-th shortest), segments in dispatch order; the rounds run over the KV heads
-        # [first, last) of one section, then the next section's (docs/schedules.md, "L2 sections"). A dQ tile
-        # belongs to one head, so its columns stay in one section, dispatched in descending n as before: the
-        # ranks (descending n) and so the bits do not depend on the section size.
+        # NOTES: upstream FA3's shortest-first order: round j dispatches every segment's j-th column from the
+        # right, segments in dispatch order, over the KV heads [first, last) of one section, then the next's; a
+        # dQ tile's columns stay in one section, so ranks and bits do not depend on the section size
+        # (docs/schedules.md, "L2 sections").
         for first in range(0, Hkv, spt):
             last = first + spt if first + spt < Hkv else Hkv
             for j in range(maxnc):
@@ -419,13 +408,9 @@ def check_varlen(records_arr, cta_columns_arr, cta_col_start_arr, seg_col_start_
     Checked in O(columns), from the sequence lengths and windows alone (the ranges are recomputed here): segment
     seg = b * Hkv + kv_head has one record per visible KV tile of sequence b, in n order, at rows
     seg_col_start[seg] .., with that tile's mask range and a rule that is a bijection onto it; every record is
-    on exactly one CTA list and the steps along a list are the positions. As in _compact.check_records this
-    proves coverage, ranks 0..k-1 per dQ tile (keys (step, tie_sign * n) are distinct among a segment's columns)
-    and no deadlock (the stuck visit with the smallest key would wait for a smaller key). rank_rule 1 / 2 (the
-    kernel's closed forms): every pair of adjacent columns of a segment must reach each Q tile they share in
-    ascending / descending n order; the rules of such tables are monotone walks, so the key difference is
-    linear in m and both ends of the shared range decide; and since ranges rise with n, a tile's columns are a
-    run of n, so adjacent pairs order the whole run."""
+    on exactly one CTA list and the steps along a list are the positions; with rank_rule 1 / 2, adjacent columns
+    of a segment reach each Q tile they share in ascending / descending n. Why that proves the table:
+    docs/schedules.md, "Compact records"."""
     cdef const int[:, ::1] rec = np.ascontiguousarray(records_arr, dtype=np.int32)
     cdef const int[::1] cols = np.ascontiguousarray(cta_columns_arr, dtype=np.int32)
     cdef const long long[::1] cs = np.ascontiguousarray(cta_col_start_arr, dtype=np.int64)

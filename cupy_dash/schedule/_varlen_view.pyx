@@ -1,13 +1,8 @@
 # cython: boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
-"""The per-visit table of a packed batch's compact records (format: cupy_dash/schedule/varlen.py), in
-O(visits + columns * CTAs) without sorting the visits.
-
-Ranks. Every dQ tile (segment seg, Q tile m) orders its visits by the key (step + s, tie_sign * n), s the visit's
-index in its column. Steps are positions in the CTA's list, so the visits with key t are the t-th visits of the
-CTAs: a sweep over t = 0, 1, ... meets every visit in key order, and within one t it walks the CTAs in the
-order of their current column's (seg, tie_sign * n), which it keeps sorted as columns start and end (a column
-change moves one CTA in that order). A counter per dQ tile then hands out the ranks. The sweep writes the ranks
-to a buffer; the table's rows are then written CTA by CTA, sequentially.
+"""The per-visit table of column records, fixed-length or packed, in O(visits + columns * CTAs) without sorting
+the visits: a sweep over the steps t meets the visits in (step, tie_sign * n) key order, CTAs kept sorted by their
+current column's (segment, tie_sign * n), one rank counter per dQ tile (docs/schedules.md, "Where the code is");
+the rows are then written CTA by CTA, sequentially.
 """
 import numpy as np
 from libc.stdlib cimport malloc, calloc, free

@@ -1,10 +1,6 @@
-"""The public builders, which resolve ``auto``: :func:`build` (per-visit tables) and :func:`build_compact`
-(compact records), ``auto``'s choice of a concrete policy and the size check that sends too large a per-visit table
-to :func:`build_compact`. One builder makes the column records of a concrete policy (``compact._build_compact``,
-which runs the varlen builder); a per-visit table (:class:`per_visit.Schedule`; the argument checks and the models
-are in :mod:`cupy_dash.schedule.per_visit`) is those records expanded (``_build`` here). ``auto`` needs both
-forms, for every table form. The policies and the choice are described in :mod:`cupy_dash.schedule`, which
-re-exports the public names of this module.
+"""The public builders, which resolve ``auto``: :func:`build` (per-visit tables: the column records of
+``compact._build_compact`` expanded) and :func:`build_compact` (compact records), ``auto``'s choice and the size check
+that sends too large a per-visit table to :func:`build_compact`. Policies and choice: docs/schedules.md.
 """
 from __future__ import annotations
 

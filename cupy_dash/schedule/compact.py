@@ -1,54 +1,15 @@
-"""Compact schedules: one record per KV column instead of one row per visit, for long contexts
-(docs/decisions/table-forms.md).
-
-Why it suffices. Every rank is derived from the wait-free timeline (the NOTES of ``_units.pxd``): a visit's key is
-(step, tie-break), step = the visit's position in its CTA's list, tie-break = ``tie_sign * n_block``, and a dQ tile
-ranks its visits by key. A column's visits are consecutive in its CTA's list and follow a closed-form Q-tile rule,
-so its CTA, its KV head and tile, the step of its first visit and the rule's two parameters determine every visit
-and every rank (grouped-query tables repeat each KV-head visit for the g query heads of its group, Q-tile-major, so
-the records are those of the KV heads)::
+"""Compact schedules: one record per KV column instead of one row per visit, for long contexts::
 
     plan = schedule.build_compact("auto", seqlen_q=131072, seqlen_k=131072, block_m=64, block_n=128,
                                   num_heads=32, causal=True, num_sms=132)
-    plan.records, plan.cta_columns, plan.cta_col_start     # the tables (below); plan.nbytes in all
+    plan.records, plan.cta_columns, plan.cta_col_start     # the tables; plan.nbytes in all
     plan.validate()                    # O(columns) proof of coverage, rank permutations and no deadlock
     visits, rank, cta_start = schedule.expand(plan)       # == schedule.build(...)'s arrays
     plan.visit_of(cta, i); plan.rank_of(head, m_block, n_block)   # what the kernel computes per visit
 
-Format (all little-endian int32 / int64, what the kernel will read):
-
-``records`` int32 (num_kv_heads * NC, 8), 32 bytes per column, 32-byte aligned rows, one per visible KV column
-(``column_ranges``: the visible columns are the run n_first .. n_first + NC - 1 of every head), in
-(kv head, n_block) order: record ``kv_head * NC + n_block - n_first``. Fields:
-
-====  =======  ================================================================================================
- 0    step     position of the column's first visit in its CTA's list, counted in KV-head visits (the grouped
-               table's position is step * g + query head index)
- 1,2  lo, hi   the column visits the Q tiles [lo, hi) (its mask range)
- 3    split    -1: descending walk, visit s at tile hi - 1 - s. Otherwise: first the tiles [split, hi) rotated by
- 4    rot      rot (visit s < R = hi - split at tile split + (s + rot) mod R), then lo .. split - 1 ascending
- 5    cta      the CTA that runs the column
- 6    kv_head  batch * Hkv + KV head (query heads kv_head * g .. kv_head * g + g - 1)
- 7    n_block  KV tile
-====  =======  ================================================================================================
-
-Every policy is one of these rules: ascending (fa3, band symmetric_shift's rising columns; split = lo, rot = 0),
-descending (descending, the short column of a symmetric_shift pair, the start-clipped band columns), shift
-(split = lo, rot = n mod L, or on a band rot = (step + n + M - hi) mod L), and symmetric_shift's long column
-(split = the first Q tile of the rectangle shared by the long columns of its head in its dispatch wave, rot = its
-index among them, mod the rectangle's height; then its own triangle ascending).
-
-``cta_columns`` int32 (num columns,), 4 bytes per column: record indices in each CTA's execution order;
-``cta_col_start`` int64 (num_ctas + 1,): CTA c runs ``cta_columns[cta_col_start[c]:cta_col_start[c + 1]]``.
-``scan_bounds`` int32 (num columns, 4), 16 bytes per column, only where ranks are counted: (x, y, x2, y2) of
-record i: the columns of its KV head among the first x and last y (n order) all end before it starts, those
-outside the first x2 and last y2 all start after it ends, so the dQ writer counts the former wholesale and
-compares keys only with the columns in between (those that run at some time with it).
-Header (kernel parameters): num_m_blocks, n_first, NC, group_size, tie_sign (+1: ties to ascending n, -1:
-descending n), rank_rule (0: count; 1: every dQ tile adds in ascending n, rank = n - first column visiting it;
-2: descending n, rank = last column visiting it - n; 1 and 2 for fa3 and descending, the portable policies).
-In all 52 bytes per column (36 with a closed-form rank rule) + 8 per CTA: 1.7 MB at S = 128k, 32 heads,
-causal, 64 x 128 tiles (the per-visit table: 20 bytes per visit, 672 MB).
+Why records suffice, each policy's Q-tile rule, the header and the scan bounds: docs/schedules.md, "Compact
+records"; byte layout: docs/architecture.md, "Byte layouts"; fields: _records.pxd; why this form where:
+docs/decisions/table-forms.md.
 """
 from __future__ import annotations
 
@@ -93,7 +54,7 @@ class CompactSchedule(ColumnRecords):
 
     @property
     def scan_bounds(self) -> np.ndarray:
-        """int32 (columns, 4): the dQ writer's scan bounds (module docstring), computed on first use in
+        """int32 (columns, 4): the dQ writer's scan bounds (docs/schedules.md), computed on first use in
         O(columns) (auto's candidates and closed-form rank rules never need them)."""
         if self._scan_bounds is None:
             bounds = _compact.scan_bounds(self.records, self._dispatch_order, self.columns_per_head)
@@ -114,9 +75,7 @@ class CompactSchedule(ColumnRecords):
                 self.columns_per_head, "group_size": self.group_size, "tie_sign": self.tie_sign,
                 "rank_rule": self.rank_rule, "num_ctas": self.num_ctas}
 
-    def column_ranges(self) -> tuple:
-        return _schedule.column_ranges(self.seqlen_q, self.seqlen_k, self.block_m, self.block_n, self.causal,
-                                       *self.window)
+    column_ranges = per_visit.Schedule.column_ranges
 
     def validate(self) -> "CompactSchedule":
         """O(columns): raise ValueError unless the records cover every visible tile once, give every dQ tile the
@@ -177,25 +136,19 @@ class CompactSchedule(ColumnRecords):
     def model_makespan(self, c: float = 1.0, r: float = 0.25, model: str = "dag") -> float:
         """The column-level model (no per-visit simulation): the busiest CTA runs its visits back to back, as it
         does when no visit waits (DAG model: c + r per visit; engine model: max(c, r) per visit plus min(c, r)
-        for the pipeline's fill), plus the paper's start-up staircase (n - 1) r of the closed forms for tables
-        whose dQ tiles all add in ascending n (fa3 without a right mask bound, descending), n = the columns of
-        a head that start together, min(NC, CTAs). Waits other than the staircase are not modelled."""
+        for the pipeline's fill), plus the paper's start-up staircase (n - 1) r for tables whose dQ tiles all add
+        in ascending n (rank rule 1), n = min(NC, CTAs). Waits other than the staircase are not modelled."""
         c, r = per_visit._costs(c, r)
-        engine = per_visit._engine(model)
-        load = int(self.loads.max()) * self.group_size
-        busy = load * max(c, r) + min(c, r) if engine else load * (c + r)
-        stairs = (min(self.columns_per_head, self.num_ctas) - 1) * r if self.rank_rule == 1 else 0.0
-        return busy + stairs
+        return varlen_pack.column_model(int(self.loads.max()) * self.group_size, self.num_ctas,
+                                        self.columns_per_head, self.rank_rule, c, r, per_visit._engine(model))
 
     @property
     def column_model_applies(self) -> bool:
         """Whether :meth:`model_makespan` accounts for the waits of this table: always for symmetric_shift and
-        fa3 (their dQ tiles are reached in a strict order whatever the dispatch timing: pairs rotating in their
-        wave's rectangle, upstream's shortest-first order, or the staircase of the closed forms), and for every
-        policy when all columns are equally long (full masks: columns start in lockstep). shift and descending
-        on columns of unequal lengths (causal, windows) wait wherever the dispatch staggers column starts, which
-        only a per-visit simulation sees (engine model: up to 1.2x and 1.3x the bound at S = 32k, causal,
-        128 x 128 tiles, against 1.00x by the column model; docs/decisions/table-forms.md)."""
+        fa3 (their dQ tiles are reached in a strict order whatever the dispatch timing), and for every policy when
+        all columns are equally long (they start in lockstep). shift and descending on unequal columns wait
+        wherever the dispatch staggers column starts, which only a per-visit simulation sees
+        (docs/decisions/table-forms.md)."""
         return _model_applies(self.policy, self.records[:, 2] - self.records[:, 1])
 
     def lower_bound(self, c: float = 1.0, r: float = 0.25, model: str = "dag") -> float:

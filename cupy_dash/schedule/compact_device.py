@@ -1,17 +1,9 @@
-"""Compact schedule records on the device, for the backward's DASH_COMPACT builds (large problems, or on request).
-
-The main kernel's compact build (``kernels_src/compact_view.cuh``) reads, instead of the per-visit table, the
-four arrays and four scalars of :mod:`cupy_dash.schedule.compact` as BwdParams fields (``kernels_src/params.cuh``, the
-fields after ``softmax_scale_log2``). :func:`device_arrays` gives them as numpy arrays in exactly the layout
-uploaded (the mirror that the CPU tests check against :func:`cupy_dash.schedule.compact.expand`);
-:func:`cupy_dash.cuda.device_tables.compact` builds, uploads and caches them.
-
-When: eager backward calls (:func:`cupy_dash.attention_backward`) use the compact build where the per-visit
-table would hold more than ``AUTO_VISITS`` visits (20 bytes each: 335 MB, e.g. S = 128k with 32 heads, causal),
-and always with ``CUPY_DASH_COMPACT_TABLES=1``; ``CUPY_DASH_COMPACT_TABLES=0`` never uses it. There ``"auto"`` is
-``KERNEL_AUTO``: the writer warp computes a counted rank (``shift``, ``symmetric_shift``) from the records at about
-half the speed of a closed-form one (measured at S = 64k and 256k causal: ``descending`` 468 / 460 TFLOP/s,
-``fa3`` 392 / 409, ``symmetric_shift`` 256 / 263; docs/decisions/table-forms.md), so auto takes the fastest closed form.
+"""Compact schedule records on the device, for the backward's DASH_COMPACT builds (``kernels_src/compact_view.cuh``
+reads them as the BwdParams fields after ``softmax_scale_log2``, ``kernels_src/params.cuh``): the decision of the
+table form (:func:`table_form`), what ``auto`` runs in each form (compact tables: ``KERNEL_AUTO``, the fastest
+closed-form rank rule), and :func:`device_arrays`, the arrays exactly as uploaded (the CPU tests check them against
+:func:`compact.expand`; :func:`cupy_dash.cuda.device_tables.compact` uploads and caches them). Why:
+docs/decisions/table-forms.md.
 """
 from __future__ import annotations
 
@@ -31,17 +23,14 @@ def enabled() -> bool:
 
 
 def table_form(num_visits=None, varlen=False, softcap=False) -> str:
-    """The form of a backward's schedule tables, the one place that decides it (core.api, jax.callbacks, core.varlen):
-    ``"compact"`` (records read as they are by the DASH_COMPACT build) with ``CUPY_DASH_COMPACT_TABLES=1``, or,
-    unset, where the per-visit table would hold more than ``AUTO_VISITS`` visits; else ``"expand"`` (varlen with
-    ``CUPY_DASH_VARLEN_EXPAND=device``, the default: records uploaded, per-visit rows written on the GPU by
-    kernels_src/bwd_expand.cu) or ``"visits"`` (per-visit rows built and uploaded by the host: every fixed-length
-    call, whose rows the host expands from the records; bwd_expand reads varlen records only). ``num_visits``: the
-    per-visit table's size, or a callable counting it (called only where the size decides), or None where it is
-    known only after the build (a varlen packing: varlen_device.plan then applies the size rule, given
-    ``AUTO_VISITS``). ``softcap``: a soft-capped backward, which has no compact build (kernels.bwd_specs): never
-    "compact"; NotImplementedError where the per-visit table would exceed ``AUTO_VISITS`` visits (varlen: after
-    the build)."""
+    """The form of a backward's schedule tables, the one place that decides it (core.api, jax.callbacks, core.varlen;
+    docs/decisions/table-forms.md): ``"compact"`` with ``CUPY_DASH_COMPACT_TABLES=1`` or, unset, above
+    ``AUTO_VISITS`` visits; else ``"expand"`` (varlen with ``CUPY_DASH_VARLEN_EXPAND=device``, the default: rows
+    written on the GPU by kernels_src/bwd_expand.cu) or ``"visits"`` (rows built and uploaded by the host).
+    ``num_visits``: the per-visit table's size, or a callable counting it (called only where the size decides), or
+    None where it is known only after the build (a varlen packing: varlen_device.plan then applies the size rule).
+    ``softcap``: a soft-capped backward, which has no compact build (kernels.bwd_specs): never "compact";
+    NotImplementedError where the per-visit table would exceed ``AUTO_VISITS`` visits (varlen: after the build)."""
     forced = config.COMPACT_TABLES.get()
     if (forced is None or softcap) and num_visits is not None:
         count = num_visits() if callable(num_visits) else num_visits
@@ -63,8 +52,8 @@ def wanted(seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, window, soft
 
 def auto_policy(compact_tables: bool, *problem) -> str:
     """What ``auto`` runs in each form of the backward's tables, the one place that decides it: compact tables take
-    KERNEL_AUTO (the fastest closed-form rank rule: module docstring); per-visit tables take schedule.build's
-    choice for ``problem`` (per_visit._checked_args's tuple, not needed for compact tables)."""
+    KERNEL_AUTO (module docstring); per-visit tables take schedule.build's choice for ``problem``
+    (per_visit._checked_args's tuple, not needed for compact tables)."""
     return KERNEL_AUTO if compact_tables else auto._auto_choice(*problem)
 
 

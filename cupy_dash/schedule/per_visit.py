@@ -1,8 +1,6 @@
-"""Per-visit schedule tables: the problem's argument checks and sliding windows, the :class:`Schedule` that holds a
-table, the two models (``simulate``, ``timeline``, ``lower_bound``) and the check of a table before its upload.
-A table is built as column records (:mod:`cupy_dash.schedule.compact`) and expanded, by
-:mod:`cupy_dash.schedule.auto`, which holds ``auto`` and the public builders. The policies, the models and their
-calibration are described in :mod:`cupy_dash.schedule`, which re-exports the public names of this module.
+"""Per-visit schedule tables: argument checks and sliding windows, :class:`Schedule`, the two models
+(``simulate``, ``timeline``, ``lower_bound``) and the check of a table before its upload; built by
+:mod:`cupy_dash.schedule.auto`. Policies, models and calibration: docs/schedules.md.
 """
 from __future__ import annotations
 
@@ -14,19 +12,16 @@ import numpy as np
 from . import _schedule
 
 POLICIES = ("auto", "fa3", "descending", "shift", "symmetric_shift")
-PORTABLE_POLICIES = ("fa3", "descending")   # bits independent of the CTA count ("Portable bits", cupy_dash.schedule)
+PORTABLE_POLICIES = ("fa3", "descending")   # bits independent of the CTA count (docs/schedules.md, "Portable bits")
 AUTO_CANDIDATES = ("symmetric_shift", "shift", "descending", "fa3")
-AUTO_COSTS = (1.0, 0.8)      # (c, r) of the engine model, calibrated on the H200 (see cupy_dash.schedule)
+AUTO_COSTS = (1.0, 0.8)      # (c, r) of the engine model, calibrated on the H200 (docs/schedules.md)
 AUTO_TOLERANCE = 0.03
-# NOTES: measured override of the engine model (docs/schedules.md, the GQA exception): grouped KV
-# columns (g > 1) with at most AUTO_FEW_GROUPED per CTA run fastest with ``descending``, which the model ranks last
-# (g = 8, 16 query heads, 16k tokens, 256 columns on 132 CTAs: 1.12-1.23x of the model's choice at head dim 128,
-# 0.86-1.06x at 64); at g = 4 (512 columns) the model's choice is within 3 % of the best and stays.
+# NOTES: measured override of the engine model: grouped KV columns (g > 1) with at most AUTO_FEW_GROUPED per CTA
+# take ``descending``, which the model ranks last (docs/schedules.md, "What auto means", the GQA exception).
 AUTO_FEW_GROUPED = 2
 AUTO_MAX_SIMULATED_VISITS = 1 << 21   # above: auto decides by the column model (compact.py), not per visit
-# The share of the L2 cache that the fa3 policy's head sections fill with their heads' Q, dO and fp32 dQ
-# (l2_head_section): 25 MB of the H200's 60 MB, where sections of 1-8 heads measured fastest (docs/schedules.md,
-# "L2 sections").
+# The share of the L2 that fa3's head sections fill with their heads' Q, dO and fp32 dQ (docs/schedules.md,
+# "L2 sections"; 25 MB of the H200's 60 MB, where sections of 1-8 heads measured fastest).
 L2_SECTION_SHARE = 0.4
 MODELS = ("dag", "engine")
 ROW_BYTES = 20          # a visit in a per-visit table: its int32 row (cta, head, n_block, m_block) and int32 rank
@@ -241,9 +236,9 @@ def _writers(writers) -> int:
 def simulate(plan: Schedule, c: float = 1.0, r: float = 0.25, model: str = "dag", writers: int = 1) -> float:
     """Makespan of ``plan``. ``model="dag"``: the paper's DAG model, each visit computes for ``c`` then reduces
     for ``r`` on its CTA, serially; a reduction starts only after every lower-ranked visit of the same dQ tile
-    has reduced. ``model="engine"``: the Hopper kernel's pipeline (see :mod:`cupy_dash.schedule`), with ``writers``
-    dQ writer warps (2: the deterministic kernel's, visits alternating; ``auto`` still decides with 1 and its
-    calibration: docs/schedules.md).
+    has reduced. ``model="engine"``: the Hopper kernel's pipeline, with ``writers`` dQ writer warps (2: the
+    deterministic kernel's, visits alternating; ``auto`` still decides with 1; docs/schedules.md, "The two
+    models").
 
     ``c`` must be finite and > 0, ``r`` finite and >= 0 (ValueError naming the argument otherwise)."""
     return _analyze(plan, c, r, model, writers, False)[0]

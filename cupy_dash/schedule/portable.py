@@ -1,5 +1,4 @@
-"""The addition orders that fix the bits of a backward run with a schedule table (see "Portable bits" in
-:mod:`cupy_dash.schedule`, which re-exports these functions)."""
+"""The addition orders that fix the bits of a backward run with a table (docs/schedules.md, "Portable bits")."""
 from __future__ import annotations
 
 import numpy as np

@@ -1,18 +1,10 @@
 # cython: boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
-"""Oracles for the tests: the direct builders of the fixed-length schedule and the sort-based expansion of its
-records, which the runtime no longer uses (it builds every schedule with the varlen builder, _varlen_sched.pyx,
-and expands records with the sweep of _varlen_view.pyx). The tests compare the runtime's tables with these,
-array for array (tests/unit/test_schedule_one_builder.py, test_schedule_compact.py, test_schedule_varlen.py).
-
-``build_table``: the per-visit table (visits int32 (V, 4) rows (cta, head, n_block, m_block), grouped by cta,
-each cta's rows in execution order; rank int32 (V,): the visit's position in its dQ tile's reduction order;
-cta_start int64 (C + 1,): the visits of cta c are rows [cta_start[c], cta_start[c + 1])), built visit by visit
-with a heap dispatch and a step-by-step rank derivation. ``build_columns``: the column records of one problem
-(one record per KV column, layout in cupy_dash/schedule/compact.py) with the same heap dispatch.
-``expand_sorted``: the per-visit table of such records, ranks by sorting every dQ tile's visits by key.
-
-The policies' rules and why they hold (units, Q-tile orders, tie-breaks, GQA columns, band-shaped masks) are
-described in the NOTES of _units.pxd; the NOTES below say how each rule appears in these builders.
+"""Oracles for the tests, which the runtime no longer uses: the direct builders of the fixed-length schedule and
+the sort-based expansion of its records (docs/schedules.md, "Where the code is"). ``build_table``: the per-visit
+table (docs/architecture.md, "Byte layouts"), heap dispatch and step-by-step rank derivation;
+``build_columns``: the column records of one problem with the same heap dispatch; ``expand_sorted``: the per-visit
+table of such records, ranks by sorting every dQ tile's visits by key. The rules and why they hold: the NOTES of
+_units.pxd and docs/schedules.md, "Why the rules hold".
 """
 import numpy as np
 from libc.stdlib cimport malloc, free, qsort
@@ -111,7 +103,7 @@ def build_table(int policy, long long seqlen_q, long long seqlen_k, long long bl
                                               num_heads // group_size, causal, num_sms, window_left, window_right)
     if group_size == 1:
         return visits, rank, cta_start
-    # every visit of KV head kh, once per query head kh * g + j, j = 0..g-1 (Q-tile-major, see NOTES above)
+    # every visit of KV head kh, once per query head kh * g + j, j = 0..g-1 (Q-tile-major: _units.pxd)
     grouped = np.repeat(visits, group_size, axis=0)
     grouped[:, 1] = grouped[:, 1] * group_size + np.tile(np.arange(group_size, dtype=np.int32), len(rank))
     return grouped, np.repeat(rank, group_size), cta_start * group_size
@@ -125,30 +117,16 @@ def _build_kv_table(int policy, long long seqlen_q, long long seqlen_k, long lon
     cdef long long N = (seqlen_k + block_n - 1) // block_n
     lo_arr, hi_arr = column_ranges(seqlen_q, seqlen_k, block_m, block_n, causal, window_left, window_right)
     cdef long long[::1] lo = lo_arr, hi = hi_arr
-    # NOTES: the columns that some query sees are one run [n_first, n_first + NC) (column_ranges: both range
-    # ends rise with n) and NC >= 1 (the last query sees the last key); only they become work units.
+    # NOTES: only the visible columns, one run [n_first, n_first + NC) with NC >= 1, become work units. Pairing
+    # only for the triangular shape with at least as many pairs as CTAs; symmetric_shift on a band treats its two
+    # clipped triangles mirror-wise; fa3 takes upstream's SPT order (high n first, ties to high n) whenever the
+    # mask bounds keys on the right, so every dQ tile adds in descending n whatever the dispatch timing. Why each
+    # holds: docs/schedules.md, "Why the rules hold".
     cdef UnitShape sh = unit_shape(policy, M, lo, hi, num_heads, causal, num_sms, window_right)
     cdef long long n_first = sh.n_first, NC = sh.NC, T = sh.T, n
     cdef bint band = sh.band
-    # NOTES: pairing balances columns whose lengths fall with n and all end at the last Q tile (the triangular
-    # shape of causal or right-bounded masks); a band's interior columns are equally long and need none. And it
-    # only pays when there are at least as many pairs as CTAs; with spare SMs every column runs alone (the
-    # longest column bounds the makespan anyway).
     cdef bint paired = sh.paired
-    # NOTES: symmetric_shift on a band treats its two clipped triangles mirror-wise. The columns whose range
-    # start rises with n (interior and end triangle) walk their Q tiles in ascending order and are dispatched
-    # from the highest n down, as upstream's SPT does for causal masks: column n reaches dQ tile m at
-    # start(n) + m - lo[n], and since start(n) falls (or stays) as n rises while lo[n] strictly rises, no two
-    # of them reach one dQ tile at the same step, whatever the dispatch timing. The T start-clipped columns
-    # (equal lo, rising hi) are the mirror image: dispatched first, in ascending n, each walking down from its
-    # last Q tile. Columns of the two groups that share dQ tiles are dispatched far apart whenever a head spans
-    # more than one wave of CTAs.
     cdef bint mirrored = sh.mirrored
-    # NOTES: fa3 takes upstream's SPT order (high n dispatched first, ties to high n) whenever the mask bounds
-    # keys on the right (causal, or window_right >= 0), i.e. whenever lo[n] can rise with n: column n reaches
-    # dQ tile m at start(n) + m - lo[n], which then never rises with n, so every dQ tile adds in descending n
-    # whatever the dispatch timing, and the bits do not depend on the CTA count (PORTABLE_POLICIES). Without a
-    # right bound lo is 0 everywhere and ascending dispatch gives ascending n the same way.
     cdef bint spt = sh.spt
     cdef long long P = sh.P, U = sh.U, G = sh.G
     cdef long long u, c, h, n0, n1, L, s, m, v, rs, rot, off, i, j, key
@@ -190,14 +168,9 @@ def _build_kv_table(int policy, long long seqlen_q, long long seqlen_k, long lon
     cdef long long[::1] wp = wp_arr
 
     # (2) each CTA's visit list, Q-tile order per column
-    # NOTES: shift on a band rotates column n's range by tau + n + M - hi[n], tau being the CTA's clock (the
-    # visit's position in its CTA's list, the step of the rank derivation below), where DASH's full-mask shift
-    # rotates by n + s. In a band's interior both range ends advance by a stride of block_n / block_m tiles per
-    # column, so column n visits lo[n] + (tau + (1 - stride) n + const) mod L at time tau, which differs from
-    # column n + d's tile (stride d further up, rotated by (1 - stride) d) for every d whose range overlaps
-    # (stride d < L): equally long columns never meet on a dQ tile, whenever each one started. (On the column's
-    # own clock s, columns started at different times, as the dispatch does once the shorter edge columns
-    # finish early, meet often.)
+    # NOTES: shift on a band rotates column n's range by tau + n + M - hi[n] on the CTA's clock tau (the step of
+    # the rank derivation below), not the column's own, so that equally long columns never meet on a dQ tile,
+    # whenever each one started (docs/schedules.md, "Why the rules hold").
     cdef long long col, ncols
     cdef long long cols[2]
     for u in range(U):

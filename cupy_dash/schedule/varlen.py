@@ -1,43 +1,6 @@
-"""Compact schedules of packed variable-length batches, host side (docs/schedules.md,
-docs/decisions/table-forms.md).
-
-The backward of a packed batch (FlashAttention's layout: q ``(total_q, H, D)``, k / v ``(total_k, Hkv, D)``,
-``cu_seqlens_q`` / ``cu_seqlens_k`` int32 ``(B + 1,)``) gets its dQ reduction order from compact records, one per
-visible KV column of every (sequence, KV head), built in O(columns) from the host lengths::
-
-    plan = schedule.build_varlen("auto", seqlens_q, seqlens_k, block_m=64, block_n=128, heads=16, causal=True,
-                                 num_sms=132)               # seqlens_*: host ints, one per sequence, zeros allowed
-    plan.validate()                 # O(columns) proof: coverage, rank permutations, no deadlock, rank rule
-    visits, rank, cta_start = plan.expand()                 # per-visit arrays, O(visits), no sort
-
-Naming. A *segment* is (sequence b, KV head kh): ``seg = b * Hkv + kh``; its query heads are
-``bh = seg * g + j = b * H + kh * g + j`` (j < g = group_size), the "head" of the expanded visits. Every segment
-has its sequence's own tiles: ``M_b = ceil(Sq_b / block_m)`` Q tiles, ``N_b = ceil(Sk_b / block_n)`` KV tiles,
-masks bottom-right aligned per sequence (causal and ``window`` as FlashAttention defines them for each sequence,
-canonicalised per sequence), and m_block, n_block are *local* to the sequence: the kernel maps Q tile m of
-visit bh to packed rows ``cu_seqlens_q[b] + m * block_m .. min(+ block_m, cu_seqlens_q[b + 1])`` of query head
-``bh mod H`` (b = bh // H), KV tile n to rows ``cu_seqlens_k[b] + n * block_n ..`` of KV head ``kh``; a partial
-last tile must mask its stores (the next sequence's rows follow). Sequences without a visible tile (Sq_b = 0 or
-Sk_b = 0) have no records.
-
-Device tables (little-endian):
-
-``records`` int32 (columns, 8): the fields of :mod:`cupy_dash.schedule.compact` (step, lo, hi, split, rot, cta, head,
-n_block) with ``head`` = seg and ``n_block`` local to the sequence; segment seg's records are the rows
-``seg_col_start[seg] .. seg_col_start[seg + 1] - 1`` in n order, the first for KV tile ``n_first[b]``.
-``seg_col_start`` int32 (B * Hkv + 1,) and ``n_first`` int32 (B,): where the dQ writer finds the columns of a
-segment (rank: count those visiting m with a smaller (step, tie_sign * n) key; with rank_rule 1 / 2 the closed
-forms n - first / last - n over that run, as in compact.py). ``cta_columns`` int32 (columns,) and
-``cta_col_start`` int64 (num_ctas + 1,): each CTA's columns in execution order. Header: group_size, tie_sign,
-rank_rule, num_ctas, heads H, Hkv, block_m, block_n. 36 bytes per column + 8 per CTA + 4 per segment and sequence.
-
-Policies on mixed lengths: the sequences are dispatched longest-first (visible tiles, stable, so equal lengths
-keep index order), every segment's units in its policy's order with its own rules (per-sequence Q-tile ranges;
-symmetric_shift pairs the columns of triangular sequences when the batch has at least as many units as CTAs, and
-treats band-shaped sequences mirror-wise); fa3 with a right mask bound keeps upstream's shortest-first order,
-round j dispatching the j-th shortest column of every segment. With equal lengths the records are
-``build_compact``'s for B * H heads. ``auto`` decides by the column model (no per-visit simulation: a table is
-built every training step).
+"""Compact schedules of packed variable-length batches, host side: :func:`build_varlen` (the argument checks; the
+records by varlen_pack.schedule_varlen) and :class:`VarlenSchedule`. Segments, local tiles, how mixed lengths are
+dispatched and the header: docs/schedules.md, "Packed batches"; byte layout: docs/architecture.md, "Byte layouts".
 """
 from __future__ import annotations
 
@@ -151,7 +114,7 @@ def schedule_args(policy, problem) -> tuple:
 def build_varlen(policy: str = "auto", seqlens_q=None, seqlens_k=None, *, block_m: int, block_n: int, heads: int,
                  causal: bool, num_sms: int, group_size: int = 1, window=(-1, -1),
                  head_section: int = 0) -> VarlenSchedule:
-    """Compact records of the backward schedule of a packed batch (module docstring), O(columns): the arguments
+    """Compact records of the backward schedule of a packed batch (docs/schedules.md), O(columns): the arguments
     checked here, the records built by varlen_pack.schedule_varlen. ``auto`` picks among
     schedule.AUTO_CANDIDATES by the column model, as compact.column_model_choice does, and builds the records of
     its choice only (``plan.auto_dispatched``: the candidates it had to dispatch to choose). ``head_section``: as

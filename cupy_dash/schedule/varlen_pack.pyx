@@ -1,17 +1,11 @@
 # cython: boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
-"""A packed batch's compact varlen records in the byte layout that is uploaded (one host buffer, one copy).
+"""A packed batch's records, built (``schedule_varlen``) and packed in the byte layout that is uploaded (``pack``,
+and both in one call: ``new_packing``); docs/schedules.md, "Where the code is".
 
-The compact arrays NAMES (what the DASH_COMPACT kernel in a varlen launch and kernels_src/bwd_expand.cu read) plus,
-for the GPU expansion, each CTA's first row in the per-visit table, and the lengths as cu_seqlens, each at a
-256-byte aligned offset of one uint8 buffer. tile_columns and the CTAs' row starts are computed here in one pass
-each (tests/unit/test_varlen_compact.py holds the numpy statements of the same values and compares them with these),
-so that a new packing costs one call rather than a dozen numpy ones.
-
-``schedule_varlen`` builds a packed batch's records (the per-sequence windows, shapes and dispatch order,
-``auto``'s choice, the records: what cupy_dash.schedule.build_varlen returns after its argument checks);
-``new_packing`` is the host side of a training step's new packing in one call: those records, packed. Both run
-the same C-level pipeline (``schedule_core``) on malloc'd scratch (an ``Arena``, kept between calls), which
-allocates no Python object until the result: ``new_packing`` then writes the packed buffer straight from it.
+The arrays NAMES (what the DASH_COMPACT kernel in a varlen launch and kernels_src/bwd_expand.cu read), each CTA's
+first row in the per-visit table and the lengths as cu_seqlens, each at a 256-byte aligned offset of one uint8
+buffer (docs/architecture.md, "Byte layouts"). tile_columns and the CTAs' row starts are computed here in one pass
+each (tests/unit/test_varlen_compact.py compares them with numpy statements of the same values).
 """
 import numpy as np
 from libc.stdlib cimport free
@@ -188,7 +182,6 @@ cpdef int rank_rule_of(int policy, int tie_sign):
     return 1 if policy == POLICY_DESCENDING else 0
 
 
-
 # ------------------------------------------------------------------------------------------------------------
 # scheduling
 # ------------------------------------------------------------------------------------------------------------
@@ -356,21 +349,16 @@ cpdef tuple schedule_varlen(int policy, const long long[::1] sq, const long long
     checks the arguments): ``(policy, windows int64 (B, 2), (seq_info int64 (B, 6), vis_off (B + 1,), vis_lo,
     vis_hi (columns,)), (records (columns, 8), cta_columns, cta_col_start, seg_col_start int64, loads, num_ctas,
     tie_sign), the candidates auto dispatched, with ``with_order`` the dispatch order int64 (columns,): record
-    indices in the order the columns were dispatched, else None)``. ``head_section`` > 0: fa3's shortest-first
-    rounds (causal or right-bounded masks) run over sections of that many KV heads (0: every head at once; the
-    bits are the same, schedule.l2_head_section). ``policy``: a _schedule.POLICY_CODES value,
-    or -1 for auto over the codes ``candidates``: their column models (engine costs c, r) from their busiest CTA's
-    load alone, the first within ``tolerance`` of the best among those the model applies to (symmetric_shift and
-    fa3, the others only with equal columns), except that grouped columns with at most ``few_grouped`` per CTA take
-    descending (schedule.AUTO_FEW_GROUPED). (left, right): the checked window (schedule.check_window),
+    indices in the order the columns were dispatched, else None)``. ``head_section``: as schedule.build's.
+    ``policy``: a _schedule.POLICY_CODES value, or -1 for auto over the codes ``candidates`` by the column model
+    (engine costs c, r; ``tolerance``; ``few_grouped``: schedule.AUTO_FEW_GROUPED; docs/schedules.md, "What auto
+    means"). (left, right): the checked window (schedule.check_window),
     canonicalised per sequence here; sq, sk int64 (B,) lengths in [0, 2^31). seq_info per sequence: (M, N,
     n_first, NC, T, flags: 1 band, 2 triangular); sequence b's visible columns are vis_off[b] .. vis_off[b + 1].
 
-    NOTES: the sequences are dispatched longest first by visible tiles (stable). No table's model time is below
-    ``floor`` (its busiest CTA holds at least the mean load over num_sms CTAs; stairs >= 0), so a first candidate
-    within the tolerance of it is within the tolerance of the best and is the choice: the other candidates'
-    dispatches are skipped (most packings of several sequences). The chosen candidate's dispatch (each unit's
-    CTA) is handed to the builder, which does not list-schedule again."""
+    NOTES: no table's model time is below ``floor`` (the mean load over num_sms CTAs; stairs >= 0), so a first
+    candidate within the tolerance of it is the choice and the others are not dispatched. The chosen
+    candidate's dispatch (each unit's CTA) goes to the builder, which does not list-schedule again."""
     cdef int cands[8]
     candidate_codes(candidates, cands)
     cdef long long B = sq.shape[0], S = B * (heads // group), nv
@@ -426,9 +414,8 @@ def new_packing(int policy, const long long[::1] sq, const long long[::1] sk, lo
                 alloc=None, long long head_section=0):
     """(policy, pack's four outputs, num_ctas, tie_sign, rank_rule, most Q tiles, most KV tiles of a sequence
     (at least 1 each)) of :func:`schedule_varlen`'s records for these arguments (``head_section`` as there), packed
-    as :func:`pack` packs
-    them (into ``alloc``'s buffer, as pack): the host side of a training step's new packing in one call, with no
-    intermediate Python object."""
+    as :func:`pack` packs them (into ``alloc``'s buffer): the host side of a training step's new packing in one
+    call, with no intermediate Python object."""
     cdef int cands[8]
     candidate_codes(candidates, cands)
     cdef long long B = sq.shape[0], b, most_m = 1, most_n = 1, S = B * (heads // group)
