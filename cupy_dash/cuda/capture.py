@@ -1,12 +1,7 @@
 """What a call captured into a CUDA graph needs and no eager call has made yet (its kernels compiled and loaded, its
-schedule tables uploaded, the device's graph error records), made during the capture: :func:`outside`.
-
-A stream capture forbids such work on the capturing thread (``torch.cuda.graph`` captures in CUDA's global mode:
-a module load, an allocation or a synchronizing copy would invalidate the graph), and a captured stream may wait
-for nothing recorded outside the capture. So the work runs with the calling thread's capture mode relaxed
-(``cuThreadExchangeStreamCaptureMode``, CUDA's way for a library to make such calls during a capture) on a stream
-of its own, which is synchronized before the block ends: what it uploaded is complete before the captured kernels
-that read it are even enqueued, and the graph needs no event of it.
+schedule tables uploaded, the device's graph error records), made during the capture by :func:`outside`: the
+thread's capture mode relaxed, on a stream of its own synchronized before the block ends, so the graph needs no
+event of it. docs/architecture.md, "Captured calls".
 """
 from __future__ import annotations
 

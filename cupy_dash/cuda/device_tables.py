@@ -1,17 +1,7 @@
-"""Schedule tables on the GPU: the one cache of the device-resident tables of every form, the one upload and the
-one eviction rule (the form is decided by :func:`cupy_dash.schedule.compact_device.table_form`).
-
-Forms, each cached by its host plan's key and device, ``_LIMITS[form]`` tables each (LRU): ``"visits"`` and
-``"compact"`` (fixed length, :func:`fixed`), ``"varlen"`` (a packing's tables,
-:func:`cupy_dash.cuda.varlen_device.device`).
-Upload: one copy to one device allocation, enqueued on the caller's stream (:func:`_upload`). Varlen tables are
-not waited for (another stream gets an event to wait for, :func:`cached`); fixed-length ones are, once, when
-made: CUDA graph capture and the JAX custom calls, whose streams wait for no event of ours, find them complete. A
-varlen table read during capture gets no event either: it was uploaded by an eager call before the capture began,
-and torch.cuda.graph synchronizes the device on entry (varlen_launch.packing_launch).
-Eviction: a table is freed once the work enqueued so far on every stream that read it has finished (events,
-errors.keep_alive; the host never waits), or never when a CUDA graph captured it (``_captured``) or when a stream
-that read it is capturing one as it is evicted (a table made during a capture, :mod:`cupy_dash.cuda.capture`).
+"""Schedule tables on the GPU: the one cache of the device-resident tables of every form (LRU per form), the one
+upload (one copy on the caller's stream; fixed-length tables waited for once, when made) and the one eviction rule
+(freed after the work of every stream that read them, never while a CUDA graph may use them). The form is
+:func:`cupy_dash.schedule.compact_device.table_form`'s. docs/architecture.md, "Schedule tables on the device".
 """
 from __future__ import annotations
 
@@ -149,8 +139,8 @@ def upload(plan, num_heads: int, n_blocks: int, m_blocks: int, device_id: int, s
 
 def upload_compact(plan, device_id: int, stream, wait=False):
     """:func:`cupy_dash.schedule.compact_device.device_arrays` of ``plan`` as a
-    :class:`cupy_dash.schedule.compact_device.CompactDeviceTables` on device ``device_id`` (whatever the current device
-    is), copied on ``stream`` as :func:`upload`."""
+    :class:`cupy_dash.schedule.compact_device.CompactDeviceTables` on device ``device_id`` (whatever the current
+    device is), copied on ``stream`` as :func:`upload`."""
     arrays = compact_device.device_arrays(plan)
     t = compact_device.CompactDeviceTables()
     names = [k for k, v in arrays.items() if isinstance(v, np.ndarray)]
@@ -208,8 +198,7 @@ def _upload(pieces, nbytes: int, extra_bytes: int, stream, staging_out: list, pi
 
 
 def _pow2(nbytes: int) -> int:
-    # NOTES: CuPy's pinned pool reuses a freed block only for the same size, and pinning new host memory costs
-    # ~1 ms; a new packing's tables differ in size at every step, so pinned buffers have power-of-two sizes.
+    # NOTES: pinned buffers have power-of-two sizes, for CuPy's pool to reuse (docs/architecture.md)
     return 1 << max(nbytes - 1, 0).bit_length()
 
 
@@ -217,10 +206,8 @@ _POW2_DEVICE_MAX = 16 << 20
 
 
 def _device_bytes(nbytes: int) -> int:
-    """The size of a new packing's device allocation: a power of two up to _POW2_DEVICE_MAX bytes (so that CuPy's
-    pool finds a freed block of the same size, one of the tables the cache has evicted, instead of splitting one
-    or calling cudaMalloc: ~11 µs of host time on the H200 VM with sizes that change at every step), exact above
-    (long sequences' tables, built rarely)."""
+    """The size of a new packing's device allocation: a power of two up to _POW2_DEVICE_MAX bytes (CuPy's pool then
+    finds an evicted table's block of the same size), exact above (long sequences' tables, built rarely)."""
     nbytes = max(nbytes, 1)
     return _pow2(nbytes) if nbytes <= _POW2_DEVICE_MAX else nbytes
 
@@ -254,12 +241,9 @@ _deferred_misses = [0]
 
 def _defer_release(objs, stream) -> None:
     """Keep ``objs`` (a new packing's pinned blob, cache entries it evicted) alive until the work enqueued on
-    ``stream`` so far has finished, with one event per stream every _DEFER_MISSES misses rather than one per
-    miss.
-    NOTES: held until an event recorded at a later miss completes: later than needed, never earlier (stream
-    order); every held list is handed to errors.keep_alive at every _DEFER_MISSES-th miss of any stream, so at
-    most that many misses' blobs and evicted tables wait here, whatever the number of streams (a
-    prepare_varlen_backward call may use a stream of its own)."""
+    ``stream`` so far has finished: every held list goes to errors.keep_alive (one event per stream) at every
+    _DEFER_MISSES-th miss of any stream, however many streams there are (prepare_varlen_backward may use its own).
+    NOTES: held until an event recorded at a later miss completes: later than needed, never earlier (stream order)."""
     with _lock:
         held = _deferred.get(stream.ptr)
         if held is None:
@@ -284,11 +268,9 @@ def _defer_release(objs, stream) -> None:
 
 def _release_after(entry, streams, stream, deferred: list) -> None:
     """Free an evicted cache ``entry`` once the work enqueued so far on every stream that used it has finished
-    (on ``stream``, the caller's: appended to ``deferred``, for :func:`_defer_release`).
-
-    NOTES: a packed batch with new lengths at every training step evicts one entry per step; an event per other
-    stream that read it (held by errors.keep_alive) frees it without blocking the host. Where an event cannot be
-    recorded (a stream destroyed since), the device is synchronized instead."""
+    (on ``stream``, the caller's: appended to ``deferred``, for :func:`_defer_release`): an event per other stream
+    (errors.keep_alive), never a host wait; a device synchronize where one cannot be recorded (a destroyed stream).
+    NOTES: a packed batch with new lengths evicts an entry at every training step."""
     for s in streams:
         try:
             if s.ptr == stream.ptr:

@@ -1,27 +1,8 @@
-"""Deferred error reporting of the backward's bounded semaphore waits.
-
-The deterministic backward orders the dQ reduction with per-tile semaphores read from the schedule table. A wait
-is bounded (``CUPY_DASH_SPIN_TIMEOUT_MS``, default 10000 ms): past it the main kernel records
-``error = [1, visit, rank awaited, value seen]`` in a 32-byte device record and exits instead of hanging the GPU
-(the record's words 4-6 count a folded backward's grid barriers: ``kernels_src/bwd/fold.cuh``). The record's
-layout and failure codes are ``kernels_src/constants.cuh``'s (:data:`cupy_dash.cuda.params.CONSTANTS`). An eager call's
-record (a *slot*) has a 32-byte mirror in mapped pinned host memory: the preprocess kernel zeroes the device
-record, and the postprocess kernel, after the main kernel, writes it to the mirror and then sets the mirror's
-first word (a folded backward's main kernel does both: ``kernels_src/bwd/error_record.cuh``), so a call costs no
-memset, copy or event. A slot whose call failed, or never reported, is retired, never reused: a folded backward
-relies on finding its record zero.
-:func:`check_errors` waits for every pending record and raises ``RuntimeError`` for a failed one, and every
-public call polls the finished ones first without blocking (:func:`poll_errors`: a read of host memory).
-
-Backward calls captured into a CUDA graph (torch ops under ``torch.cuda.graph`` or ``torch.compile(...,
-mode="reduce-overhead")``) cannot copy the record to the host or record events: each captured call gets its own
-device record instead (:func:`graph_record`), taken from a block allocated outside the capture (by an eager call or
-by :func:`cupy_dash.cuda.capture.outside`), never reused (the graph keeps its address) and never zeroed by the
-graph, so a failure in any replay stays recorded (and makes later replays of that call abandon their waits at once)
-until :func:`check_errors` reads and clears it.
-Backward calls inside ``jax.jit`` (:mod:`cupy_dash.jax`) work the same way: each traced call gets a device record
-when it is traced (:func:`jit_record`), written by every execution of the compiled program.
-:func:`poll_errors` cannot see these records without synchronizing: only :func:`check_errors` reports them.
+"""Deferred error records of the backward's bounded waits: an eager call's slot (a device record and its mirror in
+mapped pinned host memory), polled without blocking by every public call (:func:`poll_errors`); the sticky device
+records of calls captured into CUDA graphs or traced by ``jax.jit`` (:func:`graph_record`, :func:`jit_record`),
+read only by :func:`check_errors`. A failed slot is retired, never reused. Layout and life cycle:
+docs/architecture.md, "Error record".
 """
 from __future__ import annotations
 
@@ -38,8 +19,7 @@ from .params import CONSTANTS as K
 _lock = threading.RLock()
 
 
-# A device error record: int32 [failure, 3 details, 3 barrier counters of a fold, unused]; its host mirror is as
-# long: [done, the record's first FAILURE_WORDS words, unused].
+# int32 words of a device record and of its host mirror (docs/architecture.md, "Error record")
 RECORD_WORDS = K.kErrorRecordWords
 RECORD_BYTES = 4 * RECORD_WORDS
 FAILURE_WORDS = K.kErrorFailureWords
@@ -150,6 +130,10 @@ class _GraphRecords:
 _slot_pools: dict[int, _SlotPool] = {}
 
 
+def _pool(device_id: int) -> _SlotPool:       # under _lock
+    return _slot_pools.get(device_id) or _slot_pools.setdefault(device_id, _SlotPool(device_id))
+
+
 class _Pending:
     """Work whose completion the host still has to observe: an eager backward's error slot to read (finished when
     the slot says so), or objects to keep alive until ``event``."""
@@ -172,10 +156,7 @@ _pending: collections.deque = collections.deque()
 
 def acquire_slot(device_id: int) -> _Slot:
     with _lock:
-        pool = _slot_pools.get(device_id)
-        if pool is None:
-            pool = _slot_pools[device_id] = _SlotPool(device_id)
-        return pool.acquire()
+        return _pool(device_id).acquire()
 
 
 def graph_record(device_id: int, info, where="a CUDA graph replay of a captured call") -> int:
@@ -183,10 +164,7 @@ def graph_record(device_id: int, info, where="a CUDA graph replay of a captured 
     holds :func:`cupy_dash.cuda.capture.outside`: the device's first record block is allocated and zeroed then) or
     traced by ``jax.jit`` (:func:`jit_record`), run as ``where`` says."""
     with _lock:
-        pool = _slot_pools.get(device_id)
-        if pool is None:
-            pool = _slot_pools[device_id] = _SlotPool(device_id)
-        return pool.graph.take(info, where)
+        return _pool(device_id).graph.take(info, where)
 
 
 def record_shared(device_id: int, ptr) -> bool:
@@ -252,7 +230,7 @@ def _consume(rec: _Pending):
         elif flag:
             msg = _format_failure(rec.info, flag, visit, want, seen)
         if msg is None:
-            release_slot(slot)     # NOTES: a failed slot is retired: its record may not be zero (module docstring)
+            release_slot(slot)     # NOTES: a failed slot is retired: its record may not be zero
     rec.slot = rec.keep = None
     return msg
 

@@ -1,25 +1,8 @@
-"""NVRTC -> sm_90a cubin -> content-addressed disk cache -> CuPy.
+"""NVRTC -> sm_90a cubin -> content-addressed disk cache -> CuPy module.
 
-:func:`compile_spec` needs no GPU (only the ``nvidia-cuda-nvrtc`` wheel and ``cuda-bindings``); :func:`load`
-needs one. The cache key is the sha256 of every ``*.cu`` / ``*.cuh`` under :func:`kernel_dir` (recursively),
-the NVRTC options and defines, the NVRTC version and the package version, so editing any kernel source or
-header, or upgrading NVRTC or cupy_dash, rebuilds. Entries are two files, ``<name>-<key>.cubin`` and its
-``.json`` (ptxas report, cubin size and sha256); both are written atomically, the JSON last, and an entry
-whose JSON is unreadable or whose cubin's size or sha256 disagrees with it is deleted and rebuilt.
-
-Concurrent processes: a lookup-or-compile holds an exclusive ``flock`` on ``<name>-<key>.lock`` (an empty file
-left next to the entry), and looks the entry up again once it has the lock, so processes that need the same
-kernel at the same time wait for the first one's compile and load its result instead of running NVRTC again.
-
-An unusable cache directory (read-only, not a directory, ...) costs no kernel: entries already there are still
-read, new compiles are kept in memory for the life of the process, and one warning (:class:`CacheWarning`)
-per process names the directory and ``CUPY_DASH_CACHE_DIR``.
-
-NVRTC's own cache (12.9+, which skips ptxas and so drops the ptxas report) is bypassed with ``--no-cache``.
-
-Environment: ``CUPY_DASH_CACHE_DIR`` (default ``$XDG_CACHE_HOME/cupy_dash``, else ``~/.cache/cupy_dash``);
-``CUPY_DASH_JIT_VERBOSE=1`` prints each kernel's ptxas report to stderr; ``CUPY_DASH_JIT_LINEINFO=1`` compiles with
--lineinfo (a separate cache entry: the option is part of the key).
+:func:`compile_spec` needs no GPU, :func:`load` needs one. Entries are written atomically, the JSON last, under an
+exclusive ``flock``; a damaged entry is deleted and rebuilt; an unwritable cache keeps new kernels in memory
+(:class:`CacheWarning`). Key, entries, locking and NVRTC's own cache: docs/architecture.md, "Kernel cache".
 """
 from __future__ import annotations
 
@@ -78,7 +61,7 @@ class CompiledKernel:
     seconds: float           # wall time of this call (compile, or cache lookup + verification)
     cubin_sha256: str = ""
     key: str = ""
-    perf_warnings: tuple = ()  # ptxas "Potential Performance Loss" lines (C75xx: wgmma serialized, setmaxnreg ignored)
+    perf_warnings: tuple = ()  # ptxas C75xx "Potential Performance Loss" lines (wgmma serialized, setmaxnreg ignored)
     cubin: bytes | None = dataclasses.field(default=None, repr=False)   # set when not on disk (cubin_path None)
 
     def read_cubin(self) -> bytes:
@@ -149,8 +132,7 @@ def compile_source(source: str, name: str, options) -> tuple:
     nvrtc = _nvrtc()
     options = list(options)
     if nvrtc_version() >= (12, 9) and "--no-cache" not in options:
-        # NVRTC >= 12.9 has its own cache (shared with the driver's compute cache where a driver is present):
-        # a hit there skips ptxas and leaves the log without the ptxas report we parse. We cache ourselves.
+        # NVRTC >= 12.9's own cache skips ptxas on a hit, and the ptxas report parsed here with it: we cache ourselves
         options.append("--no-cache")
     opts = [o.encode() for o in options]
     prog = _check_nvrtc(nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], []),

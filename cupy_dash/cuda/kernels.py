@@ -1,14 +1,7 @@
-"""Kernel variants, their tile plans, and how they are launched.
-
-This module is the single source of truth for what the dispatcher can launch: every variant is a
-:class:`KernelSpec` (source file, entry point, ``-D`` defines, block size, dynamic shared memory), built from
-the one tile table :data:`TILES`. ``python -m cupy_dash compile --all`` compiles exactly :func:`all_specs`.
-
-The parameter blocks (``FwdParams`` / ``BwdParams`` in ``kernels_src/params.cuh``) are passed by value as one
-``__grid_constant__`` struct; :mod:`cupy_dash.cuda.params` derives their numpy layout from that header and packs
-them (its names are re-exported here).
-
-Everything here works without a GPU except :func:`launch`, :func:`max_resident_ctas` and :func:`bwd_entry`.
+"""Kernel variants, their tile plans, and how they are launched: every variant the dispatcher can launch is a
+:class:`KernelSpec` built from the one tile table :data:`TILES`, and ``compile --all`` compiles exactly
+:func:`all_specs` (docs/architecture.md, "The kernels"). Re-exports :mod:`cupy_dash.cuda.params`' packing names.
+Needs no GPU except :func:`launch`, :func:`max_resident_ctas` and :func:`bwd_entry`.
 """
 from __future__ import annotations
 
@@ -27,9 +20,8 @@ from .params import CONSTANTS as K
 
 SUPPORTED_HEAD_DIMS = (64, 96, 128, 192, 256)   # the forward's
 BWD_HEAD_DIMS = (64, 96, 128, 192, 256)          # the backward's
-# NOTES: a backward head dim whose kernels are built (compiled with every variant) but not yet shipped goes here:
-# the API refuses it (BWD_HEAD_DIMS) until its GPU tests have passed on the H200; the GPU tests enable it
-# (tests/gpu/conftest.py); docs/decisions/head-dim-plans.md records when each head dim moved.
+# NOTES: backward head dims built (in all_specs) but refused by the API until their GPU tests pass on the H200,
+# which enable them (tests/gpu/conftest.py); docs/decisions/head-dim-plans.md records when each head dim moved.
 BWD_PENDING_HEAD_DIMS = ()
 BWD_BUILT_HEAD_DIMS = BWD_HEAD_DIMS + BWD_PENDING_HEAD_DIMS   # every backward head dim that has kernels
 SUPPORTED_DTYPES = ("bfloat16", "float16")
@@ -57,12 +49,9 @@ def padded_head_dim(head_dim: int) -> int:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# THE tile table. Changing a kernel's tile plan is a one-line edit here (the kernel static_asserts that its own
-# smem layout equals DASH_SMEM_BYTES, so a mismatch fails at compile time, not at run time).
-#   (kernel, head_dim): TileConfig(block_m, block_n, threads)
-# bwd_preprocess / bwd_postprocess use bwd_main's block_m and block_n (their row tiling must match the dq_accum
-# / dpsum / lse_log2 layout of the main kernel) with AUX_THREADS threads and no dynamic smem. Thread counts are
-# kernels_src/constants.cuh's (the kernels static_assert DASH_NUM_THREADS against them).
+# THE tile table, (kernel, head_dim[, "full80"]) -> TileConfig: a tile plan is a one-line edit here. bwd_preprocess
+# / bwd_postprocess take bwd_main's block_m, block_n (their rows follow its dq_accum / dpsum / lse_log2 layout) with
+# AUX_THREADS and no dynamic smem. Thread counts are kernels_src/constants.cuh's (static_asserted by the kernels).
 MAIN_THREADS = K.kMainThreads
 MAIN_THREADS_3MMA = K.kMainThreads3Mma   # the head-dim-192 backward: three MMA warpgroups
 TILES = {
@@ -79,17 +68,15 @@ TILES = {
     ("bwd_main", 192): TileConfig(block_m=96, block_n=64, threads=MAIN_THREADS_3MMA),
     ("bwd_main", 256): TileConfig(block_m=64, block_n=64, threads=MAIN_THREADS),
 }
-# NOTES: head dim 96 takes head dim 128's tiles: its kernels are the head-dim-128 ones padded (padded_head_dim).
-# Head dims 192 and 256 take 64 keys per forward tile: Q and two K / V stages of 128 keys would need 247 / 329 KB of
-# shared memory (docs/decisions/head-dim-plans.md "Head dims 192 and 256: the forward"). Their backwards split the head
-# dim between the MMA warpgroups (kernels_src/bwd/split_step.cuh): two on 64 x 64 tiles at 256, three on 96 x 64 at 192.
+# NOTES: head dim 96 runs head dim 128's kernels padded (padded_head_dim). Head dims 192 and 256 take 64 keys per
+# forward tile (128 would not fit shared memory) and split the head dim between the MMA warpgroups of the backward,
+# kernels_src/bwd/split_step.cuh (docs/decisions/head-dim-plans.md).
 AUX_THREADS = K.kAuxThreads
 
 
-# NOTES: the dynamic shared memory of the two Hopper kernels, summed as their SmemLayout (fwd/config.cuh,
-# bwd/config.cuh) lays it out, with the stage counts and sizes of kernels_src/constants.cuh that the layouts use.
-# The size must be known before compiling (it is part of the KernelSpec, and a DASH_SMEM_BYTES define), so it is
-# not read back from the cubin; instead each kernel static_asserts its layout's size equals DASH_SMEM_BYTES, so
+# NOTES: dynamic shared memory as each kernel's SmemLayout (fwd/config.cuh, bwd/config.cuh) lays it out, with
+# kernels_src/constants.cuh's stage counts and sizes, needed before compiling (KernelSpec, DASH_SMEM_BYTES); each
+# kernel static_asserts its layout's size equals DASH_SMEM_BYTES, so
 # that `python -m cupy_dash compile --all` fails on any disagreement. Tiles are padded_head_dim columns wide.
 def _fwd_smem(t: TileConfig, d: int, stages: int | None = None) -> int:
     """kernels_src/fwd/config.cuh SmemLayout: Q; K, V x stages (default kFwdKvStages; DASH_KV_STAGES overrides it
@@ -203,10 +190,9 @@ def fwd_tile(head_dim: int) -> TileConfig:
     return TILES[("fwd", head_dim)]
 
 
-# NOTES: head dim 128 takes 80-query tiles (FA3's full-mask plan) from these query lengths on: same-call
-# measurements on the H200 (docs/decisions/tile-plans.md "FA3's full-mask tile", "The 80-query tile under a causal
-# mask", "Full masks from 1024 queries"): full +3-6 % at 1024-3840 (auto, legs alternating), -3 to -9 % at 512, GQA
-# 4:1 +1-3 %; causal +2-3 % at 8k, +4-5 % at 16k (head dim 96 alike), 2-4 % slower at 4k and slower at 2k. Varlen
+# NOTES: head dims 128 and 96 take 80-query tiles (FA3's full-mask plan) from these query lengths on, measured in
+# docs/decisions/tile-plans.md ("FA3's full-mask tile", "The 80-query tile under a causal mask", "Full masks from
+# 1024 queries"): full from 1024 (a loss at 512), causal from 8k (2-4 % slower at 4k). Varlen
 # batches take it by their longest sequence from VARLEN80_MIN_SEQLEN on (equal at 4 x 4096, +2-3 % at 1 x 16k, +5-9 %
 # with random lengths; 16 x 1024: equal full, 6 % slower causal); windows keep 64 (not measured), compact tables too
 # (spilled).
@@ -287,15 +273,13 @@ def _main_counts(dq_writers: int, tile: TileConfig) -> dict:
 def bwd_specs(dtype: str, head_dim: int, causal: bool, timeline: bool = False, compact: bool = False,
               softcap: bool = False, seqlen_q: int = 0, window: tuple = (-1, -1),
               head_dim_v: int | None = None) -> BwdKernels:
-    """The three backward kernels of one variant; ``timeline``: the main kernel's debug build that stamps every
+    """The three backward kernels of one variant. ``timeline``: the main kernel's debug build that stamps every
     visit (kernels_src/bwd/timeline.cuh; not emitted by the dispatcher); ``compact``: the main kernel reads
-    per-column records (kernels_src/compact_view.cuh, :mod:`cupy_dash.schedule.compact`, or
-    cupy_dash.schedule.varlen's) instead of per-visit rows. Packed variable-length sequences are the launch's choice
-    (cu_seqlens set: kernels_src/bwd_rows.cuh), not a build.
-    ``softcap``: the main kernel with logit soft-capping (preprocess and postprocess do not depend on it).
-    ``seqlen_q``, ``window`` (canonical): the tile's choice (:func:`bwd_tile`). Deterministic or atomic is not a
-    build: the main kernel takes the mode from its launch (a dQ semaphore array or none, bwd/dq_reduce.cuh).
-    ``head_dim_v``: the value head dim (None: ``head_dim``), a define of preprocess and the main kernel."""
+    per-column records (kernels_src/compact_view.cuh) instead of per-visit rows; ``softcap``: the main kernel with
+    logit soft-capping; ``seqlen_q``, ``window`` (canonical): the tile's choice (:func:`bwd_tile`); ``head_dim_v``:
+    the value head dim (None: ``head_dim``), a define of preprocess and the main kernel. Varlen and deterministic /
+    atomic are the launch's choices (cu_seqlens set; a dQ semaphore array or none), not builds. ValueError for
+    ``compact`` with ``timeline`` or ``softcap``, or an unsupported dtype or head dim."""
     if timeline and compact:
         raise ValueError("timeline builds need the per-visit tables: no compact timeline variant")
     check_supported(dtype, head_dim, head_dim_v=head_dim_v)
@@ -308,7 +292,7 @@ def bwd_specs(dtype: str, head_dim: int, causal: bool, timeline: bool = False, c
     if compact:
         flags["DASH_COMPACT"] = True
     if softcap:
-        # NOTES: not with compact tables: their MMA warpgroups have 224 registers and spilled 4-28 bytes with it
+        # NOTES: not with compact tables: spilled there (docs/decisions/softcap.md)
         if compact:
             raise ValueError("softcap: no compact-table build (per-visit tables only, up to schedule.AUTO_VISITS "
                              "visits)")
@@ -337,9 +321,8 @@ def all_specs() -> list:
     """Every distinct variant the dispatcher can emit: per dtype, head dim and mask the forward; per dtype and
     backward head dim (BWD_HEAD_DIMS and the pending BWD_PENDING_HEAD_DIMS) preprocess and postprocess, and per mask
     the main kernel with per-visit tables, with compact tables and with soft-capping; the 80-query tile's (head dims
-    96 and 128: preprocess, postprocess, main with and without soft-capping); bwd_expand. Deterministic and atomic
-    backwards share their main kernel, fixed-length and varlen launches every kernel; the forward's cap is a launch
-    parameter, not a build."""
+    96 and 128: preprocess, postprocess, main with and without soft-capping); bwd_expand (docs/architecture.md,
+    "The kernels")."""
     specs = []
     seen = set()
     for dtype, head_dim, causal in itertools.product(SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS, (False, True)):
@@ -452,10 +435,9 @@ def bwd_entry(device_id: int, dtype: str, head_dim: int, causal: bool, timeline:
     ``seqlen_q``, ``window``: as :func:`bwd_tile`; ``head_dim_v``: as :func:`bwd_specs`. The first call loads all
     three kernels on the device (needs the GPU).
 
-    NOTES: all three, although a small eager backward runs the main kernel alone (folded, launchers.fold_wanted):
-    the same call captured into a CUDA graph runs unfolded (a graph's error record disables the fold), and after
-    the eager warm-up that torch.compile's reduce-overhead mode makes, its capture then loads nothing (a capture
-    that must load does it outside, cupy_dash.cuda.capture)."""
+    NOTES: all three, though a small eager backward runs the main kernel alone (launchers.fold_wanted): captured
+    into a CUDA graph the same call may run unfolded, and after torch.compile's reduce-overhead eager warm-up its
+    capture then loads nothing (a capture that must load does it outside, cupy_dash.cuda.capture)."""
     tile = bwd_tile(head_dim, causal, compact, seqlen_q, window)
     key = (device_id, dtype, head_dim, causal, timeline, compact, softcap, tile.block_m,
            config.BWD_DQ_WRITERS.get(), head_dim_v)

@@ -1,12 +1,6 @@
-"""Launches into given buffers on a given stream: the layer every entry point shares.
-
-The eager API (:mod:`cupy_dash.core.api`: outputs and scratch from the caller's allocator, the caller's stream), its
-fast path and the JAX custom calls (:mod:`cupy_dash.jax`: XLA's buffers and stream) pack the same parameter blocks
-(:func:`fwd_params`, :func:`bwd_params`, into launch plans: :mod:`cupy_dash.cuda.plans`) and run the same kernels
-with the same schedule tables (:func:`enqueue_forward`, :func:`enqueue_backward`), which is why they give the same
-bits. Nothing here validates arguments (the callers did), allocates device memory or synchronizes.
-
-Operands are ``(pointer, (batch, row, head) element strides)`` pairs; outputs and scratch are contiguous.
+"""Launches into given buffers on a given stream, the layer every entry point shares (eager calls, their fast path,
+the JAX custom calls): the same parameter blocks and tables, hence the same bits. Nothing here validates arguments,
+allocates device memory or synchronizes. docs/architecture.md, "Launchers and launch plans".
 """
 from __future__ import annotations
 
@@ -23,11 +17,9 @@ from .errors import _track, release_slot
 _LOG2E = 1.4426950408889634
 _WORKSPACE_ALIGN = 256
 FOLD_ENV = config.FOLD.name
-# NOTES: a folded backward (one launch: kernels_src/bwd/fold.cuh) saves two launches' host time (~4 µs each on the
-# H200's host) but costs GPU time: its two grid barriers cost more than the gaps between three kernels (measured,
-# benchmarks/fold_bench.py: +0.3 µs at one tile pair, +1-3.5 µs from 128 to 32k pairs, i.e. 1-7 %). So it is kept
-# to problems of at most FOLD_MAX_TILES (Q tile, KV tile) pairs, whose backward takes <= ~50 µs on the GPU: there a
-# training step is bound by the host, not the GPU, and the wait at barrier 2 is short.
+# NOTES: a folded backward (kernels_src/bwd/fold.cuh) saves two launches' host time but costs 1-7 % of GPU time, so
+# only backwards of at most FOLD_MAX_TILES (Q tile, KV tile) pairs, bound by the host, fold
+# (docs/decisions/fold-size.md).
 FOLD_MAX_TILES = 256
 
 
@@ -41,9 +33,8 @@ def bsh_strides(shape) -> tuple:
 # ------------------------------------------------------------------------------------------------------------
 def enqueue_forward(plan, stream, buffers) -> None:
     """Run the forward's launch plan ``plan`` (:func:`cupy_dash.cuda.plans.forward_plan`) on the CuPy ``stream``
-    with the addresses ``buffers`` (q, k, v, out, lse, and cu_seqlens_q, cu_seqlens_k for a varlen launch); the
-    launch every forward shares (eager calls, fixed-length and varlen, their fast path, ``jax.jit`` calls' Python
-    callbacks). Never synchronizes or allocates device memory."""
+    with the addresses ``buffers`` (q, k, v, out, lse, and cu_seqlens_q, cu_seqlens_k for a varlen launch): every
+    forward but the JAX FFI handler's launches here. Never synchronizes or allocates device memory."""
     plan.run(stream.ptr, buffers)
 
 
@@ -140,9 +131,8 @@ class BwdLaunch:
         self.deterministic, self.spin_timeout_ns = deterministic, spin_timeout_ns
         self.causal, self.window, self.varlen = causal, tuple(window), varlen
         if varlen is None:
-            # NOTES: a KV tile that no query sees has no visit in any table, so the main kernel never writes its
-            # dK, dV rows: the whole of dk and dv is zeroed first (two memsets, no more traffic than writing
-            # them). Only a left window bound leaves such tiles: the leading keys of schedule.unseen_keys.
+            # NOTES: a KV tile no query sees is never written by the main kernel: dk, dv are zeroed first (two
+            # memsets). Only a left window bound leaves such tiles: the leading keys of schedule.unseen_keys.
             self.zero_kv = _schedule.unseen_keys(p.Sq, p.Sk, causal, self.window) >= block_n
             self.num_m_blocks = -(-p.Sq // block_m)
             self.sq_rounded = self.num_m_blocks * block_m

@@ -1,22 +1,8 @@
-"""Host side of the kernel parameter blocks and shared constants, derived from ``kernels_src/params.cuh`` and
-``kernels_src/constants.cuh`` (the one source of truth of each).
-
-The kernels take one ``__grid_constant__`` struct by value (``FwdParams`` / ``BwdParams``). This module reads
-their declarations from the header, lays them out with C's rules (natural alignment; ``TmaDesc`` is 128 bytes
-aligned to 64), and exposes
-
-* ``FWD_PARAMS_DTYPE`` / ``BWD_PARAMS_DTYPE``: numpy dtypes with exactly that layout (explicit offsets);
-* :func:`pack_fwd_params` / :func:`pack_bwd_params`: one ``struct.pack`` of keyword fields into a size-1 array
-  that CuPy passes by value;
-* :func:`params_layout_check_source`: CUDA source that ``static_assert``s every offset, size and alignment, so
-  a compile (tests/unit/test_jit.py) proves the parser and the compiler agree;
-* :data:`CONSTANTS`: the ``constexpr int`` constants of ``constants.cuh`` under their C names
-  (``CONSTANTS.kErrorSemaphoreTimeout``), an immutable named tuple: the error codes and record layout that
-  :mod:`cupy_dash.cuda.errors` decodes, the thread counts and shared-memory terms of :mod:`cupy_dash.cuda.kernels`.
-
-Field kinds: any pointer (``T*``) is a 64-bit address (an int, a cupy array or None); ``int64_t``; ``float``;
-``Strides`` (three int64 element strides, given as a ``(batch, row, head)`` tuple); ``TmaDesc`` (128 bytes, from
-:mod:`cupy_dash.cuda.tensormap`, or None for an all-zero map that the kernel does not use).
+"""Host side of the kernels' parameter structs and shared constants, read from ``kernels_src/params.cuh`` and
+``kernels_src/constants.cuh`` (the one definition of each): ``FWD_PARAMS_DTYPE`` / ``BWD_PARAMS_DTYPE`` (numpy
+dtypes with C's layout), :func:`pack_fwd_params` / :func:`pack_bwd_params`, :func:`params_layout_check_source`
+(compiles iff the layouts agree) and :data:`CONSTANTS`. Anything the parsers do not understand raises. Field kinds
+and rules: docs/architecture.md, "Parameter blocks".
 """
 from __future__ import annotations
 
@@ -170,10 +156,8 @@ def _pack(struct_name: str, fields: dict) -> np.ndarray:
             raise TypeError(f"{struct_name}: missing field(s) {', '.join(missing)}")
         unknown = [n for n in fields if n not in dtype.names]
         raise TypeError(f"{struct_name}: unknown field(s) {', '.join(unknown)}")
-    # NOTES: fast path: plain ints, 3-tuples of strides, floats and 128-byte maps pack as they are; anything else
-    # (a cupy array or None as a pointer, None as a map, a float in an integer field, a wrong stride count) fails
-    # struct.pack and takes the checking path below, which converts or raises a message naming the field.
-    # struct.pack pads a short bytes value with zeros, so maps of any other length take the checking path too.
+    # NOTES: plain ints, 3-tuples of strides, floats and 128-byte maps pack as they are; anything else (a map of
+    # another length too: struct.pack would pad it) takes the checking path below, which converts or names the field.
     values = []
     fast = True
     for name, kind in kinds:
@@ -215,7 +199,8 @@ def _pack(struct_name: str, fields: dict) -> np.ndarray:
 
 
 def pack_fwd_params(**fields) -> np.ndarray:
-    """A size-1 ``FWD_PARAMS_DTYPE`` array; pointers as ints, Strides as (batch, row, head) element strides."""
+    """A size-1 ``FWD_PARAMS_DTYPE`` array; pointers as ints (or CuPy arrays; None: null), Strides as (batch, row,
+    head) element strides, tensor maps as 128-byte values (None: all zero)."""
     return _pack("FwdParams", fields)
 
 
@@ -240,7 +225,7 @@ def pack_bwd_params(**fields) -> np.ndarray:
 def params_layout_check_source(offsetof: str = "auto", structs=None) -> str:
     """CUDA source that ``static_assert``s size, alignment and every field offset/size of the C parameter
     structs against ``structs`` (default :data:`PARAMS_STRUCTS`: ``{name: (numpy dtype, alignment)}``).
-    Compiles iff the layouts agree (see tests/unit/test_jit.py).
+    Compiles iff the layouts agree (tests/unit/test_params_layout.py).
 
     ``offsetof``: "auto" uses ``__builtin_offsetof`` where NVRTC has it (13.5 does, 13.0 does not) and the
     front end's ``__INTADDR__`` otherwise; "intaddr" forces the latter."""

@@ -1,17 +1,7 @@
-"""Launch plans: what one forward or backward needs on one device except buffer addresses, run by the one executor
-(``launch_plan.c`` through :class:`cupy_dash.cuda.executor.LaunchPlan`; the JAX handler runs the same blobs).
-
-A plan is the kernels (function handle, grid, threads, dynamic shared memory), the parameter block as
-:mod:`cupy_dash.cuda.launchers` packs it, the places where each buffer's address goes (8-byte pointer fields, and
-128-byte TMA maps rewritten by ``cuTensorMapReplaceAddress``), and the buffers to zero first. Buffers are named
-(:data:`FWD_BUFFERS`, :data:`BWD_BUFFERS`) and numbered by their position in the name list a plan was built for; a
-caller passes their addresses in that order.
-
-Where the addresses go is found, not listed by hand: :func:`find_patches` packs the block twice with two sets of
-fake addresses (one disjoint range per buffer); the pointer fields that move with them are patches (buffer and
-offset in it), the others constants (schedule tables, a fixed error record, null); tensor maps are assigned to
-their buffer by field name (:data:`MAP_BUFFERS`). So a field added to the parameter block follows its buffer
-without a change here.
+"""Launch plans: what one forward or backward needs on one device except buffer addresses (kernels, parameter
+template, where each named buffer's address goes, buffers to zero), run by :class:`cupy_dash.cuda.executor.LaunchPlan`
+(the JAX handler runs the same blobs). Where the addresses go is found by :func:`find_patches`, not listed by hand.
+docs/architecture.md, "Launchers and launch plans"; docs/decisions/launch-plans.md.
 """
 from __future__ import annotations
 

@@ -1,20 +1,6 @@
-"""TMA tensor maps (CUtensorMap, 128 bytes) for the Hopper kernels, encoded on the host with
-``cuda.bindings.driver.cuTensorMapEncodeTiled`` and passed inside the ``__grid_constant__`` parameter block.
-
-A ``(B, S, H, D)`` tensor of 16-bit elements (last dimension contiguous, element strides ``(batch, row,
-head)``) is described as the 5-D map ``{64, S, D / 64, H, B}`` (innermost first) with byte strides
-``{2 row, 128, 2 head, 2 batch}`` and 128-byte swizzle. One copy of the box ``{64, rows, D / 64, 1, 1}`` at
-coordinates ``(0, s0, 0, h, b)`` then writes rows ``[s0, s0 + rows)`` of head ``h`` as ``D / 64`` panels of
-``rows x 128`` bytes: the layout of ``kernels_src/swizzled_tile.cuh``. Rows past ``S`` read as zeros, so ragged
-last tiles need no masking of the loads (and never read another head's rows).
-
-Head dim 96 (padded to 128 in the kernels, ``kernels_src/tile_tma.cuh``) cannot be cut into whole panels: its map
-is ``{96, S, 1, H, B}`` with the box ``{64, rows, 1, 1, 1}``, which the kernels copy once per panel at columns 0
-and 64. The second box reads columns 96..127 out of bounds as zeros, and a store of it is clipped at column 96.
-
-Maps embed the tensor's address, so they are built per call; :func:`bhsd_map` keeps the last few hundred
-(the same buffers come back step after step under a caching allocator). Needs the CUDA driver (libcuda) but no
-GPU work.
+"""TMA tensor maps (CUtensorMap, 128 bytes) of ``(B, S, H, D)`` 16-bit tensors, encoded on the host with
+``cuTensorMapEncodeTiled`` (libcuda, no GPU work), the last few hundred kept. Layout, head dim 96 and strides:
+docs/architecture.md, "Tensor maps".
 """
 from __future__ import annotations
 
@@ -59,10 +45,10 @@ def check_encodable(name: str, shape, strides, ptr: int) -> None:
 
 def bhsd_map(ptr: int, dtype: str, shape, strides, box_rows: int, name: str = "tensor",
              box_panels: int | None = None) -> bytes:
-    """The 128-byte map of a ``(B, S, H, D)`` tensor (see the module docstring) whose box is ``box_rows`` rows
-    (1..256) by ``box_panels`` 64-column panels (default: the whole head dim; head dim 96: always one panel of
-    the ``{96, S, 1, H, B}`` map). ``strides`` are the
-    ``(batch, row, head)`` element strides; ``name`` names the argument in errors."""
+    """The 128-byte map of a ``(B, S, H, D)`` tensor (docs/architecture.md, "Tensor maps") whose box is ``box_rows``
+    rows (1..256) by ``box_panels`` 64-column panels (default: the whole head dim; head dim 96: always one panel of
+    the ``{96, S, 1, H, B}`` map). ``strides`` are the ``(batch, row, head)`` element strides; ``name`` names the
+    argument in errors."""
     key = (ptr, dtype, tuple(shape), tuple(strides), box_rows, box_panels)
     with _lock:
         m = _cache.get(key)
@@ -88,8 +74,7 @@ def _encode(ptr: int, dtype: str, shape, strides, box_rows: int, name: str, box_
     batch_st, row_st, head_st = (int(x) for x in strides)
     padded = D % 64 != 0         # head dim 96: the real columns innermost, one 64-column box copied per panel
     dims = [D, S, 1, H, B] if padded else [64, S, D // 64, H, B]
-    # dims 1..4 (dim 0 is contiguous); the stride of a dimension of size 1 is never applied, so any valid value
-    # (here 128 bytes) replaces what the framework reported there (which may be 0 or unaligned)
+    # dims 1..4 (dim 0 is contiguous); a dimension of size 1 takes 128 bytes, whatever the framework reported
     def stride(elements, n):
         return 2 * elements if n > 1 else 128
     byte_strides = [stride(row_st, S), 128, stride(head_st, H), stride(batch_st, B)]

@@ -1,20 +1,7 @@
-"""The varlen backward's schedule tables on the device: built from the lengths, cached per packing, uploaded
-without blocking.
-
-Three forms. The per-visit table (20 bytes per visit and query head, read by the main kernel in a varlen launch),
-expanded on the GPU by default: the host builds and uploads the compact records of
-:func:`cupy_dash.schedule.build_varlen` (~36 bytes per KV column: 73 KB for 16k tokens in one sequence with 16
-heads, against ~5 MB of per-visit rows) and kernels_src/bwd_expand.cu writes the rows (:func:`_expand_on_device`);
-``CUPY_DASH_VARLEN_EXPAND=host`` expands on the host (``varlen_schedule.expand``, up to ~2 ms per new packing). The
-compact records read as they are by the DASH_COMPACT build (``kernels_src/compact_view.cuh``; ``varlen_pack`` packs
-them in the layout uploaded, tests/unit/test_varlen_compact.py walks them as the kernel does and compares with
-``expand``) are opt-in (``CUPY_DASH_COMPACT_TABLES=1``) below compact_device.AUTO_VISITS visits: on the H200 they
-give the per-visit tables' bits, but the kernel's counted rank rules make the backward 0.6-0.9x as fast
-(docs/decisions/table-forms.md).
-
-A training step's new packing (the GPU paths): the records are packed straight into pinned host memory
-(device_tables._pinned_blob) and copied from there on the caller's stream, into a device block of a power-of-two size
-(device_tables._device_bytes), so that neither pinned nor device memory is allocated anew at each step.
+"""The varlen backward's schedule tables: built from the lengths and cached per packing (:func:`plan`), then on the
+device (:func:`device`) as per-visit rows expanded on the GPU (the default), expanded on the host
+(``CUPY_DASH_VARLEN_EXPAND=host``), or compact records, uploaded without blocking; the kernels read the
+cu_seqlens uploaded with them. docs/architecture.md, "Schedule tables on the device"; docs/decisions/table-forms.md.
 """
 from __future__ import annotations
 
@@ -107,16 +94,12 @@ EXPAND_ENV = config.VARLEN_EXPAND.name   # "host": per-visit tables expanded on 
 def device(t: Tables, num_heads, dev, stream, capture=False):
     """(tables, cu_seqlens_q, cu_seqlens_k, event) of ``t`` on device ``dev``: :class:`ExpandedTables`,
     :class:`CompactTables` or (expanded on the host) ``device_tables.DeviceTables``, cached (LRU,
-    :func:`cupy_dash.cuda.device_tables.cached`) so that a repeated packing uploads nothing; a miss enqueues the uploads
-    on ``stream`` (no wait). ``event``: what ``stream`` must wait for before reading the tables, or None: after a
-    miss (enqueued on ``stream`` itself) and for a hit on the stream that uploaded them; a hit on another stream
-    gets an event recorded on the uploading stream then.
-    The device cu_seqlens are the lengths the table was built from, so the kernels never see other ones: CuPy
-    arrays for per-visit tables, :class:`DeviceRef` for the compact forms (read by ``.data.ptr`` alike).
-    ``stream`` is a stream of ``dev``; allocations, copies, events and the expansion kernel go to ``dev`` whatever
-    the current device is. ``capture``: ``stream`` is capturing a CUDA graph: the cached tables or, on a miss,
-    ``(None, None, None, None)``; nothing is uploaded or expanded and no event is returned (device_tables.cached:
-    the tables found are then kept for the life of the process)."""
+    :func:`cupy_dash.cuda.device_tables.cached`) so that a repeated packing uploads nothing; a miss enqueues the
+    uploads on ``stream`` (no wait). ``event``, ``capture``: as ``device_tables.cached``'s (a miss during capture:
+    ``(None, None, None, None)``, nothing uploaded or expanded). The device cu_seqlens are the lengths the table was
+    built from: CuPy arrays for per-visit tables, :class:`DeviceRef` for the compact forms (read by ``.data.ptr``
+    alike). ``stream`` is a stream of ``dev``; allocations, copies, events and the expansion kernel go to ``dev``
+    whatever the current device is."""
     def make(stream, staging):
         if t.expand:
             d, cu_q, cu_k = _expand_on_device(t, dev, stream, staging)
