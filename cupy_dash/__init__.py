@@ -1,22 +1,9 @@
-"""cupy_dash: deterministic FlashAttention-style attention for NVIDIA Hopper (sm_90a).
+"""cupy_dash: deterministic FlashAttention-style attention for NVIDIA Hopper (sm_90a). The API: docs/api.md;
+``cupy_dash.schedule`` builds, validates and simulates the dQ-reduction schedules without a GPU.
 
-Public API (layout q (B, Sq, H, D), k/v (B, Sk, Hkv, D), bf16 or fp16, any ``__dlpack__`` CUDA tensor)::
-
-    out, lse = cupy_dash.attention_forward(q, k, v, causal=False, softmax_scale=None)
-    dq, dk, dv = cupy_dash.attention_backward(do, q, k, v, out, lse, causal=False, softmax_scale=None,
-                                              schedule="auto", deterministic=True)
-
-Packed variable-length batches: ``attention_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-max_seqlen_k, ...)`` (q (total_q, H, D)) and ``attention_backward_varlen(do, q, k, v, out, lse, cu_seqlens_q,
-cu_seqlens_k, max_seqlen_q, max_seqlen_k, ...)``; ``prepare_varlen_backward(...)`` builds a future packing's
-schedule table ahead of time (e.g. from a data-loader thread).
-
-``cupy_dash.schedule`` builds, validates and simulates the dQ-reduction schedules and needs no GPU.
-
-Every name here, and every submodule (``cupy_dash.schedule``, ``cupy_dash.torch``, ``cupy_dash.jax``, ...), is
-imported on first access: ``import cupy_dash`` itself imports neither CuPy, ml_dtypes, torch nor JAX, so that
-``python -m cupy_dash --help`` answers at once. A framework adapter whose framework is not installed raises
-ModuleNotFoundError when it is accessed.
+Every name here and every submodule is imported on first access: ``import cupy_dash`` imports neither CuPy,
+ml_dtypes, torch nor JAX (so ``python -m cupy_dash --help`` answers at once); an adapter whose framework is not
+installed raises ModuleNotFoundError when it is accessed.
 """
 from ._version import __version__
 

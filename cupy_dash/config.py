@@ -1,21 +1,9 @@
-"""Every environment variable cupy_dash reads, defined once and parsed in one place.
-
-Each knob is a :class:`Knob`: its variable's name, the values it takes, one line of meaning, and the parser from
-the raw string (whose value for an unset variable is the default). Modules ask a knob for its value
-(``config.FOLD.get()``), never ``os.environ``; docs/configuration.md lists them all (:data:`KNOBS`, checked by
-tests/unit/test_config.py).
-
-A knob is read again on every ``get()``: the variable's raw value is compared with the one parsed last time and
-parsed only when it changed, so ``monkeypatch.setenv`` (or any write through ``os.environ``) takes effect on the
-next call, and an unchanged one costs a dict lookup and a comparison. A value that does not parse raises
-ValueError on every read, naming the variable.
-
-:func:`fingerprint` is the tuple of the raw values of the knobs that decide what a backward launches
-(:data:`PLAN_KNOBS`): plan caches key on it, so a change of any of them makes the next call plan anew.
+"""Every environment variable cupy_dash reads (:data:`KNOBS`), defined once as a :class:`Knob` and parsed in one
+place; modules ask a knob (``config.FOLD.get()``), never ``os.environ``. What each means, when a change takes
+effect and :func:`fingerprint`: docs/configuration.md (which names every knob: tests/unit/test_config.py).
 
 NOTES: on POSIX CPython, ``os.environ`` keeps a bytes-keyed dict ``_data`` in step with every write through it
-(``monkeypatch.setenv`` included); reading it directly skips ``_Environ.get``'s encode / decode (~0.5 us per read
-on the device VM), which the torch fast path pays on every call. Elsewhere the knobs read ``os.environ``.
+(``monkeypatch.setenv`` included); the knobs read it directly, elsewhere ``os.environ``.
 """
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""Whether this machine has a CUDA device that can run the kernels (an NVIDIA Hopper GPU, sm_90a, with a CUDA 13
-driver), asked in one place: :func:`state` describes a device without raising, :func:`require` raises a
-``RuntimeError`` that says what is missing and who needed it. Everything that first touches a device without a
-CUDA tensor in hand (:func:`cupy_dash.prepare_varlen_backward`, loading a kernel) asks :func:`require` first, so
-a machine without a GPU or driver gets that message instead of a raw ``cudaErrorInsufficientDriver`` from CuPy.
+"""Whether a CUDA device can run the kernels (a Hopper GPU, sm_90a, with a CUDA 13 driver), asked in one place:
+:func:`state` never raises; :func:`require` raises RuntimeError saying what is missing and who needed it. What
+first touches a device without a CUDA tensor in hand asks :func:`require` (not a raw CuPy driver error).
 """
 from __future__ import annotations
 

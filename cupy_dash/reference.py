@@ -1,28 +1,7 @@
-"""NumPy reference attention: the oracle every GPU test compares against.
-
-Layout is FlashAttention's (docs/api.md):
-
-* ``q``: ``(B, Sq, H, D)``; ``k``: ``(B, Sk, Hkv, D)``; ``v``: ``(B, Sk, Hkv, Dv)`` with ``H % Hkv == 0``
-  (grouped-query attention: query head ``h`` reads kv head ``h // (H // Hkv)``). ``Dv`` is normally ``D``.
-* ``out``: ``(B, Sq, H, Dv)``; ``lse``: ``(B, H, Sq)``, the natural log of the softmax denominator of the
-  *scaled* scores ``softmax_scale * q . k``.
-* ``softmax_scale`` defaults to ``1 / sqrt(D)``.
-* ``causal=True`` uses bottom-right alignment: query ``i`` sees key ``j`` iff ``j <= i + Sk - Sq``.
-  A query row that sees no key gets ``out = 0``, ``lse = -inf`` and contributes no gradient (its dq row is 0
-  and it adds nothing to dk / dv).
-
-Two precisions are provided:
-
-* :func:`forward` / :func:`backward`: everything in float64 (the "exact" answer).
-* :func:`forward_lowp` / :func:`backward_lowp`: the same math in the input precision (bf16 / fp16): every
-  matmul is accumulated in float32 and every intermediate matrix is rounded to the low-precision dtype, the
-  way a plain bf16/fp16 PyTorch implementation behaves. It is the baseline of FA3's tolerance rule,
-  implemented by :func:`assert_close_fa3`: a kernel may be at most ``rtol`` times further from the float64
-  answer than the naive low-precision implementation is (plus a rounding-noise floor).
-
-The work is done one (batch, kv head) pair at a time: the ``H // Hkv`` query heads that share one kv head are
-stacked into a single matrix, so each step is one BLAS product, and query rows are processed in chunks to bound
-the memory of the ``(rows, Sk)`` score matrices (a few tens of MB).
+"""NumPy reference attention, the oracle every GPU test compares against: float64 (:func:`forward`,
+:func:`backward`), the input precision (:func:`forward_lowp`, :func:`backward_lowp`) and FA3's tolerance rule
+(:func:`assert_close_fa3`). Layout (FlashAttention's, GQA: query head ``h`` reads kv head ``h // (H // Hkv)``) and
+the two precisions: docs/api.md, "The float64 reference".
 """
 from __future__ import annotations
 

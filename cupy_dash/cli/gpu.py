@@ -1,13 +1,7 @@
-"""GPU commands of ``python -m cupy_dash``: the default job and ``demo``.
-
-* no subcommand: on a Hopper GPU, the demo; without one, ``python -m cupy_dash schedule`` on a default causal
-  training shape in the engine model (:func:`default_analysis_argv`; it needs no GPU), which it names first.
-* ``demo``: one shape, forward + backward with every schedule: bitwise repeatability, error against the float64
-  reference on a slice, TFLOP/s. Well under a minute once the kernels are compiled. cupy_dash only: the
-  comparisons with peers (torch SDPA, FlashAttention-3) are the benchmark's, ``python benchmarks/bench.py`` in a
-  source checkout.
-
-Each ``*_main(argv)`` returns a process exit code.
+"""GPU commands of ``python -m cupy_dash``, each ``*_main(argv)`` returning an exit code: ``demo`` (one shape,
+forward + backward with every schedule: bitwise repeatability, error against the float64 reference on a slice,
+TFLOP/s; peers are ``benchmarks/bench.py``'s) and the default job: the demo on a Hopper GPU, else the schedule
+command on a default causal training shape in the engine model (:func:`default_analysis_argv`), named first.
 """
 from __future__ import annotations
 
@@ -21,7 +15,7 @@ FALLBACK_TILE = (64, 128)          # (block_m, block_n) when cupy_dash.cuda.kern
 
 
 def _gpu_state():
-    """``("none" | "other" | "hopper", description)`` of CUDA device 0, never raising (:func:`cupy_dash.gpu.state`)."""
+    """:func:`cupy_dash.gpu.state` of CUDA device 0."""
     from .. import gpu
     return gpu.state(0)
 

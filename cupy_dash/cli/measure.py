@@ -1,8 +1,5 @@
 """FLOP counts, seeded random inputs on the GPU and CUDA-event timing: what the demo (``python -m cupy_dash``)
-measures with, and what the benchmark scripts of ``benchmarks/`` build on.
-
-Conventions (docs/performance.md; the FA3 paper's): forward ``4 * B * H * Sq * Sk * D`` FLOPs (halved for
-causal), backward 2.5x the forward; GPU time from CUDA events around each call on the stream it runs on.
+measures with, and what the benchmark scripts of ``benchmarks/`` build on (conventions: docs/performance.md).
 """
 from __future__ import annotations
 

@@ -1,31 +1,13 @@
-"""Public entry points: validation -> schedule -> launch, on the caller's stream, results in the caller's type.
+"""The fixed-length entry points and the launch of every eager call, fixed length and varlen (:func:`run_forward`,
+:func:`run_backward`): validation (:mod:`cupy_dash.core.problem`, before anything is allocated or launched) ->
+tables -> launch on the caller's stream, results in the caller's type. Layouts, deferred errors, streams and CUDA
+graphs: docs/api.md; the error record: docs/architecture.md, "Byte layouts".
 
-Layout (FlashAttention's): ``q`` ``(B, Sq, H, D)``; ``k`` ``(B, Sk, Hkv, D)``, ``v`` ``(B, Sk, Hkv, Dv)`` with
-``H % Hkv == 0``; bf16 or fp16, any ``__dlpack__`` tensor on one CUDA device (torch, JAX, CuPy, ...). ``lse`` is
-``(B, H, Sq)`` float32 in natural-log units. Head dims: ``kernels.SUPPORTED_HEAD_DIMS`` (the backward's
-``kernels.BWD_HEAD_DIMS``); ``Dv == D``, or 128 with ``D`` 192 (``kernels.VALUE_HEAD_DIMS``).
-
-Every argument is validated (:mod:`cupy_dash.core.problem`) before anything is allocated or launched; each error
-names the argument.
-
-Deferred errors. The deterministic backward orders the dQ reduction with per-tile semaphores read from the schedule
-table. A wait is bounded (``CUPY_DASH_SPIN_TIMEOUT_MS``, default 10000 ms): past it the main kernel records the
-failure in a small error buffer and exits instead of hanging the GPU. The host learns about it asynchronously: after
-the main kernel, the postprocess kernel writes the buffer to mapped pinned host memory and marks it finished (no
-copy or event on the host's side). :func:`check_errors` waits for every pending backward and raises ``RuntimeError``
-for a failed one; every public call (:func:`attention_forward`, :func:`attention_backward`, :func:`attention`) first
-polls the finished ones without blocking and raises for a failure. So a bad backward is reported by the next
-cupy_dash call or by :func:`check_errors`, not by the call that launched it (set ``CUPY_DASH_SYNC_ERRORS=1`` to
-check synchronously at the end of every backward, for debugging).
-
-CUDA graphs (torch callers; see :mod:`cupy_dash.torch`). A call made while torch's current stream is capturing
-enqueues only its kernels on that stream (and, being a torch caller, allocates with torch): it does not poll or
-record the deferred errors. What it needs and no eager call of the same variant, shape and schedule has made on
-that device (kernels compiled and loaded, schedule tables uploaded, the device's graph error records) is made
-outside the capture (:func:`cupy_dash.cuda.capture.outside`: the thread's capture mode relaxed, a stream of its
-own, synchronized), so a capture needs no eager warm-up; tables made so are kept for the life of the process, as
-the tables a graph reads always are. A captured backward reports a semaphore timeout through its own device
-record, which :func:`check_errors` reads (see :mod:`cupy_dash.cuda.errors`).
+NOTES: an eager call first polls the finished backwards without blocking and raises for a failed one. A call made
+while torch's current stream captures a CUDA graph enqueues only its kernels there and neither polls nor records
+the deferred errors; what no eager call of its variant, shape and schedule has made on that device is made outside
+the capture (:func:`cupy_dash.cuda.capture.outside`) and kept for the life of the process. A captured backward
+reports a timeout through its own device record, read by :func:`check_errors`.
 """
 from __future__ import annotations
 
@@ -75,8 +57,7 @@ def _resolve(info, x, keep):
     return got.data_ptr, got.strides[:3]
 
 
-# Outputs and scratch buffers come from the caller's allocator: torch's caching allocator for torch callers
-# (stream-ordered on the current stream, no DLPack round trip), CuPy's pool (on the caller's stream) otherwise.
+# outputs and scratch: torch's caching allocator for torch callers (no DLPack round trip), else CuPy's pool
 _torch_dtypes: dict = {}
 _torch_devices: dict = {}
 
@@ -133,7 +114,7 @@ def attention_forward(q, k, v, *, causal=False, softmax_scale=None, window=(-1, 
 
     Runs on the caller's current stream (torch) or CuPy's current stream. Raises, before doing any work, for a
     backward of an earlier call that has since failed (see :func:`check_errors`). May be captured into a CUDA
-    graph by torch callers (see the module docstring).
+    graph by torch callers (docs/api.md).
     """
     fast_key = fastpath.fwd_key(q, k, v, causal, softmax_scale, window, softcap) if fastpath.wanted(q) else None
     result = fastpath.forward(fast_key, q, k, v)
@@ -207,13 +188,10 @@ def attention_backward(do, q, k, v, out, lse, *, causal=False, softmax_scale=Non
         keeps a KV tile's visits for the whole group on one CTA), so they are as deterministic as in MHA. Rows of
         dq whose query sees no key, and rows of dk, dv whose key no query sees, are 0.
 
-    Three kernels run on the caller's stream: preprocess (rowsum(dO*O), zeroing of the fp32 dQ accumulator and
-    the semaphores), main (a persistent grid, at most the co-resident CTAs, walking the schedule table) and
-    postprocess (dQ scale and conversion); small problems (at most ``launchers.FOLD_MAX_TILES`` tile pairs) run
-    all three passes in the main kernel, one launch (``CUPY_DASH_FOLD=0`` / ``1``: never / always), with the
-    same bits. A dQ semaphore wait that exceeds ``CUPY_DASH_SPIN_TIMEOUT_MS`` makes the kernel give up instead
-    of hanging; the failure is raised later, by :func:`check_errors` or by the next cupy_dash call (deferred, so
-    that this call stays asynchronous).
+    Runs asynchronously on the caller's stream: three kernels, or one for small problems (``CUPY_DASH_FOLD``;
+    docs/architecture.md). A dQ semaphore wait past ``CUPY_DASH_SPIN_TIMEOUT_MS`` makes the kernel give up instead
+    of hanging; the failure is raised later, by :func:`check_errors` or the next cupy_dash call. Like the forward,
+    it raises first for an earlier failed backward and may be captured into a CUDA graph by torch callers.
     """
     fast_key = fastpath.bwd_key(do, q, k, v, out, lse, causal, softmax_scale, schedule, deterministic,
                                 window, softcap) if fastpath.wanted(q) else None
@@ -238,8 +216,7 @@ def _backward_with_plan(do, q, k, v, out, lse, *, plan, causal=False, softmax_sc
     a deliberately inconsistent table exercises the bounded semaphore wait: the call returns, and
     :func:`check_errors` raises RuntimeError. ``spin_timeout_ns`` overrides ``CUPY_DASH_SPIN_TIMEOUT_MS``.
     ``timeline``: a CuPy int64 array (V, ``CONSTANTS.kTimelineCols``); the main kernel's debug build then writes
-    the stamps of every visit into it (kernels_src/bwd/timeline.cuh: the CTA's %globaltimer at start, dQ ready,
-    writer's turn, released; each MMA warpgroup's %clock64 at the phases of the visit).
+    the stamps of every visit into it (the columns: kernels_src/bwd/timeline.cuh).
     """
     if plan is None:
         raise ValueError("plan: a schedule-like object is required")

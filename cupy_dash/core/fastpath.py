@@ -1,27 +1,18 @@
-"""Host fast path: every repeated call with torch tensors or CuPy arrays, fixed length and varlen.
+"""Host fast path: a repeated call with torch tensors or CuPy arrays (all operands of one framework), fixed length
+or varlen (:mod:`cupy_dash.core.fastpath_varlen`), whose *signature* matches a call the full path validated and
+launched, allocates its outputs with the caller's framework and runs that call's launch plan
+(:mod:`cupy_dash.cuda.plans`) with its own addresses, on the stream the full path would take. Fixed-length and
+varlen plans share the plan classes and :func:`run_forward` / :func:`run_backward`; varlen plans add the stream
+their table was uploaded for. Host time: docs/architecture.md.
 
-A training step calls attention with the same shapes, strides, dtypes, flags and (under a caching allocator)
-often the same addresses, step after step. After a call of :func:`cupy_dash.attention_forward` or
-:func:`cupy_dash.attention_backward` with torch CUDA tensors (or CuPy arrays: all operands of one framework), or of
-their varlen versions with torch tensors (:mod:`cupy_dash.core.fastpath_varlen`), has been validated and launched
-by the full path, its *plan* is kept here: the full path's launch plan (:mod:`cupy_dash.cuda.plans`: kernels,
-grids, the parameter block and where each buffer's address goes into it), the output shapes, the framework to
-allocate with. A later call whose *signature* matches allocates the outputs with the caller's framework and runs
-that launch plan with its own addresses (the executor writes them, TMA maps included, and launches) on the stream
-the full path would take (torch's current stream, or CuPy's current stream of the device). A fixed-length plan and
-a varlen one are the same plan class and launch (:func:`run_forward`, :func:`run_backward`); varlen plans add the
-stream their table was uploaded for.
-
-NOTES: the signature holds everything the full path's checks depend on: for every tensor its shape, strides,
-dtype and device, whether all base addresses are 16-byte aligned, and the arguments by type and value (``causal``
-must be a ``bool``, ``window`` a tuple, ``softmax_scale`` None or a float, ``softcap`` a float or an int,
-``schedule`` a str), and the
-environment variables that change the launch (:func:`cupy_dash.config.fingerprint`). A call that would fail a check
-never matches a plan (plans are only made by calls that passed them), so bad input still raises before anything is
-launched. The fast path steps aside (returns None) when the current stream is capturing a CUDA graph (the full
-path has its capture rules), when the current device is not the tensors' device, or when ``CUPY_DASH_FASTPATH=0``.
-The asynchronous work is the full path's launch plan, run by the same :mod:`cupy_dash.cuda.launchers` functions, so
-the bits are the same.
+NOTES: the signature holds everything the full path's checks depend on: each tensor's shape, strides, dtype and
+device, whether all base addresses are 16-byte aligned, the arguments by type and value (``causal`` a ``bool``,
+``window`` a tuple, ``softmax_scale`` None or a float, ``softcap`` a float or an int, ``schedule`` a str) and the
+environment variables that change the launch (:func:`cupy_dash.config.fingerprint`). Plans are made only by calls
+that passed the checks, so a call that would fail one never matches and bad input still raises before any launch.
+The fast path steps aside (returns None) when the current stream captures a CUDA graph, when the current device is
+not the tensors', or with ``CUPY_DASH_FASTPATH=0``. The same launch plan, run by the same
+:mod:`cupy_dash.cuda.launchers` functions, gives the same bits.
 """
 from __future__ import annotations
 
@@ -42,8 +33,7 @@ _torch = None
 _stats = {"fwd_hits": 0, "bwd_hits": 0}
 
 
-# NOTES: the fast path reads a few environment variables on every call, through cupy_dash.config (a dict lookup
-# and a comparison each: see its module docstring).
+# NOTES: knobs read on every call cost a dict lookup and a comparison each (docs/configuration.md)
 enabled = config.FASTPATH.get      # enabled() -> bool: unless CUPY_DASH_FASTPATH is "0" or ""
 
 

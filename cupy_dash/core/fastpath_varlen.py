@@ -1,25 +1,18 @@
-"""Host fast paths of the varlen forward and backward for torch tensors and CuPy arrays (see
-:mod:`cupy_dash.core.fastpath` for the idea).
+"""Host fast paths of repeated varlen calls with torch tensors or CuPy arrays (:mod:`cupy_dash.core.fastpath`).
 
-A training step with packed sequences calls :func:`cupy_dash.attention_backward_varlen` once per layer with the same
-packing, shapes and flags. After a full-path call with torch tensors (or CuPy arrays: all operands of one framework)
-has been validated and launched, its plan is kept here: the full path's launch plan (its block points at the device
-copies of the schedule table and of cu_seqlens that the full path uploaded, which the plan keeps alive). A later call
-with the same signature, lengths and stream re-launches from it: four allocations and the launch plan run with the
-call's addresses (dk, dv zeroed first, as varlen backwards always are). A call with the same signature but new lengths
-(the next step's packing) starts from the same plan, kept as the *template* of those tensors: the lengths are checked
-as the full path checks them, the packing's table is built and uploaded, and the launch plan's length-dependent fields
-are patched (fastpath.rebased_plan); the tensors are not validated again and no TMA map is encoded. The forward's plan
-needs no lengths (its kernel reads cu_seqlens on the device): its signature holds their layouts, and their addresses
-are patched per call.
+A backward whose signature, lengths and stream match a full-path call re-launches its launch plan (whose block
+points at the device table and cu_seqlens copies the plan keeps alive; dk, dv zeroed first, as in every varlen
+backward). Same signature, new lengths (the next step's packing): that plan is the *template* of those tensors; the
+lengths are checked as the full path checks them, the packing's table is built and uploaded and the plan's
+length-dependent fields patched (fastpath.rebased_plan), without validating the tensors again or encoding TMA maps.
+The forward needs no lengths (its kernel reads cu_seqlens): its signature holds their layouts, their addresses are
+patched per call.
 
-NOTES: the signature holds what the full path's checks depend on: every tensor's shape, strides, dtype and device,
-16-byte alignment of all six addresses, the arguments by type and value, the environment variables that change the
-launch (config.fingerprint: spin timeout, fold, compact tables, device expansion), the caller's stream (torch's
-or CuPy's current one: the table's upload was ordered before the full call's kernels on that stream only), and the
-lengths: host cu_seqlens by dtype and bytes (checked by the full path when the plan was made), device torch ones
-through the forward's host copy (:mod:`cupy_dash.core.varlen_host_cu`; no copy, or CuPy device lengths: no fast
-path). So a call that would fail a check never matches.
+NOTES: the signature holds what fastpath's does (tensors, 16-byte alignment of all six addresses, arguments by type
+and value, config.fingerprint), the caller's stream (the table's upload was ordered before the full call's kernels
+on that stream only) and the lengths: host cu_seqlens by dtype and bytes (checked when the plan was made), device
+torch ones through the forward's host copy (:mod:`cupy_dash.core.varlen_host_cu`; without one, or CuPy device
+lengths: no fast path). So a call that would fail a check never matches.
 """
 from __future__ import annotations
 
@@ -159,7 +152,6 @@ def _new_packing(key_, bases, cu_q, cu_k):
     packing's table, lengths and scratch layout (fastpath.rebased_plan; TMA maps reused: same tensors); kept under
     ``key_`` for the packing's later calls. None where the full path must run (no visits, no template of its tile
     yet, or a window that the new max_seqlen_q / max_seqlen_k make canonical otherwise than the templates')."""
-    import cupy
     from ..schedule import canonical_window
     base = next(iter(bases.values()))            # the tensors, flags and stream: the same in every template
     c0, dev = base.c, base.device_index

@@ -1,18 +1,9 @@
-"""Framework interop: describe any array/tensor, import it into CuPy, find the caller's stream, export results.
+"""Framework interop for torch, JAX, CuPy and any DLPack producer: :func:`describe` an operand, :func:`check_layout`
+(the kernels' stride and alignment rules, docs/api.md), zero-copy :func:`to_cupy` / :func:`from_cupy`, the
+caller's stream (:func:`caller_stream`) and whether it captures a CUDA graph (:func:`capturing`).
 
-Inputs may come from torch, JAX, CuPy or anything that speaks DLPack (``__dlpack__`` / ``__dlpack_device__``).
-Everything here is built so that validation can run on plain attributes, without consuming a DLPack capsule and
-without a GPU: :func:`describe` works on numpy / ``ml_dtypes`` arrays too, which is what the CPU tests use.
-
-* :func:`describe` -> :class:`TensorInfo` (shape, element strides, dtype name, DLPack device, data pointer).
-* :func:`check_layout` -> the stride / alignment rules of the kernels (last dim contiguous, other strides
-  multiples of 8 elements = 16 bytes, base pointer 16-byte aligned: the kernels load through TMA tensor maps).
-* :func:`to_cupy` / :func:`from_cupy`: zero-copy in and out (``cupy.from_dlpack``, ``torch.from_dlpack``,
-  ``jax.dlpack.from_dlpack``).
-* :func:`caller_stream`: the stream the caller's framework is currently using, as a CuPy stream;
-  :func:`capturing`: whether that stream is capturing a CUDA graph (torch callers).
-
-torch and jax are imported lazily, only when an input is one of theirs (their modules are then already loaded).
+NOTES: validation runs on plain attributes: :func:`describe` consumes no DLPack capsule and touches no GPU, so it
+works on numpy / ``ml_dtypes`` arrays (the CPU tests). torch and jax are imported only when an input is theirs.
 """
 from __future__ import annotations
 

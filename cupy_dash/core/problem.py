@@ -1,10 +1,7 @@
 """The validated description of one call, :class:`Problem`, and the argument checks that every entry point shares
 (the functional API, varlen, the torch and JAX adapters, the fake implementations of the torch ops): each error names
 the argument, and :func:`validate` checks in an order that lets CPU arrays reach every check before the device one.
-
-Layout (FlashAttention's): ``q`` ``(B, Sq, H, D)``; ``k`` ``(B, Sk, Hkv, D)``, ``v`` ``(B, Sk, Hkv, Dv)``; ``lse``
-``(B, H, Sq)`` float32; head dims ``kernels.SUPPORTED_HEAD_DIMS`` (the backward's ``kernels.BWD_HEAD_DIMS``),
-``Dv`` as ``kernels.VALUE_HEAD_DIMS`` allows.
+Layouts and head dims: docs/api.md.
 """
 from __future__ import annotations
 

@@ -1,14 +1,7 @@
-"""The framework-free rules of the Hugging Face transformers adapter (:mod:`cupy_dash.transformers`): the sliding
-window that a transformers attention module asks for, in cupy_dash's ``window=(left, right)``; the cumulative
-sequence lengths of padded and packed batches; and the errors for what the kernels cannot do, each naming the model
-setting responsible. Pure Python (no torch, no transformers), so that every rule is tested on any machine.
-
-Sliding windows. A transformers module hands the attention function ``sliding_window=s`` (Mistral, Qwen2 and Gemma
-sliding layers: ``config.sliding_window``; ModernBERT: ``config.sliding_window + 1``). The masks it builds for
-sdpa/eager mean: causal, query ``i`` sees key ``j`` iff ``i - s < j <= i``; bidirectional (ModernBERT, whose mask
-uses ``|i - j| <= config.sliding_window``), iff ``|i - j| <= s - 1``. cupy_dash's window ``(left, right)`` lets
-query ``i`` see key ``j`` iff ``i - left <= j <= i + right`` (positions aligned at the bottom right when the query
-is shorter than the keys), so ``s`` maps to ``(s - 1, 0)`` causal and ``(s - 1, s - 1)`` bidirectional.
+"""The framework-free rules of the Hugging Face transformers adapter (:mod:`cupy_dash.transformers`): a module's
+``sliding_window`` as cupy_dash's ``window`` (the mapping: docs/api.md, "Sliding windows" of the transformers
+section), the cumulative lengths of padded and packed batches, and the errors for what the kernels cannot do, each
+naming the model setting responsible. Pure Python (no torch, no transformers): every rule is tested on any machine.
 """
 from __future__ import annotations
 

@@ -1,29 +1,12 @@
-"""Packed variable-length batches, FlashAttention's varlen layout: the sequences of a batch are concatenated
-along the row axis and ``cu_seqlens`` (int32, ``(B + 1,)``) gives where each starts.
+"""Packed variable-length batches (FlashAttention's varlen layout): the functional API's varlen entry points and
+:func:`prepare_varlen_backward`. How the host learns the lengths, their costs and CUDA graphs: docs/api.md
+("Packed variable-length batches", "Varlen in a graph").
 
-How the host learns the lengths. The forward does not need them: the grid covers ``max_seqlen_q`` (given by the
-caller, as in FlashAttention) for every sequence, and each CTA reads its sequence's bounds from ``cu_seqlens`` on
-the device (a CTA past the end of its sequence exits at once), so there is no device-to-host copy and no
-synchronisation. The backward needs them on the host, to build its schedule table (which KV column visits which
-Q tiles, in which dQ order: :func:`cupy_dash.schedule.build_varlen`): pass ``cu_seqlens`` as host arrays (numpy,
-a list, a CPU torch tensor; uploaded once per call, no synchronisation) or as device arrays (then copied to the
-host: one device-to-host copy, which waits for the caller's stream — the cost is in docs/decisions/table-forms.md —
-except for torch tensors that the varlen forward saw: it copies them without waiting, for the backward,
-:mod:`cupy_dash.core.varlen_host_cu`). The kernels clamp every bound to the packed lengths, so inconsistent
-``cu_seqlens`` give wrong results for the rows they describe but never a load or store outside the buffers.
-
-CUDA graphs (torch callers: ``torch.compile(mode="reduce-overhead")`` records the backward after one eager warm-up
-step; ``torch.cuda.graph``). A captured backward, like a fixed-length one (:mod:`cupy_dash.core.api`), enqueues only
-its kernels on the capturing stream and waits for nothing there. It needs the lengths on the host without a wait:
-host ``cu_seqlens``, or device ones whose forward copy an eager backward of the same tensors already waited for (a
-module buffer, which the graph keeps in place, not a tensor that the graph copies in); otherwise it raises
-RuntimeError before enqueueing anything. Its kernels and the packing's table come from an eager call of the same
-packing (lengths, heads, head dim, dtype, flags, schedule) on that device, or :func:`prepare_varlen_backward`, or
-are made outside the capture (:mod:`cupy_dash.cuda.capture`). The graph keeps that table (for the life of the
-process) and the lengths it was built from: replayed, it computes the captured packing's gradients whatever the
-``cu_seqlens`` buffers hold by then, while a captured forward reads them on the device. Keeping the packing fixed
-while a graph is replayed is the caller's responsibility, as torch's reduce-overhead mode assumes for a module
-buffer (it records a new graph for new shapes, not for new values).
+NOTES: the forward never reads the lengths on the host (its grid covers ``max_seqlen_q``; each CTA reads its
+sequence's bounds and exits past its end); the backward's schedule table needs them there. The kernels clamp every
+bound to the packed lengths. A captured backward enqueues only its kernels and waits for nothing: it needs lengths
+known without a wait (else RuntimeError before enqueueing anything) and replays the captured packing's table and
+lengths whatever the ``cu_seqlens`` buffers hold by then.
 """
 from __future__ import annotations
 
@@ -218,7 +201,7 @@ def attention_backward_varlen(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
         cu_seqlens_q, cu_seqlens_k: ``(B + 1,)`` int32, as in :func:`attention_forward_varlen`, on q's device
             (copied to the host: one wait on the caller's stream, unless the forward's copy serves) or on the host
             (numpy, list, CPU tensor: no wait). Empty sequences are allowed. During CUDA graph capture: host
-            ones, or device ones whose forward copy an eager call already waited for (module docstring).
+            ones, or device ones whose forward copy an eager call already waited for (docs/api.md).
         max_seqlen_q, max_seqlen_k: ints >= the longest sequence.
         causal, softmax_scale, window, softcap: the forward's. schedule, deterministic: as in
             :func:`cupy_dash.attention_backward`; every sequence is its own set of KV columns in one table
@@ -228,10 +211,11 @@ def attention_backward_varlen(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
         dq ``(total_q, H, D)``, dk ``(total_k, Hkv, D)`` and dv ``(total_k, Hkv, Dv)``, contiguous. Rows of dq
         whose query sees no key and rows of dk, dv whose key no query sees are 0. With ``schedule="fa3"`` or
         ``"descending"`` (dQ tiles add in KV-tile order) each sequence's gradients are bitwise those of
-        :func:`cupy_dash.attention_backward` on that sequence alone; every schedule is run-to-run deterministic.
+        :func:`cupy_dash.attention_backward` on that sequence alone where both take the same query tile
+        (docs/api.md); every schedule is run-to-run deterministic.
 
-    May be captured into a CUDA graph by torch callers, with lengths known on the host (module docstring); the
-    graph then replays the captured packing's lengths, which the caller keeps fixed.
+    May be captured into a CUDA graph by torch callers, with lengths known on the host; the graph then replays the
+    captured packing's lengths, which the caller keeps fixed.
     """
     fast_key = fastpath_varlen.key(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                    causal, softmax_scale, window, schedule, deterministic, softcap)

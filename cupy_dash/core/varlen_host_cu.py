@@ -1,23 +1,17 @@
-"""Host copies of device ``cu_seqlens`` taken by the varlen forward, for the backward of the same call.
-
-The varlen backward needs the lengths on the host (its schedule table). Given device ``cu_seqlens`` it would copy
-them to the host and wait for the stream, which stops the host from running ahead of the GPU at every layer's
-backward. FlashAttention's users (and ``cupy_dash.torch.attention_varlen``'s autograd) pass the *same* device
-tensors to the forward and to its backward, so the forward enqueues an asynchronous copy of them into pinned host
-memory, after the work that produced them, and the backward takes that copy (waiting on its event, long finished
-by then) instead of synchronizing.
+"""Host copies of device ``cu_seqlens`` taken by the varlen forward, for the backward of the same call (docs/api.md,
+"Packed variable-length batches"): the forward enqueues an asynchronous copy into pinned host memory after the work
+that produced them, and the backward, given the same tensors (as FlashAttention's users and autograd pass them),
+takes it (waiting on its long-finished event) instead of copying and waiting for the stream.
 
 NOTES: an entry serves a backward only at the forward's address, for a tensor of the same shape and torch version.
-It holds a reference to the forward's storage (small ones, up to _MAX_HELD_BYTES), so that the memory cannot be
-freed and given to another tensor while the entry lives: every tensor at that address is then a view of the same
-memory, and views share their version counter (an in-place change bumps it). Autograd's saved tensors and compiled
-graphs hand the backward another Python object over the same memory, and under torch.compile the forward's object
-itself dies when the forward returns; a weak reference to it (what a larger storage gets) then misses. The first
-lookup waits for the copy's event and keeps the lengths; later ones (a CUDA graph capture among them, where no
-wait is allowed) read them without waiting. During capture nothing is enqueued (a captured copy would only run at
-replay) and a copy not yet waited for is not waited for: the lookup misses. torch tensors only (CuPy arrays have
-no version counter: their backward copies as before; JAX passes host lengths). A tensor written other than through
-torch (DLPack, a raw kernel) does not bump its version: such writes between forward and backward are not seen.
+It holds the forward's storage (up to _MAX_HELD_BYTES), so the memory cannot be given to another tensor while the
+entry lives: every tensor at that address is a view of it, and views share their version counter. Autograd's saved
+tensors and compiled graphs hand the backward another object over the same memory, and under torch.compile the
+forward's object dies when it returns: the weak reference that a larger storage gets then misses. The first lookup
+waits for the copy's event; later ones, a CUDA graph capture among them, read without waiting. During capture
+nothing is enqueued (a captured copy would run only at replay) and a copy not yet waited for misses. torch tensors
+only (CuPy arrays have no version counter; JAX passes host lengths); writes other than through torch (DLPack, a raw
+kernel) do not bump the version and are not seen.
 """
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""The host side of one packing's varlen backward, shared by the full path (:mod:`cupy_dash.core.varlen`), the torch
-fast path's new packings (:mod:`cupy_dash.core.fastpath_varlen`) and the JAX backward: the checks of the lengths
-(``max_seqlen_q`` / ``max_seqlen_k``, host ``cu_seqlens``) and the launch that turns checked lengths into a
-schedule table and a :class:`cupy_dash.cuda.launchers.BwdLaunch` (:func:`packing_launch`).
+"""The host side of one packing's varlen backward, shared by the full path, the fast path's new packings and the JAX
+backward: the checks of the lengths and :func:`packing_launch` (checked lengths -> table and launch).
 """
 from __future__ import annotations
 
@@ -64,16 +62,12 @@ def _tables(dev, dtype, D, causal, schedule, lens_q, lens_k, H, Hkv, window, sof
     backward will ask for. ``capture``: the caller's stream is capturing a CUDA graph: kernels not loaded yet load
     outside the capture (:func:`_entry`), and a host plan built anew packs into pageable memory.
 
-    NOTES: compact varlen tables: with CUPY_DASH_COMPACT_TABLES=1, or (unset) where the per-visit table would
-    exceed compact_device.AUTO_VISITS visits (long sequences), as for fixed lengths; below that they stay opt-in:
-    bitwise equal to the per-visit ones on the H200, but their kernel ran at 0.6-0.9x of the per-visit tables'
-    speed (docs/decisions/table-forms.md). The per-visit table is expanded on the GPU by default: the host
-    builds compact records (O(columns)) and kernels_src/bwd_expand.cu writes the per-visit rows for the per-visit
-    main kernel (the same bits and kernel speed, half the host time of a new packing: docs/decisions/table-forms.md);
-    CUPY_DASH_VARLEN_EXPAND=host expands on the host instead (varlen_schedule.expand, uploads 20 bytes per visit).
-    ``softcap``: soft-capped (no compact build: per-visit rows, expanded on the GPU where compact ones were asked
-    for; NotImplementedError where only compact ones fit). ``head_dim_v``: the kernels' value head dim (the
-    tables do not depend on it)."""
+    NOTES: the table form is decided as for fixed lengths (CUPY_DASH_COMPACT_TABLES, docs/configuration.md):
+    below compact_device.AUTO_VISITS visits compact varlen tables stay opt-in (same bits, slower kernel); the
+    per-visit rows are expanded on the GPU from compact records (kernels_src/bwd_expand.cu) unless
+    CUPY_DASH_VARLEN_EXPAND=host: docs/decisions/table-forms.md. ``softcap``: soft-capped (no compact build:
+    per-visit rows, expanded on the GPU where compact ones were asked for; NotImplementedError where only compact
+    ones fit). ``head_dim_v``: the kernels' value head dim (the tables do not depend on it)."""
     form = compact_device.table_form(None, varlen=True, softcap=softcap)   # size rule: after the build (above)
     above = compact_device.AUTO_VISITS if config.COMPACT_TABLES.get() is None or softcap else None
     tile_sq = kernels.varlen_tile_seqlen(int(lens_q.max(initial=0)))   # the tile: by the longest sequence
@@ -113,10 +107,9 @@ def packing_launch(dev, p, causal, deterministic, schedule, window, spin_timeout
     the capture (capture.find_or_make: uploaded and expanded on a stream of their own, synchronized).
 
     NOTES: a captured call reads the cached table without an event: an eager call's upload (and expansion) was
-    enqueued on its stream before the capture began, and torch.cuda.graph (which torch.compile's reduce-overhead
-    mode uses) synchronizes the device on entry, so it has finished before any replay; one made outside the capture
-    has finished before the capture goes on. The table is then kept for the life of the process
-    (device_tables.cached)."""
+    enqueued before the capture began, and torch.cuda.graph (reduce-overhead's too) synchronizes the device on
+    entry; one made outside the capture has finished before it goes on. The table is then kept for the life of
+    the process (device_tables.cached)."""
     num_seqs = len(cu_host[0]) - 1
     lens_q, lens_k = (np.diff(c).astype(np.int64) for c in cu_host)
     tables, specs, bm, bn = _tables(dev, p.dtype, p.D, causal, schedule, lens_q, lens_k, p.H, p.Hkv, window,

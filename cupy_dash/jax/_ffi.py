@@ -1,15 +1,11 @@
-"""The C XLA FFI handler of :mod:`cupy_dash.jax` (``xla_ffi.c``): no Python at run time.
+"""The C XLA FFI handler of :mod:`cupy_dash.jax` (``xla_ffi.c``): no Python, no GIL at run time.
 
-Chosen with ``CUPY_DASH_JAX_FFI=1``, and the default where the extension is built (read when a call is traced).
-A prepared call (:class:`cupy_dash.jax.callbacks._Call`) makes one launch plan per device
-(:mod:`cupy_dash.cuda.plans`, buffers numbered as the call's arguments then results); :func:`register` copies them
-into the extension's slot table, and the custom call (target ``cupy_dash_launch``, registered for CUDA,
-:func:`call`) carries the slot of each device as its attribute ``slots``. At run time the handler runs the plan
-with the executor every cupy_dash launch shares (``cupy_dash/cuda/launch_plan.c``) on XLA's stream: the GIL is
-never taken. It answers XLA's metadata query with the command-buffer-compatible trait.
-
-Slot ids live in this process, so programs using this mechanism cannot be serialized either. This module imports
-no other module of :mod:`cupy_dash.jax`.
+A prepared call (:class:`cupy_dash.jax.callbacks._Call`) makes one launch plan per device (buffers numbered as the
+call's arguments then results); :func:`register` copies them into the extension's slot table, and the custom call
+(target ``cupy_dash_launch``, for CUDA, :func:`call`) carries each device's slot in its attribute ``slots``. The
+handler runs the plan with the executor every launch shares (``cupy_dash/cuda/launch_plan.c``) on XLA's stream and
+answers XLA's metadata query with the command-buffer-compatible trait. Slot ids live in this process (no
+serialized programs). Imports no other module of :mod:`cupy_dash.jax`.
 """
 from __future__ import annotations
 

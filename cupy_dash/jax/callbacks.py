@@ -1,9 +1,8 @@
 """What every JAX call of cupy_dash prepares at trace time and runs: the per-device preparation cache (:func:`_get`),
-the local Hopper GPUs a traced call is prepared on, the kernels loaded then, the base class of every prepared call
-(:class:`_Call`: its result types, a launch plan per device, the custom call that runs them: the C handler's,
-:mod:`cupy_dash.jax._ffi`, or a ``jax.experimental.buffer_callback``), the fixed-length :class:`_Forward` and
-:class:`_Backward`. :mod:`cupy_dash.jax.varlen` and :mod:`cupy_dash.jax.varlen_dyn` share the cache, the base
-classes and the run-time helpers. Of :mod:`cupy_dash.jax` it imports :mod:`cupy_dash.jax._ffi` only.
+the local Hopper GPUs a call is prepared on, the base class :class:`_Call` (result types, a launch plan per device,
+the custom call that runs them: the C handler's or a ``buffer_callback``), the fixed-length :class:`_Forward` and
+:class:`_Backward`, and the run-time helpers the varlen modules share. Of :mod:`cupy_dash.jax` it imports
+:mod:`cupy_dash.jax._ffi` only.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
-"""The machinery of :mod:`cupy_dash.jax` (the module users import, whose docstring describes the API): the
-fixed-length entry points and what every JAX call of cupy_dash shares at trace time: the configuration and checks,
-the custom_vjp (:func:`differentiable`) and the preparation of its custom calls (:func:`prepare`): the calls of
-:mod:`cupy_dash.jax.callbacks` (which also hold the per-device preparation cache), whose launch plans run in the C
-handler (:mod:`cupy_dash.jax._ffi`, its extension loaded on first use) or in a Python callback, picked per call
-(``CUPY_DASH_JAX_FFI``). :mod:`cupy_dash.jax.varlen` and :mod:`cupy_dash.jax.varlen_dyn` build on this module.
+"""The machinery of :mod:`cupy_dash.jax` (docs/api.md): the fixed-length entry points and what every JAX call
+shares at trace time: the configuration and checks, the custom_vjp (:func:`differentiable`), the vmap rule and the
+preparation of its custom calls (:func:`prepare`, over :mod:`cupy_dash.jax.callbacks`). The varlen modules build
+on it.
 """
 
 from __future__ import annotations
@@ -31,7 +29,7 @@ def attention(q, k, v, causal=False, softmax_scale=None, schedule="auto", determ
     the cotangents of k, v are ``(B, Sk, Hkv, D)``) -> out ``(B, Sq, H, D)``, dtype of q. Arguments as in
     :func:`cupy_dash.attention_forward` / :func:`cupy_dash.attention_backward` (``schedule``, ``deterministic``:
     the backward's; ``window`` and ``softcap``: the sliding window and logit cap of both passes). Works eagerly
-    and under ``jax.jit`` / ``grad`` / ``vmap`` (module docstring)."""
+    and under ``jax.jit`` / ``grad`` / ``vmap`` (docs/api.md)."""
     cfg = _config(causal, softmax_scale, window=window, schedule=schedule, deterministic=deterministic,
                   softcap=softcap)
     return _attention_jit(cfg, *callbacks.vary_together(q, k, v))

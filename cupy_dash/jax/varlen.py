@@ -1,20 +1,6 @@
-"""JAX: attention over packed variable-length batches (FlashAttention's varlen layout), under ``jax.jit`` and
-``jax.grad``::
-
-    out = cupy_dash.jax.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                         causal=True)
-
-q ``(total_q, H, D)``, k/v ``(total_k, Hkv, D)`` JAX arrays; ``cu_seqlens_q`` / ``cu_seqlens_k`` ``(B + 1,)``
-integers, either **on the host** (numpy arrays, lists) or as **JAX arrays** (int32, traced). Host lengths: the
-backward's schedule table is built when the call is traced, so they are static arguments of the traced function
-(hashed into its cache key) and a new packing is a new trace and XLA compilation: this suits batches whose packing
-repeats (fixed-length documents, a few bucketed layouts). JAX arrays: one compiled program serves every packing; the
-backward reads the lengths back when it runs (a wait for XLA's stream) and finds or builds the packing's table then
-(:mod:`cupy_dash.jax.varlen_dyn`). The calls are custom calls on XLA's stream, prepared at trace time on every local
-Hopper GPU (kernels loaded, tables and cu_seqlens uploaded, an error record, launch plans), with the bits of the
-eager varlen functions on the same inputs: the C handler's (no Python at run time, command-buffer compatible), as
-the fixed-length calls' (:mod:`cupy_dash.jax`, ``CUPY_DASH_JAX_FFI``), but for the backward with JAX-array lengths,
-always a ``jax.experimental.buffer_callback``. Not batched by ``jax.vmap`` (the sequences already are the batch).
+"""JAX attention over packed variable-length batches (:func:`cupy_dash.jax.attention_varlen`, docs/api.md): the
+path with host ``cu_seqlens`` (static: the backward's table is built at trace time, a new packing retraces) and
+the traced calls that :mod:`cupy_dash.jax.varlen_dyn` (JAX-array lengths) shares. Not batched by ``jax.vmap``.
 """
 from __future__ import annotations
 

@@ -1,13 +1,8 @@
-"""JAX varlen attention with ``cu_seqlens`` as JAX arrays (traced): one compiled program serves every packing.
-
-:func:`cupy_dash.jax.attention_varlen` takes this path when ``cu_seqlens_q`` and ``cu_seqlens_k`` are JAX arrays
-(int32 ``(B + 1,)``; ``max_seqlen_q`` / ``max_seqlen_k`` stay static ints, as in FlashAttention). The forward
-kernel reads the sequence bounds from the device (the C handler's custom call, or a command-buffer compatible
-``buffer_callback`` with ``CUPY_DASH_JAX_FFI=0``). The backward needs the lengths on the host for its schedule
-table, so it is a ``buffer_callback`` whatever the mechanism, which copies them from the device when
-XLA runs it (a wait for XLA's stream), checks them (a ValueError from the callback fails the computation), builds
-or finds the packing's table (:mod:`cupy_dash.cuda.varlen_device`, cached per packing) and launches on XLA's stream;
-it is not command-buffer compatible. Same bits as the eager varlen functions and as the static-lengths path.
+"""JAX varlen attention with ``cu_seqlens`` as int32 JAX arrays: one compiled program serves every packing
+(docs/api.md, "JAX"). The forward reads the bounds on the device; the backward is always a ``buffer_callback``,
+not command-buffer compatible, that reads the lengths back when XLA runs it (a wait for XLA's stream), checks them
+(a ValueError fails the computation), finds or builds the packing's table (:mod:`cupy_dash.cuda.varlen_device`) and
+launches on XLA's stream. Same bits as the eager varlen functions and the static-lengths path.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The fixed-length torch ops and what :mod:`cupy_dash.torch.varlen` shares with them (the ``cupy_dash``
 ``torch.library`` fragment, the eager autograd path, the fake implementations' checks). Users import
-:mod:`cupy_dash.torch`, whose docstring describes the ops; this module imports no other adapter module.
+:mod:`cupy_dash.torch` (docs/api.md); this module imports no other adapter module.
 """
 import ml_dtypes
 import numpy as np
@@ -25,8 +25,8 @@ def attention(q, k, v, causal=False, softmax_scale=None, schedule="auto", determ
     Runs :func:`attention_forward` (the op ``torch.ops.cupy_dash.attention_forward``) wherever torch traces
     (``torch.compile(fullgraph=True)``, ``mode="reduce-overhead"``, export, fake tensors, functorch transforms,
     dispatch modes), and the same functions through a plain ``torch.autograd.Function`` in eager calls on CUDA
-    tensors (:func:`eager`): the same kernels and bits, less host time. ``torch.cuda.graph`` captures either (see
-    the module docstring).
+    tensors (:func:`eager`): the same kernels and bits, less host time. ``torch.cuda.graph`` captures either
+    (docs/api.md).
     """
     options = checked_options(causal, softmax_scale, schedule, deterministic, window, softcap)
     return differentiable((api.attention_forward, api.attention_backward), attention_forward, (), options, q, k, v)
@@ -53,10 +53,9 @@ def differentiable(fns, op, extra, options, q, k, v) -> Tensor:
     return op(q, k, v, *extra, causal, softmax_scale, schedule, deterministic, left, right, softcap)[0]
 
 
-# NOTES: eager calls skip the dispatcher. register_autograd's autograd kernel is Python (a pytree scan of the
-# arguments, a redispatch, an autograd.Function of its own): ~9 µs per forward on our CPU (14.4 µs for the op
-# against 5.9 for a plain autograd.Function around the same body), and its gradient calls the backward op (~5 µs
-# more). Both paths run cupy_dash.core.api's functions, so the kernels and bits are the same; the ops stay wherever
+# NOTES: eager calls skip the dispatcher, whose register_autograd kernel is Python (a pytree scan, a redispatch, an
+# autograd.Function of its own: ~9 µs more per forward, ~5 µs more per gradient; docs/api.md, torch section).
+# Both paths run cupy_dash.core.api's functions, so the kernels and bits are the same; the ops stay wherever
 # something traces or wraps the tensors, which the plain Function would not survive.
 def eager(*tensors) -> bool:
     """Whether a call on ``tensors`` may take the plain autograd.Function: plain CUDA ``torch.Tensor`` objects

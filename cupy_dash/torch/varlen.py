@@ -1,24 +1,7 @@
-"""torch ops for packed variable-length batches (registered in the ``cupy_dash`` fragment of
-:mod:`cupy_dash.torch.ops`; users import them from :mod:`cupy_dash.torch`)::
-
-    out, lse = torch.ops.cupy_dash.attention_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                                            max_seqlen_k, causal=False, softmax_scale=None,
-                                                            schedule="auto", deterministic=True,
-                                                            window_left=-1, window_right=-1)
-    dq, dk, dv = torch.ops.cupy_dash.attention_backward_varlen(dout, q, k, v, out, lse, cu_seqlens_q,
-                                                               cu_seqlens_k, max_seqlen_q, max_seqlen_k, ...)
-    out = cupy_dash.torch.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ...)
-
-Layouts are FlashAttention's: q ``(total_q, H, D)``, k/v ``(total_k, Hkv, D)``, int32 ``cu_seqlens`` ``(B + 1,)``,
-out ``(total_q, H, D)``, lse ``(H, total_q)`` float32 (see :mod:`cupy_dash.core.varlen`). The forward op is
-differentiable in q, k, v; its gradient is the backward op with the same cu_seqlens, window, schedule and
-deterministic flag. The backward builds its schedule table from the lengths: with ``cu_seqlens`` on the GPU it takes
-the host copy that the forward enqueued without waiting (the same tensors, unmodified:
-:mod:`cupy_dash.core.varlen_host_cu`), else copies them to the host (a wait on the current stream; the backward op
-also takes CPU tensors, the forward only CUDA ones). Under CUDA graph capture (``mode="reduce-overhead"``'s recording
-run, ``torch.cuda.graph``) the backward needs lengths known without a wait: host ``cu_seqlens``, or device ones
-kept in place (a module buffer) whose copy an eager call took; else it raises RuntimeError. A graph replays the
-packing it captured: keeping the lengths fixed is the caller's part (:mod:`cupy_dash.core.varlen`). Fake implementations give the output shapes for ``torch.compile``.
+"""The torch ops of packed variable-length batches, ``attention_forward_varlen`` / ``attention_backward_varlen``
+(registered in the ``cupy_dash`` fragment of :mod:`cupy_dash.torch.ops`), and :func:`attention_varlen`; users import
+them from :mod:`cupy_dash.torch`. Layouts, autograd, where the backward finds the lengths and CUDA graph capture:
+docs/api.md ("Packed variable-length batches", the torch section).
 """
 import torch
 
@@ -30,7 +13,10 @@ __all__ = ["attention_varlen", "attention_forward_varlen", "attention_backward_v
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False,
                      softmax_scale=None, schedule="auto", deterministic=True, window=(-1, -1), softcap=0.0):
-    """Differentiable varlen attention for torch tensors -> out ``(total_q, H, D)`` (module docstring)."""
+    """Differentiable varlen attention for torch tensors: q ``(total_q, H, D)``, k / v ``(total_k, Hkv, D)``,
+    int32 ``cu_seqlens`` ``(B + 1,)`` -> out ``(total_q, H, D)``; arguments as in
+    :func:`cupy_dash.attention_forward_varlen` / :func:`cupy_dash.attention_backward_varlen`, ``schedule`` and
+    ``deterministic`` the backward's. Eager calls skip the dispatcher as :func:`attention` does."""
     options = checked_options(causal, softmax_scale, schedule, deterministic, window, softcap)
     return differentiable((varlen.attention_forward_varlen, varlen.attention_backward_varlen),
                           attention_forward_varlen, (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), options,

@@ -1,34 +1,9 @@
 """Hugging Face transformers integration: ``import cupy_dash.transformers`` registers ``attn_implementation=
-"cupy_dash"`` (an optional extra: ``pip install "cupy_dash[transformers]"``; ``import cupy_dash`` alone imports
-neither torch nor transformers)::
-
-    import cupy_dash.transformers
-    model = AutoModelForCausalLM.from_config(config, attn_implementation="cupy_dash", dtype=torch.bfloat16)
-
-It registers an attention function in transformers' ``AttentionInterface`` and a mask function in its
-``AttentionMaskInterface``, so that models hand it the 2D padding mask ``(batch, kv_length)`` (or None without
-padding), as they do for flash attention. The attention function gets q ``(B, H, Sq, D)``, k / v
-``(B, Hkv, Sk, D)`` from the module and returns ``(out (B, Sq, H, D), None)``; it calls :mod:`cupy_dash.torch`:
-
-- without padding or packing, :func:`cupy_dash.torch.attention` on strided views (no copy);
-- with a padding mask (right or left padding), the valid rows are gathered into packed ``(total, H, D)`` tensors,
-  attended by :func:`cupy_dash.torch.attention_varlen` and scattered back (padded query rows get 0);
-- packed sequences: the ``cu_seq_lens_q`` / ``cu_seq_lens_k`` (and ``max_length_q`` / ``max_length_k``) kwargs of
-  ``DataCollatorWithFlattening(return_flash_attn_kwargs=True)``, or ``position_ids`` that restart (a new sequence
-  wherever the position does not grow by one), in any batch row.
-
-Causal or not comes from the ``is_causal`` argument, else ``module.is_causal``; ``scaling`` is the softmax scale;
-``sliding_window`` becomes the kernel window (:mod:`cupy_dash.core.transformers_rules`); GQA / MQA go to the kernels
-as they are (no repeated KV heads); ``softcap`` (Gemma 2's ``config.attn_logit_softcapping``) is the kernels' logit
-cap. float32 q, k, v are cast to the autocast dtype, else to the dtype of the module's Linear weights, and raise
-where that is float32 too. What the kernels cannot do raises ``NotImplementedError`` naming the model setting:
-attention dropout in training, attention sinks, 4D / additive masks, custom mask overlays, chunked attention beyond
-one chunk, head dims other than 64, 96, 128 and 256 (the backward's: kernels.BWD_HEAD_DIMS).
-
-The backward is deterministic (``schedule="auto"``) unless registered otherwise with :func:`register`; a model's
-own ``deterministic`` argument (ModernBERT's ``config.deterministic_flash_attn``) is not consulted. The unpadding
-reads lengths on the host (a synchronization, once per forward: every layer gets the same mask tensor, whose
-result is kept); the adapter runs eagerly (``torch.compile`` breaks the graph there).
+"cupy_dash"`` (an attention function in transformers' ``AttentionInterface``, the 2D padding mask function
+:func:`padding_mask` in its ``AttentionMaskInterface``), built on :mod:`cupy_dash.torch`: dense calls on strided
+views, padded and packed batches through :func:`cupy_dash.torch.attention_varlen`. Masks, causality, windows,
+dtypes and what raises ``NotImplementedError``: docs/api.md, "Hugging Face transformers"; the framework-free
+rules: :mod:`cupy_dash.core.transformers_rules`.
 """
 from __future__ import annotations
 
