@@ -131,7 +131,10 @@ _slot_pools: dict[int, _SlotPool] = {}
 
 
 def _pool(device_id: int) -> _SlotPool:       # under _lock
-    return _slot_pools.get(device_id) or _slot_pools.setdefault(device_id, _SlotPool(device_id))
+    pool = _slot_pools.get(device_id)
+    if pool is None:
+        pool = _slot_pools[device_id] = _SlotPool(device_id)
+    return pool
 
 
 class _Pending:

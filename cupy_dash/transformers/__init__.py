@@ -123,7 +123,7 @@ def make_attention(schedule="auto", deterministic=True):
     def cupy_dash_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
                             sliding_window=None, softcap=None, is_causal=None, **kwargs):
         """query ``(B, H, Sq, D)``, key / value ``(B, Hkv, Sk, D)``, attention_mask ``(B, Sk)`` or None ->
-        ``(out (B, Sq, H, D), None)`` (module docstring)."""
+        ``(out (B, Sq, H, D), None)`` (docs/api.md, "Hugging Face transformers")."""
         config = getattr(module, "config", None)
         rules.check_call(config, dropout=dropout, sinks=kwargs.get("s_aux") is not None,
                          output_attentions=bool(kwargs.get("output_attentions", False)))
