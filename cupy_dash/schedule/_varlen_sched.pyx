@@ -466,6 +466,7 @@ cdef _check_pair(const int* p, const int* q, int tie_sign, int rank_rule, long l
     if a >= e:
         return
     for m in (a, e - 1):
-        if (rank_rule == 1 and not key_less(p, q, m, tie_sign)) or (rank_rule == 2 and not key_less(q, p, m, tie_sign)):
+        if (rank_rule == 1 and not key_less(p, q, m, tie_sign)) or \
+                (rank_rule == 2 and not key_less(q, p, m, tie_sign)):
             raise ValueError(f"record {i}: Q tile {m} is not reached in "
                              f"{'ascending' if rank_rule == 1 else 'descending'} n order, as rank rule {rank_rule} says")

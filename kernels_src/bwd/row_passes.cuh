@@ -93,11 +93,11 @@ DASH_DEVICE void store8(elem_t* dst, float a0, float a1, float a2, float a3, flo
                                               pack_elem2(a4 * scale, a5 * scale), pack_elem2(a6 * scale, a7 * scale));
 }
 
-// NOTES: every thread reads four consecutive float4 (a group, 64 bytes) and writes two 16-byte row segments; a
-// warp writes whole 128- or 256-byte rows (transposed pieces: eight float4 and two 32-byte segments). dq's row and head strides must be multiples of 8 elements (the host
-// allocates dq contiguous). dq_accum and the semaphore are read with ld.global.cg (L2): in a folded backward
-// other CTAs of the same kernel wrote them. Deterministic mode: a tile no visit reached (rows that see no key)
-// was never written, its semaphore is 0, and its dq rows are 0.
+// NOTES: every thread reads four consecutive float4 (a group, 64 bytes) and writes two 16-byte row segments; a warp
+// writes whole 128- or 256-byte rows (transposed pieces: eight float4 and two 32-byte segments). dq's row and head
+// strides must be multiples of 8 elements (the host allocates dq contiguous). dq_accum and the semaphore are read
+// with ld.global.cg (L2): in a folded backward other CTAs of the same kernel wrote them. Deterministic mode: a tile
+// no visit reached (rows that see no key) was never written, its semaphore is 0, and its dq rows are 0.
 // kHeadDimIO: dq's head dim; dq_accum rows are padded_head_dim of it, and the padding columns (zero) are not
 // stored (a group's 8 or 16 columns lie all below 96 or all above).
 template <int kHeadDimIO, int kBlockM>
