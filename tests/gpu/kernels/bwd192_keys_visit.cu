@@ -10,7 +10,7 @@
 //   dQ = dS K: warpgroup w's head-dim columns [64 w, 64 w + 64) (m64n64k16, 6 k-steps over the keys), A the dS^T tile
 //     read MN-major, B the MN-major K tile.
 // Inputs row-major bf16 (Q, dO 64 x 192; K, V 96 x 192), lse_log2 and dpsum per query (split_visit.cuh fills the
-// tiles). tests/gpu/test_gpu_bwd192_keys_visit.py compares with numpy.
+// tiles). tests/gpu/test_gpu_bwd192_visit.py compares with numpy.
 #include "split_visit.cuh"
 
 using TileQ = SwizzledTile<64>;  // Q, dO: 64 rows x 192 columns (3 panels)
@@ -22,39 +22,18 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
                       const float* lse_log2, const float* dpsum, float scale_log2, float* p_out, float* ds_out,
                       float* dvt_out, float* dkt_out, float* dq_out) {
   extern __shared__ __align__(1024) char smem_raw[];
-  const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
-  const uint32_t q_tile = base, do_tile = q_tile + 3 * TileQ::kPanelBytes, k_tile = do_tile + 3 * TileQ::kPanelBytes;
-  const uint32_t v_tile = k_tile + 3 * TileK::kPanelBytes, pt_tile = v_tile + 3 * TileK::kPanelBytes;
-  const uint32_t dst_tile = pt_tile + TileK::kPanelBytes;
   const int tid = threadIdx.x, wg = tid / 128, t = tid % 128;
   const Fragment f(t);
-  fill<TileQ, 64, kD, kThreads>(q_tile, q, tid);
-  fill<TileQ, 64, kD, kThreads>(do_tile, dout, tid);
-  fill<TileK, kN, kD, kThreads>(k_tile, k, tid);
-  fill<TileK, kN, kD, kThreads>(v_tile, v, tid);
-  fence_proxy_async_smem();
-  __syncthreads();
+  const VisitTiles tiles = fill_visit_tiles<64, kN, kD, kN, kThreads>(smem_raw, q, k, v, dout, tid);
+  const uint32_t q_tile = tiles.q, do_tile = tiles.dout, k_tile = tiles.k, pt_tile = tiles.p, dst_tile = tiles.ds;
 
-  // S, dP: the 64 queries x this warpgroup's 32 keys, over the whole head dim
+  // S, dP: the 64 queries x this warpgroup's 32 keys, over the whole head dim; P, dS, rounded
   float S[16], dP[16];
-  wgmma_fence();
-  gemm_ss_kmajor<32, kD / 16, TileQ, TileK>(S, TileQ::kmajor(q_tile, 0), TileK::kmajor(k_tile, 32 * wg));
-  gemm_ss_kmajor<32, kD / 16, TileQ, TileK>(dP, TileQ::kmajor(do_tile, 0), TileK::kmajor(v_tile, 32 * wg));
-  wgmma_commit();
-  wgmma_wait<0>();
-  wgmma_fence_operand(S);
-  wgmma_fence_operand(dP);
-#pragma unroll
-  for (int i = 0; i < 16; ++i) {
-    const int query = f.row0 + Fragment::row(i);  // rows are queries here, not keys
-    S[i] = exp2_approx(fmaf(S[i], scale_log2, -lse_log2[query]));
-    dP[i] = S[i] * (dP[i] - dpsum[query]);
-  }
+  uint32_t Pa[2][4], dSa[2][4];
+  visit_probs_and_grads<kD, TileK, TileQ, true>(S, dP, Pa, dSa, k_tile, tiles.v, q_tile, do_tile, lse_log2, dpsum,
+                                                scale_log2, wg, f);
   store_acc(p_out, kN, 0, 32 * wg, S, f);  // P, dS (queries x keys) before they are rounded
   store_acc(ds_out, kN, 0, 32 * wg, dP, f);
-  uint32_t Pa[2][4], dSa[2][4];
-  pack_fragments<16>(Pa, S);
-  pack_fragments<16>(dSa, dP);
   store_transposed<kN>(pt_tile, Pa, 0, t, 32 * wg);  // this warpgroup's 32 key rows of the keys x queries tiles
   store_transposed<kN>(dst_tile, dSa, 0, t, 32 * wg);
   fence_proxy_async_smem();

@@ -22,18 +22,11 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
                  const float* lse_log2, const float* dpsum, float scale_log2, float* p_out, float* ds_out,
                  float* dvt_out, float* dkt_out, float* dqt_out) {
   extern __shared__ __align__(1024) char smem_raw[];
-  const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
-  const uint32_t q_tile = base, do_tile = q_tile + 3 * TileQ::kPanelBytes, k_tile = do_tile + 3 * TileQ::kPanelBytes;
-  const uint32_t v_tile = k_tile + 3 * TileK::kPanelBytes, p_tile = v_tile + 3 * TileK::kPanelBytes;
-  const uint32_t ds_tile = p_tile + TileQ::kPanelBytes;
   const int tid = threadIdx.x, wg = tid / 128, t = tid % 128;
   const Fragment f(t);
-  fill<TileQ, kM, kD, kThreads>(q_tile, q, tid);
-  fill<TileQ, kM, kD, kThreads>(do_tile, dout, tid);
-  fill<TileK, 64, kD, kThreads>(k_tile, k, tid);
-  fill<TileK, 64, kD, kThreads>(v_tile, v, tid);
-  fence_proxy_async_smem();
-  __syncthreads();
+  const VisitTiles tiles = fill_visit_tiles<kM, 64, kD, kM, kThreads>(smem_raw, q, k, v, dout, tid);
+  const uint32_t q_tile = tiles.q, do_tile = tiles.dout, k_tile = tiles.k, v_tile = tiles.v, p_tile = tiles.p,
+                 ds_tile = tiles.ds;
 
   // S^T, dP^T: 64 keys x this warpgroup's 32 queries, over the whole head dim; P^T, dS^T
   float S[16], dP[16];

@@ -1,7 +1,7 @@
 // The part of a split-head-dim visit that the head-dim-192 and 256 unit kernels share (bwd192_visit.cu,
-// bwd256_visit.cu): S^T = K Q^T and dP^T = V dO^T for this warpgroup's 32 queries over the whole head dim (both
-// K-major), P^T = 2^(S^T scale_log2 - lse_log2) and dS^T = P^T (dP^T - dpsum) in place in fp32, and both rounded
-// into A fragments. Tiles are filled by the threads with plain stores (no TMA), fenced for the async proxy.
+// bwd192_keys_visit.cu, bwd256_visit.cu): the tiles filled by the threads with plain stores (no TMA), fenced for the
+// async proxy; S and dP (or S^T and dP^T) of the warpgroup's 32 keys (queries) over the whole head dim, P and dS from
+// them, rounded into A fragments.
 #pragma once
 #include "common.cuh"
 #include "ptx/exp2.cuh"
@@ -22,22 +22,57 @@ DASH_DEVICE void fill(uint32_t tile, const uint16_t* src, int tid) {
   }
 }
 
-// S, dP: the fp32 P^T and dS^T of keys x queries [32 wg, + 32) on return; Pa, dSa: the same rounded.
-template <int kD, class TileK, class TileQ>
+// Q and dO (kM rows), K and V (kN rows), kD / 64 panels each, then the P and dS tiles (one panel of kPRows rows
+// each), from the 1024-byte aligned start of dynamic shared memory: the first four filled from the row-major bf16
+// inputs and fenced for the async proxy, every thread synchronized.
+struct VisitTiles {
+  uint32_t q, dout, k, v, p, ds;
+};
+template <int kM, int kN, int kD, int kPRows, int kThreads>
+DASH_DEVICE VisitTiles fill_visit_tiles(char* smem_raw, const uint16_t* q, const uint16_t* k, const uint16_t* v,
+                                        const uint16_t* dout, int tid) {
+  using TileM = SwizzledTile<kM>;
+  using TileN = SwizzledTile<kN>;
+  VisitTiles t;
+  t.q = (smem_u32(smem_raw) + 1023u) & ~1023u;
+  t.dout = t.q + kD / 64 * TileM::kPanelBytes;
+  t.k = t.dout + kD / 64 * TileM::kPanelBytes;
+  t.v = t.k + kD / 64 * TileN::kPanelBytes;
+  t.p = t.v + kD / 64 * TileN::kPanelBytes;
+  t.ds = t.p + SwizzledTile<kPRows>::kPanelBytes;
+  fill<TileM, kM, kD, kThreads>(t.q, q, tid);
+  fill<TileM, kM, kD, kThreads>(t.dout, dout, tid);
+  fill<TileN, kN, kD, kThreads>(t.k, k, tid);
+  fill<TileN, kN, kD, kThreads>(t.v, v, tid);
+  fence_proxy_async_smem();
+  __syncthreads();
+  return t;
+}
+
+// The warpgroup's share of S and dP over the whole head dim, and P = 2^(S scale_log2 - lse_log2), dS = P (dP - dpsum)
+// from them in place in fp32, both also rounded into A fragments (Pa, dSa). kByKeys false: S^T = K Q^T and dP^T =
+// V dO^T for queries [32 wg, + 32) (keys x queries: A the K / V tile, B the Q / dO tile from row 32 wg); true: S =
+// Q K^T and dP = dO V^T for keys [32 wg, + 32) (queries x keys: A the Q / dO tile, B the K / V tile from row 32 wg).
+template <int kD, class TileK, class TileQ, bool kByKeys = false>
 DASH_DEVICE void visit_probs_and_grads(float (&S)[16], float (&dP)[16], uint32_t (&Pa)[2][4], uint32_t (&dSa)[2][4],
                                        uint32_t k_tile, uint32_t v_tile, uint32_t q_tile, uint32_t do_tile,
                                        const float* lse_log2, const float* dpsum, float scale_log2, int wg,
                                        const Fragment& f) {
   wgmma_fence();
-  gemm_ss_kmajor<32, kD / 16, TileK, TileQ>(S, TileK::kmajor(k_tile, 0), TileQ::kmajor(q_tile, 32 * wg));
-  gemm_ss_kmajor<32, kD / 16, TileK, TileQ>(dP, TileK::kmajor(v_tile, 0), TileQ::kmajor(do_tile, 32 * wg));
+  if constexpr (kByKeys) {
+    gemm_ss_kmajor<32, kD / 16, TileQ, TileK>(S, TileQ::kmajor(q_tile, 0), TileK::kmajor(k_tile, 32 * wg));
+    gemm_ss_kmajor<32, kD / 16, TileQ, TileK>(dP, TileQ::kmajor(do_tile, 0), TileK::kmajor(v_tile, 32 * wg));
+  } else {
+    gemm_ss_kmajor<32, kD / 16, TileK, TileQ>(S, TileK::kmajor(k_tile, 0), TileQ::kmajor(q_tile, 32 * wg));
+    gemm_ss_kmajor<32, kD / 16, TileK, TileQ>(dP, TileK::kmajor(v_tile, 0), TileQ::kmajor(do_tile, 32 * wg));
+  }
   wgmma_commit();
   wgmma_wait<0>();
   wgmma_fence_operand(S);
   wgmma_fence_operand(dP);
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
-    const int query = 32 * wg + f.col0 + Fragment::col(i);
+    const int query = kByKeys ? f.row0 + Fragment::row(i) : 32 * wg + f.col0 + Fragment::col(i);
     S[i] = exp2_approx(fmaf(S[i], scale_log2, -lse_log2[query]));
     dP[i] = S[i] * (dP[i] - dpsum[query]);
   }
