@@ -176,8 +176,8 @@ def _check_meta(q, k, v, softmax_scale, schedule, causal, window, dout=None, out
 # ------------------------------------------------------------------------------------------------------------
 # NOTES: the two hot ops are defined with torch.library.Library (schema, one CompositeExplicitAutograd kernel,
 # register_fake, register_autograd), not torch.library.custom_op, whose per-call Python wrapper (an output
-# aliasing check; an autograd wrapper on the backward op too) cost ~90 µs of host time per backward on the H200
-# (docs/architecture.md, host time). The schemas are the ones custom_op inferred from these signatures.
+# aliasing check; an autograd wrapper on the backward op too) cost ~90 µs of host time per backward
+# (docs/architecture.md, "Where a call's host time goes"). The schemas are the ones custom_op inferred.
 _lib = torch.library.Library("cupy_dash", "FRAGMENT")
 _lib.define("attention_forward(Tensor q, Tensor k, Tensor v, bool causal=False, float? softmax_scale=None, "
             "str schedule=\"auto\", bool deterministic=True, SymInt window_left=-1, SymInt window_right=-1, "
