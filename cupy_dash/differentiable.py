@@ -15,7 +15,7 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, schedule="auto", det
     (``jax.custom_vjp``; eagerly and under ``jax.jit`` / ``grad`` / ``vmap``); CuPy and other arrays get the
     forward only. Shapes, dtypes and the other arguments (``window``: the sliding
     window (left, right), used by the forward and the backward alike) are as in :func:`attention_forward` /
-    :func:`attention_backward`.
+    :func:`cupy_dash.attention_backward`.
     """
     causal = check_flag("causal", causal)
     check_flag("deterministic", deterministic)

@@ -19,9 +19,10 @@ def build(policy: str = "auto", *, seqlen_q: int, seqlen_k: int, block_m: int, b
     num_heads is the number of (batch, query head) pairs, B * H; group_size the number of query heads that share
     one KV head, H // Hkv (1 for MHA, H for MQA; it must divide num_heads); num_sms the number of persistent CTAs
     that run concurrently (any value >= 1; the table uses min(num_sms, number of work units) CTAs); window the
-    sliding window (left, right), -1 unbounded (stored in :func:`canonical_window` form as ``plan.window``);
-    head_section > 0 runs the ``fa3`` policy's shortest-first rounds over sections of that many KV heads
-    (:func:`l2_head_section`; the same bits, fewer heads' data in flight), 0 over every head.
+    sliding window (left, right), -1 unbounded (stored in :func:`cupy_dash.schedule.canonical_window` form as
+    ``plan.window``); head_section > 0 runs the ``fa3`` policy's shortest-first rounds over sections of that many KV
+    heads (:func:`cupy_dash.schedule.l2_head_section`; the same bits, fewer heads' data in flight), 0 over every
+    head.
 
     A table above ``AUTO_VISITS`` (2^24) visits, where the backward switches to compact tables,
     raises ValueError saying how big it would be, before allocating anything (unless CUPY_DASH_COMPACT_TABLES=0):
@@ -39,8 +40,8 @@ def build(policy: str = "auto", *, seqlen_q: int, seqlen_k: int, block_m: int, b
 def build_compact(policy: str = "auto", *, seqlen_q: int, seqlen_k: int, block_m: int, block_n: int,
                   num_heads: int, causal: bool, num_sms: int, group_size: int = 1, window=(-1, -1),
                   head_section: int = 0):
-    """The compact records of :func:`schedule.build`'s table (same arguments, same checks), built in
-    O(columns). ``auto`` picks as :func:`schedule.build` does (``plan.auto_method`` says how)."""
+    """The compact records of :func:`cupy_dash.schedule.build`'s table (same arguments, same checks), built in
+    O(columns). ``auto`` picks as :func:`cupy_dash.schedule.build` does (``plan.auto_method`` says how)."""
     args = per_visit._checked_args(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms,
                                    group_size, window, head_section)
     _check_tiles("build_compact", policy, args)

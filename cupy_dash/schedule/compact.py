@@ -119,7 +119,7 @@ class CompactSchedule(ColumnRecords):
         return expand(self)
 
     def to_schedule(self) -> per_visit.Schedule:
-        """The expanded view as a :class:`schedule.Schedule` (validate / simulate work on it)."""
+        """The expanded view as a :class:`cupy_dash.schedule.Schedule` (validate / simulate work on it)."""
         visits, rank, cta_start = expand(self)
         return per_visit.Schedule(self.policy, self.seqlen_q, self.seqlen_k, self.block_m, self.block_n,
                                   self.num_heads, self.causal, self.num_sms, visits, rank, cta_start,
@@ -152,7 +152,7 @@ class CompactSchedule(ColumnRecords):
         return _model_applies(self.policy, self.records[:, 2] - self.records[:, 1])
 
     def lower_bound(self, c: float = 1.0, r: float = 0.25, model: str = "dag") -> float:
-        """:func:`schedule.lower_bound` from the records."""
+        """:func:`cupy_dash.schedule.lower_bound` from the records."""
         return per_visit.lower_bound(self, c, r, model)
 
     def __repr__(self):
@@ -193,8 +193,8 @@ def _build_compact(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, caus
 
 def expand(plan: CompactSchedule) -> tuple:
     """(visits int32 (V, 4) rows (cta, head, n_block, m_block), rank int32 (V,), cta_start int64 (num_ctas + 1,)):
-    the per-visit arrays of ``plan``, which :func:`schedule.build` returns for the same arguments; ranks derived
-    from the records' (step, tie_sign * n) keys, not from the rank rule, in O(visits) by the sweep of
+    the per-visit arrays of ``plan``, which :func:`cupy_dash.schedule.build` returns for the same arguments; ranks
+    derived from the records' (step, tie_sign * n) keys, not from the rank rule, in O(visits) by the sweep of
     _varlen_view.pyx (the plan is one sequence of num_heads // group_size KV heads there). Raises TypeError
     naming ``plan`` unless it is compact records."""
     per_visit._table_arg(plan, ("records", "cta_columns", "cta_col_start", "num_m_blocks", "n_first",

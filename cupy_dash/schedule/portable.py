@@ -7,8 +7,9 @@ from .per_visit import _table_arg
 
 
 def reduction_order(plan) -> tuple:
-    """The two addition orders that fix the bits of a backward run with ``plan`` (a :class:`Schedule` or any
-    object with ``visits``, ``rank``, ``cta_start`` and optionally ``group_size``):
+    """The two addition orders that fix the bits of a backward run with ``plan`` (a
+    :class:`cupy_dash.schedule.Schedule` or any object with ``visits``, ``rank``, ``cta_start`` and optionally
+    ``group_size``):
 
     * ``columns``: int64 (V, 4) rows (kv_head, n_block, head, m_block), the visits of each KV column (kv_head =
       head // group_size) in execution order, columns in ascending (kv_head, n_block);

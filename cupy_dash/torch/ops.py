@@ -73,10 +73,11 @@ _functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 
 
 class _Eager(torch.autograd.Function):
-    """The eager path of :func:`attention` and :func:`attention_varlen`: ``fns`` = cupy_dash's (forward,
-    backward) functions, ``extra`` the positional arguments after q, k, v (varlen: cu_seqlens_q, cu_seqlens_k,
-    max_seqlen_q, max_seqlen_k), ``options`` = (causal, softmax_scale, schedule, deterministic, window, softcap); the
-    forward and its gradient as the ops compute them (:func:`_attention_forward_grad`), without the dispatcher."""
+    """The eager path of :func:`attention` and :func:`cupy_dash.torch.attention_varlen`: ``fns`` = cupy_dash's
+    (forward, backward) functions, ``extra`` the positional arguments after q, k, v (varlen: cu_seqlens_q,
+    cu_seqlens_k, max_seqlen_q, max_seqlen_k), ``options`` = (causal, softmax_scale, schedule, deterministic, window,
+    softcap); the forward and its gradient as the ops compute them (:func:`register_gradient`), without the
+    dispatcher."""
 
     @staticmethod
     def forward(ctx, fns, extra, options, q, k, v):

@@ -16,7 +16,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     """Differentiable varlen attention for torch tensors: q ``(total_q, H, D)``, k / v ``(total_k, Hkv, D)``,
     int32 ``cu_seqlens`` ``(B + 1,)`` -> out ``(total_q, H, D)``; arguments as in
     :func:`cupy_dash.attention_forward_varlen` / :func:`cupy_dash.attention_backward_varlen`, ``schedule`` and
-    ``deterministic`` the backward's. Eager calls skip the dispatcher as :func:`attention` does."""
+    ``deterministic`` the backward's. Eager calls skip the dispatcher as :func:`cupy_dash.torch.attention` does."""
     options = checked_options(causal, softmax_scale, schedule, deterministic, window, softcap)
     return differentiable((varlen.attention_forward_varlen, varlen.attention_backward_varlen),
                           attention_forward_varlen, (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), options,
