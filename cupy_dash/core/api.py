@@ -139,9 +139,8 @@ def run_forward(like, p, spec, block_m, block_n, window, tensors, grid, shapes, 
     fw, dev = p.infos[0].framework, p.device_id
     stream = interop.caller_stream(like, dev)
     with cupy.cuda.Device(dev), stream:
-        if capturing and not jit.is_loaded(spec):
-            with capture.outside(dev):
-                jit.load(spec)
+        with capture.loading(dev, capturing):       # as the backward's kernels: outside a capture
+            jit.load(spec)
         keep = []
         operands = tuple(_resolve(i, x, keep) for i, x in zip(p.infos, tensors))
         cu_ptrs = tuple(_resolve(info, x, keep)[0] for info, x in cu[1:])

@@ -455,7 +455,7 @@ _SMEM_DEFAULT_LIMIT = 48 * 1024
 
 def is_loaded(spec) -> bool:
     """Whether :func:`load` of ``spec`` on the current device would only return the memoized function (no
-    compile, no module load): what a call inside a CUDA graph capture needs."""
+    compile, no module load)."""
     import cupy
     return (spec, cupy.cuda.runtime.getDevice(), kernel_dir()) in _loaded
 

@@ -206,7 +206,6 @@ def test_a_captured_forward_whose_kernel_is_not_loaded_loads_it_outside_the_capt
     monkeypatch.setattr(launchers, "enqueue_forward", lambda plan, stream, buffers: launched.append(stream.ptr))
     monkeypatch.setattr(varlen_host_cu, "remember", lambda *a: launched.append(a))
     monkeypatch.setattr(interop, "capturing", lambda q: True)
-    monkeypatch.setattr(jit, "is_loaded", lambda spec: False)
     monkeypatch.setattr(jit, "load", lambda spec: loads.append((spec.label, outside_capture.inside)) or
                         types.SimpleNamespace(ptr=0xF00))
     _, q, k, v, _, _ = _inputs()
