@@ -20,18 +20,11 @@ extern "C" __global__ void __launch_bounds__(256, 1)
                  const float* lse_log2, const float* dpsum, float scale_log2, float* pt_out, float* dst_out,
                  float* dvt_out, float* dkt_out, float* dq_out) {
   extern __shared__ __align__(1024) char smem_raw[];
-  const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
-  constexpr uint32_t kBig = 4 * Tile::kPanelBytes, kSmall = Tile::kPanelBytes;
-  const uint32_t q_tile = base, k_tile = q_tile + kBig, v_tile = k_tile + kBig, do_tile = v_tile + kBig;
-  const uint32_t pt_tile = do_tile + kBig, dst_tile = pt_tile + kSmall;
   const int tid = threadIdx.x, wg = tid / 128, t = tid % 128;
   const Fragment f(t);
-  fill<Tile, 64, kD, 256>(q_tile, q, tid);
-  fill<Tile, 64, kD, 256>(k_tile, k, tid);
-  fill<Tile, 64, kD, 256>(v_tile, v, tid);
-  fill<Tile, 64, kD, 256>(do_tile, dout, tid);
-  fence_proxy_async_smem();
-  __syncthreads();
+  const VisitTiles tiles = fill_visit_tiles<64, 64, kD, 64, 256>(smem_raw, q, k, v, dout, tid);
+  const uint32_t q_tile = tiles.q, k_tile = tiles.k, v_tile = tiles.v, do_tile = tiles.dout, pt_tile = tiles.p,
+                 dst_tile = tiles.ds;
 
   // S^T, dP^T: 64 keys x this warpgroup's 32 queries, over the whole head dim; P^T, dS^T
   float S[16], dP[16];
