@@ -4,9 +4,11 @@ differs between legs (the order in which the grid's tiles start; the results are
 Legs (``--sections``): ``rule`` (the shipped rule, ``launchers.fwd_head_section``: the longest tiles of every head
 in an L2 section first), ``1`` (each (b, h) pair's tiles longest first, pair after pair: the order before sections;
 always measured, the yardstick), ``all`` (every pair in one section: longest first over the whole grid, K and V of
-all heads in flight at once), or any section size N (clamped to B * H). Each leg is launched straight from its
-packed block (no API, no host work between calls), timed in interleaved loops of back-to-back launches with the
-order rotated every round (steady_bench.pipelined_loop, nvidia-smi's clock per loop).
+all heads in flight at once), any section size N (clamped to B * H), or ``persistent:N`` (the DASH_PERSISTENT build:
+one CTA per SM claiming the tiles of the section-N order from a zeroed counter; ``persistent``: the rule's
+sections; fixed length only). Each leg is launched straight from its packed block (no API, no host work between
+calls but the counter's memset), timed in interleaved loops of back-to-back launches with the order rotated every
+round (steady_bench.pipelined_loop, nvidia-smi's clock per loop).
 
     python benchmarks/fwd_order.py --shapes causal:1024 causal:2048 causal:4096 causal:8192 causal:16384 \\
         --hdim 128 --sections rule 1 2 4 8 16 all --rounds 3 --loop-s 0.5 --json fwd_order.json \\
@@ -16,6 +18,7 @@ order rotated every round (steady_bench.pipelined_loop, nvidia-smi's clock per l
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as _dt
 import json
 import os
@@ -56,15 +59,28 @@ def legs_of(shape, sections, dtype="bf16"):
     sizes = {"rule": launchers.fwd_head_section(p, block_m, grid if lengths else None), "all": grid[1] * grid[2]}
     legs = {}
     for name in dict.fromkeys(["1", *sections]):
-        section = min(sizes[name] if name in sizes else int(name), grid[1] * grid[2])
+        persistent = name.startswith("persistent")      # persistent:<section>, the DASH_PERSISTENT build
+        if persistent and lengths:
+            continue
+        size = name.partition(":")[2] or "rule" if persistent else name
+        section = min(sizes[size] if size in sizes else int(size), grid[1] * grid[2])
         out = cupy.empty((B, S, H, p.Dv), dtype=q.dtype)
         lse = cupy.empty((B, H, S), dtype=cupy.float32)
         params = launchers.fwd_params(block_m, block_n, p, window, operands, out.data.ptr, lse.data.ptr, varlen,
                                       grid).copy()
         params["head_section"] = section
+        leg_spec, leg_grid, counter = spec, grid, None
+        if persistent:
+            counter = cupy.zeros(1, dtype=cupy.int32)
+            tiles = grid[0] * grid[1] * grid[2]
+            params["tile_counter"], params["num_tiles"], params["num_m_blocks"] = counter.data.ptr, tiles, grid[0]
+            leg_spec = dataclasses.replace(spec, defines=tuple(sorted(dict(spec.defines, DASH_PERSISTENT=1).items())))
+            leg_grid = launchers.fwd_persistent_grid(p, grid)
 
-        def enqueue(params=params, keep=(q, k, v, cu)):         # the launch reads q, k, v by address
-            kernels.launch(spec, grid, params, None)
+        def enqueue(params=params, keep=(q, k, v, cu), spec=leg_spec, grid=leg_grid, counter=counter):
+            if counter is not None:                      # the tiles are claimed from 0 in every launch
+                cupy.cuda.runtime.memsetAsync(counter.data.ptr, 0, 4, cupy.cuda.get_current_stream().ptr)
+            kernels.launch(spec, grid, params, None)     # (the launch reads q, k, v by address)
             ev = cupy.cuda.Event(disable_timing=True)
             ev.record()
             return ev

@@ -12,12 +12,12 @@ import pytest
 import cupy_dash
 from cupy_dash.core import api, fastpath, interop
 from cupy_dash.cuda import errors, kernels, launchers, plans, tensormap
-from fastpath_fakes import Tensor, BF16, F32, U8
+from fastpath_fakes import Tensor, BF16, F32, I32, U8
 mp = pytest.MonkeyPatch()
 addresses = iter(range(0x1000000, 0x900000000, 0x10000))
 def empty(shape, dtype=None, device=None):
     return Tensor(shape if isinstance(shape, tuple) else (shape,), dtype, next(addresses) % (1 << 40))
-mp.setattr(fastpath, "_torch", types.SimpleNamespace(empty=empty, uint8=U8, float32=F32,
+mp.setattr(fastpath, "_torch", types.SimpleNamespace(empty=empty, uint8=U8, float32=F32, int32=I32,
                                                      empty_like=lambda t: empty(t.shape, t.dtype)))
 mp.setattr(fastpath, "_ready_stream", lambda dev: Stream())
 mp.setattr(interop, "capturing", lambda x: False)
@@ -26,7 +26,7 @@ mp.setattr(tensormap, "check_encodable", lambda *a, **kw: None)
 mp.setattr(launchers, "l2_bytes", lambda dev: 60 << 20)       # the H200's L2 and SMs
 mp.setattr(kernels, "sm_count", lambda dev: 132)
 def new(fw, dev, shape, dtype):
-    t = empty(tuple(shape), {"uint8": U8, "float32": F32}.get(dtype, BF16)); return t, t.ptr
+    t = empty(tuple(shape), {"uint8": U8, "float32": F32, "int32": I32}.get(dtype, BF16)); return t, t.ptr
 mp.setattr(api, "_new", new); mp.setattr(api, "_export", lambda fw, a, like: a)
 class Stream(contextlib.nullcontext):
     ptr = 0x77
@@ -64,7 +64,8 @@ pr.disable(); pstats.Stats(pr).sort_stats("tottime").print_stats(14)
 
 # the forward's fast path, the same way
 mp.setattr(fastpath, "_ready_stream", lambda dev: Stream())
-mp.setattr(kernels, "fwd_entry", lambda *a, **kw: (kernels.fwd_spec("bfloat16", 64, False), 128, 128))
+mp.setattr(kernels, "fwd_entry", lambda *a, **kw: (kernels.fwd_spec("bfloat16", 64, False,
+                                                                      persistent=False in kernels.FWD_PERSISTENT), 128, 128))
 out0, lse0 = cupy_dash.attention_forward(q, k, v)
 t0 = time.perf_counter()
 for _ in range(n):

@@ -31,6 +31,10 @@ struct FwdParams {
   // Causal builds (0: the per-pair order): (b, h) pairs per section of the launch order (fwd/config.cuh's Tile),
   // about one wave of tiles whose K and V fit a share of the L2 (the host's launchers.fwd_head_section).
   int64_t head_section;
+  // Persistent launches (null: one CTA per tile): a zeroed counter from which the CTAs claim tiles 0 .. num_tiles - 1
+  // in launch order (fwd/config.cuh Tile), num_m_blocks query tiles per (b, h); fixed length only.
+  int32_t* tile_counter;
+  int64_t num_tiles, num_m_blocks;
 };
 
 struct BwdParams {

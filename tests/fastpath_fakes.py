@@ -26,7 +26,7 @@ class _Dtype:
         return f"torch.{self.name}"
 
 
-BF16, F32, U8 = _Dtype("bfloat16", 2), _Dtype("float32", 4), _Dtype("uint8", 1)
+BF16, F32, U8, I32 = _Dtype("bfloat16", 2), _Dtype("float32", 4), _Dtype("uint8", 1), _Dtype("int32", 4)
 
 
 class Tensor:
@@ -116,7 +116,7 @@ def no_gpu(monkeypatch):
 
     def empty(shape, dtype=None, device=None):
         return Tensor(shape if isinstance(shape, tuple) else (shape,), dtype, next(addresses))
-    fake_torch = types.SimpleNamespace(empty=empty, uint8=U8, float32=F32,
+    fake_torch = types.SimpleNamespace(empty=empty, uint8=U8, float32=F32, int32=I32,
                                        empty_like=lambda t: empty(t.shape, t.dtype))
     monkeypatch.setattr(fastpath, "_torch", fake_torch)
     monkeypatch.setattr(fastpath, "_ready_stream", lambda plan: types.SimpleNamespace(ptr=0x77))
@@ -126,7 +126,7 @@ def no_gpu(monkeypatch):
     monkeypatch.setattr(tensormap, "check_encodable", lambda *a, **kw: None)
 
     def new(fw, dev, shape, dtype):
-        t = empty(tuple(shape), {"uint8": U8, "float32": F32}.get(dtype, BF16))
+        t = empty(tuple(shape), {"uint8": U8, "float32": F32, "int32": I32}.get(dtype, BF16))
         return t, t.ptr
     monkeypatch.setattr(api, "_new", new)
     monkeypatch.setattr(api, "_export", lambda fw, arr, like: arr)

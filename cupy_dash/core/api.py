@@ -31,7 +31,7 @@ from .problem import UNCHECKED, check_flag, check_tma_operands, check_window, va
 __all__ = ["attention_forward", "attention_backward", "check_errors"]
 
 NP_DTYPES = {"bfloat16": np.dtype(ml_dtypes.bfloat16), "float16": np.dtype(np.float16),
-             "float32": np.dtype(np.float32), "uint8": np.dtype(np.uint8)}
+             "float32": np.dtype(np.float32), "uint8": np.dtype(np.uint8), "int32": np.dtype(np.int32)}
 
 
 def _resolve(info, x, keep):
@@ -125,7 +125,7 @@ def attention_forward(q, k, v, *, causal=False, softmax_scale=None, window=(-1, 
     window = check_window(window, causal)
     p = validate(q, k, v, softmax_scale=softmax_scale, softcap=softcap)
     window = _schedule.canonical_window(window, p.Sq, p.Sk, causal)
-    spec, block_m, block_n = kernels.fwd_entry(p.dtype, p.D, causal, p.Dv)
+    spec, block_m, block_n = kernels.fwd_entry(p.dtype, p.D, causal, p.Dv, persistent=causal in kernels.FWD_PERSISTENT)
     return run_forward(q, p, spec, block_m, block_n, window, (q, k, v), launchers.fwd_grid(p, block_m),
                        ((p.B, p.Sq, p.H, p.Dv), (p.B, p.H, p.Sq)), capturing, fast_key, fastpath.register_forward)
 
@@ -147,6 +147,8 @@ def run_forward(like, p, spec, block_m, block_n, window, tensors, grid, shapes, 
         out, out_ptr = _new(fw, dev, shapes[0], p.dtype)
         lse, lse_ptr = _new(fw, dev, shapes[1], "float32")
         names = plans.FWD_BUFFERS[:7 if cu else 5]
+        if ("DASH_PERSISTENT", 1) in spec.defines:      # (fixed length) its tile counter, zeroed by the plan
+            names, cu_ptrs = plans.FWD_PERSISTENT_BUFFERS, (_new(fw, dev, (1,), "int32")[1],)
         plan = plans.forward_plan(spec, grid, block_m, block_n, p, window, tuple(s for _, s in operands), names,
                                   cu[0] if cu else None)
         launchers.enqueue_forward(plan, stream, (*(ptr for ptr, _ in operands), out_ptr, lse_ptr, *cu_ptrs))

@@ -179,7 +179,7 @@ def _empty(plan, shape, dtype=None):
 # ------------------------------------------------------------------------------------------------------------
 class _FwdPlan:
     __slots__ = ("launch", "out_shape", "lse_shape", "dtype", "device", "device_index", "cupy", "ptr", "cu_infos",
-                 "out_like_q")
+                 "out_like_q", "counter")
 
 
 def register_forward(key, launch, shapes, like, cu_infos=None, table=_fwd_plans, limit=_MAX_PLANS) -> None:
@@ -190,6 +190,7 @@ def register_forward(key, launch, shapes, like, cu_infos=None, table=_fwd_plans,
     plan.launch = launch
     plan.out_shape, plan.lse_shape = shapes
     plan.cu_infos = cu_infos
+    plan.counter = len(launch.parts.zeros) > 0          # the persistent build: a tile counter per call
     _framework_of(plan, like)
     plan.out_like_q = not plan.cupy and like.is_contiguous() and tuple(like.shape) == tuple(plan.out_shape)
     store(table, key, plan, limit)
@@ -201,6 +202,8 @@ def run_forward(plan, stream, q, k, v, cu=()):
     if plan.cupy:
         out, lse = cupy.empty(plan.out_shape, plan.dtype), cupy.empty(plan.lse_shape, cupy.float32)
         buffers = (q.data.ptr, k.data.ptr, v.data.ptr, out.data.ptr, lse.data.ptr, *(x.data.ptr for x in cu))
+        if plan.counter:
+            buffers += (cupy.empty(1, cupy.int32).data.ptr,)
     else:
         torch = _torch
         # NOTES: empty_like (no shape or dtype to parse: ~0.5 µs less per allocation) where q is contiguous with
@@ -211,6 +214,8 @@ def run_forward(plan, stream, q, k, v, cu=()):
         lse = torch.empty(plan.lse_shape, dtype=torch.float32, device=plan.device)
         buffers = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(), *(
             x.data_ptr() for x in cu))
+        if plan.counter:          # (stream-ordered: the caching allocator reuses it after this call's kernel)
+            buffers += (torch.empty((1,), dtype=torch.int32, device=plan.device).data_ptr(),)
     launchers.enqueue_forward(plan.launch, stream, buffers)
     return out, lse
 

@@ -80,9 +80,9 @@ AUX_THREADS = K.kAuxThreads
 # that `python -m cupy_dash compile --all` fails on any disagreement. Tiles are padded_head_dim columns wide.
 def _fwd_smem(t: TileConfig, d: int, stages: int | None = None) -> int:
     """kernels_src/fwd/config.cuh SmemLayout: Q; K, V x stages (default kFwdKvStages; DASH_KV_STAGES overrides it
-    in benchmarks/fwd_tiles.py's sweeps); 1 + 4 x stages mbarriers; the alignment slack."""
+    in benchmarks/fwd_tiles.py's sweeps); 6 + 4 x stages mbarriers and two 8-byte tile slots; the alignment slack."""
     stages, d = K.kFwdKvStages if stages is None else stages, padded_head_dim(d)
-    return (t.block_m + 2 * stages * t.block_n) * d * 2 + K.kMbarrierBytes * (1 + 4 * stages) + K.kSmemAlign
+    return (t.block_m + 2 * stages * t.block_n) * d * 2 + K.kMbarrierBytes * (6 + 4 * stages) + 16 + K.kSmemAlign
 
 
 def _bwd_main_smem(t: TileConfig, d: int) -> int:
@@ -155,6 +155,8 @@ class KernelSpec:
             tags.append("causal" if d["DASH_CAUSAL"] else "full")
         if d.get("DASH_COMPACT"):
             tags.append("compact")
+        if d.get("DASH_PERSISTENT"):
+            tags.append("persistent")
         if d.get("DASH_SOFTCAP"):
             tags.append("softcap")
         if d.get("DASH_TIMELINE"):
@@ -196,6 +198,12 @@ def fwd_tile(head_dim: int) -> TileConfig:
 # batches take it by their longest sequence from VARLEN80_MIN_SEQLEN on (equal at 4 x 4096, +2-3 % at 1 x 16k, +5-9 %
 # with random lengths; 16 x 1024: equal full, 6 % slower causal); windows keep 64 (not measured), compact tables too
 # (spilled).
+# NOTES: the functional API's fixed-length causal forwards (and their fast path) take the persistent build (one CTA
+# per SM claiming tiles, docs/decisions/fwd-launch-order.md, "The persistent forward": +10 / +6 / +3 / +2 / 0 % at
+# causal 1k-16k, -1.4 / -0.3 % at full 3840 / 15360); varlen launches and the JAX custom calls keep one CTA per tile.
+# The set holds the ``causal`` flags that take it.
+FWD_PERSISTENT = frozenset({True})
+
 FULL80_MIN_SEQLEN = 1024
 CAUSAL80_MIN_SEQLEN = 8192
 VARLEN80_MIN_SEQLEN = 4096
@@ -249,13 +257,17 @@ def _spec(kernel: str, tile: TileConfig, dtype: str, head_dim: int, smem=None, c
                       smem_bytes=smem)
 
 
-def fwd_spec(dtype: str, head_dim: int, causal: bool, head_dim_v: int | None = None) -> KernelSpec:
+def fwd_spec(dtype: str, head_dim: int, causal: bool, head_dim_v: int | None = None,
+             persistent: bool = False) -> KernelSpec:
     """The forward kernel (``head_dim_v``: the value head dim, None for ``head_dim``). Packed variable-length
     sequences and logit soft-capping are the launch's choices (kernels_src/params.cuh: cu_seqlens_q set,
-    softcap_prescale != 0): one build serves every combination."""
+    softcap_prescale != 0): one build serves every combination. ``persistent``: the build whose CTAs (one per SM)
+    claim tiles from a zeroed counter (FwdParams.tile_counter; fixed-length launches of the functional API and the
+    fast path, :data:`FWD_PERSISTENT`)."""
     check_supported(dtype, head_dim, backward=False, head_dim_v=head_dim_v)
+    flags = {"DASH_PERSISTENT": True} if persistent else {}
     return _spec("fwd", fwd_tile(head_dim), dtype, head_dim, counts=_value_counts(head_dim, head_dim_v),
-                 DASH_CAUSAL=causal)
+                 DASH_CAUSAL=causal, **flags)
 
 
 BwdKernels = collections.namedtuple("BwdKernels", "preprocess main postprocess")
@@ -329,6 +341,8 @@ def all_specs() -> list:
         batch = []
         for dv in value_head_dims(head_dim):       # a value head dim of its own shares postprocess (dq's width)
             batch.append(fwd_spec(dtype, head_dim, causal, dv))
+            if causal in FWD_PERSISTENT:
+                batch.append(fwd_spec(dtype, head_dim, causal, dv, persistent=True))
             if head_dim in BWD_BUILT_HEAD_DIMS:
                 batch.extend(bwd_specs(dtype, head_dim, causal, head_dim_v=dv))
                 batch.append(bwd_specs(dtype, head_dim, causal, compact=True, head_dim_v=dv).main)
@@ -417,13 +431,14 @@ _fwd_cache: dict = {}
 _bwd_cache: dict = {}
 
 
-def fwd_entry(dtype: str, head_dim: int, causal: bool, head_dim_v: int | None = None) -> tuple:
-    """(forward KernelSpec, block_m, block_n), cached; ``head_dim_v``: as :func:`fwd_spec`."""
-    key = (dtype, head_dim, causal, head_dim_v)
+def fwd_entry(dtype: str, head_dim: int, causal: bool, head_dim_v: int | None = None,
+              persistent: bool = False) -> tuple:
+    """(forward KernelSpec, block_m, block_n), cached; ``head_dim_v``, ``persistent``: as :func:`fwd_spec`."""
+    key = (dtype, head_dim, causal, head_dim_v, persistent)
     e = _fwd_cache.get(key)
     if e is None:
         tile = fwd_tile(head_dim)
-        e = _fwd_cache[key] = (fwd_spec(dtype, head_dim, causal, head_dim_v), int(tile.block_m),
+        e = _fwd_cache[key] = (fwd_spec(dtype, head_dim, causal, head_dim_v, persistent), int(tile.block_m),
                                int(tile.block_n))
     return e
 

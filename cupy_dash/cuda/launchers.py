@@ -38,6 +38,11 @@ def enqueue_forward(plan, stream, buffers) -> None:
     plan.run(stream.ptr, buffers)
 
 
+def fwd_persistent_grid(p, grid) -> tuple:
+    """The persistent build's grid: one CTA per SM, at most one per tile of the tile ``grid``."""
+    return (min(grid[0] * grid[1] * grid[2], kernels.sm_count(p.device_id)),)
+
+
 def fwd_grid(p, block_m) -> tuple:
     return -(-p.Sq // block_m), p.H, p.B
 
@@ -79,13 +84,15 @@ def check_softcap_build(spec, p) -> None:
                            f"build of this kernel")
 
 
-def fwd_params(block_m, block_n, p, window, operands, out_ptr, lse_ptr, varlen=None, grid=None) -> np.ndarray:
+def fwd_params(block_m, block_n, p, window, operands, out_ptr, lse_ptr, varlen=None, grid=None,
+               counter_ptr=0) -> np.ndarray:
     """The forward's packed parameter block. ``operands``: ``(pointer, (batch, row, head) element strides)`` of
     q ``(B, Sq, H, D)``, k ``(B, Sk, Hkv, D)`` and v ``(B, Sk, Hkv, Dv)``; ``out_ptr``: a contiguous
     ``(B, Sq, H, Dv)`` buffer; ``lse_ptr``: a contiguous float32 ``(B, H, Sq)`` buffer. ``varlen``:
     ``(num_sequences, cu_seqlens_q pointer, cu_seqlens_k pointer)`` for a varlen launch; then ``p`` describes the
     packed tensors as one batch (B = 1, Sq = total_q, Sk = total_k) and lse is ``(H, total_q)``; ``grid``: the
-    varlen launch's grid (:func:`fwd_head_section`; without it a varlen launch keeps the per-pair order)."""
+    varlen launch's grid (:func:`fwd_head_section`; without it a varlen launch keeps the per-pair order);
+    ``counter_ptr``: the persistent build's tile counter (fixed length; the tiles are those of :func:`fwd_grid`)."""
     B, Sq, Sk, H, Hkv, D, Dv = p.B, p.Sq, p.Sk, p.H, p.Hkv, p.D, p.Dv
     (q_ptr, q_stride), (k_ptr, k_stride), (v_ptr, v_stride) = operands
     batch, cu_q, cu_k = (B, 0, 0) if varlen is None else varlen
@@ -99,7 +106,9 @@ def fwd_params(block_m, block_n, p, window, operands, out_ptr, lse_ptr, varlen=N
         window_left=window[0], window_right=window[1], **logit_factors(p, backward=False),
         cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, out=out_ptr if varlen is not None else 0,
         head_section=fwd_head_section(p, block_m) if varlen is None else
-        fwd_head_section(p, block_m, grid) if grid is not None else 0)
+        fwd_head_section(p, block_m, grid) if grid is not None else 0,
+        tile_counter=counter_ptr, num_tiles=B * H * -(-Sq // block_m) if counter_ptr else 0,
+        num_m_blocks=-(-Sq // block_m) if counter_ptr else 0)
 
 
 # ------------------------------------------------------------------------------------------------------------

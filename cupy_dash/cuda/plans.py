@@ -16,6 +16,7 @@ from .params import int_field_offsets
 
 PLAN_INSPECT = executor.PLAN_INSPECT     # launch_plan.h DASH_PLAN_INSPECT (the JAX handler's inspect flag)
 FWD_BUFFERS = ("q", "k", "v", "out", "lse", "cu_seqlens_q", "cu_seqlens_k")
+FWD_PERSISTENT_BUFFERS = FWD_BUFFERS[:5] + ("tile_counter",)     # the persistent build's (fixed length)
 BWD_BUFFERS = ("dout", "q", "k", "v", "out", "lse", "dq", "dk", "dv", "work", "error", "error_host")
 # tensor-map fields of the parameter blocks -> the buffer each describes
 MAP_BUFFERS = {"tma_q": "q", "tma_k": "k", "tma_v": "v", "tma_o": "out", "tma_do": "dout"}
@@ -101,14 +102,22 @@ def _launch(spec, grid) -> tuple:
 def forward(spec, grid, block_m, block_n, p, window, strides, names=FWD_BUFFERS[:5], varlen=None,
             cu_seqlens=(0, 0)) -> Parts:
     """The forward of ``p`` (``launchers.fwd_params``' arguments; ``strides``: the (batch, row, head) element
-    strides of q, k, v) with ``grid``, buffers ``names`` (:data:`FWD_BUFFERS`' names, in the order the caller
-    passes them); ``varlen``: the number of sequences of a varlen launch, whose cu_seqlens are buffers
-    ``cu_seqlens_q`` and ``cu_seqlens_k``, or, where ``names`` has none, the fixed device arrays ``cu_seqlens``."""
+    strides of q, k, v) with the tile ``grid``, buffers ``names`` (:data:`FWD_BUFFERS`' names, in the order the
+    caller passes them); ``varlen``: the number of sequences of a varlen launch, whose cu_seqlens are buffers
+    ``cu_seqlens_q`` and ``cu_seqlens_k``, or, where ``names`` has none, the fixed device arrays ``cu_seqlens``. The
+    persistent build (``spec``'s DASH_PERSISTENT; fixed length) takes :data:`FWD_PERSISTENT_BUFFERS`: its tile
+    counter, zeroed before the launch, and one CTA per SM (launchers.fwd_persistent_grid)."""
+    persistent = ("DASH_PERSISTENT", 1) in spec.defines
+
     def pack(a):
         cu = None if varlen is None else (varlen, a.get("cu_seqlens_q", cu_seqlens[0]),
                                           a.get("cu_seqlens_k", cu_seqlens[1]))
         return launchers.fwd_params(block_m, block_n, p, window, tuple(zip((a["q"], a["k"], a["v"]), strides)),
-                                    a["out"], a["lse"], cu, None if varlen is None else grid)
+                                    a["out"], a["lse"], cu, None if varlen is None else grid,
+                                    a["tile_counter"] if persistent else 0)
+    if persistent:
+        return Parts((_launch(spec, launchers.fwd_persistent_grid(p, grid)),), *find_patches(pack, names),
+                     ((names.index("tile_counter"), 4),), names, pack=pack)
     return Parts((_launch(spec, grid),), *find_patches(pack, names), (), names, pack=pack)
 
 

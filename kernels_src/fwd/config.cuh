@@ -21,6 +21,10 @@ constexpr int kHeadDim = padded_head_dim(kHeadDimIO);  // compute width: 96 runs
 constexpr int kHeadDimVIO = DASH_HEAD_DIM_V;  // columns of v and out (tile_tma.cuh: value head dim)
 constexpr int kHeadDimV = value_compute_dim(kHeadDimIO, kHeadDimVIO);  // columns of v a tile load fills
 constexpr bool kCausal = DASH_CAUSAL != 0;
+#ifndef DASH_PERSISTENT
+#define DASH_PERSISTENT 0
+#endif
+constexpr bool kPersistent = DASH_PERSISTENT != 0;  // an experiment's build: one CTA per SM claiming tiles (fwd.cu)
 constexpr int kBlockM = DASH_BLOCK_M;  // queries per Q tile (m_block)
 constexpr int kBlockN = DASH_BLOCK_N;  // keys per KV tile (n_block)
 
@@ -70,9 +74,11 @@ struct SmemLayout {
   static constexpr int kK = kQs + kQ;
   static constexpr int kV = kK + kStages * kKV;
   static constexpr int kBars = kV + kStages * kKV;
-  // q_full, k_full[], k_empty[], v_full[], v_empty[]
-  static constexpr int kNumBars = 1 + 4 * kStages;
-  static constexpr int kBytes = kBars + kMbarrierBytes * kNumBars;
+  // q_full, k_full[], k_empty[], v_full[], v_empty[], q_empty, sched_full[2], sched_empty[2]; then the two tile
+  // slots of a persistent launch
+  static constexpr int kNumBars = 6 + 4 * kStages;
+  static constexpr int kSlots = kBars + kMbarrierBytes * kNumBars;
+  static constexpr int kBytes = kSlots + 2 * 8;
   static constexpr int kDynamicBytes = kBytes + kSmemAlign;  // slack to align the base
 };
 static_assert(SmemLayout::kQ % kSmemAlign == 0 && SmemLayout::kKV % kSmemAlign == 0,
@@ -91,6 +97,10 @@ struct Smem {
   DASH_DEVICE uint32_t k_empty(int stage) const { return bar(1 + kStages + stage); }
   DASH_DEVICE uint32_t v_full(int stage) const { return bar(1 + 2 * kStages + stage); }
   DASH_DEVICE uint32_t v_empty(int stage) const { return bar(1 + 3 * kStages + stage); }
+  DASH_DEVICE uint32_t q_empty() const { return bar(1 + 4 * kStages); }
+  DASH_DEVICE uint32_t sched_full(int i) const { return bar(2 + 4 * kStages + i); }
+  DASH_DEVICE uint32_t sched_empty(int i) const { return bar(4 + 4 * kStages + i); }
+  DASH_DEVICE uint32_t slot(int i) const { return base + SmemLayout::kSlots + 8 * i; }
 };
 
 // The tile of one CTA: query rows [m_block kBlockM, +kBlockM) of head h (kv head hk) of sequence b, against KV
@@ -105,25 +115,37 @@ struct Tile {
   int batch;                  // batch coordinate of the TMA boxes: b, or 0 for the one packed batch of varlen
   int n_block_min, n_blocks;  // n_blocks 0: no row of the tile sees a key
   bool varlen;                // packed variable-length sequences (FwdParams::cu_seqlens_q/k, is_varlen)
+  // One CTA per tile: the tile of this block of the grid (num_m_blocks, H, B).
   DASH_DEVICE Tile(const FwdParams& p) : varlen(is_varlen(p)) {
-    const int num_m_blocks = (int)gridDim.x;
-    // NOTES: causal tiles get shorter as m_block falls; launching the longest first shortens the tail. With a head
-    // section the grid's blocks, in launch order, walk sections of head_section (b, h) pairs, and within one every
-    // pair's tile m_block before any pair's m_block - 1: the longest of every head come first, as in a
-    // longest-first list over the whole grid, while the K and V of one section stay in L2.
-    m_block = kCausal ? num_m_blocks - 1 - (int)blockIdx.x : (int)blockIdx.x;
-    h = (int)blockIdx.y;
-    b = (int)blockIdx.z;
+    place(p, (int)(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)), (int)gridDim.x);
+    locate(p);
+  }
+  // Persistent launches: tile `linear` of the launch order (fixed length).
+  DASH_DEVICE Tile(const FwdParams& p, int linear) : varlen(false) {
+    place(p, linear, (int)p.num_m_blocks);
+    locate(p);
+  }
+  // m_block, h, b of tile `linear` in launch order, num_m_blocks query tiles per (b, h), (b, h) pairs in order.
+  // NOTES: causal tiles get shorter as m_block falls; launching the longest first shortens the tail. With a head
+  // section the tiles, in launch order, walk sections of head_section (b, h) pairs, and within one every pair's
+  // tile m_block before any pair's m_block - 1: the longest of every head come first, as in a longest-first list
+  // over the whole grid, while the K and V of one section stay in L2.
+  DASH_DEVICE void place(const FwdParams& p, int linear, int num_m_blocks) {
+    const int heads = (int)p.num_heads, pairs = heads * (int)p.batch;
+    int pair = linear / num_m_blocks;
+    m_block = linear % num_m_blocks;
+    if (kCausal) m_block = num_m_blocks - 1 - m_block;
     if (kCausal && p.head_section > 0) {
-      const int pairs = (int)(gridDim.y * gridDim.z), section = (int)min(p.head_section, (int64_t)pairs);
-      const int linear = (int)(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z));
+      const int section = (int)min(p.head_section, (int64_t)pairs);
       const int first = linear / (section * num_m_blocks) * section, width = min(section, pairs - first);
       const int within = linear - first * num_m_blocks;
-      const int pair = first + within % width;
+      pair = first + within % width;
       m_block = num_m_blocks - 1 - within / width;
-      h = pair % (int)gridDim.y;
-      b = pair / (int)gridDim.y;
     }
+    h = pair % heads;
+    b = pair / heads;
+  }
+  DASH_DEVICE void locate(const FwdParams& p) {
     hk = h / ((int)p.num_heads / (int)p.num_heads_kv);
     if (varlen) {
       const SeqSpan s(p.cu_seqlens_q, p.cu_seqlens_k, (int)p.seqlen_q, (int)p.seqlen_k, b);

@@ -152,13 +152,14 @@ DASH_DEVICE void order_probs_before_wait(const RowStats& st, uint32_t addr) {
   ld_volatile_shared_u32(addr + (((__float_as_uint(st.sum[0]) | __float_as_uint(st.sum[1])) >> 31) << 2));
 }
 
-// The mainloop of MMA warpgroup wg (thread tid of it): O (unnormalised) and the row statistics of its 64 rows.
-// NOTES: K stage i % kStages holds K of step i (KV tile n_block_min + n_blocks - 1 - i), V likewise; each
+// The mainloop of MMA warpgroup wg (thread tid of it): O (unnormalised) and the row statistics of its 64 rows, for
+// the CTA's tile after `kv` ring loads and `loads` Q loads of its earlier tiles (persistent launches, fwd.cu).
+// NOTES: K stage g % kStages holds K of step i = g - kv (KV tile n_block_min + n_blocks - 1 - i), V likewise; each
 // warpgroup arrives once on an empty barrier (count kNumMmaWg) when its wgmmas reading that stage have
 // completed. Every warpgroup takes the turn n_blocks + 1 times; warpgroup 1 passes it to warpgroup 0 once up
 // front (so 0 goes first) and not after its last GEMMs, so every arrive is matched by a sync.
 DASH_DEVICE void consume(const FwdParams& p, const Smem& s, const Tile& t, float (&O)[kORegs], RowStats& st, int wg,
-                         int tid) {
+                         int tid, int kv, int loads) {
   const Fragment f(tid);
 #pragma unroll
   for (int i = 0; i < kORegs; ++i) O[i] = 0.f;
@@ -176,30 +177,31 @@ DASH_DEVICE void consume(const FwdParams& p, const Smem& s, const Tile& t, float
   const uint64_t q_desc = TileQ::kmajor(s.q(), 64 * wg);
   float S[kSRegs], corr[2];
   uint32_t Pa[kBlockN / 16][4];
-  mbar_wait(s.q_full(), 0);
+  mbar_wait(s.q_full(), loads & 1);
 
   // Step 0: S of the last KV tile alone.
-  mbar_wait(s.k_full(0), 0);
+  const int k0 = kv % kStages;
+  mbar_wait(s.k_full(k0), (kv / kStages) & 1);
   turn_wait(wg);
   wgmma_fence();
-  gemm_qk(S, q_desc, s.k(0));
+  gemm_qk(S, q_desc, s.k(k0));
   wgmma_commit();
   turn_pass(wg);
   wgmma_wait<0>();
   wgmma_fence_operand(S);
-  if (tid == 0) mbar_arrive(s.k_empty(0));
+  if (tid == 0) mbar_arrive(s.k_empty(k0));
   scores_to_probs<true>(S, st, corr, n_block_last, row_first, keys, p, t, f);
   pack_fragments<kSRegs>(Pa, S);
 
   // Step i: S of KV tile n_block_last - i with O += P V of the tile before it.
   for (int i = 1; i < n_blocks; ++i) {
-    const int ks = i % kStages, vs = (i - 1) % kStages;
-    mbar_wait(s.k_full(ks), (i / kStages) & 1);
+    const int g = kv + i, ks = g % kStages, vs = (g - 1) % kStages;
+    mbar_wait(s.k_full(ks), (g / kStages) & 1);
     turn_wait(wg);
     wgmma_fence();
     gemm_qk(S, q_desc, s.k(ks));
     wgmma_commit();
-    mbar_wait(s.v_full(vs), ((i - 1) / kStages) & 1);
+    mbar_wait(s.v_full(vs), ((g - 1) / kStages) & 1);
     wgmma_fence();  // NOTES: not required by the ISA here, but ptxas 13.0 injects one after a wait loop (C7519)
     gemm_pv(O, Pa, s.v(vs));
     wgmma_commit();
@@ -220,8 +222,8 @@ DASH_DEVICE void consume(const FwdParams& p, const Smem& s, const Tile& t, float
   }
 
   // Last step: O += P V of KV tile n_block_min.
-  const int vs = (n_blocks - 1) % kStages;
-  mbar_wait(s.v_full(vs), ((n_blocks - 1) / kStages) & 1);
+  const int vs = (kv + n_blocks - 1) % kStages;
+  mbar_wait(s.v_full(vs), ((kv + n_blocks - 1) / kStages) & 1);
   turn_wait(wg);
   wgmma_fence();
   gemm_pv(O, Pa, s.v(vs));

@@ -22,23 +22,43 @@ DASH_DEVICE void load_kv_tile(const TmaDesc* map, uint32_t dst, uint32_t full, u
   tma_load_tile<kBlockN, kCols>(dst, map, full, t.row_k + n_block * kBlockN, t.hk, t.batch);
 }
 
-DASH_DEVICE void produce(const FwdParams& p, const Smem& s, const Tile& t) {
-  if (t.n_blocks == 0) return;
-  tma_prefetch_desc(&p.tma_q);
-  tma_prefetch_desc(&p.tma_k);
-  tma_prefetch_desc(&p.tma_v);
-  mbar_arrive_expect_tx(s.q_full(), SmemLayout::kQ);
-  tma_load_tile<kBlockM, kHeadDimIO>(s.q(), &p.tma_q, s.q_full(), t.row_q + t.m_block * kBlockM, t.h, t.batch);
+// The loads of tile t, K / V ring loads kv.. of the CTA, after `done` earlier tiles (persistent launches): the
+// first K goes before Q there, as its stage may be free while the previous tile's O stores still read Q's shared
+// memory (q_empty). A tile without KV tiles loads Q alone (persistent launches only; fwd.cu's NOTES say why).
+DASH_DEVICE void produce(const FwdParams& p, const Smem& s, const Tile& t, int kv, int done) {
+  if (done == 0) {
+    tma_prefetch_desc(&p.tma_q);
+    tma_prefetch_desc(&p.tma_k);
+    tma_prefetch_desc(&p.tma_v);
+  }
   const int last = t.n_block_min + t.n_blocks - 1;
   const auto load_k = [&](int i) {
-    load_kv_tile<kHeadDimIO, SmemLayout::kKV>(&p.tma_k, s.k(i % kStages), s.k_full(i % kStages),
-                                              s.k_empty(i % kStages), i, last - i, t);
+    const int g = kv + i;
+    load_kv_tile<kHeadDimIO, SmemLayout::kKV>(&p.tma_k, s.k(g % kStages), s.k_full(g % kStages),
+                                              s.k_empty(g % kStages), g, last - i, t);
   };
   const auto load_v = [&](int i) {
-    load_kv_tile<kHeadDimVIO, SmemLayout::kVLoad>(&p.tma_v, s.v(i % kStages), s.v_full(i % kStages),
-                                                  s.v_empty(i % kStages), i, last - i, t);
+    const int g = kv + i;
+    load_kv_tile<kHeadDimVIO, SmemLayout::kVLoad>(&p.tma_v, s.v(g % kStages), s.v_full(g % kStages),
+                                                  s.v_empty(g % kStages), g, last - i, t);
   };
-  load_k(0);
+  const auto load_q = [&]() {
+    mbar_arrive_expect_tx(s.q_full(), SmemLayout::kQ);
+    tma_load_tile<kBlockM, kHeadDimIO>(s.q(), &p.tma_q, s.q_full(), t.row_q + t.m_block * kBlockM, t.h, t.batch);
+  };
+  if (t.n_blocks == 0) {
+    if (done > 0) mbar_wait(s.q_empty(), (done - 1) & 1);
+    load_q();
+    return;
+  }
+  if (done == 0) {
+    load_q();
+    load_k(0);
+  } else {
+    load_k(0);
+    mbar_wait(s.q_empty(), (done - 1) & 1);
+    load_q();
+  }
   for (int i = 1; i < t.n_blocks; ++i) {
     load_k(i);
     load_v(i - 1);

@@ -12,8 +12,8 @@ import pytest
 import cupy_dash
 from cupy_dash.core import fastpath, fastpath_varlen
 from cupy_dash.cuda import kernels, launchers
-from fastpath_fakes import (Tensor, _Dtype, _inputs, _tables_per_packing, forward_recorder, no_gpu,  # noqa: F401
-                            outside_capture, PER_CALL_FIELDS)
+from fastpath_fakes import (BF16, I32, PER_CALL_FIELDS, Tensor, _inputs,  # noqa: F401  (fixtures)
+                            _tables_per_packing, forward_recorder, no_gpu, outside_capture)
 
 _PER_CALL = PER_CALL_FIELDS
 
@@ -163,8 +163,6 @@ def test_a_new_packing_with_bad_lengths_raises_before_anything_is_enqueued(no_gp
     assert len(enqueued) == n
 
 
-I32 = _Dtype("int32", 4)
-
 
 def test_a_repeated_forward_is_served_with_the_full_paths_block(no_gpu, monkeypatch):
     from cupy_dash.core import varlen_host_cu
@@ -255,3 +253,28 @@ def test_a_repeated_soft_capped_call_is_served(no_gpu):
     assert ("DASH_SOFTCAP", 1) in enqueued[1]["c"].specs.main.defines
     cupy_dash.attention_backward_varlen(*args, cu_q, cu_k, 200, 240, **dict(kw, softcap=25.0))
     assert fastpath_varlen.stats()["hits"] == hits + 1 and len(enqueued) == 3
+
+
+def test_a_repeated_fixed_length_forward_is_served_persistent_with_a_fresh_zeroed_counter(no_gpu, monkeypatch):
+    """The functional API's fixed-length forward takes the persistent build (kernels.FWD_PERSISTENT): one CTA per
+    SM, a tile counter per call that the launch plan zeroes before the kernel, on the full path and the fast path."""
+    launched = []
+    monkeypatch.setattr(kernels, "FWD_PERSISTENT", frozenset({True}))
+    monkeypatch.setattr(launchers, "enqueue_forward", lambda plan, stream, buffers: launched.append(
+        (plan, np.frombuffer(plan.inspect(tuple(buffers)), dtype=kernels.FWD_PARAMS_DTYPE)[0], buffers)))
+    monkeypatch.setattr(fastpath, "_ready_stream", lambda plan: types.SimpleNamespace(ptr=0x77))
+    fastpath.clear()
+    q = Tensor((2, 1000, 4, 128), BF16, 0x10000000)
+    k, v = (Tensor((2, 1000, 2, 128), BF16, p) for p in (0x20000000, 0x30000000))
+    hits = fastpath.stats()["fwd_hits"]
+    cupy_dash.attention_forward(q, k, v, causal=True)
+    cupy_dash.attention_forward(q, k, v, causal=True)
+    assert fastpath.stats()["fwd_hits"] == hits + 1 and len(launched) == 2
+    (plan, full, b0), (plan1, fast, b1) = launched
+    (_, grid, _, _), = plan.parts.kernels
+    assert plan1 is plan and kernels.grid_xyz(grid) == (min(2 * 4 * 8, 132), 1, 1)
+    assert plan.parts.zeros == ((5, 4),)                       # the counter (buffer 5) zeroed before the kernel
+    assert (int(full["num_tiles"]), int(full["num_m_blocks"])) == (64, 8) == (int(fast["num_tiles"]),
+                                                                             int(fast["num_m_blocks"]))
+    counters = [int(full["tile_counter"]), int(fast["tile_counter"])]
+    assert counters == [b0[5], b1[5]] and counters[0] != counters[1] and 0 not in counters

@@ -24,6 +24,7 @@ pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
 from torch_helpers import (Case, assert_same_bits, attention_fn, capture_step, eager, make_inputs,  # noqa: E402
                            replay, run_step, torch_cuda)  # noqa: F401  (torch_cuda: an autouse fixture)
+import cupy_dash.torch  # noqa: E402,F401  (registers torch.ops.cupy_dash, which test_opcheck names directly)
 
 CASES = [Case(hdim, causal) for hdim in (64, 128) for causal in (False, True)]
 GQA = Case(128, True, seqlen_q=256, seqlen_k=384, heads=4, heads_kv=2)

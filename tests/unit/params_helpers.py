@@ -8,6 +8,6 @@ def fwd_fields(**over):
                   batch=2, seqlen_q=300, seqlen_k=500, num_heads=8, num_heads_kv=2, window_left=-1,
                   window_right=7, cu_seqlens_q=0x6000, cu_seqlens_k=0x7000, out=0x8000, softmax_scale=0.125,
                   softmax_scale_log2=0.125 * 1.4426950408889634, softcap_prescale=0.0,
-                  head_section=11)
+                  head_section=11, tile_counter=0, num_tiles=0, num_m_blocks=0)
     fields.update(over)
     return fields

@@ -74,11 +74,14 @@ def test_all_specs_cover_every_combination():
     specs = kernels.all_specs()
     labels = [s.label for s in specs]
     # + head dims 192 and 256's backwards: 2 preprocess, 2 postprocess, 4 main, 4 compact main, 4 soft-capping main;
-    # + value head dim 128 with 192: 4 forward, 2 preprocess, 4 main, 4 compact main, 4 soft-capping main
-    assert len(set(labels)) == len(labels) == len(set(specs)) == 20 + 6 + 24 + 6 + 1 + 12 + 24 + 2 * 16 + 18
+    # + value head dim 128 with 192: 4 forward, 2 preprocess, 4 main, 4 compact main, 4 soft-capping main;
+    # + every causal forward's persistent build (12)
+    assert len(set(labels)) == len(labels) == len(set(specs)) == 20 + 6 + 24 + 6 + 1 + 12 + 24 + 2 * 16 + 18 + 12
     expected = {kernels.expand_spec()}
     for dtype, d, causal in itertools.product(kernels.SUPPORTED_DTYPES, kernels.SUPPORTED_HEAD_DIMS, (0, 1)):
         expected.add(kernels.fwd_spec(dtype, d, bool(causal)))
+        if bool(causal) in kernels.FWD_PERSISTENT:
+            expected.add(kernels.fwd_spec(dtype, d, bool(causal), persistent=True))
         expected.update(kernels.bwd_specs(dtype, d, bool(causal)))
         expected.add(kernels.bwd_specs(dtype, d, bool(causal), compact=True).main)
         expected.add(kernels.bwd_specs(dtype, d, bool(causal), softcap=True).main)
@@ -87,11 +90,13 @@ def test_all_specs_cover_every_combination():
                                               seqlen_q=kernels.CAUSAL80_MIN_SEQLEN))
         for dv in kernels.VALUE_HEAD_DIMS.get(d, ()):    # the value head dim's own preprocess and main kernels
             expected.add(kernels.fwd_spec(dtype, d, bool(causal), dv))
+            if bool(causal) in kernels.FWD_PERSISTENT:
+                expected.add(kernels.fwd_spec(dtype, d, bool(causal), dv, persistent=True))
             for kw in ({}, {"compact": True}, {"softcap": True}):
                 expected.update(kernels.bwd_specs(dtype, d, bool(causal), head_dim_v=dv, **kw)[:2])
     assert expected == set(specs)
     by_kernel = {name: [s for s in specs if s.kernel == name] for name in kernels.KERNEL_NAMES}
-    assert {k: len(v) for k, v in by_kernel.items()} == {"fwd": 24, "bwd_preprocess": 16, "bwd_main": 88,
+    assert {k: len(v) for k, v in by_kernel.items()} == {"fwd": 36, "bwd_preprocess": 16, "bwd_main": 88,
                                                          "bwd_postprocess": 14, "bwd_expand": 1}
     v128 = kernels.bwd_specs("bfloat16", 192, True, head_dim_v=128)
     assert v128.main.label == "bwd_main[bf16,d192,v128,causal]"
@@ -130,8 +135,9 @@ def test_tile_plan_and_smem():
         f, b = kernels.fwd_tile(d_io), kernels.bwd_tile(d_io, True)
         fs = kernels.fwd_spec("bfloat16", d_io, False)
         assert dict(fs.defines)["DASH_HEAD_DIM"] == d_io
-        # the forward: Q; K, V x2 stages; 9 barriers; 1 KB of alignment slack (fwd/config.cuh static_asserts it)
-        assert fs.smem_bytes == (f.block_m + 4 * f.block_n) * d * 2 + 72 + 1024 and fs.threads == f.threads == 384
+        # the forward: Q; K, V x2 stages; 14 barriers, 2 tile slots; 1 KB of alignment slack (fwd/config.cuh
+        # static_asserts it)
+        assert fs.smem_bytes == (f.block_m + 4 * f.block_n) * d * 2 + 112 + 16 + 1024 and fs.threads == f.threads == 384
         pre, main, post = kernels.bwd_specs("bfloat16", d_io, False)
         # the main kernel: 384 threads; smem as bwd/config.cuh lays it out (the kernel static_asserts the same
         # number, so compile --all checks the formula): K x2, V; Q, dO, dS x2; fp32 dQ; lse, dpsum x2; 14
@@ -312,8 +318,9 @@ def test_real_kernel_compiles(spec):
 def test_cli_compile_subset(ksrc, capsys):
     assert cli_compile.main(["--head-dim", "64", "--dtype", "bf16"]) == 0
     out = capsys.readouterr().out
-    assert "regs" in out and "OK: 11 kernel(s)" in out   # 2 fwd, preprocess, 2 main, 2 compact main, 2 soft-capping
-    # main builds, postprocess, bwd_expand (bf16 / d64 defines, whatever the variant); varlen launches share them
+    assert "regs" in out and "OK: 12 kernel(s)" in out   # 2 fwd, the causal one persistent, preprocess, 2 main,
+    # 2 compact main, 2 soft-capping main builds, postprocess, bwd_expand (bf16 / d64 defines, whatever the
+    # variant); varlen launches share them
     for spec in cli_compile.select([64], ["bfloat16"], None):
         assert spec.label in out
     # the second run is served from the cache

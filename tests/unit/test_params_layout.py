@@ -29,14 +29,15 @@ def test_params_layout_matches_c_structs(offsetof):
     # and the eager error record's host mirror, the fold flag and the soft-capping prescale appended (the earlier
     # offsets unchanged: softmax_scale_log2 still ends at 936), padded to 64; FwdParams likewise ends in it, then
     # the causal launch order's head section
-    assert kernels.FWD_PARAMS_DTYPE.itemsize == 640 and kernels.BWD_PARAMS_DTYPE.itemsize == 1088
+    assert kernels.FWD_PARAMS_DTYPE.itemsize == 704 and kernels.BWD_PARAMS_DTYPE.itemsize == 1088
     bwd = kernels.BWD_PARAMS_DTYPE
     appended = ("col_records", "cta_columns", "cta_col_start", "scan_bounds", "n_first", "columns_per_head",
                 "tie_sign", "rank_rule", "cu_seqlens_q", "cu_seqlens_k", "tile_columns", "seg_col_start",
                 "seq_n_first", "seq_tile_start", "error_host", "fold", "softcap_prescale")
     assert bwd.names[-17:] == appended and bwd.fields["softmax_scale_log2"][1] == 932
     assert [bwd.fields[n][1] for n in appended] == list(range(936, 1072, 8))
-    assert kernels.FWD_PARAMS_DTYPE.names[-2:] == ("softcap_prescale", "head_section")
+    assert kernels.FWD_PARAMS_DTYPE.names[-5:] == ("softcap_prescale", "head_section", "tile_counter", "num_tiles",
+                                                   "num_m_blocks")
     assert kernels.PARAMS_STRUCTS["BwdParams"][1] == 64 and kernels.BWD_PARAMS_DTYPE.fields["q"][1] == 512
 
 
@@ -75,7 +76,7 @@ def test_pack_fwd_params_bytes():
     p = kernels.pack_fwd_params(**fwd_fields())
     # four 128-byte tensor maps, lse, seven int64, two floats, three varlen pointers; padded to the maps'
     # 64-byte alignment
-    assert p.shape == (1,) and p.dtype == kernels.FWD_PARAMS_DTYPE and p.nbytes == 640
+    assert p.shape == (1,) and p.dtype == kernels.FWD_PARAMS_DTYPE and p.nbytes == 704
     raw = p.tobytes()
     assert raw[:512] == b"".join(bytes([i]) * 128 for i in (1, 2, 3, 4))
     words = np.frombuffer(raw[512:576], dtype="<i8")
