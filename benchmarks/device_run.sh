@@ -4,7 +4,7 @@
 #                                  fold|fold_bench|varlen_events|sanitize|ncu|engine|engine_bench|
 #                                  dq_writers|multi_gpu|first|first2|fa3_bench|fa3_full|final|tile80|d96|tests2|
 #                                  loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|suite|legs_ab|
-#                                  short_modes|steady|steady_ab|ncu_conflicts|sections_auto|fwd_order|fwd_pairs|fwd_persistent|all]
+#                                  short_modes|steady|steady_ab|ncu_conflicts|sections_auto|fwd_order|all]
 #                                  [extra pytest args...]
 # "engine": the backward kernel's GPU tests (every family: MHA, GQA, compact, varlen, fold, window, portable);
 # "engine_bench": the backward at the issue's shapes, this tree against the kernels in every carried .ab*/kernels_src
@@ -13,8 +13,9 @@
 # "varlen_step": a new packing's host cost, build and upload; "fold": the folded backward's tests, then
 # the whole suite; "fold_bench": its GPU and host time. Earlier one-off stages are in this file's
 # history (causal80: the causal 80-query tile's legs; tiles_and_varlen: the forward's 176-key tile, varlen and full
-# 3840 with either backward tile; heads: the head-dim-192 / 256 forward's tests and tiles); the writer-rank-ahead
-# experiment is benchmarks/patches/writer_rank_ahead.patch (measured, not merged: docs/decisions/table-forms.md).
+# 3840 with either backward tile; heads: the head-dim-192 / 256 forward's tests and tiles; fwd_pairs /
+# fwd_persistent: the forward's tile-pair and persistent patches in a patched copy); the writer-rank-ahead experiment is
+# benchmarks/patches/writer_rank_ahead.patch (measured, not merged: docs/decisions/table-forms.md).
 # "multi_gpu": per-device state with two GPUs in one process, and the DDP / FSDP2 / JAX data-parallel examples
 # (torchrun, nccl on two GPUs; gloo with two ranks on one GPU; JAX over every GPU), all logs in multi_gpu.tgz.
 # FA3 (flash-attn3-jax) is measured when its wheel is importable: carry .whl/ and set FA3_WHL=1.
@@ -30,7 +31,7 @@ if [ -n "${FA3_WHL:-}" ]; then
   $py -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >"$OUT/fa3_install.log" 2>&1 && export PYTHONPATH=/tmp/site
 fi
 case "$stage" in   # these stages compile only the kernels they run, on first use
-  ncu|engine_bench|dq_writers|first|first2|fa3_bench|fa3_full|final|tile80|d96|loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|legs_ab|short_modes|steady|steady_ab|ncu_conflicts|sections_auto|fwd_order|fwd_pairs|fwd_persistent) ;;
+  ncu|engine_bench|dq_writers|first|first2|fa3_bench|fa3_full|final|tile80|d96|loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|legs_ab|short_modes|steady|steady_ab|ncu_conflicts|sections_auto|fwd_order) ;;
   *) $py -m cupy_dash compile --all -j 16 >/tmp/compile.log 2>&1 || { tail -20 /tmp/compile.log; exit 1; }
      tail -1 /tmp/compile.log ;;
 esac
@@ -273,49 +274,6 @@ if [ "$stage" = fwd_order ]; then   # the causal forward's launch order (FwdPara
   timeout 200 $py benchmarks/steady_bench.py --forward --rounds 3 --loop-s 0.5 --shapes causal:1024 causal:2048 \
     causal:4096 causal:8192 causal:16384 full:1280 full:3840 full:15360 --json "$OUT/steady_fwd.json" \
     --md "$OUT/steady_fwd.md" 2>&1 | tail -10
-fi
-if [ "$stage" = fwd_pairs ]; then   # the causal forward in tile pairs (benchmarks/patches/fwd_tile_pairs.patch:
-  rm -rf /tmp/pairs /tmp/fp && mkdir -p /tmp/fp && cp -r . /tmp/pairs   # kernel and host) in a patched copy: its
-  (cd /tmp/pairs && patch -s -p1 <benchmarks/patches/fwd_tile_pairs.patch) || exit 1   # forward tests, then steady
-  (cd /tmp/pairs && PYTHONPATH=/tmp/pairs:${PYTHONPATH:-} CUPY_DASH_CACHE_DIR=/tmp/dc_pairs timeout -s INT -k 30 240 $py -m pytest \
-    tests/gpu/test_gpu_forward.py tests/gpu/test_gpu_varlen.py tests/gpu/test_gpu_jax_jit.py -q -x 2>&1 \
-    | tee "$OUT/fwd_pairs_tests.log" | tail -4)   # loops beside FA3's forward (FA3_WHL=1), tree and patch alternating
-  for n in 1 2; do
-    for leg in tree pairs; do
-      dir=$PWD; [ $leg = pairs ] && dir=/tmp/pairs
-      (cd $dir && PYTHONPATH=$dir:${PYTHONPATH:-} CUPY_DASH_CACHE_DIR=/tmp/dc_$leg timeout 150 $py benchmarks/steady_bench.py --forward \
-        --rounds 3 --loop-s 0.5 --shapes causal:1024 causal:2048 causal:4096 causal:8192 causal:16384 \
-        --json /tmp/fp/${leg}_$n.json --md /tmp/fp/${leg}_$n.md 2>&1 | tail -6 | sed "s/^/$leg$n /")
-    done
-  done
-  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | tail -1)   # one forward of each at causal 1k
-  for leg in tree pairs; do
-    dir=$PWD; [ $leg = pairs ] && dir=/tmp/pairs
-    (cd $dir && PYTHONPATH=$dir:${PYTHONPATH:-} CUPY_DASH_CACHE_DIR=/tmp/dc_$leg timeout 120 "$ncu" --profile-from-start off \
-      --clock-control none --set full -k dash_fwd -c 1 -f -o /tmp/fp/ncu_$leg $py benchmarks/ncu_bwd.py --forward \
-      --impl ours --causal --seqlen 1024 --batch 16 >/tmp/fp/ncu_$leg.log 2>&1)
-    "$ncu" -i /tmp/fp/ncu_$leg.ncu-rep --page raw --csv >/tmp/fp/ncu_$leg.raw.csv 2>&1 && rm /tmp/fp/ncu_$leg.ncu-rep
-    $py benchmarks/ncu_summary.py /tmp/fp/ncu_$leg.raw.csv | sed "s/^/ncu_$leg /"
-  done
-  (cd /tmp/fp && tar czf "$OUT/fwd_pairs.tgz" *)
-fi
-if [ "$stage" = fwd_persistent ]; then   # the persistent forward (benchmarks/patches/fwd_persistent.patch: the
-  rm -rf /tmp/pers && cp -r . /tmp/pers   # functional API's fixed-length forwards and their fast path take a
-  (cd /tmp/pers && patch -s -p1 <benchmarks/patches/fwd_persistent.patch) || exit 1   # DASH_PERSISTENT build that
-  (cd /tmp/pers && PYTHONPATH=/tmp/pers:${PYTHONPATH:-} CUPY_DASH_CACHE_DIR=/tmp/dc_pers timeout -s INT -k 30 300 $py -m pytest \
-    tests/gpu/test_gpu_forward.py tests/gpu/test_gpu_varlen.py tests/gpu/test_gpu_fastpath.py \
-    tests/gpu/test_gpu_torch_ops.py tests/gpu/test_gpu_training_graphs.py tests/gpu/test_gpu_jax_jit.py -q -x 2>&1 \
-    | tee "$OUT/fwd_persistent_tests.log" | tail -3)   # claims tiles from a counter zeroed per call): its tests,
-  for d in 128 64; do   # fwd_order.py's legs (grid build against persistent, bits compared), FA3 beside it
-    (cd /tmp/pers && PYTHONPATH=/tmp/pers:${PYTHONPATH:-} CUPY_DASH_CACHE_DIR=/tmp/dc_pers timeout 200 $py benchmarks/fwd_order.py \
-      --hdim $d --shapes causal:1024 causal:2048 causal:4096 causal:8192 causal:16384 full:3840 full:15360 \
-      --sections rule 1 persistent persistent:1 --json "$OUT/fwd_persistent_d$d.json" \
-      --md "$OUT/fwd_persistent_d$d.md" 2>&1 | tail -8)
-  done
-  (cd /tmp/pers && PYTHONPATH=/tmp/pers:${PYTHONPATH:-} CUPY_DASH_CACHE_DIR=/tmp/dc_pers timeout 200 $py benchmarks/steady_bench.py \
-    --forward --rounds 3 --loop-s 0.5 --shapes causal:1024 causal:2048 causal:4096 causal:8192 causal:16384 \
-    full:1280 full:3840 full:15360 --json "$OUT/fwd_persistent_steady.json" --md "$OUT/fwd_persistent_steady.md" \
-    2>&1 | tail -10)
 fi
 if [ "$stage" = steady_ab ]; then   # AB_PATCHES (benchmarks/patches/<name>) against the tree at a steady clock:
   mkdir -p /tmp/sab                   # LEGS rounds of one process per leg, each timing ours deterministic beside

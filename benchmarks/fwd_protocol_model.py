@@ -1,12 +1,12 @@
-"""A model of the multi-tile forward's barrier protocol (benchmarks/patches/fwd_persistent.patch, and with
-``--pairs`` fwd_tile_pairs.patch's two tiles per CTA): one producer lane and two MMA warpgroups of one CTA, random
-interleavings and TMA completion delays, random tile lists (KV tiles per tile, 0 allowed). Checks: no deadlock,
-every mbarrier parity wait succeeds on the phase it means (never a phase behind or two ahead), no warpgroup arrives
-twice in one generation of a named barrier (the ping-pong turn). No GPU; a design check of the protocol, not of
-the kernel's code.
+"""A model of the multi-tile forward's barrier protocol (the persistent build, kernels_src/fwd.cu's
+DASH_PERSISTENT, and with ``--pairs`` the two tiles per CTA of a tile-pairs patch, in git history): one producer
+lane and two MMA warpgroups of one CTA, random interleavings and TMA completion delays, random tile lists (KV
+tiles per tile, 0 allowed). Checks: no deadlock, every mbarrier parity wait succeeds on the phase it means (never a
+phase behind or two ahead), no warpgroup arrives twice in one generation of a named barrier (the ping-pong turn).
+No GPU; a design check of the protocol, not of the kernel's code.
 
-    python benchmarks/fwd_protocol_model.py 3000              # the patch's protocol: ok
-    python benchmarks/fwd_protocol_model.py 3000 --pairs --q-on-kv-only   # fwd_tile_pairs: two tiles per CTA, ok
+    python benchmarks/fwd_protocol_model.py 3000              # the persistent build's protocol: ok
+    python benchmarks/fwd_protocol_model.py 3000 --pairs --q-on-kv-only   # tile pairs: two tiles per CTA, ok
     python benchmarks/fwd_protocol_model.py 300 --q-on-kv-only   # Q loaded only for tiles with KV tiles: fails
 
 The last is the protocol before the fix: a parity wait tells apart two phases only, and tiles without KV tiles let
@@ -15,7 +15,7 @@ import random
 import sys
 
 S = 2  # K/V stages
-FIXED = True   # Q loaded for every tile of a persistent CTA (the patch); --q-on-kv-only: the protocol before
+FIXED = True   # Q loaded for every tile of a persistent CTA (as built); --q-on-kv-only: the protocol before
 
 
 class Mbar:

@@ -1,7 +1,7 @@
 #include "common.cuh"
-// Attention forward, Hopper engine: one CTA per (m_block, head, batch), or (persistent launches, an experiment) one
-// per SM claiming tiles. Warp specialized: a producer lane loads Q once per tile and K, V of each KV tile by TMA
-// (fwd/producer.cuh); two MMA warpgroups, 64 query rows each, compute
+// Attention forward, Hopper engine: one CTA per (m_block, head, batch), or (persistent launches: causal masks,
+// docs/decisions/fwd-launch-order.md) one per SM claiming tiles. Warp specialized: a producer lane loads Q once per
+// tile and K, V of each KV tile by TMA (fwd/producer.cuh); two MMA warpgroups, 64 query rows each, compute
 // S = Q K^T and O += P V with wgmma and an online softmax, overlapped inside and across warpgroups
 // (fwd/mainloop.cuh), and store O and lse (fwd/epilogue.cuh).
 #include "fwd/config.cuh"

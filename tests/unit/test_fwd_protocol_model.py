@@ -11,7 +11,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import fwd_protocol_model as model  # noqa: E402
 
 
-def test_the_patch_protocol_holds(monkeypatch):
+def test_the_persistent_protocol_holds(monkeypatch):
     monkeypatch.setattr(model, "FIXED", True)
     for seed in range(150):
         model.run(model.random_tiles(seed, 7), seed, persistent=True)
