@@ -14,8 +14,8 @@
 # the whole suite; "fold_bench": its GPU and host time. Earlier one-off stages are in this file's
 # history (causal80: the causal 80-query tile's legs; tiles_and_varlen: the forward's 176-key tile, varlen and full
 # 3840 with either backward tile; heads: the head-dim-192 / 256 forward's tests and tiles; fwd_pairs /
-# fwd_persistent: the forward's tile-pair and persistent patches in a patched copy); the writer-rank-ahead experiment is
-# benchmarks/patches/writer_rank_ahead.patch (measured, not merged: docs/decisions/table-forms.md).
+# fwd_persistent: the forward's tile-pair and persistent patches in a patched copy); the writer-rank-ahead
+# experiment is benchmarks/patches/writer_rank_ahead.patch (measured, not merged: docs/decisions/table-forms.md).
 # "multi_gpu": per-device state with two GPUs in one process, and the DDP / FSDP2 / JAX data-parallel examples
 # (torchrun, nccl on two GPUs; gloo with two ranks on one GPU; JAX over every GPU), all logs in multi_gpu.tgz.
 # FA3 (flash-attn3-jax) is measured when its wheel is importable: carry .whl/ and set FA3_WHL=1.
