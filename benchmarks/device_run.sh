@@ -338,6 +338,8 @@ if [ "$stage" = suite ]; then   # the GPU test files one by one, each under its 
     done
   }
   files=(${SUITE:?"file:limit pairs, e.g. forward:90 gqa:200"}); lanes=${SUITE_LANES:-1}
+  # a caller's timeout (TERM) ends the lanes' pytest runs too (each runs under its own timeout, in a group of its own)
+  trap 'pkill -INT -f "pytest tests/gpu/test_gpu_"; sleep 5; pkill -KILL -f "pytest tests/gpu/test_gpu_"; exit 124' TERM INT
   for ((l = 0; l < lanes; l++)); do
     mine=(); for ((i = l; i < ${#files[@]}; i += lanes)); do mine+=("${files[$i]}"); done
     lane "${mine[@]}" &
