@@ -278,3 +278,21 @@ def test_a_repeated_fixed_length_forward_is_served_persistent_with_a_fresh_zeroe
                                                                              int(fast["num_m_blocks"]))
     counters = [int(full["tile_counter"]), int(fast["tile_counter"])]
     assert counters == [b0[5], b1[5]] and counters[0] != counters[1] and 0 not in counters
+
+
+def test_the_forward_build_follows_the_mask(no_gpu, monkeypatch):
+    """With today's choice (kernels.FWD_PERSISTENT: causal masks only) a causal forward runs the persistent build
+    (one CTA per SM, a counter) and a full-mask one the grid build (one CTA per tile, nothing zeroed)."""
+    launched = []
+    monkeypatch.setattr(launchers, "enqueue_forward", lambda plan, stream, buffers: launched.append(plan))
+    fastpath.clear()
+    q = Tensor((2, 1000, 4, 128), BF16, 0x10000000)
+    k, v = (Tensor((2, 1000, 2, 128), BF16, p) for p in (0x20000000, 0x30000000))
+    for causal in (True, False):
+        cupy_dash.attention_forward(q, k, v, causal=causal)
+    (causal_plan, full_plan) = launched
+    ((_, grid_c, _, _),), ((_, grid_f, _, _),) = causal_plan.parts.kernels, full_plan.parts.kernels
+    assert causal_plan.parts.names[-1] == "tile_counter" and causal_plan.parts.zeros == ((5, 4),)
+    assert kernels.grid_xyz(grid_c) == (min(2 * 4 * 8, 132), 1, 1)
+    assert "tile_counter" not in full_plan.parts.names and full_plan.parts.zeros == ()
+    assert kernels.grid_xyz(grid_f) == (8, 4, 2)
