@@ -64,8 +64,7 @@ pr.disable(); pstats.Stats(pr).sort_stats("tottime").print_stats(14)
 
 # the forward's fast path, the same way
 mp.setattr(fastpath, "_ready_stream", lambda dev: Stream())
-mp.setattr(kernels, "fwd_entry", lambda *a, **kw: (kernels.fwd_spec("bfloat16", 64, False,
-                                                                      persistent=False in kernels.FWD_PERSISTENT), 128, 128))
+mp.setattr(kernels, "fwd_entry", lambda *a, **kw: (kernels.fwd_spec("bfloat16", 64, False), 128, 128))
 out0, lse0 = cupy_dash.attention_forward(q, k, v)
 t0 = time.perf_counter()
 for _ in range(n):

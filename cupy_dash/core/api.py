@@ -125,7 +125,8 @@ def attention_forward(q, k, v, *, causal=False, softmax_scale=None, window=(-1, 
     window = check_window(window, causal)
     p = validate(q, k, v, softmax_scale=softmax_scale, softcap=softcap)
     window = _schedule.canonical_window(window, p.Sq, p.Sk, causal)
-    spec, block_m, block_n = kernels.fwd_entry(p.dtype, p.D, causal, p.Dv, persistent=causal in kernels.FWD_PERSISTENT)
+    spec, block_m, block_n = kernels.fwd_entry(p.dtype, p.D, causal, p.Dv,
+                                               persistent=causal in kernels.FWD_PERSISTENT)
     return run_forward(q, p, spec, block_m, block_n, window, (q, k, v), launchers.fwd_grid(p, block_m),
                        ((p.B, p.Sq, p.H, p.Dv), (p.B, p.H, p.Sq)), capturing, fast_key, fastpath.register_forward)
 

@@ -96,6 +96,7 @@ def fwd_params(block_m, block_n, p, window, operands, out_ptr, lse_ptr, varlen=N
     B, Sq, Sk, H, Hkv, D, Dv = p.B, p.Sq, p.Sk, p.H, p.Hkv, p.D, p.Dv
     (q_ptr, q_stride), (k_ptr, k_stride), (v_ptr, v_stride) = operands
     batch, cu_q, cu_k = (B, 0, 0) if varlen is None else varlen
+    m_blocks = -(-Sq // block_m)
     return kernels.pack_fwd_params(
         tma_q=tensormap.bhsd_map(q_ptr, p.dtype, (B, Sq, H, D), q_stride, block_m, "q"),
         tma_k=tensormap.bhsd_map(k_ptr, p.dtype, (B, Sk, Hkv, D), k_stride, block_n, "k"),
@@ -107,8 +108,8 @@ def fwd_params(block_m, block_n, p, window, operands, out_ptr, lse_ptr, varlen=N
         cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, out=out_ptr if varlen is not None else 0,
         head_section=fwd_head_section(p, block_m) if varlen is None else
         fwd_head_section(p, block_m, grid) if grid is not None else 0,
-        tile_counter=counter_ptr, num_tiles=B * H * -(-Sq // block_m) if counter_ptr else 0,
-        num_m_blocks=-(-Sq // block_m) if counter_ptr else 0)
+        tile_counter=counter_ptr, num_tiles=B * H * m_blocks if counter_ptr else 0,
+        num_m_blocks=m_blocks if counter_ptr else 0)
 
 
 # ------------------------------------------------------------------------------------------------------------

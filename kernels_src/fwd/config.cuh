@@ -24,7 +24,7 @@ constexpr bool kCausal = DASH_CAUSAL != 0;
 #ifndef DASH_PERSISTENT
 #define DASH_PERSISTENT 0
 #endif
-constexpr bool kPersistent = DASH_PERSISTENT != 0;  // an experiment's build: one CTA per SM claiming tiles (fwd.cu)
+constexpr bool kPersistent = DASH_PERSISTENT != 0;  // one CTA per SM claiming tiles (fwd.cu; causal masks)
 constexpr int kBlockM = DASH_BLOCK_M;  // queries per Q tile (m_block)
 constexpr int kBlockN = DASH_BLOCK_N;  // keys per KV tile (n_block)
 
