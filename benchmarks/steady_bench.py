@@ -10,7 +10,9 @@ calls), the SM clock and power (nvidia-smi, 20 ms samples over the loop) and the
 
 Implementations (backward): ``dash_det`` (cupy_dash deterministic, ``schedule="auto"``), ``dash_atomic``, and with the
 flash-attn3-jax wheel importable ``fa3_nondet`` and ``fa3_det`` (bench_peers.Fa3Peer, on our forward's out / lse);
-``--schedules a b`` adds deterministic legs ``dash_a``, ``dash_b`` with that schedule instead of ``auto``.
+``--schedules a b`` adds deterministic legs ``dash_a``, ``dash_b`` with that schedule instead of ``auto``;
+``--env-legs name:VAR=VALUE`` a deterministic ``auto`` leg ``dash_name`` whose calls run with the environment
+variable VAR set to VALUE (a knob A/B in one process, e.g. ``post:CUPY_DASH_BWD_DQ_FINISH=0``).
 Before timing, FA3's dq, dk, dv are compared with ours (max |diff| over max |ours| per tensor; a peer above
 ``--tolerance`` is marked invalid and left out of the ratios), and each deterministic implementation is run twice
 on the same inputs and its bits compared. ``--forward``: the forwards instead (``dash_fwd``, ``fa3_fwd``, FA3's
@@ -111,9 +113,10 @@ class Smi:
         self.proc.wait()
 
 
-def implementations(shape, fa3, forward=False, schedules=()):
+def implementations(shape, fa3, forward=False, schedules=(), env_legs=()):
     """{name: (call, done, result)} on one seeded input set; ``result()`` returns the outputs compared between
-    implementations as CuPy arrays: (dq, dk, dv), or (out,) with ``forward``."""
+    implementations as CuPy arrays: (dq, dk, dv), or (out,) with ``forward``. ``env_legs``: (name, variable,
+    value) of deterministic legs run with that variable set."""
     import cupy
 
     import cupy_dash
@@ -125,20 +128,32 @@ def implementations(shape, fa3, forward=False, schedules=()):
     names = ("q", "k", "v") if forward else ("do", "q", "k", "v", "out", "lse")
     operands = tuple(t[n] for n in names)
 
-    def ours(det, schedule="auto"):
+    def ours(det, schedule="auto", env=None):
         if forward:
             return (cupy_dash.attention_forward(*operands, causal=causal)[0],)
-        return cupy_dash.attention_backward(*operands, causal=causal, schedule=schedule, deterministic=det)
+        if env is None:
+            return cupy_dash.attention_backward(*operands, causal=causal, schedule=schedule, deterministic=det)
+        old = os.environ.get(env[0])
+        os.environ[env[0]] = env[1]
+        try:
+            return cupy_dash.attention_backward(*operands, causal=causal, schedule=schedule, deterministic=det)
+        finally:
+            if old is None:
+                del os.environ[env[0]]
+            else:
+                os.environ[env[0]] = old
 
-    def enqueue(det, schedule="auto"):
-        ours(det, schedule)
+    def enqueue(det, schedule="auto", env=None):
+        ours(det, schedule, env)
         ev = cupy.cuda.Event(disable_timing=True)
         ev.record()
         return ev
-    kinds = ((True, "dash_fwd", "auto"),) if forward else ((True, "dash_det", "auto"), (False, "dash_atomic", "auto"))
-    kinds += tuple((True, f"dash_{name}", name) for name in schedules)
-    impls = {name: (lambda d=det, s=sched: enqueue(d, s), lambda ev: ev.synchronize(),
-                    lambda d=det, s=sched: ours(d, s)) for det, name, sched in kinds}
+    kinds = ((True, "dash_fwd", "auto", None),) if forward else ((True, "dash_det", "auto", None),
+                                                                  (False, "dash_atomic", "auto", None))
+    kinds += tuple((True, f"dash_{name}", name, None) for name in schedules)
+    kinds += tuple((True, f"dash_{name}", "auto", (var, value)) for name, var, value in env_legs)
+    impls = {name: (lambda d=det, s=sched, e=env: enqueue(d, s, e), lambda ev: ev.synchronize(),
+                    lambda d=det, s=sched, e=env: ours(d, s, e)) for det, name, sched, env in kinds}
     if fa3 is not None:
         jax = fa3.jax
         cupy.cuda.Device().synchronize()
@@ -169,11 +184,12 @@ def agreement(ours, theirs):
 def run_shape(shape, opts, fa3, smi):
     from bench_peers import same_bits
     from cupy_dash.cli.measure import attention_flops
-    impls = implementations(shape, fa3, opts.forward, () if opts.forward else opts.schedules)
+    extra = () if opts.forward else (*opts.schedules, *(name for name, _, _ in opts.env_legs))
+    impls = implementations(shape, fa3, opts.forward, () if opts.forward else opts.schedules,
+                            () if opts.forward else opts.env_legs)
     ours = "dash_fwd" if opts.forward else "dash_det"
     if opts.impls:
-        impls = {n: impls[n] for n in impls
-                 if n in opts.impls or n == ours or n in (f"dash_{x}" for x in opts.schedules)}
+        impls = {n: impls[n] for n in impls if n in opts.impls or n == ours or n in (f"dash_{x}" for x in extra)}
     flops = attention_flops(shape["batch"], shape["heads"], shape["seqlen"], shape["seqlen"], shape["hdim"],
                             shape["causal"], "fwd" if opts.forward else "bwd")
     ref = impls[ours][2]()                             # the reference every other result is compared with
@@ -205,7 +221,7 @@ def run_shape(shape, opts, fa3, smi):
                              power_w_median=med([x["power_w"] for x in loops[name] if x["power_w"]] or [0]),
                              mcycles_median=med(cyc) if cyc else None, **checks[name])
     ratios = {}
-    for peer in ("fa3_fwd", "fa3_nondet", "fa3_det", "dash_atomic", *(f"dash_{x}" for x in opts.schedules)):
+    for peer in ("fa3_fwd", "fa3_nondet", "fa3_det", "dash_atomic", *(f"dash_{x}" for x in extra)):
         if peer in loops and checks[peer]["valid"]:
             per_round = [p["ms"] / d["ms"] for p, d in zip(loops[peer], loops[ours])]
             ratios[f"{ours}_speed_vs_{peer}"] = dict(median=med(per_round), min=min(per_round), max=max(per_round))
@@ -305,6 +321,8 @@ def main():
                     help="a subset of dash_det dash_atomic fa3_nondet fa3_det (default: all available)")
     ap.add_argument("--schedules", nargs="+", default=[],
                     help="deterministic legs with these schedules (dash_<name>), each against dash_det (auto)")
+    ap.add_argument("--env-legs", nargs="+", default=[], type=_env_leg, metavar="NAME:VAR=VALUE",
+                    help="deterministic auto legs dash_NAME run with VAR=VALUE, each against dash_det")
     ap.add_argument("--json", required=True, help="the report to write (with --replot: to read)")
     ap.add_argument("--md", default=None)
     ap.add_argument("--png", default=None, help="a bar chart of the report (needs matplotlib)")
@@ -346,6 +364,15 @@ def main():
     finally:
         smi.close()
     _write_views(report, opts)
+
+
+def _env_leg(text):
+    """``name:VAR=VALUE`` -> (name, VAR, VALUE)."""
+    name, sep, assignment = text.partition(":")
+    var, eq, value = assignment.partition("=")
+    if not (sep and eq and name and var):
+        raise argparse.ArgumentTypeError(f"expected NAME:VAR=VALUE, got {text!r}")
+    return name, var, value
 
 
 def _write_views(report, opts):

@@ -91,6 +91,10 @@ struct BwdParams {
   // softmax_scale_log2 - lse_log2) with softmax_scale_log2 = cap * log2(e), and dS gets the factor 1 - tanh^2;
   // softmax_scale stays the caller's scale (dK, dQ are scaled by it).
   float softcap_prescale;
+  // Deterministic fixed-length launches that finish dq in the main kernel (bwd/dq_finish.cuh), null otherwise (the
+  // postprocess kernel converts dq): (B*H, num_m_blocks) int32, the visits of each dQ tile (its ranks are 0 .. count
+  // - 1). Preprocess writes the dq rows of a tile without visits (zero).
+  const int32_t* dq_ranks;
 };
 
 // The (batch, head) pair of a bh index and its kv head (32-bit division: bh < B * H < 2^31).

@@ -118,8 +118,10 @@ per_visit, compact = functools.partial(fixed, False), functools.partial(fixed, T
 class DeviceTables:
     """A per-visit table on one device: ``visits`` (V, 4) int32, ``rank`` (V,) int32, ``cta_start``
     (num_ctas + 1,) int64 CuPy arrays (views of one allocation), plus ``num_ctas``, ``policy`` and ``device_id``;
-    ``plans``: the launch plans that read them (:mod:`cupy_dash.cuda.plans`), dropped with them."""
-    __slots__ = ("visits", "rank", "cta_start", "num_ctas", "policy", "device_id", "plans")
+    ``plans``: the launch plans that read them (:mod:`cupy_dash.cuda.plans`), dropped with them. ``ranks``: a
+    fixed-length table's visits per dQ tile, ``(num_heads * m_blocks,)`` int32 indexed ``bh * m_blocks + m_block``
+    (:func:`tile_visits`; kernels_src/bwd/dq_finish.cuh), or None (a varlen table's)."""
+    __slots__ = ("visits", "rank", "cta_start", "num_ctas", "policy", "device_id", "plans", "ranks")
 
 
 def upload(plan, num_heads: int, n_blocks: int, m_blocks: int, device_id: int, stream, wait=False,
@@ -132,9 +134,18 @@ def upload(plan, num_heads: int, n_blocks: int, m_blocks: int, device_id: int, s
     visits, rank, cta_start, num_ctas = checked
     t = DeviceTables()
     with cupy.cuda.Device(device_id):
-        t.visits, t.rank, t.cta_start = upload_async((visits, rank, cta_start), stream, wait)
+        t.visits, t.rank, t.cta_start, t.ranks = upload_async(
+            (visits, rank, cta_start, tile_visits(visits, num_heads, m_blocks)), stream, wait)
     t.num_ctas, t.policy, t.device_id = num_ctas, str(getattr(plan, "policy", "custom")), device_id
     return t
+
+
+def tile_visits(visits, num_heads: int, m_blocks: int) -> np.ndarray:
+    """The visits of each dQ tile of a fixed-length table's ``visits`` rows (cta, bh, n_block, m_block):
+    ``(num_heads * m_blocks,)`` int32 at ``bh * m_blocks + m_block``. A checked table ranks each tile's visits 0 ..
+    count - 1, so the visit of rank count - 1 is the tile's last."""
+    tiles = visits[:, 1].astype(np.int64) * m_blocks + visits[:, 3]
+    return np.bincount(tiles, minlength=num_heads * m_blocks).astype(np.int32)
 
 
 def upload_compact(plan, device_id: int, stream, wait=False):

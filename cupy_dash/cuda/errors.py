@@ -217,6 +217,11 @@ def _format_failure(info, flag, visit, want, seen) -> str:
                 f"co-resident CTAs (another kernel holding SMs?) or an earlier failure stopped it. The kernel "
                 f"abandoned the wait instead of hanging; dq/dk/dv of that call are invalid. CUPY_DASH_FOLD=0 turns "
                 f"the fold off; the wait is bounded by {_stall_bound()}.")
+    if flag == K.kErrorDqFinish:
+        return (f"cupy_dash backward: the dQ finisher of visit {visit} waited for all {want} partials of its dQ "
+                f"tile and saw {seen} {where}, abandoned after {_stall_bound()}; the schedule table is "
+                f"inconsistent or an earlier failure stopped the kernel. dq/dk/dv of that call are invalid; "
+                f"CUPY_DASH_BWD_DQ_FINISH=0 converts dq in a postprocess kernel instead.")
     return (f"cupy_dash backward: the main kernel reported error code {flag} {where} (visit {visit}, "
             f"values {want}, {seen}); dq/dk/dv of that call are invalid.")
 
@@ -228,8 +233,8 @@ def _consume(rec: _Pending):
     if slot is not None:
         done, flag, visit, want, seen = slot.host[:1 + FAILURE_WORDS].tolist()
         if not done:
-            msg = (f"cupy_dash backward: the call {rec.info} finished without its postprocess kernel writing its "
-                   f"error record (an earlier CUDA error?); its dq/dk/dv may be invalid.")
+            msg = (f"cupy_dash backward: the call {rec.info} finished without its kernels writing its error "
+                   f"record (an earlier CUDA error?); its dq/dk/dv may be invalid.")
         elif flag:
             msg = _format_failure(rec.info, flag, visit, want, seen)
         if msg is None:

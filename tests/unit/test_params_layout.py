@@ -26,16 +26,17 @@ def test_params_layout_matches_c_structs(offsetof):
     assert ok, log
     # BwdParams: four 64-byte-aligned 128-byte tensor maps first, 400 bytes of 8-byte fields, then the compact
     # tables' 64 bytes, the varlen builds' two pointers, tile_columns, the compact varlen builds' three pointers
-    # and the eager error record's host mirror, the fold flag and the soft-capping prescale appended (the earlier
+    # and the eager error record's host mirror, the fold flag, the soft-capping prescale and the dQ tiles' visit
+    # counts appended (the earlier
     # offsets unchanged: softmax_scale_log2 still ends at 936), padded to 64; FwdParams likewise ends in it, then
     # the causal launch order's head section
     assert kernels.FWD_PARAMS_DTYPE.itemsize == 704 and kernels.BWD_PARAMS_DTYPE.itemsize == 1088
     bwd = kernels.BWD_PARAMS_DTYPE
     appended = ("col_records", "cta_columns", "cta_col_start", "scan_bounds", "n_first", "columns_per_head",
                 "tie_sign", "rank_rule", "cu_seqlens_q", "cu_seqlens_k", "tile_columns", "seg_col_start",
-                "seq_n_first", "seq_tile_start", "error_host", "fold", "softcap_prescale")
-    assert bwd.names[-17:] == appended and bwd.fields["softmax_scale_log2"][1] == 932
-    assert [bwd.fields[n][1] for n in appended] == list(range(936, 1072, 8))
+                "seq_n_first", "seq_tile_start", "error_host", "fold", "softcap_prescale", "dq_ranks")
+    assert bwd.names[-18:] == appended and bwd.fields["softmax_scale_log2"][1] == 932
+    assert [bwd.fields[n][1] for n in appended] == list(range(936, 1080, 8))
     assert kernels.FWD_PARAMS_DTYPE.names[-5:] == ("softcap_prescale", "head_section", "tile_counter", "num_tiles",
                                                    "num_m_blocks")
     assert kernels.PARAMS_STRUCTS["BwdParams"][1] == 64 and kernels.BWD_PARAMS_DTYPE.fields["q"][1] == 512

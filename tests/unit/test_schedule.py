@@ -298,9 +298,16 @@ def test_device_tables_are_checked_uploaded_once_and_cached(monkeypatch):
     args = ("symmetric_shift", 1000, 1000, 64, 128, 3, True, 7, 0, Stream())
     t = device_tables.per_visit(*args)
     assert isinstance(t, device_tables.DeviceTables) and t.num_ctas == 7 and t.policy == "symmetric_shift"
-    assert [dtype for _, dtype in uploads] == [np.int32, np.int32, np.int64] and Stream.synced == 1
+    assert [dtype for _, dtype in uploads] == [np.int32, np.int32, np.int64, np.int32] and Stream.synced == 1
     assert t.visits.shape[1] == 4 and t.rank.shape == (t.visits.shape[0],) and t.cta_start.shape == (8,)
-    assert device_tables.per_visit(*args) is t and len(uploads) == 3      # cached: built and uploaded once
+    # the visits of each dQ tile (bh * 16 + m_block): the one visit ranked count - 1 is the tile's last, which
+    # kernels_src/bwd/dq_finish.cuh finishes
+    visits, rank, counts = (np.asarray(a) for a in (t.visits, t.rank, t.ranks))
+    tiles = visits[:, 1] * 16 + visits[:, 3]
+    assert counts.shape == (3 * 16,) and counts.sum() == len(visits) and (counts > 0).all()
+    last = rank == counts[tiles] - 1
+    assert sorted(tiles[last]) == list(range(3 * 16))
+    assert device_tables.per_visit(*args) is t and len(uploads) == 4      # cached: built and uploaded once
     other = device_tables.per_visit("shift", 1000, 1000, 64, 128, 3, True, 7, 0, Stream())
     assert other is not t and other.policy == "shift"
     with pytest.raises(ValueError, match=r"plan: visits\[:, 1\] \(bh\) must lie in \[0, 2\)"):

@@ -487,7 +487,7 @@ def test_a_record_never_published_is_reported(monkeypatch, fresh_error_state):
     rec.slot.host[0] = 0
     monkeypatch.setattr(errors._Pending, "wait", lambda self: None)     # the device sync, without a device
     monkeypatch.setattr(errors, "_pending", collections.deque([rec]))
-    raises(RuntimeError, cupy_dash.check_errors, "without its postprocess kernel writing its error record")
+    raises(RuntimeError, cupy_dash.check_errors, "without its kernels writing its error record")
 
 
 def test_check_errors_raises_and_drains(monkeypatch, fresh_error_state):

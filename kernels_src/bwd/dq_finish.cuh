@@ -1,0 +1,122 @@
+// Backward main kernel, dQ finisher warp (warp 3 of the producer warpgroup; deterministic launches whose table counts
+// each dQ tile's visits, BwdParams::dq_ranks): for every visit of this CTA that is the last of its dQ tile's
+// reduction order, waits until the tile's semaphore counts all of the tile's visits (the dQ writer's last add
+// complete), then writes dq = elem_t(dq_accum * softmax_scale) for the tile's rows, as the postprocess pass would
+// (bwd/row_passes.cuh), while the CTA's later visits run. The postprocess launch is then not made: the last CTA to
+// end hands the error record to the host instead (finish_exit).
+#pragma once
+#include "../params.cuh"
+#include "../ptx/cvt.cuh"
+#include "../ptx/fence.cuh"
+#include "../ptx/globaltimer.cuh"
+#include "../ptx/semaphore.cuh"
+#include "config.cuh"
+#include "error_record.cuh"
+
+namespace bwd {
+
+// Deterministic mode, one thread: waits until all `count` dQ partials of a tile have been added (its semaphore,
+// released by the dQ writer after the add completed, reads count). Returns false (the failure recorded, first
+// failure only) once another CTA has failed, on an impossible value, or past the stall bound.
+// NOTES: the wait may start long before this CTA reaches the visit (the finisher scans ahead), so its bound is the
+// stall bound of waits that only semaphore waits can hold up, as the fold's grid barriers: every other wait of the
+// kernel is bounded and records a failure, which ends this one at once.
+DASH_DEVICE bool wait_for_tile(const BwdParams& p, const int* sem, int v, int count) {
+  // NOTES: time in units of 1024 ns, 32 bits (wraps after 73 minutes): the warp has 24 registers
+  const uint32_t bound = (uint32_t)((kStallTimeoutFactor * p.spin_timeout_ns + kStallSlackNs) >> 10);
+  const uint32_t t0 = (uint32_t)(globaltimer_ns() >> 10);
+  while (true) {
+    const int seen = ld_acquire_gpu(sem);
+    if (seen == count) return true;
+    const bool other_failed = *reinterpret_cast<volatile int*>(p.error) != 0;
+    if (other_failed || seen > count || (uint32_t)(globaltimer_ns() >> 10) - t0 > bound) {
+      error_record_claim(p, kErrorDqFinish, v, count, seen);
+      return false;
+    }
+    __nanosleep(128);
+  }
+}
+
+// One dQ tile by the 32 lanes: dq rows [0, rows) of the tile (rows of the sequence from the tile's first; dq row
+// stride `stride` elements) from the tile's fp32 sums `acc`. Float4 f of the tile is registers 4c .. 4c + 3 of MMA
+// thread t of slice f / kSliceVecs (bwd/dq_accum_layout.cuh: c = f % kSliceVecs / 128, t = f % 128): rows r, r + 8
+// by columns x, x + 1 of its piece, r = 16 (t / 32) + t % 32 / 4, x = 8 c + 2 (t % 4); in the transposed plans
+// the piece's rows are head-dim columns and its columns queries. A warp's loads read 512 contiguous bytes.
+// NOTES: the rounding is postprocess_tile's (pack_elem2 of the scaled fp32 sum), so the bits are the same. 32-bit
+// offsets within the tile's rows (a tile's dq rows span less than 2^31 elements: the host checks dq's size).
+DASH_DEVICE void finish_tile(const float4* acc, elem_t* dq, int stride, int rows, float scale, int lane) {
+#pragma unroll 1
+  for (int f = lane; f < DqLayout::kTileVecs; f += 32) {
+    const float4 a = __ldcg(acc + f);
+    const int slice = f / DqLayout::kSliceVecs, c = f % DqLayout::kSliceVecs / 128, t = f % 128;
+    const int r = 16 * (t / 32) + t % 32 / 4, x = 8 * c + 2 * (t % 4);
+    if constexpr (DqLayout::kTransposed) {
+      const int col = 64 * slice + r;  // head-dim column; queries x (.x, .z) and x + 1 (.y, .w)
+      const uint32_t lo = pack_elem2(a.x * scale, a.y * scale), hi = pack_elem2(a.z * scale, a.w * scale);
+      if (x < rows) {
+        if (col < kHeadDimIO) dq[x * stride + col] = (elem_t)(lo & 0xffffu);
+        if (col + 8 < kHeadDimIO) dq[x * stride + col + 8] = (elem_t)(hi & 0xffffu);
+      }
+      if (x + 1 < rows) {
+        if (col < kHeadDimIO) dq[(x + 1) * stride + col] = (elem_t)(lo >> 16);
+        if (col + 8 < kHeadDimIO) dq[(x + 1) * stride + col + 8] = (elem_t)(hi >> 16);
+      }
+    } else {
+      const int row = DqLayout::row0(slice) + r, col = DqLayout::col0(slice) + x;
+      if (col < kHeadDimIO) {
+        if (row < rows) *reinterpret_cast<uint32_t*>(dq + row * stride + col) = pack_elem2(a.x * scale, a.y * scale);
+        if (row + 8 < rows) {
+          *reinterpret_cast<uint32_t*>(dq + (row + 8) * stride + col) = pack_elem2(a.z * scale, a.w * scale);
+        }
+      }
+    }
+  }
+}
+
+// NOTES: fixed-length launches only (the host's choice): tile (bh, m_block) has semaphore and count bh
+// num_m_blocks + m_block and scratch rows from bh seqlen_q_rounded (bwd_rows.cuh). The lanes scan 32 visits at a
+// time (visit, rank and the tile's count: loads a lane issues together), so the scan runs ahead of the CTA's
+// visits; the tiles found are finished in visit order. Every tile has exactly one last visit, hence one finisher.
+// The acquire of the semaphore orders the finisher's reads after the writer's completed bulk adds (bulk_wait,
+// then the release); the proxy fence orders the async proxy's writes before them as fold.cuh does, and the loads
+// bypass L1 (ld.global.cg). The table is read through p (not the view's copies): the warp has 24 registers.
+DASH_DEVICE void finish_dq(const BwdParams& p, int visits, int lane) {
+  for (int i0 = 0; i0 < visits; i0 += 32) {
+    const int64_t begin = __ldg(p.cta_start + blockIdx.x);  // NOTES: reloaded, not kept: 24 registers
+    int tile = -1;
+    if (i0 + lane < visits) {
+      const int4 row = __ldg(reinterpret_cast<const int4*>(p.visits) + begin + i0 + lane);
+      tile = row.y * (int)p.num_m_blocks + row.w;
+      if (__ldg(p.rank + begin + i0 + lane) + 1 != __ldg(p.dq_ranks + tile)) tile = -1;
+    }
+    for (uint32_t last = __ballot_sync(0xffffffffu, tile >= 0); last != 0; last &= last - 1) {
+      const int src = __ffs(last) - 1, t = __shfl_sync(0xffffffffu, tile, src);
+      bool ok = true;
+      if (lane == 0) ok = wait_for_tile(p, p.dq_semaphore + t, (int)(begin + i0 + src), __ldg(p.dq_ranks + t));
+      if (!__shfl_sync(0xffffffffu, ok, 0)) return;
+      fence_proxy_async_global();
+      const int m_blocks = (int)p.num_m_blocks, bh = t / m_blocks, row0 = (t - bh * m_blocks) * kBlockM;
+      const int b = bh / (int)p.num_heads, h = bh - b * (int)p.num_heads;
+      finish_tile(reinterpret_cast<const float4*>(p.dq_accum + (bh * p.seqlen_q_rounded + row0) * kHeadDim),
+                  p.dq + b * p.dq_stride.batch + row0 * p.dq_stride.row + h * p.dq_stride.head, (int)p.dq_stride.row,
+                  (int)p.seqlen_q - row0, p.softmax_scale, lane);
+    }
+  }
+}
+
+// Thread 0 of every CTA of a finishing launch, after its CTA's last work (a CTA barrier): counts the CTA out; the
+// last one zeroes the count and, for an eager call, publishes the error record to the host (as postprocess does
+// otherwise).
+// NOTES: the count is the fold's exit word (bwd/error_record.cuh; a launch either folds or finishes, never both),
+// zero when a call starts and left zero when it ends. The fences around the add order every CTA's record writes
+// before the last CTA's reads.
+DASH_DEVICE void finish_exit(const BwdParams& p) {
+  __threadfence();
+  if (atomicAdd(p.error + kErrorWordExit, 1) == (int)gridDim.x - 1) {
+    __threadfence();
+    p.error[kErrorWordExit] = 0;
+    if (p.error_host != nullptr) error_record_publish_now(p);
+  }
+}
+
+}  // namespace bwd
