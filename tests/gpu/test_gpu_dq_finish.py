@@ -15,15 +15,14 @@ Here:
 """
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 import cupy_dash
 from cupy_dash import config, reference
 from cupy_dash.cuda import launchers
-from gpu_helpers import (DTYPES, POLICIES, Case, _assert_finite, _assert_same_bits, _case_data, _dev, _host,
-                         _poison_pool, _poison_size, _randn, _schedule_kwargs, _seed)
-from test_gpu_fold import FoldCase, _assert_records_zero
+from gpu_helpers import (POLICIES, Case, _assert_finite, _assert_same_bits, _case_data, _dev, _host, _poison_pool,
+                         _poison_size, _schedule_kwargs)
+from test_gpu_fold import FoldCase, _assert_records_zero, _inputs
 
 pytestmark = pytest.mark.gpu
 
@@ -38,16 +37,6 @@ CASES = [FoldCase("bf16", 128, True, 1000, 1000, batch=2, heads=4),            #
          FoldCase("bf16", 256, True, 1000, 1000, heads=4),                      # column quarters
          FoldCase("fp16", 64, True, 1, 1),
          FoldCase("bf16", 128, True, 8192, 8192, heads=4)]                      # causal 80-query tile, long
-
-
-def _inputs(case: FoldCase):
-    rng = np.random.default_rng(_seed(case.id))
-    dt = DTYPES[case.dtype]
-    b, sq, sk, h, hk, d = case.batch, case.seqlen_q, case.seqlen_k, case.heads, case.hkv, case.hdim
-    q, k, v = (_dev(_randn(rng, s, dt)) for s in ((b, sq, h, d), (b, sk, hk, d), (b, sk, hk, d)))
-    do = _dev(_randn(rng, (b, sq, h, d), dt))
-    out, lse = cupy_dash.attention_forward(q, k, v, causal=case.causal)
-    return do, q, k, v, out, lse
 
 
 def _backward(monkeypatch, finish, inputs, **kwargs):
