@@ -10,3 +10,7 @@ DASH_DEVICE void fence_proxy_async_smem() { asm volatile("fence.proxy.async.shar
 // The same for global memory, both ways: generic writes before later TMA / bulk reads and adds, and completed
 // bulk writes before later generic reads (a folded backward's phases, bwd/fold.cuh).
 DASH_DEVICE void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
+
+// PTX ISA "membar / fence": fence.acq_rel at gpu scope; after a relaxed read that saw a released value, the
+// acquire half of that synchronization (ptx/semaphore.cuh ld_relaxed_gpu).
+DASH_DEVICE void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;\n" ::: "memory"); }

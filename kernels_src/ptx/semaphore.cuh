@@ -8,6 +8,14 @@ DASH_DEVICE int ld_acquire_gpu(const int* p) {
   return v;
 }
 
+// A relaxed read at gpu scope: no cache invalidation (ld.acquire.gpu invalidates the SM's L1 each time, CCTL.IVALL,
+// which a warp polling all the time must not do); a fence_acq_rel_gpu after the value is seen makes it an acquire.
+DASH_DEVICE int ld_relaxed_gpu(const int* p) {
+  int v;
+  asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
 // NOTES: callers make every thread's dQ writes precede this (each writer fences, then a CTA barrier), so the
 // release publishes them to whoever acquires the incremented value.
 DASH_DEVICE void red_release_gpu_add(int* p, int v) {
