@@ -149,9 +149,9 @@ BWD_CAUSAL_BLOCK_M = Knob("CUPY_DASH_BWD_CAUSAL_BLOCK_M", "64 / 80 / unset",
     "queries per Q tile of the head-dim-128 backward with a causal mask (80: the full-mask plan's tile); unset: 80 "
     "from 8192 queries without a window (varlen: the longest sequence), else 64; read once per process",
     _int_choice("CUPY_DASH_BWD_CAUSAL_BLOCK_M", (64, 80), None))
-BWD_DQ_FINISH = Knob("CUPY_DASH_BWD_DQ_FINISH", "0 / unset",
-    "0: a deterministic fixed-length backward converts dq in a postprocess kernel; unset: its main kernel converts "
-    "each dQ tile once the tile's last partial is added, and no postprocess runs", _on_unless_off)
+BWD_DQ_FINISH = Knob("CUPY_DASH_BWD_DQ_FINISH", "1 / unset",
+    "1: a deterministic fixed-length backward's main kernel converts each dQ tile once the tile's last partial is "
+    "added, and no postprocess runs (being measured); unset: a postprocess kernel converts dq", _flag)
 XDG_CACHE_HOME = Knob("XDG_CACHE_HOME", "path / unset",
     "(the XDG standard's) base of the default kernel cache directory", _path)
 

@@ -221,7 +221,7 @@ def _format_failure(info, flag, visit, want, seen) -> str:
         return (f"cupy_dash backward: the dQ finisher of visit {visit} waited for all {want} partials of its dQ "
                 f"tile and saw {seen} {where}, abandoned after {_stall_bound()}; the schedule table is "
                 f"inconsistent or an earlier failure stopped the kernel. dq/dk/dv of that call are invalid; "
-                f"CUPY_DASH_BWD_DQ_FINISH=0 converts dq in a postprocess kernel instead.")
+                f"with CUPY_DASH_BWD_DQ_FINISH unset a postprocess kernel converts dq instead.")
     return (f"cupy_dash backward: the main kernel reported error code {flag} {where} (visit {visit}, "
             f"values {want}, {seen}); dq/dk/dv of that call are invalid.")
 

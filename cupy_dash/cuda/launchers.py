@@ -221,7 +221,7 @@ def finishes_dq(c) -> bool:
     """Whether the backward ``c`` (tables set) converts dq in its main kernel, each dQ tile once its last partial
     is added (kernels_src/bwd/dq_finish.cuh), so that no postprocess kernel runs: deterministic, fixed-length and
     unfolded, with per-visit tables that count each tile's visits (``tables.ranks``) and a tile's dq rows within
-    2^31 elements (the kernel's 32-bit offsets; dq is contiguous), unless CUPY_DASH_BWD_DQ_FINISH=0.
+    2^31 elements (the kernel's 32-bit offsets; dq is contiguous), when CUPY_DASH_BWD_DQ_FINISH=1.
     docs/decisions/dq-finish.md."""
     return (c.deterministic and not c.fold and c.varlen is None and getattr(c.tables, "ranks", None) is not None
             and c.block_m * c.p.H * c.p.D < 2 ** 31 and config.BWD_DQ_FINISH.get())

@@ -32,7 +32,7 @@ def test_knobs_are_defined_once():
         "SPIN_TIMEOUT_MS": 10000.0, "FOLD": None, "COMPACT_TABLES": None, "VARLEN_EXPAND": "device", "FASTPATH": True,
         "SYNC_ERRORS": False, "JAX_FFI": None, "CACHE_DIR": None, "JIT_VERBOSE": False,
         "JIT_LINEINFO": False, "BWD_DQ_WRITERS": 2, "BWD_FULL_BLOCK_M": None,
-        "BWD_CAUSAL_BLOCK_M": None, "BWD_DQ_FINISH": True}
+        "BWD_CAUSAL_BLOCK_M": None, "BWD_DQ_FINISH": False}
     # the names other modules (and benchmarks, tests, the CLI) use are the config's
     assert compact_device.ENV == config.COMPACT_TABLES.name
     assert launchers.FOLD_ENV == config.FOLD.name

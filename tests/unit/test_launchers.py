@@ -178,16 +178,18 @@ def test_backward_workspace_and_params(deterministic, monkeypatch):
     assert int(launchers.bwd_params(c, operands, 0x6000, 0x100000, (0x7000, 0x8000, 0x9000), (0xD000, 0xF000),
                                     0xE000)[0]["fold"]) == 0
     assert int(f["dq_ranks"]) == 0
-    # tables that count each dQ tile's visits: a deterministic launch finishes dq in the main kernel (no
-    # postprocess), unless CUPY_DASH_BWD_DQ_FINISH=0
+    # tables that count each dQ tile's visits: with CUPY_DASH_BWD_DQ_FINISH=1 a deterministic launch finishes dq
+    # in the main kernel (no postprocess)
     c.tables.ranks = ptr(data=ptr(ptr=0x11000))
+    assert not launchers.finishes_dq(c)
+    monkeypatch.setenv("CUPY_DASH_BWD_DQ_FINISH", "1")
     finishing = launchers.bwd_kernels(c) == ((specs.preprocess, (m_blocks, 4, 2)), (specs.main, (33,)))
     ranks = int(launchers.bwd_params(c, operands, 0x6000, 0x100000, (0x7000, 0x8000, 0x9000), (0xD000, 0xF000),
                                      0xE000)[0]["dq_ranks"])
     assert finishing == deterministic and ranks == (0x11000 if deterministic else 0)
     monkeypatch.setenv("CUPY_DASH_BWD_DQ_FINISH", "0")
     assert not launchers.finishes_dq(c) and len(launchers.bwd_kernels(c)) == 3
-    monkeypatch.delenv("CUPY_DASH_BWD_DQ_FINISH")
+    monkeypatch.setenv("CUPY_DASH_BWD_DQ_FINISH", "1")
     c.fold = True
     assert not launchers.finishes_dq(c)             # a folded backward runs the postprocess pass itself
     assert (int(f["window_left"]), int(f["window_right"])) == (150, 0)
