@@ -99,7 +99,7 @@ extern "C" __global__ void __launch_bounds__(kNumThreads, 1) dash_bwd_main(const
       if (finish) named_barrier_arrive<kBarFinish, kFinishThreads>();
 #if !DASH_COMPACT
     } else if (warp == 3 && finish) {
-      finish_dq(p, (int)(sched.end - sched.begin), threadIdx.x % 32);
+      finish_dq(p, threadIdx.x % 32);
       named_barrier_sync<kBarFinish, kFinishThreads>();
       if (threadIdx.x % 32 == 0) finish_exit(p);
 #endif

@@ -18,7 +18,7 @@ constexpr int kErrorWordExit = 6;      // CTAs past grid barrier 2; CTAs ended (
 constexpr int kErrorSemaphoreTimeout = 1;  // a dQ semaphore wait (bwd/dq_reduce.cuh): visit, rank awaited, value seen
 constexpr int kErrorPipelineStall = 2;     // a load-pipeline wait (bwd/pipeline.cuh): cta, barrier offset, parity
 constexpr int kErrorGridBarrier = 3;       // a folded backward's grid barrier (bwd/fold.cuh): cta, word, count seen
-constexpr int kErrorDqFinish = 4;          // the dQ finisher's wait (bwd/dq_finish.cuh): visit, visits awaited, seen
+constexpr int kErrorDqFinish = 4;          // the dQ finisher's wait (bwd/dq_finish.cuh): tile, visits awaited, seen
 
 // A wait that only a semaphore wait can hold up (an mbarrier of the load pipelines, a grid barrier) gives up after
 // kStallTimeoutFactor * spin_timeout_ns + kStallSlackNs.

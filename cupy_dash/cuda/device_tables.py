@@ -120,8 +120,10 @@ class DeviceTables:
     (num_ctas + 1,) int64 CuPy arrays (views of one allocation), plus ``num_ctas``, ``policy`` and ``device_id``;
     ``plans``: the launch plans that read them (:mod:`cupy_dash.cuda.plans`), dropped with them. ``ranks``: a
     fixed-length table's visits per dQ tile, ``(num_heads * m_blocks,)`` int32 indexed ``bh * m_blocks + m_block``
-    (:func:`tile_visits`; kernels_src/bwd/dq_finish.cuh), or None (a varlen table's)."""
-    __slots__ = ("visits", "rank", "cta_start", "num_ctas", "policy", "device_id", "plans", "ranks")
+    (:func:`tile_visits`), and ``finish_tiles``, ``finish_start``: which CTA converts which tile
+    (:func:`finish_lists`; kernels_src/bwd/dq_finish.cuh), or None (a varlen table's)."""
+    __slots__ = ("visits", "rank", "cta_start", "num_ctas", "policy", "device_id", "plans", "ranks", "finish_tiles",
+                 "finish_start")
 
 
 def upload(plan, num_heads: int, n_blocks: int, m_blocks: int, device_id: int, stream, wait=False,
@@ -134,8 +136,9 @@ def upload(plan, num_heads: int, n_blocks: int, m_blocks: int, device_id: int, s
     visits, rank, cta_start, num_ctas = checked
     t = DeviceTables()
     with cupy.cuda.Device(device_id):
-        t.visits, t.rank, t.cta_start, t.ranks = upload_async(
-            (visits, rank, cta_start, tile_visits(visits, num_heads, m_blocks)), stream, wait)
+        counts = tile_visits(visits, num_heads, m_blocks)
+        t.visits, t.rank, t.cta_start, t.ranks, t.finish_tiles, t.finish_start = upload_async(
+            (visits, rank, cta_start, counts, *finish_lists(visits, rank, cta_start, counts, m_blocks)), stream, wait)
     t.num_ctas, t.policy, t.device_id = num_ctas, str(getattr(plan, "policy", "custom")), device_id
     return t
 
@@ -146,6 +149,31 @@ def tile_visits(visits, num_heads: int, m_blocks: int) -> np.ndarray:
     count - 1, so the visit of rank count - 1 is the tile's last."""
     tiles = visits[:, 1].astype(np.int64) * m_blocks + visits[:, 3]
     return np.bincount(tiles, minlength=num_heads * m_blocks).astype(np.int32)
+
+
+def finish_lists(visits, rank, cta_start, counts, m_blocks: int) -> tuple:
+    """Which CTA converts each dQ tile that has visits, and in which order: ``(finish_tiles (T,) int32,
+    finish_start (num_ctas + 1,) int64)``, CTA c converting tiles ``finish_tiles[finish_start[c]:finish_start[c +
+    1]]`` in that order (``bh * m_blocks + m_block``, :func:`tile_visits`' ``counts``).
+
+    NOTES: a tile is complete once its last visit (rank count - 1) has added; the CTAs progress at about the same
+    rate, so the position of that visit in its CTA's list orders the completions. The tiles, sorted by it, are dealt
+    round-robin to the CTAs that have visits: each gets as many as another, in the order they complete. (The CTA of
+    the last visit is no choice: at full 3840 with `shift` it would convert 2 to 465 of 3,072 tiles;
+    docs/decisions/dq-finish.md.)"""
+    cta_start = np.asarray(cta_start, np.int64)
+    num_ctas = len(cta_start) - 1
+    cta = np.repeat(np.arange(num_ctas), np.diff(cta_start))
+    tiles = visits[:, 1].astype(np.int64) * m_blocks + visits[:, 3]
+    last = np.flatnonzero(np.asarray(rank) == counts[tiles] - 1)
+    position = last - cta_start[cta[last]]
+    order = last[np.lexsort((tiles[last], position))]
+    busy = np.flatnonzero(np.diff(cta_start) > 0)
+    owner = busy[np.arange(len(order)) % len(busy)] if len(busy) else np.zeros(0, np.int64)
+    by_cta = np.argsort(owner, kind="stable")
+    finish_tiles = tiles[order][by_cta].astype(np.int32)
+    finish_start = np.concatenate([[0], np.cumsum(np.bincount(owner, minlength=num_ctas))]).astype(np.int64)
+    return finish_tiles, finish_start
 
 
 def upload_compact(plan, device_id: int, stream, wait=False):

@@ -227,6 +227,14 @@ def finishes_dq(c) -> bool:
             and c.block_m * c.p.H * c.p.D < 2 ** 31 and config.BWD_DQ_FINISH.get())
 
 
+def _finish_fields(c) -> dict:
+    """The dQ finisher's fields of the backward's block: its tables where :func:`finishes_dq`, else null."""
+    if not finishes_dq(c):
+        return dict(dq_ranks=0, finish_tiles=0, finish_start=0)
+    t = c.tables
+    return dict(dq_ranks=t.ranks.data.ptr, finish_tiles=t.finish_tiles.data.ptr, finish_start=t.finish_start.data.ptr)
+
+
 def bwd_kernels(c) -> tuple:
     """``(spec, grid)`` of every kernel of the backward ``c`` (tables set), in launch order: preprocess, main
     (persistent: one CTA per table column list) and postprocess; without postprocess when :func:`finishes_dq`;
@@ -308,4 +316,4 @@ def bwd_params(c, operands, lse_ptr, work_base, grads, error, timeline_ptr=0, cu
         window_left=c.window[0], window_right=c.window[1], num_m_blocks=c.num_m_blocks,
         seqlen_q_rounded=c.sq_rounded, spin_timeout_ns=c.spin_timeout_ns,
         **logit_factors(p, backward=True), cu_seqlens_q=cu_seqlens[0],
-        cu_seqlens_k=cu_seqlens[1], fold=int(c.fold), dq_ranks=tables.ranks.data.ptr if finishes_dq(c) else 0)
+        cu_seqlens_k=cu_seqlens[1], fold=int(c.fold), **_finish_fields(c))

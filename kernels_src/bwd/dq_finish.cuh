@@ -1,8 +1,8 @@
-// Backward main kernel, dQ finisher warp (warp 3 of the producer warpgroup; deterministic launches whose table counts
-// each dQ tile's visits, BwdParams::dq_ranks): for every visit of this CTA that is the last of its dQ tile's
-// reduction order, waits until the tile's semaphore counts all of the tile's visits (the dQ writer's last add
-// complete), then writes dq = elem_t(dq_accum * softmax_scale) for the tile's rows, as the postprocess pass would
-// (bwd/row_passes.cuh), while the CTA's later visits run. The postprocess launch is then not made: the last CTA to
+// Backward main kernel, dQ finisher warp (warp 3 of the producer warpgroup; deterministic launches whose tables count
+// each dQ tile's visits, BwdParams::dq_ranks, and give each CTA its list of tiles to convert): for each tile of its
+// list, waits until the tile's semaphore counts all of the tile's visits (the last add complete), then writes dq =
+// elem_t(dq_accum * softmax_scale) for the tile's rows, as the postprocess pass would (bwd/row_passes.cuh), while
+// the CTA's visits go on. The postprocess launch is then not made: the last CTA to
 // end hands the error record to the host instead (finish_exit).
 #pragma once
 #include "../params.cuh"
@@ -18,13 +18,13 @@ namespace bwd {
 // Deterministic mode, one thread: waits until all `count` dQ partials of a tile have been added (its semaphore,
 // released by the dQ writer after the add completed, reads count). Returns false (the failure recorded, first
 // failure only) once another CTA has failed, on an impossible value, or past the stall bound.
-// NOTES: the wait may start long before this CTA reaches the visit (the finisher scans ahead), so its bound is the
-// stall bound of waits that only semaphore waits can hold up, as the fold's grid barriers: every other wait of the
+// NOTES: the wait may start long before the tile completes (the finisher waits for its next tile from the start), so
+// its bound is the stall bound of waits that only semaphore waits can hold up, as the fold's grid barriers: every other wait of the
 // kernel is bounded and records a failure, which ends this one at once. The warp polls nearly all the time, so its
 // reads are relaxed (an acquire read invalidates the SM's L1 at every poll: with it, measured on the H200, the
 // whole backward ran 3-8x slower) and it sleeps ~0.5 µs between them; the fence after the value is seen is the
 // acquire.
-DASH_DEVICE bool wait_for_tile(const BwdParams& p, const int* sem, int v, int count) {
+DASH_DEVICE bool wait_for_tile(const BwdParams& p, const int* sem, int tile, int count) {
   // NOTES: time in units of 1024 ns, 32 bits (wraps after 73 minutes): the warp has 24 registers
   const uint32_t bound = (uint32_t)((kStallTimeoutFactor * p.spin_timeout_ns + kStallSlackNs) >> 10);
   const uint32_t t0 = (uint32_t)(globaltimer_ns() >> 10);
@@ -36,7 +36,7 @@ DASH_DEVICE bool wait_for_tile(const BwdParams& p, const int* sem, int v, int co
     }
     const bool other_failed = ld_relaxed_gpu(p.error) != 0;
     if (other_failed || seen > count || (uint32_t)(globaltimer_ns() >> 10) - t0 > bound) {
-      error_record_claim(p, kErrorDqFinish, v, count, seen);
+      error_record_claim(p, kErrorDqFinish, tile, count, seen);
       return false;
     }
     __nanosleep(512);
@@ -51,7 +51,7 @@ DASH_DEVICE bool wait_for_tile(const BwdParams& p, const int* sem, int v, int co
 // NOTES: the rounding is postprocess_tile's (pack_elem2 of the scaled fp32 sum), so the bits are the same. 32-bit
 // offsets within the tile's rows: the host finishes only where kBlockM rows of dq span less than 2^31 elements.
 DASH_DEVICE void finish_tile(const float4* acc, elem_t* dq, int stride, int rows, float scale, int lane) {
-#pragma unroll 1
+#pragma unroll 4
   for (int f = lane; f < DqLayout::kTileVecs; f += 32) {
     const float4 a = __ldcg(acc + f);
     const int slice = f / DqLayout::kSliceVecs, c = f % DqLayout::kSliceVecs / 128, t = f % 128;
@@ -79,34 +79,25 @@ DASH_DEVICE void finish_tile(const float4* acc, elem_t* dq, int stride, int rows
   }
 }
 
-// NOTES: fixed-length launches only (the host's choice): tile (bh, m_block) has semaphore and count bh
-// num_m_blocks + m_block and scratch rows from bh seqlen_q_rounded (bwd_rows.cuh). The lanes scan 32 visits at a
-// time (visit, rank and the tile's count: loads a lane issues together), so the scan runs ahead of the CTA's
-// visits; the tiles found are finished in visit order. Every tile has exactly one last visit, hence one finisher.
-// The acquire of the semaphore orders the finisher's reads after the writer's completed bulk adds (bulk_wait,
-// then the release); the proxy fence orders the async proxy's writes before them as fold.cuh does, and the loads
-// bypass L1 (ld.global.cg). The table is read through p (not the view's copies): the warp has 24 registers.
-DASH_DEVICE void finish_dq(const BwdParams& p, int visits, int lane) {
-  for (int i0 = 0; i0 < visits; i0 += 32) {
-    const int64_t begin = __ldg(p.cta_start + blockIdx.x);  // NOTES: reloaded, not kept: 24 registers
-    int tile = -1;
-    if (i0 + lane < visits) {
-      const int4 row = __ldg(reinterpret_cast<const int4*>(p.visits) + begin + i0 + lane);
-      tile = row.y * (int)p.num_m_blocks + row.w;
-      if (__ldg(p.rank + begin + i0 + lane) + 1 != __ldg(p.dq_ranks + tile)) tile = -1;
-    }
-    for (uint32_t last = __ballot_sync(0xffffffffu, tile >= 0); last != 0; last &= last - 1) {
-      const int src = __ffs(last) - 1, t = __shfl_sync(0xffffffffu, tile, src);
-      bool ok = true;
-      if (lane == 0) ok = wait_for_tile(p, p.dq_semaphore + t, (int)(begin + i0 + src), __ldg(p.dq_ranks + t));
-      if (!__shfl_sync(0xffffffffu, ok, 0)) return;
-      fence_proxy_async_global();
-      const int m_blocks = (int)p.num_m_blocks, bh = t / m_blocks, row0 = (t - bh * m_blocks) * kBlockM;
-      const int b = bh / (int)p.num_heads, h = bh - b * (int)p.num_heads;
-      finish_tile(reinterpret_cast<const float4*>(p.dq_accum + (bh * p.seqlen_q_rounded + row0) * kHeadDim),
-                  p.dq + b * p.dq_stride.batch + row0 * p.dq_stride.row + h * p.dq_stride.head, (int)p.dq_stride.row,
-                  (int)p.seqlen_q - row0, p.softmax_scale, lane);
-    }
+// NOTES: fixed-length launches only (the host's choice): tile t = bh num_m_blocks + m_block has semaphore and count
+// at t and scratch rows from bh seqlen_q_rounded (bwd_rows.cuh). The CTA converts the tiles of its finish list (the
+// host's, cupy_dash/cuda/device_tables.py finish_lists: the tiles dealt evenly over the CTAs in the order they
+// complete), each once it is complete, whichever CTA added last. The fence after the semaphore's value is seen
+// orders the reads after the writer's completed bulk adds (bulk_wait, then the release), the proxy fence the async
+// proxy's writes before them as fold.cuh does, and the loads bypass L1 (ld.global.cg).
+DASH_DEVICE void finish_dq(const BwdParams& p, int lane) {
+  const int64_t end = __ldg(p.finish_start + blockIdx.x + 1);
+  for (int64_t i = __ldg(p.finish_start + blockIdx.x); i < end; ++i) {
+    const int t = __ldg(p.finish_tiles + i);
+    bool ok = true;
+    if (lane == 0) ok = wait_for_tile(p, p.dq_semaphore + t, t, __ldg(p.dq_ranks + t));
+    if (!__shfl_sync(0xffffffffu, ok, 0)) return;
+    fence_proxy_async_global();
+    const int m_blocks = (int)p.num_m_blocks, bh = t / m_blocks, row0 = (t - bh * m_blocks) * kBlockM;
+    const int b = bh / (int)p.num_heads, h = bh - b * (int)p.num_heads;
+    finish_tile(reinterpret_cast<const float4*>(p.dq_accum + (bh * p.seqlen_q_rounded + row0) * kHeadDim),
+                p.dq + b * p.dq_stride.batch + row0 * p.dq_stride.row + h * p.dq_stride.head, (int)p.dq_stride.row,
+                (int)p.seqlen_q - row0, p.softmax_scale, lane);
   }
 }
 

@@ -71,7 +71,8 @@ INFO = ("shift", 2, 4, 300, 1000, 128, True, (-1, 0))
                              f"{K.kStallTimeoutFactor} x CUPY_DASH_SPIN_TIMEOUT_MS")),
     (K.kErrorGridBarrier, ("grid barrier of the folded", "CTA 7 saw 2 CTAs at counter word 3", "CUPY_DASH_FOLD=0",
                            f"{K.kStallSlackNs / 1e9:g} s")),
-    (K.kErrorDqFinish, ("dQ finisher of visit 7 waited for all 3 partials", "saw 2", "CUPY_DASH_BWD_DQ_FINISH unset",
+    (K.kErrorDqFinish, ("dQ finisher waited for all 3 partials of dQ tile 7", "saw 2",
+                        "CUPY_DASH_BWD_DQ_FINISH unset",
                         f"{K.kStallTimeoutFactor} x CUPY_DASH_SPIN_TIMEOUT_MS")),
     (99, ("reported error code 99", "visit 7, values 3, 2")),
 ])

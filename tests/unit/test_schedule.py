@@ -298,7 +298,8 @@ def test_device_tables_are_checked_uploaded_once_and_cached(monkeypatch):
     args = ("symmetric_shift", 1000, 1000, 64, 128, 3, True, 7, 0, Stream())
     t = device_tables.per_visit(*args)
     assert isinstance(t, device_tables.DeviceTables) and t.num_ctas == 7 and t.policy == "symmetric_shift"
-    assert [dtype for _, dtype in uploads] == [np.int32, np.int32, np.int64, np.int32] and Stream.synced == 1
+    assert [dtype for _, dtype in uploads] == [np.int32, np.int32, np.int64, np.int32, np.int32, np.int64]
+    assert Stream.synced == 1
     assert t.visits.shape[1] == 4 and t.rank.shape == (t.visits.shape[0],) and t.cta_start.shape == (8,)
     # the visits of each dQ tile (bh * 16 + m_block): the one visit ranked count - 1 is the tile's last, which
     # kernels_src/bwd/dq_finish.cuh finishes
@@ -307,7 +308,17 @@ def test_device_tables_are_checked_uploaded_once_and_cached(monkeypatch):
     assert counts.shape == (3 * 16,) and counts.sum() == len(visits) and (counts > 0).all()
     last = rank == counts[tiles] - 1
     assert sorted(tiles[last]) == list(range(3 * 16))
-    assert device_tables.per_visit(*args) is t and len(uploads) == 4      # cached: built and uploaded once
+    # the conversions dealt evenly over the 7 CTAs, each CTA's in the order its tiles complete
+    finish_tiles, finish_start = np.asarray(t.finish_tiles), np.asarray(t.finish_start)
+    assert sorted(finish_tiles) == list(range(3 * 16)) and finish_start[0] == 0 and finish_start[-1] == 48
+    assert set(np.diff(finish_start)) <= {6, 7}
+    cta_start = np.asarray(t.cta_start)
+    cta_of = np.searchsorted(cta_start, np.flatnonzero(last), side="right") - 1
+    done = {int(tiles[v]): v - cta_start[c] for v, c in zip(np.flatnonzero(last), cta_of)}
+    for c in range(7):
+        mine = [done[int(x)] for x in finish_tiles[finish_start[c]:finish_start[c + 1]]]
+        assert mine == sorted(mine)
+    assert device_tables.per_visit(*args) is t and len(uploads) == 6      # cached: built and uploaded once
     other = device_tables.per_visit("shift", 1000, 1000, 64, 128, 3, True, 7, 0, Stream())
     assert other is not t and other.policy == "shift"
     with pytest.raises(ValueError, match=r"plan: visits\[:, 1\] \(bh\) must lie in \[0, 2\)"):
