@@ -49,9 +49,10 @@ DASH_DEVICE bool wait_for_tile(const BwdParams& p, const int* sem, int tile, int
 // by columns x, x + 1 of its piece, r = 16 (t / 32) + t % 32 / 4, x = 8 c + 2 (t % 4); in the transposed plans
 // the piece's rows are head-dim columns and its columns queries. A warp's loads read 512 contiguous bytes.
 // NOTES: the rounding is postprocess_tile's (pack_elem2 of the scaled fp32 sum), so the bits are the same. 32-bit
-// offsets within the tile's rows: the host finishes only where kBlockM rows of dq span less than 2^31 elements.
+// offsets within the tile's rows: the host finishes only where kBlockM rows of dq span less than 2^31 elements. One
+// load in flight per lane: unrolled further the loop spilled under NVRTC 13.5 (24 registers).
 DASH_DEVICE void finish_tile(const float4* acc, elem_t* dq, int stride, int rows, float scale, int lane) {
-#pragma unroll 4
+#pragma unroll 1
   for (int f = lane; f < DqLayout::kTileVecs; f += 32) {
     const float4 a = __ldcg(acc + f);
     const int slice = f / DqLayout::kSliceVecs, c = f % DqLayout::kSliceVecs / 128, t = f % 128;
