@@ -2,8 +2,8 @@
 // each dQ tile's visits, BwdParams::dq_ranks, and give each CTA its list of tiles to convert): for each tile of its
 // list, waits until the tile's semaphore counts all of the tile's visits (the last add complete), then writes dq =
 // elem_t(dq_accum * softmax_scale) for the tile's rows, as the postprocess pass would (bwd/row_passes.cuh), while
-// the CTA's visits go on. The postprocess launch is then not made: the last CTA to
-// end hands the error record to the host instead (finish_exit).
+// the CTA's visits go on. The postprocess launch is then not made: the last CTA to end hands the error record to
+// the host instead (finish_exit).
 #pragma once
 #include "../params.cuh"
 #include "../ptx/cvt.cuh"
@@ -18,12 +18,11 @@ namespace bwd {
 // Deterministic mode, one thread: waits until all `count` dQ partials of a tile have been added (its semaphore,
 // released by the dQ writer after the add completed, reads count). Returns false (the failure recorded, first
 // failure only) once another CTA has failed, on an impossible value, or past the stall bound.
-// NOTES: the wait may start long before the tile completes (the finisher waits for its next tile from the start), so
-// its bound is the stall bound of waits that only semaphore waits can hold up, as the fold's grid barriers: every other wait of the
-// kernel is bounded and records a failure, which ends this one at once. The warp polls nearly all the time, so its
-// reads are relaxed (an acquire read invalidates the SM's L1 at every poll: with it, measured on the H200, the
-// whole backward ran 3-8x slower) and it sleeps ~0.5 µs between them; the fence after the value is seen is the
-// acquire.
+// NOTES: the wait may start long before the tile completes (the finisher waits for its next tile from the start),
+// so its bound is the stall bound of waits that only semaphore waits can hold up, as the fold's grid barriers: every
+// other wait of the kernel is bounded and records a failure, which ends this one at once. The warp polls nearly all
+// the time, so its reads are relaxed (an acquire read invalidates the SM's L1 at every poll, CCTL.IVALL) and it
+// sleeps ~0.5 µs between them; the fence after the value is seen is the acquire.
 DASH_DEVICE bool wait_for_tile(const BwdParams& p, const int* sem, int tile, int count) {
   // NOTES: time in units of 1024 ns, 32 bits (wraps after 73 minutes): the warp has 24 registers
   const uint32_t bound = (uint32_t)((kStallTimeoutFactor * p.spin_timeout_ns + kStallSlackNs) >> 10);
@@ -102,9 +101,9 @@ DASH_DEVICE void finish_dq(const BwdParams& p, int lane) {
   }
 }
 
-// Thread 0 of every CTA of a finishing launch, after its CTA's last work (a CTA barrier): counts the CTA out; the
-// last one zeroes the count and, for an eager call, publishes the error record to the host (as postprocess does
-// otherwise).
+// One thread of every CTA of a finishing launch, after its CTA's last work (the finisher's kBarFinish, or at once in
+// a CTA without visits, which has no tiles to convert): counts the CTA out; the last one zeroes the count and, for an
+// eager call, publishes the error record to the host (as postprocess does otherwise).
 // NOTES: the count is the fold's exit word (bwd/error_record.cuh; a launch either folds or finishes, never both),
 // zero when a call starts and left zero when it ends. The fences around the add order every CTA's record writes
 // before the last CTA's reads.
