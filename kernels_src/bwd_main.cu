@@ -110,6 +110,9 @@ extern "C" __global__ void __launch_bounds__(kNumThreads, 1) dash_bwd_main(const
     setmaxnreg_inc<kMmaRegs>();
     consume(p, sched, s, smem_generic, wg - 1, threadIdx.x % kWgThreads);
     if (fold) fold_epilogue<true>(p, (int)threadIdx.x - kWgThreads);
+#if !DASH_COMPACT
+    if (finish) finish_tail(p, (int)threadIdx.x - kWgThreads);
+#endif
     if (finish) named_barrier_arrive<kBarFinish, kFinishThreads>();
   }
 }

@@ -151,28 +151,37 @@ def tile_visits(visits, num_heads: int, m_blocks: int) -> np.ndarray:
     return np.bincount(tiles, minlength=num_heads * m_blocks).astype(np.int32)
 
 
+FINISH_TAIL = 0.97     # tiles completing after this fraction of their CTA's visits go to the MMA warpgroups
+
+
 def finish_lists(visits, rank, cta_start, counts, m_blocks: int) -> tuple:
-    """Which CTA converts each dQ tile that has visits, and in which order: ``(finish_tiles (T,) int32,
-    finish_start (num_ctas + 1,) int64)``, CTA c converting tiles ``finish_tiles[finish_start[c]:finish_start[c +
-    1]]`` in that order (``bh * m_blocks + m_block``, :func:`tile_visits`' ``counts``).
+    """Which CTA converts each dQ tile that has visits, and when: ``(finish_tiles (T,) int32, finish_start
+    (2 num_ctas + 1,) int64)``: CTA c's finisher warp converts ``finish_tiles[finish_start[2c]:finish_start[2c + 1]]``
+    in that order while its visits run, its MMA warpgroups ``finish_tiles[finish_start[2c + 1]:finish_start[2c +
+    2]]`` after them (``bh * m_blocks + m_block``, :func:`tile_visits`' ``counts``).
 
     NOTES: a tile is complete once its last visit (rank count - 1) has added; the CTAs progress at about the same
     rate, so the position of that visit in its CTA's list orders the completions. The tiles, sorted by it, are dealt
     round-robin to the CTAs that have visits: each gets as many as another, in the order they complete. (The CTA of
-    the last visit is no choice: at full 3840 with `shift` it would convert 2 to 465 of 3,072 tiles;
-    docs/decisions/dq-finish.md.)"""
+    the last visit is no choice: at full 3840 with `shift` it would convert 2 to 465 of 3,072 tiles.) Those whose
+    last visit lies past :data:`FINISH_TAIL` of its CTA's list are the kernel's tail: the MMA warpgroups, idle by
+    then, convert them 256 threads at a time (docs/decisions/dq-finish.md)."""
     cta_start = np.asarray(cta_start, np.int64)
     num_ctas = len(cta_start) - 1
-    cta = np.repeat(np.arange(num_ctas), np.diff(cta_start))
+    lengths = np.diff(cta_start)
+    cta = np.repeat(np.arange(num_ctas), lengths)
     tiles = visits[:, 1].astype(np.int64) * m_blocks + visits[:, 3]
     last = np.flatnonzero(np.asarray(rank) == counts[tiles] - 1)
     position = last - cta_start[cta[last]]
-    order = last[np.lexsort((tiles[last], position))]
-    busy = np.flatnonzero(np.diff(cta_start) > 0)
+    sort = np.lexsort((tiles[last], position))
+    order = last[sort]
+    busy = np.flatnonzero(lengths > 0)
     owner = busy[np.arange(len(order)) % len(busy)] if len(busy) else np.zeros(0, np.int64)
-    by_cta = np.argsort(owner, kind="stable")
-    finish_tiles = tiles[order][by_cta].astype(np.int32)
-    finish_start = np.concatenate([[0], np.cumsum(np.bincount(owner, minlength=num_ctas))]).astype(np.int64)
+    tail = position[sort] + 1 > FINISH_TAIL * lengths[cta[order]]
+    slot = 2 * owner + tail                   # (CTA, warp or tail), sorted stably: each part in completion order
+    by_slot = np.argsort(slot, kind="stable")
+    finish_tiles = tiles[order][by_slot].astype(np.int32)
+    finish_start = np.concatenate([[0], np.cumsum(np.bincount(slot, minlength=2 * num_ctas))]).astype(np.int64)
     return finish_tiles, finish_start
 
 

@@ -12,6 +12,8 @@
 #include "../ptx/semaphore.cuh"
 #include "config.cuh"
 #include "error_record.cuh"
+#include "fold.cuh"
+#include "row_passes.cuh"
 
 namespace bwd {
 
@@ -86,8 +88,8 @@ DASH_DEVICE void finish_tile(const float4* acc, elem_t* dq, int stride, int rows
 // orders the reads after the writer's completed bulk adds (bulk_wait, then the release), the proxy fence the async
 // proxy's writes before them as fold.cuh does, and the loads bypass L1 (ld.global.cg).
 DASH_DEVICE void finish_dq(const BwdParams& p, int lane) {
-  const int64_t end = __ldg(p.finish_start + blockIdx.x + 1);
-  for (int64_t i = __ldg(p.finish_start + blockIdx.x); i < end; ++i) {
+  const int64_t end = __ldg(p.finish_start + 2 * blockIdx.x + 1);
+  for (int64_t i = __ldg(p.finish_start + 2 * blockIdx.x); i < end; ++i) {
     const int t = __ldg(p.finish_tiles + i);
     bool ok = true;
     if (lane == 0) ok = wait_for_tile(p, p.dq_semaphore + t, t, __ldg(p.dq_ranks + t));
@@ -98,6 +100,28 @@ DASH_DEVICE void finish_dq(const BwdParams& p, int lane) {
     finish_tile(reinterpret_cast<const float4*>(p.dq_accum + (bh * p.seqlen_q_rounded + row0) * kHeadDim),
                 p.dq + b * p.dq_stride.batch + row0 * p.dq_stride.row + h * p.dq_stride.head, (int)p.dq_stride.row,
                 (int)p.seqlen_q - row0, p.softmax_scale, lane);
+  }
+}
+
+// The MMA warpgroups (tid 0 .. kMmaThreads - 1), after their CTA's last visit: the tiles of the CTA's list that
+// complete last (finish_tiles[finish_start[2 cta + 1] .. finish_start[2 cta + 2]), the host's tail), each converted
+// by the postprocess pass's 256 threads once thread 0 has seen it complete, instead of by the one warp with one load
+// in flight that the CTA's earlier tiles have (the tail is what the kernel's end waits for).
+// NOTES: kBarFold is free (a launch finishes or folds, never both). After a failed wait the tile is converted all
+// the same: the call's result is discarded (the host raises), and no wait is left unbounded.
+DASH_DEVICE void finish_tail(const BwdParams& p, int tid) {
+  const int64_t end = __ldg(p.finish_start + 2 * blockIdx.x + 2);
+  for (int64_t i = __ldg(p.finish_start + 2 * blockIdx.x + 1); i < end; ++i) {
+    const int t = __ldg(p.finish_tiles + i);
+    if (tid == 0) {
+      wait_for_tile(p, p.dq_semaphore + t, t, __ldg(p.dq_ranks + t));
+      fence_proxy_async_global();
+    }
+    named_barrier_sync<kBarFold, kMmaThreads>();
+    const int m_blocks = (int)p.num_m_blocks, bh = t / m_blocks, b = bh / (int)p.num_heads;
+    if (runs_passes(tid)) {
+      bwd_rows_pass::postprocess_tile<kHeadDimIO, kBlockM>(p, t - bh * m_blocks, bh - b * (int)p.num_heads, b, tid);
+    }
   }
 }
 
