@@ -1,9 +1,10 @@
 """GPU tests of the dQ finisher (need an NVIDIA Hopper GPU; skipped elsewhere, see conftest.py).
 
-A deterministic fixed-length backward that is not folded converts dq in its main kernel: a warp of the producer
-warpgroup finishes each dQ tile once the tile's last partial is added (kernels_src/bwd/dq_finish.cuh), preprocess
-writes the dq rows of tiles no visit reaches, and no postprocess kernel runs: with ``CUPY_DASH_BWD_DQ_FINISH=1``
-(the default is the postprocess kernel until the finisher's speed is measured). Here:
+A deterministic fixed-length backward that is not folded converts dq in its main kernel: each CTA converts the
+dQ tiles of its host-made list once each is complete, a warp of the producer warpgroup while the visits run and the
+MMA warpgroups after them (the tiles that complete last; kernels_src/bwd/dq_finish.cuh), preprocess writes the dq
+rows of tiles no visit reaches, and no postprocess kernel runs: with ``CUPY_DASH_BWD_DQ_FINISH=1`` (the default is
+the postprocess kernel until the finisher's speed is measured). Here:
 
 * the finisher's dq, dk, dv have the postprocess kernel's bits for every deterministic schedule, at every dQ
   accumulator layout (head dim 64's 128-query tile, 128's 64- and 80-query tiles, 96 padded, 192's three slices,
