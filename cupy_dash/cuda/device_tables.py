@@ -145,8 +145,10 @@ def upload(plan, num_heads: int, n_blocks: int, m_blocks: int, device_id: int, s
 
 def tile_visits(visits, num_heads: int, m_blocks: int) -> np.ndarray:
     """The visits of each dQ tile of a fixed-length table's ``visits`` rows (cta, bh, n_block, m_block):
-    ``(num_heads * m_blocks,)`` int32 at ``bh * m_blocks + m_block``. A checked table ranks each tile's visits 0 ..
-    count - 1, so the visit of rank count - 1 is the tile's last."""
+    ``(num_heads * m_blocks,)`` int32 at ``bh * m_blocks + m_block``. A valid table (the policies', checked by
+    ``validate``) ranks each tile's visits 0 .. count - 1, so the visit of rank count - 1 is the tile's last; an
+    explicit plan (the test hook, whose ranks ``check_plan`` leaves unchecked) with other ranks stalls a dQ writer,
+    whose bound is shorter than the finisher's, so the call fails with the writer's timeout."""
     tiles = visits[:, 1].astype(np.int64) * m_blocks + visits[:, 3]
     return np.bincount(tiles, minlength=num_heads * m_blocks).astype(np.int32)
 

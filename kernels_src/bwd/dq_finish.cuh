@@ -26,8 +26,10 @@ namespace bwd {
 // the time, so its reads are relaxed (an acquire read invalidates the SM's L1 at every poll, CCTL.IVALL) and it
 // sleeps ~0.5 µs between them; the fence after the value is seen is the acquire.
 DASH_DEVICE bool wait_for_tile(const BwdParams& p, const int* sem, int tile, int count) {
-  // NOTES: time in units of 1024 ns, 32 bits (wraps after 73 minutes): the warp has 24 registers
-  const uint32_t bound = (uint32_t)((kStallTimeoutFactor * p.spin_timeout_ns + kStallSlackNs) >> 10);
+  // NOTES: time in units of 1024 ns, 32 bits (wraps after 73 minutes; a longer bound is clamped to that): the warp
+  // has 24 registers
+  const uint64_t units = (kStallTimeoutFactor * p.spin_timeout_ns + kStallSlackNs) >> 10;
+  const uint32_t bound = units > 0xffffffffull ? 0xffffffffu : (uint32_t)units;
   const uint32_t t0 = (uint32_t)(globaltimer_ns() >> 10);
   while (true) {
     const int seen = ld_relaxed_gpu(sem);
@@ -94,6 +96,7 @@ DASH_DEVICE void finish_dq(const BwdParams& p, int lane) {
     bool ok = true;
     if (lane == 0) ok = wait_for_tile(p, p.dq_semaphore + t, t, __ldg(p.dq_ranks + t));
     if (!__shfl_sync(0xffffffffu, ok, 0)) return;
+    __syncwarp();  // orders the other lanes' loads after lane 0's acquire (a shuffle orders no memory)
     fence_proxy_async_global();
     const int m_blocks = (int)p.num_m_blocks, bh = t / m_blocks, row0 = (t - bh * m_blocks) * kBlockM;
     const int b = bh / (int)p.num_heads, h = bh - b * (int)p.num_heads;
@@ -126,17 +129,20 @@ DASH_DEVICE void finish_tail(const BwdParams& p, int tid) {
 }
 
 // One thread of every CTA of a finishing launch, after its CTA's last work (the finisher's kBarFinish, or at once in
-// a CTA without visits, which has no tiles to convert): counts the CTA out; the last one zeroes the count and, for an
-// eager call, publishes the error record to the host (as postprocess does otherwise).
+// a CTA without visits, which has no tiles to convert): counts the CTA out; the last one zeroes the count and
+// publishes the error record to the host (as postprocess does otherwise). A call without a host mirror (captured in
+// a CUDA graph) publishes nothing and counts nothing.
 // NOTES: the count is the fold's exit word (bwd/error_record.cuh; a launch either folds or finishes, never both),
 // zero when a call starts and left zero when it ends. The fences around the add order every CTA's record writes
-// before the last CTA's reads.
+// before the last CTA's reads. Captured calls beyond errors.GRAPH_RECORDS share a record, and kernels that share
+// one may run at once: they must not count on its exit word.
 DASH_DEVICE void finish_exit(const BwdParams& p) {
+  if (p.error_host == nullptr) return;
   __threadfence();
   if (atomicAdd(p.error + kErrorWordExit, 1) == (int)gridDim.x - 1) {
     __threadfence();
     p.error[kErrorWordExit] = 0;
-    if (p.error_host != nullptr) error_record_publish_now(p);
+    error_record_publish_now(p);
   }
 }
 
