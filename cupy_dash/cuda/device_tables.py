@@ -1,4 +1,4 @@
-"""Schedule tables on the GPU: the one cache of the device-resident tables of every form (LRU per form), the one
+"""Schedule tables on the GPU: the one cache of the device-resident tables of every form (LRU per form and device), the one
 upload (one copy on the caller's stream; fixed-length tables waited for once, when made) and the one eviction rule
 (freed after the work of every stream that read them, never while a CUDA graph may use them). The form is
 :func:`cupy_dash.schedule.compact_device.table_form`'s. docs/architecture.md, "Schedule tables on the device".
@@ -17,7 +17,7 @@ from .. import schedule
 from ..schedule import compact_device
 from .errors import keep_alive, stream_device
 
-_LIMITS = {"visits": 64, "compact": 8, "varlen": 16}   # tables kept per form (LRU)
+_LIMITS = {"visits": 64, "compact": 8, "varlen": 16}   # tables kept per form and device (LRU)
 _lock = threading.RLock()
 _caches = {form: collections.OrderedDict() for form in _LIMITS}  # (key, device) -> entry (cached's NOTES)
 _captured: dict = {}       # entries used by a CUDA graph capture: never freed
@@ -32,7 +32,11 @@ def cached(form, key, device_id, stream, make, *, done=False, capture=False):
     they finish). ``done``: ``make`` is waited for here (``stream.synchronize()``), so no call ever waits for an
     event. ``event``: what ``stream`` waits for before reading the tables, or None (after a miss, on the
     uploading stream, or when done). ``capture``: ``stream`` is capturing a CUDA graph: never makes anything,
-    returns ``(None, None, None)`` on a miss, and keeps the tables found for the life of the process."""
+    returns ``(None, None, None)`` on a miss, and keeps the tables found for the life of the process.
+
+    NOTES: the LRU bound counts the entries of one device (a JAX mesh uploads each packing to every device), so
+    an entry is only ever evicted by a miss on its own device, and released after that device's streams (keyed
+    by (device, handle): every device's default stream has handle 0)."""
     ckey, cache = (key, device_id), _caches[form]
     with cupy.cuda.Device(device_id), _lock:
         entry = cache.get(ckey)
@@ -54,19 +58,19 @@ def cached(form, key, device_id, stream, make, *, done=False, capture=False):
         if done:
             stream.synchronize()
             staging = []
-    # NOTES: an entry is [tables, extra, uploading stream (None: done), event or None, {stream handle: stream}
-    # of the calls that read it]: the event is recorded only when a call on another stream first finds the entry
-    # (_upload_event); a training loop on one stream records none.
-    entry = [tables, extra, None if done else stream, None, {stream.ptr: stream}]
-    with _lock:
-        evicted = [cache.pop(ckey)] if ckey in cache else []      # made meanwhile by another thread
-        cache[ckey] = entry
-        while len(cache) > _LIMITS[form]:
-            evicted.append(cache.popitem(last=False)[1])
-    for old in evicted:
-        _release_after(old, old[4].values(), stream, staging)
-    if staging or not done:                      # varlen: every miss counts (_defer_release)
-        _defer_release(staging, stream)
+        # NOTES: an entry is [tables, extra, uploading stream (None: done), event or None, {stream handle: stream}
+        # of the calls that read it, all on its device]: the event is recorded only when a call on another stream
+        # first finds the entry (_upload_event); a training loop on one stream records none.
+        entry = [tables, extra, None if done else stream, None, {stream.ptr: stream}]
+        with _lock:
+            evicted = [cache.pop(ckey)] if ckey in cache else []      # made meanwhile by another thread
+            cache[ckey] = entry
+            mine = [k for k in cache if k[1] == device_id]             # oldest first
+            evicted += [cache.pop(k) for k in mine[:len(mine) - _LIMITS[form]]]
+        for old in evicted:
+            _release_after(old, old[4].values(), stream, staging)
+        if staging or not done:                      # varlen: every miss counts (_defer_release)
+            _defer_release(staging, stream, device_id)
     return tables, extra, None                   # enqueued on ``stream``: nothing to wait for there
 
 
@@ -285,31 +289,37 @@ def _pinned_blob(nbytes: int):
 
 
 _DEFER_MISSES = 4
-_deferred: dict = {}       # stream handle -> [stream, objects to free after its work so far]
+_deferred: dict = {}       # (device, stream handle) -> [stream, objects to free after its work so far]
 _deferred_misses = [0]
 
 
-def _defer_release(objs, stream) -> None:
+def _defer_release(objs, stream, device_id: int) -> None:
     """Keep ``objs`` (a new packing's pinned blob, cache entries it evicted) alive until the work enqueued on
-    ``stream`` so far has finished: every held list goes to errors.keep_alive (one event per stream) at every
-    _DEFER_MISSES-th miss of any stream, however many streams there are (prepare_varlen_backward may use its own).
-    NOTES: held until an event recorded at a later miss completes: later than needed, never earlier (stream order)."""
+    ``stream`` (of device ``device_id``) so far has finished: every held list goes to errors.keep_alive (one event
+    per stream) at every _DEFER_MISSES-th miss of any stream, however many streams there are
+    (prepare_varlen_backward may use its own).
+    NOTES: held until an event recorded at a later miss completes: later than needed, never earlier (stream order).
+    Each list is flushed with its device current: a default stream (handle 0, CuPy's device_id -1) is that of the
+    current device."""
     with _lock:
-        held = _deferred.get(stream.ptr)
+        held = _deferred.get((device_id, stream.ptr))
         if held is None:
-            held = _deferred[stream.ptr] = [stream, []]
+            held = _deferred[(device_id, stream.ptr)] = [stream, []]
         held[1].extend(objs)
         _deferred_misses[0] += 1
         if _deferred_misses[0] < _DEFER_MISSES:
             return
-        flush = list(_deferred.values())
+        flush = list(_deferred.items())
         _deferred.clear()
         _deferred_misses[0] = 0
-    for s, keep in flush:
-        if keep and _capturing(s):      # no event on a capturing stream: held to a later flush
-            with _lock:
-                _deferred.setdefault(s.ptr, [s, []])[1].extend(keep)
-        elif keep:
+    for (dev, ptr), (s, keep) in flush:
+        if not keep:
+            continue
+        with cupy.cuda.Device(dev):
+            if _capturing(s):      # no event on a capturing stream: held to a later flush
+                with _lock:
+                    _deferred.setdefault((dev, ptr), [s, []])[1].extend(keep)
+                continue
             try:
                 keep_alive(keep, s)
             except cupy.cuda.runtime.CUDARuntimeError:     # the stream is gone: wait for its device instead
@@ -320,6 +330,7 @@ def _release_after(entry, streams, stream, deferred: list) -> None:
     """Free an evicted cache ``entry`` once the work enqueued so far on every stream that used it has finished
     (on ``stream``, the caller's: appended to ``deferred``, for :func:`_defer_release`): an event per other stream
     (errors.keep_alive), never a host wait; a device synchronize where one cannot be recorded (a destroyed stream).
+    Called with the entry's device current: the caller's (an entry is evicted by a miss on its own device only).
     NOTES: a packed batch with new lengths evicts an entry at every training step."""
     for s in streams:
         try:

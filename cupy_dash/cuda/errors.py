@@ -56,6 +56,9 @@ class _SlotPool:
         rt = cupy.cuda.runtime
         with cupy.cuda.Device(self.device_id):
             dbuf = cupy.zeros(RECORD_WORDS * n, dtype=np.int32)
+            # NOTES: zeroed on CuPy's current stream, which need not be the launch's (the fast path's): wait, once
+            # per block of slots, so that no kernel on another stream reads the records before they are zero
+            cupy.cuda.get_current_stream().synchronize()
             hptr = rt.hostAlloc(RECORD_BYTES * n, rt.hostAllocMapped | rt.hostAllocPortable)   # never freed (pool)
             hdev = rt.pointerGetAttributes(hptr).devicePointer
             host = np.ctypeslib.as_array((ctypes.c_int32 * (RECORD_WORDS * n)).from_address(hptr)).reshape(
@@ -277,16 +280,19 @@ def check_errors() -> None:
     so failures in graph replays and in compiled JAX programs are reported here (and only here). Do not call it
     while a stream is capturing.
     """
-    failures = []
+    # NOTES: the waits run outside the lock, so that other threads (one per GPU) launch meanwhile; what they
+    # enqueue later is theirs to check
     with _lock:
-        while _pending:
-            rec = _pending.popleft()
-            rec.wait()
-            msg = _consume(rec)
-            if msg:
-                failures.append(msg)
-        for pool in _slot_pools.values():
-            failures += pool.graph.collect()
+        recs, pools = list(_pending), list(_slot_pools.values())
+        _pending.clear()
+    failures = []
+    for rec in recs:
+        rec.wait()
+        msg = _consume(rec)
+        if msg:
+            failures.append(msg)
+    for pool in pools:
+        failures += pool.graph.collect()
     _raise_failures(failures)
 
 

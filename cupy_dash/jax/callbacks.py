@@ -174,8 +174,9 @@ class _Forward(_Call):
                 _load([self.spec])
 
     def parts(self, dev):
-        grid = launchers.fwd_grid(self.p, self.block_m) if self.grid is None else self.grid
-        return plans.forward(self.spec, grid, self.block_m, self.block_n, self.p, self.window, self.strides[:3],
+        p = self.p._replace(device_id=dev)       # the launch order follows the device's SMs and L2
+        grid = launchers.fwd_grid(p, self.block_m) if self.grid is None else self.grid
+        return plans.forward(self.spec, grid, self.block_m, self.block_n, p, self.window, self.strides[:3],
                              self.names, self.num_seqs, self.cu_seqlens(dev))
 
     def cu_seqlens(self, dev) -> tuple:
@@ -209,8 +210,8 @@ class _Backward(_Call):
                                                             softcap=capped, seqlen_q=p.Sq, window=cfg.window,
                                                             head_dim_v=p.Dv)
                 _load(specs)
-                c = launchers.BwdLaunch(specs, bm, bn, p, cfg.deterministic, spin_timeout_ns, cfg.causal,
-                                        cfg.window)
+                c = launchers.BwdLaunch(specs, bm, bn, p._replace(device_id=dev), cfg.deterministic, spin_timeout_ns,
+                                        cfg.causal, cfg.window)
                 stream = cupy.cuda.Stream(non_blocking=True)       # the upload waits for nothing of XLA's
                 with stream:
                     c.tables = launchers.bwd_tables(cfg.schedule, c, max_ctas, dev, stream, compact=compact)

@@ -326,11 +326,13 @@ def test_fixed_length_calls_plan_what_the_launchers_pack_and_run_it(monkeypatch)
     ran = types.SimpleNamespace(run=lambda stream, buffers: calls.append(("run", stream, buffers)))
 
     fwd = object.__new__(callbacks._Forward)
-    fwd.spec, fwd.block_m, fwd.block_n, fwd.p, fwd.window = "spec", 128, 64, "p", (-1, 5)
+    from cupy_dash.core.problem import Problem
+    p = Problem(2, 256, 256, 4, 4, 64, 64, "bfloat16", 0.125, 0.0, 0)
+    fwd.spec, fwd.block_m, fwd.block_n, fwd.p, fwd.window = "spec", 128, 64, p, (-1, 5)
     fwd.strides, fwd.devices, fwd.plans = (qs, kvs, vs, os_), (0,), {0: ran}
     assert fwd.parts(0) == "fwd parts"
     fwd(ctx, (0x50, 0x60), 0x10, 0x20, 0x30)                         # (out, lse), q, k, v
-    assert calls == [("forward", ("spec", (9, 8, 7), 128, 64, "p", (-1, 5), (qs, kvs, vs), plans.FWD_BUFFERS[:5],
+    assert calls == [("forward", ("spec", (9, 8, 7), 128, 64, p, (-1, 5), (qs, kvs, vs), plans.FWD_BUFFERS[:5],
                                   None, (0, 0))),
                      ("run", 7, (0x10, 0x20, 0x30, 0x50, 0x60))]
     calls.clear()
@@ -344,3 +346,21 @@ def test_fixed_length_calls_plan_what_the_launchers_pack_and_run_it(monkeypatch)
     bwd(ctx, (0x1, 0x2, 0x3, 0x4), 0x15, 0x10, 0x20, 0x30, 0x40, 0x45)
     assert calls == [("backward", (c, (qs, kvs, vs, os_, os_), plans.BWD_BUFFERS[:10]), {"error": (0x99, 0)}),
                      ("run", 7, (0x15, 0x10, 0x20, 0x30, 0x40, 0x45, 0x1, 0x2, 0x3, 0x4))]
+
+
+def test_forward_plans_follow_each_devices_sms_and_l2(jx, monkeypatch):
+    """A traced forward prepares a plan per GPU: each plan's launch order is built from that GPU's SM count and L2
+    size (the validated problem of a trace names device 0 only as a placeholder)."""
+    from cupy_dash.core.problem import Problem
+    from cupy_dash.jax import callbacks as jcb
+    asked = []
+    monkeypatch.setattr(kernels, "sm_count", lambda dev: asked.append(("sms", dev)) or 132 * (dev + 1))
+    monkeypatch.setattr(launchers, "l2_bytes", lambda dev: asked.append(("l2", dev)) or (60 << 20))
+    monkeypatch.setattr(plans, "forward", lambda spec, grid, bm, bn, p, *rest: (
+        p.device_id, launchers.fwd_head_section(p, bm)))        # what the plan's parameter block asks
+    call = object.__new__(jcb._Forward)
+    call.p = Problem(2, 4096, 4096, 16, 16, 128, 128, "bfloat16", 0.088, 0.0, 0)
+    call.spec, call.block_m, call.block_n, call.window = None, 128, 128, (-1, 0)
+    call.strides, call.names = ((0, 0, 0),) * 4, plans.FWD_BUFFERS[:5]
+    sections = {dev: call.parts(dev) for dev in (1, 0)}
+    assert sections == {1: (1, 8), 0: (0, 4)} and [d for _, d in asked] == [1, 1, 0, 0]

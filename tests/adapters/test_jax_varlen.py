@@ -229,8 +229,8 @@ def test_the_forward_callback_launches_as_the_eager_varlen_forward(monkeypatch, 
     import contextlib
     import cupy
     fwd = object.__new__(jax_varlen._VarlenForward)
-    fwd.p = types.SimpleNamespace(B=1, Sq=300, Sk=500, H=2, Hkv=2, D=64, Dv=64, scale=0.125, softcap=softcap,
-                                  dtype="bf16")
+    from cupy_dash.core.problem import Problem
+    fwd.p = Problem(1, 300, 500, 2, 2, 64, 64, "bf16", 0.125, softcap, 0)
     fwd.block_m, fwd.block_n, fwd.window, fwd.num_seqs, fwd.grid = 128, 128, (-1, -1), 3, (2, 2, 3)
     fwd.strides = ((256, 128, 2),) * 4
     fwd.devices, fwd.cu = (0,), {}

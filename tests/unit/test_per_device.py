@@ -81,7 +81,7 @@ def test_varlen_tables_are_made_on_their_device_and_cached_per_device(monkeypatc
         made.append((dev, devices.current))
         return types.SimpleNamespace(), f"cq{dev}", f"ck{dev}"
     monkeypatch.setattr(varlen_device, "_expand_on_device", expand)
-    monkeypatch.setattr(device_tables, "_defer_release", lambda objs, stream: None)
+    monkeypatch.setattr(device_tables, "_defer_release", lambda *args: None)
     monkeypatch.setitem(device_tables._caches, "varlen", collections.OrderedDict())
     t = varlen_device.plan("fa3", np.array([100, 300]), np.array([100, 300]), 64, 128, 4, 2, True, 16, (-1, 0),
                            compact="expand")
@@ -186,3 +186,42 @@ def test_error_records_are_per_device(monkeypatch):
     b = errors.jit_record(0, ("fa3", 1, 1, 128, 128, 64, False))
     assert blocks == synced == [1, 0] and devices.current == 0 and a != b
     assert errors._slot_pools[1].graph.block.data.ptr == a and errors._slot_pools[0].graph.block.data.ptr == b
+
+
+def test_table_cache_bound_counts_each_devices_entries(monkeypatch):
+    """The LRU bound is per device: a device that makes more tables than the bound evicts its own oldest entries,
+    never another device's (a JAX mesh uploads each packing to every device), and releases them after its own
+    streams."""
+    devices = install(monkeypatch, current=0)
+    released = []
+    monkeypatch.setitem(device_tables._caches, "varlen", collections.OrderedDict())
+    monkeypatch.setitem(device_tables._LIMITS, "varlen", 2)
+    monkeypatch.setattr(device_tables, "_defer_release", lambda objs, stream, dev: released.append((dev, list(objs))))
+    monkeypatch.setattr(device_tables, "_release_after",
+                        lambda entry, streams, stream, deferred: deferred.append((entry[0], devices.current)))
+
+    def make(name):
+        return lambda stream, staging: (name, None)
+    for dev, names in ((0, ("a0", "b0")), (1, ("a1", "b1", "c1", "d1"))):
+        for name in names:
+            device_tables.cached("varlen", name, dev, _stream(dev, 0), make(name))
+    assert list(device_tables._caches["varlen"]) == [("a0", 0), ("b0", 0), ("c1", 1), ("d1", 1)]
+    assert [objs for dev, objs in released if objs] == [[("a1", 1)], [("b1", 1)]]
+    assert all(dev == 1 for dev, objs in released if objs)
+
+
+def test_deferred_releases_are_kept_apart_per_device(monkeypatch):
+    """Two devices' default streams share the handle 0: what each holds is released after its own device's
+    stream, with that device current (CuPy's null stream has no device of its own)."""
+    devices = install(monkeypatch, current=0)
+    held = []
+    monkeypatch.setattr(device_tables, "_deferred", {})
+    monkeypatch.setattr(device_tables, "_deferred_misses", [0])
+    monkeypatch.setattr(device_tables, "_capturing", lambda s: False)
+    monkeypatch.setattr(device_tables, "keep_alive", lambda keep, s: held.append((devices.current, list(keep))))
+    for i in range(device_tables._DEFER_MISSES):
+        dev = i % 2
+        device_tables._defer_release([f"staging{i} of device {dev}"], _stream(-1, 0), dev)
+    assert sorted(held) == [(0, ["staging0 of device 0", "staging2 of device 0"]),
+                            (1, ["staging1 of device 1", "staging3 of device 1"])]
+    assert devices.current == 0
