@@ -1,6 +1,6 @@
-"""Schedule tables on the GPU: the one cache of the device-resident tables of every form (LRU per form and device), the one
-upload (one copy on the caller's stream; fixed-length tables waited for once, when made) and the one eviction rule
-(freed after the work of every stream that read them, never while a CUDA graph may use them). The form is
+"""Schedule tables on the GPU: the one cache of the device-resident tables of every form (LRU per form and device),
+the one upload (one copy on the caller's stream; fixed-length tables waited for once, when made) and the one eviction
+rule (freed after the work of every stream that read them, never while a CUDA graph may use them). The form is
 :func:`cupy_dash.schedule.compact_device.table_form`'s. docs/architecture.md, "Schedule tables on the device".
 """
 from __future__ import annotations
