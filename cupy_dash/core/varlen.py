@@ -110,7 +110,8 @@ def prepare_varlen_backward(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
     its own stream. ``total_q`` / ``total_k`` are the last entries of the cu_seqlens; ``deterministic`` is checked as
     the backward checks it (both modes take the same table and kernels); ``softcap``: the backward's
     (a soft-capped backward may need another table form). Raises ValueError as the
-    backward would for bad lengths, flags or sizes (TypeError for a ``device`` that is not an int >= 0), then,
+    backward would for bad lengths, flags or sizes (TypeError for a ``device`` that is not an int >= 0 or a
+    ``stream`` that is not a CuPy stream, ValueError for a stream of another device), then,
     before touching the device, RuntimeError unless CUDA device ``device`` is a Hopper GPU
     (:func:`cupy_dash.gpu.require`: no GPU, no driver, another GPU)."""
     causal = problem.check_flag("causal", causal)
@@ -139,6 +140,11 @@ def prepare_varlen_backward(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
         raise TypeError(f"device: expected a CUDA device ordinal (an int >= 0), got {type(device).__name__} "
                         f"{device!r}")
     device = int(device)
+    if stream is not None and not isinstance(getattr(stream, "ptr", None), int):
+        raise TypeError(f"stream: expected a CuPy stream (cupy.cuda.Stream or ExternalStream), got "
+                        f"{type(stream).__name__}")
+    if stream is not None and getattr(stream, "device_id", -1) not in (-1, device):
+        raise ValueError(f"stream: a stream of device {stream.device_id}, but the tables go to device={device}")
     window = _schedule.canonical_window(window, max_q, max_k, causal)
     lens_q, lens_k = (np.diff(c).astype(np.int64) for c in hosts)
     gpu.require("cupy_dash.prepare_varlen_backward (it builds the schedule table for the GPU's co-resident CTAs "

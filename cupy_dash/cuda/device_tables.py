@@ -106,7 +106,10 @@ def fixed(compact_tables, policy, seqlen_q, seqlen_k, block_m, block_n, num_head
             upload_compact(plan, device_id, stream, wait=True), None), done=True, capture=capture)[0]
     pkey = (policy, *args.values())
     with _lock:
-        plan = _plans.get(pkey) or schedule.build(policy, **args)
+        plan = _plans.get(pkey)
+    if plan is None:
+        plan = schedule.build(policy, **args)      # outside the lock: other devices' threads go on meanwhile
+    with _lock:
         _plans[pkey] = plan
         _plans.move_to_end(pkey)
         if len(_plans) > _MAX_PLANS:

@@ -187,6 +187,17 @@ def test_bad_softcap_varlen():
                                                                 head_dim=64, softcap=None), "softcap")
 
 
+@pytest.mark.parametrize("stream,exc", [("torch-like", TypeError), ("device 1", ValueError)])
+def test_prepare_varlen_backward_checks_its_stream(stream, exc):
+    """The upload's stream is a CuPy stream of the device the tables go to: checked before anything touches a GPU."""
+    import types
+    stream = types.SimpleNamespace(cuda_stream=7) if stream == "torch-like" else types.SimpleNamespace(ptr=7,
+                                                                                                     device_id=1)
+    cu = np.array([0, 40], np.int32)
+    raises(exc, lambda: cupy_dash.prepare_varlen_backward(cu, cu, 40, 40, num_heads=2, num_heads_kv=2, head_dim=64,
+                                                          device=0, stream=stream), "stream")
+
+
 def test_a_soft_capped_backward_too_large_for_per_visit_tables_raises(monkeypatch):
     """There is no soft-capping compact build: compact_device.table_form never chooses compact tables for a capped
     backward, and raises where the per-visit table would exceed AUTO_VISITS."""
