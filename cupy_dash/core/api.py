@@ -147,12 +147,16 @@ def run_forward(like, p, spec, block_m, block_n, window, tensors, grid, shapes, 
         cu_ptrs = tuple(_resolve(info, x, keep)[0] for info, x in cu[1:])
         out, out_ptr = _new(fw, dev, shapes[0], p.dtype)
         lse, lse_ptr = _new(fw, dev, shapes[1], "float32")
-        names = plans.FWD_BUFFERS[:7 if cu else 5]
+        names, counter = plans.FWD_BUFFERS[:7 if cu else 5], None
         if ("DASH_PERSISTENT", 1) in spec.defines:      # (fixed length) its tile counter, zeroed by the plan
-            names, cu_ptrs = plans.FWD_PERSISTENT_BUFFERS, (_new(fw, dev, (1,), "int32")[1],)
+            # NOTES: held until the launch is enqueued: freed before, its block could go to another thread's
+            # allocation on this stream, and two calls would zero and claim from one counter
+            counter, counter_ptr = _new(fw, dev, (1,), "int32")
+            names, cu_ptrs = plans.FWD_PERSISTENT_BUFFERS, (counter_ptr,)
         plan = plans.forward_plan(spec, grid, block_m, block_n, p, window, tuple(s for _, s in operands), names,
                                   cu[0] if cu else None)
         launchers.enqueue_forward(plan, stream, (*(ptr for ptr, _ in operands), out_ptr, lse_ptr, *cu_ptrs))
+        del counter                          # (stream-ordered from here: the allocator reuses it after the kernel)
         if cu and not capturing:             # for the backward of this call (varlen_host_cu.py): no wait there
             (q_info, cu_q), (k_info, cu_k) = cu[1:]
             varlen_host_cu.remember_both(cu_q, cu_k, (q_info, k_info), cu_ptrs, stream)

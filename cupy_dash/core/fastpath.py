@@ -202,8 +202,9 @@ def run_forward(plan, stream, q, k, v, cu=()):
     if plan.cupy:
         out, lse = cupy.empty(plan.out_shape, plan.dtype), cupy.empty(plan.lse_shape, cupy.float32)
         buffers = (q.data.ptr, k.data.ptr, v.data.ptr, out.data.ptr, lse.data.ptr, *(x.data.ptr for x in cu))
+        counter = cupy.empty(1, cupy.int32) if plan.counter else None    # held until enqueued (api.run_forward)
         if plan.counter:
-            buffers += (cupy.empty(1, cupy.int32).data.ptr,)
+            buffers += (counter.data.ptr,)
     else:
         torch = _torch
         # NOTES: empty_like (no shape or dtype to parse: ~0.5 µs less per allocation) where q is contiguous with
@@ -214,9 +215,11 @@ def run_forward(plan, stream, q, k, v, cu=()):
         lse = torch.empty(plan.lse_shape, dtype=torch.float32, device=plan.device)
         buffers = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(), *(
             x.data_ptr() for x in cu))
-        if plan.counter:          # (stream-ordered: the caching allocator reuses it after this call's kernel)
-            buffers += (torch.empty((1,), dtype=torch.int32, device=plan.device).data_ptr(),)
+        counter = torch.empty((1,), dtype=torch.int32, device=plan.device) if plan.counter else None
+        if plan.counter:
+            buffers += (counter.data_ptr(),)
     launchers.enqueue_forward(plan.launch, stream, buffers)
+    del counter        # held until enqueued (api.run_forward's NOTES); stream-ordered reuse after the kernel
     return out, lse
 
 

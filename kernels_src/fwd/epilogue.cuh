@@ -35,8 +35,8 @@ DASH_DEVICE void store_rows_to_global(const FwdParams& p, const Smem& s, const T
 
 // NOTES: a row that saw no key has rowsum 0 (every P was 2^-inf): it gets O = 0 and lse = -inf, never NaN. Any
 // row that saw a key has rowsum >= 1 (its max contributes 2^0). The warpgroup's rows of the Q tile are free: its
-// last S wgmma has completed, and the other warpgroup reads only its own rows. A tile without KV tiles never
-// loaded Q, so nothing is in flight there either.
+// last S wgmma has completed, and the other warpgroup reads only its own rows. A tile without KV tiles loaded Q
+// only in persistent launches, and fwd.cu waits for that load (q_full) first, so nothing is in flight there either.
 DASH_DEVICE void store_output(const FwdParams& p, const Smem& s, const Tile& t, float (&O)[kORegs],
                               const RowStats& st, int wg, int tid) {
   const Fragment f(tid);

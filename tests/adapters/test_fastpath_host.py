@@ -155,3 +155,38 @@ def test_a_capture_without_an_eager_call_makes_its_kernels_tables_and_record_out
     e = enqueued[-1]
     assert e["slot"] is None and int(e["params"]["error"]) == 0xE000 and e["c"].tables is made["t"]
     assert fastpath.stats()["bwd_hits"] == hits
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal-persistent", "full"])
+def test_every_forward_buffer_is_alive_when_its_launch_is_enqueued(no_gpu, monkeypatch, causal):
+    """The full path and the fast path keep every buffer they allocate for a forward (out, lse and the persistent
+    build's tile counter) until its launch is enqueued: a buffer freed before could go to another thread's
+    allocation on the same stream, and two calls would share it."""
+    import weakref
+    from cupy_dash.core import api
+    from cupy_dash.cuda import launchers
+    import fastpath_fakes
+    live, checked = {}, []
+
+    def empty(shape, dtype=None, device=None):
+        t = Tensor(shape if isinstance(shape, tuple) else (shape,), dtype, 0x2000000 + 0x1000 * len(live))
+        live[t.ptr] = weakref.ref(t)
+        return t
+
+    def new(fw, dev, shape, dtype):
+        t = empty(tuple(shape), {"uint8": fastpath_fakes.U8, "float32": F32, "int32": fastpath_fakes.I32}.get(
+            dtype, BF16))
+        return t, t.ptr
+
+    def enqueue(plan, stream, buffers):
+        checked.append([ptr for ptr in buffers if ptr in live])
+        assert all(live[ptr]() is not None for ptr in buffers if ptr in live), "a buffer was freed before its launch"
+    monkeypatch.setattr(api, "_new", new)
+    monkeypatch.setattr(fastpath._torch, "empty", empty)
+    monkeypatch.setattr(fastpath._torch, "empty_like", lambda t: empty(t.shape, t.dtype))
+    monkeypatch.setattr(launchers, "enqueue_forward", enqueue)
+    _, q, k, v, _, _ = _inputs(S=1024, H=2)
+    for _ in range(2):                                    # the full path, then the fast path
+        cupy_dash.attention_forward(q, k, v, causal=causal)
+    assert fastpath.stats()["fwd_hits"] >= 1
+    assert [len(c) for c in checked] == [3 if causal else 2] * 2     # out, lse (and the counter)
