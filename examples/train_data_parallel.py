@@ -1,20 +1,19 @@
 """Data-parallel training of the tiny causal GQA transformer of examples/train_tiny_transformer.py with cupy_dash
 attention, twice from one seed, with torch DistributedDataParallel (``--strategy ddp``) or FSDP2
 (``torch.distributed.fsdp.fully_shard`` per block and on the model, ``--strategy fsdp2``): every rank's losses and
-the final weights (FSDP2: also this rank's shards) are bitwise equal between the two runs, and the ranks' copies of
-the final weights are bitwise equal to each other.
+the final weights (FSDP2: also this rank's shards) are bitwise equal between the two runs, and (DDP) the ranks'
+copies of the final weights are bitwise equal to each other (FSDP2's ranks hold different shards: no such check).
 
     torchrun --nproc-per-node 2 examples/train_data_parallel.py --steps 30 --json ddp.json   # a GPU per rank (nccl)
     python examples/train_data_parallel.py --strategy fsdp2      # the same, started under torchrun by itself
-    python examples/train_data_parallel.py --backend gloo --nproc 2   # two ranks sharing cuda:0 (gloo, CUDA tensors)
+    CUDA_VISIBLE_DEVICES=0 python examples/train_data_parallel.py --backend gloo --nproc 2   # two ranks, one GPU
 
 Each step's global batch (16 rows of 512 tokens) is split over the ranks (rank r takes the r-th chunk); the
 gradients are all-reduced (DDP) or reduce-scattered (FSDP2) and averaged, then every rank applies the same AdamW
-step. Eager mode, bf16 autocast, fp32 parameters. With gloo, FSDP2's gradient reduction is forced to SUM followed
-by a division (``set_force_sum_reduction_for_comms``, where torch has it), as gloo's reduce-scatter does not
-average. The reduction's addition order is fixed for a given world size and backend, so runs repeat bit for bit;
-another world size groups the ranks' gradients differently and gives other bits. NVLink multicast is kept off
-(the GPU machines of this project require it), before torch is imported; ranks inherit it.
+step. Eager mode, bf16 autocast, fp32 parameters. The reduction's addition order is fixed for a given world size
+and backend, so runs repeat bit for bit; another world size groups the ranks' gradients differently and gives other
+bits. With gloo, rank r takes GPU r modulo the visible GPUs. NVLink multicast is kept off (the GPU machines of this
+project require it) before any NCCL communicator starts; ranks inherit it.
 """
 from __future__ import annotations
 
@@ -23,13 +22,14 @@ if __name__ == "__main__":             # before torch is imported: one line, not
     require_torch()
 
 import argparse  # noqa: E402
+import datetime  # noqa: E402
 import hashlib  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
 
 # NOTES: the GPU machines this project runs on require NVLink multicast off (a program using it can take the
-# host's GPUs out of service); set before torch, NCCL or NVSHMEM read them, and inherited by torchrun's ranks.
+# host's GPUs out of service); set before NCCL or NVSHMEM read them, and inherited by torchrun's ranks.
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 os.environ.update(MULTICAST_OFF)
 
@@ -72,7 +72,9 @@ class Context:
             raise SystemExit(f"nccl needs one GPU per rank: {self.world} ranks, {gpus} GPU(s); use --backend gloo")
         self.device, self.backend = torch.device("cuda", local % gpus), backend
         torch.cuda.set_device(self.device)
-        dist.init_process_group(backend, device_id=self.device if backend == "nccl" else None)
+        # NOTES: a collective that hangs (a rank lost) raises after 2 minutes instead of NCCL's default 10
+        dist.init_process_group(backend, device_id=self.device if backend == "nccl" else None,
+                                timeout=datetime.timedelta(minutes=2))
 
 
 def local_batch(tokens, ctx):
@@ -90,17 +92,20 @@ def digest(tensors) -> str:
     return h.hexdigest()
 
 
-def report(name: str, ctx, args, runs) -> int:
+def report(name: str, ctx, args, runs, replicas=True) -> int:
     """Compare two runs and the ranks; ``runs``: per run, dict(losses=[float per step], weights=sha256 of the
     whole model's final weights, as this rank sees them, and optionally shard=sha256 of this rank's shard).
-    Rank 0 prints the summary and writes --json; every rank returns the same exit status (0: all identical)."""
+    ``replicas``: each rank holds a whole replica of its own (DDP), compared across the ranks; else (FSDP2, whose
+    full weights every rank gathers from the same shards) ``replicas_identical`` is None. Rank 0 prints the summary
+    and writes --json; every rank returns the same exit status (0: all identical)."""
     import torch.distributed as dist
     every = [None] * ctx.world
     dist.all_gather_object(every, runs)                    # every[rank][run] -> that rank's record of that run
     same_runs = all(r[0] == r[1] for r in every)
     per_rank = [sum(a != b for a, b in zip(r[0]["losses"], r[1]["losses"])) for r in every]
-    same_replicas = all(len({every[rank][run]["weights"] for rank in range(ctx.world)}) == 1 for run in range(2))
-    ok = same_runs and same_replicas
+    same_replicas = all(len({every[rank][run]["weights"] for rank in range(ctx.world)}) == 1 for run in range(2)) \
+        if replicas else None
+    ok = same_runs and same_replicas is not False
     if ctx.rank == 0:
         print(f"{name}: {ctx.world} ranks ({ctx.backend}, {torch.cuda.get_device_name(ctx.device)}), "
               f"{args.steps} steps, final loss of rank 0 {every[0][0]['losses'][-1]:.4f}", flush=True)
@@ -151,8 +156,6 @@ def train_fsdp2(ctx, steps, seed):
     for block in model.blocks:
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    if ctx.backend == "gloo" and hasattr(model, "set_force_sum_reduction_for_comms"):
-        model.set_force_sum_reduction_for_comms(True)
     losses = fit(model, ctx, steps)
     shards = [p.to_local().detach().float().cpu() for p in model.parameters()]   # DTensors, Shard(0) over the mesh
     return dict(losses=losses, weights=digest(full_weights(shards, ctx.world)), shard=digest(shards))
@@ -175,7 +178,7 @@ def main(argv=None):
     ctx = Context(args.backend)
     train = train_ddp if args.strategy == "ddp" else train_fsdp2
     runs = [train(ctx, args.steps, args.seed) for _ in range(2)]
-    return report(args.strategy, ctx, args, runs)
+    return report(args.strategy, ctx, args, runs, replicas=args.strategy == "ddp")
 
 
 if __name__ == "__main__":

@@ -93,7 +93,9 @@ def test_cupy_varlen_calls_alternate_between_gpus(host_lengths):
 
 def test_torch_calls_alternate_between_gpus():
     """cupy_dash.torch.attention (autograd) and attention_varlen on cuda:0 / cuda:1, with the other GPU current
-    (the full path) and with their own GPU current (the host fast path: its plans are per device)."""
+    (the forward's full path) and with their own GPU current (its host fast path: the plans are per device). The
+    backward runs in torch's autograd thread of the tensors' device, which makes that device current: the other
+    device current is the CuPy calls' case (test_cupy_calls_alternate_between_gpus)."""
     torch = pytest.importorskip("torch")
     import cupy_dash.torch as dash_torch
     a = _arrays(64, seed=2)
