@@ -13,7 +13,7 @@ import cupy
 import cupyx
 import numpy as np
 
-from .. import schedule
+from .. import config, schedule
 from ..schedule import compact_device
 from .errors import keep_alive, stream_device
 
@@ -95,7 +95,8 @@ def fixed(compact_tables, policy, seqlen_q, seqlen_k, block_m, block_n, num_head
     here by shape and window, LRU), or with ``compact_tables`` the compact_device.CompactDeviceTables of
     :func:`cupy_dash.schedule.build_compact`'s records (host plans cached there; ``"auto"`` is
     compact_device.KERNEL_AUTO). Device tables are cached by ``(plan.key, device)`` (:func:`cached`, done: a miss
-    synchronizes ``stream`` once; later calls may use them on any stream). ``capture``: as :func:`cached`.
+    synchronizes ``stream`` once; later calls may use them on any stream), per-visit ones also by whether they carry
+    the dQ finisher's lists (:func:`upload`). ``capture``: as :func:`cached`.
     ``head_section``: as :func:`cupy_dash.schedule.build`'s."""
     args = dict(seqlen_q=seqlen_q, seqlen_k=seqlen_k, block_m=block_m, block_n=block_n, num_heads=num_heads,
                 causal=causal, num_sms=num_ctas, group_size=group_size, window=tuple(window),
@@ -114,9 +115,10 @@ def fixed(compact_tables, policy, seqlen_q, seqlen_k, block_m, block_n, num_head
         _plans.move_to_end(pkey)
         if len(_plans) > _MAX_PLANS:
             _plans.popitem(last=False)
-    return cached("visits", plan.key, device_id, stream, lambda stream, staging: (
-        upload(plan, num_heads, plan.num_n_blocks, plan.num_m_blocks, device_id, stream, wait=True), None),
-        done=True, capture=capture)[0]
+    finish = config.BWD_DQ_FINISH.get()
+    return cached("visits", (plan.key, finish), device_id, stream, lambda stream, staging: (
+        upload(plan, num_heads, plan.num_n_blocks, plan.num_m_blocks, device_id, stream, wait=True, finish=finish),
+        None), done=True, capture=capture)[0]
 
 
 per_visit, compact = functools.partial(fixed, False), functools.partial(fixed, True)
@@ -128,24 +130,30 @@ class DeviceTables:
     ``plans``: the launch plans that read them (:mod:`cupy_dash.cuda.plans`), dropped with them. ``ranks``: a
     fixed-length table's visits per dQ tile, ``(num_heads * m_blocks,)`` int32 indexed ``bh * m_blocks + m_block``
     (:func:`tile_visits`), and ``finish_tiles``, ``finish_start``: which CTA converts which tile
-    (:func:`finish_lists`; kernels_src/bwd/dq_finish.cuh), or None (a varlen table's)."""
+    (:func:`finish_lists`; kernels_src/bwd/dq_finish.cuh), or None (a varlen table's, or with the finisher off)."""
     __slots__ = ("visits", "rank", "cta_start", "num_ctas", "policy", "device_id", "plans", "ranks", "finish_tiles",
                  "finish_start")
 
 
 def upload(plan, num_heads: int, n_blocks: int, m_blocks: int, device_id: int, stream, wait=False,
-           checked=None) -> DeviceTables:
+           checked=None, finish=None) -> DeviceTables:
     """The plan's tables (checked by :func:`cupy_dash.schedule.check_plan`, unless ``checked`` is what that returned
     for them) on device ``device_id`` (whatever the current device is), copied on ``stream`` (:func:`upload_async`;
-    ``wait``: the caller synchronizes it)."""
+    ``wait``: the caller synchronizes it). ``finish``: with the dQ finisher's ``ranks`` and lists (default:
+    whether CUPY_DASH_BWD_DQ_FINISH asks for the finisher; their host work, about that of the table's build, is
+    spent only then)."""
     if checked is None:
         checked = schedule.check_plan(plan, num_heads, n_blocks, m_blocks)
     visits, rank, cta_start, num_ctas = checked
+    finish = config.BWD_DQ_FINISH.get() if finish is None else finish
     t = DeviceTables()
     with cupy.cuda.Device(device_id):
-        counts = tile_visits(visits, num_heads, m_blocks)
-        t.visits, t.rank, t.cta_start, t.ranks, t.finish_tiles, t.finish_start = upload_async(
-            (visits, rank, cta_start, counts, *finish_lists(visits, rank, cta_start, counts, m_blocks)), stream, wait)
+        extra = ()
+        if finish:
+            counts = tile_visits(visits, num_heads, m_blocks)
+            extra = (counts, *finish_lists(visits, rank, cta_start, counts, m_blocks))
+        t.visits, t.rank, t.cta_start, *extra = upload_async((visits, rank, cta_start, *extra), stream, wait)
+        t.ranks, t.finish_tiles, t.finish_start = extra or (None, None, None)
     t.num_ctas, t.policy, t.device_id = num_ctas, str(getattr(plan, "policy", "custom")), device_id
     return t
 

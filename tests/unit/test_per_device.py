@@ -28,10 +28,10 @@ def test_schedule_tables_are_uploaded_to_the_device_they_are_cached_for(monkeypa
     uploads = fake_uploads(monkeypatch, devices)
     args = ("shift", 1000, 1000, 64, 128, 3, True, 7)
     on1 = device_tables.per_visit(*args, 1, _stream(1))
-    assert [d for d, _ in uploads] == [1] * 6 and on1.device_id == 1 and devices.current == 0
+    assert [d for d, _ in uploads] == [1] * 3 and on1.device_id == 1 and devices.current == 0
     on0 = device_tables.per_visit(*args, 0, _stream(0))
-    assert [d for d, _ in uploads[6:]] == [0] * 6 and on0 is not on1 and on0.device_id == 0
-    assert device_tables.per_visit(*args, 1, _stream(1)) is on1 and len(uploads) == 12
+    assert [d for d, _ in uploads[3:]] == [0] * 3 and on0 is not on1 and on0.device_id == 0
+    assert device_tables.per_visit(*args, 1, _stream(1)) is on1 and len(uploads) == 6
     assert {key[1] for key in device_tables._caches["visits"]} == {0, 1}
 
 

@@ -296,6 +296,12 @@ def test_device_tables_are_checked_uploaded_once_and_cached(monkeypatch):
 
     uploads = fake_uploads(monkeypatch, install(monkeypatch))
     args = ("symmetric_shift", 1000, 1000, 64, 128, 3, True, 7, 0, Stream())
+    plain = device_tables.per_visit(*args)                 # the finisher off (the default): three arrays
+    assert [dtype for _, dtype in uploads] == [np.int32, np.int32, np.int64] and plain.ranks is None
+    assert plain.finish_tiles is None and plain.finish_start is None and Stream.synced == 1
+    del uploads[:], plain
+    Stream.synced = 0
+    monkeypatch.setenv("CUPY_DASH_BWD_DQ_FINISH", "1")     # another cache entry: with the finisher's lists
     t = device_tables.per_visit(*args)
     assert isinstance(t, device_tables.DeviceTables) and t.num_ctas == 7 and t.policy == "symmetric_shift"
     assert [dtype for _, dtype in uploads] == [np.int32, np.int32, np.int64, np.int32, np.int32, np.int64]
