@@ -41,10 +41,10 @@ EXTENSIONS = [_ext("cupy_dash.schedule._schedule", "cupy_dash/schedule/_schedule
               _ext("cupy_dash.schedule.varlen_pack", "cupy_dash/schedule/varlen_pack.pyx"),
               _ext("cupy_dash.schedule.testing", "cupy_dash/schedule/testing.pyx"),
               _ext("cupy_dash.cuda.executor", "cupy_dash/cuda/executor.pyx", _LAUNCH_PLAN, depends=[_PLAN_H],
-                   include_dirs=["cupy_dash/cuda"], libraries=["dl"], extra=["-std=gnu11"]),
+                   include_dirs=["cupy_dash/cuda"], libraries=["dl", "pthread"], extra=["-std=gnu11"]),
               _ext("cupy_dash.jax._xla_ffi", "cupy_dash/jax/_xla_ffi.pyx", "cupy_dash/jax/xla_ffi.c", _LAUNCH_PLAN,
                    depends=["cupy_dash/jax/xla_ffi.h", _PLAN_H], include_dirs=["cupy_dash/jax", "cupy_dash/cuda"],
-                   libraries=["dl"], extra=["-std=gnu11"])]
+                   libraries=["dl", "pthread"], extra=["-std=gnu11"])]
 
 # Cython's own utility code (typed memoryviews, argument parsing: about half of each generated C file) is
 # generated once into the shared module SHARED_UTILITY, which every module above imports, instead of into each of

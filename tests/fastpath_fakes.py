@@ -161,6 +161,7 @@ def no_gpu(monkeypatch):
     monkeypatch.setattr(launchers, "enqueue_forward", lambda plan, stream, buffers: assert_packed(plan, buffers))
     monkeypatch.setattr(errors, "poll_errors", lambda: None)
     monkeypatch.setattr(api, "_poll_errors", lambda: None)
+    monkeypatch.setattr(errors, "keep_alive", lambda keep, stream, event=None: None)   # no events without a GPU
     _installed[:] = [FakeCapture(monkeypatch)]
     fastpath_varlen.clear()
     plans.clear()

@@ -38,10 +38,13 @@ enabled = config.FASTPATH.get      # enabled() -> bool: unless CUPY_DASH_FASTPAT
 
 
 def clear() -> None:
-    """Forget every plan (tests; also frees the schedule tables only plans still held)."""
+    """Forget every plan (tests; also frees the schedule tables only plans still held, after their work)."""
     with _lock:
+        dropped = list(_bwd_plans.values())
         _fwd_plans.clear()
         _bwd_plans.clear()
+    for plan in dropped:
+        _release(plan)
 
 
 def stats() -> dict:
@@ -120,11 +123,24 @@ def bwd_key(do, q, k, v, out, lse, causal, softmax_scale, schedule, deterministi
 
 
 def store(table: dict, key, plan, limit=_MAX_PLANS) -> None:
-    """Keep ``plan`` under ``key`` in ``table``, dropping the oldest plan beyond ``limit``."""
+    """Keep ``plan`` under ``key`` in ``table``, dropping the oldest plan beyond ``limit`` (:func:`_release`)."""
     with _lock:
-        if len(table) >= limit:
-            table.pop(next(iter(table)))
+        old = table.pop(next(iter(table))) if len(table) >= limit else None
         table[key] = plan
+    if old is not None:
+        _release(old)
+
+
+def _release(plan) -> None:
+    """Drop a backward plan once the work of every stream it ran on has finished: it may hold the last reference to
+    its schedule tables (the device-table cache may have let them go, after the streams of the calls it served,
+    not the fast path's), whose memory the pool must not hand out while a kernel still reads it."""
+    for stream in (getattr(plan, "streams", None) or {}).values():
+        try:
+            errors.keep_alive([plan], stream)
+        except cupy.cuda.runtime.CUDARuntimeError:        # the stream is gone: its device's work, then
+            with cupy.cuda.Device(plan.device_index):
+                cupy.cuda.runtime.deviceSynchronize()
 
 
 def serve(table, key, counts, name, run, *tensors):
@@ -234,7 +250,7 @@ def forward(key, q, k, v):
 # ------------------------------------------------------------------------------------------------------------
 class _BwdPlan:
     __slots__ = ("c", "call", "shapes", "dtype", "device", "device_index", "cupy", "ptr", "work", "stream", "keep",
-                 "grads_like")
+                 "grads_like", "streams")
 
 
 def backward_plan(c, call, like, shapes):
@@ -243,7 +259,7 @@ def backward_plan(c, call, like, shapes):
     ``shapes``: of dq, dk, dv)."""
     plan = _BwdPlan()
     plan.c, plan.call, plan.stream, plan.keep, plan.work, plan.grads_like = c, call, None, None, None, None
-    plan.shapes = tuple(shapes)
+    plan.shapes, plan.streams = tuple(shapes), {}
     _framework_of(plan, like)
     return plan
 
@@ -255,7 +271,7 @@ def rebased_plan(base, c, call, cu_seqlens):
     plan = _BwdPlan()
     for name in _BwdPlan.__slots__:
         setattr(plan, name, getattr(base, name))
-    plan.c, plan.call, plan.work, plan.keep = c, call, None, None
+    plan.c, plan.call, plan.work, plan.keep, plan.streams = c, call, None, None, {}
     c.plan = plans.rebased(base.c.plan, base.c.specs, c, cu_seqlens)
     return plan
 
@@ -271,6 +287,7 @@ def register_backward(key, c, call, like) -> None:
 
 
 _CACHED_WORK_BYTES = 256 << 10   # scratch kept per plan (its last stream) up to this size: small problems only
+_PER_THREAD_STREAM = 2           # cudaStreamPerThread: one handle, another stream in every thread
 
 
 def _work(plan, nbytes, stream_ptr):
@@ -278,12 +295,13 @@ def _work(plan, nbytes, stream_ptr):
     call on the same stream runs after the earlier one's kernels: stream order makes the reuse safe; the
     preprocess pass, folded or not, initialises it), else a fresh one.
     NOTES: at most _CACHED_WORK_BYTES per plan (fixed-length and varlen: 264 plans, 66 MiB) stays allocated this
-    way; the host time where this matters (~3 µs per call) is that of small problems."""
+    way; the host time where this matters (~3 µs per call) is that of small problems. The per-thread default stream
+    has one handle in every thread but is another stream in each: its calls never share a scratch."""
     cached = plan.work
     if cached is not None and cached[0] == stream_ptr:
         return cached[1]
     work = _empty(plan, (nbytes,), cupy.uint8 if plan.cupy else _torch.uint8)
-    if nbytes <= _CACHED_WORK_BYTES:
+    if nbytes <= _CACHED_WORK_BYTES and stream_ptr != _PER_THREAD_STREAM:
         plan.work = (stream_ptr, work)
     return work
 
@@ -294,6 +312,7 @@ def run_backward(plan, stream, do, q, k, v, out, lse):
     the bits are its."""
     errors.poll_errors()
     c = plan.c
+    plan.streams[stream.ptr] = stream              # (for _release)
     work = _work(plan, c.work_bytes, stream.ptr)
     like = plan.grads_like
     if like is None:                               # decided at the plan's first call (as run_forward's)

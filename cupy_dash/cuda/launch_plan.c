@@ -6,6 +6,7 @@
 #include "launch_plan.h"
 
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -51,18 +52,29 @@ int dash_plan_view(const void *blob, size_t size, dash_plan *plan, char *error, 
   return 0;
 }
 
-static int load_driver(void) {
-  if (cu_launch && cu_replace && cu_memset) return 1;
+/* NOTES: runs may start on several threads at once (Python's nogil sections, XLA's threads): the driver's entry
+ * points are looked up once, under pthread_once, which orders their stores before every caller's reads. A process
+ * whose libcuda lacks them cannot launch, so a failed lookup is not retried. */
+static pthread_once_t driver_once = PTHREAD_ONCE_INIT;
+
+static void open_driver(void) {
   void *lib = dlopen("libcuda.so.1", RTLD_NOW);   /* the one CuPy, torch or XLA loaded */
-  if (!lib) return 0;
+  if (!lib) return;
   cu_replace_fn replace = (cu_replace_fn)dlsym(lib, "cuTensorMapReplaceAddress");
   cu_launch_fn launch = (cu_launch_fn)dlsym(lib, "cuLaunchKernel");
   cu_memset_fn memset_async = (cu_memset_fn)dlsym(lib, "cuMemsetD8Async");
-  if (!replace || !launch || !memset_async) return 0;
+  if (!replace || !launch || !memset_async) {
+    dlclose(lib);
+    return;
+  }
   cu_replace = replace;
   cu_launch = launch;
   cu_memset = memset_async;
-  return 1;
+}
+
+static int load_driver(void) {
+  pthread_once(&driver_once, open_driver);
+  return cu_launch != NULL;
 }
 
 static int buffer_index(uint32_t buffer, size_t num_buffers, uint32_t patch, char *error, size_t error_size) {

@@ -12,7 +12,7 @@ import numpy as np
 from .. import config
 from .. import schedule as _schedule
 from . import device_tables, kernels, tensormap
-from .errors import _track, release_slot
+from .errors import _track
 
 _LOG2E = 1.4426950408889634
 _WORKSPACE_ALIGN = 256
@@ -253,13 +253,10 @@ def enqueue_backward(c, stream, buffers, *, slot=None, call=None) -> None:
     (:data:`cupy_dash.cuda.plans.BWD_BUFFERS`' order; the error record's two last where the plan takes them).
     With an error ``slot`` (eager calls, whose block holds its device record and host mirror) the kernels hand the
     record to the host when they end (kernels_src/bwd/error_record.cuh); the slot is then tracked as ``call``,
-    or released if the launch fails. Never synchronizes or allocates device memory."""
-    try:
-        c.plan.run(stream.ptr, buffers)
-    except BaseException:
-        if slot is not None:
-            release_slot(slot)     # NOTES: a launch failed: the device context is unusable anyway
-        raise
+    or retired if the launch fails. Never synchronizes or allocates device memory.
+    NOTES: a failed launch may have enqueued the kernels before the one that failed (a non-sticky error, such as
+    too few resources for the last), which will still write the slot's record: it is never handed out again."""
+    c.plan.run(stream.ptr, buffers)
     if slot is not None:
         _track(slot, call)
 

@@ -190,3 +190,33 @@ def test_every_forward_buffer_is_alive_when_its_launch_is_enqueued(no_gpu, monke
         cupy_dash.attention_forward(q, k, v, causal=causal)
     assert fastpath.stats()["fwd_hits"] >= 1
     assert [len(c) for c in checked] == [3 if causal else 2] * 2     # out, lse (and the counter)
+
+
+def test_an_evicted_backward_plan_is_released_after_every_stream_it_ran_on(fixed, monkeypatch):
+    """A backward plan may hold the last reference to its schedule tables: dropped from the fast path (its LRU, or
+    clear()), it is kept alive until the work of every stream it ran on has finished (an event per stream)."""
+    from cupy_dash.core import fastpath as fp
+    from cupy_dash.cuda import errors
+    enqueued, current = fixed
+    kept = []
+    monkeypatch.setattr(errors, "keep_alive", lambda keep, stream, event=None: kept.append((keep[0], stream.ptr)))
+    args = _inputs()
+    for ptr in (0x77, 0x88, 0x77):
+        current["ptr"] = ptr
+        cupy_dash.attention_backward(*args, causal=True, schedule="fa3")
+    plan, = fp._bwd_plans.values()
+    assert set(plan.streams) == {0x77, 0x88} and not kept
+    monkeypatch.setattr(fp, "_MAX_PLANS", 1)
+    fp.store(fp._bwd_plans, "another signature", fp.backward_plan(plan.c, plan.call, args[1], plan.shapes), 1)
+    assert sorted(kept, key=lambda k: k[1]) == [(plan, 0x77), (plan, 0x88)]
+
+
+def test_the_per_thread_default_stream_never_shares_a_scratch(fixed):
+    """cudaStreamPerThread has one handle (2) in every thread and is another stream in each: a repeated backward on
+    it gets a scratch of its own every time (two threads could otherwise share one)."""
+    enqueued, current = fixed
+    args = _inputs()
+    current["ptr"] = 2
+    works = [int(e["params"]["lse_log2"]) - e["c"].offsets[0]
+             for e, _ in served_backwards(enqueued, args, 2, causal=True, schedule="fa3")]
+    assert works[0] != works[1]

@@ -237,10 +237,13 @@ def test_enqueue_backward_runs_the_plan_then_tracks_the_slot(monkeypatch):
     assert calls == [("run", 0x55, (1, 2, 3)), ("track", slot, "x")]
 
 
-def test_enqueue_backward_releases_the_slot_when_a_launch_fails(monkeypatch):
+def test_enqueue_backward_retires_the_slot_when_a_launch_fails(monkeypatch):
+    """A failed launch may have enqueued kernels before the one that failed, which still write the slot's record:
+    the slot is neither tracked nor handed out again."""
+    from cupy_dash.cuda import errors
     c = _backward_launch()
     released = []
-    monkeypatch.setattr(launchers, "release_slot", released.append)
+    monkeypatch.setattr(errors, "release_slot", released.append)
     monkeypatch.setattr(launchers, "_track", lambda *a: pytest.fail("a failed call must not be tracked"))
 
     def fail(stream, buffers):
@@ -249,7 +252,7 @@ def test_enqueue_backward_releases_the_slot_when_a_launch_fails(monkeypatch):
     slot = types.SimpleNamespace(dptr=0x9000, hdev=0x9800)
     with pytest.raises(RuntimeError, match="kernel 1 of 3"):
         launchers.enqueue_backward(c, types.SimpleNamespace(ptr=0), (1, 2, 3), slot=slot)
-    assert released == [slot]
+    assert released == []
 
 
 def test_int_fields_patched_by_offset_write_8_byte_integer_fields_only():
