@@ -140,14 +140,14 @@ JIT_LINEINFO = Knob("CUPY_DASH_JIT_LINEINFO", "1 / unset",
     "same, NVRTC takes ~15 % longer)", _flag)
 BWD_DQ_WRITERS = Knob("CUPY_DASH_BWD_DQ_WRITERS", "1 / 2 / unset",
     "dQ writer warps of the backward, deterministic or atomic (default 2: visits alternate between them); read "
-    "once per process", _int_choice("CUPY_DASH_BWD_DQ_WRITERS", (1, 2), 2))
+    "per call, a plan knob", _int_choice("CUPY_DASH_BWD_DQ_WRITERS", (1, 2), 2))
 BWD_FULL_BLOCK_M = Knob("CUPY_DASH_BWD_FULL_BLOCK_M", "64 / 80 / unset",
     "queries per Q tile of the head-dim-128 backward without a causal mask (80: FA3's plan, dQ computed "
     "transposed, one K buffer); unset: 80 from 1024 queries without a window (varlen: a sequence of 4096), else "
-    "64; read once per process", _int_choice("CUPY_DASH_BWD_FULL_BLOCK_M", (64, 80), None))
+    "64; read per call, a plan knob", _int_choice("CUPY_DASH_BWD_FULL_BLOCK_M", (64, 80), None))
 BWD_CAUSAL_BLOCK_M = Knob("CUPY_DASH_BWD_CAUSAL_BLOCK_M", "64 / 80 / unset",
     "queries per Q tile of the head-dim-128 backward with a causal mask (80: the full-mask plan's tile); unset: 80 "
-    "from 8192 queries without a window (varlen: the longest sequence), else 64; read once per process",
+    "from 8192 queries without a window (varlen: the longest sequence), else 64; read per call, a plan knob",
     _int_choice("CUPY_DASH_BWD_CAUSAL_BLOCK_M", (64, 80), None))
 BWD_DQ_FINISH = Knob("CUPY_DASH_BWD_DQ_FINISH", "1 / unset",
     "1: a deterministic fixed-length backward's main kernel converts each dQ tile once the tile's last partial is "
@@ -159,14 +159,15 @@ KNOBS = (SPIN_TIMEOUT_MS, FOLD, COMPACT_TABLES, VARLEN_EXPAND, FASTPATH, SYNC_ER
          JIT_VERBOSE, JIT_LINEINFO, BWD_DQ_WRITERS, BWD_FULL_BLOCK_M, BWD_CAUSAL_BLOCK_M, BWD_DQ_FINISH,
          XDG_CACHE_HOME)
 # The knobs that decide what a backward launches (the spin timeout is in its parameter block).
-PLAN_KNOBS = (SPIN_TIMEOUT_MS, FOLD, COMPACT_TABLES, VARLEN_EXPAND, BWD_DQ_FINISH)
+PLAN_KNOBS = (SPIN_TIMEOUT_MS, FOLD, COMPACT_TABLES, VARLEN_EXPAND, BWD_DQ_FINISH, BWD_DQ_WRITERS, BWD_FULL_BLOCK_M,
+              BWD_CAUSAL_BLOCK_M)
 
 
-def _fingerprint_of(a, b, c, d, e):
-    # NOTES: one lookup per knob spelled out: 0.14 us a call, where tuple(map(raw, keys)) takes 0.37 us
+def _fingerprint_of(a, b, c, d, e, f, g, h):
+    # NOTES: one lookup per knob spelled out: 0.14 us a call (five knobs), where tuple(map(raw, keys)) took 0.37 us
     def fingerprint(get=raw) -> tuple:
         """The raw values (bytes or None) of :data:`PLAN_KNOBS`: equal fingerprints, equal plans."""
-        return get(a), get(b), get(c), get(d), get(e)
+        return get(a), get(b), get(c), get(d), get(e), get(f), get(g), get(h)
     return fingerprint
 
 

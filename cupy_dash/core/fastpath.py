@@ -91,7 +91,7 @@ _cupy_ptr = operator.attrgetter("data.ptr")
 # generic form cost ~3 µs more per forward in benchmarks/host_python.py.
 def fwd_key(q, k, v, causal, softmax_scale, window, softcap=0.0):
     """The forward's signature (module docstring), or None when an argument's type rules the fast path out."""
-    if type(causal) is not bool or type(window) is not tuple or (
+    if type(causal) is not bool or not int_pair(window) or (
             softmax_scale is not None and type(softmax_scale) is not float) or type(softcap) not in NUMBERS:
         return None
     if is_torch(q) and is_torch(k) and is_torch(v):
@@ -106,9 +106,15 @@ def fwd_key(q, k, v, causal, softmax_scale, window, softcap=0.0):
 NUMBERS = (float, int)     # a logit cap's types that the signature holds by value (a bool is neither)
 
 
+def int_pair(window) -> bool:
+    """Whether ``window`` is a tuple of two ints, the form a signature holds by value (``(-1.0, -1)`` or ``(True,
+    0)`` would equal a checked window and skip the check that rejects them)."""
+    return type(window) is tuple and len(window) == 2 and type(window[0]) is int and type(window[1]) is int
+
+
 def bwd_key(do, q, k, v, out, lse, causal, softmax_scale, schedule, deterministic, window, softcap=0.0):
     """The backward's signature (module docstring), or None."""
-    if type(causal) is not bool or type(deterministic) is not bool or type(window) is not tuple or \
+    if type(causal) is not bool or type(deterministic) is not bool or not int_pair(window) or \
             type(schedule) is not str or (softmax_scale is not None and type(softmax_scale) is not float) or \
             type(softcap) not in NUMBERS:
         return None

@@ -75,7 +75,7 @@ def key(do, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, softmax_scale, 
         softcap=0.0):
     """The varlen backward's signature (module docstring), or None when the fast path cannot serve the call."""
     if not fastpath.enabled() or type(causal) is not bool or type(deterministic) is not bool or \
-            type(window) is not tuple or type(schedule) is not str or type(max_q) is not int or \
+            not fastpath.int_pair(window) or type(schedule) is not str or type(max_q) is not int or \
             type(max_k) is not int or (softmax_scale is not None and type(softmax_scale) is not float) or \
             type(softcap) not in fastpath.NUMBERS:
         return None
@@ -181,9 +181,9 @@ def _new_packing(key_, bases, cu_q, cu_k):
 # ------------------------------------------------------------------------------------------------------------
 def forward_key(q, k, v, cu_q, cu_k, max_q, max_k, causal, softmax_scale, window, softcap=0.0):
     """The varlen forward's signature, or None when the fast path cannot serve the call."""
-    if not fastpath.enabled() or type(causal) is not bool or type(window) is not tuple or type(max_q) is not int or \
-            type(max_k) is not int or (softmax_scale is not None and type(softmax_scale) is not float) or \
-            type(softcap) not in fastpath.NUMBERS:
+    if not fastpath.enabled() or type(causal) is not bool or not fastpath.int_pair(window) or \
+            type(max_q) is not int or type(max_k) is not int or \
+            (softmax_scale is not None and type(softmax_scale) is not float) or type(softcap) not in fastpath.NUMBERS:
         return None
     if all(fastpath.is_torch(x) for x in (q, k, v, cu_q, cu_k)):
         sig, ptrs = fastpath._sig, q.data_ptr() | k.data_ptr() | v.data_ptr() | cu_q.data_ptr() | cu_k.data_ptr()

@@ -3,7 +3,8 @@
 that produced them, and the backward, given the same tensors (as FlashAttention's users and autograd pass them),
 takes it (waiting on its long-finished event) instead of copying and waiting for the stream.
 
-NOTES: an entry serves a backward only at the forward's address, for a tensor of the same shape and torch version.
+NOTES: an entry serves a backward only at the forward's address, for a tensor of the same shape, strides, dtype
+and torch version.
 It holds the forward's storage (up to _MAX_HELD_BYTES), so the memory cannot be given to another tensor while the
 entry lives: every tensor at that address is a view of it, and views share their version counter. Autograd's saved
 tensors and compiled graphs hand the backward another object over the same memory, and under torch.compile the
@@ -33,13 +34,18 @@ _stats = {"hits": 0, "misses": 0}
 
 
 class _Entry:
-    __slots__ = ("storage", "ref", "shape", "version", "host", "event", "lengths")
+    __slots__ = ("storage", "ref", "layout", "version", "host", "event", "lengths")
+
+
+def _layout(cu) -> tuple:
+    return tuple(cu.shape), cu.stride(), cu.dtype
 
 
 def _serves(e, cu) -> bool:
-    """Whether entry ``e`` (keyed by ``cu``'s address) holds the lengths of ``cu``: same shape and version, and
-    the forward's memory held by the entry or its tensor alive."""
-    if e is None or e.version != cu._version or e.shape != tuple(cu.shape):
+    """Whether entry ``e`` (keyed by ``cu``'s address) holds the lengths of ``cu``: same shape, strides, dtype and
+    version, and the forward's memory held by the entry or its tensor alive (a view at the same address in another
+    layout, e.g. every other element, has other lengths)."""
+    if e is None or e.version != cu._version or e.layout != _layout(cu):
         return False
     if e.storage is not None:
         return True
@@ -69,7 +75,7 @@ def remember(cu, info, ptr: int, stream) -> None:
             e.ref = weakref.ref(cu)
     except (AttributeError, TypeError):
         return
-    e.shape, e.version, e.lengths = tuple(cu.shape), cu._version, None
+    e.layout, e.version, e.lengths = _layout(cu), cu._version, None
     e.host = cupyx.empty_pinned(info.shape[0], dtype=np.int32)
     rt = cupy.cuda.runtime
     rt.memcpyAsync(e.host.ctypes.data, ptr, e.host.nbytes, rt.memcpyDeviceToHost, stream.ptr)

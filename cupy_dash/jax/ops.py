@@ -54,20 +54,21 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, softmax_scale=N
     return _backward_jit(cfg, dout, q, k, v, out, lse)
 
 
-_Config = collections.namedtuple("_Config", "causal scale window schedule deterministic ffi compact_env softcap")
+_Config = collections.namedtuple("_Config", "causal scale window schedule deterministic ffi knobs softcap")
 
 
 def _config(causal, softmax_scale, window=(-1, -1), schedule="auto", deterministic=True, softcap=0.0) -> _Config:
     """The static (hashable) arguments, checked as :mod:`cupy_dash.core.api` checks them (window: right side 0 when
     causal; its canonical form depends on the shapes, see :func:`_problem`); ``ffi``: whether the calls go
-    through the C handler (:func:`_use_ffi`); ``compact_env``: CUPY_DASH_COMPACT_TABLES, which a traced backward
-    reads (compact_device.table_form), so that a change of it retraces."""
+    through the C handler (:func:`_use_ffi`); ``knobs``: :func:`cupy_dash.config.fingerprint`, the knobs that decide
+    what a traced call launches (table form, tile, writers, fold, ...), so that a change of one retraces and
+    prepares the call anew (:func:`prepare`'s key)."""
     causal = problem.check_flag("causal", causal)
     deterministic = problem.check_flag("deterministic", deterministic)
     problem.check_schedule(schedule)
     scale = None if softmax_scale is None else problem.check_scale(softmax_scale, None)
     return _Config(causal, scale, _schedule.check_window(window, causal), schedule, deterministic, _use_ffi(),
-                   config.COMPACT_TABLES.get(), problem.check_softcap(softcap))
+                   config.fingerprint(), problem.check_softcap(softcap))
 
 
 def _use_ffi() -> bool:
@@ -201,10 +202,10 @@ def _problem(cfg, q, k, v, dout=None, out=None, lse=None, lengths=None):
 def prepare(kind, cls, p, cfg, *args, extra=(), backward=False):
     """The call ``cls(p, cfg, *args)`` (a backward: ``cls(p, cfg, *args, spin_timeout_ns)``), made at the first
     trace of its key and kept for the life of the process (:func:`cupy_dash.jax.callbacks._get`). The key: ``kind``,
-    the mechanism, what the launches depend on of ``p`` and ``cfg`` (a backward: also its schedule and
-    CUPY_DASH_SPIN_TIMEOUT_MS, read now) and ``extra``."""
-    key = (kind, cfg.ffi, p.dtype, (p.B, p.Sq, p.Sk, p.H, p.Hkv, p.D, p.Dv), p.scale, p.softcap, cfg.causal,
-           cfg.window)
+    the mechanism, the plan knobs, what the launches depend on of ``p`` and ``cfg`` (a backward: also its schedule
+    and CUPY_DASH_SPIN_TIMEOUT_MS, read now) and ``extra``."""
+    key = (kind, cfg.ffi, cfg.knobs, p.dtype, (p.B, p.Sq, p.Sk, p.H, p.Hkv, p.D, p.Dv), p.scale, p.softcap,
+           cfg.causal, cfg.window)
     if backward:
         spin_timeout_ns = config.spin_timeout_ns()
         key, args = (*key, cfg.schedule, cfg.deterministic, spin_timeout_ns), (*args, spin_timeout_ns)

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import re
+import types
 
 import ml_dtypes
 import numpy as np
@@ -364,3 +365,23 @@ def test_forward_plans_follow_each_devices_sms_and_l2(jx, monkeypatch):
     call.strides, call.names = ((0, 0, 0),) * 4, plans.FWD_BUFFERS[:5]
     sections = {dev: call.parts(dev) for dev in (1, 0)}
     assert sections == {1: (1, 8), 0: (0, 4)} and [d for _, d in asked] == [1, 1, 0, 0]
+
+
+def test_a_plan_knob_change_retraces_and_prepares_anew(jx, monkeypatch):
+    """The knobs that decide what a traced call launches (config.PLAN_KNOBS: table form, tile, writers, fold, ...)
+    are part of the static configuration and of the prepared call's key: a change retraces and prepares anew
+    rather than reuse a call prepared under the old value."""
+    from cupy_dash import config
+    from cupy_dash.jax import callbacks as jcb, ops
+    made = []
+    monkeypatch.setattr(jcb, "_get", lambda key, make: made.append(key) or key)
+    monkeypatch.delenv("CUPY_DASH_BWD_FULL_BLOCK_M", raising=False)
+    before = ops._config(False, None)
+    p = types.SimpleNamespace(dtype="bfloat16", B=1, Sq=1024, Sk=1024, H=2, Hkv=2, D=128, Dv=128, scale=0.1,
+                              softcap=0.0)
+    for knob, value in ((config.BWD_FULL_BLOCK_M, "64"), (config.COMPACT_TABLES, "1")):
+        monkeypatch.setenv(knob.name, value)
+        after = ops._config(False, None)
+        assert after != before and after.knobs == config.fingerprint()
+        assert ops.prepare("bwd", None, p, after, backward=True) != ops.prepare("bwd", None, p, before, backward=True)
+        before = after

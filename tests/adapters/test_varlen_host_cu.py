@@ -21,13 +21,14 @@ class FakeStorage:
 
 
 class FakeTensor:
-    """What the module reads of a torch tensor: weak-referenceable, with an address, a shape, a storage and a version
-    counter (``alias_of``: another Python object over the same memory, sharing its storage and version, as
-    autograd's saved tensors and compiled graphs' inputs)."""
+    """What the module reads of a torch tensor: weak-referenceable, with an address, a shape, strides, a dtype, a
+    storage and a version counter (``alias_of``: another Python object over the same memory, sharing its storage
+    and version, as autograd's saved tensors and compiled graphs' inputs)."""
+    dtype = "torch.int32"
 
-    def __init__(self, values, ptr=0, alias_of=None, storage_bytes=None):
+    def __init__(self, values, ptr=0, alias_of=None, storage_bytes=None, step=1):
         self.values = np.asarray(values, np.int32)
-        self.shape = self.values.shape
+        self.shape, self._step = self.values.shape, step
         self._ptr = ptr
         self._of = alias_of
         self._own_version = 0
@@ -36,6 +37,9 @@ class FakeTensor:
 
     def untyped_storage(self):
         return self._storage
+
+    def stride(self):
+        return (self._step,)
 
     @property
     def _version(self):
@@ -101,6 +105,11 @@ def test_other_tensors_versions_and_frameworks_fall_back(fake_cuda):
     assert varlen_host_cu.lookup(elsewhere, _info(3), 0x2400) is None
     shorter = FakeTensor([0, 5], ptr=0x2000, alias_of=cu)    # a view of another shape
     assert varlen_host_cu.lookup(shorter, _info(2), 0x2000) is None
+    strided = FakeTensor([0, 9, 0], ptr=0x2000, alias_of=cu, step=2)    # same address and shape, other strides
+    assert varlen_host_cu.lookup(strided, _info(3), 0x2000) is None
+    other_dtype = FakeTensor([0, 5, 9], ptr=0x2000, alias_of=cu)
+    other_dtype.dtype = "torch.float32"                                  # the same bytes read as floats
+    assert varlen_host_cu.lookup(other_dtype, _info(3), 0x2000) is None
     assert varlen_host_cu.lookup(cu, _info(3), 0x3000) is None                 # another address
     assert varlen_host_cu.lookup(cu, _info(3, device_id=1), 0x2000) is None    # another device
     cu._version += 1                                                           # modified in place

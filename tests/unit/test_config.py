@@ -119,13 +119,17 @@ def test_fast_path_signatures_key_on_the_fingerprint(clean_env):
     base = fastpath.bwd_key(*args)
     assert base is not None and base == fastpath.bwd_key(*args)
     keys = {base}
-    for knob, value in ((config.FOLD, "0"), (config.COMPACT_TABLES, "1"), (config.SPIN_TIMEOUT_MS, "5"),
-                        (config.VARLEN_EXPAND, "host")):
+    changes = ((config.FOLD, "0"), (config.COMPACT_TABLES, "1"), (config.SPIN_TIMEOUT_MS, "5"),
+               (config.VARLEN_EXPAND, "host"), (config.BWD_DQ_FINISH, "1"), (config.BWD_DQ_WRITERS, "1"),
+               (config.BWD_FULL_BLOCK_M, "64"), (config.BWD_CAUSAL_BLOCK_M, "80"))   # the tile and kernel knobs too
+    assert {knob for knob, _ in changes} == set(config.PLAN_KNOBS)
+    for knob, value in changes:
         clean_env.setenv(knob.name, value)
         keys.add(fastpath.bwd_key(*args))
-    assert len(keys) == 5
+    assert len(keys) == 1 + len(changes)
     clean_env.setenv(config.SYNC_ERRORS.name, "1")                    # not a plan knob: the same plan
     assert fastpath.bwd_key(*args) in keys
+    assert fastpath.bwd_key(*args[:-1], (-1.0, -1)) is None           # a window the full path rejects: no plan
     clean_env.setenv(config.FASTPATH.name, "0")
     assert not fastpath.enabled()
 
