@@ -162,6 +162,7 @@ def no_gpu(monkeypatch):
     monkeypatch.setattr(errors, "poll_errors", lambda: None)
     monkeypatch.setattr(api, "_poll_errors", lambda: None)
     monkeypatch.setattr(errors, "keep_alive", lambda keep, stream, event=None: None)   # no events without a GPU
+    monkeypatch.setattr(fastpath.cupy.cuda.runtime, "streamIsCapturing", lambda ptr: 0)
     _installed[:] = [FakeCapture(monkeypatch)]
     fastpath_varlen.clear()
     plans.clear()

@@ -137,12 +137,18 @@ def store(table: dict, key, plan, limit=_MAX_PLANS) -> None:
         _release(old)
 
 
+_held: list = []      # plans dropped while a stream they ran on was capturing: kept for the life of the process
+
+
 def _release(plan) -> None:
     """Drop a backward plan once the work of every stream it ran on has finished: it may hold the last reference to
     its schedule tables (the device-table cache may have let them go, after the streams of the calls it served,
     not the fast path's), whose memory the pool must not hand out while a kernel still reads it."""
     for stream in (getattr(plan, "streams", None) or {}).values():
         try:
+            if cupy.cuda.runtime.streamIsCapturing(stream.ptr):   # (another thread's capture: no event there)
+                _held.append(plan)
+                continue
             errors.keep_alive([plan], stream)
         except cupy.cuda.runtime.CUDARuntimeError:        # the stream is gone: its device's work, then
             with cupy.cuda.Device(plan.device_index):

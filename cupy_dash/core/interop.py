@@ -328,12 +328,20 @@ def caller_stream(x, device_id: int | None = None):
 def capturing(x) -> bool:
     """Whether the caller's current stream on ``x``'s device is capturing a CUDA graph.
 
-    Only torch CUDA tensors are checked (torch's current stream is the one cupy_dash launches on; capture from
-    other frameworks is not supported); anything else gives False without touching the GPU.
+    Only torch callers may capture (torch's current stream is the one cupy_dash launches on, its allocator serves the
+    graph); a CuPy caller whose current stream is capturing gets RuntimeError (an eager call there would bake its
+    error slot into the graph); other frameworks give False without touching the GPU.
     """
-    if framework_of(x) != "torch" or not x.is_cuda:
-        return False
     import cupy
+    fw = framework_of(x)
+    if fw == "cupy":
+        if cupy.cuda.runtime.streamIsCapturing(cupy.cuda.get_current_stream(x.device.id).ptr):
+            raise RuntimeError("cupy_dash: CUDA graph capture is supported for torch callers (torch.cuda.graph, "
+                               "torch.compile); CuPy's current stream is capturing: call cupy_dash outside the "
+                               "capture, or capture through torch")
+        return False
+    if fw != "torch" or not x.is_cuda:
+        return False
     return bool(cupy.cuda.runtime.streamIsCapturing(_torch_stream_ptr(x.get_device())))
 
 

@@ -106,8 +106,9 @@ def prepare_varlen_backward(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
     these lengths (host ``cu_seqlens``: numpy, list or CPU tensor), heads, head dim, dtype and flags, so that the
     call finds it cached instead of building it on the training step's critical path: for a data-loader thread
     that knows the next batches' packings (the caches hold 16 packings per device). Thread-safe. The upload is
-    enqueued on ``stream`` (a CuPy stream; default: a stream of this call's own) and the backward waits for it on
-    its own stream. ``total_q`` / ``total_k`` are the last entries of the cu_seqlens; ``deterministic`` is checked as
+    enqueued on ``stream`` (a CuPy stream; default: a stream of this call's own) and waited for before this call
+    returns (only the calling thread waits: the backward, eager or captured into a CUDA graph, then needs no event
+    of it). ``total_q`` / ``total_k`` are the last entries of the cu_seqlens; ``deterministic`` is checked as
     the backward checks it (both modes take the same table and kernels); ``softcap``: the backward's
     (a soft-capped backward may need another table form). Raises ValueError as the
     backward would for bad lengths, flags or sizes (TypeError for a ``device`` that is not an int >= 0 or a
@@ -155,7 +156,9 @@ def prepare_varlen_backward(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
         if tables.num_visits == 0:
             return
         stream = stream if stream is not None else cupy.cuda.Stream(non_blocking=True)
-        varlen_device.device(tables, (len(hosts[0]) - 1) * num_heads, device, stream)
+        # NOTES: waited for here (the caller is a loader thread): a backward on any stream, one being captured
+        # into a CUDA graph included (which may wait for no event made outside it), then reads the table as it is
+        varlen_device.device(tables, (len(hosts[0]) - 1) * num_heads, device, stream, done=True)
 
 
 def cu_seqlens_form(name, cu):

@@ -63,15 +63,20 @@ def cached(form, key, device_id, stream, make, *, done=False, capture=False):
         # first finds the entry (_upload_event); a training loop on one stream records none.
         entry = [tables, extra, None if done else stream, None, {stream.ptr: stream}]
         with _lock:
-            evicted = [cache.pop(ckey)] if ckey in cache else []      # made meanwhile by another thread
-            cache[ckey] = entry
-            mine = [k for k in cache if k[1] == device_id]             # oldest first
-            evicted += [cache.pop(k) for k in mine[:len(mine) - _LIMITS[form]]]
+            found = cache.get(ckey)
+            if found is not None:            # made meanwhile by another thread: the one kept (a capture may hold it)
+                cache.move_to_end(ckey)
+                found[4][stream.ptr] = stream
+                tables, extra, event, evicted = found[0], found[1], _upload_event(found, stream), [entry]
+            else:
+                cache[ckey], event = entry, None
+                mine = [k for k in cache if k[1] == device_id]             # oldest first
+                evicted = [cache.pop(k) for k in mine[:len(mine) - _LIMITS[form]]]
         for old in evicted:
             _release_after(old, old[4].values(), stream, staging)
         if staging or not done:                      # varlen: every miss counts (_defer_release)
             _defer_release(staging, stream, device_id)
-    return tables, extra, None                   # enqueued on ``stream``: nothing to wait for there
+    return tables, extra, event                  # a new entry: enqueued on ``stream``, nothing to wait for there
 
 
 def _upload_event(entry, stream):

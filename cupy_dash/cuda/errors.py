@@ -118,7 +118,8 @@ class _GraphRecords:
             failed = np.flatnonzero(host[:, 0])
             if not len(failed):
                 return []
-            self.block[:n] = 0
+            # NOTES: the failed records only: another thread's replay of a folded graph may be counting in its own
+            self.block[cupy.asarray(failed)] = 0
             cupy.cuda.runtime.deviceSynchronize()
         msgs = []
         for i in failed:

@@ -91,11 +91,12 @@ class ExpandedTables:
 EXPAND_ENV = config.VARLEN_EXPAND.name   # "host": per-visit tables expanded on the host, not the GPU (default)
 
 
-def device(t: Tables, num_heads, dev, stream, capture=False):
+def device(t: Tables, num_heads, dev, stream, capture=False, done=False):
     """(tables, cu_seqlens_q, cu_seqlens_k, event) of ``t`` on device ``dev``: :class:`ExpandedTables`,
     :class:`CompactTables` or (expanded on the host) ``device_tables.DeviceTables``, cached (LRU,
     :func:`cupy_dash.cuda.device_tables.cached`) so that a repeated packing uploads nothing; a miss enqueues the
-    uploads on ``stream`` (no wait). ``event``, ``capture``: as ``device_tables.cached``'s (a miss during capture:
+    uploads on ``stream`` (no wait; ``done``: waited for, so that no later call needs an event of it). ``event``,
+    ``capture``: as ``device_tables.cached``'s (a miss during capture:
     ``(None, None, None, None)``, nothing uploaded or expanded). The device cu_seqlens are the lengths the table was
     built from: CuPy arrays for per-visit tables, :class:`DeviceRef` for the compact forms (read by ``.data.ptr``
     alike). ``stream`` is a stream of ``dev``; allocations, copies, events and the expansion kernel go to ``dev``
@@ -118,7 +119,7 @@ def device(t: Tables, num_heads, dev, stream, capture=False):
             d.ranks = d.finish_tiles = d.finish_start = None    # NOTES: varlen launches never finish dq
         d.policy, d.device_id = t.policy, dev
         return d, (cu_q, cu_k)
-    d, cu, event = _dt.cached("varlen", t.key, dev, stream, make, capture=capture)
+    d, cu, event = _dt.cached("varlen", t.key, dev, stream, make, done=done, capture=capture)
     if d is None:                                   # a miss during capture: nothing made
         return None, None, None, None
     return d, cu[0], cu[1], event

@@ -209,6 +209,13 @@ def test_an_evicted_backward_plan_is_released_after_every_stream_it_ran_on(fixed
     monkeypatch.setattr(fp, "_MAX_PLANS", 1)
     fp.store(fp._bwd_plans, "another signature", fp.backward_plan(plan.c, plan.call, args[1], plan.shapes), 1)
     assert sorted(kept, key=lambda k: k[1]) == [(plan, 0x77), (plan, 0x88)]
+    # a stream that another thread is capturing takes no event: the plan is kept instead
+    other, = fp._bwd_plans.values()
+    other.streams = dict(plan.streams)
+    monkeypatch.setattr(fp.cupy.cuda.runtime, "streamIsCapturing", lambda ptr: int(ptr == 0x88))
+    monkeypatch.setattr(fp, "_held", [])
+    fp.clear()
+    assert kept[2:] == [(other, 0x77)] and fp._held == [other]
 
 
 def test_the_per_thread_default_stream_never_shares_a_scratch(fixed):

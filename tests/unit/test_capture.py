@@ -74,3 +74,22 @@ def test_a_driver_failure_raises_before_the_block(driver):
     with pytest.raises(RuntimeError, match="cuThreadExchangeStreamCaptureMode failed"):
         with capture.outside(0):
             pytest.fail("the block ran")
+
+
+def test_a_cupy_callers_capture_is_refused_before_anything_is_made(monkeypatch):
+    """Only torch callers may capture: a CuPy array whose device's current stream is capturing gets RuntimeError
+    (an eager call there would bake its error slot into the graph); not capturing, False."""
+    import cupy
+    from cupy_dash.core import interop
+
+    class Array:                                  # what interop reads of a CuPy array: its module and device
+        __module__ = "cupy._core.core"
+        device = types.SimpleNamespace(id=1)
+    state = {"capturing": 1, "asked": []}
+    monkeypatch.setattr(cupy.cuda, "get_current_stream",
+                        lambda dev: state["asked"].append(dev) or types.SimpleNamespace(ptr=0x40 + dev))
+    monkeypatch.setattr(cupy.cuda.runtime, "streamIsCapturing", lambda ptr: state["capturing"] if ptr == 0x41 else 0)
+    with pytest.raises(RuntimeError, match="capture is supported for torch callers"):
+        interop.capturing(Array())
+    state["capturing"] = 0
+    assert interop.capturing(Array()) is False and state["asked"] == [1, 1]

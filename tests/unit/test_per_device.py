@@ -225,3 +225,42 @@ def test_deferred_releases_are_kept_apart_per_device(monkeypatch):
     assert sorted(held) == [(0, ["staging0 of device 0", "staging2 of device 0"]),
                             (1, ["staging1 of device 1", "staging3 of device 1"])]
     assert devices.current == 0
+
+
+def test_an_entry_made_meanwhile_by_another_thread_is_the_one_kept(monkeypatch):
+    """Two threads miss the same table at once: the entry the first one cached stays (a capture may already hold
+    it), the second gets it (with its upload event, if on another stream) and its own copy is released after its
+    stream's work."""
+    install(monkeypatch, current=0)
+    monkeypatch.setitem(device_tables._caches, "varlen", collections.OrderedDict())
+    released = []
+    monkeypatch.setattr(device_tables, "_defer_release", lambda objs, stream, dev: released.extend(objs))
+    monkeypatch.setattr(device_tables, "_upload_event", lambda entry, stream: f"event of {entry[0]}")
+    first = _stream(0, 0x10)
+
+    def make_second(stream, staging):          # the other thread's miss completes while this one uploads
+        device_tables.cached("varlen", "packing", 0, first, lambda s, st: ("first tables", "cu"))
+        return "second tables", "cu2"
+    got = device_tables.cached("varlen", "packing", 0, _stream(0, 0x20), make_second)
+    assert got == ("first tables", "cu", "event of first tables")
+    entry = device_tables._caches["varlen"][("packing", 0)]
+    assert entry[0] == "first tables" and set(entry[4]) == {0x10, 0x20}
+    assert [e[0] for e in released if isinstance(e, list)] == ["second tables"]
+
+
+def test_collecting_graph_records_clears_the_failed_ones_only(monkeypatch):
+    """check_errors reads the graph records and zeroes the failed ones only: another record may belong to a folded
+    replay still counting at its grid barriers."""
+    import cupy
+    install(monkeypatch, current=0)
+    block = np.zeros((errors.GRAPH_RECORDS, errors.RECORD_WORDS), np.int32)
+    block[1, :4] = (1, 7, 3, 2)                 # a failed call
+    block[2, 4] = 5                             # a folded replay's barrier counter, mid-flight
+    rec = object.__new__(errors._GraphRecords)
+    rec.device_id, rec.block, rec.infos, rec.wheres = 0, block, [[("fa3", 1, 1, 64, 64, 64, True)]] * 3, ["r"] * 3
+    monkeypatch.setattr(cupy.cuda.runtime, "deviceSynchronize", lambda: None)
+    monkeypatch.setattr(cupy, "asnumpy", np.array)                  # a copy, as from the device
+    monkeypatch.setattr(cupy, "asarray", np.asarray)
+    msgs = rec.collect()
+    assert len(msgs) == 1 and "visit 7" in msgs[0]
+    assert not block[1].any() and block[2, 4] == 5

@@ -149,8 +149,8 @@ def test_prepared_tables_are_the_ones_the_backward_uses(no_gpu, monkeypatch):
     seen = []
     P = types.SimpleNamespace
 
-    def device(t, num_heads, dev, s, capture=False):
-        seen.append((t, num_heads))
+    def device(t, num_heads, dev, s, capture=False, done=False):
+        seen.append((t, num_heads, done))
         return (P(visits=P(data=P(ptr=1)), rank=P(data=P(ptr=2)), cta_start=P(data=P(ptr=3)), num_ctas=t.num_ctas,
                   policy=t.policy), P(data=P(ptr=4)), P(data=P(ptr=5)), None)
     monkeypatch.setattr(varlen_device, "device", device)
@@ -161,6 +161,7 @@ def test_prepared_tables_are_the_ones_the_backward_uses(no_gpu, monkeypatch):
                                       dtype="bf16", causal=True, window=(500, 0), stream=Stream())
     cupy_dash.attention_backward_varlen(do, q, k, v, out, lse, cu, cu, 200, 200, causal=True, window=(500, 0))
     assert len(seen) == 2 and seen[0][0] is seen[1][0] and seen[0][1] == seen[1][1] == 3 * H
+    assert [done for *_, done in seen] == [True, False]      # prepared: waited for, so no backward needs an event
     with pytest.raises(ValueError, match="cu_seqlens_q: expected 0 = cu"):
         cupy_dash.prepare_varlen_backward([0, 200, 100, 300], cu, 200, 200, num_heads=H, num_heads_kv=Hkv,
                                           head_dim=D)
