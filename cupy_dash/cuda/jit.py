@@ -86,12 +86,18 @@ def _default_kernel_dir() -> Path:
 
 
 def cache_dir() -> Path:
+    """CUPY_DASH_CACHE_DIR, else $XDG_CACHE_HOME/cupy_dash, else ~/.cache/cupy_dash; a process without a home
+    directory (a container's uid missing from /etc/passwd) uses cupy_dash-<uid> in the temporary directory."""
     env = config.CACHE_DIR.get()
     if env:
         return Path(env).expanduser()
     xdg = config.XDG_CACHE_HOME.get()
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "cupy_dash"
+    if xdg:
+        return Path(xdg).expanduser() / "cupy_dash"
+    try:
+        return Path.home() / ".cache" / "cupy_dash"
+    except (RuntimeError, KeyError):
+        return Path(tempfile.gettempdir()) / f"cupy_dash-{os.getuid()}"
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -284,11 +290,13 @@ def _remove(*paths: Path) -> None:
             pass
 
 
-def _read_entry(cubin_path: Path, meta_path: Path, key: str):
-    """The entry's metadata dict if both files are present and consistent; None if absent. A damaged entry
-    (unreadable JSON, wrong key, missing cubin, size or sha256 mismatch) is deleted and None returned."""
+def _read_entry(cubin_path: Path, meta_path: Path, key: str, locked: bool):
+    """The entry's metadata dict if both files are present and consistent, else None. ``locked``: the caller holds
+    the entry's lock, so that a damaged entry (unparseable JSON, wrong key, missing cubin, size or sha256 mismatch,
+    a cubin without its JSON: an interrupted write) is deleted; without the lock nothing is deleted (another process
+    may be between its two writes), nor after a read error that is not the content's (EIO, EMFILE, ESTALE)."""
     if not meta_path.exists():
-        if cubin_path.exists():           # cubin without its JSON: an interrupted write; drop it
+        if locked and cubin_path.exists():
             _remove(cubin_path)
         return None
     try:
@@ -297,13 +305,21 @@ def _read_entry(cubin_path: Path, meta_path: Path, key: str):
         ok = (isinstance(meta, dict) and meta.get("key") == key
               and meta.get("cubin_size") == len(cubin)
               and meta.get("cubin_sha256") == hashlib.sha256(cubin).hexdigest()
-              and cubin[:4] == b"\x7fELF")
-    except (OSError, ValueError):
+              and cubin[:4] == b"\x7fELF" and _META_FIELDS <= meta.keys())
+    except FileNotFoundError:
         ok = False
+    except ValueError:
+        ok = False
+    except OSError:
+        return None
     if not ok:
-        _remove(cubin_path, meta_path)
+        if locked:
+            _remove(cubin_path, meta_path)
         return None
     return meta
+
+
+_META_FIELDS = frozenset(("registers", "spill_stores", "spill_loads", "stack_frame", "static_smem", "log"))
 
 
 def _verbose(verbose) -> bool:
@@ -319,7 +335,10 @@ def _build(spec, root: Path, key: str, t0: float) -> tuple:
         source = source_path.read_text()
     except OSError as exc:
         raise CompileError(spec.label, f"cannot read kernel source {source_path}: {exc}") from None
-    cubin, log, ok = compile_source(source, spec.source, spec_options(spec, root))
+    # NOTES: the program is named by its absolute path: NVRTC looks for a quoted include in the directory of that
+    # name first, and a relative name would make it the working directory's (a common.cuh there would be compiled
+    # in, and cached under this key)
+    cubin, log, ok = compile_source(source, str(source_path), spec_options(spec, root))
     if not ok:
         raise CompileError(spec.label, log)
     stats = parse_ptxas_log(log, spec.entry)
@@ -342,18 +361,42 @@ class _CacheUnwritable(Exception):
         self.error, self.built = error, built
 
 
-def _lock_entry(lock_path: Path) -> int:
-    """Open (creating it if needed) ``lock_path`` and take an exclusive ``flock`` on it, waiting for any other
-    holder; returns the descriptor, whose closing releases the lock. Raises OSError if the file cannot be opened
-    (an unwritable cache). Where the file system refuses flock (some network file systems), the caller goes on
-    unlocked: entries are written atomically either way, at worst a kernel is compiled twice."""
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-    if fcntl is not None:
+LOCK_WAIT_S = 300.0      # the longest wait for another process's compile of the same entry
+LOCK_TELL_S = 10.0       # then a line on stderr says what this process waits for
+
+
+def _lock_entry(lock_path: Path, label: str) -> tuple:
+    """``(descriptor, locked)``: ``lock_path`` opened (created if needed, mode 0666 less the umask, so that a shared
+    cache's other users open it too; read-only where it is not writable) with an exclusive ``flock`` taken when it
+    can be: polled, with a line on stderr after LOCK_TELL_S and unlocked after LOCK_WAIT_S (a holder stopped, or
+    one whose lock a network file system keeps), unlocked at once where flock is refused (some network file
+    systems). Closing the descriptor releases the lock. Raises OSError if the file cannot be opened. Entries are
+    written atomically and nothing is deleted unlocked, so going on without the lock compiles a kernel twice at
+    worst."""
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
+    except PermissionError:
+        fd = os.open(lock_path, os.O_RDONLY)
+    if fcntl is None:
+        return fd, False
+    start, told = time.monotonic(), False
+    while True:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd, True
+        except BlockingIOError:
+            waited = time.monotonic() - start
+            if waited > LOCK_WAIT_S:
+                print(f"cupy_dash: {label}: no lock on {lock_path} after {waited:.0f} s; compiling without it",
+                      file=sys.stderr)
+                return fd, False
+            if not told and waited > LOCK_TELL_S:
+                print(f"cupy_dash: {label}: waiting for {lock_path} (another process is compiling this kernel)",
+                      file=sys.stderr)
+                told = True
+            time.sleep(0.05)
         except OSError:
-            pass
-    return fd
+            return fd, False
 
 
 def _disk_entry(spec, root: Path, key: str, cubin_path: Path, meta_path: Path, force: bool, t0: float) -> tuple:
@@ -361,16 +404,16 @@ def _disk_entry(spec, root: Path, key: str, cubin_path: Path, meta_path: Path, f
     (or ``force``). Raises :class:`_CacheUnwritable` when the entry is needed but cannot be written."""
     try:
         cubin_path.parent.mkdir(parents=True, exist_ok=True)
-        fd = _lock_entry(cubin_path.with_suffix(".lock"))
+        fd, locked = _lock_entry(cubin_path.with_suffix(".lock"), spec.label)
     except OSError as exc:
         # A read-only cache still serves what it holds (entries are written atomically: no lock needed to read).
-        meta = None if force else _read_entry(cubin_path, meta_path, key)
+        meta = None if force else _read_entry(cubin_path, meta_path, key, False)
         if meta is not None:
             return meta, True
         raise _CacheUnwritable(exc) from None
     try:
         # Looked up only once the lock is held: a process that waited for it finds the entry just written.
-        meta = None if force else _read_entry(cubin_path, meta_path, key)
+        meta = None if force else _read_entry(cubin_path, meta_path, key, locked)
         if meta is not None:
             return meta, True
         cubin, meta = _build(spec, root, key, t0)
@@ -477,7 +520,10 @@ def load(spec):
         if fn is not None:
             return fn
         compiled = compile_spec(spec)
-        cubin = compiled.read_cubin()
+        try:
+            cubin = compiled.read_cubin()
+        except OSError:                   # gone since it was verified (another process's cleanup)
+            cubin = b""
         if hashlib.sha256(cubin).hexdigest() != compiled.cubin_sha256:   # changed since it was verified
             compiled = compile_spec(spec, force=True)
             cubin = compiled.read_cubin()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -170,6 +171,12 @@ def test_cache_dir_env(monkeypatch, tmp_path):
     assert jit.cache_dir() == Path.home() / ".cache" / "cupy_dash"
     monkeypatch.setenv("CUPY_DASH_CACHE_DIR", str(tmp_path / "mine"))
     assert jit.cache_dir() == tmp_path / "mine"
+    monkeypatch.delenv("CUPY_DASH_CACHE_DIR")
+
+    def no_home():
+        raise RuntimeError("Could not determine home directory.")
+    monkeypatch.setattr(Path, "home", no_home)                 # a container's uid missing from /etc/passwd
+    assert jit.cache_dir().name == f"cupy_dash-{os.getuid()}"
 
 
 # ------------------------------------------------------------------------------------------------ ptxas log
@@ -246,6 +253,38 @@ def test_cubin_without_json_is_ignored(ksrc):
     first = jit.compile_spec(SPEC)
     first.cubin_path.with_suffix(".json").unlink()   # as if interrupted between the two writes
     assert not jit.compile_spec(SPEC).cached
+
+
+def test_a_header_in_the_working_directory_is_not_compiled_in(ksrc, tmp_path, monkeypatch):
+    """NVRTC looks for a quoted include beside the program's name first: the program is named by its absolute
+    path, so a common.cuh in the working directory is never the kernel's (nor cached under its key)."""
+    elsewhere = tmp_path / "project"
+    elsewhere.mkdir()
+    (elsewhere / "common.cuh").write_text('#error "the working directory\'s header"\n')
+    monkeypatch.chdir(elsewhere)
+    assert not jit.compile_spec(SPEC).cached
+
+
+def test_without_the_lock_nothing_is_deleted(ksrc, monkeypatch, capsys):
+    """Another process holds the entry's lock (between its two writes: a cubin without its JSON): this one waits,
+    says so on stderr, and after LOCK_WAIT_S compiles without the lock, deleting nothing it did not write."""
+    import fcntl
+    first = jit.compile_spec(SPEC)
+    first.cubin_path.with_suffix(".json").unlink()          # the other process's cubin, its JSON not yet written
+    orphan = first.cubin_path.read_bytes()
+    holder = os.open(first.cubin_path.with_suffix(".lock"), os.O_RDWR)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    monkeypatch.setattr(jit, "LOCK_TELL_S", 0.05)
+    monkeypatch.setattr(jit, "LOCK_WAIT_S", 0.3)
+    removed = []
+    monkeypatch.setattr(jit, "_remove", lambda *paths: removed.extend(paths))
+    try:
+        again = jit.compile_spec(SPEC)
+    finally:
+        os.close(holder)
+    err = capsys.readouterr().err
+    assert "waiting for" in err and "compiling without it" in err
+    assert not again.cached and removed == [] and again.cubin_sha256 == hashlib.sha256(orphan).hexdigest()
 
 
 def test_key_changes_with_define_and_header(ksrc):
