@@ -23,11 +23,17 @@ NAME = rules.NAME
 def padding_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
                  attention_mask=None, use_vmap=False, config=None, **kwargs):
     """transformers' mask interface for ``attn_implementation="cupy_dash"``: the 2D boolean padding mask
-    ``(batch, kv_length)`` (the last ``kv_length`` columns of the model's mask) where some token is padding, else
-    None. Packing and windows are not in the mask: the attention function takes them from its arguments."""
-    rules.check_mask_overlay(bool(use_vmap), getattr(config, "attention_chunk_size", None), kv_length + kv_offset)
+    ``(batch, kv_length)`` (the last ``kv_length`` columns of the model's mask) where some token is padding, or
+    shorter than ``kv_length`` (a static cache: its slots past the tokens seen are no keys), else None. Packing and
+    windows are not in the mask: the attention function takes them from its arguments."""
+    overlay = bool(use_vmap) or "or_masks" in getattr(mask_function, "__qualname__", "")   # e.g. a prefix-LM block
+    rules.check_mask_overlay(overlay, getattr(config, "attention_chunk_size", None), kv_length + kv_offset)
     if attention_mask is None:
-        return None
+        seen = q_offset + q_length - kv_offset         # (generate drops an all-ones mask, static cache or not)
+        if isinstance(seen, torch.Tensor):
+            seen = int(seen)
+        return None if seen >= kv_length else torch.ones(batch_size, seen, dtype=torch.bool, device=kwargs.get(
+            "device"))
     mask = attention_mask[:, -kv_length:]
     if mask.shape[1] == kv_length and bool(mask.all()):
         return None
@@ -37,19 +43,21 @@ def padding_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_
 class _LastPlan:
     """``plan(tensor, *key)`` for the last tensor seen: every layer of a forward gets the same mask or position
     tensor, so its host-side lengths are read once. The cached plan is used only for the same object, unmodified
-    (its version counter), with the same key."""
+    (its version counter), with the same key; inference tensors (no version counter) and traced calls are planned
+    every time. One state tuple: a thread reads a whole one."""
 
     def __init__(self, plan):
-        self.plan, self.ref, self.key, self.value = plan, None, None, None
+        self.plan, self.state = plan, (None, None, None)
 
     def __call__(self, tensor, *key):
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_compiling() or tensor.is_inference():
             return self.plan(tensor, *key)
         full_key = (tensor._version, tensor.data_ptr(), tuple(tensor.shape), key)
-        if self.ref is None or self.ref() is not tensor or self.key != full_key:
-            self.value = self.plan(tensor, *key)
-            self.ref, self.key = weakref.ref(tensor), full_key
-        return self.value
+        ref, seen_key, value = self.state
+        if ref is None or ref() is not tensor or seen_key != full_key:
+            value = self.plan(tensor, *key)
+            self.state = (weakref.ref(tensor), full_key, value)
+        return value
 
 
 def _rows(mask):
@@ -59,18 +67,24 @@ def _rows(mask):
     return mask.nonzero(as_tuple=True), torch.tensor(cu, dtype=torch.int32, device=mask.device), longest
 
 
-def _padding_plan(mask, seqlen_q):
+def _padding_plan(mask, seqlen_q, causal):
     """The unpadding of a padding mask ``(B, Sk)``: (q rows, cu_q, max_q, k rows, cu_k, max_k); the queries are
-    the last ``seqlen_q`` positions (left padding when generating with a cache)."""
+    the last ``seqlen_q`` positions (left padding when generating with a cache), or with other keys than queries and
+    no causal mask (cross-attention: the mask is the encoder's) all ``seqlen_q`` of every row."""
     mask = mask.bool()
     k_plan = _rows(mask)
-    q_plan = k_plan if seqlen_q == mask.shape[1] else _rows(mask[:, -seqlen_q:])
-    return q_plan + k_plan
+    if seqlen_q == mask.shape[1]:
+        return k_plan + k_plan
+    queries = mask[:, -seqlen_q:] if causal else mask.new_ones((mask.shape[0], seqlen_q))
+    return _rows(queries) + k_plan
 
 
 def _packing_plan(position_ids, batch):
     """Packed sequences from ``position_ids`` ``(B or 1, S)``: (cu_seqlens over the B * S flattened rows, longest)
-    where some position does not follow its predecessor by one, else None."""
+    where some position does not follow its predecessor by one, else None (also for position ids of another rank,
+    e.g. multimodal rotary ids ``(3, B, S)``)."""
+    if position_ids.dim() != 2:
+        return None
     pos = position_ids.expand(batch, -1) if position_ids.shape[0] != batch else position_ids
     start = torch.ones(pos.shape, dtype=torch.bool, device=pos.device)
     start[:, 1:] = pos[:, 1:] != pos[:, :-1] + 1
@@ -86,10 +100,14 @@ _packing = _LastPlan(_packing_plan)
 
 
 def _target_dtype(query, module):
-    """FlashAttention's rule for float32 inputs (e.g. norms kept in float32): the autocast dtype, else the dtype of
-    the module's first Linear weight."""
+    """FlashAttention's rule for float32 inputs (e.g. norms kept in float32): the autocast dtype, else a quantized
+    model's ``config.dtype`` (its Linear weights are packed integers), else the dtype of the module's first Linear
+    weight."""
     if torch.is_autocast_enabled(query.device.type):
         return torch.get_autocast_dtype(query.device.type)
+    config = getattr(module, "config", None)
+    if hasattr(config, "_is_quantized") and getattr(config, "dtype", None) in (torch.bfloat16, torch.float16):
+        return config.dtype
     weight = next((m.weight for m in module.modules() if isinstance(m, torch.nn.Linear)), None)
     if weight is None or weight.dtype not in (torch.bfloat16, torch.float16):
         raise rules.fp32_error(str(weight.dtype) if weight is not None else "absent")
@@ -140,11 +158,11 @@ def make_attention(schedule="auto", deterministic=True):
         batch, seqlen_q, heads, _ = q.shape
 
         if attention_mask is not None:
-            if attention_mask.shape[1] < k.shape[1]:
+            if attention_mask.shape[1] > k.shape[1]:
                 raise ValueError(f"attn_implementation={NAME!r}: the padding mask covers {attention_mask.shape[1]} "
                                  f"keys, the layer has {k.shape[1]}")
-            k, v = k[:, :attention_mask.shape[1]], v[:, :attention_mask.shape[1]]    # a static cache's tail
-            q_rows, cu_q, max_q, k_rows, cu_k, max_k = _padding(attention_mask, seqlen_q)
+            k, v = k[:, :attention_mask.shape[1]], v[:, :attention_mask.shape[1]]    # a static cache's slots past it
+            q_rows, cu_q, max_q, k_rows, cu_k, max_k = _padding(attention_mask, seqlen_q, causal)
             out = attention_varlen(q[q_rows], k[k_rows], v[k_rows], cu_q, cu_k, max_q, max_k, **options)
             return q.new_zeros((batch, seqlen_q, heads, out.shape[-1])).index_put(q_rows, out), None
 

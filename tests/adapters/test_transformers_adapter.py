@@ -190,7 +190,7 @@ def test_padding_mask_and_plans_on_cpu():
     with pytest.raises(NotImplementedError, match="or_mask_function"):
         adapter.padding_mask(3, 5, 5, attention_mask=mask, use_vmap=True)
 
-    q_rows, cu_q, max_q, k_rows, cu_k, max_k = adapter._padding_plan(mask, 2)     # queries: the last 2
+    q_rows, cu_q, max_q, k_rows, cu_k, max_k = adapter._padding_plan(mask, 2, True)   # queries: the last 2
     assert cu_k.tolist() == [0, 3, 6, 11] and max_k == 5 and cu_k.dtype == torch.int32
     assert [r.tolist() for r in k_rows] == [[0, 0, 0, 1, 1, 1, 2, 2, 2, 2, 2], [0, 1, 2, 2, 3, 4, 0, 1, 2, 3, 4]]
     assert cu_q.tolist() == [0, 0, 2, 4] and max_q == 2
@@ -201,3 +201,36 @@ def test_padding_mask_and_plans_on_cpu():
     assert cu.tolist() == [0, 3, 5, 9] and longest == 4
     cu, longest = adapter._packing_plan(torch.tensor([[2, 3, 2, 3], [0, 1, 2, 3]]), 2)   # restarts at 2 too
     assert cu.tolist() == [0, 2, 4, 8] and longest == 4
+
+
+@needs_hf
+def test_generation_cases_on_cpu():
+    """What generate() hands the adapter: a static cache (more key slots than tokens seen; an all-ones mask dropped
+    by generate), cross-attention over a padded encoder (every decoder query is one), inference tensors, position
+    ids of another rank (multimodal rotary ids), a prefix-LM mask overlay (refused), a quantized model's dtype."""
+    import torch
+
+    import cupy_dash.transformers as adapter
+    from transformers.masking_utils import and_masks, causal_mask_function, or_masks
+    # a static cache of 8 slots after 5 tokens: the keys are the first 5 (no padding, no mask from generate)
+    assert adapter.padding_mask(2, 1, 8, q_offset=4, attention_mask=None, device="cpu").shape == (2, 5)
+    assert adapter.padding_mask(2, 1, 8, q_offset=torch.tensor(4), attention_mask=None).all()
+    assert adapter.padding_mask(2, 3, 8, q_offset=5, attention_mask=None) is None       # all 8 slots seen
+    with pytest.raises(NotImplementedError, match="or_mask_function"):
+        adapter.padding_mask(2, 4, 4, mask_function=or_masks(causal_mask_function, causal_mask_function))
+    assert adapter.padding_mask(2, 4, 4, mask_function=and_masks(causal_mask_function, causal_mask_function)) is None
+
+    encoder = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]], dtype=torch.bool)
+    q_rows, cu_q, max_q, _, cu_k, _ = adapter._padding_plan(encoder, 1, False)      # decoding: one query a row
+    assert cu_q.tolist() == [0, 1, 2] and max_q == 1 and cu_k.tolist() == [0, 3, 7]
+    _, cu_q, max_q, *_ = adapter._padding_plan(encoder, 3, False)                   # teacher forcing
+    assert cu_q.tolist() == [0, 3, 6] and max_q == 3
+
+    with torch.inference_mode():
+        ids = torch.tensor([[0, 1, 2, 0, 1]])
+        assert adapter._packing(ids, 1)[0].tolist() == [0, 3, 5]                    # no version counter: planned
+    assert adapter._packing_plan(torch.zeros(3, 2, 5, dtype=torch.long), 2) is None
+
+    module = torch.nn.Module()
+    module.config = types.SimpleNamespace(_is_quantized=True, dtype=torch.bfloat16)
+    assert adapter._target_dtype(torch.zeros(1), module) == torch.bfloat16
