@@ -10,7 +10,9 @@ eager) in float64 (and in bf16 for the tolerance): the outputs at every real tok
 a fixed random projection of them must satisfy FA3's rule ``max|ours - ref64| <= 2 max|ref_bf16 - ref64| + atol``
 (:func:`cupy_dash.reference.assert_close_fa3`). Two short AdamW trainings give bitwise equal losses and weights,
 and what the kernels cannot do (dropout in training, a 4D mask, float32 without a half target) raises,
-naming the model setting. Skipped without a Hopper GPU, torch or transformers.
+naming the model setting. Generation: greedy steps from a left-padded batch with a dynamic and a static cache
+against sdpa, and an encoder-decoder's cross-attention over a right-padded encoder against eager. Skipped without
+a Hopper GPU, torch or transformers.
 """
 from __future__ import annotations
 
@@ -231,3 +233,81 @@ def test_4d_mask_and_float32_raise():
         model(input_ids=ids, use_cache=False)
     with torch.autocast("cuda", dtype=torch.bfloat16):       # float32 weights, bf16 attention as with FlashAttention
         assert torch.isfinite(model(input_ids=ids, use_cache=False).last_hidden_state).all()
+
+
+def _generate(model, ids, mask, **kw):
+    """Greedy generation's per-step scores ``(steps, batch, vocab)`` float32 and its new tokens ``(batch, steps)``."""
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False, num_beams=1,
+                             output_scores=True, return_dict_in_generate=True, **kw)
+    return torch.stack(out.scores).float(), out.sequences[:, -len(out.scores):]
+
+
+def _generation_gap(ours, ref) -> float:
+    """The largest score difference, relative to the largest reference score, of two greedy generations over the
+    steps each row can compare: those up to the first step where the rows' tokens differ (a near tie may pick
+    another token; from there the prefixes differ)."""
+    (a, tokens_a), (b, tokens_b) = ours, ref
+    gap = 0.0
+    for row in range(a.shape[1]):
+        differ = (tokens_a[row] != tokens_b[row]).nonzero()
+        last = int(differ[0]) if len(differ) else a.shape[0] - 1
+        gap = max(gap, (a[:last + 1, row] - b[:last + 1, row]).abs().max().item())
+    return gap / b.abs().max().item()
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_generation_with_left_padding_matches_sdpa(cache):
+    """A causal LM's greedy generation from a left-padded batch, with a dynamic and a static cache (whose slots past
+    the tokens seen must be left out): every step's scores as sdpa's in the same precision, to bf16 rounding."""
+    config = _config("llama_d64")
+    torch.manual_seed(0)
+    ref = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation="sdpa")
+    ours = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation=NAME)
+    ours.load_state_dict(ref.state_dict())
+    ref, ours = (m.to("cuda", torch.bfloat16).eval() for m in (ref, ours))
+    ids = torch.randint(3, VOCAB, (3, 12), device="cuda")
+    mask = torch.ones_like(ids)
+    mask[1, :5], ids[1, :5] = 0, 0                      # left padding
+    mask[2, :1], ids[2, :1] = 0, 0
+    kw = dict(cache_implementation="static") if cache == "static" else {}
+    assert _generation_gap(_generate(ours, ids, mask, **kw), _generate(ref, ids, mask, **kw)) <= 0.05, cache
+
+
+def test_cross_attention_over_a_padded_encoder_matches_eager():
+    """An encoder-decoder (Bart) with a right-padded encoder batch: the decoder's cross-attention attends the real
+    encoder tokens with every decoder query (not the rows that line up with the encoder's mask), in greedy
+    generation and in a teacher-forced forward."""
+    config = transformers.BartConfig(vocab_size=VOCAB, d_model=256, encoder_layers=2, decoder_layers=2,
+                                     encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=256,
+                                     decoder_ffn_dim=256, max_position_embeddings=64, dropout=0.0,
+                                     attention_dropout=0.0, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+                                     decoder_start_token_id=2, forced_eos_token_id=None)
+    torch.manual_seed(0)
+    ref = transformers.BartForConditionalGeneration(config).to("cuda", torch.bfloat16).eval()
+    ref.set_attn_implementation("eager")
+    ours = copy.deepcopy(ref)
+    ours.set_attn_implementation(NAME)
+    ids = torch.randint(3, VOCAB, (2, 10), device="cuda")
+    mask = torch.ones_like(ids)
+    mask[1, 6:], ids[1, 6:] = 0, 1                      # right padding
+    assert _generation_gap(_generate(ours, ids, mask, min_length=0), _generate(ref, ids, mask, min_length=0)) <= 0.05
+    for steps in (1, 5):                                # a decoding step; teacher forcing
+        dec = torch.randint(3, VOCAB, (2, steps), device="cuda")
+        a, b = (_cross_attention(m, ids, mask, dec) for m in (ours, ref))
+        # (the cross-attention's share of the logits is small at random init: its own output is compared)
+        assert (a - b).abs().max().item() <= 0.05 * b.abs().max().item(), steps
+        assert b[1].abs().max().item() > 0.1 * b.abs().max().item()       # the padded row attends: not zeros
+
+
+def _cross_attention(model, ids, mask, decoder_ids):
+    """The output ``(batch, steps, d_model)`` float32 of the first decoder layer's cross-attention."""
+    seen = []
+    hook = model.model.decoder.layers[0].encoder_attn.register_forward_hook(
+        lambda module, args, out: seen.append(out[0].detach().float()))
+    try:
+        with torch.no_grad():
+            model(ids, attention_mask=mask, decoder_input_ids=decoder_ids)
+    finally:
+        hook.remove()
+    return seen[0]
