@@ -25,7 +25,8 @@ REPO_ROOT = Path(cupy_dash.__file__).resolve().parent.parent
 
 @pytest.fixture
 def nvrtc_runs(monkeypatch):
-    """Fresh warning state and memory cache; yields the list of sources NVRTC compiled from then on."""
+    """Fresh warning state and memory cache; yields the list of sources NVRTC compiled from then on (their names
+    relative to kernels_src: NVRTC gets absolute paths)."""
     monkeypatch.setattr(jit, "_cache_warned", False)
     monkeypatch.setattr(jit, "_memory_cache", {})
     monkeypatch.delenv("CUPY_DASH_JIT_VERBOSE", raising=False)
@@ -33,7 +34,7 @@ def nvrtc_runs(monkeypatch):
     real = jit.compile_source
 
     def counted(source, name, options):
-        runs.append(name)
+        runs.append(str(Path(name).relative_to(jit.kernel_dir())))
         return real(source, name, options)
 
     monkeypatch.setattr(jit, "compile_source", counted)
