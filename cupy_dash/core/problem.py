@@ -37,6 +37,9 @@ class Problem(typing.NamedTuple):
     lse_info: object = None
 
 
+MAX_GRID_YZ = 65535        # CUDA's limit on a grid's y and z dimensions
+
+
 def check_schedule(schedule) -> str:
     if not isinstance(schedule, str) or schedule not in _schedule.POLICIES:
         raise ValueError(f"schedule: expected one of {', '.join(repr(p) for p in _schedule.POLICIES)}, "
@@ -150,6 +153,9 @@ def validate(q, k, v, do=None, out=None, lse=None, *, softmax_scale=None, schedu
         raise ValueError(f"q: number of heads H is 0 (shape {qi.shape})")
     if Hkv == 0 or H % Hkv:
         raise ValueError(f"k: the number of kv heads Hkv={Hkv} must divide the number of query heads H={H} of q")
+    if B > MAX_GRID_YZ or H > MAX_GRID_YZ:        # the grids' y (heads) and z (batch) dimensions
+        raise ValueError(f"q: batch size B={B} and heads H={H} must each be at most {MAX_GRID_YZ} (a CUDA grid "
+                         f"dimension); split the batch (under jax.vmap: the mapped axis folds into B)")
 
     scale = check_scale(softmax_scale, D)
     softcap = check_softcap(softcap)

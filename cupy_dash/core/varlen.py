@@ -20,8 +20,8 @@ from .. import config, gpu
 from .. import schedule as _schedule
 from ..cuda import kernels, varlen_device
 from . import api, fastpath_varlen, interop, problem, varlen_host_cu
-from .varlen_launch import (_tables, check_max_seqlen, check_max_within, check_same_count, cu_seqlens_values,
-                            packing_launch)
+from .varlen_launch import (_tables, check_max_seqlen, check_max_within, check_same_count, check_sequence_count,
+                            cu_seqlens_values, packing_launch)
 
 
 def _check_cu_seqlens(name, cu) -> tuple:
@@ -84,6 +84,7 @@ def attention_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, 
     cu_k_info, num_seqs_k = _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k)
     if num_seqs_k != num_seqs:
         raise ValueError(f"cu_seqlens_k: expected {num_seqs + 1} entries (as cu_seqlens_q), got {num_seqs_k + 1}")
+    check_sequence_count(num_seqs)
     (q4, _), (k4, _), (v4, _) = _packed(q, "q"), _packed(k, "k"), _packed(v, "v")
     p = problem.validate(q4, k4, v4, softmax_scale=softmax_scale, softcap=softcap)
     _check_device(cu_q_info, p.device_id)

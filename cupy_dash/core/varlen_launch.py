@@ -10,6 +10,7 @@ import numpy as np
 from .. import config
 from ..cuda import capture as capture_mod, kernels, launchers, varlen_device
 from ..schedule import compact_device, varlen_pack
+from .problem import MAX_GRID_YZ
 
 
 def check_max_seqlen(name, value) -> int:
@@ -30,6 +31,14 @@ def check_max_within(max_q, max_k, total_q, total_k) -> None:
 def check_same_count(cu_q, cu_k) -> None:
     if len(cu_q) != len(cu_k):
         raise ValueError(f"cu_seqlens_k: expected {len(cu_q)} entries (as cu_seqlens_q), got {len(cu_k)}")
+    check_sequence_count(len(cu_q) - 1)
+
+
+def check_sequence_count(num_seqs: int) -> None:
+    """At most MAX_GRID_YZ sequences: the varlen grids' z dimension."""
+    if num_seqs > MAX_GRID_YZ:
+        raise ValueError(f"cu_seqlens_q: {num_seqs} sequences, more than {MAX_GRID_YZ} (a CUDA grid dimension); "
+                         f"split the packed batch")
 
 
 def cu_seqlens_values(name, host, total, max_name, max_len) -> np.ndarray:

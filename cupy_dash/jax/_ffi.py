@@ -5,7 +5,8 @@ call's arguments then results); :func:`register` copies them into the extension'
 (target ``cupy_dash_launch``, for CUDA, :func:`call`) carries each device's slot in its attribute ``slots``. The
 handler runs the plan with the executor every launch shares (``cupy_dash/cuda/launch_plan.c``) on XLA's stream and
 answers XLA's metadata query with the command-buffer-compatible trait. Slot ids live in this process (no
-serialized programs). Imports no other module of :mod:`cupy_dash.jax`.
+serialized programs: the last entry of ``slots`` is this process's token, which the handler checks). Imports no
+other module of :mod:`cupy_dash.jax`.
 """
 from __future__ import annotations
 
@@ -39,14 +40,20 @@ def _register_target():
 
 def register(launch_plans, devices) -> np.ndarray:
     """The slots of ``launch_plans`` (CUDA ordinal -> executor.LaunchPlan), each copied into the extension's slot
-    table: an int64 array indexed by ordinal, -1 for ordinals without one (``devices``: those prepared)."""
+    table: an int64 array indexed by ordinal, -1 for ordinals without one (``devices``: those prepared), then this
+    process's token (:func:`slots_of`)."""
     slots = np.full(max(devices, default=0) + 1, -1, np.int64)
     for dev, plan in launch_plans.items():
         with _lock:
             slots[dev] = _extension().register_plan(plan.blob)
     if devices:
         _register_target()
-    return slots
+    return slots_of(slots)
+
+
+def slots_of(per_device) -> np.ndarray:
+    """The ``slots`` attribute of a call: the slot ids per device ordinal, then this process's token."""
+    return np.append(np.asarray(per_device, np.int64), np.int64(_extension().process_token()))
 
 
 def call(types, slots, operands):

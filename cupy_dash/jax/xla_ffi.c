@@ -1,27 +1,42 @@
 /* cupy_dash's XLA FFI handler: runs a prepared launch plan (cupy_dash/cuda/launch_plan.h) on XLA's stream, with
  * no Python.
  *
- * Per call: find the plan of this device (attribute "slots": int64 array, slot id per device ordinal, -1 none)
- * and run it with the call's buffers (arguments, then results) through dash_plan_run, the executor every cupy_dash
- * launch shares. No allocation, no synchronization, no module load: the launches depend only on the addresses and
- * the plan, so the handler declares itself command-buffer compatible (XLA may record the launches into a CUDA
- * graph and replay them). The extension links against glibc only (libcuda is opened at run time).
+ * Per call: find the plan of this device (attribute "slots": int64 array, slot id per device ordinal, -1 none, then
+ * this process's token: a program compiled in another process, serialized and loaded here, names slots that hold
+ * other plans, and is refused) and run it with the call's buffers (arguments, then results) through dash_plan_run,
+ * the executor every cupy_dash launch shares. No allocation, no synchronization, no module load: the launches depend
+ * only on the addresses and the plan, so the handler declares itself command-buffer compatible (XLA may record the
+ * launches into a CUDA graph and replay them). The extension links against glibc only (libcuda is opened at run
+ * time).
  */
 #include "xla_ffi.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define DASH_MAX_SLOTS 65536
 
 static dash_plan *slots[DASH_MAX_SLOTS];
 static int64_t num_slots;
+static int64_t process_token;    /* drawn at the first registration (callers serialize), never 0 */
+
+int64_t dash_ffi_process_token(void) { return process_token; }
+
+static void draw_process_token(void) {
+  FILE *f = fopen("/dev/urandom", "rb");
+  uint64_t t = 0;
+  if (!f || fread(&t, sizeof t, 1, f) != 1) t = (uint64_t)(uintptr_t)&t ^ ((uint64_t)getpid() << 32);
+  if (f) fclose(f);
+  __atomic_store_n(&process_token, (int64_t)(t | 1), __ATOMIC_RELEASE);
+}
 
 /* ---- plans (registered from Python, at trace time) ---------------------------------------------------------- */
 int dash_plan_register(const void *blob, size_t size, char *error, size_t error_size) {
   dash_plan view;
   if (dash_plan_view(blob, size, &view, error, error_size)) return -1;
+  if (!process_token) draw_process_token();
   if (num_slots >= DASH_MAX_SLOTS) {
     snprintf(error, error_size, "plan: all %d slots are taken", DASH_MAX_SLOTS);
     return -1;
@@ -82,9 +97,14 @@ static dash_ffi_error *dash_ffi_handler(dash_ffi_call_frame *cf) {
   dash_ffi_error *e = api->device_ordinal_get(&og);
   if (e) return e;
   const dash_ffi_array *slot_ids = int64_array_attr(&cf->attrs, "slots");
-  if (!slot_ids) return fail(api, DASH_FFI_INVALID_ARGUMENT, "cupy_dash: attribute 'slots' (int64 array) missing");
+  if (!slot_ids || slot_ids->size < 1)
+    return fail(api, DASH_FFI_INVALID_ARGUMENT, "cupy_dash: attribute 'slots' (int64 array) missing");
+  size_t devices = slot_ids->size - 1;
+  if (((const int64_t *)slot_ids->data)[devices] != __atomic_load_n(&process_token, __ATOMIC_ACQUIRE))
+    return fail(api, DASH_FFI_FAILED_PRECONDITION, "cupy_dash: this program was compiled in another process (its "
+                                                   "launch plans live there): trace and compile it in this one");
   int64_t slot = -1;
-  if (og.device_ordinal >= 0 && (size_t)og.device_ordinal < slot_ids->size)
+  if (og.device_ordinal >= 0 && (size_t)og.device_ordinal < devices)
     slot = ((const int64_t *)slot_ids->data)[og.device_ordinal];
   if (slot < 0 || slot >= __atomic_load_n(&num_slots, __ATOMIC_ACQUIRE)) {
     snprintf(msg, sizeof msg, "cupy_dash: this call was not prepared for device %d when it was traced (no plan)",

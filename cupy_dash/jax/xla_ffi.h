@@ -129,6 +129,7 @@ typedef struct {                                       /* XLA_FFI_CallFrame (up 
 /* Launch plans (cupy_dash/cuda/launch_plan.h) are registered from Python at trace time into a table of slots
  * that lives for the life of the process; the custom call's attribute "slots" names each device's. */
 int dash_plan_register(const void *blob, size_t size, char *error, size_t error_size);
+int64_t dash_ffi_process_token(void);
 void *dash_ffi_handler_address(void);
 
 #endif

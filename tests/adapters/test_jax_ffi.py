@@ -156,7 +156,7 @@ def _handler_writes_addresses(jax):
                jax.ShapeDtypeStruct(v.shape, v.dtype), jax.ShapeDtypeStruct((c.work_bytes,), np.uint8),
                jax.ShapeDtypeStruct((params.dtype.itemsize,), np.uint8))
     call = jax.ffi.ffi_call(TEST_TARGET, results)
-    *_, block = call(dout, q, k, v, out, lse, slots=np.array([slot], np.int64))
+    *_, block = call(dout, q, k, v, out, lse, slots=_jax_ffi.slots_of([slot]))
     got = np.frombuffer(np.asarray(block).tobytes(), dtype=params.dtype)
     for name, x in (("dout", dout), ("q", q), ("k", k), ("v", v), ("out", out), ("lse", lse)):
         assert int(got[name][0]) == x.unsafe_buffer_pointer(), name
@@ -170,7 +170,10 @@ def _handler_writes_addresses(jax):
     for field in ("visits", "error", "q_stride", "num_m_blocks", "softmax_scale"):
         assert got[field].tobytes() == params[field].tobytes(), field       # untouched
     with pytest.raises(Exception, match="not prepared for device 0 when it was traced"):
-        jax.block_until_ready(call(dout, q, k, v, out, lse, slots=np.array([-1], np.int64)))
+        jax.block_until_ready(call(dout, q, k, v, out, lse, slots=_jax_ffi.slots_of([-1])))
+    other_process = np.array([slot, _jax_ffi.slots_of([])[0] ^ 2], np.int64)    # another process's token
+    with pytest.raises(Exception, match="compiled in another process"):
+        jax.block_until_ready(call(dout, q, k, v, out, lse, slots=other_process))
 
 
 def test_ffi_lowering_and_vmap_fold(monkeypatch):

@@ -538,3 +538,16 @@ def test_import_does_not_pull_torch_or_jax():
     root = os.path.dirname(os.path.dirname(os.path.abspath(cupy_dash.__file__)))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
+
+
+def test_batches_and_packings_beyond_a_grid_dimension_raise():
+    """The grids put heads in y and the batch (varlen: the sequences) in z, at most 65535 each: a larger batch (a
+    jax.vmap folds its mapped axis into B) raises before anything is launched, naming the argument."""
+    t = make(B=65536, Sq=1, Sk=1, H=1, Hkv=1, D=64)
+    raises(ValueError, lambda: fwd(t), "q: batch size B=65536", "65535")
+    raises(ValueError, lambda: bwd(t), "q: batch size B=65536")
+    q = np.zeros((65536, 1, 64), BF16)
+    cu = np.arange(65537, dtype=np.int32)
+    raises(ValueError, lambda: cupy_dash.attention_forward_varlen(q, q, q, cu, cu, 1, 1), "65536 sequences")
+    raises(ValueError, lambda: cupy_dash.prepare_varlen_backward(cu, cu, 1, 1, num_heads=1, num_heads_kv=1,
+                                                                 head_dim=64), "65536 sequences")
