@@ -211,9 +211,10 @@ def describe(x, name: str) -> TensorInfo:
 def check_layout(info: TensorInfo) -> None:
     """Raise ValueError (naming the argument) unless the kernels can read ``info`` through its strides.
 
-    Rules: the last dimension has stride 1; every other dimension of size > 1 has a non-negative stride that is
-    a multiple of 8 elements (16 bytes for bf16/fp16); the base pointer (when known) is 16-byte aligned.
-    Dimensions of size 1 may have any stride (they are never stepped over).
+    Rules: the last dimension has stride 1; every other dimension of size > 1 has a positive stride that is a
+    multiple of 8 elements (16 bytes for bf16/fp16; the TMA maps take no broadcast, stride 0, dimension); the base
+    pointer (when known) is 16-byte aligned. Dimensions of size 1 may have any stride (they are never stepped
+    over).
     """
     name, shape, strides = info.name, info.shape, info.strides
     if not shape:
@@ -223,10 +224,11 @@ def check_layout(info: TensorInfo) -> None:
                          f"shape {shape}; call .contiguous() (torch) or cupy.ascontiguousarray() first")
     step = ALIGN_BYTES // info.itemsize if info.itemsize and ALIGN_BYTES % info.itemsize == 0 else 1
     for dim, (n, s) in enumerate(zip(shape[:-1], strides[:-1])):
-        if n > 1 and (s < 0 or s % step):
+        if n > 1 and (s <= 0 or s % step):
             raise ValueError(f"{name}: stride {s} of dimension {dim} (strides {strides}, shape {shape}) must be a "
-                             f"non-negative multiple of {step} elements ({ALIGN_BYTES} bytes) for the kernels' "
-                             f"16-byte loads; .contiguous() fixes it")
+                             f"positive multiple of {step} elements ({ALIGN_BYTES} bytes) for the kernels' "
+                             f"16-byte loads (an expanded tensor has stride 0: pass the kv heads once, as GQA); "
+                             f".contiguous() fixes it")
     ptr = info.data_ptr
     if ptr is not None and ptr % ALIGN_BYTES:
         raise ValueError(f"{name}: base pointer {ptr:#x} is not {ALIGN_BYTES}-byte aligned (a view with an "

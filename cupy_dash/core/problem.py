@@ -54,7 +54,7 @@ def check_scale(softmax_scale, D) -> float:
         scale = float(softmax_scale)
     except (TypeError, ValueError):
         raise ValueError(f"softmax_scale: expected a finite number > 0 or None, got {softmax_scale!r}") from None
-    if not (math.isfinite(scale) and scale > 0):
+    if not 0 < scale < math.inf:          # (comparisons, not math.isfinite: torch.compile traces them symbolically)
         raise ValueError(f"softmax_scale: expected a finite number > 0 or None, got {softmax_scale!r}")
     return scale
 
@@ -64,7 +64,7 @@ def check_softcap(softcap) -> float:
     if isinstance(softcap, (bool, np.bool_)) or not isinstance(softcap, (int, float, np.integer, np.floating)):
         raise TypeError(f"softcap: expected a number >= 0 (0: no soft-capping), got {softcap!r}")
     c = float(softcap)
-    if not (math.isfinite(c) and c >= 0):
+    if not 0 <= c < math.inf:
         raise ValueError(f"softcap: expected a finite number >= 0 (0: no soft-capping), got {softcap!r}")
     return c
 

@@ -38,7 +38,7 @@ def check_encodable(name: str, shape, strides, ptr: int) -> None:
         raise ValueError(f"{name}: data pointer must be 16-byte aligned for TMA, got 0x{ptr:x}")
     for what, st, n in zip(("batch", "row", "head"), strides, (B, S, H)):
         if n > 1 and (st % 8 or not 0 < st < (1 << 38)):
-            raise ValueError(f"{name}: {what} stride {st} must be a non-negative multiple of 8 elements")
+            raise ValueError(f"{name}: {what} stride {st} must be a positive multiple of 8 elements")
     if max(B, S, H) >= 1 << 31:
         raise ValueError(f"{name}: dimensions {shape} too large for a tensor map")
 

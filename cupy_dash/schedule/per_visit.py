@@ -141,7 +141,9 @@ def check_window(window, causal: bool) -> tuple:
     except (TypeError, ValueError):
         raise TypeError(f"window: expected a pair (left, right) of ints >= -1, got {window!r}") from None
     for side, x in (("left", left), ("right", right)):
-        if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)):
+        # NOTES: torch.SymInt (torch.compile's dynamic shapes) counts as an int by name: this layer imports no
+        # framework; the op checks the concrete value when it runs
+        if isinstance(x, (bool, np.bool_)) or not (isinstance(x, (int, np.integer)) or type(x).__name__ == "SymInt"):
             raise TypeError(f"window: {side} must be an int >= -1, got {type(x).__name__} {x!r}")
         if x < -1 or x >= 1 << 31:
             raise ValueError(f"window: {side} must be -1 (unbounded) or in [0, 2^31), got {x}")

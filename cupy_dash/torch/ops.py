@@ -84,23 +84,33 @@ class _Eager(torch.autograd.Function):
         causal, softmax_scale, _, _, window, softcap = options
         out, lse = fns[0](q, k, v, *extra, causal=causal, softmax_scale=softmax_scale, window=window,
                           softcap=softcap)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.fns, ctx.extra, ctx.options = fns, extra, options
+        # NOTES: the varlen cu_seqlens (extra[:2]) are saved tensors too: one changed in place before the backward
+        # (a buffer refilled for the next micro-batch) raises, as on the op path, instead of giving other lengths
+        ctx.save_for_backward(q, k, v, out, lse, *extra[:2])
+        ctx.fns, ctx.rest, ctx.options = fns, extra[2:], options
         ctx.mark_non_differentiable(lse)
         ctx.set_materialize_grads(False)
         return out, lse
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, dout, dlse):
         if dout is None:
             return (None,) * 6
-        q, k, v, out, lse = ctx.saved_tensors
+        refuse_double_backward()
+        q, k, v, out, lse, *cu_seqlens = ctx.saved_tensors
         causal, softmax_scale, schedule, deterministic, window, softcap = ctx.options
-        dq, dk, dv = ctx.fns[1](dout.contiguous(), q, k, v, out, lse, *ctx.extra, causal=causal,
+        dq, dk, dv = ctx.fns[1](dout.contiguous(), q, k, v, out, lse, *cu_seqlens, *ctx.rest, causal=causal,
                                 softmax_scale=softmax_scale, schedule=schedule, deterministic=deterministic,
                                 window=window, softcap=softcap)
         return None, None, None, dq, dk, dv
+
+
+def refuse_double_backward() -> None:
+    """Raise where autograd records the gradient for a second derivative (``create_graph=True``): the backward is
+    a kernel without a derivative of its own, and the gradient's graph would silently lack its terms."""
+    if torch.is_grad_enabled():
+        raise RuntimeError("cupy_dash.torch: a second derivative through attention (autograd.grad or backward with "
+                           "create_graph=True) is not supported: the backward kernel has no derivative")
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -228,6 +238,7 @@ def register_gradient(name, backward, tensors=0) -> None:
     def gradient(ctx, dout, dlse):            # dlse is always None: lse is not differentiable
         if dout is None:
             return (None,) * (3 + tensors + len(ctx.options))
+        refuse_double_backward()
         q, k, v, out, lse, *extra = ctx.saved_tensors
         # the kernels read dout through TMA: last dim contiguous, 16-byte strides (an expanded grad has stride 0)
         dq, dk, dv = backward(dout.contiguous(), q, k, v, out, lse, *extra, *ctx.options)

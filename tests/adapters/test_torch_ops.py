@@ -334,3 +334,71 @@ def test_eager_function_routes_gradients_as_the_op_does(varlen):
     assert seen["bwd"][0] and same(seen["bwd"][1], extra) and seen["bwd"][2:] == options
     assert torch.equal(q.grad, dout + 1) and torch.equal(k.grad, torch.full_like(k, 3))
     assert torch.equal(v.grad, torch.full_like(v, 4))
+
+
+def _recorders():
+    """cupy_dash's (forward, backward) stand-ins on CPU tensors: out = 2 q, and gradients 2 dout, 3, 4."""
+    def forward(q, k, v, *extra, causal, softmax_scale, window, softcap):
+        return q * 2, torch.zeros(q.shape[-2], q.shape[0])
+
+    def backward(dout, q, k, v, out, lse, *extra, causal, softmax_scale, schedule, deterministic, window, softcap):
+        return dout * 2, torch.full_like(k, 3), torch.full_like(v, 4)
+    return forward, backward
+
+
+OPTIONS = (True, 0.5, "fa3", True, (3, 0), 0.0)
+
+
+@pytest.mark.parametrize("path", ["eager", "op"])
+def test_a_second_derivative_raises_instead_of_dropping_terms(path, monkeypatch):
+    """create_graph=True asks autograd to differentiate the gradient, which the backward kernel cannot: both paths
+    raise (a gradient penalty or a Hessian-vector product would otherwise get a gradient without its terms)."""
+    forward, backward = _recorders()
+    x = torch.randn(2, 10, 2, 8, requires_grad=True)
+    k, v = torch.randn(2, 10, 2, 8), torch.randn(2, 10, 2, 8)
+    if path == "eager":
+        out = cupy_dash.torch.ops._Eager.apply((forward, backward), (), OPTIONS, x * 1, k, v)[0]
+    else:
+        monkeypatch.setattr(api, "attention_forward", lambda q, k, v, **kw: forward(q, k, v, **{
+            n: kw[n] for n in ("causal", "softmax_scale", "window", "softcap")}))
+        monkeypatch.setattr(api, "attention_backward", lambda dout, q, k, v, out, lse, **kw: backward(
+            dout, q, k, v, out, lse, **kw))
+        out = OPS.attention_forward(x * 1, k, v, True, 0.5, "fa3", True, 3, 0, 0.0)[0]
+    grad, = torch.autograd.grad(out.sum(), x, retain_graph=True)              # first order: fine
+    assert torch.equal(grad, torch.full_like(x, 2.0))
+    with pytest.raises(RuntimeError, match="second derivative through attention"):
+        torch.autograd.grad(out.sum(), x, create_graph=True)
+
+
+def test_eager_varlen_lengths_changed_before_the_backward_raise():
+    """The eager path saves the varlen cu_seqlens as the op path does: a buffer refilled in place between the forward
+    and the backward (the next micro-batch's packing) raises instead of giving the backward other lengths."""
+    forward, backward = _recorders()
+    q, k, v = (torch.randn(10, 2, 8, requires_grad=True) for _ in range(3))
+    cu = torch.tensor([0, 4, 10], dtype=torch.int32)
+    out = cupy_dash.torch.ops._Eager.apply((forward, backward), (cu, cu, 6, 6), OPTIONS, q, k, v)[0]
+    cu.copy_(torch.tensor([0, 7, 10], dtype=torch.int32))
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.sum().backward()
+
+
+def test_compile_with_dynamic_scalars():
+    """torch.compile(dynamic=True) makes the scale, the cap and the window symbolic: the argument checks compare
+    them (no math.isfinite, which breaks the graph) and take a SymInt window, so the whole step traces."""
+    from torch._dynamo.backends.common import aot_autograd
+    from functorch.compile import make_boxed_func
+
+    def f(q, k, v, scale, cap, left):
+        return dash_torch.attention(q, k, v, softmax_scale=scale, softcap=cap, window=(left, 0), causal=True)
+
+    torch._dynamo.reset()
+    def boxed(gm, example_inputs):
+        return make_boxed_func(gm.forward)
+    compiled = torch.compile(f, fullgraph=True, dynamic=True, backend=aot_autograd(fw_compiler=boxed,
+                                                                                 bw_compiler=boxed))
+    q, k, v = fwd_inputs("meta", requires_grad=True, Hkv=2)
+    for scale, cap, left in ((0.1, 0.0, 64), (0.2, 30.0, 32)):
+        out = compiled(q, k, v, scale, cap, left)
+        out.backward(torch.empty_like(out))
+    assert q.grad.shape == q.shape
+    torch._dynamo.reset()

@@ -383,7 +383,7 @@ def test_misaligned_base_pointer():
 
 def test_negative_stride():
     a = np.zeros((2, 16, 4, 64), BF16)[:, ::-1]
-    raises(ValueError, lambda: interop.check_layout(interop.describe(a, "q")), "q:", "non-negative")
+    raises(ValueError, lambda: interop.check_layout(interop.describe(a, "q")), "q:", "positive multiple")
 
 
 def test_size_one_dims_may_have_any_stride():
@@ -551,3 +551,12 @@ def test_batches_and_packings_beyond_a_grid_dimension_raise():
     raises(ValueError, lambda: cupy_dash.attention_forward_varlen(q, q, q, cu, cu, 1, 1), "65536 sequences")
     raises(ValueError, lambda: cupy_dash.prepare_varlen_backward(cu, cu, 1, 1, num_heads=1, num_heads_kv=1,
                                                                  head_dim=64), "65536 sequences")
+
+
+def test_an_expanded_operand_raises_naming_it():
+    """A broadcast (stride 0) dimension, e.g. k expanded over the query heads, is refused at validation (the TMA
+    maps take none), naming the argument, instead of failing when its map is encoded."""
+    t = make(H=4, Hkv=1)
+    t["k"] = np.broadcast_to(t["k"], (2, 160, 4, 64))          # MQA k repeated by a view: head stride 0
+    t["v"] = np.ascontiguousarray(np.broadcast_to(t["v"], (2, 160, 4, 64)))
+    raises(ValueError, lambda: fwd(fake(t)), "k: stride 0 of dimension 2", "expanded")
