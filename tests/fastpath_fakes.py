@@ -51,6 +51,9 @@ class Tensor:
     def get_device(self):
         return 0
 
+    def is_inference(self):
+        return False
+
     def is_contiguous(self):
         return True
 

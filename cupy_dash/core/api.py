@@ -34,15 +34,16 @@ NP_DTYPES = {"bfloat16": np.dtype(ml_dtypes.bfloat16), "float16": np.dtype(np.fl
              "float32": np.dtype(np.float32), "uint8": np.dtype(np.uint8), "int32": np.dtype(np.int32)}
 
 
-def _resolve(info, x, keep):
+def _resolve(info, x, keep, caller=None):
     """(pointer, (batch, row, head) element strides) of a validated CUDA operand.
 
-    torch and CuPy tensors are read from their attributes (no import needed; the kernels run on the caller's
-    stream, so the framework's stream-ordered memory reuse stays safe). JAX and other producers are imported
-    zero-copy through DLPack (which orders/blocks on their pending work); the imported views are kept alive in
-    ``keep`` until the launched work has finished.
+    torch and CuPy tensors of the caller's framework (``caller``: q's; None: ``info``'s own) are read from their
+    attributes (no import needed; the kernels run on the caller's stream, so the framework's stream-ordered memory
+    reuse stays safe). JAX and other producers, and an operand of another framework than q's (whose stream the
+    kernels do not run on), are imported zero-copy through DLPack (which orders/blocks on their pending work); the
+    imported views are kept alive in ``keep`` until the launched work has finished.
     """
-    if info.framework in ("torch", "cupy"):
+    if info.framework in ("torch", "cupy") and info.framework == (caller or info.framework):
         return info.data_ptr, info.strides[:3]
     arr = interop.to_cupy(x)
     keep.append(arr)
@@ -143,7 +144,7 @@ def run_forward(like, p, spec, block_m, block_n, window, tensors, grid, shapes, 
         with capture.loading(dev, capturing):       # as the backward's kernels: outside a capture
             jit.load(spec)
         keep = []
-        operands = tuple(_resolve(i, x, keep) for i, x in zip(p.infos, tensors))
+        operands = tuple(_resolve(i, x, keep, fw) for i, x in zip(p.infos, tensors))
         cu_ptrs = tuple(_resolve(info, x, keep)[0] for info, x in cu[1:])
         out, out_ptr = _new(fw, dev, shapes[0], p.dtype)
         lse, lse_ptr = _new(fw, dev, shapes[1], "float32")
@@ -155,14 +156,16 @@ def run_forward(like, p, spec, block_m, block_n, window, tensors, grid, shapes, 
             names, cu_ptrs = plans.FWD_PERSISTENT_BUFFERS, (counter_ptr,)
         plan = plans.forward_plan(spec, grid, block_m, block_n, p, window, tuple(s for _, s in operands), names,
                                   cu[0] if cu else None)
-        launchers.enqueue_forward(plan, stream, (*(ptr for ptr, _ in operands), out_ptr, lse_ptr, *cu_ptrs))
+        try:
+            launchers.enqueue_forward(plan, stream, (*(ptr for ptr, _ in operands), out_ptr, lse_ptr, *cu_ptrs))
+        finally:
+            if keep:
+                keep_alive(keep, stream)
         del counter                          # (stream-ordered from here: the allocator reuses it after the kernel)
         if cu and not capturing:             # for the backward of this call (varlen_host_cu.py): no wait there
             (q_info, cu_q), (k_info, cu_k) = cu[1:]
             varlen_host_cu.remember_both(cu_q, cu_k, (q_info, k_info), cu_ptrs, stream)
-        if keep:
-            keep_alive(keep, stream)
-        elif fast_key is not None and not capturing:
+        if not keep and fast_key is not None and not capturing:
             register(fast_key, plan, shapes, like, tuple(info for info, _ in cu[1:]) or None)
         return _export(fw, out, like), _export(fw, lse, like)
 
@@ -316,8 +319,8 @@ def run_backward(c, p, call, stream, tensors, lse, capturing, keep, shapes, regi
             c.fold = False
     qi, ki, vi, doi, oi = p.infos                     # validate's order; the kernels take out before dout
     fw = qi.framework
-    operands = tuple(_resolve(i, x, keep) for i, x in zip((qi, ki, vi, oi, doi), tensors))
-    lse_ptr, _ = _resolve(p.lse_info, lse, keep)
+    operands = tuple(_resolve(i, x, keep, fw) for i, x in zip((qi, ki, vi, oi, doi), tensors))
+    lse_ptr, _ = _resolve(p.lse_info, lse, keep, fw)
     work, base = _new(fw, dev, (c.work_bytes,), "uint8")
     (dq, dq_ptr), (dk, dk_ptr), (dv, dv_ptr) = (_new(fw, dev, shape, p.dtype)
                                                 for shape in shapes)
@@ -327,11 +330,13 @@ def run_backward(c, p, call, stream, tensors, lse, capturing, keep, shapes, regi
     slot = None if capturing else acquire_slot(dev)
     (q_ptr, _), (k_ptr, _), (v_ptr, _), (o_ptr, _), (do_ptr, _) = operands
     buffers = (do_ptr, q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, dq_ptr, dk_ptr, dv_ptr, base)
-    launchers.enqueue_backward(c, stream, buffers if capturing else (*buffers, slot.dptr, slot.hdev), slot=slot,
-                               call=call)
-    if keep:
-        keep_alive(keep, stream)
-    elif not capturing:
+    try:
+        launchers.enqueue_backward(c, stream, buffers if capturing else (*buffers, slot.dptr, slot.hdev), slot=slot,
+                                   call=call)
+    finally:                 # (a launch that failed part way may have enqueued kernels that read the imports)
+        if keep:
+            keep_alive(keep, stream)
+    if not keep and not capturing:
         register()
     result = tuple(_export(fw, g, tensors[0]) for g in (dq, dk, dv))
     if not capturing and config.SYNC_ERRORS.get():

@@ -145,13 +145,13 @@ def _release(plan) -> None:
     its schedule tables (the device-table cache may have let them go, after the streams of the calls it served,
     not the fast path's), whose memory the pool must not hand out while a kernel still reads it."""
     for stream in (getattr(plan, "streams", None) or {}).values():
-        try:
-            if cupy.cuda.runtime.streamIsCapturing(stream.ptr):   # (another thread's capture: no event there)
-                _held.append(plan)
-                continue
-            errors.keep_alive([plan], stream)
-        except cupy.cuda.runtime.CUDARuntimeError:        # the stream is gone: its device's work, then
-            with cupy.cuda.Device(plan.device_index):
+        with cupy.cuda.Device(plan.device_index):       # (a default stream is the current device's)
+            try:
+                if cupy.cuda.runtime.streamIsCapturing(stream.ptr):   # (another thread's capture: no event there)
+                    _held.append(plan)
+                    continue
+                errors.keep_alive([plan], stream)
+            except cupy.cuda.runtime.CUDARuntimeError:        # the stream is gone: its device's work, then
                 cupy.cuda.runtime.deviceSynchronize()
 
 
@@ -335,7 +335,7 @@ def run_backward(plan, stream, do, q, k, v, out, lse):
     else:
         dq, dk, dv = (_empty(plan, shape) for shape in plan.shapes)
     ptr = plan.ptr
-    slot = errors.acquire_slot(plan.device_index)     # enqueue_backward releases it if anything fails
+    slot = errors.acquire_slot(plan.device_index)     # enqueue_backward retires it if anything fails
     launchers.enqueue_backward(c, stream, (ptr(do), ptr(q), ptr(k), ptr(v), ptr(out), ptr(lse), ptr(dq), ptr(dk),
                                            ptr(dv), ptr(work), slot.dptr, slot.hdev), slot=slot, call=plan.call)
     if config.SYNC_ERRORS.get():

@@ -168,8 +168,8 @@ def _new_packing(key_, bases, cu_q, cu_k):
         c, cu_dev, call = varlen_launch.packing_launch(dev, p, c0.causal, c0.deterministic, schedule, c0.window,
                                                        c0.spin_timeout_ns, cu_host, max_q, base.stream)
         base = None if c is None else bases.get((c.block_m, c.block_n))
-        if base is None:                               # no sequence sees a key (the full path writes zeros), or
-            return None                                # no template of this tile yet
+        if base is None or base.c.window != c.window:  # no sequence sees a key (the full path writes zeros), no
+            return None                                # template of this tile yet, or one of another window
         plan = fastpath.rebased_plan(base, c, call, (cu_dev[0].data.ptr, cu_dev[1].data.ptr))
     plan.keep = (c.tables, *cu_dev)
     _store(key_, plan)

@@ -102,7 +102,7 @@ def attention_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, 
 # ------------------------------------------------------------------------------------------------------------
 def prepare_varlen_backward(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, num_heads, num_heads_kv,
                             head_dim, dtype="bfloat16", causal=False, window=(-1, -1), schedule="auto",
-                            deterministic=True, device=0, stream=None, softcap=0.0) -> None:
+                            deterministic=True, device=0, stream=None, softcap=0.0, head_dim_v=None) -> None:
     """Build and upload, ahead of time, the schedule table that :func:`attention_backward_varlen` will need for
     these lengths (host ``cu_seqlens``: numpy, list or CPU tensor), heads, head dim, dtype and flags, so that the
     call finds it cached instead of building it on the training step's critical path: for a data-loader thread
@@ -113,7 +113,8 @@ def prepare_varlen_backward(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
     the backward checks it (both modes take the same table and kernels); ``softcap``: the backward's
     (a soft-capped backward may need another table form). Raises ValueError as the
     backward would for bad lengths, flags or sizes (TypeError for a ``device`` that is not an int >= 0 or a
-    ``stream`` that is not a CuPy stream, ValueError for a stream of another device), then,
+    ``stream`` that is not a CuPy stream, ValueError for a stream of another device; ``head_dim_v``: v's head dim
+    where it is not ``head_dim``, as the backward's kernels and tables depend on it), then,
     before touching the device, RuntimeError unless CUDA device ``device`` is a Hopper GPU
     (:func:`cupy_dash.gpu.require`: no GPU, no driver, another GPU)."""
     causal = problem.check_flag("causal", causal)
@@ -133,7 +134,7 @@ def prepare_varlen_backward(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
         hosts.append(cu_seqlens_values(name, host, total, max_name, m))
     check_same_count(*hosts)
     dtype = {"bf16": "bfloat16", "fp16": "float16"}.get(dtype, dtype)
-    kernels.check_supported(dtype, head_dim)
+    kernels.check_supported(dtype, head_dim, head_dim_v=head_dim_v)
     if not (isinstance(num_heads, int) and isinstance(num_heads_kv, int) and num_heads_kv >= 1
             and num_heads >= num_heads_kv and num_heads % num_heads_kv == 0):
         raise ValueError(f"num_heads, num_heads_kv: expected ints with num_heads % num_heads_kv == 0, got "
@@ -153,7 +154,7 @@ def prepare_varlen_backward(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
                 "and uploads it)", device)
     with cupy.cuda.Device(device):
         tables, _, _, _ = _tables(device, dtype, head_dim, causal, schedule, lens_q, lens_k,
-                                  num_heads, num_heads_kv, window, capped)
+                                  num_heads, num_heads_kv, window, capped, head_dim_v=head_dim_v)
         if tables.num_visits == 0:
             return
         stream = stream if stream is not None else cupy.cuda.Stream(non_blocking=True)

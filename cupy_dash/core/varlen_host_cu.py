@@ -45,7 +45,7 @@ def _serves(e, cu) -> bool:
     """Whether entry ``e`` (keyed by ``cu``'s address) holds the lengths of ``cu``: same shape, strides, dtype and
     version, and the forward's memory held by the entry or its tensor alive (a view at the same address in another
     layout, e.g. every other element, has other lengths)."""
-    if e is None or e.version != cu._version or e.layout != _layout(cu):
+    if e is None or cu.is_inference() or e.version != cu._version or e.layout != _layout(cu):
         return False
     if e.storage is not None:
         return True
@@ -56,13 +56,16 @@ def _serves(e, cu) -> bool:
 def remember(cu, info, ptr: int, stream) -> None:
     """Enqueue on ``stream`` (current device: the tensor's) a copy of the device int32 ``cu`` (``info``: its
     :class:`cupy_dash.core.interop.TensorInfo`, ``ptr`` its address) to pinned host memory, for :func:`lookup`."""
-    if info.framework != "torch":
+    if info.framework != "torch" or cu.is_inference():      # (an inference tensor has no version counter)
         return
     key = (ptr, info.device_id)
     with _lock:
         e = _entries.get(key)
-    if _serves(e, cu):
-        return          # this memory, unchanged since its copy was enqueued: the copy still holds
+    if _serves(e, cu) and e.lengths is None:
+        # this memory, unchanged since its copy was enqueued and not yet read by a backward: the copy still holds.
+        # NOTES: a copy a backward has read is taken again: a buffer refilled for the next step by a write torch
+        # does not count (a kernel of another library, .data) would otherwise serve the last step's lengths
+        return
     if interop.capturing(cu):
         return
     e = _Entry()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import ctypes
 import threading
+import warnings
 
 import cupy
 import numpy as np
@@ -286,12 +287,20 @@ def check_errors() -> None:
     with _lock:
         recs, pools = list(_pending), list(_slot_pools.values())
         _pending.clear()
-    failures = []
-    for rec in recs:
-        rec.wait()
-        msg = _consume(rec)
-        if msg:
-            failures.append(msg)
+    failures, done = [], 0
+    try:
+        for rec in recs:
+            rec.wait()
+            msg = _consume(rec)
+            done += 1
+            if msg:
+                failures.append(msg)
+    except BaseException:    # (an interrupted wait, a CUDA error): the records not read go back to the queue
+        with _lock:
+            _pending.extendleft(reversed(recs[done:]))
+        for msg in failures:     # read already: not lost behind the exception
+            warnings.warn(msg, RuntimeWarning, stacklevel=2)
+        raise
     for pool in pools:
         failures += pool.graph.collect()
     _raise_failures(failures)
@@ -328,3 +337,6 @@ def keep_alive(keep, stream, event=None):
     rec.slot, rec.info, rec.keep = None, None, keep
     with _lock:
         _pending.append(rec)
+        # NOTES: a program that makes no eager backward never polls (JAX): finished keep-alives at the head go now
+        while _pending[0].slot is None and _pending[0] is not rec and _pending[0].done():
+            _pending.popleft().keep = None

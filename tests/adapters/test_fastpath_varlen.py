@@ -12,7 +12,7 @@ import pytest
 import cupy_dash
 from cupy_dash.core import fastpath, fastpath_varlen
 from cupy_dash.cuda import kernels, launchers
-from fastpath_fakes import (BF16, I32, PER_CALL_FIELDS, Tensor, _inputs,  # noqa: F401  (fixtures)
+from fastpath_fakes import (BF16, F32, I32, PER_CALL_FIELDS, Tensor, _inputs,  # noqa: F401  (fixtures)
                             _tables_per_packing, forward_recorder, no_gpu, outside_capture)
 
 _PER_CALL = PER_CALL_FIELDS
@@ -296,3 +296,25 @@ def test_the_forward_build_follows_the_mask(no_gpu, monkeypatch):
     assert kernels.grid_xyz(grid_c) == (min(2 * 4 * 8, 132), 1, 1)
     assert "tile_counter" not in full_plan.parts.names and full_plan.parts.zeros == ()
     assert kernels.grid_xyz(grid_f) == (8, 4, 2)
+
+
+def test_a_new_packing_takes_a_template_of_its_own_window_only(no_gpu, monkeypatch):
+    """The templates of one signature may carry other canonical windows (a window vacuous for one packing's longest
+    sequence bounds another's): a new packing is rebased only from a template of its tile and its window, else the
+    full path runs; its block is then the full path's (assert_launchers_block, in the recorder)."""
+    enqueued = no_gpu
+    _tables_per_packing(monkeypatch)
+    total, H, D = 10000, 2, 128
+    base = iter(range(0x1000000, 0x10000000, 0x1000000))
+    do, q, k, v, out = (Tensor((total, H, D), BF16, next(base)) for _ in range(5))
+    lse = Tensor((H, total), F32, next(base))
+
+    def run(cu, longest):
+        cu = np.array(cu, np.int32)
+        cupy_dash.attention_backward_varlen(do, q, k, v, out, lse, cu, cu, longest, longest, window=(5000, -1),
+                                            schedule="fa3")
+        return enqueued[-1]
+    assert run([0, 4200, 8400, 10000], 4200)["c"].window == (-1, -1)         # vacuous: 80-query tile
+    assert run([0, 3000, 6000, 10000], 6000)["c"].window == (5000, -1)       # bounding: 64-query tile
+    e = run([0, 2000, 4000, 6000, 8000, 10000], 2000)                        # vacuous, 64-query tile
+    assert e["c"].window == (-1, -1) and int(e["params"]["window_left"]) == -1

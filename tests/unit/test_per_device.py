@@ -264,3 +264,59 @@ def test_collecting_graph_records_clears_the_failed_ones_only(monkeypatch):
     msgs = rec.collect()
     assert len(msgs) == 1 and "visit 7" in msgs[0]
     assert not block[1].any() and block[2, 4] == 5
+
+
+def test_an_interrupted_check_errors_loses_no_record(monkeypatch):
+    """check_errors waits outside the lock: a wait that raises (Ctrl-C, a CUDA error) puts the records not read back
+    in the queue, and a failure already read is warned about, not lost behind the exception."""
+    monkeypatch.setattr(errors, "_pending", collections.deque())
+    monkeypatch.setattr(errors, "_slot_pools", {})
+
+    class Interrupted(errors._Pending):
+        __slots__ = ()
+
+        def wait(self):
+            raise KeyboardInterrupt
+
+    def record(host, cls=errors._Pending):
+        rec = cls()
+        slot = types.SimpleNamespace(host=np.array(host, np.int32), done=lambda: bool(host[0]), device_id=0)
+        rec.event, rec.slot, rec.keep, rec.info = None, slot, None, ("fa3", 1, 1, 64, 64, 64, True)
+        return rec
+    failed, stuck, later = record([1, 1, 7, 3, 2, 0, 0, 0]), record([0] * 8, Interrupted), record([1] + [0] * 7)
+    errors._pending.extend([failed, stuck, later])
+    with pytest.warns(RuntimeWarning, match="visit 7"), pytest.raises(KeyboardInterrupt):
+        errors.check_errors()
+    assert list(errors._pending) == [stuck, later]
+
+
+def test_finished_keep_alives_are_retired_without_a_poll(monkeypatch):
+    """A program that makes no eager backward never polls (JAX): keep_alive retires the finished records at the
+    head of the queue, so what they hold (DLPack imports, evicted tables) is freed."""
+    monkeypatch.setattr(errors, "_pending", collections.deque())
+    done = []
+
+    class Event:
+        def __init__(self, finished):
+            self.done = finished
+    for finished in (True, True, False, True):
+        errors.keep_alive([f"held {len(done)}"], types.SimpleNamespace(ptr=0), event=Event(finished))
+        done.append(finished)
+    assert [rec.keep for rec in errors._pending] == [["held 2"], ["held 3"]]
+
+
+def test_an_operand_of_another_framework_than_q_is_imported(monkeypatch):
+    """The kernels run on q's framework's stream: a torch or CuPy operand of another framework than q's is imported
+    through DLPack (ordered after its producer's work) and kept until the launched work finishes, not read raw."""
+    from cupy_dash.core import api, interop
+    imported = []
+    info = types.SimpleNamespace(framework="torch", data_ptr=0x1000, strides=(1, 2, 3, 4), name="k",
+                                 shape=(1, 2, 3, 4), dtype="bfloat16")
+    got = types.SimpleNamespace(shape=info.shape, dtype=info.dtype, data_ptr=0x2000, strides=(5, 6, 7, 8))
+    monkeypatch.setattr(interop, "to_cupy", lambda x: imported.append(x) or "imported k")
+    monkeypatch.setattr(interop, "describe", lambda arr, name: got)
+    monkeypatch.setattr(interop, "check_layout", lambda i: None)
+    keep = []
+    assert api._resolve(info, "k", keep, "torch") == (0x1000, (1, 2, 3)) and keep == []   # q's framework: in place
+    assert api._resolve(info, "k", keep, "cupy") == (0x2000, (5, 6, 7))                   # another: imported
+    assert imported == ["k"] and keep == ["imported k"]

@@ -56,7 +56,7 @@ def no_gpu(monkeypatch):
     GPU check and the kernels' occupancy query (bf16, d128, causal, deterministic specs)."""
     monkeypatch.setattr(tensormap, "bhsd_map", lambda ptr, *a, **kw: int(ptr).to_bytes(8, "little").ljust(128, b"\0"))
     monkeypatch.setattr(tensormap, "check_encodable", lambda *a, **kw: None)
-    monkeypatch.setattr(api, "_resolve", lambda info, x, keep: (info.data_ptr, info.strides[:3]))
+    monkeypatch.setattr(api, "_resolve", lambda info, x, keep, caller=None: (info.data_ptr, info.strides[:3]))
     addresses = iter(range(0x100000, 0x200000, 0x1000))
 
     def new(fw, dev, shape, dtype):
