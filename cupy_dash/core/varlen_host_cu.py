@@ -61,10 +61,11 @@ def remember(cu, info, ptr: int, stream) -> None:
     key = (ptr, info.device_id)
     with _lock:
         e = _entries.get(key)
-    if _serves(e, cu) and e.lengths is None:
-        # this memory, unchanged since its copy was enqueued and not yet read by a backward: the copy still holds.
-        # NOTES: a copy a backward has read is taken again: a buffer refilled for the next step by a write torch
-        # does not count (a kernel of another library, .data) would otherwise serve the last step's lengths
+    if _serves(e, cu):
+        # this memory, unchanged since its copy was enqueued: the copy still holds.
+        # NOTES: not taken again after a backward read it: a forward recomputed in the backward (activation
+        # checkpointing) would then make that backward wait for the stream. So a buffer refilled by a write torch
+        # does not count (.data, a kernel of another library, DLPack) keeps serving its last copy (docs/api.md)
         return
     if interop.capturing(cu):
         return
