@@ -43,8 +43,9 @@ def auto_line(plan) -> str:
     else:
         c, r = schedule.AUTO_COSTS
         gqa = ", or descending for few grouped columns per CTA" if plan.group_size > 1 else ""
-        rule = (f"schedule.build's choice: the lowest makespan in the engine model with c={c:g}, r={r:g} "
-                f"(by {compact.auto_method(*problem)}{gqa})")
+        order = ", ".join(schedule.AUTO_CANDIDATES)
+        rule = (f"schedule.build's choice: the first of {order} within {schedule.AUTO_TOLERANCE:.0%} of the lowest "
+                f"makespan in the engine model with c={c:g}, r={r:g} (by {compact.auto_method(*problem)}{gqa})")
     return (f"auto picks {policy!r}: the backward of this problem uses {'compact' if compact_tables else 'per-visit'} "
             f"tables ({form}), where auto is {rule}")
 

@@ -23,7 +23,8 @@ def _gpu_state():
 def _analysis_tile():
     try:
         from ..cuda import kernels
-        tile = kernels.bwd_tile(ANALYSIS_SHAPE["head_dim"], ANALYSIS_SHAPE["causal"])
+        tile = kernels.bwd_tile(ANALYSIS_SHAPE["head_dim"], ANALYSIS_SHAPE["causal"],
+                                seqlen_q=ANALYSIS_SHAPE["seqlen"])      # the tile the backward takes at this length
         return int(tile.block_m), int(tile.block_n)
     except Exception:
         return FALLBACK_TILE
@@ -61,7 +62,7 @@ def default_main(argv=None):
     if state == "hopper":
         return demo_main(argv)
     if state == "none":
-        return print_default_analysis("No CUDA GPU found")
+        return print_default_analysis(f"No usable CUDA GPU ({desc})")
     return print_default_analysis(f"{desc} is not a Hopper GPU (the kernels need sm_90a)")
 
 
@@ -72,13 +73,15 @@ def _demo_parser():
     p = argparse.ArgumentParser(prog="python -m cupy_dash demo",
                                 description="Forward + backward with every schedule on one shape: bitwise "
                                 "repeatability, error against the float64 reference, TFLOP/s.")
-    p.add_argument("--batch", type=int, default=2)
-    p.add_argument("--heads", type=int, default=16)
-    p.add_argument("--seqlen", type=int, default=2048)
+    from .schedule import _int_at_least
+    positive = _int_at_least(1)
+    p.add_argument("--batch", type=positive, default=2)
+    p.add_argument("--heads", type=positive, default=16)
+    p.add_argument("--seqlen", type=positive, default=2048)
     p.add_argument("--hdim", type=int, default=128, choices=(64, 96, 128, 192, 256))
     p.add_argument("--full", action="store_true", help="no causal mask (default: causal)")
     p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
-    p.add_argument("--repeats", type=int, default=20, help="timed calls per measurement (median reported)")
+    p.add_argument("--repeats", type=positive, default=20, help="timed calls per measurement (median reported)")
     return p
 
 
@@ -119,9 +122,9 @@ def demo_main(argv=None):
     args = _demo_parser().parse_args(argv)
     state, desc = _gpu_state()
     if state != "hopper":
-        what = "No CUDA GPU found" if state == "none" else f"{desc} is not a Hopper GPU"
-        print(f"{what}: the demo needs an NVIDIA Hopper GPU (sm_90, e.g. H100 / H200). "
-              "`python -m cupy_dash schedule` works without one.")
+        from .. import gpu
+        what = f"No usable CUDA GPU ({desc})" if state == "none" else f"{desc} is not a Hopper GPU"
+        print(f"{what}: the demo needs {gpu.NEEDS}. `python -m cupy_dash schedule` works without one.")
         return 1
 
     import cupy

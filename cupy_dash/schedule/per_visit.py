@@ -101,11 +101,17 @@ def l2_head_section(tokens_q: int, head_dim: int, group_size: int, l2_bytes: int
     return max(1, int(L2_SECTION_SHARE * l2_bytes) // per_kv_head)
 
 
-def _positive_int(name, value, minimum=1):
+MAX_SMS = 1 << 20        # num_sms: far above any GPU's, and the builders size scratch by it
+MAX_HEADS = 1 << 24      # num_heads (B * H) / heads: the column counts stay far from overflow
+
+
+def _positive_int(name, value, minimum=1, maximum=None):
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be an integer, got {type(value).__name__}")
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be <= {maximum}, got {value}")
     return int(value)
 
 
@@ -183,12 +189,13 @@ def _checked_args(policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causa
     section (0: none)."""
     if policy not in POLICIES:
         raise ValueError(f"unknown schedule {policy!r}; expected one of {', '.join(POLICIES)}")
-    heads, group = _positive_int("num_heads", num_heads), _positive_int("group_size", group_size)
+    heads, group = _positive_int("num_heads", num_heads, maximum=MAX_HEADS), _positive_int("group_size", group_size)
     if heads % group:
         raise ValueError(f"group_size ({group}) must divide num_heads ({heads})")
     sq, sk, causal = _positive_int("seqlen_q", seqlen_q), _positive_int("seqlen_k", seqlen_k), _flag("causal", causal)
     return (sq, sk, _positive_int("block_m", block_m), _positive_int("block_n", block_n),
-            heads, causal, _positive_int("num_sms", num_sms), group, canonical_window(window, sq, sk, causal),
+            heads, causal, _positive_int("num_sms", num_sms, maximum=MAX_SMS), group,
+            canonical_window(window, sq, sk, causal),
             _positive_int("head_section", head_section, minimum=0))
 
 

@@ -88,12 +88,14 @@ def _problem(policy, seqlens_q, seqlens_k, block_m, block_n, heads, causal, num_
     sq, sk = _lengths("seqlens_q", seqlens_q), _lengths("seqlens_k", seqlens_k)
     if len(sq) != len(sk):
         raise ValueError(f"seqlens_q and seqlens_k name {len(sq)} and {len(sk)} sequences")
-    heads, group = per_visit._positive_int("heads", heads), per_visit._positive_int("group_size", group_size)
+    heads = per_visit._positive_int("heads", heads, maximum=per_visit.MAX_HEADS)
+    group = per_visit._positive_int("group_size", group_size)
     if heads % group:
         raise ValueError(f"group_size ({group}) must divide heads ({heads})")
     causal = per_visit._flag("causal", causal)
     return (sq, sk, per_visit._positive_int("block_m", block_m), per_visit._positive_int("block_n", block_n),
-            heads, causal, per_visit._positive_int("num_sms", num_sms), group, per_visit.check_window(window, causal))
+            heads, causal, per_visit._positive_int("num_sms", num_sms, maximum=per_visit.MAX_SMS), group,
+            per_visit.check_window(window, causal))
 
 
 POLICY_NAMES = {code: name for name, code in _schedule.POLICY_CODES.items()}

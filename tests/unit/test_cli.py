@@ -218,7 +218,8 @@ def test_default_job_is_the_schedule_command_it_names(monkeypatch, capsys):
     assert run_main([]) == 0
     first, *rest = capsys.readouterr().out.splitlines()
     argv = cli_gpu.default_analysis_argv()
-    assert first.startswith(f"No CUDA GPU found, so no demo: showing `python -m cupy_dash schedule {' '.join(argv)}`")
+    assert first.startswith(f"No usable CUDA GPU (no CUDA device), so no demo: showing `python -m cupy_dash schedule "
+                            f"{' '.join(argv)}`")
     assert "--causal" in argv and argv[argv.index("--model") + 1] == "engine"
     assert "full mask in the paper's DAG model" in first
     assert rest[0].startswith("Schedule analysis (engine model: compute c=1, reduce r=0.8") and "causal mask" in rest[0]
@@ -227,3 +228,12 @@ def test_default_job_is_the_schedule_command_it_names(monkeypatch, capsys):
     assert run_main(["schedule"]) == 0
     header = capsys.readouterr().out.splitlines()[0]
     assert header.startswith("Schedule analysis (DAG model") and "full mask" in header
+
+
+@pytest.mark.parametrize("argv", [["--repeats", "0"], ["--seqlen", "0"], ["--batch", "-1"], ["--heads", "x"]])
+def test_demo_arguments_are_checked_as_usage_errors(argv, capsys):
+    """The demo's sizes and repeats are positive integers: a bad one is a usage error (exit 2), not a traceback
+    after the reference is computed."""
+    with pytest.raises(SystemExit) as exc:
+        cli_gpu._demo_parser().parse_args(argv)
+    assert exc.value.code == 2 and "error:" in capsys.readouterr().err

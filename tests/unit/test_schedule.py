@@ -353,3 +353,22 @@ def test_engine_model_with_two_writers(causal):
         assert schedule.simulate(plan, c=1.0, r=2.0, model="engine", writers=2) < slow
     with pytest.raises(ValueError, match="writers must be 1 or 2"):
         schedule.simulate(plan, model="engine", writers=3)
+
+
+@pytest.mark.parametrize("build", ["build", "build_compact", "build_varlen"])
+def test_schedule_builders_bound_num_sms_and_heads(build):
+    """The builders size scratch by num_sms and count columns as KV heads x KV tiles: values far beyond any GPU or
+    model (which crashed or wrapped) raise, naming the argument."""
+    kw = dict(block_m=64, block_n=128, causal=True)
+    if build == "build_varlen":
+        call = lambda **a: schedule.build_varlen("fa3", [100, 300], [100, 300], **kw, **a)     # noqa: E731
+        heads = "heads"
+    else:
+        call = lambda **a: getattr(schedule, build)("fa3", seqlen_q=100, seqlen_k=300, **kw, **{  # noqa: E731
+            ("num_heads" if k == "heads" else k): v for k, v in a.items()})
+        heads = "num_heads"
+    with pytest.raises(ValueError, match="num_sms must be <="):
+        call(heads=2, num_sms=2 ** 59)
+    with pytest.raises(ValueError, match=f"{heads} must be <="):
+        call(heads=2 ** 62, num_sms=8)
+    assert call(heads=2, num_sms=10 ** 6) is not None                # any value up to the bound
