@@ -10,12 +10,13 @@ import sys
 def require(framework: str, install: str, gpu_backend=None) -> None:
     """Return if cupy_dash and ``framework`` can be imported and CUDA device 0 is a Hopper GPU (and, when given,
     ``gpu_backend()``, called only then, returns None rather than what the framework lacks); else exit with one
-    line. ``install``: how to install the framework."""
+    line. ``install``: how to install the framework. ``--help`` needs no GPU: the example prints its usage."""
+    help_only = "-h" in sys.argv[1:] or "--help" in sys.argv[1:]
     missing = []
     gpu_ok = False
     if importlib.util.find_spec("cupy_dash") is None:
         missing.append("cupy_dash (pip install -e . in the repository root)")
-    else:
+    elif not help_only:
         from cupy_dash import gpu
         state, desc = gpu.state(0)
         gpu_ok = state == "hopper"

@@ -129,12 +129,16 @@ def bwd_key(do, q, k, v, out, lse, causal, softmax_scale, schedule, deterministi
 
 
 def store(table: dict, key, plan, limit=_MAX_PLANS) -> None:
-    """Keep ``plan`` under ``key`` in ``table``, dropping the oldest plan beyond ``limit`` (:func:`_release`)."""
+    """Keep ``plan`` under ``key`` in ``table`` (the plan it replaces released, :func:`_release`), dropping the
+    oldest plan beyond ``limit``."""
     with _lock:
-        old = table.pop(next(iter(table))) if len(table) >= limit else None
+        dropped = [table.pop(key)] if key in table else []
+        if len(table) >= limit:
+            dropped.append(table.pop(next(iter(table))))
         table[key] = plan
-    if old is not None:
-        _release(old)
+    for old in dropped:
+        if old is not plan:
+            _release(old)
 
 
 _held: list = []      # plans dropped while a stream they ran on was capturing: kept for the life of the process

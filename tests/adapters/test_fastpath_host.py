@@ -227,3 +227,18 @@ def test_the_per_thread_default_stream_never_shares_a_scratch(fixed):
     works = [int(e["params"]["lse_log2"]) - e["c"].offsets[0]
              for e, _ in served_backwards(enqueued, args, 2, causal=True, schedule="fa3")]
     assert works[0] != works[1]
+
+
+def test_a_plan_stored_again_under_its_key_releases_the_one_it_replaces(monkeypatch):
+    """fastpath.store: a plan replacing another under the same key releases the old one (after its streams) and
+    evicts nothing else; a full table drops its oldest."""
+    from cupy_dash.core import fastpath as fp
+    released = []
+    monkeypatch.setattr(fp, "_release", released.append)
+    table = {}
+    fp.store(table, "a", "plan a", 2)
+    fp.store(table, "b", "plan b", 2)
+    fp.store(table, "a", "plan a2", 2)
+    assert table == {"b": "plan b", "a": "plan a2"} and released == ["plan a"]
+    fp.store(table, "c", "plan c", 2)
+    assert list(table) == ["a", "c"] and released == ["plan a", "plan b"]

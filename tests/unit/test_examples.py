@@ -63,3 +63,14 @@ def test_preflight_names_each_missing_thing(monkeypatch, machine, backend, frame
     with pytest.raises(SystemExit) as exc:
         require(framework, "x", lambda: backend)
     assert exc.value.code == f"example.py: cannot run here, it needs {message.removeprefix('needs ')}"
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_help_needs_no_gpu(script):
+    """``--help`` prints the usage without a GPU (where the framework is installed; else the one line naming it)."""
+    run = subprocess.run([sys.executable, str(EXAMPLES / script), "--help"], capture_output=True, text=True,
+                         timeout=120, cwd=EXAMPLES.parent)
+    if importlib.util.find_spec(FRAMEWORK[script]) is None:
+        assert run.returncode == 1 and "Traceback" not in run.stderr and FRAMEWORK[script] in run.stderr
+    else:
+        assert run.returncode == 0 and "usage:" in run.stdout, (run.returncode, run.stderr[-500:])
