@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from cupy_dash.core import api, fastpath, fastpath_varlen, interop, varlen
-from cupy_dash.cuda import capture, errors, kernels, launchers, plans, tensormap, varlen_device
+from cupy_dash.cuda import capture, device_tables, errors, kernels, launchers, plans, tensormap, varlen_device
 
 
 class _Dtype:
@@ -164,7 +164,7 @@ def no_gpu(monkeypatch):
     monkeypatch.setattr(launchers, "enqueue_forward", lambda plan, stream, buffers: assert_packed(plan, buffers))
     monkeypatch.setattr(errors, "poll_errors", lambda: None)
     monkeypatch.setattr(api, "_poll_errors", lambda: None)
-    monkeypatch.setattr(errors, "keep_alive", lambda keep, stream, event=None: None)   # no events without a GPU
+    monkeypatch.setattr(device_tables, "keep_alive", lambda keep, stream, event=None: None)   # no events here
     monkeypatch.setattr(fastpath.cupy.cuda.runtime, "streamIsCapturing", lambda ptr: 0)
     _installed[:] = [FakeCapture(monkeypatch)]
     fastpath_varlen.clear()

@@ -22,7 +22,7 @@ import threading
 import cupy
 
 from .. import config
-from ..cuda import errors, launchers, plans
+from ..cuda import device_tables, errors, launchers, plans
 from . import interop
 
 _MAX_PLANS = 256
@@ -141,22 +141,13 @@ def store(table: dict, key, plan, limit=_MAX_PLANS) -> None:
             _release(old)
 
 
-_held: list = []      # plans dropped while a stream they ran on was capturing: kept for the life of the process
-
-
 def _release(plan) -> None:
     """Drop a backward plan once the work of every stream it ran on has finished: it may hold the last reference to
     its schedule tables (the device-table cache may have let them go, after the streams of the calls it served,
     not the fast path's), whose memory the pool must not hand out while a kernel still reads it."""
-    for stream in (getattr(plan, "streams", None) or {}).values():
-        with cupy.cuda.Device(plan.device_index):       # (a default stream is the current device's)
-            try:
-                if cupy.cuda.runtime.streamIsCapturing(stream.ptr):   # (another thread's capture: no event there)
-                    _held.append(plan)
-                    continue
-                errors.keep_alive([plan], stream)
-            except cupy.cuda.runtime.CUDARuntimeError:        # the stream is gone: its device's work, then
-                cupy.cuda.runtime.deviceSynchronize()
+    streams = getattr(plan, "streams", None)
+    if streams:
+        device_tables.release_after(plan, list(streams.values()), plan.device_index)
 
 
 def serve(table, key, counts, name, run, *tensors):
@@ -231,11 +222,12 @@ def register_forward(key, launch, shapes, like, cu_infos=None, table=_fwd_plans,
 def run_forward(plan, stream, q, k, v, cu=()):
     """``(out, lse)`` of a forward launched from ``plan`` on ``stream`` (``cu``: the varlen build's cu_seqlens)."""
     errors.poll_errors()
+    counter = None             # the persistent build's tile counter: held until enqueued (api.run_forward's NOTES)
     if plan.cupy:
         out, lse = cupy.empty(plan.out_shape, plan.dtype), cupy.empty(plan.lse_shape, cupy.float32)
         buffers = (q.data.ptr, k.data.ptr, v.data.ptr, out.data.ptr, lse.data.ptr, *(x.data.ptr for x in cu))
-        counter = cupy.empty(1, cupy.int32) if plan.counter else None    # held until enqueued (api.run_forward)
         if plan.counter:
+            counter = cupy.empty(1, cupy.int32)
             buffers += (counter.data.ptr,)
     else:
         torch = _torch
@@ -247,11 +239,11 @@ def run_forward(plan, stream, q, k, v, cu=()):
         lse = torch.empty(plan.lse_shape, dtype=torch.float32, device=plan.device)
         buffers = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(), *(
             x.data_ptr() for x in cu))
-        counter = torch.empty((1,), dtype=torch.int32, device=plan.device) if plan.counter else None
         if plan.counter:
+            counter = torch.empty((1,), dtype=torch.int32, device=plan.device)
             buffers += (counter.data_ptr(),)
     launchers.enqueue_forward(plan.launch, stream, buffers)
-    del counter        # held until enqueued (api.run_forward's NOTES); stream-ordered reuse after the kernel
+    del counter        # stream-ordered from here: the allocator reuses it after the kernel
     return out, lse
 
 

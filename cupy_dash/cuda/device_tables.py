@@ -342,15 +342,23 @@ def _defer_release(objs, stream, device_id: int) -> None:
                 _synchronize(s)
 
 
+def release_after(obj, streams, device_id: int) -> None:
+    """Keep ``obj`` (e.g. a dropped launch plan holding tables) alive until the work enqueued so far on every stream
+    in ``streams`` (of device ``device_id``) has finished, as an evicted cache entry is (:func:`_release_after`)."""
+    with cupy.cuda.Device(device_id):
+        _release_after(obj, streams, None, [])
+
+
 def _release_after(entry, streams, stream, deferred: list) -> None:
     """Free an evicted cache ``entry`` once the work enqueued so far on every stream that used it has finished
-    (on ``stream``, the caller's: appended to ``deferred``, for :func:`_defer_release`): an event per other stream
-    (errors.keep_alive), never a host wait; a device synchronize where one cannot be recorded (a destroyed stream).
-    Called with the entry's device current: the caller's (an entry is evicted by a miss on its own device only).
+    (on ``stream``, the caller's, if any: appended to ``deferred``, for :func:`_defer_release`): an event per other
+    stream (errors.keep_alive), never a host wait; none on a stream capturing a CUDA graph (the entry is then kept
+    for the life of the process); a device synchronize where one cannot be recorded (a destroyed stream). Called
+    with the entry's device current: the caller's (an entry is evicted by a miss on its own device only).
     NOTES: a packed batch with new lengths evicts an entry at every training step."""
     for s in streams:
         try:
-            if s.ptr == stream.ptr:
+            if stream is not None and s.ptr == stream.ptr:
                 deferred.append(entry)
             elif _capturing(s):   # made during a capture (capture.outside): no event on the capturing stream
                 _captured[("evicted", id(entry))] = entry

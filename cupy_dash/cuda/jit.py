@@ -306,9 +306,7 @@ def _read_entry(cubin_path: Path, meta_path: Path, key: str, locked: bool):
               and meta.get("cubin_size") == len(cubin)
               and meta.get("cubin_sha256") == hashlib.sha256(cubin).hexdigest()
               and cubin[:4] == b"\x7fELF" and _META_FIELDS <= meta.keys())
-    except FileNotFoundError:
-        ok = False
-    except ValueError:
+    except (FileNotFoundError, ValueError):   # a file missing, or unparseable JSON: damaged
         ok = False
     except OSError:
         return None

@@ -196,10 +196,11 @@ def test_an_evicted_backward_plan_is_released_after_every_stream_it_ran_on(fixed
     """A backward plan may hold the last reference to its schedule tables: dropped from the fast path (its LRU, or
     clear()), it is kept alive until the work of every stream it ran on has finished (an event per stream)."""
     from cupy_dash.core import fastpath as fp
-    from cupy_dash.cuda import errors
+    from cupy_dash.cuda import device_tables
     enqueued, current = fixed
     kept = []
-    monkeypatch.setattr(errors, "keep_alive", lambda keep, stream, event=None: kept.append((keep[0], stream.ptr)))
+    monkeypatch.setattr(device_tables, "keep_alive", lambda keep, stream, event=None: kept.append((keep[0],
+                                                                                                    stream.ptr)))
     args = _inputs()
     for ptr in (0x77, 0x88, 0x77):
         current["ptr"] = ptr
@@ -213,9 +214,9 @@ def test_an_evicted_backward_plan_is_released_after_every_stream_it_ran_on(fixed
     other, = fp._bwd_plans.values()
     other.streams = dict(plan.streams)
     monkeypatch.setattr(fp.cupy.cuda.runtime, "streamIsCapturing", lambda ptr: int(ptr == 0x88))
-    monkeypatch.setattr(fp, "_held", [])
+    monkeypatch.setattr(device_tables, "_captured", {})
     fp.clear()
-    assert kept[2:] == [(other, 0x77)] and fp._held == [other]
+    assert kept[2:] == [(other, 0x77)] and list(device_tables._captured.values()) == [other]
 
 
 def test_the_per_thread_default_stream_never_shares_a_scratch(fixed):
