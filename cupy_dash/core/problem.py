@@ -85,17 +85,17 @@ UNCHECKED = object()           # validate's schedule: not checked (a call with a
 
 
 def validate(q, k, v, do=None, out=None, lse=None, *, softmax_scale=None, schedule=UNCHECKED,
-             backward=False, softcap=0.0) -> Problem:
+             backward=False, softcap=0.0, do_name="do") -> Problem:
     """All argument checks, in an order that lets CPU arrays reach every check before the device one:
     dtype -> rank -> shapes -> head dim -> sizes / heads -> softmax_scale, softcap -> schedule -> strides /
-    alignment -> device."""
+    alignment -> device. ``do_name``: what the caller's signature calls ``do`` (JAX's: ``dout``)."""
     qi = interop.describe(q, "q")
     ki = interop.describe(k, "k")
     vi = interop.describe(v, "v")
     like_q = []
     li = None
     if backward:
-        like_q = [interop.describe(do, "do"), interop.describe(out, "out")]
+        like_q = [interop.describe(do, do_name), interop.describe(out, "out")]
         li = interop.describe(lse, "lse")
     operands = [qi, ki, vi, *like_q]
 

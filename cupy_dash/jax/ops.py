@@ -194,7 +194,8 @@ def _problem(cfg, q, k, v, dout=None, out=None, lse=None, lengths=None):
                 raise ValueError(f"{name}: expected a 3-D packed tensor (total, heads, head_dim), got shape "
                                  f"{x.shape}")
     views = [_Aval(x, packed=lengths is not None) if x is not None else None for x in arrays]
-    p = problem.validate(*views, softmax_scale=cfg.scale, backward=dout is not None, softcap=cfg.softcap)
+    p = problem.validate(*views, softmax_scale=cfg.scale, backward=dout is not None, softcap=cfg.softcap,
+                         do_name="dout")
     Sq, Sk = lengths or (p.Sq, p.Sk)
     return p, cfg._replace(window=_schedule.canonical_window(cfg.window, Sq, Sk, cfg.causal))
 

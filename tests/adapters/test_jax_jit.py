@@ -141,7 +141,7 @@ def test_backward_argument_errors_at_trace_time(jx):
         jax.eval_shape(cj.attention_backward, q, q, q, q, q, sds(jax, (2, 128, 4), np.float32))
     with pytest.raises(ValueError, match="lse: expected dtype float32"):
         jax.eval_shape(cj.attention_backward, q, q, q, q, q, sds(jax, (2, 4, 128)))
-    with pytest.raises(ValueError, match="do: expected the shape of q"):
+    with pytest.raises(ValueError, match="dout: expected the shape of q"):
         jax.eval_shape(cj.attention_backward, sds(jax, (2, 64, 4, 64)), q, q, q, q, lse)
 
 
