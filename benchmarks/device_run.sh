@@ -293,7 +293,8 @@ if [ "$stage" = d192_keys ]; then   # head dim 192 on the 64 x 96 tile (benchmar
   (cd /tmp/keys && PYTHONPATH=/tmp/keys:${PYTHONPATH:-} CUPY_DASH_CACHE_DIR=/tmp/dc_keys timeout -s INT -k 30 \
     ${TEST_LIMIT:-300} $py -m pytest tests/gpu/test_gpu_bwd192_visit.py tests/gpu/test_gpu_attention.py \
     tests/gpu/test_gpu_gqa.py tests/gpu/test_gpu_window.py tests/gpu/test_gpu_varlen_bwd.py tests/gpu/test_gpu_softcap.py \
-    tests/gpu/test_gpu_fold.py tests/gpu/test_gpu_compact.py -q -rf -n 8 -p no:cacheprovider -k 192 2>&1 \
+    tests/gpu/test_gpu_fold.py tests/gpu/test_gpu_compact.py tests/gpu/test_gpu_dq_finish.py tests/gpu/test_gpu_sections.py \
+    -q -rf -n 8 -p no:cacheprovider -k 192 2>&1 \
     | tee /tmp/dk/tests.log | tail -4)   # (tree, patch) alternating, H*D 1536, as head_dims_20261204c/README.md
   for leg in tree keys tree keys; do
     dir=$PWD; [ $leg = keys ] && dir=/tmp/keys
