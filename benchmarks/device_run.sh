@@ -4,7 +4,7 @@
 #                                  fold|fold_bench|varlen_events|sanitize|ncu|engine|engine_bench|
 #                                  dq_writers|multi_gpu|first|first2|fa3_bench|fa3_full|final|tile80|d96|tests2|
 #                                  loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|suite|legs_ab|
-#                                  short_modes|steady|steady_ab|ncu_conflicts|sections_auto|fwd_order|d192_keys|
+#                                  short_modes|steady|steady_ab|ncu_conflicts|sections_auto|fwd_order|
 #                                  dq_finish|all]
 #                                  [extra pytest args...]
 # "engine": the backward kernel's GPU tests (every family: MHA, GQA, compact, varlen, fold, window, portable);
@@ -32,7 +32,7 @@ if [ -n "${FA3_WHL:-}" ]; then
   $py -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >"$OUT/fa3_install.log" 2>&1 && export PYTHONPATH=/tmp/site
 fi
 case "$stage" in   # these stages compile only the kernels they run, on first use
-  ncu|engine_bench|dq_writers|first|first2|fa3_bench|fa3_full|final|tile80|d96|loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|legs_ab|short_modes|steady|steady_ab|ncu_conflicts|sections_auto|fwd_order|d192_keys|dq_finish) ;;
+  ncu|engine_bench|dq_writers|first|first2|fa3_bench|fa3_full|final|tile80|d96|loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|legs_ab|short_modes|steady|steady_ab|ncu_conflicts|sections_auto|fwd_order|dq_finish) ;;
   *) $py -m cupy_dash compile --all -j 16 >/tmp/compile.log 2>&1 || { tail -20 /tmp/compile.log; exit 1; }
      tail -1 /tmp/compile.log ;;
 esac
@@ -286,24 +286,6 @@ if [ "$stage" = dq_finish ]; then   # the dQ finisher (CUPY_DASH_BWD_DQ_FINISH=1
     CUPY_DASH_BWD_DQ_FINISH=$f timeout 100 $py benchmarks/timeline.py --shapes 128:full:3840 --policies shift \
       --out /tmp/tl$f.npz > "$OUT/timeline_dq_finish$f.txt" 2>&1; head -1 "$OUT/timeline_dq_finish$f.txt"
   done
-fi
-if [ "$stage" = d192_keys ]; then   # head dim 192 on the 64 x 96 tile (benchmarks/patches/bwd192_keys_tile.patch) in a
-  rm -rf /tmp/keys /tmp/dk && mkdir -p /tmp/dk && cp -r . /tmp/keys   # patched copy: its head-dim-192 GPU tests,
-  (cd /tmp/keys && git apply benchmarks/patches/bwd192_keys_tile.patch) || exit 1   # then bench.py's d192 legs
-  (cd /tmp/keys && PYTHONPATH=/tmp/keys:${PYTHONPATH:-} CUPY_DASH_CACHE_DIR=/tmp/dc_keys timeout -s INT -k 30 \
-    ${TEST_LIMIT:-300} $py -m pytest tests/gpu/test_gpu_bwd192_visit.py tests/gpu/test_gpu_attention.py \
-    tests/gpu/test_gpu_gqa.py tests/gpu/test_gpu_window.py tests/gpu/test_gpu_varlen_bwd.py tests/gpu/test_gpu_softcap.py \
-    tests/gpu/test_gpu_fold.py tests/gpu/test_gpu_compact.py tests/gpu/test_gpu_dq_finish.py tests/gpu/test_gpu_sections.py \
-    -q -rf -n 8 -p no:cacheprovider -k 192 2>&1 \
-    | tee /tmp/dk/tests.log | tail -4)   # (tree, patch) alternating, H*D 1536, as head_dims_20261204c/README.md
-  for leg in tree keys tree keys; do
-    dir=$PWD; [ $leg = keys ] && dir=/tmp/keys
-    (cd $dir && PYTHONPATH=$dir:${PYTHONPATH:-} CUPY_DASH_CACHE_DIR=/tmp/dc_$leg timeout 200 $py benchmarks/bench.py \
-      --hdims 192 --hidden 1536 --masks full causal --seqlens 1024 4096 16384 --schedules auto atomic --no-fa3 \
-      --no-torch --no-overhead --no-compile --repeats 10 --warmup 3 --out /tmp/dk/$leg 2>&1 \
-      | grep -E "cupy_dash (fwd|bwd)" | sed "s/^/$leg /")
-  done
-  (cd /tmp/dk && tar czf "$OUT/d192_keys.tgz" *)
 fi
 if [ "$stage" = steady_ab ]; then   # AB_PATCHES (benchmarks/patches/<name>) against the tree at a steady clock:
   mkdir -p /tmp/sab                   # LEGS rounds of one process per leg, each timing ours deterministic beside

@@ -2,7 +2,8 @@
 // Attention backward, main kernel, Hopper engine: a persistent CTA walks its visits (bh, n_block, m_block) of
 // the schedule table in order. Warp specialized: a producer warp loads tiles by TMA (bwd/producer.cuh), two MMA
 // warpgroups (three at head dim 192) compute S^T, P^T, dP^T, dS^T, dV, dK and the dQ partial with wgmma
-// (bwd/mainloop.cuh; head dims 192 and 256: bwd/split_step.cuh) and write dK, dV once per KV tile, and two writer
+// (bwd/mainloop.cuh; head dims 192 and 256: bwd/split_step.cuh; head dim 192's 64 x 96 tile: bwd/keys_step.cuh,
+// S and dP not transposed) and write dK, dV once per KV tile, and two writer
 // warps (alternate visits) add the dQ partials into dq_accum (bwd/dq_reduce.cuh), in each tile's rank order when the
 // launch is deterministic. The kernel applies no policy: the table decides everything. A folded backward (p.fold,
 // fixed-length batches) also runs the preprocess and postprocess passes (bwd/fold.cuh); a deterministic launch with
@@ -12,7 +13,9 @@
 #include "bwd/dq_reduce.cuh"
 #include "bwd/fold.cuh"
 #include "bwd/producer.cuh"
-#if DASH_HEAD_DIM == 192 || DASH_HEAD_DIM == 256
+#if DASH_HEAD_DIM == 192 && DASH_BLOCK_N == 96
+#include "bwd/keys_step.cuh"
+#elif DASH_HEAD_DIM == 192 || DASH_HEAD_DIM == 256
 #include "bwd/split_step.cuh"
 #else
 #include "bwd/mainloop.cuh"

@@ -65,12 +65,16 @@ TILES = {
     ("bwd_main", 96, "full80"): TileConfig(block_m=80, block_n=128, threads=MAIN_THREADS),
     ("bwd_main", 128): TileConfig(block_m=64, block_n=128, threads=MAIN_THREADS),
     ("bwd_main", 128, "full80"): TileConfig(block_m=80, block_n=128, threads=MAIN_THREADS),
-    ("bwd_main", 192): TileConfig(block_m=96, block_n=64, threads=MAIN_THREADS_3MMA),
+    ("bwd_main", 192): TileConfig(block_m=64, block_n=96, threads=MAIN_THREADS_3MMA),
+    ("bwd_main", 192, "compact"): TileConfig(block_m=96, block_n=64, threads=MAIN_THREADS_3MMA),
     ("bwd_main", 256): TileConfig(block_m=64, block_n=64, threads=MAIN_THREADS),
 }
 # NOTES: head dim 96 runs head dim 128's kernels padded (padded_head_dim). Head dims 192 and 256 take 64 keys per
 # forward tile (128 would not fit shared memory) and split the head dim between the MMA warpgroups of the backward,
-# kernels_src/bwd/split_step.cuh (docs/decisions/head-dim-plans.md).
+# kernels_src/bwd/split_step.cuh (docs/decisions/head-dim-plans.md); head dim 192's backward takes FA3's 64 x 96
+# tile, kernels_src/bwd/keys_step.cuh (S and dP split by keys), except with compact tables: their MMA warpgroups get
+# 152 registers (kernels_src/warp_roles.cuh), in which the 64 x 96 visit spills (ptxas serializes its wgmmas), so
+# they keep the 96 x 64 tile (split_step.cuh), as the 80-query tile of head dim 128 has no compact build.
 AUX_THREADS = K.kAuxThreads
 
 
@@ -87,17 +91,19 @@ def _fwd_smem(t: TileConfig, d: int, stages: int | None = None) -> int:
 
 def _bwd_main_smem(t: TileConfig, d: int) -> int:
     """kernels_src/bwd/config.cuh SmemLayout: K x k_stages, V; Q x stages, dO x do_stages, dS x stages (head dims
-    192 and 256: P too, 192 with one P / dS stage); the fp32 dQ staging (192 and 256: half the tile); lse x stages,
-    dpsum x do_stages; 2 x (k_stages + 1 + stages + do_stages) mbarriers; a visit slot per stage; the alignment
-    slack. The 80-query tile has one K buffer, head dims 192 and 256 one K buffer and one dO stage."""
+    192 and 256: P too, 192 with one P / dS stage); the fp32 dQ staging (192 and 256: half the tile, the whole tile
+    with 192's 64 x 96: one dQ piece per MMA warpgroup); lse x stages, dpsum x do_stages; 2 x (k_stages + 1 + stages
+    + do_stages) mbarriers; a visit slot per stage; the alignment slack. The 80-query tile has one K buffer, head
+    dims 192 and 256 one K buffer and one dO stage."""
     split = d in (192, 256)
+    dq_pieces = 2 if split and t.block_n == 64 else 1
     stages, d = K.kBwdStages, padded_head_dim(d)
     k_stages = 1 if t.block_m == 80 or split else K.kBwdKStages
     do_stages = 1 if split else stages
     pds_stages = 1 if d == 192 else stages
     return ((k_stages + 1) * t.block_n * d * 2 + (stages + do_stages) * t.block_m * d * 2
             + (2 if split else 1) * pds_stages * t.block_m * t.block_n * 2
-            + t.block_m * d * 4 // (2 if split else 1) + (stages + do_stages) * t.block_m * 4
+            + t.block_m * d * 4 // dq_pieces + (stages + do_stages) * t.block_m * 4
             + K.kMbarrierBytes * 2 * (k_stages + 1 + stages + do_stages) + K.kVisitSlotBytes * stages + K.kSmemAlign)
 
 
@@ -140,7 +146,7 @@ class KernelSpec:
     @property
     def label(self) -> str:
         """Readable name, e.g. ``bwd_main[bf16,d128,causal]``, ``fwd[fp16,d64,full]`` or
-        ``bwd_main[bf16,d128,m80,full]`` (the 80-query tile)."""
+        ``bwd_main[bf16,d128,m80,full]`` (the 80-query tile; ``m96``: head dim 192's 96 x 64 of compact tables)."""
         d = dict(self.defines)
         tags = []
         if "DASH_FP16" in d:
@@ -149,8 +155,8 @@ class KernelSpec:
             tags.append(f"d{d['DASH_HEAD_DIM']}")
         if "DASH_HEAD_DIM_V" in d:
             tags.append(f"v{d['DASH_HEAD_DIM_V']}")
-        if d.get("DASH_BLOCK_M") == 80:
-            tags.append("m80")
+        if d.get("DASH_BLOCK_M") == 80 or (d.get("DASH_HEAD_DIM") == 192 and d.get("DASH_BLOCK_M") == 96):
+            tags.append(f"m{d['DASH_BLOCK_M']}")
         if "DASH_CAUSAL" in d:
             tags.append("causal" if d["DASH_CAUSAL"] else "full")
         if d.get("DASH_COMPACT"):
@@ -227,8 +233,11 @@ def bwd_tile(head_dim: int, causal: bool, compact: bool = False, seqlen_q: int =
     padded to 128) without a window (``window`` canonical; a causal call's right side is 0), ``seqlen_q`` >=
     FULL80_MIN_SEQLEN (CAUSAL80_MIN_SEQLEN with ``causal``) and per-visit tables: 80 queries.
     ``CUPY_DASH_BWD_FULL_BLOCK_M`` (without a causal mask) and ``CUPY_DASH_BWD_CAUSAL_BLOCK_M`` (with one) = 64 / 80
-    force either for any such call without compact tables (varlen calls pass :func:`varlen_tile_seqlen`)."""
+    force either for any such call without compact tables (varlen calls pass :func:`varlen_tile_seqlen`). Head dim
+    192: 64 x 96, or 96 x 64 with compact tables."""
     check_supported("bfloat16", head_dim)
+    if head_dim == 192 and compact:
+        return TILES[("bwd_main", head_dim, "compact")]
     if head_dim in (96, 128) and not compact:
         forced = (config.BWD_CAUSAL_BLOCK_M if causal else config.BWD_FULL_BLOCK_M).get()
         min_seqlen = CAUSAL80_MIN_SEQLEN if causal else FULL80_MIN_SEQLEN
@@ -345,7 +354,7 @@ def all_specs() -> list:
                 batch.append(fwd_spec(dtype, head_dim, causal, dv, persistent=True))
             if head_dim in BWD_BUILT_HEAD_DIMS:
                 batch.extend(bwd_specs(dtype, head_dim, causal, head_dim_v=dv))
-                batch.append(bwd_specs(dtype, head_dim, causal, compact=True, head_dim_v=dv).main)
+                batch.extend(bwd_specs(dtype, head_dim, causal, compact=True, head_dim_v=dv))  # 192: own tile
                 batch.append(bwd_specs(dtype, head_dim, causal, softcap=True, head_dim_v=dv).main)  # logit capping
                 for softcap in (False, True):             # the 80-query tile (head dims 96 and 128)
                     batch.extend(bwd_specs(dtype, head_dim, causal, softcap=softcap, seqlen_q=CAUSAL80_MIN_SEQLEN,

@@ -39,20 +39,29 @@ static_assert(supported_value_head_dim(kHeadDimIO, kHeadDimVIO), "value head dim
 // 64 x d x 2 fp32 accumulators of dK and dV per warpgroup would need d registers per thread, more than its 240 with
 // S^T and dP^T beside them. All warpgroups then work on the same 64 keys: warpgroup wg computes S^T and dP^T for
 // queries [32 wg, + 32) and dK^T, dV^T and dQ for head-dim [kHeadRows wg, + kHeadRows): two warpgroups of 128
-// head-dim rows at 256 (64 x 64 tiles), three of 64 at 192 (96 x 64 tiles, 512 threads).
+// head-dim rows at 256 (64 x 64 tiles), three of 64 at 192 (96 x 64 tiles of compact tables, 512 threads).
 constexpr bool kSplitHeadDim = kHeadDim == 256 || kHeadDim == 192;
 static_assert(kHeadDimV == kHeadDim || kSplitHeadDim, "a value head dim of its own: the split plan only");
 constexpr int kHeadRows = kHeadDim / kNumMmaWg;
-static_assert(kSplitHeadDim ? kBlockN == 64 && kBlockM == 32 * kNumMmaWg && kHeadRows % 64 == 0
-                            : kBlockN == 64 * kNumMmaWg && kNumMmaWg == 2,
+// NOTES: head dim 192's 64 x 96 tile (FA3's; bwd/keys_step.cuh) splits S = Q K^T and dP = dO V^T by keys instead:
+// warpgroup wg computes all 64 queries against keys [32 wg, + 32), then, like the others, its 64 head-dim rows of
+// dK^T and dV^T (by the 96 keys) and its 64 head-dim columns of dQ = dS K.
+constexpr bool kSplitByKeys = kHeadDim == 192 && kBlockN == 96;
+static_assert(kSplitByKeys ? kBlockM == 64 && kBlockN == 32 * kNumMmaWg && kNumMmaWg == 3
+              : kSplitHeadDim ? kBlockN == 64 && kBlockM == 32 * kNumMmaWg && kHeadRows % 64 == 0
+                              : kBlockN == 64 * kNumMmaWg && kNumMmaWg == 2,
               "each MMA warpgroup owns 64 keys (the rows of its S^T, dP^T, dK, dV), or all of them share 64 keys and "
-              "32 queries each (head dims 192 and 256)");
-constexpr int kWgQueries = kSplitHeadDim ? kBlockM / kNumMmaWg : kBlockM;  // the columns of a warpgroup's S^T
+              "32 queries each (head dims 192 and 256), or 64 queries and 32 keys each (head dim 192's 64 x 96)");
+// the columns of a warpgroup's S^T (the 64 x 96 tile: the rows of its S, every query of the tile)
+constexpr int kWgQueries = kSplitHeadDim && !kSplitByKeys ? kBlockM / kNumMmaWg : kBlockM;
+constexpr int kWgKeys = kSplitByKeys ? kBlockN / kNumMmaWg : 64;  // the rows of its S^T (columns of its S)
 // NOTES: head dim 192 stores P and dS as queries x keys (dQ^T = K^T dS^T needs dS as a K-major B whose rows are the
 // queries: an MN-major B cannot start 48 queries into a swizzled row, a K-major one can); head dim 256 as keys x
 // queries. At 192 they have one buffer (two do not fit), guarded by a barrier of the MMA warpgroups (kBarPdSFree).
-constexpr bool kPdSByQueries = kHeadDim == 192;
-constexpr int kPdSStages = kPdSByQueries ? 1 : kBwdStages;
+constexpr bool kPdSByQueries = kHeadDim == 192 && !kSplitByKeys;
+// NOTES: the 64 x 96 tile stores P^T and dS^T, keys x queries (one 64-column panel of 96 rows each), the operands of
+// the unit kernel that passed on the H200 (bwd/keys_gemms.cuh), also in one buffer behind kBarPdSFree.
+constexpr int kPdSStages = kHeadDim == 192 ? 1 : kBwdStages;
 // dQ = dS K: warpgroup wg computes a 64 x kDqCols piece of the kBlockM x kHeadDim tile. With kBlockM = 128
 // (hdim 64) it owns query rows [64 wg, 64 wg + 64) and every column; with kBlockM = 64 (hdim 128) every row and
 // head-dim columns [64 wg, 64 wg + 64). Either way its B operand (K) is one whole 64-column panel. With kBlockM =
@@ -60,24 +69,26 @@ constexpr int kPdSStages = kPdSByQueries ? 1 : kBwdStages;
 // rows [64 wg, 64 wg + 64) by the 80 queries, K^T being an MN-major A operand (one panel of K) and dS a K-major B.
 using DqLayout = DqAccumLayout<kBlockM, kHeadDim>;
 static_assert(DqLayout::kSplitRows ? kHeadDim == 64
-              : kSplitHeadDim ? (kHeadDim == 256 && kBlockM == 64) || (kHeadDim == 192 && kBlockM == 96)
+              : kSplitHeadDim ? (kHeadDim == 256 && kBlockM == 64) ||
+                                    (kHeadDim == 192 && (kBlockM == 96 || kSplitByKeys))
                               : ((kBlockM == 64 || kBlockM == 80) && kHeadDim == 64 * kNumMmaWg),
-              "tile plans: hdim 64 with kBlockM 128, hdim 128 with kBlockM 64 or 80, hdim 192 with kBlockM 96, hdim "
-              "256 with kBlockM 64");
+              "tile plans: hdim 64 with kBlockM 128, hdim 128 with kBlockM 64 or 80, hdim 192 with kBlockM 96 (or 64 "
+              "x 96), hdim 256 with kBlockM 64");
 constexpr int kDqCols = DqLayout::kCols;
 
 // dQ pieces a warpgroup hands to the dQ writer per visit, each kDqPieceFloats of the tile: one; at head dim 256 two
 // 64 x 64 chunks of dQ (slices 2 wg, 2 wg + 1); at 192 two 64 x 48 chunks of dQ^T (the halves of slice wg: 48
-// queries each). Piece c of warpgroup wg is always at float (kDqPieces wg + c) kDqPieceFloats of the tile.
-constexpr int kDqPieces = kSplitHeadDim ? 2 : 1;
+// queries each); the 64 x 96 tile one, dQ's 64 x 64 slice wg (head-dim columns [64 wg, + 64): head dim 256's slice
+// layout). Piece c of warpgroup wg is always at float (kDqPieces wg + c) kDqPieceFloats of the tile.
+constexpr int kDqPieces = kSplitHeadDim && !kSplitByKeys ? 2 : 1;
 constexpr int kDqPieceFloats = kBlockM * kHeadDim / (kNumMmaWg * kDqPieces);
 constexpr int kDqPieceCols = kDqPieceFloats / 64;  // N of the m64 accumulator of a piece
 
 // Accumulator registers per thread (m64nN fp32: N / 2).
-constexpr int kSRegs = kWgQueries / 2;  // S^T and dP^T: 64 keys x kWgQueries queries
+constexpr int kSRegs = (kSplitByKeys ? kWgKeys : kWgQueries) / 2;  // S^T, dP^T: 64 keys x kWgQueries queries; S, dP
 // dK and dV: 64 keys x kHeadDimIO (head dim 96: N = 96, no padding); head dims 192 and 256: dK^T and dV^T, m64
-// halves of 64 head-dim rows x 64 keys each (kDkvHalves x 32: one at 192, two at 256).
-constexpr int kDkvRegs = kSplitHeadDim ? kHeadRows / 2 : kHeadDimIO / 2;
+// halves of 64 head-dim rows x kBlockN keys each (kDkvHalves x kBlockN / 2: one at 192, two at 256).
+constexpr int kDkvRegs = kSplitHeadDim ? kHeadRows * kBlockN / 128 : kHeadDimIO / 2;
 constexpr int kDkvHalves = kSplitHeadDim ? kHeadRows / 64 : 1;
 template <bool kSplit>
 struct DkvAccOf {
@@ -184,8 +195,8 @@ DASH_DEVICE void dq_handoff_barrier(int wg, int half = 0) {
 // the same bytes serve as MN-major B operands of dV += P^T dO, dK += dS^T Q and dQ = dS K. dS is queries x keys
 // (panel wg holds the keys of MMA warpgroup wg). Every tile size is a multiple of 1024 bytes. The producer
 // publishes each visit's coordinates in its stage's VisitSlot (producer.cuh). Head dims 192 and 256: one K buffer,
-// one dO stage (with its dpsum), a P tile beside each dS tile (one 64-column panel, kPdSByQueries), the staging
-// one dQ piece per MMA warpgroup.
+// one dO stage (with its dpsum), a P tile beside each dS tile (one 64-column panel: P^T and dS^T keys x queries,
+// or queries x keys with kPdSByQueries), the staging one dQ piece per MMA warpgroup.
 struct SmemLayout {
   static constexpr int kKV = kBlockN * kHeadDim * 2;
   static constexpr int kQ = kBlockM * kHeadDim * 2;  // also dO

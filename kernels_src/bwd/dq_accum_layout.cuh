@@ -11,10 +11,11 @@
 // 4). Plans: head dim 64 with kBlockM 128 (pieces are row halves: queries [64 wg, 64 wg + 64), every column);
 // head dim 128 with kBlockM 64 (column halves: every query, head-dim columns [64 wg, 64 wg + 64)); head dim 128
 // with kBlockM 80 (transposed: piece wg is dQ^T's head-dim rows [64 wg, 64 wg + 64) by the kBlockM queries); head
-// dim 192 with kBlockM 96 (transposed, three slices: MMA warpgroup wg's dQ^T rows [64 wg, + 64) by the 96 queries,
-// handed over in halves of 48 queries: registers 0..23 are float4 groups c = 0..5, the first half); head
-// dim 256 with kBlockM 64 (column quarters: slice i holds head-dim columns [64 i, 64 i + 64), MMA warpgroup wg
-// computes slices 2 wg and 2 wg + 1).
+// dim 192 with kBlockM 64 (the 64 x 96 tile: column thirds, MMA warpgroup wg's slice holds head-dim columns [64 wg,
+// + 64)) or, with compact tables, kBlockM 96 (transposed, three slices: MMA warpgroup wg's dQ^T rows [64 wg, + 64)
+// by the 96 queries, handed over in halves of 48 queries: registers 0..23 are float4 groups c = 0..5, the first
+// half); head dim 256 with kBlockM 64 (column quarters: slice i holds head-dim columns [64 i, 64 i + 64), MMA
+// warpgroup wg computes slices 2 wg and 2 wg + 1).
 template <int kBlockM, int kHeadDim>
 struct DqAccumLayout {
   static constexpr bool kSplitRows = kBlockM == 128;

@@ -24,7 +24,8 @@ namespace bwd {
 
 using TileKV = SwizzledTile<kBlockN>;  // K, V: keys x head dim
 using TileQ = SwizzledTile<kBlockM>;   // Q, dO: queries x head dim; dS: queries x keys
-using TileKQ = SwizzledTile<kBlockN>;  // head dim 256: P^T, dS^T, keys x queries (one panel); 192: TileQ, P and dS
+using TileKQ = SwizzledTile<kBlockN>;  // P^T, dS^T, keys x queries (one panel): head dim 256, 192's 64 x 96
+                                       // (192's 96 x 64: TileQ, P and dS queries x keys)
 
 // The stage's P and dS tiles of head dims 192 and 256 (kPdSStages of them), the dS tile of the others.
 DASH_DEVICE int pds_stage(int stage) { return kPdSStages == 1 ? 0 : stage; }

@@ -57,7 +57,7 @@ CASES = [Case(dt, d, causal, sq, sk)
          for dt in DTYPES for d in HDIMS for causal in (True, False) for sq, sk in SEQLENS]
 CASES += [Case(dt, 96, causal, sq, sk) for dt in DTYPES for causal in (True, False) for sq, sk in D96_SEQLENS]
 CASES += [Case(dt, d, causal, sq, sk) for dt in DTYPES for d in (192, 256) for causal in (True, False)
-          for sq, sk in D256_SEQLENS]         # head dim 192: three MMA warpgroups, 96 x 64 tiles
+          for sq, sk in D256_SEQLENS]         # head dim 192: three MMA warpgroups, 64 x 96 tiles
 CASES += [Case(dt, 192, causal, sq, sk, hdim_v=128) for dt in DTYPES for causal in (True, False)
           for sq, sk in D256_SEQLENS[1:]]     # value head dim 128 with 192 (v, out, dout, dv 128 wide)
 

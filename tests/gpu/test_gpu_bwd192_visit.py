@@ -1,11 +1,12 @@
 """One visit of each head-dim-192 backward tile as a unit kernel (docs/decisions/head-dim-plans.md), three MMA
 warpgroups that split the head dim:
-- ``bwd192_visit`` (tests/gpu/kernels/bwd192_visit.cu, the shipped 96 x 64 tile, "Head dim 192 on the same family"):
-  S^T and dP^T split by queries, P and dS stored transposed (queries x keys), dV^T and dK^T with MN-major A and B, dQ^T
-  with an MN-major A (K) and a K-major B read from the dS tile at row 48 c (two m64n48 chunks);
-- ``bwd192_keys_visit`` (tests/gpu/kernels/bwd192_keys_visit.cu, FA3's 64 x 96 tile, "a candidate"): S and dP split
-  by keys, P^T and dS^T stored as keys x queries, dV^T and dK^T with an MN-major A and a K-major B at N = 96, dQ with
-  an MN-major A read from the 96-row dS^T tile and an MN-major B (K).
+- ``bwd192_visit`` (tests/gpu/kernels/bwd192_visit.cu, the 96 x 64 tile of compact tables, "Head dim 192 on the
+  same family"): S^T and dP^T split by queries, P and dS stored transposed (queries x keys), dV^T and dK^T with
+  MN-major A and B, dQ^T with an MN-major A (K) and a K-major B read from the dS tile at row 48 c (two m64n48 chunks);
+- ``bwd192_keys_visit`` (tests/gpu/kernels/bwd192_keys_visit.cu, FA3's 64 x 96 tile, the main kernel's GEMMs of
+  kernels_src/bwd/keys_gemms.cuh): S and dP split by keys, P^T and dS^T stored as keys x queries, dV^T and dK^T with
+  an MN-major A and a K-major B at N = 96, dQ with an MN-major A read from the 96-row dS^T tile and an MN-major B
+  (K).
 The kernels compile on any machine (checked here without a GPU: no spills); on a Hopper GPU, P and dS are compared
 with the float64 math, then the three products with numpy's products of the kernel's own bf16 P and dS, so that a
 layout error shows as a wrong product, not as rounding."""

@@ -76,15 +76,17 @@ def test_all_specs_cover_every_combination():
     labels = [s.label for s in specs]
     # + head dims 192 and 256's backwards: 2 preprocess, 2 postprocess, 4 main, 4 compact main, 4 soft-capping main;
     # + value head dim 128 with 192: 4 forward, 2 preprocess, 4 main, 4 compact main, 4 soft-capping main;
-    # + every causal forward's persistent build (12)
-    assert len(set(labels)) == len(labels) == len(set(specs)) == 20 + 6 + 24 + 6 + 1 + 12 + 24 + 2 * 16 + 18 + 12
+    # + every causal forward's persistent build (12);
+    # + head dim 192's compact tables' own tile (96 x 64; the others 64 x 96): 4 preprocess, 2 postprocess
+    assert len(set(labels)) == len(labels) == len(set(specs)) == \
+        20 + 6 + 24 + 6 + 1 + 12 + 24 + 2 * 16 + 18 + 12 + 6
     expected = {kernels.expand_spec()}
     for dtype, d, causal in itertools.product(kernels.SUPPORTED_DTYPES, kernels.SUPPORTED_HEAD_DIMS, (0, 1)):
         expected.add(kernels.fwd_spec(dtype, d, bool(causal)))
         if bool(causal) in kernels.FWD_PERSISTENT:
             expected.add(kernels.fwd_spec(dtype, d, bool(causal), persistent=True))
         expected.update(kernels.bwd_specs(dtype, d, bool(causal)))
-        expected.add(kernels.bwd_specs(dtype, d, bool(causal), compact=True).main)
+        expected.update(kernels.bwd_specs(dtype, d, bool(causal), compact=True))      # 192: a tile of its own
         expected.add(kernels.bwd_specs(dtype, d, bool(causal), softcap=True).main)
         for softcap in (False, True):           # the 80-query tile (head dims 96 and 128)
             expected.update(kernels.bwd_specs(dtype, d, bool(causal), softcap=softcap,
@@ -97,10 +99,12 @@ def test_all_specs_cover_every_combination():
                 expected.update(kernels.bwd_specs(dtype, d, bool(causal), head_dim_v=dv, **kw)[:2])
     assert expected == set(specs)
     by_kernel = {name: [s for s in specs if s.kernel == name] for name in kernels.KERNEL_NAMES}
-    assert {k: len(v) for k, v in by_kernel.items()} == {"fwd": 36, "bwd_preprocess": 16, "bwd_main": 88,
-                                                         "bwd_postprocess": 14, "bwd_expand": 1}
+    assert {k: len(v) for k, v in by_kernel.items()} == {"fwd": 36, "bwd_preprocess": 20, "bwd_main": 88,
+                                                         "bwd_postprocess": 16, "bwd_expand": 1}
     v128 = kernels.bwd_specs("bfloat16", 192, True, head_dim_v=128)
     assert v128.main.label == "bwd_main[bf16,d192,v128,causal]"
+    assert kernels.bwd_specs("bfloat16", 192, True, compact=True, head_dim_v=128).main.label == \
+        "bwd_main[bf16,d192,v128,m96,causal,compact]"
     assert ("DASH_HEAD_DIM_V", 128) in v128.preprocess.defines
     assert v128.postprocess == kernels.bwd_specs("bfloat16", 192, True).postprocess     # dq is 192 wide either way
     assert kernels.fwd_spec("bfloat16", 192, False, 192) == kernels.fwd_spec("bfloat16", 192, False)
@@ -150,6 +154,12 @@ def test_tile_plan_and_smem():
             assert aux.smem_bytes == 0 and dict(aux.defines)["DASH_BLOCK_M"] == b.block_m
             assert "DASH_CAUSAL" not in dict(aux.defines)
         assert "DASH_DETERMINISTIC" not in dict(main.defines)
+    # head dim 192, FA3's 64 x 96 tile (kernels_src/bwd/keys_step.cuh): K, V; Q x2, dO; P^T and dS^T (one stage);
+    # the whole fp32 dQ tile as staging (three 64 x 64 slices); lse x2, dpsum; 10 barriers, 2 visit slots; slack
+    t = kernels.bwd_tile(192, True)
+    assert (t.block_m, t.block_n) == (64, 96)
+    assert kernels.bwd_specs("bfloat16", 192, True).main.smem_bytes == \
+        2 * 96 * 192 * 2 + 3 * 64 * 192 * 2 + 2 * 64 * 96 * 2 + 64 * 192 * 4 + 3 * 64 * 4 + 80 + 32 + 1024 == 223088
     with pytest.raises(ValueError):
         kernels.fwd_spec("float32", 64, False)
     with pytest.raises(ValueError):
@@ -492,14 +502,18 @@ def test_forward_compiles_without_spills_at_head_dims_192_and_256(head_dim):
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-@pytest.mark.parametrize("head_dim,tile", [(256, (64, 64, 384)), (192, (96, 64, 512))], ids=["d256", "d192"])
-def test_backward_compiles_without_spills_at_head_dims_192_and_256(head_dim, tile, dtype, causal):
+@pytest.mark.parametrize("head_dim,tile,compact_tile", [(256, (64, 64, 384), (64, 64, 384)),
+                                                       (192, (64, 96, 512), (96, 64, 512))], ids=["d256", "d192"])
+def test_backward_compiles_without_spills_at_head_dims_192_and_256(head_dim, tile, compact_tile, dtype, causal):
     """Head dims 192 and 256's backwards (the MMA warpgroups split the head dim: kernels_src/bwd/split_step.cuh):
-    64 x 64 tiles and two MMA warpgroups at 256, 96 x 64 and three (512 threads, DASH_NUM_MMA_WG) at 192; one K
-    buffer and one dO stage, in the 227 KB of a CTA; every build (per-visit and compact tables, soft-capping)
+    64 x 64 tiles and two MMA warpgroups at 256; at 192 three (512 threads, DASH_NUM_MMA_WG) on FA3's 64 x 96 tile
+    (kernels_src/bwd/keys_step.cuh), or 96 x 64 with compact tables (whose 152 registers the 64 x 96 visit exceeds);
+    one K buffer and one dO stage, in the 227 KB of a CTA; every build (per-visit and compact tables, soft-capping)
     compiles for sm_90a without spills."""
     got = kernels.bwd_tile(head_dim, causal, seqlen_q=1 << 20)
     assert (got.block_m, got.block_n, got.threads) == tile
+    got = kernels.bwd_tile(head_dim, causal, compact=True, seqlen_q=1 << 20)
+    assert (got.block_m, got.block_n, got.threads) == compact_tile
     builds = (kernels.bwd_specs(dtype, head_dim, causal), kernels.bwd_specs(dtype, head_dim, causal, compact=True),
               kernels.bwd_specs(dtype, head_dim, causal, softcap=True))
     assert (dict(builds[0].main.defines).get("DASH_NUM_MMA_WG", 2), builds[0].main.threads) == \

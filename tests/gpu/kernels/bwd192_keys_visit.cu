@@ -39,23 +39,13 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
   fence_proxy_async_smem();
   __syncthreads();
 
-  // dV^T = dO^T P, dK^T = Q^T dS: head-dim rows [64 wg, + 64) by the 96 keys, K = the 64 queries
-  float dVt[48], dKt[48];
+  // dV^T = dO^T P, dK^T = Q^T dS: head-dim rows [64 wg, + 64) by the 96 keys, K = the 64 queries; dQ = dS K: the 64
+  // queries by head-dim columns [64 wg, + 64), K = the 96 keys (the main kernel's GEMMs, bwd/keys_gemms.cuh)
+  float dVt[48], dKt[48], dQ[32];
   wgmma_fence();
-#pragma unroll
-  for (int ks = 0; ks < 64 / 16; ++ks) {
-    const uint64_t p_desc = desc_advance(TileK::kmajor(pt_tile, 0), TileK::kmajor_step(ks));
-    const uint64_t ds_desc = desc_advance(TileK::kmajor(dst_tile, 0), TileK::kmajor_step(ks));
-    wgmma_ss<kN, 1, 0>(dVt, desc_advance(TileQ::mnmajor(do_tile, 64 * wg), TileQ::mnmajor_step(ks)), p_desc, ks > 0);
-    wgmma_ss<kN, 1, 0>(dKt, desc_advance(TileQ::mnmajor(q_tile, 64 * wg), TileQ::mnmajor_step(ks)), ds_desc, ks > 0);
-  }
-  // dQ = dS K: the 64 queries by head-dim columns [64 wg, + 64), K = the 96 keys
-  float dQ[32];
-#pragma unroll
-  for (int ks = 0; ks < kN / 16; ++ks) {
-    wgmma_ss<64, 1, 1>(dQ, desc_advance(TileK::mnmajor(dst_tile, 0), TileK::mnmajor_step(ks)),
-                       desc_advance(TileK::mnmajor(k_tile, 64 * wg), TileK::mnmajor_step(ks)), ks > 0);
-  }
+  gemm_head_rows_by_keys<64, kN, TileQ, TileK>(dVt, do_tile, 64 * wg, pt_tile, false);
+  gemm_head_rows_by_keys<64, kN, TileQ, TileK>(dKt, q_tile, 64 * wg, dst_tile, false);
+  gemm_dq_by_keys<kN, TileK>(dQ, dst_tile, k_tile, 64 * wg);
   wgmma_commit();
   wgmma_wait<0>();
   wgmma_fence_operand(dVt);

@@ -6,6 +6,7 @@
 #include "common.cuh"
 #include "ptx/exp2.cuh"
 #include "ptx/fence.cuh"
+#include "bwd/keys_gemms.cuh"
 #include "ptx/wgmma.cuh"
 #include "swizzled_tile.cuh"
 #include "wgmma_fragment.cuh"
@@ -60,8 +61,8 @@ DASH_DEVICE void visit_probs_and_grads(float (&S)[16], float (&dP)[16], uint32_t
                                        const Fragment& f) {
   wgmma_fence();
   if constexpr (kByKeys) {
-    gemm_ss_kmajor<32, kD / 16, TileQ, TileK>(S, TileQ::kmajor(q_tile, 0), TileK::kmajor(k_tile, 32 * wg));
-    gemm_ss_kmajor<32, kD / 16, TileQ, TileK>(dP, TileQ::kmajor(do_tile, 0), TileK::kmajor(v_tile, 32 * wg));
+    gemm_scores_by_keys<kD / 16, TileQ, TileK>(S, q_tile, k_tile, wg);  // the main kernel's (bwd/keys_gemms.cuh)
+    gemm_scores_by_keys<kD / 16, TileQ, TileK>(dP, do_tile, v_tile, wg);
   } else {
     gemm_ss_kmajor<32, kD / 16, TileK, TileQ>(S, TileK::kmajor(k_tile, 0), TileQ::kmajor(q_tile, 32 * wg));
     gemm_ss_kmajor<32, kD / 16, TileK, TileQ>(dP, TileK::kmajor(v_tile, 0), TileQ::kmajor(do_tile, 32 * wg));
