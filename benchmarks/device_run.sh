@@ -4,8 +4,7 @@
 #                                  fold|fold_bench|varlen_events|sanitize|ncu|engine|engine_bench|
 #                                  dq_writers|multi_gpu|first|first2|fa3_bench|fa3_full|final|tile80|d96|tests2|
 #                                  loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|suite|legs_ab|
-#                                  short_modes|steady|steady_ab|ncu_conflicts|sections_auto|fwd_order|
-#                                  dq_finish|all]
+#                                  short_modes|steady|steady_ab|ncu_conflicts|sections_auto|fwd_order|all]
 #                                  [extra pytest args...]
 # "engine": the backward kernel's GPU tests (every family: MHA, GQA, compact, varlen, fold, window, portable);
 # "engine_bench": the backward at the shapes, this tree against the kernels in every carried .ab*/kernels_src
@@ -32,7 +31,7 @@ if [ -n "${FA3_WHL:-}" ]; then
   $py -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >"$OUT/fa3_install.log" 2>&1 && export PYTHONPATH=/tmp/site
 fi
 case "$stage" in   # these stages compile only the kernels they run, on first use
-  ncu|engine_bench|dq_writers|first|first2|fa3_bench|fa3_full|final|tile80|d96|loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|legs_ab|short_modes|steady|steady_ab|ncu_conflicts|sections_auto|fwd_order|dq_finish) ;;
+  ncu|engine_bench|dq_writers|first|first2|fa3_bench|fa3_full|final|tile80|d96|loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|legs_ab|short_modes|steady|steady_ab|ncu_conflicts|sections_auto|fwd_order) ;;
   *) $py -m cupy_dash compile --all -j 16 >/tmp/compile.log 2>&1 || { tail -20 /tmp/compile.log; exit 1; }
      tail -1 /tmp/compile.log ;;
 esac
@@ -275,17 +274,6 @@ if [ "$stage" = fwd_order ]; then   # the causal forward's launch order (FwdPara
   timeout 200 $py benchmarks/steady_bench.py --forward --rounds 3 --loop-s 0.5 --shapes causal:1024 causal:2048 \
     causal:4096 causal:8192 causal:16384 full:1280 full:3840 full:15360 --json "$OUT/steady_fwd.json" \
     --md "$OUT/steady_fwd.md" 2>&1 | tail -10
-fi
-if [ "$stage" = dq_finish ]; then   # the dQ finisher (CUPY_DASH_BWD_DQ_FINISH=1, docs/decisions/dq-finish.md): its
-  timeout -s INT -k 20 120 $py -m pytest tests/gpu/test_gpu_dq_finish.py tests/gpu/test_gpu_stall_bound.py -q -rf \
-    -n 8 -p no:cacheprovider 2>&1 | tee "$OUT/dq_finish_tests.log" | tail -3   # tests, the A/B beside FA3 (FA3_WHL=1)
-  timeout 220 $py benchmarks/steady_bench.py --impls dash_det fa3_nondet --env-legs fin:CUPY_DASH_BWD_DQ_FINISH=1 \
-    --rounds 3 --loop-s 0.5 --shapes full:1280 full:3840 full:15360 causal:2048 causal:8192 causal:16384 \
-    --json "$OUT/steady_dq_finish.json" --md "$OUT/steady_dq_finish.md" 2>&1 | tail -7   # then the loop's timeline
-  for f in 0 1; do
-    CUPY_DASH_BWD_DQ_FINISH=$f timeout 100 $py benchmarks/timeline.py --shapes 128:full:3840 --policies shift \
-      --out /tmp/tl$f.npz > "$OUT/timeline_dq_finish$f.txt" 2>&1; head -1 "$OUT/timeline_dq_finish$f.txt"
-  done
 fi
 if [ "$stage" = steady_ab ]; then   # AB_PATCHES (benchmarks/patches/<name>) against the tree at a steady clock:
   mkdir -p /tmp/sab                   # LEGS rounds of one process per leg, each timing ours deterministic beside

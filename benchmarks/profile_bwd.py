@@ -26,9 +26,8 @@ def main():
     args = ap.parse_args()
 
     spans = []                                  # (kernel name, start event, end event) of the calls being timed
-    # the kernels of a plan: three; two where the main kernel finishes dq (launchers.finishes_dq); one folded
-    names = {3: ("bwd_preprocess", "bwd_main", "bwd_postprocess"), 2: ("bwd_preprocess", "bwd_main"),
-             1: ("bwd_main",)}
+    # the kernels of a plan: three; one folded
+    names = {3: ("bwd_preprocess", "bwd_main", "bwd_postprocess"), 1: ("bwd_main",)}
 
     def timed_sequence(c, stream, buffers, *, slot=None, call=None):
         parts = c.plan.parts

@@ -12,7 +12,7 @@ Implementations (backward): ``dash_det`` (cupy_dash deterministic, ``schedule="a
 flash-attn3-jax wheel importable ``fa3_nondet`` and ``fa3_det`` (bench_peers.Fa3Peer, on our forward's out / lse);
 ``--schedules a b`` adds deterministic legs ``dash_a``, ``dash_b`` with that schedule instead of ``auto``;
 ``--env-legs name:VAR=VALUE`` a deterministic ``auto`` leg ``dash_name`` whose calls run with the environment
-variable VAR set to VALUE (a knob A/B in one process, e.g. ``post:CUPY_DASH_BWD_DQ_FINISH=0``).
+variable VAR set to VALUE (a knob A/B in one process, e.g. ``w1:CUPY_DASH_BWD_DQ_WRITERS=1``).
 Before timing, FA3's dq, dk, dv are compared with ours (max |diff| over max |ours| per tensor; a peer above
 ``--tolerance`` is marked invalid and left out of the ratios), and each deterministic implementation is run twice
 on the same inputs and its bits compared. ``--forward``: the forwards instead (``dash_fwd``, ``fa3_fwd``, FA3's

@@ -6,10 +6,8 @@
 // S and dP not transposed) and write dK, dV once per KV tile, and two writer
 // warps (alternate visits) add the dQ partials into dq_accum (bwd/dq_reduce.cuh), in each tile's rank order when the
 // launch is deterministic. The kernel applies no policy: the table decides everything. A folded backward (p.fold,
-// fixed-length batches) also runs the preprocess and postprocess passes (bwd/fold.cuh); a deterministic launch with
-// p.dq_ranks converts each dQ tile once its last add is done (warp 3, bwd/dq_finish.cuh) instead of postprocess.
+// fixed-length batches) also runs the preprocess and postprocess passes (bwd/fold.cuh).
 #include "bwd/config.cuh"
-#include "bwd/dq_finish.cuh"
 #include "bwd/dq_reduce.cuh"
 #include "bwd/fold.cuh"
 #include "bwd/producer.cuh"
@@ -55,12 +53,9 @@ extern "C" __global__ void __launch_bounds__(kNumThreads, 1) dash_bwd_main(const
 #else
   const ScheduleView sched(p.visits, p.rank, p.cta_start, blockIdx.x, (int)(p.num_heads / p.num_heads_kv));
 #endif
-  const bool finish = p.dq_ranks != nullptr;  // NOTES: never with fold (the host's choice, launchers.finishes_dq)
   if (sched.begin >= sched.end) {
-    // NOTES: a CTA without visits still takes part in a folded backward's barrier 2 and postprocess pass, and is
-    // counted out of a finishing one.
+    // NOTES: a CTA without visits still takes part in a folded backward's barrier 2 and postprocess pass.
     if (fold && threadIdx.x >= kWgThreads) fold_epilogue<false>(p, (int)threadIdx.x - kWgThreads);
-    if (finish && threadIdx.x == 0) finish_exit(p);
     return;
   }
 
@@ -99,23 +94,10 @@ extern "C" __global__ void __launch_bounds__(kNumThreads, 1) dash_bwd_main(const
       // NOTES: this form, not warp <= kDqWriters: the SASS measured on the H200 (the other compiles differently)
       write_dq(p, sched, s, kDqWriters == 1 ? 0 : warp - 1, threadIdx.x % 32);
       if (fold) fold_writer_done(threadIdx.x % 32);
-      if (finish) named_barrier_arrive<kBarFinish, kFinishThreads>();
-#if !DASH_COMPACT
-    } else if (warp == 3 && finish) {
-      finish_dq(p, threadIdx.x % 32);
-      named_barrier_sync<kBarFinish, kFinishThreads>();
-      if (threadIdx.x % 32 == 0) finish_exit(p);
-#endif
-    } else if (finish) {
-      named_barrier_arrive<kBarFinish, kFinishThreads>();
     }
   } else {
     setmaxnreg_inc<kMmaRegs>();
     consume(p, sched, s, smem_generic, wg - 1, threadIdx.x % kWgThreads);
     if (fold) fold_epilogue<true>(p, (int)threadIdx.x - kWgThreads);
-#if !DASH_COMPACT
-    if (finish) finish_tail(p, (int)threadIdx.x - kWgThreads);
-#endif
-    if (finish) named_barrier_arrive<kBarFinish, kFinishThreads>();
   }
 }

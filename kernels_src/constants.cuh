@@ -5,20 +5,18 @@
 
 // The backward's error record (bwd/error_record.cuh, cupy_dash/cuda/errors.py): kErrorRecordWords int32, [0] the
 // failure code (0 = none), [1..3] its details, [4..6] the CTA counters of a folded backward's grid barriers
-// (bwd/fold.cuh), [6] also the CTAs ended of a backward that finishes dq itself (bwd/dq_finish.cuh). The host
-// mirror of an eager call's record is as long: [0] = 1 once the call finished, then the record's first
-// kErrorFailureWords words.
+// (bwd/fold.cuh). The host mirror of an eager call's record is as long: [0] = 1 once the call finished, then the
+// record's first kErrorFailureWords words.
 constexpr int kErrorRecordWords = 8;
 constexpr int kErrorFailureWords = 4;
 constexpr int kErrorWordBarrier1 = 4;  // CTAs past grid barrier 1
 constexpr int kErrorWordBarrier2 = 5;  // CTAs at grid barrier 2
-constexpr int kErrorWordExit = 6;      // CTAs past grid barrier 2; CTAs ended (a backward that finishes dq)
+constexpr int kErrorWordExit = 6;      // CTAs past grid barrier 2
 
 // Failure codes (record word 0) and their details (words 1..3).
 constexpr int kErrorSemaphoreTimeout = 1;  // a dQ semaphore wait (bwd/dq_reduce.cuh): visit, rank awaited, value seen
 constexpr int kErrorPipelineStall = 2;     // a load-pipeline wait (bwd/pipeline.cuh): cta, barrier offset, parity
 constexpr int kErrorGridBarrier = 3;       // a folded backward's grid barrier (bwd/fold.cuh): cta, word, count seen
-constexpr int kErrorDqFinish = 4;          // the dQ finisher's wait (bwd/dq_finish.cuh): tile, visits awaited, seen
 
 // A wait that only a semaphore wait can hold up (an mbarrier of the load pipelines, a grid barrier) gives up after
 // kStallTimeoutFactor * spin_timeout_ns + kStallSlackNs.

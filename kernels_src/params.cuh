@@ -91,13 +91,6 @@ struct BwdParams {
   // softmax_scale_log2 - lse_log2) with softmax_scale_log2 = cap * log2(e), and dS gets the factor 1 - tanh^2;
   // softmax_scale stays the caller's scale (dK, dQ are scaled by it).
   float softcap_prescale;
-  // Deterministic fixed-length launches that finish dq in the main kernel (bwd/dq_finish.cuh), null otherwise (the
-  // postprocess kernel converts dq): (B*H, num_m_blocks) int32, the visits of each dQ tile (its ranks are 0 .. count
-  // - 1). Preprocess writes the dq rows of a tile without visits (zero). CTA c converts the tiles finish_tiles[
-  // finish_start[2c] .. finish_start[2c + 2]) (bh * num_m_blocks + m_block): its finisher warp those before
-  // finish_start[2c + 1] in that order, its MMA warpgroups the rest once their visits are done.
-  const int32_t* dq_ranks;
-  const int32_t* finish_tiles; const int64_t* finish_start;
 };
 
 // The (batch, head) pair of a bh index and its kv head (32-bit division: bh < B * H < 2^31).

@@ -24,8 +24,7 @@ constexpr int kEntryRegs = 65536 / kNumThreads / 8 * 8;  // what __launch_bounds
 // 16 each, which uses the whole pool (three MMA warpgroups: 152 each).
 constexpr int kProducerRegs = 56, kMmaRegs = kNumMmaWg == 2 ? 224 : 152;
 #else
-// NOTES: three MMA warpgroups leave the producer warpgroup 32 (the pool's rest): its dQ finisher warp
-// (bwd/dq_finish.cuh) spilled in 24 there.
+// NOTES: three MMA warpgroups leave the producer warpgroup 32, the pool's rest.
 constexpr int kProducerRegs = kNumMmaWg == 2 ? 24 : 32, kMmaRegs = kNumMmaWg == 2 ? 240 : 160;
 #endif
 static_assert(kProducerRegs * kWgThreads + kMmaRegs * kWgThreads * kNumMmaWg <= kEntryRegs * kNumThreads,

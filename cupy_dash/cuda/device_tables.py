@@ -13,7 +13,7 @@ import cupy
 import cupyx
 import numpy as np
 
-from .. import config, schedule
+from .. import schedule
 from ..schedule import compact_device
 from .errors import keep_alive, stream_device
 
@@ -100,8 +100,7 @@ def fixed(compact_tables, policy, seqlen_q, seqlen_k, block_m, block_n, num_head
     here by shape and window, LRU), or with ``compact_tables`` the compact_device.CompactDeviceTables of
     :func:`cupy_dash.schedule.build_compact`'s records (host plans cached there; ``"auto"`` is
     compact_device.KERNEL_AUTO). Device tables are cached by ``(plan.key, device)`` (:func:`cached`, done: a miss
-    synchronizes ``stream`` once; later calls may use them on any stream), per-visit ones also by whether they carry
-    the dQ finisher's lists (:func:`upload`). ``capture``: as :func:`cached`.
+    synchronizes ``stream`` once; later calls may use them on any stream). ``capture``: as :func:`cached`.
     ``head_section``: as :func:`cupy_dash.schedule.build`'s."""
     args = dict(seqlen_q=seqlen_q, seqlen_k=seqlen_k, block_m=block_m, block_n=block_n, num_heads=num_heads,
                 causal=causal, num_sms=num_ctas, group_size=group_size, window=tuple(window),
@@ -120,10 +119,9 @@ def fixed(compact_tables, policy, seqlen_q, seqlen_k, block_m, block_n, num_head
         _plans.move_to_end(pkey)
         if len(_plans) > _MAX_PLANS:
             _plans.popitem(last=False)
-    finish = config.BWD_DQ_FINISH.get()
-    return cached("visits", (plan.key, finish), device_id, stream, lambda stream, staging: (
-        upload(plan, num_heads, plan.num_n_blocks, plan.num_m_blocks, device_id, stream, wait=True, finish=finish),
-        None), done=True, capture=capture)[0]
+    return cached("visits", plan.key, device_id, stream, lambda stream, staging: (
+        upload(plan, num_heads, plan.num_n_blocks, plan.num_m_blocks, device_id, stream, wait=True), None),
+        done=True, capture=capture)[0]
 
 
 per_visit, compact = functools.partial(fixed, False), functools.partial(fixed, True)
@@ -132,79 +130,23 @@ per_visit, compact = functools.partial(fixed, False), functools.partial(fixed, T
 class DeviceTables:
     """A per-visit table on one device: ``visits`` (V, 4) int32, ``rank`` (V,) int32, ``cta_start``
     (num_ctas + 1,) int64 CuPy arrays (views of one allocation), plus ``num_ctas``, ``policy`` and ``device_id``;
-    ``plans``: the launch plans that read them (:mod:`cupy_dash.cuda.plans`), dropped with them. ``ranks``: a
-    fixed-length table's visits per dQ tile, ``(num_heads * m_blocks,)`` int32 indexed ``bh * m_blocks + m_block``
-    (:func:`tile_visits`), and ``finish_tiles``, ``finish_start``: which CTA converts which tile
-    (:func:`finish_lists`; kernels_src/bwd/dq_finish.cuh), or None (a varlen table's, or with the finisher off)."""
-    __slots__ = ("visits", "rank", "cta_start", "num_ctas", "policy", "device_id", "plans", "ranks", "finish_tiles",
-                 "finish_start")
+    ``plans``: the launch plans that read them (:mod:`cupy_dash.cuda.plans`), dropped with them."""
+    __slots__ = ("visits", "rank", "cta_start", "num_ctas", "policy", "device_id", "plans")
 
 
 def upload(plan, num_heads: int, n_blocks: int, m_blocks: int, device_id: int, stream, wait=False,
-           checked=None, finish=None) -> DeviceTables:
+           checked=None) -> DeviceTables:
     """The plan's tables (checked by :func:`cupy_dash.schedule.check_plan`, unless ``checked`` is what that returned
     for them) on device ``device_id`` (whatever the current device is), copied on ``stream`` (:func:`upload_async`;
-    ``wait``: the caller synchronizes it). ``finish``: with the dQ finisher's ``ranks`` and lists (default:
-    whether CUPY_DASH_BWD_DQ_FINISH asks for the finisher; their host work, about that of the table's build, is
-    spent only then)."""
+    ``wait``: the caller synchronizes it)."""
     if checked is None:
         checked = schedule.check_plan(plan, num_heads, n_blocks, m_blocks)
     visits, rank, cta_start, num_ctas = checked
-    finish = config.BWD_DQ_FINISH.get() if finish is None else finish
     t = DeviceTables()
     with cupy.cuda.Device(device_id):
-        extra = ()
-        if finish:
-            counts = tile_visits(visits, num_heads, m_blocks)
-            extra = (counts, *finish_lists(visits, rank, cta_start, counts, m_blocks))
-        t.visits, t.rank, t.cta_start, *extra = upload_async((visits, rank, cta_start, *extra), stream, wait)
-        t.ranks, t.finish_tiles, t.finish_start = extra or (None, None, None)
+        t.visits, t.rank, t.cta_start = upload_async((visits, rank, cta_start), stream, wait)
     t.num_ctas, t.policy, t.device_id = num_ctas, str(getattr(plan, "policy", "custom")), device_id
     return t
-
-
-def tile_visits(visits, num_heads: int, m_blocks: int) -> np.ndarray:
-    """The visits of each dQ tile of a fixed-length table's ``visits`` rows (cta, bh, n_block, m_block):
-    ``(num_heads * m_blocks,)`` int32 at ``bh * m_blocks + m_block``. A valid table (the policies', checked by
-    ``validate``) ranks each tile's visits 0 .. count - 1, so the visit of rank count - 1 is the tile's last; an
-    explicit plan (the test hook, whose ranks ``check_plan`` leaves unchecked) with other ranks stalls a dQ writer,
-    whose bound is shorter than the finisher's, so the call fails with the writer's timeout."""
-    tiles = visits[:, 1].astype(np.int64) * m_blocks + visits[:, 3]
-    return np.bincount(tiles, minlength=num_heads * m_blocks).astype(np.int32)
-
-
-FINISH_TAIL = 0.97     # tiles completing after this fraction of their CTA's visits go to the MMA warpgroups
-
-
-def finish_lists(visits, rank, cta_start, counts, m_blocks: int) -> tuple:
-    """Which CTA converts each dQ tile that has visits, and when: ``(finish_tiles (T,) int32, finish_start
-    (2 num_ctas + 1,) int64)``: CTA c's finisher warp converts ``finish_tiles[finish_start[2c]:finish_start[2c + 1]]``
-    in that order while its visits run, its MMA warpgroups ``finish_tiles[finish_start[2c + 1]:finish_start[2c +
-    2]]`` after them (``bh * m_blocks + m_block``, :func:`tile_visits`' ``counts``).
-
-    NOTES: a tile is complete once its last visit (rank count - 1) has added; the CTAs progress at about the same
-    rate, so the position of that visit in its CTA's list orders the completions. The tiles, sorted by it, are dealt
-    round-robin to the CTAs that have visits: each gets as many as another, in the order they complete. (The CTA of
-    the last visit is no choice: at full 3840 with `shift` it would convert 2 to 465 of 3,072 tiles.) Those whose
-    last visit lies past :data:`FINISH_TAIL` of its CTA's list are the kernel's tail: the MMA warpgroups, idle by
-    then, convert them 256 threads at a time (docs/decisions/dq-finish.md)."""
-    cta_start = np.asarray(cta_start, np.int64)
-    num_ctas = len(cta_start) - 1
-    lengths = np.diff(cta_start)
-    cta = np.repeat(np.arange(num_ctas), lengths)
-    tiles = visits[:, 1].astype(np.int64) * m_blocks + visits[:, 3]
-    last = np.flatnonzero(np.asarray(rank) == counts[tiles] - 1)
-    position = last - cta_start[cta[last]]
-    sort = np.lexsort((tiles[last], position))
-    order = last[sort]
-    busy = np.flatnonzero(lengths > 0)
-    owner = busy[np.arange(len(order)) % len(busy)] if len(busy) else np.zeros(0, np.int64)
-    tail = position[sort] + 1 > FINISH_TAIL * lengths[cta[order]]
-    slot = 2 * owner + tail                   # (CTA, warp or tail), sorted stably: each part in completion order
-    by_slot = np.argsort(slot, kind="stable")
-    finish_tiles = tiles[order][by_slot].astype(np.int32)
-    finish_start = np.concatenate([[0], np.cumsum(np.bincount(slot, minlength=2 * num_ctas))]).astype(np.int64)
-    return finish_tiles, finish_start
 
 
 def upload_compact(plan, device_id: int, stream, wait=False):

@@ -222,11 +222,6 @@ def _format_failure(info, flag, visit, want, seen) -> str:
                 f"co-resident CTAs (another kernel holding SMs?) or an earlier failure stopped it. The kernel "
                 f"abandoned the wait instead of hanging; dq/dk/dv of that call are invalid. CUPY_DASH_FOLD=0 turns "
                 f"the fold off; the wait is bounded by {_stall_bound()}.")
-    if flag == K.kErrorDqFinish:
-        return (f"cupy_dash backward: the dQ finisher waited for all {want} partials of dQ tile {visit} (bh * "
-                f"m_blocks + m_block) and saw {seen} {where}, abandoned after {_stall_bound()}; the schedule table "
-                f"is inconsistent or an earlier failure stopped the kernel. dq/dk/dv of that call are invalid; "
-                f"with CUPY_DASH_BWD_DQ_FINISH unset a postprocess kernel converts dq instead.")
     return (f"cupy_dash backward: the main kernel reported error code {flag} {where} (visit {visit}, "
             f"values {want}, {seen}); dq/dk/dv of that call are invalid.")
 

@@ -217,33 +217,12 @@ def bwd_tables(schedule, c, max_ctas, device_id, stream, capture=False, compact=
                  head_section=head_section(p.Sq, p.D, p.H // p.Hkv, p.Dv, device_id))
 
 
-def finishes_dq(c) -> bool:
-    """Whether the backward ``c`` (tables set) converts dq in its main kernel, each dQ tile once its last partial
-    is added (kernels_src/bwd/dq_finish.cuh), so that no postprocess kernel runs: deterministic, fixed-length and
-    unfolded, with per-visit tables that count each tile's visits (``tables.ranks``) and a tile's dq rows within
-    2^31 elements (the kernel's 32-bit offsets; dq is contiguous), when CUPY_DASH_BWD_DQ_FINISH=1.
-    docs/decisions/dq-finish.md."""
-    return (c.deterministic and not c.fold and c.varlen is None and getattr(c.tables, "ranks", None) is not None
-            and c.block_m * c.p.H * c.p.D < 2 ** 31 and config.BWD_DQ_FINISH.get())
-
-
-def _finish_fields(c) -> dict:
-    """The dQ finisher's fields of the backward's block: its tables where :func:`finishes_dq`, else null."""
-    if not finishes_dq(c):
-        return dict(dq_ranks=0, finish_tiles=0, finish_start=0)
-    t = c.tables
-    return dict(dq_ranks=t.ranks.data.ptr, finish_tiles=t.finish_tiles.data.ptr, finish_start=t.finish_start.data.ptr)
-
-
 def bwd_kernels(c) -> tuple:
     """``(spec, grid)`` of every kernel of the backward ``c`` (tables set), in launch order: preprocess, main
-    (persistent: one CTA per table column list) and postprocess; without postprocess when :func:`finishes_dq`;
-    the main kernel alone when ``c.fold``."""
+    (persistent: one CTA per table column list) and postprocess; the main kernel alone when ``c.fold``."""
     main = (c.specs.main, (c.tables.num_ctas,))
     if c.fold:
         return (main,)
-    if finishes_dq(c):
-        return (c.specs.preprocess, c.row_grid), main
     return (c.specs.preprocess, c.row_grid), main, (c.specs.postprocess, c.row_grid)
 
 
@@ -313,4 +292,4 @@ def bwd_params(c, operands, lse_ptr, work_base, grads, error, timeline_ptr=0, cu
         window_left=c.window[0], window_right=c.window[1], num_m_blocks=c.num_m_blocks,
         seqlen_q_rounded=c.sq_rounded, spin_timeout_ns=c.spin_timeout_ns,
         **logit_factors(p, backward=True), cu_seqlens_q=cu_seqlens[0],
-        cu_seqlens_k=cu_seqlens[1], fold=int(c.fold), **_finish_fields(c))
+        cu_seqlens_k=cu_seqlens[1], fold=int(c.fold))

@@ -182,7 +182,7 @@ def backward_plan(c, strides, names=BWD_BUFFERS, error=None, cu_seqlens=(0, 0), 
     if cache is None:
         cache = c.tables.plans = {}
     key = (c.specs, c.block_m, c.block_n, _problem_key(c.p), c.deterministic, c.spin_timeout_ns, c.causal, c.window,
-           c.varlen, c.fold, c.zero_kv, launchers.finishes_dq(c), tuple(strides), names, error, tuple(cu_seqlens))
+           c.varlen, c.fold, c.zero_kv, tuple(strides), names, error, tuple(cu_seqlens))
     return _cached(cache, key, lambda: backward(c, strides, names, error, cu_seqlens))
 
 

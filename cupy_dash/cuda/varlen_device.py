@@ -116,7 +116,6 @@ def device(t: Tables, num_heads, dev, stream, capture=False, done=False):
             d.visits, d.rank, d.cta_start, cu_q, cu_k = _dt.upload_async((visits, rank, cta_start, t.cu_q, t.cu_k),
                                                                          stream)
             d.num_ctas = num_ctas
-            d.ranks = d.finish_tiles = d.finish_start = None    # NOTES: varlen launches never finish dq
         d.policy, d.device_id = t.policy, dev
         return d, (cu_q, cu_k)
     d, cu, event = _dt.cached("varlen", t.key, dev, stream, make, done=done, capture=capture)

@@ -136,11 +136,7 @@ constexpr int kBarDqDone = kBarDqEmpty + kDqHalves * kNumMmaWg;
 constexpr int kBarFold = kBarDqDone + 1;
 constexpr int kBarWriterToken = kBarFold + 1;                     // + the dQ writer warp that waits for it
 constexpr int kBarPdSFree = kBarWriterToken + 2;                  // head dim 192: the P / dS tiles free again
-constexpr int kBarFinish = kBarPdSFree + 1;                       // a CTA's end when it finishes dq (dq_finish.cuh)
-// NOTES: every warp but the producer's (warp 0) takes part: its one lane's last writes (a failure record at most)
-// precede the MMA warpgroups' last waits, and code after produce() in warp 0 made ptxas spill.
-constexpr int kFinishThreads = kNumThreads - 32;
-static_assert(kBarFinish < 16, "16 named barriers per CTA");
+static_assert(kBarPdSFree < 16, "16 named barriers per CTA");
 constexpr int kPdSThreads = kNumMmaWg * kWgThreads;
 constexpr int kDqBarThreads = kWgThreads + 32;
 

@@ -1,16 +1,15 @@
 // The backward's error record: claimed by the main kernel's first failure (error_record_claim); for eager calls
 // zeroed by preprocess and published to the host by postprocess (BwdParams::error_host), both in CTA (0, 0, 0),
 // thread 0, before any early return; in a folded backward (bwd/fold.cuh) published by the main kernel's CTA 0
-// once every CTA has passed its last grid barrier, in one that finishes dq (bwd/dq_finish.cuh) by the last CTA to
-// end.
+// once every CTA has passed its last grid barrier.
 #pragma once
 #include "../constants.cuh"
 #include "../params.cuh"
 #include "../ptx/globaltimer.cuh"
 
 // NOTES: a record is kErrorRecordWords int32 (constants.cuh): [0..3] the failure (0 = none; codes kError*:
-// bwd/dq_reduce.cuh, bwd/pipeline.cuh, bwd/fold.cuh, bwd/dq_finish.cuh), [4..6] the counters of a folded backward's
-// grid barriers ([6]: of a finishing one's ended CTAs), [7] unused. Stream order makes the unfolded kernels safe without atomics: the main kernel's writes to p.error happen
+// bwd/dq_reduce.cuh, bwd/pipeline.cuh, bwd/fold.cuh), [4..6] the counters of a folded backward's grid barriers, [7]
+// unused. Stream order makes the unfolded kernels safe without atomics: the main kernel's writes to p.error happen
 // after preprocess's zeroes and are complete before postprocess starts. The host zeroes error_host[0] before the launch
 // and reads the fields only after seeing error_host[0] == 1, which __threadfence_system orders after them. A folded
 // backward does not zero [0..3]: a record is zero when its call starts (zeroed at allocation, untouched by a call that

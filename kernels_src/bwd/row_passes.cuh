@@ -1,7 +1,6 @@
 // The backward's two passes over Q tiles, one tile (m_block, h, b) per call by 256 threads: before the visits,
 // dpsum = rowsum(dO o O), lse_log2 = lse * log2(e), the tile's dQ semaphore (deterministic) or fp32 dq_accum
-// (atomic) reset, and a finishing launch's dq rows of a tile without visits zeroed (bwd/dq_finish.cuh); after them,
-// dq = elem_t(dq_accum * softmax_scale). Run by the preprocess and postprocess kernels
+// (atomic) reset; after them, dq = elem_t(dq_accum * softmax_scale). Run by the preprocess and postprocess kernels
 // (a CTA per tile), or inside the main kernel of a folded backward (bwd/fold.cuh: a CTA loops over tiles).
 #pragma once
 #include "../bwd_rows.cuh"
@@ -79,15 +78,6 @@ DASH_DEVICE void preprocess_tile(const BwdParams& p, int m_block, int h, int b, 
 
   if (p.dq_semaphore != nullptr) {
     if (tid == 0) p.dq_semaphore[seq.semaphore(m_block)] = 0;
-    if (p.dq_ranks != nullptr && __ldg(p.dq_ranks + seq.semaphore(m_block)) == 0) {
-      // no visit will finish this tile (bwd/dq_finish.cuh): its rows see no key, their dq is 0
-      constexpr int kChunks = kHeadDimIO / 8;
-      elem_t* dq = p.dq + seq.batch * p.dq_stride.batch + (int64_t)seq.row_q * p.dq_stride.row + h * p.dq_stride.head;
-      for (int i = tid; i < kBlockM * kChunks; i += kPassThreads) {
-        const int64_t q = m_block * kBlockM + i / kChunks;
-        if (q < seq.seqlen_q) *reinterpret_cast<uint4*>(dq + q * p.dq_stride.row + 8 * (i % kChunks)) = uint4{};
-      }
-    }
   } else {
     float4* dq_accum =
         reinterpret_cast<float4*>(p.dq_accum + (seq.scratch_row + (int64_t)m_block * kBlockM) * kHeadDim);

@@ -17,8 +17,8 @@ SOURCES = {p: p.read_text() for p in sorted(KDIR.rglob("*"))
 
 def test_parsed_values():
     assert K._asdict() == params.parse_constants((KDIR / "constants.cuh").read_text())
-    codes = (K.kErrorSemaphoreTimeout, K.kErrorPipelineStall, K.kErrorGridBarrier, K.kErrorDqFinish)
-    assert codes == (1, 2, 3, 4)
+    codes = (K.kErrorSemaphoreTimeout, K.kErrorPipelineStall, K.kErrorGridBarrier)
+    assert codes == (1, 2, 3)
     assert (K.kErrorRecordWords, K.kErrorFailureWords) == (8, 4)
     assert errors.RECORD_BYTES == 4 * K.kErrorRecordWords == 32 and errors.FAILURE_WORDS == K.kErrorFailureWords
     counters = (K.kErrorWordBarrier1, K.kErrorWordBarrier2, K.kErrorWordExit)
@@ -71,9 +71,6 @@ INFO = ("shift", 2, 4, 300, 1000, 128, True, (-1, 0))
                              f"{K.kStallTimeoutFactor} x CUPY_DASH_SPIN_TIMEOUT_MS")),
     (K.kErrorGridBarrier, ("grid barrier of the folded", "CTA 7 saw 2 CTAs at counter word 3", "CUPY_DASH_FOLD=0",
                            f"{K.kStallSlackNs / 1e9:g} s")),
-    (K.kErrorDqFinish, ("dQ finisher waited for all 3 partials of dQ tile 7", "saw 2",
-                        "CUPY_DASH_BWD_DQ_FINISH unset",
-                        f"{K.kStallTimeoutFactor} x CUPY_DASH_SPIN_TIMEOUT_MS")),
     (99, ("reported error code 99", "visit 7, values 3, 2")),
 ])
 def test_errors_decode_each_code(code, needles, monkeypatch):

@@ -177,22 +177,7 @@ def test_backward_workspace_and_params(deterministic, monkeypatch):
                                         (specs.postprocess, (m_blocks, 4, 2)))
     assert int(launchers.bwd_params(c, operands, 0x6000, 0x100000, (0x7000, 0x8000, 0x9000), (0xD000, 0xF000),
                                     0xE000)[0]["fold"]) == 0
-    assert int(f["dq_ranks"]) == 0
-    # tables that count each dQ tile's visits: with CUPY_DASH_BWD_DQ_FINISH=1 a deterministic launch finishes dq
-    # in the main kernel (no postprocess)
-    c.tables.ranks = ptr(data=ptr(ptr=0x11000))
-    c.tables.finish_tiles, c.tables.finish_start = ptr(data=ptr(ptr=0x12000)), ptr(data=ptr(ptr=0x13000))
-    assert not launchers.finishes_dq(c)
-    monkeypatch.setenv("CUPY_DASH_BWD_DQ_FINISH", "1")
-    finishing = launchers.bwd_kernels(c) == ((specs.preprocess, (m_blocks, 4, 2)), (specs.main, (33,)))
-    g = launchers.bwd_params(c, operands, 0x6000, 0x100000, (0x7000, 0x8000, 0x9000), (0xD000, 0xF000), 0xE000)[0]
-    fields = [int(g[n]) for n in ("dq_ranks", "finish_tiles", "finish_start")]
-    assert finishing == deterministic and fields == ([0x11000, 0x12000, 0x13000] if deterministic else [0, 0, 0])
-    monkeypatch.setenv("CUPY_DASH_BWD_DQ_FINISH", "0")
-    assert not launchers.finishes_dq(c) and len(launchers.bwd_kernels(c)) == 3
-    monkeypatch.setenv("CUPY_DASH_BWD_DQ_FINISH", "1")
     c.fold = True
-    assert not launchers.finishes_dq(c)             # a folded backward runs the postprocess pass itself
     assert (int(f["window_left"]), int(f["window_right"])) == (150, 0)
     assert not c.zero_kv                 # every key is seen by some query
     assert np.isclose(float(f["softmax_scale_log2"]), 0.1 / math.log(2))

@@ -296,39 +296,11 @@ def test_device_tables_are_checked_uploaded_once_and_cached(monkeypatch):
 
     uploads = fake_uploads(monkeypatch, install(monkeypatch))
     args = ("symmetric_shift", 1000, 1000, 64, 128, 3, True, 7, 0, Stream())
-    plain = device_tables.per_visit(*args)                 # the finisher off (the default): three arrays
-    assert [dtype for _, dtype in uploads] == [np.int32, np.int32, np.int64] and plain.ranks is None
-    assert plain.finish_tiles is None and plain.finish_start is None and Stream.synced == 1
-    del uploads[:], plain
-    Stream.synced = 0
-    monkeypatch.setenv("CUPY_DASH_BWD_DQ_FINISH", "1")     # another cache entry: with the finisher's lists
     t = device_tables.per_visit(*args)
     assert isinstance(t, device_tables.DeviceTables) and t.num_ctas == 7 and t.policy == "symmetric_shift"
-    assert [dtype for _, dtype in uploads] == [np.int32, np.int32, np.int64, np.int32, np.int32, np.int64]
-    assert Stream.synced == 1
+    assert [dtype for _, dtype in uploads] == [np.int32, np.int32, np.int64] and Stream.synced == 1
     assert t.visits.shape[1] == 4 and t.rank.shape == (t.visits.shape[0],) and t.cta_start.shape == (8,)
-    # the visits of each dQ tile (bh * 16 + m_block): the one visit ranked count - 1 is the tile's last, which
-    # kernels_src/bwd/dq_finish.cuh finishes
-    visits, rank, counts = (np.asarray(a) for a in (t.visits, t.rank, t.ranks))
-    tiles = visits[:, 1] * 16 + visits[:, 3]
-    assert counts.shape == (3 * 16,) and counts.sum() == len(visits) and (counts > 0).all()
-    last = rank == counts[tiles] - 1
-    assert sorted(tiles[last]) == list(range(3 * 16))
-    # the conversions dealt evenly over the 7 CTAs, each CTA's in the order its tiles complete: its finisher
-    # warp's, then the tail its MMA warpgroups convert (tiles completing past FINISH_TAIL of their CTA's visits)
-    finish_tiles, finish_start = np.asarray(t.finish_tiles), np.asarray(t.finish_start)
-    assert sorted(finish_tiles) == list(range(3 * 16)) and finish_start.shape == (15,)
-    assert finish_start[0] == 0 and finish_start[-1] == 48 and set(finish_start[2::2] - finish_start[:-1:2]) <= {6, 7}
-    cta_start = np.asarray(t.cta_start)
-    cta_of = np.searchsorted(cta_start, np.flatnonzero(last), side="right") - 1
-    done = {int(tiles[v]): (v - cta_start[c], (v - cta_start[c] + 1) / (cta_start[c + 1] - cta_start[c]))
-            for v, c in zip(np.flatnonzero(last), cta_of)}               # tile -> (position, fraction) of its CTA's
-    for c in range(7):
-        warp, tail = (finish_tiles[finish_start[2 * c + k]:finish_start[2 * c + k + 1]] for k in (0, 1))
-        assert [done[int(x)][0] for x in warp] == sorted(done[int(x)][0] for x in warp)
-        assert all(done[int(x)][1] <= device_tables.FINISH_TAIL for x in warp)
-        assert all(done[int(x)][1] > device_tables.FINISH_TAIL for x in tail)
-    assert device_tables.per_visit(*args) is t and len(uploads) == 6      # cached: built and uploaded once
+    assert device_tables.per_visit(*args) is t and len(uploads) == 3      # cached: built and uploaded once
     other = device_tables.per_visit("shift", 1000, 1000, 64, 128, 3, True, 7, 0, Stream())
     assert other is not t and other.policy == "shift"
     with pytest.raises(ValueError, match=r"plan: visits\[:, 1\] \(bh\) must lie in \[0, 2\)"):
