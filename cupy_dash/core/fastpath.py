@@ -295,7 +295,6 @@ def register_backward(key, c, call, like) -> None:
 
 
 _CACHED_WORK_BYTES = 256 << 10   # scratch kept per plan (its last stream) up to this size: small problems only
-_PER_THREAD_STREAM = 2           # cudaStreamPerThread: one handle, another stream in every thread
 
 
 def _work(plan, nbytes, stream_ptr):
@@ -309,7 +308,7 @@ def _work(plan, nbytes, stream_ptr):
     if cached is not None and cached[0] == stream_ptr:
         return cached[1]
     work = _empty(plan, (nbytes,), cupy.uint8 if plan.cupy else _torch.uint8)
-    if nbytes <= _CACHED_WORK_BYTES and stream_ptr != _PER_THREAD_STREAM:
+    if nbytes <= _CACHED_WORK_BYTES and stream_ptr != cupy.cuda.runtime.streamPerThread:
         plan.work = (stream_ptr, work)
     return work
 

@@ -266,11 +266,9 @@ cdef inline void free_units(Units* un) noexcept:
 cdef long long total_columns(const Shapes* sh, long long Hkv) except -1:
     cdef long long b, ncols = 0
     for b in range(sh.B):
-        if sh.info[INFO_FIELDS * b + 3] > INT32_MAX // Hkv:
+        if sh.info[INFO_FIELDS * b + 3] > (INT32_MAX - ncols) // Hkv:     # (before the product: nothing wraps)
             raise ValueError("heads: the compact records' columns (KV heads x KV tiles) are indexed by int32")
         ncols += Hkv * sh.info[INFO_FIELDS * b + 3]
-        if ncols > INT32_MAX:         # (checked per sequence: the sum never wraps)
-            raise ValueError("heads: the compact records' columns (KV heads x KV tiles) are indexed by int32")
     return ncols
 
 

@@ -42,6 +42,11 @@ static_assert(supported_value_head_dim(kHeadDimIO, kHeadDimVIO), "value head dim
 // head-dim rows at 256 (64 x 64 tiles), three of 64 at 192 (96 x 64 tiles of compact tables, 512 threads).
 constexpr bool kSplitHeadDim = kHeadDim == 256 || kHeadDim == 192;
 static_assert(kHeadDimV == kHeadDim || kSplitHeadDim, "a value head dim of its own: the split plan only");
+// Whether head-dim row d of dV^T (column d of dv) exists in the split plans: value head dim 128 with 192 gives
+// warpgroup 2 none, which then stores no dV^T (tile_tma.cuh).
+// NOTES: warpgroup 2 still issues its dV^T GEMMs (over the dO tile's third panel, which no load writes): skipping
+// them by a branch on wg made ptxas 13.0 inject warpgroup.arrive around the GEMMs (C7519).
+DASH_DEVICE constexpr bool has_value_rows(int d) { return kHeadDimV == kHeadDim || d < kHeadDimV; }
 constexpr int kHeadRows = kHeadDim / kNumMmaWg;
 // NOTES: head dim 192's 64 x 96 tile (FA3's; bwd/keys_step.cuh) splits S = Q K^T and dP = dO V^T by keys instead:
 // warpgroup wg computes all 64 queries against keys [32 wg, + 32), then, like the others, its 64 head-dim rows of

@@ -18,10 +18,6 @@ static_assert(kSplitByKeys && kNumMmaWg == 3 && kDqPieces == 1 && kDkvHalves == 
               "head dim 192's 64 x 96 tile: three warpgroups of 64 head-dim rows, one dQ piece each, one K buffer, "
               "one dO stage and one P^T / dS^T buffer");
 
-// Whether head-dim row d of dV^T (column d of dv) exists (split_step.cuh's rule: value head dim 128 with 192 gives
-// warpgroup 2 none, which still issues its dV^T GEMMs over the dO tile's unwritten third panel).
-DASH_DEVICE constexpr bool has_value_rows(int d) { return kHeadDimV == kHeadDim || d < kHeadDimV; }
-
 // The keys (columns) of a thread's S row that its query sees, relative to column col_base (the key of column
 // f.col0 of the warpgroup's 32): [lo, hi] with key - query in the band and key < Sk, clamped to [-1, kWgKeys],
 // empty (lo > hi) when the query sees none of them.

@@ -22,12 +22,6 @@ static_assert(kSplitHeadDim && kDqPieces == 2 && kKStages == 1 && kDoStages == 1
 // (m64n64 fragments).
 constexpr int kHalfRegs = kDkvRegs / kDkvHalves;
 
-// Whether head-dim row d of dV^T (column d of dv) exists: value head dim 128 with 192 gives warpgroup 2 none, which
-// then stores no dV^T (tile_tma.cuh).
-// NOTES: warpgroup 2 still issues its dV^T GEMMs (over the dO tile's third panel, which no load writes): skipping
-// them by a branch on wg made ptxas 13.0 inject warpgroup.arrive around the GEMMs (C7519).
-DASH_DEVICE constexpr bool has_value_rows(int d) { return kHeadDimV == kHeadDim || d < kHeadDimV; }
-
 // acc (64 head-dim rows x 64 keys) (+)= A B over the tile's kBlockM queries: A = the Q or dO tile read MN-major from
 // head-dim column d0, B = the dS or P tile (256: keys x queries, K-major; 192: queries x keys, MN-major): dK^T += Q^T
 // dS, dV^T += dO^T P. restart: the first k-step ignores acc (new KV tile). Issues the wgmmas, no commit.

@@ -344,3 +344,11 @@ def test_schedule_builders_bound_num_sms_and_heads(build):
     with pytest.raises(ValueError, match=f"{heads} must be <="):
         call(heads=2 ** 62, num_sms=8)
     assert call(heads=2, num_sms=10 ** 6) is not None                # any value up to the bound
+
+
+def test_varlen_column_count_beyond_int32_raises():
+    """KV heads x KV tiles past int32 (within the heads bound: 2^24 heads x 200 KV tiles) raises before any
+    record is built."""
+    with pytest.raises(ValueError, match="indexed by int32"):
+        schedule.build_varlen("fa3", [128 * 200], [128 * 200], block_m=64, block_n=128, causal=True, heads=2 ** 24,
+                              num_sms=132)
