@@ -9,12 +9,21 @@ longest first, an SM taking the next CTA when it frees up). No GPU, no ranks or 
 Column n of a causal head (Sq = Sk = S, tiles block_m x block_n) has ceil(S / block_m) - floor(n block_n / block_m)
 visits; `symmetric_shift` pairs columns (k, N - 1 - k), all about equally long, and dispatches them to the CTA that
 frees up first: with U pairs over G CTAs the busiest CTA takes ceil(U / G) of them against U / G on average.
+
+``--engine``: a prototype of the change on real tables: `symmetric_shift`'s compact records with the last
+``--single-rounds`` rounds of pairs (and the partial one) re-dispatched as single columns longest first, each
+column's Q tiles in the order ``--tail-order`` (``rotated``: the rectangle its head's tail columns share, rotated by
+the column's index among them, then its own triangle ascending; ``descending``), proven valid by ``validate()``
+(coverage, ranks, no deadlock, the dQ writer's scan bounds) and simulated in the engine model (rank waits
+included) beside the unchanged table.
 """
 from __future__ import annotations
 
 import argparse
 import heapq
 import math
+
+import numpy as np
 
 
 def column_visits(seqlen: int, block_m: int, block_n: int) -> list:
@@ -49,11 +58,75 @@ def makespans(seqlen: int, block_m: int, block_n: int, heads: int, num_ctas: int
     }
 
 
+def tail_plan(seqlen: int, block_m: int, block_n: int, heads: int, num_ctas: int, single_rounds: int,
+              tail_order: str = "rotated", section: int = 0):
+    """(unchanged symmetric_shift compact plan, the plan with its tail re-dispatched as single columns, longest
+    first within sections of ``section`` heads, one section after the other; 0: one section)."""
+    from cupy_dash.schedule import compact
+    F = {"step": 0, "lo": 1, "hi": 2, "split": 3, "rot": 4, "cta": 5, "head": 6, "n": 7}   # _records.pxd
+    base = compact._build_compact("symmetric_shift", seqlen, seqlen, block_m, block_n, heads, True, num_ctas)
+    rec, order = base.records.copy(), np.asarray(base._dispatch_order)
+    if base.columns_per_head % 2 or len(order) != 2 * (len(order) // 2):
+        raise ValueError("the prototype takes heads of an even number of columns, all paired")
+    units = len(order) // 2                                  # unit u: records order[2u] (long), order[2u + 1]
+    keep = max(0, (units // num_ctas - single_rounds) * num_ctas)
+    kept = order[:2 * keep]
+    loads = np.zeros(num_ctas, dtype=np.int64)
+    np.maximum.at(loads, rec[kept, F["cta"]], rec[kept, F["step"]] + rec[kept, F["hi"]] - rec[kept, F["lo"]])
+    tail = sorted(order[2 * keep:], key=lambda i: (rec[i, F["head"]] // section if section else 0,
+                                                   -(rec[i, F["hi"]] - rec[i, F["lo"]]), rec[i, F["head"]],
+                                                   rec[i, F["n"]]))
+    heap = [(int(loads[c]), c) for c in range(num_ctas)]
+    heapq.heapify(heap)
+    seen = {}
+    for i in tail:
+        load, c = heapq.heappop(heap)
+        length = int(rec[i, F["hi"]] - rec[i, F["lo"]])
+        rec[i, F["cta"]], rec[i, F["step"]] = c, load
+        heapq.heappush(heap, (load + length, c))
+        loads[c] = load + length
+        head = int(rec[i, F["head"]])
+        if tail_order == "descending":
+            rec[i, F["split"]], rec[i, F["rot"]] = -1, 0
+        else:
+            shared = max(int(rec[j, F["lo"]]) for j in tail if rec[j, F["head"]] == head) \
+                if head not in seen else seen[head][0]
+            k = seen.get(head, (shared, -1))[1] + 1
+            seen[head] = (shared, k)
+            rec[i, F["split"]], rec[i, F["rot"]] = shared, k % (int(rec[i, F["hi"]]) - shared)
+    new_order = np.concatenate([kept, np.array(tail, dtype=order.dtype)])
+    by_cta = sorted(range(len(rec)), key=lambda i: (rec[i, F["cta"]], rec[i, F["step"]]))
+    cta_columns = np.array(by_cta, dtype=base.cta_columns.dtype)
+    cta_col_start = np.searchsorted(rec[by_cta, F["cta"]], np.arange(num_ctas + 1)).astype(base.cta_col_start.dtype)
+    meta = {"M": base.num_m_blocks, "N": base.num_n_blocks, "n_first": base.n_first, "NC": base.columns_per_head,
+            "num_ctas": num_ctas, "tie_sign": base.tie_sign, "rank_rule": base.rank_rule}
+    args = (seqlen, seqlen, block_m, block_n, heads, True, num_ctas, 1, (-1, -1), 0)
+    plan = compact.CompactSchedule("symmetric_shift", args, rec, cta_columns, cta_col_start, new_order,
+                                   loads.astype(base.loads.dtype), meta)
+    return base, plan.validate()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--num-ctas", type=int, default=132)
     ap.add_argument("--single-rounds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--engine", action="store_true", help="prototype tables in the engine model (slow: minutes)")
+    ap.add_argument("--tail-order", choices=["rotated", "descending"], default="rotated")
+    ap.add_argument("--section", type=int, default=0, help="heads per section of the tail's dispatch (0: all)")
     args = ap.parse_args()
+    if args.engine:
+        from cupy_dash.schedule import per_visit
+        c, r = per_visit.AUTO_COSTS
+        for hdim, seqlen, block_m, heads in [(128, 4096, 64, 64), (128, 8192, 80, 32), (128, 16384, 80, 16)]:
+            for rounds in args.single_rounds:
+                base, plan = tail_plan(seqlen, block_m, 128, heads, args.num_ctas, rounds, args.tail_order,
+                                       args.section)
+                b = base.to_schedule()
+                t = plan.to_schedule()
+                bound = b.lower_bound(c, r, "engine")
+                print(f"d{hdim} causal {seqlen} {block_m}x128, R={rounds} ({args.tail_order}, section {args.section}): engine makespan / "
+                      f"bound {b.simulate(c, r, 'engine') / bound:.4f} -> {t.simulate(c, r, 'engine') / bound:.4f}")
+        return
     # (head dim, S, block_m, block_n): the bench's causal shapes (16k tokens, H * D = 2048) and their tile plans
     shapes = [(128, 2048, 64, 128), (128, 4096, 64, 128), (128, 8192, 80, 128), (128, 16384, 80, 128),
               (64, 2048, 128, 128), (64, 8192, 128, 128), (64, 16384, 128, 128)]

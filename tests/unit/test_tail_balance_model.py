@@ -34,3 +34,13 @@ def test_singles_at_the_end_balance_better_than_pairs(seqlen, block_m, heads):
     assert m["pairs"] > 1.03
     assert m["pairs, singles at the end"] < 1.01
     assert 1.0 <= m["every column alone, longest first"] <= m["pairs, singles at the end"]
+
+
+@pytest.mark.parametrize("tail_order", ["rotated", "descending"])
+@pytest.mark.parametrize("rounds", [0, 1, 3])
+def test_the_prototype_tables_are_valid_and_better_balanced(tail_order, rounds):
+    # 40 heads of 8 pairs over 13 CTAs: a partial last round (320 = 24 x 13 + 8); validate() runs inside
+    base, plan = model.tail_plan(2048, 64, 128, 40, 13, rounds, tail_order)
+    assert plan.num_visits == base.num_visits
+    assert plan.loads.max() <= base.loads.max()
+    assert plan.to_schedule().validate() is not None
