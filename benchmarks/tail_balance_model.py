@@ -124,8 +124,9 @@ def main() -> None:
                 b = base.to_schedule()
                 t = plan.to_schedule()
                 bound = b.lower_bound(c, r, "engine")
-                print(f"d{hdim} causal {seqlen} {block_m}x128, R={rounds} ({args.tail_order}, section {args.section}): engine makespan / "
-                      f"bound {b.simulate(c, r, 'engine') / bound:.4f} -> {t.simulate(c, r, 'engine') / bound:.4f}")
+                print(f"d{hdim} causal {seqlen} {block_m}x128, R={rounds} ({args.tail_order}, section "
+                      f"{args.section}): engine makespan / bound {b.simulate(c, r, 'engine') / bound:.4f} -> "
+                      f"{t.simulate(c, r, 'engine') / bound:.4f}")
         return
     # (head dim, S, block_m, block_n): the bench's causal shapes (16k tokens, H * D = 2048) and their tile plans
     shapes = [(128, 2048, 64, 128), (128, 4096, 64, 128), (128, 8192, 80, 128), (128, 16384, 80, 128),
