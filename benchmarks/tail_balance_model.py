@@ -58,17 +58,29 @@ def makespans(seqlen: int, block_m: int, block_n: int, heads: int, num_ctas: int
     }
 
 
+F = {"step": 0, "lo": 1, "hi": 2, "split": 3, "rot": 4, "cta": 5, "head": 6, "n": 7}   # _records.pxd's fields
+
+
 def tail_plan(seqlen: int, block_m: int, block_n: int, heads: int, num_ctas: int, single_rounds: int,
               tail_order: str = "rotated", section: int = 0):
-    """(unchanged symmetric_shift compact plan, the plan with its tail re-dispatched as single columns, longest
-    first within sections of ``section`` heads, one section after the other; 0: one section)."""
+    """(unchanged symmetric_shift compact plan of a causal problem, :func:`retail` of it)."""
     from cupy_dash.schedule import compact
-    F = {"step": 0, "lo": 1, "hi": 2, "split": 3, "rot": 4, "cta": 5, "head": 6, "n": 7}   # _records.pxd
     base = compact._build_compact("symmetric_shift", seqlen, seqlen, block_m, block_n, heads, True, num_ctas)
-    rec, order = base.records.copy(), np.asarray(base._dispatch_order)
-    if base.columns_per_head % 2 or len(order) != 2 * (len(order) // 2):
-        raise ValueError("the prototype takes heads of an even number of columns, all paired")
-    units = len(order) // 2                                  # unit u: records order[2u] (long), order[2u + 1]
+    return base, retail(base, single_rounds, tail_order, section)
+
+
+def retail(base, single_rounds: int, tail_order: str = "descending", section: int = 0):
+    """``base`` (symmetric_shift compact records whose dispatch order is all pairs) with its last partial round of
+    pairs and the ``single_rounds`` before it re-dispatched as single columns, longest first within sections of
+    ``section`` heads, one section after the other (0: one section); validated. ValueError if ``base`` is not all
+    pairs (an odd number of columns per head, a band)."""
+    from cupy_dash.schedule import compact
+    rec, order, num_ctas = base.records.copy(), np.asarray(base._dispatch_order), base.num_ctas
+    pairs = order.reshape(-1, 2) if len(order) % 2 == 0 else None    # unit u: records order[2u], order[2u + 1]
+    if pairs is None or not (np.all(rec[pairs[:, 0], F["cta"]] == rec[pairs[:, 1], F["cta"]]) and np.all(
+            rec[pairs[:, 0], F["n"]] + rec[pairs[:, 1], F["n"]] == 2 * base.n_first + base.columns_per_head - 1)):
+        raise ValueError("the prototype takes symmetric_shift tables of pairs only")
+    units = len(pairs)
     keep = max(0, (units // num_ctas - single_rounds) * num_ctas)
     kept = order[:2 * keep]
     loads = np.zeros(num_ctas, dtype=np.int64)
@@ -100,10 +112,11 @@ def tail_plan(seqlen: int, block_m: int, block_n: int, heads: int, num_ctas: int
     cta_col_start = np.searchsorted(rec[by_cta, F["cta"]], np.arange(num_ctas + 1)).astype(base.cta_col_start.dtype)
     meta = {"M": base.num_m_blocks, "N": base.num_n_blocks, "n_first": base.n_first, "NC": base.columns_per_head,
             "num_ctas": num_ctas, "tie_sign": base.tie_sign, "rank_rule": base.rank_rule}
-    args = (seqlen, seqlen, block_m, block_n, heads, True, num_ctas, 1, (-1, -1), 0)
-    plan = compact.CompactSchedule("symmetric_shift", args, rec, cta_columns, cta_col_start, new_order,
+    args = (base.seqlen_q, base.seqlen_k, base.block_m, base.block_n, base.num_heads, base.causal, base.num_sms,
+            base.group_size, base.window, base.head_section)
+    plan = compact.CompactSchedule(base.policy, args, rec, cta_columns, cta_col_start, new_order,
                                    loads.astype(base.loads.dtype), meta)
-    return base, plan.validate()
+    return plan.validate()
 
 
 def main() -> None:

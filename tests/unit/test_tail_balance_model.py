@@ -44,3 +44,19 @@ def test_the_prototype_tables_are_valid_and_better_balanced(tail_order, rounds):
     assert plan.num_visits == base.num_visits
     assert plan.loads.max() <= base.loads.max()
     assert plan.to_schedule().validate() is not None
+
+
+def test_with_tail_tables_replaces_the_causal_symmetric_shift_tables(tmp_path):
+    import subprocess
+    probe = tmp_path / "probe.py"
+    probe.write_text("from cupy_dash import schedule\n"
+                     "args = dict(seqlen_q=2048, seqlen_k=2048, block_m=64, block_n=128, num_heads=40, num_sms=13)\n"
+                     "p = schedule.build('symmetric_shift', causal=True, **args).validate()\n"
+                     "f = schedule.build('symmetric_shift', causal=False, **args)\n"
+                     "print(p.num_visits, p.simulate(1.0, 0.0) / p.lower_bound(1.0, 0.0), f.num_ctas)\n")
+    runs = [subprocess.run([sys.executable, *pre, str(probe)], capture_output=True, text=True, check=True)
+            for pre in ([], [str(BENCHMARKS / "with_tail_tables.py"), "1"])]
+    (visits, tree, ctas), (visits_tail, tail, ctas_tail) = (r.stdout.split() for r in runs)
+    assert visits == visits_tail and ctas == ctas_tail
+    assert float(tail) < float(tree)
+    assert "with_tail_tables:" in runs[1].stderr and "with_tail_tables:" not in runs[0].stderr
