@@ -62,7 +62,7 @@ F = {"step": 0, "lo": 1, "hi": 2, "split": 3, "rot": 4, "cta": 5, "head": 6, "n"
 
 
 def tail_plan(seqlen: int, block_m: int, block_n: int, heads: int, num_ctas: int, single_rounds: int,
-              tail_order: str = "rotated", section: int = 0):
+              tail_order: str = "descending", section: int = 0):
     """(unchanged symmetric_shift compact plan of a causal problem, :func:`retail` of it)."""
     from cupy_dash.schedule import compact
     base = compact._build_compact("symmetric_shift", seqlen, seqlen, block_m, block_n, heads, True, num_ctas)
@@ -124,7 +124,7 @@ def main() -> None:
     ap.add_argument("--num-ctas", type=int, default=132)
     ap.add_argument("--single-rounds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--engine", action="store_true", help="prototype tables in the engine model (slow: minutes)")
-    ap.add_argument("--tail-order", choices=["rotated", "descending"], default="rotated")
+    ap.add_argument("--tail-order", choices=["descending", "rotated"], default="descending")
     ap.add_argument("--section", type=int, default=0, help="heads per section of the tail's dispatch (0: all)")
     args = ap.parse_args()
     if args.engine:
