@@ -123,7 +123,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--num-ctas", type=int, default=132)
     ap.add_argument("--single-rounds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--engine", action="store_true", help="prototype tables in the engine model (slow: minutes)")
+    ap.add_argument("--engine", action="store_true", help="prototype tables in the engine model")
     ap.add_argument("--tail-order", choices=["descending", "rotated"], default="descending")
     ap.add_argument("--section", type=int, default=0, help="heads per section of the tail's dispatch (0: all)")
     args = ap.parse_args()

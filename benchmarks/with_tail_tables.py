@@ -3,12 +3,15 @@ benchmarks/tail_balance_model.py (its last partial round of pairs and the R roun
 columns, longest first, each descending): the GPU leg of that A/B, in a process of its own (tables are cached per
 process by the problem, not by this change). Tables that are not all pairs (an odd number of KV tiles, a band, a
 full mask's shift form) stay as built; the replaced ones are validated first (coverage, ranks, no deadlock, the
-dQ writer's scan bounds). The bits differ from the tree's wherever a table is replaced.
+dQ writer's scan bounds). Only MHA tables (group size 1) are replaced. The bits differ from the tree's wherever a
+table is replaced. `auto` compares the replaced table with its other candidates: name the schedule
+(`--schedules symmetric_shift`) to be sure a leg runs it.
 
     python benchmarks/with_tail_tables.py 1 benchmarks/steady_bench.py --schedules symmetric_shift ...
 
 The first argument is R; the second a script (ending in .py) or a module, as benchmarks/with_kernels.py takes them.
 """
+import functools
 import os
 import runpy
 import sys
@@ -23,9 +26,10 @@ def main():
     from cupy_dash.schedule import compact
     built = compact._build_compact
 
-    def with_tail(policy, *args, **kwargs):
-        plan = built(policy, *args, **kwargs)
-        if policy != "symmetric_shift" or not plan.causal:
+    @functools.lru_cache(maxsize=64)
+    def with_tail(policy, *args):
+        plan = built(policy, *args)
+        if policy != "symmetric_shift" or not plan.causal or plan.group_size != 1:
             return plan
         try:
             tail = model.retail(plan, rounds, "descending")
