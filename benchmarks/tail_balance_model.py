@@ -90,7 +90,10 @@ def retail(base, single_rounds: int, tail_order: str = "descending", section: in
                                                    rec[i, F["n"]]))
     heap = [(int(loads[c]), c) for c in range(num_ctas)]
     heapq.heapify(heap)
-    seen = {}
+    shared, index = {}, {}        # rotated: per head, the start of the rectangle its tail columns share; a counter
+    for i in tail:
+        head = int(rec[i, F["head"]])
+        shared[head] = max(shared.get(head, 0), int(rec[i, F["lo"]]))
     for i in tail:
         load, c = heapq.heappop(heap)
         length = int(rec[i, F["hi"]] - rec[i, F["lo"]])
@@ -101,11 +104,8 @@ def retail(base, single_rounds: int, tail_order: str = "descending", section: in
         if tail_order == "descending":
             rec[i, F["split"]], rec[i, F["rot"]] = -1, 0
         else:
-            shared = max(int(rec[j, F["lo"]]) for j in tail if rec[j, F["head"]] == head) \
-                if head not in seen else seen[head][0]
-            k = seen.get(head, (shared, -1))[1] + 1
-            seen[head] = (shared, k)
-            rec[i, F["split"]], rec[i, F["rot"]] = shared, k % (int(rec[i, F["hi"]]) - shared)
+            k = index[head] = index.get(head, -1) + 1
+            rec[i, F["split"]], rec[i, F["rot"]] = shared[head], k % (int(rec[i, F["hi"]]) - shared[head])
     new_order = np.concatenate([kept, np.array(tail, dtype=order.dtype)])
     by_cta = sorted(range(len(rec)), key=lambda i: (rec[i, F["cta"]], rec[i, F["step"]]))
     cta_columns = np.array(by_cta, dtype=base.cta_columns.dtype)

@@ -25,8 +25,12 @@ def main():
     from cupy_dash.cuda import jit
     jit._default_kernel_dir.cache_clear()
     jit._default_kernel_dir = lambda: src
-    target = sys.argv[2]
-    sys.argv = [target] + sys.argv[3:]
+    run_target(sys.argv[2], sys.argv[3:])
+
+
+def run_target(target: str, args: list) -> None:
+    """Runs ``target`` with ``args`` as ``python SCRIPT`` (it ends in .py) or ``python -m MODULE`` would."""
+    sys.argv = [target] + list(args)
     if target.endswith(".py"):
         if not os.path.isfile(target):
             sys.exit(f"{target}: no such script")

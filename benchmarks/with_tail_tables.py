@@ -13,7 +13,6 @@ The first argument is R; the second a script (ending in .py) or a module, as ben
 """
 import functools
 import os
-import runpy
 import sys
 
 
@@ -23,6 +22,7 @@ def main():
     rounds, target = int(sys.argv[1]), sys.argv[2]
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import tail_balance_model as model
+    import with_kernels
     from cupy_dash.schedule import compact
     built = compact._build_compact
 
@@ -40,14 +40,7 @@ def main():
         return tail
 
     compact._build_compact = with_tail
-    sys.argv = [target] + sys.argv[3:]
-    if target.endswith(".py"):
-        if not os.path.isfile(target):
-            sys.exit(f"{target}: no such script")
-        sys.path[0] = os.path.dirname(os.path.abspath(target))
-        runpy.run_path(target, run_name="__main__")
-    else:
-        runpy.run_module(target, run_name="__main__", alter_sys=True)
+    with_kernels.run_target(target, sys.argv[3:])
 
 
 if __name__ == "__main__":
