@@ -4,7 +4,7 @@
 #                                  fold|fold_bench|varlen_events|sanitize|ncu|engine|engine_bench|
 #                                  dq_writers|multi_gpu|first|first2|fa3_bench|fa3_full|final|tile80|d96|tests2|
 #                                  loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|suite|legs_ab|
-#                                  short_modes|steady|steady_ab|ncu_conflicts|sections_auto|fwd_order|all]
+#                                  short_modes|steady|steady_ab|tail_ab|ncu_conflicts|sections_auto|fwd_order|all]
 #                                  [extra pytest args...]
 # "engine": the backward kernel's GPU tests (every family: MHA, GQA, compact, varlen, fold, window, portable);
 # "engine_bench": the backward at the issue's shapes, this tree against the kernels in every carried .ab*/kernels_src
@@ -24,14 +24,15 @@ export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false CUPY_DASH_CACHE_DI
 OUT=${OUT:-/tmp/dash_out}; mkdir -p "$OUT"
 stage=${1:-all}; shift || true
 py=python3
-$py -m pip install --no-build-isolation --no-deps -q -e . >/tmp/install.log 2>&1 || { tail -20 /tmp/install.log; exit 1; }
+[ -n "${NO_INSTALL:-}" ] ||   # NO_INSTALL=1: a second stage in the same call, the package already installed
+  $py -m pip install --no-build-isolation --no-deps -q -e . >/tmp/install.log 2>&1 || { tail -20 /tmp/install.log; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 git rev-parse --short HEAD 2>/dev/null
 if [ -n "${FA3_WHL:-}" ]; then
   $py -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >"$OUT/fa3_install.log" 2>&1 && export PYTHONPATH=/tmp/site
 fi
 case "$stage" in   # these stages compile only the kernels they run, on first use
-  ncu|engine_bench|dq_writers|first|first2|fa3_bench|fa3_full|final|tile80|d96|loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|legs_ab|short_modes|steady|steady_ab|ncu_conflicts|sections_auto|fwd_order) ;;
+  ncu|engine_bench|dq_writers|first|first2|fa3_bench|fa3_full|final|tile80|d96|loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|legs_ab|short_modes|steady|steady_ab|tail_ab|ncu_conflicts|sections_auto|fwd_order) ;;
   *) $py -m cupy_dash compile --all -j 16 >/tmp/compile.log 2>&1 || { tail -20 /tmp/compile.log; exit 1; }
      tail -1 /tmp/compile.log ;;
 esac
@@ -289,6 +290,20 @@ if [ "$stage" = steady_ab ]; then   # AB_PATCHES (benchmarks/patches/<name>) aga
     done
   done
   (cd /tmp/sab && tar czf "$OUT/steady_ab.tgz" *)
+fi
+if [ "$stage" = tail_ab ]; then   # the causal tail (benchmarks/with_tail_tables.py R) against the tree's tables:
+  mkdir -p /tmp/tab                 # LEGS rounds of one process per leg (tree, R = 1, R = 2), each timing ours
+  for n in $(seq ${LEGS:-2}); do    # deterministic and atomic beside FA3's non-deterministic backward (FA3_WHL=1)
+    for leg in tree ${TAIL_RS:-1 2}; do
+      pre=(); [ $leg = tree ] || pre=(benchmarks/with_tail_tables.py $leg)
+      timeout ${TAIL_LEG_S:-90} $py "${pre[@]}" benchmarks/steady_bench.py --impls dash_det dash_atomic fa3_nondet \
+        --schedules symmetric_shift --rounds 3 --loop-s 0.5 \
+        ${TAIL_ARGS:---shapes causal:2048 causal:4096 causal:8192 causal:16384} --json /tmp/tab/${leg}_$n.json \
+        --md /tmp/tab/${leg}_$n.md 2>&1 | grep -v "^with_tail_tables" | tail -6 | sed "s/^/$leg$n /" \
+        | tee -a "$OUT/tail_ab.log"
+    done
+  done
+  (cd /tmp/tab && tar czf "$OUT/tail_ab.tgz" *)
 fi
 if [ "$stage" = ncu_conflicts ]; then   # where the shared-memory bank conflicts and the mio throttle come from:
   ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | tail -1)   # causal 8k (B = 2) with the 80- and the
