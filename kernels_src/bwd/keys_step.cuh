@@ -128,28 +128,16 @@ DASH_DEVICE void probs_and_grads_by_keys(float (&S)[kSRegs], float (&dP)[kSRegs]
 DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_generic, int64_t v, uint32_t j,
                                uint32_t group, bool first_in_group, DkvAcc& dK, DkvAcc& dV, int wg, int tid) {
   const int stage = (int)(j % kStages);
-  const uint32_t phase = (j / kStages) & 1;
   const Fragment f(tid);
 
   // S = Q K_wg^T and dP = dO V_wg^T over the whole head dim (both K-major), two commit groups.
   float S[kSRegs], dP[kSRegs];
-  stamp_wg(p, v, wg, tid, kWgTop);
-  wait_phase(p, s.q_full(stage), phase);
-  if (first_in_group) wait_phase(p, s.k_full(0), group & 1);
-  if (wg == 0 && tid == 0) stamp(p, v, kStampStart);
-  stamp_wg(p, v, wg, tid, kWgSIssue);
-  wgmma_fence();
-  gemm_scores_by_keys<kHeadDim / 16, TileQ, TileKV>(S, s.q(stage), s.k(0), wg);
-  wgmma_commit();
-  const VisitSlot slot = VisitSlot::read(s.visit(stage));
+  const VisitSlot slot = issue_scores(
+      p, s, v, j, group, first_in_group, wg, tid,
+      [&] { gemm_scores_by_keys<kHeadDim / 16, TileQ, TileKV>(S, s.q(stage), s.k(0), wg); },
+      [&] { gemm_scores_by_keys<kHeadDimV / 16, TileQ, TileKV>(dP, s.dout(0), s.v(), wg); });
   const Visit& w = slot.w;
   const bool last_in_group = slot.last;
-  if (first_in_group) wait_phase(p, s.v_full(), group & 1);
-  wait_phase(p, s.do_full(0), j & 1);
-  stamp_wg(p, v, wg, tid, kWgDpIssue);
-  wgmma_fence();
-  gemm_scores_by_keys<kHeadDimV / 16, TileQ, TileKV>(dP, s.dout(0), s.v(), wg);
-  wgmma_commit();
   const Head hd(p, w.bh);
   const BwdRows<kBlockM> seq(p, hd.b, hd.h);
   const Band band(p, seq.seqlen_q, seq.seqlen_k);

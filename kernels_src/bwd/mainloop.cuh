@@ -35,36 +35,21 @@ DASH_DEVICE void gemm_accumulate_rs(float (&acc)[kDkvRegs], const uint32_t (&a)[
 // (selects the K buffer and the K, V phases). first_in_group (the previous visit was its KV tile's last, or there
 // was none): K and V must be waited for, dK and dV start from zero; the slot's last: V is released after dP^T, K
 // after dQ.
-// NOTES: first_in_group comes from the caller, not from the slot, so that the S^T issue waits only for Q (and K):
-// the slot's shared-memory load is read after the issue.
 DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_generic, int64_t v, uint32_t j,
                                uint32_t group, bool first_in_group, float (&dK)[kDkvRegs], float (&dV)[kDkvRegs],
                                int wg, int tid) {
   const int stage = (int)(j % kStages), do_stage = (int)(j % kDoStages);
-  const uint32_t phase = (j / kStages) & 1;
   const int kbuf = (int)(group % kKStages);
   const Fragment f(tid);
 
   // S^T = K_wg Q^T and dP^T = V_wg dO^T (both K-major from shared memory), two commit groups.
   const uint64_t k_desc = TileKV::kmajor(s.k(kbuf), 64 * wg), v_desc = TileKV::kmajor(s.v(), 64 * wg);
   float S[kSRegs], dP[kSRegs];
-  stamp_wg(p, v, wg, tid, kWgTop);
-  wait_phase(p, s.q_full(stage), phase);
-  if (first_in_group) wait_phase(p, s.k_full(kbuf), (group / kKStages) & 1);
-  if (wg == 0 && tid == 0) stamp(p, v, kStampStart);
-  stamp_wg(p, v, wg, tid, kWgSIssue);
-  wgmma_fence();
-  gemm_keys_by_queries(S, k_desc, s.q(stage));
-  wgmma_commit();
-  const VisitSlot slot = VisitSlot::read(s.visit(stage));
+  const VisitSlot slot = issue_scores(p, s, v, j, group, first_in_group, wg, tid,
+                                      [&] { gemm_keys_by_queries(S, k_desc, s.q(stage)); },
+                                      [&] { gemm_keys_by_queries(dP, v_desc, s.dout(do_stage)); });
   const Visit& w = slot.w;
   const bool last_in_group = slot.last;
-  if (first_in_group) wait_phase(p, s.v_full(), group & 1);
-  wait_phase(p, s.do_full(do_stage), (j / kDoStages) & 1);
-  stamp_wg(p, v, wg, tid, kWgDpIssue);
-  wgmma_fence();  // NOTES: not required by the ISA here, but ptxas 13.0 injects one (C7519) after the wait loop
-  gemm_keys_by_queries(dP, v_desc, s.dout(do_stage));
-  wgmma_commit();
   const int key0 = w.n_block * kBlockN + 64 * wg, query0 = w.m_block * kBlockM;
   const Head hd(p, w.bh);
   const BwdRows<kBlockM> seq(p, hd.b, hd.h);

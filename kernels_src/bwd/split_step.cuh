@@ -69,31 +69,23 @@ DASH_DEVICE void gemm_dq_piece(float (&acc)[kDqRegs], uint32_t ds_tile, uint32_t
 DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_generic, int64_t v, uint32_t j,
                                uint32_t group, bool first_in_group, DkvAcc& dK, DkvAcc& dV, int wg, int tid) {
   const int stage = (int)(j % kStages);
-  const uint32_t phase = (j / kStages) & 1;
   const Fragment f(tid);
   const int q0 = kWgQueries * wg;
 
   // S^T = K Q_wg^T and dP^T = V dO_wg^T over the whole head dim (both K-major), two commit groups.
   float S[kSRegs], dP[kSRegs];
-  stamp_wg(p, v, wg, tid, kWgTop);
-  wait_phase(p, s.q_full(stage), phase);
-  if (first_in_group) wait_phase(p, s.k_full(0), group & 1);
-  if (wg == 0 && tid == 0) stamp(p, v, kStampStart);
-  stamp_wg(p, v, wg, tid, kWgSIssue);
-  wgmma_fence();
-  gemm_ss_kmajor<kWgQueries, kHeadDim / 16, TileKV, TileQ>(S, TileKV::kmajor(s.k(0), 0),
-                                                           TileQ::kmajor(s.q(stage), q0));
-  wgmma_commit();
-  const VisitSlot slot = VisitSlot::read(s.visit(stage));
+  const VisitSlot slot = issue_scores(
+      p, s, v, j, group, first_in_group, wg, tid,
+      [&] {
+        gemm_ss_kmajor<kWgQueries, kHeadDim / 16, TileKV, TileQ>(S, TileKV::kmajor(s.k(0), 0),
+                                                                 TileQ::kmajor(s.q(stage), q0));
+      },
+      [&] {
+        gemm_ss_kmajor<kWgQueries, kHeadDimV / 16, TileKV, TileQ>(dP, TileKV::kmajor(s.v(), 0),
+                                                                  TileQ::kmajor(s.dout(0), q0));
+      });
   const Visit& w = slot.w;
   const bool last_in_group = slot.last;
-  if (first_in_group) wait_phase(p, s.v_full(), group & 1);
-  wait_phase(p, s.do_full(0), j & 1);
-  stamp_wg(p, v, wg, tid, kWgDpIssue);
-  wgmma_fence();
-  gemm_ss_kmajor<kWgQueries, kHeadDimV / 16, TileKV, TileQ>(dP, TileKV::kmajor(s.v(), 0),
-                                                           TileQ::kmajor(s.dout(0), q0));
-  wgmma_commit();
   const Head hd(p, w.bh);
   const BwdRows<kBlockM> seq(p, hd.b, hd.h);
   const Band band(p, seq.seqlen_q, seq.seqlen_k);

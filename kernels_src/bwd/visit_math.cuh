@@ -228,6 +228,34 @@ DASH_DEVICE void probs_and_grads(float (&S)[kSRegs], float (&dP)[kSRegs], uint32
   if (release_v && tid == 0) mbar_arrive(s.v_empty());  // dP^T was V's last use
 }
 
+// The top of a visit, every plan alike: waits for Q (and, first in its KV tile, K), issues S through issue_s,
+// reads the producer's VisitSlot of the visit, waits for V (first in its KV tile) and dO, issues dP through
+// issue_dp: two commit groups. Returns the slot.
+// NOTES: first_in_group comes from the caller, not from the slot, so that the S issue waits only for Q (and K): the
+// slot's shared-memory load is read after the issue. The fence before dP is not required by the ISA there, but
+// ptxas 13.0 injects one (C7519) after the wait loop.
+template <class IssueS, class IssueDp>
+DASH_DEVICE VisitSlot issue_scores(const BwdParams& p, const Smem& s, int64_t v, uint32_t j, uint32_t group,
+                                   bool first_in_group, int wg, int tid, IssueS issue_s, IssueDp issue_dp) {
+  const int stage = (int)(j % kStages), kbuf = (int)(group % kKStages), do_stage = (int)(j % kDoStages);
+  stamp_wg(p, v, wg, tid, kWgTop);
+  wait_phase(p, s.q_full(stage), (j / kStages) & 1);
+  if (first_in_group) wait_phase(p, s.k_full(kbuf), (group / kKStages) & 1);
+  if (wg == 0 && tid == 0) stamp(p, v, kStampStart);
+  stamp_wg(p, v, wg, tid, kWgSIssue);
+  wgmma_fence();
+  issue_s();
+  wgmma_commit();
+  const VisitSlot slot = VisitSlot::read(s.visit(stage));
+  if (first_in_group) wait_phase(p, s.v_full(), group & 1);
+  wait_phase(p, s.do_full(do_stage), (j / kDoStages) & 1);
+  stamp_wg(p, v, wg, tid, kWgDpIssue);
+  wgmma_fence();
+  issue_dp();
+  wgmma_commit();
+  return slot;
+}
+
 // Hands this warpgroup's fp32 dQ piece to the dQ writer warp: thread tid stores its registers 4c..4c+3 as one
 // 16-byte word at slice + 16 (128 c + tid) (the dq_accum layout of dq_accum_layout.cuh), conflict-free. first,
 // count: only the float4 groups [first, first + count), at slice + 16 (128 (c - first) + tid) (a half's own slot).
