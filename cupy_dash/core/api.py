@@ -28,8 +28,6 @@ from ..schedule import compact_device
 from . import fastpath, interop, varlen_host_cu
 from .problem import UNCHECKED, check_flag, check_tma_operands, check_window, validate
 
-__all__ = ["attention_forward", "attention_backward", "check_errors"]
-
 NP_DTYPES = {"bfloat16": np.dtype(ml_dtypes.bfloat16), "float16": np.dtype(np.float16),
              "float32": np.dtype(np.float32), "uint8": np.dtype(np.uint8), "int32": np.dtype(np.int32)}
 

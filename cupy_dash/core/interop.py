@@ -12,10 +12,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["TensorInfo", "describe", "check_layout", "check_contiguous", "framework_of", "to_cupy",
-           "from_cupy", "caller_stream", "capturing", "DLPACK_CPU", "DLPACK_CUDA", "device_name", "contiguous_strides",
-           "external_stream"]
-
 DLPACK_CPU = 1
 DLPACK_CUDA = 2
 _DLPACK_DEVICE_NAMES = {1: "cpu", 2: "cuda", 3: "cuda_host", 4: "opencl", 7: "vulkan", 8: "metal", 9: "vpi",
@@ -109,16 +105,6 @@ def _dtype_name_and_size(dt) -> tuple[str, int]:
         return _DTYPE_NAMES[dt]
     except (KeyError, TypeError):
         pass
-    result = _dtype_name_and_size_uncached(dt)
-    if len(_DTYPE_NAMES) < 256:
-        try:
-            _DTYPE_NAMES[dt] = result
-        except TypeError:       # unhashable
-            pass
-    return result
-
-
-def _dtype_name_and_size_uncached(dt) -> tuple[str, int]:
     name = getattr(dt, "name", None)
     if not isinstance(name, str):
         name = str(dt)
@@ -129,6 +115,11 @@ def _dtype_name_and_size_uncached(dt) -> tuple[str, int]:
             itemsize = np.dtype(dt).itemsize
         except TypeError:
             itemsize = 0
+    if len(_DTYPE_NAMES) < 256:
+        try:
+            _DTYPE_NAMES[dt] = name, itemsize
+        except TypeError:       # unhashable
+            pass
     return name, itemsize
 
 
@@ -269,16 +260,12 @@ def to_cupy(x):
 def from_cupy(arr, like):
     """Return the ``cupy.ndarray`` ``arr`` as the caller's type, zero-copy.
 
-    ``like`` is an input of the caller (or a framework name from :func:`framework_of`): torch ->
-    ``torch.from_dlpack``, jax -> ``jax.dlpack.from_dlpack`` (or ``jax.numpy.from_dlpack``), otherwise the CuPy
-    array itself. Call it while the stream that produced ``arr`` is CuPy's current stream, so that the
-    consumer's stream is ordered after it by the DLPack handshake.
+    ``like`` is an input of a caller that is not torch's (torch callers' outputs are torch tensors already,
+    ``api._new``): jax -> ``jax.dlpack.from_dlpack`` (or ``jax.numpy.from_dlpack``), otherwise the CuPy array
+    itself. Call it while the stream that produced ``arr`` is CuPy's current stream, so that the consumer's stream
+    is ordered after it by the DLPack handshake.
     """
-    fw = like if isinstance(like, str) else framework_of(like)
-    if fw == "torch":
-        import torch
-        return torch.from_dlpack(arr)
-    if fw == "jax":
+    if framework_of(like) == "jax":
         import jax
         try:
             return jax.dlpack.from_dlpack(arr)
@@ -311,18 +298,15 @@ def external_stream(ptr: int, device_id: int):
     return s
 
 
-def caller_stream(x, device_id: int | None = None):
-    """The caller's current stream on ``x``'s device, as a CuPy stream.
+def caller_stream(x, device_id: int):
+    """The caller's current stream on device ``device_id`` (``x``'s), as a CuPy stream.
 
     torch: ``torch.cuda.current_stream(device)``; CuPy, JAX and others: CuPy's current stream on that device
     (JAX synchronises at the DLPack boundary, see :func:`to_cupy`). Run all work of one call (allocations and
     kernels) inside ``with stream:`` so that CuPy's memory pool and the consumer see one ordered stream.
     """
     import cupy
-    fw = framework_of(x)
-    if device_id is None:
-        device_id = describe(x, "input").device_id
-    if fw == "torch":
+    if framework_of(x) == "torch":
         return external_stream(_torch_stream_ptr(device_id), device_id)
     return cupy.cuda.get_current_stream(device_id)
 

@@ -320,12 +320,6 @@ def _read_entry(cubin_path: Path, meta_path: Path, key: str, locked: bool):
 _META_FIELDS = frozenset(("registers", "spill_stores", "spill_loads", "stack_frame", "static_smem", "log"))
 
 
-def _verbose(verbose) -> bool:
-    if verbose is None:
-        return config.JIT_VERBOSE.get()
-    return bool(verbose)
-
-
 def _build(spec, root: Path, key: str, t0: float) -> tuple:
     """Run NVRTC on ``spec``: ``(cubin bytes, the entry's metadata dict)``. Raises :class:`CompileError`."""
     source_path = root / spec.source
@@ -479,7 +473,7 @@ def compile_spec(spec, *, verbose=None, force: bool = False) -> CompiledKernel:
         spill_loads=meta["spill_loads"], stack_frame=meta["stack_frame"], static_smem=meta["static_smem"],
         log=meta["log"], cached=cached, seconds=time.perf_counter() - t0, cubin_sha256=meta["cubin_sha256"],
         key=key, perf_warnings=perf_warnings(meta["log"]), cubin=cubin)
-    if _verbose(verbose):
+    if config.JIT_VERBOSE.get() if verbose is None else verbose:
         print(f"[cupy_dash.cuda.jit] {spec.label}{' (cached)' if cached else ''}: {result.registers} registers, "
               f"{result.spill_stores}/{result.spill_loads} bytes spill stores/loads, {result.stack_frame} bytes "
               f"stack, {result.static_smem} static + {spec.smem_bytes} dynamic smem, {result.seconds:.2f} s\n"

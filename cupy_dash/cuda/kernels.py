@@ -159,14 +159,7 @@ class KernelSpec:
             tags.append(f"m{d['DASH_BLOCK_M']}")
         if "DASH_CAUSAL" in d:
             tags.append("causal" if d["DASH_CAUSAL"] else "full")
-        if d.get("DASH_COMPACT"):
-            tags.append("compact")
-        if d.get("DASH_PERSISTENT"):
-            tags.append("persistent")
-        if d.get("DASH_SOFTCAP"):
-            tags.append("softcap")
-        if d.get("DASH_TIMELINE"):
-            tags.append("timeline")
+        tags += [flag for flag in ("compact", "persistent", "softcap", "timeline") if d.get(f"DASH_{flag.upper()}")]
         return f"{self.kernel}[{','.join(tags)}]"
 
     @property

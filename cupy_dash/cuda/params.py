@@ -18,6 +18,7 @@ from . import jit
 _SCALARS = {"int64_t": ("i64", 8, 8), "float": ("f32", 4, 4), "TmaDesc": ("tma", 128, 64),
             "Strides": ("strides", 24, 8)}
 _POINTER = ("ptr", 8, 8)
+_KIND_LAYOUT = {kind: (size, align) for kind, size, align in (_POINTER, *_SCALARS.values())}  # -> (size, align)
 _NP = {"ptr": "<u8", "i64": "<i8", "f32": "<f4", "tma": "V128"}
 _FMT = {"ptr": "Q", "i64": "q", "f32": "f", "tma": "128s", "strides": "qqq"}
 STRUCT_NAMES = ("Strides", "FwdParams", "BwdParams")
@@ -82,15 +83,6 @@ def parse_constants(text: str) -> dict:
     return out
 
 
-def _kind_layout(kind: str):
-    if kind == "ptr":
-        return _POINTER[1:]
-    for k, size, align in _SCALARS.values():
-        if k == kind:
-            return size, align
-    raise ValueError(kind)
-
-
 _STRIDES_DTYPE = np.dtype([("batch", "<i8"), ("row", "<i8"), ("head", "<i8")])
 
 
@@ -99,7 +91,7 @@ def layout(fields) -> tuple:
     names, formats, offsets = [], [], []
     fmt, offset, align = "<", 0, 1
     for name, kind in fields:
-        size, a = _kind_layout(kind)
+        size, a = _KIND_LAYOUT[kind]
         pad = -offset % a
         fmt += "x" * pad
         offset += pad

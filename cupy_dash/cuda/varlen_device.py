@@ -65,26 +65,17 @@ _NUM_RECORD_ARRAYS = 7          # varlen_pack.NAMES: the compact arrays, then ct
 _CTA_START, _CU_Q, _CU_K = 7, 8, 9
 
 
-class CompactTables:
-    """Compact varlen records on one device: ``ptrs`` (device address by BwdParams field of the compact arrays of
-    :attr:`Tables.arrays`), ``buffer`` (the CuPy allocation holding them), ``num_ctas``, ``policy``; ``plans``: as
-    :class:`cupy_dash.cuda.device_tables.DeviceTables`'."""
-    __slots__ = ("ptrs", "buffer", "tie_sign", "rank_rule", "num_ctas", "policy", "device_id", "plans")
-
-    def params(self) -> dict:
-        """The BwdParams fields these tables set (addresses and scalars; launchers.bwd_params nulls the rest)."""
-        return dict(self.ptrs, tie_sign=self.tie_sign, rank_rule=self.rank_rule)
-
-
-class ExpandedTables:
-    """A per-visit table written on the GPU from compact records (:func:`_expand_on_device`): ``ptrs`` (device
-    addresses of visits (V, 4) int32, rank (V,) int32, cta_start (num_ctas + 1,) int64 inside ``buffer``, the
-    CuPy allocation holding them and the records), ``num_ctas``, ``policy``; ``plans``: as
+class NamedTables:
+    """Varlen tables on one device that name their BwdParams fields: a per-visit table written on the GPU from
+    compact records (:func:`_expand_on_device`; ``ptrs``: the device addresses of visits (V, 4) int32, rank (V,)
+    int32, cta_start (num_ctas + 1,) int64 inside ``buffer``, the CuPy allocation holding them and the records), or
+    compact records read as they are (``ptrs``: the device address by BwdParams field of the compact arrays of
+    :attr:`Tables.arrays`, and the scalars ``tie_sign``, ``rank_rule``); ``num_ctas``, ``policy``; ``plans``: as
     :class:`cupy_dash.cuda.device_tables.DeviceTables`'."""
     __slots__ = ("ptrs", "buffer", "num_ctas", "policy", "device_id", "plans")
 
     def params(self) -> dict:
-        """The BwdParams fields these tables set (launchers.bwd_params nulls the rest)."""
+        """The BwdParams fields these tables set (addresses and scalars; launchers.bwd_params nulls the rest)."""
         return self.ptrs
 
 
@@ -92,8 +83,8 @@ EXPAND_ENV = config.VARLEN_EXPAND.name   # "host": per-visit tables expanded on 
 
 
 def device(t: Tables, num_heads, dev, stream, capture=False, done=False):
-    """(tables, cu_seqlens_q, cu_seqlens_k, event) of ``t`` on device ``dev``: :class:`ExpandedTables`,
-    :class:`CompactTables` or (expanded on the host) ``device_tables.DeviceTables``, cached (LRU,
+    """(tables, cu_seqlens_q, cu_seqlens_k, event) of ``t`` on device ``dev``: :class:`NamedTables` (expanded on
+    the GPU or compact records) or (expanded on the host) ``device_tables.DeviceTables``, cached (LRU,
     :func:`cupy_dash.cuda.device_tables.cached`) so that a repeated packing uploads nothing; a miss enqueues the
     uploads on ``stream`` (no wait; ``done``: waited for, so that no later call needs an event of it). ``event``,
     ``capture``: as ``device_tables.cached``'s (a miss during capture:
@@ -106,10 +97,10 @@ def device(t: Tables, num_heads, dev, stream, capture=False, done=False):
             d, cu_q, cu_k = _expand_on_device(t, dev, stream, staging)
         elif t.compact:
             buf, _ = _dt._upload([(t.blob, 0)], t.blob.nbytes, 0, stream, staging, t.pinned)
-            d = CompactTables()
-            d.ptrs, d.buffer = _record_ptrs(t, buf.ptr), buf
+            d = NamedTables()
+            d.ptrs = dict(_record_ptrs(t, buf.ptr), tie_sign=int(t.compact[0]), rank_rule=int(t.compact[1]))
+            d.buffer, d.num_ctas = buf, t.num_ctas
             cu_q, cu_k = _device_view(buf, t, _CU_Q), _device_view(buf, t, _CU_K)
-            d.num_ctas, d.tie_sign, d.rank_rule = t.num_ctas, int(t.compact[0]), int(t.compact[1])
         else:
             visits, rank, cta_start, num_ctas = _schedule.check_plan(t, num_heads, t.n_blocks, t.m_blocks)
             d = _dt.DeviceTables()
@@ -144,14 +135,14 @@ class DeviceRef:
 
 
 def _expand_on_device(t: Tables, dev, stream, staging_out: list):
-    """(:class:`ExpandedTables`, cu_seqlens_q, cu_seqlens_k) of ``t`` (compact records, ``t.expand``): the records,
+    """(:class:`NamedTables`, cu_seqlens_q, cu_seqlens_k) of ``t`` (compact records, ``t.expand``): the records,
     the CTAs' row starts and the lengths uploaded in one copy to the head of one allocation, then the per-visit
     rows and ranks written behind them on the GPU by kernels_src/bwd_expand.cu, both enqueued on ``stream``
     (the staging of the copy appended to ``staging_out``, as device_tables._upload)."""
     num_rows = max(t.num_visits, 1)
     visits_bytes = -(-num_rows * 16 // 256) * 256
     buf, head = _dt._upload([(t.blob, 0)], t.blob.nbytes, visits_bytes + num_rows * 4, stream, staging_out, t.pinned)
-    d = ExpandedTables()
+    d = NamedTables()
     base = buf.ptr
     d.ptrs = dict(visits=base + head, rank=base + head + visits_bytes, cta_start=base + int(t.offsets[_CTA_START]))
     d.buffer, d.num_ctas = buf, t.num_ctas

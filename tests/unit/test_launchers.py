@@ -181,9 +181,9 @@ def test_backward_workspace_and_params(deterministic, monkeypatch):
     assert (int(f["window_left"]), int(f["window_right"])) == (150, 0)
     assert not c.zero_kv                 # every key is seen by some query
     assert np.isclose(float(f["softmax_scale_log2"]), 0.1 / math.log(2))
-    # per-visit rows expanded on the GPU (varlen_device.ExpandedTables) name their fields: the same block
+    # per-visit rows expanded on the GPU (varlen_device.NamedTables) name their fields: the same block
     from cupy_dash.cuda import varlen_device
-    expanded = varlen_device.ExpandedTables()
+    expanded = varlen_device.NamedTables()
     expanded.ptrs, expanded.num_ctas, expanded.policy = dict(visits=0xA000, rank=0xB000, cta_start=0xC000), 33, "shift"
     c.tables = expanded
     again = launchers.bwd_params(c, operands, 0x6000, 0x100000, (0x7000, 0x8000, 0x9000), (0xD000, 0xF000), 0xE000)
