@@ -21,6 +21,7 @@ cdef struct Built:      # build_varlen's buffers (the caller's) and scalars
     long long* fill     # (num_sms,) scratch
     long long G         # num_ctas
     int tie             # tie_sign
+    bint plain          # the units are every segment's columns alone in ascending n (Units.plain)
 
 cdef struct Dispatch:   # busiest_load's other outputs
     long long G
@@ -32,8 +33,6 @@ cdef long long shapes_count(const long long* sq, const long long* sk, const long
 cdef void shapes_fill(const long long* sq, const long long* sk, const long long* win, long long bm, long long bn,
                       bint causal, Shapes* sh) noexcept
 cdef long long total_columns(const Shapes* sh, long long Hkv) except -1
-cdef int plain_units(int policy, const Shapes* sh, const long long* seq_order, long long Hkv, long long spt,
-                     long long num_sms) except -1
 cdef long long busiest_load(int policy, const Shapes* sh, const long long* seq_order, long long Hkv, long long spt,
                             long long num_sms, long long plain_load, int* assign, Dispatch* out) except -1
 cdef int build_varlen(int policy, const Shapes* sh, const long long* seq_order, long long Hkv, long long spt,

@@ -272,15 +272,6 @@ cdef long long total_columns(const Shapes* sh, long long Hkv) except -1:
     return ncols
 
 
-cdef int plain_units(int policy, const Shapes* sh, const long long* seq_order, long long Hkv, long long spt,
-                     long long num_sms) except -1:
-    """1 when the units of ``policy`` (as busiest_load and build_varlen make them) are every segment's columns
-    alone in ascending n: the same dispatch for every policy where this holds; else 0."""
-    cdef Units un
-    make_units(&un, policy, sh, seq_order, Hkv, spt, num_sms, 0, False)
-    return 1 if un.plain else 0
-
-
 cdef long long busiest_load(int policy, const Shapes* sh, const long long* seq_order, long long Hkv, long long spt,
                             long long num_sms, long long plain_load, int* assign, Dispatch* out) except -1:
     """The visits of the busiest CTA of build_varlen's schedule for the same arguments, by the same list
@@ -325,8 +316,9 @@ cdef int build_varlen(int policy, const Shapes* sh, const long long* seq_order, 
     """Records of the g = 1 schedule of B * Hkv segments (``sh``: the batch's shapes; seq_order: the sequences
     in dispatch order) into ``out``'s buffers (rec (columns, 8), cta_columns, cta_col_start (num_ctas + 1,),
     seg_col_start (B * Hkv + 1,), loads (num_ctas,); order and fill are scratch of columns and num_sms
-    entries), with out.G = num_ctas and out.tie = tie_sign. ``assign``: NULL, or each unit's CTA as
-    busiest_load found it for the same arguments (the list scheduling is then not run again)."""
+    entries), with out.G = num_ctas, out.tie = tie_sign and out.plain = whether the units are every segment's
+    columns alone in ascending n (the same dispatch for every policy where this holds). ``assign``: NULL, or each
+    unit's CTA as busiest_load found it for the same arguments (the list scheduling is then not run again)."""
     cdef long long B = sh.B, S = B * Hkv, b, seg, P, NC, T, ncols = total_columns(sh, Hkv)
     cdef long long* segc = out.segc
     cdef const long long* info
@@ -390,7 +382,7 @@ cdef int build_varlen(int policy, const Shapes* sh, const long long* seq_order, 
         queue_free(&q)
         free_units(&un)
     cta_lists_into(rec, order, ncols, G, out.cols, out.cs, out.fill)
-    out.G, out.tie = G, un.tie
+    out.G, out.tie, out.plain = G, un.tie, un.plain
     return 0
 
 

@@ -24,7 +24,8 @@ RANK_RULES = ("count", "ascending n", "descending n")   # rank_rule 0, 1, 2
 
 class ColumnRecords:
     """What every table of per-column records has: ``records`` (one row per KV column), ``loads`` (visits per CTA
-    of the group-size-1 schedule) and ``group_size``."""
+    of the group-size-1 schedule), ``group_size``, ``policy``, ``num_ctas``, ``rank_rule`` and ``widest_segment``
+    (the most columns of a segment), and the column model on them."""
 
     @property
     def num_columns(self) -> int:
@@ -33,6 +34,26 @@ class ColumnRecords:
     @property
     def num_visits(self) -> int:
         return int(self.loads.sum()) * self.group_size
+
+    def model_makespan(self, c: float = 1.0, r: float = 0.25, model: str = "dag") -> float:
+        """The column-level model (no per-visit simulation): the busiest CTA runs its visits back to back, as it
+        does when no visit waits (DAG model: c + r per visit; engine model: max(c, r) per visit plus min(c, r)
+        for the pipeline's fill), plus the paper's start-up staircase (n - 1) r for tables whose dQ tiles all add
+        in ascending n (rank rule 1), n = min(widest_segment, CTAs): NC for a fixed-length table, the most columns
+        of a segment for a packed batch. Waits other than the staircase are not modelled."""
+        c, r = per_visit._costs(c, r)
+        return varlen_pack.column_model(int(self.loads.max(initial=0)) * self.group_size, self.num_ctas,
+                                        self.widest_segment, self.rank_rule, c, r, per_visit._engine(model))
+
+    @property
+    def column_model_applies(self) -> bool:
+        """Whether :meth:`model_makespan` accounts for the waits of this table: always for symmetric_shift and
+        fa3 (their dQ tiles are reached in a strict order whatever the dispatch timing), and for every policy when
+        all columns are equally long (they start in lockstep; a packed batch: every column of the batch). shift
+        and descending on unequal columns wait wherever the dispatch staggers column starts, which only a
+        per-visit simulation sees (docs/decisions/table-forms.md)."""
+        lengths = self.records[:, 2] - self.records[:, 1]
+        return self.policy in ("symmetric_shift", "fa3") or len(lengths) == 0 or bool((lengths == lengths[0]).all())
 
 
 class CompactSchedule(ColumnRecords):
@@ -115,9 +136,6 @@ class CompactSchedule(ColumnRecords):
         stride > 1: over every stride-th column's visits)."""
         return _compact_view.window_scan_stats(self.records, self.scan_bounds, self.columns_per_head, stride)
 
-    def expand(self) -> tuple:
-        return expand(self)
-
     def to_schedule(self) -> per_visit.Schedule:
         """The expanded view as a :class:`cupy_dash.schedule.Schedule` (validate / simulate work on it)."""
         visits, rank, cta_start = expand(self)
@@ -125,31 +143,23 @@ class CompactSchedule(ColumnRecords):
                                   self.num_heads, self.causal, self.num_sms, visits, rank, cta_start,
                                   self.group_size, self.window, self.head_section)
 
+    def tile_column_bounds(self) -> tuple:
+        """(first, end), int64 (num_m_blocks,) each: for Q tile m, the first visible column (index n_block -
+        n_first) whose range [lo, hi) ends after m, and the first that starts after m; the columns in between visit
+        m. Every head has the same ranges (``column_ranges()``, non-decreasing in n)."""
+        lo, hi = self.column_ranges()
+        m = np.arange(self.num_m_blocks, dtype=np.int64)
+        return np.searchsorted(hi, m, side="right"), np.searchsorted(lo, m, side="right")
+
     def scan_lengths(self) -> np.ndarray:
         """int64 (num_m_blocks,): columns of one KV head that visit each Q tile, i.e. the records the dQ writer's
         count scans per visit of that tile (every head has the same ranges)."""
-        lo, hi = self.column_ranges()
-        first = np.searchsorted(hi, np.arange(self.num_m_blocks), side="right")
-        last = np.searchsorted(lo, np.arange(self.num_m_blocks), side="right")
-        return last - first
-
-    def model_makespan(self, c: float = 1.0, r: float = 0.25, model: str = "dag") -> float:
-        """The column-level model (no per-visit simulation): the busiest CTA runs its visits back to back, as it
-        does when no visit waits (DAG model: c + r per visit; engine model: max(c, r) per visit plus min(c, r)
-        for the pipeline's fill), plus the paper's start-up staircase (n - 1) r for tables whose dQ tiles all add
-        in ascending n (rank rule 1), n = min(NC, CTAs). Waits other than the staircase are not modelled."""
-        c, r = per_visit._costs(c, r)
-        return varlen_pack.column_model(int(self.loads.max()) * self.group_size, self.num_ctas,
-                                        self.columns_per_head, self.rank_rule, c, r, per_visit._engine(model))
+        first, end = self.tile_column_bounds()
+        return end - first
 
     @property
-    def column_model_applies(self) -> bool:
-        """Whether :meth:`model_makespan` accounts for the waits of this table: always for symmetric_shift and
-        fa3 (their dQ tiles are reached in a strict order whatever the dispatch timing), and for every policy when
-        all columns are equally long (they start in lockstep). shift and descending on unequal columns wait
-        wherever the dispatch staggers column starts, which only a per-visit simulation sees
-        (docs/decisions/table-forms.md)."""
-        return _model_applies(self.policy, self.records[:, 2] - self.records[:, 1])
+    def widest_segment(self) -> int:
+        return self.columns_per_head
 
     def lower_bound(self, c: float = 1.0, r: float = 0.25, model: str = "dag") -> float:
         """:func:`cupy_dash.schedule.lower_bound` from the records."""
@@ -161,13 +171,6 @@ class CompactSchedule(ColumnRecords):
                 f"{self.group_size}, causal={self.causal}, window={self.window}, num_sms={self.num_sms}: "
                 f"{self.num_columns} columns, {self.num_visits} visits on {self.num_ctas} CTAs, rank rule "
                 f"{RANK_RULES[self.rank_rule]!r}, {self.nbytes} bytes)")
-
-
-def _model_applies(policy, lengths) -> bool:
-    """``column_model_applies`` of a table of ``policy`` whose visible columns have ``lengths`` (int64)."""
-    if policy in ("symmetric_shift", "fa3") or len(lengths) == 0:
-        return True
-    return bool((lengths == lengths[0]).all())
 
 
 @functools.lru_cache(maxsize=64)

@@ -86,14 +86,10 @@ def device_arrays(plan: compact.CompactSchedule) -> dict:
 
 
 def tile_columns(plan: compact.CompactSchedule) -> np.ndarray:
-    """int32 (num_m_blocks, 2): for Q tile m, the first visible column (index n_block - n_first) whose range
-    [lo, hi) ends after m, and the first that starts after m; the columns in between visit m. Every head has the
-    same ranges (``plan.column_ranges()``, non-decreasing in n), so one row per Q tile serves all heads."""
-    lo, hi = (np.asarray(x, dtype=np.int64) for x in plan.column_ranges())
-    m = np.arange(-(-plan.seqlen_q // plan.block_m), dtype=np.int64)
-    out = np.empty((len(m), 2), dtype=np.int32)
-    out[:, 0] = np.searchsorted(hi, m, side="right")
-    out[:, 1] = np.searchsorted(lo, m, side="right")
+    """int32 (num_m_blocks, 2): row m is ``plan.tile_column_bounds()`` at Q tile m, the columns that visit it;
+    every head has the same ranges, so one row per Q tile serves all heads."""
+    out = np.empty((plan.num_m_blocks, 2), dtype=np.int32)
+    out[:, 0], out[:, 1] = plan.tile_column_bounds()
     return out
 
 

@@ -90,14 +90,14 @@ class Schedule:
                 f"{self.num_ctas} CTAs)")
 
 
-def l2_head_section(tokens_q: int, head_dim: int, group_size: int, l2_bytes: int, head_dim_v: int | None = None,
-                    element_bytes: int = 2) -> int:
+def l2_head_section(tokens_q: int, head_dim: int, group_size: int, l2_bytes: int,
+                    head_dim_v: int | None = None) -> int:
     """KV heads per section of the ``fa3`` policy's shortest-first rounds (build's ``head_section``): as many as
-    keep their Q and dO (``element_bytes`` each) and fp32 dQ accumulators, ``tokens_q`` query tokens per head (a
+    keep their Q and dO (16-bit: 2 bytes each) and fp32 dQ accumulators, ``tokens_q`` query tokens per head (a
     packed batch: all of them) and ``group_size`` query heads per KV head, within L2_SECTION_SHARE of ``l2_bytes``;
     at least 1. The section size changes the speed, never the bits."""
     dv = head_dim if head_dim_v is None else head_dim_v
-    per_kv_head = max(1, tokens_q) * group_size * (element_bytes * (head_dim + dv) + 4 * head_dim)
+    per_kv_head = max(1, tokens_q) * group_size * (2 * (head_dim + dv) + 4 * head_dim)
     return max(1, int(L2_SECTION_SHARE * l2_bytes) // per_kv_head)
 
 

@@ -21,7 +21,6 @@ cdef long long LLMAX = 0x7fffffffffffffff
 cdef long long INT32_MAX = 0x7fffffff
 
 cdef struct UnitShape:
-    long long M, N          # Q tiles, KV tiles
     long long n_first, NC   # the visible columns are n_first .. n_first + NC - 1
     long long T             # start-clipped columns (their ranges all begin at lo[n_first])
     long long P             # units per head (pairs when paired, else NC)
@@ -37,12 +36,7 @@ cdef inline UnitShape unit_shape(int policy, long long M, const long long[::1] l
     cdef UnitShape sh
     cdef long long n, N = lo.shape[0]
     cdef bint triangular = causal or window_right >= 0
-    sh.M = M
-    sh.N = N
-    sh.n_first = -1
-    sh.NC = 0
-    sh.T = 0
-    sh.band = False
+    sh.n_first, sh.NC, sh.T, sh.band = -1, 0, 0, False
     for n in range(N):
         if lo[n] < hi[n]:
             if sh.n_first < 0:
@@ -99,20 +93,8 @@ def build_table(int policy, long long seqlen_q, long long seqlen_k, long long bl
         raise ValueError(f"group_size must be >= 1 and divide num_heads={num_heads}, got {group_size}")
     if window_left < -1 or window_right < -1:
         raise ValueError(f"window sides must be >= -1, got ({window_left}, {window_right})")
-    visits, rank, cta_start = _build_kv_table(policy, seqlen_q, seqlen_k, block_m, block_n,
-                                              num_heads // group_size, causal, num_sms, window_left, window_right)
-    if group_size == 1:
-        return visits, rank, cta_start
-    # every visit of KV head kh, once per query head kh * g + j, j = 0..g-1 (Q-tile-major: _units.pxd)
-    grouped = np.repeat(visits, group_size, axis=0)
-    grouped[:, 1] = grouped[:, 1] * group_size + np.tile(np.arange(group_size, dtype=np.int32), len(rank))
-    return grouped, np.repeat(rank, group_size), cta_start * group_size
-
-
-def _build_kv_table(int policy, long long seqlen_q, long long seqlen_k, long long block_m, long long block_n,
-                    long long num_heads, bint causal, long long num_sms, long long window_left,
-                    long long window_right):
-    """The g = 1 table of num_heads (batch, KV head) pairs."""
+    # the g = 1 table of Hkv (batch, KV head) pairs, then (group_size > 1) repeated for the query heads
+    cdef long long Hkv = num_heads // group_size
     cdef long long M = (seqlen_q + block_m - 1) // block_m
     cdef long long N = (seqlen_k + block_n - 1) // block_n
     lo_arr, hi_arr = column_ranges(seqlen_q, seqlen_k, block_m, block_n, causal, window_left, window_right)
@@ -122,13 +104,9 @@ def _build_kv_table(int policy, long long seqlen_q, long long seqlen_k, long lon
     # clipped triangles mirror-wise; fa3 takes upstream's SPT order (high n first, ties to high n) whenever the
     # mask bounds keys on the right, so every dQ tile adds in descending n whatever the dispatch timing. Why each
     # holds: docs/schedules.md, "Why the rules hold".
-    cdef UnitShape sh = unit_shape(policy, M, lo, hi, num_heads, causal, num_sms, window_right)
-    cdef long long n_first = sh.n_first, NC = sh.NC, T = sh.T, n
-    cdef bint band = sh.band
-    cdef bint paired = sh.paired
-    cdef bint mirrored = sh.mirrored
-    cdef bint spt = sh.spt
-    cdef long long P = sh.P, U = sh.U, G = sh.G
+    cdef UnitShape sh = unit_shape(policy, M, lo, hi, Hkv, causal, num_sms, window_right)
+    cdef long long n_first = sh.n_first, NC = sh.NC, T = sh.T, P = sh.P, U = sh.U, G = sh.G, n
+    cdef bint band = sh.band, paired = sh.paired, mirrored = sh.mirrored, spt = sh.spt
     cdef long long u, c, h, n0, n1, L, s, m, v, rs, rot, off, i, j, key
     cdef int tb_sign = sh.tb_sign
 
@@ -144,7 +122,7 @@ def _build_kv_table(int policy, long long seqlen_q, long long seqlen_k, long lon
     for c in range(G):
         heap_push(ht, hc, &hsize, 0.0, c)
     for u in range(U):
-        unit_columns(policy, spt, paired, mirrored, u, num_heads, n_first, NC, T, P, &h, &n0, &n1)
+        unit_columns(policy, spt, paired, mirrored, u, Hkv, n_first, NC, T, P, &h, &n0, &n1)
         L = hi[n0] - lo[n0]
         if n1 >= 0:
             L += hi[n1] - lo[n1]
@@ -171,15 +149,13 @@ def _build_kv_table(int policy, long long seqlen_q, long long seqlen_k, long lon
     # NOTES: shift on a band rotates column n's range by tau + n + M - hi[n] on the CTA's clock tau (the step of
     # the rank derivation below), not the column's own, so that equally long columns never meet on a dQ tile,
     # whenever each one started (docs/schedules.md, "Why the rules hold").
-    cdef long long col, ncols
+    cdef long long col
     cdef long long cols[2]
     for u in range(U):
-        unit_columns(policy, spt, paired, mirrored, u, num_heads, n_first, NC, T, P, &h, &n0, &n1)
+        unit_columns(policy, spt, paired, mirrored, u, Hkv, n_first, NC, T, P, &h, &n0, &n1)
         c = unit_cta[u]
-        cols[0] = n0
-        cols[1] = n1
-        ncols = 2 if n1 >= 0 else 1
-        for col in range(ncols):
+        cols[0], cols[1] = n0, n1
+        for col in range(2 if n1 >= 0 else 1):
             n = cols[col]
             L = hi[n] - lo[n]
             v = wp[c]
@@ -204,17 +180,15 @@ def _build_kv_table(int policy, long long seqlen_q, long long seqlen_k, long lon
                     m = lo[n] + (v - cta_start[c] + s + n + M - hi[n]) % L   # band shift on the CTA's clock
                 else:
                     m = lo[n] + (n + s) % L           # shift: rotate the column's range by n
-                visits[v + s, 0] = <int>c
-                visits[v + s, 1] = <int>h
-                visits[v + s, 2] = <int>n
-                visits[v + s, 3] = <int>m
+                visits[v + s, 0], visits[v + s, 1] = <int>c, <int>h
+                visits[v + s, 2], visits[v + s, 3] = <int>n, <int>m
 
     # (3) derived ranks: walk the wait-free timeline step by step; within a step, CTAs in (tie-break, cta) order
     cdef long long maxlen = 0
     for c in range(G):
         if count[c] > maxlen:
             maxlen = count[c]
-    counter_arr = np.zeros(num_heads * M, dtype=np.int32)
+    counter_arr = np.zeros(Hkv * M, dtype=np.int32)
     cdef int[::1] counter = counter_arr
     order_arr = np.arange(G, dtype=np.int64)
     keys_arr = np.zeros(G, dtype=np.int64)
@@ -251,7 +225,12 @@ def _build_kv_table(int policy, long long seqlen_q, long long seqlen_k, long lon
             off = <long long>visits[v, 1] * M + visits[v, 3]
             rank[v] = counter[off]
             counter[off] += 1
-    return visits_arr, rank_arr, cta_start_arr
+    if group_size == 1:
+        return visits_arr, rank_arr, cta_start_arr
+    # every visit of KV head kh, once per query head kh * g + j, j = 0..g-1 (Q-tile-major: _units.pxd)
+    grouped = np.repeat(visits_arr, group_size, axis=0)
+    grouped[:, 1] = grouped[:, 1] * group_size + np.tile(np.arange(group_size, dtype=np.int32), len(rank_arr))
+    return grouped, np.repeat(rank_arr, group_size), cta_start_arr * group_size
 
 
 def build_columns(int policy, long long seqlen_q, long long seqlen_k, long long block_m, long long block_n,
@@ -290,8 +269,7 @@ def build_columns(int policy, long long seqlen_q, long long seqlen_k, long long 
     for u in range(sh.U):
         unit_columns(policy, sh.spt, sh.paired, sh.mirrored, u, num_kv_heads, n_first, NC, sh.T, P, &h, &n0, &n1)
         heap_pop(ht, hc, &hsize, &t, &c)
-        cols[0] = n0
-        cols[1] = n1
+        cols[0], cols[1] = n0, n1
         for col in range(2 if n1 >= 0 else 1):
             n = cols[col]
             L = hi[n] - lo[n]
@@ -308,14 +286,9 @@ def build_columns(int policy, long long seqlen_q, long long seqlen_k, long long 
             else:
                 split, rot = lo[n], n % L                    # shift: the column's range rotated by n
             idx = h * NC + n - n_first
-            rec[idx, REC_STEP] = <int>t0
-            rec[idx, REC_LO] = <int>lo[n]
-            rec[idx, REC_HI] = <int>hi[n]
-            rec[idx, REC_SPLIT] = <int>split
-            rec[idx, REC_ROT] = <int>rot
-            rec[idx, REC_CTA] = <int>c
-            rec[idx, REC_HEAD] = <int>h
-            rec[idx, REC_N] = <int>n
+            rec[idx, REC_STEP], rec[idx, REC_LO], rec[idx, REC_HI] = <int>t0, <int>lo[n], <int>hi[n]
+            rec[idx, REC_SPLIT], rec[idx, REC_ROT], rec[idx, REC_CTA] = <int>split, <int>rot, <int>c
+            rec[idx, REC_HEAD], rec[idx, REC_N] = <int>h, <int>n
             order[nd] = idx
             nd += 1
             loads[c] += L

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _schedule, _varlen_sched, _varlen_view, per_visit, varlen_pack
-from .compact import ColumnRecords, _model_applies
+from .compact import ColumnRecords
 
 RANK_COUNT, RANK_ASC_N, RANK_DESC_N = 0, 1, 2
 
@@ -15,7 +15,7 @@ RANK_COUNT, RANK_ASC_N, RANK_DESC_N = 0, 1, 2
 class VarlenSchedule(ColumnRecords):
     """Compact records of one packed batch (arrays read-only)."""
 
-    def __init__(self, policy, problem, out, info, vlo, vhi, head_section=0):
+    def __init__(self, policy, problem, out, info, head_section=0):
         (self.seqlens_q, self.seqlens_k, self.block_m, self.block_n, self.heads, self.causal, self.num_sms,
          self.group_size, self.windows) = problem
         self.policy, self.head_section = policy, head_section
@@ -25,7 +25,6 @@ class VarlenSchedule(ColumnRecords):
         self.seg_col_start = seg_col_start.astype(np.int32)
         self.n_first = np.maximum(info[:, 2], 0).astype(np.int32)
         self.num_m_blocks, self.num_n_blocks = info[:, 0].copy(), info[:, 1].copy()
-        self._lengths = vhi - vlo
         self.rank_rule = varlen_pack.rank_rule_of(_schedule.POLICY_CODES[policy], self.tie_sign)
         self.auto_dispatched = ()       # build_varlen("auto"): the candidates whose dispatch auto ran
         for a in (self.records, self.cta_columns, self.cta_col_start, self.seg_col_start, self.n_first, self.loads):
@@ -53,19 +52,9 @@ class VarlenSchedule(ColumnRecords):
     def expand(self) -> tuple:
         return expand(self)
 
-    def model_makespan(self, c: float = 1.0, r: float = 0.25, model: str = "dag") -> float:
-        """compact.CompactSchedule.model_makespan on the mixed columns (staircase: the most columns of a
-        segment, or the CTAs)."""
-        c, r = per_visit._costs(c, r)
-        return varlen_pack.column_model(int(self.loads.max(initial=0)) * self.group_size, self.num_ctas,
-                                        int(np.diff(self.seg_col_start).max(initial=0)), self.rank_rule, c, r,
-                                        per_visit._engine(model))
-
     @property
-    def column_model_applies(self) -> bool:
-        """As compact.CompactSchedule.column_model_applies: symmetric_shift and fa3 always, the others only when
-        every column of the batch is equally long."""
-        return _model_applies(self.policy, self._lengths)
+    def widest_segment(self) -> int:
+        return int(np.diff(self.seg_col_start).max(initial=0))
 
     def __repr__(self):
         return (f"VarlenSchedule({self.policy!r}, {len(self.seqlens_q)} sequences, heads={self.heads}, "
@@ -125,8 +114,7 @@ def build_varlen(policy: str = "auto", seqlens_q=None, seqlens_k=None, *, block_
     head_section = per_visit._positive_int("head_section", head_section, minimum=0)
     code, wins, shapes, built, dispatched, _ = varlen_pack.schedule_varlen(*schedule_args(policy, problem),
                                                                           head_section=head_section)
-    plan = VarlenSchedule(POLICY_NAMES[code], problem[:8] + (wins,), built, shapes[0], shapes[2], shapes[3],
-                          head_section)
+    plan = VarlenSchedule(POLICY_NAMES[code], problem[:8] + (wins,), built, shapes[0], head_section)
     plan.auto_dispatched = tuple(POLICY_NAMES[c] for c in dispatched)
     return plan
 

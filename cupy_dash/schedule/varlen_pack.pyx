@@ -15,7 +15,7 @@ from cupy_dash.schedule._records cimport REC_FIELDS, REC_HI, REC_LO, REC_STEP
 from cupy_dash.schedule._scratch cimport Arena, arena_reserve, arena_take, room, stable_argsort
 from cupy_dash.schedule._units cimport POLICY_DESCENDING, POLICY_FA3, POLICY_SYMMETRIC_SHIFT
 from cupy_dash.schedule._varlen_sched cimport (INFO_FIELDS, Built, Dispatch, Shapes, build_varlen, busiest_load,
-                                               plain_units, shapes_count, shapes_fill, total_columns)
+                                               shapes_count, shapes_fill, total_columns)
 
 NAMES = ("col_records", "cta_columns", "cta_col_start", "seg_col_start", "seq_n_first", "tile_columns",
          "seq_tile_start", "cta_start", "cu_seqlens_q", "cu_seqlens_k")
@@ -187,10 +187,17 @@ cpdef int rank_rule_of(int policy, int tie_sign):
 # ------------------------------------------------------------------------------------------------------------
 cdef int schedule_core(int policy, const long long* sq, const long long* sk, long long B, long long left,
                        long long right, long long bm, long long bn, long long heads, long long group, bint causal,
-                       long long num_sms, const int* cands, int ncand, double c, double r, double tolerance,
+                       long long num_sms, tuple candidates, double c, double r, double tolerance,
                        long long few_grouped, long long head_section, Arena* small, Arena* big,
                        Work* w) except -1:
-    """schedule_varlen's computation on the arenas' scratch (``w``: every buffer and result)."""
+    """schedule_varlen's computation on the arenas' scratch (``w``: every buffer and result); ``candidates``:
+    auto's codes, at most 8."""
+    cdef int cands[8]
+    cdef int ncand = len(candidates), n
+    if ncand > 8:
+        raise ValueError("at most 8 auto candidates")
+    for n in range(ncand):
+        cands[n] = candidates[n]
     cdef long long Hkv = heads // group, b, i, nv, total = 0, units, k, ncols, load, plain_load = -1, G, spt
     cdef long long section = head_section if 0 < head_section < Hkv else Hkv
     cdef bint right_bound = False, equal = True
@@ -272,7 +279,7 @@ cdef int schedule_core(int policy, const long long* sq, const long long* sk, lon
                     load = w.built.loads[k] if w.built.loads[k] > load else load
                 w.ran[w.nran] = cand
                 w.nran += 1
-                if plain_units(cand, &w.sh, w.order, Hkv, spt, num_sms):
+                if w.built.plain:
                     plain_load = load                # the later plain candidates' load (their dispatch: this one)
             else:
                 a = <int*>arena_take(big, units * 4)
@@ -307,15 +314,6 @@ cdef int schedule_core(int policy, const long long* sq, const long long* sk, lon
         build_varlen(policy, &w.sh, w.order, Hkv, section if policy == POLICY_FA3 and (causal or right_bound) else 0,
                      num_sms, assign, &w.built)
     w.policy = policy
-    return 0
-
-
-cdef int candidate_codes(tuple candidates, int* out) except -1:
-    """auto's candidate codes (at most 8) into ``out``."""
-    if len(candidates) > 8:
-        raise ValueError("at most 8 auto candidates")
-    for j, cand in enumerate(candidates):
-        out[j] = cand
     return 0
 
 
@@ -359,8 +357,6 @@ cpdef tuple schedule_varlen(int policy, const long long[::1] sq, const long long
     NOTES: no table's model time is below ``floor`` (the mean load over num_sms CTAs; stairs >= 0), so a first
     candidate within the tolerance of it is the choice and the others are not dispatched. The chosen
     candidate's dispatch (each unit's CTA) goes to the builder, which does not list-schedule again."""
-    cdef int cands[8]
-    candidate_codes(candidates, cands)
     cdef long long B = sq.shape[0], S = B * (heads // group), nv
     cdef Arena own_small, own_big
     cdef Arena* small
@@ -369,8 +365,7 @@ cpdef tuple schedule_varlen(int policy, const long long[::1] sq, const long long
     arenas(&small, &big, &own_small, &own_big)
     try:
         schedule_core(policy, &sq[0] if B else NULL, &sk[0] if B else NULL, B, left, right, bm, bn, heads, group,
-                      causal, num_sms, cands, len(candidates), c, r, tolerance, few_grouped, head_section, small, big,
-                      &w)
+                      causal, num_sms, candidates, c, r, tolerance, few_grouped, head_section, small, big, &w)
         nv = w.sh.off[B]
         G, ncols = w.built.G, w.ncols
         win_arr = np.empty((B, 2), dtype=np.int64)
@@ -416,8 +411,6 @@ def new_packing(int policy, const long long[::1] sq, const long long[::1] sk, lo
     (at least 1 each)) of :func:`schedule_varlen`'s records for these arguments (``head_section`` as there), packed
     as :func:`pack` packs them (into ``alloc``'s buffer): the host side of a training step's new packing in one
     call, with no intermediate Python object."""
-    cdef int cands[8]
-    candidate_codes(candidates, cands)
     cdef long long B = sq.shape[0], b, most_m = 1, most_n = 1, S = B * (heads // group)
     cdef Arena own_small, own_big
     cdef Arena* small
@@ -427,8 +420,7 @@ def new_packing(int policy, const long long[::1] sq, const long long[::1] sk, lo
     arenas(&small, &big, &own_small, &own_big)
     try:
         schedule_core(policy, &sq[0] if B else NULL, &sk[0] if B else NULL, B, left, right, bm, bn, heads, group,
-                      causal, num_sms, cands, len(candidates), c, r, tolerance, few_grouped, head_section, small, big,
-                      &w)
+                      causal, num_sms, candidates, c, r, tolerance, few_grouped, head_section, small, big, &w)
         for b in range(B):
             info = w.sh.info + INFO_FIELDS * b
             w.n_first[b] = <int>(info[2] if info[2] > 0 else 0)
