@@ -3,7 +3,6 @@ schedules of one problem from their compact records, in O(columns) time and memo
 per-visit simulation (see cupy_dash.schedule.compact)."""
 from __future__ import annotations
 
-import sys
 import time
 
 from .. import config, schedule
@@ -67,25 +66,28 @@ def analyse_compact(*, seqlen_q, seqlen_k, block_m, block_n, heads, causal, num_
     return rows
 
 
-def print_compact(rows, *, c, r, model, reason, file=None):
-    file = sys.stdout if file is None else file
-    plan = rows[0]["plan"]
+def problem_text(plan) -> str:
+    """``plan``'s problem (a Schedule or CompactSchedule: its lengths, tiles, heads, mask, SMs) as the first line
+    of an analysis states it."""
     mask = "causal" if plan.causal else "full"
     if plan.window != ((-1, 0) if plan.causal else (-1, -1)):      # causal alone is window (-1, 0)
         mask += f" with window {plan.window}"
     group = f" in groups of {plan.group_size} per KV head" if plan.group_size > 1 else ""
+    return (f"seqlen_q={plan.seqlen_q}, seqlen_k={plan.seqlen_k}, tiles {plan.block_m}x{plan.block_n} "
+            f"({plan.num_m_blocks} Q x {plan.num_n_blocks} KV), {plan.num_heads} (batch, head) pairs{group}, "
+            f"{mask} mask, {plan.num_sms} SMs")
+
+
+def print_compact(rows, *, c, r, model, reason):
+    plan = rows[0]["plan"]
     step = "max(c, r) per visit + min(c, r)" if model == "engine" else "(c + r) per visit"
-    print(f"Schedule analysis from compact records ({reason}): seqlen_q={plan.seqlen_q}, seqlen_k={plan.seqlen_k}, "
-          f"tiles {plan.block_m}x{plan.block_n} ({plan.num_m_blocks} Q x {plan.num_n_blocks} KV), {plan.num_heads} "
-          f"(batch, head) pairs{group}, {mask} mask, {plan.num_sms} SMs", file=file)
+    print(f"Schedule analysis from compact records ({reason}): {problem_text(plan)}")
     print(f"No per-visit simulation: column model ({model} costs c={c:g}, r={r:g}) = the busiest CTA's visits x "
           f"{step}, plus the paper's closed-form start-up (n - 1) r for tables whose dQ tiles add in ascending n "
           f"(fa3 without a right bound, descending), n = min(columns per head, CTAs); other waits are not "
-          f"modelled. Every table is proven valid from its records (coverage, rank permutations, no deadlock).",
-          file=file)
+          f"modelled. Every table is proven valid from its records (coverage, rank permutations, no deadlock).")
     print(f"{'policy':<16} {'CTAs':>5} {'columns':>9} {'visits':>14} {'records':>10} {'per-visit':>11} "
-          f"{'build':>8} {'busiest':>11} {'model':>14} {'/ bound':>8} {'rank: compared mean/max':>26}",
-          file=file)
+          f"{'build':>8} {'busiest':>11} {'model':>14} {'/ bound':>8} {'rank: compared mean/max':>26}")
     for row in rows:
         p = row["plan"]
         if row["scan"] is None:
@@ -97,16 +99,16 @@ def print_compact(rows, *, c, r, model, reason, file=None):
         print(f"{row['policy']:<16} {p.num_ctas:>5} {p.num_columns:>9} {p.num_visits:>14} {_mb(p.nbytes):>10} "
               f"{_mb(p.num_visits * ROW_BYTES):>11} {row['build_s'] * 1e3:>6.1f}ms "
               f"{int(p.loads.max()) * p.group_size:>11} {row['makespan']:>14.1f}{mark}"
-              f"{row['makespan'] / row['bound']:>8.3f} {scan:>26}", file=file)
+              f"{row['makespan'] / row['bound']:>8.3f} {scan:>26}")
     if any(not row["plan"].column_model_applies for row in rows):
         print("* the column model misses this table's waits (columns of unequal length walked on their own "
-              "clocks): a lower estimate, which schedule.build's choice by the column model leaves out", file=file)
+              "clocks): a lower estimate, which schedule.build's choice by the column model leaves out")
+    sampled = any(row["scan"] and row["scan"][2] > 1 for row in rows)
     print(f"rank: records the dQ writer compares per visit within the column's scan bounds (all: against every "
           f"column of the KV head that visits the tile); closed form: fa3 / descending add in n order"
-          f"{'; ~: over the visits of every k-th column' if any(r['scan'] and r['scan'][2] > 1 for r in rows) else ''}",
-          file=file)
-    print(f"lower bound {rows[0]['bound']:.1f}", file=file)
-    print(auto_line(plan), file=file)
+          f"{'; ~: over the visits of every k-th column' if sampled else ''}")
+    print(f"lower bound {rows[0]['bound']:.1f}")
+    print(auto_line(plan))
 
 
 def _mb(nbytes):

@@ -6,7 +6,6 @@ command on a default causal training shape in the engine model (:func:`default_a
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 
 # Default training shape of the GPU-less schedule analysis.
@@ -42,7 +41,7 @@ def default_analysis_argv() -> list:
         ["--model", "engine", "--c", f"{c:g}", "--r", f"{r:g}"]
 
 
-def print_default_analysis(why: str = "No Hopper GPU") -> int:
+def print_default_analysis(why: str) -> int:
     """The default job without a Hopper GPU (``why``: what there is instead): ``python -m cupy_dash schedule``
     with :func:`default_analysis_argv` (one path: the schedule command itself), after a line that gives that
     command and how it differs from the command's own defaults (a full mask in the paper's DAG model). Returns
@@ -57,7 +56,6 @@ def print_default_analysis(why: str = "No Hopper GPU") -> int:
 
 
 def default_main(argv=None):
-    argv = list(sys.argv[1:] if argv is None else argv)
     state, desc = _gpu_state()
     if state == "hopper":
         return demo_main(argv)
@@ -118,7 +116,6 @@ def _table(headers, rows):
 
 
 def demo_main(argv=None):
-    argv = list(sys.argv[1:] if argv is None else argv)
     args = _demo_parser().parse_args(argv)
     state, desc = _gpu_state()
     if state != "hopper":

@@ -10,19 +10,18 @@ import sys
 import numpy as np
 
 from .. import schedule
-from ..schedule import compact, compact_device
-from .compact import CLI_MAX_SIMULATED_VISITS, POLICY_ORDER, analyse_compact, auto_line, print_compact
+from ..schedule import compact
+from .compact import (CLI_MAX_SIMULATED_VISITS, POLICY_ORDER, analyse_compact, auto_line, print_compact,
+                      problem_text)
 
 COLOURS = {"idle": "#ffffff", "compute": "#4c72b0", "reduce": "#55a868", "wait": "#c44e52"}
 
 
 def analyse(*, seqlen_q, seqlen_k, block_m, block_n, heads, causal, num_sms, c=1.0, r=0.25, model="dag",
             group_size=1, window=(-1, -1)):
-    """Build, validate and simulate every policy; returns a list of dicts (one per policy) and what auto runs in
-    the backward of this problem (compact_device.backward_auto, as :func:`cupy_dash.cli.compact.auto_line` says).
-    ``wait`` sums, over the visits, the time from a visit's dQ being ready to its reduction starting. heads
-    counts (batch, query head) pairs, group_size query heads per KV head (GQA), window the sliding window
-    (left, right)."""
+    """Build, validate and simulate every policy; returns a list of dicts (one per policy). ``wait`` sums, over
+    the visits, the time from a visit's dQ being ready to its reduction starting. heads counts (batch, query head)
+    pairs, group_size query heads per KV head (GQA), window the sliding window (left, right)."""
     rows = []
     for policy in POLICY_ORDER:
         plan = schedule.build(policy, seqlen_q=seqlen_q, seqlen_k=seqlen_k, block_m=block_m, block_n=block_n,
@@ -33,39 +32,22 @@ def analyse(*, seqlen_q, seqlen_k, block_m, block_n, heads, causal, num_sms, c=1
         bound = schedule.lower_bound(plan, c, r, model)
         rows.append({"policy": policy, "plan": plan, "timeline": tl, "makespan": tl["makespan"], "bound": bound,
                      "wait": wait})
-    plan = rows[0]["plan"]
-    auto, _ = compact_device.backward_auto(seqlen_q, seqlen_k, block_m, block_n, heads, plan.causal, num_sms,
-                                           group_size, plan.window)
-    return rows, auto
+    return rows
 
 
-def print_analysis(*, seqlen_q, seqlen_k, block_m, block_n, heads, causal, num_sms, c=1.0, r=0.25,
-                   model="dag", file=None, rows=None, group_size=1):
-    """Print the simulated makespan of every policy relative to the lower bound max(work / SMs, longest chain)."""
-    file = sys.stdout if file is None else file
-    if rows is None:
-        rows, auto = analyse(seqlen_q=seqlen_q, seqlen_k=seqlen_k, block_m=block_m, block_n=block_n, heads=heads,
-                             causal=causal, num_sms=num_sms, c=c, r=r, model=model, group_size=group_size)
-    else:
-        rows, auto = rows
-    plan = rows[0]["plan"]
-    mask = "causal" if causal else "full"
-    if plan.window != ((-1, 0) if plan.causal else (-1, -1)):      # causal alone is window (-1, 0)
-        mask += f" with window {plan.window}"
+def print_analysis(rows, *, c, r, model, auto):
+    """Print the simulated makespan of every policy (``rows``: :func:`analyse`'s) relative to the lower bound
+    max(work / SMs, longest chain), then ``auto``: the :func:`cupy_dash.cli.compact.auto_line` of the problem."""
     name = "DAG model" if model == "dag" else "engine model"
-    print(f"Schedule analysis ({name}: compute c={c:g}, reduce r={r:g} per visit): seqlen_q={seqlen_q}, "
-          f"seqlen_k={seqlen_k}, tiles {block_m}x{block_n} ({plan.num_m_blocks} Q x {plan.num_n_blocks} KV), "
-          f"{heads} (batch, head) pairs{f' in groups of {group_size} per KV head' if group_size > 1 else ''}, "
-          f"{mask} mask, {num_sms} SMs", file=file)
-    print(f"{'policy':<16} {'CTAs':>5} {'visits':>10} {'makespan':>11} {'/ bound':>8} {'wait / work':>12}", file=file)
+    print(f"Schedule analysis ({name}: compute c={c:g}, reduce r={r:g} per visit): {problem_text(rows[0]['plan'])}")
+    print(f"{'policy':<16} {'CTAs':>5} {'visits':>10} {'makespan':>11} {'/ bound':>8} {'wait / work':>12}")
     for row in rows:
         p = row["plan"]
         work = p.num_visits * (c + r if model == "dag" else c)
         print(f"{row['policy']:<16} {p.num_ctas:>5} {p.num_visits:>10} {row['makespan']:>11.2f} "
-              f"{row['makespan'] / row['bound']:>8.3f} {row['wait'] / work:>12.3%}", file=file)
-    print(f"lower bound {rows[0]['bound']:.2f}", file=file)
-    print(auto_line(plan), file=file)
-    return rows, auto
+              f"{row['makespan'] / row['bound']:>8.3f} {row['wait'] / work:>12.3%}")
+    print(f"lower bound {rows[0]['bound']:.2f}")
+    print(auto)
 
 
 def plot_gantt(rows, path, *, c=1.0, r=0.25, bins=1500):
@@ -142,25 +124,18 @@ def _cost(zero_ok):
     return parse
 
 
-def plot_formats() -> dict:
-    """File extensions ``--plot`` can write, mapped to their descriptions: matplotlib's, less pgf (LaTeX
-    source, which needs a TeX installation to write)."""
-    from matplotlib.backend_bases import FigureCanvasBase
-    formats = dict(FigureCanvasBase.get_supported_filetypes())
-    formats.pop("pgf", None)
-    return formats
-
-
 def check_plot_path(path) -> str | None:
     """Why ``path`` cannot take the ``--plot`` chart (one line), or None if it can: its extension must be one
-    matplotlib writes, and the file must be writable. Checked by opening it for appending; a file created by
-    the check is removed again."""
+    matplotlib writes (less pgf), and the file must be writable. Checked by opening it for appending; a file
+    created by the check is removed again."""
     try:
-        formats = plot_formats()
+        from matplotlib.backend_bases import FigureCanvasBase
+        formats = dict(FigureCanvasBase.get_supported_filetypes())      # extension -> description
     except ImportError as exc:
         return (f"--plot needs matplotlib, an optional dependency ({exc}): pip install matplotlib, or install "
                 f"cupy_dash with its plot extra (pip install \"cupy_dash[plot]\"; from a checkout: pip install -e "
                 f"\".[plot]\")")
+    formats.pop("pgf", None)            # LaTeX source, which needs a TeX installation to write
     ext = os.path.splitext(path)[1].lower().lstrip(".")
     if ext not in formats:
         what = f"unsupported file extension {'.' + ext!r}" if ext else "no file extension"
@@ -220,32 +195,29 @@ def main(argv=None):
                                     args.window)
     except (ValueError, TypeError) as exc:
         return _error(exc)
+    kw = dict(seqlen_q=args.seqlen_q, seqlen_k=seqlen_k, block_m=args.block_m, block_n=args.block_n, heads=args.heads,
+              causal=args.causal, num_sms=args.num_sms, c=args.c, r=args.r, model=args.model,
+              group_size=args.group_size, window=args.window)
     if args.compact or visits > CLI_MAX_SIMULATED_VISITS:
         if args.plot is not None:
             return _error(f"--plot needs the per-visit simulation (problems up to {CLI_MAX_SIMULATED_VISITS} "
                           f"visits, without --compact)")
         reason = "--compact" if args.compact else f"{visits} visits per table > {CLI_MAX_SIMULATED_VISITS}"
         try:
-            rows = analyse_compact(seqlen_q=args.seqlen_q, seqlen_k=seqlen_k, block_m=args.block_m,
-                                   block_n=args.block_n, heads=args.heads, causal=args.causal, num_sms=args.num_sms,
-                                   c=args.c, r=args.r, model=args.model, group_size=args.group_size,
-                                   window=args.window)
+            rows = analyse_compact(**kw)
         except (ValueError, TypeError) as exc:
             return _error(exc)
         print_compact(rows, c=args.c, r=args.r, model=args.model, reason=reason)
         return 0
     try:
-        result = analyse(seqlen_q=args.seqlen_q, seqlen_k=seqlen_k, block_m=args.block_m, block_n=args.block_n,
-                         heads=args.heads, causal=args.causal, num_sms=args.num_sms, c=args.c, r=args.r,
-                         model=args.model, group_size=args.group_size, window=tuple(args.window))
+        rows = analyse(**kw)
+        auto = auto_line(rows[0]["plan"])      # in the try, as the analysis: auto's choice can raise too
     except (ValueError, TypeError) as exc:
         return _error(exc)
-    print_analysis(seqlen_q=args.seqlen_q, seqlen_k=seqlen_k, block_m=args.block_m, block_n=args.block_n,
-                   heads=args.heads, causal=args.causal, num_sms=args.num_sms, c=args.c, r=args.r,
-                   model=args.model, rows=result, group_size=args.group_size)
+    print_analysis(rows, c=args.c, r=args.r, model=args.model, auto=auto)
     if args.plot is not None:
         try:
-            plot_gantt(result[0], args.plot, c=args.c, r=args.r)
+            plot_gantt(rows, args.plot, c=args.c, r=args.r)
         except OSError as exc:                   # e.g. the disk filled up since the check
             return _error(f"--plot {args.plot}: cannot write it: {exc.strerror or exc}", 1)
         print(f"wrote {args.plot}")

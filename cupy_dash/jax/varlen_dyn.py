@@ -26,10 +26,8 @@ def attention_device_lengths(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, 
     """:func:`cupy_dash.jax.attention_varlen` with cu_seqlens as JAX arrays (one program for every packing);
     ``base`` is the call's checked configuration, ``max_q`` / ``max_k`` the checked maxima."""
     num_seqs = check_cu("cu_seqlens_q", cu_seqlens_q)
-    if check_cu("cu_seqlens_k", cu_seqlens_k) != num_seqs:
-        raise ValueError(f"cu_seqlens_k: expected {num_seqs + 1} entries (as cu_seqlens_q), got "
-                         f"{cu_seqlens_k.shape[0]}")
-    varlen_launch.check_sequence_count(num_seqs)
+    check_cu("cu_seqlens_k", cu_seqlens_k)
+    varlen_launch.check_same_count(cu_seqlens_q, cu_seqlens_k)      # and at most MAX_GRID_YZ sequences
     varlen_launch.check_max_within(max_q, max_k, q.shape[0], k.shape[0])
     vcfg = varlen._VarlenConfig(base, num_seqs, max_q, max_k, None, _Backward)
     return varlen.attention_jit(vcfg, *callbacks.vary_together(q, k, v), cu_seqlens_q, cu_seqlens_k)

@@ -2,8 +2,8 @@
 ``torch.library`` fragment, the eager autograd path, the fake implementations' checks). Users import
 :mod:`cupy_dash.torch` (docs/api.md); this module imports no other adapter module.
 """
-import ml_dtypes
-import numpy as np
+import types
+
 import torch
 from torch import Tensor
 from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
@@ -116,10 +116,6 @@ def refuse_double_backward() -> None:
 # ------------------------------------------------------------------------------------------------------------
 # argument checks on metadata (fake / meta tensors): the checks of problem.validate, without a data pointer
 # ------------------------------------------------------------------------------------------------------------
-_DTYPES = {torch.bfloat16: np.dtype(ml_dtypes.bfloat16), torch.float16: np.dtype(np.float16),
-           torch.float32: np.dtype(np.float32)}
-
-
 # DLPack device types; "meta" counts as CUDA so that shape inference on the meta device passes
 _DLPACK_TYPES = {"cpu": 1, "cuda": 2, "meta": 2}
 
@@ -131,20 +127,13 @@ class _Meta:
 
     def __init__(self, t: Tensor):
         self.shape = tuple(t.shape)
-        self.dtype = _DTYPES.get(t.dtype) or _UnknownDtype(t.dtype, t.element_size())
+        # the dtype's name as interop.describe gives a torch tensor's (``bfloat16``, ``float64``, ``int32``, ...)
+        self.dtype = types.SimpleNamespace(name=str(t.dtype).rpartition(".")[2], itemsize=t.element_size())
         self.strides = tuple(s * t.element_size() for s in t.stride())
         self._device = (_DLPACK_TYPES.get(t.device.type, 0), t.device.index or 0)
 
     def __dlpack_device__(self):
         return self._device
-
-
-class _UnknownDtype:
-    """A dtype name for error messages (``float64``, ``int32``, ...) of a dtype the kernels do not take."""
-    __slots__ = ("name", "itemsize")
-
-    def __init__(self, dtype, itemsize):
-        self.name, self.itemsize = str(dtype).rpartition(".")[2], itemsize
 
 
 def _concrete(*tensors) -> bool:
