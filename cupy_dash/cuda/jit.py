@@ -488,13 +488,6 @@ _load_lock = threading.Lock()
 _SMEM_DEFAULT_LIMIT = 48 * 1024
 
 
-def is_loaded(spec) -> bool:
-    """Whether :func:`load` of ``spec`` on the current device would only return the memoized function (no
-    compile, no module load)."""
-    import cupy
-    return (spec, cupy.cuda.runtime.getDevice(), kernel_dir()) in _loaded
-
-
 def load(spec):
     """A launchable ``cupy.cuda.function.Function`` for ``spec`` on the current device, memoized per
     (spec, device, kernel directory): source edits made after the first load in a process are not picked up.
