@@ -45,13 +45,14 @@ import statistics
 import sys
 import time
 
-from cupy_dash.cli.measure import ATOMIC, SCHEDULES, CupyEvents, attention_flops, random_tensor, time_calls
+from cupy_dash.cli.measure import ATOMIC, SCHEDULES, attention_flops, random_tensor
 from cupy_dash.cuda import kernels
 
 # the modules beside this script (its folder is first on sys.path when it runs as `python benchmarks/bench.py`)
 from bench_host import measure_compile_times, measure_host_overhead
 from bench_peers import Fa3Peer, fa3_subprocess, load_peers, same_bits
 from bench_report import _label, markdown_report, plot_report
+from measure import CupyEvents, time_calls
 
 __all__ = ["main", "run", "parse_args", "DEFAULT_SEQLENS"]
 

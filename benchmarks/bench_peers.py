@@ -156,7 +156,7 @@ class Fa3Peer:
     def _loop_time(self, fn, jsets, repeats, warmup, flops, warmup_s=0.0):
         """Median over 3 loops of ``repeats`` calls (ms per call), after ``warmup`` calls that also compile and
         more until ``warmup_s`` seconds have passed since the first compiled call (a steady clock, as
-        cupy_dash.cli.measure.time_calls)."""
+        benchmarks/measure.py's time_calls)."""
         jax = self.jax
         jax.block_until_ready(fn(*jsets[0]))
         t0, i = time.perf_counter(), 1

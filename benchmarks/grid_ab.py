@@ -22,9 +22,12 @@ import numpy as np
 
 import cupy_dash
 from cupy_dash import schedule
-from cupy_dash.cli.measure import CupyEvents, random_tensor, time_calls
+from cupy_dash.cli.measure import random_tensor
 from cupy_dash.core import api
 from cupy_dash.cuda import device_tables, kernels
+
+# beside this script (its folder is first on sys.path when it runs as `python benchmarks/grid_ab.py`)
+from measure import CupyEvents, time_calls
 
 
 def reorder(plan, order) -> types.SimpleNamespace:

@@ -142,7 +142,8 @@ def main():
     import cupy
 
     import cupy_dash
-    from cupy_dash.cli.measure import CupyEvents, attention_flops, random_tensor
+    from cupy_dash.cli.measure import attention_flops, random_tensor
+    from measure import CupyEvents
 
     B = (opts.tokens or opts.seqlen) // opts.seqlen
     H, D, S = opts.hidden // opts.hdim, opts.hdim, opts.seqlen

@@ -107,6 +107,23 @@ def _same_bits(xs, ys):
     return all(bool(cupy.array_equal(x.view(cupy.int16), y.view(cupy.int16))) for x, y in zip(xs, ys))
 
 
+def _median_ms(call, repeats):
+    """Median GPU time (ms) of ``call`` over ``repeats`` timed calls after 2 untimed ones: each call bracketed by
+    two CUDA events on the current stream, the calls enqueued back to back, one synchronization at the end."""
+    import cupy
+    import numpy as np
+    for _ in range(2):
+        call()
+    stream = cupy.cuda.get_current_stream()
+    pairs = [(cupy.cuda.Event(), cupy.cuda.Event()) for _ in range(repeats)]
+    for start, end in pairs:
+        start.record(stream)
+        call()
+        end.record(stream)
+    pairs[-1][1].synchronize()
+    return float(np.median([cupy.cuda.get_elapsed_time(start, end) for start, end in pairs]))
+
+
 def _table(headers, rows):
     widths = [max(len(str(h)), *(len(str(r[i])) for r in rows)) for i, h in enumerate(headers)]
     fmt = "| " + " | ".join(f"{{:{w}}}" for w in widths) + " |"
@@ -125,11 +142,10 @@ def demo_main(argv=None):
         return 1
 
     import cupy
-    import numpy as np
 
     import cupy_dash
     from .. import reference
-    from .measure import ATOMIC, SCHEDULES, CupyEvents, attention_flops, random_tensor, time_calls
+    from .measure import ATOMIC, SCHEDULES, attention_flops, random_tensor
 
     B, H, S, D = args.batch, args.heads, args.seqlen, args.hdim
     causal = not args.full
@@ -140,7 +156,6 @@ def demo_main(argv=None):
     print(f"shape: B={B} H={H} S={S} D={D} {'causal' if causal else 'full'} {args.dtype}; "
           f"forward {f_fwd / 1e9:.1f} GFLOP, backward {f_bwd / 1e9:.1f} GFLOP")
     q, k, v, do = (random_tensor(shape, args.dtype, seed=i) for i in range(4))
-    ev = CupyEvents()
     dev = cupy.cuda.Device()
     failures = []
 
@@ -163,8 +178,7 @@ def demo_main(argv=None):
     out, lse = cupy_dash.attention_forward(q, k, v, causal=causal)
     dev.synchronize()
     first_fwd = time.perf_counter() - t
-    fwd_ms = float(np.median(time_calls([lambda: cupy_dash.attention_forward(q, k, v, causal=causal)],
-                                        warmup=2, repeats=args.repeats, events=ev)))
+    fwd_ms = _median_ms(lambda: cupy_dash.attention_forward(q, k, v, causal=causal), args.repeats)
     out_err = _max_err(host_slice(out), out_ref)
     if not _within_fa3([host_slice(out)], [out_ref], [out_lp]):
         failures.append(f"forward: error above FA3's bound (2x the plain {args.dtype} error + rounding)")
@@ -191,7 +205,7 @@ def demo_main(argv=None):
             run1, run2 = call(), call()
             cupy_dash.check_errors()
             same = _same_bits(run1, run2)
-            ms = float(np.median(time_calls([call], warmup=2, repeats=args.repeats, events=ev)))
+            ms = _median_ms(call, args.repeats)
             cupy_dash.check_errors()
             got = [host_slice(g) for g in run1]
             errs = [_max_err(g, r) for g, r in zip(got, grads_ref)]

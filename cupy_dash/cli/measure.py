@@ -1,12 +1,12 @@
-"""FLOP counts, seeded random inputs on the GPU and CUDA-event timing: what the demo (``python -m cupy_dash``)
-measures with, and what the benchmark scripts of ``benchmarks/`` build on (conventions: docs/performance.md).
+"""FLOP counts, seeded random inputs on the GPU and the backward's schedule names: what the demo (``python -m
+cupy_dash``) measures with, and what the benchmark scripts of ``benchmarks/`` build on (conventions:
+docs/performance.md; their CUDA-event timing is benchmarks/measure.py).
 """
 from __future__ import annotations
 
 import math
-import time
 
-__all__ = ["ATOMIC", "SCHEDULES", "CupyEvents", "attention_flops", "random_tensor", "time_calls"]
+__all__ = ["ATOMIC", "SCHEDULES", "attention_flops", "random_tensor"]
 
 ATOMIC = "atomic"                      # the backward with deterministic=False
 SCHEDULES = ("fa3", "descending", "shift", "symmetric_shift", "auto")    # the deterministic backward's schedules
@@ -41,57 +41,3 @@ def random_tensor(shape, dtype="bf16", seed=0):
     bits = ((u + cupy.uint32(0x7FFF) + ((u >> cupy.uint32(16)) & cupy.uint32(1))) >> cupy.uint32(16))
     return bits.astype(cupy.uint16).view(ml_dtypes.bfloat16).reshape(shape)
 
-
-class CupyEvents:
-    """The events :func:`time_calls` records: CuPy's, on the current stream."""
-
-    def __init__(self):
-        import cupy
-        self.cupy = cupy
-
-    def event(self):
-        return self.cupy.cuda.Event()
-
-    def record(self, ev):
-        ev.record(self.cupy.cuda.get_current_stream())
-
-    def synchronize(self, ev):
-        ev.synchronize()
-
-    def elapsed_ms(self, start, end):
-        return float(self.cupy.cuda.get_elapsed_time(start, end))
-
-
-def time_calls(calls, *, warmup, repeats, events, flush=None, warmup_s=0.0):
-    """Median-ready list of per-call GPU times (ms): ``calls[i % len(calls)]`` is call i (rotating input sets).
-
-    Every call is bracketed by two events on the current stream; calls are enqueued back to back and the host
-    synchronizes once at the end. ``events``: :class:`CupyEvents` or any object with the same four methods
-    (the benchmark's torch peer passes torch's); ``flush``: called before every timed call, outside the events.
-    ``warmup_s``: after the ``warmup`` calls, more untimed calls until that many seconds of wall time have passed
-    since the first (at most two calls in flight): a busy H200 reaches its power limit within ~0.1 s and lowers its
-    SM clock (1980 -> ~1700 MHz at 15k tokens), so calls timed right after an idle GPU run faster than a training
-    step's would.
-    """
-    n = len(calls)
-    t0 = time.perf_counter()
-    for i in range(warmup):
-        calls[i % n]()
-    i, prev = warmup, None
-    while time.perf_counter() - t0 < warmup_s:
-        calls[i % n]()
-        ev = events.event()
-        events.record(ev)
-        if prev is not None:
-            events.synchronize(prev)
-        prev, i = ev, i + 1
-    starts = [events.event() for _ in range(repeats)]
-    ends = [events.event() for _ in range(repeats)]
-    for i in range(repeats):
-        if flush is not None:
-            flush()
-        events.record(starts[i])
-        calls[i % n]()
-        events.record(ends[i])
-    events.synchronize(ends[-1])
-    return [events.elapsed_ms(s, e) for s, e in zip(starts, ends)]

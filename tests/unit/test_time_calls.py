@@ -1,12 +1,18 @@
-"""cupy_dash.cli.measure.time_calls on the CPU, with events that read the host clock: the warm-up by count and by
+"""benchmarks/measure.py's time_calls on the CPU, with events that read the host clock: the warm-up by count and by
 time, the rotation over input sets, one time per timed call."""
 from __future__ import annotations
 
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from cupy_dash.cli.measure import time_calls
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+if str(BENCHMARKS) not in sys.path:
+    sys.path.insert(0, str(BENCHMARKS))      # a standalone module beside the scripts, imported by name as they do
+
+from measure import time_calls  # noqa: E402
 
 
 class HostEvents:
