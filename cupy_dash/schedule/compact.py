@@ -136,6 +136,9 @@ class CompactSchedule(ColumnRecords):
         stride > 1: over every stride-th column's visits)."""
         return _compact_view.window_scan_stats(self.records, self.scan_bounds, self.columns_per_head, stride)
 
+    def expand(self) -> tuple:
+        return expand(self)
+
     def to_schedule(self) -> per_visit.Schedule:
         """The expanded view as a :class:`cupy_dash.schedule.Schedule` (validate / simulate work on it)."""
         visits, rank, cta_start = expand(self)
