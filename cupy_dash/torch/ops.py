@@ -2,7 +2,7 @@
 ``torch.library`` fragment, the eager autograd path, the fake implementations' checks). Users import
 :mod:`cupy_dash.torch` (docs/api.md); this module imports no other adapter module.
 """
-import types
+import typing
 
 import torch
 from torch import Tensor
@@ -120,6 +120,13 @@ def refuse_double_backward() -> None:
 _DLPACK_TYPES = {"cpu": 1, "cuda": 2, "meta": 2}
 
 
+class _Dtype(typing.NamedTuple):
+    """A torch dtype as interop.describe reads a dtype: its name, as interop gives a torch tensor's (``bfloat16``,
+    ``float64``, ``int32``, ...), and its size in bytes; hashable, so that interop's dtype cache serves repeats."""
+    name: str
+    itemsize: int
+
+
 class _Meta:
     """What :func:`cupy_dash.core.interop.describe` reads of an array (shape, dtype, byte strides, DLPack device),
     taken from a torch tensor's metadata only; its address stays unknown, so alignment is not checked."""
@@ -127,8 +134,7 @@ class _Meta:
 
     def __init__(self, t: Tensor):
         self.shape = tuple(t.shape)
-        # the dtype's name as interop.describe gives a torch tensor's (``bfloat16``, ``float64``, ``int32``, ...)
-        self.dtype = types.SimpleNamespace(name=str(t.dtype).rpartition(".")[2], itemsize=t.element_size())
+        self.dtype = _Dtype(str(t.dtype).rpartition(".")[2], t.element_size())
         self.strides = tuple(s * t.element_size() for s in t.stride())
         self._device = (_DLPACK_TYPES.get(t.device.type, 0), t.device.index or 0)
 
