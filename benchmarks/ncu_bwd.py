@@ -27,6 +27,7 @@ def main():
     ap.add_argument("--schedule", default="auto", help="ours: schedule, or 'atomic'")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--forward", action="store_true", help="the forward instead (FA3: its public flash_mha)")
+    ap.add_argument("--softcap", type=float, default=0.0, help="ours: logit soft-capping (0: off)")
     args = ap.parse_args()
 
     import cupy
@@ -36,12 +37,15 @@ def main():
 
     shape = (args.batch, args.seqlen, args.heads, args.hdim)
     q, k, v, do = (random_tensor(shape, "bf16", seed=i) for i in range(4))
-    out, lse = cupy_dash.attention_forward(q, k, v, causal=args.causal)
+    if args.softcap and args.impl != "ours":
+        ap.error("--softcap: ours only")
+    cap = dict(softcap=args.softcap)
+    out, lse = cupy_dash.attention_forward(q, k, v, causal=args.causal, **cap)
     cupy.cuda.Device().synchronize()
 
     if args.forward and args.impl == "ours":
         def call():
-            return cupy_dash.attention_forward(q, k, v, causal=args.causal)
+            return cupy_dash.attention_forward(q, k, v, causal=args.causal, **cap)
 
         def sync(_):
             cupy.cuda.Device().synchronize()
@@ -62,7 +66,7 @@ def main():
 
         def call():
             return cupy_dash.attention_backward(do, q, k, v, out, lse, causal=args.causal, schedule=sched,
-                                                deterministic=det)
+                                                deterministic=det, **cap)
 
         def sync(_):
             cupy.cuda.Device().synchronize()
