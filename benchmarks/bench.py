@@ -211,6 +211,16 @@ def _kernels_digest():
     return jit.source_tree_digest(jit.kernel_dir())
 
 
+def _git_commit():
+    """The checkout's short commit, or None (the device's copy may report a stale one: export CUPY_DASH_COMMIT)."""
+    import subprocess
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
 def _meta(opts, argv):
     import cupy
     import cupy_dash
@@ -221,7 +231,7 @@ def _meta(opts, argv):
                 flush_l2=opts["flush_l2"], group=opts["group"], softcap=opts.get("softcap", 0.0),
                 quick=opts["quick"], python=platform.python_version(), cupy=cupy.__version__,
                 cupy_dash=getattr(cupy_dash, "__version__", "?"), torch=None, env=knobs_set(),
-                kernels_sha256=_kernels_digest())
+                commit=os.environ.get("CUPY_DASH_COMMIT") or _git_commit(), kernels_sha256=_kernels_digest())
     try:
         props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
         name = props["name"]

@@ -76,3 +76,17 @@ def require(what: str, device: int = 0) -> None:
     else:
         problem = f"CUDA device {device} is {desc}, not a Hopper GPU"
     raise RuntimeError(f"{what} needs {NEEDS}; {problem}. (cupy_dash.schedule works without a GPU.)")
+
+
+def bind_context() -> None:
+    """Make the current CUDA device's primary context current on the calling thread if no context is.
+
+    NOTES: CuPy's ``Device(i)`` calls cudaSetDevice only when ``i`` differs from the thread's current device, and
+    a thread's current device is 0 before anything sets it, so a new thread can reach CuPy's and the executor's
+    driver-API calls (module loads, occupancy, launches) with no context current (CUDA_ERROR_INVALID_CONTEXT) when
+    everything it needs is cached and its memory comes from CuPy's pool (no runtime call in between, which would
+    bind the context). ``cudaFree(0)`` binds it; a thread that has one already pays one ``cuCtxGetCurrent``."""
+    from cupy.cuda import driver, runtime
+    if driver.ctxGetCurrent() == 0:
+        runtime.free(0)
+

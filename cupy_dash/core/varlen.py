@@ -153,6 +153,7 @@ def prepare_varlen_backward(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
     gpu.require("cupy_dash.prepare_varlen_backward (it builds the schedule table for the GPU's co-resident CTAs "
                 "and uploads it)", device)
     with cupy.cuda.Device(device):
+        gpu.bind_context()                    # a loader thread: its first CUDA call may be here
         tables, _, _, _ = _tables(device, dtype, head_dim, causal, schedule, lens_q, lens_k,
                                   num_heads, num_heads_kv, window, capped, head_dim_v=head_dim_v)
         if tables.num_visits == 0:

@@ -436,7 +436,7 @@ _bwd_cache: dict = {}
 def fwd_entry(dtype: str, head_dim: int, causal: bool, head_dim_v: int | None = None,
               persistent: bool = False) -> tuple:
     """(forward KernelSpec, block_m, block_n), cached; ``head_dim_v``, ``persistent``: as :func:`fwd_spec`."""
-    key = (dtype, head_dim, causal, head_dim_v, persistent)
+    key = (dtype, head_dim, causal, None if head_dim_v == head_dim else head_dim_v, persistent)
     e = _fwd_cache.get(key)
     if e is None:
         tile = fwd_tile(head_dim)
@@ -456,8 +456,10 @@ def bwd_entry(device_id: int, dtype: str, head_dim: int, causal: bool, timeline:
     into a CUDA graph the same call may run unfolded, and after torch.compile's reduce-overhead eager warm-up its
     capture then loads nothing (a capture that must load does it outside, cupy_dash.cuda.capture)."""
     tile = bwd_tile(head_dim, causal, compact, seqlen_q, window)
+    # NOTES: a value head dim equal to head_dim is the same build as None (_value_counts): one entry for both, so
+    # that prepare_varlen_backward (None) finds what the backward (Problem.Dv) loaded.
     key = (device_id, dtype, head_dim, causal, timeline, compact, softcap, tile.block_m,
-           config.BWD_DQ_WRITERS.get(), head_dim_v)
+           config.BWD_DQ_WRITERS.get(), None if head_dim_v == head_dim else head_dim_v)
     e = _bwd_cache.get(key)
     if e is None:
         import cupy

@@ -320,3 +320,31 @@ def test_an_operand_of_another_framework_than_q_is_imported(monkeypatch):
     assert api._resolve(info, "k", keep, "torch") == (0x1000, (1, 2, 3)) and keep == []   # q's framework: in place
     assert api._resolve(info, "k", keep, "cupy") == (0x2000, (5, 6, 7))                   # another: imported
     assert imported == ["k"] and keep == ["imported k"]
+
+
+def test_a_value_head_dim_equal_to_the_head_dim_is_one_backward_entry(monkeypatch):
+    """kernels.bwd_entry with head_dim_v None and with head_dim_v == head_dim is one build and one cache entry:
+    prepare_varlen_backward (None) finds what the backward (Problem.Dv) loaded, and counts no occupancy again,
+    which on a loader thread would be its first CUDA call."""
+    install(monkeypatch, current=0)
+    counted = []
+    monkeypatch.setattr(kernels, "_bwd_cache", {})
+    monkeypatch.setattr(kernels, "max_resident_ctas", lambda spec: counted.append(spec) or 132)
+    monkeypatch.setattr(jit, "load", lambda spec: None)
+    first = kernels.bwd_entry(0, "bfloat16", 128, True, head_dim_v=128)
+    assert kernels.bwd_entry(0, "bfloat16", 128, True) is first and len(counted) == 1
+    assert kernels.fwd_entry("bfloat16", 128, True, 128) is kernels.fwd_entry("bfloat16", 128, True)
+
+
+@pytest.mark.parametrize("current_context, binds", [(0, True), (0x5A5A, False)], ids=["none-current", "current"])
+def test_bind_context_makes_the_primary_context_current_only_where_none_is(monkeypatch, current_context, binds):
+    """gpu.bind_context: a thread with no current context (a new loader thread whose needs are all cached) gets the
+    current device's primary context through a runtime call (cudaFree(0)); one with a context pays nothing more."""
+    import cupy
+
+    from cupy_dash import gpu
+    freed = []
+    monkeypatch.setattr(cupy.cuda.driver, "ctxGetCurrent", lambda: current_context)
+    monkeypatch.setattr(cupy.cuda.runtime, "free", lambda ptr: freed.append(ptr))
+    gpu.bind_context()
+    assert freed == ([0] if binds else [])

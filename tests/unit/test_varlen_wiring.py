@@ -69,6 +69,7 @@ def no_gpu(monkeypatch):
     monkeypatch.setattr(launchers, "l2_bytes", lambda dev: 60 << 20)    # the H200's L2 and SMs
     monkeypatch.setattr(kernels, "sm_count", lambda dev: 132)
     monkeypatch.setattr(gpu, "require", lambda what, device=0: None)
+    monkeypatch.setattr(gpu, "bind_context", lambda: None)
     specs = kernels.bwd_specs("bfloat16", D, True)
     tile = kernels.bwd_tile(D, True)
     monkeypatch.setattr(kernels, "bwd_entry", lambda *a, **kw: (specs, tile.block_m, tile.block_n, 132))
