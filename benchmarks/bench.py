@@ -215,7 +215,8 @@ def _git_commit():
     """The checkout's short commit, or None (the device's copy may report a stale one: export CUPY_DASH_COMMIT)."""
     import subprocess
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10)
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
+                             cwd=os.path.dirname(os.path.abspath(__file__)))
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() or None

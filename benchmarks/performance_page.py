@@ -40,9 +40,9 @@ def _group(cfg) -> int:
 
 
 def load_steady(results: Path = RESULTS) -> dict:
-    """The newest report of benchmarks/steady_bench.py per (forward, head dim) outside experiments/:
-    {(forward, hdim): (path, report)}."""
-    newest = {}
+    """The reports of benchmarks/steady_bench.py outside experiments/ per (forward, head dim), oldest first (by the
+    report's date, then path): {(forward, hdim): [(path, report), ...]}."""
+    found = {}
     for path in sorted(results.rglob("*.json")):
         report = json.loads(path.read_text())
         if not (isinstance(report, dict) and "meta" in report and report.get("shapes")
@@ -52,14 +52,16 @@ def load_steady(results: Path = RESULTS) -> dict:
         if f"/{EXPERIMENTS}/" in f"/{rel}":
             continue
         key = (bool(report["meta"].get("forward")), report["shapes"][0]["shape"]["hdim"])
-        if key not in newest or report["meta"]["date"] >= newest[key][1]["meta"]["date"]:
-            newest[key] = (rel, report)
-    return newest
+        found.setdefault(key, []).append((rel, report))
+    return {key: sorted(reports, key=lambda r: (r[1]["meta"]["date"], r[0])) for key, reports in found.items()}
 
 
 def _steady_sections(results: Path) -> list:
+    """One section per (forward, head dim): the newest report's tables and chart, then its earlier reports (each on
+    its own card and call: the ratios to FA3 move with the card, docs/decisions/bwd-engine.md)."""
     lines = []
-    for (forward, hdim), (path, report) in sorted(load_steady(results).items()):
+    for (forward, hdim), reports in sorted(load_steady(results).items()):
+        path, report = reports[-1]
         what = "Forward" if forward else "Backward"
         lines += [f"## {what}, head dim {hdim}, at a steady clock", "", f"{_link(path)}, {report['meta']['date']}.",
                   ""] + steady_bench.markdown(report, title=False).splitlines() + [""]
@@ -67,7 +69,26 @@ def _steady_sections(results: Path) -> list:
         if png.exists():
             rel = png.relative_to(ROOT).as_posix()
             lines += [f"![{rel}](../{rel})", ""]
+        if len(reports) > 1:
+            lines += ["Earlier steady reports of this configuration:", ""]
+            for old_path, old in reversed(reports[:-1]):
+                meta = old["meta"]
+                impls = sorted({impl for shape in old["shapes"] for impl in shape["loops"]})
+                lines.append(f"- {meta['date']}, {_link(old_path)}: {meta.get('gpu', '?')}, commit "
+                             f"{meta.get('commit') or '?'}; {', '.join(impls)}{_ratio_range(old)}")
+            lines.append("")
     return lines
+
+
+def _ratio_range(report) -> str:
+    """``"; ours / FA3 non-deterministic 0.93-1.00"`` (the range over the report's shapes of the median ratios of
+    its first ours-against-FA3 ratio: dash_det / fa3_nondet, dash_fwd / fa3_fwd), or "" without one."""
+    names = [n for n in report["shapes"][0]["ratios"] if n.startswith("dash_") and "_vs_fa3_" in n]
+    if not names:
+        return ""
+    medians = [shape["ratios"][names[0]]["median"] for shape in report["shapes"] if names[0] in shape["ratios"]]
+    peer = "FA3 non-deterministic" if names[0].endswith("_nondet") else "FA3"
+    return f"; ours / {peer} {min(medians):.2f}-{max(medians):.2f}"
 
 
 def _key(cfg) -> tuple:

@@ -89,4 +89,3 @@ def bind_context() -> None:
     from cupy.cuda import driver, runtime
     if driver.ctxGetCurrent() == 0:
         runtime.free(0)
-
