@@ -119,6 +119,7 @@ if [ "$stage" = steady_ab ]; then   # AB_PATCHES (benchmarks/patches/<name>) aga
       timeout 120 "${run[@]}" benchmarks/steady_bench.py ${STEADY_ARGS:---shapes causal:8192 causal:16384} \
         --impls dash_det fa3_nondet --json /tmp/sab/${leg}_$n.json --md /tmp/sab/${leg}_$n.md 2>&1 | tail -4 \
         | sed "s/^/$leg$n /" | tee -a "$OUT/steady_ab.log"
+      [ -f /tmp/sab/${leg}_$n.json ] || echo "$leg$n: no report (timed out or failed)" | tee -a "$OUT/steady_ab.log"
     done
   done
   (cd /tmp/sab && tar czf "$OUT/steady_ab.tgz" *)
@@ -133,6 +134,7 @@ if [ "$stage" = tail_ab ]; then   # the causal tail (benchmarks/with_tail_tables
         ${TAIL_ARGS:---shapes causal:2048 causal:4096 causal:8192 causal:16384} --json /tmp/tab/${leg}_$n.json \
         --md /tmp/tab/${leg}_$n.md 2>&1 | grep -v "^with_tail_tables" | tail -6 | sed "s/^/$leg$n /" \
         | tee -a "$OUT/tail_ab.log"
+      [ -f /tmp/tab/${leg}_$n.json ] || echo "$leg$n: no report (timed out or failed)" | tee -a "$OUT/tail_ab.log"
     done
   done
   (cd /tmp/tab && tar czf "$OUT/tail_ab.tgz" *)
