@@ -85,7 +85,8 @@ def bind_context() -> None:
     a thread's current device is 0 before anything sets it, so a new thread can reach CuPy's and the executor's
     driver-API calls (module loads, occupancy, launches) with no context current (CUDA_ERROR_INVALID_CONTEXT) when
     everything it needs is cached and its memory comes from CuPy's pool (no runtime call in between, which would
-    bind the context). ``cudaFree(0)`` binds it; a thread that has one already pays one ``cuCtxGetCurrent``."""
+    bind the context). ``cudaFree(0)`` binds it; a thread that has one already pays one ``cuCtxGetCurrent``. Called
+    by prepare_varlen_backward and by the API's full paths (the fast path's capture check is a runtime call)."""
     from cupy.cuda import driver, runtime
     if driver.ctxGetCurrent() == 0:
         runtime.free(0)

@@ -266,6 +266,7 @@ def attention_backward_varlen(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
     dev = p.device_id
     stream = interop.caller_stream(q, dev)
     with cupy.cuda.Device(dev), stream:
+        gpu.bind_context()
         if device_cu:
             for i, ((name, cu, *limits), (info, _)) in enumerate(zip(cu_args, forms)):
                 if info is not None:
