@@ -86,7 +86,8 @@ def bind_context() -> None:
     driver-API calls (module loads, occupancy, launches) with no context current (CUDA_ERROR_INVALID_CONTEXT) when
     everything it needs is cached and its memory comes from CuPy's pool (no runtime call in between, which would
     bind the context). ``cudaFree(0)`` binds it; a thread that has one already pays one ``cuCtxGetCurrent``. Called
-    by prepare_varlen_backward and by the API's full paths (the fast path's capture check is a runtime call)."""
+    before those driver calls: a module load (jit.load), the occupancy query, prepare_varlen_backward and the API's
+    full paths (the fast path's capture check is a runtime call)."""
     from cupy.cuda import driver, runtime
     if driver.ctxGetCurrent() == 0:
         runtime.free(0)

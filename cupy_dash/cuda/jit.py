@@ -512,6 +512,7 @@ def load(spec):
         if hashlib.sha256(cubin).hexdigest() != compiled.cubin_sha256:   # changed since it was verified
             compiled = compile_spec(spec, force=True)
             cubin = compiled.read_cubin()
+        gpu.bind_context()                # a thread's first CUDA call may be this load (driver API)
         module = function.Module()
         module.load(cubin)
         fn = module.get_function(spec.entry)    # keeps a reference to its module

@@ -12,7 +12,7 @@ import itertools
 
 import numpy as np
 
-from .. import config
+from .. import config, gpu
 from . import executor
 from .params import (BWD_PARAMS_DTYPE, FWD_PARAMS_DTYPE, PARAMS_STRUCTS, pack_bwd_params,  # noqa: F401
                      pack_fwd_params, params_layout_check_source)
@@ -423,6 +423,7 @@ def max_resident_ctas(spec: KernelSpec) -> int:
     from cupy.cuda import driver
     from . import jit
     fn = jit.load(spec)
+    gpu.bind_context()                    # the query is a driver call; jit.load bound the context only on a miss
     per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.ptr, spec.threads, spec.smem_bytes)
     return int(per_sm) * sm_count(cupy.cuda.runtime.getDevice())
 

@@ -159,6 +159,8 @@ def test_loaded_kernels_are_memoized_per_current_device(monkeypatch):
     monkeypatch.setattr(cupy.cuda.function, "Module", Module)
     monkeypatch.setattr(cupy.cuda.driver, "funcSetAttribute", lambda *a: None)
     monkeypatch.setattr(jit, "_loaded", {})
+    bound = []
+    monkeypatch.setattr(gpu, "bind_context", lambda: bound.append(devices.current))
     f0 = jit.load(spec)
     devices.current = 1
     assert (spec, 1, jit.kernel_dir()) not in jit._loaded
@@ -166,6 +168,7 @@ def test_loaded_kernels_are_memoized_per_current_device(monkeypatch):
     assert (f0.device, f1.device) == (0, 1) and len(modules) == 2 and (spec, 1, jit.kernel_dir()) in jit._loaded
     devices.current = 0
     assert jit.load(spec) is f0 and len(modules) == 2
+    assert bound == [0, 1]          # each module load made its device's context current first (a new thread's)
 
 
 def test_error_records_are_per_device(monkeypatch):
