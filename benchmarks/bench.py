@@ -52,7 +52,7 @@ from cupy_dash.cuda import kernels
 from bench_host import measure_compile_times, measure_host_overhead
 from bench_peers import Fa3Peer, fa3_subprocess, load_peers, same_bits
 from bench_report import _label, markdown_report, plot_report
-from measure import CupyEvents, time_calls
+from measure import CupyEvents, commit, time_calls
 
 __all__ = ["main", "run", "parse_args", "DEFAULT_SEQLENS"]
 
@@ -211,17 +211,6 @@ def _kernels_digest():
     return jit.source_tree_digest(jit.kernel_dir())
 
 
-def _git_commit():
-    """The checkout's short commit, or None (the device's copy may report a stale one: export CUPY_DASH_COMMIT)."""
-    import subprocess
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
-                             cwd=os.path.dirname(os.path.abspath(__file__)))
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None
-
-
 def _meta(opts, argv):
     import cupy
     import cupy_dash
@@ -232,7 +221,7 @@ def _meta(opts, argv):
                 flush_l2=opts["flush_l2"], group=opts["group"], softcap=opts.get("softcap", 0.0),
                 quick=opts["quick"], python=platform.python_version(), cupy=cupy.__version__,
                 cupy_dash=getattr(cupy_dash, "__version__", "?"), torch=None, env=knobs_set(),
-                commit=os.environ.get("CUPY_DASH_COMMIT") or _git_commit(), kernels_sha256=_kernels_digest())
+                commit=commit(), kernels_sha256=_kernels_digest())
     try:
         props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
         name = props["name"]

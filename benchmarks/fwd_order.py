@@ -24,12 +24,12 @@ import json
 import os
 import shlex
 import statistics
-import subprocess
 import sys
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import measure  # noqa: E402  (beside this script)
 
 def legs_of(shape, sections, dtype="bf16"):
     """{leg: (enqueue, done, result)} for one seeded input set of ``shape`` (steady_bench.parse_shape's dict)."""
@@ -181,8 +181,7 @@ def main():
     from bench import _kernels_digest
     from steady_bench import Smi
     props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
-    commit = os.environ.get("CUPY_DASH_COMMIT") or subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip() or None
+    commit = measure.commit()
     report = dict(meta=dict(date=_dt.datetime.now().isoformat(timespec="seconds"),
                             command=" ".join(shlex.quote(a) for a in ["python", *sys.argv]), commit=commit,
                             kernels_sha256=_kernels_digest(), gpu=props["name"].decode(), rounds=opts.rounds,

@@ -1,12 +1,27 @@
-"""CUDA-event timing for the benchmark scripts of ``benchmarks/`` (conventions: docs/performance.md): a standalone
-module beside them, imported by name as their other siblings are (``from measure import time_calls``); the FLOP
-counts and seeded inputs they share with the demo stay in cupy_dash/cli/measure.py.
+"""CUDA-event timing and the commit a report names, for the benchmark scripts of ``benchmarks/`` (conventions:
+docs/performance.md): a standalone module beside them, imported by name as their other siblings are (``from measure
+import time_calls``); the FLOP counts and seeded inputs they share with the demo stay in cupy_dash/cli/measure.py.
 """
 from __future__ import annotations
 
+import os
+import subprocess
 import time
 
-__all__ = ["CupyEvents", "time_calls"]
+__all__ = ["CupyEvents", "time_calls", "commit"]
+
+
+def commit():
+    """The commit a report names: ``CUPY_DASH_COMMIT`` if set (the GPU machine's copy of the repository reports a
+    stale ``git rev-parse HEAD``), else this checkout's short commit, or None."""
+    if os.environ.get("CUPY_DASH_COMMIT"):
+        return os.environ["CUPY_DASH_COMMIT"]
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
+                             cwd=os.path.dirname(os.path.abspath(__file__)))
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
 
 
 class CupyEvents:

@@ -38,6 +38,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import measure  # noqa: E402  (beside this script)
 
 
 def parse_shape(spec, hidden, hdim):
@@ -344,8 +345,7 @@ def main():
         except ImportError as exc:
             print(f"FA3 left out: {exc}", file=sys.stderr)
     props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
-    commit = os.environ.get("CUPY_DASH_COMMIT") or subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip() or None
+    commit = measure.commit()
     report = dict(meta=dict(date=_dt.datetime.now().isoformat(timespec="seconds"),
                             command=" ".join(shlex.quote(a) for a in ["python", *sys.argv]), commit=commit,
                             kernels_sha256=_kernels_digest(), gpu=_text(props["name"]), rounds=opts.rounds,

@@ -78,16 +78,18 @@ def require(what: str, device: int = 0) -> None:
     raise RuntimeError(f"{what} needs {NEEDS}; {problem}. (cupy_dash.schedule works without a GPU.)")
 
 
-def bind_context() -> None:
-    """Make the current CUDA device's primary context current on the calling thread if no context is.
+def bind_context() -> bool:
+    """Make the current CUDA device's primary context current on the calling thread if no context is; True if it
+    had to (the caller's failed driver call may then be repeated).
 
     NOTES: CuPy's ``Device(i)`` calls cudaSetDevice only when ``i`` differs from the thread's current device, and
-    a thread's current device is 0 before anything sets it, so a new thread can reach CuPy's and the executor's
-    driver-API calls (module loads, occupancy, launches) with no context current (CUDA_ERROR_INVALID_CONTEXT) when
-    everything it needs is cached and its memory comes from CuPy's pool (no runtime call in between, which would
-    bind the context). ``cudaFree(0)`` binds it; a thread that has one already pays one ``cuCtxGetCurrent``. Called
-    before those driver calls: a module load (jit.load), the occupancy query, prepare_varlen_backward and the API's
-    full paths (the fast path's capture check is a runtime call)."""
+    a thread's current device is 0 before anything sets it, so a new thread can reach a driver-API call (a module
+    load, the occupancy query, a launch) with no context current (CUDA_ERROR_INVALID_CONTEXT) when everything it
+    needs is cached and its memory comes from CuPy's pool (no runtime call in between, which would bind the
+    context). ``cudaFree(0)`` binds it. Called by jit.load before a module load and by kernels.max_resident_ctas
+    before the occupancy query (both on cache misses only), and by the executor after a launch that failed so."""
     from cupy.cuda import driver, runtime
-    if driver.ctxGetCurrent() == 0:
-        runtime.free(0)
+    if driver.ctxGetCurrent() != 0:
+        return False
+    runtime.free(0)
+    return True

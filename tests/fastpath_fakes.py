@@ -14,7 +14,6 @@ import types
 import numpy as np
 import pytest
 
-from cupy_dash import gpu
 from cupy_dash.core import api, fastpath, fastpath_varlen, interop, varlen
 from cupy_dash.cuda import capture, device_tables, errors, kernels, launchers, plans, tensormap, varlen_device
 
@@ -126,7 +125,6 @@ def no_gpu(monkeypatch):
     monkeypatch.setattr(fastpath, "_ready_stream", lambda plan: types.SimpleNamespace(ptr=0x77))
     monkeypatch.setattr(interop, "_torch_stream_ptr", lambda dev: 0x77)
     monkeypatch.setattr(interop, "capturing", lambda x: False)
-    monkeypatch.setattr(gpu, "bind_context", lambda: None)            # no driver here to ask for the context
     monkeypatch.setattr(tensormap, "bhsd_map", lambda ptr, *a, **kw: int(ptr).to_bytes(8, "little").ljust(128, b"\0"))
     monkeypatch.setattr(tensormap, "check_encodable", lambda *a, **kw: None)
 

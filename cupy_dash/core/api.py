@@ -18,7 +18,7 @@ import cupy
 import ml_dtypes
 import numpy as np
 
-from .. import config, gpu
+from .. import config
 from .. import schedule as _schedule
 from ..cuda import capture, device_tables, jit, kernels, launchers, plans
 from ..cuda.params import CONSTANTS
@@ -139,7 +139,6 @@ def run_forward(like, p, spec, block_m, block_n, window, tensors, grid, shapes, 
     fw, dev = p.infos[0].framework, p.device_id
     stream = interop.caller_stream(like, dev)
     with cupy.cuda.Device(dev), stream:
-        gpu.bind_context()                          # a thread's first CUDA call may be the launch (driver API)
         with capture.loading(dev, capturing):       # as the backward's kernels: outside a capture
             jit.load(spec)
         keep = []
@@ -283,7 +282,6 @@ def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, determinis
             raise ValueError(f"timeline: expected an int64 CuPy array of shape ({num_visits}, {cols})")
     stream = interop.caller_stream(q, dev)
     with cupy.cuda.Device(dev), stream:
-        gpu.bind_context()
         keep = []
         if plan is None:
             def find(side, capture):

@@ -153,7 +153,6 @@ def prepare_varlen_backward(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
     gpu.require("cupy_dash.prepare_varlen_backward (it builds the schedule table for the GPU's co-resident CTAs "
                 "and uploads it)", device)
     with cupy.cuda.Device(device):
-        gpu.bind_context()                    # a loader thread: its first CUDA call may be here
         tables, _, _, _ = _tables(device, dtype, head_dim, causal, schedule, lens_q, lens_k,
                                   num_heads, num_heads_kv, window, capped, head_dim_v=head_dim_v)
         if tables.num_visits == 0:
@@ -266,7 +265,6 @@ def attention_backward_varlen(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
     dev = p.device_id
     stream = interop.caller_stream(q, dev)
     with cupy.cuda.Device(dev), stream:
-        gpu.bind_context()
         if device_cu:
             for i, ((name, cu, *limits), (info, _)) in enumerate(zip(cu_args, forms)):
                 if info is not None:

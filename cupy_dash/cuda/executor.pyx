@@ -35,6 +35,20 @@ cdef extern from "launch_plan.h" nogil:
 PLAN_MAGIC = DASH_PLAN_MAGIC
 PLAN_INSPECT = DASH_PLAN_INSPECT
 
+cdef enum:
+    CUDA_ERROR_INVALID_CONTEXT = 201
+
+# NOTES: a thread with no CUDA context current (a new thread whose every need was cached: no runtime call has bound
+# one) fails its first driver call with CUDA_ERROR_INVALID_CONTEXT, before anything is enqueued, as every driver
+# call fails then (a tensor map's re-pointing is host-side and repeats the same bytes). A launch that fails so binds
+# the current device's primary context (cupy_dash.gpu.bind_context) and runs once more; the path that succeeds pays
+# nothing.
+cdef bint _bound_after(int rc) except -1:
+    if rc != CUDA_ERROR_INVALID_CONTEXT:
+        return False
+    from cupy_dash import gpu
+    return gpu.bind_context()
+
 def launch(uintptr_t function, unsigned int grid_x, unsigned int grid_y, unsigned int grid_z,
            unsigned int block_x, unsigned int smem_bytes, uintptr_t stream, const unsigned char[::1] params):
     """Launch ``function`` (a CUfunction) with one by-value parameter whose bytes are ``params`` (copied by the
@@ -50,6 +64,9 @@ def launch(uintptr_t function, unsigned int grid_x, unsigned int grid_y, unsigne
     k.block[0], k.block[1], k.block[2] = block_x, 1, 1
     with nogil:
         rc = dash_launch_kernel(&k, <void*>&params[0], <void*>stream, error, sizeof(error))
+    if _bound_after(rc):
+        with nogil:
+            rc = dash_launch_kernel(&k, <void*>&params[0], <void*>stream, error, sizeof(error))
     if rc:
         raise RuntimeError(f"cupy_dash launch: {error.decode()}")
 
@@ -108,6 +125,9 @@ cdef class LaunchPlan:
             addresses[i] = buffers[i]
         with nogil:
             rc = dash_plan_run(&self.plan, addresses, n, <void*>stream, inspect, error, sizeof(error))
+        if _bound_after(rc):
+            with nogil:
+                rc = dash_plan_run(&self.plan, addresses, n, <void*>stream, inspect, error, sizeof(error))
         if rc:
             raise RuntimeError(f"cupy_dash launch: {error.decode()}")
         return 0

@@ -243,20 +243,3 @@ def test_a_plan_stored_again_under_its_key_releases_the_one_it_replaces(monkeypa
     assert table == {"b": "plan b", "a": "plan a2"} and released == ["plan a"]
     fp.store(table, "c", "plan c", 2)
     assert list(table) == ["a", "c"] and released == ["plan a", "plan b"]
-
-
-def test_the_full_paths_bind_the_context_before_their_launches(fixed, monkeypatch):
-    """The full forward and backward make the device's context current (gpu.bind_context) before they enqueue
-    anything: a caller's thread whose first CUDA call would be the launch (driver API: a JAX caller on a thread of
-    its own, whose arrays need no runtime call here) would otherwise launch with no context."""
-    from cupy_dash import gpu
-    from cupy_dash.cuda import launchers
-    order = []
-    monkeypatch.setattr(gpu, "bind_context", lambda: order.append("bind"))
-    monkeypatch.setattr(launchers, "enqueue_forward", lambda *a, **kw: order.append("forward"))
-    monkeypatch.setattr(launchers, "enqueue_backward", lambda *a, **kw: order.append("backward"))
-    do, q, k, v, out, lse = _inputs()
-    fastpath.clear()
-    cupy_dash.attention_forward(q, k, v, causal=True)
-    cupy_dash.attention_backward(do, q, k, v, out, lse, causal=True)
-    assert order == ["bind", "forward", "bind", "backward"], order

@@ -1,7 +1,8 @@
 """GPU test: cupy_dash called from a thread of its own, after the main thread has loaded the kernels and stored the
 plans, gives the main thread's bits: forward and backward with CuPy arrays and with JAX arrays. A new thread has no
 CUDA context current, and with everything cached its first CUDA call could be a driver-API launch
-(CUDA_ERROR_INVALID_CONTEXT); cupy_dash binds the device's primary context first (cupy_dash.gpu.bind_context).
+(CUDA_ERROR_INVALID_CONTEXT); the executor then binds the device's primary context and launches again
+(cupy_dash.gpu.bind_context).
 Skipped without a Hopper GPU; the JAX case without JAX."""
 from __future__ import annotations
 

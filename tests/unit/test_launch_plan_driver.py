@@ -2,7 +2,8 @@
 here, loaded by a child process through LD_LIBRARY_PATH): the driver calls of a run, in order and with their
 arguments. The tensor maps re-pointed at their buffers, the zeroing of each buffer of the plan's list, then one
 cuLaunchKernel per kernel with its grid, block, shared memory, the caller's stream and the patched block (the one
-inspect mode gives); a failed launch raises naming the kernel. No GPU, no CUDA toolkit: a C compiler."""
+inspect mode gives); a failed launch raises naming the kernel; a thread with no context current gets one bound and
+the run repeated once. No GPU, no CUDA toolkit: a C compiler."""
 from __future__ import annotations
 
 import os
@@ -17,8 +18,18 @@ import pytest
 from cupy_dash.cuda import executor, plans
 
 _CHILD = """
-import os, sys
+import ctypes, os, sys
+from cupy_dash import gpu
 from cupy_dash.cuda import executor
+if os.environ.get("BIND"):              # gpu.bind_context's stand-in: binds once ("never": finds a context bound)
+    calls = []
+    def bind():
+        calls.append(1)
+        if os.environ["BIND"] == "never" or len(calls) > 1:
+            return False
+        ctypes.CDLL("libcuda.so.1").fake_cuda_bind()
+        return True
+    gpu.bind_context = bind
 plan = executor.LaunchPlan(bytes.fromhex(os.environ["PLAN"]))
 buffers = tuple(int(b) for b in os.environ["BUFFERS"].split())
 try:
@@ -81,3 +92,27 @@ def test_one_kernel_outside_a_plan(fake_libcuda):
     _, blob = _plan()
     out, calls = _run(fake_libcuda, blob, (), 16, ONE="1")
     assert out == "" and calls == [f"launch {0x3333} 5 6 7 96 1 1 512 {0x55} 1 {bytes(range(16)).hex()}"]
+
+
+def test_a_run_without_a_context_binds_one_and_runs_again(fake_libcuda):
+    """CUDA_ERROR_INVALID_CONTEXT (a new thread with every need cached: no runtime call bound a context) fails the
+    run's first driver call before anything is enqueued; the executor binds the device's context and runs the plan
+    once more, with the same calls as a thread that had one."""
+    _, blob = _plan()
+    buffers = (0x1000, 0x2000, 0x3000, 0x4000)
+    out, calls = _run(fake_libcuda, blob, buffers, 8, FAKE_CUDA_NO_CONTEXT="1", BIND="once")
+    _, bound = _run(fake_libcuda, blob, buffers, 8)
+    assert out == "" and calls == [f"replace {0x3000}", "nocontext memset", "bind", *bound]
+    out, calls = _run(fake_libcuda, blob, (), 16, FAKE_CUDA_NO_CONTEXT="1", BIND="once", ONE="1")
+    assert out == "" and calls == ["nocontext launch", "bind", f"launch {0x3333} 5 6 7 96 1 1 512 {0x55} 1 "
+                                                                f"{bytes(range(16)).hex()}"]
+
+
+def test_a_context_that_cannot_be_bound_raises_after_one_try(fake_libcuda):
+    """When binding finds a context current already (the failure is not a missing one), the executor does not run
+    again: the CUresult is raised."""
+    _, blob = _plan()
+    out, calls = _run(fake_libcuda, blob, (0x1000, 0x2000, 0x3000, 0x4000), 8, FAKE_CUDA_NO_CONTEXT="1",
+                      BIND="never")
+    assert out.startswith("cupy_dash launch: cuMemsetD8Async failed (CUresult 201)") and calls == [
+        f"replace {0x3000}", "nocontext memset"]

@@ -342,12 +342,13 @@ def test_a_value_head_dim_equal_to_the_head_dim_is_one_backward_entry(monkeypatc
 @pytest.mark.parametrize("current_context, binds", [(0, True), (0x5A5A, False)], ids=["none-current", "current"])
 def test_bind_context_makes_the_primary_context_current_only_where_none_is(monkeypatch, current_context, binds):
     """gpu.bind_context: a thread with no current context (a new loader thread whose needs are all cached) gets the
-    current device's primary context through a runtime call (cudaFree(0)); one with a context pays nothing more."""
+    current device's primary context through a runtime call (cudaFree(0)) and says so (the executor then launches
+    again); one with a context pays nothing more."""
     import cupy
 
     from cupy_dash import gpu
     freed = []
     monkeypatch.setattr(cupy.cuda.driver, "ctxGetCurrent", lambda: current_context)
     monkeypatch.setattr(cupy.cuda.runtime, "free", lambda ptr: freed.append(ptr))
-    gpu.bind_context()
+    assert gpu.bind_context() is binds
     assert freed == ([0] if binds else [])

@@ -69,7 +69,6 @@ def no_gpu(monkeypatch):
     monkeypatch.setattr(launchers, "l2_bytes", lambda dev: 60 << 20)    # the H200's L2 and SMs
     monkeypatch.setattr(kernels, "sm_count", lambda dev: 132)
     monkeypatch.setattr(gpu, "require", lambda what, device=0: None)
-    monkeypatch.setattr(gpu, "bind_context", lambda: None)
     specs = kernels.bwd_specs("bfloat16", D, True)
     tile = kernels.bwd_tile(D, True)
     monkeypatch.setattr(kernels, "bwd_entry", lambda *a, **kw: (specs, tile.block_m, tile.block_n, 132))
@@ -170,21 +169,3 @@ def test_prepared_tables_are_the_ones_the_backward_uses(no_gpu, monkeypatch):
         cupy_dash.prepare_varlen_backward(cu, cu, 200, 200, num_heads=4, num_heads_kv=3, head_dim=D)
     with pytest.raises(ValueError, match="head_dim"):
         cupy_dash.prepare_varlen_backward(cu, cu, 200, 200, num_heads=4, num_heads_kv=2, head_dim=160)
-
-
-def test_a_loader_thread_binds_the_context_before_its_first_cuda_call(no_gpu, monkeypatch):
-    """prepare_varlen_backward from a thread of its own makes the device's context current (gpu.bind_context)
-    before anything that may call the driver (the backward entry's occupancy query, the uploads): a new thread whose
-    needs are all cached reaches no runtime call that would bind it (CUDA_ERROR_INVALID_CONTEXT on the H200)."""
-    import threading
-    order = []
-    monkeypatch.setattr(gpu, "bind_context", lambda: order.append(("bind", threading.get_ident())))
-    monkeypatch.setattr(varlen, "_tables", lambda *a, **kw: order.append(("tables", threading.get_ident()))
-                        or (types.SimpleNamespace(num_visits=0), None, 0, 0))
-    worker = threading.Thread(target=cupy_dash.prepare_varlen_backward,
-                              args=([0, 100, 300], [0, 100, 300], 200, 200),
-                              kwargs=dict(num_heads=4, num_heads_kv=2, head_dim=D, causal=True))
-    worker.start()
-    worker.join()
-    assert [what for what, _ in order] == ["bind", "tables"] and len({ident for _, ident in order}) == 1
-    assert order[0][1] != threading.get_ident()
