@@ -86,3 +86,48 @@ def test_smi_windows_parse_each_complete_line_once(tmp_path):
     smi.trace.write(line(5, 1980, 700)[12:] + "\n")
     assert smi.window(t0 + dt.timedelta(milliseconds=90), t0 + dt.timedelta(seconds=1)) == (1980, 700, 1)
     assert len(smi.samples) == 6 and len(smi.lines()) == 6
+
+
+def test_markdown_calls_the_uncapped_leg_the_caps_cost():
+    text = sb.markdown(_report("full:4096", {"dash_det": 1.4, "dash_nocap": 1.0}, "dash_det_speed_vs_dash_nocap",
+                               (0.71, 0.70, 0.72)))
+    assert "| shape | capped / uncapped |" in text
+    assert "| full:4096 | 0.71 (0.70-0.72) |" in text
+
+
+def test_softcap_caps_every_leg_but_the_uncapped_one(monkeypatch):
+    """implementations(softcap=...): the capped legs get the capped forward's out / lse and the cap; dash_nocap the
+    uncapped forward's and none (a stand-in cupy_dash records the calls; no GPU)."""
+    import types
+    calls = []
+
+    def forward(q, k, v, *, causal, softcap=0.0):
+        calls.append(("fwd", softcap))
+        return (f"out{softcap}", f"lse{softcap}")
+
+    def backward(do, q, k, v, out, lse, *, causal, schedule, deterministic, softcap):
+        calls.append(("bwd", softcap, out, lse, deterministic))
+        return ("dq", "dk", "dv")
+
+    class Event:
+        def __init__(self, **kw):
+            pass
+
+        def record(self):
+            pass
+
+    fake = types.SimpleNamespace(attention_forward=forward, attention_backward=backward)
+    measure = types.SimpleNamespace(random_tensor=lambda shape, dtype, seed: f"t{seed}")
+    cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(Event=Event))
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    monkeypatch.setitem(sys.modules, "cupy_dash", fake)
+    monkeypatch.setitem(sys.modules, "cupy_dash.cli.measure", measure)
+    shape = sb.parse_shape("full:4096", 1024, 64)
+    impls = sb.implementations(shape, None, softcap=30.0)
+    assert set(impls) == {"dash_det", "dash_atomic", "dash_nocap"}
+    calls.clear()
+    impls["dash_det"][2]()
+    impls["dash_nocap"][2]()
+    impls["dash_atomic"][0]()
+    assert calls == [("bwd", 30.0, "out30.0", "lse30.0", True), ("bwd", 0.0, "out0.0", "lse0.0", True),
+                     ("bwd", 30.0, "out30.0", "lse30.0", False)]
