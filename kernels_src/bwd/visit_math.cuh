@@ -134,17 +134,29 @@ DASH_DEVICE void softmax_probs(float (&S)[kSRegs], const RowValues& lse_log2, fl
 // NOTES: two ways to keep that factor to dS. Head dims 128 (kBlockM 64) and 256: dT[k] = 1 - t^2 of registers 2k,
 // 2k + 1 rounded to an element pair, as dS itself (which it scales) is; 16 (head dim 256: 8) registers live
 // across the dP wait fit in an MMA warpgroup's 240. Head dim 64 (kBlockM 128) has 32 such registers and spilled
-// with them: t is recovered from the rounded P instead, t = (log2 P + lse_log2) / softmax_scale_log2 (P > 0;
-// where P is 0, so is dS): one lg2 per element, about the rounding of P in error.
+// with them: it keeps dT for its first 12 pairs (16 spilled with fp16) and recovers t of the others from the
+// rounded P, t = (log2 P + lse_log2) / softmax_scale_log2 (P > 0; where P is 0, so is dS): one lg2 per element of
+// those, about the rounding of P in error (measured: docs/decisions/softcap.md, "Keeping part of 1 - t^2"); so does
+// the 80-query tile, all of its pairs (12 spilled with fp16).
 constexpr bool kSoftcapKeepDt = kSoftcap && kSRegs <= 32;
-constexpr int kDtRegs = kSoftcapKeepDt ? kSRegs / 2 : 1;
+constexpr int kDtPairs = !kSoftcap         ? 0
+                         : kSoftcapKeepDt  ? kSRegs / 2
+                         : kBlockM == 128  ? 12
+                                           : 0;
+static_assert(kDtPairs % 4 == 0 && kDtPairs <= kSRegs / 2, "dT kept for whole k-steps (4 pairs each)");
+constexpr int kDtRegs = kDtPairs > 0 ? kDtPairs : 1;
 DASH_DEVICE void softcap_scores(float (&S)[kSRegs], uint32_t (&dT)[kDtRegs], float prescale) {
 #pragma unroll
-  for (int k = 0; k < kSRegs / 2; ++k) {
+  for (int k = 0; k < kDtPairs; ++k) {
     const float t0 = tanh_approx(S[2 * k] * prescale), t1 = tanh_approx(S[2 * k + 1] * prescale);
     S[2 * k] = t0;
     S[2 * k + 1] = t1;
-    if constexpr (kSoftcapKeepDt) dT[k] = pack_elem2(fmaf(-t0, t0, 1.f), fmaf(-t1, t1, 1.f));
+    dT[k] = pack_elem2(fmaf(-t0, t0, 1.f), fmaf(-t1, t1, 1.f));
+  }
+#pragma unroll
+  for (int k = kDtPairs; k < kSRegs / 2; ++k) {
+    S[2 * k] = tanh_approx(S[2 * k] * prescale);
+    S[2 * k + 1] = tanh_approx(S[2 * k + 1] * prescale);
   }
 }
 
@@ -159,27 +171,41 @@ DASH_DEVICE float softcap_factor_from_prob(float p, float lse_log2, float inv_sc
 // NOTES: dS uses P rounded to the input precision, as the low-precision baseline of the tolerance rule does
 // (reference.backward_lowp): keeping fp32 P, its fragments, dP and dpsum live together needs more than the 240
 // registers of an MMA warpgroup (measured 241), and then ptxas serializes the wgmmas and spills.
+// dS of P^T registers i, i + 1 (rounded pair pa) as softmax_grad packs it: kKeptDt, times dT[i / 2]; else, with
+// soft-capping, times 1 - t^2 recovered from P.
+template <bool kKeptDt>
+DASH_DEVICE uint32_t ds_pair(uint32_t pa, const float (&dP)[kSRegs], const RowValues& dpsum,
+                             const uint32_t (&dT)[kDtRegs], const RowValues& lse_log2, float inv_scale_log2, int i) {
+  const float2 d = dpsum[i / 4];
+  const float2 prob = unpack_elem2(pa);
+  float ds0 = prob.x * (dP[i] - d.x), ds1 = prob.y * (dP[i + 1] - d.y);
+  if constexpr (kKeptDt) {
+    const float2 t = unpack_elem2(dT[i / 2]);
+    ds0 *= t.x;
+    ds1 *= t.y;
+  } else if constexpr (kSoftcap) {
+    const float2 l = lse_log2[i / 4];
+    ds0 *= softcap_factor_from_prob(prob.x, l.x, inv_scale_log2);
+    ds1 *= softcap_factor_from_prob(prob.y, l.y, inv_scale_log2);
+  }
+  return pack_elem2(ds0, ds1);
+}
+
 DASH_DEVICE void softmax_grad(uint32_t (&dSa)[kWgQueries / 16][4], const uint32_t (&Pa)[kWgQueries / 16][4],
                               const float (&dP)[kSRegs], const RowValues& dpsum, const uint32_t (&dT)[kDtRegs],
                               const RowValues& lse_log2, float inv_scale_log2) {
 #pragma unroll
-  for (int ks = 0; ks < kWgQueries / 16; ++ks) {
+  for (int ks = 0; ks < kDtPairs / 4; ++ks) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const int i = 8 * ks + 2 * j;
-      const float2 d = dpsum[i / 4];
-      const float2 prob = unpack_elem2(Pa[ks][j]);
-      float ds0 = prob.x * (dP[i] - d.x), ds1 = prob.y * (dP[i + 1] - d.y);
-      if constexpr (kSoftcapKeepDt) {
-        const float2 t = unpack_elem2(dT[i / 2]);
-        ds0 *= t.x;
-        ds1 *= t.y;
-      } else if constexpr (kSoftcap) {
-        const float2 l = lse_log2[i / 4];
-        ds0 *= softcap_factor_from_prob(prob.x, l.x, inv_scale_log2);
-        ds1 *= softcap_factor_from_prob(prob.y, l.y, inv_scale_log2);
-      }
-      dSa[ks][j] = pack_elem2(ds0, ds1);
+      dSa[ks][j] = ds_pair<true>(Pa[ks][j], dP, dpsum, dT, lse_log2, inv_scale_log2, 8 * ks + 2 * j);
+    }
+  }
+#pragma unroll
+  for (int ks = kDtPairs / 4; ks < kWgQueries / 16; ++ks) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      dSa[ks][j] = ds_pair<false>(Pa[ks][j], dP, dpsum, dT, lse_log2, inv_scale_log2, 8 * ks + 2 * j);
     }
   }
 }

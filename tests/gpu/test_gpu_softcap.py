@@ -32,7 +32,11 @@ CASES = [
     ("fp16", 192, False, 300, 777, 2, 1, (-1, -1), 5.0),
     ("bf16", 192, True, 1000, 1000, 6, 2, (-1, -1), 30.0),
     ("bf16", (192, 128), False, 777, 1000, 6, 2, (-1, -1), 30.0),   # value head dim 128 with 192
+    ("bf16", 128, False, 1299, 1000, 4, 2, (-1, -1), 30.0),   # full from 1024 queries: the 80-query tile
+    ("fp16", 128, False, 1100, 1537, 2, 1, (-1, -1), 20.0),
+    ("bf16", 96, False, 1100, 1100, 3, 3, (-1, -1), 30.0),
 ]
+REPEATS = CASES[:2] + CASES[3:4] + CASES[12:13]
 MAG = 3.0       # q, k scaled so that scale * q.k reaches several units and the cap matters
 
 
@@ -65,7 +69,7 @@ def test_backward_matches_reference(c, schedule):
     assert_scaled_grads(data, grads)
 
 
-@pytest.mark.parametrize("c", CASES[:2] + CASES[3:4], ids=[_id(c) for c in CASES[:2] + CASES[3:4]])
+@pytest.mark.parametrize("c", REPEATS, ids=[_id(c) for c in REPEATS])
 def test_deterministic_backward_repeats_its_bits(c):
     data = _data(c)
     q, k, v, do = (_dev(data[n]) for n in ("q", "k", "v", "do"))
