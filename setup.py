@@ -13,8 +13,8 @@ def _cores() -> int:
 
 # cupy_dash.schedule: _varlen_sched builds and checks the compact (per-column) records of every schedule (a
 # fixed-length problem is one sequence), varlen_pack runs it (on the scratch of _scratch.pxd) and packs the records
-# in the byte layout uploaded, _varlen_view expands them into per-visit tables; _schedule holds the mask ranges,
-# _schedule_check validates and simulates per-visit tables (it cimports the inline heap of _heap.pxd); _compact
+# in the byte layout uploaded, _varlen_view expands them into per-visit tables; _schedule holds the mask ranges and
+# validates and simulates per-visit tables (it cimports the inline heap of _heap.pxd); _compact
 # computes and checks what only fixed-length records have (scan bounds), _compact_view what the kernel will compute
 # per visit; _records holds the checks that every table of records shares (_records.pxd: the record layout and rule,
 # _units.pxd: the builders' shared inline code); testing holds the tests' oracles (the direct builders of earlier
@@ -33,7 +33,6 @@ def _ext(name: str, *sources: str, extra=(), **kw) -> Extension:
 _LAUNCH_PLAN, _PLAN_H = "cupy_dash/cuda/launch_plan.c", "cupy_dash/cuda/launch_plan.h"
 EXTENSIONS = [_ext("cupy_dash.schedule._schedule", "cupy_dash/schedule/_schedule.pyx"),
               _ext("cupy_dash.schedule._records", "cupy_dash/schedule/_records.pyx"),
-              _ext("cupy_dash.schedule._schedule_check", "cupy_dash/schedule/_schedule_check.pyx"),
               _ext("cupy_dash.schedule._compact", "cupy_dash/schedule/_compact.pyx"),
               _ext("cupy_dash.schedule._compact_view", "cupy_dash/schedule/_compact_view.pyx"),
               _ext("cupy_dash.schedule._varlen_sched", "cupy_dash/schedule/_varlen_sched.pyx"),

@@ -1,7 +1,7 @@
 # cython: boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 # Binary min-heap of (time, cta) pairs, ties broken by the lower cta: the "CTA that frees up first" of the
 # oracle builders' dispatch (testing.pyx; the bucket queue of _varlen_sched.pyx pops in the same order) and the
-# event queue of the simulation (_schedule_check.pyx), which cimport it; ht / hc are caller-owned arrays with room
+# event queue of the simulation (_schedule.pyx), which cimport it; ht / hc are caller-owned arrays with room
 # for every CTA. Inline (their hot loops), so no module.
 
 cdef inline bint earlier(double ta, long long ca, double tb, long long cb) noexcept:

@@ -90,12 +90,6 @@ class CompactSchedule(ColumnRecords):
         bounds = self.scan_bounds.nbytes if self.rank_rule == 0 else 0
         return self.records.nbytes + self.cta_columns.nbytes + self.cta_col_start.nbytes + bounds
 
-    def header(self) -> dict:
-        """The scalar parameters the kernel needs besides the three arrays."""
-        return {"num_m_blocks": self.num_m_blocks, "n_first": self.n_first, "columns_per_head":
-                self.columns_per_head, "group_size": self.group_size, "tie_sign": self.tie_sign,
-                "rank_rule": self.rank_rule, "num_ctas": self.num_ctas}
-
     column_ranges = per_visit.Schedule.column_ranges
 
     def validate(self) -> "CompactSchedule":

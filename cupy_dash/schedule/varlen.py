@@ -35,11 +35,6 @@ class VarlenSchedule(ColumnRecords):
         return sum(a.nbytes for a in (self.records, self.cta_columns, self.cta_col_start, self.seg_col_start,
                                       self.n_first))
 
-    def header(self) -> dict:
-        return {"group_size": self.group_size, "tie_sign": self.tie_sign, "rank_rule": self.rank_rule,
-                "num_ctas": self.num_ctas, "heads": self.heads, "kv_heads": self.num_kv_heads,
-                "block_m": self.block_m, "block_n": self.block_n}
-
     def validate(self) -> "VarlenSchedule":
         """O(columns): raise ValueError unless the records cover exactly the visible tiles of every sequence,
         give every dQ tile the ranks 0..k-1, cannot deadlock and obey the rank rule (_varlen_sched.check_varlen

@@ -229,7 +229,7 @@ def _private_uses(module: str) -> list[str]:
 def test_the_graph_sees_every_kind_of_import():
     assert {"cupy_dash", "cupy_dash.core.api", "cupy_dash.schedule", "cupy_dash.schedule._heap"} <= set(_modules())
     assert "cupy_dash.schedule._schedule" in _imports("cupy_dash.schedule.per_visit")[0]
-    assert "cupy_dash.schedule._heap" in _imports("cupy_dash.schedule._schedule_check")[0]
+    assert "cupy_dash.schedule._heap" in _imports("cupy_dash.schedule._schedule")[0]
     assert "cupy_dash.config" in _imports("cupy_dash.schedule.auto")[1]
     assert "cupy_dash.cli.schedule" in _imports("cupy_dash.__main__")[1]
     assert "cupy_dash.schedule" in _imports("cupy_dash.cuda.device_tables")[0]           # the package, on the way
