@@ -1,9 +1,9 @@
 """Logit soft-capping (``softcap=c``: logits c * tanh(softmax_scale * q.k / c)) through the functional API on the
 GPU: the forward and the backward of the DASH_SOFTCAP builds against the float64 reference under FA3's rule (the
-low-precision baseline with the same cap), every schedule and the atomic path, head dims 64, 128, 192 and 256 (whose
-backwards keep the cap's derivative differently: kernels_src/bwd/visit_math.cuh),
-causal and full, Sq != Sk, GQA, a window; the deterministic backward repeats its bits; a cap far above every logit
-gives the uncapped results to rounding; bad caps raise before any launch. Skipped without a Hopper GPU."""
+low-precision baseline with the same cap), every schedule and the atomic path, head dims 64, 96, 128, 192 and 256
+(whose backwards keep the cap's derivative differently: kernels_src/bwd/visit_math.cuh), causal and full, Sq !=
+Sk, GQA, a window; the deterministic backward repeats its bits; a cap far above every logit gives the uncapped
+results to rounding; bad caps raise before any launch. Skipped without a Hopper GPU."""
 from __future__ import annotations
 
 import numpy as np
@@ -60,6 +60,28 @@ def test_forward_matches_reference(c):
 @pytest.mark.parametrize("schedule", [*POLICIES, ATOMIC])
 @pytest.mark.parametrize("c", CASES, ids=[_id(c) for c in CASES])
 def test_backward_matches_reference(c, schedule):
+    data = _data(c)
+    q, k, v, do = (_dev(data[n]) for n in ("q", "k", "v", "do"))
+    out, lse = cupy_dash.attention_forward(q, k, v, **data["kw"])
+    _poison_pool(_poison_size(do, q, k, v))
+    grads = cupy_dash.attention_backward(do, q, k, v, out, lse, **data["kw"], **_schedule_kwargs(schedule))
+    cupy_dash.check_errors()
+    assert_scaled_grads(data, grads)
+
+
+# Causal calls take the 80-query tile from 8192 queries; forced here on shorter ones (as test_gpu_attention.py's long
+# cases do), so that its capped causal builds (bf16 keeps 12 of 20 pairs of 1 - t^2, fp16 4) meet the reference.
+CAUSAL80 = [("bf16", 128, True, 1100, 1299, 2, 1, (-1, -1), 30.0),
+            ("fp16", 128, True, 1299, 1299, 2, 2, (-1, -1), 20.0),
+            ("bf16", 96, True, 1000, 1000, 2, 2, (-1, -1), 50.0)]
+
+
+@pytest.mark.parametrize("schedule", ["auto", "shift", ATOMIC])
+@pytest.mark.parametrize("c", CAUSAL80, ids=[_id(c) for c in CAUSAL80])
+def test_causal_80_query_tile_matches_reference(c, schedule, monkeypatch):
+    from cupy_dash.cuda import kernels
+    monkeypatch.setenv("CUPY_DASH_BWD_CAUSAL_BLOCK_M", "80")
+    assert kernels.bwd_tile(c[1], True, seqlen_q=c[3]).block_m == 80
     data = _data(c)
     q, k, v, do = (_dev(data[n]) for n in ("q", "k", "v", "do"))
     out, lse = cupy_dash.attention_forward(q, k, v, **data["kw"])
