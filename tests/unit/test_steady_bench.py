@@ -131,3 +131,8 @@ def test_softcap_caps_every_leg_but_the_uncapped_one(monkeypatch):
     impls["dash_atomic"][0]()
     assert calls == [("bwd", 30.0, "out30.0", "lse30.0", True), ("bwd", 0.0, "out0.0", "lse0.0", True),
                      ("bwd", 30.0, "out30.0", "lse30.0", False)]
+    forward_impls = sb.implementations(shape, None, forward=True, softcap=30.0)
+    assert set(forward_impls) == {"dash_fwd", "dash_nocap"}
+    calls.clear()
+    assert forward_impls["dash_fwd"][2]() == ("out30.0",) and forward_impls["dash_nocap"][2]() == ("out0.0",)
+    assert calls == [("fwd", 30.0), ("fwd", 0.0)]
