@@ -57,9 +57,8 @@ def test_forward_matches_reference(c):
     assert_scaled_forward(data, out, lse, c[-1])
 
 
-@pytest.mark.parametrize("schedule", [*POLICIES, ATOMIC])
-@pytest.mark.parametrize("c", CASES, ids=[_id(c) for c in CASES])
-def test_backward_matches_reference(c, schedule):
+def _check_backward(c, schedule):
+    """Case c's forward, then its backward with ``schedule`` into a poisoned pool, against the reference."""
     data = _data(c)
     q, k, v, do = (_dev(data[n]) for n in ("q", "k", "v", "do"))
     out, lse = cupy_dash.attention_forward(q, k, v, **data["kw"])
@@ -67,6 +66,12 @@ def test_backward_matches_reference(c, schedule):
     grads = cupy_dash.attention_backward(do, q, k, v, out, lse, **data["kw"], **_schedule_kwargs(schedule))
     cupy_dash.check_errors()
     assert_scaled_grads(data, grads)
+
+
+@pytest.mark.parametrize("schedule", [*POLICIES, ATOMIC])
+@pytest.mark.parametrize("c", CASES, ids=[_id(c) for c in CASES])
+def test_backward_matches_reference(c, schedule):
+    _check_backward(c, schedule)
 
 
 # Causal calls take the 80-query tile from 8192 queries; forced here on shorter ones (as test_gpu_attention.py's long
@@ -82,13 +87,7 @@ def test_causal_80_query_tile_matches_reference(c, schedule, monkeypatch):
     from cupy_dash.cuda import kernels
     monkeypatch.setenv("CUPY_DASH_BWD_CAUSAL_BLOCK_M", "80")
     assert kernels.bwd_tile(c[1], True, seqlen_q=c[3]).block_m == 80
-    data = _data(c)
-    q, k, v, do = (_dev(data[n]) for n in ("q", "k", "v", "do"))
-    out, lse = cupy_dash.attention_forward(q, k, v, **data["kw"])
-    _poison_pool(_poison_size(do, q, k, v))
-    grads = cupy_dash.attention_backward(do, q, k, v, out, lse, **data["kw"], **_schedule_kwargs(schedule))
-    cupy_dash.check_errors()
-    assert_scaled_grads(data, grads)
+    _check_backward(c, schedule)
 
 
 @pytest.mark.parametrize("c", REPEATS, ids=[_id(c) for c in REPEATS])

@@ -53,18 +53,16 @@ def _report(shape, legs, ratio_key, ratio):
                              ratios={ratio_key: dict(zip(("median", "min", "max"), ratio))})])
 
 
-def test_markdown_names_every_implementation_and_the_ratio():
-    text = sb.markdown(_report("full:1280", {"dash_det": 0.9, "fa3_nondet": 0.99}, "dash_det_speed_vs_fa3_nondet",
-                               (1.1, 1.05, 1.12)))
-    assert "| full:1280 | dash_det | 111 |" in text
-    assert "| full:1280 | 1.10 (1.05-1.12) |" in text
-
-
-def test_markdown_gives_each_named_schedule_leg_its_column():
-    text = sb.markdown(_report("causal:2048", {"dash_det": 0.9, "dash_fa3": 0.95}, "dash_det_speed_vs_dash_fa3",
-                               (1.06, 1.04, 1.07)))
-    assert "| shape | auto / fa3 |" in text
-    assert "| causal:2048 | 1.06 (1.04-1.07) |" in text
+@pytest.mark.parametrize("shape, other, column, row", [
+    ("full:1280", "fa3_nondet", "ours det / FA3 non-det", "| full:1280 | dash_det | 111 |"),
+    ("causal:2048", "dash_fa3", "auto / fa3", "| causal:2048 | dash_fa3 | 105 |"),     # a named schedule's leg
+    ("full:4096", "dash_nocap", "capped / uncapped", "| full:4096 | dash_nocap | 105 |")],
+    ids=["fa3", "schedule", "cap"])
+def test_markdown_names_every_leg_and_gives_each_ratio_its_column(shape, other, column, row):
+    report = _report(shape, {"dash_det": 0.9, other: 0.95}, f"dash_det_speed_vs_{other}", (1.06, 1.04, 1.07))
+    text = sb.markdown(report)
+    assert f"| shape | {column} |" in text and row in text
+    assert f"| {shape} | 1.06 (1.04-1.07) |" in text
 
 
 def test_smi_windows_parse_each_complete_line_once(tmp_path):
@@ -86,13 +84,6 @@ def test_smi_windows_parse_each_complete_line_once(tmp_path):
     smi.trace.write(line(5, 1980, 700)[12:] + "\n")
     assert smi.window(t0 + dt.timedelta(milliseconds=90), t0 + dt.timedelta(seconds=1)) == (1980, 700, 1)
     assert len(smi.samples) == 6 and len(smi.lines()) == 6
-
-
-def test_markdown_calls_the_uncapped_leg_the_caps_cost():
-    text = sb.markdown(_report("full:4096", {"dash_det": 1.4, "dash_nocap": 1.0}, "dash_det_speed_vs_dash_nocap",
-                               (0.71, 0.70, 0.72)))
-    assert "| shape | capped / uncapped |" in text
-    assert "| full:4096 | 0.71 (0.70-0.72) |" in text
 
 
 def test_softcap_caps_every_leg_but_the_uncapped_one(monkeypatch):
