@@ -1,7 +1,9 @@
 """Which kernel variants two kernels_src trees compile to different SASS: the evidence behind "only the capped
-kernels' SASS changes" in a decision record. Compiles both trees with NVRTC (no GPU) into two disk caches, or reads
-two caches already filled, disassembles each cubin (``cuobjdump -sass``) and compares the instructions with their
-addresses removed, variant by variant (matched by label).
+kernels' SASS changes" in a decision record. Compiles both trees with NVRTC (no GPU) into two fresh disk caches, or
+reads two caches already filled (each variant once: a cache that holds two builds of a label is refused),
+disassembles each cubin (``cuobjdump -sass``) and compares the instruction text, variant by variant (matched by
+label): opcodes and operands, branch targets included; not the scheduling bits of the encodings (stalls, yields,
+barriers), so two builds that differ only there read as the same.
 
     python benchmarks/sass_diff.py --old /tmp/old/kernels_src --new kernels_src [--kernel bwd_main] [-j 2]
     python benchmarks/sass_diff.py --old-cache /tmp/c_old --new-cache /tmp/c_new
@@ -25,11 +27,14 @@ _ADDRESS = re.compile(r"/\*[0-9a-f]+\*/")
 
 
 def cubins(cache: str) -> dict:
-    """{variant label: cubin path} of a cache directory (``jit``'s file names: label-<32 hex>.cubin)."""
+    """{variant label: cubin path} of a cache directory (``jit``'s file names: label-<32 hex>.cubin); ValueError
+    when a label has two cubins (a long-lived cache with builds of two trees)."""
     found = {}
-    for path in glob.glob(os.path.join(cache, "**", "*.cubin"), recursive=True):
+    for path in sorted(glob.glob(os.path.join(cache, "**", "*.cubin"), recursive=True)):
         m = _CUBIN.match(os.path.basename(path))
         if m:
+            if m.group(1) in found:
+                raise ValueError(f"{cache}: two builds of {m.group(1)}; give a cache of one tree")
             found[m.group(1)] = path
     return found
 
@@ -81,7 +86,10 @@ def main(argv=None) -> int:
             if tree is None:
                 ap.error("give --old / --new (kernels_src trees) or --old-cache / --new-cache")
             cache = tempfile.mkdtemp(prefix="sass_diff_")
+            print(f"compiling {tree} into {cache}", flush=True)
             _compile(tree, cache, filters, args.jobs)
+        elif filters:
+            ap.error("--kernel selects what to compile: not with --old-cache / --new-cache")
         caches.append(cache)
     tool = cuobjdump()
     changed, gone, added = compare(cubins(caches[0]), cubins(caches[1]),

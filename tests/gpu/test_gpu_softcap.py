@@ -101,8 +101,8 @@ def test_deterministic_backward_repeats_its_bits(c):
 @pytest.mark.parametrize("d", [64, 96, 128])
 def test_a_cap_above_every_logit_changes_nothing_but_rounding(d):
     """With c = 1e4 tanh(x / c) * c = x to ~1e-9 relative: the capped builds must agree with the plain ones to
-    the rounding of their inputs' precision and tanh.approx's 2^-11 relative error (logits of a few units: lse
-    within 5e-3)."""
+    the rounding of their inputs' precision and the kernels' tanh approximation (relative error at most 2^-11;
+    logits of a few units: lse within 5e-3)."""
     rng = np.random.default_rng(d)
     q, k, v, do = (_dev(_randn(rng, (2, 777, 2, d), DTYPES["bf16"])) for _ in range(4))
     plain = cupy_dash.attention_forward(q, k, v, causal=True)

@@ -23,8 +23,33 @@ def test_cubins_are_keyed_by_label(tmp_path):
     assert list(sass_diff.cubins(str(tmp_path))) == ["bwd_main-bf16-d64-full"]
 
 
-def test_instructions_drop_addresses_of_any_width():
+# As cuobjdump -sass prints a kernel: a header, then each instruction with its address and encoding, the encoding's
+# second half (scheduling bits) on a line of its own.
+_REAL = """
+        Function : dash_bwd_main
+        .headerflags    @"EF_CUDA_SM90 EF_CUDA_VIRTUAL_SM(EF_CUDA_SM90)"
+        /*10a40*/   @!P0 BRA 0x10ad0 ;                         /* 0x0000000000208947 */
+                                                               /* 0x000fea0003800000 */
+        /*10a50*/   HGMMA.64x128x16.F32.BF16 R24, R192, gdesc[UR8].tnspB, R24 ;  /* 0x00e0000c18187df3 */
+                                                               /* 0x000fe20008000818 */
+"""
+
+
+def test_instructions_drop_addresses_of_any_width_and_the_encodings():
     assert sass_diff.instructions(_sass("FFMA R1, R2, R3, R4", "EXIT")) == ["FFMA R1, R2, R3, R4", "EXIT"]
+    assert sass_diff.instructions(_REAL) == ["@!P0 BRA 0x10ad0",
+                                             "HGMMA.64x128x16.F32.BF16 R24, R192, gdesc[UR8].tnspB, R24"]
+
+
+def test_a_cache_with_two_builds_of_a_label_is_refused(tmp_path):
+    for digest in ("a" * 32, "b" * 32):
+        (tmp_path / f"fwd-bf16-d64-full-{digest}.cubin").write_bytes(b"")
+    try:
+        sass_diff.cubins(str(tmp_path))
+    except ValueError as exc:
+        assert "two builds of fwd-bf16-d64-full" in str(exc)
+    else:
+        raise AssertionError("expected ValueError")
 
 
 def test_compare_finds_a_change_past_the_first_64_kb():
