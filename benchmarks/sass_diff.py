@@ -88,9 +88,9 @@ def main(argv=None) -> int:
             cache = tempfile.mkdtemp(prefix="sass_diff_")
             print(f"compiling {tree} into {cache}", flush=True)
             _compile(tree, cache, filters, args.jobs)
-        elif filters:
-            ap.error("--kernel selects what to compile: not with --old-cache / --new-cache")
         caches.append(cache)
+    if filters and args.old_cache and args.new_cache:
+        ap.error("--kernel selects what to compile: not with two caches")
     tool = cuobjdump()
     changed, gone, added = compare(cubins(caches[0]), cubins(caches[1]),
                                    lambda p: subprocess.run([tool, "-sass", p], capture_output=True, text=True,

@@ -27,6 +27,7 @@ engine issue's table; ``mask:S:tokens`` overrides), H = ``--hidden`` // ``--hdim
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
 import json
 import os
@@ -36,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from unittest import mock
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import measure  # noqa: E402  (beside this script)
@@ -138,19 +140,9 @@ def implementations(shape, fa3, forward=False, schedules=(), env_legs=(), softca
         args = operands if cap else uncapped
         if forward:
             return (cupy_dash.attention_forward(*args, causal=causal, softcap=cap)[0],)
-        if env is None:
+        with contextlib.nullcontext() if env is None else mock.patch.dict(os.environ, {env[0]: env[1]}):
             return cupy_dash.attention_backward(*args, causal=causal, schedule=schedule, deterministic=det,
                                                 softcap=cap)
-        old = os.environ.get(env[0])
-        os.environ[env[0]] = env[1]
-        try:
-            return cupy_dash.attention_backward(*args, causal=causal, schedule=schedule, deterministic=det,
-                                                softcap=cap)
-        finally:
-            if old is None:
-                del os.environ[env[0]]
-            else:
-                os.environ[env[0]] = old
 
     def enqueue(det, schedule="auto", env=None, cap=softcap):
         ours(det, schedule, env, cap)

@@ -79,8 +79,8 @@ DASH_DEVICE void softmax_grad_by_keys(uint32_t (&dSa)[kSRegs / 8][4], const uint
       const float d = j % 2 ? dpsum.y : dpsum.x;
       const float2 prob = unpack_elem2(Pa[ks][j]);
       float ds0 = prob.x * (dP[i] - d), ds1 = prob.y * (dP[i + 1] - d);
-      static_assert(!kSoftcap || kSoftcapKeepDt == (kDtPairs == kSRegs / 2), "dT holds every pair or none here");
-      if constexpr (kSoftcapKeepDt) {
+      static_assert(kDtPairs == 0 || kDtPairs == kSRegs / 2, "this plan keeps dT for every pair or none");
+      if constexpr (kDtPairs > 0) {
         const float2 t = unpack_elem2(dT[i / 2]);
         ds0 *= t.x;
         ds1 *= t.y;

@@ -138,9 +138,9 @@ DASH_DEVICE void softmax_probs(float (&S)[kSRegs], const RowValues& lse_log2, fl
 // rounded P, t = (log2 P + lse_log2) / softmax_scale_log2 (P > 0; where P is 0, so is dS): one lg2 per element of
 // those, about the rounding of P in error. The 80-query tile (20 pairs) keeps 12 with bf16 and 4 with fp16 (fp16
 // spilled with 8). Measured in docs/decisions/softcap.md, "Keeping part of 1 - t^2".
-constexpr bool kSoftcapKeepDt = kSoftcap && kSRegs <= 32;
+// NOTES: pairs [0, kDtPairs) keep dT, the others recover it (keys_step.cuh's plan keeps all of them or none).
 constexpr int kDtPairs = !kSoftcap         ? 0
-                         : kSoftcapKeepDt  ? kSRegs / 2
+                         : kSRegs <= 32    ? kSRegs / 2
                          : kBlockM == 128  ? 12
                          : kBlockM == 80   ? (DASH_FP16 ? 4 : 12)
                                            : 0;

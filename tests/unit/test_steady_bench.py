@@ -2,6 +2,7 @@
 table from synthetic loops. No GPU needed."""
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -97,7 +98,7 @@ def test_softcap_caps_every_leg_but_the_uncapped_one(monkeypatch):
         return (f"out{softcap}", f"lse{softcap}")
 
     def backward(do, q, k, v, out, lse, *, causal, schedule, deterministic, softcap):
-        calls.append(("bwd", softcap, out, lse, deterministic))
+        calls.append(("bwd", softcap, out, lse, deterministic, os.environ.get("DASH_TEST_KNOB")))
         return ("dq", "dk", "dv")
 
     class Event:
@@ -114,14 +115,17 @@ def test_softcap_caps_every_leg_but_the_uncapped_one(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy_dash", fake)
     monkeypatch.setitem(sys.modules, "cupy_dash.cli.measure", measure)
     shape = sb.parse_shape("full:4096", 1024, 64)
-    impls = sb.implementations(shape, None, softcap=30.0)
-    assert set(impls) == {"dash_det", "dash_atomic", "dash_nocap"}
+    monkeypatch.delenv("DASH_TEST_KNOB", raising=False)
+    impls = sb.implementations(shape, None, softcap=30.0, env_legs=[("k1", "DASH_TEST_KNOB", "1")])
+    assert set(impls) == {"dash_det", "dash_atomic", "dash_nocap", "dash_k1"}
     calls.clear()
     impls["dash_det"][2]()
     impls["dash_nocap"][2]()
     impls["dash_atomic"][0]()
-    assert calls == [("bwd", 30.0, "out30.0", "lse30.0", True), ("bwd", 0.0, "out0.0", "lse0.0", True),
-                     ("bwd", 30.0, "out30.0", "lse30.0", False)]
+    impls["dash_k1"][0]()                                   # the variable is set for its call only
+    assert calls == [("bwd", 30.0, "out30.0", "lse30.0", True, None), ("bwd", 0.0, "out0.0", "lse0.0", True, None),
+                     ("bwd", 30.0, "out30.0", "lse30.0", False, None), ("bwd", 30.0, "out30.0", "lse30.0", True, "1")]
+    assert "DASH_TEST_KNOB" not in os.environ
     forward_impls = sb.implementations(shape, None, forward=True, softcap=30.0)
     assert set(forward_impls) == {"dash_fwd", "dash_nocap"}
     calls.clear()
