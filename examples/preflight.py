@@ -7,10 +7,11 @@ import os
 import sys
 
 
-def require(framework: str, install: str, gpu_backend=None) -> None:
-    """Return if cupy_dash and ``framework`` can be imported and CUDA device 0 is a Hopper GPU (and, when given,
-    ``gpu_backend()``, called only then, returns None rather than what the framework lacks); else exit with one
-    line. ``install``: how to install the framework. ``--help`` needs no GPU: the example prints its usage."""
+def require(framework: str, install: str, gpu_backend=None, modules=()) -> None:
+    """Return if cupy_dash, ``framework`` and ``modules`` (pip names) can be imported and CUDA device 0 is a Hopper
+    GPU (and, when given, ``gpu_backend()``, called only then, returns None rather than what the framework lacks);
+    else exit with one line. ``install``: how to install the framework. ``--help`` needs no GPU (the example prints
+    its usage), but the modules the example imports."""
     help_only = "-h" in sys.argv[1:] or "--help" in sys.argv[1:]
     missing = []
     gpu_ok = False
@@ -22,23 +23,23 @@ def require(framework: str, install: str, gpu_backend=None) -> None:
         gpu_ok = state == "hopper"
         if not gpu_ok:
             missing.append(f"{gpu.NEEDS}, found {desc if state == 'other' else 'none: ' + desc}")
-    if importlib.util.find_spec(framework) is None:
+    has_framework = importlib.util.find_spec(framework) is not None
+    if not has_framework:
         missing.append(f"{framework} ({install})")
     elif gpu_ok and gpu_backend is not None:
         lacking = gpu_backend()
         if lacking:
             missing.append(lacking)
+    missing += [f"{name} (pip install {name})" for name in modules if importlib.util.find_spec(name) is None]
     if missing:
         sys.exit(f"{os.path.basename(sys.argv[0])}: cannot run here, it needs " + "; and ".join(missing))
 
 
-def _torch_cuda(*extra):
-    import importlib.util as util
+def _torch_cuda():
     import torch
     if not torch.cuda.is_available():
         return f"a CUDA build of PyTorch (torch {torch.__version__} sees no GPU)"
-    absent = [name for name in extra if util.find_spec(name) is None]
-    return "; and ".join(f"{name} (pip install {name})" for name in absent) or None
+    return None
 
 
 def _jax_gpu():
@@ -52,7 +53,7 @@ def _jax_gpu():
 
 def require_torch(*extra: str) -> None:
     """:func:`require` for a torch example: a CUDA build of torch, and the modules ``extra`` (pip names)."""
-    require("torch", "pip install torch", lambda: _torch_cuda(*extra))
+    require("torch", "pip install torch", _torch_cuda, extra)
 
 
 def require_jax() -> None:

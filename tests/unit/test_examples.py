@@ -16,6 +16,12 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 SCRIPTS = sorted(p.name for p in EXAMPLES.glob("*.py") if '__name__ == "__main__"' in p.read_text())
 FRAMEWORK = {"finetune_transformers.py": "torch", "train_data_parallel.py": "torch",
              "train_jax_dp.py": "jax", "train_tiny_transformer.py": "torch", "train_tiny_transformer_jax.py": "jax"}
+MODULES = {"finetune_transformers.py": ("transformers",)}     # what else a script imports (pip names)
+
+
+def _absent(script):
+    """The framework and other modules of ``script`` that cannot be imported here."""
+    return [m for m in (FRAMEWORK[script], *MODULES.get(script, ())) if importlib.util.find_spec(m) is None]
 
 
 def test_every_script_is_covered():
@@ -32,8 +38,8 @@ def test_script_without_a_gpu_says_what_is_missing(script):
     lines = run.stderr.splitlines()
     assert len(lines) == 1 and "Traceback" not in run.stderr, run.stderr
     assert lines[0].startswith(f"{script}: cannot run here, it needs an NVIDIA Hopper GPU (sm_90a"), lines[0]
-    framework = FRAMEWORK[script]
-    assert (f"; and {framework} (pip install" in lines[0]) == (importlib.util.find_spec(framework) is None), lines[0]
+    for module in (FRAMEWORK[script], *MODULES.get(script, ())):
+        assert (f"; and {module} (pip install" in lines[0]) == (module in _absent(script)), lines[0]
 
 
 def _preflight():
@@ -67,10 +73,13 @@ def test_preflight_names_each_missing_thing(monkeypatch, machine, backend, frame
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_help_needs_no_gpu(script):
-    """``--help`` prints the usage without a GPU (where the framework is installed; else the one line naming it)."""
+    """``--help`` prints the usage without a GPU (where the framework and the script's other modules are installed;
+    else the one line naming what is missing, never a traceback)."""
     run = subprocess.run([sys.executable, str(EXAMPLES / script), "--help"], capture_output=True, text=True,
                          timeout=120, cwd=EXAMPLES.parent)
-    if importlib.util.find_spec(FRAMEWORK[script]) is None:
-        assert run.returncode == 1 and "Traceback" not in run.stderr and FRAMEWORK[script] in run.stderr
+    absent = _absent(script)
+    if absent:
+        assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr[-500:]
+        assert all(f"{m} (pip install" in run.stderr for m in absent), run.stderr
     else:
         assert run.returncode == 0 and "usage:" in run.stdout, (run.returncode, run.stderr[-500:])
