@@ -1,0 +1,136 @@
+"""How many bytes per second the dQ path's bulk copies can move from shared memory into fp32 global memory on this
+GPU: one CTA per SM, one thread issuing ``cp.reduce.async.bulk ... add.f32`` (``--op add``, the backward's dQ adds)
+or ``cp.async.bulk`` stores (``--op store``, its first visit of a tile) of ``--chunk-kb`` each from ``--in-flight``
+staging slots (a slot is reissued once ``wait_group.read`` says it was read, as the dQ writer does), into a region of
+``--region-mb`` (inside L2, or beyond it), every CTA on its own chunks. The ceiling against which the backward's dQ
+traffic is read: per visit a 64 x 64 tile at head dim 256 adds 64 KB for 10.5 MFLOP, head dim 128's 80-query tile
+40 KB for 13.1 MFLOP (docs/decisions/head-dim-plans.md, "What bounds head dim 256").
+
+    python benchmarks/dq_reduce_bw.py [--op add store] [--chunk-kb 16 32] [--in-flight 1 2 4]
+                                      [--region-mb 8 32 512] [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import itertools
+import json
+import sys
+
+SOURCE = r"""
+#include "ptx/bulk_reduce.cuh"
+#include "ptx/bulk_store.cuh"
+#include "ptx/fence.cuh"
+
+template <int kInFlight>
+DASH_DEVICE void issue(float* buf, long long slots, int chunk_bytes, int iters, bool add, uint32_t base) {
+  const long long chunk_floats = chunk_bytes / 4;
+  for (int it = 0; it < iters; ++it) {
+    if (it >= kInFlight) bulk_wait_read<kInFlight - 1>();
+    const long long slot = ((long long)blockIdx.x + (long long)it * gridDim.x) % slots;
+    const uint32_t src = base + (uint32_t)((it % kInFlight) * chunk_bytes);
+    if (add) {
+      bulk_reduce_add_f32(buf + slot * chunk_floats, src, chunk_bytes);
+    } else {
+      bulk_store(buf + slot * chunk_floats, src, chunk_bytes);
+    }
+    bulk_commit();
+  }
+  bulk_wait<0>();
+}
+
+extern "C" __global__ void dq_reduce_bw(float* buf, long long slots, int chunk_bytes, int iters, int in_flight,
+                                        int add) {
+  extern __shared__ __align__(128) float staging[];
+  for (int i = threadIdx.x; i < chunk_bytes / 4 * in_flight; i += blockDim.x) staging[i] = 1.f / 1024.f;
+  fence_proxy_async_smem();
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  const uint32_t base = (uint32_t)__cvta_generic_to_shared(staging);
+  if (in_flight == 1) issue<1>(buf, slots, chunk_bytes, iters, add != 0, base);
+  if (in_flight == 2) issue<2>(buf, slots, chunk_bytes, iters, add != 0, base);
+  if (in_flight == 4) issue<4>(buf, slots, chunk_bytes, iters, add != 0, base);
+}
+"""
+
+
+def compile_kernel() -> bytes:
+    """The cubin of SOURCE, compiled with NVRTC for sm_90a as the package's kernels are (no GPU needed)."""
+    from cupy_dash.cuda import jit
+    cubin, log, ok = jit.compile_source(SOURCE, "dq_reduce_bw.cu", [*jit.BASE_OPTIONS, f"-I{jit.kernel_dir()}"])
+    if not ok:
+        raise RuntimeError(log)
+    stats = jit.parse_ptxas_log(log, "dq_reduce_bw")
+    if stats["spill_stores"] or stats["spill_loads"] or stats["stack_frame"]:
+        raise RuntimeError(f"dq_reduce_bw spills: {log}")
+    return cubin
+
+
+def measure(kernel, op, chunk_kb, in_flight, region_mb, iters, repeats) -> dict:
+    """GB/s of one configuration: the median of ``repeats`` timed launches (CUDA events) after one warm-up."""
+    import cupy
+    sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+    chunk = chunk_kb * 1024
+    slots = region_mb * 1024 * 1024 // chunk
+    buf = cupy.zeros(slots * chunk // 4, dtype=cupy.float32)
+    smem = chunk * in_flight
+    args = (buf, cupy.int64(slots), cupy.int32(chunk), cupy.int32(iters), cupy.int32(in_flight),
+            cupy.int32(op == "add"))
+    times = []
+    for r in range(repeats + 1):
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record()
+        kernel((sms,), (128,), args, shared_mem=smem)
+        end.record()
+        end.synchronize()
+        if r:
+            times.append(cupy.cuda.get_elapsed_time(start, end) * 1e-3)
+    times.sort()
+    seconds = times[len(times) // 2]
+    moved = sms * iters * chunk
+    return dict(op=op, chunk_kb=chunk_kb, in_flight=in_flight, region_mb=region_mb, ctas=sms, iters=iters,
+                ms=seconds * 1e3, gb_per_s=moved / seconds / 1e9)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--op", nargs="+", default=["add", "store"], choices=["add", "store"])
+    ap.add_argument("--chunk-kb", nargs="+", type=int, default=[16, 32])
+    ap.add_argument("--in-flight", nargs="+", type=int, default=[1, 2, 4], choices=[1, 2, 4])
+    ap.add_argument("--region-mb", nargs="+", type=int, default=[8, 32, 512])
+    ap.add_argument("--iters", type=int, default=400, help="chunks per CTA per launch")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--compile-only", action="store_true", help="compile the kernel (no GPU) and stop")
+    ap.add_argument("--json", default=None)
+    opts = ap.parse_args(argv)
+    cubin = compile_kernel()
+    if opts.compile_only:
+        print(f"dq_reduce_bw: compiled, {len(cubin)} bytes, no spills")
+        return
+    import cupy
+    from cupy.cuda import driver, function
+    module = function.Module()
+    module.load(cubin)
+    kernel = module.get_function("dq_reduce_bw")
+    driver.funcSetAttribute(kernel.ptr, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                            max(opts.chunk_kb) * 1024 * max(opts.in_flight))
+    props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
+    gpu_name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
+    rows = []
+    for op, chunk_kb, in_flight, region_mb in itertools.product(opts.op, opts.chunk_kb, opts.in_flight,
+                                                                 opts.region_mb):
+        row = measure(kernel, op, chunk_kb, in_flight, region_mb, opts.iters, opts.repeats)
+        rows.append(row)
+        print(f"{op:5s} chunk {chunk_kb:3d} KB  in flight {in_flight}  region {region_mb:4d} MB  "
+              f"{row['gb_per_s']:8.0f} GB/s", flush=True)
+    if opts.json:
+        from measure import commit
+        with open(opts.json, "w") as f:
+            json.dump(dict(meta=dict(date=datetime.datetime.now().isoformat(timespec="seconds"),
+                                     command=" ".join(["python", *sys.argv]), commit=commit(),
+                                     gpu=gpu_name),
+                           rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
