@@ -4,7 +4,8 @@
 #                                  fold|fold_bench|varlen_events|sanitize|ncu|engine|engine_bench|
 #                                  dq_writers|multi_gpu|first|first2|fa3_bench|fa3_full|final|tile80|d96|tests2|
 #                                  loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|suite|legs_ab|
-#                                  short_modes|steady|steady_ab|tail_ab|ncu_conflicts|sections_auto|fwd_order|all]
+#                                  short_modes|steady|steady_ab|tail_ab|ncu_conflicts|sections_auto|fwd_order|
+#                                  head_dims_sweep|all]
 #                                  [extra pytest args...]
 # The A/B and one-off measurement stages live in benchmarks/device_stages_ab.sh, which this script sources.
 # "engine": the backward kernel's GPU tests (every family: MHA, GQA, compact, varlen, fold, window, portable);
@@ -33,7 +34,7 @@ if [ -n "${FA3_WHL:-}" ]; then
   $py -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >"$OUT/fa3_install.log" 2>&1 && export PYTHONPATH=/tmp/site
 fi
 case "$stage" in   # these stages compile only the kernels they run, on first use
-  ncu|engine_bench|dq_writers|first|first2|fa3_bench|fa3_full|final|tile80|d96|loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|legs_ab|short_modes|steady|steady_ab|tail_ab|ncu_conflicts|sections_auto|fwd_order) ;;
+  ncu|engine_bench|dq_writers|first|first2|fa3_bench|fa3_full|final|tile80|d96|loop_ab|idle|loads|quick_ab|patches_bench|engine_rest|legs_ab|short_modes|steady|steady_ab|tail_ab|ncu_conflicts|sections_auto|fwd_order|head_dims_sweep) ;;
   *) $py -m cupy_dash compile --all -j 16 >/tmp/compile.log 2>&1 || { tail -20 /tmp/compile.log; exit 1; }
      tail -1 /tmp/compile.log ;;
 esac
