@@ -45,11 +45,34 @@ def hopper_skip_reason():
     return reason
 
 
+def pytest_addoption(parser):
+    parser.addoption("--shard", default=None, metavar="K/N",
+                     help="run only shard K of N (1 <= K <= N): every N-th test of the collection order from the "
+                          "K-th, so that a GPU test file too long for one device call is finished exactly across N "
+                          "calls")
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs an NVIDIA Hopper GPU (skipped without one)")
 
 
+def _shard(spec: str) -> tuple:
+    """(k, n) of a ``--shard K/N`` value, 0-based k; UsageError otherwise."""
+    try:
+        k, n = (int(x) for x in spec.split("/"))
+    except ValueError:
+        k = n = 0
+    if not 1 <= k <= n:
+        raise pytest.UsageError(f"--shard: expected K/N with 1 <= K <= N, got {spec!r}")
+    return k - 1, n
+
+
 def pytest_collection_modifyitems(config, items):
+    spec = config.getoption("--shard")
+    if spec is not None:
+        k, n = _shard(spec)
+        config.hook.pytest_deselected(items=[item for i, item in enumerate(items) if i % n != k])
+        items[:] = [item for i, item in enumerate(items) if i % n == k]
     gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
     if not gpu_items:
         return
