@@ -342,7 +342,7 @@ fi
 if [ "$stage" = head_dims_sweep ]; then   # every schedule and the atomic path at head dims 192 / 256 beside head dim
   mkdir -p /tmp/hds                       # 128's auto (SWEEP_SHAPES), then the bulk copies' ceiling (dq_reduce_bw.py)
   for hd in 192:3072 256:2048 128:2048; do
-    d=${hd%:*}; sch=(--schedules shift symmetric_shift fa3); [ "$d" = 128 ] && sch=()
+    d=${hd%:*}; sch=(--schedules shift symmetric_shift fa3 descending); [ "$d" = 128 ] && sch=()
     timeout 150 $py benchmarks/steady_bench.py --hdim "$d" --hidden "${hd#*:}" --no-fa3 --impls dash_det dash_atomic \
       "${sch[@]}" --shapes ${SWEEP_SHAPES:-causal:4096 causal:16384 full:16384:16384} --rounds 3 --loop-s 0.3 \
       --json /tmp/hds/sched_d$d.json --md /tmp/hds/sched_d$d.md 2>&1 | tail -4 | tee -a "$OUT/head_dims_sweep.log"

@@ -19,3 +19,9 @@ def test_in_flight_counts_outside_the_kernels_instances_are_refused():
     run = subprocess.run([sys.executable, str(BENCH), "--compile-only", "--in-flight", "3"], capture_output=True,
                          text=True, timeout=120)
     assert run.returncode == 2 and "--in-flight" in run.stderr
+
+
+def test_staging_beyond_shared_memory_is_refused_before_compiling():
+    run = subprocess.run([sys.executable, str(BENCH), "--compile-only", "--chunk-kb", "64", "--in-flight", "4"],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "shared memory" in run.stderr
