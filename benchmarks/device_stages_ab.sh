@@ -341,6 +341,7 @@ if [ "$stage" = d96 ]; then   # head dim 96 (the head-dim-128 kernels padded): i
 fi
 if [ "$stage" = head_dims_sweep ]; then   # every schedule and the atomic path at head dims 192 / 256 beside head dim
   mkdir -p /tmp/hds                       # 128's auto (SWEEP_SHAPES), then the bulk copies' ceiling (dq_reduce_bw.py)
+  # and the cost of swapping partials between a CTA pair (dsmem_exchange.py)
   for hd in 192:3072 256:2048 128:2048; do
     d=${hd%:*}; sch=(--schedules shift symmetric_shift fa3 descending); [ "$d" = 128 ] && sch=()
     timeout 150 $py benchmarks/steady_bench.py --hdim "$d" --hidden "${hd#*:}" --no-fa3 --impls dash_det dash_atomic \
@@ -348,5 +349,7 @@ if [ "$stage" = head_dims_sweep ]; then   # every schedule and the atomic path a
       --json /tmp/hds/sched_d$d.json --md /tmp/hds/sched_d$d.md 2>&1 | tail -4 | tee -a "$OUT/head_dims_sweep.log"
   done
   timeout 90 $py benchmarks/dq_reduce_bw.py --json /tmp/hds/dq_reduce_bw.json 2>&1 | tee -a "$OUT/head_dims_sweep.log"
+  timeout 60 $py benchmarks/dsmem_exchange.py --json /tmp/hds/dsmem_exchange.json 2>&1 \
+    | tee -a "$OUT/head_dims_sweep.log"
   (cd /tmp/hds && tar czf "$OUT/head_dims_sweep.tgz" *)
 fi
