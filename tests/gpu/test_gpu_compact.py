@@ -25,11 +25,15 @@ SHAPES = [
 
 
 def _inputs(shape, seed):
+    """(do, q, k, v, out, lse) of a shape; its D is a head dim or (query / key head dim, value head dim)."""
     B, Sq, Sk, H, Hkv, D, causal, window, dtype = shape
+    D, Dv = D if isinstance(D, tuple) else (D, D)
     np_dtype = np.float16 if dtype == "float16" else api.NP_DTYPES["bfloat16"]
     rng = np.random.default_rng(seed)
-    q, do = (_dev(_randn(rng, (B, Sq, H, D), np_dtype)) for _ in range(2))
-    k, v = (_dev(_randn(rng, (B, Sk, Hkv, D), np_dtype)) for _ in range(2))
+    q = _dev(_randn(rng, (B, Sq, H, D), np_dtype))
+    do = _dev(_randn(rng, (B, Sq, H, Dv), np_dtype))
+    k = _dev(_randn(rng, (B, Sk, Hkv, D), np_dtype))
+    v = _dev(_randn(rng, (B, Sk, Hkv, Dv), np_dtype))
     out, lse = cupy_dash.attention_forward(q, k, v, causal=causal, window=window)
     return do, q, k, v, out, lse
 
@@ -62,9 +66,25 @@ def test_compact_tables_same_bits_as_per_visit(shape, schedule, monkeypatch):
         _assert_same_bits(name, a, e)
 
 
-# head dim 192: compact tables keep the 96 x 64 tile (kernels.bwd_tile), per-visit ones take 64 x 96, so the two
-# differ in summation order and each is held to float64
-@pytest.mark.parametrize("shape", [SHAPES[1], (1, 777, 1200, 6, 2, 192, True, (-1, -1), "bfloat16")], ids=str)
+# Every compact main kernel the dispatcher emits, one case each (auto), each of them unfolded (1,026 or more tile
+# pairs: the compact preprocess / postprocess run too): head dims 64, 96, 128 and 256 keep the per-visit call's
+# 64-query tile and give its bits; head dim 192 (and with value head dim 128) keeps the 96 x 64 tile for compact
+# tables, per-visit ones take 64 x 96, so the two differ in summation order and each is held to float64.
+EVERY_BUILD = [(1, 777, 1200, 6, 2, D, causal, (-1, -1), dtype)
+               for dtype in ("bfloat16", "float16") for D in (64, 96, 128, 256) for causal in (False, True)]
+D192_BUILDS = [(1, 777, 1200, 6, 2, D, causal, (-1, -1), dtype)
+               for dtype in ("bfloat16", "float16") for D in (192, (192, 128)) for causal in (False, True)]
+
+
+@pytest.mark.parametrize("shape", EVERY_BUILD, ids=str)
+def test_every_compact_build_gives_the_per_visit_bits(shape, monkeypatch):
+    args = _inputs(shape, _seed(f"compact-every{shape}"))
+    per_visit, compact = _both(monkeypatch, shape, args, "auto")
+    for name, a, e in zip(("dq", "dk", "dv"), compact, per_visit):
+        _assert_same_bits(name, a, e)
+
+
+@pytest.mark.parametrize("shape", [SHAPES[1], *D192_BUILDS], ids=str)
 def test_compact_tables_match_float64(shape, monkeypatch):
     do, q, k, v, _, _ = _inputs(shape, _seed("compact-fp64"))
     causal, window = shape[6], shape[7]

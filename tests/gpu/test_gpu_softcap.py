@@ -36,6 +36,20 @@ CASES = [
     ("fp16", 128, False, 1100, 1537, 2, 1, (-1, -1), 20.0),
     ("bf16", 96, False, 1100, 1100, 3, 3, (-1, -1), 30.0),
     ("fp16", 96, False, 1100, 1031, 2, 2, (-1, -1), 20.0),   # fp16's head-dim-96 80-query build
+    # the other capped builds, one case each (every (dtype, head dim, mask) the dispatcher emits meets the reference)
+    ("bf16", 64, False, 1000, 300, 6, 2, (-1, -1), 5.0),
+    ("bf16", 96, False, 300, 777, 2, 1, (-1, -1), 5.0),
+    ("bf16", 192, False, 300, 777, 2, 1, (-1, -1), 5.0),
+    ("bf16", (192, 128), True, 1000, 1000, 6, 2, (-1, -1), 30.0),
+    ("bf16", 256, False, 300, 777, 2, 1, (-1, -1), 5.0),
+    ("fp16", 64, True, 1299, 1299, 4, 4, (-1, -1), 30.0),
+    ("fp16", 96, False, 300, 777, 2, 1, (-1, -1), 5.0),
+    ("fp16", 96, True, 1000, 1000, 2, 2, (-1, -1), 50.0),
+    ("fp16", 128, False, 300, 1000, 4, 2, (-1, -1), 5.0),
+    ("fp16", 192, True, 1000, 1000, 6, 2, (-1, -1), 30.0),
+    ("fp16", (192, 128), False, 777, 1000, 6, 2, (-1, -1), 30.0),
+    ("fp16", (192, 128), True, 1000, 1000, 6, 2, (-1, -1), 30.0),
+    ("fp16", 256, True, 1000, 1000, 4, 2, (-1, -1), 50.0),
 ]
 REPEATS = CASES[:2] + CASES[3:4] + CASES[12:13]
 MAG = 3.0       # q, k scaled so that scale * q.k reaches several units and the cap matters
@@ -79,7 +93,8 @@ def test_backward_matches_reference(c, schedule):
 # cases do), so that its capped causal builds (bf16 keeps 12 of 20 pairs of 1 - t^2, fp16 4) meet the reference.
 CAUSAL80 = [("bf16", 128, True, 1100, 1299, 2, 1, (-1, -1), 30.0),
             ("fp16", 128, True, 1299, 1299, 2, 2, (-1, -1), 20.0),
-            ("bf16", 96, True, 1000, 1000, 2, 2, (-1, -1), 50.0)]
+            ("bf16", 96, True, 1000, 1000, 2, 2, (-1, -1), 50.0),
+            ("fp16", 96, True, 1000, 1000, 2, 2, (-1, -1), 20.0)]
 
 
 @pytest.mark.parametrize("schedule", ["auto", "shift", ATOMIC])

@@ -313,7 +313,7 @@ def test_jax_varlen_matches_the_functional_api(mechanism, monkeypatch):
         assert (np.asarray(g).view(np.int16) == np.asarray(w).view(np.int16)).all(), f"second packing: {name}"
 
 
-@pytest.mark.parametrize("hdim", [64, 96, 128, 192, 256])
+@pytest.mark.parametrize("hdim", [64, 96, 128, 192, 256, (192, 128)], ids=str)
 def test_varlen_backward_fp16(hdim):
     """fp16 inputs: the fp16 varlen kernels against the float64 reference and, with fa3, the sequence alone."""
     h, dev, _ = _problem("mixed", hdim, True, (-1, -1), seed=9, dtype=np.float16)
