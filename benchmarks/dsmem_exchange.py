@@ -21,6 +21,7 @@ import sys
 SOURCE = r"""
 #include "ptx/clock.cuh"
 #include "ptx/fence.cuh"
+#include "ptx/globaltimer.cuh"
 #include "ptx/mbarrier.cuh"
 
 // PTX ISA "Special registers: %cluster_ctarank"; "Data Movement: mapa"; "barrier.cluster"; "cp.async.bulk".
@@ -45,10 +46,13 @@ DASH_DEVICE void bulk_copy_to_cta(uint32_t dst, uint32_t src, uint32_t bytes, ui
                ::"r"(dst), "r"(src), "r"(bytes), "r"(bar) : "memory");
 }
 
-// NOTES: waits are bounded (~0.5 s of polls at most): a lost copy sets *error and ends the step instead of hanging.
+// NOTES: no hang: every wait gives up 1 s (globaltimer) after the first step began, sets *error and the CTA's
+// failed flag; a failed CTA skips the rest of its steps but still meets every cluster barrier, so its peer (which
+// times out alike) is never left waiting there.
 extern "C" __global__ void __cluster_dims__(2, 1, 1) dsmem_exchange(int bytes, int steps, int read,
                                                                     long long* cycles, float* sink, int* error) {
   extern __shared__ __align__(128) float smem[];
+  __shared__ int failed;
   float* send = smem;
   float* recv = smem + bytes / 4;
   const uint32_t send_addr = (uint32_t)__cvta_generic_to_shared(send);
@@ -56,6 +60,7 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) dsmem_exchange(int bytes, i
   const uint32_t bar = (uint32_t)__cvta_generic_to_shared(recv + bytes / 4);
   for (int i = threadIdx.x; i < bytes / 4; i += blockDim.x) send[i] = 1.f / 1024.f;
   if (threadIdx.x == 0) {
+    failed = 0;
     mbar_init(bar, 1);
     mbar_fence_init();
   }
@@ -65,14 +70,19 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) dsmem_exchange(int bytes, i
   const uint32_t peer_recv = map_to_cta(recv_addr, peer), peer_bar = map_to_cta(bar, peer);
   float acc = 0.f;
   const long long t0 = clock64_cycles();
+  const uint64_t deadline = globaltimer_ns() + 1000000000ull;
   for (int step = 0; step < steps; ++step) {
+    if (failed) {   // read after a cluster barrier: the same value in every thread of the CTA
+      cluster_sync();
+      continue;
+    }
     if (threadIdx.x == 0) {
       mbar_arrive_expect_tx(bar, (uint32_t)bytes);
       bulk_copy_to_cta(peer_recv, send_addr, (uint32_t)bytes, peer_bar);
     }
-    long long polls = 0;
     while (!mbar_try_wait(bar, step & 1)) {
-      if (++polls > (1ll << 26)) {
+      if (globaltimer_ns() > deadline) {
+        failed = 1;
         atomicExch(error, 1);
         break;
       }

@@ -66,10 +66,10 @@ def test_compact_tables_same_bits_as_per_visit(shape, schedule, monkeypatch):
         _assert_same_bits(name, a, e)
 
 
-# Every compact main kernel the dispatcher emits, one case each (auto), each of them unfolded (1,026 or more tile
-# pairs: the compact preprocess / postprocess run too): head dims 64, 96, 128 and 256 keep the per-visit call's
-# 64-query tile and give its bits; head dim 192 (and with value head dim 128) keeps the 96 x 64 tile for compact
-# tables, per-visit ones take 64 x 96, so the two differ in summation order and each is held to float64.
+# Every compact main kernel the dispatcher emits, one case each (auto), each of them unfolded (more than
+# FOLD_MAX_TILES tile pairs: the compact preprocess / postprocess run too): head dims 64, 96, 128 and 256 keep the
+# per-visit call's tile and give its bits; head dim 192 (and with value head dim 128) keeps the 96 x 64 tile for
+# compact tables, per-visit ones take 64 x 96, so the two differ in summation order and each is held to float64.
 EVERY_BUILD = [(1, 777, 1200, 6, 2, D, causal, (-1, -1), dtype)
                for dtype in ("bfloat16", "float16") for D in (64, 96, 128, 256) for causal in (False, True)]
 D192_BUILDS = [(1, 777, 1200, 6, 2, D, causal, (-1, -1), dtype)
