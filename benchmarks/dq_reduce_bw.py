@@ -15,10 +15,7 @@ x 64 tile at head dim 256 adds 64 KB for 10.5 MFLOP, head dim 128's 80-query til
 from __future__ import annotations
 
 import argparse
-import datetime
 import itertools
-import json
-import sys
 
 SOURCE = r"""
 #include "ptx/bulk_reduce.cuh"
@@ -60,15 +57,9 @@ extern "C" __global__ void dq_reduce_bw(float* buf, long long slots, int chunk_b
 
 
 def compile_kernel() -> bytes:
-    """The cubin of SOURCE, compiled with NVRTC for sm_90a as the package's kernels are (no GPU needed)."""
-    from cupy_dash.cuda import jit
-    cubin, log, ok = jit.compile_source(SOURCE, "dq_reduce_bw.cu", [*jit.BASE_OPTIONS, f"-I{jit.kernel_dir()}"])
-    if not ok:
-        raise RuntimeError(log)
-    stats = jit.parse_ptxas_log(log, "dq_reduce_bw")
-    if stats["spill_stores"] or stats["spill_loads"] or stats["stack_frame"]:
-        raise RuntimeError(f"dq_reduce_bw spills: {log}")
-    return cubin
+    """The cubin of SOURCE (measure.compile_probe: NVRTC, sm_90a, no spills; no GPU needed)."""
+    from measure import compile_probe
+    return compile_probe(SOURCE, "dq_reduce_bw")
 
 
 # NOTES: at least this much dynamic shared memory per CTA, so that no SM holds two CTAs (half of the 227 KB an SM
@@ -123,15 +114,8 @@ def main(argv=None):
     if opts.compile_only:
         print(f"dq_reduce_bw: compiled, {len(cubin)} bytes, no spills")
         return
-    import cupy
-    from cupy.cuda import driver, function
-    module = function.Module()
-    module.load(cubin)
-    kernel = module.get_function("dq_reduce_bw")
-    driver.funcSetAttribute(kernel.ptr, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                            max(max(opts.chunk_kb) * 1024 * max(opts.in_flight), ONE_CTA_PER_SM))
-    props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
-    gpu_name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
+    from measure import load_probe, write_rows
+    kernel, _module, gpu_name = load_probe(cubin, "dq_reduce_bw", max(max(opts.chunk_kb) * 1024 * max(opts.in_flight), ONE_CTA_PER_SM))
     rows = []
     for op, chunk_kb, in_flight, region_mb in itertools.product(opts.op, opts.chunk_kb, opts.in_flight,
                                                                  opts.region_mb):
@@ -141,12 +125,7 @@ def main(argv=None):
               f"{row['gb_per_s']:8.0f} GB/s  {row['bytes_per_cycle']:7.0f} B per SM clock ({row['mhz']:.0f} MHz)",
               flush=True)
     if opts.json:
-        from measure import commit
-        with open(opts.json, "w") as f:
-            json.dump(dict(meta=dict(date=datetime.datetime.now().isoformat(timespec="seconds"),
-                                     command=" ".join(["python", *sys.argv]), commit=commit(),
-                                     gpu=gpu_name),
-                           rows=rows), f, indent=1)
+        write_rows(opts.json, rows, gpu_name)
 
 
 if __name__ == "__main__":

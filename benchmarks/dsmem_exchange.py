@@ -13,9 +13,6 @@ moves 2 x 32 KB per CTA (S and dP partials of a 64 x 128 tile) inside a visit of
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import sys
 
 # NOTES: the cluster primitives live here, not in kernels_src/ptx/, until a kernel of the package uses them.
 SOURCE = r"""
@@ -99,15 +96,9 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) dsmem_exchange(int bytes, i
 
 
 def compile_kernel() -> bytes:
-    """The cubin of SOURCE, compiled with NVRTC for sm_90a as the package's kernels are (no GPU needed)."""
-    from cupy_dash.cuda import jit
-    cubin, log, ok = jit.compile_source(SOURCE, "dsmem_exchange.cu", [*jit.BASE_OPTIONS, f"-I{jit.kernel_dir()}"])
-    if not ok:
-        raise RuntimeError(log)
-    stats = jit.parse_ptxas_log(log, "dsmem_exchange")
-    if stats["spill_stores"] or stats["spill_loads"] or stats["stack_frame"]:
-        raise RuntimeError(f"dsmem_exchange spills: {log}")
-    return cubin
+    """The cubin of SOURCE (measure.compile_probe: NVRTC, sm_90a, no spills; no GPU needed)."""
+    from measure import compile_probe
+    return compile_probe(SOURCE, "dsmem_exchange")
 
 
 def measure(kernel, kb, read, steps, repeats) -> dict:
@@ -147,15 +138,8 @@ def main(argv=None):
     if opts.compile_only:
         print(f"dsmem_exchange: compiled, {len(cubin)} bytes, no spills")
         return
-    import cupy
-    from cupy.cuda import driver, function
-    module = function.Module()
-    module.load(cubin)
-    kernel = module.get_function("dsmem_exchange")
-    driver.funcSetAttribute(kernel.ptr, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                            2 * max(opts.kb) * 1024 + 16)
-    props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
-    gpu_name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
+    from measure import load_probe, write_rows
+    kernel, _module, gpu_name = load_probe(cubin, "dsmem_exchange", 2 * max(opts.kb) * 1024 + 16)
     rows = []
     for kb in opts.kb:
         for read in (0, 1):
@@ -164,11 +148,7 @@ def main(argv=None):
             print(f"{kb:4d} KB each way, read {'yes' if read else 'no ':3s}  {row['cycles_per_step']:8.0f} cycles "
                   f"per step  {row['bytes_per_cycle_per_sm']:6.1f} bytes per cycle and SM", flush=True)
     if opts.json:
-        from measure import commit
-        with open(opts.json, "w") as f:
-            json.dump(dict(meta=dict(date=datetime.datetime.now().isoformat(timespec="seconds"),
-                                     command=" ".join(["python", *sys.argv]), commit=commit(), gpu=gpu_name),
-                           rows=rows), f, indent=1)
+        write_rows(opts.json, rows, gpu_name)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ import os
 import subprocess
 import time
 
-__all__ = ["CupyEvents", "time_calls", "commit"]
+__all__ = ["CupyEvents", "time_calls", "commit", "compile_probe", "load_probe", "write_rows"]
 
 
 def commit():
@@ -77,3 +77,41 @@ def time_calls(calls, *, warmup, repeats, events, flush=None, warmup_s=0.0):
         events.record(ends[i])
     events.synchronize(ends[-1])
     return [events.elapsed_ms(s, e) for s, e in zip(starts, ends)]
+
+
+def compile_probe(source: str, entry: str) -> bytes:
+    """The sm_90a cubin of a probe kernel's CUDA ``source`` (entry point ``entry``; it may include the package's
+    kernels_src headers), compiled with NVRTC as the package's kernels are (no GPU needed); RuntimeError on a
+    compile error or a spill."""
+    from cupy_dash.cuda import jit
+    cubin, log, ok = jit.compile_source(source, f"{entry}.cu", [*jit.BASE_OPTIONS, f"-I{jit.kernel_dir()}"])
+    if not ok:
+        raise RuntimeError(log)
+    stats = jit.parse_ptxas_log(log, entry)
+    if stats["spill_stores"] or stats["spill_loads"] or stats["stack_frame"]:
+        raise RuntimeError(f"{entry} spills: {log}")
+    return cubin
+
+
+def load_probe(cubin: bytes, entry: str, smem_bytes: int):
+    """(CuPy function of ``entry``, its module, the GPU's name) with ``smem_bytes`` of dynamic shared memory allowed;
+    the module must outlive the function's launches."""
+    import cupy
+    from cupy.cuda import driver, function
+    module = function.Module()
+    module.load(cubin)
+    kernel = module.get_function(entry)
+    driver.funcSetAttribute(kernel.ptr, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_bytes)
+    name = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"]
+    return kernel, module, name.decode() if isinstance(name, bytes) else name
+
+
+def write_rows(path: str, rows: list, gpu: str) -> None:
+    """A probe's report: ``rows`` under meta (date, command, commit, gpu), as JSON at ``path``."""
+    import datetime
+    import json
+    import sys
+    meta = dict(date=datetime.datetime.now().isoformat(timespec="seconds"), command=" ".join(["python", *sys.argv]),
+                commit=commit(), gpu=gpu)
+    with open(path, "w") as f:
+        json.dump(dict(meta=meta, rows=rows), f, indent=1)
