@@ -56,19 +56,13 @@ extern "C" __global__ void dq_reduce_bw(float* buf, long long slots, int chunk_b
 """
 
 
-def compile_kernel() -> bytes:
-    """The cubin of SOURCE (measure.compile_probe: NVRTC, sm_90a, no spills; no GPU needed)."""
-    from measure import compile_probe
-    return compile_probe(SOURCE, "dq_reduce_bw")
-
-
 # NOTES: at least this much dynamic shared memory per CTA, so that no SM holds two CTAs (half of the 227 KB an SM
 # gives a CTA, plus a little) and every SM issues its own stream of copies.
 ONE_CTA_PER_SM = 116 * 1024
 MAX_SMEM = 227 * 1024
 
 
-def measure(kernel, op, chunk_kb, in_flight, region_mb, iters, repeats) -> dict:
+def time_config(kernel, op, chunk_kb, in_flight, region_mb, iters, repeats) -> dict:
     """GB/s and bytes per SM clock cycle (the whole GPU's) of one configuration: medians of ``repeats`` timed
     launches (CUDA events; the slowest CTA's ``clock64`` cycles) after one warm-up."""
     import cupy
@@ -110,16 +104,16 @@ def main(argv=None):
     opts = ap.parse_args(argv)
     if max(opts.chunk_kb) * 1024 * max(opts.in_flight) > MAX_SMEM or min(opts.chunk_kb) < 1:
         ap.error(f"--chunk-kb x --in-flight: the staging must fit {MAX_SMEM // 1024} KB of shared memory")
-    cubin = compile_kernel()
+    from measure import compile_probe, load_probe, write_rows
+    cubin = compile_probe(SOURCE, "dq_reduce_bw")
     if opts.compile_only:
         print(f"dq_reduce_bw: compiled, {len(cubin)} bytes, no spills")
         return
-    from measure import load_probe, write_rows
     kernel, _module, gpu_name = load_probe(cubin, "dq_reduce_bw", max(max(opts.chunk_kb) * 1024 * max(opts.in_flight), ONE_CTA_PER_SM))
     rows = []
     for op, chunk_kb, in_flight, region_mb in itertools.product(opts.op, opts.chunk_kb, opts.in_flight,
                                                                  opts.region_mb):
-        row = measure(kernel, op, chunk_kb, in_flight, region_mb, opts.iters, opts.repeats)
+        row = time_config(kernel, op, chunk_kb, in_flight, region_mb, opts.iters, opts.repeats)
         rows.append(row)
         print(f"{op:5s} chunk {chunk_kb:3d} KB  in flight {in_flight}  region {region_mb:4d} MB  "
               f"{row['gb_per_s']:8.0f} GB/s  {row['bytes_per_cycle']:7.0f} B per SM clock ({row['mhz']:.0f} MHz)",

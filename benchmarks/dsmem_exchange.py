@@ -95,13 +95,7 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) dsmem_exchange(int bytes, i
 """
 
 
-def compile_kernel() -> bytes:
-    """The cubin of SOURCE (measure.compile_probe: NVRTC, sm_90a, no spills; no GPU needed)."""
-    from measure import compile_probe
-    return compile_probe(SOURCE, "dsmem_exchange")
-
-
-def measure(kernel, kb, read, steps, repeats) -> dict:
+def time_config(kernel, kb, read, steps, repeats) -> dict:
     """Cycles per step (the slowest CTA's, median of ``repeats`` launches after one warm-up) of one configuration."""
     import cupy
     sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
@@ -134,16 +128,16 @@ def main(argv=None):
     opts = ap.parse_args(argv)
     if max(opts.kb) > 112 or min(opts.kb) < 1 or any(kb * 1024 % 16 for kb in opts.kb):
         ap.error("--kb: 1 to 112 (a send and a receive buffer must fit 227 KB of shared memory)")
-    cubin = compile_kernel()
+    from measure import compile_probe, load_probe, write_rows
+    cubin = compile_probe(SOURCE, "dsmem_exchange")
     if opts.compile_only:
         print(f"dsmem_exchange: compiled, {len(cubin)} bytes, no spills")
         return
-    from measure import load_probe, write_rows
     kernel, _module, gpu_name = load_probe(cubin, "dsmem_exchange", 2 * max(opts.kb) * 1024 + 16)
     rows = []
     for kb in opts.kb:
         for read in (0, 1):
-            row = measure(kernel, kb, read, opts.steps, opts.repeats)
+            row = time_config(kernel, kb, read, opts.steps, opts.repeats)
             rows.append(row)
             print(f"{kb:4d} KB each way, read {'yes' if read else 'no ':3s}  {row['cycles_per_step']:8.0f} cycles "
                   f"per step  {row['bytes_per_cycle_per_sm']:6.1f} bytes per cycle and SM", flush=True)

@@ -82,14 +82,14 @@ def time_calls(calls, *, warmup, repeats, events, flush=None, warmup_s=0.0):
 def compile_probe(source: str, entry: str) -> bytes:
     """The sm_90a cubin of a probe kernel's CUDA ``source`` (entry point ``entry``; it may include the package's
     kernels_src headers), compiled with NVRTC as the package's kernels are (no GPU needed); RuntimeError on a
-    compile error or a spill."""
+    compile error, a spill or a ptxas performance warning, as ``compile --all`` refuses them."""
     from cupy_dash.cuda import jit
     cubin, log, ok = jit.compile_source(source, f"{entry}.cu", [*jit.BASE_OPTIONS, f"-I{jit.kernel_dir()}"])
     if not ok:
         raise RuntimeError(log)
     stats = jit.parse_ptxas_log(log, entry)
-    if stats["spill_stores"] or stats["spill_loads"] or stats["stack_frame"]:
-        raise RuntimeError(f"{entry} spills: {log}")
+    if stats["spill_stores"] or stats["spill_loads"] or stats["stack_frame"] or jit.perf_warnings(log):
+        raise RuntimeError(f"{entry} spills or has ptxas performance warnings: {log}")
     return cubin
 
 

@@ -23,8 +23,7 @@ def require(framework: str, install: str, gpu_backend=None, modules=()) -> None:
         gpu_ok = state == "hopper"
         if not gpu_ok:
             missing.append(f"{gpu.NEEDS}, found {desc if state == 'other' else 'none: ' + desc}")
-    has_framework = importlib.util.find_spec(framework) is not None
-    if not has_framework:
+    if importlib.util.find_spec(framework) is None:
         missing.append(f"{framework} ({install})")
     elif gpu_ok and gpu_backend is not None:
         lacking = gpu_backend()

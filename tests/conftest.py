@@ -72,7 +72,7 @@ def pytest_collection_modifyitems(config, items):
     if spec is not None:
         k, n = _shard(spec)
         config.hook.pytest_deselected(items=[item for i, item in enumerate(items) if i % n != k])
-        items[:] = [item for i, item in enumerate(items) if i % n == k]
+        items[:] = items[k::n]
     gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
     if not gpu_items:
         return

@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 if str(BENCHMARKS) not in sys.path:
     sys.path.insert(0, str(BENCHMARKS))
@@ -44,12 +46,8 @@ def test_instructions_drop_addresses_of_any_width_and_the_encodings():
 def test_a_cache_with_two_builds_of_a_label_is_refused(tmp_path):
     for digest in ("a" * 32, "b" * 32):
         (tmp_path / f"fwd-bf16-d64-full-{digest}.cubin").write_bytes(b"")
-    try:
+    with pytest.raises(ValueError, match="two builds of fwd-bf16-d64-full"):
         sass_diff.cubins(str(tmp_path))
-    except ValueError as exc:
-        assert "two builds of fwd-bf16-d64-full" in str(exc)
-    else:
-        raise AssertionError("expected ValueError")
 
 
 def test_compare_finds_a_change_past_the_first_64_kb():
