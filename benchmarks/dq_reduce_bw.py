@@ -20,6 +20,7 @@ import itertools
 SOURCE = r"""
 #include "ptx/bulk_reduce.cuh"
 #include "ptx/bulk_store.cuh"
+#include "ptx/clock.cuh"
 #include "ptx/fence.cuh"
 
 template <int kInFlight>
@@ -47,11 +48,11 @@ extern "C" __global__ void dq_reduce_bw(float* buf, long long slots, int chunk_b
   __syncthreads();
   if (threadIdx.x != 0) return;
   const uint32_t base = (uint32_t)__cvta_generic_to_shared(staging);
-  const long long t0 = clock64();
+  const int64_t t0 = clock64_cycles();
   if (in_flight == 1) issue<1>(buf, slots, chunk_bytes, iters, add != 0, base);
   if (in_flight == 2) issue<2>(buf, slots, chunk_bytes, iters, add != 0, base);
   if (in_flight == 4) issue<4>(buf, slots, chunk_bytes, iters, add != 0, base);
-  cycles[blockIdx.x] = clock64() - t0;
+  cycles[blockIdx.x] = clock64_cycles() - t0;
 }
 """
 
@@ -60,6 +61,11 @@ extern "C" __global__ void dq_reduce_bw(float* buf, long long slots, int chunk_b
 # gives a CTA, plus a little) and every SM issues its own stream of copies.
 ONE_CTA_PER_SM = 116 * 1024
 MAX_SMEM = 227 * 1024
+
+
+def smem_bytes(chunk_bytes: int, in_flight: int) -> int:
+    """A CTA's dynamic shared memory: its staging slots, and at least ONE_CTA_PER_SM."""
+    return max(chunk_bytes * in_flight, ONE_CTA_PER_SM)
 
 
 def time_config(kernel, op, chunk_kb, in_flight, region_mb, iters, repeats) -> dict:
@@ -77,7 +83,7 @@ def time_config(kernel, op, chunk_kb, in_flight, region_mb, iters, repeats) -> d
     for r in range(repeats + 1):
         start, end = cupy.cuda.Event(), cupy.cuda.Event()
         start.record()
-        kernel((sms,), (128,), args, shared_mem=max(chunk * in_flight, ONE_CTA_PER_SM))
+        kernel((sms,), (128,), args, shared_mem=smem_bytes(chunk, in_flight))
         end.record()
         end.synchronize()
         if r:
@@ -109,7 +115,8 @@ def main(argv=None):
     if opts.compile_only:
         print(f"dq_reduce_bw: compiled, {len(cubin)} bytes, no spills")
         return
-    kernel, _module, gpu_name = load_probe(cubin, "dq_reduce_bw", max(max(opts.chunk_kb) * 1024 * max(opts.in_flight), ONE_CTA_PER_SM))
+    kernel, _module, gpu_name = load_probe(cubin, "dq_reduce_bw", smem_bytes(max(opts.chunk_kb) * 1024,
+                                                                             max(opts.in_flight)))
     rows = []
     for op, chunk_kb, in_flight, region_mb in itertools.product(opts.op, opts.chunk_kb, opts.in_flight,
                                                                  opts.region_mb):
