@@ -134,16 +134,16 @@ DASH_DEVICE void softmax_probs(float (&S)[kSRegs], const RowValues& lse_log2, fl
 // NOTES: two ways to keep that factor to dS. Head dims 128 (kBlockM 64) and 256: dT[k] = 1 - t^2 of registers 2k,
 // 2k + 1 rounded to an element pair, as dS itself (which it scales) is; 16 (head dim 256: 8) registers live
 // across the dP wait fit in an MMA warpgroup's 240. Head dim 64 (kBlockM 128) has 32 such registers and spilled
-// with them: it keeps dT for its first 12 pairs (16 spilled) and recovers t of the others from the
-// rounded P, t = (log2 P + lse_log2) / softmax_scale_log2 (P > 0; where P is 0, so is dS): one lg2 per element of
-// those, about the rounding of P in error. The 80-query tile (20 pairs) keeps 12 with bf16 and 4 with fp16 (fp16
-// spilled with 8) at head dim 128, all 20 at head dim 96 (no spills there under NVRTC 13.0 and 13.5). Measured in
-// docs/decisions/softcap.md, "Keeping part of 1 - t^2".
+// with them: it keeps dT for its first 20 pairs (16, 24, 28 and 32 spill; 20 does not, under NVRTC 13.0 and 13.5)
+// and recovers t of the others from the rounded P, t = (log2 P + lse_log2) / softmax_scale_log2 (P > 0; where P is
+// 0, so is dS): one lg2 per element of those, about the rounding of P in error. The 80-query tile (20 pairs) keeps
+// 12 at head dim 128 (16 spill, with bf16 and fp16), all 20 at head dim 96 (no spills under NVRTC 13.0 and 13.5).
+// Measured in docs/decisions/softcap.md, "Keeping part of 1 - t^2".
 // NOTES: pairs [0, kDtPairs) keep dT, the others recover it (keys_step.cuh's plan keeps all of them or none).
 constexpr int kDtPairs = !kSoftcap         ? 0
                          : kSRegs <= 32    ? kSRegs / 2
-                         : kBlockM == 128  ? 12
-                         : kBlockM == 80   ? (kHeadDimIO == 96 ? 20 : DASH_FP16 ? 4 : 12)
+                         : kBlockM == 128  ? 20
+                         : kBlockM == 80   ? (kHeadDimIO == 96 ? 20 : 12)
                                            : 0;
 static_assert(kDtPairs % 4 == 0 && kDtPairs <= kSRegs / 2, "dT kept for whole k-steps (4 pairs each)");
 constexpr int kDtRegs = kDtPairs > 0 ? kDtPairs : 1;
