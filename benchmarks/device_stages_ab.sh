@@ -110,7 +110,7 @@ if [ "$stage" = fwd_order ]; then   # the causal forward's launch order (FwdPara
 fi
 if [ "$stage" = steady_ab ]; then   # AB_PATCHES (benchmarks/patches/<name>) against the tree at a steady clock
   # (STEADY_IMPLS: steady_bench's --impls, default ours deterministic and FA3's non-deterministic backward):
-  mkdir -p /tmp/sab                   # LEGS rounds of one process per leg, each timing ours deterministic beside
+  rm -rf /tmp/sab; mkdir -p /tmp/sab   # LEGS rounds of one process per leg, each timing ours deterministic beside
   for p in ${AB_PATCHES:?}; do        # FA3's non-deterministic backward (FA3_WHL=1), the yardstick of its process
     mkdir -p .ab_$p && cp -r kernels_src .ab_$p/ && (cd .ab_$p && patch -s -p1 <../benchmarks/patches/$p.patch)
   done

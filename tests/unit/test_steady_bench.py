@@ -131,3 +131,18 @@ def test_softcap_caps_every_leg_but_the_uncapped_one(monkeypatch):
     calls.clear()
     assert forward_impls["dash_fwd"][2]() == ("out30.0",) and forward_impls["dash_nocap"][2]() == ("out0.0",)
     assert calls == [("fwd", 30.0), ("fwd", 0.0)]
+
+
+@pytest.mark.parametrize("rounds, legs, balanced", [(3, 2, 4), (4, 2, 4), (3, 5, 5), (6, 5, 10), (1, 1, 1)])
+def test_rounds_give_every_leg_every_place_of_the_order_equally_often(rounds, legs, balanced):
+    """balanced_rounds: with the order rotated by one each round, each leg runs first, second, ... equally often
+    (the clock of a loop depends on what ran before it)."""
+    assert sb.balanced_rounds(rounds, legs) == balanced
+    names = list(range(legs))
+    places = {n: [] for n in names}
+    for r in range(balanced):
+        order = names[r % legs:] + names[:r % legs]
+        for n in names:
+            places[n].append(order.index(n))
+    assert all(sorted(p) == sorted(places[0]) for p in places.values())
+    assert all(p.count(k) == balanced // legs for p in places.values() for k in range(legs))
