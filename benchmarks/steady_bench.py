@@ -4,10 +4,11 @@ bench.py times each implementation once, right after its own warm-up: on the H20
 what ran just before (the power limit takes it from 1980 to ~1700-1850 MHz within ~0.1 s of load, and how far
 depends on the kernel's power; timing_modes.py, docs/decisions/bwd-engine.md "The clock under load"). Here each
 shape runs ``--rounds`` rounds; every round times each implementation for ``--loop-s`` seconds of back-to-back
-calls (two in flight, so the queue never drains and host time is hidden), in an order rotated by one every
-round, so that none always follows the same neighbour; ``--rounds`` is rounded up to a multiple of the number of
-implementations (balanced_rounds), so that each takes every place in the order equally often. Per loop: ms per call (wall time between two completed
-calls), the SM clock and power (nvidia-smi, 20 ms samples over the loop) and their product, Mcycles per call.
+calls (two in flight, so the queue never drains and host time is hidden), in an order rotated by one every round,
+so that none always follows the same neighbour; ``--rounds`` is rounded up to a multiple of the number of
+implementations (balanced_rounds), so that each takes every place in the order equally often. Per loop: ms per
+call (wall time between two completed calls), the SM clock and power (nvidia-smi, 20 ms samples over the loop) and
+their product, Mcycles per call.
 
 Implementations (backward): ``dash_det`` (cupy_dash deterministic, ``schedule="auto"``), ``dash_atomic``, and with the
 flash-attn3-jax wheel importable ``fa3_nondet`` and ``fa3_det`` (bench_peers.Fa3Peer, on our forward's out / lse);
@@ -22,8 +23,8 @@ public ``flash_mha``), outputs compared.
     python benchmarks/steady_bench.py --shapes full:1280 full:3840 full:15360 causal:2048 causal:8192 \\
         causal:16384 --rounds 5 --loop-s 1 --json steady.json --md steady.md
 
-Shapes ``mask:S`` (bf16, B = tokens // S with ``--tokens`` 15360 for full masks and 16384 for causal ones, as the
-engine issue's table; ``mask:S:tokens`` overrides), H = ``--hidden`` // ``--hdim``.
+Shapes ``mask:S`` (``--dtype``, bf16 by default; B = tokens // S with ``--tokens`` 15360 for full masks and 16384
+for causal ones, as the engine issue's table; ``mask:S:tokens`` overrides), H = ``--hidden`` // ``--hdim``.
 """
 from __future__ import annotations
 
@@ -117,7 +118,7 @@ class Smi:
         self.proc.wait()
 
 
-def implementations(shape, fa3, forward=False, schedules=(), env_legs=(), softcap=0.0):
+def implementations(shape, fa3, forward=False, schedules=(), env_legs=(), softcap=0.0, dtype="bf16"):
     """{name: (call, done, result)} on one seeded input set; ``result()`` returns the outputs compared between
     implementations as CuPy arrays: (dq, dk, dv), or (out,) with ``forward``. ``env_legs``: (name, variable,
     value) of deterministic legs run with that variable set. ``softcap`` > 0: every cupy_dash leg caps its scores
@@ -129,7 +130,7 @@ def implementations(shape, fa3, forward=False, schedules=(), env_legs=(), softca
     from cupy_dash.cli.measure import random_tensor
     B, S, H, D = shape["batch"], shape["seqlen"], shape["heads"], shape["hdim"]
     causal = shape["causal"]
-    t = {n: random_tensor((B, S, H, D), "bf16", seed=j) for j, n in enumerate(("q", "k", "v", "do"))}
+    t = {n: random_tensor((B, S, H, D), dtype, seed=j) for j, n in enumerate(("q", "k", "v", "do"))}
     t["out"], t["lse"] = cupy_dash.attention_forward(t["q"], t["k"], t["v"], causal=causal, softcap=softcap)
     names = ("q", "k", "v") if forward else ("do", "q", "k", "v", "out", "lse")
     operands = tuple(t[n] for n in names)
@@ -201,7 +202,7 @@ def run_shape(shape, opts, fa3, smi):
     extra = () if opts.forward else (*opts.schedules, *(name for name, _, _ in opts.env_legs))
     extra += ("nocap",) if opts.softcap else ()
     impls = implementations(shape, fa3, opts.forward, () if opts.forward else opts.schedules,
-                            () if opts.forward else opts.env_legs, opts.softcap)
+                            () if opts.forward else opts.env_legs, opts.softcap, opts.dtype)
     ours = "dash_fwd" if opts.forward else "dash_det"
     if opts.impls:
         impls = {n: impls[n] for n in impls if n in opts.impls or n == ours or n in (f"dash_{x}" for x in extra)}
@@ -257,7 +258,8 @@ def markdown(report, title=True):
     lines = [f"# {what} at a steady clock, interleaved loops ({meta['date']})", ""] if title else []
     rounds = report["shapes"][0].get("rounds", meta["rounds"]) if report["shapes"] else meta["rounds"]
     lines += [f"Command: `{meta['command']}`", "",
-              f"GPU {meta.get('gpu', '?')}; commit {meta['commit']}; kernels sha256 {meta['kernels_sha256'][:12]}. "
+              f"GPU {meta.get('gpu', '?')}; " + (f"{meta['dtype']}; " if "dtype" in meta else "") +
+              f"commit {meta['commit']}; kernels sha256 {meta['kernels_sha256'][:12]}. "
               f"TFLOP/s from the median ms per call of {rounds} loops of {meta['loop_s']} s (order rotated "
               "every round); a ratio is the median over rounds of the other's ms over ours in the same round.", "",
               "| shape | impl | TFLOP/s | ms (min-max) | MHz | W | Mcycles | rel diff | bits repeat |",
@@ -344,6 +346,8 @@ def main():
                     help="deterministic auto legs dash_NAME run with VAR=VALUE, each against dash_det")
     ap.add_argument("--softcap", type=float, default=0.0,
                     help="cap every cupy_dash leg's scores (FA3 left out) and add dash_nocap, the same call uncapped")
+    ap.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16",
+                    help="q, k, v, dO (default bf16; FA3 is left out with fp16)")
     ap.add_argument("--json", required=True, help="the report to write (with --replot: to read)")
     ap.add_argument("--md", default=None)
     ap.add_argument("--png", default=None, help="a bar chart of the report (needs matplotlib)")
@@ -358,7 +362,7 @@ def main():
     import cupy
     from bench import _kernels_digest
     fa3 = None
-    if not opts.no_fa3 and not opts.softcap:
+    if not opts.no_fa3 and not opts.softcap and opts.dtype == "bf16":   # FA3 beside ours: bf16 uncapped calls
         try:
             from bench_peers import Fa3Peer
             fa3 = Fa3Peer()
@@ -370,7 +374,7 @@ def main():
                             command=" ".join(shlex.quote(a) for a in ["python", *sys.argv]), commit=commit,
                             kernels_sha256=_kernels_digest(), gpu=_text(props["name"]), rounds=opts.rounds,
                             loop_s=opts.loop_s, fa3=getattr(fa3, "version", None), forward=opts.forward,
-                            softcap=opts.softcap),
+                            softcap=opts.softcap, dtype=opts.dtype),
                   shapes=[])
     smi = Smi()
     try:

@@ -146,3 +146,11 @@ def test_rounds_give_every_leg_every_place_of_the_order_equally_often(rounds, le
             places[n].append(order.index(n))
     assert all(sorted(p) == sorted(places[0]) for p in places.values())
     assert all(p.count(k) == balanced // legs for p in places.values() for k in range(legs))
+
+
+def test_markdown_names_the_dtype_of_reports_that_record_it():
+    report = _report("full:4096", {"dash_det": 0.9, "dash_nocap": 0.8}, "dash_det_speed_vs_dash_nocap",
+                     (0.89, 0.88, 0.9))
+    assert "GPU H200; commit abc" in sb.markdown(report)
+    report["meta"]["dtype"] = "fp16"
+    assert "GPU H200; fp16; commit abc" in sb.markdown(report)
