@@ -96,7 +96,7 @@ def run_shape(shape, opts, smi):
     import cupy
 
     from cupy_dash.cli.measure import attention_flops
-    from steady_bench import balanced_rounds, pipelined_loop
+    from steady_bench import pipelined_loop, rotated_orders
     legs = legs_of(shape, opts.sections)
     first = {n: legs[n][2]() for n in legs}
     again = {n: legs[n][2]() for n in legs}
@@ -110,9 +110,9 @@ def run_shape(shape, opts, smi):
                 for n in shape.get("lengths") or [shape["seqlen"]] * shape["batch"])
     names = list(legs)
     loops = {n: [] for n in names}
-    rounds = balanced_rounds(opts.rounds, len(names))
-    for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
+    orders = rotated_orders(names, opts.rounds)
+    for r, order in enumerate(orders):
+        for name in order:
             enqueue, done = legs[name][:2]
             ms, n, wall0, wall1 = pipelined_loop(enqueue, done, opts.loop_s)
             mhz, watt, _ = smi.window(wall0, wall1)
@@ -127,7 +127,7 @@ def run_shape(shape, opts, smi):
         summary[name] = dict(head_section=legs[name][3], ms_median=ms, tflops=flops / ms / 1e9,
                              mcycles_median=med(cyc) if cyc else None, differing_vs_1=same[name],
                              differing_on_repeat=repeat[name], speed_vs_1=med(per_round))
-    return dict(shape=shape, flops=flops, rounds=rounds, loops=loops, summary=summary)
+    return dict(shape=shape, flops=flops, rounds=len(orders), loops=loops, summary=summary)
 
 
 def _shape(spec, opts):
@@ -149,11 +149,11 @@ def _shape(spec, opts):
 
 
 def markdown(report):
+    from steady_bench import rounds_run
     meta = report["meta"]
-    rounds = report["shapes"][0].get("rounds", meta["rounds"]) if report["shapes"] else meta["rounds"]
     lines = [f"# The causal forward's launch order ({meta['date']})", "", f"Command: `{meta['command']}`", "",
              f"GPU {meta['gpu']}; commit {meta['commit']}; kernels sha256 {meta['kernels_sha256'][:12]}; "
-             f"{rounds} interleaved loops of {meta['loop_s']} s per leg.", "",
+             f"{rounds_run(report)} interleaved loops of {meta['loop_s']} s per leg.", "",
              "| shape | leg | head_section | TFLOP/s | ms | Mcycles | speed vs 1 | elements differing from 1 / "
              "on a repeat |", "|---|---|---|---|---|---|---|---|"]
     for s in report["shapes"]:

@@ -6,7 +6,7 @@ depends on the kernel's power; timing_modes.py, docs/decisions/bwd-engine.md "Th
 shape runs ``--rounds`` rounds; every round times each implementation for ``--loop-s`` seconds of back-to-back
 calls (two in flight, so the queue never drains and host time is hidden), in an order rotated by one every round,
 so that none always follows the same neighbour; ``--rounds`` is rounded up to a multiple of the number of
-implementations (balanced_rounds), so that each takes every place in the order equally often. Per loop: ms per
+implementations (rotated_orders), so that each takes every place in the order equally often. Per loop: ms per
 call (wall time between two completed calls), the SM clock and power (nvidia-smi, 20 ms samples over the loop) and
 their product, Mcycles per call.
 
@@ -187,13 +187,20 @@ def agreement(ours, theirs):
     return worst
 
 
-def balanced_rounds(rounds: int, legs: int) -> int:
-    """``rounds`` rounded up to a multiple of ``legs``: with the order rotated by one each round, every leg then
-    runs in every place of the order equally often."""
+def rotated_orders(names: list, rounds: int) -> list:
+    """The order of the legs ``names`` in each round: rotated by one every round, for ``rounds`` rounded up to a
+    multiple of the number of legs, so that every leg runs in every place of the order equally often."""
     # NOTES: a loop's clock at the 700 W limit depends on what ran just before it, so one leg's readings differ by
     # place in the order: up to 5 % on an H100 (three rounds of two legs gave one of them the first place twice;
     # docs/decisions/softcap.md, "Every head dim, capped against uncapped").
-    return -(-rounds // legs) * legs
+    n = len(names)
+    return [names[r % n:] + names[:r % n] for r in range(-(-rounds // n) * n)]
+
+
+def rounds_run(report) -> int:
+    """The rounds a report's loops ran (``--rounds`` rounded up by rotated_orders; older reports: meta's)."""
+    shapes, meta = report["shapes"], report["meta"]
+    return shapes[0].get("rounds", meta["rounds"]) if shapes else meta["rounds"]
 
 
 def run_shape(shape, opts, fa3, smi):
@@ -220,9 +227,8 @@ def run_shape(shape, opts, fa3, smi):
         checks[name] = entry
     names = list(impls)
     loops = {n: [] for n in names}
-    rounds = balanced_rounds(opts.rounds, len(names))
-    for r in range(rounds):
-        order = names[r % len(names):] + names[:r % len(names)]
+    orders = rotated_orders(names, opts.rounds)
+    for r, order in enumerate(orders):
         for name in order:
             call, done, _ = impls[name]
             ms, n, wall0, wall1 = pipelined_loop(call, done, opts.loop_s)
@@ -243,7 +249,7 @@ def run_shape(shape, opts, fa3, smi):
         if peer in loops and checks[peer]["valid"]:
             per_round = [p["ms"] / d["ms"] for p, d in zip(loops[peer], loops[ours])]
             ratios[f"{ours}_speed_vs_{peer}"] = dict(median=med(per_round), min=min(per_round), max=max(per_round))
-    return dict(shape=shape, flops=flops, rounds=rounds, loops=loops, summary=summary, ratios=ratios)
+    return dict(shape=shape, flops=flops, rounds=len(orders), loops=loops, summary=summary, ratios=ratios)
 
 
 RATIO_COLUMNS = (("dash_det_speed_vs_fa3_nondet", "ours det / FA3 non-det"), ("dash_det_speed_vs_fa3_det",
@@ -256,12 +262,12 @@ def markdown(report, title=True):
     meta = report["meta"]
     what = "Forward" if meta.get("forward") else "Backward"
     lines = [f"# {what} at a steady clock, interleaved loops ({meta['date']})", ""] if title else []
-    rounds = report["shapes"][0].get("rounds", meta["rounds"]) if report["shapes"] else meta["rounds"]
     lines += [f"Command: `{meta['command']}`", "",
               f"GPU {meta.get('gpu', '?')}; " + (f"{meta['dtype']}; " if "dtype" in meta else "") +
               f"commit {meta['commit']}; kernels sha256 {meta['kernels_sha256'][:12]}. "
-              f"TFLOP/s from the median ms per call of {rounds} loops of {meta['loop_s']} s (order rotated "
-              "every round); a ratio is the median over rounds of the other's ms over ours in the same round.", "",
+              f"TFLOP/s from the median ms per call of {rounds_run(report)} loops of {meta['loop_s']} s (order "
+              "rotated every round); a ratio is the median over rounds of the other's ms over ours in the same "
+              "round.", "",
               "| shape | impl | TFLOP/s | ms (min-max) | MHz | W | Mcycles | rel diff | bits repeat |",
               "|---|---|---|---|---|---|---|---|---|"]
     for s in report["shapes"]:

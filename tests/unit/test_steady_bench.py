@@ -135,17 +135,23 @@ def test_softcap_caps_every_leg_but_the_uncapped_one(monkeypatch):
 
 @pytest.mark.parametrize("rounds, legs, balanced", [(3, 2, 4), (4, 2, 4), (3, 5, 5), (6, 5, 10), (1, 1, 1)])
 def test_rounds_give_every_leg_every_place_of_the_order_equally_often(rounds, legs, balanced):
-    """balanced_rounds: with the order rotated by one each round, each leg runs first, second, ... equally often
-    (the clock of a loop depends on what ran before it)."""
-    assert sb.balanced_rounds(rounds, legs) == balanced
+    """rotated_orders: each leg runs first, second, ... equally often (the clock of a loop depends on what ran
+    before it), every round's order a rotation of the one before."""
     names = list(range(legs))
-    places = {n: [] for n in names}
-    for r in range(balanced):
-        order = names[r % legs:] + names[:r % legs]
-        for n in names:
-            places[n].append(order.index(n))
-    assert all(sorted(p) == sorted(places[0]) for p in places.values())
+    orders = sb.rotated_orders(names, rounds)
+    assert len(orders) == balanced
+    assert all(sorted(order) == names for order in orders)
+    assert all(b == a[1:] + a[:1] for a, b in zip(orders, orders[1:]))
+    places = {n: [order.index(n) for order in orders] for n in names}
     assert all(p.count(k) == balanced // legs for p in places.values() for k in range(legs))
+
+
+def test_markdown_gives_the_rounds_the_loops_ran():
+    report = _report("full:4096", {"dash_det": 0.9, "dash_nocap": 0.8}, "dash_det_speed_vs_dash_nocap",
+                     (0.89, 0.88, 0.9))
+    assert "median ms per call of 3 loops" in sb.markdown(report)     # meta's, in reports before per-shape rounds
+    report["shapes"][0]["rounds"] = 4
+    assert "median ms per call of 4 loops" in sb.markdown(report)
 
 
 def test_markdown_names_the_dtype_of_reports_that_record_it():
