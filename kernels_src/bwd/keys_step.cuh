@@ -69,8 +69,7 @@ DASH_DEVICE void softmax_probs_by_keys(float (&S)[kSRegs], float2 lse_log2, floa
 // dS = P o (dP - dpsum[q]) from the rounded P fragments, straight into A fragments (soft-capping: times 1 - t^2,
 // visit_math.cuh's softmax_grad). A register pair j of k-step ks sits in query row j % 2.
 DASH_DEVICE void softmax_grad_by_keys(uint32_t (&dSa)[kSRegs / 8][4], const uint32_t (&Pa)[kSRegs / 8][4],
-                                      const float (&dP)[kSRegs], float2 dpsum, const uint32_t (&dT)[kDtRegs],
-                                      float2 lse_log2, float inv_scale_log2) {
+                                      const float (&dP)[kSRegs], float2 dpsum, const uint32_t (&dT)[kDtRegs]) {
 #pragma unroll
   for (int ks = 0; ks < kSRegs / 8; ++ks) {
 #pragma unroll
@@ -79,15 +78,11 @@ DASH_DEVICE void softmax_grad_by_keys(uint32_t (&dSa)[kSRegs / 8][4], const uint
       const float d = j % 2 ? dpsum.y : dpsum.x;
       const float2 prob = unpack_elem2(Pa[ks][j]);
       float ds0 = prob.x * (dP[i] - d), ds1 = prob.y * (dP[i + 1] - d);
-      static_assert(kDtPairs == 0 || kDtPairs == kSRegs / 2, "this plan keeps dT for every pair or none");
+      static_assert(kDtPairs == (kSoftcap ? kSRegs / 2 : 0), "this plan keeps dT for every pair, in registers");
       if constexpr (kDtPairs > 0) {
         const float2 t = unpack_elem2(dT[i / 2]);
         ds0 *= t.x;
         ds1 *= t.y;
-      } else if constexpr (kSoftcap) {
-        const float l = j % 2 ? lse_log2.y : lse_log2.x;
-        ds0 *= softcap_factor_from_prob(prob.x, l, inv_scale_log2);
-        ds1 *= softcap_factor_from_prob(prob.y, l, inv_scale_log2);
       }
       dSa[ks][j] = pack_elem2(ds0, ds1);
     }
@@ -119,7 +114,7 @@ DASH_DEVICE void probs_and_grads_by_keys(float (&S)[kSRegs], float (&dP)[kSRegs]
   wgmma_wait<0>();
   wgmma_fence_operand(dP);
   stamp_wg(p, v, wg, tid, kWgDpDone);
-  softmax_grad_by_keys(dSa, Pa, dP, dpsum, dT, lse_log2, kSoftcap ? 1.f / p.softmax_scale_log2 : 0.f);
+  softmax_grad_by_keys(dSa, Pa, dP, dpsum, dT);
   store_transposed<kBlockN>(s.ds(0), dSa, 0, tid, kWgKeys * wg);
   if (release_v && tid == 0) mbar_arrive(s.v_empty());  // dP was V's last use
 }

@@ -5,7 +5,6 @@
 #pragma once
 #include "../ptx/cvt.cuh"
 #include "../ptx/exp2.cuh"
-#include "../ptx/lg2.cuh"
 #include "../ptx/fence.cuh"
 #include "../ptx/mbarrier.cuh"
 #include "../ptx/named_barrier.cuh"
@@ -131,23 +130,49 @@ DASH_DEVICE void softmax_probs(float (&S)[kSRegs], const RowValues& lse_log2, fl
 }
 
 // Soft-capping: S^T -> t = tanh(S^T * prescale) in place (the scores in tanh units); dS gets the factor 1 - t^2.
-// NOTES: two ways to keep that factor to dS. Head dims 128 (kBlockM 64) and 256: dT[k] = 1 - t^2 of registers 2k,
-// 2k + 1 rounded to an element pair, as dS itself (which it scales) is; 16 (head dim 256: 8) registers live
-// across the dP wait fit in an MMA warpgroup's 240. Head dim 64 (kBlockM 128) has 32 such registers and spilled
-// with them: it keeps dT for its first 20 pairs (16, 24, 28 and 32 spill; 20 does not, under NVRTC 13.0 and 13.5)
-// and recovers t of the others from the rounded P, t = (log2 P + lse_log2) / softmax_scale_log2 (P > 0; where P is
-// 0, so is dS): one lg2 per element of those, about the rounding of P in error. The 80-query tile (20 pairs) keeps
-// 12 at head dim 128 (16 spill, with bf16 and fp16), all 20 at head dim 96 (no spills under NVRTC 13.0 and 13.5).
-// Measured in docs/decisions/softcap.md, "Keeping part of 1 - t^2".
-// NOTES: pairs [0, kDtPairs) keep dT, the others recover it (keys_step.cuh's plan keeps all of them or none).
+// NOTES: dS gets 1 - t^2 of every element: dT[k] = 1 - t^2 of registers 2k, 2k + 1 rounded to an element pair, as
+// dS itself (which it scales) is. Tiles of at most 32 registers of S^T keep every pair in registers (head dim 128's
+// 64-query tile: 16 pairs, head dims 192 and 256: 8; live across the dP wait, they fit in an MMA warpgroup's 240).
+// Head dim 64 (kBlockM 128: 32 pairs) keeps 20 in registers (with bf16, 16, 24, 28 and 32 spill; 20 does not, under
+// NVRTC 13.0 and 13.5), the 80-query tile (20 pairs) 8 at head dim 128 (12 spill beside the slots' addresses) and all
+// 20 at head dim 96; the other pairs wait in shared memory (DtSlots). Measured in docs/decisions/softcap.md, "Keeping
+// part of 1 - t^2" and "The other pairs through shared memory".
+// NOTES: pairs [0, kDtPairs) keep dT in registers, the others (kDtSmemPairs) in shared memory (DtSlots) from the
+// S^T wait to dS^T (keys_step.cuh's plan keeps all of them in registers or none).
 constexpr int kDtPairs = !kSoftcap         ? 0
                          : kSRegs <= 32    ? kSRegs / 2
                          : kBlockM == 128  ? 20
-                         : kBlockM == 80   ? (kHeadDimIO == 96 ? 20 : 12)
+                         : kBlockM == 80   ? (kHeadDimIO == 96 ? 20 : 8)
                                            : 0;
 static_assert(kDtPairs % 4 == 0 && kDtPairs <= kSRegs / 2, "dT kept for whole k-steps (4 pairs each)");
 constexpr int kDtRegs = kDtPairs > 0 ? kDtPairs : 1;
-DASH_DEVICE void softcap_scores(float (&S)[kSRegs], uint32_t (&dT)[kDtRegs], float prescale) {
+constexpr int kDtSmemPairs = kSoftcap ? kSRegs / 2 - kDtPairs : 0;
+
+// Where a thread keeps dT of pairs [kDtPairs, kSRegs / 2) between softcap_scores and softmax_grad: 4-byte words in
+// the bytes of the stage's dS tile that its own warp's dS^T store (store_transposed) overwrites at the end of
+// probs_and_grads: logical chunks 2 warp, 2 warp + 1 of its warpgroup's panel, in every row. Slot k (pair kDtPairs +
+// k) of lane l: row 8 (k / 2) + 2 (l / 8) + k % 2, chunk 2 warp + (l % 8) / 4, word l % 4; the four rows of a slot
+// differ in (row % 8) / 2, so the swizzle puts the 32 words in 32 banks.
+// NOTES: that panel is free from this visit's S^T wait: its last readers are visit j - 2's dQ GEMMs (kStages 2),
+// which both warpgroups completed before visit j - 1's kBarPdS; the other warpgroup writes only its own panel. A
+// thread's words are overwritten only by lanes of its warp, after the __syncwarp in probs_and_grads.
+struct DtSlots {
+  uint32_t* word[2];  // this lane's word of slots 0 and 1 (slot k: word[k % 2] + 256 (k / 2))
+  DASH_DEVICE DtSlots(char* smem_generic, uint32_t smem_base, uint32_t ds_tile, int wg, int tid) {
+    const int warp = tid / 32, lane = tid % 32;
+#pragma unroll
+    for (int odd = 0; odd < 2; ++odd) {
+      const uint32_t addr = TileQ::chunk_addr(ds_tile, 2 * (lane / 8) + odd, 8 * wg + 2 * warp + (lane % 8) / 4) +
+                            4 * (lane % 4);
+      word[odd] = reinterpret_cast<uint32_t*>(smem_generic + (addr - smem_base));
+    }
+  }
+  DASH_DEVICE uint32_t& operator[](int k) const { return word[k % 2][256 * (k / 2)]; }
+};
+static_assert(kDtSmemPairs == 0 || (!kSplitHeadDim && kStages >= 2 && 8 * ((kDtSmemPairs + 1) / 2) <= kBlockM),
+              "dT slots: rows of the warpgroup's own panel of a dS tile that no GEMM of the last visit reads");
+DASH_DEVICE void softcap_scores(float (&S)[kSRegs], uint32_t (&dT)[kDtRegs], float prescale,
+                                const DtSlots* slots = nullptr) {
 #pragma unroll
   for (int k = 0; k < kDtPairs; ++k) {
     const float t0 = tanh_approx(S[2 * k] * prescale), t1 = tanh_approx(S[2 * k + 1] * prescale);
@@ -157,15 +182,11 @@ DASH_DEVICE void softcap_scores(float (&S)[kSRegs], uint32_t (&dT)[kDtRegs], flo
   }
 #pragma unroll
   for (int k = kDtPairs; k < kSRegs / 2; ++k) {
-    S[2 * k] = tanh_approx(S[2 * k] * prescale);
-    S[2 * k + 1] = tanh_approx(S[2 * k + 1] * prescale);
+    const float t0 = tanh_approx(S[2 * k] * prescale), t1 = tanh_approx(S[2 * k + 1] * prescale);
+    S[2 * k] = t0;
+    S[2 * k + 1] = t1;
+    if constexpr (kDtSmemPairs > 0) (*slots)[k - kDtPairs] = pack_elem2(fmaf(-t0, t0, 1.f), fmaf(-t1, t1, 1.f));
   }
-}
-
-// 1 - t^2 from a rounded probability p = exp2(t * scale_log2 - lse_log2) (head dim 64's way; 0 where p is 0).
-DASH_DEVICE float softcap_factor_from_prob(float p, float lse_log2, float inv_scale_log2) {
-  const float t = (lg2_approx(p) + lse_log2) * inv_scale_log2;
-  return p > 0.f ? fmaf(-t, t, 1.f) : 0.f;
 }
 
 // dS^T = P^T o (dP^T - dpsum[q]) from the rounded P^T fragments, straight into A fragments (soft-capping: times
@@ -173,41 +194,35 @@ DASH_DEVICE float softcap_factor_from_prob(float p, float lse_log2, float inv_sc
 // NOTES: dS uses P rounded to the input precision, as the low-precision baseline of the tolerance rule does
 // (reference.backward_lowp): keeping fp32 P, its fragments, dP and dpsum live together needs more than the 240
 // registers of an MMA warpgroup (measured 241), and then ptxas serializes the wgmmas and spills.
-// dS of P^T registers i, i + 1 (rounded pair pa) as softmax_grad packs it: kKeptDt, times dT[i / 2]; else, with
-// soft-capping, times 1 - t^2 recovered from P.
-template <bool kKeptDt>
-DASH_DEVICE uint32_t ds_pair(uint32_t pa, const float (&dP)[kSRegs], const RowValues& dpsum,
-                             const uint32_t (&dT)[kDtRegs], const RowValues& lse_log2, float inv_scale_log2, int i) {
+// dS of P^T registers i, i + 1 (rounded pair pa) as softmax_grad packs it; kScaled (soft-capping): times the pair
+// dt of 1 - t^2.
+template <bool kScaled>
+DASH_DEVICE uint32_t ds_pair(uint32_t pa, const float (&dP)[kSRegs], const RowValues& dpsum, uint32_t dt, int i) {
   const float2 d = dpsum[i / 4];
   const float2 prob = unpack_elem2(pa);
   float ds0 = prob.x * (dP[i] - d.x), ds1 = prob.y * (dP[i + 1] - d.y);
-  if constexpr (kKeptDt) {
-    const float2 t = unpack_elem2(dT[i / 2]);
+  if constexpr (kScaled) {
+    const float2 t = unpack_elem2(dt);
     ds0 *= t.x;
     ds1 *= t.y;
-  } else if constexpr (kSoftcap) {
-    const float2 l = lse_log2[i / 4];
-    ds0 *= softcap_factor_from_prob(prob.x, l.x, inv_scale_log2);
-    ds1 *= softcap_factor_from_prob(prob.y, l.y, inv_scale_log2);
   }
   return pack_elem2(ds0, ds1);
 }
 
 DASH_DEVICE void softmax_grad(uint32_t (&dSa)[kWgQueries / 16][4], const uint32_t (&Pa)[kWgQueries / 16][4],
                               const float (&dP)[kSRegs], const RowValues& dpsum, const uint32_t (&dT)[kDtRegs],
-                              const RowValues& lse_log2, float inv_scale_log2) {
+                              const DtSlots& slots) {
 #pragma unroll
   for (int ks = 0; ks < kDtPairs / 4; ++ks) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      dSa[ks][j] = ds_pair<true>(Pa[ks][j], dP, dpsum, dT, lse_log2, inv_scale_log2, 8 * ks + 2 * j);
-    }
+    for (int j = 0; j < 4; ++j) dSa[ks][j] = ds_pair<true>(Pa[ks][j], dP, dpsum, dT[4 * ks + j], 8 * ks + 2 * j);
   }
 #pragma unroll
   for (int ks = kDtPairs / 4; ks < kWgQueries / 16; ++ks) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      dSa[ks][j] = ds_pair<false>(Pa[ks][j], dP, dpsum, dT, lse_log2, inv_scale_log2, 8 * ks + 2 * j);
+      const uint32_t dt = kSoftcap ? slots[4 * ks + j - kDtPairs] : 0u;
+      dSa[ks][j] = ds_pair<kSoftcap>(Pa[ks][j], dP, dpsum, dt, 8 * ks + 2 * j);
     }
   }
 }
@@ -233,7 +248,8 @@ DASH_DEVICE void probs_and_grads(float (&S)[kSRegs], float (&dP)[kSRegs], uint32
   wgmma_fence_operand(S);
   stamp_wg(p, v, wg, tid, kWgSDone);
   uint32_t dT[kDtRegs];
-  if constexpr (kSoftcap) softcap_scores(S, dT, p.softcap_prescale);
+  const DtSlots slots(smem_generic, s.base, s.ds(stage), wg, tid);
+  if constexpr (kSoftcap) softcap_scores(S, dT, p.softcap_prescale, &slots);
   softmax_probs<kMask>(S, lse_row, p.softmax_scale_log2, mask);
   const RowValues dpsum_row(reinterpret_cast<const float*>(smem_generic + (s.dpsum(do_stage) - s.base)), q0, f);
   pack_fragments<kSRegs>(Pa, S);
@@ -246,7 +262,8 @@ DASH_DEVICE void probs_and_grads(float (&S)[kSRegs], float (&dP)[kSRegs], uint32
   wgmma_wait<0>();
   wgmma_fence_operand(dP);
   stamp_wg(p, v, wg, tid, kWgDpDone);
-  softmax_grad(dSa, Pa, dP, dpsum_row, dT, lse_row, kSoftcap ? 1.f / p.softmax_scale_log2 : 0.f);
+  softmax_grad(dSa, Pa, dP, dpsum_row, dT, slots);
+  if constexpr (kDtSmemPairs > 0) __syncwarp();  // every lane's dT words read before the warp's dS^T overwrites them
   // dS^T also to shared memory for dQ, which needs the keys (head dim 256: the queries) of both warpgroups.
   if constexpr (kSplitHeadDim) {
     store_split_tile(s.ds(pds_stage(stage)), dSa, q0, tid);
