@@ -147,7 +147,9 @@ DASH_DEVICE void scores_to_probs(float (&S)[kSRegs], RowStats& st, float (&corr)
 // the row sums, which depend on every exp2 of the step.
 // NOTES: ptxas keeps a wgmma wait after the shared-memory loads that precede it in program order but moves
 // arithmetic across it freely; without this load it placed both waits of a step before the whole softmax, so that
-// the softmax of S_n never ran under the warpgroup's own P V wgmma (docs/decisions/softmax-before-wait.md).
+// the softmax of S_n never ran under the warpgroup's own P V wgmma (docs/decisions/softmax-before-wait.md). The
+// caller passes its own warpgroup's first Q row: no other warpgroup writes there (the epilogue stages O in its own
+// rows) while this one is in its mainloop.
 DASH_DEVICE void order_probs_before_wait(const RowStats& st, uint32_t addr) {
   ld_volatile_shared_u32(addr + (((__float_as_uint(st.sum[0]) | __float_as_uint(st.sum[1])) >> 31) << 2));
 }
@@ -211,7 +213,7 @@ DASH_DEVICE void consume(const FwdParams& p, const Smem& s, const Tile& t, float
     wgmma_fence_operand(S);
     if (tid == 0) mbar_arrive(s.k_empty(ks));
     scores_to_probs<false>(S, st, corr, n_block_last - i, row_first, keys, p, t, f);
-    order_probs_before_wait(st, s.q());
+    order_probs_before_wait(st, TileQ::chunk_addr(s.q(), 64 * wg, 0));
     wgmma_wait<0>();
     wgmma_fence_operand(O);
     wgmma_fence_operand(Pa);
