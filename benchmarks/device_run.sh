@@ -116,6 +116,10 @@ if [ "$stage" = sanitize ]; then   # compute-sanitizer over every kernel family 
   done
   CUPY_DASH_BWD_FULL_BLOCK_M=80 timeout 200 "$san" --tool synccheck --error-exitcode 3 $py benchmarks/kernels_sanitize.py \
     2>&1 | tee "$OUT/sanitize_m80.log" | tail -4
+  for tool in racecheck synccheck; do   # the capped 80-query builds, full and causal (their dT slots share dS's bytes)
+    CUPY_DASH_BWD_FULL_BLOCK_M=80 CUPY_DASH_BWD_CAUSAL_BLOCK_M=80 timeout 200 "$san" --tool $tool --error-exitcode 3 \
+      $py benchmarks/kernels_sanitize.py --softcap-only 2>&1 | tee "$OUT/sanitize_m80_capped_$tool.log" | tail -4
+  done
   timeout 200 "$san" --tool synccheck --error-exitcode 3 $py benchmarks/fold_sanitize.py 2>&1 \
     | tee "$OUT/sanitize_fold.log" | tail -4
 fi
