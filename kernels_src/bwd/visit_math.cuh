@@ -174,18 +174,16 @@ static_assert(kDtSmemPairs == 0 || (!kSplitHeadDim && kStages >= 2 && 8 * ((kDtS
 DASH_DEVICE void softcap_scores(float (&S)[kSRegs], uint32_t (&dT)[kDtRegs], float prescale,
                                 const DtSlots* slots = nullptr) {
 #pragma unroll
-  for (int k = 0; k < kDtPairs; ++k) {
+  for (int k = 0; k < kSRegs / 2; ++k) {
     const float t0 = tanh_approx(S[2 * k] * prescale), t1 = tanh_approx(S[2 * k + 1] * prescale);
     S[2 * k] = t0;
     S[2 * k + 1] = t1;
-    dT[k] = pack_elem2(fmaf(-t0, t0, 1.f), fmaf(-t1, t1, 1.f));
-  }
-#pragma unroll
-  for (int k = kDtPairs; k < kSRegs / 2; ++k) {
-    const float t0 = tanh_approx(S[2 * k] * prescale), t1 = tanh_approx(S[2 * k + 1] * prescale);
-    S[2 * k] = t0;
-    S[2 * k + 1] = t1;
-    if constexpr (kDtSmemPairs > 0) (*slots)[k - kDtPairs] = pack_elem2(fmaf(-t0, t0, 1.f), fmaf(-t1, t1, 1.f));
+    const uint32_t dt = pack_elem2(fmaf(-t0, t0, 1.f), fmaf(-t1, t1, 1.f));
+    if (k < kDtPairs) {
+      dT[k] = dt;
+    } else if constexpr (kDtSmemPairs > 0) {
+      (*slots)[k - kDtPairs] = dt;
+    }
   }
 }
 
