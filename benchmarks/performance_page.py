@@ -41,9 +41,9 @@ def _group(cfg) -> int:
 
 def load_steady(results: Path = RESULTS) -> dict:
     """The reports of benchmarks/steady_bench.py outside experiments/ per configuration, oldest first (by the
-    report's date, then path): {(forward, hdim, soft-capped, without FA3, dtype): [(path, report), ...]}; a report
-    that timed FA3 beside ours and one that timed ours alone (another card, other shapes) are separate
-    configurations."""
+    report's date, then path): {(forward, hdim, soft-capped, without a peer, dtype, with cuDNN): [(path, report),
+    ...]}; a report that timed FA3 beside ours, one that timed cuDNN and one that timed ours alone (another card,
+    other shapes) are separate configurations."""
     found = {}
     for path in sorted(results.rglob("*.json")):
         report = json.loads(path.read_text())
@@ -55,8 +55,8 @@ def load_steady(results: Path = RESULTS) -> dict:
             continue
         impls = {impl for shape in report["shapes"] for impl in shape["loops"]}
         key = (bool(report["meta"].get("forward")), report["shapes"][0]["shape"]["hdim"],
-               bool(report["meta"].get("softcap")), not any(impl.startswith("fa3") for impl in impls),
-               report["meta"].get("dtype", "bf16"))
+               bool(report["meta"].get("softcap")), all(impl.startswith("dash_") for impl in impls),
+               report["meta"].get("dtype", "bf16"), any(impl.startswith("cudnn_") for impl in impls))
         found.setdefault(key, []).append((rel, report))
     return {key: sorted(reports, key=lambda r: (r[1]["meta"]["date"], r[0])) for key, reports in found.items()}
 
@@ -65,14 +65,17 @@ def _steady_sections(results: Path) -> list:
     """One section per configuration (:func:`load_steady`): the newest report's tables and chart, then its earlier
     reports (each on its own card and call: the ratios to FA3 move with the card, docs/decisions/bwd-engine.md)."""
     lines = []
-    for (forward, hdim, capped, alone, dtype), reports in sorted(load_steady(results).items()):
+    for (forward, hdim, capped, alone, dtype, cudnn), reports in sorted(load_steady(results).items()):
         path, report = reports[-1]
         what = "Forward" if forward else "Backward"
         how = (f", soft-capped ({report['meta']['softcap']:g}) beside the same call uncapped" if capped else "") + \
-            (", cupy_dash alone" if alone and not capped else "") + (f", {dtype}" if dtype != "bf16" else "")
+            (", cupy_dash alone" if alone and not capped else "") + (", beside cuDNN" if cudnn else "") + \
+            (f", {dtype}" if dtype != "bf16" else "")
         lines += [f"## {what}, head dim {hdim}{how}, at a steady clock", "",
                   f"{_link(path)}, {report['meta']['date']}.", ""]
         lines += steady_bench.markdown(report, title=False).splitlines() + [""]
+        if hdim != 128 and any(impl.startswith("fa3") for shape in report["shapes"] for impl in shape["loops"]):
+            lines += [FA3_PADDED.format(hdim=hdim), ""]
         png = (ROOT / path).with_suffix(".png")
         if png.exists():
             rel = png.relative_to(ROOT).as_posix()
@@ -132,7 +135,11 @@ def _table(cfgs) -> list:
     return lines
 
 
-PEERS = {"dash": "cupy_dash", "torch": "torch SDPA FA2", "fa3": "FA3"}
+PEERS = {"dash": "cupy_dash", "torch": "torch SDPA FA2", "fa3": "FA3", "cudnn": "cuDNN (torch SDPA)"}
+
+FA3_PADDED = ("FA3 here is the flash-attn3-jax wheel, whose library has head-dim-128 kernels only: at head dim {hdim} "
+              "its calls run a head-dim-128 kernel on zero-padded columns, so the ratio to FA3 in this table is not "
+              "a comparison with an FA3 kernel built for head dim {hdim}.")
 
 
 def _measured(names) -> str:

@@ -18,7 +18,8 @@ variable VAR set to VALUE (a knob A/B in one process, e.g. ``w1:CUPY_DASH_BWD_DQ
 Before timing, FA3's dq, dk, dv are compared with ours (max |diff| over max |ours| per tensor; a peer above
 ``--tolerance`` is marked invalid and left out of the ratios), and each deterministic implementation is run twice
 on the same inputs and its bits compared. ``--forward``: the forwards instead (``dash_fwd``, ``fa3_fwd``, FA3's
-public ``flash_mha``), outputs compared.
+public ``flash_mha``), outputs compared. ``--cudnn``: torch SDPA's cuDNN backend too (``cudnn_nondet``,
+``cudnn_fwd``), the Hopper-native peer at head dims other than 128 (the FA3 wheel builds head dim 128 only).
 
     python benchmarks/steady_bench.py --shapes full:1280 full:3840 full:15360 causal:2048 causal:8192 \\
         causal:16384 --rounds 5 --loop-s 1 --json steady.json --md steady.md
@@ -118,12 +119,14 @@ class Smi:
         self.proc.wait()
 
 
-def implementations(shape, fa3, forward=False, schedules=(), env_legs=(), softcap=0.0, dtype="bf16"):
+def implementations(shape, fa3, forward=False, schedules=(), env_legs=(), softcap=0.0, dtype="bf16",
+                    cudnn=False):
     """{name: (call, done, result)} on one seeded input set; ``result()`` returns the outputs compared between
     implementations as CuPy arrays: (dq, dk, dv), or (out,) with ``forward``. ``env_legs``: (name, variable,
     value) of deterministic legs run with that variable set. ``softcap`` > 0: every cupy_dash leg caps its scores
     (out and lse of a capped forward), and ``dash_nocap`` is the deterministic ``auto`` call without the cap on the
-    same q, k, v, do (its own uncapped out and lse): the cap's cost in the same process."""
+    same q, k, v, do (its own uncapped out and lse): the cap's cost in the same process. ``cudnn``: torch SDPA's
+    cuDNN backend beside them (``cudnn_nondet`` or ``cudnn_fwd``, :func:`cudnn_legs`)."""
     import cupy
 
     import cupy_dash
@@ -174,7 +177,54 @@ def implementations(shape, fa3, forward=False, schedules=(), env_legs=(), softca
                 res = jax.block_until_ready(fn(*jargs))
                 return tuple(cupy.from_dlpack(x) for x in (res if isinstance(res, (tuple, list)) else (res,)))
             impls[name] = (lambda fn=fn: fn(*jargs), jax.block_until_ready, result)
+    if cudnn and not softcap:                          # SDPA has no cap: beside uncapped calls only
+        try:
+            impls.update(cudnn_legs(t, causal, forward))
+        except RuntimeError as exc:                    # e.g. no cuDNN kernel for this head dim
+            print(f"cuDNN left out at {shape['name']}: {str(exc).splitlines()[0]}", file=sys.stderr)
     return impls
+
+
+def cudnn_legs(t, causal, forward):
+    """{name: (call, done, result)} of torch's scaled_dot_product_attention with the cuDNN backend on the tensors
+    ``t`` (q, k, v, do: (B, S, H, D) CuPy arrays, viewed as (B, H, S, D) through DLPack, no copy): ``cudnn_fwd``, or
+    ``cudnn_nondet``, the backward of one forward graph kept alive (``retain_graph``), so a call times the backward
+    alone. cuDNN's backward is not deterministic (torch refuses it under ``use_deterministic_algorithms``). A
+    Hopper-native yardstick at head dims FA3's wheel does not build (its kernels are head dim 128 only)."""
+    import cupy
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    cupy.cuda.Device().synchronize()
+    leaves = [torch.from_dlpack(t[n]).detach().requires_grad_(not forward) for n in ("q", "k", "v")]
+
+    def sdpa():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in leaves), is_causal=causal)
+
+    def enqueue(run):
+        run()
+        ev = torch.cuda.Event()
+        ev.record()
+        return ev
+
+    def as_cupy(xs):
+        torch.cuda.synchronize()
+        return tuple(cupy.from_dlpack(x.detach()) for x in xs)
+    if forward:
+        def fwd():
+            with torch.no_grad():
+                return sdpa()
+        as_cupy((fwd(),))                              # here, so that a shape cuDNN refuses raises at once
+        return {"cudnn_fwd": (lambda: enqueue(fwd), lambda ev: ev.synchronize(),
+                              lambda: as_cupy((fwd().transpose(1, 2),)))}
+    out, do = sdpa(), torch.from_dlpack(t["do"]).transpose(1, 2)
+
+    def grads():
+        return torch.autograd.grad(out, leaves, do, retain_graph=True)
+    as_cupy(grads())
+    return {"cudnn_nondet": (lambda: enqueue(grads), lambda ev: ev.synchronize(), lambda: as_cupy(grads()))}
 
 
 def agreement(ours, theirs):
@@ -209,7 +259,7 @@ def run_shape(shape, opts, fa3, smi):
     extra = () if opts.forward else (*opts.schedules, *(name for name, _, _ in opts.env_legs))
     extra += ("nocap",) if opts.softcap else ()
     impls = implementations(shape, fa3, opts.forward, () if opts.forward else opts.schedules,
-                            () if opts.forward else opts.env_legs, opts.softcap, opts.dtype)
+                            () if opts.forward else opts.env_legs, opts.softcap, opts.dtype, opts.cudnn)
     ours = "dash_fwd" if opts.forward else "dash_det"
     if opts.impls:
         impls = {n: impls[n] for n in impls if n in opts.impls or n == ours or n in (f"dash_{x}" for x in extra)}
@@ -245,7 +295,8 @@ def run_shape(shape, opts, fa3, smi):
                              power_w_median=med([x["power_w"] for x in loops[name] if x["power_w"]] or [0]),
                              mcycles_median=med(cyc) if cyc else None, **checks[name])
     ratios = {}
-    for peer in ("fa3_fwd", "fa3_nondet", "fa3_det", "dash_atomic", *(f"dash_{x}" for x in extra)):
+    for peer in ("fa3_fwd", "fa3_nondet", "fa3_det", "cudnn_fwd", "cudnn_nondet", "dash_atomic",
+                 *(f"dash_{x}" for x in extra)):
         if peer in loops and checks[peer]["valid"]:
             per_round = [p["ms"] / d["ms"] for p, d in zip(loops[peer], loops[ours])]
             ratios[f"{ours}_speed_vs_{peer}"] = dict(median=med(per_round), min=min(per_round), max=max(per_round))
@@ -254,7 +305,9 @@ def run_shape(shape, opts, fa3, smi):
 
 RATIO_COLUMNS = (("dash_det_speed_vs_fa3_nondet", "ours det / FA3 non-det"), ("dash_det_speed_vs_fa3_det",
                  "ours det / FA3 det"), ("dash_det_speed_vs_dash_atomic", "ours det / ours atomic"),
-                 ("dash_fwd_speed_vs_fa3_fwd", "our forward / FA3's"))
+                 ("dash_fwd_speed_vs_fa3_fwd", "our forward / FA3's"),
+                 ("dash_det_speed_vs_cudnn_nondet", "ours det / cuDNN non-det"),
+                 ("dash_fwd_speed_vs_cudnn_fwd", "our forward / cuDNN's"))
 
 
 def markdown(report, title=True):
@@ -296,7 +349,8 @@ def markdown(report, title=True):
 
 
 LABELS = {"dash_det": "cupy_dash deterministic", "dash_atomic": "cupy_dash atomic", "fa3_nondet":
-          "FA3 non-deterministic", "fa3_det": "FA3 deterministic", "dash_fwd": "cupy_dash", "fa3_fwd": "FA3"}
+          "FA3 non-deterministic", "fa3_det": "FA3 deterministic", "dash_fwd": "cupy_dash", "fa3_fwd": "FA3",
+          "cudnn_nondet": "cuDNN non-deterministic (torch SDPA)", "cudnn_fwd": "cuDNN (torch SDPA)"}
 
 
 def plot(report, path):
@@ -343,9 +397,11 @@ def main():
     ap.add_argument("--loop-s", type=float, default=1.0)
     ap.add_argument("--tolerance", type=float, default=2e-2, help="max |FA3 - ours| / max |ours| (default 2e-2)")
     ap.add_argument("--no-fa3", action="store_true")
+    ap.add_argument("--cudnn", action="store_true",
+                    help="torch SDPA's cuDNN backend beside ours (cudnn_nondet / cudnn_fwd; any head dim it takes)")
     ap.add_argument("--forward", action="store_true", help="the forward (dash_fwd, fa3_fwd) instead")
     ap.add_argument("--impls", nargs="+", default=None,
-                    help="a subset of dash_det dash_atomic fa3_nondet fa3_det (default: all available)")
+                    help="a subset of dash_det dash_atomic fa3_nondet fa3_det cudnn_nondet (default: all available)")
     ap.add_argument("--schedules", nargs="+", default=[],
                     help="deterministic legs with these schedules (dash_<name>), each against dash_det (auto)")
     ap.add_argument("--env-legs", nargs="+", default=[], type=_env_leg, metavar="NAME:VAR=VALUE",

@@ -57,8 +57,9 @@ def _report(shape, legs, ratio_key, ratio):
 @pytest.mark.parametrize("shape, other, column, row", [
     ("full:1280", "fa3_nondet", "ours det / FA3 non-det", "| full:1280 | dash_det | 111 |"),
     ("causal:2048", "dash_fa3", "auto / fa3", "| causal:2048 | dash_fa3 | 105 |"),     # a named schedule's leg
-    ("full:4096", "dash_nocap", "capped / uncapped", "| full:4096 | dash_nocap | 105 |")],
-    ids=["fa3", "schedule", "cap"])
+    ("full:4096", "dash_nocap", "capped / uncapped", "| full:4096 | dash_nocap | 105 |"),
+    ("causal:16384", "cudnn_nondet", "ours det / cuDNN non-det", "| causal:16384 | cudnn_nondet | 105 |")],
+    ids=["fa3", "schedule", "cap", "cudnn"])
 def test_markdown_names_every_leg_and_gives_each_ratio_its_column(shape, other, column, row):
     report = _report(shape, {"dash_det": 0.9, other: 0.95}, f"dash_det_speed_vs_{other}", (1.06, 1.04, 1.07))
     text = sb.markdown(report)
@@ -160,3 +161,107 @@ def test_markdown_names_the_dtype_of_reports_that_record_it():
     assert "GPU H200; commit abc" in sb.markdown(report)
     report["meta"]["dtype"] = "fp16"
     assert "GPU H200; fp16; commit abc" in sb.markdown(report)
+
+
+def _fake_torch(monkeypatch, log):
+    """A stand-in torch with what cudnn_legs uses: DLPack views, SDPA under a backend, autograd.grad, events."""
+    import contextlib
+    import types
+
+    class T:
+        def __init__(self, name):
+            self.name, self.requires_grad = name, False
+
+        def detach(self):
+            return self
+
+        def requires_grad_(self, flag):
+            self.requires_grad = flag
+            return self
+
+        def transpose(self, a, b):
+            assert (a, b) == (1, 2)
+            return T(self.name[:-2] if self.name.endswith("^T") else self.name + "^T")
+
+    @contextlib.contextmanager
+    def sdpa_kernel(backend):
+        log.append(("backend", backend))
+        yield
+
+    def sdpa(q, k, v, *, is_causal):
+        log.append(("sdpa", q.name, k.name, v.name, is_causal))
+        return T("out^T")
+
+    def grad(out, leaves, do, retain_graph):
+        log.append(("grad", out.name, tuple(x.name for x in leaves), do.name, retain_graph,
+                    all(x.requires_grad for x in leaves)))
+        return tuple(T("d" + x.name) for x in leaves)
+
+    class Event:
+        def record(self):
+            log.append(("record",))
+
+        def synchronize(self):
+            pass
+    attention = types.SimpleNamespace(SDPBackend=types.SimpleNamespace(CUDNN_ATTENTION="cudnn"),
+                                      sdpa_kernel=sdpa_kernel)
+    functional = types.SimpleNamespace(scaled_dot_product_attention=sdpa)
+    torch = types.SimpleNamespace(from_dlpack=lambda x: T(x), no_grad=contextlib.nullcontext,
+                                  autograd=types.SimpleNamespace(grad=grad),
+                                  cuda=types.SimpleNamespace(Event=Event, synchronize=lambda: None),
+                                  nn=types.SimpleNamespace(functional=functional, attention=attention))
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.setitem(sys.modules, "torch.nn", torch.nn)
+    monkeypatch.setitem(sys.modules, "torch.nn.functional", functional)
+    monkeypatch.setitem(sys.modules, "torch.nn.attention", attention)
+
+
+@pytest.mark.parametrize("forward", [False, True], ids=["backward", "forward"])
+def test_cudnn_legs_time_the_backward_of_one_forward_graph_or_the_forward(monkeypatch, forward):
+    """cudnn_legs: q, k, v through DLPack as (B, H, S, D) views, SDPA under the cuDNN backend with the shape's mask;
+    the backward leg builds one forward graph and each call is one autograd.grad of it (retain_graph), its result
+    (dq, dk, dv) as CuPy arrays; the forward leg's result back in (B, S, H, D). No GPU: stand-ins for both."""
+    import types
+    log = []
+    _fake_torch(monkeypatch, log)
+    cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(Device=lambda: types.SimpleNamespace(
+        synchronize=lambda: None)), from_dlpack=lambda x: ("cupy", x.name))
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    tensors = {n: n for n in ("q", "k", "v", "do")}
+    legs = sb.cudnn_legs(tensors, True, forward)
+    name = "cudnn_fwd" if forward else "cudnn_nondet"
+    assert set(legs) == {name}
+    call, done, result = legs[name]
+    built = [x for x in log if x[0] == "sdpa"]                # the graph (backward), one warm-up call (either)
+    assert built == [("sdpa", "q^T", "k^T", "v^T", True)]
+    assert len([x for x in log if x[0] == "grad"]) == (0 if forward else 1)
+    log.clear()
+    done(call())
+    done(call())
+    if forward:
+        assert [x for x in log if x[0] == "sdpa"] == [("sdpa", "q^T", "k^T", "v^T", True)] * 2
+        assert ("backend", "cudnn") in log
+        assert result() == (("cupy", "out"),)
+    else:
+        assert not [x for x in log if x[0] == "sdpa"]           # the graph is built once, before the loop
+        assert [x for x in log if x[0] == "grad"] == [("grad", "out^T", ("q", "k", "v"), "do^T", True, True)] * 2
+        assert result() == (("cupy", "dq"), ("cupy", "dk"), ("cupy", "dv"))
+    assert log.count(("record",)) == 2
+
+
+def test_cudnn_leg_is_left_out_of_capped_calls(monkeypatch):
+    """implementations(cudnn=True) adds the cuDNN leg beside uncapped calls only (SDPA has no cap)."""
+    import types
+    _fake_torch(monkeypatch, [])
+    fake = types.SimpleNamespace(attention_forward=lambda q, k, v, *, causal, softcap=0.0: ("out", "lse"),
+                                 attention_backward=lambda *a, **k: ("dq", "dk", "dv"))
+    measure = types.SimpleNamespace(random_tensor=lambda shape, dtype, seed: f"t{seed}")
+    cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(Event=object, Device=lambda: types.SimpleNamespace(
+        synchronize=lambda: None)), from_dlpack=lambda x: x)
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    monkeypatch.setitem(sys.modules, "cupy_dash", fake)
+    monkeypatch.setitem(sys.modules, "cupy_dash.cli.measure", measure)
+    shape = sb.parse_shape("causal:4096", 2048, 128)
+    assert "cudnn_nondet" in sb.implementations(shape, None, cudnn=True)
+    assert "cudnn_fwd" in sb.implementations(shape, None, forward=True, cudnn=True)
+    assert "cudnn_nondet" not in sb.implementations(shape, None, softcap=30.0, cudnn=True)
