@@ -17,7 +17,7 @@ import numpy as np
 import cupy_dash
 from cupy_dash import schedule
 from cupy_dash.core import api
-from cupy_dash.cuda import kernels
+from cupy_dash.cuda import kernels, launchers
 from cupy_dash.cli.measure import random_tensor
 from cupy_dash.cuda.params import CONSTANTS
 from timeline_phases import format_report, phase_report
@@ -29,8 +29,10 @@ def run(hdim, causal, S, policy, deterministic=True):
     out, lse = cupy_dash.attention_forward(q, k, v, causal=causal)
     dev = cupy.cuda.Device().id
     _, bm, bn, max_ctas = kernels.bwd_entry(dev, "bfloat16", hdim, causal, True)
+    # NOTES: the head section the call's tables use (launchers.bwd_tables): without it `fa3` would run its
+    # unsectioned order, which no call runs (the timeline of 2026-12-06 did, docs/decisions/head-dim-plans.md).
     plan = schedule.build(policy, seqlen_q=S, seqlen_k=S, block_m=bm, block_n=bn, num_heads=B * H, causal=causal,
-                          num_sms=max_ctas)
+                          num_sms=max_ctas, head_section=launchers.head_section(S, hdim, 1, None, dev))
     stamps = cupy.zeros((plan.num_visits, CONSTANTS.kTimelineCols), dtype=cupy.int64)
     for _ in range(2):                                # the first call compiles and warms up
         api._backward_with_plan(do, q, k, v, out, lse, plan=plan, causal=causal, deterministic=deterministic,
