@@ -49,3 +49,26 @@ def test_the_check_sees_a_stale_name():
     text = ('# bash benchmarks/device_run.sh [a|b|gone]\n'
             'if [ "$stage" = a ]; then :; fi\nif [ "$stage" = b ]; then :; fi\n')
     assert _usage_stages(text) - _branch_stages(text) == {"gone"}
+
+
+@pytest.mark.skipif(shutil.which("bash") is None or shutil.which("timeout") is None, reason="no bash / timeout")
+@pytest.mark.parametrize("suite, lanes, warned", [("a:500 b:100", 1, ["lane 0 may take 630 s"]),
+                                                  ("a:500 b:100", 2, []), ("a:300 b:50 c:260", 2,
+                                                                           ["lane 0 may take 590 s"])],
+                         ids=["one-lane-over", "two-lanes-fit", "first-lane-over"])
+def test_suite_warns_when_a_lane_could_outrun_the_call(tmp_path, suite, lanes, warned):
+    """The suite stage adds each lane's file limits plus the 15 s each may run past its limit, and says so when a
+    lane could outrun the device call (the twenty-first round lost a call that way). python3 and nvidia-smi are
+    stand-ins here: every pytest run ends at once."""
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    for name, body in (("python3", "exit 0"), ("nvidia-smi", "echo stand-in")):
+        (stubs / name).write_text(f"#!/bin/sh\n{body}\n")
+        (stubs / name).chmod(0o755)
+    env = {"PATH": f"{stubs}:/usr/bin:/bin", "OUT": str(tmp_path / "out"), "NO_INSTALL": "1", "SUITE": suite,
+           "SUITE_LANES": str(lanes), "HOME": str(tmp_path)}
+    proc = subprocess.run(["bash", str(SCRIPT), "suite"], capture_output=True, text=True, env=env, timeout=60,
+                          cwd=SCRIPT.parents[1])
+    assert proc.returncode == 0, proc.stderr
+    assert re.findall(r"lane \d may take \d+ s", proc.stdout) == warned
+    assert (tmp_path / "out" / "gpu_tests_per_file.log").exists()
