@@ -192,15 +192,14 @@ if [ "$stage" = suite ]; then   # the GPU test files one by one, each under its 
     done
   }
   files=(${SUITE:?"file:limit pairs, e.g. forward:90 gqa:200"}); lanes=${SUITE_LANES:-1}
-  # a file may run 15 s past its limit (SIGINT, then KILL): warn when a lane could outrun the call (600 s at most)
-  for ((l = 0; l < lanes; l++)); do
-    worst=0; for ((i = l; i < ${#files[@]}; i += lanes)); do worst=$((worst + ${files[$i]##*:} + 15)); done
-    [ $worst -gt ${SUITE_BUDGET:-570} ] && echo "suite: lane $l may take ${worst} s, over ${SUITE_BUDGET:-570} s"
-  done
   # a caller's timeout (TERM) ends the lanes' pytest runs too (each runs under its own timeout, in a group of its own)
   trap 'pkill -INT -f "pytest tests/gpu/test_gpu_"; sleep 5; pkill -KILL -f "pytest tests/gpu/test_gpu_"; exit 124' TERM INT
   for ((l = 0; l < lanes; l++)); do
-    mine=(); for ((i = l; i < ${#files[@]}; i += lanes)); do mine+=("${files[$i]}"); done
+    mine=(); worst=0   # a file may run 15 s past its limit (SIGINT, then KILL): warn if the lane could outrun the call
+    for ((i = l; i < ${#files[@]}; i += lanes)); do
+      mine+=("${files[$i]}"); worst=$((worst + ${files[$i]##*:} + 15))
+    done
+    [ $worst -gt ${SUITE_BUDGET:-570} ] && echo "suite: lane $l may take ${worst} s, over ${SUITE_BUDGET:-570} s"
     lane "${mine[@]}" &
   done
   wait; (cd /tmp && tar czf "$OUT/suite_logs.tgz" suite_*.log)

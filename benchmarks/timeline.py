@@ -30,7 +30,7 @@ def run(hdim, causal, S, policy, deterministic=True):
     dev = cupy.cuda.Device().id
     _, bm, bn, max_ctas = kernels.bwd_entry(dev, "bfloat16", hdim, causal, True)
     # NOTES: the head section the call's tables use (launchers.bwd_tables): without it `fa3` would run its
-    # unsectioned order, which no call runs (the timeline of 2026-12-06 did, docs/decisions/head-dim-plans.md).
+    # unsectioned order, which no call runs.
     plan = schedule.build(policy, seqlen_q=S, seqlen_k=S, block_m=bm, block_n=bn, num_heads=B * H, causal=causal,
                           num_sms=max_ctas, head_section=launchers.head_section(S, hdim, 1, None, dev))
     stamps = cupy.zeros((plan.num_visits, CONSTANTS.kTimelineCols), dtype=cupy.int64)
