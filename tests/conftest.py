@@ -54,6 +54,25 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs an NVIDIA Hopper GPU (skipped without one)")
+    _share_cores_between_workers(config)
+
+
+_BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def _share_cores_between_workers(config):
+    """With ``-n N`` (pytest-xdist, N >= 2): each worker's BLAS threads set to the cores over N (at least 1), unless
+    the caller set them. Runs in the controller before it starts the workers, which inherit its environment and load
+    numpy's OpenBLAS with it."""
+    # NOTES: the float64 references are numpy matmuls. OpenBLAS starts a thread per core in every process, so 15
+    # workers on 16 cores ran 240 spinning threads; on a 2-core machine, 4 processes computing references took 2x as
+    # long as with one thread each.
+    workers = getattr(config.option, "numprocesses", None)
+    if hasattr(config, "workerinput") or not isinstance(workers, int) or workers < 2:
+        return
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    for var in _BLAS_THREAD_VARS:
+        os.environ.setdefault(var, str(max(1, cores // workers)))
 
 
 def _shard(spec: str) -> tuple:
