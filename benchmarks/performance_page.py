@@ -41,9 +41,9 @@ def _group(cfg) -> int:
 
 def load_steady(results: Path = RESULTS) -> dict:
     """The reports of benchmarks/steady_bench.py outside experiments/ per configuration, oldest first (by the
-    report's date, then path): {(forward, hdim, soft-capped, without a peer, dtype, with cuDNN): [(path, report),
-    ...]}; a report that timed FA3 beside ours, one that timed cuDNN and one that timed ours alone (another card,
-    other shapes) are separate configurations."""
+    report's date, then path): {(forward, hdim, soft-capped, without a peer, dtype, with cuDNN, GQA group): [(path,
+    report), ...]}; a report that timed FA3 beside ours, one that timed cuDNN and one that timed ours alone (another
+    card, other shapes) are separate configurations."""
     found = {}
     for path in sorted(results.rglob("*.json")):
         report = json.loads(path.read_text())
@@ -56,7 +56,8 @@ def load_steady(results: Path = RESULTS) -> dict:
         impls = {impl for shape in report["shapes"] for impl in shape["loops"]}
         key = (bool(report["meta"].get("forward")), report["shapes"][0]["shape"]["hdim"],
                bool(report["meta"].get("softcap")), all(impl.startswith("dash_") for impl in impls),
-               report["meta"].get("dtype", "bf16"), any(impl.startswith("cudnn_") for impl in impls))
+               report["meta"].get("dtype", "bf16"), any(impl.startswith("cudnn_") for impl in impls),
+               report["shapes"][0]["shape"].get("group", 1))
         found.setdefault(key, []).append((rel, report))
     return {key: sorted(reports, key=lambda r: (r[1]["meta"]["date"], r[0])) for key, reports in found.items()}
 
@@ -65,12 +66,12 @@ def _steady_sections(results: Path) -> list:
     """One section per configuration (:func:`load_steady`): the newest report's tables and chart, then its earlier
     reports (each on its own card and call: the ratios to FA3 move with the card, docs/decisions/bwd-engine.md)."""
     lines = []
-    for (forward, hdim, capped, alone, dtype, cudnn), reports in sorted(load_steady(results).items()):
+    for (forward, hdim, capped, alone, dtype, cudnn, group), reports in sorted(load_steady(results).items()):
         path, report = reports[-1]
         what = "Forward" if forward else "Backward"
         how = (f", soft-capped ({report['meta']['softcap']:g}) beside the same call uncapped" if capped else "") + \
             (", cupy_dash alone" if alone and not capped else "") + (", beside cuDNN" if cudnn else "") + \
-            (f", {dtype}" if dtype != "bf16" else "")
+            (f", {dtype}" if dtype != "bf16" else "") + (f", GQA group {group}" if group > 1 else "")
         lines += [f"## {what}, head dim {hdim}{how}, at a steady clock", "",
                   f"{_link(path)}, {report['meta']['date']}.", ""]
         lines += steady_bench.markdown(report, title=False).splitlines() + [""]

@@ -46,11 +46,15 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import measure  # noqa: E402  (beside this script)
 
 
-def parse_shape(spec, hidden, hdim):
+def parse_shape(spec, hidden, hdim, group=1):
     mask, S, *rest = spec.split(":")
     S = int(S)
     tokens = int(rest[0]) if rest else (15360 if mask == "full" else 16384)
-    return dict(name=spec, causal=mask == "causal", batch=tokens // S, seqlen=S, heads=hidden // hdim, hdim=hdim)
+    heads = hidden // hdim
+    if group < 1 or heads % group:
+        raise ValueError(f"--group {group} must divide the {heads} query heads (--hidden {hidden} // --hdim {hdim})")
+    return dict(name=spec, causal=mask == "causal", batch=tokens // S, seqlen=S, heads=heads, hdim=hdim,
+                group=group)
 
 
 def pipelined_loop(call, done, loop_s, warm_s=0.2):
@@ -126,14 +130,16 @@ def implementations(shape, fa3, forward=False, schedules=(), env_legs=(), softca
     value) of deterministic legs run with that variable set. ``softcap`` > 0: every cupy_dash leg caps its scores
     (out and lse of a capped forward), and ``dash_nocap`` is the deterministic ``auto`` call without the cap on the
     same q, k, v, do (its own uncapped out and lse): the cap's cost in the same process. ``cudnn``: torch SDPA's
-    cuDNN backend beside them (``cudnn_nondet`` or ``cudnn_fwd``, :func:`cudnn_legs`)."""
+    cuDNN backend beside them (``cudnn_nondet`` or ``cudnn_fwd``, :func:`cudnn_legs`). ``shape["group"]`` > 1
+    (GQA): k and v have heads // group heads, and no peer runs."""
     import cupy
 
     import cupy_dash
     from cupy_dash.cli.measure import random_tensor
     B, S, H, D = shape["batch"], shape["seqlen"], shape["heads"], shape["hdim"]
-    causal = shape["causal"]
-    t = {n: random_tensor((B, S, H, D), dtype, seed=j) for j, n in enumerate(("q", "k", "v", "do"))}
+    causal, group = shape["causal"], shape.get("group", 1)
+    t = {n: random_tensor((B, S, H // group if n in ("k", "v") else H, D), dtype, seed=j)
+         for j, n in enumerate(("q", "k", "v", "do"))}
     t["out"], t["lse"] = cupy_dash.attention_forward(t["q"], t["k"], t["v"], causal=causal, softcap=softcap)
     names = ("q", "k", "v") if forward else ("do", "q", "k", "v", "out", "lse")
     operands = tuple(t[n] for n in names)
@@ -163,7 +169,7 @@ def implementations(shape, fa3, forward=False, schedules=(), env_legs=(), softca
     if softcap:
         impls["dash_nocap"] = (lambda: enqueue(True, cap=0.0), lambda ev: ev.synchronize(),
                                lambda: ours(True, cap=0.0))
-    if fa3 is not None:
+    if fa3 is not None and group == 1:
         jax = fa3.jax
         cupy.cuda.Device().synchronize()
         jargs = tuple(jax.dlpack.from_dlpack(x) for x in operands)
@@ -177,7 +183,7 @@ def implementations(shape, fa3, forward=False, schedules=(), env_legs=(), softca
                 res = jax.block_until_ready(fn(*jargs))
                 return tuple(cupy.from_dlpack(x) for x in (res if isinstance(res, (tuple, list)) else (res,)))
             impls[name] = (lambda fn=fn: fn(*jargs), jax.block_until_ready, result)
-    if cudnn and not softcap:                          # SDPA has no cap: beside uncapped calls only
+    if cudnn and not softcap and group == 1:           # SDPA has no cap: beside uncapped calls only
         try:
             impls.update(cudnn_legs(t, causal, forward))
         except RuntimeError as exc:                    # e.g. no cuDNN kernel for this head dim
@@ -393,6 +399,8 @@ def main():
                                                      "causal:8192", "causal:16384"])
     ap.add_argument("--hdim", type=int, default=128)
     ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--group", type=int, default=1,
+                    help="query heads per KV head (GQA: k, v get --hidden // --hdim // G heads; peers left out)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--loop-s", type=float, default=1.0)
     ap.add_argument("--tolerance", type=float, default=2e-2, help="max |FA3 - ours| / max |ours| (default 2e-2)")
@@ -424,7 +432,8 @@ def main():
     import cupy
     from bench import _kernels_digest
     fa3 = None
-    if not opts.no_fa3 and not opts.softcap and opts.dtype == "bf16":   # FA3 beside ours: bf16 uncapped calls
+    shapes = [parse_shape(spec, opts.hidden, opts.hdim, opts.group) for spec in opts.shapes]   # checked first
+    if not opts.no_fa3 and not opts.softcap and opts.dtype == "bf16" and opts.group == 1:   # bf16, uncapped, MHA
         try:
             from bench_peers import Fa3Peer
             fa3 = Fa3Peer()
@@ -440,11 +449,10 @@ def main():
                   shapes=[])
     smi = Smi()
     try:
-        for spec in opts.shapes:
-            shape = parse_shape(spec, opts.hidden, opts.hdim)
+        for shape in shapes:
             report["shapes"].append(run_shape(shape, opts, fa3, smi))
             s = report["shapes"][-1]
-            print(spec, {n: round(x["tflops"]) for n, x in s["summary"].items()},
+            print(shape["name"], {n: round(x["tflops"]) for n, x in s["summary"].items()},
                   {k: round(v["median"], 3) for k, v in s["ratios"].items()}, flush=True)
             with open(opts.json, "w") as f:
                 json.dump(report, f, indent=1)

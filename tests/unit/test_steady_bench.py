@@ -265,3 +265,30 @@ def test_cudnn_leg_is_left_out_of_capped_calls(monkeypatch):
     assert "cudnn_nondet" in sb.implementations(shape, None, cudnn=True)
     assert "cudnn_fwd" in sb.implementations(shape, None, forward=True, cudnn=True)
     assert "cudnn_nondet" not in sb.implementations(shape, None, softcap=30.0, cudnn=True)
+
+
+def test_a_gqa_shape_gives_k_and_v_fewer_heads_and_no_peer(monkeypatch):
+    """--group G: k and v get heads // G heads (q and dO all of them), the cuDNN and FA3 legs are left out, and a
+    group that does not divide the heads is refused."""
+    import types
+    _fake_torch(monkeypatch, [])
+    made = {}
+
+    def random_tensor(shape, dtype, seed):
+        made[seed] = shape
+        return f"t{seed}"
+    fake = types.SimpleNamespace(attention_forward=lambda q, k, v, *, causal, softcap=0.0: ("out", "lse"),
+                                 attention_backward=lambda *a, **k: ("dq", "dk", "dv"))
+    cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(Event=object, Device=lambda: types.SimpleNamespace(
+        synchronize=lambda: None)), from_dlpack=lambda x: x)
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    monkeypatch.setitem(sys.modules, "cupy_dash", fake)
+    monkeypatch.setitem(sys.modules, "cupy_dash.cli.measure", types.SimpleNamespace(random_tensor=random_tensor))
+    shape = sb.parse_shape("causal:4096", 3072, 192, group=2)
+    assert (shape["heads"], shape["group"]) == (16, 2)
+    impls = sb.implementations(shape, object(), cudnn=True, schedules=("shift",))
+    assert set(impls) == {"dash_det", "dash_atomic", "dash_shift"}
+    assert made == {0: (4, 4096, 16, 192), 1: (4, 4096, 8, 192), 2: (4, 4096, 8, 192), 3: (4, 4096, 16, 192)}
+    assert sb.parse_shape("causal:4096", 2048, 128)["group"] == 1
+    with pytest.raises(ValueError, match="--group 3"):
+        sb.parse_shape("causal:4096", 2048, 128, group=3)
