@@ -323,6 +323,7 @@ def markdown(report, title=True):
     lines = [f"# {what} at a steady clock, interleaved loops ({meta['date']})", ""] if title else []
     lines += [f"Command: `{meta['command']}`", "",
               f"GPU {meta.get('gpu', '?')}; " + (f"{meta['dtype']}; " if "dtype" in meta else "") +
+              (f"GQA group {meta['group']}; " if meta.get("group", 1) > 1 else "") +
               f"commit {meta['commit']}; kernels sha256 {meta['kernels_sha256'][:12]}. "
               f"TFLOP/s from the median ms per call of {rounds_run(report)} loops of {meta['loop_s']} s (order "
               "rotated every round); a ratio is the median over rounds of the other's ms over ours in the same "
@@ -378,8 +379,9 @@ def plot(report, path):
     what = "forward" if report["meta"].get("forward") else "backward"
     hdim = shapes[0]["shape"]["hdim"]
     ax.set_ylabel("TFLOP/s")
-    ax.set_title(f"{what}, head dim {hdim}, bf16, steady clock, interleaved ({report['meta']['date'][:10]}, "
-                 f"{report['meta']['gpu']})", fontsize=9)
+    group = f", GQA group {report['meta']['group']}" if report["meta"].get("group", 1) > 1 else ""
+    ax.set_title(f"{what}, head dim {hdim}{group}, bf16, steady clock, interleaved "
+                 f"({report['meta']['date'][:10]}, {report['meta']['gpu']})", fontsize=9)
     top = max(s["flops"] / min(x["ms_min"] for x in s["summary"].values()) / 1e9 for s in shapes)
     ax.set_ylim(0, top * 1.2)
     ax.legend(fontsize=8, ncol=len(names), loc="upper left")
@@ -432,7 +434,10 @@ def main():
     import cupy
     from bench import _kernels_digest
     fa3 = None
-    shapes = [parse_shape(spec, opts.hidden, opts.hdim, opts.group) for spec in opts.shapes]   # checked first
+    try:                                               # checked before anything runs
+        shapes = [parse_shape(spec, opts.hidden, opts.hdim, opts.group) for spec in opts.shapes]
+    except ValueError as exc:
+        ap.error(str(exc))
     if not opts.no_fa3 and not opts.softcap and opts.dtype == "bf16" and opts.group == 1:   # bf16, uncapped, MHA
         try:
             from bench_peers import Fa3Peer
@@ -445,7 +450,7 @@ def main():
                             command=" ".join(shlex.quote(a) for a in ["python", *sys.argv]), commit=commit,
                             kernels_sha256=_kernels_digest(), gpu=_text(props["name"]), rounds=opts.rounds,
                             loop_s=opts.loop_s, fa3=getattr(fa3, "version", None), forward=opts.forward,
-                            softcap=opts.softcap, dtype=opts.dtype),
+                            softcap=opts.softcap, dtype=opts.dtype, group=opts.group),
                   shapes=[])
     smi = Smi()
     try:

@@ -68,6 +68,8 @@ def _share_cores_between_workers(config):
     # workers on 16 cores ran 240 spinning threads; on a 2-core machine, 4 processes computing references took 2x as
     # long as with one thread each.
     workers = getattr(config.option, "numprocesses", None)
+    if isinstance(workers, int) and getattr(config.option, "maxprocesses", None):
+        workers = min(workers, config.option.maxprocesses)
     if hasattr(config, "workerinput") or not isinstance(workers, int) or workers < 2:
         return
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

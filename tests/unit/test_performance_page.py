@@ -49,24 +49,25 @@ def test_newest_report_per_configuration(tmp_path, monkeypatch):
     assert "train.json" not in page
 
 
-def _steady(date, impls, softcap=0.0):
+def _steady(date, impls, softcap=0.0, group=1):
     loop = dict(ms=1.0, sm_mhz=1700.0, power_w=690.0, mcycles=1.7)
     summary = dict(ms_median=1.0, ms_min=1.0, ms_max=1.0, tflops=500.0, sm_mhz_median=1700.0, power_w_median=690.0,
                    mcycles_median=1.7, rel_diff_vs_ours=0.0, valid=True)
-    shape = dict(shape=dict(name="full:3840", hdim=128), loops={n: [loop] for n in impls},
+    shape = dict(shape=dict(name="full:3840", hdim=128, group=group), loops={n: [loop] for n in impls},
                  summary={n: summary for n in impls}, ratios={})
     return dict(meta=dict(date=date, command=f"steady {date}", commit="abc", kernels_sha256="0" * 64, gpu="H200",
-                          rounds=1, loop_s=0.4, softcap=softcap), shapes=[shape])
+                          rounds=1, loop_s=0.4, softcap=softcap, group=group), shapes=[shape])
 
 
 def test_steady_reports_with_and_without_fa3_or_a_cap_are_separate_sections(tmp_path, monkeypatch):
-    """A later report of ours alone (another card, other shapes) or of capped calls must not replace the newest
-    report beside FA3 as its head dim's section."""
+    """A later report of ours alone (another card, other shapes), of capped calls or of a GQA group must not
+    replace the newest report beside FA3 (or of ours alone) as its head dim's section."""
     results = tmp_path / "benchmarks" / "results"
     results.mkdir(parents=True)
     reports = {"beside.json": _steady("2026-01-01T00:00:00", ["dash_det", "fa3_nondet"]),
                "alone.json": _steady("2026-02-01T00:00:00", ["dash_det"]),
-               "capped.json": _steady("2026-03-01T00:00:00", ["dash_det", "dash_nocap"], softcap=50.0)}
+               "capped.json": _steady("2026-03-01T00:00:00", ["dash_det", "dash_nocap"], softcap=50.0),
+               "gqa.json": _steady("2026-04-01T00:00:00", ["dash_det", "dash_shift"], group=2)}
     for name, report in reports.items():
         (results / name).write_text(json.dumps(report))
     monkeypatch.setattr(performance_page, "ROOT", tmp_path)
@@ -76,3 +77,6 @@ def test_steady_reports_with_and_without_fa3_or_a_cap_are_separate_sections(tmp_
     assert "alone.json" in sections["Backward, head dim 128, cupy_dash alone, at a steady clock"]
     assert "capped.json" in sections["Backward, head dim 128, soft-capped (50) beside the same call uncapped, at a "
                                      "steady clock"]
+    gqa = sections["Backward, head dim 128, cupy_dash alone, GQA group 2, at a steady clock"]
+    assert "gqa.json" in gqa and "GQA group 2; " in gqa
+    assert "gqa.json" not in sections["Backward, head dim 128, cupy_dash alone, at a steady clock"]

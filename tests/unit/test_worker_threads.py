@@ -38,7 +38,8 @@ def _run(tmp_path, args, **env_vars) -> dict:
     out = tmp_path / "out"
     out.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
-                                                          "MKL_NUM_THREADS", "PYTEST_XDIST_WORKER")}
+                                                          "MKL_NUM_THREADS", "PYTEST_XDIST_WORKER",
+                                                          "PYTEST_ADDOPTS")}
     env.update(PROBE_DIR=str(out), **env_vars)
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args, "test_probe.py"],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
@@ -60,9 +61,19 @@ def test_workers_get_the_cores_over_n(tmp_path):
 
 def test_a_value_the_caller_set_is_kept(tmp_path):
     pytest.importorskip("xdist")
-    (values,) = _run(tmp_path, ["-n", "2"], OPENBLAS_NUM_THREADS="3").values()
-    assert values[0] == "3" and values[1:] == [str(max(1, _cores() // 2))] * 2
+    (values,) = _run(tmp_path, ["-n", "2"], OPENBLAS_NUM_THREADS="97").values()
+    assert values[0] == "97" and values[1:] == [str(max(1, _cores() // 2))] * 2
 
 
-def test_nothing_is_set_without_workers(tmp_path):
-    assert _run(tmp_path, []) == {"controller": ["unset"] * 3}
+def test_the_workers_that_run_count_not_the_ones_asked_for(tmp_path):
+    pytest.importorskip("xdist")
+    assert _run(tmp_path, ["-n", "8", "--maxprocesses", "1"]) == {"gw0": ["unset"] * 3}   # one worker runs
+
+
+@pytest.mark.parametrize("args", [[], ["-n", "0"], ["-n", "1"], ["-p", "no:xdist"]],
+                         ids=["no-option", "n0", "n1", "no-xdist"])
+def test_nothing_is_set_without_two_workers(tmp_path, args):
+    if args[:1] == ["-n"]:
+        pytest.importorskip("xdist")
+    seen = _run(tmp_path, args)
+    assert list(seen.values()) == [["unset"] * 3]
