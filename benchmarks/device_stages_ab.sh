@@ -113,18 +113,21 @@ if [ "$stage" = steady_ab ]; then   # AB_PATCHES (benchmarks/patches/<name>) and
   # (STEADY_IMPLS: steady_bench's --impls, default ours deterministic and FA3's non-deterministic backward):
   rm -rf /tmp/sab; mkdir -p /tmp/sab   # LEGS rounds of one process per leg, each timing ours deterministic beside
   [ -n "${AB_PATCHES:-}${AB_CUBINS:-}" ] || { echo "steady_ab: set AB_PATCHES or AB_CUBINS" >&2; exit 2; }
+  for c in ${AB_CUBINS:-}; do
+    [ -f "$c/nvrtc.json" ] || { echo "steady_ab: $c holds no recorded cubins (carry it)" >&2; exit 2; }
+  done
   for p in ${AB_PATCHES:-}; do        # FA3's non-deterministic backward (FA3_WHL=1), the yardstick of its process
     mkdir -p .ab_$p && cp -r kernels_src .ab_$p/ && (cd .ab_$p && patch -s -p1 <../benchmarks/patches/$p.patch)
   done
   for n in $(seq ${LEGS:-2}); do
     for leg in tree ${AB_PATCHES:-} ${AB_CUBINS:-}; do
-      run=("$py"); name=$(basename "$leg")
-      if [ -f "$leg/index.json" ]; then run=("$py" benchmarks/with_nvrtc_cubins.py --replay "$leg")
-      elif [ $leg != tree ]; then run=("$py" benchmarks/with_kernels.py .ab_$leg/kernels_src); fi
+      run=("$py"); name=$(basename "$leg"); name=${name#.}   # a hidden folder's reports would miss the tar below
+      if [ -f "$leg/nvrtc.json" ]; then run=("$py" benchmarks/with_nvrtc_cubins.py --replay "$leg")
+      elif [ "$leg" != tree ]; then run=("$py" benchmarks/with_kernels.py ".ab_$leg/kernels_src"); fi
       timeout 120 "${run[@]}" benchmarks/steady_bench.py ${STEADY_ARGS:---shapes causal:8192 causal:16384} \
         --impls ${STEADY_IMPLS:-dash_det fa3_nondet} --json /tmp/sab/${name}_$n.json --md /tmp/sab/${name}_$n.md \
-        2>&1 | tail -4 | sed "s/^/$name$n /" | tee -a "$OUT/steady_ab.log"
-      [ -f /tmp/sab/${name}_$n.json ] || echo "$name$n: no report (timed out or failed)" | tee -a $OUT/steady_ab.log
+        2>&1 | tail -4 | sed "s/^/${name}_$n /" | tee -a "$OUT/steady_ab.log"
+      [ -f /tmp/sab/${name}_$n.json ] || echo "${name}_$n: no report (see above)" | tee -a "$OUT/steady_ab.log"
     done
   done
   (cd /tmp/sab && tar czf "$OUT/steady_ab.tgz" *)

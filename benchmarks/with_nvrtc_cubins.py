@@ -1,10 +1,11 @@
 """Runs a script or a module with cupy_dash's NVRTC compiles taken from, or recorded into, a folder of cubins: an A/B
 of two compilers on the GPU machine, which has only its own NVRTC (13.x). The record happens here, with another
 NVRTC's library (an NVRTC 12.x wheel's ``libnvrtc.so.12``, called through ctypes); the replay on the GPU machine
-answers every compile from the folder and fails on a program it does not hold (no silent fallback to the machine's
-NVRTC). Each program is keyed by its kernel sources' digest, name and options (include paths left out), so a folder
-serves the same tree wherever it lies; the fingerprint in the cache keys becomes the folder's, so recorded and
-regular cubins coexist in the disk cache.
+answers every compile from the folder and fails on a program it does not hold (no fallback to the machine's NVRTC).
+Each program is keyed by the digests of its source's folder and of every ``-I`` folder, its file name, source text and
+options (include paths left out), so a folder serves the same tree wherever it lies; the fingerprint in the cache keys
+becomes the folder's, so recorded and regular cubins coexist in the disk cache. A record compiles into a fresh disk
+cache (a cache hit would record nothing); compile worker processes are forked, so that they inherit the routing.
 
     python benchmarks/with_nvrtc_cubins.py --record DIR --libnvrtc LIB -m cupy_dash compile --head-dim 128 \\
         --dtype bf16
@@ -18,18 +19,22 @@ import argparse
 import ctypes
 import hashlib
 import json
+import multiprocessing
+import os
+import tempfile
 from pathlib import Path
 
 from with_kernels import run_target
 
 
 def program_key(source: str, name: str, options) -> str:
-    """sha256 of a program as jit.compile_source gets it: the digest of its kernel folder's sources (``name`` is the
-    source's absolute path in that folder), the file name and the options without ``-I`` (a location)."""
+    """sha256 of a program as jit.compile_source gets it: the digests of the kernel folders it can include from (its
+    source's folder and every ``-I`` folder; ``name`` is the source's path), the file name, the source text and the
+    options without ``-I`` (a location) and ``--no-cache``."""
     from cupy_dash.cuda import jit
-    path = Path(name)
-    material = dict(sources=jit.source_tree_digest(path.parent), file=path.name, source=source,
-                    options=[o for o in options if not o.startswith("-I") and o != "--no-cache"])
+    folders = {Path(name).resolve().parent} | {Path(o[2:]).resolve() for o in options if o.startswith("-I")}
+    material = dict(sources=sorted(jit.source_tree_digest(f) for f in folders), file=Path(name).name,
+                    source=source, options=[o for o in options if not o.startswith("-I") and o != "--no-cache"])
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
 
 
@@ -53,6 +58,9 @@ class CtypesNvrtc:
         self._check(self.lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), name.encode(), 0, None, None),
                     "nvrtcCreateProgram")
         try:
+            options = list(options)
+            if self.version >= (12, 9) and "--no-cache" not in options:   # as jit.compile_source does
+                options.append("--no-cache")
             opts = [o.encode() for o in options]
             err = self.lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
             size = ctypes.c_size_t()
@@ -70,34 +78,52 @@ class CtypesNvrtc:
             self.lib.nvrtcDestroyProgram(ctypes.byref(prog))
 
 
+def _write(path: Path, data: bytes) -> None:
+    """Write ``path`` whole or not at all (a temporary file renamed over it): forked compile workers record side by
+    side."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
 def install(folder: Path, record_with: CtypesNvrtc | None = None) -> None:
-    """Route jit.compile_source through ``folder``: recorded with ``record_with``'s NVRTC, or replayed from it."""
+    """Route jit.compile_source through ``folder``: recorded with ``record_with``'s NVRTC, or replayed from it. Each
+    program is ``KEY.cubin`` and ``KEY.json`` (its file name and NVRTC log); ``nvrtc.json`` names the version."""
     from cupy_dash.cuda import jit
-    index_path = folder / "index.json"
+    folder = folder.resolve()
+    version_path = folder / "nvrtc.json"
     if record_with is not None:
+        version = "%d.%d" % record_with.version
+        if version_path.exists() and json.loads(version_path.read_text())["nvrtc"] != version:
+            raise SystemExit(f"{folder} holds another NVRTC's cubins ({version_path.read_text().strip()}): record "
+                             f"NVRTC {version} into another folder")
         folder.mkdir(parents=True, exist_ok=True)
-        index = json.loads(index_path.read_text()) if index_path.exists() else {}
-        index["nvrtc"] = "%d.%d" % record_with.version
+        _write(version_path, json.dumps(dict(nvrtc=version)).encode())
+        os.environ["CUPY_DASH_CACHE_DIR"] = tempfile.mkdtemp(prefix="nvrtc_record_cache_")
+    elif not version_path.exists():
+        raise SystemExit(f"{folder}: no recorded cubins (no nvrtc.json; carried to this machine?)")
     else:
-        index = json.loads(index_path.read_text())
+        version = json.loads(version_path.read_text())["nvrtc"]
 
     def compile_source(source, name, options):
         key = program_key(source, name, options)
         if record_with is None:
-            entry = index.get("programs", {}).get(key)
-            if entry is None:
+            if not (folder / f"{key}.json").exists():
                 raise RuntimeError(f"{folder}: no recorded cubin for {Path(name).name} with options {list(options)}")
-            return (folder / f"{key}.cubin").read_bytes(), entry["log"], True
+            return ((folder / f"{key}.cubin").read_bytes(), json.loads((folder / f"{key}.json").read_text())["log"],
+                    True)
         cubin, log, ok = record_with.compile(source, name, options)
         if ok:
-            (folder / f"{key}.cubin").write_bytes(cubin)
-            index.setdefault("programs", {})[key] = dict(file=Path(name).name, log=log)
-            index_path.write_text(json.dumps(index, indent=1, sort_keys=True))
+            _write(folder / f"{key}.cubin", cubin)
+            _write(folder / f"{key}.json", json.dumps(dict(file=Path(name).name, log=log)).encode())
         return cubin, log, ok
 
-    fingerprint = f"nvrtc-{index['nvrtc']}-cubins-{hashlib.sha256(str(folder.resolve()).encode()).hexdigest()[:12]}"
+    fingerprint = f"nvrtc-{version}-cubins-{hashlib.sha256(str(folder).encode()).hexdigest()[:12]}"
     jit.compile_source = compile_source
     jit._nvrtc_fingerprint = lambda: fingerprint
+    # NOTES: a worker started by spawn or forkserver would import an unrouted jit and compile with this machine's
+    # NVRTC, silently; forked ones inherit the routing.
+    multiprocessing.set_start_method("fork", force=True)
 
 
 def main():
