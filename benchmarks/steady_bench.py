@@ -411,7 +411,8 @@ def main():
                     help="torch SDPA's cuDNN backend beside ours (cudnn_nondet / cudnn_fwd; any head dim it takes)")
     ap.add_argument("--forward", action="store_true", help="the forward (dash_fwd, fa3_fwd) instead")
     ap.add_argument("--impls", nargs="+", default=None,
-                    help="a subset of dash_det dash_atomic fa3_nondet fa3_det cudnn_nondet (default: all available)")
+                    help="a subset of dash_det dash_atomic fa3_nondet fa3_det cudnn_nondet, or with --forward "
+                         "dash_fwd fa3_fwd cudnn_fwd (default: all available)")
     ap.add_argument("--schedules", nargs="+", default=[],
                     help="deterministic legs with these schedules (dash_<name>), each against dash_det (auto)")
     ap.add_argument("--env-legs", nargs="+", default=[], type=_env_leg, metavar="NAME:VAR=VALUE",

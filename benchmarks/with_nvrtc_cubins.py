@@ -78,14 +78,6 @@ class CtypesNvrtc:
             self.lib.nvrtcDestroyProgram(ctypes.byref(prog))
 
 
-def _write(path: Path, data: bytes) -> None:
-    """Write ``path`` whole or not at all (a temporary file renamed over it): forked compile workers record side by
-    side."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
 def install(folder: Path, record_with: CtypesNvrtc | None = None) -> None:
     """Route jit.compile_source through ``folder``: recorded with ``record_with``'s NVRTC, or replayed from it. Each
     program is ``KEY.cubin`` and ``KEY.json`` (its file name and NVRTC log); ``nvrtc.json`` names the version."""
@@ -98,7 +90,7 @@ def install(folder: Path, record_with: CtypesNvrtc | None = None) -> None:
             raise SystemExit(f"{folder} holds another NVRTC's cubins ({version_path.read_text().strip()}): record "
                              f"NVRTC {version} into another folder")
         folder.mkdir(parents=True, exist_ok=True)
-        _write(version_path, json.dumps(dict(nvrtc=version)).encode())
+        jit._atomic_write(version_path, json.dumps(dict(nvrtc=version)).encode())
         os.environ["CUPY_DASH_CACHE_DIR"] = tempfile.mkdtemp(prefix="nvrtc_record_cache_")
     elif not version_path.exists():
         raise SystemExit(f"{folder}: no recorded cubins (no nvrtc.json; carried to this machine?)")
@@ -114,8 +106,8 @@ def install(folder: Path, record_with: CtypesNvrtc | None = None) -> None:
                     True)
         cubin, log, ok = record_with.compile(source, name, options)
         if ok:
-            _write(folder / f"{key}.cubin", cubin)
-            _write(folder / f"{key}.json", json.dumps(dict(file=Path(name).name, log=log)).encode())
+            jit._atomic_write(folder / f"{key}.cubin", cubin)   # whole or not at all: forked workers record
+            jit._atomic_write(folder / f"{key}.json", json.dumps(dict(file=Path(name).name, log=log)).encode())
         return cubin, log, ok
 
     fingerprint = f"nvrtc-{version}-cubins-{hashlib.sha256(str(folder).encode()).hexdigest()[:12]}"
