@@ -20,7 +20,7 @@ from cupy_dash.core import api
 from cupy_dash.cuda import kernels, launchers
 from cupy_dash.cli.measure import random_tensor
 from cupy_dash.cuda.params import CONSTANTS
-from timeline_phases import format_report, phase_report
+from timeline_phases import format_report, format_switch_report, phase_report, switch_report
 
 
 def run(hdim, causal, S, policy, deterministic=True):
@@ -56,6 +56,7 @@ def run(hdim, causal, S, policy, deterministic=True):
           f"{gaps.mean():6.0f} (p90 {np.percentile(gaps, 90):6.0f})  CTA time per visit "
           f"{span * plan.num_ctas / plan.num_visits:6.0f}", flush=True)
     print(format_report(phase_report(t, cta_start, CONSTANTS.kBwdStages)), flush=True)
+    print(format_switch_report(switch_report(t, visits, cta_start)), flush=True)
     return dict(stamps=t, visits=visits, rank=np.asarray(plan.rank), cta_start=cta_start)
 
 

@@ -125,6 +125,53 @@ def phase_report(stamps: np.ndarray, cta_start: np.ndarray, stages: int = 2) -> 
                 idle_by_phase=idle_by_phase, loads=load_report(stamps, cta_start, stages))
 
 
+def switch_report(stamps: np.ndarray, visits: np.ndarray, cta_start: np.ndarray) -> dict:
+    """What a CTA's change of KV tile costs the MMA warpgroups: for each warpgroup, the cycles from the end of its
+    previous visit (dK done) to its S^T issue, split by whether the visit is the first of its KV tile in the CTA
+    (the previous visit's tile was another: the dK / dV epilogue, the new K and V, the Q wait) or not (the Q wait
+    alone). ``switch`` / ``within``: (mean, p50) cycles of each warpgroup; ``switches``: how many; ``excess``: the
+    switches' cycles beyond the within-tile median, summed, over the CTAs' cycles (first S^T issue to last dK done),
+    both warpgroups' mean: what an epilogue hidden behind the next tile's first visit could save at most.
+
+    visits: (V, 4) int32 (cta, head, n_block, m_block) in table order (plan.visits); stamps and cta_start as in
+    :func:`phase_report`."""
+    stamps = np.asarray(stamps, dtype=np.int64)
+    visits = np.asarray(visits)
+    cta_start = np.asarray(cta_start, dtype=np.int64)
+    first = np.zeros(len(visits), dtype=bool)
+    follows = np.zeros(len(visits), dtype=bool)   # visits with a previous visit in the same CTA
+    span = 0
+    for a, b in zip(cta_start[:-1], cta_start[1:]):
+        if b - a > 1:
+            follows[a + 1:b] = True
+            tile = visits[a:b, 1:3]
+            first[a + 1:b] = (tile[1:] != tile[:-1]).any(axis=1)
+        if b > a:
+            w = [wg_stamps(stamps[a:b], wg) for wg in (0, 1)]
+            span += int(max(t[:, DK_DONE].max() for t in w) - min(t[:, S_ISSUE].min() for t in w))
+    rep = dict(switch=[], within=[], switches=int(first.sum()), excess=0.0)
+    excess = []
+    prev = np.flatnonzero(follows) - 1
+    for wg in (0, 1):
+        t = wg_stamps(stamps, wg)
+        cost = np.zeros(len(visits), dtype=np.int64)
+        cost[follows] = t[follows, S_ISSUE] - t[prev, DK_DONE]
+        sw, wi = cost[first], cost[follows & ~first]
+        rep["switch"].append((float(sw.mean()), float(np.median(sw))) if len(sw) else (0.0, 0.0))
+        rep["within"].append((float(wi.mean()), float(np.median(wi))) if len(wi) else (0.0, 0.0))
+        excess.append(float((sw - rep["within"][wg][1]).sum()) / span if span and len(sw) else 0.0)
+    rep["excess"] = float(np.mean(excess))
+    return rep
+
+
+def format_switch_report(rep: dict) -> str:
+    sw, wi = rep["switch"], rep["within"]
+    return (f"  KV-tile switches {rep['switches']}: end of visit -> S^T issue, mean / p50 cycles, wg 0 | wg 1: "
+            f"switch {sw[0][0]:.0f} / {sw[0][1]:.0f} | {sw[1][0]:.0f} / {sw[1][1]:.0f}, within a tile "
+            f"{wi[0][0]:.0f} / {wi[0][1]:.0f} | {wi[1][0]:.0f} / {wi[1][1]:.0f}; beyond the within-tile median: "
+            f"{100 * rep['excess']:.2f} % of the CTAs' cycles")
+
+
 def format_report(rep: dict) -> str:
     lines = [f"  {'phase (mean cycles)':24s} {'wg 0':>8s} {'wg 1':>8s}"]
     for name in ("between visits",) + tuple(n for n, _, _ in PHASES):

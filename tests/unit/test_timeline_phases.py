@@ -109,3 +109,23 @@ def test_load_report_times_the_producer_against_the_stage_release_and_the_issues
     assert rep["Q issued after release"] == (300 * 2 - 40 - 260,) * 3
     assert rep["Q issued -> S^T issued"] == (40.0, 40.0, 40.0)
     assert rep["dO issued -> dP^T issued"] == (27.0, 27.0, 27.0)
+
+
+def test_switch_report_separates_a_kv_tile_change_from_the_visits_within_a_tile():
+    # one CTA, visits 300 cycles apart with a 5-cycle Q wait, but the third visit (the first of KV tile 1) begins
+    # 700 cycles later: end of visit (S^T issue + 250) -> next S^T issue is 50 within the tile, 750 at the switch
+    offs = [100, 50, 30, 10, 40, 20]
+    starts = (0, 300, 1300, 1600)
+    rows = [(_visit(t0, offs, (5, 0)), _visit(t0, offs, (5, 0))) for t0 in starts]
+    visits = np.array([[0, 0, 0, 0], [0, 0, 0, 1], [0, 0, 1, 0], [0, 0, 1, 1]], dtype=np.int32)
+    rep = tp.switch_report(_stamps(rows), visits, np.array([0, 4]))
+    assert rep["switches"] == 1
+    assert rep["switch"] == [(750.0, 750.0)] * 2 and rep["within"] == [(50.0, 50.0)] * 2
+    assert rep["excess"] == pytest.approx(700 / 1850)                # CTA cycles: S^T issue 0 .. dK done 1850
+    assert "KV-tile switches 1" in tp.format_switch_report(rep)
+    # the same tile in another head is a switch too; a new CTA is not (nothing ran before it there)
+    visits[2:, 1] = 1
+    visits[2:, 2] = 0
+    assert tp.switch_report(_stamps(rows), visits, np.array([0, 4]))["switches"] == 1
+    rep2 = tp.switch_report(_stamps(rows), visits, np.array([0, 2, 4]))
+    assert rep2["switches"] == 0 and rep2["excess"] == 0.0
