@@ -129,9 +129,11 @@ def switch_report(stamps: np.ndarray, visits: np.ndarray, cta_start: np.ndarray)
     """What a CTA's change of KV tile costs the MMA warpgroups: for each warpgroup, the cycles from the end of its
     previous visit (dK done) to its S^T issue, split by whether the visit is the first of its KV tile in the CTA
     (the previous visit's tile was another: the dK / dV epilogue, the new K and V, the Q wait) or not (the Q wait
-    alone). ``switch`` / ``within``: (mean, p50) cycles of each warpgroup; ``switches``: how many; ``excess``: the
-    switches' cycles beyond the within-tile median, summed, over the CTAs' cycles (first S^T issue to last dK done),
-    both warpgroups' mean: what an epilogue hidden behind the next tile's first visit could save at most.
+    alone). ``switch`` / ``within``: (mean, p50) cycles of each warpgroup; ``switch_parts``: the switches' mean
+    cycles of each warpgroup from dK done to the next visit's top (the epilogue, ``end -> top``) and from the top to
+    the S^T issue (the Q and K waits, ``top -> S^T``); ``switches``: how many; ``excess``: the switches' cycles beyond
+    the within-tile median, summed, over the CTAs' cycles (first S^T issue to last dK done), both warpgroups' mean:
+    what an epilogue hidden behind the next tile's first visit could save at most.
 
     visits: (V, 4) int32 (cta, head, n_block, m_block) in table order (plan.visits); stamps and cta_start as in
     :func:`phase_report`."""
@@ -149,7 +151,7 @@ def switch_report(stamps: np.ndarray, visits: np.ndarray, cta_start: np.ndarray)
         if b > a:
             w = [wg_stamps(stamps[a:b], wg) for wg in (0, 1)]
             span += int(max(t[:, DK_DONE].max() for t in w) - min(t[:, S_ISSUE].min() for t in w))
-    rep = dict(switch=[], within=[], switches=int(first.sum()), excess=0.0)
+    rep = dict(switch=[], within=[], switch_parts=[], switches=int(first.sum()), excess=0.0)
     excess = []
     prev = np.flatnonzero(follows) - 1
     for wg in (0, 1):
@@ -159,6 +161,9 @@ def switch_report(stamps: np.ndarray, visits: np.ndarray, cta_start: np.ndarray)
         sw, wi = cost[first], cost[follows & ~first]
         rep["switch"].append((float(sw.mean()), float(np.median(sw))) if len(sw) else (0.0, 0.0))
         rep["within"].append((float(wi.mean()), float(np.median(wi))) if len(wi) else (0.0, 0.0))
+        epilogue = t[first, TOP] - t[np.flatnonzero(first) - 1, DK_DONE]
+        rep["switch_parts"].append({"end -> top": float(epilogue.mean()) if len(sw) else 0.0,
+                                    "top -> S^T": float((sw - epilogue).mean()) if len(sw) else 0.0})
         excess.append(float((sw - rep["within"][wg][1]).sum()) / span if span and len(sw) else 0.0)
     rep["excess"] = float(np.mean(excess))
     return rep
@@ -169,7 +174,8 @@ def format_switch_report(rep: dict) -> str:
     return (f"  KV-tile switches {rep['switches']}: end of visit -> S^T issue, mean / p50 cycles, wg 0 | wg 1: "
             f"switch {sw[0][0]:.0f} / {sw[0][1]:.0f} | {sw[1][0]:.0f} / {sw[1][1]:.0f}, within a tile "
             f"{wi[0][0]:.0f} / {wi[0][1]:.0f} | {wi[1][0]:.0f} / {wi[1][1]:.0f}; beyond the within-tile median: "
-            f"{100 * rep['excess']:.2f} % of the CTAs' cycles")
+            f"{100 * rep['excess']:.2f} % of the CTAs' cycles; a switch's mean "
+            + " | ".join(", ".join(f"{k} {v:.0f}" for k, v in parts.items()) for parts in rep["switch_parts"]))
 
 
 def format_report(rep: dict) -> str:

@@ -122,6 +122,7 @@ def test_switch_report_separates_a_kv_tile_change_from_the_visits_within_a_tile(
     assert rep["switches"] == 1
     assert rep["switch"] == [(750.0, 750.0)] * 2 and rep["within"] == [(50.0, 50.0)] * 2
     assert rep["excess"] == pytest.approx(700 / 1850)                # CTA cycles: S^T issue 0 .. dK done 1850
+    assert rep["switch_parts"] == [{"end -> top": 745.0, "top -> S^T": 5.0}] * 2    # the 5-cycle Q wait after it
     assert "KV-tile switches 1" in tp.format_switch_report(rep)
     # the same tile in another head is a switch too; a new CTA is not (nothing ran before it there)
     visits[2:, 1] = 1
