@@ -38,10 +38,15 @@ DASH_DEVICE void consume(const BwdParams& p, const ScheduleView& sched, const Sm
     const VisitSlot done = bwd_step(p, s, smem_generic, v, j, groups, first, dK, dV, wg, tid);
     first = done.last;
     if (done.last) {
+#if DASH_HEAD_DIM == 192 || DASH_HEAD_DIM == 256
       store_dkv(p, done.w, dK, dV, wg, tid);
+#else
+      stage_dkv(p, s, done.w, dK, dV, wg, tid);
+#endif
       ++groups;
     }
   }
+  if (tid == 0) bulk_wait<0>();  // the last dK / dV stores (bwd/epilogue.cuh) have read shared memory
 }
 
 extern "C" __global__ void __launch_bounds__(kNumThreads, 1) dash_bwd_main(const __grid_constant__ BwdParams p) {

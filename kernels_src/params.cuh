@@ -91,6 +91,9 @@ struct BwdParams {
   // softmax_scale_log2 - lse_log2) with softmax_scale_log2 = cap * log2(e), and dS gets the factor 1 - tanh^2;
   // softmax_scale stays the caller's scale (dK, dQ are scaled by it).
   float softcap_prescale;
+  // The maps of dk and dv as tma_k and tma_v above, with boxes of 64 rows: one MMA warpgroup's keys (the TMA stores
+  // of bwd/epilogue.cuh), appended last as the fields above.
+  TmaDesc tma_dk, tma_dv;
 };
 
 // The (batch, head) pair of a bh index and its kv head (32-bit division: bh < B * H < 2^31).

@@ -262,16 +262,26 @@ def fixed_tables(no_gpu, monkeypatch):
     fastpath.clear()
 
 
-PER_CALL_FIELDS = ("lse_log2", "dpsum", "dq_accum", "dq_semaphore", "dq", "dk", "dv", "error", "error_host")
+PER_CALL_FIELDS = ("lse_log2", "dpsum", "dq_accum", "dq_semaphore", "dq", "dk", "dv", "tma_dk", "tma_dv", "error",
+                   "error_host")
+
+
+def assert_output_maps(block) -> None:
+    """The dk / dv tensor maps of a patched block describe its dk / dv (the executor's inspect mode writes a map's
+    address over its first 8 bytes)."""
+    for name in ("dk", "dv"):
+        assert int.from_bytes(bytes(np.atleast_1d(block[f"tma_{name}"]).view(np.uint8))[:8], "little") == \
+            int(block[name]), name
 
 
 def assert_full_paths_block(full, fast) -> None:
     """A fast-path backward's parameter block ``fast`` equals the full path's ``full`` but for the per-call fields
-    (scratch, outputs, error record; PER_CALL_FIELDS)."""
+    (scratch, outputs and their maps, error record; PER_CALL_FIELDS)."""
     for name in kernels.BWD_PARAMS_DTYPE.names:
         if name not in PER_CALL_FIELDS:
             assert bytes(np.atleast_1d(full[name]).view(np.uint8)) == \
                 bytes(np.atleast_1d(fast[name]).view(np.uint8)), name
+    assert_output_maps(fast)
 
 
 def served_backwards(enqueued, args, calls, **kwargs) -> list:

@@ -281,6 +281,8 @@ def bwd_params(c, operands, lse_ptr, work_base, grads, error, timeline_ptr=0, cu
         tma_k=tensormap.bhsd_map(k_ptr, p.dtype, (B, Sk, Hkv, D), k_stride, bn, "k"),
         tma_v=tensormap.bhsd_map(v_ptr, p.dtype, (B, Sk, Hkv, Dv), v_stride, bn, "v"),
         tma_do=tensormap.bhsd_map(do_ptr, p.dtype, (B, Sq, H, Dv), do_stride, bm, "do"),
+        tma_dk=tensormap.bhsd_map(dk_ptr, p.dtype, (B, Sk, Hkv, D), bsh_strides((B, Sk, Hkv, D)), 64, "dk"),
+        tma_dv=tensormap.bhsd_map(dv_ptr, p.dtype, (B, Sk, Hkv, Dv), bsh_strides((B, Sk, Hkv, Dv)), 64, "dv"),
         q=q_ptr, k=k_ptr, v=v_ptr, out=o_ptr, dout=do_ptr, lse=lse_ptr,
         lse_log2=base + offsets[0], dpsum=base + offsets[1], dq_accum=base + offsets[2],
         dq=dq_ptr, dk=dk_ptr, dv=dv_ptr, dq_semaphore=base + offsets[3] if c.deterministic else 0,

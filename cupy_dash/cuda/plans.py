@@ -19,7 +19,8 @@ FWD_BUFFERS = ("q", "k", "v", "out", "lse", "cu_seqlens_q", "cu_seqlens_k")
 FWD_PERSISTENT_BUFFERS = FWD_BUFFERS[:5] + ("tile_counter",)     # the persistent build's (fixed length)
 BWD_BUFFERS = ("dout", "q", "k", "v", "out", "lse", "dq", "dk", "dv", "work", "error", "error_host")
 # tensor-map fields of the parameter blocks -> the buffer each describes
-MAP_BUFFERS = {"tma_q": "q", "tma_k": "k", "tma_v": "v", "tma_o": "out", "tma_do": "dout"}
+MAP_BUFFERS = {"tma_q": "q", "tma_k": "k", "tma_v": "v", "tma_o": "out", "tma_do": "dout", "tma_dk": "dk",
+               "tma_dv": "dv"}
 _MAX_CACHED = 256       # forward plans, and backward plans per schedule table
 _forwards: dict = {}
 _lock = threading.Lock()

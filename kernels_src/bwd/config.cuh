@@ -141,7 +141,8 @@ constexpr int kBarDqDone = kBarDqEmpty + kDqHalves * kNumMmaWg;
 constexpr int kBarFold = kBarDqDone + 1;
 constexpr int kBarWriterToken = kBarFold + 1;                     // + the dQ writer warp that waits for it
 constexpr int kBarPdSFree = kBarWriterToken + 2;                  // head dim 192: the P / dS tiles free again
-static_assert(kBarPdSFree < 16, "16 named barriers per CTA");
+constexpr int kBarDkv = kBarPdSFree + 1;                          // the dK / dV epilogue's staging (epilogue.cuh)
+static_assert(kBarDkv < 16, "16 named barriers per CTA");
 constexpr int kPdSThreads = kNumMmaWg * kWgThreads;
 constexpr int kDqBarThreads = kWgThreads + 32;
 

@@ -1,13 +1,21 @@
 // Backward main kernel, dK / dV epilogue: after the last visit of a KV tile each MMA warpgroup writes its 64 rows
 // of dK (scaled by softmax_scale) and dV from the accumulators, rows < Sk (of the sequence, in varlen builds)
 // only: a varlen sequence's last KV tile must not write into the next sequence's rows. dK and dV are contiguous
-// (the host allocates them): rows and 8-column groups start on 16-byte boundaries.
+// (the host allocates them): rows and 8-column groups start on 16-byte boundaries. The rows go through shared
+// memory to TMA stores (stage_dkv), or, where a box would reach into the next varlen sequence, from the registers
+// to global memory (store_dkv).
 #pragma once
 #include "../bwd_rows.cuh"
 #include "../params.cuh"
+#include "../ptx/bulk_reduce.cuh"
 #include "../ptx/cvt.cuh"
+#include "../ptx/fence.cuh"
+#include "../ptx/named_barrier.cuh"
 #include "../ptx/st_global.cuh"
+#include "../ptx/tma.cuh"
 #include "../schedule_view.cuh"
+#include "../swizzled_tile.cuh"
+#include "../tile_tma.cuh"
 #include "../wgmma_fragment.cuh"
 #include "config.cuh"
 
@@ -49,6 +57,101 @@ DASH_DEVICE void store_dkv(const BwdParams& p, const Visit& w, const DkvAcc& dK,
       }
     }
   }
+}
+
+// NOTES: the staging slots are the stage dS tiles (kPdSStages x SmemLayout::kDS bytes, 1024-aligned), free at a
+// KV tile's end once both MMA warpgroups' GEMMs of its last visit are complete: the other warpgroup's dQ GEMM reads
+// this warpgroup's keys of the dS tile, so both pass kBarDkv first. A slot holds one warpgroup's 64 rows of dK or
+// dV as a SwizzledTile<64> (the box of the dk / dv maps: 64 rows by every 64-column panel). With room for four
+// slots (head dim 64) dK and dV are staged at once; else (two slots) dV first, then dK once its TMA store has read
+// the slot. The next visit writes the dS tiles only after dkv_staging_free (its first visit of a KV tile).
+// NOTES: the capped head-dim-64 builds keep the stores from the registers (store_dkv): their 20 pairs of dT in
+// registers leave none for the staging (4-72 bytes of spills with it under NVRTC 13.5).
+constexpr bool kDkvStaged = !(kSoftcap && kBlockM == 128);
+constexpr int kDkvTileBytes = 64 * kHeadDim * 2;
+constexpr int kDkvSlots = kPdSStages * SmemLayout::kDS / kDkvTileBytes;
+constexpr bool kDkvOnePass = kDkvSlots >= 2 * kNumMmaWg;
+static_assert(kDkvSlots >= kNumMmaWg && kDkvTileBytes % kSmemAlign == 0, "a 1024-aligned slot per warpgroup");
+
+// One warpgroup's 64 x kHeadDimIO rows (dK scaled by `scale`, else 1) into slot `slot` of the dS tiles.
+template <bool kScaled>
+DASH_DEVICE void stage_rows(const Smem& s, int slot, const DkvAcc& acc, float scale, int tid) {
+  uint32_t a[kDkvRegs / 8][4];
+#pragma unroll
+  for (int ks = 0; ks < kDkvRegs / 8; ++ks) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float x = acc[8 * ks + 2 * j], y = acc[8 * ks + 2 * j + 1];
+      a[ks][j] = kScaled ? pack_elem2(x * scale, y * scale) : pack_elem2(x, y);
+    }
+  }
+  store_rows<64>(s.ds(0) + slot * kDkvTileBytes, a, 0, tid);
+}
+
+// TMA store of slot `slot` to rows [row, row + 64) of head hk, batch `batch` of the map's tensor (head dim 96: one
+// box per 64-column panel, the second clipped at column 96). Joins the calling thread's bulk group.
+DASH_DEVICE void store_slot(const TmaDesc* map, const Smem& s, int slot, int row, int hk, int batch) {
+  using Panel = MapPanel<kHeadDimIO>;
+  const uint32_t src = s.ds(0) + slot * kDkvTileBytes;
+  if constexpr (Panel::kByColumn) {
+#pragma unroll
+    for (int panel = 0; panel < kHeadDim / 64; ++panel) {
+      tma_store_5d(map, src + panel * SwizzledTile<64>::kPanelBytes, Panel::col(panel), row, Panel::index(panel), hk,
+                   batch);
+    }
+  } else {
+    tma_store_5d(map, src, 0, row, 0, hk, batch);
+  }
+}
+
+// The KV tile of visit w is done: both MMA warpgroups (every thread) write their dK and dV rows.
+DASH_DEVICE void stage_dkv(const BwdParams& p, const Smem& s, const Visit& w, const DkvAcc& dK, const DkvAcc& dV,
+                           int wg, int tid) {
+  if constexpr (!kDkvStaged) {
+    store_dkv(p, w, dK, dV, wg, tid);
+    return;
+  }
+  const Head hd(p, w.bh);
+  const BwdRows<kBlockM> seq(p, hd.b, hd.h);
+  const int key0 = w.n_block * kBlockN + 64 * wg;
+  // NOTES: fixed-length maps clip rows past Sk; a packed varlen map would write the next sequence's rows.
+  const bool staged = !is_varlen(p) || key0 + 64 <= seq.seqlen_k;
+  const bool issuer = staged && tid == 0;
+  if (!staged) store_dkv(p, w, dK, dV, wg, tid);
+  named_barrier_sync<kBarDkv, kPdSThreads>();
+  if (staged) {
+    stage_rows<false>(s, wg, dV, 1.f, tid);
+    if constexpr (kDkvOnePass) stage_rows<true>(s, kNumMmaWg + wg, dK, p.softmax_scale, tid);
+    fence_proxy_async_smem();
+  }
+  named_barrier_sync<kBarDkv, kPdSThreads>();
+  const int row = seq.row_k + key0;
+  if (issuer) {
+    store_slot(&p.tma_dv, s, wg, row, hd.hk, seq.batch);
+    if constexpr (kDkvOnePass) store_slot(&p.tma_dk, s, kNumMmaWg + wg, row, hd.hk, seq.batch);
+    bulk_commit();
+  }
+  if constexpr (!kDkvOnePass) {
+    if (issuer) bulk_wait_read<0>();
+    named_barrier_sync<kBarDkv, kPdSThreads>();
+    if (staged) {
+      stage_rows<true>(s, wg, dK, p.softmax_scale, tid);
+      fence_proxy_async_smem();
+    }
+    named_barrier_sync<kBarDkv, kPdSThreads>();
+    if (issuer) {
+      store_slot(&p.tma_dk, s, wg, row, hd.hk, seq.batch);
+      bulk_commit();
+    }
+  }
+}
+
+// The dS tiles may be written again: the stores of the previous KV tile's epilogue have read their slots. Every
+// MMA thread, before the first visit of a KV tile writes a dS tile.
+DASH_DEVICE void dkv_staging_free(int tid) {
+  if constexpr (!kDkvStaged) return;
+  if (tid == 0) bulk_wait_read<0>();
+  named_barrier_sync<kBarDkv, kPdSThreads>();
 }
 
 }  // namespace bwd

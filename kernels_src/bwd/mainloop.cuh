@@ -56,7 +56,9 @@ DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_gen
   const Band band(p, seq.seqlen_q, seq.seqlen_k);
   const TileMask mask(key0, query0, seq.seqlen_k, band, f);
 
-  // P^T from S^T while dP^T is still running, then dS^T.
+  // P^T from S^T while dP^T is still running, then dS^T (first in a KV tile: once the last one's dK / dV stores
+  // have read the dS tiles).
+  if (first_in_group) dkv_staging_free(tid);
   uint32_t Pa[kBlockM / 16][4], dSa[kBlockM / 16][4];
   if (mask.needed) {
     probs_and_grads<true>(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, do_stage, last_in_group, v, wg, tid, f);

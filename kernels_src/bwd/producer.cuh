@@ -25,6 +25,8 @@ DASH_DEVICE void produce(const BwdParams& p, const ScheduleView& sched, const Sm
   tma_prefetch_desc(&p.tma_k);
   tma_prefetch_desc(&p.tma_v);
   tma_prefetch_desc(&p.tma_do);
+  tma_prefetch_desc(&p.tma_dk);  // the MMA warpgroups' dK / dV stores (epilogue.cuh)
+  tma_prefetch_desc(&p.tma_dv);
   constexpr uint32_t kQBytes = SmemLayout::kQ + SmemLayout::kRow;
   int groups = 0;
   Visit prev{}, w = sched.visit(sched.begin);

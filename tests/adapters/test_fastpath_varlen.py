@@ -12,7 +12,7 @@ import pytest
 import cupy_dash
 from cupy_dash.core import fastpath, fastpath_varlen
 from cupy_dash.cuda import kernels, launchers
-from fastpath_fakes import (BF16, F32, I32, PER_CALL_FIELDS, Tensor, _inputs,  # noqa: F401  (fixtures)
+from fastpath_fakes import (BF16, F32, I32, PER_CALL_FIELDS, Tensor, _inputs, assert_output_maps,  # noqa: F401
                             _tables_per_packing, forward_recorder, no_gpu, outside_capture)
 
 _PER_CALL = PER_CALL_FIELDS
@@ -32,6 +32,7 @@ def test_a_repeated_call_is_served_with_the_full_paths_block(no_gpu):
         if name not in _PER_CALL:
             same = bytes(np.atleast_1d(full[name]).view(np.uint8)) == bytes(np.atleast_1d(fast[name]).view(np.uint8))
             assert same, name
+    assert_output_maps(fast)
     assert (int(fast["dq"]), int(fast["dk"]), int(fast["dv"])) == tuple(t.ptr for t in second) == enqueued[1]["grads"]
     assert (int(fast["error"]), int(fast["error_host"])) == (enqueued[1]["slot"].dptr, enqueued[1]["slot"].hdev)
     c = enqueued[1]["c"]

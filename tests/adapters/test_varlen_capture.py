@@ -20,7 +20,7 @@ import cupy_dash
 from cupy_dash.core import api, fastpath, fastpath_varlen, interop, varlen_host_cu
 from cupy_dash.cuda import device_tables, kernels, varlen_device
 from fastpath_fakes import (Tensor, _Dtype, _inputs, fake_bwd_entry, no_gpu, outside_capture,  # noqa: F401
-                            PER_CALL_FIELDS)
+                            PER_CALL_FIELDS, assert_output_maps)
 
 REAL_DEVICE = varlen_device.device          # taken before no_gpu replaces it
 I32 = _Dtype("int32", 4)
@@ -171,6 +171,7 @@ def test_a_captured_call_launches_from_the_warm_up_table_with_the_graph_record(g
             same = bytes(np.atleast_1d(eager["params"][name]).view(np.uint8)) == bytes(
                 np.atleast_1d(block[name]).view(np.uint8))
             assert same, name
+    assert_output_maps(block)
     c = captured["c"]
     assert c.tables is eager["c"].tables and not c.fold
     assert state.records == [(c.tables.policy, 3, 4, 300, 500, 128, True, (-1, 0))]

@@ -86,7 +86,7 @@ def test_backward_plan_patches(deterministic):
     assert found == want
     for field, value in (("visits", 0x5000), ("rank", 0x6000), ("cta_start", 0x7000)):
         assert int(parts.params[field][0]) == value, field            # constants stay in the template
-    assert {names[i] for _, i, _ in parts.maps} == {"q", "k", "v", "dout"}
+    assert {names[i] for _, i, _ in parts.maps} == {"q", "k", "v", "dout", "dk", "dv"}
     fixed = plans.backward(c, backward_strides(p), names[:10], error=(0x8000, 0))       # a JAX call's record
     assert {names[i] for _, i, _ in fixed.pointers} == set(names[:10])
     assert int(fixed.params["error"][0]) == 0x8000 and int(fixed.params["error_host"][0]) == 0
