@@ -62,8 +62,8 @@ DASH_DEVICE void store_dkv(const BwdParams& p, const Visit& w, const DkvAcc& dK,
 // NOTES: the staging slots are the stage dS tiles (kPdSStages x SmemLayout::kDS bytes, 1024-aligned), free at a
 // KV tile's end once both MMA warpgroups' GEMMs of its last visit are complete: the other warpgroup's dQ GEMM reads
 // this warpgroup's keys of the dS tile, so both pass kBarDkv first. A slot holds one warpgroup's 64 rows of dK or
-// dV as a SwizzledTile<64> (the box of the dk / dv maps: 64 rows by every 64-column panel). With room for four
-// slots (head dim 64) dK and dV are staged at once; else (two slots) dV first, then dK once its TMA store has read
+// dV as a SwizzledTile<64> (the box of the dk / dv maps: 64 rows by every 64-column panel). With four slots or more
+// (head dim 64: eight) dK and dV are staged at once; else (two slots) dV first, then dK once its TMA store has read
 // the slot. The next visit writes the dS tiles only after dkv_staging_free (its first visit of a KV tile).
 // NOTES: the capped head-dim-64 builds keep the stores from the registers (store_dkv): their 20 pairs of dT in
 // registers leave none for the staging (4-72 bytes of spills with it under NVRTC 13.5).

@@ -154,8 +154,10 @@ constexpr int kDtSmemPairs = kSoftcap ? kSRegs / 2 - kDtPairs : 0;
 // k) of lane l: row 8 (k / 2) + 2 (l / 8) + k % 2, chunk 2 warp + (l % 8) / 4, word l % 4; the four rows of a slot
 // differ in (row % 8) / 2, so the swizzle puts the 32 words in 32 banks.
 // NOTES: that panel is free from this visit's S^T wait: its last readers are visit j - 2's dQ GEMMs (kStages 2),
-// which both warpgroups completed before visit j - 1's kBarPdS; the other warpgroup writes only its own panel. A
-// thread's words are overwritten only by lanes of its warp, after the __syncwarp in probs_and_grads.
+// which both warpgroups completed before visit j - 1's kBarPdS; the other warpgroup writes only its own panel. At a
+// KV tile's first visit they are the last tile's dK / dV stores (epilogue.cuh, whose staging either warpgroup may
+// have written there), read before dkv_staging_free lets the visit go on. A thread's words are overwritten only by
+// lanes of its warp, after the __syncwarp in probs_and_grads.
 struct DtSlots {
   uint32_t* word[2];  // this lane's word of slots 0 and 1 (slot k: word[k % 2] + 256 (k / 2))
   DASH_DEVICE DtSlots(char* smem_generic, uint32_t smem_base, uint32_t ds_tile, int wg, int tid) {

@@ -134,6 +134,11 @@ def test_value_head_dim_128_with_192():
     f = launchers.bwd_params(c, operands, 0x6000, 0x100000, (0x7000, 0x8000, 0x9000), (0xD000, 0xF000), 0)[0]
     assert [unmap(f[n])[2] for n in ("tma_q", "tma_k", "tma_v", "tma_do")] == [
         (2, 200, 4, 192), (2, 320, 2, 192), (2, 320, 2, 128), (2, 200, 4, 128)]
+    # the contiguous outputs' maps, boxes of 64 rows (one MMA warpgroup's keys: kernels_src/bwd/epilogue.cuh)
+    assert unmap(f["tma_dk"]) == ("0x8000", "float16", (2, 320, 2, 192), (320 * 2 * 192, 2 * 192, 192), 64, None,
+                                  "dk")
+    assert unmap(f["tma_dv"]) == ("0x9000", "float16", (2, 320, 2, 128), (320 * 2 * 128, 2 * 128, 128), 64, None,
+                                  "dv")
     assert [tuple(f[n].tolist()) for n in ("dq_stride", "dk_stride", "dv_stride")] == [q_st, k_st, v_st]
 
 
