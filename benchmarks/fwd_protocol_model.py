@@ -14,27 +14,10 @@ the producer run two q_empty phases ahead of the epilogues."""
 import random
 import sys
 
+from protocol_sim import Mbar, interleave
+
 S = 2  # K/V stages
 FIXED = True   # Q loaded for every tile of a persistent CTA (as built); --q-on-kv-only: the protocol before
-
-
-class Mbar:
-    def __init__(self, name, count):
-        self.name, self.count, self.pending, self.tx, self.c = name, count, 0, 0, 0
-
-    def arrive(self, n=1, tx=0):
-        self.pending += n
-        self.tx += tx
-        self._check()
-
-    def complete_tx(self, tx):
-        self.tx -= tx
-        self._check()
-
-    def _check(self):
-        assert self.pending <= self.count, f"{self.name}: too many arrivals"
-        if self.pending == self.count and self.tx == 0:
-            self.pending, self.c = 0, self.c + 1
 
 
 class Named:
@@ -169,21 +152,7 @@ def run(tiles, seed, persistent=True):
             j += 1
 
     actors = {"producer": producer(), "wg0": consumer(0), "wg1": consumer(1)}
-    steps = 0
-    while actors:
-        steps += 1
-        if steps > 200000:
-            raise AssertionError("no progress")
-        if tx_events and rng.random() < 0.3:
-            bar = tx_events.pop(rng.randrange(len(tx_events)))
-            bar.complete_tx(1)
-            continue
-        name = rng.choice(list(actors))
-        try:
-            next(actors[name])
-        except StopIteration:
-            del actors[name]
-    return steps
+    return interleave(actors, tx_events, rng, lambda bar: bar.complete_tx(1), limit=200000)
 
 
 def random_tiles(seed, most):
