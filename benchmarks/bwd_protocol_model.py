@@ -49,7 +49,7 @@ def run(tiles, seed, one_pass=False, hold=True, k_stages=1):
     """``tiles``: visits per KV tile of one CTA, in order; ``one_pass``: dK staged in the last visit's Q / dO stages
     (dkv_one_pass.patch), whose empty arrivals wait for the stores (``hold``) until the next visit."""
     rng = random.Random(seed)
-    visits = [(t, i == 0, i == n - 1) for t, n in enumerate(tiles) for i in range(n)]
+    visits = [(i == 0, i == n - 1) for n in tiles for i in range(n)]     # (first, last) in the KV tile
     bars = {}
     for s in range(STAGES):
         for kind in ("q", "do"):
@@ -73,7 +73,7 @@ def run(tiles, seed, one_pass=False, hold=True, k_stages=1):
 
     def producer():
         groups = 0
-        for j, (t, first, _) in enumerate(visits):
+        for j, (first, _) in enumerate(visits):
             s = j % STAGES
             yield from wait(bars[f"q_empty{s}"], j // STAGES - 1)
             tma_load(bars[f"q_full{s}"], ("q", s))
@@ -104,7 +104,7 @@ def run(tiles, seed, one_pass=False, hold=True, k_stages=1):
 
     def consumer(w):
         who, groups = f"wg{w}", 0
-        for j, (t, first, last) in enumerate(visits):
+        for j, (first, last) in enumerate(visits):
             s, kb = j % STAGES, groups % k_stages
             yield from wait(bars[f"q_full{s}"], j // STAGES)
             if first:

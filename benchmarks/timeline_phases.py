@@ -57,6 +57,11 @@ def _phase_at(t: np.ndarray, when: np.ndarray) -> np.ndarray:
     return np.clip(i, 0, None) % (DK_DONE + 1)
 
 
+def _cta_cycles(w: list) -> int:
+    """One CTA's cycles, its first S^T issue to its last dK done; ``w``: both warpgroups' stamps of its visits."""
+    return int(max(t[:, DK_DONE].max() for t in w) - min(t[:, S_ISSUE].min() for t in w))
+
+
 def _deciles(x: np.ndarray) -> tuple:
     """(p10, p50, p90) of x, zeros if empty."""
     return tuple(float(v) for v in np.percentile(x, (10, 50, 90))) if len(x) else (0.0, 0.0, 0.0)
@@ -111,7 +116,7 @@ def phase_report(stamps: np.ndarray, cta_start: np.ndarray, stages: int = 2) -> 
         iv = np.concatenate([np.stack([t[:, lo], t[:, hi]], axis=1) for t in w
                              for lo, hi in ((S_ISSUE, DP_DONE), (DV_ISSUED, DK_DONE))])
         busy += _union_length(iv)
-        span += int(max(t[:, DK_DONE].max() for t in w) - min(t[:, S_ISSUE].min() for t in w))
+        span += _cta_cycles(w)
         gaps = _union_gaps(iv)
         if len(gaps):
             mid = (gaps[:, 0] + gaps[:, 1]) // 2
@@ -125,7 +130,7 @@ def phase_report(stamps: np.ndarray, cta_start: np.ndarray, stages: int = 2) -> 
                 idle_by_phase=idle_by_phase, loads=load_report(stamps, cta_start, stages))
 
 
-def switch_report(stamps: np.ndarray, visits: np.ndarray, cta_start: np.ndarray) -> dict:
+def switch_report(stamps: np.ndarray, visits: np.ndarray, cta_start: np.ndarray, group: int = 1) -> dict:
     """What a CTA's change of KV tile costs the MMA warpgroups: for each warpgroup, the cycles from the end of its
     previous visit (dK done) to its S^T issue, split by whether the visit is the first of its KV tile in the CTA
     (the previous visit's tile was another: the dK / dV epilogue, the new K and V, the Q wait) or not (the Q wait
@@ -135,8 +140,8 @@ def switch_report(stamps: np.ndarray, visits: np.ndarray, cta_start: np.ndarray)
     the within-tile median, summed, over the CTAs' cycles (first S^T issue to last dK done), both warpgroups' mean:
     what an epilogue hidden behind the next tile's first visit could save at most.
 
-    visits: (V, 4) int32 (cta, head, n_block, m_block) in table order (plan.visits); stamps and cta_start as in
-    :func:`phase_report`."""
+    visits: (V, 4) int32 (cta, head, n_block, m_block) in table order (plan.visits), ``group`` query heads per KV
+    head (GQA: the heads of a group share the KV tile); stamps and cta_start as in :func:`phase_report`."""
     stamps = np.asarray(stamps, dtype=np.int64)
     visits = np.asarray(visits)
     cta_start = np.asarray(cta_start, dtype=np.int64)
@@ -146,11 +151,10 @@ def switch_report(stamps: np.ndarray, visits: np.ndarray, cta_start: np.ndarray)
     for a, b in zip(cta_start[:-1], cta_start[1:]):
         if b - a > 1:
             follows[a + 1:b] = True
-            tile = visits[a:b, 1:3]
-            first[a + 1:b] = (tile[1:] != tile[:-1]).any(axis=1)
+            kv_head, n_block = visits[a:b, 1] // group, visits[a:b, 2]
+            first[a + 1:b] = (kv_head[1:] != kv_head[:-1]) | (n_block[1:] != n_block[:-1])
         if b > a:
-            w = [wg_stamps(stamps[a:b], wg) for wg in (0, 1)]
-            span += int(max(t[:, DK_DONE].max() for t in w) - min(t[:, S_ISSUE].min() for t in w))
+            span += _cta_cycles([wg_stamps(stamps[a:b], wg) for wg in (0, 1)])
     rep = dict(switch=[], within=[], switch_parts=[], switches=int(first.sum()), excess=0.0)
     excess = []
     prev = np.flatnonzero(follows) - 1

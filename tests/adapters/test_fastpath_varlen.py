@@ -12,8 +12,8 @@ import pytest
 import cupy_dash
 from cupy_dash.core import fastpath, fastpath_varlen
 from cupy_dash.cuda import kernels, launchers
-from fastpath_fakes import (BF16, F32, I32, PER_CALL_FIELDS, Tensor, _inputs, assert_output_maps,  # noqa: F401
-                            _tables_per_packing, forward_recorder, no_gpu, outside_capture)
+from fastpath_fakes import (BF16, F32, I32, PER_CALL_FIELDS, Tensor, _inputs,  # noqa: F401  (fixtures)
+                            _tables_per_packing, assert_output_maps, forward_recorder, no_gpu, outside_capture)
 
 _PER_CALL = PER_CALL_FIELDS
 

@@ -130,3 +130,5 @@ def test_switch_report_separates_a_kv_tile_change_from_the_visits_within_a_tile(
     assert tp.switch_report(_stamps(rows), visits, np.array([0, 4]))["switches"] == 1
     rep2 = tp.switch_report(_stamps(rows), visits, np.array([0, 2, 4]))
     assert rep2["switches"] == 0 and rep2["excess"] == 0.0
+    # GQA: heads 0 and 1 of one group share their KV tiles, so the head change alone is no switch
+    assert tp.switch_report(_stamps(rows), visits, np.array([0, 4]), group=2)["switches"] == 0
