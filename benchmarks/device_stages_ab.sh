@@ -117,7 +117,7 @@ if [ "$stage" = steady_ab ]; then   # AB_PATCHES (benchmarks/patches/<name>) and
     [ -f "$c/nvrtc.json" ] || { echo "steady_ab: $c holds no recorded cubins (carry it)" >&2; exit 2; }
   done
   for p in ${AB_PATCHES:-}; do        # FA3's non-deterministic backward (FA3_WHL=1), the yardstick of its process
-    mkdir -p .ab_$p && cp -r kernels_src .ab_$p/ && (cd .ab_$p && patch -s -p1 <../benchmarks/patches/$p.patch)
+    mkdir -p .ab_$p && cp -r kernels_src docs .ab_$p/ && (cd .ab_$p && patch -s -p1 <../benchmarks/patches/$p.patch)
   done
   for n in $(seq ${LEGS:-2}); do
     for leg in tree ${AB_PATCHES:-} ${AB_CUBINS:-}; do

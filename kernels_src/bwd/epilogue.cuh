@@ -2,8 +2,8 @@
 // of dK (scaled by softmax_scale) and dV from the accumulators, rows < Sk (of the sequence, in varlen builds)
 // only: a varlen sequence's last KV tile must not write into the next sequence's rows. dK and dV are contiguous
 // (the host allocates them): rows and 8-column groups start on 16-byte boundaries. The rows go through shared
-// memory to TMA stores (stage_dkv), or, where a box would reach into the next varlen sequence, from the registers
-// to global memory (store_dkv).
+// memory to TMA stores (stage_dkv), or, at head dim 64 and where a box would reach into the next varlen sequence,
+// from the registers to global memory (store_dkv).
 #pragma once
 #include "../bwd_rows.cuh"
 #include "../params.cuh"
@@ -62,16 +62,17 @@ DASH_DEVICE void store_dkv(const BwdParams& p, const Visit& w, const DkvAcc& dK,
 // NOTES: the staging slots are the stage dS tiles (kPdSStages x SmemLayout::kDS bytes, 1024-aligned), free at a
 // KV tile's end once both MMA warpgroups' GEMMs of its last visit are complete: the other warpgroup's dQ GEMM reads
 // this warpgroup's keys of the dS tile, so both pass kBarDkv first. A slot holds one warpgroup's 64 rows of dK or
-// dV as a SwizzledTile<64> (the box of the dk / dv maps: 64 rows by every 64-column panel). With four slots or more
-// (head dim 64: eight) dK and dV are staged at once; else (two slots) dV first, then dK once its TMA store has read
-// the slot. The next visit writes the dS tiles only after dkv_staging_free (its first visit of a KV tile).
-// NOTES: the capped head-dim-64 builds keep the stores from the registers (store_dkv): their 20 pairs of dT in
-// registers leave none for the staging (4-72 bytes of spills with it under NVRTC 13.5).
-constexpr bool kDkvStaged = !(kSoftcap && kBlockM == 128);
+// dV as a SwizzledTile<64> (the box of the dk / dv maps: 64 rows by every 64-column panel): dV first, then dK once
+// its TMA store has read the slot. The next visit writes the dS tiles only after dkv_staging_free (its first visit of
+// a KV tile).
+// NOTES: head dim 64 (the 128-query tile) keeps the stores from the registers (store_dkv): staged there, its change
+// of KV tile was 500-900 cycles shorter but every visit's phases 2 % longer, the backward 0.7-1.8 % slower (decision
+// record bwd-engine, "The change of KV tile"); its capped builds have no registers left for the staging anyway.
+constexpr bool kDkvStaged = kHeadDim != 64;
 constexpr int kDkvTileBytes = 64 * kHeadDim * 2;
 constexpr int kDkvSlots = kPdSStages * SmemLayout::kDS / kDkvTileBytes;
-constexpr bool kDkvOnePass = kDkvSlots >= 2 * kNumMmaWg;
-static_assert(kDkvSlots >= kNumMmaWg && kDkvTileBytes % kSmemAlign == 0, "a 1024-aligned slot per warpgroup");
+static_assert(!kDkvStaged || (kDkvSlots >= kNumMmaWg && kDkvTileBytes % kSmemAlign == 0),
+              "a 1024-aligned slot per warpgroup");
 
 // One warpgroup's 64 x kHeadDimIO rows (dK scaled by `scale`, else 1) into slot `slot` of the dS tiles.
 template <bool kScaled>
@@ -121,28 +122,24 @@ DASH_DEVICE void stage_dkv(const BwdParams& p, const Smem& s, const Visit& w, co
   named_barrier_sync<kBarDkv, kPdSThreads>();
   if (staged) {
     stage_rows<false>(s, wg, dV, 1.f, tid);
-    if constexpr (kDkvOnePass) stage_rows<true>(s, kNumMmaWg + wg, dK, p.softmax_scale, tid);
     fence_proxy_async_smem();
   }
   named_barrier_sync<kBarDkv, kPdSThreads>();
   const int row = seq.row_k + key0;
   if (issuer) {
     store_slot(&p.tma_dv, s, wg, row, hd.hk, seq.batch);
-    if constexpr (kDkvOnePass) store_slot(&p.tma_dk, s, kNumMmaWg + wg, row, hd.hk, seq.batch);
     bulk_commit();
+    bulk_wait_read<0>();
   }
-  if constexpr (!kDkvOnePass) {
-    if (issuer) bulk_wait_read<0>();
-    named_barrier_sync<kBarDkv, kPdSThreads>();
-    if (staged) {
-      stage_rows<true>(s, wg, dK, p.softmax_scale, tid);
-      fence_proxy_async_smem();
-    }
-    named_barrier_sync<kBarDkv, kPdSThreads>();
-    if (issuer) {
-      store_slot(&p.tma_dk, s, wg, row, hd.hk, seq.batch);
-      bulk_commit();
-    }
+  named_barrier_sync<kBarDkv, kPdSThreads>();
+  if (staged) {
+    stage_rows<true>(s, wg, dK, p.softmax_scale, tid);
+    fence_proxy_async_smem();
+  }
+  named_barrier_sync<kBarDkv, kPdSThreads>();
+  if (issuer) {
+    store_slot(&p.tma_dk, s, wg, row, hd.hk, seq.batch);
+    bulk_commit();
   }
 }
 
