@@ -66,8 +66,8 @@ DASH_DEVICE void store_dkv(const BwdParams& p, const Visit& w, const DkvAcc& dK,
 // its TMA store has read the slot. The next visit writes the dS tiles only after dkv_staging_free (its first visit of
 // a KV tile).
 // NOTES: head dim 64 (the 128-query tile) keeps the stores from the registers (store_dkv): staged there, its change
-// of KV tile was 500-900 cycles shorter but every visit's phases 2 % longer, the backward 0.7-1.8 % slower (decision
-// record bwd-engine, "The change of KV tile"); its capped builds have no registers left for the staging anyway.
+// of KV tile was 500-900 cycles shorter but every visit's phases 2 % longer, the backward 0.8-1.7 % slower (decision
+// record bwd-engine, "After stage_dkv"); its capped builds have no registers left for the staging anyway.
 constexpr bool kDkvStaged = kHeadDim != 64;
 constexpr int kDkvTileBytes = 64 * kHeadDim * 2;
 constexpr int kDkvSlots = kPdSStages * SmemLayout::kDS / kDkvTileBytes;
