@@ -13,20 +13,9 @@ tiles). No GPU; a design check of the protocol, not of the kernel's code.
 import random
 import sys
 
-from protocol_sim import Mbar, interleave
+from protocol_sim import Mbar, interleave, parity_wait
 
 STAGES = 2   # Q and dO stages (kStages, kDoStages)
-
-
-def wait(bar, phase):
-    """The parity wait of ``phase`` as the hardware runs it (passes once the current phase's parity differs from
-    phase & 1; an "empty" wait of phase -1 passes on a fresh barrier); asserts that it passes on that phase only."""
-    while True:
-        assert bar.c <= phase + 1, f"{bar.name}: waited for phase {phase}, barrier already at {bar.c}"
-        if bar.c % 2 != phase % 2:
-            assert bar.c == phase + 1, f"{bar.name}: the wait for phase {phase} passed at {bar.c}"
-            return
-        yield
 
 
 class Named:
@@ -75,16 +64,16 @@ def run(tiles, seed, one_pass=False, hold=True, k_stages=1):
         groups = 0
         for j, (first, _) in enumerate(visits):
             s = j % STAGES
-            yield from wait(bars[f"q_empty{s}"], j // STAGES - 1)
+            yield from parity_wait(bars[f"q_empty{s}"], j // STAGES - 1)
             tma_load(bars[f"q_full{s}"], ("q", s))
             if first:
                 kb = groups % k_stages
-                yield from wait(bars[f"k_empty{kb}"], groups // k_stages - 1)
+                yield from parity_wait(bars[f"k_empty{kb}"], groups // k_stages - 1)
                 tma_load(bars[f"k_full{kb}"], ("k", kb))
-                yield from wait(bars["v_empty"], groups - 1)
+                yield from parity_wait(bars["v_empty"], groups - 1)
                 tma_load(bars["v_full"], ("v",))
                 groups += 1
-            yield from wait(bars[f"do_empty{s}"], j // STAGES - 1)
+            yield from parity_wait(bars[f"do_empty{s}"], j // STAGES - 1)
             tma_load(bars[f"do_full{s}"], ("do", s))
 
     def stage_write(region):
@@ -106,13 +95,13 @@ def run(tiles, seed, one_pass=False, hold=True, k_stages=1):
         who, groups = f"wg{w}", 0
         for j, (first, last) in enumerate(visits):
             s, kb = j % STAGES, groups % k_stages
-            yield from wait(bars[f"q_full{s}"], j // STAGES)
+            yield from parity_wait(bars[f"q_full{s}"], j // STAGES)
             if first:
-                yield from wait(bars[f"k_full{kb}"], groups // k_stages)
+                yield from parity_wait(bars[f"k_full{kb}"], groups // k_stages)
             readers.setdefault(("q", s), set()).add(w)          # S^T (and later dK) read Q
             if first:
-                yield from wait(bars["v_full"], groups)
-            yield from wait(bars[f"do_full{s}"], j // STAGES)
+                yield from parity_wait(bars["v_full"], groups)
+            yield from parity_wait(bars[f"do_full{s}"], j // STAGES)
             readers.setdefault(("do", s), set()).add(w)         # dP^T (and later dV) read dO
             if first:                                           # dkv_staging_free
                 yield from wait_reads(w)

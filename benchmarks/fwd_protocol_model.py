@@ -14,7 +14,7 @@ the producer run two q_empty phases ahead of the epilogues."""
 import random
 import sys
 
-from protocol_sim import Mbar, interleave
+from protocol_sim import Mbar, interleave, parity_wait
 
 S = 2  # K/V stages
 FIXED = True   # Q loaded for every tile of a persistent CTA (as built); --q-on-kv-only: the protocol before
@@ -30,16 +30,6 @@ class Named:
         self.count += 128
         if self.count == 256:
             self.count, self.gen, self.arrived = 0, self.gen + 1, set()
-
-
-def wait(bar, parity, phase):
-    """A parity wait meaning `phase`: yields until it succeeds; asserts it never aliases."""
-    while True:
-        assert bar.c <= phase + 1, f"{bar.name}: waited for phase {phase}, barrier already at {bar.c}"
-        if bar.c % 2 != parity:
-            assert bar.c == phase + 1, f"{bar.name}: parity {parity} passed at {bar.c} for phase {phase}"
-            return
-        yield
 
 
 def run(tiles, seed, persistent=True):
@@ -63,7 +53,7 @@ def run(tiles, seed, persistent=True):
         linear = next(claims)
         while True:
             if persistent:
-                yield from wait(bars[f"se{j % 2}"], ((j // 2) & 1) ^ 1, j // 2 - 1)
+                yield from parity_wait(bars[f"se{j % 2}"], j // 2 - 1)
                 slots[j % 2] = linear
                 bars[f"sf{j % 2}"].arrive()
             if linear >= len(tiles):
@@ -71,19 +61,19 @@ def run(tiles, seed, persistent=True):
             n = tiles[linear]
             if FIXED and n == 0:
                 if done > 0:
-                    yield from wait(bars["q_empty"], (done - 1) & 1, done - 1)
+                    yield from parity_wait(bars["q_empty"], done - 1)
                 tma(bars["q_full"])
             if n > 0:
                 def load(kind, i):
                     g = kv + i
-                    yield from wait(bars[f"{kind}e{g % S}"], ((g // S) & 1) ^ 1, g // S - 1)
+                    yield from parity_wait(bars[f"{kind}e{g % S}"], g // S - 1)
                     tma(bars[f"{kind}f{g % S}"])
                 if done == 0:
                     tma(bars["q_full"])
                     yield from load("k", 0)
                 else:
                     yield from load("k", 0)
-                    yield from wait(bars["q_empty"], (done - 1) & 1, done - 1)
+                    yield from parity_wait(bars["q_empty"], done - 1)
                     tma(bars["q_full"])
                 for i in range(1, n):
                     yield from load("k", i)
@@ -108,7 +98,7 @@ def run(tiles, seed, persistent=True):
             T[1 - w].arrive(who)
         while True:
             if persistent:
-                yield from wait(bars[f"sf{j % 2}"], (j // 2) & 1, j // 2)
+                yield from parity_wait(bars[f"sf{j % 2}"], j // 2)
                 linear = slots[j % 2]
                 bars[f"se{j % 2}"].arrive(128)
             else:
@@ -119,24 +109,24 @@ def run(tiles, seed, persistent=True):
             if n > 0:
                 if w == 1:
                     turn_pass()
-                yield from wait(bars["q_full"], loads & 1, loads)
+                yield from parity_wait(bars["q_full"], loads)
                 g = kv
-                yield from wait(bars[f"kf{g % S}"], (g // S) & 1, g // S)
+                yield from parity_wait(bars[f"kf{g % S}"], g // S)
                 yield from turn_wait()
                 turn_pass()
                 yield
                 bars[f"ke{g % S}"].arrive()
                 for i in range(1, n):
                     g = kv + i
-                    yield from wait(bars[f"kf{g % S}"], (g // S) & 1, g // S)
+                    yield from parity_wait(bars[f"kf{g % S}"], g // S)
                     yield from turn_wait()
-                    yield from wait(bars[f"vf{(g - 1) % S}"], ((g - 1) // S) & 1, (g - 1) // S)
+                    yield from parity_wait(bars[f"vf{(g - 1) % S}"], (g - 1) // S)
                     turn_pass()
                     yield
                     bars[f"ke{g % S}"].arrive()
                     bars[f"ve{(g - 1) % S}"].arrive()
                 g = kv + n - 1
-                yield from wait(bars[f"vf{g % S}"], (g // S) & 1, g // S)
+                yield from parity_wait(bars[f"vf{g % S}"], g // S)
                 yield from turn_wait()
                 if w == 0:
                     turn_pass()
@@ -145,7 +135,7 @@ def run(tiles, seed, persistent=True):
                 kv += n
                 loads += 1
             elif FIXED:
-                yield from wait(bars["q_full"], loads & 1, loads)
+                yield from parity_wait(bars["q_full"], loads)
                 loads += 1
             yield   # the epilogue
             bars["q_empty"].arrive(128)

@@ -1,5 +1,5 @@
 """What the barrier-protocol models share (benchmarks/fwd_protocol_model.py, benchmarks/bwd_protocol_model.py): an
-mbarrier with arrivals and a transaction count, and a random interleaving of generator actors with asynchronous
+mbarrier with arrivals and a transaction count, its parity wait, and a random interleaving of generator actors with asynchronous
 completions (TMA loads, stores). No GPU."""
 
 
@@ -23,6 +23,18 @@ class Mbar:
         assert self.pending <= self.count, f"{self.name}: too many arrivals"
         if self.pending == self.count and self.tx == 0:
             self.pending, self.c = 0, self.c + 1
+
+
+def parity_wait(bar, phase):
+    """A parity wait for ``phase`` of ``bar`` as the hardware runs it: passes once the parity of the completed phases
+    differs from ``phase`` & 1 (an "empty" wait for phase -1 passes on a fresh barrier); yields until then and asserts
+    that it passes on that phase only (never a phase behind or two ahead: an aliased parity)."""
+    while True:
+        assert bar.c <= phase + 1, f"{bar.name}: waited for phase {phase}, barrier already at {bar.c}"
+        if bar.c % 2 != phase % 2:
+            assert bar.c == phase + 1, f"{bar.name}: the wait for phase {phase} passed at {bar.c}"
+            return
+        yield
 
 
 def interleave(actors, events, rng, complete, limit=400000):

@@ -38,11 +38,7 @@ DASH_DEVICE void consume(const BwdParams& p, const ScheduleView& sched, const Sm
     const VisitSlot done = bwd_step(p, s, smem_generic, v, j, groups, first, dK, dV, wg, tid);
     first = done.last;
     if (done.last) {
-#if DASH_HEAD_DIM == 192 || DASH_HEAD_DIM == 256
-      store_dkv(p, done.w, dK, dV, wg, tid);
-#else
-      stage_dkv(p, s, done.w, dK, dV, wg, tid);
-#endif
+      store_dkv(p, s, done.w, dK, dV, wg, tid);
       ++groups;
     }
   }

@@ -3,7 +3,7 @@
 // only: a varlen sequence's last KV tile must not write into the next sequence's rows. dK and dV are contiguous
 // (the host allocates them): rows and 8-column groups start on 16-byte boundaries. The rows go through shared
 // memory to TMA stores (stage_dkv), or, at head dim 64 and where a box would reach into the next varlen sequence,
-// from the registers to global memory (store_dkv).
+// from the registers to global memory (store_dkv_rows); store_dkv is the plan's entry (bwd_main.cu's consume).
 #pragma once
 #include "../bwd_rows.cuh"
 #include "../params.cuh"
@@ -28,7 +28,8 @@ namespace bwd {
 // (the 4-byte stores left the MMA warpgroups waiting on the store queue: decision record bwd-engine).
 static_assert(kHeadDimIO / 8 % 4 == 0, "runs of four 8-column groups");
 
-DASH_DEVICE void store_dkv(const BwdParams& p, const Visit& w, const DkvAcc& dK, const DkvAcc& dV, int wg, int tid) {
+DASH_DEVICE void store_dkv_rows(const BwdParams& p, const Visit& w, const DkvAcc& dK, const DkvAcc& dV, int wg,
+                                int tid) {
   const Head hd(p, w.bh);
   const BwdRows<kBlockM> seq(p, hd.b, hd.h);
   const int lane = tid % 32, q = lane % 4;
@@ -65,7 +66,7 @@ DASH_DEVICE void store_dkv(const BwdParams& p, const Visit& w, const DkvAcc& dK,
 // dV as a SwizzledTile<64> (the box of the dk / dv maps: 64 rows by every 64-column panel): dV first, then dK once
 // its TMA store has read the slot. The next visit writes the dS tiles only after dkv_staging_free (its first visit of
 // a KV tile).
-// NOTES: head dim 64 (the 128-query tile) keeps the stores from the registers (store_dkv): staged there, its change
+// NOTES: head dim 64 (the 128-query tile) keeps the stores from the registers (store_dkv_rows): staged there, its change
 // of KV tile was 500-900 cycles shorter but every visit's phases 2 % longer, the backward 0.8-1.7 % slower (decision
 // record bwd-engine, "After stage_dkv"); its capped builds have no registers left for the staging anyway.
 constexpr bool kDkvStaged = kHeadDim != 64;
@@ -108,17 +109,13 @@ DASH_DEVICE void store_slot(const TmaDesc* map, const Smem& s, int slot, int row
 // The KV tile of visit w is done: both MMA warpgroups (every thread) write their dK and dV rows.
 DASH_DEVICE void stage_dkv(const BwdParams& p, const Smem& s, const Visit& w, const DkvAcc& dK, const DkvAcc& dV,
                            int wg, int tid) {
-  if constexpr (!kDkvStaged) {
-    store_dkv(p, w, dK, dV, wg, tid);
-    return;
-  }
   const Head hd(p, w.bh);
   const BwdRows<kBlockM> seq(p, hd.b, hd.h);
   const int key0 = w.n_block * kBlockN + 64 * wg;
   // NOTES: fixed-length maps clip rows past Sk; a packed varlen map would write the next sequence's rows.
   const bool staged = !is_varlen(p) || key0 + 64 <= seq.seqlen_k;
   const bool issuer = staged && tid == 0;
-  if (!staged) store_dkv(p, w, dK, dV, wg, tid);
+  if (!staged) store_dkv_rows(p, w, dK, dV, wg, tid);
   named_barrier_sync<kBarDkv, kPdSThreads>();
   if (staged) {
     stage_rows<false>(s, wg, dV, 1.f, tid);
@@ -140,6 +137,17 @@ DASH_DEVICE void stage_dkv(const BwdParams& p, const Smem& s, const Visit& w, co
   if (issuer) {
     store_slot(&p.tma_dk, s, wg, row, hd.hk, seq.batch);
     bulk_commit();
+  }
+}
+
+// The KV tile of visit w is done, every plan's entry (bwd_main.cu's consume; split_step.cuh and keys_step.cuh have
+// their own): its dK / dV rows staged, or from the registers where kDkvStaged is false.
+DASH_DEVICE void store_dkv(const BwdParams& p, const Smem& s, const Visit& w, const DkvAcc& dK, const DkvAcc& dV,
+                           int wg, int tid) {
+  if constexpr (kDkvStaged) {
+    stage_dkv(p, s, w, dK, dV, wg, tid);
+  } else {
+    store_dkv_rows(p, w, dK, dV, wg, tid);
   }
 }
 

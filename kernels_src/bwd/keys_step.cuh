@@ -201,7 +201,8 @@ DASH_DEVICE void store_key_row8(elem_t* dk_row, elem_t* dv_row, int col, const f
 // rows, and lane_transpose<4> over c = 0..7 gives lane r the rows of key 8 r + 2 (lane % 4) + e (split_step.cuh's
 // epilogue); keys 64..95 (c = 8..11) take the eight values x = 2 (c - 8) + e of both e at once, lane r then holding
 // key 64 + 8 (r / 2) + 2 (lane % 4) + r % 2. Each lane stores 16 bytes per key row.
-DASH_DEVICE void store_dkv(const BwdParams& p, const Visit& w, const DkvAcc& dK, const DkvAcc& dV, int wg, int tid) {
+DASH_DEVICE void store_dkv(const BwdParams& p, const Smem&, const Visit& w, const DkvAcc& dK, const DkvAcc& dV,
+                           int wg, int tid) {
   const Head hd(p, w.bh);
   const BwdRows<kBlockM> seq(p, hd.b, hd.h);
   const int lane = tid % 32, r = lane / 4;

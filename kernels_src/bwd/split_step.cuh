@@ -150,7 +150,8 @@ DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_gen
 // key 8 c + 2 (lane % 4) + e: for fixed (h, h8, e) the eight lanes with one lane % 4 hold eight consecutive head-dim
 // rows for eight keys. lane_transpose<4> gives each of them the eight rows of one key, key 8 (lane / 4) + 2 (lane %
 // 4) + e: one 16-byte store into dK or dV.
-DASH_DEVICE void store_dkv(const BwdParams& p, const Visit& w, const DkvAcc& dK, const DkvAcc& dV, int wg, int tid) {
+DASH_DEVICE void store_dkv(const BwdParams& p, const Smem&, const Visit& w, const DkvAcc& dK, const DkvAcc& dV,
+                           int wg, int tid) {
   const Head hd(p, w.bh);
   const BwdRows<kBlockM> seq(p, hd.b, hd.h);
   const int lane = tid % 32, r = lane / 4;
