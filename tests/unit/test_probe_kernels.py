@@ -1,6 +1,6 @@
-"""The probe kernels of benchmarks/ (dq_reduce_bw.py, dsmem_exchange.py) without a GPU: each compiles for sm_90a with
-NVRTC without spills (benchmarks/measure.py's compile_probe), and refuses, before compiling, a size that shared
-memory cannot hold."""
+"""The probe kernels of benchmarks/ (dq_reduce_bw.py, dsmem_exchange.py, gemm_chain.py) without a GPU: each compiles
+for sm_90a with NVRTC without spills (benchmarks/measure.py's compile_probe), and the first two refuse, before
+compiling, a size that shared memory cannot hold."""
 from __future__ import annotations
 
 import subprocess
@@ -20,7 +20,7 @@ def _run(script, *args):
                           text=True, timeout=300)
 
 
-@pytest.mark.parametrize("script", sorted(PROBES))
+@pytest.mark.parametrize("script", [*sorted(PROBES), "gemm_chain.py"])
 def test_the_kernel_compiles_without_spills(script):
     run = _run(script)
     assert run.returncode == 0, run.stderr[-2000:]
@@ -37,3 +37,4 @@ def test_sizes_beyond_shared_memory_are_refused_before_compiling(script):
 def test_dq_reduce_bw_refuses_in_flight_counts_it_has_no_instance_for():
     run = _run("dq_reduce_bw.py", "--in-flight", "3")
     assert run.returncode == 2 and "--in-flight" in run.stderr
+

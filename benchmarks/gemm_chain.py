@@ -1,0 +1,97 @@
+"""Cycles per visit of the backward's 80-query loop, rebuilt in layers (benchmarks/kernels/gemm_chain.cu): the five
+GEMMs alone (level 0), then the dS^T store and barrier (1), the softmax and dS math (2), the dQ hand-off to a writer
+warp (3) and a Q / dO load per visit (4). One CTA per SM, 512 visits each, on the same tiles; the cycles of each
+MMA warpgroup come from clock64, so the SM clock does not enter. Against the 3,200 cycles of tensor work per visit
+(ten 64 x 80 x 128 GEMMs at 2,048 multiply-adds per cycle) and the real kernel's ~4,890 (Nsight Compute, full 3840),
+each level's excess says what opens the tensor pipe's idle time (docs/decisions/bwd-engine.md).
+
+    python benchmarks/gemm_chain.py [--levels 0 1 2 3 4] [--repeats 5] [--json out.json]
+    python benchmarks/gemm_chain.py --compile-only      # no GPU: every level compiles without spills
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import shlex
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from measure import commit, compile_probe, load_probe
+
+SOURCE = Path(__file__).parent / "kernels" / "gemm_chain.cu"
+LEVELS = (0, 1, 2, 3, 4)
+TENSOR_CYCLES = 10 * 64 * 80 * 128 // 2048   # one visit's GEMMs at the SM's dense bf16 rate
+
+
+def source(level: int) -> str:
+    """gemm_chain.cu with the defines of the bf16 head-dim-128 full-mask 80-query bwd_main variant and CHAIN_LEVEL."""
+    from cupy_dash.cuda import kernels
+    spec = kernels.bwd_specs("bfloat16", 128, False, seqlen_q=8192).main
+    assert dict(spec.defines)["DASH_BLOCK_M"] == 80, spec
+    defines = "".join(f"#define {k} {v}\n" for k, v in (*spec.defines, ("CHAIN_LEVEL", level)))
+    return defines + SOURCE.read_text()
+
+
+def smem_bytes() -> int:
+    from cupy_dash.cuda import kernels
+    return kernels.bwd_specs("bfloat16", 128, False, seqlen_q=8192).main.smem_bytes
+
+
+def run_level(level: int, repeats: int) -> dict:
+    """Cycles per visit of each MMA warpgroup of every CTA, median over CTAs, per repeat."""
+    import cupy
+    cubin = compile_probe(source(level), "gemm_chain")
+    kernel, module, gpu = load_probe(cubin, "gemm_chain", smem_bytes())
+    sms = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["multiProcessorCount"]
+    params = cupy.zeros(8192, dtype=cupy.uint8)        # a zeroed BwdParams (the kernel static_asserts nothing
+    rng = np.random.default_rng(0)                     # about its size: 8 KB is several times sizeof(BwdParams))
+    import ml_dtypes
+    qdo = cupy.asarray(rng.standard_normal(2 * 80 * 128).astype(ml_dtypes.bfloat16).view(np.uint16))
+    dq = cupy.zeros(sms * 80 * 128, dtype=cupy.float32)
+    cycles = cupy.zeros(2 * sms, dtype=cupy.int64)
+    sink = cupy.zeros(384, dtype=cupy.float32)
+    per_visit = []
+    for _ in range(repeats + 1):                       # the first launch warms up and is dropped
+        kernel((sms,), (384,), (params, qdo, dq, cycles, sink), shared_mem=smem_bytes())
+        cupy.cuda.Device().synchronize()
+        per_visit.append(cycles.get() / 512)
+    del module
+    runs = per_visit[1:]
+    return dict(level=level, gpu=gpu, ctas=sms, cycles_per_visit_median=[float(np.median(r)) for r in runs],
+                cycles_per_visit_p90=[float(np.percentile(r, 90)) for r in runs],
+                wg_gap_median=[float(np.median(np.abs(r[0::2] - r[1::2]))) for r in runs])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--levels", nargs="+", type=int, default=list(LEVELS), choices=LEVELS)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--json")
+    ap.add_argument("--compile-only", action="store_true")
+    opts = ap.parse_args()
+    if opts.compile_only:
+        for level in opts.levels:
+            compile_probe(source(level), "gemm_chain")
+            print(f"level {level}: compiled, no spills")
+        return
+    rows = []
+    for level in opts.levels:
+        row = run_level(level, opts.repeats)
+        med = statistics.median(row["cycles_per_visit_median"])
+        print(f"level {level}: {med:7.0f} cycles per visit (tensor work {TENSOR_CYCLES}: {TENSOR_CYCLES / med:.0%}), "
+              f"p90 {statistics.median(row['cycles_per_visit_p90']):.0f}, "
+              f"warpgroups apart {statistics.median(row['wg_gap_median']):.0f}", flush=True)
+        rows.append(row)
+    if opts.json:
+        meta = dict(date=datetime.datetime.now().isoformat(timespec="seconds"), commit=commit(),
+                    command=" ".join(shlex.quote(a) for a in ["python", *sys.argv]), gpu=rows[0]["gpu"],
+                    tensor_cycles_per_visit=TENSOR_CYCLES)
+        Path(opts.json).write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+
+
+if __name__ == "__main__":
+    main()

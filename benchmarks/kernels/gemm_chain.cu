@@ -1,0 +1,155 @@
+// The backward's visit loop of the 80-query plan (head dim 128, bf16, full mask) rebuilt in layers, to time what each
+// layer adds to the cycles of a visit (benchmarks/gemm_chain.py). Every CTA runs kVisits visits on the same shared-
+// memory tiles, with the kernel's own functions and layout (bwd/config.cuh, bwd/mainloop.cuh), and no schedule, no
+// KV-tile change and no semaphore. CHAIN_LEVEL adds, cumulatively:
+//   0: per warpgroup, S^T = K_wg Q^T and dP^T = V_wg dO^T (SS), P^T and dS^T rounded straight from them,
+//      dV += P^T dO (RS), dQ^T = K^T dS^T (SS), dK += dS^T Q (RS), in the loop's order and commit groups;
+//   1: the dS^T store into the dS tile and the dS barrier before the dQ GEMM;
+//   2: the loop's softmax and dS math (probs_and_grads: lse_log2 and dpsum from shared memory, exp2, the packs);
+//   3: the dQ hand-off to a writer warp that adds each visit's tile into a global scratch tile by bulk reductions
+//      (put_piece and dq_staging_free, the atomic mode's writer);
+//   4: a producer thread that loads a Q and a dO tile (40 KB) into the other stage once per visit of warpgroup 0.
+// The values are not checked (zeros and what the loads bring): only clock64 cycles per visit are written, out[2
+// blockIdx.x + wg] = cycles of warpgroup wg's kVisits visits.
+#include "common.cuh"
+#include "bwd/config.cuh"
+#include "bwd/dq_reduce.cuh"
+#include "bwd/mainloop.cuh"
+#include "ptx/clock.cuh"
+#include "ptx/setmaxnreg.cuh"
+#include "ptx/tma.cuh"
+
+#ifndef CHAIN_LEVEL
+#define CHAIN_LEVEL 4
+#endif
+
+using namespace bwd;
+
+static_assert(kBlockM == 80 && kHeadDim == 128 && !kCausal, "the 80-query plan at head dim 128, full mask");
+constexpr int kLevel = CHAIN_LEVEL;
+constexpr int kVisits = 512;
+constexpr long long kSpinLimit = 1LL << 26;  // bounded waits: a lost arrival ends the run, it does not hang
+
+// Waits for phase parity of bar, at most kSpinLimit tries.
+DASH_DEVICE void bounded_wait(uint32_t bar, uint32_t parity) {
+  for (long long i = 0; i < kSpinLimit && !mbar_try_wait(bar, parity); ++i) {
+  }
+}
+
+// One visit of one MMA warpgroup on stage 0 of the tiles.
+DASH_DEVICE void chain_visit(const BwdParams& p, const Smem& s, char* smem_generic, float (&dK)[kDkvRegs],
+                             float (&dV)[kDkvRegs], float& dq_keep, int j, int wg, int tid) {
+  const Fragment f(tid);
+  float S[kSRegs], dP[kSRegs];
+  wgmma_fence();
+  gemm_keys_by_queries(S, TileKV::kmajor(s.k(0), 64 * wg), s.q(0));
+  wgmma_commit();
+  gemm_keys_by_queries(dP, TileKV::kmajor(s.v(), 64 * wg), s.dout(0));
+  wgmma_commit();
+  uint32_t Pa[kBlockM / 16][4], dSa[kBlockM / 16][4];
+  if constexpr (kLevel >= 2) {
+    const Band band(p, 1 << 20, 1 << 20);
+    const TileMask mask(64 * wg, 0, 1 << 20, band, f);
+    probs_and_grads<false>(S, dP, Pa, dSa, mask, p, s, smem_generic, 0, 0, false, j, wg, tid, f);
+  } else {
+    wgmma_wait<1>();
+    wgmma_fence_operand(S);
+    pack_fragments<kSRegs>(Pa, S);
+    wgmma_wait<0>();
+    wgmma_fence_operand(dP);
+    pack_fragments<kSRegs>(dSa, dP);
+    if constexpr (kLevel >= 1) store_transposed<kBlockM>(s.ds(0), dSa, 64 * wg, tid);
+  }
+  wgmma_fence();
+  gemm_accumulate_rs(dV, Pa, s.dout(0), j == 0);
+  wgmma_commit();
+  if constexpr (kLevel >= 1) {
+    fence_proxy_async_smem();
+    named_barrier_sync<kBarPdS, kPdSThreads>();
+  }
+  float dQ[kDqRegs];
+  const uint64_t kt_desc = TileKV::mnmajor(s.k(0), 64 * wg), ds_desc = TileQ::kmajor(s.ds(0), 0);
+#pragma unroll
+  for (int ks = 0; ks < kBlockN / 16; ++ks) {
+    wgmma_ss<kDqCols, 1, 0>(dQ, desc_advance(kt_desc, TileKV::mnmajor_step(ks)),
+                            desc_advance(ds_desc, TileQ::kmajor_step(ks)), ks > 0);
+  }
+  wgmma_commit();
+  gemm_accumulate_rs(dK, dSa, s.q(0), j == 0);
+  wgmma_commit();
+  wgmma_wait<1>();
+  wgmma_fence_operand(dQ);
+  wgmma_fence_operand(dV);
+  wgmma_fence_operand(Pa);
+  if constexpr (kLevel >= 3) {
+    hand_dq_to_writer(s, dQ, wg, tid);
+  } else {
+    dq_keep += dQ[0];  // NOTES: without a use of its result, ptxas drops the dQ GEMM (measured: 16 of 24 m64n80)
+  }
+  wgmma_wait<0>();
+  wgmma_fence_operand(dK);
+  wgmma_fence_operand(dSa);
+}
+
+// p: a zeroed BwdParams (softmax_scale_log2 0: P = 2^(0 - lse_log2)); qdo: 2 x 20 KB of bf16 that level 4 loads;
+// dq: gridDim.x tiles of 80 x 128 fp32 that level 3 adds into; cycles: 2 per CTA.
+extern "C" __global__ void __launch_bounds__(kNumThreads, 1)
+    gemm_chain(const BwdParams* __restrict__ pp, const uint16_t* __restrict__ qdo, float* __restrict__ dq,
+               long long* __restrict__ cycles, float* __restrict__ sink) {
+  extern __shared__ __align__(kSmemAlign) char smem_raw[];
+  const BwdParams& p = *pp;
+  const uint32_t raw = smem_u32(smem_raw);
+  const Smem s{(raw + (kSmemAlign - 1u)) & ~(kSmemAlign - 1u)};
+  char* smem_generic = smem_raw + (s.base - raw);
+  for (int i = threadIdx.x; i < SmemLayout::kBars / 16; i += blockDim.x) {
+    reinterpret_cast<float4*>(smem_generic)[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  volatile int* visit_counter = reinterpret_cast<volatile int*>(smem_generic + SmemLayout::kVisits);
+  if (threadIdx.x == 0) {
+    mbar_init(s.q_full(1), 1);
+    *visit_counter = 0;
+    mbar_fence_init();
+  }
+  __syncthreads();
+  const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x / kWgThreads, 0);
+  const int warp = __shfl_sync(0xffffffffu, (int)threadIdx.x / 32, 0);
+  if (wg == 0) {
+    setmaxnreg_dec<kProducerRegs>();
+    if (kLevel >= 4 && threadIdx.x == 0) {
+      for (int j = 0; j < kVisits; ++j) {
+        for (long long i = 0; i < kSpinLimit && *visit_counter < j; ++i) __nanosleep(64);
+        mbar_arrive_expect_tx(s.q_full(1), 2 * SmemLayout::kQ);
+        bulk_load(s.q(1), qdo, SmemLayout::kQ, s.q_full(1));
+        bulk_load(s.dout(1), qdo + SmemLayout::kQ / 2, SmemLayout::kQ, s.q_full(1));
+        bounded_wait(s.q_full(1), j & 1);
+      }
+    } else if (kLevel >= 3 && warp == 1) {
+      const int lane = threadIdx.x % 32;
+      float* tile = dq + (size_t)blockIdx.x * kBlockM * kHeadDim;
+      dq_staging_free();
+      for (int j = 0; j < kVisits; ++j) {
+        put_piece(s, tile, 0, j == 0, true, lane);
+        if (j + 1 < kVisits) dq_staging_free();
+      }
+      if (lane == 0) bulk_wait<0>();
+    }
+    return;
+  }
+  setmaxnreg_inc<kMmaRegs>();
+  const int mma_wg = wg - 1, tid = threadIdx.x % kWgThreads;
+  float dK[kDkvRegs], dV[kDkvRegs];
+  fill_zero(dK);
+  fill_zero(dV);
+  float dq_keep = 0.f;
+  const long long t0 = clock64_cycles();
+  for (int j = 0; j < kVisits; ++j) {
+    chain_visit(p, s, smem_generic, dK, dV, dq_keep, j, mma_wg, tid);
+    if (kLevel >= 4 && mma_wg == 0 && tid == 0) *visit_counter = j + 1;
+  }
+  const long long t1 = clock64_cycles();
+  if (tid == 0) cycles[2 * blockIdx.x + mma_wg] = t1 - t0;
+  float acc = dq_keep;
+#pragma unroll
+  for (int i = 0; i < kDkvRegs; ++i) acc += dK[i] + dV[i];
+  if (acc == 1.2345f) sink[threadIdx.x] = acc;  // keeps dK and dV (and so every GEMM) live
+}
