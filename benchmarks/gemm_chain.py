@@ -5,7 +5,7 @@ MMA warpgroup come from clock64, so the SM clock does not enter. Against the 3,2
 (ten 64 x 80 x 128 GEMMs at 2,048 multiply-adds per cycle) and the real kernel's ~4,890 (Nsight Compute, full 3840),
 each level's excess says what opens the tensor pipe's idle time (docs/decisions/bwd-engine.md).
 
-    python benchmarks/gemm_chain.py [--levels 0 1 2 3 4] [--repeats 5] [--json out.json]
+    python benchmarks/gemm_chain.py [--levels 0 1 2 3 4] [--exp2-early 0 3 5] [--repeats 5] [--json out.json]
     python benchmarks/gemm_chain.py --compile-only      # no GPU: every level compiles without spills
 """
 from __future__ import annotations
@@ -27,12 +27,14 @@ LEVELS = (0, 1, 2, 3, 4)
 TENSOR_CYCLES = 10 * 64 * 80 * 128 // 2048   # one visit's GEMMs at the SM's dense bf16 rate
 
 
-def source(level: int) -> str:
-    """gemm_chain.cu with the defines of the bf16 head-dim-128 full-mask 80-query bwd_main variant and CHAIN_LEVEL."""
+def source(level: int, exp2_early: int = 0) -> str:
+    """gemm_chain.cu with the defines of the bf16 head-dim-128 full-mask 80-query bwd_main variant, CHAIN_LEVEL and
+    CHAIN_EXP2_EARLY."""
     from cupy_dash.cuda import kernels
     spec = kernels.bwd_specs("bfloat16", 128, False, seqlen_q=8192).main
     assert dict(spec.defines)["DASH_BLOCK_M"] == 80, spec
-    defines = "".join(f"#define {k} {v}\n" for k, v in (*spec.defines, ("CHAIN_LEVEL", level)))
+    defines = "".join(f"#define {k} {v}\n" for k, v in (*spec.defines, ("CHAIN_LEVEL", level),
+                                                                ("CHAIN_EXP2_EARLY", exp2_early)))
     return defines + SOURCE.read_text()
 
 
@@ -41,10 +43,15 @@ def smem_bytes() -> int:
     return kernels.bwd_specs("bfloat16", 128, False, seqlen_q=8192).main.smem_bytes
 
 
-def run_level(level: int, repeats: int) -> dict:
+def legs(levels, exp2_early) -> list:
+    """(level, exp2_early) pairs: every level with the kernel's own order (0), and each other k at levels >= 2."""
+    return [(level, k) for level in levels for k in sorted(set(exp2_early) | {0}) if k == 0 or level >= 2]
+
+
+def run_level(level: int, exp2_early: int, repeats: int) -> dict:
     """Cycles per visit of each MMA warpgroup of every CTA, median over CTAs, per repeat."""
     import cupy
-    cubin = compile_probe(source(level), "gemm_chain")
+    cubin = compile_probe(source(level, exp2_early), "gemm_chain")
     kernel, module, gpu = load_probe(cubin, "gemm_chain", smem_bytes())
     sms = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["multiProcessorCount"]
     params = cupy.zeros(8192, dtype=cupy.uint8)        # a zeroed BwdParams (the kernel static_asserts nothing
@@ -61,7 +68,7 @@ def run_level(level: int, repeats: int) -> dict:
         per_visit.append(cycles.get() / 512)
     del module
     runs = per_visit[1:]
-    return dict(level=level, gpu=gpu, ctas=sms, cycles_per_visit_median=[float(np.median(r)) for r in runs],
+    return dict(level=level, exp2_early=exp2_early, gpu=gpu, ctas=sms, cycles_per_visit_median=[float(np.median(r)) for r in runs],
                 cycles_per_visit_p90=[float(np.percentile(r, 90)) for r in runs],
                 wg_gap_median=[float(np.median(np.abs(r[0::2] - r[1::2]))) for r in runs])
 
@@ -69,20 +76,24 @@ def run_level(level: int, repeats: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--levels", nargs="+", type=int, default=list(LEVELS), choices=LEVELS)
+    ap.add_argument("--exp2-early", nargs="+", type=int, default=[0],
+                    help="also these CHAIN_EXP2_EARLY k-slice counts (0-5) at levels >= 2")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--json")
     ap.add_argument("--compile-only", action="store_true")
     opts = ap.parse_args()
+    if any(not 0 <= k <= 5 for k in opts.exp2_early):
+        ap.error("--exp2-early: 0 to 5 k-slices (the 80-query tile has five)")
     if opts.compile_only:
-        for level in opts.levels:
-            compile_probe(source(level), "gemm_chain")
-            print(f"level {level}: compiled, no spills")
+        for level, k in legs(opts.levels, opts.exp2_early):
+            compile_probe(source(level, k), "gemm_chain")
+            print(f"level {level}, exp2 early {k}: compiled, no spills")
         return
     rows = []
-    for level in opts.levels:
-        row = run_level(level, opts.repeats)
+    for level, k in legs(opts.levels, opts.exp2_early):
+        row = run_level(level, k, opts.repeats)
         med = statistics.median(row["cycles_per_visit_median"])
-        print(f"level {level}: {med:7.0f} cycles per visit (tensor work {TENSOR_CYCLES}: {TENSOR_CYCLES / med:.0%}), "
+        print(f"level {level}, exp2 early {k}: {med:7.0f} cycles per visit (tensor work {TENSOR_CYCLES}: {TENSOR_CYCLES / med:.0%}), "
               f"p90 {statistics.median(row['cycles_per_visit_p90']):.0f}, "
               f"warpgroups apart {statistics.median(row['wg_gap_median']):.0f}", flush=True)
         rows.append(row)

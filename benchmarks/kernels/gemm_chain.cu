@@ -16,17 +16,27 @@
 #include "bwd/dq_reduce.cuh"
 #include "bwd/mainloop.cuh"
 #include "ptx/clock.cuh"
+#include "ptx/ld_shared.cuh"
 #include "ptx/setmaxnreg.cuh"
 #include "ptx/tma.cuh"
 
 #ifndef CHAIN_LEVEL
 #define CHAIN_LEVEL 4
 #endif
+// CHAIN_EXP2_EARLY k (levels >= 2): the exp2 of P^T's first k of its kBlockM / 16 k-slices kept ahead of the dP^T
+// wait (ptxas otherwise places every exp2 after it): a volatile shared load whose address depends on every word of
+// those slices (P >= 0, so the AND of the words has its sign bit clear and the address is dpsum's own), just before
+// the wait. 0: probs_and_grads as the kernel has it.
+#ifndef CHAIN_EXP2_EARLY
+#define CHAIN_EXP2_EARLY 0
+#endif
 
 using namespace bwd;
 
 static_assert(kBlockM == 80 && kHeadDim == 128 && !kCausal, "the 80-query plan at head dim 128, full mask");
 constexpr int kLevel = CHAIN_LEVEL;
+constexpr int kExp2Early = CHAIN_EXP2_EARLY;
+static_assert(kExp2Early >= 0 && kExp2Early <= kBlockM / 16, "k-slices of P^T");
 constexpr int kVisits = 512;
 constexpr long long kSpinLimit = 1LL << 26;  // bounded waits: a lost arrival ends the run, it does not hang
 
@@ -47,7 +57,30 @@ DASH_DEVICE void chain_visit(const BwdParams& p, const Smem& s, char* smem_gener
   gemm_keys_by_queries(dP, TileKV::kmajor(s.v(), 64 * wg), s.dout(0));
   wgmma_commit();
   uint32_t Pa[kBlockM / 16][4], dSa[kBlockM / 16][4];
-  if constexpr (kLevel >= 2) {
+  if constexpr (kLevel >= 2 && kExp2Early > 0) {
+    // probs_and_grads<false> with the ordering load before the dP^T wait
+    const Band band(p, 1 << 20, 1 << 20);
+    const TileMask mask(64 * wg, 0, 1 << 20, band, f);
+    const RowValues lse_row(reinterpret_cast<const float*>(smem_generic + (s.lse(0) - s.base)), 0, f);
+    wgmma_wait<1>();
+    wgmma_fence_operand(S);
+    softmax_probs<false>(S, lse_row, p.softmax_scale_log2, mask);
+    const RowValues dpsum_row(reinterpret_cast<const float*>(smem_generic + (s.dpsum(0) - s.base)), 0, f);
+    pack_fragments<kSRegs>(Pa, S);
+    uint32_t all = 0xffffffffu;
+#pragma unroll
+    for (int ks = 0; ks < kExp2Early; ++ks) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) all &= Pa[ks][i];
+    }
+    ld_volatile_shared_u32(s.dpsum(0) + ((all >> 31) << 2));
+    wgmma_wait<0>();
+    wgmma_fence_operand(dP);
+    uint32_t dT[kDtRegs];
+    const DtSlots slots(smem_generic, s.base, s.ds(0), wg, tid);
+    softmax_grad(dSa, Pa, dP, dpsum_row, dT, slots);
+    store_transposed<kBlockM>(s.ds(0), dSa, 64 * wg, tid);
+  } else if constexpr (kLevel >= 2) {
     const Band band(p, 1 << 20, 1 << 20);
     const TileMask mask(64 * wg, 0, 1 << 20, band, f);
     probs_and_grads<false>(S, dP, Pa, dSa, mask, p, s, smem_generic, 0, 0, false, j, wg, tid, f);
