@@ -1,11 +1,12 @@
 """Cycles per visit of the backward's 80-query loop, rebuilt in layers (benchmarks/kernels/gemm_chain.cu): the five
 GEMMs alone (level 0), then the dS^T store and barrier (1), the softmax and dS math (2), the dQ hand-off to a writer
-warp (3) and a Q / dO load per visit (4). One CTA per SM, 512 visits each, on the same tiles; the cycles of each
+warp (3) and a Q / dO load per visit (4), or instead of those loads the stages' protocol with a producer that runs
+ahead, the visit slot and the mask dispatch (5). One CTA per SM, 512 visits each, on the same tiles; the cycles of each
 MMA warpgroup come from clock64, so the SM clock does not enter. Against the 3,200 cycles of tensor work per visit
 (ten 64 x 80 x 128 GEMMs at 2,048 multiply-adds per cycle) and the real kernel's ~4,890 (Nsight Compute, full 3840),
 each level's excess says what opens the tensor pipe's idle time (docs/decisions/bwd-engine.md).
 
-    python benchmarks/gemm_chain.py [--levels 0 1 2 3 4] [--exp2-early 0 3 5] [--repeats 5] [--json out.json]
+    python benchmarks/gemm_chain.py [--levels 0 1 2 3 4 5] [--exp2-early 0 3 5] [--repeats 5] [--json out.json]
     python benchmarks/gemm_chain.py --compile-only      # no GPU: every level compiles without spills
 """
 from __future__ import annotations
@@ -23,7 +24,7 @@ import numpy as np
 from measure import commit, compile_probe, load_probe
 
 SOURCE = Path(__file__).parent / "kernels" / "gemm_chain.cu"
-LEVELS = (0, 1, 2, 3, 4)
+LEVELS = (0, 1, 2, 3, 4, 5)
 TENSOR_CYCLES = 10 * 64 * 80 * 128 // 2048   # one visit's GEMMs at the SM's dense bf16 rate
 
 

@@ -8,7 +8,12 @@
 //   2: the loop's softmax and dS math (probs_and_grads: lse_log2 and dpsum from shared memory, exp2, the packs);
 //   3: the dQ hand-off to a writer warp that adds each visit's tile into a global scratch tile by bulk reductions
 //      (put_piece and dq_staging_free, the atomic mode's writer);
-//   4: a producer thread that loads a Q and a dO tile (40 KB) into the other stage once per visit of warpgroup 0.
+//   4: a producer thread that loads a Q and a dO tile (40 KB) into the other stage once per visit of warpgroup 0;
+//   5: instead of level 4's loads, the stages' protocol: visit j on stage j % 2 of Q (+ lse_log2), dO (+ dpsum)
+//      and dS, a producer thread that runs ahead (waits for a stage's empty barrier, publishes the visit slot, loads
+//      the tiles with bulk copies onto its full barrier), the MMA warpgroups waiting for full, reading the slot,
+//      taking the masked or unmasked copy of the math by the slot's tile (always unmasked here) and releasing dO
+//      after dV and dQ, Q after dK, as bwd_step does.
 // The values are not checked (zeros and what the loads bring): only clock64 cycles per visit are written, out[2
 // blockIdx.x + wg] = cycles of warpgroup wg's kVisits visits.
 #include "common.cuh"
@@ -37,6 +42,8 @@ static_assert(kBlockM == 80 && kHeadDim == 128 && !kCausal, "the 80-query plan a
 constexpr int kLevel = CHAIN_LEVEL;
 constexpr int kExp2Early = CHAIN_EXP2_EARLY;
 static_assert(kExp2Early >= 0 && kExp2Early <= kBlockM / 16, "k-slices of P^T");
+constexpr bool kStaged = kLevel >= 5;
+constexpr int kBig = 1 << 20;  // Sq = Sk of the rebuilt problem: no tile needs the mask
 constexpr int kVisits = 512;
 constexpr long long kSpinLimit = 1LL << 26;  // bounded waits: a lost arrival ends the run, it does not hang
 
@@ -50,22 +57,41 @@ DASH_DEVICE void bounded_wait(uint32_t bar, uint32_t parity) {
 DASH_DEVICE void chain_visit(const BwdParams& p, const Smem& s, char* smem_generic, float (&dK)[kDkvRegs],
                              float (&dV)[kDkvRegs], float& dq_keep, int j, int wg, int tid) {
   const Fragment f(tid);
+  const int stage = kStaged ? j % kStages : 0;
+  const uint32_t parity = (uint32_t)(j / kStages) & 1u;
   float S[kSRegs], dP[kSRegs];
+  if constexpr (kStaged) bounded_wait(s.q_full(stage), parity);
   wgmma_fence();
-  gemm_keys_by_queries(S, TileKV::kmajor(s.k(0), 64 * wg), s.q(0));
+  gemm_keys_by_queries(S, TileKV::kmajor(s.k(0), 64 * wg), s.q(stage));
   wgmma_commit();
-  gemm_keys_by_queries(dP, TileKV::kmajor(s.v(), 64 * wg), s.dout(0));
+  Visit w{0, 0, 0};
+  if constexpr (kStaged) {
+    w = VisitSlot::read(s.visit(stage)).w;
+    bounded_wait(s.do_full(stage), parity);
+  }
+  wgmma_fence();
+  gemm_keys_by_queries(dP, TileKV::kmajor(s.v(), 64 * wg), s.dout(stage));
   wgmma_commit();
+  Band band(p, kBig, kBig);
+  band.lo = Band::kUnboundedLo;  // the full mask (p is zeroed: its window fields would make a band)
+  band.hi = Band::kUnboundedHi;
+  const TileMask mask(w.n_block * kBlockN + 64 * wg, w.m_block * kBlockM, kBig, band, f);
   uint32_t Pa[kBlockM / 16][4], dSa[kBlockM / 16][4];
-  if constexpr (kLevel >= 2 && kExp2Early > 0) {
+  if constexpr (kStaged && kExp2Early == 0) {
+    if (mask.needed) {
+      probs_and_grads<true>(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, stage, false, j, wg, tid, f);
+    } else {
+      probs_and_grads<false>(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, stage, false, j, wg, tid, f);
+    }
+  } else if (kStaged && mask.needed) {
+    probs_and_grads<true>(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, stage, false, j, wg, tid, f);
+  } else if constexpr (kLevel >= 2 && kExp2Early > 0) {
     // probs_and_grads<false> with the ordering load before the dP^T wait
-    const Band band(p, 1 << 20, 1 << 20);
-    const TileMask mask(64 * wg, 0, 1 << 20, band, f);
-    const RowValues lse_row(reinterpret_cast<const float*>(smem_generic + (s.lse(0) - s.base)), 0, f);
+    const RowValues lse_row(reinterpret_cast<const float*>(smem_generic + (s.lse(stage) - s.base)), 0, f);
     wgmma_wait<1>();
     wgmma_fence_operand(S);
     softmax_probs<false>(S, lse_row, p.softmax_scale_log2, mask);
-    const RowValues dpsum_row(reinterpret_cast<const float*>(smem_generic + (s.dpsum(0) - s.base)), 0, f);
+    const RowValues dpsum_row(reinterpret_cast<const float*>(smem_generic + (s.dpsum(stage) - s.base)), 0, f);
     pack_fragments<kSRegs>(Pa, S);
     uint32_t all = 0xffffffffu;
 #pragma unroll
@@ -73,16 +99,14 @@ DASH_DEVICE void chain_visit(const BwdParams& p, const Smem& s, char* smem_gener
 #pragma unroll
       for (int i = 0; i < 4; ++i) all &= Pa[ks][i];
     }
-    ld_volatile_shared_u32(s.dpsum(0) + ((all >> 31) << 2));
+    ld_volatile_shared_u32(s.dpsum(stage) + ((all >> 31) << 2));
     wgmma_wait<0>();
     wgmma_fence_operand(dP);
     uint32_t dT[kDtRegs];
-    const DtSlots slots(smem_generic, s.base, s.ds(0), wg, tid);
+    const DtSlots slots(smem_generic, s.base, s.ds(stage), wg, tid);
     softmax_grad(dSa, Pa, dP, dpsum_row, dT, slots);
-    store_transposed<kBlockM>(s.ds(0), dSa, 64 * wg, tid);
+    store_transposed<kBlockM>(s.ds(stage), dSa, 64 * wg, tid);
   } else if constexpr (kLevel >= 2) {
-    const Band band(p, 1 << 20, 1 << 20);
-    const TileMask mask(64 * wg, 0, 1 << 20, band, f);
     probs_and_grads<false>(S, dP, Pa, dSa, mask, p, s, smem_generic, 0, 0, false, j, wg, tid, f);
   } else {
     wgmma_wait<1>();
@@ -94,26 +118,27 @@ DASH_DEVICE void chain_visit(const BwdParams& p, const Smem& s, char* smem_gener
     if constexpr (kLevel >= 1) store_transposed<kBlockM>(s.ds(0), dSa, 64 * wg, tid);
   }
   wgmma_fence();
-  gemm_accumulate_rs(dV, Pa, s.dout(0), j == 0);
+  gemm_accumulate_rs(dV, Pa, s.dout(stage), j == 0);
   wgmma_commit();
   if constexpr (kLevel >= 1) {
     fence_proxy_async_smem();
     named_barrier_sync<kBarPdS, kPdSThreads>();
   }
   float dQ[kDqRegs];
-  const uint64_t kt_desc = TileKV::mnmajor(s.k(0), 64 * wg), ds_desc = TileQ::kmajor(s.ds(0), 0);
+  const uint64_t kt_desc = TileKV::mnmajor(s.k(0), 64 * wg), ds_desc = TileQ::kmajor(s.ds(stage), 0);
 #pragma unroll
   for (int ks = 0; ks < kBlockN / 16; ++ks) {
     wgmma_ss<kDqCols, 1, 0>(dQ, desc_advance(kt_desc, TileKV::mnmajor_step(ks)),
                             desc_advance(ds_desc, TileQ::kmajor_step(ks)), ks > 0);
   }
   wgmma_commit();
-  gemm_accumulate_rs(dK, dSa, s.q(0), j == 0);
+  gemm_accumulate_rs(dK, dSa, s.q(stage), j == 0);
   wgmma_commit();
   wgmma_wait<1>();
   wgmma_fence_operand(dQ);
   wgmma_fence_operand(dV);
   wgmma_fence_operand(Pa);
+  if (kStaged && tid == 0) mbar_arrive(s.do_empty(stage));
   if constexpr (kLevel >= 3) {
     hand_dq_to_writer(s, dQ, wg, tid);
   } else {
@@ -122,6 +147,26 @@ DASH_DEVICE void chain_visit(const BwdParams& p, const Smem& s, char* smem_gener
   wgmma_wait<0>();
   wgmma_fence_operand(dK);
   wgmma_fence_operand(dSa);
+  if (kStaged && tid == 0) mbar_arrive(s.q_empty(stage));
+}
+
+// Level 5's producer (one thread): visit j's Q tile and lse_log2 row onto q_full of stage j % 2, then its dO tile and
+// dpsum row onto do_full, each once both MMA warpgroups released the stage's last use; the visit slot says (bh 0,
+// n_block 0, m_block j % 64).
+DASH_DEVICE void produce_stages(const Smem& s, const uint16_t* qdo) {
+  for (int j = 0; j < kVisits; ++j) {
+    const int stage = j % kStages;
+    const uint32_t parity = ((uint32_t)(j / kStages) & 1u) ^ 1u;  // a fresh barrier passes parity 1
+    bounded_wait(s.q_empty(stage), parity);
+    VisitSlot::publish(s.visit(stage), Visit{0, 0, j % 64}, false);
+    mbar_arrive_expect_tx(s.q_full(stage), SmemLayout::kQ + SmemLayout::kRow);
+    bulk_load(s.q(stage), qdo, SmemLayout::kQ, s.q_full(stage));
+    bulk_load(s.lse(stage), qdo, SmemLayout::kRow, s.q_full(stage));
+    bounded_wait(s.do_empty(stage), parity);
+    mbar_arrive_expect_tx(s.do_full(stage), SmemLayout::kQ + SmemLayout::kRow);
+    bulk_load(s.dout(stage), qdo + SmemLayout::kQ / 2, SmemLayout::kQ, s.do_full(stage));
+    bulk_load(s.dpsum(stage), qdo + SmemLayout::kQ / 2, SmemLayout::kRow, s.do_full(stage));
+  }
 }
 
 // p: a zeroed BwdParams (softmax_scale_log2 0: P = 2^(0 - lse_log2)); qdo: 2 x 20 KB of bf16 that level 4 loads;
@@ -139,8 +184,18 @@ extern "C" __global__ void __launch_bounds__(kNumThreads, 1)
   }
   volatile int* visit_counter = reinterpret_cast<volatile int*>(smem_generic + SmemLayout::kVisits);
   if (threadIdx.x == 0) {
-    mbar_init(s.q_full(1), 1);
-    *visit_counter = 0;
+    if constexpr (kStaged) {
+#pragma unroll
+      for (int stage = 0; stage < kStages; ++stage) {
+        mbar_init(s.q_full(stage), 1);
+        mbar_init(s.q_empty(stage), kNumMmaWg);
+        mbar_init(s.do_full(stage), 1);
+        mbar_init(s.do_empty(stage), kNumMmaWg);
+      }
+    } else {
+      mbar_init(s.q_full(1), 1);
+      *visit_counter = 0;
+    }
     mbar_fence_init();
   }
   __syncthreads();
@@ -148,7 +203,9 @@ extern "C" __global__ void __launch_bounds__(kNumThreads, 1)
   const int warp = __shfl_sync(0xffffffffu, (int)threadIdx.x / 32, 0);
   if (wg == 0) {
     setmaxnreg_dec<kProducerRegs>();
-    if (kLevel >= 4 && threadIdx.x == 0) {
+    if (kStaged && threadIdx.x == 0) {
+      produce_stages(s, qdo);
+    } else if (kLevel == 4 && threadIdx.x == 0) {
       for (int j = 0; j < kVisits; ++j) {
         for (long long i = 0; i < kSpinLimit && *visit_counter < j; ++i) __nanosleep(64);
         mbar_arrive_expect_tx(s.q_full(1), 2 * SmemLayout::kQ);
@@ -177,7 +234,7 @@ extern "C" __global__ void __launch_bounds__(kNumThreads, 1)
   const long long t0 = clock64_cycles();
   for (int j = 0; j < kVisits; ++j) {
     chain_visit(p, s, smem_generic, dK, dV, dq_keep, j, mma_wg, tid);
-    if (kLevel >= 4 && mma_wg == 0 && tid == 0) *visit_counter = j + 1;
+    if (kLevel == 4 && mma_wg == 0 && tid == 0) *visit_counter = j + 1;
   }
   const long long t1 = clock64_cycles();
   if (tid == 0) cycles[2 * blockIdx.x + mma_wg] = t1 - t0;
