@@ -1,12 +1,12 @@
 """Cycles per visit of the backward's 80-query loop, rebuilt in layers (benchmarks/kernels/gemm_chain.cu): the five
 GEMMs alone (level 0), then the dS^T store and barrier (1), the softmax and dS math (2), the dQ hand-off to a writer
 warp (3) and a Q / dO load per visit (4), or instead of those loads the stages' protocol with a producer that runs
-ahead, the visit slot and the mask dispatch (5). One CTA per SM, 512 visits each, on the same tiles; the cycles of each
+ahead, the visit slot and the mask dispatch (5), and that with a real problem's spread of addresses in L2 (6). One CTA per SM, 512 visits each, on the same tiles; the cycles of each
 MMA warpgroup come from clock64, so the SM clock does not enter. Against the 3,200 cycles of tensor work per visit
 (ten 64 x 80 x 128 GEMMs at 2,048 multiply-adds per cycle) and the real kernel's ~4,890 (Nsight Compute, full 3840),
 each level's excess says what opens the tensor pipe's idle time (docs/decisions/bwd-engine.md).
 
-    python benchmarks/gemm_chain.py [--levels 0 1 2 3 4 5] [--exp2-early 0 3 5] [--repeats 5] [--json out.json]
+    python benchmarks/gemm_chain.py [--levels 0 1 2 3 4 5 6] [--exp2-early 0 3 5] [--repeats 5] [--json out.json]
     python benchmarks/gemm_chain.py --compile-only      # no GPU: every level compiles without spills
 """
 from __future__ import annotations
@@ -24,7 +24,8 @@ import numpy as np
 from measure import commit, compile_probe, load_probe
 
 SOURCE = Path(__file__).parent / "kernels" / "gemm_chain.cu"
-LEVELS = (0, 1, 2, 3, 4, 5)
+LEVELS = (0, 1, 2, 3, 4, 5, 6)
+QDO_TILES, DQ_TILES = 256, 512   # gemm_chain.cu's kQdoTiles, kDqTiles (level 6)
 TENSOR_CYCLES = 10 * 64 * 80 * 128 // 2048   # one visit's GEMMs at the SM's dense bf16 rate
 
 
@@ -58,8 +59,8 @@ def run_level(level: int, exp2_early: int, repeats: int) -> dict:
     params = cupy.zeros(8192, dtype=cupy.uint8)        # a zeroed BwdParams (the kernel static_asserts nothing
     rng = np.random.default_rng(0)                     # about its size: 8 KB is several times sizeof(BwdParams))
     import ml_dtypes
-    qdo = cupy.asarray(rng.standard_normal(2 * 80 * 128).astype(ml_dtypes.bfloat16).view(np.uint16))
-    dq = cupy.zeros(sms * 80 * 128, dtype=cupy.float32)
+    qdo = cupy.asarray(rng.standard_normal(2 * (QDO_TILES + 1) * 80 * 128).astype(ml_dtypes.bfloat16).view(np.uint16))
+    dq = cupy.zeros(max(sms, DQ_TILES) * 80 * 128, dtype=cupy.float32)
     cycles = cupy.zeros(2 * sms, dtype=cupy.int64)
     sink = cupy.zeros(384, dtype=cupy.float32)
     per_visit = []

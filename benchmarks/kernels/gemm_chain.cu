@@ -13,7 +13,10 @@
 //      and dS, a producer thread that runs ahead (waits for a stage's empty barrier, publishes the visit slot, loads
 //      the tiles with bulk copies onto its full barrier), the MMA warpgroups waiting for full, reading the slot,
 //      taking the masked or unmasked copy of the math by the slot's tile (always unmasked here) and releasing dO
-//      after dV and dQ, Q after dK, as bwd_step does.
+//      after dV and dQ, Q after dK, as bwd_step does;
+//   6: level 5 with the addresses of a real problem: visit j loads Q / dO tile j % kQdoTiles of a buffer of
+//      kQdoTiles tiles (a head's worth and more: the loads come from anywhere in L2), and the writer adds it into dQ
+//      tile (7 blockIdx.x + j) % kDqTiles, which other CTAs add into too (the atomic mode's traffic).
 // The values are not checked (zeros and what the loads bring): only clock64 cycles per visit are written, out[2
 // blockIdx.x + wg] = cycles of warpgroup wg's kVisits visits.
 #include "common.cuh"
@@ -43,6 +46,8 @@ constexpr int kLevel = CHAIN_LEVEL;
 constexpr int kExp2Early = CHAIN_EXP2_EARLY;
 static_assert(kExp2Early >= 0 && kExp2Early <= kBlockM / 16, "k-slices of P^T");
 constexpr bool kStaged = kLevel >= 5;
+constexpr bool kSpread = kLevel >= 6;
+constexpr int kQdoTiles = 256, kDqTiles = 512;  // level 6: 10 MB of Q / dO tiles, 20 MB of dQ tiles
 constexpr int kBig = 1 << 20;  // Sq = Sk of the rebuilt problem: no tile needs the mask
 constexpr int kVisits = 512;
 constexpr long long kSpinLimit = 1LL << 26;  // bounded waits: a lost arrival ends the run, it does not hang
@@ -153,8 +158,9 @@ DASH_DEVICE void chain_visit(const BwdParams& p, const Smem& s, char* smem_gener
 // Level 5's producer (one thread): visit j's Q tile and lse_log2 row onto q_full of stage j % 2, then its dO tile and
 // dpsum row onto do_full, each once both MMA warpgroups released the stage's last use; the visit slot says (bh 0,
 // n_block 0, m_block j % 64).
-DASH_DEVICE void produce_stages(const Smem& s, const uint16_t* qdo) {
+DASH_DEVICE void produce_stages(const Smem& s, const uint16_t* qdo_all) {
   for (int j = 0; j < kVisits; ++j) {
+    const uint16_t* qdo = qdo_all + (kSpread ? (size_t)(j % kQdoTiles) * SmemLayout::kQ : 0);
     const int stage = j % kStages;
     const uint32_t parity = ((uint32_t)(j / kStages) & 1u) ^ 1u;  // a fresh barrier passes parity 1
     bounded_wait(s.q_empty(stage), parity);
@@ -169,8 +175,9 @@ DASH_DEVICE void produce_stages(const Smem& s, const uint16_t* qdo) {
   }
 }
 
-// p: a zeroed BwdParams (softmax_scale_log2 0: P = 2^(0 - lse_log2)); qdo: 2 x 20 KB of bf16 that level 4 loads;
-// dq: gridDim.x tiles of 80 x 128 fp32 that level 3 adds into; cycles: 2 per CTA.
+// p: a zeroed BwdParams (softmax_scale_log2 0: P = 2^(0 - lse_log2)); qdo: bf16 tiles that levels 4-6 load (2
+// at levels 4-5, 2 kQdoTiles + 2 at level 6); dq: 80 x 128 fp32 tiles that level 3 adds into (gridDim.x of them, at
+// level 6 kDqTiles); cycles: 2 per CTA.
 extern "C" __global__ void __launch_bounds__(kNumThreads, 1)
     gemm_chain(const BwdParams* __restrict__ pp, const uint16_t* __restrict__ qdo, float* __restrict__ dq,
                long long* __restrict__ cycles, float* __restrict__ sink) {
@@ -215,10 +222,11 @@ extern "C" __global__ void __launch_bounds__(kNumThreads, 1)
       }
     } else if (kLevel >= 3 && warp == 1) {
       const int lane = threadIdx.x % 32;
-      float* tile = dq + (size_t)blockIdx.x * kBlockM * kHeadDim;
       dq_staging_free();
       for (int j = 0; j < kVisits; ++j) {
-        put_piece(s, tile, 0, j == 0, true, lane);
+        const int t = kSpread ? (7 * (int)blockIdx.x + j) % kDqTiles : (int)blockIdx.x;
+        float* tile = dq + (size_t)t * kBlockM * kHeadDim;
+        put_piece(s, tile, 0, !kSpread && j == 0, true, lane);
         if (j + 1 < kVisits) dq_staging_free();
       }
       if (lane == 0) bulk_wait<0>();
