@@ -59,7 +59,8 @@ def run_level(level: int, exp2_early: int, repeats: int) -> dict:
     params = cupy.zeros(8192, dtype=cupy.uint8)        # a zeroed BwdParams (the kernel static_asserts nothing
     rng = np.random.default_rng(0)                     # about its size: 8 KB is several times sizeof(BwdParams))
     import ml_dtypes
-    qdo = cupy.asarray(rng.standard_normal(2 * (QDO_TILES + 1) * 80 * 128).astype(ml_dtypes.bfloat16).view(np.uint16))
+    qdo = rng.standard_normal(2 * (QDO_TILES + 1) * 80 * 128).astype(ml_dtypes.bfloat16)
+    qdo = cupy.asarray(qdo.view(np.uint16))
     dq = cupy.zeros(max(sms, DQ_TILES) * 80 * 128, dtype=cupy.float32)
     cycles = cupy.zeros(2 * sms, dtype=cupy.int64)
     sink = cupy.zeros(384, dtype=cupy.float32)
