@@ -1,8 +1,9 @@
 """Cycles per visit of the backward's 80-query loop, rebuilt in layers (benchmarks/kernels/gemm_chain.cu): the five
 GEMMs alone (level 0), then the dS^T store and barrier (1), the softmax and dS math (2), the dQ hand-off to a writer
 warp (3) and a Q / dO load per visit (4), or instead of those loads the stages' protocol with a producer that runs
-ahead, the visit slot and the mask dispatch (5), and that with a real problem's spread of addresses in L2 (6). One CTA per SM, 512 visits each, on the same tiles; the cycles of each
-MMA warpgroup come from clock64, so the SM clock does not enter. Against the 3,200 cycles of tensor work per visit
+ahead, the visit slot and the mask dispatch (5), and that with a real problem's spread of addresses in L2 (6).
+One CTA per SM, 512 visits each; the cycles of each MMA warpgroup come from clock64, so the SM clock does not
+enter. Against the 3,200 cycles of tensor work per visit
 (ten 64 x 80 x 128 GEMMs at 2,048 multiply-adds per cycle) and the real kernel's ~4,890 (Nsight Compute, full 3840),
 each level's excess says what opens the tensor pipe's idle time (docs/decisions/bwd-engine.md).
 
@@ -71,7 +72,8 @@ def run_level(level: int, exp2_early: int, repeats: int) -> dict:
         per_visit.append(cycles.get() / 512)
     del module
     runs = per_visit[1:]
-    return dict(level=level, exp2_early=exp2_early, gpu=gpu, ctas=sms, cycles_per_visit_median=[float(np.median(r)) for r in runs],
+    return dict(level=level, exp2_early=exp2_early, gpu=gpu, ctas=sms,
+                cycles_per_visit_median=[float(np.median(r)) for r in runs],
                 cycles_per_visit_p90=[float(np.percentile(r, 90)) for r in runs],
                 wg_gap_median=[float(np.median(np.abs(r[0::2] - r[1::2]))) for r in runs])
 
@@ -96,7 +98,8 @@ def main() -> None:
     for level, k in legs(opts.levels, opts.exp2_early):
         row = run_level(level, k, opts.repeats)
         med = statistics.median(row["cycles_per_visit_median"])
-        print(f"level {level}, exp2 early {k}: {med:7.0f} cycles per visit (tensor work {TENSOR_CYCLES}: {TENSOR_CYCLES / med:.0%}), "
+        print(f"level {level}, exp2 early {k}: {med:7.0f} cycles per visit "
+              f"(tensor work {TENSOR_CYCLES}: {TENSOR_CYCLES / med:.0%}), "
               f"p90 {statistics.median(row['cycles_per_visit_p90']):.0f}, "
               f"warpgroups apart {statistics.median(row['wg_gap_median']):.0f}", flush=True)
         rows.append(row)
