@@ -1,13 +1,14 @@
 """Cycles per visit of the backward's 80-query loop, rebuilt in layers (benchmarks/kernels/gemm_chain.cu): the five
 GEMMs alone (level 0), then the dS^T store and barrier (1), the softmax and dS math (2), the dQ hand-off to a writer
 warp (3) and a Q / dO load per visit (4), or instead of those loads the stages' protocol with a producer that runs
-ahead, the visit slot and the mask dispatch (5), and that with a real problem's spread of addresses in L2 (6).
+ahead, the visit slot and the mask dispatch (5), and that with a real problem's spread of addresses in L2 (6),
+and that with a schedule table and the kernel's two dQ writer warps (7).
 One CTA per SM, 512 visits each; the cycles of each MMA warpgroup come from clock64, so the SM clock does not
 enter. Against the 3,200 cycles of tensor work per visit
 (ten 64 x 80 x 128 GEMMs at 2,048 multiply-adds per cycle) and the real kernel's ~4,890 (Nsight Compute, full 3840),
 each level's excess says what opens the tensor pipe's idle time (docs/decisions/bwd-engine.md).
 
-    python benchmarks/gemm_chain.py [--levels 0 1 2 3 4 5 6] [--exp2-early 0 3 5] [--repeats 5] [--json out.json]
+    python benchmarks/gemm_chain.py [--levels 0 1 2 3 4 5 6 7] [--exp2-early 0 3 5] [--repeats 5] [--json out.json]
     python benchmarks/gemm_chain.py --compile-only      # no GPU: every level compiles without spills
 """
 from __future__ import annotations
@@ -25,7 +26,7 @@ import numpy as np
 from measure import commit, compile_probe, load_probe
 
 SOURCE = Path(__file__).parent / "kernels" / "gemm_chain.cu"
-LEVELS = (0, 1, 2, 3, 4, 5, 6)
+LEVELS = (0, 1, 2, 3, 4, 5, 6, 7)
 QDO_TILES, DQ_TILES = 256, 512   # gemm_chain.cu's kQdoTiles, kDqTiles (level 6)
 TENSOR_CYCLES = 10 * 64 * 80 * 128 // 2048   # one visit's GEMMs at the SM's dense bf16 rate
 
@@ -51,23 +52,44 @@ def legs(levels, exp2_early) -> list:
     return [(level, k) for level in levels for k in sorted(set(exp2_early) | {0}) if k == 0 or level >= 2]
 
 
+def bwd_params(pointers: dict) -> np.ndarray:
+    """The BwdParams the kernel reads (one head of DQ_TILES 80-query tiles, full mask, atomic mode: no semaphores),
+    every other field zero."""
+    from cupy_dash.cuda import params
+    kinds = params._LAYOUTS["BwdParams"][0]
+    zero = {"strides": (0, 0, 0), "tma": None, "ptr": 0, "i64": 0}
+    fields = {name: zero.get(kind, 0.0) for name, kind in kinds}
+    rows = DQ_TILES * 80
+    fields.update(batch=1, seqlen_q=rows, seqlen_k=rows, seqlen_q_rounded=rows, num_heads=1, num_heads_kv=1,
+                  window_left=-1, window_right=-1, **pointers)
+    return params.pack_bwd_params(**fields)
+
+
 def run_level(level: int, exp2_early: int, repeats: int) -> dict:
     """Cycles per visit of each MMA warpgroup of every CTA, median over CTAs, per repeat."""
     import cupy
+    from cupy_dash.cuda import executor
     cubin = compile_probe(source(level, exp2_early), "gemm_chain")
     kernel, module, gpu = load_probe(cubin, "gemm_chain", smem_bytes())
     sms = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["multiProcessorCount"]
-    params = cupy.zeros(8192, dtype=cupy.uint8)        # a zeroed BwdParams (the kernel static_asserts nothing
-    rng = np.random.default_rng(0)                     # about its size: 8 KB is several times sizeof(BwdParams))
+    rng = np.random.default_rng(0)
     import ml_dtypes
     qdo = rng.standard_normal(2 * (QDO_TILES + 1) * 80 * 128).astype(ml_dtypes.bfloat16)
     qdo = cupy.asarray(qdo.view(np.uint16))
     dq = cupy.zeros(max(sms, DQ_TILES) * 80 * 128, dtype=cupy.float32)
+    # level 7's schedule table: CTA c visits (bh 0, n_block 0, m_block (7 c + j) % DQ_TILES), j < 512
+    c, j = np.meshgrid(np.arange(sms), np.arange(512), indexing="ij")
+    visits = cupy.asarray(np.stack([c, 0 * c, 0 * c, (7 * c + j) % DQ_TILES], axis=-1).astype(np.int32).ravel())
+    rank = cupy.ones(sms * 512, dtype=cupy.int32)
+    cta_start = cupy.asarray(np.arange(sms + 1, dtype=np.int64) * 512)
     cycles = cupy.zeros(2 * sms, dtype=cupy.int64)
     sink = cupy.zeros(384, dtype=cupy.float32)
+    params = bwd_params(dict(q=qdo.data.ptr, dq_accum=dq.data.ptr, timeline=cycles.data.ptr, dpsum=sink.data.ptr,
+                             visits=visits.data.ptr, rank=rank.data.ptr, cta_start=cta_start.data.ptr))
+    stream = cupy.cuda.get_current_stream()
     per_visit = []
     for _ in range(repeats + 1):                       # the first launch warms up and is dropped
-        kernel((sms,), (384,), (params, qdo, dq, cycles, sink), shared_mem=smem_bytes())
+        executor.launch(kernel.ptr, sms, 1, 1, 384, smem_bytes(), stream.ptr, params.view(np.uint8))
         cupy.cuda.Device().synchronize()
         per_visit.append(cycles.get() / 512)
     del module

@@ -16,7 +16,10 @@
 //      after dV and dQ, Q after dK, as bwd_step does;
 //   6: level 5 with the addresses of a real problem: visit j loads Q / dO tile j % kQdoTiles of a buffer of
 //      kQdoTiles tiles (a head's worth and more: the loads come from anywhere in L2), and the writer adds it into dQ
-//      tile (7 blockIdx.x + j) % kDqTiles, which other CTAs add into too (the atomic mode's traffic).
+//      tile (7 blockIdx.x + j) % kDqTiles, which other CTAs add into too (the atomic mode's traffic);
+//   7: level 6 with the visits read from a schedule table (p.visits: CTA c visits m_block (7 c + j) % kDqTiles of
+//      n_block 0) by the producer, and the kernel's own dQ writers (write_dq: two warps, alternate visits, the
+//      token between them), in atomic mode.
 // The values are not checked (zeros and what the loads bring): only clock64 cycles per visit are written, out[2
 // blockIdx.x + wg] = cycles of warpgroup wg's kVisits visits.
 #include "common.cuh"
@@ -47,6 +50,7 @@ constexpr int kExp2Early = CHAIN_EXP2_EARLY;
 static_assert(kExp2Early >= 0 && kExp2Early <= kBlockM / 16, "k-slices of P^T");
 constexpr bool kStaged = kLevel >= 5;
 constexpr bool kSpread = kLevel >= 6;
+constexpr bool kTable = kLevel >= 7;
 constexpr int kQdoTiles = 256, kDqTiles = 512;  // level 6: 10 MB of Q / dO tiles, 20 MB of dQ tiles
 constexpr int kBig = 1 << 20;  // Sq = Sk of the rebuilt problem: no tile needs the mask
 constexpr int kVisits = 512;
@@ -158,13 +162,15 @@ DASH_DEVICE void chain_visit(const BwdParams& p, const Smem& s, char* smem_gener
 // Level 5's producer (one thread): visit j's Q tile and lse_log2 row onto q_full of stage j % 2, then its dO tile and
 // dpsum row onto do_full, each once both MMA warpgroups released the stage's last use; the visit slot says (bh 0,
 // n_block 0, m_block j % 64).
-DASH_DEVICE void produce_stages(const Smem& s, const uint16_t* qdo_all) {
+DASH_DEVICE void produce_stages(const Smem& s, const ScheduleView& sched, const uint16_t* qdo_all) {
   for (int j = 0; j < kVisits; ++j) {
-    const uint16_t* qdo = qdo_all + (kSpread ? (size_t)(j % kQdoTiles) * SmemLayout::kQ : 0);
+    const Visit w = kTable ? sched.visit(sched.begin + j) : Visit{0, 0, j % 64};
+    const int tile = kTable ? w.m_block % kQdoTiles : j % kQdoTiles;
+    const uint16_t* qdo = qdo_all + (kSpread ? (size_t)tile * SmemLayout::kQ : 0);
     const int stage = j % kStages;
     const uint32_t parity = ((uint32_t)(j / kStages) & 1u) ^ 1u;  // a fresh barrier passes parity 1
     bounded_wait(s.q_empty(stage), parity);
-    VisitSlot::publish(s.visit(stage), Visit{0, 0, j % 64}, false);
+    VisitSlot::publish(s.visit(stage), w, false);
     mbar_arrive_expect_tx(s.q_full(stage), SmemLayout::kQ + SmemLayout::kRow);
     bulk_load(s.q(stage), qdo, SmemLayout::kQ, s.q_full(stage));
     bulk_load(s.lse(stage), qdo, SmemLayout::kRow, s.q_full(stage));
@@ -175,14 +181,18 @@ DASH_DEVICE void produce_stages(const Smem& s, const uint16_t* qdo_all) {
   }
 }
 
-// p: a zeroed BwdParams (softmax_scale_log2 0: P = 2^(0 - lse_log2)); qdo: bf16 tiles that levels 4-6 load (2
-// at levels 4-5, 2 kQdoTiles + 2 at level 6); dq: 80 x 128 fp32 tiles that level 3 adds into (gridDim.x of them, at
-// level 6 kDqTiles); cycles: 2 per CTA.
-extern "C" __global__ void __launch_bounds__(kNumThreads, 1)
-    gemm_chain(const BwdParams* __restrict__ pp, const uint16_t* __restrict__ qdo, float* __restrict__ dq,
-               long long* __restrict__ cycles, float* __restrict__ sink) {
+// p: a BwdParams of one head of kDqTiles 80-query tiles, full mask, atomic mode, in the kernel's parameter space as
+// the real kernel has it (softmax_scale_log2 0: P = 2^(0 - lse_log2); level 7's schedule table), and the buffers:
+// p.q the bf16 tiles that levels 4-7 load (2 at levels 4-5, 2 kQdoTiles + 2 from level 6), p.dq_accum the 80 x 128
+// fp32 tiles that level 3 on adds into (gridDim.x of them, kDqTiles from level 6), p.timeline the cycles (2 per
+// CTA), p.dpsum a sink of 384 floats.
+extern "C" __global__ void __launch_bounds__(kNumThreads, 1) gemm_chain(const __grid_constant__ BwdParams p) {
   extern __shared__ __align__(kSmemAlign) char smem_raw[];
-  const BwdParams& p = *pp;
+  const uint16_t* qdo = reinterpret_cast<const uint16_t*>(p.q);
+  float* dq = p.dq_accum;
+  int64_t* cycles = p.timeline;
+  float* sink = p.dpsum;
+  const ScheduleView sched(p.visits, p.rank, p.cta_start, (int)blockIdx.x, 1);  // read at level 7 only
   const uint32_t raw = smem_u32(smem_raw);
   const Smem s{(raw + (kSmemAlign - 1u)) & ~(kSmemAlign - 1u)};
   char* smem_generic = smem_raw + (s.base - raw);
@@ -211,7 +221,7 @@ extern "C" __global__ void __launch_bounds__(kNumThreads, 1)
   if (wg == 0) {
     setmaxnreg_dec<kProducerRegs>();
     if (kStaged && threadIdx.x == 0) {
-      produce_stages(s, qdo);
+      produce_stages(s, sched, qdo);
     } else if (kLevel == 4 && threadIdx.x == 0) {
       for (int j = 0; j < kVisits; ++j) {
         for (long long i = 0; i < kSpinLimit && *visit_counter < j; ++i) __nanosleep(64);
@@ -220,7 +230,9 @@ extern "C" __global__ void __launch_bounds__(kNumThreads, 1)
         bulk_load(s.dout(1), qdo + SmemLayout::kQ / 2, SmemLayout::kQ, s.q_full(1));
         bounded_wait(s.q_full(1), j & 1);
       }
-    } else if (kLevel >= 3 && warp == 1) {
+    } else if (kTable && (warp == 1 || warp == 2)) {
+      write_dq(p, sched, s, warp - 1, (int)threadIdx.x % 32);
+    } else if (!kTable && kLevel >= 3 && warp == 1) {
       const int lane = threadIdx.x % 32;
       dq_staging_free();
       for (int j = 0; j < kVisits; ++j) {
