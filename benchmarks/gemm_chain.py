@@ -55,14 +55,13 @@ def legs(levels, exp2_early) -> list:
 def bwd_params(pointers: dict) -> np.ndarray:
     """The BwdParams the kernel reads (one head of DQ_TILES 80-query tiles, full mask, atomic mode: no semaphores),
     every other field zero."""
-    from cupy_dash.cuda import params
-    kinds = params._LAYOUTS["BwdParams"][0]
-    zero = {"strides": (0, 0, 0), "tma": None, "ptr": 0, "i64": 0}
-    fields = {name: zero.get(kind, 0.0) for name, kind in kinds}
+    from cupy_dash.cuda.params import BWD_PARAMS_DTYPE
+    packed = np.zeros(1, dtype=BWD_PARAMS_DTYPE)
     rows = DQ_TILES * 80
-    fields.update(batch=1, seqlen_q=rows, seqlen_k=rows, seqlen_q_rounded=rows, num_heads=1, num_heads_kv=1,
-                  window_left=-1, window_right=-1, **pointers)
-    return params.pack_bwd_params(**fields)
+    for name, value in dict(batch=1, seqlen_q=rows, seqlen_k=rows, seqlen_q_rounded=rows, num_heads=1,
+                            num_heads_kv=1, window_left=-1, window_right=-1, **pointers).items():
+        packed[name] = value
+    return packed
 
 
 def run_level(level: int, exp2_early: int, repeats: int) -> dict:
