@@ -8,7 +8,8 @@ enter. Against the 3,200 cycles of tensor work per visit
 (ten 64 x 80 x 128 GEMMs at 2,048 multiply-adds per cycle) and the real kernel's ~4,890 (Nsight Compute, full 3840),
 each level's excess says what opens the tensor pipe's idle time (docs/decisions/bwd-engine.md).
 
-    python benchmarks/gemm_chain.py [--levels 0 1 2 3 4 5 6 7] [--exp2-early 0 3 5] [--repeats 5] [--json out.json]
+    python benchmarks/gemm_chain.py [--levels 0 1 2 3 4 5 6 7] [--exp2-early 0 3 5] [--dv-early] [--repeats 5]
+                                    [--json out.json]
     python benchmarks/gemm_chain.py --compile-only      # no GPU: every level compiles without spills
 """
 from __future__ import annotations
@@ -31,14 +32,15 @@ QDO_TILES, DQ_TILES = 256, 512   # gemm_chain.cu's kQdoTiles, kDqTiles (level 6)
 TENSOR_CYCLES = 10 * 64 * 80 * 128 // 2048   # one visit's GEMMs at the SM's dense bf16 rate
 
 
-def source(level: int, exp2_early: int = 0) -> str:
+def source(level: int, exp2_early: int = 0, dv_early: bool = False) -> str:
     """gemm_chain.cu with the defines of the bf16 head-dim-128 full-mask 80-query bwd_main variant, CHAIN_LEVEL and
-    CHAIN_EXP2_EARLY."""
+    CHAIN_EXP2_EARLY (and CHAIN_DV_EARLY)."""
     from cupy_dash.cuda import kernels
     spec = kernels.bwd_specs("bfloat16", 128, False, seqlen_q=8192).main
     assert dict(spec.defines)["DASH_BLOCK_M"] == 80, spec
     defines = "".join(f"#define {k} {v}\n" for k, v in (*spec.defines, ("CHAIN_LEVEL", level),
-                                                                ("CHAIN_EXP2_EARLY", exp2_early)))
+                                                                ("CHAIN_EXP2_EARLY", exp2_early),
+                                                                ("CHAIN_DV_EARLY", int(dv_early))))
     return defines + SOURCE.read_text()
 
 
@@ -47,9 +49,11 @@ def smem_bytes() -> int:
     return kernels.bwd_specs("bfloat16", 128, False, seqlen_q=8192).main.smem_bytes
 
 
-def legs(levels, exp2_early) -> list:
-    """(level, exp2_early) pairs: every level with the kernel's own order (0), and each other k at levels >= 2."""
-    return [(level, k) for level in levels for k in sorted(set(exp2_early) | {0}) if k == 0 or level >= 2]
+def legs(levels, exp2_early, dv_early=False) -> list:
+    """(level, exp2_early, dv_early) legs: every level with the kernel's own order, each other k at levels >= 2,
+    and with ``dv_early`` the dV-before-the-dP^T-wait leg at levels >= 2."""
+    out = [(level, k, False) for level in levels for k in sorted(set(exp2_early) | {0}) if k == 0 or level >= 2]
+    return out + [(level, 0, True) for level in levels if dv_early and level >= 2]
 
 
 def bwd_params(pointers: dict) -> np.ndarray:
@@ -64,11 +68,11 @@ def bwd_params(pointers: dict) -> np.ndarray:
     return packed
 
 
-def run_level(level: int, exp2_early: int, repeats: int) -> dict:
+def run_level(level: int, exp2_early: int, dv_early: bool, repeats: int) -> dict:
     """Cycles per visit of each MMA warpgroup of every CTA, median over CTAs, per repeat."""
     import cupy
     from cupy_dash.cuda import executor
-    cubin = compile_probe(source(level, exp2_early), "gemm_chain")
+    cubin = compile_probe(source(level, exp2_early, dv_early), "gemm_chain")
     kernel, module, gpu = load_probe(cubin, "gemm_chain", smem_bytes())
     sms = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["multiProcessorCount"]
     rng = np.random.default_rng(0)
@@ -93,7 +97,7 @@ def run_level(level: int, exp2_early: int, repeats: int) -> dict:
         per_visit.append(cycles.get() / 512)
     del module
     runs = per_visit[1:]
-    return dict(level=level, exp2_early=exp2_early, gpu=gpu, ctas=sms,
+    return dict(level=level, exp2_early=exp2_early, dv_early=dv_early, gpu=gpu, ctas=sms,
                 cycles_per_visit_median=[float(np.median(r)) for r in runs],
                 cycles_per_visit_p90=[float(np.percentile(r, 90)) for r in runs],
                 wg_gap_median=[float(np.median(np.abs(r[0::2] - r[1::2]))) for r in runs])
@@ -104,6 +108,8 @@ def main() -> None:
     ap.add_argument("--levels", nargs="+", type=int, default=list(LEVELS), choices=LEVELS)
     ap.add_argument("--exp2-early", nargs="+", type=int, default=[0],
                     help="also these CHAIN_EXP2_EARLY k-slice counts (0-5) at levels >= 2")
+    ap.add_argument("--dv-early", action="store_true",
+                    help="also dV issued before the dP^T wait (dv_before_dp_wait.patch's order) at levels >= 2")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--json")
     ap.add_argument("--compile-only", action="store_true")
@@ -111,15 +117,15 @@ def main() -> None:
     if any(not 0 <= k <= 5 for k in opts.exp2_early):
         ap.error("--exp2-early: 0 to 5 k-slices (the 80-query tile has five)")
     if opts.compile_only:
-        for level, k in legs(opts.levels, opts.exp2_early):
-            compile_probe(source(level, k), "gemm_chain")
-            print(f"level {level}, exp2 early {k}: compiled, no spills")
+        for level, k, dv in legs(opts.levels, opts.exp2_early, opts.dv_early):
+            compile_probe(source(level, k, dv), "gemm_chain")
+            print(f"level {level}, exp2 early {k}{', dV early' if dv else ''}: compiled, no spills")
         return
     rows = []
-    for level, k in legs(opts.levels, opts.exp2_early):
-        row = run_level(level, k, opts.repeats)
+    for level, k, dv in legs(opts.levels, opts.exp2_early, opts.dv_early):
+        row = run_level(level, k, dv, opts.repeats)
         med = statistics.median(row["cycles_per_visit_median"])
-        print(f"level {level}, exp2 early {k}: {med:7.0f} cycles per visit "
+        print(f"level {level}, exp2 early {k}{', dV early' if dv else ''}: {med:7.0f} cycles per visit "
               f"(tensor work {TENSOR_CYCLES}: {TENSOR_CYCLES / med:.0%}), "
               f"p90 {statistics.median(row['cycles_per_visit_p90']):.0f}, "
               f"warpgroups apart {statistics.median(row['wg_gap_median']):.0f}", flush=True)

@@ -41,12 +41,18 @@
 #ifndef CHAIN_EXP2_EARLY
 #define CHAIN_EXP2_EARLY 0
 #endif
+// CHAIN_DV_EARLY 1 (levels >= 2): dV += P^T dO issued before the dP^T wait, right after P^T (the kernel's
+// benchmarks/patches/dv_before_dp_wait.patch), every exp2 then ahead of the wait; no masked copy.
+#ifndef CHAIN_DV_EARLY
+#define CHAIN_DV_EARLY 0
+#endif
 
 using namespace bwd;
 
 static_assert(kBlockM == 80 && kHeadDim == 128 && !kCausal, "the 80-query plan at head dim 128, full mask");
 constexpr int kLevel = CHAIN_LEVEL;
 constexpr int kExp2Early = CHAIN_EXP2_EARLY;
+constexpr bool kDvEarly = CHAIN_DV_EARLY != 0 && CHAIN_LEVEL >= 2;
 static_assert(kExp2Early >= 0 && kExp2Early <= kBlockM / 16, "k-slices of P^T");
 constexpr bool kStaged = kLevel >= 5;
 constexpr bool kSpread = kLevel >= 6;
@@ -86,16 +92,16 @@ DASH_DEVICE void chain_visit(const BwdParams& p, const Smem& s, char* smem_gener
   band.hi = Band::kUnboundedHi;
   const TileMask mask(w.n_block * kBlockN + 64 * wg, w.m_block * kBlockM, kBig, band, f);
   uint32_t Pa[kBlockM / 16][4], dSa[kBlockM / 16][4];
-  if constexpr (kStaged && kExp2Early == 0) {
+  if constexpr (kStaged && kExp2Early == 0 && !kDvEarly) {
     if (mask.needed) {
       probs_and_grads<true>(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, stage, false, j, wg, tid, f);
     } else {
       probs_and_grads<false>(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, stage, false, j, wg, tid, f);
     }
-  } else if (kStaged && mask.needed) {
+  } else if (kStaged && !kDvEarly && mask.needed) {
     probs_and_grads<true>(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, stage, false, j, wg, tid, f);
-  } else if constexpr (kLevel >= 2 && kExp2Early > 0) {
-    // probs_and_grads<false> with the ordering load before the dP^T wait
+  } else if constexpr (kLevel >= 2 && (kExp2Early > 0 || kDvEarly)) {
+    // probs_and_grads<false> with the ordering load, or the dV issue, before the dP^T wait
     const RowValues lse_row(reinterpret_cast<const float*>(smem_generic + (s.lse(stage) - s.base)), 0, f);
     wgmma_wait<1>();
     wgmma_fence_operand(S);
@@ -108,8 +114,15 @@ DASH_DEVICE void chain_visit(const BwdParams& p, const Smem& s, char* smem_gener
 #pragma unroll
       for (int i = 0; i < 4; ++i) all &= Pa[ks][i];
     }
-    ld_volatile_shared_u32(s.dpsum(stage) + ((all >> 31) << 2));
-    wgmma_wait<0>();
+    if constexpr (kDvEarly) {
+      wgmma_fence();
+      gemm_accumulate_rs(dV, Pa, s.dout(stage), j == 0);
+      wgmma_commit();
+      wgmma_wait<1>();
+    } else {
+      ld_volatile_shared_u32(s.dpsum(stage) + ((all >> 31) << 2));
+      wgmma_wait<0>();
+    }
     wgmma_fence_operand(dP);
     uint32_t dT[kDtRegs];
     const DtSlots slots(smem_generic, s.base, s.ds(stage), wg, tid);
@@ -126,9 +139,11 @@ DASH_DEVICE void chain_visit(const BwdParams& p, const Smem& s, char* smem_gener
     pack_fragments<kSRegs>(dSa, dP);
     if constexpr (kLevel >= 1) store_transposed<kBlockM>(s.ds(0), dSa, 64 * wg, tid);
   }
-  wgmma_fence();
-  gemm_accumulate_rs(dV, Pa, s.dout(stage), j == 0);
-  wgmma_commit();
+  if constexpr (!kDvEarly) {
+    wgmma_fence();
+    gemm_accumulate_rs(dV, Pa, s.dout(stage), j == 0);
+    wgmma_commit();
+  }
   if constexpr (kLevel >= 1) {
     fence_proxy_async_smem();
     named_barrier_sync<kBarPdS, kPdSThreads>();
