@@ -2,13 +2,14 @@
 GEMMs alone (level 0), then the dS^T store and barrier (1), the softmax and dS math (2), the dQ hand-off to a writer
 warp (3) and a Q / dO load per visit (4), or instead of those loads the stages' protocol with a producer that runs
 ahead, the visit slot and the mask dispatch (5), and that with a real problem's spread of addresses in L2 (6),
-and that with a schedule table and the kernel's two dQ writer warps (7).
+and that with a schedule table and the kernel's two dQ writer warps (7), and with KV tiles that change every 48
+visits, their K / V loads and releases, but no dK / dV epilogue (8).
 One CTA per SM, 512 visits each; the cycles of each MMA warpgroup come from clock64, so the SM clock does not
 enter. Against the 3,200 cycles of tensor work per visit
 (ten 64 x 80 x 128 GEMMs at 2,048 multiply-adds per cycle) and the real kernel's ~4,890 (Nsight Compute, full 3840),
 each level's excess says what opens the tensor pipe's idle time (docs/decisions/bwd-engine.md).
 
-    python benchmarks/gemm_chain.py [--levels 0 1 2 3 4 5 6 7] [--exp2-early 0 3 5] [--dv-early] [--repeats 5]
+    python benchmarks/gemm_chain.py [--levels 0 1 2 3 4 5 6 7 8] [--exp2-early 0 3 5] [--dv-early] [--repeats 5]
                                     [--json out.json]
     python benchmarks/gemm_chain.py --compile-only      # no GPU: every level compiles without spills
 """
@@ -27,7 +28,7 @@ import numpy as np
 from measure import commit, compile_probe, load_probe
 
 SOURCE = Path(__file__).parent / "kernels" / "gemm_chain.cu"
-LEVELS = (0, 1, 2, 3, 4, 5, 6, 7)
+LEVELS = (0, 1, 2, 3, 4, 5, 6, 7, 8)
 QDO_TILES, DQ_TILES = 256, 512   # gemm_chain.cu's kQdoTiles, kDqTiles (level 6)
 TENSOR_CYCLES = 10 * 64 * 80 * 128 // 2048   # one visit's GEMMs at the SM's dense bf16 rate
 

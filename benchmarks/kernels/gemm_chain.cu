@@ -19,7 +19,10 @@
 //      tile (7 blockIdx.x + j) % kDqTiles, which other CTAs add into too (the atomic mode's traffic);
 //   7: level 6 with the visits read from a schedule table (p.visits: CTA c visits m_block (7 c + j) % kDqTiles of
 //      n_block 0) by the producer, and the kernel's own dQ writers (write_dq: two warps, alternate visits, the
-//      token between them), in atomic mode.
+//      token between them), in atomic mode;
+//   8: level 7 with runs of kRun visits per KV tile: the producer loads each run's K and V tiles (after the last
+//      run's releases: V after its last dP^T, K after its last dQ), the first visit of a run waits for them and
+//      restarts dK and dV. No dK / dV epilogue (the kernel stores them at a run's end).
 // The values are not checked (zeros and what the loads bring): only clock64 cycles per visit are written, out[2
 // blockIdx.x + wg] = cycles of warpgroup wg's kVisits visits.
 #include "common.cuh"
@@ -57,6 +60,9 @@ static_assert(kExp2Early >= 0 && kExp2Early <= kBlockM / 16, "k-slices of P^T");
 constexpr bool kStaged = kLevel >= 5;
 constexpr bool kSpread = kLevel >= 6;
 constexpr bool kTable = kLevel >= 7;
+constexpr bool kRuns = kLevel >= 8;
+constexpr int kRun = 48;  // visits per KV tile at level 8: full 3840's 48 Q tiles of 80
+static_assert(kKStages == 1, "the 80-query plan's one K buffer");
 constexpr int kQdoTiles = 256, kDqTiles = 512;  // level 6: 10 MB of Q / dO tiles, 20 MB of dQ tiles
 constexpr int kBig = 1 << 20;  // Sq = Sk of the rebuilt problem: no tile needs the mask
 constexpr int kVisits = 512;
@@ -74,14 +80,18 @@ DASH_DEVICE void chain_visit(const BwdParams& p, const Smem& s, char* smem_gener
   const Fragment f(tid);
   const int stage = kStaged ? j % kStages : 0;
   const uint32_t parity = (uint32_t)(j / kStages) & 1u;
+  const bool first = kRuns ? j % kRun == 0 : j == 0, last = kRuns && j % kRun == kRun - 1;
+  const uint32_t group_parity = (uint32_t)(j / kRun) & 1u;
   float S[kSRegs], dP[kSRegs];
   if constexpr (kStaged) bounded_wait(s.q_full(stage), parity);
+  if (kRuns && first) bounded_wait(s.k_full(0), group_parity);
   wgmma_fence();
   gemm_keys_by_queries(S, TileKV::kmajor(s.k(0), 64 * wg), s.q(stage));
   wgmma_commit();
   Visit w{0, 0, 0};
   if constexpr (kStaged) {
     w = VisitSlot::read(s.visit(stage)).w;
+    if (kRuns && first) bounded_wait(s.v_full(), group_parity);
     bounded_wait(s.do_full(stage), parity);
   }
   wgmma_fence();
@@ -94,12 +104,12 @@ DASH_DEVICE void chain_visit(const BwdParams& p, const Smem& s, char* smem_gener
   uint32_t Pa[kBlockM / 16][4], dSa[kBlockM / 16][4];
   if constexpr (kStaged && kExp2Early == 0 && !kDvEarly) {
     if (mask.needed) {
-      probs_and_grads<true>(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, stage, false, j, wg, tid, f);
+      probs_and_grads<true>(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, stage, last, j, wg, tid, f);
     } else {
-      probs_and_grads<false>(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, stage, false, j, wg, tid, f);
+      probs_and_grads<false>(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, stage, last, j, wg, tid, f);
     }
   } else if (kStaged && !kDvEarly && mask.needed) {
-    probs_and_grads<true>(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, stage, false, j, wg, tid, f);
+    probs_and_grads<true>(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, stage, last, j, wg, tid, f);
   } else if constexpr (kLevel >= 2 && (kExp2Early > 0 || kDvEarly)) {
     // probs_and_grads<false> with the ordering load, or the dV issue, before the dP^T wait
     const RowValues lse_row(reinterpret_cast<const float*>(smem_generic + (s.lse(stage) - s.base)), 0, f);
@@ -116,7 +126,7 @@ DASH_DEVICE void chain_visit(const BwdParams& p, const Smem& s, char* smem_gener
     }
     if constexpr (kDvEarly) {
       wgmma_fence();
-      gemm_accumulate_rs(dV, Pa, s.dout(stage), j == 0);
+      gemm_accumulate_rs(dV, Pa, s.dout(stage), first);
       wgmma_commit();
       wgmma_wait<1>();
     } else {
@@ -124,6 +134,7 @@ DASH_DEVICE void chain_visit(const BwdParams& p, const Smem& s, char* smem_gener
       wgmma_wait<0>();
     }
     wgmma_fence_operand(dP);
+    if (last && tid == 0) mbar_arrive(s.v_empty());  // dP^T was V's last use
     uint32_t dT[kDtRegs];
     const DtSlots slots(smem_generic, s.base, s.ds(stage), wg, tid);
     softmax_grad(dSa, Pa, dP, dpsum_row, dT, slots);
@@ -139,9 +150,9 @@ DASH_DEVICE void chain_visit(const BwdParams& p, const Smem& s, char* smem_gener
     pack_fragments<kSRegs>(dSa, dP);
     if constexpr (kLevel >= 1) store_transposed<kBlockM>(s.ds(0), dSa, 64 * wg, tid);
   }
+  wgmma_fence();  // dV early: dSa, written since its fence, is dK's A operand
   if constexpr (!kDvEarly) {
-    wgmma_fence();
-    gemm_accumulate_rs(dV, Pa, s.dout(stage), j == 0);
+    gemm_accumulate_rs(dV, Pa, s.dout(stage), first);
     wgmma_commit();
   }
   if constexpr (kLevel >= 1) {
@@ -156,13 +167,14 @@ DASH_DEVICE void chain_visit(const BwdParams& p, const Smem& s, char* smem_gener
                             desc_advance(ds_desc, TileQ::kmajor_step(ks)), ks > 0);
   }
   wgmma_commit();
-  gemm_accumulate_rs(dK, dSa, s.q(stage), j == 0);
+  gemm_accumulate_rs(dK, dSa, s.q(stage), first);
   wgmma_commit();
   wgmma_wait<1>();
   wgmma_fence_operand(dQ);
   wgmma_fence_operand(dV);
   wgmma_fence_operand(Pa);
   if (kStaged && tid == 0) mbar_arrive(s.do_empty(stage));
+  if (last && tid == 0) mbar_arrive(s.k_empty(0));  // dQ was K's last use
   if constexpr (kLevel >= 3) {
     hand_dq_to_writer(s, dQ, wg, tid);
   } else {
@@ -184,11 +196,23 @@ DASH_DEVICE void produce_stages(const Smem& s, const ScheduleView& sched, const 
     const uint16_t* qdo = qdo_all + (kSpread ? (size_t)tile * SmemLayout::kQ : 0);
     const int stage = j % kStages;
     const uint32_t parity = ((uint32_t)(j / kStages) & 1u) ^ 1u;  // a fresh barrier passes parity 1
+    const bool first = kRuns && j % kRun == 0;
+    const uint32_t group_parity = ((uint32_t)(j / kRun) & 1u) ^ 1u;
+    if (first) {
+      bounded_wait(s.k_empty(0), group_parity);
+      mbar_arrive_expect_tx(s.k_full(0), SmemLayout::kKV);
+      bulk_load(s.k(0), qdo, SmemLayout::kKV, s.k_full(0));
+    }
     bounded_wait(s.q_empty(stage), parity);
     VisitSlot::publish(s.visit(stage), w, false);
     mbar_arrive_expect_tx(s.q_full(stage), SmemLayout::kQ + SmemLayout::kRow);
     bulk_load(s.q(stage), qdo, SmemLayout::kQ, s.q_full(stage));
     bulk_load(s.lse(stage), qdo, SmemLayout::kRow, s.q_full(stage));
+    if (first) {
+      bounded_wait(s.v_empty(), group_parity);
+      mbar_arrive_expect_tx(s.v_full(), SmemLayout::kKV);
+      bulk_load(s.v(), qdo + SmemLayout::kKV / 2, SmemLayout::kKV, s.v_full());
+    }
     bounded_wait(s.do_empty(stage), parity);
     mbar_arrive_expect_tx(s.do_full(stage), SmemLayout::kQ + SmemLayout::kRow);
     bulk_load(s.dout(stage), qdo + SmemLayout::kQ / 2, SmemLayout::kQ, s.do_full(stage));
@@ -224,6 +248,10 @@ extern "C" __global__ void __launch_bounds__(kNumThreads, 1) gemm_chain(const __
         mbar_init(s.do_full(stage), 1);
         mbar_init(s.do_empty(stage), kNumMmaWg);
       }
+      mbar_init(s.k_full(0), 1);
+      mbar_init(s.k_empty(0), kNumMmaWg);
+      mbar_init(s.v_full(), 1);
+      mbar_init(s.v_empty(), kNumMmaWg);
     } else {
       mbar_init(s.q_full(1), 1);
       *visit_counter = 0;
