@@ -198,17 +198,15 @@ DASH_DEVICE void produce_stages(const Smem& s, const ScheduleView& sched, const 
     const uint32_t parity = ((uint32_t)(j / kStages) & 1u) ^ 1u;  // a fresh barrier passes parity 1
     const bool first = kRuns && j % kRun == 0;
     const uint32_t group_parity = ((uint32_t)(j / kRun) & 1u) ^ 1u;
-    if (first) {
-      bounded_wait(s.k_empty(0), group_parity);
-      mbar_arrive_expect_tx(s.k_full(0), SmemLayout::kKV);
-      bulk_load(s.k(0), qdo, SmemLayout::kKV, s.k_full(0));
-    }
     bounded_wait(s.q_empty(stage), parity);
     VisitSlot::publish(s.visit(stage), w, false);
     mbar_arrive_expect_tx(s.q_full(stage), SmemLayout::kQ + SmemLayout::kRow);
     bulk_load(s.q(stage), qdo, SmemLayout::kQ, s.q_full(stage));
     bulk_load(s.lse(stage), qdo, SmemLayout::kRow, s.q_full(stage));
-    if (first) {
+    if (first) {  // after the visit's Q, as bwd/producer.cuh orders them
+      bounded_wait(s.k_empty(0), group_parity);
+      mbar_arrive_expect_tx(s.k_full(0), SmemLayout::kKV);
+      bulk_load(s.k(0), qdo, SmemLayout::kKV, s.k_full(0));
       bounded_wait(s.v_empty(), group_parity);
       mbar_arrive_expect_tx(s.v_full(), SmemLayout::kKV);
       bulk_load(s.v(), qdo + SmemLayout::kKV / 2, SmemLayout::kKV, s.v_full());
