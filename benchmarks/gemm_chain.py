@@ -9,8 +9,8 @@ enter. Against the 3,200 cycles of tensor work per visit
 (ten 64 x 80 x 128 GEMMs at 2,048 multiply-adds per cycle) and the real kernel's ~4,890 (Nsight Compute, full 3840),
 each level's excess says what opens the tensor pipe's idle time (docs/decisions/bwd-engine.md).
 
-    python benchmarks/gemm_chain.py [--levels 0 1 2 3 4 5 6 7 8] [--exp2-early 0 3 5] [--dv-early] [--repeats 5]
-                                    [--json out.json]
+    python benchmarks/gemm_chain.py [--levels 0 1 2 3 4 5 6 7 8] [--exp2-early 0 3 5] [--dv-early] [--phases]
+                                    [--repeats 5] [--json out.json]
     python benchmarks/gemm_chain.py --compile-only      # no GPU: every level compiles without spills
 """
 from __future__ import annotations
@@ -33,15 +33,19 @@ QDO_TILES, DQ_TILES = 256, 512   # gemm_chain.cu's kQdoTiles, kDqTiles (level 6)
 TENSOR_CYCLES = 10 * 64 * 80 * 128 // 2048   # one visit's GEMMs at the SM's dense bf16 rate
 
 
-def source(level: int, exp2_early: int = 0, dv_early: bool = False) -> str:
-    """gemm_chain.cu with the defines of the bf16 head-dim-128 full-mask 80-query bwd_main variant, CHAIN_LEVEL and
-    CHAIN_EXP2_EARLY (and CHAIN_DV_EARLY)."""
+PHASES = ("top", "math", "dV issue, dS barrier", "dQ, dK issue", "dV, dQ wait", "dQ hand-off", "dK wait")
+
+
+def source(level: int, exp2_early: int = 0, dv_early: bool = False, phases: bool = False) -> str:
+    """gemm_chain.cu with the defines of the bf16 head-dim-128 full-mask 80-query bwd_main variant, CHAIN_LEVEL,
+    CHAIN_EXP2_EARLY, CHAIN_DV_EARLY and CHAIN_PHASES."""
     from cupy_dash.cuda import kernels
     spec = kernels.bwd_specs("bfloat16", 128, False, seqlen_q=8192).main
     assert dict(spec.defines)["DASH_BLOCK_M"] == 80, spec
     defines = "".join(f"#define {k} {v}\n" for k, v in (*spec.defines, ("CHAIN_LEVEL", level),
                                                                 ("CHAIN_EXP2_EARLY", exp2_early),
-                                                                ("CHAIN_DV_EARLY", int(dv_early))))
+                                                                ("CHAIN_DV_EARLY", int(dv_early)),
+                                                                ("CHAIN_PHASES", int(phases))))
     return defines + SOURCE.read_text()
 
 
@@ -69,11 +73,11 @@ def bwd_params(pointers: dict) -> np.ndarray:
     return packed
 
 
-def run_level(level: int, exp2_early: int, dv_early: bool, repeats: int) -> dict:
+def run_level(level: int, exp2_early: int, dv_early: bool, repeats: int, phases: bool = False) -> dict:
     """Cycles per visit of each MMA warpgroup of every CTA, median over CTAs, per repeat."""
     import cupy
     from cupy_dash.cuda import executor
-    cubin = compile_probe(source(level, exp2_early, dv_early), "gemm_chain")
+    cubin = compile_probe(source(level, exp2_early, dv_early, phases), "gemm_chain")
     kernel, module, gpu = load_probe(cubin, "gemm_chain", smem_bytes())
     sms = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["multiProcessorCount"]
     rng = np.random.default_rng(0)
@@ -86,19 +90,26 @@ def run_level(level: int, exp2_early: int, dv_early: bool, repeats: int) -> dict
     visits = cupy.asarray(np.stack([c, 0 * c, 0 * c, (7 * c + j) % DQ_TILES], axis=-1).astype(np.int32).ravel())
     rank = cupy.ones(sms * 512, dtype=cupy.int32)
     cta_start = cupy.asarray(np.arange(sms + 1, dtype=np.int64) * 512)
-    cycles = cupy.zeros(2 * sms, dtype=cupy.int64)
+    cycles = cupy.zeros(2 * sms * (1 + len(PHASES)), dtype=cupy.int64)
     sink = cupy.zeros(384, dtype=cupy.float32)
     params = bwd_params(dict(q=qdo.data.ptr, dq_accum=dq.data.ptr, timeline=cycles.data.ptr, dpsum=sink.data.ptr,
                              visits=visits.data.ptr, rank=rank.data.ptr, cta_start=cta_start.data.ptr))
     stream = cupy.cuda.get_current_stream()
-    per_visit = []
+    per_visit, per_phase = [], []
     for _ in range(repeats + 1):                       # the first launch warms up and is dropped
         executor.launch(kernel.ptr, sms, 1, 1, 384, smem_bytes(), stream.ptr, params.view(np.uint8))
         cupy.cuda.Device().synchronize()
-        per_visit.append(cycles.get() / 512)
+        out = cycles.get() / 512
+        per_visit.append(out[:2 * sms])
+        per_phase.append(out[2 * sms:].reshape(sms, 2, len(PHASES)))
     del module
     runs = per_visit[1:]
-    return dict(level=level, exp2_early=exp2_early, dv_early=dv_early, gpu=gpu, ctas=sms,
+    extra = {}
+    if phases:   # per warpgroup and phase: the median over CTAs, then over the repeats
+        med = np.median(np.stack([np.median(x, axis=0) for x in per_phase[1:]]), axis=0)
+        extra = dict(phases={f"wg{wg}": dict(zip(PHASES, map(float, med[wg]))) for wg in range(2)})
+    return dict(level=level, exp2_early=exp2_early, dv_early=dv_early, phases_build=phases, gpu=gpu, ctas=sms,
+                **extra,
                 cycles_per_visit_median=[float(np.median(r)) for r in runs],
                 cycles_per_visit_p90=[float(np.percentile(r, 90)) for r in runs],
                 wg_gap_median=[float(np.median(np.abs(r[0::2] - r[1::2]))) for r in runs])
@@ -111,25 +122,32 @@ def main() -> None:
                     help="also these CHAIN_EXP2_EARLY k-slice counts (0-5) at levels >= 2")
     ap.add_argument("--dv-early", action="store_true",
                     help="also dV issued before the dP^T wait (dv_before_dp_wait.patch's order) at levels >= 2")
+    ap.add_argument("--phases", action="store_true",
+                    help="the phase builds instead (CHAIN_PHASES: cycles per visit by phase, per warpgroup; "
+                         "levels >= 3)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--json")
     ap.add_argument("--compile-only", action="store_true")
     opts = ap.parse_args()
     if any(not 0 <= k <= 5 for k in opts.exp2_early):
         ap.error("--exp2-early: 0 to 5 k-slices (the 80-query tile has five)")
+    if opts.phases and min(opts.levels) < 3:   # the sums' registers make levels 1-2 spill (levels 3-8 do not)
+        ap.error("--phases: levels 3 and above")
     if opts.compile_only:
         for level, k, dv in legs(opts.levels, opts.exp2_early, opts.dv_early):
-            compile_probe(source(level, k, dv), "gemm_chain")
+            compile_probe(source(level, k, dv, opts.phases), "gemm_chain")
             print(f"level {level}, exp2 early {k}{', dV early' if dv else ''}: compiled, no spills")
         return
     rows = []
     for level, k, dv in legs(opts.levels, opts.exp2_early, opts.dv_early):
-        row = run_level(level, k, dv, opts.repeats)
+        row = run_level(level, k, dv, opts.repeats, opts.phases)
         med = statistics.median(row["cycles_per_visit_median"])
         print(f"level {level}, exp2 early {k}{', dV early' if dv else ''}: {med:7.0f} cycles per visit "
               f"(tensor work {TENSOR_CYCLES}: {TENSOR_CYCLES / med:.0%}), "
               f"p90 {statistics.median(row['cycles_per_visit_p90']):.0f}, "
               f"warpgroups apart {statistics.median(row['wg_gap_median']):.0f}", flush=True)
+        for wg, ph in row.get("phases", {}).items():
+            print(f"  {wg}: " + ", ".join(f"{name} {c:.0f}" for name, c in ph.items()), flush=True)
         rows.append(row)
     if opts.json:
         meta = dict(date=datetime.datetime.now().isoformat(timespec="seconds"), commit=commit(),

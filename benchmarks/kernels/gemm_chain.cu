@@ -49,6 +49,12 @@
 #ifndef CHAIN_DV_EARLY
 #define CHAIN_DV_EARLY 0
 #endif
+// CHAIN_PHASES 1: each MMA warpgroup's thread 0 also sums the cycles of a visit's phases (Phases below) over its
+// visits, a timeline in the kernel's phase names (the clock reads perturb the loop a little, as the kernel's
+// timeline build's stamps do).
+#ifndef CHAIN_PHASES
+#define CHAIN_PHASES 0
+#endif
 
 using namespace bwd;
 
@@ -68,6 +74,29 @@ constexpr int kBig = 1 << 20;  // Sq = Sk of the rebuilt problem: no tile needs 
 constexpr int kVisits = 512;
 constexpr long long kSpinLimit = 1LL << 26;  // bounded waits: a lost arrival ends the run, it does not hang
 
+// The phases of a visit, between marks: 0 the top (the Q / K waits, the S^T and dP^T issues, the slot); 1 the math
+// (the S^T and dP^T waits, P^T, dS^T, its store); 2 the dV issue and the dS barrier; 3 the dQ and dK issues; 4 the
+// wait for dV and dQ; 5 the dQ hand-off; 6 the wait for dK.
+constexpr int kPhases = CHAIN_PHASES ? 7 : 0;
+struct Phases {
+  uint32_t sum[kPhases > 0 ? kPhases : 1];
+  uint32_t last;
+  DASH_DEVICE Phases() : last(0) {
+#pragma unroll
+    for (int i = 0; i < (kPhases > 0 ? kPhases : 1); ++i) sum[i] = 0;
+  }
+  DASH_DEVICE void start() {
+    if constexpr (kPhases > 0) last = (uint32_t)clock64_cycles();
+  }
+  DASH_DEVICE void mark(int i) {  // i: a compile-time constant at every call
+    if constexpr (kPhases > 0) {
+      const uint32_t now = (uint32_t)clock64_cycles();
+      sum[i] += now - last;
+      last = now;
+    }
+  }
+};
+
 // Waits for phase parity of bar, at most kSpinLimit tries.
 DASH_DEVICE void bounded_wait(uint32_t bar, uint32_t parity) {
   for (long long i = 0; i < kSpinLimit && !mbar_try_wait(bar, parity); ++i) {
@@ -76,8 +105,9 @@ DASH_DEVICE void bounded_wait(uint32_t bar, uint32_t parity) {
 
 // One visit of one MMA warpgroup on stage 0 of the tiles.
 DASH_DEVICE void chain_visit(const BwdParams& p, const Smem& s, char* smem_generic, float (&dK)[kDkvRegs],
-                             float (&dV)[kDkvRegs], float& dq_keep, int j, int wg, int tid) {
+                             float (&dV)[kDkvRegs], float& dq_keep, Phases& ph, int j, int wg, int tid) {
   const Fragment f(tid);
+  ph.start();
   const int stage = kStaged ? j % kStages : 0;
   const uint32_t parity = (uint32_t)(j / kStages) & 1u;
   const bool first = kRuns ? j % kRun == 0 : j == 0, last = kRuns && j % kRun == kRun - 1;
@@ -97,6 +127,7 @@ DASH_DEVICE void chain_visit(const BwdParams& p, const Smem& s, char* smem_gener
   wgmma_fence();
   gemm_keys_by_queries(dP, TileKV::kmajor(s.v(), 64 * wg), s.dout(stage));
   wgmma_commit();
+  ph.mark(0);
   Band band(p, kBig, kBig);
   band.lo = Band::kUnboundedLo;  // the full mask (p is zeroed: its window fields would make a band)
   band.hi = Band::kUnboundedHi;
@@ -150,6 +181,7 @@ DASH_DEVICE void chain_visit(const BwdParams& p, const Smem& s, char* smem_gener
     pack_fragments<kSRegs>(dSa, dP);
     if constexpr (kLevel >= 1) store_transposed<kBlockM>(s.ds(0), dSa, 64 * wg, tid);
   }
+  ph.mark(1);
   wgmma_fence();  // dV early: dSa, written since its fence, is dK's A operand
   if constexpr (!kDvEarly) {
     gemm_accumulate_rs(dV, Pa, s.dout(stage), first);
@@ -159,6 +191,7 @@ DASH_DEVICE void chain_visit(const BwdParams& p, const Smem& s, char* smem_gener
     fence_proxy_async_smem();
     named_barrier_sync<kBarPdS, kPdSThreads>();
   }
+  ph.mark(2);
   float dQ[kDqRegs];
   const uint64_t kt_desc = TileKV::mnmajor(s.k(0), 64 * wg), ds_desc = TileQ::kmajor(s.ds(stage), 0);
 #pragma unroll
@@ -169,10 +202,12 @@ DASH_DEVICE void chain_visit(const BwdParams& p, const Smem& s, char* smem_gener
   wgmma_commit();
   gemm_accumulate_rs(dK, dSa, s.q(stage), first);
   wgmma_commit();
+  ph.mark(3);
   wgmma_wait<1>();
   wgmma_fence_operand(dQ);
   wgmma_fence_operand(dV);
   wgmma_fence_operand(Pa);
+  ph.mark(4);
   if (kStaged && tid == 0) mbar_arrive(s.do_empty(stage));
   if (last && tid == 0) mbar_arrive(s.k_empty(0));  // dQ was K's last use
   if constexpr (kLevel >= 3) {
@@ -180,9 +215,11 @@ DASH_DEVICE void chain_visit(const BwdParams& p, const Smem& s, char* smem_gener
   } else {
     dq_keep += dQ[0];  // NOTES: without a use of its result, ptxas drops the dQ GEMM (measured: 16 of 24 m64n80)
   }
+  ph.mark(5);
   wgmma_wait<0>();
   wgmma_fence_operand(dK);
   wgmma_fence_operand(dSa);
+  ph.mark(6);
   if (kStaged && tid == 0) mbar_arrive(s.q_empty(stage));
 }
 
@@ -222,7 +259,7 @@ DASH_DEVICE void produce_stages(const Smem& s, const ScheduleView& sched, const 
 // the real kernel has it (softmax_scale_log2 0: P = 2^(0 - lse_log2); level 7's schedule table), and the buffers:
 // p.q the bf16 tiles that levels 4-7 load (2 at levels 4-5, 2 kQdoTiles + 2 from level 6), p.dq_accum the 80 x 128
 // fp32 tiles that level 3 on adds into (gridDim.x of them, kDqTiles from level 6), p.timeline the cycles (2 per
-// CTA), p.dpsum a sink of 384 floats.
+// CTA, then with CHAIN_PHASES kPhases sums per CTA and warpgroup), p.dpsum a sink of 384 floats.
 extern "C" __global__ void __launch_bounds__(kNumThreads, 1) gemm_chain(const __grid_constant__ BwdParams p) {
   extern __shared__ __align__(kSmemAlign) char smem_raw[];
   const uint16_t* qdo = reinterpret_cast<const uint16_t*>(p.q);
@@ -292,13 +329,18 @@ extern "C" __global__ void __launch_bounds__(kNumThreads, 1) gemm_chain(const __
   fill_zero(dK);
   fill_zero(dV);
   float dq_keep = 0.f;
+  Phases ph;
   const long long t0 = clock64_cycles();
   for (int j = 0; j < kVisits; ++j) {
-    chain_visit(p, s, smem_generic, dK, dV, dq_keep, j, mma_wg, tid);
+    chain_visit(p, s, smem_generic, dK, dV, dq_keep, ph, j, mma_wg, tid);
     if (kLevel == 4 && mma_wg == 0 && tid == 0) *visit_counter = j + 1;
   }
   const long long t1 = clock64_cycles();
-  if (tid == 0) cycles[2 * blockIdx.x + mma_wg] = t1 - t0;
+  if (tid == 0) {
+    cycles[2 * blockIdx.x + mma_wg] = t1 - t0;
+#pragma unroll
+    for (int i = 0; i < kPhases; ++i) cycles[2 * gridDim.x + (2 * blockIdx.x + mma_wg) * kPhases + i] = ph.sum[i];
+  }
   float acc = dq_keep;
 #pragma unroll
   for (int i = 0; i < kDkvRegs; ++i) acc += dK[i] + dV[i];
