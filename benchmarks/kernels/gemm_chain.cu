@@ -1,7 +1,7 @@
 // The backward's visit loop of the 80-query plan (head dim 128, bf16, full mask) rebuilt in layers, to time what each
-// layer adds to the cycles of a visit (benchmarks/gemm_chain.py). Every CTA runs kVisits visits on the same shared-
-// memory tiles, with the kernel's own functions and layout (bwd/config.cuh, bwd/mainloop.cuh), and no schedule, no
-// KV-tile change and no semaphore. CHAIN_LEVEL adds, cumulatively:
+// layer adds to the cycles of a visit (benchmarks/gemm_chain.py). Every CTA runs kVisits visits with the kernel's
+// own functions and shared-memory layout (bwd/config.cuh, bwd/mainloop.cuh), one CTA per SM, and never a semaphore
+// (atomic mode). CHAIN_LEVEL adds, cumulatively but for level 5:
 //   0: per warpgroup, S^T = K_wg Q^T and dP^T = V_wg dO^T (SS), P^T and dS^T rounded straight from them,
 //      dV += P^T dO (RS), dQ^T = K^T dS^T (SS), dK += dS^T Q (RS), in the loop's order and commit groups;
 //   1: the dS^T store into the dS tile and the dS barrier before the dQ GEMM;
@@ -23,8 +23,8 @@
 //   8: level 7 with runs of kRun visits per KV tile: the producer loads each run's K and V tiles (after the last
 //      run's releases: V after its last dP^T, K after its last dQ), the first visit of a run waits for them and
 //      restarts dK and dV. No dK / dV epilogue (the kernel stores them at a run's end).
-// The values are not checked (zeros and what the loads bring): only clock64 cycles per visit are written, out[2
-// blockIdx.x + wg] = cycles of warpgroup wg's kVisits visits.
+// The values are not checked (zeros and what the loads bring): only clock64 cycles are written, p.timeline[2
+// blockIdx.x + wg] = those of warpgroup wg's kVisits visits (and with CHAIN_PHASES their split by phase).
 #include "common.cuh"
 #include "bwd/config.cuh"
 #include "bwd/dq_reduce.cuh"
