@@ -3,13 +3,14 @@ GEMMs alone (level 0), then the dS^T store and barrier (1), the softmax and dS m
 warp (3) and a Q / dO load per visit (4), or instead of those loads the stages' protocol with a producer that runs
 ahead, the visit slot and the mask dispatch (5), and that with a real problem's spread of addresses in L2 (6),
 and that with a schedule table and the kernel's two dQ writer warps (7), and with KV tiles that change every 48
-visits, their K / V loads and releases, but no dK / dV epilogue (8).
+visits, their K / V loads and releases, but no dK / dV epilogue (8), and with the kernel's dK / dV epilogue at
+each run's end (9).
 One CTA per SM, 512 visits each; the cycles of each MMA warpgroup come from clock64, so the SM clock does not
 enter. Against the 3,200 cycles of tensor work per visit
 (ten 64 x 80 x 128 GEMMs at 2,048 multiply-adds per cycle) and the real kernel's ~4,890 (Nsight Compute, full 3840),
 each level's excess says what opens the tensor pipe's idle time (docs/decisions/bwd-engine.md).
 
-    python benchmarks/gemm_chain.py [--levels 0 1 2 3 4 5 6 7 8] [--exp2-early 0 3 5] [--dv-early] [--phases]
+    python benchmarks/gemm_chain.py [--levels 0 1 2 3 4 5 6 7 8 9] [--exp2-early 0 3 5] [--dv-early] [--phases]
                                     [--repeats 5] [--json out.json]
     python benchmarks/gemm_chain.py --compile-only      # no GPU: every level compiles without spills
 """
@@ -28,7 +29,7 @@ import numpy as np
 from measure import commit, compile_probe, load_probe
 
 SOURCE = Path(__file__).parent / "kernels" / "gemm_chain.cu"
-LEVELS = (0, 1, 2, 3, 4, 5, 6, 7, 8)
+LEVELS = (0, 1, 2, 3, 4, 5, 6, 7, 8, 9)
 QDO_TILES, DQ_TILES = 256, 512   # gemm_chain.cu's kQdoTiles, kDqTiles (level 6)
 TENSOR_CYCLES = 10 * 64 * 80 * 128 // 2048   # one visit's GEMMs at the SM's dense bf16 rate
 
@@ -61,16 +62,27 @@ def legs(levels, exp2_early, dv_early=False) -> list:
     return out + [(level, 0, True) for level in levels if dv_early and level >= 2]
 
 
-def bwd_params(pointers: dict) -> np.ndarray:
-    """The BwdParams the kernel reads (one head of DQ_TILES 80-query tiles, full mask, atomic mode: no semaphores),
-    every other field zero."""
+def bwd_params(fields: dict) -> np.ndarray:
+    """The BwdParams the kernel reads (one head of DQ_TILES 80-query tiles, full mask, atomic mode: no semaphores)
+    with ``fields`` (the buffers), every other field zero."""
     from cupy_dash.cuda.params import BWD_PARAMS_DTYPE
     packed = np.zeros(1, dtype=BWD_PARAMS_DTYPE)
     rows = DQ_TILES * 80
     for name, value in dict(batch=1, seqlen_q=rows, seqlen_k=rows, seqlen_q_rounded=rows, num_heads=1,
-                            num_heads_kv=1, window_left=-1, window_right=-1, **pointers).items():
+                            num_heads_kv=1, window_left=-1, window_right=-1, **fields).items():
         packed[name] = value
     return packed
+
+
+def dkv_fields(dk: int, dv: int) -> dict:
+    """dk, dv of one head of 128 keys, bf16: the pointers, strides and the epilogue's tensor maps (64-row boxes, as
+    the kernel's launcher builds them)."""
+    from cupy_dash.cuda import tensormap
+    shape = (1, 128, 1, 128)
+    strides = (128 * 128, 128, 128)
+    return dict(dk=dk, dv=dv, dk_stride=strides, dv_stride=strides,
+                tma_dk=tensormap.bhsd_map(dk, "bfloat16", shape, strides, 64, "dk"),
+                tma_dv=tensormap.bhsd_map(dv, "bfloat16", shape, strides, 64, "dv"))
 
 
 def run_level(level: int, exp2_early: int, dv_early: bool, repeats: int, phases: bool = False) -> dict:
@@ -92,8 +104,10 @@ def run_level(level: int, exp2_early: int, dv_early: bool, repeats: int, phases:
     cta_start = cupy.asarray(np.arange(sms + 1, dtype=np.int64) * 512)
     cycles = cupy.zeros(2 * sms * (1 + len(PHASES)), dtype=cupy.int64)
     sink = cupy.zeros(384, dtype=cupy.float32)
+    dkv = cupy.zeros((2, 128, 128), dtype=cupy.uint16)   # level 9's dK, dV rows of the one KV tile, n_block 0
     params = bwd_params(dict(q=qdo.data.ptr, dq_accum=dq.data.ptr, timeline=cycles.data.ptr, dpsum=sink.data.ptr,
-                             visits=visits.data.ptr, rank=rank.data.ptr, cta_start=cta_start.data.ptr))
+                             visits=visits.data.ptr, rank=rank.data.ptr, cta_start=cta_start.data.ptr,
+                             **dkv_fields(dkv[0].data.ptr, dkv[1].data.ptr)))
     stream = cupy.cuda.get_current_stream()
     per_visit, per_phase = [], []
     for _ in range(repeats + 1):                       # the first launch warms up and is dropped

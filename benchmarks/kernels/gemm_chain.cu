@@ -22,7 +22,9 @@
 //      token between them), in atomic mode;
 //   8: level 7 with runs of kRun visits per KV tile: the producer loads each run's K and V tiles (after the last
 //      run's releases: V after its last dP^T, K after its last dQ), the first visit of a run waits for them and
-//      restarts dK and dV. No dK / dV epilogue (the kernel stores them at a run's end).
+//      restarts dK and dV. No dK / dV epilogue (the kernel stores them at a run's end);
+//   9: level 8 with the kernel's dK / dV epilogue at each run's end (store_dkv: staged in the dS tiles and written
+//      by TMA through p.tma_dk / p.tma_dv) and the wait for its reads before a run's first dS^T (dkv_staging_free).
 // The values are not checked (zeros and what the loads bring): only clock64 cycles are written, p.timeline[2
 // blockIdx.x + wg] = those of warpgroup wg's kVisits visits (and with CHAIN_PHASES their split by phase).
 #include "common.cuh"
@@ -67,6 +69,7 @@ constexpr bool kStaged = kLevel >= 5;
 constexpr bool kSpread = kLevel >= 6;
 constexpr bool kTable = kLevel >= 7;
 constexpr bool kRuns = kLevel >= 8;
+constexpr bool kEpilogue = kLevel >= 9;
 constexpr int kRun = 48;  // visits per KV tile at level 8: full 3840's 48 Q tiles of 80
 static_assert(kKStages == 1, "the 80-query plan's one K buffer");
 constexpr int kQdoTiles = 256, kDqTiles = 512;  // level 6: 10 MB of Q / dO tiles, 20 MB of dQ tiles
@@ -133,6 +136,7 @@ DASH_DEVICE void chain_visit(const BwdParams& p, const Smem& s, char* smem_gener
   band.hi = Band::kUnboundedHi;
   const TileMask mask(w.n_block * kBlockN + 64 * wg, w.m_block * kBlockM, kBig, band, f);
   uint32_t Pa[kBlockM / 16][4], dSa[kBlockM / 16][4];
+  if (kEpilogue && first) dkv_staging_free(tid);
   if constexpr (kStaged && kExp2Early == 0 && !kDvEarly) {
     if (mask.needed) {
       probs_and_grads<true>(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, stage, last, j, wg, tid, f);
@@ -333,8 +337,10 @@ extern "C" __global__ void __launch_bounds__(kNumThreads, 1) gemm_chain(const __
   const long long t0 = clock64_cycles();
   for (int j = 0; j < kVisits; ++j) {
     chain_visit(p, s, smem_generic, dK, dV, dq_keep, ph, j, mma_wg, tid);
+    if (kEpilogue && j % kRun == kRun - 1) store_dkv(p, s, Visit{0, 0, 0}, dK, dV, mma_wg, tid);
     if (kLevel == 4 && mma_wg == 0 && tid == 0) *visit_counter = j + 1;
   }
+  if (kEpilogue && tid == 0) bulk_wait<0>();  // the last stores have read shared memory
   const long long t1 = clock64_cycles();
   if (tid == 0) {
     cycles[2 * blockIdx.x + mma_wg] = t1 - t0;
