@@ -38,3 +38,19 @@ def test_dq_reduce_bw_refuses_in_flight_counts_it_has_no_instance_for():
     run = _run("dq_reduce_bw.py", "--in-flight", "3")
     assert run.returncode == 2 and "--in-flight" in run.stderr
 
+
+
+def test_gemm_chain_legs_and_refusals():
+    """gemm_chain.py's legs: every level in the kernel's order, the early-exp2 and early-dV legs only where the math
+    exists (levels >= 2); the phase builds and out-of-range k-slices are refused before anything compiles."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import gemm_chain
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    assert gemm_chain.legs([1, 3], [0, 2], dv_early=True) == [(1, 0, False), (3, 0, False), (3, 2, False),
+                                                             (3, 0, True)]
+    assert gemm_chain.legs([0], [5]) == [(0, 0, False)]
+    for args, named in ((["--phases", "--levels", "2"], "--phases"), (["--exp2-early", "6"], "--exp2-early")):
+        run = _run("gemm_chain.py", *args)
+        assert run.returncode == 2 and named in run.stderr, run.stderr[-500:]
