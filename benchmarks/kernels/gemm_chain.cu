@@ -106,7 +106,7 @@ DASH_DEVICE void bounded_wait(uint32_t bar, uint32_t parity) {
   }
 }
 
-// One visit of one MMA warpgroup on stage 0 of the tiles.
+// Visit j of one MMA warpgroup, on stage 0 of the Q / dO / dS tiles (levels 0-4) or stage j % 2 (from level 5).
 DASH_DEVICE void chain_visit(const BwdParams& p, const Smem& s, char* smem_generic, float (&dK)[kDkvRegs],
                              float (&dV)[kDkvRegs], float& dq_keep, Phases& ph, int j, int wg, int tid) {
   const Fragment f(tid);
@@ -132,7 +132,7 @@ DASH_DEVICE void chain_visit(const BwdParams& p, const Smem& s, char* smem_gener
   wgmma_commit();
   ph.mark(0);
   Band band(p, kBig, kBig);
-  band.lo = Band::kUnboundedLo;  // the full mask (p is zeroed: its window fields would make a band)
+  band.lo = Band::kUnboundedLo;  // the full mask, whatever p's window fields say
   band.hi = Band::kUnboundedHi;
   const TileMask mask(w.n_block * kBlockN + 64 * wg, w.m_block * kBlockM, kBig, band, f);
   uint32_t Pa[kBlockM / 16][4], dSa[kBlockM / 16][4];
