@@ -138,11 +138,7 @@ DASH_DEVICE void chain_visit(const BwdParams& p, const Smem& s, char* smem_gener
   uint32_t Pa[kBlockM / 16][4], dSa[kBlockM / 16][4];
   if (kEpilogue && first) dkv_staging_free(tid);
   if constexpr (kStaged && kExp2Early == 0 && !kDvEarly) {
-    if (mask.needed) {
-      probs_and_grads<true>(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, stage, last, j, wg, tid, f);
-    } else {
-      probs_and_grads<false>(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, stage, last, j, wg, tid, f);
-    }
+    probs_and_grads_of(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, stage, last, j, wg, tid, f);
   } else if (kStaged && !kDvEarly && mask.needed) {
     probs_and_grads<true>(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, stage, last, j, wg, tid, f);
   } else if constexpr (kLevel >= 2 && (kExp2Early > 0 || kDvEarly)) {

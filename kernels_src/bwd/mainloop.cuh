@@ -60,12 +60,7 @@ DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_gen
   // have read the dS tiles).
   if (first_in_group) dkv_staging_free(tid);
   uint32_t Pa[kBlockM / 16][4], dSa[kBlockM / 16][4];
-  if (mask.needed) {
-    probs_and_grads<true>(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, do_stage, last_in_group, v, wg, tid, f);
-  } else {
-    probs_and_grads<false>(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, do_stage, last_in_group, v, wg, tid,
-                           f);
-  }
+  probs_and_grads_of(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, do_stage, last_in_group, v, wg, tid, f);
 
   // dV += P^T dO.
   wgmma_fence();

@@ -93,11 +93,7 @@ DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_gen
 
   // P^T and dS^T of this warpgroup's queries, into the P / dS tiles.
   uint32_t Pa[kWgQueries / 16][4], dSa[kWgQueries / 16][4];
-  if (mask.needed) {
-    probs_and_grads<true>(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, 0, last_in_group, v, wg, tid, f);
-  } else {
-    probs_and_grads<false>(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, 0, last_in_group, v, wg, tid, f);
-  }
+  probs_and_grads_of(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, 0, last_in_group, v, wg, tid, f);
   fence_proxy_async_smem();
   stamp_wg(p, v, wg, tid, kWgDvIssued);
   named_barrier_sync<kBarPdS, kPdSThreads>();

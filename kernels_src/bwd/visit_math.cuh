@@ -273,6 +273,21 @@ DASH_DEVICE void probs_and_grads(float (&S)[kSRegs], float (&dP)[kSRegs], uint32
   if (release_v && tid == 0) mbar_arrive(s.v_empty());  // dP^T was V's last use
 }
 
+// probs_and_grads in the copy the visit's tile needs (mask.needed, uniform per warpgroup): the plans' entry.
+// NOTES: a template (the sizes deduced), so that head dim 192's 64 x 96 plan, whose S has other sizes and which has
+// its own (keys_step.cuh), never instantiates it.
+template <int kRegs, int kSteps>
+DASH_DEVICE void probs_and_grads_of(float (&S)[kRegs], float (&dP)[kRegs], uint32_t (&Pa)[kSteps][4],
+                                    uint32_t (&dSa)[kSteps][4], const TileMask& mask, const BwdParams& p,
+                                    const Smem& s, char* smem_generic, int stage, int do_stage, bool release_v,
+                                    int64_t v, int wg, int tid, const Fragment& f) {
+  if (mask.needed) {
+    probs_and_grads<true>(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, do_stage, release_v, v, wg, tid, f);
+  } else {
+    probs_and_grads<false>(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, do_stage, release_v, v, wg, tid, f);
+  }
+}
+
 // The top of a visit, every plan alike: waits for Q (and, first in its KV tile, K), issues S through issue_s,
 // reads the producer's VisitSlot of the visit, waits for V (first in its KV tile) and dO, issues dP through
 // issue_dp: two commit groups. Returns the slot.
