@@ -193,12 +193,7 @@ DASH_DEVICE void chain_visit(const BwdParams& p, const Smem& s, char* smem_gener
   }
   ph.mark(2);
   float dQ[kDqRegs];
-  const uint64_t kt_desc = TileKV::mnmajor(s.k(0), 64 * wg), ds_desc = TileQ::kmajor(s.ds(stage), 0);
-#pragma unroll
-  for (int ks = 0; ks < kBlockN / 16; ++ks) {
-    wgmma_ss<kDqCols, 1, 0>(dQ, desc_advance(kt_desc, TileKV::mnmajor_step(ks)),
-                            desc_advance(ds_desc, TileQ::kmajor_step(ks)), ks > 0);
-  }
+  gemm_dq(dQ, s.ds(stage), s.k(0), wg);
   wgmma_commit();
   gemm_accumulate_rs(dK, dSa, s.q(stage), first);
   wgmma_commit();

@@ -30,6 +30,28 @@ DASH_DEVICE void gemm_accumulate_rs(float (&acc)[kDkvRegs], const uint32_t (&a)[
   }
 }
 
+// This warpgroup's dQ piece = dS K over all kBlockN keys, from the dS tile (both warpgroups' dS^T) and the K tile.
+// Issues the wgmmas, no commit.
+DASH_DEVICE void gemm_dq(float (&dQ)[kDqRegs], uint32_t ds_tile, uint32_t k_tile, int wg) {
+  if constexpr (DqLayout::kTransposed) {
+    // dQ^T piece = K^T dS^T: A = head-dim panel wg of K (MN-major), B = dS (K-major, all kBlockM queries).
+    const uint64_t kt_desc = TileKV::mnmajor(k_tile, 64 * wg), ds_desc = TileQ::kmajor(ds_tile, 0);
+#pragma unroll
+    for (int ks = 0; ks < kBlockN / 16; ++ks) {
+      wgmma_ss<kDqCols, 1, 0>(dQ, desc_advance(kt_desc, TileKV::mnmajor_step(ks)),
+                              desc_advance(ds_desc, TileQ::kmajor_step(ks)), ks > 0);
+    }
+  } else {
+    const uint64_t ds_desc = TileQ::kmajor(ds_tile, DqLayout::row0(wg));
+    const uint64_t kb_desc = TileKV::mnmajor(k_tile, DqLayout::col0(wg));
+#pragma unroll
+    for (int ks = 0; ks < kBlockN / 16; ++ks) {
+      wgmma_ss<kDqCols, 0, 1>(dQ, desc_advance(ds_desc, TileQ::kmajor_step(ks)),
+                              desc_advance(kb_desc, TileKV::mnmajor_step(ks)), ks > 0);
+    }
+  }
+}
+
 // One visit (index v of the table, read from the producer's VisitSlot, returned): j is the CTA-local visit counter
 // (selects the stage and phase of the Q / dO / dS buffers and the slot), group the CTA-local KV-tile counter
 // (selects the K buffer and the K, V phases). first_in_group (the previous visit was its KV tile's last, or there
@@ -73,23 +95,7 @@ DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_gen
   named_barrier_sync<kBarPdS, kPdSThreads>();
   stamp_wg(p, v, wg, tid, kWgBarrier);
   float dQ[kDqRegs];
-  if constexpr (DqLayout::kTransposed) {
-    // dQ^T piece = K^T dS^T: A = head-dim panel wg of K (MN-major), B = dS (K-major, all kBlockM queries).
-    const uint64_t kt_desc = TileKV::mnmajor(s.k(kbuf), 64 * wg), ds_desc = TileQ::kmajor(s.ds(stage), 0);
-#pragma unroll
-    for (int ks = 0; ks < kBlockN / 16; ++ks) {
-      wgmma_ss<kDqCols, 1, 0>(dQ, desc_advance(kt_desc, TileKV::mnmajor_step(ks)),
-                              desc_advance(ds_desc, TileQ::kmajor_step(ks)), ks > 0);
-    }
-  } else {
-    const uint64_t ds_desc = TileQ::kmajor(s.ds(stage), DqLayout::row0(wg));
-    const uint64_t kb_desc = TileKV::mnmajor(s.k(kbuf), DqLayout::col0(wg));
-#pragma unroll
-    for (int ks = 0; ks < kBlockN / 16; ++ks) {
-      wgmma_ss<kDqCols, 0, 1>(dQ, desc_advance(ds_desc, TileQ::kmajor_step(ks)),
-                              desc_advance(kb_desc, TileKV::mnmajor_step(ks)), ks > 0);
-    }
-  }
+  gemm_dq(dQ, s.ds(stage), s.k(kbuf), wg);
   wgmma_commit();
 
   // dK += dS^T Q.
