@@ -4,14 +4,17 @@ warp (3) and a Q / dO load per visit (4), or instead of those loads the stages' 
 ahead, the visit slot and the mask dispatch (5), and that with a real problem's spread of addresses in L2 (6),
 and that with a schedule table and the kernel's two dQ writer warps (7), and with KV tiles that change every 48
 visits, their K / V loads and releases, but no dK / dV epilogue (8), and with the kernel's dK / dV epilogue at
-each run's end (9).
+each run's end (9), and with the kernel's TMA tensor loads from 16-head tensors instead of bulk copies (10).
+With --stamps the levels (5 and above) are built with the kernel's timeline stamps (DASH_TIMELINE) and print the
+phase table of benchmarks/timeline_phases.py, the one benchmarks/timeline.py prints for the real kernel, so the two
+compare phase by phase under the same stamps.
 One CTA per SM, 512 visits each; the cycles of each MMA warpgroup come from clock64, so the SM clock does not
 enter. Against the 3,200 cycles of tensor work per visit
 (ten 64 x 80 x 128 GEMMs at 2,048 multiply-adds per cycle) and the real kernel's ~4,890 (Nsight Compute, full 3840),
 each level's excess says what opens the tensor pipe's idle time (docs/decisions/bwd-engine.md).
 
-    python benchmarks/gemm_chain.py [--levels 0 1 2 3 4 5 6 7 8 9] [--exp2-early 0 3 5] [--dv-early] [--phases]
-                                    [--repeats 5] [--json out.json]
+    python benchmarks/gemm_chain.py [--levels 0 1 2 3 4 5 6 7 8 9 10] [--exp2-early 0 3 5] [--dv-early] [--phases]
+                                    [--stamps] [--repeats 5] [--json out.json]
     python benchmarks/gemm_chain.py --compile-only      # no GPU: every level compiles without spills
 """
 from __future__ import annotations
@@ -29,7 +32,7 @@ import numpy as np
 from measure import commit, compile_probe, load_probe
 
 SOURCE = Path(__file__).parent / "kernels" / "gemm_chain.cu"
-LEVELS = (0, 1, 2, 3, 4, 5, 6, 7, 8, 9)
+LEVELS = (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
 QDO_TILES, DQ_TILES = 256, 512   # gemm_chain.cu's kQdoTiles, kDqTiles (level 6)
 TENSOR_CYCLES = 10 * 64 * 80 * 128 // 2048   # one visit's GEMMs at the SM's dense bf16 rate
 
@@ -37,16 +40,18 @@ TENSOR_CYCLES = 10 * 64 * 80 * 128 // 2048   # one visit's GEMMs at the SM's den
 PHASES = ("top", "math", "dV issue, dS barrier", "dQ, dK issue", "dV, dQ wait", "dQ hand-off", "dK wait")
 
 
-def source(level: int, exp2_early: int = 0, dv_early: bool = False, phases: bool = False) -> str:
+def source(level: int, exp2_early: int = 0, dv_early: bool = False, phases: bool = False,
+           stamps: bool = False) -> str:
     """gemm_chain.cu with the defines of the bf16 head-dim-128 full-mask 80-query bwd_main variant, CHAIN_LEVEL,
-    CHAIN_EXP2_EARLY, CHAIN_DV_EARLY and CHAIN_PHASES."""
+    CHAIN_EXP2_EARLY, CHAIN_DV_EARLY, CHAIN_PHASES and, with ``stamps``, DASH_TIMELINE."""
     from cupy_dash.cuda import kernels
     spec = kernels.bwd_specs("bfloat16", 128, False, seqlen_q=8192).main
     assert dict(spec.defines)["DASH_BLOCK_M"] == 80, spec
     defines = "".join(f"#define {k} {v}\n" for k, v in (*spec.defines, ("CHAIN_LEVEL", level),
                                                                 ("CHAIN_EXP2_EARLY", exp2_early),
                                                                 ("CHAIN_DV_EARLY", int(dv_early)),
-                                                                ("CHAIN_PHASES", int(phases))))
+                                                                ("CHAIN_PHASES", int(phases)),
+                                                                ("DASH_TIMELINE", int(stamps))))
     return defines + SOURCE.read_text()
 
 
@@ -85,11 +90,26 @@ def dkv_fields(dk: int, dv: int) -> dict:
                 tma_dv=tensormap.bhsd_map(dv, "bfloat16", shape, strides, 64, "dv"))
 
 
-def run_level(level: int, exp2_early: int, dv_early: bool, repeats: int, phases: bool = False) -> dict:
-    """Cycles per visit of each MMA warpgroup of every CTA, median over CTAs, per repeat."""
+def load_maps(qdo_ptr: int) -> dict:
+    """Level 10's tensor maps: Q (box 80 rows) and K (box 128) over a (1, 1280, 16, 128) bf16 tensor at qdo_ptr,
+    dO and V over the next one (gemm_chain.cu's kRowBlocks x 80 rows of kHeads heads)."""
+    from cupy_dash.cuda import tensormap
+    shape = (1, QDO_TILES // 16 * 80, 16, 128)
+    strides = (shape[1] * 16 * 128, 16 * 128, 128)
+    do_ptr = qdo_ptr + 2 * shape[1] * 16 * 128
+    return dict(tma_q=tensormap.bhsd_map(qdo_ptr, "bfloat16", shape, strides, 80, "q"),
+                tma_k=tensormap.bhsd_map(qdo_ptr, "bfloat16", shape, strides, 128, "k"),
+                tma_do=tensormap.bhsd_map(do_ptr, "bfloat16", shape, strides, 80, "do"),
+                tma_v=tensormap.bhsd_map(do_ptr, "bfloat16", shape, strides, 128, "v"))
+
+
+def run_level(level: int, exp2_early: int, dv_early: bool, repeats: int, phases: bool = False,
+              stamps: bool = False) -> dict:
+    """Cycles per visit of each MMA warpgroup of every CTA, median over CTAs, per repeat; with ``stamps`` also the
+    phase report of the last repeat's timeline (``timeline_phases.phase_report``; its text: ``stamps_report``)."""
     import cupy
     from cupy_dash.cuda import executor
-    cubin = compile_probe(source(level, exp2_early, dv_early, phases), "gemm_chain")
+    cubin = compile_probe(source(level, exp2_early, dv_early, phases, stamps), "gemm_chain")
     smem = smem_bytes()
     kernel, module, gpu = load_probe(cubin, "gemm_chain", smem)
     sms = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["multiProcessorCount"]
@@ -106,9 +126,12 @@ def run_level(level: int, exp2_early: int, dv_early: bool, repeats: int, phases:
     cycles = cupy.zeros(2 * sms * (1 + len(PHASES)), dtype=cupy.int64)
     sink = cupy.zeros(384, dtype=cupy.float32)
     dkv = cupy.zeros((2, 128, 128), dtype=cupy.uint16)   # level 9's dK, dV rows of the one KV tile, n_block 0
-    params = bwd_params(dict(q=qdo.data.ptr, dq_accum=dq.data.ptr, timeline=cycles.data.ptr, dpsum=sink.data.ptr,
+    from cupy_dash.cuda.params import CONSTANTS
+    timeline = cupy.zeros((sms * 512 if stamps else 1, CONSTANTS.kTimelineCols), dtype=cupy.int64)
+    params = bwd_params(dict(q=qdo.data.ptr, dq_accum=dq.data.ptr, dq=cycles.data.ptr, dpsum=sink.data.ptr,
+                             timeline=timeline.data.ptr,
                              visits=visits.data.ptr, rank=rank.data.ptr, cta_start=cta_start.data.ptr,
-                             **dkv_fields(dkv[0].data.ptr, dkv[1].data.ptr)))
+                             **dkv_fields(dkv[0].data.ptr, dkv[1].data.ptr), **load_maps(qdo.data.ptr)))
     stream = cupy.cuda.get_current_stream()
     per_visit, per_phase = [], []
     for _ in range(repeats + 1):                       # the first launch warms up and is dropped
@@ -123,7 +146,12 @@ def run_level(level: int, exp2_early: int, dv_early: bool, repeats: int, phases:
     if phases:   # per warpgroup and phase: the median over CTAs, then over the repeats
         med = np.median(np.stack([np.median(x, axis=0) for x in per_phase[1:]]), axis=0)
         extra = dict(phases={f"wg{wg}": dict(zip(PHASES, map(float, med[wg]))) for wg in range(2)})
-    return dict(level=level, exp2_early=exp2_early, dv_early=dv_early, phases_build=phases, gpu=gpu, ctas=sms,
+    if stamps:   # the last launch's stamps, as benchmarks/timeline.py reads the kernel's
+        from timeline_phases import format_report, phase_report
+        rep = phase_report(timeline.get(), np.asarray(cta_start.get()), CONSTANTS.kBwdStages)
+        extra = dict(stamps=rep, stamps_report=format_report(rep))
+    return dict(level=level, exp2_early=exp2_early, dv_early=dv_early, phases_build=phases, stamps_build=stamps,
+                gpu=gpu, ctas=sms,
                 **extra,
                 cycles_per_visit_median=[float(np.median(r)) for r in runs],
                 cycles_per_visit_p90=[float(np.percentile(r, 90)) for r in runs],
@@ -140,6 +168,9 @@ def main() -> None:
     ap.add_argument("--phases", action="store_true",
                     help="the phase builds instead (CHAIN_PHASES: cycles per visit by phase, per warpgroup; "
                          "levels >= 3)")
+    ap.add_argument("--stamps", action="store_true",
+                    help="the timeline builds instead (the kernel's stamps; levels >= 5): the phase table of "
+                         "benchmarks/timeline.py")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--json")
     ap.add_argument("--compile-only", action="store_true")
@@ -148,14 +179,16 @@ def main() -> None:
         ap.error("--exp2-early: 0 to 5 k-slices (the 80-query tile has five)")
     if opts.phases and min(opts.levels) < 3:   # the sums' registers make levels 1-2 spill (levels 3-8 do not)
         ap.error("--phases: levels 3 and above")
+    if opts.stamps and (min(opts.levels) < 5 or opts.phases or opts.dv_early or opts.exp2_early != [0]):
+        ap.error("--stamps: levels 5 and above, the kernel's own order (no --phases, --dv-early, --exp2-early)")
     if opts.compile_only:
         for level, k, dv in legs(opts.levels, opts.exp2_early, opts.dv_early):
-            compile_probe(source(level, k, dv, opts.phases), "gemm_chain")
+            compile_probe(source(level, k, dv, opts.phases, opts.stamps), "gemm_chain")
             print(f"level {level}, exp2 early {k}{', dV early' if dv else ''}: compiled, no spills")
         return
     rows = []
     for level, k, dv in legs(opts.levels, opts.exp2_early, opts.dv_early):
-        row = run_level(level, k, dv, opts.repeats, opts.phases)
+        row = run_level(level, k, dv, opts.repeats, opts.phases, opts.stamps)
         med = statistics.median(row["cycles_per_visit_median"])
         print(f"level {level}, exp2 early {k}{', dV early' if dv else ''}: {med:7.0f} cycles per visit "
               f"(tensor work {TENSOR_CYCLES}: {TENSOR_CYCLES / med:.0%}), "
@@ -163,6 +196,8 @@ def main() -> None:
               f"warpgroups apart {statistics.median(row['wg_gap_median']):.0f}", flush=True)
         for wg, ph in row.get("phases", {}).items():
             print(f"  {wg}: " + ", ".join(f"{name} {c:.0f}" for name, c in ph.items()), flush=True)
+        if "stamps_report" in row:
+            print(row["stamps_report"], flush=True)
         rows.append(row)
     if opts.json:
         meta = dict(date=datetime.datetime.now().isoformat(timespec="seconds"), commit=commit(),

@@ -24,9 +24,15 @@
 //      run's releases: V after its last dP^T, K after its last dQ), the first visit of a run waits for them and
 //      restarts dK and dV. No dK / dV epilogue (the kernel stores them at a run's end);
 //   9: level 8 with the kernel's dK / dV epilogue at each run's end (store_dkv: staged in the dS tiles and written
-//      by TMA through p.tma_dk / p.tma_dv) and the wait for its reads before a run's first dS^T (dkv_staging_free).
-// The values are not checked (zeros and what the loads bring): only clock64 cycles are written, p.timeline[2
-// blockIdx.x + wg] = those of warpgroup wg's kVisits visits (and with CHAIN_PHASES their split by phase).
+//      by TMA through p.tma_dk / p.tma_dv) and the wait for its reads before a run's first dS^T (dkv_staging_free);
+//  10: level 9 with the kernel's TMA tensor loads (tma_load_tile through p.tma_q / tma_k / tma_v / tma_do) instead of
+//      bulk copies: Q and dO tile t = m_block % kQdoTiles is rows 80 (t % 16) of head t / 16 of a (1, 1280, 16, 128)
+//      tensor, so that its rows lie 4 KB apart as a real problem's (16 heads of 128); K and V are rows 0-127 of head
+//      0 of two such tensors.
+// The values are not checked (zeros and what the loads bring): only clock64 cycles are written, p.dq (as int64)[2
+// blockIdx.x + wg] = those of warpgroup wg's kVisits visits (and with CHAIN_PHASES their split by phase). Built with
+// DASH_TIMELINE 1 (levels >= 5), the visits also write the kernel's timeline stamps (bwd/timeline.cuh) at the
+// kernel's places into p.timeline, row blockIdx.x kVisits + j, for benchmarks/timeline_phases.py.
 #include "common.cuh"
 #include "bwd/config.cuh"
 #include "bwd/dq_reduce.cuh"
@@ -35,6 +41,7 @@
 #include "ptx/ld_shared.cuh"
 #include "ptx/setmaxnreg.cuh"
 #include "ptx/tma.cuh"
+#include "tile_tma.cuh"
 
 #ifndef CHAIN_LEVEL
 #define CHAIN_LEVEL 4
@@ -70,9 +77,11 @@ constexpr bool kSpread = kLevel >= 6;
 constexpr bool kTable = kLevel >= 7;
 constexpr bool kRuns = kLevel >= 8;
 constexpr bool kEpilogue = kLevel >= 9;
+constexpr bool kTensorLoads = kLevel >= 10;
 constexpr int kRun = 48;  // visits per KV tile at level 8: full 3840's 48 Q tiles of 80
 static_assert(kKStages == 1, "the 80-query plan's one K buffer");
 constexpr int kQdoTiles = 256, kDqTiles = 512;  // level 6: 10 MB of Q / dO tiles, 20 MB of dQ tiles
+constexpr int kHeads = 16, kRowBlocks = kQdoTiles / kHeads;  // level 10's (1, 80 kRowBlocks, kHeads, 128) tensors
 constexpr int kBig = 1 << 20;  // Sq = Sk of the rebuilt problem: no tile needs the mask
 constexpr int kVisits = 512;
 constexpr long long kSpinLimit = 1LL << 26;  // bounded waits: a lost arrival ends the run, it does not hang
@@ -110,7 +119,9 @@ DASH_DEVICE void bounded_wait(uint32_t bar, uint32_t parity) {
 DASH_DEVICE void chain_visit(const BwdParams& p, const Smem& s, char* smem_generic, float (&dK)[kDkvRegs],
                              float (&dV)[kDkvRegs], float& dq_keep, Phases& ph, int j, int wg, int tid) {
   const Fragment f(tid);
+  const int64_t v = (int64_t)blockIdx.x * kVisits + j;  // the timeline row (DASH_TIMELINE builds)
   ph.start();
+  stamp_wg(p, v, wg, tid, kWgTop);
   const int stage = kStaged ? j % kStages : 0;
   const uint32_t parity = (uint32_t)(j / kStages) & 1u;
   const bool first = kRuns ? j % kRun == 0 : j == 0, last = kRuns && j % kRun == kRun - 1;
@@ -118,6 +129,8 @@ DASH_DEVICE void chain_visit(const BwdParams& p, const Smem& s, char* smem_gener
   float S[kSRegs], dP[kSRegs];
   if constexpr (kStaged) bounded_wait(s.q_full(stage), parity);
   if (kRuns && first) bounded_wait(s.k_full(0), group_parity);
+  if (wg == 0 && tid == 0) stamp(p, v, kStampStart);
+  stamp_wg(p, v, wg, tid, kWgSIssue);
   wgmma_fence();
   gemm_keys_by_queries(S, TileKV::kmajor(s.k(0), 64 * wg), s.q(stage));
   wgmma_commit();
@@ -127,6 +140,7 @@ DASH_DEVICE void chain_visit(const BwdParams& p, const Smem& s, char* smem_gener
     if (kRuns && first) bounded_wait(s.v_full(), group_parity);
     bounded_wait(s.do_full(stage), parity);
   }
+  stamp_wg(p, v, wg, tid, kWgDpIssue);
   wgmma_fence();
   gemm_keys_by_queries(dP, TileKV::kmajor(s.v(), 64 * wg), s.dout(stage));
   wgmma_commit();
@@ -138,9 +152,9 @@ DASH_DEVICE void chain_visit(const BwdParams& p, const Smem& s, char* smem_gener
   uint32_t Pa[kBlockM / 16][4], dSa[kBlockM / 16][4];
   if (kEpilogue && first) dkv_staging_free(tid);
   if constexpr (kStaged && kExp2Early == 0 && !kDvEarly) {
-    probs_and_grads_of(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, stage, last, j, wg, tid, f);
+    probs_and_grads_of(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, stage, last, v, wg, tid, f);
   } else if (kStaged && !kDvEarly && mask.needed) {
-    probs_and_grads<true>(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, stage, last, j, wg, tid, f);
+    probs_and_grads<true>(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, stage, last, v, wg, tid, f);
   } else if constexpr (kLevel >= 2 && (kExp2Early > 0 || kDvEarly)) {
     // probs_and_grads<false> with the ordering load, or the dV issue, before the dP^T wait
     const RowValues lse_row(reinterpret_cast<const float*>(smem_generic + (s.lse(stage) - s.base)), 0, f);
@@ -189,7 +203,9 @@ DASH_DEVICE void chain_visit(const BwdParams& p, const Smem& s, char* smem_gener
   }
   if constexpr (kLevel >= 1) {
     fence_proxy_async_smem();
+    stamp_wg(p, v, wg, tid, kWgDvIssued);
     named_barrier_sync<kBarPdS, kPdSThreads>();
+    stamp_wg(p, v, wg, tid, kWgBarrier);
   }
   ph.mark(2);
   float dQ[kDqRegs];
@@ -199,11 +215,13 @@ DASH_DEVICE void chain_visit(const BwdParams& p, const Smem& s, char* smem_gener
   wgmma_commit();
   ph.mark(3);
   wgmma_wait<1>();
+  stamp_wg(p, v, wg, tid, kWgDqDone);
   wgmma_fence_operand(dQ);
   wgmma_fence_operand(dV);
   wgmma_fence_operand(Pa);
   ph.mark(4);
   if (kStaged && tid == 0) mbar_arrive(s.do_empty(stage));
+  if (wg == 0 && tid == 0) stamp(p, v, kStampDqReady);
   if (last && tid == 0) mbar_arrive(s.k_empty(0));  // dQ was K's last use
   if constexpr (kLevel >= 3) {
     hand_dq_to_writer(s, dQ, wg, tid);
@@ -212,6 +230,7 @@ DASH_DEVICE void chain_visit(const BwdParams& p, const Smem& s, char* smem_gener
   }
   ph.mark(5);
   wgmma_wait<0>();
+  stamp_wg(p, v, wg, tid, kWgDkDone);
   wgmma_fence_operand(dK);
   wgmma_fence_operand(dSa);
   ph.mark(6);
@@ -221,7 +240,14 @@ DASH_DEVICE void chain_visit(const BwdParams& p, const Smem& s, char* smem_gener
 // Level 5's producer (one thread): visit j's Q tile and lse_log2 row onto q_full of stage j % 2, then its dO tile and
 // dpsum row onto do_full, each once both MMA warpgroups released the stage's last use; the visit slot says (bh 0,
 // n_block 0, m_block j % 64).
-DASH_DEVICE void produce_stages(const Smem& s, const ScheduleView& sched, const uint16_t* qdo_all) {
+DASH_DEVICE void produce_stages(const BwdParams& p, const Smem& s, const ScheduleView& sched,
+                                const uint16_t* qdo_all) {
+  if constexpr (kTensorLoads) {
+    tma_prefetch_desc(&p.tma_q);
+    tma_prefetch_desc(&p.tma_k);
+    tma_prefetch_desc(&p.tma_v);
+    tma_prefetch_desc(&p.tma_do);
+  }
   for (int j = 0; j < kVisits; ++j) {
     const Visit w = kTable ? sched.visit(sched.begin + j) : Visit{0, 0, j % 64};
     const int tile = kTable ? w.m_block % kQdoTiles : j % kQdoTiles;
@@ -230,36 +256,57 @@ DASH_DEVICE void produce_stages(const Smem& s, const ScheduleView& sched, const 
     const uint32_t parity = ((uint32_t)(j / kStages) & 1u) ^ 1u;  // a fresh barrier passes parity 1
     const bool first = kRuns && j % kRun == 0;
     const uint32_t group_parity = ((uint32_t)(j / kRun) & 1u) ^ 1u;
+    const int head = tile / kRowBlocks, row = (tile % kRowBlocks) * kBlockM;  // level 10
     bounded_wait(s.q_empty(stage), parity);
     VisitSlot::publish(s.visit(stage), w, false);
     mbar_arrive_expect_tx(s.q_full(stage), SmemLayout::kQ + SmemLayout::kRow);
-    bulk_load(s.q(stage), qdo, SmemLayout::kQ, s.q_full(stage));
+    if constexpr (kTensorLoads) {
+      tma_load_tile<kBlockM, kHeadDimIO>(s.q(stage), &p.tma_q, s.q_full(stage), row, head, 0);
+    } else {
+      bulk_load(s.q(stage), qdo, SmemLayout::kQ, s.q_full(stage));
+    }
     bulk_load(s.lse(stage), qdo, SmemLayout::kRow, s.q_full(stage));
+    stamp_producer(p, (int64_t)blockIdx.x * kVisits + j, kProdQIssued);
     if (first) {  // after the visit's Q, as bwd/producer.cuh orders them
       bounded_wait(s.k_empty(0), group_parity);
       mbar_arrive_expect_tx(s.k_full(0), SmemLayout::kKV);
-      bulk_load(s.k(0), qdo, SmemLayout::kKV, s.k_full(0));
+      if constexpr (kTensorLoads) {
+        tma_load_tile<kBlockN, kHeadDimIO>(s.k(0), &p.tma_k, s.k_full(0), 0, 0, 0);
+      } else {
+        bulk_load(s.k(0), qdo, SmemLayout::kKV, s.k_full(0));
+      }
       bounded_wait(s.v_empty(), group_parity);
       mbar_arrive_expect_tx(s.v_full(), SmemLayout::kKV);
-      bulk_load(s.v(), qdo + SmemLayout::kKV / 2, SmemLayout::kKV, s.v_full());
+      if constexpr (kTensorLoads) {
+        tma_load_tile<kBlockN, kHeadDimVIO>(s.v(), &p.tma_v, s.v_full(), 0, 0, 0);
+      } else {
+        bulk_load(s.v(), qdo + SmemLayout::kKV / 2, SmemLayout::kKV, s.v_full());
+      }
     }
     bounded_wait(s.do_empty(stage), parity);
     mbar_arrive_expect_tx(s.do_full(stage), SmemLayout::kQ + SmemLayout::kRow);
-    bulk_load(s.dout(stage), qdo + SmemLayout::kQ / 2, SmemLayout::kQ, s.do_full(stage));
+    if constexpr (kTensorLoads) {
+      tma_load_tile<kBlockM, kHeadDimVIO>(s.dout(stage), &p.tma_do, s.do_full(stage), row, head, 0);
+    } else {
+      bulk_load(s.dout(stage), qdo + SmemLayout::kQ / 2, SmemLayout::kQ, s.do_full(stage));
+    }
     bulk_load(s.dpsum(stage), qdo + SmemLayout::kQ / 2, SmemLayout::kRow, s.do_full(stage));
+    stamp_producer(p, (int64_t)blockIdx.x * kVisits + j, kProdDoIssued);
   }
 }
 
 // p: a BwdParams of one head of kDqTiles 80-query tiles, full mask, atomic mode, in the kernel's parameter space as
 // the real kernel has it (softmax_scale_log2 0: P = 2^(0 - lse_log2); level 7's schedule table), and the buffers:
-// p.q the bf16 tiles that levels 4-7 load (2 at levels 4-5, 2 kQdoTiles + 2 from level 6), p.dq_accum the 80 x 128
-// fp32 tiles that level 3 on adds into (gridDim.x of them, kDqTiles from level 6), p.timeline the cycles (2 per
-// CTA, then with CHAIN_PHASES kPhases sums per CTA and warpgroup), p.dpsum a sink of 384 floats.
+// p.q the bf16 tiles that levels 4-9 load (2 at levels 4-5, 2 kQdoTiles + 2 from level 6; level 10: the tensor maps
+// p.tma_q, tma_k over its first kQdoTiles tiles, p.tma_do, tma_v over the next kQdoTiles), p.dq_accum the 80 x 128
+// fp32 tiles that level 3 on adds into (gridDim.x of them, kDqTiles from level 6), p.dq the cycles as int64 (2 per
+// CTA, then with CHAIN_PHASES kPhases sums per CTA and warpgroup), p.timeline the stamps of DASH_TIMELINE builds
+// (gridDim.x kVisits rows), p.dpsum a sink of 384 floats.
 extern "C" __global__ void __launch_bounds__(kNumThreads, 1) gemm_chain(const __grid_constant__ BwdParams p) {
   extern __shared__ __align__(kSmemAlign) char smem_raw[];
   const uint16_t* qdo = reinterpret_cast<const uint16_t*>(p.q);
   float* dq = p.dq_accum;
-  int64_t* cycles = p.timeline;
+  int64_t* cycles = reinterpret_cast<int64_t*>(p.dq);
   float* sink = p.dpsum;
   const ScheduleView sched(p.visits, p.rank, p.cta_start, (int)blockIdx.x, 1);  // read at level 7 only
   const uint32_t raw = smem_u32(smem_raw);
@@ -294,7 +341,7 @@ extern "C" __global__ void __launch_bounds__(kNumThreads, 1) gemm_chain(const __
   if (wg == 0) {
     setmaxnreg_dec<kProducerRegs>();
     if (kStaged && threadIdx.x == 0) {
-      produce_stages(s, sched, qdo);
+      produce_stages(p, s, sched, qdo);
     } else if (kLevel == 4 && threadIdx.x == 0) {
       for (int j = 0; j < kVisits; ++j) {
         for (long long i = 0; i < kSpinLimit && *visit_counter < j; ++i) __nanosleep(64);
