@@ -4,7 +4,8 @@ warp (3) and a Q / dO load per visit (4), or instead of those loads the stages' 
 ahead, the visit slot and the mask dispatch (5), and that with a real problem's spread of addresses in L2 (6),
 and that with a schedule table and the kernel's two dQ writer warps (7), and with KV tiles that change every 48
 visits, their K / V loads and releases, but no dK / dV epilogue (8), and with the kernel's dK / dV epilogue at
-each run's end (9), and with the kernel's TMA tensor loads from 16-head tensors instead of bulk copies (10).
+each run's end (9), and with the kernel's TMA tensor loads from 16-head tensors instead of bulk copies (10), and
+that in deterministic mode, the dQ writers waiting for each tile's rank chain (11).
 With --stamps the levels (5 and above) are built with the kernel's timeline stamps (DASH_TIMELINE) and print the
 phase table of benchmarks/timeline_phases.py, the one benchmarks/timeline.py prints for the real kernel, so the two
 compare phase by phase under the same stamps.
@@ -13,7 +14,7 @@ enter. Against the 3,200 cycles of tensor work per visit
 (ten 64 x 80 x 128 GEMMs at 2,048 multiply-adds per cycle) and the real kernel's ~4,890 (Nsight Compute, full 3840),
 each level's excess says what opens the tensor pipe's idle time (docs/decisions/bwd-engine.md).
 
-    python benchmarks/gemm_chain.py [--levels 0 1 2 3 4 5 6 7 8 9 10] [--exp2-early 0 3 5] [--dv-early] [--phases]
+    python benchmarks/gemm_chain.py [--levels 0 1 2 3 4 5 6 7 8 9 10 11] [--exp2-early 0 3 5] [--dv-early] [--phases]
                                     [--stamps] [--repeats 5] [--json out.json]
     python benchmarks/gemm_chain.py --compile-only      # no GPU: every level compiles without spills
 """
@@ -32,7 +33,7 @@ import numpy as np
 from measure import commit, compile_probe, load_probe
 
 SOURCE = Path(__file__).parent / "kernels" / "gemm_chain.cu"
-LEVELS = (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
+LEVELS = (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11)
 QDO_TILES, DQ_TILES = 256, 512   # gemm_chain.cu's kQdoTiles, kDqTiles (level 6)
 TENSOR_CYCLES = 10 * 64 * 80 * 128 // 2048   # one visit's GEMMs at the SM's dense bf16 rate
 
@@ -65,6 +66,19 @@ def legs(levels, exp2_early, dv_early=False) -> list:
     and with ``dv_early`` the dV-before-the-dP^T-wait leg at levels >= 2."""
     out = [(level, k, False) for level in levels for k in sorted(set(exp2_early) | {0}) if k == 0 or level >= 2]
     return out + [(level, 0, True) for level in levels if dv_early and level >= 2]
+
+
+def chain_ranks(sms: int, visits: int = 512) -> np.ndarray:
+    """(sms * visits,) int32: level 11's rank of visit j of CTA c on its dQ tile (7 c + j) % DQ_TILES, the number
+    of visits to that tile with a smaller j (no two CTAs visit one tile at the same j: 7 is invertible mod 512)."""
+    c, j = np.meshgrid(np.arange(sms), np.arange(visits), indexing="ij")
+    tile, j = ((7 * c + j) % DQ_TILES).ravel(), j.ravel()
+    order = np.lexsort((j, tile))
+    sorted_tiles = tile[order]
+    starts = np.searchsorted(sorted_tiles, sorted_tiles, side="left")
+    rank = np.empty(len(order), dtype=np.int32)
+    rank[order] = np.arange(len(order)) - starts
+    return rank
 
 
 def bwd_params(fields: dict) -> np.ndarray:
@@ -121,7 +135,11 @@ def run_level(level: int, exp2_early: int, dv_early: bool, repeats: int, phases:
     # level 7's schedule table: CTA c visits (bh 0, n_block 0, m_block (7 c + j) % DQ_TILES), j < 512
     c, j = np.meshgrid(np.arange(sms), np.arange(512), indexing="ij")
     visits = cupy.asarray(np.stack([c, 0 * c, 0 * c, (7 * c + j) % DQ_TILES], axis=-1).astype(np.int32).ravel())
-    rank = cupy.ones(sms * 512, dtype=cupy.int32)
+    rank = cupy.asarray(chain_ranks(sms)) if level == 11 else cupy.ones(sms * 512, dtype=cupy.int32)
+    semaphores = cupy.zeros(DQ_TILES, dtype=cupy.int32)   # level 11: each dQ tile's rank chain, zeroed per launch
+    error = cupy.zeros(8, dtype=cupy.int32)
+    det = dict(dq_semaphore=semaphores.data.ptr, error=error.data.ptr, spin_timeout_ns=2_000_000_000,
+               num_m_blocks=DQ_TILES) if level == 11 else {}
     cta_start = cupy.asarray(np.arange(sms + 1, dtype=np.int64) * 512)
     cycles = cupy.zeros(2 * sms * (1 + len(PHASES)), dtype=cupy.int64)
     sink = cupy.zeros(384, dtype=cupy.float32)
@@ -131,12 +149,16 @@ def run_level(level: int, exp2_early: int, dv_early: bool, repeats: int, phases:
     params = bwd_params(dict(q=qdo.data.ptr, dq_accum=dq.data.ptr, dq=cycles.data.ptr, dpsum=sink.data.ptr,
                              timeline=timeline.data.ptr,
                              visits=visits.data.ptr, rank=rank.data.ptr, cta_start=cta_start.data.ptr,
-                             **dkv_fields(dkv[0].data.ptr, dkv[1].data.ptr), **load_maps(qdo.data.ptr)))
+                             **dkv_fields(dkv[0].data.ptr, dkv[1].data.ptr), **load_maps(qdo.data.ptr), **det))
     stream = cupy.cuda.get_current_stream()
     per_visit, per_phase = [], []
     for _ in range(repeats + 1):                       # the first launch warms up and is dropped
+        semaphores.fill(0)
         executor.launch(kernel.ptr, sms, 1, 1, 384, smem, stream.ptr, params.view(np.uint8))
         cupy.cuda.Device().synchronize()
+        if int(error[0].get()) != 0:
+            raise RuntimeError(f"level {level}: the kernel recorded an error {error.get().tolist()} (a rank chain "
+                               "wait timed out)")
         out = cycles.get() / 512
         per_visit.append(out[:2 * sms])
         per_phase.append(out[2 * sms:].reshape(sms, 2, len(PHASES)))

@@ -28,7 +28,11 @@
 //  10: level 9 with the kernel's TMA tensor loads (tma_load_tile through p.tma_q / tma_k / tma_v / tma_do) instead of
 //      bulk copies: Q and dO tile t = m_block % kQdoTiles is rows 80 (t % 16) of head t / 16 of a (1, 1280, 16, 128)
 //      tensor, so that its rows lie 4 KB apart as a real problem's (16 heads of 128); K and V are rows 0-127 of head
-//      0 of two such tensors.
+//      0 of two such tensors;
+//  11: level 10 in deterministic mode: the same build, launched with p.dq_semaphore (gemm_chain.py), so that the
+//      kernel's dQ writers wait for each tile's rank chain (the rank of visit j of CTA c on its dQ tile is the number
+//      of visits to that tile with a smaller j: each visit waits only for visits that come earlier in its CTA's
+//      order, so the chain cannot deadlock).
 // The values are not checked (zeros and what the loads bring): only clock64 cycles are written, p.dq (as int64)[2
 // blockIdx.x + wg] = those of warpgroup wg's kVisits visits (and with CHAIN_PHASES their split by phase). Built with
 // DASH_TIMELINE 1 (levels >= 5), the visits also write the kernel's timeline stamps (bwd/timeline.cuh) at the
@@ -45,6 +49,10 @@
 
 #ifndef CHAIN_LEVEL
 #define CHAIN_LEVEL 4
+#endif
+#if CHAIN_LEVEL == 11  // level 10's build; the host launches it in deterministic mode
+#undef CHAIN_LEVEL
+#define CHAIN_LEVEL 10
 #endif
 // CHAIN_EXP2_EARLY k (levels >= 2): the exp2 of P^T's first k of its kBlockM / 16 k-slices kept ahead of the dP^T
 // wait (ptxas otherwise places every exp2 after it): a volatile shared load whose address depends on every word of
