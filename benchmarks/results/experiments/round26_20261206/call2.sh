@@ -1,6 +1,6 @@
-# Call 2: level 10 (the kernel's TMA tensor loads) and 11 (its deterministic writers) beside level 9; the rebuild's levels 7, 9 and 10 with the kernel's
-# timeline stamps; the kernel's own timeline at full 3840 (symmetric_shift and atomic) in the same call, so that the
-# two phase tables compare under the same stamps on the same card.
+# Call 2: level 10 (the kernel's TMA tensor loads) and 11 (its deterministic writers) beside level 9; the
+# rebuild's levels 7, 9, 10 and 11 with the kernel's timeline stamps; the kernel's own timeline at full 3840
+# (symmetric_shift and atomic) in the same call, so that the phase tables compare under the same stamps.
 export CUPY_DASH_COMMIT=${CUPY_DASH_COMMIT:-unset} OUT=${OUT:-/root/out} CUPY_DASH_CACHE_DIR=/tmp/dash_cache
 python3 -m pip install -q --no-build-isolation --no-deps -e . > /dev/null 2>&1
 nvidia-smi --query-gpu=name,power.limit,clocks.max.sm --format=csv > $OUT/device_info2.txt
