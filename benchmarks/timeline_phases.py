@@ -91,7 +91,7 @@ def phase_report(stamps: np.ndarray, cta_start: np.ndarray, stages: int = 2) -> 
     CTAs' cycles (first S^T issue to last dK done, summed over CTAs) in which neither warpgroup has a GEMM in
     flight; ``quantiles``: per phase, each warpgroup's (p10, p50, p90) cycles; ``idle_by_phase``: "wg 0 phase | wg 1
     phase" -> the share of the CTAs' cycles with no GEMM in flight spent in that pair of phases (taken at each idle
-    gap's midpoint), largest first.
+    gap's midpoint), largest first; ``cycles``: those CTAs' cycles, ``cycles_per_visit``: over every visit.
 
     stamps: (V, kTimelineCols) int64 of the timeline build, visits in table order; cta_start: (C + 1,) the
     CTAs' first visits (plan.cta_start); stages: the Q / dO stages of the build (load_report)."""
@@ -126,7 +126,9 @@ def phase_report(stamps: np.ndarray, cta_start: np.ndarray, stages: int = 2) -> 
                 idle_by[int(k)] = idle_by.get(int(k), 0) + int(sums[k])
     idle_by_phase = {f"{PHASE_AFTER[k // len(PHASE_AFTER)]} | {PHASE_AFTER[k % len(PHASE_AFTER)]}": n / span
                      for k, n in sorted(idle_by.items(), key=lambda kv: -kv[1])} if span else {}
+    visits = int(cta_start[-1] - cta_start[0])
     return dict(phases=phases, quantiles=quantiles, tensor_idle=1.0 - busy / span if span else 0.0, cycles=span,
+                cycles_per_visit=span / visits if visits else 0.0,
                 idle_by_phase=idle_by_phase, loads=load_report(stamps, cta_start, stages))
 
 
@@ -188,6 +190,8 @@ def format_report(rep: dict) -> str:
         w0, w1 = rep["phases"][name]
         lines.append(f"  {name:24s} {w0:8.0f} {w1:8.0f}")
     lines.append(f"  no GEMM in flight in either warpgroup: {100 * rep['tensor_idle']:.1f} % of the CTAs' cycles")
+    if "cycles_per_visit" in rep:
+        lines.append(f"  CTA cycles per visit (first S^T issue to last dK done): {rep['cycles_per_visit']:.0f}")
     lines.append(f"  {'phase p10 / p50 / p90':24s} {'wg 0':>20s} {'wg 1':>20s}")
     for name, (q0, q1) in rep.get("quantiles", {}).items():
         lines.append(f"  {name:24s} {'/'.join(f'{x:.0f}' for x in q0):>20s} {'/'.join(f'{x:.0f}' for x in q1):>20s}")

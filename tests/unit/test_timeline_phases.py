@@ -59,8 +59,9 @@ def test_phases_and_idle_share_of_two_visits_in_one_cta():
     assert rep["phases"]["between visits"] == [25, 25]
     # union of in-flight intervals: [0, 310] and [280, 590] -> [0, 590] with no gap; span 0..590
     assert rep["cycles"] == 590 and rep["tensor_idle"] == pytest.approx(0.0)
+    assert rep["cycles_per_visit"] == pytest.approx(590 / 2)
     text = tp.format_report(rep)
-    assert "dS^T barrier" in text and "0.0 %" in text
+    assert "dS^T barrier" in text and "0.0 %" in text and "cycles per visit" in text and " 295" in text
 
 
 def test_idle_share_counts_cycles_with_no_gemm_in_either_warpgroup():
