@@ -201,8 +201,8 @@ def main() -> None:
         ap.error("--exp2-early: 0 to 5 k-slices (the 80-query tile has five)")
     if opts.phases and min(opts.levels) < 3:   # the sums' registers make levels 1-2 spill (levels 3-8 do not)
         ap.error("--phases: levels 3 and above")
-    if opts.stamps and (min(opts.levels) < 5 or opts.phases or opts.dv_early or opts.exp2_early != [0]):
-        ap.error("--stamps: levels 5 and above, the kernel's own order (no --phases, --dv-early, --exp2-early)")
+    if opts.stamps and (min(opts.levels) < 5 or opts.phases):
+        ap.error("--stamps: levels 5 and above, without --phases")
     if opts.compile_only:
         for level, k, dv in legs(opts.levels, opts.exp2_early, opts.dv_early):
             compile_probe(source(level, k, dv, opts.phases, opts.stamps), "gemm_chain")

@@ -168,6 +168,7 @@ DASH_DEVICE void chain_visit(const BwdParams& p, const Smem& s, char* smem_gener
     const RowValues lse_row(reinterpret_cast<const float*>(smem_generic + (s.lse(stage) - s.base)), 0, f);
     wgmma_wait<1>();
     wgmma_fence_operand(S);
+    stamp_wg(p, v, wg, tid, kWgSDone);
     softmax_probs<false>(S, lse_row, p.softmax_scale_log2, mask);
     const RowValues dpsum_row(reinterpret_cast<const float*>(smem_generic + (s.dpsum(stage) - s.base)), 0, f);
     pack_fragments<kSRegs>(Pa, S);
@@ -187,6 +188,7 @@ DASH_DEVICE void chain_visit(const BwdParams& p, const Smem& s, char* smem_gener
       wgmma_wait<0>();
     }
     wgmma_fence_operand(dP);
+    stamp_wg(p, v, wg, tid, kWgDpDone);
     if (last && tid == 0) mbar_arrive(s.v_empty());  // dP^T was V's last use
     uint32_t dT[kDtRegs];
     const DtSlots slots(smem_generic, s.base, s.ds(stage), wg, tid);

@@ -42,8 +42,8 @@ def test_dq_reduce_bw_refuses_in_flight_counts_it_has_no_instance_for():
 
 def test_gemm_chain_legs_and_refusals():
     """gemm_chain.py's legs: every level in the kernel's order, the early-exp2 and early-dV legs only where the math
-    exists (levels >= 2); the phase builds below level 3, the stamped builds below level 5 or beside another build
-    option, and out-of-range k-slices are refused before anything compiles."""
+    exists (levels >= 2); the phase builds below level 3, the stamped builds below level 5 or with the phase
+    builds, and out-of-range k-slices are refused before anything compiles."""
     sys.path.insert(0, str(BENCHMARKS))
     try:
         import gemm_chain
