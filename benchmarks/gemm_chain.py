@@ -5,7 +5,8 @@ ahead, the visit slot and the mask dispatch (5), and that with a real problem's 
 and that with a schedule table and the kernel's two dQ writer warps (7), and with KV tiles that change every 48
 visits, their K / V loads and releases, but no dK / dV epilogue (8), and with the kernel's dK / dV epilogue at
 each run's end (9), and with the kernel's TMA tensor loads from 16-head tensors instead of bulk copies (10), and
-that in deterministic mode, the dQ writers waiting for each tile's rank chain (11).
+that in deterministic mode, the dQ writers waiting for each tile's rank chain (11), and with the kernel's own MMA
+warpgroups (bwd/consume.cuh) instead of the rebuilt visit (12), deterministic (13).
 With --stamps the levels (5 and above) are built with the kernel's timeline stamps (DASH_TIMELINE) and print the
 phase table of benchmarks/timeline_phases.py, the one benchmarks/timeline.py prints for the real kernel, so the two
 compare phase by phase under the same stamps.
@@ -14,7 +15,7 @@ enter. Against the 3,200 cycles of tensor work per visit
 (ten 64 x 80 x 128 GEMMs at 2,048 multiply-adds per cycle) and the real kernel's ~4,890 (Nsight Compute, full 3840),
 each level's excess says what opens the tensor pipe's idle time (docs/decisions/bwd-engine.md).
 
-    python benchmarks/gemm_chain.py [--levels 0 1 2 3 4 5 6 7 8 9 10 11] [--exp2-early 0 3 5] [--dv-early] [--phases]
+    python benchmarks/gemm_chain.py [--levels 0 1 ... 13] [--exp2-early 0 3 5] [--dv-early] [--phases]
                                     [--stamps] [--repeats 5] [--json out.json]
     python benchmarks/gemm_chain.py --compile-only      # no GPU: every level compiles without spills
 """
@@ -33,7 +34,8 @@ import numpy as np
 from measure import commit, compile_probe, load_probe
 
 SOURCE = Path(__file__).parent / "kernels" / "gemm_chain.cu"
-LEVELS = (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11)
+LEVELS = (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13)
+DETERMINISTIC = {11: 10, 13: 12}   # level -> the level whose build it launches with the rank chain
 QDO_TILES, DQ_TILES = 256, 512   # gemm_chain.cu's kQdoTiles, kDqTiles (level 6)
 TENSOR_CYCLES = 10 * 64 * 80 * 128 // 2048   # one visit's GEMMs at the SM's dense bf16 rate
 
@@ -48,11 +50,9 @@ def source(level: int, exp2_early: int = 0, dv_early: bool = False, phases: bool
     from cupy_dash.cuda import kernels
     spec = kernels.bwd_specs("bfloat16", 128, False, seqlen_q=8192).main
     assert dict(spec.defines)["DASH_BLOCK_M"] == 80, spec
-    defines = "".join(f"#define {k} {v}\n" for k, v in (*spec.defines, ("CHAIN_LEVEL", level),
-                                                                ("CHAIN_EXP2_EARLY", exp2_early),
-                                                                ("CHAIN_DV_EARLY", int(dv_early)),
-                                                                ("CHAIN_PHASES", int(phases)),
-                                                                ("DASH_TIMELINE", int(stamps))))
+    chain = (("CHAIN_LEVEL", DETERMINISTIC.get(level, level)), ("CHAIN_EXP2_EARLY", exp2_early),
+             ("CHAIN_DV_EARLY", int(dv_early)), ("CHAIN_PHASES", int(phases)), ("DASH_TIMELINE", int(stamps)))
+    defines = "".join(f"#define {k} {v}\n" for k, v in (*spec.defines, *chain))
     return defines + SOURCE.read_text()
 
 
@@ -62,10 +62,12 @@ def smem_bytes() -> int:
 
 
 def legs(levels, exp2_early, dv_early=False) -> list:
-    """(level, exp2_early, dv_early) legs: every level with the kernel's own order, each other k at levels >= 2,
-    and with ``dv_early`` the dV-before-the-dP^T-wait leg at levels >= 2."""
-    out = [(level, k, False) for level in levels for k in sorted(set(exp2_early) | {0}) if k == 0 or level >= 2]
-    return out + [(level, 0, True) for level in levels if dv_early and level >= 2]
+    """(level, exp2_early, dv_early) legs: every level with the kernel's own order, each other k at levels 2-11,
+    and with ``dv_early`` the dV-before-the-dP^T-wait leg at levels 2-11 (the rebuilt visit's; levels 12 and 13 run
+    the kernel's own)."""
+    rebuilt = range(2, 12)
+    out = [(level, k, False) for level in levels for k in sorted(set(exp2_early) | {0}) if k == 0 or level in rebuilt]
+    return out + [(level, 0, True) for level in levels if dv_early and level in rebuilt]
 
 
 def chain_ranks(sms: int, visits: int = 512) -> np.ndarray:
@@ -135,11 +137,11 @@ def run_level(level: int, exp2_early: int, dv_early: bool, repeats: int, phases:
     # level 7's schedule table: CTA c visits (bh 0, n_block 0, m_block (7 c + j) % DQ_TILES), j < 512
     c, j = np.meshgrid(np.arange(sms), np.arange(512), indexing="ij")
     visits = cupy.asarray(np.stack([c, 0 * c, 0 * c, (7 * c + j) % DQ_TILES], axis=-1).astype(np.int32).ravel())
-    rank = cupy.asarray(chain_ranks(sms)) if level == 11 else cupy.ones(sms * 512, dtype=cupy.int32)
+    deterministic = level in DETERMINISTIC
+    rank = cupy.asarray(chain_ranks(sms)) if deterministic else cupy.ones(sms * 512, dtype=cupy.int32)
     semaphores = cupy.zeros(DQ_TILES, dtype=cupy.int32)   # level 11: each dQ tile's rank chain, zeroed per launch
     error = cupy.zeros(8, dtype=cupy.int32)
-    det = dict(dq_semaphore=semaphores.data.ptr, error=error.data.ptr, spin_timeout_ns=2_000_000_000,
-               num_m_blocks=DQ_TILES) if level == 11 else {}
+    det = dict(dq_semaphore=semaphores.data.ptr) if deterministic else {}   # the bounded waits report into error
     cta_start = cupy.asarray(np.arange(sms + 1, dtype=np.int64) * 512)
     cycles = cupy.zeros(2 * sms * (1 + len(PHASES)), dtype=cupy.int64)
     sink = cupy.zeros(384, dtype=cupy.float32)
@@ -149,7 +151,8 @@ def run_level(level: int, exp2_early: int, dv_early: bool, repeats: int, phases:
     params = bwd_params(dict(q=qdo.data.ptr, dq_accum=dq.data.ptr, dq=cycles.data.ptr, dpsum=sink.data.ptr,
                              timeline=timeline.data.ptr,
                              visits=visits.data.ptr, rank=rank.data.ptr, cta_start=cta_start.data.ptr,
-                             **dkv_fields(dkv[0].data.ptr, dkv[1].data.ptr), **load_maps(qdo.data.ptr), **det))
+                             **dkv_fields(dkv[0].data.ptr, dkv[1].data.ptr), **load_maps(qdo.data.ptr), **det,
+                             error=error.data.ptr, spin_timeout_ns=2_000_000_000, num_m_blocks=DQ_TILES))
     stream = cupy.cuda.get_current_stream()
     per_visit, per_phase = [], []
     for _ in range(repeats + 1):                       # the first launch warms up and is dropped
@@ -158,7 +161,7 @@ def run_level(level: int, exp2_early: int, dv_early: bool, repeats: int, phases:
         cupy.cuda.Device().synchronize()
         if int(error[0].get()) != 0:
             raise RuntimeError(f"level {level}: the kernel recorded an error {error.get().tolist()} (a rank chain "
-                               "wait timed out)")
+                               "or pipeline wait timed out)")
         out = cycles.get() / 512
         per_visit.append(out[:2 * sms])
         per_phase.append(out[2 * sms:].reshape(sms, 2, len(PHASES)))
@@ -199,8 +202,9 @@ def main() -> None:
     opts = ap.parse_args()
     if any(not 0 <= k <= 5 for k in opts.exp2_early):
         ap.error("--exp2-early: 0 to 5 k-slices (the 80-query tile has five)")
-    if opts.phases and min(opts.levels) < 3:   # the sums' registers make levels 1-2 spill (levels 3-8 do not)
-        ap.error("--phases: levels 3 and above")
+    if opts.phases and (min(opts.levels) < 3 or max(opts.levels) > 11):
+        # the sums' registers make levels 1-2 spill; levels 12-13 run the kernel's visit, which has no phase sums
+        ap.error("--phases: levels 3 to 11")
     if opts.stamps and (min(opts.levels) < 5 or opts.phases):
         ap.error("--stamps: levels 5 and above, without --phases")
     if opts.compile_only:

@@ -18,32 +18,13 @@
 #else
 #include "bwd/mainloop.cuh"
 #endif
+#include "bwd/consume.cuh"
 #include "params.cuh"
 #include "ptx/mbarrier.cuh"
 #include "ptx/setmaxnreg.cuh"
 #include "schedule_view.cuh"
 
 using namespace bwd;
-
-// One MMA warpgroup: dK, dV of the current KV tile (bwd/config.cuh's DkvAcc) live in registers across its run of
-// visits. The visits come from the producer (VisitSlot), so the MMA warpgroups read nothing of the schedule table.
-DASH_DEVICE void consume(const BwdParams& p, const ScheduleView& sched, const Smem& s, char* smem_generic, int wg,
-                         int tid) {
-  DkvAcc dK, dV;
-  fill_zero(dK);
-  fill_zero(dV);
-  uint32_t groups = 0, j = 0;
-  bool first = true;
-  for (int64_t v = sched.begin; v < sched.end; ++v, ++j) {
-    const VisitSlot done = bwd_step(p, s, smem_generic, v, j, groups, first, dK, dV, wg, tid);
-    first = done.last;
-    if (done.last) {
-      store_dkv(p, s, done.w, dK, dV, wg, tid);
-      ++groups;
-    }
-  }
-  if (tid == 0) bulk_wait<0>();  // the last dK / dV stores (bwd/epilogue.cuh) have read shared memory
-}
 
 extern "C" __global__ void __launch_bounds__(kNumThreads, 1) dash_bwd_main(const __grid_constant__ BwdParams p) {
   extern __shared__ __align__(kSmemAlign) char smem_raw[];

@@ -29,10 +29,14 @@
 //      bulk copies: Q and dO tile t = m_block % kQdoTiles is rows 80 (t % 16) of head t / 16 of a (1, 1280, 16, 128)
 //      tensor, so that its rows lie 4 KB apart as a real problem's (16 heads of 128); K and V are rows 0-127 of head
 //      0 of two such tensors;
-//  11: level 10 in deterministic mode: the same build, launched with p.dq_semaphore (gemm_chain.py), so that the
+//  11: level 10 in deterministic mode: level 10's build, launched with p.dq_semaphore (gemm_chain.py), so that the
 //      kernel's dQ writers wait for each tile's rank chain (the rank of visit j of CTA c on its dQ tile is the number
 //      of visits to that tile with a smaller j: each visit waits only for visits that come earlier in its CTA's
-//      order, so the chain cannot deadlock).
+//      order, so the chain cannot deadlock);
+//  12: level 10 with the kernel's own MMA warpgroups instead of chain_visit (bwd/consume.cuh: bwd_step, whose
+//      visit indices, head and mask come from the slot and p, and store_dkv at each run's end), the producer
+//      publishing each run's end in the slot as the kernel's does;
+//  13: level 12 in deterministic mode (level 12's build, as level 11 is level 10's).
 // The values are not checked (zeros and what the loads bring): only clock64 cycles are written, p.dq (as int64)[2
 // blockIdx.x + wg] = those of warpgroup wg's kVisits visits (and with CHAIN_PHASES their split by phase). Built with
 // DASH_TIMELINE 1 (levels >= 5), the visits also write the kernel's timeline stamps (bwd/timeline.cuh) at the
@@ -41,6 +45,7 @@
 #include "bwd/config.cuh"
 #include "bwd/dq_reduce.cuh"
 #include "bwd/mainloop.cuh"
+#include "bwd/consume.cuh"
 #include "ptx/clock.cuh"
 #include "ptx/ld_shared.cuh"
 #include "ptx/setmaxnreg.cuh"
@@ -49,10 +54,6 @@
 
 #ifndef CHAIN_LEVEL
 #define CHAIN_LEVEL 4
-#endif
-#if CHAIN_LEVEL == 11  // level 10's build; the host launches it in deterministic mode
-#undef CHAIN_LEVEL
-#define CHAIN_LEVEL 10
 #endif
 // CHAIN_EXP2_EARLY k (levels >= 2): the exp2 of P^T's first k of its kBlockM / 16 k-slices kept ahead of the dP^T
 // wait (ptxas otherwise places every exp2 after it): a volatile shared load whose address depends on every word of
@@ -86,6 +87,7 @@ constexpr bool kTable = kLevel >= 7;
 constexpr bool kRuns = kLevel >= 8;
 constexpr bool kEpilogue = kLevel >= 9;
 constexpr bool kTensorLoads = kLevel >= 10;
+constexpr bool kKernelStep = kLevel >= 12;
 constexpr int kRun = 48;  // visits per KV tile at level 8: full 3840's 48 Q tiles of 80
 static_assert(kKStages == 1, "the 80-query plan's one K buffer");
 constexpr int kQdoTiles = 256, kDqTiles = 512;  // level 6: 10 MB of Q / dO tiles, 20 MB of dQ tiles
@@ -268,7 +270,7 @@ DASH_DEVICE void produce_stages(const BwdParams& p, const Smem& s, const Schedul
     const uint32_t group_parity = ((uint32_t)(j / kRun) & 1u) ^ 1u;
     const int head = tile / kRowBlocks, row = (tile % kRowBlocks) * kBlockM;  // level 10
     bounded_wait(s.q_empty(stage), parity);
-    VisitSlot::publish(s.visit(stage), w, false);
+    VisitSlot::publish(s.visit(stage), w, kKernelStep && (j % kRun == kRun - 1 || j == kVisits - 1));
     mbar_arrive_expect_tx(s.q_full(stage), SmemLayout::kQ + SmemLayout::kRow);
     if constexpr (kTensorLoads) {
       tma_load_tile<kBlockM, kHeadDimIO>(s.q(stage), &p.tma_q, s.q_full(stage), row, head, 0);
@@ -383,12 +385,16 @@ extern "C" __global__ void __launch_bounds__(kNumThreads, 1) gemm_chain(const __
   float dq_keep = 0.f;
   Phases ph;
   const long long t0 = clock64_cycles();
-  for (int j = 0; j < kVisits; ++j) {
-    chain_visit(p, s, smem_generic, dK, dV, dq_keep, ph, j, mma_wg, tid);
-    if (kEpilogue && j % kRun == kRun - 1) store_dkv(p, s, Visit{0, 0, 0}, dK, dV, mma_wg, tid);
-    if (kLevel == 4 && mma_wg == 0 && tid == 0) *visit_counter = j + 1;
+  if constexpr (kKernelStep) {
+    consume(p, sched, s, smem_generic, mma_wg, tid);
+  } else {
+    for (int j = 0; j < kVisits; ++j) {
+      chain_visit(p, s, smem_generic, dK, dV, dq_keep, ph, j, mma_wg, tid);
+      if (kEpilogue && j % kRun == kRun - 1) store_dkv(p, s, Visit{0, 0, 0}, dK, dV, mma_wg, tid);
+      if (kLevel == 4 && mma_wg == 0 && tid == 0) *visit_counter = j + 1;
+    }
+    if (kEpilogue && tid == 0) bulk_wait<0>();  // the last stores have read shared memory
   }
-  if (kEpilogue && tid == 0) bulk_wait<0>();  // the last stores have read shared memory
   const long long t1 = clock64_cycles();
   if (tid == 0) {
     cycles[2 * blockIdx.x + mma_wg] = t1 - t0;

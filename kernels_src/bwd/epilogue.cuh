@@ -3,7 +3,7 @@
 // only: a varlen sequence's last KV tile must not write into the next sequence's rows. dK and dV are contiguous
 // (the host allocates them): rows and 8-column groups start on 16-byte boundaries. The rows go through shared
 // memory to TMA stores (stage_dkv), or, at head dim 64 and where a box would reach into the next varlen sequence,
-// from the registers to global memory (store_dkv_rows); store_dkv is the plan's entry (bwd_main.cu's consume).
+// from the registers to global memory (store_dkv_rows); store_dkv is the plan's entry (bwd/consume.cuh).
 #pragma once
 #include "../bwd_rows.cuh"
 #include "../params.cuh"
@@ -140,7 +140,7 @@ DASH_DEVICE void stage_dkv(const BwdParams& p, const Smem& s, const Visit& w, co
   }
 }
 
-// The KV tile of visit w is done, every plan's entry (bwd_main.cu's consume; split_step.cuh and keys_step.cuh have
+// The KV tile of visit w is done, every plan's entry (bwd/consume.cuh; split_step.cuh and keys_step.cuh have
 // their own): its dK / dV rows staged, or from the registers where kDkvStaged is false.
 DASH_DEVICE void store_dkv(const BwdParams& p, const Smem& s, const Visit& w, const DkvAcc& dK, const DkvAcc& dV,
                            int wg, int tid) {

@@ -41,9 +41,9 @@ def test_dq_reduce_bw_refuses_in_flight_counts_it_has_no_instance_for():
 
 
 def test_gemm_chain_legs_and_refusals():
-    """gemm_chain.py's legs: every level in the kernel's order, the early-exp2 and early-dV legs only where the math
-    exists (levels >= 2); the phase builds below level 3, the stamped builds below level 5 or with the phase
-    builds, and out-of-range k-slices are refused before anything compiles."""
+    """gemm_chain.py's legs: every level in the kernel's order, the early-exp2 and early-dV legs only where the
+    rebuilt math exists (levels 2-11); the phase builds outside levels 3-11, the stamped builds below level 5 or with
+    the phase builds, and out-of-range k-slices are refused before anything compiles."""
     sys.path.insert(0, str(BENCHMARKS))
     try:
         import gemm_chain
@@ -52,7 +52,10 @@ def test_gemm_chain_legs_and_refusals():
     assert gemm_chain.legs([1, 3], [0, 2], dv_early=True) == [(1, 0, False), (3, 0, False), (3, 2, False),
                                                              (3, 0, True)]
     assert gemm_chain.legs([0], [5]) == [(0, 0, False)]
-    for args, named in ((["--phases", "--levels", "2"], "--phases"), (["--exp2-early", "6"], "--exp2-early"),
+    assert gemm_chain.legs([11, 12], [2], dv_early=True) == [(11, 0, False), (11, 2, False), (12, 0, False),
+                                                             (11, 0, True)]
+    for args, named in ((["--phases", "--levels", "2"], "--phases"), (["--phases", "--levels", "12"], "--phases"),
+                        (["--exp2-early", "6"], "--exp2-early"),
                         (["--stamps", "--levels", "4", "9"], "--stamps"),
                         (["--stamps", "--levels", "9", "--phases"], "--stamps")):
         run = _run("gemm_chain.py", *args)
