@@ -44,14 +44,15 @@ PHASES = ("top", "math", "dV issue, dS barrier", "dQ, dK issue", "dV, dQ wait", 
 
 
 def source(level: int, exp2_early: int = 0, dv_early: bool = False, phases: bool = False,
-           stamps: bool = False) -> str:
+           stamps: bool = False, early_wgs: int = 3) -> str:
     """gemm_chain.cu with the defines of the bf16 head-dim-128 full-mask 80-query bwd_main variant, CHAIN_LEVEL,
-    CHAIN_EXP2_EARLY, CHAIN_DV_EARLY, CHAIN_PHASES and, with ``stamps``, DASH_TIMELINE."""
+    CHAIN_EXP2_EARLY, CHAIN_DV_EARLY, CHAIN_EARLY_WGS, CHAIN_PHASES and, with ``stamps``, DASH_TIMELINE."""
     from cupy_dash.cuda import kernels
     spec = kernels.bwd_specs("bfloat16", 128, False, seqlen_q=8192).main
     assert dict(spec.defines)["DASH_BLOCK_M"] == 80, spec
     chain = (("CHAIN_LEVEL", DETERMINISTIC.get(level, level)), ("CHAIN_EXP2_EARLY", exp2_early),
-             ("CHAIN_DV_EARLY", int(dv_early)), ("CHAIN_PHASES", int(phases)), ("DASH_TIMELINE", int(stamps)))
+             ("CHAIN_DV_EARLY", int(dv_early)), ("CHAIN_EARLY_WGS", early_wgs), ("CHAIN_PHASES", int(phases)),
+             ("DASH_TIMELINE", int(stamps)))
     defines = "".join(f"#define {k} {v}\n" for k, v in (*spec.defines, *chain))
     return defines + SOURCE.read_text()
 
@@ -120,12 +121,12 @@ def load_maps(qdo_ptr: int) -> dict:
 
 
 def run_level(level: int, exp2_early: int, dv_early: bool, repeats: int, phases: bool = False,
-              stamps: bool = False) -> dict:
+              stamps: bool = False, early_wgs: int = 3) -> dict:
     """Cycles per visit of each MMA warpgroup of every CTA, median over CTAs, per repeat; with ``stamps`` also the
     phase report of the last repeat's timeline (``timeline_phases.phase_report``; its text: ``stamps_report``)."""
     import cupy
     from cupy_dash.cuda import executor
-    cubin = compile_probe(source(level, exp2_early, dv_early, phases, stamps), "gemm_chain")
+    cubin = compile_probe(source(level, exp2_early, dv_early, phases, stamps, early_wgs), "gemm_chain")
     smem = smem_bytes()
     kernel, module, gpu = load_probe(cubin, "gemm_chain", smem)
     sms = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["multiProcessorCount"]
@@ -175,12 +176,18 @@ def run_level(level: int, exp2_early: int, dv_early: bool, repeats: int, phases:
         from timeline_phases import format_report, phase_report
         rep = phase_report(timeline.get(), np.asarray(cta_start.get()), CONSTANTS.kBwdStages)
         extra = dict(stamps=rep, stamps_report=format_report(rep))
-    return dict(level=level, exp2_early=exp2_early, dv_early=dv_early, phases_build=phases, stamps_build=stamps,
+    return dict(level=level, exp2_early=exp2_early, dv_early=dv_early, early_wgs=early_wgs, phases_build=phases,
+                stamps_build=stamps,
                 gpu=gpu, ctas=sms,
                 **extra,
                 cycles_per_visit_median=[float(np.median(r)) for r in runs],
                 cycles_per_visit_p90=[float(np.percentile(r, 90)) for r in runs],
                 wg_gap_median=[float(np.median(np.abs(r[0::2] - r[1::2]))) for r in runs])
+
+
+def wgs(exp2_early: int, dv_early: bool, early_wgs: int) -> str:
+    """The label of a leg whose early order only one warpgroup takes."""
+    return f" in warpgroup {early_wgs // 2} only" if (exp2_early or dv_early) and early_wgs != 3 else ""
 
 
 def main() -> None:
@@ -193,6 +200,9 @@ def main() -> None:
     ap.add_argument("--phases", action="store_true",
                     help="the phase builds instead (CHAIN_PHASES: cycles per visit by phase, per warpgroup; "
                          "levels >= 3)")
+    ap.add_argument("--early-wgs", type=int, default=3, choices=(1, 2, 3),
+                    help="the MMA warpgroups (a bit each) that take the --exp2-early / --dv-early order; the others "
+                         "keep the kernel's (default 3: both)")
     ap.add_argument("--stamps", action="store_true",
                     help="the timeline builds instead (the kernel's stamps; levels >= 5): the phase table of "
                          "benchmarks/timeline.py")
@@ -209,14 +219,16 @@ def main() -> None:
         ap.error("--stamps: levels 5 and above, without --phases")
     if opts.compile_only:
         for level, k, dv in legs(opts.levels, opts.exp2_early, opts.dv_early):
-            compile_probe(source(level, k, dv, opts.phases, opts.stamps), "gemm_chain")
-            print(f"level {level}, exp2 early {k}{', dV early' if dv else ''}: compiled, no spills")
+            compile_probe(source(level, k, dv, opts.phases, opts.stamps, opts.early_wgs), "gemm_chain")
+            print(f"level {level}, exp2 early {k}{', dV early' if dv else ''}{wgs(k, dv, opts.early_wgs)}: compiled, "
+                  "no spills")
         return
     rows = []
     for level, k, dv in legs(opts.levels, opts.exp2_early, opts.dv_early):
-        row = run_level(level, k, dv, opts.repeats, opts.phases, opts.stamps)
+        row = run_level(level, k, dv, opts.repeats, opts.phases, opts.stamps, opts.early_wgs)
         med = statistics.median(row["cycles_per_visit_median"])
-        print(f"level {level}, exp2 early {k}{', dV early' if dv else ''}: {med:7.0f} cycles per visit "
+        print(f"level {level}, exp2 early {k}{', dV early' if dv else ''}{wgs(k, dv, opts.early_wgs)}: {med:7.0f} "
+              "cycles per visit "
               f"(tensor work {TENSOR_CYCLES}: {TENSOR_CYCLES / med:.0%}), "
               f"p90 {statistics.median(row['cycles_per_visit_p90']):.0f}, "
               f"warpgroups apart {statistics.median(row['wg_gap_median']):.0f}", flush=True)

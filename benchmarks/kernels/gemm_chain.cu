@@ -62,6 +62,12 @@
 #ifndef CHAIN_EXP2_EARLY
 #define CHAIN_EXP2_EARLY 0
 #endif
+// CHAIN_EARLY_WGS (a bit per MMA warpgroup, default both): the warpgroups that take the CHAIN_EXP2_EARLY or
+// CHAIN_DV_EARLY order; the others keep the kernel's (probs_and_grads_of), e.g. 1: warpgroup 0 alone computes P^T's
+// exp2 ahead of its dP^T wait, so that the two warpgroups' exp2 no longer share the SFU after the wait.
+#ifndef CHAIN_EARLY_WGS
+#define CHAIN_EARLY_WGS 3
+#endif
 // CHAIN_DV_EARLY 1 (levels >= 2): dV += P^T dO issued before the dP^T wait, right after P^T (the kernel's
 // benchmarks/patches/dv_before_dp_wait.patch), every exp2 then ahead of the wait; no masked copy.
 #ifndef CHAIN_DV_EARLY
@@ -80,6 +86,7 @@ static_assert(kBlockM == 80 && kHeadDim == 128 && !kCausal, "the 80-query plan a
 constexpr int kLevel = CHAIN_LEVEL;
 constexpr int kExp2Early = CHAIN_EXP2_EARLY;
 constexpr bool kDvEarly = CHAIN_DV_EARLY != 0 && CHAIN_LEVEL >= 2;
+constexpr int kEarlyWgs = CHAIN_EARLY_WGS;
 static_assert(kExp2Early >= 0 && kExp2Early <= kBlockM / 16, "k-slices of P^T");
 constexpr bool kStaged = kLevel >= 5;
 constexpr bool kSpread = kLevel >= 6;
@@ -161,7 +168,8 @@ DASH_DEVICE void chain_visit(const BwdParams& p, const Smem& s, char* smem_gener
   const TileMask mask(w.n_block * kBlockN + 64 * wg, w.m_block * kBlockM, kBig, band, f);
   uint32_t Pa[kBlockM / 16][4], dSa[kBlockM / 16][4];
   if (kEpilogue && first) dkv_staging_free(tid);
-  if constexpr (kStaged && kExp2Early == 0 && !kDvEarly) {
+  const bool early = kEarlyWgs == 3 || ((kEarlyWgs >> wg) & 1);  // warp-uniform
+  if (kStaged && ((kExp2Early == 0 && !kDvEarly) || !early)) {
     probs_and_grads_of(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, stage, last, v, wg, tid, f);
   } else if (kStaged && !kDvEarly && mask.needed) {
     probs_and_grads<true>(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, stage, last, v, wg, tid, f);
