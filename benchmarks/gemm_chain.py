@@ -2,20 +2,23 @@
 GEMMs alone (level 0), then the dS^T store and barrier (1), the softmax and dS math (2), the dQ hand-off to a writer
 warp (3) and a Q / dO load per visit (4), or instead of those loads the stages' protocol with a producer that runs
 ahead, the visit slot and the mask dispatch (5), and that with a real problem's spread of addresses in L2 (6),
-and that with a schedule table and the kernel's two dQ writer warps (7), and with KV tiles that change every 48
-visits, their K / V loads and releases, but no dK / dV epilogue (8), and with the kernel's dK / dV epilogue at
+and that with a schedule table and the kernel's two dQ writer warps (7), and with KV tiles that change every --run
+visits (48), their K / V loads and releases, but no dK / dV epilogue (8), and with the kernel's dK / dV epilogue at
 each run's end (9), and with the kernel's TMA tensor loads from 16-head tensors instead of bulk copies (10), and
 that in deterministic mode, the dQ writers waiting for each tile's rank chain (11), and with the kernel's own MMA
-warpgroups (bwd/consume.cuh) instead of the rebuilt visit (12), deterministic (13).
+warpgroups (bwd/consume.cuh) instead of the rebuilt visit (12), deterministic (13), and the kernel's three roles on a
+real problem (--real: the package's parameter block, tables and tensors for a bench shape; 14, deterministic 15),
+which is the kernel itself with clock64 around its MMA warpgroups.
 With --stamps the levels (5 and above) are built with the kernel's timeline stamps (DASH_TIMELINE) and print the
 phase table of benchmarks/timeline_phases.py, the one benchmarks/timeline.py prints for the real kernel, so the two
 compare phase by phase under the same stamps.
-One CTA per SM, 512 visits each; the cycles of each MMA warpgroup come from clock64, so the SM clock does not
+One CTA per SM, 512 visits each (levels 14-15: the package's table); the cycles of each MMA warpgroup come from clock64, so the SM clock does not
 enter. Against the 3,200 cycles of tensor work per visit
 (ten 64 x 80 x 128 GEMMs at 2,048 multiply-adds per cycle) and the real kernel's ~4,890 (Nsight Compute, full 3840),
 each level's excess says what opens the tensor pipe's idle time (docs/decisions/bwd-engine.md).
 
-    python benchmarks/gemm_chain.py [--levels 0 1 ... 13] [--exp2-early 0 3 5] [--dv-early] [--phases]
+    python benchmarks/gemm_chain.py [--levels 0 1 ... 15] [--real full:3840 full:15360] [--run 48]
+                                    [--exp2-early 0 3 5] [--dv-early] [--early-wgs 1] [--phases]
                                     [--stamps] [--repeats 5] [--json out.json]
     python benchmarks/gemm_chain.py --compile-only      # no GPU: every level compiles without spills
 """
@@ -34,8 +37,9 @@ import numpy as np
 from measure import commit, compile_probe, load_probe
 
 SOURCE = Path(__file__).parent / "kernels" / "gemm_chain.cu"
-LEVELS = (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13)
-DETERMINISTIC = {11: 10, 13: 12}   # level -> the level whose build it launches with the rank chain
+LEVELS = tuple(range(16))
+DETERMINISTIC = {11: 10, 13: 12, 15: 14}   # level -> the level whose build it launches with the rank chain
+REAL = (14, 15)                            # the levels that run a real problem (--real)
 QDO_TILES, DQ_TILES = 256, 512   # gemm_chain.cu's kQdoTiles, kDqTiles (level 6)
 TENSOR_CYCLES = 10 * 64 * 80 * 128 // 2048   # one visit's GEMMs at the SM's dense bf16 rate
 
@@ -44,15 +48,15 @@ PHASES = ("top", "math", "dV issue, dS barrier", "dQ, dK issue", "dV, dQ wait", 
 
 
 def source(level: int, exp2_early: int = 0, dv_early: bool = False, phases: bool = False,
-           stamps: bool = False, early_wgs: int = 3) -> str:
+           stamps: bool = False, early_wgs: int = 3, run: int = 48) -> str:
     """gemm_chain.cu with the defines of the bf16 head-dim-128 full-mask 80-query bwd_main variant, CHAIN_LEVEL,
-    CHAIN_EXP2_EARLY, CHAIN_DV_EARLY, CHAIN_EARLY_WGS, CHAIN_PHASES and, with ``stamps``, DASH_TIMELINE."""
+    CHAIN_EXP2_EARLY, CHAIN_DV_EARLY, CHAIN_EARLY_WGS, CHAIN_RUN, CHAIN_PHASES and, with ``stamps``, DASH_TIMELINE."""
     from cupy_dash.cuda import kernels
     spec = kernels.bwd_specs("bfloat16", 128, False, seqlen_q=8192).main
     assert dict(spec.defines)["DASH_BLOCK_M"] == 80, spec
     chain = (("CHAIN_LEVEL", DETERMINISTIC.get(level, level)), ("CHAIN_EXP2_EARLY", exp2_early),
-             ("CHAIN_DV_EARLY", int(dv_early)), ("CHAIN_EARLY_WGS", early_wgs), ("CHAIN_PHASES", int(phases)),
-             ("DASH_TIMELINE", int(stamps)))
+             ("CHAIN_DV_EARLY", int(dv_early)), ("CHAIN_EARLY_WGS", early_wgs), ("CHAIN_RUN", run),
+             ("CHAIN_PHASES", int(phases)), ("DASH_TIMELINE", int(stamps)))
     defines = "".join(f"#define {k} {v}\n" for k, v in (*spec.defines, *chain))
     return defines + SOURCE.read_text()
 
@@ -82,6 +86,85 @@ def chain_ranks(sms: int, visits: int = 512) -> np.ndarray:
     rank = np.empty(len(order), dtype=np.int32)
     rank[order] = np.arange(len(order)) - starts
     return rank
+
+
+def real_problem(shape: str, deterministic: bool, stamps: bool = False) -> tuple:
+    """Levels 14-15's launch for the bench shape ``shape`` ("full:S": bf16, 16k tokens, 16 heads of 128, the 80-query
+    tile): (the BwdParams block the package packs for it, the grid, each CTA's visit count, the timeline buffer or
+    None, the arrays to keep alive). Its tables are the package's (``auto``); lse_log2 and dpsum stay zero (no
+    preprocess: the values do not enter the cycles); cycles are written over the first words of dq."""
+    import cupy
+    import cupy_dash
+    from cupy_dash import config, schedule
+    from cupy_dash.cli.measure import random_tensor
+    from cupy_dash.core.problem import validate
+    from cupy_dash.cuda import kernels, launchers
+    from cupy_dash.cuda.params import CONSTANTS
+    mask, S = shape.split(":")
+    S = int(S)
+    if mask != "full":
+        raise ValueError(f"--real {shape}: the rebuilt kernel is the full-mask build")
+    B, H, D = 16384 // S, 16, 128
+    q, k, v, do = (random_tensor((B, S, H, D), "bf16", seed=i) for i in range(4))
+    out, lse = cupy_dash.attention_forward(q, k, v)
+    p = validate(q, k, v, do, out, lse, backward=True)
+    dev = cupy.cuda.Device().id
+    specs, bm, bn, max_ctas = kernels.bwd_entry(dev, p.dtype, D, False, stamps, seqlen_q=S)
+    if (bm, bn) != (80, 128):
+        raise ValueError(f"--real {shape}: the package takes the {bm} x {bn} tile there, not the rebuilt 80 x 128")
+    window = schedule.canonical_window((-1, -1), S, S, False)
+    c = launchers.BwdLaunch(specs, bm, bn, p, deterministic, config.spin_timeout_ns(), False, window)
+    stream = cupy.cuda.get_current_stream()
+    c.tables = launchers.bwd_tables("auto", c, max_ctas, dev, stream)
+    work = cupy.zeros(c.work_bytes, dtype=cupy.uint8)
+    grads = [cupy.zeros((B, S, H, D), dtype=cupy.uint16) for _ in range(3)]
+    error = cupy.zeros(8, dtype=cupy.int32)
+    strides = launchers.bsh_strides((B, S, H, D))
+    operands = tuple((x.data.ptr, strides) for x in (q, k, v, out, do))
+    timeline = (cupy.zeros((int(c.tables.cta_start[-1].get()), CONSTANTS.kTimelineCols), dtype=cupy.int64)
+                if stamps else None)
+    params = launchers.bwd_params(c, operands, lse.data.ptr, work.data.ptr, tuple(g.data.ptr for g in grads),
+                                  (error.data.ptr, 0), timeline_ptr=0 if timeline is None else timeline.data.ptr)
+    cta_start = np.asarray(c.tables.cta_start.get(), dtype=np.int64)
+    semaphores = work[c.offsets[3]:c.offsets[3] + c.num_m_blocks * B * H * 4]
+    return dict(params=params, grid=int(c.tables.num_ctas), cta_start=cta_start, timeline=timeline,
+                semaphores=semaphores, error=error, cycles=grads[0].ravel().view(cupy.int64),
+                keep=[q, k, v, do, out, lse, work, grads, c.tables])
+
+
+def run_real(level: int, shape: str, repeats: int, stamps: bool = False) -> dict:
+    """Levels 14-15 on the bench shape ``shape``: cycles per visit of each MMA warpgroup of every CTA (its clock64
+    cycles over its own visit count), median over CTAs, per repeat; with ``stamps`` the phase report, as
+    run_level's."""
+    import cupy
+    from cupy_dash.cuda import executor
+    from cupy_dash.cuda.params import CONSTANTS
+    cubin = compile_probe(source(level, stamps=stamps), "gemm_chain")
+    smem = smem_bytes()
+    kernel, module, gpu = load_probe(cubin, "gemm_chain", smem)
+    r = real_problem(shape, level in DETERMINISTIC, stamps)
+    visits = np.maximum(np.repeat(np.diff(r["cta_start"]), 2), 1).astype(np.float64)
+    stream = cupy.cuda.get_current_stream()
+    per_visit = []
+    for _ in range(repeats + 1):                       # the first launch warms up and is dropped
+        r["semaphores"].fill(0)
+        executor.launch(kernel.ptr, r["grid"], 1, 1, 384, smem, stream.ptr, r["params"].view(np.uint8))
+        cupy.cuda.Device().synchronize()
+        if int(r["error"][0].get()) != 0:
+            raise RuntimeError(f"level {level} {shape}: the kernel recorded an error {r['error'].get().tolist()}")
+        per_visit.append(r["cycles"][:2 * r["grid"]].get() / visits)
+    del module
+    runs = per_visit[1:]
+    extra = {}
+    if stamps:
+        from timeline_phases import format_report, phase_report
+        rep = phase_report(r["timeline"].get(), r["cta_start"], CONSTANTS.kBwdStages)
+        extra = dict(stamps=rep, stamps_report=format_report(rep))
+    return dict(level=level, shape=shape, exp2_early=0, dv_early=False, stamps_build=stamps, gpu=gpu,
+                ctas=r["grid"], visits=int(r["cta_start"][-1]), **extra,
+                cycles_per_visit_median=[float(np.median(x)) for x in runs],
+                cycles_per_visit_p90=[float(np.percentile(x, 90)) for x in runs],
+                wg_gap_median=[float(np.median(np.abs(x[0::2] - x[1::2]))) for x in runs])
 
 
 def bwd_params(fields: dict) -> np.ndarray:
@@ -121,12 +204,12 @@ def load_maps(qdo_ptr: int) -> dict:
 
 
 def run_level(level: int, exp2_early: int, dv_early: bool, repeats: int, phases: bool = False,
-              stamps: bool = False, early_wgs: int = 3) -> dict:
+              stamps: bool = False, early_wgs: int = 3, run: int = 48) -> dict:
     """Cycles per visit of each MMA warpgroup of every CTA, median over CTAs, per repeat; with ``stamps`` also the
     phase report of the last repeat's timeline (``timeline_phases.phase_report``; its text: ``stamps_report``)."""
     import cupy
     from cupy_dash.cuda import executor
-    cubin = compile_probe(source(level, exp2_early, dv_early, phases, stamps, early_wgs), "gemm_chain")
+    cubin = compile_probe(source(level, exp2_early, dv_early, phases, stamps, early_wgs, run), "gemm_chain")
     smem = smem_bytes()
     kernel, module, gpu = load_probe(cubin, "gemm_chain", smem)
     sms = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["multiProcessorCount"]
@@ -176,8 +259,8 @@ def run_level(level: int, exp2_early: int, dv_early: bool, repeats: int, phases:
         from timeline_phases import format_report, phase_report
         rep = phase_report(timeline.get(), np.asarray(cta_start.get()), CONSTANTS.kBwdStages)
         extra = dict(stamps=rep, stamps_report=format_report(rep))
-    return dict(level=level, exp2_early=exp2_early, dv_early=dv_early, early_wgs=early_wgs, phases_build=phases,
-                stamps_build=stamps,
+    return dict(level=level, exp2_early=exp2_early, dv_early=dv_early, early_wgs=early_wgs, run=run,
+                phases_build=phases, stamps_build=stamps,
                 gpu=gpu, ctas=sms,
                 **extra,
                 cycles_per_visit_median=[float(np.median(r)) for r in runs],
@@ -206,6 +289,10 @@ def main() -> None:
     ap.add_argument("--stamps", action="store_true",
                     help="the timeline builds instead (the kernel's stamps; levels >= 5): the phase table of "
                          "benchmarks/timeline.py")
+    ap.add_argument("--real", nargs="+", default=["full:3840"],
+                    help="levels 14-15's bench shapes (full:S, the 80-query tile)")
+    ap.add_argument("--run", type=int, default=48,
+                    help="visits per KV tile at levels 8-13 (CHAIN_RUN; 48: full 3840's)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--json")
     ap.add_argument("--compile-only", action="store_true")
@@ -217,31 +304,41 @@ def main() -> None:
         ap.error("--phases: levels 3 to 11")
     if opts.stamps and (min(opts.levels) < 5 or opts.phases):
         ap.error("--stamps: levels 5 and above, without --phases")
+    if opts.run < 2:
+        ap.error("--run: at least 2 visits per KV tile")
     if opts.compile_only:
         for level, k, dv in legs(opts.levels, opts.exp2_early, opts.dv_early):
-            compile_probe(source(level, k, dv, opts.phases, opts.stamps, opts.early_wgs), "gemm_chain")
+            compile_probe(source(level, k, dv, opts.phases, opts.stamps, opts.early_wgs, opts.run), "gemm_chain")
             print(f"level {level}, exp2 early {k}{', dV early' if dv else ''}{wgs(k, dv, opts.early_wgs)}: compiled, "
                   "no spills")
         return
     rows = []
     for level, k, dv in legs(opts.levels, opts.exp2_early, opts.dv_early):
-        row = run_level(level, k, dv, opts.repeats, opts.phases, opts.stamps, opts.early_wgs)
-        med = statistics.median(row["cycles_per_visit_median"])
-        print(f"level {level}, exp2 early {k}{', dV early' if dv else ''}{wgs(k, dv, opts.early_wgs)}: {med:7.0f} "
-              "cycles per visit "
-              f"(tensor work {TENSOR_CYCLES}: {TENSOR_CYCLES / med:.0%}), "
-              f"p90 {statistics.median(row['cycles_per_visit_p90']):.0f}, "
-              f"warpgroups apart {statistics.median(row['wg_gap_median']):.0f}", flush=True)
-        for wg, ph in row.get("phases", {}).items():
-            print(f"  {wg}: " + ", ".join(f"{name} {c:.0f}" for name, c in ph.items()), flush=True)
-        if "stamps_report" in row:
-            print(row["stamps_report"], flush=True)
-        rows.append(row)
+        for shape in opts.real if level in REAL else [None]:
+            row = (run_real(level, shape, opts.repeats, opts.stamps) if shape else
+                   run_level(level, k, dv, opts.repeats, opts.phases, opts.stamps, opts.early_wgs, opts.run))
+            report(row, f"level {level}" + (f" {shape}" if shape else
+                                            f", exp2 early {k}{', dV early' if dv else ''}"
+                                            f"{wgs(k, dv, opts.early_wgs)}"
+                                            f"{f', runs of {opts.run}' if opts.run != 48 and level >= 8 else ''}"))
+            rows.append(row)
     if opts.json:
         meta = dict(date=datetime.datetime.now().isoformat(timespec="seconds"), commit=commit(),
                     command=" ".join(shlex.quote(a) for a in ["python", *sys.argv]), gpu=rows[0]["gpu"],
                     tensor_cycles_per_visit=TENSOR_CYCLES)
         Path(opts.json).write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+
+
+def report(row: dict, label: str) -> None:
+    med = statistics.median(row["cycles_per_visit_median"])
+    print(f"{label}: {med:7.0f} cycles per visit "
+              f"(tensor work {TENSOR_CYCLES}: {TENSOR_CYCLES / med:.0%}), "
+              f"p90 {statistics.median(row['cycles_per_visit_p90']):.0f}, "
+          f"warpgroups apart {statistics.median(row['wg_gap_median']):.0f}", flush=True)
+    for wg, ph in row.get("phases", {}).items():
+        print(f"  {wg}: " + ", ".join(f"{name} {c:.0f}" for name, c in ph.items()), flush=True)
+    if "stamps_report" in row:
+        print(row["stamps_report"], flush=True)
 
 
 if __name__ == "__main__":

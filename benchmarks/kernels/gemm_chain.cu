@@ -36,7 +36,10 @@
 //  12: level 10 with the kernel's own MMA warpgroups instead of chain_visit (bwd/consume.cuh: bwd_step, whose
 //      visit indices, head and mask come from the slot and p, and store_dkv at each run's end), the producer
 //      publishing each run's end in the slot as the kernel's does;
-//  13: level 12 in deterministic mode (level 12's build, as level 11 is level 10's).
+//  13: level 12 in deterministic mode (level 12's build, as level 11 is level 10's);
+//  14: the kernel's three roles (bwd/producer.cuh's produce, the dQ writers, bwd/consume.cuh) on a real problem: p is
+//      the block the package packs for a bench shape (gemm_chain.py --real), its schedule table and tensors, so that
+//      only clock64 is added to the kernel (bwd_main.cu without the fold); 15: level 14 deterministic.
 // The values are not checked (zeros and what the loads bring): only clock64 cycles are written, p.dq (as int64)[2
 // blockIdx.x + wg] = those of warpgroup wg's kVisits visits (and with CHAIN_PHASES their split by phase). Built with
 // DASH_TIMELINE 1 (levels >= 5), the visits also write the kernel's timeline stamps (bwd/timeline.cuh) at the
@@ -46,6 +49,7 @@
 #include "bwd/dq_reduce.cuh"
 #include "bwd/mainloop.cuh"
 #include "bwd/consume.cuh"
+#include "bwd/producer.cuh"
 #include "ptx/clock.cuh"
 #include "ptx/ld_shared.cuh"
 #include "ptx/setmaxnreg.cuh"
@@ -95,8 +99,13 @@ constexpr bool kRuns = kLevel >= 8;
 constexpr bool kEpilogue = kLevel >= 9;
 constexpr bool kTensorLoads = kLevel >= 10;
 constexpr bool kKernelStep = kLevel >= 12;
-constexpr int kRun = 48;  // visits per KV tile at level 8: full 3840's 48 Q tiles of 80
+constexpr bool kRealProblem = kLevel >= 14;
+#ifndef CHAIN_RUN
+#define CHAIN_RUN 48
+#endif
+constexpr int kRun = CHAIN_RUN;  // visits per KV tile from level 8 (48: full 3840's 48 Q tiles of 80)
 static_assert(kKStages == 1, "the 80-query plan's one K buffer");
+static_assert(kDoStages == kStages, "the rebuilt producer's dO stages are its Q stages");
 constexpr int kQdoTiles = 256, kDqTiles = 512;  // level 6: 10 MB of Q / dO tiles, 20 MB of dQ tiles
 constexpr int kHeads = 16, kRowBlocks = kQdoTiles / kHeads;  // level 10's (1, 80 kRowBlocks, kHeads, 128) tensors
 constexpr int kBig = 1 << 20;  // Sq = Sk of the rebuilt problem: no tile needs the mask
@@ -328,7 +337,7 @@ extern "C" __global__ void __launch_bounds__(kNumThreads, 1) gemm_chain(const __
   float* dq = p.dq_accum;
   int64_t* cycles = reinterpret_cast<int64_t*>(p.dq);
   float* sink = p.dpsum;
-  const ScheduleView sched(p.visits, p.rank, p.cta_start, (int)blockIdx.x, 1);  // read at level 7 only
+  const ScheduleView sched(p.visits, p.rank, p.cta_start, (int)blockIdx.x, 1);  // read from level 7
   const uint32_t raw = smem_u32(smem_raw);
   const Smem s{(raw + (kSmemAlign - 1u)) & ~(kSmemAlign - 1u)};
   char* smem_generic = smem_raw + (s.base - raw);
@@ -360,7 +369,13 @@ extern "C" __global__ void __launch_bounds__(kNumThreads, 1) gemm_chain(const __
   const int warp = __shfl_sync(0xffffffffu, (int)threadIdx.x / 32, 0);
   if (wg == 0) {
     setmaxnreg_dec<kProducerRegs>();
-    if (kStaged && threadIdx.x == 0) {
+    if constexpr (kRealProblem) {  // bwd_main.cu's roles, in its form
+      if (warp == 0) {
+        if (threadIdx.x == 0) produce(p, sched, s);
+      } else if (warp == 1 || warp == 2) {
+        write_dq(p, sched, s, warp - 1, threadIdx.x % 32);
+      }
+    } else if (kStaged && threadIdx.x == 0) {
       produce_stages(p, s, sched, qdo);
     } else if (kLevel == 4 && threadIdx.x == 0) {
       for (int j = 0; j < kVisits; ++j) {
