@@ -12,8 +12,8 @@ which is the kernel itself with clock64 around its MMA warpgroups.
 With --stamps the levels (5 and above) are built with the kernel's timeline stamps (DASH_TIMELINE) and print the
 phase table of benchmarks/timeline_phases.py, the one benchmarks/timeline.py prints for the real kernel, so the two
 compare phase by phase under the same stamps.
-One CTA per SM, 512 visits each (levels 14-15: the package's table); the cycles of each MMA warpgroup come from clock64, so the SM clock does not
-enter. Against the 3,200 cycles of tensor work per visit
+One CTA per SM, 512 visits each (levels 14-15: the package's table); the cycles of each MMA warpgroup come from
+clock64, so the SM clock does not enter. Against the 3,200 cycles of tensor work per visit
 (ten 64 x 80 x 128 GEMMs at 2,048 multiply-adds per cycle) and the real kernel's ~4,890 (Nsight Compute, full 3840),
 each level's excess says what opens the tensor pipe's idle time (docs/decisions/bwd-engine.md).
 
@@ -48,15 +48,16 @@ PHASES = ("top", "math", "dV issue, dS barrier", "dQ, dK issue", "dV, dQ wait", 
 
 
 def source(level: int, exp2_early: int = 0, dv_early: bool = False, phases: bool = False,
-           stamps: bool = False, early_wgs: int = 3, run: int = 48) -> str:
+           stamps: bool = False, early_wgs: int = 3, run: int = 48, run_logic: int = 7) -> str:
     """gemm_chain.cu with the defines of the bf16 head-dim-128 full-mask 80-query bwd_main variant, CHAIN_LEVEL,
-    CHAIN_EXP2_EARLY, CHAIN_DV_EARLY, CHAIN_EARLY_WGS, CHAIN_RUN, CHAIN_PHASES and, with ``stamps``, DASH_TIMELINE."""
+    CHAIN_EXP2_EARLY, CHAIN_DV_EARLY, CHAIN_EARLY_WGS, CHAIN_RUN, CHAIN_RUN_LOGIC, CHAIN_PHASES and, with ``stamps``,
+    DASH_TIMELINE."""
     from cupy_dash.cuda import kernels
     spec = kernels.bwd_specs("bfloat16", 128, False, seqlen_q=8192).main
     assert dict(spec.defines)["DASH_BLOCK_M"] == 80, spec
     chain = (("CHAIN_LEVEL", DETERMINISTIC.get(level, level)), ("CHAIN_EXP2_EARLY", exp2_early),
              ("CHAIN_DV_EARLY", int(dv_early)), ("CHAIN_EARLY_WGS", early_wgs), ("CHAIN_RUN", run),
-             ("CHAIN_PHASES", int(phases)), ("DASH_TIMELINE", int(stamps)))
+             ("CHAIN_RUN_LOGIC", run_logic), ("CHAIN_PHASES", int(phases)), ("DASH_TIMELINE", int(stamps)))
     defines = "".join(f"#define {k} {v}\n" for k, v in (*spec.defines, *chain))
     return defines + SOURCE.read_text()
 
@@ -204,12 +205,13 @@ def load_maps(qdo_ptr: int) -> dict:
 
 
 def run_level(level: int, exp2_early: int, dv_early: bool, repeats: int, phases: bool = False,
-              stamps: bool = False, early_wgs: int = 3, run: int = 48) -> dict:
+              stamps: bool = False, early_wgs: int = 3, run: int = 48, run_logic: int = 7) -> dict:
     """Cycles per visit of each MMA warpgroup of every CTA, median over CTAs, per repeat; with ``stamps`` also the
     phase report of the last repeat's timeline (``timeline_phases.phase_report``; its text: ``stamps_report``)."""
     import cupy
     from cupy_dash.cuda import executor
-    cubin = compile_probe(source(level, exp2_early, dv_early, phases, stamps, early_wgs, run), "gemm_chain")
+    cubin = compile_probe(source(level, exp2_early, dv_early, phases, stamps, early_wgs, run, run_logic),
+                          "gemm_chain")
     smem = smem_bytes()
     kernel, module, gpu = load_probe(cubin, "gemm_chain", smem)
     sms = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["multiProcessorCount"]
@@ -260,6 +262,7 @@ def run_level(level: int, exp2_early: int, dv_early: bool, repeats: int, phases:
         rep = phase_report(timeline.get(), np.asarray(cta_start.get()), CONSTANTS.kBwdStages)
         extra = dict(stamps=rep, stamps_report=format_report(rep))
     return dict(level=level, exp2_early=exp2_early, dv_early=dv_early, early_wgs=early_wgs, run=run,
+                run_logic=run_logic,
                 phases_build=phases, stamps_build=stamps,
                 gpu=gpu, ctas=sms,
                 **extra,
@@ -293,6 +296,10 @@ def main() -> None:
                     help="levels 14-15's bench shapes (full:S, the 80-query tile)")
     ap.add_argument("--run", type=int, default=48,
                     help="visits per KV tile at levels 8-13 (CHAIN_RUN; 48: full 3840's)")
+    ap.add_argument("--run-logic", type=int, default=7, choices=range(8),
+                    help="levels 8-11, with --run 512 (one run per CTA): which of the run's logic the visit loop "
+                         "keeps (1 the first visit's K / V waits, 2 the last one's releases, 4 the epilogue inside "
+                         "the loop; default 7: all)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--json")
     ap.add_argument("--compile-only", action="store_true")
@@ -306,9 +313,12 @@ def main() -> None:
         ap.error("--stamps: levels 5 and above, without --phases")
     if opts.run < 2:
         ap.error("--run: at least 2 visits per KV tile")
+    if opts.run_logic != 7 and (opts.run < 512 or min(opts.levels) < 8 or max(opts.levels) > 11):
+        ap.error("--run-logic: levels 8-11 with --run 512 (one run per CTA)")
     if opts.compile_only:
         for level, k, dv in legs(opts.levels, opts.exp2_early, opts.dv_early):
-            compile_probe(source(level, k, dv, opts.phases, opts.stamps, opts.early_wgs, opts.run), "gemm_chain")
+            compile_probe(source(level, k, dv, opts.phases, opts.stamps, opts.early_wgs, opts.run, opts.run_logic),
+                          "gemm_chain")
             print(f"level {level}, exp2 early {k}{', dV early' if dv else ''}{wgs(k, dv, opts.early_wgs)}: compiled, "
                   "no spills")
         return
@@ -316,11 +326,13 @@ def main() -> None:
     for level, k, dv in legs(opts.levels, opts.exp2_early, opts.dv_early):
         for shape in opts.real if level in REAL else [None]:
             row = (run_real(level, shape, opts.repeats, opts.stamps) if shape else
-                   run_level(level, k, dv, opts.repeats, opts.phases, opts.stamps, opts.early_wgs, opts.run))
+                   run_level(level, k, dv, opts.repeats, opts.phases, opts.stamps, opts.early_wgs, opts.run,
+                             opts.run_logic))
             report(row, f"level {level}" + (f" {shape}" if shape else
                                             f", exp2 early {k}{', dV early' if dv else ''}"
                                             f"{wgs(k, dv, opts.early_wgs)}"
-                                            f"{f', runs of {opts.run}' if opts.run != 48 and level >= 8 else ''}"))
+                                            f"{f', runs of {opts.run}' if opts.run != 48 and level >= 8 else ''}"
+                                            f"{f', run logic {opts.run_logic}' if opts.run_logic != 7 else ''}"))
             rows.append(row)
     if opts.json:
         meta = dict(date=datetime.datetime.now().isoformat(timespec="seconds"), commit=commit(),

@@ -104,12 +104,23 @@ constexpr bool kRealProblem = kLevel >= 14;
 #define CHAIN_RUN 48
 #endif
 constexpr int kRun = CHAIN_RUN;  // visits per KV tile from level 8 (48: full 3840's 48 Q tiles of 80)
+// CHAIN_RUN_LOGIC (levels 8-11, a bit each, default 7: all): 1 a run's first visit waits for K and V; 2 its last
+// releases them (V after dP^T, K after dQ); 4 (level 9) the dK / dV epilogue inside the visit loop (at each run's
+// end, and the first visit's wait for its reads), else once after the loop. Any bit cleared needs one run per CTA
+// (CHAIN_RUN >= kVisits): what the logic costs the visits that never use it.
+#ifndef CHAIN_RUN_LOGIC
+#define CHAIN_RUN_LOGIC 7
+#endif
+constexpr bool kRunWaits = (CHAIN_RUN_LOGIC & 1) != 0, kRunReleases = (CHAIN_RUN_LOGIC & 2) != 0,
+               kEpilogueInLoop = (CHAIN_RUN_LOGIC & 4) != 0;
 static_assert(kKStages == 1, "the 80-query plan's one K buffer");
 static_assert(kDoStages == kStages, "the rebuilt producer's dO stages are its Q stages");
 constexpr int kQdoTiles = 256, kDqTiles = 512;  // level 6: 10 MB of Q / dO tiles, 20 MB of dQ tiles
 constexpr int kHeads = 16, kRowBlocks = kQdoTiles / kHeads;  // level 10's (1, 80 kRowBlocks, kHeads, 128) tensors
 constexpr int kBig = 1 << 20;  // Sq = Sk of the rebuilt problem: no tile needs the mask
 constexpr int kVisits = 512;
+static_assert(CHAIN_RUN_LOGIC == 7 || (kRun >= kVisits && kLevel >= 8 && kLevel <= 11),
+              "CHAIN_RUN_LOGIC: one run per CTA, levels 8-11");
 constexpr long long kSpinLimit = 1LL << 26;  // bounded waits: a lost arrival ends the run, it does not hang
 
 // The phases of a visit, between marks: 0 the top (the Q / K waits, the S^T and dP^T issues, the slot); 1 the math
@@ -150,11 +161,11 @@ DASH_DEVICE void chain_visit(const BwdParams& p, const Smem& s, char* smem_gener
   stamp_wg(p, v, wg, tid, kWgTop);
   const int stage = kStaged ? j % kStages : 0;
   const uint32_t parity = (uint32_t)(j / kStages) & 1u;
-  const bool first = kRuns ? j % kRun == 0 : j == 0, last = kRuns && j % kRun == kRun - 1;
+  const bool first = kRuns ? j % kRun == 0 : j == 0, last = kRuns && kRunReleases && j % kRun == kRun - 1;
   const uint32_t group_parity = (uint32_t)(j / kRun) & 1u;
   float S[kSRegs], dP[kSRegs];
   if constexpr (kStaged) bounded_wait(s.q_full(stage), parity);
-  if (kRuns && first) bounded_wait(s.k_full(0), group_parity);
+  if (kRuns && kRunWaits && first) bounded_wait(s.k_full(0), group_parity);
   if (wg == 0 && tid == 0) stamp(p, v, kStampStart);
   stamp_wg(p, v, wg, tid, kWgSIssue);
   wgmma_fence();
@@ -163,7 +174,7 @@ DASH_DEVICE void chain_visit(const BwdParams& p, const Smem& s, char* smem_gener
   Visit w{0, 0, 0};
   if constexpr (kStaged) {
     w = VisitSlot::read(s.visit(stage)).w;
-    if (kRuns && first) bounded_wait(s.v_full(), group_parity);
+    if (kRuns && kRunWaits && first) bounded_wait(s.v_full(), group_parity);
     bounded_wait(s.do_full(stage), parity);
   }
   stamp_wg(p, v, wg, tid, kWgDpIssue);
@@ -176,7 +187,7 @@ DASH_DEVICE void chain_visit(const BwdParams& p, const Smem& s, char* smem_gener
   band.hi = Band::kUnboundedHi;
   const TileMask mask(w.n_block * kBlockN + 64 * wg, w.m_block * kBlockM, kBig, band, f);
   uint32_t Pa[kBlockM / 16][4], dSa[kBlockM / 16][4];
-  if (kEpilogue && first) dkv_staging_free(tid);
+  if (kEpilogue && kEpilogueInLoop && first) dkv_staging_free(tid);
   const bool early = kEarlyWgs == 3 || ((kEarlyWgs >> wg) & 1);  // warp-uniform
   if (kStaged && ((kExp2Early == 0 && !kDvEarly) || !early)) {
     probs_and_grads_of(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, stage, last, v, wg, tid, f);
@@ -413,9 +424,10 @@ extern "C" __global__ void __launch_bounds__(kNumThreads, 1) gemm_chain(const __
   } else {
     for (int j = 0; j < kVisits; ++j) {
       chain_visit(p, s, smem_generic, dK, dV, dq_keep, ph, j, mma_wg, tid);
-      if (kEpilogue && j % kRun == kRun - 1) store_dkv(p, s, Visit{0, 0, 0}, dK, dV, mma_wg, tid);
+      if (kEpilogue && kEpilogueInLoop && j % kRun == kRun - 1) store_dkv(p, s, Visit{0, 0, 0}, dK, dV, mma_wg, tid);
       if (kLevel == 4 && mma_wg == 0 && tid == 0) *visit_counter = j + 1;
     }
+    if (kEpilogue && !kEpilogueInLoop) store_dkv(p, s, Visit{0, 0, 0}, dK, dV, mma_wg, tid);  // the one run's
     if (kEpilogue && tid == 0) bulk_wait<0>();  // the last stores have read shared memory
   }
   const long long t1 = clock64_cycles();
