@@ -335,8 +335,9 @@ DASH_DEVICE void produce_stages(const BwdParams& p, const Smem& s, const Schedul
   }
 }
 
-// p: a BwdParams of one head of kDqTiles 80-query tiles, full mask, atomic mode, in the kernel's parameter space as
-// the real kernel has it (softmax_scale_log2 0: P = 2^(0 - lse_log2); level 7's schedule table), and the buffers:
+// p: a BwdParams of one head of kDqTiles 80-query tiles, full mask, atomic mode (levels 11 and 13 deterministic), in
+// the kernel's parameter space as the real kernel has it (softmax_scale_log2 0: P = 2^(0 - lse_log2); level 7's
+// schedule table; levels 14-15: the package's block for a bench shape instead), and the buffers:
 // p.q the bf16 tiles that levels 4-9 load (2 at levels 4-5, 2 kQdoTiles + 2 from level 6; level 10: the tensor maps
 // p.tma_q, tma_k over its first kQdoTiles tiles, p.tma_do, tma_v over the next kQdoTiles), p.dq_accum the 80 x 128
 // fp32 tiles that level 3 on adds into (gridDim.x of them, kDqTiles from level 6), p.dq the cycles as int64 (2 per
@@ -427,7 +428,7 @@ extern "C" __global__ void __launch_bounds__(kNumThreads, 1) gemm_chain(const __
       if (kEpilogue && kEpilogueInLoop && j % kRun == kRun - 1) store_dkv(p, s, Visit{0, 0, 0}, dK, dV, mma_wg, tid);
       if (kLevel == 4 && mma_wg == 0 && tid == 0) *visit_counter = j + 1;
     }
-    if (kEpilogue && !kEpilogueInLoop) store_dkv(p, s, Visit{0, 0, 0}, dK, dV, mma_wg, tid);  // the one run's
+    if (kEpilogue && !kEpilogueInLoop) store_dkv(p, s, Visit{0, 0, 0}, dK, dV, mma_wg, tid);  // the single run
     if (kEpilogue && tid == 0) bulk_wait<0>();  // the last stores have read shared memory
   }
   const long long t1 = clock64_cycles();

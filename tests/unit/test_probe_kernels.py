@@ -57,6 +57,28 @@ def test_gemm_chain_legs_and_refusals():
     for args, named in ((["--phases", "--levels", "2"], "--phases"), (["--phases", "--levels", "12"], "--phases"),
                         (["--exp2-early", "6"], "--exp2-early"),
                         (["--stamps", "--levels", "4", "9"], "--stamps"),
-                        (["--stamps", "--levels", "9", "--phases"], "--stamps")):
+                        (["--stamps", "--levels", "9", "--phases"], "--stamps"),
+                        (["--levels", "9", "--run-logic", "3"], "--run-logic"),
+                        (["--levels", "12", "--run", "512", "--run-logic", "3"], "--run-logic"),
+                        (["--run", "1"], "--run")):
         run = _run("gemm_chain.py", *args)
         assert run.returncode == 2 and named in run.stderr, run.stderr[-500:]
+
+
+def test_gemm_chain_rank_chain_orders_each_tile_by_visit():
+    """Level 11's ranks: on every dQ tile, the visits in the order of their index j within their CTAs, 0 to n - 1 (a
+    visit waits only for visits earlier in their CTA's order, so the chain cannot deadlock)."""
+    import numpy as np
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import gemm_chain
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    sms, visits = 132, 512
+    rank = gemm_chain.chain_ranks(sms, visits)
+    c, j = np.meshgrid(np.arange(sms), np.arange(visits), indexing="ij")
+    tile, j = ((7 * c + j) % gemm_chain.DQ_TILES).ravel(), j.ravel()
+    for t in range(gemm_chain.DQ_TILES):
+        on = tile == t
+        assert sorted(rank[on]) == list(range(on.sum()))
+        assert (np.argsort(j[on], kind="stable") == np.argsort(rank[on], kind="stable")).all()
