@@ -290,7 +290,7 @@ def main() -> None:
                     help="also dV issued before the dP^T wait (dv_before_dp_wait.patch's order) at levels >= 2")
     ap.add_argument("--phases", action="store_true",
                     help="the phase builds instead (CHAIN_PHASES: cycles per visit by phase, per warpgroup; "
-                         "levels >= 3)")
+                         "levels 3-11)")
     ap.add_argument("--early-wgs", type=int, default=3, choices=(1, 2, 3),
                     help="the MMA warpgroups (a bit each) that take the --exp2-early / --dv-early order; the others "
                          "keep the kernel's (default 3: both)")
