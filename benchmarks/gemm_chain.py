@@ -135,42 +135,61 @@ def real_problem(shape: str, deterministic: bool, stamps: bool = False) -> tuple
                 results=(dq_accum, grads[1], grads[2]), keep=[q, k, v, do, out, lse, work, grads, c.tables])
 
 
+def timed_launches(kernel, grid: int, smem: int, params: np.ndarray, repeats: int, semaphores, error, label: str):
+    """A generator: launches the probe ``repeats`` + 1 times (the caller drops the first, a warm-up) with
+    ``params`` in its parameter space, the rank chains' ``semaphores`` zeroed before each, and yields once each launch
+    is done; RuntimeError when the kernel recorded an error in ``error`` (a rank-chain or pipeline wait timed
+    out)."""
+    import cupy
+    from cupy_dash.cuda import executor
+    stream = cupy.cuda.get_current_stream()
+    for _ in range(repeats + 1):
+        semaphores.fill(0)
+        executor.launch(kernel.ptr, grid, 1, 1, 384, smem, stream.ptr, params.view(np.uint8))
+        cupy.cuda.Device().synchronize()
+        if int(error[0].get()) != 0:
+            raise RuntimeError(f"{label}: the kernel recorded an error {error.get().tolist()} (a rank chain or "
+                               "pipeline wait timed out)")
+        yield
+
+
+def cycle_stats(runs: list) -> dict:
+    """Per repeat, over every MMA warpgroup of every CTA (``runs``: arrays of cycles per visit, warpgroups of a CTA
+    side by side): the median, the p90 and the median gap between a CTA's two warpgroups."""
+    return dict(cycles_per_visit_median=[float(np.median(x)) for x in runs],
+                cycles_per_visit_p90=[float(np.percentile(x, 90)) for x in runs],
+                wg_gap_median=[float(np.median(np.abs(x[0::2] - x[1::2]))) for x in runs])
+
+
+def stamps_fields(timeline, cta_start: np.ndarray) -> dict:
+    """The last launch's stamps read as benchmarks/timeline.py reads the kernel's: the phase report and its text."""
+    from cupy_dash.cuda.params import CONSTANTS
+    from timeline_phases import format_report, phase_report
+    rep = phase_report(timeline.get(), cta_start, CONSTANTS.kBwdStages)
+    return dict(stamps=rep, stamps_report=format_report(rep))
+
+
 def run_real(level: int, shape: str, repeats: int, stamps: bool = False) -> dict:
     """Levels 14-15 on the bench shape ``shape``: cycles per visit of each MMA warpgroup of every CTA (its clock64
     cycles over its own visit count), median over CTAs, per repeat; with ``stamps`` the phase report, as
     run_level's."""
-    import cupy
-    from cupy_dash.cuda import executor
-    from cupy_dash.cuda.params import CONSTANTS
     cubin = compile_probe(source(level, stamps=stamps), "gemm_chain")
     smem = smem_bytes()
     kernel, module, gpu = load_probe(cubin, "gemm_chain", smem)
     r = real_problem(shape, level in DETERMINISTIC, stamps)
     visits = np.maximum(np.repeat(np.diff(r["cta_start"]), 2), 1).astype(np.float64)
-    stream = cupy.cuda.get_current_stream()
-    per_visit = []
-    for _ in range(repeats + 1):                       # the first launch warms up and is dropped
-        r["semaphores"].fill(0)
-        executor.launch(kernel.ptr, r["grid"], 1, 1, 384, smem, stream.ptr, r["params"].view(np.uint8))
-        cupy.cuda.Device().synchronize()
-        if int(r["error"][0].get()) != 0:
-            raise RuntimeError(f"level {level} {shape}: the kernel recorded an error {r['error'].get().tolist()}")
-        per_visit.append(r["cycles"][:2 * r["grid"]].get() / visits)
+    per_visit = [r["cycles"][:2 * r["grid"]].get() / visits
+                 for _ in timed_launches(kernel, r["grid"], smem, r["params"], repeats, r["semaphores"], r["error"],
+                                         f"level {level} {shape}")]
     del module
-    runs = per_visit[1:]
     extra = {}
     if level in DETERMINISTIC:   # the bits of the last launch (every launch writes the same): dq_accum, dk, dv
         import hashlib
         extra = dict(digest=hashlib.sha256(b"".join(x.get().tobytes() for x in r["results"])).hexdigest())
     if stamps:
-        from timeline_phases import format_report, phase_report
-        rep = phase_report(r["timeline"].get(), r["cta_start"], CONSTANTS.kBwdStages)
-        extra.update(stamps=rep, stamps_report=format_report(rep))
+        extra.update(stamps_fields(r["timeline"], r["cta_start"]))
     return dict(level=level, shape=shape, exp2_early=0, dv_early=False, stamps_build=stamps, gpu=gpu,
-                ctas=r["grid"], visits=int(r["cta_start"][-1]), **extra,
-                cycles_per_visit_median=[float(np.median(x)) for x in runs],
-                cycles_per_visit_p90=[float(np.percentile(x, 90)) for x in runs],
-                wg_gap_median=[float(np.median(np.abs(x[0::2] - x[1::2]))) for x in runs])
+                ctas=r["grid"], visits=int(r["cta_start"][-1]), **extra, **cycle_stats(per_visit[1:]))
 
 
 def bwd_params(fields: dict) -> np.ndarray:
@@ -214,7 +233,6 @@ def run_level(level: int, exp2_early: int, dv_early: bool, repeats: int, phases:
     """Cycles per visit of each MMA warpgroup of every CTA, median over CTAs, per repeat; with ``stamps`` also the
     phase report of the last repeat's timeline (``timeline_phases.phase_report``; its text: ``stamps_report``)."""
     import cupy
-    from cupy_dash.cuda import executor
     cubin = compile_probe(source(level, exp2_early, dv_early, phases, stamps, early_wgs, run, run_logic),
                           "gemm_chain")
     smem = smem_bytes()
@@ -244,36 +262,21 @@ def run_level(level: int, exp2_early: int, dv_early: bool, repeats: int, phases:
                              visits=visits.data.ptr, rank=rank.data.ptr, cta_start=cta_start.data.ptr,
                              **dkv_fields(dkv[0].data.ptr, dkv[1].data.ptr), **load_maps(qdo.data.ptr), **det,
                              error=error.data.ptr, spin_timeout_ns=2_000_000_000, num_m_blocks=DQ_TILES))
-    stream = cupy.cuda.get_current_stream()
     per_visit, per_phase = [], []
-    for _ in range(repeats + 1):                       # the first launch warms up and is dropped
-        semaphores.fill(0)
-        executor.launch(kernel.ptr, sms, 1, 1, 384, smem, stream.ptr, params.view(np.uint8))
-        cupy.cuda.Device().synchronize()
-        if int(error[0].get()) != 0:
-            raise RuntimeError(f"level {level}: the kernel recorded an error {error.get().tolist()} (a rank chain "
-                               "or pipeline wait timed out)")
+    for _ in timed_launches(kernel, sms, smem, params, repeats, semaphores, error, f"level {level}"):
         out = cycles.get() / 512
         per_visit.append(out[:2 * sms])
         per_phase.append(out[2 * sms:].reshape(sms, 2, len(PHASES)))
     del module
-    runs = per_visit[1:]
     extra = {}
-    if phases:   # per warpgroup and phase: the median over CTAs, then over the repeats
+    if phases:   # per warpgroup and phase: the median over CTAs, then over the repeats (the first dropped)
         med = np.median(np.stack([np.median(x, axis=0) for x in per_phase[1:]]), axis=0)
         extra = dict(phases={f"wg{wg}": dict(zip(PHASES, map(float, med[wg]))) for wg in range(2)})
-    if stamps:   # the last launch's stamps, as benchmarks/timeline.py reads the kernel's
-        from timeline_phases import format_report, phase_report
-        rep = phase_report(timeline.get(), np.asarray(cta_start.get()), CONSTANTS.kBwdStages)
-        extra = dict(stamps=rep, stamps_report=format_report(rep))
+    if stamps:
+        extra.update(stamps_fields(timeline, np.asarray(cta_start.get())))
     return dict(level=level, exp2_early=exp2_early, dv_early=dv_early, early_wgs=early_wgs, run=run,
-                run_logic=run_logic,
-                phases_build=phases, stamps_build=stamps,
-                gpu=gpu, ctas=sms,
-                **extra,
-                cycles_per_visit_median=[float(np.median(r)) for r in runs],
-                cycles_per_visit_p90=[float(np.percentile(r, 90)) for r in runs],
-                wg_gap_median=[float(np.median(np.abs(r[0::2] - r[1::2]))) for r in runs])
+                run_logic=run_logic, phases_build=phases, stamps_build=stamps, gpu=gpu, ctas=sms, **extra,
+                **cycle_stats(per_visit[1:]))
 
 
 def wgs(exp2_early: int, dv_early: bool, early_wgs: int) -> str:

@@ -10,6 +10,7 @@
 #include "bwd/config.cuh"
 #include "bwd/dq_reduce.cuh"
 #include "bwd/fold.cuh"
+#include "bwd/pipeline.cuh"
 #include "bwd/producer.cuh"
 #if DASH_HEAD_DIM == 192 && DASH_BLOCK_N == 96
 #include "bwd/keys_step.cuh"
@@ -20,7 +21,6 @@
 #endif
 #include "bwd/consume.cuh"
 #include "params.cuh"
-#include "ptx/mbarrier.cuh"
 #include "ptx/setmaxnreg.cuh"
 #include "schedule_view.cuh"
 
@@ -44,25 +44,7 @@ extern "C" __global__ void __launch_bounds__(kNumThreads, 1) dash_bwd_main(const
   const uint32_t raw = smem_u32(smem_raw);
   const Smem s{(raw + (kSmemAlign - 1u)) & ~(kSmemAlign - 1u)};
   char* smem_generic = smem_raw + (s.base - raw);
-  if (threadIdx.x == 0) {
-#pragma unroll
-    for (int buf = 0; buf < kKStages; ++buf) {
-      mbar_init(s.k_full(buf), 1);
-      mbar_init(s.k_empty(buf), kNumMmaWg);
-    }
-    mbar_init(s.v_full(), 1);
-    mbar_init(s.v_empty(), kNumMmaWg);
-#pragma unroll
-    for (int stage = 0; stage < kStages; ++stage) {
-      mbar_init(s.q_full(stage), 1);
-      mbar_init(s.q_empty(stage), kNumMmaWg);
-      if (stage < kDoStages) {  // NOTES: kDoStages <= kStages (bwd/config.cuh)
-        mbar_init(s.do_full(stage), 1);
-        mbar_init(s.do_empty(stage), kNumMmaWg);
-      }
-    }
-    mbar_fence_init();
-  }
+  if (threadIdx.x == 0) init_pipeline_barriers(s);
   __syncthreads();
 
   // NOTES: role branches are warp-uniform (the shuffle tells the compiler so), as setmaxnreg and wgmma need.

@@ -359,22 +359,12 @@ extern "C" __global__ void __launch_bounds__(kNumThreads, 1) gemm_chain(const __
   volatile int* visit_counter = reinterpret_cast<volatile int*>(smem_generic + SmemLayout::kVisits);
   if (threadIdx.x == 0) {
     if constexpr (kStaged) {
-#pragma unroll
-      for (int stage = 0; stage < kStages; ++stage) {
-        mbar_init(s.q_full(stage), 1);
-        mbar_init(s.q_empty(stage), kNumMmaWg);
-        mbar_init(s.do_full(stage), 1);
-        mbar_init(s.do_empty(stage), kNumMmaWg);
-      }
-      mbar_init(s.k_full(0), 1);
-      mbar_init(s.k_empty(0), kNumMmaWg);
-      mbar_init(s.v_full(), 1);
-      mbar_init(s.v_empty(), kNumMmaWg);
+      init_pipeline_barriers(s);  // the kernel's
     } else {
       mbar_init(s.q_full(1), 1);
       *visit_counter = 0;
+      mbar_fence_init();
     }
-    mbar_fence_init();
   }
   __syncthreads();
   const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x / kWgThreads, 0);

@@ -1,12 +1,35 @@
-// Backward main kernel: bounded waits on the mbarriers of the load pipelines.
+// Backward main kernel: the mbarriers of the load pipelines, their setup and bounded waits.
 #pragma once
 #include "../params.cuh"
 #include "../ptx/globaltimer.cuh"
 #include "../ptx/mbarrier.cuh"
 #include "../schedule_view.cuh"
+#include "config.cuh"
 #include "error_record.cuh"
 
 namespace bwd {
+
+// One thread sets up every load pipeline's barriers (full: the producer's one arrival with its bytes; empty: one
+// arrival per MMA warpgroup), then fences them for the other threads; the caller synchronizes the CTA after it.
+DASH_DEVICE void init_pipeline_barriers(const Smem& s) {
+#pragma unroll
+  for (int buf = 0; buf < kKStages; ++buf) {
+    mbar_init(s.k_full(buf), 1);
+    mbar_init(s.k_empty(buf), kNumMmaWg);
+  }
+  mbar_init(s.v_full(), 1);
+  mbar_init(s.v_empty(), kNumMmaWg);
+#pragma unroll
+  for (int stage = 0; stage < kStages; ++stage) {
+    mbar_init(s.q_full(stage), 1);
+    mbar_init(s.q_empty(stage), kNumMmaWg);
+    if (stage < kDoStages) {  // NOTES: kDoStages <= kStages (bwd/config.cuh)
+      mbar_init(s.do_full(stage), 1);
+      mbar_init(s.do_empty(stage), kNumMmaWg);
+    }
+  }
+  mbar_fence_init();
+}
 
 // Waits until the phase of the given parity of bar has completed (stage s of a ring is used for the n-th time
 // at parity n & 1; producers wait on "empty" barriers with the opposite parity, which a fresh barrier grants).
