@@ -20,5 +20,6 @@ for round in 1 2 3; do
     timeout 60 python3 with_kernels.py ../.ab_$leg/kernels_src gemm_chain.py --levels 15 --real full:1280 full:3840 \
       full:15360 --json $OUT/${leg}_$round.json 2>&1 | tee $OUT/${leg}_$round.txt
   done
+  (cd $TOP && tar czf call6.tgz call6)   # after every round: a call cut short still brings back one file
 done
-cd $TOP && tar czf call6.tgz call6 && rm -r call6
+cd $TOP && rm -r call6
