@@ -166,7 +166,7 @@ DASH_DEVICE void chain_visit(const BwdParams& p, const Smem& s, char* smem_gener
   float S[kSRegs], dP[kSRegs];
   if constexpr (kStaged) bounded_wait(s.q_full(stage), parity);
   if (kRuns && kRunWaits && first) bounded_wait(s.k_full(0), group_parity);
-  if (wg == 0 && tid == 0) stamp(p, v, kStampStart);
+  stamp(p, v, kStampStart, wg == 0 && tid == 0);
   stamp_wg(p, v, wg, tid, kWgSIssue);
   wgmma_fence();
   gemm_keys_by_queries(S, TileKV::kmajor(s.k(0), 64 * wg), s.q(stage));
@@ -261,7 +261,7 @@ DASH_DEVICE void chain_visit(const BwdParams& p, const Smem& s, char* smem_gener
   wgmma_fence_operand(Pa);
   ph.mark(4);
   if (kStaged && tid == 0) mbar_arrive(s.do_empty(stage));
-  if (wg == 0 && tid == 0) stamp(p, v, kStampDqReady);
+  stamp(p, v, kStampDqReady, wg == 0 && tid == 0);
   if (last && tid == 0) mbar_arrive(s.k_empty(0));  // dQ was K's last use
   if constexpr (kLevel >= 3) {
     hand_dq_to_writer(s, dQ, wg, tid);

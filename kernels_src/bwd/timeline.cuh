@@ -6,6 +6,7 @@
 #include "../params.cuh"
 #include "../ptx/clock.cuh"
 #include "../ptx/globaltimer.cuh"
+#include "../ptx/st_global.cuh"
 #include "../ptx/wgmma.cuh"
 
 #ifndef DASH_TIMELINE
@@ -43,18 +44,22 @@ enum WgStamp {
 enum ProducerStamp { kProdQIssued = 0, kProdDoIssued = 1, kProdStamps = 2 };
 static_assert(kTimelineCols == 4 + 2 * kWgStamps + kProdStamps, "constants.cuh: kTimelineCols");
 
-DASH_DEVICE void stamp(const BwdParams& p, int64_t v, TimelineStamp what) {
-  if constexpr (kTimeline) p.timeline[kTimelineCols * v + what] = (int64_t)globaltimer_ns();
+// NOTES: a stamp is a predicated store that every lane of the warp issues (the clock read and the address too), not
+// a branch around one lane's store: a branch made each stamp a divergent region (BSSY / BSYNC), and the stamps of a
+// visit cost its MMA warpgroups 480-650 cycles (docs/decisions/bwd-engine.md, "The rebuilt loop up to the kernel
+// itself").
+DASH_DEVICE void stamp(const BwdParams& p, int64_t v, TimelineStamp what, bool on = true) {
+  if constexpr (kTimeline) st_global_b64_if(on, p.timeline + kTimelineCols * v + what, (int64_t)globaltimer_ns());
 }
 
 // NOTES: a row holds two warpgroups' stamps; head dim 192's third MMA warpgroup stamps nothing (its columns would be
 // the producer's and the next visit's, past the buffer's end at the last visit).
 DASH_DEVICE void stamp_wg(const BwdParams& p, int64_t v, int wg, int tid, WgStamp what) {
   if constexpr (kTimeline) {
-    if (tid == 0 && wg < 2) {
+    if (wg < 2) {
       int64_t* row = p.timeline + kTimelineCols * v + 4 + kWgStamps * wg;
-      row[what] = clock64_cycles();
-      if (what == kWgTop && wg == 0) row[kWgSm] = sm_id();
+      st_global_b64_if(tid == 0, row + what, clock64_cycles());
+      if (what == kWgTop && wg == 0) st_global_b64_if(tid == 0, row + kWgSm, sm_id());
     }
     if (what == kWgBarrier) wgmma_fence();
   }

@@ -301,7 +301,7 @@ DASH_DEVICE VisitSlot issue_scores(const BwdParams& p, const Smem& s, int64_t v,
   stamp_wg(p, v, wg, tid, kWgTop);
   wait_phase(p, s.q_full(stage), (j / kStages) & 1);
   if (first_in_group) wait_phase(p, s.k_full(kbuf), (group / kKStages) & 1);
-  if (wg == 0 && tid == 0) stamp(p, v, kStampStart);
+  stamp(p, v, kStampStart, wg == 0 && tid == 0);
   stamp_wg(p, v, wg, tid, kWgSIssue);
   wgmma_fence();
   issue_s();

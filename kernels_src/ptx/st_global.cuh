@@ -8,3 +8,11 @@ DASH_DEVICE void st_global_v4(void* dst, uint32_t w0, uint32_t w1, uint32_t w2, 
   asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "r"(w0), "r"(w1), "r"(w2), "r"(w3)
                : "memory");
 }
+
+// *dst = value where `on`, as one predicated st.global.b64: no branch, so a warp whose other lanes skip the store
+// does not diverge (the timeline builds' stamps, bwd/timeline.cuh). dst: 8-byte aligned global address.
+DASH_DEVICE void st_global_b64_if(bool on, int64_t* dst, int64_t value) {
+  asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %0, 0;\n @p st.global.b64 [%1], %2;\n}\n" ::"r"((int)on), "l"(dst),
+               "l"(value)
+               : "memory");
+}

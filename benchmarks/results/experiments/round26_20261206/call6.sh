@@ -22,4 +22,12 @@ for round in 1 2 3; do
   done
   (cd $TOP && tar czf call6.tgz call6)   # after every round: a call cut short still brings back one file
 done
+# The stamps' own cost since they are predicated stores, not one lane's branch (twenty-seventh round): level 13 and
+# the kernel at full 3840 with and without them; then the kv_once kernel's stamped phases.
+timeout 60 python3 gemm_chain.py --levels 13 15 --real full:3840 --json $OUT/plain.json 2>&1 | tee $OUT/plain.txt
+timeout 60 python3 gemm_chain.py --levels 13 15 --real full:3840 --stamps --json $OUT/stamps.json 2>&1 \
+  | tee $OUT/stamps.txt
+timeout 60 python3 with_kernels.py ../.ab_kv_once/kernels_src gemm_chain.py --levels 15 --real full:3840 --stamps \
+  --json $OUT/kv_once_stamps.json 2>&1 | tee $OUT/kv_once_stamps.txt
+(cd $TOP && tar czf call6.tgz call6)
 cd $TOP && rm -r call6
