@@ -29,5 +29,6 @@ timeout 60 python3 gemm_chain.py --levels 13 15 --real full:3840 --stamps --json
   | tee $OUT/stamps.txt
 timeout 60 python3 with_kernels.py ../.ab_kv_once/kernels_src gemm_chain.py --levels 15 --real full:3840 --stamps \
   --json $OUT/kv_once_stamps.json 2>&1 | tee $OUT/kv_once_stamps.txt
+cd .. && timeout 120 python3 -m pytest tests/gpu/test_gpu_timeline.py -q 2>&1 | tail -5 | tee $OUT/timeline_tests.txt
 (cd $TOP && tar czf call6.tgz call6)
 cd $TOP && rm -r call6
