@@ -77,11 +77,16 @@ def legs(levels, exp2_early, dv_early=False) -> list:
     return out + [(level, 0, True) for level in levels if dv_early and level in rebuilt]
 
 
-def chain_ranks(sms: int, visits: int = 512) -> np.ndarray:
-    """(sms * visits,) int32: level 11's rank of visit j of CTA c on its dQ tile (7 c + j) % DQ_TILES, the number
-    of visits to that tile with a smaller j (no two CTAs visit one tile at the same j: 7 is invertible mod 512)."""
+def chain_tiles(sms: int, visits: int = 512) -> tuple:
+    """Level 7's schedule: visit j of CTA c goes to dQ tile (7 c + j) % DQ_TILES. (tile, j), each (sms, visits)."""
     c, j = np.meshgrid(np.arange(sms), np.arange(visits), indexing="ij")
-    tile, j = ((7 * c + j) % DQ_TILES).ravel(), j.ravel()
+    return (7 * c + j) % DQ_TILES, j
+
+
+def chain_ranks(sms: int, visits: int = 512) -> np.ndarray:
+    """(sms * visits,) int32: level 11's rank of each visit on its dQ tile (chain_tiles), the number of visits to
+    that tile with a smaller j (no two CTAs visit one tile at the same j: 7 is invertible mod 512)."""
+    tile, j = (x.ravel() for x in chain_tiles(sms, visits))
     order = np.lexsort((j, tile))
     sorted_tiles = tile[order]
     starts = np.searchsorted(sorted_tiles, sorted_tiles, side="left")
@@ -244,8 +249,9 @@ def run_level(level: int, exp2_early: int, dv_early: bool, repeats: int, phases:
     qdo = cupy.asarray(qdo.view(np.uint16))
     dq = cupy.zeros(max(sms, DQ_TILES) * 80 * 128, dtype=cupy.float32)
     # level 7's schedule table: CTA c visits (bh 0, n_block 0, m_block (7 c + j) % DQ_TILES), j < 512
-    c, j = np.meshgrid(np.arange(sms), np.arange(512), indexing="ij")
-    visits = cupy.asarray(np.stack([c, 0 * c, 0 * c, (7 * c + j) % DQ_TILES], axis=-1).astype(np.int32).ravel())
+    tile, _ = chain_tiles(sms)
+    c = np.arange(sms)[:, None].repeat(512, axis=1)
+    visits = cupy.asarray(np.stack([c, 0 * c, 0 * c, tile], axis=-1).astype(np.int32).ravel())
     deterministic = level in DETERMINISTIC
     rank = cupy.asarray(chain_ranks(sms)) if deterministic else cupy.ones(sms * 512, dtype=cupy.int32)
     semaphores = cupy.zeros(DQ_TILES, dtype=cupy.int32)   # level 11: each dQ tile's rank chain, zeroed per launch
@@ -350,10 +356,11 @@ def main() -> None:
 
 
 def report(row: dict, label: str) -> None:
+    """Prints one leg's row: cycles per visit, then its phases, stamped phase table and bits where it has them."""
     med = statistics.median(row["cycles_per_visit_median"])
     print(f"{label}: {med:7.0f} cycles per visit "
-              f"(tensor work {TENSOR_CYCLES}: {TENSOR_CYCLES / med:.0%}), "
-              f"p90 {statistics.median(row['cycles_per_visit_p90']):.0f}, "
+          f"(tensor work {TENSOR_CYCLES}: {TENSOR_CYCLES / med:.0%}), "
+          f"p90 {statistics.median(row['cycles_per_visit_p90']):.0f}, "
           f"warpgroups apart {statistics.median(row['wg_gap_median']):.0f}", flush=True)
     for wg, ph in row.get("phases", {}).items():
         print(f"  {wg}: " + ", ".join(f"{name} {c:.0f}" for name, c in ph.items()), flush=True)

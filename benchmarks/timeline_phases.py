@@ -190,8 +190,7 @@ def format_report(rep: dict) -> str:
         w0, w1 = rep["phases"][name]
         lines.append(f"  {name:24s} {w0:8.0f} {w1:8.0f}")
     lines.append(f"  no GEMM in flight in either warpgroup: {100 * rep['tensor_idle']:.1f} % of the CTAs' cycles")
-    if "cycles_per_visit" in rep:
-        lines.append(f"  CTA cycles per visit (first S^T issue to last dK done): {rep['cycles_per_visit']:.0f}")
+    lines.append(f"  CTA cycles per visit (first S^T issue to last dK done): {rep['cycles_per_visit']:.0f}")
     lines.append(f"  {'phase p10 / p50 / p90':24s} {'wg 0':>20s} {'wg 1':>20s}")
     for name, (q0, q1) in rep.get("quantiles", {}).items():
         lines.append(f"  {name:24s} {'/'.join(f'{x:.0f}' for x in q0):>20s} {'/'.join(f'{x:.0f}' for x in q1):>20s}")

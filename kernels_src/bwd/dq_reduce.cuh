@@ -150,7 +150,7 @@ DASH_DEVICE void write_dq(const BwdParams& p, const ScheduleView& sched, const S
       __syncwarp();
       if (jv > 0) writer_token<true>(writer);
     }
-    if (lane == 0) stamp(p, v, kStampTurn);
+    stamp(p, v, kStampTurn, lane == 0);
     if constexpr (kDqHalves == 2) {
       put_halves(s, tile, rank == 0, ok, v + 1 < sched.end, lane);
     } else {
@@ -166,7 +166,7 @@ DASH_DEVICE void write_dq(const BwdParams& p, const ScheduleView& sched, const S
       bulk_wait<0>();
       red_release_gpu_add(sem, 1);
     }
-    if (lane == 0) stamp(p, v, kStampReleased);
+    stamp(p, v, kStampReleased, lane == 0);
   }
   if (lane == 0) bulk_wait<0>();
 }

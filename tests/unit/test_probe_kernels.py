@@ -76,8 +76,7 @@ def test_gemm_chain_rank_chain_orders_each_tile_by_visit():
         sys.path.remove(str(BENCHMARKS))
     sms, visits = 132, 512
     rank = gemm_chain.chain_ranks(sms, visits)
-    c, j = np.meshgrid(np.arange(sms), np.arange(visits), indexing="ij")
-    tile, j = ((7 * c + j) % gemm_chain.DQ_TILES).ravel(), j.ravel()
+    tile, j = (x.ravel() for x in gemm_chain.chain_tiles(sms, visits))
     for t in range(gemm_chain.DQ_TILES):
         on = tile == t
         assert sorted(rank[on]) == list(range(on.sum()))
