@@ -25,6 +25,8 @@ constexpr bool kCausal = DASH_CAUSAL != 0;
 #define DASH_SOFTCAP 0
 #endif
 constexpr bool kSoftcap = DASH_SOFTCAP != 0;  // logit soft-capping (params.cuh: softcap_prescale)
+// The MMA warpgroups loop once per run of a KV tile (bwd/consume.cuh): the capped builds keep the flat loop.
+constexpr bool kRunLoop = !kSoftcap;
 constexpr int kBlockM = DASH_BLOCK_M;  // queries per Q tile (m_block)
 constexpr int kBlockN = DASH_BLOCK_N;  // keys per KV tile (n_block)
 

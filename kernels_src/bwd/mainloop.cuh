@@ -82,11 +82,11 @@ DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_gen
   // have read the dS tiles).
   if (first_in_group) dkv_staging_free(tid);
   uint32_t Pa[kBlockM / 16][4], dSa[kBlockM / 16][4];
-  probs_and_grads_of(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, do_stage, last_in_group, v, wg, tid, f);
+  probs_and_grads_of(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, do_stage, !kRunLoop && last_in_group, v, wg, tid, f);
 
   // dV += P^T dO.
   wgmma_fence();
-  gemm_accumulate_rs(dV, Pa, s.dout(do_stage), first_in_group);
+  gemm_accumulate_rs(dV, Pa, s.dout(do_stage), !kRunLoop && first_in_group);
   wgmma_commit();
 
   // dQ piece = dS K over all kBlockN keys, once both warpgroups' dS^T is in shared memory.
@@ -99,7 +99,7 @@ DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_gen
   wgmma_commit();
 
   // dK += dS^T Q.
-  gemm_accumulate_rs(dK, dSa, s.q(stage), first_in_group);
+  gemm_accumulate_rs(dK, dSa, s.q(stage), !kRunLoop && first_in_group);
   wgmma_commit();
 
   // dV and dQ done: dO (and, after the group's last visit, K) may be overwritten; dQ goes to the writer.
@@ -110,7 +110,7 @@ DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_gen
   wgmma_fence_operand(Pa);
   if (tid == 0) {
     mbar_arrive(s.do_empty(do_stage));
-    if (last_in_group) mbar_arrive(s.k_empty(kbuf));
+    if (!kRunLoop && last_in_group) mbar_arrive(s.k_empty(kbuf));
     if (wg == 0) stamp(p, v, kStampDqReady);
   }
   hand_dq_to_writer(s, dQ, wg, tid);

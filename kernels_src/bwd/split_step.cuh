@@ -93,7 +93,7 @@ DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_gen
 
   // P^T and dS^T of this warpgroup's queries, into the P / dS tiles.
   uint32_t Pa[kWgQueries / 16][4], dSa[kWgQueries / 16][4];
-  probs_and_grads_of(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, 0, last_in_group, v, wg, tid, f);
+  probs_and_grads_of(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, 0, !kRunLoop && last_in_group, v, wg, tid, f);
   fence_proxy_async_smem();
   stamp_wg(p, v, wg, tid, kWgDvIssued);
   named_barrier_sync<kBarPdS, kPdSThreads>();
@@ -126,7 +126,7 @@ DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_gen
 #pragma unroll
   for (int c = 0; c < kDqPieces; ++c) wgmma_fence_operand(dQ[c]);
   if (tid == 0) {
-    if (last_in_group) mbar_arrive(s.k_empty(0));
+    if (!kRunLoop && last_in_group) mbar_arrive(s.k_empty(0));
     if (wg == 0) stamp(p, v, kStampDqReady);
   }
 #pragma unroll

@@ -300,14 +300,14 @@ DASH_DEVICE VisitSlot issue_scores(const BwdParams& p, const Smem& s, int64_t v,
   const int stage = (int)(j % kStages), kbuf = (int)(group % kKStages), do_stage = (int)(j % kDoStages);
   stamp_wg(p, v, wg, tid, kWgTop);
   wait_phase(p, s.q_full(stage), (j / kStages) & 1);
-  if (first_in_group) wait_phase(p, s.k_full(kbuf), (group / kKStages) & 1);
+  if (!kRunLoop && first_in_group) wait_phase(p, s.k_full(kbuf), (group / kKStages) & 1);
   stamp(p, v, kStampStart, wg == 0 && tid == 0);
   stamp_wg(p, v, wg, tid, kWgSIssue);
   wgmma_fence();
   issue_s();
   wgmma_commit();
   const VisitSlot slot = VisitSlot::read(s.visit(stage));
-  if (first_in_group) wait_phase(p, s.v_full(), group & 1);
+  if (!kRunLoop && first_in_group) wait_phase(p, s.v_full(), group & 1);
   wait_phase(p, s.do_full(do_stage), (j / kDoStages) & 1);
   stamp_wg(p, v, wg, tid, kWgDpIssue);
   wgmma_fence();
