@@ -134,6 +134,9 @@ DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_gen
       [&] { gemm_scores_by_keys<kHeadDimV / 16, TileQ, TileKV>(dP, s.dout(0), s.v(), wg); });
   const Visit& w = slot.w;
   const bool last_in_group = slot.last;
+  // NOTES: with kRunLoop the run's loop (bwd/consume.cuh) waits for and releases K and V and zeroes dK / dV; the
+  // flat loop's visits do it themselves, on their KV tile's first and last visit.
+  const bool closes_run = !kRunLoop && last_in_group;
   const Head hd(p, w.bh);
   const BwdRows<kBlockM> seq(p, hd.b, hd.h);
   const Band band(p, seq.seqlen_q, seq.seqlen_k);
@@ -142,9 +145,9 @@ DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_gen
   // P and dS of this warpgroup's keys, into the P^T and dS^T tiles.
   uint32_t Pa[kSRegs / 8][4], dSa[kSRegs / 8][4];
   if (mask.needed) {
-    probs_and_grads_by_keys<true>(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, !kRunLoop && last_in_group, v, wg, tid, f);
+    probs_and_grads_by_keys<true>(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, closes_run, v, wg, tid, f);
   } else {
-    probs_and_grads_by_keys<false>(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, !kRunLoop && last_in_group, v, wg, tid, f);
+    probs_and_grads_by_keys<false>(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, closes_run, v, wg, tid, f);
   }
   fence_proxy_async_smem();
   stamp_wg(p, v, wg, tid, kWgDvIssued);
@@ -172,7 +175,7 @@ DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_gen
   stamp_wg(p, v, wg, tid, kWgDqDone);
   wgmma_fence_operand(dQ);
   if (tid == 0) {
-    if (!kRunLoop && last_in_group) mbar_arrive(s.k_empty(0));
+    if (closes_run) mbar_arrive(s.k_empty(0));
     if (wg == 0) stamp(p, v, kStampDqReady);
   }
   hand_dq_to_writer(s, dQ, wg, tid);

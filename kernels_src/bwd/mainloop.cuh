@@ -55,8 +55,8 @@ DASH_DEVICE void gemm_dq(float (&dQ)[kDqRegs], uint32_t ds_tile, uint32_t k_tile
 // One visit (index v of the table, read from the producer's VisitSlot, returned): j is the CTA-local visit counter
 // (selects the stage and phase of the Q / dO / dS buffers and the slot), group the CTA-local KV-tile counter
 // (selects the K buffer and the K, V phases). first_in_group (the previous visit was its KV tile's last, or there
-// was none): K and V must be waited for, dK and dV start from zero; the slot's last: V is released after dP^T, K
-// after dQ.
+// was none): the dK / dV stores of the last KV tile must have read their staging; in the flat loop also K and V must
+// be waited for and dK, dV start from zero, and on the slot's last V is released after dP^T, K after dQ.
 DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_generic, int64_t v, uint32_t j,
                                uint32_t group, bool first_in_group, float (&dK)[kDkvRegs], float (&dV)[kDkvRegs],
                                int wg, int tid) {
@@ -67,11 +67,18 @@ DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_gen
   // S^T = K_wg Q^T and dP^T = V_wg dO^T (both K-major from shared memory), two commit groups.
   const uint64_t k_desc = TileKV::kmajor(s.k(kbuf), 64 * wg), v_desc = TileKV::kmajor(s.v(), 64 * wg);
   float S[kSRegs], dP[kSRegs];
+  LseEarly lse_early;
   const VisitSlot slot = issue_scores(p, s, v, j, group, first_in_group, wg, tid,
-                                      [&] { gemm_keys_by_queries(S, k_desc, s.q(stage)); },
+                                      [&] {  // kLseEarly: lse_log2 while no GEMM reads shared memory
+                                        lse_early.load(smem_generic, s.base, s.lse(stage), f);
+                                        gemm_keys_by_queries(S, k_desc, s.q(stage));
+                                      },
                                       [&] { gemm_keys_by_queries(dP, v_desc, s.dout(do_stage)); });
   const Visit& w = slot.w;
   const bool last_in_group = slot.last;
+  // NOTES: with kRunLoop the run's loop (bwd/consume.cuh) waits for and releases K and V and zeroes dK / dV; the
+  // flat loop's visits do it themselves, on their KV tile's first and last visit.
+  const bool opens_run = !kRunLoop && first_in_group, closes_run = !kRunLoop && last_in_group;
   const int key0 = w.n_block * kBlockN + 64 * wg, query0 = w.m_block * kBlockM;
   const Head hd(p, w.bh);
   const BwdRows<kBlockM> seq(p, hd.b, hd.h);
@@ -82,11 +89,11 @@ DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_gen
   // have read the dS tiles).
   if (first_in_group) dkv_staging_free(tid);
   uint32_t Pa[kBlockM / 16][4], dSa[kBlockM / 16][4];
-  probs_and_grads_of(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, do_stage, !kRunLoop && last_in_group, v, wg, tid, f);
+  probs_and_grads_of(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, do_stage, closes_run, v, wg, tid, f, lse_early);
 
   // dV += P^T dO.
   wgmma_fence();
-  gemm_accumulate_rs(dV, Pa, s.dout(do_stage), !kRunLoop && first_in_group);
+  gemm_accumulate_rs(dV, Pa, s.dout(do_stage), opens_run);
   wgmma_commit();
 
   // dQ piece = dS K over all kBlockN keys, once both warpgroups' dS^T is in shared memory.
@@ -99,10 +106,10 @@ DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_gen
   wgmma_commit();
 
   // dK += dS^T Q.
-  gemm_accumulate_rs(dK, dSa, s.q(stage), !kRunLoop && first_in_group);
+  gemm_accumulate_rs(dK, dSa, s.q(stage), opens_run);
   wgmma_commit();
 
-  // dV and dQ done: dO (and, after the group's last visit, K) may be overwritten; dQ goes to the writer.
+  // dV and dQ done: dO (and, closing a run of the flat loop, K) may be overwritten; dQ goes to the writer.
   wgmma_wait<1>();
   stamp_wg(p, v, wg, tid, kWgDqDone);
   wgmma_fence_operand(dQ);
@@ -110,7 +117,7 @@ DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_gen
   wgmma_fence_operand(Pa);
   if (tid == 0) {
     mbar_arrive(s.do_empty(do_stage));
-    if (!kRunLoop && last_in_group) mbar_arrive(s.k_empty(kbuf));
+    if (closes_run) mbar_arrive(s.k_empty(kbuf));
     if (wg == 0) stamp(p, v, kStampDqReady);
   }
   hand_dq_to_writer(s, dQ, wg, tid);

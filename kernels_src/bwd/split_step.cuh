@@ -86,6 +86,9 @@ DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_gen
       });
   const Visit& w = slot.w;
   const bool last_in_group = slot.last;
+  // NOTES: with kRunLoop the run's loop (bwd/consume.cuh) waits for and releases K and V and zeroes dK / dV; the
+  // flat loop's visits do it themselves, on their KV tile's first and last visit.
+  const bool closes_run = !kRunLoop && last_in_group;
   const Head hd(p, w.bh);
   const BwdRows<kBlockM> seq(p, hd.b, hd.h);
   const Band band(p, seq.seqlen_q, seq.seqlen_k);
@@ -93,7 +96,7 @@ DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_gen
 
   // P^T and dS^T of this warpgroup's queries, into the P / dS tiles.
   uint32_t Pa[kWgQueries / 16][4], dSa[kWgQueries / 16][4];
-  probs_and_grads_of(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, 0, !kRunLoop && last_in_group, v, wg, tid, f);
+  probs_and_grads_of(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, 0, closes_run, v, wg, tid, f);
   fence_proxy_async_smem();
   stamp_wg(p, v, wg, tid, kWgDvIssued);
   named_barrier_sync<kBarPdS, kPdSThreads>();
@@ -126,7 +129,7 @@ DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_gen
 #pragma unroll
   for (int c = 0; c < kDqPieces; ++c) wgmma_fence_operand(dQ[c]);
   if (tid == 0) {
-    if (!kRunLoop && last_in_group) mbar_arrive(s.k_empty(0));
+    if (closes_run) mbar_arrive(s.k_empty(0));
     if (wg == 0) stamp(p, v, kStampDqReady);
   }
 #pragma unroll

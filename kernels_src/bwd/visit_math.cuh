@@ -85,8 +85,31 @@ constexpr bool kCompactTables = DASH_COMPACT != 0;  // schedule_view.cuh default
 // NOTES: lse_log2 and dpsum of a thread's query columns are loaded into registers early (lse before the S^T wait,
 // dpsum before the dP^T wait) where registers allow: the 64-query tile without soft-capping or compact tables.
 // The others (128 queries at head dim 64, the 80-query tile, soft-capping, compact tables: 8-64 bytes of spills
-// with them) read shared memory at the point of use.
+// with them) read shared memory at the point of use, except kLseEarly's first column groups.
 constexpr bool kRowsInRegs = kBlockM == 64 && !kSoftcap && !kCompactTables;
+// NOTES: the uncapped 80-query tile with per-visit tables loads the lse_log2 of its first kLseEarlyGroups column
+// groups (P^T's first two k-slices) into registers before its S^T issue, while no GEMM reads shared memory: loads
+// issued after it queue behind the S^T and dP^T GEMMs' operand reads, and the softmax's first FFMA waited for them
+// (docs/decisions/bwd-engine.md, "Where the softmax waits"). All ten groups spill 32 bytes, eight 4 bytes.
+constexpr bool kLseEarly = kBlockM == 80 && !kSoftcap && !kCompactTables && !kSplitHeadDim;
+constexpr int kLseEarlyGroups = 4;
+
+// lse_log2 of the warpgroup's queries for kLseEarly: column groups c < kLseEarlyGroups from registers loaded by
+// load(), the others from the stage's shared-memory row (empty otherwise).
+struct LseEarly {
+  float2 regs[kLseEarly ? kLseEarlyGroups : 1];
+  const float* row = nullptr;
+  DASH_DEVICE void load(const char* smem_generic, uint32_t base, uint32_t lse_row, const Fragment& f) {
+    if constexpr (kLseEarly) {
+      row = reinterpret_cast<const float*>(smem_generic + (lse_row - base)) + f.col0;
+#pragma unroll
+      for (int c = 0; c < kLseEarlyGroups; ++c) regs[c] = *reinterpret_cast<const float2*>(row + 8 * c);
+    }
+  }
+  DASH_DEVICE float2 operator[](int c) const {
+    return c < kLseEarlyGroups ? regs[c] : *reinterpret_cast<const float2*>(row + 8 * c);
+  }
+};
 
 // lse_log2 or dpsum of the warpgroup's queries as a thread uses them: float2 per column group c (its two query
 // columns q0 + 8 c + f.col0, + 1; q0 the warpgroup's first column), from registers (kRowsInRegs) or from the
@@ -112,8 +135,8 @@ struct RowValues {
 // and rows whose lse is -inf (no key in their window) have lse_log2 = +inf (preprocess), so P = 2^-inf = 0 there
 // without a mask; TMA zero-fills their Q and dO rows (varlen: loads the next sequence's), so S and dP stay finite.
 // Varlen builds: Sq, Sk and the band are the visit's sequence's.
-template <bool kMask>
-DASH_DEVICE void softmax_probs(float (&S)[kSRegs], const RowValues& lse_log2, float scale_log2,
+template <bool kMask, class Rows>
+DASH_DEVICE void softmax_probs(float (&S)[kSRegs], const Rows& lse_log2, float scale_log2,
                                const TileMask& mask) {
   const RowWindow rows[2] = {mask.row(0), mask.row(8)};  // computed in the masked copy only (unused otherwise)
 #pragma unroll
@@ -238,7 +261,7 @@ template <bool kMask>
 DASH_DEVICE void probs_and_grads(float (&S)[kSRegs], float (&dP)[kSRegs], uint32_t (&Pa)[kWgQueries / 16][4],
                                  uint32_t (&dSa)[kWgQueries / 16][4], const TileMask& mask, const BwdParams& p,
                                  const Smem& s, char* smem_generic, int stage, int do_stage, bool release_v,
-                                 int64_t v, int wg, int tid, const Fragment& f) {
+                                 int64_t v, int wg, int tid, const Fragment& f, const LseEarly& lse_early) {
   const int q0 = kSplitHeadDim ? kWgQueries * wg : 0;
   // NOTES: lse_log2 into registers just before the S^T wait, after the visit's last branch: loads issued before a
   // branch are waited for at its join, and while S^T runs shared memory is the tensor cores' (ncu at causal 8k:
@@ -250,7 +273,11 @@ DASH_DEVICE void probs_and_grads(float (&S)[kSRegs], float (&dP)[kSRegs], uint32
   uint32_t dT[kDtRegs];
   const DtSlots slots(smem_generic, s.base, s.ds(stage), wg, tid);
   if constexpr (kSoftcap) softcap_scores(S, dT, p.softcap_prescale, &slots);
-  softmax_probs<kMask>(S, lse_row, p.softmax_scale_log2, mask);
+  if constexpr (kLseEarly) {
+    softmax_probs<kMask>(S, lse_early, p.softmax_scale_log2, mask);
+  } else {
+    softmax_probs<kMask>(S, lse_row, p.softmax_scale_log2, mask);
+  }
   const RowValues dpsum_row(reinterpret_cast<const float*>(smem_generic + (s.dpsum(do_stage) - s.base)), q0, f);
   pack_fragments<kSRegs>(Pa, S);
   if constexpr (kSplitHeadDim) {
@@ -280,11 +307,14 @@ template <int kRegs, int kSteps>
 DASH_DEVICE void probs_and_grads_of(float (&S)[kRegs], float (&dP)[kRegs], uint32_t (&Pa)[kSteps][4],
                                     uint32_t (&dSa)[kSteps][4], const TileMask& mask, const BwdParams& p,
                                     const Smem& s, char* smem_generic, int stage, int do_stage, bool release_v,
-                                    int64_t v, int wg, int tid, const Fragment& f) {
+                                    int64_t v, int wg, int tid, const Fragment& f,
+                                    const LseEarly& lse_early = LseEarly{}) {
   if (mask.needed) {
-    probs_and_grads<true>(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, do_stage, release_v, v, wg, tid, f);
+    probs_and_grads<true>(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, do_stage, release_v, v, wg, tid, f,
+                          lse_early);
   } else {
-    probs_and_grads<false>(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, do_stage, release_v, v, wg, tid, f);
+    probs_and_grads<false>(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, do_stage, release_v, v, wg, tid, f,
+                           lse_early);
   }
 }
 
