@@ -164,11 +164,13 @@ DASH_DEVICE void chain_visit(const BwdParams& p, const Smem& s, char* smem_gener
   const bool first = kRuns ? j % kRun == 0 : j == 0, last = kRuns && kRunReleases && j % kRun == kRun - 1;
   const uint32_t group_parity = (uint32_t)(j / kRun) & 1u;
   float S[kSRegs], dP[kSRegs];
+  LseEarly lse_early;
   if constexpr (kStaged) bounded_wait(s.q_full(stage), parity);
   if (kRuns && kRunWaits && first) bounded_wait(s.k_full(0), group_parity);
   stamp(p, v, kStampStart, wg == 0 && tid == 0);
   stamp_wg(p, v, wg, tid, kWgSIssue);
   wgmma_fence();
+  lse_early.load(smem_generic, s.base, s.lse(stage), f);  // as the kernel's bwd_step (kLseEarly)
   gemm_keys_by_queries(S, TileKV::kmajor(s.k(0), 64 * wg), s.q(stage));
   wgmma_commit();
   Visit w{0, 0, 0};
@@ -190,16 +192,20 @@ DASH_DEVICE void chain_visit(const BwdParams& p, const Smem& s, char* smem_gener
   if (kEpilogue && kEpilogueInLoop && first) dkv_staging_free(tid);
   const bool early = kEarlyWgs == 3 || ((kEarlyWgs >> wg) & 1);  // warp-uniform
   if (kStaged && ((kExp2Early == 0 && !kDvEarly) || !early)) {
-    probs_and_grads_of(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, stage, last, v, wg, tid, f);
+    probs_and_grads_of(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, stage, last, v, wg, tid, f, lse_early);
   } else if (kStaged && !kDvEarly && mask.needed) {
-    probs_and_grads<true>(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, stage, last, v, wg, tid, f);
+    probs_and_grads<true>(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, stage, last, v, wg, tid, f, lse_early);
   } else if constexpr (kLevel >= 2 && (kExp2Early > 0 || kDvEarly)) {
     // probs_and_grads<false> with the ordering load, or the dV issue, before the dP^T wait
     const RowValues lse_row(reinterpret_cast<const float*>(smem_generic + (s.lse(stage) - s.base)), 0, f);
     wgmma_wait<1>();
     wgmma_fence_operand(S);
     stamp_wg(p, v, wg, tid, kWgSDone);
-    softmax_probs<false>(S, lse_row, p.softmax_scale_log2, mask);
+    if constexpr (kLseEarly) {
+      softmax_probs<false>(S, lse_early, p.softmax_scale_log2, mask);
+    } else {
+      softmax_probs<false>(S, lse_row, p.softmax_scale_log2, mask);
+    }
     const RowValues dpsum_row(reinterpret_cast<const float*>(smem_generic + (s.dpsum(stage) - s.base)), 0, f);
     pack_fragments<kSRegs>(Pa, S);
     uint32_t all = 0xffffffffu;
@@ -225,7 +231,7 @@ DASH_DEVICE void chain_visit(const BwdParams& p, const Smem& s, char* smem_gener
     softmax_grad(dSa, Pa, dP, dpsum_row, dT, slots);
     store_transposed<kBlockM>(s.ds(stage), dSa, 64 * wg, tid);
   } else if constexpr (kLevel >= 2) {
-    probs_and_grads<false>(S, dP, Pa, dSa, mask, p, s, smem_generic, 0, 0, false, j, wg, tid, f);
+    probs_and_grads<false>(S, dP, Pa, dSa, mask, p, s, smem_generic, 0, 0, false, j, wg, tid, f, lse_early);
   } else {
     wgmma_wait<1>();
     wgmma_fence_operand(S);

@@ -96,7 +96,8 @@ DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_gen
 
   // P^T and dS^T of this warpgroup's queries, into the P / dS tiles.
   uint32_t Pa[kWgQueries / 16][4], dSa[kWgQueries / 16][4];
-  probs_and_grads_of(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, 0, closes_run, v, wg, tid, f);
+  static_assert(!kLseEarly, "the split plans read lse_log2 at the point of use");
+  probs_and_grads_of(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, 0, closes_run, v, wg, tid, f, LseEarly{});
   fence_proxy_async_smem();
   stamp_wg(p, v, wg, tid, kWgDvIssued);
   named_barrier_sync<kBarPdS, kPdSThreads>();

@@ -95,7 +95,7 @@ constexpr bool kLseEarly = kBlockM == 80 && !kSoftcap && !kCompactTables && !kSp
 constexpr int kLseEarlyGroups = 4;
 
 // lse_log2 of the warpgroup's queries for kLseEarly: column groups c < kLseEarlyGroups from registers loaded by
-// load(), the others from the stage's shared-memory row (empty otherwise).
+// load(), the others from the stage's shared-memory row. Without kLseEarly it is empty and never read.
 struct LseEarly {
   float2 regs[kLseEarly ? kLseEarlyGroups : 1];
   const float* row = nullptr;
@@ -307,8 +307,7 @@ template <int kRegs, int kSteps>
 DASH_DEVICE void probs_and_grads_of(float (&S)[kRegs], float (&dP)[kRegs], uint32_t (&Pa)[kSteps][4],
                                     uint32_t (&dSa)[kSteps][4], const TileMask& mask, const BwdParams& p,
                                     const Smem& s, char* smem_generic, int stage, int do_stage, bool release_v,
-                                    int64_t v, int wg, int tid, const Fragment& f,
-                                    const LseEarly& lse_early = LseEarly{}) {
+                                    int64_t v, int wg, int tid, const Fragment& f, const LseEarly& lse_early) {
   if (mask.needed) {
     probs_and_grads<true>(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, do_stage, release_v, v, wg, tid, f,
                           lse_early);
