@@ -263,9 +263,10 @@ DASH_DEVICE void probs_and_grads(float (&S)[kSRegs], float (&dP)[kSRegs], uint32
                                  const Smem& s, char* smem_generic, int stage, int do_stage, bool release_v,
                                  int64_t v, int wg, int tid, const Fragment& f, const LseEarly& lse_early) {
   const int q0 = kSplitHeadDim ? kWgQueries * wg : 0;
-  // NOTES: lse_log2 into registers just before the S^T wait, after the visit's last branch: loads issued before a
-  // branch are waited for at its join, and while S^T runs shared memory is the tensor cores' (ncu at causal 8k:
-  // 8 % of the samples at the join after the V wait when they were issued right after S^T).
+  // NOTES: lse_log2 into registers (kRowsInRegs) just before the S^T wait, after the visit's last branch: loads
+  // issued before a branch are waited for at its join, and while S^T runs shared memory is the tensor cores' (ncu
+  // at causal 8k: 8 % of the samples at the join after the V wait when they were issued right after S^T). kLseEarly
+  // loads its first groups before the S^T issue instead, when they complete before that join.
   const RowValues lse_row(reinterpret_cast<const float*>(smem_generic + (s.lse(stage) - s.base)), q0, f);
   wgmma_wait<1>();
   wgmma_fence_operand(S);
