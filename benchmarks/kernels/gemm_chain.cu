@@ -170,7 +170,7 @@ DASH_DEVICE void chain_visit(const BwdParams& p, const Smem& s, char* smem_gener
   stamp(p, v, kStampStart, wg == 0 && tid == 0);
   stamp_wg(p, v, wg, tid, kWgSIssue);
   wgmma_fence();
-  lse_early.load(smem_generic, s.base, s.lse(stage), f);  // as the kernel's bwd_step (kLseEarly)
+  lse_early.load(smem_generic, s, s.lse(stage), 0, f);  // as the kernel's bwd_step (kLseEarly)
   gemm_keys_by_queries(S, TileKV::kmajor(s.k(0), 64 * wg), s.q(stage));
   wgmma_commit();
   Visit w{0, 0, 0};
@@ -197,7 +197,7 @@ DASH_DEVICE void chain_visit(const BwdParams& p, const Smem& s, char* smem_gener
     probs_and_grads<true>(S, dP, Pa, dSa, mask, p, s, smem_generic, stage, stage, last, v, wg, tid, f, lse_early);
   } else if constexpr (kLevel >= 2 && (kExp2Early > 0 || kDvEarly)) {
     // probs_and_grads<false> with the ordering load, or the dV issue, before the dP^T wait
-    const RowValues lse_row(reinterpret_cast<const float*>(smem_generic + (s.lse(stage) - s.base)), 0, f);
+    const TileRows lse_row(smem_generic, s, s.lse(stage), 0, f);
     wgmma_wait<1>();
     wgmma_fence_operand(S);
     stamp_wg(p, v, wg, tid, kWgSDone);
@@ -206,7 +206,7 @@ DASH_DEVICE void chain_visit(const BwdParams& p, const Smem& s, char* smem_gener
     } else {
       softmax_probs<false>(S, lse_row, p.softmax_scale_log2, mask);
     }
-    const RowValues dpsum_row(reinterpret_cast<const float*>(smem_generic + (s.dpsum(stage) - s.base)), 0, f);
+    const TileRows dpsum_row(smem_generic, s, s.dpsum(stage), 0, f);
     pack_fragments<kSRegs>(Pa, S);
     uint32_t all = 0xffffffffu;
 #pragma unroll

@@ -70,7 +70,7 @@ DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_gen
   LseEarly lse_early;
   const VisitSlot slot = issue_scores(p, s, v, j, group, first_in_group, wg, tid,
                                       [&] {  // kLseEarly: lse_log2 while no GEMM reads shared memory
-                                        lse_early.load(smem_generic, s.base, s.lse(stage), f);
+                                        lse_early.load(smem_generic, s, s.lse(stage), 0, f);
                                         gemm_keys_by_queries(S, k_desc, s.q(stage));
                                       },
                                       [&] { gemm_keys_by_queries(dP, v_desc, s.dout(do_stage)); });

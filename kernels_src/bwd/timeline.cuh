@@ -45,9 +45,9 @@ enum ProducerStamp { kProdQIssued = 0, kProdDoIssued = 1, kProdStamps = 2 };
 static_assert(kTimelineCols == 4 + 2 * kWgStamps + kProdStamps, "constants.cuh: kTimelineCols");
 
 // NOTES: a stamp is a predicated store that every lane of the warp issues (the clock read and the address too), not
-// a branch around one lane's store: a branch made each stamp a divergent region (BSSY / BSYNC), and the stamps of a
-// visit cost its MMA warpgroups 480-650 cycles (docs/decisions/bwd-engine.md, "The rebuilt loop up to the kernel
-// itself").
+// a branch around one lane's store, which made each stamp a divergent region (BSSY / BSYNC). The stamps of a visit
+// still cost its MMA warpgroups 460-620 cycles (480-650 as branches; docs/decisions/bwd-engine.md, "FA3's run
+// structure, measured and merged"), so a timeline build's phases describe a slower loop than the normal build's.
 DASH_DEVICE void stamp(const BwdParams& p, int64_t v, TimelineStamp what, bool on = true) {
   if constexpr (kTimeline) st_global_b64_if(on, p.timeline + kTimelineCols * v + what, (int64_t)globaltimer_ns());
 }

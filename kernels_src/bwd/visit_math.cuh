@@ -94,40 +94,33 @@ constexpr bool kRowsInRegs = kBlockM == 64 && !kSoftcap && !kCompactTables;
 constexpr bool kLseEarly = kBlockM == 80 && !kSoftcap && !kCompactTables && !kSplitHeadDim;
 constexpr int kLseEarlyGroups = 4;
 
-// lse_log2 of the warpgroup's queries for kLseEarly: column groups c < kLseEarlyGroups from registers loaded by
-// load(), the others from the stage's shared-memory row. Without kLseEarly it is empty and never read.
-struct LseEarly {
-  float2 regs[kLseEarly ? kLseEarlyGroups : 1];
-  const float* row = nullptr;
-  DASH_DEVICE void load(const char* smem_generic, uint32_t base, uint32_t lse_row, const Fragment& f) {
-    if constexpr (kLseEarly) {
-      row = reinterpret_cast<const float*>(smem_generic + (lse_row - base)) + f.col0;
-#pragma unroll
-      for (int c = 0; c < kLseEarlyGroups; ++c) regs[c] = *reinterpret_cast<const float2*>(row + 8 * c);
-    }
-  }
-  DASH_DEVICE float2 operator[](int c) const {
-    return c < kLseEarlyGroups ? regs[c] : *reinterpret_cast<const float2*>(row + 8 * c);
-  }
-};
-
 // lse_log2 or dpsum of the warpgroup's queries as a thread uses them: float2 per column group c (its two query
-// columns q0 + 8 c + f.col0, + 1; q0 the warpgroup's first column), from registers (kRowsInRegs) or from the
-// stage's shared-memory row.
+// columns q0 + 8 c + f.col0, + 1; q0 the warpgroup's first column of the stage's shared-memory row row_addr), groups
+// c < kRegGroups from registers filled by load(), the others from the row at the point of use.
+template <int kRegGroups>
 struct RowValues {
-  float2 regs[kRowsInRegs ? kWgQueries / 8 : 1];
-  const float* row;
-  DASH_DEVICE RowValues(const float* smem_row, int q0, const Fragment& f) : row(smem_row + q0 + f.col0) {
-    if constexpr (kRowsInRegs) {
+  float2 regs[kRegGroups > 0 ? kRegGroups : 1];
+  const float* row = nullptr;
+  RowValues() = default;
+  DASH_DEVICE RowValues(const char* smem_generic, const Smem& s, uint32_t row_addr, int q0, const Fragment& f) {
+    load(smem_generic, s, row_addr, q0, f);
+  }
+  DASH_DEVICE void load(const char* smem_generic, const Smem& s, uint32_t row_addr, int q0, const Fragment& f) {
+    row = reinterpret_cast<const float*>(smem_generic + (row_addr - s.base)) + q0 + f.col0;
 #pragma unroll
-      for (int c = 0; c < kWgQueries / 8; ++c) regs[c] = *reinterpret_cast<const float2*>(row + 8 * c);
-    }
+    for (int c = 0; c < kRegGroups; ++c) regs[c] = *reinterpret_cast<const float2*>(row + 8 * c);
   }
   DASH_DEVICE float2 operator[](int c) const {
-    if constexpr (kRowsInRegs) return regs[c];
+    if constexpr (kRegGroups > 0) {
+      if (c < kRegGroups) return regs[c];
+    }
     return *reinterpret_cast<const float2*>(row + 8 * c);
   }
 };
+// The rows as a visit's softmax reads them (every group in registers where kRowsInRegs), and kLseEarly's lse_log2,
+// loaded by the step function before its S^T issue (empty without kLseEarly).
+using TileRows = RowValues<kRowsInRegs ? kWgQueries / 8 : 0>;
+using LseEarly = RowValues<kLseEarly ? kLseEarlyGroups : 0>;
 
 // P^T = exp2(S^T * scale_log2 - lse_log2[q]) in place; kMask: 0 where the key does not see the query (the windows
 // of the thread's two key rows, TileMask::row).
@@ -220,7 +213,7 @@ DASH_DEVICE void softcap_scores(float (&S)[kSRegs], uint32_t (&dT)[kDtRegs], flo
 // dS of P^T registers i, i + 1 (rounded pair pa) as softmax_grad packs it; kScaled (soft-capping): times the pair
 // dt of 1 - t^2.
 template <bool kScaled>
-DASH_DEVICE uint32_t ds_pair(uint32_t pa, const float (&dP)[kSRegs], const RowValues& dpsum, uint32_t dt, int i) {
+DASH_DEVICE uint32_t ds_pair(uint32_t pa, const float (&dP)[kSRegs], const TileRows& dpsum, uint32_t dt, int i) {
   const float2 d = dpsum[i / 4];
   const float2 prob = unpack_elem2(pa);
   float ds0 = prob.x * (dP[i] - d.x), ds1 = prob.y * (dP[i + 1] - d.y);
@@ -233,7 +226,7 @@ DASH_DEVICE uint32_t ds_pair(uint32_t pa, const float (&dP)[kSRegs], const RowVa
 }
 
 DASH_DEVICE void softmax_grad(uint32_t (&dSa)[kWgQueries / 16][4], const uint32_t (&Pa)[kWgQueries / 16][4],
-                              const float (&dP)[kSRegs], const RowValues& dpsum, const uint32_t (&dT)[kDtRegs],
+                              const float (&dP)[kSRegs], const TileRows& dpsum, const uint32_t (&dT)[kDtRegs],
                               const DtSlots& slots) {
 #pragma unroll
   for (int ks = 0; ks < kDtPairs / 4; ++ks) {
@@ -267,7 +260,7 @@ DASH_DEVICE void probs_and_grads(float (&S)[kSRegs], float (&dP)[kSRegs], uint32
   // issued before a branch are waited for at its join, and while S^T runs shared memory is the tensor cores' (ncu
   // at causal 8k: 8 % of the samples at the join after the V wait when they were issued right after S^T). kLseEarly
   // loads its first groups before the S^T issue instead, when they complete before that join.
-  const RowValues lse_row(reinterpret_cast<const float*>(smem_generic + (s.lse(stage) - s.base)), q0, f);
+  const TileRows lse_row(smem_generic, s, s.lse(stage), q0, f);
   wgmma_wait<1>();
   wgmma_fence_operand(S);
   stamp_wg(p, v, wg, tid, kWgSDone);
@@ -279,7 +272,7 @@ DASH_DEVICE void probs_and_grads(float (&S)[kSRegs], float (&dP)[kSRegs], uint32
   } else {
     softmax_probs<kMask>(S, lse_row, p.softmax_scale_log2, mask);
   }
-  const RowValues dpsum_row(reinterpret_cast<const float*>(smem_generic + (s.dpsum(do_stage) - s.base)), q0, f);
+  const TileRows dpsum_row(smem_generic, s, s.dpsum(do_stage), q0, f);
   pack_fragments<kSRegs>(Pa, S);
   if constexpr (kSplitHeadDim) {
     // NOTES: head dim 192's one P / dS buffer: every MMA warpgroup's GEMMs of the previous visit, its last readers,
