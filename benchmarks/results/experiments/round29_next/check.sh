@@ -10,6 +10,6 @@ mkdir -p /tmp/san && OUT=/tmp/san NO_INSTALL=1 bash benchmarks/device_run.sh san
   | grep -E 'ERROR SUMMARY|hazard' | head -12
 (cd /tmp && tar czf $TOP/sanitize.tgz san)
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl > /dev/null 2>&1
-PYTHONPATH=/tmp/site timeout 120 python3 benchmarks/steady_bench.py --impls dash_det fa3_nondet --rounds 4 \
+PYTHONPATH=/tmp/site timeout 90 python3 benchmarks/steady_bench.py --impls dash_det fa3_nondet --rounds 3 \
   --loop-s 0.3 --shapes full:1280 full:3840 full:15360 causal:2048 causal:8192 causal:16384 \
   --json $TOP/steady_d128_1.json 2>&1 | tail -6
