@@ -85,13 +85,41 @@ def load_report(stamps: np.ndarray, cta_start: np.ndarray, stages: int = 2) -> d
             "dO issued -> dP^T issued": _deciles(np.minimum(w0[:, DP_ISSUE], w1[:, DP_ISSUE]) - stamps[:, PROD_DO])}
 
 
+# The two warpgroups' S^T and dP^T issues and completions, as gemm_order_report names them
+GEMM_EVENTS = (("S0 issue", 0, S_ISSUE), ("S1 issue", 1, S_ISSUE), ("dP0 issue", 0, DP_ISSUE),
+               ("dP1 issue", 1, DP_ISSUE), ("S0 done", 0, S_DONE), ("S1 done", 1, S_DONE), ("dP0 done", 0, DP_DONE),
+               ("dP1 done", 1, DP_DONE))
+
+
+def gemm_order_report(stamps: np.ndarray) -> dict:
+    """How the two warpgroups' S^T and dP^T share the tensor pipe. ``after_issue``: each event of GEMM_EVENTS, its
+    mean cycles after the visit's first S^T issue (either warpgroup's); ``orders``: the order of the four completions
+    in a visit (e.g. "S0 S1 dP0 dP1": both S^T before either dP^T) -> its share of the visits, most frequent first
+    (ties in the order of GEMM_EVENTS). If the warpgroups' GEMMs ran one after the other, warpgroup 0's dP^T would
+    complete about halfway; if their k-steps interleave, both dP^T complete near the end."""
+    stamps = np.asarray(stamps, dtype=np.int64)
+    if len(stamps) == 0:
+        return {"after_issue": {}, "orders": {}}
+    t = np.stack([wg_stamps(stamps, wg)[:, col] for _, wg, col in GEMM_EVENTS], axis=1)
+    first = np.minimum(t[:, 0], t[:, 1])
+    after = {name: float(np.mean(t[:, i] - first)) for i, (name, _, _) in enumerate(GEMM_EVENTS)}
+    done = t[:, 4:]
+    names = [name.split()[0] for name, _, _ in GEMM_EVENTS[4:]]
+    order = np.argsort(done, axis=1, kind="stable")
+    codes, counts = np.unique(order @ (4 ** np.arange(3, -1, -1)), return_counts=True)
+    orders = {" ".join(names[(int(c) // 4 ** k) % 4] for k in (3, 2, 1, 0)): n / len(t)
+              for c, n in sorted(zip(codes, counts), key=lambda cn: -cn[1])}
+    return {"after_issue": after, "orders": orders}
+
+
 def phase_report(stamps: np.ndarray, cta_start: np.ndarray, stages: int = 2) -> dict:
     """Per-phase mean cycles of each warpgroup (``phases``: name -> [wg0, wg1], with "between visits": from the
     warpgroup's previous visit's end to this visit's beginning, same CTA), and ``tensor_idle``: the share of the
     CTAs' cycles (first S^T issue to last dK done, summed over CTAs) in which neither warpgroup has a GEMM in
     flight; ``quantiles``: per phase, each warpgroup's (p10, p50, p90) cycles; ``idle_by_phase``: "wg 0 phase | wg 1
     phase" -> the share of the CTAs' cycles with no GEMM in flight spent in that pair of phases (taken at each idle
-    gap's midpoint), largest first; ``cycles``: those CTAs' cycles, ``cycles_per_visit``: over every visit.
+    gap's midpoint), largest first; ``cycles``: those CTAs' cycles, ``cycles_per_visit``: over every visit;
+    ``gemm_order``: :func:`gemm_order_report`.
 
     stamps: (V, kTimelineCols) int64 of the timeline build, visits in table order; cta_start: (C + 1,) the
     CTAs' first visits (plan.cta_start); stages: the Q / dO stages of the build (load_report)."""
@@ -129,7 +157,8 @@ def phase_report(stamps: np.ndarray, cta_start: np.ndarray, stages: int = 2) -> 
     visits = int(cta_start[-1] - cta_start[0])
     return dict(phases=phases, quantiles=quantiles, tensor_idle=1.0 - busy / span if span else 0.0, cycles=span,
                 cycles_per_visit=span / visits if visits else 0.0,
-                idle_by_phase=idle_by_phase, loads=load_report(stamps, cta_start, stages))
+                idle_by_phase=idle_by_phase, loads=load_report(stamps, cta_start, stages),
+                gemm_order=gemm_order_report(stamps))
 
 
 def switch_report(stamps: np.ndarray, visits: np.ndarray, cta_start: np.ndarray, group: int = 1) -> dict:
@@ -199,4 +228,10 @@ def format_report(rep: dict) -> str:
         lines.append(f"    {pair:52s} {100 * share:5.1f}")
     for name, q in rep.get("loads", {}).items():
         lines.append(f"  {name:28s} p10 / p50 / p90 {'/'.join(f'{x:.0f}' for x in q):>20s}")
+    order = rep.get("gemm_order", {})
+    if order.get("after_issue"):
+        lines.append("  S^T / dP^T of both warpgroups, mean cycles after the visit's first S^T issue: "
+                     + ", ".join(f"{k} {v:.0f}" for k, v in order["after_issue"].items()))
+        lines.append("  completion orders, % of visits: "
+                     + ", ".join(f"{k} {100 * v:.1f}" for k, v in list(order["orders"].items())[:4]))
     return "\n".join(lines)

@@ -133,3 +133,18 @@ def test_switch_report_separates_a_kv_tile_change_from_the_visits_within_a_tile(
     assert rep2["switches"] == 0 and rep2["excess"] == 0.0
     # GQA: heads 0 and 1 of one group share their KV tiles, so the head change alone is no switch
     assert tp.switch_report(_stamps(rows), visits, np.array([0, 4]), group=2)["switches"] == 0
+
+
+def test_gemm_order_report_names_the_order_of_the_four_completions():
+    # wg 0 issues S^T at 0 and dP^T at 2, wg 1 at 10 and 12; S^T done at 100 / 110, dP^T at 150 / 160: both S^T
+    # complete before either dP^T ("S0 S1 dP0 dP1"). A second visit with wg 1 first and the GEMMs one warpgroup
+    # after the other: wg 1's S^T and dP^T complete at 100 / 150, wg 0's at 210 / 260 ("S1 dP1 S0 dP0").
+    offs = [100, 50, 30, 10, 40, 20]
+    rows = [(_visit(0, offs, (0, 2)), _visit(10, offs, (0, 2))),
+            (_visit(1110, offs, (0, 2)), _visit(1000, offs, (0, 2)))]
+    rep = tp.gemm_order_report(_stamps(rows))
+    assert rep["orders"] == {"S0 S1 dP0 dP1": 0.5, "S1 dP1 S0 dP0": 0.5}
+    assert rep["after_issue"]["S0 issue"] == pytest.approx((0 + 110) / 2)
+    assert rep["after_issue"]["dP1 done"] == pytest.approx((160 + 150) / 2)
+    text = tp.format_report(tp.phase_report(_stamps(rows[:1]), np.array([0, 1])))
+    assert "S0 S1 dP0 dP1 100.0" in text and "dP1 done 160" in text
