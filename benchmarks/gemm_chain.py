@@ -52,13 +52,16 @@ def source(level: int, exp2_early: int = 0, dv_early: bool = False, phases: bool
            stamps: bool = False, early_wgs: int = 3, run: int = 48, run_logic: int = 7) -> str:
     """gemm_chain.cu with the defines of the bf16 head-dim-128 full-mask 80-query bwd_main variant, CHAIN_LEVEL,
     CHAIN_EXP2_EARLY, CHAIN_DV_EARLY, CHAIN_EARLY_WGS, CHAIN_RUN, CHAIN_RUN_LOGIC, CHAIN_PHASES and, with ``stamps``,
-    DASH_TIMELINE."""
+    DASH_TIMELINE; below level 12 (the rebuilt loops) DASH_LSE_EARLY_GROUPS 4: four early lse_log2 groups, not the
+    kernel's six, which spill 8 bytes in some of their legs under NVRTC 13.0 or 13.5."""
     from cupy_dash.cuda import kernels
     spec = kernels.bwd_specs("bfloat16", 128, False, seqlen_q=8192).main
     assert dict(spec.defines)["DASH_BLOCK_M"] == 80, spec
     chain = (("CHAIN_LEVEL", DETERMINISTIC.get(level, level)), ("CHAIN_EXP2_EARLY", exp2_early),
              ("CHAIN_DV_EARLY", int(dv_early)), ("CHAIN_EARLY_WGS", early_wgs), ("CHAIN_RUN", run),
              ("CHAIN_RUN_LOGIC", run_logic), ("CHAIN_PHASES", int(phases)), ("DASH_TIMELINE", int(stamps)))
+    if level < 12:   # the rebuilt loops: the kernel's six early lse_log2 groups spill 8 bytes in some of their legs
+        chain += (("DASH_LSE_EARLY_GROUPS", 4),)
     defines = "".join(f"#define {k} {v}\n" for k, v in (*spec.defines, *chain))
     return defines + SOURCE.read_text()
 

@@ -91,9 +91,13 @@ constexpr bool kRowsInRegs = kBlockM == 64 && !kSoftcap && !kCompactTables;
 // groups (P^T's first three k-slices) into registers before its S^T issue, while no GEMM reads shared memory: loads
 // issued after it queue behind the S^T and dP^T GEMMs' operand reads, and the softmax's first FFMA waited for them
 // (docs/decisions/bwd-engine.md, "Where the softmax waits"; six groups measured 0.2-0.7 % ahead of four). All ten
-// groups spill 32 bytes, eight 4 bytes.
+// groups spill 32 bytes, eight 4 bytes. The host never defines DASH_LSE_EARLY_GROUPS: benchmarks/gemm_chain.py's
+// rebuilt loops (levels below 12) take four, as six spill 8 bytes in some of their legs.
+#ifndef DASH_LSE_EARLY_GROUPS
+#define DASH_LSE_EARLY_GROUPS 6
+#endif
 constexpr bool kLseEarly = kBlockM == 80 && !kSoftcap && !kCompactTables && !kSplitHeadDim;
-constexpr int kLseEarlyGroups = 6;
+constexpr int kLseEarlyGroups = DASH_LSE_EARLY_GROUPS;
 
 // lse_log2 or dpsum of the warpgroup's queries as a thread uses them: float2 per column group c (its two query
 // columns q0 + 8 c + f.col0, + 1; q0 the warpgroup's first column of the stage's shared-memory row row_addr), groups
