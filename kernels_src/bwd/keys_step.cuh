@@ -134,9 +134,7 @@ DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_gen
       [&] { gemm_scores_by_keys<kHeadDimV / 16, TileQ, TileKV>(dP, s.dout(0), s.v(), wg); });
   const Visit& w = slot.w;
   const bool last_in_group = slot.last;
-  // NOTES: with kRunLoop the run's loop (bwd/consume.cuh) waits for and releases K and V and zeroes dK / dV; the
-  // flat loop's visits do it themselves, on their KV tile's first and last visit.
-  const bool closes_run = !kRunLoop && last_in_group;
+  const bool closes_run = !kRunLoop && last_in_group;  // as in bwd/mainloop.cuh's bwd_step
   const Head hd(p, w.bh);
   const BwdRows<kBlockM> seq(p, hd.b, hd.h);
   const Band band(p, seq.seqlen_q, seq.seqlen_k);
