@@ -23,7 +23,9 @@ OUT=$TOP/ab AB_PATCHES="wg_order wg_order_dk0 wg_order_dk" \
 export CUPY_DASH_BWD_FULL_BLOCK_M=80 CUPY_DASH_BWD_CAUSAL_BLOCK_M=80
 cd benchmarks
 timeout 60 python3 timeline.py --shapes 128:full:3840 128:causal:8192 --policies symmetric_shift \
-  > $TOP/tl/tree.txt 2>&1; grep -E "^d128|completion orders|mean cycles after|in either|CTA cycles per" $TOP/tl/tree.txt
+  > $TOP/tl/tree.txt 2>&1
+  grep -E "^d128|completion orders|mean cycles after|in either|CTA cycles per" $TOP/tl/tree.txt
 timeout 60 python3 with_kernels.py ../.p_wg_order/kernels_src timeline.py --shapes 128:full:3840 128:causal:8192 \
-  --policies symmetric_shift > $TOP/tl/wg_order.txt 2>&1; grep -E "^d128|completion orders|mean cycles after|in either|CTA cycles per" $TOP/tl/wg_order.txt
+  --policies symmetric_shift > $TOP/tl/wg_order.txt 2>&1
+  grep -E "^d128|completion orders|mean cycles after|in either|CTA cycles per" $TOP/tl/wg_order.txt
 cd ..; rm -rf .p_* .ab_*
