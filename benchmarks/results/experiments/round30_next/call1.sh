@@ -4,7 +4,8 @@
 # 1) the bits of each patch against the tree's (the order changes no arithmetic: they must be equal);
 # 2) steady_ab, two processes per leg, ours deterministic beside FA3's non-deterministic backward;
 # 3) the timelines' GEMM order report, tree and wg_order (whose timeline build spills 40 bytes: a rough reading).
-export CUPY_DASH_COMMIT=${CUPY_DASH_COMMIT:-unset} FA3_WHL=1 LEGS=2 PYTHONUNBUFFERED=1 CUPY_DASH_CACHE_DIR=/tmp/dash_cache
+export CUPY_DASH_COMMIT=${CUPY_DASH_COMMIT:-unset} FA3_WHL=1 LEGS=2 PYTHONUNBUFFERED=1
+export CUPY_DASH_CACHE_DIR=/tmp/dash_cache
 TOP=${OUT:-/root/out}; mkdir -p $TOP/bits $TOP/tl
 nvidia-smi --query-gpu=name,power.limit,clocks.max.sm --format=csv,noheader | tee $TOP/device_info.txt
 python3 -m pip install -q --no-build-isolation --no-deps -e . > /dev/null 2>&1
@@ -24,8 +25,8 @@ export CUPY_DASH_BWD_FULL_BLOCK_M=80 CUPY_DASH_BWD_CAUSAL_BLOCK_M=80
 cd benchmarks
 timeout 60 python3 timeline.py --shapes 128:full:3840 128:causal:8192 --policies symmetric_shift \
   > $TOP/tl/tree.txt 2>&1
-  grep -E "^d128|completion orders|mean cycles after|in either|CTA cycles per" $TOP/tl/tree.txt
+grep -E "^d128|completion orders|mean cycles after|in either|CTA cycles per" $TOP/tl/tree.txt
 timeout 60 python3 with_kernels.py ../.p_wg_order/kernels_src timeline.py --shapes 128:full:3840 128:causal:8192 \
   --policies symmetric_shift > $TOP/tl/wg_order.txt 2>&1
-  grep -E "^d128|completion orders|mean cycles after|in either|CTA cycles per" $TOP/tl/wg_order.txt
+grep -E "^d128|completion orders|mean cycles after|in either|CTA cycles per" $TOP/tl/wg_order.txt
 cd ..; rm -rf .p_* .ab_*
