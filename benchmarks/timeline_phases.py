@@ -9,6 +9,8 @@ ping-pong between them is what to change; if small, the GEMMs themselves run slo
 """
 from __future__ import annotations
 
+import collections
+
 import numpy as np
 
 WG_BASE, WG_STAMPS = 4, 10                      # timeline.cuh: column 4 + WG_STAMPS * wg + stamp
@@ -95,7 +97,7 @@ def gemm_order_report(stamps: np.ndarray) -> dict:
     """How the two warpgroups' S^T and dP^T share the tensor pipe. ``after_issue``: each event of GEMM_EVENTS, its
     mean cycles after the visit's first S^T issue (either warpgroup's); ``orders``: the order of the four completions
     in a visit (e.g. "S0 S1 dP0 dP1": both S^T before either dP^T) -> its share of the visits, most frequent first
-    (ties in the order of GEMM_EVENTS). If the warpgroups' GEMMs ran one after the other, warpgroup 0's dP^T would
+    (ties in the order first seen). If the warpgroups' GEMMs ran one after the other, warpgroup 0's dP^T would
     complete about halfway; if their k-steps interleave, both dP^T complete near the end."""
     stamps = np.asarray(stamps, dtype=np.int64)
     if len(stamps) == 0:
@@ -103,13 +105,9 @@ def gemm_order_report(stamps: np.ndarray) -> dict:
     t = np.stack([wg_stamps(stamps, wg)[:, col] for _, wg, col in GEMM_EVENTS], axis=1)
     first = np.minimum(t[:, 0], t[:, 1])
     after = {name: float(np.mean(t[:, i] - first)) for i, (name, _, _) in enumerate(GEMM_EVENTS)}
-    done = t[:, 4:]
     names = [name.split()[0] for name, _, _ in GEMM_EVENTS[4:]]
-    order = np.argsort(done, axis=1, kind="stable")
-    codes, counts = np.unique(order @ (4 ** np.arange(3, -1, -1)), return_counts=True)
-    orders = {" ".join(names[(int(c) // 4 ** k) % 4] for k in (3, 2, 1, 0)): n / len(t)
-              for c, n in sorted(zip(codes, counts), key=lambda cn: -cn[1])}
-    return {"after_issue": after, "orders": orders}
+    seen = collections.Counter(" ".join(names[i] for i in row) for row in np.argsort(t[:, 4:], axis=1, kind="stable"))
+    return {"after_issue": after, "orders": {order: n / len(t) for order, n in seen.most_common()}}
 
 
 def phase_report(stamps: np.ndarray, cta_start: np.ndarray, stages: int = 2) -> dict:
