@@ -17,11 +17,10 @@ import datetime as _dt
 import json
 import os
 import statistics
-import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from steady_bench import parse_shape, pipelined_loop  # noqa: E402  (beside this script)
+from steady_bench import Smi, parse_shape, pipelined_loop  # noqa: E402  (beside this script)
 
 
 def legs_of(shape, grid):
@@ -61,14 +60,6 @@ def legs_of(shape, grid):
     return legs, results
 
 
-def smi_mhz() -> float:
-    try:
-        return float(subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm", "--format=csv,noheader,nounits"],
-                                    capture_output=True, text=True, timeout=10).stdout.split()[0])
-    except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
-        return float("nan")
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", nargs="+", default=["causal:1024", "causal:4096", "causal:16384"])
@@ -82,25 +73,34 @@ def main(argv=None):
     report = {"meta": {"date": _dt.datetime.now().isoformat(timespec="seconds"),
                        "command": "python benchmarks/jax_forward_build.py " + " ".join(argv or sys.argv[1:]),
                        "commit": os.environ.get("CUPY_DASH_COMMIT", "unset")}, "shapes": []}
-    for text in args.shapes:
-        shape = parse_shape(text, 2048, args.hdim)
-        legs, results = legs_of(shape, args.grid)
-        same = {leg: bool((r[0] == results["api"][0]).all() and (r[1] == results["api"][1]).all())
-                for leg, r in results.items()}
-        names = list(legs)
-        loops = {leg: [] for leg in names}
-        for r in range(args.rounds):
-            for leg in names[r % len(names):] + names[:r % len(names)]:
-                ms, calls, _, _ = pipelined_loop(*legs[leg], args.loop_s)
-                loops[leg].append({"round": r, "ms": ms, "calls": calls, "sm_mhz": smi_mhz()})
-        flops = 4 * shape["batch"] * shape["heads"] * shape["seqlen"] ** 2 * shape["hdim"] / (2 if shape["causal"]
-                                                                                             else 1)
-        summary = {leg: round(flops / statistics.median(x["ms"] for x in loops[leg]) / 1e9, 1) for leg in names}
-        print(text, f"d{args.hdim}", "TFLOP/s", summary, "same bits as api", same, flush=True)
-        report["shapes"].append({"shape": shape, "loops": loops, "tflops": summary, "same_bits": same})
+    smi = Smi()
+    try:
+        for text in args.shapes:
+            report["shapes"].append(run_shape(text, args, smi))
+    finally:
+        smi.close()
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
+
+
+def run_shape(text, args, smi) -> dict:
+    """One shape's legs in interleaved loops; prints and returns its report (each loop with nvidia-smi's median SM
+    clock over it)."""
+    shape = parse_shape(text, 2048, args.hdim)
+    legs, results = legs_of(shape, args.grid)
+    same = {leg: bool((r[0] == results["api"][0]).all() and (r[1] == results["api"][1]).all())
+            for leg, r in results.items()}
+    names = list(legs)
+    loops = {leg: [] for leg in names}
+    for r in range(args.rounds):
+        for leg in names[r % len(names):] + names[:r % len(names)]:
+            ms, calls, wall0, wall1 = pipelined_loop(*legs[leg], args.loop_s)
+            loops[leg].append({"round": r, "ms": ms, "calls": calls, "sm_mhz": smi.window(wall0, wall1)[0]})
+    flops = 4 * shape["batch"] * shape["heads"] * shape["seqlen"] ** 2 * shape["hdim"] / (2 if shape["causal"] else 1)
+    summary = {leg: round(flops / statistics.median(x["ms"] for x in loops[leg]) / 1e9, 1) for leg in names}
+    print(text, f"d{args.hdim}", "TFLOP/s", summary, "same bits as api", same, flush=True)
+    return {"shape": shape, "loops": loops, "tflops": summary, "same_bits": same}
 
 
 if __name__ == "__main__":
