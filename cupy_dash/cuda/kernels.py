@@ -199,7 +199,8 @@ def fwd_tile(head_dim: int) -> TileConfig:
 # (spilled).
 # NOTES: the functional API's fixed-length causal forwards (and their fast path) take the persistent build (one CTA
 # per SM claiming tiles, docs/decisions/fwd-launch-order.md, "The persistent forward": +10 / +6 / +3 / +2 / 0 % at
-# causal 1k-16k, -1.4 / -0.3 % at full 3840 / 15360); varlen launches and the JAX custom calls keep one CTA per tile.
+# causal 1k-16k, -1.4 / -0.3 % at full 3840 / 15360), and so do the JAX custom calls of fixed length (their counter
+# is a result of the call); varlen launches keep one CTA per tile.
 # The set holds the ``causal`` flags that take it.
 FWD_PERSISTENT = frozenset({True})
 

@@ -97,6 +97,7 @@ class _Call:
     command_buffer = True
     ffi_capable = True                         # False: a callback whatever CUPY_DASH_JAX_FFI says
     work_bytes = None                          # the backward's workspace; None: a forward
+    persistent = False                         # a forward's persistent build: its tile counter is a result too
     kind, names = "forward", plans.FWD_BUFFERS[:5]
 
     def __init__(self, p, cfg):
@@ -128,23 +129,26 @@ class _Call:
         return (*self.strides, self.strides[3])
 
     def types(self) -> tuple:
-        """The results: out ``(B, Sq, H, Dv)``, lse ``(B, H, Sq)`` float32 (forward), or dq ``(B, Sq, H, D)``, dk
-        ``(B, Sk, Hkv, D)``, dv ``(B, Sk, Hkv, Dv)`` and the uint8 workspace (backward); without B when
-        ``packed``."""
+        """The results: out ``(B, Sq, H, Dv)``, lse ``(B, H, Sq)`` float32 and the persistent build's int32 tile
+        counter ``(1,)`` (forward), or dq ``(B, Sq, H, D)``, dk ``(B, Sk, Hkv, D)``, dv ``(B, Sk, Hkv, Dv)`` and the
+        uint8 workspace (backward); without B when ``packed``."""
         p, lead, dtype = self.p, (() if self.packed else (self.p.B,)), api.NP_DTYPES[self.p.dtype]
         if self.work_bytes is None:
+            counter = (jax.ShapeDtypeStruct((1,), np.int32),) if self.persistent else ()
             return (jax.ShapeDtypeStruct((*lead, p.Sq, p.H, p.Dv), dtype),
-                    jax.ShapeDtypeStruct((*lead, p.H, p.Sq), np.float32))
+                    jax.ShapeDtypeStruct((*lead, p.H, p.Sq), np.float32), *counter)
         return (*(jax.ShapeDtypeStruct((*lead, *shape), dtype) for shape in (
             (p.Sq, p.H, p.D), (p.Sk, p.Hkv, p.D), (p.Sk, p.Hkv, p.Dv))),
             jax.ShapeDtypeStruct((self.work_bytes,), np.uint8))
 
     def bind(self, *operands):
-        """The custom call on traced operands: ``(out, lse)`` or ``(dq, dk, dv)`` (the workspace dropped)."""
+        """The custom call on traced operands: ``(out, lse)`` or ``(dq, dk, dv)`` (the tile counter or the workspace
+        dropped)."""
+        kept = 2 if self.work_bytes is None else 3
         if self.ffi:
-            return _ffi.call(self.types(), self.slots, operands)[:3]
+            return _ffi.call(self.types(), self.slots, operands)[:kept]
         from jax.experimental.buffer_callback import buffer_callback
-        return buffer_callback(self, self.types(), command_buffer_compatible=self.command_buffer)(*operands)[:3]
+        return buffer_callback(self, self.types(), command_buffer_compatible=self.command_buffer)(*operands)[:kept]
 
     def __call__(self, ctx, outs, *args):
         """The buffer_callback: :meth:`run` on the results' device, XLA's stream, the call's buffers."""
@@ -160,14 +164,22 @@ class _Call:
 
 
 class _Forward(_Call):
-    """A traced forward: buffers q, k, v (arguments), out, lse (results). :mod:`cupy_dash.jax.varlen`'s subclass
-    launches packed batches, with its ``grid``, ``num_seqs``, ``names`` and :meth:`cu_seqlens` (``grid`` None:
-    launchers.fwd_grid)."""
+    """A traced forward: buffers q, k, v (arguments), out, lse (results), and with the persistent build its tile
+    counter (a third result). :mod:`cupy_dash.jax.varlen`'s subclass launches packed batches, with its ``grid``,
+    ``num_seqs``, ``names`` and :meth:`cu_seqlens` (``grid`` None: launchers.fwd_grid)."""
     grid = num_seqs = None
 
     def __init__(self, p, cfg):
         super().__init__(p, cfg)
-        self.spec, self.block_m, self.block_n = kernels.fwd_entry(p.dtype, p.D, cfg.causal, p.Dv)
+        # NOTES: fixed-length forwards take the persistent build where the functional API's do
+        # (kernels.FWD_PERSISTENT: causal masks); its tile counter is a result of the custom call, so that XLA gives
+        # each call its own (stream-ordered, as the functional API's allocation) and the plan zeroes it before the
+        # launch, also in a command buffer's replay.
+        self.persistent = not self.packed and cfg.causal in kernels.FWD_PERSISTENT
+        if self.persistent:
+            self.names = plans.FWD_PERSISTENT_BUFFERS
+        self.spec, self.block_m, self.block_n = kernels.fwd_entry(p.dtype, p.D, cfg.causal, p.Dv,
+                                                                 persistent=self.persistent)
         import cupy
         for dev in self.devices:
             with cupy.cuda.Device(dev):

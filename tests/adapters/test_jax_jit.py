@@ -94,13 +94,48 @@ def test_lowering_one_callback_per_kernel_call_with_workspace_result(jx):
     calls = callbacks(lowered(jax, jax.grad(loss, argnums=(0, 1, 2)), q, k, k))
     assert len(calls) == 2, calls
     fwd, bwd = calls
-    assert fwd[1].count("tensor<") == 2 and "tensor<2x4x256xf32>" in fwd[1]          # out, lse
+    # out, lse and the persistent build's tile counter (kernels.FWD_PERSISTENT: the causal forward)
+    assert fwd[1].count("tensor<") == 3 and "tensor<2x4x256xf32>" in fwd[1] and "tensor<1xi32>" in fwd[1], fwd[1]
     tile = kernels.bwd_tile(128, True)
     p, cfg = cupy_dash.jax.ops._problem(cupy_dash.jax.ops._config(True, None), q, k, k)
     work = launchers.BwdLaunch(kernels.bwd_specs("bfloat16", 128, True), tile.block_m, tile.block_n, p, True,
                                1, True, cfg.window).work_bytes
     assert bwd[0].count("tensor<") == 6                                              # dout, q, k, v, out, lse
     assert bwd[1].count("tensor<") == 4 and f"tensor<{work}xui8>" in bwd[1], bwd[1]  # dq, dk, dv, workspace
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal-persistent", "full"])
+def test_a_fixed_length_forward_takes_the_functional_apis_build(jx, monkeypatch, causal):
+    """A traced fixed-length forward launches the build the functional API's does (kernels.FWD_PERSISTENT: causal
+    masks persistent): one CTA per SM and a tile counter that is the custom call's third result (XLA allocates it
+    per call; the plan zeroes it before the kernel and the parameter block names it); a full mask launches the grid
+    build with out and lse only."""
+    from cupy_dash.cuda import tensormap
+    from cupy_dash.jax import callbacks as jcb, ops
+    monkeypatch.setattr(kernels, "sm_count", lambda dev: 132)                # the H200's SMs and L2, no GPU
+    monkeypatch.setattr(launchers, "l2_bytes", lambda dev: 60 << 20)
+    monkeypatch.setattr(plans.jit, "load", lambda spec: types.SimpleNamespace(ptr=0xF00))
+    monkeypatch.setattr(tensormap, "bhsd_map", lambda ptr, *a, **kw: int(ptr).to_bytes(8, "little").ljust(128, b"\0"))
+    monkeypatch.setattr(tensormap, "check_encodable", lambda *a, **kw: None)
+    q, k = sds(jx[0], (2, 1000, 4, 128)), sds(jx[0], (2, 1000, 2, 128))
+    p, cfg = ops._problem(ops._config(causal, None), q, k, k)
+    fwd = jcb._Forward(p, cfg)
+    assert fwd.persistent is causal and (("DASH_PERSISTENT", 1) in fwd.spec.defines) is causal
+    results = [(r.shape, np.dtype(r.dtype)) for r in fwd.types()]
+    assert results[:2] == [((2, 1000, 4, 128), np.dtype(BF16)), ((2, 4, 1000), np.dtype(np.float32))]
+    assert results[2:] == ([((1,), np.dtype(np.int32))] if causal else [])
+    parts = fwd.parts(0)
+    buffers = tuple(range(0x10000000, 0x10000000 * (len(fwd.names) + 1), 0x10000000))   # arguments, then results
+    block = np.frombuffer(parts.plan().inspect(buffers), dtype=kernels.FWD_PARAMS_DTYPE)[0]
+    (_, grid, _, _), = parts.kernels
+    if causal:
+        assert fwd.names == plans.FWD_PERSISTENT_BUFFERS and parts.zeros == ((5, 4),)    # the counter, zeroed
+        tiles = 2 * 4 * -(-1000 // fwd.block_m)
+        assert int(block["tile_counter"]) == buffers[5] and int(block["num_tiles"]) == tiles
+        assert kernels.grid_xyz(grid) == (min(tiles, 132), 1, 1)                       # one CTA per SM at most
+    else:
+        assert fwd.names == plans.FWD_BUFFERS[:5] and parts.zeros == () and int(block["tile_counter"]) == 0
+        assert kernels.grid_xyz(grid) == (-(-1000 // fwd.block_m), 4, 2)
 
 
 def test_vmap_folds_the_mapped_axis_into_the_batch(jx):
@@ -206,7 +241,7 @@ def reference_callbacks(jx, monkeypatch):
         calls.append("forward")
         ref_out, ref_lse = reference.forward(*(np.asarray(x) for x in (q, k, v)), causal=self.causal,
                                              softmax_scale=self.p.scale, window=self.window)
-        out, lse = (np.asarray(x) for x in outs)
+        out, lse = (np.asarray(x) for x in outs[:2])              # (a causal forward's tile counter is outs[2])
         out[...], lse[...] = ref_out.astype(out.dtype), ref_lse.astype(lse.dtype)
 
     def backward(self, ctx, outs, dout, q, k, v, out, lse):
