@@ -1,8 +1,9 @@
-"""Small forwards and backwards of every kernel family, for compute-sanitizer (memcheck, racecheck, synccheck)
-after a kernel change: head dims 64 and 128, causal and full, deterministic and atomic, GQA, per-visit and
-compact tables, varlen, logit soft-capping (the DASH_SOFTCAP builds), and the 80-query tile
-(``CUPY_DASH_BWD_FULL_BLOCK_M=80`` in the environment: its full-mask head-dim-128 cases). Each backward runs
-twice; deterministic ones must repeat their bits. Shapes keep several visits per CTA and a partial last tile. Exits 1 on a difference.
+"""Small forwards and backwards of every kernel family, for compute-sanitizer (memcheck, racecheck, synccheck) after a
+kernel change: head dims 64 and 128, causal and full, deterministic and atomic, GQA, per-visit and compact tables,
+varlen, logit soft-capping (the DASH_SOFTCAP builds, with per-visit and compact tables), and the 80-query tile
+(``CUPY_DASH_BWD_FULL_BLOCK_M=80`` in the environment: its full-mask head-dim-128 cases). Each backward runs twice;
+deterministic ones must repeat their bits. Shapes keep several visits per CTA and a partial last tile. Exits 1 on a
+difference.
 
     compute-sanitizer --tool racecheck python benchmarks/kernels_sanitize.py
     CUPY_DASH_BWD_FULL_BLOCK_M=80 compute-sanitizer --tool synccheck python benchmarks/kernels_sanitize.py
@@ -23,7 +24,8 @@ CASES = [(1, 2, 2, 300, 300, 128, True, True, False, 0.0), (1, 2, 1, 200, 333, 1
          (2, 1, 1, 129, 200, 64, True, False, False, 0.0), (1, 2, 2, 256, 256, 64, False, True, False, 0.0),
          (1, 2, 2, 300, 300, 128, True, True, True, 0.0), (1, 2, 2, 256, 200, 64, False, True, True, 0.0),
          (1, 2, 1, 300, 257, 128, True, True, False, 5.0), (1, 2, 2, 256, 300, 64, False, True, False, 5.0),
-         (1, 2, 2, 333, 300, 128, False, False, False, 0.0), (1, 2, 2, 250, 260, 128, False, True, False, 5.0)]
+         (1, 2, 2, 333, 300, 128, False, False, False, 0.0), (1, 2, 2, 250, 260, 128, False, True, False, 5.0),
+         (1, 2, 1, 300, 257, 128, True, True, True, 5.0), (1, 2, 2, 256, 300, 64, False, True, True, 5.0)]
 VARLEN = [(2, 1, (130, 0, 77), (130, 45, 200), 128, True, True), (2, 2, (64, 129), (100, 129), 64, False, True),
           (2, 2, (100, 171, 9), (90, 200, 40), 128, False, True)]
 

@@ -266,7 +266,7 @@ def _backward(do, q, k, v, out, lse, causal, softmax_scale, schedule, determinis
     tile = kernels.bwd_tile(D, causal, seqlen_q=tile_sq, window=window)
     capped = p.softcap > 0
     compact = plan is None and timeline is None and compact_device.wanted(Sq, Sk, tile.block_m, tile.block_n, B * H,
-                                                                          causal, window, capped)
+                                                                          causal, window)
     with capture.loading(dev, capturing):
         specs, bm, bn, max_ctas = kernels.bwd_entry(dev, p.dtype, D, causal, timeline is not None, compact,
                                                     softcap=capped, seqlen_q=tile_sq, window=window,

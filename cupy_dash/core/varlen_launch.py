@@ -74,11 +74,10 @@ def _tables(dev, dtype, D, causal, schedule, lens_q, lens_k, H, Hkv, window, sof
     NOTES: the table form is decided as for fixed lengths (CUPY_DASH_COMPACT_TABLES, docs/configuration.md):
     below compact_device.AUTO_VISITS visits compact varlen tables stay opt-in (same bits, slower kernel); the
     per-visit rows are expanded on the GPU from compact records (kernels_src/bwd_expand.cu) unless
-    CUPY_DASH_VARLEN_EXPAND=host: docs/decisions/table-forms.md. ``softcap``: soft-capped (no compact build:
-    per-visit rows, expanded on the GPU where compact ones were asked for; NotImplementedError where only compact
-    ones fit). ``head_dim_v``: the kernels' value head dim (the tables do not depend on it)."""
-    form = compact_device.table_form(None, varlen=True, softcap=softcap)   # size rule: after the build (above)
-    above = compact_device.AUTO_VISITS if config.COMPACT_TABLES.get() is None or softcap else None
+    CUPY_DASH_VARLEN_EXPAND=host: docs/decisions/table-forms.md. ``softcap``: soft-capped, the same table forms.
+    ``head_dim_v``: the kernels' value head dim (the tables do not depend on it)."""
+    form = compact_device.table_form(None, varlen=True)   # size rule: after the build (above)
+    above = compact_device.AUTO_VISITS if config.COMPACT_TABLES.get() is None else None
     tile_sq = kernels.varlen_tile_seqlen(int(lens_q.max(initial=0)))   # the tile: by the longest sequence
     _, bm, bn, max_ctas = _entry(dev, dtype, D, causal, False, softcap, capture, tile_sq, window, head_dim_v)
     section = launchers.head_section(int(lens_q.sum()), D, H // Hkv, head_dim_v, dev)
@@ -86,10 +85,6 @@ def _tables(dev, dtype, D, causal, schedule, lens_q, lens_k, H, Hkv, window, sof
                                 {"compact": True, "expand": "expand", "visits": False}[form], above,
                                 pinned=not capture, head_section=section)
     compact = tables.compact is not None and not tables.expand
-    if softcap and compact:
-        raise NotImplementedError(f"softcap: a varlen backward of {tables.num_visits} tile visits needs compact "
-                                  f"schedule tables (more than {compact_device.AUTO_VISITS}), which have no "
-                                  f"soft-capping build yet")
     specs, cbm, cbn, compact_ctas = _entry(dev, dtype, D, causal, compact, softcap, capture, tile_sq, window,
                                            head_dim_v)
     if (cbm, cbn) != (bm, bn):   # NOTES: the 80-query tile has no compact build (kernels.bwd_tile): 64 rebuilt

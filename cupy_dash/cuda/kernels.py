@@ -294,7 +294,7 @@ def bwd_specs(dtype: str, head_dim: int, causal: bool, timeline: bool = False, c
     logit soft-capping; ``seqlen_q``, ``window`` (canonical): the tile's choice (:func:`bwd_tile`); ``head_dim_v``:
     the value head dim (None: ``head_dim``), a define of preprocess and the main kernel. Varlen and deterministic /
     atomic are the launch's choices (cu_seqlens set; a dQ semaphore array or none), not builds. ValueError for
-    ``compact`` with ``timeline`` or ``softcap``, or an unsupported dtype or head dim."""
+    ``compact`` with ``timeline``, or an unsupported dtype or head dim."""
     if timeline and compact:
         raise ValueError("timeline builds need the per-visit tables: no compact timeline variant")
     check_supported(dtype, head_dim, head_dim_v=head_dim_v)
@@ -307,10 +307,6 @@ def bwd_specs(dtype: str, head_dim: int, causal: bool, timeline: bool = False, c
     if compact:
         flags["DASH_COMPACT"] = True
     if softcap:
-        # NOTES: not with compact tables: spilled there (docs/decisions/softcap.md)
-        if compact:
-            raise ValueError("softcap: no compact-table build (per-visit tables only, up to schedule.AUTO_VISITS "
-                             "visits)")
         flags["DASH_SOFTCAP"] = True
     return BwdKernels(
         preprocess=_spec("bwd_preprocess", aux_tile, dtype, head_dim, counts=value),
@@ -335,9 +331,9 @@ def expand_spec() -> KernelSpec:
 def all_specs() -> list:
     """Every distinct variant the dispatcher can emit: per dtype, head dim and mask the forward; per dtype and
     backward head dim (BWD_HEAD_DIMS and the pending BWD_PENDING_HEAD_DIMS) preprocess and postprocess, and per mask
-    the main kernel with per-visit tables, with compact tables and with soft-capping; the 80-query tile's (head dims
-    96 and 128: preprocess, postprocess, main with and without soft-capping); bwd_expand (docs/architecture.md,
-    "The kernels")."""
+    the main kernel with per-visit tables, with compact tables, with soft-capping and with both; the 80-query tile's
+    (head dims 96 and 128: preprocess, postprocess, main with and without soft-capping); bwd_expand
+    (docs/architecture.md, "The kernels")."""
     specs = []
     seen = set()
     for dtype, head_dim, causal in itertools.product(SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS, (False, True)):
@@ -350,6 +346,7 @@ def all_specs() -> list:
                 batch.extend(bwd_specs(dtype, head_dim, causal, head_dim_v=dv))
                 batch.extend(bwd_specs(dtype, head_dim, causal, compact=True, head_dim_v=dv))  # 192: own tile
                 batch.append(bwd_specs(dtype, head_dim, causal, softcap=True, head_dim_v=dv).main)  # logit capping
+                batch.append(bwd_specs(dtype, head_dim, causal, compact=True, softcap=True, head_dim_v=dv).main)
                 for softcap in (False, True):             # the 80-query tile (head dims 96 and 128)
                     batch.extend(bwd_specs(dtype, head_dim, causal, softcap=softcap, seqlen_q=CAUSAL80_MIN_SEQLEN,
                                            head_dim_v=dv))

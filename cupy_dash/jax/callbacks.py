@@ -207,8 +207,7 @@ class _Backward(_Call):
         tile = kernels.bwd_tile(p.D, cfg.causal, seqlen_q=p.Sq, window=cfg.window)
         # NOTES: long problems read compact records, as the eager path does (compact_device.table_form)
         capped = p.softcap > 0
-        compact = compact_device.wanted(p.Sq, p.Sk, tile.block_m, tile.block_n, p.B * p.H, cfg.causal, cfg.window,
-                                        capped)
+        compact = compact_device.wanted(p.Sq, p.Sk, tile.block_m, tile.block_n, p.B * p.H, cfg.causal, cfg.window)
         specs = kernels.bwd_specs(p.dtype, p.D, cfg.causal, compact=compact, softcap=capped,
                                   seqlen_q=p.Sq, window=cfg.window, head_dim_v=p.Dv)
         tile = kernels.bwd_tile(p.D, cfg.causal, compact, p.Sq, cfg.window)

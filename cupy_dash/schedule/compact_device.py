@@ -22,32 +22,29 @@ def enabled() -> bool:
     return config.COMPACT_TABLES.get() is True
 
 
-def table_form(num_visits=None, varlen=False, softcap=False) -> str:
+def table_form(num_visits=None, varlen=False) -> str:
     """The form of a backward's schedule tables, the one place that decides it (core.api, jax.callbacks, core.varlen;
     docs/decisions/table-forms.md): ``"compact"`` with ``CUPY_DASH_COMPACT_TABLES=1`` or, unset, above
     ``AUTO_VISITS`` visits; else ``"expand"`` (varlen with ``CUPY_DASH_VARLEN_EXPAND=device``, the default: rows
     written on the GPU by kernels_src/bwd_expand.cu) or ``"visits"`` (rows built and uploaded by the host).
     ``num_visits``: the per-visit table's size, or a callable counting it (called only where the size decides), or
     None where it is known only after the build (a varlen packing: varlen_device.plan then applies the size rule).
-    ``softcap``: a soft-capped backward, which has no compact build (kernels.bwd_specs): never "compact";
-    NotImplementedError where the per-visit table would exceed ``AUTO_VISITS`` visits (varlen: after the build)."""
+    Soft-capped backwards follow the same rule (their compact builds keep 1 - t^2 in shared memory at head dims 64
+    and 128: kernels_src/bwd/visit_math.cuh, kDtPairs)."""
     forced = config.COMPACT_TABLES.get()
-    if (forced is None or softcap) and num_visits is not None:
+    if forced is None and num_visits is not None:
         count = num_visits() if callable(num_visits) else num_visits
-        if softcap and count > AUTO_VISITS:
-            raise NotImplementedError(f"softcap: a backward of {count} tile visits needs compact schedule tables "
-                                      f"(more than {AUTO_VISITS}), which have no soft-capping build yet")
-        forced = forced if softcap else count > AUTO_VISITS
-    if forced and not softcap:
+        forced = count > AUTO_VISITS
+    if forced:
         return "compact"
     return "expand" if varlen and config.VARLEN_EXPAND.get() == "device" else "visits"
 
 
-def wanted(seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, window, softcap=False) -> bool:
+def wanted(seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, window) -> bool:
     """Whether a fixed-length backward of this problem (num_heads = B * H) uses the compact build
     (:func:`table_form`; its visits counted in O(columns))."""
     return table_form(lambda: compact.num_visits(seqlen_q, seqlen_k, block_m, block_n, num_heads, causal,
-                                                 window), softcap=softcap) == "compact"
+                                                 window)) == "compact"
 
 
 def auto_policy(compact_tables: bool, *problem) -> str:

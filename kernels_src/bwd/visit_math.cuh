@@ -156,15 +156,17 @@ DASH_DEVICE void softmax_probs(float (&S)[kSRegs], const Rows& lse_log2, float s
 // 64-query tile: 16 pairs, head dims 192 and 256: 8; live across the dP wait, they fit in an MMA warpgroup's 240).
 // Head dim 64 (kBlockM 128: 32 pairs) keeps 20 in registers (with bf16, 16, 24, 28 and 32 spill; 20 does not, under
 // NVRTC 13.0 and 13.5), the 80-query tile (20 pairs) 8 at head dim 128 (12 spill beside the slots' addresses) and all
-// 20 at head dim 96; the other pairs wait in shared memory (DtSlots). Measured in docs/decisions/softcap.md, "Keeping
-// part of 1 - t^2" and "The other pairs through shared memory".
+// 20 at head dim 96; the other pairs wait in shared memory (DtSlots). Compact-table builds (224 registers per MMA
+// thread) keep none at head dims 64 and 128, where any kept pair spilled. Measured in docs/decisions/softcap.md,
+// "Keeping part of 1 - t^2" and "The other pairs through shared memory".
 // NOTES: pairs [0, kDtPairs) keep dT in registers, the others (kDtSmemPairs) in shared memory (DtSlots) from the
 // S^T wait to dS^T (keys_step.cuh's plan keeps all of them in registers or none).
-constexpr int kDtPairs = !kSoftcap         ? 0
-                         : kSRegs <= 32    ? kSRegs / 2
-                         : kBlockM == 128  ? 20
-                         : kBlockM == 80   ? (kHeadDimIO == 96 ? 20 : 8)
-                                           : 0;
+constexpr int kDtPairs = !kSoftcap                                                  ? 0
+                         : kCompactTables && (kHeadDimIO == 64 || kHeadDimIO == 128) ? 0
+                         : kSRegs <= 32                                             ? kSRegs / 2
+                         : kBlockM == 128                                           ? 20
+                         : kBlockM == 80                                            ? (kHeadDimIO == 96 ? 20 : 8)
+                                                                                    : 0;
 static_assert(kDtPairs % 4 == 0 && kDtPairs <= kSRegs / 2, "dT kept for whole k-steps (4 pairs each)");
 constexpr int kDtRegs = kDtPairs > 0 ? kDtPairs : 1;
 constexpr int kDtSmemPairs = kSoftcap ? kSRegs / 2 - kDtPairs : 0;

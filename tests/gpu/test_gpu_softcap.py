@@ -2,8 +2,9 @@
 GPU: the forward and the backward of the DASH_SOFTCAP builds against the float64 reference under FA3's rule (the
 low-precision baseline with the same cap), every schedule and the atomic path, head dims 64, 96, 128, 192 and 256
 (whose backwards keep the cap's derivative differently: kernels_src/bwd/visit_math.cuh), causal and full, Sq !=
-Sk, GQA, a window; the deterministic backward repeats its bits; a cap far above every logit gives the uncapped
-results to rounding; bad caps raise before any launch. Skipped without a Hopper GPU."""
+Sk, GQA, a window; from compact schedule tables too (the reference, and the per-visit call's bits); the
+deterministic backward repeats its bits; a cap far above every logit gives the uncapped results to rounding; bad
+caps raise before any launch. Skipped without a Hopper GPU."""
 from __future__ import annotations
 
 import numpy as np
@@ -104,6 +105,44 @@ def test_causal_80_query_tile_matches_reference(c, schedule, monkeypatch):
     monkeypatch.setenv("CUPY_DASH_BWD_CAUSAL_BLOCK_M", "80")
     assert kernels.bwd_tile(c[1], True, seqlen_q=c[3]).block_m == 80
     _check_backward(c, schedule)
+
+
+# Compact schedule tables (long contexts, or CUPY_DASH_COMPACT_TABLES=1 as here): the capped compact builds, which
+# keep every pair of 1 - t^2 in shared memory at head dims 64 and 128 (kernels_src/bwd/visit_math.cuh, kDtPairs).
+# Compact builds keep the 64-query tile; the per-visit call they are compared with is held to it.
+COMPACT = [CASES[i] for i in (0, 1, 2, 3, 4, 5, 6, 9, 10, 11, 14)]
+
+
+def _compact_and_per_visit(c, schedule, monkeypatch):
+    """Case c's backward from compact tables into a poisoned pool, against the reference; and the per-visit call of
+    the same schedule on the 64-query tile (the compact build's "auto": compact_device.KERNEL_AUTO), whose bits
+    the compact one must give (but at head dim 192)."""
+    from cupy_dash.schedule import compact_device
+    data = _data(c)
+    q, k, v, do = (_dev(data[n]) for n in ("q", "k", "v", "do"))
+    out, lse = cupy_dash.attention_forward(q, k, v, **data["kw"])
+    monkeypatch.setenv("CUPY_DASH_BWD_CAUSAL_BLOCK_M", "64")
+    monkeypatch.setenv("CUPY_DASH_BWD_FULL_BLOCK_M", "64")
+    monkeypatch.setenv(compact_device.ENV, "1")
+    _poison_pool(_poison_size(do, q, k, v))
+    compact = cupy_dash.attention_backward(do, q, k, v, out, lse, **data["kw"], **_schedule_kwargs(schedule))
+    cupy_dash.check_errors()
+    assert_scaled_grads(data, compact)
+    monkeypatch.setenv(compact_device.ENV, "0")
+    same = compact_device.KERNEL_AUTO if schedule == "auto" else schedule
+    per_visit = cupy_dash.attention_backward(do, q, k, v, out, lse, **data["kw"], **_schedule_kwargs(same))
+    cupy_dash.check_errors()
+    return compact, per_visit
+
+
+@pytest.mark.parametrize("schedule", ["auto", "shift", ATOMIC])
+@pytest.mark.parametrize("c", COMPACT, ids=[_id(c) for c in COMPACT])
+def test_compact_tables_match_reference_and_per_visit_bits(c, schedule, monkeypatch):
+    compact, per_visit = _compact_and_per_visit(c, schedule, monkeypatch)
+    head_dim = c[1][0] if isinstance(c[1], tuple) else c[1]
+    if schedule != ATOMIC and head_dim != 192:   # head dim 192's compact tables have a tile of their own (96 x 64)
+        for name, a, e in zip(("dq", "dk", "dv"), compact, per_visit):
+            _assert_same_bits(name, a, e)
 
 
 @pytest.mark.parametrize("c", REPEATS, ids=[_id(c) for c in REPEATS])

@@ -77,9 +77,10 @@ def test_all_specs_cover_every_combination():
     # + head dims 192 and 256's backwards: 2 preprocess, 2 postprocess, 4 main, 4 compact main, 4 soft-capping main;
     # + value head dim 128 with 192: 4 forward, 2 preprocess, 4 main, 4 compact main, 4 soft-capping main;
     # + every causal forward's persistent build (12);
-    # + head dim 192's compact tables' own tile (96 x 64; the others 64 x 96): 4 preprocess, 2 postprocess
+    # + head dim 192's compact tables' own tile (96 x 64; the others 64 x 96): 4 preprocess, 2 postprocess;
+    # + the capped compact main kernels: 2 dtypes x 6 head dims (192 with either value head dim) x 2 masks
     assert len(set(labels)) == len(labels) == len(set(specs)) == \
-        20 + 6 + 24 + 6 + 1 + 12 + 24 + 2 * 16 + 18 + 12 + 6
+        20 + 6 + 24 + 6 + 1 + 12 + 24 + 2 * 16 + 18 + 12 + 6 + 24
     expected = {kernels.expand_spec()}
     for dtype, d, causal in itertools.product(kernels.SUPPORTED_DTYPES, kernels.SUPPORTED_HEAD_DIMS, (0, 1)):
         expected.add(kernels.fwd_spec(dtype, d, bool(causal)))
@@ -88,6 +89,7 @@ def test_all_specs_cover_every_combination():
         expected.update(kernels.bwd_specs(dtype, d, bool(causal)))
         expected.update(kernels.bwd_specs(dtype, d, bool(causal), compact=True))      # 192: a tile of its own
         expected.add(kernels.bwd_specs(dtype, d, bool(causal), softcap=True).main)
+        expected.add(kernels.bwd_specs(dtype, d, bool(causal), compact=True, softcap=True).main)
         for softcap in (False, True):           # the 80-query tile (head dims 96 and 128)
             expected.update(kernels.bwd_specs(dtype, d, bool(causal), softcap=softcap,
                                               seqlen_q=kernels.CAUSAL80_MIN_SEQLEN))
@@ -95,11 +97,11 @@ def test_all_specs_cover_every_combination():
             expected.add(kernels.fwd_spec(dtype, d, bool(causal), dv))
             if bool(causal) in kernels.FWD_PERSISTENT:
                 expected.add(kernels.fwd_spec(dtype, d, bool(causal), dv, persistent=True))
-            for kw in ({}, {"compact": True}, {"softcap": True}):
+            for kw in ({}, {"compact": True}, {"softcap": True}, {"compact": True, "softcap": True}):
                 expected.update(kernels.bwd_specs(dtype, d, bool(causal), head_dim_v=dv, **kw)[:2])
     assert expected == set(specs)
     by_kernel = {name: [s for s in specs if s.kernel == name] for name in kernels.KERNEL_NAMES}
-    assert {k: len(v) for k, v in by_kernel.items()} == {"fwd": 36, "bwd_preprocess": 20, "bwd_main": 88,
+    assert {k: len(v) for k, v in by_kernel.items()} == {"fwd": 36, "bwd_preprocess": 20, "bwd_main": 112,
                                                          "bwd_postprocess": 16, "bwd_expand": 1}
     v128 = kernels.bwd_specs("bfloat16", 192, True, head_dim_v=128)
     assert v128.main.label == "bwd_main[bf16,d192,v128,causal]"
@@ -367,9 +369,9 @@ def test_real_kernel_compiles(spec):
 def test_cli_compile_subset(ksrc, capsys):
     assert cli_compile.main(["--head-dim", "64", "--dtype", "bf16"]) == 0
     out = capsys.readouterr().out
-    assert "regs" in out and "OK: 12 kernel(s)" in out   # 2 fwd, the causal one persistent, preprocess, 2 main,
-    # 2 compact main, 2 soft-capping main builds, postprocess, bwd_expand (bf16 / d64 defines, whatever the
-    # variant); varlen launches share them
+    assert "regs" in out and "OK: 14 kernel(s)" in out   # 2 fwd, the causal one persistent, preprocess, 2 main,
+    # 2 compact main, 2 soft-capping main builds, 2 capped compact main, postprocess, bwd_expand (bf16 / d64
+    # defines, whatever the variant); varlen launches share them
     for spec in cli_compile.select([64], ["bfloat16"], None):
         assert spec.label in out
     # the second run is served from the cache

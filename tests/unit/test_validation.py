@@ -198,21 +198,24 @@ def test_prepare_varlen_backward_checks_its_stream(stream, exc):
                                                           device=0, stream=stream), "stream")
 
 
-def test_a_soft_capped_backward_too_large_for_per_visit_tables_raises(monkeypatch):
-    """There is no soft-capping compact build: compact_device.table_form never chooses compact tables for a capped
-    backward, and raises where the per-visit table would exceed AUTO_VISITS."""
+def test_a_long_soft_capped_backward_takes_the_capped_compact_build(monkeypatch):
+    """A soft-capped backward follows the table-form rule of any other (compact tables above AUTO_VISITS visits, or
+    with CUPY_DASH_COMPACT_TABLES=1), and its compact build keeps the cap: DASH_SOFTCAP with DASH_COMPACT, at every
+    head dim (kernels_src/bwd/visit_math.cuh, kDtPairs: no 1 - t^2 pair in registers at 64 and 128)."""
     from cupy_dash.cuda import kernels
     from cupy_dash.schedule import compact_device
     tile = kernels.bwd_tile(128, True)
+    monkeypatch.delenv("CUPY_DASH_COMPACT_TABLES", raising=False)
     monkeypatch.setattr(compact_device, "AUTO_VISITS", 10)
     assert compact_device.wanted(4096, 4096, tile.block_m, tile.block_n, 8, True, (-1, 0))
-    with pytest.raises(NotImplementedError, match="softcap: a backward of .* needs compact schedule tables"):
-        compact_device.wanted(4096, 4096, tile.block_m, tile.block_n, 8, True, (-1, 0), softcap=True)
     monkeypatch.setattr(compact_device, "AUTO_VISITS", 10 ** 9)
+    assert not compact_device.wanted(4096, 4096, tile.block_m, tile.block_n, 8, True, (-1, 0))
     monkeypatch.setenv("CUPY_DASH_COMPACT_TABLES", "1")
     assert compact_device.wanted(4096, 4096, tile.block_m, tile.block_n, 8, True, (-1, 0))
-    assert not compact_device.wanted(4096, 4096, tile.block_m, tile.block_n, 8, True, (-1, 0), softcap=True)
-    assert compact_device.table_form(None, varlen=True, softcap=True) in ("expand", "visits")
+    assert compact_device.table_form(None, varlen=True) == "compact"
+    for head_dim in kernels.BWD_BUILT_HEAD_DIMS:
+        main = kernels.bwd_specs("bfloat16", head_dim, True, compact=True, softcap=True).main
+        assert {"DASH_SOFTCAP", "DASH_COMPACT"} <= {name for name, _ in main.defines}, head_dim
 
 
 @pytest.mark.parametrize("window,causal,exc,match", [
