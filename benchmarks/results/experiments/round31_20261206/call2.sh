@@ -1,20 +1,27 @@
-# Round 31, call 2 (~6 min with the start; carry .whl for FA3): issue 19's "where the tensor pipe idles" by removal.
+# Round 31, call 2 (~6 min with the start; carry .whl for FA3): issue 19's "where the tensor pipe idles" by removal;
+# the archive ($OUT/ncu_cuts.tgz) is saved after each leg, so a call cut short keeps what it measured.
 # Nsight Compute (cycles, tensor-pipe activity, instructions, warp states) of the main backward at full 3840 (B 4)
 # and causal 8k (B 2), head dim 128 bf16: ours deterministic and atomic and FA3's non-deterministic kernel, then six
 # timing-only patched copies of ours (patches/cut_*.patch: dQ / dK wrong; each removes one stretch's work).
+R=${OUT:-/root/out}   # the device's $OUT (device_run.sh below gets its own)
 export CUPY_DASH_CACHE_DIR=/tmp/dash_cache PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 D=benchmarks/results/experiments/round31_20261206
 python3 -m pip install -q --no-build-isolation --no-deps -e . > /dev/null 2>&1
 m=sm__cycles_active.avg,sm__cycles_elapsed.max,sm__cycles_elapsed.avg,sm__pipe_tensor_cycles_active.avg
 m=$m,sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum,gpu__time_duration.sum
-m=$m,sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed,smsp__issue_active.avg.pct_of_peak_sustained_active
+m=$m,sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed
+m=$m,smsp__issue_active.avg.pct_of_peak_sustained_active
 m=$m,launch__grid_size,gpc__cycles_elapsed.avg.per_second
 export NCU_SECTIONS="--metrics $m --section WarpStateStats" NCU_PROFILE_BWD=0 NO_INSTALL=1 OUT=/tmp/c2
-export NCU_SHAPES="--seqlen 3840 --batch 4;--causal --seqlen 8192 --batch 2"
-FA3_WHL=1 NCU_IMPLS="ours_auto ours_atomic fa3" timeout 200 bash benchmarks/device_run.sh ncu 2>&1 | grep -vE "^-rw|^total|^d"
-for leg in cut_exp2 cut_rows cut_ds_math cut_math cut_ds_store cut_dq_store; do
-  mkdir -p /tmp/legs/$leg && cp -r kernels_src /tmp/legs/$leg/ && patch -s -d /tmp/legs/$leg -p1 < $D/patches/$leg.patch
-  NCU_KSRC=/tmp/legs/$leg/kernels_src NCU_TAG=_$leg NCU_IMPLS=ours_auto timeout 90 bash benchmarks/device_run.sh ncu \
-    2>&1 | grep -E "elapsed|cycles_active|inst_executed|tensor_cycles_active.avg |rror"
+save() { (cd /tmp/ncu && tar czf $R/ncu_cuts.tgz *.raw.csv *.log 2>/dev/null); }
+full="--seqlen 3840 --batch 4" causal="--causal --seqlen 8192 --batch 2"
+NCU_SHAPES="$full;$causal" FA3_WHL=1 NCU_IMPLS="ours_auto ours_atomic fa3" timeout 200 \
+  bash benchmarks/device_run.sh ncu 2>&1 | grep -vE "^-rw|^total|^d"; save
+for shape in "$full" "$causal"; do   # every leg at full 3840 first: what a cut-short call keeps
+  for leg in cut_exp2 cut_rows cut_ds_math cut_math cut_ds_store cut_dq_store; do
+    [ -d /tmp/legs/$leg ] || { mkdir -p /tmp/legs/$leg && cp -r kernels_src /tmp/legs/$leg/ &&
+      patch -s -d /tmp/legs/$leg -p1 < $D/patches/$leg.patch; }
+    NCU_SHAPES="$shape" NCU_KSRC=/tmp/legs/$leg/kernels_src NCU_TAG=_$leg NCU_IMPLS=ours_auto timeout 60 \
+      bash benchmarks/device_run.sh ncu 2>&1 | grep -E "elapsed|cycles_active|inst_executed|rror"; save
+  done
 done
-cp /tmp/c2/ncu.tgz ${OUT:-/root/out}/ncu_cuts.tgz
