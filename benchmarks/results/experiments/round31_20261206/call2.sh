@@ -15,9 +15,9 @@ m=$m,launch__grid_size,gpc__cycles_elapsed.avg.per_second
 export NCU_SECTIONS="--metrics $m --section WarpStateStats" NCU_PROFILE_BWD=0 NO_INSTALL=1 OUT=/tmp/c2
 save() { (cd /tmp/ncu && tar czf $R/ncu_cuts.tgz *.raw.csv *.log 2>/dev/null); }
 full="--seqlen 3840 --batch 4" causal="--causal --seqlen 8192 --batch 2"
-NCU_SHAPES="$full;$causal" FA3_WHL=1 NCU_IMPLS="ours_auto ours_atomic fa3" timeout 200 \
-  bash benchmarks/device_run.sh ncu 2>&1 | grep -vE "^-rw|^total|^d"; save
-for shape in "$full" "$causal"; do   # every leg at full 3840 first: what a cut-short call keeps
+for shape in "$full" "$causal"; do   # full 3840 whole first: what a call cut short keeps
+  NCU_SHAPES="$shape" FA3_WHL=1 NCU_IMPLS="ours_auto ours_atomic fa3" timeout 120 \
+    bash benchmarks/device_run.sh ncu 2>&1 | grep -E "elapsed|cycles_active|inst_executed|rror"; save
   for leg in cut_exp2 cut_rows cut_ds_math cut_math cut_ds_store cut_dq_store; do
     [ -d /tmp/legs/$leg ] || { mkdir -p /tmp/legs/$leg && cp -r kernels_src /tmp/legs/$leg/ &&
       patch -s -d /tmp/legs/$leg -p1 < $D/patches/$leg.patch; }
