@@ -1,4 +1,5 @@
-# Round 31, call 2 (~6 min with the start; carry .whl for FA3): issue 19's "where the tensor pipe idles" by removal;
+# Round 31, call 2 (~6 min with the start, ~9 with the JAX forward at its end; carry .whl for FA3): issue 19's
+# "where the tensor pipe idles" by removal;
 # the archive ($OUT/ncu_cuts.tgz) is saved after each leg, so a call cut short keeps what it measured.
 # Nsight Compute (cycles, tensor-pipe activity, instructions, warp states) of the main backward at full 3840 (B 4)
 # and causal 8k (B 2), head dim 128 bf16: ours deterministic and atomic and FA3's non-deterministic kernel, then six
@@ -24,4 +25,11 @@ for shape in "$full" "$causal"; do   # full 3840 whole first: what a call cut sh
     NCU_SHAPES="$shape" NCU_KSRC=/tmp/legs/$leg/kernels_src NCU_TAG=_$leg NCU_IMPLS=ours_auto timeout 60 \
       bash benchmarks/device_run.sh ncu 2>&1 | grep -E "elapsed|cycles_active|inst_executed|rror"; save
   done
+done
+# Then, with what is left of the call: the JAX forward's builds again, steadier than call 1's (longer loops, the api
+# leg on CuPy arrays since dfb2e51); its JSON files join the archive.
+for d in 64 128; do
+  timeout 100 python3 benchmarks/jax_forward_build.py --hdim $d --grid --loop-s 1.2 --rounds 4 \
+    --shapes causal:1024 causal:4096 causal:16384 --json /tmp/ncu/jax_fwd_d$d.json 2>&1 | tail -3
+  (cd /tmp/ncu && tar czf $R/ncu_cuts.tgz *.raw.csv *.log *.json 2>/dev/null)
 done
