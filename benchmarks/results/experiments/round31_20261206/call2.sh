@@ -14,7 +14,7 @@ m=$m,sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed
 m=$m,smsp__issue_active.avg.pct_of_peak_sustained_active
 m=$m,launch__grid_size,gpc__cycles_elapsed.avg.per_second
 export NCU_SECTIONS="--metrics $m --section WarpStateStats" NCU_PROFILE_BWD=0 NO_INSTALL=1 OUT=/tmp/c2
-save() { (cd /tmp/ncu && tar czf $R/ncu_cuts.tgz *.raw.csv *.log 2>/dev/null); }
+save() { (cd /tmp/ncu && tar czf $R/ncu_cuts.tgz *.raw.csv *.log *.json 2>/dev/null); }
 full="--seqlen 3840 --batch 4" causal="--causal --seqlen 8192 --batch 2"
 for shape in "$full" "$causal"; do   # full 3840 whole first: what a call cut short keeps
   NCU_SHAPES="$shape" FA3_WHL=1 NCU_IMPLS="ours_auto ours_atomic fa3" timeout 120 \
@@ -31,5 +31,5 @@ done
 for d in 64 128; do
   timeout 100 python3 benchmarks/jax_forward_build.py --hdim $d --grid --loop-s 1.2 --rounds 4 \
     --shapes causal:1024 causal:4096 causal:16384 --json /tmp/ncu/jax_fwd_d$d.json 2>&1 | tail -3
-  (cd /tmp/ncu && tar czf $R/ncu_cuts.tgz *.raw.csv *.log *.json 2>/dev/null)
+  save
 done

@@ -10,7 +10,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", ".."))
-from ncu_summary import read_raw  # noqa: E402  (benchmarks/)
+from ncu_summary import _number, read_raw  # noqa: E402  (benchmarks/)
 
 
 def visits(tag: str) -> int:
@@ -22,10 +22,7 @@ def visits(tag: str) -> int:
 
 
 def value(raw: dict, name: str):
-    try:
-        return float(raw[name][1].replace(",", ""))
-    except (KeyError, ValueError):
-        return None
+    return _number(raw[name][1]) if name in raw else None
 
 
 def main():
