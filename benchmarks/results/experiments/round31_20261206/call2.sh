@@ -15,17 +15,22 @@ m=$m,smsp__issue_active.avg.pct_of_peak_sustained_active
 m=$m,launch__grid_size,gpc__cycles_elapsed.avg.per_second
 export NCU_SECTIONS="--metrics $m --section WarpStateStats" NCU_PROFILE_BWD=0 NO_INSTALL=1 OUT=/tmp/c2
 save() { (cd /tmp/ncu && tar czf $R/ncu_cuts.tgz *.raw.csv *.log *.json 2>/dev/null); }
-full="--seqlen 3840 --batch 4" causal="--causal --seqlen 8192 --batch 2"
-for shape in "$full" "$causal"; do   # full 3840 whole first: what a call cut short keeps
-  NCU_SHAPES="$shape" FA3_WHL=1 NCU_IMPLS="ours_auto ours_atomic fa3" timeout 120 \
+shapes=("--seqlen 3840 --batch 4" "--causal --seqlen 8192 --batch 2")
+impls="ours_auto ours_atomic fa3" legs="cut_exp2 cut_rows cut_ds_math cut_math cut_ds_store cut_dq_store"
+# SHORT=1: full 3840 only, ours and FA3, the four legs that tell most, no JAX step (~4 min with the start)
+[ -n "${SHORT:-}" ] && shapes=("${shapes[0]}") impls="ours_auto fa3" \
+  legs="cut_math cut_dq_store cut_ds_store cut_exp2"
+for shape in "${shapes[@]}"; do   # full 3840 whole first: what a call cut short keeps
+  NCU_SHAPES="$shape" FA3_WHL=1 NCU_IMPLS="$impls" timeout 120 \
     bash benchmarks/device_run.sh ncu 2>&1 | grep -E "elapsed|cycles_active|inst_executed|rror"; save
-  for leg in cut_exp2 cut_rows cut_ds_math cut_math cut_ds_store cut_dq_store; do
+  for leg in $legs; do
     [ -d /tmp/legs/$leg ] || { mkdir -p /tmp/legs/$leg && cp -r kernels_src /tmp/legs/$leg/ &&
       patch -s -d /tmp/legs/$leg -p1 < $D/patches/$leg.patch; }
     NCU_SHAPES="$shape" NCU_KSRC=/tmp/legs/$leg/kernels_src NCU_TAG=_$leg NCU_IMPLS=ours_auto timeout 60 \
       bash benchmarks/device_run.sh ncu 2>&1 | grep -E "elapsed|cycles_active|inst_executed|rror"; save
   done
 done
+[ -n "${SHORT:-}" ] && exit 0
 # Then, with what is left of the call: the JAX forward's builds again, steadier than call 1's (longer loops, the api
 # leg on CuPy arrays since dfb2e51); its JSON files join the archive.
 for d in 64 128; do
