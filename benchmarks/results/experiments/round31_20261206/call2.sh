@@ -20,6 +20,9 @@ impls="ours_auto ours_atomic fa3" legs="cut_exp2 cut_rows cut_ds_math cut_math c
 # SHORT=1: full 3840 only, ours and FA3, the four legs that tell most, no JAX step (~4 min with the start)
 [ -n "${SHORT:-}" ] && shapes=("${shapes[0]}") impls="ours_auto fa3" \
   legs="cut_math cut_dq_store cut_ds_store cut_exp2"
+# IMPLS / LEGS / SHAPE: other implementations and legs (a second short call on a warm machine)
+[ -n "${IMPLS:-}" ] && impls=$IMPLS; [ -n "${LEGS+x}" ] && legs=$LEGS
+[ -n "${SHAPE:-}" ] && shapes=("$SHAPE")
 for shape in "${shapes[@]}"; do   # full 3840 whole first: what a call cut short keeps
   NCU_SHAPES="$shape" FA3_WHL=1 NCU_IMPLS="$impls" timeout 120 \
     bash benchmarks/device_run.sh ncu 2>&1 | grep -E "elapsed|cycles_active|inst_executed|rror"; save
