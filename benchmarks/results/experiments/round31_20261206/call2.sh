@@ -20,7 +20,8 @@ impls="ours_auto ours_atomic fa3" legs="cut_exp2 cut_rows cut_ds_math cut_math c
 # SHORT=1: full 3840 only, ours and FA3, the four legs that tell most, no JAX step (~4 min with the start)
 [ -n "${SHORT:-}" ] && shapes=("${shapes[0]}") impls="ours_auto fa3" \
   legs="cut_math cut_dq_store cut_ds_store cut_exp2"
-# IMPLS / LEGS / SHAPE: other implementations and legs (a second short call on a warm machine)
+# IMPLS / LEGS / SHAPE: other implementations, legs, one shape (short follow-up calls on a warm machine);
+# PATCHES: a folder searched first for each leg's patch (later rounds' legs)
 [ -n "${IMPLS:-}" ] && impls=$IMPLS; [ -n "${LEGS+x}" ] && legs=$LEGS
 [ -n "${SHAPE:-}" ] && shapes=("$SHAPE")
 for shape in "${shapes[@]}"; do   # full 3840 whole first: what a call cut short keeps
@@ -28,7 +29,8 @@ for shape in "${shapes[@]}"; do   # full 3840 whole first: what a call cut short
     bash benchmarks/device_run.sh ncu 2>&1 | grep -E "elapsed|cycles_active|inst_executed|rror"; save
   for leg in $legs; do
     [ -d /tmp/legs/$leg ] || { mkdir -p /tmp/legs/$leg && cp -r kernels_src /tmp/legs/$leg/ &&
-      patch -s -d /tmp/legs/$leg -p1 < $D/patches/$leg.patch; }
+      f=${PATCHES:-$D/patches}/$leg.patch; [ -f $f ] || f=$D/patches/$leg.patch
+      patch -s -d /tmp/legs/$leg -p1 < $f; }
     NCU_SHAPES="$shape" NCU_KSRC=/tmp/legs/$leg/kernels_src NCU_TAG=_$leg NCU_IMPLS=ours_auto timeout 60 \
       bash benchmarks/device_run.sh ncu 2>&1 | grep -E "elapsed|cycles_active|inst_executed|rror"; save
   done
