@@ -35,7 +35,8 @@ def main():
                                          "sm__pipe_tensor_cycles_active.avg")]
         pct, elapsed_avg = (value(raw, m) for m in ("sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed",
                                                     "sm__cycles_elapsed.avg"))
-        if cells[2] is None and pct is not None and elapsed_avg is not None:   # a full-set page has the share only
+        # the share of the elapsed cycles: the raw counter sums the SM's four tensor sub-pipes (4x the SM's cycles)
+        if pct is not None and elapsed_avg is not None:
             cells[2] = pct / 100 * elapsed_avg
         inst = value(raw, "smsp__inst_executed.sum")
         rows.append((tag, name, *(c / per_sm if c else float("nan") for c in cells),
