@@ -31,13 +31,12 @@ def main():
         name = os.path.basename(path)[:-len(".raw.csv")]
         tag = name.rsplit("_", 1)[1]
         raw, per_sm = read_raw(path), visits(tag) / 132
-        cells = [value(raw, m) for m in ("sm__cycles_active.avg", "sm__cycles_elapsed.max",
-                                         "sm__pipe_tensor_cycles_active.avg")]
         pct, elapsed_avg = (value(raw, m) for m in ("sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed",
                                                     "sm__cycles_elapsed.avg"))
-        # the share of the elapsed cycles: the raw counter sums the SM's four tensor sub-pipes (4x the SM's cycles)
-        if pct is not None and elapsed_avg is not None:
-            cells[2] = pct / 100 * elapsed_avg
+        # tensor-pipe cycles as the share of the elapsed cycles: the raw sm__pipe_tensor_cycles_active counter sums
+        # the SM's four tensor sub-pipes (4x the SM's cycles)
+        tensor = pct / 100 * elapsed_avg if pct is not None and elapsed_avg is not None else None
+        cells = [value(raw, "sm__cycles_active.avg"), value(raw, "sm__cycles_elapsed.max"), tensor]
         inst = value(raw, "smsp__inst_executed.sum")
         rows.append((tag, name, *(c / per_sm if c else float("nan") for c in cells),
                      inst / visits(tag) if inst else float("nan"), (cells[0] or float("nan")) / 1e6))
