@@ -7,7 +7,8 @@ SHORT=1 PATCHES=$R/round34_20261207/patches IMPLS="ours_auto fa3" \
   LEGS="cut_exp2_wg0 exp2_early_both exp2_early_wg0 exp2_early_wg1" bash $R/round31_20261206/call2.sh
 nvidia-smi --query-gpu=name,power.limit,clocks.max.sm --format=csv > $OUT/device_info.txt
 # Then steady_ab of the two one-warpgroup legs (two processes per leg, ours deterministic beside FA3's
-# non-deterministic backward): $OUT/steady_ab.{log,tgz}.
+# non-deterministic backward): $OUT/steady_ab.{log,tgz}. NCU_ONLY=1 stops before it (a short budget).
+[ -n "${NCU_ONLY:-}" ] && exit 0
 cp $R/round34_20261207/patches/exp2_early_wg[01].patch benchmarks/patches/
 OUT=$OUT FA3_WHL=1 NO_INSTALL=1 LEGS=2 AB_PATCHES="exp2_early_wg0 exp2_early_wg1" \
   STEADY_ARGS="--shapes full:3840 full:15360 causal:8192 --rounds 4 --loop-s 0.4" \
