@@ -9,6 +9,14 @@ nvidia-smi --query-gpu=name,power.limit,clocks.max.sm --format=csv > $OUT/device
 # Then steady_ab of the two one-warpgroup legs (two processes per leg, ours deterministic beside FA3's
 # non-deterministic backward): $OUT/steady_ab.{log,tgz}. NCU_ONLY=1 stops before it (a short budget).
 [ -n "${NCU_ONLY:-}" ] && exit 0
+# BITS=1: first the bits of exp2_early_both against the tree's (the order changes no arithmetic: equal), $OUT/bits/.
+if [ -n "${BITS:-}" ]; then
+  mkdir -p $OUT/bits
+  timeout 150 python3 benchmarks/bits_digest.py --out $OUT/bits/tree.json > $OUT/bits/log.txt 2>&1
+  timeout 120 python3 benchmarks/with_kernels.py /tmp/legs/exp2_early_both/kernels_src benchmarks/bits_digest.py \
+    --out $OUT/bits/exp2_early_both.json >> $OUT/bits/log.txt 2>&1
+  python3 benchmarks/bits_digest.py --compare $OUT/bits/tree.json $OUT/bits/exp2_early_both.json 2>&1 | tail -3
+fi
 cp $R/round34_20261207/patches/exp2_early_wg[01].patch benchmarks/patches/
 OUT=$OUT FA3_WHL=1 NO_INSTALL=1 LEGS=2 AB_PATCHES="exp2_early_wg0 exp2_early_wg1" \
   STEADY_ARGS="--shapes full:3840 full:15360 causal:8192 --rounds 4 --loop-s 0.4" \
