@@ -108,8 +108,9 @@ if [ "$stage" = fwd_order ]; then   # the causal forward's launch order (FwdPara
     causal:4096 causal:8192 causal:16384 full:1280 full:3840 full:15360 --json "$OUT/steady_fwd.json" \
     --md "$OUT/steady_fwd.md" 2>&1 | tail -10
 fi
-if [ "$stage" = steady_ab ]; then   # AB_PATCHES (benchmarks/patches/<name>) and AB_CUBINS (folders of another
-  # NVRTC's cubins of this tree, benchmarks/with_nvrtc_cubins.py --record) against the tree at a steady clock
+if [ "$stage" = steady_ab ]; then   # AB_PATCHES (<name>.patch in AB_PATCH_DIR, default benchmarks/patches) and
+  # AB_CUBINS (folders of another NVRTC's cubins of this tree, benchmarks/with_nvrtc_cubins.py --record) against the
+  # tree at a steady clock
   # (STEADY_IMPLS: steady_bench's --impls, default ours deterministic and FA3's non-deterministic backward):
   rm -rf /tmp/sab; mkdir -p /tmp/sab   # LEGS rounds of one process per leg, each timing ours deterministic beside
   [ -n "${AB_PATCHES:-}${AB_CUBINS:-}" ] || { echo "steady_ab: set AB_PATCHES or AB_CUBINS" >&2; exit 2; }
@@ -117,7 +118,8 @@ if [ "$stage" = steady_ab ]; then   # AB_PATCHES (benchmarks/patches/<name>) and
     [ -f "$c/nvrtc.json" ] || { echo "steady_ab: $c holds no recorded cubins (carry it)" >&2; exit 2; }
   done
   for p in ${AB_PATCHES:-}; do        # FA3's non-deterministic backward (FA3_WHL=1), the yardstick of its process
-    mkdir -p .ab_$p && cp -r kernels_src docs .ab_$p/ && (cd .ab_$p && patch -s -p1 <../benchmarks/patches/$p.patch)
+    mkdir -p .ab_$p && cp -r kernels_src docs .ab_$p/ &&
+      (cd .ab_$p && patch -s -p1 <"../${AB_PATCH_DIR:-benchmarks/patches}/$p.patch")
   done
   for n in $(seq ${LEGS:-2}); do
     for leg in tree ${AB_PATCHES:-} ${AB_CUBINS:-}; do

@@ -17,7 +17,7 @@ if [ -n "${BITS:-}" ]; then
     --out $OUT/bits/exp2_early_both.json >> $OUT/bits/log.txt 2>&1
   python3 benchmarks/bits_digest.py --compare $OUT/bits/tree.json $OUT/bits/exp2_early_both.json 2>&1 | tail -3
 fi
-cp $R/round34_20261207/patches/exp2_early_wg[01].patch benchmarks/patches/
-OUT=$OUT FA3_WHL=1 NO_INSTALL=1 LEGS=2 AB_PATCHES="exp2_early_wg0 exp2_early_wg1" \
+OUT=$OUT FA3_WHL=1 NO_INSTALL=1 LEGS=2 AB_PATCH_DIR=$R/round34_20261207/patches \
+  AB_PATCHES="exp2_early_wg0 exp2_early_wg1" \
   STEADY_ARGS="--shapes full:3840 full:15360 causal:8192 --rounds 4 --loop-s 0.4" \
   timeout 300 bash benchmarks/device_run.sh steady_ab 2>&1 | tail -14
