@@ -1,6 +1,6 @@
-"""The probe kernels of benchmarks/ (dq_reduce_bw.py, dsmem_exchange.py, gemm_chain.py) without a GPU: each compiles
-for sm_90a with NVRTC without spills (benchmarks/measure.py's compile_probe), and the first two refuse, before
-compiling, a size that shared memory cannot hold."""
+"""The probe kernels of benchmarks/ (dq_reduce_bw.py, dsmem_exchange.py, gemm_chain.py, pipe_interference.py) without
+a GPU: each compiles for sm_90a with NVRTC without spills (benchmarks/measure.py's compile_probe), and the first two
+refuse, before compiling, a size that shared memory cannot hold."""
 from __future__ import annotations
 
 import subprocess
@@ -20,7 +20,7 @@ def _run(script, *args):
                           text=True, timeout=300)
 
 
-@pytest.mark.parametrize("script", [*sorted(PROBES), "gemm_chain.py"])
+@pytest.mark.parametrize("script", [*sorted(PROBES), "gemm_chain.py", "pipe_interference.py"])
 def test_the_kernel_compiles_without_spills(script):
     run = _run(script)
     assert run.returncode == 0, run.stderr[-2000:]
