@@ -20,7 +20,8 @@ impls="ours_auto ours_atomic fa3" legs="cut_exp2 cut_rows cut_ds_math cut_math c
 # SHORT=1: full 3840 only, ours and FA3, the four legs that tell most, no JAX step (~4 min with the start)
 [ -n "${SHORT:-}" ] && shapes=("${shapes[0]}") impls="ours_auto fa3" \
   legs="cut_math cut_dq_store cut_ds_store cut_exp2"
-# IMPLS / LEGS / SHAPE: other implementations, legs, one shape (short follow-up calls on a warm machine);
+# IMPLS / LEGS / SHAPE: other implementations, legs, one shape (short follow-up calls on a warm machine); LEG_IMPLS:
+# the implementations each leg runs as (default ours_auto);
 # PATCHES: a folder searched first for each leg's patch (later rounds' legs)
 [ -n "${IMPLS:-}" ] && impls=$IMPLS; [ -n "${LEGS+x}" ] && legs=$LEGS
 [ -n "${SHAPE:-}" ] && shapes=("$SHAPE")
@@ -31,8 +32,8 @@ for shape in "${shapes[@]}"; do   # full 3840 whole first: what a call cut short
     [ -d /tmp/legs/$leg ] || { mkdir -p /tmp/legs/$leg && cp -r kernels_src /tmp/legs/$leg/ &&
       f=${PATCHES:-$D/patches}/$leg.patch; [ -f $f ] || f=$D/patches/$leg.patch
       patch -s -d /tmp/legs/$leg -p1 < $f; }
-    NCU_SHAPES="$shape" NCU_KSRC=/tmp/legs/$leg/kernels_src NCU_TAG=_$leg NCU_IMPLS=ours_auto timeout 60 \
-      bash benchmarks/device_run.sh ncu 2>&1 | grep -E "elapsed|cycles_active|inst_executed|rror"; save
+    NCU_SHAPES="$shape" NCU_KSRC=/tmp/legs/$leg/kernels_src NCU_TAG=_$leg NCU_IMPLS=${LEG_IMPLS:-ours_auto} \
+      timeout 90 bash benchmarks/device_run.sh ncu 2>&1 | grep -E "elapsed|cycles_active|inst_executed|rror"; save
   done
 done
 [ -n "${SHORT:-}" ] && exit 0

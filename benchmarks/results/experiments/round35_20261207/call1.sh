@@ -18,6 +18,7 @@ run() {  # leg kernels_src
 }
 run tree $PWD/kernels_src
 for leg in exp2_early_both cut_exp2 cut_exp2_wg0; do
-  mkdir -p /tmp/legs/$leg && cp -r kernels_src /tmp/legs/$leg/ && patch -s -d /tmp/legs/$leg -p1 < ${P[$leg]}/$leg.patch
+  mkdir -p /tmp/legs/$leg && cp -r kernels_src /tmp/legs/$leg/ &&
+    patch -s -d /tmp/legs/$leg -p1 < ${P[$leg]}/$leg.patch
   run $leg /tmp/legs/$leg/kernels_src
 done

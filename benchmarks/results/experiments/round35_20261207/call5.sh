@@ -1,22 +1,8 @@
 # Round 35, call 5 (~2.5 min with the start): Nsight Compute at full 3840 (B 4), ours deterministic and atomic, of
-# the tree, cut_dq_bulk (call 4's leg) and dq_red_regs (timing only: each MMA thread adds its dQ registers into the
-# tile with 16-byte reds, no staging slice, no bulk add; README, "Call 5"). $OUT/ncu_cuts.tgz.
-R=${OUT:-/root/out}
-export CUPY_DASH_CACHE_DIR=/tmp/dash_cache PYTHONUNBUFFERED=1
-D=benchmarks/results/experiments/round35_20261207
-python3 -m pip install -q --no-build-isolation --no-deps -e . > /dev/null 2>&1
-m=sm__cycles_active.avg,sm__cycles_elapsed.max,sm__cycles_elapsed.avg,sm__pipe_tensor_cycles_active.avg
-m=$m,sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum,gpu__time_duration.sum
-m=$m,sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed
-m=$m,smsp__issue_active.avg.pct_of_peak_sustained_active
-m=$m,launch__grid_size,gpc__cycles_elapsed.avg.per_second
-export NCU_SECTIONS="--metrics $m --section WarpStateStats" NCU_PROFILE_BWD=0 NO_INSTALL=1 OUT=/tmp/c5
-save() { (cd /tmp/ncu && tar czf $R/ncu_cuts.tgz *.raw.csv *.log 2>/dev/null); }
-NCU_SHAPES="--seqlen 3840 --batch 4" NCU_IMPLS="ours_auto ours_atomic" timeout 90 bash benchmarks/device_run.sh ncu \
-  2>&1 | grep -E "cycles_active|rror"; save
-for leg in dq_red_regs cut_dq_bulk; do
-  mkdir -p /tmp/legs/$leg && cp -r kernels_src /tmp/legs/$leg/ && patch -s -d /tmp/legs/$leg -p1 < $D/patches/$leg.patch
-  NCU_SHAPES="--seqlen 3840 --batch 4" NCU_KSRC=/tmp/legs/$leg/kernels_src NCU_TAG=_$leg \
-    NCU_IMPLS="ours_auto ours_atomic" timeout 90 bash benchmarks/device_run.sh ncu 2>&1 | grep -E "cycles_active|rror"
-  save
-done
+# the tree, dq_red_regs (timing only: each MMA thread adds its dQ registers into the tile with 16-byte reds, no
+# staging slice, no bulk add; README, "Call 5") and cut_dq_bulk (call 4's leg). $OUT/ncu_cuts.tgz.
+# NOTES: written as a wrapper of round 31's call2.sh after the run; the run (commit 7aa635e's text) spelled the same
+# ncu calls out, legs in the order dq_red_regs, cut_dq_bulk.
+R=benchmarks/results/experiments
+SHORT=1 PATCHES=$R/round35_20261207/patches IMPLS="ours_auto ours_atomic" LEGS="dq_red_regs cut_dq_bulk" \
+  LEG_IMPLS="ours_auto ours_atomic" bash $R/round31_20261206/call2.sh
