@@ -6,6 +6,12 @@ A warpgroup has GEMMs in flight from S^T's issue to dP^T's completion and from d
 neither warpgroup of a CTA has, its SM's tensor pipe is idle. That idle share is a lower bound of the pipe's idle
 time (a GEMM in flight may still wait for the pipe): if it is large, the two warpgroups' softmaxes overlap and the
 ping-pong between them is what to change; if small, the GEMMs themselves run slow.
+
+A stamp is a clock read, and ptxas moves arithmetic across it. In the 80-query timeline build it puts the dP^T
+stamp after 36 of the softmax's 40 `MUFU.EX2` (cuobjdump, 2026-12-07). So "P^T, dP^T wait" holds the exponent stretch
+there, and that build reads the same with the exponents held before the wait, where Nsight Compute finds the
+production kernels 245 cycles per visit apart (benchmarks/results/experiments/round35_20261207/README.md, call 1).
+Check the SASS around a stamp before reading a phase boundary.
 """
 from __future__ import annotations
 
