@@ -1,9 +1,9 @@
 """Does other work on the SM slow a warpgroup's wgmmas? benchmarks/kernels/pipe_interference.cu, one CTA of two
 warpgroups per SM: warpgroup 0 runs a chain of GEMMs (SS 64 x 80 x 128 as the backward's S^T / dP^T, or RS
 64 x 128 x 80 as its dV / dK), warpgroup 1 meanwhile runs one kind of other work (ex2, FFMA, shared loads, the
-same SS GEMM, ex2 and FFMA mixed, FFMA at half the rate, FMUL / FADD, LOP3, IMAD, F2FP, an mbarrier spin). Prints
-warpgroup 0's cycles per GEMM (median over the CTAs) in each case against its time alone; warpgroup 1's work is
-sized to outlast it. Measured on 2026-12-07: benchmarks/results/experiments/round35_20261207/README.md.
+same SS GEMM, ex2 and FFMA mixed, FFMA at half the rate, FMUL / FADD, LOP3, IMAD, F2FP, an mbarrier spin, shared
+stores, the dQ writer's bulk add). Prints warpgroup 0's cycles per GEMM (median over the CTAs) in each case against
+its time alone; warpgroup 1's work is sized to outlast it. Measured on 2026-12-07: benchmarks/results/experiments/round35_20261207/README.md.
 
     python benchmarks/pipe_interference.py [--reps 2000] [--json out.json]
     python benchmarks/pipe_interference.py --compile-only      # NVRTC build of every variant, no GPU
@@ -18,7 +18,8 @@ from measure import compile_probe, load_probe, write_rows
 SOURCE = Path(__file__).parent / "kernels" / "pipe_interference.cu"
 GEMMS = {0: "SS m64n80k16 x 8", 1: "RS m64n128k16 x 5"}
 OTHERS = {0: "alone", 1: "ex2", 2: "FFMA", 3: "shared loads", 4: "SS GEMM", 5: "ex2 + 2 FFMA", 6: "FFMA half",
-          7: "FMUL + FADD", 8: "LOP3", 9: "IMAD", 10: "F2FP bf16x2", 11: "mbarrier spin"}
+          7: "FMUL + FADD", 8: "LOP3", 9: "IMAD", 10: "F2FP bf16x2", 11: "mbarrier spin", 12: "shared stores",
+          13: "bulk add 20 KB"}
 SMEM = 2 * (64 + 80) * 128 * 2 + 1024 + 64   # two A and two B tiles, the 1024-byte alignment, OTHER 11's mbarrier
 
 
@@ -35,8 +36,9 @@ def run(cubin: bytes, reps: int, other_iters: int) -> tuple:
     ctas = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["multiProcessorCount"]
     cycles = cupy.zeros(2 * ctas, dtype=cupy.int64)
     sink = cupy.empty(ctas * 256, dtype=cupy.float32)
+    gbuf = cupy.zeros(ctas * 20480 // 4, dtype=cupy.float32)   # OTHER 13's destination, kBulkBytes per CTA
     for _ in range(2):  # the first launch warms up
-        kernel((ctas,), (256,), (cycles, sink, np.int32(reps), np.int32(other_iters)), shared_mem=SMEM)
+        kernel((ctas,), (256,), (cycles, sink, gbuf, np.int32(reps), np.int32(other_iters)), shared_mem=SMEM)
     cupy.cuda.Device().synchronize()
     c = cycles.get().reshape(ctas, 2)
     return float(np.median(c[:, 0])), float(np.median(c[:, 1]))
@@ -58,7 +60,7 @@ def main():
         for o in OTHERS:
             iters = 0
             if o:  # size warpgroup 1's work to outlast warpgroup 0: probe, then scale with a margin
-                probe_iters = 10 if o == 4 else 1000
+                probe_iters = 10 if o in (4, 13) else 1000
                 _, probe = run(cubins[(g, o)], 1, probe_iters)
                 iters = int(probe_iters * 1.3 * alone / max(probe, 1.0)) + 1
             wg0, wg1 = run(cubins[(g, o)], a.reps, iters)

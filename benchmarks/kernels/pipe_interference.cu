@@ -5,13 +5,17 @@
 //   0 nothing; 1 ex2 (MUFU.EX2, eight chains); 2 FFMA (eight chains); 3 shared loads (eight 16-byte loads in flight);
 //   4 the SS GEMM on its own tiles; 5 ex2 and FFMA mixed, 8 MUFU to 16 FFMA; 6 FFMA in two chains (half the rate);
 //   7 FMUL and FADD; 8 LOP3; 9 IMAD; 10 cvt.rn.bf16x2.f32 (F2FP); 11 mbarrier try_wait on a phase that never
-//   completes (a producer's spin).
-// Each warpgroup's clock64 span goes to cycles[2 * cta + wg]; sink keeps every result alive (never read).
+//   completes (a producer's spin); 12 shared stores (16 bytes, eight per iteration, into warpgroup 1's own tiles);
+//   13 the bulk add of a 20 KB slice of those tiles into gbuf (the dQ writer's cp.reduce.async.bulk: one thread
+//   issues it and waits for its reads, once per iteration).
+// Each warpgroup's clock64 span goes to cycles[2 * cta + wg]; sink keeps every result alive (never read); gbuf holds
+// kBulkBytes per CTA for OTHER 13's adds.
 // NOTES: every k-step accumulates (the accumulators start at zero): a GEMM that restarts its accumulators is dead
 // code when the next one restarts them too, and ptxas replaces all but the last of an unrolled loop's GEMMs by
 // empty m64n8k16 wgmmas (seen in the SASS of a first version, which then timed 132 cycles per 320-cycle GEMM).
 // Built by benchmarks/pipe_interference.py with NVRTC (GEMM and OTHER defined ahead of this text), one CTA per SM.
 #include "common.cuh"
+#include "ptx/bulk_reduce.cuh"
 #include "ptx/clock.cuh"
 #include "ptx/cvt.cuh"
 #include "ptx/exp2.cuh"
@@ -22,6 +26,7 @@
 using TileA = SwizzledTile<64>;
 using TileB = SwizzledTile<80>;
 constexpr uint32_t kTileA = 64 * 128 * 2, kTileB = 80 * 128 * 2;
+constexpr uint32_t kBulkBytes = 20480;  // OTHER 13: one MMA warpgroup's dQ slice of the 80-query tile
 
 DASH_DEVICE void gemm_ss(float (&acc)[40], uint32_t a, uint32_t b) {
   wgmma_fence();
@@ -46,7 +51,7 @@ DASH_DEVICE void gemm_rs(float (&acc)[64], uint32_t (&pa)[5][4], uint32_t b) {
   wgmma_fence_operand(acc);
 }
 
-DASH_DEVICE float other_work(int iters, uint32_t smem, int tid) {
+DASH_DEVICE float other_work(int iters, uint32_t smem, int tid, float* gbuf) {
   constexpr int kChains = OTHER == 6 ? 2 : 8;
   float x[8];
   uint32_t u[8];
@@ -80,6 +85,23 @@ DASH_DEVICE float other_work(int iters, uint32_t smem, int tid) {
       }
     }
     if constexpr (OTHER == 11) bits += mbar_try_wait(smem + 2 * (kTileA + kTileB), 0);  // a producer's spin
+    if constexpr (OTHER == 12) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const uint32_t addr = smem + kTileA + kTileB + ((uint32_t)(j * 128 + tid % 128) * 16u) % (kTileA + kTileB);
+        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(u[j]), "r"(bits), "r"(u[j]),
+                     "r"((uint32_t)it)
+                     : "memory");
+      }
+    }
+    if constexpr (OTHER == 13) {
+      if (tid % 128 == 0) {
+        bulk_reduce_add_f32(gbuf, smem + kTileA + kTileB, kBulkBytes);
+        bulk_commit();
+        bulk_wait_read<0>();
+      }
+      __syncwarp();
+    }
   }
   float s = __int_as_float(bits & 0x7fffffu);
 #pragma unroll
@@ -88,7 +110,7 @@ DASH_DEVICE float other_work(int iters, uint32_t smem, int tid) {
 }
 
 extern "C" __global__ void __launch_bounds__(256, 1)
-    pipe_interference(long long* cycles, float* sink, int reps, int other_iters) {
+    pipe_interference(long long* cycles, float* sink, float* gbuf, int reps, int other_iters) {
   extern __shared__ __align__(1024) char smem_raw[];
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
   char* generic = smem_raw + (base - smem_u32(smem_raw));
@@ -128,7 +150,7 @@ extern "C" __global__ void __launch_bounds__(256, 1)
 #pragma unroll
     for (int i = 0; i < 40; ++i) result += acc[i];
   } else if constexpr (OTHER != 0) {
-    result = other_work(other_iters, base, tid);
+    result = other_work(other_iters, base, tid, gbuf + (size_t)blockIdx.x * (kBulkBytes / 4));
   }
   const long long t1 = clock64_cycles();
   if (tid % 128 == 0) cycles[2 * blockIdx.x + wg] = t1 - t0;
