@@ -19,6 +19,7 @@
 #include "ptx/clock.cuh"
 #include "ptx/cvt.cuh"
 #include "ptx/exp2.cuh"
+#include "ptx/fence.cuh"
 #include "ptx/mbarrier.cuh"
 #include "ptx/wgmma.cuh"
 #include "swizzled_tile.cuh"
@@ -119,7 +120,7 @@ extern "C" __global__ void __launch_bounds__(256, 1)
     reinterpret_cast<uint4*>(generic)[i] = make_uint4(0x3c003c00u ^ i, 0x3c00u, 0u, 0x3c003c00u);
   }
   if (tid == 0) mbar_init(base + 2 * (kTileA + kTileB), 1);  // OTHER 11's barrier: its phase 0 never completes
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  fence_proxy_async_smem();
   __syncthreads();
   float result = 0.f;
   const long long t0 = clock64_cycles();

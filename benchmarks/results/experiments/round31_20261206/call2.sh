@@ -4,38 +4,23 @@
 # Nsight Compute (cycles, tensor-pipe activity, instructions, warp states) of the main backward at full 3840 (B 4)
 # and causal 8k (B 2), head dim 128 bf16: ours deterministic and atomic and FA3's non-deterministic kernel, then six
 # timing-only patched copies of ours (patches/cut_*.patch: dQ / dK wrong; each removes one stretch's work).
-R=${OUT:-/root/out}   # the device's $OUT (device_run.sh below gets its own)
+# NOTES: its Nsight Compute part is benchmarks/ncu_legs.sh since round 35 (this script was that harness before, and
+# rounds 33-35 called it so); what it passes keeps the interface those calls used.
+R=${OUT:-/root/out}   # the device's $OUT
 export CUPY_DASH_CACHE_DIR=/tmp/dash_cache PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 D=benchmarks/results/experiments/round31_20261206
-python3 -m pip install -q --no-build-isolation --no-deps -e . > /dev/null 2>&1
-m=sm__cycles_active.avg,sm__cycles_elapsed.max,sm__cycles_elapsed.avg,sm__pipe_tensor_cycles_active.avg
-m=$m,sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum,gpu__time_duration.sum
-m=$m,sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed
-m=$m,smsp__issue_active.avg.pct_of_peak_sustained_active
-m=$m,launch__grid_size,gpc__cycles_elapsed.avg.per_second
-export NCU_SECTIONS="--metrics $m --section WarpStateStats" NCU_PROFILE_BWD=0 NO_INSTALL=1 OUT=/tmp/c2
-save() { (cd /tmp/ncu && tar czf $R/ncu_cuts.tgz *.raw.csv *.log *.json 2>/dev/null); }
-shapes=("--seqlen 3840 --batch 4" "--causal --seqlen 8192 --batch 2")
+shapes="--seqlen 3840 --batch 4;--causal --seqlen 8192 --batch 2"
 impls="ours_auto ours_atomic fa3" legs="cut_exp2 cut_rows cut_ds_math cut_math cut_ds_store cut_dq_store"
 # SHORT=1: full 3840 only, ours and FA3, the four legs that tell most, no JAX step (~4 min with the start)
-[ -n "${SHORT:-}" ] && shapes=("${shapes[0]}") impls="ours_auto fa3" \
-  legs="cut_math cut_dq_store cut_ds_store cut_exp2"
+[ -n "${SHORT:-}" ] && shapes="${shapes%%;*}" impls="ours_auto fa3" legs="cut_math cut_dq_store cut_ds_store cut_exp2"
 # IMPLS / LEGS / SHAPE: other implementations, legs, one shape (short follow-up calls on a warm machine); LEG_IMPLS:
-# the implementations each leg runs as (default ours_auto);
-# PATCHES: a folder searched first for each leg's patch (later rounds' legs)
+# the implementations each leg runs as (default ours_auto); PATCHES: a folder searched first for each leg's patch
+# (later rounds' legs)
 [ -n "${IMPLS:-}" ] && impls=$IMPLS; [ -n "${LEGS+x}" ] && legs=$LEGS
-[ -n "${SHAPE:-}" ] && shapes=("$SHAPE")
-for shape in "${shapes[@]}"; do   # full 3840 whole first: what a call cut short keeps
-  NCU_SHAPES="$shape" FA3_WHL=1 NCU_IMPLS="$impls" timeout 120 \
-    bash benchmarks/device_run.sh ncu 2>&1 | grep -E "elapsed|cycles_active|inst_executed|rror"; save
-  for leg in $legs; do
-    [ -d /tmp/legs/$leg ] || { mkdir -p /tmp/legs/$leg && cp -r kernels_src /tmp/legs/$leg/ &&
-      f=${PATCHES:-$D/patches}/$leg.patch; [ -f $f ] || f=$D/patches/$leg.patch
-      patch -s -d /tmp/legs/$leg -p1 < $f; }
-    NCU_SHAPES="$shape" NCU_KSRC=/tmp/legs/$leg/kernels_src NCU_TAG=_$leg NCU_IMPLS=${LEG_IMPLS:-ours_auto} \
-      timeout 90 bash benchmarks/device_run.sh ncu 2>&1 | grep -E "elapsed|cycles_active|inst_executed|rror"; save
-  done
-done
+[ -n "${SHAPE:-}" ] && shapes=$SHAPE
+OUT=$R SHAPES="$shapes" IMPLS="$impls" LEGS="$legs" PATCHES=${PATCHES:-$D/patches} FALLBACK_PATCHES=$D/patches \
+  bash benchmarks/ncu_legs.sh
+save() { (cd /tmp/ncu && tar czf $R/ncu_cuts.tgz *.raw.csv *.log *.json 2>/dev/null); }
 [ -n "${SHORT:-}" ] && exit 0
 # Then, with what is left of the call: the JAX forward's builds again, steadier than call 1's (longer loops, the api
 # leg on CuPy arrays since dfb2e51); its JSON files join the archive.

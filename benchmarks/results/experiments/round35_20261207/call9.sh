@@ -3,8 +3,8 @@
 # groups, the dQ store's first half after the dQ wait and its second after dK's first group; same bits; README,
 # "Call 9"). Then the bits of dq_store_spread against the tree's. $OUT: ncu_cuts.tgz, bits/.
 R=benchmarks/results/experiments
-SHORT=1 PATCHES=$R/round35_20261207/patches IMPLS="ours_auto ours_atomic" LEGS="dq_store_spread" \
-  LEG_IMPLS="ours_auto ours_atomic" bash $R/round31_20261206/call2.sh
+PATCHES=$R/round35_20261207/patches IMPLS="ours_auto ours_atomic" LEGS="dq_store_spread" \
+  LEG_IMPLS="ours_auto ours_atomic" bash benchmarks/ncu_legs.sh
 mkdir -p $OUT/bits
 timeout 150 python3 benchmarks/with_kernels.py /tmp/legs/dq_store_spread/kernels_src benchmarks/bits_digest.py \
   --out $OUT/bits/dq_store_spread.json > $OUT/bits/log.txt 2>&1

@@ -1,16 +1,16 @@
-"""Call 2's legs per visit: SM-active and elapsed cycles, tensor-pipe active cycles and instructions per visit, from
-the Nsight Compute raw pages in an extracted ncu_cuts.tgz (names <impl>[_<leg>]_<shape tag>.raw.csv), and the
-SM-active Mcycles per SM of the call. Visits are counted on ours' 80 x 128 tile; FA3's causal kernel takes 64 x 128
-tiles, so compare its causal row by the call's Mcycles, not per visit.
+"""benchmarks/ncu_legs.sh's legs per visit: SM-active and elapsed cycles, tensor-pipe active cycles and instructions
+per visit, from the Nsight Compute raw pages in an extracted ncu_cuts.tgz (names <impl>[_<leg>]_<shape tag>.raw.csv),
+and the SM-active Mcycles per SM of the call (shapes full 3840, B 4, and causal 8192, B 2). Visits are counted on
+ours' 80 x 128 tile; FA3's causal kernel takes 64 x 128 tiles, so compare its causal row by the call's Mcycles, not
+per visit.
 
-    python benchmarks/results/experiments/round31_20261206/read_cuts.py <folder>
+    python benchmarks/read_cuts.py <folder>
 """
 import glob
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", ".."))
-from ncu_summary import _number, read_raw  # noqa: E402  (benchmarks/)
+from ncu_summary import _number, read_raw
 
 
 def visits(tag: str) -> int:
