@@ -136,6 +136,11 @@ constexpr int kKStages = !DqLayout::kTransposed && !kSplitHeadDim ? kBwdKStages 
 // next piece's first half waits only for the first half's drain (docs/decisions/head-dim-plans.md "Head dims 192 and
 // 256").
 constexpr int kDqHalves = kHeadDim == 256 ? 2 : 1;
+// NOTES: bwd/mainloop.cuh (head dims 64, 96, 128) issues dK in kDqStoreParts commit groups and stores the dQ piece
+// into its staging slice in as many parts, each once the dK group before it is complete: the store's bytes share
+// the shared-memory bandwidth that dK's RS GEMM leaves instead of arriving in one burst (-2.2 % of the SM cycles at
+// full 3840, same bits; docs/decisions/bwd-engine.md "The dQ store spread over dK").
+constexpr int kDqStoreParts = 2;
 constexpr int kBarPdS = 1;
 constexpr int kBarDqFull = kBarPdS + 1;                            // + kDqHalves wg + half
 constexpr int kBarDqEmpty = kBarDqFull + kDqHalves * kNumMmaWg;    // + kDqHalves wg + half

@@ -10,6 +10,7 @@
 namespace bwd {
 
 static_assert(!kSplitHeadDim, "head dim 256: bwd/split_step.cuh");
+static_assert(kDqHalves == 1, "one staging slot per MMA warpgroup: the dQ store is split over dK instead");
 
 // acc (64 keys x kBlockM queries) = A B^T over the head dim, A = this warpgroup's 64 rows of K or V (a_desc at
 // k-step 0), B = the Q or dO tile; both K-major: S^T = K Q^T, dP^T = V dO^T. Issues the wgmmas, no commit. Head
@@ -18,16 +19,40 @@ DASH_DEVICE void gemm_keys_by_queries(float (&acc)[kSRegs], uint64_t a_desc, uin
   gemm_ss_kmajor<kBlockM, kHeadDimIO / 16, TileKV, TileQ>(acc, a_desc, TileQ::kmajor(b_tile, 0));
 }
 
-// acc (64 keys x kHeadDimIO) += A B, A = rounded fragments of P^T or dS^T (64 keys x kBlockM queries), B = the dO or
-// Q tile as an MN-major operand: dV += P^T dO, dK += dS^T Q. restart: the first k-step ignores acc (new KV tile).
-// Issues the wgmmas, no commit.
+// acc (64 keys x kHeadDimIO) += A B over k-steps [kBegin, kEnd) (all kBlockM / 16 by default), A = rounded fragments
+// of P^T or dS^T (64 keys x kBlockM queries), B = the dO or Q tile as an MN-major operand: dV += P^T dO,
+// dK += dS^T Q. restart: the first k-step ignores acc (new KV tile). Issues the wgmmas, no commit.
+template <int kBegin = 0, int kEnd = kBlockM / 16>
 DASH_DEVICE void gemm_accumulate_rs(float (&acc)[kDkvRegs], const uint32_t (&a)[kBlockM / 16][4], uint32_t b_tile,
                                     bool restart) {
   const uint64_t b_desc = TileQ::mnmajor(b_tile, 0);
 #pragma unroll
-  for (int ks = 0; ks < kBlockM / 16; ++ks) {
+  for (int ks = kBegin; ks < kEnd; ++ks) {
     wgmma_rs<kHeadDimIO, 1>(acc, a[ks], desc_advance(b_desc, TileQ::mnmajor_step(ks)), !(restart && ks == 0));
   }
+}
+
+// Part i of n things split into kDqStoreParts parts starts at dq_part_begin(i, n); the first parts take the rest.
+constexpr int dq_part_begin(int i, int n) { return (i * n + kDqStoreParts - 1) / kDqStoreParts; }
+
+// dK += dS^T Q in kDqStoreParts commit groups (part kPart's k-steps, then the following parts').
+template <int kPart = 0>
+DASH_DEVICE void issue_dk_in_parts(float (&dK)[kDkvRegs], const uint32_t (&dSa)[kBlockM / 16][4], uint32_t q_tile,
+                                   bool restart) {
+  constexpr int kSteps = kBlockM / 16;
+  gemm_accumulate_rs<dq_part_begin(kPart, kSteps), dq_part_begin(kPart + 1, kSteps)>(dK, dSa, q_tile, restart);
+  wgmma_commit();
+  if constexpr (kPart + 1 < kDqStoreParts) issue_dk_in_parts<kPart + 1>(dK, dSa, q_tile, restart);
+}
+
+// The dQ piece into the staging slice in kDqStoreParts parts of its float4 groups (store_dq's layout), part i > 0
+// once dK's commit group i - 1 is complete (dK's parts the only GEMMs in flight).
+template <int kPart = 0>
+DASH_DEVICE void store_dq_beside_dk(uint32_t slice, const float (&dQ)[kDqRegs], int tid) {
+  constexpr int kGroups = kDqRegs / 4, kFirst = dq_part_begin(kPart, kGroups);
+  if constexpr (kPart > 0) wgmma_wait<kDqStoreParts - kPart>();
+  store_dq(slice + 16 * 128 * kFirst, dQ, tid, kFirst, dq_part_begin(kPart + 1, kGroups) - kFirst);
+  if constexpr (kPart + 1 < kDqStoreParts) store_dq_beside_dk<kPart + 1>(slice, dQ, tid);
 }
 
 // This warpgroup's dQ piece = dS K over all kBlockN keys, from the dS tile (both warpgroups' dS^T) and the K tile.
@@ -105,12 +130,12 @@ DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_gen
   gemm_dq(dQ, s.ds(stage), s.k(kbuf), wg);
   wgmma_commit();
 
-  // dK += dS^T Q.
-  gemm_accumulate_rs(dK, dSa, s.q(stage), opens_run);
-  wgmma_commit();
+  // dK += dS^T Q, in kDqStoreParts commit groups.
+  issue_dk_in_parts(dK, dSa, s.q(stage), opens_run);
 
-  // dV and dQ done: dO (and, closing a run of the flat loop, K) may be overwritten; dQ goes to the writer.
-  wgmma_wait<1>();
+  // dV and dQ done: dO (and, closing a run of the flat loop, K) may be overwritten; dQ goes to the writer, stored
+  // beside dK's parts.
+  wgmma_wait<kDqStoreParts>();
   stamp_wg(p, v, wg, tid, kWgDqDone);
   wgmma_fence_operand(dQ);
   wgmma_fence_operand(dV);
@@ -120,7 +145,10 @@ DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_gen
     if (closes_run) mbar_arrive(s.k_empty(kbuf));
     if (wg == 0) stamp(p, v, kStampDqReady);
   }
-  hand_dq_to_writer(s, dQ, wg, tid);
+  dq_handoff_barrier<kBarDqEmpty, true>(wg);
+  store_dq_beside_dk(s.dq(wg), dQ, tid);
+  fence_proxy_async_smem();
+  dq_handoff_barrier<kBarDqFull, false>(wg);
 
   // dK done: Q may be overwritten.
   wgmma_wait<0>();
