@@ -1,0 +1,114 @@
+"""Is nvidia-smi's sampled SM clock the clock our backward runs at in a steady loop? steady_bench.py derives cycles
+per call from it (ms x sampled MHz), and at the power limit the two implementations' clocks differ by more than
+their cycles do (docs/decisions/bwd-engine.md, "The dQ store spread over dK"). This runs the timeline debug build
+(kernels_src/bwd/timeline.cuh) back to back for a while, as steady_bench.py runs the normal one, and reads the SM
+clock from the last call's own stamps: per CTA, its %clock64 against its %globaltimer between its first and last
+visit. Printed beside nvidia-smi's median over the same loop.
+
+    CUPY_DASH_BWD_FULL_BLOCK_M=80 CUPY_DASH_BWD_CAUSAL_BLOCK_M=80 \
+        python benchmarks/clock_check.py --shapes 128:full:3840 128:causal:8192 --json clock_check.json
+
+The timeline build's stamps cost its visits ~500 cycles each, so its clock is that of a slightly different load:
+what is compared is the two readings of one loop, not the normal build's clock.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import statistics
+import sys
+
+import numpy as np
+
+KWG_TOP_COL = 4      # warpgroup 0's %clock64 at the top of a visit (timeline.cuh: 4 + kWgStamps * 0 + kWgTop)
+KSTART_COL = 0       # the CTA's %globaltimer (ns) when the visit starts (timeline.cuh: kStampStart)
+
+
+def cta_clocks_mhz(stamps: np.ndarray, cta_start: np.ndarray) -> np.ndarray:
+    """Per CTA with at least two visits, (clock64 of its last visit - of its first) / (globaltimer ns between the
+    same visits), in MHz. stamps: (V, kTimelineCols) int64 of one call; cta_start: (C + 1,) visit offsets."""
+    out = []
+    for c in range(len(cta_start) - 1):
+        a, b = int(cta_start[c]), int(cta_start[c + 1]) - 1
+        ns = stamps[b, KSTART_COL] - stamps[a, KSTART_COL]
+        if b > a and ns > 0:
+            out.append((stamps[b, KWG_TOP_COL] - stamps[a, KWG_TOP_COL]) / ns * 1e3)
+    return np.asarray(out, dtype=np.float64)
+
+
+def check(hdim: int, causal: bool, S: int, loop_s: float, smi) -> dict:
+    import cupy
+
+    import cupy_dash
+    from cupy_dash import schedule
+    from cupy_dash.cli.measure import random_tensor
+    from cupy_dash.core import api
+    from cupy_dash.cuda import kernels, launchers
+    from cupy_dash.cuda.params import CONSTANTS
+    from steady_bench import pipelined_loop
+
+    B, H = 16384 // S, 2048 // hdim
+    q, k, v, do = (random_tensor((B, S, H, hdim), "bf16", seed=i) for i in range(4))
+    out, lse = cupy_dash.attention_forward(q, k, v, causal=causal)
+    dev = cupy.cuda.Device().id
+    _, bm, bn, max_ctas = kernels.bwd_entry(dev, "bfloat16", hdim, causal, True)
+    plan = schedule.build("symmetric_shift", seqlen_q=S, seqlen_k=S, block_m=bm, block_n=bn, num_heads=B * H,
+                          causal=causal, num_sms=max_ctas, head_section=launchers.head_section(S, hdim, 1, None, dev))
+    stamps = cupy.zeros((plan.num_visits, CONSTANTS.kTimelineCols), dtype=cupy.int64)
+
+    def call():
+        api._backward_with_plan(do, q, k, v, out, lse, plan=plan, causal=causal, deterministic=True,
+                                timeline=stamps)
+        event = cupy.cuda.Event()
+        event.record()
+        return event
+
+    call().synchronize()                              # compiles and warms up
+    ms, calls, wall0, wall1 = pipelined_loop(call, lambda e: e.synchronize(), loop_s)
+    cupy.cuda.Device().synchronize()
+    cupy_dash.check_errors()
+    probe = cta_clocks_mhz(stamps.get(), np.asarray(plan.cta_start))
+    smi_mhz, smi_w, samples = smi.window(wall0, wall1)
+    row = dict(shape=f"{hdim}:{'causal' if causal else 'full'}:{S}", block_m=bm, ms=ms, calls=calls,
+               probe_mhz_median=float(np.median(probe)), probe_mhz_p10=float(np.percentile(probe, 10)),
+               probe_mhz_p90=float(np.percentile(probe, 90)), smi_mhz=smi_mhz, smi_w=smi_w, smi_samples=samples)
+    print(f"{row['shape']:18s} m{bm}  {ms:.3f} ms x {calls}  probe {row['probe_mhz_median']:.0f} MHz "
+          f"(p10 {row['probe_mhz_p10']:.0f}, p90 {row['probe_mhz_p90']:.0f})  nvidia-smi {smi_mhz} MHz "
+          f"{smi_w} W ({samples} samples)", flush=True)
+    return row
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shapes", nargs="+", default=["128:full:3840", "128:causal:8192"], help="hdim:mask:seqlen")
+    ap.add_argument("--loop-s", type=float, default=0.5)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    import cupy
+
+    import measure
+    from steady_bench import Smi
+    smi = Smi()
+    rows = []
+    try:
+        for _ in range(args.rounds):
+            for shape in args.shapes:
+                d, mask, S = shape.split(":")
+                rows.append(check(int(d), mask == "causal", int(S), args.loop_s, smi))
+    finally:
+        smi.close()
+    if args.json:
+        name = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"]
+        meta = dict(date=_dt.datetime.now().isoformat(timespec="seconds"), command=" ".join(["python", *sys.argv]),
+                    commit=measure.commit(), gpu=name.decode() if isinstance(name, bytes) else str(name))
+        with open(args.json, "w") as f:
+            json.dump(dict(meta=meta, rows=rows), f, indent=1)
+    ratios = [r["probe_mhz_median"] / r["smi_mhz"] for r in rows if r["smi_mhz"]]
+    if ratios:
+        print(f"probe / nvidia-smi: median {statistics.median(ratios):.3f} over {len(ratios)} loops")
+
+
+if __name__ == "__main__":
+    main()
