@@ -15,7 +15,8 @@ python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl > /
 PYTHONPATH=/tmp/site timeout 100 python3 benchmarks/steady_bench.py --hdim 64 --impls dash_det fa3_nondet \
   --rounds 3 --loop-s 0.3 --shapes full:1280 full:3840 full:15360 causal:2048 causal:8192 causal:16384 \
   --json $OUT/steady_d64.json 2>&1 | tail -7
-mkdir -p /tmp/san && OUT=/tmp/san bash benchmarks/device_run.sh sanitize 2>&1 | grep -E "ERROR SUMMARY|rror" | head -12
+mkdir -p /tmp/san && OUT=/tmp/san bash benchmarks/device_run.sh sanitize 2>&1 | grep -E "ERROR SUMMARY|rror" \
+  | head -12
 (cd /tmp/san && tar czf $OUT/sanitize.tgz *.log)
 timeout -s INT -k 20 240 python3 -m pytest tests/gpu/test_gpu_attention.py tests/gpu/test_gpu_gqa.py \
   tests/gpu/test_gpu_softcap.py tests/gpu/test_gpu_compact.py tests/gpu/test_gpu_window.py -q -ra --maxfail=5 \

@@ -2,13 +2,5 @@
 # tree beside two timing legs of the Q / dO loads (patches/; README "Call 4"): loads_after_dv, loads_after_dp.
 # Then the bits of each leg against the tree's. $OUT: ncu_cuts.tgz, bits/.
 R=benchmarks/results/experiments/round36_20261207
-LEGS="loads_after_dv loads_after_dp"
-PATCHES=$R/patches IMPLS="ours_auto ours_atomic" LEGS="$LEGS" LEG_IMPLS="ours_auto" \
-  SHAPES="--seqlen 3840 --batch 4;--causal --seqlen 8192 --batch 2" bash benchmarks/ncu_legs.sh
-mkdir -p $OUT/bits
-timeout 150 python3 benchmarks/bits_digest.py --out $OUT/bits/tree.json > $OUT/bits/log.txt 2>&1
-for leg in $LEGS; do
-  timeout 150 python3 benchmarks/with_kernels.py /tmp/legs/$leg/kernels_src benchmarks/bits_digest.py \
-    --out $OUT/bits/$leg.json >> $OUT/bits/log.txt 2>&1
-  echo "$leg: $(python3 benchmarks/bits_digest.py --compare $OUT/bits/tree.json $OUT/bits/$leg.json 2>&1 | tail -1)"
-done
+PATCHES=$R/patches LEGS="loads_after_dv loads_after_dp" IMPLS="ours_auto ours_atomic" \
+  bash benchmarks/legs_bits.sh

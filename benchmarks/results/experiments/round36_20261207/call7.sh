@@ -3,16 +3,8 @@
 # dq_store_64 (the split's proportions) and bulk_after_dp (the writer's bulk add held until the next visit's dP^T is
 # complete). Then the bits of each leg against the tree's. $OUT: ncu_cuts.tgz, bits/.
 R=benchmarks/results/experiments/round36_20261207
-LEGS="dq_split_23 dq_store_64 bulk_after_dp"
-PATCHES=$R/patches IMPLS="ours_auto ours_atomic" LEGS="$LEGS" LEG_IMPLS="ours_auto" \
-  SHAPES="--seqlen 3840 --batch 4;--causal --seqlen 8192 --batch 2" bash benchmarks/ncu_legs.sh
-mkdir -p $OUT/bits
-timeout 150 python3 benchmarks/bits_digest.py --out $OUT/bits/tree.json > $OUT/bits/log.txt 2>&1
-for leg in $LEGS; do
-  timeout 150 python3 benchmarks/with_kernels.py /tmp/legs/$leg/kernels_src benchmarks/bits_digest.py \
-    --out $OUT/bits/$leg.json >> $OUT/bits/log.txt 2>&1
-  echo "$leg: $(python3 benchmarks/bits_digest.py --compare $OUT/bits/tree.json $OUT/bits/$leg.json 2>&1 | tail -1)"
-done
+PATCHES=$R/patches LEGS="dq_split_23 dq_store_64 bulk_after_dp" IMPLS="ours_auto ours_atomic" \
+  bash benchmarks/legs_bits.sh
 # The clock check (decision record, "The dQ store spread over dK", last paragraph): nvidia-smi's sampled clock
 # against the clock in the timeline build's own stamps, steady loops of the 80-query tile.
 CUPY_DASH_BWD_FULL_BLOCK_M=80 CUPY_DASH_BWD_CAUSAL_BLOCK_M=80 timeout 150 python3 benchmarks/clock_check.py \
