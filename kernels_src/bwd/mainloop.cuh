@@ -2,7 +2,7 @@
 // Warpgroup wg owns keys [64 wg, 64 wg + 64) of the KV tile. S and dP are computed transposed (keys x queries,
 // FA3's SdP_swapAB), so P^T and dS^T leave the accumulators directly as register A operands of
 // dV += P^T dO and dK += dS^T Q; dS goes through shared memory for dQ = dS K, whose fp32 piece is handed to
-// the dQ writer warp (dq_reduce.cuh).
+// the dQ writer warp (dq_reduce.cuh), stored into its staging slice beside dK's commit groups (kDqStoreParts).
 #pragma once
 #include "epilogue.cuh"
 #include "visit_math.cuh"
