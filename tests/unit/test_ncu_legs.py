@@ -1,5 +1,6 @@
-"""benchmarks/ncu_legs.sh (Nsight Compute of the backward beside patched copies, on the GPU machine) parses before
-device time is spent on it, and benchmarks/read_cuts.py counts the visits of its two shapes. CPU only."""
+"""benchmarks/ncu_legs.sh (Nsight Compute of the backward beside patched copies, on the GPU machine), legs_bits.sh
+(the same with each leg's bits) and standing.sh parse before device time is spent on them, legs_bits.sh stops at
+once without its PATCHES, and benchmarks/read_cuts.py counts the visits of its two shapes. CPU only."""
 from __future__ import annotations
 
 import shutil
@@ -13,9 +14,17 @@ BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="no bash")
-def test_bash_parses_it():
-    proc = subprocess.run(["bash", "-n", str(BENCHMARKS / "ncu_legs.sh")], capture_output=True, text=True)
+@pytest.mark.parametrize("script", ["ncu_legs.sh", "legs_bits.sh", "standing.sh"])
+def test_bash_parses_it(script):
+    proc = subprocess.run(["bash", "-n", str(BENCHMARKS / script)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="no bash")
+def test_legs_bits_needs_its_patches_and_legs(tmp_path):
+    proc = subprocess.run(["bash", str(BENCHMARKS / "legs_bits.sh")], capture_output=True, text=True, cwd=tmp_path,
+                          env={"PATH": "/usr/bin:/bin", "OUT": str(tmp_path)})
+    assert proc.returncode != 0 and "PATCHES" in proc.stderr
 
 
 def test_read_cuts_counts_the_visits_of_the_80_query_tile():
