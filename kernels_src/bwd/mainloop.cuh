@@ -145,10 +145,7 @@ DASH_DEVICE VisitSlot bwd_step(const BwdParams& p, const Smem& s, char* smem_gen
     if (closes_run) mbar_arrive(s.k_empty(kbuf));
     if (wg == 0) stamp(p, v, kStampDqReady);
   }
-  dq_handoff_barrier<kBarDqEmpty, true>(wg);
-  store_dq_beside_dk(s.dq(wg), dQ, tid);
-  fence_proxy_async_smem();
-  dq_handoff_barrier<kBarDqFull, false>(wg);
+  hand_dq_slice(s, wg, [&](uint32_t slice) { store_dq_beside_dk(slice, dQ, tid); });
 
   // dK done: Q may be overwritten.
   wgmma_wait<0>();

@@ -360,6 +360,16 @@ DASH_DEVICE void store_dq(uint32_t slice, const float (&dQ)[kDqRegs], int tid, i
   }
 }
 
+// One staging slot per MMA warpgroup (kDqHalves 1): waits for warpgroup wg's slice to be free, store(slice) writes
+// the piece into it, and the slice goes to the dQ writer.
+template <class Store>
+DASH_DEVICE void hand_dq_slice(const Smem& s, int wg, Store store) {
+  dq_handoff_barrier<kBarDqEmpty, true>(wg);
+  store(s.dq(wg));
+  fence_proxy_async_smem();
+  dq_handoff_barrier<kBarDqFull, false>(wg);
+}
+
 // Hands this warpgroup's dQ piece to the dQ writer through its staging slice; with kDqHalves 2 in two halves (float4
 // groups c < kDqRegs / 8 and the rest: the first and second half of the slice's fragment order), each into its own
 // half of the slice behind its own barrier pair.
@@ -375,10 +385,7 @@ DASH_DEVICE void hand_dq_to_writer(const Smem& s, const float (&dQ)[kDqRegs], in
       dq_handoff_barrier<kBarDqFull, false>(wg, half);
     }
   } else {
-    dq_handoff_barrier<kBarDqEmpty, true>(wg);
-    store_dq(s.dq(wg), dQ, tid);
-    fence_proxy_async_smem();
-    dq_handoff_barrier<kBarDqFull, false>(wg);
+    hand_dq_slice(s, wg, [&](uint32_t slice) { store_dq(slice, dQ, tid); });
   }
 }
 
