@@ -24,6 +24,15 @@ FORWARD_CASES = [(4, 4096, 16, 128, True), (4, 3840, 16, 128, False), (2, 2000, 
                  (1, 8192, 16, 128, True)]
 
 
+def _sha256(*arrays) -> str:
+    """SHA-256 of the arrays' bytes, one after another (device arrays copied to the host)."""
+    import cupy
+    h = hashlib.sha256()
+    for a in arrays:
+        h.update(cupy.asnumpy(a).tobytes())
+    return h.hexdigest()
+
+
 def forward_digests() -> dict:
     """{case: SHA-256 of out's and lse's bits} over FORWARD_CASES (fp16 inputs)."""
     import cupy
@@ -34,13 +43,12 @@ def forward_digests() -> dict:
         q, k, v = (cupy.asarray(rng.standard_normal((B, S, H, D), np.float32)).astype(cupy.float16) for _ in range(3))
         o, lse = cupy_dash.attention_forward(q, k, v, causal=causal)
         cupy_dash.check_errors()
-        h = hashlib.sha256(cupy.asnumpy(o).tobytes())
-        h.update(cupy.asnumpy(lse).tobytes())
-        out[f"B{B}-S{S}-H{H}-d{D}-{'causal' if causal else 'full'}"] = h.hexdigest()
+        out[f"B{B}-S{S}-H{H}-d{D}-{'causal' if causal else 'full'}"] = _sha256(o, lse)
     return out
 
 
 def digests() -> dict:
+    """{case: SHA-256 of dq's, dk's and dv's bits} over CASES (fp16 inputs)."""
     import cupy
     import cupy_dash
     out = {}
@@ -49,13 +57,9 @@ def digests() -> dict:
         mk = lambda n: cupy.asarray(rng.standard_normal((B, S, n, D), np.float32)).astype(cupy.float16)  # noqa: E731
         q, k, v, do = mk(H), mk(Hkv), mk(Hkv), mk(H)
         out_, lse = cupy_dash.attention_forward(q, k, v, causal=causal)
-        sched = schedule
-        grads = cupy_dash.attention_backward(do, q, k, v, out_, lse, causal=causal, schedule=sched)
+        grads = cupy_dash.attention_backward(do, q, k, v, out_, lse, causal=causal, schedule=schedule)
         cupy_dash.check_errors()
-        h = hashlib.sha256()
-        for g in grads:
-            h.update(cupy.asnumpy(g).tobytes())
-        out[f"B{B}-S{S}-H{H}-Hkv{Hkv}-d{D}-{'causal' if causal else 'full'}-{sched}"] = h.hexdigest()
+        out[f"B{B}-S{S}-H{H}-Hkv{Hkv}-d{D}-{'causal' if causal else 'full'}-{schedule}"] = _sha256(*grads)
     return out
 
 

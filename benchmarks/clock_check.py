@@ -14,10 +14,7 @@ what is compared is the two readings of one loop, not the normal build's clock.
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
-import json
 import statistics
-import sys
 
 import numpy as np
 
@@ -41,25 +38,13 @@ def check(hdim: int, causal: bool, S: int, loop_s: float, smi) -> dict:
     import cupy
 
     import cupy_dash
-    from cupy_dash import schedule
-    from cupy_dash.cli.measure import random_tensor
-    from cupy_dash.core import api
-    from cupy_dash.cuda import kernels, launchers
-    from cupy_dash.cuda.params import CONSTANTS
     from steady_bench import pipelined_loop
+    from timeline import stamped_backward
 
-    B, H = 16384 // S, 2048 // hdim
-    q, k, v, do = (random_tensor((B, S, H, hdim), "bf16", seed=i) for i in range(4))
-    out, lse = cupy_dash.attention_forward(q, k, v, causal=causal)
-    dev = cupy.cuda.Device().id
-    _, bm, bn, max_ctas = kernels.bwd_entry(dev, "bfloat16", hdim, causal, True)
-    plan = schedule.build("symmetric_shift", seqlen_q=S, seqlen_k=S, block_m=bm, block_n=bn, num_heads=B * H,
-                          causal=causal, num_sms=max_ctas, head_section=launchers.head_section(S, hdim, 1, None, dev))
-    stamps = cupy.zeros((plan.num_visits, CONSTANTS.kTimelineCols), dtype=cupy.int64)
+    backward, plan, stamps = stamped_backward(hdim, causal, S, "symmetric_shift")
 
     def call():
-        api._backward_with_plan(do, q, k, v, out, lse, plan=plan, causal=causal, deterministic=True,
-                                timeline=stamps)
+        backward()
         event = cupy.cuda.Event()
         event.record()
         return event
@@ -70,10 +55,10 @@ def check(hdim: int, causal: bool, S: int, loop_s: float, smi) -> dict:
     cupy_dash.check_errors()
     probe = cta_clocks_mhz(stamps.get(), np.asarray(plan.cta_start))
     smi_mhz, smi_w, samples = smi.window(wall0, wall1)
-    row = dict(shape=f"{hdim}:{'causal' if causal else 'full'}:{S}", block_m=bm, ms=ms, calls=calls,
+    row = dict(shape=f"{hdim}:{'causal' if causal else 'full'}:{S}", block_m=plan.block_m, ms=ms, calls=calls,
                probe_mhz_median=float(np.median(probe)), probe_mhz_p10=float(np.percentile(probe, 10)),
                probe_mhz_p90=float(np.percentile(probe, 90)), smi_mhz=smi_mhz, smi_w=smi_w, smi_samples=samples)
-    print(f"{row['shape']:18s} m{bm}  {ms:.3f} ms x {calls}  probe {row['probe_mhz_median']:.0f} MHz "
+    print(f"{row['shape']:18s} m{plan.block_m}  {ms:.3f} ms x {calls}  probe {row['probe_mhz_median']:.0f} MHz "
           f"(p10 {row['probe_mhz_p10']:.0f}, p90 {row['probe_mhz_p90']:.0f})  nvidia-smi {smi_mhz} MHz "
           f"{smi_w} W ({samples} samples)", flush=True)
     return row
@@ -88,8 +73,8 @@ def main():
     args = ap.parse_args()
     import cupy
 
-    import measure
-    from steady_bench import Smi
+    from measure import write_rows
+    from steady_bench import Smi, _text
     smi = Smi()
     rows = []
     try:
@@ -100,11 +85,7 @@ def main():
     finally:
         smi.close()
     if args.json:
-        name = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"]
-        meta = dict(date=_dt.datetime.now().isoformat(timespec="seconds"), command=" ".join(["python", *sys.argv]),
-                    commit=measure.commit(), gpu=name.decode() if isinstance(name, bytes) else str(name))
-        with open(args.json, "w") as f:
-            json.dump(dict(meta=meta, rows=rows), f, indent=1)
+        write_rows(args.json, rows, _text(cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"]))
     ratios = [r["probe_mhz_median"] / r["smi_mhz"] for r in rows if r["smi_mhz"]]
     if ratios:
         print(f"probe / nvidia-smi: median {statistics.median(ratios):.3f} over {len(ratios)} loops")

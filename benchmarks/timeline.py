@@ -23,7 +23,10 @@ from cupy_dash.cuda.params import CONSTANTS
 from timeline_phases import format_report, format_switch_report, phase_report, switch_report
 
 
-def run(hdim, causal, S, policy, deterministic=True):
+def stamped_backward(hdim, causal, S, policy, deterministic=True):
+    """(call, plan, stamps) for the bench shape (bf16, 16k tokens, H * D = 2048): call() runs the timeline build's
+    backward once on fixed random inputs with ``policy``'s table, writing its stamps into ``stamps`` (V,
+    kTimelineCols) int64."""
     B, H = 16384 // S, 2048 // hdim
     q, k, v, do = (random_tensor((B, S, H, hdim), "bf16", seed=i) for i in range(4))
     out, lse = cupy_dash.attention_forward(q, k, v, causal=causal)
@@ -34,9 +37,17 @@ def run(hdim, causal, S, policy, deterministic=True):
     plan = schedule.build(policy, seqlen_q=S, seqlen_k=S, block_m=bm, block_n=bn, num_heads=B * H, causal=causal,
                           num_sms=max_ctas, head_section=launchers.head_section(S, hdim, 1, None, dev))
     stamps = cupy.zeros((plan.num_visits, CONSTANTS.kTimelineCols), dtype=cupy.int64)
-    for _ in range(2):                                # the first call compiles and warms up
+
+    def call():
         api._backward_with_plan(do, q, k, v, out, lse, plan=plan, causal=causal, deterministic=deterministic,
                                 timeline=stamps)
+    return call, plan, stamps
+
+
+def run(hdim, causal, S, policy, deterministic=True):
+    call, plan, stamps = stamped_backward(hdim, causal, S, policy, deterministic)
+    for _ in range(2):                                # the first call compiles and warms up
+        call()
     cupy.cuda.Device().synchronize()
     cupy_dash.check_errors()
     t = stamps.get()
@@ -50,7 +61,7 @@ def run(hdim, causal, S, policy, deterministic=True):
         gaps.append(t[a + 1:b, 0] - t[a:b - 1, 1])
     gaps = np.concatenate(gaps) if gaps else np.zeros(0)
     span = int(t[:, 3].max())
-    print(f"d{hdim} {bm}x{bn} {'causal' if causal else 'full'} S={S} {policy if deterministic else 'atomic':16s} "
+    print(f"d{hdim} {plan.block_m}x{plan.block_n} {'causal' if causal else 'full'} S={S} {policy if deterministic else 'atomic':16s} "
           f"CTAs {plan.num_ctas:4d} visits {plan.num_visits:7d}  span {span / 1e3:8.1f} us  compute "
           f"{compute.mean():6.0f}  hand-off {handoff.mean():6.0f} (p90 {np.percentile(handoff, 90):6.0f})  gap "
           f"{gaps.mean():6.0f} (p90 {np.percentile(gaps, 90):6.0f})  CTA time per visit "
