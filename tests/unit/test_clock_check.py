@@ -24,3 +24,17 @@ def test_clock_per_cta_from_its_first_and_last_visit():
     stamps[[4, 5], clock_check.KWG_TOP_COL] = [7, 7 + 1_800]
     mhz = clock_check.cta_clocks_mhz(stamps, np.array([0, 3, 4, 6]))
     np.testing.assert_allclose(mhz, [1_500.0, 1_800.0])
+
+
+def test_idle_share_counts_each_cta_before_its_first_visit_and_after_its_last():
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import clock_check
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    stamps = np.zeros((5, 24), dtype=np.int64)
+    # CTA 0: visits 0..2 from 0 to 1,000 ns; CTA 1: no visits; CTA 2: visits 3..4 from 100 to 800 ns
+    stamps[[0, 3], clock_check.KSTART_COL] = [0, 100]
+    stamps[[2, 4], clock_check.KLAST_COL] = [1_000, 800]
+    share = clock_check.idle_share(stamps, np.array([0, 3, 3, 5]))
+    assert share == (0 + 0 + 100 + 200) / 2 / 1_000
