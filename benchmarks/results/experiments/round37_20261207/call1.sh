@@ -3,13 +3,17 @@
 #    SM cycles) and the steady loop's SM idle share; 2. burst_bench.py: ours deterministic / atomic and FA3's
 #    non-deterministic backward below the limit (bursts after idle) and at it (steady loops), four long shapes;
 # 3. every kernel of one backward (ours deterministic / atomic, FA3) under Nsight Compute, time and cycles: the
-#    pre- and postprocess beside the main kernels. $OUT: clock_check.json, burst.json, kernels.tgz, log.txt.
+#    pre- and postprocess beside the main kernels. $OUT: clock_check.json, burst.json, kernels.tgz, log.txt,
+#    smi.csv (nvidia-smi every 100 ms through the call, with the active clock-event reasons' bit mask).
 export CUPY_DASH_CACHE_DIR=/tmp/dash_cache PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 O=${OUT:-/root/out}
 python3 -m pip install -q --no-build-isolation --no-deps -e . > /dev/null 2>&1
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl > /dev/null 2>&1
 export PYTHONPATH=/tmp/site
 nvidia-smi --query-gpu=name,power.limit,clocks.max.sm --format=csv,noheader | tee $O/log.txt
+f=clocks_event_reasons.active; nvidia-smi --query-gpu=$f --format=csv > /dev/null 2>&1 || f=clocks_throttle_reasons.active
+nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,$f \
+  --format=csv,noheader -lms 100 > $O/smi.csv 2>&1 &   # the throttle reasons beside the clock, the whole call
 CUPY_DASH_BWD_FULL_BLOCK_M=80 CUPY_DASH_BWD_CAUSAL_BLOCK_M=80 timeout 100 python3 benchmarks/clock_check.py \
   --cold-s 1.5 --shapes 128:full:3840 128:causal:8192 --json $O/clock_check.json 2>&1 | tail -6 | tee -a $O/log.txt
 timeout 240 python3 benchmarks/burst_bench.py --json $O/burst.json 2>&1 | tail -6 | tee -a $O/log.txt
@@ -34,3 +38,4 @@ PY
   done
 done
 (cd /tmp/k && tar czf $O/kernels.tgz *.raw.csv *.log)
+kill %1
