@@ -1,0 +1,47 @@
+"""benchmarks/with_split_tail.py's timing-only tables: the last partial round of full-mask columns cut into pieces
+of their Q range, every tile once, ranks in the visits' order, and the busiest CTA lighter. CPU only."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+if str(BENCHMARKS) not in sys.path:
+    sys.path.insert(0, str(BENCHMARKS))
+
+import with_split_tail  # noqa: E402
+
+
+def _base(S, heads, ctas):
+    from cupy_dash.schedule import auto
+    return auto.build("auto", seqlen_q=S, seqlen_k=S, block_m=80, block_n=128, num_heads=heads, causal=False,
+                      num_sms=ctas)
+
+
+def test_full_3840_tail_in_thirds_takes_the_busiest_cta_from_720_to_704_visits():
+    base = _base(3840, 64, 132)
+    split = with_split_tail.split_tail(base, 3)
+    loads = np.diff(split.cta_start)
+    assert np.diff(base.cta_start).max() == 720 and loads.max() == 704 and loads.min() == 688
+    assert split.num_visits == base.num_visits
+
+
+def test_concurrent_pieces_of_a_head_and_range_visit_distinct_q_tiles():
+    split = with_split_tail.split_tail(_base(3840, 64, 132), 3)
+    v, cs = np.asarray(split.visits), np.asarray(split.cta_start)
+    for step in (672, 680, 687):                      # the first round of pieces: one visit per CTA at each step
+        rows = v[cs[:-1] + step]
+        pairs = {(int(bh), int(m)) for _, bh, _, m in rows}
+        assert len(pairs) == len(rows)
+
+
+def test_a_corrupted_rank_is_refused():
+    split = with_split_tail.split_tail(_base(1280, 16, 24), 3)
+    rank = np.array(split.rank)
+    rank[[0, 1]] = rank[[1, 0]] if rank[0] != rank[1] else (rank[0] + 1, rank[1])
+    split.rank = rank
+    with pytest.raises(ValueError, match="ranks"):
+        with_split_tail._check(split)
