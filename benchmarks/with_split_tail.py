@@ -16,6 +16,7 @@ change would store fp32 partials and add them in a fixed order (e.g. in the post
 what the balance is worth in time. Only MHA full-mask tables without a window are replaced.
 
     python benchmarks/with_split_tail.py 3 benchmarks/burst_bench.py --shapes full:3840 --tolerance 1e9 ...
+    python benchmarks/with_split_tail.py 3 --model      # the load model of full 3840 / 15360, no GPU
 
 The first argument is P; the second a script (ending in .py) or a module, as benchmarks/with_kernels.py takes them.
 """
@@ -102,6 +103,33 @@ def _check(plan):
     return plan
 
 
+def makespan(plan, switch: float = 1.0) -> float:
+    """The load model's makespan, in visits: each visit costs ``c`` (per_visit.AUTO_COSTS), a KV-tile switch
+    ``switch``, and a visit of rank k > 0 ends no earlier than ``r`` after its tile's rank k - 1 (the rank waits).
+    Visits are taken in (position, CTA) order, which every table here ranks by."""
+    from cupy_dash.schedule import per_visit
+    c, r = per_visit.AUTO_COSTS
+    v, rank, cs = np.asarray(plan.visits), np.asarray(plan.rank), np.asarray(plan.cta_start)
+    pos = np.arange(len(v)) - np.repeat(cs[:-1], np.diff(cs))
+    clock, column, ends = np.zeros(plan.num_ctas), [None] * plan.num_ctas, {}
+    for i in np.lexsort((v[:, 0], pos)):
+        cta, bh, n, m = (int(x) for x in v[i])
+        t = clock[cta] + (switch if column[cta] not in (None, (bh, n)) else 0.0)
+        column[cta] = (bh, n)
+        done = t + c if rank[i] == 0 else max(t + c, ends[(bh, m, int(rank[i]) - 1)] + r)
+        ends[(bh, m, int(rank[i]))] = clock[cta] = done
+    return float(clock.max())
+
+
+def _model(pieces: int) -> None:
+    from cupy_dash.schedule import auto
+    for S, B in ((3840, 4), (15360, 1)):
+        base = auto.build("auto", seqlen_q=S, seqlen_k=S, block_m=80, block_n=128, num_heads=16 * B, causal=False,
+                          num_sms=132)
+        a, b = makespan(base), makespan(split_tail(base, pieces))
+        print(f"full {S}, B {B}, 80 x 128, 132 CTAs: makespan {a:.0f} -> {b:.0f} visits ({100 * (b / a - 1):+.1f} %)")
+
+
 def _walk(visits, cta_start, c, bh, n, M):
     """The Q tiles CTA c visits in column (bh, n), in its order."""
     v = visits[cta_start[c]:cta_start[c + 1]]
@@ -114,6 +142,8 @@ def main():
     if len(sys.argv) < 3 or not sys.argv[1].isdigit():
         sys.exit(__doc__)
     pieces, target = int(sys.argv[1]), sys.argv[2]
+    if target == "--model":
+        return _model(pieces)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import with_kernels
     from cupy_dash import schedule

@@ -45,3 +45,9 @@ def test_a_corrupted_rank_is_refused():
     split.rank = rank
     with pytest.raises(ValueError, match="ranks"):
         with_split_tail._check(split)
+
+
+def test_load_model_counts_switches_and_rank_waits():
+    base = _base(3840, 64, 132)
+    assert with_split_tail.makespan(base) == 720 + 14          # 15 columns of 48 visits, 14 switches
+    assert with_split_tail.makespan(with_split_tail.split_tail(base, 3)) == 704 + 15
