@@ -29,41 +29,51 @@ import numpy as np
 
 
 def split_tail(base, pieces: int):
-    """``base`` (a per-visit Schedule of a full mask) with its tail columns cut into ``pieces`` pieces; validated.
-    ValueError where the columns are not all equally long or the CTAs already carry equal column counts."""
+    """``base`` (a per-visit Schedule) with its tail cut into pieces; checked (``_check``). Each CTA keeps its runs
+    (KV columns) while its load stays within the least-loaded CTA's; every column left over is cut into ``pieces``
+    ranges of ceil(num_m_blocks / pieces) Q tiles (full mask: equal thirds; causal: a short column in fewer), and
+    each piece goes to the least-loaded CTA, pieces of the heads interleaved. ValueError if nothing is left over."""
+    import heapq
     from cupy_dash.schedule import per_visit
     visits, cta_start = np.asarray(base.visits), np.asarray(base.cta_start)
     G, M = base.num_ctas, base.num_m_blocks
-    runs = []                                              # per CTA: [(bh, n)] in order
+    runs = []                                              # per CTA: [((bh, n), [m, ...])] in order
     for c in range(G):
         v = visits[cta_start[c]:cta_start[c + 1]]
-        change = np.flatnonzero(np.any(v[1:, 1:3] != v[:-1, 1:3], axis=1)) + 1
-        runs.append([(int(v[i, 1]), int(v[i, 2])) for i in np.concatenate([[0], change])])
-        if len(v) != len(runs[-1]) * M:
-            raise ValueError("not a full mask of whole columns")
-    keep = min(len(r) for r in runs)
-    tail = [col for r in runs for col in r[keep:]]
+        cut = np.concatenate([[0], np.flatnonzero(np.any(v[1:, 1:3] != v[:-1, 1:3], axis=1)) + 1, [len(v)]])
+        runs.append([((int(v[a, 1]), int(v[a, 2])), [int(m) for m in v[a:b, 3]]) for a, b in zip(cut, cut[1:])])
+    floor = min(len(v) for v in np.split(visits, cta_start[1:-1]))
+    lists, tail = [], []
+    for r in runs:
+        kept, load = [], 0
+        for i, (col, tiles) in enumerate(r):
+            if load + len(tiles) > floor:
+                tail.extend(r[i:])
+                break
+            kept.extend((col[0], col[1], m) for m in tiles)
+            load += len(tiles)
+        lists.append(kept)
     if not tail:
         raise ValueError("no tail to split")
     L = -(-M // pieces)
-    ranges = [(p * L, min(M, (p + 1) * L)) for p in range(pieces) if p * L < M]
-    # Pieces by head, interleaved across heads, so that each round of G pieces spreads over the heads in flight.
-    by_head = {}
-    for col in tail:
-        by_head.setdefault(col[0], []).extend((col, lo, hi) for lo, hi in ranges)
+    by_head = {}                                           # per head: (column, lo, hi) of its pieces
+    for col, tiles in tail:
+        lo, hi = min(tiles), max(tiles) + 1
+        by_head.setdefault(col[0], []).extend((col, a, min(hi, a + L)) for a in range(lo, hi, L))
     order, queues = [], [list(q) for q in by_head.values()]
-    while any(queues):
+    while any(queues):                                     # the heads interleaved
         for q in queues:
             if q:
                 order.append(q.pop(0))
-    lists = [[(bh, n, m) for bh, n in r[:keep] for m in _walk(visits, cta_start, c, bh, n, M)]
-             for c, r in enumerate(runs)]
+    heap = [(len(lst), c) for c, lst in enumerate(lists)]
+    heapq.heapify(heap)
     rot = {}
-    for j, ((bh, n), lo, hi) in enumerate(order):
-        key = (j // G, bh, lo)                             # the round, the head, the range
-        k = rot[key] = rot.get(key, -1) + 1
+    for (bh, n), lo, hi in order:
+        load, c = heapq.heappop(heap)
+        k = rot[(bh, lo)] = rot.get((bh, lo), -1) + 1      # a head's pieces of one range start apart
         span = hi - lo
-        lists[j % G].extend((bh, n, lo + (k + s) % span) for s in range(span))
+        lists[c].extend((bh, n, lo + (k + s) % span) for s in range(span))
+        heapq.heappush(heap, (load + span, c))
     rows, rank_key = [], []
     for c, lst in enumerate(lists):
         for pos, (bh, n, m) in enumerate(lst):
@@ -82,16 +92,19 @@ def split_tail(base, pieces: int):
     plan = per_visit.Schedule(base.policy, base.seqlen_q, base.seqlen_k, base.block_m, base.block_n,
                               base.num_heads, base.causal, base.num_sms, rows, rank, new_start, base.group_size,
                               base.window, base.head_section)
-    return _check(plan)
+    return _check(plan, base)
 
 
-def _check(plan):
-    """ValueError unless every (head, n_block, m_block) is visited once and every dQ tile's ranks are 0..k-1 in
-    the order of (position in the CTA's list, CTA); returns ``plan``."""
+def _check(plan, base):
+    """ValueError unless ``plan`` visits the tiles ``base`` visits, each once, and every dQ tile's ranks are 0..k-1
+    in the order of (position in the CTA's list, CTA); returns ``plan``."""
     v, rank = np.asarray(plan.visits), np.asarray(plan.rank)
     M, N = plan.num_m_blocks, plan.num_n_blocks
-    tiles = (v[:, 1].astype(np.int64) * N + v[:, 2]) * M + v[:, 3]
-    if len(np.unique(tiles)) != plan.num_heads * N * M or len(tiles) != plan.num_heads * N * M:
+
+    def tiles(x):
+        return np.sort((x[:, 1].astype(np.int64) * N + x[:, 2]) * M + x[:, 3])
+    mine = tiles(v)
+    if np.any(mine[1:] == mine[:-1]) or not np.array_equal(mine, tiles(np.asarray(base.visits))):
         raise ValueError("a tile is visited twice or not at all")
     pos = np.arange(len(v)) - np.repeat(np.asarray(plan.cta_start)[:-1], np.diff(plan.cta_start))
     order = np.lexsort((v[:, 0], pos, v[:, 3], v[:, 1]))
@@ -105,37 +118,43 @@ def _check(plan):
 
 def makespan(plan, switch: float = 1.0) -> float:
     """The load model's makespan, in visits: each visit costs ``c`` (per_visit.AUTO_COSTS), a KV-tile switch
-    ``switch``, and a visit of rank k > 0 ends no earlier than ``r`` after its tile's rank k - 1 (the rank waits).
-    Visits are taken in (position, CTA) order, which every table here ranks by."""
+    ``switch``, and a visit of rank k > 0 ends no earlier than ``r`` after its tile's rank k - 1 ends (the rank
+    waits). Each CTA runs its list in order; a CTA whose next visit's predecessor has not ended waits for it."""
     from cupy_dash.schedule import per_visit
     c, r = per_visit.AUTO_COSTS
     v, rank, cs = np.asarray(plan.visits), np.asarray(plan.rank), np.asarray(plan.cta_start)
-    pos = np.arange(len(v)) - np.repeat(cs[:-1], np.diff(cs))
-    clock, column, ends = np.zeros(plan.num_ctas), [None] * plan.num_ctas, {}
-    for i in np.lexsort((v[:, 0], pos)):
-        cta, bh, n, m = (int(x) for x in v[i])
-        t = clock[cta] + (switch if column[cta] not in (None, (bh, n)) else 0.0)
-        column[cta] = (bh, n)
-        done = t + c if rank[i] == 0 else max(t + c, ends[(bh, m, int(rank[i]) - 1)] + r)
-        ends[(bh, m, int(rank[i]))] = clock[cta] = done
+    clock, column, nxt = np.zeros(plan.num_ctas), [None] * plan.num_ctas, cs[:-1].copy()
+    ends, waiting = {}, {}
+    ready = list(range(plan.num_ctas))
+    while ready:
+        cta = ready.pop()
+        while nxt[cta] < cs[cta + 1]:
+            i = nxt[cta]
+            _, bh, n, m = (int(x) for x in v[i])
+            k = int(rank[i])
+            if k > 0 and (bh, m, k - 1) not in ends:
+                waiting[(bh, m, k - 1)] = cta
+                break
+            t = clock[cta] + (switch if column[cta] not in (None, (bh, n)) else 0.0)
+            column[cta] = (bh, n)
+            clock[cta] = ends[(bh, m, k)] = t + c if k == 0 else max(t + c, ends[(bh, m, k - 1)] + r)
+            nxt[cta] += 1
+            if (bh, m, k) in waiting:
+                ready.append(waiting.pop((bh, m, k)))
+    if np.any(nxt != cs[1:]):
+        raise ValueError("the table deadlocks")
     return float(clock.max())
 
 
 def _model(pieces: int) -> None:
     from cupy_dash.schedule import auto
-    for S, B in ((3840, 4), (15360, 1)):
-        base = auto.build("auto", seqlen_q=S, seqlen_k=S, block_m=80, block_n=128, num_heads=16 * B, causal=False,
+    for causal, S in ((False, 3840), (False, 15360), (True, 8192), (True, 16384)):
+        B = (16384 if causal else 15360) // S
+        base = auto.build("auto", seqlen_q=S, seqlen_k=S, block_m=80, block_n=128, num_heads=16 * B, causal=causal,
                           num_sms=132)
         a, b = makespan(base), makespan(split_tail(base, pieces))
-        print(f"full {S}, B {B}, 80 x 128, 132 CTAs: makespan {a:.0f} -> {b:.0f} visits ({100 * (b / a - 1):+.1f} %)")
-
-
-def _walk(visits, cta_start, c, bh, n, M):
-    """The Q tiles CTA c visits in column (bh, n), in its order."""
-    v = visits[cta_start[c]:cta_start[c + 1]]
-    sel = v[(v[:, 1] == bh) & (v[:, 2] == n)]
-    assert len(sel) == M
-    return [int(m) for m in sel[:, 3]]
+        print(f"{'causal' if causal else 'full'} {S}, B {B}, 80 x 128, 132 CTAs: makespan {a:.0f} -> {b:.0f} visits "
+              f"({100 * (b / a - 1):+.1f} %)")
 
 
 def main():

@@ -44,7 +44,7 @@ def test_a_corrupted_rank_is_refused():
     rank[[0, 1]] = rank[[1, 0]] if rank[0] != rank[1] else (rank[0] + 1, rank[1])
     split.rank = rank
     with pytest.raises(ValueError, match="ranks"):
-        with_split_tail._check(split)
+        with_split_tail._check(split, _base(1280, 16, 24))
 
 
 def test_load_model_counts_switches_and_rank_waits():
