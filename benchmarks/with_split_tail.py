@@ -28,11 +28,12 @@ import sys
 import numpy as np
 
 
-def split_tail(base, pieces: int):
+def split_tail(base, pieces: int, floor: int | None = None):
     """``base`` (a per-visit Schedule) with its tail cut into pieces; checked (``_check``). Each CTA keeps its runs
     (KV columns) while its load stays within the least-loaded CTA's; every column left over is cut into ``pieces``
     ranges of ceil(num_m_blocks / pieces) Q tiles (full mask: equal thirds; causal: a short column in fewer), and
-    each piece goes to the least-loaded CTA, pieces of the heads interleaved. ValueError if nothing is left over."""
+    each piece goes to the least-loaded CTA, pieces of the heads interleaved. ``floor``: the load each CTA keeps up
+    to (default: the least-loaded CTA's). ValueError if nothing is left over."""
     import heapq
     from cupy_dash.schedule import per_visit
     visits, cta_start = np.asarray(base.visits), np.asarray(base.cta_start)
@@ -42,7 +43,7 @@ def split_tail(base, pieces: int):
         v = visits[cta_start[c]:cta_start[c + 1]]
         cut = np.concatenate([[0], np.flatnonzero(np.any(v[1:, 1:3] != v[:-1, 1:3], axis=1)) + 1, [len(v)]])
         runs.append([((int(v[a, 1]), int(v[a, 2])), [int(m) for m in v[a:b, 3]]) for a, b in zip(cut, cut[1:])])
-    floor = min(len(v) for v in np.split(visits, cta_start[1:-1]))
+    floor = int(np.diff(cta_start).min()) if floor is None else floor
     lists, tail = [], []
     for r in runs:
         kept, load = [], 0
