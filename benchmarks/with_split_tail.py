@@ -16,9 +16,12 @@ change would store fp32 partials and add them in a fixed order (e.g. in the post
 what the balance is worth in time. Only MHA full-mask tables without a window are replaced.
 
     python benchmarks/with_split_tail.py 3 benchmarks/burst_bench.py --shapes full:3840 --tolerance 1e9 ...
-    python benchmarks/with_split_tail.py 3 --model      # the load model of full 3840 / 15360, no GPU
+    python benchmarks/with_split_tail.py 3 --model      # the load model of the bench's long shapes, no GPU
+    python benchmarks/with_split_tail.py trim benchmarks/burst_bench.py --shapes causal:8192 causal:16384 ...
 
-The first argument is P; the second a script (ending in .py) or a module, as benchmarks/with_kernels.py takes them.
+The first argument is P, or ``trim``: causal tables instead, each CTA's list cut at the mean load and the cut
+remainders handed to the least-loaded CTAs (``trim_tail``; its dK / dV are wrong in the same way). The second is a
+script (ending in .py) or a module, as benchmarks/with_kernels.py takes them.
 """
 from __future__ import annotations
 
@@ -35,7 +38,6 @@ def split_tail(base, pieces: int, floor: int | None = None):
     each piece goes to the least-loaded CTA, pieces of the heads interleaved. ``floor``: the load each CTA keeps up
     to (default: the least-loaded CTA's). ValueError if nothing is left over."""
     import heapq
-    from cupy_dash.schedule import per_visit
     visits, cta_start = np.asarray(base.visits), np.asarray(base.cta_start)
     G, M = base.num_ctas, base.num_m_blocks
     runs = []                                              # per CTA: [((bh, n), [m, ...])] in order
@@ -75,6 +77,13 @@ def split_tail(base, pieces: int, floor: int | None = None):
         span = hi - lo
         lists[c].extend((bh, n, lo + (k + s) % span) for s in range(span))
         heapq.heappush(heap, (load + span, c))
+    return _check(_ranked(base, lists), base)
+
+
+def _ranked(base, lists):
+    """A per-visit Schedule of ``base``'s problem whose CTA c runs ``lists[c]`` ((bh, n_block, m_block) each), every
+    dQ tile adding in the order of its visits' positions in their lists (ties: the lower CTA first)."""
+    from cupy_dash.schedule import per_visit
     rows, rank_key = [], []
     for c, lst in enumerate(lists):
         for pos, (bh, n, m) in enumerate(lst):
@@ -90,10 +99,37 @@ def split_tail(base, pieces: int, floor: int | None = None):
         prev = tile
         rank[i] = r
     new_start = np.concatenate([[0], np.cumsum([len(lst) for lst in lists])]).astype(np.int64)
-    plan = per_visit.Schedule(base.policy, base.seqlen_q, base.seqlen_k, base.block_m, base.block_n,
-                              base.num_heads, base.causal, base.num_sms, rows, rank, new_start, base.group_size,
-                              base.window, base.head_section)
-    return _check(plan, base)
+    return per_visit.Schedule(base.policy, base.seqlen_q, base.seqlen_k, base.block_m, base.block_n, base.num_heads,
+                              base.causal, base.num_sms, rows, rank, new_start, base.group_size, base.window,
+                              base.head_section)
+
+
+def trim_tail(base, floor: int, chunk: int):
+    """``base`` with every CTA's list cut after ``floor`` visits (a run may be cut partway); what is cut goes, in
+    its order and in chunks of at most ``chunk`` visits of one run, to the least-loaded CTA, the earliest cut
+    first. Another cut of the last wave, for causal tables; checked."""
+    import heapq
+    v, cs = np.asarray(base.visits), np.asarray(base.cta_start)
+    lists, segments = [], []
+    for c in range(base.num_ctas):
+        rows = [(int(x[1]), int(x[2]), int(x[3])) for x in v[cs[c]:cs[c + 1]]]
+        lists.append(rows[:floor])
+        rest, i = rows[floor:], 0
+        while i < len(rest):
+            j = i
+            while j < len(rest) and rest[j][:2] == rest[i][:2] and j - i < chunk:
+                j += 1
+            segments.append((floor + i, c, rest[i:j]))
+            i = j
+    if not segments:
+        raise ValueError("no tail to split")
+    heap = [(len(lst), c) for c, lst in enumerate(lists)]
+    heapq.heapify(heap)
+    for _, _, seg in sorted(segments):
+        load, c = heapq.heappop(heap)
+        lists[c].extend(seg)
+        heapq.heappush(heap, (load + len(seg), c))
+    return _check(_ranked(base, lists), base)
 
 
 def _check(plan, base):
@@ -147,21 +183,27 @@ def makespan(plan, switch: float = 1.0) -> float:
     return float(clock.max())
 
 
+def _trim(base):
+    """trim_tail at the mean load, each cut remainder moved whole: the model's best cut of causal tables."""
+    return trim_tail(base, int(np.ceil(np.diff(base.cta_start).mean())), 1 << 30)
+
+
 def _model(pieces: int) -> None:
     from cupy_dash.schedule import auto
     for causal, S in ((False, 3840), (False, 15360), (True, 8192), (True, 16384)):
         B = (16384 if causal else 15360) // S
         base = auto.build("auto", seqlen_q=S, seqlen_k=S, block_m=80, block_n=128, num_heads=16 * B, causal=causal,
                           num_sms=132)
-        a, b = makespan(base), makespan(split_tail(base, pieces))
-        print(f"{'causal' if causal else 'full'} {S}, B {B}, 80 x 128, 132 CTAs: makespan {a:.0f} -> {b:.0f} visits "
-              f"({100 * (b / a - 1):+.1f} %)")
+        a, b, t = makespan(base), makespan(split_tail(base, pieces)), makespan(_trim(base))
+        print(f"{'causal' if causal else 'full'} {S}, B {B}, 80 x 128, 132 CTAs: makespan {a:.0f} visits; "
+              f"in {pieces} pieces {b:.0f} ({100 * (b / a - 1):+.1f} %); trimmed {t:.0f} ({100 * (t / a - 1):+.1f} %)")
 
 
 def main():
-    if len(sys.argv) < 3 or not sys.argv[1].isdigit():
+    if len(sys.argv) < 3 or not (sys.argv[1].isdigit() or sys.argv[1] == "trim"):
         sys.exit(__doc__)
-    pieces, target = int(sys.argv[1]), sys.argv[2]
+    trim, target = sys.argv[1] == "trim", sys.argv[2]
+    pieces = 3 if trim else int(sys.argv[1])
     if target == "--model":
         return _model(pieces)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -171,10 +213,11 @@ def main():
 
     def build(policy="auto", **args):
         plan = built(policy, **args)
-        if args.get("causal") or args.get("group_size", 1) != 1 or tuple(args.get("window", (-1, -1))) != (-1, -1):
+        if args.get("causal") != trim or args.get("group_size", 1) != 1 or tuple(args.get("window", (-1, -1))) != (
+                -1, -1):
             return plan
         try:
-            split = split_tail(plan, pieces)
+            split = _trim(plan) if trim else split_tail(plan, pieces)
         except ValueError:
             return plan
         print(f"with_split_tail: {plan!r}: busiest CTA {np.diff(plan.cta_start).max()} -> "

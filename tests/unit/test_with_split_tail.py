@@ -51,3 +51,14 @@ def test_load_model_counts_switches_and_rank_waits():
     base = _base(3840, 64, 132)
     assert with_split_tail.makespan(base) == 720 + 14          # 15 columns of 48 visits, 14 switches
     assert with_split_tail.makespan(with_split_tail.split_tail(base, 3)) == 704 + 15
+
+
+def test_trim_tail_keeps_every_tile_and_evens_the_loads_of_a_causal_table():
+    from cupy_dash.schedule import auto
+    base = auto.build("auto", seqlen_q=2048, seqlen_k=2048, block_m=80, block_n=128, num_heads=4, causal=True,
+                      num_sms=12)
+    trimmed = with_split_tail._trim(base)
+    before, after = np.diff(base.cta_start), np.diff(trimmed.cta_start)
+    assert trimmed.num_visits == base.num_visits
+    assert after.max() - after.min() < before.max() - before.min()
+    assert with_split_tail.makespan(trimmed) > 0                # live: the model ran every visit
