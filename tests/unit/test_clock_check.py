@@ -8,14 +8,13 @@ from pathlib import Path
 import numpy as np
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+if str(BENCHMARKS) not in sys.path:
+    sys.path.insert(0, str(BENCHMARKS))
+
+import clock_check  # noqa: E402
 
 
 def test_clock_per_cta_from_its_first_and_last_visit():
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import clock_check
-    finally:
-        sys.path.remove(str(BENCHMARKS))
     stamps = np.zeros((6, 24), dtype=np.int64)
     # CTA 0: visits 0..2 at 1,500 MHz; CTA 1: visit 3 alone (no span); CTA 2: visits 4..5 at 1,800 MHz
     stamps[[0, 1, 2], clock_check.KSTART_COL] = [1_000, 1_400, 3_000]
@@ -27,11 +26,6 @@ def test_clock_per_cta_from_its_first_and_last_visit():
 
 
 def test_idle_share_counts_each_cta_before_its_first_visit_and_after_its_last():
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import clock_check
-    finally:
-        sys.path.remove(str(BENCHMARKS))
     stamps = np.zeros((5, 24), dtype=np.int64)
     # CTA 0: visits 0..2 from 0 to 1,000 ns; CTA 1: no visits; CTA 2: visits 3..4 from 100 to 800 ns
     stamps[[0, 3], clock_check.KSTART_COL] = [0, 100]

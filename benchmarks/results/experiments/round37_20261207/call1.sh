@@ -5,12 +5,7 @@
 # 3. every kernel of one backward (ours deterministic / atomic, FA3) under Nsight Compute, time and cycles: the
 #    pre- and postprocess beside the main kernels. $OUT: clock_check.json, burst.json, kernels.tgz, log.txt,
 #    smi.csv (nvidia-smi every 100 ms through the call, with the active clock-event reasons' bit mask).
-export CUPY_DASH_CACHE_DIR=/tmp/dash_cache PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
-O=${OUT:-/root/out}
-python3 -m pip install -q --no-build-isolation --no-deps -e . > /dev/null 2>&1
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl > /dev/null 2>&1
-export PYTHONPATH=/tmp/site
-nvidia-smi --query-gpu=name,power.limit,clocks.max.sm --format=csv,noheader | tee $O/log.txt
+. benchmarks/device_env.sh
 f=clocks_event_reasons.active; nvidia-smi --query-gpu=$f --format=csv > /dev/null 2>&1 || f=clocks_throttle_reasons.active
 nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,$f \
   --format=csv,noheader -lms 100 > $O/smi.csv 2>&1 &   # the throttle reasons beside the clock, the whole call

@@ -1,17 +1,4 @@
-# Round 37, call 2b (call 2 cut to what the session's last device minutes hold; carry .whl): the tree's tables and
-# benchmarks/with_split_tail.py 3, one process each, alternating, burst_bench.py of ours deterministic beside FA3's
-# non-deterministic backward at full 3840 / 15360. Each report is written straight into $OUT, so a call cut short
-# keeps the processes that finished. $OUT: tree_<n>.json, split_<n>.json, log.txt.
-export CUPY_DASH_CACHE_DIR=/tmp/dash_cache PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
-O=${OUT:-/root/out}
-python3 -m pip install -q --no-build-isolation --no-deps -e . > /dev/null 2>&1
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl > /dev/null 2>&1
-export PYTHONPATH=/tmp/site
-nvidia-smi --query-gpu=name,power.limit,clocks.max.sm --format=csv,noheader | tee $O/log.txt
-args="--shapes full:3840 full:15360 --impls dash_det fa3_nondet --rounds 4 --tolerance 1e9"
-for n in 1 2; do
-  timeout 60 python3 benchmarks/burst_bench.py $args --json $O/tree_$n.json 2>&1 | tail -2 | sed "s/^/tree$n /" \
-    | tee -a $O/log.txt
-  timeout 60 python3 benchmarks/with_split_tail.py 3 benchmarks/burst_bench.py $args --json $O/split_$n.json 2>&1 \
-    | tail -4 | sed "s/^/split$n /" | tee -a $O/log.txt
-done
+# Round 37, call 2b (call 2 cut to what a session's last device minutes hold; carry .whl; ~4 min with the start):
+# the tree's tables against benchmarks/with_split_tail.py 3 (the full-mask last wave in thirds) at full 3840 / 15360.
+# $OUT: tree_<n>.json, leg_<n>.json, log.txt.
+LEG=3 SHAPES="full:3840 full:15360" bash benchmarks/results/experiments/round37_20261207/tables_ab.sh
