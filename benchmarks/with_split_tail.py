@@ -1,19 +1,19 @@
-"""Runs a script or a module with full-mask per-visit tables whose last partial round of KV columns is split into
-pieces of their Q range: a TIMING-ONLY prototype of balancing the last wave (docs/decisions/bwd-engine.md, round 37).
+"""Runs a script or a module with per-visit tables whose last wave is cut into pieces: a TIMING-ONLY prototype of
+balancing the last wave (docs/decisions/bwd-engine.md, "The clock read from the kernel, and the last wave").
 
-Today 1,920 columns of 48 (full 3840) or 192 (full 15360) visits go to 132 CTAs: 72 CTAs run 15 columns, 60 run
-14, so the SMs idle ~3 % of a steady call (benchmarks/clock_check.py's idle share). Here each CTA keeps its first
-``floor(columns / CTAs)`` columns and the rest are cut into ``P`` pieces (Q tiles [p L / P, (p + 1) L / P)) handed
-out round-robin, by head so that no head has more pieces in flight than Q tiles, each piece's walk rotated so that
-a head's concurrent pieces of one range visit distinct Q tiles. Ranks: every dQ tile adds in the order of the
-visits' positions in their CTA's list (ties by CTA), which cannot deadlock (the unfinished visit with the smallest
-key always can run). ``_check`` proves coverage and ranks before the table is used; Schedule.validate() would
-refuse it, since it requires each KV tile's visits to be one chain on one CTA (the kernel's dK / dV are complete
-tiles).
+At full 3840 / 15360, 1,920 columns of 48 / 192 visits go to 132 CTAs: 72 CTAs run 15 columns and 60 run 14, so the
+SMs idle ~3 % of a steady call (benchmarks/clock_check.py's idle share). ``split_tail`` keeps each CTA's columns up
+to the least-loaded CTA's load and cuts the rest into ``P`` pieces of their Q range (thirds: 16 of 48 Q tiles),
+each to the least-loaded CTA, the heads interleaved, each piece's walk rotated so that a head's pieces of one range
+in flight visit distinct Q tiles. ``trim_tail`` (causal tables) cuts each CTA's list at the mean load instead and
+moves the cut remainders whole. Ranks: every dQ tile adds in the order of its visits' positions in their CTA's list
+(ties by CTA), which cannot deadlock (the unfinished visit with the smallest key can always run). ``_check`` proves
+coverage and ranks before a table is used; Schedule.validate() would refuse it, since it requires each KV tile's
+visits to be one chain on one CTA (the kernel's dK / dV are complete tiles). ``makespan`` is the load model.
 
 The pieces' dK / dV are WRONG: each piece stores its partial sums as the whole tile (the stores race). The real
-change would store fp32 partials and add them in a fixed order (e.g. in the postprocess); this leg measures only
-what the balance is worth in time. Only MHA full-mask tables without a window are replaced.
+change would store fp32 partials and add them in a fixed order; this leg measures only what the balance is worth in
+time. Only MHA tables without a window are replaced: full masks with ``P``, causal ones with ``trim``.
 
     python benchmarks/with_split_tail.py 3 benchmarks/burst_bench.py --shapes full:3840 --tolerance 1e9 ...
     python benchmarks/with_split_tail.py 3 --model      # the load model of the bench's long shapes, no GPU
