@@ -2,9 +2,10 @@
 much the clock each kernel gets at the limit.
 
 A burst is ``--burst-s`` seconds of back-to-back calls (two in flight, steady_bench.pipelined_loop) after
-``--cool-s`` idle seconds: the GPU starts it below the power limit, at its highest clock (on the H200 the first
-~50-70 ms of load run at 1980 MHz: docs/decisions/bwd-engine.md, "The clock under load"), so a burst's time per call
-is the call's cycles over one clock, the same for every implementation. A steady loop (``--loop-s``, right after
+``--cool-s`` idle seconds: the GPU starts it below the power limit, at the highest clock the load gets (the first
+~50-70 ms of load: docs/decisions/bwd-engine.md, "The clock under load"; ~1.79 GHz on round 37's H100 by
+clock_check.py's cold probe), so a burst's time per call is the call's cycles over one clock, the same for every
+implementation. A steady loop (``--loop-s``, right after
 the previous one, as steady_bench.py) runs at the limit, where the clock depends on the kernel's power. Per round
 (order rotated as steady_bench.rotated_orders) every implementation's burst, then every implementation's loop.
 Reported per shape: median ms of bursts and loops, and per round the ratio other / ours deterministic of each.
