@@ -195,8 +195,8 @@ def _model(pieces: int) -> None:
         base = auto.build("auto", seqlen_q=S, seqlen_k=S, block_m=80, block_n=128, num_heads=16 * B, causal=causal,
                           num_sms=132)
         a, b, t = makespan(base), makespan(split_tail(base, pieces)), makespan(_trim(base))
-        print(f"{'causal' if causal else 'full'} {S}, B {B}, 80 x 128, 132 CTAs: makespan {a:.0f} visits; "
-              f"in {pieces} pieces {b:.0f} ({100 * (b / a - 1):+.1f} %); trimmed {t:.0f} ({100 * (t / a - 1):+.1f} %)")
+        print(f"{'causal' if causal else 'full'} {S}, B {B}, 80 x 128, 132 CTAs: makespan {a:.0f} visits; in "
+              f"{pieces} pieces {b:.0f} ({100 * (b / a - 1):+.1f} %); trimmed {t:.0f} ({100 * (t / a - 1):+.1f} %)")
 
 
 def main():
