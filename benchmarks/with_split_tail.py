@@ -199,6 +199,16 @@ def _model(pieces: int) -> None:
               f"{pieces} pieces {b:.0f} ({100 * (b / a - 1):+.1f} %); trimmed {t:.0f} ({100 * (t / a - 1):+.1f} %)")
 
 
+def replaces(args: dict, trim: bool) -> bool:
+    """Whether the wrapper replaces the table that schedule.build(**args) makes: MHA without a window, causal with
+    ``trim`` and full masks without it."""
+    from cupy_dash import schedule
+    causal = bool(args.get("causal"))
+    unwindowed = schedule.canonical_window((-1, -1), args["seqlen_q"], args["seqlen_k"], causal)
+    # NOTES: callers pass the window in canonical form: a causal mask's is (-1, 0), not (-1, -1)
+    return causal == trim and args.get("group_size", 1) == 1 and tuple(args.get("window", unwindowed)) == unwindowed
+
+
 def main():
     if len(sys.argv) < 3 or not (sys.argv[1].isdigit() or sys.argv[1] == "trim"):
         sys.exit(__doc__)
@@ -213,8 +223,7 @@ def main():
 
     def build(policy="auto", **args):
         plan = built(policy, **args)
-        if args.get("causal") != trim or args.get("group_size", 1) != 1 or tuple(args.get("window", (-1, -1))) != (
-                -1, -1):
+        if not replaces(args, trim):
             return plan
         try:
             split = _trim(plan) if trim else split_tail(plan, pieces)

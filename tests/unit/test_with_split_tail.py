@@ -62,3 +62,12 @@ def test_trim_tail_keeps_every_tile_and_evens_the_loads_of_a_causal_table():
     assert trimmed.num_visits == base.num_visits
     assert after.max() - after.min() < before.max() - before.min()
     assert with_split_tail.makespan(trimmed) > 0                # live: the model ran every visit
+
+
+@pytest.mark.parametrize("causal, window, group, trim, replaced", [
+    (False, (-1, -1), 1, False, True), (True, (-1, 0), 1, True, True), (True, (-1, 0), 1, False, False),
+    (False, (-1, -1), 1, True, False), (False, (64, 64), 1, False, False), (False, (-1, -1), 4, False, False)],
+    ids=["full", "causal-canonical", "causal-without-trim", "full-with-trim", "window", "gqa"])
+def test_the_wrapper_replaces_mha_tables_without_a_window_in_canonical_form(causal, window, group, trim, replaced):
+    args = dict(seqlen_q=1024, seqlen_k=1024, causal=causal, window=window, group_size=group)
+    assert with_split_tail.replaces(args, trim) is replaced
