@@ -8,10 +8,10 @@
 T=/tmp/tables_${TAG:?set TAG}; mkdir -p $T
 args="--shapes ${SHAPES:?set SHAPES} --impls dash_det fa3_nondet --rounds 4 --tolerance 1e9"
 for n in 1 2; do
-  timeout 60 python3 benchmarks/burst_bench.py $args --json $T/tree_$n.json 2>&1 | tail -2 \
+  timeout 120 python3 benchmarks/burst_bench.py $args --json $T/tree_$n.json 2>&1 | tail -2 \
     | sed "s/^/$TAG tree$n /" | tee -a $O/log.txt
   (cd $T && tar czf $O/$TAG.tgz *.json)
-  timeout 60 python3 benchmarks/with_split_tail.py ${LEG:?set LEG} benchmarks/burst_bench.py $args \
+  timeout 120 python3 benchmarks/with_split_tail.py ${LEG:?set LEG} benchmarks/burst_bench.py $args \
     --json $T/leg_$n.json 2>&1 | tail -4 | sed "s/^/$TAG leg$n /" | tee -a $O/log.txt
   (cd $T && tar czf $O/$TAG.tgz *.json)
 done
