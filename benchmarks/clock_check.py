@@ -43,9 +43,8 @@ def idle_share(stamps: np.ndarray, cta_start: np.ndarray) -> float:
     """The CTAs' mean idle share of one call: per CTA, the %globaltimer time from the call's first visit start to
     its own first, and from its last visit's release to the call's last release, over the call's span. stamps: (V,
     kTimelineCols) int64; cta_start: (C + 1,) visit offsets (CTAs without visits left out)."""
-    first = [int(cta_start[c]) for c in range(len(cta_start) - 1) if cta_start[c + 1] > cta_start[c]]
-    last = [int(cta_start[c + 1]) - 1 for c in range(len(cta_start) - 1) if cta_start[c + 1] > cta_start[c]]
-    begin, end = stamps[first, KSTART_COL], stamps[last, KLAST_COL]
+    busy = np.diff(cta_start) > 0
+    begin, end = stamps[cta_start[:-1][busy], KSTART_COL], stamps[cta_start[1:][busy] - 1, KLAST_COL]
     t0, t1 = begin.min(), end.max()
     return float(np.mean((begin - t0) + (t1 - end)) / (t1 - t0))
 

@@ -61,7 +61,8 @@ def run(hdim, causal, S, policy, deterministic=True):
         gaps.append(t[a + 1:b, 0] - t[a:b - 1, 1])
     gaps = np.concatenate(gaps) if gaps else np.zeros(0)
     span = int(t[:, 3].max())
-    print(f"d{hdim} {plan.block_m}x{plan.block_n} {'causal' if causal else 'full'} S={S} {policy if deterministic else 'atomic':16s} "
+    mode = policy if deterministic else "atomic"
+    print(f"d{hdim} {plan.block_m}x{plan.block_n} {'causal' if causal else 'full'} S={S} {mode:16s} "
           f"CTAs {plan.num_ctas:4d} visits {plan.num_visits:7d}  span {span / 1e3:8.1f} us  compute "
           f"{compute.mean():6.0f}  hand-off {handoff.mean():6.0f} (p90 {np.percentile(handoff, 90):6.0f})  gap "
           f"{gaps.mean():6.0f} (p90 {np.percentile(gaps, 90):6.0f})  CTA time per visit "

@@ -37,7 +37,6 @@ def split_tail(base, pieces: int, floor: int | None = None):
     ranges of ceil(num_m_blocks / pieces) Q tiles (full mask: equal thirds; causal: a short column in fewer), and
     each piece goes to the least-loaded CTA, pieces of the heads interleaved. ``floor``: the load each CTA keeps up
     to (default: the least-loaded CTA's). ValueError if nothing is left over."""
-    import heapq
     visits, cta_start = np.asarray(base.visits), np.asarray(base.cta_start)
     G, M = base.num_ctas, base.num_m_blocks
     runs = []                                              # per CTA: [((bh, n), [m, ...])] in order
@@ -68,16 +67,11 @@ def split_tail(base, pieces: int, floor: int | None = None):
         for q in queues:
             if q:
                 order.append(q.pop(0))
-    heap = [(len(lst), c) for c, lst in enumerate(lists)]
-    heapq.heapify(heap)
-    rot = {}
+    rot, pieces_rows = {}, []
     for (bh, n), lo, hi in order:
-        load, c = heapq.heappop(heap)
         k = rot[(bh, lo)] = rot.get((bh, lo), -1) + 1      # a head's pieces of one range start apart
-        span = hi - lo
-        lists[c].extend((bh, n, lo + (k + s) % span) for s in range(span))
-        heapq.heappush(heap, (load + span, c))
-    return _check(_ranked(base, lists), base)
+        pieces_rows.append([(bh, n, lo + (k + s) % (hi - lo)) for s in range(hi - lo)])
+    return _check(_ranked(base, _hand_out(lists, pieces_rows)), base)
 
 
 def _ranked(base, lists):
@@ -108,7 +102,6 @@ def trim_tail(base, floor: int, chunk: int):
     """``base`` with every CTA's list cut after ``floor`` visits (a run may be cut partway); what is cut goes, in
     its order and in chunks of at most ``chunk`` visits of one run, to the least-loaded CTA, the earliest cut
     first. Another cut of the last wave, for causal tables; checked."""
-    import heapq
     v, cs = np.asarray(base.visits), np.asarray(base.cta_start)
     lists, segments = [], []
     for c in range(base.num_ctas):
@@ -123,13 +116,20 @@ def trim_tail(base, floor: int, chunk: int):
             i = j
     if not segments:
         raise ValueError("no tail to split")
+    return _check(_ranked(base, _hand_out(lists, [seg for _, _, seg in sorted(segments)])), base)
+
+
+def _hand_out(lists, segments):
+    """``lists`` with each of ``segments`` (lists of rows, in order) appended to the least-loaded CTA's list at
+    that point (ties: the lower CTA)."""
+    import heapq
     heap = [(len(lst), c) for c, lst in enumerate(lists)]
     heapq.heapify(heap)
-    for _, _, seg in sorted(segments):
+    for seg in segments:
         load, c = heapq.heappop(heap)
         lists[c].extend(seg)
         heapq.heappush(heap, (load + len(seg), c))
-    return _check(_ranked(base, lists), base)
+    return lists
 
 
 def _check(plan, base):
@@ -156,7 +156,8 @@ def _check(plan, base):
 def makespan(plan, switch: float = 1.0) -> float:
     """The load model's makespan, in visits: each visit costs ``c`` (per_visit.AUTO_COSTS), a KV-tile switch
     ``switch``, and a visit of rank k > 0 ends no earlier than ``r`` after its tile's rank k - 1 ends (the rank
-    waits). Each CTA runs its list in order; a CTA whose next visit's predecessor has not ended waits for it."""
+    waits). Each CTA runs its list in order; a CTA whose next visit's predecessor has not ended waits for it.
+    per_visit.simulate's engine model would refuse these tables: it validates them first."""
     from cupy_dash.schedule import per_visit
     c, r = per_visit.AUTO_COSTS
     v, rank, cs = np.asarray(plan.visits), np.asarray(plan.rank), np.asarray(plan.cta_start)
