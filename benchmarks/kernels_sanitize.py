@@ -1,6 +1,7 @@
 """Small forwards and backwards of every kernel family, for compute-sanitizer (memcheck, racecheck, synccheck) after a
 kernel change: head dims 64 and 128, causal and full, deterministic and atomic, GQA, per-visit and compact tables,
-varlen, logit soft-capping (the DASH_SOFTCAP builds, with per-visit and compact tables), and the 80-query tile
+varlen, logit soft-capping (the DASH_SOFTCAP builds, with per-visit and compact tables), tables with split KV columns
+(cupy_dash/schedule/pieces.py: few CTAs, so that pieces of one column run on several), and the 80-query tile
 (``CUPY_DASH_BWD_FULL_BLOCK_M=80`` in the environment: its full-mask head-dim-128 cases). Each backward runs twice;
 deterministic ones must repeat their bits. Shapes keep several visits per CTA and a partial last tile. Exits 1 on a
 difference.
@@ -8,6 +9,7 @@ difference.
     compute-sanitizer --tool racecheck python benchmarks/kernels_sanitize.py
     CUPY_DASH_BWD_FULL_BLOCK_M=80 compute-sanitizer --tool synccheck python benchmarks/kernels_sanitize.py
     compute-sanitizer --tool racecheck python benchmarks/kernels_sanitize.py --softcap-only   # the capped builds
+    compute-sanitizer --tool memcheck python benchmarks/kernels_sanitize.py --pieces-only    # split columns only
 """
 from __future__ import annotations
 
@@ -26,6 +28,8 @@ CASES = [(1, 2, 2, 300, 300, 128, True, True, False, 0.0), (1, 2, 1, 200, 333, 1
          (1, 2, 1, 300, 257, 128, True, True, False, 5.0), (1, 2, 2, 256, 300, 64, False, True, False, 5.0),
          (1, 2, 2, 333, 300, 128, False, False, False, 0.0), (1, 2, 2, 250, 260, 128, False, True, False, 5.0),
          (1, 2, 1, 300, 257, 128, True, True, True, 5.0), (1, 2, 2, 256, 300, 64, False, True, True, 5.0)]
+# B, H, Sq, Sk, D, CTAs, pieces, deterministic: split tables through the test hook (64-query tile)
+PIECES = [(1, 3, 300, 700, 128, 5, 3, True), (2, 2, 200, 333, 64, 7, 2, True), (1, 3, 300, 700, 128, 5, 3, False)]
 VARLEN = [(2, 1, (130, 0, 77), (130, 45, 200), 128, True, True), (2, 2, (64, 129), (100, 129), 64, False, True),
           (2, 2, (100, 171, 9), (90, 200, 40), 128, False, True)]
 
@@ -66,10 +70,36 @@ def _varlen(rng, case) -> bool:
     return _same(*runs) or not det
 
 
+def _pieces(rng, case) -> bool:
+    from cupy_dash import schedule
+    from cupy_dash.core import api
+    from cupy_dash.cuda import kernels
+    from cupy_dash.schedule import pieces
+    B, H, Sq, Sk, D, ctas, num_pieces, det = case
+    q, do = _randn(rng, (B, Sq, H, D)), _randn(rng, (B, Sq, H, D))
+    k, v = _randn(rng, (B, Sk, H, D)), _randn(rng, (B, Sk, H, D))
+    out, lse = cupy_dash.attention_forward(q, k, v)
+    tile = kernels.bwd_tile(D, False)
+    plan = pieces.split_tail(schedule.build("shift", seqlen_q=Sq, seqlen_k=Sk, block_m=tile.block_m,
+                                            block_n=tile.block_n, num_heads=B * H, causal=False, num_sms=ctas),
+                             num_pieces)
+    assert plan.pieces is not None, "the case must split a column"
+    runs = [api._backward_with_plan(do, q, k, v, out, lse, plan=plan, deterministic=det) for _ in range(2)]
+    cupy_dash.check_errors()
+    return _same(*runs) or not det
+
+
 def main() -> int:
     rng = np.random.default_rng(0)
     capped_only = "--softcap-only" in sys.argv[1:]
+    pieces_only = "--pieces-only" in sys.argv[1:]
     bad = 0
+    for case in () if capped_only else PIECES:
+        ok = _pieces(rng, case)
+        bad += not ok
+        print(f"pieces {case}: {'OK' if ok else 'DIFFERENT BITS'}", flush=True)
+    if pieces_only:
+        return 1 if bad else 0
     for case in (c for c in CASES if c[-1] or not capped_only):
         ok = _fixed(rng, case)
         bad += not ok

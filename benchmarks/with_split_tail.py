@@ -20,8 +20,12 @@ time. Only MHA tables without a window are replaced: full masks with ``P``, caus
     python benchmarks/with_split_tail.py trim benchmarks/burst_bench.py --shapes causal:8192 causal:16384 ...
 
 The first argument is P, or ``trim``: causal tables instead, each CTA's list cut at the mean load and the cut
-remainders handed to the least-loaded CTAs (``trim_tail``; its dK / dV are wrong in the same way). The second is a
-script (ending in .py) or a module, as benchmarks/with_kernels.py takes them.
+remainders handed to the least-loaded CTAs (``trim_tail``; its dK / dV are wrong in the same way), or ``real<P>``
+(e.g. ``real3``): the product's split tables (cupy_dash/schedule/pieces.py), whose pieces' fp32 partial sums the
+kernel adds in a fixed order (kernels_src/bwd/pieces.cuh): dK / dV right, so peers' gradient checks apply. The
+second is a script (ending in .py) or a module, as benchmarks/with_kernels.py takes them.
+
+    python benchmarks/with_split_tail.py real3 benchmarks/burst_bench.py --shapes full:3840 full:15360 ...
 """
 from __future__ import annotations
 
@@ -211,10 +215,12 @@ def replaces(args: dict, trim: bool) -> bool:
 
 
 def main():
-    if len(sys.argv) < 3 or not (sys.argv[1].isdigit() or sys.argv[1] == "trim"):
+    mode = sys.argv[1] if len(sys.argv) >= 3 else ""
+    real = mode.startswith("real") and mode[4:].isdigit()
+    if not (mode.isdigit() or mode == "trim" or real):
         sys.exit(__doc__)
-    trim, target = sys.argv[1] == "trim", sys.argv[2]
-    pieces = 3 if trim else int(sys.argv[1])
+    trim, target = mode == "trim", sys.argv[2]
+    pieces = 3 if trim else int(mode[4:] if real else mode)
     if target == "--model":
         return _model(pieces)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -226,10 +232,16 @@ def main():
         plan = built(policy, **args)
         if not replaces(args, trim):
             return plan
-        try:
-            split = _trim(plan) if trim else split_tail(plan, pieces)
-        except ValueError:
-            return plan
+        if real:
+            from cupy_dash.schedule import pieces as product
+            split = plan if plan.policy in schedule.PORTABLE_POLICIES else product.split_tail(plan, pieces)
+            if split is plan:
+                return plan
+        else:
+            try:
+                split = _trim(plan) if trim else split_tail(plan, pieces)
+            except ValueError:
+                return plan
         print(f"with_split_tail: {plan!r}: busiest CTA {np.diff(plan.cta_start).max()} -> "
               f"{np.diff(split.cta_start).max()} visits", file=sys.stderr)
         return split

@@ -94,6 +94,15 @@ struct BwdParams {
   // The maps of dk and dv as tma_k and tma_v above, with boxes of 64 rows: one MMA warpgroup's keys (the TMA stores
   // of bwd/epilogue.cuh), appended last as the fields above.
   TmaDesc tma_dk, tma_dv;
+  // Split KV columns (per-visit tables only; null / 0 otherwise; bwd/pieces.cuh, cupy_dash/schedule/pieces.py),
+  // appended last as the fields above. A split column's visits are num_pieces runs on different CTAs, which come
+  // last in each CTA's list: CTA c's first piece visit is cta_start[c] + cta_pieces[2 c], and its piece runs take
+  // the codes piece_code[cta_pieces[2 c + 1]], ... in order (code = split column * num_pieces + piece).
+  const int32_t* cta_pieces;  // (num_ctas, 2) int32
+  const int32_t* piece_code;  // (piece runs,) int32
+  float* dkv_pieces;          // (split columns * num_pieces) slots of fp32 partial dK (unscaled), dV (pieces.cuh)
+  int32_t* piece_count;       // (split columns,): the pieces of each column stored so far; preprocess zeroes them
+  int64_t num_pieces, num_split_columns;
 };
 
 // The (batch, head) pair of a bh index and its kv head (32-bit division: bh < B * H < 2^31).

@@ -304,7 +304,7 @@ DASH_DEVICE void produce_stages(const BwdParams& p, const Smem& s, const Schedul
     const uint32_t group_parity = ((uint32_t)(j / kRun) & 1u) ^ 1u;
     const int head = tile / kRowBlocks, row = (tile % kRowBlocks) * kBlockM;  // level 10
     bounded_wait(s.q_empty(stage), parity);
-    VisitSlot::publish(s.visit(stage), w, kKernelStep && (j % kRun == kRun - 1 || j == kVisits - 1));
+    VisitSlot::publish(s.visit(stage), w, kKernelStep && (j % kRun == kRun - 1 || j == kVisits - 1), -1);
     mbar_arrive_expect_tx(s.q_full(stage), SmemLayout::kQ + SmemLayout::kRow);
     if constexpr (kTensorLoads) {
       tma_load_tile<kBlockM, kHeadDimIO>(s.q(stage), &p.tma_q, s.q_full(stage), row, head, 0);

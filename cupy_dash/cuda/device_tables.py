@@ -14,7 +14,7 @@ import cupyx
 import numpy as np
 
 from .. import schedule
-from ..schedule import compact_device
+from ..schedule import compact_device, pieces
 from .errors import keep_alive, stream_device
 
 _LIMITS = {"visits": 64, "compact": 8, "varlen": 16}   # tables kept per form and device (LRU)
@@ -130,8 +130,9 @@ per_visit, compact = functools.partial(fixed, False), functools.partial(fixed, T
 class DeviceTables:
     """A per-visit table on one device: ``visits`` (V, 4) int32, ``rank`` (V,) int32, ``cta_start``
     (num_ctas + 1,) int64 CuPy arrays (views of one allocation), plus ``num_ctas``, ``policy`` and ``device_id``;
-    ``plans``: the launch plans that read them (:mod:`cupy_dash.cuda.plans`), dropped with them."""
-    __slots__ = ("visits", "rank", "cta_start", "num_ctas", "policy", "device_id", "plans")
+    ``plans``: the launch plans that read them (:mod:`cupy_dash.cuda.plans`), dropped with them; ``pieces``: None, or
+    a table's split columns (:class:`cupy_dash.schedule.pieces.Pieces` with its two arrays on the device)."""
+    __slots__ = ("visits", "rank", "cta_start", "num_ctas", "policy", "device_id", "plans", "pieces")
 
 
 def upload(plan, num_heads: int, n_blocks: int, m_blocks: int, device_id: int, stream, wait=False,
@@ -142,9 +143,16 @@ def upload(plan, num_heads: int, n_blocks: int, m_blocks: int, device_id: int, s
     if checked is None:
         checked = schedule.check_plan(plan, num_heads, n_blocks, m_blocks)
     visits, rank, cta_start, num_ctas = checked
+    split = pieces.check_arrays(plan, np.diff(cta_start))
     t = DeviceTables()
+    t.pieces = None
     with cupy.cuda.Device(device_id):
-        t.visits, t.rank, t.cta_start = upload_async((visits, rank, cta_start), stream, wait)
+        if split is None:
+            t.visits, t.rank, t.cta_start = upload_async((visits, rank, cta_start), stream, wait)
+        else:
+            t.visits, t.rank, t.cta_start, cta_pieces, piece_code = upload_async(
+                (visits, rank, cta_start, *split[:2]), stream, wait)
+            t.pieces = pieces.Pieces(cta_pieces, piece_code, *split[2:])
     t.num_ctas, t.policy, t.device_id = num_ctas, str(getattr(plan, "policy", "custom")), device_id
     return t
 

@@ -48,6 +48,21 @@ def padded_head_dim(head_dim: int) -> int:
     return 128 if head_dim == 96 else head_dim
 
 
+PIECES_HEAD_DIMS = (64, 96, 128)
+
+
+def pieces_built(head_dim: int, head_dim_v: int, softcap: bool) -> bool:
+    """Whether the backward kernels for these take tables with split KV columns (kernels_src/bwd/pieces.cuh
+    kPiecesBuilt: the loop per run, head dims 64, 96 and 128; per-visit tables, which the caller checks)."""
+    return head_dim in PIECES_HEAD_DIMS and head_dim_v == head_dim and not softcap
+
+
+def piece_slot_bytes(head_dim: int) -> int:
+    """Bytes of one piece's slot (pieces.cuh kPieceSlotFloat4 float4s): fp32 dK and dV of 128 keys by the head dim
+    (96 unpadded: the accumulators' width)."""
+    return 2 * 128 * head_dim * 4
+
+
 # ---------------------------------------------------------------------------------------------------------
 # THE tile table, (kernel, head_dim[, "full80"]) -> TileConfig: a tile plan is a one-line edit here. bwd_preprocess
 # / bwd_postprocess take bwd_main's block_m, block_n (their rows follow its dq_accum / dpsum / lse_log2 layout) with

@@ -123,15 +123,15 @@ class BwdLaunch:
     depend on nothing but these constants and the buffer addresses). ``window``: (left, right) in
     ``schedule.canonical_window`` form. The workspace (one buffer, ``work_bytes``) holds the fp32 / int32 scratch
     arrays at ``offsets`` (each 256-byte aligned): lse_log2 and dpsum ``(B*H, Sq_rounded)`` float32, dq_accum
-    ``(B*H, Sq_rounded, kernels.padded_head_dim(D))`` float32, dq_semaphore ``(B*H, num_m_blocks)`` int32;
-    preprocess initialises them, so the buffer may hold anything. ``zero_kv``: whether dk and dv must be zeroed
+    ``(B*H, Sq_rounded, kernels.padded_head_dim(D))`` float32, dq_semaphore ``(B*H, num_m_blocks)`` int32, and for
+    tables with split columns (``tables.pieces``) their slots (kernels.piece_slot_bytes each) and int32 counters;
+    preprocess initialises them (the slots need none), so the buffer may hold anything. ``zero_kv``: whether dk and dv must be zeroed
     before the kernels run. ``fold``: whether the main kernel runs preprocess and postprocess itself
     (:func:`fold_wanted`; a caller may clear it before packing the block, never set it). ``plan``: its launch plan
     (:func:`cupy_dash.cuda.plans.backward_plan`, set by the caller once the tables are), which
     :func:`enqueue_backward` runs.
     """
-    __slots__ = ("specs", "p", "block_m", "block_n", "num_m_blocks", "sq_rounded", "offsets", "work_bytes",
-                 "tables", "deterministic", "spin_timeout_ns", "causal", "window", "zero_kv", "varlen", "row_grid",
+    __slots__ = ("specs", "p", "block_m", "block_n", "num_m_blocks", "sq_rounded", "_sizes", "tables", "deterministic", "spin_timeout_ns", "causal", "window", "zero_kv", "varlen", "row_grid",
                  "fold", "plan")
 
     def __init__(self, specs, block_m, block_n, p, deterministic, spin_timeout_ns, causal, window, tables=None,
@@ -160,12 +160,28 @@ class BwdLaunch:
         self.fold = fold_wanted(p, block_m, block_n, self.zero_kv, varlen)
         rows = p.B * p.H * self.sq_rounded
         # dq_accum rows are the kernels' padded head dim wide (96: 128, kernels.padded_head_dim)
-        sizes = (rows * 4, rows * 4, rows * kernels.padded_head_dim(p.D) * 4, p.B * p.H * self.num_m_blocks * 4)
-        self.offsets, total = [], 0
+        self._sizes = (rows * 4, rows * 4, rows * kernels.padded_head_dim(p.D) * 4, p.B * p.H * self.num_m_blocks * 4)
+
+    def _layout(self) -> tuple:
+        sizes = self._sizes
+        split = getattr(self.tables, "pieces", None)
+        if split is not None:
+            slots = split.num_split * split.num_pieces
+            sizes += (slots * kernels.piece_slot_bytes(self.p.D), split.num_split * 4)
+        offsets, total = [], 0
         for n in sizes:
-            self.offsets.append(total)
+            offsets.append(total)
             total += -(-n // _WORKSPACE_ALIGN) * _WORKSPACE_ALIGN
-        self.work_bytes = total
+        return offsets, total
+
+    @property
+    def offsets(self) -> list:
+        """The workspace arrays' byte offsets (the class docstring's order; the tables set decide the last two)."""
+        return self._layout()[0]
+
+    @property
+    def work_bytes(self) -> int:
+        return self._layout()[1]
 
 
 def varlen_work_bytes(specs, p, deterministic, spin_timeout_ns, causal, window, varlen) -> int:
@@ -249,7 +265,7 @@ def kv_bytes(p) -> tuple:
 # compact varlen records) over these.
 _NO_SCHEDULE = dict(visits=0, rank=0, cta_start=0, col_records=0, cta_columns=0, cta_col_start=0, scan_bounds=0,
                     n_first=0, columns_per_head=0, tie_sign=0, rank_rule=0, tile_columns=0, seg_col_start=0,
-                    seq_n_first=0, seq_tile_start=0)
+                    seq_n_first=0, seq_tile_start=0, cta_pieces=0, piece_code=0, num_pieces=0, num_split_columns=0)
 SCHEDULE_FIELDS = tuple(_NO_SCHEDULE)   # every field bwd_schedule_fields sets
 
 
@@ -257,8 +273,26 @@ def bwd_schedule_fields(tables) -> dict:
     """Every schedule field of the backward's block (_NO_SCHEDULE's names) for device ``tables``."""
     if hasattr(tables, "params"):            # tables that name their fields: compact records, GPU-expanded rows
         return dict(_NO_SCHEDULE, **tables.params())
+    split = getattr(tables, "pieces", None)
+    pieces = {} if split is None else dict(cta_pieces=split.cta_pieces.data.ptr, piece_code=split.piece_code.data.ptr,
+                                           num_pieces=split.num_pieces, num_split_columns=split.num_split)
     return dict(_NO_SCHEDULE, visits=tables.visits.data.ptr, rank=tables.rank.data.ptr,
-                cta_start=tables.cta_start.data.ptr)
+                cta_start=tables.cta_start.data.ptr, **pieces)
+
+
+def check_pieces(c) -> None:
+    """ValueError unless the kernels of the backward ``c`` take its tables' split columns, if any
+    (kernels_src/bwd/pieces.cuh kPiecesBuilt; the counters are zeroed one per preprocess tile)."""
+    split = getattr(c.tables, "pieces", None)
+    if split is None:
+        return
+    p = c.p
+    if not kernels.pieces_built(p.D, p.Dv, p.softcap > 0) or c.varlen is not None:
+        raise ValueError(f"plan: split KV columns need head dim 64, 96 or 128 (equal value head dim), no soft-capping "
+                         f"and fixed lengths, got D={p.D}, Dv={p.Dv}, softcap={p.softcap}")
+    if split.num_split > p.B * p.H * c.num_m_blocks:
+        raise ValueError(f"plan: {split.num_split} split columns, more than the {p.B * p.H * c.num_m_blocks} tiles "
+                         f"whose preprocess zeroes their counters")
 
 
 def bwd_params(c, operands, lse_ptr, work_base, grads, error, timeline_ptr=0, cu_seqlens=(0, 0)) -> np.ndarray:
@@ -275,7 +309,9 @@ def bwd_params(c, operands, lse_ptr, work_base, grads, error, timeline_ptr=0, cu
     (q_ptr, q_stride), (k_ptr, k_stride), (v_ptr, v_stride), (o_ptr, o_stride), (do_ptr, do_stride) = operands
     dq_ptr, dk_ptr, dv_ptr = grads
     schedule_fields = bwd_schedule_fields(tables)
+    check_pieces(c)
     base, offsets, bm, bn = work_base, c.offsets, c.block_m, c.block_n
+    split = getattr(tables, "pieces", None) is not None
     return kernels.pack_bwd_params(
         tma_q=tensormap.bhsd_map(q_ptr, p.dtype, (B, Sq, H, D), q_stride, bm, "q"),
         tma_k=tensormap.bhsd_map(k_ptr, p.dtype, (B, Sk, Hkv, D), k_stride, bn, "k"),
@@ -286,6 +322,7 @@ def bwd_params(c, operands, lse_ptr, work_base, grads, error, timeline_ptr=0, cu
         q=q_ptr, k=k_ptr, v=v_ptr, out=o_ptr, dout=do_ptr, lse=lse_ptr,
         lse_log2=base + offsets[0], dpsum=base + offsets[1], dq_accum=base + offsets[2],
         dq=dq_ptr, dk=dk_ptr, dv=dv_ptr, dq_semaphore=base + offsets[3] if c.deterministic else 0,
+        dkv_pieces=base + offsets[4] if split else 0, piece_count=base + offsets[5] if split else 0,
         **schedule_fields, error=error[0], error_host=error[1], timeline=timeline_ptr,
         q_stride=q_stride, k_stride=k_stride, v_stride=v_stride, o_stride=o_stride, do_stride=do_stride,
         dq_stride=bsh_strides((B, Sq, H, D)), dk_stride=bsh_strides((B, Sk, Hkv, D)),

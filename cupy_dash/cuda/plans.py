@@ -28,7 +28,7 @@ _SHIFT = 36                              # each fake buffer spans 2^36 bytes (16
 _FAKE_BASES = (0x100 << _SHIFT, 0x180 << _SHIFT)
 # the block offsets of the workspace's arrays, in launchers.BwdLaunch.offsets' order (their patches add the offset)
 _WORK_FIELDS = {kernels.BWD_PARAMS_DTYPE.fields[name][1]: k for k, name in enumerate(
-    ("lse_log2", "dpsum", "dq_accum", "dq_semaphore"))}
+    ("lse_log2", "dpsum", "dq_accum", "dq_semaphore", "dkv_pieces", "piece_count"))}
 
 
 class Parts(typing.NamedTuple):

@@ -31,7 +31,9 @@ AUTO_VISITS = 1 << 24
 
 
 class Schedule:
-    """One schedule table and the problem it was built for.  Arrays are read-only (tables are cached)."""
+    """One schedule table and the problem it was built for.  Arrays are read-only (tables are cached). ``pieces``:
+    the split KV columns of a table from :func:`cupy_dash.schedule.pieces.split_tail`, else None."""
+    pieces = None
 
     def __init__(self, policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms,
                  visits, rank, cta_start, group_size=1, window=(-1, -1), head_section=0):
@@ -68,6 +70,9 @@ class Schedule:
 
     def validate(self) -> "Schedule":
         """Raise ValueError (naming the first offending tile) unless the table is complete, ranked and live."""
+        if not self._validated and self.pieces is not None:
+            self.pieces.validate(self)
+            self._validated = True
         if not self._validated:
             lo, hi = self.column_ranges()
             _schedule.analyze_table(self.visits, self.rank, self.cta_start, self.num_heads, self.num_m_blocks,

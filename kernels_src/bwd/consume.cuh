@@ -4,6 +4,7 @@
 #pragma once
 #include "../schedule_view.cuh"
 #include "config.cuh"
+#include "pieces.cuh"
 
 namespace bwd {
 
@@ -27,7 +28,7 @@ DASH_DEVICE void consume(const BwdParams& p, const ScheduleView& sched, const Sm
       const VisitSlot done = bwd_step(p, s, smem_generic, v, j, groups, first, dK, dV, wg, tid);
       first = done.last;
       if (done.last) {
-        store_dkv(p, s, done.w, dK, dV, wg, tid);
+        store_dkv(p, s, done.w, dK, dV, wg, tid);  // NOTES: no pieces here (pieces.cuh kPiecesBuilt)
         ++groups;
       }
     }
@@ -50,7 +51,9 @@ DASH_DEVICE void consume(const BwdParams& p, const ScheduleView& sched, const Sm
         mbar_arrive(s.k_empty((int)(groups % kKStages)));
         mbar_arrive(s.v_empty());
       }
-      store_dkv(p, s, done.w, dK, dV, wg, tid);
+      // A piece of a split column stores its partial sums; the CTA whose piece completes the column stores it.
+      const bool whole = done.piece < 0 || complete_piece(p, done.piece, dK, dV, wg, tid);
+      if (whole) store_dkv(p, s, done.w, dK, dV, wg, tid);
       fill_zero(dK);
       fill_zero(dV);
     }

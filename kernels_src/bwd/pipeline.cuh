@@ -55,14 +55,16 @@ DASH_DEVICE void wait_phase(const BwdParams& p, uint32_t bar, uint32_t parity) {
 // NOTES: the MMA warpgroups thus never read the schedule table: a table row loaded at the top of each visit left
 // the tensor pipe idle for its latency (Nsight Compute: decision record bwd-engine).
 // NOTES: only the end of a run is published: a visit starts its KV tile's run exactly when the one before it ended
-// one (or it is the CTA's first), which the MMA warpgroups know before they read the slot (bwd_step).
+// one (or it is the CTA's first), which the MMA warpgroups know before they read the slot (bwd_step). The fourth
+// word is 1 + 2 (piece + 1): piece is the run's code when it is a piece of a split column (bwd/pieces.cuh), else -1.
 struct VisitSlot {
   Visit w;
   bool last;  // the visit ends its run of one KV tile (V, K released; dK, dV stored)
+  int piece;  // the run's piece code, or -1: a whole KV tile
 
-  DASH_DEVICE static void publish(uint32_t slot, const Visit& w, bool last) {
+  DASH_DEVICE static void publish(uint32_t slot, const Visit& w, bool last, int piece) {
     asm volatile("st.shared.v4.s32 [%0], {%1, %2, %3, %4};\n" ::"r"(slot), "r"(w.bh), "r"(w.n_block), "r"(w.m_block),
-                 "r"(last ? 1 : 0)
+                 "r"((last ? 1 : 0) + 2 * (piece + 1))
                  : "memory");
   }
   DASH_DEVICE static VisitSlot read(uint32_t slot) {
@@ -71,7 +73,7 @@ struct VisitSlot {
                  : "=r"(bh), "=r"(n_block), "=r"(m_block), "=r"(flags)
                  : "r"(slot)
                  : "memory");
-    return VisitSlot{Visit{bh, n_block, m_block}, flags != 0};
+    return VisitSlot{Visit{bh, n_block, m_block}, (flags & 1) != 0, (flags >> 1) - 1};
   }
 };
 

@@ -31,6 +31,13 @@ DASH_DEVICE void produce(const BwdParams& p, const ScheduleView& sched, const Sm
   int groups = 0;
   Visit prev{}, w = sched.visit(sched.begin);
   int j = 0;
+  // Split columns (bwd/pieces.cuh): from visit piece_from on, each run is a piece, its code the next of piece_code.
+  int64_t piece_from = sched.end;
+  int next_piece = 0, piece = -1;
+  if (p.cta_pieces != nullptr) {
+    piece_from = sched.begin + __ldg(p.cta_pieces + 2 * blockIdx.x);
+    next_piece = __ldg(p.cta_pieces + 2 * blockIdx.x + 1);
+  }
   for (int64_t v = sched.begin; v < sched.end; ++v, ++j) {
     const Visit next = v + 1 < sched.end ? sched.visit(v + 1) : w;
     const bool first = v == sched.begin || !sched.same_kv_tile(prev, w);
@@ -44,8 +51,10 @@ DASH_DEVICE void produce(const BwdParams& p, const ScheduleView& sched, const Sm
     const int64_t row_offset = seq.scratch_row + w.m_block * kBlockM;
     const int q_row = seq.row_q + w.m_block * kBlockM, k_row = seq.row_k + w.n_block * kBlockN;
 
+    if (first) piece = v >= piece_from ? __ldg(p.piece_code + next_piece++) : -1;
+
     wait_phase(p, s.q_empty(stage), phase ^ 1);
-    VisitSlot::publish(s.visit(stage), w, last);
+    VisitSlot::publish(s.visit(stage), w, last, piece);
     mbar_arrive_expect_tx(s.q_full(stage), kQBytes);
     tma_load_tile<kBlockM, kHeadDimIO>(s.q(stage), &p.tma_q, s.q_full(stage), q_row, hd.h, seq.batch);
     bulk_load(s.lse(stage), p.lse_log2 + row_offset, SmemLayout::kRow, s.q_full(stage));

@@ -41,6 +41,12 @@ DASH_DEVICE void preprocess_tile(const BwdParams& p, int m_block, int h, int b, 
   static_assert((kHeadDimVIO / 8) % kThreadsPerRow == 0 && 32 % kThreadsPerRow == 0, "row split");
   static_assert(kThreadsPerRow * kBlockM % 32 == 0, "whole warps take the rows (the shuffles below), the rest idle");
   const BwdRows<kBlockM> seq(p, b, h);
+  // NOTES: the split columns' counters (bwd/pieces.cuh), one per tile of the grid: the host splits no more columns
+  // than B * H * num_m_blocks (fixed-length problems only).
+  if (tid == 0 && p.piece_count != nullptr) {
+    const int64_t tile = ((int64_t)b * p.num_heads + h) * p.num_m_blocks + m_block;
+    if (tile < p.num_split_columns) p.piece_count[tile] = 0;
+  }
   if (m_block * kBlockM >= seq.seqlen_q) return;  // varlen grids cover the longest sequence
   const int r = tid / kThreadsPerRow, part = tid % kThreadsPerRow;
   const int row = m_block * kBlockM + r;  // within the sequence
@@ -106,6 +112,12 @@ DASH_DEVICE void postprocess_tile(const BwdParams& p, int m_block, int h, int b,
   using Layout = DqAccumLayout<kBlockM, kHeadDim>;
   static_assert(Layout::kTransposed || Layout::kTileGroups % kPassThreads == 0, "tile split");
   const BwdRows<kBlockM> seq(p, b, h);
+  // NOTES: the split columns' counters (bwd/pieces.cuh), one per tile of the grid: the host splits no more columns
+  // than B * H * num_m_blocks (fixed-length problems only).
+  if (tid == 0 && p.piece_count != nullptr) {
+    const int64_t tile = ((int64_t)b * p.num_heads + h) * p.num_m_blocks + m_block;
+    if (tile < p.num_split_columns) p.piece_count[tile] = 0;
+  }
   if (m_block * kBlockM >= seq.seqlen_q) return;  // varlen grids cover the longest sequence
   const int row0 = m_block * kBlockM;
   const float4* dq_accum =

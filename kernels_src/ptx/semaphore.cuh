@@ -21,3 +21,11 @@ DASH_DEVICE int ld_relaxed_gpu(const int* p) {
 DASH_DEVICE void red_release_gpu_add(int* p, int v) {
   asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" :: "l"(p), "r"(v) : "memory");
 }
+
+// An atomic add at gpu scope with acquire-release order, returning the old value: the arrival count of a split
+// KV column's pieces (bwd/pieces.cuh), whose last arrival reads what the others released.
+DASH_DEVICE int atom_acq_rel_gpu_add(int* p, int v) {
+  int old;
+  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;\n" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
+}

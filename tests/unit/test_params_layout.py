@@ -28,15 +28,18 @@ def test_params_layout_matches_c_structs(offsetof):
     # tables' 64 bytes, the varlen builds' two pointers, tile_columns, the compact varlen builds' three pointers
     # and the eager error record's host mirror, the fold flag and the soft-capping prescale appended (the earlier
     # offsets unchanged: softmax_scale_log2 still ends at 936), then the dk and dv maps at the next 64-byte
-    # boundaries; FwdParams likewise ends in the prescale, then the causal launch order's head section
-    assert kernels.FWD_PARAMS_DTYPE.itemsize == 704 and kernels.BWD_PARAMS_DTYPE.itemsize == 1344
+    # boundaries and the split columns' six fields; FwdParams likewise ends in the prescale, then the causal launch
+    # order's head section
+    assert kernels.FWD_PARAMS_DTYPE.itemsize == 704 and kernels.BWD_PARAMS_DTYPE.itemsize == 1408
     bwd = kernels.BWD_PARAMS_DTYPE
     appended = ("col_records", "cta_columns", "cta_col_start", "scan_bounds", "n_first", "columns_per_head",
                 "tie_sign", "rank_rule", "cu_seqlens_q", "cu_seqlens_k", "tile_columns", "seg_col_start",
                 "seq_n_first", "seq_tile_start", "error_host", "fold", "softcap_prescale")
-    assert bwd.names[-19:-2] == appended and bwd.fields["softmax_scale_log2"][1] == 932
+    pieces = ("cta_pieces", "piece_code", "dkv_pieces", "piece_count", "num_pieces", "num_split_columns")
+    assert bwd.names[-25:-8] == appended and bwd.fields["softmax_scale_log2"][1] == 932
     assert [bwd.fields[n][1] for n in appended] == list(range(936, 1072, 8))
-    assert bwd.names[-2:] == ("tma_dk", "tma_dv") and [bwd.fields[n][1] for n in bwd.names[-2:]] == [1088, 1216]
+    assert bwd.names[-8:-6] == ("tma_dk", "tma_dv") and [bwd.fields[n][1] for n in bwd.names[-8:-6]] == [1088, 1216]
+    assert bwd.names[-6:] == pieces and [bwd.fields[n][1] for n in pieces] == list(range(1344, 1392, 8))
     assert kernels.FWD_PARAMS_DTYPE.names[-5:] == ("softcap_prescale", "head_section", "tile_counter", "num_tiles",
                                                    "num_m_blocks")
     assert kernels.PARAMS_STRUCTS["BwdParams"][1] == 64 and kernels.BWD_PARAMS_DTYPE.fields["q"][1] == 512
@@ -123,7 +126,7 @@ def test_pack_bwd_params_every_field():
     fields["tma_v"] = None                                  # None -> all-zero map
     expect["tma_v"] = bytes(128)
     p = kernels.pack_bwd_params(**fields)
-    assert p.nbytes == 1344
+    assert p.nbytes == 1408
     with pytest.raises(ValueError, match="BwdParams.tma_q: a tensor map is 128 bytes"):
         kernels.pack_bwd_params(**dict(fields, tma_q=b"short"))
     with pytest.raises(ValueError, match="q_stride"):

@@ -1,0 +1,207 @@
+"""Per-visit tables whose last wave is cut into pieces of KV columns (kernels_src/bwd/pieces.cuh).
+
+At full 3840 (16k tokens, 16 heads of 128), 1,920 columns of 48 visits go to 132 CTAs: 72 CTAs run 15 columns and
+60 run 14, and the SMs idle ~3 % of a steady backward (docs/decisions/bwd-engine.md, "The clock read from the
+kernel, and the last wave"). :func:`split_tail` keeps each CTA's columns up to the least-loaded CTA's load and cuts
+every column left over into ``num_pieces`` runs of its Q range, each run to the CTA with the least load so far. A
+piece run's fp32 dK / dV partial sums go to the column's slot for that piece; the CTA whose piece arrives last adds
+the slots in piece order and writes dK, dV (the bits do not depend on which CTA that is).
+
+The table: a :class:`~cupy_dash.schedule.Schedule` whose ``pieces`` is a :class:`Pieces`. From
+``cta_start[c] + cta_pieces[c, 0]`` on, every run of CTA c has a code in ``piece_code`` (from index ``cta_pieces[c,
+1]`` on, in order): ``split column * num_pieces + piece``, or -1 for a whole KV tile. Every dQ tile adds in the order
+of its visits' positions in their CTA's list, ties by CTA: the unfinished visit with the smallest (position, CTA)
+can always run, so the table cannot deadlock. Only MHA tables without a window (full masks) are split; the bits
+depend on the CTA count, so portable policies are never split.
+"""
+from __future__ import annotations
+
+import heapq
+import typing
+
+import numpy as np
+
+from . import per_visit
+
+
+class Pieces(typing.NamedTuple):
+    """A table's split columns: ``cta_pieces`` int32 (num_ctas, 2), ``piece_code`` int32 (runs,), ``num_pieces`` per
+    split column, ``num_split`` columns."""
+    cta_pieces: np.ndarray
+    piece_code: np.ndarray
+    num_pieces: int
+    num_split: int
+
+    def validate(self, plan) -> None:
+        """:func:`validate` (Schedule.validate's way here: per_visit does not import this module)."""
+        validate(plan)
+
+
+def _runs(visits: np.ndarray, begin: int, end: int) -> list:
+    """[((bh, n_block), [m_block, ...]), ...] of rows [begin, end) of a per-visit table, one per run of a KV tile."""
+    v = visits[begin:end]
+    if not len(v):
+        return []
+    cut = np.concatenate([[0], np.flatnonzero(np.any(v[1:, 1:3] != v[:-1, 1:3], axis=1)) + 1, [len(v)]])
+    return [((int(v[a, 1]), int(v[a, 2])), v[a:b, 3].tolist()) for a, b in zip(cut[:-1], cut[1:])]
+
+
+def split_tail(base, num_pieces: int = 3):
+    """``base`` (a per-visit Schedule, MHA, no window, not a portable policy) with its last wave cut: each CTA keeps
+    its runs while its load stays within the least-loaded CTA's; every run left over (a whole KV column) is cut into
+    ``num_pieces`` ranges of its Q tiles (near-equal, in the run's own order) and each range goes to the CTA with the
+    least load so far, the heads' pieces interleaved. Returns ``base`` itself when nothing is left over or a column
+    is shorter than ``num_pieces``; else a validated Schedule with ``pieces`` set."""
+    if isinstance(num_pieces, bool) or not isinstance(num_pieces, (int, np.integer)) or not 2 <= num_pieces <= 16:
+        raise ValueError(f"num_pieces must be an int in [2, 16], got {num_pieces!r}")
+    if base.group_size != 1 or base.window != (-1, -1) or base.causal:
+        raise ValueError("split_tail: full-mask MHA tables only (no GQA, window or causal mask)")
+    if base.policy in per_visit.PORTABLE_POLICIES:
+        raise ValueError(f"split_tail: {base.policy!r} is portable (bits independent of the CTA count)")
+    visits, cta_start = np.asarray(base.visits), np.asarray(base.cta_start)
+    counts = np.diff(cta_start)
+    floor = int(counts.min())
+    lists, tail = [], []
+    for c in range(base.num_ctas):
+        kept, load = [], 0
+        runs = _runs(visits, int(cta_start[c]), int(cta_start[c + 1]))
+        for i, (col, tiles) in enumerate(runs):
+            if load + len(tiles) > floor:
+                tail.extend(runs[i:])
+                break
+            kept.extend((col[0], col[1], m, -1) for m in tiles)
+            load += len(tiles)
+        lists.append(kept)
+    if not tail or min(len(t) for _, t in tail) < num_pieces:
+        return base
+    by_head: dict = {}
+    for s, (col, tiles) in enumerate(tail):
+        bounds = [len(tiles) * k // num_pieces for k in range(num_pieces + 1)]
+        by_head.setdefault(col[0], []).extend(
+            (s * num_pieces + k, col, tiles[bounds[k]:bounds[k + 1]]) for k in range(num_pieces))
+    order, queues = [], list(by_head.values())
+    while any(queues):                                     # the heads interleaved
+        for q in queues:
+            if q:
+                order.append(q.pop(0))
+    cta_pieces = np.zeros((base.num_ctas, 2), dtype=np.int32)
+    cta_pieces[:, 0] = [len(lst) for lst in lists]
+    codes = [[] for _ in lists]
+    heap = [(len(lst), c) for c, lst in enumerate(lists)]
+    heapq.heapify(heap)
+    for code, (bh, n), tiles in order:
+        load, c = heapq.heappop(heap)
+        lists[c].extend((bh, n, m, code) for m in tiles)
+        codes[c].append(code)
+        heapq.heappush(heap, (load + len(tiles), c))
+    cta_pieces[:, 1] = np.concatenate([[0], np.cumsum([len(x) for x in codes])[:-1]])
+    piece_code = np.asarray([x for cs in codes for x in cs], dtype=np.int32)
+    plan = ranked(base, [[row[:3] for row in lst] for lst in lists])
+    plan.pieces = Pieces(cta_pieces, piece_code, int(num_pieces), len(tail))
+    for a in (cta_pieces, piece_code):
+        a.flags.writeable = False
+    plan.key = plan.key + (("pieces", int(num_pieces)),)
+    return plan.validate()
+
+
+def ranked(base, lists):
+    """A per-visit Schedule of ``base``'s problem whose CTA c runs ``lists[c]`` ((bh, n_block, m_block) each), every
+    dQ tile adding in the order of its visits' positions in their lists (ties: the lower CTA first)."""
+    sizes = [len(lst) for lst in lists]
+    rows = np.zeros((sum(sizes), 4), dtype=np.int32)
+    rows[:, 0] = np.repeat(np.arange(len(lists)), sizes)
+    rows[:, 1:] = np.asarray([r for lst in lists for r in lst], dtype=np.int32).reshape(-1, 3)
+    cta_start = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    rank = rank_by_position(rows, cta_start, base.num_m_blocks)
+    return per_visit.Schedule(base.policy, base.seqlen_q, base.seqlen_k, base.block_m, base.block_n, base.num_heads,
+                              base.causal, base.num_sms, rows, rank, cta_start, base.group_size, base.window,
+                              base.head_section)
+
+
+def rank_by_position(rows: np.ndarray, cta_start: np.ndarray, num_m_blocks: int) -> np.ndarray:
+    """int32 ranks: each dQ tile (bh, m_block) adds in the order of (position in its CTA's list, CTA)."""
+    pos = np.arange(len(rows)) - np.repeat(cta_start[:-1], np.diff(cta_start))
+    order = np.lexsort((rows[:, 0], pos, rows[:, 3], rows[:, 1]))
+    tile = rows[order, 1].astype(np.int64) * num_m_blocks + rows[order, 3]
+    first = np.concatenate([[0], np.flatnonzero(np.diff(tile)) + 1])
+    rank = np.empty(len(rows), dtype=np.int32)
+    rank[order] = np.arange(len(rows)) - np.repeat(first, np.diff(np.concatenate([first, [len(rows)]])))
+    return rank
+
+
+def check_arrays(plan, counts: np.ndarray):
+    """The bounds of ``plan.pieces`` (None: no pieces), so that no table can make the kernel read or write outside
+    its arrays: ``(cta_pieces, piece_code, num_pieces, num_split)`` in kernel dtypes, or None. ``counts``: the
+    CTAs' visit counts. Raises ValueError naming ``plan.pieces``."""
+    pieces = getattr(plan, "pieces", None)
+    if pieces is None:
+        return None
+    cta_pieces = np.ascontiguousarray(pieces.cta_pieces, dtype=np.int32)
+    piece_code = np.ascontiguousarray(pieces.piece_code, dtype=np.int32)
+    num_pieces, num_split = int(pieces.num_pieces), int(pieces.num_split)
+    if not 2 <= num_pieces <= 16 or num_split < 1:
+        raise ValueError(f"plan.pieces: num_pieces must be in [2, 16] and num_split >= 1, got {num_pieces}, "
+                         f"{num_split}")
+    if cta_pieces.shape != (len(counts), 2) or piece_code.ndim != 1:
+        raise ValueError(f"plan.pieces: cta_pieces must be ({len(counts)}, 2) and piece_code 1-D, got "
+                         f"{cta_pieces.shape} and {piece_code.shape}")
+    if (cta_pieces[:, 0] < 0).any() or (cta_pieces[:, 0] > counts).any():
+        raise ValueError("plan.pieces: cta_pieces[:, 0] must lie within each CTA's visits")
+    if (cta_pieces[:, 1] < 0).any() or (cta_pieces[:, 1] > len(piece_code)).any():
+        raise ValueError("plan.pieces: cta_pieces[:, 1] must index piece_code")
+    if len(piece_code) and (piece_code.min() < -1 or piece_code.max() >= num_split * num_pieces):
+        raise ValueError(f"plan.pieces: piece codes must lie in [-1, {num_split * num_pieces})")
+    return cta_pieces, piece_code, num_pieces, num_split
+
+
+def validate(plan) -> None:
+    """ValueError unless the pieces table ``plan`` is complete and live: every unmasked tile visited once; each KV
+    column one whole run, or ``num_pieces`` piece runs whose codes are its split column's 0 .. num_pieces - 1;
+    the piece runs' codes read in order from each CTA's first piece visit on (bounded as :func:`check_arrays`);
+    every dQ tile's ranks in the order of (position in the CTA's list, CTA)."""
+    visits, rank, cta_start = np.asarray(plan.visits), np.asarray(plan.rank), np.asarray(plan.cta_start)
+    cta_pieces, piece_code, P, S = check_arrays(plan, np.diff(cta_start))
+    M, N, H = plan.num_m_blocks, plan.num_n_blocks, plan.num_heads
+    lo, hi = plan.column_ranges()
+    if plan.group_size != 1:
+        raise ValueError("plan.pieces: MHA tables only")
+    tiles = (visits[:, 1].astype(np.int64) * N + visits[:, 2]) * M + visits[:, 3]
+    seen = np.zeros(H * N * M, dtype=np.int64)
+    np.add.at(seen, tiles, 1)
+    want = np.zeros((H, N, M), dtype=np.int64)
+    for n in range(N):
+        want[:, n, lo[n]:hi[n]] = 1
+    if not np.array_equal(seen, want.reshape(-1)):
+        bad = int(np.flatnonzero(seen != want.reshape(-1))[0])
+        raise ValueError(f"plan.pieces: tile (head {bad // (N * M)}, n_block {bad // M % N}, m_block {bad % M}) is "
+                         f"visited {seen[bad]} times, expected {want.reshape(-1)[bad]}")
+    whole, piece_of = set(), {}
+    for c in range(plan.num_ctas):
+        begin, end = int(cta_start[c]), int(cta_start[c + 1])
+        split_at, nxt = begin + int(cta_pieces[c, 0]), int(cta_pieces[c, 1])
+        v = begin
+        for col, tiles_run in _runs(visits, begin, end):
+            code = -1
+            if v >= split_at:
+                if nxt >= len(piece_code):
+                    raise ValueError(f"plan.pieces: cta {c} has more runs than piece codes")
+                code, nxt = int(piece_code[nxt]), nxt + 1
+            elif v + len(tiles_run) > split_at:
+                raise ValueError(f"plan.pieces: cta {c}'s first piece visit falls inside a run")
+            if code < 0:
+                if col in whole or len(tiles_run) != hi[col[1]] - lo[col[1]]:
+                    raise ValueError(f"plan.pieces: KV tile {col} is not one whole run (cta {c})")
+                whole.add(col)
+            else:
+                if code in piece_of:
+                    raise ValueError(f"plan.pieces: piece code {code} runs twice")
+                piece_of[code] = col
+            v += len(tiles_run)
+    for s in range(S):
+        cols = {piece_of.get(s * P + k) for k in range(P)}
+        if len(cols) != 1 or None in cols or cols & whole:
+            raise ValueError(f"plan.pieces: split column {s} must be {P} piece runs of one KV tile, got {cols}")
+    if len(piece_of) != S * P:
+        raise ValueError("plan.pieces: piece codes outside the split columns")
+    if not np.array_equal(rank, rank_by_position(visits, cta_start, M)):
+        raise ValueError("plan.pieces: ranks must follow (position in the CTA's list, CTA)")

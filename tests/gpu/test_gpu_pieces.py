@@ -1,0 +1,103 @@
+"""Tables whose last wave is cut into pieces of KV columns (cupy_dash/schedule/pieces.py, kernels_src/bwd/pieces.cuh):
+dq, dk, dv against the float64 reference under FA3's rule, poisoned outputs, the bits repeated, deterministic and
+atomic dQ, folded and not. Few CTAs (``num_sms``) so that every CTA runs several KV tiles of several heads before
+its pieces, and every split column's pieces land on different CTAs."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+cupy = pytest.importorskip("cupy")
+import cupy_dash  # noqa: E402
+from cupy_dash import reference, schedule  # noqa: E402
+from cupy_dash.core import api  # noqa: E402
+from cupy_dash.cuda import kernels  # noqa: E402
+from cupy_dash.schedule import pieces  # noqa: E402
+
+from gpu_helpers import (Case, _assert_finite, _assert_same_bits, _case_data, _dev, _host, _poison_pool,  # noqa: E402
+                         _poison_size)
+
+pytestmark = pytest.mark.gpu
+
+# (case, CTAs, pieces per split column)
+CASES = [
+    (Case("bf16", 128, False, 1280, 1280, batch=1, heads=5), 7, 3),      # 80-query tile, 50 columns on 7 CTAs
+    (Case("bf16", 128, False, 1000, 1333, batch=2, heads=3), 11, 2),     # odd lengths, Sq != Sk
+    (Case("fp16", 64, False, 777, 1024, batch=2, heads=4), 9, 3),        # head dim 64: stores from the registers
+    (Case("bf16", 96, False, 640, 640, batch=1, heads=6), 5, 4),
+]
+
+
+def _plan(case: Case, num_sms: int, num_pieces: int):
+    tile = kernels.bwd_tile(case.hdim, False)
+    base = schedule.build("shift", seqlen_q=case.seqlen_q, seqlen_k=case.seqlen_k, block_m=tile.block_m,
+                          block_n=tile.block_n, num_heads=case.batch * case.heads, causal=False, num_sms=num_sms)
+    plan = pieces.split_tail(base, num_pieces)
+    assert plan.pieces is not None and plan.pieces.num_split > 0, "the case must leave a tail to split"
+    return plan
+
+
+def _inputs(case: Case):
+    data = _case_data(case, backward=True)
+    q, k, v, do = (_dev(data[n]) for n in ("q", "k", "v", "do"))
+    return data, (do, q, k, v, _dev(data["out_in"]), cupy.asarray(data["lse_in"]))
+
+
+@pytest.mark.parametrize("fold", ["0", "1"], ids=["three_kernels", "folded"])
+@pytest.mark.parametrize("deterministic", [True, False], ids=["det", "atomic"])
+@pytest.mark.parametrize("case,num_sms,num_pieces", CASES, ids=[f"{c.id}-ctas{n}-p{p}" for c, n, p in CASES])
+def test_split_columns_match_the_reference(case, num_sms, num_pieces, deterministic, fold, monkeypatch):
+    monkeypatch.setenv("CUPY_DASH_FOLD", fold)
+    data, inputs = _inputs(case)
+    plan = _plan(case, num_sms, num_pieces)
+    _poison_pool(_poison_size(*inputs))
+    grads = api._backward_with_plan(*inputs, plan=plan, deterministic=deterministic)
+    cupy_dash.check_errors()
+    for name, g in zip(("dq", "dk", "dv"), grads):
+        g = _host(g)
+        _assert_finite(name, g)
+        reference.assert_close_fa3(name, g, data[f"{name}_ref"], data[f"{name}_lowp"])
+
+
+@pytest.mark.parametrize("case,num_sms,num_pieces", CASES[:2], ids=[f"{c.id}-ctas{n}-p{p}" for c, n, p in CASES[:2]])
+def test_split_columns_repeat_their_bits(case, num_sms, num_pieces):
+    _, inputs = _inputs(case)
+    plan = _plan(case, num_sms, num_pieces)
+    first = api._backward_with_plan(*inputs, plan=plan)
+    for _ in range(20):
+        again = api._backward_with_plan(*inputs, plan=plan)
+        for name, a, b in zip(("dq", "dk", "dv"), again, first):
+            _assert_same_bits(name, a, b)
+    cupy_dash.check_errors()
+
+
+def test_split_columns_on_the_80_query_tile(monkeypatch):
+    """The full path (not a test plan, whose tile is 64 queries): 160 KV columns of the 80-query tile on the GPU's
+    CTAs, the columns past the least-loaded CTA's split in three, through a wrapped schedule.build (as
+    benchmarks/with_split_tail.py does)."""
+    from cupy_dash.cuda import device_tables
+    monkeypatch.setenv("CUPY_DASH_FASTPATH", "0")
+    monkeypatch.setattr(device_tables, "_plans", type(device_tables._plans)())
+    built, split = schedule.build, []
+
+    def build(policy="auto", **args):
+        plan = built(policy, **args)
+        if not args.get("causal") and policy not in schedule.PORTABLE_POLICIES:
+            plan = pieces.split_tail(plan, 3)
+            split.append(plan.pieces is not None)
+        return plan
+
+    monkeypatch.setattr(schedule, "build", build)
+    case = Case("bf16", 128, False, 1280, 1280, batch=1, heads=16)
+    assert kernels.bwd_tile(128, False, seqlen_q=1280).block_m == 80
+    data, inputs = _inputs(case)
+    _poison_pool(_poison_size(*inputs))
+    grads = cupy_dash.attention_backward(*inputs, schedule="shift")
+    again = cupy_dash.attention_backward(*inputs, schedule="shift")
+    cupy_dash.check_errors()
+    assert split == [True], "the table must have been split once (then cached)"
+    for name, g, g2 in zip(("dq", "dk", "dv"), grads, again):
+        _assert_same_bits(name, g2, g)
+        g = _host(g)
+        _assert_finite(name, g)
+        reference.assert_close_fa3(name, g, data[f"{name}_ref"], data[f"{name}_lowp"])
