@@ -1,0 +1,164 @@
+"""Split KV columns on the host (cupy_dash/schedule/pieces.py): what split_tail builds, what validate and check_arrays
+refuse, the workspace and parameter fields a launch gets for them (cupy_dash/cuda/launchers.py)."""
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+
+from cupy_dash import schedule
+from cupy_dash.schedule import pieces
+
+
+def _base(S=3840, heads=64, sms=132, policy="auto", block_m=80, causal=False, **kw):
+    return schedule.build(policy, seqlen_q=S, seqlen_k=S, block_m=block_m, block_n=128, num_heads=heads,
+                          causal=causal, num_sms=sms, **kw)
+
+
+@pytest.mark.parametrize("S,heads,busiest,after", [(3840, 64, 720, 704), (15360, 16, 2880, 2816), (1280, 192, 240, 235)],
+                         ids=["full3840", "full15360", "full1280"])
+def test_split_tail_balances_the_bench_shapes(S, heads, busiest, after):
+    base = _base(S, heads)
+    plan = pieces.split_tail(base, 3)
+    counts = np.diff(plan.cta_start)
+    assert np.diff(base.cta_start).max() == busiest and counts.max() == after
+    assert plan.pieces.num_split == 72 and plan.pieces.num_pieces == 3
+    assert len(plan.pieces.piece_code) == 72 * 3 and sorted(plan.pieces.piece_code) == list(range(216))
+    assert plan.key == base.key + (("pieces", 3),)
+    assert plan._validated
+
+
+def test_each_split_column_runs_on_distinct_ctas():
+    plan = pieces.split_tail(_base(), 3)
+    v, cs, cp = plan.visits, plan.cta_start, plan.pieces.cta_pieces
+    where = {}
+    for c in range(plan.num_ctas):
+        codes = plan.pieces.piece_code[cp[c, 1]:(cp[c + 1, 1] if c + 1 < plan.num_ctas else None)]
+        rows = v[cs[c] + cp[c, 0]:cs[c + 1]]
+        assert len({tuple(r) for r in rows[:, 1:3]}) == len(codes)
+        for code in codes:
+            where.setdefault(int(code) // 3, set()).add(c)
+    assert all(len(ctas) == 3 for ctas in where.values())
+
+
+def test_split_tail_leaves_tables_without_a_tail():
+    base = _base(1024, 4, sms=8, block_m=64)        # 32 columns on 8 CTAs: four each
+    assert pieces.split_tail(base, 3) is base
+
+
+@pytest.mark.parametrize("args,match", [
+    (dict(policy="fa3"), "portable"), (dict(causal=True), "full-mask"), (dict(group_size=4), "full-mask"),
+    (dict(window=(100, 100)), "full-mask")], ids=["portable", "causal", "gqa", "window"])
+def test_split_tail_refuses_what_the_kernels_do_not_split(args, match):
+    with pytest.raises(ValueError, match=match):
+        pieces.split_tail(_base(1280, 16, sms=20, block_m=64, **args), 3)
+
+
+@pytest.mark.parametrize("num_pieces", [1, 17, 2.0, True])
+def test_split_tail_checks_num_pieces(num_pieces):
+    with pytest.raises(ValueError, match="num_pieces"):
+        pieces.split_tail(_base(1280, 16, sms=20, block_m=64), num_pieces)
+
+
+def _mutated(plan, **changes):
+    """A copy of ``plan`` with its arrays / pieces replaced, not yet validated."""
+    arrays = dict(visits=plan.visits, rank=plan.rank, cta_start=plan.cta_start)
+    split = plan.pieces._asdict()
+    for name, value in changes.items():
+        (arrays if name in arrays else split)[name] = np.array(value)
+    out = schedule.Schedule(plan.policy, plan.seqlen_q, plan.seqlen_k, plan.block_m, plan.block_n, plan.num_heads,
+                            plan.causal, plan.num_sms, arrays["visits"], arrays["rank"], arrays["cta_start"])
+    out.pieces = pieces.Pieces(**{k: (v if not isinstance(v, np.ndarray) or v.ndim else int(v)) for k, v in
+                                  split.items()})
+    return out
+
+
+def _small():
+    return pieces.split_tail(_base(1280, 16, sms=24, block_m=64), 3)
+
+
+def test_validate_refuses_a_duplicated_code():
+    plan = _small()
+    code = plan.pieces.piece_code.copy()
+    code[1] = code[0]
+    with pytest.raises(ValueError, match="runs twice"):
+        _mutated(plan, piece_code=code).validate()
+
+
+def test_validate_refuses_a_piece_called_whole():
+    plan = _small()
+    code = plan.pieces.piece_code.copy()
+    code[0] = -1
+    with pytest.raises(ValueError, match="not one whole run|must be 3 piece runs"):
+        _mutated(plan, piece_code=code).validate()
+
+
+def test_validate_refuses_ranks_out_of_order():
+    plan = _small()
+    rank = plan.rank.copy()
+    i = int(np.flatnonzero(rank == 1)[0])
+    j = int(np.flatnonzero((plan.visits[:, 1] == plan.visits[i, 1]) & (plan.visits[:, 3] == plan.visits[i, 3])
+                           & (rank == 0))[0])
+    rank[i], rank[j] = 0, 1
+    with pytest.raises(ValueError, match="ranks"):
+        _mutated(plan, rank=rank).validate()
+
+
+def test_validate_refuses_a_missing_tile():
+    plan = _small()
+    visits = plan.visits.copy()
+    last = visits[-1].copy()
+    visits[-1, 3] = visits[-2, 3]
+    assert not np.array_equal(visits[-1], last)
+    with pytest.raises(ValueError, match="visited"):
+        _mutated(plan, visits=visits).validate()
+
+
+def test_validate_refuses_a_piece_start_inside_a_run():
+    plan = _small()
+    cp = plan.pieces.cta_pieces.copy()
+    c = int(np.argmax(np.diff(plan.cta_start) > cp[:, 0]))
+    cp[c, 0] -= 1
+    with pytest.raises(ValueError, match="inside a run|not one whole run|more runs"):
+        _mutated(plan, cta_pieces=cp).validate()
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("piece_code", lambda p: np.append(p.pieces.piece_code[:-1], 10 ** 6), "piece codes must lie"),
+    ("cta_pieces", lambda p: np.full_like(p.pieces.cta_pieces, -1), "cta_pieces"),
+    ("cta_pieces", lambda p: p.pieces.cta_pieces[:-1], "cta_pieces must be"),
+    ("num_pieces", lambda p: 1, "num_pieces"),
+], ids=["code_out_of_range", "negative_offsets", "short_cta_pieces", "one_piece"])
+def test_check_arrays_bounds_what_the_kernel_indexes(field, value, match):
+    plan = _small()
+    bad = types.SimpleNamespace(pieces=plan.pieces._replace(**{field: value(plan)}))
+    with pytest.raises(ValueError, match=match):
+        pieces.check_arrays(bad, np.diff(plan.cta_start))
+    assert pieces.check_arrays(types.SimpleNamespace(), np.diff(plan.cta_start)) is None
+
+
+def test_launch_workspace_and_fields_follow_the_tables():
+    from cupy_dash.cuda import kernels, launchers
+    plan = _small()
+    p = types.SimpleNamespace(B=1, H=16, Hkv=16, Sq=1280, Sk=1280, D=128, Dv=128, softcap=0.0)
+    c = launchers.BwdLaunch.__new__(launchers.BwdLaunch)
+    c.p, c.tables, c.varlen, c.num_m_blocks = p, None, None, 20
+    c._sizes = (1000, 1000, 4000, 80)
+    base_bytes, base_offsets = c.work_bytes, c.offsets
+    dev = types.SimpleNamespace(data=types.SimpleNamespace(ptr=0x1000))
+    c.tables = types.SimpleNamespace(visits=dev, rank=dev, cta_start=dev, pieces=plan.pieces._replace(
+        cta_pieces=dev, piece_code=dev))
+    slots = plan.pieces.num_split * 3
+    assert c.offsets[:4] == base_offsets and c.offsets[4] == base_bytes
+    assert c.work_bytes >= base_bytes + slots * kernels.piece_slot_bytes(128) + plan.pieces.num_split * 4
+    fields = launchers.bwd_schedule_fields(c.tables)
+    assert fields["num_pieces"] == 3 and fields["num_split_columns"] == plan.pieces.num_split
+    launchers.check_pieces(c)
+    for change in (dict(D=192, Dv=192), dict(softcap=5.0), dict(Dv=64)):
+        c.p = types.SimpleNamespace(**dict(vars(p), **change))
+        with pytest.raises(ValueError, match="split KV columns need"):
+            launchers.check_pieces(c)
+    c.p, c.num_m_blocks = types.SimpleNamespace(**dict(vars(p), H=1)), 1
+    with pytest.raises(ValueError, match="more than the"):
+        launchers.check_pieces(c)
