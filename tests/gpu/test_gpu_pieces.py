@@ -21,10 +21,10 @@ pytestmark = pytest.mark.gpu
 
 # (case, CTAs, pieces per split column)
 CASES = [
-    (Case("bf16", 128, False, 1280, 1280, batch=1, heads=5), 7, 3),      # 80-query tile, 50 columns on 7 CTAs
-    (Case("bf16", 128, False, 1000, 1333, batch=2, heads=3), 11, 2),     # odd lengths, Sq != Sk
-    (Case("fp16", 64, False, 777, 1024, batch=2, heads=4), 9, 3),        # head dim 64: stores from the registers
-    (Case("bf16", 96, False, 640, 640, batch=1, heads=6), 5, 4),
+    (Case("bf16", 128, False, 1280, 1280, batch=1, heads=5), 13, 3),     # 50 columns on 13 CTAs: 11 split
+    (Case("bf16", 128, False, 1000, 1333, batch=2, heads=3), 10, 2),     # odd lengths, Sq != Sk: 6 split
+    (Case("fp16", 64, False, 777, 1024, batch=2, heads=4), 12, 3),       # head dim 64 (stores from the registers)
+    (Case("bf16", 96, False, 640, 640, batch=1, heads=6), 8, 4),         # 6 split in fourths of 10 Q tiles
 ]
 
 

@@ -162,3 +162,13 @@ def test_launch_workspace_and_fields_follow_the_tables():
     c.p, c.num_m_blocks = types.SimpleNamespace(**dict(vars(p), H=1)), 1
     with pytest.raises(ValueError, match="more than the"):
         launchers.check_pieces(c)
+
+
+@pytest.mark.parametrize("batch,heads,hdim,sq,sk,ctas,num_pieces,split", [
+    (1, 5, 128, 1280, 1280, 13, 3, 11), (2, 3, 128, 1000, 1333, 10, 2, 6), (2, 4, 64, 777, 1024, 12, 3, 4),
+    (1, 6, 96, 640, 640, 8, 4, 6)], ids=["d128", "d128-sq1000-sk1333", "d64", "d96"])
+def test_the_gpu_cases_split_columns(batch, heads, hdim, sq, sk, ctas, num_pieces, split):
+    """tests/gpu/test_gpu_pieces.py's CASES (its test plans take the 64-query tile) leave tails to split."""
+    base = schedule.build("shift", seqlen_q=sq, seqlen_k=sk, block_m=64, block_n=128, num_heads=batch * heads,
+                          causal=False, num_sms=ctas)
+    assert pieces.split_tail(base, num_pieces).pieces.num_split == split
