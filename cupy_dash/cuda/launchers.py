@@ -125,14 +125,14 @@ class BwdLaunch:
     arrays at ``offsets`` (each 256-byte aligned): lse_log2 and dpsum ``(B*H, Sq_rounded)`` float32, dq_accum
     ``(B*H, Sq_rounded, kernels.padded_head_dim(D))`` float32, dq_semaphore ``(B*H, num_m_blocks)`` int32, and for
     tables with split columns (``tables.pieces``) their slots (kernels.piece_slot_bytes each) and int32 counters;
-    preprocess initialises them (the slots need none), so the buffer may hold anything. ``zero_kv``: whether dk and dv must be zeroed
-    before the kernels run. ``fold``: whether the main kernel runs preprocess and postprocess itself
+    preprocess initialises them (the slots need none), so the buffer may hold anything. ``zero_kv``: whether dk and
+    dv must be zeroed before the kernels run. ``fold``: whether the main kernel runs preprocess and postprocess itself
     (:func:`fold_wanted`; a caller may clear it before packing the block, never set it). ``plan``: its launch plan
     (:func:`cupy_dash.cuda.plans.backward_plan`, set by the caller once the tables are), which
     :func:`enqueue_backward` runs.
     """
-    __slots__ = ("specs", "p", "block_m", "block_n", "num_m_blocks", "sq_rounded", "_sizes", "tables", "deterministic", "spin_timeout_ns", "causal", "window", "zero_kv", "varlen", "row_grid",
-                 "fold", "plan")
+    __slots__ = ("specs", "p", "block_m", "block_n", "num_m_blocks", "sq_rounded", "_sizes", "tables",
+                 "deterministic", "spin_timeout_ns", "causal", "window", "zero_kv", "varlen", "row_grid", "fold", "plan")
 
     def __init__(self, specs, block_m, block_n, p, deterministic, spin_timeout_ns, causal, window, tables=None,
                  varlen=None):
@@ -160,7 +160,8 @@ class BwdLaunch:
         self.fold = fold_wanted(p, block_m, block_n, self.zero_kv, varlen)
         rows = p.B * p.H * self.sq_rounded
         # dq_accum rows are the kernels' padded head dim wide (96: 128, kernels.padded_head_dim)
-        self._sizes = (rows * 4, rows * 4, rows * kernels.padded_head_dim(p.D) * 4, p.B * p.H * self.num_m_blocks * 4)
+        self._sizes = (rows * 4, rows * 4, rows * kernels.padded_head_dim(p.D) * 4,
+                       p.B * p.H * self.num_m_blocks * 4)
 
     def _layout(self) -> tuple:
         sizes = self._sizes
@@ -274,8 +275,9 @@ def bwd_schedule_fields(tables) -> dict:
     if hasattr(tables, "params"):            # tables that name their fields: compact records, GPU-expanded rows
         return dict(_NO_SCHEDULE, **tables.params())
     split = getattr(tables, "pieces", None)
-    pieces = {} if split is None else dict(cta_pieces=split.cta_pieces.data.ptr, piece_code=split.piece_code.data.ptr,
-                                           num_pieces=split.num_pieces, num_split_columns=split.num_split)
+    pieces = {} if split is None else dict(
+        cta_pieces=split.cta_pieces.data.ptr, piece_code=split.piece_code.data.ptr, num_pieces=split.num_pieces,
+        num_split_columns=split.num_split)
     return dict(_NO_SCHEDULE, visits=tables.visits.data.ptr, rank=tables.rank.data.ptr,
                 cta_start=tables.cta_start.data.ptr, **pieces)
 

@@ -25,7 +25,7 @@ constexpr int kPieceGroups = kDkvRegs / 4;  // float4 groups of one accumulator 
 // bytes. The host sizes slots by kernels.piece_slot_bytes (the same formula).
 constexpr int64_t kPieceSlotFloat4 = (int64_t)kNumMmaWg * 2 * kPieceGroups * 128;
 
-// acc's float4 groups to (store) or from (load, L2: other SMs wrote them) `base` + i * 128 + tid.
+// acc's float4 group i to `base` + i * 128 + tid.
 template <int kGroups>
 DASH_DEVICE void store_piece_groups(float4* base, const float (&acc)[4 * kGroups], int tid) {
 #pragma unroll
@@ -36,8 +36,10 @@ DASH_DEVICE void store_piece_groups(float4* base, const float (&acc)[4 * kGroups
 
 // acc = the sum of the column's pieces 0 .. num_pieces - 1 in order, read back from their slots (this CTA's own
 // piece too: each thread reads the words it stored itself).
-// NOTES: the first piece is assigned, not added to zero (which would turn -0 into +0); one piece at a time keeps one
-// float4 group per thread in flight per step (the accumulators' registers are the kernel's limit).
+// NOTES: the first piece is assigned, not added to zero (which would turn -0 into +0). The loop over the slots is
+// not unrolled, so that only one slot's loads are in flight: a form that added the own piece from the registers
+// beside the others' loads spilled (the accumulators' registers are the kernel's limit). Loads through L2 (ld.cg):
+// other SMs wrote the slots.
 template <int kGroups>
 DASH_DEVICE void add_pieces_in_order(float (&acc)[4 * kGroups], const float4* column, int64_t offset, int num_pieces,
                                      int tid) {
