@@ -132,7 +132,8 @@ class BwdLaunch:
     :func:`enqueue_backward` runs.
     """
     __slots__ = ("specs", "p", "block_m", "block_n", "num_m_blocks", "sq_rounded", "_sizes", "tables",
-                 "deterministic", "spin_timeout_ns", "causal", "window", "zero_kv", "varlen", "row_grid", "fold", "plan")
+                 "deterministic", "spin_timeout_ns", "causal", "window", "zero_kv", "varlen", "row_grid", "fold",
+                 "plan")
 
     def __init__(self, specs, block_m, block_n, p, deterministic, spin_timeout_ns, causal, window, tables=None,
                  varlen=None):
@@ -290,8 +291,8 @@ def check_pieces(c) -> None:
         return
     p = c.p
     if not kernels.pieces_built(p.D, p.Dv, p.softcap > 0) or c.varlen is not None:
-        raise ValueError(f"plan: split KV columns need head dim 64, 96 or 128 (equal value head dim), no soft-capping "
-                         f"and fixed lengths, got D={p.D}, Dv={p.Dv}, softcap={p.softcap}")
+        raise ValueError(f"plan: split KV columns need head dim 64, 96 or 128 (equal value head dim), no "
+                         f"soft-capping and fixed lengths, got D={p.D}, Dv={p.Dv}, softcap={p.softcap}")
     if split.num_split > p.B * p.H * c.num_m_blocks:
         raise ValueError(f"plan: {split.num_split} split columns, more than the {p.B * p.H * c.num_m_blocks} tiles "
                          f"whose preprocess zeroes their counters")

@@ -16,7 +16,8 @@ def _base(S=3840, heads=64, sms=132, policy="auto", block_m=80, causal=False, **
                           causal=causal, num_sms=sms, **kw)
 
 
-@pytest.mark.parametrize("S,heads,busiest,after", [(3840, 64, 720, 704), (15360, 16, 2880, 2816), (1280, 192, 240, 235)],
+@pytest.mark.parametrize("S,heads,busiest,after",
+                         [(3840, 64, 720, 704), (15360, 16, 2880, 2816), (1280, 192, 240, 235)],
                          ids=["full3840", "full15360", "full1280"])
 def test_split_tail_balances_the_bench_shapes(S, heads, busiest, after):
     base = _base(S, heads)
