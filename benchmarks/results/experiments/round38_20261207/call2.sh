@@ -8,7 +8,7 @@ tail -3 $O/tests.log | sed "s/^/tests /" | tee -a $O/log.txt
 T=/tmp/ab2; mkdir -p $T
 args="--shapes full:1280 full:3840 full:15360 --impls dash_det fa3_nondet --rounds 4"
 for n in 1 2 3; do
-  [ $SECONDS -gt 280 ] && break
+  [ $SECONDS -gt 200 ] && break
   timeout 100 python3 benchmarks/burst_bench.py $args --json $T/tree_$n.json 2>&1 | tail -3 | sed "s/^/tree$n /" \
     | tee -a $O/log.txt
   timeout 100 python3 benchmarks/with_split_tail.py real3 benchmarks/burst_bench.py $args --json $T/real_$n.json \
