@@ -28,8 +28,10 @@ CASES = [(1, 2, 2, 300, 300, 128, True, True, False, 0.0), (1, 2, 1, 200, 333, 1
          (1, 2, 1, 300, 257, 128, True, True, False, 5.0), (1, 2, 2, 256, 300, 64, False, True, False, 5.0),
          (1, 2, 2, 333, 300, 128, False, False, False, 0.0), (1, 2, 2, 250, 260, 128, False, True, False, 5.0),
          (1, 2, 1, 300, 257, 128, True, True, True, 5.0), (1, 2, 2, 256, 300, 64, False, True, True, 5.0)]
-# B, H, Sq, Sk, D, CTAs, pieces, deterministic: split tables through the test hook (64-query tile)
-PIECES = [(1, 3, 300, 700, 128, 5, 3, True), (2, 2, 200, 333, 64, 7, 2, True), (1, 3, 300, 700, 128, 5, 3, False)]
+# B, H, Sq, Sk, D, CTAs, pieces (0: trim_tail's causal cut), deterministic: split tables through the test hook
+# (64-query tile)
+PIECES = [(1, 3, 300, 700, 128, 5, 3, True), (2, 2, 200, 333, 64, 7, 2, True), (1, 3, 300, 700, 128, 5, 3, False),
+          (1, 6, 700, 700, 128, 5, 0, True)]
 VARLEN = [(2, 1, (130, 0, 77), (130, 45, 200), 128, True, True), (2, 2, (64, 129), (100, 129), 64, False, True),
           (2, 2, (100, 171, 9), (90, 200, 40), 128, False, True)]
 
@@ -76,15 +78,17 @@ def _pieces(rng, case) -> bool:
     from cupy_dash.cuda import kernels
     from cupy_dash.schedule import pieces
     B, H, Sq, Sk, D, ctas, num_pieces, det = case
+    causal = num_pieces == 0
     q, do = _randn(rng, (B, Sq, H, D)), _randn(rng, (B, Sq, H, D))
     k, v = _randn(rng, (B, Sk, H, D)), _randn(rng, (B, Sk, H, D))
-    out, lse = cupy_dash.attention_forward(q, k, v)
-    tile = kernels.bwd_tile(D, False)
-    plan = pieces.split_tail(schedule.build("shift", seqlen_q=Sq, seqlen_k=Sk, block_m=tile.block_m,
-                                            block_n=tile.block_n, num_heads=B * H, causal=False, num_sms=ctas),
-                             num_pieces)
+    out, lse = cupy_dash.attention_forward(q, k, v, causal=causal)
+    tile = kernels.bwd_tile(D, causal)
+    base = schedule.build("symmetric_shift" if causal else "shift", seqlen_q=Sq, seqlen_k=Sk, block_m=tile.block_m,
+                          block_n=tile.block_n, num_heads=B * H, causal=causal, num_sms=ctas)
+    plan = pieces.trim_tail(base) if causal else pieces.split_tail(base, num_pieces)
     assert plan.pieces is not None, "the case must split a column"
-    runs = [api._backward_with_plan(do, q, k, v, out, lse, plan=plan, deterministic=det) for _ in range(2)]
+    runs = [api._backward_with_plan(do, q, k, v, out, lse, plan=plan, causal=causal, deterministic=det)
+            for _ in range(2)]
     cupy_dash.check_errors()
     return _same(*runs) or not det
 

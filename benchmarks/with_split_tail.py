@@ -22,8 +22,9 @@ time. Only MHA tables without a window are replaced: full masks with ``P``, caus
 The first argument is P, or ``trim``: causal tables instead, each CTA's list cut at the mean load and the cut
 remainders handed to the least-loaded CTAs (``trim_tail``; its dK / dV are wrong in the same way), or ``real<P>``
 (e.g. ``real3``): the product's split tables (cupy_dash/schedule/pieces.py), whose pieces' fp32 partial sums the
-kernel adds in a fixed order (kernels_src/bwd/pieces.cuh): dK / dV right, so peers' gradient checks apply. The
-second is a script (ending in .py) or a module, as benchmarks/with_kernels.py takes them.
+kernel adds in a fixed order (kernels_src/bwd/pieces.cuh): dK / dV right, so peers' gradient checks apply; or
+``realtrim``: the product's ``trim_tail`` of causal tables (two pieces per cut column). The second is a script
+(ending in .py) or a module, as benchmarks/with_kernels.py takes them.
 
     python benchmarks/with_split_tail.py real3 benchmarks/burst_bench.py --shapes full:3840 full:15360 ...
 """
@@ -216,10 +217,10 @@ def replaces(args: dict, trim: bool) -> bool:
 
 def main():
     mode = sys.argv[1] if len(sys.argv) >= 3 else ""
-    real = mode.startswith("real") and mode[4:].isdigit()
-    if not (mode.isdigit() or mode == "trim" or real):
+    real = mode.startswith("real") and (mode[4:].isdigit() or mode == "realtrim")
+    if not (mode.isdigit() or mode in ("trim", "realtrim") or real):
         sys.exit(__doc__)
-    trim, target = mode == "trim", sys.argv[2]
+    trim, target = mode in ("trim", "realtrim"), sys.argv[2]
     pieces = 3 if trim else int(mode[4:] if real else mode)
     if target == "--model":
         return _model(pieces)
@@ -234,7 +235,8 @@ def main():
             return plan
         if real:
             from cupy_dash.schedule import pieces as product
-            split = plan if plan.policy in schedule.PORTABLE_POLICIES else product.split_tail(plan, pieces)
+            cut = product.trim_tail if trim else (lambda base: product.split_tail(base, pieces))
+            split = plan if plan.policy in schedule.PORTABLE_POLICIES else cut(plan)
             if split is plan:
                 return plan
         else:

@@ -96,11 +96,61 @@ def split_tail(base, num_pieces: int = 3):
         heapq.heappush(heap, (load + len(tiles), c))
     cta_pieces[:, 1] = np.concatenate([[0], np.cumsum([len(x) for x in codes])[:-1]])
     piece_code = np.asarray([x for cs in codes for x in cs], dtype=np.int32)
-    plan = ranked(base, [[row[:3] for row in lst] for lst in lists])
-    plan.pieces = Pieces(cta_pieces, piece_code, int(num_pieces), len(tail))
-    for a in (cta_pieces, piece_code):
+    return _with_pieces(ranked(base, [[row[:3] for row in lst] for lst in lists]), base,
+                        Pieces(cta_pieces, piece_code, int(num_pieces), len(tail)), "pieces")
+
+
+def trim_tail(base):
+    """``base`` (a per-visit Schedule, MHA, not a portable policy; any mask) with every CTA's list cut at the mean
+    load (rounded up): a run that the cut falls inside becomes two pieces, its head kept and its remainder moved,
+    and the whole runs after the cut move whole; what is moved goes, earliest cut first, to the CTA with the least
+    load so far. Two pieces per split column. Returns ``base`` itself when no run is cut; else a validated
+    Schedule with ``pieces`` set (round 37's load model: -0.6 % / -1.9 % at causal 8k / 16k)."""
+    if base.group_size != 1:
+        raise ValueError("trim_tail: MHA tables only (a GQA run holds several query heads)")
+    if base.policy in per_visit.PORTABLE_POLICIES:
+        raise ValueError(f"trim_tail: {base.policy!r} is portable (bits independent of the CTA count)")
+    visits, cta_start = np.asarray(base.visits), np.asarray(base.cta_start)
+    floor = int(np.ceil(np.diff(cta_start).mean()))
+    lists, moved, piece_from, codes, num_split = [], [], [], [[] for _ in range(base.num_ctas)], 0
+    for c in range(base.num_ctas):
+        kept, split_at, pos = [], None, 0          # pos: where the run starts in the CTA's list
+        for col, tiles in _runs(visits, int(cta_start[c]), int(cta_start[c + 1])):
+            room = floor - pos
+            if room >= len(tiles):
+                kept.extend((col[0], col[1], m) for m in tiles)
+            elif room > 0:
+                split_at = pos
+                kept.extend((col[0], col[1], m) for m in tiles[:room])
+                codes[c].append(2 * num_split)
+                moved.append((floor, c, 2 * num_split + 1, [(col[0], col[1], m) for m in tiles[room:]]))
+                num_split += 1
+            else:
+                moved.append((pos, c, -1, [(col[0], col[1], m) for m in tiles]))
+            pos += len(tiles)
+        lists.append(kept)
+        piece_from.append(len(kept) if split_at is None else split_at)
+    if not num_split:
+        return base
+    heap = [(len(lst), c) for c, lst in enumerate(lists)]
+    heapq.heapify(heap)
+    for _, _, code, rows in sorted(moved, key=lambda x: (x[0], x[1])):
+        load, c = heapq.heappop(heap)
+        lists[c].extend(rows)
+        codes[c].append(code)
+        heapq.heappush(heap, (load + len(rows), c))
+    cta_pieces = np.zeros((base.num_ctas, 2), dtype=np.int32)
+    cta_pieces[:, 0] = piece_from
+    cta_pieces[:, 1] = np.concatenate([[0], np.cumsum([len(x) for x in codes])[:-1]])
+    piece_code = np.asarray([x for cs in codes for x in cs], dtype=np.int32)
+    return _with_pieces(ranked(base, lists), base, Pieces(cta_pieces, piece_code, 2, num_split), "trim")
+
+
+def _with_pieces(plan, base, split: Pieces, form):
+    plan.pieces = split
+    for a in (split.cta_pieces, split.piece_code):
         a.flags.writeable = False
-    plan.key = plan.key + (("pieces", int(num_pieces)),)
+    plan.key = base.key + ((form, split.num_pieces),)
     return plan.validate()
 
 

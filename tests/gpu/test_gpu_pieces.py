@@ -59,6 +59,34 @@ def test_split_columns_match_the_reference(case, num_sms, num_pieces, determinis
         reference.assert_close_fa3(name, g, data[f"{name}_ref"], data[f"{name}_lowp"])
 
 
+# (case, CTAs): trim_tail's cuts (two pieces per cut column, whole runs moved too), causal masks included
+TRIM_CASES = [
+    (Case("bf16", 128, True, 700, 700, batch=1, heads=6), 5),            # 3 columns cut, 2 runs moved whole
+    (Case("fp16", 64, True, 500, 900, batch=2, heads=3), 7),             # Sq != Sk: 2 cut, 1 moved
+    (Case("bf16", 128, False, 900, 600, batch=1, heads=5), 4),
+]
+
+
+@pytest.mark.parametrize("deterministic", [True, False], ids=["det", "atomic"])
+@pytest.mark.parametrize("case,num_sms", TRIM_CASES, ids=[f"{c.id}-ctas{n}" for c, n in TRIM_CASES])
+def test_trimmed_tables_match_the_reference(case, num_sms, deterministic):
+    data, inputs = _inputs(case)
+    base = schedule.build("symmetric_shift", seqlen_q=case.seqlen_q, seqlen_k=case.seqlen_k, block_m=64,
+                          block_n=128, num_heads=case.batch * case.heads, causal=case.causal, num_sms=num_sms)
+    plan = pieces.trim_tail(base)
+    assert plan.pieces is not None, "the case must cut a column"
+    _poison_pool(_poison_size(*inputs))
+    grads = api._backward_with_plan(*inputs, plan=plan, causal=case.causal, deterministic=deterministic)
+    again = api._backward_with_plan(*inputs, plan=plan, causal=case.causal, deterministic=deterministic)
+    cupy_dash.check_errors()
+    for name, g, g2 in zip(("dq", "dk", "dv"), grads, again):
+        if deterministic:
+            _assert_same_bits(name, g2, g)
+        g = _host(g)
+        _assert_finite(name, g, rows_from=case.empty_rows)
+        reference.assert_close_fa3(name, g, data[f"{name}_ref"], data[f"{name}_lowp"])
+
+
 @pytest.mark.parametrize("case,num_sms,num_pieces", CASES[:2], ids=[f"{c.id}-ctas{n}-p{p}" for c, n, p in CASES[:2]])
 def test_split_columns_repeat_their_bits(case, num_sms, num_pieces):
     _, inputs = _inputs(case)

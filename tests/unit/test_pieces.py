@@ -173,3 +173,31 @@ def test_the_gpu_cases_split_columns(batch, heads, hdim, sq, sk, ctas, num_piece
     base = schedule.build("shift", seqlen_q=sq, seqlen_k=sk, block_m=64, block_n=128, num_heads=batch * heads,
                           causal=False, num_sms=ctas)
     assert pieces.split_tail(base, num_pieces).pieces.num_split == split
+
+
+@pytest.mark.parametrize("S,heads,causal,busiest,after,split", [
+    (8192, 32, True, 848, 824, 97), (16384, 16, True, 1662, 1616, 99), (3840, 64, False, 720, 714, 72)],
+    ids=["causal8k", "causal16k", "full3840"])
+def test_trim_tail_cuts_at_the_mean_load(S, heads, causal, busiest, after, split):
+    base = _base(S, heads, causal=causal)
+    plan = pieces.trim_tail(base)
+    counts = np.diff(plan.cta_start)
+    assert np.diff(base.cta_start).max() == busiest and counts.max() == after
+    assert plan.pieces.num_pieces == 2 and plan.pieces.num_split == split
+    cut = plan.pieces.piece_code[plan.pieces.piece_code >= 0]
+    assert sorted(cut) == list(range(2 * split))
+    assert plan.key == base.key + (("trim", 2),) and plan._validated
+
+
+def test_trim_tail_moves_whole_runs_too():
+    base = schedule.build("symmetric_shift", seqlen_q=700, seqlen_k=700, block_m=64, block_n=128, num_heads=6,
+                          causal=True, num_sms=5)
+    plan = pieces.trim_tail(base)
+    assert plan.pieces.num_split == 3 and int((plan.pieces.piece_code == -1).sum()) == 2
+
+
+def test_trim_tail_refuses_portable_and_gqa_tables():
+    with pytest.raises(ValueError, match="portable"):
+        pieces.trim_tail(_base(2048, 16, causal=True, policy="fa3", block_m=64))
+    with pytest.raises(ValueError, match="MHA"):
+        pieces.trim_tail(_base(2048, 16, causal=True, group_size=4, block_m=64))
