@@ -5,14 +5,15 @@ At full 3840 (16k tokens, 16 heads of 128), 1,920 columns of 48 visits go to 132
 kernel, and the last wave"). :func:`split_tail` keeps each CTA's columns up to the least-loaded CTA's load and cuts
 every column left over into ``num_pieces`` runs of its Q range, each run to the CTA with the least load so far. A
 piece run's fp32 dK / dV partial sums go to the column's slot for that piece; the CTA whose piece arrives last adds
-the slots in piece order and writes dK, dV (the bits do not depend on which CTA that is).
+the slots in piece order and writes dK, dV (the bits do not depend on which CTA that is). :func:`trim_tail` is the
+other cut: each CTA's list cut at the mean load, two pieces per cut run (measured for causal tables: no gain).
 
 The table: a :class:`~cupy_dash.schedule.Schedule` whose ``pieces`` is a :class:`Pieces`. From
 ``cta_start[c] + cta_pieces[c, 0]`` on, every run of CTA c has a code in ``piece_code`` (from index ``cta_pieces[c,
 1]`` on, in order): ``split column * num_pieces + piece``, or -1 for a whole KV tile. Every dQ tile adds in the order
 of its visits' positions in their CTA's list, ties by CTA: the unfinished visit with the smallest (position, CTA)
-can always run, so the table cannot deadlock. Only MHA tables without a window (full masks) are split; the bits
-depend on the CTA count, so portable policies are never split.
+can always run, so the table cannot deadlock. Only MHA tables are cut (split_tail: full masks without a window);
+the bits depend on the CTA count, so portable policies are never cut.
 """
 from __future__ import annotations
 
