@@ -112,12 +112,6 @@ DASH_DEVICE void postprocess_tile(const BwdParams& p, int m_block, int h, int b,
   using Layout = DqAccumLayout<kBlockM, kHeadDim>;
   static_assert(Layout::kTransposed || Layout::kTileGroups % kPassThreads == 0, "tile split");
   const BwdRows<kBlockM> seq(p, b, h);
-  // NOTES: the split columns' counters (bwd/pieces.cuh), one per tile of the grid: the host splits no more columns
-  // than B * H * num_m_blocks (fixed-length problems only).
-  if (tid == 0 && p.piece_count != nullptr) {
-    const int64_t tile = ((int64_t)b * p.num_heads + h) * p.num_m_blocks + m_block;
-    if (tile < p.num_split_columns) p.piece_count[tile] = 0;
-  }
   if (m_block * kBlockM >= seq.seqlen_q) return;  // varlen grids cover the longest sequence
   const int row0 = m_block * kBlockM;
   const float4* dq_accum =
