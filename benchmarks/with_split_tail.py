@@ -80,27 +80,9 @@ def split_tail(base, pieces: int, floor: int | None = None):
 
 
 def _ranked(base, lists):
-    """A per-visit Schedule of ``base``'s problem whose CTA c runs ``lists[c]`` ((bh, n_block, m_block) each), every
-    dQ tile adding in the order of its visits' positions in their lists (ties: the lower CTA first)."""
-    from cupy_dash.schedule import per_visit
-    rows, rank_key = [], []
-    for c, lst in enumerate(lists):
-        for pos, (bh, n, m) in enumerate(lst):
-            rows.append((c, bh, n, m))
-            rank_key.append((bh, m, pos, c))
-    rows = np.asarray(rows, dtype=np.int32)
-    order_idx = sorted(range(len(rows)), key=lambda i: rank_key[i])
-    rank = np.zeros(len(rows), dtype=np.int32)
-    prev, r = None, 0
-    for i in order_idx:
-        tile = rank_key[i][:2]
-        r = r + 1 if tile == prev else 0
-        prev = tile
-        rank[i] = r
-    new_start = np.concatenate([[0], np.cumsum([len(lst) for lst in lists])]).astype(np.int64)
-    return per_visit.Schedule(base.policy, base.seqlen_q, base.seqlen_k, base.block_m, base.block_n, base.num_heads,
-                              base.causal, base.num_sms, rows, rank, new_start, base.group_size, base.window,
-                              base.head_section)
+    """cupy_dash.schedule.pieces.ranked: ranks by (position in the CTA's list, CTA)."""
+    from cupy_dash.schedule import pieces
+    return pieces.ranked(base, lists)
 
 
 def trim_tail(base, floor: int, chunk: int):

@@ -70,7 +70,7 @@ def split_tail(base, num_pieces: int = 3):
             if load + len(tiles) > floor:
                 tail.extend(runs[i:])
                 break
-            kept.extend((col[0], col[1], m, -1) for m in tiles)
+            kept.extend((col[0], col[1], m) for m in tiles)
             load += len(tiles)
         lists.append(kept)
     if not tail or min(len(t) for _, t in tail) < num_pieces:
@@ -92,12 +92,12 @@ def split_tail(base, num_pieces: int = 3):
     heapq.heapify(heap)
     for code, (bh, n), tiles in order:
         load, c = heapq.heappop(heap)
-        lists[c].extend((bh, n, m, code) for m in tiles)
+        lists[c].extend((bh, n, m) for m in tiles)
         codes[c].append(code)
         heapq.heappush(heap, (load + len(tiles), c))
     cta_pieces[:, 1] = np.concatenate([[0], np.cumsum([len(x) for x in codes])[:-1]])
     piece_code = np.asarray([x for cs in codes for x in cs], dtype=np.int32)
-    return _with_pieces(ranked(base, [[row[:3] for row in lst] for lst in lists]), base,
+    return _with_pieces(ranked(base, lists), base,
                         Pieces(cta_pieces, piece_code, int(num_pieces), len(tail)), "pieces")
 
 
