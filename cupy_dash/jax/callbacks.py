@@ -231,6 +231,9 @@ class _Backward(_Call):
                                                      cfg.window))
                 if record_shared(dev, self.records[dev]):
                     c.fold = False
+        # NOTES: tables with split KV columns (cupy_dash/schedule/pieces.py) need workspace for their slots, which
+        # only the uploaded tables know
+        self.work_bytes = max([self.work_bytes, *(c.work_bytes for c in self.launches.values())])
 
     def parts(self, dev):
         return plans.backward(self.launches[dev], self.bwd_strides(), self.names, error=(self.records[dev], 0))
