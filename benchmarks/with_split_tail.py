@@ -42,24 +42,9 @@ def split_tail(base, pieces: int, floor: int | None = None):
     ranges of ceil(num_m_blocks / pieces) Q tiles (full mask: equal thirds; causal: a short column in fewer), and
     each piece goes to the least-loaded CTA, pieces of the heads interleaved. ``floor``: the load each CTA keeps up
     to (default: the least-loaded CTA's). ValueError if nothing is left over."""
-    visits, cta_start = np.asarray(base.visits), np.asarray(base.cta_start)
-    G, M = base.num_ctas, base.num_m_blocks
-    runs = []                                              # per CTA: [((bh, n), [m, ...])] in order
-    for c in range(G):
-        v = visits[cta_start[c]:cta_start[c + 1]]
-        cut = np.concatenate([[0], np.flatnonzero(np.any(v[1:, 1:3] != v[:-1, 1:3], axis=1)) + 1, [len(v)]])
-        runs.append([((int(v[a, 1]), int(v[a, 2])), [int(m) for m in v[a:b, 3]]) for a, b in zip(cut, cut[1:])])
-    floor = int(np.diff(cta_start).min()) if floor is None else floor
-    lists, tail = [], []
-    for r in runs:
-        kept, load = [], 0
-        for i, (col, tiles) in enumerate(r):
-            if load + len(tiles) > floor:
-                tail.extend(r[i:])
-                break
-            kept.extend((col[0], col[1], m) for m in tiles)
-            load += len(tiles)
-        lists.append(kept)
+    from cupy_dash.schedule import pieces as product
+    M = base.num_m_blocks
+    lists, tail = product.keep_to(base, int(np.diff(base.cta_start).min()) if floor is None else floor)
     if not tail:
         raise ValueError("no tail to split")
     L = -(-M // pieces)

@@ -47,6 +47,23 @@ def _runs(visits: np.ndarray, begin: int, end: int) -> list:
     return [((int(v[a, 1]), int(v[a, 2])), v[a:b, 3].tolist()) for a, b in zip(cut[:-1], cut[1:])]
 
 
+def keep_to(base, floor: int) -> tuple:
+    """``(lists, tail)``: per CTA of ``base`` the (bh, n_block, m_block) rows of its runs kept while its load stays
+    within ``floor`` visits, and every run left over, as ((bh, n_block), [m_block, ...]), in CTA order."""
+    visits, cta_start = np.asarray(base.visits), np.asarray(base.cta_start)
+    lists, tail = [], []
+    for c in range(base.num_ctas):
+        kept = []
+        runs = _runs(visits, int(cta_start[c]), int(cta_start[c + 1]))
+        for i, (col, tiles) in enumerate(runs):
+            if len(kept) + len(tiles) > floor:
+                tail.extend(runs[i:])
+                break
+            kept.extend((col[0], col[1], m) for m in tiles)
+        lists.append(kept)
+    return lists, tail
+
+
 def split_tail(base, num_pieces: int = 3):
     """``base`` (a per-visit Schedule, MHA, no window, not a portable policy) with its last wave cut: each CTA keeps
     its runs while its load stays within the least-loaded CTA's; every run left over (a whole KV column) is cut into
@@ -59,20 +76,7 @@ def split_tail(base, num_pieces: int = 3):
         raise ValueError("split_tail: full-mask MHA tables only (no GQA, window or causal mask)")
     if base.policy in per_visit.PORTABLE_POLICIES:
         raise ValueError(f"split_tail: {base.policy!r} is portable (bits independent of the CTA count)")
-    visits, cta_start = np.asarray(base.visits), np.asarray(base.cta_start)
-    counts = np.diff(cta_start)
-    floor = int(counts.min())
-    lists, tail = [], []
-    for c in range(base.num_ctas):
-        kept, load = [], 0
-        runs = _runs(visits, int(cta_start[c]), int(cta_start[c + 1]))
-        for i, (col, tiles) in enumerate(runs):
-            if load + len(tiles) > floor:
-                tail.extend(runs[i:])
-                break
-            kept.extend((col[0], col[1], m) for m in tiles)
-            load += len(tiles)
-        lists.append(kept)
+    lists, tail = keep_to(base, int(np.diff(base.cta_start).min()))
     if not tail or min(len(t) for _, t in tail) < num_pieces:
         return base
     by_head: dict = {}
