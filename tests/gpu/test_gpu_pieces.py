@@ -4,7 +4,6 @@ atomic dQ, folded and not. Few CTAs (``num_sms``) so that every CTA runs several
 its pieces, and every split column's pieces land on different CTAs."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 cupy = pytest.importorskip("cupy")
