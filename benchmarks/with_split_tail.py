@@ -5,25 +5,24 @@ At full 3840 / 15360, 1,920 columns of 48 / 192 visits go to 132 CTAs: 72 CTAs r
 SMs idle ~3 % of a steady call (benchmarks/clock_check.py's idle share). ``split_tail`` keeps each CTA's columns up
 to the least-loaded CTA's load and cuts the rest into ``P`` pieces of their Q range (thirds: 16 of 48 Q tiles),
 each to the least-loaded CTA, the heads interleaved, each piece's walk rotated so that a head's pieces of one range
-in flight visit distinct Q tiles. ``trim_tail`` (causal tables) cuts each CTA's list at the mean load instead and
-moves the cut remainders whole. Ranks: every dQ tile adds in the order of its visits' positions in their CTA's list
+in flight visit distinct Q tiles. Ranks: every dQ tile adds in the order of its visits' positions in their CTA's list
 (ties by CTA), which cannot deadlock (the unfinished visit with the smallest key can always run). ``_check`` proves
 coverage and ranks before a table is used; Schedule.validate() would refuse it, since it requires each KV tile's
 visits to be one chain on one CTA (the kernel's dK / dV are complete tiles). ``makespan`` is the load model.
 
 The pieces' dK / dV are WRONG: each piece stores its partial sums as the whole tile (the stores race). The real
 change would store fp32 partials and add them in a fixed order; this leg measures only what the balance is worth in
-time. Only MHA tables without a window are replaced: full masks with ``P``, causal ones with ``trim``.
+time. Only MHA tables without a window are replaced: full masks with ``P``, causal ones with ``realtrim``.
 
     python benchmarks/with_split_tail.py 3 benchmarks/burst_bench.py --shapes full:3840 --tolerance 1e9 ...
     python benchmarks/with_split_tail.py 3 --model      # the load model of the bench's long shapes, no GPU
-    python benchmarks/with_split_tail.py trim benchmarks/burst_bench.py --shapes causal:8192 causal:16384 ...
+    python benchmarks/with_split_tail.py realtrim benchmarks/burst_bench.py --shapes causal:8192 causal:16384 ...
 
-The first argument is P, or ``trim``: causal tables instead, each CTA's list cut at the mean load and the cut
-remainders handed to the least-loaded CTAs (``trim_tail``; its dK / dV are wrong in the same way), or ``real<P>``
-(e.g. ``real3``): the product's split tables (cupy_dash/schedule/pieces.py), whose pieces' fp32 partial sums the
-kernel adds in a fixed order (kernels_src/bwd/pieces.cuh): dK / dV right, so peers' gradient checks apply; or
-``realtrim``: the product's ``trim_tail`` of causal tables (two pieces per cut column). The second is a script
+The first argument is P, or ``real<P>`` (e.g. ``real3``): the product's split tables (cupy_dash/schedule/pieces.py),
+whose pieces' fp32 partial sums the kernel adds in a fixed order (kernels_src/bwd/pieces.cuh): dK / dV right, so
+peers' gradient checks apply; or ``realtrim`` (``trim`` too, round 37's name for its timing-only form, which the
+real one replaced): the product's ``trim_tail`` of causal tables, each CTA's list cut at the mean load and the cut
+remainders moved whole (two pieces per cut column). The second is a script
 (ending in .py) or a module, as benchmarks/with_kernels.py takes them.
 
     python benchmarks/with_split_tail.py real3 benchmarks/burst_bench.py --shapes full:3840 full:15360 ...
@@ -61,47 +60,9 @@ def split_tail(base, pieces: int, floor: int | None = None):
     for (bh, n), lo, hi in order:
         k = rot[(bh, lo)] = rot.get((bh, lo), -1) + 1      # a head's pieces of one range start apart
         pieces_rows.append([(bh, n, lo + (k + s) % (hi - lo)) for s in range(hi - lo)])
-    return _check(_ranked(base, _hand_out(lists, pieces_rows)), base)
-
-
-def _ranked(base, lists):
-    """cupy_dash.schedule.pieces.ranked: ranks by (position in the CTA's list, CTA)."""
-    from cupy_dash.schedule import pieces
-    return pieces.ranked(base, lists)
-
-
-def trim_tail(base, floor: int, chunk: int):
-    """``base`` with every CTA's list cut after ``floor`` visits (a run may be cut partway); what is cut goes, in
-    its order and in chunks of at most ``chunk`` visits of one run, to the least-loaded CTA, the earliest cut
-    first. Another cut of the last wave, for causal tables; checked."""
-    v, cs = np.asarray(base.visits), np.asarray(base.cta_start)
-    lists, segments = [], []
-    for c in range(base.num_ctas):
-        rows = [(int(x[1]), int(x[2]), int(x[3])) for x in v[cs[c]:cs[c + 1]]]
-        lists.append(rows[:floor])
-        rest, i = rows[floor:], 0
-        while i < len(rest):
-            j = i
-            while j < len(rest) and rest[j][:2] == rest[i][:2] and j - i < chunk:
-                j += 1
-            segments.append((floor + i, c, rest[i:j]))
-            i = j
-    if not segments:
-        raise ValueError("no tail to split")
-    return _check(_ranked(base, _hand_out(lists, [seg for _, _, seg in sorted(segments)])), base)
-
-
-def _hand_out(lists, segments):
-    """``lists`` with each of ``segments`` (lists of rows, in order) appended to the least-loaded CTA's list at
-    that point (ties: the lower CTA)."""
-    import heapq
-    heap = [(len(lst), c) for c, lst in enumerate(lists)]
-    heapq.heapify(heap)
-    for seg in segments:
-        load, c = heapq.heappop(heap)
-        lists[c].extend(seg)
-        heapq.heappush(heap, (load + len(seg), c))
-    return lists
+    from cupy_dash.schedule import pieces as product
+    product.hand_out(lists, pieces_rows)
+    return _check(product.ranked(base, lists), base)
 
 
 def _check(plan, base):
@@ -115,12 +76,8 @@ def _check(plan, base):
     mine = tiles(v)
     if np.any(mine[1:] == mine[:-1]) or not np.array_equal(mine, tiles(np.asarray(base.visits))):
         raise ValueError("a tile is visited twice or not at all")
-    pos = np.arange(len(v)) - np.repeat(np.asarray(plan.cta_start)[:-1], np.diff(plan.cta_start))
-    order = np.lexsort((v[:, 0], pos, v[:, 3], v[:, 1]))
-    dq_tile = v[order, 1].astype(np.int64) * M + v[order, 3]
-    first = np.concatenate([[0], np.flatnonzero(np.diff(dq_tile)) + 1])
-    expect = np.arange(len(v)) - np.repeat(first, np.diff(np.concatenate([first, [len(v)]])))
-    if not np.array_equal(rank[order], expect):
+    from cupy_dash.schedule import pieces as product
+    if not np.array_equal(rank, product.rank_by_position(v, np.asarray(plan.cta_start), M)):
         raise ValueError("ranks are not the visits' order")
     return plan
 
@@ -157,8 +114,10 @@ def makespan(plan, switch: float = 1.0) -> float:
 
 
 def _trim(base):
-    """trim_tail at the mean load, each cut remainder moved whole: the model's best cut of causal tables."""
-    return trim_tail(base, int(np.ceil(np.diff(base.cta_start).mean())), 1 << 30)
+    """cupy_dash.schedule.pieces.trim_tail (the same rows as round 37's timing-only cut, with the pieces the kernel
+    adds right): each CTA's list cut at the mean load, the cut remainders moved whole."""
+    from cupy_dash.schedule import pieces as product
+    return product.trim_tail(base)
 
 
 def _model(pieces: int) -> None:
@@ -184,8 +143,8 @@ def replaces(args: dict, trim: bool) -> bool:
 
 def main():
     mode = sys.argv[1] if len(sys.argv) >= 3 else ""
-    real = mode.startswith("real") and (mode[4:].isdigit() or mode == "realtrim")
-    if not (mode.isdigit() or mode in ("trim", "realtrim") or real):
+    real = mode in ("trim", "realtrim") or (mode.startswith("real") and mode[4:].isdigit())
+    if not (mode.isdigit() or real):
         sys.exit(__doc__)
     trim, target = mode in ("trim", "realtrim"), sys.argv[2]
     pieces = 3 if trim else int(mode[4:] if real else mode)
@@ -198,17 +157,16 @@ def main():
 
     def build(policy="auto", **args):
         plan = built(policy, **args)
-        if not replaces(args, trim):
+        if not replaces(args, trim) or (real and plan.policy in schedule.PORTABLE_POLICIES):
             return plan
         if real:
             from cupy_dash.schedule import pieces as product
-            cut = product.trim_tail if trim else (lambda base: product.split_tail(base, pieces))
-            split = plan if plan.policy in schedule.PORTABLE_POLICIES else cut(plan)
+            split = _trim(plan) if trim else product.split_tail(plan, pieces)
             if split is plan:
                 return plan
         else:
             try:
-                split = _trim(plan) if trim else split_tail(plan, pieces)
+                split = split_tail(plan, pieces)
             except ValueError:
                 return plan
         print(f"with_split_tail: {plan!r}: busiest CTA {np.diff(plan.cta_start).max()} -> "

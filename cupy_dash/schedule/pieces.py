@@ -89,20 +89,10 @@ def split_tail(base, num_pieces: int = 3):
         for q in queues:
             if q:
                 order.append(q.pop(0))
-    cta_pieces = np.zeros((base.num_ctas, 2), dtype=np.int32)
-    cta_pieces[:, 0] = [len(lst) for lst in lists]
-    codes = [[] for _ in lists]
-    heap = [(len(lst), c) for c, lst in enumerate(lists)]
-    heapq.heapify(heap)
-    for code, (bh, n), tiles in order:
-        load, c = heapq.heappop(heap)
-        lists[c].extend((bh, n, m) for m in tiles)
+    piece_from, codes = [len(lst) for lst in lists], [[] for _ in lists]
+    for c, (code, _, _) in zip(hand_out(lists, [[(bh, n, m) for m in tiles] for _, (bh, n), tiles in order]), order):
         codes[c].append(code)
-        heapq.heappush(heap, (load + len(tiles), c))
-    cta_pieces[:, 1] = np.concatenate([[0], np.cumsum([len(x) for x in codes])[:-1]])
-    piece_code = np.asarray([x for cs in codes for x in cs], dtype=np.int32)
-    return _with_pieces(ranked(base, lists), base,
-                        Pieces(cta_pieces, piece_code, int(num_pieces), len(tail)), "pieces")
+    return _with_pieces(ranked(base, lists), base, _pieces(piece_from, codes, int(num_pieces), len(tail)), "pieces")
 
 
 def trim_tail(base):
@@ -137,18 +127,32 @@ def trim_tail(base):
         piece_from.append(len(kept) if split_at is None else split_at)
     if not num_split:
         return base
+    moved.sort(key=lambda x: (x[0], x[1]))
+    for c, (_, _, code, _) in zip(hand_out(lists, [rows for *_, rows in moved]), moved):
+        codes[c].append(code)
+    return _with_pieces(ranked(base, lists), base, _pieces(piece_from, codes, 2, num_split), "trim")
+
+
+def hand_out(lists, segments) -> list:
+    """Appends each of ``segments`` (lists of rows, in order) to the shortest of ``lists`` at that point (ties: the
+    lower CTA); returns the CTA each segment went to."""
     heap = [(len(lst), c) for c, lst in enumerate(lists)]
     heapq.heapify(heap)
-    for _, _, code, rows in sorted(moved, key=lambda x: (x[0], x[1])):
+    ctas = []
+    for rows in segments:
         load, c = heapq.heappop(heap)
         lists[c].extend(rows)
-        codes[c].append(code)
+        ctas.append(c)
         heapq.heappush(heap, (load + len(rows), c))
-    cta_pieces = np.zeros((base.num_ctas, 2), dtype=np.int32)
+    return ctas
+
+
+def _pieces(piece_from, codes, num_pieces: int, num_split: int) -> Pieces:
+    """The Pieces of per-CTA first piece visits ``piece_from`` and per-CTA run codes ``codes``."""
+    cta_pieces = np.zeros((len(codes), 2), dtype=np.int32)
     cta_pieces[:, 0] = piece_from
     cta_pieces[:, 1] = np.concatenate([[0], np.cumsum([len(x) for x in codes])[:-1]])
-    piece_code = np.asarray([x for cs in codes for x in cs], dtype=np.int32)
-    return _with_pieces(ranked(base, lists), base, Pieces(cta_pieces, piece_code, 2, num_split), "trim")
+    return Pieces(cta_pieces, np.asarray([x for cs in codes for x in cs], dtype=np.int32), num_pieces, num_split)
 
 
 def _with_pieces(plan, base, split: Pieces, form):

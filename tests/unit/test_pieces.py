@@ -63,15 +63,12 @@ def test_split_tail_checks_num_pieces(num_pieces):
 
 
 def _mutated(plan, **changes):
-    """A copy of ``plan`` with its arrays / pieces replaced, not yet validated."""
-    arrays = dict(visits=plan.visits, rank=plan.rank, cta_start=plan.cta_start)
-    split = plan.pieces._asdict()
-    for name, value in changes.items():
-        (arrays if name in arrays else split)[name] = np.array(value)
+    """A copy of ``plan`` with some of its arrays (visits, rank, cta_start, cta_pieces, piece_code) replaced, not yet
+    validated."""
+    arrays = {name: changes.get(name, getattr(plan, name)) for name in ("visits", "rank", "cta_start")}
     out = schedule.Schedule(plan.policy, plan.seqlen_q, plan.seqlen_k, plan.block_m, plan.block_n, plan.num_heads,
-                            plan.causal, plan.num_sms, arrays["visits"], arrays["rank"], arrays["cta_start"])
-    out.pieces = pieces.Pieces(**{k: (v if not isinstance(v, np.ndarray) or v.ndim else int(v)) for k, v in
-                                  split.items()})
+                            plan.causal, plan.num_sms, *arrays.values())
+    out.pieces = plan.pieces._replace(**{k: v for k, v in changes.items() if k not in arrays})
     return out
 
 
