@@ -149,21 +149,25 @@ BWD_CAUSAL_BLOCK_M = Knob("CUPY_DASH_BWD_CAUSAL_BLOCK_M", "64 / 80 / unset",
     "queries per Q tile of the head-dim-128 backward with a causal mask (80: the full-mask plan's tile); unset: 80 "
     "from 8192 queries without a window (varlen: the longest sequence), else 64; read per call, a plan knob",
     _int_choice("CUPY_DASH_BWD_CAUSAL_BLOCK_M", (64, 80), None))
+SPLIT_COLUMNS = Knob("CUPY_DASH_SPLIT_COLUMNS", "0 / 1 / unset",
+    "the backward tables' last wave cut into pieces of KV columns: 0 never; 1 every table that can be cut; unset: "
+    "`auto` tables of full-mask MHA backwards with at least 30 Q tiles; read per call, a plan knob", _tristate)
 XDG_CACHE_HOME = Knob("XDG_CACHE_HOME", "path / unset",
     "(the XDG standard's) base of the default kernel cache directory", _path)
 
 KNOBS = (SPIN_TIMEOUT_MS, FOLD, COMPACT_TABLES, VARLEN_EXPAND, FASTPATH, SYNC_ERRORS, JAX_FFI, CACHE_DIR,
-         JIT_VERBOSE, JIT_LINEINFO, BWD_DQ_WRITERS, BWD_FULL_BLOCK_M, BWD_CAUSAL_BLOCK_M, XDG_CACHE_HOME)
+         JIT_VERBOSE, JIT_LINEINFO, BWD_DQ_WRITERS, BWD_FULL_BLOCK_M, BWD_CAUSAL_BLOCK_M, SPLIT_COLUMNS,
+         XDG_CACHE_HOME)
 # The knobs that decide what a backward launches (the spin timeout is in its parameter block).
 PLAN_KNOBS = (SPIN_TIMEOUT_MS, FOLD, COMPACT_TABLES, VARLEN_EXPAND, BWD_DQ_WRITERS, BWD_FULL_BLOCK_M,
-              BWD_CAUSAL_BLOCK_M)
+              BWD_CAUSAL_BLOCK_M, SPLIT_COLUMNS)
 
 
-def _fingerprint_of(a, b, c, d, e, f, g):
+def _fingerprint_of(a, b, c, d, e, f, g, h):
     # NOTES: one lookup per knob spelled out: 0.14 us a call (five knobs), where tuple(map(raw, keys)) took 0.37 us
     def fingerprint(get=raw) -> tuple:
         """The raw values (bytes or None) of :data:`PLAN_KNOBS`: equal fingerprints, equal plans."""
-        return get(a), get(b), get(c), get(d), get(e), get(f), get(g)
+        return get(a), get(b), get(c), get(d), get(e), get(f), get(g), get(h)
     return fingerprint
 
 

@@ -94,14 +94,15 @@ def _upload_event(entry, stream):
 
 
 def fixed(compact_tables, policy, seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_ctas, device_id,
-          stream, group_size=1, window=(-1, -1), capture=False, head_section=0):
+          stream, group_size=1, window=(-1, -1), capture=False, head_section=0, split=0):
     """The tables of one fixed-length problem on one device (num_heads = B * H query heads, group_size = H // Hkv,
     window (left, right) in schedule.canonical_window form): per-visit :class:`DeviceTables` (host plans cached
     here by shape and window, LRU), or with ``compact_tables`` the compact_device.CompactDeviceTables of
     :func:`cupy_dash.schedule.build_compact`'s records (host plans cached there; ``"auto"`` is
     compact_device.KERNEL_AUTO). Device tables are cached by ``(plan.key, device)`` (:func:`cached`, done: a miss
     synchronizes ``stream`` once; later calls may use them on any stream). ``capture``: as :func:`cached`.
-    ``head_section``: as :func:`cupy_dash.schedule.build`'s."""
+    ``head_section``: as :func:`cupy_dash.schedule.build`'s. ``split``: per-visit tables only, the pieces per split
+    column of :func:`cupy_dash.schedule.pieces.split_for_kernel` (0: the table as built)."""
     args = dict(seqlen_q=seqlen_q, seqlen_k=seqlen_k, block_m=block_m, block_n=block_n, num_heads=num_heads,
                 causal=causal, num_sms=num_ctas, group_size=group_size, window=tuple(window),
                 head_section=head_section)
@@ -109,11 +110,11 @@ def fixed(compact_tables, policy, seqlen_q, seqlen_k, block_m, block_n, num_head
         plan = schedule.build_compact(compact_device.auto_policy(True) if policy == "auto" else policy, **args)
         return cached("compact", plan.key, device_id, stream, lambda stream, staging: (
             upload_compact(plan, device_id, stream, wait=True), None), done=True, capture=capture)[0]
-    pkey = (policy, *args.values())
+    pkey = (policy, *args.values(), split)
     with _lock:
         plan = _plans.get(pkey)
-    if plan is None:
-        plan = schedule.build(policy, **args)      # outside the lock: other devices' threads go on meanwhile
+    if plan is None:                               # outside the lock: other devices' threads go on meanwhile
+        plan = pieces.split_for_kernel(schedule.build(policy, **args), split)
     with _lock:
         _plans[pkey] = plan
         _plans.move_to_end(pkey)

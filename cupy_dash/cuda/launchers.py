@@ -11,6 +11,7 @@ import numpy as np
 
 from .. import config
 from .. import schedule as _schedule
+from ..schedule import pieces as _pieces
 from . import device_tables, kernels, tensormap
 from .errors import _track
 
@@ -226,13 +227,27 @@ def bwd_tables(schedule, c, max_ctas, device_id, stream, capture=False, compact=
     per_visit`): one KV tile with all the query heads of its group per work unit, at most ``max_ctas``
     (co-resident) CTAs. Every entry point gets its tables here, so equal problems get equal tables, hence equal
     bits. ``compact``: the per-column records of the same schedule (:func:`cupy_dash.cuda.device_tables.compact`) for
-    the DASH_COMPACT build."""
+    the DASH_COMPACT build. Per-visit tables have their last wave cut into pieces of KV columns where
+    :func:`split_pieces` says so."""
     p = c.p
     kv_tiles = p.B * p.Hkv * -(-p.Sk // c.block_n)
-    build = device_tables.compact if compact else device_tables.per_visit
-    return build(schedule, p.Sq, p.Sk, c.block_m, c.block_n, p.B * p.H, c.causal, min(max_ctas, kv_tiles), device_id,
-                 stream, p.H // p.Hkv, c.window, capture=capture,
-                 head_section=head_section(p.Sq, p.D, p.H // p.Hkv, p.Dv, device_id))
+    section = head_section(p.Sq, p.D, p.H // p.Hkv, p.Dv, device_id)
+    args = (schedule, p.Sq, p.Sk, c.block_m, c.block_n, p.B * p.H, c.causal, min(max_ctas, kv_tiles), device_id,
+            stream, p.H // p.Hkv, c.window)
+    if compact:
+        return device_tables.compact(*args, capture=capture, head_section=section)
+    return device_tables.per_visit(*args, capture=capture, head_section=section, split=split_pieces(schedule, c))
+
+
+def split_pieces(schedule, c) -> int:
+    """Pieces per split KV column of the per-visit tables of the fixed-length backward ``c`` under ``schedule``
+    (0: uncut): :func:`cupy_dash.schedule.pieces.num_pieces_for` (``auto`` at long full masks; CUPY_DASH_SPLIT_COLUMNS)
+    where the kernels take split columns (:func:`kernels.pieces_built`)."""
+    p = c.p
+    if not kernels.pieces_built(p.D, p.Dv, p.softcap > 0):
+        return 0
+    return _pieces.num_pieces_for(schedule, c.num_m_blocks, c.causal, p.H // p.Hkv, c.window,
+                                  config.SPLIT_COLUMNS.get())
 
 
 def bwd_kernels(c) -> tuple:

@@ -25,6 +25,41 @@ import numpy as np
 from . import per_visit
 
 
+# `auto`'s split (round 39, docs/decisions/bwd-engine.md "Split KV columns"): thirds of each column left over, for
+# full-mask MHA tables whose columns have at least AUTO_MIN_M_BLOCKS Q tiles (pieces of 10 or more visits). Measured
+# against the uncut tables on an H100: head dim 128 -0.8 / -1.0 % at full 3840 / 15360 (bursts), +1.5 % at full
+# 1280 (16 Q tiles: left uncut); head dim 64 -1.6 / -2.2 %.
+AUTO_NUM_PIECES = 3
+AUTO_MIN_M_BLOCKS = 30
+
+
+def num_pieces_for(policy: str, num_m_blocks: int, causal: bool, group_size: int, window, forced=None) -> int:
+    """Pieces per split column for a backward's per-visit tables of ``policy`` (0: left uncut); ``window`` in
+    canonical form, ``forced`` config.SPLIT_COLUMNS's value (None: the rule, False: never, True: every table
+    :func:`split_tail` takes). The rule: ``auto`` tables of full-mask MHA problems without a window and at least
+    AUTO_MIN_M_BLOCKS Q tiles. A table built for a portable policy is never cut (the caller checks the policy that
+    ``auto`` chose)."""
+    if forced is False or causal or group_size != 1 or tuple(window) != (-1, -1):
+        return 0
+    if policy in per_visit.PORTABLE_POLICIES or num_m_blocks < AUTO_NUM_PIECES:
+        return 0
+    if forced or (policy == "auto" and num_m_blocks >= AUTO_MIN_M_BLOCKS):
+        return AUTO_NUM_PIECES
+    return 0
+
+
+def split_for_kernel(plan, num_pieces: int):
+    """:func:`split_tail` of ``plan`` with ``num_pieces`` (0: ``plan``), or ``plan`` itself where it already has
+    pieces, its policy is portable, or the split would have more columns than Q tiles (the preprocess pass zeroes
+    one split column's counter per Q tile: kernels_src/bwd/pieces.cuh)."""
+    if not num_pieces or plan.pieces is not None or plan.policy in per_visit.PORTABLE_POLICIES:
+        return plan
+    split = split_tail(plan, num_pieces)
+    if split.pieces is not None and split.pieces.num_split > plan.num_heads * plan.num_m_blocks:
+        return plan
+    return split
+
+
 class Pieces(typing.NamedTuple):
     """A table's split columns: ``cta_pieces`` int32 (num_ctas, 2), ``piece_code`` int32 (runs,), ``num_pieces`` per
     split column, ``num_split`` columns."""

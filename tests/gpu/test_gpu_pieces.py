@@ -130,3 +130,37 @@ def test_split_columns_on_the_80_query_tile(monkeypatch):
         g = _host(g)
         _assert_finite(name, g)
         reference.assert_close_fa3(name, g, data[f"{name}_ref"], data[f"{name}_lowp"])
+
+
+AUTO_CASES = [Case("bf16", 128, False, 2400, 2411, batch=1, heads=8),    # 30 Q tiles of 80: 152 columns, 20 split
+              Case("fp16", 64, False, 3840, 3840, batch=1, heads=5)]     # 30 Q tiles of 128: 150 columns, 18 split
+
+
+@pytest.mark.parametrize("case", AUTO_CASES, ids=[c.id for c in AUTO_CASES])
+def test_auto_splits_long_full_masks(case, monkeypatch):
+    """`auto` through the full path cuts the last wave of a full-mask MHA backward of 30 Q tiles or more
+    (launchers.split_pieces): right against the float64 reference, the bits repeated; CUPY_DASH_SPLIT_COLUMNS=0
+    leaves the table whole."""
+    from cupy_dash.cuda import device_tables
+    monkeypatch.setenv("CUPY_DASH_FASTPATH", "0")
+    monkeypatch.delenv("CUPY_DASH_SPLIT_COLUMNS", raising=False)
+    monkeypatch.setattr(device_tables, "_plans", type(device_tables._plans)())
+    made, cut = [], pieces.split_for_kernel
+    monkeypatch.setattr(pieces, "split_for_kernel", lambda plan, n: made.append(cut(plan, n)) or made[-1])
+    data, inputs = _inputs(case)
+    _poison_pool(_poison_size(*inputs))
+    grads = cupy_dash.attention_backward(*inputs, schedule="auto")
+    again = cupy_dash.attention_backward(*inputs, schedule="auto")
+    cupy_dash.check_errors()
+    assert len(made) == 1 and made[0].pieces is not None and made[0].pieces.num_pieces == 3, made
+    for name, g, g2 in zip(("dq", "dk", "dv"), grads, again):
+        _assert_same_bits(name, g2, g)
+        g = _host(g)
+        _assert_finite(name, g)
+        reference.assert_close_fa3(name, g, data[f"{name}_ref"], data[f"{name}_lowp"])
+    monkeypatch.setenv("CUPY_DASH_SPLIT_COLUMNS", "0")
+    whole = cupy_dash.attention_backward(*inputs, schedule="auto")
+    cupy_dash.check_errors()
+    assert len(made) == 2 and made[1].pieces is None
+    for name, g in zip(("dq", "dk", "dv"), whole):
+        reference.assert_close_fa3(name, _host(g), data[f"{name}_ref"], data[f"{name}_lowp"])

@@ -198,3 +198,82 @@ def test_trim_tail_refuses_portable_and_gqa_tables():
         pieces.trim_tail(_base(2048, 16, causal=True, policy="fa3", block_m=64))
     with pytest.raises(ValueError, match="MHA"):
         pieces.trim_tail(_base(2048, 16, causal=True, group_size=4, block_m=64))
+
+
+@pytest.mark.parametrize("policy,m_blocks,causal,group,window,forced,want", [
+    ("auto", 30, False, 1, (-1, -1), None, 3),         # the rule's shortest columns
+    ("auto", 192, False, 1, (-1, -1), None, 3),
+    ("auto", 29, False, 1, (-1, -1), None, 0),         # too short: the slots cost more than the balance gains
+    ("auto", 192, True, 1, (-1, 0), None, 0),          # causal: trim_tail measured no gain
+    ("auto", 192, False, 2, (-1, -1), None, 0),        # GQA
+    ("auto", 192, False, 1, (128, -1), None, 0),       # a window
+    ("shift", 192, False, 1, (-1, -1), None, 0),       # a named policy keeps its table
+    ("shift", 4, False, 1, (-1, -1), True, 3),         # ... unless forced, at any length
+    ("fa3", 192, False, 1, (-1, -1), True, 0),         # portable: never
+    ("shift", 2, False, 1, (-1, -1), True, 0),         # fewer Q tiles than pieces
+    ("auto", 192, False, 1, (-1, -1), False, 0),       # CUPY_DASH_SPLIT_COLUMNS=0
+], ids=["auto30", "auto192", "auto29", "causal", "gqa", "window", "named", "named-forced", "portable-forced",
+        "short-forced", "off"])
+def test_num_pieces_for_follows_the_rule(policy, m_blocks, causal, group, window, forced, want):
+    assert pieces.num_pieces_for(policy, m_blocks, causal, group, window, forced) == want
+
+
+def test_split_for_kernel_cuts_only_what_the_kernel_takes():
+    base = _base()
+    split = pieces.split_for_kernel(base, 3)
+    assert split.pieces.num_split == 72 and pieces.split_for_kernel(split, 3) is split
+    assert pieces.split_for_kernel(base, 0) is base
+    assert pieces.split_for_kernel(_base(policy="fa3"), 3).pieces is None
+    # 20 columns of 3 Q tiles on 8 CTAs: 4 columns left over, more than the 3 Q tiles whose preprocess zeroes counters
+    short = schedule.build("shift", seqlen_q=192, seqlen_k=128 * 20, block_m=64, block_n=128, num_heads=1,
+                           causal=False, num_sms=8)
+    assert pieces.split_tail(short, 3).pieces.num_split == 4 and pieces.split_for_kernel(short, 3) is short
+
+
+def _launch(Sq, D=128, causal=False, H=16, Hkv=None, softcap=0.0, window=None):
+    from cupy_dash.cuda import kernels, launchers
+    window = window or ((-1, 0) if causal else (-1, -1))
+    p = types.SimpleNamespace(B=1, Sq=Sq, Sk=Sq, H=H, Hkv=H if Hkv is None else Hkv, D=D, Dv=D, dtype="bfloat16", scale=0.1,
+                              softcap=softcap, device_id=0)
+    tile = kernels.bwd_tile(D, causal, seqlen_q=Sq, window=window)
+    specs = kernels.bwd_specs("bfloat16", D, causal, seqlen_q=Sq, window=window, softcap=softcap > 0)
+    return launchers.BwdLaunch(specs, tile.block_m, tile.block_n, p, True, 1, causal, window)
+
+
+@pytest.mark.parametrize("Sq,D,kw,want", [
+    (15360, 128, {}, 3), (3840, 128, {}, 3), (1280, 128, {}, 0), (3840, 64, {}, 3), (2048, 64, {}, 0),
+    (15360, 128, dict(causal=True), 0), (15360, 128, dict(Hkv=4), 0), (15360, 128, dict(softcap=30.0), 0),
+    (15360, 256, {}, 0)], ids=["d128-15360", "d128-3840", "d128-1280", "d64-3840", "d64-2048", "causal", "gqa",
+                               "softcap", "d256"])
+def test_the_backward_splits_auto_tables_at_long_full_masks(Sq, D, kw, want, monkeypatch):
+    """launchers.split_pieces: the rule where the kernels take split columns (the bench's shapes: 16k tokens)."""
+    from cupy_dash import config
+    from cupy_dash.cuda import launchers
+    monkeypatch.delenv(config.SPLIT_COLUMNS.name, raising=False)
+    c = _launch(Sq, D, **kw)
+    assert launchers.split_pieces("auto", c) == want
+    assert launchers.split_pieces("symmetric_shift", c) == 0
+    monkeypatch.setenv(config.SPLIT_COLUMNS.name, "0")
+    assert launchers.split_pieces("auto", c) == 0
+
+
+def test_bwd_tables_uploads_the_split_table(monkeypatch):
+    """The per-visit tables of an `auto` backward at full 3840 are split_tail's thirds (cached by the split), and
+    compact tables are never cut."""
+    from cupy_dash import config
+    from cupy_dash.cuda import device_tables, launchers
+    monkeypatch.delenv(config.SPLIT_COLUMNS.name, raising=False)
+    monkeypatch.setattr(device_tables, "_plans", type(device_tables._plans)())
+    monkeypatch.setattr(device_tables, "cached", lambda form, key, dev, stream, make, **kw: (*make(stream, []),
+                                                                                             None))
+    monkeypatch.setattr(device_tables, "upload", lambda plan, *args, **kw: plan)
+    monkeypatch.setattr(launchers, "l2_bytes", lambda device_id: 50 << 20)
+    c = _launch(3840, H=64)
+    plan = launchers.bwd_tables("auto", c, 132, 0, None)
+    assert plan.pieces is not None and plan.pieces.num_split == 72 and plan.key[-1] == ("pieces", 3)
+    assert launchers.bwd_tables("auto", c, 132, 0, None) is plan
+    monkeypatch.setenv(config.SPLIT_COLUMNS.name, "0")
+    assert launchers.bwd_tables("auto", c, 132, 0, None).pieces is None
+    monkeypatch.delenv(config.SPLIT_COLUMNS.name)
+    monkeypatch.setattr(device_tables, "upload_compact", lambda plan, *args, **kw: plan)
+    assert not hasattr(launchers.bwd_tables("auto", c, 132, 0, None, compact=True), "pieces")
