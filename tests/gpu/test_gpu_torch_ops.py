@@ -6,8 +6,8 @@ What is checked, always bit for bit against eager ``cupy_dash.torch.attention`` 
 * ``torch.compile(fullgraph=True)`` forward and backward (hdim 64 / 128, causal / full), and a GQA case;
 * ``torch.compile(mode="reduce-overhead")`` (CUDA graph trees: warm-up, record, replay with new inputs), on a
   shape no earlier call has used, so the mode's own warm-up must prepare everything; no cudagraph skips;
-* manual ``torch.cuda.graph`` capture of forward + ``autograd.grad`` after one eager warm-up, replayed with the
-  captured inputs and with new ones copied in; a capture of a shape that never ran eagerly, which makes its kernels
+* manual ``torch.cuda.graph`` capture of forward + ``autograd.grad`` after one eager warm-up (one shape whose
+  tables have split KV columns), replayed with the captured inputs and with new ones copied in; a capture of a shape that never ran eagerly, which makes its kernels
   and tables outside the capture, gives the same bits; a failure recorded by a replayed backward is reported (then
   cleared) by
   ``cupy_dash.check_errors``;
@@ -28,6 +28,9 @@ import cupy_dash.torch  # noqa: E402,F401  (registers torch.ops.cupy_dash, which
 
 CASES = [Case(hdim, causal) for hdim in (64, 128) for causal in (False, True)]
 GQA = Case(128, True, seqlen_q=256, seqlen_k=384, heads=4, heads_kv=2)
+# `auto` cuts this one's last wave into split KV columns (30 Q tiles of 80, 152 columns on 132 CTAs: the fp32 slots
+# and the counters that preprocess zeroes, in every replay)
+SPLIT = Case(128, False, seqlen_q=2400, seqlen_k=2411, heads=8, batch=1)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -82,7 +85,7 @@ def test_compile_reduce_overhead_matches_eager(case):
 # --------------------------------------------------------------------------------------------------------------
 # manual CUDA graph capture
 # --------------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+@pytest.mark.parametrize("case", CASES + [SPLIT], ids=lambda c: c.id)
 def test_cuda_graph_capture_and_replay_matches_eager(case):
     q, k, v, dout = make_inputs(case)
     graph, static_in, static_out = capture_step(case, q, k, v, dout)
