@@ -54,7 +54,7 @@ CASES = [Case(hdim, causal) for hdim in (64, 128) for causal in (False, True)] +
     Case(64, True, seqlen_q=128, seqlen_k=512, heads=4, heads_kv=2, window=(32, 0)),   # keys 0..351 unseen
 ]
 # `auto` cuts this one's last wave into split KV columns: the traced workspace holds their slots
-SPLIT = Case(128, False, seqlen_q=2400, seqlen_k=2411, heads=8, batch=1)
+SPLIT = Case(128, False, seqlen_q=2400, seqlen_k=2411, heads=8, heads_kv=8, batch=1)
 
 
 @pytest.fixture(params=["callback", "ffi"])

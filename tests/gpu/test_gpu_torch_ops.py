@@ -30,7 +30,7 @@ CASES = [Case(hdim, causal) for hdim in (64, 128) for causal in (False, True)]
 GQA = Case(128, True, seqlen_q=256, seqlen_k=384, heads=4, heads_kv=2)
 # `auto` cuts this one's last wave into split KV columns (30 Q tiles of 80, 152 columns on 132 CTAs: the fp32 slots
 # and the counters that preprocess zeroes, in every replay)
-SPLIT = Case(128, False, seqlen_q=2400, seqlen_k=2411, heads=8, batch=1)
+SPLIT = Case(128, False, seqlen_q=2400, seqlen_k=2411, heads=8, heads_kv=8, batch=1)
 
 
 # --------------------------------------------------------------------------------------------------------------
