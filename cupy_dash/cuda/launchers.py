@@ -246,7 +246,7 @@ def split_pieces(schedule, c) -> int:
     p = c.p
     if not kernels.pieces_built(p.D, p.Dv, p.softcap > 0):
         return 0
-    return _pieces.num_pieces_for(schedule, c.num_m_blocks, c.causal, p.H // p.Hkv, c.window,
+    return _pieces.num_pieces_for(schedule, c.num_m_blocks, c.block_m, c.causal, p.H // p.Hkv, c.window,
                                   config.SPLIT_COLUMNS.get())
 
 

@@ -26,24 +26,26 @@ from . import per_visit
 
 
 # `auto`'s split (round 39, docs/decisions/bwd-engine.md "Split KV columns"): thirds of each column left over, for
-# full-mask MHA tables whose columns have at least AUTO_MIN_M_BLOCKS Q tiles (pieces of 10 or more visits). Measured
-# against the uncut tables on an H100: head dim 128 -0.8 / -1.0 % at full 3840 / 15360 (bursts), +1.5 % at full
-# 1280 (16 Q tiles: left uncut); head dim 64 -1.6 / -2.2 %.
+# full-mask MHA tables of at least AUTO_MIN_M_BLOCKS[block_m] Q tiles (else 30). Measured against the uncut tables
+# on an H100 (ms in bursts): 80-query tiles (head dim 128) +1.5 % at 16 Q tiles, -0.2 % at 32 and 39, -0.8 / -1.0 %
+# at 48 / 192; 128-query tiles (head dim 64, a sixth of the split columns) -1.0 / -0.9 / -1.6 / -2.2 % at 15 / 20
+# / 30 / 120.
 AUTO_NUM_PIECES = 3
-AUTO_MIN_M_BLOCKS = 30
+AUTO_MIN_M_BLOCKS = {128: 15}
 
 
-def num_pieces_for(policy: str, num_m_blocks: int, causal: bool, group_size: int, window, forced=None) -> int:
-    """Pieces per split column for a backward's per-visit tables of ``policy`` (0: left uncut); ``window`` in
-    canonical form, ``forced`` config.SPLIT_COLUMNS's value (None: the rule, False: never, True: every table
-    :func:`split_tail` takes). The rule: ``auto`` tables of full-mask MHA problems without a window and at least
-    AUTO_MIN_M_BLOCKS Q tiles. A table built for a portable policy is never cut (the caller checks the policy that
-    ``auto`` chose)."""
+def num_pieces_for(policy: str, num_m_blocks: int, block_m: int, causal: bool, group_size: int, window,
+                   forced=None) -> int:
+    """Pieces per split column for a backward's per-visit tables of ``policy`` (0: left uncut) with
+    ``num_m_blocks`` Q tiles of ``block_m`` queries; ``window`` in canonical form, ``forced`` config.SPLIT_COLUMNS's
+    value (None: the rule, False: never, True: every table :func:`split_tail` takes). The rule: ``auto`` tables of
+    full-mask MHA problems without a window and at least AUTO_MIN_M_BLOCKS Q tiles. A table built for a portable
+    policy is never cut (the caller checks the policy that ``auto`` chose)."""
     if forced is False or causal or group_size != 1 or tuple(window) != (-1, -1):
         return 0
     if policy in per_visit.PORTABLE_POLICIES or num_m_blocks < AUTO_NUM_PIECES:
         return 0
-    if forced or (policy == "auto" and num_m_blocks >= AUTO_MIN_M_BLOCKS):
+    if forced or (policy == "auto" and num_m_blocks >= AUTO_MIN_M_BLOCKS.get(block_m, 30)):
         return AUTO_NUM_PIECES
     return 0
 
