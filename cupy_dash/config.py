@@ -151,7 +151,7 @@ BWD_CAUSAL_BLOCK_M = Knob("CUPY_DASH_BWD_CAUSAL_BLOCK_M", "64 / 80 / unset",
     _int_choice("CUPY_DASH_BWD_CAUSAL_BLOCK_M", (64, 80), None))
 SPLIT_COLUMNS = Knob("CUPY_DASH_SPLIT_COLUMNS", "0 / 1 / unset",
     "the backward tables' last wave cut into pieces of KV columns: 0 never; 1 every table that can be cut; unset: "
-    "`auto` tables of full-mask MHA backwards with at least 30 Q tiles; read per call, a plan knob", _tristate)
+    "`auto` tables of long full-mask MHA backwards (pieces.AUTO_MIN_M_BLOCKS); read per call, a plan knob", _tristate)
 XDG_CACHE_HOME = Knob("XDG_CACHE_HOME", "path / unset",
     "(the XDG standard's) base of the default kernel cache directory", _path)
 

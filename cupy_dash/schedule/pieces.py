@@ -28,10 +28,10 @@ from . import per_visit
 # `auto`'s split (round 39, docs/decisions/bwd-engine.md "Split KV columns"): thirds of each column left over, for
 # full-mask MHA tables of at least AUTO_MIN_M_BLOCKS[block_m] Q tiles (else 30). Measured against the uncut tables
 # on an H100 (ms in bursts): 80-query tiles (head dim 128) +1.5 % at 16 Q tiles, -0.2 % at 32 and 39, -0.8 / -1.0 %
-# at 48 / 192; 128-query tiles (head dim 64, a sixth of the split columns) -1.0 / -0.9 / -1.6 / -2.2 % at 15 / 20
-# / 30 / 120.
+# at 48 / 192; 128-query tiles (head dim 64, a sixth of the split columns) -0.1 / -0.5 / -1.0 / -0.9 / -1.6 / -2.2 %
+# at 10 / 12 / 15 / 20 / 30 / 120.
 AUTO_NUM_PIECES = 3
-AUTO_MIN_M_BLOCKS = {128: 15}
+AUTO_MIN_M_BLOCKS = {128: 12}
 
 
 def num_pieces_for(policy: str, num_m_blocks: int, block_m: int, causal: bool, group_size: int, window,

@@ -138,8 +138,8 @@ AUTO_CASES = [Case("bf16", 128, False, 2400, 2411, batch=1, heads=8),    # 30 Q 
 
 @pytest.mark.parametrize("case", AUTO_CASES, ids=[c.id for c in AUTO_CASES])
 def test_auto_splits_long_full_masks(case, monkeypatch):
-    """`auto` through the full path cuts the last wave of a full-mask MHA backward of 30 Q tiles or more
-    (launchers.split_pieces): right against the float64 reference, the bits repeated; CUPY_DASH_SPLIT_COLUMNS=0
+    """`auto` through the full path cuts the last wave of a long full-mask MHA backward (launchers.split_pieces,
+    pieces.AUTO_MIN_M_BLOCKS): right against the float64 reference, the bits repeated; CUPY_DASH_SPLIT_COLUMNS=0
     leaves the table whole."""
     from cupy_dash.cuda import device_tables
     monkeypatch.setenv("CUPY_DASH_FASTPATH", "0")
