@@ -75,29 +75,63 @@ class Pieces(typing.NamedTuple):
         validate(plan)
 
 
-def _runs(visits: np.ndarray, begin: int, end: int) -> list:
-    """[((bh, n_block), [m_block, ...]), ...] of rows [begin, end) of a per-visit table, one per run of a KV tile."""
+class Rows:
+    """One CTA's list of (bh, n_block, m_block) rows, held as int32 (k, 3) chunks: ``len`` and ``extend`` as a
+    list's (:func:`keep_to` makes them, :func:`hand_out` extends them, :func:`ranked` reads them)."""
+    __slots__ = ("chunks", "count")
+
+    def __init__(self, rows=()):
+        self.chunks, self.count = [], 0
+        self.extend(rows)
+
+    def __len__(self) -> int:
+        return self.count
+
+    def extend(self, rows) -> None:
+        a = np.asarray(rows, dtype=np.int32).reshape(-1, 3)
+        if len(a):
+            self.chunks.append(a)
+            self.count += len(a)
+
+    def array(self) -> np.ndarray:
+        return np.concatenate(self.chunks) if self.chunks else np.zeros((0, 3), dtype=np.int32)
+
+
+def _run_bounds(visits: np.ndarray, begin: int, end: int) -> list:
+    """[((bh, n_block), a, b), ...]: the runs of a KV tile among rows [begin, end) of a per-visit table, each rows
+    [a, b)."""
     v = visits[begin:end]
     if not len(v):
         return []
-    cut = np.concatenate([[0], np.flatnonzero(np.any(v[1:, 1:3] != v[:-1, 1:3], axis=1)) + 1, [len(v)]])
-    return [((int(v[a, 1]), int(v[a, 2])), v[a:b, 3].tolist()) for a, b in zip(cut[:-1], cut[1:])]
+    cut = np.concatenate([[0], np.flatnonzero(np.any(v[1:, 1:3] != v[:-1, 1:3], axis=1)) + 1, [len(v)]]) + begin
+    return [((int(visits[a, 1]), int(visits[a, 2])), int(a), int(b)) for a, b in zip(cut[:-1], cut[1:])]
+
+
+def _runs(visits: np.ndarray, begin: int, end: int) -> list:
+    """[((bh, n_block), [m_block, ...]), ...] of rows [begin, end) of a per-visit table, one per run of a KV tile."""
+    return [(col, visits[a:b, 3].tolist()) for col, a, b in _run_bounds(visits, begin, end)]
 
 
 def keep_to(base, floor: int) -> tuple:
-    """``(lists, tail)``: per CTA of ``base`` the (bh, n_block, m_block) rows of its runs kept while its load stays
-    within ``floor`` visits, and every run left over, as ((bh, n_block), [m_block, ...]), in CTA order."""
+    """``(lists, tail)``: per CTA of ``base`` a :class:`Rows` of the (bh, n_block, m_block) rows of its runs kept
+    while its load stays within ``floor`` visits, and every run left over, as ((bh, n_block), [m_block, ...]), in
+    CTA order. O(visits) in numpy; Python only over the runs left over."""
     visits, cta_start = np.asarray(base.visits), np.asarray(base.cta_start)
-    lists, tail = [], []
-    for c in range(base.num_ctas):
-        kept = []
-        runs = _runs(visits, int(cta_start[c]), int(cta_start[c + 1]))
-        for i, (col, tiles) in enumerate(runs):
-            if len(kept) + len(tiles) > floor:
-                tail.extend(runs[i:])
-                break
-            kept.extend((col[0], col[1], m) for m in tiles)
-        lists.append(kept)
+    if not len(visits):
+        return [Rows() for _ in range(base.num_ctas)], []
+    new = np.ones(len(visits), dtype=bool)
+    new[1:] = np.any(visits[1:, :3] != visits[:-1, :3], axis=1)        # a run starts: CTA, head or KV tile changes
+    starts = np.flatnonzero(new)
+    ends = np.append(starts[1:], len(visits))
+    run_cta = visits[starts, 0].astype(np.int64)
+    ends_in_cta = ends - cta_start[run_cta]
+    # NOTES: a CTA's runs end ever later, so those ending within floor are a prefix of its list
+    kept = ends_in_cta <= floor
+    kept_len = np.zeros(base.num_ctas, dtype=np.int64)
+    np.maximum.at(kept_len, run_cta[kept], ends_in_cta[kept])
+    lists = [Rows(visits[cta_start[c]:cta_start[c] + kept_len[c], 1:]) for c in range(base.num_ctas)]
+    tail = [((int(visits[a, 1]), int(visits[a, 2])), visits[a:b, 3].tolist())
+            for a, b in zip(starts[~kept], ends[~kept])]
     return lists, tail
 
 
@@ -105,8 +139,10 @@ def split_tail(base, num_pieces: int = 3):
     """``base`` (a per-visit Schedule, MHA, no window, not a portable policy) with its last wave cut: each CTA keeps
     its runs while its load stays within the least-loaded CTA's; every run left over (a whole KV column) is cut into
     ``num_pieces`` ranges of its Q tiles (near-equal, in the run's own order) and each range goes to the CTA with the
-    least load so far, the heads' pieces interleaved. Returns ``base`` itself when nothing is left over or a column
-    is shorter than ``num_pieces``; else a validated Schedule with ``pieces`` set."""
+    least load so far that does not end with a piece of the same column (two would run as one), the heads' pieces
+    interleaved. Returns ``base`` itself when nothing is left over, a column is shorter than ``num_pieces`` or no
+    CTA can take a piece apart from its column's others (a table of a few CTAs); else a validated Schedule with
+    ``pieces`` set."""
     if isinstance(num_pieces, bool) or not isinstance(num_pieces, (int, np.integer)) or not 2 <= num_pieces <= 16:
         raise ValueError(f"num_pieces must be an int in [2, 16], got {num_pieces!r}")
     if base.group_size != 1 or base.window != (-1, -1) or base.causal:
@@ -127,7 +163,13 @@ def split_tail(base, num_pieces: int = 3):
             if q:
                 order.append(q.pop(0))
     piece_from, codes = [len(lst) for lst in lists], [[] for _ in lists]
-    for c, (code, _, _) in zip(hand_out(lists, [[(bh, n, m) for m in tiles] for _, (bh, n), tiles in order]), order):
+    segments = [np.column_stack([np.full(len(tiles), bh), np.full(len(tiles), n), tiles])
+                for _, (bh, n), tiles in order]
+    try:
+        handed = hand_out(lists, segments, [col for _, col, _ in order])
+    except NoRoom:                                         # a CTA or two: no cut keeps the pieces apart
+        return base
+    for c, (code, _, _) in zip(handed, order):
         codes[c].append(code)
     return _with_pieces(ranked(base, lists), base, _pieces(piece_from, codes, int(num_pieces), len(tail)), "pieces")
 
@@ -136,8 +178,9 @@ def trim_tail(base):
     """``base`` (a per-visit Schedule, MHA, not a portable policy; any mask) with every CTA's list cut at the mean
     load (rounded up): a run that the cut falls inside becomes two pieces, its head kept and its remainder moved,
     and the whole runs after the cut move whole; what is moved goes, earliest cut first, to the CTA with the least
-    load so far. Two pieces per split column. Returns ``base`` itself when no run is cut; else a validated
-    Schedule with ``pieces`` set (round 37's load model: -0.6 % / -1.9 % at causal 8k / 16k)."""
+    load so far that does not end with the same column. Two pieces per split column. Returns ``base`` itself when no
+    run is cut or no CTA can take a remainder apart from its head; else a validated Schedule with ``pieces`` set
+    (round 37's load model: -0.6 % / -1.9 % at causal 8k / 16k)."""
     if base.group_size != 1:
         raise ValueError("trim_tail: MHA tables only (a GQA run holds several query heads)")
     if base.policy in per_visit.PORTABLE_POLICIES:
@@ -165,21 +208,49 @@ def trim_tail(base):
     if not num_split:
         return base
     moved.sort(key=lambda x: (x[0], x[1]))
-    for c, (_, _, code, _) in zip(hand_out(lists, [rows for *_, rows in moved]), moved):
+    try:
+        handed = hand_out(lists, [rows for *_, rows in moved], [tuple(rows[0][:2]) for *_, rows in moved])
+    except NoRoom:
+        return base
+    for c, (_, _, code, _) in zip(handed, moved):
         codes[c].append(code)
     return _with_pieces(ranked(base, lists), base, _pieces(piece_from, codes, 2, num_split), "trim")
 
 
-def hand_out(lists, segments) -> list:
-    """Appends each of ``segments`` (lists of rows, in order) to the shortest of ``lists`` at that point (ties: the
-    lower CTA); returns the CTA each segment went to."""
+class NoRoom(ValueError):
+    """:func:`hand_out` found no CTA for a segment without merging it into a run of its own KV tile."""
+
+
+def _last_column(lst):
+    """(bh, n_block) of the last row of ``lst`` (a :class:`Rows` or a list of triples), or None when empty."""
+    if isinstance(lst, Rows):
+        return tuple(int(x) for x in lst.chunks[-1][-1, :2]) if lst.chunks else None
+    return tuple(int(x) for x in lst[-1][:2]) if len(lst) else None
+
+
+def hand_out(lists, segments, columns=None) -> list:
+    """Appends each of ``segments`` (rows, in order) to the shortest of ``lists`` at that point (ties: the lower
+    CTA); returns the CTA each segment went to. ``columns``: each segment's (bh, n_block); a CTA whose list ends
+    with the segment's column is passed over for the next shortest, since the two would run as one run (the
+    pieces of a split column must be separate runs). Raises :class:`NoRoom` when every CTA ends with it."""
     heap = [(len(lst), c) for c, lst in enumerate(lists)]
     heapq.heapify(heap)
+    last = [_last_column(lst) for lst in lists] if columns is not None else None
     ctas = []
-    for rows in segments:
+    for i, rows in enumerate(segments):
+        passed = []
         load, c = heapq.heappop(heap)
+        while last is not None and last[c] == columns[i]:
+            passed.append((load, c))
+            if not heap:
+                raise NoRoom(f"hand_out: every CTA's list ends with KV tile {columns[i]}")
+            load, c = heapq.heappop(heap)
+        for item in passed:
+            heapq.heappush(heap, item)
         lists[c].extend(rows)
         ctas.append(c)
+        if last is not None:
+            last[c] = columns[i]
         heapq.heappush(heap, (load + len(rows), c))
     return ctas
 
@@ -201,12 +272,16 @@ def _with_pieces(plan, base, split: Pieces, form):
 
 
 def ranked(base, lists):
-    """A per-visit Schedule of ``base``'s problem whose CTA c runs ``lists[c]`` ((bh, n_block, m_block) each), every
-    dQ tile adding in the order of its visits' positions in their lists (ties: the lower CTA first)."""
-    sizes = [len(lst) for lst in lists]
+    """A per-visit Schedule of ``base``'s problem whose CTA c runs ``lists[c]`` ((bh, n_block, m_block) each: a
+    :class:`Rows` or a list of triples), every dQ tile adding in the order of its visits' positions in their lists
+    (ties: the lower CTA first)."""
+    arrays = [lst.array() if isinstance(lst, Rows) else np.asarray(lst, dtype=np.int32).reshape(-1, 3)
+              for lst in lists]
+    sizes = [len(a) for a in arrays]
     rows = np.zeros((sum(sizes), 4), dtype=np.int32)
     rows[:, 0] = np.repeat(np.arange(len(lists)), sizes)
-    rows[:, 1:] = np.asarray([r for lst in lists for r in lst], dtype=np.int32).reshape(-1, 3)
+    if len(rows):
+        rows[:, 1:] = np.concatenate(arrays)
     cta_start = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     rank = rank_by_position(rows, cta_start, base.num_m_blocks)
     return per_visit.Schedule(base.policy, base.seqlen_q, base.seqlen_k, base.block_m, base.block_n, base.num_heads,
@@ -217,7 +292,13 @@ def ranked(base, lists):
 def rank_by_position(rows: np.ndarray, cta_start: np.ndarray, num_m_blocks: int) -> np.ndarray:
     """int32 ranks: each dQ tile (bh, m_block) adds in the order of (position in its CTA's list, CTA)."""
     pos = np.arange(len(rows)) - np.repeat(cta_start[:-1], np.diff(cta_start))
-    order = np.lexsort((rows[:, 0], pos, rows[:, 3], rows[:, 1]))
+    ctas, longest = len(cta_start) - 1, int(np.diff(cta_start).max(initial=0)) + 1
+    heads = int(rows[:, 1].max(initial=0)) + 1
+    if heads * num_m_blocks * longest * max(ctas, 1) < 1 << 62:     # one int64 key: (bh, m_block, pos, cta)
+        key = ((rows[:, 1].astype(np.int64) * num_m_blocks + rows[:, 3]) * longest + pos) * ctas + rows[:, 0]
+        order = np.argsort(key, kind="stable")
+    else:
+        order = np.lexsort((rows[:, 0], pos, rows[:, 3], rows[:, 1]))
     tile = rows[order, 1].astype(np.int64) * num_m_blocks + rows[order, 3]
     first = np.concatenate([[0], np.flatnonzero(np.diff(tile)) + 1])
     rank = np.empty(len(rows), dtype=np.int32)
@@ -262,8 +343,9 @@ def validate(plan) -> None:
     if plan.group_size != 1:
         raise ValueError("plan.pieces: MHA tables only")
     tiles = (visits[:, 1].astype(np.int64) * N + visits[:, 2]) * M + visits[:, 3]
-    seen = np.zeros(H * N * M, dtype=np.int64)
-    np.add.at(seen, tiles, 1)
+    if len(tiles) and (tiles.min() < 0 or tiles.max() >= H * N * M):
+        raise ValueError("plan.pieces: a visit's (head, n_block, m_block) lies outside the problem")
+    seen = np.bincount(tiles, minlength=H * N * M)
     want = np.zeros((H, N, M), dtype=np.int64)
     for n in range(N):
         want[:, n, lo[n]:hi[n]] = 1
@@ -275,24 +357,22 @@ def validate(plan) -> None:
     for c in range(plan.num_ctas):
         begin, end = int(cta_start[c]), int(cta_start[c + 1])
         split_at, nxt = begin + int(cta_pieces[c, 0]), int(cta_pieces[c, 1])
-        v = begin
-        for col, tiles_run in _runs(visits, begin, end):
+        for col, a, b in _run_bounds(visits, begin, end):
             code = -1
-            if v >= split_at:
+            if a >= split_at:
                 if nxt >= len(piece_code):
                     raise ValueError(f"plan.pieces: cta {c} has more runs than piece codes")
                 code, nxt = int(piece_code[nxt]), nxt + 1
-            elif v + len(tiles_run) > split_at:
+            elif b > split_at:
                 raise ValueError(f"plan.pieces: cta {c}'s first piece visit falls inside a run")
             if code < 0:
-                if col in whole or len(tiles_run) != hi[col[1]] - lo[col[1]]:
+                if col in whole or (b - a) != hi[col[1]] - lo[col[1]]:
                     raise ValueError(f"plan.pieces: KV tile {col} is not one whole run (cta {c})")
                 whole.add(col)
             else:
                 if code in piece_of:
                     raise ValueError(f"plan.pieces: piece code {code} runs twice")
                 piece_of[code] = col
-            v += len(tiles_run)
     for s in range(S):
         cols = {piece_of.get(s * P + k) for k in range(P)}
         if len(cols) != 1 or None in cols or cols & whole:

@@ -280,3 +280,34 @@ def test_bwd_tables_uploads_the_split_table(monkeypatch):
     monkeypatch.delenv(config.SPLIT_COLUMNS.name)
     monkeypatch.setattr(device_tables, "upload_compact", lambda plan, *args, **kw: plan)
     assert not hasattr(launchers.bwd_tables("auto", c, 132, 0, None, compact=True), "pieces")
+
+
+@pytest.mark.parametrize("sq,sk,block_m,heads,sms", [(3291, 16764, 80, 5, 2), (1520, 2348, 128, 13, 2),
+                                                     (4458, 4625, 80, 9, 2), (640, 640, 64, 6, 8)],
+                         ids=["ctas2-a", "ctas2-b", "ctas2-c", "ctas8-p6"])
+def test_pieces_of_one_column_never_run_as_one(sq, sk, block_m, heads, sms):
+    """With few CTAs the least-loaded CTA may already end with a piece of the same column; the two would run as one
+    run (round 39 found split_tail raising there): hand_out passes such a CTA over, or the table stays uncut."""
+    base = schedule.build("symmetric_shift", seqlen_q=sq, seqlen_k=sk, block_m=block_m, block_n=128,
+                          num_heads=heads, causal=False, num_sms=sms)
+    for num_pieces in (3, 6):
+        plan = pieces.split_tail(base, num_pieces)
+        assert plan is base or plan._validated
+
+
+def test_hand_out_passes_over_a_cta_ending_with_the_column():
+    lists = [[(0, 1, 0)], [(0, 2, 0), (0, 2, 1)]]
+    assert pieces.hand_out(lists, [[(0, 1, 1)], [(0, 2, 2)]], [(0, 1), (0, 2)]) == [1, 0]
+    assert pieces.hand_out([[(0, 1, 0)], [(0, 2, 0)]], [[(0, 3, 0)]] * 2) == [0, 1]      # no columns: by load only
+    with pytest.raises(pieces.NoRoom, match="every CTA"):
+        pieces.hand_out([[(0, 1, 0)]], [[(0, 1, 1)]], [(0, 1)])
+
+
+def test_keep_to_keeps_a_prefix_of_whole_runs():
+    base = _base()
+    lists, tail = pieces.keep_to(base, 672)
+    counts = np.diff(base.cta_start)
+    for c, lst in enumerate(lists):
+        rows = base.visits[base.cta_start[c]:base.cta_start[c] + len(lst), 1:]
+        assert len(lst) == 672 and np.array_equal(lst.array(), rows)
+    assert len(tail) == int((counts > 672).sum()) and all(len(t) == 48 for _, t in tail)
