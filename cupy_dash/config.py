@@ -152,22 +152,26 @@ BWD_CAUSAL_BLOCK_M = Knob("CUPY_DASH_BWD_CAUSAL_BLOCK_M", "64 / 80 / unset",
 SPLIT_COLUMNS = Knob("CUPY_DASH_SPLIT_COLUMNS", "0 / 1 / unset",
     "the backward tables' last wave cut into pieces of KV columns: 0 never; 1 every table that can be cut; unset: "
     "`auto` tables of long full-mask MHA backwards (pieces.AUTO_MIN_M_BLOCKS); read per call, a plan knob", _tristate)
+SPLIT_PIECES = Knob("CUPY_DASH_SPLIT_PIECES", "2 .. 16 / unset",
+    "pieces per split KV column where the backward's tables are cut (CUPY_DASH_SPLIT_COLUMNS); unset: "
+    "pieces.AUTO_NUM_PIECES (3); read per call, a plan knob",
+    _int_choice("CUPY_DASH_SPLIT_PIECES", tuple(range(2, 17)), None))
 XDG_CACHE_HOME = Knob("XDG_CACHE_HOME", "path / unset",
     "(the XDG standard's) base of the default kernel cache directory", _path)
 
 KNOBS = (SPIN_TIMEOUT_MS, FOLD, COMPACT_TABLES, VARLEN_EXPAND, FASTPATH, SYNC_ERRORS, JAX_FFI, CACHE_DIR,
          JIT_VERBOSE, JIT_LINEINFO, BWD_DQ_WRITERS, BWD_FULL_BLOCK_M, BWD_CAUSAL_BLOCK_M, SPLIT_COLUMNS,
-         XDG_CACHE_HOME)
+         SPLIT_PIECES, XDG_CACHE_HOME)
 # The knobs that decide what a backward launches (the spin timeout is in its parameter block).
 PLAN_KNOBS = (SPIN_TIMEOUT_MS, FOLD, COMPACT_TABLES, VARLEN_EXPAND, BWD_DQ_WRITERS, BWD_FULL_BLOCK_M,
-              BWD_CAUSAL_BLOCK_M, SPLIT_COLUMNS)
+              BWD_CAUSAL_BLOCK_M, SPLIT_COLUMNS, SPLIT_PIECES)
 
 
-def _fingerprint_of(a, b, c, d, e, f, g, h):
+def _fingerprint_of(a, b, c, d, e, f, g, h, i):
     # NOTES: one lookup per knob spelled out: 0.14 us a call (five knobs), where tuple(map(raw, keys)) took 0.37 us
     def fingerprint(get=raw) -> tuple:
         """The raw values (bytes or None) of :data:`PLAN_KNOBS`: equal fingerprints, equal plans."""
-        return get(a), get(b), get(c), get(d), get(e), get(f), get(g), get(h)
+        return get(a), get(b), get(c), get(d), get(e), get(f), get(g), get(h), get(i)
     return fingerprint
 
 

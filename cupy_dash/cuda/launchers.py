@@ -241,13 +241,14 @@ def bwd_tables(schedule, c, max_ctas, device_id, stream, capture=False, compact=
 
 def split_pieces(schedule, c) -> int:
     """Pieces per split KV column of the per-visit tables of the fixed-length backward ``c`` under ``schedule``
-    (0: uncut): :func:`cupy_dash.schedule.pieces.num_pieces_for` (``auto`` at long full masks; CUPY_DASH_SPLIT_COLUMNS)
-    where the kernels take split columns (:func:`kernels.pieces_built`)."""
+    (0: uncut): :func:`cupy_dash.schedule.pieces.num_pieces_for` (``auto`` at long full masks; CUPY_DASH_SPLIT_COLUMNS,
+    CUPY_DASH_SPLIT_PIECES) where the kernels take split columns (:func:`kernels.pieces_built`)."""
     p = c.p
+    forced, num_pieces = config.SPLIT_COLUMNS.get(), config.SPLIT_PIECES.get()    # a bad value raises every call
     if not kernels.pieces_built(p.D, p.Dv, p.softcap > 0):
         return 0
-    return _pieces.num_pieces_for(schedule, c.num_m_blocks, c.block_m, c.causal, p.H // p.Hkv, c.window,
-                                  config.SPLIT_COLUMNS.get())
+    return _pieces.num_pieces_for(schedule, c.num_m_blocks, c.block_m, c.causal, p.H // p.Hkv, c.window, forced,
+                                  num_pieces)
 
 
 def bwd_kernels(c) -> tuple:

@@ -35,18 +35,20 @@ AUTO_MIN_M_BLOCKS = {128: 12}
 
 
 def num_pieces_for(policy: str, num_m_blocks: int, block_m: int, causal: bool, group_size: int, window,
-                   forced=None) -> int:
+                   forced=None, num_pieces=None) -> int:
     """Pieces per split column for a backward's per-visit tables of ``policy`` (0: left uncut) with
     ``num_m_blocks`` Q tiles of ``block_m`` queries; ``window`` in canonical form, ``forced`` config.SPLIT_COLUMNS's
-    value (None: the rule, False: never, True: every table :func:`split_tail` takes). The rule: ``auto`` tables of
-    full-mask MHA problems without a window and at least AUTO_MIN_M_BLOCKS Q tiles. A table built for a portable
-    policy is never cut (the caller checks the policy that ``auto`` chose)."""
+    value (None: the rule, False: never, True: every table :func:`split_tail` takes), ``num_pieces``
+    config.SPLIT_PIECES's (None: AUTO_NUM_PIECES). The rule: ``auto`` tables of full-mask MHA problems without a
+    window and at least AUTO_MIN_M_BLOCKS Q tiles. A table built for a portable policy is never cut (the caller
+    checks the policy that ``auto`` chose)."""
+    pieces = AUTO_NUM_PIECES if num_pieces is None else num_pieces
     if forced is False or causal or group_size != 1 or tuple(window) != (-1, -1):
         return 0
-    if policy in per_visit.PORTABLE_POLICIES or num_m_blocks < AUTO_NUM_PIECES:
+    if policy in per_visit.PORTABLE_POLICIES or num_m_blocks < pieces:
         return 0
     if forced or (policy == "auto" and num_m_blocks >= AUTO_MIN_M_BLOCKS.get(block_m, 30)):
-        return AUTO_NUM_PIECES
+        return pieces
     return 0
 
 

@@ -32,7 +32,7 @@ def test_knobs_are_defined_once():
         "SPIN_TIMEOUT_MS": 10000.0, "FOLD": None, "COMPACT_TABLES": None, "VARLEN_EXPAND": "device", "FASTPATH": True,
         "SYNC_ERRORS": False, "JAX_FFI": None, "CACHE_DIR": None, "JIT_VERBOSE": False,
         "JIT_LINEINFO": False, "BWD_DQ_WRITERS": 2, "BWD_FULL_BLOCK_M": None,
-        "BWD_CAUSAL_BLOCK_M": None, "SPLIT_COLUMNS": None}
+        "BWD_CAUSAL_BLOCK_M": None, "SPLIT_COLUMNS": None, "SPLIT_PIECES": None}
     # the names other modules (and benchmarks, tests, the CLI) use are the config's
     assert compact_device.ENV == config.COMPACT_TABLES.name
     assert launchers.FOLD_ENV == config.FOLD.name
@@ -122,7 +122,7 @@ def test_fast_path_signatures_key_on_the_fingerprint(clean_env):
     changes = ((config.FOLD, "0"), (config.COMPACT_TABLES, "1"), (config.SPIN_TIMEOUT_MS, "5"),
                (config.VARLEN_EXPAND, "host"), (config.BWD_DQ_WRITERS, "1"),
                (config.BWD_FULL_BLOCK_M, "64"), (config.BWD_CAUSAL_BLOCK_M, "80"),   # the tile and kernel knobs too
-               (config.SPLIT_COLUMNS, "0"))
+               (config.SPLIT_COLUMNS, "0"), (config.SPLIT_PIECES, "6"))
     assert {knob for knob, _ in changes} == set(config.PLAN_KNOBS)
     for knob, value in changes:
         clean_env.setenv(knob.name, value)

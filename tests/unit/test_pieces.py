@@ -253,11 +253,17 @@ def test_the_backward_splits_auto_tables_at_long_full_masks(Sq, D, kw, want, mon
     from cupy_dash import config
     from cupy_dash.cuda import launchers
     monkeypatch.delenv(config.SPLIT_COLUMNS.name, raising=False)
+    monkeypatch.delenv(config.SPLIT_PIECES.name, raising=False)
     c = _launch(Sq, D, **kw)
     assert launchers.split_pieces("auto", c) == want
     assert launchers.split_pieces("symmetric_shift", c) == 0
+    monkeypatch.setenv(config.SPLIT_PIECES.name, "6")
+    assert launchers.split_pieces("auto", c) == (6 if want else 0)
     monkeypatch.setenv(config.SPLIT_COLUMNS.name, "0")
     assert launchers.split_pieces("auto", c) == 0
+    monkeypatch.setenv(config.SPLIT_PIECES.name, "17")
+    with pytest.raises(ValueError, match="CUPY_DASH_SPLIT_PIECES"):
+        launchers.split_pieces("auto", c)
 
 
 def test_bwd_tables_uploads_the_split_table(monkeypatch):
