@@ -206,6 +206,8 @@ def test_trim_tail_refuses_portable_and_gqa_tables():
     ("auto", 29, 80, False, 1, (-1, -1), None, 0),         # too short: the slots cost more than the balance gains
     ("auto", 12, 128, False, 1, (-1, -1), None, 3),        # head dim 64's 128-query tiles: from 12
     ("auto", 11, 128, False, 1, (-1, -1), None, 0),
+    ("auto", 60, 128, False, 1, (-1, -1), None, 6),        # ... and sixths from 60
+    ("auto", 59, 128, False, 1, (-1, -1), None, 3),
     ("auto", 192, 80, True, 1, (-1, 0), None, 0),          # causal: trim_tail measured no gain
     ("auto", 192, 80, False, 2, (-1, -1), None, 0),        # GQA
     ("auto", 192, 80, False, 1, (128, -1), None, 0),       # a window
@@ -214,7 +216,7 @@ def test_trim_tail_refuses_portable_and_gqa_tables():
     ("fa3", 192, 80, False, 1, (-1, -1), True, 0),         # portable: never
     ("shift", 2, 80, False, 1, (-1, -1), True, 0),         # fewer Q tiles than pieces
     ("auto", 192, 80, False, 1, (-1, -1), False, 0),       # CUPY_DASH_SPLIT_COLUMNS=0
-], ids=["auto30", "auto192", "auto29", "auto12-m128", "auto11-m128", "causal", "gqa", "window", "named",
+], ids=["auto30", "auto192", "auto29", "auto12-m128", "auto11-m128", "auto60-m128", "auto59-m128", "causal", "gqa", "window", "named",
         "named-forced", "portable-forced", "short-forced", "off"])
 def test_num_pieces_for_follows_the_rule(policy, m_blocks, block_m, causal, group, window, forced, want):
     assert pieces.num_pieces_for(policy, m_blocks, block_m, causal, group, window, forced) == want
@@ -243,10 +245,11 @@ def _launch(Sq, D=128, causal=False, H=16, Hkv=None, softcap=0.0, window=None):
 
 
 @pytest.mark.parametrize("Sq,D,kw,want", [
-    (15360, 128, {}, 3), (3840, 128, {}, 3), (1280, 128, {}, 0), (3840, 64, {}, 3), (1536, 64, {}, 3),
+    (15360, 128, {}, 3), (3840, 128, {}, 3), (1280, 128, {}, 0), (15360, 64, {}, 6), (3840, 64, {}, 3),
+    (1536, 64, {}, 3),
     (1280, 64, {}, 0), (15360, 128, dict(causal=True), 0), (15360, 128, dict(Hkv=4), 0),
     (15360, 128, dict(softcap=30.0), 0), (15360, 256, {}, 0)],
-    ids=["d128-15360", "d128-3840", "d128-1280", "d64-3840", "d64-1536", "d64-1280", "causal", "gqa", "softcap",
+    ids=["d128-15360", "d128-3840", "d128-1280", "d64-15360", "d64-3840", "d64-1536", "d64-1280", "causal", "gqa", "softcap",
          "d256"])
 def test_the_backward_splits_auto_tables_at_long_full_masks(Sq, D, kw, want, monkeypatch):
     """launchers.split_pieces: the rule where the kernels take split columns (the bench's shapes: 16k tokens)."""
@@ -257,8 +260,8 @@ def test_the_backward_splits_auto_tables_at_long_full_masks(Sq, D, kw, want, mon
     c = _launch(Sq, D, **kw)
     assert launchers.split_pieces("auto", c) == want
     assert launchers.split_pieces("symmetric_shift", c) == 0
-    monkeypatch.setenv(config.SPLIT_PIECES.name, "6")
-    assert launchers.split_pieces("auto", c) == (6 if want else 0)
+    monkeypatch.setenv(config.SPLIT_PIECES.name, "4")
+    assert launchers.split_pieces("auto", c) == (4 if want else 0)
     monkeypatch.setenv(config.SPLIT_COLUMNS.name, "0")
     assert launchers.split_pieces("auto", c) == 0
     monkeypatch.setenv(config.SPLIT_PIECES.name, "17")
@@ -317,3 +320,10 @@ def test_keep_to_keeps_a_prefix_of_whole_runs():
         rows = base.visits[base.cta_start[c]:base.cta_start[c] + len(lst), 1:]
         assert len(lst) == 672 and np.array_equal(lst.array(), rows)
     assert len(tail) == int((counts > 672).sum()) and all(len(t) == 48 for _, t in tail)
+
+
+def test_the_gpu_sixths_case_splits_columns():
+    """tests/gpu/test_gpu_pieces.py's sixths case (head dim 64: 128-query tiles) leaves 8 columns to split."""
+    base = schedule.build("shift", seqlen_q=1536, seqlen_k=1536, block_m=128, block_n=128, num_heads=5,
+                          causal=False, num_sms=13)
+    assert pieces.split_tail(base, 6).pieces.num_split == 8
