@@ -89,7 +89,11 @@ def test_trimmed_tables_match_the_reference(case, num_sms, deterministic):
         reference.assert_close_fa3(name, g, data[f"{name}_ref"], data[f"{name}_lowp"])
 
 
-@pytest.mark.parametrize("case,num_sms,num_pieces", CASES[:2], ids=[f"{c.id}-ctas{n}-p{p}" for c, n, p in CASES[:2]])
+REPEAT_CASES = CASES[:2] + CASES[4:]
+
+
+@pytest.mark.parametrize("case,num_sms,num_pieces", REPEAT_CASES,
+                         ids=[f"{c.id}-ctas{n}-p{p}" for c, n, p in REPEAT_CASES])
 def test_split_columns_repeat_their_bits(case, num_sms, num_pieces):
     _, inputs = _inputs(case)
     plan = _plan(case, num_sms, num_pieces)
