@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
+
 from .. import config, schedule
-from ..schedule import compact, compact_device
+from ..schedule import compact, compact_device, pieces
 
 CLI_MAX_SIMULATED_VISITS = 1 << 24    # above: the CLI analyses compact records (the per-visit tables need GBs)
 SCAN_STATS_VISITS = 1 << 26           # the windowed-count figures look at about this many visits (every k-th column)
@@ -45,8 +47,28 @@ def auto_line(plan) -> str:
         order = ", ".join(schedule.AUTO_CANDIDATES)
         rule = (f"schedule.build's choice: the first of {order} within {schedule.AUTO_TOLERANCE:.0%} of the lowest "
                 f"makespan in the engine model with c={c:g}, r={r:g} (by {compact.auto_method(*problem)}{gqa})")
-    return (f"auto picks {policy!r}: the backward of this problem uses {'compact' if compact_tables else 'per-visit'} "
+    line = (f"auto picks {policy!r}: the backward of this problem uses {'compact' if compact_tables else 'per-visit'} "
             f"tables ({form}), where auto is {rule}")
+    return line if compact_tables else line + _cut_text(plan, problem)
+
+
+def _cut_text(plan, problem) -> str:
+    """The end of :func:`auto_line` for per-visit tables whose last wave the backward cuts into split KV columns
+    (pieces.num_pieces_for under the split knobs): pieces, columns and the busiest CTA's visits; "" when it does
+    not cut them."""
+    seqlen_q, seqlen_k, block_m, block_n, heads, causal, num_sms, group_size, window = problem
+    num_pieces = pieces.num_pieces_for("auto", plan.num_m_blocks, block_m, causal, group_size, window,
+                                       config.SPLIT_COLUMNS.get(), config.SPLIT_PIECES.get())
+    if not num_pieces:
+        return ""
+    base = schedule.build("auto", seqlen_q=seqlen_q, seqlen_k=seqlen_k, block_m=block_m, block_n=block_n,
+                          num_heads=heads, causal=causal, num_sms=num_sms, group_size=group_size, window=window)
+    cut = pieces.split_for_kernel(base, num_pieces)
+    if cut.pieces is None:
+        return ""
+    return (f"; with head dim 64, 96 or 128 (no soft-capping) it cuts their last wave into {cut.pieces.num_split} "
+            f"split KV columns of {num_pieces} pieces, the busiest CTA's {int(np.diff(base.cta_start).max())} visits "
+            f"to {int(np.diff(cut.cta_start).max())} (docs/schedules.md, \"Split KV columns\")")
 
 
 def analyse_compact(*, seqlen_q, seqlen_k, block_m, block_n, heads, causal, num_sms, c=1.0, r=0.25, model="dag",

@@ -201,6 +201,24 @@ def test_schedule_says_once_what_auto_runs(monkeypatch, capsys, argv, policy, fo
     assert not any(f"'{p}'" in lines[0] for p in others), lines[0]
 
 
+def test_schedule_says_where_the_backward_cuts_the_last_wave(monkeypatch, capsys):
+    """At a long full mask the auto line adds the backward's split KV columns (pieces.num_pieces_for), unless
+    CUPY_DASH_SPLIT_COLUMNS=0; a causal problem never has them."""
+    argv = ["--seqlen-q", "3840", "--block-m", "80", "--heads", "64", "--model", "engine", "--r", "0.8"]
+    monkeypatch.delenv("CUPY_DASH_SPLIT_COLUMNS", raising=False)
+    monkeypatch.delenv("CUPY_DASH_SPLIT_PIECES", raising=False)
+    assert cli_schedule.main(argv) == 0
+    (line,) = _auto_lines(capsys.readouterr().out)
+    assert line.endswith("it cuts their last wave into 72 split KV columns of 3 pieces, the busiest CTA's 720 visits "
+                         "to 704 (docs/schedules.md, \"Split KV columns\")"), line
+    monkeypatch.setenv("CUPY_DASH_SPLIT_COLUMNS", "0")
+    assert cli_schedule.main(argv) == 0
+    assert "split KV columns" not in _auto_lines(capsys.readouterr().out)[0]
+    monkeypatch.delenv("CUPY_DASH_SPLIT_COLUMNS")
+    assert cli_schedule.main(SMALL + ["--causal"]) == 0
+    assert "split KV columns" not in _auto_lines(capsys.readouterr().out)[0]
+
+
 def test_schedule_auto_follows_the_compact_tables_variable(monkeypatch, capsys):
     monkeypatch.setenv("CUPY_DASH_COMPACT_TABLES", "1")
     assert cli_schedule.main(SMALL + ["--causal"]) == 0
