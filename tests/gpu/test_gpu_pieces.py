@@ -24,7 +24,7 @@ CASES = [
     (Case("bf16", 128, False, 1000, 1333, batch=2, heads=3), 10, 2),     # odd lengths, Sq != Sk: 6 split
     (Case("fp16", 64, False, 777, 1024, batch=2, heads=4), 12, 3),       # head dim 64 (stores from the registers)
     (Case("bf16", 96, False, 640, 640, batch=1, heads=6), 8, 4),         # 6 split in fourths of 10 Q tiles
-    (Case("bf16", 64, False, 1536, 1536, batch=1, heads=5), 13, 6),      # 8 split in sixths (auto's at head dim 64)
+    (Case("bf16", 64, False, 1536, 1536, batch=1, heads=5), 13, 6),      # 8 split in sixths (head dim 64's candidate)
 ]
 
 
@@ -149,6 +149,7 @@ def test_auto_splits_long_full_masks(case, monkeypatch):
     from cupy_dash.cuda import device_tables
     monkeypatch.setenv("CUPY_DASH_FASTPATH", "0")
     monkeypatch.delenv("CUPY_DASH_SPLIT_COLUMNS", raising=False)
+    monkeypatch.delenv("CUPY_DASH_SPLIT_PIECES", raising=False)
     monkeypatch.setattr(device_tables, "_plans", type(device_tables._plans)())
     made, cut = [], pieces.split_for_kernel
     monkeypatch.setattr(pieces, "split_for_kernel", lambda plan, n: made.append(cut(plan, n)) or made[-1])

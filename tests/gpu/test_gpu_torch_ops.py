@@ -7,10 +7,9 @@ What is checked, always bit for bit against eager ``cupy_dash.torch.attention`` 
 * ``torch.compile(mode="reduce-overhead")`` (CUDA graph trees: warm-up, record, replay with new inputs), on a
   shape no earlier call has used, so the mode's own warm-up must prepare everything; no cudagraph skips;
 * manual ``torch.cuda.graph`` capture of forward + ``autograd.grad`` after one eager warm-up (one shape whose
-  tables have split KV columns), replayed with the captured inputs and with new ones copied in; a capture of a shape that never ran eagerly, which makes its kernels
-  and tables outside the capture, gives the same bits; a failure recorded by a replayed backward is reported (then
-  cleared) by
-  ``cupy_dash.check_errors``;
+  tables have split KV columns), replayed with the captured inputs and with new ones copied in; a capture of a
+  shape that never ran eagerly, which makes its kernels and tables outside the capture, gives the same bits; a
+  failure recorded by a replayed backward is reported (then cleared) by ``cupy_dash.check_errors``;
 * ``torch.library.opcheck`` of both ops.
 """
 from __future__ import annotations
