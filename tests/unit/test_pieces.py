@@ -164,11 +164,14 @@ def test_launch_workspace_and_fields_follow_the_tables():
 
 @pytest.mark.parametrize("batch,heads,hdim,sq,sk,ctas,num_pieces,split", [
     (1, 5, 128, 1280, 1280, 13, 3, 11), (2, 3, 128, 1000, 1333, 10, 2, 6), (2, 4, 64, 777, 1024, 12, 3, 4),
-    (1, 6, 96, 640, 640, 8, 4, 6)], ids=["d128", "d128-sq1000-sk1333", "d64", "d96"])
+    (1, 6, 96, 640, 640, 8, 4, 6), (1, 5, 64, 1536, 1536, 13, 6, 8)],
+    ids=["d128", "d128-sq1000-sk1333", "d64", "d96", "d64-sixths"])
 def test_the_gpu_cases_split_columns(batch, heads, hdim, sq, sk, ctas, num_pieces, split):
-    """tests/gpu/test_gpu_pieces.py's CASES (its test plans take the 64-query tile) leave tails to split."""
-    base = schedule.build("shift", seqlen_q=sq, seqlen_k=sk, block_m=64, block_n=128, num_heads=batch * heads,
-                          causal=False, num_sms=ctas)
+    """tests/gpu/test_gpu_pieces.py's CASES (its test plans take kernels.bwd_tile's tile for their head dim without a
+    length: 64 queries, 128 at head dim 64) leave tails to split."""
+    from cupy_dash.cuda import kernels
+    base = schedule.build("shift", seqlen_q=sq, seqlen_k=sk, block_m=kernels.bwd_tile(hdim, False).block_m,
+                          block_n=128, num_heads=batch * heads, causal=False, num_sms=ctas)
     assert pieces.split_tail(base, num_pieces).pieces.num_split == split
 
 
@@ -318,9 +321,3 @@ def test_keep_to_keeps_a_prefix_of_whole_runs():
         assert len(lst) == 672 and np.array_equal(lst.array(), rows)
     assert len(tail) == int((counts > 672).sum()) and all(len(t) == 48 for _, t in tail)
 
-
-def test_the_gpu_sixths_case_splits_columns():
-    """tests/gpu/test_gpu_pieces.py's sixths case (head dim 64: 128-query tiles) leaves 8 columns to split."""
-    base = schedule.build("shift", seqlen_q=1536, seqlen_k=1536, block_m=128, block_n=128, num_heads=5,
-                          causal=False, num_sms=13)
-    assert pieces.split_tail(base, 6).pieces.num_split == 8
