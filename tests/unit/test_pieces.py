@@ -320,4 +320,3 @@ def test_keep_to_keeps_a_prefix_of_whole_runs():
         rows = base.visits[base.cta_start[c]:base.cta_start[c] + len(lst), 1:]
         assert len(lst) == 672 and np.array_equal(lst.array(), rows)
     assert len(tail) == int((counts > 672).sum()) and all(len(t) == 48 for _, t in tail)
-
