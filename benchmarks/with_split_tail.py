@@ -34,6 +34,8 @@ import sys
 
 import numpy as np
 
+from cupy_dash.schedule import pieces as product
+
 
 def split_tail(base, pieces: int, floor: int | None = None):
     """``base`` (a per-visit Schedule) with its tail cut into pieces; checked (``_check``). Each CTA keeps its runs
@@ -41,7 +43,6 @@ def split_tail(base, pieces: int, floor: int | None = None):
     ranges of ceil(num_m_blocks / pieces) Q tiles (full mask: equal thirds; causal: a short column in fewer), and
     each piece goes to the least-loaded CTA, pieces of the heads interleaved. ``floor``: the load each CTA keeps up
     to (default: the least-loaded CTA's). ValueError if nothing is left over."""
-    from cupy_dash.schedule import pieces as product
     M = base.num_m_blocks
     lists, tail = product.keep_to(base, int(np.diff(base.cta_start).min()) if floor is None else floor)
     if not tail:
@@ -60,7 +61,6 @@ def split_tail(base, pieces: int, floor: int | None = None):
     for (bh, n), lo, hi in order:
         k = rot[(bh, lo)] = rot.get((bh, lo), -1) + 1      # a head's pieces of one range start apart
         pieces_rows.append([(bh, n, lo + (k + s) % (hi - lo)) for s in range(hi - lo)])
-    from cupy_dash.schedule import pieces as product
     product.hand_out(lists, pieces_rows)
     return _check(product.ranked(base, lists), base)
 
@@ -76,7 +76,6 @@ def _check(plan, base):
     mine = tiles(v)
     if np.any(mine[1:] == mine[:-1]) or not np.array_equal(mine, tiles(np.asarray(base.visits))):
         raise ValueError("a tile is visited twice or not at all")
-    from cupy_dash.schedule import pieces as product
     if not np.array_equal(rank, product.rank_by_position(v, np.asarray(plan.cta_start), M)):
         raise ValueError("ranks are not the visits' order")
     return plan
@@ -113,20 +112,13 @@ def makespan(plan, switch: float = 1.0) -> float:
     return float(clock.max())
 
 
-def _trim(base):
-    """cupy_dash.schedule.pieces.trim_tail (the same rows as round 37's timing-only cut, with the pieces the kernel
-    adds right): each CTA's list cut at the mean load, the cut remainders moved whole."""
-    from cupy_dash.schedule import pieces as product
-    return product.trim_tail(base)
-
-
 def _model(pieces: int) -> None:
     from cupy_dash.schedule import auto
     for causal, S in ((False, 3840), (False, 15360), (True, 8192), (True, 16384)):
         B = (16384 if causal else 15360) // S
         base = auto.build("auto", seqlen_q=S, seqlen_k=S, block_m=80, block_n=128, num_heads=16 * B, causal=causal,
                           num_sms=132)
-        a, b, t = makespan(base), makespan(split_tail(base, pieces)), makespan(_trim(base))
+        a, b, t = makespan(base), makespan(split_tail(base, pieces)), makespan(product.trim_tail(base))
         print(f"{'causal' if causal else 'full'} {S}, B {B}, 80 x 128, 132 CTAs: makespan {a:.0f} visits; in "
               f"{pieces} pieces {b:.0f} ({100 * (b / a - 1):+.1f} %); trimmed {t:.0f} ({100 * (t / a - 1):+.1f} %)")
 
@@ -160,8 +152,7 @@ def main():
         if not replaces(args, trim) or (real and plan.policy in schedule.PORTABLE_POLICIES):
             return plan
         if real:
-            from cupy_dash.schedule import pieces as product
-            split = _trim(plan) if trim else product.split_tail(plan, pieces)
+            split = product.trim_tail(plan) if trim else product.split_tail(plan, pieces)
             if split is plan:
                 return plan
         else:

@@ -57,7 +57,7 @@ def test_trim_tail_keeps_every_tile_and_evens_the_loads_of_a_causal_table():
     from cupy_dash.schedule import auto
     base = auto.build("auto", seqlen_q=2048, seqlen_k=2048, block_m=80, block_n=128, num_heads=4, causal=True,
                       num_sms=12)
-    trimmed = with_split_tail._trim(base)
+    trimmed = with_split_tail.product.trim_tail(base)
     before, after = np.diff(base.cta_start), np.diff(trimmed.cta_start)
     assert trimmed.num_visits == base.num_visits
     assert after.max() - after.min() < before.max() - before.min()
