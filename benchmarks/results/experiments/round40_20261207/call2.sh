@@ -38,7 +38,7 @@ burst() {  # burst <leg> <round> <impls...>
   (cd $T && tar czf $O/ab.tgz *.json)
 }
 for n in 1 2 3; do
-  [ $SECONDS -gt 470 ] && break
+  [ $SECONDS -gt 430 ] && break
   burst tree $n dash_det dash_atomic
   burst turn_slices $n dash_det
   burst no_turn_wait $n dash_det
