@@ -154,7 +154,7 @@ SPLIT_COLUMNS = Knob("CUPY_DASH_SPLIT_COLUMNS", "0 / 1 / unset",
     "`auto` tables of long full-mask MHA backwards (pieces.AUTO_MIN_M_BLOCKS); read per call, a plan knob", _tristate)
 SPLIT_PIECES = Knob("CUPY_DASH_SPLIT_PIECES", "2 .. 16 / unset",
     "pieces per split KV column where the backward's tables are cut (CUPY_DASH_SPLIT_COLUMNS); unset: "
-    "pieces.AUTO_NUM_PIECES (3); read per call, a plan knob",
+    "pieces.AUTO_NUM_PIECES (3), 6 from pieces.AUTO_SIXTHS_MIN_M_BLOCKS Q tiles; read per call, a plan knob",
     _int_choice("CUPY_DASH_SPLIT_PIECES", tuple(range(2, 17)), None))
 XDG_CACHE_HOME = Knob("XDG_CACHE_HOME", "path / unset",
     "(the XDG standard's) base of the default kernel cache directory", _path)

@@ -32,6 +32,9 @@ from . import per_visit
 # at 10 / 12 / 15 / 20 / 30 / 120.
 AUTO_NUM_PIECES = 3
 AUTO_MIN_M_BLOCKS = {128: 12}
+# 128-query tiles take sixths from this many Q tiles on (pieces of ten visits or more): against thirds -0.6 / -1.4 %
+# in bursts at 120 Q tiles, even at 60 and 30 (rounds 39 and 40)
+AUTO_SIXTHS_MIN_M_BLOCKS = {128: 60}
 
 
 def num_pieces_for(policy: str, num_m_blocks: int, block_m: int, causal: bool, group_size: int, window,
@@ -39,10 +42,12 @@ def num_pieces_for(policy: str, num_m_blocks: int, block_m: int, causal: bool, g
     """Pieces per split column for a backward's per-visit tables of ``policy`` (0: left uncut) with
     ``num_m_blocks`` Q tiles of ``block_m`` queries; ``window`` in canonical form, ``forced`` config.SPLIT_COLUMNS's
     value (None: the rule, False: never, True: every table :func:`split_tail` takes), ``num_pieces``
-    config.SPLIT_PIECES's (None: AUTO_NUM_PIECES). The rule: ``auto`` tables of full-mask MHA problems without a
-    window and at least AUTO_MIN_M_BLOCKS Q tiles. A table built for a portable policy is never cut (the caller
-    checks the policy that ``auto`` chose)."""
-    pieces = AUTO_NUM_PIECES if num_pieces is None else num_pieces
+    config.SPLIT_PIECES's (None: AUTO_NUM_PIECES, or 6 from AUTO_SIXTHS_MIN_M_BLOCKS Q tiles). The rule: ``auto``
+    tables of full-mask MHA problems without a window and at least AUTO_MIN_M_BLOCKS Q tiles. A table built for a
+    portable policy is never cut (the caller checks the policy that ``auto`` chose)."""
+    pieces = num_pieces
+    if pieces is None:
+        pieces = 6 if num_m_blocks >= AUTO_SIXTHS_MIN_M_BLOCKS.get(block_m, 1 << 62) else AUTO_NUM_PIECES
     if forced is False or causal or group_size != 1 or tuple(window) != (-1, -1):
         return 0
     if policy in per_visit.PORTABLE_POLICIES or num_m_blocks < pieces:

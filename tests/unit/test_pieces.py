@@ -209,6 +209,8 @@ def test_trim_tail_refuses_portable_and_gqa_tables():
     ("auto", 29, 80, False, 1, (-1, -1), None, 0),         # too short: the slots cost more than the balance gains
     ("auto", 12, 128, False, 1, (-1, -1), None, 3),        # head dim 64's 128-query tiles: from 12
     ("auto", 11, 128, False, 1, (-1, -1), None, 0),
+    ("auto", 60, 128, False, 1, (-1, -1), None, 6),        # ... and sixths from 60
+    ("auto", 59, 128, False, 1, (-1, -1), None, 3),
     ("auto", 192, 80, True, 1, (-1, 0), None, 0),          # causal: trim_tail measured no gain
     ("auto", 192, 80, False, 2, (-1, -1), None, 0),        # GQA
     ("auto", 192, 80, False, 1, (128, -1), None, 0),       # a window
@@ -217,8 +219,8 @@ def test_trim_tail_refuses_portable_and_gqa_tables():
     ("fa3", 192, 80, False, 1, (-1, -1), True, 0),         # portable: never
     ("shift", 2, 80, False, 1, (-1, -1), True, 0),         # fewer Q tiles than pieces
     ("auto", 192, 80, False, 1, (-1, -1), False, 0),       # CUPY_DASH_SPLIT_COLUMNS=0
-], ids=["auto30", "auto192", "auto29", "auto12-m128", "auto11-m128", "causal", "gqa", "window", "named",
-        "named-forced", "portable-forced", "short-forced", "off"])
+], ids=["auto30", "auto192", "auto29", "auto12-m128", "auto11-m128", "auto60-m128", "auto59-m128", "causal", "gqa",
+        "window", "named", "named-forced", "portable-forced", "short-forced", "off"])
 def test_num_pieces_for_follows_the_rule(policy, m_blocks, block_m, causal, group, window, forced, want):
     assert pieces.num_pieces_for(policy, m_blocks, block_m, causal, group, window, forced) == want
 
@@ -246,7 +248,7 @@ def _launch(Sq, D=128, causal=False, H=16, Hkv=None, softcap=0.0, window=None):
 
 
 @pytest.mark.parametrize("Sq,D,kw,want", [
-    (15360, 128, {}, 3), (3840, 128, {}, 3), (1280, 128, {}, 0), (15360, 64, {}, 3), (3840, 64, {}, 3),
+    (15360, 128, {}, 3), (3840, 128, {}, 3), (1280, 128, {}, 0), (15360, 64, {}, 6), (3840, 64, {}, 3),
     (1536, 64, {}, 3), (1280, 64, {}, 0), (15360, 128, dict(causal=True), 0), (15360, 128, dict(Hkv=4), 0),
     (15360, 128, dict(softcap=30.0), 0), (15360, 256, {}, 0)],
     ids=["d128-15360", "d128-3840", "d128-1280", "d64-15360", "d64-3840", "d64-1536", "d64-1280", "causal", "gqa",
