@@ -5,16 +5,7 @@
 # no_turn_wait in alternating processes (the tree's process times its atomic path too) while time is left.
 # $OUT: tests.log, legs_tests.log, bits/, ab.tgz, log.txt.
 . benchmarks/device_env.sh
-R=benchmarks/results/experiments/round40_20261207
-for leg in turn_slices no_turn_wait; do
-  rm -rf /tmp/legs/$leg && mkdir -p /tmp/legs/$leg && cp -r kernels_src /tmp/legs/$leg/ \
-    && patch -s -d /tmp/legs/$leg -p1 < $R/patches/$leg.patch || exit 1
-done
-c="cupy_dash compile --head-dim 128 --head-dim 64 --kernel bwd_main -j 5"
-python3 -m $c > /tmp/c_tree.log 2>&1 &
-for leg in turn_slices no_turn_wait; do python3 benchmarks/with_kernels.py /tmp/legs/$leg/kernels_src $c \
-  > /tmp/c_$leg.log 2>&1 & done
-wait; tail -qn1 /tmp/c_*.log | tee -a $O/log.txt
+LEGS="turn_slices no_turn_wait" HDIMS="128 64" . benchmarks/results/experiments/round40_20261207/legs.sh
 timeout 120 python3 -m pytest -q -n 8 -p no:cacheprovider tests/gpu/test_gpu_pieces.py > $O/tests.log 2>&1
 tail -2 $O/tests.log | sed "s/^/tree pieces /" | tee -a $O/log.txt
 mkdir -p $O/bits

@@ -4,16 +4,7 @@
 # deterministic alone in each process, three alternating rounds of burst_bench.py; then its bits against the tree's
 # (same bits would say only that the order held on this run). $OUT: ab5.tgz, bits/, log.txt.
 . benchmarks/device_env.sh
-R=benchmarks/results/experiments/round40_20261207
-for leg in relaxed_release no_turn_wait; do
-  rm -rf /tmp/legs/$leg && mkdir -p /tmp/legs/$leg && cp -r kernels_src /tmp/legs/$leg/ \
-    && patch -s -d /tmp/legs/$leg -p1 < $R/patches/$leg.patch || exit 1
-done
-c="cupy_dash compile --head-dim 128 --kernel bwd_main -j 5"
-python3 -m $c > /tmp/c_tree.log 2>&1 &
-for leg in relaxed_release no_turn_wait; do python3 benchmarks/with_kernels.py /tmp/legs/$leg/kernels_src $c \
-  > /tmp/c_$leg.log 2>&1 & done
-wait; tail -qn1 /tmp/c_*.log | tee -a $O/log.txt
+LEGS="relaxed_release no_turn_wait" HDIMS="128" . benchmarks/results/experiments/round40_20261207/legs.sh
 T=/tmp/ab5; mkdir -p $T
 for n in 1 2 3; do
   [ $SECONDS -gt 400 ] && break
