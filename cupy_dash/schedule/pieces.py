@@ -25,15 +25,16 @@ import numpy as np
 from . import per_visit
 
 
-# `auto`'s split (round 39, docs/decisions/bwd-engine.md "Split KV columns"): thirds of each column left over, for
-# full-mask MHA tables of at least AUTO_MIN_M_BLOCKS[block_m] Q tiles (else 30). Measured against the uncut tables
-# on an H100 (ms in bursts): 80-query tiles (head dim 128) +1.5 % at 16 Q tiles, -0.2 % at 32 and 39, -0.8 / -1.0 %
-# at 48 / 192; 128-query tiles (head dim 64, a sixth of the split columns) -0.1 / -0.5 / -1.0 / -0.9 / -1.6 / -2.2 %
-# at 10 / 12 / 15 / 20 / 30 / 120.
+# `auto`'s split (rounds 39-40, docs/decisions/bwd-engine.md "Split KV columns"): thirds of each column left over
+# (sixths for long tables of 128-query tiles, below), for full-mask MHA tables of at least AUTO_MIN_M_BLOCKS[block_m]
+# Q tiles (else 30). Measured against the uncut tables on an H100 (ms in bursts): 80-query tiles (head dim 128)
+# +1.5 % at 16 Q tiles, -0.2 % at 32 and 39, -0.8 / -1.0 % at 48 / 192; 128-query tiles (head dim 64, a sixth of the
+# split columns) -0.1 / -0.5 / -1.0 / -0.9 / -1.6 / -2.2 % at 10 / 12 / 15 / 20 / 30 / 120.
 AUTO_NUM_PIECES = 3
 AUTO_MIN_M_BLOCKS = {128: 12}
 # 128-query tiles take sixths from this many Q tiles on (pieces of ten visits or more): against thirds -0.6 / -1.4 %
 # in bursts at 120 Q tiles, even at 60 and 30 (rounds 39 and 40)
+AUTO_LONG_NUM_PIECES = 6
 AUTO_SIXTHS_MIN_M_BLOCKS = {128: 60}
 
 
@@ -42,12 +43,13 @@ def num_pieces_for(policy: str, num_m_blocks: int, block_m: int, causal: bool, g
     """Pieces per split column for a backward's per-visit tables of ``policy`` (0: left uncut) with
     ``num_m_blocks`` Q tiles of ``block_m`` queries; ``window`` in canonical form, ``forced`` config.SPLIT_COLUMNS's
     value (None: the rule, False: never, True: every table :func:`split_tail` takes), ``num_pieces``
-    config.SPLIT_PIECES's (None: AUTO_NUM_PIECES, or 6 from AUTO_SIXTHS_MIN_M_BLOCKS Q tiles). The rule: ``auto``
-    tables of full-mask MHA problems without a window and at least AUTO_MIN_M_BLOCKS Q tiles. A table built for a
-    portable policy is never cut (the caller checks the policy that ``auto`` chose)."""
+    config.SPLIT_PIECES's (None: AUTO_NUM_PIECES, or AUTO_LONG_NUM_PIECES from AUTO_SIXTHS_MIN_M_BLOCKS Q
+    tiles). The rule: ``auto`` tables of full-mask MHA problems without a window and at least AUTO_MIN_M_BLOCKS Q
+    tiles. A table built for a portable policy is never cut (the caller checks the policy that ``auto`` chose)."""
     pieces = num_pieces
     if pieces is None:
-        pieces = 6 if num_m_blocks >= AUTO_SIXTHS_MIN_M_BLOCKS.get(block_m, 1 << 62) else AUTO_NUM_PIECES
+        long = num_m_blocks >= AUTO_SIXTHS_MIN_M_BLOCKS.get(block_m, 1 << 62)
+        pieces = AUTO_LONG_NUM_PIECES if long else AUTO_NUM_PIECES
     if forced is False or causal or group_size != 1 or tuple(window) != (-1, -1):
         return 0
     if policy in per_visit.PORTABLE_POLICIES or num_m_blocks < pieces:
