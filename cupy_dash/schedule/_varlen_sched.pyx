@@ -365,8 +365,6 @@ cdef int build_varlen(int policy, const Shapes* sh, const long long* seq_order, 
                     rot %= M - split
                 elif info[5] & 1:
                     split, rot = lo, (t0 + n + M - hi) % L         # band shift on the CTA's clock
-                elif T == NC and not info[5] & 1 and L > NC:
-                    split, rot = lo, kk * L // NC                 # shift, spread over a shared rectangle
                 else:
                     split, rot = lo, n % L                        # shift
                 idx = segc[seg] + kk

@@ -178,8 +178,6 @@ def build_table(int policy, long long seqlen_q, long long seqlen_k, long long bl
                         m = lo[n] + (s - (M - rs))
                 elif band:
                     m = lo[n] + (v - cta_start[c] + s + n + M - hi[n]) % L   # band shift on the CTA's clock
-                elif T == NC and not band and L > NC:
-                    m = lo[n] + ((n - n_first) * L // NC + s) % L   # shift spread over the shared rectangle
                 else:
                     m = lo[n] + (n + s) % L           # shift: rotate the column's range by n
                 visits[v + s, 0], visits[v + s, 1] = <int>c, <int>h
@@ -285,8 +283,6 @@ def build_columns(int policy, long long seqlen_q, long long seqlen_k, long long 
                 rot %= M - split
             elif sh.band:
                 split, rot = lo[n], (t0 + n + M - hi[n]) % L  # band shift on the CTA's clock
-            elif sh.T == NC and not sh.band and L > NC:
-                split, rot = lo[n], (n - n_first) * L // NC  # shift spread over the shared rectangle
             else:
                 split, rot = lo[n], n % L                    # shift: the column's range rotated by n
             idx = h * NC + n - n_first

@@ -1,23 +1,24 @@
-# Round 41, call A (carry .whl; ~9 min with the start): the spread shift rotation of full masks on the GPU. The
-# backward's GPU tests on the tree (its full-mask tables are the spread ones), then ours deterministic in bursts:
-# the tree, the plain rotation (with_plain_shift.py: the records of a87b382) and the tree's tables with
-# round 40's no_turn_wait kernels (timing only: the bound), one process each, alternating rounds, five shapes (causal
-# 8k / 16k: the same tables in all legs, the control). $OUT: tests.log, ab.tgz, log.txt.
+# Round 41, call A (prepared, not run: no device was lent after the session's first refusals; carry .whl; ~9 min
+# with the start): the spread shift rotation of full masks (spread_shift.py: commit 6cba5ae's schedule change,
+# applied to the tree's records) on the GPU. The backward's GPU tests with it (as a pytest plugin), then ours
+# deterministic in bursts: the tree (plain rotation), spread, and round 40's no_turn_wait kernels with the tree's
+# tables (timing only: the bound), one process each, alternating rounds, five shapes (causal 8k / 16k: the same
+# tables in all legs, the control). $OUT: tests.log, ab.tgz, log.txt.
 . benchmarks/device_env.sh
 LEGS="no_turn_wait" HDIMS="128" . benchmarks/results/experiments/round40_20261207/legs.sh
 R=benchmarks/results/experiments/round41_20261207
-timeout -s INT -k 10 150 python3 -m pytest -q -rf -n 8 -p no:cacheprovider tests/gpu/test_gpu_attention.py \
-  tests/gpu/test_gpu_stall_bound.py tests/gpu/test_gpu_pieces.py \
+PYTHONPATH=$R:$PYTHONPATH timeout -s INT -k 10 150 python3 -m pytest -q -rf -n 8 -p no:cacheprovider \
+  -p spread_shift tests/gpu/test_gpu_attention.py tests/gpu/test_gpu_stall_bound.py tests/gpu/test_gpu_pieces.py \
   -k "stall or pieces or (backward and not d96 and not d192 and not d256)" > $O/tests.log 2>&1
-tail -2 $O/tests.log | sed "s/^/tree tests /" | tee -a $O/log.txt
+tail -2 $O/tests.log | sed "s/^/spread tests /" | tee -a $O/log.txt
 T=/tmp/ab; mkdir -p $T
 SH="full:1280 full:3840 full:15360 causal:8192 causal:16384"
 for n in 1 2 3; do
   [ $SECONDS -gt 430 ] && break
-  for leg in tree plain no_turn_wait; do
+  for leg in tree spread no_turn_wait; do
     case $leg in
       tree) run=(python3) ;;
-      plain) run=(python3 $R/with_plain_shift.py) ;;
+      spread) run=(python3 $R/spread_shift.py) ;;
       *) run=(python3 benchmarks/with_kernels.py /tmp/legs/$leg/kernels_src) ;;
     esac
     timeout 80 "${run[@]}" benchmarks/burst_bench.py --impls dash_det --rounds 3 --shapes $SH \
