@@ -1,9 +1,9 @@
-# Round 41, call A (prepared, not run: no device was lent after the session's first refusals; carry .whl; ~9 min
-# with the start): the spread shift rotation of full masks (spread_shift.py: commit 6cba5ae's schedule change,
-# applied to the tree's records) on the GPU. The backward's GPU tests with it (as a pytest plugin), then ours
-# deterministic in bursts: the tree (plain rotation), spread, and round 40's no_turn_wait kernels with the tree's
-# tables (timing only: the bound), one process each, alternating rounds, five shapes (causal 8k / 16k: the same
-# tables in all legs, the control). $OUT: tests.log, ab.tgz, log.txt.
+# Round 41, call A (prepared, not run: no device was lent after the first refusals; carry .whl; ~9 min with the
+# start): the rotations spread over their rectangles (spread_shift.py: patches/spread_rectangles.patch's tables,
+# applied to the tree's records) on the GPU. The backward's GPU tests with them (as a pytest plugin), then ours
+# deterministic in bursts: the tree (plain rotations), spread, and round 40's no_turn_wait kernels with the tree's
+# tables (timing only: the bound), one process each, alternating rounds, five shapes. $OUT: tests.log, ab.tgz,
+# log.txt.
 . benchmarks/device_env.sh
 LEGS="no_turn_wait" HDIMS="128" . benchmarks/results/experiments/round40_20261207/legs.sh
 R=benchmarks/results/experiments/round41_20261207
