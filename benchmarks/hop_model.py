@@ -1,0 +1,205 @@
+"""How a backward table's makespan depends on the rank chain's hop, in the engine model with jittered visits.
+
+The engine model of `per_visit.simulate(..., model="engine", writers=2)` (docs/schedules.md, "The two models"),
+copied into Python so that each visit's compute can vary (a normal jitter of relative width ``sigma``): with
+``sigma`` 0 it gives the Cython model's makespan exactly (tests/unit/test_hop_model.py). The hop ``r`` is a
+reduction's time from its turn to its release, in units of a visit's compute. Round 40 measured what the turns cost
+(1.9 % at full 3840, 0.8 % at causal 8k; bwd-dq-writer.md), which puts the real hop near 1.1 visits.
+
+Two comparisons (docs/decisions/bwd-engine.md, "Since the forty-first round"; their figures in
+benchmarks/results/experiments/round41_20261207/README.md):
+
+    python benchmarks/hop_model.py spread full:3840 causal:8192      # auto's tables, plain against spread
+    python benchmarks/hop_model.py halves --hdim 64 full:3840        # whole heads against half-waves
+
+``spread`` compares the tree's tables with the rotations spread over their rectangles (round 41's spread_shift.py,
+which rewrites the tree's records); ``--cut N`` cuts the last wave into N pieces first, as `auto` does.
+``halves`` compares tables built here, in Python, by the tree's rules (units dispatched head by head, rotations
+spread where the rectangle has more rows than columns), with each head's units dispatched whole or in two
+half-waves by parity (a wave then holds half the units of twice as many heads, so each head's columns in a wave are
+half as many as its rectangle's rows). Shapes: the bench's (16k tokens, H * D = 2048), head dim 128 (80-query tiles for
+full masks and causal from 8192, 128-query below) or 64 (128-query tiles).
+"""
+from __future__ import annotations
+
+import argparse
+import heapq
+import sys
+from pathlib import Path
+
+import numpy as np
+
+SPREAD = Path(__file__).resolve().parent / "results" / "experiments" / "round41_20261207"
+NUM_SMS = 132
+
+
+def derived_ranks(visits: np.ndarray, cta_start: np.ndarray, tie_sign: int = 1) -> np.ndarray:
+    """int64 (V,): every dQ tile ranks its visits by (step, tie_sign * n_block), the step being the visit's position
+    in its CTA's list (docs/schedules.md, "Every policy is three choices")."""
+    step = np.zeros(len(visits), dtype=np.int64)
+    for c in range(len(cta_start) - 1):
+        step[cta_start[c]:cta_start[c + 1]] = np.arange(cta_start[c + 1] - cta_start[c])
+    tile = visits[:, 1].astype(np.int64) * (1 << 32) + visits[:, 3]
+    order = np.lexsort((tie_sign * visits[:, 2].astype(np.int64), step, tile))
+    first = np.r_[0, np.flatnonzero(np.diff(tile[order])) + 1]
+    group = np.repeat(np.arange(len(first)), np.diff(np.r_[first, len(order)]))
+    rank = np.empty(len(visits), dtype=np.int64)
+    rank[order] = np.arange(len(order)) - first[group]
+    return rank
+
+
+def makespan(visits, rank, cta_start, c: float = 1.0, r: float = 1.0, sigma: float = 0.0, seed: int = 0) -> float:
+    """The engine model with two writers (_schedule._simulate_loop's rules): a visit's reduction starts once its dQ
+    is handed off, its rank is reached (the previous rank's reduction has ended) and its writer is free (the
+    reduction two visits back has ended, the previous one has started); it takes ``r``. The next visit's compute
+    starts at the hand-off, max(its dQ ready, the previous reduction's start). Compute times c (1 + sigma N(0, 1)),
+    at least 0.2 c."""
+    rng = np.random.default_rng(seed)
+    cost = np.maximum(0.2 * c, c * (1.0 + sigma * rng.standard_normal(len(visits))))
+    tile = visits[:, 1].astype(np.int64) * (1 << 32) + visits[:, 3]
+    waiting = {(int(t), int(k)): i for i, (t, k) in enumerate(zip(tile, rank))}
+    reached, free = {}, {}
+    C = len(cta_start) - 1
+    ptr, end = np.array(cta_start[:-1], dtype=np.int64), np.array(cta_start[1:], dtype=np.int64)
+    dq_ready, prev_take, prev_end = np.zeros(C), np.zeros(C), np.zeros(C)
+    blocked, finish = np.zeros(C, dtype=bool), np.zeros(C)
+    events = []
+    for q in range(C):
+        if end[q] > ptr[q]:
+            dq_ready[q] = cost[ptr[q]]
+            events.append((dq_ready[q], q))
+    heapq.heapify(events)
+    while events:
+        now, q = heapq.heappop(events)
+        v = ptr[q]
+        t = int(tile[v])
+        if rank[v] != reached.get(t, 0):
+            blocked[q] = True
+            continue
+        start = max(now, free.get(t, 0.0))
+        done = start + r
+        free[t], reached[t] = done, reached.get(t, 0) + 1
+        handoff = max(dq_ready[q], prev_take[q])
+        prev_take[q] = start
+        writer_free = max(prev_end[q], start)
+        prev_end[q] = done
+        ptr[q] += 1
+        if ptr[q] < end[q]:
+            dq_ready[q] = handoff + cost[ptr[q]]
+            heapq.heappush(events, (max(dq_ready[q], writer_free), q))
+        else:
+            finish[q] = done
+        nxt = waiting.get((t, reached[t]))
+        if nxt is not None:
+            q2 = int(visits[nxt, 0])
+            if blocked[q2] and ptr[q2] == nxt:
+                blocked[q2] = False
+                heapq.heappush(events, (done, q2))
+    if (ptr != end).any():
+        raise ValueError("deadlock")
+    return float(finish.max())
+
+
+def shape_args(spec: str, hdim: int) -> dict:
+    """build() arguments of a bench shape 'full:S' / 'causal:S' (16k tokens, H * D = 2048)."""
+    mask, s = spec.split(":")
+    s, causal = int(s), mask == "causal"
+    block_m = 128 if hdim == 64 or (causal and s < 8192) else 80
+    return dict(seqlen_q=s, seqlen_k=s, block_m=block_m, block_n=128, num_heads=16384 // s * 2048 // hdim,
+                causal=causal, num_sms=NUM_SMS)
+
+
+def python_table(seqlen: int, block_m: int, block_n: int, heads: int, causal: bool, halves: int = 1,
+                 num_sms: int = NUM_SMS) -> tuple:
+    """(visits int64 (V, 4), cta_start int64 (C + 1,)) of `shift` (full) or paired `symmetric_shift` (causal, Sq =
+    Sk), built by the rules of round 41's spread_rectangles.patch: column k of a full mask rotated by k M // N (k mod
+    M when M = N), a causal wave's long columns by i W // k over their rectangle. ``halves`` 2: each head's units in
+    two half-waves by parity of k (chunks of heads whose even units fill a wave, then their odd ones), so that a
+    full mask's rotation k mod M puts a wave's columns two Q tiles apart. With ``halves`` 1 they are the patch's
+    tables exactly (visits, CTA lists, derived ranks: checked against spread_shift.py's at the bench shapes), and
+    the tree's wherever the patch changes nothing (tests/unit/test_hop_model.py)."""
+    M, N = -(-seqlen // block_m), -(-seqlen // block_n)
+    lo = [n * block_n // block_m for n in range(N)]
+    P = (N + 1) // 2 if causal else N
+    if halves == 1:
+        order = [(h, k) for h in range(heads) for k in range(P)]
+    else:
+        chunk = max(1, num_sms * halves // P)
+        order = [(h, k) for h0 in range(0, heads, chunk) for part in range(halves)
+                 for h in range(h0, min(heads, h0 + chunk)) for k in range(P) if k % halves == part]
+    lists = [[] for _ in range(num_sms)]
+    load = [(0, q) for q in range(num_sms)]
+    for u, (h, k) in enumerate(order):
+        t, q = heapq.heappop(load)
+        if causal:
+            wave = [kk for hh, kk in order[u // num_sms * num_sms:(u // num_sms + 1) * num_sms] if hh == h]
+            i, count, rs = wave.index(k), len(wave), lo[max(wave)]
+            W = M - rs
+            rot = i * W // count if W > count else i % W
+        else:
+            rs, W = 0, M
+            rot = k * M // N if M > N else k % M
+        col = [(h, k, rs + (rot + s) % W) for s in range(W)]
+        if causal:
+            col += [(h, k, m) for m in range(lo[k], rs)]
+            if N - 1 - k != k:
+                col += [(h, N - 1 - k, m) for m in range(M - 1, lo[N - 1 - k] - 1, -1)]
+        lists[q] += col
+        heapq.heappush(load, (t + len(col), q))
+    visits = np.array([(q, h, n, m) for q in range(num_sms) for h, n, m in lists[q]], dtype=np.int64)
+    return visits, np.r_[0, np.cumsum([len(x) for x in lists])].astype(np.int64)
+
+
+def _tables(mode: str, spec: str, hdim: int, cut: int) -> dict:
+    """{leg name: (visits, rank, cta_start)} of one comparison."""
+    args = shape_args(spec, hdim)
+    if mode == "halves":
+        tie = -1 if args["causal"] else 1
+        out = {}
+        for name, halves in (("whole", 1), ("halves", 2)):
+            v, cs = python_table(args["seqlen_q"], args["block_m"], args["block_n"], args["num_heads"],
+                                 args["causal"], halves)
+            out[name] = (v, derived_ranks(v, cs, tie), cs)
+        return out
+    from cupy_dash import schedule
+    from cupy_dash.schedule import auto, compact, pieces
+    sys.path.insert(0, str(SPREAD))
+    import spread_shift
+    out, tree_build = {}, compact._build_compact
+    try:
+        for name in ("plain", "spread"):
+            if name == "spread":
+                spread_shift.apply()
+            plan = schedule.build("auto", **args)
+            if cut:
+                plan = pieces.split_for_kernel(plan, cut)
+            out[name] = (np.asarray(plan.visits), np.asarray(plan.rank), np.asarray(plan.cta_start))
+    finally:
+        compact._build_compact = tree_build
+        auto._build.cache_clear()
+        auto._auto_choice.cache_clear()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("mode", choices=("spread", "halves"))
+    ap.add_argument("shapes", nargs="+")
+    ap.add_argument("--hdim", type=int, default=128, choices=(64, 128))
+    ap.add_argument("--hops", type=float, nargs="+", default=[0.8, 1.0, 1.1, 1.2])
+    ap.add_argument("--sigma", type=float, default=0.05)
+    ap.add_argument("--seeds", type=int, default=2)
+    ap.add_argument("--cut", type=int, default=0, help="spread: pieces per cut column of the last wave (0: uncut)")
+    opts = ap.parse_args()
+    for spec in opts.shapes:
+        legs = _tables(opts.mode, spec, opts.hdim, opts.cut)
+        ideal = len(next(iter(legs.values()))[0]) / NUM_SMS
+        for r in opts.hops:
+            t = {name: np.mean([makespan(*tab, r=r, sigma=opts.sigma, seed=s) for s in range(opts.seeds)]) / ideal
+                 for name, tab in legs.items()}
+            (a, x), (b, y) = t.items()
+            print(f"{spec} d{opts.hdim} hop {r}: {a} {x:.4f}  {b} {y:.4f}  ({(y / x - 1) * 100:+.2f} %)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
