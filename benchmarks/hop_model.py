@@ -33,21 +33,6 @@ SPREAD = Path(__file__).resolve().parent / "results" / "experiments" / "round41_
 NUM_SMS = 132
 
 
-def derived_ranks(visits: np.ndarray, cta_start: np.ndarray, tie_sign: int = 1) -> np.ndarray:
-    """int64 (V,): every dQ tile ranks its visits by (step, tie_sign * n_block), the step being the visit's position
-    in its CTA's list (docs/schedules.md, "Every policy is three choices")."""
-    step = np.zeros(len(visits), dtype=np.int64)
-    for c in range(len(cta_start) - 1):
-        step[cta_start[c]:cta_start[c + 1]] = np.arange(cta_start[c + 1] - cta_start[c])
-    tile = visits[:, 1].astype(np.int64) * (1 << 32) + visits[:, 3]
-    order = np.lexsort((tie_sign * visits[:, 2].astype(np.int64), step, tile))
-    first = np.r_[0, np.flatnonzero(np.diff(tile[order])) + 1]
-    group = np.repeat(np.arange(len(first)), np.diff(np.r_[first, len(order)]))
-    rank = np.empty(len(visits), dtype=np.int64)
-    rank[order] = np.arange(len(order)) - first[group]
-    return rank
-
-
 def makespan(visits, rank, cta_start, c: float = 1.0, r: float = 1.0, sigma: float = 0.0, seed: int = 0) -> float:
     """The engine model with two writers (_schedule._simulate_loop's rules): a visit's reduction starts once its dQ
     is handed off, its rank is reached (the previous rank's reduction has ended) and its writer is free (the
@@ -109,57 +94,68 @@ def shape_args(spec: str, hdim: int) -> dict:
                 causal=causal, num_sms=NUM_SMS)
 
 
-def python_table(seqlen: int, block_m: int, block_n: int, heads: int, causal: bool, halves: int = 1,
-                 num_sms: int = NUM_SMS) -> tuple:
-    """(visits int64 (V, 4), cta_start int64 (C + 1,)) of `shift` (full) or paired `symmetric_shift` (causal, Sq =
-    Sk), built by the rules of round 41's spread_rectangles.patch: column k of a full mask rotated by k M // N (k mod
-    M when M = N), a causal wave's long columns by i W // k over their rectangle. ``halves`` 2: each head's units in
-    two half-waves by parity of k (chunks of heads whose even units fill a wave, then their odd ones), so that a
-    full mask's rotation k mod M puts a wave's columns two Q tiles apart. With ``halves`` 1 they are the patch's
-    tables exactly (visits, CTA lists, derived ranks: checked against spread_shift.py's at the bench shapes), and
-    the tree's wherever the patch changes nothing (tests/unit/test_hop_model.py)."""
+def column_records(seqlen: int, block_m: int, block_n: int, heads: int, causal: bool, halves: int = 1,
+                   num_sms: int = NUM_SMS):
+    """The compact records (a CompactSchedule) of `shift` (full) or paired `symmetric_shift` (causal) at
+    Sq = Sk, built here by the rules of round 41's spread_rectangles.patch: units (a column; a causal pair (k, N - 1
+    - k)) dispatched head by head to the CTA with the least load (ties: the lowest index); column k of a full mask
+    rotated by k M // N (k mod M when M = N); a causal wave's long columns by i W // k over their rectangle of W rows
+    (i: the index among the head's k long columns in the wave), then their triangle ascending, the short column
+    descending. ``halves`` 2: each head's units in two half-waves by parity of k (chunks of heads whose even units
+    fill a wave, then their odd ones), so that a wave holds half of each head's columns and a full mask's rotation k
+    mod M puts them two Q tiles apart. With ``halves`` 1 the records are the patch's (spread_shift.py's) exactly
+    (tests/unit/test_hop_model.py). Half-waves break what the compact path's scan bounds assume (a head's columns
+    dispatched in runs of its lowest and highest n), so their records serve only per-visit tables: validate those
+    (``to_schedule().validate()``)."""
+    from cupy_dash.schedule import compact
     M, N = -(-seqlen // block_m), -(-seqlen // block_n)
     lo = [n * block_n // block_m for n in range(N)]
     P = (N + 1) // 2 if causal else N
     if halves == 1:
-        order = [(h, k) for h in range(heads) for k in range(P)]
+        units = [(h, k) for h in range(heads) for k in range(P)]
     else:
         chunk = max(1, num_sms * halves // P)
-        order = [(h, k) for h0 in range(0, heads, chunk) for part in range(halves)
+        units = [(h, k) for h0 in range(0, heads, chunk) for part in range(halves)
                  for h in range(h0, min(heads, h0 + chunk)) for k in range(P) if k % halves == part]
-    lists = [[] for _ in range(num_sms)]
-    load = [(0, q) for q in range(num_sms)]
-    for u, (h, k) in enumerate(order):
+    G = min(num_sms, len(units))
+    records = np.zeros((heads * N, 8), dtype=np.int32)
+    lists, order, load = [[] for _ in range(G)], [], [(0, q) for q in range(G)]
+    for u, (h, k) in enumerate(units):
         t, q = heapq.heappop(load)
         if causal:
-            wave = [kk for hh, kk in order[u // num_sms * num_sms:(u // num_sms + 1) * num_sms] if hh == h]
-            i, count, rs = wave.index(k), len(wave), lo[max(wave)]
-            W = M - rs
+            wave = [kk for hh, kk in units[u // G * G:(u // G + 1) * G] if hh == h]
+            i, count, split = wave.index(k), len(wave), lo[max(wave)]
+            W = M - split
             rot = i * W // count if W > count else i % W
+            cols = [(k, lo[k], split, rot)] + ([(N - 1 - k, lo[N - 1 - k], -1, 0)] if N - 1 - k != k else [])
         else:
-            rs, W = 0, M
-            rot = k * M // N if M > N else k % M
-        col = [(h, k, rs + (rot + s) % W) for s in range(W)]
-        if causal:
-            col += [(h, k, m) for m in range(lo[k], rs)]
-            if N - 1 - k != k:
-                col += [(h, N - 1 - k, m) for m in range(M - 1, lo[N - 1 - k] - 1, -1)]
-        lists[q] += col
-        heapq.heappush(load, (t + len(col), q))
-    visits = np.array([(q, h, n, m) for q in range(num_sms) for h, n, m in lists[q]], dtype=np.int64)
-    return visits, np.r_[0, np.cumsum([len(x) for x in lists])].astype(np.int64)
+            cols = [(k, 0, 0, k * M // N if M > N else k % M)]
+        for n, first, split, rot in cols:
+            records[h * N + n] = (t, first, M, split, rot, q, h, n)
+            lists[q].append(h * N + n)
+            order.append(h * N + n)
+            t += M - first
+        heapq.heappush(load, (t, q))
+    args = (seqlen, seqlen, block_m, block_n, heads, causal, num_sms, 1, (-1, 0) if causal else (-1, -1), 0)
+    meta = {"M": M, "N": N, "n_first": 0, "NC": N, "num_ctas": G, "tie_sign": -1, "rank_rule": 0}
+    loads = np.zeros(G, dtype=np.int64)
+    for t, q in load:
+        loads[q] = t
+    return compact.CompactSchedule("symmetric_shift", args, records,
+                                   np.array([i for x in lists for i in x], dtype=np.int32),
+                                   np.r_[0, np.cumsum([len(x) for x in lists])].astype(np.int64),
+                                   np.array(order, dtype=np.int64), loads, meta)
 
 
 def _tables(mode: str, spec: str, hdim: int, cut: int) -> dict:
     """{leg name: (visits, rank, cta_start)} of one comparison."""
     args = shape_args(spec, hdim)
     if mode == "halves":
-        tie = -1 if args["causal"] else 1
         out = {}
         for name, halves in (("whole", 1), ("halves", 2)):
-            v, cs = python_table(args["seqlen_q"], args["block_m"], args["block_n"], args["num_heads"],
-                                 args["causal"], halves)
-            out[name] = (v, derived_ranks(v, cs, tie), cs)
+            plan = column_records(args["seqlen_q"], args["block_m"], args["block_n"], args["num_heads"],
+                                  args["causal"], halves).to_schedule().validate()
+            out[name] = (np.asarray(plan.visits), np.asarray(plan.rank), np.asarray(plan.cta_start))
         return out
     from cupy_dash import schedule
     from cupy_dash.schedule import auto, compact, pieces

@@ -1,5 +1,5 @@
-"""benchmarks/hop_model.py: its Python engine model is the Cython one when nothing is jittered, and its Python tables
-are the tree's where round 41's spread changes nothing; the half-wave tables cover every tile once and run."""
+"""benchmarks/hop_model.py: its Python engine model is the Cython one when nothing is jittered, its records are the
+tree's where round 41's spread changes nothing, and its half-wave tables validate and run."""
 import sys
 from pathlib import Path
 
@@ -26,21 +26,23 @@ def test_unjittered_model_is_the_cython_engine_model(seqlen, block_m, heads, cau
 
 
 @pytest.mark.parametrize("seqlen,block_m,heads,causal,ctas", SMALL[:2], ids=lambda v: str(v))
-def test_whole_tables_are_the_trees(seqlen, block_m, heads, causal, ctas):
-    plan = schedule.build("auto", seqlen_q=seqlen, seqlen_k=seqlen, block_m=block_m, block_n=128, num_heads=heads,
-                          causal=causal, num_sms=ctas)
-    visits, cta_start = hop_model.python_table(seqlen, block_m, 128, heads, causal, num_sms=ctas)
-    assert np.array_equal(visits, plan.visits) and np.array_equal(cta_start, plan.cta_start)
-    assert plan.policy == "symmetric_shift"                         # ties in descending n
-    assert np.array_equal(hop_model.derived_ranks(visits, cta_start, -1), plan.rank)
+def test_whole_records_are_the_trees(seqlen, block_m, heads, causal, ctas):
+    tree = schedule.build_compact("auto", seqlen_q=seqlen, seqlen_k=seqlen, block_m=block_m, block_n=128,
+                                  num_heads=heads, causal=causal, num_sms=ctas)
+    mine = hop_model.column_records(seqlen, block_m, 128, heads, causal, num_sms=ctas)
+    for name in ("records", "cta_columns", "cta_col_start", "loads", "_dispatch_order"):
+        assert np.array_equal(getattr(mine, name), getattr(tree, name)), name
 
 
 @pytest.mark.parametrize("seqlen,block_m,heads,causal,ctas", SMALL, ids=lambda v: str(v))
-def test_half_wave_tables_cover_every_tile_once_and_run(seqlen, block_m, heads, causal, ctas):
-    visits, cta_start = hop_model.python_table(seqlen, block_m, 128, heads, causal, halves=2, num_sms=ctas)
-    plan = schedule.build("shift", seqlen_q=seqlen, seqlen_k=seqlen, block_m=block_m, block_n=128, num_heads=heads,
-                          causal=causal, num_sms=ctas)
-    assert sorted(map(tuple, visits[:, 1:].tolist())) == sorted(map(tuple, np.asarray(plan.visits)[:, 1:].tolist()))
-    assert (np.diff(visits[:, 0]) >= 0).all() and cta_start[-1] == len(visits)
-    rank = hop_model.derived_ranks(visits, cta_start, -1 if causal else 1)
-    assert hop_model.makespan(visits, rank, cta_start, r=1.2, sigma=0.05) > 0      # raises on a deadlock
+def test_half_wave_tables_validate_and_run(seqlen, block_m, heads, causal, ctas):
+    """Their per-visit tables validate (every tile once, ranked, no deadlock); each head's units go out even k first."""
+    plan = hop_model.column_records(seqlen, block_m, 128, heads, causal, halves=2, num_sms=ctas)
+    num_units = (plan.num_n_blocks + 1) // 2 if causal else plan.num_n_blocks
+    rec = plan.records[plan._dispatch_order]
+    for h in range(heads):
+        k = rec[(rec[:, 6] == h) & (rec[:, 7] < num_units), 7].tolist()
+        assert k == list(range(0, num_units, 2)) + list(range(1, num_units, 2))
+    table = plan.to_schedule().validate()
+    assert hop_model.makespan(np.asarray(table.visits), np.asarray(table.rank), np.asarray(table.cta_start), r=1.2,
+                              sigma=0.05) > 0
