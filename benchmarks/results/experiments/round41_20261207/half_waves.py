@@ -13,14 +13,13 @@ lowest and highest n), so a problem large enough for compact tables fails there 
 """
 import functools
 import sys
-from pathlib import Path
 
-BENCHMARKS = Path(__file__).resolve().parents[3]
+import records_swap
 
 
 def half_wave_records(build):
     """``compact._build_compact`` with half-wave records where they apply."""
-    sys.path.insert(0, str(BENCHMARKS))
+    sys.path.insert(0, str(records_swap.BENCHMARKS))
     import hop_model
 
     @functools.lru_cache(maxsize=64)
@@ -40,28 +39,8 @@ def half_wave_records(build):
     return wrapped
 
 
-def apply() -> None:
-    """Every table built from now on in this process takes half-waves where they apply."""
-    from cupy_dash.schedule import auto, compact
-    if not getattr(compact._build_compact, "half_waves", False):
-        compact._build_compact = half_wave_records(compact._build_compact)
-        compact._build_compact.half_waves = True
-        auto._build.cache_clear()
-        auto._auto_choice.cache_clear()
-
-
-def pytest_configure(config):
-    apply()
-
-
-def main():
-    if len(sys.argv) < 2:
-        sys.exit(__doc__)
-    sys.path.insert(0, str(BENCHMARKS))
-    from with_kernels import run_target
-    apply()
-    run_target(sys.argv[1], sys.argv[2:])
-
+# apply(): every table built from now on in this process takes the wrapper's records (call before the first build)
+apply, pytest_configure = records_swap.plugin("half_waves", half_wave_records)
 
 if __name__ == "__main__":
-    main()
+    records_swap.main(__doc__, apply)

@@ -10,10 +10,10 @@ Fixed-length problems without a window under `shift` and `symmetric_shift` (auto
 their tables are the patch's exactly (checked on the CPU). Varlen tables are not reached.
 """
 import functools
-import sys
-from pathlib import Path
 
 import numpy as np
+
+import records_swap
 
 LO, HI, SPLIT, ROT, CTA, HEAD, N = 1, 2, 3, 4, 5, 6, 7      # _records.pxd's fields
 
@@ -78,28 +78,8 @@ def spread_rotation(build):
     return wrapped
 
 
-def apply() -> None:
-    """Every table built from now on in this process takes the spread rotation (call before the first build)."""
-    from cupy_dash.schedule import auto, compact
-    if not getattr(compact._build_compact, "spread", False):
-        compact._build_compact = spread_rotation(compact._build_compact)
-        compact._build_compact.spread = True
-        auto._build.cache_clear()
-        auto._auto_choice.cache_clear()
-
-
-def pytest_configure(config):
-    apply()
-
-
-def main():
-    if len(sys.argv) < 2:
-        sys.exit(__doc__)
-    sys.path.insert(0, str(Path(__file__).resolve().parents[3]))      # benchmarks/: with_kernels.run_target
-    from with_kernels import run_target
-    apply()
-    run_target(sys.argv[1], sys.argv[2:])
-
+# apply(): every table built from now on in this process takes the wrapper's records (call before the first build)
+apply, pytest_configure = records_swap.plugin("spread", spread_rotation)
 
 if __name__ == "__main__":
-    main()
+    records_swap.main(__doc__, apply)
