@@ -18,7 +18,7 @@ which rewrites the tree's records); ``--cut N`` cuts the last wave into N pieces
 spread where the rectangle has more rows than columns), with each head's units dispatched whole or in two
 half-waves by parity (a wave then holds half the units of twice as many heads, so each head's columns in a wave are
 half as many as its rectangle's rows). Shapes: the bench's (16k tokens, H * D = 2048), head dim 128 (80-query tiles for
-full masks and causal from 8192, 128-query below) or 64 (128-query tiles).
+full masks and causal from 8192, 64-query below: kernels.bwd_tile) or 64 (128-query tiles).
 """
 from __future__ import annotations
 
@@ -89,7 +89,7 @@ def shape_args(spec: str, hdim: int) -> dict:
     """build() arguments of a bench shape 'full:S' / 'causal:S' (16k tokens, H * D = 2048)."""
     mask, s = spec.split(":")
     s, causal = int(s), mask == "causal"
-    block_m = 128 if hdim == 64 or (causal and s < 8192) else 80
+    block_m = 128 if hdim == 64 else 80 if s >= (8192 if causal else 1024) else 64      # kernels.bwd_tile
     return dict(seqlen_q=s, seqlen_k=s, block_m=block_m, block_n=128, num_heads=16384 // s * 2048 // hdim,
                 causal=causal, num_sms=NUM_SMS)
 

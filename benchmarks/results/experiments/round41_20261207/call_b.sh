@@ -1,9 +1,8 @@
-# Round 41, call B (prepared, not run; carry .whl; ~9 min with the start): the rank chain's turns where nothing can
-# be spread (head dim 64's 128-query tiles at Sq = Sk, one Q tile per KV tile; head dim 128's causal masks below 8k),
-# and half-waves (half_waves.py) as the remedy. The backward's GPU tests with half-waves (as a pytest plugin), then
-# ours deterministic in bursts, one process each, alternating rounds: at head dim 64's four long shapes the tree,
-# half-waves and round 40's no_turn_wait kernels (timing only: the turns' whole cost); at head dim 128 causal 2k the
-# tree and half-waves. $OUT: tests.log, ab_b.tgz, log.txt.
+# Round 41, call B (prepared, not run; carry .whl; ~8 min with the start): the rank chain's turns where nothing can
+# be spread (head dim 64's 128-query tiles at Sq = Sk, one Q tile per KV tile), and half-waves (half_waves.py) as
+# the remedy. The backward's GPU tests with half-waves (as a pytest plugin), then ours deterministic in bursts at
+# head dim 64's four long shapes, one process each, alternating rounds: the tree, half-waves and round 40's
+# no_turn_wait kernels (timing only: the turns' whole cost). $OUT: tests.log, ab_b.tgz, log.txt.
 . benchmarks/device_env.sh
 LEGS="no_turn_wait" HDIMS="64" . benchmarks/results/experiments/round40_20261207/legs.sh
 R=benchmarks/results/experiments/round41_20261207
@@ -24,10 +23,6 @@ for n in 1 2 3; do
   for leg in tree halves no_turn_wait; do
     timeout 70 $(leg_run $leg) benchmarks/burst_bench.py --hdim 64 --impls dash_det --rounds 3 \
       --json $T/d64_${leg}_$n.json 2>&1 | grep -E "ours det|rror" | sed "s/^/d64 $leg $n /" | tee -a $O/log.txt
-  done
-  for leg in tree halves; do
-    timeout 40 $(leg_run $leg) benchmarks/burst_bench.py --impls dash_det --rounds 3 --shapes causal:2048 \
-      --json $T/d128_${leg}_$n.json 2>&1 | grep -E "ours det|rror" | sed "s/^/d128 $leg $n /" | tee -a $O/log.txt
   done
   (cd $T && tar czf $O/ab_b.tgz *.json)
 done
