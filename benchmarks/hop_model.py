@@ -104,9 +104,10 @@ def column_records(seqlen: int, block_m: int, block_n: int, heads: int, causal: 
     descending. ``halves`` 2: each head's units in two half-waves by parity of k (chunks of heads whose even units
     fill a wave, then their odd ones), so that a wave holds half of each head's columns and a full mask's rotation k
     mod M puts them two Q tiles apart. With ``halves`` 1 the records are the patch's (spread_shift.py's) exactly
-    (tests/unit/test_hop_model.py). Half-waves break what the compact path's scan bounds assume (a head's columns
-    dispatched in runs of its lowest and highest n), so their records serve only per-visit tables: validate those
-    (``to_schedule().validate()``)."""
+    (every array, at seven problems of round 41: full and causal, 64-, 80- and 128-query tiles, 5 to 132 CTAs), and
+    the tree's where the patch changes nothing (tests/unit/test_hop_model.py). Half-waves break what the compact
+    path's scan bounds assume (a head's columns dispatched in runs of its lowest and highest n), so their records
+    serve only per-visit tables: validate those (``to_schedule().validate()``)."""
     from cupy_dash.schedule import compact
     M, N = -(-seqlen // block_m), -(-seqlen // block_n)
     lo = [n * block_n // block_m for n in range(N)]
