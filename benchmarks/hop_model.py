@@ -6,19 +6,19 @@ copied into Python so that each visit's compute can vary (a normal jitter of rel
 reduction's time from its turn to its release, in units of a visit's compute. Round 40 measured what the turns cost
 (1.9 % at full 3840, 0.8 % at causal 8k; bwd-dq-writer.md), which puts the real hop near 1.1 visits.
 
-Two comparisons (docs/decisions/bwd-engine.md, "Since the forty-first round"; their figures in
+Two comparisons (docs/decisions/bwd-engine.md, "Rotations spread over their rectangles"; their figures in
 benchmarks/results/experiments/round41_20261207/README.md):
 
     python benchmarks/hop_model.py spread full:3840 causal:8192      # auto's tables, plain against spread
     python benchmarks/hop_model.py halves --hdim 64 full:3840        # whole heads against half-waves
 
 ``spread`` compares the tree's tables with the rotations spread over their rectangles (round 41's spread_shift.py,
-which rewrites the tree's records); ``--cut N`` cuts the last wave into N pieces first, as `auto` does.
-``halves`` compares tables built here, in Python, by the tree's rules (units dispatched head by head, rotations
-spread where the rectangle has more rows than columns), with each head's units dispatched whole or in two
-half-waves by parity (a wave then holds half the units of twice as many heads, so each head's columns in a wave are
-half as many as its rectangle's rows). Shapes: the bench's (16k tokens, H * D = 2048), head dim 128 (80-query tiles for
-full masks and causal from 8192, 64-query below: kernels.bwd_tile) or 64 (128-query tiles).
+which rewrites the tree's records); ``--cut N`` cuts the last wave into N pieces first, as `auto` does. ``halves``
+compares tables built here, in Python, by the patch's rules (units dispatched head by head, rotations spread where
+the rectangle has more rows than columns), with each head's units dispatched whole or in two half-waves by parity (a
+wave then holds half the units of twice as many heads, so each head's columns in a wave are half as many as its
+rectangle's rows). Shapes: the bench's (16k tokens, H * D = 2048), head dim 128 (80-query tiles for full masks and
+causal from 8192, 64-query below: kernels.bwd_tile) or 64 (128-query tiles).
 """
 from __future__ import annotations
 
