@@ -95,7 +95,7 @@ def shape_args(spec: str, hdim: int) -> dict:
 
 
 def column_records(seqlen: int, block_m: int, block_n: int, heads: int, causal: bool, halves: int = 1,
-                   num_sms: int = NUM_SMS):
+                   num_sms: int = NUM_SMS, policy: str = "symmetric_shift"):
     """The compact records (a CompactSchedule) of `shift` (full) or paired `symmetric_shift` (causal) at
     Sq = Sk, built here by the rules of round 41's spread_rectangles.patch: units (a column; a causal pair (k, N - 1
     - k)) dispatched head by head to the CTA with the least load (ties: the lowest index); column k of a full mask
@@ -138,11 +138,12 @@ def column_records(seqlen: int, block_m: int, block_n: int, heads: int, causal: 
             t += M - first
         heapq.heappush(load, (t, q))
     args = (seqlen, seqlen, block_m, block_n, heads, causal, num_sms, 1, (-1, 0) if causal else (-1, -1), 0)
-    meta = {"M": M, "N": N, "n_first": 0, "NC": N, "num_ctas": G, "tie_sign": -1, "rank_rule": 0}
+    tie = 1 if policy == "shift" else -1           # `shift` is full masks only here: its columns never tie
+    meta = {"M": M, "N": N, "n_first": 0, "NC": N, "num_ctas": G, "tie_sign": tie, "rank_rule": 0}
     loads = np.zeros(G, dtype=np.int64)
     for t, q in load:
         loads[q] = t
-    return compact.CompactSchedule("symmetric_shift", args, records,
+    return compact.CompactSchedule(policy, args, records,
                                    np.array([i for x in lists for i in x], dtype=np.int32),
                                    np.r_[0, np.cumsum([len(x) for x in lists])].astype(np.int64),
                                    np.array(order, dtype=np.int64), loads, meta)

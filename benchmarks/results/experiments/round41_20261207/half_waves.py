@@ -33,9 +33,8 @@ def half_wave_records(build):
                 or policy not in (("symmetric_shift",) if causal else ("shift", "symmetric_shift"))
                 or (causal and pairs < num_sms)):
             return build(policy, *args)
-        plan = hop_model.column_records(seqlen_q, block_m, block_n, num_heads, causal, halves=2, num_sms=num_sms)
-        plan.policy = policy
-        return plan
+        return hop_model.column_records(seqlen_q, block_m, block_n, num_heads, causal, halves=2, num_sms=num_sms,
+                                        policy=policy)
     return wrapped
 
 
