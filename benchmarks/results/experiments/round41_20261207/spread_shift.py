@@ -64,9 +64,9 @@ def spread_rotation(build):
         args = (seqlen_q, seqlen_k, block_m, block_n, num_heads, causal, num_sms, group_size, tuple(window),
                 head_section)
         plan = build(policy, *args)
-        rec = np.array(plan.records)
         if policy not in ("shift", "symmetric_shift") or tuple(window) != ((-1, 0) if causal else (-1, -1)):
             return plan                         # (canonical windows: causal is right bound 0)
+        rec = np.array(plan.records)
         if not spread_full(plan, rec) and not (policy == "symmetric_shift" and causal and spread_pairs(plan, rec)):
             return plan
         meta = {"M": plan.num_m_blocks, "N": plan.num_n_blocks, "n_first": plan.n_first,
