@@ -152,9 +152,13 @@ def test_engine_model_overlaps_the_reduction_with_the_next_compute():
 def test_tables_are_cached_and_read_only():
     kw = dict(seqlen_q=4096, seqlen_k=4096, block_m=64, block_n=128, num_heads=16, causal=True, num_sms=132)
     first = schedule.build("shift", **kw)
-    t0 = time.perf_counter()
-    again = schedule.build("shift", **kw)
-    assert again is first and time.perf_counter() - t0 < 1e-3
+    best = np.inf
+    for _ in range(5):
+        t0 = time.thread_time()       # CPU time, best of five: a job beside it on a 2-core machine does not count
+        again = schedule.build("shift", **kw)
+        best = min(best, time.thread_time() - t0)
+        assert again is first
+    assert best < 1e-3, f"a cache hit took {best * 1e3:.2f} ms of CPU"
     with pytest.raises(ValueError):
         first.rank[0] = 5
 
