@@ -11,7 +11,8 @@ R=benchmarks/results/experiments/round41_20261207
 [ "${A_TESTS:-1}" = 1 ] && PYTHONPATH=$R:$PYTHONPATH timeout -s INT -k 10 170 python3 -m pytest -q -rf -n 8 \
   -p no:cacheprovider -p spread_shift tests/gpu/test_gpu_attention.py tests/gpu/test_gpu_stall_bound.py \
   tests/gpu/test_gpu_pieces.py tests/gpu/test_gpu_compact.py \
-  -k "stall or pieces or same_bits or float64 or long_context or (backward and not d96 and not d192 and not d256)" > $O/tests.log 2>&1
+  -k "stall or pieces or same_bits or float64 or long_context or (backward and not d96 and not d192 and not d256)" \
+  > $O/tests.log 2>&1
 tail -2 $O/tests.log | sed "s/^/spread tests /" | tee -a $O/log.txt
 T=/tmp/ab; mkdir -p $T
 SH="full:1280 full:3840 full:15360 causal:8192 causal:16384"
