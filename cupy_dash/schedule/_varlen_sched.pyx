@@ -361,10 +361,12 @@ cdef int build_varlen(int policy, const Shapes* sh, const long long* seq_order, 
                 elif policy == POLICY_DESCENDING or mirrored or (paired and col == 1):
                     split, rot = -1, 0                            # descending
                 elif paired:                                      # rectangle rotation, then triangle
-                    pair_rectangle(u, un.base[u], G, P, sh.lo + sh.off[b], &split, &rot)
+                    pair_rectangle(u, un.base[u], G, P, M, sh.lo + sh.off[b], &split, &rot)
                     rot %= M - split
                 elif info[5] & 1:
                     split, rot = lo, (t0 + n + M - hi) % L         # band shift on the CTA's clock
+                elif T == NC and L > NC:
+                    split, rot = lo, kk * L // NC                 # shift, spread over a shared rectangle
                 else:
                     split, rot = lo, n % L                        # shift
                 idx = segc[seg] + kk

@@ -171,13 +171,15 @@ def build_table(int policy, long long seqlen_q, long long seqlen_k, long long bl
                     # long column: cyclic shift over the rectangle of Q tiles that every long column of this
                     # head in the same dispatch wave covers, then its own triangle in ascending order (paired
                     # columns all end at hi = M)
-                    pair_rectangle(u, h * P, G, P, &lo[n_first], &rs, &rot)
+                    pair_rectangle(u, h * P, G, P, M, &lo[n_first], &rs, &rot)
                     if s < M - rs:
                         m = rs + (rot + s) % (M - rs)
                     else:
                         m = lo[n] + (s - (M - rs))
                 elif band:
                     m = lo[n] + (v - cta_start[c] + s + n + M - hi[n]) % L   # band shift on the CTA's clock
+                elif T == NC and L > NC:
+                    m = lo[n] + ((n - n_first) * L // NC + s) % L   # shift spread over the shared rectangle
                 else:
                     m = lo[n] + (n + s) % L           # shift: rotate the column's range by n
                 visits[v + s, 0], visits[v + s, 1] = <int>c, <int>h
@@ -279,10 +281,12 @@ def build_columns(int policy, long long seqlen_q, long long seqlen_k, long long 
             elif policy == POLICY_DESCENDING or sh.mirrored or (sh.paired and col == 1):
                 split, rot = -1, 0                           # descending (also the short column of a pair)
             elif sh.paired:
-                pair_rectangle(u, h * P, G, P, &lo[n_first], &split, &rot)   # rectangle rotation, then triangle
+                pair_rectangle(u, h * P, G, P, M, &lo[n_first], &split, &rot)  # rectangle rotation, then triangle
                 rot %= M - split
             elif sh.band:
                 split, rot = lo[n], (t0 + n + M - hi[n]) % L  # band shift on the CTA's clock
+            elif sh.T == NC and L > NC:
+                split, rot = lo[n], (n - n_first) * L // NC  # shift spread over the shared rectangle
             else:
                 split, rot = lo[n], n % L                    # shift: the column's range rotated by n
             idx = h * NC + n - n_first
