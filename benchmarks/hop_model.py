@@ -12,24 +12,21 @@ benchmarks/results/experiments/round41_20261207/README.md):
     python benchmarks/hop_model.py spread full:3840 causal:8192      # auto's tables, plain against spread
     python benchmarks/hop_model.py halves --hdim 64 full:3840        # whole heads against half-waves
 
-``spread`` compares the tree's tables with the rotations spread over their rectangles (round 41's spread_shift.py,
-which rewrites the tree's records); ``--cut N`` cuts the last wave into N pieces first, as `auto` does. ``halves``
-compares tables built here, in Python, by the patch's rules (units dispatched head by head, rotations spread where
-the rectangle has more rows than columns), with each head's units dispatched whole or in two half-waves by parity (a
-wave then holds half the units of twice as many heads, so each head's columns in a wave are half as many as its
-rectangle's rows). Shapes: the bench's (16k tokens, H * D = 2048), head dim 128 (80-query tiles for full masks and
-causal from 8192, 64-query below: kernels.bwd_tile) or 64 (128-query tiles).
+``spread`` compares the plain rotations (the tree's tables before round 42) with the tree's, whose rotations are
+spread over their rectangles (both built here, in Python, by `column_records`); ``--cut N`` cuts the last wave into N
+pieces first, as `auto` does. ``halves`` compares tables built here by the tree's rules (units dispatched head by
+head, rotations spread where the rectangle has more rows than columns), with each head's units dispatched whole or
+in two half-waves by parity (a wave then holds half the units of twice as many heads, so each head's columns in a
+wave are half as many as its rectangle's rows). Shapes: the bench's (16k tokens, H * D = 2048), head dim 128
+(80-query tiles for full masks and causal from 8192, 64-query below: kernels.bwd_tile) or 64 (128-query tiles).
 """
 from __future__ import annotations
 
 import argparse
 import heapq
-import sys
-from pathlib import Path
 
 import numpy as np
 
-SPREAD = Path(__file__).resolve().parent / "results" / "experiments" / "round41_20261207"
 NUM_SMS = 132
 
 
@@ -95,17 +92,17 @@ def shape_args(spec: str, hdim: int) -> dict:
 
 
 def column_records(seqlen: int, block_m: int, block_n: int, heads: int, causal: bool, halves: int = 1,
-                   num_sms: int = NUM_SMS, policy: str = "symmetric_shift"):
+                   num_sms: int = NUM_SMS, policy: str = "symmetric_shift", spread: bool = True):
     """The compact records (a CompactSchedule) of `shift` (full) or paired `symmetric_shift` (causal) at
-    Sq = Sk, built here by the rules of round 41's spread_rectangles.patch: units (a column; a causal pair (k, N - 1
-    - k)) dispatched head by head to the CTA with the least load (ties: the lowest index); column k of a full mask
-    rotated by k M // N (k mod M when M = N); a causal wave's long columns by i W // k over their rectangle of W rows
-    (i: the index among the head's k long columns in the wave), then their triangle ascending, the short column
-    descending. ``halves`` 2: each head's units in two half-waves by parity of k (chunks of heads whose even units
+    Sq = Sk, built here by the builder's rules (round 41's spread rectangles, merged in round 42): units (a column; a
+    causal pair (k, N - 1 - k)) dispatched head by head to the CTA with the least load (ties: the lowest index);
+    column k of a full mask rotated by k M // N (k mod M when M = N); a causal wave's long columns by i W // k over
+    their rectangle of W rows (i: the index among the head's k long columns in the wave), then their triangle
+    ascending, the short column descending. ``spread`` False: the plain rotations of the tree before round 42 (k mod
+    M, i mod W). ``halves`` 2: each head's units in two half-waves by parity of k (chunks of heads whose even units
     fill a wave, then their odd ones), so that a wave holds half of each head's columns and a full mask's rotation k
-    mod M puts them two Q tiles apart. With ``halves`` 1 the records are the patch's (spread_shift.py's) exactly
-    (every array, at seven problems of round 41: full and causal, 64-, 80- and 128-query tiles, 5 to 132 CTAs), and
-    the tree's where the patch changes nothing (tests/unit/test_hop_model.py). Half-waves break what the compact
+    mod M puts them two Q tiles apart. With ``halves`` 1 the records are the tree's (every array;
+    tests/unit/test_hop_model.py). Half-waves break what the compact
     path's scan bounds assume (a head's columns dispatched in runs of its lowest and highest n), so their records
     serve only per-visit tables: validate those (``to_schedule().validate()``)."""
     from cupy_dash.schedule import compact
@@ -127,10 +124,10 @@ def column_records(seqlen: int, block_m: int, block_n: int, heads: int, causal: 
             wave = [kk for hh, kk in units[u // G * G:(u // G + 1) * G] if hh == h]
             i, count, split = wave.index(k), len(wave), lo[max(wave)]
             W = M - split
-            rot = i * W // count if W > count else i % W
+            rot = i * W // count if W > count and spread else i % W
             cols = [(k, lo[k], split, rot)] + ([(N - 1 - k, lo[N - 1 - k], -1, 0)] if N - 1 - k != k else [])
         else:
-            cols = [(k, 0, 0, k * M // N if M > N else k % M)]
+            cols = [(k, 0, 0, k * M // N if M > N and spread else k % M)]
         for n, first, split, rot in cols:
             records[h * N + n] = (t, first, M, split, rot, q, h, n)
             lists[q].append(h * N + n)
@@ -159,23 +156,14 @@ def _tables(mode: str, spec: str, hdim: int, cut: int) -> dict:
                                   args["causal"], halves).to_schedule().validate()
             out[name] = (np.asarray(plan.visits), np.asarray(plan.rank), np.asarray(plan.cta_start))
         return out
-    from cupy_dash import schedule
-    from cupy_dash.schedule import auto, compact, pieces
-    sys.path.insert(0, str(SPREAD))
-    import spread_shift
-    out, tree_build = {}, compact._build_compact
-    try:
-        for name in ("plain", "spread"):
-            if name == "spread":
-                spread_shift.apply()
-            plan = schedule.build("auto", **args)
-            if cut:
-                plan = pieces.split_for_kernel(plan, cut)
-            out[name] = (np.asarray(plan.visits), np.asarray(plan.rank), np.asarray(plan.cta_start))
-    finally:
-        compact._build_compact = tree_build
-        auto._build.cache_clear()
-        auto._auto_choice.cache_clear()
+    from cupy_dash.schedule import pieces
+    out = {}
+    for name in ("plain", "spread"):
+        plan = column_records(args["seqlen_q"], args["block_m"], args["block_n"], args["num_heads"], args["causal"],
+                              spread=name == "spread").to_schedule()
+        if cut:
+            plan = pieces.split_for_kernel(plan, cut)
+        out[name] = (np.asarray(plan.visits), np.asarray(plan.rank), np.asarray(plan.cta_start))
     return out
 
 
