@@ -44,12 +44,14 @@ cdef inline void pair_rectangle(long long u, long long base, long long G, long l
     """Paired long column of unit u (its head's units: base .. base + P - 1, lo: the head's visible columns'
     range starts): the rectangle [rs, M) of Q tiles shared by every long column of its head in its dispatch
     wave (units w G .. (w + 1) G - 1), and its rotation there: its index i in the wave, spread to i W // k when
-    the wave's k columns are fewer than the rectangle's W rows (consecutive ranks one or two steps apart)."""
+    the wave's k columns are fewer than the rectangle's W rows (consecutive ranks one or two steps apart), else
+    i mod W."""
     cdef long long w = u // G, k0, k1, W
     k0 = (w * G if w * G > base else base) - base
     k1 = ((w + 1) * G if (w + 1) * G < base + P else base + P) - 1 - base
     rs[0] = lo[k1]
     W = M - rs[0]
-    rot[0] = u - base - k0
     if W > k1 - k0 + 1:
-        rot[0] = rot[0] * W // (k1 - k0 + 1)
+        rot[0] = (u - base - k0) * W // (k1 - k0 + 1)
+    else:
+        rot[0] = (u - base - k0) % W

@@ -362,7 +362,6 @@ cdef int build_varlen(int policy, const Shapes* sh, const long long* seq_order, 
                     split, rot = -1, 0                            # descending
                 elif paired:                                      # rectangle rotation, then triangle
                     pair_rectangle(u, un.base[u], G, P, M, sh.lo + sh.off[b], &split, &rot)
-                    rot %= M - split
                 elif info[5] & 1:
                     split, rot = lo, (t0 + n + M - hi) % L         # band shift on the CTA's clock
                 elif T == NC and L > NC:

@@ -282,7 +282,6 @@ def build_columns(int policy, long long seqlen_q, long long seqlen_k, long long 
                 split, rot = -1, 0                           # descending (also the short column of a pair)
             elif sh.paired:
                 pair_rectangle(u, h * P, G, P, M, &lo[n_first], &split, &rot)  # rectangle rotation, then triangle
-                rot %= M - split
             elif sh.band:
                 split, rot = lo[n], (t0 + n + M - hi[n]) % L  # band shift on the CTA's clock
             elif sh.T == NC and L > NC:
