@@ -1,5 +1,5 @@
 # Round 43, call 3 (carry .whl; ~4 min with the start): the keep rules after the spread rotations (21e8bd4)
-# where its tables changed besides the bench's shapes: varlen (64-query tiles, two Q tiles per KV tile) and GQA.
+# where its tables changed besides the bench's shapes: varlen (64- and 80-query tiles) and GQA.
 # Leg "plain": the tree with patches/unspread.patch (the rotations before 21e8bd4; same kernels), built in /tmp/old
 # and put first on PYTHONPATH. Two alternating processes per leg: benchmarks/varlen_bwd.py (equal and random lengths,
 # 4 / 16 / 64 sequences, auto) and steady_bench.py --group 4 (ours deterministic); KEEP_S: no new process after it

@@ -1,8 +1,9 @@
 # Round 43, call 4 (carry .whl; ~6 min with the start): where causal 16k's cycles go on the merged tree, beside FA3.
-# 1. clock_check.py with the product's 80-query plan (the idle share of the steady loop's last wave) at causal 16k /
-#    8k and full 3840; 2. burst_bench.py, ours deterministic / atomic and FA3's non-deterministic backward below the
-#    power limit (bursts) and at it (steady loops); 3. every kernel of one backward (ours deterministic / atomic, FA3)
-#    under Nsight Compute at full 3840 and causal 16k: time, elapsed and mean active SM cycles, DRAM bytes.
+# 1. clock_check.py with the 80-query plan (the idle share of the steady loop's last wave; symmetric_shift tables:
+#    auto's at causal, uncut at full) at causal 16k / 8k and full 3840; 2. burst_bench.py, ours deterministic /
+#    atomic and FA3's non-deterministic backward below the power limit (bursts) and at it (steady loops); 3. every
+#    kernel of one backward (ours deterministic / atomic, FA3) under Nsight Compute at full 3840 and causal 16k:
+#    time, elapsed and mean active SM cycles, DRAM bytes.
 #    $OUT: clock_check.json, burst.json, kernels.tgz, log.txt.
 . benchmarks/device_env.sh
 CUPY_DASH_BWD_FULL_BLOCK_M=80 CUPY_DASH_BWD_CAUSAL_BLOCK_M=80 timeout 100 python3 benchmarks/clock_check.py \
