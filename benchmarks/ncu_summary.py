@@ -4,6 +4,10 @@ the warp stall reasons per issued instruction, largest first. Used by device_run
 glance; the CSV itself is the record.
 
     python benchmarks/ncu_summary.py ours_causal1024.raw.csv [--stalls 8]
+    python benchmarks/ncu_summary.py X.raw.csv --metrics gpu__time_duration.sum sm__cycles_elapsed.max ...
+
+``--metrics``: instead, one line per kernel of the page (every kernel of a call: pre-, main and postprocess), its
+name and the metrics named, as the file writes them.
 """
 from __future__ import annotations
 
@@ -18,13 +22,24 @@ HEADLINE = ("gpu__time_duration.sum", "sm__cycles_elapsed.max", "launch__grid_si
 STALL = ("smsp__average_warps_issue_stalled_", "_per_issue_active.ratio")
 
 
-def read_raw(path) -> dict:
-    """{metric: (unit, value text)} of the first kernel in a raw-page CSV (row 0 names, row 1 units)."""
+def read_all(path) -> list:
+    """[{metric: (unit, value text)}] of every kernel in a raw-page CSV (row 0 names, row 1 units), in its order."""
     with open(path, newline="") as f:
         rows = [r for r in csv.reader(f) if r]
     start = next(i for i, r in enumerate(rows) if "gpu__time_duration.sum" in r)
-    names, units, values = rows[start], rows[start + 1], rows[start + 2]
-    return {n: (u, v) for n, u, v in zip(names, units, values)}
+    names, units = rows[start], rows[start + 1]
+    return [{n: (u, v) for n, u, v in zip(names, units, values)} for values in rows[start + 2:]]
+
+
+def read_raw(path) -> dict:
+    """{metric: (unit, value text)} of the first kernel in a raw-page CSV."""
+    return read_all(path)[0]
+
+
+def per_kernel(kernels: list, metrics: list) -> list:
+    """'<kernel name, 48 characters> <metric>=<value> ...', one line per kernel (read_all's list)."""
+    return [" ".join([k.get("Kernel Name", ("", "?"))[1][:48]] + [f"{m}={k.get(m, ('', '-'))[1]}" for m in metrics])
+            for k in kernels]
 
 
 def _number(text):
@@ -47,7 +62,11 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("raw_csv")
     ap.add_argument("--stalls", type=int, default=8)
+    ap.add_argument("--metrics", nargs="+", default=None, help="one line per kernel with these metrics instead")
     opts = ap.parse_args()
+    if opts.metrics:
+        print("\n".join(per_kernel(read_all(opts.raw_csv), opts.metrics)))
+        return
     print("\n".join(summary(read_raw(opts.raw_csv), opts.stalls)))
 
 

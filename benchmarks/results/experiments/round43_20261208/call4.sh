@@ -19,16 +19,7 @@ for shape in "--seqlen 3840 --batch 4" "--causal --seqlen 16384 --batch 1"; do
     timeout 100 "$ncu" --profile-from-start off --clock-control none --kernel-name-base demangled --metrics $m -f \
       -o /tmp/k/$n python3 benchmarks/ncu_bwd.py --impl ${impl%%:*} --schedule ${impl#*:} $shape > /tmp/k/$n.log 2>&1
     "$ncu" -i /tmp/k/$n.ncu-rep --page raw --csv > /tmp/k/$n.raw.csv 2>&1
-    python3 - /tmp/k/$n.raw.csv <<'PY' | sed "s/^/$n /" | tee -a $O/log.txt
-import csv, sys
-rows = list(csv.reader(open(sys.argv[1])))
-h = rows[0]
-for r in rows[2:]:
-    d = dict(zip(h, r))
-    print(d.get("Kernel Name", "?")[:48], "us", d.get("gpu__time_duration.sum"), "cyc", d.get("sm__cycles_elapsed.max"),
-          "active avg / max", d.get("sm__cycles_active.avg"), d.get("sm__cycles_active.max"),
-          "grid", d.get("launch__grid_size"), "dramMB", d.get("dram__bytes.sum"))
-PY
+    python3 benchmarks/ncu_summary.py /tmp/k/$n.raw.csv --metrics ${m//,/ } | sed "s/^/$n /" | tee -a $O/log.txt
   done
 done
 (cd /tmp/k && tar czf $O/kernels.tgz *.raw.csv *.log)
