@@ -55,3 +55,13 @@ cdef inline void pair_rectangle(long long u, long long base, long long G, long l
         rot[0] = (u - base - k0) * W // (k1 - k0 + 1)
     else:
         rot[0] = (u - base - k0) % W
+
+
+cdef inline long long shift_rotation(long long k, long long n_first, long long L, long long T,
+                                     long long NC) noexcept:
+    """Rotation of a `shift` column k of its head's NC (KV tile n_first + k) over its L Q tiles: spread to k L // NC
+    when every column shares the range (T == NC) and the Q tiles outnumber the columns (consecutive ranks one or two
+    steps apart), else (n_first + k) mod L."""
+    if T == NC and L > NC:
+        return k * L // NC
+    return (n_first + k) % L

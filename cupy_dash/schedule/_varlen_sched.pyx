@@ -10,7 +10,8 @@ from libc.stdlib cimport calloc, malloc, free
 
 from cupy_dash.schedule._records cimport (REC_CTA, REC_FIELDS, REC_HEAD, REC_HI, REC_LO, REC_N, REC_ROT, REC_SPLIT,
                                           REC_STEP, check_cta_lists, check_rule, cta_lists_into, rule_index)
-from cupy_dash.schedule._units cimport POLICY_DESCENDING, POLICY_FA3, POLICY_SYMMETRIC_SHIFT, pair_rectangle, tile_range
+from cupy_dash.schedule._units cimport (POLICY_DESCENDING, POLICY_FA3, POLICY_SYMMETRIC_SHIFT, pair_rectangle,
+                                        shift_rotation, tile_range)
 
 cdef long long INT32_MAX = 0x7fffffff
 
@@ -364,10 +365,8 @@ cdef int build_varlen(int policy, const Shapes* sh, const long long* seq_order, 
                     pair_rectangle(u, un.base[u], G, P, M, sh.lo + sh.off[b], &split, &rot)
                 elif info[5] & 1:
                     split, rot = lo, (t0 + n + M - hi) % L         # band shift on the CTA's clock
-                elif T == NC and L > NC:
-                    split, rot = lo, kk * L // NC                 # shift, spread over a shared rectangle
                 else:
-                    split, rot = lo, n % L                        # shift
+                    split, rot = lo, shift_rotation(kk, info[2], L, T, NC)   # shift
                 idx = segc[seg] + kk
                 r = rec + REC_FIELDS * idx
                 r[REC_STEP], r[REC_LO], r[REC_HI] = <int>t0, <int>lo, <int>hi

@@ -15,7 +15,7 @@ from cupy_dash.schedule._records cimport (RANK_ASC_N, RANK_COUNT, RANK_DESC_N, R
                                           rule_tile)
 from cupy_dash.schedule._schedule import column_ranges
 from cupy_dash.schedule._units cimport (POLICY_DESCENDING, POLICY_FA3, POLICY_SHIFT, POLICY_SYMMETRIC_SHIFT,
-                                        pair_rectangle)
+                                        pair_rectangle, shift_rotation)
 
 cdef long long LLMAX = 0x7fffffffffffffff
 cdef long long INT32_MAX = 0x7fffffff
@@ -178,10 +178,8 @@ def build_table(int policy, long long seqlen_q, long long seqlen_k, long long bl
                         m = lo[n] + (s - (M - rs))
                 elif band:
                     m = lo[n] + (v - cta_start[c] + s + n + M - hi[n]) % L   # band shift on the CTA's clock
-                elif T == NC and L > NC:
-                    m = lo[n] + ((n - n_first) * L // NC + s) % L   # shift spread over the shared rectangle
-                else:
-                    m = lo[n] + (n + s) % L           # shift: rotate the column's range by n
+                else:                                 # shift: rotate the column's range
+                    m = lo[n] + (shift_rotation(n - n_first, n_first, L, T, NC) + s) % L
                 visits[v + s, 0], visits[v + s, 1] = <int>c, <int>h
                 visits[v + s, 2], visits[v + s, 3] = <int>n, <int>m
 
@@ -284,10 +282,8 @@ def build_columns(int policy, long long seqlen_q, long long seqlen_k, long long 
                 pair_rectangle(u, h * P, G, P, M, &lo[n_first], &split, &rot)  # rectangle rotation, then triangle
             elif sh.band:
                 split, rot = lo[n], (t0 + n + M - hi[n]) % L  # band shift on the CTA's clock
-            elif sh.T == NC and L > NC:
-                split, rot = lo[n], (n - n_first) * L // NC  # shift spread over the shared rectangle
             else:
-                split, rot = lo[n], n % L                    # shift: the column's range rotated by n
+                split, rot = lo[n], shift_rotation(n - n_first, n_first, L, sh.T, NC)   # shift: the range rotated
             idx = h * NC + n - n_first
             rec[idx, REC_STEP], rec[idx, REC_LO], rec[idx, REC_HI] = <int>t0, <int>lo[n], <int>hi[n]
             rec[idx, REC_SPLIT], rec[idx, REC_ROT], rec[idx, REC_CTA] = <int>split, <int>rot, <int>c
